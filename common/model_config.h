@@ -1,0 +1,43 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
+
+namespace loom::common {
+
+/// RoPE frequency scaling found in GGUF metadata.
+enum class RopeScalingType { kNone, kLinear, kLlama3, kYarn };
+
+/// Hyper-parameters of a llama-family model (llama, qwen2, mistral, ... use
+/// `<arch>.*` keys; SmolLM2 and TinyLlama are `llama`).
+struct ModelConfig {
+  std::string architecture;   // general.architecture, e.g. "llama", "qwen2"
+  std::string name;           // general.name, may be empty
+  int64_t vocab_size = 0;     // rows of token_embd / length of tokenizer.ggml.tokens
+  int64_t context_length = 0; // <arch>.context_length
+  int64_t hidden_size = 0;    // <arch>.embedding_length
+  int64_t intermediate_size = 0;  // <arch>.feed_forward_length
+  int64_t num_layers = 0;     // <arch>.block_count
+  int64_t num_heads = 0;      // <arch>.attention.head_count
+  int64_t num_kv_heads = 0;   // <arch>.attention.head_count_kv (defaults to num_heads)
+  int64_t head_dim = 0;       // <arch>.attention.key_length or hidden_size / num_heads
+  double rms_norm_eps = 1e-5;     // <arch>.attention.layer_norm_rms_epsilon
+  double rope_theta = 10000.0;    // <arch>.rope.freq_base
+  int64_t rope_dim = 0;           // <arch>.rope.dimension_count (defaults to head_dim)
+  RopeScalingType rope_scaling = RopeScalingType::kNone;
+  double rope_scaling_factor = 1.0;             // <arch>.rope.scaling.factor
+  int64_t rope_original_context_length = 0;     // <arch>.rope.scaling.original_context_length
+  double rope_low_freq_factor = 1.0;            // llama3 scaling
+  double rope_high_freq_factor = 4.0;           // llama3 scaling
+  bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
+  bool attention_bias = false;   // blk.0.attn_q.bias present (qwen2)
+};
+
+/// Reads and validates the hyper-parameters; InvalidArgument naming the key for
+/// missing or inconsistent values (e.g. heads not dividing the hidden size).
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
+
+}  // namespace loom::common
