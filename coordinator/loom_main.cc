@@ -1,12 +1,43 @@
-// `loom`: the command line. Subcommands dispatch to coordinator/*_command.cc.
+// `loom`: the command line. Each subcommand lives in coordinator/<name>_command.cc.
 #include <cstdio>
-#include <string_view>
+#include <cstring>
+
+#include "coordinator/inspect_command.h"
+#include "coordinator/tokenize_command.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int argc, char** argv);
+  const char* help;
+};
+
+constexpr Command kCommands[] = {
+    {"inspect", loom::coordinator::RunInspectCommand,
+     "show a model's configuration, tokenizer and chat template"},
+    {"tokenize", loom::coordinator::RunTokenizeCommand, "print the token ids of a text"},
+    {"detokenize", loom::coordinator::RunDetokenizeCommand, "print the text of token ids"},
+};
+
+void PrintUsage() {
+  std::fprintf(stderr, "usage: loom <command> [args]\n\ncommands:\n");
+  for (const Command& command : kCommands) {
+    std::fprintf(stderr, "  %-12s %s\n", command.name, command.help);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: loom <command> [args]\n");
-    return 2;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    PrintUsage();
+    return argc < 2 ? 2 : 0;
   }
-  std::fprintf(stderr, "loom: unknown command '%s'\n", argv[1]);
+  for (const Command& command : kCommands) {
+    if (std::strcmp(argv[1], command.name) == 0) return command.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "loom: unknown command '%s'\n\n", argv[1]);
+  PrintUsage();
   return 2;
 }
