@@ -4,6 +4,7 @@
 
 #include "coordinator/inspect_command.h"
 #include "coordinator/tokenize_command.h"
+#include "worker/generate_command.h"
 
 namespace {
 
@@ -16,6 +17,8 @@ struct Command {
 constexpr Command kCommands[] = {
     {"inspect", loom::coordinator::RunInspectCommand,
      "show a model's configuration, tokenizer and chat template"},
+    {"generate", loom::worker::RunGenerateCommand,
+     "generate a continuation of a prompt in this process (CPU engine)"},
     {"tokenize", loom::coordinator::RunTokenizeCommand, "print the token ids of a text"},
     {"detokenize", loom::coordinator::RunDetokenizeCommand, "print the text of token ids"},
 };

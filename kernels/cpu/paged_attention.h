@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace loom::kernels::cpu {
+
+/// Element type of the KV cache.
+enum class KvDtype { kF16, kF32 };
+
+/// One layer's paged KV cache: [num_blocks, block_size, num_kv_heads, head_dim] for K and
+/// for V. Slot s (= block * block_size + offset) holds one token's K/V.
+struct KvLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  KvDtype dtype = KvDtype::kF16;
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+/// Writes new tokens' K/V into their slots. k, v: [num_tokens, num_kv_heads, head_dim];
+/// slots: [num_tokens]. InvalidArgument for a slot outside the pool.
+absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
+                     const int32_t* slots, int64_t num_tokens);
+
+/// Causal attention of a flattened batch over paged K/V (prefill, chunked prefill and
+/// decode alike). Sequence s owns query tokens [query_start[s], query_start[s+1]); its
+/// KV holds context_len[s] tokens (including this step's, already written), spread over
+/// blocks block_indices[block_indptr[s] .. block_indptr[s+1]). Query token j of a
+/// sequence with q tokens sits at position context_len - q + j and attends to KV
+/// positions [0, that position]. Any GQA ratio (num_heads % num_kv_heads == 0).
+struct PagedAttentionParams {
+  const float* q = nullptr;             // [num_tokens, num_heads, head_dim]
+  float* out = nullptr;                 // [num_tokens, num_heads, head_dim]
+  KvLayerView cache;
+  const int32_t* query_start = nullptr; // [num_seqs + 1]
+  const int32_t* context_len = nullptr; // [num_seqs]
+  const int32_t* block_indptr = nullptr;   // [num_seqs + 1]
+  const int32_t* block_indices = nullptr;  // [block_indptr[num_seqs]]
+  int64_t num_seqs = 0;
+  int64_t num_heads = 0;
+  float scale = 0.0f;                   // usually 1 / sqrt(head_dim)
+};
+
+/// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence
+/// whose blocks cannot hold context_len tokens (checked before computing).
+absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool);
+absl::Status PagedAttentionReference(const PagedAttentionParams& params);
+
+}  // namespace loom::kernels::cpu

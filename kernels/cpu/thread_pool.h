@@ -1,0 +1,49 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace loom::kernels::cpu {
+
+/// A fixed set of worker threads for data-parallel kernels. ParallelFor splits [0, n)
+/// into contiguous chunks, runs them on the pool's threads and the caller's thread, and
+/// returns when all are done. One ParallelFor at a time per pool (the model runner
+/// owns one pool); not re-entrant.
+class ThreadPool {
+ public:
+  /// `num_threads` >= 1 counts the calling thread: 1 runs everything inline.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  /// Calls fn(begin, end) over disjoint chunks covering [0, n), each at least `grain`
+  /// long (except the last).
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop(int index);
+
+  int num_threads_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  // The job being run; guarded by mu_.
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int64_t job_chunk_ = 0;
+  int64_t next_chunk_ = 0;
+  int64_t num_chunks_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ggml_type.h"
+
+namespace loom::kernels::cpu {
+
+/// Formats a weight matrix takes in the CPU backend.
+enum class WeightFormat {
+  kF32,   // float [rows, cols]
+  kF16,   // IEEE half [rows, cols] (BF16 files convert to this or to F32 losslessly)
+  kInt8,  // int8 q, value = q * scale; one scale per `group_size` columns of a row
+          //   (group_size == cols: per output channel; 32: GGUF Q8_0 exactly)
+  kInt4,  // 4-bit q in [0, 15], value = q * scale + min; one (scale, min) per group
+          //   (group 32: GGUF Q4_0 (min = -8 * scale) and Q4_1 exactly)
+};
+
+/// A weight matrix W [rows = out_features, cols = in_features] in a backend format.
+/// Owns its storage; the layout inside `data` is private to kernels/cpu (it may be
+/// interleaved for the matmul kernels). Immutable after packing; thread-safe to read.
+struct PackedWeight {
+  WeightFormat format = WeightFormat::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t group_size = 0;          // kInt8 / kInt4: columns per scale; 0 otherwise
+  std::vector<uint8_t> data;       // packed values
+  std::vector<uint16_t> scales;    // kInt8 / kInt4: F16 [rows, cols / group_size]
+  std::vector<uint16_t> mins;      // kInt4: F16 [rows, cols / group_size]
+  std::string source;              // e.g. "Q4_1 -> INT4 g32 (lossless)"
+
+  /// Bytes a matmul reads from this weight (for bandwidth accounting).
+  int64_t bytes() const {
+    return static_cast<int64_t>(data.size() + 2 * scales.size() + 2 * mins.size());
+  }
+};
+
+/// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
+/// backend format: F32 -> F32, F16 -> F16, BF16 -> F32, Q4_0/Q4_1 -> INT4 g32 and
+/// Q8_0 -> INT8 g32 without loss; K-quants (Q4_K, Q5_K, Q6_K) are dequantized and
+/// re-quantized (Q4_K/Q5_K -> INT4 g32, Q6_K -> INT8 g32), which `source` says.
+/// InvalidArgument for unsupported types or sizes.
+absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,
+                                        int64_t cols);
+
+/// Packs F32 values [rows, cols] into `format` (quantizing with round-to-nearest for
+/// kInt8 / kInt4 with the given group size). Used by tests and re-quantization.
+absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int64_t cols,
+                                         WeightFormat format, int64_t group_size);
+
+/// Stacks weights with equal format, cols and group size into one [sum rows, cols]
+/// matrix (fused QKV and gate/up projections: one matmul instead of several).
+absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
+
+/// Dequantizes rows [row_begin, row_end) to F32, [row_end - row_begin, cols] into `out`
+/// (the embedding lookup and the scalar references use it).
+void DequantizeRows(const PackedWeight& weight, int64_t row_begin, int64_t row_end, float* out);
+
+}  // namespace loom::kernels::cpu

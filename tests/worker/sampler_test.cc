@@ -1,0 +1,132 @@
+#include "worker/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace loom::worker {
+namespace {
+
+std::vector<int32_t> SampleMany(const SamplingParams& params, const std::vector<float>& logits,
+                                int n) {
+  SequenceSampler sampler(params, {}, static_cast<int64_t>(logits.size()));
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(sampler.Sample(logits.data()).token_id);
+  return out;
+}
+
+TEST(SamplerTest, GreedyPicksArgmaxAndLowestIdOnTies) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  EXPECT_EQ(SampleMany(params, {0.1f, 2.0f, -1.0f, 2.0f}, 1)[0], 1);
+  EXPECT_EQ(SampleMany(params, {-5.0f, -3.0f, -4.0f}, 1)[0], 1);
+}
+
+TEST(SamplerTest, SameSeedGivesSameTokensDifferentSeedsDiffer) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);
+  SamplingParams params;
+  params.temperature = 1.0f;
+  params.seed = 42;
+  const auto a = SampleMany(params, logits, 64);
+  EXPECT_EQ(a, SampleMany(params, logits, 64));
+  params.seed = 43;
+  EXPECT_NE(a, SampleMany(params, logits, 64));
+}
+
+TEST(SamplerTest, FrequenciesFollowTheSoftmax) {
+  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams params;
+  params.seed = 7;
+  const auto samples = SampleMany(params, logits, 20000);
+  std::vector<int> counts(3);
+  for (int32_t id : samples) counts[id]++;
+  EXPECT_NEAR(counts[0] / 20000.0, 0.5, 0.02);
+  EXPECT_NEAR(counts[1] / 20000.0, 0.3, 0.02);
+  EXPECT_NEAR(counts[2] / 20000.0, 0.2, 0.02);
+}
+
+TEST(SamplerTest, TemperatureSharpensTheDistribution) {
+  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams params;
+  params.seed = 3;
+  params.temperature = 0.25f;  // p ∝ p^4: 0.5^4 / (0.5^4 + 0.3^4 + 0.2^4) = 0.861
+  const auto samples = SampleMany(params, logits, 20000);
+  int first = 0;
+  for (int32_t id : samples) first += id == 0;
+  EXPECT_NEAR(first / 20000.0, 0.861, 0.02);
+}
+
+TEST(SamplerTest, TopKTopPAndMinPTruncate) {
+  const std::vector<float> logits{std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
+  SamplingParams params;
+  params.seed = 11;
+  params.top_k = 2;
+  for (int32_t id : SampleMany(params, logits, 2000)) EXPECT_LT(id, 2);
+  params.top_k = 0;
+  params.top_p = 0.65f;  // 0.4 + 0.3 reaches it: tokens 0 and 1 only
+  for (int32_t id : SampleMany(params, logits, 2000)) EXPECT_LT(id, 2);
+  params.top_p = 1.0f;
+  params.min_p = 0.6f;  // keeps p >= 0.24: tokens 0 and 1
+  for (int32_t id : SampleMany(params, logits, 2000)) EXPECT_LT(id, 2);
+  params.min_p = 0.0f;
+  params.top_p = 0.3f;
+  for (int32_t id : SampleMany(params, logits, 500)) EXPECT_EQ(id, 0);
+}
+
+TEST(SamplerTest, PenaltiesDiscourageRepeats) {
+  const std::vector<float> logits{1.0f, 0.9f, 0.8f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.frequency_penalty = 0.25f;
+  // Greedy with a frequency penalty cycles instead of repeating token 0 forever.
+  const auto tokens = SampleMany(params, logits, 3);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{0, 1, 2}));
+
+  SamplingParams repetition;
+  repetition.temperature = 0.0f;
+  repetition.repetition_penalty = 2.0f;  // 1.0 / 2 < 0.9: the prompt's token 0 loses
+  SequenceSampler sampler(repetition, std::vector<int32_t>{0}, 3);
+  EXPECT_EQ(sampler.Sample(logits.data()).token_id, 1);
+}
+
+TEST(SamplerTest, LogprobsAreTheRawLogSoftmax) {
+  const std::vector<float> logits{2.0f, 1.0f, 0.0f, -1.0f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.num_logprobs = 2;
+  params.frequency_penalty = 1.0f;  // penalties change the choice, not the logprobs
+  SequenceSampler sampler(params, {}, 4);
+  const SampledToken token = sampler.Sample(logits.data());
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  EXPECT_EQ(token.token_id, 0);
+  EXPECT_NEAR(token.logprob, 2.0 - std::log(z), 1e-5);
+  ASSERT_EQ(token.top_logprobs.size(), 2u);
+  EXPECT_EQ(token.top_logprobs[0].token_id, 0);
+  EXPECT_EQ(token.top_logprobs[1].token_id, 1);
+  EXPECT_NEAR(token.top_logprobs[1].logprob, 1.0 - std::log(z), 1e-5);
+}
+
+TEST(SamplerTest, ValidationNamesTheBadParameter) {
+  SamplingParams params;
+  params.temperature = -1.0f;
+  EXPECT_NE(ValidateSamplingParams(params, 10).message().find("temperature"), std::string::npos);
+  params.temperature = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(ValidateSamplingParams(params, 10).ok());
+  params = SamplingParams();
+  params.top_p = 0.0f;
+  EXPECT_NE(ValidateSamplingParams(params, 10).message().find("top_p"), std::string::npos);
+  params = SamplingParams();
+  params.min_p = 1.5f;
+  EXPECT_FALSE(ValidateSamplingParams(params, 10).ok());
+  params = SamplingParams();
+  params.num_logprobs = 21;
+  EXPECT_FALSE(ValidateSamplingParams(params, 100).ok());
+  EXPECT_TRUE(ValidateSamplingParams(SamplingParams(), 10).ok());
+}
+
+}  // namespace
+}  // namespace loom::worker

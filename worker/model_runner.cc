@@ -1,0 +1,128 @@
+#include "worker/model_runner.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/status_macros.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+
+namespace loom::worker {
+
+namespace cpu = kernels::cpu;
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
+    const common::GgufFile& gguf, const ModelRunnerOptions& options) {
+  if (options.num_threads < 1) {
+    return absl::InvalidArgumentError("the model runner needs at least one thread");
+  }
+  std::unique_ptr<ModelRunner> runner(new ModelRunner());
+  LOOM_ASSIGN_OR_RETURN(runner->weights_, LoadModelWeights(gguf));
+  LOOM_ASSIGN_OR_RETURN(runner->kv_cache_,
+                        KvCache::Create(runner->weights_->config, options.num_kv_blocks,
+                                        options.block_size, options.kv_dtype));
+  runner->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  return runner;
+}
+
+absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logits) {
+  const common::ModelConfig& c = weights_->config;
+  LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, c.vocab_size, c.context_length,
+                                         kv_cache_->num_blocks(), kv_cache_->block_size()));
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c.hidden_size;
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t ffn = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  residual_.resize(T * H);
+  normed_.resize(T * H);
+  qkv_.resize(T * qkv_dim);
+  q_.resize(T * q_dim);
+  k_.resize(T * kv_dim);
+  v_.resize(T * kv_dim);
+  attn_.resize(T * q_dim);
+  proj_.resize(T * H);
+  gate_up_.resize(T * 2 * ffn);
+  act_.resize(T * ffn);
+
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = batch.token_ids[t];
+    cpu::DequantizeRows(weights_->token_embedding, id, id + 1, residual_.data() + t * H);
+  }
+
+  cpu::RopeParams rope;
+  rope.q = q_.data();
+  rope.k = k_.data();
+  rope.positions = batch.positions.data();
+  rope.inv_freq = weights_->rope_inv_freq.data();
+  rope.num_tokens = T;
+  rope.num_heads = c.num_heads;
+  rope.num_kv_heads = c.num_kv_heads;
+  rope.head_dim = c.head_dim;
+  rope.rope_dim = c.rope_dim;
+  rope.neox = c.architecture != "llama" && c.architecture != "mistral";
+
+  cpu::PagedAttentionParams attention;
+  attention.q = q_.data();
+  attention.out = attn_.data();
+  attention.query_start = batch.query_start.data();
+  attention.context_len = batch.context_len.data();
+  attention.block_indptr = batch.block_indptr.data();
+  attention.block_indices = batch.block_indices.data();
+  attention.num_seqs = batch.num_seqs();
+  attention.num_heads = c.num_heads;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  for (size_t l = 0; l < weights_->layers.size(); ++l) {
+    const LayerWeights& layer = weights_->layers[l];
+    if (l == 0) {
+      cpu::RmsNorm(residual_.data(), layer.attn_norm.data(), eps, T, H, normed_.data());
+    } else {
+      // The previous layer's MLP output joins the residual stream here.
+      cpu::AddRmsNorm(residual_.data(), proj_.data(), layer.attn_norm.data(), eps, T, H,
+                      normed_.data());
+    }
+    LOOM_RETURN_IF_ERROR(cpu::Matmul({normed_.data(), &layer.qkv,
+                                      layer.qkv_bias.empty() ? nullptr : layer.qkv_bias.data(),
+                                      qkv_.data(), T},
+                                     *pool_));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv_.data() + t * qkv_dim;
+      std::memcpy(q_.data() + t * q_dim, row, q_dim * sizeof(float));
+      std::memcpy(k_.data() + t * kv_dim, row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(v_.data() + t * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+    cpu::Rope(rope);
+    attention.cache = kv_cache_->layer(static_cast<int64_t>(l));
+    LOOM_RETURN_IF_ERROR(cpu::WriteKv(attention.cache, k_.data(), v_.data(), batch.slots.data(), T));
+    LOOM_RETURN_IF_ERROR(cpu::PagedAttention(attention, *pool_));
+    LOOM_RETURN_IF_ERROR(
+        cpu::Matmul({attn_.data(), &layer.attn_output, nullptr, proj_.data(), T}, *pool_));
+    cpu::AddRmsNorm(residual_.data(), proj_.data(), layer.ffn_norm.data(), eps, T, H,
+                    normed_.data());
+    LOOM_RETURN_IF_ERROR(
+        cpu::Matmul({normed_.data(), &layer.gate_up, nullptr, gate_up_.data(), T}, *pool_));
+    cpu::SiluMul(gate_up_.data(), T, ffn, act_.data());
+    LOOM_RETURN_IF_ERROR(cpu::Matmul({act_.data(), &layer.down, nullptr, proj_.data(), T}, *pool_));
+  }
+
+  // Final norm and LM head only for the rows whose logits are wanted.
+  const int64_t S = static_cast<int64_t>(batch.sample_rows.size());
+  sampled_.resize(S * H);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t t = batch.sample_rows[i];
+    float* dst = sampled_.data() + i * H;
+    for (int64_t h = 0; h < H; ++h) dst[h] = residual_[t * H + h] + proj_[t * H + h];
+  }
+  cpu::RmsNorm(sampled_.data(), weights_->output_norm.data(), eps, S, H, sampled_.data());
+  logits.resize(S * c.vocab_size);
+  if (S == 0) return absl::OkStatus();
+  return cpu::Matmul({sampled_.data(), &weights_->lm_head(), nullptr, logits.data(), S}, *pool_);
+}
+
+}  // namespace loom::worker

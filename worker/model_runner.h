@@ -1,0 +1,65 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/kv_cache.h"
+#include "worker/model_weights.h"
+#include "worker/step_batch.h"
+
+namespace loom::worker {
+
+struct ModelRunnerOptions {
+  int num_threads = 2;
+  int64_t num_kv_blocks = 1024;  // pool size; the coordinator sizes it from a memory budget
+  int64_t block_size = 16;
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+};
+
+/// The llama-family forward pass on the CPU backend, written once against the kernel
+/// launch functions: embedding → [RMSNorm → QKV → RoPE → paged-KV write → paged
+/// attention → O → RMSNorm → gate/up → SiLU·mul → down] × L → final norm → LM head,
+/// over one flattened batch per step. Owns the weights, the KV pool and scratch
+/// buffers. Not thread-safe: one step at a time.
+class ModelRunner {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const common::GgufFile& gguf,
+                                                             const ModelRunnerOptions& options);
+
+  /// Runs one step: writes the batch's K/V into its slots and returns the logits of
+  /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
+  /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
+  absl::Status Step(const StepBatch& batch, std::vector<float>& logits);
+
+  const common::ModelConfig& config() const { return weights_->config; }
+  const ModelWeights& weights() const { return *weights_; }
+  const KvCache& kv_cache() const { return *kv_cache_; }
+  int64_t block_size() const { return kv_cache_->block_size(); }
+  int64_t num_kv_blocks() const { return kv_cache_->num_blocks(); }
+  int num_threads() const { return pool_->num_threads(); }
+
+ private:
+  ModelRunner() = default;
+
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<KvCache> kv_cache_;
+  std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+
+  // Scratch, grown to the largest step seen. Shapes for a step of T tokens:
+  std::vector<float> residual_;  // [T, hidden]
+  std::vector<float> normed_;    // [T, hidden]
+  std::vector<float> qkv_;       // [T, (heads + 2 kv_heads) * head_dim]
+  std::vector<float> q_, k_, v_; // [T, heads|kv_heads, head_dim]
+  std::vector<float> attn_;      // [T, heads * head_dim]
+  std::vector<float> proj_;      // [T, hidden]
+  std::vector<float> gate_up_;   // [T, 2 * ffn]
+  std::vector<float> act_;       // [T, ffn]
+  std::vector<float> sampled_;   // [S, hidden]
+};
+
+}  // namespace loom::worker

@@ -1,0 +1,204 @@
+#include "worker/model_weights.h"
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace loom::worker {
+namespace {
+
+using kernels::cpu::PackedWeight;
+
+// Shapes in GGUF are ggml order: {cols (contiguous), rows}.
+absl::Status CheckShape(const common::GgufTensorInfo& tensor, std::vector<uint64_t> want) {
+  if (tensor.shape != want) {
+    std::string got, expected;
+    for (uint64_t d : tensor.shape) absl::StrAppend(&got, got.empty() ? "" : "x", d);
+    for (uint64_t d : want) absl::StrAppend(&expected, expected.empty() ? "" : "x", d);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor %s has shape [%s], the model config needs [%s]", tensor.name, got, expected));
+  }
+  return absl::OkStatus();
+}
+
+class Loader {
+ public:
+  Loader(const common::GgufFile& gguf, const common::ModelConfig& config)
+      : gguf_(gguf), config_(config) {}
+
+  const common::GgufTensorInfo* Find(const std::string& name) const {
+    return gguf_.FindTensor(name);
+  }
+
+  absl::StatusOr<const common::GgufTensorInfo*> Require(const std::string& name) const {
+    const common::GgufTensorInfo* tensor = gguf_.FindTensor(name);
+    if (tensor == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("model has no tensor ", name));
+    }
+    return tensor;
+  }
+
+  absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t size) {
+    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
+    LOOM_RETURN_IF_ERROR(CheckShape(*tensor, {static_cast<uint64_t>(size)}));
+    return gguf_.DequantizeTensor(*tensor);
+  }
+
+  absl::StatusOr<PackedWeight> Matrix(const std::string& name, int64_t rows, int64_t cols) {
+    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
+    LOOM_RETURN_IF_ERROR(
+        CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
+    absl::StatusOr<PackedWeight> packed =
+        kernels::cpu::PackWeight(tensor->type, gguf_.TensorData(*tensor).data(), rows, cols);
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat("tensor ", name, ": ", packed.status().message()));
+    }
+    conversions_[packed->source]++;
+    return packed;
+  }
+
+  // Several GGUF matrices stacked by rows into one backend matrix.
+  absl::StatusOr<PackedWeight> Fused(const std::vector<std::pair<std::string, int64_t>>& parts,
+                                     int64_t cols) {
+    std::vector<PackedWeight> packed;
+    for (const auto& [name, rows] : parts) {
+      LOOM_ASSIGN_OR_RETURN(PackedWeight weight, Matrix(name, rows, cols));
+      packed.push_back(std::move(weight));
+    }
+    std::vector<const PackedWeight*> pointers;
+    for (const PackedWeight& weight : packed) pointers.push_back(&weight);
+    absl::StatusOr<PackedWeight> fused = kernels::cpu::ConcatRows(pointers);
+    if (!fused.ok() && packed.size() > 1) {
+      // Mixed formats (e.g. a Q6_K V beside Q4_K Q/K): fall back to F32 for the group.
+      std::vector<float> values;
+      for (const PackedWeight& weight : packed) {
+        const size_t offset = values.size();
+        values.resize(offset + weight.rows * cols);
+        kernels::cpu::DequantizeRows(weight, 0, weight.rows, values.data() + offset);
+      }
+      conversions_[absl::StrCat("mixed formats fused -> F32 (", parts[0].first, ")")]++;
+      return kernels::cpu::PackFromF32(values.data(), values.size() / cols, cols,
+                                       kernels::cpu::WeightFormat::kF32, 0);
+    }
+    return fused;
+  }
+
+  std::string Log() const {
+    std::string log;
+    for (const auto& [what, count] : conversions_) {
+      absl::StrAppendFormat(&log, "  %4d x %s\n", count, what);
+    }
+    return log;
+  }
+
+ private:
+  const common::GgufFile& gguf_;
+  const common::ModelConfig& config_;
+  std::map<std::string, int> conversions_;
+};
+
+}  // namespace
+
+int64_t ModelWeights::BytesPerDecodeStep() const {
+  int64_t bytes = lm_head().bytes() + token_embedding.bytes() / token_embedding.rows;
+  for (const LayerWeights& layer : layers) {
+    bytes += layer.qkv.bytes() + layer.attn_output.bytes() + layer.gate_up.bytes() +
+             layer.down.bytes();
+  }
+  return bytes;
+}
+
+std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
+                                          const std::vector<float>& freq_factors) {
+  const int64_t half = config.rope_dim / 2;
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    double freq = std::pow(config.rope_theta, -2.0 * i / static_cast<double>(config.rope_dim));
+    if (!freq_factors.empty()) {
+      freq /= freq_factors[i];
+    } else if (config.rope_scaling == common::RopeScalingType::kLinear) {
+      freq /= config.rope_scaling_factor;
+    } else if (config.rope_scaling == common::RopeScalingType::kLlama3) {
+      // Llama 3.1: long wavelengths are slowed by the factor, short ones kept, with a
+      // smooth blend between the two thresholds.
+      const double original = static_cast<double>(config.rope_original_context_length);
+      const double low_wavelen = original / config.rope_low_freq_factor;
+      const double high_wavelen = original / config.rope_high_freq_factor;
+      const double wavelen = 2.0 * M_PI / freq;
+      if (wavelen > low_wavelen) {
+        freq /= config.rope_scaling_factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (original / wavelen - config.rope_low_freq_factor) /
+                              (config.rope_high_freq_factor - config.rope_low_freq_factor);
+        freq = (1.0 - smooth) * freq / config.rope_scaling_factor + smooth * freq;
+      }
+    }
+    inv_freq[i] = static_cast<float>(freq);
+  }
+  return inv_freq;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf) {
+  LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
+  if (config.rope_scaling == common::RopeScalingType::kYarn) {
+    return absl::UnimplementedError("YaRN rope scaling is not supported yet");
+  }
+  if (config.rope_dim <= 0 || config.rope_dim > config.head_dim || config.rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rope dimension %d must be even and at most the head dim %d", config.rope_dim,
+        config.head_dim));
+  }
+  auto weights = std::make_unique<ModelWeights>();
+  Loader loader(gguf, config);
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_rows = config.num_heads * config.head_dim;
+  const int64_t kv_rows = config.num_kv_heads * config.head_dim;
+  const int64_t ffn = config.intermediate_size;
+
+  LOOM_ASSIGN_OR_RETURN(weights->token_embedding,
+                        loader.Matrix("token_embd.weight", config.vocab_size, hidden));
+  LOOM_ASSIGN_OR_RETURN(weights->output_norm, loader.Vector("output_norm.weight", hidden));
+  if (!config.tied_embeddings) {
+    LOOM_ASSIGN_OR_RETURN(PackedWeight output,
+                          loader.Matrix("output.weight", config.vocab_size, hidden));
+    weights->output = std::make_unique<PackedWeight>(std::move(output));
+  }
+  std::vector<float> freq_factors;
+  if (loader.Find("rope_freqs.weight") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(freq_factors, loader.Vector("rope_freqs.weight", config.rope_dim / 2));
+  }
+  weights->rope_inv_freq = RopeInverseFrequencies(config, freq_factors);
+
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    LayerWeights layer;
+    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, loader.Vector(p + "attn_norm.weight", hidden));
+    LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows},
+                                                   {p + "attn_k.weight", kv_rows},
+                                                   {p + "attn_v.weight", kv_rows}},
+                                                  hidden));
+    if (loader.Find(p + "attn_q.bias") != nullptr) {
+      for (const auto& [name, rows] : std::vector<std::pair<std::string, int64_t>>{
+               {p + "attn_q.bias", q_rows}, {p + "attn_k.bias", kv_rows}, {p + "attn_v.bias", kv_rows}}) {
+        LOOM_ASSIGN_OR_RETURN(std::vector<float> bias, loader.Vector(name, rows));
+        layer.qkv_bias.insert(layer.qkv_bias.end(), bias.begin(), bias.end());
+      }
+    }
+    LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.Matrix(p + "attn_output.weight", hidden, q_rows));
+    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, loader.Vector(p + "ffn_norm.weight", hidden));
+    LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate.weight", ffn},
+                                                       {p + "ffn_up.weight", ffn}},
+                                                      hidden));
+    LOOM_ASSIGN_OR_RETURN(layer.down, loader.Matrix(p + "ffn_down.weight", hidden, ffn));
+    weights->layers.push_back(std::move(layer));
+  }
+  weights->load_log = loader.Log();
+  weights->config = std::move(config);
+  return weights;
+}
+
+}  // namespace loom::worker

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "kernels/cpu/weights.h"
+
+namespace loom::worker {
+
+/// One transformer block's weights in backend formats. Q/K/V and gate/up are fused
+/// into one matrix each (one matmul instead of three or two).
+struct LayerWeights {
+  std::vector<float> attn_norm;       // [hidden]
+  kernels::cpu::PackedWeight qkv;     // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+  std::vector<float> qkv_bias;        // same rows as qkv, or empty (no bias)
+  kernels::cpu::PackedWeight attn_output;  // [hidden, num_heads * head_dim]
+  std::vector<float> ffn_norm;        // [hidden]
+  kernels::cpu::PackedWeight gate_up;      // [2 * intermediate, hidden]: gate rows, then up
+  kernels::cpu::PackedWeight down;         // [hidden, intermediate]
+};
+
+/// All weights of a llama-family model, converted from GGUF at load.
+struct ModelWeights {
+  common::ModelConfig config;
+  kernels::cpu::PackedWeight token_embedding;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> output_norm;              // [hidden]
+  /// [vocab, hidden]; nullptr-equivalent when tied: lm_head() returns the embedding.
+  std::unique_ptr<kernels::cpu::PackedWeight> output;
+  std::vector<float> rope_inv_freq;            // [rope_dim / 2], scaling applied
+  std::string load_log;                        // one line per distinct conversion
+
+  const kernels::cpu::PackedWeight& lm_head() const {
+    return output ? *output : token_embedding;
+  }
+  /// Bytes of weights one decode step reads (every matrix once, plus one embedding row).
+  int64_t BytesPerDecodeStep() const;
+};
+
+/// Reads and converts every weight; InvalidArgument naming the tensor for a missing
+/// tensor or a shape that does not match the config.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf);
+
+/// Inverse frequencies of RoPE for `config`: theta^(-2i/rope_dim), with linear or llama3
+/// scaling applied, divided elementwise by `freq_factors` when non-empty (the
+/// `rope_freqs.weight` tensor of llama3 GGUFs).
+std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
+                                          const std::vector<float>& freq_factors);
+
+}  // namespace loom::worker

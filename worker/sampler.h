@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace loom::worker {
+
+/// How one sequence picks its next token (OpenAI / vLLM semantics).
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // (0, 1]
+  float min_p = 0.0f;               // [0, 1]: drop tokens below min_p * max probability
+  float repetition_penalty = 1.0f;  // > 0; HF style over prompt and output tokens
+  float presence_penalty = 0.0f;    // [-2, 2]; OpenAI style over output tokens
+  float frequency_penalty = 0.0f;   // [-2, 2]; OpenAI style over output tokens
+  uint64_t seed = 0;                // with the same seed, the same tokens, whatever the batch
+  int32_t num_logprobs = -1;        // -1: none; 0: the chosen token's; n: and the top n
+};
+
+/// InvalidArgument naming the parameter and its value when out of range.
+absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  int32_t token_id = 0;
+  float logprob = 0.0f;                     // log-softmax of the model's raw logits
+  std::vector<TokenLogprob> top_logprobs;   // most likely first, num_logprobs entries
+};
+
+/// Per-sequence sampler state: the RNG (seeded per sequence, so a sequence's samples do
+/// not depend on what else is in the batch) and token counts for the penalties. Lives
+/// on the worker with the sequence. Not thread-safe.
+class SequenceSampler {
+ public:
+  SequenceSampler(const SamplingParams& params, absl::Span<const int32_t> prompt_ids,
+                  int64_t vocab_size);
+
+  /// Picks the next token from `logits` [vocab_size] and records it for the penalties.
+  SampledToken Sample(const float* logits);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  void ApplyPenalties(float* logits) const;
+  int32_t PickFromDistribution(const float* logits);
+
+  SamplingParams params_;
+  int64_t vocab_size_;
+  std::mt19937_64 rng_;
+  absl::flat_hash_map<int32_t, int32_t> output_counts_;  // token -> times generated
+  absl::flat_hash_map<int32_t, bool> seen_;              // prompt or output tokens
+  std::vector<float> scratch_;                           // [vocab_size]
+  std::vector<std::pair<float, int32_t>> candidates_;    // (logit, id)
+};
+
+/// log-softmax of `logits` at `token_id`, and the `n` most likely tokens.
+SampledToken RawLogprobs(const float* logits, int64_t vocab_size, int32_t token_id, int32_t n);
+
+}  // namespace loom::worker

@@ -1,0 +1,107 @@
+#include "worker/step_batch.h"
+
+#include "absl/strings/str_format.h"
+
+namespace loom::worker {
+
+absl::Status AppendSequence(StepBatch& batch, absl::Span<const int32_t> new_tokens,
+                            int32_t num_computed, absl::Span<const int32_t> block_ids,
+                            int32_t block_size, bool sample_last) {
+  if (new_tokens.empty()) return absl::InvalidArgumentError("a sequence needs at least one new token");
+  if (num_computed < 0 || block_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "num_computed %d and block_size %d must be non-negative / positive", num_computed,
+        block_size));
+  }
+  const int64_t total = static_cast<int64_t>(num_computed) + new_tokens.size();
+  if (static_cast<int64_t>(block_ids.size()) * block_size < total) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d blocks of %d slots cannot hold %d tokens", block_ids.size(), block_size, total));
+  }
+  for (size_t i = 0; i < new_tokens.size(); ++i) {
+    const int32_t position = num_computed + static_cast<int32_t>(i);
+    batch.token_ids.push_back(new_tokens[i]);
+    batch.positions.push_back(position);
+    batch.slots.push_back(block_ids[position / block_size] * block_size + position % block_size);
+  }
+  batch.query_start.push_back(static_cast<int32_t>(batch.token_ids.size()));
+  batch.context_len.push_back(static_cast<int32_t>(total));
+  batch.block_indices.insert(batch.block_indices.end(), block_ids.begin(), block_ids.end());
+  batch.block_indptr.push_back(static_cast<int32_t>(batch.block_indices.size()));
+  if (sample_last) batch.sample_rows.push_back(batch.query_start.back() - 1);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepBatch(const StepBatch& batch, int64_t vocab_size,
+                               int64_t context_length, int64_t num_blocks, int64_t block_size) {
+  const int64_t num_tokens = batch.num_tokens();
+  const int64_t num_seqs = batch.num_seqs();
+  if (num_tokens == 0 || num_seqs == 0) return absl::InvalidArgumentError("empty step");
+  if (static_cast<int64_t>(batch.positions.size()) != num_tokens ||
+      static_cast<int64_t>(batch.slots.size()) != num_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "step has %d tokens but %d positions and %d slots", num_tokens, batch.positions.size(),
+        batch.slots.size()));
+  }
+  if (static_cast<int64_t>(batch.query_start.size()) != num_seqs + 1 ||
+      static_cast<int64_t>(batch.block_indptr.size()) != num_seqs + 1 ||
+      batch.query_start[0] != 0 || batch.query_start[num_seqs] != num_tokens ||
+      batch.block_indptr[0] != 0 ||
+      batch.block_indptr[num_seqs] != static_cast<int64_t>(batch.block_indices.size())) {
+    return absl::InvalidArgumentError("step's query_start / block_indptr arrays are inconsistent");
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "token %d: id %d is outside the vocabulary [0, %d)", t, batch.token_ids[t], vocab_size));
+    }
+  }
+  for (int64_t b : batch.block_indices) {
+    if (b < 0 || b >= num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("block id %d is outside the KV pool [0, %d)", b, num_blocks));
+    }
+  }
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_begin = batch.query_start[s], q_end = batch.query_start[s + 1];
+    const int64_t ctx = batch.context_len[s];
+    const int64_t blocks = batch.block_indptr[s + 1] - batch.block_indptr[s];
+    if (q_end <= q_begin || ctx < q_end - q_begin) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: %d query tokens with context length %d", s, q_end - q_begin, ctx));
+    }
+    if (ctx > context_length) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: context of %d tokens exceeds the model's context length %d", s, ctx,
+          context_length));
+    }
+    if (blocks * block_size < ctx) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: %d blocks cannot hold %d tokens", s, blocks, ctx));
+    }
+    const int32_t* table = batch.block_indices.data() + batch.block_indptr[s];
+    for (int64_t t = q_begin; t < q_end; ++t) {
+      const int64_t position = ctx - (q_end - t);
+      if (batch.positions[t] != position) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "token %d of sequence %d: position %d, the block table says %d", t, s,
+            batch.positions[t], position));
+      }
+      const int64_t slot = static_cast<int64_t>(table[position / block_size]) * block_size +
+                           position % block_size;
+      if (batch.slots[t] != slot) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "token %d of sequence %d: slot %d, the block table says %d", t, s, batch.slots[t], slot));
+      }
+    }
+  }
+  for (int32_t row : batch.sample_rows) {
+    if (row < 0 || row >= num_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sample row %d is outside the step's %d tokens", row, num_tokens));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::worker
