@@ -26,8 +26,7 @@ absl::Status CheckShape(const common::GgufTensorInfo& tensor, std::vector<uint64
 
 class Loader {
  public:
-  Loader(const common::GgufFile& gguf, const common::ModelConfig& config)
-      : gguf_(gguf), config_(config) {}
+  explicit Loader(const common::GgufFile& gguf) : gguf_(gguf) {}
 
   const common::GgufTensorInfo* Find(const std::string& name) const {
     return gguf_.FindTensor(name);
@@ -97,7 +96,6 @@ class Loader {
 
  private:
   const common::GgufFile& gguf_;
-  const common::ModelConfig& config_;
   std::map<std::string, int> conversions_;
 };
 
@@ -153,7 +151,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
         config.head_dim));
   }
   auto weights = std::make_unique<ModelWeights>();
-  Loader loader(gguf, config);
+  Loader loader(gguf);
   const int64_t hidden = config.hidden_size;
   const int64_t q_rows = config.num_heads * config.head_dim;
   const int64_t kv_rows = config.num_kv_heads * config.head_dim;

@@ -1,0 +1,145 @@
+#include "bench/machine_limits.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+namespace loom::bench {
+namespace {
+
+constexpr size_t kBufferBytes = size_t{512} << 20;  // far beyond any cache
+
+template <typename Fn>
+double TimeOnThreads(int threads, Fn&& fn) {
+  std::vector<std::thread> pool;
+  const auto start = std::chrono::steady_clock::now();
+  for (int t = 1; t < threads; ++t) pool.emplace_back(fn, t);
+  fn(0);
+  for (std::thread& thread : pool) thread.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iterations) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, sum);
+  return lanes[0] + lanes[15];
+}
+
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  float lanes[8];
+  __m256 sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  _mm256_storeu_ps(lanes, sum);
+  return lanes[0] + lanes[7];
+}
+
+}  // namespace
+
+double MeasureCopyBandwidthGBs(int threads, int repeats) {
+  std::vector<char> src(kBufferBytes, 1), dst(kBufferBytes, 0);
+  const size_t chunk = kBufferBytes / threads;
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    const double seconds = TimeOnThreads(threads, [&](int t) {
+      std::memcpy(dst.data() + t * chunk, src.data() + t * chunk, chunk);
+    });
+    rates.push_back(2.0 * kBufferBytes / seconds / 1e9);
+  }
+  return Median(rates);
+}
+
+double MeasureReadBandwidthGBs(int threads, int repeats) {
+  std::vector<uint64_t> buffer(kBufferBytes / 8);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = i * 2654435761u;
+  const size_t chunk = buffer.size() / threads;
+  std::vector<uint64_t> sums(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    const double seconds = TimeOnThreads(threads, [&](int t) {
+      const uint64_t* p = buffer.data() + t * chunk;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = 0; i + 4 <= chunk; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+      }
+      sums[t] = s0 + s1 + s2 + s3;
+    });
+    rates.push_back(static_cast<double>(kBufferBytes) / seconds / 1e9);
+  }
+  if (sums[0] == 42) std::puts("");  // keep the sums alive
+  return Median(rates);
+}
+
+double MeasurePeakGflops(int threads) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const int lanes = avx512 ? 16 : 8;
+  const int64_t iterations = 20'000'000;
+  std::vector<float> sink(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const double seconds = TimeOnThreads(threads, [&](int t) {
+      sink[t] = avx512 ? FmaLoopAvx512(iterations) : FmaLoopAvx2(iterations);
+    });
+    rates.push_back(2.0 * lanes * 12 * iterations * threads / seconds / 1e9);
+  }
+  if (sink[0] == 42.0f) std::puts("");
+  return Median(rates);
+}
+
+std::string CpuModel() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buffer;
+}
+
+void WriteResult(const std::string& name, const std::string& json) {
+  const char* source = std::getenv("LOOM_SOURCE_DIR");
+  const std::string path = std::string(source ? source : ".") + "/bench/results/" + name + ".json";
+  std::ofstream out(path);
+  out << json << "\n";
+  std::printf("wrote %s\n", out ? path.c_str() : "(failed to write the result)");
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,29 @@
+#pragma once
+
+#include <string>
+
+namespace loom::bench {
+
+/// Memory copy bandwidth in GB/s (bytes read + bytes written per second) of a large
+/// memcpy split over `threads` threads; median of `repeats` runs.
+double MeasureCopyBandwidthGBs(int threads, int repeats = 7);
+
+/// Read bandwidth in GB/s: summing a large buffer (what a GEMV over weights does), split
+/// over `threads` threads; median of `repeats` runs.
+double MeasureReadBandwidthGBs(int threads, int repeats = 7);
+
+/// Peak F32 fused multiply-add rate in GFLOP/s (2 flops per FMA lane) on `threads`
+/// threads, using the widest vector unit the CPU has (AVX-512, else AVX2).
+double MeasurePeakGflops(int threads);
+
+/// "AMD EPYC 9R14 (2 threads)": the CPU model from /proc/cpuinfo.
+std::string CpuModel();
+
+/// UTC time as ISO 8601, for result files.
+std::string UtcNow();
+
+/// Writes `json` to bench/results/<name>.json under the source tree (LOOM_SOURCE_DIR or
+/// the current directory) and prints the path.
+void WriteResult(const std::string& name, const std::string& json);
+
+}  // namespace loom::bench
