@@ -116,11 +116,12 @@ std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
   std::vector<float> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
     double freq = std::pow(config.rope_theta, -2.0 * i / static_cast<double>(config.rope_dim));
-    if (!freq_factors.empty()) {
-      freq /= freq_factors[i];
-    } else if (config.rope_scaling == common::RopeScalingType::kLinear) {
+    // As llama.cpp: per-frequency factors (llama3 GGUFs store them as a tensor) and
+    // linear scaling both apply; llama3 scaling is computed only when no tensor exists.
+    if (!freq_factors.empty()) freq /= freq_factors[i];
+    if (config.rope_scaling == common::RopeScalingType::kLinear) {
       freq /= config.rope_scaling_factor;
-    } else if (config.rope_scaling == common::RopeScalingType::kLlama3) {
+    } else if (config.rope_scaling == common::RopeScalingType::kLlama3 && freq_factors.empty()) {
       // Llama 3.1: long wavelengths are slowed by the factor, short ones kept, with a
       // smooth blend between the two thresholds.
       const double original = static_cast<double>(config.rope_original_context_length);

@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
 
 /// Inverse frequencies of RoPE for `config`: theta^(-2i/rope_dim), with linear or llama3
 /// scaling applied, divided elementwise by `freq_factors` when non-empty (the
-/// `rope_freqs.weight` tensor of llama3 GGUFs).
+/// `rope_freqs.weight` tensor of llama3 GGUFs, which replaces computed llama3 scaling).
 std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
                                           const std::vector<float>& freq_factors);
 

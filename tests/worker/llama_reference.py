@@ -1,0 +1,344 @@
+"""Independent numpy reference of the Llama-family forward pass, read straight from a GGUF file.
+
+Written from the model definition (llama.cpp's graph for GGUF files), not from Loom's code, so
+the C++ model runner can be checked against it. Numerics: every weight is dequantized once with
+`gguf.quants.dequantize` and kept in float32; every matmul, norm, softmax and residual add runs in
+float64 (weights are upcast per product), so the reference's own rounding error (~1e-12 relative)
+is negligible next to any float32 / float16 / int8 implementation it is compared against.
+
+Supported: architectures `llama` (RoPE "normal" mode: the GGUF converter permuted Q/K rows so
+the rotated pairs are adjacent, (2i, 2i+1)) and `qwen2` (RoPE "neox" mode: pairs (i, i + n_rot/2),
+Q/K/V biases); GQA/MQA with any ratio; partial rotary (`rope.dimension_count` < head_dim);
+`rope.scaling.type` none or linear (positions divided by the factor); llama3-style per-frequency
+divisors from the `rope_freqs.weight` tensor; tied output (`output.weight` absent). YaRN and
+other scaling types raise NotImplementedError rather than give silently wrong logits.
+
+Optional `Numerics` emulate what a fast runner does (float32 arithmetic, float16 KV cache, int8
+activations in front of quantized weights) so tests can measure how far such shortcuts move the
+logits; they are for calibrating tolerances, not a bit-exact model of any runner (a single int8
+rounding flip can move SmolLM2's logits by ~1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType
+
+SUPPORTED_ARCHS = {"llama": "normal", "qwen2": "neox"}
+# Weight types whose matmuls a fast runner may feed int8-quantized activations.
+INTEGER_WEIGHT_TYPES = {
+    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+}
+
+
+@dataclasses.dataclass
+class Linear:
+    """One projection: y = x @ weight.T (+ bias)."""
+    weight: np.ndarray  # [out_features, in_features] float32
+    bias: Optional[np.ndarray]  # [out_features] float32 or None
+    ggml_type: GGMLQuantizationType  # storage type in the file
+
+
+@dataclasses.dataclass
+class Layer:
+    attn_norm: np.ndarray  # [n_embd]
+    q: Linear  # [n_head * head_dim, n_embd]
+    k: Linear  # [n_head_kv * head_dim, n_embd]
+    v: Linear  # [n_head_kv * head_dim, n_embd]
+    o: Linear  # [n_embd, n_head * head_dim]
+    ffn_norm: np.ndarray  # [n_embd]
+    gate: Linear  # [n_ff, n_embd]
+    up: Linear  # [n_ff, n_embd]
+    down: Linear  # [n_embd, n_ff]
+
+
+@dataclasses.dataclass
+class Model:
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int  # leading dims of each head that RoPE rotates
+    n_ff: int
+    n_ctx: int  # trained context length
+    rms_eps: float
+    rope_mode: str  # "normal" (pairs 2i, 2i+1) or "neox" (pairs i, i + n_rot/2)
+    rope_inv_freq: np.ndarray  # [n_rot/2] float64, already divided by rope_freqs if present
+    rope_position_scale: float  # positions are multiplied by this (1 / linear factor)
+    token_embd: np.ndarray  # [n_vocab, n_embd] float32
+    token_embd_type: GGMLQuantizationType
+    layers: list[Layer]
+    output_norm: np.ndarray  # [n_embd]
+    output: Linear  # [n_vocab, n_embd]; token_embd when tied
+    tied_output: bool
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    bos_id: Optional[int]
+    eos_id: Optional[int]
+    chat_template: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """Shortcuts a fast runner may take; the defaults are the exact (float64) model."""
+    kv_f16: bool = False  # round cached K and V to float16
+    int8_activations: bool = False  # quantize matmul inputs to int8 for integer-typed weights
+    int8_block: int = 32  # values sharing one int8 scale (ggml's q8_0: 32); 0 = one scale per row
+    float32: bool = False  # run every operation in float32 instead of float64
+
+
+EXACT = Numerics()
+
+
+def _field(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def _dequantize(tensor) -> np.ndarray:
+    """A GGUF tensor as float32 with numpy shape (ne[n-1], ..., ne[0]), i.e. (rows, cols)."""
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def load(path: str | os.PathLike) -> Model:
+    """Reads and dequantizes a llama-family GGUF file."""
+    reader = gguf.GGUFReader(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise NotImplementedError(f"architecture {arch!r} is not supported (have {sorted(SUPPORTED_ARCHS)})")
+    tensors = {t.name: t for t in reader.tensors}
+
+    def weight(name: str) -> np.ndarray:
+        return _dequantize(tensors[name])
+
+    def linear(prefix: str) -> Linear:
+        bias = weight(prefix + ".bias") if prefix + ".bias" in tensors else None
+        return Linear(weight(prefix + ".weight"), bias, tensors[prefix + ".weight"].tensor_type)
+
+    n_embd = int(_field(reader, f"{arch}.embedding_length"))
+    n_layer = int(_field(reader, f"{arch}.block_count"))
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))
+    n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
+    n_rot = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if n_head % n_head_kv != 0:
+        raise ValueError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+
+    scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+    scaling_factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if scaling_type == "linear":
+        position_scale = 1.0 / scaling_factor
+    elif scaling_type == "none" or (scaling_type is None):
+        position_scale = 1.0
+    else:
+        raise NotImplementedError(f"rope.scaling.type {scaling_type!r} is not supported")
+    # llama.cpp: theta_i = pos * freq_scale * base^(-2i/n_rot) / freq_factors[i].
+    base = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
+    inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if "rope_freqs.weight" in tensors:
+        freq_factors = weight("rope_freqs.weight").astype(np.float64).reshape(-1)
+        if freq_factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freqs has {freq_factors.shape[0]} entries, expected {inv_freq.shape[0]}")
+        inv_freq = inv_freq / freq_factors
+
+    layers = []
+    for i in range(n_layer):
+        p = f"blk.{i}"
+        layers.append(Layer(
+            attn_norm=weight(p + ".attn_norm.weight"),
+            q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
+            o=linear(p + ".attn_output"),
+            ffn_norm=weight(p + ".ffn_norm.weight"),
+            gate=linear(p + ".ffn_gate"), up=linear(p + ".ffn_up"), down=linear(p + ".ffn_down")))
+
+    token_embd = weight("token_embd.weight")
+    tied = "output.weight" not in tensors
+    output = (Linear(token_embd, None, tensors["token_embd.weight"].tensor_type) if tied
+              else linear("output"))
+    tokens = _field(reader, "tokenizer.ggml.tokens", []) or []
+    return Model(
+        arch=arch, n_vocab=token_embd.shape[0], n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, n_rot=n_rot, n_ff=layers[0].gate.weight.shape[0] if layers else 0,
+        n_ctx=int(_field(reader, f"{arch}.context_length", 0)),
+        rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_mode=SUPPORTED_ARCHS[arch], rope_inv_freq=inv_freq, rope_position_scale=position_scale,
+        token_embd=token_embd, token_embd_type=tensors["token_embd.weight"].tensor_type,
+        layers=layers, output_norm=weight("output_norm.weight"), output=output, tied_output=tied,
+        tokens=tokens, token_types=_field(reader, "tokenizer.ggml.token_type", []) or [],
+        merges=_field(reader, "tokenizer.ggml.merges", []) or [],
+        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        chat_template=_field(reader, "tokenizer.chat_template"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks (float64 unless Numerics.float32).
+
+def _quantize_activations_int8(x: np.ndarray, block: int) -> np.ndarray:
+    """Rounds each block of `block` values (0: a whole row) to int8 as ggml's quantize_row_q8_0
+    does: d = max|x| / 127, q = round(x / d), value = q * float16(d)."""
+    rows, cols = x.shape
+    block = block or cols
+    if cols % block:
+        return x
+    blocks = x.reshape(rows, cols // block, block)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / 127.0
+    q = np.round(blocks / np.where(d == 0, 1.0, d)).clip(-127, 127)
+    return (q * d.astype(np.float16).astype(x.dtype)).reshape(rows, cols).astype(x.dtype)
+
+
+def _linear(x: np.ndarray, layer: Linear, numerics: Numerics) -> np.ndarray:
+    if numerics.int8_activations and layer.ggml_type in INTEGER_WEIGHT_TYPES:
+        x = _quantize_activations_int8(x, numerics.int8_block)
+    y = x @ layer.weight.T.astype(x.dtype)
+    if layer.bias is not None:
+        y = y + layer.bias
+    return y
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + x.dtype.type(eps)) * weight
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rope(model: Model, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Rotates x [tokens, heads, head_dim] at the given positions (model's mode and scaling)."""
+    half = model.n_rot // 2
+    theta = (positions.astype(np.float64) * model.rope_position_scale)[:, None] * model.rope_inv_freq[None, :]
+    cos = np.cos(theta)[:, None, :].astype(x.dtype)  # [tokens, 1, half]
+    sin = np.sin(theta)[:, None, :].astype(x.dtype)
+    out = x.copy()
+    if model.rope_mode == "normal":
+        x0, x1 = x[..., 0:model.n_rot:2], x[..., 1:model.n_rot:2]
+        out[..., 0:model.n_rot:2] = x0 * cos - x1 * sin
+        out[..., 1:model.n_rot:2] = x0 * sin + x1 * cos
+    elif model.rope_mode == "neox":
+        x0, x1 = x[..., :half], x[..., half:model.n_rot]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:model.n_rot] = x0 * sin + x1 * cos
+    else:
+        raise ValueError(f"unknown rope mode {model.rope_mode!r}")
+    return out
+
+
+class KVCache:
+    """One sequence's keys and values, per layer: [n_head_kv, tokens, head_dim] float64."""
+
+    def __init__(self, model: Model):
+        empty = np.zeros((model.n_head_kv, 0, model.head_dim))
+        self.k = [empty for _ in model.layers]
+        self.v = [empty for _ in model.layers]
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[1] if self.k else 0
+
+
+def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
+            numerics: Numerics = EXACT) -> np.ndarray:
+    """Appends token_ids to one sequence (at positions cache.length, ...) and returns their logits
+    [len(token_ids), n_vocab] float64."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    if ids.ndim != 1 or len(ids) == 0:
+        raise ValueError("token_ids must be a non-empty list")
+    if ids.min() < 0 or ids.max() >= model.n_vocab:
+        raise ValueError(f"token id out of range [0, {model.n_vocab})")
+    start = cache.length
+    n = len(ids)
+    positions = np.arange(start, start + n)
+    group = model.n_head // model.n_head_kv
+    scale = 1.0 / np.sqrt(model.head_dim)
+    # Causal mask over [new tokens, all cached + new keys].
+    mask = np.arange(start + n)[None, :] > positions[:, None]
+
+    dtype = np.float32 if numerics.float32 else np.float64
+    x = model.token_embd[ids].astype(dtype)  # [n, n_embd]
+    for li, layer in enumerate(model.layers):
+        h = _rms_norm(x, layer.attn_norm, model.rms_eps)
+        q = _linear(h, layer.q, numerics).reshape(n, model.n_head, model.head_dim)
+        k = _linear(h, layer.k, numerics).reshape(n, model.n_head_kv, model.head_dim)
+        v = _linear(h, layer.v, numerics).reshape(n, model.n_head_kv, model.head_dim)
+        q = rope(model, q, positions)
+        k = rope(model, k, positions)
+        if numerics.kv_f16:
+            k = k.astype(np.float16).astype(dtype)
+            v = v.astype(np.float16).astype(dtype)
+        cache.k[li] = np.concatenate([cache.k[li].astype(dtype), k.transpose(1, 0, 2)], axis=1)
+        cache.v[li] = np.concatenate([cache.v[li].astype(dtype), v.transpose(1, 0, 2)], axis=1)
+        keys = np.repeat(cache.k[li], group, axis=0)  # [n_head, T, head_dim]; head h reads kv head h // group
+        values = np.repeat(cache.v[li], group, axis=0)
+        scores = np.einsum("nhd,htd->hnt", q, keys) * dtype(scale)
+        scores = np.where(mask[None], -np.inf, scores)
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        attn = np.einsum("hnt,htd->nhd", probs, values).reshape(n, model.n_head * model.head_dim)
+        x = x + _linear(attn, layer.o, numerics)
+
+        h = _rms_norm(x, layer.ffn_norm, model.rms_eps)
+        ff = _silu(_linear(h, layer.gate, numerics)) * _linear(h, layer.up, numerics)
+        x = x + _linear(ff, layer.down, numerics)
+
+    x = _rms_norm(x, model.output_norm, model.rms_eps)
+    return _linear(x, model.output, numerics)
+
+
+def logits(model: Model, token_ids: Sequence[int], numerics: Numerics = EXACT) -> np.ndarray:
+    """Logits [len(token_ids), n_vocab] (float64) of one sequence processed from position 0."""
+    return forward(model, token_ids, KVCache(model), numerics)
+
+
+def greedy(model: Model, prompt_ids: Sequence[int], n: int, numerics: Numerics = EXACT,
+           return_margins: bool = False):
+    """n greedily chosen tokens after the prompt (KV-cached). With return_margins, also the gap
+    between the best and second-best logit at each choice (how robust the choice is)."""
+    cache = KVCache(model)
+    step_logits = forward(model, prompt_ids, cache, numerics)[-1]
+    tokens, margins = [], []
+    for i in range(n):
+        best = int(np.argmax(step_logits))
+        tokens.append(best)
+        margins.append(top2_margin(step_logits))
+        if i + 1 < n:
+            step_logits = forward(model, [best], cache, numerics)[-1]
+    return (tokens, margins) if return_margins else tokens
+
+
+def greedy_recompute(model: Model, prompt_ids: Sequence[int], n: int) -> list[int]:
+    """Same as greedy() but re-running the whole sequence each step (no KV cache)."""
+    ids = list(prompt_ids)
+    for _ in range(n):
+        ids.append(int(np.argmax(logits(model, ids)[-1])))
+    return ids[len(prompt_ids):]
+
+
+def top2_margin(row: np.ndarray) -> float:
+    top = np.partition(np.asarray(row), -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def hf_tokenizer(model: Model):
+    """A `tokenizers` byte-level BPE built from the GGUF vocab and merges (gpt2-style models),
+    independent of Loom's tokenizer. Special tokens are not split out of text."""
+    import tokenizers
+    from tokenizers import models, pre_tokenizers, decoders
+    vocab = {tok: i for i, tok in enumerate(model.tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in model.merges]
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok

@@ -1,0 +1,449 @@
+"""Loom's C++ model runner (through tests/tools/model_runner_tool) against the independent numpy
+reference in llama_reference.py, on SmolLM2-135M and on the small random models of
+random_model.py (GQA llama with mixed quant types, qwen2 with biases/neox RoPE/linear scaling/MQA,
+llama3 rope_freqs).
+
+Tolerances (max |Δ logit| against the float64 reference), from measurements of the reference
+run with the runner's shortcuts emulated (Numerics), over prompts of 5-120 tokens:
+  float32 arithmetic, float32 KV cache            <= 4.2e-5 on every model
+  float32 arithmetic, float16 KV cache            <= 3.0e-2
+  plus int8 activations (q8_0 blocks of 32)       up to 1.6 (SmolLM2), 1.4 (random models)
+  a wrong RoPE pairing / missing scaling          3.7 to 20
+TOL_F32_KV = 1e-3 (about 25x the float32 floor) and TOL_F16_KV = 0.1 (3x the measured float16-KV
+effect). They assume the runner computes activations in float32; a runner that quantizes
+activations to int8 would need ~2 and could no longer be told apart from subtle bugs, so the
+tests keep the tight values and report the measured differences when they fail.
+Greedy tokens are compared on prompts whose reference top-2 margins stay above DECISIVE_MARGIN at
+every step: where the margin exceeds twice the tolerance, any correct runner must pick the same
+token.
+"""
+import json
+import os
+import pathlib
+import queue
+import subprocess
+import threading
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import jinja2  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from conftest import tool_path  # noqa: E402
+import llama_reference as ref  # noqa: E402
+import random_model  # noqa: E402
+
+TOL_F32_KV = 1e-3
+TOL_F16_KV = 0.1
+DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
+GREEDY_TOKENS = 32
+REQUEST_TIMEOUT_S = 600
+RANDOM_MODELS = tuple(random_model.SPECS)
+ALL_MODELS = ("smollm2",) + RANDOM_MODELS
+
+TEXT_PROMPTS = (
+    "The capital of France is",
+    "What is two plus two? Two plus two is",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "She said that they would come to the station at seven, but",
+    "A model reads the tokens of a prompt and predicts",
+    "In the beginning there was the word, and the word was with the machine, and it was good. "
+    "The cache keeps the keys and the values of every token that the model has already seen, so",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver process.
+
+class RunnerTool:
+    """One model_runner_tool process: a JSON request per line in, a JSON answer per line out."""
+
+    def __init__(self, model_path, kv_dtype="f32", num_blocks=None, threads=2):
+        args = [str(tool_path("model_runner_tool")), "--model", str(model_path),
+                "--kv-dtype", kv_dtype, "--threads", str(threads)]
+        if num_blocks is not None:
+            args += ["--num-blocks", str(num_blocks)]
+        self.args = args
+        self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, bufsize=1)
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: list[str] = []
+        threading.Thread(target=self._pump, args=(self.process.stdout, self._lines.put), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.process.stderr, self._stderr.append), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream, sink):
+        for line in stream:
+            sink(line)
+        sink(None)
+
+    def _died(self, what: str):
+        self.process.wait(timeout=10)
+        stderr = "".join(s for s in self._stderr if s)[-4000:]
+        pytest.fail(f"{what}; {' '.join(self.args)} exited with {self.process.returncode}:\n{stderr}")
+
+    def send_line(self, line: str) -> dict:
+        """Sends one raw line and returns the parsed answer."""
+        if self.process.poll() is not None:
+            self._died("the tool is not running")
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        try:
+            answer = self._lines.get(timeout=REQUEST_TIMEOUT_S)
+        except queue.Empty:
+            self.process.kill()
+            pytest.fail(f"no answer within {REQUEST_TIMEOUT_S}s to {line[:200]}")
+        if answer is None:
+            self._died(f"no answer to {line[:200]}")
+        return json.loads(answer)
+
+    def request(self, **request) -> dict:
+        return self.send_line(json.dumps(request))
+
+    def call(self, **request) -> dict:
+        """request() that fails the test on an error answer."""
+        answer = self.request(**request)
+        if "error" in answer:
+            pytest.fail(f"{request['op']} failed: {answer['error']}")
+        return answer
+
+    def logits(self, prompts) -> np.ndarray:
+        rows = self.call(op="logits", prompts=[list(map(int, p)) for p in prompts])["logits"]
+        return np.asarray(rows, dtype=np.float64)
+
+    def greedy(self, prompts, max_tokens=GREEDY_TOKENS, batched=True, stop_at_eos=False):
+        return self.call(op="greedy", prompts=[list(map(int, p)) for p in prompts],
+                         max_tokens=max_tokens, batched=batched, stop_at_eos=stop_at_eos)["tokens"]
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.call(op="tokenize", text=text, add_special=False)["ids"]
+
+    def detokenize(self, ids) -> str:
+        return self.call(op="detokenize", ids=list(ids))["text"]
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures.
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory, model_path) -> dict:
+    directory = tmp_path_factory.mktemp("random_models")
+    files = {name: pathlib.Path(path) for name, path in random_model.write_all(directory).items()}
+    files["smollm2"] = pathlib.Path(model_path)
+    return files
+
+
+@pytest.fixture(scope="module")
+def reference(model_files):
+    """name -> ref.Model, loaded once per module."""
+    cache = {}
+
+    def get(name: str) -> ref.Model:
+        if name not in cache:
+            cache[name] = ref.load(model_files[name])
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def runner(model_files):
+    """(name, kv_dtype, num_blocks) -> a running RunnerTool, shared within the module."""
+    tools = {}
+
+    def get(name: str, kv_dtype: str = "f32", num_blocks=None) -> RunnerTool:
+        key = (name, kv_dtype, num_blocks)
+        if key not in tools or tools[key].process.poll() is not None:
+            tools[key] = RunnerTool(model_files[name], kv_dtype=kv_dtype, num_blocks=num_blocks)
+        return tools[key]
+    yield get
+    for tool in tools.values():
+        tool.close()
+
+
+def prompts_for(model: ref.Model, name: str) -> list[list[int]]:
+    """Several prompts for a model: tokenized text plus (random models) seeded random ids of
+    lengths 1 to 130 that cross KV-block boundaries."""
+    tokenizer = ref.hf_tokenizer(model)
+    prompts = [tokenizer.encode(text).ids for text in TEXT_PROMPTS[:4]]
+    prompts.append([int(tokenizer.encode(" the").ids[0])])  # a one-token prompt
+    if name != "smollm2":
+        rng = np.random.default_rng(2024)
+        prompts += [rng.integers(0, model.n_vocab, n).tolist() for n in (16, 17, 130)]
+    return prompts
+
+
+_LAST_LOGITS: dict = {}
+
+
+def reference_last_logits(model: ref.Model, prompts) -> np.ndarray:
+    """Reference logits [len(prompts), vocab] at each prompt's last position (memoized)."""
+    rows = []
+    for prompt in prompts:
+        key = (id(model), tuple(prompt))
+        if key not in _LAST_LOGITS:
+            _LAST_LOGITS[key] = ref.logits(model, prompt)[-1]
+        rows.append(_LAST_LOGITS[key])
+    return np.stack(rows)
+
+
+def decisive_prompts(model: ref.Model, candidates, n_tokens: int, want: int):
+    """Up to `want` prompts whose greedy continuation under the reference never has a top-2
+    margin below DECISIVE_MARGIN, with those continuations."""
+    chosen = []
+    for prompt in candidates:
+        tokens, margins = ref.greedy(model, prompt, n_tokens, return_margins=True)
+        if min(margins) >= DECISIVE_MARGIN:
+            chosen.append((prompt, tokens))
+            if len(chosen) == want:
+                break
+    return chosen
+
+
+def describe(diffs) -> str:
+    return ", ".join(f"{d:.2e}" for d in diffs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference and the generated models on their own (no C++ involved).
+
+def test_reference_puts_paris_first_after_the_capital_of_france(reference):
+    model = reference("smollm2")
+    tokenizer = ref.hf_tokenizer(model)
+    ids = tokenizer.encode("The capital of France is").ids
+    last = ref.logits(model, ids)[-1]
+    assert model.tokens[int(np.argmax(last))] == "ĠParis"
+    assert ref.top2_margin(last) > 1.0
+
+
+@pytest.mark.parametrize("name", RANDOM_MODELS)
+def test_reference_kv_cached_greedy_matches_full_recompute(reference, name):
+    model = reference(name)
+    rng = np.random.default_rng(5)
+    for n in (1, 9, 40):
+        prompt = rng.integers(0, model.n_vocab, n).tolist()
+        assert ref.greedy(model, prompt, 12) == ref.greedy_recompute(model, prompt, 12)
+
+
+def test_reference_llama_rope_equals_neox_rope_on_unpermuted_weights(reference):
+    """The GGUF converter permutes Q/K rows so that llama's rotated pairs are adjacent; undoing
+    that permutation and rotating (i, i + d/2) pairs must give the same model."""
+    model = reference("llama_gqa")
+    hd = model.head_dim
+
+    def unpermute(w, heads):
+        return w.reshape(heads, hd // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+    neox = ref.Model(**{**model.__dict__, "rope_mode": "neox", "layers": [
+        ref.Layer(**{**layer.__dict__,
+                     "q": ref.Linear(unpermute(layer.q.weight, model.n_head), None, layer.q.ggml_type),
+                     "k": ref.Linear(unpermute(layer.k.weight, model.n_head_kv), None, layer.k.ggml_type)})
+        for layer in model.layers]})
+    prompt = np.random.default_rng(3).integers(0, model.n_vocab, 50).tolist()
+    normal_logits = ref.logits(model, prompt)
+    np.testing.assert_allclose(ref.logits(neox, prompt), normal_logits, rtol=0, atol=1e-9)
+    # And the pairing matters: the same weights under the other mode are a different model.
+    wrong = ref.Model(**{**model.__dict__, "rope_mode": "neox"})
+    assert np.abs(ref.logits(wrong, prompt) - normal_logits).max() > 1.0
+
+
+@pytest.mark.parametrize("name", RANDOM_MODELS)
+def test_random_models_give_different_prompts_different_predictions(reference, name):
+    model = reference(name)
+    last = reference_last_logits(model, prompts_for(model, name))
+    assert np.all(np.isfinite(last))
+    assert len(set(np.argmax(last, axis=1).tolist())) >= 4
+    assert last.std(axis=1).min() > 1.0  # logits spread, not a flat distribution
+
+
+def test_random_model_files_are_byte_identical_for_the_same_seed(tmp_path):
+    spec = random_model.SPECS["qwen2_mqa"]
+    first = random_model.write_model(spec, tmp_path / "a.gguf")
+    second = random_model.write_model(spec, tmp_path / "b.gguf")
+    assert pathlib.Path(first).read_bytes() == pathlib.Path(second).read_bytes()
+
+
+def test_llama3_random_model_carries_scaled_rope_frequencies(reference):
+    model = reference("llama3_rope")
+    plain = 500000.0 ** (-np.arange(0, model.head_dim, 2) / model.head_dim)
+    divisors = plain / model.rope_inv_freq
+    assert divisors[0] == pytest.approx(1.0) and divisors[-1] == pytest.approx(8.0)
+    assert np.any((divisors > 1.01) & (divisors < 7.99))  # the smooth blend region is exercised
+
+
+# ---------------------------------------------------------------------------------------------
+# C++ runner against the reference.
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_tool_tokenizes_plain_text_like_the_reference_bpe(runner, reference, name):
+    model = reference(name)
+    tokenizer = ref.hf_tokenizer(model)
+    tool = runner(name)
+    for text in TEXT_PROMPTS:
+        ids = tool.tokenize(text)
+        assert ids == tokenizer.encode(text).ids, text
+        assert tool.detokenize(ids) == text
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_batched_prefill_logits_match_reference_with_f32_kv_cache(runner, reference, name):
+    model = reference(name)
+    prompts = prompts_for(model, name)
+    got = runner(name, "f32").logits(prompts)  # every prompt in one step
+    want = reference_last_logits(model, prompts)
+    assert got.shape == want.shape
+    assert np.all(np.isfinite(got))
+    diffs = np.abs(got - want).max(axis=1)
+    print(f"{name} f32 KV max|Δlogit| per prompt: {describe(diffs)}")
+    assert diffs.max() <= TOL_F32_KV, f"max |Δlogit| per prompt: {describe(diffs)}"
+    assert np.argmax(got, axis=1).tolist() == np.argmax(want, axis=1).tolist()
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_batched_prefill_logits_match_reference_with_f16_kv_cache(runner, reference, name):
+    model = reference(name)
+    prompts = prompts_for(model, name)
+    got = runner(name, "f16").logits(prompts)
+    want = reference_last_logits(model, prompts)
+    diffs = np.abs(got - want).max(axis=1)
+    print(f"{name} f16 KV max|Δlogit| per prompt: {describe(diffs)}")
+    assert diffs.max() <= TOL_F16_KV, f"max |Δlogit| per prompt: {describe(diffs)}"
+    margins = np.array([ref.top2_margin(row) for row in want])
+    decisive = margins > 2 * TOL_F16_KV
+    assert (np.argmax(got, axis=1) == np.argmax(want, axis=1))[decisive].all()
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_logits_of_a_prompt_do_not_depend_on_its_batch_companions(runner, reference, name):
+    tool = runner(name, "f32")
+    prompts = prompts_for(reference(name), name)
+    together = tool.logits(prompts)
+    alone = np.stack([tool.logits([p])[0] for p in prompts])
+    diffs = np.abs(together - alone).max(axis=1)
+    assert diffs.max() <= TOL_F32_KV, f"max |Δlogit| per prompt: {describe(diffs)}"
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_greedy_tokens_match_reference_exactly_with_f32_kv_cache(runner, reference, name):
+    model = reference(name)
+    candidates = prompts_for(model, name)
+    chosen = decisive_prompts(model, candidates, GREEDY_TOKENS, want=2 if name == "smollm2" else 3)
+    assert len(chosen) >= 2, "too few prompts whose reference continuation has no near-ties"
+    got = runner(name, "f32").greedy([p for p, _ in chosen], batched=True)
+    for (prompt, want), tokens in zip(chosen, got):
+        assert tokens == want, f"prompt {prompt[:8]}...: first difference at step " \
+            f"{next(i for i, (a, b) in enumerate(zip(tokens, want)) if a != b)}"
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_batched_and_one_at_a_time_greedy_decode_give_identical_tokens(runner, reference, name):
+    tool = runner(name, "f16")  # the default KV cache
+    prompts = prompts_for(reference(name), name)
+    batched = tool.greedy(prompts, batched=True)
+    sequential = tool.greedy(prompts, batched=False)
+    assert all(len(t) == GREEDY_TOKENS for t in batched)
+    assert batched == sequential
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_mixed_prefill_and_decode_step_matches_separate_steps(runner, reference, name):
+    tool = runner(name, "f32")
+    prompts = prompts_for(reference(name), name)
+    for a, b in ((prompts[0], prompts[1]), (prompts[2], prompts[4]), (prompts[4], prompts[-1])):
+        answer = tool.call(op="mixed_step_check", prompts=[a, b])
+        assert answer["max_abs_diff"] <= TOL_F32_KV, answer
+
+
+def test_smollm2_continues_the_capital_of_france_with_paris(runner):
+    tool = runner("smollm2", "f16")
+    ids = tool.tokenize("The capital of France is")
+    [tokens] = tool.greedy([ids], max_tokens=8)
+    assert "Paris" in tool.detokenize(tokens)
+
+
+@pytest.mark.parametrize("question, expected", [
+    ("What is the capital of France?", "Paris"),
+    ("What is 2+2?", "4"),
+])
+def test_smollm2_answers_chat_questions(runner, reference, question, expected):
+    model = reference("smollm2")
+    text = jinja2.Template(model.chat_template).render(
+        messages=[{"role": "user", "content": question}], add_generation_prompt=True)
+    tool = runner("smollm2", "f16")
+    ids = tool.tokenize(text)
+    assert model.tokens.index("<|im_start|>") in ids  # the template's markers became special tokens
+    [tokens] = tool.greedy([ids], max_tokens=40, stop_at_eos=True)
+    answer = tool.detokenize(tokens)
+    assert expected in answer, answer
+    assert len(tokens) < 40 and model.tokens[tokens[-1]] == "<|im_end|>", answer
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: an error answer, and the process keeps serving unchanged results.
+
+BAD_INPUT_BLOCKS = 32
+
+
+@pytest.fixture(scope="module")
+def bad_input_tool(runner, reference):
+    model = reference("llama_gqa")
+    tool = runner("llama_gqa", "f32", num_blocks=BAD_INPUT_BLOCKS)
+    probe = [[5, 77, 300, 12]]
+    return tool, model, probe, tool.logits(probe)
+
+
+def assert_rejected_and_still_serving(bad_input_tool, answer):
+    tool, _, probe, baseline = bad_input_tool
+    assert set(answer) == {"error"} and answer["error"], answer
+    np.testing.assert_array_equal(tool.logits(probe), baseline)
+
+
+@pytest.mark.parametrize("bad_id", ["vocab", -1])
+def test_token_id_outside_the_vocabulary_is_rejected(bad_input_tool, bad_id):
+    tool, model, _, _ = bad_input_tool
+    token = model.n_vocab if bad_id == "vocab" else bad_id
+    answer = tool.request(op="logits", prompts=[[1, 2, 3], [4, token, 6]])
+    assert_rejected_and_still_serving(bad_input_tool, answer)
+    answer = tool.request(op="greedy", prompts=[[token]], max_tokens=2, batched=True)
+    assert_rejected_and_still_serving(bad_input_tool, answer)
+
+
+def test_prompt_longer_than_the_context_is_rejected(bad_input_tool):
+    tool, model, _, _ = bad_input_tool
+    too_long = (np.arange(model.n_ctx + 1) % 200).tolist()
+    assert_rejected_and_still_serving(bad_input_tool, tool.request(op="logits", prompts=[too_long]))
+
+
+def test_empty_prompt_is_rejected(bad_input_tool):
+    tool, _, _, _ = bad_input_tool
+    assert_rejected_and_still_serving(bad_input_tool, tool.request(op="logits", prompts=[[]]))
+
+
+@pytest.mark.parametrize("block_id", [BAD_INPUT_BLOCKS, 1 << 30, -1])
+def test_block_id_outside_the_pool_is_rejected(bad_input_tool, block_id):
+    tool, _, _, _ = bad_input_tool
+    answer = tool.request(op="raw_step", tokens=[1, 2], positions=[0, 1], block_ids=[block_id])
+    assert_rejected_and_still_serving(bad_input_tool, answer)
+
+
+def test_position_past_the_context_length_is_rejected(bad_input_tool):
+    tool, model, _, _ = bad_input_tool
+    blocks = list(range(model.n_ctx // 16 + 1))
+    answer = tool.request(op="raw_step", tokens=[1], positions=[model.n_ctx], block_ids=blocks)
+    assert_rejected_and_still_serving(bad_input_tool, answer)
+
+
+def test_malformed_request_line_is_rejected(bad_input_tool):
+    tool, _, _, _ = bad_input_tool
+    assert_rejected_and_still_serving(bad_input_tool, tool.send_line("{not json"))
+    assert_rejected_and_still_serving(bad_input_tool, tool.request(op="logits"))

@@ -1,0 +1,295 @@
+"""Small, seeded, randomly initialised llama-family GGUF models for the model runner tests.
+
+Each `ModelSpec` describes one variant; `write_model(spec, path)` writes it with
+`gguf.GGUFWriter`, quantizing tensors with `gguf.quants.quantize`. The same spec and seed give
+byte-identical files. Weights are scaled like a trained network's (1/sqrt(fan_in) projections,
+norm weights near 1) so activations stay O(1) and different prompts get different argmaxes.
+
+Variants (see SPECS):
+  llama_gqa      llama arch, hidden 96, 6 query / 2 KV heads (GQA 3), head_dim 16, ffn 224,
+                 3 layers, tied embeddings, F32/F16/Q8_0/Q4_0/Q4_1 mixed across tensors.
+  qwen2_mqa      qwen2 arch (neox RoPE), Q/K/V biases, hidden 160, 5 query heads / 1 KV head
+                 (MQA), head_dim 32, separate output.weight, linear RoPE scaling (factor 2).
+  llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
+                 `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
+                 original context 64 so the divisors span 1..8 within the 256-token context.
+
+Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
+GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
+<|endoftext|>, <|im_start|>, <|im_end|> (vocab 384).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import re
+from typing import Optional
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+
+VOCAB_SIZE = 384
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}")
+
+_CORPUS = """
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
+What is two plus two? Two plus two is four. The quick brown fox jumps over the lazy dog.
+A model reads the tokens of a prompt and predicts the next token, one step at a time.
+The cache keeps the keys and the values of every token that the model has already seen.
+In the beginning there was the word, and the word was with the machine, and it was good.
+Numbers like 1, 2, 3, 10, 42 and 2024 appear in text; so do questions, answers and lists.
+She said that they would come to the station at seven, but the train was late again today.
+""" * 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    arch: str  # "llama" or "qwen2"
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_ctx: int = 256
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    tied_output: bool = True
+    qkv_bias: bool = False
+    rope_linear_factor: Optional[float] = None  # writes rope.scaling.type = linear
+    llama3_rope: Optional[dict] = None  # factor, low_freq_factor, high_freq_factor, original_context_length
+    # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
+    types: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+
+
+SPECS = {
+    "llama_gqa": ModelSpec(
+        name="llama_gqa", arch="llama", n_embd=96, n_layer=3, n_head=6, n_head_kv=2, head_dim=16,
+        n_ff=224, seed=1234,
+        types={
+            "token_embd": (T.Q8_0,),
+            "attn_q": (T.Q4_0, T.F16, T.Q4_1), "attn_k": (T.Q4_1, T.Q8_0, T.F32),
+            "attn_v": (T.Q8_0, T.Q4_0, T.F16), "attn_output": (T.F16, T.Q4_1, T.Q4_0),
+            "ffn_gate": (T.Q4_1, T.Q4_0, T.Q8_0), "ffn_up": (T.Q4_0, T.F32, T.Q4_1),
+            "ffn_down": (T.Q8_0, T.Q4_1, T.F16),
+        }),
+    "qwen2_mqa": ModelSpec(
+        name="qwen2_mqa", arch="qwen2", n_embd=160, n_layer=2, n_head=5, n_head_kv=1, head_dim=32,
+        n_ff=288, rope_base=1000000.0, rms_eps=1e-6, tied_output=False, qkv_bias=True,
+        rope_linear_factor=2.0, seed=99,
+        types={
+            "token_embd": (T.F16,), "output": (T.Q8_0,),
+            "attn_q": (T.Q4_1, T.Q8_0), "attn_k": (T.Q4_1, T.F16), "attn_v": (T.Q4_0, T.Q4_1),
+            "attn_output": (T.Q8_0, T.Q4_0), "ffn_gate": (T.Q4_0, T.Q4_1),
+            "ffn_up": (T.Q4_1, T.Q4_0), "ffn_down": (T.F16, T.Q8_0),
+        }),
+    "llama3_rope": ModelSpec(
+        name="llama3_rope", arch="llama", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
+        n_ff=256, rope_base=500000.0, seed=7,
+        llama3_rope={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_context_length": 64},
+        types={
+            "token_embd": (T.Q4_1,),
+            "attn_q": (T.Q8_0, T.Q4_1), "attn_k": (T.Q8_0, T.Q4_0), "attn_v": (T.F16, T.Q8_0),
+            "attn_output": (T.Q4_1, T.F16), "ffn_gate": (T.Q8_0, T.Q4_1),
+            "ffn_up": (T.Q8_0, T.Q4_0), "ffn_down": (T.Q4_1, T.Q8_0),
+        }),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer.
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable unicode characters."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+_PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""")
+
+
+def train_bpe(corpus: str, num_merges: int) -> list[tuple[str, str]]:
+    """Deterministic byte-level BPE: repeatedly merge the most frequent adjacent pair (ties broken
+    by the pair's text)."""
+    byte_map = bytes_to_unicode()
+    words = collections.Counter(
+        tuple(byte_map[b] for b in piece.encode("utf-8")) for piece in _PRETOKENIZE.findall(corpus))
+    merges: list[tuple[str, str]] = []
+    for _ in range(num_merges):
+        pairs: collections.Counter = collections.Counter()
+        for word, count in words.items():
+            for a, b in zip(word, word[1:]):
+                pairs[(a, b)] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        merged = collections.Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return merges
+
+
+def tokenizer_vocab() -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) of the test tokenizer: bytes, merges, specials."""
+    byte_map = bytes_to_unicode()
+    tokens = [byte_map[b] for b in range(256)]
+    merges = train_bpe(_CORPUS, VOCAB_SIZE - 256 - len(SPECIAL_TOKENS))
+    for a, b in merges:
+        tokens.append(a + b)
+    if len(set(tokens)) != len(tokens):
+        raise AssertionError("BPE produced a duplicate token")
+    types = [gguf.TokenType.NORMAL] * len(tokens)
+    tokens += list(SPECIAL_TOKENS)
+    types += [gguf.TokenType.CONTROL] * len(SPECIAL_TOKENS)
+    if len(tokens) != VOCAB_SIZE:
+        raise AssertionError(f"corpus too small for {VOCAB_SIZE} tokens: got {len(tokens)}")
+    return tokens, [int(t) for t in types], [f"{a} {b}" for a, b in merges]
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights.
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_context_length: int) -> np.ndarray:
+    """The per-frequency divisors llama.cpp's converter writes as rope_freqs.weight for
+    rope_type "llama3" (Llama 3.1)."""
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    low_freq_wavelen = original_context_length / low_freq_factor
+    high_freq_wavelen = original_context_length / high_freq_factor
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (original_context_length / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
+
+
+def _add(writer: gguf.GGUFWriter, name: str, values: np.ndarray, ggml_type: T) -> None:
+    """Stores a float array (numpy shape (rows, cols) = ggml [cols, rows]) as ggml_type."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if ggml_type == T.F32:
+        writer.add_tensor(name, values)
+    elif ggml_type == T.F16:
+        writer.add_tensor(name, values.astype(np.float16))
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(values, ggml_type), raw_dtype=ggml_type)
+
+
+def write_model(spec: ModelSpec, path: str | os.PathLike) -> str:
+    """Writes spec as a GGUF file at path and returns the path."""
+    rng = np.random.default_rng(spec.seed)
+    tokens, token_types, merges = tokenizer_vocab()
+    n_vocab = len(tokens)
+    d, hd = spec.n_embd, spec.head_dim
+
+    def matrix(rows: int, cols: int, gain: float = 1.0) -> np.ndarray:
+        return rng.normal(0.0, gain / math.sqrt(cols), size=(rows, cols))
+
+    def norm_weight() -> np.ndarray:
+        return 1.0 + rng.normal(0.0, 0.1, size=d)
+
+    def type_of(role: str, layer: int = 0) -> T:
+        choices = spec.types.get(role, (T.F32,))
+        return choices[layer % len(choices)]
+
+    writer = gguf.GGUFWriter(str(path), spec.arch)
+    writer.add_name(f"loom-test-{spec.name}")
+    writer.add_context_length(spec.n_ctx)
+    writer.add_embedding_length(d)
+    writer.add_block_count(spec.n_layer)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    if spec.n_embd != spec.n_head * hd:
+        writer.add_key_length(hd)
+        writer.add_value_length(hd)
+    writer.add_rope_dimension_count(hd)
+    writer.add_rope_freq_base(spec.rope_base)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if spec.arch == "llama" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    if spec.rope_linear_factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(spec.rope_linear_factor)
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    endoftext = tokens.index("<|endoftext|>")
+    writer.add_bos_token_id(endoftext)
+    writer.add_eos_token_id(endoftext)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+    # Embedding rows are small next to what each block adds, so a token's own embedding does not
+    # dominate the final state (with tied output that would make the model echo its input).
+    token_embd = rng.normal(0.0, 0.4, size=(n_vocab, d))
+    _add(writer, "token_embd.weight", token_embd, type_of("token_embd"))
+    if spec.llama3_rope is not None:
+        factors = llama3_rope_factors(hd, spec.rope_base, **spec.llama3_rope)
+        _add(writer, "rope_freqs.weight", factors, T.F32)
+    for i in range(spec.n_layer):
+        p = f"blk.{i}"
+        _add(writer, f"{p}.attn_norm.weight", norm_weight(), T.F32)
+        # gain 2 on Q and K so attention is neither uniform nor one-hot (scores ~ N(0, 1-4)).
+        _add(writer, f"{p}.attn_q.weight", matrix(spec.n_head * hd, d, 2.0), type_of("attn_q", i))
+        _add(writer, f"{p}.attn_k.weight", matrix(spec.n_head_kv * hd, d, 2.0), type_of("attn_k", i))
+        _add(writer, f"{p}.attn_v.weight", matrix(spec.n_head_kv * hd, d), type_of("attn_v", i))
+        if spec.qkv_bias:
+            _add(writer, f"{p}.attn_q.bias", rng.normal(0.0, 0.3, size=spec.n_head * hd), T.F32)
+            _add(writer, f"{p}.attn_k.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
+            _add(writer, f"{p}.attn_v.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
+        _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * hd), type_of("attn_output", i))
+        _add(writer, f"{p}.ffn_norm.weight", norm_weight(), T.F32)
+        _add(writer, f"{p}.ffn_gate.weight", matrix(spec.n_ff, d), type_of("ffn_gate", i))
+        _add(writer, f"{p}.ffn_up.weight", matrix(spec.n_ff, d), type_of("ffn_up", i))
+        _add(writer, f"{p}.ffn_down.weight", matrix(d, spec.n_ff, 1.5), type_of("ffn_down", i))
+    _add(writer, "output_norm.weight", norm_weight(), T.F32)
+    if not spec.tied_output:
+        _add(writer, "output.weight", matrix(n_vocab, d, 4.0), type_of("output"))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def write_all(directory: str | os.PathLike) -> dict[str, str]:
+    """Writes every variant in SPECS into directory; returns name -> path."""
+    return {name: write_model(spec, os.path.join(directory, f"{name}.gguf")) for name, spec in SPECS.items()}
