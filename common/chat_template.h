@@ -12,7 +12,7 @@ namespace loom::common {
 
 /// One OpenAI-style chat message.
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", ...
+  std::string role;  // "system", "user", "assistant", ...
   std::string content;
 };
 
@@ -42,7 +42,10 @@ class ChatTemplate {
   absl::StatusOr<std::string> Render(const ChatTemplateInputs& inputs) const;
 
   /// Renders with an arbitrary context object (the messages may carry extra fields).
+  /// nlohmann::json keeps object keys sorted, so `tojson` and `.items()` see them in
+  /// alphabetical order; pass ordered_json to keep the client's order, as Python does.
   absl::StatusOr<std::string> RenderJson(const nlohmann::json& context) const;
+  absl::StatusOr<std::string> RenderJson(const nlohmann::ordered_json& context) const;
 
  private:
   struct Impl;

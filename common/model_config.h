@@ -32,12 +32,15 @@ struct ModelConfig {
   int64_t rope_original_context_length = 0;     // <arch>.rope.scaling.original_context_length
   double rope_low_freq_factor = 1.0;            // llama3 scaling
   double rope_high_freq_factor = 4.0;           // llama3 scaling
+  // rope_freqs.weight present: per-frequency factors [rope_dim / 2] (Llama 3.1 GGUFs).
+  bool rope_freq_factors = false;
   bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
   bool attention_bias = false;   // blk.0.attn_q.bias present (qwen2)
 };
 
-/// Reads and validates the hyper-parameters; InvalidArgument naming the key for
-/// missing or inconsistent values (e.g. heads not dividing the hidden size).
+/// Reads and validates the hyper-parameters of a llama-family model; InvalidArgument
+/// naming the key (or tensor) for missing, out-of-range or inconsistent values (e.g.
+/// heads not dividing the hidden size). Thread-safe (reads `gguf` only).
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 
 }  // namespace loom::common

@@ -17,6 +17,10 @@ namespace loom::common {
 /// SentencePiece-style BPE (`llama` model, byte fallback). Immutable; thread-safe.
 class Tokenizer {
  public:
+  /// Builds the tokenizer `tokenizer.ggml.model` names ("gpt2" or "llama") from the
+  /// file's vocabulary. NotFound/InvalidArgument (naming the key) for missing or
+  /// malformed metadata or an unknown `tokenizer.ggml.pre` (a missing one means
+  /// llama.cpp's "default"); Unimplemented for other models (bert, t5, rwkv...).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
   virtual ~Tokenizer() = default;
 
@@ -38,32 +42,22 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when the model has none
   virtual int32_t eos_id() const = 0;  // -1 when the model has none
-  /// True for control/special tokens (EOS, <|im_end|>, ...).
+  /// True for control/special tokens (EOS, <|im_end|>, ...): token types CONTROL and
+  /// UNKNOWN, the ones Decode(skip_special) leaves out.
   virtual bool IsSpecial(int32_t id) const = 0;
   /// Ids that end generation (EOS, EOT, EOM...).
   virtual std::vector<int32_t> EndOfGenerationIds() const = 0;
   /// The vocabulary string of a token as stored in the GGUF.
   virtual std::string_view TokenText(int32_t id) const = 0;
-};
 
-/// Turns a stream of token ids into text, emitting only complete UTF-8: bytes of a
-/// character split across tokens are held until the character is complete. One per
-/// sequence; not thread-safe.
-class IncrementalDecoder {
- public:
-  IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special)
-      : tokenizer_(tokenizer), skip_special_(skip_special) {}
-
-  /// Appends one token; returns the newly completed text (possibly empty).
-  std::string Append(int32_t id);
-  /// Returns whatever is still held (invalid trailing bytes become U+FFFD).
-  std::string Flush();
-
- private:
-  const Tokenizer& tokenizer_;
-  bool skip_special_;
-  bool emitted_any_ = false;
-  std::string pending_;  // bytes of an incomplete UTF-8 character
+  /// Bytes `id` adds to a decoded text: TokenBytes(id); nothing for a special token when
+  /// `skip_special`; and when `at_start` (nothing decoded before it) a tokenizer that
+  /// put a space before the text (SentencePiece add_space_prefix) drops that space.
+  /// Decode and IncrementalDecoder are built on this. Thread-safe.
+  virtual std::string DecodePiece(int32_t id, bool skip_special, bool at_start) const;
+  /// Whether decoding `id` ends the start of the text (it shows bytes, even if the
+  /// at_start rule left none of them: SPM's lone "▁"). Thread-safe.
+  virtual bool DecodePieceEndsStart(int32_t id, bool skip_special) const;
 };
 
 }  // namespace loom::common

@@ -7,7 +7,7 @@ namespace loom::kernels::cpu {
 /// Rotary position embedding applied in place to Q and K.
 struct RopeParams {
   float* q = nullptr;              // [num_tokens, num_heads, head_dim]
-  float* k = nullptr;              // [num_tokens, num_kv_heads, head_dim]
+  float* k = nullptr;              // [num_tokens, num_kv_heads, head_dim] or nullptr (Q only)
   const int32_t* positions = nullptr;  // [num_tokens]
   const float* inv_freq = nullptr; // [rope_dim / 2], scaling (linear, llama3) already applied
   int64_t num_tokens = 0;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -34,16 +35,17 @@ class ThreadPool {
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  // The job being run; guarded by mu_.
+  // The job being run; written under mu_ before generation_ is bumped.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_chunk_ = 0;
-  int64_t next_chunk_ = 0;
+  int64_t next_chunk_ = 0;  // guarded by mu_
   int64_t num_chunks_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  // Workers that have not finished the current job; workers spin briefly on generation_
+  // before sleeping on work_cv_, so back-to-back kernels do not pay a futex wake each.
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace loom::kernels::cpu

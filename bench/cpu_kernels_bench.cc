@@ -1,0 +1,214 @@
+// CPU kernel benchmark: GEMV weight-read bandwidth against the machine's memcpy
+// bandwidth, batched-decode speedup, and GEMM GFLOP/s against the FMA peak, measured in
+// the same run. Writes bench/results/cpu_kernels.json.
+//
+//   build/bench/cpu_kernels_bench [--quick]
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "bench/machine_limits.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weights.h"
+
+namespace loom::bench {
+namespace {
+
+using kernels::cpu::Matmul;
+using kernels::cpu::MatmulParams;
+using kernels::cpu::PackedWeight;
+using kernels::cpu::ThreadPool;
+using kernels::cpu::WeightFormat;
+
+struct Format {
+  const char* name;
+  WeightFormat format;
+  int64_t group;
+};
+
+const Format kFormats[] = {{"F32", WeightFormat::kF32, 0},
+                           {"F16", WeightFormat::kF16, 0},
+                           {"INT8", WeightFormat::kInt8, 32},
+                           {"INT4", WeightFormat::kInt4, 32}};
+
+struct Shape {
+  int64_t rows, cols;
+  const char* what;
+};
+
+// SmolLM2-135M: hidden 576, FFN 1536, vocab 49152.
+const Shape kShapes[] = {{576, 576, "attn o"},
+                         {1536, 576, "ffn gate/up"},
+                         {576, 1536, "ffn down"},
+                         {49152, 576, "lm head"}};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<float> RandomValues(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+PackedWeight MakeWeight(const Format& f, const Shape& s) {
+  const std::vector<float> values = RandomValues(s.rows * s.cols, 42);
+  absl::StatusOr<PackedWeight> w = kernels::cpu::PackFromF32(values.data(), s.rows, s.cols,
+                                                              f.format, f.group);
+  if (!w.ok()) {
+    std::fprintf(stderr, "pack failed: %s\n", w.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(w);
+}
+
+// Runs y = x W^T over `copies` (distinct weights, so a pass streams them from memory the
+// way a decode step streams a model's layers); returns the median seconds per matmul.
+double TimeMatmul(const std::vector<PackedWeight>& copies, int64_t m, ThreadPool& pool,
+                  int repeats) {
+  const int64_t n = copies[0].rows, k = copies[0].cols;
+  const std::vector<float> x = RandomValues(m * k, 7);
+  std::vector<float> y(m * n);
+  auto pass = [&] {
+    for (const PackedWeight& w : copies) {
+      const absl::Status status = Matmul(MatmulParams{x.data(), &w, nullptr, y.data(), m}, pool);
+      if (!status.ok()) {
+        std::fprintf(stderr, "matmul failed: %s\n", status.ToString().c_str());
+        std::exit(1);
+      }
+    }
+  };
+  pass();  // warm up (page faults, thread wake-up)
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    pass();
+    times.push_back(Seconds(start) / static_cast<double>(copies.size()));
+  }
+  return Median(times);
+}
+
+// Enough copies of `w` that one pass reads `footprint` bytes (far beyond the LLC).
+std::vector<PackedWeight> Copies(const PackedWeight& w, int64_t footprint) {
+  const int64_t count = std::max<int64_t>(2, (footprint + w.bytes() - 1) / w.bytes());
+  return std::vector<PackedWeight>(count, w);
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main(int argc, char** argv) {
+  using namespace loom::bench;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int repeats = quick ? 3 : 7;
+  const int64_t footprint = int64_t{256} << 20;  // 8x a 32 MiB L3
+  const std::string cpu = CpuModel();
+  std::printf("CPU kernels benchmark on %s, matmul ISA %s\n", cpu.c_str(),
+              loom::kernels::cpu::MatmulIsa());
+
+  const int thread_counts[] = {1, 2};
+  double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {};
+  for (int t : thread_counts) {
+    copy_bw[t] = MeasureCopyBandwidthGBs(t);
+    read_bw[t] = MeasureReadBandwidthGBs(t);
+    peak[t] = MeasurePeakGflops(t);
+    std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f GFLOP/s\n",
+                t, copy_bw[t], read_bw[t], peak[t]);
+  }
+
+  std::string json = absl::StrFormat(
+      "{\n  \"benchmark\": \"cpu_kernels\",\n  \"time\": \"%s\",\n  \"cpu\": \"%s\",\n"
+      "  \"matmul_isa\": \"%s\",\n  \"threads\": [1, 2],\n  \"repeats\": %d,\n"
+      "  \"statistic\": \"median\",\n  \"limits\": {\n",
+      UtcNow(), cpu, loom::kernels::cpu::MatmulIsa(), repeats);
+  for (int t : thread_counts) {
+    absl::StrAppendFormat(&json,
+                          "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
+                          "\"fma_peak_gflops\": %.1f}%s\n",
+                          t, copy_bw[t], read_bw[t], peak[t], t == 2 ? "" : ",");
+  }
+  json += "  },\n  \"gemv\": [\n";
+
+  std::printf("\nGEMV (m = 1), weights streamed from memory (%lld MiB per pass): GB/s of weight "
+              "bytes read, ratio to memcpy of the same thread count; m=16 batched speedup\n",
+              static_cast<long long>(footprint >> 20));
+  std::printf("%-5s %-14s %9s | %8s %6s %8s %6s | %9s %9s\n", "fmt", "shape", "MiB", "1T GB/s",
+              "ratio", "2T GB/s", "ratio", "m16 speedup", "");
+  bool first = true;
+  for (const Format& f : kFormats) {
+    for (const Shape& s : kShapes) {
+      const PackedWeight w = MakeWeight(f, s);
+      const std::vector<PackedWeight> copies = Copies(w, footprint);
+      double gbs[3] = {};
+      double batched_speedup = 0.0;
+      for (int t : thread_counts) {
+        ThreadPool pool(t);
+        const double seconds = TimeMatmul(copies, 1, pool, repeats);
+        gbs[t] = static_cast<double>(w.bytes()) / seconds / 1e9;
+        if (t == 2) {
+          const double seconds16 = TimeMatmul(copies, 16, pool, std::max(3, repeats / 2));
+          batched_speedup = 16.0 * seconds / seconds16;
+        }
+      }
+      std::printf("%-5s %-14s %9.2f | %8.1f %6.2f %8.1f %6.2f | %9.1fx\n", f.name,
+                  absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), w.bytes() / 1048576.0,
+                  gbs[1], gbs[1] / copy_bw[1], gbs[2], gbs[2] / copy_bw[2], batched_speedup);
+      absl::StrAppendFormat(
+          &json,
+          "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, \"what\": \"%s\", "
+          "\"weight_bytes\": %d, \"gbs_1t\": %.2f, \"ratio_memcpy_1t\": %.3f, "
+          "\"ratio_read_1t\": %.3f, \"gbs_2t\": %.2f, \"ratio_memcpy_2t\": %.3f, "
+          "\"ratio_read_2t\": %.3f, \"m16_vs_m1_throughput_2t\": %.2f}",
+          first ? "" : ",\n", f.name, s.rows, s.cols, s.what, w.bytes(), gbs[1],
+          gbs[1] / copy_bw[1], gbs[1] / read_bw[1], gbs[2], gbs[2] / copy_bw[2],
+          gbs[2] / read_bw[2], batched_speedup);
+      first = false;
+    }
+  }
+  json += "\n  ],\n  \"gemm\": [\n";
+
+  std::printf("\nGEMM, 2 threads: GFLOP/s and ratio to the 2-thread FMA peak (%.0f GFLOP/s)\n",
+              peak[2]);
+  std::printf("%-5s %-14s | %9s %6s | %9s %6s\n", "fmt", "shape", "m64", "ratio", "m256", "ratio");
+  first = true;
+  ThreadPool pool(2);
+  for (const Format& f : kFormats) {
+    for (const Shape& s : kShapes) {
+      const std::vector<PackedWeight> one = {MakeWeight(f, s)};
+      double gflops[2];
+      const int64_t ms[2] = {64, 256};
+      for (int i = 0; i < 2; ++i) {
+        const double seconds = TimeMatmul(one, ms[i], pool, quick ? 2 : 3);
+        gflops[i] = 2.0 * ms[i] * s.rows * s.cols / seconds / 1e9;
+      }
+      std::printf("%-5s %-14s | %9.1f %6.2f | %9.1f %6.2f\n", f.name,
+                  absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), gflops[0],
+                  gflops[0] / peak[2], gflops[1], gflops[1] / peak[2]);
+      absl::StrAppendFormat(&json,
+                            "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, \"threads\": 2, "
+                            "\"gflops_m64\": %.1f, \"ratio_peak_m64\": %.3f, \"gflops_m256\": "
+                            "%.1f, \"ratio_peak_m256\": %.3f}",
+                            first ? "" : ",\n", f.name, s.rows, s.cols, gflops[0],
+                            gflops[0] / peak[2], gflops[1], gflops[1] / peak[2]);
+      first = false;
+    }
+  }
+  json += "\n  ]\n}";
+  WriteResult("cpu_kernels", json);
+  return 0;
+}

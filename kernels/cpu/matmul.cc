@@ -1,0 +1,270 @@
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/matmul_internal.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using internal::kActGroup;
+using internal::kRowBlock;
+using internal::MatmulIsaChoice;
+
+std::atomic<MatmulIsaChoice> forced_isa{MatmulIsaChoice::kAuto};
+
+MatmulIsaChoice BestIsa() {
+  static const MatmulIsaChoice best = [] {
+    if (internal::IsaSupported(MatmulIsaChoice::kAvx512)) return MatmulIsaChoice::kAvx512;
+    if (internal::IsaSupported(MatmulIsaChoice::kAvx2)) return MatmulIsaChoice::kAvx2;
+    return MatmulIsaChoice::kScalar;
+  }();
+  return best;
+}
+
+MatmulIsaChoice ActiveIsa() {
+  const MatmulIsaChoice forced = forced_isa.load(std::memory_order_relaxed);
+  return forced == MatmulIsaChoice::kAuto ? BestIsa() : forced;
+}
+
+absl::Status CheckParams(const MatmulParams& p) {
+  if (p.weight == nullptr || p.x == nullptr || p.y == nullptr) {
+    return absl::InvalidArgumentError("Matmul: null weight, x or y");
+  }
+  const PackedWeight& w = *p.weight;
+  if (p.m <= 0 || w.rows <= 0 || w.cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Matmul: m %d, weight [%d, %d] must be positive", p.m, w.rows, w.cols));
+  }
+  const int64_t blocks = internal::NumRowBlocks(w.rows);
+  if (static_cast<int64_t>(w.data.size()) != blocks * internal::BlockDataBytes(w.format, w.cols)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Matmul: weight data holds %d bytes, not the %d its [%d, %d] shape packs to",
+        w.data.size(), blocks * internal::BlockDataBytes(w.format, w.cols), w.rows, w.cols));
+  }
+  if (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4) {
+    if (w.group_size <= 0 || w.group_size % kActGroup != 0 || w.cols % w.group_size != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Matmul: group size %d must be a positive multiple of %d dividing cols %d",
+          w.group_size, kActGroup, w.cols));
+    }
+    const size_t groups = static_cast<size_t>(blocks * (w.cols / w.group_size) * kRowBlock);
+    if (w.scales.size() != groups ||
+        (w.format == WeightFormat::kInt4 && w.mins.size() != groups)) {
+      return absl::InvalidArgumentError("Matmul: weight scales/mins do not match its shape");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+bool IsaSupported(MatmulIsaChoice isa) {
+  switch (isa) {
+    case MatmulIsaChoice::kAuto:
+    case MatmulIsaChoice::kScalar:
+      return true;
+    case MatmulIsaChoice::kAvx2:
+#if defined(__x86_64__)
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+#else
+      return false;
+#endif
+    case MatmulIsaChoice::kAvx512:
+#if defined(__x86_64__)
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+void SetMatmulIsaForTesting(MatmulIsaChoice isa) {
+  forced_isa.store(isa, std::memory_order_relaxed);
+}
+
+void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
+                            float* scale, int32_t* qsum) {
+  const int64_t groups = k / kActGroup;
+  for (int64_t row = 0; row < num_rows; ++row) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* src = x + row * k + g * kActGroup;
+      int8_t* dst = q + row * k + g * kActGroup;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < kActGroup; ++j) amax = std::max(amax, std::fabs(src[j]));
+      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kActGroup; ++j) {
+        // |src * inverse| <= 127 up to one rounding, which nearbyint keeps within range.
+        const int32_t value = static_cast<int32_t>(std::nearbyint(src[j] * inverse));
+        dst[j] = static_cast<int8_t>(value);
+        sum += value;
+      }
+      scale[row * groups + g] = amax / 127.0f;
+      qsum[row * groups + g] = sum;
+    }
+  }
+}
+
+// Scalar kernel over the packed layout; the integer formats use the same quantized
+// activations and integer dot products as the SIMD kernels.
+void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols, n = w.rows;
+  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const uint8_t* data = w.data.data() + b * block_bytes;
+    const int64_t valid = std::min<int64_t>(kRowBlock, n - b * kRowBlock);
+    const float* bias = a.bias ? a.bias + b * kRowBlock : nullptr;
+    for (int64_t t = 0; t < a.m; ++t) {
+      float acc[kRowBlock] = {};
+      switch (w.format) {
+        case WeightFormat::kF32: {
+          const float* wf = reinterpret_cast<const float*>(data);
+          const float* x = a.x + t * k;
+          for (int64_t c = 0; c < k; ++c) {
+            for (int r = 0; r < kRowBlock; ++r) acc[r] += wf[c * kRowBlock + r] * x[c];
+          }
+          break;
+        }
+        case WeightFormat::kF16: {
+          const uint16_t* wh = reinterpret_cast<const uint16_t*>(data);
+          const float* x = a.x + t * k;
+          for (int64_t c = 0; c < k; ++c) {
+            for (int r = 0; r < kRowBlock; ++r) acc[r] += HalfToFloat(wh[c * kRowBlock + r]) * x[c];
+          }
+          break;
+        }
+        case WeightFormat::kInt8:
+        case WeightFormat::kInt4: {
+          const bool int8 = w.format == WeightFormat::kInt8;
+          const int64_t groups_per_scale = w.group_size / kActGroup;
+          const int64_t x_groups = k / kActGroup;
+          const int8_t* xq = a.xq.q + t * k;
+          for (int64_t g = 0; g < x_groups; ++g) {
+            int32_t dot[kRowBlock] = {};
+            for (int64_t c = g * kActGroup; c < (g + 1) * kActGroup; ++c) {
+              const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
+              const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
+              for (int r = 0; r < kRowBlock; ++r) {
+                const int q = int8 ? static_cast<int>(data[base + r * 4]) - 128
+                                   : (data[base + r * 4] >> shift) & 0x0f;
+                dot[r] += q * xq[c];
+              }
+            }
+            const float x_scale = a.xq.scale[t * x_groups + g];
+            const int32_t x_sum = a.xq.qsum[t * x_groups + g];
+            const int64_t scale_index =
+                (b * (k / w.group_size) + g / groups_per_scale) * kRowBlock;
+            for (int r = 0; r < kRowBlock; ++r) {
+              const float scale = HalfToFloat(w.scales[scale_index + r]);
+              float partial = static_cast<float>(dot[r]) * scale;
+              if (!int8) partial += HalfToFloat(w.mins[scale_index + r]) * static_cast<float>(x_sum);
+              acc[r] += partial * x_scale;
+            }
+          }
+          break;
+        }
+      }
+      StoreBlockOutput(acc, bias, valid, a.y + t * n + b * kRowBlock);
+    }
+  }
+}
+
+}  // namespace internal
+
+absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
+  if (absl::Status status = CheckParams(params); !status.ok()) return status;
+  const PackedWeight& w = *params.weight;
+  internal::MatmulArgs args;
+  args.weight = &w;
+  args.x = params.x;
+  args.bias = params.bias;
+  args.y = params.y;
+  args.m = params.m;
+
+  // Integer formats quantize the activations once per call (per-thread buffers reused).
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> x_scale;
+  thread_local std::vector<int32_t> x_sum;
+  const int64_t k = w.cols;
+  if (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4) {
+    xq.resize(params.m * k);
+    x_scale.resize(params.m * (k / kActGroup));
+    x_sum.resize(params.m * (k / kActGroup));
+    const int64_t groups = k / kActGroup;
+    // Raw pointers: inside the lambda the thread_local names would mean the worker's own.
+    int8_t* q_out = xq.data();
+    float* scale_out = x_scale.data();
+    int32_t* sum_out = x_sum.data();
+    const float* x = params.x;
+    auto quantize = [=](int64_t begin, int64_t end) {
+      internal::QuantizeActivationRows(x + begin * k, end - begin, k, q_out + begin * k,
+                                       scale_out + begin * groups, sum_out + begin * groups);
+    };
+    if (params.m >= 8) {
+      pool.ParallelFor(params.m, 4, quantize);
+    } else {
+      quantize(0, params.m);
+    }
+    args.xq = {xq.data(), x_scale.data(), x_sum.data()};
+  }
+
+  internal::MatmulBlocksFn kernel = internal::MatmulBlocksScalar;
+  switch (ActiveIsa()) {
+    case MatmulIsaChoice::kAvx512:
+      kernel = internal::MatmulBlocksAvx512;
+      break;
+    case MatmulIsaChoice::kAvx2:
+      kernel = internal::MatmulBlocksAvx2;
+      break;
+    default:
+      break;
+  }
+  const int64_t blocks = internal::NumRowBlocks(w.rows);
+  // Threads split the output columns, so each weight byte is read by one thread only.
+  // A chunk must be worth a thread wake-up: about 64 KiB of weights at least.
+  const int64_t block_bytes = internal::BlockDataBytes(w.format, k) * std::max<int64_t>(1, params.m);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, block_bytes));
+  pool.ParallelFor(blocks, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+  return absl::OkStatus();
+}
+
+absl::Status MatmulReference(const MatmulParams& params) {
+  if (absl::Status status = CheckParams(params); !status.ok()) return status;
+  const PackedWeight& w = *params.weight;
+  const int64_t n = w.rows, k = w.cols;
+  std::vector<float> row(k);
+  for (int64_t j = 0; j < n; ++j) {
+    DequantizeRows(w, j, j + 1, row.data());
+    for (int64_t t = 0; t < params.m; ++t) {
+      const float* x = params.x + t * k;
+      double sum = params.bias ? params.bias[j] : 0.0;
+      for (int64_t c = 0; c < k; ++c) sum += static_cast<double>(row[c]) * x[c];
+      params.y[t * n + j] = static_cast<float>(sum);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const char* MatmulIsa() {
+  switch (ActiveIsa()) {
+    case MatmulIsaChoice::kAvx512:
+      return "avx512-vnni";
+    case MatmulIsaChoice::kAvx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
+
+}  // namespace loom::kernels::cpu

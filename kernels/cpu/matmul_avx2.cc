@@ -1,0 +1,237 @@
+// AVX2 + FMA + F16C matmul kernels, compiled with -mavx2 -mfma -mf16c (see
+// kernels/CMakeLists.txt) and only called after a run-time CPU check. A row block of 16
+// weight rows is two 8-lane halves.
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/matmul_internal.h"
+
+namespace loom::kernels::cpu::internal {
+namespace {
+
+constexpr int kGemvBlocks = 2;
+constexpr int kFloatMr = 4;
+constexpr int kIntMr = 2;
+
+inline void StoreOutput(__m256 lo, __m256 hi, const MatmulArgs& a, int64_t block, int64_t token) {
+  const int64_t n = a.weight->rows;
+  const int64_t row0 = block * kRowBlock;
+  float* y = a.y + token * n + row0;
+  const int64_t valid = std::min<int64_t>(kRowBlock, n - row0);
+  if (valid == kRowBlock) {
+    if (a.bias != nullptr) {
+      lo = _mm256_add_ps(lo, _mm256_loadu_ps(a.bias + row0));
+      hi = _mm256_add_ps(hi, _mm256_loadu_ps(a.bias + row0 + 8));
+    }
+    _mm256_storeu_ps(y, lo);
+    _mm256_storeu_ps(y + 8, hi);
+  } else {
+    alignas(32) float lanes[kRowBlock];
+    _mm256_store_ps(lanes, lo);
+    _mm256_store_ps(lanes + 8, hi);
+    StoreBlockOutput(lanes, a.bias ? a.bias + row0 : nullptr, valid, y);
+  }
+}
+
+template <bool kHalf>
+inline __m256 LoadWeights(const uint8_t* base, int64_t col, int half) {
+  if constexpr (kHalf) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(base + (col * kRowBlock + half * 8) * 2)));
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(base) + col * kRowBlock + half * 8);
+  }
+}
+
+template <bool kHalf, int Mr, int Nb>
+void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols;
+  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const uint8_t* base[Nb];
+  for (int j = 0; j < Nb; ++j) base[j] = w.data.data() + (block0 + j) * block_bytes;
+  const float* x = a.x + token0 * k;
+  __m256 acc[Mr][Nb][2];
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
+  }
+  for (int64_t c = 0; c < k; ++c) {
+    __m256 wv[Nb][2];
+    for (int j = 0; j < Nb; ++j) {
+      wv[j][0] = LoadWeights<kHalf>(base[j], c, 0);
+      wv[j][1] = LoadWeights<kHalf>(base[j], c, 1);
+    }
+    for (int r = 0; r < Mr; ++r) {
+      const __m256 xv = _mm256_set1_ps(x[r * k + c]);
+      for (int j = 0; j < Nb; ++j) {
+        acc[r][j][0] = _mm256_fmadd_ps(wv[j][0], xv, acc[r][j][0]);
+        acc[r][j][1] = _mm256_fmadd_ps(wv[j][1], xv, acc[r][j][1]);
+      }
+    }
+  }
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) StoreOutput(acc[r][j][0], acc[r][j][1], a, block0 + j, token0 + r);
+  }
+}
+
+inline int32_t LoadI32(const int8_t* p) {
+  int32_t value;
+  __builtin_memcpy(&value, p, 4);
+  return value;
+}
+
+// u8 x s8 dot products of 4-byte lanes into int32 (maddubs pairs, then madd pairs). The
+// u8 operand is at most 128 here, so the int16 pair sums cannot saturate.
+inline __m256i Dot4(__m256i unsigned_bytes, __m256i signed_bytes, __m256i ones16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_bytes, signed_bytes), ones16);
+}
+
+// Same arithmetic as the AVX-512 kernel; INT8 weights use |q| and sign(x, q) instead of
+// the offset form (no VNNI: maddubs would saturate on q + 128).
+template <bool kInt4, int Mr, int Nb>
+void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols;
+  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const int64_t x_groups = k / kActGroup;
+  const int64_t scale_groups = k / w.group_size;
+  const int64_t groups_per_scale = w.group_size / kActGroup;
+  constexpr int kLinesPerGroup = kInt4 ? 4 : 8;
+  const uint8_t* base[Nb];
+  const uint16_t* scales[Nb];
+  const uint16_t* mins[Nb];
+  for (int j = 0; j < Nb; ++j) {
+    base[j] = w.data.data() + (block0 + j) * block_bytes;
+    scales[j] = w.scales.data() + (block0 + j) * scale_groups * kRowBlock;
+    mins[j] = kInt4 ? w.mins.data() + (block0 + j) * scale_groups * kRowBlock : nullptr;
+  }
+  const int8_t* xq = a.xq.q + token0 * k;
+  const float* x_scale = a.xq.scale + token0 * x_groups;
+  const int32_t* x_sum = a.xq.qsum + token0 * x_groups;
+  const __m256i low_mask = _mm256_set1_epi8(0x0f);
+  const __m256i sign_flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256 acc[Mr][Nb][2];
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
+  }
+  for (int64_t g = 0; g < x_groups; ++g) {
+    __m256i dot[Mr][Nb][2];
+    for (int r = 0; r < Mr; ++r) {
+      for (int j = 0; j < Nb; ++j) dot[r][j][0] = dot[r][j][1] = _mm256_setzero_si256();
+    }
+    for (int line = 0; line < kLinesPerGroup; ++line) {
+      for (int j = 0; j < Nb; ++j) {
+        const uint8_t* p = base[j] + (g * kLinesPerGroup + line) * 64;
+        for (int h = 0; h < 2; ++h) {
+          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
+          if constexpr (kInt4) {
+            const __m256i lo = _mm256_and_si256(bytes, low_mask);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_mask);
+            for (int r = 0; r < Mr; ++r) {
+              const int8_t* xr = xq + r * k + g * kActGroup + line * 8;
+              const __m256i x_lo = _mm256_set1_epi32(LoadI32(xr));
+              const __m256i x_hi = _mm256_set1_epi32(LoadI32(xr + 4));
+              dot[r][j][h] = _mm256_add_epi32(dot[r][j][h], Dot4(lo, x_lo, ones16));
+              dot[r][j][h] = _mm256_add_epi32(dot[r][j][h], Dot4(hi, x_hi, ones16));
+            }
+          } else {
+            const __m256i q = _mm256_xor_si256(bytes, sign_flip);  // q + 128 -> q
+            const __m256i q_abs = _mm256_abs_epi8(q);                 // -128 -> 128 as u8
+            for (int r = 0; r < Mr; ++r) {
+              const __m256i xv =
+                  _mm256_set1_epi32(LoadI32(xq + r * k + g * kActGroup + line * 4));
+              dot[r][j][h] =
+                  _mm256_add_epi32(dot[r][j][h], Dot4(q_abs, _mm256_sign_epi8(xv, q), ones16));
+            }
+          }
+        }
+      }
+    }
+    const int64_t sg = (g / groups_per_scale) * kRowBlock;
+    for (int j = 0; j < Nb; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales[j] + sg + h * 8)));
+        __m256 min = _mm256_setzero_ps();
+        if constexpr (kInt4) {
+          min = _mm256_cvtph_ps(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(mins[j] + sg + h * 8)));
+        }
+        for (int r = 0; r < Mr; ++r) {
+          const __m256 xs = _mm256_set1_ps(x_scale[r * x_groups + g]);
+          __m256 part;
+          if constexpr (kInt4) {
+            const __m256 sum = _mm256_set1_ps(static_cast<float>(x_sum[r * x_groups + g]));
+            part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][j][h]), scale, _mm256_mul_ps(min, sum));
+          } else {
+            part = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r][j][h]), scale);
+          }
+          acc[r][j][h] = _mm256_fmadd_ps(part, xs, acc[r][j][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) StoreOutput(acc[r][j][0], acc[r][j][1], a, block0 + j, token0 + r);
+  }
+}
+
+template <bool kHalf>
+void RunFloat(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  if (a.m == 1) {
+    int64_t b = block_begin;
+    for (; b + kGemvBlocks <= block_end; b += kGemvBlocks) FloatTile<kHalf, 1, kGemvBlocks>(a, b, 0);
+    for (; b < block_end; ++b) FloatTile<kHalf, 1, 1>(a, b, 0);
+    return;
+  }
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    int64_t t = 0;
+    for (; t + kFloatMr <= a.m; t += kFloatMr) FloatTile<kHalf, kFloatMr, 1>(a, b, t);
+    switch (a.m - t) {
+      case 3:
+        FloatTile<kHalf, 3, 1>(a, b, t);
+        break;
+      case 2:
+        FloatTile<kHalf, 2, 1>(a, b, t);
+        break;
+      case 1:
+        FloatTile<kHalf, 1, 1>(a, b, t);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <bool kInt4>
+void RunInt(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    int64_t t = 0;
+    for (; t + kIntMr <= a.m; t += kIntMr) IntTile<kInt4, kIntMr, 1>(a, b, t);
+    if (t < a.m) IntTile<kInt4, 1, 1>(a, b, t);
+  }
+}
+
+}  // namespace
+
+void MatmulBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  switch (a.weight->format) {
+    case WeightFormat::kF32:
+      RunFloat<false>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kF16:
+      RunFloat<true>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kInt8:
+      RunInt<false>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kInt4:
+      RunInt<true>(a, block_begin, block_end);
+      return;
+  }
+}
+
+}  // namespace loom::kernels::cpu::internal

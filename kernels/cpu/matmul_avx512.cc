@@ -1,0 +1,248 @@
+// AVX-512 (F, BW, VL, VNNI) matmul kernels. Compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni -mf16c -mfma (kernels/CMakeLists.txt) and only called after a run-time
+// CPU check, so nothing here may run on its own at static-initialization time.
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/matmul_internal.h"
+
+namespace loom::kernels::cpu::internal {
+namespace {
+
+// Tile shapes: kMr activation rows by kNb row blocks of 16 weight rows. A GEMV (m = 1)
+// keeps several independent accumulator chains by walking 4 row blocks at once; a GEMM
+// reuses every weight vector for kMr tokens from registers.
+constexpr int kGemvBlocks = 4;
+constexpr int kFloatMr = 6;
+constexpr int kFloatNb = 2;
+constexpr int kIntMr = 4;
+constexpr int kIntNb = 2;
+
+inline void StoreOutput(__m512 acc, const MatmulArgs& a, int64_t block, int64_t token) {
+  const int64_t n = a.weight->rows;
+  const int64_t row0 = block * kRowBlock;
+  float* y = a.y + token * n + row0;
+  const int64_t valid = std::min<int64_t>(kRowBlock, n - row0);
+  if (valid == kRowBlock) {
+    if (a.bias != nullptr) acc = _mm512_add_ps(acc, _mm512_loadu_ps(a.bias + row0));
+    _mm512_storeu_ps(y, acc);
+  } else {
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    if (a.bias != nullptr) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, a.bias + row0));
+    _mm512_mask_storeu_ps(y, mask, acc);
+  }
+}
+
+template <bool kHalf>
+inline __m512 LoadWeights(const uint8_t* base, int64_t col) {
+  if constexpr (kHalf) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + col * kRowBlock * 2)));
+  } else {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(base + col * kRowBlock * 4));
+  }
+}
+
+// F32 / F16 weights: acc[r][j] += W[block j, :, col] * x[r, col] over all columns.
+template <bool kHalf, int Mr, int Nb>
+void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols;
+  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const uint8_t* base[Nb];
+  for (int j = 0; j < Nb; ++j) base[j] = w.data.data() + (block0 + j) * block_bytes;
+  const float* x = a.x + token0 * k;
+  __m512 acc[Mr][Nb];
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < k; ++c) {
+    __m512 wv[Nb];
+    for (int j = 0; j < Nb; ++j) wv[j] = LoadWeights<kHalf>(base[j], c);
+    for (int r = 0; r < Mr; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * k + c]);
+      for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) StoreOutput(acc[r][j], a, block0 + j, token0 + r);
+  }
+}
+
+inline int32_t LoadI32(const int8_t* p) {
+  int32_t value;
+  __builtin_memcpy(&value, p, 4);
+  return value;
+}
+
+// INT8 / INT4 weights against int8 activations: per 32-column group, VNNI dot products
+// of 16 rows x 4 columns per instruction into int32, then one float scaling per group:
+//   INT4: y += x_scale * (w_scale * dot(q, xq) + w_min * sum(xq))
+//   INT8: y += x_scale * w_scale * (dot(q + 128, xq) - 128 * sum(xq))
+template <bool kInt4, int Mr, int Nb>
+void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols;
+  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const int64_t x_groups = k / kActGroup;
+  const int64_t scale_groups = k / w.group_size;
+  const int64_t groups_per_scale = w.group_size / kActGroup;
+  constexpr int kLinesPerGroup = kInt4 ? 4 : 8;  // 64-byte lines per 32 columns
+  const uint8_t* base[Nb];
+  const uint16_t* scales[Nb];
+  const uint16_t* mins[Nb];
+  for (int j = 0; j < Nb; ++j) {
+    base[j] = w.data.data() + (block0 + j) * block_bytes;
+    scales[j] = w.scales.data() + (block0 + j) * scale_groups * kRowBlock;
+    mins[j] = kInt4 ? w.mins.data() + (block0 + j) * scale_groups * kRowBlock : nullptr;
+  }
+  const int8_t* xq = a.xq.q + token0 * k;
+  const float* x_scale = a.xq.scale + token0 * x_groups;
+  const int32_t* x_sum = a.xq.qsum + token0 * x_groups;
+  const __m512i low_mask = _mm512_set1_epi8(0x0f);
+  __m512 acc[Mr][Nb];
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < x_groups; ++g) {
+    __m512i dot[Mr][Nb];
+    for (int r = 0; r < Mr; ++r) {
+      for (int j = 0; j < Nb; ++j) dot[r][j] = _mm512_setzero_si512();
+    }
+    const uint8_t* lines[Nb];
+    for (int j = 0; j < Nb; ++j) lines[j] = base[j] + g * kLinesPerGroup * 64;
+    for (int line = 0; line < kLinesPerGroup; ++line) {
+      if constexpr (kInt4) {
+        __m512i lo[Nb], hi[Nb];
+        for (int j = 0; j < Nb; ++j) {
+          const __m512i bytes = _mm512_loadu_si512(lines[j] + line * 64);
+          lo[j] = _mm512_and_si512(bytes, low_mask);
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_mask);
+        }
+        for (int r = 0; r < Mr; ++r) {
+          const int8_t* xr = xq + r * k + g * kActGroup + line * 8;
+          const __m512i x_lo = _mm512_set1_epi32(LoadI32(xr));
+          const __m512i x_hi = _mm512_set1_epi32(LoadI32(xr + 4));
+          for (int j = 0; j < Nb; ++j) {
+            dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], lo[j], x_lo);
+            dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], hi[j], x_hi);
+          }
+        }
+      } else {
+        __m512i bytes[Nb];
+        for (int j = 0; j < Nb; ++j) bytes[j] = _mm512_loadu_si512(lines[j] + line * 64);
+        for (int r = 0; r < Mr; ++r) {
+          const __m512i xv = _mm512_set1_epi32(LoadI32(xq + r * k + g * kActGroup + line * 4));
+          for (int j = 0; j < Nb; ++j) dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], bytes[j], xv);
+        }
+      }
+    }
+    const int64_t sg = (g / groups_per_scale) * kRowBlock;
+    __m512 scale[Nb], min[Nb];
+    for (int j = 0; j < Nb; ++j) {
+      scale[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales[j] + sg)));
+      if constexpr (kInt4) {
+        min[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins[j] + sg)));
+      }
+    }
+    for (int r = 0; r < Mr; ++r) {
+      const __m512 xs = _mm512_set1_ps(x_scale[r * x_groups + g]);
+      if constexpr (kInt4) {
+        const __m512 sum = _mm512_set1_ps(static_cast<float>(x_sum[r * x_groups + g]));
+        for (int j = 0; j < Nb; ++j) {
+          const __m512 part =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][j]), scale[j], _mm512_mul_ps(min[j], sum));
+          acc[r][j] = _mm512_fmadd_ps(part, xs, acc[r][j]);
+        }
+      } else {
+        const __m512i offset = _mm512_set1_epi32(128 * x_sum[r * x_groups + g]);
+        for (int j = 0; j < Nb; ++j) {
+          const __m512 part =
+              _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][j], offset)), scale[j]);
+          acc[r][j] = _mm512_fmadd_ps(part, xs, acc[r][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < Mr; ++r) {
+    for (int j = 0; j < Nb; ++j) StoreOutput(acc[r][j], a, block0 + j, token0 + r);
+  }
+}
+
+using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
+
+// Runtime (rows, blocks) -> compile-time tile, for tile edges.
+template <template <bool, int, int> class Kernel, bool kFlag, int MaxMr, int MaxNb>
+struct TileTable {
+  TileFn fns[MaxMr + 1][MaxNb + 1] = {};
+  constexpr TileTable() { Fill<1>(); }
+  template <int Mr>
+  constexpr void Fill() {
+    if constexpr (Mr <= MaxMr) {
+      FillNb<Mr, 1>();
+      Fill<Mr + 1>();
+    }
+  }
+  template <int Mr, int Nb>
+  constexpr void FillNb() {
+    if constexpr (Nb <= MaxNb) {
+      fns[Mr][Nb] = &Kernel<kFlag, Mr, Nb>::Run;
+      FillNb<Mr, Nb + 1>();
+    }
+  }
+};
+
+template <bool kHalf, int Mr, int Nb>
+struct FloatKernel {
+  static void Run(const MatmulArgs& a, int64_t block0, int64_t token0) {
+    FloatTile<kHalf, Mr, Nb>(a, block0, token0);
+  }
+};
+template <bool kInt4, int Mr, int Nb>
+struct IntKernel {
+  static void Run(const MatmulArgs& a, int64_t block0, int64_t token0) {
+    IntTile<kInt4, Mr, Nb>(a, block0, token0);
+  }
+};
+
+constexpr int kMaxMr = kFloatMr > kIntMr ? kFloatMr : kIntMr;
+constexpr int kMaxNb = kGemvBlocks;
+
+template <template <bool, int, int> class Kernel, bool kFlag>
+void RunTiles(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int mr, int nb) {
+  static constexpr TileTable<Kernel, kFlag, kMaxMr, kMaxNb> table;
+  if (a.m == 1) {
+    mr = 1;
+    nb = kGemvBlocks;
+  }
+  for (int64_t b = block_begin; b < block_end; b += nb) {
+    const int nb_here = static_cast<int>(std::min<int64_t>(nb, block_end - b));
+    for (int64_t t = 0; t < a.m; t += mr) {
+      const int mr_here = static_cast<int>(std::min<int64_t>(mr, a.m - t));
+      table.fns[mr_here][nb_here](a, b, t);
+    }
+  }
+}
+
+}  // namespace
+
+void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  switch (a.weight->format) {
+    case WeightFormat::kF32:
+      RunTiles<FloatKernel, false>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      return;
+    case WeightFormat::kF16:
+      RunTiles<FloatKernel, true>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      return;
+    case WeightFormat::kInt8:
+      RunTiles<IntKernel, false>(a, block_begin, block_end, kIntMr, kIntNb);
+      return;
+    case WeightFormat::kInt4:
+      RunTiles<IntKernel, true>(a, block_begin, block_end, kIntMr, kIntNb);
+      return;
+  }
+}
+
+}  // namespace loom::kernels::cpu::internal

@@ -1,0 +1,124 @@
+#pragma once
+
+// Internal to kernels/cpu: the packed weight layout shared by weights.cc and the matmul
+// kernels, activation quantization, and the per-ISA kernel entry points. Nothing outside
+// kernels/cpu (and its tests and benchmark) includes this header.
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/weights.h"
+
+namespace loom::kernels::cpu::internal {
+
+/// Weight rows are interleaved in blocks of kRowBlock (rows padded with zeros to a
+/// multiple of it). Within a block of 16 rows:
+///   F32 / F16: [cols][16]                 value (r, c) at c * 16 + r
+///   INT8:      [cols / 4][16][4] uint8    byte  (r, c) at (c / 4) * 64 + r * 4 + c % 4,
+///              holding q + 128 (offset binary, so VNNI's unsigned operand is the weight)
+///   INT4:      [cols / 8][16][4] uint8    byte  (r, c) at (c / 8) * 64 + r * 4 + c % 4,
+///              low nibble for c % 8 < 4, high nibble for c % 8 >= 4
+///   scales / mins (F16): [cols / group_size][16] per block.
+/// One 64-byte line thus feeds one VNNI dot product of 16 rows x 4 columns.
+inline constexpr int64_t kRowBlock = 16;
+/// Activations are quantized to int8 in groups of this many columns (INT8/INT4 weights).
+inline constexpr int64_t kActGroup = 32;
+
+inline int64_t NumRowBlocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
+
+/// Bytes of `data` per row block.
+inline int64_t BlockDataBytes(WeightFormat format, int64_t cols) {
+  switch (format) {
+    case WeightFormat::kF32:
+      return cols * kRowBlock * 4;
+    case WeightFormat::kF16:
+      return cols * kRowBlock * 2;
+    case WeightFormat::kInt8:
+      return cols * kRowBlock;
+    case WeightFormat::kInt4:
+      return cols * kRowBlock / 2;
+  }
+  return 0;
+}
+
+/// Byte offset of element (r, c) inside its row block (r < 16) for the integer formats.
+inline int64_t IntByteOffset(WeightFormat format, int64_t r, int64_t c) {
+  return format == WeightFormat::kInt8 ? (c / 4) * 64 + r * 4 + c % 4
+                                       : (c / 8) * 64 + r * 4 + c % 4;
+}
+
+/// IEEE binary16 -> binary32 (exact), portable.
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+/// Activations quantized per kActGroup columns: x ≈ scale[g] * q[c] with q in [-127, 127]
+/// (round to nearest even of x * 127 / max|x| over the group).
+struct QuantizedActivations {
+  const int8_t* q = nullptr;      // [m, k]
+  const float* scale = nullptr;   // [m, k / kActGroup]
+  const int32_t* qsum = nullptr;  // [m, k / kActGroup]: sum of q over the group
+};
+
+/// Quantizes rows of x [num_rows, k] (k % kActGroup == 0). Deterministic and identical
+/// on every ISA (the tests rebuild the kernels' input with it).
+void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
+                            float* scale, int32_t* qsum);
+
+/// What a kernel computes: y[r, n] for rows r < m and weight row blocks [block_begin,
+/// block_end). Float formats read x; integer formats read xq.
+struct MatmulArgs {
+  const PackedWeight* weight = nullptr;
+  const float* x = nullptr;   // [m, k]
+  QuantizedActivations xq;    // integer formats only
+  const float* bias = nullptr;  // [n] or nullptr
+  float* y = nullptr;         // [m, n]
+  int64_t m = 0;
+};
+
+using MatmulBlocksFn = void (*)(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+
+void MatmulBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+void MatmulBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+void MatmulBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+
+/// Instruction sets Matmul can run; kAuto picks the best the CPU supports.
+enum class MatmulIsaChoice { kAuto, kScalar, kAvx2, kAvx512 };
+
+/// True when this CPU can run `isa`.
+bool IsaSupported(MatmulIsaChoice isa);
+
+/// Test/bench hook: forces Matmul onto `isa` (kAuto restores the automatic choice).
+/// Not thread-safe against concurrent Matmul calls.
+void SetMatmulIsaForTesting(MatmulIsaChoice isa);
+
+/// Stores the 16 lanes of one output block, only the `valid` first ones, adding bias.
+inline void StoreBlockOutput(const float* lanes, const float* bias, int64_t valid, float* y) {
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < valid; ++i) y[i] = lanes[i] + bias[i];
+  } else {
+    for (int64_t i = 0; i < valid; ++i) y[i] = lanes[i];
+  }
+}
+
+}  // namespace loom::kernels::cpu::internal

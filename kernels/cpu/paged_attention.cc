@@ -1,0 +1,236 @@
+#include "kernels/cpu/paged_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/paged_attention_internal.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+std::atomic<bool> attention_simd{true};
+
+absl::Status CheckCache(const KvLayerView& c) {
+  if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
+  if (c.num_blocks <= 0 || c.block_size <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV cache: num_blocks %d, block_size %d, num_kv_heads %d, head_dim %d must be positive",
+        c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim));
+  }
+  if (c.head_dim > internal::kMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrFormat("KV cache: head_dim %d exceeds %d",
+                                                      c.head_dim, internal::kMaxHeadDim));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAttentionParams(const PagedAttentionParams& p) {
+  if (absl::Status status = CheckCache(p.cache); !status.ok()) return status;
+  if (p.q == nullptr || p.out == nullptr || p.query_start == nullptr ||
+      p.context_len == nullptr || p.block_indptr == nullptr || p.block_indices == nullptr) {
+    return absl::InvalidArgumentError("PagedAttention: null pointer among q, out and the batch");
+  }
+  if (p.num_seqs <= 0 || p.num_heads <= 0 || p.num_heads % p.cache.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedAttention: num_seqs %d, num_heads %d must be positive, num_heads a multiple of "
+        "num_kv_heads %d",
+        p.num_seqs, p.num_heads, p.cache.num_kv_heads));
+  }
+  if (!std::isfinite(p.scale)) return absl::InvalidArgumentError("PagedAttention: scale not finite");
+  if (p.query_start[0] != 0 || p.block_indptr[0] != 0) {
+    return absl::InvalidArgumentError("PagedAttention: query_start[0] and block_indptr[0] must be 0");
+  }
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
+    const int64_t ctx = p.context_len[s];
+    const int64_t num_blocks = p.block_indptr[s + 1] - p.block_indptr[s];
+    if (q_len < 0 || num_blocks < 0 || ctx < q_len) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "PagedAttention: sequence %d has %d query tokens, context_len %d, %d blocks", s, q_len,
+          ctx, num_blocks));
+    }
+    const int64_t needed = (ctx + p.cache.block_size - 1) / p.cache.block_size;
+    if (num_blocks < needed) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "PagedAttention: sequence %d has %d blocks of %d slots for context_len %d", s,
+          num_blocks, p.cache.block_size, ctx));
+    }
+    for (int64_t i = 0; i < needed; ++i) {
+      const int32_t block = p.block_indices[p.block_indptr[s] + i];
+      if (block < 0 || block >= p.cache.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "PagedAttention: sequence %d uses block %d outside the pool of %d", s, block,
+            p.cache.num_blocks));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads element `index` of a K or V pool as float.
+inline float LoadKv(const void* base, KvDtype dtype, int64_t index) {
+  return dtype == KvDtype::kF16 ? internal::HalfToFloat(static_cast<const uint16_t*>(base)[index])
+                                : static_cast<const float*>(base)[index];
+}
+
+}  // namespace
+
+namespace internal {
+
+void SetAttentionSimdForTesting(bool enabled) { attention_simd.store(enabled); }
+
+void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task) {
+  const int64_t d = cache.head_dim, bs = cache.block_size;
+  float acc[kMaxHeadDim];
+  std::fill(acc, acc + d, 0.0f);
+  float running_max = -std::numeric_limits<float>::infinity();
+  float denominator = 0.0f;
+  constexpr int64_t kChunk = 32;
+  float scores[kChunk];
+  for (int64_t pos = 0; pos < task.attend_len;) {
+    const int64_t block = task.blocks[pos / bs];
+    const int64_t count = std::min({kChunk, bs - pos % bs, task.attend_len - pos});
+    const int64_t slot0 = block * bs + pos % bs;
+    float chunk_max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < d; ++i) dot += task.q[i] * LoadKv(cache.k, cache.dtype, base + i);
+      scores[j] = dot * scale;
+      chunk_max = std::max(chunk_max, scores[j]);
+    }
+    const float new_max = std::max(running_max, chunk_max);
+    const float correction = std::exp(running_max - new_max);  // 0 on the first chunk
+    denominator *= correction;
+    for (int64_t i = 0; i < d; ++i) acc[i] *= correction;
+    for (int64_t j = 0; j < count; ++j) {
+      const float weight = std::exp(scores[j] - new_max);
+      denominator += weight;
+      const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+      for (int64_t i = 0; i < d; ++i) acc[i] += weight * LoadKv(cache.v, cache.dtype, base + i);
+    }
+    running_max = new_max;
+    pos += count;
+  }
+  const float inverse = 1.0f / denominator;
+  for (int64_t i = 0; i < d; ++i) task.out[i] = acc[i] * inverse;
+}
+
+}  // namespace internal
+
+absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
+                     const int32_t* slots, int64_t num_tokens) {
+  if (absl::Status status = CheckCache(cache); !status.ok()) return status;
+  if (num_tokens < 0 || (num_tokens > 0 && (k == nullptr || v == nullptr || slots == nullptr))) {
+    return absl::InvalidArgumentError("WriteKv: null k, v or slots, or negative num_tokens");
+  }
+  const int64_t num_slots = cache.num_blocks * cache.block_size;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (slots[t] < 0 || slots[t] >= num_slots) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "WriteKv: token %d has slot %d outside the pool of %d slots", t, slots[t], num_slots));
+    }
+  }
+  const int64_t row = cache.num_kv_heads * cache.head_dim;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t offset = static_cast<int64_t>(slots[t]) * row;
+    if (cache.dtype == KvDtype::kF32) {
+      std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.k) + offset);
+      std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.v) + offset);
+    } else {
+      uint16_t* kh = static_cast<uint16_t*>(cache.k) + offset;
+      uint16_t* vh = static_cast<uint16_t*>(cache.v) + offset;
+      for (int64_t i = 0; i < row; ++i) {
+        kh[i] = FloatToHalf(k[t * row + i]);
+        vh[i] = FloatToHalf(v[t * row + i]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
+  if (absl::Status status = CheckAttentionParams(p); !status.ok()) return status;
+  const int64_t num_tokens = p.query_start[p.num_seqs];
+  if (num_tokens == 0) return absl::OkStatus();
+  thread_local std::vector<int32_t> token_seq;
+  token_seq.resize(num_tokens);
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    std::fill(token_seq.begin() + p.query_start[s], token_seq.begin() + p.query_start[s + 1],
+              static_cast<int32_t>(s));
+  }
+  const int32_t* seq_of = token_seq.data();
+  const bool simd = attention_simd.load() &&
+                    internal::IsaSupported(internal::MatmulIsaChoice::kAvx512);
+  const auto attend = simd ? internal::AttendAvx512 : internal::AttendScalar;
+  const int64_t d = p.cache.head_dim;
+  const int64_t group = p.num_heads / p.cache.num_kv_heads;
+  const int64_t num_items = num_tokens * p.num_heads;
+  // Items are dealt zigzag (first, last, second, second to last, ...) so that contiguous
+  // chunks mix early causal tokens (short) with late ones (long).
+  pool.ParallelFor(num_items, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
+      const int64_t t = item / p.num_heads, h = item % p.num_heads;
+      const int64_t s = seq_of[t];
+      const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
+      internal::AttentionTask task;
+      task.q = p.q + (t * p.num_heads + h) * d;
+      task.out = p.out + (t * p.num_heads + h) * d;
+      task.blocks = p.block_indices + p.block_indptr[s];
+      task.kv_head = h / group;
+      task.attend_len = p.context_len[s] - q_len + (t - p.query_start[s]) + 1;
+      attend(p.cache, p.scale, task);
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
+  if (absl::Status status = CheckAttentionParams(p); !status.ok()) return status;
+  const KvLayerView& c = p.cache;
+  const int64_t d = c.head_dim;
+  const int64_t group = p.num_heads / c.num_kv_heads;
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
+    const int32_t* blocks = p.block_indices + p.block_indptr[s];
+    for (int64_t j = 0; j < q_len; ++j) {
+      const int64_t t = p.query_start[s] + j;
+      const int64_t len = p.context_len[s] - q_len + j + 1;
+      for (int64_t h = 0; h < p.num_heads; ++h) {
+        const float* q = p.q + (t * p.num_heads + h) * d;
+        // Gather this head's K and V rows in position order.
+        std::vector<int64_t> bases(len);
+        for (int64_t pos = 0; pos < len; ++pos) {
+          const int64_t slot = static_cast<int64_t>(blocks[pos / c.block_size]) * c.block_size +
+                               pos % c.block_size;
+          bases[pos] = (slot * c.num_kv_heads + h / group) * d;
+        }
+        std::vector<double> scores(len);
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t pos = 0; pos < len; ++pos) {
+          double dot = 0.0;
+          for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * LoadKv(c.k, c.dtype, bases[pos] + i);
+          scores[pos] = dot * p.scale;
+          max_score = std::max(max_score, scores[pos]);
+        }
+        double total = 0.0;
+        for (double& score : scores) total += (score = std::exp(score - max_score));
+        for (int64_t i = 0; i < d; ++i) {
+          double value = 0.0;
+          for (int64_t pos = 0; pos < len; ++pos) value += scores[pos] * LoadKv(c.v, c.dtype, bases[pos] + i);
+          p.out[(t * p.num_heads + h) * d + i] = static_cast<float>(value / total);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::kernels::cpu

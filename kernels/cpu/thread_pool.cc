@@ -1,0 +1,110 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/check.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LOOM_CPU_RELAX() _mm_pause()
+#else
+#define LOOM_CPU_RELAX() ((void)0)
+#endif
+
+namespace loom::kernels::cpu {
+namespace {
+
+// How long an idle worker spins before sleeping: long enough to cover the serial work
+// between two kernels of a decode step, short enough not to burn a core when idle.
+constexpr auto kSpinTime = std::chrono::microseconds(200);
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
+  for (int i = 1; i < num_threads_; ++i) threads_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+  }
+  work_cv_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void ThreadPool::ParallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  // One contiguous chunk per thread keeps each thread on its own stretch of memory (a
+  // GEMV reads each weight byte once); chunks are claimed dynamically, so a thread that
+  // was descheduled simply takes fewer.
+  const int64_t num_chunks = std::min<int64_t>(std::max<int64_t>(1, n / grain), num_threads_);
+  if (num_chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  const int64_t chunk = (n + num_chunks - 1) / num_chunks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    LOOM_CHECK(job_ == nullptr);  // not re-entrant
+    job_ = &fn;
+    job_n_ = n;
+    job_chunk_ = chunk;
+    next_chunk_ = 0;
+    num_chunks_ = (n + chunk - 1) / chunk;
+    pending_.store(static_cast<int>(threads_.size()));
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  work_cv_.notify_all();
+  // The caller claims chunks too.
+  while (true) {
+    int64_t index;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (next_chunk_ >= num_chunks_) break;
+      index = next_chunk_++;
+    }
+    fn(index * chunk, std::min(n, (index + 1) * chunk));
+  }
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 4096) {
+      LOOM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  job_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  (void)index;
+  uint64_t seen = 0;
+  while (true) {
+    const auto spin_start = std::chrono::steady_clock::now();
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == seen && !stop_.load();
+         ++spins) {
+      LOOM_CPU_RELAX();
+      if ((spins & 63) == 63 && std::chrono::steady_clock::now() - spin_start > kSpinTime) break;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    work_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+    if (stop_.load()) return;
+    seen = generation_.load();
+    const std::function<void(int64_t, int64_t)>* job = job_;
+    const int64_t n = job_n_;
+    const int64_t chunk = job_chunk_;
+    while (next_chunk_ < num_chunks_) {
+      const int64_t chunk_index = next_chunk_++;
+      lock.unlock();
+      (*job)(chunk_index * chunk, std::min(n, (chunk_index + 1) * chunk));
+      lock.lock();
+    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace loom::kernels::cpu

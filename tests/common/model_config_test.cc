@@ -1,0 +1,378 @@
+#include "common/model_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/gguf_test_util.h"
+
+namespace loom::common {
+namespace {
+
+using ::loom::common::testing::GgufImageBuilder;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kF32 = static_cast<uint32_t>(GgmlType::kF32);
+// Q1_0 (128 elements in 18 bytes) keeps full-size synthetic matrices small in memory.
+constexpr uint32_t kQ1_0 = 41;
+
+std::filesystem::path ModelPath() {
+  if (const char* path = std::getenv("LOOM_MODEL_PATH")) return path;
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
+         "SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+absl::StatusOr<ModelConfig> ConfigOf(const GgufImageBuilder& builder) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes(builder.Build());
+  if (!file.ok()) return file.status();
+  return ModelConfigFromGguf(**file);
+}
+
+// TinyLlama-1.1B's hyper-parameters (llama, GQA 32/4), with a full-size untied LM head.
+GgufImageBuilder TinyLlama() {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "llama")
+      .KvString("general.name", "TinyLlama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.embedding_length", 2048)
+      .KvU32("llama.feed_forward_length", 5632)
+      .KvU32("llama.block_count", 22)
+      .KvU32("llama.attention.head_count", 32)
+      .KvU32("llama.attention.head_count_kv", 4)
+      .KvF32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
+      .KvF32("llama.rope.freq_base", 10000.0f)
+      .KvU32("llama.rope.dimension_count", 64)
+      .Tensor("token_embd.weight", {2048, 32000}, kQ1_0)
+      .Tensor("output.weight", {2048, 32000}, kQ1_0);
+  return builder;
+}
+
+// Llama-3-8B-shaped metadata (vocab from the key, no tensors unless added).
+GgufImageBuilder Llama3() {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 131072)
+      .KvU32("llama.embedding_length", 4096)
+      .KvU32("llama.feed_forward_length", 14336)
+      .KvU32("llama.block_count", 32)
+      .KvU32("llama.attention.head_count", 32)
+      .KvU32("llama.attention.head_count_kv", 8)
+      .KvF32("llama.attention.layer_norm_rms_epsilon", 1e-5f)
+      .KvF32("llama.rope.freq_base", 500000.0f)
+      .KvU32("llama.rope.dimension_count", 128)
+      .KvU32("llama.vocab_size", 128256);
+  return builder;
+}
+
+// Qwen2-0.5B-shaped: attention biases, tied embeddings, 14 heads of 64 over 896.
+GgufImageBuilder Qwen2(bool with_bias = true) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "qwen2")
+      .KvU32("qwen2.context_length", 32768)
+      .KvU32("qwen2.embedding_length", 896)
+      .KvU32("qwen2.feed_forward_length", 4864)
+      .KvU32("qwen2.block_count", 24)
+      .KvU32("qwen2.attention.head_count", 14)
+      .KvU32("qwen2.attention.head_count_kv", 2)
+      .KvF32("qwen2.attention.layer_norm_rms_epsilon", 1e-6f)
+      .KvF32("qwen2.rope.freq_base", 1000000.0f)
+      .KvStringArray("tokenizer.ggml.tokens", {"a", "b", "c"})
+      .KvU32("qwen2.vocab_size", 151936);
+  if (with_bias) {
+    builder.Tensor("blk.0.attn_q.bias", {896}, kF32)
+        .Tensor("blk.0.attn_k.bias", {128}, kF32)
+        .Tensor("blk.0.attn_v.bias", {128}, kF32);
+  }
+  return builder;
+}
+
+void ExpectInvalid(const absl::StatusOr<ModelConfig>& config,
+                   const std::vector<std::string>& pieces) {
+  ASSERT_FALSE(config.ok()) << "expected an error containing " << pieces[0];
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  for (const std::string& piece : pieces) {
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(piece));
+  }
+}
+
+TEST(ModelConfigTest, ReadsTheSmolLm2Model) {
+  ASSERT_TRUE(std::filesystem::exists(ModelPath())) << ModelPath() << " missing";
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(ModelPath().string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<ModelConfig> config = ModelConfigFromGguf(**file);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "llama");
+  EXPECT_THAT(config->name, HasSubstr("SmolLM2"));
+  EXPECT_EQ(config->num_layers, 30);
+  EXPECT_EQ(config->hidden_size, 576);
+  EXPECT_EQ(config->intermediate_size, 1536);
+  EXPECT_EQ(config->num_heads, 9);
+  EXPECT_EQ(config->num_kv_heads, 3);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->rope_dim, 64);
+  EXPECT_EQ(config->context_length, 8192);
+  EXPECT_EQ(config->vocab_size, 49152);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 100000.0);
+  EXPECT_NEAR(config->rms_norm_eps, 1e-5, 1e-12);
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kNone);
+  EXPECT_TRUE(config->tied_embeddings);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_FALSE(config->rope_freq_factors);
+}
+
+TEST(ModelConfigTest, ReadsTinyLlamaShapedConfigWithSeparateLmHead) {
+  absl::StatusOr<ModelConfig> config = ConfigOf(TinyLlama());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name, "TinyLlama");
+  EXPECT_EQ(config->num_layers, 22);
+  EXPECT_EQ(config->hidden_size, 2048);
+  EXPECT_EQ(config->intermediate_size, 5632);
+  EXPECT_EQ(config->num_heads, 32);
+  EXPECT_EQ(config->num_kv_heads, 4);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->vocab_size, 32000);
+  EXPECT_EQ(config->context_length, 2048);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 10000.0);
+  EXPECT_FALSE(config->tied_embeddings);
+  EXPECT_FALSE(config->attention_bias);
+}
+
+TEST(ModelConfigTest, ReadsLlama3RopeScalingKeys) {
+  GgufImageBuilder builder = Llama3();
+  builder.KvString("llama.rope.scaling.type", "llama3")
+      .KvF32("llama.rope.scaling.factor", 8.0f)
+      .KvU32("llama.rope.scaling.original_context_length", 8192)
+      .KvF32("llama.rope.scaling.low_freq_factor", 1.0f)
+      .KvF32("llama.rope.scaling.high_freq_factor", 4.0f);
+  absl::StatusOr<ModelConfig> config = ConfigOf(builder);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_heads, 32);
+  EXPECT_EQ(config->num_kv_heads, 8);
+  EXPECT_EQ(config->head_dim, 128);
+  EXPECT_EQ(config->vocab_size, 128256);
+  EXPECT_EQ(config->context_length, 131072);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 500000.0);
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(config->rope_scaling_factor, 8.0);
+  EXPECT_EQ(config->rope_original_context_length, 8192);
+  EXPECT_DOUBLE_EQ(config->rope_low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(config->rope_high_freq_factor, 4.0);
+  EXPECT_FALSE(config->rope_freq_factors);
+  EXPECT_TRUE(config->tied_embeddings);  // no output.weight in this image
+}
+
+TEST(ModelConfigTest, RopeFreqsTensorMeansLlama3ScalingWithStoredFactors) {
+  GgufImageBuilder builder = Llama3();
+  builder.Tensor("rope_freqs.weight", {64}, kF32);
+  absl::StatusOr<ModelConfig> config = ConfigOf(builder);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kLlama3);
+  EXPECT_TRUE(config->rope_freq_factors);
+
+  GgufImageBuilder wrong = Llama3();
+  wrong.Tensor("rope_freqs.weight", {128}, kF32);
+  ExpectInvalid(ConfigOf(wrong), {"rope_freqs.weight", "[128]", "[64]"});
+}
+
+TEST(ModelConfigTest, Llama3ScalingWithoutFactorsNeedsTheOriginalContext) {
+  GgufImageBuilder builder = Llama3();
+  builder.KvString("llama.rope.scaling.type", "llama3").KvF32("llama.rope.scaling.factor", 8.0f);
+  ExpectInvalid(ConfigOf(builder), {"llama.rope.scaling.original_context_length", "is 0"});
+}
+
+TEST(ModelConfigTest, ReadsLinearRopeScaling) {
+  GgufImageBuilder builder = Llama3();
+  builder.KvString("llama.rope.scaling.type", "linear").KvF32("llama.rope.scaling.factor", 4.0f);
+  absl::StatusOr<ModelConfig> config = ConfigOf(builder);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kLinear);
+  EXPECT_DOUBLE_EQ(config->rope_scaling_factor, 4.0);
+}
+
+TEST(ModelConfigTest, ReadsQwen2WithAttentionBias) {
+  absl::StatusOr<ModelConfig> config = ConfigOf(Qwen2());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "qwen2");
+  EXPECT_EQ(config->num_layers, 24);
+  EXPECT_EQ(config->hidden_size, 896);
+  EXPECT_EQ(config->num_heads, 14);
+  EXPECT_EQ(config->num_kv_heads, 2);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->vocab_size, 151936);
+  EXPECT_NEAR(config->rms_norm_eps, 1e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 1000000.0);
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_TRUE(config->tied_embeddings);
+
+  absl::StatusOr<ModelConfig> without = ConfigOf(Qwen2(/*with_bias=*/false));
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_FALSE(without->attention_bias);
+}
+
+TEST(ModelConfigTest, DefaultsKvHeadsHeadDimAndRopeDim) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "mistral")
+      .KvU32("mistral.context_length", 4096)
+      .KvU32("mistral.embedding_length", 256)
+      .KvU32("mistral.feed_forward_length", 512)
+      .KvU32("mistral.block_count", 2)
+      .KvU32("mistral.attention.head_count", 4)
+      .KvU32("mistral.vocab_size", 1000);
+  absl::StatusOr<ModelConfig> config = ConfigOf(builder);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_kv_heads, 4);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->rope_dim, 64);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-5);
+}
+
+TEST(ModelConfigTest, ExplicitKeyLengthOverridesHiddenOverHeads) {
+  GgufImageBuilder builder = Qwen2(false);
+  builder.KvU32("qwen2.attention.key_length", 128).KvU32("qwen2.attention.value_length", 128);
+  absl::StatusOr<ModelConfig> config = ConfigOf(builder);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->head_dim, 128);
+}
+
+TEST(ModelConfigTest, RejectsMissingOrUnsupportedArchitecture) {
+  ExpectInvalid(ConfigOf(GgufImageBuilder().KvU32("llama.block_count", 2)),
+                {"general.architecture", "missing"});
+  ExpectInvalid(ConfigOf(GgufImageBuilder().KvString("general.architecture", "gpt2")),
+                {"unsupported architecture 'gpt2'", "llama"});
+  ExpectInvalid(ConfigOf(GgufImageBuilder().KvU32("general.architecture", 1)),
+                {"general.architecture"});
+}
+
+TEST(ModelConfigTest, RejectsMissingRequiredKeysByName) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.feed_forward_length", 5632);
+  ExpectInvalid(ConfigOf(builder), {"'llama.embedding_length'", "missing"});
+}
+
+TEST(ModelConfigTest, RejectsInconsistentHeadCounts) {
+  GgufImageBuilder kv_not_dividing = TinyLlama();
+  kv_not_dividing.KvU32("llama.attention.head_count_kv", 5);  // later duplicate key
+  // Duplicate keys are a file error; build a fresh image instead.
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.embedding_length", 2048)
+      .KvU32("llama.feed_forward_length", 5632)
+      .KvU32("llama.block_count", 22)
+      .KvU32("llama.attention.head_count", 32)
+      .KvU32("llama.attention.head_count_kv", 5)
+      .KvU32("llama.vocab_size", 32000);
+  ExpectInvalid(ConfigOf(builder), {"head_count 32", "head_count_kv 5"});
+
+  GgufImageBuilder more_kv;
+  more_kv.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.embedding_length", 2048)
+      .KvU32("llama.feed_forward_length", 5632)
+      .KvU32("llama.block_count", 22)
+      .KvU32("llama.attention.head_count", 8)
+      .KvU32("llama.attention.head_count_kv", 16)
+      .KvU32("llama.vocab_size", 32000);
+  ExpectInvalid(ConfigOf(more_kv), {"llama.attention.head_count_kv", "is 16"});
+
+  GgufImageBuilder not_dividing_hidden;
+  not_dividing_hidden.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.embedding_length", 1000)
+      .KvU32("llama.feed_forward_length", 5632)
+      .KvU32("llama.block_count", 22)
+      .KvU32("llama.attention.head_count", 3)
+      .KvU32("llama.vocab_size", 32000);
+  ExpectInvalid(ConfigOf(not_dividing_hidden), {"embedding_length 1000", "head_count 3"});
+}
+
+GgufImageBuilder MinimalLlama() {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.embedding_length", 256)
+      .KvU32("llama.feed_forward_length", 512)
+      .KvU32("llama.block_count", 2)
+      .KvU32("llama.attention.head_count", 4);
+  return builder;
+}
+
+TEST(ModelConfigTest, RejectsOutOfRangeAndWronglyTypedValues) {
+  GgufImageBuilder negative = MinimalLlama();
+  negative.KvI32("llama.attention.head_count_kv", -1).KvU32("llama.vocab_size", 10);
+  ExpectInvalid(ConfigOf(negative), {"llama.attention.head_count_kv", "is -1"});
+
+  GgufImageBuilder zero_eps = MinimalLlama();
+  zero_eps.KvF32("llama.attention.layer_norm_rms_epsilon", 0.0f).KvU32("llama.vocab_size", 10);
+  ExpectInvalid(ConfigOf(zero_eps), {"layer_norm_rms_epsilon", "positive"});
+
+  GgufImageBuilder string_theta = MinimalLlama();
+  string_theta.KvString("llama.rope.freq_base", "10000").KvU32("llama.vocab_size", 10);
+  ExpectInvalid(ConfigOf(string_theta), {"'llama.rope.freq_base'"});
+
+  GgufImageBuilder odd_rope = MinimalLlama();
+  odd_rope.KvU32("llama.rope.dimension_count", 33).KvU32("llama.vocab_size", 10);
+  ExpectInvalid(ConfigOf(odd_rope), {"rope.dimension_count", "33"});
+
+  GgufImageBuilder wide_rope = MinimalLlama();
+  wide_rope.KvU32("llama.rope.dimension_count", 128).KvU32("llama.vocab_size", 10);
+  ExpectInvalid(ConfigOf(wide_rope), {"rope.dimension_count", "is 128"});
+
+  GgufImageBuilder unknown_scaling = MinimalLlama();
+  unknown_scaling.KvString("llama.rope.scaling.type", "ntk").KvU32("llama.vocab_size", 10);
+  ExpectInvalid(ConfigOf(unknown_scaling), {"rope scaling type 'ntk'"});
+
+  GgufImageBuilder zero_layers;
+  zero_layers.KvString("general.architecture", "llama")
+      .KvU32("llama.context_length", 2048)
+      .KvU32("llama.embedding_length", 256)
+      .KvU32("llama.feed_forward_length", 512)
+      .KvU32("llama.block_count", 0)
+      .KvU32("llama.attention.head_count", 4);
+  ExpectInvalid(ConfigOf(zero_layers), {"llama.block_count", "is 0"});
+}
+
+TEST(ModelConfigTest, RejectsUnknownOrInconsistentVocabulary) {
+  ExpectInvalid(ConfigOf(MinimalLlama()), {"vocabulary size"});
+
+  GgufImageBuilder too_many_tokens = MinimalLlama();
+  too_many_tokens.KvU32("llama.vocab_size", 2).KvStringArray("tokenizer.ggml.tokens",
+                                                             {"a", "b", "c"});
+  ExpectInvalid(ConfigOf(too_many_tokens), {"3 tokens", "vocabulary size 2"});
+
+  GgufImageBuilder mismatch = MinimalLlama();
+  mismatch.KvU32("llama.vocab_size", 100).Tensor("token_embd.weight", {256, 64}, kF32);
+  ExpectInvalid(ConfigOf(mismatch), {"llama.vocab_size", "100", "64 rows"});
+
+  GgufImageBuilder wrong_embedding = MinimalLlama();
+  wrong_embedding.Tensor("token_embd.weight", {128, 64}, kF32);
+  ExpectInvalid(ConfigOf(wrong_embedding), {"token_embd.weight", "[128, 64]"});
+}
+
+TEST(ModelConfigTest, RejectsWronglyShapedLayoutTensors) {
+  GgufImageBuilder head = MinimalLlama();
+  head.Tensor("token_embd.weight", {256, 64}, kF32).Tensor("output.weight", {256, 32}, kF32);
+  ExpectInvalid(ConfigOf(head), {"'output.weight'", "[256, 32]", "[256, 64]"});
+
+  GgufImageBuilder bias = Qwen2(false);
+  bias.Tensor("blk.0.attn_q.bias", {128}, kF32);
+  ExpectInvalid(ConfigOf(bias), {"'blk.0.attn_q.bias'", "[128]", "[896]"});
+}
+
+TEST(ModelConfigTest, RejectsBlockCountDisagreeingWithLayerTensors) {
+  GgufImageBuilder builder = MinimalLlama();
+  builder.KvU32("llama.vocab_size", 10)
+      .Tensor("blk.0.attn_norm.weight", {256}, kF32)
+      .Tensor("blk.1.attn_norm.weight", {256}, kF32)
+      .Tensor("blk.2.attn_norm.weight", {256}, kF32);
+  ExpectInvalid(ConfigOf(builder), {"llama.block_count", "is 2", "blk.2.attn_norm.weight present"});
+}
+
+}  // namespace
+}  // namespace loom::common

@@ -1,0 +1,64 @@
+#pragma once
+
+// Locating and loading the tokenizer test data (../shared/testdata/tokenizer) and the
+// default model for the tokenizer tests.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/gguf_file.h"
+#include "common/tokenizer.h"
+
+namespace loom::common::testing {
+
+inline std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+
+// Without LOOM_SHARED_DIR / LOOM_MODEL_PATH, both are found from LOOM_SOURCE_DIR (the
+// checkout), else from the current directory.
+inline std::string SourceDir() { return EnvOr("LOOM_SOURCE_DIR", "."); }
+
+inline std::string TokenizerDataDir() {
+  return EnvOr("LOOM_SHARED_DIR", SourceDir() + "/../shared") + "/testdata/tokenizer";
+}
+
+inline std::string ModelPath() {
+  return EnvOr("LOOM_MODEL_PATH", SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+inline std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+/// Loads the tokenizer of the GGUF at `path`; records a failure and returns null on error.
+inline std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& path) {
+  auto gguf = GgufFile::Open(path);
+  if (!gguf.ok()) {
+    ADD_FAILURE() << "cannot open " << path << ": " << gguf.status();
+    return nullptr;
+  }
+  auto tokenizer = Tokenizer::FromGguf(**gguf);
+  if (!tokenizer.ok()) {
+    ADD_FAILURE() << "cannot build the tokenizer of " << path << ": " << tokenizer.status();
+    return nullptr;
+  }
+  return std::move(*tokenizer);
+}
+
+/// Loads `ggml-vocab-<name>.gguf` from the shared test data.
+inline std::unique_ptr<Tokenizer> LoadVocab(const std::string& name) {
+  return LoadTokenizer(TokenizerDataDir() + "/ggml-vocab-" + name + ".gguf");
+}
+
+}  // namespace loom::common::testing

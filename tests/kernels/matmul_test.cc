@@ -1,0 +1,247 @@
+#include "kernels/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/matmul_internal.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using internal::MatmulIsaChoice;
+
+// Tolerances.
+//  * Float formats (F32, F16) against the double reference over the same weights:
+//    |y - ref| <= kFloatTol * sum_j |w_ij x_j| + 1e-6 (float accumulation over k <= 2048).
+//  * Integer formats quantize activations to int8 per 32 columns (x ~ s_g * q, |x - s_g q|
+//    <= s_g / 2). Checked twice: against the reference on the dequantized activations
+//    (float accumulation only: kFloatTol), and against the reference on the exact
+//    activations with the worst-case activation quantization error added:
+//    sum_j |w_ij| * s_g(j) / 2.
+constexpr double kFloatTol = 3e-5;
+
+struct Shape {
+  int64_t rows;  // n
+  int64_t cols;  // k
+};
+
+std::vector<float> RandomWeights(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> row_scale(0.05f, 2.0f);
+  std::vector<float> w(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = row_scale(rng);
+    for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = uniform(rng) * s;
+  }
+  return w;
+}
+
+// Activations with a few outlier channels, as LLM hidden states have.
+std::vector<float> RandomActivations(int64_t m, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(m * k);
+  for (float& v : x) v = normal(rng);
+  for (int64_t t = 0; t < m; ++t) x[t * k + (7 * t + 3) % k] *= 20.0f;
+  return x;
+}
+
+std::vector<float> Dequantize(const PackedWeight& w) {
+  std::vector<float> out(w.rows * w.cols);
+  DequantizeRows(w, 0, w.rows, out.data());
+  return out;
+}
+
+const char* IsaName(MatmulIsaChoice isa) {
+  switch (isa) {
+    case MatmulIsaChoice::kScalar:
+      return "scalar";
+    case MatmulIsaChoice::kAvx2:
+      return "avx2";
+    case MatmulIsaChoice::kAvx512:
+      return "avx512";
+    default:
+      return "auto";
+  }
+}
+
+const char* FormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kF32:
+      return "F32";
+    case WeightFormat::kF16:
+      return "F16";
+    case WeightFormat::kInt8:
+      return "INT8";
+    case WeightFormat::kInt4:
+      return "INT4";
+  }
+  return "?";
+}
+
+class IsaGuard {
+ public:
+  explicit IsaGuard(MatmulIsaChoice isa) { internal::SetMatmulIsaForTesting(isa); }
+  ~IsaGuard() { internal::SetMatmulIsaForTesting(MatmulIsaChoice::kAuto); }
+};
+
+// Runs Matmul on `isa` and checks it against the references; returns the number of
+// outputs out of tolerance (0 expected).
+void CheckMatmul(MatmulIsaChoice isa, WeightFormat format, int64_t group, Shape shape, int64_t m,
+                 bool with_bias, int threads, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << FormatName(format) << " g" << group
+                                  << " n=" << shape.rows << " k=" << shape.cols << " m=" << m
+                                  << " bias=" << with_bias << " threads=" << threads);
+  const int64_t n = shape.rows, k = shape.cols;
+  const std::vector<float> values = RandomWeights(n, k, seed);
+  absl::StatusOr<PackedWeight> packed = PackFromF32(values.data(), n, k, format, group);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const std::vector<float> w = Dequantize(*packed);
+  const std::vector<float> x = RandomActivations(m, k, seed + 1);
+  std::vector<float> bias(n);
+  std::mt19937 rng(seed + 2);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& b : bias) b = uniform(rng);
+
+  std::vector<float> y(m * n, std::nanf(""));
+  {
+    IsaGuard guard(isa);
+    ThreadPool pool(threads);
+    MatmulParams params{x.data(), &*packed, with_bias ? bias.data() : nullptr, y.data(), m};
+    ASSERT_TRUE(Matmul(params, pool).ok());
+  }
+
+  const bool integer = format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
+  // The activations integer kernels actually multiply, and their quantization step.
+  std::vector<float> x_hat = x;
+  std::vector<float> x_step(m * k, 0.0f);
+  if (integer) {
+    std::vector<int8_t> q(m * k);
+    std::vector<float> scale(m * k / internal::kActGroup);
+    std::vector<int32_t> sum(m * k / internal::kActGroup);
+    internal::QuantizeActivationRows(x.data(), m, k, q.data(), scale.data(), sum.data());
+    for (int64_t i = 0; i < m * k; ++i) {
+      x_hat[i] = scale[i / internal::kActGroup] * q[i];
+      x_step[i] = scale[i / internal::kActGroup];
+    }
+  }
+  int bad = 0;
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = with_bias ? bias[j] : 0.0, seen = exact, magnitude = 0.0, quant_err = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double wv = w[j * k + c];
+        exact += wv * x[t * k + c];
+        seen += wv * x_hat[t * k + c];
+        magnitude += std::fabs(wv * x_hat[t * k + c]);
+        quant_err += std::fabs(wv) * x_step[t * k + c] * 0.5;
+      }
+      const double got = y[t * n + j];
+      const double float_tol = kFloatTol * magnitude + 1e-6;
+      const bool ok = std::isfinite(got) && std::fabs(got - seen) <= float_tol &&
+                      std::fabs(got - exact) <= quant_err * (1 + 1e-3) + float_tol;
+      if (!ok && bad++ < 5) {
+        ADD_FAILURE() << "y[" << t << ", " << j << "] = " << got << ", reference " << seen
+                      << " (exact activations " << exact << "), tolerance " << float_tol
+                      << " + quantization " << quant_err;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+std::vector<MatmulIsaChoice> AvailableIsas() {
+  std::vector<MatmulIsaChoice> isas;
+  for (MatmulIsaChoice isa : {MatmulIsaChoice::kScalar, MatmulIsaChoice::kAvx2,
+                              MatmulIsaChoice::kAvx512}) {
+    if (internal::IsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+class MatmulFormatTest : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {};
+
+TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
+  const auto [format, group] = GetParam();
+  const std::vector<Shape> shapes = {{37, 96}, {576, 576}, {1536, 576}, {576, 1536}, {3, 2048}};
+  uint32_t seed = 100;
+  for (MatmulIsaChoice isa : AvailableIsas()) {
+    for (const Shape& shape : shapes) {
+      if (group > 32 && shape.cols % group != 0) continue;
+      for (int64_t m : {1, 3, 17, 64}) {
+        if (isa == MatmulIsaChoice::kScalar && m * shape.rows * shape.cols > 40'000'000) continue;
+        const int64_t g = group == 0 ? 0 : group < 0 ? shape.cols : group;
+        CheckMatmul(isa, format, g, shape, m, /*with_bias=*/m % 2 == 1, /*threads=*/2, ++seed);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, MatmulFormatTest,
+    testing::Values(std::make_tuple(WeightFormat::kF32, int64_t{0}),
+                    std::make_tuple(WeightFormat::kF16, int64_t{0}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{-1}),  // per output channel
+                    std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt4, int64_t{64})),
+    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
+      const int64_t g = std::get<1>(info.param);
+      return std::string(FormatName(std::get<0>(info.param))) +
+             (g == 0 ? "" : g < 0 ? "_per_channel" : "_g" + std::to_string(g));
+    });
+
+TEST(MatmulTest, LmHeadShapeMatchesReferenceOnEveryIsa) {
+  uint32_t seed = 7;
+  for (MatmulIsaChoice isa : AvailableIsas()) {
+    for (WeightFormat format :
+         {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4}) {
+      const int64_t group = format == WeightFormat::kF32 || format == WeightFormat::kF16 ? 0 : 32;
+      CheckMatmul(isa, format, group, {49152, 576}, isa == MatmulIsaChoice::kScalar ? 1 : 3,
+                  false, 2, ++seed);
+    }
+  }
+}
+
+TEST(MatmulTest, OneThreadAndThreeThreadsAgreeWithReference) {
+  for (int threads : {1, 3}) {
+    CheckMatmul(MatmulIsaChoice::kAuto, WeightFormat::kInt4, 32, {200, 320}, 5, true, threads, 3);
+    CheckMatmul(MatmulIsaChoice::kAuto, WeightFormat::kF32, 0, {200, 321}, 5, true, threads, 4);
+  }
+}
+
+TEST(MatmulTest, RejectsInconsistentParams) {
+  ThreadPool pool(1);
+  const std::vector<float> values = RandomWeights(16, 64, 1);
+  absl::StatusOr<PackedWeight> w = PackFromF32(values.data(), 16, 64, WeightFormat::kInt4, 32);
+  ASSERT_TRUE(w.ok());
+  std::vector<float> x(64, 1.0f), y(16);
+  EXPECT_EQ(Matmul({nullptr, &*w, nullptr, y.data(), 1}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Matmul({x.data(), &*w, nullptr, y.data(), 0}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+  PackedWeight broken = *w;
+  broken.data.resize(broken.data.size() - 1);
+  EXPECT_EQ(Matmul({x.data(), &broken, nullptr, y.data(), 1}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+  broken = *w;
+  broken.group_size = 48;
+  EXPECT_EQ(Matmul({x.data(), &broken, nullptr, y.data(), 1}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MatmulTest, ReportsTheIsaItUses) {
+  const std::string isa = MatmulIsa();
+  EXPECT_TRUE(isa == "avx512-vnni" || isa == "avx2" || isa == "scalar") << isa;
+  IsaGuard guard(MatmulIsaChoice::kScalar);
+  EXPECT_EQ(std::string(MatmulIsa()), "scalar");
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu

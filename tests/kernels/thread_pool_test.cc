@@ -1,0 +1,63 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace loom::kernels::cpu {
+namespace {
+
+TEST(ThreadPoolTest, CoversEveryIndexExactlyOnceInChunksOfAtLeastGrain) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {1, 2, 7, 100, 1001}) {
+      for (int64_t grain : {1, 3, 64}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> chunks;
+        pool.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) hits[i]++;
+          std::lock_guard<std::mutex> lock(mu);
+          chunks.emplace_back(begin, end);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " i " << i;
+        for (auto [begin, end] : chunks) {
+          if (end != n) {
+            EXPECT_GE(end - begin, grain);
+          }
+        }
+        EXPECT_LE(static_cast<int>(chunks.size()), threads);
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, UsesTheWorkerThreadsAndTheCaller) {
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  for (int round = 0; round < 50 && ids.size() < 2; ++round) {
+    pool.ParallelFor(2, 1, [&](int64_t, int64_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    });
+  }
+  EXPECT_EQ(ids.size(), 2u);
+}
+
+TEST(ThreadPoolTest, ManyBackToBackJobsAllComplete) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> total{0};
+  for (int round = 0; round < 2000; ++round) {
+    pool.ParallelFor(10, 1, [&](int64_t begin, int64_t end) { total += end - begin; });
+  }
+  EXPECT_EQ(total.load(), 20000);
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,181 @@
+#include "kernels/cpu/weights.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/matmul_internal.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using common::GgmlType;
+
+// Random GGUF Q4_0 / Q4_1 / Q8_0 blocks (scales of both signs, random payload bytes).
+std::vector<uint8_t> RandomGgufBlocks(GgmlType type, int64_t num_elements, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(-0.5f, 0.5f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t block_bytes = type == GgmlType::kQ8_0 ? 34 : type == GgmlType::kQ4_0 ? 18 : 20;
+  const int header = type == GgmlType::kQ4_1 ? 4 : 2;
+  std::vector<uint8_t> out((num_elements / 32) * block_bytes);
+  for (size_t b = 0; b < out.size(); b += block_bytes) {
+    for (int h = 0; h < header; h += 2) {
+      const uint16_t half = FloatToHalf(scale(rng));
+      std::memcpy(&out[b + h], &half, 2);
+    }
+    for (int64_t i = header; i < block_bytes; ++i) out[b + i] = static_cast<uint8_t>(byte(rng));
+  }
+  return out;
+}
+
+std::vector<float> RandomValues(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::vector<float> Unpack(const PackedWeight& w) {
+  std::vector<float> out(w.rows * w.cols, std::nanf(""));
+  DequantizeRows(w, 0, w.rows, out.data());
+  return out;
+}
+
+class LosslessPackTest : public testing::TestWithParam<GgmlType> {};
+
+TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
+  const GgmlType type = GetParam();
+  uint32_t seed = 11;
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {37, 96}, {64, 576}}) {
+    const std::vector<uint8_t> blocks = RandomGgufBlocks(type, rows * cols, ++seed);
+    std::vector<float> expected(rows * cols);
+    ASSERT_TRUE(common::DequantizeToF32(type, blocks.data(), rows * cols, expected.data()).ok());
+    absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_EQ(packed->group_size, 32);
+    EXPECT_EQ(packed->format, type == GgmlType::kQ8_0 ? WeightFormat::kInt8 : WeightFormat::kInt4);
+    EXPECT_NE(packed->source.find("lossless"), std::string::npos) << packed->source;
+    const std::vector<float> got = Unpack(*packed);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+        << "rows " << rows << " cols " << cols;
+    // A single row read alone matches too (the embedding lookup path).
+    std::vector<float> row(cols);
+    DequantizeRows(*packed, rows - 1, rows, row.data());
+    EXPECT_EQ(std::memcmp(row.data(), expected.data() + (rows - 1) * cols, cols * 4), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gguf, LosslessPackTest,
+                         testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0));
+
+TEST(WeightsTest, F16AndF32PackWithoutLoss) {
+  const int64_t rows = 19, cols = 40;
+  const std::vector<float> values = RandomValues(rows * cols, 5);
+  absl::StatusOr<PackedWeight> f32 = PackWeight(GgmlType::kF32, values.data(), rows, cols);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_EQ(Unpack(*f32), values);
+
+  std::vector<uint16_t> halves(rows * cols);
+  std::vector<float> rounded(rows * cols);
+  for (size_t i = 0; i < halves.size(); ++i) {
+    halves[i] = FloatToHalf(values[i]);
+    rounded[i] = internal::HalfToFloat(halves[i]);
+  }
+  absl::StatusOr<PackedWeight> f16 = PackWeight(GgmlType::kF16, halves.data(), rows, cols);
+  ASSERT_TRUE(f16.ok()) << f16.status();
+  EXPECT_EQ(f16->format, WeightFormat::kF16);
+  EXPECT_EQ(Unpack(*f16), rounded);
+}
+
+TEST(WeightsTest, HalfToFloatInvertsFloatToHalfForEveryFiniteHalf) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;  // Inf / NaN
+    const float f = internal::HalfToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(FloatToHalf(f), h) << std::hex << h;
+  }
+}
+
+TEST(WeightsTest, RoundToNearestQuantizationStaysWithinHalfAStep) {
+  const int64_t rows = 21, cols = 128;
+  const std::vector<float> values = RandomValues(rows * cols, 9);
+  for (auto [format, group] : std::vector<std::pair<WeightFormat, int64_t>>{
+           {WeightFormat::kInt8, 32}, {WeightFormat::kInt8, 128}, {WeightFormat::kInt4, 32},
+           {WeightFormat::kInt4, 64}}) {
+    absl::StatusOr<PackedWeight> packed = PackFromF32(values.data(), rows, cols, format, group);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    const std::vector<float> got = Unpack(*packed);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t g = 0; g < cols / group; ++g) {
+        float lo = 1e30f, hi = -1e30f, amax = 0.0f;
+        for (int64_t j = 0; j < group; ++j) {
+          const float v = values[r * cols + g * group + j];
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+          amax = std::max(amax, std::fabs(v));
+        }
+        // One step of the grid (F16-rounded scale: up to 0.1% coarser), plus the F16
+        // rounding of the INT4 min.
+        const float step = format == WeightFormat::kInt8 ? amax / 127 : (hi - lo) / 15;
+        const float bound = 0.5f * step * 1.002f + (format == WeightFormat::kInt4 ? std::fabs(lo) * 1e-3f : 0.0f);
+        for (int64_t j = 0; j < group; ++j) {
+          const int64_t i = r * cols + g * group + j;
+          ASSERT_LE(std::fabs(got[i] - values[i]), bound)
+              << "format " << static_cast<int>(format) << " row " << r << " col " << g * group + j;
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightsTest, ConcatRowsStacksPartsForAlignedAndUnalignedRowCounts) {
+  for (auto [format, group] : std::vector<std::pair<WeightFormat, int64_t>>{
+           {WeightFormat::kF32, 0}, {WeightFormat::kF16, 0}, {WeightFormat::kInt8, 32},
+           {WeightFormat::kInt4, 32}}) {
+    const int64_t cols = 64;
+    std::vector<PackedWeight> parts;
+    std::vector<float> expected;
+    uint32_t seed = 40;
+    for (int64_t rows : {32, 7, 16, 9}) {
+      const std::vector<float> values = RandomValues(rows * cols, ++seed);
+      absl::StatusOr<PackedWeight> part = PackFromF32(values.data(), rows, cols, format, group);
+      ASSERT_TRUE(part.ok());
+      const std::vector<float> unpacked = Unpack(*part);
+      expected.insert(expected.end(), unpacked.begin(), unpacked.end());
+      parts.push_back(*std::move(part));
+    }
+    absl::StatusOr<PackedWeight> fused = ConcatRows({&parts[0], &parts[1], &parts[2], &parts[3]});
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ(fused->rows, 64);
+    EXPECT_EQ(Unpack(*fused), expected) << "format " << static_cast<int>(format);
+  }
+}
+
+TEST(WeightsTest, ConcatRowsRejectsMixedFormats) {
+  const std::vector<float> values = RandomValues(16 * 64, 3);
+  absl::StatusOr<PackedWeight> a = PackFromF32(values.data(), 16, 64, WeightFormat::kInt4, 32);
+  absl::StatusOr<PackedWeight> b = PackFromF32(values.data(), 16, 64, WeightFormat::kInt8, 32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(ConcatRows({&*a, &*b}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WeightsTest, RejectsUnsupportedTypesAndShapes) {
+  const std::vector<uint8_t> bytes(1024, 1);
+  EXPECT_EQ(PackWeight(GgmlType::kQ5_0, bytes.data(), 2, 32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackWeight(GgmlType::kQ4_0, bytes.data(), 2, 48).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<float> values = RandomValues(64, 1);
+  EXPECT_EQ(PackFromF32(values.data(), 2, 32, WeightFormat::kInt4, 48).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackFromF32(values.data(), 0, 32, WeightFormat::kF32, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu
