@@ -4,12 +4,16 @@
 //
 //   build/bench/cpu_kernels_bench [--quick]
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -103,6 +107,62 @@ double TimeMatmul(const std::vector<PackedWeight>& copies, int64_t m, ThreadPool
   return Median(times);
 }
 
+// Register-only FMA loop: 16 independent accumulator chains (latency 4 x throughput 2
+// per cycle on current x86 cores is at most 8 in flight, so the chains never stall).
+__attribute__((target("avx512f"), noinline)) float FmaChainsAvx512(int64_t iterations) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  return _mm512_reduce_add_ps(sum);
+}
+
+__attribute__((target("avx2,fma"), noinline)) float FmaChainsAvx2(int64_t iterations) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  float lanes[8];
+  __m256 sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  _mm256_storeu_ps(lanes, sum);
+  return lanes[0] + lanes[7];
+}
+
+// Peak F32 GFLOP/s of `threads` threads each running the FMA loop: the best of 15 short
+// runs (a few ms each), since on a shared VM a long run mostly measures time slicing.
+double MeasureFmaPeakGflops(int threads) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const int64_t iterations = 400'000;
+  const double flops_per_thread = 2.0 * (avx512 ? 16 * 16 : 8 * 12) * iterations;
+  std::vector<float> sink(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < 15; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        sink[t] = avx512 ? FmaChainsAvx512(iterations) : FmaChainsAvx2(iterations);
+      });
+    }
+    for (std::thread& thread : pool) thread.join();
+    rates.push_back(flops_per_thread * threads / Seconds(start) / 1e9);
+  }
+  if (sink[0] == 42.0f) std::puts("");
+  if (std::getenv("LOOM_BENCH_VERBOSE") != nullptr) {
+    for (double rate : rates) std::printf("  fma run: %.1f GFLOP/s\n", rate);
+  }
+  return *std::max_element(rates.begin(), rates.end());
+}
+
 // Enough copies of `w` that one pass reads `footprint` bytes (far beyond the LLC).
 std::vector<PackedWeight> Copies(const PackedWeight& w, int64_t footprint) {
   const int64_t count = std::max<int64_t>(2, (footprint + w.bytes() - 1) / w.bytes());
@@ -114,9 +174,16 @@ std::vector<PackedWeight> Copies(const PackedWeight& w, int64_t footprint) {
 
 int main(int argc, char** argv) {
   using namespace loom::bench;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  int64_t footprint = int64_t{256} << 20;  // 8x a 32 MiB L3
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    // --footprint-mib 1: weights stay in cache (kernel compute rate, not memory).
+    if (std::strcmp(argv[i], "--footprint-mib") == 0 && i + 1 < argc) {
+      footprint = std::atoll(argv[++i]) << 20;
+    }
+  }
   const int repeats = quick ? 3 : 7;
-  const int64_t footprint = int64_t{256} << 20;  // 8x a 32 MiB L3
   const std::string cpu = CpuModel();
   std::printf("CPU kernels benchmark on %s, matmul ISA %s\n", cpu.c_str(),
               loom::kernels::cpu::MatmulIsa());
@@ -126,7 +193,7 @@ int main(int argc, char** argv) {
   for (int t : thread_counts) {
     copy_bw[t] = MeasureCopyBandwidthGBs(t);
     read_bw[t] = MeasureReadBandwidthGBs(t);
-    peak[t] = MeasurePeakGflops(t);
+    peak[t] = MeasureFmaPeakGflops(t);
     std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f GFLOP/s\n",
                 t, copy_bw[t], read_bw[t], peak[t]);
   }
@@ -150,7 +217,9 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-14s %9s | %8s %6s %8s %6s | %9s %9s\n", "fmt", "shape", "MiB", "1T GB/s",
               "ratio", "2T GB/s", "ratio", "m16 speedup", "");
   bool first = true;
+  const char* only = std::getenv("LOOM_BENCH_FORMAT");  // e.g. INT4: one format only
   for (const Format& f : kFormats) {
+    if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
     for (const Shape& s : kShapes) {
       const PackedWeight w = MakeWeight(f, s);
       const std::vector<PackedWeight> copies = Copies(w, footprint);
