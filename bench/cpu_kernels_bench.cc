@@ -119,7 +119,9 @@ __attribute__((target("avx512f"), noinline)) float FmaChainsAvx512(int64_t itera
   }
   __m512 sum = acc[0];
   for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  return _mm512_reduce_add_ps(sum);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, sum);
+  return lanes[0] + lanes[15];
 }
 
 __attribute__((target("avx2,fma"), noinline)) float FmaChainsAvx2(int64_t iterations) {

@@ -104,8 +104,11 @@ void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t*
       const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t sum = 0;
       for (int64_t j = 0; j < kActGroup; ++j) {
-        // |src * inverse| <= 127 up to one rounding, which nearbyint keeps within range.
-        const int32_t value = static_cast<int32_t>(std::nearbyint(src[j] * inverse));
+        // Round to nearest even without a libm call: adding and subtracting 1.5 * 2^23
+        // rounds any |v| < 2^22 to an integer in the current (default) rounding mode.
+        // |src * inverse| <= 127 up to one rounding, so the value stays within int8.
+        const float rounded = (src[j] * inverse + 12582912.0f) - 12582912.0f;
+        const int32_t value = static_cast<int32_t>(rounded);
         dst[j] = static_cast<int8_t>(value);
         sum += value;
       }
@@ -207,8 +210,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
     float* scale_out = x_scale.data();
     int32_t* sum_out = x_sum.data();
     const float* x = params.x;
+    const auto quantize_rows = ActiveIsa() == MatmulIsaChoice::kAvx512
+                                   ? internal::QuantizeActivationRowsAvx512
+                                   : internal::QuantizeActivationRows;
     auto quantize = [=](int64_t begin, int64_t end) {
-      internal::QuantizeActivationRows(x + begin * k, end - begin, k, q_out + begin * k,
+      quantize_rows(x + begin * k, end - begin, k, q_out + begin * k,
                                        scale_out + begin * groups, sum_out + begin * groups);
     };
     if (params.m >= 8) {

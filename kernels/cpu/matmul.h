@@ -19,7 +19,12 @@ struct MatmulParams {
 
 /// The fast path: picks the kernel for the weight format and the CPU (AVX-512/VNNI,
 /// AVX2/FMA, scalar; chosen once at run time) and splits the work over `pool`.
+/// INT8/INT4 weights: the activations are quantized to int8 per 32 columns (round to
+/// nearest, scale max|x|/127) and multiplied with integer dot products, so the result
+/// differs from MatmulReference by at most sum_j |w_j| * scale_x(j) / 2 plus float
+/// rounding. F32/F16 weights: float FMA, float rounding only.
 /// InvalidArgument for inconsistent sizes or null pointers (checked before running).
+/// Not re-entrant on one pool; `params.y` must not alias `params.x`.
 absl::Status Matmul(const MatmulParams& params, ThreadPool& pool);
 
 /// Scalar reference of Matmul: dequantizes and accumulates in double.

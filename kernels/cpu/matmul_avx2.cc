@@ -150,7 +150,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
         }
       }
     }
-    const int64_t sg = (g / groups_per_scale) * kRowBlock;
+    const int64_t sg = (groups_per_scale == 1 ? g : g / groups_per_scale) * kRowBlock;
     for (int j = 0; j < Nb; ++j) {
       for (int h = 0; h < 2; ++h) {
         const __m256 scale = _mm256_cvtph_ps(

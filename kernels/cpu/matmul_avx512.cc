@@ -15,7 +15,7 @@ namespace {
 // keeps several independent accumulator chains by walking 4 row blocks at once; a GEMM
 // reuses every weight vector for kMr tokens from registers.
 constexpr int kGemvBlocks = 4;
-constexpr int kFloatMr = 6;
+constexpr int kFloatMr = 8;
 constexpr int kFloatNb = 2;
 constexpr int kIntMr = 4;
 constexpr int kIntNb = 2;
@@ -106,62 +106,65 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_setzero_ps();
   }
-  for (int64_t g = 0; g < x_groups; ++g) {
-    __m512i dot[Mr][Nb];
-    for (int r = 0; r < Mr; ++r) {
-      for (int j = 0; j < Nb; ++j) dot[r][j] = _mm512_setzero_si512();
-    }
-    const uint8_t* lines[Nb];
-    for (int j = 0; j < Nb; ++j) lines[j] = base[j] + g * kLinesPerGroup * 64;
-    for (int line = 0; line < kLinesPerGroup; ++line) {
-      if constexpr (kInt4) {
-        __m512i lo[Nb], hi[Nb];
-        for (int j = 0; j < Nb; ++j) {
-          const __m512i bytes = _mm512_loadu_si512(lines[j] + line * 64);
-          lo[j] = _mm512_and_si512(bytes, low_mask);
-          hi[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_mask);
-        }
-        for (int r = 0; r < Mr; ++r) {
-          const int8_t* xr = xq + r * k + g * kActGroup + line * 8;
-          const __m512i x_lo = _mm512_set1_epi32(LoadI32(xr));
-          const __m512i x_hi = _mm512_set1_epi32(LoadI32(xr + 4));
-          for (int j = 0; j < Nb; ++j) {
-            dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], lo[j], x_lo);
-            dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], hi[j], x_hi);
-          }
-        }
-      } else {
-        __m512i bytes[Nb];
-        for (int j = 0; j < Nb; ++j) bytes[j] = _mm512_loadu_si512(lines[j] + line * 64);
-        for (int r = 0; r < Mr; ++r) {
-          const __m512i xv = _mm512_set1_epi32(LoadI32(xq + r * k + g * kActGroup + line * 4));
-          for (int j = 0; j < Nb; ++j) dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], bytes[j], xv);
-        }
-      }
-    }
-    const int64_t sg = (g / groups_per_scale) * kRowBlock;
+  for (int64_t sg = 0; sg < scale_groups; ++sg) {
     __m512 scale[Nb], min[Nb];
     for (int j = 0; j < Nb; ++j) {
-      scale[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales[j] + sg)));
+      scale[j] = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales[j] + sg * kRowBlock)));
       if constexpr (kInt4) {
-        min[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins[j] + sg)));
+        min[j] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins[j] + sg * kRowBlock)));
       }
     }
-    for (int r = 0; r < Mr; ++r) {
-      const __m512 xs = _mm512_set1_ps(x_scale[r * x_groups + g]);
-      if constexpr (kInt4) {
-        const __m512 sum = _mm512_set1_ps(static_cast<float>(x_sum[r * x_groups + g]));
-        for (int j = 0; j < Nb; ++j) {
-          const __m512 part =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][j]), scale[j], _mm512_mul_ps(min[j], sum));
-          acc[r][j] = _mm512_fmadd_ps(part, xs, acc[r][j]);
+    for (int64_t g = sg * groups_per_scale; g < (sg + 1) * groups_per_scale; ++g) {
+      __m512i dot[Mr][Nb];
+      for (int r = 0; r < Mr; ++r) {
+        for (int j = 0; j < Nb; ++j) dot[r][j] = _mm512_setzero_si512();
+      }
+      const uint8_t* lines[Nb];
+      for (int j = 0; j < Nb; ++j) lines[j] = base[j] + g * kLinesPerGroup * 64;
+      for (int line = 0; line < kLinesPerGroup; ++line) {
+        if constexpr (kInt4) {
+          __m512i lo[Nb], hi[Nb];
+          for (int j = 0; j < Nb; ++j) {
+            const __m512i bytes = _mm512_loadu_si512(lines[j] + line * 64);
+            lo[j] = _mm512_and_si512(bytes, low_mask);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_mask);
+          }
+          for (int r = 0; r < Mr; ++r) {
+            const int8_t* xr = xq + r * k + g * kActGroup + line * 8;
+            const __m512i x_lo = _mm512_set1_epi32(LoadI32(xr));
+            const __m512i x_hi = _mm512_set1_epi32(LoadI32(xr + 4));
+            for (int j = 0; j < Nb; ++j) {
+              dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], lo[j], x_lo);
+              dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], hi[j], x_hi);
+            }
+          }
+        } else {
+          __m512i bytes[Nb];
+          for (int j = 0; j < Nb; ++j) bytes[j] = _mm512_loadu_si512(lines[j] + line * 64);
+          for (int r = 0; r < Mr; ++r) {
+            const __m512i xv = _mm512_set1_epi32(LoadI32(xq + r * k + g * kActGroup + line * 4));
+            for (int j = 0; j < Nb; ++j) dot[r][j] = _mm512_dpbusd_epi32(dot[r][j], bytes[j], xv);
+          }
         }
-      } else {
-        const __m512i offset = _mm512_set1_epi32(128 * x_sum[r * x_groups + g]);
-        for (int j = 0; j < Nb; ++j) {
-          const __m512 part =
-              _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][j], offset)), scale[j]);
-          acc[r][j] = _mm512_fmadd_ps(part, xs, acc[r][j]);
+      }
+      for (int r = 0; r < Mr; ++r) {
+        const __m512 xs = _mm512_set1_ps(x_scale[r * x_groups + g]);
+        if constexpr (kInt4) {
+          const __m512 sum = _mm512_set1_ps(static_cast<float>(x_sum[r * x_groups + g]));
+          for (int j = 0; j < Nb; ++j) {
+            const __m512 part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][j]), scale[j],
+                                                _mm512_mul_ps(min[j], sum));
+            acc[r][j] = _mm512_fmadd_ps(part, xs, acc[r][j]);
+          }
+        } else {
+          const __m512i offset = _mm512_set1_epi32(128 * x_sum[r * x_groups + g]);
+          for (int j = 0; j < Nb; ++j) {
+            const __m512 part =
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][j], offset)), scale[j]);
+            acc[r][j] = _mm512_fmadd_ps(part, xs, acc[r][j]);
+          }
         }
       }
     }
@@ -217,16 +220,54 @@ void RunTiles(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int m
     mr = 1;
     nb = kGemvBlocks;
   }
+  // Balanced row tiles: m = 17 with mr 8 runs 6 + 6 + 5, not 8 + 8 + 1.
+  const int64_t num_tiles = (a.m + mr - 1) / mr;
+  const PackedWeight& w = *a.weight;
+  const int64_t block_bytes = BlockDataBytes(w.format, w.cols);
   for (int64_t b = block_begin; b < block_end; b += nb) {
     const int nb_here = static_cast<int>(std::min<int64_t>(nb, block_end - b));
-    for (int64_t t = 0; t < a.m; t += mr) {
-      const int mr_here = static_cast<int>(std::min<int64_t>(mr, a.m - t));
-      table.fns[mr_here][nb_here](a, b, t);
+    if (num_tiles > 1 && b + nb < block_end) {
+      // The first row tile waits for these weights from memory, the others find them in
+      // cache; asking for the next blocks now overlaps that wait with this block's tiles.
+      const uint8_t* next = w.data.data() + (b + nb) * block_bytes;
+      const int64_t bytes = std::min<int64_t>(nb, block_end - b - nb) * block_bytes;
+      for (int64_t offset = 0; offset < bytes; offset += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + offset), _MM_HINT_T1);
+      }
+    }
+    for (int64_t tile = 0, t = 0; tile < num_tiles; ++tile) {
+      const int64_t t_end = a.m * (tile + 1) / num_tiles;
+      table.fns[t_end - t][nb_here](a, b, t);
+      t = t_end;
     }
   }
 }
 
 }  // namespace
+
+// Bit-identical to QuantizeActivationRows: the same float operations, and cvtps_epi32
+// rounds to nearest even like the scalar version.
+void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, int8_t* q,
+                                  float* scale, int32_t* qsum) {
+  const int64_t groups = k / kActGroup;
+  for (int64_t row = 0; row < num_rows; ++row) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* src = x + row * k + g * kActGroup;
+      const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);
+      const float amax = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const __m512 inv = _mm512_set1_ps(inverse);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+      int8_t* dst = q + row * k + g * kActGroup;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtepi32_epi8(q1));
+      scale[row * groups + g] = amax / 127.0f;
+      qsum[row * groups + g] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+  }
+}
 
 void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   switch (a.weight->format) {

@@ -84,6 +84,8 @@ struct QuantizedActivations {
 /// on every ISA (the tests rebuild the kernels' input with it).
 void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
                             float* scale, int32_t* qsum);
+void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, int8_t* q,
+                                  float* scale, int32_t* qsum);
 
 /// What a kernel computes: y[r, n] for rows r < m and weight row blocks [block_begin,
 /// block_end). Float formats read x; integer formats read xq.

@@ -27,9 +27,11 @@ struct PackedWeight {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t group_size = 0;          // kInt8 / kInt4: columns per scale; 0 otherwise
-  std::vector<uint8_t> data;       // packed values
-  std::vector<uint16_t> scales;    // kInt8 / kInt4: F16 [rows, cols / group_size]
-  std::vector<uint16_t> mins;      // kInt4: F16 [rows, cols / group_size]
+  // Packed values, interleaved in blocks of 16 rows (rows padded to a multiple of 16);
+  // see kernels/cpu/matmul_internal.h. Read rows through DequantizeRows.
+  std::vector<uint8_t> data;
+  std::vector<uint16_t> scales;    // kInt8 / kInt4: F16, one per (row, group), same blocking
+  std::vector<uint16_t> mins;      // kInt4: F16, one per (row, group), same blocking
   std::string source;              // e.g. "Q4_1 -> INT4 g32 (lossless)"
 
   /// Bytes a matmul reads from this weight (for bandwidth accounting).

@@ -91,18 +91,32 @@ class IsaGuard {
   ~IsaGuard() { internal::SetMatmulIsaForTesting(MatmulIsaChoice::kAuto); }
 };
 
-// Runs Matmul on `isa` and checks it against the references; returns the number of
-// outputs out of tolerance (0 expected).
-void CheckMatmul(MatmulIsaChoice isa, WeightFormat format, int64_t group, Shape shape, int64_t m,
-                 bool with_bias, int threads, uint32_t seed) {
-  SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << FormatName(format) << " g" << group
-                                  << " n=" << shape.rows << " k=" << shape.cols << " m=" << m
-                                  << " bias=" << with_bias << " threads=" << threads);
-  const int64_t n = shape.rows, k = shape.cols;
-  const std::vector<float> values = RandomWeights(n, k, seed);
-  absl::StatusOr<PackedWeight> packed = PackFromF32(values.data(), n, k, format, group);
-  ASSERT_TRUE(packed.ok()) << packed.status();
-  const std::vector<float> w = Dequantize(*packed);
+struct TestWeight {
+  PackedWeight packed;
+  std::vector<float> values;  // the packed weight dequantized, [n, k]
+};
+
+TestWeight MakeTestWeight(WeightFormat format, int64_t group, Shape shape, uint32_t seed) {
+  const std::vector<float> values = RandomWeights(shape.rows, shape.cols, seed);
+  absl::StatusOr<PackedWeight> packed =
+      PackFromF32(values.data(), shape.rows, shape.cols, format, group);
+  EXPECT_TRUE(packed.ok()) << packed.status();
+  TestWeight weight{*std::move(packed), {}};
+  weight.values = Dequantize(weight.packed);
+  return weight;
+}
+
+// Runs Matmul on `isa` and checks every output against the references.
+void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, int64_t m, bool with_bias,
+                 int threads, uint32_t seed) {
+  const PackedWeight& packed = weight.packed;
+  const WeightFormat format = packed.format;
+  SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << FormatName(format) << " g"
+                                  << packed.group_size << " n=" << packed.rows
+                                  << " k=" << packed.cols << " m=" << m << " bias=" << with_bias
+                                  << " threads=" << threads);
+  const int64_t n = packed.rows, k = packed.cols;
+  const std::vector<float>& w = weight.values;
   const std::vector<float> x = RandomActivations(m, k, seed + 1);
   std::vector<float> bias(n);
   std::mt19937 rng(seed + 2);
@@ -113,7 +127,7 @@ void CheckMatmul(MatmulIsaChoice isa, WeightFormat format, int64_t group, Shape 
   {
     IsaGuard guard(isa);
     ThreadPool pool(threads);
-    MatmulParams params{x.data(), &*packed, with_bias ? bias.data() : nullptr, y.data(), m};
+    MatmulParams params{x.data(), &packed, with_bias ? bias.data() : nullptr, y.data(), m};
     ASSERT_TRUE(Matmul(params, pool).ok());
   }
 
@@ -171,13 +185,14 @@ TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
   const auto [format, group] = GetParam();
   const std::vector<Shape> shapes = {{37, 96}, {576, 576}, {1536, 576}, {576, 1536}, {3, 2048}};
   uint32_t seed = 100;
-  for (MatmulIsaChoice isa : AvailableIsas()) {
-    for (const Shape& shape : shapes) {
-      if (group > 32 && shape.cols % group != 0) continue;
+  for (const Shape& shape : shapes) {
+    if (group > 32 && shape.cols % group != 0) continue;
+    const int64_t g = group == 0 ? 0 : group < 0 ? shape.cols : group;
+    const TestWeight weight = MakeTestWeight(format, g, shape, ++seed);
+    for (MatmulIsaChoice isa : AvailableIsas()) {
       for (int64_t m : {1, 3, 17, 64}) {
         if (isa == MatmulIsaChoice::kScalar && m * shape.rows * shape.cols > 40'000'000) continue;
-        const int64_t g = group == 0 ? 0 : group < 0 ? shape.cols : group;
-        CheckMatmul(isa, format, g, shape, m, /*with_bias=*/m % 2 == 1, /*threads=*/2, ++seed);
+        CheckMatmul(isa, weight, m, /*with_bias=*/m % 2 == 1, /*threads=*/2, ++seed);
       }
     }
   }
@@ -199,20 +214,22 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(MatmulTest, LmHeadShapeMatchesReferenceOnEveryIsa) {
   uint32_t seed = 7;
-  for (MatmulIsaChoice isa : AvailableIsas()) {
-    for (WeightFormat format :
-         {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4}) {
-      const int64_t group = format == WeightFormat::kF32 || format == WeightFormat::kF16 ? 0 : 32;
-      CheckMatmul(isa, format, group, {49152, 576}, isa == MatmulIsaChoice::kScalar ? 1 : 3,
-                  false, 2, ++seed);
+  for (WeightFormat format :
+       {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4}) {
+    const int64_t group = format == WeightFormat::kF32 || format == WeightFormat::kF16 ? 0 : 32;
+    const TestWeight weight = MakeTestWeight(format, group, {49152, 576}, ++seed);
+    for (MatmulIsaChoice isa : AvailableIsas()) {
+      CheckMatmul(isa, weight, isa == MatmulIsaChoice::kScalar ? 1 : 3, false, 2, ++seed);
     }
   }
 }
 
 TEST(MatmulTest, OneThreadAndThreeThreadsAgreeWithReference) {
+  const TestWeight int4 = MakeTestWeight(WeightFormat::kInt4, 32, {200, 320}, 3);
+  const TestWeight f32 = MakeTestWeight(WeightFormat::kF32, 0, {200, 321}, 4);
   for (int threads : {1, 3}) {
-    CheckMatmul(MatmulIsaChoice::kAuto, WeightFormat::kInt4, 32, {200, 320}, 5, true, threads, 3);
-    CheckMatmul(MatmulIsaChoice::kAuto, WeightFormat::kF32, 0, {200, 321}, 5, true, threads, 4);
+    CheckMatmul(MatmulIsaChoice::kAuto, int4, 5, true, threads, 5);
+    CheckMatmul(MatmulIsaChoice::kAuto, f32, 5, true, threads, 6);
   }
 }
 
@@ -234,6 +251,25 @@ TEST(MatmulTest, RejectsInconsistentParams) {
   broken.group_size = 48;
   EXPECT_EQ(Matmul({x.data(), &broken, nullptr, y.data(), 1}, pool).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MatmulTest, SimdActivationQuantizationIsBitIdenticalToScalar) {
+  if (!internal::IsaSupported(MatmulIsaChoice::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  const int64_t m = 5, k = 4096;
+  std::vector<float> x = RandomActivations(m, k, 77);
+  for (int64_t i = 0; i < 32; ++i) x[i] = 0.0f;                  // an all-zero group
+  for (int64_t i = 32; i < 64; ++i) x[i] = (i % 5 - 2) * 63.5f;  // exact .5 ties
+  std::vector<int8_t> q1(m * k), q2(m * k);
+  std::vector<float> s1(m * k / 32), s2(m * k / 32);
+  std::vector<int32_t> z1(m * k / 32), z2(m * k / 32);
+  internal::QuantizeActivationRows(x.data(), m, k, q1.data(), s1.data(), z1.data());
+  internal::QuantizeActivationRowsAvx512(x.data(), m, k, q2.data(), s2.data(), z2.data());
+  EXPECT_EQ(q1, q2);
+  EXPECT_EQ(s1, s2);
+  EXPECT_EQ(z1, z2);
+  for (int64_t i = 0; i < m * k; ++i) {
+    ASSERT_NEAR(s1[i / 32] * q1[i], x[i], s1[i / 32] * 0.5f * 1.0001f) << i;
+  }
 }
 
 TEST(MatmulTest, ReportsTheIsaItUses) {
