@@ -355,7 +355,9 @@ TEST(GgufFileTest, RejectsAbsurdCounts) {
                  absl::StatusCode::kOutOfRange, {"tensor count 1125899906842624"});
   // Counts that merely exceed what is present run into the end of the file.
   ExpectRejected(GgufImageBuilder().KvU32("a", 1).KvCount(2).Build(),
-                 absl::StatusCode::kOutOfRange, {"truncated"});
+                 absl::StatusCode::kOutOfRange, {"metadata count 2", "17 bytes"});
+  ExpectRejected(GgufImageBuilder().KvString("a", std::string(40, 'x')).KvCount(2).Build(),
+                 absl::StatusCode::kOutOfRange, {"truncated", "metadata key"});
 }
 
 TEST(GgufFileTest, RejectsUnknownValueTypes) {
