@@ -1,10 +1,11 @@
 // CPU kernel benchmark: GEMV weight-read bandwidth against the machine's memcpy
-// bandwidth, batched-decode speedup, and GEMM GFLOP/s against the FMA peak, measured in
-// the same run. Writes bench/results/cpu_kernels.json.
+// bandwidth, batched-decode speedup, and GEMM GFLOP/s against the FMA peak (limits from
+// bench/machine_limits.h, measured in the same run). INT8/INT4 weights run with both
+// activation precisions: f32 ("a32", the default) and int8 ("a8"). Writes
+// bench/results/cpu_kernels.json.
 //
-//   build/bench/cpu_kernels_bench [--quick]
-
-#include <immintrin.h>
+//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N]
+//   LOOM_BENCH_FORMAT=INT4 restricts the run to one weight format.
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +14,6 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -25,22 +25,35 @@
 namespace loom::bench {
 namespace {
 
+using kernels::cpu::ActivationPrecision;
 using kernels::cpu::Matmul;
 using kernels::cpu::MatmulParams;
 using kernels::cpu::PackedWeight;
 using kernels::cpu::ThreadPool;
 using kernels::cpu::WeightFormat;
 
+// A weight format and, for INT8/INT4, the activation precision it is multiplied with.
 struct Format {
-  const char* name;
+  const char* name;  // format name, e.g. "INT4"
   WeightFormat format;
   int64_t group;
+  ActivationPrecision activations;
+  const char* activation_name;  // "f32" or "int8"
 };
 
-const Format kFormats[] = {{"F32", WeightFormat::kF32, 0},
-                           {"F16", WeightFormat::kF16, 0},
-                           {"INT8", WeightFormat::kInt8, 32},
-                           {"INT4", WeightFormat::kInt4, 32}};
+const Format kFormats[] = {
+    {"F32", WeightFormat::kF32, 0, ActivationPrecision::kF32, "f32"},
+    {"F16", WeightFormat::kF16, 0, ActivationPrecision::kF32, "f32"},
+    {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kF32, "f32"},
+    {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kInt8, "int8"},
+    {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kF32, "f32"},
+    {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kInt8, "int8"}};
+
+// "INT4/a32": format and activation precision, as the tables print it.
+std::string Label(const Format& f) {
+  return absl::StrFormat("%s/a%s", f.name,
+                         f.activations == ActivationPrecision::kF32 ? "32" : "8");
+}
 
 struct Shape {
   int64_t rows, cols;
@@ -83,14 +96,14 @@ PackedWeight MakeWeight(const Format& f, const Shape& s) {
 
 // Runs y = x W^T over `copies` (distinct weights, so a pass streams them from memory the
 // way a decode step streams a model's layers); returns the median seconds per matmul.
-double TimeMatmul(const std::vector<PackedWeight>& copies, int64_t m, ThreadPool& pool,
-                  int repeats) {
+double TimeMatmul(const std::vector<PackedWeight>& copies, ActivationPrecision activations,
+                  int64_t m, ThreadPool& pool, int repeats) {
   const int64_t n = copies[0].rows, k = copies[0].cols;
   const std::vector<float> x = RandomValues(m * k, 7);
   std::vector<float> y(m * n);
   auto pass = [&] {
     for (const PackedWeight& w : copies) {
-      const absl::Status status = Matmul(MatmulParams{x.data(), &w, nullptr, y.data(), m}, pool);
+      const absl::Status status = Matmul(MatmulParams{x.data(), &w, nullptr, y.data(), m, activations}, pool);
       if (!status.ok()) {
         std::fprintf(stderr, "matmul failed: %s\n", status.ToString().c_str());
         std::exit(1);
@@ -105,64 +118,6 @@ double TimeMatmul(const std::vector<PackedWeight>& copies, int64_t m, ThreadPool
     times.push_back(Seconds(start) / static_cast<double>(copies.size()));
   }
   return Median(times);
-}
-
-// Register-only FMA loop: 16 independent accumulator chains (latency 4 x throughput 2
-// per cycle on current x86 cores is at most 8 in flight, so the chains never stall).
-__attribute__((target("avx512f"), noinline)) float FmaChainsAvx512(int64_t iterations) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  __m512 sum = acc[0];
-  for (int i = 1; i < 16; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, sum);
-  return lanes[0] + lanes[15];
-}
-
-__attribute__((target("avx2,fma"), noinline)) float FmaChainsAvx2(int64_t iterations) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  }
-  float lanes[8];
-  __m256 sum = acc[0];
-  for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, acc[i]);
-  _mm256_storeu_ps(lanes, sum);
-  return lanes[0] + lanes[7];
-}
-
-// Peak F32 GFLOP/s of `threads` threads each running the FMA loop: the best of 15 short
-// runs (a few ms each), since on a shared VM a long run mostly measures time slicing.
-double MeasureFmaPeakGflops(int threads) {
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const int64_t iterations = 400'000;
-  const double flops_per_thread = 2.0 * (avx512 ? 16 * 16 : 8 * 12) * iterations;
-  std::vector<float> sink(threads);
-  std::vector<double> rates;
-  for (int r = 0; r < 15; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        sink[t] = avx512 ? FmaChainsAvx512(iterations) : FmaChainsAvx2(iterations);
-      });
-    }
-    for (std::thread& thread : pool) thread.join();
-    rates.push_back(flops_per_thread * threads / Seconds(start) / 1e9);
-  }
-  if (sink[0] == 42.0f) std::puts("");
-  if (std::getenv("LOOM_BENCH_VERBOSE") != nullptr) {
-    for (double rate : rates) std::printf("  fma run: %.1f GFLOP/s\n", rate);
-  }
-  return *std::max_element(rates.begin(), rates.end());
 }
 
 // Enough copies of `w` that one pass reads `footprint` bytes (far beyond the LLC).
@@ -195,7 +150,7 @@ int main(int argc, char** argv) {
   for (int t : thread_counts) {
     copy_bw[t] = MeasureCopyBandwidthGBs(t);
     read_bw[t] = MeasureReadBandwidthGBs(t);
-    peak[t] = MeasureFmaPeakGflops(t);
+    peak[t] = MeasurePeakGflops(t);
     std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f GFLOP/s\n",
                 t, copy_bw[t], read_bw[t], peak[t]);
   }
@@ -216,8 +171,8 @@ int main(int argc, char** argv) {
   std::printf("\nGEMV (m = 1), weights streamed from memory (%lld MiB per pass): GB/s of weight "
               "bytes read, ratio to memcpy of the same thread count; m=16 batched speedup\n",
               static_cast<long long>(footprint >> 20));
-  std::printf("%-5s %-14s %9s | %8s %6s %8s %6s | %9s %9s\n", "fmt", "shape", "MiB", "1T GB/s",
-              "ratio", "2T GB/s", "ratio", "m16 speedup", "");
+  std::printf("%-9s %-14s %7s | %8s %6s %8s %6s | %11s\n", "fmt", "shape", "MiB", "1T GB/s",
+              "ratio", "2T GB/s", "ratio", "m16 speedup");
   bool first = true;
   const char* only = std::getenv("LOOM_BENCH_FORMAT");  // e.g. INT4: one format only
   for (const Format& f : kFormats) {
@@ -229,23 +184,25 @@ int main(int argc, char** argv) {
       double batched_speedup = 0.0;
       for (int t : thread_counts) {
         ThreadPool pool(t);
-        const double seconds = TimeMatmul(copies, 1, pool, repeats);
+        const double seconds = TimeMatmul(copies, f.activations, 1, pool, repeats);
         gbs[t] = static_cast<double>(w.bytes()) / seconds / 1e9;
         if (t == 2) {
-          const double seconds16 = TimeMatmul(copies, 16, pool, std::max(3, repeats / 2));
+          const double seconds16 =
+              TimeMatmul(copies, f.activations, 16, pool, std::max(3, repeats / 2));
           batched_speedup = 16.0 * seconds / seconds16;
         }
       }
-      std::printf("%-5s %-14s %9.2f | %8.1f %6.2f %8.1f %6.2f | %9.1fx\n", f.name,
+      std::printf("%-9s %-14s %7.2f | %8.1f %6.2f %8.1f %6.2f | %10.1fx\n", Label(f).c_str(),
                   absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), w.bytes() / 1048576.0,
                   gbs[1], gbs[1] / copy_bw[1], gbs[2], gbs[2] / copy_bw[2], batched_speedup);
       absl::StrAppendFormat(
           &json,
-          "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, \"what\": \"%s\", "
-          "\"weight_bytes\": %d, \"gbs_1t\": %.2f, \"ratio_memcpy_1t\": %.3f, "
+          "%s    {\"format\": \"%s\", \"activations\": \"%s\", \"rows\": %d, \"cols\": %d, "
+          "\"what\": \"%s\", \"weight_bytes\": %d, \"gbs_1t\": %.2f, \"ratio_memcpy_1t\": %.3f, "
           "\"ratio_read_1t\": %.3f, \"gbs_2t\": %.2f, \"ratio_memcpy_2t\": %.3f, "
           "\"ratio_read_2t\": %.3f, \"m16_vs_m1_throughput_2t\": %.2f}",
-          first ? "" : ",\n", f.name, s.rows, s.cols, s.what, w.bytes(), gbs[1],
+          first ? "" : ",\n", f.name, f.activation_name, s.rows, s.cols, s.what, w.bytes(),
+          gbs[1],
           gbs[1] / copy_bw[1], gbs[1] / read_bw[1], gbs[2], gbs[2] / copy_bw[2],
           gbs[2] / read_bw[2], batched_speedup);
       first = false;
@@ -255,26 +212,30 @@ int main(int argc, char** argv) {
 
   std::printf("\nGEMM, 2 threads: GFLOP/s and ratio to the 2-thread FMA peak (%.0f GFLOP/s)\n",
               peak[2]);
-  std::printf("%-5s %-14s | %9s %6s | %9s %6s\n", "fmt", "shape", "m64", "ratio", "m256", "ratio");
+  std::printf("%-9s %-14s | %9s %6s | %9s %6s\n", "fmt", "shape", "m64", "ratio", "m256",
+              "ratio");
   first = true;
   ThreadPool pool(2);
   for (const Format& f : kFormats) {
+    if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
     for (const Shape& s : kShapes) {
       const std::vector<PackedWeight> one = {MakeWeight(f, s)};
       double gflops[2];
       const int64_t ms[2] = {64, 256};
       for (int i = 0; i < 2; ++i) {
-        const double seconds = TimeMatmul(one, ms[i], pool, quick ? 2 : 3);
+        const double seconds = TimeMatmul(one, f.activations, ms[i], pool, quick ? 2 : 3);
         gflops[i] = 2.0 * ms[i] * s.rows * s.cols / seconds / 1e9;
       }
-      std::printf("%-5s %-14s | %9.1f %6.2f | %9.1f %6.2f\n", f.name,
+      std::printf("%-9s %-14s | %9.1f %6.2f | %9.1f %6.2f\n", Label(f).c_str(),
                   absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), gflops[0],
                   gflops[0] / peak[2], gflops[1], gflops[1] / peak[2]);
       absl::StrAppendFormat(&json,
-                            "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, \"threads\": 2, "
+                            "%s    {\"format\": \"%s\", \"activations\": \"%s\", "
+                            "\"rows\": %d, \"cols\": %d, \"threads\": 2, "
                             "\"gflops_m64\": %.1f, \"ratio_peak_m64\": %.3f, \"gflops_m256\": "
                             "%.1f, \"ratio_peak_m256\": %.3f}",
-                            first ? "" : ",\n", f.name, s.rows, s.cols, gflops[0],
+                            first ? "" : ",\n", f.name, f.activation_name, s.rows, s.cols,
+                            gflops[0],
                             gflops[0] / peak[2], gflops[1], gflops[1] / peak[2]);
       first = false;
     }

@@ -46,6 +46,10 @@ absl::Status CheckParams(const MatmulParams& p) {
         "Matmul: weight data holds %d bytes, not the %d its [%d, %d] shape packs to",
         w.data.size(), blocks * internal::BlockDataBytes(w.format, w.cols), w.rows, w.cols));
   }
+  if (p.activations != ActivationPrecision::kF32 && p.activations != ActivationPrecision::kInt8) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Matmul: unknown activation precision %d", static_cast<int>(p.activations)));
+  }
   if (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4) {
     if (w.group_size <= 0 || w.group_size % kActGroup != 0 || w.cols % w.group_size != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -183,6 +187,46 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
   }
 }
 
+// Scalar float-activation kernel: the same grouping and centring as the SIMD ones.
+void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  const PackedWeight& w = *a.weight;
+  const int64_t k = w.cols, n = w.rows;
+  const bool int8 = w.format == WeightFormat::kInt8;
+  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const int64_t scale_groups = k / w.group_size;
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const uint8_t* data = w.data.data() + b * block_bytes;
+    const int64_t valid = std::min<int64_t>(kRowBlock, n - b * kRowBlock);
+    const float* bias = a.bias ? a.bias + b * kRowBlock : nullptr;
+    for (int64_t t = 0; t < a.m; ++t) {
+      const float* x = a.x + t * k;
+      float acc[kRowBlock] = {};
+      for (int64_t sg = 0; sg < scale_groups; ++sg) {
+        float group_acc[kRowBlock] = {};
+        for (int64_t c = sg * w.group_size; c < (sg + 1) * w.group_size; ++c) {
+          const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
+          const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
+          for (int r = 0; r < kRowBlock; ++r) {
+            const int q = int8 ? static_cast<int>(data[base + r * 4]) - 128
+                               : ((data[base + r * 4] >> shift) & 0x0f) - 8;
+            group_acc[r] += static_cast<float>(q) * x[c];
+          }
+        }
+        const int64_t scale_index = (b * scale_groups + sg) * kRowBlock;
+        for (int r = 0; r < kRowBlock; ++r) {
+          const float scale = HalfToFloat(w.scales[scale_index + r]);
+          acc[r] += group_acc[r] * scale;
+          if (!int8) {
+            const float centred_min = HalfToFloat(w.mins[scale_index + r]) + 8.0f * scale;
+            acc[r] += centred_min * a.x_group_sum[t * scale_groups + sg];
+          }
+        }
+      }
+      StoreBlockOutput(acc, bias, valid, a.y + t * n + b * kRowBlock);
+    }
+  }
+}
+
 }  // namespace internal
 
 absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
@@ -195,12 +239,16 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   args.y = params.y;
   args.m = params.m;
 
-  // Integer formats quantize the activations once per call (per-thread buffers reused).
+  const int64_t k = w.cols;
+  const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4;
+  const bool int8_activations = integer && params.activations == ActivationPrecision::kInt8;
+  // Per-call buffers, reused (thread_local: one pool per thread calls Matmul).
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> x_scale;
   thread_local std::vector<int32_t> x_sum;
-  const int64_t k = w.cols;
-  if (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4) {
+  thread_local std::vector<float> x_group_sum;
+  if (int8_activations) {
+    // Quantize the activations once per call.
     xq.resize(params.m * k);
     x_scale.resize(params.m * (k / kActGroup));
     x_sum.resize(params.m * (k / kActGroup));
@@ -223,15 +271,33 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
       quantize(0, params.m);
     }
     args.xq = {xq.data(), x_scale.data(), x_sum.data()};
+  } else if (w.format == WeightFormat::kInt4) {
+    // The group sums of x apply each group's min once (summed in double: k adds per
+    // token, negligible next to the matmul).
+    const int64_t groups = k / w.group_size;
+    x_group_sum.resize(params.m * groups);
+    for (int64_t t = 0; t < params.m; ++t) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* src = params.x + t * k + g * w.group_size;
+        double sum = 0.0;
+        for (int64_t c = 0; c < w.group_size; ++c) sum += src[c];
+        x_group_sum[t * groups + g] = static_cast<float>(sum);
+      }
+    }
+    args.x_group_sum = x_group_sum.data();
   }
 
-  internal::MatmulBlocksFn kernel = internal::MatmulBlocksScalar;
+  internal::MatmulBlocksFn kernel = integer && !int8_activations
+                                        ? internal::MatmulF32ActBlocksScalar
+                                        : internal::MatmulBlocksScalar;
   switch (ActiveIsa()) {
     case MatmulIsaChoice::kAvx512:
-      kernel = internal::MatmulBlocksAvx512;
+      kernel = integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
+                                            : internal::MatmulBlocksAvx512;
       break;
     case MatmulIsaChoice::kAvx2:
-      kernel = internal::MatmulBlocksAvx2;
+      kernel = integer && !int8_activations ? internal::MatmulF32ActBlocksAvx2
+                                            : internal::MatmulBlocksAvx2;
       break;
     default:
       break;

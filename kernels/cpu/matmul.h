@@ -8,6 +8,17 @@
 
 namespace loom::kernels::cpu {
 
+/// How INT8/INT4 weights meet the activations (F32/F16 weights always use float x).
+enum class ActivationPrecision {
+  // Exact float activations: weights are dequantized in registers and multiplied with
+  // float FMA ("W4A32" / "W8A32"); float rounding only. The default.
+  kF32,
+  // Activations quantized to int8 per 32 columns (round to nearest, scale max|x|/127)
+  // and multiplied with integer dot products (VNNI): faster GEMM, but the result differs
+  // from MatmulReference by up to sum_j |w_j| * scale_x(j) / 2.
+  kInt8,
+};
+
 /// y = x · Wᵀ (+ bias): the projection every linear layer runs.
 struct MatmulParams {
   const float* x = nullptr;       // [m, weight->cols], row stride weight->cols
@@ -15,14 +26,14 @@ struct MatmulParams {
   const float* bias = nullptr;    // [n] or nullptr
   float* y = nullptr;             // [m, n], row stride n
   int64_t m = 0;                  // activation rows (tokens)
+  // INT8/INT4 weights only; ignored for F32/F16 weights.
+  ActivationPrecision activations = ActivationPrecision::kF32;
 };
 
-/// The fast path: picks the kernel for the weight format and the CPU (AVX-512/VNNI,
-/// AVX2/FMA, scalar; chosen once at run time) and splits the work over `pool`.
-/// INT8/INT4 weights: the activations are quantized to int8 per 32 columns (round to
-/// nearest, scale max|x|/127) and multiplied with integer dot products, so the result
-/// differs from MatmulReference by at most sum_j |w_j| * scale_x(j) / 2 plus float
-/// rounding. F32/F16 weights: float FMA, float rounding only.
+/// The fast path: picks the kernel for the weight format, `params.activations` and the
+/// CPU (AVX-512/VNNI, AVX2/FMA, scalar; chosen once at run time) and splits the work
+/// over `pool`. With float activations (F32/F16 weights, or INT8/INT4 with kF32) the
+/// result differs from MatmulReference by float rounding only; with kInt8 see above.
 /// InvalidArgument for inconsistent sizes or null pointers (checked before running).
 /// Not re-entrant on one pool; `params.y` must not alias `params.x`.
 absl::Status Matmul(const MatmulParams& params, ThreadPool& pool);

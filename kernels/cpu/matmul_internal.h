@@ -88,11 +88,15 @@ void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, i
                                   float* scale, int32_t* qsum);
 
 /// What a kernel computes: y[r, n] for rows r < m and weight row blocks [block_begin,
-/// block_end). Float formats read x; integer formats read xq.
+/// block_end). Float formats and the float-activation integer kernels read x; the int8
+/// activation kernels read xq.
 struct MatmulArgs {
   const PackedWeight* weight = nullptr;
   const float* x = nullptr;   // [m, k]
-  QuantizedActivations xq;    // integer formats only
+  QuantizedActivations xq;    // int8-activation kernels only
+  // INT4 float-activation kernels only: sum of x over each weight group (applies the
+  // group's min once per group), [m, k / group_size].
+  const float* x_group_sum = nullptr;
   const float* bias = nullptr;  // [n] or nullptr
   float* y = nullptr;         // [m, n]
   int64_t m = 0;
@@ -103,6 +107,14 @@ using MatmulBlocksFn = void (*)(const MatmulArgs& args, int64_t block_begin, int
 void MatmulBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+
+/// INT8/INT4 weights against float activations: each group of a weight row contributes
+///   INT8: scale * sum_c q_c x_c
+///   INT4: scale * sum_c (q_c - 8) x_c + (min + 8 * scale) * x_group_sum
+/// (centring the nibble keeps the partial sums small), accumulated in float.
+void MatmulF32ActBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+void MatmulF32ActBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+void MatmulF32ActBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 
 /// Instruction sets Matmul can run; kAuto picks the best the CPU supports.
 enum class MatmulIsaChoice { kAuto, kScalar, kAvx2, kAvx512 };

@@ -14,12 +14,14 @@ namespace loom::kernels::cpu {
 namespace {
 
 using internal::MatmulIsaChoice;
+using Precision = ActivationPrecision;
 
 // Tolerances.
-//  * Float formats (F32, F16) against the double reference over the same weights:
+//  * Float activations (F32, F16 weights; INT8, INT4 weights with kF32 activations)
+//    against the double reference over the same (dequantized) weights:
 //    |y - ref| <= kFloatTol * sum_j |w_ij x_j| + 1e-6 (float accumulation over k <= 2048).
-//  * Integer formats quantize activations to int8 per 32 columns (x ~ s_g * q, |x - s_g q|
-//    <= s_g / 2). Checked twice: against the reference on the dequantized activations
+//  * kInt8 activations with INT8/INT4 weights: x quantized to int8 per 32 columns
+//    (x ~ s_g * q, |x - s_g q| <= s_g / 2). Checked twice: against the reference on the dequantized activations
 //    (float accumulation only: kFloatTol), and against the reference on the exact
 //    activations with the worst-case activation quantization error added:
 //    sum_j |w_ij| * s_g(j) / 2.
@@ -106,15 +108,16 @@ TestWeight MakeTestWeight(WeightFormat format, int64_t group, Shape shape, uint3
   return weight;
 }
 
-// Runs Matmul on `isa` and checks every output against the references.
-void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, int64_t m, bool with_bias,
-                 int threads, uint32_t seed) {
+// Runs Matmul on `isa` with `precision` and checks every output against the references.
+void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, Precision precision, int64_t m,
+                 bool with_bias, int threads, uint32_t seed) {
   const PackedWeight& packed = weight.packed;
   const WeightFormat format = packed.format;
   SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << FormatName(format) << " g"
                                   << packed.group_size << " n=" << packed.rows
                                   << " k=" << packed.cols << " m=" << m << " bias=" << with_bias
-                                  << " threads=" << threads);
+                                  << " threads=" << threads << " activations="
+                                  << (precision == Precision::kF32 ? "f32" : "int8"));
   const int64_t n = packed.rows, k = packed.cols;
   const std::vector<float>& w = weight.values;
   const std::vector<float> x = RandomActivations(m, k, seed + 1);
@@ -127,15 +130,17 @@ void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, int64_t m, bool 
   {
     IsaGuard guard(isa);
     ThreadPool pool(threads);
-    MatmulParams params{x.data(), &packed, with_bias ? bias.data() : nullptr, y.data(), m};
+    MatmulParams params{x.data(), &packed, with_bias ? bias.data() : nullptr, y.data(), m,
+                        precision};
     ASSERT_TRUE(Matmul(params, pool).ok());
   }
 
   const bool integer = format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
-  // The activations integer kernels actually multiply, and their quantization step.
+  // The activations the kernels actually multiply, and their quantization step (zero,
+  // and x_hat == x, for float activations).
   std::vector<float> x_hat = x;
   std::vector<float> x_step(m * k, 0.0f);
-  if (integer) {
+  if (integer && precision == Precision::kInt8) {
     std::vector<int8_t> q(m * k);
     std::vector<float> scale(m * k / internal::kActGroup);
     std::vector<int32_t> sum(m * k / internal::kActGroup);
@@ -181,8 +186,12 @@ std::vector<MatmulIsaChoice> AvailableIsas() {
 
 class MatmulFormatTest : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {};
 
+// F32/F16 weights (float activations) and the int8-activation path of INT8/INT4.
 TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
   const auto [format, group] = GetParam();
+  const Precision precision = format == WeightFormat::kInt8 || format == WeightFormat::kInt4
+                                  ? Precision::kInt8
+                                  : Precision::kF32;
   const std::vector<Shape> shapes = {{37, 96}, {576, 576}, {1536, 576}, {576, 1536}, {3, 2048}};
   uint32_t seed = 100;
   for (const Shape& shape : shapes) {
@@ -192,7 +201,8 @@ TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
     for (MatmulIsaChoice isa : AvailableIsas()) {
       for (int64_t m : {1, 3, 17, 64}) {
         if (isa == MatmulIsaChoice::kScalar && m * shape.rows * shape.cols > 40'000'000) continue;
-        CheckMatmul(isa, weight, m, /*with_bias=*/m % 2 == 1, /*threads=*/2, ++seed);
+        CheckMatmul(isa, weight, precision, m, /*with_bias=*/m % 2 == 1, /*threads=*/2,
+                    ++seed);
       }
     }
   }
@@ -212,14 +222,53 @@ INSTANTIATE_TEST_SUITE_P(
              (g == 0 ? "" : g < 0 ? "_per_channel" : "_g" + std::to_string(g));
     });
 
+// INT8/INT4 weights with float activations (the default): dequantized in registers,
+// float accumulation, so the float tolerance holds. n = 1000 leaves a partial row block;
+// per-channel INT8 has one group over all of k.
+class MatmulFloatActivationTest
+    : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {};
+
+TEST_P(MatmulFloatActivationTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
+  const auto [format, group] = GetParam();
+  uint32_t seed = 300;
+  for (int64_t rows : {16, 576, 1000}) {
+    for (int64_t cols : {32, 576, 1536}) {
+      if (group > 0 && cols % group != 0) continue;
+      const int64_t g = group < 0 ? cols : group;
+      const TestWeight weight = MakeTestWeight(format, g, {rows, cols}, ++seed);
+      for (MatmulIsaChoice isa : AvailableIsas()) {
+        for (int64_t m : {1, 3, 17, 64}) {
+          if (isa == MatmulIsaChoice::kScalar && m * rows * cols > 40'000'000) continue;
+          CheckMatmul(isa, weight, Precision::kF32, m, /*with_bias=*/m % 2 == 1,
+                      /*threads=*/2, ++seed);
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, MatmulFloatActivationTest,
+    testing::Values(std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{-1}),  // per output channel
+                    std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt4, int64_t{64})),
+    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
+      const int64_t g = std::get<1>(info.param);
+      return std::string(FormatName(std::get<0>(info.param))) +
+             (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
+    });
+
 TEST(MatmulTest, LmHeadShapeMatchesReferenceOnEveryIsa) {
   uint32_t seed = 7;
   for (WeightFormat format :
        {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4}) {
-    const int64_t group = format == WeightFormat::kF32 || format == WeightFormat::kF16 ? 0 : 32;
-    const TestWeight weight = MakeTestWeight(format, group, {49152, 576}, ++seed);
+    const bool integer = format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
+    const TestWeight weight = MakeTestWeight(format, integer ? 32 : 0, {49152, 576}, ++seed);
     for (MatmulIsaChoice isa : AvailableIsas()) {
-      CheckMatmul(isa, weight, isa == MatmulIsaChoice::kScalar ? 1 : 3, false, 2, ++seed);
+      const int64_t m = isa == MatmulIsaChoice::kScalar ? 1 : 3;
+      CheckMatmul(isa, weight, Precision::kF32, m, false, 2, ++seed);
+      if (integer) CheckMatmul(isa, weight, Precision::kInt8, m, false, 2, ++seed);
     }
   }
 }
@@ -228,9 +277,34 @@ TEST(MatmulTest, OneThreadAndThreeThreadsAgreeWithReference) {
   const TestWeight int4 = MakeTestWeight(WeightFormat::kInt4, 32, {200, 320}, 3);
   const TestWeight f32 = MakeTestWeight(WeightFormat::kF32, 0, {200, 321}, 4);
   for (int threads : {1, 3}) {
-    CheckMatmul(MatmulIsaChoice::kAuto, int4, 5, true, threads, 5);
-    CheckMatmul(MatmulIsaChoice::kAuto, f32, 5, true, threads, 6);
+    CheckMatmul(MatmulIsaChoice::kAuto, int4, Precision::kF32, 5, true, threads, 5);
+    CheckMatmul(MatmulIsaChoice::kAuto, int4, Precision::kInt8, 5, true, threads, 5);
+    CheckMatmul(MatmulIsaChoice::kAuto, f32, Precision::kF32, 5, true, threads, 6);
   }
+}
+
+// Float activations are the default, and they matter: with an outlier channel the int8
+// path misses the float tolerance that the default meets.
+TEST(MatmulTest, DefaultsToExactFloatActivations) {
+  EXPECT_EQ(MatmulParams{}.activations, Precision::kF32);
+  const TestWeight weight = MakeTestWeight(WeightFormat::kInt4, 32, {64, 576}, 11);
+  const int64_t n = 64, k = 576;
+  const std::vector<float> x = RandomActivations(1, k, 12);
+  std::vector<float> reference(n), fast(n), int8(n);
+  ASSERT_TRUE(MatmulReference({x.data(), &weight.packed, nullptr, reference.data(), 1}).ok());
+  ThreadPool pool(1);
+  ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, fast.data(), 1}, pool).ok());
+  ASSERT_TRUE(
+      Matmul({x.data(), &weight.packed, nullptr, int8.data(), 1, Precision::kInt8}, pool).ok());
+  int int8_misses = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double magnitude = 0.0;
+    for (int64_t c = 0; c < k; ++c) magnitude += std::fabs(weight.values[j * k + c] * x[c]);
+    const double tolerance = kFloatTol * magnitude + 1e-6;
+    EXPECT_NEAR(fast[j], reference[j], tolerance) << j;
+    if (std::fabs(int8[j] - reference[j]) > tolerance) ++int8_misses;
+  }
+  EXPECT_GT(int8_misses, 0) << "the int8 path should not meet the float tolerance";
 }
 
 TEST(MatmulTest, RejectsInconsistentParams) {
@@ -250,6 +324,8 @@ TEST(MatmulTest, RejectsInconsistentParams) {
   broken = *w;
   broken.group_size = 48;
   EXPECT_EQ(Matmul({x.data(), &broken, nullptr, y.data(), 1}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Matmul({x.data(), &*w, nullptr, y.data(), 1, static_cast<Precision>(7)}, pool).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
