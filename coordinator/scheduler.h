@@ -1,0 +1,91 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "coordinator/block_manager.h"
+#include "coordinator/sequence.h"
+
+namespace loom::coordinator {
+
+struct SchedulerConfig {
+  int32_t block_size = 16;
+  int64_t num_blocks = 0;                 // the replica's KV pool
+  int64_t max_num_batched_tokens = 512;   // tokens per step (decodes + prefill chunks)
+  int32_t max_num_seqs = 256;             // running sequences at most
+  int64_t max_waiting = 1024;             // waiting queue bound (Add answers past it)
+};
+
+/// One sequence's work in a plan.
+struct ScheduledWork {
+  Sequence* seq = nullptr;
+  bool is_new = false;                 // the worker has no state: send a NewSequence first
+  std::vector<int32_t> new_block_ids;  // appended to its block table by this plan
+  int32_t num_tokens = 0;              // tokens [num_computed_before, +num_tokens)
+  bool sample = false;                 // the last computed position is sampled
+};
+
+/// The next step's plan, before it becomes a loom.v1.StepPlan.
+struct SchedulerOutput {
+  std::vector<ScheduledWork> scheduled;  // decodes first, then prefill chunks
+  std::vector<uint64_t> finished;        // released since the previous plan
+  std::vector<uint64_t> preempted;       // preempted by this plan (state dropped on worker)
+  int64_t num_decode_tokens = 0;
+  int64_t num_prefill_tokens = 0;
+  bool empty() const { return scheduled.empty() && finished.empty() && preempted.empty(); }
+};
+
+/// Iteration-level continuous batching for one replica (Orca, vLLM's scheduler):
+/// every step, running decodes first (1 token each), then prefill chunks of running and
+/// then waiting sequences within the token budget, admitting waiting sequences by
+/// (priority, arrival). When blocks run out, the lowest-priority, latest-arrived running
+/// sequence is preempted by recompute (blocks freed, back to the front of its class in the
+/// waiting queue). Plans may be built while earlier ones execute (see Sequence).
+/// Not thread-safe: the replica's step loop owns it.
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  /// Queues a new sequence (status kWaiting, no blocks). ResourceExhausted when the
+  /// waiting queue holds max_waiting sequences; InvalidArgument when the sequence can
+  /// never fit (prompt + max_tokens needs more blocks than the pool has) or its id is in
+  /// use.
+  absl::Status Add(std::unique_ptr<Sequence> seq);
+
+  /// Builds the next plan and advances the sequences' bookkeeping as if it had been sent.
+  SchedulerOutput Schedule();
+
+  /// Applies a sampled token from a step result: appends it to output_ids and decrements
+  /// samples_in_flight. Returns the sequence, or nullptr for an unknown or finished id
+  /// (its output is dropped: e.g. it was aborted while the step ran).
+  Sequence* ApplyOutput(uint64_t seq_id, int32_t token_id);
+
+  /// Ends a sequence (finished, cancelled or failed): frees its blocks (tail first) and
+  /// queues its id for the next plan's `finished` if the worker holds it. Waiting
+  /// sequences are simply removed. Unknown ids are ignored. The Sequence object is
+  /// destroyed once no plan in flight can name it (after the next Schedule()).
+  void Finish(uint64_t seq_id);
+
+  /// Drops every sequence (the replica's worker died): returns them, blocks freed,
+  /// on_worker false, for the caller to fail or requeue elsewhere.
+  std::vector<std::unique_ptr<Sequence>> TakeAll();
+
+  Sequence* Find(uint64_t seq_id);
+  int32_t num_running() const;
+  int32_t num_waiting() const;
+  bool has_work() const;  // something to schedule or to release
+  const BlockManager& block_manager() const { return block_manager_; }
+  uint64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  // The implementation's private state goes here.
+  SchedulerConfig config_;
+  BlockManager block_manager_;
+  uint64_t num_preemptions_ = 0;
+};
+
+}  // namespace loom::coordinator
