@@ -29,15 +29,28 @@ class BlockManager {
   /// caller; the blocks before it were released).
   absl::Status Free(absl::Span<const int32_t> blocks);
 
+  /// Size of the pool, in blocks.
   int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
-  int64_t num_free() const { return static_cast<int64_t>(free_blocks_.size()); }
+  /// Blocks Allocate can hand out now (never-used plus freed).
+  int64_t num_free() const { return (num_blocks() - next_never_used_) + num_freed_; }
   /// Fraction of blocks in use, [0, 1].
   double usage() const;
+  /// References held on `block`, 0 when it is free; `block` must be in [0, num_blocks).
   int32_t ref_count(int32_t block) const;
 
  private:
-  std::vector<int32_t> ref_counts_;   // [num_blocks]; 0 exactly for blocks in free_blocks_
-  std::vector<int32_t> free_blocks_;  // stack, the next block to hand out at the back
+  // Takes one block from the pools: never-used first, then the least recently freed.
+  int32_t TakeFreeBlock();
+
+  std::vector<int32_t> ref_counts_;  // [num_blocks]; 0 exactly for the free blocks
+  // Blocks [next_never_used_, num_blocks) have never been handed out; they go first,
+  // lowest id first.
+  int64_t next_never_used_ = 0;
+  // Blocks freed after use, as a FIFO ring: the least recently freed is handed out first
+  // (the prefix cache's LRU order). Capacity num_blocks, so it never reallocates.
+  std::vector<int32_t> freed_ring_;  // [num_blocks]
+  int64_t freed_head_ = 0;           // ring index of the least recently freed block
+  int64_t num_freed_ = 0;            // blocks in the ring
 };
 
 }  // namespace loom::coordinator

@@ -3,7 +3,9 @@
 #include <cstring>
 
 #include "coordinator/inspect_command.h"
+#include "coordinator/serve_command.h"
 #include "coordinator/tokenize_command.h"
+#include "coordinator/up_command.h"
 #include "worker/generate_command.h"
 
 namespace {
@@ -15,6 +17,10 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"up", loom::coordinator::RunUpCommand,
+     "start a coordinator and its workers on this machine and serve"},
+    {"serve", loom::coordinator::RunServeCommand,
+     "run the coordinator alone (workers register with it)"},
     {"inspect", loom::coordinator::RunInspectCommand,
      "show a model's configuration, tokenizer and chat template"},
     {"generate", loom::worker::RunGenerateCommand,

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -73,19 +74,72 @@ class Scheduler {
   /// on_worker false, for the caller to fail or requeue elsewhere.
   std::vector<std::unique_ptr<Sequence>> TakeAll();
 
+  /// The waiting or running sequence with this id; nullptr when unknown or finished.
   Sequence* Find(uint64_t seq_id);
+  /// Sequences holding blocks (status kRunning), at most max_num_seqs.
   int32_t num_running() const;
+  /// Sequences queued for admission, new or preempted.
   int32_t num_waiting() const;
-  bool has_work() const;  // something to schedule or to release
+  /// Something to schedule or to release. A plan may still come out empty (every
+  /// sequence is waiting for results in flight): check SchedulerOutput::empty().
+  bool has_work() const;
   const BlockManager& block_manager() const { return block_manager_; }
   uint64_t num_preemptions() const { return num_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
-  // The implementation's private state goes here.
+  // The scheduling order: (priority, arrival, seq_id) ascending, so the front runs first
+  // and the back is the first preemption victim. priority and arrival must not change
+  // while the sequence is queued or running.
+  struct SchedulingOrder {
+    bool operator()(const Sequence* a, const Sequence* b) const;
+  };
+  using OrderedSequences = std::set<Sequence*, SchedulingOrder>;
+
+  struct Entry {
+    std::unique_ptr<Sequence> seq;
+    uint64_t scheduled_in_step = 0;  // the step_ of the last plan that scheduled it
+  };
+
+  // Blocks `seq` needs beyond its table to hold `num_tokens` more computed tokens.
+  int64_t BlocksNeeded(const Sequence& seq, int32_t num_tokens) const;
+  // Schedules `num_tokens` of a running sequence, preempting others (or itself) when
+  // blocks run out. False when `seq` itself was preempted instead.
+  bool ScheduleRunning(Sequence* seq, int32_t num_tokens, SchedulerOutput& out);
+  // Appends `num_tokens` of `seq` to the plan and advances its bookkeeping; the blocks
+  // must be available.
+  void Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out);
+  // The running sequence latest in SchedulingOrder that this plan has not scheduled yet.
+  Sequence* PickVictim();
+  // Preempts a running sequence by recompute: blocks freed, back to the waiting queue.
+  void Preempt(Sequence* seq, SchedulerOutput& out);
+  // Frees the sequence's blocks, tail first, and clears its table.
+  void ReleaseBlocks(Sequence& seq);
+
   SchedulerConfig config_;
   BlockManager block_manager_;
   uint64_t num_preemptions_ = 0;
+
+  // Every waiting or running sequence, by id; finished ones leave at Finish().
+  absl::flat_hash_map<uint64_t, Entry> sequences_;
+  OrderedSequences running_;  // status kRunning
+  OrderedSequences waiting_;  // status kWaiting
+  uint64_t next_arrival_ = 0;
+  uint64_t step_ = 0;               // Schedule() calls so far
+  bool preempted_this_step_ = false;
+
+  // Ids the worker holds that Finish() released; sent in the next plan's `finished`. They
+  // stay reserved (Add refuses them) until then.
+  std::vector<uint64_t> finished_ids_;
+  // Finished sequences kept alive while a plan in flight may still name them: those
+  // finished since the last Schedule(), and those the last Schedule() released (destroyed
+  // at the start of the next one).
+  std::vector<std::unique_ptr<Sequence>> finishing_;
+  std::vector<std::unique_ptr<Sequence>> released_;
+
+  // Per-step scratch, kept to reuse its capacity.
+  std::vector<Sequence*> decode_candidates_;
+  std::vector<Sequence*> prefill_candidates_;
 };
 
 }  // namespace loom::coordinator

@@ -154,4 +154,11 @@ SampledToken SequenceSampler::Sample(const float* logits) {
   return sampled;
 }
 
+void SequenceSampler::RecordOutput(int32_t token_id) {
+  // PickFromDistribution draws exactly one number per sample; greedy draws none.
+  if (!(params_.temperature == 0.0f || params_.top_k == 1)) UniformDouble(rng_);
+  output_counts_[token_id]++;
+  if (params_.repetition_penalty != 1.0f) seen_[token_id] = true;
+}
+
 }  // namespace loom::worker

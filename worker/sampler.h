@@ -49,6 +49,11 @@ class SequenceSampler {
   /// Picks the next token from `logits` [vocab_size] and records it for the penalties.
   SampledToken Sample(const float* logits);
 
+  /// Records a token this sequence generated before (a preempted sequence's outputs,
+  /// sent again): counts it for the penalties and advances the RNG as Sample did, so a
+  /// resumed sequence samples what it would have sampled without the preemption.
+  void RecordOutput(int32_t token_id);
+
   const SamplingParams& params() const { return params_; }
 
  private:

@@ -1,0 +1,167 @@
+#include "coordinator/cluster.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+
+namespace loom::coordinator {
+
+Cluster::Cluster(ClusterOptions options, std::string model_fingerprint)
+    : options_(options), model_fingerprint_(std::move(model_fingerprint)) {
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+Cluster::~Cluster() { Stop(); }
+
+absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
+    const loom::v1::RegisterRequest& request) {
+  if (request.protocol_version() != loom::v1::PROTOCOL_VERSION_CURRENT) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the worker speaks protocol version %d, this coordinator speaks version %d",
+        request.protocol_version(), static_cast<int>(loom::v1::PROTOCOL_VERSION_CURRENT)));
+  }
+  if (request.model().fingerprint() != model_fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the worker serves model '%s' (fingerprint %s); this coordinator serves fingerprint %s",
+        request.model().path(), request.model().fingerprint(), model_fingerprint_));
+  }
+  if (request.world_size() != 1 || request.rank() != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d of world size %d: tensor-parallel replicas are not supported yet "
+        "(world size must be 1)",
+        request.rank(), request.world_size()));
+  }
+  if (request.worker_address().empty() || request.num_kv_blocks() <= 0 ||
+      request.block_size() <= 0 || request.replica_id().empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "registration needs a worker address, a replica id and a KV pool; got address '%s', "
+        "replica '%s', %d blocks of %d tokens",
+        request.worker_address(), request.replica_id(), request.num_kv_blocks(),
+        request.block_size()));
+  }
+  WorkerEndpoint endpoint{request.worker_address(), request.num_kv_blocks(),
+                          request.block_size()};
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+    std::unique_ptr<Replica>& replica = replicas_[request.replica_id()];
+    if (replica == nullptr) {
+      replica = std::make_unique<Replica>(
+          request.replica_id(), options_.replica,
+          [this](std::shared_ptr<Request> r) { Retry(std::move(r)); });
+    }
+    replica->Connect(endpoint);
+  }
+  std::fprintf(stderr, "loom: worker %s registered for replica %s (%s backend)\n",
+               request.worker_address().c_str(), request.replica_id().c_str(),
+               request.backend().c_str());
+  loom::v1::RegisterResponse response;
+  response.set_worker_id(request.replica_id() + "/0");
+  response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  return response;
+}
+
+absl::Status Cluster::Heartbeat(const loom::v1::HeartbeatRequest& request) {
+  const std::string& id = request.worker_id();
+  const size_t slash = id.rfind('/');
+  absl::MutexLock lock(&mu_);
+  auto it = slash == std::string::npos ? replicas_.end() : replicas_.find(id.substr(0, slash));
+  if (it == replicas_.end()) {
+    return absl::NotFoundError(absl::StrFormat("unknown worker id '%s': register again", id));
+  }
+  it->second->Heartbeat();
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Submit(std::shared_ptr<Request> request) {
+  if (draining_.load()) {
+    return absl::UnavailableError("the coordinator is shutting down (draining)");
+  }
+  std::vector<Replica*> candidates;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, replica] : replicas_) {
+      if (replica->healthy()) candidates.push_back(replica.get());
+    }
+  }
+  if (candidates.empty()) return absl::UnavailableError("no replica is available to serve");
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](Replica* a, Replica* b) { return a->load() < b->load(); });
+  absl::Status last;
+  for (Replica* replica : candidates) {
+    last = replica->Submit(request);
+    if (last.ok() || last.code() == absl::StatusCode::kInvalidArgument) return last;
+  }
+  return last;
+}
+
+void Cluster::Retry(std::shared_ptr<Request> request) {
+  absl::Status placed = Submit(request);
+  if (!placed.ok()) {
+    request->Finish(loom::v1::FINISH_REASON_ERROR,
+                    absl::StrFormat("its replica failed and it could not be placed again: %s",
+                                    placed.message()),
+                    "");
+  }
+}
+
+bool Cluster::WaitIdle(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int64_t load = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, replica] : replicas_) load += replica->load();
+    }
+    if (load == 0) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+int Cluster::num_healthy() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(std::count_if(replicas_.begin(), replicas_.end(),
+                                        [](const auto& r) { return r.second->healthy(); }));
+}
+
+loom::v1::ClusterStatus Cluster::Status() const {
+  loom::v1::ClusterStatus status;
+  status.set_draining(draining_.load());
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, replica] : replicas_) *status.add_replicas() = replica->Status();
+  return status;
+}
+
+void Cluster::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  draining_.store(true);
+  if (monitor_.joinable()) monitor_.join();
+  // Replicas are never removed, so iterating without the lock is safe once stopping_ is
+  // set (Register refuses); Stop() joins each loop outside the lock.
+  std::vector<Replica*> replicas;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, replica] : replicas_) replicas.push_back(replica.get());
+  }
+  for (Replica* replica : replicas) replica->Stop();
+}
+
+void Cluster::Monitor() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(100))) return;
+      for (auto& [id, replica] : replicas_) replica->CheckHeartbeat(options_.heartbeat_timeout);
+    }
+  }
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/replica.h"
+#include "coordinator/request.h"
+#include "loom/v1/inference.pb.h"
+#include "loom/v1/worker.pb.h"
+
+namespace loom::coordinator {
+
+struct ClusterOptions {
+  ReplicaOptions replica;
+  absl::Duration heartbeat_timeout = absl::Seconds(5);  // silence that marks a worker dead
+  int32_t heartbeat_interval_ms = 500;                  // told to workers at registration
+};
+
+/// The replicas a coordinator drives (data parallel), their registration and liveness,
+/// and request placement: a new request goes to the healthy replica with the least load
+/// (prefix-aware placement builds on this). Requests whose replica lost its worker before
+/// they produced output are placed again here. Thread-safe.
+class Cluster {
+ public:
+  /// `model_fingerprint`: workers must serve the model with this fingerprint.
+  Cluster(ClusterOptions options, std::string model_fingerprint);
+  ~Cluster();  // Stop()s
+
+  /// A worker registers: checks protocol version, model and topology (FailedPrecondition
+  /// naming the mismatch), then (re)connects its replica.
+  absl::StatusOr<loom::v1::RegisterResponse> Register(const loom::v1::RegisterRequest& request);
+  /// NotFound for a worker id the coordinator does not know (it should register again).
+  absl::Status Heartbeat(const loom::v1::HeartbeatRequest& request);
+
+  /// Places a request. Unavailable when draining or no replica is healthy;
+  /// ResourceExhausted when every healthy replica's waiting queue is full.
+  absl::Status Submit(std::shared_ptr<Request> request);
+  uint64_t NextSeqId() { return next_seq_id_.fetch_add(1); }
+
+  /// Refuses new requests from now on (SIGTERM).
+  void StartDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  /// Waits until no replica holds a request, or `timeout`; true when idle.
+  bool WaitIdle(absl::Duration timeout) const;
+  int num_healthy() const;
+  loom::v1::ClusterStatus Status() const;
+  /// Aborts every request and stops the replicas' loops. Idempotent.
+  void Stop();
+
+ private:
+  void Retry(std::shared_ptr<Request> request);
+  void Monitor();
+
+  const ClusterOptions options_;
+  const std::string model_fingerprint_;
+  std::atomic<uint64_t> next_seq_id_{1};
+  std::atomic<bool> draining_{false};
+
+  mutable absl::Mutex mu_;
+  // Replicas are created on first registration and never removed (a dead one waits for
+  // its worker to come back), so pointers into the map stay valid.
+  std::map<std::string, std::unique_ptr<Replica>> replicas_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread monitor_;
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,159 @@
+#include "coordinator/coordinator_server.h"
+
+#include <pthread.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "common/model_fingerprint.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace loom::coordinator {
+
+const char kServeFlagsHelp[] =
+    "  --host ADDR                  listen address (default 127.0.0.1)\n"
+    "  --grpc-port N                gRPC port (default 50051; 0: any free port)\n"
+    "  --max-num-seqs N             running sequences per replica (default 256)\n"
+    "  --max-num-batched-tokens N   tokens per step (default 512)\n"
+    "  --max-waiting N              waiting requests per replica before RESOURCE_EXHAUSTED "
+    "(default 1024)\n"
+    "  --max-plans-in-flight 1|2    step plans sent ahead of results (default 2)\n"
+    "  --step-timeout-ms MS         a worker slower than this per step is dead (default "
+    "30000)\n"
+    "  --heartbeat-timeout-ms MS    a worker silent this long is dead (default 5000)\n"
+    "  --drain-timeout-s S          on SIGTERM, wait this long for requests (default 30)\n";
+
+bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOptions& options,
+                    std::string& error) {
+  int64_t number = 0;
+  auto need_number = [&](int64_t min, int64_t max) {
+    if (!absl::SimpleAtoi(value, &number) || number < min || number > max) {
+      error = absl::StrFormat("%s needs an integer in [%d, %d], got '%s'", flag, min, max, value);
+      return false;
+    }
+    return true;
+  };
+  ReplicaOptions& replica = options.cluster.replica;
+  if (flag == "--model") {
+    options.model_path = value;
+  } else if (flag == "--host") {
+    options.host = value;
+  } else if (flag == "--grpc-port") {
+    if (need_number(0, 65535)) options.grpc_port = static_cast<int>(number);
+  } else if (flag == "--max-num-seqs") {
+    if (need_number(1, 1 << 16)) replica.max_num_seqs = static_cast<int32_t>(number);
+  } else if (flag == "--max-num-batched-tokens") {
+    if (need_number(1, 1 << 20)) replica.max_num_batched_tokens = number;
+  } else if (flag == "--max-waiting") {
+    if (need_number(0, 1 << 24)) replica.max_waiting = number;
+  } else if (flag == "--max-plans-in-flight") {
+    if (need_number(1, 2)) replica.max_plans_in_flight = static_cast<int>(number);
+  } else if (flag == "--step-timeout-ms") {
+    if (need_number(1, 3600000)) replica.step_timeout = absl::Milliseconds(number);
+  } else if (flag == "--heartbeat-timeout-ms") {
+    if (need_number(1, 3600000)) options.cluster.heartbeat_timeout = absl::Milliseconds(number);
+  } else if (flag == "--drain-timeout-s") {
+    if (need_number(0, 86400)) options.drain_timeout = absl::Seconds(number);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServeOptions& options) {
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->options_ = options;
+  auto gguf = common::GgufFile::Open(options.model_path);
+  if (!gguf.ok()) return gguf.status();
+  server->gguf_ = *std::move(gguf);
+  auto config = common::ModelConfigFromGguf(*server->gguf_);
+  if (!config.ok()) return config.status();
+  server->config_ = *std::move(config);
+  auto tokenizer = common::Tokenizer::FromGguf(*server->gguf_);
+  if (!tokenizer.ok()) return tokenizer.status();
+  server->tokenizer_ = *std::move(tokenizer);
+  server->cluster_ =
+      std::make_unique<Cluster>(options.cluster, common::ModelFingerprint(*server->gguf_));
+  server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
+  server->inference_service_ = std::make_unique<InferenceService>(
+      *server->cluster_, server->config_, *server->tokenizer_);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrFormat("%s:%d", options.host, options.grpc_port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->coordinator_service_.get());
+  builder.RegisterService(server->inference_service_.get());
+  // Streams of many concurrent clients each hold a thread of the sync server.
+  grpc::ResourceQuota quota("loom-coordinator");
+  quota.SetMaxThreads(4096);
+  builder.SetResourceQuota(quota);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
+  }
+  server->UpdateHealth();
+  return server;
+}
+
+CoordinatorServer::~CoordinatorServer() { DrainAndStop(); }
+
+std::string CoordinatorServer::address() const {
+  return absl::StrFormat("%s:%d", options_.host, port_);
+}
+
+void CoordinatorServer::BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int CoordinatorServer::WaitForShutdownSignal(const std::function<void()>& tick) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  const timespec period{0, 200 * 1000 * 1000};
+  while (true) {
+    const int signal = sigtimedwait(&set, nullptr, &period);
+    if (signal == SIGTERM || signal == SIGINT) return signal;
+    UpdateHealth();
+    if (tick) tick();
+  }
+}
+
+void CoordinatorServer::UpdateHealth() {
+  const bool serving = cluster_->num_healthy() > 0 && !cluster_->draining();
+  if (health_known_ && serving == serving_) return;
+  health_known_ = server_ != nullptr;
+  serving_ = serving;
+  if (grpc::HealthCheckServiceInterface* health = server_ ? server_->GetHealthCheckService()
+                                                          : nullptr) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus("loom.v1.Inference", serving);
+  }
+}
+
+void CoordinatorServer::DrainAndStop() {
+  if (server_ == nullptr) return;
+  cluster_->StartDrain();
+  UpdateHealth();
+  if (!cluster_->WaitIdle(options_.drain_timeout)) {
+    std::fprintf(stderr, "loom: drain timeout: aborting the requests still running\n");
+  }
+  cluster_->Stop();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace loom::coordinator

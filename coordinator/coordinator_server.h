@@ -1,0 +1,75 @@
+#pragma once
+
+#include <csignal>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "common/tokenizer.h"
+#include "coordinator/cluster.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/inference_service.h"
+#include "grpcpp/grpcpp.h"
+
+namespace loom::coordinator {
+
+struct ServeOptions {
+  std::string model_path;
+  std::string host = "127.0.0.1";
+  int grpc_port = 50051;  // 0: any free port
+  ClusterOptions cluster;
+  absl::Duration drain_timeout = absl::Seconds(30);
+};
+
+/// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`
+/// is not a serve flag; sets `error` when its value is bad.
+bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOptions& options,
+                    std::string& error);
+/// Help text for the serve flags.
+extern const char kServeFlagsHelp[];
+
+/// The coordinator process: the model's tokenizer and configuration, the Cluster, and the
+/// gRPC server (Inference for clients, Coordinator for workers, grpc.health.v1 and
+/// reflection). Signals: call BlockShutdownSignals() before any thread starts, then
+/// WaitForShutdownSignal() in the main thread.
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const ServeOptions& options);
+  ~CoordinatorServer();
+
+  /// The port the gRPC server listens on.
+  int port() const { return port_; }
+  std::string address() const;
+  Cluster& cluster() { return *cluster_; }
+
+  /// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts).
+  static void BlockShutdownSignals();
+  /// Waits for SIGTERM/SIGINT, calling `tick` about every 200 ms (keeps the health
+  /// service current). Returns the signal.
+  int WaitForShutdownSignal(const std::function<void()>& tick);
+  /// Stops admitting (UNAVAILABLE), waits for in-flight requests up to the drain timeout,
+  /// aborts the rest, and stops the gRPC server.
+  void DrainAndStop();
+
+ private:
+  CoordinatorServer() = default;
+  void UpdateHealth();
+
+  ServeOptions options_;
+  std::unique_ptr<common::GgufFile> gguf_;
+  common::ModelConfig config_;
+  std::unique_ptr<common::Tokenizer> tokenizer_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<CoordinatorService> coordinator_service_;
+  std::unique_ptr<InferenceService> inference_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool serving_ = false;
+  bool health_known_ = false;  // the health service was told `serving_`
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,80 @@
+#include "coordinator/inference_service.h"
+
+#include <chrono>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "coordinator/grpc_status.h"
+#include "coordinator/request_validation.h"
+
+namespace loom::coordinator {
+
+InferenceService::InferenceService(Cluster& cluster, const common::ModelConfig& config,
+                                   const common::Tokenizer& tokenizer)
+    : cluster_(cluster),
+      config_(config),
+      tokenizer_(tokenizer),
+      eos_ids_(tokenizer.EndOfGenerationIds()) {}
+
+grpc::Status InferenceService::Generate(grpc::ServerContext* context,
+                                        const loom::v1::GenerateRequest* request,
+                                        grpc::ServerWriter<loom::v1::GenerateResponse>* writer) {
+  if (cluster_.draining()) {
+    return ToGrpcStatus(absl::UnavailableError("the coordinator is shutting down (draining)"));
+  }
+  absl::StatusOr<RequestParams> params = ValidateGenerateRequest(*request, config_, tokenizer_);
+  if (!params.ok()) return ToGrpcStatus(params.status());
+  const int32_t prompt_tokens = static_cast<int32_t>(params->prompt_ids.size());
+  const std::string request_id =
+      request->request_id().empty()
+          ? absl::StrFormat("req-%d", next_request_number_.fetch_add(1))
+          : request->request_id();
+  auto live = std::make_shared<Request>(request_id, cluster_.NextSeqId(), *std::move(params),
+                                        tokenizer_, eos_ids_);
+  if (absl::Status placed = cluster_.Submit(live); !placed.ok()) return ToGrpcStatus(placed);
+
+  const auto deadline = context->deadline();
+  int32_t completion_tokens = 0;
+  while (true) {
+    std::optional<OutputEvent> event = live->outputs().Pop(absl::Milliseconds(50));
+    if (context->IsCancelled()) {
+      live->Cancel();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
+    }
+    if (std::chrono::system_clock::now() > deadline) {
+      live->Cancel();
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the request did not finish before its deadline");
+    }
+    if (!event) continue;
+    completion_tokens += static_cast<int32_t>(event->token_ids.size());
+    loom::v1::GenerateResponse response;
+    response.set_request_id(request_id);
+    response.set_text(std::move(event->text));
+    response.mutable_token_ids()->Add(event->token_ids.begin(), event->token_ids.end());
+    for (loom::v1::SequenceOutput& logprob : event->logprobs) {
+      *response.add_logprobs() = std::move(logprob);
+    }
+    response.set_replica_id(event->replica_id);
+    if (event->final()) {
+      response.set_finish_reason(event->finish_reason);
+      response.set_error_message(event->error_message);
+      response.set_prompt_tokens(prompt_tokens);
+      response.set_completion_tokens(completion_tokens);
+    }
+    if (!writer->Write(response)) {
+      live->Cancel();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
+    if (event->final()) return grpc::Status::OK;
+  }
+}
+
+grpc::Status InferenceService::GetClusterStatus(grpc::ServerContext*,
+                                                const loom::v1::ClusterStatusRequest*,
+                                                loom::v1::ClusterStatus* response) {
+  *response = cluster_.Status();
+  return grpc::Status::OK;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,430 @@
+#include "coordinator/replica.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "grpcpp/grpcpp.h"
+
+namespace loom::coordinator {
+namespace {
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+}  // namespace
+
+Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry)
+    : replica_id_(std::move(replica_id)), options_(options), retry_(std::move(retry)) {
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.set_replica_id(replica_id_);
+    stats_.set_max_plans_in_flight(options_.max_plans_in_flight);
+  }
+  loop_ = std::thread([this] { Loop(); });
+}
+
+Replica::~Replica() { Stop(); }
+
+void Replica::Connect(const WorkerEndpoint& endpoint) {
+  absl::MutexLock lock(&mu_);
+  pending_connect_ = endpoint;
+  last_heartbeat_ = absl::Now();
+  // A live stream to an earlier incarnation is cancelled so the loop notices at once.
+  if (live_context_ != nullptr) {
+    lost_reason_ = "the worker registered again";
+    live_context_->TryCancel();
+  }
+}
+
+absl::Status Replica::Submit(std::shared_ptr<Request> request) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || !healthy_.load()) {
+    return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
+  }
+  const int64_t waiting = stats_.num_waiting() + static_cast<int64_t>(inbox_.size());
+  if (waiting >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "replica %s has %d requests waiting (the limit, --max-waiting)", replica_id_, waiting));
+  }
+  const RequestParams& params = request->params();
+  const int64_t tokens = static_cast<int64_t>(params.prompt_ids.size()) + params.max_tokens;
+  const int64_t blocks = (tokens + endpoint_.block_size - 1) / endpoint_.block_size;
+  if (blocks > endpoint_.num_kv_blocks) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the prompt (%d tokens) plus max_tokens (%d) needs %d KV blocks; replica %s has %d",
+        params.prompt_ids.size(), params.max_tokens, blocks, replica_id_,
+        endpoint_.num_kv_blocks));
+  }
+  inbox_.push_back(std::move(request));
+  load_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void Replica::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+void Replica::MarkLost(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (live_context_ == nullptr) return;
+  lost_reason_ = reason;
+  live_context_->TryCancel();
+}
+
+void Replica::Heartbeat() {
+  absl::MutexLock lock(&mu_);
+  last_heartbeat_ = absl::Now();
+}
+
+void Replica::CheckHeartbeat(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (live_context_ == nullptr) return;
+  const absl::Duration silence = absl::Now() - last_heartbeat_;
+  if (silence > timeout) {
+    lost_reason_ = absl::StrFormat("no heartbeat for %d ms", absl::ToInt64Milliseconds(silence));
+    live_context_->TryCancel();
+  }
+}
+
+void Replica::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+loom::v1::ReplicaStatus Replica::Status() const {
+  absl::MutexLock lock(&mu_);
+  loom::v1::ReplicaStatus status = stats_;
+  status.set_healthy(healthy_.load());
+  status.set_worker_address(endpoint_.address);
+  status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(inbox_.size()));
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------
+// The loop thread.
+
+void Replica::Loop() {
+  while (true) {
+    std::optional<WorkerEndpoint> connect;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+      connect.swap(pending_connect_);
+    }
+    if (connect) {
+      if (stream_ != nullptr) LoseWorker("the worker registered again");
+      if (!ConnectStream(*connect)) continue;
+    }
+    if (stream_ == nullptr) {
+      absl::MutexLock lock(&mu_);
+      auto wakeup = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || pending_connect_.has_value();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&wakeup), absl::Seconds(1));
+      continue;
+    }
+
+    AdmitInbox();
+    DropCancelled();
+    if (!SendPlans()) {
+      LoseWorker("writing a plan to the worker failed");
+      continue;
+    }
+
+    std::optional<StreamEvent> event;
+    bool timed_out = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (in_flight_.empty()) {
+        // Idle: wait for work, a cancellation, a new worker, or the stream's end.
+        auto wakeup = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || wake_ || !inbox_.empty() || pending_connect_.has_value() ||
+                 !stream_events_.empty();
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&wakeup), absl::Milliseconds(50));
+        wake_ = false;
+      } else {
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !stream_events_.empty();
+        };
+        timed_out = !mu_.AwaitWithTimeout(absl::Condition(&ready), options_.step_timeout);
+      }
+      if (stopping_) break;
+      if (!stream_events_.empty()) {
+        event = std::move(stream_events_.front());
+        stream_events_.pop_front();
+      }
+    }
+    if (timed_out) {
+      LoseWorker(absl::StrFormat("no step result within %d ms (worker hung)",
+                                 absl::ToInt64Milliseconds(options_.step_timeout)));
+    } else if (event && !event->result) {
+      LoseWorker(event->closed_reason);
+    } else if (event) {
+      ApplyResult(*event->result);
+    }
+  }
+
+  // Stopping: end everything still here.
+  std::deque<std::shared_ptr<Request>> inbox;
+  {
+    absl::MutexLock lock(&mu_);
+    inbox.swap(inbox_);
+    healthy_.store(false);
+    live_context_ = nullptr;
+  }
+  for (auto& [seq_id, request] : requests_) {
+    request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
+                    replica_id_);
+  }
+  requests_.clear();
+  for (auto& request : inbox) {
+    request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
+                    replica_id_);
+  }
+  load_.store(0);
+  if (context_ != nullptr) context_->TryCancel();
+  if (reader_.joinable()) reader_.join();
+}
+
+bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
+  channel_ = grpc::CreateChannel(endpoint.address, grpc::InsecureChannelCredentials());
+  if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(5)))) {
+    std::fprintf(stderr, "loom: replica %s: cannot reach its worker at %s\n",
+                 replica_id_.c_str(), endpoint.address.c_str());
+    channel_.reset();
+    return false;
+  }
+  stub_ = loom::v1::Worker::NewStub(channel_);
+  context_ = std::make_unique<grpc::ClientContext>();
+  stream_ = stub_->Step(context_.get());
+  SchedulerConfig config;
+  config.block_size = endpoint.block_size;
+  config.num_blocks = endpoint.num_kv_blocks;
+  config.max_num_batched_tokens = options_.max_num_batched_tokens;
+  config.max_num_seqs = options_.max_num_seqs;
+  config.max_waiting = options_.max_waiting;
+  scheduler_ = std::make_unique<Scheduler>(config);
+  in_flight_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    stream_events_.clear();
+    lost_reason_.clear();
+    live_context_ = context_.get();
+    endpoint_ = endpoint;
+    last_heartbeat_ = absl::Now();
+    healthy_.store(true);
+  }
+  reader_ = std::thread([this, stream = stream_.get()] {
+    loom::v1::StepResult result;
+    while (stream->Read(&result)) {
+      absl::MutexLock lock(&mu_);
+      stream_events_.push_back({std::move(result), ""});
+      result = loom::v1::StepResult();
+    }
+    absl::MutexLock lock(&mu_);
+    stream_events_.push_back({std::nullopt, "the worker's step stream ended"});
+  });
+  PublishStats();
+  std::fprintf(stderr, "loom: replica %s: worker %s connected (%lld KV blocks of %d tokens)\n",
+               replica_id_.c_str(), endpoint.address.c_str(),
+               static_cast<long long>(endpoint.num_kv_blocks), endpoint.block_size);
+  return true;
+}
+
+void Replica::AdmitInbox() {
+  std::deque<std::shared_ptr<Request>> inbox;
+  {
+    absl::MutexLock lock(&mu_);
+    inbox.swap(inbox_);
+  }
+  for (std::shared_ptr<Request>& request : inbox) {
+    if (request->cancelled()) {
+      request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
+      load_.fetch_sub(1);
+      continue;
+    }
+    const RequestParams& params = request->params();
+    auto seq = std::make_unique<Sequence>();
+    seq->seq_id = request->seq_id();
+    seq->priority = params.priority;
+    seq->prompt_ids = params.prompt_ids;
+    seq->sampling = params.sampling;
+    seq->max_tokens = params.max_tokens;
+    absl::Status added = scheduler_->Add(std::move(seq));
+    if (!added.ok()) {
+      request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
+      load_.fetch_sub(1);
+      continue;
+    }
+    requests_[request->seq_id()] = std::move(request);
+  }
+}
+
+void Replica::DropCancelled() {
+  std::vector<uint64_t> cancelled;
+  for (const auto& [seq_id, request] : requests_) {
+    if (request->cancelled()) cancelled.push_back(seq_id);
+  }
+  for (uint64_t seq_id : cancelled) {
+    EndRequest(seq_id, loom::v1::FINISH_REASON_ABORT, "cancelled");
+  }
+}
+
+bool Replica::SendPlans() {
+  bool sent = false;
+  while (static_cast<int>(in_flight_.size()) < options_.max_plans_in_flight &&
+         scheduler_->has_work()) {
+    const absl::Time start = absl::Now();
+    SchedulerOutput out = scheduler_->Schedule();
+    if (out.empty()) break;
+    loom::v1::StepPlan plan;
+    InFlightPlan record;
+    record.step_id = next_step_id_++;
+    plan.set_step_id(record.step_id);
+    for (const ScheduledWork& work : out.scheduled) {
+      const Sequence& seq = *work.seq;
+      if (work.is_new) {
+        loom::v1::NewSequence* added = plan.add_added();
+        added->set_seq_id(seq.seq_id);
+        added->mutable_prompt_token_ids()->Add(seq.prompt_ids.begin(), seq.prompt_ids.end());
+        added->mutable_output_token_ids()->Add(seq.output_ids.begin(), seq.output_ids.end());
+        *added->mutable_sampling() = seq.sampling;
+      }
+      loom::v1::ScheduledSequence* scheduled = plan.add_scheduled();
+      scheduled->set_seq_id(seq.seq_id);
+      scheduled->mutable_new_block_ids()->Add(work.new_block_ids.begin(),
+                                              work.new_block_ids.end());
+      scheduled->set_num_tokens(work.num_tokens);
+      scheduled->set_sample(work.sample);
+      record.seq_ids.push_back(seq.seq_id);
+    }
+    plan.mutable_finished()->Add(out.finished.begin(), out.finished.end());
+    plan.mutable_preempted()->Add(out.preempted.begin(), out.preempted.end());
+    schedule_seconds_ += SecondsSince(start);
+    ++num_steps_;
+    if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;
+    num_tokens_computed_ += out.num_decode_tokens + out.num_prefill_tokens;
+    record.sent = absl::Now();
+    if (!stream_->Write(plan)) return false;
+    in_flight_.push_back(std::move(record));
+    sent = true;
+  }
+  if (sent) PublishStats();
+  return true;
+}
+
+void Replica::ApplyResult(const loom::v1::StepResult& result) {
+  if (in_flight_.empty() || in_flight_.front().step_id != result.step_id()) {
+    LoseWorker(absl::StrFormat("the worker answered step %d out of order", result.step_id()));
+    return;
+  }
+  InFlightPlan plan = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  step_seconds_ += SecondsSince(plan.sent);
+  if (result.error_code() != 0) {
+    // The worker dropped the plan's sequences; they cannot continue.
+    std::fprintf(stderr, "loom: replica %s: step %llu failed on the worker: %s\n",
+                 replica_id_.c_str(), static_cast<unsigned long long>(result.step_id()),
+                 result.error_message().c_str());
+    for (uint64_t seq_id : plan.seq_ids) {
+      EndRequest(seq_id, loom::v1::FINISH_REASON_ERROR,
+                 "the worker rejected the step: " + result.error_message());
+    }
+  } else {
+    for (const loom::v1::SequenceOutput& output : result.outputs()) {
+      Sequence* seq = scheduler_->ApplyOutput(output.seq_id(), output.token_id());
+      if (seq == nullptr) continue;
+      auto it = requests_.find(output.seq_id());
+      if (it == requests_.end()) continue;
+      if (it->second->OnToken(output, replica_id_)) {
+        scheduler_->Finish(output.seq_id());
+        requests_.erase(it);
+        load_.fetch_sub(1);
+      }
+    }
+  }
+  PublishStats();
+}
+
+void Replica::EndRequest(uint64_t seq_id, loom::v1::FinishReason reason,
+                         const std::string& message) {
+  auto it = requests_.find(seq_id);
+  if (it == requests_.end()) return;
+  it->second->Finish(reason, message, replica_id_);
+  requests_.erase(it);
+  scheduler_->Finish(seq_id);
+  load_.fetch_sub(1);
+}
+
+void Replica::LoseWorker(const std::string& reason) {
+  std::string why = reason;
+  std::deque<std::shared_ptr<Request>> inbox;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!lost_reason_.empty()) why = lost_reason_;
+    healthy_.store(false);
+    live_context_ = nullptr;
+    inbox.swap(inbox_);
+  }
+  std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
+  if (context_ != nullptr) context_->TryCancel();
+  if (reader_.joinable()) reader_.join();
+  if (stream_ != nullptr) stream_->Finish().ok();  // the status is the cancellation
+  stream_.reset();
+  context_.reset();
+  stub_.reset();
+  channel_.reset();
+  in_flight_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    stream_events_.clear();
+  }
+
+  std::vector<std::shared_ptr<Request>> retry(inbox.begin(), inbox.end());
+  if (scheduler_ != nullptr) {
+    for (std::unique_ptr<Sequence>& seq : scheduler_->TakeAll()) {
+      auto it = requests_.find(seq->seq_id);
+      if (it == requests_.end()) continue;
+      std::shared_ptr<Request>& request = it->second;
+      if (request->cancelled()) {
+        request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
+      } else if (!request->produced_output()) {
+        retry.push_back(request);
+      } else {
+        request->Finish(loom::v1::FINISH_REASON_ERROR,
+                        absl::StrFormat("replica %s lost its worker: %s", replica_id_, why),
+                        replica_id_);
+      }
+    }
+  }
+  requests_.clear();
+  load_.store(0);
+  PublishStats();
+  for (std::shared_ptr<Request>& request : retry) retry_(std::move(request));
+}
+
+void Replica::PublishStats() {
+  absl::MutexLock lock(&mu_);
+  stats_.set_num_steps(num_steps_);
+  stats_.set_num_mixed_steps(num_mixed_steps_);
+  stats_.set_num_tokens_computed(num_tokens_computed_);
+  stats_.set_schedule_seconds(schedule_seconds_);
+  stats_.set_step_seconds(step_seconds_);
+  if (scheduler_ != nullptr && healthy_.load()) {
+    stats_.set_num_kv_blocks(scheduler_->block_manager().num_blocks());
+    stats_.set_num_free_blocks(scheduler_->block_manager().num_free());
+    stats_.set_num_running(scheduler_->num_running());
+    stats_.set_num_waiting(scheduler_->num_waiting());
+    stats_.set_num_preemptions(scheduler_->num_preemptions());
+  } else {
+    stats_.set_num_running(0);
+    stats_.set_num_waiting(0);
+  }
+}
+
+}  // namespace loom::coordinator

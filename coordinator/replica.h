@@ -1,0 +1,137 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/request.h"
+#include "coordinator/scheduler.h"
+#include "loom/v1/inference.pb.h"
+#include "loom/v1/worker.grpc.pb.h"
+
+namespace loom::coordinator {
+
+struct ReplicaOptions {
+  int64_t max_num_batched_tokens = 512;
+  int32_t max_num_seqs = 256;
+  int64_t max_waiting = 1024;
+  absl::Duration step_timeout = absl::Seconds(30);  // a step slower than this: worker hung
+  int max_plans_in_flight = 2;                      // 2: build plan N+1 while N runs
+};
+
+/// Where a registered worker serves its step stream, and its KV pool.
+struct WorkerEndpoint {
+  std::string address;
+  int64_t num_kv_blocks = 0;
+  int32_t block_size = 16;
+};
+
+/// One replica (a tensor-parallel group; one worker today) and the step loop that drives
+/// it: a thread that admits requests into the replica's Scheduler, turns each
+/// SchedulerOutput into a StepPlan on the worker's step stream (two in flight), applies
+/// the results (detokenize, stop checks, stream to clients) and detects a dead or hung
+/// worker. Requests that had produced no output when their worker was lost go to
+/// `retry` (to run elsewhere); the others end with an error. Thread-safe.
+class Replica {
+ public:
+  using RetryFn = std::function<void(std::shared_ptr<Request>)>;
+
+  Replica(std::string replica_id, ReplicaOptions options, RetryFn retry);
+  ~Replica();  // Stop()s
+
+  /// A worker registered (first time or after a restart): the loop (re)opens the step
+  /// stream to it. Any stream to an earlier worker is treated as lost first.
+  void Connect(const WorkerEndpoint& endpoint);
+  /// Admits a request. Unavailable when the replica has no live worker or is stopping;
+  /// ResourceExhausted when its waiting queue is full; InvalidArgument when the request
+  /// can never fit in its KV pool.
+  absl::Status Submit(std::shared_ptr<Request> request);
+  /// Wakes the loop (a request was cancelled).
+  void Wake();
+  /// Declares the worker dead (heartbeat timeout): the stream is cancelled and the loop
+  /// fails or retries its requests.
+  void MarkLost(const std::string& reason);
+  /// Records a heartbeat; MarkLost()s when the previous one is older than `timeout`
+  /// (called periodically by the cluster's monitor with `now`).
+  void Heartbeat();
+  void CheckHeartbeat(absl::Duration timeout);
+  /// Ends every request with ABORT and stops the loop. Idempotent.
+  void Stop();
+
+  const std::string& replica_id() const { return replica_id_; }
+  bool healthy() const { return healthy_.load(); }
+  /// Requests admitted and not finished (waiting + running + not yet admitted).
+  int64_t load() const { return load_.load(); }
+  loom::v1::ReplicaStatus Status() const;
+
+ private:
+  struct InFlightPlan {
+    uint64_t step_id = 0;
+    std::vector<uint64_t> seq_ids;  // every sequence the plan scheduled
+    absl::Time sent;
+  };
+  // What the reader thread hands to the loop: a result, or the end of the stream.
+  struct StreamEvent {
+    std::optional<loom::v1::StepResult> result;
+    std::string closed_reason;
+  };
+
+  void Loop();
+  bool ConnectStream(const WorkerEndpoint& endpoint);  // loop thread
+  void ReadResults(grpc::ClientReaderWriter<loom::v1::StepPlan, loom::v1::StepResult>* stream,
+                   grpc::ClientContext* context);
+  void AdmitInbox();
+  void DropCancelled();
+  bool SendPlans();  // false: the stream failed
+  void ApplyResult(const loom::v1::StepResult& result);
+  void LoseWorker(const std::string& reason);
+  void EndRequest(uint64_t seq_id, loom::v1::FinishReason reason, const std::string& message);
+  void PublishStats();
+
+  const std::string replica_id_;
+  const ReplicaOptions options_;
+  const RetryFn retry_;
+  std::atomic<bool> healthy_{false};
+  std::atomic<int64_t> load_{0};
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<WorkerEndpoint> pending_connect_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Request>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::deque<StreamEvent> stream_events_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  std::string lost_reason_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* live_context_ ABSL_GUARDED_BY(mu_) = nullptr;  // for MarkLost
+  absl::Time last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  WorkerEndpoint endpoint_ ABSL_GUARDED_BY(mu_);
+  loom::v1::ReplicaStatus stats_ ABSL_GUARDED_BY(mu_);
+
+  // Loop thread only.
+  std::unique_ptr<Scheduler> scheduler_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_;  // admitted
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<loom::v1::Worker::Stub> stub_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<loom::v1::StepPlan, loom::v1::StepResult>> stream_;
+  std::thread reader_;
+  std::deque<InFlightPlan> in_flight_;
+  uint64_t next_step_id_ = 1;
+  uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;
+  double schedule_seconds_ = 0, step_seconds_ = 0;
+
+  std::thread loop_;
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,79 @@
+#include "coordinator/request.h"
+
+#include <algorithm>
+
+namespace loom::coordinator {
+
+void OutputQueue::Push(OutputEvent event) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(event));
+}
+
+std::optional<OutputEvent> OutputQueue::Pop(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto has_event = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&has_event), timeout)) return std::nullopt;
+  OutputEvent event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+Request::Request(std::string request_id, uint64_t seq_id, RequestParams params,
+                 const common::Tokenizer& tokenizer, std::vector<int32_t> eos_ids)
+    : request_id_(std::move(request_id)),
+      seq_id_(seq_id),
+      params_(std::move(params)),
+      eos_ids_(std::move(eos_ids)),
+      decoder_(tokenizer, /*skip_special=*/true),
+      stop_matcher_(params_.stop),
+      arrival_(std::chrono::steady_clock::now()) {}
+
+bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id) {
+  if (finished_) return true;
+  ++num_outputs_;
+  const int32_t id = output.token_id();
+  OutputEvent event;
+  event.token_ids.push_back(id);
+  if (params_.sampling.num_logprobs() >= 0) event.logprobs.push_back(output);
+  if (num_outputs_ == 1) event.replica_id = replica_id;
+
+  const bool is_eos = !params_.ignore_eos &&
+                      std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end();
+  const bool is_stop_token = std::find(params_.stop_token_ids.begin(),
+                                       params_.stop_token_ids.end(),
+                                       id) != params_.stop_token_ids.end();
+  if (is_eos || is_stop_token) {
+    // The stop token's own text is not part of the completion.
+    event.text = stop_matcher_.Append(decoder_.Flush()).text + stop_matcher_.Flush();
+    event.finish_reason = loom::v1::FINISH_REASON_STOP;
+  } else {
+    StopStringMatcher::Emitted emitted = stop_matcher_.Append(decoder_.Append(id));
+    event.text = std::move(emitted.text);
+    if (emitted.stopped) {
+      event.finish_reason = loom::v1::FINISH_REASON_STOP;
+    } else if (num_outputs_ >= params_.max_tokens) {
+      event.text += stop_matcher_.Append(decoder_.Flush()).text;
+      event.text += stop_matcher_.Flush();
+      event.finish_reason = loom::v1::FINISH_REASON_LENGTH;
+    }
+  }
+  finished_ = event.final();
+  outputs_.Push(std::move(event));
+  return finished_;
+}
+
+void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
+                     const std::string& replica_id) {
+  if (finished_) return;
+  finished_ = true;
+  OutputEvent event;
+  if (reason != loom::v1::FINISH_REASON_ERROR) {
+    event.text = stop_matcher_.Append(decoder_.Flush()).text + stop_matcher_.Flush();
+  }
+  event.finish_reason = reason;
+  event.error_message = std::move(error_message);
+  if (num_outputs_ == 0) event.replica_id = replica_id;
+  outputs_.Push(std::move(event));
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,103 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/incremental_decoder.h"
+#include "common/tokenizer.h"
+#include "coordinator/stop_string_matcher.h"
+#include "loom/v1/inference.pb.h"
+
+namespace loom::coordinator {
+
+/// One message for the client: new text/tokens, and on the last one the finish reason.
+struct OutputEvent {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<loom::v1::SequenceOutput> logprobs;
+  loom::v1::FinishReason finish_reason = loom::v1::FINISH_REASON_UNSPECIFIED;
+  std::string error_message;
+  std::string replica_id;
+  bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
+};
+
+/// The hand-off between the replica loop (producer) and the RPC handler (consumer).
+/// Thread-safe.
+class OutputQueue {
+ public:
+  void Push(OutputEvent event);
+  /// The next event, or nullopt after `timeout` without one.
+  std::optional<OutputEvent> Pop(absl::Duration timeout);
+
+ private:
+  absl::Mutex mu_;
+  std::deque<OutputEvent> events_ ABSL_GUARDED_BY(mu_);
+};
+
+/// What the client asked for, validated and tokenized.
+struct RequestParams {
+  std::vector<int32_t> prompt_ids;
+  loom::v1::SamplingParams sampling;
+  int32_t max_tokens = 0;  // >= 1 after validation
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+};
+
+/// One request in flight: its parameters, the client's queue, and the output processing
+/// (incremental detokenization, stop checks). The replica loop that runs it is the only
+/// writer of the processing state; `outputs` is the thread-safe hand-off to the handler.
+class Request {
+ public:
+  Request(std::string request_id, uint64_t seq_id, RequestParams params,
+          const common::Tokenizer& tokenizer, std::vector<int32_t> eos_ids);
+
+  const std::string& request_id() const { return request_id_; }
+  uint64_t seq_id() const { return seq_id_; }
+  const RequestParams& params() const { return params_; }
+  OutputQueue& outputs() { return outputs_; }
+
+  /// Processes one sampled token (replica loop only): appends text through the
+  /// detokenizer and the stop strings, pushes an event, and returns true when the
+  /// sequence is finished (EOS, stop token, stop string, max_tokens; the final event was
+  /// pushed).
+  bool OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id);
+  /// Ends the request without more tokens (abort or error): pushes the final event.
+  void Finish(loom::v1::FinishReason reason, std::string error_message,
+              const std::string& replica_id);
+
+  /// True once any token reached the client: the request can no longer be retried on
+  /// another replica.
+  bool produced_output() const { return num_outputs_ > 0; }
+  int32_t num_outputs() const { return num_outputs_; }
+  bool finished() const { return finished_; }
+  /// Asks the replica running it to drop it at its next step (any thread). The replica
+  /// then frees its blocks and pushes the final ABORT event.
+  void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  std::chrono::steady_clock::time_point arrival() const { return arrival_; }
+
+ private:
+  std::string request_id_;
+  uint64_t seq_id_;
+  RequestParams params_;
+  std::vector<int32_t> eos_ids_;
+  common::IncrementalDecoder decoder_;
+  StopStringMatcher stop_matcher_;
+  int32_t num_outputs_ = 0;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point arrival_;
+  std::atomic<bool> cancelled_{false};
+  OutputQueue outputs_;
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,98 @@
+#include "coordinator/request_validation.h"
+
+#include "absl/strings/str_format.h"
+#include "worker/sampler.h"
+
+namespace loom::coordinator {
+namespace {
+
+// Unset fields get their defaults; the result has every field set (the worker protocol
+// requires it).
+loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in) {
+  loom::v1::SamplingParams out;
+  out.set_temperature(in.has_temperature() ? in.temperature() : 0.0f);
+  out.set_top_k(in.has_top_k() ? in.top_k() : 0);
+  out.set_top_p(in.has_top_p() ? in.top_p() : 1.0f);
+  out.set_min_p(in.has_min_p() ? in.min_p() : 0.0f);
+  out.set_repetition_penalty(in.has_repetition_penalty() ? in.repetition_penalty() : 1.0f);
+  out.set_presence_penalty(in.has_presence_penalty() ? in.presence_penalty() : 0.0f);
+  out.set_frequency_penalty(in.has_frequency_penalty() ? in.frequency_penalty() : 0.0f);
+  out.set_seed(in.has_seed() ? in.seed() : 0);
+  out.set_num_logprobs(in.has_num_logprobs() ? in.num_logprobs() : -1);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
+                                                      const common::ModelConfig& config,
+                                                      const common::Tokenizer& tokenizer) {
+  RequestParams params;
+  if (request.has_token_ids()) {
+    params.prompt_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+    for (size_t i = 0; i < params.prompt_ids.size(); ++i) {
+      const int32_t id = params.prompt_ids[i];
+      if (id < 0 || id >= config.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "prompt token %d is id %d, outside the vocabulary [0, %d)", i, id, config.vocab_size));
+      }
+    }
+  } else {
+    params.prompt_ids =
+        tokenizer.Encode(request.text(), /*add_special=*/true, /*parse_special=*/true);
+  }
+  if (params.prompt_ids.empty() ||
+      (!request.has_token_ids() && request.text().empty())) {
+    return absl::InvalidArgumentError("the prompt is empty");
+  }
+  const int64_t prompt_len = static_cast<int64_t>(params.prompt_ids.size());
+  if (prompt_len >= config.context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the prompt has %d tokens; the model's context length is %d (room for at least one "
+        "output token is needed)",
+        prompt_len, config.context_length));
+  }
+  if (request.max_tokens() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens must be >= 0, got %d", request.max_tokens()));
+  }
+  params.max_tokens = request.max_tokens() == 0
+                          ? static_cast<int32_t>(config.context_length - prompt_len)
+                          : request.max_tokens();
+  if (prompt_len + params.max_tokens > config.context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the prompt (%d tokens) plus max_tokens (%d) exceeds the context length %d",
+        prompt_len, params.max_tokens, config.context_length));
+  }
+
+  params.sampling = WithDefaults(request.sampling());
+  worker::SamplingParams check;
+  check.temperature = params.sampling.temperature();
+  check.top_k = params.sampling.top_k();
+  check.top_p = params.sampling.top_p();
+  check.min_p = params.sampling.min_p();
+  check.repetition_penalty = params.sampling.repetition_penalty();
+  check.presence_penalty = params.sampling.presence_penalty();
+  check.frequency_penalty = params.sampling.frequency_penalty();
+  check.seed = params.sampling.seed();
+  check.num_logprobs = params.sampling.num_logprobs();
+  if (absl::Status valid = worker::ValidateSamplingParams(check, config.vocab_size); !valid.ok()) {
+    return valid;
+  }
+
+  for (const std::string& stop : request.stop()) {
+    if (!stop.empty()) params.stop.push_back(stop);
+  }
+  for (int32_t id : request.stop_token_ids()) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stop_token_ids holds %d, outside the vocabulary [0, %d)", id, config.vocab_size));
+    }
+    params.stop_token_ids.push_back(id);
+  }
+  params.ignore_eos = request.ignore_eos();
+  params.priority = request.priority();
+  return params;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,20 @@
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "common/tokenizer.h"
+#include "coordinator/request.h"
+#include "loom/v1/inference.pb.h"
+
+namespace loom::coordinator {
+
+/// Tokenizes the prompt and checks a client's request against the model: a non-empty
+/// prompt, token ids within the vocabulary, prompt + max_tokens within the context
+/// length (max_tokens 0 means "up to the context length"), sampling parameters in range
+/// (unset ones take their defaults: greedy). InvalidArgument naming the field and value.
+/// Thread-safe.
+absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
+                                                      const common::ModelConfig& config,
+                                                      const common::Tokenizer& tokenizer);
+
+}  // namespace loom::coordinator

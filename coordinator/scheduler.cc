@@ -1,0 +1,307 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/algorithm/container.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/check.h"
+
+namespace loom::coordinator {
+namespace {
+
+int64_t CeilDiv(int64_t numerator, int64_t denominator) {
+  return (numerator + denominator - 1) / denominator;
+}
+
+// Tokens of `seq` known but not yet scheduled for compute.
+int32_t PendingTokens(const Sequence& seq) { return seq.num_known_tokens() - seq.num_computed; }
+
+// A sequence with every output produced or on its way only waits for its results (and
+// for Finish): scheduling more compute would sample past max_tokens.
+bool HasAllOutputs(const Sequence& seq) {
+  return seq.num_outputs_expected() >= seq.max_tokens;
+}
+
+}  // namespace
+
+bool Scheduler::SchedulingOrder::operator()(const Sequence* a, const Sequence* b) const {
+  return std::tie(a->priority, a->arrival, a->seq_id) <
+         std::tie(b->priority, b->arrival, b->seq_id);
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), block_manager_(config.num_blocks) {
+  // The replica validated its configuration; nonsense here is a bug.
+  LOOM_CHECK(config.block_size > 0);
+  LOOM_CHECK(config.max_num_batched_tokens > 0);
+  LOOM_CHECK(config.max_num_seqs > 0);
+  LOOM_CHECK(config.max_waiting >= 0);
+}
+
+absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
+  if (seq == nullptr) return absl::InvalidArgumentError("no sequence to add");
+  const uint64_t id = seq->seq_id;
+  if (seq->prompt_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " has an empty prompt"));
+  }
+  if (seq->max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", id, ": max_tokens is ", seq->max_tokens, ", must be >= 1"));
+  }
+  if (static_cast<int64_t>(seq->output_ids.size()) >= seq->max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " already has ",
+                                                   seq->output_ids.size(),
+                                                   " outputs of max_tokens ", seq->max_tokens));
+  }
+  if (sequences_.contains(id) || absl::c_linear_search(finished_ids_, id)) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence id ", id, " is in use"));
+  }
+  const int64_t max_length = static_cast<int64_t>(seq->prompt_ids.size()) + seq->max_tokens;
+  const int64_t blocks_needed = CeilDiv(max_length, config_.block_size);
+  if (blocks_needed > block_manager_.num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", id, " can never fit: prompt ", seq->prompt_ids.size(), " + max_tokens ",
+        seq->max_tokens, " tokens need ", blocks_needed, " KV blocks of ", config_.block_size,
+        " tokens, the pool has ", block_manager_.num_blocks()));
+  }
+  if (static_cast<int64_t>(waiting_.size()) >= config_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the waiting queue is full (", waiting_.size(), " sequences)"));
+  }
+
+  // The scheduling bookkeeping is ours: nothing of it is on any worker yet. Outputs the
+  // sequence brings (requeued from another replica) are recomputed like the prompt.
+  seq->status = SequenceStatus::kWaiting;
+  seq->num_computed = 0;
+  seq->samples_in_flight = 0;
+  seq->blocks.clear();
+  seq->on_worker = false;
+  seq->arrival = ++next_arrival_;
+  Sequence* raw = seq.get();
+  sequences_.emplace(id, Entry{std::move(seq), 0});
+  waiting_.insert(raw);
+  return absl::OkStatus();
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  ++step_;
+  preempted_this_step_ = false;
+  // Sequences released by the previous plan can no longer be named by a plan in flight
+  // once this one is being built (the caller applied that plan's predecessor already).
+  released_.clear();
+  std::swap(released_, finishing_);
+
+  SchedulerOutput out;
+  out.finished.swap(finished_ids_);
+  int64_t budget = config_.max_num_batched_tokens;
+
+  decode_candidates_.clear();
+  prefill_candidates_.clear();
+  for (Sequence* seq : running_) {
+    if (HasAllOutputs(*seq)) continue;
+    const int32_t pending = PendingTokens(*seq);
+    if (pending == 1) {
+      decode_candidates_.push_back(seq);
+    } else if (pending > 1) {
+      prefill_candidates_.push_back(seq);
+    }
+  }
+
+  // (1) Decodes, one token each: they keep their streams moving.
+  for (Sequence* seq : decode_candidates_) {
+    if (budget == 0) break;
+    if (seq->status != SequenceStatus::kRunning) continue;  // preempted by this plan
+    if (ScheduleRunning(seq, 1, out)) --budget;
+  }
+  // (2) The next prefill chunks of running sequences.
+  for (Sequence* seq : prefill_candidates_) {
+    if (budget == 0) break;
+    if (seq->status != SequenceStatus::kRunning) continue;
+    const int32_t count =
+        static_cast<int32_t>(std::min<int64_t>(PendingTokens(*seq), budget));
+    if (ScheduleRunning(seq, count, out)) budget -= count;
+  }
+  // (3) Admit waiting sequences. Not after a preemption: blocks are short, and a
+  // sequence preempted by this plan must not come back in it.
+  if (!preempted_this_step_) {
+    auto it = waiting_.begin();
+    while (it != waiting_.end() && budget > 0 &&
+           static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+      Sequence* seq = *it;
+      // Preempted with a sample in flight: its recompute must include that token.
+      if (seq->samples_in_flight > 0 || HasAllOutputs(*seq)) {
+        ++it;
+        continue;
+      }
+      const int32_t count =
+          static_cast<int32_t>(std::min<int64_t>(PendingTokens(*seq), budget));
+      // Strict order: when the head does not fit, nothing behind it jumps the queue.
+      if (BlocksNeeded(*seq, count) > block_manager_.num_free()) break;
+      it = waiting_.erase(it);
+      seq->status = SequenceStatus::kRunning;
+      running_.insert(seq);
+      Emit(seq, count, out);
+      budget -= count;
+    }
+  }
+  return out;
+}
+
+int64_t Scheduler::BlocksNeeded(const Sequence& seq, int32_t num_tokens) const {
+  return CeilDiv(static_cast<int64_t>(seq.num_computed) + num_tokens, config_.block_size) -
+         static_cast<int64_t>(seq.blocks.size());
+}
+
+bool Scheduler::ScheduleRunning(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
+  while (BlocksNeeded(*seq, num_tokens) > block_manager_.num_free()) {
+    // `seq` itself has not been scheduled in this plan, so there is always a victim.
+    Sequence* victim = PickVictim();
+    LOOM_CHECK(victim != nullptr);
+    Preempt(victim, out);
+    if (victim == seq) return false;
+  }
+  Emit(seq, num_tokens, out);
+  return true;
+}
+
+void Scheduler::Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
+  const int32_t pending = PendingTokens(*seq);
+  LOOM_CHECK(num_tokens >= 1 && num_tokens <= pending);
+  auto entry = sequences_.find(seq->seq_id);
+  LOOM_CHECK(entry != sequences_.end());
+  entry->second.scheduled_in_step = step_;
+
+  ScheduledWork& work = out.scheduled.emplace_back();
+  work.seq = seq;
+  work.is_new = !seq->on_worker;
+  seq->on_worker = true;
+  const int64_t blocks_needed = BlocksNeeded(*seq, num_tokens);
+  if (blocks_needed > 0) {
+    absl::StatusOr<std::vector<int32_t>> blocks = block_manager_.Allocate(blocks_needed);
+    LOOM_CHECK(blocks.ok());  // the caller made room
+    work.new_block_ids = *std::move(blocks);
+    seq->blocks.insert(seq->blocks.end(), work.new_block_ids.begin(),
+                       work.new_block_ids.end());
+  }
+  work.num_tokens = num_tokens;
+  if (pending == 1) {
+    out.num_decode_tokens += 1;
+  } else {
+    out.num_prefill_tokens += num_tokens;
+  }
+  seq->num_computed += num_tokens;
+  // Computing the last known token yields the next one: sample it. Its id joins the
+  // known tokens at once, so the next plan can schedule its decode before it comes back.
+  if (num_tokens == pending) {
+    work.sample = true;
+    ++seq->samples_in_flight;
+  }
+}
+
+Sequence* Scheduler::PickVictim() {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    auto entry = sequences_.find((*it)->seq_id);
+    LOOM_CHECK(entry != sequences_.end());
+    if (entry->second.scheduled_in_step != step_) return *it;
+  }
+  return nullptr;
+}
+
+void Scheduler::Preempt(Sequence* seq, SchedulerOutput& out) {
+  LOOM_CHECK(seq->status == SequenceStatus::kRunning);
+  running_.erase(seq);
+  ReleaseBlocks(*seq);
+  seq->num_computed = 0;
+  seq->status = SequenceStatus::kWaiting;
+  if (seq->on_worker) out.preempted.push_back(seq->seq_id);
+  seq->on_worker = false;
+  ++seq->num_preemptions;
+  ++num_preemptions_;
+  preempted_this_step_ = true;
+  // It keeps its arrival, so it sorts ahead of everything that arrived after it.
+  waiting_.insert(seq);
+}
+
+void Scheduler::ReleaseBlocks(Sequence& seq) {
+  // Tail first: the least shareable blocks become the first candidates for reuse.
+  for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
+    const absl::Status status = block_manager_.Free(absl::MakeConstSpan(&*it, 1));
+    LOOM_CHECK(status.ok());  // a block table names only blocks it holds
+  }
+  seq.blocks.clear();
+}
+
+Sequence* Scheduler::ApplyOutput(uint64_t seq_id, int32_t token_id) {
+  auto entry = sequences_.find(seq_id);
+  if (entry == sequences_.end()) return nullptr;
+  Sequence* seq = entry->second.seq.get();
+  // No sample was scheduled: a stale or duplicate result, dropped like an unknown id.
+  if (seq->samples_in_flight == 0) return nullptr;
+  // A preempted sequence keeps the token: its recompute includes it.
+  seq->output_ids.push_back(token_id);
+  --seq->samples_in_flight;
+  return seq;
+}
+
+void Scheduler::Finish(uint64_t seq_id) {
+  auto entry = sequences_.find(seq_id);
+  if (entry == sequences_.end()) return;
+  std::unique_ptr<Sequence> seq = std::move(entry->second.seq);
+  sequences_.erase(entry);
+  if (seq->status == SequenceStatus::kRunning) {
+    running_.erase(seq.get());
+  } else {
+    waiting_.erase(seq.get());
+  }
+  ReleaseBlocks(*seq);
+  seq->status = SequenceStatus::kFinished;
+  if (seq->on_worker) finished_ids_.push_back(seq_id);
+  finishing_.push_back(std::move(seq));
+}
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
+  std::vector<std::unique_ptr<Sequence>> taken;
+  taken.reserve(running_.size() + waiting_.size());
+  for (const OrderedSequences* queue : {&running_, &waiting_}) {
+    for (Sequence* seq : *queue) {
+      ReleaseBlocks(*seq);
+      seq->num_computed = 0;
+      // The worker is gone: the samples it owed will never come back.
+      seq->samples_in_flight = 0;
+      seq->on_worker = false;
+      seq->status = SequenceStatus::kWaiting;
+      auto entry = sequences_.find(seq->seq_id);
+      LOOM_CHECK(entry != sequences_.end());
+      taken.push_back(std::move(entry->second.seq));
+    }
+  }
+  running_.clear();
+  waiting_.clear();
+  sequences_.clear();
+  // Nothing is left on the worker to release.
+  finished_ids_.clear();
+  return taken;
+}
+
+Sequence* Scheduler::Find(uint64_t seq_id) {
+  auto entry = sequences_.find(seq_id);
+  return entry == sequences_.end() ? nullptr : entry->second.seq.get();
+}
+
+int32_t Scheduler::num_running() const { return static_cast<int32_t>(running_.size()); }
+
+int32_t Scheduler::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+
+bool Scheduler::has_work() const {
+  return !running_.empty() || !waiting_.empty() || !finished_ids_.empty();
+}
+
+}  // namespace loom::coordinator

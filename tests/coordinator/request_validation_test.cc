@@ -1,0 +1,104 @@
+#include "coordinator/request_validation.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "common/gguf_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace loom::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+class RequestValidationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // LOOM_MODEL_PATH, else the checkout's models/ (found from this file's path).
+    const char* env = std::getenv("LOOM_MODEL_PATH");
+    const std::string path =
+        env != nullptr ? std::string(env)
+                       : (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
+                             "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+    auto gguf = common::GgufFile::Open(path);
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    gguf_ = std::move(gguf).value().release();
+    config_ = new common::ModelConfig(*common::ModelConfigFromGguf(*gguf_));
+    tokenizer_ = common::Tokenizer::FromGguf(*gguf_).value().release();
+  }
+
+  absl::StatusOr<RequestParams> Validate(const loom::v1::GenerateRequest& request) {
+    return ValidateGenerateRequest(request, *config_, *tokenizer_);
+  }
+
+  static common::GgufFile* gguf_;
+  static common::ModelConfig* config_;
+  static common::Tokenizer* tokenizer_;
+};
+
+common::GgufFile* RequestValidationTest::gguf_ = nullptr;
+common::ModelConfig* RequestValidationTest::config_ = nullptr;
+common::Tokenizer* RequestValidationTest::tokenizer_ = nullptr;
+
+TEST_F(RequestValidationTest, UnsetSamplingMeansGreedyAndMaxTokensFillsTheContext) {
+  loom::v1::GenerateRequest request;
+  request.set_text("The capital of France is");
+  auto params = Validate(request);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->prompt_ids, tokenizer_->Encode("The capital of France is", true, true));
+  EXPECT_EQ(params->sampling.temperature(), 0.0f);
+  EXPECT_EQ(params->sampling.top_p(), 1.0f);
+  EXPECT_EQ(params->sampling.repetition_penalty(), 1.0f);
+  EXPECT_EQ(params->sampling.num_logprobs(), -1);
+  EXPECT_EQ(params->max_tokens + static_cast<int64_t>(params->prompt_ids.size()),
+            config_->context_length);
+}
+
+TEST_F(RequestValidationTest, RejectsAnEmptyPrompt) {
+  loom::v1::GenerateRequest request;
+  request.set_text("");
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("empty"));
+  request.mutable_token_ids();
+  EXPECT_EQ(Validate(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RequestValidationTest, RejectsTokenIdsOutsideTheVocabulary) {
+  loom::v1::GenerateRequest request;
+  request.mutable_token_ids()->add_ids(1);
+  request.mutable_token_ids()->add_ids(static_cast<int32_t>(config_->vocab_size));
+  auto params = Validate(request);
+  EXPECT_EQ(params.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(params.status().message(), HasSubstr(std::to_string(config_->vocab_size)));
+}
+
+TEST_F(RequestValidationTest, RejectsPromptPlusMaxTokensPastTheContext) {
+  loom::v1::GenerateRequest request;
+  request.set_text("hello");
+  request.set_max_tokens(static_cast<int32_t>(config_->context_length));
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("context length"));
+  request.set_max_tokens(-1);
+  EXPECT_EQ(Validate(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RequestValidationTest, RejectsSamplingParametersOutOfRange) {
+  loom::v1::GenerateRequest request;
+  request.set_text("hello");
+  request.mutable_sampling()->set_top_p(0.0f);
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("top_p"));
+  request.mutable_sampling()->clear_top_p();
+  request.mutable_sampling()->set_temperature(-1.0f);
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("temperature"));
+}
+
+TEST_F(RequestValidationTest, RejectsStopTokenIdsOutsideTheVocabulary) {
+  loom::v1::GenerateRequest request;
+  request.set_text("hello");
+  request.add_stop_token_ids(-3);
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("stop_token_ids"));
+}
+
+}  // namespace
+}  // namespace loom::coordinator

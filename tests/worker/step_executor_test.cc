@@ -1,0 +1,464 @@
+#include "worker/step_executor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "worker/local_generator.h"
+#include "worker/model_runner.h"
+#include "worker/model_runner_backend.h"
+#include "worker/noop_backend.h"
+
+namespace loom::worker {
+namespace {
+
+constexpr int64_t kNumBlocks = 64;
+constexpr int64_t kBlockSize = 16;
+
+std::string ModelPath() {
+  if (const char* path = std::getenv("LOOM_MODEL_PATH")) return path;
+  return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
+          "SmolLM2-135M-Instruct.Q4_1.gguf")
+      .string();
+}
+
+// A fixed 21-token prompt (SmolLM2 ids of an English sentence).
+std::vector<int32_t> Prompt() {
+  return {504, 3575,  282, 4649, 314,  7042, 30,   378, 3575, 282, 7493,
+          314, 11657, 30,  378,  3575, 282,  3576, 314, 216,  1345};
+}
+
+loom::v1::NewSequence NewSequence(uint64_t seq_id, const std::vector<int32_t>& prompt,
+                                  float temperature = 0.0f) {
+  loom::v1::NewSequence added;
+  added.set_seq_id(seq_id);
+  added.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  loom::v1::SamplingParams* sampling = added.mutable_sampling();
+  sampling->set_temperature(temperature);
+  sampling->set_top_k(0);
+  sampling->set_top_p(1.0f);
+  sampling->set_min_p(0.0f);
+  sampling->set_repetition_penalty(1.0f);
+  sampling->set_presence_penalty(0.0f);
+  sampling->set_frequency_penalty(0.0f);
+  sampling->set_seed(0);
+  sampling->set_num_logprobs(-1);
+  return added;
+}
+
+void Schedule(loom::v1::StepPlan& plan, uint64_t seq_id, int32_t num_tokens, bool sample,
+              std::vector<int32_t> new_blocks = {}) {
+  loom::v1::ScheduledSequence* entry = plan.add_scheduled();
+  entry->set_seq_id(seq_id);
+  entry->set_num_tokens(num_tokens);
+  entry->set_sample(sample);
+  entry->mutable_new_block_ids()->Add(new_blocks.begin(), new_blocks.end());
+}
+
+// A plan with the next step id of `executor_steps`.
+loom::v1::StepPlan Plan(uint64_t& step_id) {
+  loom::v1::StepPlan plan;
+  plan.set_step_id(++step_id);
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------
+// Bookkeeping and validation, on the noop backend (no weights).
+
+class StepExecutorNoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto gguf = common::GgufFile::Open(ModelPath());
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    auto config = common::ModelConfigFromGguf(**gguf);
+    ASSERT_TRUE(config.ok()) << config.status();
+    backend_ =
+        std::make_unique<NoopBackend>(*config, kNumBlocks, kBlockSize, std::vector<int32_t>{0, 2});
+    executor_ = std::make_unique<StepExecutor>(*backend_);
+  }
+
+  // Adds `seq_id` with `prompt` and prefills it whole (sampling its first token).
+  void AddAndPrefill(uint64_t seq_id, const std::vector<int32_t>& prompt,
+                     std::vector<int32_t> blocks) {
+    loom::v1::StepPlan plan = Plan(step_id_);
+    *plan.add_added() = NewSequence(seq_id, prompt);
+    Schedule(plan, seq_id, static_cast<int32_t>(prompt.size()), true, std::move(blocks));
+    const loom::v1::StepResult result = executor_->Execute(plan);
+    ASSERT_EQ(result.error_code(), 0) << result.error_message();
+    ASSERT_EQ(result.outputs_size(), 1);
+  }
+
+  // Expects `plan` to be rejected with INVALID_ARGUMENT whose message contains `what`.
+  void ExpectRejected(const loom::v1::StepPlan& plan, const std::string& what) {
+    const loom::v1::StepResult result = executor_->Execute(plan);
+    EXPECT_EQ(result.step_id(), plan.step_id());
+    EXPECT_EQ(result.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(result.error_message().find(what), std::string::npos) << result.error_message();
+    EXPECT_EQ(result.outputs_size(), 0);
+  }
+
+  std::unique_ptr<NoopBackend> backend_;
+  std::unique_ptr<StepExecutor> executor_;
+  uint64_t step_id_ = 0;
+};
+
+TEST_F(StepExecutorNoopTest, ReturnsOneOutputPerSampledSequenceInPlanOrder) {
+  loom::v1::StepPlan plan = Plan(step_id_);
+  *plan.add_added() = NewSequence(5, {1, 2, 3});
+  *plan.add_added() = NewSequence(9, {4, 5, 6, 7});
+  *plan.add_added() = NewSequence(3, {8, 9});
+  Schedule(plan, 9, 4, true, {1});
+  Schedule(plan, 5, 2, false, {0});  // a prefill chunk: no output
+  Schedule(plan, 3, 2, true, {2});
+  loom::v1::StepResult result = executor_->Execute(plan);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.num_tokens(), 8);
+  ASSERT_EQ(result.outputs_size(), 2);
+  EXPECT_EQ(result.outputs(0).seq_id(), 9u);
+  EXPECT_EQ(result.outputs(0).token_id(), backend_->TokenFor(9, 4));
+  EXPECT_EQ(result.outputs(1).seq_id(), 3u);
+  EXPECT_EQ(result.outputs(1).token_id(), backend_->TokenFor(3, 2));
+  EXPECT_EQ(executor_->NumTokens(9), 5);
+  EXPECT_EQ(executor_->NumComputed(5), 2);
+
+  // Decodes carry no token ids: the worker computes the token it sampled.
+  loom::v1::StepPlan decode = Plan(step_id_);
+  Schedule(decode, 9, 1, true);
+  Schedule(decode, 5, 1, true);
+  Schedule(decode, 3, 1, true);
+  result = executor_->Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 3);
+  EXPECT_EQ(result.outputs(0).token_id(), backend_->TokenFor(9, 5));
+  EXPECT_EQ(result.outputs(1).token_id(), backend_->TokenFor(5, 3));
+  EXPECT_EQ(executor_->NumComputed(9), 5);
+  EXPECT_EQ(executor_->NumTokens(9), 6);
+}
+
+TEST_F(StepExecutorNoopTest, NeverPicksExcludedIds) {
+  // 0 and 2 are excluded: seq 0 at position 0 would be token 0, at 2 token 2.
+  EXPECT_EQ(backend_->TokenFor(0, 0), 1);
+  EXPECT_EQ(backend_->TokenFor(0, 2), 3);
+  EXPECT_EQ(backend_->TokenFor(0, 5), 5);
+}
+
+TEST_F(StepExecutorNoopTest, UnknownSequenceIsRejectedAndOnlyTheNamedSequencesAreDropped) {
+  AddAndPrefill(1, {1, 2, 3}, {0});
+  AddAndPrefill(2, {4, 5, 6}, {1});
+  loom::v1::StepPlan plan = Plan(step_id_);
+  Schedule(plan, 2, 1, true);
+  Schedule(plan, 77, 1, true);
+  ExpectRejected(plan, "unknown");
+  EXPECT_FALSE(executor_->HasSequence(2));
+  ASSERT_TRUE(executor_->HasSequence(1));
+  EXPECT_EQ(executor_->NumComputed(1), 3);
+  EXPECT_EQ(executor_->NumTokens(1), 4);
+
+  loom::v1::StepPlan next = Plan(step_id_);
+  Schedule(next, 1, 1, true);
+  const loom::v1::StepResult result = executor_->Execute(next);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 1);
+  EXPECT_EQ(result.outputs(0).token_id(), backend_->TokenFor(1, 4));
+}
+
+TEST_F(StepExecutorNoopTest, BlockOutsideThePoolIsRejectedBeforeAnythingChanges) {
+  AddAndPrefill(1, {1, 2, 3}, {0});
+  loom::v1::StepPlan plan = Plan(step_id_);
+  *plan.add_added() = NewSequence(2, {1, 2});
+  Schedule(plan, 2, 2, true, {3});
+  Schedule(plan, 1, 1, true, {kNumBlocks});
+  ExpectRejected(plan, "KV pool");
+  EXPECT_FALSE(executor_->HasSequence(1));  // named by the plan
+  EXPECT_FALSE(executor_->HasSequence(2));  // its addition was not applied
+  EXPECT_EQ(executor_->num_sequences(), 0);
+
+  loom::v1::StepPlan negative = Plan(step_id_);
+  *negative.add_added() = NewSequence(3, {1, 2});
+  Schedule(negative, 3, 2, true, {-1});
+  ExpectRejected(negative, "KV pool");
+}
+
+TEST_F(StepExecutorNoopTest, ComputingPastTheKnownTokensIsRejected) {
+  AddAndPrefill(1, {1, 2, 3}, {0});
+  AddAndPrefill(2, {1, 2, 3}, {1});
+  loom::v1::StepPlan plan = Plan(step_id_);
+  Schedule(plan, 1, 2, true);  // 3 computed, 4 known: only 1 more
+  ExpectRejected(plan, "past the 4 tokens");
+  EXPECT_EQ(executor_->NumComputed(2), 3);
+
+  loom::v1::StepPlan chunk = Plan(step_id_);
+  *chunk.add_added() = NewSequence(4, {1, 2, 3, 4, 5});
+  Schedule(chunk, 4, 3, true, {2});  // sampling in the middle of the prompt
+  ExpectRejected(chunk, "sampling after token 3");
+  EXPECT_TRUE(executor_->HasSequence(2));
+}
+
+TEST_F(StepExecutorNoopTest, RejectsBadAdditions) {
+  loom::v1::StepPlan empty = Plan(step_id_);
+  *empty.add_added() = NewSequence(1, {});
+  ExpectRejected(empty, "empty prompt");
+
+  loom::v1::StepPlan out_of_vocab = Plan(step_id_);
+  *out_of_vocab.add_added() =
+      NewSequence(1, {1, static_cast<int32_t>(backend_->config().vocab_size)});
+  ExpectRejected(out_of_vocab, "vocabulary");
+
+  loom::v1::StepPlan bad_sampling = Plan(step_id_);
+  *bad_sampling.add_added() = NewSequence(1, {1});
+  bad_sampling.mutable_added(0)->mutable_sampling()->set_top_p(0.0f);
+  ExpectRejected(bad_sampling, "top_p");
+
+  AddAndPrefill(1, {1, 2}, {0});
+  loom::v1::StepPlan duplicate = Plan(step_id_);
+  *duplicate.add_added() = NewSequence(1, {1});
+  ExpectRejected(duplicate, "already holds");
+
+  loom::v1::StepPlan zero_tokens = Plan(step_id_);
+  *zero_tokens.add_added() = NewSequence(2, {1});
+  Schedule(zero_tokens, 2, 0, true, {1});
+  ExpectRejected(zero_tokens, "num_tokens");
+
+  loom::v1::StepPlan twice = Plan(step_id_);
+  *twice.add_added() = NewSequence(3, {1, 2});
+  Schedule(twice, 3, 1, false, {2});
+  Schedule(twice, 3, 1, true);
+  ExpectRejected(twice, "twice");
+}
+
+TEST_F(StepExecutorNoopTest, StepIdsMustIncrease) {
+  AddAndPrefill(1, {1, 2}, {0});
+  loom::v1::StepPlan stale;
+  stale.set_step_id(step_id_);
+  Schedule(stale, 1, 1, true);
+  ExpectRejected(stale, "strictly increase");
+  ASSERT_TRUE(executor_->Reset().ok());
+  EXPECT_EQ(executor_->num_sequences(), 0);
+  loom::v1::StepPlan fresh;  // a new stream may start over
+  fresh.set_step_id(1);
+  *fresh.add_added() = NewSequence(1, {1, 2});
+  Schedule(fresh, 1, 2, true, {0});
+  EXPECT_EQ(executor_->Execute(fresh).error_code(), 0);
+}
+
+TEST_F(StepExecutorNoopTest, FinishedAndPreemptedReleaseState) {
+  AddAndPrefill(1, {1, 2, 3}, {0});
+  AddAndPrefill(2, {4, 5, 6}, {1});
+  AddAndPrefill(3, {7, 8, 9}, {2});
+  loom::v1::StepPlan plan = Plan(step_id_);
+  plan.add_finished(1);
+  plan.add_preempted(2);
+  plan.add_finished(12345);  // unknown ids are ignored
+  Schedule(plan, 3, 1, true);
+  loom::v1::StepResult result = executor_->Execute(plan);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(executor_->num_sequences(), 1);
+  EXPECT_FALSE(executor_->HasSequence(1));
+  EXPECT_FALSE(executor_->HasSequence(2));
+
+  loom::v1::StepPlan released = Plan(step_id_);
+  Schedule(released, 1, 1, true);
+  ExpectRejected(released, "unknown");
+
+  // The preempted sequence comes back with its output so far; it recomputes all of it.
+  loom::v1::StepPlan resumed = Plan(step_id_);
+  loom::v1::NewSequence again = NewSequence(2, {4, 5, 6});
+  again.add_output_token_ids(backend_->TokenFor(2, 3));
+  *resumed.add_added() = again;
+  Schedule(resumed, 2, 4, true, {5});
+  result = executor_->Execute(resumed);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 1);
+  EXPECT_EQ(result.outputs(0).token_id(), backend_->TokenFor(2, 4));
+  EXPECT_EQ(executor_->NumTokens(2), 5);
+
+  // Released and re-added in the same plan: a fresh sequence.
+  loom::v1::StepPlan replaced = Plan(step_id_);
+  replaced.add_finished(3);
+  *replaced.add_added() = NewSequence(3, {1});
+  Schedule(replaced, 3, 1, true, {6});
+  result = executor_->Execute(replaced);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(executor_->NumTokens(3), 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// The real model.
+
+class StepExecutorModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto gguf = common::GgufFile::Open(ModelPath());
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    ModelRunnerOptions options;
+    options.num_threads = 2;
+    options.num_kv_blocks = kNumBlocks;
+    options.block_size = kBlockSize;
+    auto runner = ModelRunner::Create(**gguf, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    backend_ = new ModelRunnerBackend(std::move(*runner));
+  }
+  static void TearDownTestSuite() {
+    delete backend_;
+    backend_ = nullptr;
+  }
+  void SetUp() override {
+    if (backend_ == nullptr) GTEST_SKIP() << "model not loaded";
+  }
+
+  // LocalGenerator's tokens for `prompt` (the reference).
+  static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens,
+                                        SamplingParams sampling) {
+    // The generator borrows the same runner; its blocks are overwritten by later steps.
+    LocalGenerator generator(const_cast<ModelRunner&>(backend_->runner()), {});
+    GenerationRequest request;
+    request.prompt_ids = prompt;
+    request.max_tokens = max_tokens;
+    request.sampling = sampling;
+    request.ignore_eos = true;
+    auto results = generator.Generate({request});
+    EXPECT_TRUE(results.ok()) << results.status();
+    std::vector<int32_t> tokens;
+    if (results.ok()) {
+      for (const SampledToken& token : (*results)[0].tokens) tokens.push_back(token.token_id);
+    }
+    return tokens;
+  }
+
+  static ModelRunnerBackend* backend_;
+};
+
+ModelRunnerBackend* StepExecutorModelTest::backend_ = nullptr;
+
+TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchLocalGenerator) {
+  const std::vector<int32_t> prompt = Prompt();
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<int32_t> expected = Reference(prompt, 4, greedy);
+  ASSERT_EQ(expected.size(), 4u);
+
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 100;
+  // Chunk 1: 12 of 21 prompt tokens in block 9; chunk 2: the other 9, block 4 appended.
+  loom::v1::StepPlan first = Plan(step_id);
+  *first.add_added() = NewSequence(42, prompt);
+  first.mutable_added(0)->mutable_sampling()->set_num_logprobs(2);
+  Schedule(first, 42, 12, false, {9});
+  loom::v1::StepResult result = executor.Execute(first);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.outputs_size(), 0);
+  EXPECT_EQ(result.num_tokens(), 12);
+
+  loom::v1::StepPlan second = Plan(step_id);
+  Schedule(second, 42, 9, true, {4});
+  result = executor.Execute(second);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 1);
+  std::vector<int32_t> tokens = {result.outputs(0).token_id()};
+  EXPECT_LT(result.outputs(0).logprob(), 0.0f);
+  ASSERT_EQ(result.outputs(0).top_logprobs_size(), 2);
+  EXPECT_EQ(result.outputs(0).top_logprobs(0).token_id(), tokens[0]);  // greedy
+  EXPECT_GT(result.timings().execute_seconds(), 0.0);
+
+  for (int i = 0; i < 3; ++i) {
+    loom::v1::StepPlan decode = Plan(step_id);
+    Schedule(decode, 42, 1, true);  // 21 + i + 1 <= 32 tokens: blocks 9 and 4 suffice
+    result = executor.Execute(decode);
+    ASSERT_EQ(result.error_code(), 0) << result.error_message();
+    ASSERT_EQ(result.outputs_size(), 1);
+    EXPECT_EQ(result.num_tokens(), 1);
+    tokens.push_back(result.outputs(0).token_id());
+  }
+  EXPECT_EQ(tokens, expected);
+}
+
+TEST_F(StepExecutorModelTest, RejectedPlanLeavesOtherSequencesRunning) {
+  const std::vector<int32_t> prompt = Prompt();
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<int32_t> expected = Reference(prompt, 3, greedy);
+
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 0;
+  loom::v1::StepPlan prefill = Plan(step_id);
+  *prefill.add_added() = NewSequence(1, prompt);
+  *prefill.add_added() = NewSequence(2, {1, 2, 3});
+  Schedule(prefill, 1, static_cast<int32_t>(prompt.size()), true, {0, 1});
+  Schedule(prefill, 2, 3, true, {2});
+  loom::v1::StepResult result = executor.Execute(prefill);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  std::vector<int32_t> tokens = {result.outputs(0).token_id()};
+
+  loom::v1::StepPlan bad = Plan(step_id);
+  Schedule(bad, 2, 1, true, {kNumBlocks + 5});
+  result = executor.Execute(bad);
+  EXPECT_NE(result.error_code(), 0);
+  EXPECT_EQ(result.outputs_size(), 0);
+
+  for (int i = 0; i < 2; ++i) {
+    loom::v1::StepPlan decode = Plan(step_id);
+    Schedule(decode, 1, 1, true);
+    result = executor.Execute(decode);
+    ASSERT_EQ(result.error_code(), 0) << result.error_message();
+    tokens.push_back(result.outputs(0).token_id());
+  }
+  EXPECT_EQ(tokens, expected);
+}
+
+TEST_F(StepExecutorModelTest, PreemptedSequenceResumesWithTheSameSeededSamples) {
+  const std::vector<int32_t> prompt = Prompt();
+  SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.seed = 1234;
+  sampling.frequency_penalty = 0.5f;
+  const std::vector<int32_t> expected = Reference(prompt, 4, sampling);
+  ASSERT_EQ(expected.size(), 4u);
+
+  auto new_sequence = [&](const std::vector<int32_t>& outputs) {
+    loom::v1::NewSequence added = NewSequence(8, prompt, 0.8f);
+    added.mutable_sampling()->set_seed(1234);
+    added.mutable_sampling()->set_frequency_penalty(0.5f);
+    added.mutable_output_token_ids()->Add(outputs.begin(), outputs.end());
+    return added;
+  };
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 0;
+  loom::v1::StepPlan prefill = Plan(step_id);
+  *prefill.add_added() = new_sequence({});
+  Schedule(prefill, 8, static_cast<int32_t>(prompt.size()), true, {10, 11});
+  loom::v1::StepResult result = executor.Execute(prefill);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  std::vector<int32_t> tokens = {result.outputs(0).token_id()};
+  loom::v1::StepPlan decode = Plan(step_id);
+  Schedule(decode, 8, 1, true);
+  result = executor.Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  tokens.push_back(result.outputs(0).token_id());
+
+  // Preempted, then back with its two outputs: recomputed in other blocks.
+  loom::v1::StepPlan preempt = Plan(step_id);
+  preempt.add_preempted(8);
+  ASSERT_EQ(executor.Execute(preempt).error_code(), 0);
+  EXPECT_EQ(executor.num_sequences(), 0);
+  loom::v1::StepPlan resume = Plan(step_id);
+  *resume.add_added() = new_sequence(tokens);
+  Schedule(resume, 8, static_cast<int32_t>(prompt.size() + tokens.size()), true, {20, 21});
+  result = executor.Execute(resume);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  tokens.push_back(result.outputs(0).token_id());
+  decode = Plan(step_id);
+  Schedule(decode, 8, 1, true);
+  result = executor.Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  tokens.push_back(result.outputs(0).token_id());
+  EXPECT_EQ(tokens, expected);
+}
+
+}  // namespace
+}  // namespace loom::worker

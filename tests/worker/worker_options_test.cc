@@ -1,0 +1,115 @@
+#include "worker/worker_options.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace loom::worker {
+namespace {
+
+absl::StatusOr<WorkerOptions> Parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "loom-worker");
+  return ParseWorkerFlags(static_cast<int>(args.size()), args.data());
+}
+
+TEST(WorkerOptionsTest, ParsesByteSizesWithBinarySuffixes) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096);
+  EXPECT_EQ(*ParseByteSize("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("512M"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("64KiB"), 64 << 10);
+  EXPECT_EQ(*ParseByteSize("1.5GiB"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("2g"), int64_t{2} << 30);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("MiB").ok());
+  EXPECT_FALSE(ParseByteSize("-1").ok());
+  EXPECT_FALSE(ParseByteSize("12 parsecs").ok());
+  EXPECT_FALSE(ParseByteSize("99999999TiB").ok());
+}
+
+TEST(WorkerOptionsTest, SplitsHostAndPort) {
+  auto parts = SplitHostPort("127.0.0.1:0");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(parts->first, "127.0.0.1");
+  EXPECT_EQ(parts->second, 0);
+  parts = SplitHostPort("[::1]:5000");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(parts->first, "[::1]");
+  EXPECT_EQ(parts->second, 5000);
+  EXPECT_FALSE(SplitHostPort("localhost").ok());
+  EXPECT_FALSE(SplitHostPort(":80").ok());
+  EXPECT_FALSE(SplitHostPort("host:99999").ok());
+  EXPECT_FALSE(SplitHostPort("host:http").ok());
+}
+
+TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "10.0.0.1:7000"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->listen_address, "127.0.0.1:0");
+  EXPECT_EQ(options->replica_id, "replica-0");
+  EXPECT_EQ(options->backend, "cpu");
+  EXPECT_EQ(options->block_size, 16);
+  EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{512} << 20);
+
+  options = Parse({"--model",
+                   "m.gguf",
+                   "--coordinator",
+                   "c:1",
+                   "--listen",
+                   "0.0.0.0:9000",
+                   "--advertise-address",
+                   "w-1.loom:9000",
+                   "--replica-id",
+                   "r7",
+                   "--rank",
+                   "0",
+                   "--world-size",
+                   "1",
+                   "--backend",
+                   "noop",
+                   "--threads",
+                   "3",
+                   "--kv-cache-memory",
+                   "1GiB",
+                   "--block-size",
+                   "32",
+                   "--kv-dtype",
+                   "f32"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->advertise_address, "w-1.loom:9000");
+  EXPECT_EQ(options->replica_id, "r7");
+  EXPECT_EQ(options->backend, "noop");
+  EXPECT_EQ(options->num_threads, 3);
+  EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{1} << 30);
+  EXPECT_EQ(options->block_size, 32);
+  EXPECT_EQ(options->kv_dtype, kernels::cpu::KvDtype::kF32);
+}
+
+TEST(WorkerOptionsTest, FractionOfAvailableMemory) {
+  auto options = Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-fraction", "0.01"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  auto available = MemAvailableBytes();
+  if (!available.ok()) GTEST_SKIP() << available.status();
+  auto budget = KvCacheBudgetBytes(*options);
+  ASSERT_TRUE(budget.ok());
+  EXPECT_NEAR(static_cast<double>(*budget), *available * 0.01, *available * 0.002);
+}
+
+TEST(WorkerOptionsTest, RejectsBadCommandLines) {
+  EXPECT_FALSE(Parse({"--coordinator", "c:1"}).ok());  // no model
+  EXPECT_FALSE(Parse({"--model", "m"}).ok());          // no coordinator
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "nocolon"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "gpu"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--threads", "0"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-fraction", "1.5"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-memory", "1G",
+                      "--kv-cache-fraction", "0.5"})
+                   .ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--frobnicate", "1"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator"}).ok());  // missing value
+  const auto status =
+      Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bf16"}).status();
+  EXPECT_NE(status.message().find("--kv-dtype"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace loom::worker

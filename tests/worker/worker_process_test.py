@@ -1,0 +1,266 @@
+"""`loom-worker` as a process against a fake coordinator (Python gRPC) on loopback.
+
+Registration (fields, retry while nobody listens, refusal is fatal), heartbeats, the Step
+stream (one result per plan, a new stream resets the worker), health and reflection, and
+SIGTERM. The fake coordinator is scripted here, so this needs only the worker binary.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import importlib
+import os
+import pathlib
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+protoc = pytest.importorskip("grpc_tools.protoc")
+
+from conftest import BUILD_DIR, MODEL_PATH, SOURCE_DIR  # noqa: E402
+
+WORKER_BIN = BUILD_DIR / "worker" / "loom-worker"
+SMOLLM2_BLOCK_BYTES = 30 * 2 * 3 * 64 * 16 * 2  # layers x (K, V) x kv heads x dims x 16 x f16
+TIMEOUT_S = 60
+
+
+def _stubs():
+    import grpc_tools
+    out_dir = tempfile.mkdtemp(prefix="loom_worker_stubs_")
+    atexit.register(shutil.rmtree, out_dir, True)
+    proto_dir = SOURCE_DIR / "proto"
+    well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
+    args = ["grpc_tools.protoc", f"-I{proto_dir}", f"-I{well_known}", f"--python_out={out_dir}",
+            f"--grpc_python_out={out_dir}", str(proto_dir / "loom" / "v1" / "worker.proto")]
+    assert protoc.main(args) == 0
+    sys.path.insert(0, out_dir)
+    importlib.invalidate_caches()
+    return (importlib.import_module("loom.v1.worker_pb2"),
+            importlib.import_module("loom.v1.worker_pb2_grpc"))
+
+
+pb, pb_grpc = _stubs()
+
+
+class FakeCoordinator(pb_grpc.CoordinatorServicer):
+    """Records Register and Heartbeat calls; `refuse` answers FAILED_PRECONDITION."""
+
+    def __init__(self, refuse: str | None = None, port: int = 0):
+        self.refuse = refuse
+        self.registrations: "queue.Queue" = queue.Queue()
+        self.heartbeats: "queue.Queue" = queue.Queue()
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_CoordinatorServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        assert port in (0, self.port)
+        self.server.start()
+        self.address = f"127.0.0.1:{self.port}"
+
+    def Register(self, request, context):
+        self.registrations.put(request)
+        if self.refuse:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
+        return pb.RegisterResponse(worker_id="worker-1", heartbeat_interval_ms=50)
+
+    def Heartbeat(self, request, context):
+        self.heartbeats.put(request)
+        return pb.HeartbeatResponse()
+
+    def stop(self):
+        self.server.stop(0)
+
+
+class WorkerProcess:
+    def __init__(self, coordinator: str, tmp_path: pathlib.Path, *flags: str):
+        if not WORKER_BIN.exists():
+            pytest.fail(f"{WORKER_BIN} is missing: build the project first")
+        self.stderr_path = tmp_path / "worker.stderr"
+        self.proc = subprocess.Popen(
+            [str(WORKER_BIN), "--model", str(MODEL_PATH), "--coordinator", coordinator,
+             "--listen", "127.0.0.1:0", "--threads", "1", *flags],
+            stdout=subprocess.PIPE, stderr=open(self.stderr_path, "w"), text=True)
+        self.lines: "queue.Queue" = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.address = None
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_listening(self) -> str:
+        line = self.lines.get(timeout=TIMEOUT_S)
+        assert line is not None and line.startswith("loom-worker: listening on "), (
+            line, self.stderr())
+        self.address = line.split()[-1]
+        return self.address
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def terminate(self) -> tuple[int, float]:
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=15)
+        return code, time.monotonic() - start
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def coordinator():
+    fake = FakeCoordinator()
+    yield fake
+    fake.stop()
+
+
+def _greedy(seq_id, prompt):
+    return pb.NewSequence(seq_id=seq_id, prompt_token_ids=prompt, sampling=pb.SamplingParams(
+        temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+        presence_penalty=0.0, frequency_penalty=0.0, seed=0, num_logprobs=1))
+
+
+def _run_plans(stub, plans):
+    """Sends every plan on one stream and returns the results."""
+    responses = stub.Step(iter(plans), timeout=TIMEOUT_S)
+    return list(responses)
+
+
+def _prefill_and_decode_plans(first_step: int):
+    prompt = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 7493, 314, 11657, 30]
+    plans = [pb.StepPlan(step_id=first_step, added=[_greedy(1, prompt)],
+                         scheduled=[pb.ScheduledSequence(seq_id=1, new_block_ids=[3],
+                                                         num_tokens=len(prompt), sample=True)])]
+    for i in range(3):
+        blocks = [7] if len(prompt) + i == 16 else []
+        plans.append(pb.StepPlan(step_id=first_step + 1 + i, scheduled=[pb.ScheduledSequence(
+            seq_id=1, new_block_ids=blocks, num_tokens=1, sample=True)]))
+    return plans
+
+
+def test_registers_serves_steps_and_stops_on_sigterm(coordinator, tmp_path):
+    worker = WorkerProcess(coordinator.address, tmp_path, "--kv-cache-memory",
+                           str(40 * SMOLLM2_BLOCK_BYTES + 1000), "--replica-id", "r-test")
+    try:
+        address = worker.wait_listening()
+        request = coordinator.registrations.get(timeout=TIMEOUT_S)
+        assert request.protocol_version == pb.PROTOCOL_VERSION_CURRENT
+        assert request.worker_address == address
+        assert request.replica_id == "r-test" and request.rank == 0 and request.world_size == 1
+        assert request.backend == "cpu"
+        assert request.num_kv_blocks == 40 and request.block_size == 16
+        assert request.model.architecture == "llama"
+        assert request.model.vocab_size == 49152
+        assert len(request.model.fingerprint) == 32
+        int(request.model.fingerprint, 16)
+        heartbeat = coordinator.heartbeats.get(timeout=TIMEOUT_S)
+        assert heartbeat.worker_id == "worker-1" and heartbeat.num_kv_blocks == 40
+
+        channel = grpc.insecure_channel(address)
+        stub = pb_grpc.WorkerStub(channel)
+        results = _run_plans(stub, _prefill_and_decode_plans(1))
+        assert [r.step_id for r in results] == [1, 2, 3, 4]
+        assert all(r.error_code == 0 for r in results), [r.error_message for r in results]
+        tokens = [r.outputs[0].token_id for r in results]
+        assert all(0 <= t < 49152 for t in tokens)
+        assert results[0].num_tokens == 14 and results[1].num_tokens == 1
+        assert results[0].outputs[0].logprob < 0 and len(results[0].outputs[0].top_logprobs) == 1
+
+        # A new stream starts from nothing: the same plans give the same greedy tokens, and
+        # a decode of a sequence of the old stream is an error result, not a crash.
+        again = _run_plans(stub, _prefill_and_decode_plans(1))
+        assert [r.outputs[0].token_id for r in again] == tokens
+        stale = _run_plans(stub, [pb.StepPlan(step_id=1, scheduled=[
+            pb.ScheduledSequence(seq_id=1, num_tokens=1, sample=True)])])
+        assert stale[0].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "unknown" in stale[0].error_message
+
+        # Health (grpc.health.v1, SERVING = field 1 varint 1) and reflection are served.
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=lambda _: b"",
+                                    response_deserializer=lambda raw: raw)
+        assert check(None, timeout=5) == b"\x08\x01"
+        reflect = channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
+        listing = b"".join(reflect(iter([b"\x3a\x00"]), timeout=5))  # list_services: ""
+        assert b"loom.v1.Worker" in listing
+        channel.close()
+
+        code, seconds = worker.terminate()
+        assert code == 0, worker.stderr()
+        assert seconds < 5
+    finally:
+        worker.kill()
+
+
+def test_keeps_retrying_without_a_coordinator_and_exits_zero_on_sigterm(tmp_path):
+    worker = WorkerProcess("127.0.0.1:1", tmp_path, "--backend", "noop")
+    try:
+        worker.wait_listening()
+        time.sleep(1.5)
+        assert worker.proc.poll() is None, worker.stderr()
+        code, _ = worker.terminate()
+        assert code == 0, worker.stderr()
+        assert "retrying" in worker.stderr()
+    finally:
+        worker.kill()
+
+
+def test_registers_once_the_coordinator_comes_up(tmp_path):
+    # Reserve a port, start the worker against it, then start the coordinator there.
+    probe = FakeCoordinator()
+    port = probe.port
+    probe.stop()
+    worker = WorkerProcess(f"127.0.0.1:{port}", tmp_path, "--backend", "noop")
+    try:
+        worker.wait_listening()
+        time.sleep(1.0)
+        late = FakeCoordinator(port=port)
+        try:
+            start = time.monotonic()
+            request = late.registrations.get(timeout=10)
+            assert request.backend == "noop"
+            assert time.monotonic() - start < 5  # backoff is capped at 2 s
+        finally:
+            late.stop()
+        assert worker.terminate()[0] == 0
+    finally:
+        worker.kill()
+
+
+def test_refusal_by_the_coordinator_is_fatal(tmp_path):
+    fake = FakeCoordinator(refuse="protocol version 7 is not 1")
+    worker = WorkerProcess(fake.address, tmp_path, "--backend", "noop")
+    try:
+        worker.wait_listening()
+        code = worker.proc.wait(timeout=TIMEOUT_S)
+        assert code != 0
+        assert "protocol version 7 is not 1" in worker.stderr()
+    finally:
+        worker.kill()
+        fake.stop()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--world-size", "2"), "not supported"),
+    (("--kv-cache-memory", "1KiB"), "holds no block"),
+    (("--backend", "tpu"), "--backend"),
+])
+def test_bad_command_lines_exit_2(tmp_path, flags, message):
+    proc = subprocess.run(
+        [str(WORKER_BIN), "--model", str(MODEL_PATH), "--coordinator", "127.0.0.1:1", *flags],
+        capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr

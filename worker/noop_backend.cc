@@ -1,0 +1,46 @@
+#include "worker/noop_backend.h"
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace loom::worker {
+
+NoopBackend::NoopBackend(common::ModelConfig config, int64_t num_kv_blocks, int64_t block_size,
+                         std::vector<int32_t> excluded_ids)
+    : config_(std::move(config)),
+      num_kv_blocks_(num_kv_blocks),
+      block_size_(block_size),
+      excluded_ids_(excluded_ids.begin(), excluded_ids.end()) {}
+
+int32_t NoopBackend::TokenFor(uint64_t seq_id, int64_t position) const {
+  const uint64_t vocab = static_cast<uint64_t>(config_.vocab_size);
+  uint64_t token = (seq_id * 31 + static_cast<uint64_t>(position)) % vocab;
+  // Bounded: at most one full turn around the vocabulary.
+  for (uint64_t tries = 0; tries < vocab && excluded_ids_.contains(static_cast<int32_t>(token));
+       ++tries) {
+    token = (token + 1) % vocab;
+  }
+  return static_cast<int32_t>(token);
+}
+
+absl::Status NoopBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                              std::vector<SampledToken>& tokens, BackendTimings& timings) {
+  LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
+                                         num_kv_blocks_, block_size_));
+  if (rows.size() != batch.sample_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d sample rows but %d sequences described",
+                                                      batch.sample_rows.size(), rows.size()));
+  }
+  tokens.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t position = int64_t{batch.positions[batch.sample_rows[i]]} + 1;
+    tokens[i].token_id = TokenFor(rows[i].seq_id, position);
+    tokens[i].logprob = 0.0f;
+    tokens[i].top_logprobs.clear();
+  }
+  timings.execute_seconds = 0;
+  timings.sample_seconds = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace loom::worker

@@ -1,0 +1,202 @@
+#include "worker/registration.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace loom::worker {
+namespace {
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+}
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    default:
+      return "ERROR";
+  }
+}
+
+}  // namespace
+
+WorkerRegistration::WorkerRegistration(RegistrationOptions options,
+                                       std::function<int()> num_sequences)
+    : options_(std::move(options)), num_sequences_(std::move(num_sequences)) {
+  grpc::ChannelArguments args;
+  // Reconnect quickly after the coordinator comes (back) up: gRPC's default backoff
+  // grows to two minutes, far slower than our own retry schedule.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.initial_backoff)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.initial_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.max_backoff)));
+  stub_ = loom::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+      options_.coordinator_address, grpc::InsecureChannelCredentials(), args));
+}
+
+WorkerRegistration::~WorkerRegistration() { Stop(); }
+
+void WorkerRegistration::Start() {
+  absl::MutexLock lock(&mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void WorkerRegistration::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (call_ != nullptr) call_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status WorkerRegistration::fatal_status() const {
+  absl::MutexLock lock(&mu_);
+  return fatal_;
+}
+
+std::string WorkerRegistration::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+int64_t WorkerRegistration::num_registrations() const {
+  absl::MutexLock lock(&mu_);
+  return num_registrations_;
+}
+
+bool WorkerRegistration::Sleep(absl::Duration duration) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), duration);
+  return !stopping_;
+}
+
+grpc::Status WorkerRegistration::Register(loom::v1::RegisterResponse& response) {
+  loom::v1::RegisterRequest request = options_.request;
+  request.set_protocol_version(loom::v1::PROTOCOL_VERSION_CURRENT);
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineAfter(options_.rpc_timeout));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");
+    call_ = &context;
+  }
+  grpc::Status status = stub_->Register(&context, request, &response);
+  absl::MutexLock lock(&mu_);
+  call_ = nullptr;
+  return status;
+}
+
+grpc::Status WorkerRegistration::Heartbeat(const std::string& worker_id) {
+  loom::v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id);
+  request.set_num_kv_blocks(options_.request.num_kv_blocks());
+  request.set_num_sequences(num_sequences_ ? num_sequences_() : 0);
+  loom::v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineAfter(options_.rpc_timeout));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");
+    call_ = &context;
+  }
+  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  absl::MutexLock lock(&mu_);
+  call_ = nullptr;
+  return status;
+}
+
+void WorkerRegistration::Run() {
+  const std::string& coordinator = options_.coordinator_address;
+  absl::Duration backoff = options_.initial_backoff;
+  grpc::StatusCode last_logged = grpc::StatusCode::OK;
+  absl::Time last_log_time = absl::InfinitePast();
+  // Logs a failed call when its code changes, and at most every 10 s otherwise.
+  auto log_failure = [&](const char* what, const grpc::Status& status) {
+    const absl::Time now = absl::Now();
+    if (status.error_code() == last_logged && now - last_log_time < absl::Seconds(10)) return;
+    last_logged = status.error_code();
+    last_log_time = now;
+    std::fprintf(stderr, "loom-worker: %s with coordinator %s failed (%s: %s); retrying\n", what,
+                 coordinator.c_str(), CodeName(status.error_code()),
+                 status.error_message().c_str());
+  };
+
+  while (true) {
+    // Register until it succeeds.
+    loom::v1::RegisterResponse response;
+    grpc::Status status = Register(response);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      std::fprintf(stderr, "loom-worker: the coordinator at %s refused this worker: %s\n",
+                   coordinator.c_str(), status.error_message().c_str());
+      absl::MutexLock lock(&mu_);
+      fatal_ = absl::FailedPreconditionError(status.error_message());
+      return;
+    }
+    if (!status.ok()) {
+      log_failure("registration", status);
+      if (!Sleep(backoff)) return;
+      backoff = std::min(backoff * 2, options_.max_backoff);
+      continue;
+    }
+    backoff = options_.initial_backoff;
+    last_logged = grpc::StatusCode::OK;
+    const absl::Duration interval =
+        absl::Milliseconds(std::clamp(response.heartbeat_interval_ms(), 10, 60000));
+    {
+      absl::MutexLock lock(&mu_);
+      worker_id_ = response.worker_id();
+      ++num_registrations_;
+    }
+    std::fprintf(stderr, "loom-worker: registered with %s as %s (heartbeat every %lld ms)\n",
+                 coordinator.c_str(), response.worker_id().c_str(),
+                 static_cast<long long>(absl::ToInt64Milliseconds(interval)));
+
+    // Heartbeat until the coordinator forgets us.
+    while (Sleep(interval)) {
+      status = Heartbeat(response.worker_id());
+      if (status.ok()) {
+        last_logged = grpc::StatusCode::OK;
+        continue;
+      }
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        std::fprintf(stderr, "loom-worker: the coordinator at %s forgot %s; registering again\n",
+                     coordinator.c_str(), response.worker_id().c_str());
+        break;
+      }
+      log_failure("heartbeat", status);
+    }
+    absl::MutexLock lock(&mu_);
+    worker_id_.clear();
+    if (stopping_) return;
+  }
+}
+
+}  // namespace loom::worker

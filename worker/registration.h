@@ -1,0 +1,74 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "loom/v1/worker.grpc.pb.h"
+
+namespace loom::worker {
+
+struct RegistrationOptions {
+  std::string coordinator_address;    // host:port of the Coordinator service
+  loom::v1::RegisterRequest request;  // sent as is, but protocol_version is always ours
+  absl::Duration initial_backoff = absl::Milliseconds(100);  // doubles after each failure
+  absl::Duration max_backoff = absl::Seconds(2);
+  absl::Duration rpc_timeout = absl::Seconds(5);  // per Register / Heartbeat call
+};
+
+/// The worker's side of the Coordinator service, on a background thread: Register
+/// (retried with backoff until it succeeds), then Heartbeat every interval the
+/// coordinator asked for. NOT_FOUND on a heartbeat (the coordinator forgot this worker,
+/// e.g. it restarted) registers again; other heartbeat errors are retried at the same
+/// interval. FAILED_PRECONDITION on Register (wrong protocol version or model) is
+/// fatal: the thread stops and fatal_status() says why. Thread-safe.
+class WorkerRegistration {
+ public:
+  /// `num_sequences` is called (on the background thread) for each heartbeat.
+  WorkerRegistration(RegistrationOptions options, std::function<int()> num_sequences);
+  /// Stops the thread.
+  ~WorkerRegistration();
+
+  WorkerRegistration(const WorkerRegistration&) = delete;
+  WorkerRegistration& operator=(const WorkerRegistration&) = delete;
+
+  /// Starts the background thread (once).
+  void Start();
+  /// Stops the thread, cancelling a call in flight; returns when it has exited.
+  void Stop();
+
+  /// The coordinator's refusal (FAILED_PRECONDITION) once it happened, else OK.
+  absl::Status fatal_status() const;
+  /// The worker id of the current registration, empty while unregistered.
+  std::string worker_id() const;
+  /// Successful Register calls so far.
+  int64_t num_registrations() const;
+
+ private:
+  void Run();
+  // Sleeps `duration` or until Stop; false when stopping.
+  bool Sleep(absl::Duration duration);
+  // One RPC with the stop-cancellable context.
+  grpc::Status Register(loom::v1::RegisterResponse& response);
+  grpc::Status Heartbeat(const std::string& worker_id);
+
+  const RegistrationOptions options_;
+  const std::function<int()> num_sequences_;
+  std::unique_ptr<loom::v1::Coordinator::Stub> stub_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the RPC in flight
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  int64_t num_registrations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace loom::worker

@@ -1,0 +1,283 @@
+#include "worker/step_executor.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace loom::worker {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, int64_t vocab,
+                           uint64_t seq_id, const char* what) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: %s token %d has id %d, outside the vocabulary [0, %d)",
+                          seq_id, what, i, ids[i], vocab));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto) {
+  SamplingParams params;
+  params.temperature = proto.has_temperature() ? proto.temperature() : 0.0f;
+  params.top_k = proto.has_top_k() ? proto.top_k() : 0;
+  params.top_p = proto.has_top_p() ? proto.top_p() : 1.0f;
+  params.min_p = proto.has_min_p() ? proto.min_p() : 0.0f;
+  params.repetition_penalty = proto.has_repetition_penalty() ? proto.repetition_penalty() : 1.0f;
+  params.presence_penalty = proto.has_presence_penalty() ? proto.presence_penalty() : 0.0f;
+  params.frequency_penalty = proto.has_frequency_penalty() ? proto.frequency_penalty() : 0.0f;
+  params.seed = proto.has_seed() ? proto.seed() : 0;
+  params.num_logprobs = proto.has_num_logprobs() ? proto.num_logprobs() : -1;
+  return params;
+}
+
+struct StepExecutor::Sequence {
+  std::vector<int32_t> tokens;       // prompt, then outputs, in order
+  std::vector<int32_t> block_table;  // every block the coordinator sent, in order
+  int64_t num_computed = 0;          // tokens whose K/V are in the pool
+  int32_t num_logprobs = -1;
+  std::unique_ptr<SequenceSampler> sampler;  // null when the backend uses no samplers
+};
+
+// Everything a plan will change, built before anything changes.
+struct StepExecutor::Prepared {
+  struct Entry {
+    Sequence* sequence = nullptr;
+    int index = 0;  // in plan.scheduled()
+  };
+  std::vector<std::pair<uint64_t, std::unique_ptr<Sequence>>> added;
+  std::vector<Entry> entries;      // plan.scheduled(), resolved
+  std::vector<Sequence*> sampled;  // sequences of the sample rows, in batch order
+  StepBatch batch;
+  std::vector<SampleRow> rows;
+};
+
+StepExecutor::StepExecutor(StepBackend& backend) : backend_(backend) {}
+
+StepExecutor::~StepExecutor() = default;
+
+int64_t StepExecutor::NumComputed(uint64_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  return it == sequences_.end() ? -1 : it->second->num_computed;
+}
+
+int64_t StepExecutor::NumTokens(uint64_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  return it == sequences_.end() ? -1 : static_cast<int64_t>(it->second->tokens.size());
+}
+
+absl::Status StepExecutor::Reset() {
+  sequences_.clear();
+  has_last_step_id_ = false;
+  last_step_id_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& prepared) {
+  const common::ModelConfig& config = backend_.config();
+  const int64_t vocab = config.vocab_size;
+  const int64_t block_size = backend_.block_size();
+  const int64_t num_blocks = backend_.num_kv_blocks();
+  const int64_t max_blocks_per_sequence = (config.context_length + block_size - 1) / block_size;
+
+  absl::flat_hash_set<uint64_t> released(plan.finished().begin(), plan.finished().end());
+  released.insert(plan.preempted().begin(), plan.preempted().end());
+  absl::flat_hash_map<uint64_t, Sequence*> added_index;
+  // The sequence `seq_id` names once releases and additions are applied, or nullptr.
+  auto live = [&](uint64_t seq_id) -> Sequence* {
+    if (auto it = added_index.find(seq_id); it != added_index.end()) return it->second;
+    if (released.contains(seq_id)) return nullptr;
+    auto it = sequences_.find(seq_id);
+    return it == sequences_.end() ? nullptr : it->second.get();
+  };
+
+  for (const loom::v1::NewSequence& added : plan.added()) {
+    const uint64_t id = added.seq_id();
+    if (live(id) != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d is added but the worker already holds it", id));
+    }
+    if (added.prompt_token_ids().empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("sequence %d has an empty prompt", id));
+    }
+    const int64_t num_tokens =
+        int64_t{added.prompt_token_ids().size()} + added.output_token_ids().size();
+    if (num_tokens > config.context_length) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: %d tokens exceed the model's context length %d", id,
+                          num_tokens, config.context_length));
+    }
+    LOOM_RETURN_IF_ERROR(CheckTokenIds(added.prompt_token_ids(), vocab, id, "prompt"));
+    LOOM_RETURN_IF_ERROR(CheckTokenIds(added.output_token_ids(), vocab, id, "output"));
+    const SamplingParams params = SamplingParamsFromProto(added.sampling());
+    if (absl::Status status = ValidateSamplingParams(params, vocab); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("sequence %d: %s", id, status.message()));
+    }
+    auto sequence = std::make_unique<Sequence>();
+    sequence->tokens.reserve(num_tokens + 1);
+    sequence->tokens.assign(added.prompt_token_ids().begin(), added.prompt_token_ids().end());
+    sequence->tokens.insert(sequence->tokens.end(), added.output_token_ids().begin(),
+                            added.output_token_ids().end());
+    sequence->num_logprobs = params.num_logprobs;
+    if (backend_.uses_samplers()) {
+      sequence->sampler = std::make_unique<SequenceSampler>(
+          params,
+          absl::MakeConstSpan(added.prompt_token_ids().data(), added.prompt_token_ids().size()),
+          vocab);
+      for (int32_t token : added.output_token_ids()) sequence->sampler->RecordOutput(token);
+    }
+    added_index[id] = sequence.get();
+    prepared.added.emplace_back(id, std::move(sequence));
+  }
+
+  absl::flat_hash_set<uint64_t> scheduled_ids;
+  std::vector<int32_t> block_table;  // scratch: a sequence's blocks after this plan
+  for (int i = 0; i < plan.scheduled_size(); ++i) {
+    const loom::v1::ScheduledSequence& entry = plan.scheduled(i);
+    const uint64_t id = entry.seq_id();
+    Sequence* sequence = live(id);
+    if (sequence == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("scheduled sequence %d is unknown to the worker", id));
+    }
+    if (!scheduled_ids.insert(id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d is scheduled twice in one plan", id));
+    }
+    if (entry.num_tokens() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: num_tokens must be >= 1, got %d", id, entry.num_tokens()));
+    }
+    for (int32_t block : entry.new_block_ids()) {
+      if (block < 0 || block >= num_blocks) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "sequence %d: block id %d is outside the KV pool [0, %d)", id, block, num_blocks));
+      }
+    }
+    const int64_t table_size =
+        static_cast<int64_t>(sequence->block_table.size()) + entry.new_block_ids_size();
+    if (table_size > max_blocks_per_sequence) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: %d blocks exceed the %d a context of %d tokens needs", id,
+                          table_size, max_blocks_per_sequence, config.context_length));
+    }
+    const int64_t begin = sequence->num_computed;
+    const int64_t end = begin + entry.num_tokens();
+    const int64_t known = static_cast<int64_t>(sequence->tokens.size());
+    if (end > known) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: computing tokens [%d, %d) runs past the %d tokens the worker knows", id,
+          begin, end, known));
+    }
+    if (entry.sample() && end != known) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: sampling after token %d, but %d tokens are known", id, end, known));
+    }
+    block_table.assign(sequence->block_table.begin(), sequence->block_table.end());
+    block_table.insert(block_table.end(), entry.new_block_ids().begin(),
+                       entry.new_block_ids().end());
+    LOOM_RETURN_IF_ERROR(AppendSequence(
+        prepared.batch, absl::MakeConstSpan(sequence->tokens).subspan(begin, end - begin),
+        static_cast<int32_t>(begin), block_table, static_cast<int32_t>(block_size),
+        entry.sample()));
+    prepared.entries.push_back({sequence, i});
+    if (entry.sample()) {
+      prepared.rows.push_back({id, sequence->sampler.get()});
+      prepared.sampled.push_back(sequence);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StepExecutor::DropNamed(const loom::v1::StepPlan& plan) {
+  for (uint64_t id : plan.finished()) sequences_.erase(id);
+  for (uint64_t id : plan.preempted()) sequences_.erase(id);
+  for (const loom::v1::NewSequence& added : plan.added()) sequences_.erase(added.seq_id());
+  for (const loom::v1::ScheduledSequence& entry : plan.scheduled()) {
+    sequences_.erase(entry.seq_id());
+  }
+}
+
+loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
+  const auto start = std::chrono::steady_clock::now();
+  loom::v1::StepResult result;
+  result.set_step_id(plan.step_id());
+
+  absl::Status status;
+  if (has_last_step_id_ && plan.step_id() <= last_step_id_) {
+    status = absl::InvalidArgumentError(
+        absl::StrFormat("step id %d does not follow step %d (ids must strictly increase)",
+                        plan.step_id(), last_step_id_));
+  } else {
+    has_last_step_id_ = true;
+    last_step_id_ = plan.step_id();
+  }
+  Prepared prepared;
+  if (status.ok()) status = Prepare(plan, prepared);
+  std::vector<SampledToken> tokens;
+  BackendTimings timings;
+  if (status.ok() && !prepared.entries.empty()) {
+    status = backend_.Run(prepared.batch, prepared.rows, tokens, timings);
+    if (status.ok() && tokens.size() != prepared.rows.size()) {
+      status = absl::InternalError(
+          absl::StrFormat("the %s backend returned %d tokens for %d sampled sequences",
+                          std::string(backend_.name()), tokens.size(), prepared.rows.size()));
+    }
+  }
+  if (!status.ok()) {
+    DropNamed(plan);
+    result.set_error_code(static_cast<int32_t>(status.code()));
+    result.set_error_message(std::string(status.message()));
+    result.mutable_timings()->set_total_seconds(SecondsSince(start));
+    return result;
+  }
+
+  // Commit: releases, then additions, then the scheduled work and its samples.
+  for (uint64_t id : plan.finished()) sequences_.erase(id);
+  for (uint64_t id : plan.preempted()) sequences_.erase(id);
+  for (auto& [id, sequence] : prepared.added) sequences_[id] = std::move(sequence);
+  for (const Prepared::Entry& entry : prepared.entries) {
+    const loom::v1::ScheduledSequence& scheduled = plan.scheduled(entry.index);
+    entry.sequence->block_table.insert(entry.sequence->block_table.end(),
+                                       scheduled.new_block_ids().begin(),
+                                       scheduled.new_block_ids().end());
+    entry.sequence->num_computed += scheduled.num_tokens();
+  }
+  result.mutable_outputs()->Reserve(static_cast<int>(tokens.size()));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    Sequence& sequence = *prepared.sampled[i];
+    SampledToken& token = tokens[i];
+    sequence.tokens.push_back(token.token_id);
+    loom::v1::SequenceOutput* output = result.add_outputs();
+    output->set_seq_id(prepared.rows[i].seq_id);
+    output->set_token_id(token.token_id);
+    if (sequence.num_logprobs >= 0) {
+      output->set_logprob(token.logprob);
+      for (const TokenLogprob& alternative : token.top_logprobs) {
+        loom::v1::TokenLogprob* top = output->add_top_logprobs();
+        top->set_token_id(alternative.token_id);
+        top->set_logprob(alternative.logprob);
+      }
+    }
+  }
+  result.set_num_tokens(static_cast<int32_t>(prepared.batch.num_tokens()));
+  loom::v1::StepTimings* step_timings = result.mutable_timings();
+  step_timings->set_execute_seconds(timings.execute_seconds);
+  step_timings->set_sample_seconds(timings.sample_seconds);
+  step_timings->set_total_seconds(SecondsSince(start));
+  return result;
+}
+
+}  // namespace loom::worker

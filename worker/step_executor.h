@@ -1,0 +1,67 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "loom/v1/worker.pb.h"
+#include "worker/sampler.h"
+#include "worker/step_backend.h"
+
+namespace loom::worker {
+
+/// Converts the wire's sampling parameters; an unset field takes the default the proto
+/// documents (the coordinator sets every field; this only guards older peers).
+SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto);
+
+/// The worker's side of the step protocol: owns every sequence's execution state (its
+/// tokens, block table, how many tokens are computed, its sampler) and turns each
+/// StepPlan (a diff: sequences added, scheduled, released) into one StepResult through
+/// a StepBackend. A plan is all or nothing: it is checked completely before any state
+/// changes, and a plan that fails leaves the other sequences as they were and drops the
+/// ones it named. Not thread-safe: the worker service serializes calls.
+class StepExecutor {
+ public:
+  /// `backend` must outlive the executor.
+  explicit StepExecutor(StepBackend& backend);
+  ~StepExecutor();
+
+  /// Applies `plan` and returns its result: the sampled tokens in plan order, or, when
+  /// the plan is invalid or the backend fails, error_code (an absl/google.rpc code) and
+  /// error_message with no outputs. step_ids must strictly increase between Resets.
+  loom::v1::StepResult Execute(const loom::v1::StepPlan& plan);
+
+  /// Drops every sequence and forgets the last step id (a new step stream).
+  absl::Status Reset();
+
+  /// Sequences whose state the executor holds.
+  int num_sequences() const { return static_cast<int>(sequences_.size()); }
+  /// True when the executor holds state for `seq_id`.
+  bool HasSequence(uint64_t seq_id) const { return sequences_.contains(seq_id); }
+  /// Tokens of `seq_id` computed so far (its KV length), or -1 when unknown.
+  int64_t NumComputed(uint64_t seq_id) const;
+  /// Known tokens of `seq_id` (prompt, then outputs), or -1 when unknown.
+  int64_t NumTokens(uint64_t seq_id) const;
+
+  const StepBackend& backend() const { return backend_; }
+
+ private:
+  struct Sequence;
+  struct Prepared;
+
+  // Checks the whole plan and builds the batch without changing any state.
+  absl::Status Prepare(const loom::v1::StepPlan& plan, Prepared& prepared);
+  // Drops every sequence the plan names (after a failed plan).
+  void DropNamed(const loom::v1::StepPlan& plan);
+
+  StepBackend& backend_;
+  // seq_id -> state. Invariant: num_computed <= tokens.size() and the block table
+  // covers num_computed tokens.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  bool has_last_step_id_ = false;
+  uint64_t last_step_id_ = 0;
+};
+
+}  // namespace loom::worker

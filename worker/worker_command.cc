@@ -1,0 +1,231 @@
+#include "worker/worker_command.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "common/model_fingerprint.h"
+#include "common/tokenizer.h"
+#include "worker/kv_cache.h"
+#include "worker/model_runner.h"
+#include "worker/model_runner_backend.h"
+#include "worker/noop_backend.h"
+#include "worker/registration.h"
+#include "worker/step_executor.h"
+#include "worker/worker_options.h"
+#include "worker/worker_service.h"
+
+#ifndef LOOM_VERSION
+#define LOOM_VERSION "dev"
+#endif
+
+namespace loom::worker {
+namespace {
+
+constexpr int kShutdownGraceMs = 2000;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "loom-worker: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "loom-worker: %s\n%s", message.c_str(), kWorkerUsage);
+  return 2;
+}
+
+// The host to register when --advertise-address is not given: the listen host, or this
+// machine's name when listening on every interface.
+std::string AdvertiseHost(const std::string& listen_host) {
+  if (listen_host != "0.0.0.0" && listen_host != "[::]" && listen_host != "::") {
+    return listen_host;
+  }
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "127.0.0.1";
+  return name;
+}
+
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+// Builds the backend: the model runner (weights loaded, KV pool allocated) or noop.
+absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& options,
+                                                           const common::GgufFile& gguf,
+                                                           const common::ModelConfig& config,
+                                                           int64_t num_blocks) {
+  if (options.backend == "noop") {
+    absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
+        common::Tokenizer::FromGguf(gguf);
+    std::vector<int32_t> end_ids;
+    if (tokenizer.ok()) end_ids = (*tokenizer)->EndOfGenerationIds();
+    return std::make_unique<NoopBackend>(config, num_blocks, options.block_size,
+                                         std::move(end_ids));
+  }
+  ModelRunnerOptions runner_options;
+  runner_options.num_threads = options.num_threads;
+  runner_options.num_kv_blocks = num_blocks;
+  runner_options.block_size = options.block_size;
+  runner_options.kv_dtype = options.kv_dtype;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
+  if (!runner.ok()) return runner.status();
+  std::fprintf(stderr, "%s", (*runner)->weights().load_log.c_str());
+  return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cpu");
+}
+
+}  // namespace
+
+int RunWorkerCommand(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kWorkerUsage, stderr);
+      return 0;
+    }
+  }
+  absl::StatusOr<WorkerOptions> parsed = ParseWorkerFlags(argc, argv);
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+  WorkerOptions options = *std::move(parsed);
+  if (options.world_size != 1) {
+    return UsageError(
+        absl::StrFormat("--world-size %d: tensor-parallel replicas are not supported yet (only 1)",
+                        options.world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return UsageError(
+        absl::StrFormat("--rank %d is outside [0, %d)", options.rank, options.world_size));
+  }
+  if (options.num_threads == 0) {
+    options.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }
+
+  // Before any thread starts, so every thread inherits the mask and only sigtimedwait
+  // below sees these signals.
+  const sigset_t signals = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
+      common::GgufFile::Open(options.model_path);
+  if (!gguf.ok()) return Fail(gguf.status());
+  absl::StatusOr<common::ModelConfig> config = common::ModelConfigFromGguf(**gguf);
+  if (!config.ok()) return Fail(config.status());
+  const std::string fingerprint = common::ModelFingerprint(**gguf);
+
+  absl::StatusOr<int64_t> budget = KvCacheBudgetBytes(options);
+  if (!budget.ok()) return Fail(budget.status());
+  const int64_t block_bytes = KvCache::BytesPerBlock(*config, options.block_size, options.kv_dtype);
+  // Slot ids (block * block_size + offset) are int32 on the wire and in the kernels.
+  const int64_t max_blocks = INT32_MAX / options.block_size;
+  const int64_t num_blocks = std::min(*budget / block_bytes, max_blocks);
+  if (num_blocks < 1) {
+    return UsageError(absl::StrFormat(
+        "a KV budget of %d bytes holds no block: one block of %d tokens takes %d bytes (%s KV)",
+        *budget, options.block_size, block_bytes,
+        options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32"));
+  }
+  std::fprintf(
+      stderr, "loom-worker: model %s (%s, vocab %lld, context %lld) from %s, fingerprint %s\n",
+      config->name.c_str(), config->architecture.c_str(),
+      static_cast<long long>(config->vocab_size), static_cast<long long>(config->context_length),
+      options.model_path.c_str(), fingerprint.c_str());
+
+  absl::StatusOr<std::unique_ptr<StepBackend>> backend =
+      CreateBackend(options, **gguf, *config, num_blocks);
+  if (!backend.ok()) return Fail(backend.status());
+  std::fprintf(stderr,
+               "loom-worker: backend %s, %d threads, KV pool %lld blocks x %lld tokens "
+               "(%s, %.1f MiB%s)\n",
+               std::string((*backend)->name()).c_str(),
+               options.backend == "noop" ? 0 : options.num_threads,
+               static_cast<long long>(num_blocks), static_cast<long long>(options.block_size),
+               options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32",
+               static_cast<double>(num_blocks * block_bytes) / (1 << 20),
+               options.backend == "noop" ? ", not allocated" : "");
+
+  StepExecutor executor(**backend);
+  WorkerService service(executor);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  // A plan that adds many long prompts at once can pass gRPC's 4 MiB default.
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(
+        absl::UnavailableError(absl::StrFormat("cannot listen on %s", options.listen_address)));
+  }
+  const std::string listen_host = SplitHostPort(options.listen_address)->first;
+  std::printf("loom-worker: listening on %s:%d\n", listen_host.c_str(), port);
+  std::fflush(stdout);
+
+  RegistrationOptions registration_options;
+  registration_options.coordinator_address = options.coordinator_address;
+  loom::v1::RegisterRequest& request = registration_options.request;
+  request.set_worker_address(options.advertise_address.empty()
+                                 ? absl::StrFormat("%s:%d", AdvertiseHost(listen_host), port)
+                                 : options.advertise_address);
+  request.set_replica_id(options.replica_id);
+  request.set_rank(options.rank);
+  request.set_world_size(options.world_size);
+  loom::v1::ModelInfo* model = request.mutable_model();
+  model->set_name(config->name);
+  model->set_path(options.model_path);
+  model->set_architecture(config->architecture);
+  model->set_vocab_size(config->vocab_size);
+  model->set_context_length(config->context_length);
+  model->set_fingerprint(fingerprint);
+  request.set_backend(std::string((*backend)->name()));
+  request.set_num_kv_blocks(num_blocks);
+  request.set_block_size(static_cast<int32_t>(options.block_size));
+  request.set_version(LOOM_VERSION);
+  std::fprintf(stderr, "loom-worker: registering %s (replica %s, rank %d) with %s\n",
+               request.worker_address().c_str(), options.replica_id.c_str(), options.rank,
+               options.coordinator_address.c_str());
+  WorkerRegistration registration(std::move(registration_options),
+                                  [&service] { return service.num_sequences(); });
+  registration.Start();
+
+  int exit_code = 0;
+  const timespec period{0, 200 * 1000 * 1000};
+  while (true) {
+    const int signal = sigtimedwait(&signals, nullptr, &period);
+    if (signal == SIGTERM || signal == SIGINT) {
+      std::fprintf(stderr, "loom-worker: %s, shutting down\n",
+                   signal == SIGTERM ? "SIGTERM" : "SIGINT");
+      break;
+    }
+    if (!registration.fatal_status().ok()) {
+      exit_code = 1;
+      break;
+    }
+  }
+  registration.Stop();
+  service.BeginShutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(kShutdownGraceMs));
+  server->Wait();
+  std::fprintf(stderr, "loom-worker: stopped after %lld steps\n",
+               static_cast<long long>(service.num_steps()));
+  return exit_code;
+}
+
+}  // namespace loom::worker

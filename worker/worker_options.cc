@@ -1,0 +1,188 @@
+#include "worker/worker_options.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+
+namespace loom::worker {
+
+const char kWorkerUsage[] =
+    "usage: loom-worker --model PATH --coordinator HOST:PORT [--listen HOST:PORT]\n"
+    "                   [--advertise-address HOST:PORT] [--replica-id ID] [--rank 0]\n"
+    "                   [--world-size 1] [--backend cpu|noop] [--threads N]\n"
+    "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
+    "                   [--kv-dtype f16|f32]\n"
+    "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
+    "  --advertise-address  the address registered with the coordinator (default: the listen\n"
+    "                       host with the bound port)\n"
+    "  --kv-cache-memory    KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB)\n"
+    "  --kv-cache-fraction  KV pool budget as a fraction of MemAvailable, in (0, 1]\n"
+    "  --backend            cpu (the model runner) or noop (no math: coordinator benchmarks)\n";
+
+namespace {
+
+absl::Status BadValue(absl::string_view flag, absl::string_view value, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: bad value '%s' (%s)", flag, value, expected));
+}
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view value, int64_t min,
+                                 int64_t max) {
+  int64_t number = 0;
+  if (!absl::SimpleAtoi(value, &number) || number < min || number > max) {
+    return BadValue(flag, value, absl::StrFormat("an integer in [%d, %d]", min, max));
+  }
+  return number;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t number_end = 0;
+  while (number_end < trimmed.size() &&
+         (std::isdigit(static_cast<unsigned char>(trimmed[number_end])) ||
+          trimmed[number_end] == '.')) {
+    ++number_end;
+  }
+  double number = 0;
+  if (number_end == 0 || !absl::SimpleAtod(trimmed.substr(0, number_end), &number)) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a byte size", text));
+  }
+  const std::string suffix = absl::AsciiStrToLower(trimmed.substr(number_end));
+  double scale = 0;
+  if (suffix.empty() || suffix == "b") {
+    scale = 1;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    scale = 1024.0;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    scale = 1024.0 * 1024;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (suffix == "t" || suffix == "tb" || suffix == "tib") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'%s': unknown size suffix '%s' (use B, KiB, MiB, GiB or TiB)", text, suffix));
+  }
+  const double bytes = number * scale;
+  if (!std::isfinite(bytes) || bytes > 4.611686018427388e18) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is too large", text));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not HOST:PORT", address));
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s': the port must be a number in [0, 65535]", address));
+  }
+  return std::make_pair(std::string(address.substr(0, colon)), port);
+}
+
+absl::StatusOr<int64_t> MemAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
+}
+
+absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options) {
+  if (options.kv_cache_bytes.has_value()) return *options.kv_cache_bytes;
+  if (options.kv_cache_fraction.has_value()) {
+    absl::StatusOr<int64_t> available = MemAvailableBytes();
+    if (!available.ok()) return available.status();
+    return static_cast<int64_t>(static_cast<double>(*available) * *options.kv_cache_fraction);
+  }
+  return int64_t{512} << 20;
+}
+
+absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv) {
+  WorkerOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s needs a value", flag));
+    }
+    const std::string value = argv[++i];
+    if (flag == "--model") {
+      options.model_path = value;
+    } else if (flag == "--coordinator") {
+      if (absl::Status status = SplitHostPort(value).status(); !status.ok()) {
+        return BadValue(flag, value, "HOST:PORT");
+      }
+      options.coordinator_address = value;
+    } else if (flag == "--listen") {
+      if (absl::Status status = SplitHostPort(value).status(); !status.ok()) {
+        return BadValue(flag, value, "HOST:PORT");
+      }
+      options.listen_address = value;
+    } else if (flag == "--advertise-address") {
+      absl::StatusOr<std::pair<std::string, int>> parts = SplitHostPort(value);
+      if (!parts.ok() || parts->second == 0) return BadValue(flag, value, "HOST:PORT, port > 0");
+      options.advertise_address = value;
+    } else if (flag == "--replica-id") {
+      if (value.empty()) return BadValue(flag, value, "a non-empty id");
+      options.replica_id = value;
+    } else if (flag == "--rank") {
+      absl::StatusOr<int64_t> rank = ParseInt(flag, value, 0, 1 << 20);
+      if (!rank.ok()) return rank.status();
+      options.rank = static_cast<int32_t>(*rank);
+    } else if (flag == "--world-size") {
+      absl::StatusOr<int64_t> world_size = ParseInt(flag, value, 1, 1 << 20);
+      if (!world_size.ok()) return world_size.status();
+      options.world_size = static_cast<int32_t>(*world_size);
+    } else if (flag == "--backend") {
+      if (value != "cpu" && value != "noop") return BadValue(flag, value, "cpu or noop");
+      options.backend = value;
+    } else if (flag == "--threads") {
+      absl::StatusOr<int64_t> threads = ParseInt(flag, value, 1, 1024);
+      if (!threads.ok()) return threads.status();
+      options.num_threads = static_cast<int>(*threads);
+    } else if (flag == "--kv-cache-memory") {
+      absl::StatusOr<int64_t> bytes = ParseByteSize(value);
+      if (!bytes.ok()) return BadValue(flag, value, bytes.status().message());
+      options.kv_cache_bytes = *bytes;
+    } else if (flag == "--kv-cache-fraction") {
+      double fraction = 0;
+      if (!absl::SimpleAtod(value, &fraction) || !(fraction > 0 && fraction <= 1)) {
+        return BadValue(flag, value, "a fraction in (0, 1]");
+      }
+      options.kv_cache_fraction = fraction;
+    } else if (flag == "--block-size") {
+      absl::StatusOr<int64_t> block_size = ParseInt(flag, value, 1, 1024);
+      if (!block_size.ok()) return block_size.status();
+      options.block_size = *block_size;
+    } else if (flag == "--kv-dtype") {
+      if (value != "f16" && value != "f32") return BadValue(flag, value, "f16 or f32");
+      options.kv_dtype = value == "f16" ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;
+    } else {
+      return absl::InvalidArgumentError(absl::StrFormat("unknown flag %s", flag));
+    }
+  }
+  if (options.model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("--coordinator is required");
+  }
+  if (options.kv_cache_bytes.has_value() && options.kv_cache_fraction.has_value()) {
+    return absl::InvalidArgumentError("give --kv-cache-memory or --kv-cache-fraction, not both");
+  }
+  return options;
+}
+
+}  // namespace loom::worker

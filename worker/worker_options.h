@@ -1,0 +1,53 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace loom::worker {
+
+/// The `loom-worker` command line.
+struct WorkerOptions {
+  std::string model_path;                      // --model (required)
+  std::string coordinator_address;             // --coordinator HOST:PORT (required)
+  std::string listen_address = "127.0.0.1:0";  // --listen HOST:PORT; port 0: any free port
+  std::string advertise_address;               // --advertise-address; empty: listen host:bound port
+  std::string replica_id = "replica-0";        // --replica-id
+  int32_t rank = 0;                            // --rank, in [0, world_size)
+  int32_t world_size = 1;                      // --world-size; only 1 is supported
+  std::string backend = "cpu";                 // --backend cpu|noop
+  int num_threads = 0;                         // --threads; 0: hardware concurrency
+  std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
+  std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
+  int64_t block_size = 16;                     // --block-size, tokens per KV block
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
+};
+
+/// The usage text of `loom-worker`.
+extern const char kWorkerUsage[];
+
+/// Parses argv[1..argc) into options; InvalidArgument naming the flag and value for an
+/// unknown flag, a missing or malformed value, or a missing required flag.
+absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv);
+
+/// Bytes from "536870912", "512MiB", "1.5G", "64K"...: suffixes B, K/KB/KiB, M/MB/MiB,
+/// G/GB/GiB, T/TB/TiB (case-insensitive), all powers of 1024. InvalidArgument when
+/// malformed, negative or above 2^62.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
+
+/// Splits "host:port" or "[v6]:port" at the last colon; InvalidArgument without a
+/// numeric port in [0, 65535] or with an empty host.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address);
+
+/// MemAvailable from /proc/meminfo, in bytes; Unavailable where it cannot be read.
+absl::StatusOr<int64_t> MemAvailableBytes();
+
+/// The KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
+/// MemAvailable, else 512 MiB.
+absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options);
+
+}  // namespace loom::worker

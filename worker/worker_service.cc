@@ -1,0 +1,76 @@
+#include "worker/worker_service.h"
+
+#include <chrono>
+#include <cstdio>
+
+namespace loom::worker {
+
+namespace {
+const char kShuttingDown[] = "the worker is shutting down";
+}  // namespace
+
+WorkerService::WorkerService(StepExecutor& executor) : executor_(&executor) {}
+
+void WorkerService::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  if (active_context_ != nullptr) active_context_->TryCancel();
+}
+
+grpc::Status WorkerService::Step(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<loom::v1::StepResult, loom::v1::StepPlan>* stream) {
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown);
+    generation = ++generation_;
+    if (active_context_ != nullptr) {
+      std::fprintf(stderr, "loom-worker: a new step stream from %s replaces the current one\n",
+                   context->peer().c_str());
+      active_context_->TryCancel();
+    }
+    active_context_ = context;
+    executor_->Reset().IgnoreError();  // Reset cannot fail; it returns a Status by convention.
+    num_sequences_.store(0, std::memory_order_relaxed);
+  }
+
+  grpc::Status status = grpc::Status::OK;
+  loom::v1::StepPlan plan;
+  while (stream->Read(&plan)) {
+    const auto received = std::chrono::steady_clock::now();
+    loom::v1::StepResult result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_) {
+        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown);
+        break;
+      }
+      if (generation_ != generation) {
+        status = grpc::Status(grpc::StatusCode::ABORTED, "replaced by a newer step stream");
+        break;
+      }
+      result = executor_->Execute(plan);
+      num_sequences_.store(executor_->num_sequences(), std::memory_order_relaxed);
+    }
+    num_steps_.fetch_add(1, std::memory_order_relaxed);
+    if (result.error_code() != 0) {
+      std::fprintf(stderr, "loom-worker: step %llu rejected: %s\n",
+                   static_cast<unsigned long long>(plan.step_id()), result.error_message().c_str());
+    }
+    result.mutable_timings()->set_total_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
+    if (!stream->Write(result)) break;
+  }
+
+  absl::MutexLock lock(&mu_);
+  if (generation_ == generation) {
+    // The coordinator closed (or lost) the stream: its sequences are gone with it.
+    active_context_ = nullptr;
+    executor_->Reset().IgnoreError();
+    num_sequences_.store(0, std::memory_order_relaxed);
+  }
+  return status;
+}
+
+}  // namespace loom::worker

@@ -1,0 +1,48 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "loom/v1/worker.grpc.pb.h"
+#include "worker/step_executor.h"
+
+namespace loom::worker {
+
+/// The gRPC `loom.v1.Worker` service: one Step stream at a time drives the executor.
+/// A new stream cancels the previous one and resets the executor (every sequence of the
+/// earlier stream is dropped); each StepPlan read gets exactly one StepResult, in order.
+/// Bad plans are answered with an error result, never with a crash. Thread-safe.
+class WorkerService final : public loom::v1::Worker::Service {
+ public:
+  /// `executor` must outlive the service; the service is its only user.
+  explicit WorkerService(StepExecutor& executor);
+
+  /// The Step bidi stream (called by gRPC on its threads).
+  grpc::Status Step(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<loom::v1::StepResult, loom::v1::StepPlan>* stream) override;
+
+  /// Ends the current stream (after the step running now, if any) and refuses new ones
+  /// with UNAVAILABLE: the process is stopping.
+  void BeginShutdown();
+
+  /// Sequences the executor holds after the last step; never waits for a running step.
+  int num_sequences() const { return num_sequences_.load(std::memory_order_relaxed); }
+  /// Steps executed since start (all streams).
+  int64_t num_steps() const { return num_steps_.load(std::memory_order_relaxed); }
+
+ private:
+  absl::Mutex mu_;
+  StepExecutor* const executor_ ABSL_PT_GUARDED_BY(mu_);
+  // Incremented by each new stream; a stream whose generation is not current stops.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The current stream's context (to cancel it when a newer stream arrives), or null.
+  grpc::ServerContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> num_sequences_{0};
+  std::atomic<int64_t> num_steps_{0};
+};
+
+}  // namespace loom::worker
