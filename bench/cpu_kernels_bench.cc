@@ -1,10 +1,11 @@
 // CPU kernel benchmark: GEMV weight-read bandwidth against the machine's memcpy
 // bandwidth, batched-decode speedup, and GEMM GFLOP/s against the FMA peak (limits from
 // bench/machine_limits.h, measured in the same run). INT8/INT4 weights run with both
-// activation precisions: f32 ("a32", the default) and int8 ("a8"). Writes
+// activation precisions: f32 ("a32", the default) and int8 ("a8"); for a32 a sweep over
+// m compares the tile kernel with the GEMM kernel Matmul takes for batches. Writes
 // bench/results/cpu_kernels.json.
 //
-//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N]
+//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N] [--section gemv|sweep|gemm]
 //   LOOM_BENCH_FORMAT=INT4 restricts the run to one weight format.
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weights.h"
 
@@ -132,6 +134,7 @@ std::vector<PackedWeight> Copies(const PackedWeight& w, int64_t footprint) {
 int main(int argc, char** argv) {
   using namespace loom::bench;
   bool quick = false;
+  std::string section;  // empty: every table
   int64_t footprint = int64_t{256} << 20;  // 8x a 32 MiB L3
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
@@ -139,6 +142,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--footprint-mib") == 0 && i + 1 < argc) {
       footprint = std::atoll(argv[++i]) << 20;
     }
+    // --section sweep: run one table only (the JSON then holds only that one's rows).
+    if (std::strcmp(argv[i], "--section") == 0 && i + 1 < argc) section = argv[++i];
   }
   const int repeats = quick ? 3 : 7;
   const std::string cpu = CpuModel();
@@ -175,8 +180,10 @@ int main(int argc, char** argv) {
               "ratio", "2T GB/s", "ratio", "m16 speedup");
   bool first = true;
   const char* only = std::getenv("LOOM_BENCH_FORMAT");  // e.g. INT4: one format only
+  auto runs = [&](const char* name) { return section.empty() || section == name; };
   for (const Format& f : kFormats) {
     if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
+    if (!runs("gemv")) break;
     for (const Shape& s : kShapes) {
       const PackedWeight w = MakeWeight(f, s);
       const std::vector<PackedWeight> copies = Copies(w, footprint);
@@ -208,6 +215,56 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
+  json += "\n  ],\n  \"f32act_kernel_sweep\": [\n";
+
+  // INT8/INT4 with float activations: the tile kernel (decodes in registers, per token
+  // tile) against the GEMM kernel (dequantizes each weight panel once per call) over m,
+  // weights streamed from memory, 2 threads; Matmul switches at F32ActGemmMinTokens().
+  first = true;
+  if (runs("sweep")) {
+    namespace internal = loom::kernels::cpu::internal;
+    std::printf("\nINT8/INT4 a32 kernels over m, 2 threads, weights from memory: tokens/s "
+                "relative to m = 1 on the tile kernel (Matmul takes GEMM at m >= %lld)\n",
+                static_cast<long long>(internal::F32ActGemmMinTokens()));
+    std::printf("%-9s %-14s %-5s |", "fmt", "shape", "kern");
+    const int64_t sweep_ms[] = {1, 2, 4, 5, 8, 16, 32, 64};
+    for (int64_t m : sweep_ms) std::printf(" %6s", absl::StrFormat("m%d", m).c_str());
+    std::printf("\n");
+    ThreadPool pool(2);
+    for (const Format& f : kFormats) {
+      if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
+      if (f.format != WeightFormat::kInt8 && f.format != WeightFormat::kInt4) continue;
+      if (f.activations != ActivationPrecision::kF32) continue;
+      for (const Shape& s : {kShapes[1], kShapes[3]}) {
+        const PackedWeight w = MakeWeight(f, s);
+        const std::vector<PackedWeight> copies = Copies(w, footprint);
+        double single = 0.0;
+        for (const char* kernel : {"tile", "gemm"}) {
+          const bool gemm = std::strcmp(kernel, "gemm") == 0;
+          internal::SetF32ActGemmMinTokensForTesting(gemm ? 1 : int64_t{1} << 40);
+          std::printf("%-9s %-14s %-5s |", Label(f).c_str(),
+                      absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), kernel);
+          std::string ratios;
+          for (int64_t m : sweep_ms) {
+            const double seconds =
+                TimeMatmul(copies, f.activations, m, pool, std::max(3, repeats / 2));
+            if (!gemm && m == 1) single = seconds;
+            const double ratio = m * single / seconds;
+            std::printf(" %6.2f", ratio);
+            absl::StrAppendFormat(&ratios, "%s\"m%d\": %.3f", ratios.empty() ? "" : ", ", m,
+                                  ratio);
+          }
+          std::printf("\n");
+          absl::StrAppendFormat(&json,
+                                "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                                "\"kernel\": \"%s\", \"tokens_per_s_vs_tile_m1\": {%s}}",
+                                first ? "" : ",\n", f.name, s.rows, s.cols, kernel, ratios);
+          first = false;
+        }
+        internal::SetF32ActGemmMinTokensForTesting(0);
+      }
+    }
+  }
   json += "\n  ],\n  \"gemm\": [\n";
 
   std::printf("\nGEMM, 2 threads: GFLOP/s and ratio to the 2-thread FMA peak (%.0f GFLOP/s)\n",
@@ -218,6 +275,7 @@ int main(int argc, char** argv) {
   ThreadPool pool(2);
   for (const Format& f : kFormats) {
     if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
+    if (!runs("gemm")) break;
     for (const Shape& s : kShapes) {
       const std::vector<PackedWeight> one = {MakeWeight(f, s)};
       double gflops[2];

@@ -16,6 +16,7 @@ using internal::kRowBlock;
 using internal::MatmulIsaChoice;
 
 std::atomic<MatmulIsaChoice> forced_isa{MatmulIsaChoice::kAuto};
+std::atomic<int64_t> f32act_gemm_min_tokens{internal::kF32ActGemmMinTokens};
 
 MatmulIsaChoice BestIsa() {
   static const MatmulIsaChoice best = [] {
@@ -94,6 +95,13 @@ bool IsaSupported(MatmulIsaChoice isa) {
 
 void SetMatmulIsaForTesting(MatmulIsaChoice isa) {
   forced_isa.store(isa, std::memory_order_relaxed);
+}
+
+int64_t F32ActGemmMinTokens() { return f32act_gemm_min_tokens.load(std::memory_order_relaxed); }
+
+void SetF32ActGemmMinTokensForTesting(int64_t min_tokens) {
+  f32act_gemm_min_tokens.store(min_tokens <= 0 ? kF32ActGemmMinTokens : min_tokens,
+                               std::memory_order_relaxed);
 }
 
 void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
@@ -242,6 +250,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   const int64_t k = w.cols;
   const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4;
   const bool int8_activations = integer && params.activations == ActivationPrecision::kInt8;
+  // Batches of tokens with float activations: dequantize each weight panel once and run
+  // a float GEMM over it (no group sums of x needed).
+  const bool f32act_gemm = integer && !int8_activations &&
+                           ActiveIsa() == MatmulIsaChoice::kAvx512 &&
+                           params.m >= internal::F32ActGemmMinTokens();
   // Per-call buffers, reused (thread_local: one pool per thread calls Matmul).
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> x_scale;
@@ -271,7 +284,7 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
       quantize(0, params.m);
     }
     args.xq = {xq.data(), x_scale.data(), x_sum.data()};
-  } else if (w.format == WeightFormat::kInt4) {
+  } else if (w.format == WeightFormat::kInt4 && !f32act_gemm) {
     // The group sums of x apply each group's min once (summed in double: k adds per
     // token, negligible next to the matmul).
     const int64_t groups = k / w.group_size;
@@ -292,8 +305,9 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
                                         : internal::MatmulBlocksScalar;
   switch (ActiveIsa()) {
     case MatmulIsaChoice::kAvx512:
-      kernel = integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
-                                            : internal::MatmulBlocksAvx512;
+      kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx512
+               : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
+                                              : internal::MatmulBlocksAvx512;
       break;
     case MatmulIsaChoice::kAvx2:
       kernel = integer && !int8_activations ? internal::MatmulF32ActBlocksAvx2

@@ -10,8 +10,9 @@ namespace loom::kernels::cpu {
 
 /// How INT8/INT4 weights meet the activations (F32/F16 weights always use float x).
 enum class ActivationPrecision {
-  // Exact float activations: weights are dequantized in registers and multiplied with
-  // float FMA ("W4A32" / "W8A32"); float rounding only. The default.
+  // Exact float activations: weights are dequantized to float (in registers; for
+  // batches of tokens once per call) and multiplied with float FMA ("W4A32" / "W8A32");
+  // float rounding only. The default.
   kF32,
   // Activations quantized to int8 per 32 columns (round to nearest, scale max|x|/127)
   // and multiplied with integer dot products (VNNI): faster GEMM, but the result differs

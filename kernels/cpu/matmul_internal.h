@@ -116,6 +116,22 @@ void MatmulF32ActBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64
 void MatmulF32ActBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulF32ActBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 
+/// INT8/INT4 weights against float activations for batches of tokens: each panel of 32
+/// weight rows is dequantized once per call, chunk by chunk of columns, into a
+/// per-thread float scratch (the floats DequantizeRows gives), and a register-blocked
+/// float microkernel runs every token over it. Matmul takes it for
+/// m >= F32ActGemmMinTokens() where the CPU has AVX-512.
+void MatmulF32ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
+                                  int64_t block_end);
+
+/// Fewest tokens for which Matmul uses the GEMM kernel above (below it, the tile kernel
+/// that decodes in registers per token tile is faster; m = 1 keeps it by default).
+inline constexpr int64_t kF32ActGemmMinTokens = 5;
+int64_t F32ActGemmMinTokens();
+/// Test/bench hook: moves that threshold (<= 0 restores kF32ActGemmMinTokens).
+/// Not thread-safe against concurrent Matmul calls.
+void SetF32ActGemmMinTokensForTesting(int64_t min_tokens);
+
 /// Instruction sets Matmul can run; kAuto picks the best the CPU supports.
 enum class MatmulIsaChoice { kAuto, kScalar, kAvx2, kAvx512 };
 

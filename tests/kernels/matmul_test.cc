@@ -259,6 +259,75 @@ INSTANTIATE_TEST_SUITE_P(
              (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
     });
 
+// The GEMM kernel for INT8/INT4 weights with float activations (AVX-512: each 32-row
+// panel dequantized once per call into a float scratch, then a float microkernel over
+// all tokens), forced on for every m, m = 1 included. The sweep covers the token tiles
+// (up to 12 tokens, balanced), token panels (k = 4096 splits 130 tokens into 3), column
+// chunks that split groups (k = 768 runs as 4 x 192 with g128), odd row-block counts per
+// thread (a last panel of one block), partial row blocks (n % 16 != 0), and 1-3 threads.
+class F32ActGemmGuard {
+ public:
+  explicit F32ActGemmGuard(int64_t min_tokens) {
+    internal::SetF32ActGemmMinTokensForTesting(min_tokens);
+  }
+  ~F32ActGemmGuard() { internal::SetF32ActGemmMinTokensForTesting(0); }
+};
+
+class MatmulF32ActGemmTest : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {};
+
+TEST_P(MatmulF32ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
+  if (!internal::IsaSupported(MatmulIsaChoice::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  const auto [format, group] = GetParam();
+  F32ActGemmGuard gemm_for_every_m(1);
+  const std::vector<Shape> shapes = {{40, 128}, {200, 384}, {1000, 768}, {33, 4096}};
+  uint32_t seed = 500;
+  for (const Shape& shape : shapes) {
+    const int64_t g = group < 0 ? shape.cols : group;
+    const TestWeight weight = MakeTestWeight(format, g, shape, ++seed);
+    for (int64_t m : {1, 2, 3, 4, 7, 8, 16, 17, 64, 130}) {
+      const int threads = 1 + static_cast<int>(m % 3);
+      // Both bias settings, except on the largest shape (alternating there).
+      for (bool with_bias : {false, true}) {
+        if (shape.rows * shape.cols > 500'000 && with_bias != (m % 2 == 1)) continue;
+        CheckMatmul(MatmulIsaChoice::kAvx512, weight, Precision::kF32, m, with_bias, threads,
+                    ++seed);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, MatmulF32ActGemmTest,
+    testing::Values(std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt4, int64_t{64}),
+                    std::make_tuple(WeightFormat::kInt4, int64_t{128}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{64}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{128}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{-1})),  // per output channel
+    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
+      const int64_t g = std::get<1>(info.param);
+      return std::string(FormatName(std::get<0>(info.param))) +
+             (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
+    });
+
+// Single-token decode keeps the tile kernel by default: the same bits as forcing it.
+TEST(MatmulTest, SingleTokenKeepsTheTileKernelByDefault) {
+  EXPECT_GT(internal::F32ActGemmMinTokens(), 1);
+  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4}) {
+    const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
+    const std::vector<float> x = RandomActivations(1, 576, 22);
+    std::vector<float> by_default(200), tile(200);
+    ThreadPool pool(2);
+    ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, by_default.data(), 1}, pool).ok());
+    {
+      F32ActGemmGuard tile_only(int64_t{1} << 40);
+      ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, tile.data(), 1}, pool).ok());
+    }
+    EXPECT_EQ(by_default, tile) << FormatName(format);
+  }
+}
+
 TEST(MatmulTest, LmHeadShapeMatchesReferenceOnEveryIsa) {
   uint32_t seed = 7;
   for (WeightFormat format :
