@@ -1,6 +1,7 @@
 #include "coordinator/replica.h"
 
 #include <cstdio>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -41,7 +42,11 @@ absl::Status Replica::Submit(std::shared_ptr<Request> request) {
   if (stopping_ || !healthy_.load()) {
     return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
   }
-  const int64_t waiting = stats_.num_waiting() + static_cast<int64_t>(inbox_.size());
+  // The queue bound is enforced here, at admission, and only here: once accepted, a
+  // request is never dropped for a full queue (the scheduler's own bound is off, since
+  // preempted sequences also wait). Requests being admitted by the loop still count.
+  const int64_t waiting =
+      stats_.num_waiting() + admitting_ + static_cast<int64_t>(inbox_.size());
   if (waiting >= options_.max_waiting) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "replica %s has %d requests waiting (the limit, --max-waiting)", replica_id_, waiting));
@@ -100,7 +105,7 @@ loom::v1::ReplicaStatus Replica::Status() const {
   loom::v1::ReplicaStatus status = stats_;
   status.set_healthy(healthy_.load());
   status.set_worker_address(endpoint_.address);
-  status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(inbox_.size()));
+  status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(admitting_ + inbox_.size()));
   return status;
 }
 
@@ -207,7 +212,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.num_blocks = endpoint.num_kv_blocks;
   config.max_num_batched_tokens = options_.max_num_batched_tokens;
   config.max_num_seqs = options_.max_num_seqs;
-  config.max_waiting = options_.max_waiting;
+  config.max_waiting = std::numeric_limits<int32_t>::max();  // bounded in Submit
   scheduler_ = std::make_unique<Scheduler>(config);
   in_flight_.clear();
   {
@@ -241,7 +246,9 @@ void Replica::AdmitInbox() {
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
+    admitting_ = static_cast<int64_t>(inbox.size());
   }
+  if (inbox.empty()) return;
   for (std::shared_ptr<Request>& request : inbox) {
     if (request->cancelled()) {
       request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
@@ -263,6 +270,8 @@ void Replica::AdmitInbox() {
     }
     requests_[request->seq_id()] = std::move(request);
   }
+  // The admitted requests now count in the scheduler's waiting queue.
+  PublishStats();
 }
 
 void Replica::DropCancelled() {
@@ -410,6 +419,7 @@ void Replica::LoseWorker(const std::string& reason) {
 
 void Replica::PublishStats() {
   absl::MutexLock lock(&mu_);
+  admitting_ = 0;
   stats_.set_num_steps(num_steps_);
   stats_.set_num_mixed_steps(num_mixed_steps_);
   stats_.set_num_tokens_computed(num_tokens_computed_);

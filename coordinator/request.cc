@@ -15,6 +15,20 @@ std::optional<OutputEvent> OutputQueue::Pop(absl::Duration timeout) {
   if (!mu_.AwaitWithTimeout(absl::Condition(&has_event), timeout)) return std::nullopt;
   OutputEvent event = std::move(events_.front());
   events_.pop_front();
+  // Everything else already queued joins it: under load the handler wakes once per
+  // batch of tokens, not once per token. Nothing follows a final event.
+  while (!events_.empty() && !event.final()) {
+    OutputEvent& next = events_.front();
+    event.text += next.text;
+    event.token_ids.insert(event.token_ids.end(), next.token_ids.begin(), next.token_ids.end());
+    for (loom::v1::SequenceOutput& logprob : next.logprobs) {
+      event.logprobs.push_back(std::move(logprob));
+    }
+    event.finish_reason = next.finish_reason;
+    event.error_message = std::move(next.error_message);
+    if (!next.replica_id.empty()) event.replica_id = std::move(next.replica_id);
+    events_.pop_front();
+  }
   return event;
 }
 

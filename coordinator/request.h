@@ -34,7 +34,8 @@ struct OutputEvent {
 class OutputQueue {
  public:
   void Push(OutputEvent event);
-  /// The next event, or nullopt after `timeout` without one.
+  /// Every event queued so far merged into one (text and tokens concatenated, the final
+  /// event's finish reason), waiting up to `timeout` for the first; nullopt without one.
   std::optional<OutputEvent> Pop(absl::Duration timeout);
 
  private:

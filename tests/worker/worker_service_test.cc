@@ -134,5 +134,22 @@ TEST_F(WorkerServiceTest, NewStreamReplacesTheOldOneAndDropsItsSequences) {
   EXPECT_TRUE(second->Finish().ok());
 }
 
+TEST_F(WorkerServiceTest, ShutdownEndsTheStreamAndRefusesNewOnes) {
+  grpc::ClientContext context;
+  auto stream = stub_->Step(&context);
+  ASSERT_TRUE(stream->Write(AddAndPrefill(1, 7, 0)));
+  loom::v1::StepResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  service_.BeginShutdown();
+  EXPECT_FALSE(stream->Read(&result));
+  EXPECT_FALSE(stream->Finish().ok());
+
+  grpc::ClientContext late_context;
+  auto late = stub_->Step(&late_context);
+  late->WritesDone();
+  EXPECT_FALSE(late->Read(&result));
+  EXPECT_EQ(late->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
 }  // namespace
 }  // namespace loom::worker

@@ -1,0 +1,126 @@
+#include "coordinator/request.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "common/gguf_file.h"
+#include "gtest/gtest.h"
+
+namespace loom::coordinator {
+namespace {
+
+OutputEvent Tokens(std::string text, std::vector<int32_t> ids, std::string replica = "") {
+  OutputEvent event;
+  event.text = std::move(text);
+  event.token_ids = std::move(ids);
+  event.replica_id = std::move(replica);
+  return event;
+}
+
+TEST(OutputQueueTest, PopWaitsThenTimesOut) {
+  OutputQueue queue;
+  EXPECT_FALSE(queue.Pop(absl::Milliseconds(5)).has_value());
+  queue.Push(Tokens("a", {1}, "r0"));
+  std::optional<OutputEvent> event = queue.Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->text, "a");
+  EXPECT_FALSE(queue.Pop(absl::Milliseconds(5)).has_value());
+}
+
+TEST(OutputQueueTest, PopMergesEverythingQueuedUpToTheFinalEvent) {
+  OutputQueue queue;
+  queue.Push(Tokens("The", {10}, "r1"));
+  queue.Push(Tokens(" cap", {11}));
+  OutputEvent last = Tokens("ital", {12});
+  last.finish_reason = loom::v1::FINISH_REASON_LENGTH;
+  queue.Push(std::move(last));
+  std::optional<OutputEvent> event = queue.Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->text, "The capital");
+  EXPECT_EQ(event->token_ids, (std::vector<int32_t>{10, 11, 12}));
+  EXPECT_EQ(event->replica_id, "r1");  // later events carry none: the first one's stays
+  EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_LENGTH);
+  EXPECT_TRUE(event->final());
+}
+
+class RequestTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* env = std::getenv("LOOM_MODEL_PATH");
+    const std::string path =
+        env != nullptr ? std::string(env)
+                       : (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
+                          "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+                             .string();
+    auto gguf = common::GgufFile::Open(path);
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    tokenizer_ = common::Tokenizer::FromGguf(**gguf).value().release();
+  }
+
+  std::unique_ptr<Request> MakeRequest(RequestParams params) {
+    return std::make_unique<Request>("req", 1, std::move(params), *tokenizer_,
+                                     tokenizer_->EndOfGenerationIds());
+  }
+
+  // Feeds the tokens of `text` one by one; returns the merged client view.
+  OutputEvent Feed(Request& request, const std::string& text) {
+    for (int32_t id : tokenizer_->Encode(text, false, false)) {
+      loom::v1::SequenceOutput output;
+      output.set_token_id(id);
+      if (request.OnToken(output, "r0")) break;
+    }
+    std::optional<OutputEvent> event = request.outputs().Pop(absl::Milliseconds(5));
+    return event.value_or(OutputEvent{});
+  }
+
+  static common::Tokenizer* tokenizer_;
+};
+
+common::Tokenizer* RequestTest::tokenizer_ = nullptr;
+
+TEST_F(RequestTest, MaxTokensEndsWithLengthAndAllText) {
+  RequestParams params;
+  params.max_tokens = 3;
+  auto request = MakeRequest(params);
+  const std::string text = " Paris is the capital of France";
+  const std::vector<int32_t> ids = tokenizer_->Encode(text, false, false);
+  ASSERT_GT(ids.size(), 3u);
+  OutputEvent event = Feed(*request, text);
+  EXPECT_EQ(event.finish_reason, loom::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(event.token_ids, std::vector<int32_t>(ids.begin(), ids.begin() + 3));
+  EXPECT_EQ(event.text, tokenizer_->Decode(event.token_ids, true).value());
+  EXPECT_TRUE(request->finished());
+  EXPECT_EQ(request->num_outputs(), 3);
+}
+
+TEST_F(RequestTest, StopStringCutsTheTextAndFinishesWithStop) {
+  RequestParams params;
+  params.max_tokens = 100;
+  params.stop = {" capital"};
+  auto request = MakeRequest(params);
+  OutputEvent event = Feed(*request, " Paris is the capital of France");
+  EXPECT_EQ(event.finish_reason, loom::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(event.text, " Paris is the");
+}
+
+TEST_F(RequestTest, FinishAfterOutputKeepsTheTextAndReportsTheReason) {
+  RequestParams params;
+  params.max_tokens = 100;
+  auto request = MakeRequest(params);
+  loom::v1::SequenceOutput output;
+  output.set_token_id(tokenizer_->Encode(" Paris", false, false)[0]);
+  EXPECT_FALSE(request->OnToken(output, "r0"));
+  EXPECT_TRUE(request->produced_output());
+  request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", "r0");
+  request->Finish(loom::v1::FINISH_REASON_ERROR, "ignored: already finished", "r0");
+  std::optional<OutputEvent> event = request->outputs().Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_ABORT);
+  EXPECT_EQ(event->error_message, "cancelled");
+  EXPECT_FALSE(request->outputs().Pop(absl::Milliseconds(5)).has_value());
+}
+
+}  // namespace
+}  // namespace loom::coordinator
