@@ -42,7 +42,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         request.block_size()));
   }
   WorkerEndpoint endpoint{request.worker_address(), request.num_kv_blocks(),
-                          request.block_size()};
+                          request.block_size(), request.backend()};
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
@@ -127,11 +127,17 @@ int Cluster::num_healthy() const {
                                         [](const auto& r) { return r.second->healthy(); }));
 }
 
-loom::v1::ClusterStatus Cluster::Status() const {
-  loom::v1::ClusterStatus status;
+loom::v1::ClusterState Cluster::Status() const {
+  loom::v1::ClusterState status;
   status.set_draining(draining_.load());
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, replica] : replicas_) *status.add_replicas() = replica->Status();
+  for (const auto& [id, replica] : replicas_) {
+    loom::v1::ReplicaStatus* added = status.add_replicas();
+    *added = replica->Status();
+    if (added->healthy()) status.set_num_healthy_replicas(status.num_healthy_replicas() + 1);
+    status.set_num_waiting(status.num_waiting() + added->num_waiting());
+    status.set_num_running(status.num_running() + added->num_running());
+  }
   return status;
 }
 

@@ -52,7 +52,7 @@ class Cluster {
   /// Waits until no replica holds a request, or `timeout`; true when idle.
   bool WaitIdle(absl::Duration timeout) const;
   int num_healthy() const;
-  loom::v1::ClusterStatus Status() const;
+  loom::v1::ClusterState Status() const;
   /// Aborts every request and stops the replicas' loops. Idempotent.
   void Stop();
 

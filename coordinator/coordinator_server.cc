@@ -16,6 +16,7 @@
 namespace loom::coordinator {
 
 const char kServeFlagsHelp[] =
+    "  --served-model-name NAME     the model id clients use (default: the file's stem)\n"
     "  --host ADDR                  listen address (default 127.0.0.1)\n"
     "  --grpc-port N                gRPC port (default 50051; 0: any free port)\n"
     "  --max-num-seqs N             running sequences per replica (default 256)\n"
@@ -41,6 +42,12 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
   ReplicaOptions& replica = options.cluster.replica;
   if (flag == "--model") {
     options.model_path = value;
+  } else if (flag == "--served-model-name") {
+    if (value.empty()) {
+      error = "--served-model-name needs a non-empty name";
+      return true;
+    }
+    options.served_model_name = value;
   } else if (flag == "--host") {
     options.host = value;
   } else if (flag == "--grpc-port") {
@@ -78,11 +85,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   auto tokenizer = common::Tokenizer::FromGguf(*server->gguf_);
   if (!tokenizer.ok()) return tokenizer.status();
   server->tokenizer_ = *std::move(tokenizer);
-  server->cluster_ =
-      std::make_unique<Cluster>(options.cluster, common::ModelFingerprint(*server->gguf_));
+  server->model_ = MakeServedModel(options.model_path, *server->gguf_, server->config_,
+                                   options.served_model_name);
+  server->cluster_ = std::make_unique<Cluster>(options.cluster, server->model_.info.fingerprint());
   server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
   server->inference_service_ = std::make_unique<InferenceService>(
-      *server->cluster_, server->config_, *server->tokenizer_);
+      *server->cluster_, server->model_, server->config_, *server->tokenizer_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

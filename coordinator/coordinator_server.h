@@ -19,6 +19,7 @@ namespace loom::coordinator {
 
 struct ServeOptions {
   std::string model_path;
+  std::string served_model_name;  // empty: the GGUF file's stem
   std::string host = "127.0.0.1";
   int grpc_port = 50051;  // 0: any free port
   ClusterOptions cluster;
@@ -45,6 +46,7 @@ class CoordinatorServer {
   int port() const { return port_; }
   std::string address() const;
   Cluster& cluster() { return *cluster_; }
+  const ServedModel& model() const { return model_; }
 
   /// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts).
   static void BlockShutdownSignals();
@@ -62,6 +64,7 @@ class CoordinatorServer {
   ServeOptions options_;
   std::unique_ptr<common::GgufFile> gguf_;
   common::ModelConfig config_;
+  ServedModel model_;
   std::unique_ptr<common::Tokenizer> tokenizer_;
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<CoordinatorService> coordinator_service_;

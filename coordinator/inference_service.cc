@@ -9,9 +9,11 @@
 
 namespace loom::coordinator {
 
-InferenceService::InferenceService(Cluster& cluster, const common::ModelConfig& config,
+InferenceService::InferenceService(Cluster& cluster, const ServedModel& model,
+                                   const common::ModelConfig& config,
                                    const common::Tokenizer& tokenizer)
     : cluster_(cluster),
+      model_(model),
       config_(config),
       tokenizer_(tokenizer),
       eos_ids_(tokenizer.EndOfGenerationIds()) {}
@@ -22,6 +24,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
   if (cluster_.draining()) {
     return ToGrpcStatus(absl::UnavailableError("the coordinator is shutting down (draining)"));
   }
+  if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
   absl::StatusOr<RequestParams> params = ValidateGenerateRequest(*request, config_, tokenizer_);
   if (!params.ok()) return ToGrpcStatus(params.status());
   const int32_t prompt_tokens = static_cast<int32_t>(params->prompt_ids.size());
@@ -70,10 +73,45 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
   }
 }
 
-grpc::Status InferenceService::GetClusterStatus(grpc::ServerContext*,
-                                                const loom::v1::ClusterStatusRequest*,
-                                                loom::v1::ClusterStatus* response) {
+absl::Status InferenceService::CheckModel(const std::string& requested) const {
+  if (model_.Matches(requested)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrFormat("the model '%s' does not exist; this server serves '%s'",
+                                             requested, model_.id));
+}
+
+grpc::Status InferenceService::Tokenize(grpc::ServerContext*,
+                                        const loom::v1::TokenizeRequest* request,
+                                        loom::v1::TokenizeResponse* response) {
+  if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
+  const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->add_special_tokens(),
+                                                     request->parse_special());
+  response->mutable_token_ids()->Add(ids.begin(), ids.end());
+  response->set_max_model_len(static_cast<int32_t>(config_.context_length));
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::Detokenize(grpc::ServerContext*,
+                                          const loom::v1::DetokenizeRequest* request,
+                                          loom::v1::DetokenizeResponse* response) {
+  if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
+  const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  absl::StatusOr<std::string> text = tokenizer_.Decode(ids, request->skip_special_tokens());
+  if (!text.ok()) return ToGrpcStatus(text.status());
+  response->set_text(*std::move(text));
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::ListModels(grpc::ServerContext*, const loom::v1::ListModelsRequest*,
+                                          loom::v1::ListModelsResponse* response) {
+  *response->add_models() = model_.ToProto();
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::GetClusterState(grpc::ServerContext*,
+                                               const loom::v1::GetClusterStateRequest*,
+                                               loom::v1::ClusterState* response) {
   *response = cluster_.Status();
+  response->set_model(model_.id);
   return grpc::Status::OK;
 }
 

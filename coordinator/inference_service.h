@@ -7,6 +7,7 @@
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/cluster.h"
+#include "coordinator/served_model.h"
 #include "loom/v1/inference.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -17,17 +18,27 @@ namespace loom::coordinator {
 /// next step and its blocks freed). Thread-safe.
 class InferenceService final : public loom::v1::Inference::Service {
  public:
-  InferenceService(Cluster& cluster, const common::ModelConfig& config,
+  InferenceService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
                    const common::Tokenizer& tokenizer);
 
   grpc::Status Generate(grpc::ServerContext* context, const loom::v1::GenerateRequest* request,
                         grpc::ServerWriter<loom::v1::GenerateResponse>* writer) override;
-  grpc::Status GetClusterStatus(grpc::ServerContext* context,
-                                const loom::v1::ClusterStatusRequest* request,
-                                loom::v1::ClusterStatus* response) override;
+  grpc::Status Tokenize(grpc::ServerContext* context, const loom::v1::TokenizeRequest* request,
+                        loom::v1::TokenizeResponse* response) override;
+  grpc::Status Detokenize(grpc::ServerContext* context,
+                          const loom::v1::DetokenizeRequest* request,
+                          loom::v1::DetokenizeResponse* response) override;
+  grpc::Status ListModels(grpc::ServerContext* context, const loom::v1::ListModelsRequest* request,
+                          loom::v1::ListModelsResponse* response) override;
+  grpc::Status GetClusterState(grpc::ServerContext* context,
+                                const loom::v1::GetClusterStateRequest* request,
+                                loom::v1::ClusterState* response) override;
 
  private:
+  absl::Status CheckModel(const std::string& requested) const;
+
   Cluster& cluster_;
+  const ServedModel& model_;
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
   const std::vector<int32_t> eos_ids_;

@@ -105,6 +105,11 @@ loom::v1::ReplicaStatus Replica::Status() const {
   loom::v1::ReplicaStatus status = stats_;
   status.set_healthy(healthy_.load());
   status.set_worker_address(endpoint_.address);
+  status.set_backend(endpoint_.backend);
+  if (status.num_kv_blocks() > 0) {
+    status.set_kv_cache_usage(
+        1.0 - static_cast<double>(status.num_free_blocks()) / status.num_kv_blocks());
+  }
   status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(admitting_ + inbox_.size()));
   return status;
 }

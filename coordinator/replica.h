@@ -36,6 +36,7 @@ struct WorkerEndpoint {
   std::string address;
   int64_t num_kv_blocks = 0;
   int32_t block_size = 16;
+  std::string backend;  // as the worker registered it
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
