@@ -1,0 +1,227 @@
+"""Coordinator overhead: `loom serve` driving one `loom-worker --backend noop` (tokens come back
+at once), so step time is scheduler + plan building + the step RPC + applying results. Holds 1, 64
+and 256 running sequences (short prompts, ignore_eos, max_tokens near the context) and measures,
+from GetClusterState deltas over a window (never client-side):
+
+  steps/s            num_steps delta / wall time
+  ms per step        1000 / steps/s
+  schedule ms/step   schedule_seconds delta / num_steps delta (coordinator CPU building plans)
+
+once with --max-plans-in-flight 1 (the baseline, same run) and once with 2. Prints the targets:
+< 1 ms per step at 256 sequences (2 in flight) and steps/s with 2 in flight >= 1.5x that with 1.
+Writes bench/results/coordinator_overhead.json.
+
+The Python client cannot read 256 streams at thousands of messages per second; each stream is
+consumed on its own thread (--client-read all) or only its first message is read and the rest is
+left to gRPC flow control (--client-read first), which keeps the client off the CPU the
+coordinator needs (2-core machines).
+
+usage: .venv/bin/python bench/coordinator_overhead_bench.py [--sizes 1,64,256] [--window-s 3]
+       [--client-read all|first] [--kv-cache-memory 16GiB]
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
+import cluster_harness as h  # noqa: E402
+
+TARGET_MS_PER_STEP_AT_256 = 1.0
+TARGET_PIPELINING_RATIO = 1.5
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_revision() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(SOURCE_DIR), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+class HeldStreams:
+    """n Generate streams kept running (each ends only when cancelled)."""
+
+    def __init__(self, stub, n: int, read_all: bool, max_tokens: int):
+        self.calls = []
+        self.first = threading.Semaphore(0)
+        self.threads = []
+        for i in range(n):
+            request = h.make_request(f"Sequence {i}:", max_tokens=max_tokens, ignore_eos=True)
+            call = stub.Generate(request, timeout=3600)
+            self.calls.append(call)
+            thread = threading.Thread(target=self._consume, args=(call, read_all), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _consume(self, call, read_all):
+        try:
+            next(call)
+            self.first.release()
+            if read_all:
+                for _ in call:
+                    pass
+        except Exception:  # noqa: BLE001 - cancelled at the end
+            self.first.release()
+
+    def wait_started(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for _ in self.calls:
+            if not self.first.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def cancel(self):
+        for call in self.calls:
+            call.cancel()
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+
+def measure(coordinator, replica: str, n: int, window_s: float, read_all: bool, max_tokens: int) -> dict:
+    streams = HeldStreams(coordinator.stub, n, read_all, max_tokens)
+    try:
+        if not streams.wait_started(timeout=120):
+            raise h.HarnessError(f"{n} streams did not all start\n{coordinator.log_tail()}")
+        coordinator.wait_replicas(lambda r: r[replica].num_running == n, 60, f"{n} sequences running")
+        time.sleep(0.5)  # settle
+        s0, t0 = coordinator.replicas()[replica], time.monotonic()
+        time.sleep(window_s)
+        s1, t1 = coordinator.replicas()[replica], time.monotonic()
+    finally:
+        streams.cancel()
+    coordinator.wait_replicas(lambda r: r[replica].num_running == 0 and r[replica].num_waiting == 0,
+                              60, "streams cancelled")
+    steps = s1.num_steps - s0.num_steps
+    elapsed = t1 - t0
+    if steps <= 0:
+        raise h.HarnessError(f"no steps in {elapsed:.1f} s with {n} sequences: {s1}")
+    return {
+        "sequences": n,
+        "running_at_end": s1.num_running,
+        "preemptions_in_window": s1.num_preemptions - s0.num_preemptions,
+        "steps": steps,
+        "steps_per_s": round(steps / elapsed, 1),
+        "ms_per_step": round(1000 * elapsed / steps, 4),
+        "schedule_ms_per_step": round(1000 * (s1.schedule_seconds - s0.schedule_seconds) / steps, 4),
+        "step_rpc_ms_per_step": round(1000 * (s1.step_seconds - s0.step_seconds) / steps, 4),
+        "tokens_per_s": round((s1.num_tokens_computed - s0.num_tokens_computed) / elapsed, 1),
+    }
+
+
+def run_config(plans_in_flight: int, args, log_dir: pathlib.Path) -> list[dict]:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    flags = {"max_plans_in_flight": plans_in_flight, "max_num_seqs": max(sizes),
+             "max_num_batched_tokens": max(512, max(sizes)), "max_waiting": 4 * max(sizes)}
+    workers = {"replica-noop": {"backend": "noop", "threads": 1, "kv_cache_memory": args.kv_cache_memory}}
+    rows = []
+    with h.running_cluster(log_dir / f"plans{plans_in_flight}", workers, print_logs=False, **flags) as rig:
+        reported = rig.coordinator.replicas()["replica-noop"]
+        if reported.max_plans_in_flight and reported.max_plans_in_flight != plans_in_flight:
+            raise h.HarnessError(f"asked for {plans_in_flight} plans in flight, status says {reported}")
+        for n in sizes:
+            row = measure(rig.coordinator, "replica-noop", n, args.window_s, args.client_read == "all",
+                          args.max_tokens)
+            row["max_plans_in_flight"] = plans_in_flight
+            print(f"  plans in flight {plans_in_flight}, {n:4d} seqs: {row['steps_per_s']:9.1f} steps/s, "
+                  f"{row['ms_per_step']:.3f} ms/step (schedule {row['schedule_ms_per_step']:.3f} ms, "
+                  f"step RPC {row['step_rpc_ms_per_step']:.3f} ms)", flush=True)
+            rows.append(row)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1,64,256")
+    parser.add_argument("--window-s", type=float, default=3.0)
+    parser.add_argument("--repeats", type=int, default=3, help="windows per point; the median is reported")
+    parser.add_argument("--client-read", choices=("all", "first"), default="all")
+    parser.add_argument("--kv-cache-memory", default="16GiB",
+                        help="the noop worker's pool (sized, not necessarily touched)")
+    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--out", default=str(SOURCE_DIR / "bench" / "results" / "coordinator_overhead.json"))
+    args = parser.parse_args()
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        sys.exit(missing)
+
+    log_dir = pathlib.Path(tempfile.mkdtemp(prefix="loom_overhead_bench_"))
+    print(f"coordinator overhead, noop worker; logs in {log_dir}", flush=True)
+    results = {}
+    for plans in (1, 2):
+        runs = [run_config(plans, args, log_dir) for _ in range(args.repeats)]
+        merged = []
+        for i, row in enumerate(runs[0]):
+            samples = [run[i] for run in runs]
+            merged.append({**row,
+                           "steps_per_s": statistics.median(s["steps_per_s"] for s in samples),
+                           "ms_per_step": statistics.median(s["ms_per_step"] for s in samples),
+                           "schedule_ms_per_step": statistics.median(s["schedule_ms_per_step"] for s in samples),
+                           "step_rpc_ms_per_step": statistics.median(s["step_rpc_ms_per_step"] for s in samples),
+                           "samples": [{k: s[k] for k in ("steps_per_s", "ms_per_step", "schedule_ms_per_step")}
+                                       for s in samples]})
+        results[plans] = merged
+
+    print("\nsequences  steps/s(1)  steps/s(2)  ratio 2/1 (target >= %.1f)  ms/step(2) (target < %.1f at 256)"
+          % (TARGET_PIPELINING_RATIO, TARGET_MS_PER_STEP_AT_256))
+    summary = []
+    for one, two in zip(results[1], results[2]):
+        ratio = two["steps_per_s"] / one["steps_per_s"]
+        summary.append({"sequences": one["sequences"], "steps_per_s_1": one["steps_per_s"],
+                        "steps_per_s_2": two["steps_per_s"], "pipelining_ratio": round(ratio, 3),
+                        "meets_pipelining_target": ratio >= TARGET_PIPELINING_RATIO,
+                        "ms_per_step_2": two["ms_per_step"],
+                        "schedule_ms_per_step_2": two["schedule_ms_per_step"]})
+        print(f"{one['sequences']:9d}  {one['steps_per_s']:10.1f}  {two['steps_per_s']:10.1f}  "
+              f"{ratio:9.2f}x {'ok' if ratio >= TARGET_PIPELINING_RATIO else 'MISSED':>17s}  "
+              f"{two['ms_per_step']:9.3f}")
+    at_256 = next((s for s in summary if s["sequences"] == 256), None)
+    if at_256 is not None:
+        ok = at_256["ms_per_step_2"] < TARGET_MS_PER_STEP_AT_256
+        print(f"256 sequences: {at_256['ms_per_step_2']:.3f} ms per step = "
+              f"{at_256['ms_per_step_2'] / TARGET_MS_PER_STEP_AT_256:.2f}x the 1 ms target "
+              f"({'ok' if ok else 'MISSED'})")
+
+    record = {
+        "benchmark": "coordinator_overhead",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "revision": git_revision(),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "host": platform.node()},
+        "model": str(h.MODEL_PATH.relative_to(SOURCE_DIR)) if h.MODEL_PATH.is_relative_to(SOURCE_DIR)
+        else str(h.MODEL_PATH),
+        "settings": {"window_s": args.window_s, "repeats": args.repeats, "client_read": args.client_read,
+                     "max_tokens": args.max_tokens, "worker": "loom-worker --backend noop --threads 1"},
+        "targets": {"ms_per_step_at_256": TARGET_MS_PER_STEP_AT_256,
+                    "pipelining_ratio": TARGET_PIPELINING_RATIO},
+        "baseline": "--max-plans-in-flight 1, same run",
+        "plans_in_flight_1": results[1],
+        "plans_in_flight_2": results[2],
+        "summary": summary,
+    }
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

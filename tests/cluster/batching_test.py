@@ -1,0 +1,108 @@
+"""Continuous batching in the coordinator's scheduler, observed from outside: a short request
+that arrives while a long one decodes joins the running batch (it finishes first), its prompt is
+prefilled in chunks alongside the decode (num_mixed_steps from GetClusterState), and chunking
+changes no greedy token. Priority classes: among waiting requests the lower priority value runs
+first.
+"""
+import time
+
+import pytest
+
+import cluster_harness as h
+from cluster_harness import make_request
+
+CALL_TIMEOUT_S = 120
+TOKEN_BUDGET = 64  # --max-num-batched-tokens: a 155-token prompt needs at least 3 chunks
+
+
+def FINISH(name):
+    return h.stubs().pb.FinishReason.Value(name)
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    with h.running_cluster(tmp_path_factory.mktemp("batching"), {"replica-a": {"threads": 2}},
+                           max_num_batched_tokens=TOKEN_BUDGET) as rig:
+        yield rig
+
+
+def test_short_request_joins_a_running_decode_and_finishes_first(rig):
+    coordinator = rig.coordinator
+    long = h.Stream(coordinator.stub, make_request(h.TEXT_PROMPTS[1], max_tokens=400, ignore_eos=True),
+                    CALL_TIMEOUT_S)
+    try:
+        assert long.wait_tokens(4, timeout=60), long.outcome.describe()
+        before = coordinator.replicas()["replica-a"]
+        # A prompt of ~155 tokens: with a 64-token budget and one decode per step it takes at
+        # least three steps, each of which also holds the long request's decode.
+        short = h.generate(coordinator.stub, make_request(h.LONG_PARAGRAPH, max_tokens=8),
+                           timeout=CALL_TIMEOUT_S)
+        assert short.finished, short.describe()
+        assert short.prompt_tokens > 2 * TOKEN_BUDGET, short.describe()
+        assert not long.done(), (
+            f"the long request ended before the short one: {long.outcome.describe()}")
+        after = coordinator.replicas()["replica-a"]
+        mixed = after.num_mixed_steps - before.num_mixed_steps
+        assert mixed >= 2, (
+            f"{mixed} mixed steps while a {short.prompt_tokens}-token prompt was prefilled during a "
+            f"decode with a {TOKEN_BUDGET}-token budget (expected chunks alongside the decode): {after}")
+        # Chunked prefill next to another sequence's decode changes no greedy token.
+        reference = h.loom_generate(h.LONG_PARAGRAPH, 8, threads=1).text
+        assert short.text == reference, f"\n cluster: {short.text!r}\n local:   {reference!r}"
+    finally:
+        long.cancel()
+        long.join()
+    coordinator.wait_idle()
+
+
+def test_overlapping_arrivals_mix_prefill_with_decodes(rig):
+    coordinator = rig.coordinator
+    before = coordinator.replicas()["replica-a"]
+    streams = []
+    for i, prompt in enumerate(h.TEXT_PROMPTS[4:8]):
+        streams.append(h.Stream(coordinator.stub, make_request(prompt, max_tokens=24, ignore_eos=True),
+                                CALL_TIMEOUT_S))
+        streams[-1].wait_tokens(2, timeout=60)  # the next prompt arrives during this one's decode
+    outcomes = [s.join() for s in streams]
+    for outcome in outcomes:
+        assert outcome.finished and len(outcome.token_ids) == 24, outcome.describe()
+    after = coordinator.wait_idle()["replica-a"]
+    assert after.num_mixed_steps - before.num_mixed_steps >= 3, after
+    assert after.num_steps - before.num_steps < 4 * 24, (
+        f"{after.num_steps - before.num_steps} steps for 4 overlapping requests of 24 tokens: "
+        "the decodes did not share steps")
+    assert after.num_free_blocks == before.num_free_blocks, after
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp_path_factory):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    with h.running_cluster(tmp_path_factory.mktemp("priority"), {"replica-a": {"threads": 2}},
+                           max_num_seqs=1) as rig:
+        yield rig
+
+
+def test_lower_priority_value_runs_first_among_waiting_requests(one_at_a_time):
+    stub = one_at_a_time.coordinator.stub
+    running = h.Stream(stub, make_request(h.TEXT_PROMPTS[1], max_tokens=48, ignore_eos=True), CALL_TIMEOUT_S)
+    assert running.wait_tokens(2, timeout=60), running.outcome.describe()
+    # Both wait behind the running one (--max-num-seqs 1); the later but more urgent one goes first.
+    background = h.Stream(stub, make_request(h.TEXT_PROMPTS[3], max_tokens=8, priority=5), CALL_TIMEOUT_S)
+    time.sleep(0.1)
+    urgent = h.Stream(stub, make_request(h.TEXT_PROMPTS[2], max_tokens=8, priority=0), CALL_TIMEOUT_S)
+    assert h.wait_until(lambda: one_at_a_time.coordinator.replicas()["replica-a"].num_waiting == 2, 10), \
+        "both requests should be waiting behind the running one"
+    assert not running.done(), "the running request ended before the other two were queued"
+    outcomes = [s.join() for s in (running, background, urgent)]
+    for outcome in outcomes:
+        assert outcome.finished, outcome.describe()
+    _, background_out, urgent_out = outcomes
+    assert urgent_out.first_token_at < background_out.first_token_at, (
+        "priority 0 (sent later) started after priority 5: "
+        f"{urgent_out.first_token_at - background_out.first_token_at:+.3f} s")
+    one_at_a_time.coordinator.wait_idle()
