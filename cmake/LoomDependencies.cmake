@@ -5,6 +5,8 @@ find_package(absl CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++ protobuf)
+# HTTP for the OpenAI-compatible API (Debian libcpp-httplib-dev).
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_program(LOOM_PROTOC protoc REQUIRED)
 find_program(LOOM_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)

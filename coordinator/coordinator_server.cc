@@ -19,6 +19,10 @@ const char kServeFlagsHelp[] =
     "  --served-model-name NAME     the model id clients use (default: the file's stem)\n"
     "  --host ADDR                  listen address (default 127.0.0.1)\n"
     "  --grpc-port N                gRPC port (default 50051; 0: any free port)\n"
+    "  --http-port N                OpenAI-compatible HTTP port (default 8000; 0: any free "
+    "port; -1: off)\n"
+    "  --http-threads N             HTTP handler threads: open requests served at once "
+    "(default 512)\n"
     "  --max-num-seqs N             running sequences per replica (default 256)\n"
     "  --max-num-batched-tokens N   tokens per step (default 512)\n"
     "  --max-waiting N              waiting requests per replica before RESOURCE_EXHAUSTED "
@@ -27,7 +31,14 @@ const char kServeFlagsHelp[] =
     "  --step-timeout-ms MS         a worker slower than this per step is dead (default "
     "30000)\n"
     "  --heartbeat-timeout-ms MS    a worker silent this long is dead (default 5000)\n"
-    "  --drain-timeout-s S          on SIGTERM, wait this long for requests (default 30)\n";
+    "  --drain-timeout-s S          on SIGTERM, wait this long for requests (default 30)\n"
+    "  --prefix-caching on|off      reuse cached KV blocks of shared prefixes (default on)\n"
+    "  --routing POLICY             prefix (default), round-robin or least-loaded\n"
+    "  --router-load-weight W       prefix routing: score weight per token of load (default "
+    "0.5)\n"
+    "  --router-balance-threshold N prefix routing: load (tokens) above the least-loaded "
+    "replica\n"
+    "                               past which load wins (default 4096)\n";
 
 bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOptions& options,
                     std::string& error) {
@@ -52,6 +63,10 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
     options.host = value;
   } else if (flag == "--grpc-port") {
     if (need_number(0, 65535)) options.grpc_port = static_cast<int>(number);
+  } else if (flag == "--http-port") {
+    if (need_number(-1, 65535)) options.http.port = static_cast<int>(number);
+  } else if (flag == "--http-threads") {
+    if (need_number(1, 1 << 16)) options.http.threads = static_cast<int>(number);
   } else if (flag == "--max-num-seqs") {
     if (need_number(1, 1 << 16)) replica.max_num_seqs = static_cast<int32_t>(number);
   } else if (flag == "--max-num-batched-tokens") {
@@ -66,6 +81,29 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
     if (need_number(1, 3600000)) options.cluster.heartbeat_timeout = absl::Milliseconds(number);
   } else if (flag == "--drain-timeout-s") {
     if (need_number(0, 86400)) options.drain_timeout = absl::Seconds(number);
+  } else if (flag == "--prefix-caching") {
+    // A value (not a bare --no-prefix-caching) because the CLIs take every flag as a pair.
+    if (value == "on" || value == "off") {
+      replica.enable_prefix_caching = value == "on";
+    } else {
+      error = absl::StrFormat("--prefix-caching needs on or off, got '%s'", value);
+    }
+  } else if (flag == "--routing") {
+    absl::StatusOr<RoutingPolicy> policy = ParseRoutingPolicy(value);
+    if (policy.ok()) {
+      options.cluster.router.policy = *policy;
+    } else {
+      error = std::string(policy.status().message());
+    }
+  } else if (flag == "--router-load-weight") {
+    double weight = 0;
+    if (absl::SimpleAtod(value, &weight) && weight >= 0 && weight <= 1000) {
+      options.cluster.router.load_weight = weight;
+    } else {
+      error = absl::StrFormat("--router-load-weight needs a number in [0, 1000], got '%s'", value);
+    }
+  } else if (flag == "--router-balance-threshold") {
+    if (need_number(0, int64_t{1} << 40)) options.cluster.router.balance_threshold_tokens = number;
   } else {
     return false;
   }
@@ -106,6 +144,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
+  }
+  if (options.http.port >= 0) {
+    if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
+      auto chat_template = common::ChatTemplate::Parse(*source);
+      if (chat_template.ok()) {
+        server->chat_template_ = *std::move(chat_template);
+      } else {
+        std::fprintf(stderr, "loom: the model's chat template is not usable (%s); "
+                     "/v1/chat/completions will answer 400\n",
+                     chat_template.status().ToString().c_str());
+      }
+    }
+    HttpOptions http = options.http;
+    http.host = options.host;
+    auto started = HttpServer::Start(http, *server->cluster_, server->model_, server->config_,
+                                     *server->tokenizer_, server->chat_template_.get());
+    if (!started.ok()) return started.status();
+    server->http_ = *std::move(started);
   }
   server->UpdateHealth();
   return server;
@@ -159,6 +215,7 @@ void CoordinatorServer::DrainAndStop() {
     std::fprintf(stderr, "loom: drain timeout: aborting the requests still running\n");
   }
   cluster_->Stop();
+  if (http_ != nullptr) http_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
   server_.reset();

@@ -12,6 +12,7 @@
 #include "common/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
 #include "grpcpp/grpcpp.h"
 
@@ -22,6 +23,7 @@ struct ServeOptions {
   std::string served_model_name;  // empty: the GGUF file's stem
   std::string host = "127.0.0.1";
   int grpc_port = 50051;  // 0: any free port
+  HttpOptions http;       // host is `host`
   ClusterOptions cluster;
   absl::Duration drain_timeout = absl::Seconds(30);
 };
@@ -44,9 +46,12 @@ class CoordinatorServer {
 
   /// The port the gRPC server listens on.
   int port() const { return port_; }
+  /// The HTTP server's port, 0 when it is off.
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }
   std::string address() const;
   Cluster& cluster() { return *cluster_; }
   const ServedModel& model() const { return model_; }
+  const ServeOptions& options() const { return options_; }
 
   /// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts).
   static void BlockShutdownSignals();
@@ -69,6 +74,8 @@ class CoordinatorServer {
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<CoordinatorService> coordinator_service_;
   std::unique_ptr<InferenceService> inference_service_;
+  std::unique_ptr<common::ChatTemplate> chat_template_;  // null: the model has none
+  std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool serving_ = false;

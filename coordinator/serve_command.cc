@@ -38,6 +38,10 @@ int RunServeCommand(int argc, char** argv) {
     return 1;
   }
   std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
+  if ((*server)->http_port() > 0) {
+    std::printf("loom: OpenAI-compatible HTTP API on http://%s:%d\n",
+                (*server)->options().host.c_str(), (*server)->http_port());
+  }
   std::fflush(stdout);
   const int signal = (*server)->WaitForShutdownSignal(nullptr);
   std::fprintf(stderr, "loom: %s: draining\n", signal == SIGINT ? "SIGINT" : "SIGTERM");

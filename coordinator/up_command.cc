@@ -158,6 +158,10 @@ int RunUpCommand(int argc, char** argv) {
     return 1;
   }
   std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
+  if ((*server)->http_port() > 0) {
+    std::printf("loom: OpenAI-compatible HTTP API on http://%s:%d\n",
+                (*server)->options().host.c_str(), (*server)->http_port());
+  }
   std::fflush(stdout);
 
   std::vector<pid_t> workers;

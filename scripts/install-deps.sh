@@ -9,7 +9,7 @@ apt_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libpcre2-dev nlohmann-json3-dev
+  libgloo-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
   clang libclang-rt-14-dev
   python3 python3-venv
 )
@@ -37,5 +37,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q -r "$root/scripts/requirements-test.txt"
   echo "$want" >"$stamp"
+fi
+# The Python client SDK (client/python), its stubs generated from proto/ when it is built:
+# reinstalled whenever its sources or the .proto files change. No build isolation: the
+# venv's grpcio-tools generates code for the venv's own protobuf runtime.
+client_stamp="$venv/.loom-client.sha256"
+client_want="$(cd "$root" && find client/python proto -type f \( -name '*.py' -o -name '*.toml' -o -name '*.proto' \) \
+  -not -path '*/build/*' -not -path '*/_proto/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$client_stamp" 2>/dev/null)" != "$client_want" ]; then
+  "$venv/bin/pip" install -q --no-build-isolation "$root/client/python"
+  echo "$client_want" >"$client_stamp"
 fi
 echo "install-deps: ok"

@@ -124,9 +124,12 @@ void MatmulF32ActBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64
 void MatmulF32ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
                                   int64_t block_end);
 
-/// Fewest tokens for which Matmul uses the GEMM kernel above (below it, the tile kernel
-/// that decodes in registers per token tile is faster; m = 1 keeps it by default).
-inline constexpr int64_t kF32ActGemmMinTokens = 5;
+/// Fewest tokens for which Matmul uses the GEMM kernel above. 1: every m, so a token's
+/// result is the same bits whatever else is in its batch (the two kernels round
+/// differently, and seeded sampling must not depend on batch composition). It costs
+/// 0-7% at m = 1 and 10-15% at m = 2..4 against the tile kernel (bench/cpu_kernels_bench
+/// --section sweep); the tile kernel stays the AVX2/scalar path and the bench baseline.
+inline constexpr int64_t kF32ActGemmMinTokens = 1;
 int64_t F32ActGemmMinTokens();
 /// Test/bench hook: moves that threshold (<= 0 restores kF32ActGemmMinTokens).
 /// Not thread-safe against concurrent Matmul calls.

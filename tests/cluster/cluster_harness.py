@@ -253,16 +253,22 @@ def _flag_args(flags: dict) -> list[str]:
 
 
 class Coordinator(Process):
-    """`loom serve` on 127.0.0.1 and a free port (flags as keyword arguments: max_waiting=2)."""
+    """`loom serve` on 127.0.0.1 and free gRPC and HTTP ports (flags as keyword arguments:
+    max_waiting=2). `http_url` is the OpenAI-compatible API's base URL."""
 
     def __init__(self, log_dir: pathlib.Path, model: pathlib.Path = MODEL_PATH, name="coordinator",
                  command: str = "serve", **flags):
+        flags.setdefault("http_port", 0)
         args = [LOOM_BIN, command, "--model", model, "--host", "127.0.0.1", "--grpc-port", "0",
                 *_flag_args(flags)]
         super().__init__(args, name, log_dir)
         match = self._startup_line(r"loom: coordinator listening on (\S+):(\d+)")
         self.host, self.port = match.group(1), int(match.group(2))
         self.address = f"127.0.0.1:{self.port}"
+        self.http_url = None
+        if flags["http_port"] != -1:
+            match = self._startup_line(r"loom: OpenAI-compatible HTTP API on (http://\S+)")
+            self.http_url = match.group(1)
         self.channel = grpc.insecure_channel(self.address)
         self.stub = stubs().grpc_pb.InferenceStub(self.channel)
 

@@ -311,20 +311,29 @@ INSTANTIATE_TEST_SUITE_P(
              (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
     });
 
-// Single-token decode keeps the tile kernel by default: the same bits as forcing it.
-TEST(MatmulTest, SingleTokenKeepsTheTileKernelByDefault) {
-  EXPECT_GT(internal::F32ActGemmMinTokens(), 1);
-  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4}) {
+// Batch invariance: a token's output is the same bits whether it runs alone or with
+// others, on any thread count (seeded sampling must not depend on the batch).
+TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
+  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kF16}) {
     const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
-    const std::vector<float> x = RandomActivations(1, 576, 22);
-    std::vector<float> by_default(200), tile(200);
-    ThreadPool pool(2);
-    ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, by_default.data(), 1}, pool).ok());
-    {
-      F32ActGemmGuard tile_only(int64_t{1} << 40);
-      ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, tile.data(), 1}, pool).ok());
+    const int64_t m = 13;
+    const std::vector<float> x = RandomActivations(m, 576, 22);
+    std::vector<float> batched(m * 200);
+    ThreadPool pool2(2), pool3(3);
+    ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, batched.data(), m}, pool2).ok());
+    for (int64_t t = 0; t < m; ++t) {
+      for (int64_t subset : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+        if (t + subset > m) continue;
+        std::vector<float> alone(subset * 200);
+        ThreadPool& pool = subset == 2 ? pool3 : pool2;
+        ASSERT_TRUE(
+            Matmul({x.data() + t * 576, &weight.packed, nullptr, alone.data(), subset}, pool).ok());
+        for (int64_t i = 0; i < 200; ++i) {
+          ASSERT_EQ(alone[i], batched[t * 200 + i])
+              << FormatName(format) << " token " << t << " row " << i << " batch " << subset;
+        }
+      }
     }
-    EXPECT_EQ(by_default, tile) << FormatName(format);
   }
 }
 

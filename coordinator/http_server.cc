@@ -1,0 +1,113 @@
+#include "coordinator/http_server.h"
+
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::coordinator {
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
+    const HttpOptions& options, Cluster& cluster, const ServedModel& model,
+    const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+    const common::ChatTemplate* chat_template) {
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->options_ = options;
+  server->cluster_ = &cluster;
+  server->openai_ =
+      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template);
+  httplib::Server& http = server->server_;
+  const int threads = options.threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(options.max_body_bytes);
+  http.set_read_timeout(30, 0);
+  http.set_write_timeout(30, 0);
+  http.set_keep_alive_timeout(30);
+
+  OpenAiService* openai = server->openai_.get();
+  http.Post("/v1/completions", [openai](const httplib::Request& request,
+                                        httplib::Response& response) {
+    openai->Completions(request, response);
+  });
+  http.Post("/v1/chat/completions", [openai](const httplib::Request& request,
+                                             httplib::Response& response) {
+    openai->ChatCompletions(request, response);
+  });
+  http.Get("/v1/models", [openai](const httplib::Request& request, httplib::Response& response) {
+    openai->Models(request, response);
+  });
+  auto serving_state = [&cluster](httplib::Response& response) {
+    const int healthy = cluster.num_healthy();
+    const bool draining = cluster.draining();
+    const bool serving = healthy > 0 && !draining;
+    response.status = serving ? 200 : 503;
+    nlohmann::json body = {{"status", serving ? "ok" : draining ? "draining" : "no_replica"},
+                           {"healthy_replicas", healthy},
+                           {"draining", draining}};
+    response.set_content(body.dump(), "application/json");
+  };
+  http.Get("/health", [serving_state](const httplib::Request&, httplib::Response& response) {
+    serving_state(response);
+  });
+  http.Get("/ready", [serving_state](const httplib::Request&, httplib::Response& response) {
+    serving_state(response);
+  });
+  const std::string model_id = model.id;
+  http.Get("/version", [model_id](const httplib::Request&, httplib::Response& response) {
+    nlohmann::json body = {{"version", LOOM_VERSION}, {"model", model_id}};
+    response.set_content(body.dump(), "application/json");
+  });
+
+  // Whatever the routes did not answer (unknown paths 404, wrong methods 405, bodies
+  // over the limit 413, unparsable requests 400) still gets a JSON error body.
+  http.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
+    if (!response.body.empty()) return;
+    const int status = response.status;
+    const std::string message =
+        status == 404   ? absl::StrFormat("no route for %s %s", request.method, request.path)
+        : status == 413 ? "the request body is too large"
+        : status == 405 ? absl::StrFormat("%s is not allowed on %s", request.method, request.path)
+                        : absl::StrFormat("HTTP %d", status);
+    nlohmann::json body = {{"error",
+                            {{"message", message},
+                             {"type", status == 404 ? "not_found_error" : "invalid_request_error"},
+                             {"param", nullptr},
+                             {"code", nullptr}}}};
+    response.set_content(body.dump(), "application/json");
+  });
+  // A handler that throws (a bug) answers 500 with a JSON body instead of ending the
+  // connection.
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
+        std::string what = "internal error";
+        try {
+          if (error) std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        OpenAiService::WriteError(absl::InternalError(what), response);
+      });
+
+  if (options.port == 0) {
+    server->port_ = http.bind_to_any_port(options.host);
+  } else if (http.bind_to_port(options.host, options.port)) {
+    server->port_ = options.port;
+  }
+  if (server->port_ <= 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("cannot listen for HTTP on %s:%d", options.host, options.port));
+  }
+  server->listener_ = std::thread([raw = server.get()] { raw->server_.listen_after_bind(); });
+  return server;
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+std::string HttpServer::address() const { return absl::StrFormat("%s:%d", options_.host, port_); }
+
+void HttpServer::Stop() {
+  if (!listener_.joinable()) return;
+  server_.stop();
+  listener_.join();
+}
+
+}  // namespace loom::coordinator

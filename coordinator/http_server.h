@@ -1,0 +1,52 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/chat_template.h"
+#include "coordinator/cluster.h"
+#include "coordinator/openai_service.h"
+#include "coordinator/served_model.h"
+#include "httplib.h"
+
+namespace loom::coordinator {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port; -1: no HTTP server
+  // Each open request (a stream holds one for its whole life) takes a thread.
+  int threads = 512;
+  size_t max_body_bytes = size_t{32} << 20;  // 413 beyond
+};
+
+/// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE
+/// streams are long blocking writes, which its thread-per-request model serves simply):
+/// the OpenAI-compatible API plus GET /health (200 only while a replica can serve),
+/// GET /ready, GET /version. Every error is an OpenAI-style JSON body.
+class HttpServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const HttpOptions& options, Cluster& cluster, const ServedModel& model,
+      const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+      const common::ChatTemplate* chat_template);
+  ~HttpServer();  // Stop()s
+
+  int port() const { return port_; }
+  std::string address() const;
+  /// Stops accepting and waits for the listener thread. Idempotent.
+  void Stop();
+
+ private:
+  HttpServer() = default;
+
+  HttpOptions options_;
+  Cluster* cluster_ = nullptr;
+  std::unique_ptr<OpenAiService> openai_;
+  httplib::Server server_;
+  std::thread listener_;
+  int port_ = 0;
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,466 @@
+#include "coordinator/openai_service.h"
+
+#include <memory>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "coordinator/openai_request.h"
+#include "coordinator/peer_connection.h"
+#include "coordinator/request_validation.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::coordinator {
+namespace {
+
+// ordered_json keeps the keys in the order OpenAI writes them (id, object, created...).
+using Json = nlohmann::ordered_json;
+
+// Token strings are raw bytes and may split a UTF-8 character: replace, never throw.
+std::string Dump(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+const char* FinishReasonName(loom::v1::FinishReason reason) {
+  switch (reason) {
+    case loom::v1::FINISH_REASON_STOP:
+      return "stop";
+    case loom::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case loom::v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return "error";
+  }
+}
+
+uint64_t RandomSeed() {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  return generator();
+}
+
+// One sample of one prompt: its loom Request and what has reached the client so far.
+struct Choice {
+  int index = 0;
+  int prompt_index = 0;
+  std::shared_ptr<Request> request;
+  std::string text;  // everything so far (non-streaming)
+  Json logprobs;     // OpenAI logprobs object, accumulated; null when not asked
+  int32_t completion_tokens = 0;
+  loom::v1::FinishReason finish = loom::v1::FINISH_REASON_UNSPECIFIED;
+  std::string error;
+  bool started = false;      // streaming: the first chunk (role, echo) went out
+  int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
+};
+
+// Everything one HTTP request runs: its choices, the client's connection, and the
+// numbers its response reports.
+struct Run {
+  OpenAiRequest parsed;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::vector<Choice> choices;
+  int32_t prompt_tokens = 0;
+  std::unique_ptr<PeerConnection> peer;
+
+  bool done() const {
+    for (const Choice& choice : choices) {
+      if (choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED) return false;
+    }
+    return true;
+  }
+  void CancelAll() {
+    for (Choice& choice : choices) {
+      if (choice.request != nullptr) choice.request->Cancel();
+    }
+  }
+  int32_t completion_tokens() const {
+    int32_t total = 0;
+    for (const Choice& choice : choices) total += choice.completion_tokens;
+    return total;
+  }
+  Json Usage() const {
+    Json usage;
+    usage["prompt_tokens"] = prompt_tokens;
+    usage["completion_tokens"] = completion_tokens();
+    usage["total_tokens"] = prompt_tokens + completion_tokens();
+    return usage;
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Errors.
+
+int OpenAiService::HttpStatusOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+namespace {
+
+Json ErrorJson(const absl::Status& status, int http_status) {
+  const char* type = http_status == 404   ? "not_found_error"
+                     : http_status == 429 ? "rate_limit_error"
+                     : http_status < 500  ? "invalid_request_error"
+                     : http_status == 503 ? "service_unavailable_error"
+                                          : "internal_server_error";
+  Json error;
+  error["message"] = std::string(status.message());
+  error["type"] = type;
+  const std::string param = OpenAiErrorParam(status);
+  error["param"] = param.empty() ? Json(nullptr) : Json(param);
+  error["code"] = http_status == 404   ? Json("model_not_found")
+                  : http_status == 429 ? Json("queue_full")
+                                       : Json(nullptr);
+  Json body;
+  body["error"] = std::move(error);
+  return body;
+}
+
+}  // namespace
+
+void OpenAiService::WriteError(const absl::Status& status, httplib::Response& response) {
+  const int http_status = HttpStatusOf(status);
+  response.status = http_status;
+  // Clients back off and retry a full queue; a second is about one step of a full batch
+  // draining on a CPU worker.
+  if (http_status == 429) response.set_header("Retry-After", "1");
+  response.set_content(Dump(ErrorJson(status, http_status)), "application/json");
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests.
+
+OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
+                             const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+                             const common::ChatTemplate* chat_template)
+    : cluster_(cluster),
+      model_(model),
+      config_(config),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      eos_ids_(tokenizer.EndOfGenerationIds()) {}
+
+void OpenAiService::Completions(const httplib::Request& request, httplib::Response& response) {
+  Handle(/*chat=*/false, request, response);
+}
+
+void OpenAiService::ChatCompletions(const httplib::Request& request,
+                                    httplib::Response& response) {
+  Handle(/*chat=*/true, request, response);
+}
+
+void OpenAiService::Models(const httplib::Request&, httplib::Response& response) {
+  Json model;
+  model["id"] = model_.id;
+  model["object"] = "model";
+  model["created"] = model_.created;
+  model["owned_by"] = "loom";
+  model["root"] = model_.info.path();
+  model["max_model_len"] = model_.info.context_length();
+  Json list;
+  list["object"] = "list";
+  list["data"] = Json::array({model});
+  response.set_content(Dump(list), "application/json");
+}
+
+namespace {
+
+// Appends one token's logprobs to a choice's OpenAI logprobs object.
+void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
+                    const loom::v1::SequenceOutput& output, Choice& choice) {
+  auto bytes_of = [](const std::string& text) {
+    Json bytes = Json::array();
+    for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+    return bytes;
+  };
+  const std::string token = tokenizer.TokenBytes(output.token_id());
+  if (chat) {
+    if (choice.logprobs.is_null()) choice.logprobs["content"] = Json::array();
+    Json entry;
+    entry["token"] = token;
+    entry["logprob"] = output.logprob();
+    entry["bytes"] = bytes_of(token);
+    entry["top_logprobs"] = Json::array();
+    for (const loom::v1::TokenLogprob& top : output.top_logprobs()) {
+      const std::string text = tokenizer.TokenBytes(top.token_id());
+      Json alternative;
+      alternative["token"] = text;
+      alternative["logprob"] = top.logprob();
+      alternative["bytes"] = bytes_of(text);
+      entry["top_logprobs"].push_back(std::move(alternative));
+    }
+    choice.logprobs["content"].push_back(std::move(entry));
+    return;
+  }
+  if (choice.logprobs.is_null()) {
+    choice.logprobs["tokens"] = Json::array();
+    choice.logprobs["token_logprobs"] = Json::array();
+    choice.logprobs["top_logprobs"] = Json::array();
+    choice.logprobs["text_offset"] = Json::array();
+  }
+  choice.logprobs["tokens"].push_back(token);
+  choice.logprobs["token_logprobs"].push_back(output.logprob());
+  Json top = Json::object();
+  for (const loom::v1::TokenLogprob& alternative : output.top_logprobs()) {
+    top[tokenizer.TokenBytes(alternative.token_id())] = alternative.logprob();
+  }
+  choice.logprobs["top_logprobs"].push_back(std::move(top));
+  choice.logprobs["text_offset"].push_back(choice.text_offset);
+  choice.text_offset += static_cast<int64_t>(token.size());
+}
+
+// Takes what a choice's request produced since the last call into the choice; returns
+// the new text (and leaves the new tokens' logprobs in `delta_logprobs` when asked).
+std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const OutputEvent& event,
+                   Choice& choice, Json* delta_logprobs) {
+  choice.completion_tokens += static_cast<int32_t>(event.token_ids.size());
+  Choice delta;  // the new tokens' logprobs alone, for a streamed chunk
+  delta.text_offset = choice.text_offset;
+  for (const loom::v1::SequenceOutput& output : event.logprobs) {
+    AppendLogprobs(chat, tokenizer, output, choice);
+    if (delta_logprobs != nullptr) AppendLogprobs(chat, tokenizer, output, delta);
+  }
+  if (delta_logprobs != nullptr) *delta_logprobs = std::move(delta.logprobs);
+  if (event.final()) {
+    choice.finish = event.finish_reason;
+    choice.error = event.error_message;
+  }
+  return event.text;
+}
+
+// Waits for output of any unfinished choice and hands each event to `on_event`
+// (false: stop, the client is gone). Ends when every choice finished (true) or the
+// client went away (false; the choices are cancelled).
+template <typename OnEvent>
+bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
+          const std::function<bool()>& send_keep_alive) {
+  absl::Time last_write = absl::Now();
+  const absl::Duration wait =
+      run.choices.size() == 1 ? absl::Milliseconds(50) : absl::Milliseconds(5);
+  while (!run.done()) {
+    bool any = false;
+    for (Choice& choice : run.choices) {
+      if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED) continue;
+      std::optional<OutputEvent> event = choice.request->outputs().Pop(wait);
+      if (!event) continue;
+      any = true;
+      if (!on_event(choice, *event)) {
+        run.CancelAll();
+        return false;
+      }
+    }
+    if (run.peer != nullptr && run.peer->PeerClosed()) {
+      run.CancelAll();
+      return false;
+    }
+    if (any) {
+      last_write = absl::Now();
+    } else if (send_keep_alive && absl::Now() - last_write > keep_alive) {
+      if (!send_keep_alive()) {
+        run.CancelAll();
+        return false;
+      }
+      last_write = absl::Now();
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void OpenAiService::Handle(bool chat, const httplib::Request& request,
+                           httplib::Response& response) {
+  const std::string content_type = request.get_header_value("Content-Type");
+  if (content_type.rfind("application/json", 0) != 0) {
+    WriteError(absl::InvalidArgumentError(absl::StrFormat(
+                   "the body must be JSON with Content-Type: application/json, got '%s'",
+                   content_type)),
+               response);
+    return;
+  }
+  absl::StatusOr<OpenAiRequest> parsed =
+      ParseOpenAiRequest(chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions,
+                         request.body, tokenizer_, chat_template_);
+  if (!parsed.ok()) return WriteError(parsed.status(), response);
+  if (!model_.Matches(parsed->model)) {
+    return WriteError(absl::NotFoundError(absl::StrFormat(
+                          "the model '%s' does not exist; this server serves '%s'",
+                          parsed->model, model_.id)),
+                      response);
+  }
+
+  auto run = std::make_shared<Run>();
+  run->parsed = *std::move(parsed);
+  const uint64_t number = next_id_.fetch_add(1);
+  run->id = absl::StrFormat("%s-%016x%04x", chat ? "chatcmpl" : "cmpl", RandomSeed(),
+                            number & 0xffff);
+  run->created = absl::ToUnixSeconds(absl::Now());
+  run->model = model_.id;
+
+  // Validate every prompt before placing any, so a bad one leaves nothing running.
+  std::vector<RequestParams> prompts;
+  for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
+    absl::StatusOr<RequestParams> params = ValidateGenerateRequest(prompt, config_, tokenizer_);
+    if (!params.ok()) return WriteError(params.status(), response);
+    run->prompt_tokens += static_cast<int32_t>(params->prompt_ids.size());
+    prompts.push_back(*std::move(params));
+  }
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int32_t s = 0; s < run->parsed.n; ++s) {
+      RequestParams params = prompts[p];
+      // Each sample draws its own tokens: seed + sample index when the client seeded
+      // the request (reproducible), a fresh random seed otherwise.
+      params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s : RandomSeed());
+      Choice choice;
+      choice.index = static_cast<int>(run->choices.size());
+      choice.prompt_index = static_cast<int>(p);
+      choice.request = std::make_shared<Request>(
+          absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(),
+          std::move(params), tokenizer_, eos_ids_);
+      if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
+        run->CancelAll();
+        return WriteError(placed, response);
+      }
+      run->choices.push_back(std::move(choice));
+    }
+  }
+  run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
+                                               request.remote_addr, request.remote_port);
+  const OpenAiRequest& options = run->parsed;
+  const common::Tokenizer& tokenizer = tokenizer_;
+
+  if (!options.stream) {
+    const bool finished = Pump(
+        *run,
+        [&](Choice& choice, const OutputEvent& event) {
+          choice.text += Absorb(chat, tokenizer, event, choice, nullptr);
+          return true;
+        },
+        absl::InfiniteDuration(), nullptr);
+    if (!finished) return;  // nobody to answer
+    for (const Choice& choice : run->choices) {
+      if (choice.finish == loom::v1::FINISH_REASON_ERROR ||
+          choice.finish == loom::v1::FINISH_REASON_ABORT) {
+        return WriteError(absl::UnavailableError(absl::StrFormat(
+                              "the request could not be completed: %s", choice.error)),
+                          response);
+      }
+    }
+    Json body;
+    body["id"] = run->id;
+    body["object"] = chat ? "chat.completion" : "text_completion";
+    body["created"] = run->created;
+    body["model"] = run->model;
+    body["choices"] = Json::array();
+    for (const Choice& choice : run->choices) {
+      Json out;
+      out["index"] = choice.index;
+      if (chat) {
+        out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      } else {
+        out["text"] = options.echo ? options.echo_texts[choice.prompt_index] + choice.text
+                                   : choice.text;
+      }
+      out["logprobs"] = choice.logprobs;
+      out["finish_reason"] = FinishReasonName(choice.finish);
+      body["choices"].push_back(std::move(out));
+    }
+    body["usage"] = run->Usage();
+    response.set_content(Dump(body), "application/json");
+    return;
+  }
+
+  // Streaming: Server-Sent Events, one chunk per batch of new text per choice.
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("X-Accel-Buffering", "no");
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [run, chat, &tokenizer](size_t, httplib::DataSink& sink) {
+        auto send = [&sink](const std::string& data) {
+          return sink.write(data.data(), data.size());
+        };
+        auto chunk = [&](Json choices) {
+          Json body;
+          body["id"] = run->id;
+          body["object"] = chat ? "chat.completion.chunk" : "text_completion";
+          body["created"] = run->created;
+          body["model"] = run->model;
+          body["choices"] = std::move(choices);
+          if (run->parsed.include_usage) body["usage"] = nullptr;
+          return "data: " + Dump(body) + "\n\n";
+        };
+        const bool finished = Pump(
+            *run,
+            [&](Choice& choice, const OutputEvent& event) {
+              Json delta_logprobs;
+              std::string text = Absorb(chat, tokenizer, event, choice, &delta_logprobs);
+              const bool failed = choice.finish == loom::v1::FINISH_REASON_ERROR ||
+                                  choice.finish == loom::v1::FINISH_REASON_ABORT;
+              Json out;
+              out["index"] = choice.index;
+              if (chat) {
+                Json delta = Json::object();
+                if (!choice.started) delta["role"] = "assistant";
+                if (!text.empty() || !choice.started) delta["content"] = text;
+                out["delta"] = std::move(delta);
+              } else {
+                if (!choice.started && run->parsed.echo) {
+                  text = run->parsed.echo_texts[choice.prompt_index] + text;
+                }
+                out["text"] = text;
+              }
+              choice.started = true;
+              out["logprobs"] = std::move(delta_logprobs);
+              out["finish_reason"] =
+                  choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED || failed
+                      ? Json(nullptr)
+                      : Json(FinishReasonName(choice.finish));
+              if (!send(chunk(Json::array({std::move(out)})))) return false;
+              if (failed) {
+                // Streaming already began: the error is an event, then the stream ends.
+                const absl::Status error = absl::UnavailableError(
+                    absl::StrFormat("the request could not be completed: %s", choice.error));
+                send("data: " + Dump(ErrorJson(error, 503)) + "\n\n");
+                return false;
+              }
+              return true;
+            },
+            absl::Seconds(5), [&] { return send(": keep-alive\n\n"); });
+        if (finished && run->parsed.include_usage) {
+          Json body;
+          body["id"] = run->id;
+          body["object"] = chat ? "chat.completion.chunk" : "text_completion";
+          body["created"] = run->created;
+          body["model"] = run->model;
+          body["choices"] = Json::array();
+          body["usage"] = run->Usage();
+          send("data: " + Dump(body) + "\n\n");
+        }
+        send("data: [DONE]\n\n");
+        sink.done();
+        return true;
+      },
+      [run](bool) { run->CancelAll(); });
+}
+
+}  // namespace loom::coordinator

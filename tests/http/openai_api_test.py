@@ -1,0 +1,323 @@
+"""The OpenAI-compatible HTTP API against real processes, through the official `openai` client.
+
+One `loom serve` with one worker (greedy references from the gRPC API of the same cluster), plus
+small clusters for the 429 (a zero-length waiting queue) and 503 (no worker) cases.
+
+* Completions and chat, streaming and not; streamed text equals the non-streamed text; greedy
+  HTTP text equals gRPC Generate's; `n` samples, seeds reproduce; stop strings; logprobs; echo;
+  include_usage; token-id prompts and prompt lists.
+* Every error case answers the status the issue names with an OpenAI error body, the client
+  raises the matching exception class, and 4xx answers trigger no retry.
+* A client that disconnects (streaming or not) cancels its request: every KV block is free again.
+* /health, /ready, /version, /v1/models.
+"""
+import json
+import pathlib
+import sys
+import threading
+import time
+
+import openai
+import pytest
+
+try:  # the HTTP client the installed openai package is built on (openai >= 3 uses httpx2)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
+import cluster_harness as h  # noqa: E402
+from cluster_harness import make_request  # noqa: E402
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    with h.running_cluster(tmp_path_factory.mktemp("http"), {"r0": {"threads": 2}}) as rig:
+        yield rig
+
+
+class RequestCounter:
+    """Counts the HTTP requests the openai client sends (retries included)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, request):
+        self.count += 1
+
+
+def client_for(rig, max_retries=0, counter=None, timeout=120.0):
+    hooks = {"request": [counter]} if counter is not None else {}
+    return openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused",
+                         max_retries=max_retries, timeout=timeout,
+                         http_client=httpx.Client(event_hooks=hooks, timeout=timeout))
+
+
+@pytest.fixture(scope="module")
+def client(rig):
+    return client_for(rig)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def grpc_greedy(rig, text, max_tokens):
+    outcome = h.generate_all(rig.coordinator.stub, [make_request(prompt=text, max_tokens=max_tokens)])[0]
+    assert outcome.finished, outcome.describe()
+    return outcome.text
+
+
+def test_models_lists_the_served_model(client, rig):
+    models = client.models.list().data
+    assert len(models) == 1
+    assert models[0].id == "SmolLM2-135M-Instruct.Q4_1"
+    assert models[0].owned_by == "loom"
+
+
+def test_completion_greedy_equals_grpc_and_reports_usage(client, model, rig):
+    completion = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0)
+    choice = completion.choices[0]
+    assert choice.text == grpc_greedy(rig, PROMPT, 12)
+    assert choice.finish_reason == "length"
+    assert completion.object == "text_completion"
+    assert completion.usage.completion_tokens == 12
+    assert completion.usage.prompt_tokens == len(
+        rig.coordinator.stub.Tokenize(h.stubs().pb.TokenizeRequest(text=PROMPT, add_special_tokens=True,
+                                                                    parse_special=True)).token_ids)
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + 12
+
+
+def test_streamed_completion_equals_the_whole_one(client, model):
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0)
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0,
+                                            stream=True))
+    assert len(chunks) > 1
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_streaming_and_not_agree_and_usage_chunk_comes_last(client, model):
+    whole = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0)
+    message = whole.choices[0].message
+    assert message.role == "assistant"
+    assert "Paris" in message.content
+    assert whole.object == "chat.completion"
+    chunks = list(client.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert usage_chunk.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    text = "".join(c.choices[0].delta.content or "" for c in chunks[:-1])
+    assert text == message.content
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_n_samples_with_a_seed_reproduce_and_differ(client, model):
+    def run():
+        completion = client.completions.create(model=model, prompt="Once upon a time", max_tokens=16,
+                                               temperature=1.0, n=3, seed=1234)
+        assert [c.index for c in completion.choices] == [0, 1, 2]
+        assert completion.usage.completion_tokens <= 3 * 16
+        return [c.text for c in completion.choices]
+
+    first, second = run(), run()
+    assert first == second
+    assert len(set(first)) > 1, first
+
+
+def test_unseeded_sampling_varies(client, model):
+    texts = {client.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
+                                       temperature=1.0).choices[0].text for _ in range(3)}
+    assert len(texts) > 1
+
+
+def test_stop_string_ends_the_text_before_it(client, model):
+    completion = client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0,
+                                           stop=["."])
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.text == " Paris"
+
+
+def test_completion_logprobs(client, model):
+    completion = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0,
+                                           logprobs=3)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.tokens) == 5
+    assert "".join(logprobs.tokens) == completion.choices[0].text
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    for token, lp, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert max(top.values()) == pytest.approx(lp, abs=1e-5)
+        assert top[token] == pytest.approx(lp, abs=1e-5)
+    assert logprobs.text_offset[0] == 0
+
+
+def test_chat_logprobs(client, model):
+    completion = client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, temperature=0,
+                                                logprobs=True, top_logprobs=2)
+    content = completion.choices[0].logprobs.content
+    assert len(content) == completion.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+
+
+def test_echo_token_ids_and_prompt_lists(client, model, rig):
+    echoed = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
+    plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    ids = list(rig.coordinator.stub.Tokenize(h.stubs().pb.TokenizeRequest(
+        text=PROMPT, add_special_tokens=True, parse_special=True)).token_ids)
+    by_ids = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0)
+    assert by_ids.choices[0].text == plain.choices[0].text
+    both = client.completions.create(model=model, prompt=[PROMPT, "Hello"], max_tokens=4, temperature=0)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.choices[0].text == plain.choices[0].text
+
+
+BAD_REQUESTS = [
+    ("temperature", dict(temperature=-0.5)),
+    ("top_p", dict(top_p=0)),
+    ("top_p", dict(top_p=1.5)),
+    ("max_tokens", dict(max_tokens=0)),
+    ("stop", dict(stop=["a", "b", "c", "d", "e"])),
+    ("n", dict(n=0)),
+    ("n", dict(n=100000)),
+]
+
+
+@pytest.mark.parametrize("param,kwargs", BAD_REQUESTS, ids=[f"{p}-{i}" for i, (p, _) in enumerate(BAD_REQUESTS)])
+def test_invalid_parameters_are_400_without_retries(rig, model, param, kwargs):
+    counter = RequestCounter()
+    client = client_for(rig, max_retries=3, counter=counter)
+    args = dict(model=model, prompt=PROMPT, max_tokens=4)
+    args.update(kwargs)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(**args)
+    assert error.value.status_code == 400
+    body = error.value.body
+    assert body["param"] == param, body
+    assert body["type"] == "invalid_request_error"
+    assert counter.count == 1
+
+
+def test_prompt_plus_max_tokens_beyond_the_context_names_the_numbers(client, model):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=8190)
+    message = error.value.body["message"]
+    assert "8190" in message and "8192" in message, message
+
+
+def test_unknown_model_is_404(rig):
+    counter = RequestCounter()
+    client = client_for(rig, max_retries=3, counter=counter)
+    with pytest.raises(openai.NotFoundError) as error:
+        client.chat.completions.create(model="gpt-4", messages=CHAT, max_tokens=4)
+    assert "gpt-4" in error.value.body["message"]
+    assert counter.count == 1
+
+
+@pytest.mark.parametrize("body,content_type", [
+    (b"{not json", "application/json"),
+    (b'{"prompt": "x"', "application/json"),
+    (b"[1, 2]", "application/json"),
+    (b'{"prompt": "\xff\xfe"}', "application/json"),
+    (b'{"prompt": "x", "max_tokens": 1e400}', "application/json"),
+    (b'{"prompt": "x", "max_tokens": 99999999999999999999999}', "application/json"),
+    (b'{"prompt": "x", "max_tokens": "ten"}', "application/json"),
+    (b'{"prompt": 5}', "application/json"),
+    (b'{"prompt": "x"}', "text/plain"),
+    (b"prompt=x", "application/x-www-form-urlencoded"),
+])
+def test_malformed_bodies_are_400_with_a_json_error(rig, body, content_type):
+    response = httpx.post(rig.coordinator.http_url + "/v1/completions", content=body,
+                          headers={"Content-Type": content_type}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_unknown_route_and_method_get_json_errors(rig):
+    response = httpx.get(rig.coordinator.http_url + "/v1/nothing", timeout=30)
+    assert response.status_code == 404
+    assert "error" in response.json()
+    response = httpx.post(rig.coordinator.http_url + "/v1/completions",
+                          content=b"{" + b" " * (40 << 20) + b"}",
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == 413
+    assert "error" in response.json()
+
+
+def test_unknown_fields_are_ignored(client, model):
+    completion = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, temperature=0,
+                                           extra_body={"best_of_nonsense": 3, "guided": {"x": 1}})
+    assert completion.choices[0].finish_reason == "length"
+
+
+def test_health_ready_version(rig):
+    url = rig.coordinator.http_url
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+    assert httpx.get(url + "/ready", timeout=10).status_code == 200
+    version = httpx.get(url + "/version", timeout=10).json()
+    assert version["version"] and version["model"] == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_stream_disconnect_cancels_and_frees_blocks(rig, model):
+    client = client_for(rig)
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=2000, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    received = 0
+    for _ in stream:
+        received += 1
+        if received == 3:
+            break
+    stream.close()
+    assert rig.coordinator.wait_replicas(lambda r: r["r0"].num_running == 1, 10, "the request still runs")
+    rig.coordinator.wait_idle(timeout=15)
+
+
+def test_non_streaming_disconnect_cancels_and_frees_blocks(rig, model):
+    client = client_for(rig, timeout=1.5)
+    with pytest.raises(openai.APITimeoutError):
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=2000, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    rig.coordinator.wait_idle(timeout=15)
+
+
+def test_full_queue_is_429_with_retry_after(tmp_path):
+    with h.running_cluster(tmp_path, {"r0": {"threads": 1}}, max_waiting=0) as rig:
+        counter = RequestCounter()
+        client = client_for(rig, max_retries=0, counter=counter)
+        with pytest.raises(openai.RateLimitError) as error:
+            client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=PROMPT, max_tokens=4)
+        assert error.value.response.headers["Retry-After"] == "1"
+        assert error.value.body["code"] == "queue_full"
+        assert counter.count == 1
+
+
+def test_no_replica_is_503_and_health_says_so(tmp_path):
+    coordinator = h.Coordinator(tmp_path)
+    try:
+        assert httpx.get(coordinator.http_url + "/health", timeout=10).status_code == 503
+        assert httpx.get(coordinator.http_url + "/ready", timeout=10).status_code == 503
+        client = openai.OpenAI(base_url=coordinator.http_url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as error:
+            client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=PROMPT, max_tokens=4)
+        assert error.value.status_code == 503
+    finally:
+        coordinator.stop()
