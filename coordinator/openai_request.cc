@@ -50,7 +50,7 @@ absl::StatusOr<std::optional<int64_t>> Integer(const json& body, const char* nam
   // Integral floats (2.0) are accepted as the Python servers do; huge or fractional
   // numbers are not.
   auto out_of_range = [&](auto got) {
-    return Invalid(name, absl::StrFormat("'%s' must be in [%d, %d], got %v", name, min, max, got));
+    return Invalid(name, absl::StrFormat("'%s' must be in [%d, %d], got %d", name, min, max, got));
   };
   if (value->is_number_unsigned()) {
     const uint64_t u = value->get<uint64_t>();
