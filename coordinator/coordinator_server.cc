@@ -137,6 +137,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->coordinator_service_.get());
   builder.RegisterService(server->inference_service_.get());
+  // Long streams through proxies and load balancers: ping idle connections every 30 s
+  // (a dead peer is noticed within 30 + 10 s and its requests cancelled), and accept the
+  // clients' own keep-alive pings (down to every 10 s, even between calls) instead of
+  // answering them with GOAWAY "too_many_pings".
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Streams of many concurrent clients each hold a thread of the sync server.
   grpc::ResourceQuota quota("loom-coordinator");
   quota.SetMaxThreads(4096);
