@@ -8,6 +8,7 @@
 #include "common/gguf_file.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
+#include "worker/communicator.h"
 #include "worker/kv_cache.h"
 #include "worker/model_weights.h"
 #include "worker/step_batch.h"
@@ -19,6 +20,12 @@ struct ModelRunnerOptions {
   int64_t num_kv_blocks = 1024;  // pool size; the coordinator sizes it from a memory budget
   int64_t block_size = 16;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+  // Tensor parallelism: this runner holds rank tp_rank's slice of the model and joins
+  // the others through `communicator` (not owned; required when tp_size > 1). Every
+  // rank runs every step with the same batch; all of them return the full logits.
+  int tp_rank = 0;
+  int tp_size = 1;
+  Communicator* communicator = nullptr;
 };
 
 /// The llama-family forward pass on the CPU backend, written once against the kernel
@@ -49,6 +56,7 @@ class ModelRunner {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+  Communicator* communicator_ = nullptr;  // tensor parallel only
 
   // Scratch, grown to the largest step seen. Shapes for a step of T tokens:
   std::vector<float> residual_;  // [T, hidden]
@@ -60,6 +68,8 @@ class ModelRunner {
   std::vector<float> gate_up_;   // [T, 2 * ffn]
   std::vector<float> act_;       // [T, ffn]
   std::vector<float> sampled_;   // [S, hidden]
+  std::vector<float> local_logits_;     // tensor parallel: [S, vocab_stride]
+  std::vector<float> gathered_logits_;  // tensor parallel: [tp_size, S, vocab_stride]
 };
 
 }  // namespace loom::worker

@@ -1,7 +1,9 @@
 #include "worker/model_weights.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,25 +49,56 @@ class Loader {
   }
 
   absl::StatusOr<PackedWeight> Matrix(const std::string& name, int64_t rows, int64_t cols) {
+    return MatrixRows(name, rows, cols, {0, rows});
+  }
+
+  // Rows [range.first, range.first + range.second) of a [rows, cols] matrix: a
+  // contiguous byte range of the file, so a tensor-parallel rank reads only its part.
+  absl::StatusOr<PackedWeight> MatrixRows(const std::string& name, int64_t rows, int64_t cols,
+                                          std::pair<int64_t, int64_t> range) {
     LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
     LOOM_RETURN_IF_ERROR(
         CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
-    absl::StatusOr<PackedWeight> packed =
-        kernels::cpu::PackWeight(tensor->type, gguf_.TensorData(*tensor).data(), rows, cols);
-    if (!packed.ok()) {
-      return absl::Status(packed.status().code(),
-                          absl::StrCat("tensor ", name, ": ", packed.status().message()));
-    }
-    conversions_[packed->source]++;
-    return packed;
+    LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(tensor->type, cols));
+    const uint8_t* data = gguf_.TensorData(*tensor).data() + range.first * row_bytes;
+    return Pack(name, tensor->type, data, range.second, cols);
   }
 
-  // Several GGUF matrices stacked by rows into one backend matrix.
-  absl::StatusOr<PackedWeight> Fused(const std::vector<std::pair<std::string, int64_t>>& parts,
-                                     int64_t cols) {
+  // Columns [range.first, range.first + range.second) of every row of a [rows, cols]
+  // matrix (row-parallel layers). The range must fall on the type's quantization blocks.
+  absl::StatusOr<PackedWeight> MatrixColumns(const std::string& name, int64_t rows, int64_t cols,
+                                             std::pair<int64_t, int64_t> range) {
+    if (range.first == 0 && range.second == cols) return Matrix(name, rows, cols);
+    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
+    LOOM_RETURN_IF_ERROR(
+        CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
+    LOOM_ASSIGN_OR_RETURN(common::GgmlTypeTraits traits,
+                          common::GetGgmlTypeTraits(static_cast<uint32_t>(tensor->type)));
+    if (range.first % traits.block_size != 0 || range.second % traits.block_size != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensor %s (%s, blocks of %d) cannot be split at columns [%d, %d) for tensor "
+          "parallelism",
+          name, traits.name, traits.block_size, range.first, range.first + range.second));
+    }
+    LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(tensor->type, cols));
+    const uint64_t begin = range.first / traits.block_size * traits.type_size;
+    const uint64_t bytes = range.second / traits.block_size * traits.type_size;
+    std::vector<uint8_t> slice(bytes * rows);
+    const uint8_t* data = gguf_.TensorData(*tensor).data();
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(slice.data() + r * bytes, data + r * row_bytes + begin, bytes);
+    }
+    return Pack(name, tensor->type, slice.data(), rows, range.second);
+  }
+
+  // Several GGUF matrices (row ranges of them) stacked by rows into one backend matrix:
+  // (name, rows of the whole tensor, (first row, row count)).
+  absl::StatusOr<PackedWeight> Fused(
+      const std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>>& parts,
+      int64_t cols) {
     std::vector<PackedWeight> packed;
-    for (const auto& [name, rows] : parts) {
-      LOOM_ASSIGN_OR_RETURN(PackedWeight weight, Matrix(name, rows, cols));
+    for (const auto& [name, rows, range] : parts) {
+      LOOM_ASSIGN_OR_RETURN(PackedWeight weight, MatrixRows(name, rows, cols, range));
       packed.push_back(std::move(weight));
     }
     std::vector<const PackedWeight*> pointers;
@@ -79,11 +112,22 @@ class Loader {
         values.resize(offset + weight.rows * cols);
         kernels::cpu::DequantizeRows(weight, 0, weight.rows, values.data() + offset);
       }
-      conversions_[absl::StrCat("mixed formats fused -> F32 (", parts[0].first, ")")]++;
+      conversions_[absl::StrCat("mixed formats fused -> F32 (", std::get<0>(parts[0]), ")")]++;
       return kernels::cpu::PackFromF32(values.data(), values.size() / cols, cols,
                                        kernels::cpu::WeightFormat::kF32, 0);
     }
     return fused;
+  }
+
+  absl::StatusOr<PackedWeight> Pack(const std::string& name, common::GgmlType type,
+                                    const uint8_t* data, int64_t rows, int64_t cols) {
+    absl::StatusOr<PackedWeight> packed = kernels::cpu::PackWeight(type, data, rows, cols);
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat("tensor ", name, ": ", packed.status().message()));
+    }
+    conversions_[packed->source]++;
+    return packed;
   }
 
   std::string Log() const {
@@ -141,7 +185,8 @@ std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
   return inv_freq;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
+                                                              int tp_rank, int tp_size) {
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   if (config.rope_scaling == common::RopeScalingType::kYarn) {
     return absl::UnimplementedError("YaRN rope scaling is not supported yet");
@@ -151,19 +196,27 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
         "rope dimension %d must be even and at most the head dim %d", config.rope_dim,
         config.head_dim));
   }
+  LOOM_ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(config, tp_rank, tp_size));
   auto weights = std::make_unique<ModelWeights>();
   Loader loader(gguf);
   const int64_t hidden = config.hidden_size;
-  const int64_t q_rows = config.num_heads * config.head_dim;
-  const int64_t kv_rows = config.num_kv_heads * config.head_dim;
+  const int64_t hd = config.head_dim;
+  const int64_t q_rows = config.num_heads * hd;
+  const int64_t kv_rows = config.num_kv_heads * hd;
   const int64_t ffn = config.intermediate_size;
+  // This rank's rows of Q, of K and V, of gate and up, and of the vocabulary.
+  const std::pair<int64_t, int64_t> q_range{plan.head0 * hd, plan.num_heads * hd};
+  const std::pair<int64_t, int64_t> kv_range{plan.kv_head0 * hd, plan.num_kv_heads * hd};
+  const std::pair<int64_t, int64_t> ffn_range{plan.ffn0, plan.ffn};
+  const std::pair<int64_t, int64_t> vocab_range{plan.vocab0, plan.vocab};
 
   LOOM_ASSIGN_OR_RETURN(weights->token_embedding,
-                        loader.Matrix("token_embd.weight", config.vocab_size, hidden));
+                        loader.MatrixRows("token_embd.weight", config.vocab_size, hidden,
+                                          vocab_range));
   LOOM_ASSIGN_OR_RETURN(weights->output_norm, loader.Vector("output_norm.weight", hidden));
   if (!config.tied_embeddings) {
-    LOOM_ASSIGN_OR_RETURN(PackedWeight output,
-                          loader.Matrix("output.weight", config.vocab_size, hidden));
+    LOOM_ASSIGN_OR_RETURN(PackedWeight output, loader.MatrixRows("output.weight", config.vocab_size,
+                                                                 hidden, vocab_range));
     weights->output = std::make_unique<PackedWeight>(std::move(output));
   }
   std::vector<float> freq_factors;
@@ -176,27 +229,34 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerWeights layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, loader.Vector(p + "attn_norm.weight", hidden));
-    LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows},
-                                                   {p + "attn_k.weight", kv_rows},
-                                                   {p + "attn_v.weight", kv_rows}},
+    LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows, q_range},
+                                                   {p + "attn_k.weight", kv_rows, kv_range},
+                                                   {p + "attn_v.weight", kv_rows, kv_range}},
                                                   hidden));
     if (loader.Find(p + "attn_q.bias") != nullptr) {
-      for (const auto& [name, rows] : std::vector<std::pair<std::string, int64_t>>{
-               {p + "attn_q.bias", q_rows}, {p + "attn_k.bias", kv_rows}, {p + "attn_v.bias", kv_rows}}) {
+      for (const auto& [name, rows, range] :
+           std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>>{
+               {p + "attn_q.bias", q_rows, q_range},
+               {p + "attn_k.bias", kv_rows, kv_range},
+               {p + "attn_v.bias", kv_rows, kv_range}}) {
         LOOM_ASSIGN_OR_RETURN(std::vector<float> bias, loader.Vector(name, rows));
-        layer.qkv_bias.insert(layer.qkv_bias.end(), bias.begin(), bias.end());
+        layer.qkv_bias.insert(layer.qkv_bias.end(), bias.begin() + range.first,
+                              bias.begin() + range.first + range.second);
       }
     }
-    LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.Matrix(p + "attn_output.weight", hidden, q_rows));
+    LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.MatrixColumns(p + "attn_output.weight", hidden,
+                                                                  q_rows, q_range));
     LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, loader.Vector(p + "ffn_norm.weight", hidden));
-    LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate.weight", ffn},
-                                                       {p + "ffn_up.weight", ffn}},
+    LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate.weight", ffn, ffn_range},
+                                                       {p + "ffn_up.weight", ffn, ffn_range}},
                                                       hidden));
-    LOOM_ASSIGN_OR_RETURN(layer.down, loader.Matrix(p + "ffn_down.weight", hidden, ffn));
+    LOOM_ASSIGN_OR_RETURN(layer.down,
+                          loader.MatrixColumns(p + "ffn_down.weight", hidden, ffn, ffn_range));
     weights->layers.push_back(std::move(layer));
   }
   weights->load_log = loader.Log();
   weights->config = std::move(config);
+  weights->shard = plan;
   return weights;
 }
 

@@ -8,6 +8,7 @@
 #include "common/gguf_file.h"
 #include "common/model_config.h"
 #include "kernels/cpu/weights.h"
+#include "worker/tensor_parallel.h"
 
 namespace loom::worker {
 
@@ -23,9 +24,12 @@ struct LayerWeights {
   kernels::cpu::PackedWeight down;         // [hidden, intermediate]
 };
 
-/// All weights of a llama-family model, converted from GGUF at load.
+/// All weights of a llama-family model (or one tensor-parallel rank's slice of them: the
+/// matrices then have the local row/column counts of `shard`), converted from GGUF at
+/// load.
 struct ModelWeights {
-  common::ModelConfig config;
+  common::ModelConfig config;  // the whole model's
+  ShardPlan shard;             // what this rank holds (size 1: everything)
   kernels::cpu::PackedWeight token_embedding;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   std::vector<float> output_norm;              // [hidden]
@@ -41,9 +45,11 @@ struct ModelWeights {
   int64_t BytesPerDecodeStep() const;
 };
 
-/// Reads and converts every weight; InvalidArgument naming the tensor for a missing
-/// tensor or a shape that does not match the config.
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf);
+/// Reads and converts every weight (of rank `tp_rank`'s slice when `tp_size` > 1: only
+/// those bytes of the file are read); InvalidArgument naming the tensor for a missing
+/// tensor or a shape that does not match the config, or naming what does not divide.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
+                                                              int tp_rank = 0, int tp_size = 1);
 
 /// Inverse frequencies of RoPE for `config`: theta^(-2i/rope_dim), with linear or llama3
 /// scaling applied, divided elementwise by `freq_factors` when non-empty (the

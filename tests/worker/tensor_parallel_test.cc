@@ -1,0 +1,220 @@
+#include "worker/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/gguf_file.h"
+#include "common/tokenizer.h"
+#include "gloo/rendezvous/hash_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/gloo_communicator.h"
+#include "worker/model_runner.h"
+
+namespace loom::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+common::ModelConfig SmolLm2Shape() {
+  common::ModelConfig config;
+  config.num_heads = 9;
+  config.num_kv_heads = 3;
+  config.head_dim = 64;
+  config.intermediate_size = 1536;
+  config.vocab_size = 49152;
+  return config;
+}
+
+TEST(PlanShardsTest, SplitsHeadsFfnAndVocabulary) {
+  const common::ModelConfig config = SmolLm2Shape();
+  for (int rank = 0; rank < 3; ++rank) {
+    absl::StatusOr<ShardPlan> plan = PlanShards(config, rank, 3);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->num_heads, 3);
+    EXPECT_EQ(plan->head0, 3 * rank);
+    EXPECT_EQ(plan->num_kv_heads, 1);  // 3 KV heads over 3 ranks: split
+    EXPECT_EQ(plan->kv_head0, rank);
+    EXPECT_EQ(plan->ffn, 512);
+    EXPECT_EQ(plan->vocab, 16384);
+    EXPECT_EQ(plan->vocab0, 16384 * rank);
+  }
+}
+
+TEST(PlanShardsTest, ReplicatesKvHeadsWhenRanksOutnumberThem) {
+  // 9 ranks, 3 KV heads: ranks 0-2 read KV head 0 (query heads 0-2), 3-5 head 1, 6-8 head 2.
+  common::ModelConfig config = SmolLm2Shape();
+  config.intermediate_size = 1152;  // 9 x 128 (SmolLM2's 1536 does not split 9 ways)
+  for (int rank = 0; rank < 9; ++rank) {
+    absl::StatusOr<ShardPlan> plan = PlanShards(config, rank, 9);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->num_heads, 1);
+    EXPECT_EQ(plan->num_kv_heads, 1);
+    EXPECT_EQ(plan->kv_head0, rank / 3);
+    EXPECT_EQ(plan->head0 / (9 / 3), plan->kv_head0);  // its query head's KV head
+  }
+}
+
+TEST(PlanShardsTest, UnevenVocabularyIsPaddedToAStride) {
+  common::ModelConfig config = SmolLm2Shape();
+  config.num_heads = 8;
+  config.num_kv_heads = 2;
+  config.vocab_size = 10;
+  std::vector<int64_t> sizes;
+  for (int rank = 0; rank < 4; ++rank) {
+    absl::StatusOr<ShardPlan> plan = PlanShards(config, rank, 4);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->vocab_stride, 3);
+    sizes.push_back(plan->vocab);
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{3, 3, 3, 1}));
+}
+
+TEST(PlanShardsTest, RefusesWhatDoesNotDivideWithAClearMessage) {
+  EXPECT_THAT(PlanShards(SmolLm2Shape(), 0, 2).status().message(), HasSubstr("9 attention heads"));
+  common::ModelConfig config = SmolLm2Shape();
+  config.num_heads = 12;
+  config.num_kv_heads = 3;
+  EXPECT_THAT(PlanShards(config, 0, 4).status().message(), HasSubstr("3 KV heads"));
+  config.num_kv_heads = 3;
+  config.intermediate_size = 1000;
+  EXPECT_THAT(PlanShards(config, 0, 3).status().message(), HasSubstr("1000 FFN channels"));
+  EXPECT_EQ(PlanShards(config, 3, 3).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The default model split over `size` ranks (threads joined by gloo) against the whole
+// model: the same logits within float tolerance and the same greedy tokens.
+class TensorParallelRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* env = std::getenv("LOOM_MODEL_PATH");
+    const std::string path =
+        env != nullptr ? std::string(env)
+                       : (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
+                          "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+                             .string();
+    auto gguf = common::GgufFile::Open(path);
+    ASSERT_TRUE(gguf.ok()) << gguf.status();
+    gguf_ = gguf->release();
+    tokenizer_ = common::Tokenizer::FromGguf(*gguf_).value().release();
+  }
+
+  // Greedy generation of `steps` tokens after `prompt` (one prefill step, then decodes);
+  // returns the tokens and the prefill's last-row logits of rank 0.
+  static absl::Status Generate(ModelRunner& runner, const std::vector<int32_t>& prompt, int steps,
+                               std::vector<int32_t>& tokens, std::vector<float>& first_logits) {
+    const std::vector<int32_t> blocks = {0, 1, 2, 3};
+    std::vector<int32_t> sequence = prompt;
+    std::vector<float> logits;
+    for (int step = 0; step < steps; ++step) {
+      StepBatch batch;
+      const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(sequence.size()) - 1;
+      const std::vector<int32_t> fresh(sequence.begin() + computed, sequence.end());
+      if (absl::Status added = AppendSequence(batch, fresh, computed, blocks, 16, true);
+          !added.ok()) {
+        return added;
+      }
+      if (absl::Status ran = runner.Step(batch, logits); !ran.ok()) return ran;
+      if (step == 0) first_logits = logits;
+      const int32_t next =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      tokens.push_back(next);
+      sequence.push_back(next);
+    }
+    return absl::OkStatus();
+  }
+
+  static common::GgufFile* gguf_;
+  static common::Tokenizer* tokenizer_;
+};
+
+common::GgufFile* TensorParallelRunnerTest::gguf_ = nullptr;
+common::Tokenizer* TensorParallelRunnerTest::tokenizer_ = nullptr;
+
+TEST_F(TensorParallelRunnerTest, ThreeRanksMatchOneRank) {
+  const std::vector<int32_t> prompt =
+      tokenizer_->Encode("The capital of France is", /*add_special=*/true, /*parse_special=*/true);
+  constexpr int kSteps = 8;
+  ModelRunnerOptions options;
+  options.num_threads = 1;
+  options.num_kv_blocks = 8;
+  options.kv_dtype = kernels::cpu::KvDtype::kF32;
+  auto whole = ModelRunner::Create(*gguf_, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::vector<int32_t> want;
+  std::vector<float> want_logits;
+  ASSERT_TRUE(Generate(**whole, prompt, kSteps, want, want_logits).ok());
+
+  constexpr int kRanks = 3;
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::vector<int32_t>> got(kRanks);
+  std::vector<std::vector<float>> got_logits(kRanks);
+  std::vector<absl::Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto communicator = GlooCommunicator::Connect(store, rank, kRanks, {});
+      if (!communicator.ok()) {
+        statuses[rank] = communicator.status();
+        return;
+      }
+      ModelRunnerOptions shard = options;
+      shard.tp_rank = rank;
+      shard.tp_size = kRanks;
+      shard.communicator = communicator->get();
+      auto runner = ModelRunner::Create(*gguf_, shard);
+      if (!runner.ok()) {
+        statuses[rank] = runner.status();
+        return;
+      }
+      EXPECT_EQ((*runner)->weights().shard.num_heads, 3);
+      statuses[rank] = Generate(**runner, prompt, kSteps, got[rank], got_logits[rank]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+    EXPECT_EQ(got[rank], want) << "rank " << rank;
+    ASSERT_EQ(got_logits[rank].size(), want_logits.size());
+    float max_diff = 0.0f, max_abs = 0.0f;
+    for (size_t i = 0; i < want_logits.size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(got_logits[rank][i] - want_logits[i]));
+      max_abs = std::max(max_abs, std::abs(want_logits[i]));
+    }
+    // Partial sums added in another order: float rounding only.
+    EXPECT_LT(max_diff, 1e-3f * max_abs) << "rank " << rank << " max |logit| " << max_abs;
+  }
+}
+
+TEST_F(TensorParallelRunnerTest, TwoRanksAreRefusedForNineHeads) {
+  ModelRunnerOptions options;
+  options.num_threads = 1;
+  options.num_kv_blocks = 4;
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<absl::Status> statuses(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto communicator = GlooCommunicator::Connect(store, rank, 2, {});
+      ASSERT_TRUE(communicator.ok());
+      ModelRunnerOptions shard = options;
+      shard.tp_rank = rank;
+      shard.tp_size = 2;
+      shard.communicator = communicator->get();
+      statuses[rank] = ModelRunner::Create(*gguf_, shard).status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& status : statuses) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("9 attention heads"));
+  }
+}
+
+}  // namespace
+}  // namespace loom::worker
