@@ -1,5 +1,8 @@
 #include "coordinator/coordinator_service.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "coordinator/grpc_status.h"
 
 namespace loom::coordinator {
@@ -17,6 +20,26 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
                                            const loom::v1::HeartbeatRequest* request,
                                            loom::v1::HeartbeatResponse*) {
   return ToGrpcStatus(cluster_.Heartbeat(*request));
+}
+
+grpc::Status CoordinatorService::StoreSet(grpc::ServerContext*,
+                                          const loom::v1::StoreSetRequest* request,
+                                          loom::v1::StoreSetResponse*) {
+  return ToGrpcStatus(store_.Set(request->key(), request->value()));
+}
+
+grpc::Status CoordinatorService::StoreGet(grpc::ServerContext* context,
+                                          const loom::v1::StoreGetRequest* request,
+                                          loom::v1::StoreGetResponse* response) {
+  absl::Duration timeout =
+      request->timeout_ms() > 0 ? absl::Milliseconds(request->timeout_ms()) : absl::Seconds(30);
+  // Never wait past the caller's own deadline.
+  timeout = std::min(timeout, absl::FromChrono(context->deadline() - std::chrono::system_clock::now()));
+  const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  absl::StatusOr<std::vector<std::string>> values = store_.Get(keys, timeout);
+  if (!values.ok()) return ToGrpcStatus(values.status());
+  for (std::string& value : *values) response->add_values(std::move(value));
+  return grpc::Status::OK;
 }
 
 }  // namespace loom::coordinator

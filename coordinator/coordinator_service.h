@@ -1,12 +1,13 @@
 #pragma once
 
 #include "coordinator/cluster.h"
+#include "coordinator/rendezvous_store.h"
 #include "loom/v1/worker.grpc.pb.h"
 
 namespace loom::coordinator {
 
 /// The loom.v1.Coordinator gRPC service (called by workers): registration and heartbeat,
-/// delegated to the Cluster. Thread-safe.
+/// delegated to the Cluster, and the tensor-parallel rendezvous store. Thread-safe.
 class CoordinatorService final : public loom::v1::Coordinator::Service {
  public:
   explicit CoordinatorService(Cluster& cluster) : cluster_(cluster) {}
@@ -15,9 +16,14 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
                         loom::v1::RegisterResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const loom::v1::HeartbeatRequest* request,
                          loom::v1::HeartbeatResponse* response) override;
+  grpc::Status StoreSet(grpc::ServerContext* context, const loom::v1::StoreSetRequest* request,
+                        loom::v1::StoreSetResponse* response) override;
+  grpc::Status StoreGet(grpc::ServerContext* context, const loom::v1::StoreGetRequest* request,
+                        loom::v1::StoreGetResponse* response) override;
 
  private:
   Cluster& cluster_;
+  RendezvousStore store_;
 };
 
 }  // namespace loom::coordinator
