@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->tokenizer_ = *std::move(tokenizer);
   server->model_ = MakeServedModel(options.model_path, *server->gguf_, server->config_,
                                    options.served_model_name);
+  server->metrics_ = std::make_unique<CoordinatorMetrics>(server->model_.id);
   server->cluster_ = std::make_unique<Cluster>(options.cluster, server->model_.info.fingerprint());
   server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
   server->inference_service_ = std::make_unique<InferenceService>(
@@ -168,7 +169,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     HttpOptions http = options.http;
     http.host = options.host;
     auto started = HttpServer::Start(http, *server->cluster_, server->model_, server->config_,
-                                     *server->tokenizer_, server->chat_template_.get());
+                                     *server->tokenizer_, server->chat_template_.get(),
+                                     *server->metrics_);
     if (!started.ok()) return started.status();
     server->http_ = *std::move(started);
   }

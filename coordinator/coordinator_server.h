@@ -52,6 +52,7 @@ class CoordinatorServer {
   Cluster& cluster() { return *cluster_; }
   const ServedModel& model() const { return model_; }
   const ServeOptions& options() const { return options_; }
+  CoordinatorMetrics& metrics() { return *metrics_; }
 
   /// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts).
   static void BlockShutdownSignals();
@@ -75,6 +76,7 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorService> coordinator_service_;
   std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<common::ChatTemplate> chat_template_;  // null: the model has none
+  std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -8,7 +8,7 @@ namespace loom::coordinator {
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const HttpOptions& options, Cluster& cluster, const ServedModel& model,
     const common::ModelConfig& config, const common::Tokenizer& tokenizer,
-    const common::ChatTemplate* chat_template) {
+    const common::ChatTemplate* chat_template, CoordinatorMetrics& metrics) {
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->options_ = options;
   server->cluster_ = &cluster;
@@ -54,6 +54,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   http.Get("/version", [model_id](const httplib::Request&, httplib::Response& response) {
     nlohmann::json body = {{"version", LOOM_VERSION}, {"model", model_id}};
     response.set_content(body.dump(), "application/json");
+  });
+
+  http.Get("/metrics", [&cluster, &metrics](const httplib::Request&, httplib::Response& response) {
+    metrics.UpdateFromClusterState(cluster.Status());
+    response.set_content(metrics.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
 
   // Whatever the routes did not answer (unknown paths 404, wrong methods 405, bodies

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/chat_template.h"
 #include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
 #include "coordinator/openai_service.h"
 #include "coordinator/served_model.h"
 #include "httplib.h"
@@ -24,13 +25,14 @@ struct HttpOptions {
 /// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE
 /// streams are long blocking writes, which its thread-per-request model serves simply):
 /// the OpenAI-compatible API plus GET /health (200 only while a replica can serve),
-/// GET /ready, GET /version. Every error is an OpenAI-style JSON body.
+/// GET /ready, GET /version and GET /metrics (Prometheus). Every error is an
+/// OpenAI-style JSON body.
 class HttpServer {
  public:
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       const HttpOptions& options, Cluster& cluster, const ServedModel& model,
       const common::ModelConfig& config, const common::Tokenizer& tokenizer,
-      const common::ChatTemplate* chat_template);
+      const common::ChatTemplate* chat_template, CoordinatorMetrics& metrics);
   ~HttpServer();  // Stop()s
 
   int port() const { return port_; }

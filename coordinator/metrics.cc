@@ -1,0 +1,233 @@
+#include "coordinator/metrics.h"
+
+#include <vector>
+
+#include "prometheus/text_serializer.h"
+
+namespace loom::coordinator {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+// vLLM's buckets (vllm/engine/metrics.py and v1/metrics/loggers.py).
+const Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,  0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const Histogram::BucketBoundaries kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                                 0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                                 7.5,  10.0,  20.0, 40.0,  80.0};
+const Histogram::BucketBoundaries kRequestLatencyBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// 1, 2, 5, 10, 20, 50, ... up to 10^7 tokens (vLLM stops at max_model_len; a fixed set
+// keeps the series identical across models).
+Histogram::BucketBoundaries TokenBuckets() {
+  Histogram::BucketBoundaries buckets;
+  for (double scale = 1; scale <= 1e7; scale *= 10) {
+    for (double mantissa : {1.0, 2.0, 5.0}) buckets.push_back(mantissa * scale);
+  }
+  return buckets;
+}
+
+const char* FinishReasonLabel(loom::v1::FinishReason reason) {
+  switch (reason) {
+    case loom::v1::FINISH_REASON_STOP:
+      return "stop";
+    case loom::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case loom::v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return "error";
+  }
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
+    : model_name_(std::move(model_name)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      requests_running_(BuildGauge()
+                            .Name("loom_num_requests_running")
+                            .Help("Requests running on a replica (in its batch).")
+                            .Register(*registry_)),
+      requests_waiting_(BuildGauge()
+                            .Name("loom_num_requests_waiting")
+                            .Help("Requests waiting to be scheduled on a replica.")
+                            .Register(*registry_)),
+      kv_cache_usage_(BuildGauge()
+                          .Name("loom_kv_cache_usage_perc")
+                          .Help("Fraction of a replica's KV blocks in use (1 = full).")
+                          .Register(*registry_)),
+      replica_up_(BuildGauge()
+                      .Name("loom_replica_up")
+                      .Help("1 when a replica's workers are connected and healthy, else 0.")
+                      .Register(*registry_)),
+      kv_blocks_free_(BuildGauge()
+                          .Name("loom_kv_blocks_free")
+                          .Help("Free KV blocks of a replica.")
+                          .Register(*registry_)),
+      kv_blocks_total_(BuildGauge()
+                           .Name("loom_kv_blocks_total")
+                           .Help("KV blocks of a replica's pool.")
+                           .Register(*registry_)),
+      preemptions_(BuildCounter()
+                       .Name("loom_num_preemptions_total")
+                       .Help("Sequences preempted (recomputed later) for lack of KV blocks.")
+                       .Register(*registry_)),
+      steps_(BuildCounter()
+                 .Name("loom_replica_steps_total")
+                 .Help("Steps (batches) a replica ran.")
+                 .Register(*registry_)),
+      step_tokens_(BuildCounter()
+                       .Name("loom_replica_step_tokens_total")
+                       .Help("Tokens a replica computed (prefill and decode).")
+                       .Register(*registry_)),
+      prefix_queries_(BuildCounter()
+                          .Name("loom_prefix_cache_queries_total")
+                          .Help("Prompt tokens looked up in the prefix cache.")
+                          .Register(*registry_)),
+      prefix_hits_(BuildCounter()
+                       .Name("loom_prefix_cache_hits_total")
+                       .Help("Prompt tokens found in the prefix cache.")
+                       .Register(*registry_)),
+      prompt_tokens_(BuildCounter()
+                         .Name("loom_prompt_tokens_total")
+                         .Help("Prompt tokens of finished requests.")
+                         .Register(*registry_)),
+      generation_tokens_(BuildCounter()
+                             .Name("loom_generation_tokens_total")
+                             .Help("Tokens generated for finished requests.")
+                             .Register(*registry_)),
+      request_success_(BuildCounter()
+                           .Name("loom_request_success_total")
+                           .Help("Finished requests by finish reason (stop, length, abort, "
+                                 "error).")
+                           .Register(*registry_)),
+      spec_drafted_(BuildCounter()
+                        .Name("loom_spec_decode_num_draft_tokens_total")
+                        .Help("Tokens proposed by speculative decoding.")
+                        .Register(*registry_)),
+      spec_accepted_(BuildCounter()
+                         .Name("loom_spec_decode_num_accepted_tokens_total")
+                         .Help("Proposed tokens the target model accepted.")
+                         .Register(*registry_)),
+      ttft_(BuildHistogram()
+                .Name("loom_time_to_first_token_seconds")
+                .Help("Time from arrival to the first generated token.")
+                .Register(*registry_)),
+      itl_(BuildHistogram()
+               .Name("loom_inter_token_latency_seconds")
+               .Help("Time between consecutive generated tokens of a request.")
+               .Register(*registry_)),
+      e2e_(BuildHistogram()
+               .Name("loom_e2e_request_latency_seconds")
+               .Help("Time from arrival to finish.")
+               .Register(*registry_)),
+      queue_time_(BuildHistogram()
+                      .Name("loom_request_queue_time_seconds")
+                      .Help("Time from arrival to first being scheduled.")
+                      .Register(*registry_)),
+      prefill_time_(BuildHistogram()
+                        .Name("loom_request_prefill_time_seconds")
+                        .Help("Time from first being scheduled to the first token.")
+                        .Register(*registry_)),
+      decode_time_(BuildHistogram()
+                       .Name("loom_request_decode_time_seconds")
+                       .Help("Time from the first token to the last.")
+                       .Register(*registry_)),
+      prompt_length_(BuildHistogram()
+                         .Name("loom_request_prompt_tokens")
+                         .Help("Prompt length of finished requests, in tokens.")
+                         .Register(*registry_)),
+      generation_length_(BuildHistogram()
+                             .Name("loom_request_generation_tokens")
+                             .Help("Generated tokens of finished requests.")
+                             .Register(*registry_)) {
+  // Series that exist before the first request, so rate() and dashboards see zeros.
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    prometheus::Labels labels = Model();
+    labels["finished_reason"] = reason;
+    request_success_.Add(labels);
+  }
+  prompt_tokens_.Add(Model());
+  generation_tokens_.Add(Model());
+  ttft_.Add(Model(), kTtftBuckets);
+  itl_.Add(Model(), kItlBuckets);
+  e2e_.Add(Model(), kRequestLatencyBuckets);
+  spec_drafted_.Add(Model());
+  spec_accepted_.Add(Model());
+}
+
+void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
+  prometheus::Labels reason = Model();
+  reason["finished_reason"] = FinishReasonLabel(record.finish_reason);
+  request_success_.Add(reason).Increment();
+  prompt_tokens_.Add(Model()).Increment(static_cast<double>(record.prompt_tokens));
+  generation_tokens_.Add(Model()).Increment(static_cast<double>(record.generation_tokens));
+  prompt_length_.Add(Model(), TokenBuckets()).Observe(static_cast<double>(record.prompt_tokens));
+  generation_length_.Add(Model(), TokenBuckets())
+      .Observe(static_cast<double>(record.generation_tokens));
+  if (record.ttft_seconds >= 0) ttft_.Add(Model(), kTtftBuckets).Observe(record.ttft_seconds);
+  if (record.e2e_seconds >= 0) e2e_.Add(Model(), kRequestLatencyBuckets).Observe(record.e2e_seconds);
+  if (record.queue_seconds >= 0) {
+    queue_time_.Add(Model(), kRequestLatencyBuckets).Observe(record.queue_seconds);
+  }
+  if (record.prefill_seconds >= 0) {
+    prefill_time_.Add(Model(), kRequestLatencyBuckets).Observe(record.prefill_seconds);
+  }
+  if (record.decode_seconds >= 0) {
+    decode_time_.Add(Model(), kRequestLatencyBuckets).Observe(record.decode_seconds);
+  }
+}
+
+void CoordinatorMetrics::RecordInterTokenLatency(double seconds) {
+  itl_.Add(Model(), kItlBuckets).Observe(seconds);
+}
+
+void CoordinatorMetrics::RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried,
+                                                int64_t hits) {
+  prefix_queries_.Add(Replica(replica_id)).Increment(static_cast<double>(queried));
+  prefix_hits_.Add(Replica(replica_id)).Increment(static_cast<double>(hits));
+}
+
+void CoordinatorMetrics::RecordSpeculation(int64_t drafted, int64_t accepted) {
+  spec_drafted_.Add(Model()).Increment(static_cast<double>(drafted));
+  spec_accepted_.Add(Model()).Increment(static_cast<double>(accepted));
+}
+
+void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& state) {
+  // Counters mirrored from cumulative totals: add what grew since the last scrape (a
+  // replica that reconnected starts from zero again: its new total is the growth).
+  auto mirror = [](prometheus::Counter& counter, std::map<std::string, double>& last,
+                   const std::string& id, double total) {
+    auto [it, inserted] = last.try_emplace(id, 0.0);
+    const double growth = total >= it->second ? total - it->second : total;
+    if (growth > 0) counter.Increment(growth);
+    it->second = total;
+  };
+  for (const loom::v1::ReplicaStatus& replica : state.replicas()) {
+    const prometheus::Labels labels = Replica(replica.replica_id());
+    requests_running_.Add(labels).Set(replica.num_running());
+    requests_waiting_.Add(labels).Set(replica.num_waiting());
+    kv_cache_usage_.Add(labels).Set(replica.kv_cache_usage());
+    replica_up_.Add(labels).Set(replica.healthy() ? 1 : 0);
+    kv_blocks_free_.Add(labels).Set(static_cast<double>(replica.num_free_blocks()));
+    kv_blocks_total_.Add(labels).Set(static_cast<double>(replica.num_kv_blocks()));
+    mirror(preemptions_.Add(labels), last_preemptions_, replica.replica_id(),
+           static_cast<double>(replica.num_preemptions()));
+    mirror(steps_.Add(labels), last_steps_, replica.replica_id(),
+           static_cast<double>(replica.num_steps()));
+    mirror(step_tokens_.Add(labels), last_tokens_, replica.replica_id(),
+           static_cast<double>(replica.num_tokens_computed()));
+  }
+}
+
+std::string CoordinatorMetrics::Serialize() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace loom::coordinator
