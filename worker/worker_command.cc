@@ -20,6 +20,7 @@
 #include "common/model_config.h"
 #include "common/model_fingerprint.h"
 #include "common/tokenizer.h"
+#include "prometheus/exposer.h"
 #include "worker/kv_cache.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
@@ -160,7 +161,9 @@ int RunWorkerCommand(int argc, char** argv) {
                options.backend == "noop" ? ", not allocated" : "");
 
   StepExecutor executor(**backend);
-  WorkerService service(executor);
+  WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
+                        num_blocks);
+  WorkerService service(executor, &metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -176,6 +179,19 @@ int RunWorkerCommand(int argc, char** argv) {
   }
   const std::string listen_host = SplitHostPort(options.listen_address)->first;
   std::printf("loom-worker: listening on %s:%d\n", listen_host.c_str(), port);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (options.metrics_port >= 0) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(
+          absl::StrFormat("%s:%d", listen_host, options.metrics_port));
+    } catch (const std::exception& error) {
+      return Fail(absl::UnavailableError(absl::StrFormat(
+          "cannot serve metrics on %s:%d: %s", listen_host, options.metrics_port, error.what())));
+    }
+    exposer->RegisterCollectable(metrics.registry());
+    std::printf("loom-worker: metrics on http://%s:%d/metrics\n", listen_host.c_str(),
+                exposer->GetListeningPorts().front());
+  }
   std::fflush(stdout);
 
   RegistrationOptions registration_options;

@@ -17,13 +17,15 @@ const char kWorkerUsage[] =
     "                   [--advertise-address HOST:PORT] [--replica-id ID] [--rank 0]\n"
     "                   [--world-size 1] [--backend cpu|noop] [--threads N]\n"
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
-    "                   [--kv-dtype f16|f32]\n"
+    "                   [--kv-dtype f16|f32] [--metrics-port N]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
     "  --kv-cache-memory    KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB)\n"
     "  --kv-cache-fraction  KV pool budget as a fraction of MemAvailable, in (0, 1]\n"
-    "  --backend            cpu (the model runner) or noop (no math: coordinator benchmarks)\n";
+    "  --backend            cpu (the model runner) or noop (no math: coordinator benchmarks)\n"
+    "  --metrics-port       serve Prometheus metrics on the listen host at this port (0: any\n"
+    "                       free port; default: off)\n";
 
 namespace {
 
@@ -164,6 +166,10 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
         return BadValue(flag, value, "a fraction in (0, 1]");
       }
       options.kv_cache_fraction = fraction;
+    } else if (flag == "--metrics-port") {
+      absl::StatusOr<int64_t> port = ParseInt(flag, value, 0, 65535);
+      if (!port.ok()) return port.status();
+      options.metrics_port = static_cast<int>(*port);
     } else if (flag == "--block-size") {
       absl::StatusOr<int64_t> block_size = ParseInt(flag, value, 1, 1024);
       if (!block_size.ok()) return block_size.status();

@@ -25,6 +25,7 @@ struct WorkerOptions {
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
+  int metrics_port = -1;  // --metrics-port; -1: no metrics endpoint, 0: any free port
 };
 
 /// The usage text of `loom-worker`.

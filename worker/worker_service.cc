@@ -9,7 +9,8 @@ namespace {
 const char kShuttingDown[] = "the worker is shutting down";
 }  // namespace
 
-WorkerService::WorkerService(StepExecutor& executor) : executor_(&executor) {}
+WorkerService::WorkerService(StepExecutor& executor, WorkerMetrics* metrics)
+    : executor_(&executor), metrics_(metrics) {}
 
 void WorkerService::BeginShutdown() {
   absl::MutexLock lock(&mu_);
@@ -60,6 +61,15 @@ grpc::Status WorkerService::Step(
     }
     result.mutable_timings()->set_total_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
+    if (metrics_ != nullptr) {
+      int64_t tokens = 0;
+      for (const loom::v1::ScheduledSequence& scheduled : plan.scheduled()) {
+        tokens += scheduled.num_tokens();
+      }
+      metrics_->RecordStep(result.timings().total_seconds(), plan.scheduled_size(), tokens,
+                           result.error_code() != 0);
+      metrics_->SetSequences(num_sequences_.load(std::memory_order_relaxed));
+    }
     if (!stream->Write(result)) break;
   }
 

@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "loom/v1/worker.grpc.pb.h"
 #include "worker/step_executor.h"
+#include "worker/worker_metrics.h"
 
 namespace loom::worker {
 
@@ -16,8 +17,9 @@ namespace loom::worker {
 /// Bad plans are answered with an error result, never with a crash. Thread-safe.
 class WorkerService final : public loom::v1::Worker::Service {
  public:
-  /// `executor` must outlive the service; the service is its only user.
-  explicit WorkerService(StepExecutor& executor);
+  /// `executor` (and `metrics`, optional) must outlive the service; the service is the
+  /// executor's only user.
+  explicit WorkerService(StepExecutor& executor, WorkerMetrics* metrics = nullptr);
 
   /// The Step bidi stream (called by gRPC on its threads).
   grpc::Status Step(
@@ -36,6 +38,7 @@ class WorkerService final : public loom::v1::Worker::Service {
  private:
   absl::Mutex mu_;
   StepExecutor* const executor_ ABSL_PT_GUARDED_BY(mu_);
+  WorkerMetrics* const metrics_;
   // Incremented by each new stream; a stream whose generation is not current stops.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   // The current stream's context (to cancel it when a newer stream arrives), or null.

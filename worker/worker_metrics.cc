@@ -1,0 +1,79 @@
+#include "worker/worker_metrics.h"
+
+#include <vector>
+
+namespace loom::worker {
+namespace {
+
+prometheus::Histogram::BucketBoundaries PowersOfTwo(double last) {
+  prometheus::Histogram::BucketBoundaries buckets;
+  for (double b = 1; b <= last; b *= 2) buckets.push_back(b);
+  return buckets;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std::string& backend,
+                             int64_t num_kv_blocks)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels labels = {
+      {"replica", replica_id}, {"rank", std::to_string(rank)}, {"backend", backend}};
+  prometheus::BuildGauge()
+      .Name("loom_worker_up")
+      .Help("1 while the worker process serves.")
+      .Register(*registry_)
+      .Add(labels)
+      .Set(1);
+  prometheus::BuildGauge()
+      .Name("loom_worker_kv_blocks_total")
+      .Help("Blocks in the worker's KV pool.")
+      .Register(*registry_)
+      .Add(labels)
+      .Set(static_cast<double>(num_kv_blocks));
+  step_seconds_ = &prometheus::BuildHistogram()
+                       .Name("loom_worker_step_seconds")
+                       .Help("Wall time of one step on the worker (plan received to result).")
+                       .Register(*registry_)
+                       .Add(labels, prometheus::Histogram::BucketBoundaries{
+                                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                        0.5, 1.0, 2.5, 5.0, 10.0, 30.0});
+  batch_size_ = &prometheus::BuildHistogram()
+                     .Name("loom_worker_batch_size")
+                     .Help("Sequences computed in one step.")
+                     .Register(*registry_)
+                     .Add(labels, PowersOfTwo(1024));
+  tokens_per_step_ = &prometheus::BuildHistogram()
+                          .Name("loom_worker_tokens_per_step")
+                          .Help("Tokens (prefill and decode) computed in one step.")
+                          .Register(*registry_)
+                          .Add(labels, PowersOfTwo(16384));
+  steps_ = &prometheus::BuildCounter()
+                .Name("loom_worker_steps_total")
+                .Help("Steps the worker executed.")
+                .Register(*registry_)
+                .Add(labels);
+  rejected_steps_ = &prometheus::BuildCounter()
+                         .Name("loom_worker_rejected_steps_total")
+                         .Help("Plans the worker rejected as invalid (a coordinator bug).")
+                         .Register(*registry_)
+                         .Add(labels);
+  sequences_ = &prometheus::BuildGauge()
+                    .Name("loom_worker_sequences")
+                    .Help("Sequences whose state the worker holds.")
+                    .Register(*registry_)
+                    .Add(labels);
+}
+
+void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected) {
+  step_seconds_->Observe(seconds);
+  batch_size_->Observe(static_cast<double>(sequences));
+  tokens_per_step_->Observe(static_cast<double>(tokens));
+  steps_->Increment();
+  if (rejected) rejected_steps_->Increment();
+}
+
+void WorkerMetrics::SetSequences(int64_t sequences) {
+  sequences_->Set(static_cast<double>(sequences));
+}
+
+}  // namespace loom::worker
