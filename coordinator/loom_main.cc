@@ -2,8 +2,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "coordinator/bench_command.h"
+#include "coordinator/chat_command.h"
+#include "coordinator/complete_command.h"
 #include "coordinator/inspect_command.h"
+#include "coordinator/models_command.h"
 #include "coordinator/serve_command.h"
+#include "coordinator/status_command.h"
 #include "coordinator/tokenize_command.h"
 #include "coordinator/up_command.h"
 #include "worker/generate_command.h"
@@ -25,8 +30,17 @@ constexpr Command kCommands[] = {
      "show a model's configuration, tokenizer and chat template"},
     {"generate", loom::worker::RunGenerateCommand,
      "generate a continuation of a prompt in this process (CPU engine)"},
+    {"bench", loom::coordinator::RunBenchCommand,
+     "load-test a running cluster (throughput, TTFT/TPOT/ITL/e2e, goodput)"},
     {"tokenize", loom::coordinator::RunTokenizeCommand, "print the token ids of a text"},
     {"detokenize", loom::coordinator::RunDetokenizeCommand, "print the text of token ids"},
+    {"chat", loom::coordinator::RunChatCommand,
+     "chat with a running cluster (interactive, streaming)"},
+    {"complete", loom::coordinator::RunCompleteCommand,
+     "generate a completion of a prompt on a running cluster"},
+    {"models", loom::coordinator::RunModelsCommand, "list the models a running cluster serves"},
+    {"status", loom::coordinator::RunStatusCommand,
+     "show a running cluster's replicas, KV blocks and queues"},
 };
 
 void PrintUsage() {

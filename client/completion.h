@@ -1,0 +1,64 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace loom::client {
+
+enum class FinishReason {
+  kNone,    // not finished (every chunk but the last)
+  kStop,    // EOS, a stop token or a stop string
+  kLength,  // max_tokens or the context length
+  kAbort,   // cancelled or the coordinator shut down
+  kError,   // a worker failed after output had started (see error_message)
+};
+
+/// "stop", "length", "abort", "error" or "none".
+std::string_view FinishReasonName(FinishReason reason);
+
+/// The logprob of one generated token, with the most likely alternatives when asked for.
+struct TokenLogprobs {
+  int32_t token_id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (token id, logprob), most likely first
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+/// One streamed message: the output since the previous chunk. The last chunk of a call
+/// has `finish_reason` set and carries the usage.
+struct GenerateChunk {
+  std::string request_id;
+  std::string text;  // complete UTF-8 only
+  std::vector<int32_t> token_ids;
+  std::vector<TokenLogprobs> logprobs;  // one per token id when logprobs were requested
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error_message;  // with kError
+  Usage usage;                // on the last chunk
+  std::string replica_id;     // on the first chunk
+};
+
+/// A whole completion: every chunk of a call joined.
+struct Completion {
+  std::string request_id;
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<TokenLogprobs> logprobs;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error_message;
+  Usage usage;
+  std::string replica_id;
+  int attempts = 0;  // calls made, retries of UNAVAILABLE included
+
+  /// Appends `chunk` (text, ids, logprobs; the final fields when it is the last).
+  void Append(const GenerateChunk& chunk);
+};
+
+}  // namespace loom::client

@@ -1,0 +1,20 @@
+#pragma once
+
+// Internal to loom::client (not installed): how Client starts a GenerateStream.
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "client/client_options.h"
+#include "client/generate_stream.h"
+#include "loom/v1/inference.grpc.pb.h"
+
+namespace loom::client {
+
+/// A stream that has not called yet: the first Next() makes the call. `stub` is shared so
+/// a stream may outlive its Client. `deadline`: InfiniteFuture for none.
+std::unique_ptr<GenerateStream> StartGenerateCall(std::shared_ptr<loom::v1::Inference::Stub> stub,
+                                                  loom::v1::GenerateRequest request,
+                                                  absl::Time deadline, RetryPolicy retry);
+
+}  // namespace loom::client

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::client {
+
+/// Sampling settings; every unset field takes the server's default (greedy decoding,
+/// no penalties, no logprobs).
+struct SamplingOptions {
+  std::optional<float> temperature;         // >= 0; 0 is greedy
+  std::optional<int32_t> top_k;             // 0: off
+  std::optional<float> top_p;               // (0, 1]
+  std::optional<float> min_p;               // [0, 1]
+  std::optional<float> repetition_penalty;  // > 0; 1 is off
+  std::optional<float> presence_penalty;    // [-2, 2]
+  std::optional<float> frequency_penalty;   // [-2, 2]
+  std::optional<uint64_t> seed;
+  /// -1 or unset: none; 0: the chosen token's logprob; n: and the n most likely tokens.
+  std::optional<int32_t> num_logprobs;
+};
+
+/// One completion to generate. Exactly one of `text` and `token_ids` is the prompt:
+/// `token_ids` when `use_token_ids` is true (an empty id list is then still a token prompt).
+struct GenerateRequest {
+  std::string text;  // tokenized by the coordinator, special tokens parsed
+  std::vector<int32_t> token_ids;
+  bool use_token_ids = false;
+  SamplingOptions sampling;
+  int32_t max_tokens = 0;         // 0: up to the context length
+  std::vector<std::string> stop;  // stop strings; the matched text is not returned
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t priority = 0;    // lower runs first
+  std::string request_id;  // empty: the coordinator assigns one
+  std::string model;       // empty: the served model
+  std::string cache_salt;  // prefix-cache isolation between tenants
+
+  /// A text prompt.
+  static GenerateRequest FromText(std::string prompt, int32_t max_tokens) {
+    GenerateRequest request;
+    request.text = std::move(prompt);
+    request.max_tokens = max_tokens;
+    return request;
+  }
+  /// A token-id prompt.
+  static GenerateRequest FromTokenIds(std::vector<int32_t> ids, int32_t max_tokens) {
+    GenerateRequest request;
+    request.token_ids = std::move(ids);
+    request.use_token_ids = true;
+    request.max_tokens = max_tokens;
+    return request;
+  }
+};
+
+}  // namespace loom::client

@@ -1,0 +1,17 @@
+"""Python client of Loom's gRPC inference API (loom.v1.Inference).
+
+    from loom_client import LoomClient
+
+    with LoomClient("127.0.0.1:50051") as client:
+        print(client.generate("The capital of France is", max_tokens=16).text)
+        for chunk in client.generate_stream("Tell me a story", max_tokens=64):
+            print(chunk.text, end="", flush=True)
+"""
+from loom_client.client import LoomClient, RetryPolicy
+from loom_client.errors import LoomError
+from loom_client.stream import GenerateStream
+from loom_client.types import (Chunk, ClusterState, Completion, ModelCard, ReplicaState,
+                               TokenLogprob)
+
+__all__ = ["LoomClient", "RetryPolicy", "LoomError", "GenerateStream", "Chunk", "ClusterState",
+           "Completion", "ModelCard", "ReplicaState", "TokenLogprob"]

@@ -1,0 +1,161 @@
+"""LoomClient: a typed wrapper over the loom.v1.Inference stub."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional, Sequence, Union
+
+import grpc
+
+from loom_client._proto.loom.v1 import inference_pb2 as pb
+from loom_client._proto.loom.v1 import inference_pb2_grpc as pb_grpc
+from loom_client._proto.loom.v1 import worker_pb2 as wpb
+from loom_client.errors import LoomError
+from loom_client.stream import GenerateStream
+from loom_client.types import Chunk, ClusterState, Completion, ModelCard
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Calls that fail with UNAVAILABLE before any output are made again, at most
+    `max_attempts` calls in all, waiting initial_backoff * multiplier**(n-1) seconds (at most
+    max_backoff) before retry n, never past the call's deadline."""
+    max_attempts: int = 5
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (1 is the first)."""
+        return min(self.max_backoff, self.initial_backoff * self.multiplier ** max(retry - 1, 0))
+
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                    "frequency_penalty", "seed")
+
+
+class LoomClient:
+    """A connection to a Loom coordinator (`loom up` / `loom serve`). Thread-safe.
+
+    address: host:port of the gRPC endpoint. tls: use TLS, with the CA certificates of
+    `root_certs_path` (PEM) or gRPC's default roots. timeout: the default deadline of every
+    call in seconds (None: none). Errors are raised as LoomError(code, details).
+    """
+
+    def __init__(self, address: str = "127.0.0.1:50051", *, tls: bool = False,
+                 root_certs_path: Optional[str] = None, timeout: Optional[float] = None,
+                 retry: RetryPolicy = RetryPolicy(), channel_options: Sequence[tuple] = ()):
+        if retry.max_attempts < 1:
+            raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
+        # Retries are the client's own (before the first message only, counted, within the
+        # deadline); gRPC's built-in ones would add more.
+        options = [("grpc.enable_retries", 0), *channel_options]
+        if tls:
+            roots = open(root_certs_path, "rb").read() if root_certs_path else None
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options)
+        else:
+            self._channel = grpc.insecure_channel(address, options)
+        self._stub = pb_grpc.InferenceStub(self._channel)
+        self.address = address
+        self.timeout = timeout
+        self.retry = retry
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "LoomClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- generation ------------------------------------------------------------------------
+
+    def generate_stream(self, prompt: Prompt, *, max_tokens: int = 0, timeout: Optional[float] = None,
+                        **params) -> GenerateStream:
+        """Starts a Generate call and returns its chunks as an iterator (see GenerateStream).
+
+        prompt: text (tokenized by the server, special tokens parsed) or token ids.
+        max_tokens: 0 for up to the context length. params: temperature, top_k, top_p, min_p,
+        repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs (None: none,
+        0: the chosen token's, n: and the n most likely), stop, stop_token_ids, ignore_eos,
+        priority, request_id, model, cache_salt.
+        """
+        request = _generate_request(prompt, max_tokens, **params)
+        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry)
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 0, timeout: Optional[float] = None,
+                 on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
+        """Generates one completion and returns it whole (arguments as generate_stream)."""
+        completion = Completion()
+        with self.generate_stream(prompt, max_tokens=max_tokens, timeout=timeout, **params) as stream:
+            for chunk in stream:
+                completion.append(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+            completion.attempts = stream.attempts
+        return completion
+
+    # -- unary calls -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = True, parse_special: bool = True,
+                 timeout: Optional[float] = None) -> list[int]:
+        request = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens,
+                                     parse_special=parse_special)
+        return list(self._unary(self._stub.Tokenize, request, timeout).token_ids)
+
+    def detokenize(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False,
+                   timeout: Optional[float] = None) -> str:
+        request = pb.DetokenizeRequest(token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._unary(self._stub.Detokenize, request, timeout).text
+
+    def list_models(self, *, timeout: Optional[float] = None) -> list[ModelCard]:
+        response = self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        return [ModelCard.from_proto(m) for m in response.models]
+
+    def cluster_state(self, *, timeout: Optional[float] = None) -> ClusterState:
+        return ClusterState.from_proto(self._unary(self._stub.GetClusterState, pb.GetClusterStateRequest(), timeout))
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _unary(self, method, request, timeout: Optional[float]):
+        deadline = self._deadline(timeout)
+        attempt = 0
+        while True:
+            attempt += 1
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                return method(request, timeout=left)
+            except grpc.RpcError as error:
+                wait = self.retry.backoff(attempt)
+                if (error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts
+                        or (deadline is not None and time.monotonic() + wait >= deadline)):
+                    raise LoomError.from_rpc_error(error, attempt) from None
+                time.sleep(wait)
+
+
+def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int] = None, stop=(),
+                      stop_token_ids=(), ignore_eos: bool = False, priority: int = 0,
+                      request_id: str = "", model: str = "", cache_salt: str = "", **sampling):
+    unknown = set(sampling) - set(_SAMPLING_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown generate parameters: {sorted(unknown)}")
+    params = wpb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
+    if logprobs is not None:
+        params.num_logprobs = logprobs
+    if isinstance(stop, str):
+        stop = [stop]
+    request = pb.GenerateRequest(sampling=params, max_tokens=max_tokens, stop=list(stop),
+                                 stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
+                                 priority=priority, request_id=request_id, model=model,
+                                 cache_salt=cache_salt)
+    if isinstance(prompt, str):
+        request.text = prompt
+    else:
+        request.token_ids.SetInParent()  # an empty list still selects the token-id prompt
+        request.token_ids.ids.extend(prompt)
+    return request

@@ -1,0 +1,134 @@
+"""Plain results of the client (dataclasses), converted from the loom.v1 messages."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from loom_client._proto.loom.v1 import inference_pb2 as pb
+
+_FINISH_REASONS = {
+    pb.FINISH_REASON_STOP: "stop",      # EOS, a stop token or a stop string
+    pb.FINISH_REASON_LENGTH: "length",  # max_tokens or the context length
+    pb.FINISH_REASON_ABORT: "abort",    # cancelled or the coordinator shut down
+    pb.FINISH_REASON_ERROR: "error",    # a worker failed after output had started
+}
+
+
+@dataclasses.dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # most likely first
+
+
+@dataclasses.dataclass
+class Chunk:
+    """One streamed message: the output since the previous one. The last chunk has
+    `finish_reason` set and carries the token counts."""
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    finish_reason: Optional[str]   # None until the last chunk
+    error_message: str
+    replica_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+    @classmethod
+    def from_proto(cls, message) -> "Chunk":
+        return cls(
+            request_id=message.request_id, text=message.text, token_ids=list(message.token_ids),
+            logprobs=[TokenLogprob(o.token_id, o.logprob, [(t.token_id, t.logprob) for t in o.top_logprobs])
+                      for o in message.logprobs],
+            finish_reason=_FINISH_REASONS.get(message.finish_reason),
+            error_message=message.error_message, replica_id=message.replica_id,
+            prompt_tokens=message.prompt_tokens, completion_tokens=message.completion_tokens,
+            cached_prompt_tokens=message.cached_prompt_tokens)
+
+
+@dataclasses.dataclass
+class Completion:
+    """A whole generation: every chunk joined."""
+    request_id: str = ""
+    text: str = ""
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
+    finish_reason: Optional[str] = None
+    error_message: str = ""
+    replica_id: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    attempts: int = 0  # calls made, retries of UNAVAILABLE included
+
+    def append(self, chunk: Chunk) -> None:
+        self.request_id = self.request_id or chunk.request_id
+        self.replica_id = self.replica_id or chunk.replica_id
+        self.text += chunk.text
+        self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+            self.error_message = chunk.error_message
+            self.prompt_tokens = chunk.prompt_tokens
+            self.completion_tokens = chunk.completion_tokens
+            self.cached_prompt_tokens = chunk.cached_prompt_tokens
+
+
+@dataclasses.dataclass
+class ModelCard:
+    id: str               # the name requests pass as `model`
+    name: str             # general.name of the GGUF
+    architecture: str
+    vocab_size: int
+    context_length: int
+    fingerprint: str
+    created: int          # unix seconds
+
+    @classmethod
+    def from_proto(cls, served) -> "ModelCard":
+        info = served.info
+        return cls(id=served.id, name=info.name, architecture=info.architecture,
+                   vocab_size=info.vocab_size, context_length=info.context_length,
+                   fingerprint=info.fingerprint, created=served.created)
+
+
+@dataclasses.dataclass
+class ReplicaState:
+    replica_id: str
+    healthy: bool
+    worker_address: str
+    backend: str
+    num_kv_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    num_preemptions: int
+
+    @classmethod
+    def from_proto(cls, r) -> "ReplicaState":
+        return cls(replica_id=r.replica_id, healthy=r.healthy, worker_address=r.worker_address,
+                   backend=r.backend, num_kv_blocks=r.num_kv_blocks, num_free_blocks=r.num_free_blocks,
+                   kv_cache_usage=r.kv_cache_usage, num_running=r.num_running,
+                   num_waiting=r.num_waiting, num_steps=r.num_steps,
+                   num_preemptions=r.num_preemptions)
+
+
+@dataclasses.dataclass
+class ClusterState:
+    model: str
+    draining: bool
+    num_healthy_replicas: int
+    num_waiting: int
+    num_running: int
+    replicas: list[ReplicaState]
+
+    @classmethod
+    def from_proto(cls, s) -> "ClusterState":
+        return cls(model=s.model, draining=s.draining, num_healthy_replicas=s.num_healthy_replicas,
+                   num_waiting=s.num_waiting, num_running=s.num_running,
+                   replicas=[ReplicaState.from_proto(r) for r in s.replicas])

@@ -1,0 +1,406 @@
+#include "coordinator/bench_command.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/bench_report.h"
+#include "coordinator/bench_workload.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/inference.grpc.pb.h"
+
+namespace loom::coordinator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] =
+    "usage: loom bench [--address HOST:PORT] [--dataset random|shared-prefix|multi-turn]\n"
+    "                  [--num-requests N] [--input-len N] [--output-len N] [--range-ratio R]\n"
+    "                  [--prefix-len N] [--num-prefixes N] [--turns N]\n"
+    "                  [--concurrency C1,C2,... | --request-rate R1,R2,... [--max-concurrency N]]\n"
+    "                  [--warmup N] [--seed S] [--slo-ttft-ms MS] [--slo-tpot-ms MS]\n"
+    "                  [--slo-e2e-ms MS] [--timeout-s S] [--output FILE.json]\n"
+    "  Runs the workload once per load level (fixed concurrency, or Poisson arrivals at each\n"
+    "  request rate; 'inf' sends all at once) and prints throughput, TTFT, TPOT, ITL and\n"
+    "  end-to-end latency (mean, p50, p90, p99), goodput and the prefix-cache hit rate.\n"
+    "  Prompts are random token ids with exact lengths; outputs ignore EOS (exact lengths).\n";
+
+struct BenchOptions {
+  std::string address = "127.0.0.1:50051";
+  WorkloadOptions workload;
+  std::vector<double> concurrencies;  // fixed-concurrency levels
+  std::vector<double> request_rates;  // Poisson levels (inf: all at once)
+  int64_t max_concurrency = 256;      // rate mode: requests in flight at most
+  int64_t warmup = 2;
+  Slo slo;
+  double timeout_s = 600;
+  std::string output;
+};
+
+// One Generate call; fills `sample` and returns the generated ids.
+std::vector<int32_t> RunRequest(loom::v1::Inference::Stub& stub, const std::vector<int32_t>& prompt,
+                                int32_t max_tokens, double timeout_s, RequestSample& sample) {
+  loom::v1::GenerateRequest request;
+  request.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  request.set_max_tokens(max_tokens);
+  request.set_ignore_eos(true);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  sample.prompt_tokens = static_cast<int64_t>(prompt.size());
+  std::vector<int32_t> output;
+  const auto start = Clock::now();
+  auto previous = start;
+  auto reader = stub.Generate(&context, request);
+  loom::v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    const auto now = Clock::now();
+    const int n = response.token_ids_size();
+    if (n > 0) {
+      if (output.empty()) {
+        sample.ttft = std::chrono::duration<double>(now - start).count();
+        // Tokens that arrived together with the first share the rest of the gap.
+        for (int i = 1; i < n; ++i) sample.itl.push_back(0.0);
+      } else {
+        const double gap = std::chrono::duration<double>(now - previous).count() / n;
+        for (int i = 0; i < n; ++i) sample.itl.push_back(gap);
+      }
+      previous = now;
+      output.insert(output.end(), response.token_ids().begin(), response.token_ids().end());
+    }
+    if (response.finish_reason() != loom::v1::FINISH_REASON_UNSPECIFIED) {
+      sample.cached_prompt_tokens = response.cached_prompt_tokens();
+      if (response.finish_reason() == loom::v1::FINISH_REASON_ERROR ||
+          response.finish_reason() == loom::v1::FINISH_REASON_ABORT) {
+        sample.error = response.error_message();
+      }
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  sample.e2e = std::chrono::duration<double>(Clock::now() - start).count();
+  sample.output_tokens = static_cast<int64_t>(output.size());
+  if (!status.ok()) {
+    sample.error = absl::StrFormat("%d %s", status.error_code(), status.error_message());
+  }
+  sample.ok = status.ok() && sample.error.empty() && !output.empty();
+  return output;
+}
+
+// Runs a session's turns in order; appends one sample per turn.
+void RunSession(loom::v1::Inference::Stub& stub, const BenchSession& session, double timeout_s,
+                std::mutex& mu, std::vector<RequestSample>& samples) {
+  std::vector<int32_t> conversation = session.prefix;
+  for (const BenchTurn& turn : session.turns) {
+    conversation.insert(conversation.end(), turn.new_tokens.begin(), turn.new_tokens.end());
+    RequestSample sample;
+    const std::vector<int32_t> reply =
+        RunRequest(stub, conversation, turn.max_tokens, timeout_s, sample);
+    conversation.insert(conversation.end(), reply.begin(), reply.end());
+    const bool ok = sample.ok;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      samples.push_back(std::move(sample));
+    }
+    if (!ok) return;  // the rest of the conversation depends on this turn
+  }
+}
+
+// Draws a progress bar on stderr while `done` < `total` (only on a terminal).
+class Progress {
+ public:
+  Progress(const std::string& label, int64_t total) : label_(label), total_(total) {
+    if (!isatty(STDERR_FILENO)) return;
+    thread_ = std::thread([this] {
+      const auto start = Clock::now();
+      while (!stop_.load()) {
+        Draw(std::chrono::duration<double>(Clock::now() - start).count());
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      Draw(std::chrono::duration<double>(Clock::now() - start).count());
+      std::fputc('\n', stderr);
+    });
+  }
+  ~Progress() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::atomic<int64_t> done{0};
+
+ private:
+  void Draw(double seconds) {
+    constexpr int kWidth = 30;
+    const int64_t d = done.load();
+    const int filled = total_ > 0 ? static_cast<int>(kWidth * d / total_) : kWidth;
+    std::fprintf(stderr, "\r%-18s [%s%s] %lld/%lld %.1fs", label_.c_str(),
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+                 static_cast<long long>(d), static_cast<long long>(total_), seconds);
+    std::fflush(stderr);
+  }
+  std::string label_;
+  int64_t total_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+int64_t CountTurns(const std::vector<BenchSession>& sessions) {
+  int64_t turns = 0;
+  for (const BenchSession& session : sessions) turns += static_cast<int64_t>(session.turns.size());
+  return turns;
+}
+
+// One load level: `concurrency` clients, or Poisson arrivals at `rate` (with at most
+// max_concurrency sessions in flight).
+nlohmann::json RunLevel(loom::v1::Inference::Stub& stub, const std::vector<BenchSession>& sessions,
+                        const BenchOptions& options, bool rate_mode, double level) {
+  std::mutex mu;
+  std::vector<RequestSample> samples;
+  Progress progress(rate_mode ? absl::StrFormat("rate %g/s", level)
+                              : absl::StrFormat("concurrency %g", level),
+                    CountTurns(sessions));
+  auto run = [&](const BenchSession& session) {
+    RunSession(stub, session, options.timeout_s, mu, samples);
+    progress.done.fetch_add(static_cast<int64_t>(session.turns.size()));
+  };
+  const auto start = Clock::now();
+  if (!rate_mode) {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> clients;
+    for (int c = 0; c < static_cast<int>(level); ++c) {
+      clients.emplace_back([&] {
+        for (size_t i = next.fetch_add(1); i < sessions.size(); i = next.fetch_add(1)) {
+          run(sessions[i]);
+        }
+      });
+    }
+    for (std::thread& client : clients) client.join();
+  } else {
+    std::mt19937_64 rng(options.workload.seed + 1);
+    std::exponential_distribution<double> gap(std::isinf(level) ? 1.0 : level);
+    std::mutex slots_mu;
+    std::condition_variable slots_cv;
+    int64_t in_flight = 0;
+    std::vector<std::thread> requests;
+    for (const BenchSession& session : sessions) {
+      if (!std::isinf(level)) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(gap(rng)));
+      }
+      {
+        std::unique_lock<std::mutex> lock(slots_mu);
+        slots_cv.wait(lock, [&] { return in_flight < options.max_concurrency; });
+        ++in_flight;
+      }
+      requests.emplace_back([&, s = &session] {
+        run(*s);
+        std::lock_guard<std::mutex> lock(slots_mu);
+        --in_flight;
+        slots_cv.notify_one();
+      });
+    }
+    for (std::thread& request : requests) request.join();
+  }
+  const double duration = std::chrono::duration<double>(Clock::now() - start).count();
+  nlohmann::json report = SummarizeRun(samples, duration, options.slo);
+  if (rate_mode) {
+    report["request_rate"] = std::isinf(level) ? nlohmann::json("inf") : nlohmann::json(level);
+  } else {
+    report["concurrency"] = static_cast<int64_t>(level);
+  }
+  return report;
+}
+
+absl::Status ParseLevels(const std::string& flag, const std::string& value,
+                         std::vector<double>& out) {
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    double level = 0;
+    if (part == "inf") {
+      level = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(part, &level) || level <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: bad level '%s'", flag, part));
+    }
+    out.push_back(level);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BenchOptions> ParseBenchFlags(int argc, char** argv) {
+  BenchOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) return absl::InvalidArgumentError(flag + " needs a value");
+    const std::string value = argv[++i];
+    int64_t number = 0;
+    double real = 0;
+    auto integer = [&](int64_t& out) -> absl::Status {
+      if (!absl::SimpleAtoi(value, &number) || number < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s: bad value '%s'", flag, value));
+      }
+      out = number;
+      return absl::OkStatus();
+    };
+    auto decimal = [&](double& out) -> absl::Status {
+      if (!absl::SimpleAtod(value, &real) || real < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s: bad value '%s'", flag, value));
+      }
+      out = real;
+      return absl::OkStatus();
+    };
+    absl::Status parsed;
+    WorkloadOptions& w = options.workload;
+    if (flag == "--address") options.address = value;
+    else if (flag == "--dataset") w.dataset = value;
+    else if (flag == "--num-requests") parsed = integer(w.num_requests);
+    else if (flag == "--input-len") parsed = integer(w.input_len);
+    else if (flag == "--output-len") parsed = integer(w.output_len);
+    else if (flag == "--range-ratio") parsed = decimal(w.range_ratio);
+    else if (flag == "--prefix-len") parsed = integer(w.prefix_len);
+    else if (flag == "--num-prefixes") parsed = integer(w.num_prefixes);
+    else if (flag == "--turns") parsed = integer(w.turns);
+    else if (flag == "--seed") {
+      int64_t seed = 0;
+      parsed = integer(seed);
+      w.seed = static_cast<uint64_t>(seed);
+    }
+    else if (flag == "--concurrency") parsed = ParseLevels(flag, value, options.concurrencies);
+    else if (flag == "--request-rate") parsed = ParseLevels(flag, value, options.request_rates);
+    else if (flag == "--max-concurrency") parsed = integer(options.max_concurrency);
+    else if (flag == "--warmup") parsed = integer(options.warmup);
+    else if (flag == "--slo-ttft-ms") parsed = decimal(options.slo.ttft_ms);
+    else if (flag == "--slo-tpot-ms") parsed = decimal(options.slo.tpot_ms);
+    else if (flag == "--slo-e2e-ms") parsed = decimal(options.slo.e2e_ms);
+    else if (flag == "--timeout-s") parsed = decimal(options.timeout_s);
+    else if (flag == "--output") options.output = value;
+    else return absl::InvalidArgumentError("unknown flag " + flag);
+    if (!parsed.ok()) return parsed;
+  }
+  if (!options.concurrencies.empty() && !options.request_rates.empty()) {
+    return absl::InvalidArgumentError("give --concurrency or --request-rate, not both");
+  }
+  if (options.concurrencies.empty() && options.request_rates.empty()) {
+    options.concurrencies = {1};
+  }
+  if (options.max_concurrency < 1) return absl::InvalidArgumentError("--max-concurrency must be >= 1");
+  return options;
+}
+
+void PrintLevel(const nlohmann::json& run, const nlohmann::json& baseline) {
+  auto ms = [&](const char* key, const char* q) { return run[key][q].get<double>(); };
+  const double base = baseline["output_throughput"].get<double>();
+  const double out = run["output_throughput"].get<double>();
+  std::printf(
+      "%-16s %6lld ok %3lld failed  %7.2f req/s  %8.1f out tok/s (%.2fx the first level)  "
+      "goodput %.2f req/s  cache hit %.1f%%\n",
+      run.contains("concurrency") ? absl::StrFormat("concurrency %s", run["concurrency"].dump()).c_str()
+                                  : absl::StrFormat("rate %s/s", run["request_rate"].dump()).c_str(),
+      static_cast<long long>(run["completed"].get<int64_t>()),
+      static_cast<long long>(run["failed"].get<int64_t>()), run["request_throughput"].get<double>(),
+      out, base > 0 ? out / base : 0.0, run["goodput"].get<double>(),
+      100 * run["cache_hit_rate"].get<double>());
+  for (const char* key : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}) {
+    std::printf("    %-8s mean %9.1f  p50 %9.1f  p90 %9.1f  p99 %9.1f\n", key, ms(key, "mean"),
+                ms(key, "p50"), ms(key, "p90"), ms(key, "p99"));
+  }
+  for (const auto& error : run["errors"]) std::printf("    error: %s\n", error.get<std::string>().c_str());
+}
+
+}  // namespace
+
+int RunBenchCommand(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
+  absl::StatusOr<BenchOptions> options = ParseBenchFlags(argc, argv);
+  if (!options.ok()) {
+    std::fprintf(stderr, "loom bench: %s\n%s", std::string(options.status().message()).c_str(), kUsage);
+    return 2;
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(options->address, grpc::InsecureChannelCredentials(),
+                                           arguments);
+  auto stub = loom::v1::Inference::NewStub(channel);
+  loom::v1::ListModelsResponse models;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status status = stub->ListModels(&context, loom::v1::ListModelsRequest(), &models);
+    if (!status.ok() || models.models_size() == 0) {
+      std::fprintf(stderr, "loom bench: cannot reach %s: %s\n", options->address.c_str(),
+                   status.error_message().c_str());
+      return 1;
+    }
+  }
+  const loom::v1::ServedModel& model = models.models(0);
+  // Random prompt tokens above the byte and special tokens of common vocabularies.
+  const int32_t vocab = static_cast<int32_t>(model.info().vocab_size());
+  absl::StatusOr<std::vector<BenchSession>> sessions =
+      MakeWorkload(options->workload, vocab, std::min<int32_t>(256, vocab - 1));
+  if (!sessions.ok()) {
+    std::fprintf(stderr, "loom bench: %s\n", std::string(sessions.status().message()).c_str());
+    return 2;
+  }
+  if (options->warmup > 0) {
+    WorkloadOptions warm = options->workload;
+    warm.num_requests = options->warmup;
+    warm.seed += 1000;
+    warm.dataset = "random";
+    warm.output_len = std::min<int64_t>(warm.output_len, 8);
+    auto warm_sessions = MakeWorkload(warm, vocab, std::min<int32_t>(256, vocab - 1));
+    BenchOptions quiet = *options;
+    if (warm_sessions.ok()) RunLevel(*stub, *warm_sessions, quiet, false, 1);
+  }
+  const bool rate_mode = !options->request_rates.empty();
+  const std::vector<double>& levels = rate_mode ? options->request_rates : options->concurrencies;
+  nlohmann::json runs = nlohmann::json::array();
+  std::printf("loom bench: %s on %s, dataset %s, %lld turns per level\n", model.id().c_str(),
+              options->address.c_str(), options->workload.dataset.c_str(),
+              static_cast<long long>(CountTurns(*sessions)));
+  for (double level : levels) {
+    runs.push_back(RunLevel(*stub, *sessions, *options, rate_mode, level));
+    PrintLevel(runs.back(), runs.front());
+    std::fflush(stdout);
+  }
+  if (!options->output.empty()) {
+    const WorkloadOptions& w = options->workload;
+    nlohmann::json report = {
+        {"benchmark", "serving"},
+        {"model", model.id()},
+        {"address", options->address},
+        {"workload",
+         {{"dataset", w.dataset}, {"num_requests", w.num_requests}, {"input_len", w.input_len},
+          {"output_len", w.output_len}, {"range_ratio", w.range_ratio},
+          {"prefix_len", w.prefix_len}, {"num_prefixes", w.num_prefixes}, {"turns", w.turns},
+          {"seed", w.seed}}},
+        {"slo", {{"ttft_ms", options->slo.ttft_ms}, {"tpot_ms", options->slo.tpot_ms},
+                 {"e2e_ms", options->slo.e2e_ms}}},
+        {"baseline", "the first load level of this run"},
+        {"runs", runs}};
+    std::ofstream out(options->output);
+    out << report.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "loom bench: cannot write %s\n", options->output.c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", options->output.c_str());
+  }
+  return 0;
+}
+
+}  // namespace loom::coordinator

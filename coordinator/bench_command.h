@@ -1,0 +1,12 @@
+#pragma once
+
+namespace loom::coordinator {
+
+/// `loom bench`: a load generator against a running cluster's gRPC API (vLLM's
+/// benchmark_serving for Loom): fixed concurrency or Poisson arrivals, synthetic random,
+/// shared-prefix and multi-turn workloads, throughput and TTFT/TPOT/ITL/e2e percentiles,
+/// goodput under SLOs, prefix-cache hit rate; JSON report. bench/plot_serving.py draws
+/// latency against load from it.
+int RunBenchCommand(int argc, char** argv);
+
+}  // namespace loom::coordinator

@@ -1,0 +1,51 @@
+#include "coordinator/models_command.h"
+
+#include <cstdio>
+#include <string>
+
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "coordinator/client_flags.h"
+
+namespace loom::coordinator {
+
+int RunModelsCommand(int argc, char** argv) {
+  client::ClientOptions options;
+  for (int i = 1; i < argc;) {
+    absl::StatusOr<int> used = ParseClientFlag(argc, argv, i, options);
+    if (!used.ok() || *used == 0) {
+      const std::string arg = argv[i];
+      const bool help = arg == "--help" || arg == "-h";
+      if (!help) {
+        std::fprintf(stderr, "loom models: %s\n",
+                     used.ok() ? ("unknown argument: " + arg).c_str()
+                               : std::string(used.status().message()).c_str());
+      }
+      std::fprintf(stderr, "usage: loom models [flags]\n  lists the models a cluster serves\n%s",
+                   kClientFlagsHelp);
+      return help ? 0 : 2;
+    }
+    i += *used;
+  }
+  absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Create(options);
+  absl::StatusOr<std::vector<client::ModelDescription>> models =
+      client.ok() ? (*client)->ListModels() : client.status();
+  if (!models.ok()) {
+    std::fprintf(stderr, "loom models: %s\n", models.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%-32s %-10s %8s %8s %-16s %s\n", "ID", "ARCH", "VOCAB", "CONTEXT", "FINGERPRINT",
+              "SERVING SINCE");
+  for (const client::ModelDescription& model : *models) {
+    std::printf("%-32s %-10s %8lld %8lld %-16s %s\n", model.id.c_str(), model.architecture.c_str(),
+                static_cast<long long>(model.vocab_size),
+                static_cast<long long>(model.context_length),
+                model.fingerprint.substr(0, 16).c_str(),
+                absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(model.created),
+                                 absl::UTCTimeZone())
+                    .c_str());
+  }
+  return 0;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,183 @@
+"""The Python SDK (client/python, `loom_client`) against real processes: a coordinator
+(`loom serve`) and one CPU worker on loopback.
+
+* generate and generate_stream: greedy text equals `loom generate`'s; chunks join to the
+  blocking result; usage and logprobs are filled in.
+* Closing a stream mid-generation and a deadline that expires both free every KV block.
+* UNAVAILABLE is retried before the first token (a client that starts before any worker
+  registered succeeds once one does) and never after (a coordinator killed mid-stream).
+* tokenize/detokenize round trip, list_models, cluster_state; client errors are not retried.
+"""
+import threading
+import time
+
+import grpc
+import pytest
+
+from client_test_util import LONG_RUN_TOKENS, PROMPT, blocks_in_use, h, require_cluster_binaries
+from loom_client import LoomClient, LoomError, RetryPolicy
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    require_cluster_binaries()
+    with h.running_cluster(tmp_path_factory.mktemp("python_client"), {"r0": {"threads": 1}}) as rig:
+        yield rig
+
+
+@pytest.fixture(scope="module")
+def client(rig):
+    with LoomClient(rig.coordinator.address, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return h.loom_generate(PROMPT, 16, threads=1).text
+
+
+def test_generate_greedy_equals_loom_generate(client, reference):
+    completion = client.generate(PROMPT, max_tokens=16)
+    assert completion.text == reference
+    assert completion.finish_reason in ("stop", "length")
+    assert completion.completion_tokens == len(completion.token_ids) > 0
+    assert completion.prompt_tokens == len(h.tokenize(PROMPT))
+    assert completion.replica_id == "r0"
+    assert completion.attempts == 1
+
+
+def test_stream_chunks_join_to_the_same_completion(client, reference):
+    with client.generate_stream(PROMPT, max_tokens=16) as stream:
+        chunks = list(stream)
+    assert len(chunks) >= 2
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason in ("stop", "length")
+    assert "".join(c.text for c in chunks) == reference
+    assert chunks[-1].completion_tokens == sum(len(c.token_ids) for c in chunks)
+
+
+def test_token_id_prompt_and_logprobs(client):
+    ids = client.tokenize(PROMPT)
+    by_text = client.generate(PROMPT, max_tokens=8)
+    completion = client.generate(ids, max_tokens=8, logprobs=2)
+    assert completion.token_ids == by_text.token_ids
+    assert len(completion.logprobs) == len(completion.token_ids)
+    for token_id, logprob in zip(completion.token_ids, completion.logprobs):
+        assert logprob.token_id == token_id
+        assert logprob.logprob <= 0
+        assert len(logprob.top) == 2
+        assert logprob.top[0][0] == token_id  # greedy picks the most likely token
+
+
+def test_closing_a_stream_mid_generation_frees_its_kv_blocks(rig, client):
+    coordinator = rig.coordinator
+    stream = client.generate_stream(h.LONG_PARAGRAPH, max_tokens=LONG_RUN_TOKENS, ignore_eos=True)
+    tokens = 0
+    for chunk in stream:
+        tokens += len(chunk.token_ids)
+        if tokens >= 4:
+            break
+    assert tokens >= 4
+    assert blocks_in_use(coordinator) > 0
+    stream.close()
+    with pytest.raises(LoomError) as error:
+        next(stream)
+    assert error.value.code == grpc.StatusCode.CANCELLED
+    coordinator.wait_idle(timeout=15)
+
+
+def test_deadline_expiry_is_deadline_exceeded_and_frees_blocks(rig, client):
+    start = time.monotonic()
+    with pytest.raises(LoomError) as error:
+        client.generate(h.LONG_PARAGRAPH, max_tokens=LONG_RUN_TOKENS, ignore_eos=True, timeout=2.0)
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert error.value.attempts == 1
+    assert time.monotonic() - start < 10
+    rig.coordinator.wait_idle(timeout=15)
+
+
+def test_invalid_request_is_not_retried(client):
+    with pytest.raises(LoomError) as error:
+        client.generate(PROMPT, max_tokens=4, temperature=-1.0)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.attempts == 1
+
+
+def test_tokenize_detokenize_round_trip(client):
+    text = "Hello, world! The quick brown fox."
+    ids = client.tokenize(text)
+    assert ids == h.tokenize(text)
+    assert client.detokenize(ids, skip_special_tokens=True) == text
+
+
+def test_detokenize_of_an_id_outside_the_vocabulary_is_invalid_argument(client):
+    with pytest.raises(LoomError) as error:
+        client.detokenize([1 << 30])
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_list_models_and_cluster_state(client):
+    models = client.list_models()
+    assert [m.id for m in models] == [h.MODEL_PATH.stem]
+    assert models[0].architecture == "llama"
+    assert models[0].vocab_size == 49152
+    assert models[0].context_length > 0
+    state = client.cluster_state()
+    assert state.model == h.MODEL_PATH.stem
+    assert state.num_healthy_replicas == 1
+    assert [r.replica_id for r in state.replicas] == ["r0"]
+    assert state.replicas[0].num_kv_blocks > 0
+
+
+def test_unavailable_before_the_first_token_is_retried_until_a_worker_registers(tmp_path, reference):
+    require_cluster_binaries()
+    with h.ClusterRig(tmp_path) as rig:
+        address = rig.coordinator.address
+        with LoomClient(address, retry=RetryPolicy(max_attempts=1)) as no_retry:
+            with pytest.raises(LoomError) as error:
+                no_retry.generate(PROMPT, max_tokens=16, timeout=30)
+            assert error.value.code == grpc.StatusCode.UNAVAILABLE
+
+        result = {}
+        retrying = LoomClient(address, retry=RetryPolicy(max_attempts=1000, initial_backoff=0.05,
+                                                         max_backoff=0.2))
+
+        def call():
+            try:
+                result["completion"] = retrying.generate(PROMPT, max_tokens=16, timeout=120)
+            except LoomError as e:  # recorded, asserted below
+                result["error"] = e
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(1.0)  # several UNAVAILABLE answers while no replica exists
+        rig.add_worker("r0", threads=1)
+        thread.join(timeout=150)
+        retrying.close()
+        assert not thread.is_alive()
+        assert "error" not in result, result.get("error")
+        assert result["completion"].attempts > 1
+        assert result["completion"].text == reference
+
+
+def test_unavailable_after_tokens_arrived_is_not_retried(tmp_path):
+    require_cluster_binaries()
+    with h.ClusterRig(tmp_path) as rig:
+        rig.add_worker("r0", threads=1)
+        client = LoomClient(rig.coordinator.address,
+                            retry=RetryPolicy(max_attempts=50, initial_backoff=0.05, max_backoff=0.1))
+        stream = client.generate_stream(h.LONG_PARAGRAPH, max_tokens=LONG_RUN_TOKENS, ignore_eos=True,
+                                        timeout=120)
+        tokens = 0
+        for chunk in stream:
+            tokens += len(chunk.token_ids)
+            if tokens >= 2:
+                break
+        rig.coordinator.kill()  # the connection drops mid-stream
+        with pytest.raises(LoomError) as error:
+            for chunk in stream:
+                tokens += len(chunk.token_ids)
+        client.close()
+        assert error.value.code == grpc.StatusCode.UNAVAILABLE, error.value
+        assert error.value.attempts == 1
+        assert stream.attempts == 1
