@@ -21,12 +21,15 @@
 #include "common/model_fingerprint.h"
 #include "common/tokenizer.h"
 #include "prometheus/exposer.h"
+#include "worker/coordinator_store.h"
+#include "worker/gloo_communicator.h"
 #include "worker/kv_cache.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
 #include "worker/noop_backend.h"
 #include "worker/registration.h"
 #include "worker/step_executor.h"
+#include "worker/tensor_parallel.h"
 #include "worker/worker_options.h"
 #include "worker/worker_service.h"
 
@@ -72,7 +75,8 @@ sigset_t ShutdownSignals() {
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& options,
                                                            const common::GgufFile& gguf,
                                                            const common::ModelConfig& config,
-                                                           int64_t num_blocks) {
+                                                           int64_t num_blocks,
+                                                           Communicator* communicator) {
   if (options.backend == "noop") {
     absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
         common::Tokenizer::FromGguf(gguf);
@@ -86,6 +90,9 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& 
   runner_options.num_kv_blocks = num_blocks;
   runner_options.block_size = options.block_size;
   runner_options.kv_dtype = options.kv_dtype;
+  runner_options.tp_rank = options.rank;
+  runner_options.tp_size = options.world_size;
+  runner_options.communicator = communicator;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
   if (!runner.ok()) return runner.status();
   std::fprintf(stderr, "%s", (*runner)->weights().load_log.c_str());
@@ -104,10 +111,8 @@ int RunWorkerCommand(int argc, char** argv) {
   absl::StatusOr<WorkerOptions> parsed = ParseWorkerFlags(argc, argv);
   if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
   WorkerOptions options = *std::move(parsed);
-  if (options.world_size != 1) {
-    return UsageError(
-        absl::StrFormat("--world-size %d: tensor-parallel replicas are not supported yet (only 1)",
-                        options.world_size));
+  if (options.world_size > 1 && options.backend != "cpu") {
+    return UsageError(absl::StrFormat("--world-size %d needs --backend cpu", options.world_size));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
     return UsageError(
@@ -131,7 +136,12 @@ int RunWorkerCommand(int argc, char** argv) {
 
   absl::StatusOr<int64_t> budget = KvCacheBudgetBytes(options);
   if (!budget.ok()) return Fail(budget.status());
-  const int64_t block_bytes = KvCache::BytesPerBlock(*config, options.block_size, options.kv_dtype);
+  // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
+  // divide is refused here, before meeting the other ranks.
+  absl::StatusOr<ShardPlan> shard = PlanShards(*config, options.rank, options.world_size);
+  if (!shard.ok()) return Fail(shard.status());
+  const int64_t block_bytes =
+      KvCache::BytesPerBlock(LocalConfig(*config, *shard), options.block_size, options.kv_dtype);
   // Slot ids (block * block_size + offset) are int32 on the wire and in the kernels.
   const int64_t max_blocks = INT32_MAX / options.block_size;
   const int64_t num_blocks = std::min(*budget / block_bytes, max_blocks);
@@ -147,8 +157,27 @@ int RunWorkerCommand(int argc, char** argv) {
       static_cast<long long>(config->vocab_size), static_cast<long long>(config->context_length),
       options.model_path.c_str(), fingerprint.c_str());
 
+  // Tensor parallelism: meet the replica's other ranks through the coordinator's
+  // rendezvous store, then load only this rank's shard.
+  std::unique_ptr<GlooCommunicator> communicator;
+  if (options.world_size > 1) {
+    const std::string listen_host = SplitHostPort(options.listen_address)->first;
+    auto store = std::make_shared<CoordinatorStore>(
+        grpc::CreateChannel(options.coordinator_address, grpc::InsecureChannelCredentials()),
+        absl::StrFormat("tp/%s/%s/", options.replica_id, options.rendezvous_id),
+        std::chrono::milliseconds(options.rendezvous_timeout_ms));
+    std::fprintf(stderr, "loom-worker: rank %d of %d: meeting the other ranks through %s\n",
+                 options.rank, options.world_size, options.coordinator_address.c_str());
+    GlooOptions gloo;
+    gloo.hostname = AdvertiseHost(listen_host);
+    gloo.timeout = std::chrono::milliseconds(options.rendezvous_timeout_ms);
+    absl::StatusOr<std::unique_ptr<GlooCommunicator>> connected =
+        GlooCommunicator::Connect(store, options.rank, options.world_size, gloo);
+    if (!connected.ok()) return Fail(connected.status());
+    communicator = *std::move(connected);
+  }
   absl::StatusOr<std::unique_ptr<StepBackend>> backend =
-      CreateBackend(options, **gguf, *config, num_blocks);
+      CreateBackend(options, **gguf, *config, num_blocks, communicator.get());
   if (!backend.ok()) return Fail(backend.status());
   std::fprintf(stderr,
                "loom-worker: backend %s, %d threads, KV pool %lld blocks x %lld tokens "

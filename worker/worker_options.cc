@@ -17,13 +17,17 @@ const char kWorkerUsage[] =
     "                   [--advertise-address HOST:PORT] [--replica-id ID] [--rank 0]\n"
     "                   [--world-size 1] [--backend cpu|noop] [--threads N]\n"
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
-    "                   [--kv-dtype f16|f32] [--metrics-port N]\n"
+    "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
+    "                   [--rendezvous-timeout-ms MS]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
     "  --kv-cache-memory    KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB)\n"
     "  --kv-cache-fraction  KV pool budget as a fraction of MemAvailable, in (0, 1]\n"
     "  --backend            cpu (the model runner) or noop (no math: coordinator benchmarks)\n"
+    "  --world-size/--rank  tensor parallelism: this worker is rank R of W ranks of its replica;\n"
+    "                       the ranks meet through the coordinator and each loads its shard\n"
+    "  --rendezvous-id      the same for every rank of one start of a replica (default 0)\n"
     "  --metrics-port       serve Prometheus metrics on the listen host at this port (0: any\n"
     "                       free port; default: off)\n";
 
@@ -166,6 +170,13 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
         return BadValue(flag, value, "a fraction in (0, 1]");
       }
       options.kv_cache_fraction = fraction;
+    } else if (flag == "--rendezvous-id") {
+      if (value.empty()) return BadValue(flag, value, "a non-empty id");
+      options.rendezvous_id = std::string(value);
+    } else if (flag == "--rendezvous-timeout-ms") {
+      absl::StatusOr<int64_t> timeout = ParseInt(flag, value, 1, 86400000);
+      if (!timeout.ok()) return timeout.status();
+      options.rendezvous_timeout_ms = static_cast<int>(*timeout);
     } else if (flag == "--metrics-port") {
       absl::StatusOr<int64_t> port = ParseInt(flag, value, 0, 65535);
       if (!port.ok()) return port.status();

@@ -18,7 +18,11 @@ struct WorkerOptions {
   std::string advertise_address;               // --advertise-address; empty: listen host:bound port
   std::string replica_id = "replica-0";        // --replica-id
   int32_t rank = 0;                            // --rank, in [0, world_size)
-  int32_t world_size = 1;                      // --world-size; only 1 is supported
+  int32_t world_size = 1;                      // --world-size: tensor-parallel ranks
+  // --rendezvous-id: namespaces the ranks' rendezvous keys on the coordinator; every rank
+  // of one replica incarnation passes the same id, a restarted group a new one.
+  std::string rendezvous_id = "0";
+  int rendezvous_timeout_ms = 300000;          // --rendezvous-timeout-ms, also collectives
   std::string backend = "cpu";                 // --backend cpu|noop
   int num_threads = 0;                         // --threads; 0: hardware concurrency
   std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
