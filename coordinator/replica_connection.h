@@ -1,0 +1,76 @@
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/worker.grpc.pb.h"
+
+namespace loom::coordinator {
+
+/// The step streams to every rank of one replica (one rank without tensor parallelism).
+/// A plan goes to every rank; a step is complete when every rank answered it, and then
+/// rank 0's result stands for the replica. The ranks sample from identical logits with
+/// identical per-sequence RNGs, so their sampled tokens must agree: a disagreement is
+/// reported as a failure (it would mean the ranks diverged). The first stream that ends
+/// fails the replica. Events go to `on_event` from the reader threads, in step order.
+class ReplicaConnection {
+ public:
+  /// A completed step (`result`) or the failure that ends the connection
+  /// (`failure`, no result).
+  struct Event {
+    std::optional<loom::v1::StepResult> result;
+    std::string failure;
+  };
+  using EventFn = std::function<void(Event)>;
+
+  /// Opens a Step stream to each address (rank r at addresses[r]), waiting up to
+  /// `connect_timeout` for each channel. Unavailable naming the rank that cannot be reached.
+  static absl::StatusOr<std::unique_ptr<ReplicaConnection>> Connect(
+      const std::vector<std::string>& addresses, absl::Duration connect_timeout,
+      EventFn on_event);
+  ~ReplicaConnection();  // Cancel()s and joins the readers
+
+  int world_size() const { return static_cast<int>(ranks_.size()); }
+  /// Sends `plan` to every rank; false when a stream is broken (a failure event follows).
+  bool Write(const loom::v1::StepPlan& plan);
+  /// Ends every stream (the readers then report `reason` unless a failure came first).
+  void Cancel(const std::string& reason);
+
+ private:
+  struct Rank {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<loom::v1::Worker::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReaderWriter<loom::v1::StepPlan, loom::v1::StepResult>> stream;
+    std::thread reader;
+  };
+  struct Pending {
+    int answers = 0;
+    std::optional<loom::v1::StepResult> rank0;
+    std::optional<std::vector<int32_t>> tokens;  // the first answer's sampled ids
+    std::string mismatch;
+  };
+
+  explicit ReplicaConnection(EventFn on_event) : on_event_(std::move(on_event)) {}
+  void Read(int rank);
+  void Fail(const std::string& reason);
+
+  EventFn on_event_;
+  std::vector<Rank> ranks_;
+  absl::Mutex mu_;
+  std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by step id
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom::coordinator
