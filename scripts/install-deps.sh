@@ -10,8 +10,13 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  prometheus
   clang libclang-rt-14-dev
   python3 python3-venv
+  # tests/deploy: the Helm chart is rendered with Helm's engine (Go text/template + sprig,
+  # values.schema.json checked with gojsonschema).
+  golang-go golang-github-masterminds-sprig-dev golang-github-xeipuuv-gojsonschema-dev
+  golang-gopkg-yaml.v2-dev golang-gopkg-yaml.v3-dev
 )
 
 missing=()
