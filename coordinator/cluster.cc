@@ -9,7 +9,9 @@
 namespace loom::coordinator {
 
 Cluster::Cluster(ClusterOptions options, std::string model_fingerprint)
-    : options_(options), model_fingerprint_(std::move(model_fingerprint)) {
+    : options_(options),
+      model_fingerprint_(std::move(model_fingerprint)),
+      router_(options.router, kv_index_) {
   monitor_ = std::thread([this] { Monitor(); });
 }
 
@@ -50,7 +52,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
     if (replica == nullptr) {
       replica = std::make_unique<Replica>(
           request.replica_id(), options_.replica,
-          [this](std::shared_ptr<Request> r) { Retry(std::move(r)); });
+          [this](std::shared_ptr<Request> r) { Retry(std::move(r)); }, &kv_index_);
     }
     replica->Connect(endpoint);
   }
@@ -87,11 +89,24 @@ absl::Status Cluster::Submit(std::shared_ptr<Request> request) {
     }
   }
   if (candidates.empty()) return absl::UnavailableError("no replica is available to serve");
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](Replica* a, Replica* b) { return a->load() < b->load(); });
-  absl::Status last;
+  // Every replica of a coordinator serves one model; their block sizes are the workers'
+  // choice and normally equal. The prompt is hashed once, for the first candidate's size;
+  // a replica with another size gets no prefix credit from the router.
+  const int32_t block_size = std::max(candidates.front()->block_size(), 1);
+  const std::vector<BlockHash>& hashes = request->PromptBlockHashes(model_fingerprint_, block_size);
+  std::vector<RouteCandidate> route_candidates;
+  route_candidates.reserve(candidates.size());
   for (Replica* replica : candidates) {
-    last = replica->Submit(request);
+    route_candidates.push_back({replica->replica_id(), replica->load_tokens()});
+  }
+  const absl::Span<const BlockHash> matchable =
+      candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const BlockHash>();
+  const RouteDecision decision =
+      router_.Route(matchable, static_cast<int64_t>(request->params().prompt_ids.size()),
+                    block_size, route_candidates);
+  absl::Status last;
+  for (size_t index : decision.order) {
+    last = candidates[index]->Submit(request);
     if (last.ok() || last.code() == absl::StatusCode::kInvalidArgument) return last;
   }
   return last;

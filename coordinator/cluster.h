@@ -12,8 +12,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/kv_index.h"
 #include "coordinator/replica.h"
 #include "coordinator/request.h"
+#include "coordinator/router.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.pb.h"
 
@@ -21,14 +23,16 @@ namespace loom::coordinator {
 
 struct ClusterOptions {
   ReplicaOptions replica;
+  RouterOptions router;
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silence that marks a worker dead
   int32_t heartbeat_interval_ms = 500;                  // told to workers at registration
 };
 
 /// The replicas a coordinator drives (data parallel), their registration and liveness,
-/// and request placement: a new request goes to the healthy replica with the least load
-/// (prefix-aware placement builds on this). Requests whose replica lost its worker before
-/// they produced output are placed again here. Thread-safe.
+/// and request placement: the Router ranks the healthy replicas (by default by the prompt
+/// tokens each has cached, from the cluster-wide KvIndex the replicas publish to, and
+/// their load). Requests whose replica lost its worker before they produced output are
+/// placed again here. Thread-safe.
 class Cluster {
  public:
   /// `model_fingerprint`: workers must serve the model with this fingerprint.
@@ -52,6 +56,7 @@ class Cluster {
   /// Waits until no replica holds a request, or `timeout`; true when idle.
   bool WaitIdle(absl::Duration timeout) const;
   int num_healthy() const;
+  const KvIndex& kv_index() const { return kv_index_; }
   loom::v1::ClusterState Status() const;
   /// Aborts every request and stops the replicas' loops. Idempotent.
   void Stop();
@@ -62,6 +67,9 @@ class Cluster {
 
   const ClusterOptions options_;
   const std::string model_fingerprint_;
+  // Declared before replicas_: the replicas publish to it until they are destroyed.
+  KvIndex kv_index_;
+  Router router_;
   std::atomic<uint64_t> next_seq_id_{1};
   std::atomic<bool> draining_{false};
 

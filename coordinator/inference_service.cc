@@ -64,6 +64,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
       response.set_error_message(event->error_message);
       response.set_prompt_tokens(prompt_tokens);
       response.set_completion_tokens(completion_tokens);
+      response.set_cached_prompt_tokens(event->cached_prompt_tokens);
     }
     if (!writer->Write(response)) {
       live->Cancel();

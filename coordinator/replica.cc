@@ -1,5 +1,6 @@
 #include "coordinator/replica.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <utility>
@@ -14,8 +15,11 @@ double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now()
 
 }  // namespace
 
-Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry)
-    : replica_id_(std::move(replica_id)), options_(options), retry_(std::move(retry)) {
+Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, KvIndex* kv_index)
+    : replica_id_(std::move(replica_id)),
+      options_(options),
+      retry_(std::move(retry)),
+      kv_index_(kv_index) {
   {
     absl::MutexLock lock(&mu_);
     stats_.set_replica_id(replica_id_);
@@ -60,6 +64,7 @@ absl::Status Replica::Submit(std::shared_ptr<Request> request) {
         params.prompt_ids.size(), params.max_tokens, blocks, replica_id_,
         endpoint_.num_kv_blocks));
   }
+  load_tokens_.fetch_add(static_cast<int64_t>(params.prompt_ids.size()));
   inbox_.push_back(std::move(request));
   load_.fetch_add(1);
   return absl::OkStatus();
@@ -197,6 +202,7 @@ void Replica::Loop() {
                     replica_id_);
   }
   load_.store(0);
+  load_tokens_.store(0);
   if (context_ != nullptr) context_->TryCancel();
   if (reader_.joinable()) reader_.join();
 }
@@ -218,7 +224,10 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.max_num_batched_tokens = options_.max_num_batched_tokens;
   config.max_num_seqs = options_.max_num_seqs;
   config.max_waiting = std::numeric_limits<int32_t>::max();  // bounded in Submit
+  config.enable_prefix_caching = options_.enable_prefix_caching;
+  config.record_kv_events = kv_index_ != nullptr;
   scheduler_ = std::make_unique<Scheduler>(config);
+  block_size_.store(endpoint.block_size);
   in_flight_.clear();
   {
     absl::MutexLock lock(&mu_);
@@ -257,7 +266,7 @@ void Replica::AdmitInbox() {
   for (std::shared_ptr<Request>& request : inbox) {
     if (request->cancelled()) {
       request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
-      load_.fetch_sub(1);
+      Unload(*request);
       continue;
     }
     const RequestParams& params = request->params();
@@ -267,10 +276,15 @@ void Replica::AdmitInbox() {
     seq->prompt_ids = params.prompt_ids;
     seq->sampling = params.sampling;
     seq->max_tokens = params.max_tokens;
+    // The cluster hashed the prompt for placement; the scheduler continues that chain.
+    if (request->hashed_block_size() == scheduler_->config().block_size) {
+      seq->hash_seed = request->hash_seed();
+      seq->block_hashes = request->prompt_block_hashes();
+    }
     absl::Status added = scheduler_->Add(std::move(seq));
     if (!added.ok()) {
       request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
-      load_.fetch_sub(1);
+      Unload(*request);
       continue;
     }
     requests_[request->seq_id()] = std::move(request);
@@ -302,12 +316,21 @@ bool Replica::SendPlans() {
     plan.set_step_id(record.step_id);
     for (const ScheduledWork& work : out.scheduled) {
       const Sequence& seq = *work.seq;
+      if (work.is_new && seq.num_preemptions == 0) {
+        // First scheduled here: what its prompt found in the cache is what it reports.
+        auto it = requests_.find(seq.seq_id);
+        if (it != requests_.end()) {
+          it->second->set_cached_prompt_tokens(
+              std::min(seq.num_cached_tokens, static_cast<int32_t>(seq.prompt_ids.size())));
+        }
+      }
       if (work.is_new) {
         loom::v1::NewSequence* added = plan.add_added();
         added->set_seq_id(seq.seq_id);
         added->mutable_prompt_token_ids()->Add(seq.prompt_ids.begin(), seq.prompt_ids.end());
         added->mutable_output_token_ids()->Add(seq.output_ids.begin(), seq.output_ids.end());
         *added->mutable_sampling() = seq.sampling;
+        added->set_num_cached_tokens(work.num_cached_tokens);
       }
       loom::v1::ScheduledSequence* scheduled = plan.add_scheduled();
       scheduled->set_seq_id(seq.seq_id);
@@ -328,7 +351,10 @@ bool Replica::SendPlans() {
     in_flight_.push_back(std::move(record));
     sent = true;
   }
-  if (sent) PublishStats();
+  if (sent) {
+    PublishKvEvents();
+    PublishStats();
+  }
   return true;
 }
 
@@ -349,19 +375,23 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
       EndRequest(seq_id, loom::v1::FINISH_REASON_ERROR,
                  "the worker rejected the step: " + result.error_message());
     }
+    // The failed step may have written part of blocks already offered to the cache.
+    scheduler_->ForgetPrefixCache();
   } else {
     for (const loom::v1::SequenceOutput& output : result.outputs()) {
       Sequence* seq = scheduler_->ApplyOutput(output.seq_id(), output.token_id());
       if (seq == nullptr) continue;
       auto it = requests_.find(output.seq_id());
       if (it == requests_.end()) continue;
+      load_tokens_.fetch_add(1);
       if (it->second->OnToken(output, replica_id_)) {
         scheduler_->Finish(output.seq_id());
+        Unload(*it->second);
         requests_.erase(it);
-        load_.fetch_sub(1);
       }
     }
   }
+  PublishKvEvents();
   PublishStats();
 }
 
@@ -370,9 +400,21 @@ void Replica::EndRequest(uint64_t seq_id, loom::v1::FinishReason reason,
   auto it = requests_.find(seq_id);
   if (it == requests_.end()) return;
   it->second->Finish(reason, message, replica_id_);
+  Unload(*it->second);
   requests_.erase(it);
   scheduler_->Finish(seq_id);
+}
+
+void Replica::Unload(const Request& request) {
   load_.fetch_sub(1);
+  load_tokens_.fetch_sub(static_cast<int64_t>(request.params().prompt_ids.size()) +
+                         request.num_outputs());
+}
+
+void Replica::PublishKvEvents() {
+  if (kv_index_ == nullptr || scheduler_ == nullptr) return;
+  const std::vector<KvCacheEvent> events = scheduler_->TakeKvEvents();
+  kv_index_->Apply(replica_id_, events);
 }
 
 void Replica::LoseWorker(const std::string& reason) {
@@ -418,6 +460,10 @@ void Replica::LoseWorker(const std::string& reason) {
   }
   requests_.clear();
   load_.store(0);
+  load_tokens_.store(0);
+  // The worker's KV pool is gone with it: nothing it cached can be reused.
+  if (kv_index_ != nullptr) kv_index_->RemoveReplica(replica_id_);
+  if (scheduler_ != nullptr) scheduler_->TakeKvEvents();
   PublishStats();
   for (std::shared_ptr<Request>& request : retry) retry_(std::move(request));
 }

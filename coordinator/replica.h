@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/kv_index.h"
 #include "coordinator/request.h"
 #include "coordinator/scheduler.h"
 #include "loom/v1/inference.pb.h"
@@ -29,6 +30,7 @@ struct ReplicaOptions {
   int64_t max_waiting = 1024;
   absl::Duration step_timeout = absl::Seconds(30);  // a step slower than this: worker hung
   int max_plans_in_flight = 2;                      // 2: build plan N+1 while N runs
+  bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
 };
 
 /// Where a registered worker serves its step stream, and its KV pool.
@@ -44,12 +46,16 @@ struct WorkerEndpoint {
 /// SchedulerOutput into a StepPlan on the worker's step stream (two in flight), applies
 /// the results (detokenize, stop checks, stream to clients) and detects a dead or hung
 /// worker. Requests that had produced no output when their worker was lost go to
-/// `retry` (to run elsewhere); the others end with an error. Thread-safe.
+/// `retry` (to run elsewhere); the others end with an error. The prefix-cache changes of
+/// its block manager are published to the cluster's KvIndex after every scheduling round
+/// and every finished request. Thread-safe.
 class Replica {
  public:
   using RetryFn = std::function<void(std::shared_ptr<Request>)>;
 
-  Replica(std::string replica_id, ReplicaOptions options, RetryFn retry);
+  /// `kv_index` (may be null: nothing is published) must outlive the replica.
+  Replica(std::string replica_id, ReplicaOptions options, RetryFn retry,
+          KvIndex* kv_index = nullptr);
   ~Replica();  // Stop()s
 
   /// A worker registered (first time or after a restart): the loop (re)opens the step
@@ -75,6 +81,11 @@ class Replica {
   bool healthy() const { return healthy_.load(); }
   /// Requests admitted and not finished (waiting + running + not yet admitted).
   int64_t load() const { return load_.load(); }
+  /// Tokens of the requests admitted and not finished: prompts plus tokens generated so
+  /// far (the router's load measure; approximate, updated without locks).
+  int64_t load_tokens() const { return load_tokens_.load(); }
+  /// The KV block size of the connected worker (0 before one connected).
+  int32_t block_size() const { return block_size_.load(); }
   loom::v1::ReplicaStatus Status() const;
 
  private:
@@ -100,12 +111,19 @@ class Replica {
   void LoseWorker(const std::string& reason);
   void EndRequest(uint64_t seq_id, loom::v1::FinishReason reason, const std::string& message);
   void PublishStats();
+  // Forwards the scheduler's prefix-cache events to the KV index (loop thread).
+  void PublishKvEvents();
+  // Takes `request` off the load counters (it ended or left this replica).
+  void Unload(const Request& request);
 
   const std::string replica_id_;
   const ReplicaOptions options_;
   const RetryFn retry_;
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> load_{0};
+  std::atomic<int64_t> load_tokens_{0};
+  std::atomic<int32_t> block_size_{0};
+  KvIndex* const kv_index_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

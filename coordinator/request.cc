@@ -27,6 +27,7 @@ std::optional<OutputEvent> OutputQueue::Pop(absl::Duration timeout) {
     event.finish_reason = next.finish_reason;
     event.error_message = std::move(next.error_message);
     if (!next.replica_id.empty()) event.replica_id = std::move(next.replica_id);
+    event.cached_prompt_tokens = next.cached_prompt_tokens;
     events_.pop_front();
   }
   return event;
@@ -72,6 +73,7 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
     }
   }
   finished_ = event.final();
+  if (finished_) event.cached_prompt_tokens = cached_prompt_tokens_;
   outputs_.Push(std::move(event));
   return finished_;
 }
@@ -87,7 +89,18 @@ void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
   event.finish_reason = reason;
   event.error_message = std::move(error_message);
   if (num_outputs_ == 0) event.replica_id = replica_id;
+  event.cached_prompt_tokens = cached_prompt_tokens_;
   outputs_.Push(std::move(event));
+}
+
+const std::vector<BlockHash>& Request::PromptBlockHashes(std::string_view model_fingerprint,
+                                                         int32_t block_size) {
+  if (hashed_block_size_ != block_size) {
+    hash_seed_ = PrefixHashSeed(model_fingerprint, params_.cache_salt);
+    prompt_block_hashes_ = HashFullBlocks(hash_seed_, params_.prompt_ids, block_size);
+    hashed_block_size_ = block_size;
+  }
+  return prompt_block_hashes_;
 }
 
 }  // namespace loom::coordinator

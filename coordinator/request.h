@@ -7,12 +7,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/incremental_decoder.h"
 #include "common/tokenizer.h"
+#include "coordinator/block_hash.h"
 #include "coordinator/stop_string_matcher.h"
 #include "loom/v1/inference.pb.h"
 
@@ -26,6 +28,7 @@ struct OutputEvent {
   loom::v1::FinishReason finish_reason = loom::v1::FINISH_REASON_UNSPECIFIED;
   std::string error_message;
   std::string replica_id;
+  int32_t cached_prompt_tokens = 0;  // on the final event: prompt tokens served from cache
   bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
 };
 
@@ -52,6 +55,9 @@ struct RequestParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t priority = 0;
+  // Isolates this request's prefix-cache entries: only requests with the same salt share
+  // cached blocks (a per-tenant secret). Empty: the shared default.
+  std::string cache_salt;
 };
 
 /// One request in flight: its parameters, the client's queue, and the output processing
@@ -87,6 +93,23 @@ class Request {
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
   std::chrono::steady_clock::time_point arrival() const { return arrival_; }
 
+  /// Records how many prompt tokens the replica found in its prefix cache when it first
+  /// scheduled the request (replica loop only); reported on the final event.
+  void set_cached_prompt_tokens(int32_t tokens) { cached_prompt_tokens_ = tokens; }
+  int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
+
+  /// The prompt's prefix-cache identity for KV blocks of `block_size` tokens: the chain's
+  /// seed (model fingerprint and cache salt) and the hashes of its full blocks, computed
+  /// once (the cluster calls this before placing the request; later calls, from any thread
+  /// after that one, return the same). Not safe to call concurrently for the first time.
+  const std::vector<BlockHash>& PromptBlockHashes(std::string_view model_fingerprint,
+                                                  int32_t block_size);
+  /// What PromptBlockHashes computed (empty before).
+  const std::vector<BlockHash>& prompt_block_hashes() const { return prompt_block_hashes_; }
+  const BlockHash& hash_seed() const { return hash_seed_; }
+  /// The block size PromptBlockHashes was computed for; 0 before.
+  int32_t hashed_block_size() const { return hashed_block_size_; }
+
  private:
   std::string request_id_;
   uint64_t seq_id_;
@@ -95,7 +118,11 @@ class Request {
   common::IncrementalDecoder decoder_;
   StopStringMatcher stop_matcher_;
   int32_t num_outputs_ = 0;
+  int32_t cached_prompt_tokens_ = 0;
   bool finished_ = false;
+  BlockHash hash_seed_;
+  std::vector<BlockHash> prompt_block_hashes_;
+  int32_t hashed_block_size_ = 0;
   std::chrono::steady_clock::time_point arrival_;
   std::atomic<bool> cancelled_{false};
   OutputQueue outputs_;

@@ -92,6 +92,7 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
   }
   params.ignore_eos = request.ignore_eos();
   params.priority = request.priority();
+  params.cache_salt = request.cache_salt();
   return params;
 }
 

@@ -39,6 +39,7 @@ bool Scheduler::SchedulingOrder::operator()(const Sequence* a, const Sequence* b
 
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), block_manager_(config.num_blocks) {
+  block_manager_.set_record_events(config.record_kv_events);
   // The replica validated its configuration; nonsense here is a bug.
   LOOM_CHECK(config.block_size > 0);
   LOOM_CHECK(config.max_num_batched_tokens > 0);
@@ -83,6 +84,8 @@ absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   seq->num_computed = 0;
   seq->samples_in_flight = 0;
   seq->blocks.clear();
+  seq->num_registered_blocks = 0;
+  seq->num_cached_tokens = 0;
   seq->on_worker = false;
   seq->arrival = ++next_arrival_;
   Sequence* raw = seq.get();
@@ -98,6 +101,12 @@ SchedulerOutput Scheduler::Schedule() {
   // once this one is being built (the caller applied that plan's predecessor already).
   released_.clear();
   std::swap(released_, finishing_);
+
+  // Blocks filled by the plans sent so far can be shared from now on (see the class
+  // comment for why not earlier).
+  if (config_.enable_prefix_caching) {
+    for (Sequence* seq : running_) RegisterFullBlocks(*seq);
+  }
 
   SchedulerOutput out;
   out.finished.swap(finished_ids_);
@@ -141,10 +150,9 @@ SchedulerOutput Scheduler::Schedule() {
         ++it;
         continue;
       }
-      const int32_t count =
-          static_cast<int32_t>(std::min<int64_t>(PendingTokens(*seq), budget));
       // Strict order: when the head does not fit, nothing behind it jumps the queue.
-      if (BlocksNeeded(*seq, count) > block_manager_.num_free()) break;
+      const int32_t count = AdmitWithCachedPrefix(*seq, budget);
+      if (count == 0) break;
       it = waiting_.erase(it);
       seq->status = SequenceStatus::kRunning;
       running_.insert(seq);
@@ -153,6 +161,67 @@ SchedulerOutput Scheduler::Schedule() {
     }
   }
   return out;
+}
+
+int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
+  LOOM_CHECK(seq.blocks.empty() && seq.num_computed == 0);
+  BlockManager::PrefixMatch match;
+  int64_t max_blocks = 0;
+  if (config_.enable_prefix_caching) {
+    // The block holding the last known token is never taken from the cache: computing
+    // that token is what produces the logits to sample from.
+    max_blocks = (seq.num_known_tokens() - 1) / config_.block_size;
+    ExtendHashes(seq, max_blocks);
+    match = block_manager_.MatchPrefix(
+        absl::MakeConstSpan(seq.block_hashes).first(static_cast<size_t>(max_blocks)));
+  }
+  const int64_t cached_tokens = match.num_blocks * config_.block_size;
+  const int32_t count =
+      static_cast<int32_t>(std::min<int64_t>(seq.num_known_tokens() - cached_tokens, budget));
+  // Reviving a free cached block uses up a free block just like allocating one.
+  const int64_t blocks_needed =
+      CeilDiv(cached_tokens + count, config_.block_size) - match.num_blocks + match.num_free_blocks;
+  if (blocks_needed > block_manager_.num_free()) return 0;
+  seq.blocks = block_manager_.TakeCachedPrefix(seq.block_hashes, match.num_blocks);
+  seq.num_computed = static_cast<int32_t>(cached_tokens);
+  seq.num_registered_blocks = static_cast<int32_t>(match.num_blocks);
+  seq.num_cached_tokens = static_cast<int32_t>(cached_tokens);
+  num_prompt_tokens_admitted_ += static_cast<int64_t>(seq.prompt_ids.size());
+  num_cached_tokens_admitted_ +=
+      std::min<int64_t>(cached_tokens, static_cast<int64_t>(seq.prompt_ids.size()));
+  return count;
+}
+
+void Scheduler::ExtendHashes(Sequence& seq, int64_t num_blocks) {
+  if (static_cast<int64_t>(seq.block_hashes.size()) >= num_blocks) return;
+  const int64_t prompt_size = static_cast<int64_t>(seq.prompt_ids.size());
+  if (num_blocks * config_.block_size <= prompt_size) {
+    ExtendBlockHashes(seq.hash_seed, seq.prompt_ids, config_.block_size, num_blocks,
+                      &seq.block_hashes);
+    return;
+  }
+  // The blocks reach into the outputs: hash over prompt + outputs, contiguous.
+  token_scratch_.assign(seq.prompt_ids.begin(), seq.prompt_ids.end());
+  token_scratch_.insert(token_scratch_.end(), seq.output_ids.begin(), seq.output_ids.end());
+  ExtendBlockHashes(seq.hash_seed, token_scratch_, config_.block_size, num_blocks,
+                    &seq.block_hashes);
+}
+
+void Scheduler::RegisterFullBlocks(Sequence& seq) {
+  // Full blocks whose tokens were all scheduled for compute by plans already sent and
+  // whose ids are known here (a sampled token's id is known once its result is applied).
+  const int64_t applied = static_cast<int64_t>(seq.prompt_ids.size() + seq.output_ids.size());
+  const int64_t full_blocks =
+      std::min<int64_t>(std::min<int64_t>(seq.num_computed, applied) / config_.block_size,
+                        static_cast<int64_t>(seq.blocks.size()));
+  if (full_blocks <= seq.num_registered_blocks) return;
+  ExtendHashes(seq, full_blocks);
+  for (int64_t b = seq.num_registered_blocks; b < full_blocks; ++b) {
+    // False when another block already holds this content: that copy stays the cached one.
+    block_manager_.RegisterBlock(seq.blocks[static_cast<size_t>(b)],
+                                 seq.block_hashes[static_cast<size_t>(b)]);
+  }
+  seq.num_registered_blocks = static_cast<int32_t>(full_blocks);
 }
 
 int64_t Scheduler::BlocksNeeded(const Sequence& seq, int32_t num_tokens) const {
@@ -182,6 +251,8 @@ void Scheduler::Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
   ScheduledWork& work = out.scheduled.emplace_back();
   work.seq = seq;
   work.is_new = !seq->on_worker;
+  // A new sequence's cached prefix is already computed; the worker starts there.
+  if (work.is_new) work.num_cached_tokens = seq->num_computed;
   seq->on_worker = true;
   const int64_t blocks_needed = BlocksNeeded(*seq, num_tokens);
   if (blocks_needed > 0) {
@@ -191,6 +262,8 @@ void Scheduler::Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
     seq->blocks.insert(seq->blocks.end(), work.new_block_ids.begin(),
                        work.new_block_ids.end());
   }
+  // The worker's table of a new sequence is empty: it gets every block, cached ones first.
+  if (work.is_new) work.new_block_ids = seq->blocks;
   work.num_tokens = num_tokens;
   if (pending == 1) {
     out.num_decode_tokens += 1;
@@ -218,6 +291,8 @@ Sequence* Scheduler::PickVictim() {
 void Scheduler::Preempt(Sequence* seq, SchedulerOutput& out) {
   LOOM_CHECK(seq->status == SequenceStatus::kRunning);
   running_.erase(seq);
+  // What it computed stays cached for its recompute (unless evicted meanwhile).
+  if (config_.enable_prefix_caching) RegisterFullBlocks(*seq);
   ReleaseBlocks(*seq);
   seq->num_computed = 0;
   seq->status = SequenceStatus::kWaiting;
@@ -237,6 +312,7 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
     LOOM_CHECK(status.ok());  // a block table names only blocks it holds
   }
   seq.blocks.clear();
+  seq.num_registered_blocks = 0;
 }
 
 Sequence* Scheduler::ApplyOutput(uint64_t seq_id, int32_t token_id) {
@@ -261,6 +337,7 @@ void Scheduler::Finish(uint64_t seq_id) {
   } else {
     waiting_.erase(seq.get());
   }
+  if (config_.enable_prefix_caching) RegisterFullBlocks(*seq);
   ReleaseBlocks(*seq);
   seq->status = SequenceStatus::kFinished;
   if (seq->on_worker) finished_ids_.push_back(seq_id);

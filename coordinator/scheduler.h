@@ -18,13 +18,21 @@ struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;   // tokens per step (decodes + prefill chunks)
   int32_t max_num_seqs = 256;             // running sequences at most
   int64_t max_waiting = 1024;             // waiting queue bound (Add answers past it)
+  // Reuse cached full blocks of earlier sequences (same tokens, same hash seed) instead of
+  // recomputing them; off: every block is computed by the sequence that uses it.
+  bool enable_prefix_caching = true;
+  // Record KvCacheEvents for the cluster's KV index (TakeKvEvents drains them).
+  bool record_kv_events = false;
 };
 
 /// One sequence's work in a plan.
 struct ScheduledWork {
   Sequence* seq = nullptr;
   bool is_new = false;                 // the worker has no state: send a NewSequence first
-  std::vector<int32_t> new_block_ids;  // appended to its block table by this plan
+  int32_t num_cached_tokens = 0;       // is_new: leading tokens already in its blocks
+  // Appended to its block table by this plan; for a new sequence every block it holds,
+  // the cached ones included.
+  std::vector<int32_t> new_block_ids;
   int32_t num_tokens = 0;              // tokens [num_computed_before, +num_tokens)
   bool sample = false;                 // the last computed position is sampled
 };
@@ -45,6 +53,14 @@ struct SchedulerOutput {
 /// (priority, arrival). When blocks run out, the lowest-priority, latest-arrived running
 /// sequence is preempted by recompute (blocks freed, back to the front of its class in the
 /// waiting queue). Plans may be built while earlier ones execute (see Sequence).
+///
+/// Prefix caching: a sequence being admitted takes the longest chain of cached full
+/// blocks matching its tokens (never the block of its last known token: at least one
+/// token is computed, to produce logits) and starts its computed count there. A full
+/// block is registered in the cache once the plan computing it has been sent (at the next
+/// Schedule, or when its sequence is released): plans run in order on the worker, so any
+/// later plan that reuses it finds its K/V written. Blocks whose content includes a
+/// sampled token are registered only once that token's id came back.
 /// Not thread-safe: the replica's step loop owns it.
 class Scheduler {
  public:
@@ -84,6 +100,14 @@ class Scheduler {
   /// sequence is waiting for results in flight): check SchedulerOutput::empty().
   bool has_work() const;
   const BlockManager& block_manager() const { return block_manager_; }
+  /// The prefix-cache changes since the last call (record_kv_events), oldest first.
+  std::vector<KvCacheEvent> TakeKvEvents() { return block_manager_.TakeEvents(); }
+  /// Drops every cached block from the prefix cache (a failed step may have left their
+  /// K/V half written); blocks in use stay with their sequences.
+  void ForgetPrefixCache() { block_manager_.ForgetCachedBlocks(); }
+  /// Prompt tokens admitted so far, and how many of them were served from the cache.
+  int64_t num_prompt_tokens_admitted() const { return num_prompt_tokens_admitted_; }
+  int64_t num_cached_tokens_admitted() const { return num_cached_tokens_admitted_; }
   uint64_t num_preemptions() const { return num_preemptions_; }
   const SchedulerConfig& config() const { return config_; }
 
@@ -115,6 +139,14 @@ class Scheduler {
   void Preempt(Sequence* seq, SchedulerOutput& out);
   // Frees the sequence's blocks, tail first, and clears its table.
   void ReleaseBlocks(Sequence& seq);
+  // Extends seq.block_hashes to cover its first `num_blocks` full blocks of applied tokens.
+  void ExtendHashes(Sequence& seq, int64_t num_blocks);
+  // Registers the sequence's blocks that became full with computed, known tokens.
+  void RegisterFullBlocks(Sequence& seq);
+  // Admission of a waiting `seq` (empty table): when its first chunk (within `budget`)
+  // fits in the free blocks, takes its cached prefix (if caching is on), sets num_computed
+  // past it and returns the chunk's token count; 0 when it does not fit (nothing changed).
+  int32_t AdmitWithCachedPrefix(Sequence& seq, int64_t budget);
 
   SchedulerConfig config_;
   BlockManager block_manager_;
@@ -127,6 +159,9 @@ class Scheduler {
   uint64_t next_arrival_ = 0;
   uint64_t step_ = 0;               // Schedule() calls so far
   bool preempted_this_step_ = false;
+  int64_t num_prompt_tokens_admitted_ = 0;
+  int64_t num_cached_tokens_admitted_ = 0;
+  std::vector<int32_t> token_scratch_;  // prompt + outputs, for hashing output blocks
 
   // Ids the worker holds that Finish() released; sent in the next plan's `finished`. They
   // stay reserved (Add refuses them) until then.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/block_hash.h"
 #include "loom/v1/worker.pb.h"
 
 namespace loom::coordinator {
@@ -35,6 +36,14 @@ struct Sequence {
   std::vector<int32_t> blocks;    // block table, ceil(num_computed / block_size) entries
   bool on_worker = false;         // the worker holds its state (NewSequence was sent)
   int32_t num_preemptions = 0;
+
+  // Prefix caching. block_hashes[i] is the chained hash of full block i of the known,
+  // applied tokens (prompt then output_ids), rooted at hash_seed; it only ever grows (the
+  // tokens it covers never change), lazily, as the scheduler needs more of it.
+  BlockHash hash_seed;
+  std::vector<BlockHash> block_hashes;
+  int32_t num_registered_blocks = 0;  // leading blocks offered to the prefix cache
+  int32_t num_cached_tokens = 0;      // tokens found cached at its latest admission
 
   /// Tokens the worker will know once every plan sent so far has run.
   int32_t num_known_tokens() const {

@@ -119,6 +119,13 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
           absl::StrFormat("sequence %d: %d tokens exceed the model's context length %d", id,
                           num_tokens, config.context_length));
     }
+    // A prefix-cache hit: its first num_cached_tokens tokens' K/V are in the blocks it
+    // will be given. At least one token must be left to compute (the logits come from it).
+    if (added.num_cached_tokens() < 0 || added.num_cached_tokens() >= num_tokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: num_cached_tokens is %d, must be in [0, %d) (its token count)", id,
+          added.num_cached_tokens(), num_tokens));
+    }
     LOOM_RETURN_IF_ERROR(CheckTokenIds(added.prompt_token_ids(), vocab, id, "prompt"));
     LOOM_RETURN_IF_ERROR(CheckTokenIds(added.output_token_ids(), vocab, id, "output"));
     const SamplingParams params = SamplingParamsFromProto(added.sampling());
@@ -130,6 +137,7 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
     sequence->tokens.assign(added.prompt_token_ids().begin(), added.prompt_token_ids().end());
     sequence->tokens.insert(sequence->tokens.end(), added.output_token_ids().begin(),
                             added.output_token_ids().end());
+    sequence->num_computed = added.num_cached_tokens();
     sequence->num_logprobs = params.num_logprobs;
     if (backend_.uses_samplers()) {
       sequence->sampler = std::make_unique<SequenceSampler>(

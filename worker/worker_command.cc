@@ -139,7 +139,7 @@ int RunWorkerCommand(int argc, char** argv) {
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
   absl::StatusOr<ShardPlan> shard = PlanShards(*config, options.rank, options.world_size);
-  if (!shard.ok()) return Fail(shard.status());
+  if (!shard.ok()) return UsageError(std::string(shard.status().message()));
   const int64_t block_bytes =
       KvCache::BytesPerBlock(LocalConfig(*config, *shard), options.block_size, options.kv_dtype);
   // Slot ids (block * block_size + offset) are int32 on the wire and in the kernels.

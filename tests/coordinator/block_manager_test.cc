@@ -1,6 +1,10 @@
 #include "coordinator/block_manager.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,6 +16,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 TEST(BlockManagerTest, HandsOutNeverUsedBlocksLowestIdFirst) {
   BlockManager manager(8);
@@ -130,6 +135,251 @@ TEST(BlockManagerTest, UsageIsTheFractionOfBlocksInUse) {
   BlockManager empty(0);
   EXPECT_DOUBLE_EQ(empty.usage(), 0.0);
   EXPECT_EQ(empty.Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// ---------------------------------------------------------------------------------------
+// The prefix cache.
+
+BlockHash Hash(uint64_t n) {
+  return HashBlock(PrefixHashSeed("test", ""), {static_cast<int32_t>(n)});
+}
+
+std::vector<BlockHash> Chain(int count, uint64_t first = 0) {
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < count; ++i) hashes.push_back(Hash(first + static_cast<uint64_t>(i)));
+  return hashes;
+}
+
+// Allocates `hashes.size()` blocks and registers them under `hashes`, as a sequence that
+// computed them does.
+std::vector<int32_t> AllocateCached(BlockManager& manager, const std::vector<BlockHash>& hashes) {
+  absl::StatusOr<std::vector<int32_t>> blocks =
+      manager.Allocate(static_cast<int64_t>(hashes.size()));
+  EXPECT_TRUE(blocks.ok()) << blocks.status();
+  if (!blocks.ok()) return {};
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    EXPECT_TRUE(manager.RegisterBlock((*blocks)[i], hashes[i]));
+  }
+  return *blocks;
+}
+
+TEST(BlockManagerTest, MatchesTheLongestCachedChainAndStopsAtTheFirstMiss) {
+  BlockManager manager(8);
+  const std::vector<BlockHash> chain = Chain(4);
+  AllocateCached(manager, {chain[0], chain[1], chain[3]});  // chain[2] missing
+  const BlockManager::PrefixMatch match = manager.MatchPrefix(chain);
+  EXPECT_EQ(match.num_blocks, 2);
+  EXPECT_EQ(match.num_free_blocks, 0);
+  EXPECT_EQ(manager.MatchPrefix(Chain(2, 100)).num_blocks, 0);
+  EXPECT_EQ(manager.MatchPrefix({}).num_blocks, 0);
+}
+
+TEST(BlockManagerTest, TakingACachedPrefixSharesItsBlocks) {
+  BlockManager manager(8);
+  const std::vector<int32_t> blocks = AllocateCached(manager, Chain(3));
+  const std::vector<int32_t> shared = manager.TakeCachedPrefix(Chain(3), 2);
+  EXPECT_THAT(shared, ElementsAre(blocks[0], blocks[1]));
+  EXPECT_EQ(manager.ref_count(blocks[0]), 2);
+  EXPECT_EQ(manager.ref_count(blocks[1]), 2);
+  EXPECT_EQ(manager.ref_count(blocks[2]), 1);
+  EXPECT_EQ(manager.num_free(), 5);
+}
+
+TEST(BlockManagerTest, FreedCachedBlocksStayFindableAndAreRevivedNotEvicted) {
+  BlockManager manager(4);
+  const std::vector<int32_t> blocks = AllocateCached(manager, Chain(2));
+  ASSERT_TRUE(manager.Free({blocks[1], blocks[0]}).ok());
+  EXPECT_EQ(manager.num_free(), 4);
+  EXPECT_EQ(manager.num_cached(), 2);
+  const BlockManager::PrefixMatch match = manager.MatchPrefix(Chain(2));
+  EXPECT_EQ(match.num_blocks, 2);
+  EXPECT_EQ(match.num_free_blocks, 2);
+  const std::vector<int32_t> revived = manager.TakeCachedPrefix(Chain(2), 2);
+  EXPECT_EQ(revived, blocks);
+  EXPECT_EQ(manager.num_free(), 2);
+  EXPECT_THAT(manager.FreeListForTesting(), IsEmpty());
+  // The never-used blocks are what is left to allocate.
+  absl::StatusOr<std::vector<int32_t>> rest = manager.Allocate(2);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_THAT(*rest, ElementsAre(2, 3));
+  EXPECT_EQ(manager.num_cached(), 2);
+}
+
+TEST(BlockManagerTest, EvictsLeastRecentlyFreedCachedBlockFirstAndTheTailBeforeThePrefix) {
+  BlockManager manager(6);
+  const std::vector<int32_t> first = AllocateCached(manager, Chain(3, 0));    // 0, 1, 2
+  const std::vector<int32_t> second = AllocateCached(manager, Chain(3, 10));  // 3, 4, 5
+  manager.set_record_events(true);
+  // A sequence releases its table tail first: its last block is evicted first, its
+  // first block (the most shareable prefix) last.
+  ASSERT_TRUE(manager.Free({first[2], first[1], first[0]}).ok());
+  ASSERT_TRUE(manager.Free({second[2], second[1], second[0]}).ok());
+  EXPECT_THAT(manager.FreeListForTesting(), ElementsAre(2, 1, 0, 5, 4, 3));
+  absl::StatusOr<std::vector<int32_t>> taken = manager.Allocate(2);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_THAT(*taken, ElementsAre(2, 1));
+  EXPECT_FALSE(manager.is_cached(2));
+  EXPECT_FALSE(manager.is_cached(1));
+  EXPECT_TRUE(manager.is_cached(0));
+  EXPECT_EQ(manager.MatchPrefix(Chain(3, 0)).num_blocks, 1);
+  EXPECT_EQ(manager.MatchPrefix(Chain(3, 10)).num_blocks, 3);
+  const std::vector<KvCacheEvent> events = manager.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].hash, Chain(3, 0)[2]);
+  EXPECT_EQ(events[1].hash, Chain(3, 0)[1]);
+  EXPECT_TRUE(manager.TakeEvents().empty());
+}
+
+TEST(BlockManagerTest, EvictionUnderPressureNeverTakesABlockInUse) {
+  BlockManager manager(6);
+  const std::vector<int32_t> held = AllocateCached(manager, Chain(3, 0));
+  const std::vector<int32_t> freed = AllocateCached(manager, Chain(3, 10));
+  ASSERT_TRUE(manager.Free({freed[2], freed[1], freed[0]}).ok());
+  // Only the three freed blocks can be had, cached or not.
+  EXPECT_EQ(manager.Allocate(4).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<std::vector<int32_t>> taken = manager.Allocate(3);
+  ASSERT_TRUE(taken.ok());
+  for (int32_t block : *taken)
+    EXPECT_TRUE(std::find(held.begin(), held.end(), block) == held.end());
+  for (int32_t block : held) {
+    EXPECT_EQ(manager.ref_count(block), 1);
+    EXPECT_TRUE(manager.is_cached(block));
+  }
+  EXPECT_EQ(manager.MatchPrefix(Chain(3, 0)).num_blocks, 3);
+  EXPECT_EQ(manager.MatchPrefix(Chain(3, 10)).num_blocks, 0);
+}
+
+TEST(BlockManagerTest, RegisteringAHashTwiceKeepsTheFirstCopy) {
+  BlockManager manager(4);
+  manager.set_record_events(true);
+  absl::StatusOr<std::vector<int32_t>> blocks = manager.Allocate(2);
+  ASSERT_TRUE(blocks.ok());
+  EXPECT_TRUE(manager.RegisterBlock((*blocks)[0], Hash(1)));
+  EXPECT_FALSE(manager.RegisterBlock((*blocks)[1], Hash(1)));  // same content elsewhere
+  EXPECT_FALSE(manager.RegisterBlock((*blocks)[0], Hash(2)));  // already holds one
+  EXPECT_FALSE(manager.is_cached((*blocks)[1]));
+  EXPECT_EQ(manager.num_cached(), 1);
+  EXPECT_EQ(manager.TakeEvents().size(), 1u);
+  // Freeing the uncached duplicate leaves the cached copy findable.
+  ASSERT_TRUE(manager.Free({(*blocks)[1]}).ok());
+  EXPECT_EQ(manager.MatchPrefix({Hash(1)}).num_blocks, 1);
+}
+
+TEST(BlockManagerTest, ForgettingTheCacheKeepsBlocksInUseAllocated) {
+  BlockManager manager(4);
+  manager.set_record_events(true);
+  const std::vector<int32_t> blocks = AllocateCached(manager, Chain(2));
+  ASSERT_TRUE(manager.Free({blocks[1]}).ok());
+  manager.TakeEvents();
+  manager.ForgetCachedBlocks();
+  EXPECT_EQ(manager.num_cached(), 0);
+  EXPECT_EQ(manager.MatchPrefix(Chain(2)).num_blocks, 0);
+  EXPECT_EQ(manager.ref_count(blocks[0]), 1);
+  EXPECT_EQ(manager.TakeEvents().size(), 2u);
+  EXPECT_EQ(manager.num_free(), 3);
+}
+
+TEST(BlockManagerTest, EventsAreNotRecordedUnlessAsked) {
+  BlockManager manager(4);
+  AllocateCached(manager, Chain(2));
+  EXPECT_TRUE(manager.TakeEvents().empty());
+}
+
+// Fuzz: random allocate / share a cached prefix / append / free (tail first) / preempt
+// (free everything, then re-admit through the cache) over a small pool, checking after
+// every operation that reference counts equal the users, free blocks are exactly the
+// unreferenced ones (each once in the free list), and cached hashes map to cached blocks.
+TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
+  constexpr int64_t kNumBlocks = 16;
+  std::mt19937 rng(7);
+  BlockManager manager(kNumBlocks);
+  // A user: its block table and the hash chain its full blocks would be registered under.
+  struct User {
+    std::vector<int32_t> blocks;
+    std::vector<BlockHash> chain;
+  };
+  std::vector<User> users;
+  auto check = [&]() {
+    std::map<int32_t, int32_t> refs;
+    for (const User& user : users) {
+      std::set<int32_t> distinct(user.blocks.begin(), user.blocks.end());
+      ASSERT_EQ(distinct.size(), user.blocks.size());
+      for (int32_t block : user.blocks) ++refs[block];
+    }
+    const std::vector<int32_t> free_list = manager.FreeListForTesting();
+    std::set<int32_t> in_free_list(free_list.begin(), free_list.end());
+    ASSERT_EQ(in_free_list.size(), free_list.size()) << "a block twice in the free list";
+    int64_t free_blocks = 0;
+    for (int32_t block = 0; block < kNumBlocks; ++block) {
+      const int32_t expected = refs.contains(block) ? refs[block] : 0;
+      ASSERT_EQ(manager.ref_count(block), expected) << "block " << block;
+      if (expected == 0) ++free_blocks;
+      if (in_free_list.contains(block)) {
+        ASSERT_EQ(expected, 0) << "block " << block << " is in use and in the free list";
+      }
+    }
+    ASSERT_EQ(manager.num_free(), free_blocks);
+  };
+  auto admit = [&](User& user) {
+    // The prefix this user can take from the cache, then fresh blocks up to its length.
+    const int64_t want = 1 + static_cast<int64_t>(rng() % 5);
+    const std::vector<BlockHash> chain(
+        user.chain.begin(), user.chain.begin() + std::min<int64_t>(want, user.chain.size()));
+    const BlockManager::PrefixMatch match = manager.MatchPrefix(chain);
+    const int64_t needed = want - match.num_blocks + match.num_free_blocks;
+    if (needed > manager.num_free()) return false;
+    user.blocks = manager.TakeCachedPrefix(chain, match.num_blocks);
+    absl::StatusOr<std::vector<int32_t>> fresh = manager.Allocate(want - match.num_blocks);
+    EXPECT_TRUE(fresh.ok()) << fresh.status();
+    if (!fresh.ok()) return false;
+    for (size_t i = 0; i < fresh->size(); ++i) {
+      const size_t index = static_cast<size_t>(match.num_blocks) + i;
+      user.blocks.push_back((*fresh)[i]);
+      // Full blocks get registered (the last one of a table stays partial, unshared).
+      if (index + 1 < static_cast<size_t>(want) && index < user.chain.size()) {
+        manager.RegisterBlock((*fresh)[i], user.chain[index]);
+      }
+    }
+    return true;
+  };
+  auto release = [&](User& user) {
+    std::vector<int32_t> tail_first(user.blocks.rbegin(), user.blocks.rend());
+    ASSERT_TRUE(manager.Free(tail_first).ok());
+    user.blocks.clear();
+  };
+  int64_t reused = 0;
+  for (int op = 0; op < 5000; ++op) {
+    const uint32_t kind = rng() % 4;
+    if (kind == 0 || users.empty()) {
+      User user;
+      user.chain = Chain(6, 100 * (rng() % 3));  // three families of prefixes
+      const int64_t before = manager.MatchPrefix(user.chain).num_blocks;
+      if (admit(user)) {
+        reused += std::min<int64_t>(before, static_cast<int64_t>(user.blocks.size()));
+        users.push_back(std::move(user));
+      }
+    } else if (kind == 1) {  // append a block
+      User& user = users[rng() % users.size()];
+      absl::StatusOr<std::vector<int32_t>> more = manager.Allocate(1);
+      if (more.ok()) user.blocks.push_back((*more)[0]);
+    } else if (kind == 2) {  // finish
+      const size_t index = rng() % users.size();
+      release(users[index]);
+      users.erase(users.begin() + static_cast<ptrdiff_t>(index));
+    } else {  // preempt and re-admit
+      const size_t index = rng() % users.size();
+      release(users[index]);
+      if (!admit(users[index])) users.erase(users.begin() + static_cast<ptrdiff_t>(index));
+    }
+    check();
+    if (HasFatalFailure()) return;
+  }
+  for (User& user : users) release(user);
+  users.clear();
+  check();
+  EXPECT_EQ(manager.num_free(), kNumBlocks);
+  EXPECT_GT(reused, 0);
 }
 
 }  // namespace

@@ -122,5 +122,47 @@ TEST_F(RequestTest, FinishAfterOutputKeepsTheTextAndReportsTheReason) {
   EXPECT_FALSE(request->outputs().Pop(absl::Milliseconds(5)).has_value());
 }
 
+TEST(OutputQueueTest, PopCarriesTheFinalEventsCachedPromptTokens) {
+  OutputQueue queue;
+  queue.Push(Tokens("a", {1}, "r0"));
+  OutputEvent last = Tokens("b", {2});
+  last.finish_reason = loom::v1::FINISH_REASON_STOP;
+  last.cached_prompt_tokens = 48;
+  queue.Push(std::move(last));
+  std::optional<OutputEvent> event = queue.Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->cached_prompt_tokens, 48);
+}
+
+TEST_F(RequestTest, TheFinalEventReportsTheCachedPromptTokens) {
+  RequestParams params;
+  params.max_tokens = 2;
+  auto request = MakeRequest(params);
+  request->set_cached_prompt_tokens(32);
+  OutputEvent event = Feed(*request, " Paris is the capital");
+  EXPECT_TRUE(event.final());
+  EXPECT_EQ(event.cached_prompt_tokens, 32);
+
+  auto aborted = MakeRequest(params);
+  aborted->set_cached_prompt_tokens(16);
+  aborted->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", "r0");
+  std::optional<OutputEvent> final_event = aborted->outputs().Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(final_event.has_value());
+  EXPECT_EQ(final_event->cached_prompt_tokens, 16);
+}
+
+TEST_F(RequestTest, PromptBlockHashesAreComputedOncePerBlockSizeWithTheSalt) {
+  RequestParams params;
+  params.max_tokens = 1;
+  params.prompt_ids = std::vector<int32_t>(40, 5);
+  params.cache_salt = "tenant";
+  auto request = MakeRequest(params);
+  const std::vector<BlockHash> hashes = request->PromptBlockHashes("fp", 16);
+  EXPECT_EQ(request->hashed_block_size(), 16);
+  EXPECT_EQ(hashes, HashFullBlocks(PrefixHashSeed("fp", "tenant"), params.prompt_ids, 16));
+  EXPECT_EQ(request->hash_seed(), PrefixHashSeed("fp", "tenant"));
+  EXPECT_EQ(request->PromptBlockHashes("fp", 8).size(), 5u);
+}
+
 }  // namespace
 }  // namespace loom::coordinator

@@ -57,6 +57,15 @@ TEST_F(RequestValidationTest, UnsetSamplingMeansGreedyAndMaxTokensFillsTheContex
             config_->context_length);
 }
 
+TEST_F(RequestValidationTest, CarriesTheCacheSalt) {
+  loom::v1::GenerateRequest request;
+  request.set_text("Hello");
+  request.set_cache_salt("tenant-7");
+  auto params = Validate(request);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->cache_salt, "tenant-7");
+}
+
 TEST_F(RequestValidationTest, RejectsAnEmptyPrompt) {
   loom::v1::GenerateRequest request;
   request.set_text("");

@@ -288,6 +288,46 @@ TEST_F(StepExecutorNoopTest, FinishedAndPreemptedReleaseState) {
   EXPECT_EQ(executor_->NumTokens(3), 2);
 }
 
+TEST_F(StepExecutorNoopTest, CachedTokensStartTheComputedCount) {
+  loom::v1::StepPlan plan = Plan(step_id_);
+  loom::v1::NewSequence added = NewSequence(7, std::vector<int32_t>(20, 5));
+  added.set_num_cached_tokens(16);
+  *plan.add_added() = added;
+  // Blocks 3 (cached: tokens 0-15) and 8 (tokens 16-19): only 4 tokens left to compute.
+  Schedule(plan, 7, 4, true, {3, 8});
+  const loom::v1::StepResult result = executor_->Execute(plan);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.num_tokens(), 4);
+  ASSERT_EQ(result.outputs_size(), 1);
+  EXPECT_EQ(executor_->NumComputed(7), 20);
+  EXPECT_EQ(executor_->NumTokens(7), 21);
+}
+
+TEST_F(StepExecutorNoopTest, ComputingMoreThanTheUncachedTokensIsRejected) {
+  loom::v1::StepPlan plan = Plan(step_id_);
+  loom::v1::NewSequence added = NewSequence(7, std::vector<int32_t>(20, 5));
+  added.set_num_cached_tokens(16);
+  *plan.add_added() = added;
+  Schedule(plan, 7, 20, true, {3, 8});
+  ExpectRejected(plan, "runs past");
+}
+
+TEST_F(StepExecutorNoopTest, RejectsCachedTokensThatLeaveNothingToCompute) {
+  loom::v1::StepPlan all = Plan(step_id_);
+  loom::v1::NewSequence added = NewSequence(7, std::vector<int32_t>(16, 5));
+  added.set_num_cached_tokens(16);
+  *all.add_added() = added;
+  Schedule(all, 7, 1, true, {3});
+  ExpectRejected(all, "num_cached_tokens is 16");
+
+  loom::v1::StepPlan negative = Plan(step_id_);
+  added.set_num_cached_tokens(-1);
+  *negative.add_added() = added;
+  Schedule(negative, 7, 16, true, {3});
+  ExpectRejected(negative, "num_cached_tokens is -1");
+  EXPECT_EQ(executor_->num_sequences(), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // The real model.
 
@@ -457,6 +497,50 @@ TEST_F(StepExecutorModelTest, PreemptedSequenceResumesWithTheSameSeededSamples) 
   result = executor.Execute(decode);
   ASSERT_EQ(result.error_code(), 0) << result.error_message();
   tokens.push_back(result.outputs(0).token_id());
+  EXPECT_EQ(tokens, expected);
+}
+
+TEST_F(StepExecutorModelTest, SequenceStartingFromCachedBlocksSamplesLikeAFullPrefill) {
+  // Seeded sampling with penalties: the penalties count the prompt and the RNG is per
+  // sequence, so starting at a cached offset must change nothing.
+  const std::vector<int32_t> prompt = Prompt();  // 21 tokens: block 0 full, 5 in block 1
+  SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.seed = 77;
+  sampling.presence_penalty = 0.7f;
+  const std::vector<int32_t> expected = Reference(prompt, 3, sampling);
+  ASSERT_EQ(expected.size(), 3u);
+  auto new_sequence = [&](uint64_t seq_id, int32_t num_cached) {
+    loom::v1::NewSequence added = NewSequence(seq_id, prompt, 0.8f);
+    added.mutable_sampling()->set_seed(77);
+    added.mutable_sampling()->set_presence_penalty(0.7f);
+    added.set_num_cached_tokens(num_cached);
+    return added;
+  };
+
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 0;
+  // Sequence 1 computes the whole prompt into blocks 30 and 31.
+  loom::v1::StepPlan first = Plan(step_id);
+  *first.add_added() = new_sequence(1, 0);
+  Schedule(first, 1, static_cast<int32_t>(prompt.size()), true, {30, 31});
+  ASSERT_EQ(executor.Execute(first).error_code(), 0);
+  // Sequence 2 shares block 30 (tokens 0-15) and computes only tokens 16-20 into block 40.
+  loom::v1::StepPlan second = Plan(step_id);
+  second.add_finished(1);
+  *second.add_added() = new_sequence(2, 16);
+  Schedule(second, 2, static_cast<int32_t>(prompt.size()) - 16, true, {30, 40});
+  loom::v1::StepResult result = executor.Execute(second);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.num_tokens(), 5);
+  std::vector<int32_t> tokens = {result.outputs(0).token_id()};
+  for (int i = 0; i < 2; ++i) {
+    loom::v1::StepPlan decode = Plan(step_id);
+    Schedule(decode, 2, 1, true);
+    result = executor.Execute(decode);
+    ASSERT_EQ(result.error_code(), 0) << result.error_message();
+    tokens.push_back(result.outputs(0).token_id());
+  }
   EXPECT_EQ(tokens, expected);
 }
 
