@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->cluster_ = std::make_unique<Cluster>(options.cluster, server->model_.info.fingerprint());
   server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
   server->inference_service_ = std::make_unique<InferenceService>(
-      *server->cluster_, server->model_, server->config_, *server->tokenizer_);
+      *server->cluster_, server->model_, server->config_, *server->tokenizer_,
+      server->metrics_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -13,7 +13,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   server->options_ = options;
   server->cluster_ = &cluster;
   server->openai_ =
-      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template);
+      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics);
   httplib::Server& http = server->server_;
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

@@ -11,12 +11,14 @@ namespace loom::coordinator {
 
 InferenceService::InferenceService(Cluster& cluster, const ServedModel& model,
                                    const common::ModelConfig& config,
-                                   const common::Tokenizer& tokenizer)
+                                   const common::Tokenizer& tokenizer,
+                                   CoordinatorMetrics* metrics)
     : cluster_(cluster),
       model_(model),
       config_(config),
       tokenizer_(tokenizer),
-      eos_ids_(tokenizer.EndOfGenerationIds()) {}
+      eos_ids_(tokenizer.EndOfGenerationIds()),
+      metrics_(metrics) {}
 
 grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                         const loom::v1::GenerateRequest* request,
@@ -34,6 +36,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
           : request->request_id();
   auto live = std::make_shared<Request>(request_id, cluster_.NextSeqId(), *std::move(params),
                                         tokenizer_, eos_ids_);
+  live->set_metrics(metrics_);
   if (absl::Status placed = cluster_.Submit(live); !placed.ok()) return ToGrpcStatus(placed);
 
   const auto deadline = context->deadline();

@@ -7,6 +7,7 @@
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
 #include "coordinator/served_model.h"
 #include "loom/v1/inference.grpc.pb.h"
 
@@ -18,8 +19,9 @@ namespace loom::coordinator {
 /// next step and its blocks freed). Thread-safe.
 class InferenceService final : public loom::v1::Inference::Service {
  public:
+  /// `metrics` (optional) receives every request's timeline.
   InferenceService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
-                   const common::Tokenizer& tokenizer);
+                   const common::Tokenizer& tokenizer, CoordinatorMetrics* metrics = nullptr);
 
   grpc::Status Generate(grpc::ServerContext* context, const loom::v1::GenerateRequest* request,
                         grpc::ServerWriter<loom::v1::GenerateResponse>* writer) override;
@@ -42,6 +44,7 @@ class InferenceService final : public loom::v1::Inference::Service {
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
   const std::vector<int32_t> eos_ids_;
+  CoordinatorMetrics* metrics_;
   std::atomic<uint64_t> next_request_number_{1};
 };
 

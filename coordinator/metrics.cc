@@ -71,7 +71,7 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                           .Help("Free KV blocks of a replica.")
                           .Register(*registry_)),
       kv_blocks_total_(BuildGauge()
-                           .Name("loom_kv_blocks_total")
+                           .Name("loom_kv_blocks_capacity")
                            .Help("KV blocks of a replica's pool.")
                            .Register(*registry_)),
       preemptions_(BuildCounter()

@@ -50,6 +50,7 @@ struct Choice {
   int32_t completion_tokens = 0;
   loom::v1::FinishReason finish = loom::v1::FINISH_REASON_UNSPECIFIED;
   std::string error;
+  int32_t cached_prompt_tokens = 0;  // from the final event
   bool started = false;      // streaming: the first chunk (role, echo) went out
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
 };
@@ -86,6 +87,15 @@ struct Run {
     usage["prompt_tokens"] = prompt_tokens;
     usage["completion_tokens"] = completion_tokens();
     usage["total_tokens"] = prompt_tokens + completion_tokens();
+    // Prompt tokens served from the prefix cache, once per prompt (its first sample's).
+    int32_t cached = 0;
+    std::vector<bool> counted(parsed.prompts.size(), false);
+    for (const Choice& choice : choices) {
+      if (counted[choice.prompt_index]) continue;
+      counted[choice.prompt_index] = true;
+      cached += choice.cached_prompt_tokens;
+    }
+    usage["prompt_tokens_details"] = {{"cached_tokens", cached}};
     return usage;
   }
 };
@@ -152,13 +162,15 @@ void OpenAiService::WriteError(const absl::Status& status, httplib::Response& re
 
 OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
                              const common::ModelConfig& config, const common::Tokenizer& tokenizer,
-                             const common::ChatTemplate* chat_template)
+                             const common::ChatTemplate* chat_template,
+                             CoordinatorMetrics* metrics)
     : cluster_(cluster),
       model_(model),
       config_(config),
       tokenizer_(tokenizer),
       chat_template_(chat_template),
-      eos_ids_(tokenizer.EndOfGenerationIds()) {}
+      eos_ids_(tokenizer.EndOfGenerationIds()),
+      metrics_(metrics) {}
 
 void OpenAiService::Completions(const httplib::Request& request, httplib::Response& response) {
   Handle(/*chat=*/false, request, response);
@@ -244,6 +256,7 @@ std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const OutputEv
   if (event.final()) {
     choice.finish = event.finish_reason;
     choice.error = event.error_message;
+    choice.cached_prompt_tokens = event.cached_prompt_tokens;
   }
   return event.text;
 }
@@ -337,6 +350,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
       choice.request = std::make_shared<Request>(
           absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(),
           std::move(params), tokenizer_, eos_ids_);
+      choice.request->set_metrics(metrics_);
       if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
         run->CancelAll();
         return WriteError(placed, response);

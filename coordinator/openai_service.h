@@ -10,6 +10,7 @@
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
 #include "coordinator/served_model.h"
 #include "httplib.h"
 
@@ -26,7 +27,8 @@ class OpenAiService {
  public:
   /// `chat_template` may be null (chat requests are then 400).
   OpenAiService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
-                const common::Tokenizer& tokenizer, const common::ChatTemplate* chat_template);
+                const common::Tokenizer& tokenizer, const common::ChatTemplate* chat_template,
+                CoordinatorMetrics* metrics = nullptr);
 
   void Completions(const httplib::Request& request, httplib::Response& response);
   void ChatCompletions(const httplib::Request& request, httplib::Response& response);
@@ -47,6 +49,7 @@ class OpenAiService {
   const common::Tokenizer& tokenizer_;
   const common::ChatTemplate* chat_template_;
   const std::vector<int32_t> eos_ids_;
+  CoordinatorMetrics* metrics_;
   std::atomic<uint64_t> next_id_{1};
 };
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "coordinator/metrics.h"
+
 namespace loom::coordinator {
 
 void OutputQueue::Push(OutputEvent event) {
@@ -43,9 +45,40 @@ Request::Request(std::string request_id, uint64_t seq_id, RequestParams params,
       stop_matcher_(params_.stop),
       arrival_(std::chrono::steady_clock::now()) {}
 
+void Request::MarkScheduled() {
+  if (!first_scheduled_) first_scheduled_ = std::chrono::steady_clock::now();
+}
+
+void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& replica_id) {
+  if (metrics_ == nullptr) return;
+  using Seconds = std::chrono::duration<double>;
+  const auto now = std::chrono::steady_clock::now();
+  RequestRecord record;
+  record.replica_id = replica_id;
+  record.finish_reason = reason;
+  record.prompt_tokens = static_cast<int64_t>(params_.prompt_ids.size());
+  record.generation_tokens = num_outputs_;
+  record.cached_prompt_tokens = cached_prompt_tokens_;
+  record.e2e_seconds = Seconds(now - arrival_).count();
+  if (first_scheduled_) record.queue_seconds = Seconds(*first_scheduled_ - arrival_).count();
+  if (first_token_) {
+    record.ttft_seconds = Seconds(*first_token_ - arrival_).count();
+    record.decode_seconds = Seconds(*last_token_ - *first_token_).count();
+    if (first_scheduled_) record.prefill_seconds = Seconds(*first_token_ - *first_scheduled_).count();
+  }
+  metrics_->RecordRequest(record);
+}
+
 bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id) {
   if (finished_) return true;
   ++num_outputs_;
+  const auto now = std::chrono::steady_clock::now();
+  if (!first_token_) {
+    first_token_ = now;
+  } else if (metrics_ != nullptr) {
+    metrics_->RecordInterTokenLatency(std::chrono::duration<double>(now - *last_token_).count());
+  }
+  last_token_ = now;
   const int32_t id = output.token_id();
   OutputEvent event;
   event.token_ids.push_back(id);
@@ -73,7 +106,10 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
     }
   }
   finished_ = event.final();
-  if (finished_) event.cached_prompt_tokens = cached_prompt_tokens_;
+  if (finished_) {
+    event.cached_prompt_tokens = cached_prompt_tokens_;
+    RecordFinished(event.finish_reason, replica_id);
+  }
   outputs_.Push(std::move(event));
   return finished_;
 }
@@ -90,6 +126,7 @@ void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
   event.error_message = std::move(error_message);
   if (num_outputs_ == 0) event.replica_id = replica_id;
   event.cached_prompt_tokens = cached_prompt_tokens_;
+  RecordFinished(reason, replica_id);
   outputs_.Push(std::move(event));
 }
 

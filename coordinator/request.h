@@ -20,6 +20,8 @@
 
 namespace loom::coordinator {
 
+class CoordinatorMetrics;
+
 /// One message for the client: new text/tokens, and on the last one the finish reason.
 struct OutputEvent {
   std::string text;
@@ -98,6 +100,13 @@ class Request {
   void set_cached_prompt_tokens(int32_t tokens) { cached_prompt_tokens_ = tokens; }
   int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
 
+  /// Where the request's timeline goes (TTFT, inter-token gaps, queue/prefill/decode
+  /// times, finish reason and token counts when it finishes); null: nowhere. Set before
+  /// the request is placed.
+  void set_metrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
+  /// The replica scheduled it for the first time (replica loop only): ends its queue time.
+  void MarkScheduled();
+
   /// The prompt's prefix-cache identity for KV blocks of `block_size` tokens: the chain's
   /// seed (model fingerprint and cache salt) and the hashes of its full blocks, computed
   /// once (the cluster calls this before placing the request; later calls, from any thread
@@ -111,6 +120,9 @@ class Request {
   int32_t hashed_block_size() const { return hashed_block_size_; }
 
  private:
+  // Reports the finished request's timeline to metrics_ (when set).
+  void RecordFinished(loom::v1::FinishReason reason, const std::string& replica_id);
+
   std::string request_id_;
   uint64_t seq_id_;
   RequestParams params_;
@@ -124,6 +136,9 @@ class Request {
   std::vector<BlockHash> prompt_block_hashes_;
   int32_t hashed_block_size_ = 0;
   std::chrono::steady_clock::time_point arrival_;
+  std::optional<std::chrono::steady_clock::time_point> first_scheduled_, first_token_,
+      last_token_;
+  CoordinatorMetrics* metrics_ = nullptr;
   std::atomic<bool> cancelled_{false};
   OutputQueue outputs_;
 };

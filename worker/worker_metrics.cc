@@ -25,7 +25,7 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
       .Add(labels)
       .Set(1);
   prometheus::BuildGauge()
-      .Name("loom_worker_kv_blocks_total")
+      .Name("loom_worker_kv_blocks_capacity")
       .Help("Blocks in the worker's KV pool.")
       .Register(*registry_)
       .Add(labels)

@@ -321,3 +321,12 @@ def test_no_replica_is_503_and_health_says_so(tmp_path):
         assert error.value.status_code == 503
     finally:
         coordinator.stop()
+
+
+def test_usage_reports_cached_prompt_tokens(client, model):
+    prompt = "Loom caches the key and value blocks of prompts it has seen before, " * 4
+    first = client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0)
+    second = client.completions.create(model=model, prompt=prompt, max_tokens=2, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 32
+    assert second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
+    assert first.choices[0].text == second.choices[0].text
