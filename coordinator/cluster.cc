@@ -29,11 +29,10 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         "the worker serves model '%s' (fingerprint %s); this coordinator serves fingerprint %s",
         request.model().path(), request.model().fingerprint(), model_fingerprint_));
   }
-  if (request.world_size() != 1 || request.rank() != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "rank %d of world size %d: tensor-parallel replicas are not supported yet "
-        "(world size must be 1)",
-        request.rank(), request.world_size()));
+  if (request.world_size() < 1 || request.rank() < 0 ||
+      request.rank() >= request.world_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d is outside a replica of world size %d", request.rank(), request.world_size()));
   }
   if (request.worker_address().empty() || request.num_kv_blocks() <= 0 ||
       request.block_size() <= 0 || request.replica_id().empty()) {
@@ -43,24 +42,61 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         request.worker_address(), request.replica_id(), request.num_kv_blocks(),
         request.block_size()));
   }
-  WorkerEndpoint endpoint{request.worker_address(), request.num_kv_blocks(),
-                          request.block_size(), request.backend()};
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
-    std::unique_ptr<Replica>& replica = replicas_[request.replica_id()];
-    if (replica == nullptr) {
-      replica = std::make_unique<Replica>(
-          request.replica_id(), options_.replica,
-          [this](std::shared_ptr<Request> r) { Retry(std::move(r)); }, &kv_index_);
+    // A replica's ranks register one by one; it connects once all of them did. A rank
+    // registering again (a restart) starts a new group: its peers must restart too (their
+    // collectives with the old rank fail, and so does the replica until then).
+    PendingRanks& pending = pending_ranks_[request.replica_id()];
+    const auto& earlier = pending.ranks.size() > static_cast<size_t>(request.rank())
+                              ? pending.ranks[request.rank()]
+                              : std::optional<loom::v1::RegisterRequest>();
+    const bool restarted =
+        earlier.has_value() && earlier->worker_address() != request.worker_address();
+    if (pending.world_size != request.world_size() || restarted) {
+      pending = PendingRanks{};
+      pending.world_size = request.world_size();
+      pending.ranks.resize(request.world_size());
     }
-    replica->Connect(endpoint);
+    pending.ranks[request.rank()] = request;
+    const bool complete = std::all_of(pending.ranks.begin(), pending.ranks.end(),
+                                      [](const auto& rank) { return rank.has_value(); });
+    if (complete) {
+      WorkerEndpoint endpoint;
+      endpoint.address = pending.ranks[0]->worker_address();
+      endpoint.block_size = pending.ranks[0]->block_size();
+      endpoint.backend = pending.ranks[0]->backend();
+      endpoint.num_kv_blocks = pending.ranks[0]->num_kv_blocks();
+      for (const auto& rank : pending.ranks) {
+        if (rank->block_size() != endpoint.block_size) {
+          pending_ranks_.erase(request.replica_id());
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "the ranks of replica %s disagree on the KV block size (%d and %d tokens)",
+              request.replica_id(), endpoint.block_size, rank->block_size()));
+        }
+        endpoint.addresses.push_back(rank->worker_address());
+        // The replica's pool is what every rank can hold.
+        endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
+      }
+      pending_ranks_.erase(request.replica_id());
+      std::unique_ptr<Replica>& replica = replicas_[request.replica_id()];
+      if (replica == nullptr) {
+        replica = std::make_unique<Replica>(
+            request.replica_id(), options_.replica,
+            [this](std::shared_ptr<Request> r) { Retry(std::move(r)); }, &kv_index_);
+      }
+      replica->Connect(endpoint);
+    } else if (auto it = replicas_.find(request.replica_id()); it != replicas_.end()) {
+      // A rank of a running replica came back alone: the old group is broken.
+      it->second->MarkLost(absl::StrFormat("rank %d registered again", request.rank()));
+    }
   }
   std::fprintf(stderr, "loom: worker %s registered for replica %s (%s backend)\n",
                request.worker_address().c_str(), request.replica_id().c_str(),
                request.backend().c_str());
   loom::v1::RegisterResponse response;
-  response.set_worker_id(request.replica_id() + "/0");
+  response.set_worker_id(absl::StrFormat("%s/%d", request.replica_id(), request.rank()));
   response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
   return response;
 }
@@ -70,6 +106,11 @@ absl::Status Cluster::Heartbeat(const loom::v1::HeartbeatRequest& request) {
   const size_t slash = id.rfind('/');
   absl::MutexLock lock(&mu_);
   auto it = slash == std::string::npos ? replicas_.end() : replicas_.find(id.substr(0, slash));
+  // A rank whose peers have not all registered yet is known, just not serving.
+  if (it == replicas_.end() && slash != std::string::npos &&
+      pending_ranks_.contains(id.substr(0, slash))) {
+    return absl::OkStatus();
+  }
   if (it == replicas_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown worker id '%s': register again", id));
   }

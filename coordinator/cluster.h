@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <vector>
 #include <memory>
 #include <string>
 #include <thread>
@@ -77,6 +79,12 @@ class Cluster {
   // Replicas are created on first registration and never removed (a dead one waits for
   // its worker to come back), so pointers into the map stay valid.
   std::map<std::string, std::unique_ptr<Replica>> replicas_ ABSL_GUARDED_BY(mu_);
+  // Ranks of tensor-parallel replicas registered so far, until all of a replica's have.
+  struct PendingRanks {
+    int32_t world_size = 0;
+    std::vector<std::optional<loom::v1::RegisterRequest>> ranks;
+  };
+  std::map<std::string, PendingRanks> pending_ranks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };

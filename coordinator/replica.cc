@@ -34,10 +34,10 @@ void Replica::Connect(const WorkerEndpoint& endpoint) {
   absl::MutexLock lock(&mu_);
   pending_connect_ = endpoint;
   last_heartbeat_ = absl::Now();
-  // A live stream to an earlier incarnation is cancelled so the loop notices at once.
-  if (live_context_ != nullptr) {
+  // A live connection to an earlier incarnation is cancelled so the loop notices at once.
+  if (live_connection_ != nullptr) {
     lost_reason_ = "the worker registered again";
-    live_context_->TryCancel();
+    live_connection_->Cancel(lost_reason_);
   }
 }
 
@@ -77,9 +77,9 @@ void Replica::Wake() {
 
 void Replica::MarkLost(const std::string& reason) {
   absl::MutexLock lock(&mu_);
-  if (live_context_ == nullptr) return;
+  if (live_connection_ == nullptr) return;
   lost_reason_ = reason;
-  live_context_->TryCancel();
+  live_connection_->Cancel(reason);
 }
 
 void Replica::Heartbeat() {
@@ -89,11 +89,11 @@ void Replica::Heartbeat() {
 
 void Replica::CheckHeartbeat(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  if (live_context_ == nullptr) return;
+  if (live_connection_ == nullptr) return;
   const absl::Duration silence = absl::Now() - last_heartbeat_;
   if (silence > timeout) {
     lost_reason_ = absl::StrFormat("no heartbeat for %d ms", absl::ToInt64Milliseconds(silence));
-    live_context_->TryCancel();
+    live_connection_->Cancel(lost_reason_);
   }
 }
 
@@ -131,10 +131,10 @@ void Replica::Loop() {
       connect.swap(pending_connect_);
     }
     if (connect) {
-      if (stream_ != nullptr) LoseWorker("the worker registered again");
+      if (connection_ != nullptr) LoseWorker("the worker registered again");
       if (!ConnectStream(*connect)) continue;
     }
-    if (stream_ == nullptr) {
+    if (connection_ == nullptr) {
       absl::MutexLock lock(&mu_);
       auto wakeup = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || pending_connect_.has_value();
@@ -190,7 +190,7 @@ void Replica::Loop() {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
     healthy_.store(false);
-    live_context_ = nullptr;
+    live_connection_ = nullptr;
   }
   for (auto& [seq_id, request] : requests_) {
     request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
@@ -203,21 +203,27 @@ void Replica::Loop() {
   }
   load_.store(0);
   load_tokens_.store(0);
-  if (context_ != nullptr) context_->TryCancel();
-  if (reader_.joinable()) reader_.join();
+  connection_.reset();  // cancels the streams and joins their readers
 }
 
 bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
-  channel_ = grpc::CreateChannel(endpoint.address, grpc::InsecureChannelCredentials());
-  if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(5)))) {
-    std::fprintf(stderr, "loom: replica %s: cannot reach its worker at %s\n",
-                 replica_id_.c_str(), endpoint.address.c_str());
-    channel_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    stream_events_.clear();
+  }
+  // Results (complete once every rank answered) and the failure that ends the
+  // connection reach the loop through stream_events_.
+  absl::StatusOr<std::unique_ptr<ReplicaConnection>> connection = ReplicaConnection::Connect(
+      endpoint.addresses, absl::Seconds(5), [this](ReplicaConnection::Event event) {
+        absl::MutexLock lock(&mu_);
+        stream_events_.push_back({std::move(event.result), std::move(event.failure)});
+      });
+  if (!connection.ok()) {
+    std::fprintf(stderr, "loom: replica %s: %s\n", replica_id_.c_str(),
+                 std::string(connection.status().message()).c_str());
     return false;
   }
-  stub_ = loom::v1::Worker::NewStub(channel_);
-  context_ = std::make_unique<grpc::ClientContext>();
-  stream_ = stub_->Step(context_.get());
+  connection_ = *std::move(connection);
   SchedulerConfig config;
   config.block_size = endpoint.block_size;
   config.num_blocks = endpoint.num_kv_blocks;
@@ -231,26 +237,21 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   in_flight_.clear();
   {
     absl::MutexLock lock(&mu_);
-    stream_events_.clear();
     lost_reason_.clear();
-    live_context_ = context_.get();
+    live_connection_ = connection_.get();
     endpoint_ = endpoint;
     last_heartbeat_ = absl::Now();
     healthy_.store(true);
   }
-  reader_ = std::thread([this, stream = stream_.get()] {
-    loom::v1::StepResult result;
-    while (stream->Read(&result)) {
-      absl::MutexLock lock(&mu_);
-      stream_events_.push_back({std::move(result), ""});
-      result = loom::v1::StepResult();
-    }
-    absl::MutexLock lock(&mu_);
-    stream_events_.push_back({std::nullopt, "the worker's step stream ended"});
-  });
   PublishStats();
-  std::fprintf(stderr, "loom: replica %s: worker %s connected (%lld KV blocks of %d tokens)\n",
-               replica_id_.c_str(), endpoint.address.c_str(),
+  std::fprintf(stderr,
+               "loom: replica %s: %s connected (%lld KV blocks of %d tokens)\n",
+               replica_id_.c_str(),
+               endpoint.addresses.size() == 1
+                   ? ("worker " + endpoint.address).c_str()
+                   : absl::StrFormat("%d ranks (rank 0 at %s)", endpoint.addresses.size(),
+                                     endpoint.address)
+                         .c_str(),
                static_cast<long long>(endpoint.num_kv_blocks), endpoint.block_size);
   return true;
 }
@@ -348,7 +349,7 @@ bool Replica::SendPlans() {
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;
     num_tokens_computed_ += out.num_decode_tokens + out.num_prefill_tokens;
     record.sent = absl::Now();
-    if (!stream_->Write(plan)) return false;
+    if (!connection_->Write(plan)) return false;
     in_flight_.push_back(std::move(record));
     sent = true;
   }
@@ -425,17 +426,11 @@ void Replica::LoseWorker(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (!lost_reason_.empty()) why = lost_reason_;
     healthy_.store(false);
-    live_context_ = nullptr;
+    live_connection_ = nullptr;
     inbox.swap(inbox_);
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
-  if (context_ != nullptr) context_->TryCancel();
-  if (reader_.joinable()) reader_.join();
-  if (stream_ != nullptr) stream_->Finish().ok();  // the status is the cancellation
-  stream_.reset();
-  context_.reset();
-  stub_.reset();
-  channel_.reset();
+  connection_.reset();  // cancels every rank's stream and joins the readers
   in_flight_.clear();
   {
     absl::MutexLock lock(&mu_);

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/kv_index.h"
+#include "coordinator/replica_connection.h"
 #include "coordinator/request.h"
 #include "coordinator/scheduler.h"
 #include "loom/v1/inference.pb.h"
@@ -35,7 +36,8 @@ struct ReplicaOptions {
 
 /// Where a registered worker serves its step stream, and its KV pool.
 struct WorkerEndpoint {
-  std::string address;
+  std::string address;                 // rank 0's
+  std::vector<std::string> addresses;  // every rank's, in rank order (rank 0's first)
   int64_t num_kv_blocks = 0;
   int32_t block_size = 16;
   std::string backend;  // as the worker registered it
@@ -134,7 +136,7 @@ class Replica {
   std::deque<StreamEvent> stream_events_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::string lost_reason_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext* live_context_ ABSL_GUARDED_BY(mu_) = nullptr;  // for MarkLost
+  ReplicaConnection* live_connection_ ABSL_GUARDED_BY(mu_) = nullptr;  // for MarkLost
   absl::Time last_heartbeat_ ABSL_GUARDED_BY(mu_);
   WorkerEndpoint endpoint_ ABSL_GUARDED_BY(mu_);
   loom::v1::ReplicaStatus stats_ ABSL_GUARDED_BY(mu_);
@@ -142,11 +144,7 @@ class Replica {
   // Loop thread only.
   std::unique_ptr<Scheduler> scheduler_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_;  // admitted
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<loom::v1::Worker::Stub> stub_;
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<loom::v1::StepPlan, loom::v1::StepResult>> stream_;
-  std::thread reader_;
+  std::unique_ptr<ReplicaConnection> connection_;  // the loop thread's
   std::deque<InFlightPlan> in_flight_;
   uint64_t next_step_id_ = 1;
   uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;

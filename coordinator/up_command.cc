@@ -19,12 +19,13 @@ namespace loom::coordinator {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: loom up --model PATH [--replicas R] [--workers N] [--threads T]\n"
+    "usage: loom up --model PATH [--replicas R] [--tensor-parallel T] [--threads N]\n"
     "               [--backend cpu|noop] [--kv-cache-memory SIZE] [--kv-dtype f16|f32]\n"
     "               [--worker-binary PATH] [serve flags]\n"
     "  --replicas R        data-parallel replicas, one worker process each (default 1)\n"
-    "  --workers N         workers per replica (tensor parallel; only 1 today)\n"
-    "  --threads T         CPU threads per worker (default: cores / replicas)\n"
+    "  --tensor-parallel T ranks (worker processes) per replica, joined by gloo (default 1;\n"
+    "                      --workers is the same)\n"
+    "  --threads N         CPU threads per worker (default: cores / workers)\n"
     "serve flags:\n";
 
 struct UpOptions {
@@ -114,14 +115,16 @@ int RunUpCommand(int argc, char** argv) {
         std::fprintf(stderr, "loom up: %s\n", error.c_str());
         return 2;
       }
-    } else if (flag == "--replicas" || flag == "--workers" || flag == "--threads") {
+    } else if (flag == "--replicas" || flag == "--workers" || flag == "--tensor-parallel" ||
+               flag == "--threads") {
       if (!absl::SimpleAtoi(value, &number) || number < 1 || number > 256) {
         std::fprintf(stderr, "loom up: %s needs an integer in [1, 256], got '%s'\n",
                      flag.c_str(), value.c_str());
         return 2;
       }
-      (flag == "--replicas" ? options.replicas
-                            : flag == "--workers" ? options.workers : options.threads) = number;
+      (flag == "--replicas"  ? options.replicas
+       : flag == "--threads" ? options.threads
+                             : options.workers) = number;
     } else if (flag == "--backend" || flag == "--kv-cache-memory" ||
                flag == "--kv-cache-fraction" || flag == "--kv-dtype" ||
                flag == "--block-size") {
@@ -138,16 +141,9 @@ int RunUpCommand(int argc, char** argv) {
     std::fprintf(stderr, "loom up: --model is required\n%s", kUsage);
     return 2;
   }
-  if (options.workers != 1) {
-    std::fprintf(stderr,
-                 "loom up: --workers %d: tensor-parallel replicas are not supported yet; "
-                 "use --replicas for more workers\n",
-                 options.workers);
-    return 2;
-  }
   if (options.threads == 0) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    options.threads = std::max(1, cores / options.replicas);
+    options.threads = std::max(1, cores / (options.replicas * options.workers));
   }
   if (options.worker_binary.empty()) options.worker_binary = FindWorkerBinary();
 
@@ -166,19 +162,28 @@ int RunUpCommand(int argc, char** argv) {
 
   std::vector<pid_t> workers;
   const std::string coordinator = absl::StrFormat("127.0.0.1:%d", (*server)->port());
+  // The ranks of one start share a rendezvous id, so a later start never meets the
+  // addresses an earlier one left in the coordinator's store.
+  const std::string rendezvous_id = absl::StrFormat("%d-%d", getpid(), (*server)->port());
   for (int r = 0; r < options.replicas; ++r) {
-    std::vector<std::string> args = {"--model",       options.serve.model_path,
-                                     "--coordinator", coordinator,
-                                     "--replica-id",  absl::StrFormat("replica-%d", r),
-                                     "--threads",     std::to_string(options.threads)};
-    args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
-    const pid_t pid = SpawnWorker(options.worker_binary, args);
-    if (pid < 0) {
-      std::fprintf(stderr, "loom up: cannot start %s\n", options.worker_binary.c_str());
-      StopWorkers(workers);
-      return 1;
+    for (int rank = 0; rank < options.workers; ++rank) {
+      std::vector<std::string> args = {"--model",       options.serve.model_path,
+                                       "--coordinator", coordinator,
+                                       "--replica-id",  absl::StrFormat("replica-%d", r),
+                                       "--threads",     std::to_string(options.threads)};
+      if (options.workers > 1) {
+        args.insert(args.end(), {"--world-size", std::to_string(options.workers), "--rank",
+                                 std::to_string(rank), "--rendezvous-id", rendezvous_id});
+      }
+      args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
+      const pid_t pid = SpawnWorker(options.worker_binary, args);
+      if (pid < 0) {
+        std::fprintf(stderr, "loom up: cannot start %s\n", options.worker_binary.c_str());
+        StopWorkers(workers);
+        return 1;
+      }
+      workers.push_back(pid);
     }
-    workers.push_back(pid);
   }
 
   bool announced = false;

@@ -1,0 +1,79 @@
+"""Tensor-parallel replicas over real processes: `loom up --tensor-parallel 3` on the default model
+(SmolLM2-135M: 9 query heads, 3 KV heads, FFN 1536; three gloo ranks meeting through the
+coordinator) serves the same greedy text as the single-process engine; what cannot be split is
+refused with a clear message (2 ranks for 9 heads; the random test model's FFN of 224 channels
+does not split into 32-element quantization blocks at 2 ranks).
+
+Supported: tensor-parallel sizes that divide the query heads, where KV heads and ranks divide one
+another, the FFN channels divide evenly and every split falls on the weights' quantization blocks.
+"""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import cluster_harness as h
+from cluster_harness import make_request
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land"]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tp3(tmp_path_factory):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    up = h.Up(tmp_path_factory.mktemp("tp3"), tensor_parallel=3, threads=1,
+              kv_cache_memory="64MiB", http_port=-1)
+    try:
+        up.wait_healthy(["replica-0"])
+        yield up
+    finally:
+        up.stop()
+        print(up.log_tail())
+
+
+def test_three_ranks_serve_the_single_process_greedy_text(tp3):
+    replicas = tp3.replicas()
+    assert replicas["replica-0"].healthy
+    outcomes = h.generate_all(tp3.stub, [make_request(prompt=p, max_tokens=MAX_TOKENS) for p in PROMPTS])
+    for prompt, outcome in zip(PROMPTS, outcomes):
+        assert outcome.finished, outcome.describe()
+        reference = h.loom_generate(prompt, MAX_TOKENS, threads=1)
+        assert outcome.text == reference.text, (prompt, outcome.text, reference.text)
+    tp3.wait_idle()
+
+
+def run_worker(args, timeout=60):
+    return subprocess.run([str(h.WORKER_BIN), "--coordinator", "127.0.0.1:1", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_ranks_are_refused_for_nine_heads():
+    done = run_worker(["--model", str(h.MODEL_PATH), "--world-size", "2", "--rank", "0"])
+    assert done.returncode == 2
+    assert "does not divide the model's 9 attention heads" in done.stderr
+
+
+def test_a_split_off_the_quantization_blocks_is_refused(tmp_path):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
+    import random_model  # noqa: E402
+
+    path = tmp_path / "llama_gqa.gguf"
+    random_model.write_model(random_model.SPECS["llama_gqa"], path)
+    coordinator = h.Coordinator(tmp_path, model=path, http_port=-1)
+    try:
+        # Both ranks meet, then each fails to load its shard with the reason.
+        ranks = [subprocess.Popen(
+            [str(h.WORKER_BIN), "--model", str(path), "--coordinator", coordinator.address,
+             "--world-size", "2", "--rank", str(rank), "--threads", "1", "--listen", "127.0.0.1:0",
+             "--rendezvous-timeout-ms", "20000"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+        for rank in ranks:
+            _, stderr = rank.communicate(timeout=60)
+            assert rank.returncode != 0
+            assert "cannot be split" in stderr and "tensor parallelism" in stderr, stderr
+    finally:
+        coordinator.stop()
