@@ -1,5 +1,6 @@
 #include "coordinator/openai_service.h"
 
+#include <functional>
 #include <memory>
 #include <random>
 #include <utility>
@@ -51,6 +52,11 @@ struct Choice {
   loom::v1::FinishReason finish = loom::v1::FINISH_REASON_UNSPECIFIED;
   std::string error;
   int32_t cached_prompt_tokens = 0;  // from the final event
+  // n > 1: samples after the first wait for it (`leader`) to produce a token, by which
+  // time the prompt's KV blocks are in the prefix cache and the samples share them
+  // instead of each computing the prompt again. -1: placed at once.
+  int leader = -1;
+  bool placed = false;
   bool started = false;      // streaming: the first chunk (role, echo) went out
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
 };
@@ -65,6 +71,23 @@ struct Run {
   std::vector<Choice> choices;
   int32_t prompt_tokens = 0;
   std::unique_ptr<PeerConnection> peer;
+  std::function<absl::Status(const std::shared_ptr<Request>&)> place;  // Cluster::Submit
+
+  // Places the samples whose leader has produced output (or finished); a sample that
+  // cannot be placed ends with an error event of its own.
+  void PlaceFollowers() {
+    for (Choice& choice : choices) {
+      if (choice.placed) continue;
+      const Choice& leader = choices[choice.leader];
+      if (leader.completion_tokens == 0 && leader.finish == loom::v1::FINISH_REASON_UNSPECIFIED) {
+        continue;
+      }
+      choice.placed = true;
+      if (absl::Status placed = place(choice.request); !placed.ok()) {
+        choice.request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(placed.message()), "");
+      }
+    }
+  }
 
   bool done() const {
     for (const Choice& choice : choices) {
@@ -74,7 +97,7 @@ struct Run {
   }
   void CancelAll() {
     for (Choice& choice : choices) {
-      if (choice.request != nullptr) choice.request->Cancel();
+      if (choice.request != nullptr && choice.placed) choice.request->Cancel();
     }
   }
   int32_t completion_tokens() const {
@@ -271,9 +294,10 @@ bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
   const absl::Duration wait =
       run.choices.size() == 1 ? absl::Milliseconds(50) : absl::Milliseconds(5);
   while (!run.done()) {
+    run.PlaceFollowers();
     bool any = false;
     for (Choice& choice : run.choices) {
-      if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED) continue;
+      if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED || !choice.placed) continue;
       std::optional<OutputEvent> event = choice.request->outputs().Pop(wait);
       if (!event) continue;
       any = true;
@@ -351,15 +375,23 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
           absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(),
           std::move(params), tokenizer_, eos_ids_);
       choice.request->set_metrics(metrics_);
-      if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
-        run->CancelAll();
-        return WriteError(placed, response);
+      if (s > 0) {
+        choice.leader = choice.index - s;  // placed by Pump once the leader has output
+      } else {
+        if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
+          run->CancelAll();
+          return WriteError(placed, response);
+        }
+        choice.placed = true;
       }
       run->choices.push_back(std::move(choice));
     }
   }
   run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
                                                request.remote_addr, request.remote_port);
+  run->place = [cluster = &cluster_](const std::shared_ptr<Request>& sample) {
+    return cluster->Submit(sample);
+  };
   const OpenAiRequest& options = run->parsed;
   const common::Tokenizer& tokenizer = tokenizer_;
 

@@ -330,3 +330,18 @@ def test_usage_reports_cached_prompt_tokens(client, model):
     assert second.usage.prompt_tokens_details.cached_tokens >= 32
     assert second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
     assert first.choices[0].text == second.choices[0].text
+
+
+def test_n_samples_share_the_prompt_blocks(client, model, rig):
+    # A prompt of ~200 tokens and n = 4: the first sample computes it, the others reuse its
+    # cached blocks, so the replica computes far less than 4 prompts.
+    prompt = " ".join(f"item{i}" for i in range(100))
+    computed_before = rig.coordinator.replicas()["r0"].num_tokens_computed
+    completion = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=1.0,
+                                           n=4, seed=5)
+    computed = rig.coordinator.replicas()["r0"].num_tokens_computed - computed_before
+    prompt_tokens = completion.usage.prompt_tokens
+    assert len(completion.choices) == 4
+    assert prompt_tokens > 150
+    assert computed < 2 * prompt_tokens, (computed, prompt_tokens)
+    assert computed >= prompt_tokens
