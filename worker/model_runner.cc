@@ -104,6 +104,9 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
   attention.block_indices = batch.block_indices.data();
   attention.num_seqs = batch.num_seqs();
   attention.num_heads = shard.num_heads;
+  attention.group = c.num_heads / c.num_kv_heads;
+  attention.head0 = shard.head0;
+  attention.kv_head0 = shard.kv_head0;
   attention.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (size_t l = 0; l < weights_->layers.size(); ++l) {

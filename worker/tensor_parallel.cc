@@ -14,27 +14,25 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   ShardPlan plan;
   plan.rank = rank;
   plan.size = size;
-  if (config.num_heads % size != 0) {
+  if (config.num_heads < size) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor parallel size %d does not divide the model's %d attention heads (supported "
-        "sizes divide the head count)",
-        size, config.num_heads));
+        "tensor parallel size %d is more than the model's %d attention heads", size,
+        config.num_heads));
   }
-  plan.num_heads = config.num_heads / size;
-  plan.head0 = rank * plan.num_heads;
-  if (config.num_kv_heads % size == 0) {
-    plan.num_kv_heads = config.num_kv_heads / size;
-    plan.kv_head0 = rank * plan.num_kv_heads;
-  } else if (size % config.num_kv_heads == 0) {
-    // More ranks than KV heads: each KV head is replicated on size / kv_heads ranks, the
-    // ones whose query heads read it.
-    plan.num_kv_heads = 1;
-    plan.kv_head0 = rank / (size / config.num_kv_heads);
-  } else {
+  if (config.num_kv_heads <= 0 || config.num_heads % config.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor parallel size %d and the model's %d KV heads: one must divide the other",
-        size, config.num_kv_heads));
+        "the model's %d attention heads are not a multiple of its %d KV heads",
+        config.num_heads, config.num_kv_heads));
   }
+  // Query heads as evenly as possible (the first num_heads % size ranks get one more);
+  // each rank keeps the KV heads its query heads read, so a KV head whose group spans two
+  // ranks is held by both (split when the counts line up, replicated otherwise).
+  const int64_t base = config.num_heads / size, extra = config.num_heads % size;
+  plan.num_heads = base + (rank < extra ? 1 : 0);
+  plan.head0 = rank * base + std::min<int64_t>(rank, extra);
+  const int64_t group = config.num_heads / config.num_kv_heads;
+  plan.kv_head0 = plan.head0 / group;
+  plan.num_kv_heads = (plan.head0 + plan.num_heads - 1) / group - plan.kv_head0 + 1;
   if (config.intermediate_size % size != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor parallel size %d does not divide the model's %d FFN channels", size,

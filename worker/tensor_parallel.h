@@ -11,9 +11,11 @@ namespace loom::worker {
 /// (Megatron-style): Q/K/V and gate/up split by rows (heads, FFN channels), O and down by
 /// columns (their partial products are summed by an all-reduce), the embedding and the LM
 /// head by vocabulary rows (the embedding's rows summed by an all-reduce, the logits
-/// gathered). KV heads are split when `size` divides them and replicated when they divide
-/// `size` (each rank keeps the one KV head its query heads read); other head counts are
-/// refused. size 1 is the whole model.
+/// gathered). Query heads are split as evenly as possible; each rank keeps the KV heads
+/// its query heads read (split when the counts line up, a KV head shared by two ranks'
+/// query heads held by both, replicated when ranks outnumber KV heads). More ranks than
+/// query heads, and FFN channels that do not divide, are refused. size 1 is the whole
+/// model.
 struct ShardPlan {
   int rank = 0;
   int size = 1;
@@ -32,8 +34,8 @@ struct ShardPlan {
   bool sharded() const { return size > 1; }
 };
 
-/// The plan, or InvalidArgument naming what does not divide: the query heads, the KV
-/// heads (neither divides the other), the FFN channels.
+/// The plan, or InvalidArgument naming what does not fit: more ranks than query heads,
+/// FFN channels that do not divide.
 absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank, int size);
 
 /// The configuration of one rank's slice (local head and FFN counts; vocabulary and

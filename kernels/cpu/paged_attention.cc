@@ -36,11 +36,22 @@ absl::Status CheckAttentionParams(const PagedAttentionParams& p) {
       p.context_len == nullptr || p.block_indptr == nullptr || p.block_indices == nullptr) {
     return absl::InvalidArgumentError("PagedAttention: null pointer among q, out and the batch");
   }
-  if (p.num_seqs <= 0 || p.num_heads <= 0 || p.num_heads % p.cache.num_kv_heads != 0) {
+  if (p.num_seqs <= 0 || p.num_heads <= 0 ||
+      (p.group == 0 && p.num_heads % p.cache.num_kv_heads != 0)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PagedAttention: num_seqs %d, num_heads %d must be positive, num_heads a multiple of "
         "num_kv_heads %d",
         p.num_seqs, p.num_heads, p.cache.num_kv_heads));
+  }
+  if (p.group != 0) {
+    const int64_t first = p.head0 / p.group - p.kv_head0;
+    const int64_t last = (p.head0 + p.num_heads - 1) / p.group - p.kv_head0;
+    if (p.group < 0 || p.head0 < 0 || first < 0 || last >= p.cache.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "PagedAttention: query heads [%d, %d) with group %d read KV heads outside [%d, %d)",
+          p.head0, p.head0 + p.num_heads, p.group, p.kv_head0,
+          p.kv_head0 + p.cache.num_kv_heads));
+    }
   }
   if (!std::isfinite(p.scale)) return absl::InvalidArgumentError("PagedAttention: scale not finite");
   if (p.query_start[0] != 0 || p.block_indptr[0] != 0) {
@@ -170,7 +181,6 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
                     internal::IsaSupported(internal::MatmulIsaChoice::kAvx512);
   const auto attend = simd ? internal::AttendAvx512 : internal::AttendScalar;
   const int64_t d = p.cache.head_dim;
-  const int64_t group = p.num_heads / p.cache.num_kv_heads;
   const int64_t num_items = num_tokens * p.num_heads;
   // Items are dealt zigzag (first, last, second, second to last, ...) so that contiguous
   // chunks mix early causal tokens (short) with late ones (long).
@@ -184,7 +194,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
       task.q = p.q + (t * p.num_heads + h) * d;
       task.out = p.out + (t * p.num_heads + h) * d;
       task.blocks = p.block_indices + p.block_indptr[s];
-      task.kv_head = h / group;
+      task.kv_head = internal::KvHeadOf(p, h);
       task.attend_len = p.context_len[s] - q_len + (t - p.query_start[s]) + 1;
       attend(p.cache, p.scale, task);
     }
@@ -196,7 +206,6 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
   if (absl::Status status = CheckAttentionParams(p); !status.ok()) return status;
   const KvLayerView& c = p.cache;
   const int64_t d = c.head_dim;
-  const int64_t group = p.num_heads / c.num_kv_heads;
   for (int64_t s = 0; s < p.num_seqs; ++s) {
     const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
     const int32_t* blocks = p.block_indices + p.block_indptr[s];
@@ -210,7 +219,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
         for (int64_t pos = 0; pos < len; ++pos) {
           const int64_t slot = static_cast<int64_t>(blocks[pos / c.block_size]) * c.block_size +
                                pos % c.block_size;
-          bases[pos] = (slot * c.num_kv_heads + h / group) * d;
+          bases[pos] = (slot * c.num_kv_heads + internal::KvHeadOf(p, h)) * d;
         }
         std::vector<double> scores(len);
         double max_score = -std::numeric_limits<double>::infinity();

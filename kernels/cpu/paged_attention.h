@@ -44,6 +44,13 @@ struct PagedAttentionParams {
   int64_t num_seqs = 0;
   int64_t num_heads = 0;
   float scale = 0.0f;                   // usually 1 / sqrt(head_dim)
+  // A tensor-parallel slice whose query heads need not line up with whole KV heads:
+  // query head h (local) reads KV head (head0 + h) / group - kv_head0 of `cache`, with
+  // `group` the model's query heads per KV head and head0 / kv_head0 the global indices
+  // of the slice's first query and KV head. group 0: num_heads / num_kv_heads, no offsets.
+  int64_t group = 0;
+  int64_t head0 = 0;
+  int64_t kv_head0 = 0;
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence

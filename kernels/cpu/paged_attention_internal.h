@@ -8,6 +8,13 @@
 
 namespace loom::kernels::cpu::internal {
 
+/// The cache's KV head that local query head `h` reads (see PagedAttentionParams::group).
+inline int64_t KvHeadOf(const PagedAttentionParams& p, int64_t h) {
+  if (p.group == 0) return h / (p.num_heads / p.cache.num_kv_heads);
+  return (p.head0 + h) / p.group - p.kv_head0;
+}
+
+
 /// One query row attending to KV positions [0, attend_len) of one sequence.
 struct AttentionTask {
   const float* q = nullptr;           // [head_dim]

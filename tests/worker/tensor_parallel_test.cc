@@ -75,12 +75,26 @@ TEST(PlanShardsTest, UnevenVocabularyIsPaddedToAStride) {
   EXPECT_EQ(sizes, (std::vector<int64_t>{3, 3, 3, 1}));
 }
 
-TEST(PlanShardsTest, RefusesWhatDoesNotDivideWithAClearMessage) {
-  EXPECT_THAT(PlanShards(SmolLm2Shape(), 0, 2).status().message(), HasSubstr("9 attention heads"));
+TEST(PlanShardsTest, UnevenHeadsShareTheKvHeadBetweenThem) {
+  // 9 query heads over 2 ranks: 5 + 4. Query heads 3-5 read KV head 1, so both hold it.
+  absl::StatusOr<ShardPlan> first = PlanShards(SmolLm2Shape(), 0, 2);
+  absl::StatusOr<ShardPlan> second = PlanShards(SmolLm2Shape(), 1, 2);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->head0, 0);
+  EXPECT_EQ(first->num_heads, 5);
+  EXPECT_EQ(first->kv_head0, 0);
+  EXPECT_EQ(first->num_kv_heads, 2);
+  EXPECT_EQ(second->head0, 5);
+  EXPECT_EQ(second->num_heads, 4);
+  EXPECT_EQ(second->kv_head0, 1);
+  EXPECT_EQ(second->num_kv_heads, 2);
+}
+
+TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
+  EXPECT_THAT(PlanShards(SmolLm2Shape(), 0, 10).status().message(),
+              HasSubstr("more than the model's 9 attention heads"));
   common::ModelConfig config = SmolLm2Shape();
   config.num_heads = 12;
-  config.num_kv_heads = 3;
-  EXPECT_THAT(PlanShards(config, 0, 4).status().message(), HasSubstr("3 KV heads"));
   config.num_kv_heads = 3;
   config.intermediate_size = 1000;
   EXPECT_THAT(PlanShards(config, 0, 3).status().message(), HasSubstr("1000 FFN channels"));
@@ -136,7 +150,10 @@ class TensorParallelRunnerTest : public ::testing::Test {
 common::GgufFile* TensorParallelRunnerTest::gguf_ = nullptr;
 common::Tokenizer* TensorParallelRunnerTest::tokenizer_ = nullptr;
 
-TEST_F(TensorParallelRunnerTest, ThreeRanksMatchOneRank) {
+class TensorParallelRanksTest : public TensorParallelRunnerTest,
+                                public testing::WithParamInterface<int> {};
+
+TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   const std::vector<int32_t> prompt =
       tokenizer_->Encode("The capital of France is", /*add_special=*/true, /*parse_special=*/true);
   constexpr int kSteps = 8;
@@ -150,7 +167,7 @@ TEST_F(TensorParallelRunnerTest, ThreeRanksMatchOneRank) {
   std::vector<float> want_logits;
   ASSERT_TRUE(Generate(**whole, prompt, kSteps, want, want_logits).ok());
 
-  constexpr int kRanks = 3;
+  const int kRanks = GetParam();
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<std::vector<int32_t>> got(kRanks);
   std::vector<std::vector<float>> got_logits(kRanks);
@@ -172,7 +189,7 @@ TEST_F(TensorParallelRunnerTest, ThreeRanksMatchOneRank) {
         statuses[rank] = runner.status();
         return;
       }
-      EXPECT_EQ((*runner)->weights().shard.num_heads, 3);
+      EXPECT_EQ((*runner)->weights().shard.num_heads, kRanks == 3 ? 3 : 5 - rank);
       statuses[rank] = Generate(**runner, prompt, kSteps, got[rank], got_logits[rank]);
     });
   }
@@ -191,30 +208,8 @@ TEST_F(TensorParallelRunnerTest, ThreeRanksMatchOneRank) {
   }
 }
 
-TEST_F(TensorParallelRunnerTest, TwoRanksAreRefusedForNineHeads) {
-  ModelRunnerOptions options;
-  options.num_threads = 1;
-  options.num_kv_blocks = 4;
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<absl::Status> statuses(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto communicator = GlooCommunicator::Connect(store, rank, 2, {});
-      ASSERT_TRUE(communicator.ok());
-      ModelRunnerOptions shard = options;
-      shard.tp_rank = rank;
-      shard.tp_size = 2;
-      shard.communicator = communicator->get();
-      statuses[rank] = ModelRunner::Create(*gguf_, shard).status();
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (const absl::Status& status : statuses) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(status.message(), HasSubstr("9 attention heads"));
-  }
-}
+// 2 ranks split 9 heads 5 + 4 (KV head 1 on both); 3 ranks 3 + 3 + 3.
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelRanksTest, testing::Values(2, 3));
 
 }  // namespace
 }  // namespace loom::worker

@@ -254,7 +254,7 @@ def test_refusal_by_the_coordinator_is_fatal(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (("--world-size", "2"), "does not divide the model's 9 attention heads"),
+    (("--world-size", "10"), "more than the model's 9 attention heads"),
     (("--world-size", "3", "--backend", "noop"), "needs --backend cpu"),
     (("--world-size", "3", "--rank", "3"), "outside"),
     (("--kv-cache-memory", "1KiB"), "holds no block"),
