@@ -12,6 +12,9 @@ the weights' quantization blocks.
 import pathlib
 import subprocess
 import sys
+import time
+
+import grpc
 
 import pytest
 
@@ -79,3 +82,63 @@ def test_a_split_off_the_quantization_blocks_is_refused(tmp_path):
             assert "cannot be split" in stderr and "tensor parallelism" in stderr, stderr
     finally:
         coordinator.stop()
+
+
+def test_killing_one_rank_fails_its_replica_and_the_other_keeps_serving(tmp_path):
+    """A 2-rank replica beside a single-worker one: SIGKILL one rank mid-stream. The tensor-parallel
+    replica's requests end with an error (or are retried elsewhere when they had no output yet), it
+    is reported down, the other replica keeps serving, and the surviving rank still stops on
+    SIGTERM (nothing hangs in a collective)."""
+    import threading
+
+    coordinator = h.Coordinator(tmp_path, http_port=-1, step_timeout_ms=3000, heartbeat_timeout_ms=3000)
+    processes = [coordinator]
+    try:
+        ranks = [None, None]
+
+        def start(rank):  # both at once: each waits for the other at rendezvous
+            ranks[rank] = h.Worker(tmp_path, coordinator.address, "tp", threads=1, world_size=2,
+                                   rank=rank, rendezvous_id="kill-test", kv_cache_memory="64MiB")
+
+        starters = [threading.Thread(target=start, args=(r,)) for r in range(2)]
+        for t in starters:
+            t.start()
+        for t in starters:
+            t.join()
+        assert all(ranks), "a rank did not start"
+        processes += ranks
+        solo = h.Worker(tmp_path, coordinator.address, "solo", threads=1, kv_cache_memory="64MiB")
+        processes.append(solo)
+        coordinator.wait_healthy(["tp", "solo"])
+
+        streams = [h.Stream(coordinator.stub, make_request(f"{p} {i}", max_tokens=300, ignore_eos=True), 120)
+                   for i, p in enumerate(PROMPTS * 2)]
+        for stream in streams:
+            assert stream.wait_tokens(2, timeout=60), stream.outcome.describe()
+        on_tp = [s for s in streams if s.outcome.replica_id == "tp"]
+        assert on_tp, "no stream was placed on the tensor-parallel replica"
+
+        killed_at = time.monotonic()
+        ranks[1].kill()
+        for stream in on_tp:
+            outcome = stream.join(timeout=30)
+            assert outcome.code == grpc.StatusCode.OK and outcome.finish_reason == FINISH("FINISH_REASON_ERROR"), \
+                outcome.describe()
+            assert outcome.ended_at - killed_at < 10, outcome.describe()
+        status = coordinator.wait_replicas(lambda r: not r["tp"].healthy, 10, "tp reported down")
+        assert status["solo"].healthy
+        fresh = h.generate_all(coordinator.stub, [make_request(p, max_tokens=6) for p in PROMPTS], timeout=60)
+        for outcome in fresh:
+            assert outcome.finished and outcome.replica_id == "solo", outcome.describe()
+        for stream in streams:
+            if stream.outcome.replica_id == "solo":
+                assert stream.join(timeout=120).finished, stream.outcome.describe()
+        # The surviving rank is not stuck in a collective: it stops on SIGTERM.
+        assert ranks[0].stop(timeout=15) is not None, "rank 0 did not stop on SIGTERM"
+    finally:
+        for process in reversed(processes):
+            process.stop(timeout=5)
+
+
+def FINISH(name):
+    return h.stubs().pb.FinishReason.Value(name)
