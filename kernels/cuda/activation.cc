@@ -1,0 +1,25 @@
+#include "kernels/cuda/activation.h"
+
+#include "absl/strings/str_format.h"
+
+namespace loom::kernels::cuda {
+
+absl::Status CheckSiluMulParams(const SiluMulParams& p) {
+  if (p.num_tokens < 0 || p.ffn < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SiluMul: num_tokens %d must be >= 0 and ffn %d >= 1", p.num_tokens, p.ffn));
+  }
+  if (p.num_tokens > 0 && (p.gate_up == nullptr || p.out == nullptr)) {
+    return absl::InvalidArgumentError("SiluMul: null gate_up or out");
+  }
+  return absl::OkStatus();
+}
+
+#if !LOOM_HAVE_CUDA
+absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
+  if (absl::Status status = CheckSiluMulParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("SiluMul: Loom was built without CUDA");
+}
+#endif
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,26 @@
+#include "kernels/cuda/gather.h"
+
+#include "absl/strings/str_format.h"
+
+namespace loom::kernels::cuda {
+
+absl::Status CheckGatherRowsParams(const GatherRowsParams& p) {
+  if (p.num_rows < 1 || p.row_size < 1 || p.num_indices < 0 || p.num_indices > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GatherRows: num_rows %d and row_size %d must be positive, num_indices %d in [0, 2^31)",
+        p.num_rows, p.row_size, p.num_indices));
+  }
+  if (p.num_indices > 0 && (p.table == nullptr || p.indices == nullptr || p.out == nullptr)) {
+    return absl::InvalidArgumentError("GatherRows: null table, indices or out");
+  }
+  return absl::OkStatus();
+}
+
+#if !LOOM_HAVE_CUDA
+absl::Status LaunchGatherRows(const GatherRowsParams& params, cudaStream_t) {
+  if (absl::Status status = CheckGatherRowsParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("GatherRows: Loom was built without CUDA");
+}
+#endif
+
+}  // namespace loom::kernels::cuda

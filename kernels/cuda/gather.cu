@@ -1,0 +1,43 @@
+// Row gather: one block per output row, threads stride over the row.
+#include "common/status_macros.h"
+#include "kernels/cuda/gather.h"
+#include "kernels/cuda/launch_internal.cuh"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using internal::FromFloat;
+using internal::ToFloat;
+
+template <typename Src, typename Dst>
+__global__ void GatherRowsKernel(const Src* __restrict__ table, const int32_t* __restrict__ indices,
+                                 Dst* __restrict__ out, int64_t num_rows, int64_t row_size,
+                                 int64_t index_offset) {
+  const int64_t row = static_cast<int64_t>(indices[blockIdx.x]) - index_offset;
+  Dst* dst = out + blockIdx.x * row_size;
+  if (row < 0 || row >= num_rows) {
+    for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) dst[i] = FromFloat<Dst>(0.0f);
+    return;
+  }
+  const Src* src = table + row * row_size;
+  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x)
+    dst[i] = FromFloat<Dst>(ToFloat(src[i]));
+}
+
+}  // namespace
+
+absl::Status LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckGatherRowsParams(p));
+  if (p.num_indices == 0) return absl::OkStatus();
+  const int threads = p.row_size >= 256 ? 256 : static_cast<int>((p.row_size + 31) / 32) * 32;
+  internal::DispatchDataType(p.src_dtype, [&]<typename Src>() {
+    internal::DispatchDataType(p.dst_dtype, [&]<typename Dst>() {
+      GatherRowsKernel<Src, Dst><<<static_cast<unsigned>(p.num_indices), threads, 0, stream>>>(
+          static_cast<const Src*>(p.table), p.indices, static_cast<Dst*>(p.out), p.num_rows,
+          p.row_size, p.index_offset);
+    });
+  });
+  return internal::CheckLaunch("GatherRows");
+}
+
+}  // namespace loom::kernels::cuda

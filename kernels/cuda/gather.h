@@ -1,0 +1,35 @@
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/types.h"
+#include "kernels/cuda_device.h"
+
+namespace loom::kernels::cuda {
+
+/// Copies rows of a device table picked by index, converting src_dtype -> dst_dtype:
+/// out[i] = table[indices[i] - index_offset]. A row index outside [0, num_rows) yields a
+/// row of zeros (a tensor-parallel rank holding a vocabulary slice adds zeros for tokens
+/// outside it; the kernel never reads outside the table). Serves as the embedding lookup
+/// (indices = token ids) and the gather of the rows whose logits are sampled.
+struct GatherRowsParams {
+  const void* table = nullptr;       // [num_rows, row_size] of src_dtype
+  const int32_t* indices = nullptr;  // [num_indices], device
+  void* out = nullptr;               // [num_indices, row_size] of dst_dtype
+  DataType src_dtype = DataType::kF16;
+  DataType dst_dtype = DataType::kF32;
+  int64_t num_rows = 0;      // >= 1
+  int64_t row_size = 0;      // >= 1
+  int64_t num_indices = 0;   // >= 0, <= 2^31 - 1
+  int64_t index_offset = 0;  // subtracted from every index (vocab0 of a rank's slice)
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
+absl::Status CheckGatherRowsParams(const GatherRowsParams& params);
+
+/// Asynchronous on `stream`, one block per output row; thread-safe (no state).
+/// FailedPrecondition without CUDA.
+absl::Status LaunchGatherRows(const GatherRowsParams& params, cudaStream_t stream);
+
+}  // namespace loom::kernels::cuda

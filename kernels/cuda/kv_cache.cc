@@ -1,0 +1,46 @@
+#include "kernels/cuda/kv_cache.h"
+
+#include "absl/strings/str_format.h"
+
+namespace loom::kernels::cuda {
+
+absl::Status CheckKvCacheView(const KvCacheView& c) {
+  if (c.dtype != DataType::kF16 && c.dtype != DataType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache: dtype %s unsupported (F16, BF16)", DataTypeName(c.dtype)));
+  }
+  if (c.num_blocks < 1 || c.block_size < 1 || c.num_kv_heads < 1 || c.head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV cache: num_blocks %d, block_size %d, num_kv_heads %d, head_dim %d must be positive",
+        c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim));
+  }
+  if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
+  return absl::OkStatus();
+}
+
+absl::Status CheckWriteKvParams(const WriteKvParams& p) {
+  if (absl::Status status = CheckKvCacheView(p.cache); !status.ok()) return status;
+  const int64_t row = p.cache.num_kv_heads * p.cache.head_dim;
+  if (p.num_tokens < 0 || p.num_tokens > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("WriteKv: num_tokens %d out of range", p.num_tokens));
+  }
+  if ((p.k_stride != 0 && p.k_stride < row) || (p.v_stride != 0 && p.v_stride < row)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("WriteKv: k_stride %d / v_stride %d shorter than a row of %d", p.k_stride,
+                        p.v_stride, row));
+  }
+  if (p.num_tokens > 0 && (p.k == nullptr || p.v == nullptr || p.slots == nullptr)) {
+    return absl::InvalidArgumentError("WriteKv: null k, v or slots");
+  }
+  return absl::OkStatus();
+}
+
+#if !LOOM_HAVE_CUDA
+absl::Status LaunchWriteKv(const WriteKvParams& params, cudaStream_t) {
+  if (absl::Status status = CheckWriteKvParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("WriteKv: Loom was built without CUDA");
+}
+#endif
+
+}  // namespace loom::kernels::cuda

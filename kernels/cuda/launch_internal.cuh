@@ -1,0 +1,110 @@
+#pragma once
+
+// Internal to kernels/cuda (.cu files only): element access for F32/F16/BF16, warp
+// reductions and the launch check every launch function ends with.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/types.h"
+
+namespace loom::kernels::cuda::internal {
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T value);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half value) {
+  return __half2float(value);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float value);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float value) {
+  return __float2half_rn(value);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
+  return __float2bfloat16_rn(value);
+}
+
+/// Rounds through T and back: the value a tensor of T would hold.
+template <typename T>
+__device__ __forceinline__ float RoundThrough(float value) {
+  return ToFloat<T>(FromFloat<T>(value));
+}
+
+__device__ __forceinline__ float WarpSum(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ float WarpMax(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+/// `scratch` holds 32 floats of shared memory; contains a __syncthreads.
+__device__ __forceinline__ float BlockSum(float value, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  value = WarpSum(value);
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  const int num_warps = blockDim.x / 32;
+  float total = 0.0f;
+  for (int w = 0; w < num_warps; ++w) total += scratch[w];
+  return total;
+}
+
+/// Calls `body.template operator()<T>()` with T the CUDA type of `type`.
+template <typename Body>
+void DispatchDataType(DataType type, Body&& body) {
+  switch (type) {
+    case DataType::kF32:
+      body.template operator()<float>();
+      break;
+    case DataType::kF16:
+      body.template operator()<__half>();
+      break;
+    case DataType::kBF16:
+      body.template operator()<__nv_bfloat16>();
+      break;
+  }
+}
+
+/// The launch's error (bad configuration, no device, ...) as Internal naming `kernel`.
+inline absl::Status CheckLaunch(const char* kernel) {
+  const cudaError_t error = cudaGetLastError();
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrFormat("%s: kernel launch failed: %s", kernel, cudaGetErrorString(error)));
+}
+
+/// Blocks of `threads` covering `work` items, capped for grid-stride loops.
+inline int GridFor(int64_t work, int threads) {
+  const int64_t wanted = (work + threads - 1) / threads;
+  return static_cast<int>(wanted < 65535 * 16 ? (wanted > 0 ? wanted : 1) : 65535 * 16);
+}
+
+}  // namespace loom::kernels::cuda::internal

@@ -1,0 +1,32 @@
+#pragma once
+
+// Internal to kernels/cuda: how paged decode maps query heads onto blocks, shared by the
+// host-side checks (paged_attention.cc) and the launch (paged_attention.cu).
+
+#include <cstdint>
+
+namespace loom::kernels::cuda::internal {
+
+/// Query heads one decode block computes (the compiled group tiles 1, 2, 4, 8).
+inline int DecodeHeadsPerBlock(int64_t group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+
+/// Blocks per KV head: a group larger than the tile is split across blocks.
+inline int64_t DecodeHeadChunks(int64_t group) {
+  const int tile = DecodeHeadsPerBlock(group);
+  return (group + tile - 1) / tile;
+}
+
+/// Bytes of workspace `num_splits` partitions need.
+inline int64_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t head_dim,
+                                    int64_t num_splits) {
+  if (num_splits <= 1) return 0;
+  // Per (sequence, head, split): head_dim partial sums, the running max and the sum.
+  return num_seqs * num_heads * num_splits * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
+}
+
+/// The most multiprocessors PagedDecodeWorkspaceBytes provisions for (H100: 132, B200: 148).
+inline constexpr int kMaxSmsForWorkspace = 256;
+
+}  // namespace loom::kernels::cuda::internal

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Packs loom_kernels_tests and the shared libraries it needs beyond glibc into DIR, so that
+# tests/gpu/run.sh --prebuilt DIR runs on a GPU machine that has only the CUDA driver
+# (no Abseil or GoogleTest there). Builds build-gpu/ (LOOM_CUDA=ON) first.
+#   tests/gpu/bundle.sh DIR        (DIR under an ignored path, e.g. build-gpu-bundle)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DIR="${1:?usage: bundle.sh DIR}"
+BUILD_DIR="${LOOM_GPU_BUILD_DIR:-$ROOT/build-gpu}"
+cd "$ROOT"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DLOOM_BUILD_BENCH=OFF > /dev/null
+cmake --build "$BUILD_DIR" --target loom_kernels_tests -j "$(nproc)"
+mkdir -p "$DIR/lib"
+cp "$BUILD_DIR/tests/loom_kernels_tests" "$DIR/"
+strip --strip-debug "$DIR/loom_kernels_tests"
+# Everything ldd resolves except the C/C++ runtime and the driver: the GPU machine's own
+# (glibc, libstdc++ at least as new as the builder's) serve.
+ldd "$BUILD_DIR/tests/loom_kernels_tests" | awk '/=> \// {print $3}' |
+  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+du -sh "$DIR"

@@ -1,0 +1,79 @@
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/cuda/gather.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+TEST(CudaGatherRowsTest, RejectsBadShapesBeforeLaunch) {
+  float buffer[4] = {};
+  int32_t index = 0;
+  GatherRowsParams p{buffer, &index, buffer, DataType::kF32, DataType::kF32, 0, 4, 1, 0};
+  absl::Status status = CheckGatherRowsParams(p);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("num_rows 0"), std::string::npos) << status;
+  p.num_rows = 1;
+  p.indices = nullptr;
+  EXPECT_EQ(LaunchGatherRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A conversion only: the result is bit-exact. Indices repeat, come in any order, and some
+// fall outside the table (rows of zeros); an index offset models a vocabulary slice.
+TEST(CudaGatherRowsTest, GathersConvertedRowsAndZerosOutsideTheTable) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 1;
+  for (DataType src : {DataType::kF32, DataType::kF16, DataType::kBF16}) {
+    for (DataType dst : {DataType::kF32, DataType::kF16, DataType::kBF16}) {
+      for (auto [rows, row_size, offset] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 0},
+                                            {50, 33, 0},
+                                            {1000, 576, 7},
+                                            {300, 4096, 100}}) {
+        SCOPED_TRACE(testing::Message()
+                     << DataTypeName(src) << "->" << DataTypeName(dst) << " rows=" << rows
+                     << " row_size=" << row_size << " offset=" << offset);
+        std::vector<float> table =
+            testing_util::RoundTo(src, testing_util::RandomFloats(rows * row_size, ++seed, -4, 4));
+        std::mt19937 rng(++seed);
+        std::vector<int32_t> indices(37);
+        for (int32_t& index : indices) {
+          index = std::uniform_int_distribution<int32_t>(
+              -3, static_cast<int32_t>(rows + offset + 3))(rng);
+        }
+        indices[0] = static_cast<int32_t>(offset);             // first row
+        indices[1] = static_cast<int32_t>(offset + rows - 1);  // last row
+        indices[2] = indices[1];
+        std::vector<float> expected_f(indices.size() * row_size, 0.0f);
+        for (size_t i = 0; i < indices.size(); ++i) {
+          const int64_t row = indices[i] - offset;
+          if (row < 0 || row >= rows) continue;
+          std::copy_n(table.begin() + row * row_size, row_size, expected_f.begin() + i * row_size);
+        }
+        std::vector<double> expected =
+            testing_util::ToDouble(testing_util::RoundTo(dst, expected_f));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_table, testing_util::Upload(src, table));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dst, expected.size()));
+        GatherRowsParams p{d_table.data(),
+                           static_cast<const int32_t*>(d_indices.data()),
+                           d_out.data(),
+                           src,
+                           dst,
+                           rows,
+                           row_size,
+                           static_cast<int64_t>(indices.size()),
+                           offset};
+        ASSERT_TRUE(LaunchGatherRows(p, nullptr).ok());
+        ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                  testing_util::Download(d_out, dst, expected.size()));
+        EXPECT_TRUE(testing_util::AllClose(out, expected, 0.0, 0.0));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda

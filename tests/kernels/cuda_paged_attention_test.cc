@@ -1,0 +1,281 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/paged_attention.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using testing_util::AllClose;
+
+// ---------------------------------------------------------------- checks (no GPU needed)
+
+PagedDecodeParams ValidParams(void* some_device_pointer) {
+  PagedDecodeParams p;
+  auto* pointer = static_cast<int32_t*>(some_device_pointer);
+  p.q = p.out = pointer;
+  p.q_dtype = DataType::kF16;
+  p.cache = {pointer, pointer, DataType::kF16, 8, 16, 2, 128};
+  p.context_len = p.block_indptr = p.block_indices = pointer;
+  p.num_seqs = 1;
+  p.num_heads = 8;
+  p.scale = 0.088f;
+  p.max_context_len = 100;  // < kPagedDecodeMinPartition: one split, no workspace
+  return p;
+}
+
+TEST(CudaPagedDecodeTest, RejectsUnsupportedShapesBeforeLaunch) {
+  alignas(16) int32_t storage[64] = {};
+  ASSERT_TRUE(CheckPagedDecodeParams(ValidParams(storage)).ok())
+      << CheckPagedDecodeParams(ValidParams(storage));
+  auto expect_invalid = [&](PagedDecodeParams p, const std::string& fragment) {
+    const absl::Status status = CheckPagedDecodeParams(p);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_NE(status.message().find(fragment), std::string::npos) << status;
+    EXPECT_EQ(LaunchPagedDecode(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  };
+  PagedDecodeParams p = ValidParams(storage);
+  p.cache.head_dim = 96;
+  expect_invalid(p, "head_dim 96");
+  p = ValidParams(storage);
+  p.cache.dtype = DataType::kF32;
+  expect_invalid(p, "dtype F32");
+  p = ValidParams(storage);
+  p.q_dtype = DataType::kBF16;  // neither F32 nor the cache's F16
+  expect_invalid(p, "q dtype BF16");
+  p = ValidParams(storage);
+  p.num_heads = 7;
+  expect_invalid(p, "num_heads 7");
+  p = ValidParams(storage);
+  p.num_splits = kPagedDecodeMaxSplits + 1;
+  expect_invalid(p, "num_splits 65");
+  p = ValidParams(storage);
+  p.max_context_len = 0;
+  expect_invalid(p, "max_context_len 0");
+  p = ValidParams(storage);
+  p.scale = INFINITY;
+  expect_invalid(p, "scale");
+  p = ValidParams(storage);
+  p.cache.k = reinterpret_cast<char*>(storage) + 2;
+  expect_invalid(p, "aligned");
+  p = ValidParams(storage);
+  p.max_context_len = 5000;  // splits possible: the workspace is required
+  expect_invalid(p, "workspace of 0 bytes");
+  p.workspace = storage;
+  p.workspace_bytes = PagedDecodeWorkspaceBytes(p);
+  EXPECT_TRUE(CheckPagedDecodeParams(p).ok());
+  EXPECT_EQ(p.workspace_bytes, 1u * 8 * 20 * (128 + 2) * sizeof(float));  // 20 = ceil(5000 / 256)
+  // A batch that fills any GPU on its own never splits, whatever its context: no workspace.
+  p.num_seqs = 512;
+  p.max_context_len = 32768;
+  EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 0u);
+  // Forced splits are provisioned as asked.
+  p.num_splits = 3;
+  EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 512u * 8 * 3 * (128 + 2) * sizeof(float));
+}
+
+TEST(CudaPagedDecodeTest, SplitHeuristicFillsTheGpuWithoutShortPartitions) {
+  // Short contexts never split.
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 200, 132), 1);
+  // Batch 1, 8 KV heads, 32k context: ~2 waves of 132 SMs.
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132), 33);
+  // Batch 32 x 8 KV heads = 256 blocks already: at most 2 splits.
+  EXPECT_EQ(ChoosePagedDecodeSplits(256, 4096, 132), 2);
+  EXPECT_EQ(ChoosePagedDecodeSplits(2048, 4096, 132), 1);
+  // Limited by the minimum partition: 1000 tokens -> at most 4 splits.
+  EXPECT_EQ(ChoosePagedDecodeSplits(1, 1000, 132), 4);
+  // And by the cap.
+  EXPECT_EQ(ChoosePagedDecodeSplits(1, 1 << 20, 132), kPagedDecodeMaxSplits);
+}
+
+// ---------------------------------------------------------------- GPU
+
+struct DecodeCase {
+  int64_t num_kv_heads, group, head_dim, block_size;
+  std::vector<int32_t> context_lens;
+  int num_splits;  // 0: heuristic
+};
+
+// One decode step against cpu::PagedAttentionReference (double) over the same pool, given
+// as an F32 KvLayerView of the exact cache values. Block tables are shuffled pool blocks
+// with spare entries past the needed ones.
+void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "kv=" << DataTypeName(kv) << " q=" << DataTypeName(q_type)
+                                  << " kv_heads=" << c.num_kv_heads << " group=" << c.group
+                                  << " head_dim=" << c.head_dim << " block=" << c.block_size
+                                  << " splits=" << c.num_splits << " seqs=" << c.context_lens.size()
+                                  << " ctx[0]=" << c.context_lens[0]);
+  const int64_t num_seqs = static_cast<int64_t>(c.context_lens.size());
+  const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
+  std::vector<int32_t> indptr{0}, indices;
+  int64_t total_blocks = 0;
+  for (int32_t len : c.context_lens) total_blocks += (len + c.block_size - 1) / c.block_size + 1;
+  const int64_t num_blocks = total_blocks + 3;
+  std::vector<int32_t> order(num_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  size_t next = 0;
+  int32_t max_len = 1;
+  for (int32_t len : c.context_lens) {
+    const int64_t needed = (len + c.block_size - 1) / c.block_size + 1;  // one spare block
+    for (int64_t b = 0; b < needed; ++b) indices.push_back(order[next++]);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    max_len = std::max(max_len, len);
+  }
+  const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * d;
+  testing_util::HostCache cache = testing_util::RandomCache(kv, pool, seed + 1);
+  // Queries up to +-2 make the softmax peaked enough that a lost token shows.
+  std::vector<float> q = testing_util::RoundTo(
+      q_type, testing_util::RandomFloats(num_seqs * num_heads * d, seed + 3, -2, 2));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  std::vector<int32_t> query_start(num_seqs + 1);
+  std::iota(query_start.begin(), query_start.end(), 0);
+  std::vector<float> expected(q.size());
+  cpu::PagedAttentionParams ref;
+  ref.q = q.data();
+  ref.out = expected.data();
+  ref.cache = {cache.k.data(),
+               cache.v.data(),
+               cpu::KvDtype::kF32,
+               num_blocks,
+               c.block_size,
+               c.num_kv_heads,
+               d};
+  ref.query_start = query_start.data();
+  ref.context_len = c.context_lens.data();
+  ref.block_indptr = indptr.data();
+  ref.block_indices = indices.data();
+  ref.num_seqs = num_seqs;
+  ref.num_heads = num_heads;
+  ref.scale = scale;
+  ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
+
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(q_type, q));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(q_type, q.size()));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(c.context_lens));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  PagedDecodeParams p;
+  p.q = d_q.data();
+  p.out = d_out.data();
+  p.q_dtype = q_type;
+  p.cache = {d_k.data(), d_v.data(), kv, num_blocks, c.block_size, c.num_kv_heads, d};
+  p.context_len = static_cast<const int32_t*>(d_len.data());
+  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  p.block_indices = static_cast<const int32_t*>(d_indices.data());
+  p.num_seqs = num_seqs;
+  p.num_heads = num_heads;
+  p.scale = scale;
+  p.max_context_len = max_len;
+  p.num_splits = c.num_splits;
+  DeviceBuffer workspace;
+  if (const size_t bytes = PagedDecodeWorkspaceBytes(p); bytes > 0) {
+    LOOM_ASSERT_OK_AND_ASSIGN(workspace, DeviceBuffer::Allocate(bytes));
+    ASSERT_TRUE(workspace.Fill(0xff).ok());  // stale partials must not leak into the result
+    p.workspace = workspace.data();
+    p.workspace_bytes = bytes;
+  }
+  const absl::Status launched = LaunchPagedDecode(p, nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  const absl::Status synced = SynchronizeStream(nullptr);
+  ASSERT_TRUE(synced.ok()) << synced;
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                            testing_util::Download(d_out, q_type, q.size()));
+  // Float scores/exp/accumulation vs double over the same values: 5e-5 absolute (outputs are
+  // convex combinations of V in [-1, 1]); plus one rounding of the output to q's type.
+  EXPECT_TRUE(
+      AllClose(out, testing_util::ToDouble(expected), 5e-5,
+               q_type == DataType::kF32 ? 1e-5 : testing_util::RoundingTolerance(q_type) / 2));
+}
+
+TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<DecodeCase> cases = {
+      // MHA, one token, tiny blocks.
+      {4, 1, 64, 1, {1, 2, 3}, 1},
+      // GQA 2, 4, 8 with odd contexts crossing 128-token tiles and blocks of 16.
+      {2, 2, 128, 16, {1, 17, 129, 300}, 0},
+      {8, 4, 128, 16, {1000, 5, 257}, 3},
+      {1, 8, 64, 16, {2049, 1, 64}, 5},
+      // Ratios that are not powers of two, and above 8 (two head chunks).
+      {2, 3, 128, 16, {511, 513}, 2},
+      {1, 7, 64, 32, {700}, 4},
+      {1, 12, 128, 16, {333, 1024}, 0},
+      {2, 16, 64, 8, {95, 4100}, 7},
+      // More splits than a short sequence has tokens: empty partitions.
+      {2, 4, 128, 16, {3, 4096}, 16},
+      // Long context, heuristic splitting (batch 1).
+      {8, 4, 128, 16, {32768}, 0},
+      // Many sequences, odd block size.
+      {4, 2, 128, 5, std::vector<int32_t>(37, 77), 0},
+  };
+  uint32_t seed = 10;
+  for (DataType kv : {DataType::kF16, DataType::kBF16}) {
+    for (DataType q_type : {DataType::kF32, kv}) {
+      for (const DecodeCase& c : cases) RunDecodeCase(c, kv, q_type, seed += 7);
+    }
+  }
+}
+
+// A table that is too short, or names a block outside the pool, makes that sequence's
+// output NaN (never a read outside the pool, never a plausible wrong value); the other
+// sequences are unaffected.
+TEST(CudaPagedDecodeTest, BadBlockTableYieldsNanForThatSequenceOnly) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (int splits : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << "splits=" << splits);
+    const int64_t num_blocks = 8, block_size = 16, kv_heads = 1, group = 2, d = 64;
+    const int64_t pool = num_blocks * block_size * kv_heads * d;
+    testing_util::HostCache cache = testing_util::RandomCache(DataType::kF16, pool, 5);
+    std::vector<int32_t> context_lens{40, 40, 40};
+    // Sequence 0 is fine, 1 names block 8 (outside), 2 has two blocks for 40 tokens.
+    std::vector<int32_t> indptr{0, 3, 6, 8};
+    std::vector<int32_t> indices{0, 1, 2, 3, 8, 4, 5, 6};
+    std::vector<float> q = testing_util::RandomFloats(3 * group * d, 6);
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(DataType::kF32, q));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+    PagedDecodeParams p;
+    p.q = d_q.data();
+    p.out = d_out.data();
+    p.q_dtype = DataType::kF32;
+    p.cache = {d_k.data(), d_v.data(), DataType::kF16, num_blocks, block_size, kv_heads, d};
+    p.context_len = static_cast<const int32_t*>(d_len.data());
+    p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+    p.block_indices = static_cast<const int32_t*>(d_indices.data());
+    p.num_seqs = 3;
+    p.num_heads = group;
+    p.scale = 0.125f;
+    p.max_context_len = 40;
+    p.num_splits = splits;
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer workspace,
+                              DeviceBuffer::Allocate(PagedDecodeWorkspaceBytes(p) + 4));
+    p.workspace = workspace.data();
+    p.workspace_bytes = workspace.bytes();
+    ASSERT_TRUE(LaunchPagedDecode(p, nullptr).ok());
+    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                              testing_util::Download(d_out, DataType::kF32, q.size()));
+    const int64_t row = group * d;
+    for (int64_t i = 0; i < row; ++i) ASSERT_FALSE(std::isnan(out[i])) << i;
+    for (int64_t i = row; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,156 @@
+#pragma once
+
+// Helpers shared by the CUDA kernel tests (tests/kernels/cuda_*_test.cc): random inputs,
+// device upload/download in any DataType, NaN poisoning and tolerance checks.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/types.h"
+#include "kernels/cuda_device.h"
+
+/// Skips the test (with the reason) where no CUDA device can run it.
+#define LOOM_SKIP_WITHOUT_CUDA_DEVICE()                                                \
+  do {                                                                                 \
+    if (::loom::kernels::CudaDeviceCount() == 0) {                                     \
+      GTEST_SKIP() << "no CUDA device: " << ::loom::kernels::CudaDeviceDescription(0); \
+    }                                                                                  \
+  } while (0)
+
+namespace loom::kernels::cuda::testing_util {
+
+inline std::vector<float> RandomFloats(int64_t count, uint32_t seed, float low = -1.0f,
+                                       float high = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(low, high);
+  std::vector<float> out(count);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+/// The values a tensor of `type` holds for `values` (rounded to nearest even).
+inline std::vector<float> RoundTo(DataType type, const std::vector<float>& values) {
+  std::vector<uint8_t> bytes(values.size() * ElementBytes(type));
+  ConvertFromFloat(type, values.data(), static_cast<int64_t>(values.size()), bytes.data());
+  std::vector<float> out(values.size());
+  ConvertToFloat(type, bytes.data(), static_cast<int64_t>(values.size()), out.data());
+  return out;
+}
+
+/// A device buffer holding `values` converted to `type`.
+inline absl::StatusOr<DeviceBuffer> Upload(DataType type, const std::vector<float>& values) {
+  std::vector<uint8_t> bytes(std::max<size_t>(values.size(), 1) * ElementBytes(type));
+  ConvertFromFloat(type, values.data(), static_cast<int64_t>(values.size()), bytes.data());
+  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes.size());
+  if (!buffer.ok()) return buffer.status();
+  if (absl::Status status = buffer->CopyFromHost(bytes.data(), bytes.size()); !status.ok())
+    return status;
+  return buffer;
+}
+
+/// A device buffer holding `values` verbatim.
+template <typename T>
+absl::StatusOr<DeviceBuffer> UploadRaw(const std::vector<T>& values) {
+  absl::StatusOr<DeviceBuffer> buffer =
+      DeviceBuffer::Allocate(std::max<size_t>(values.size(), 1) * sizeof(T));
+  if (!buffer.ok()) return buffer.status();
+  if (absl::Status status = buffer->CopyFromHost(values.data(), values.size() * sizeof(T));
+      !status.ok()) {
+    return status;
+  }
+  return buffer;
+}
+
+/// A device buffer of `count` elements of `type`, every byte 0xff (NaN in F32/F16/BF16).
+inline absl::StatusOr<DeviceBuffer> Poisoned(DataType type, int64_t count) {
+  absl::StatusOr<DeviceBuffer> buffer =
+      DeviceBuffer::Allocate(std::max<int64_t>(count, 1) * ElementBytes(type));
+  if (!buffer.ok()) return buffer.status();
+  if (absl::Status status = buffer->Fill(0xff); !status.ok()) return status;
+  return buffer;
+}
+
+/// `count` elements of `type` from the device, as floats.
+inline absl::StatusOr<std::vector<float>> Download(const DeviceBuffer& buffer, DataType type,
+                                                   int64_t count) {
+  std::vector<uint8_t> bytes(count * ElementBytes(type));
+  if (absl::Status status = buffer.CopyToHost(bytes.data(), bytes.size()); !status.ok())
+    return status;
+  std::vector<float> out(count);
+  ConvertToFloat(type, bytes.data(), count, out.data());
+  return out;
+}
+
+/// Checks |actual - expected| <= atol + rtol * |expected| everywhere and that actual has no
+/// NaN; reports the first failure and the largest error.
+inline ::testing::AssertionResult AllClose(const std::vector<float>& actual,
+                                           const std::vector<double>& expected, double atol,
+                                           double rtol) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << "sizes " << actual.size() << " vs " << expected.size();
+  }
+  double worst = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::isnan(actual[i])) return ::testing::AssertionFailure() << "NaN at " << i;
+    const double error = std::abs(actual[i] - expected[i]);
+    worst = std::max(worst, error);
+    if (!(error <= atol + rtol * std::abs(expected[i]))) {
+      return ::testing::AssertionFailure()
+             << "at " << i << ": " << actual[i] << " vs expected " << expected[i] << " (atol "
+             << atol << ", rtol " << rtol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess() << "max error " << worst;
+}
+
+inline std::vector<double> ToDouble(const std::vector<float>& values) {
+  return std::vector<double>(values.begin(), values.end());
+}
+
+/// Relative tolerance of one rounding to `type` (plus float arithmetic for F32).
+inline double RoundingTolerance(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return 1e-5;
+    case DataType::kF16:
+      return 1e-3;  // 2^-11 per rounding, twice over
+    case DataType::kBF16:
+      return 8e-3;  // 2^-8 per rounding, twice over
+  }
+  return 0.0;
+}
+
+/// A host KV pool in the cache dtype plus its exact float values.
+struct HostCache {
+  std::vector<uint8_t> k_bytes, v_bytes;
+  std::vector<float> k, v;  // the same values as floats
+};
+
+inline HostCache RandomCache(DataType dtype, int64_t elements, uint32_t seed) {
+  HostCache c;
+  c.k = testing_util::RoundTo(dtype, testing_util::RandomFloats(elements, seed, -1, 1));
+  c.v = testing_util::RoundTo(dtype, testing_util::RandomFloats(elements, seed + 1, -1, 1));
+  c.k_bytes.resize(elements * 2);
+  c.v_bytes.resize(elements * 2);
+  ConvertFromFloat(dtype, c.k.data(), elements, c.k_bytes.data());
+  ConvertFromFloat(dtype, c.v.data(), elements, c.v_bytes.data());
+  return c;
+}
+
+}  // namespace loom::kernels::cuda::testing_util
+
+#define LOOM_ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  LOOM_ASSERT_OK_AND_ASSIGN_IMPL_(LOOM_TEST_CONCAT_(statusor_, __LINE__), lhs, expr)
+#define LOOM_TEST_CONCAT_INNER_(a, b) a##b
+#define LOOM_TEST_CONCAT_(a, b) LOOM_TEST_CONCAT_INNER_(a, b)
+#define LOOM_ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, expr) \
+  auto statusor = (expr);                                    \
+  ASSERT_TRUE(statusor.ok()) << statusor.status();           \
+  lhs = std::move(statusor).value()
