@@ -372,7 +372,16 @@ int RunBenchCommand(int argc, char** argv) {
   std::printf("loom bench: %s on %s, dataset %s, %lld turns per level\n", model.id().c_str(),
               options->address.c_str(), options->workload.dataset.c_str(),
               static_cast<long long>(CountTurns(*sessions)));
-  for (double level : levels) {
+  for (size_t l = 0; l < levels.size(); ++l) {
+    // Fresh prompts per level: a level must not find the previous level's prompts in the
+    // prefix cache (within a level, shared-prefix and multi-turn hit it by design).
+    if (l > 0) {
+      WorkloadOptions fresh = options->workload;
+      fresh.seed += 7919 * l;
+      sessions = MakeWorkload(fresh, vocab, std::min<int32_t>(256, vocab - 1));
+      if (!sessions.ok()) return 2;
+    }
+    const double level = levels[l];
     runs.push_back(RunLevel(*stub, *sessions, *options, rate_mode, level));
     PrintLevel(runs.back(), runs.front());
     std::fflush(stdout);
