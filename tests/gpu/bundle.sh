@@ -9,13 +9,16 @@ DIR="${1:?usage: bundle.sh DIR}"
 BUILD_DIR="${LOOM_GPU_BUILD_DIR:-$ROOT/build-gpu}"
 cd "$ROOT"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DLOOM_BUILD_BENCH=OFF > /dev/null
-cmake --build "$BUILD_DIR" --target loom_kernels_tests -j "$(nproc)"
+# The kernel tests, and the worker tests for the NCCL communicator (world size 1).
+cmake --build "$BUILD_DIR" --target loom_kernels_tests loom_worker_tests -j "$(nproc)"
 mkdir -p "$DIR/lib"
-cp "$BUILD_DIR/tests/loom_kernels_tests" "$DIR/"
-strip --strip-debug "$DIR/loom_kernels_tests"
-# Everything ldd resolves except the C/C++ runtime and the driver: the GPU machine's own
-# (glibc, libstdc++ at least as new as the builder's) serve.
-ldd "$BUILD_DIR/tests/loom_kernels_tests" | awk '/=> \// {print $3}' |
-  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libstdc\+\+|libgcc_s)\.so' |
-  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+for test_bin in loom_kernels_tests loom_worker_tests; do
+  cp "$BUILD_DIR/tests/$test_bin" "$DIR/"
+  strip --strip-debug "$DIR/$test_bin"
+  # Everything ldd resolves except the C/C++ runtime and the driver: the GPU machine's own
+  # (glibc, libstdc++ at least as new as the builder's) serve.
+  ldd "$BUILD_DIR/tests/$test_bin" | awk '/=> \// {print $3}' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libstdc\+\+|libgcc_s)\.so' |
+    while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+done
 du -sh "$DIR"

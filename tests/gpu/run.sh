@@ -45,6 +45,7 @@ status_build="skipped"
 status_tests="skipped"
 status_memcheck="skipped"
 status_racecheck="skipped"
+status_nccl="skipped"
 overall=0
 
 # --- the test binary
@@ -58,7 +59,8 @@ else
   say "configure $BUILD_DIR (LOOM_CUDA=ON)"
   if cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DLOOM_BUILD_BENCH=OFF \
        >> "$LOG" 2>&1 &&
-     cmake --build "$BUILD_DIR" --target loom_kernels_tests -j "$(nproc)" >> "$LOG" 2>&1; then
+     cmake --build "$BUILD_DIR" --target loom_kernels_tests loom_worker_tests -j "$(nproc)" \
+       >> "$LOG" 2>&1; then
     status_build="ok"
   else
     status_build="failed"
@@ -99,13 +101,31 @@ if [[ -x "$TEST_BIN" && "$status_build" != "failed" ]]; then
   fi
 fi
 
+# --- the NCCL communicator, world size 1 (the same code path as multi-GPU runs)
+WORKER_BIN="${PREBUILT:+$PREBUILT/loom_worker_tests}"
+WORKER_BIN="${WORKER_BIN:-$BUILD_DIR/tests/loom_worker_tests}"
+if [[ -x "$WORKER_BIN" ]]; then
+  say "run $WORKER_BIN --gtest_filter=Nccl*"
+  if "${RUN_ENV[@]}" "$WORKER_BIN" --gtest_filter='Nccl*' \
+       --gtest_output="json:$REPORT_DIR/gtest_nccl.json" >> "$LOG" 2>&1; then
+    status_nccl="passed"
+    if command -v nvidia-smi > /dev/null && grep -q '"result": "SKIPPED"' "$REPORT_DIR/gtest_nccl.json"; then
+      status_nccl="skipped on a machine with a GPU"
+      overall=1
+    fi
+  else
+    status_nccl="failed"
+    overall=1
+  fi
+fi
+
 # --- the report
 device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
 commit="${LOOM_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}"
 dirty="$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo true || echo false)"
 nvcc_version="$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1)"
-export device driver commit dirty nvcc_version status_build status_tests status_memcheck status_racecheck REPORT_DIR
+export device driver commit dirty nvcc_version status_build status_tests status_memcheck status_racecheck status_nccl REPORT_DIR
 python3 - <<'PY'
 import json, os, datetime
 d = os.environ["REPORT_DIR"]
@@ -126,7 +146,7 @@ report = {
     "nvcc": os.environ.get("nvcc_version") or None,
     "commit": os.environ.get("commit"),
     "worktree_dirty": os.environ.get("dirty") == "true",
-    "steps": {k: os.environ.get("status_" + k) for k in ("build", "tests", "memcheck", "racecheck")},
+    "steps": {k: os.environ.get("status_" + k) for k in ("build", "tests", "memcheck", "racecheck", "nccl")},
     "test_counts": counts,
     "tests": tests,
 }
