@@ -142,3 +142,27 @@ def test_killing_one_rank_fails_its_replica_and_the_other_keeps_serving(tmp_path
 
 def FINISH(name):
     return h.stubs().pb.FinishReason.Value(name)
+
+
+@pytest.mark.parametrize("spec, ranks", [("llama3_rope", 2), ("qwen2_mqa", 3)])
+def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
+    """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
+    Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every
+    rank. Greedy text through `loom up` equals the single-process engine's."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
+    import random_model  # noqa: E402
+
+    path = tmp_path / f"{spec}.gguf"
+    random_model.write_model(random_model.SPECS[spec], path)
+    up = h.Up(tmp_path, model=path, tensor_parallel=ranks, threads=1, kv_cache_memory="16MiB",
+              http_port=-1)
+    try:
+        up.wait_healthy(["replica-0"])
+        prompts = ["the quick brown fox", "hello world, this is", "once upon a time"]
+        outcomes = h.generate_all(up.stub, [make_request(prompt=p, max_tokens=10) for p in prompts])
+        for prompt, outcome in zip(prompts, outcomes):
+            assert outcome.finished, outcome.describe()
+            reference = h.loom_generate(prompt, 10, model=path, threads=1)
+            assert outcome.text == reference.text, (spec, prompt, outcome.text, reference.text)
+    finally:
+        up.stop()
