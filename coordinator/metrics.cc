@@ -171,6 +171,10 @@ void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
   prompt_length_.Add(Model(), TokenBuckets()).Observe(static_cast<double>(record.prompt_tokens));
   generation_length_.Add(Model(), TokenBuckets())
       .Observe(static_cast<double>(record.generation_tokens));
+  // Prefix-cache lookups: every scheduled prompt was looked up on the replica it ran on.
+  if (record.queue_seconds >= 0 && !record.replica_id.empty()) {
+    RecordPrefixCacheQuery(record.replica_id, record.prompt_tokens, record.cached_prompt_tokens);
+  }
   if (record.ttft_seconds >= 0) ttft_.Add(Model(), kTtftBuckets).Observe(record.ttft_seconds);
   if (record.e2e_seconds >= 0) e2e_.Add(Model(), kRequestLatencyBuckets).Observe(record.e2e_seconds);
   if (record.queue_seconds >= 0) {

@@ -91,6 +91,9 @@ def test_coordinator_counters_match_the_workload(served):
     assert sample(text, "loom_request_success_total", finished_reason="stop") == 0
     assert sample(text, "loom_generation_tokens_total") == NUM_REQUESTS * MAX_TOKENS
     assert sample(text, "loom_prompt_tokens_total") == prompt_tokens
+    # Every prompt was looked up in the prefix cache of the replica it ran on.
+    assert sample(text, "loom_prefix_cache_queries_total", replica="r0") == prompt_tokens
+    assert 0 <= sample(text, "loom_prefix_cache_hits_total", replica="r0") < prompt_tokens
     assert sample(text, "loom_time_to_first_token_seconds_count") == NUM_REQUESTS
     assert sample(text, "loom_e2e_request_latency_seconds_count") == NUM_REQUESTS
     assert sample(text, "loom_request_queue_time_seconds_count") == NUM_REQUESTS
