@@ -151,8 +151,10 @@ def one_seq_each(tmp_path):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
+    # Round-robin placement, so each replica gets exactly one waiting request (the prefix-aware
+    # and least-loaded routers weigh tokens and may queue both behind the lighter replica).
     with h.running_cluster(tmp_path, {r: {"threads": 1} for r in REPLICAS}, max_num_seqs=1,
-                           **TIMEOUT_FLAGS) as rig:
+                           routing="round-robin", **TIMEOUT_FLAGS) as rig:
         yield rig
 
 
