@@ -1,6 +1,7 @@
 #include "coordinator/client_flags.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -97,6 +98,27 @@ absl::StatusOr<int> ParseGenerationFlag(int argc, char** argv, int i,
   (flag == "--temperature" ? request.sampling.temperature : request.sampling.top_p) =
       static_cast<float>(*number);
   return 2;
+}
+
+std::optional<int> ParseClientFlagsOnly(int argc, char** argv, const char* command,
+                                        const char* usage, client::ClientOptions& options) {
+  for (int i = 1; i < argc;) {
+    absl::StatusOr<int> used = ParseClientFlag(argc, argv, i, options);
+    if (used.ok() && *used > 0) {
+      i += *used;
+      continue;
+    }
+    const std::string arg = argv[i];
+    const bool help = arg == "--help" || arg == "-h";
+    if (!help) {
+      std::fprintf(stderr, "loom %s: %s\n", command,
+                   used.ok() ? ("unknown argument: " + arg).c_str()
+                             : std::string(used.status().message()).c_str());
+    }
+    std::fprintf(stderr, "%s%s", usage, kClientFlagsHelp);
+    return help ? 0 : 2;
+  }
+  return std::nullopt;
 }
 
 }  // namespace loom::coordinator

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,12 @@ extern const char kClientFlagsHelp[];
 /// `--tls-root-certs PATH` (implies --tls). Returns how many arguments it consumed, 0 for a
 /// flag that is not one of these; InvalidArgument for a missing or bad value.
 absl::StatusOr<int> ParseClientFlag(int argc, char** argv, int i, client::ClientOptions& options);
+
+/// Parses a command line made only of client flags (`loom models`, `loom status`). Returns
+/// nullopt to go on, or the exit code after printing the usage (0 for --help, 2 for a bad
+/// or unknown argument): `loom <command>: <problem>` then `usage` and the client flags.
+std::optional<int> ParseClientFlagsOnly(int argc, char** argv, const char* command,
+                                        const char* usage, client::ClientOptions& options);
 
 /// The generation flags of `loom complete` and `loom chat`, as lines of a usage text.
 extern const char kGenerationFlagsHelp[];

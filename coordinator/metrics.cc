@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "coordinator/request.h"
 #include "prometheus/text_serializer.h"
 
 namespace loom::coordinator {
@@ -32,18 +33,6 @@ Histogram::BucketBoundaries TokenBuckets() {
   return buckets;
 }
 
-const char* FinishReasonLabel(loom::v1::FinishReason reason) {
-  switch (reason) {
-    case loom::v1::FINISH_REASON_STOP:
-      return "stop";
-    case loom::v1::FINISH_REASON_LENGTH:
-      return "length";
-    case loom::v1::FINISH_REASON_ABORT:
-      return "abort";
-    default:
-      return "error";
-  }
-}
 
 }  // namespace
 
@@ -164,7 +153,7 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
 
 void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
   prometheus::Labels reason = Model();
-  reason["finished_reason"] = FinishReasonLabel(record.finish_reason);
+  reason["finished_reason"] = FinishReasonName(record.finish_reason);
   request_success_.Add(reason).Increment();
   prompt_tokens_.Add(Model()).Increment(static_cast<double>(record.prompt_tokens));
   generation_tokens_.Add(Model()).Increment(static_cast<double>(record.generation_tokens));

@@ -23,18 +23,6 @@ std::string Dump(const Json& json) {
   return json.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-const char* FinishReasonName(loom::v1::FinishReason reason) {
-  switch (reason) {
-    case loom::v1::FINISH_REASON_STOP:
-      return "stop";
-    case loom::v1::FINISH_REASON_LENGTH:
-      return "length";
-    case loom::v1::FINISH_REASON_ABORT:
-      return "abort";
-    default:
-      return "error";
-  }
-}
 
 uint64_t RandomSeed() {
   thread_local std::mt19937_64 generator{std::random_device{}()};

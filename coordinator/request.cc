@@ -6,6 +6,19 @@
 
 namespace loom::coordinator {
 
+const char* FinishReasonName(loom::v1::FinishReason reason) {
+  switch (reason) {
+    case loom::v1::FINISH_REASON_STOP:
+      return "stop";
+    case loom::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case loom::v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return "error";
+  }
+}
+
 void OutputQueue::Push(OutputEvent event) {
   absl::MutexLock lock(&mu_);
   events_.push_back(std::move(event));

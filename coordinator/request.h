@@ -34,6 +34,10 @@ struct OutputEvent {
   bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
 };
 
+/// "stop", "length", "abort" or "error": the finish reason as the OpenAI API and the
+/// metrics' finished_reason label spell it.
+const char* FinishReasonName(loom::v1::FinishReason reason);
+
 /// The hand-off between the replica loop (producer) and the RPC handler (consumer).
 /// Thread-safe.
 class OutputQueue {

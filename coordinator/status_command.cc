@@ -10,22 +10,9 @@ namespace loom::coordinator {
 
 int RunStatusCommand(int argc, char** argv) {
   client::ClientOptions options;
-  for (int i = 1; i < argc;) {
-    absl::StatusOr<int> used = ParseClientFlag(argc, argv, i, options);
-    if (!used.ok() || *used == 0) {
-      const std::string arg = argv[i];
-      const bool help = arg == "--help" || arg == "-h";
-      if (!help) {
-        std::fprintf(stderr, "loom status: %s\n",
-                     used.ok() ? ("unknown argument: " + arg).c_str()
-                               : std::string(used.status().message()).c_str());
-      }
-      std::fprintf(stderr,
-                   "usage: loom status [flags]\n  shows a cluster's replicas and queues\n%s",
-                   kClientFlagsHelp);
-      return help ? 0 : 2;
-    }
-    i += *used;
+  if (std::optional<int> exit_code =
+          ParseClientFlagsOnly(argc, argv, "status", "usage: loom status [flags]\n  shows a cluster's replicas and queues\n", options)) {
+    return *exit_code;
   }
   absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Create(options);
   absl::StatusOr<client::ClusterState> state =

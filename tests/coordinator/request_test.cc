@@ -1,11 +1,11 @@
 #include "coordinator/request.h"
 
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "common/gguf_file.h"
+#include "tests/common/tokenizer_test_util.h"
 #include "gtest/gtest.h"
 
 namespace loom::coordinator {
@@ -48,12 +48,7 @@ TEST(OutputQueueTest, PopMergesEverythingQueuedUpToTheFinalEvent) {
 class RequestTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* env = std::getenv("LOOM_MODEL_PATH");
-    const std::string path =
-        env != nullptr ? std::string(env)
-                       : (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
-                          "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
-                             .string();
+    const std::string path = common::testing::ModelPath();
     auto gguf = common::GgufFile::Open(path);
     ASSERT_TRUE(gguf.ok()) << gguf.status();
     tokenizer_ = common::Tokenizer::FromGguf(**gguf).value().release();

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "common/gguf_file.h"
+#include "tests/common/tokenizer_test_util.h"
 #include "common/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
@@ -106,12 +106,7 @@ TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
 class TensorParallelRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* env = std::getenv("LOOM_MODEL_PATH");
-    const std::string path =
-        env != nullptr ? std::string(env)
-                       : (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
-                          "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
-                             .string();
+    const std::string path = common::testing::ModelPath();
     auto gguf = common::GgufFile::Open(path);
     ASSERT_TRUE(gguf.ok()) << gguf.status();
     gguf_ = gguf->release();
