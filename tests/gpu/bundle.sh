@@ -15,10 +15,11 @@ mkdir -p "$DIR/lib"
 for test_bin in loom_kernels_tests loom_worker_tests; do
   cp "$BUILD_DIR/tests/$test_bin" "$DIR/"
   strip --strip-debug "$DIR/$test_bin"
-  # Everything ldd resolves except the C/C++ runtime and the driver: the GPU machine's own
-  # (glibc, libstdc++ at least as new as the builder's) serve.
+  # Everything ldd resolves except the C/C++ runtime, the driver and cuBLAS: the GPU
+  # machine's own (glibc, libstdc++ at least as new as the builder's; cuBLAS from its CUDA
+  # toolkit, too big to carry) serve.
   ldd "$BUILD_DIR/tests/$test_bin" | awk '/=> \// {print $3}' |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libstdc\+\+|libgcc_s)\.so' |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
     while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
 done
 du -sh "$DIR"

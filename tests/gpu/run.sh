@@ -52,7 +52,9 @@ overall=0
 if [[ -n "$PREBUILT" ]]; then
   TEST_BIN="$PREBUILT/loom_kernels_tests"
   # Only the test processes see the bundled libraries (python3 below keeps its own).
-  RUN_ENV=(env "LD_LIBRARY_PATH=$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  # cuBLAS is not bundled: the GPU machine's CUDA toolkit provides it.
+  CUDA_LIB="${CUDA_HOME:-/usr/local/cuda}/lib64"
+  RUN_ENV=(env "LD_LIBRARY_PATH=$PREBUILT/lib:$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   status_build="prebuilt ($PREBUILT)"
   [[ -x "$TEST_BIN" ]] || { say "no executable $TEST_BIN"; status_build="missing"; overall=1; }
 else
