@@ -25,7 +25,7 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
-LocalGenerator::LocalGenerator(ModelRunner& runner, std::vector<int32_t> eos_ids,
+LocalGenerator::LocalGenerator(ForwardPass& runner, std::vector<int32_t> eos_ids,
                                int64_t max_batched_tokens)
     : runner_(runner), eos_ids_(std::move(eos_ids)), max_batched_tokens_(max_batched_tokens) {}
 

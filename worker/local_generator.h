@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/model_runner.h"
+#include "worker/forward_pass.h"
 #include "worker/sampler.h"
 
 namespace loom::worker {
@@ -35,7 +35,7 @@ struct GenerationResult {
 class LocalGenerator {
  public:
   /// `eos_ids`: the model's end-of-generation tokens.
-  LocalGenerator(ModelRunner& runner, std::vector<int32_t> eos_ids,
+  LocalGenerator(ForwardPass& runner, std::vector<int32_t> eos_ids,
                  int64_t max_batched_tokens = 512);
 
   /// Calls on_token(request index, token) as each token is produced.
@@ -53,7 +53,7 @@ class LocalGenerator {
       const std::vector<GenerationRequest>& requests, size_t first_index,
       const TokenCallback& on_token);
 
-  ModelRunner& runner_;
+  ForwardPass& runner_;
   std::vector<int32_t> eos_ids_;
   int64_t max_batched_tokens_;
 };

@@ -9,6 +9,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/communicator.h"
+#include "worker/forward_pass.h"
 #include "worker/kv_cache.h"
 #include "worker/model_weights.h"
 #include "worker/step_batch.h"
@@ -33,7 +34,7 @@ struct ModelRunnerOptions {
 /// attention → O → RMSNorm → gate/up → SiLU·mul → down] × L → final norm → LM head,
 /// over one flattened batch per step. Owns the weights, the KV pool and scratch
 /// buffers. Not thread-safe: one step at a time.
-class ModelRunner {
+class ModelRunner : public ForwardPass {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const common::GgufFile& gguf,
                                                              const ModelRunnerOptions& options);
@@ -41,13 +42,13 @@ class ModelRunner {
   /// Runs one step: writes the batch's K/V into its slots and returns the logits of
   /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
-  absl::Status Step(const StepBatch& batch, std::vector<float>& logits);
+  absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
 
-  const common::ModelConfig& config() const { return weights_->config; }
+  const common::ModelConfig& config() const override { return weights_->config; }
   const ModelWeights& weights() const { return *weights_; }
   const KvCache& kv_cache() const { return *kv_cache_; }
-  int64_t block_size() const { return kv_cache_->block_size(); }
-  int64_t num_kv_blocks() const { return kv_cache_->num_blocks(); }
+  int64_t block_size() const override { return kv_cache_->block_size(); }
+  int64_t num_kv_blocks() const override { return kv_cache_->num_blocks(); }
   int num_threads() const { return pool_->num_threads(); }
 
  private:

@@ -15,7 +15,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-ModelRunnerBackend::ModelRunnerBackend(std::unique_ptr<ModelRunner> runner, std::string_view name)
+ModelRunnerBackend::ModelRunnerBackend(std::unique_ptr<ForwardPass> runner, std::string_view name)
     : runner_(std::move(runner)), name_(name) {}
 
 absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,

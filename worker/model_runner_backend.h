@@ -5,17 +5,17 @@
 #include <string_view>
 #include <vector>
 
-#include "worker/model_runner.h"
+#include "worker/forward_pass.h"
 #include "worker/step_backend.h"
 
 namespace loom::worker {
 
-/// The real backend: the ModelRunner's forward pass, then each sampled row's logits
-/// through its sequence's SequenceSampler. Not thread-safe.
+/// The real backend: a ForwardPass (the CPU ModelRunner or the CUDA runner), then each
+/// sampled row's logits through its sequence's SequenceSampler. Not thread-safe.
 class ModelRunnerBackend : public StepBackend {
  public:
   /// `name` is what the worker registers as its backend ("cpu").
-  ModelRunnerBackend(std::unique_ptr<ModelRunner> runner, std::string_view name = "cpu");
+  ModelRunnerBackend(std::unique_ptr<ForwardPass> runner, std::string_view name = "cpu");
 
   std::string_view name() const override { return name_; }
   const common::ModelConfig& config() const override { return runner_->config(); }
@@ -27,10 +27,10 @@ class ModelRunnerBackend : public StepBackend {
   absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                    std::vector<SampledToken>& tokens, BackendTimings& timings) override;
 
-  const ModelRunner& runner() const { return *runner_; }
+  ForwardPass& runner() const { return *runner_; }
 
  private:
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ForwardPass> runner_;
   std::string name_;
   std::vector<float> logits_;  // [sample_rows, vocab], reused across steps
 };

@@ -356,7 +356,7 @@ class StepExecutorModelTest : public ::testing::Test {
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens,
                                         SamplingParams sampling) {
     // The generator borrows the same runner; its blocks are overwritten by later steps.
-    LocalGenerator generator(const_cast<ModelRunner&>(backend_->runner()), {});
+    LocalGenerator generator(backend_->runner(), {});
     GenerationRequest request;
     request.prompt_ids = prompt;
     request.max_tokens = max_tokens;
