@@ -1,0 +1,366 @@
+// Paged attention on the GPU against limits measured in the same run (issue 7's targets):
+//  - decode (LaunchPagedDecode): K/V bytes read per second at batch 32 x context 4,096 and
+//    batch 1 x context 32,768 (the split-K case), as a ratio of the device-to-device copy
+//    bandwidth (bytes read + bytes written per second of a 1 GiB cudaMemcpy); target >= 0.8
+//    at batch 32;
+//  - prefill (LaunchPagedPrefill): FLOP/s of one causal 4,096-token prompt, head dim 128
+//    (4 * head_dim * num_heads * sum of attended lengths: Q K^T and P V), as a ratio of a
+//    cuBLAS GEMM (cublasGemmEx, 8192^3, F32 accumulation) in the same dtype; target >= 0.5.
+// Llama-3-8B attention shape: 32 query heads, 8 KV heads, head dim 128, blocks of 16 tokens
+// in a shuffled pool, random values generated on the device (never zeros).
+//
+// Timing: CUDA events around `kIterations` back-to-back launches after a warm-up; the
+// figure is the median over kRepeats. Writes cuda_attention.json into $OUT when set, else
+// bench/results/gpu/ under LOOM_SOURCE_DIR (or the current directory). Exits 0 with a
+// message where no GPU is.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "bench/machine_limits.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda_device.h"
+
+namespace loom::bench {
+namespace {
+
+using kernels::cuda::DataType;
+using kernels::cuda::DeviceBuffer;
+
+constexpr int kRepeats = 9;
+constexpr int kIterations = 10;
+constexpr int64_t kNumHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
+
+#define BENCH_CHECK_CUDA(expr)                                           \
+  do {                                                                   \
+    const cudaError_t error_ = (expr);                                   \
+    if (error_ != cudaSuccess) {                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(error_));                          \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+void CheckOk(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+__device__ uint32_t Hash(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+
+// Uniform values in [-1, 1) as F16 or BF16.
+template <typename T>
+__global__ void FillRandom(T* out, int64_t count, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float value = (Hash(i, seed) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    if constexpr (std::is_same_v<T, __half>) {
+      out[i] = __float2half_rn(value);
+    } else {
+      out[i] = __float2bfloat16_rn(value);
+    }
+  }
+}
+
+DeviceBuffer Allocate(size_t bytes) {
+  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes);
+  CheckOk(buffer.status(), "cudaMalloc");
+  return std::move(buffer).value();
+}
+
+DeviceBuffer Random(DataType dtype, int64_t count, uint32_t seed) {
+  DeviceBuffer buffer = Allocate(count * 2);
+  if (dtype == DataType::kF16) {
+    FillRandom<<<1024, 256>>>(static_cast<__half*>(buffer.data()), count, seed);
+  } else {
+    FillRandom<<<1024, 256>>>(static_cast<__nv_bfloat16*>(buffer.data()), count, seed);
+  }
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  return buffer;
+}
+
+template <typename T>
+DeviceBuffer Upload(const std::vector<T>& values) {
+  DeviceBuffer buffer = Allocate(std::max<size_t>(values.size(), 1) * sizeof(T));
+  CheckOk(buffer.CopyFromHost(values.data(), values.size() * sizeof(T)), "upload");
+  return buffer;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Median seconds of one `launch()` over kIterations back-to-back launches.
+double TimeSeconds(cudaStream_t stream, const std::function<absl::Status()>& launch) {
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) CheckOk(launch(), "warm-up launch");
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> samples;
+  for (int r = 0; r < kRepeats; ++r) {
+    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < kIterations; ++i) CheckOk(launch(), "launch");
+    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1e-3 / kIterations);
+  }
+  BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  return Median(samples);
+}
+
+// Bytes read + bytes written per second of a 1 GiB device-to-device copy.
+double CopyBandwidth(cudaStream_t stream) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  DeviceBuffer src = Random(DataType::kF16, kBytes / 2, 1), dst = Allocate(kBytes);
+  const double seconds = TimeSeconds(stream, [&] {
+    const cudaError_t error =
+        cudaMemcpyAsync(dst.data(), src.data(), kBytes, cudaMemcpyDeviceToDevice, stream);
+    return error == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(error));
+  });
+  return 2.0 * kBytes / seconds;
+}
+
+// FLOP/s of an 8192^3 cublasGemmEx in `dtype` with F32 accumulation.
+double GemmRate(cublasHandle_t cublas, cudaStream_t stream, DataType dtype) {
+  constexpr int64_t kSize = 8192;
+  const cudaDataType type = dtype == DataType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+  DeviceBuffer a = Random(dtype, kSize * kSize, 2), b = Random(dtype, kSize * kSize, 3);
+  DeviceBuffer c = Allocate(kSize * kSize * 2);
+  const float alpha = 1.0f, beta = 0.0f;
+  const double seconds = TimeSeconds(stream, [&] {
+    const cublasStatus_t status =
+        cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kSize, kSize, kSize, &alpha, a.data(), type,
+                     kSize, b.data(), type, kSize, &beta, c.data(), type, kSize, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+    return status == CUBLAS_STATUS_SUCCESS
+               ? absl::OkStatus()
+               : absl::InternalError(absl::StrFormat("cublasGemmEx: %d", static_cast<int>(status)));
+  });
+  return 2.0 * kSize * kSize * kSize / seconds;
+}
+
+// A shuffled pool holding `context` tokens for each of `num_seqs` sequences, and its tables.
+struct Pool {
+  DeviceBuffer k, v, context_len, indptr, indices;
+  int64_t num_blocks = 0;
+  kernels::cuda::KvCacheView view(DataType dtype) const {
+    return {k.data(), v.data(), dtype, num_blocks, kBlockSize, kNumKvHeads, kHeadDim};
+  }
+};
+
+Pool MakePool(DataType dtype, int64_t num_seqs, int64_t context, uint32_t seed) {
+  Pool pool;
+  const int64_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  pool.num_blocks = num_seqs * blocks_per_seq;
+  const int64_t elements = pool.num_blocks * kBlockSize * kNumKvHeads * kHeadDim;
+  pool.k = Random(dtype, elements, seed);
+  pool.v = Random(dtype, elements, seed + 1);
+  std::vector<int32_t> ids(pool.num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  std::vector<int32_t> indptr(num_seqs + 1);
+  for (int64_t s = 0; s <= num_seqs; ++s) indptr[s] = static_cast<int32_t>(s * blocks_per_seq);
+  pool.context_len = Upload(std::vector<int32_t>(num_seqs, static_cast<int32_t>(context)));
+  pool.indptr = Upload(indptr);
+  pool.indices = Upload(ids);
+  return pool;
+}
+
+struct DecodeRow {
+  int64_t batch, context;
+  double seconds, bytes_per_second;
+};
+
+DecodeRow BenchDecode(cudaStream_t stream, int64_t batch, int64_t context) {
+  const DataType dtype = DataType::kBF16;
+  Pool pool = MakePool(dtype, batch, context, 10);
+  DeviceBuffer q = Random(dtype, batch * kNumHeads * kHeadDim, 20);
+  DeviceBuffer out = Allocate(batch * kNumHeads * kHeadDim * 2);
+  kernels::cuda::PagedDecodeParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.q_dtype = dtype;
+  p.cache = pool.view(dtype);
+  p.context_len = static_cast<const int32_t*>(pool.context_len.data());
+  p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
+  p.block_indices = static_cast<const int32_t*>(pool.indices.data());
+  p.num_seqs = batch;
+  p.num_heads = kNumHeads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  p.max_context_len = context;
+  DeviceBuffer workspace;
+  if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
+    workspace = Allocate(bytes);
+    p.workspace = workspace.data();
+    p.workspace_bytes = bytes;
+  }
+  const double seconds =
+      TimeSeconds(stream, [&] { return kernels::cuda::LaunchPagedDecode(p, stream); });
+  const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * 2;  // K and V
+  return {batch, context, seconds, kv_bytes / seconds};
+}
+
+struct PrefillRow {
+  DataType dtype;
+  int64_t tokens;
+  double seconds, flops_per_second;
+};
+
+PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
+  Pool pool = MakePool(dtype, 1, tokens, 30);
+  DeviceBuffer q = Random(dtype, tokens * kNumHeads * kHeadDim, 40);
+  DeviceBuffer out = Allocate(tokens * kNumHeads * kHeadDim * 2);
+  DeviceBuffer query_start = Upload(std::vector<int32_t>{0, static_cast<int32_t>(tokens)});
+  kernels::cuda::PagedPrefillParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.q_dtype = dtype;
+  p.out_dtype = dtype;
+  p.cache = pool.view(dtype);
+  p.query_start = static_cast<const int32_t*>(query_start.data());
+  p.context_len = static_cast<const int32_t*>(pool.context_len.data());
+  p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
+  p.block_indices = static_cast<const int32_t*>(pool.indices.data());
+  p.num_seqs = 1;
+  p.num_heads = kNumHeads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  p.max_query_len = tokens;
+  const double seconds =
+      TimeSeconds(stream, [&] { return kernels::cuda::LaunchPagedPrefill(p, stream); });
+  // Causal: token i attends to i + 1 positions; 2 flops per multiply-add, two products.
+  const double attended = static_cast<double>(tokens) * (tokens + 1) / 2;
+  return {dtype, tokens, seconds, 4.0 * kHeadDim * kNumHeads * attended / seconds};
+}
+
+int Run() {
+  if (kernels::CudaDeviceCount() == 0) {
+    std::printf("cuda_attention_bench: no CUDA device (%s): nothing measured\n",
+                kernels::CudaDeviceDescription(0).c_str());
+    return 0;
+  }
+  const std::string device = kernels::CudaDeviceDescription(0);
+  std::printf("cuda_attention_bench on %s\n", device.c_str());
+  cudaStream_t stream;
+  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    return 1;
+  }
+  cublasSetStream(cublas, stream);
+
+  const double copy = CopyBandwidth(stream);
+  const double gemm_f16 = GemmRate(cublas, stream, DataType::kF16);
+  const double gemm_bf16 = GemmRate(cublas, stream, DataType::kBF16);
+  std::printf(
+      "limits: copy %.0f GB/s (read + write), cuBLAS GEMM F16 %.1f TFLOP/s, BF16 %.1f TFLOP/s\n",
+      copy / 1e9, gemm_f16 / 1e12, gemm_bf16 / 1e12);
+
+  std::vector<DecodeRow> decode = {BenchDecode(stream, 32, 4096), BenchDecode(stream, 1, 32768)};
+  std::printf("\ndecode (BF16 KV, 32/8 heads, d 128)\n%6s %8s %10s %10s %8s\n", "batch", "context",
+              "us", "GB/s", "/copy");
+  for (const DecodeRow& r : decode) {
+    std::printf("%6ld %8ld %10.1f %10.0f %8.3f\n", static_cast<long>(r.batch),
+                static_cast<long>(r.context), r.seconds * 1e6, r.bytes_per_second / 1e9,
+                r.bytes_per_second / copy);
+  }
+  std::vector<PrefillRow> prefill = {BenchPrefill(stream, DataType::kBF16, 4096),
+                                     BenchPrefill(stream, DataType::kF16, 4096)};
+  std::printf("\nprefill (causal, 32/8 heads, d 128)\n%6s %8s %10s %10s %8s\n", "dtype", "tokens",
+              "us", "TFLOP/s", "/gemm");
+  for (const PrefillRow& r : prefill) {
+    const double gemm = r.dtype == DataType::kF16 ? gemm_f16 : gemm_bf16;
+    std::printf("%6s %8ld %10.1f %10.1f %8.3f\n", std::string(DataTypeName(r.dtype)).c_str(),
+                static_cast<long>(r.tokens), r.seconds * 1e6, r.flops_per_second / 1e12,
+                r.flops_per_second / gemm);
+  }
+  std::printf("targets: decode batch 32 x 4096 >= 0.8 of copy; prefill 4096 >= 0.5 of GEMM\n");
+
+  std::string json = "{\n";
+  json += absl::StrFormat("  \"bench\": \"cuda_attention\",\n  \"date\": \"%s\",\n", UtcNow());
+  json += absl::StrFormat("  \"device\": \"%s\",\n", device);
+  json += absl::StrFormat(
+      "  \"shape\": {\"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
+      "\"block_size\": %d},\n",
+      kNumHeads, kNumKvHeads, kHeadDim, kBlockSize);
+  json += absl::StrFormat(
+      "  \"copy_bandwidth_gbs\": %.1f,\n  \"gemm_f16_tflops\": %.2f,\n"
+      "  \"gemm_bf16_tflops\": %.2f,\n",
+      copy / 1e9, gemm_f16 / 1e12, gemm_bf16 / 1e12);
+  json +=
+      "  \"targets\": {\"decode_b32_c4096_copy_ratio\": 0.8, "
+      "\"prefill_4096_gemm_ratio\": 0.5},\n";
+  json += "  \"decode\": [\n";
+  for (size_t i = 0; i < decode.size(); ++i) {
+    const DecodeRow& r = decode[i];
+    json += absl::StrFormat(
+        "    {\"batch\": %d, \"context\": %d, \"dtype\": \"BF16\", \"us\": %.2f, "
+        "\"kv_gbs\": %.1f, \"copy_ratio\": %.3f}%s\n",
+        r.batch, r.context, r.seconds * 1e6, r.bytes_per_second / 1e9, r.bytes_per_second / copy,
+        i + 1 < decode.size() ? "," : "");
+  }
+  json += "  ],\n  \"prefill\": [\n";
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    const PrefillRow& r = prefill[i];
+    const double gemm = r.dtype == DataType::kF16 ? gemm_f16 : gemm_bf16;
+    json += absl::StrFormat(
+        "    {\"tokens\": %d, \"dtype\": \"%s\", \"us\": %.2f, \"tflops\": %.2f, "
+        "\"gemm_ratio\": %.3f}%s\n",
+        r.tokens, DataTypeName(r.dtype), r.seconds * 1e6, r.flops_per_second / 1e12,
+        r.flops_per_second / gemm, i + 1 < prefill.size() ? "," : "");
+  }
+  json += "  ]\n}\n";
+
+  std::string dir;
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    dir = out;
+  } else {
+    const char* source = std::getenv("LOOM_SOURCE_DIR");
+    dir = std::string(source ? source : ".") + "/bench/results/gpu";
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const std::string path = dir + "/cuda_attention.json";
+  std::ofstream file(path);
+  file << json;
+  std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
+  cublasDestroy(cublas);
+  BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+  return file ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main() { return loom::bench::Run(); }

@@ -1,0 +1,433 @@
+// Quantized GEMM on the GPU: W4A16 (INT4 group 128) and W8A16 (INT8 per channel) against cuBLAS F16
+// (cublasGemmEx) at the same shape, in the same run, for the linear layers of a Llama-3-8B shape (N
+// x K = 4096 x 4096, 14336 x 4096, 4096 x 14336) at M = 1, 4, 16, 64, 256; FP8 (E4M3 through
+// cuBLASLt, with and without the activation quantizer) on devices of compute capability >= 8.9. For
+// W4A16 at M = 1 the weight bytes read per second are held against the device-to-device copy
+// bandwidth measured here.
+//
+// Timing: each kernel sequence is captured in a CUDA graph of `inner` launches and timed with CUDA
+// events; the figure is the median over repeats divided by `inner`. Weights rotate over enough
+// copies that every launch reads them from device memory, not from L2. Writes quantized_gemm.json
+// into $OUT when set, else bench/results/gpu/ under LOOM_SOURCE_DIR (or the current directory).
+// Exits 0 with a message where no GPU is.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "bench/machine_limits.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda_device.h"
+
+namespace loom::bench {
+namespace {
+
+using kernels::cuda::DataType;
+using kernels::cuda::DeviceBuffer;
+
+constexpr int kRepeats = 11;
+constexpr double kGraphTargetUs = 2000.0;             // each timed graph runs about this long
+constexpr size_t kRotationBytes = size_t{384} << 20;  // > 2x the L2 of any current GPU
+constexpr int64_t kGroup = 128;
+
+#define BENCH_CHECK_CUDA(expr)                                           \
+  do {                                                                   \
+    const cudaError_t error_ = (expr);                                   \
+    if (error_ != cudaSuccess) {                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(error_));                          \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+void CheckOk(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+__device__ uint32_t Hash(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+
+__device__ float Uniform(uint64_t i, uint32_t seed, float low, float high) {
+  return low + (high - low) * (Hash(i, seed) >> 8) * (1.0f / 16777216.0f);
+}
+
+__global__ void FillHalf(__half* out, int64_t count, float low, float high, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2half_rn(Uniform(i, seed, low, high));
+  }
+}
+
+__global__ void FillBytes(uint8_t* out, int64_t count, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<uint8_t>(Hash(i, seed));
+  }
+}
+
+__global__ void FillE4m3(uint8_t* out, int64_t count, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __nv_cvt_float_to_fp8(Uniform(i, seed, -448.0f, 448.0f), __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+DeviceBuffer Allocate(size_t bytes) {
+  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes);
+  CheckOk(buffer.status(), "cudaMalloc");
+  return std::move(buffer).value();
+}
+
+DeviceBuffer RandomHalf(int64_t count, float low, float high, uint32_t seed) {
+  DeviceBuffer buffer = Allocate(count * 2);
+  FillHalf<<<1024, 256>>>(static_cast<__half*>(buffer.data()), count, low, high, seed);
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  return buffer;
+}
+
+DeviceBuffer RandomBytes(int64_t count, uint32_t seed) {
+  DeviceBuffer buffer = Allocate(count);
+  FillBytes<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), count, seed);
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  return buffer;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Median microseconds of one call of `launch(i)` (i = the launch's index, for rotating buffers),
+// timed as a CUDA graph of `inner` launches.
+double TimeUs(cudaStream_t stream, const std::function<absl::Status(int)>& launch) {
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  // Warm-up (lazy module loading, cuBLAS heuristics, shared-memory opt-in), then one timed eager
+  // call to size the graph.
+  CheckOk(launch(0), "warm-up launch");
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+  BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+  for (int i = 0; i < 3; ++i) CheckOk(launch(i), "launch");
+  BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+  BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+  float eager_ms = 0.0f;
+  BENCH_CHECK_CUDA(cudaEventElapsedTime(&eager_ms, start, stop));
+  const int inner = std::clamp(static_cast<int>(kGraphTargetUs / (eager_ms * 1000.0 / 3)), 4, 200);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < inner; ++i) CheckOk(launch(i), "captured launch");
+  BENCH_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm the graph
+  std::vector<double> samples;
+  for (int r = 0; r < kRepeats; ++r) {
+    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1000.0 / inner);
+  }
+  BENCH_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CHECK_CUDA(cudaGraphDestroy(graph));
+  BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  return Median(samples);
+}
+
+// Device-to-device copy bandwidth (bytes read + bytes written per second) of a 1 GiB copy.
+double CopyBandwidthGBs(cudaStream_t stream) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  DeviceBuffer src = RandomBytes(kBytes, 1), dst = Allocate(kBytes);
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<double> samples;
+  for (int r = 0; r < kRepeats; ++r) {
+    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    BENCH_CHECK_CUDA(
+        cudaMemcpyAsync(dst.data(), src.data(), kBytes, cudaMemcpyDeviceToDevice, stream));
+    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(2.0 * kBytes / (ms * 1e-3) / 1e9);
+  }
+  BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  return Median(samples);
+}
+
+// Copies of one weight matrix, enough that a rotation through them exceeds L2.
+struct Rotation {
+  std::vector<DeviceBuffer> weights, scales;
+  const void* weight(int i) const { return weights[i % weights.size()].data(); }
+  const void* scale(int i) const {
+    return scales.empty() ? nullptr : scales[i % scales.size()].data();
+  }
+};
+
+int CopiesFor(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((kRotationBytes + bytes - 1) / bytes, 1, 64));
+}
+
+struct Row {
+  int64_t n, k, m;
+  double cublas_us, w4_us, w8_us, fp8_us = -1, fp8_quant_us = -1;
+  double w4_weight_gbs;
+};
+
+int Run() {
+  if (kernels::CudaDeviceCount() == 0) {
+    std::printf("quantized_gemm_bench: no CUDA device (%s): nothing measured\n",
+                kernels::CudaDeviceDescription(0).c_str());
+    return 0;
+  }
+  const std::string device = kernels::CudaDeviceDescription(0);
+  const absl::StatusOr<int> sms = kernels::cuda::CurrentDeviceSmCount();
+  CheckOk(sms.status(), "SM count");
+  const bool fp8 = kernels::cuda::Fp8GemmSupported();
+  std::printf("quantized_gemm_bench on %s, %d SMs, FP8 %s\n", device.c_str(), *sms,
+              fp8 ? "yes" : "no (compute capability < 8.9)");
+  cudaStream_t stream;
+  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy_gbs = CopyBandwidthGBs(stream);
+  std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    return 1;
+  }
+  DeviceBuffer cublas_workspace = Allocate(size_t{32} << 20);
+  cublasSetStream(cublas, stream);
+  cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes());
+
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {4096, 4096}, {14336, 4096}, {4096, 14336}};
+  const std::vector<int64_t> ms = {1, 4, 16, 64, 256};
+  std::vector<Row> rows;
+  std::printf("\n%6s %6s %4s | %9s | %9s %6s | %9s %6s | %9s %6s %9s\n", "N", "K", "M", "cuBLAS us",
+              "W4A16 us", "x", "W8A16 us", "x", "FP8 us", "x", "+quant us");
+  uint32_t seed = 10;
+  for (const auto& [n, k] : shapes) {
+    // Weights, rotated.
+    Rotation f16, w4, w8, e4m3;
+    for (int i = 0, copies = CopiesFor(n * k * 2); i < copies; ++i) {
+      f16.weights.push_back(RandomHalf(n * k, -0.05f, 0.05f, seed++));
+    }
+    for (int i = 0, copies = CopiesFor(n * k / 2); i < copies; ++i) {
+      w4.weights.push_back(RandomBytes(n * k / 2, seed++));
+      // F16 scale and min interleaved; values in [0.004, 0.02] keep the outputs finite.
+      w4.scales.push_back(RandomHalf(n * k / kGroup * 2, 0.004f, 0.02f, seed++));
+    }
+    for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
+      w8.weights.push_back(RandomBytes(n * k, seed++));
+      w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
+      if (fp8) {
+        DeviceBuffer buffer = Allocate(n * k);
+        FillE4m3<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), n * k, seed++);
+        BENCH_CHECK_CUDA(cudaGetLastError());
+        e4m3.weights.push_back(std::move(buffer));
+      }
+    }
+    DeviceBuffer x = RandomHalf(256 * k, -1.0f, 1.0f, seed++);
+    DeviceBuffer y = Allocate(256 * n * 2);
+    DeviceBuffer x_fp8 = Allocate(256 * k);
+    DeviceBuffer scales = Allocate(2 * sizeof(float));  // x scale, w scale
+    const float one_scale[2] = {0.01f, 0.001f};
+    CheckOk(scales.CopyFromHost(one_scale, sizeof(one_scale)), "scale upload");
+    float* x_scale = static_cast<float*>(scales.data());
+    const float* w_scale = x_scale + 1;
+
+    for (int64_t m : ms) {
+      Row row{n, k, m, 0, 0, 0};
+      const float alpha = 1.0f, beta = 0.0f;
+      row.cublas_us = TimeUs(stream, [&](int i) {
+        // Row-major Y[m, n] = X[m, k] W[n, k]^T as column-major Y^T = W^T(op T) X^T.
+        const cublasStatus_t status = cublasGemmEx(
+            cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+            static_cast<int>(k), &alpha, f16.weight(i), CUDA_R_16F, static_cast<int>(k), x.data(),
+            CUDA_R_16F, static_cast<int>(k), &beta, y.data(), CUDA_R_16F, static_cast<int>(n),
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        return status == CUBLAS_STATUS_SUCCESS ? absl::OkStatus()
+                                               : absl::InternalError(absl::StrFormat(
+                                                     "cublasGemmEx: %d", static_cast<int>(status)));
+      });
+
+      kernels::cuda::QuantGemmParams p;
+      p.x = x.data();
+      p.y = y.data();
+      p.act_dtype = DataType::kF16;
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.format = kernels::cuda::QuantWeightFormat::kInt4;
+      p.group_size = kGroup;
+      size_t workspace_bytes = kernels::cuda::QuantGemmWorkspaceBytes(p);
+      p.format = kernels::cuda::QuantWeightFormat::kInt8;
+      p.group_size = 0;
+      workspace_bytes = std::max(workspace_bytes, kernels::cuda::QuantGemmWorkspaceBytes(p));
+      DeviceBuffer workspace = Allocate(std::max<size_t>(workspace_bytes, 256));
+      p.workspace = workspace.data();
+      p.workspace_bytes = workspace.bytes();
+
+      p.format = kernels::cuda::QuantWeightFormat::kInt4;
+      p.group_size = kGroup;
+      row.w4_us = TimeUs(stream, [&](int i) {
+        kernels::cuda::QuantGemmParams q = p;
+        q.weight = w4.weight(i);
+        q.scales = w4.scale(i);
+        return kernels::cuda::LaunchQuantGemm(q, stream);
+      });
+      const double w4_bytes = static_cast<double>(n * k / 2 + n * k / kGroup * 4);
+      row.w4_weight_gbs = w4_bytes / (row.w4_us * 1e-6) / 1e9;
+
+      p.format = kernels::cuda::QuantWeightFormat::kInt8;
+      p.group_size = 0;
+      row.w8_us = TimeUs(stream, [&](int i) {
+        kernels::cuda::QuantGemmParams q = p;
+        q.weight = w8.weight(i);
+        q.scales = w8.scale(i);
+        return kernels::cuda::LaunchQuantGemm(q, stream);
+      });
+
+      if (fp8) {
+        kernels::cuda::Fp8GemmParams f;
+        f.x = x_fp8.data();
+        f.x_scale = x_scale;
+        f.w_scale = w_scale;
+        f.y = y.data();
+        f.out_dtype = DataType::kF16;
+        f.m = m;
+        f.n = n;
+        f.k = k;
+        DeviceBuffer fp8_workspace = Allocate(kernels::cuda::Fp8GemmWorkspaceBytes(f));
+        f.workspace = fp8_workspace.data();
+        f.workspace_bytes = fp8_workspace.bytes();
+        kernels::cuda::QuantizeFp8Params qp;
+        qp.x = x.data();
+        qp.out = x_fp8.data();
+        qp.scale = x_scale;
+        qp.dynamic_scale = false;  // a calibrated static scale; dynamic adds two tiny kernels
+        qp.in_dtype = DataType::kF16;
+        qp.count = m * k;
+        CheckOk(kernels::cuda::LaunchQuantizeFp8(qp, stream), "quantize");
+        row.fp8_us = TimeUs(stream, [&](int i) {
+          kernels::cuda::Fp8GemmParams g = f;
+          g.weight = e4m3.weight(i);
+          return kernels::cuda::LaunchFp8Gemm(g, stream);
+        });
+        row.fp8_quant_us = TimeUs(stream, [&](int i) {
+          kernels::cuda::Fp8GemmParams g = f;
+          g.weight = e4m3.weight(i);
+          absl::Status status = kernels::cuda::LaunchQuantizeFp8(qp, stream);
+          return status.ok() ? kernels::cuda::LaunchFp8Gemm(g, stream) : status;
+        });
+      }
+      BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+      std::printf("%6ld %6ld %4ld | %9.1f | %9.1f %5.2fx | %9.1f %5.2fx | ", static_cast<long>(n),
+                  static_cast<long>(k), static_cast<long>(m), row.cublas_us, row.w4_us,
+                  row.cublas_us / row.w4_us, row.w8_us, row.cublas_us / row.w8_us);
+      if (row.fp8_us > 0) {
+        std::printf("%9.1f %5.2fx %9.1f\n", row.fp8_us, row.cublas_us / row.fp8_us,
+                    row.fp8_quant_us);
+      } else {
+        std::printf("%9s %6s %9s\n", "-", "-", "-");
+      }
+      rows.push_back(row);
+    }
+  }
+
+  std::printf(
+      "\nW4A16 at M = 1: weight bytes / time vs copy bandwidth %.0f "
+      "GB/s (target >= 0.75)\n",
+      copy_gbs);
+  for (const Row& r : rows) {
+    if (r.m != 1) continue;
+    std::printf("  %6ld x %-6ld %7.0f GB/s  ratio %.2f\n", static_cast<long>(r.n),
+                static_cast<long>(r.k), r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
+  }
+  std::printf(
+      "targets: W4A16 >= 3.0x cuBLAS F16 at M <= 16 and >= 1.0x at M = 256; "
+      "W8A16 >= 1.7x at M <= 16\n");
+
+  std::string json = "{\n";
+  json += absl::StrFormat("  \"bench\": \"quantized_gemm\",\n  \"date\": \"%s\",\n", UtcNow());
+  json += absl::StrFormat("  \"device\": \"%s\",\n  \"sms\": %d,\n  \"fp8\": %s,\n", device, *sms,
+                          fp8 ? "true" : "false");
+  json += absl::StrFormat("  \"copy_bandwidth_gbs\": %.1f,\n  \"w4a16_group\": %d,\n", copy_gbs,
+                          kGroup);
+  json +=
+      "  \"timing\": \"median of 11 CUDA-graph runs / launches per graph, "
+      "weights rotated past L2\",\n";
+  json +=
+      "  \"targets\": {\"w4a16_speedup_m_le_16\": 3.0, "
+      "\"w4a16_speedup_m_256\": 1.0, "
+      "\"w8a16_speedup_m_le_16\": 1.7, \"w4a16_m1_bandwidth_ratio\": 0.75},\n";
+  json += "  \"results\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    json += absl::StrFormat(
+        "    {\"n\": %d, \"k\": %d, \"m\": %d, \"cublas_f16_us\": %.2f, "
+        "\"w4a16_us\": %.2f, "
+        "\"w4a16_speedup\": %.3f, \"w8a16_us\": %.2f, \"w8a16_speedup\": %.3f, "
+        "\"w4a16_weight_gbs\": %.1f, \"w4a16_bandwidth_ratio\": %.3f",
+        r.n, r.k, r.m, r.cublas_us, r.w4_us, r.cublas_us / r.w4_us, r.w8_us, r.cublas_us / r.w8_us,
+        r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
+    if (r.fp8_us > 0) {
+      json += absl::StrFormat(
+          ", \"fp8_us\": %.2f, \"fp8_speedup\": %.3f, "
+          "\"fp8_with_quantize_us\": %.2f",
+          r.fp8_us, r.cublas_us / r.fp8_us, r.fp8_quant_us);
+    }
+    json += i + 1 < rows.size() ? "},\n" : "}\n";
+  }
+  json += "  ]\n}\n";
+
+  std::string dir;
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    dir = out;
+  } else {
+    const char* source = std::getenv("LOOM_SOURCE_DIR");
+    dir = std::string(source ? source : ".") + "/bench/results/gpu";
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const std::string path = dir + "/quantized_gemm.json";
+  std::ofstream file(path);
+  file << json;
+  std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
+  cublasDestroy(cublas);
+  BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+  return file ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main() { return loom::bench::Run(); }

@@ -1,0 +1,444 @@
+// Paged prefill attention, FlashAttention-2 style on mma.sync tensor cores.
+//
+// Block (q tile, kv_head, seq), 128 threads = 4 warps. A sequence's query rows for one KV
+// head are the packed pairs (token, head of the group): row r is token r / group, query
+// head kv_head * group + r % group. A block owns kBlockM = 64 rows (warp w: rows 16w ..
+// 16w + 15) and walks the KV positions [0, last row's position] in tiles of kBlockN = 64
+// tokens. Each tile's K and V rows are gathered through the block table with cp.async
+// into shared memory, double-buffered (tile j + 1 loads while tile j computes). Per tile
+// a warp computes S = Q K^T (16 x 64) with mma.sync m16n8k16, applies the causal mask,
+// updates the online softmax in registers and adds P V (16 x head_dim) with P taken
+// straight from the S accumulators.
+//
+// Fragment layouts relied on (PTX ISA, "Warp Level Matrix Multiply-Accumulate
+// Instructions" > mma.m16n8k16 > "Matrix Fragments for mma.m16n8k16 with floating point
+// type", and "ldmatrix"), with g = lane / 4 (groupID) and t = lane % 4
+// (threadID_in_group):
+//   A (16 x 16, .row), 4 x b32: a0 = (row g, cols 2t, 2t+1), a1 = (row g+8, cols 2t, 2t+1),
+//                               a2 = (row g, cols 2t+8, 2t+9), a3 = (row g+8, cols 2t+8, 2t+9)
+//   B (16 x 8, .col), 2 x b32:  b0 = (rows k = 2t, 2t+1; col n = g), b1 = (k = 2t+8, 2t+9; n = g)
+//   C/D (16 x 8, f32), 4 x f32: c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g+8, same cols)
+//   In a b32 pair the lower-indexed element sits in the low 16 bits.
+//   ldmatrix .x4: lanes 8i .. 8i+7 give the addresses of matrix i's eight 16-byte rows;
+//   register i of lane l receives matrix i's (row l / 4, cols 2(l%4), 2(l%4)+1), or with
+//   .trans its (rows 2(l%4), 2(l%4)+1; col l / 4).
+// Hence: Q (row-major [row][dim]) loads as A with ldmatrix; K (row-major [token][dim]) is
+// B = K^T in .col form and loads with plain ldmatrix; V (row-major [token][dim]) is B in
+// .row form and loads with ldmatrix.trans; the S accumulators of n-tiles 2k and 2k+1,
+// packed in pairs, are exactly the A fragment of the P V product's k-step k.
+//
+// Shared rows are padded by 8 elements (16 bytes), so the eight rows one ldmatrix matrix
+// reads fall into eight different 16-byte bank groups (no bank conflicts).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "common/status_macros.h"
+#include "kernels/cuda/launch_internal.cuh"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using internal::FromFloat;
+using internal::RoundThrough;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBlockM = kPagedPrefillRowsPerBlock;
+constexpr int kBlockN = kPagedPrefillKvTile;
+static_assert(kBlockM == kWarps * 16, "one warp per 16 query rows (the mma's M)");
+static_assert(kBlockN % 16 == 0, "KV tiles are whole mma k-steps");
+// The most blocks per (KV head, sequence) along the query tiles; more tiles loop.
+constexpr int64_t kMaxTileBlocks = 1 << 20;
+
+// Shared memory per block: Q tile + two K and two V tiles, rows of kHeadDim + 8 elements.
+template <int kHeadDim>
+constexpr size_t SharedBytes() {
+  return static_cast<size_t>(kBlockM + 4 * kBlockN) * (kHeadDim + 8) * 2;
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// 16 bytes global -> shared, asynchronously (PTX cp.async). With src_bytes 0 nothing is
+// read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void CopyAsync16(void* shared, const void* global, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(shared)),
+               "l"(global), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(shared))
+               : "memory");
+}
+
+__device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const void* shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(shared))
+               : "memory");
+}
+
+// d += a * b for one m16n8k16 tile, F32 accumulation.
+template <typename T>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as a b32 pair of T: `low` in the low 16 bits (the lower-indexed element).
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float low, float high) {
+  uint32_t bits;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 pair = __floats2half2_rn(low, high);
+    memcpy(&bits, &pair, sizeof(bits));
+  } else {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    memcpy(&bits, &pair, sizeof(bits));
+  }
+  return bits;
+}
+
+struct PrefillArgs {
+  const void* q;
+  void* out;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* query_start;
+  const int32_t* context_len;
+  const int32_t* block_indptr;
+  const int32_t* block_indices;
+  int64_t q_stride;  // elements between tokens' q rows
+  int num_heads;
+  int num_kv_heads;
+  int group;  // num_heads / num_kv_heads
+  int block_size;
+  int num_blocks;
+  float scale_log2;  // scale * log2(e): the softmax runs in base 2
+};
+
+template <typename T, typename Out, int kHeadDim>
+__global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args) {
+  constexpr int kStride = kHeadDim + 8;   // elements per shared row (16 bytes of padding)
+  constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+  constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T over the head dim
+  constexpr int kDTiles = kHeadDim / 8;   // n-tiles of the output
+  constexpr int kNTiles = kBlockN / 8;    // n-tiles of the scores
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  T* q_shared = reinterpret_cast<T*>(shared_raw);  // [kBlockM][kStride]
+  T* k_shared = q_shared + kBlockM * kStride;      // [2][kBlockN][kStride]
+  T* v_shared = k_shared + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
+
+  const int seq = blockIdx.z;
+  const int kv_head = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // the PTX fragments' groupID, threadID_in_group
+
+  const int q_begin = args.query_start[seq];
+  const int q_len = args.query_start[seq + 1] - q_begin;
+  if (q_len <= 0) return;                          // uniform over the block
+  const int past = args.context_len[seq] - q_len;  // position of the sequence's first query
+  const int64_t rows = static_cast<int64_t>(q_len) * args.group;
+  const int64_t num_tiles = (rows + kBlockM - 1) / kBlockM;
+  const int table_begin = args.block_indptr[seq];
+  const int table_len = args.block_indptr[seq + 1] - table_begin;
+  const T* q = static_cast<const T*>(args.q);
+  const T* k_cache = static_cast<const T*>(args.k_cache);
+  const T* v_cache = static_cast<const T*>(args.v_cache);
+  const int64_t slot_elements = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
+
+  // Every shared read of one tile ends before the next tile's writes: the KV loop ends
+  // with __syncthreads and the epilogue starts with __syncthreads_or.
+  for (int64_t step = blockIdx.x; step < num_tiles; step += gridDim.x) {
+    const int64_t tile = num_tiles - 1 - step;  // the longest (latest) tiles first
+    const int64_t row0 = tile * kBlockM;
+    const int64_t last_row = min(row0 + kBlockM, rows) - 1;
+    const int first_pos = past + static_cast<int>(row0 / args.group);
+    const int kv_end = past + static_cast<int>(last_row / args.group) + 1;  // KV read: [0, kv_end)
+    bool bad = past < 0;  // context shorter than the query: no valid position
+
+    for (int c = threadIdx.x; c < kBlockM * kChunks; c += kThreads) {
+      const int r = c / kChunks, chunk = c % kChunks;
+      const int64_t row = row0 + r;
+      const T* src = q;
+      int bytes = 0;
+      if (row < rows) {
+        const int64_t token = q_begin + row / args.group;
+        const int64_t head = static_cast<int64_t>(kv_head) * args.group + row % args.group;
+        src = q + token * args.q_stride + head * kHeadDim + chunk * 8;
+        bytes = 16;
+      }
+      CopyAsync16(q_shared + r * kStride + chunk * 8, src, bytes);
+    }
+    CopyAsyncCommit();
+
+    // One KV tile's K and V rows into buffer `buffer`; positions past kv_end, and any
+    // the table cannot resolve, are zero-filled (their scores are masked or the tile is
+    // marked bad, so garbage never meets a probability).
+    auto load_kv = [&](int kv_tile, int buffer) {
+      T* k_dst = k_shared + buffer * kBlockN * kStride;
+      T* v_dst = v_shared + buffer * kBlockN * kStride;
+      for (int c = threadIdx.x; c < kBlockN * kChunks; c += kThreads) {
+        const int r = c / kChunks, chunk = c % kChunks;
+        const int position = kv_tile * kBlockN + r;
+        int64_t offset = -1;
+        if (position < kv_end) {
+          const int index = position / args.block_size;
+          const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
+          if (block >= 0 && block < args.num_blocks) {
+            const int64_t slot =
+                static_cast<int64_t>(block) * args.block_size + position % args.block_size;
+            offset = slot * slot_elements + static_cast<int64_t>(kv_head) * kHeadDim + chunk * 8;
+          } else {
+            bad = true;  // a table the host failed to validate
+          }
+        }
+        const bool found = offset >= 0;
+        CopyAsync16(k_dst + r * kStride + chunk * 8, found ? k_cache + offset : k_cache,
+                    found ? 16 : 0);
+        CopyAsync16(v_dst + r * kStride + chunk * 8, found ? v_cache + offset : v_cache,
+                    found ? 16 : 0);
+      }
+    };
+    const int num_kv_tiles = bad ? 0 : (kv_end + kBlockN - 1) / kBlockN;
+    if (num_kv_tiles > 0) load_kv(0, 0);
+    CopyAsyncCommit();
+
+    // This thread's two rows (g and g + 8 of its warp's 16) and their query positions; a
+    // row past the sequence gets -1 (fully masked, never stored).
+    int row_pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + warp * 16 + g + 8 * h;
+      row_pos[h] = row < rows ? past + static_cast<int>(row / args.group) : -1;
+    }
+    float o[kDTiles][4];
+#pragma unroll
+    for (int d = 0; d < kDTiles; ++d) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
+    }
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.0f, 0.0f};  // this thread's share; the 4 lanes of a row add up at the end
+    uint32_t q_frag[kKSteps][4];
+
+    for (int j = 0; j < num_kv_tiles; ++j) {
+      if (j + 1 < num_kv_tiles) {
+        load_kv(j + 1, (j + 1) & 1);
+        CopyAsyncCommit();
+        CopyAsyncWait<1>();  // the Q tile and KV tile j have landed (this thread's copies)
+      } else {
+        CopyAsyncWait<0>();
+      }
+      __syncthreads();  // ... and everyone's
+      if (j == 0) {
+        // A fragments of the warp's 16 rows: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15).
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          LoadMatrixX4(q_frag[kk],
+                       q_shared + (warp * 16 + lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
+        }
+      }
+      const T* k_tile = k_shared + (j & 1) * kBlockN * kStride;
+      const T* v_tile = v_shared + (j & 1) * kBlockN * kStride;
+
+      // S = Q K^T. One ldmatrix.x4 covers tokens n0 .. n0+15 x dims k0 .. k0+15: matrix i
+      // = tokens n0 + 8 (i / 2), dims k0 + 8 (i % 2), i.e. (b0, b1) of n-tile n0 then of
+      // n-tile n0 + 8.
+      float s[kNTiles][4];
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+        for (int nn = 0; nn < kBlockN / 16; ++nn) {
+          uint32_t b[4];
+          LoadMatrixX4(b, k_tile + (nn * 16 + lane % 8 + (lane / 16) * 8) * kStride + kk * 16 +
+                              ((lane / 8) % 2) * 8);
+          Mma<T>(s[2 * nn], q_frag[kk], b[0], b[1]);
+          Mma<T>(s[2 * nn + 1], q_frag[kk], b[2], b[3]);
+        }
+      }
+
+      // Scale into base 2, then the causal mask (after scaling, so a negative scale
+      // cannot turn -inf into +inf). Only tiles reaching past the block's first row's
+      // position need it; that includes every tile with zero-filled positions.
+      const int kv0 = j * kBlockN;
+      const bool needs_mask = kv0 + kBlockN - 1 > first_pos;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= args.scale_log2;
+          if (needs_mask && kv0 + n * 8 + 2 * t + (e & 1) > row_pos[e / 2]) s[n][e] = -INFINITY;
+        }
+      }
+
+      // Online softmax per row; a row's 64 scores sit in the 4 lanes sharing g.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[h], tile_max);
+        // A row with nothing unmasked yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0).
+        const float base = new_max == -INFINITY ? 0.0f : new_max;
+        const float alpha = exp2f(row_max[h] - base);  // 0 while row_max is -inf
+        row_max[h] = new_max;
+        row_sum[h] *= alpha;
+#pragma unroll
+        for (int d = 0; d < kDTiles; ++d) {
+          o[d][2 * h] *= alpha;
+          o[d][2 * h + 1] *= alpha;
+        }
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            // Rounded to T here, so the denominator sums exactly the weights P V uses.
+            s[n][e] = RoundThrough<T>(exp2f(s[n][e] - base));
+            row_sum[h] += s[n][e];
+          }
+        }
+      }
+
+      // O += P V. One ldmatrix.x4.trans covers tokens k0 .. k0+15 x dims n0 .. n0+15:
+      // matrix i = tokens k0 + 8 (i % 2), dims n0 + 8 (i / 2), i.e. (b0, b1) of d-tile n0
+      // then of d-tile n0 + 8.
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        const uint32_t a[4] = {PackPair<T>(s[2 * kk][0], s[2 * kk][1]),
+                               PackPair<T>(s[2 * kk][2], s[2 * kk][3]),
+                               PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dn = 0; dn < kHeadDim / 16; ++dn) {
+          uint32_t b[4];
+          LoadMatrixX4Trans(b, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
+                                   dn * 16 + (lane / 16) * 8);
+          Mma<T>(o[2 * dn], a, b[0], b[1]);
+          Mma<T>(o[2 * dn + 1], a, b[2], b[3]);
+        }
+      }
+      __syncthreads();  // buffer j & 1 is refilled by the next iteration (tile j + 2)
+    }
+    CopyAsyncWait<0>();  // without KV tiles the Q group may still be in flight
+    bad = __syncthreads_or(bad) != 0;
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + warp * 16 + g + 8 * h;
+      if (row >= rows) continue;
+      const int64_t token = q_begin + row / args.group;
+      const int64_t head = static_cast<int64_t>(kv_head) * args.group + row % args.group;
+      Out* dst = static_cast<Out*>(args.out) + (token * args.num_heads + head) * kHeadDim;
+      const float inverse = bad ? NAN : (row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f);
+#pragma unroll
+      for (int d = 0; d < kDTiles; ++d) {
+        dst[d * 8 + 2 * t] = FromFloat<Out>(o[d][2 * h] * inverse);
+        dst[d * 8 + 2 * t + 1] = FromFloat<Out>(o[d][2 * h + 1] * inverse);
+      }
+    }
+  }
+}
+
+template <typename T, typename Out, int kHeadDim>
+absl::Status LaunchKernel(const PagedPrefillParams& p, const PrefillArgs& args,
+                          cudaStream_t stream) {
+  constexpr size_t kShared = SharedBytes<kHeadDim>();
+  auto* kernel = &PagedPrefillKernel<T, Out, kHeadDim>;
+  // Above 48 KiB a kernel must opt in; per launch, since the attribute is per device.
+  const cudaError_t attribute = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
+  if (attribute != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrFormat("PagedPrefill: %d bytes of shared memory: %s",
+                                               kShared, cudaGetErrorString(attribute)));
+  }
+  const int64_t tiles = (p.max_query_len * args.group + kBlockM - 1) / kBlockM;
+  const dim3 grid(static_cast<unsigned>(std::min(tiles, kMaxTileBlocks)),
+                  static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  kernel<<<grid, kThreads, kShared, stream>>>(args);
+  return internal::CheckLaunch("PagedPrefill");
+}
+
+// The one place runtime shapes become template arguments: dtype x output dtype x head dim.
+template <typename T>
+absl::Status DispatchShape(const PagedPrefillParams& p, const PrefillArgs& args,
+                           cudaStream_t stream) {
+  const bool f32_out = p.out_dtype == DataType::kF32;
+  if (p.cache.head_dim == 64) {
+    return f32_out ? LaunchKernel<T, float, 64>(p, args, stream)
+                   : LaunchKernel<T, T, 64>(p, args, stream);
+  }
+  return f32_out ? LaunchKernel<T, float, 128>(p, args, stream)
+                 : LaunchKernel<T, T, 128>(p, args, stream);
+}
+
+}  // namespace
+
+absl::Status LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckPagedPrefillParams(p));
+  if (p.num_seqs == 0) return absl::OkStatus();
+  PrefillArgs args{};
+  args.q = p.q;
+  args.out = p.out;
+  args.k_cache = p.cache.k;
+  args.v_cache = p.cache.v;
+  args.query_start = p.query_start;
+  args.context_len = p.context_len;
+  args.block_indptr = p.block_indptr;
+  args.block_indices = p.block_indices;
+  args.q_stride = p.q_stride != 0 ? p.q_stride : p.num_heads * p.cache.head_dim;
+  args.num_heads = static_cast<int>(p.num_heads);
+  args.num_kv_heads = static_cast<int>(p.cache.num_kv_heads);
+  args.group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
+  args.block_size = static_cast<int>(std::min<int64_t>(p.cache.block_size, 0x7fffffff));
+  args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
+  args.scale_log2 = p.scale * 1.4426950408889634f;
+  if (p.cache.dtype == DataType::kF16) return DispatchShape<__half>(p, args, stream);
+  return DispatchShape<__nv_bfloat16>(p, args, stream);
+}
+
+}  // namespace loom::kernels::cuda

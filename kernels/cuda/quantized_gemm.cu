@@ -1,0 +1,323 @@
+// Quantized GEMM launches: the W4A16 / W8A16 kernel family (quantized_gemm.cuh holds the kernels,
+// their fragment layouts and the device weight layout), the FP8 activation quantizer and the FP8
+// GEMM through cuBLASLt.
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
+#include <memory>
+
+#include "common/status_macros.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/launch_internal.cuh"
+#include "kernels/cuda/quantized_gemm.cuh"
+#include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/quantized_gemm_internal.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using internal::CheckLaunch;
+using internal::FromFloat;
+using internal::GridFor;
+using internal::ToFloat;
+namespace qgemm = internal::qgemm;
+
+// ------------------------------------------------------------------------------ W4A16 / W8A16
+
+template <typename T, bool kInt4, int kGroup, int kConfig>
+absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t stream) {
+  using S = qgemm::Shape<kInt4, kGroup, kConfig>;
+  constexpr auto kernel = qgemm::QuantGemmKernel<T, kInt4, kGroup, kConfig>;
+  if constexpr (S::kSmemBytes > 48 * 1024) {
+    // Once per process (Loom drives one device per process): opt in to > 48 KiB.
+    static const cudaError_t opted_in =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+    if (opted_in != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrFormat("QuantGemm: %d bytes of shared memory for %s: %s",
+                                                 S::kSmemBytes, S::kC.name,
+                                                 cudaGetErrorString(opted_in)));
+    }
+  }
+  qgemm::Args args{};
+  args.x = p.x;
+  args.y = p.y;
+  args.bias = p.bias;
+  args.weight = static_cast<const uint8_t*>(p.weight);
+  args.scales = p.scales;
+  args.partial = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
+  args.m = static_cast<int>(p.m);
+  args.n = static_cast<int>(p.n);
+  args.k = static_cast<int>(p.k);
+  args.num_steps = static_cast<int>((p.k + S::kStepK - 1) / S::kStepK);
+  args.steps_per_split = (args.num_steps + splits - 1) / splits;
+  const int row_tiles = args.n / 16;
+  const dim3 grid((row_tiles + S::kRowTiles - 1) / S::kRowTiles,
+                  (args.m + S::kBlockM - 1) / S::kBlockM, splits);
+  kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(args);
+  LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm"));
+  if (splits > 1) {
+    const int64_t count = p.m * p.n;
+    qgemm::SplitKReduceKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
+        args.partial, static_cast<const T*>(p.bias), static_cast<T*>(p.y), splits, count, args.n);
+    LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm split-K reduce"));
+  }
+  return absl::OkStatus();
+}
+
+// The one runtime -> compile-time dispatch: dtype x format (x group size) x config. The supported
+// lists are the ones CheckQuantGemmParams enforces.
+template <typename T, bool kInt4, int kGroup>
+absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
+  static_assert(internal::kNumQuantGemmConfigs == 4);
+  switch (config) {
+    case 0:
+      return RunQuantGemm<T, kInt4, kGroup, 0>(p, splits, stream);
+    case 1:
+      return RunQuantGemm<T, kInt4, kGroup, 1>(p, splits, stream);
+    case 2:
+      return RunQuantGemm<T, kInt4, kGroup, 2>(p, splits, stream);
+    default:
+      return RunQuantGemm<T, kInt4, kGroup, 3>(p, splits, stream);
+  }
+}
+
+template <typename T>
+absl::Status DispatchFormat(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
+  if (p.format == QuantWeightFormat::kInt8) {
+    return DispatchConfig<T, false, 0>(p, config, splits, stream);
+  }
+  switch (p.group_size) {
+    case 32:
+      return DispatchConfig<T, true, 32>(p, config, splits, stream);
+    case 64:
+      return DispatchConfig<T, true, 64>(p, config, splits, stream);
+    case 128:
+      return DispatchConfig<T, true, 128>(p, config, splits, stream);
+  }
+  return absl::InternalError("QuantGemm: dispatch out of sync with the check");
+}
+
+// ------------------------------------------------------------------------------ FP8
+
+template <typename T>
+__global__ void AbsMaxKernel(const T* __restrict__ x, int64_t count, unsigned int* amax_bits) {
+  __shared__ float scratch[32];
+  float local = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    local = fmaxf(local, fabsf(ToFloat(x[i])));
+  }
+  local = internal::WarpMax(local);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = local;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float value = threadIdx.x < blockDim.x / 32 ? scratch[threadIdx.x] : 0.0f;
+    value = internal::WarpMax(value);
+    // Non-negative floats order like their bit patterns.
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(value));
+  }
+}
+
+__global__ void ScaleFromAbsMaxKernel(float* scale) {
+  const float amax = *scale;
+  *scale = amax > 0.0f ? amax / kE4m3Max : 1.0f / kE4m3Max;
+}
+
+template <typename T>
+__global__ void QuantizeFp8Kernel(const T* __restrict__ x, uint8_t* __restrict__ out,
+                                  const float* __restrict__ scale, int64_t count) {
+  const float inverse = 1.0f / *scale;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    out[i] = __nv_cvt_float_to_fp8(ToFloat(x[i]) * inverse, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T>
+__global__ void Fp8EpilogueKernel(const float* __restrict__ results, const float* x_scale,
+                                  const float* __restrict__ w_scale, bool per_channel,
+                                  const T* __restrict__ bias, T* __restrict__ y, int64_t count,
+                                  int n) {
+  const float scale = *x_scale;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const int column = static_cast<int>(i % n);
+    float value = results[i] * scale * w_scale[per_channel ? column : 0];
+    if (bias != nullptr) value += ToFloat(bias[column]);
+    y[i] = FromFloat<T>(value);
+  }
+}
+
+absl::Status FromLt(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrFormat("Fp8Gemm: %s failed: %s (%d)", what,
+                                             cublasGetStatusString(status),
+                                             static_cast<int>(status)));
+}
+
+// The process-wide cuBLASLt handle (cuBLASLt handles may be shared between threads).
+absl::StatusOr<cublasLtHandle_t> LtHandle() {
+  static cublasLtHandle_t handle = nullptr;
+  static const cublasStatus_t created = cublasLtCreate(&handle);
+  LOOM_RETURN_IF_ERROR(FromLt(created, "cublasLtCreate"));
+  return handle;
+}
+
+struct MatmulDescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+
+absl::StatusOr<std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>> Layout(
+    cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  LOOM_RETURN_IF_ERROR(FromLt(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld),
+                              "cublasLtMatrixLayoutCreate"));
+  return std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>(layout);
+}
+
+}  // namespace
+
+absl::Status LaunchQuantGemm(const QuantGemmParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckQuantGemmParams(p));
+  if (p.m == 0) return absl::OkStatus();
+  const int config = internal::QuantGemmConfigIndex(p.m);
+  int splits = p.num_splits;
+  if (splits == 0) {
+    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
+    splits = ChooseQuantGemmSplits(p.m, p.n, p.k, num_sms);
+  }
+  const size_t needed = static_cast<size_t>(splits) * p.m * p.n * sizeof(float);
+  if (splits > 1 && (p.workspace == nullptr || p.workspace_bytes < needed)) {
+    // Only on a GPU of more than kQuantGemmMaxSmsForWorkspace multiprocessors.
+    return absl::InvalidArgumentError(
+        absl::StrFormat("QuantGemm: %d splits need a workspace of %d bytes, got %d", splits, needed,
+                        p.workspace_bytes));
+  }
+  if (p.act_dtype == DataType::kF16) return DispatchFormat<__half>(p, config, splits, stream);
+  return DispatchFormat<__nv_bfloat16>(p, config, splits, stream);
+}
+
+absl::Status LaunchQuantizeFp8(const QuantizeFp8Params& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckQuantizeFp8Params(p));
+  if (p.count == 0) return absl::OkStatus();
+  auto run = [&]<typename T>() -> absl::Status {
+    const T* x = static_cast<const T*>(p.x);
+    if (p.dynamic_scale) {
+      const cudaError_t cleared = cudaMemsetAsync(p.scale, 0, sizeof(float), stream);
+      if (cleared != cudaSuccess) {
+        cudaGetLastError();
+        return absl::InternalError(
+            absl::StrFormat("QuantizeFp8: cudaMemsetAsync: %s", cudaGetErrorString(cleared)));
+      }
+      AbsMaxKernel<T><<<std::min(GridFor(p.count, 256), 1024), 256, 0, stream>>>(
+          x, p.count, reinterpret_cast<unsigned int*>(p.scale));
+      LOOM_RETURN_IF_ERROR(CheckLaunch("QuantizeFp8 abs max"));
+      ScaleFromAbsMaxKernel<<<1, 1, 0, stream>>>(p.scale);
+      LOOM_RETURN_IF_ERROR(CheckLaunch("QuantizeFp8 scale"));
+    }
+    QuantizeFp8Kernel<T><<<GridFor(p.count, 256), 256, 0, stream>>>(x, static_cast<uint8_t*>(p.out),
+                                                                    p.scale, p.count);
+    return CheckLaunch("QuantizeFp8");
+  };
+  if (p.in_dtype == DataType::kF16) return run.template operator()<__half>();
+  return run.template operator()<__nv_bfloat16>();
+}
+
+bool Fp8GemmSupported() {
+  int device = 0;
+  int major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major * 10 + minor >= 89;
+}
+
+absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckFp8GemmParams(p));
+  if (p.m == 0) return absl::OkStatus();
+  if (!Fp8GemmSupported()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Fp8Gemm: needs FP8 tensor cores (compute capability "
+                        ">= 8.9); device is %s",
+                        CudaDeviceDescription(0)));
+  }
+  LOOM_ASSIGN_OR_RETURN(cublasLtHandle_t handle, LtHandle());
+
+  // Row-major Y[m, n] = X[m, k] · W[n, k]^T is column-major Y^T[n, m] = op(A) · B with A = W as a
+  // column-major [k, n] matrix, transposed (FP8 on cuBLASLt wants "TN"), and B = X as a
+  // column-major [k, m] matrix.
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  LOOM_RETURN_IF_ERROR(FromLt(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                              "cublasLtMatmulDescCreate"));
+  std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter> desc(raw_desc);
+  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  LOOM_RETURN_IF_ERROR(
+      FromLt(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                            sizeof(transpose)),
+             "set TRANSA"));
+  LOOM_RETURN_IF_ERROR(
+      FromLt(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
+                                            sizeof(no_transpose)),
+             "set TRANSB"));
+  LOOM_ASSIGN_OR_RETURN(auto a_layout, Layout(CUDA_R_8F_E4M3, p.k, p.n, p.k));
+  LOOM_ASSIGN_OR_RETURN(auto b_layout, Layout(CUDA_R_8F_E4M3, p.k, p.m, p.k));
+  LOOM_ASSIGN_OR_RETURN(auto d_layout, Layout(CUDA_R_32F, p.n, p.m, p.n));
+
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  LOOM_RETURN_IF_ERROR(
+      FromLt(cublasLtMatmulPreferenceCreate(&raw_preference), "cublasLtMatmulPreferenceCreate"));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference(raw_preference);
+  const uint64_t lt_workspace_bytes = internal::kFp8LtWorkspaceBytes;
+  LOOM_RETURN_IF_ERROR(FromLt(cublasLtMatmulPreferenceSetAttribute(
+                                  preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                  &lt_workspace_bytes, sizeof(lt_workspace_bytes)),
+                              "set MAX_WORKSPACE_BYTES"));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  LOOM_RETURN_IF_ERROR(
+      FromLt(cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(), b_layout.get(),
+                                            d_layout.get(), d_layout.get(), preference.get(), 1,
+                                            &heuristic, &found),
+             "cublasLtMatmulAlgoGetHeuristic"));
+  if (found == 0) {
+    return absl::InternalError(absl::StrFormat(
+        "Fp8Gemm: cuBLASLt has no FP8 algorithm for m %d, n %d, k %d", p.m, p.n, p.k));
+  }
+  const size_t results_bytes = (static_cast<size_t>(p.m) * p.n * sizeof(float) + 255) / 256 * 256;
+  float* results = static_cast<float*>(p.workspace);
+  void* lt_workspace = static_cast<uint8_t*>(p.workspace) + results_bytes;
+  const float alpha = 1.0f, beta = 0.0f;
+  LOOM_RETURN_IF_ERROR(
+      FromLt(cublasLtMatmul(handle, desc.get(), &alpha, p.weight, a_layout.get(), p.x,
+                            b_layout.get(), &beta, results, d_layout.get(), results, d_layout.get(),
+                            &heuristic.algo, lt_workspace, lt_workspace_bytes, stream),
+             "cublasLtMatmul"));
+
+  const int64_t count = p.m * p.n;
+  auto epilogue = [&]<typename T>() {
+    Fp8EpilogueKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
+        results, p.x_scale, p.w_scale, p.per_channel, static_cast<const T*>(p.bias),
+        static_cast<T*>(p.y), count, static_cast<int>(p.n));
+  };
+  if (p.out_dtype == DataType::kF16) {
+    epilogue.template operator()<__half>();
+  } else {
+    epilogue.template operator()<__nv_bfloat16>();
+  }
+  return CheckLaunch("Fp8Gemm epilogue");
+}
+
+}  // namespace loom::kernels::cuda

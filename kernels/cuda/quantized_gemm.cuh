@@ -1,0 +1,512 @@
+#pragma once
+
+// Internal to kernels/cuda (quantized_gemm.cu only): the W4A16 / W8A16 kernel family.
+//
+// Orientation. The weights are the mma A operand (16 output features x 16 input features)
+// and the activations the B operand (16 input features x 8 tokens), so one token wastes
+// 7/8 of an mma, not 15/16: Y^T = W · X^T. The accumulator C[16 x 8] is (output feature,
+// token).
+//
+// mma.sync.aligned.m16n8k16 fragments for .f16/.bf16 inputs and .f32 accumulators (PTX
+// ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", section 9.7.14.5.8 in
+// PTX ISA 8.x). With g = lane / 4 and t = lane % 4, each .b32 register holds two elements,
+// the lower-indexed one in the low 16 bits:
+//   A (row-major 16 x 16):  a0 = (row g,     cols 2t,     2t + 1)
+//                           a1 = (row g + 8, cols 2t,     2t + 1)
+//                           a2 = (row g,     cols 2t + 8, 2t + 9)
+//                           a3 = (row g + 8, cols 2t + 8, 2t + 9)
+//   B (16 x 8, "col"):      b0 = (rows 2t,     2t + 1, col g)
+//                           b1 = (rows 2t + 8, 2t + 9, col g)
+//   C/D (16 x 8, f32):      c0, c1 = (row g,     cols 2t, 2t + 1)
+//                           c2, c3 = (row g + 8, cols 2t, 2t + 1)
+//
+// K permutation. An mma sums over its 16 k indices in any order, so any permutation of the
+// input features applied to both operands gives the same product. Within each 32-column
+// half of a 64-column chunk (two k16 steps j = 0, 1) we map the mma k index 2t + e
+// (e = 0, 1) of step j to input feature 8t + 4j + e and the index 2t + 8 + e to
+// 8t + 4j + 2 + e. Lane t's B registers of both steps are then the 8 consecutive input
+// features 8t .. 8t + 7 of its token: one 16-byte shared-memory load (b0, b1 of step 0,
+// b0, b1 of step 1), straight from X's natural layout. The weights are packed at load time
+// with the same permutation (PackInt4ForGpu / PackInt8ForGpu).
+//
+// Device weight layout (16 output features = one row tile):
+//   INT4: [n / 16][k / 64][32 lanes][16 bytes]. Lane (g, t)'s 16 bytes are four 32-bit
+//     words; word 2 * half + j holds the 8 values of its A fragment for k16 step j of the
+//     32-column half `half`: nibble i of the word (bits 4i .. 4i + 3) is, for i = 0..3,
+//     the low element of a_i and, for i = 4..7, the high element of a_(i-4). So
+//     ((word >> 4i) & 0x000f000f) holds both elements of a_i, one per 16-bit half.
+//   INT8: [n / 16][k / 32][32 lanes][16 bytes]. Word 2j: bytes (a0.lo, a0.hi, a1.lo,
+//     a1.hi); word 2j + 1: (a2.lo, a2.hi, a3.lo, a3.hi), for k16 step j of the 32 columns.
+//   INT4 scale/min: F16 [n / 16][k / group][8][4] = (scale of row g, scale of row g + 8,
+//     min of row g, min of row g + 8) for the lanes of group g.
+// Every warp-wide weight load is 512 contiguous bytes; shared-memory reads of the weights
+// are 16 bytes per lane at consecutive addresses (conflict-free).
+//
+// Dequantization in registers. INT4: OR-ing a nibble into the mantissa of the F16 1024.0
+// (0x6400) or the BF16 128.0 (0x4300) gives 1024 + q (128 + q) exactly; subtracting the
+// magic is exact; one fused q * scale + min (hfma2) rounds once to the activation type.
+// INT8: the biased byte goes into the mantissa of the F32 2^23 (exact), minus 2^23 + 128
+// is q exactly, converted to F16/BF16 exactly (|q| <= 128); the row scale multiplies the
+// F32 sum in the epilogue.
+//
+// Pipeline. Each block step covers kStepK = 64 * warps_k input features: the weights (row
+// tiles x 64-column chunks, copied verbatim), the activations [block_m, kStepK] (16-byte
+// units, XOR-swizzled by row parity so that a quarter warp's 16-byte loads of rows g and
+// g + 1 fall in different banks) and the INT4 scale/min of the step's groups go into
+// shared memory with cp.async, kStages deep (one __syncthreads per step). Rows past m and
+// row tiles past n are zero-filled (cp.async with src-size 0) and their results dropped.
+// With warps_k > 1 the warps' partial sums meet in shared memory at the end; with split-K
+// (gridDim.z > 1) every split writes F32 partial sums [split, m, n] (zeros for a split
+// with no steps) and SplitKReduceKernel sums them, adds the bias and rounds.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/launch_internal.cuh"
+#include "kernels/cuda/quantized_gemm_internal.h"
+
+namespace loom::kernels::cuda::internal::qgemm {
+
+template <typename To, typename From>
+__device__ __forceinline__ To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  memcpy(&to, &from, sizeof(To));
+  return to;
+}
+
+template <typename T>
+struct PairOf;
+template <>
+struct PairOf<__half> {
+  using Type = __half2;
+  static constexpr uint32_t kInt4Magic = 0x64006400u;  // (1024.0, 1024.0)
+};
+template <>
+struct PairOf<__nv_bfloat16> {
+  using Type = __nv_bfloat162;
+  static constexpr uint32_t kInt4Magic = 0x43004300u;  // (128.0, 128.0)
+};
+
+/// The A fragment (a0..a3) of one k16 step from its INT4 word. `scales` = (scale of row g, scale of
+/// row g + 8) and `mins` likewise, as F16 bits in the low and high halves.
+template <typename T>
+__device__ __forceinline__ void DequantInt4(uint32_t word, uint32_t scales, uint32_t mins,
+                                            uint32_t (&a)[4]) {
+  using T2 = typename PairOf<T>::Type;
+  constexpr uint32_t kMagic = PairOf<T>::kInt4Magic;
+  const T2 magic = BitCast<T2>(kMagic);
+  // F16 -> T is exact for the weights' F16 scale/min only when T is F16; for BF16 the scale and min
+  // are rounded to BF16 first (the fused multiply-add then rounds once more).
+  T2 scale_lo, scale_hi, min_lo, min_hi;
+  if constexpr (std::is_same_v<T, __half>) {
+    scale_lo = BitCast<T2>(__byte_perm(scales, 0, 0x1010));
+    scale_hi = BitCast<T2>(__byte_perm(scales, 0, 0x3232));
+    min_lo = BitCast<T2>(__byte_perm(mins, 0, 0x1010));
+    min_hi = BitCast<T2>(__byte_perm(mins, 0, 0x3232));
+  } else {
+    const float2 s = __half22float2(BitCast<__half2>(scales));
+    const float2 m = __half22float2(BitCast<__half2>(mins));
+    scale_lo = __float2bfloat162_rn(s.x);
+    scale_hi = __float2bfloat162_rn(s.y);
+    min_lo = __float2bfloat162_rn(m.x);
+    min_hi = __float2bfloat162_rn(m.y);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const T2 q = __hsub2(BitCast<T2>(((word >> (4 * i)) & 0x000f000fu) | kMagic), magic);
+    a[i] = BitCast<uint32_t>(
+        __hfma2(q, i % 2 == 0 ? scale_lo : scale_hi, i % 2 == 0 ? min_lo : min_hi));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return BitCast<uint32_t>(__floats2half2_rn(lo, hi));
+  } else {
+    return BitCast<uint32_t>(__floats2bfloat162_rn(lo, hi));
+  }
+}
+
+/// Byte kByte of a word whose bytes are int8 values XOR 0x80 (= value + 128), as a float.
+template <int kByte>
+__device__ __forceinline__ float Int8FromBiased(uint32_t biased) {
+  // 0x4B0000bb = 2^23 + bb exactly; minus 2^23 + 128 leaves the int8 value.
+  return __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7540 | kByte)) - 8388736.0f;
+}
+
+/// The A fragment of one k16 step from its two INT8 words (values exact in T).
+template <typename T>
+__device__ __forceinline__ void ConvertInt8(uint32_t word0, uint32_t word1, uint32_t (&a)[4]) {
+  const uint32_t w0 = word0 ^ 0x80808080u, w1 = word1 ^ 0x80808080u;
+  a[0] = PackPair<T>(Int8FromBiased<0>(w0), Int8FromBiased<1>(w0));
+  a[1] = PackPair<T>(Int8FromBiased<2>(w0), Int8FromBiased<3>(w0));
+  a[2] = PackPair<T>(Int8FromBiased<0>(w1), Int8FromBiased<1>(w1));
+  a[3] = PackPair<T>(Int8FromBiased<2>(w1), Int8FromBiased<3>(w1));
+}
+
+/// c += A · B for one m16n8k16 tile, F32 accumulators.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/// 16 bytes global -> shared, asynchronous; zero-fills (reads nothing) when !valid.
+__device__ __forceinline__ void CpAsync16(void* shared, const void* global, bool valid) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  const int source_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
+               "r"(source_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// Compile-time sizes of one kernel instantiation.
+template <bool kInt4, int kGroup, int kConfig>
+struct Shape {
+  static constexpr QuantGemmConfig kC = kQuantGemmConfigs[kConfig];
+  static constexpr int kTilesM = kC.tiles_m;
+  static constexpr int kWarpsM = kC.warps_m;
+  static constexpr int kWarpsN = kC.warps_n;
+  static constexpr int kFragsN = kC.frags_n;
+  static constexpr int kWarpsK = kC.warps_k;
+  static constexpr int kThreads = kC.threads();
+  static constexpr int kBlockM = kC.block_m();
+  static constexpr int kRowTiles = kC.row_tiles();
+  static constexpr int kStepK = kC.step_k();
+  static constexpr int kStages = kQuantGemmStages;
+  // Bytes of one row tile x one 64-column chunk (a warp's share of a step).
+  static constexpr int kChunkBytes = kInt4 ? 512 : 1024;
+  static constexpr int kScaleGroups = kInt4 ? (kStepK >= kGroup ? kStepK / kGroup : 1) : 0;
+  static constexpr int kUnitsPerRow = kStepK / 8;  // 16-byte units of an activation row
+  static constexpr int kWeightBytes = kRowTiles * kWarpsK * kChunkBytes;
+  static constexpr int kActBytes = kBlockM * kStepK * 2;
+  static constexpr int kScaleBytes = kRowTiles * kScaleGroups * 64;
+  static constexpr int kStageBytes = kWeightBytes + kActBytes + kScaleBytes;
+  static constexpr int kAccPerWarp = kFragsN * kTilesM * 4;  // accumulators per lane
+  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * kAccPerWarp * 32 * 4;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes > kReduceBytes ? kStages* kStageBytes : kReduceBytes;
+
+  static_assert(!kInt4 || kGroup == 32 || kGroup == 64 || kGroup == 128);
+  static_assert(kInt4 || kGroup == 0);
+  static_assert(kUnitsPerRow % 8 == 0, "the XOR swizzle needs rows of >= 8 16-byte units");
+  static_assert(kStageBytes % 16 == 0);
+  // A step holds whole groups, or lies inside one.
+  static_assert(!kInt4 || kStepK % (kInt4 ? kGroup : 1) == 0 || (kInt4 ? kGroup : 1) % kStepK == 0);
+};
+
+/// Byte offset of activation 16-byte unit `unit` of row `row` inside a stage's block.
+template <int kUnitsPerRow>
+__device__ __forceinline__ int ActOffset(int row, int unit) {
+  return (row * kUnitsPerRow + (unit ^ ((row & 1) << 2))) * 16;
+}
+
+struct Args {
+  const void* x;          // [m, k] of T
+  void* y;                // [m, n] of T
+  const void* bias;       // [n] of T or null
+  const uint8_t* weight;  // device layout
+  const void* scales;     // INT4: scale/min layout; INT8: F16 [n]
+  float* partial;         // [gridDim.z, m, n] when gridDim.z > 1
+  int m, n, k;
+  int num_steps;        // ceil(k / kStepK)
+  int steps_per_split;  // steps of block step each split covers (the last may
+                        // have fewer)
+};
+
+template <typename T, bool kInt4, int kGroup, int kConfig>
+struct Block {
+  using S = Shape<kInt4, kGroup, kConfig>;
+  using Acc = float[S::kFragsN][S::kTilesM][4];
+
+  // Issues the cp.async copies of block step `step` into stage `stage`.
+  static __device__ __forceinline__ void LoadStage(const Args& args, uint8_t* stage, int step,
+                                                   int row_tile0, int m0) {
+    const int num_row_tiles = args.n / 16;
+    const int k_chunks = args.k / 64;
+    const int chunk0 = step * S::kWarpsK;
+    // Weights: per row tile, kWarpsK consecutive 64-column chunks (contiguous in global).
+    constexpr int kUnitsPerRowTile = S::kWarpsK * S::kChunkBytes / 16;
+    constexpr int kUnitsPerChunk = S::kChunkBytes / 16;
+#pragma unroll
+    for (int i = threadIdx.x; i < S::kRowTiles * kUnitsPerRowTile; i += S::kThreads) {
+      const int tile = i / kUnitsPerRowTile, within = i % kUnitsPerRowTile;
+      const bool valid =
+          row_tile0 + tile < num_row_tiles && chunk0 + within / kUnitsPerChunk < k_chunks;
+      const uint8_t* source =
+          valid
+              ? args.weight +
+                    (static_cast<int64_t>(row_tile0 + tile) * k_chunks + chunk0) * S::kChunkBytes +
+                    within * 16
+              : args.weight;
+      CpAsync16(stage + i * 16, source, valid);
+    }
+    // Activations: [kBlockM, kStepK], swizzled.
+    const T* x = static_cast<const T*>(args.x);
+    uint8_t* act = stage + S::kWeightBytes;
+#pragma unroll
+    for (int i = threadIdx.x; i < S::kBlockM * S::kUnitsPerRow; i += S::kThreads) {
+      const int row = i / S::kUnitsPerRow, unit = i % S::kUnitsPerRow;
+      const int m = m0 + row;
+      const int col = step * S::kStepK + unit * 8;
+      const bool valid = m < args.m && col < args.k;
+      const T* source = valid ? x + static_cast<int64_t>(m) * args.k + col : x;
+      CpAsync16(act + ActOffset<S::kUnitsPerRow>(row, unit), source, valid);
+    }
+    if constexpr (kInt4) {
+      // Scale/min: per row tile, the kScaleGroups groups from the step's first (contiguous).
+      const int num_groups = args.k / kGroup;
+      const int group0 = step * S::kStepK / kGroup;
+      const uint8_t* scales = static_cast<const uint8_t*>(args.scales);
+      uint8_t* scale_stage = stage + S::kWeightBytes + S::kActBytes;
+      constexpr int kUnitsPerTile = S::kScaleGroups * 4;  // 64 bytes per group
+#pragma unroll
+      for (int i = threadIdx.x; i < S::kRowTiles * kUnitsPerTile; i += S::kThreads) {
+        const int tile = i / kUnitsPerTile, within = i % kUnitsPerTile;
+        const bool valid = row_tile0 + tile < num_row_tiles && group0 + within / 4 < num_groups;
+        const uint8_t* source =
+            valid ? scales + (static_cast<int64_t>(row_tile0 + tile) * num_groups + group0) * 64 +
+                        within * 16
+                  : scales;
+        CpAsync16(scale_stage + i * 16, source, valid);
+      }
+    }
+  }
+
+  // This warp's mma work on stage `stage` (block step `step`).
+  static __device__ __forceinline__ void ComputeStage(const Args& args, const uint8_t* stage,
+                                                      int step, int wn, int wm, int wk,
+                                                      const bool (&frag_valid)[S::kFragsN],
+                                                      Acc& acc) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int k_sub = step * S::kStepK + 64 * wk;         // this warp's 64 input features
+    if (k_sub >= args.k) return;                          // the last step may be partial
+    constexpr int kWordsPerChunk = S::kChunkBytes / 128;  // 32-bit words per lane
+    uint32_t words[S::kFragsN][kWordsPerChunk];
+#pragma unroll
+    for (int f = 0; f < S::kFragsN; ++f) {
+      const uint8_t* base =
+          stage + ((wn * S::kFragsN + f) * S::kWarpsK + wk) * S::kChunkBytes + lane * 16;
+#pragma unroll
+      for (int part = 0; part < kWordsPerChunk / 4; ++part) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(base + part * 512);
+        words[f][4 * part + 0] = raw.x;
+        words[f][4 * part + 1] = raw.y;
+        words[f][4 * part + 2] = raw.z;
+        words[f][4 * part + 3] = raw.w;
+      }
+    }
+    const uint8_t* act = stage + S::kWeightBytes;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t a[S::kFragsN][2][4];
+#pragma unroll
+      for (int f = 0; f < S::kFragsN; ++f) {
+        if constexpr (kInt4) {
+          const int local_group = (k_sub + 32 * half) / kGroup - step * S::kStepK / kGroup;
+          const int tile = wn * S::kFragsN + f;
+          const uint2 scale_min =
+              *reinterpret_cast<const uint2*>(stage + S::kWeightBytes + S::kActBytes +
+                                              ((tile * S::kScaleGroups + local_group) * 8 + g) * 8);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            DequantInt4<T>(words[f][2 * half + j], scale_min.x, scale_min.y, a[f][j]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            ConvertInt8<T>(words[f][4 * half + 2 * j], words[f][4 * half + 2 * j + 1], a[f][j]);
+          }
+        }
+      }
+#pragma unroll
+      for (int tm = 0; tm < S::kTilesM; ++tm) {
+        const int row = (wm * S::kTilesM + tm) * 8 + g;
+        const int unit = 8 * wk + 4 * half + t;
+        const uint4 b =
+            *reinterpret_cast<const uint4*>(act + ActOffset<S::kUnitsPerRow>(row, unit));
+#pragma unroll
+        for (int f = 0; f < S::kFragsN; ++f) {
+          if (!frag_valid[f]) continue;
+          Mma16816<T>(acc[f][tm], a[f][0], b.x, b.y);
+          Mma16816<T>(acc[f][tm], a[f][1], b.z, b.w);
+        }
+      }
+    }
+  }
+};
+
+template <typename T, bool kInt4, int kGroup, int kConfig>
+__global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
+    QuantGemmKernel(const Args args) {
+  using S = Shape<kInt4, kGroup, kConfig>;
+  using B = Block<T, kInt4, kGroup, kConfig>;
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wn = warp % S::kWarpsN;
+  const int wm = (warp / S::kWarpsN) % S::kWarpsM;
+  const int wk = warp / (S::kWarpsN * S::kWarpsM);
+  const int row_tile0 = blockIdx.x * S::kRowTiles;
+  const int m0 = blockIdx.y * S::kBlockM;
+  const int step_begin = blockIdx.z * args.steps_per_split;
+  const int num_steps = max(0, min(args.steps_per_split, args.num_steps - step_begin));
+
+  bool frag_valid[S::kFragsN];
+#pragma unroll
+  for (int f = 0; f < S::kFragsN; ++f) {
+    frag_valid[f] = row_tile0 + wn * S::kFragsN + f < args.n / 16;
+  }
+  float acc[S::kFragsN][S::kTilesM][4];
+#pragma unroll
+  for (int f = 0; f < S::kFragsN; ++f) {
+#pragma unroll
+    for (int tm = 0; tm < S::kTilesM; ++tm) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[f][tm][r] = 0.0f;
+    }
+  }
+
+  // Prologue: the first kStages - 1 steps in flight (one commit group per step, empty groups past
+  // the end so that wait_group counts stay uniform).
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < num_steps) B::LoadStage(args, smem + s * S::kStageBytes, step_begin + s, row_tile0, m0);
+    CpAsyncCommit();
+  }
+  for (int s = 0; s < num_steps; ++s) {
+    // Groups committed so far: kStages - 1 + s; step s is group s: done once at most kStages - 2
+    // remain. The barrier publishes every thread's copies and guarantees all warps finished
+    // computing step s - 1, whose slot the next load reuses.
+    CpAsyncWait<S::kStages - 2>();
+    __syncthreads();
+    const int next = s + S::kStages - 1;
+    if (next < num_steps) {
+      B::LoadStage(args, smem + (next % S::kStages) * S::kStageBytes, step_begin + next, row_tile0,
+                   m0);
+    }
+    CpAsyncCommit();
+    B::ComputeStage(args, smem + (s % S::kStages) * S::kStageBytes, step_begin + s, wn, wm, wk,
+                    frag_valid, acc);
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the stages are free: the reduction below reuses shared
+                    // memory
+
+  if constexpr (S::kWarpsK > 1) {
+    float* reduce = reinterpret_cast<float*>(smem);
+    const int warp_mn = warp % (S::kWarpsN * S::kWarpsM);
+    if (wk > 0) {
+      float* mine = reduce + ((wk - 1) * S::kWarpsM * S::kWarpsN + warp_mn) * S::kAccPerWarp * 32;
+#pragma unroll
+      for (int f = 0; f < S::kFragsN; ++f) {
+#pragma unroll
+        for (int tm = 0; tm < S::kTilesM; ++tm) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            mine[((f * S::kTilesM + tm) * 4 + r) * 32 + lane] = acc[f][tm][r];
+        }
+      }
+    }
+    __syncthreads();
+    if (wk > 0) return;
+#pragma unroll
+    for (int other = 1; other < S::kWarpsK; ++other) {
+      const float* theirs =
+          reduce + ((other - 1) * S::kWarpsM * S::kWarpsN + warp_mn) * S::kAccPerWarp * 32;
+#pragma unroll
+      for (int f = 0; f < S::kFragsN; ++f) {
+#pragma unroll
+        for (int tm = 0; tm < S::kTilesM; ++tm) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            acc[f][tm][r] += theirs[((f * S::kTilesM + tm) * 4 + r) * 32 + lane];
+        }
+      }
+    }
+  }
+
+  // Epilogue: c0, c1 = (feature row g, tokens 2t, 2t + 1), c2, c3 = (row g + 8, same).
+  const bool split = gridDim.z > 1;
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+#pragma unroll
+  for (int f = 0; f < S::kFragsN; ++f) {
+    if (!frag_valid[f]) continue;
+    const int n_lo = (row_tile0 + wn * S::kFragsN + f) * 16 + g, n_hi = n_lo + 8;
+    float scale_lo = 1.0f, scale_hi = 1.0f;
+    if constexpr (!kInt4) {
+      const __half* scales = static_cast<const __half*>(args.scales);
+      scale_lo = __half2float(scales[n_lo]);
+      scale_hi = __half2float(scales[n_hi]);
+    }
+    float bias_lo = 0.0f, bias_hi = 0.0f;
+    if (bias != nullptr && !split) {
+      bias_lo = ToFloat(bias[n_lo]);
+      bias_hi = ToFloat(bias[n_hi]);
+    }
+#pragma unroll
+    for (int tm = 0; tm < S::kTilesM; ++tm) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = m0 + (wm * S::kTilesM + tm) * 8 + 2 * t + e;
+        if (m >= args.m) continue;
+        const float lo = acc[f][tm][e] * scale_lo, hi = acc[f][tm][2 + e] * scale_hi;
+        const int64_t row = static_cast<int64_t>(m) * args.n;
+        if (split) {
+          float* partial = args.partial + static_cast<int64_t>(blockIdx.z) * args.m * args.n;
+          partial[row + n_lo] = lo;
+          partial[row + n_hi] = hi;
+        } else {
+          y[row + n_lo] = FromFloat<T>(lo + bias_lo);
+          y[row + n_hi] = FromFloat<T>(hi + bias_hi);
+        }
+      }
+    }
+  }
+}
+
+/// y[i] = T(sum over splits of partial[split, i] + bias[i % n]).
+template <typename T>
+__global__ void SplitKReduceKernel(const float* __restrict__ partial, const T* __restrict__ bias,
+                                   T* __restrict__ y, int splits, int64_t count, int n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
+    if (bias != nullptr) sum += ToFloat(bias[i % n]);
+    y[i] = FromFloat<T>(sum);
+  }
+}
+
+}  // namespace loom::kernels::cuda::internal::qgemm

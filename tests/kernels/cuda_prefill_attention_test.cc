@@ -1,0 +1,319 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using testing_util::AllClose;
+
+// ---------------------------------------------------------------- checks (no GPU needed)
+
+PagedPrefillParams ValidParams(void* some_device_pointer) {
+  PagedPrefillParams p;
+  auto* pointer = static_cast<int32_t*>(some_device_pointer);
+  p.q = p.out = pointer;
+  p.q_dtype = DataType::kBF16;
+  p.out_dtype = DataType::kF32;
+  p.cache = {pointer, pointer, DataType::kBF16, 8, 16, 2, 128};
+  p.query_start = p.context_len = p.block_indptr = p.block_indices = pointer;
+  p.num_seqs = 2;
+  p.num_heads = 8;
+  p.scale = 0.088f;
+  p.max_query_len = 100;
+  return p;
+}
+
+TEST(CudaPagedPrefillTest, RejectsUnsupportedShapesBeforeLaunch) {
+  alignas(16) int32_t storage[64] = {};
+  ASSERT_TRUE(CheckPagedPrefillParams(ValidParams(storage)).ok())
+      << CheckPagedPrefillParams(ValidParams(storage));
+  auto expect_invalid = [&](PagedPrefillParams p, const std::string& fragment) {
+    const absl::Status status = CheckPagedPrefillParams(p);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_NE(status.message().find(fragment), std::string::npos) << status;
+    // The launch checks first, so this holds with or without a GPU.
+    EXPECT_EQ(LaunchPagedPrefill(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  };
+  PagedPrefillParams p = ValidParams(storage);
+  p.cache.head_dim = 96;
+  expect_invalid(p, "head_dim 96");
+  p = ValidParams(storage);
+  p.cache.dtype = DataType::kF32;
+  expect_invalid(p, "dtype F32");
+  p = ValidParams(storage);
+  p.q_dtype = DataType::kF32;  // the tensor cores take the cache's dtype only
+  expect_invalid(p, "q dtype F32");
+  p = ValidParams(storage);
+  p.out_dtype = DataType::kF16;  // neither F32 nor the cache's BF16
+  expect_invalid(p, "out dtype F16");
+  p = ValidParams(storage);
+  p.num_heads = 7;
+  expect_invalid(p, "num_heads 7");
+  p = ValidParams(storage);
+  p.num_seqs = 70000;
+  expect_invalid(p, "num_seqs 70000");
+  p = ValidParams(storage);
+  p.max_query_len = 0;
+  expect_invalid(p, "max_query_len 0");
+  p = ValidParams(storage);
+  p.scale = NAN;
+  expect_invalid(p, "scale");
+  p = ValidParams(storage);
+  p.q_stride = 8 * 128 + 4;  // rows would not start 16-byte aligned
+  expect_invalid(p, "q_stride 1028");
+  p.q_stride = 100;  // shorter than a row
+  expect_invalid(p, "q_stride 100");
+  p = ValidParams(storage);
+  p.cache.v = reinterpret_cast<char*>(storage) + 2;
+  expect_invalid(p, "K/V pools must be 16-byte aligned");
+  p = ValidParams(storage);
+  p.q = reinterpret_cast<char*>(storage) + 8;
+  expect_invalid(p, "q must be 16-byte aligned");
+  p = ValidParams(storage);
+  p.block_indices = nullptr;
+  expect_invalid(p, "null");
+  p = ValidParams(storage);
+  p.cache.num_blocks = 0;
+  expect_invalid(p, "num_blocks 0");
+  // A fused QKV row (q_stride a multiple of 8, longer than the q row) is fine, and an
+  // empty batch needs no pointers.
+  p = ValidParams(storage);
+  p.q_stride = (8 + 2 * 2) * 128;
+  EXPECT_TRUE(CheckPagedPrefillParams(p).ok());
+  p.num_seqs = 0;
+  p.q = p.out = nullptr;
+  EXPECT_TRUE(CheckPagedPrefillParams(p).ok());
+}
+
+// ---------------------------------------------------------------- GPU
+
+struct SeqShape {
+  int32_t q_len;
+  int32_t context_len;  // >= q_len; more: a cached prefix or earlier chunks
+};
+
+struct PrefillCase {
+  int64_t num_kv_heads, group, head_dim, block_size;
+  std::vector<SeqShape> seqs;
+  int64_t extra_q_heads = 0;  // q rows padded as in a fused QKV buffer (q_stride)
+  bool small_grid = false;    // max_query_len hint of 1: blocks loop over their tiles
+};
+
+// Builds a batch (shuffled pool blocks with a spare entry per table), runs the reference
+// once and the kernel for both output dtypes. The reference is
+// cpu::PagedAttentionReference (double) over an F32 view of the exact cache values and
+// the queries rounded to the cache dtype.
+void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "dtype=" << DataTypeName(dtype)
+                                  << " kv_heads=" << c.num_kv_heads << " group=" << c.group
+                                  << " head_dim=" << c.head_dim << " block=" << c.block_size
+                                  << " seqs=" << c.seqs.size() << " small_grid=" << c.small_grid);
+  const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
+  const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
+  std::vector<int32_t> query_start{0}, context_lens, indptr{0}, indices;
+  int64_t total_blocks = 0;
+  int32_t max_q = 1;
+  for (const SeqShape& s : c.seqs) {
+    query_start.push_back(query_start.back() + s.q_len);
+    context_lens.push_back(s.context_len);
+    total_blocks += (s.context_len + c.block_size - 1) / c.block_size + 1;
+    max_q = std::max(max_q, s.q_len);
+  }
+  const int64_t num_tokens = query_start.back();
+  const int64_t num_blocks = total_blocks + 3;
+  std::vector<int32_t> order(num_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  size_t next = 0;
+  for (const SeqShape& s : c.seqs) {
+    const int64_t needed = (s.context_len + c.block_size - 1) / c.block_size + 1;  // one spare
+    for (int64_t b = 0; b < needed; ++b) indices.push_back(order[next++]);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+  }
+  const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * d;
+  testing_util::HostCache cache = testing_util::RandomCache(dtype, pool, seed + 1);
+  // Queries up to +-2 make the softmax peaked enough that a lost or extra token shows.
+  const int64_t q_row = num_heads * d;
+  const int64_t q_stride = (num_heads + c.extra_q_heads) * d;
+  std::vector<float> q_strided = testing_util::RoundTo(
+      dtype, testing_util::RandomFloats(num_tokens * q_stride, seed + 3, -2, 2));
+  std::vector<float> q(num_tokens * q_row);  // the reference's dense copy
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::copy(q_strided.begin() + t * q_stride, q_strided.begin() + t * q_stride + q_row,
+              q.begin() + t * q_row);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  std::vector<float> expected(q.size());
+  cpu::PagedAttentionParams ref;
+  ref.q = q.data();
+  ref.out = expected.data();
+  ref.cache = {cache.k.data(),
+               cache.v.data(),
+               cpu::KvDtype::kF32,
+               num_blocks,
+               c.block_size,
+               c.num_kv_heads,
+               d};
+  ref.query_start = query_start.data();
+  ref.context_len = context_lens.data();
+  ref.block_indptr = indptr.data();
+  ref.block_indices = indices.data();
+  ref.num_seqs = num_seqs;
+  ref.num_heads = num_heads;
+  ref.scale = scale;
+  ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
+
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(dtype, q_strided));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_query_start, testing_util::UploadRaw(query_start));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  for (DataType out_dtype : {DataType::kF32, dtype}) {
+    SCOPED_TRACE(testing::Message() << "out=" << DataTypeName(out_dtype));
+    // One poisoned token row past the end catches writes out of bounds.
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
+                              testing_util::Poisoned(out_dtype, (num_tokens + 1) * q_row));
+    PagedPrefillParams p;
+    p.q = d_q.data();
+    p.out = d_out.data();
+    p.q_dtype = dtype;
+    p.out_dtype = out_dtype;
+    p.cache = {d_k.data(), d_v.data(), dtype, num_blocks, c.block_size, c.num_kv_heads, d};
+    p.query_start = static_cast<const int32_t*>(d_query_start.data());
+    p.context_len = static_cast<const int32_t*>(d_len.data());
+    p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+    p.block_indices = static_cast<const int32_t*>(d_indices.data());
+    p.num_seqs = num_seqs;
+    p.num_heads = num_heads;
+    p.q_stride = c.extra_q_heads > 0 ? q_stride : 0;
+    p.scale = scale;
+    p.max_query_len = c.small_grid ? 1 : max_q;
+    const absl::Status launched = LaunchPagedPrefill(p, nullptr);
+    ASSERT_TRUE(launched.ok()) << launched;
+    const absl::Status synced = SynchronizeStream(nullptr);
+    ASSERT_TRUE(synced.ok()) << synced;
+    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                              testing_util::Download(d_out, out_dtype, (num_tokens + 1) * q_row));
+    for (int64_t i = num_tokens * q_row; i < (num_tokens + 1) * q_row; ++i) {
+      ASSERT_TRUE(std::isnan(out[i])) << "write past the output at " << i;
+    }
+    out.resize(num_tokens * q_row);
+    // Outputs are convex combinations of V in [-1, 1]. The probabilities are rounded to
+    // the cache dtype for the P V product (and summed as rounded), which moves an output
+    // by at most 2 units of that rounding (2^-8 BF16, 2^-11 F16); then one rounding of
+    // the output to out_dtype.
+    const double atol = dtype == DataType::kBF16 ? 8e-3 : 1e-3;
+    const double rtol =
+        out_dtype == DataType::kF32 ? 1e-5 : testing_util::RoundingTolerance(out_dtype) / 2;
+    EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), atol, rtol));
+  }
+}
+
+// Query lengths {1, 7, 64, 200}, whole prompts (context == query) next to chunked prefill
+// and cached prefixes (context > query), several sequences per batch.
+std::vector<SeqShape> MixedBatch() {
+  return {{1, 1}, {7, 7}, {64, 64}, {200, 200}, {7, 300}, {64, 130}, {200, 517}, {1, 1000}};
+}
+
+TEST(CudaPagedPrefillTest, MatchesCpuReferenceAcrossShapes) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<PrefillCase> cases = {
+      // MHA (group 1): 64 rows = 64 tokens.
+      {2, 1, 64, 16, MixedBatch()},
+      {2, 1, 128, 5, MixedBatch()},
+      // GQA 4 and 8 (MQA-like: one KV head): a block's rows span 16 or 8 tokens.
+      {2, 4, 64, 32, MixedBatch()},
+      {2, 4, 128, 16, MixedBatch()},
+      {1, 8, 64, 1, MixedBatch()},
+      {1, 8, 128, 16, MixedBatch()},
+      // A group that does not divide 64: tiles start mid-token.
+      {2, 3, 128, 16, {{1, 1}, {7, 40}, {64, 64}, {200, 333}}},
+      // q rows inside a fused QKV buffer.
+      {2, 4, 128, 16, {{7, 7}, {64, 100}, {200, 200}}, /*extra_q_heads=*/4},
+      // A max_query_len hint below the truth: blocks loop over the remaining tiles.
+      {2, 4, 64, 16, {{200, 250}, {64, 64}, {1, 9}}, 0, /*small_grid=*/true},
+  };
+  uint32_t seed = 100;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (const PrefillCase& c : cases) {
+      RunPrefillCase(c, dtype, seed += 11);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(CudaPagedPrefillTest, LongPromptAcrossManyKvTiles) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  // 1,000 tokens after a 400-token cached prefix: 22 KV tiles for the last rows.
+  RunPrefillCase({1, 4, 128, 16, {{1000, 1400}}}, DataType::kBF16, 7);
+}
+
+// A table that is too short or names a block outside the pool, or a context shorter than
+// the query, makes that sequence's outputs NaN (never a read outside the pool, never a
+// plausible wrong value); the other sequences are unaffected.
+TEST(CudaPagedPrefillTest, BadBlockTableYieldsNanForThatSequenceOnly) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const int64_t num_blocks = 8, block_size = 16, kv_heads = 1, group = 2, d = 64;
+  const int64_t pool = num_blocks * block_size * kv_heads * d;
+  testing_util::HostCache cache = testing_util::RandomCache(DataType::kF16, pool, 5);
+  // Sequence 0 is fine; 1 names block 8 (outside); 2 has two blocks for 40 tokens;
+  // 3 has a context of 3 for 5 query tokens.
+  std::vector<int32_t> query_start{0, 20, 40, 60, 65};
+  std::vector<int32_t> context_lens{40, 40, 40, 3};
+  std::vector<int32_t> indptr{0, 3, 6, 8, 9};
+  std::vector<int32_t> indices{0, 1, 2, 3, 8, 4, 5, 6, 7};
+  const int64_t num_tokens = query_start.back();
+  const int64_t row = group * d;
+  std::vector<float> q = testing_util::RandomFloats(num_tokens * row, 6);
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(DataType::kF16, q));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
+                            testing_util::Poisoned(DataType::kF32, num_tokens * row));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_query_start, testing_util::UploadRaw(query_start));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  PagedPrefillParams p;
+  p.q = d_q.data();
+  p.out = d_out.data();
+  p.q_dtype = DataType::kF16;
+  p.out_dtype = DataType::kF32;
+  p.cache = {d_k.data(), d_v.data(), DataType::kF16, num_blocks, block_size, kv_heads, d};
+  p.query_start = static_cast<const int32_t*>(d_query_start.data());
+  p.context_len = static_cast<const int32_t*>(d_len.data());
+  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  p.block_indices = static_cast<const int32_t*>(d_indices.data());
+  p.num_seqs = 4;
+  p.num_heads = group;
+  p.scale = 0.125f;
+  p.max_query_len = 20;
+  ASSERT_TRUE(LaunchPagedPrefill(p, nullptr).ok());
+  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                            testing_util::Download(d_out, DataType::kF32, num_tokens * row));
+  for (int64_t i = 0; i < 20 * row; ++i) ASSERT_FALSE(std::isnan(out[i])) << i;
+  // Sequence 1's last query tokens read block 8; sequence 2's read past its table; every
+  // token of sequence 3 has no valid position.
+  for (int64_t t : {39, 59, 60, 64}) {
+    for (int64_t i = t * row; i < (t + 1) * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << t;
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,770 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/quantized_gemm.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+// ---------------------------------------------------------------- host helpers
+
+/// `value` rounded to nearest even in `type` (F16 / BF16, subnormals included), in double: one
+/// rounding of an exact value, as the GPU's fused multiply-add does.
+double RoundToType(double value, DataType type) {
+  if (value == 0.0 || !std::isfinite(value)) return value;
+  const int precision = type == DataType::kF16 ? 11 : 8;
+  const int min_exponent = type == DataType::kF16 ? -14 : -126;
+  int exponent = 0;
+  std::frexp(value, &exponent);  // |value| = f * 2^exponent, f in [0.5, 1)
+  const int lead = std::max(exponent - 1, min_exponent);
+  const double ulp = std::ldexp(1.0, lead - (precision - 1));
+  return std::nearbyint(value / ulp) * ulp;
+}
+
+/// Unit roundoff of `type`: the relative error bound of one rounding.
+double UnitRoundoff(DataType type) { return type == DataType::kF16 ? 0x1p-11 : 0x1p-8; }
+
+uint16_t ToF16Bits(float value) {
+  uint16_t bits = 0;
+  ConvertFromFloat(DataType::kF16, &value, 1, &bits);
+  return bits;
+}
+
+float F16BitsToFloat(uint16_t bits) {
+  float value = 0.0f;
+  ConvertToFloat(DataType::kF16, &bits, 1, &value);
+  return value;
+}
+
+/// Checks |actual - expected| <= tolerance elementwise and that nothing is NaN; reports the first
+/// failure and the largest error relative to its tolerance.
+::testing::AssertionResult WithinTolerance(const std::vector<float>& actual,
+                                           const std::vector<double>& expected,
+                                           const std::vector<double>& tolerance) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << "sizes " << actual.size() << " vs " << expected.size();
+  }
+  double worst = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::isnan(actual[i])) return ::testing::AssertionFailure() << "NaN at " << i;
+    const double error = std::abs(actual[i] - expected[i]);
+    worst = std::max(worst, error / tolerance[i]);
+    if (!(error <= tolerance[i])) {
+      return ::testing::AssertionFailure() << "at " << i << ": " << actual[i] << " vs expected "
+                                           << expected[i] << " (tolerance " << tolerance[i] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess() << "largest error / tolerance " << worst;
+}
+
+/// Random quantized weights in the natural layouts, and the reference's view of them.
+struct HostInt4 {
+  std::vector<uint8_t> q;              // [n, k / 2], low nibble first
+  std::vector<uint16_t> scales, mins;  // F16 [n, k / group]
+};
+
+HostInt4 RandomInt4(int64_t n, int64_t k, int64_t group, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.004f, 0.02f), min(-0.16f, 0.0f);
+  HostInt4 w;
+  w.q.resize(n * k / 2);
+  for (uint8_t& b : w.q) b = static_cast<uint8_t>(byte(rng));
+  w.scales.resize(n * k / group);
+  w.mins.resize(n * k / group);
+  for (uint16_t& s : w.scales) s = ToF16Bits(scale(rng));
+  for (uint16_t& m : w.mins) m = ToF16Bits(min(rng));
+  return w;
+}
+
+/// The weights the kernel multiplies: q * scale + min rounded once to `type`, with the F16 scale
+/// and min first rounded to `type` (exact for F16). [n, k] row-major.
+std::vector<double> DequantizedInt4(const HostInt4& w, int64_t n, int64_t k, int64_t group,
+                                    DataType type) {
+  std::vector<double> out(n * k);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t i = r * k + c, g = r * (k / group) + c / group;
+      const int q = (w.q[i / 2] >> (4 * (i % 2))) & 0x0f;
+      const double scale = RoundToType(F16BitsToFloat(w.scales[g]), type);
+      const double min = RoundToType(F16BitsToFloat(w.mins[g]), type);
+      out[i] = RoundToType(q * scale + min, type);
+    }
+  }
+  return out;
+}
+
+struct Reference {
+  std::vector<double> y;          // [m, n]
+  std::vector<double> tolerance;  // [m, n]
+};
+
+/// y = x · w^T * row_scale + bias in double, and the stated tolerance per output: (2^-16 + u/16) *
+/// sum_k |x||w| (F32 accumulation, with a margin for the dequantized weights) + u * |y| (the
+/// output's rounding), u the unit roundoff of `type`.
+Reference ReferenceGemm(const std::vector<float>& x, const std::vector<double>& w,
+                        const std::vector<double>& row_scale, const std::vector<float>& bias,
+                        int64_t m, int64_t n, int64_t k, DataType type) {
+  const double u = UnitRoundoff(type);
+  Reference ref;
+  ref.y.resize(m * n);
+  ref.tolerance.resize(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double product = static_cast<double>(x[i * k + c]) * w[j * k + c];
+        sum += product;
+        magnitude += std::abs(product);
+      }
+      const double scale = row_scale.empty() ? 1.0 : row_scale[j];
+      double value = sum * scale;
+      magnitude *= scale;
+      if (!bias.empty()) {
+        value += bias[j];
+        magnitude += std::abs(bias[j]);
+      }
+      ref.y[i * n + j] = value;
+      ref.tolerance[i * n + j] = (0x1p-16 + u / 16) * magnitude + u * std::abs(value) + 1e-30;
+    }
+  }
+  return ref;
+}
+
+// ---------------------------------------------------------------- packing (no GPU needed)
+
+TEST(QuantGemmPackTest, Int4UnpackOfPackIsIdentity) {
+  for (const auto& [n, k, group] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {16, 64, 32}, {96, 256, 64}, {48, 384, 128}, {32, 128, 32}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k << " group=" << group);
+    const HostInt4 w = RandomInt4(n, k, group, static_cast<uint32_t>(n * 7 + k + group));
+    absl::StatusOr<Int4GpuWeight> packed =
+        PackInt4ForGpu(w.q.data(), w.scales.data(), w.mins.data(), n, k, group);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_EQ(packed->q.size(), static_cast<size_t>(n * k / 2));
+    EXPECT_EQ(packed->scale_min.size(), static_cast<size_t>(2 * n * k / group));
+    EXPECT_NE(packed->q, w.q);  // it is a different layout
+    absl::StatusOr<Int4NaturalWeight> unpacked = UnpackInt4FromGpu(*packed, n, k, group);
+    ASSERT_TRUE(unpacked.ok()) << unpacked.status();
+    EXPECT_EQ(unpacked->q, w.q);
+    EXPECT_EQ(unpacked->scales, w.scales);
+    EXPECT_EQ(unpacked->mins, w.mins);
+  }
+}
+
+// Single nibbles land where the mma A fragment (PTX ISA m16n8k16 .f16 layout) and the kernel's K
+// permutation put them: lane (g, t) = (row % 8, (col % 32) / 8), word 2 * (col % 64 / 32) + (col %
+// 8) / 4, nibble reg + 4 * (col % 2) with reg = row / 8 % 2 + 2 * ((col % 4) / 2).
+TEST(QuantGemmPackTest, Int4NibblesLandInTheirFragmentSlots) {
+  constexpr int64_t n = 32, k = 128, group = 32;
+  struct Case {
+    int64_t row, col;
+    size_t byte;
+    int shift;
+  };
+  const std::vector<Case> cases = {
+      {0, 0, 0, 0},         // lane 0, word 0, nibble 0 (a0.lo)
+      {0, 1, 2, 0},         // nibble 4 (a0.hi)
+      {8, 0, 0, 4},         // nibble 1 (a1.lo: row g + 8)
+      {0, 2, 1, 0},         // nibble 2 (a2.lo: columns +2 of the permutation)
+      {8, 3, 3, 4},         // nibble 7 (a3.hi)
+      {0, 4, 4, 0},         // word 1 (k16 step j = 1)
+      {0, 8, 16, 0},        // lane 1 (t = 1)
+      {1, 0, 64, 0},        // lane 4 (g = 1)
+      {0, 32, 8, 0},        // word 2 (second 32-column half)
+      {0, 64, 512, 0},      // the next 64-column chunk
+      {16, 0, 2 * 512, 0},  // the next row tile: k / 64 = 2 chunks further
+      {15, 63, 511, 4},     // lane 31, word 3, nibble 7
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "row=" << c.row << " col=" << c.col);
+    std::vector<uint8_t> q(n * k / 2, 0);
+    const int64_t i = c.row * k + c.col;
+    q[i / 2] = static_cast<uint8_t>(0x9 << (4 * (i % 2)));
+    const std::vector<uint16_t> scales(n * k / group, 0x3c00), mins(n * k / group, 0);
+    absl::StatusOr<Int4GpuWeight> packed =
+        PackInt4ForGpu(q.data(), scales.data(), mins.data(), n, k, group);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    for (size_t b = 0; b < packed->q.size(); ++b) {
+      const uint8_t expected = b == c.byte ? static_cast<uint8_t>(0x9 << c.shift) : 0;
+      ASSERT_EQ(packed->q[b], expected) << "byte " << b;
+    }
+  }
+  // Scale/min: (scale g, scale g + 8, min g, min g + 8) per lane group g, per (tile, group).
+  std::vector<uint16_t> scales(n * k / group), mins(n * k / group);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    scales[i] = static_cast<uint16_t>(2 * i);
+    mins[i] = static_cast<uint16_t>(2 * i + 1);
+  }
+  const std::vector<uint8_t> q(n * k / 2, 0);
+  absl::StatusOr<Int4GpuWeight> packed =
+      PackInt4ForGpu(q.data(), scales.data(), mins.data(), n, k, group);
+  ASSERT_TRUE(packed.ok());
+  const int64_t groups = k / group;
+  // Row 9 (tile 0, g = 1, upper half), group 2: entry ((0 * groups + 2) * 8 + 1) * 4 + {1, 3}.
+  EXPECT_EQ(packed->scale_min[((0 * groups + 2) * 8 + 1) * 4 + 1], scales[9 * groups + 2]);
+  EXPECT_EQ(packed->scale_min[((0 * groups + 2) * 8 + 1) * 4 + 3], mins[9 * groups + 2]);
+  // Row 20 (tile 1, g = 4, lower half), group 0.
+  EXPECT_EQ(packed->scale_min[((1 * groups + 0) * 8 + 4) * 4 + 0], scales[20 * groups + 0]);
+  EXPECT_EQ(packed->scale_min[((1 * groups + 0) * 8 + 4) * 4 + 2], mins[20 * groups + 0]);
+}
+
+TEST(QuantGemmPackTest, Int8UnpackOfPackIsIdentityAndBytesLandInTheirSlots) {
+  constexpr int64_t n = 48, k = 192;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> value(-128, 127);
+  std::vector<int8_t> q(n * k);
+  for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
+  absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), n, k);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  absl::StatusOr<std::vector<int8_t>> unpacked = UnpackInt8FromGpu(*packed, n, k);
+  ASSERT_TRUE(unpacked.ok()) << unpacked.status();
+  EXPECT_EQ(*unpacked, q);
+  // Lane (g, t), word 2j + h, byte 2 * (row / 8 % 2) + col % 2; 32-column chunks of 512 bytes.
+  EXPECT_EQ(static_cast<int8_t>((*packed)[0]), q[0 * k + 0]);  // a0.lo
+  EXPECT_EQ(static_cast<int8_t>((*packed)[1]), q[0 * k + 1]);  // a0.hi
+  EXPECT_EQ(static_cast<int8_t>((*packed)[2]), q[8 * k + 0]);  // a1.lo
+  EXPECT_EQ(static_cast<int8_t>((*packed)[4]), q[0 * k + 2]);  // word 1: a2.lo
+  EXPECT_EQ(static_cast<int8_t>((*packed)[7]), q[8 * k + 3]);  // a3.hi
+  EXPECT_EQ(static_cast<int8_t>((*packed)[8]),
+            q[0 * k + 4]);                                      // word 2: step j = 1
+  EXPECT_EQ(static_cast<int8_t>((*packed)[16]), q[0 * k + 8]);  // lane 1
+  EXPECT_EQ(static_cast<int8_t>((*packed)[64]), q[1 * k + 0]);  // lane 4
+  EXPECT_EQ(static_cast<int8_t>((*packed)[512]),
+            q[0 * k + 32]);  // next 32 columns
+  EXPECT_EQ(static_cast<int8_t>((*packed)[(k / 32) * 512]),
+            q[16 * k]);  // next row tile
+}
+
+TEST(QuantGemmPackTest, PackRejectsUnsupportedShapes) {
+  const std::vector<uint8_t> q(64 * 256);
+  const std::vector<uint16_t> s(64 * 256);
+  EXPECT_NE(
+      PackInt4ForGpu(q.data(), s.data(), s.data(), 24, 256, 32).status().message().find("n 24"),
+      std::string::npos);
+  EXPECT_NE(
+      PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 96, 32).status().message().find("k 96"),
+      std::string::npos);
+  EXPECT_NE(PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 256, 16)
+                .status()
+                .message()
+                .find("group_size 16"),
+            std::string::npos);
+  EXPECT_NE(PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 192, 128)
+                .status()
+                .message()
+                .find("k 192 is not a multiple of group_size 128"),
+            std::string::npos);
+  const std::vector<int8_t> q8(64 * 256);
+  EXPECT_EQ(PackInt8ForGpu(q8.data(), 20, 256).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(QuantGemmPackTest, E4m3RoundTripsEveryFiniteCode) {
+  for (int code = 0; code < 256; ++code) {
+    const float value = E4m3ToFloat(static_cast<uint8_t>(code));
+    if ((code & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(value)) << code;
+      continue;
+    }
+    EXPECT_EQ(FloatToE4m3(value), code) << code << " = " << value;
+  }
+  EXPECT_EQ(E4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(E4m3ToFloat(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(FloatToE4m3(1000.0f), 0x7e);  // saturates
+  EXPECT_EQ(FloatToE4m3(-1000.0f), 0xfe);
+  EXPECT_EQ(FloatToE4m3(1.0625f),
+            0x38);  // halfway between 1 and 1.125: to even (1.0)
+  EXPECT_EQ(FloatToE4m3(1.1875f),
+            0x3a);  // halfway between 1.125 and 1.25: to even (1.25)
+}
+
+// ---------------------------------------------------------------- checks (no GPU needed)
+
+QuantGemmParams ValidParams(void* some_device_pointer) {
+  QuantGemmParams p;
+  p.x = p.weight = p.scales = some_device_pointer;
+  p.y = some_device_pointer;
+  p.act_dtype = DataType::kF16;
+  p.format = QuantWeightFormat::kInt4;
+  p.m = 256;  // output tiles fill any GPU of <= 256 SMs at n = 14336: no split
+  p.n = 14336;
+  p.k = 4096;
+  p.group_size = 128;
+  return p;
+}
+
+TEST(CudaQuantGemmTest, RejectsUnsupportedShapesBeforeLaunch) {
+  alignas(16) static uint8_t storage[64] = {};
+  ASSERT_TRUE(CheckQuantGemmParams(ValidParams(storage)).ok())
+      << CheckQuantGemmParams(ValidParams(storage));
+  EXPECT_EQ(QuantGemmWorkspaceBytes(ValidParams(storage)), 0u);
+  auto expect_invalid = [&](const QuantGemmParams& p, const std::string& fragment) {
+    const absl::Status status = CheckQuantGemmParams(p);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_NE(status.message().find(fragment), std::string::npos) << status;
+    EXPECT_EQ(LaunchQuantGemm(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  };
+  QuantGemmParams p = ValidParams(storage);
+  p.act_dtype = DataType::kF32;
+  expect_invalid(p, "act_dtype F32");
+  p = ValidParams(storage);
+  p.m = 257;
+  expect_invalid(p, "m 257");
+  p.m = -1;
+  expect_invalid(p, "m -1");
+  p = ValidParams(storage);
+  p.n = 100;
+  expect_invalid(p, "n 100");
+  p = ValidParams(storage);
+  p.k = 4000;
+  expect_invalid(p, "k 4000");
+  p = ValidParams(storage);
+  p.group_size = 256;
+  expect_invalid(p, "group_size 256");
+  p = ValidParams(storage);
+  p.k = 192;  // a multiple of 64, not of 128
+  expect_invalid(p, "k 192 is not a multiple of group_size 128");
+  p = ValidParams(storage);
+  p.format = QuantWeightFormat::kInt8;
+  p.group_size = 32;  // INT8 is per output channel only
+  expect_invalid(p, "INT8 group_size 32");
+  p = ValidParams(storage);
+  p.num_splits = kQuantGemmMaxSplits + 1;
+  expect_invalid(p, "num_splits 17");
+  p = ValidParams(storage);
+  p.weight = nullptr;
+  expect_invalid(p, "null");
+  p = ValidParams(storage);
+  p.x = storage + 8;
+  expect_invalid(p, "16-byte aligned");
+  p = ValidParams(storage);
+  p.scales = storage + 8;  // INT4 scale/min are read with 16-byte copies
+  expect_invalid(p, "16-byte aligned");
+  p = ValidParams(storage);
+  p.y = storage + 1;
+  expect_invalid(p, "2-byte aligned");
+  // Small m splits K: the workspace becomes mandatory.
+  p = ValidParams(storage);
+  p.m = 1;
+  ASSERT_GT(QuantGemmWorkspaceBytes(p), 0u);
+  expect_invalid(p, "workspace of 0 bytes");
+  p.workspace = storage;
+  p.workspace_bytes = QuantGemmWorkspaceBytes(p);
+  EXPECT_TRUE(CheckQuantGemmParams(p).ok());
+  // Forced splits are provisioned as asked.
+  p.num_splits = 3;
+  EXPECT_EQ(QuantGemmWorkspaceBytes(p), 3u * 1 * 14336 * sizeof(float));
+  p.num_splits = 1;
+  EXPECT_EQ(QuantGemmWorkspaceBytes(p), 0u);
+  // m = 0 is a no-op that needs no pointers.
+  QuantGemmParams empty = ValidParams(nullptr);
+  empty.m = 0;
+  EXPECT_TRUE(CheckQuantGemmParams(empty).ok());
+}
+
+TEST(CudaQuantGemmTest, DispatchTableAndSplitHeuristic) {
+  EXPECT_EQ(QuantGemmTileFor(1).name, "gemv_m8");
+  EXPECT_EQ(QuantGemmTileFor(8).name, "gemv_m8");
+  EXPECT_EQ(QuantGemmTileFor(9).name, "gemv_m16");
+  EXPECT_EQ(QuantGemmTileFor(16).name, "gemv_m16");
+  EXPECT_EQ(QuantGemmTileFor(17).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(64).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(65).name, "tile_m128");
+  EXPECT_EQ(QuantGemmTileFor(256).name, "tile_m128");
+  EXPECT_EQ(QuantGemmTileFor(256).block_m, 128);
+  // Decode on 132 SMs: 32 blocks of 128 features; K = 4096 in 128-wide steps -> 8 splits (the
+  // 4-steps-per-split floor), enough for ~2 blocks per SM.
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 4096, 132), 8);
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 14336, 4096, 132), 3);
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 14336, 132), 9);
+  // Large m fills the GPU with output tiles: no split.
+  EXPECT_EQ(ChooseQuantGemmSplits(256, 4096, 4096, 132), 1);
+  // Short K cannot be split below 4 steps.
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 256, 132), 1);
+  // Never more than the cap.
+  EXPECT_LE(ChooseQuantGemmSplits(1, 16, 1 << 20, 256), kQuantGemmMaxSplits);
+}
+
+TEST(CudaQuantGemmTest, Fp8RejectsUnsupportedShapesBeforeLaunch) {
+  alignas(256) static uint8_t storage[256] = {};
+  Fp8GemmParams p;
+  p.x = p.weight = p.y = storage;
+  p.x_scale = p.w_scale = reinterpret_cast<const float*>(storage);
+  p.m = 4;
+  p.n = 64;
+  p.k = 64;
+  p.workspace = storage;
+  p.workspace_bytes = Fp8GemmWorkspaceBytes(p);
+  EXPECT_TRUE(CheckFp8GemmParams(p).ok()) << CheckFp8GemmParams(p);
+  auto expect_invalid = [&](const Fp8GemmParams& bad, const std::string& fragment) {
+    const absl::Status status = CheckFp8GemmParams(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << fragment;
+    EXPECT_NE(status.message().find(fragment), std::string::npos) << status;
+    EXPECT_EQ(LaunchFp8Gemm(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  };
+  Fp8GemmParams bad = p;
+  bad.k = 40;
+  expect_invalid(bad, "k 40");
+  bad = p;
+  bad.n = 24;
+  expect_invalid(bad, "n 24");
+  bad = p;
+  bad.out_dtype = DataType::kF32;
+  expect_invalid(bad, "out_dtype F32");
+  bad = p;
+  bad.workspace_bytes = 16;
+  expect_invalid(bad, "workspace of 16 bytes");
+  bad = p;
+  bad.x = storage + 4;
+  expect_invalid(bad, "16-byte aligned");
+  QuantizeFp8Params q;
+  q.x = q.out = storage;
+  q.scale = reinterpret_cast<float*>(storage);
+  q.count = 10;
+  q.in_dtype = DataType::kF32;
+  EXPECT_NE(CheckQuantizeFp8Params(q).message().find("in_dtype F32"), std::string::npos);
+  EXPECT_EQ(LaunchQuantizeFp8(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------- GPU: W4A16 / W8A16
+
+struct GemmCase {
+  QuantWeightFormat format;
+  DataType dtype;
+  int64_t m, n, k, group;
+  bool bias;
+  int num_splits = 0;  // 0: heuristic
+};
+
+std::string Describe(const GemmCase& c) {
+  return absl::StrFormat("%s %s m=%d n=%d k=%d group=%d bias=%d splits=%d",
+                         QuantWeightFormatName(c.format), DataTypeName(c.dtype), c.m, c.n, c.k,
+                         c.group, c.bias, c.num_splits);
+}
+
+// One launch against the float64 reference over the same quantized values; the output is
+// NaN-poisoned first and so is the split-K workspace (stale partials must not leak).
+void RunGemmCase(const GemmCase& c, uint32_t seed) {
+  SCOPED_TRACE(Describe(c));
+  const std::vector<float> x =
+      testing_util::RoundTo(c.dtype, testing_util::RandomFloats(c.m * c.k, seed, -1.0f, 1.0f));
+  std::vector<float> bias;
+  if (c.bias) {
+    bias = testing_util::RoundTo(c.dtype, testing_util::RandomFloats(c.n, seed + 1, -0.5f, 0.5f));
+  }
+  std::vector<double> w, row_scale;
+  DeviceBuffer d_weight, d_scales;
+  if (c.format == QuantWeightFormat::kInt4) {
+    const HostInt4 host = RandomInt4(c.n, c.k, c.group, seed + 2);
+    w = DequantizedInt4(host, c.n, c.k, c.group, c.dtype);
+    absl::StatusOr<Int4GpuWeight> packed =
+        PackInt4ForGpu(host.q.data(), host.scales.data(), host.mins.data(), c.n, c.k, c.group);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(packed->q));
+    LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(packed->scale_min));
+  } else {
+    std::mt19937 rng(seed + 2);
+    std::uniform_int_distribution<int> value(-128, 127);
+    std::uniform_real_distribution<float> scale(0.001f, 0.004f);
+    std::vector<int8_t> q(c.n * c.k);
+    for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
+    std::vector<uint16_t> scales(c.n);
+    row_scale.resize(c.n);
+    for (int64_t r = 0; r < c.n; ++r) {
+      scales[r] = ToF16Bits(scale(rng));
+      row_scale[r] = F16BitsToFloat(scales[r]);
+    }
+    w.assign(q.begin(), q.end());
+    absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), c.n, c.k);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(*packed));
+    LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(scales));
+  }
+  const Reference ref = ReferenceGemm(x, w, row_scale, bias, c.m, c.n, c.k, c.dtype);
+
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(c.dtype, x));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y, testing_util::Poisoned(c.dtype, c.m * c.n));
+  DeviceBuffer d_bias;
+  if (c.bias) {
+    LOOM_ASSERT_OK_AND_ASSIGN(d_bias, testing_util::Upload(c.dtype, bias));
+  }
+  QuantGemmParams p;
+  p.x = d_x.data();
+  p.y = d_y.data();
+  p.bias = c.bias ? d_bias.data() : nullptr;
+  p.act_dtype = c.dtype;
+  p.format = c.format;
+  p.weight = d_weight.data();
+  p.scales = d_scales.data();
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.group_size = c.format == QuantWeightFormat::kInt4 ? c.group : 0;
+  p.num_splits = c.num_splits;
+  DeviceBuffer workspace;
+  if (const size_t bytes = QuantGemmWorkspaceBytes(p); bytes > 0) {
+    LOOM_ASSERT_OK_AND_ASSIGN(workspace, DeviceBuffer::Allocate(bytes));
+    ASSERT_TRUE(workspace.Fill(0xff).ok());
+    p.workspace = workspace.data();
+    p.workspace_bytes = bytes;
+  }
+  const absl::Status launched = LaunchQuantGemm(p, nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  const absl::Status synced = SynchronizeStream(nullptr);
+  ASSERT_TRUE(synced.ok()) << synced;
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y, testing_util::Download(d_y, c.dtype, c.m * c.n));
+  EXPECT_TRUE(WithinTolerance(y, ref.y, ref.tolerance));
+}
+
+TEST(CudaQuantGemmTest, Int4MatchesReferenceOverShapeSweep) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 100;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (int64_t group : {32, 64, 128}) {
+      for (int64_t m : {1, 3, 16, 64, 256}) {
+        // n = 96: partial row tiles in every config; k = 256: fewer steps than stages.
+        for (const auto& [n, k] :
+             std::vector<std::pair<int64_t, int64_t>>{{96, 256}, {256, 1024}}) {
+          RunGemmCase({QuantWeightFormat::kInt4, dtype, m, n, k, group, (seed % 2) == 0}, seed);
+          ++seed;
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaQuantGemmTest, Int8MatchesReferenceOverShapeSweep) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 300;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (bool bias : {false, true}) {
+      for (int64_t m : {1, 3, 16, 37, 64, 130, 256}) {
+        for (const auto& [n, k] :
+             std::vector<std::pair<int64_t, int64_t>>{{96, 256}, {256, 1024}}) {
+          RunGemmCase({QuantWeightFormat::kInt8, dtype, m, n, k, 0, bias}, seed++);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaQuantGemmTest, BiasAndOddTokenCountsInEveryConfig) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 500;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (int64_t m : {5, 13, 37, 130}) {  // partial token tiles of gemv_m8, gemv_m16, tile_m*
+      RunGemmCase({QuantWeightFormat::kInt4, dtype, m, 160, 384, 128, true}, seed++);
+      RunGemmCase({QuantWeightFormat::kInt4, dtype, m, 160, 384, 64, false}, seed++);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(CudaQuantGemmTest, ForcedSplitsIncludingEmptyOnesMatchReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 700;
+  for (int splits : {1, 2, 3, 7, 16}) {
+    // k = 256 is 2 steps of gemv (128 wide): 3+ splits leave some with no steps at all.
+    RunGemmCase({QuantWeightFormat::kInt4, DataType::kF16, 1, 96, 256, 32, true, splits}, seed++);
+    RunGemmCase({QuantWeightFormat::kInt8, DataType::kBF16, 16, 128, 1024, 0, true, splits},
+                seed++);
+    RunGemmCase({QuantWeightFormat::kInt4, DataType::kBF16, 100, 64, 640, 64, true, splits},
+                seed++);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(CudaQuantGemmTest, LlamaSizedShapesMatchReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  RunGemmCase({QuantWeightFormat::kInt4, DataType::kF16, 1, 4096, 4096, 128, false}, 900);
+  RunGemmCase({QuantWeightFormat::kInt4, DataType::kBF16, 64, 4096, 4096, 32, true}, 901);
+  RunGemmCase({QuantWeightFormat::kInt8, DataType::kF16, 16, 4096, 4096, 0, true}, 902);
+  RunGemmCase({QuantWeightFormat::kInt8, DataType::kBF16, 1, 4096, 4096, 0, false}, 903);
+}
+
+// ---------------------------------------------------------------- GPU: FP8
+
+// E4M3 spacing at |value| (normal or subnormal).
+double E4m3Ulp(double value) {
+  int exponent = 0;
+  std::frexp(std::max(std::abs(value), 1e-30), &exponent);
+  return std::ldexp(1.0, std::max(exponent - 1, -6) - 3);
+}
+
+TEST(CudaQuantGemmTest, Fp8QuantizerRoundsToNearestWithDynamicScale) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    SCOPED_TRACE(DataTypeName(dtype));
+    constexpr int64_t count = 3 * 1000 + 17;
+    const std::vector<float> x =
+        testing_util::RoundTo(dtype, testing_util::RandomFloats(count, 41, -3.0f, 3.0f));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(dtype, x));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, DeviceBuffer::Allocate(count));
+    ASSERT_TRUE(d_out.Fill(0x7f).ok());  // NaN in E4M3
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_scale, DeviceBuffer::Allocate(sizeof(float)));
+    ASSERT_TRUE(d_scale.Fill(0xff).ok());
+    QuantizeFp8Params p;
+    p.x = d_x.data();
+    p.out = d_out.data();
+    p.scale = static_cast<float*>(d_scale.data());
+    p.in_dtype = dtype;
+    p.count = count;
+    ASSERT_TRUE(LaunchQuantizeFp8(p, nullptr).ok());
+    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+    std::vector<uint8_t> out(count);
+    float scale = 0.0f;
+    ASSERT_TRUE(d_out.CopyToHost(out.data(), out.size()).ok());
+    ASSERT_TRUE(d_scale.CopyToHost(&scale, sizeof(scale)).ok());
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::abs(v));
+    EXPECT_EQ(scale, amax / kE4m3Max);
+    for (int64_t i = 0; i < count; ++i) {
+      const double target = static_cast<double>(x[i]) / scale;
+      const double got = E4m3ToFloat(out[i]);
+      ASSERT_FALSE(std::isnan(got)) << i;
+      // Nearest (a tie may go either way after the float reciprocal): half a spacing.
+      ASSERT_LE(std::abs(got - std::clamp(target, -448.0, 448.0)),
+                0.5 * E4m3Ulp(target) * (1 + 1e-5))
+          << "at " << i << ": x " << x[i] << " -> " << got << " vs " << target;
+    }
+  }
+}
+
+struct Fp8Case {
+  DataType dtype;
+  int64_t m, n, k;
+  bool per_channel, bias;
+};
+
+void RunFp8Case(const Fp8Case& c, uint32_t seed) {
+  SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d per_channel=%d bias=%d", DataTypeName(c.dtype),
+                               c.m, c.n, c.k, c.per_channel, c.bias));
+  // Activations through the GPU quantizer; the reference reads back what it produced.
+  const std::vector<float> x =
+      testing_util::RoundTo(c.dtype, testing_util::RandomFloats(c.m * c.k, seed, -2.0f, 2.0f));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(c.dtype, x));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_xq, DeviceBuffer::Allocate(c.m * c.k));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x_scale, DeviceBuffer::Allocate(sizeof(float)));
+  QuantizeFp8Params qp;
+  qp.x = d_x.data();
+  qp.out = d_xq.data();
+  qp.scale = static_cast<float*>(d_x_scale.data());
+  qp.in_dtype = c.dtype;
+  qp.count = c.m * c.k;
+  ASSERT_TRUE(LaunchQuantizeFp8(qp, nullptr).ok());
+  // Weights quantized on the host with their own per-row (or one) scale.
+  const std::vector<float> w = testing_util::RandomFloats(c.n * c.k, seed + 1, -1.0f, 1.0f);
+  std::vector<float> w_scale(c.per_channel ? c.n : 1, 0.0f);
+  for (int64_t r = 0; r < c.n; ++r) {
+    float& s = w_scale[c.per_channel ? r : 0];
+    for (int64_t i = 0; i < c.k; ++i) s = std::max(s, std::abs(w[r * c.k + i]) / kE4m3Max);
+  }
+  std::vector<uint8_t> wq(c.n * c.k);
+  for (int64_t r = 0; r < c.n; ++r) {
+    for (int64_t i = 0; i < c.k; ++i) {
+      wq[r * c.k + i] = FloatToE4m3(w[r * c.k + i] / w_scale[c.per_channel ? r : 0]);
+    }
+  }
+  std::vector<float> bias;
+  if (c.bias) {
+    bias = testing_util::RoundTo(c.dtype, testing_util::RandomFloats(c.n, seed + 2, -0.5f, 0.5f));
+  }
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, testing_util::UploadRaw(wq));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w_scale, testing_util::UploadRaw(w_scale));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y, testing_util::Poisoned(c.dtype, c.m * c.n));
+  DeviceBuffer d_bias;
+  if (c.bias) {
+    LOOM_ASSERT_OK_AND_ASSIGN(d_bias, testing_util::Upload(c.dtype, bias));
+  }
+  Fp8GemmParams p;
+  p.x = d_xq.data();
+  p.x_scale = static_cast<const float*>(d_x_scale.data());
+  p.weight = d_w.data();
+  p.w_scale = static_cast<const float*>(d_w_scale.data());
+  p.per_channel = c.per_channel;
+  p.bias = c.bias ? d_bias.data() : nullptr;
+  p.y = d_y.data();
+  p.out_dtype = c.dtype;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer workspace,
+                            DeviceBuffer::Allocate(Fp8GemmWorkspaceBytes(p)));
+  ASSERT_TRUE(workspace.Fill(0xff).ok());
+  p.workspace = workspace.data();
+  p.workspace_bytes = workspace.bytes();
+  const absl::Status launched = LaunchFp8Gemm(p, nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+
+  std::vector<uint8_t> xq(c.m * c.k);
+  float x_scale = 0.0f;
+  ASSERT_TRUE(d_xq.CopyToHost(xq.data(), xq.size()).ok());
+  ASSERT_TRUE(d_x_scale.CopyToHost(&x_scale, sizeof(x_scale)).ok());
+  // Reference over the exact E4M3 values; tolerance 2^-10 * sum |x||w| (F32 accumulation inside
+  // cuBLASLt's FP8 kernels, promoted periodically) + u * |y|.
+  const double u = UnitRoundoff(c.dtype);
+  std::vector<double> expected(c.m * c.n), tolerance(c.m * c.n);
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t l = 0; l < c.k; ++l) {
+        const double product =
+            static_cast<double>(E4m3ToFloat(xq[i * c.k + l])) * E4m3ToFloat(wq[j * c.k + l]);
+        sum += product;
+        magnitude += std::abs(product);
+      }
+      const double scale = static_cast<double>(x_scale) * w_scale[c.per_channel ? j : 0];
+      double value = sum * scale;
+      magnitude *= scale;
+      if (c.bias) {
+        value += bias[j];
+        magnitude += std::abs(bias[j]);
+      }
+      expected[i * c.n + j] = value;
+      tolerance[i * c.n + j] = 0x1p-10 * magnitude + u * std::abs(value) + 1e-30;
+    }
+  }
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y, testing_util::Download(d_y, c.dtype, c.m * c.n));
+  EXPECT_TRUE(WithinTolerance(y, expected, tolerance));
+}
+
+TEST(CudaQuantGemmTest, Fp8GemmMatchesReferenceOnSm89Plus) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  if (!Fp8GemmSupported()) {
+    // The launch must say why rather than fail later.
+    alignas(256) static uint8_t storage[256] = {};
+    Fp8GemmParams p;
+    p.x = p.weight = p.y = storage;
+    p.x_scale = p.w_scale = reinterpret_cast<const float*>(storage);
+    p.m = 1;
+    p.n = 16;
+    p.k = 16;
+    p.workspace = storage;
+    p.workspace_bytes = Fp8GemmWorkspaceBytes(p);
+    EXPECT_EQ(LaunchFp8Gemm(p, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+    GTEST_SKIP() << "FP8 GEMM needs compute capability >= 8.9: " << CudaDeviceDescription(0);
+  }
+  uint32_t seed = 1100;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (int64_t m : {1, 16, 256}) {
+      RunFp8Case({dtype, m, 96, 256, m % 2 == 0, true}, seed++);
+      RunFp8Case({dtype, m, 256, 512, m % 2 == 1, false}, seed++);
+      if (HasFatalFailure()) return;
+    }
+  }
+  RunFp8Case({DataType::kBF16, 16, 4096, 4096, true, true}, seed++);
+}
+
+}  // namespace
+}  // namespace loom::kernels::cuda
