@@ -9,8 +9,11 @@
 #include "common/gguf_file.h"
 #include "common/incremental_decoder.h"
 #include "common/tokenizer.h"
+#include "kernels/cuda_device.h"
+#include "worker/cuda_model_runner.h"
 #include "worker/local_generator.h"
 #include "worker/model_runner.h"
+#include "worker/worker_options.h"
 
 namespace loom::worker {
 namespace {
@@ -18,7 +21,10 @@ namespace {
 constexpr char kUsage[] =
     "usage: loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
     "                     [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat]\n"
-    "                     [--threads N] [--kv-dtype f16|f32]\n";
+    "                     [--threads N] [--kv-dtype f16|f32] [--device cuda|cpu|auto]\n"
+    "                     [--cuda-graphs on|off]\n"
+    "  --device   where the model runs (default auto: cuda when a CUDA device is present\n"
+    "             and --kv-dtype is f16)\n";
 
 struct Options {
   std::string model_path;
@@ -26,6 +32,8 @@ struct Options {
   bool chat = false;
   GenerationRequest request;
   ModelRunnerOptions runner;
+  std::string device = "auto";  // cuda | cpu | auto
+  bool cuda_graphs = true;
 };
 
 bool ParseNumber(const char* text, double& out) {
@@ -57,6 +65,21 @@ bool ParseOptions(int argc, char** argv, Options& options) {
       options.prompt = value;
     } else if (flag == "--kv-dtype" && (std::strcmp(value, "f16") == 0 || std::strcmp(value, "f32") == 0)) {
       options.runner.kv_dtype = value[1] == '1' ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;
+    } else if (flag == "--device") {
+      if (std::strcmp(value, "cuda") != 0 && std::strcmp(value, "cpu") != 0 &&
+          std::strcmp(value, "auto") != 0) {
+        std::fprintf(stderr, "loom generate: bad value '%s' for --device (cuda, cpu or auto)\n",
+                     value);
+        return false;
+      }
+      options.device = value;
+    } else if (flag == "--cuda-graphs") {
+      if (std::strcmp(value, "on") != 0 && std::strcmp(value, "off") != 0) {
+        std::fprintf(stderr, "loom generate: bad value '%s' for --cuda-graphs (on or off)\n",
+                     value);
+        return false;
+      }
+      options.cuda_graphs = std::strcmp(value, "on") == 0;
     } else if (!numeric) {
       std::fprintf(stderr, "loom generate: bad value '%s' for %s\n", value, flag.c_str());
       return false;
@@ -98,6 +121,10 @@ int RunGenerateCommand(int argc, char** argv) {
     std::fprintf(stderr, "loom generate: %s\n", status.ToString().c_str());
     return 1;
   };
+  // Where the model runs, decided before loading anything.
+  auto device = ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
+                              kernels::CudaDeviceCount());
+  if (!device.ok()) return fail(device.status());
   auto gguf = common::GgufFile::Open(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);
@@ -122,12 +149,26 @@ int RunGenerateCommand(int argc, char** argv) {
 
   const int64_t needed = static_cast<int64_t>(options.request.prompt_ids.size()) + options.request.max_tokens;
   options.runner.num_kv_blocks = (needed + options.runner.block_size - 1) / options.runner.block_size;
-  auto runner = ModelRunner::Create(**gguf, options.runner);
-  if (!runner.ok()) return fail(runner.status());
-  std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
-               (*runner)->weights().load_log.c_str());
+  std::unique_ptr<ForwardPass> runner;
+  if (*device == "cuda") {
+    CudaRunnerOptions cuda_options;
+    cuda_options.num_kv_blocks = options.runner.num_kv_blocks;
+    cuda_options.block_size = options.runner.block_size;
+    cuda_options.cuda_graphs = options.cuda_graphs;
+    auto created = CudaModelRunner::Create(**gguf, cuda_options);
+    if (!created.ok()) return fail(created.status());
+    std::fprintf(stderr, "loaded %s on CUDA: weights\n%s", options.model_path.c_str(),
+                 (*created)->load_log().c_str());
+    runner = std::move(*created);
+  } else {
+    auto created = ModelRunner::Create(**gguf, options.runner);
+    if (!created.ok()) return fail(created.status());
+    std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
+                 (*created)->weights().load_log.c_str());
+    runner = std::move(*created);
+  }
 
-  LocalGenerator generator(**runner, (*tokenizer)->EndOfGenerationIds());
+  LocalGenerator generator(*runner, (*tokenizer)->EndOfGenerationIds());
   common::IncrementalDecoder decoder(**tokenizer, /*skip_special=*/true);
   if (!options.chat) std::fputs(options.prompt.c_str(), stdout);
   auto results = generator.Generate({options.request}, [&](size_t, const SampledToken& token) {

@@ -4,8 +4,8 @@ namespace loom::worker {
 
 /// `loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]
 /// [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat] [--threads N]
-/// [--kv-dtype f16|f32]`: prints the continuation as it is produced, then prefill and
-/// decode tokens/s on stderr. argv[0] is "generate". Returns the exit code.
+/// [--kv-dtype f16|f32] [--device cuda|cpu|auto] [--cuda-graphs on|off]`: prints the
+/// continuation as it is produced, then prefill and decode tokens/s on stderr. argv[0] is "generate". Returns the exit code.
 int RunGenerateCommand(int argc, char** argv);
 
 }  // namespace loom::worker

@@ -21,7 +21,9 @@
 #include "common/model_fingerprint.h"
 #include "common/tokenizer.h"
 #include "prometheus/exposer.h"
+#include "kernels/cuda_device.h"
 #include "worker/coordinator_store.h"
+#include "worker/cuda_model_runner.h"
 #include "worker/gloo_communicator.h"
 #include "worker/kv_cache.h"
 #include "worker/model_runner.h"
@@ -71,8 +73,14 @@ sigset_t ShutdownSignals() {
   return set;
 }
 
-// Builds the backend: the model runner (weights loaded, KV pool allocated) or noop.
+// Default share of the GPU memory left after the weights that the CUDA KV pool takes.
+constexpr double kDefaultCudaKvFraction = 0.9;
+
+// Builds the backend: the model runner on `device` ("cpu" or "cuda"; weights loaded, KV
+// pool allocated) or noop. `num_blocks` sizes the CPU pool; on CUDA it is used when
+// positive, else the pool takes a fraction of free device memory.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& options,
+                                                           const std::string& device,
                                                            const common::GgufFile& gguf,
                                                            const common::ModelConfig& config,
                                                            int64_t num_blocks,
@@ -84,6 +92,18 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& 
     if (tokenizer.ok()) end_ids = (*tokenizer)->EndOfGenerationIds();
     return std::make_unique<NoopBackend>(config, num_blocks, options.block_size,
                                          std::move(end_ids));
+  }
+  if (device == "cuda") {
+    CudaRunnerOptions cuda_options;
+    cuda_options.num_kv_blocks = num_blocks;
+    cuda_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
+    cuda_options.block_size = options.block_size;
+    cuda_options.cuda_graphs = options.cuda_graphs;
+    absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
+        CudaModelRunner::Create(gguf, cuda_options);
+    if (!runner.ok()) return runner.status();
+    std::fprintf(stderr, "%s", (*runner)->load_log().c_str());
+    return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cuda");
   }
   ModelRunnerOptions runner_options;
   runner_options.num_threads = options.num_threads;
@@ -121,6 +141,21 @@ int RunWorkerCommand(int argc, char** argv) {
   if (options.num_threads == 0) {
     options.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   }
+  // Where the model runs, decided before anything is loaded: --device cuda on a machine
+  // without a usable GPU fails here with the reason.
+  std::string device = "cpu";
+  if (options.backend == "cpu") {
+    absl::StatusOr<std::string> resolved = ResolveDevice(options.device, options.kv_dtype,
+                                                             options.world_size,
+                                                             kernels::CudaDeviceCount());
+    if (!resolved.ok()) {
+      if (resolved.status().code() == absl::StatusCode::kInvalidArgument) {
+        return UsageError(std::string(resolved.status().message()));
+      }
+      return Fail(resolved.status());
+    }
+    device = *resolved;
+  }
 
   // Before any thread starts, so every thread inherits the mask and only sigtimedwait
   // below sees these signals.
@@ -134,21 +169,31 @@ int RunWorkerCommand(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status());
   const std::string fingerprint = common::ModelFingerprint(**gguf);
 
-  absl::StatusOr<int64_t> budget = KvCacheBudgetBytes(options);
-  if (!budget.ok()) return Fail(budget.status());
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
   absl::StatusOr<ShardPlan> shard = PlanShards(*config, options.rank, options.world_size);
   if (!shard.ok()) return UsageError(std::string(shard.status().message()));
+  const bool cuda = device == "cuda";
   const int64_t block_bytes =
-      KvCache::BytesPerBlock(LocalConfig(*config, *shard), options.block_size, options.kv_dtype);
+      cuda ? CudaModelRunner::KvBytesPerBlock(*config, options.block_size,
+                                              kernels::cuda::DataType::kF16)
+           : KvCache::BytesPerBlock(LocalConfig(*config, *shard), options.block_size,
+                                    options.kv_dtype);
+  // The KV budget in bytes; on CUDA without --kv-cache-memory the runner sizes the pool
+  // from free device memory (num_blocks 0).
+  int64_t budget = 0;
+  if (!cuda || options.kv_cache_bytes.has_value()) {
+    absl::StatusOr<int64_t> bytes = KvCacheBudgetBytes(options);
+    if (!bytes.ok()) return Fail(bytes.status());
+    budget = *bytes;
+  }
   // Slot ids (block * block_size + offset) are int32 on the wire and in the kernels.
   const int64_t max_blocks = INT32_MAX / options.block_size;
-  const int64_t num_blocks = std::min(*budget / block_bytes, max_blocks);
-  if (num_blocks < 1) {
+  int64_t num_blocks = std::min(budget / block_bytes, max_blocks);
+  if (num_blocks < 1 && (!cuda || options.kv_cache_bytes.has_value())) {
     return UsageError(absl::StrFormat(
         "a KV budget of %d bytes holds no block: one block of %d tokens takes %d bytes (%s KV)",
-        *budget, options.block_size, block_bytes,
+        budget, options.block_size, block_bytes,
         options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32"));
   }
   std::fprintf(
@@ -177,13 +222,14 @@ int RunWorkerCommand(int argc, char** argv) {
     communicator = *std::move(connected);
   }
   absl::StatusOr<std::unique_ptr<StepBackend>> backend =
-      CreateBackend(options, **gguf, *config, num_blocks, communicator.get());
+      CreateBackend(options, device, **gguf, *config, num_blocks, communicator.get());
   if (!backend.ok()) return Fail(backend.status());
+  num_blocks = (*backend)->num_kv_blocks();  // the CUDA runner may have sized it
   std::fprintf(stderr,
                "loom-worker: backend %s, %d threads, KV pool %lld blocks x %lld tokens "
                "(%s, %.1f MiB%s)\n",
                std::string((*backend)->name()).c_str(),
-               options.backend == "noop" ? 0 : options.num_threads,
+               options.backend == "noop" || cuda ? 0 : options.num_threads,
                static_cast<long long>(num_blocks), static_cast<long long>(options.block_size),
                options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32",
                static_cast<double>(num_blocks * block_bytes) / (1 << 20),

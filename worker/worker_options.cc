@@ -9,13 +9,15 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cuda_device.h"
 
 namespace loom::worker {
 
 const char kWorkerUsage[] =
     "usage: loom-worker --model PATH --coordinator HOST:PORT [--listen HOST:PORT]\n"
     "                   [--advertise-address HOST:PORT] [--replica-id ID] [--rank 0]\n"
-    "                   [--world-size 1] [--backend cpu|noop] [--threads N]\n"
+    "                   [--world-size 1] [--backend cpu|noop] [--device cuda|cpu|auto]\n"
+    "                   [--cuda-graphs on|off] [--threads N]\n"
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
     "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
     "                   [--rendezvous-timeout-ms MS]\n"
@@ -23,8 +25,12 @@ const char kWorkerUsage[] =
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
     "  --kv-cache-memory    KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB)\n"
-    "  --kv-cache-fraction  KV pool budget as a fraction of MemAvailable, in (0, 1]\n"
+    "  --kv-cache-fraction  KV pool budget as a fraction of MemAvailable (cpu) or of the GPU\n"
+    "                       memory free after loading the weights (cuda; default 0.9 there)\n"
     "  --backend            cpu (the model runner) or noop (no math: coordinator benchmarks)\n"
+    "  --device             where the model runner runs: cuda, cpu or auto (default: cuda when\n"
+    "                       a CUDA device is present, --kv-dtype is f16 and --world-size is 1)\n"
+    "  --cuda-graphs        replay decode steps from CUDA graphs (default on)\n"
     "  --world-size/--rank  tensor parallelism: this worker is rank R of W ranks of its replica;\n"
     "                       the ranks meet through the coordinator and each loads its shard\n"
     "  --rendezvous-id      the same for every rank of one start of a replica (default 0)\n"
@@ -118,6 +124,33 @@ absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options) {
   return int64_t{512} << 20;
 }
 
+absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
+                                          int world_size, int cuda_device_count) {
+  if (device == "cpu") return std::string("cpu");
+  const bool f32_kv = kv_dtype == kernels::cpu::KvDtype::kF32;
+  if (device == "auto") {
+    return std::string(cuda_device_count > 0 && !f32_kv && world_size == 1 ? "cuda" : "cpu");
+  }
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--device: bad value '%s' (cuda, cpu or auto)", device));
+  }
+  if (cuda_device_count == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--device cuda: no usable CUDA device (%s); use --device cpu or auto",
+        kernels::CudaDeviceDescription(0)));
+  }
+  if (f32_kv) {
+    return absl::InvalidArgumentError("--device cuda: --kv-dtype f32 is CPU-only (use f16)");
+  }
+  if (world_size > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--device cuda: tensor parallelism (--world-size %d) is not implemented on CUDA yet",
+        world_size));
+  }
+  return std::string("cuda");
+}
+
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv) {
   WorkerOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -156,6 +189,14 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
     } else if (flag == "--backend") {
       if (value != "cpu" && value != "noop") return BadValue(flag, value, "cpu or noop");
       options.backend = value;
+    } else if (flag == "--device") {
+      if (value != "cuda" && value != "cpu" && value != "auto") {
+        return BadValue(flag, value, "cuda, cpu or auto");
+      }
+      options.device = value;
+    } else if (flag == "--cuda-graphs") {
+      if (value != "on" && value != "off") return BadValue(flag, value, "on or off");
+      options.cuda_graphs = value == "on";
     } else if (flag == "--threads") {
       absl::StatusOr<int64_t> threads = ParseInt(flag, value, 1, 1024);
       if (!threads.ok()) return threads.status();

@@ -24,6 +24,10 @@ struct WorkerOptions {
   std::string rendezvous_id = "0";
   int rendezvous_timeout_ms = 300000;          // --rendezvous-timeout-ms, also collectives
   std::string backend = "cpu";                 // --backend cpu|noop
+  // --device cuda|cpu|auto: where the model runs (backend cpu); auto picks cuda when a
+  // CUDA device is present and the options allow it (ResolveDevice).
+  std::string device = "auto";
+  bool cuda_graphs = true;                     // --cuda-graphs on|off (CUDA decode steps)
   int num_threads = 0;                         // --threads; 0: hardware concurrency
   std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
@@ -51,8 +55,18 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view addr
 /// MemAvailable from /proc/meminfo, in bytes; Unavailable where it cannot be read.
 absl::StatusOr<int64_t> MemAvailableBytes();
 
-/// The KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
-/// MemAvailable, else 512 MiB.
+/// The device a --device value (cuda|cpu|auto) means on a machine with
+/// `cuda_device_count` CUDA devices: "cuda" or "cpu". auto is cuda when a device is present,
+/// the KV dtype is f16 and `world_size` is 1 (the CUDA runner supports neither f32 KV nor
+/// tensor parallelism yet), else cpu. FailedPrecondition naming the reason for cuda on a
+/// machine without a usable device; InvalidArgument for cuda with options the CUDA runner
+/// does not support, or an unknown value. Used by `loom-worker` and `loom generate`.
+absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
+                                          int world_size, int cuda_device_count);
+
+/// The CPU KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
+/// MemAvailable, else 512 MiB. (On CUDA the fraction is of free device memory, see
+/// worker_command.cc.)
 absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options);
 
 }  // namespace loom::worker

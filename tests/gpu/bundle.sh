@@ -22,4 +22,27 @@ for test_bin in loom_kernels_tests loom_worker_tests; do
     grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
     while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
 done
+# The GPU benchmarks (tests/gpu/run.sh runs them when present); their libraries are the
+# test binaries' (Abseil, already bundled) plus cuBLAS from the device's toolkit.
+cmake -S . -B "$BUILD_DIR" -DLOOM_BUILD_BENCH=ON > /dev/null
+cmake --build "$BUILD_DIR" --target quantized_gemm_bench -j "$(nproc)"
+cp "$BUILD_DIR/bench/quantized_gemm_bench" "$DIR/"
+strip --strip-debug "$DIR/quantized_gemm_bench"
+ldd "$BUILD_DIR/bench/quantized_gemm_bench" | awk '/=> \// {print $3}' |
+  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+cmake --build "$BUILD_DIR" --target cuda_attention_bench -j "$(nproc)"
+cp "$BUILD_DIR/bench/cuda_attention_bench" "$DIR/"
+strip --strip-debug "$DIR/cuda_attention_bench"
+ldd "$BUILD_DIR/bench/cuda_attention_bench" | awk '/=> \// {print $3}' |
+  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+# The default model for the CUDA runner's end-to-end test (run.sh --prebuilt points
+# LOOM_MODEL_PATH at it). 98 MB: LOOM_BUNDLE_MODEL=0 leaves it out where the bundle must
+# stay small (then set LOOM_MODEL_PATH on the GPU machine).
+MODEL="${LOOM_MODEL_PATH:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+if [[ "${LOOM_BUNDLE_MODEL:-1}" != "0" && -f "$MODEL" ]]; then
+  mkdir -p "$DIR/models"
+  cp "$MODEL" "$DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+fi
 du -sh "$DIR"

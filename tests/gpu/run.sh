@@ -46,6 +46,7 @@ status_tests="skipped"
 status_memcheck="skipped"
 status_racecheck="skipped"
 status_nccl="skipped"
+status_cuda_runner="skipped"
 overall=0
 
 # --- the test binary
@@ -121,13 +122,69 @@ if [[ -x "$WORKER_BIN" ]]; then
   fi
 fi
 
+# --- the CUDA model runner end to end against the CPU runner (default model from
+# LOOM_MODEL_PATH, else the bundle's models/ or the checkout's; random models built in the
+# test). CreateFailsCleanlyWithoutADevice skips by design where a GPU is present.
+MODEL_ENV=()
+if [[ -z "${LOOM_MODEL_PATH:-}" && -n "$PREBUILT" && -f "$PREBUILT/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]]; then
+  MODEL_ENV=(env "LOOM_MODEL_PATH=$PREBUILT/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+fi
+if [[ -x "$WORKER_BIN" ]]; then
+  say "run $WORKER_BIN --gtest_filter=CudaModelRunner*"
+  if "${MODEL_ENV[@]}" "${RUN_ENV[@]}" "$WORKER_BIN" \
+       --gtest_filter='CudaModelRunner*:-*WithoutADevice' \
+       --gtest_output="json:$REPORT_DIR/gtest_cuda_runner.json" >> "$LOG" 2>&1; then
+    status_cuda_runner="passed"
+    if command -v nvidia-smi > /dev/null && grep -q '"result": "SKIPPED"' "$REPORT_DIR/gtest_cuda_runner.json"; then
+      status_cuda_runner="skipped on a machine with a GPU"
+      overall=1
+    fi
+  else
+    status_cuda_runner="failed"
+    overall=1
+  fi
+fi
+
+# --- GPU benchmarks (not pass/fail): output and JSON kept in the report folder
+BENCH_BIN="${PREBUILT:+$PREBUILT/quantized_gemm_bench}"
+if [[ -z "$PREBUILT" && "$status_build" == "ok" ]]; then
+  say "build quantized_gemm_bench"
+  if cmake -S . -B "$BUILD_DIR" -DLOOM_BUILD_BENCH=ON >> "$LOG" 2>&1 &&
+     cmake --build "$BUILD_DIR" --target quantized_gemm_bench -j "$(nproc)" >> "$LOG" 2>&1; then
+    BENCH_BIN="$BUILD_DIR/bench/quantized_gemm_bench"
+  else
+    say "quantized_gemm_bench did not build (see log.txt)"
+  fi
+fi
+if [[ -n "$BENCH_BIN" && -x "$BENCH_BIN" ]]; then
+  say "run $BENCH_BIN (quantized_gemm_bench.txt, quantized_gemm.json)"
+  OUT="$REPORT_DIR" "${RUN_ENV[@]}" "$BENCH_BIN" > "$REPORT_DIR/quantized_gemm_bench.txt" 2>&1 ||
+    say "quantized_gemm_bench failed (see quantized_gemm_bench.txt)"
+fi
+# Paged attention (decode bytes/s vs copy bandwidth, prefill FLOP/s vs cuBLAS GEMM).
+ATTENTION_BENCH="${PREBUILT:+$PREBUILT/cuda_attention_bench}"
+if [[ -z "$PREBUILT" && "$status_build" == "ok" ]]; then
+  say "build cuda_attention_bench"
+  if cmake -S . -B "$BUILD_DIR" -DLOOM_BUILD_BENCH=ON >> "$LOG" 2>&1 &&
+     cmake --build "$BUILD_DIR" --target cuda_attention_bench -j "$(nproc)" >> "$LOG" 2>&1; then
+    ATTENTION_BENCH="$BUILD_DIR/bench/cuda_attention_bench"
+  else
+    say "cuda_attention_bench did not build (see log.txt)"
+  fi
+fi
+if [[ -n "$ATTENTION_BENCH" && -x "$ATTENTION_BENCH" ]]; then
+  say "run $ATTENTION_BENCH (cuda_attention_bench.txt, cuda_attention.json)"
+  OUT="$REPORT_DIR" "${RUN_ENV[@]}" "$ATTENTION_BENCH" > "$REPORT_DIR/cuda_attention_bench.txt" 2>&1 ||
+    say "cuda_attention_bench failed (see cuda_attention_bench.txt)"
+fi
+
 # --- the report
 device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
 commit="${LOOM_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}"
 dirty="$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo true || echo false)"
 nvcc_version="$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1)"
-export device driver commit dirty nvcc_version status_build status_tests status_memcheck status_racecheck status_nccl REPORT_DIR
+export device driver commit dirty nvcc_version status_build status_tests status_memcheck status_racecheck status_nccl status_cuda_runner REPORT_DIR
 python3 - <<'PY'
 import json, os, datetime
 d = os.environ["REPORT_DIR"]
@@ -148,7 +205,7 @@ report = {
     "nvcc": os.environ.get("nvcc_version") or None,
     "commit": os.environ.get("commit"),
     "worktree_dirty": os.environ.get("dirty") == "true",
-    "steps": {k: os.environ.get("status_" + k) for k in ("build", "tests", "memcheck", "racecheck", "nccl")},
+    "steps": {k: os.environ.get("status_" + k) for k in ("build", "tests", "memcheck", "racecheck", "nccl", "cuda_runner")},
     "test_counts": counts,
     "tests": tests,
 }

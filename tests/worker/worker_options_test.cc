@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
+
+#include "kernels/cuda_device.h"
+#include "worker/generate_command.h"
+#include "worker/worker_command.h"
 
 namespace loom::worker {
 namespace {
@@ -109,6 +114,97 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   const auto status =
       Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bf16"}).status();
   EXPECT_NE(status.message().find("--kv-dtype"), std::string::npos) << status;
+}
+
+TEST(WorkerOptionsTest, ParsesDeviceAndCudaGraphs) {
+  auto options = Parse({"--model", "m", "--coordinator", "c:1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->device, "auto");
+  EXPECT_TRUE(options->cuda_graphs);
+  options = Parse({"--model", "m", "--coordinator", "c:1", "--device", "cuda", "--cuda-graphs",
+                   "off"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->device, "cuda");
+  EXPECT_FALSE(options->cuda_graphs);
+  options = Parse({"--model", "m", "--coordinator", "c:1", "--device", "cpu", "--cuda-graphs",
+                   "on"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->device, "cpu");
+  EXPECT_TRUE(options->cuda_graphs);
+}
+
+TEST(WorkerOptionsTest, RejectsBadDeviceAndCudaGraphsValues) {
+  absl::Status status = Parse({"--model", "m", "--coordinator", "c:1", "--device", "gpu"}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--device"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("'gpu'"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("cuda, cpu or auto"), std::string::npos) << status;
+  status = Parse({"--model", "m", "--coordinator", "c:1", "--cuda-graphs", "yes"}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--cuda-graphs"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("on or off"), std::string::npos) << status;
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--device"}).ok());  // no value
+}
+
+TEST(WorkerOptionsTest, ResolvesDeviceFromFlagAndMachine) {
+  using kernels::cpu::KvDtype;
+  EXPECT_EQ(*ResolveDevice("cpu", KvDtype::kF16, 1, 8), "cpu");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 1, 0), "cpu");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 1, 1), "cuda");
+  // auto keeps what the CUDA runner cannot do on the CPU.
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF32, 1, 1), "cpu");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 2, 1), "cpu");
+  EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 1, 1), "cuda");
+
+  absl::StatusOr<std::string> device = ResolveDevice("cuda", KvDtype::kF16, 1, 0);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(device.status().message().find("no usable CUDA device"), std::string::npos)
+      << device.status();
+  device = ResolveDevice("cuda", KvDtype::kF32, 1, 1);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("--kv-dtype f32"), std::string::npos)
+      << device.status();
+  device = ResolveDevice("cuda", KvDtype::kF16, 2, 1);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("tensor parallelism"), std::string::npos)
+      << device.status();
+  EXPECT_EQ(ResolveDevice("tpu", KvDtype::kF16, 1, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Runs a command's entry point in-process with `args`, returning (exit code, stderr).
+template <typename Command>
+std::pair<int, std::string> RunCommand(Command command, std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  testing::internal::CaptureStderr();
+  const int code = command(static_cast<int>(args.size()), argv.data());
+  return {code, testing::internal::GetCapturedStderr()};
+}
+
+TEST(WorkerCommandTest, DeviceCudaWithoutGpuFailsAtStartWithClearError) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  // The device is resolved before the model is opened or anything starts: the missing
+  // model file is never reached, and the process would exit with status 1.
+  auto [code, err] = RunCommand(RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf",
+                                                   "--coordinator", "127.0.0.1:1", "--device",
+                                                   "cuda"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
+  EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
+}
+
+TEST(WorkerCommandTest, GenerateWithDeviceCudaWithoutGpuFailsWithClearError) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  auto [code, err] = RunCommand(RunGenerateCommand, {"generate", "--model", "/nonexistent.gguf",
+                                                     "--prompt", "hi", "--device", "cuda"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
+  auto [bad_code, bad_err] = RunCommand(
+      RunGenerateCommand, {"generate", "--model", "m", "--prompt", "hi", "--cuda-graphs", "maybe"});
+  EXPECT_EQ(bad_code, 2) << bad_err;
+  EXPECT_NE(bad_err.find("--cuda-graphs"), std::string::npos) << bad_err;
 }
 
 }  // namespace

@@ -1,0 +1,663 @@
+// The CUDA model runner against the CPU ModelRunner on the same steps (prefills, chunked
+// prefill over cached blocks, decodes through CUDA graphs, mixed steps), on the default
+// model and on random models built here. Skips (with the reason) without a CUDA device;
+// the checks that need no device run everywhere.
+#include "worker/cuda_model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gguf_file.h"
+#include "common/tokenizer.h"
+#include "kernels/cuda/types.h"
+#include "kernels/cuda_device.h"
+#include "tests/common/gguf_test_util.h"
+#include "tests/common/tokenizer_test_util.h"
+#include "worker/model_runner.h"
+#include "worker/step_batch.h"
+
+namespace loom::worker {
+namespace {
+
+namespace kc = kernels::cuda;
+
+#define LOOM_SKIP_WITHOUT_CUDA_DEVICE()                                                \
+  do {                                                                                 \
+    if (::loom::kernels::CudaDeviceCount() == 0) {                                     \
+      GTEST_SKIP() << "no CUDA device: " << ::loom::kernels::CudaDeviceDescription(0); \
+    }                                                                                  \
+  } while (0)
+
+// --- random llama-family models, in memory
+
+struct RandomModelSpec {
+  std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias
+  int64_t hidden = 256;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t head_dim = 64;
+  int64_t ffn = 512;
+  int64_t layers = 2;
+  int64_t vocab = 512;
+  bool tied = true;
+  uint32_t seed = 1;
+};
+
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8;  // ggml type ids
+
+std::string F32Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+std::string F16Bytes(const std::vector<float>& values) {
+  std::string bytes(values.size() * 2, '\0');
+  kc::ConvertFromFloat(kc::DataType::kF16, values.data(), static_cast<int64_t>(values.size()),
+                       bytes.data());
+  return bytes;
+}
+
+// GGUF Q8_0: blocks of 32 values, an F16 scale then 32 int8 (value = q * scale).
+std::string Q8_0Bytes(const std::vector<float>& values) {
+  std::string bytes;
+  for (size_t block = 0; block < values.size(); block += 32) {
+    float max_abs = 0.0f;
+    for (size_t i = 0; i < 32; ++i) max_abs = std::max(max_abs, std::abs(values[block + i]));
+    const float scale = max_abs / 127.0f;
+    const std::vector<float> scale_vector = {scale};
+    bytes += F16Bytes(scale_vector);
+    for (size_t i = 0; i < 32; ++i) {
+      const float q = scale > 0 ? std::round(values[block + i] / scale) : 0.0f;
+      bytes.push_back(static_cast<char>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
+    }
+  }
+  return bytes;
+}
+
+// A seeded model whose weights are scaled like a trained network's (1/sqrt(fan_in)
+// projections, norm weights near 1), stored as a mix of F32, F16 and Q8_0.
+std::unique_ptr<common::GgufFile> RandomModel(const RandomModelSpec& spec) {
+  std::mt19937 rng(spec.seed);
+  auto uniform = [&](int64_t count, float scale, float offset = 0.0f) {
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> out(count);
+    for (float& x : out) x = offset + dist(rng);
+    return out;
+  };
+  const std::string& a = spec.arch;
+  common::testing::GgufImageBuilder builder;
+  builder.KvString("general.architecture", a)
+      .KvString("general.name", "cuda-runner-test-" + a)
+      .KvU32(a + ".context_length", 1024)
+      .KvU32(a + ".embedding_length", static_cast<uint32_t>(spec.hidden))
+      .KvU32(a + ".feed_forward_length", static_cast<uint32_t>(spec.ffn))
+      .KvU32(a + ".block_count", static_cast<uint32_t>(spec.layers))
+      .KvU32(a + ".attention.head_count", static_cast<uint32_t>(spec.heads))
+      .KvU32(a + ".attention.head_count_kv", static_cast<uint32_t>(spec.kv_heads))
+      .KvU32(a + ".attention.key_length", static_cast<uint32_t>(spec.head_dim))
+      .KvU32(a + ".attention.value_length", static_cast<uint32_t>(spec.head_dim))
+      .KvF32(a + ".attention.layer_norm_rms_epsilon", 1e-5f)
+      .KvF32(a + ".rope.freq_base", 10000.0f);
+  const uint64_t h = spec.hidden, q_rows = spec.heads * spec.head_dim,
+                 kv_rows = spec.kv_heads * spec.head_dim, ffn = spec.ffn, vocab = spec.vocab;
+  // Matrices cycle through the storage types so every conversion path is exercised.
+  const uint32_t types[] = {kF16, kQ8_0, kF32};
+  int matrix_index = 0;
+  auto matrix = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+    const std::vector<float> values =
+        uniform(static_cast<int64_t>(rows * cols), 1.0f / std::sqrt(static_cast<float>(cols)));
+    const uint32_t type = types[matrix_index++ % 3];
+    builder.Tensor(name, {cols, rows}, type,
+                   type == kF32 ? F32Bytes(values) : type == kF16 ? F16Bytes(values)
+                                                                  : Q8_0Bytes(values));
+  };
+  auto vector = [&](const std::string& name, uint64_t size, float scale, float offset) {
+    builder.Tensor(name, {size}, kF32,
+                   F32Bytes(uniform(static_cast<int64_t>(size), scale, offset)));
+  };
+  builder.Tensor("token_embd.weight", {h, vocab}, kF16,
+                 F16Bytes(uniform(static_cast<int64_t>(vocab * h), 1.0f)));
+  vector("output_norm.weight", h, 0.1f, 1.0f);
+  if (!spec.tied) matrix("output.weight", vocab, h);
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    vector(p + "attn_norm.weight", h, 0.1f, 1.0f);
+    matrix(p + "attn_q.weight", q_rows, h);
+    matrix(p + "attn_k.weight", kv_rows, h);
+    matrix(p + "attn_v.weight", kv_rows, h);
+    if (spec.arch == "qwen2") {
+      vector(p + "attn_q.bias", q_rows, 0.5f, 0.0f);
+      vector(p + "attn_k.bias", kv_rows, 0.5f, 0.0f);
+      vector(p + "attn_v.bias", kv_rows, 0.5f, 0.0f);
+    }
+    matrix(p + "attn_output.weight", h, q_rows);
+    vector(p + "ffn_norm.weight", h, 0.1f, 1.0f);
+    matrix(p + "ffn_gate.weight", ffn, h);
+    matrix(p + "ffn_up.weight", ffn, h);
+    matrix(p + "ffn_down.weight", h, ffn);
+  }
+  absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
+      common::GgufFile::FromBytes(builder.Build());
+  if (!gguf.ok()) {
+    ADD_FAILURE() << "random model: " << gguf.status();
+    return nullptr;
+  }
+  return std::move(*gguf);
+}
+
+RandomModelSpec LlamaGqaSpec() { return RandomModelSpec{}; }
+
+// qwen2: NeoX RoPE, QKV biases, one KV head (MQA), head dim 128, a separate LM head.
+RandomModelSpec Qwen2MqaSpec() {
+  RandomModelSpec spec;
+  spec.arch = "qwen2";
+  spec.hidden = 256;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.head_dim = 128;
+  spec.ffn = 384;
+  spec.layers = 3;
+  spec.vocab = 384;
+  spec.tied = false;
+  spec.seed = 2;
+  return spec;
+}
+
+// --- driving both runners through the same steps
+
+struct TestSequence {
+  std::vector<int32_t> tokens;  // prompt, then the tokens fed back
+  int32_t num_computed = 0;
+  std::vector<int32_t> blocks;
+};
+
+constexpr int64_t kBlockSize = 16;
+constexpr int64_t kNumBlocks = 256;
+
+class StepDriver {
+ public:
+  // Adds `count` of the sequence's tokens not yet computed to `batch`.
+  void Add(StepBatch& batch, TestSequence& seq, int64_t count, bool sample) {
+    while (static_cast<int64_t>(seq.blocks.size()) * kBlockSize < seq.num_computed + count) {
+      ASSERT_LT(next_block_, kNumBlocks) << "test ran out of KV blocks";
+      seq.blocks.push_back(next_block_++);
+    }
+    ASSERT_TRUE(AppendSequence(batch,
+                               absl::MakeConstSpan(seq.tokens).subspan(seq.num_computed, count),
+                               seq.num_computed, seq.blocks, kBlockSize, sample)
+                    .ok());
+    seq.num_computed += static_cast<int32_t>(count);
+  }
+
+ private:
+  int32_t next_block_ = 0;
+};
+
+// Tolerances of the CUDA runner (F16 weights, activations and KV, F32 accumulation)
+// against the CPU runner (F32 activations, F16 KV, weights exactly as stored): per sampled
+// row, the RMS of the difference is at most kRelRms of the RMS spread of the CPU logits and
+// the largest difference at most kMaxAbs of the CPU's logit range. Greedy tokens must be
+// equal, except where the CPU's top two logits are closer than the row's largest difference
+// (a tie within the precision of F16; at most kMaxNearTies such rows per model).
+constexpr double kRelRms = 0.03;
+constexpr double kMaxAbs = 0.05;
+constexpr int kMaxNearTies = 1;
+
+struct Comparison {
+  int rows = 0;
+  int near_ties = 0;
+  double worst_rel_rms = 0;
+  double worst_rel_max = 0;
+};
+
+int32_t Argmax(const float* row, int64_t vocab) {
+  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+}
+
+void CompareLogits(const std::vector<float>& cpu, const std::vector<float>& gpu, int64_t vocab,
+                   Comparison& result) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t r = 0; r < cpu.size() / vocab; ++r) {
+    const float* c = cpu.data() + r * vocab;
+    const float* g = gpu.data() + r * vocab;
+    double mean = 0, lo = c[0], hi = c[0];
+    for (int64_t v = 0; v < vocab; ++v) {
+      ASSERT_TRUE(std::isfinite(g[v])) << "row " << r << " token " << v << ": " << g[v];
+      mean += c[v];
+      lo = std::min<double>(lo, c[v]);
+      hi = std::max<double>(hi, c[v]);
+    }
+    mean /= vocab;
+    double spread = 0, diff2 = 0, max_diff = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      spread += (c[v] - mean) * (c[v] - mean);
+      diff2 += (g[v] - c[v]) * (g[v] - c[v]);
+      max_diff = std::max<double>(max_diff, std::abs(g[v] - c[v]));
+    }
+    const double rel_rms = std::sqrt(diff2 / vocab) / std::max(std::sqrt(spread / vocab), 1e-6);
+    const double rel_max = max_diff / std::max(hi - lo, 1e-6);
+    result.worst_rel_rms = std::max(result.worst_rel_rms, rel_rms);
+    result.worst_rel_max = std::max(result.worst_rel_max, rel_max);
+    EXPECT_LE(rel_rms, kRelRms) << "row " << r;
+    EXPECT_LE(rel_max, kMaxAbs) << "row " << r;
+    const int32_t cpu_token = Argmax(c, vocab), gpu_token = Argmax(g, vocab);
+    if (cpu_token != gpu_token) {
+      const double gap = c[cpu_token] - c[gpu_token];
+      EXPECT_LE(gap, max_diff) << "row " << r << ": greedy token " << gpu_token << " vs CPU "
+                               << cpu_token << " (CPU logits " << c[cpu_token] << " vs "
+                               << c[gpu_token] << ")";
+      ++result.near_ties;
+    }
+    ++result.rows;
+  }
+}
+
+// Runs `batch` on every runner; the first is the reference the others are compared to.
+// Returns the reference's logits.
+std::vector<float> RunEverywhere(const std::vector<ForwardPass*>& runners, const StepBatch& batch,
+                                 Comparison& result,
+                                 std::vector<std::vector<float>>* all = nullptr) {
+  std::vector<std::vector<float>> logits(runners.size());
+  for (size_t i = 0; i < runners.size(); ++i) {
+    const absl::Status status = runners[i]->Step(batch, logits[i]);
+    EXPECT_TRUE(status.ok()) << "runner " << i << ": " << status;
+    if (!status.ok()) return {};
+    EXPECT_EQ(logits[i].size(), batch.sample_rows.size() * runners[0]->config().vocab_size);
+  }
+  for (size_t i = 1; i < runners.size(); ++i) {
+    CompareLogits(logits[0], logits[i], runners[0]->config().vocab_size, result);
+  }
+  if (all != nullptr) *all = logits;
+  return logits[0];
+}
+
+// Prefill of several prompts in one step, a chunked prefill over cached blocks, decode
+// steps of 3 sequences (graph bucket 4: padded), a mixed step (a new prompt beside
+// decodes), then decode steps of 4 and 5 sequences. Each sampled sequence gets the CPU's
+// greedy token, so every runner sees the same tokens. `steps_logits` collects every step's
+// logits of every runner (for the graphs on/off comparison).
+void RunScenario(const std::vector<ForwardPass*>& runners,
+                 std::vector<std::vector<int32_t>> prompts, Comparison& result,
+                 std::vector<std::vector<std::vector<float>>>* steps_logits = nullptr) {
+  ASSERT_GE(prompts.size(), 5u);
+  const int64_t vocab = runners[0]->config().vocab_size;
+  StepDriver driver;
+  std::vector<TestSequence> seqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) seqs[i].tokens = prompts[i];
+
+  auto run = [&](const StepBatch& batch, const std::vector<size_t>& sampled) {
+    std::vector<std::vector<float>> all;
+    const std::vector<float> cpu = RunEverywhere(runners, batch, result, &all);
+    ASSERT_EQ(cpu.size(), sampled.size() * vocab);
+    for (size_t i = 0; i < sampled.size(); ++i) {
+      seqs[sampled[i]].tokens.push_back(Argmax(cpu.data() + i * vocab, vocab));
+    }
+    if (steps_logits != nullptr) steps_logits->push_back(std::move(all));
+  };
+  auto decode = [&](const std::vector<size_t>& which) {
+    StepBatch batch;
+    for (size_t s : which) driver.Add(batch, seqs[s], 1, true);
+    run(batch, which);
+  };
+
+  {  // prefill of prompts 0..2 in one step
+    StepBatch batch;
+    for (size_t s = 0; s < 3; ++s) driver.Add(batch, seqs[s], seqs[s].tokens.size(), true);
+    run(batch, {0, 1, 2});
+  }
+  {  // prompt 3, chunked: its first 20 tokens (no sample), then the rest beside decodes
+    StepBatch batch;
+    driver.Add(batch, seqs[3], 20, false);
+    run(batch, {});
+  }
+  for (int step = 0; step < 4; ++step) decode({0, 1, 2});  // eager, capture, replay, replay
+  {  // mixed: prompt 3's remaining tokens, prompt 4 whole, decodes of 0..2
+    StepBatch batch;
+    for (size_t s = 0; s < 3; ++s) driver.Add(batch, seqs[s], 1, true);
+    driver.Add(batch, seqs[3], seqs[3].tokens.size() - seqs[3].num_computed, true);
+    driver.Add(batch, seqs[4], seqs[4].tokens.size(), true);
+    run(batch, {0, 1, 2, 3, 4});
+  }
+  for (int step = 0; step < 3; ++step) decode({0, 1, 2, 3});     // bucket 4, unpadded
+  for (int step = 0; step < 3; ++step) decode({0, 1, 2, 3, 4});  // bucket 8, padded
+}
+
+std::vector<std::vector<int32_t>> RandomPrompts(int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  std::vector<std::vector<int32_t>> prompts;
+  // The last prompt passes 256 tokens: its decode steps use a larger context bucket, where
+  // the decode kernel splits the context (the merge pass runs inside a graph too).
+  for (int64_t length : {5, 17, 40, 45, 300}) {
+    std::vector<int32_t>& prompt = prompts.emplace_back(length);
+    for (int32_t& t : prompt) t = token(rng);
+  }
+  return prompts;
+}
+
+std::unique_ptr<ModelRunner> CpuRunner(const common::GgufFile& gguf) {
+  ModelRunnerOptions options;
+  options.num_threads = 2;
+  options.num_kv_blocks = kNumBlocks;
+  options.block_size = kBlockSize;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, options);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  return runner.ok() ? std::move(*runner) : nullptr;
+}
+
+std::unique_ptr<CudaModelRunner> GpuRunner(const common::GgufFile& gguf, bool graphs) {
+  CudaRunnerOptions options;
+  options.num_kv_blocks = kNumBlocks;
+  options.block_size = kBlockSize;
+  options.cuda_graphs = graphs;
+  options.max_num_tokens = 512;
+  absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner = CudaModelRunner::Create(gguf, options);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  return runner.ok() ? std::move(*runner) : nullptr;
+}
+
+void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int32_t>> prompts) {
+  std::unique_ptr<ModelRunner> cpu = CpuRunner(gguf);
+  std::unique_ptr<CudaModelRunner> gpu = GpuRunner(gguf, /*graphs=*/true);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(gpu, nullptr);
+  Comparison result;
+  RunScenario({cpu.get(), gpu.get()}, std::move(prompts), result);
+  const CudaModelRunner::Stats stats = gpu->stats();
+  std::printf("%d sampled rows: worst relative RMS %.4f (limit %.2f), worst max/range %.4f "
+              "(limit %.2f), %d near ties; GPU steps: %lld eager, %lld graphs captured, %lld "
+              "replays\n",
+              result.rows, result.worst_rel_rms, kRelRms, result.worst_rel_max, kMaxAbs,
+              result.near_ties, static_cast<long long>(stats.eager_steps),
+              static_cast<long long>(stats.graph_captures),
+              static_cast<long long>(stats.graph_replays));
+  EXPECT_GT(result.rows, 30);
+  EXPECT_LE(result.near_ties, kMaxNearTies);
+  EXPECT_GE(stats.graph_captures, 2);  // buckets 4 and 8
+  EXPECT_GE(stats.graph_replays, 5);
+}
+
+// --- without a device
+
+TEST(CudaModelRunnerTest, CreateFailsCleanlyWithoutADevice) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
+      CudaModelRunner::Create(*gguf, CudaRunnerOptions{});
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kFailedPrecondition) << runner.status();
+  EXPECT_NE(runner.status().message().find("CUDA"), std::string::npos) << runner.status();
+}
+
+TEST(CudaModelRunnerTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
+  common::ModelConfig config;
+  config.num_layers = 30;
+  config.num_kv_heads = 3;
+  config.head_dim = 64;
+  EXPECT_EQ(CudaModelRunner::KvBytesPerBlock(config, 16, kc::DataType::kF16),
+            2 * 30 * 16 * 3 * 64 * 2);
+}
+
+// The CUDA runner's host-side step preparation, run on the CPU runner: every step expanded
+// to one-token sequences (how the decode kernel does prefill) and decode steps padded to
+// the next power of two with dummy sequences in a scratch block (how graphs are replayed),
+// exactly as CudaModelRunner::Step prepares them. Its logits must equal the plain CPU
+// runner's: this checks the preparation, and the GPU test's scenario, without a GPU.
+class EmulatedCudaStepPreparation : public ForwardPass {
+ public:
+  explicit EmulatedCudaStepPreparation(std::unique_ptr<ModelRunner> runner)
+      : runner_(std::move(runner)) {}
+  const common::ModelConfig& config() const override { return runner_->config(); }
+  int64_t num_kv_blocks() const override { return runner_->num_kv_blocks() - 1; }
+  int64_t block_size() const override { return runner_->block_size(); }
+  absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override {
+    StepBatch step = ExpandToSingleTokenSequences(batch, block_size());
+    const int64_t n = batch.num_tokens();
+    const size_t num_sampled = batch.sample_rows.size();
+    if (n == batch.num_seqs() && n <= 256) {
+      const int64_t bucket = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n)));
+      PadDecodeBatch(step, bucket, bucket, static_cast<int32_t>(num_kv_blocks()), block_size());
+      ++padded_steps_;
+    }
+    if (absl::Status status = runner_->Step(step, logits); !status.ok()) return status;
+    logits.resize(num_sampled * config().vocab_size);  // the padding's rows are dropped
+    return absl::OkStatus();
+  }
+  int padded_steps() const { return padded_steps_; }
+
+ private:
+  std::unique_ptr<ModelRunner> runner_;  // with one block more than it reports (scratch)
+  int padded_steps_ = 0;
+};
+
+TEST(CudaModelRunnerHostTest, StepPreparationGivesTheCpuRunnersLogits) {
+  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
+    SCOPED_TRACE(spec.arch);
+    std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+    ASSERT_NE(gguf, nullptr);
+    std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
+    ModelRunnerOptions options;
+    options.num_threads = 2;
+    options.num_kv_blocks = kNumBlocks + 1;
+    options.block_size = kBlockSize;
+    absl::StatusOr<std::unique_ptr<ModelRunner>> inner = ModelRunner::Create(*gguf, options);
+    ASSERT_TRUE(inner.ok()) << inner.status();
+    ASSERT_NE(cpu, nullptr);
+    EmulatedCudaStepPreparation emulated(std::move(*inner));
+    Comparison result;
+    RunScenario({cpu.get(), &emulated}, RandomPrompts(spec.vocab, spec.seed), result);
+    EXPECT_GT(result.rows, 30);
+    EXPECT_EQ(result.near_ties, 0);
+    // The same math up to the order of float sums in attention.
+    EXPECT_LE(result.worst_rel_rms, 1e-5);
+    EXPECT_GE(emulated.padded_steps(), 10);
+  }
+}
+
+TEST(CudaModelRunnerHostTest, ExpandsTokensIntoCausalOneTokenSequencesAndPads) {
+  StepBatch batch;
+  // Sequence 0: 3 cached tokens, 2 new at positions 3 and 4; sequence 1: a decode at 17.
+  ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{7, 8}, 3, {5, 0}, 4, true).ok());
+  ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{9}, 17, {1, 2, 3, 4, 6}, 4, true).ok());
+  StepBatch step = ExpandToSingleTokenSequences(batch, 4);
+  EXPECT_EQ(step.token_ids, batch.token_ids);
+  EXPECT_EQ(step.positions, batch.positions);
+  EXPECT_EQ(step.slots, batch.slots);
+  EXPECT_EQ(step.sample_rows, batch.sample_rows);
+  EXPECT_EQ(step.query_start, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(step.context_len, (std::vector<int32_t>{4, 5, 18}));
+  EXPECT_EQ(step.block_indptr, (std::vector<int32_t>{0, 1, 3, 8}));
+  EXPECT_EQ(step.block_indices, (std::vector<int32_t>{5, 5, 0, 1, 2, 3, 4, 6}));
+  EXPECT_TRUE(ValidateStepBatch(step, 100, 64, 7, 4).ok())
+      << ValidateStepBatch(step, 100, 64, 7, 4);
+
+  PadDecodeBatch(step, 4, 5, /*scratch_block=*/7, 4);
+  EXPECT_EQ(step.token_ids, (std::vector<int32_t>{7, 8, 9, 0}));
+  EXPECT_EQ(step.positions, (std::vector<int32_t>{3, 4, 17, 0}));
+  EXPECT_EQ(step.slots.back(), 28);
+  EXPECT_EQ(step.query_start, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(step.context_len.back(), 1);
+  EXPECT_EQ(step.block_indptr, (std::vector<int32_t>{0, 1, 3, 8, 9}));
+  EXPECT_EQ(step.block_indices.back(), 7);
+  EXPECT_EQ(step.sample_rows, (std::vector<int32_t>{1, 2, 0, 0, 0}));
+  // Valid in a pool with the scratch block; the coordinator's pool (7 blocks) excludes it.
+  EXPECT_TRUE(ValidateStepBatch(step, 100, 64, 8, 4).ok())
+      << ValidateStepBatch(step, 100, 64, 8, 4);
+  EXPECT_FALSE(ValidateStepBatch(step, 100, 64, 7, 4).ok());
+}
+
+// --- with a device
+
+TEST(CudaModelRunnerTest, MatchesCpuRunnerOnRandomModels) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
+    SCOPED_TRACE(spec.arch);
+    std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+    ASSERT_NE(gguf, nullptr);
+    ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  }
+}
+
+TEST(CudaModelRunnerTest, MatchesCpuRunnerOnDefaultModel) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string path = common::testing::ModelPath();
+  ASSERT_TRUE(std::filesystem::exists(path))
+      << "default model " << path << " missing (set LOOM_MODEL_PATH)";
+  absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf = common::GgufFile::Open(path);
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
+      common::Tokenizer::FromGguf(**gguf);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* text :
+       {"The capital of France is", "Write a haiku about the sea, then explain its imagery.",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "Once upon a time, in a small village at the edge of a dark forest, there lived an "
+        "old woman who",
+        "Q: What is two plus two?\nA:"}) {
+    prompts.push_back((*tokenizer)->Encode(text, /*add_special=*/true, /*parse_special=*/false));
+  }
+  // The chunked prefill takes 20 tokens of prompt 3 first.
+  ASSERT_GT(prompts[3].size(), 20u);
+  ExpectMatchesCpu(**gguf, std::move(prompts));
+}
+
+TEST(CudaModelRunnerTest, GraphsOnAndOffGiveIdenticalLogits) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
+  std::unique_ptr<CudaModelRunner> graphs = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaModelRunner> eager = GpuRunner(*gguf, false);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(graphs, nullptr);
+  ASSERT_NE(eager, nullptr);
+  Comparison result;
+  std::vector<std::vector<std::vector<float>>> steps;
+  RunScenario({cpu.get(), graphs.get(), eager.get()}, RandomPrompts(512, 9), result, &steps);
+  ASSERT_FALSE(steps.empty());
+  // Both pad decode steps to the same bucket shapes, so replaying a graph runs exactly the
+  // launches the eager runner makes: the logits are the same bits.
+  for (size_t step = 0; step < steps.size(); ++step) {
+    ASSERT_EQ(steps[step].size(), 3u);
+    const std::vector<float>& with = steps[step][1];
+    const std::vector<float>& without = steps[step][2];
+    ASSERT_EQ(with.size(), without.size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < with.size(); ++i)
+      mismatches += std::memcmp(&with[i], &without[i], 4) != 0;
+    EXPECT_EQ(mismatches, 0u) << "step " << step << ": " << mismatches << " of " << with.size()
+                              << " logits differ";
+  }
+  EXPECT_GE(graphs->stats().graph_replays, 5);
+  EXPECT_EQ(eager->stats().graph_replays, 0);
+  EXPECT_EQ(eager->stats().graph_captures, 0);
+}
+
+TEST(CudaModelRunnerTest, RejectsBadBatchesAndKeepsWorking) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  std::unique_ptr<CudaModelRunner> gpu = GpuRunner(*gguf, true);
+  ASSERT_NE(gpu, nullptr);
+  std::vector<float> logits;
+  StepBatch bad;
+  ASSERT_TRUE(AppendSequence(bad, std::vector<int32_t>{1, 2, 3}, 0, {0}, kBlockSize, true).ok());
+  bad.token_ids[1] = 100000;  // outside the vocabulary
+  const absl::Status status = gpu->Step(bad, logits);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  bad.token_ids[1] = 2;
+  bad.block_indices[0] = static_cast<int32_t>(gpu->num_kv_blocks());  // the scratch block
+  EXPECT_EQ(gpu->Step(bad, logits).code(), absl::StatusCode::kInvalidArgument);
+  bad.block_indices[0] = 0;
+  bad.slots = {0, 1, 2};
+  const absl::Status ok = gpu->Step(bad, logits);
+  EXPECT_TRUE(ok.ok()) << ok;
+  EXPECT_EQ(logits.size(), static_cast<size_t>(gpu->config().vocab_size));
+}
+
+TEST(CudaModelRunnerTest, RejectsOptionsTheKernelsCannotRun) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  CudaRunnerOptions options;
+  options.num_kv_blocks = 8;
+  options.kv_dtype = kc::DataType::kBF16;  // differs from the F16 activations
+  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = CudaRunnerOptions{};
+  options.dtype = kc::DataType::kF32;
+  options.kv_dtype = kc::DataType::kF32;
+  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = CudaRunnerOptions{};
+  options.tp_size = 2;
+  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+            absl::StatusCode::kUnimplemented);
+  options = CudaRunnerOptions{};
+  options.device = kernels::CudaDeviceCount();  // one past the last
+  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  RandomModelSpec small_heads;
+  small_heads.head_dim = 32;  // the decode kernel has 64 and 128
+  small_heads.hidden = 128;
+  std::unique_ptr<common::GgufFile> unsupported = RandomModel(small_heads);
+  ASSERT_NE(unsupported, nullptr);
+  absl::Status status = CudaModelRunner::Create(*unsupported, CudaRunnerOptions{}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("head dim 32"), std::string::npos) << status;
+}
+
+TEST(CudaModelRunnerTest, BfloatRunnerMatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(Qwen2MqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
+  CudaRunnerOptions options;
+  options.num_kv_blocks = kNumBlocks;
+  options.block_size = kBlockSize;
+  options.dtype = kc::DataType::kBF16;
+  options.kv_dtype = kc::DataType::kBF16;
+  absl::StatusOr<std::unique_ptr<CudaModelRunner>> gpu = CudaModelRunner::Create(*gguf, options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_NE(cpu, nullptr);
+  // BF16 keeps 8 bits of mantissa (F16: 11): only the first prefill step is compared,
+  // with 8x the F16 tolerance on the spread.
+  StepDriver driver;
+  std::vector<std::vector<int32_t>> prompts = RandomPrompts(Qwen2MqaSpec().vocab, 5);
+  std::vector<TestSequence> seqs(3);
+  StepBatch batch;
+  for (size_t s = 0; s < 3; ++s) {
+    seqs[s].tokens = prompts[s];
+    driver.Add(batch, seqs[s], seqs[s].tokens.size(), true);
+  }
+  std::vector<float> cpu_logits, gpu_logits;
+  ASSERT_TRUE(cpu->Step(batch, cpu_logits).ok());
+  ASSERT_TRUE((*gpu)->Step(batch, gpu_logits).ok());
+  ASSERT_EQ(cpu_logits.size(), gpu_logits.size());
+  const int64_t vocab = cpu->config().vocab_size;
+  for (size_t r = 0; r < 3; ++r) {
+    double diff2 = 0, spread = 0, mean = 0;
+    for (int64_t v = 0; v < vocab; ++v) mean += cpu_logits[r * vocab + v] / vocab;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double c = cpu_logits[r * vocab + v], g = gpu_logits[r * vocab + v];
+      ASSERT_TRUE(std::isfinite(g));
+      diff2 += (g - c) * (g - c);
+      spread += (c - mean) * (c - mean);
+    }
+    EXPECT_LE(std::sqrt(diff2 / spread), 8 * kRelRms) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace loom::worker

@@ -1,0 +1,809 @@
+#include "worker/cuda_model_runner.h"
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda_device.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/weights.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/gather.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/rope.h"
+#include "worker/model_weights.h"
+#endif
+
+namespace loom::worker {
+
+namespace kc = kernels::cuda;
+
+int64_t CudaModelRunner::KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
+                                         kc::DataType kv_dtype) {
+  return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim *
+         kc::ElementBytes(kv_dtype);
+}
+
+CudaModelRunner::CudaModelRunner(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size) {
+  StepBatch expanded;
+  expanded.token_ids = batch.token_ids;
+  expanded.positions = batch.positions;
+  expanded.slots = batch.slots;
+  expanded.sample_rows = batch.sample_rows;
+  const int64_t num_tokens = batch.num_tokens();
+  expanded.query_start.resize(num_tokens + 1);
+  expanded.context_len.resize(num_tokens);
+  expanded.block_indptr.resize(num_tokens + 1);
+  expanded.query_start[0] = 0;
+  expanded.block_indptr[0] = 0;
+  for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+    const int32_t* table = batch.block_indices.data() + batch.block_indptr[s];
+    for (int64_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) {
+      const int32_t context = batch.positions[t] + 1;
+      const int64_t blocks = (context + block_size - 1) / block_size;
+      expanded.query_start[t + 1] = static_cast<int32_t>(t + 1);
+      expanded.context_len[t] = context;
+      expanded.block_indices.insert(expanded.block_indices.end(), table, table + blocks);
+      expanded.block_indptr[t + 1] = static_cast<int32_t>(expanded.block_indices.size());
+    }
+  }
+  return expanded;
+}
+
+void PadDecodeBatch(StepBatch& batch, int64_t num_seqs, int64_t num_samples,
+                    int32_t scratch_block, int64_t block_size) {
+  while (batch.num_seqs() < num_seqs) {
+    batch.token_ids.push_back(0);
+    batch.positions.push_back(0);
+    batch.slots.push_back(static_cast<int32_t>(scratch_block * block_size));
+    batch.query_start.push_back(static_cast<int32_t>(batch.token_ids.size()));
+    batch.context_len.push_back(1);
+    batch.block_indices.push_back(scratch_block);
+    batch.block_indptr.push_back(static_cast<int32_t>(batch.block_indices.size()));
+  }
+  while (static_cast<int64_t>(batch.sample_rows.size()) < num_samples)
+    batch.sample_rows.push_back(0);
+}
+
+#if !LOOM_HAVE_CUDA
+
+struct CudaModelRunner::State {};
+
+CudaModelRunner::~CudaModelRunner() = default;
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    const common::GgufFile&, const CudaRunnerOptions&) {
+  return absl::FailedPreconditionError(
+      "the CUDA runner is unavailable: Loom was built without CUDA (configure with "
+      "-DLOOM_CUDA=ON where the CUDA toolkit is installed)");
+}
+
+absl::Status CudaModelRunner::Step(const StepBatch&, std::vector<float>&) {
+  return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
+}
+
+CudaModelRunner::Stats CudaModelRunner::stats() const { return {}; }
+
+#else  // LOOM_HAVE_CUDA
+
+namespace {
+
+using kc::DataType;
+using kc::DeviceBuffer;
+
+absl::Status CudaStatus(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  // Clears a non-sticky error so it is not reported again by the next launch check; a
+  // sticky one (the context is lost) stays, and the runner refuses further steps anyway.
+  cudaGetLastError();
+  return absl::InternalError(absl::StrFormat("%s: %s", call, cudaGetErrorString(error)));
+}
+
+// Every CUDA runtime call goes through this, so an error names the call.
+#define LOOM_CUDA_RETURN_IF_ERROR(call) LOOM_RETURN_IF_ERROR(CudaStatus((call), #call))
+
+// Decode steps up to 256 sequences are padded to the next bucket and replayed from a graph.
+constexpr int64_t kGraphBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+constexpr int64_t kMaxGraphBatch = 256;
+// Graphs are also keyed by the context bucket (a power of two, at least this): the split
+// count of the decode kernel is baked into a graph and depends on the context length.
+constexpr int64_t kMinContextBucket = 256;
+// The decode kernel's grid holds at most this many sequences per launch.
+constexpr int64_t kMaxAttentionSeqsPerLaunch = 65535;
+// Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
+constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
+
+int64_t GraphBatchBucket(int64_t num_seqs) {
+  for (int64_t bucket : kGraphBatchBuckets) {
+    if (num_seqs <= bucket) return bucket;
+  }
+  return 0;
+}
+
+// A power of two >= max_context_len, at least kMinContextBucket; capped at 2^30 (the
+// kernel attends a longer sequence in full anyway: its last split runs longer).
+int64_t ContextBucket(int64_t max_context_len) {
+  const uint64_t bucket =
+      std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(max_context_len, 1)));
+  return std::clamp<int64_t>(static_cast<int64_t>(std::min<uint64_t>(bucket, uint64_t{1} << 30)),
+                             kMinContextBucket, int64_t{1} << 30);
+}
+
+// Bytes of a dequantized [rows, cols] weight in `dtype`, uploaded in row chunks.
+absl::StatusOr<DeviceBuffer> UploadMatrix(const kernels::cpu::PackedWeight& weight,
+                                          DataType dtype) {
+  const int64_t elem = kc::ElementBytes(dtype);
+  LOOM_ASSIGN_OR_RETURN(
+      DeviceBuffer buffer,
+      DeviceBuffer::Allocate(static_cast<size_t>(weight.rows * weight.cols * elem)));
+  const int64_t chunk_rows = std::max<int64_t>(1, kUploadChunkElements / weight.cols);
+  std::vector<float> values;
+  std::vector<uint8_t> converted;
+  for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, weight.rows - row);
+    values.resize(rows * weight.cols);
+    converted.resize(rows * weight.cols * elem);
+    kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
+    kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
+    LOOM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(static_cast<uint8_t*>(buffer.data()) + row * weight.cols * elem,
+                   converted.data(), converted.size(), cudaMemcpyHostToDevice));
+  }
+  return buffer;
+}
+
+absl::StatusOr<DeviceBuffer> UploadFloats(const std::vector<float>& values) {
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(values.size() * sizeof(float)));
+  LOOM_RETURN_IF_ERROR(buffer.CopyFromHost(values.data(), values.size() * sizeof(float)));
+  return buffer;
+}
+
+// Grows `buffer` to at least `bytes` (a fresh allocation; the contents are not kept).
+// Returns whether it was reallocated.
+absl::StatusOr<bool> Reserve(DeviceBuffer& buffer, size_t bytes) {
+  if (buffer.data() != nullptr && buffer.bytes() >= bytes) return false;
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer grown, DeviceBuffer::Allocate(std::max<size_t>(bytes, 256)));
+  buffer = std::move(grown);
+  return true;
+}
+
+// The shapes of one step as the device sees them (padded for a graph), and where each
+// int32 input array sits in the one uploaded buffer. Every query token is one attention
+// sequence (ExpandToSingleTokenSequences), so sequences and tokens are both num_tokens.
+struct StepShape {
+  int64_t num_tokens = 0;         // T: rows of every activation
+  int64_t num_samples = 0;        // S: rows through the final norm and LM head
+  int64_t num_block_entries = 0;  // E: the attention sequences' block tables
+  int64_t max_context_len = 1;    // bound given to the decode kernel (sizes its splits)
+
+  // Offsets in int32 elements: token ids [T], positions [T], slots [T], context lengths
+  // [T], block_indptr [T + 1], sample rows [S], block indices [E].
+  int64_t token_ids() const { return 0; }
+  int64_t positions() const { return num_tokens; }
+  int64_t slots() const { return 2 * num_tokens; }
+  int64_t context_len() const { return 3 * num_tokens; }
+  int64_t block_indptr() const { return 4 * num_tokens; }
+  int64_t sample_rows() const { return 5 * num_tokens + 1; }
+  int64_t block_indices() const { return 5 * num_tokens + 1 + num_samples; }
+  int64_t input_elements() const { return block_indices() + num_block_entries; }
+};
+
+}  // namespace
+
+struct CudaModelRunner::State {
+  struct Layer {
+    DeviceBuffer attn_norm;    // [hidden] F32
+    DeviceBuffer qkv;          // [qkv_dim, hidden] of dtype
+    DeviceBuffer qkv_bias;     // [qkv_dim] F32, or empty
+    DeviceBuffer attn_output;  // [hidden, q_dim] of dtype
+    DeviceBuffer ffn_norm;     // [hidden] F32
+    DeviceBuffer gate_up;      // [2 * ffn, hidden] of dtype
+    DeviceBuffer down;         // [hidden, ffn] of dtype
+  };
+
+  int device = 0;
+  DataType dtype = DataType::kF16;
+  DataType kv_dtype = DataType::kF16;
+  bool use_graphs = true;
+  bool neox = false;
+  common::ModelConfig config;
+  int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0;
+  int64_t num_blocks = 0;     // blocks the coordinator may name
+  int64_t scratch_block = 0;  // == num_blocks: one more block, target of graph padding
+  int64_t block_size = 0;
+  int num_sms = 1;
+
+  cudaStream_t stream = nullptr;  // owned; every launch and copy of the runner goes here
+  std::unique_ptr<kc::GemmHandle> gemm;
+
+  std::vector<Layer> layers;
+  DeviceBuffer embedding;      // [vocab, hidden] of dtype
+  DeviceBuffer lm_head;        // [vocab, hidden] of dtype; empty when tied to the embedding
+  DeviceBuffer output_norm;    // [hidden] F32
+  DeviceBuffer rope_inv_freq;  // [rope_dim / 2] F32
+  // [layer][K, V][num_blocks + 1, block_size, kv_heads, head_dim] of kv_dtype.
+  DeviceBuffer kv_pool;
+  int64_t kv_layer_bytes = 0;  // one layer's K (or V) pool
+
+  // Activations, for token_capacity tokens (T) and sample_capacity sample rows (S).
+  int64_t token_capacity = 0;
+  int64_t sample_capacity = 0;
+  DeviceBuffer residual;        // [T, hidden]
+  DeviceBuffer normed;          // [T, hidden]
+  DeviceBuffer qkv;             // [T, qkv_dim]: Q, K, V of each token side by side
+  DeviceBuffer attn;            // [T, q_dim]
+  DeviceBuffer proj;            // [T, hidden]: O or down projection
+  DeviceBuffer gate_up;         // [T, 2 * ffn]
+  DeviceBuffer act;             // [T, ffn]
+  DeviceBuffer final_residual;  // [S, hidden]
+  DeviceBuffer final_proj;      // [S, hidden]
+  DeviceBuffer final_normed;    // [S, hidden]
+  DeviceBuffer logits;          // [S, vocab] F32
+  DeviceBuffer inputs;          // int32 step inputs (StepShape's layout)
+  int64_t input_capacity = 0;   // int32 elements of `inputs` and `staging`
+  int32_t* staging = nullptr;   // pinned host mirror of `inputs`, owned (cudaMallocHost)
+  DeviceBuffer attn_workspace;  // decode kernel splits
+
+  // Decode graphs by (batch bucket, context bucket). A key is captured the second time
+  // it is seen (the first runs eagerly, which loads lazily loaded kernels outside capture).
+  // Reallocating any buffer they use drops them all.
+  std::map<std::pair<int64_t, int64_t>, cudaGraphExec_t> graphs;
+  std::set<std::pair<int64_t, int64_t>> warmed;
+  Stats stats;
+  absl::Status broken;  // the first device error; every later step fails with it
+
+  ~State() {
+    cudaSetDevice(device);
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    DropGraphs();
+    gemm.reset();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (staging != nullptr) cudaFreeHost(staging);
+    cudaGetLastError();  // nothing to report from a destructor
+  }
+
+  void DropGraphs() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+  }
+
+  kc::KvCacheView KvView(size_t layer) const {
+    kc::KvCacheView view;
+    uint8_t* base = static_cast<uint8_t*>(kv_pool.data()) + 2 * layer * kv_layer_bytes;
+    view.k = base;
+    view.v = base + kv_layer_bytes;
+    view.dtype = kv_dtype;
+    view.num_blocks = num_blocks + 1;  // the kernels may touch the scratch block
+    view.block_size = block_size;
+    view.num_kv_heads = config.num_kv_heads;
+    view.head_dim = config.head_dim;
+    return view;
+  }
+
+  int DecodeSplits(int64_t num_seqs, int64_t max_context_len) const {
+    // Blocks per split as the kernel counts them: (sequence, KV head, chunk of up to 8
+    // query heads). Only a heuristic input: any split count gives the same result.
+    const int64_t group = config.num_heads / config.num_kv_heads;
+    return kc::ChoosePagedDecodeSplits(num_seqs * config.num_kv_heads * ((group + 7) / 8),
+                                       max_context_len, num_sms);
+  }
+
+  size_t DecodeWorkspaceBytes(int64_t num_tokens, int64_t max_context_len) const {
+    size_t bytes = 0;
+    for (int64_t first = 0; first < num_tokens; first += kMaxAttentionSeqsPerLaunch) {
+      kc::PagedDecodeParams p;
+      p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, num_tokens - first);
+      p.num_heads = config.num_heads;
+      p.cache.head_dim = config.head_dim;
+      p.cache.num_kv_heads = config.num_kv_heads;
+      p.max_context_len = max_context_len;
+      p.num_splits = DecodeSplits(p.num_seqs, max_context_len);
+      bytes = std::max(bytes, kc::PagedDecodeWorkspaceBytes(p));
+    }
+    return bytes;
+  }
+
+  // Makes every buffer large enough for `shape`; drops the graphs when any buffer they
+  // use moved. Allocation failures leave the capacities consistent (ResourceExhausted).
+  absl::Status EnsureCapacity(const StepShape& shape) {
+    const int64_t elem = kc::ElementBytes(dtype);
+    const int64_t hidden = config.hidden_size;
+    const int64_t ffn = config.intermediate_size;
+    if (shape.num_tokens > token_capacity) {
+      const int64_t t = std::max(shape.num_tokens, token_capacity + token_capacity / 2);
+      DropGraphs();
+      token_capacity = 0;  // until every buffer below has its new size
+      for (auto [buffer, row_elements] :
+           {std::pair{&residual, hidden}, {&normed, hidden}, {&qkv, qkv_dim}, {&attn, q_dim},
+            {&proj, hidden}, {&gate_up, 2 * ffn}, {&act, ffn}}) {
+        *buffer = DeviceBuffer();  // free first: the old and new sizes may not fit together
+        LOOM_ASSIGN_OR_RETURN(*buffer, DeviceBuffer::Allocate(t * row_elements * elem));
+      }
+      token_capacity = t;
+    }
+    if (shape.num_samples > sample_capacity) {
+      const int64_t s = std::max(shape.num_samples, sample_capacity + sample_capacity / 2);
+      DropGraphs();
+      sample_capacity = 0;
+      for (DeviceBuffer* buffer : {&final_residual, &final_proj, &final_normed}) {
+        *buffer = DeviceBuffer();
+        LOOM_ASSIGN_OR_RETURN(*buffer, DeviceBuffer::Allocate(s * hidden * elem));
+      }
+      logits = DeviceBuffer();
+      LOOM_ASSIGN_OR_RETURN(logits,
+                            DeviceBuffer::Allocate(s * config.vocab_size * sizeof(float)));
+      sample_capacity = s;
+    }
+    if (shape.input_elements() > input_capacity) {
+      const int64_t n = std::max(shape.input_elements(), input_capacity + input_capacity / 2);
+      DropGraphs();
+      input_capacity = 0;
+      inputs = DeviceBuffer();
+      LOOM_ASSIGN_OR_RETURN(inputs, DeviceBuffer::Allocate(n * sizeof(int32_t)));
+      if (staging != nullptr) {
+        LOOM_CUDA_RETURN_IF_ERROR(cudaFreeHost(staging));
+        staging = nullptr;
+      }
+      void* host = nullptr;
+      const cudaError_t allocated = cudaMallocHost(&host, n * sizeof(int32_t));
+      if (allocated == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return absl::ResourceExhaustedError(
+            absl::StrFormat("cudaMallocHost of %d bytes: out of memory", n * sizeof(int32_t)));
+      }
+      LOOM_RETURN_IF_ERROR(CudaStatus(allocated, "cudaMallocHost"));
+      staging = static_cast<int32_t*>(host);
+      input_capacity = n;
+    }
+    const size_t workspace = DecodeWorkspaceBytes(shape.num_tokens, shape.max_context_len);
+    LOOM_ASSIGN_OR_RETURN(const bool workspace_moved, Reserve(attn_workspace, workspace));
+    if (workspace_moved) DropGraphs();
+    return absl::OkStatus();
+  }
+
+  // Writes `step` (expanded and padded: one token per sequence) into `staging` in
+  // `shape`'s layout.
+  void PackInputs(const StepBatch& step, const StepShape& shape) {
+    auto put = [&](int64_t offset, const std::vector<int32_t>& values) {
+      std::memcpy(staging + offset, values.data(), values.size() * sizeof(int32_t));
+    };
+    put(shape.token_ids(), step.token_ids);
+    put(shape.positions(), step.positions);
+    put(shape.slots(), step.slots);
+    put(shape.context_len(), step.context_len);
+    put(shape.block_indptr(), step.block_indptr);
+    put(shape.sample_rows(), step.sample_rows);
+    put(shape.block_indices(), step.block_indices);
+  }
+
+  // Enqueues the attention of layer `l`: the decode kernel over every token's one-token
+  // sequence (ExpandToSingleTokenSequences). When kernels/cuda/prefill_attention lands,
+  // multi-token sequences go to it here (with the batch's own CSR arrays uploaded too).
+  absl::Status EnqueueAttention(size_t l, const StepShape& shape, const int32_t* in) {
+    const int64_t elem = kc::ElementBytes(dtype);
+    for (int64_t first = 0; first < shape.num_tokens; first += kMaxAttentionSeqsPerLaunch) {
+      kc::PagedDecodeParams p;
+      p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, shape.num_tokens - first);
+      p.q = static_cast<const uint8_t*>(qkv.data()) + first * qkv_dim * elem;
+      p.out = static_cast<uint8_t*>(attn.data()) + first * q_dim * elem;
+      p.q_dtype = dtype;
+      p.cache = KvView(l);
+      p.context_len = in + shape.context_len() + first;
+      // indptr values index the whole block_indices array, so a chunk offsets only indptr.
+      p.block_indptr = in + shape.block_indptr() + first;
+      p.block_indices = in + shape.block_indices();
+      p.num_heads = config.num_heads;
+      p.q_stride = qkv_dim;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+      p.max_context_len = shape.max_context_len;
+      p.num_splits = DecodeSplits(p.num_seqs, shape.max_context_len);
+      p.workspace = attn_workspace.data();
+      p.workspace_bytes = attn_workspace.bytes();
+      LOOM_RETURN_IF_ERROR(kc::LaunchPagedDecode(p, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Gemm(const void* x, const DeviceBuffer& w, const DeviceBuffer* bias, void* y,
+                    DataType y_dtype, int64_t m, int64_t n, int64_t k) {
+    kc::GemmParams p;
+    p.x = x;
+    p.w = w.data();
+    p.bias = bias != nullptr && bias->data() != nullptr ? static_cast<const float*>(bias->data())
+                                                        : nullptr;
+    p.y = y;
+    p.dtype = dtype;
+    p.y_dtype = y_dtype;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    return kc::LaunchGemm(p, *gemm);
+  }
+
+  // Enqueues the whole forward pass for `shape` reading the inputs already on the device.
+  // No host synchronization and no allocation: this is what a graph captures.
+  absl::Status EnqueueForward(const StepShape& shape) {
+    const int32_t* in = static_cast<const int32_t*>(inputs.data());
+    const int64_t T = shape.num_tokens;
+    const int64_t S = shape.num_samples;
+    const int64_t H = config.hidden_size;
+    const int64_t ffn = config.intermediate_size;
+    const int64_t elem = kc::ElementBytes(dtype);
+    const float eps = static_cast<float>(config.rms_norm_eps);
+
+    kc::GatherRowsParams embed;
+    embed.table = embedding.data();
+    embed.indices = in + shape.token_ids();
+    embed.out = residual.data();
+    embed.src_dtype = dtype;
+    embed.dst_dtype = dtype;
+    embed.num_rows = config.vocab_size;
+    embed.row_size = H;
+    embed.num_indices = T;
+    LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(embed, stream));
+
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const Layer& layer = layers[l];
+      kc::RmsNormParams norm;
+      // Layer 0 normalizes the embedding; later layers first add the previous MLP output.
+      norm.x = l == 0 ? residual.data() : proj.data();
+      norm.residual = l == 0 ? nullptr : residual.data();
+      norm.weight = static_cast<const float*>(layer.attn_norm.data());
+      norm.out = normed.data();
+      norm.dtype = dtype;
+      norm.eps = eps;
+      norm.num_tokens = T;
+      norm.hidden = H;
+      LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(norm, stream));
+      LOOM_RETURN_IF_ERROR(
+          Gemm(normed.data(), layer.qkv, &layer.qkv_bias, qkv.data(), dtype, T, qkv_dim, H));
+
+      kc::RopeParams rope;
+      rope.q = qkv.data();
+      rope.k = static_cast<uint8_t*>(qkv.data()) + q_dim * elem;
+      rope.positions = in + shape.positions();
+      rope.inv_freq = static_cast<const float*>(rope_inv_freq.data());
+      rope.dtype = dtype;
+      rope.num_tokens = T;
+      rope.num_heads = config.num_heads;
+      rope.num_kv_heads = config.num_kv_heads;
+      rope.head_dim = config.head_dim;
+      rope.rope_dim = config.rope_dim;
+      rope.q_stride = qkv_dim;
+      rope.k_stride = qkv_dim;
+      rope.neox = neox;
+      LOOM_RETURN_IF_ERROR(kc::LaunchRope(rope, stream));
+
+      kc::WriteKvParams write;
+      write.cache = KvView(l);
+      write.k = static_cast<const uint8_t*>(qkv.data()) + q_dim * elem;
+      write.v = static_cast<const uint8_t*>(qkv.data()) + (q_dim + kv_dim) * elem;
+      write.src_dtype = dtype;
+      write.k_stride = qkv_dim;
+      write.v_stride = qkv_dim;
+      write.slots = in + shape.slots();
+      write.num_tokens = T;
+      LOOM_RETURN_IF_ERROR(kc::LaunchWriteKv(write, stream));
+      LOOM_RETURN_IF_ERROR(EnqueueAttention(l, shape, in));
+      LOOM_RETURN_IF_ERROR(
+          Gemm(attn.data(), layer.attn_output, nullptr, proj.data(), dtype, T, H, q_dim));
+
+      norm.x = proj.data();
+      norm.residual = residual.data();
+      norm.weight = static_cast<const float*>(layer.ffn_norm.data());
+      LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(norm, stream));
+      LOOM_RETURN_IF_ERROR(
+          Gemm(normed.data(), layer.gate_up, nullptr, gate_up.data(), dtype, T, 2 * ffn, H));
+      LOOM_RETURN_IF_ERROR(
+          kc::LaunchSiluMul({gate_up.data(), act.data(), dtype, T, ffn}, stream));
+      LOOM_RETURN_IF_ERROR(Gemm(act.data(), layer.down, nullptr, proj.data(), dtype, T, H, ffn));
+    }
+    if (S == 0) return absl::OkStatus();
+
+    // Final norm and LM head for the sample rows only: their residual and last MLP
+    // output, summed by the fused norm.
+    kc::GatherRowsParams gather;
+    gather.indices = in + shape.sample_rows();
+    gather.src_dtype = dtype;
+    gather.dst_dtype = dtype;
+    gather.num_rows = T;
+    gather.row_size = H;
+    gather.num_indices = S;
+    gather.table = residual.data();
+    gather.out = final_residual.data();
+    LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(gather, stream));
+    gather.table = proj.data();
+    gather.out = final_proj.data();
+    LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(gather, stream));
+    kc::RmsNormParams norm;
+    norm.x = final_proj.data();
+    norm.residual = final_residual.data();
+    norm.weight = static_cast<const float*>(output_norm.data());
+    norm.out = final_normed.data();
+    norm.dtype = dtype;
+    norm.eps = eps;
+    norm.num_tokens = S;
+    norm.hidden = H;
+    LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(norm, stream));
+    return Gemm(final_normed.data(), lm_head.data() != nullptr ? lm_head : embedding, nullptr,
+                logits.data(), DataType::kF32, S, config.vocab_size, H);
+  }
+
+  // Captures EnqueueForward(shape) into a graph; the stream is out of capture mode on
+  // every path.
+  absl::StatusOr<cudaGraphExec_t> Capture(const StepShape& shape) {
+    LOOM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status enqueued = EnqueueForward(shape);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (!enqueued.ok()) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      return enqueued;
+    }
+    LOOM_CUDA_RETURN_IF_ERROR(ended);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    LOOM_CUDA_RETURN_IF_ERROR(instantiated);
+    return exec;
+  }
+
+  absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits_out) {
+    const int64_t n = batch.num_tokens();
+    const int64_t num_sampled = static_cast<int64_t>(batch.sample_rows.size());
+    int64_t max_context = 1;
+    for (int32_t position : batch.positions)
+      max_context = std::max<int64_t>(max_context, position + 1);
+    // A decode step (one query token per sequence) of up to 256 sequences runs padded to
+    // its bucket's shape, graphs on or off, so both give the same bits; with graphs on it
+    // replays the bucket's graph.
+    const bool decode = n == batch.num_seqs();
+    const int64_t bucket = decode ? GraphBatchBucket(n) : 0;
+    const bool padded = bucket > 0 && num_sampled <= bucket;
+    const bool graphed = padded && use_graphs;
+
+    StepBatch step = ExpandToSingleTokenSequences(batch, block_size);
+    if (padded) {
+      PadDecodeBatch(step, bucket, bucket, static_cast<int32_t>(scratch_block), block_size);
+    }
+    StepShape shape;
+    shape.num_tokens = step.num_tokens();
+    shape.num_samples = static_cast<int64_t>(step.sample_rows.size());
+    shape.num_block_entries = static_cast<int64_t>(step.block_indices.size());
+    shape.max_context_len = padded ? ContextBucket(max_context) : max_context;
+    LOOM_RETURN_IF_ERROR(EnsureCapacity(shape));
+    PackInputs(step, shape);
+    LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(inputs.data(), staging,
+                                              shape.input_elements() * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, stream));
+    const std::pair<int64_t, int64_t> key{bucket, shape.max_context_len};
+    if (graphed && graphs.contains(key)) {
+      LOOM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graphs[key], stream));
+      ++stats.graph_replays;
+    } else if (graphed && warmed.contains(key)) {
+      LOOM_ASSIGN_OR_RETURN(cudaGraphExec_t exec, Capture(shape));
+      graphs[key] = exec;
+      ++stats.graph_captures;
+      LOOM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+      ++stats.graph_replays;
+    } else {
+      LOOM_RETURN_IF_ERROR(EnqueueForward(shape));
+      if (graphed) warmed.insert(key);
+      ++stats.eager_steps;
+    }
+    logits_out.resize(num_sampled * config.vocab_size);
+    if (num_sampled > 0) {
+      LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_out.data(), logits.data(),
+                                                logits_out.size() * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream));
+    }
+    return kc::SynchronizeStream(stream);
+  }
+};
+
+CudaModelRunner::~CudaModelRunner() = default;
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    const common::GgufFile& gguf, const CudaRunnerOptions& options) {
+  const int device_count = kernels::CudaDeviceCount();
+  if (device_count == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the CUDA runner needs a CUDA device and found none (%s)",
+        kernels::CudaDeviceDescription(0)));
+  }
+  if (options.device < 0 || options.device >= device_count) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CUDA device %d does not exist (%d visible)", options.device, device_count));
+  }
+  if (options.tp_size > 1) {
+    return absl::UnimplementedError(
+        "tensor parallelism on the CUDA runner is not implemented yet (use the CPU runner)");
+  }
+  if (options.dtype != DataType::kF16 && options.dtype != DataType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: activation dtype %s unsupported (F16, BF16)",
+                        kc::DataTypeName(options.dtype)));
+  }
+  if (options.kv_dtype != options.dtype) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: KV dtype %s must equal the activation dtype %s (the decode kernel reads "
+        "queries in the cache's type)",
+        kc::DataTypeName(options.kv_dtype), kc::DataTypeName(options.dtype)));
+  }
+  if (options.block_size < 1 || options.block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: block size %d must be in [1, 1024]", options.block_size));
+  }
+  if (options.num_kv_blocks < 0 ||
+      (options.num_kv_blocks == 0 &&
+       !(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: give num_kv_blocks > 0 or a kv_memory_fraction in (0, 1] (got %d, %g)",
+        options.num_kv_blocks, options.kv_memory_fraction));
+  }
+  if (options.max_num_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: max_num_tokens %d must be >= 1", options.max_num_tokens));
+  }
+  LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: head dim %d unsupported by the decode attention kernel (64, 128)",
+        config.head_dim));
+  }
+  if (config.hidden_size > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: hidden size %d above 65536", config.hidden_size));
+  }
+
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  s.device = options.device;
+  LOOM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  s.dtype = options.dtype;
+  s.kv_dtype = options.kv_dtype;
+  s.use_graphs = options.cuda_graphs;
+  s.block_size = options.block_size;
+  LOOM_ASSIGN_OR_RETURN(s.num_sms, kc::CurrentDeviceSmCount());
+  LOOM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  LOOM_ASSIGN_OR_RETURN(s.gemm, kc::GemmHandle::Create(s.stream));
+
+  // Weights: loaded like the CPU runner's, each matrix dequantized on the host and
+  // uploaded once in dtype (the host copies are freed when this function returns).
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(gguf, 0, 1));
+  s.config = weights->config;
+  const common::ModelConfig& c = s.config;
+  s.neox = c.architecture != "llama" && c.architecture != "mistral";
+  s.q_dim = c.num_heads * c.head_dim;
+  s.kv_dim = c.num_kv_heads * c.head_dim;
+  s.qkv_dim = s.q_dim + 2 * s.kv_dim;
+  LOOM_ASSIGN_OR_RETURN(s.embedding, UploadMatrix(weights->token_embedding, s.dtype));
+  if (weights->output != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(s.lm_head, UploadMatrix(*weights->output, s.dtype));
+  }
+  LOOM_ASSIGN_OR_RETURN(s.output_norm, UploadFloats(weights->output_norm));
+  LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(weights->rope_inv_freq));
+  for (const LayerWeights& layer : weights->layers) {
+    State::Layer& device_layer = s.layers.emplace_back();
+    LOOM_ASSIGN_OR_RETURN(device_layer.attn_norm, UploadFloats(layer.attn_norm));
+    LOOM_ASSIGN_OR_RETURN(device_layer.qkv, UploadMatrix(layer.qkv, s.dtype));
+    if (!layer.qkv_bias.empty()) {
+      LOOM_ASSIGN_OR_RETURN(device_layer.qkv_bias, UploadFloats(layer.qkv_bias));
+    }
+    LOOM_ASSIGN_OR_RETURN(device_layer.attn_output, UploadMatrix(layer.attn_output, s.dtype));
+    LOOM_ASSIGN_OR_RETURN(device_layer.ffn_norm, UploadFloats(layer.ffn_norm));
+    LOOM_ASSIGN_OR_RETURN(device_layer.gate_up, UploadMatrix(layer.gate_up, s.dtype));
+    LOOM_ASSIGN_OR_RETURN(device_layer.down, UploadMatrix(layer.down, s.dtype));
+  }
+  int64_t weight_bytes = static_cast<int64_t>(s.embedding.bytes() + s.lm_head.bytes());
+  for (const State::Layer& layer : s.layers) {
+    weight_bytes += static_cast<int64_t>(layer.qkv.bytes() + layer.attn_output.bytes() +
+                                         layer.gate_up.bytes() + layer.down.bytes());
+  }
+  std::string load_log = weights->load_log;
+  weights.reset();
+
+  // Activations and workspaces before the KV pool, which takes a share of what is left:
+  // max_num_tokens tokens, every decode bucket's sample rows and graph inputs.
+  const int64_t max_blocks_per_seq = (c.context_length + s.block_size - 1) / s.block_size;
+  StepShape reserve;
+  reserve.num_tokens = std::max(options.max_num_tokens, kMaxGraphBatch);
+  reserve.num_samples = kMaxGraphBatch;
+  reserve.num_block_entries =
+      std::min<int64_t>(kMaxGraphBatch * max_blocks_per_seq, int64_t{1} << 22);
+  reserve.max_context_len = ContextBucket(c.context_length);
+  LOOM_RETURN_IF_ERROR(s.EnsureCapacity(reserve));
+  for (int64_t bucket : kGraphBatchBuckets) {
+    LOOM_ASSIGN_OR_RETURN(const bool moved,
+                          Reserve(s.attn_workspace,
+                                  s.DecodeWorkspaceBytes(bucket, ContextBucket(c.context_length))));
+    (void)moved;
+  }
+
+  // The KV pool: one extra block (the scratch block graph padding writes to and reads).
+  const int64_t block_bytes = KvBytesPerBlock(c, s.block_size, s.kv_dtype);
+  const int64_t max_blocks = INT32_MAX / s.block_size - 1;  // slot ids are int32
+  int64_t num_blocks = options.num_kv_blocks;
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (num_blocks == 0) {
+    num_blocks =
+        static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_memory_fraction) /
+            block_bytes -
+        1;
+  }
+  num_blocks = std::min(num_blocks, max_blocks);
+  if (num_blocks < 1) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "CUDA runner: no room for a KV block of %d bytes (%d bytes free on the device)",
+        block_bytes, free_bytes));
+  }
+  s.num_blocks = num_blocks;
+  s.scratch_block = num_blocks;
+  s.kv_layer_bytes = (num_blocks + 1) * s.block_size * s.kv_dim * kc::ElementBytes(s.kv_dtype);
+  LOOM_ASSIGN_OR_RETURN(
+      s.kv_pool, DeviceBuffer::Allocate(static_cast<size_t>(2 * c.num_layers * s.kv_layer_bytes)));
+  // Zeros, so the scratch block (and any block read before written) holds finite values.
+  LOOM_RETURN_IF_ERROR(s.kv_pool.Fill(0));
+  // cudaMemset and the uploads ran on the legacy default stream, which the runner's
+  // non-blocking stream does not wait for: finish them before the first step.
+  LOOM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+
+  absl::StrAppendFormat(
+      &load_log,
+      "  every matrix dequantized to %s on the host and uploaded (quantized GEMM on the GPU is "
+      "not built yet)\n"
+      "  device %d: %s; weights %.1f MiB (as %s), KV pool %d blocks x %d tokens (%s, %.1f MiB, "
+      "+1 scratch block); CUDA graphs %s\n",
+      kc::DataTypeName(s.dtype), s.device, kernels::CudaDeviceDescription(s.device),
+      static_cast<double>(weight_bytes) / (1 << 20), kc::DataTypeName(s.dtype), num_blocks,
+      s.block_size, kc::DataTypeName(s.kv_dtype),
+      static_cast<double>(num_blocks * block_bytes) / (1 << 20), s.use_graphs ? "on" : "off");
+
+  std::unique_ptr<CudaModelRunner> runner(new CudaModelRunner(std::move(state)));
+  runner->config_ = runner->state_->config;
+  runner->num_kv_blocks_ = num_blocks;
+  runner->block_size_ = options.block_size;
+  runner->load_log_ = std::move(load_log);
+  return runner;
+}
+
+absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& logits) {
+  State& s = *state_;
+  if (!s.broken.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA runner stopped after an earlier device error: ", s.broken.message()));
+  }
+  LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
+                                         num_kv_blocks_, block_size_));
+  absl::Status status = CudaStatus(cudaSetDevice(s.device), "cudaSetDevice");
+  if (status.ok()) status = s.RunStep(batch, logits);
+  // An allocation that did not fit leaves the device as it was (nothing was enqueued);
+  // anything else may have left a half-written KV pool or a broken context.
+  if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted) s.broken = status;
+  return status;
+}
+
+CudaModelRunner::Stats CudaModelRunner::stats() const { return state_->stats; }
+
+#endif  // LOOM_HAVE_CUDA
+
+}  // namespace loom::worker

@@ -1,0 +1,119 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "kernels/cuda/types.h"
+#include "worker/communicator.h"
+#include "worker/forward_pass.h"
+#include "worker/step_batch.h"
+
+namespace loom::worker {
+
+struct CudaRunnerOptions {
+  int device = 0;  // CUDA device index (after CUDA_VISIBLE_DEVICES)
+  // KV pool size in blocks; 0: kv_memory_fraction of the device memory still free once
+  // the weights, activations and workspaces are allocated.
+  int64_t num_kv_blocks = 0;
+  double kv_memory_fraction = 0.9;  // in (0, 1]; used when num_kv_blocks is 0
+  int64_t block_size = 16;          // tokens per KV block, in [1, 1024]
+  // Weights and activations: F16 or BF16 (F32 accumulation in every GEMM and kernel).
+  kernels::cuda::DataType dtype = kernels::cuda::DataType::kF16;
+  // KV pool: F16 or BF16, equal to dtype (the decode kernel reads Q in the cache's type).
+  kernels::cuda::DataType kv_dtype = kernels::cuda::DataType::kF16;
+  // Capture decode steps (every sequence one query token, at most 256 sequences) as CUDA
+  // graphs per batch-size bucket and replay them; off: every step runs eagerly.
+  bool cuda_graphs = true;
+  // Activations are allocated for this many tokens per step before the KV pool takes its
+  // share of free memory; a larger step grows them (and may then run out of memory).
+  int64_t max_num_tokens = 2048;
+  // Tensor parallelism is not implemented on CUDA yet (Create answers Unimplemented for
+  // tp_size > 1); the fields mirror ModelRunnerOptions so an NcclCommunicator plugs in here.
+  int tp_rank = 0;
+  int tp_size = 1;
+  Communicator* communicator = nullptr;
+};
+
+/// The llama-family forward pass on one CUDA device: the same computation as the CPU
+/// ModelRunner (embedding → [RMSNorm → QKV(+bias) → RoPE → paged-KV write → paged
+/// attention → O → RMSNorm(+residual) → gate/up → SiLU·mul → down] × L → final norm →
+/// LM head for the sample rows only), with F16/BF16 weights and activations in device
+/// memory, cuBLAS GEMMs and the kernels of kernels/cuda, all on one stream.
+///
+/// Quantized GGUF weights are dequantized on the host at load (the quantized GEMM is a
+/// separate issue). Decode steps are captured as CUDA graphs per (batch-size bucket,
+/// context bucket) and replayed. Prefill tokens run through the decode attention kernel,
+/// one pseudo-sequence per token (correct causal attention, slower than a prefill kernel).
+///
+/// Every CUDA error is a Status naming the call; after one (other than a rejected batch
+/// or an allocation that did not fit) the runner refuses every later step rather than
+/// risk wrong results. Not thread-safe: one step at a time (from any thread).
+class CudaModelRunner : public ForwardPass {
+ public:
+  /// Loads the weights onto options.device, allocates activations and the KV pool.
+  /// FailedPrecondition when Loom was built without CUDA or there is no such device;
+  /// InvalidArgument for options or a model the CUDA kernels cannot run (head dims other
+  /// than 64 and 128, ...); Unimplemented for tensor parallelism.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
+      const common::GgufFile& gguf, const CudaRunnerOptions& options);
+
+  /// Bytes one KV block takes in the pool (K and V of every layer).
+  static int64_t KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
+                                 kernels::cuda::DataType kv_dtype);
+
+  ~CudaModelRunner() override;
+
+  /// Runs one step (see ForwardPass::Step); logits come back as F32. InvalidArgument (nothing
+  /// touched) for a batch ValidateStepBatch rejects; FailedPrecondition once an earlier
+  /// device error made the runner unusable.
+  absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
+
+  const common::ModelConfig& config() const override { return config_; }
+  int64_t num_kv_blocks() const override { return num_kv_blocks_; }
+  int64_t block_size() const override { return block_size_; }
+  /// One line per weight conversion, then the device, memory and graph settings.
+  const std::string& load_log() const { return load_log_; }
+
+  /// How steps ran so far (for tests and logs).
+  struct Stats {
+    int64_t eager_steps = 0;     // every step not replayed from a graph
+    int64_t graph_captures = 0;  // graphs captured (a bucket's second decode step)
+    int64_t graph_replays = 0;   // steps run by replaying a captured graph
+  };
+  Stats stats() const;
+
+ private:
+  struct State;  // everything on the device (defined only where CUDA is built)
+  explicit CudaModelRunner(std::unique_ptr<State> state);
+
+  std::unique_ptr<State> state_;
+  common::ModelConfig config_;
+  int64_t num_kv_blocks_ = 0;  // blocks the coordinator may use (the pool has one more)
+  int64_t block_size_ = 0;
+  std::string load_log_;
+};
+
+/// The step the CUDA runner's attention runs for `batch` while it has only the decode
+/// kernel: every query token becomes its own one-token sequence with context_len =
+/// position + 1 over the first ceil((position + 1) / block_size) blocks of its sequence's
+/// table, which is exactly causal attention (this step's K/V are written before attention
+/// reads them). Token ids, positions, slots and sample rows are unchanged; a batch
+/// ValidateStepBatch accepts stays accepted. A decode step maps to itself (up to trailing
+/// blocks). Slower than a multi-token kernel (each token re-reads its prefix): when
+/// kernels/cuda/prefill_attention lands, the runner calls it for multi-token sequences
+/// instead. Exposed for tests (the CPU runner checks it gives the same logits).
+StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size);
+
+/// Pads a batch of one-token sequences to `num_seqs` sequences (a CUDA graph bucket) and
+/// `num_samples` sample rows: dummy token 0 at position 0 writing slot
+/// scratch_block * block_size, its table {scratch_block}; extra sample rows repeat row 0.
+/// The real rows' results do not change. Exposed for tests.
+void PadDecodeBatch(StepBatch& batch, int64_t num_seqs, int64_t num_samples,
+                    int32_t scratch_block, int64_t block_size);
+
+}  // namespace loom::worker
