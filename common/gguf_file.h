@@ -55,6 +55,9 @@ class GgufValue {
   absl::StatusOr<std::string_view> AsString() const;
   /// The elements of an array; FailedPrecondition for non-arrays.
   absl::StatusOr<const Array*> AsArray() const;
+  /// The stored value itself (uint64 for unsigned types, int64 for signed, double for
+  /// floats): what GgufWriter re-encodes, so values round-trip bit for bit.
+  const Storage& storage() const { return storage_; }
 
  private:
   GgufValueType type_ = GgufValueType::kUint8;

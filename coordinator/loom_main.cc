@@ -12,6 +12,8 @@
 #include "coordinator/tokenize_command.h"
 #include "coordinator/up_command.h"
 #include "worker/generate_command.h"
+#include "worker/perplexity_command.h"
+#include "worker/quantize_command.h"
 
 namespace {
 
@@ -30,6 +32,10 @@ constexpr Command kCommands[] = {
      "show a model's configuration, tokenizer and chat template"},
     {"generate", loom::worker::RunGenerateCommand,
      "generate a continuation of a prompt in this process (CPU engine)"},
+    {"quantize", loom::worker::RunQuantizeCommand,
+     "write a model with INT8/INT4 (RTN or AWQ), F16 or F32 linear layers"},
+    {"perplexity", loom::worker::RunPerplexityCommand,
+     "perplexity of a text under a model, sliding window (CPU engine)"},
     {"bench", loom::coordinator::RunBenchCommand,
      "load-test a running cluster (throughput, TTFT/TPOT/ITL/e2e, goodput)"},
     {"tokenize", loom::coordinator::RunTokenizeCommand, "print the token ids of a text"},

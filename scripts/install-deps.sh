@@ -19,6 +19,11 @@ apt_packages=(
   golang-gopkg-yaml.v2-dev golang-gopkg-yaml.v3-dev
 )
 
+# Text corpus for `loom quantize --method awq` calibration and `loom perplexity` (tests and
+# bench/quantization_bench.py): the Python documentation's reST sources, plain text under
+# /usr/share/doc/python3.11/html/_sources (library/ calibrates, tutorial/ is held out).
+apt_packages+=(python3-doc)
+
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,6 +34,11 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -d /usr/share/doc/python3.11/html/_sources/tutorial ]; then
+  echo "install-deps: warning: python3-doc is installed but its text is not (a dpkg path-exclude" \
+    "for /usr/share/doc?); the quantization tests and bench need it" >&2
 fi
 
 # Python: tests, references and the client SDK only (never the serving path).

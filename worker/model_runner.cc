@@ -118,6 +118,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
       cpu::AddRmsNorm(residual_.data(), proj_.data(), layer.attn_norm.data(), eps, T, H,
                       normed_.data());
     }
+    if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kQkv, normed_.data(), T);
     LOOM_RETURN_IF_ERROR(cpu::Matmul({normed_.data(), &layer.qkv,
                                       layer.qkv_bias.empty() ? nullptr : layer.qkv_bias.data(),
                                       qkv_.data(), T},
@@ -132,14 +133,17 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
     attention.cache = kv_cache_->layer(static_cast<int64_t>(l));
     LOOM_RETURN_IF_ERROR(cpu::WriteKv(attention.cache, k_.data(), v_.data(), batch.slots.data(), T));
     LOOM_RETURN_IF_ERROR(cpu::PagedAttention(attention, *pool_));
+    if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kAttnOutput, attn_.data(), T);
     LOOM_RETURN_IF_ERROR(
         cpu::Matmul({attn_.data(), &layer.attn_output, nullptr, proj_.data(), T}, *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));
     cpu::AddRmsNorm(residual_.data(), proj_.data(), layer.ffn_norm.data(), eps, T, H,
                     normed_.data());
+    if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kGateUp, normed_.data(), T);
     LOOM_RETURN_IF_ERROR(
         cpu::Matmul({normed_.data(), &layer.gate_up, nullptr, gate_up_.data(), T}, *pool_));
     cpu::SiluMul(gate_up_.data(), T, ffn, act_.data());
+    if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kDown, act_.data(), T);
     LOOM_RETURN_IF_ERROR(cpu::Matmul({act_.data(), &layer.down, nullptr, proj_.data(), T}, *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));
   }

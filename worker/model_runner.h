@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,20 @@ struct ModelRunnerOptions {
   Communicator* communicator = nullptr;
 };
 
+/// Which linear layer's input an ActivationObserver sees.
+enum class LinearInput {
+  kQkv,         // the attention RMSNorm's output, [T, hidden]
+  kAttnOutput,  // the attention output, [T, local heads * head_dim]
+  kGateUp,      // the FFN RMSNorm's output, [T, hidden]
+  kDown,        // SiLU(gate) * up, [T, local ffn]
+};
+
+/// Called during Step with (layer index, which input, the input activations
+/// [num_tokens, in_features] row-major, num_tokens): calibration for `loom quantize`.
+/// `x` is valid only during the call.
+using ActivationObserver =
+    std::function<void(int64_t layer, LinearInput input, const float* x, int64_t num_tokens)>;
+
 /// The llama-family forward pass on the CPU backend, written once against the kernel
 /// launch functions: embedding → [RMSNorm → QKV → RoPE → paged-KV write → paged
 /// attention → O → RMSNorm → gate/up → SiLU·mul → down] × L → final norm → LM head,
@@ -50,6 +65,9 @@ class ModelRunner : public ForwardPass {
   int64_t block_size() const override { return kv_cache_->block_size(); }
   int64_t num_kv_blocks() const override { return kv_cache_->num_blocks(); }
   int num_threads() const { return pool_->num_threads(); }
+  /// Installs (or, with nullptr, removes) an observer of every linear layer's input;
+  /// none by default, and then Step pays nothing for it.
+  void SetActivationObserver(ActivationObserver observer) { observer_ = std::move(observer); }
 
  private:
   ModelRunner() = default;
@@ -58,6 +76,7 @@ class ModelRunner : public ForwardPass {
   std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
   Communicator* communicator_ = nullptr;  // tensor parallel only
+  ActivationObserver observer_;            // empty unless calibrating
 
   // Scratch, grown to the largest step seen. Shapes for a step of T tokens:
   std::vector<float> residual_;  // [T, hidden]

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/quantize.h"
+#include "worker/quantized_gguf.h"
 
 namespace loom::worker {
 namespace {
@@ -56,6 +58,11 @@ class Loader {
   // contiguous byte range of the file, so a tensor-parallel rank reads only its part.
   absl::StatusOr<PackedWeight> MatrixRows(const std::string& name, int64_t rows, int64_t cols,
                                           std::pair<int64_t, int64_t> range) {
+    if (IsLoomQuantized(gguf_, name)) {
+      LOOM_ASSIGN_OR_RETURN(kernels::cpu::QuantizedMatrix matrix,
+                            ReadQuantizedRows(gguf_, name, rows, cols, range.first, range.second));
+      return PackLoom(name, matrix);
+    }
     LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
     LOOM_RETURN_IF_ERROR(
         CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
@@ -69,6 +76,18 @@ class Loader {
   absl::StatusOr<PackedWeight> MatrixColumns(const std::string& name, int64_t rows, int64_t cols,
                                              std::pair<int64_t, int64_t> range) {
     if (range.first == 0 && range.second == cols) return Matrix(name, rows, cols);
+    if (IsLoomQuantized(gguf_, name)) {
+      LOOM_ASSIGN_OR_RETURN(kernels::cpu::QuantizedMatrix matrix,
+                            ReadQuantizedRows(gguf_, name, rows, cols, 0, rows));
+      absl::StatusOr<kernels::cpu::QuantizedMatrix> slice =
+          kernels::cpu::SliceColumns(matrix, range.first, range.second);
+      if (!slice.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", name,
+                                                       " cannot be split for tensor parallelism: ",
+                                                       slice.status().message()));
+      }
+      return PackLoom(name, *slice);
+    }
     LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
     LOOM_RETURN_IF_ERROR(
         CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
@@ -122,6 +141,18 @@ class Loader {
   absl::StatusOr<PackedWeight> Pack(const std::string& name, common::GgmlType type,
                                     const uint8_t* data, int64_t rows, int64_t cols) {
     absl::StatusOr<PackedWeight> packed = kernels::cpu::PackWeight(type, data, rows, cols);
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat("tensor ", name, ": ", packed.status().message()));
+    }
+    conversions_[packed->source]++;
+    return packed;
+  }
+
+  // A matrix in Loom's own INT8/INT4 encoding: packed without loss.
+  absl::StatusOr<PackedWeight> PackLoom(const std::string& name,
+                                        const kernels::cpu::QuantizedMatrix& matrix) {
+    absl::StatusOr<PackedWeight> packed = kernels::cpu::PackQuantized(matrix);
     if (!packed.ok()) {
       return absl::Status(packed.status().code(),
                           absl::StrCat("tensor ", name, ": ", packed.status().message()));
@@ -196,6 +227,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
         "rope dimension %d must be even and at most the head dim %d", config.rope_dim,
         config.head_dim));
   }
+  LOOM_RETURN_IF_ERROR(CheckQuantizationVersion(gguf));
   LOOM_ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(config, tp_rank, tp_size));
   auto weights = std::make_unique<ModelWeights>();
   Loader loader(gguf);

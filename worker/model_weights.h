@@ -48,6 +48,8 @@ struct ModelWeights {
 /// Reads and converts every weight (of rank `tp_rank`'s slice when `tp_size` > 1: only
 /// those bytes of the file are read); InvalidArgument naming the tensor for a missing
 /// tensor or a shape that does not match the config, or naming what does not divide.
+/// Matrices in Loom's own INT8/INT4 encoding (`loom quantize`, worker/quantized_gguf.h)
+/// are packed without loss.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
                                                               int tp_rank = 0, int tp_size = 1);
 
