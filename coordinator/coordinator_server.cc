@@ -12,6 +12,7 @@
 #include "common/model_fingerprint.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "worker/step_executor.h"
 
 namespace loom::coordinator {
 
@@ -33,6 +34,11 @@ const char kServeFlagsHelp[] =
     "  --heartbeat-timeout-ms MS    a worker silent this long is dead (default 5000)\n"
     "  --drain-timeout-s S          on SIGTERM, wait this long for requests (default 30)\n"
     "  --prefix-caching on|off      reuse cached KV blocks of shared prefixes (default on)\n"
+    "  --speculative-tokens K       speculative decoding (n-gram lookup, or the worker's draft\n"
+    "                               model): drafts per step at most, 0 = off (default 0);\n"
+    "                               requests override with num_speculative_tokens\n"
+    "  --speculative-adaptive on|off  pick each step's drafts from the measured acceptance\n"
+    "                               and step cost, off when it does not pay (default on)\n"
     "  --routing POLICY             prefix (default), round-robin or least-loaded\n"
     "  --router-load-weight W       prefix routing: score weight per token of load (default "
     "0.5)\n"
@@ -87,6 +93,16 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
       replica.enable_prefix_caching = value == "on";
     } else {
       error = absl::StrFormat("--prefix-caching needs on or off, got '%s'", value);
+    }
+  } else if (flag == "--speculative-tokens") {
+    if (need_number(0, worker::kMaxSpeculativeTokens)) {
+      replica.speculation.num_speculative_tokens = static_cast<int32_t>(number);
+    }
+  } else if (flag == "--speculative-adaptive") {
+    if (value == "on" || value == "off") {
+      replica.speculation.adaptive = value == "on";
+    } else {
+      error = absl::StrFormat("--speculative-adaptive needs on or off, got '%s'", value);
     }
   } else if (flag == "--routing") {
     absl::StatusOr<RoutingPolicy> policy = ParseRoutingPolicy(value);

@@ -68,6 +68,8 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
       response.set_prompt_tokens(prompt_tokens);
       response.set_completion_tokens(completion_tokens);
       response.set_cached_prompt_tokens(event->cached_prompt_tokens);
+      response.set_num_draft_tokens(event->num_draft_tokens);
+      response.set_num_accepted_tokens(event->num_accepted_tokens);
     }
     if (!writer->Write(response)) {
       live->Cancel();

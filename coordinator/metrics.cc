@@ -96,6 +96,10 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                            .Help("Finished requests by finish reason (stop, length, abort, "
                                  "error).")
                            .Register(*registry_)),
+      spec_drafts_(BuildCounter()
+                       .Name("loom_spec_decode_num_drafts_total")
+                       .Help("Speculative steps (each verifies one sequence's drafts).")
+                       .Register(*registry_)),
       spec_drafted_(BuildCounter()
                         .Name("loom_spec_decode_num_draft_tokens_total")
                         .Help("Tokens proposed by speculative decoding.")
@@ -147,6 +151,7 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
   ttft_.Add(Model(), kTtftBuckets);
   itl_.Add(Model(), kItlBuckets);
   e2e_.Add(Model(), kRequestLatencyBuckets);
+  spec_drafts_.Add(Model());
   spec_drafted_.Add(Model());
   spec_accepted_.Add(Model());
 }
@@ -160,6 +165,10 @@ void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
   prompt_length_.Add(Model(), TokenBuckets()).Observe(static_cast<double>(record.prompt_tokens));
   generation_length_.Add(Model(), TokenBuckets())
       .Observe(static_cast<double>(record.generation_tokens));
+  if (record.num_speculative_steps > 0) {
+    RecordSpeculation(record.num_speculative_steps, record.num_draft_tokens,
+                      record.num_accepted_tokens);
+  }
   // Prefix-cache lookups: every scheduled prompt was looked up on the replica it ran on.
   if (record.queue_seconds >= 0 && !record.replica_id.empty()) {
     RecordPrefixCacheQuery(record.replica_id, record.prompt_tokens, record.cached_prompt_tokens);
@@ -187,7 +196,8 @@ void CoordinatorMetrics::RecordPrefixCacheQuery(const std::string& replica_id, i
   prefix_hits_.Add(Replica(replica_id)).Increment(static_cast<double>(hits));
 }
 
-void CoordinatorMetrics::RecordSpeculation(int64_t drafted, int64_t accepted) {
+void CoordinatorMetrics::RecordSpeculation(int64_t drafts, int64_t drafted, int64_t accepted) {
+  spec_drafts_.Add(Model()).Increment(static_cast<double>(drafts));
   spec_drafted_.Add(Model()).Increment(static_cast<double>(drafted));
   spec_accepted_.Add(Model()).Increment(static_cast<double>(accepted));
 }

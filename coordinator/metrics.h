@@ -22,6 +22,9 @@ struct RequestRecord {
   int64_t prompt_tokens = 0;
   int64_t generation_tokens = 0;
   int64_t cached_prompt_tokens = 0;
+  int64_t num_speculative_steps = 0;  // steps that verified drafts (possibly none found)
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
   double queue_seconds = -1;    // arrival to first scheduled
   double ttft_seconds = -1;     // arrival to first token
   double prefill_seconds = -1;  // first scheduled to first token
@@ -44,8 +47,8 @@ class CoordinatorMetrics {
   void RecordInterTokenLatency(double seconds);
   /// Prefix-cache lookups at admission: prompt tokens queried and found cached.
   void RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried, int64_t hits);
-  /// Speculative decoding: tokens drafted and accepted in a step.
-  void RecordSpeculation(int64_t drafted, int64_t accepted);
+  /// Speculative decoding: steps that proposed drafts, tokens drafted and accepted.
+  void RecordSpeculation(int64_t drafts, int64_t drafted, int64_t accepted);
 
   /// Gauges (running, waiting, KV usage, preemptions...) from a cluster snapshot; called
   /// just before each scrape, so nothing in the step loop touches them.
@@ -79,6 +82,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& prompt_tokens_;
   prometheus::Family<prometheus::Counter>& generation_tokens_;
   prometheus::Family<prometheus::Counter>& request_success_;
+  prometheus::Family<prometheus::Counter>& spec_drafts_;
   prometheus::Family<prometheus::Counter>& spec_drafted_;
   prometheus::Family<prometheus::Counter>& spec_accepted_;
   prometheus::Family<prometheus::Histogram>& ttft_;

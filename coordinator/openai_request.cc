@@ -168,6 +168,10 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
   base.set_priority(static_cast<int32_t>(priority.value_or(0)));
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> salt, String(body, "cache_salt"));
   base.set_cache_salt(salt.value_or(""));
+  // Loom's extension (vLLM sets speculation per server only): drafts per step at most.
+  LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> drafts,
+                        Integer(body, "num_speculative_tokens", 0, 1 << 20));
+  if (drafts) base.set_num_speculative_tokens(static_cast<int32_t>(*drafts));
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> user, String(body, "user"));
   out.user = user.value_or("");
 

@@ -231,6 +231,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.max_num_seqs = options_.max_num_seqs;
   config.max_waiting = std::numeric_limits<int32_t>::max();  // bounded in Submit
   config.enable_prefix_caching = options_.enable_prefix_caching;
+  config.speculation = options_.speculation;
   config.record_kv_events = kv_index_ != nullptr;
   scheduler_ = std::make_unique<Scheduler>(config);
   block_size_.store(endpoint.block_size);
@@ -277,6 +278,9 @@ void Replica::AdmitInbox() {
     seq->prompt_ids = params.prompt_ids;
     seq->sampling = params.sampling;
     seq->max_tokens = params.max_tokens;
+    seq->max_speculative_tokens = params.num_speculative_tokens >= 0
+                                      ? params.num_speculative_tokens
+                                      : options_.speculation.num_speculative_tokens;
     // The cluster hashed the prompt for placement; the scheduler continues that chain.
     if (request->hashed_block_size() == scheduler_->config().block_size) {
       seq->hash_seed = request->hash_seed();
@@ -340,6 +344,10 @@ bool Replica::SendPlans() {
                                               work.new_block_ids.end());
       scheduled->set_num_tokens(work.num_tokens);
       scheduled->set_sample(work.sample);
+      if (work.num_speculative_tokens > 0) {
+        scheduled->set_num_speculative_tokens(work.num_speculative_tokens);
+        record.speculative.insert(seq.seq_id);
+      }
       record.seq_ids.push_back(seq.seq_id);
     }
     plan.mutable_finished()->Add(out.finished.begin(), out.finished.end());
@@ -380,16 +388,36 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
     // The failed step may have written part of blocks already offered to the cache.
     scheduler_->ForgetPrefixCache();
   } else {
-    for (const loom::v1::SequenceOutput& output : result.outputs()) {
-      Sequence* seq = scheduler_->ApplyOutput(output.seq_id(), output.token_id());
+    scheduler_->RecordStep(result.num_tokens(), result.timings().execute_seconds());
+    // One sequence's outputs are consecutive: one token, or a speculative step's accepted
+    // drafts and next token.
+    const auto& outputs = result.outputs();
+    std::vector<int32_t>& token_ids = token_scratch_;
+    for (int begin = 0, end = 0; begin < outputs.size(); begin = end) {
+      const uint64_t seq_id = outputs[begin].seq_id();
+      token_ids.clear();
+      for (end = begin; end < outputs.size() && outputs[end].seq_id() == seq_id; ++end) {
+        token_ids.push_back(outputs[end].token_id());
+      }
+      const bool speculative = plan.speculative.contains(seq_id);
+      Sequence* seq = scheduler_->ApplyOutputs(seq_id, token_ids, speculative,
+                                               outputs[begin].num_draft_tokens(),
+                                               outputs[begin].num_accepted_tokens());
       if (seq == nullptr) continue;
-      auto it = requests_.find(output.seq_id());
+      auto it = requests_.find(seq_id);
       if (it == requests_.end()) continue;
-      load_tokens_.fetch_add(1);
-      if (it->second->OnToken(output, replica_id_)) {
-        scheduler_->Finish(output.seq_id());
-        Unload(*it->second);
-        requests_.erase(it);
+      if (speculative) {
+        it->second->AddSpeculation(outputs[begin].num_draft_tokens(),
+                                   outputs[begin].num_accepted_tokens());
+      }
+      for (int i = begin; i < end; ++i) {
+        load_tokens_.fetch_add(1);
+        if (it->second->OnToken(outputs[i], replica_id_)) {
+          scheduler_->Finish(seq_id);
+          Unload(*it->second);
+          requests_.erase(it);
+          break;
+        }
       }
     }
   }

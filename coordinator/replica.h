@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -32,6 +33,7 @@ struct ReplicaOptions {
   absl::Duration step_timeout = absl::Seconds(30);  // a step slower than this: worker hung
   int max_plans_in_flight = 2;                      // 2: build plan N+1 while N runs
   bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
+  SpeculationConfig speculation;                    // --speculative-tokens, --speculative-adaptive
 };
 
 /// Where a registered worker serves its step stream, and its KV pool.
@@ -94,6 +96,7 @@ class Replica {
   struct InFlightPlan {
     uint64_t step_id = 0;
     std::vector<uint64_t> seq_ids;  // every sequence the plan scheduled
+    absl::flat_hash_set<uint64_t> speculative;  // those it asked to speculate
     absl::Time sent;
   };
   // What the reader thread hands to the loop: a result, or the end of the stream.
@@ -148,6 +151,7 @@ class Replica {
   std::deque<InFlightPlan> in_flight_;
   uint64_t next_step_id_ = 1;
   uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;
+  std::vector<int32_t> token_scratch_;  // ApplyResult: one sequence's tokens of a result
   double schedule_seconds_ = 0, step_seconds_ = 0;
 
   std::thread loop_;

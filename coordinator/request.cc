@@ -43,6 +43,8 @@ std::optional<OutputEvent> OutputQueue::Pop(absl::Duration timeout) {
     event.error_message = std::move(next.error_message);
     if (!next.replica_id.empty()) event.replica_id = std::move(next.replica_id);
     event.cached_prompt_tokens = next.cached_prompt_tokens;
+    event.num_draft_tokens = next.num_draft_tokens;
+    event.num_accepted_tokens = next.num_accepted_tokens;
     events_.pop_front();
   }
   return event;
@@ -72,6 +74,9 @@ void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& r
   record.prompt_tokens = static_cast<int64_t>(params_.prompt_ids.size());
   record.generation_tokens = num_outputs_;
   record.cached_prompt_tokens = cached_prompt_tokens_;
+  record.num_speculative_steps = num_speculative_steps_;
+  record.num_draft_tokens = num_draft_tokens_;
+  record.num_accepted_tokens = num_accepted_tokens_;
   record.e2e_seconds = Seconds(now - arrival_).count();
   if (first_scheduled_) record.queue_seconds = Seconds(*first_scheduled_ - arrival_).count();
   if (first_token_) {
@@ -121,6 +126,8 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
   finished_ = event.final();
   if (finished_) {
     event.cached_prompt_tokens = cached_prompt_tokens_;
+    event.num_draft_tokens = num_draft_tokens_;
+    event.num_accepted_tokens = num_accepted_tokens_;
     RecordFinished(event.finish_reason, replica_id);
   }
   outputs_.Push(std::move(event));
@@ -139,6 +146,8 @@ void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
   event.error_message = std::move(error_message);
   if (num_outputs_ == 0) event.replica_id = replica_id;
   event.cached_prompt_tokens = cached_prompt_tokens_;
+  event.num_draft_tokens = num_draft_tokens_;
+  event.num_accepted_tokens = num_accepted_tokens_;
   RecordFinished(reason, replica_id);
   outputs_.Push(std::move(event));
 }
@@ -151,6 +160,12 @@ const std::vector<BlockHash>& Request::PromptBlockHashes(std::string_view model_
     hashed_block_size_ = block_size;
   }
   return prompt_block_hashes_;
+}
+
+void Request::AddSpeculation(int32_t drafted, int32_t accepted) {
+  ++num_speculative_steps_;
+  num_draft_tokens_ += drafted;
+  num_accepted_tokens_ += accepted;
 }
 
 }  // namespace loom::coordinator

@@ -31,6 +31,8 @@ struct OutputEvent {
   std::string error_message;
   std::string replica_id;
   int32_t cached_prompt_tokens = 0;  // on the final event: prompt tokens served from cache
+  int32_t num_draft_tokens = 0;      // on the final event: speculative drafts proposed
+  int32_t num_accepted_tokens = 0;   //   and accepted
   bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
 };
 
@@ -64,6 +66,8 @@ struct RequestParams {
   // Isolates this request's prefix-cache entries: only requests with the same salt share
   // cached blocks (a per-tenant secret). Empty: the shared default.
   std::string cache_salt;
+  // Speculative decoding: draft tokens per step at most; -1: the server's default.
+  int32_t num_speculative_tokens = -1;
 };
 
 /// One request in flight: its parameters, the client's queue, and the output processing
@@ -104,6 +108,10 @@ class Request {
   void set_cached_prompt_tokens(int32_t tokens) { cached_prompt_tokens_ = tokens; }
   int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
 
+  /// Records one speculative step's drafts and accepted drafts (replica loop only);
+  /// reported on the final event and to the metrics.
+  void AddSpeculation(int32_t drafted, int32_t accepted);
+
   /// Where the request's timeline goes (TTFT, inter-token gaps, queue/prefill/decode
   /// times, finish reason and token counts when it finishes); null: nowhere. Set before
   /// the request is placed.
@@ -135,6 +143,9 @@ class Request {
   StopStringMatcher stop_matcher_;
   int32_t num_outputs_ = 0;
   int32_t cached_prompt_tokens_ = 0;
+  int32_t num_speculative_steps_ = 0;
+  int32_t num_draft_tokens_ = 0;
+  int32_t num_accepted_tokens_ = 0;
   bool finished_ = false;
   BlockHash hash_seed_;
   std::vector<BlockHash> prompt_block_hashes_;

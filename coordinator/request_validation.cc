@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "worker/sampler.h"
+#include "worker/step_executor.h"
 
 namespace loom::coordinator {
 namespace {
@@ -93,6 +94,15 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
   params.ignore_eos = request.ignore_eos();
   params.priority = request.priority();
   params.cache_salt = request.cache_salt();
+  if (request.has_num_speculative_tokens()) {
+    const int32_t drafts = request.num_speculative_tokens();
+    if (drafts < 0 || drafts > worker::kMaxSpeculativeTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("num_speculative_tokens must be in [0, %d], got %d",
+                          worker::kMaxSpeculativeTokens, drafts));
+    }
+    params.num_speculative_tokens = drafts;
+  }
   return params;
 }
 

@@ -38,7 +38,7 @@ bool Scheduler::SchedulingOrder::operator()(const Sequence* a, const Sequence* b
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), block_manager_(config.num_blocks) {
+    : config_(config), block_manager_(config.num_blocks), speculation_policy_(config.speculation) {
   block_manager_.set_record_events(config.record_kv_events);
   // The replica validated its configuration; nonsense here is a bug.
   LOOM_CHECK(config.block_size > 0);
@@ -83,6 +83,7 @@ absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   seq->status = SequenceStatus::kWaiting;
   seq->num_computed = 0;
   seq->samples_in_flight = 0;
+  seq->speculative_in_flight = 0;
   seq->blocks.clear();
   seq->num_registered_blocks = 0;
   seq->num_cached_tokens = 0;
@@ -115,7 +116,8 @@ SchedulerOutput Scheduler::Schedule() {
   decode_candidates_.clear();
   prefill_candidates_.clear();
   for (Sequence* seq : running_) {
-    if (HasAllOutputs(*seq)) continue;
+    // A speculative step in flight: where it continues is known once its result is back.
+    if (HasAllOutputs(*seq) || seq->speculative_in_flight > 0) continue;
     const int32_t pending = PendingTokens(*seq);
     if (pending == 1) {
       decode_candidates_.push_back(seq);
@@ -124,11 +126,17 @@ SchedulerOutput Scheduler::Schedule() {
     }
   }
 
-  // (1) Decodes, one token each: they keep their streams moving.
-  for (Sequence* seq : decode_candidates_) {
+  // (1) Decodes, one token each (plus drafts when they speculate): they keep their
+  // streams moving.
+  ChooseSpeculation(budget);
+  for (size_t i = 0; i < decode_candidates_.size(); ++i) {
+    Sequence* seq = decode_candidates_[i];
     if (budget == 0) break;
     if (seq->status != SequenceStatus::kRunning) continue;  // preempted by this plan
-    if (ScheduleRunning(seq, 1, out)) --budget;
+    // Drafts only where the budget and the free blocks allow: never preempt for them.
+    int32_t drafts = static_cast<int32_t>(std::min<int64_t>(decode_drafts_[i], budget - 1));
+    while (drafts > 0 && BlocksNeeded(*seq, 1 + drafts) > block_manager_.num_free()) --drafts;
+    if (ScheduleRunning(seq, 1, drafts, out)) budget -= 1 + drafts;
   }
   // (2) The next prefill chunks of running sequences.
   for (Sequence* seq : prefill_candidates_) {
@@ -136,7 +144,7 @@ SchedulerOutput Scheduler::Schedule() {
     if (seq->status != SequenceStatus::kRunning) continue;
     const int32_t count =
         static_cast<int32_t>(std::min<int64_t>(PendingTokens(*seq), budget));
-    if (ScheduleRunning(seq, count, out)) budget -= count;
+    if (ScheduleRunning(seq, count, 0, out)) budget -= count;
   }
   // (3) Admit waiting sequences. Not after a preemption: blocks are short, and a
   // sequence preempted by this plan must not come back in it.
@@ -156,11 +164,33 @@ SchedulerOutput Scheduler::Schedule() {
       it = waiting_.erase(it);
       seq->status = SequenceStatus::kRunning;
       running_.insert(seq);
-      Emit(seq, count, out);
+      Emit(seq, count, 0, out);
       budget -= count;
     }
   }
   return out;
+}
+
+void Scheduler::ChooseSpeculation(int64_t budget) {
+  const size_t count = decode_candidates_.size();
+  decode_drafts_.assign(count, 0);
+  draft_limits_.assign(count, 0);
+  draft_stats_.assign(count, nullptr);
+  bool any = false;
+  for (size_t i = 0; i < count; ++i) {
+    const Sequence& seq = *decode_candidates_[i];
+    // Never draft past max_tokens: the step emits at most 1 + drafts outputs.
+    const int32_t room = seq.max_tokens - seq.num_outputs_expected() - 1;
+    draft_limits_[i] = std::max(0, std::min(seq.max_speculative_tokens, room));
+    draft_stats_[i] = &seq.speculation;
+    any = any || draft_limits_[i] > 0;
+  }
+  if (!any) return;
+  // The step's other tokens: the prefill chunks it will likely carry.
+  int64_t other = 0;
+  for (const Sequence* seq : prefill_candidates_) other += PendingTokens(*seq);
+  other = std::min<int64_t>(other, std::max<int64_t>(0, budget - static_cast<int64_t>(count)));
+  speculation_policy_.Choose(draft_limits_, draft_stats_, other, decode_drafts_);
 }
 
 int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
@@ -229,19 +259,21 @@ int64_t Scheduler::BlocksNeeded(const Sequence& seq, int32_t num_tokens) const {
          static_cast<int64_t>(seq.blocks.size());
 }
 
-bool Scheduler::ScheduleRunning(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
-  while (BlocksNeeded(*seq, num_tokens) > block_manager_.num_free()) {
+bool Scheduler::ScheduleRunning(Sequence* seq, int32_t num_tokens, int32_t num_drafts,
+                                SchedulerOutput& out) {
+  while (BlocksNeeded(*seq, num_tokens + num_drafts) > block_manager_.num_free()) {
     // `seq` itself has not been scheduled in this plan, so there is always a victim.
     Sequence* victim = PickVictim();
     LOOM_CHECK(victim != nullptr);
     Preempt(victim, out);
     if (victim == seq) return false;
   }
-  Emit(seq, num_tokens, out);
+  Emit(seq, num_tokens, num_drafts, out);
   return true;
 }
 
-void Scheduler::Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
+void Scheduler::Emit(Sequence* seq, int32_t num_tokens, int32_t num_drafts,
+                     SchedulerOutput& out) {
   const int32_t pending = PendingTokens(*seq);
   LOOM_CHECK(num_tokens >= 1 && num_tokens <= pending);
   auto entry = sequences_.find(seq->seq_id);
@@ -254,7 +286,9 @@ void Scheduler::Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
   // A new sequence's cached prefix is already computed; the worker starts there.
   if (work.is_new) work.num_cached_tokens = seq->num_computed;
   seq->on_worker = true;
-  const int64_t blocks_needed = BlocksNeeded(*seq, num_tokens);
+  // Speculation only extends a decode (the worker verifies drafts after a sampled token).
+  LOOM_CHECK(num_drafts == 0 || (num_tokens == pending && pending == 1));
+  const int64_t blocks_needed = BlocksNeeded(*seq, num_tokens + num_drafts);
   if (blocks_needed > 0) {
     absl::StatusOr<std::vector<int32_t>> blocks = block_manager_.Allocate(blocks_needed);
     LOOM_CHECK(blocks.ok());  // the caller made room
@@ -276,6 +310,11 @@ void Scheduler::Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out) {
   if (num_tokens == pending) {
     work.sample = true;
     ++seq->samples_in_flight;
+  }
+  if (num_drafts > 0) {
+    work.num_speculative_tokens = num_drafts;
+    seq->speculative_in_flight = num_drafts;
+    out.num_speculative_tokens += num_drafts;
   }
 }
 
@@ -316,14 +355,44 @@ void Scheduler::ReleaseBlocks(Sequence& seq) {
 }
 
 Sequence* Scheduler::ApplyOutput(uint64_t seq_id, int32_t token_id) {
+  return ApplyOutputs(seq_id, absl::MakeConstSpan(&token_id, 1), false, 0, 0);
+}
+
+Sequence* Scheduler::ApplyOutputs(uint64_t seq_id, absl::Span<const int32_t> token_ids,
+                                  bool speculative, int32_t num_draft_tokens,
+                                  int32_t num_accepted) {
   auto entry = sequences_.find(seq_id);
   if (entry == sequences_.end()) return nullptr;
   Sequence* seq = entry->second.seq.get();
-  // No sample was scheduled: a stale or duplicate result, dropped like an unknown id.
-  if (seq->samples_in_flight == 0) return nullptr;
-  // A preempted sequence keeps the token: its recompute includes it.
-  seq->output_ids.push_back(token_id);
+  // No sample was scheduled, or not this kind: a stale or malformed result, dropped like
+  // an unknown id.
+  // (A plain decode's result may arrive while the next plan's speculative step for the
+  // same sequence is in flight: it applies as usual.)
+  if (seq->samples_in_flight == 0 || token_ids.empty()) return nullptr;
+  if (speculative && seq->speculative_in_flight == 0) return nullptr;
+  if (!speculative && token_ids.size() != 1) return nullptr;
+  if (speculative && static_cast<int64_t>(token_ids.size()) > seq->speculative_in_flight + 1) {
+    return nullptr;
+  }
+  // A preempted sequence keeps the tokens: its recompute includes them.
+  seq->output_ids.insert(seq->output_ids.end(), token_ids.begin(), token_ids.end());
   --seq->samples_in_flight;
+  if (speculative) {
+    seq->speculative_in_flight = 0;
+    seq->speculation.Record(num_draft_tokens,
+                            std::min(num_accepted, static_cast<int32_t>(token_ids.size()) - 1));
+    if (seq->status == SequenceStatus::kRunning) {
+      // The accepted drafts' K/V are in the pool; the rejected ones' slots are free again.
+      seq->num_computed += static_cast<int32_t>(token_ids.size()) - 1;
+      const size_t needed =
+          static_cast<size_t>(CeilDiv(seq->num_computed, config_.block_size));
+      while (seq->blocks.size() > needed) {
+        const absl::Status status = block_manager_.Free(absl::MakeConstSpan(&seq->blocks.back(), 1));
+        LOOM_CHECK(status.ok());
+        seq->blocks.pop_back();
+      }
+    }
+  }
   return seq;
 }
 
@@ -353,6 +422,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
       seq->num_computed = 0;
       // The worker is gone: the samples it owed will never come back.
       seq->samples_in_flight = 0;
+      seq->speculative_in_flight = 0;
       seq->on_worker = false;
       seq->status = SequenceStatus::kWaiting;
       auto entry = sequences_.find(seq->seq_id);

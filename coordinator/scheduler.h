@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "coordinator/block_manager.h"
 #include "coordinator/sequence.h"
+#include "coordinator/speculation_policy.h"
 
 namespace loom::coordinator {
 
@@ -23,6 +24,8 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   // Record KvCacheEvents for the cluster's KV index (TakeKvEvents drains them).
   bool record_kv_events = false;
+  // Speculative decoding's policy (each sequence carries its own cap).
+  SpeculationConfig speculation;
 };
 
 /// One sequence's work in a plan.
@@ -35,6 +38,7 @@ struct ScheduledWork {
   std::vector<int32_t> new_block_ids;
   int32_t num_tokens = 0;              // tokens [num_computed_before, +num_tokens)
   bool sample = false;                 // the last computed position is sampled
+  int32_t num_speculative_tokens = 0;  // draft tokens the worker may verify after it
 };
 
 /// The next step's plan, before it becomes a loom.v1.StepPlan.
@@ -44,6 +48,7 @@ struct SchedulerOutput {
   std::vector<uint64_t> preempted;       // preempted by this plan (state dropped on worker)
   int64_t num_decode_tokens = 0;
   int64_t num_prefill_tokens = 0;
+  int64_t num_speculative_tokens = 0;    // draft slots reserved by speculative decodes
   bool empty() const { return scheduled.empty() && finished.empty() && preempted.empty(); }
 };
 
@@ -79,6 +84,21 @@ class Scheduler {
   /// samples_in_flight. Returns the sequence, or nullptr for an unknown or finished id
   /// (its output is dropped: e.g. it was aborted while the step ran).
   Sequence* ApplyOutput(uint64_t seq_id, int32_t token_id);
+
+  /// Applies one sequence's outputs of a step result. A plain step brings one token; a
+  /// speculative one (`speculative`: the plan asked it to) brings the `num_accepted`
+  /// accepted drafts and one more token: they are appended, the drafts count as
+  /// computed, the table gives back the blocks only rejected drafts used (tail first) and
+  /// the sequence may be scheduled again. nullptr as ApplyOutput does, and for outputs
+  /// that do not match what was scheduled (dropped).
+  Sequence* ApplyOutputs(uint64_t seq_id, absl::Span<const int32_t> token_ids, bool speculative,
+                         int32_t num_draft_tokens, int32_t num_accepted);
+
+  /// Records a finished step's size and forward time for the speculation policy.
+  void RecordStep(int64_t num_tokens, double seconds) {
+    speculation_policy_.RecordStep(num_tokens, seconds);
+  }
+  const SpeculationPolicy& speculation_policy() const { return speculation_policy_; }
 
   /// Ends a sequence (finished, cancelled or failed): frees its blocks (tail first) and
   /// queues its id for the next plan's `finished` if the worker holds it. Waiting
@@ -127,12 +147,16 @@ class Scheduler {
 
   // Blocks `seq` needs beyond its table to hold `num_tokens` more computed tokens.
   int64_t BlocksNeeded(const Sequence& seq, int32_t num_tokens) const;
-  // Schedules `num_tokens` of a running sequence, preempting others (or itself) when
-  // blocks run out. False when `seq` itself was preempted instead.
-  bool ScheduleRunning(Sequence* seq, int32_t num_tokens, SchedulerOutput& out);
-  // Appends `num_tokens` of `seq` to the plan and advances its bookkeeping; the blocks
-  // must be available.
-  void Emit(Sequence* seq, int32_t num_tokens, SchedulerOutput& out);
+  // Schedules `num_tokens` of a running sequence (plus `num_drafts` speculative slots),
+  // preempting others (or itself) when blocks run out. False when `seq` itself was
+  // preempted instead.
+  bool ScheduleRunning(Sequence* seq, int32_t num_tokens, int32_t num_drafts,
+                       SchedulerOutput& out);
+  // Appends `num_tokens` of `seq` (and `num_drafts` draft slots) to the plan and advances
+  // its bookkeeping; the blocks must be available.
+  void Emit(Sequence* seq, int32_t num_tokens, int32_t num_drafts, SchedulerOutput& out);
+  // The draft tokens each decode candidate may speculate this step (decode_drafts_).
+  void ChooseSpeculation(int64_t budget);
   // The running sequence latest in SchedulingOrder that this plan has not scheduled yet.
   Sequence* PickVictim();
   // Preempts a running sequence by recompute: blocks freed, back to the waiting queue.
@@ -150,6 +174,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   BlockManager block_manager_;
+  SpeculationPolicy speculation_policy_;
   uint64_t num_preemptions_ = 0;
 
   // Every waiting or running sequence, by id; finished ones leave at Finish().
@@ -175,6 +200,9 @@ class Scheduler {
   // Per-step scratch, kept to reuse its capacity.
   std::vector<Sequence*> decode_candidates_;
   std::vector<Sequence*> prefill_candidates_;
+  std::vector<int32_t> decode_drafts_;  // per decode candidate: draft tokens this step
+  std::vector<int32_t> draft_limits_;
+  std::vector<const SpeculationStats*> draft_stats_;
 };
 
 }  // namespace loom::coordinator

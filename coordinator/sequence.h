@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "coordinator/block_hash.h"
+#include "coordinator/speculation_policy.h"
 #include "loom/v1/worker.pb.h"
 
 namespace loom::coordinator {
@@ -19,7 +20,8 @@ enum class SequenceStatus {
 /// bookkeeping allows two plans in flight: the scheduler schedules a decode before the
 /// token it computes has come back, because the worker holds that token already.
 ///
-/// Invariants: num_computed <= num_known_tokens(); blocks cover num_computed tokens;
+/// Invariants: num_computed <= num_known_tokens(); blocks cover num_computed tokens (and
+/// the drafts' slots of a speculative step in flight);
 /// samples_in_flight counts tokens sampled by plans whose results have not been applied.
 struct Sequence {
   uint64_t seq_id = 0;
@@ -44,6 +46,14 @@ struct Sequence {
   std::vector<BlockHash> block_hashes;
   int32_t num_registered_blocks = 0;  // leading blocks offered to the prefix cache
   int32_t num_cached_tokens = 0;      // tokens found cached at its latest admission
+
+  // Speculative decoding. While a speculative step is in flight the sequence is not
+  // scheduled again (its next position depends on how many drafts are accepted); its
+  // table holds speculative_in_flight blocks' worth of extra slots for the drafts until
+  // the result trims it back.
+  int32_t max_speculative_tokens = 0;  // drafts per step at most (0: never speculates)
+  int32_t speculative_in_flight = 0;   // drafts reserved by the plan in flight (0: none)
+  SpeculationStats speculation;        // outcomes so far, for the adaptive policy
 
   /// Tokens the worker will know once every plan sent so far has run.
   int32_t num_known_tokens() const {

@@ -25,7 +25,8 @@ class ModelRunnerBackend : public StepBackend {
 
   /// Forward pass and sampling; every row must carry a sampler.
   absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
-                   std::vector<SampledToken>& tokens, BackendTimings& timings) override;
+                   std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
+                   BackendTimings& timings) override;
 
   ForwardPass& runner() const { return *runner_; }
 

@@ -24,19 +24,24 @@ int32_t NoopBackend::TokenFor(uint64_t seq_id, int64_t position) const {
 }
 
 absl::Status NoopBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
-                              std::vector<SampledToken>& tokens, BackendTimings& timings) {
+                              std::vector<SampledToken>& tokens,
+                              std::vector<int32_t>& num_emitted, BackendTimings& timings) {
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
                                          num_kv_blocks_, block_size_));
-  if (rows.size() != batch.sample_rows.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat("%d sample rows but %d sequences described",
-                                                      batch.sample_rows.size(), rows.size()));
+  if (NumSampleRows(rows) != batch.sample_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d sample rows but the rows cover %d",
+                                                      batch.sample_rows.size(), NumSampleRows(rows)));
   }
+  // One token per row: the noop backend accepts no drafts.
   tokens.resize(rows.size());
+  num_emitted.assign(rows.size(), 1);
+  size_t sample_row = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const int64_t position = int64_t{batch.positions[batch.sample_rows[i]]} + 1;
+    const int64_t position = int64_t{batch.positions[batch.sample_rows[sample_row]]} + 1;
     tokens[i].token_id = TokenFor(rows[i].seq_id, position);
     tokens[i].logprob = 0.0f;
     tokens[i].top_logprobs.clear();
+    sample_row += 1 + rows[i].draft_tokens.size();
   }
   timings.execute_seconds = 0;
   timings.sample_seconds = 0;

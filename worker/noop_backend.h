@@ -27,7 +27,8 @@ class NoopBackend : public StepBackend {
 
   /// Validates the batch and picks the deterministic tokens; ignores the samplers.
   absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
-                   std::vector<SampledToken>& tokens, BackendTimings& timings) override;
+                   std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
+                   BackendTimings& timings) override;
 
   /// The token NoopBackend picks for `seq_id` at `position`.
   int32_t TokenFor(uint64_t seq_id, int64_t position) const;

@@ -12,12 +12,23 @@
 
 namespace loom::worker {
 
-/// One row of a step whose next token is picked: which sequence it belongs to and that
-/// sequence's sampler (nullptr when the backend does not use samplers).
+/// One sequence of a step whose next token is picked: which sequence it is and its
+/// sampler (nullptr when the backend does not use samplers). Usually it owns one entry of
+/// batch.sample_rows. Speculative decoding: it proposed `draft_tokens` after its computed
+/// token and owns 1 + draft_tokens.size() consecutive entries (the computed token's and
+/// each draft's); the backend emits the drafts the model accepts plus one token.
 struct SampleRow {
   uint64_t seq_id = 0;
   SequenceSampler* sampler = nullptr;
+  absl::Span<const int32_t> draft_tokens;  // empty: a plain decode or prefill's last token
 };
+
+/// Entries of batch.sample_rows that `rows` own: one per row and one per draft token.
+inline size_t NumSampleRows(absl::Span<const SampleRow> rows) {
+  size_t count = 0;
+  for (const SampleRow& row : rows) count += 1 + row.draft_tokens.size();
+  return count;
+}
 
 /// Where one step's time went, in seconds.
 struct BackendTimings {
@@ -44,11 +55,16 @@ class StepBackend {
   /// False when Run ignores SampleRow::sampler: the executor then creates no samplers.
   virtual bool uses_samplers() const = 0;
 
-  /// Runs `batch` and writes one token per entry of `batch.sample_rows` into `tokens`
-  /// (`rows[i]` describes sample row i). InvalidArgument for a batch ValidateStepBatch
-  /// rejects; on any error no sampler has been touched.
+  /// Runs `batch` and picks the tokens of each of `rows` (which cover batch.sample_rows
+  /// in order, see SampleRow): `num_emitted[i]` tokens for rows[i] (1 + its accepted
+  /// drafts), appended to `tokens` in row order. A speculative row's tokens are exactly
+  /// those its sampler would pick one step at a time: the model's token at each position,
+  /// stopping after the first one that differs from the draft. InvalidArgument for a
+  /// batch ValidateStepBatch rejects or rows that do not cover the sample rows; on any
+  /// error no sampler has been touched.
   virtual absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
-                           std::vector<SampledToken>& tokens, BackendTimings& timings) = 0;
+                           std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
+                           BackendTimings& timings) = 0;
 };
 
 }  // namespace loom::worker

@@ -1,5 +1,6 @@
 #include "worker/step_executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "worker/ngram_proposer.h"
 
 namespace loom::worker {
 namespace {
@@ -59,12 +61,15 @@ struct StepExecutor::Prepared {
   };
   std::vector<std::pair<uint64_t, std::unique_ptr<Sequence>>> added;
   std::vector<Entry> entries;      // plan.scheduled(), resolved
-  std::vector<Sequence*> sampled;  // sequences of the sample rows, in batch order
+  std::vector<Sequence*> sampled;  // sequences of `rows`, in batch order
+  std::vector<bool> speculative;   // per entry of `rows`: a speculative step
+  std::vector<std::vector<int32_t>> drafts;  // per entry of `rows`; rows[i].draft_tokens views it
   StepBatch batch;
   std::vector<SampleRow> rows;
 };
 
-StepExecutor::StepExecutor(StepBackend& backend) : backend_(backend) {}
+StepExecutor::StepExecutor(StepBackend& backend, StepExecutorOptions options)
+    : backend_(backend), options_(options) {}
 
 StepExecutor::~StepExecutor() = default;
 
@@ -193,18 +198,88 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
       return absl::InvalidArgumentError(absl::StrFormat(
           "sequence %d: sampling after token %d, but %d tokens are known", id, end, known));
     }
+    const int32_t max_drafts = entry.num_speculative_tokens();
+    if (max_drafts < 0 || max_drafts > kMaxSpeculativeTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: num_speculative_tokens is %d, must be in [0, %d]", id,
+                          max_drafts, kMaxSpeculativeTokens));
+    }
+    if (max_drafts > 0 && !entry.sample()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: speculating %d tokens needs a sampled step", id, max_drafts));
+    }
     block_table.assign(sequence->block_table.begin(), sequence->block_table.end());
     block_table.insert(block_table.end(), entry.new_block_ids().begin(),
                        entry.new_block_ids().end());
-    LOOM_RETURN_IF_ERROR(AppendSequence(
-        prepared.batch, absl::MakeConstSpan(sequence->tokens).subspan(begin, end - begin),
-        static_cast<int32_t>(begin), block_table, static_cast<int32_t>(block_size),
-        entry.sample()));
+    std::vector<int32_t> drafts;
+    if (max_drafts > 0) {
+      // The drafts sit at positions [end, end + count): within the context and the slots
+      // the coordinator gave (it reserved max_drafts of them).
+      const int64_t room = std::min<int64_t>(
+          config.context_length - end,
+          static_cast<int64_t>(block_table.size()) * block_size - end);
+      drafts = ProposeNgram(sequence->tokens, options_.ngram_min, options_.ngram_max,
+                            static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts)));
+      for (int32_t& token : drafts) {
+        if (token < 0 || token >= vocab) token = 0;  // never: proposals come from known ids
+      }
+    }
+    const size_t first_new = prepared.batch.token_ids.size();
+    if (drafts.empty()) {
+      LOOM_RETURN_IF_ERROR(AppendSequence(
+          prepared.batch, absl::MakeConstSpan(sequence->tokens).subspan(begin, end - begin),
+          static_cast<int32_t>(begin), block_table, static_cast<int32_t>(block_size),
+          entry.sample()));
+    } else {
+      std::vector<int32_t> step_tokens(sequence->tokens.begin() + begin,
+                                       sequence->tokens.begin() + end);
+      step_tokens.insert(step_tokens.end(), drafts.begin(), drafts.end());
+      LOOM_RETURN_IF_ERROR(AppendSequence(prepared.batch, step_tokens,
+                                          static_cast<int32_t>(begin), block_table,
+                                          static_cast<int32_t>(block_size),
+                                          /*sample_last=*/false));
+      // The computed token's logits and each draft's.
+      for (size_t d = 0; d <= drafts.size(); ++d) {
+        prepared.batch.sample_rows.push_back(
+            static_cast<int32_t>(first_new + (end - begin) - 1 + d));
+      }
+    }
     prepared.entries.push_back({sequence, i});
     if (entry.sample()) {
-      prepared.rows.push_back({id, sequence->sampler.get()});
+      prepared.rows.push_back({id, sequence->sampler.get(), {}});
       prepared.sampled.push_back(sequence);
+      prepared.speculative.push_back(max_drafts > 0);
+      prepared.drafts.push_back(std::move(drafts));
     }
+  }
+  // Views into `drafts`, taken once it no longer grows.
+  for (size_t r = 0; r < prepared.rows.size(); ++r) {
+    prepared.rows[r].draft_tokens = prepared.drafts[r];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::CheckEmitted(const Prepared& prepared,
+                                        const std::vector<SampledToken>& tokens,
+                                        const std::vector<int32_t>& num_emitted) const {
+  if (num_emitted.size() != prepared.rows.size()) {
+    return absl::InternalError(
+        absl::StrFormat("the %s backend answered %d sequences of %d sampled",
+                        std::string(backend_.name()), num_emitted.size(), prepared.rows.size()));
+  }
+  size_t total = 0;
+  for (size_t r = 0; r < num_emitted.size(); ++r) {
+    const size_t drafts = prepared.rows[r].draft_tokens.size();
+    if (num_emitted[r] < 1 || static_cast<size_t>(num_emitted[r]) > drafts + 1) {
+      return absl::InternalError(absl::StrFormat(
+          "the %s backend emitted %d tokens for sequence %d with %d drafts",
+          std::string(backend_.name()), num_emitted[r], prepared.rows[r].seq_id, drafts));
+    }
+    total += num_emitted[r];
+  }
+  if (tokens.size() != total) {
+    return absl::InternalError(absl::StrFormat("the %s backend returned %d tokens, not %d",
+                                               std::string(backend_.name()), tokens.size(), total));
   }
   return absl::OkStatus();
 }
@@ -235,14 +310,11 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
   Prepared prepared;
   if (status.ok()) status = Prepare(plan, prepared);
   std::vector<SampledToken> tokens;
+  std::vector<int32_t> num_emitted;
   BackendTimings timings;
   if (status.ok() && !prepared.entries.empty()) {
-    status = backend_.Run(prepared.batch, prepared.rows, tokens, timings);
-    if (status.ok() && tokens.size() != prepared.rows.size()) {
-      status = absl::InternalError(
-          absl::StrFormat("the %s backend returned %d tokens for %d sampled sequences",
-                          std::string(backend_.name()), tokens.size(), prepared.rows.size()));
-    }
+    status = backend_.Run(prepared.batch, prepared.rows, tokens, num_emitted, timings);
+    if (status.ok()) status = CheckEmitted(prepared, tokens, num_emitted);
   }
   if (!status.ok()) {
     DropNamed(plan);
@@ -264,19 +336,38 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
     entry.sequence->num_computed += scheduled.num_tokens();
   }
   result.mutable_outputs()->Reserve(static_cast<int>(tokens.size()));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    Sequence& sequence = *prepared.sampled[i];
-    SampledToken& token = tokens[i];
-    sequence.tokens.push_back(token.token_id);
-    loom::v1::SequenceOutput* output = result.add_outputs();
-    output->set_seq_id(prepared.rows[i].seq_id);
-    output->set_token_id(token.token_id);
-    if (sequence.num_logprobs >= 0) {
-      output->set_logprob(token.logprob);
-      for (const TokenLogprob& alternative : token.top_logprobs) {
-        loom::v1::TokenLogprob* top = output->add_top_logprobs();
-        top->set_token_id(alternative.token_id);
-        top->set_logprob(alternative.logprob);
+  size_t next_token = 0;
+  for (size_t r = 0; r < prepared.rows.size(); ++r) {
+    Sequence& sequence = *prepared.sampled[r];
+    const int32_t emitted = num_emitted[r];
+    // Accepted drafts' K/V were written by this step: they count as computed. The last
+    // emitted token is the next one to compute, as after a plain decode.
+    sequence.num_computed += emitted - 1;
+    if (prepared.speculative[r]) {
+      // The coordinator frees the blocks only rejected drafts used (the same rule on both
+      // sides): later plans append after the trimmed table.
+      const int64_t block_size = backend_.block_size();
+      const size_t needed =
+          static_cast<size_t>((sequence.num_computed + block_size - 1) / block_size);
+      if (sequence.block_table.size() > needed) sequence.block_table.resize(needed);
+    }
+    for (int32_t e = 0; e < emitted; ++e) {
+      const SampledToken& token = tokens[next_token++];
+      sequence.tokens.push_back(token.token_id);
+      loom::v1::SequenceOutput* output = result.add_outputs();
+      output->set_seq_id(prepared.rows[r].seq_id);
+      output->set_token_id(token.token_id);
+      if (e == 0 && prepared.speculative[r]) {
+        output->set_num_draft_tokens(static_cast<int32_t>(prepared.drafts[r].size()));
+        output->set_num_accepted_tokens(emitted - 1);
+      }
+      if (sequence.num_logprobs >= 0) {
+        output->set_logprob(token.logprob);
+        for (const TokenLogprob& alternative : token.top_logprobs) {
+          loom::v1::TokenLogprob* top = output->add_top_logprobs();
+          top->set_token_id(alternative.token_id);
+          top->set_logprob(alternative.logprob);
+        }
       }
     }
   }

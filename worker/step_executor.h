@@ -16,6 +16,15 @@ namespace loom::worker {
 /// documents (the coordinator sets every field; this only guards older peers).
 SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto);
 
+/// Most draft tokens one speculative step may ask for (ScheduledSequence).
+inline constexpr int32_t kMaxSpeculativeTokens = 16;
+
+struct StepExecutorOptions {
+  // Prompt-lookup speculation: the longest and shortest suffix n-grams searched for.
+  int32_t ngram_max = 4;
+  int32_t ngram_min = 2;
+};
+
 /// The worker's side of the step protocol: owns every sequence's execution state (its
 /// tokens, block table, how many tokens are computed, its sampler) and turns each
 /// StepPlan (a diff: sequences added, scheduled, released) into one StepResult through
@@ -25,10 +34,11 @@ SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto);
 class StepExecutor {
  public:
   /// `backend` must outlive the executor.
-  explicit StepExecutor(StepBackend& backend);
+  explicit StepExecutor(StepBackend& backend, StepExecutorOptions options = {});
   ~StepExecutor();
 
-  /// Applies `plan` and returns its result: the sampled tokens in plan order, or, when
+  /// Applies `plan` and returns its result: the sampled tokens in plan order (a
+  /// speculative sequence's accepted drafts and next token as consecutive outputs), or, when
   /// the plan is invalid or the backend fails, error_code (an absl/google.rpc code) and
   /// error_message with no outputs. step_ids must strictly increase between Resets.
   loom::v1::StepResult Execute(const loom::v1::StepPlan& plan);
@@ -53,10 +63,14 @@ class StepExecutor {
 
   // Checks the whole plan and builds the batch without changing any state.
   absl::Status Prepare(const loom::v1::StepPlan& plan, Prepared& prepared);
+  // Internal error unless the backend's answer covers the prepared rows.
+  absl::Status CheckEmitted(const Prepared& prepared, const std::vector<SampledToken>& tokens,
+                            const std::vector<int32_t>& num_emitted) const;
   // Drops every sequence the plan names (after a failed plan).
   void DropNamed(const loom::v1::StepPlan& plan);
 
   StepBackend& backend_;
+  StepExecutorOptions options_;
   // seq_id -> state. Invariant: num_computed <= tokens.size() and the block table
   // covers num_computed tokens.
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> sequences_;

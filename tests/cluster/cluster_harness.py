@@ -429,6 +429,8 @@ class Outcome:
     replica_id: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    num_draft_tokens: int = 0          # speculative decoding, from the last message
+    num_accepted_tokens: int = 0
     num_messages: int = 0
     started: float = 0.0
     first_token_at: Optional[float] = None
@@ -482,6 +484,8 @@ class Stream:
                         o.error_message = message.error_message
                         o.prompt_tokens = message.prompt_tokens
                         o.completion_tokens = message.completion_tokens
+                        o.num_draft_tokens = message.num_draft_tokens
+                        o.num_accepted_tokens = message.num_accepted_tokens
                     self._cond.notify_all()
             o.code = grpc.StatusCode.OK
         except grpc.RpcError as error:
@@ -523,8 +527,8 @@ class Stream:
 
 def make_request(prompt=None, token_ids=None, max_tokens: int = 16, temperature=None, top_p=None,
                  top_k=None, seed=None, stop=(), stop_token_ids=(), ignore_eos=False, priority=0,
-                 request_id=""):
-    """A GenerateRequest; sampling fields left None stay unset (server defaults)."""
+                 request_id="", num_speculative_tokens=None):
+    """A GenerateRequest; fields left None stay unset (server defaults)."""
     s = stubs()
     sampling = s.wpb.SamplingParams()
     for field, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed)):
@@ -533,6 +537,8 @@ def make_request(prompt=None, token_ids=None, max_tokens: int = 16, temperature=
     request = s.pb.GenerateRequest(sampling=sampling, max_tokens=max_tokens, stop=list(stop),
                                    stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
                                    priority=priority, request_id=request_id)
+    if num_speculative_tokens is not None:
+        request.num_speculative_tokens = num_speculative_tokens
     if token_ids is not None:
         request.token_ids.SetInParent()  # an empty list still selects the token_ids prompt
         request.token_ids.ids.extend(token_ids)

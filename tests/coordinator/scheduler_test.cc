@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -1046,6 +1047,164 @@ TEST(SchedulerPrefixTest, RandomWorkloadsKeepEveryBlockInvariant) {
     FuzzOnce(seed, /*block_size=*/1 + static_cast<int32_t>(seed % 4), /*num_blocks=*/24);
     if (HasFatalFailure()) return;
   }
+}
+
+}  // namespace
+}  // namespace loom::coordinator
+
+namespace loom::coordinator {
+namespace {
+
+// Speculative decoding: fixed k (the adaptive policy has its own tests).
+SchedulerConfig SpeculativeConfig(int64_t num_blocks) {
+  SchedulerConfig config = NoCacheConfig(4, num_blocks, 64);
+  config.speculation.adaptive = false;
+  return config;
+}
+
+std::unique_ptr<Sequence> SpeculatingSequence(uint64_t id, int32_t prompt_len, int32_t max_tokens,
+                                              int32_t drafts) {
+  std::unique_ptr<Sequence> seq = MakeSequence(id, prompt_len, max_tokens);
+  seq->max_speculative_tokens = drafts;
+  return seq;
+}
+
+TEST(SchedulerSpeculationTest, DecodeReservesDraftSlotsAndWaitsForItsResult) {
+  Scheduler scheduler(SpeculativeConfig(32));
+  ASSERT_TRUE(scheduler.Add(SpeculatingSequence(1, 6, 20, 3)).ok());
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 5, 20)).ok());
+  SchedulerOutput prefill = scheduler.Schedule();
+  ASSERT_EQ(prefill.scheduled.size(), 2u);
+  EXPECT_EQ(WorkFor(prefill, 1)->num_speculative_tokens, 0);  // prefill never speculates
+  ApplySamples(scheduler, prefill);
+
+  SchedulerOutput decode = scheduler.Schedule();
+  const ScheduledWork* work = WorkFor(decode, 1);
+  ASSERT_NE(work, nullptr);
+  EXPECT_EQ(work->num_tokens, 1);
+  EXPECT_EQ(work->num_speculative_tokens, 3);
+  EXPECT_EQ(decode.num_speculative_tokens, 3);
+  Sequence* seq = scheduler.Find(1);
+  // 7 tokens computed, 3 draft slots: 10 slots, 3 blocks of 4.
+  EXPECT_EQ(seq->num_computed, 7);
+  EXPECT_EQ(seq->blocks.size(), 3u);
+  EXPECT_EQ(WorkFor(decode, 2)->num_speculative_tokens, 0);
+
+  // While its result is out, the next plan leaves it alone (the other one decodes on).
+  SchedulerOutput next = scheduler.Schedule();
+  EXPECT_EQ(WorkFor(next, 1), nullptr);
+  EXPECT_NE(WorkFor(next, 2), nullptr);
+}
+
+TEST(SchedulerSpeculationTest, AcceptedDraftsCountAsComputedAndRejectedSlotsAreFreed) {
+  Scheduler scheduler(SpeculativeConfig(32));
+  ASSERT_TRUE(scheduler.Add(SpeculatingSequence(1, 8, 20, 4)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());  // 8 computed in 2 blocks, 1 output
+  const int64_t free_before = scheduler.block_manager().num_free();
+  SchedulerOutput decode = scheduler.Schedule();
+  ASSERT_EQ(WorkFor(decode, 1)->num_speculative_tokens, 4);
+  Sequence* seq = scheduler.Find(1);
+  EXPECT_EQ(seq->blocks.size(), 4u);  // 9 computed + 4 draft slots
+  // One draft accepted, then the model's own token: two outputs.
+  const std::vector<int32_t> tokens = {41, 42};
+  ASSERT_EQ(scheduler.ApplyOutputs(1, tokens, true, 4, 1), seq);
+  EXPECT_THAT(seq->output_ids, ElementsAre(7, 41, 42));
+  EXPECT_EQ(seq->num_computed, 10);  // the prompt, the first output, the accepted draft
+  EXPECT_EQ(seq->blocks.size(), 3u);  // the block only rejected drafts used is free again
+  EXPECT_EQ(scheduler.block_manager().num_free(), free_before - 1);
+  EXPECT_EQ(seq->speculation.num_draft_tokens, 4);
+  EXPECT_EQ(seq->speculation.num_accepted_tokens, 1);
+  // More outputs than drafts + 1 would be a worker bug: dropped.
+  SchedulerOutput again = scheduler.Schedule();
+  ASSERT_NE(WorkFor(again, 1), nullptr);
+  EXPECT_EQ(seq->num_computed, 11);
+  EXPECT_EQ(scheduler.ApplyOutputs(1, std::vector<int32_t>(6, 1), true, 4, 5), nullptr);
+}
+
+TEST(SchedulerSpeculationTest, NeverDraftsPastMaxTokens) {
+  Scheduler scheduler(SpeculativeConfig(32));
+  ASSERT_TRUE(scheduler.Add(SpeculatingSequence(1, 4, 3, 8)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());
+  SchedulerOutput decode = scheduler.Schedule();
+  // One output known, at most two more: one decode and one draft.
+  EXPECT_EQ(WorkFor(decode, 1)->num_speculative_tokens, 1);
+}
+
+TEST(SchedulerSpeculationTest, DraftsYieldToOtherSequencesWhenBlocksAreShort) {
+  // 4 blocks of 4: two sequences of 6 prompt tokens hold 2 blocks each after prefill.
+  Scheduler scheduler(SpeculativeConfig(4));
+  ASSERT_TRUE(scheduler.Add(SpeculatingSequence(1, 6, 10, 4)).ok());
+  ASSERT_TRUE(scheduler.Add(SpeculatingSequence(2, 6, 10, 4)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());
+  SchedulerOutput decode = scheduler.Schedule();
+  // No free block: the drafts shrink to the slots left in the last block, nobody is preempted.
+  EXPECT_TRUE(decode.preempted.empty());
+  ASSERT_EQ(decode.scheduled.size(), 2u);
+  EXPECT_EQ(WorkFor(decode, 1)->num_speculative_tokens, 1);
+  EXPECT_EQ(WorkFor(decode, 2)->num_speculative_tokens, 1);
+}
+
+TEST(SchedulerSpeculationTest, PreemptedWhileSpeculatingKeepsItsTokensForTheRecompute) {
+  Scheduler scheduler(SpeculativeConfig(6));
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 7, 16)).ok());
+  std::unique_ptr<Sequence> low = SpeculatingSequence(1, 6, 18, 3);
+  low->priority = 1;  // the first victim
+  ASSERT_TRUE(scheduler.Add(std::move(low)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());
+  SchedulerOutput decode = scheduler.Schedule();
+  ASSERT_EQ(WorkFor(decode, 1)->num_speculative_tokens, 3);
+  // Sequence 2 keeps decoding (its results not applied) until it needs sequence 1's blocks.
+  bool preempted = false;
+  for (int step = 0; step < 12 && !preempted; ++step) {
+    SchedulerOutput out = scheduler.Schedule();
+    preempted = absl::c_linear_search(out.preempted, uint64_t{1});
+  }
+  ASSERT_TRUE(preempted);
+  Sequence* seq = scheduler.Find(1);
+  EXPECT_EQ(seq->status, SequenceStatus::kWaiting);
+  ASSERT_EQ(scheduler.ApplyOutputs(1, std::vector<int32_t>{5, 6}, true, 3, 1), seq);
+  EXPECT_THAT(seq->output_ids, ElementsAre(7, 5, 6));
+  EXPECT_EQ(seq->num_computed, 0);
+  EXPECT_TRUE(seq->blocks.empty());
+  EXPECT_EQ(seq->speculative_in_flight, 0);
+}
+
+TEST(SchedulerSpeculationTest, FinishedWhileSpeculatingDropsTheResultAndFreesEverything) {
+  Scheduler scheduler(SpeculativeConfig(32));
+  ASSERT_TRUE(scheduler.Add(SpeculatingSequence(1, 6, 20, 3)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());
+  scheduler.Schedule();  // speculative decode in flight
+  scheduler.Finish(1);
+  EXPECT_EQ(scheduler.ApplyOutputs(1, std::vector<int32_t>{1, 2}, true, 3, 1), nullptr);
+  EXPECT_EQ(scheduler.block_manager().num_free(), 32);
+}
+
+}  // namespace
+}  // namespace loom::coordinator
+
+namespace loom::coordinator {
+namespace {
+
+TEST(SchedulerSpeculationTest, APlainResultStillAppliesWhileTheNextPlanSpeculates) {
+  SchedulerConfig config = NoCacheConfig(4, 32, 64);
+  config.speculation.adaptive = false;
+  Scheduler scheduler(config);
+  std::unique_ptr<Sequence> seq = MakeSequence(1, 6, 20);
+  seq->max_speculative_tokens = 3;
+  ASSERT_TRUE(scheduler.Add(std::move(seq)).ok());
+  // The prefill's sample is still out when the next plan speculates the decode after it.
+  SchedulerOutput prefill = scheduler.Schedule();
+  ASSERT_TRUE(WorkFor(prefill, 1)->sample);
+  SchedulerOutput decode = scheduler.Schedule();
+  ASSERT_EQ(WorkFor(decode, 1)->num_speculative_tokens, 3);
+  Sequence* applied = scheduler.ApplyOutputs(1, std::vector<int32_t>{9}, false, 0, 0);
+  ASSERT_NE(applied, nullptr);
+  EXPECT_THAT(applied->output_ids, ElementsAre(9));
+  ASSERT_EQ(scheduler.ApplyOutputs(1, std::vector<int32_t>{10, 11, 12}, true, 3, 2), applied);
+  EXPECT_THAT(applied->output_ids, ElementsAre(9, 10, 11, 12));
+  EXPECT_EQ(applied->num_computed, 9);
+  EXPECT_EQ(applied->samples_in_flight, 0);
+  EXPECT_NE(WorkFor(scheduler.Schedule(), 1), nullptr);
 }
 
 }  // namespace

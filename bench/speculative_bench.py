@@ -1,0 +1,193 @@
+"""Speculative decoding (n-gram prompt lookup) on CPU, end to end (`loom up`, the default model).
+
+Output tokens/s with speculation against the same requests without it (num_speculative_tokens=0
+on the same server), measured in the same run, rounds alternated, medians:
+
+1. Batch 1, a repetitive workload (the model rewrites a given text: its continuation copies the
+   prompt) and a chat workload (questions in the chat template): speedup and acceptance length
+   (tokens per speculative step). Target: >= 2x on the repetitive workload.
+2. Batch 1, 8, 32, 64 on a mix of both workloads: adaptive speculation (the server picks each
+   step's drafts; target: never below 0.95x) and fixed k = 2, 4, 8 (where it turns into a
+   slowdown).
+
+Writes bench/results/speculative.json.
+
+usage: .venv/bin/python bench/speculative_bench.py [--quick]
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
+sys.path.insert(0, str(SOURCE_DIR / "bench"))
+import cluster_harness as h  # noqa: E402
+from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+
+TEXTS = (
+    "The coordinator schedules continuous batches across replicas and owns the block table of "
+    "every replica's paged key-value cache. Workers run the transformer on the blocks they are "
+    "told to use, and report the tokens they sample.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "def factorial(n):\n    if n < 2:\n        return 1\n    return n * factorial(n - 1)\n",
+    "Monday is for planning, Tuesday is for writing, Wednesday is for testing, Thursday is for "
+    "reviewing, and Friday is for shipping. Every week starts again on Monday.",
+    "Rain fell on the old town all night. In the morning the streets were clean, the river was "
+    "high, and the bakery on the corner opened an hour late.",
+)
+QUESTIONS = ("What is the capital of France?", "Give me three tips for better sleep.",
+             "Explain what a hash table is.", "Write a haiku about autumn.",
+             "Why is the sky blue?", "How do I boil an egg?")
+
+
+def chat(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def repetitive_prompt(i: int) -> str:
+    text = TEXTS[i % len(TEXTS)]
+    return chat(f"Repeat this text word for word:\n\n{text}") + text.split(" ")[0]
+
+
+def chat_prompt(i: int) -> str:
+    return chat(QUESTIONS[i % len(QUESTIONS)])
+
+
+def start_up(log_dir: pathlib.Path, threads: int, **flags) -> h.Up:
+    up = h.Up(log_dir, replicas=1, threads=threads, http_port=-1, **flags)
+    up.wait_for_line(r"loom: ready \(1 replica\)", h.REGISTER_TIMEOUT_S)
+    return up
+
+
+def run_batch(stub, prompts: list, max_tokens: int, k) -> dict:
+    """Every prompt as its own concurrent call; output tokens/s over the wall time."""
+    results = [None] * len(prompts)
+
+    def one(i):
+        request = h.make_request(prompts[i], max_tokens=max_tokens, ignore_eos=True,
+                                 num_speculative_tokens=k)
+        tokens, last = 0, None
+        for message in stub.Generate(request, timeout=1800):
+            tokens += len(message.token_ids)
+            last = message
+        results[i] = (tokens, last.num_draft_tokens, last.num_accepted_tokens)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.monotonic() - started
+    if any(r is None for r in results):
+        raise h.HarnessError("a request failed")
+    tokens = sum(r[0] for r in results)
+    drafted = sum(r[1] for r in results)
+    accepted = sum(r[2] for r in results)
+    return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
+            "drafted": drafted, "accepted": accepted}
+
+
+def compare(stub, prompts, max_tokens, modes: dict, rounds: int) -> dict:
+    """modes: name -> num_speculative_tokens (None: the server's default). Rounds alternate the
+    modes' order; per mode the median tokens/s and the median ratio to mode 'none' of the same
+    round."""
+    per_mode = {name: [] for name in modes}
+    for r in range(rounds):
+        order = list(modes.items())
+        if r % 2:
+            order.reverse()
+        for name, k in order:
+            per_mode[name].append(run_batch(stub, prompts, max_tokens, k))
+    out = {}
+    for name, runs in per_mode.items():
+        ratios = [run["tokens_per_s"] / base["tokens_per_s"] for run, base in zip(runs, per_mode["none"])]
+        drafted = sum(run["drafted"] for run in runs)
+        accepted = sum(run["accepted"] for run in runs)
+        out[name] = {"tokens_per_s": statistics.median(run["tokens_per_s"] for run in runs),
+                     "speedup_vs_none": statistics.median(ratios),
+                     "acceptance_rate": accepted / drafted if drafted else None,
+                     "drafted": drafted, "accepted": accepted, "runs": runs}
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and batch sizes")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "speculative.json"))
+    args = parser.parse_args()
+    rounds = 1 if args.quick else args.rounds
+    batches = (1, 8) if args.quick else (1, 8, 32, 64)
+    report = {"benchmark": "speculative", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "commit": git_revision(), "cpu": cpu_model(), "threads": args.threads,
+              "max_tokens": args.max_tokens, "rounds": rounds}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        # 1. Batch 1 per workload, adaptive server (k <= 8).
+        up = start_up(tmp / "adaptive", args.threads, speculative_tokens=8)
+        try:
+            stub = up.stub
+            run_batch(stub, [chat_prompt(0)], 8, 0)  # warm-up
+            batch1 = {}
+            for workload, make in (("repetitive", repetitive_prompt), ("chat", chat_prompt)):
+                runs = {"none": [], "adaptive": []}
+                for i in range(4 if not args.quick else 2):
+                    for name, k in (("none", 0), ("adaptive", None)) if i % 2 == 0 else (("adaptive", None), ("none", 0)):
+                        runs[name].append(run_batch(stub, [make(i)], args.max_tokens, k))
+                ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in zip(runs["adaptive"], runs["none"])]
+                drafted = sum(r["drafted"] for r in runs["adaptive"])
+                accepted = sum(r["accepted"] for r in runs["adaptive"])
+                steps = None
+                batch1[workload] = {
+                    "none_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["none"]),
+                    "speculative_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["adaptive"]),
+                    "speedup": statistics.median(ratios),
+                    "acceptance_rate": accepted / drafted if drafted else None,
+                    "drafted": drafted, "accepted": accepted, "steps": steps}
+                print(f"batch 1 {workload:10s}: {batch1[workload]['none_tokens_per_s']:7.1f} tok/s without, "
+                      f"{batch1[workload]['speculative_tokens_per_s']:7.1f} with adaptive speculation: "
+                      f"{batch1[workload]['speedup']:.2f}x (acceptance {batch1[workload]['acceptance_rate']})",
+                      flush=True)
+            report["batch1"] = batch1
+            adaptive = {}
+            for batch in batches:
+                prompts = [(repetitive_prompt if i % 2 == 0 else chat_prompt)(i) for i in range(batch)]
+                adaptive[batch] = compare(stub, prompts, args.max_tokens, {"none": 0, "adaptive": None}, rounds)
+                print(f"batch {batch:3d} adaptive: {adaptive[batch]['adaptive']['speedup_vs_none']:.2f}x "
+                      f"({adaptive[batch]['none']['tokens_per_s']:.1f} tok/s without)", flush=True)
+            report["adaptive"] = adaptive
+        finally:
+            up.stop()
+        # 2. Fixed k on a server that does not adapt.
+        up = start_up(tmp / "fixed", args.threads, speculative_tokens=8, speculative_adaptive="off")
+        try:
+            stub = up.stub
+            run_batch(stub, [chat_prompt(0)], 8, 0)
+            fixed = {}
+            for batch in batches:
+                prompts = [(repetitive_prompt if i % 2 == 0 else chat_prompt)(i) for i in range(batch)]
+                fixed[batch] = compare(stub, prompts, args.max_tokens,
+                                       {"none": 0, "k2": 2, "k4": 4, "k8": 8}, rounds)
+                print(f"batch {batch:3d} fixed k: " + ", ".join(
+                    f"{name} {fixed[batch][name]['speedup_vs_none']:.2f}x" for name in ("k2", "k4", "k8")),
+                    flush=True)
+            report["fixed"] = fixed
+        finally:
+            up.stop()
+    pathlib.Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
