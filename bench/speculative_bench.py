@@ -62,7 +62,7 @@ def chat_prompt(i: int) -> str:
 
 def start_up(log_dir: pathlib.Path, threads: int, **flags) -> h.Up:
     up = h.Up(log_dir, replicas=1, threads=threads, http_port=-1, **flags)
-    up.wait_for_line(r"loom: ready \(1 replica\)", h.REGISTER_TIMEOUT_S)
+    up.wait_for_line(r"loom: ready \(1 replicas?\)", h.REGISTER_TIMEOUT_S)
     return up
 
 

@@ -232,6 +232,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.max_waiting = std::numeric_limits<int32_t>::max();  // bounded in Submit
   config.enable_prefix_caching = options_.enable_prefix_caching;
   config.speculation = options_.speculation;
+  config.speculation.pipelined = options_.max_plans_in_flight > 1;
   config.record_kv_events = kv_index_ != nullptr;
   scheduler_ = std::make_unique<Scheduler>(config);
   block_size_.store(endpoint.block_size);

@@ -190,7 +190,8 @@ void Scheduler::ChooseSpeculation(int64_t budget) {
   int64_t other = 0;
   for (const Sequence* seq : prefill_candidates_) other += PendingTokens(*seq);
   other = std::min<int64_t>(other, std::max<int64_t>(0, budget - static_cast<int64_t>(count)));
-  speculation_policy_.Choose(draft_limits_, draft_stats_, other, decode_drafts_);
+  const bool other_work = running_.size() > 1 || !waiting_.empty();
+  speculation_policy_.Choose(draft_limits_, draft_stats_, other, other_work, decode_drafts_);
 }
 
 int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {

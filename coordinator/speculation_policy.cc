@@ -98,7 +98,7 @@ double StepCostModel::Estimate(int64_t num_tokens) const {
 
 void SpeculationPolicy::Choose(absl::Span<const int32_t> limits,
                                absl::Span<const SpeculationStats* const> stats,
-                               int64_t num_other_tokens,
+                               int64_t num_other_tokens, bool other_work,
                                std::vector<int32_t>& draft_tokens) const {
   draft_tokens.assign(limits.size(), 0);
   if (!config_.adaptive) {
@@ -139,7 +139,17 @@ void SpeculationPolicy::Choose(absl::Span<const int32_t> limits,
       best_m = m;
     }
   }
-  for (size_t m = 0; m < best_m; ++m) ++draft_tokens[slots[m].seq];
+  std::vector<double> expected(limits.size(), 0.0);
+  for (size_t m = 0; m < best_m; ++m) {
+    ++draft_tokens[slots[m].seq];
+    expected[slots[m].seq] += slots[m].value;
+  }
+  if (config_.pipelined && other_work) {
+    // The plan it sits out would have brought one token: the drafts must beat that.
+    for (size_t i = 0; i < limits.size(); ++i) {
+      if (expected[i] < 1.0) draft_tokens[i] = 0;
+    }
+  }
 }
 
 }  // namespace loom::coordinator

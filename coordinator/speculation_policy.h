@@ -15,6 +15,9 @@ struct SpeculationConfig {
   // true: each step picks k in [0, limit] from the measured acceptance and step cost
   // (off when it does not pay); false: always the request's limit.
   bool adaptive = true;
+  // Plans are pipelined (two in flight): a speculating sequence sits out the plan built
+  // while its step runs, so with other work to run it forgoes that plan's token.
+  bool pipelined = true;
 };
 
 /// What the policy knows of one decoding sequence's past speculation.
@@ -59,7 +62,8 @@ class StepCostModel {
 /// with probability a (and that proposes with probability r) emits
 /// 1 + r * (a + a^2 + ... + a^k) tokens for k more computed tokens; the step's cost comes
 /// from StepCostModel. Large batches, where extra tokens cost as much as they bring, end
-/// up at k = 0: speculation switches itself off. Not thread-safe (the replica loop's).
+/// up at k = 0: speculation switches itself off. With pipelined plans and other work, a
+/// speculating sequence skips one plan, so its drafts must bring more than one token. Not thread-safe (the replica loop's).
 class SpeculationPolicy {
  public:
   explicit SpeculationPolicy(const SpeculationConfig& config) : config_(config) {}
@@ -69,10 +73,13 @@ class SpeculationPolicy {
 
   /// The draft tokens for each of `limits.size()` decoding sequences this step:
   /// `limits[i]` is sequence i's cap (0: it does not speculate), `stats[i]` its history,
-  /// `num_other_tokens` the step's other tokens (decodes that do not speculate, prefill).
-  /// Writes `draft_tokens[i]` in [0, limits[i]].
+  /// `num_other_tokens` the step's other tokens (decodes that do not speculate, prefill),
+  /// `other_work`: other sequences can fill the next plan (with pipelined plans a
+  /// speculating sequence then pays the decode it skips: it speculates only when its
+  /// drafts are expected to bring more than that one token). Writes `draft_tokens[i]` in
+  /// [0, limits[i]].
   void Choose(absl::Span<const int32_t> limits, absl::Span<const SpeculationStats* const> stats,
-              int64_t num_other_tokens, std::vector<int32_t>& draft_tokens) const;
+              int64_t num_other_tokens, bool other_work, std::vector<int32_t>& draft_tokens) const;
 
   const SpeculationConfig& config() const { return config_; }
   const StepCostModel& cost_model() const { return cost_; }

@@ -32,7 +32,7 @@ std::vector<int32_t> Choose(const SpeculationPolicy& policy, int32_t num_seqs, i
   std::vector<int32_t> limits(static_cast<size_t>(num_seqs), limit);
   std::vector<const SpeculationStats*> all(static_cast<size_t>(num_seqs), &stats);
   std::vector<int32_t> drafts;
-  policy.Choose(limits, all, other_tokens, drafts);
+  policy.Choose(limits, all, other_tokens, /*other_work=*/false, drafts);
   return drafts;
 }
 
@@ -100,7 +100,7 @@ TEST(SpeculationPolicyTest, GivesMoreDraftsToSequencesThatAcceptMore) {
   std::vector<int32_t> limits = {8, 8};
   std::vector<const SpeculationStats*> stats = {&often, &rarely};
   std::vector<int32_t> drafts;
-  policy.Choose(limits, stats, 0, drafts);
+  policy.Choose(limits, stats, 0, /*other_work=*/false, drafts);
   EXPECT_GT(drafts[0], drafts[1]);
   EXPECT_LE(drafts[0], 8);
 }
@@ -112,11 +112,27 @@ TEST(SpeculationPolicyTest, RespectsEachSequencesLimit) {
   std::vector<int32_t> limits = {0, 2, 16};
   std::vector<const SpeculationStats*> stats = {&good, &good, &good};
   std::vector<int32_t> drafts;
-  policy.Choose(limits, stats, 0, drafts);
+  policy.Choose(limits, stats, 0, /*other_work=*/false, drafts);
   EXPECT_EQ(drafts[0], 0);
   EXPECT_LE(drafts[1], 2);
   EXPECT_LE(drafts[2], 16);
   EXPECT_GT(drafts[2], 2);
+}
+
+TEST(SpeculationPolicyTest, WithPipelinedPlansDraftsMustPayForTheSkippedPlan) {
+  SpeculationPolicy policy({});
+  Teach(policy, 0.010, 0.0001);
+  // 45% acceptance: a few drafts bring about 0.8 tokens, less than the skipped decode.
+  const SpeculationStats middling = Observed(50, 200, 90);
+  const SpeculationStats good = Observed(50, 200, 180);
+  std::vector<int32_t> limits = {4, 4};
+  std::vector<const SpeculationStats*> stats = {&middling, &good};
+  std::vector<int32_t> alone, busy;
+  policy.Choose(limits, stats, 0, /*other_work=*/false, alone);
+  policy.Choose(limits, stats, 0, /*other_work=*/true, busy);
+  EXPECT_GT(alone[0], 0);
+  EXPECT_EQ(busy[0], 0);
+  EXPECT_GT(busy[1], 0);
 }
 
 }  // namespace
