@@ -25,6 +25,7 @@
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/rope.h"
 #include "worker/model_weights.h"
 #endif
@@ -41,6 +42,10 @@ int64_t CudaModelRunner::KvBytesPerBlock(const common::ModelConfig& config, int6
 
 CudaModelRunner::CudaModelRunner(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
+// The runner calls this for decode steps only, where it maps the step to itself (up to
+// trailing blocks) before graph padding; steps with multi-token sequences go to the
+// prefill kernel over the batch's own CSR arrays. For multi-token batches it remains the
+// reference path (one decode-kernel sequence per query token) that tests compare against.
 StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size) {
   StepBatch expanded;
   expanded.token_ids = batch.token_ids;
@@ -125,7 +130,7 @@ constexpr int64_t kMaxGraphBatch = 256;
 // Graphs are also keyed by the context bucket (a power of two, at least this): the split
 // count of the decode kernel is baked into a graph and depends on the context length.
 constexpr int64_t kMinContextBucket = 256;
-// The decode kernel's grid holds at most this many sequences per launch.
+// The attention kernels' grids hold at most this many sequences per launch.
 constexpr int64_t kMaxAttentionSeqsPerLaunch = 65535;
 // Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
 constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
@@ -185,23 +190,29 @@ absl::StatusOr<bool> Reserve(DeviceBuffer& buffer, size_t bytes) {
 }
 
 // The shapes of one step as the device sees them (padded for a graph), and where each
-// int32 input array sits in the one uploaded buffer. Every query token is one attention
-// sequence (ExpandToSingleTokenSequences), so sequences and tokens are both num_tokens.
+// int32 input array sits in the one uploaded buffer. A decode step has one query token
+// per sequence (ExpandToSingleTokenSequences, then graph padding), so N == T and the
+// decode kernel runs; a step with any multi-token sequence (`prefill`) keeps the batch's
+// own sequences and runs the prefill kernel over them.
 struct StepShape {
   int64_t num_tokens = 0;         // T: rows of every activation
+  int64_t num_seqs = 0;           // N: attention sequences
   int64_t num_samples = 0;        // S: rows through the final norm and LM head
   int64_t num_block_entries = 0;  // E: the attention sequences' block tables
   int64_t max_context_len = 1;    // bound given to the decode kernel (sizes its splits)
+  int64_t max_query_len = 1;      // bound given to the prefill kernel (sizes its grid)
+  bool prefill = false;           // attention through the prefill kernel, not decode
 
-  // Offsets in int32 elements: token ids [T], positions [T], slots [T], context lengths
-  // [T], block_indptr [T + 1], sample rows [S], block indices [E].
+  // Offsets in int32 elements: token ids [T], positions [T], slots [T], query_start
+  // [N + 1], context lengths [N], block_indptr [N + 1], sample rows [S], block indices [E].
   int64_t token_ids() const { return 0; }
   int64_t positions() const { return num_tokens; }
   int64_t slots() const { return 2 * num_tokens; }
-  int64_t context_len() const { return 3 * num_tokens; }
-  int64_t block_indptr() const { return 4 * num_tokens; }
-  int64_t sample_rows() const { return 5 * num_tokens + 1; }
-  int64_t block_indices() const { return 5 * num_tokens + 1 + num_samples; }
+  int64_t query_start() const { return 3 * num_tokens; }
+  int64_t context_len() const { return 3 * num_tokens + num_seqs + 1; }
+  int64_t block_indptr() const { return 3 * num_tokens + 2 * num_seqs + 1; }
+  int64_t sample_rows() const { return 3 * num_tokens + 3 * num_seqs + 2; }
+  int64_t block_indices() const { return sample_rows() + num_samples; }
   int64_t input_elements() const { return block_indices() + num_block_entries; }
 };
 
@@ -372,14 +383,15 @@ struct CudaModelRunner::State {
       staging = static_cast<int32_t*>(host);
       input_capacity = n;
     }
-    const size_t workspace = DecodeWorkspaceBytes(shape.num_tokens, shape.max_context_len);
+    if (shape.prefill) return absl::OkStatus();  // the prefill kernel needs no workspace
+    const size_t workspace = DecodeWorkspaceBytes(shape.num_seqs, shape.max_context_len);
     LOOM_ASSIGN_OR_RETURN(const bool workspace_moved, Reserve(attn_workspace, workspace));
     if (workspace_moved) DropGraphs();
     return absl::OkStatus();
   }
 
-  // Writes `step` (expanded and padded: one token per sequence) into `staging` in
-  // `shape`'s layout.
+  // Writes `step` (a decode step expanded and padded, or a prefill step as given) into
+  // `staging` in `shape`'s layout.
   void PackInputs(const StepBatch& step, const StepShape& shape) {
     auto put = [&](int64_t offset, const std::vector<int32_t>& values) {
       std::memcpy(staging + offset, values.data(), values.size() * sizeof(int32_t));
@@ -387,20 +399,44 @@ struct CudaModelRunner::State {
     put(shape.token_ids(), step.token_ids);
     put(shape.positions(), step.positions);
     put(shape.slots(), step.slots);
+    put(shape.query_start(), step.query_start);
     put(shape.context_len(), step.context_len);
     put(shape.block_indptr(), step.block_indptr);
     put(shape.sample_rows(), step.sample_rows);
     put(shape.block_indices(), step.block_indices);
   }
 
-  // Enqueues the attention of layer `l`: the decode kernel over every token's one-token
-  // sequence (ExpandToSingleTokenSequences). When kernels/cuda/prefill_attention lands,
-  // multi-token sequences go to it here (with the batch's own CSR arrays uploaded too).
+  // Enqueues the attention of layer `l`: the causal prefill kernel over the batch's own
+  // sequences when any has several query tokens, else the decode kernel over the
+  // one-token sequences (the only path a graph captures).
   absl::Status EnqueueAttention(size_t l, const StepShape& shape, const int32_t* in) {
     const int64_t elem = kc::ElementBytes(dtype);
-    for (int64_t first = 0; first < shape.num_tokens; first += kMaxAttentionSeqsPerLaunch) {
+    if (shape.prefill) {
+      for (int64_t first = 0; first < shape.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
+        kc::PagedPrefillParams p;
+        // query_start and block_indptr values index the whole step's rows and block
+        // indices, so a chunk of sequences offsets only the per-sequence arrays.
+        p.q = qkv.data();
+        p.out = attn.data();
+        p.q_dtype = dtype;
+        p.out_dtype = dtype;
+        p.cache = KvView(l);
+        p.query_start = in + shape.query_start() + first;
+        p.context_len = in + shape.context_len() + first;
+        p.block_indptr = in + shape.block_indptr() + first;
+        p.block_indices = in + shape.block_indices();
+        p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, shape.num_seqs - first);
+        p.num_heads = config.num_heads;
+        p.q_stride = qkv_dim;
+        p.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+        p.max_query_len = shape.max_query_len;
+        LOOM_RETURN_IF_ERROR(kc::LaunchPagedPrefill(p, stream));
+      }
+      return absl::OkStatus();
+    }
+    for (int64_t first = 0; first < shape.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
       kc::PagedDecodeParams p;
-      p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, shape.num_tokens - first);
+      p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, shape.num_seqs - first);
       p.q = static_cast<const uint8_t*>(qkv.data()) + first * qkv_dim * elem;
       p.out = static_cast<uint8_t*>(attn.data()) + first * q_dim * elem;
       p.q_dtype = dtype;
@@ -572,23 +608,36 @@ struct CudaModelRunner::State {
     int64_t max_context = 1;
     for (int32_t position : batch.positions)
       max_context = std::max<int64_t>(max_context, position + 1);
+    int64_t max_query = 1;
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      max_query = std::max<int64_t>(max_query, batch.query_start[s + 1] - batch.query_start[s]);
+    }
     // A decode step (one query token per sequence) of up to 256 sequences runs padded to
     // its bucket's shape, graphs on or off, so both give the same bits; with graphs on it
-    // replays the bucket's graph.
+    // replays the bucket's graph. Any other step (a sequence with several query tokens)
+    // runs eagerly, its attention in the prefill kernel over the batch as given.
     const bool decode = n == batch.num_seqs();
     const int64_t bucket = decode ? GraphBatchBucket(n) : 0;
     const bool padded = bucket > 0 && num_sampled <= bucket;
     const bool graphed = padded && use_graphs;
 
-    StepBatch step = ExpandToSingleTokenSequences(batch, block_size);
-    if (padded) {
-      PadDecodeBatch(step, bucket, bucket, static_cast<int32_t>(scratch_block), block_size);
+    StepBatch expanded;
+    if (decode) {
+      expanded = ExpandToSingleTokenSequences(batch, block_size);
+      if (padded) {
+        PadDecodeBatch(expanded, bucket, bucket, static_cast<int32_t>(scratch_block),
+                       block_size);
+      }
     }
+    const StepBatch& step = decode ? expanded : batch;
     StepShape shape;
     shape.num_tokens = step.num_tokens();
+    shape.num_seqs = step.num_seqs();
     shape.num_samples = static_cast<int64_t>(step.sample_rows.size());
     shape.num_block_entries = static_cast<int64_t>(step.block_indices.size());
     shape.max_context_len = padded ? ContextBucket(max_context) : max_context;
+    shape.max_query_len = max_query;
+    shape.prefill = !decode;
     LOOM_RETURN_IF_ERROR(EnsureCapacity(shape));
     PackInputs(step, shape);
     LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(inputs.data(), staging,
@@ -644,8 +693,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   }
   if (options.kv_dtype != options.dtype) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA runner: KV dtype %s must equal the activation dtype %s (the decode kernel reads "
-        "queries in the cache's type)",
+        "CUDA runner: KV dtype %s must equal the activation dtype %s (the attention kernels "
+        "read queries in the cache's type)",
         kc::DataTypeName(options.kv_dtype), kc::DataTypeName(options.dtype)));
   }
   if (options.block_size < 1 || options.block_size > 1024) {
@@ -666,7 +715,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   if (config.head_dim != 64 && config.head_dim != 128) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA runner: head dim %d unsupported by the decode attention kernel (64, 128)",
+        "CUDA runner: head dim %d unsupported by the attention kernels (64, 128)",
         config.head_dim));
   }
   if (config.hidden_size > 65536) {
@@ -726,6 +775,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   const int64_t max_blocks_per_seq = (c.context_length + s.block_size - 1) / s.block_size;
   StepShape reserve;
   reserve.num_tokens = std::max(options.max_num_tokens, kMaxGraphBatch);
+  reserve.num_seqs = reserve.num_tokens;
   reserve.num_samples = kMaxGraphBatch;
   reserve.num_block_entries =
       std::min<int64_t>(kMaxGraphBatch * max_blocks_per_seq, int64_t{1} << 22);

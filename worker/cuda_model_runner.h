@@ -104,9 +104,9 @@ class CudaModelRunner : public ForwardPass {
 /// table, which is exactly causal attention (this step's K/V are written before attention
 /// reads them). Token ids, positions, slots and sample rows are unchanged; a batch
 /// ValidateStepBatch accepts stays accepted. A decode step maps to itself (up to trailing
-/// blocks). Slower than a multi-token kernel (each token re-reads its prefix): when
-/// kernels/cuda/prefill_attention lands, the runner calls it for multi-token sequences
-/// instead. Exposed for tests (the CPU runner checks it gives the same logits).
+/// blocks). The runner uses it for decode steps; multi-token steps go to the prefill
+/// kernel, for which this is the reference path. Exposed for tests (the CPU runner checks
+/// it gives the same logits).
 StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size);
 
 /// Pads a batch of one-token sequences to `num_seqs` sequences (a CUDA graph bucket) and
