@@ -4,6 +4,9 @@
 // column-major [k, n] matrix) transposed times x (column-major [k, m]) untransposed, so
 // cuBLAS gets (OP_T, OP_N, n, m, k) with leading dimensions k, k and n.
 #include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include "kernels/cuda/cublas_library.h"
 
 #include <utility>
 
@@ -17,10 +20,22 @@ namespace {
 using internal::FromFloat;
 using internal::ToFloat;
 
+// cublasGemmEx is overloaded in C++ (a wrapper for the old cudaDataType compute type):
+// name the real entry point's type.
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                    int, int, const void*, const void*, cudaDataType, int,
+                                    const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+GemmExFn GemmEx() {
+  static const GemmExFn fn =
+      detail::ResolveCublas<GemmExFn>(detail::CublasLibrary::kCublas, "cublasGemmEx");
+  return fn;
+}
+
 absl::Status FromCublas(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(absl::StrFormat("%s failed: %s (%d)", call,
-                                             cublasGetStatusString(status),
+                                             LOOM_CUBLAS(cublasGetStatusString)(status),
                                              static_cast<int>(status)));
 }
 
@@ -53,22 +68,26 @@ absl::StatusOr<std::unique_ptr<GemmHandle>> GemmHandle::Create(cudaStream_t stre
     return absl::FailedPreconditionError(
         absl::StrFormat("GemmHandle: no CUDA device (%s)", CudaDeviceDescription(0)));
   }
+  if (detail::OpenCublasLibrary(detail::CublasLibrary::kCublas) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("GemmHandle: cannot load libcublas: %s", dlerror()));
+  }
   std::unique_ptr<GemmHandle> handle(new GemmHandle());
   handle->stream_ = stream;
   cublasHandle_t cublas = nullptr;
-  LOOM_RETURN_IF_ERROR(FromCublas(cublasCreate(&cublas), "cublasCreate"));
+  LOOM_RETURN_IF_ERROR(FromCublas(LOOM_CUBLAS(cublasCreate)(&cublas), "cublasCreate"));
   handle->cublas_ = cublas;  // owned from here: the destructor destroys it on any error below
   // cublasSetStream resets the workspace to cuBLAS's default pool: set the stream first.
-  LOOM_RETURN_IF_ERROR(FromCublas(cublasSetStream(cublas, stream), "cublasSetStream"));
+  LOOM_RETURN_IF_ERROR(FromCublas(LOOM_CUBLAS(cublasSetStream)(cublas, stream), "cublasSetStream"));
   LOOM_ASSIGN_OR_RETURN(handle->workspace_, DeviceBuffer::Allocate(kWorkspaceBytes));
   LOOM_RETURN_IF_ERROR(FromCublas(
-      cublasSetWorkspace(cublas, handle->workspace_.data(), handle->workspace_.bytes()),
+      LOOM_CUBLAS(cublasSetWorkspace)(cublas, handle->workspace_.data(), handle->workspace_.bytes()),
       "cublasSetWorkspace"));
   return handle;
 }
 
 GemmHandle::~GemmHandle() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (cublas_ != nullptr) LOOM_CUBLAS(cublasDestroy)(static_cast<cublasHandle_t>(cublas_));
 }
 
 absl::Status LaunchGemm(const GemmParams& p, GemmHandle& handle) {
@@ -78,7 +97,7 @@ absl::Status LaunchGemm(const GemmParams& p, GemmHandle& handle) {
   const float alpha = 1.0f, beta = 0.0f;
   const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
   LOOM_RETURN_IF_ERROR(FromCublas(
-      cublasGemmEx(static_cast<cublasHandle_t>(handle.cublas()), CUBLAS_OP_T, CUBLAS_OP_N, n, m, k,
+      GemmEx()(static_cast<cublasHandle_t>(handle.cublas()), CUBLAS_OP_T, CUBLAS_OP_N, n, m, k,
                    &alpha, p.w, CudaType(p.dtype), k, p.x, CudaType(p.dtype), k, &beta, p.y,
                    CudaType(p.y_dtype), n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx"));

@@ -2,6 +2,9 @@
 // their fragment layouts and the device weight layout), the FP8 activation quantizer and the FP8
 // GEMM through cuBLASLt.
 #include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "kernels/cuda/cublas_library.h"
 #include <cuda_fp8.h>
 
 #include <memory>
@@ -155,32 +158,36 @@ __global__ void Fp8EpilogueKernel(const float* __restrict__ results, const float
 absl::Status FromLt(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(absl::StrFormat("Fp8Gemm: %s failed: %s (%d)", what,
-                                             cublasGetStatusString(status),
+                                             LOOM_CUBLAS(cublasGetStatusString)(status),
                                              static_cast<int>(status)));
 }
 
 // The process-wide cuBLASLt handle (cuBLASLt handles may be shared between threads).
 absl::StatusOr<cublasLtHandle_t> LtHandle() {
+  if (detail::OpenCublasLibrary(detail::CublasLibrary::kCublasLt) == nullptr ||
+      detail::OpenCublasLibrary(detail::CublasLibrary::kCublas) == nullptr) {
+    return absl::FailedPreconditionError("Fp8Gemm: cannot load libcublasLt / libcublas");
+  }
   static cublasLtHandle_t handle = nullptr;
-  static const cublasStatus_t created = cublasLtCreate(&handle);
+  static const cublasStatus_t created = LOOM_CUBLAS_LT(cublasLtCreate)(&handle);
   LOOM_RETURN_IF_ERROR(FromLt(created, "cublasLtCreate"));
   return handle;
 }
 
 struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { LOOM_CUBLAS_LT(cublasLtMatmulDescDestroy)(d); }
 };
 struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { LOOM_CUBLAS_LT(cublasLtMatrixLayoutDestroy)(l); }
 };
 struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { LOOM_CUBLAS_LT(cublasLtMatmulPreferenceDestroy)(p); }
 };
 
 absl::StatusOr<std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>> Layout(
     cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  LOOM_RETURN_IF_ERROR(FromLt(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld),
+  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatrixLayoutCreate)(&layout, type, rows, cols, ld),
                               "cublasLtMatrixLayoutCreate"));
   return std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>(layout);
 }
@@ -260,16 +267,16 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   // column-major [k, n] matrix, transposed (FP8 on cuBLASLt wants "TN"), and B = X as a
   // column-major [k, m] matrix.
   cublasLtMatmulDesc_t raw_desc = nullptr;
-  LOOM_RETURN_IF_ERROR(FromLt(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescCreate)(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                               "cublasLtMatmulDescCreate"));
   std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter> desc(raw_desc);
   const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
   LOOM_RETURN_IF_ERROR(
-      FromLt(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescSetAttribute)(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
                                             sizeof(transpose)),
              "set TRANSA"));
   LOOM_RETURN_IF_ERROR(
-      FromLt(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescSetAttribute)(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
                                             sizeof(no_transpose)),
              "set TRANSB"));
   LOOM_ASSIGN_OR_RETURN(auto a_layout, Layout(CUDA_R_8F_E4M3, p.k, p.n, p.k));
@@ -278,17 +285,17 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
 
   cublasLtMatmulPreference_t raw_preference = nullptr;
   LOOM_RETURN_IF_ERROR(
-      FromLt(cublasLtMatmulPreferenceCreate(&raw_preference), "cublasLtMatmulPreferenceCreate"));
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulPreferenceCreate)(&raw_preference), "cublasLtMatmulPreferenceCreate"));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference(raw_preference);
   const uint64_t lt_workspace_bytes = internal::kFp8LtWorkspaceBytes;
-  LOOM_RETURN_IF_ERROR(FromLt(cublasLtMatmulPreferenceSetAttribute(
+  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatmulPreferenceSetAttribute)(
                                   preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                   &lt_workspace_bytes, sizeof(lt_workspace_bytes)),
                               "set MAX_WORKSPACE_BYTES"));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   LOOM_RETURN_IF_ERROR(
-      FromLt(cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(), b_layout.get(),
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulAlgoGetHeuristic)(handle, desc.get(), a_layout.get(), b_layout.get(),
                                             d_layout.get(), d_layout.get(), preference.get(), 1,
                                             &heuristic, &found),
              "cublasLtMatmulAlgoGetHeuristic"));
@@ -301,7 +308,7 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   void* lt_workspace = static_cast<uint8_t*>(p.workspace) + results_bytes;
   const float alpha = 1.0f, beta = 0.0f;
   LOOM_RETURN_IF_ERROR(
-      FromLt(cublasLtMatmul(handle, desc.get(), &alpha, p.weight, a_layout.get(), p.x,
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmul)(handle, desc.get(), &alpha, p.weight, a_layout.get(), p.x,
                             b_layout.get(), &beta, results, d_layout.get(), results, d_layout.get(),
                             &heuristic.algo, lt_workspace, lt_workspace_bytes, stream),
              "cublasLtMatmul"));
