@@ -147,13 +147,12 @@ def main():
                 ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in zip(runs["adaptive"], runs["none"])]
                 drafted = sum(r["drafted"] for r in runs["adaptive"])
                 accepted = sum(r["accepted"] for r in runs["adaptive"])
-                steps = None
                 batch1[workload] = {
                     "none_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["none"]),
                     "speculative_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["adaptive"]),
                     "speedup": statistics.median(ratios),
                     "acceptance_rate": accepted / drafted if drafted else None,
-                    "drafted": drafted, "accepted": accepted, "steps": steps}
+                    "drafted": drafted, "accepted": accepted}
                 print(f"batch 1 {workload:10s}: {batch1[workload]['none_tokens_per_s']:7.1f} tok/s without, "
                       f"{batch1[workload]['speculative_tokens_per_s']:7.1f} with adaptive speculation: "
                       f"{batch1[workload]['speedup']:.2f}x (acceptance {batch1[workload]['acceptance_rate']})",

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
 #include "common/status_macros.h"
@@ -39,14 +40,6 @@ struct Options {
   ModelRunnerOptions runner;
 };
 
-bool ParseInt(const char* text, int64_t& out) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0') return false;
-  out = value;
-  return true;
-}
-
 bool ParseOptions(int argc, char** argv, Options& options) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -73,7 +66,7 @@ bool ParseOptions(int argc, char** argv, Options& options) {
         std::fprintf(stderr, "loom perplexity: --kv-dtype must be f16 or f32, got '%s'\n", value);
         return false;
       }
-    } else if (!ParseInt(value, number) || number < 0) {
+    } else if (!absl::SimpleAtoi(value, &number) || number < 0) {
       std::fprintf(stderr, "loom perplexity: bad value '%s' for %s\n", value, flag.c_str());
       return false;
     } else if (flag == "--context") {

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
 #include "common/gguf_writer.h"
@@ -41,14 +42,6 @@ struct Options {
   int64_t calibration_length = 512;
   QuantizerOptions quantizer;
 };
-
-bool ParseInt(const char* text, int64_t& out) {
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0') return false;
-  out = value;
-  return true;
-}
 
 bool ParseOptions(int argc, char** argv, Options& options) {
   for (int i = 1; i < argc; ++i) {
@@ -97,7 +90,7 @@ bool ParseOptions(int argc, char** argv, Options& options) {
         return false;
       }
       options.quantizer.awq_clip = value == "on";
-    } else if (!ParseInt(value.c_str(), number) || number < 1) {
+    } else if (!absl::SimpleAtoi(value, &number) || number < 1) {
       std::fprintf(stderr, "loom quantize: bad value '%s' for %s\n", value.c_str(), flag.c_str());
       return false;
     } else if (flag == "--group-size") {

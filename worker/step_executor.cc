@@ -220,9 +220,6 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
           static_cast<int64_t>(block_table.size()) * block_size - end);
       drafts = ProposeNgram(sequence->tokens, options_.ngram_min, options_.ngram_max,
                             static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts)));
-      for (int32_t& token : drafts) {
-        if (token < 0 || token >= vocab) token = 0;  // never: proposals come from known ids
-      }
     }
     const size_t first_new = prepared.batch.token_ids.size();
     if (drafts.empty()) {

@@ -40,6 +40,37 @@ absl::Status CheckGroup(WeightFormat format, int64_t rows, int64_t cols, int64_t
 
 }  // namespace
 
+void QuantizeGroupRtn(const float* w, int64_t count, WeightFormat format, int8_t* q,
+                      uint16_t* scale_out, uint16_t* min_out) {
+  if (format == WeightFormat::kInt8) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < count; ++j) amax = std::max(amax, std::fabs(w[j]));
+    const uint16_t scale_h = FloatToHalf(amax / 127.0f);
+    const float scale = HalfToFloat(scale_h);
+    *scale_out = scale_h;
+    for (int64_t j = 0; j < count; ++j) {
+      const float v = scale > 0.0f ? std::nearbyint(w[j] / scale) : 0.0f;
+      q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+    return;
+  }
+  float lo = w[0], hi = w[0];
+  for (int64_t j = 1; j < count; ++j) {
+    lo = std::min(lo, w[j]);
+    hi = std::max(hi, w[j]);
+  }
+  const uint16_t min_h = FloatToHalf(lo);
+  const float min = HalfToFloat(min_h);
+  const uint16_t scale_h = FloatToHalf((hi - min) / 15.0f);
+  const float scale = HalfToFloat(scale_h);
+  *scale_out = scale_h;
+  *min_out = min_h;
+  for (int64_t j = 0; j < count; ++j) {
+    const float v = scale > 0.0f ? std::nearbyint((w[j] - min) / scale) : 0.0f;
+    q[j] = static_cast<int8_t>(std::clamp(v, 0.0f, 15.0f));
+  }
+}
+
 absl::StatusOr<QuantizedMatrix> QuantizeRtn(const float* values, int64_t rows, int64_t cols,
                                             WeightFormat format, int64_t group_size) {
   if (values == nullptr) return absl::InvalidArgumentError("QuantizeRtn: null values");
@@ -58,33 +89,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRtn(const float* values, int64_t rows, i
       const float* w = values + row * cols + g * group_size;
       int8_t* q = m.q.data() + row * cols + g * group_size;
       const int64_t index = row * groups + g;
-      if (format == WeightFormat::kInt8) {
-        float amax = 0.0f;
-        for (int64_t j = 0; j < group_size; ++j) amax = std::max(amax, std::fabs(w[j]));
-        const uint16_t scale_h = FloatToHalf(amax / 127.0f);
-        const float scale = HalfToFloat(scale_h);
-        m.scales[index] = scale_h;
-        for (int64_t j = 0; j < group_size; ++j) {
-          const float v = scale > 0.0f ? std::nearbyint(w[j] / scale) : 0.0f;
-          q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-        }
-        continue;
-      }
-      float lo = w[0], hi = w[0];
-      for (int64_t j = 1; j < group_size; ++j) {
-        lo = std::min(lo, w[j]);
-        hi = std::max(hi, w[j]);
-      }
-      const uint16_t min_h = FloatToHalf(lo);
-      const float min = HalfToFloat(min_h);
-      const uint16_t scale_h = FloatToHalf((hi - min) / 15.0f);
-      const float scale = HalfToFloat(scale_h);
-      m.scales[index] = scale_h;
-      m.mins[index] = min_h;
-      for (int64_t j = 0; j < group_size; ++j) {
-        const float v = scale > 0.0f ? std::nearbyint((w[j] - min) / scale) : 0.0f;
-        q[j] = static_cast<int8_t>(std::clamp(v, 0.0f, 15.0f));
-      }
+      QuantizeGroupRtn(w, group_size, format, q, &m.scales[index],
+                       format == WeightFormat::kInt4 ? &m.mins[index] : nullptr);
     }
   }
   return m;

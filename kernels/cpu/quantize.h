@@ -25,6 +25,13 @@ struct QuantizedMatrix {
   int64_t groups_per_row() const { return group_size > 0 ? cols / group_size : 0; }
 };
 
+/// Round-to-nearest of one group of `count` values, the rule every Loom quantizer uses:
+/// INT8 symmetric (scale = F16(max|w| / 127), q = round(w / scale) in [-127, 127]); INT4
+/// asymmetric (min = F16(min w), scale = F16((max w - min) / 15), q = round((w - min) /
+/// scale) in [0, 15]). Writes q[count], *scale and (INT4) *min. Thread-safe.
+void QuantizeGroupRtn(const float* values, int64_t count, WeightFormat format, int8_t* q,
+                      uint16_t* scale, uint16_t* min);
+
 /// Round-to-nearest quantization of F32 values [rows, cols], group by group of
 /// `group_size` columns, with exactly PackFromF32's arithmetic: INT8 symmetric
 /// (scale = F16(max|w| / 127), q = round(w / scale)); INT4 asymmetric (min = F16(min w),

@@ -1,5 +1,7 @@
 #include "kernels/cpu/weights.h"
 
+#include "kernels/cpu/quantize.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/quantize.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -99,37 +102,16 @@ int GetQ(const PackedWeight& w, int64_t row, int64_t col) {
   return col % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
 }
 
-// Quantizes one group of F32 values with round-to-nearest into row `row`, group `g`.
+// Quantizes one group of F32 values with round-to-nearest (QuantizeGroupRtn) into row
+// `row`, group `g`.
 void QuantizeGroup(const float* values, PackedWeight& w, int64_t row, int64_t g) {
   const int64_t gs = w.group_size;
   const int64_t index = GroupIndex(w, row, g);
-  if (w.format == WeightFormat::kInt8) {
-    float amax = 0.0f;
-    for (int64_t j = 0; j < gs; ++j) amax = std::max(amax, std::fabs(values[j]));
-    const uint16_t scale_h = FloatToHalf(amax / 127.0f);
-    const float scale = HalfToFloat(scale_h);
-    w.scales[index] = scale_h;
-    for (int64_t j = 0; j < gs; ++j) {
-      const float q = scale > 0.0f ? std::nearbyint(values[j] / scale) : 0.0f;
-      SetQ(w, row, g * gs + j, static_cast<int>(std::clamp(q, -127.0f, 127.0f)));
-    }
-    return;
-  }
-  float lo = values[0], hi = values[0];
-  for (int64_t j = 1; j < gs; ++j) {
-    lo = std::min(lo, values[j]);
-    hi = std::max(hi, values[j]);
-  }
-  const uint16_t min_h = FloatToHalf(lo);
-  const float min = HalfToFloat(min_h);
-  const uint16_t scale_h = FloatToHalf((hi - min) / 15.0f);
-  const float scale = HalfToFloat(scale_h);
-  w.scales[index] = scale_h;
-  w.mins[index] = min_h;
-  for (int64_t j = 0; j < gs; ++j) {
-    const float q = scale > 0.0f ? std::nearbyint((values[j] - min) / scale) : 0.0f;
-    SetQ(w, row, g * gs + j, static_cast<int>(std::clamp(q, 0.0f, 15.0f)));
-  }
+  std::vector<int8_t> q(static_cast<size_t>(gs));
+  uint16_t min = 0;
+  QuantizeGroupRtn(values, gs, w.format, q.data(), &w.scales[index], &min);
+  if (w.format == WeightFormat::kInt4) w.mins[index] = min;
+  for (int64_t j = 0; j < gs; ++j) SetQ(w, row, g * gs + j, q[static_cast<size_t>(j)]);
 }
 
 // Writes one row of F32 values in `w`'s format.
