@@ -3,7 +3,8 @@
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
 // sequences against single-stream. Writes bench/results/engine_cpu.json.
 //
-// usage: engine_bench [--model PATH] [--threads N]
+// usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
+//                     [--only-batch N]  (just N-sequence decode, three times: for perf)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -81,10 +82,14 @@ int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (const char* env = std::getenv("LOOM_MODEL_PATH")) model_path = env;
   int threads = 2;
+  std::string activations = "int8";  // the worker's default
+  int only_batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_path = argv[i + 1];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    if (flag == "--activations") activations = argv[i + 1];
+    if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
   }
   auto gguf = loom::common::GgufFile::Open(model_path);
   if (!gguf.ok()) {
@@ -94,21 +99,43 @@ int main(int argc, char** argv) {
   loom::worker::ModelRunnerOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 512;
+  auto precision = loom::kernels::cpu::ParseActivationPrecision(activations);
+  if (!precision.ok()) {
+    std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
+    return 1;
+  }
+  options.activations = *precision;
   auto runner_or = loom::worker::ModelRunner::Create(**gguf, options);
   if (!runner_or.ok()) {
     std::fprintf(stderr, "%s\n", runner_or.status().ToString().c_str());
     return 1;
   }
   loom::worker::ModelRunner& runner = **runner_or;
+  if (only_batch > 0) {
+    for (int r = 0; r < 3; ++r) {
+      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, 64));
+    }
+    return 0;
+  }
   const auto& config = runner.config();
 
-  std::printf("CPU: %s, %d threads, matmul ISA %s\n", loom::bench::CpuModel().c_str(), threads,
-              loom::kernels::cpu::MatmulIsa());
+  std::printf("CPU: %s, %d threads, matmul ISA %s, %s activations\n",
+              loom::bench::CpuModel().c_str(), threads, loom::kernels::cpu::MatmulIsa(),
+              activations.c_str());
   const double copy_gbs = loom::bench::MeasureCopyBandwidthGBs(threads);
   const double read_gbs = loom::bench::MeasureReadBandwidthGBs(threads);
   const double peak_gflops = loom::bench::MeasurePeakGflops(threads);
-  std::printf("limits: memcpy %.1f GB/s (read+write), read %.1f GB/s, FMA peak %.0f GFLOP/s\n",
-              copy_gbs, read_gbs, peak_gflops);
+  const double peak_int8_gmacs = loom::bench::MeasurePeakInt8Gmacs(threads);
+  std::printf("limits: memcpy %.1f GB/s (read+write), read %.1f GB/s, FMA peak %.0f GFLOP/s, "
+              "int8 dot peak %.0f GMAC/s\n",
+              copy_gbs, read_gbs, peak_gflops, peak_int8_gmacs);
+  // Multiply-adds per decoded token: every layer matrix and the LM head.
+  const double macs_per_token =
+      MatmulFlopsPerToken(runner.weights()) / 2 +
+      static_cast<double>(runner.weights().lm_head().rows) * runner.weights().lm_head().cols;
+  auto vs_int8_peak = [&](double tokens_per_s) {
+    return peak_int8_gmacs > 0 ? tokens_per_s * macs_per_token / 1e9 / peak_int8_gmacs : 0.0;
+  };
 
   // Single-stream decode: every step reads all weights once.
   const double bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
@@ -146,23 +173,29 @@ int main(int argc, char** argv) {
   std::printf("batched decode (64 tokens each):\n");
   for (int batch : {1, 4, 16, 64}) {
     const double tps = batch == 1 ? decode_tps : DecodeRate(runner, batch, 64);
-    std::printf("  %2d sequences: %7.1f tokens/s = %.2fx single-stream\n", batch, tps, tps / decode_tps);
-    batched_json += absl::StrFormat("%s{\"sequences\": %d, \"tokens_per_s\": %.2f, \"vs_single\": %.3f}",
-                                    batched_json.empty() ? "" : ", ", batch, tps, tps / decode_tps);
+    std::printf("  %2d sequences: %7.1f tokens/s = %.2fx single-stream; matmuls %.0f GMAC/s = %.2f of int8 dot peak\n",
+                batch, tps, tps / decode_tps, tps * macs_per_token / 1e9, vs_int8_peak(tps));
+    batched_json += absl::StrFormat(
+        "%s{\"sequences\": %d, \"tokens_per_s\": %.2f, \"vs_single\": %.3f, "
+        "\"matmul_gmacs\": %.1f, \"vs_int8_peak\": %.3f}",
+        batched_json.empty() ? "" : ", ", batch, tps, tps / decode_tps,
+        tps * macs_per_token / 1e9, vs_int8_peak(tps));
   }
 
   loom::bench::WriteResult(
       "engine_cpu",
       absl::StrFormat(
           "{\"benchmark\": \"engine_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", \"threads\": %d, "
-          "\"model\": \"%s\", \"matmul_isa\": \"%s\",\n"
-          " \"limits\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, \"fma_peak_gflops\": %.1f},\n"
+          "\"model\": \"%s\", \"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
+          " \"limits\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
+          "\"int8_dot_peak_gmacs\": %.1f},\n"
           " \"decode_single\": {\"tokens_per_s\": %.2f, \"bytes_per_token\": %.0f, \"gbs\": %.3f, "
           "\"vs_memcpy\": %.3f, \"vs_read\": %.3f},\n"
           " \"prefill_512\": {\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"vs_fma_peak\": %.4f},\n"
           " \"batched_decode\": [%s]}",
           loom::bench::UtcNow(), loom::bench::CpuModel(), threads, model_path,
-          loom::kernels::cpu::MatmulIsa(), copy_gbs, read_gbs, peak_gflops, decode_tps,
+          loom::kernels::cpu::MatmulIsa(), activations, copy_gbs, read_gbs, peak_gflops,
+          peak_int8_gmacs, decode_tps,
           bytes_per_token, decode_gbs, decode_gbs / copy_gbs, decode_gbs / read_gbs,
           prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / peak_gflops, batched_json));
   return 0;

@@ -64,7 +64,35 @@ __attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations) {
   return lanes[0] + lanes[7];
 }
 
+// 12 independent chains of u8 x s8 dot products (VPDPBUSD): 64 multiply-adds each.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64_t iterations) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  }
+  __m512i sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm512_add_epi32(sum, acc[i]);
+  return _mm512_reduce_add_epi32(sum);
+}
+
 }  // namespace
+
+double MeasurePeakInt8Gmacs(int threads) {
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return 0.0;
+  const int64_t iterations = 20'000'000;
+  std::vector<int32_t> sink(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const double seconds =
+        TimeOnThreads(threads, [&](int t) { sink[t] = DotLoopVnni(iterations); });
+    rates.push_back(64.0 * 12 * iterations * threads / seconds / 1e9);
+  }
+  if (sink[0] == 42) std::puts("");
+  return Median(rates);
+}
 
 double MeasureCopyBandwidthGBs(int threads, int repeats) {
   std::vector<char> src(kBufferBytes, 1), dst(kBufferBytes, 0);

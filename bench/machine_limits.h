@@ -16,6 +16,10 @@ double MeasureReadBandwidthGBs(int threads, int repeats = 7);
 /// threads, using the widest vector unit the CPU has (AVX-512, else AVX2).
 double MeasurePeakGflops(int threads);
 
+/// Peak int8 multiply-accumulate rate in GMAC/s (AVX-512 VNNI u8 x s8 dot products) on
+/// `threads` threads; 0 where the CPU has no AVX-512 VNNI.
+double MeasurePeakInt8Gmacs(int threads);
+
 /// "AMD EPYC 9R14 (2 threads)": the CPU model from /proc/cpuinfo.
 std::string CpuModel();
 

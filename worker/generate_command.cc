@@ -22,9 +22,11 @@ constexpr char kUsage[] =
     "usage: loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
     "                     [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat]\n"
     "                     [--threads N] [--kv-dtype f16|f32] [--device cuda|cpu|auto]\n"
-    "                     [--cuda-graphs on|off]\n"
+    "                     [--cuda-graphs on|off] [--activations int8|f32]\n"
     "  --device   where the model runs (default auto: cuda when a CUDA device is present\n"
-    "             and --kv-dtype is f16)\n";
+    "             and --kv-dtype is f16)\n"
+    "  --activations  CPU, INT8/INT4 weights: int8 (default) quantizes layer inputs per 32\n"
+    "             values for integer dot products; f32 keeps them exact\n";
 
 struct Options {
   std::string model_path;
@@ -45,6 +47,7 @@ bool ParseNumber(const char* text, double& out) {
 // Returns false (after printing why) on a bad command line.
 bool ParseOptions(int argc, char** argv, Options& options) {
   options.request.max_tokens = 128;
+  options.runner.activations = kernels::cpu::ActivationPrecision::kInt8;
   options.request.sampling.temperature = 0.0f;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -65,6 +68,14 @@ bool ParseOptions(int argc, char** argv, Options& options) {
       options.prompt = value;
     } else if (flag == "--kv-dtype" && (std::strcmp(value, "f16") == 0 || std::strcmp(value, "f32") == 0)) {
       options.runner.kv_dtype = value[1] == '1' ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;
+    } else if (flag == "--activations") {
+      absl::StatusOr<kernels::cpu::ActivationPrecision> precision =
+          kernels::cpu::ParseActivationPrecision(value);
+      if (!precision.ok()) {
+        std::fprintf(stderr, "loom generate: %s\n", precision.status().message().data());
+        return false;
+      }
+      options.runner.activations = *precision;
     } else if (flag == "--device") {
       if (std::strcmp(value, "cuda") != 0 && std::strcmp(value, "cpu") != 0 &&
           std::strcmp(value, "auto") != 0) {

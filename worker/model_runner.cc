@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
       KvCache::Create(LocalConfig(runner->weights_->config, runner->weights_->shard),
                       options.num_kv_blocks, options.block_size, options.kv_dtype));
   runner->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  runner->activations_ = options.activations;
   return runner;
 }
 
@@ -60,6 +61,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
     return communicator_->AllReduceSum(absl::MakeSpan(data.data(), T * H));
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const cpu::ActivationPrecision precision = activations_;
 
   residual_.resize(T * H);
   normed_.resize(T * H);
@@ -121,7 +123,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kQkv, normed_.data(), T);
     LOOM_RETURN_IF_ERROR(cpu::Matmul({normed_.data(), &layer.qkv,
                                       layer.qkv_bias.empty() ? nullptr : layer.qkv_bias.data(),
-                                      qkv_.data(), T},
+                                      qkv_.data(), T, precision},
                                      *pool_));
     for (int64_t t = 0; t < T; ++t) {
       const float* row = qkv_.data() + t * qkv_dim;
@@ -135,16 +137,18 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
     LOOM_RETURN_IF_ERROR(cpu::PagedAttention(attention, *pool_));
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kAttnOutput, attn_.data(), T);
     LOOM_RETURN_IF_ERROR(
-        cpu::Matmul({attn_.data(), &layer.attn_output, nullptr, proj_.data(), T}, *pool_));
+        cpu::Matmul({attn_.data(), &layer.attn_output, nullptr, proj_.data(), T, precision},
+                    *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));
     cpu::AddRmsNorm(residual_.data(), proj_.data(), layer.ffn_norm.data(), eps, T, H,
                     normed_.data());
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kGateUp, normed_.data(), T);
     LOOM_RETURN_IF_ERROR(
-        cpu::Matmul({normed_.data(), &layer.gate_up, nullptr, gate_up_.data(), T}, *pool_));
+        cpu::Matmul({normed_.data(), &layer.gate_up, nullptr, gate_up_.data(), T, precision},
+                    *pool_));
     cpu::SiluMul(gate_up_.data(), T, ffn, act_.data());
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kDown, act_.data(), T);
-    LOOM_RETURN_IF_ERROR(cpu::Matmul({act_.data(), &layer.down, nullptr, proj_.data(), T}, *pool_));
+    LOOM_RETURN_IF_ERROR(cpu::Matmul({act_.data(), &layer.down, nullptr, proj_.data(), T, precision}, *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));
   }
 
@@ -160,7 +164,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
   logits.resize(S * c.vocab_size);
   if (S == 0) return absl::OkStatus();
   if (communicator_ == nullptr) {
-    return cpu::Matmul({sampled_.data(), &weights_->lm_head(), nullptr, logits.data(), S},
+    return cpu::Matmul({sampled_.data(), &weights_->lm_head(), nullptr, logits.data(), S, precision},
                        *pool_);
   }
   // Vocabulary-parallel LM head: each rank's slice of the logits (padded to the common
@@ -171,7 +175,8 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
   if (shard.vocab > 0) {
     std::vector<float>& rows = gathered_logits_;  // scratch before the gather overwrites it
     LOOM_RETURN_IF_ERROR(
-        cpu::Matmul({sampled_.data(), &weights_->lm_head(), nullptr, rows.data(), S}, *pool_));
+        cpu::Matmul({sampled_.data(), &weights_->lm_head(), nullptr, rows.data(), S, precision},
+                    *pool_));
     for (int64_t i = 0; i < S; ++i) {
       std::memcpy(local_logits_.data() + i * stride, rows.data() + i * shard.vocab,
                   shard.vocab * sizeof(float));

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/gguf_file.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/communicator.h"
@@ -22,6 +23,11 @@ struct ModelRunnerOptions {
   int64_t num_kv_blocks = 1024;  // pool size; the coordinator sizes it from a memory budget
   int64_t block_size = 16;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+  // How linear layers over INT8/INT4 weights (the LM head included) meet their input:
+  // exact F32, or quantized to int8 per 32 values with integer dot products (VNNI where the
+  // CPU has it; llama.cpp's CPU scheme). Float weights always use F32. Either choice is
+  // applied to every step alike, so a sequence's logits never depend on its batch.
+  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
   // Tensor parallelism: this runner holds rank tp_rank's slice of the model and joins
   // the others through `communicator` (not owned; required when tp_size > 1). Every
   // rank runs every step with the same batch; all of them return the full logits.
@@ -77,6 +83,7 @@ class ModelRunner : public ForwardPass {
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
   Communicator* communicator_ = nullptr;  // tensor parallel only
   ActivationObserver observer_;            // empty unless calibrating
+  kernels::cpu::ActivationPrecision activations_ = kernels::cpu::ActivationPrecision::kF32;
 
   // Scratch, grown to the largest step seen. Shapes for a step of T tokens:
   std::vector<float> residual_;  // [T, hidden]

@@ -24,11 +24,14 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: loom perplexity --model PATH --text FILE [--context N] [--stride S]\n"
-    "                       [--max-tokens M] [--threads T] [--kv-dtype f16|f32] [--json]\n"
+    "                       [--max-tokens M] [--threads T] [--kv-dtype f16|f32]\n"
+    "                       [--activations f32|int8] [--json]\n"
     "  --context N     tokens per window (default 512, at most the model's context)\n"
     "  --stride S      tokens between window starts (default context / 2); each window\n"
     "                  scores only the tokens the previous one did not\n"
-    "  --max-tokens M  evaluate the first M tokens of the text only\n";
+    "  --max-tokens M  evaluate the first M tokens of the text only\n"
+    "  --activations   f32 (default): exact float inputs to the INT8/INT4 layers; int8:\n"
+    "                  inputs quantized per 32 values with integer dot products (faster)\n";
 
 struct Options {
   std::string model_path;
@@ -66,6 +69,13 @@ bool ParseOptions(int argc, char** argv, Options& options) {
         std::fprintf(stderr, "loom perplexity: --kv-dtype must be f16 or f32, got '%s'\n", value);
         return false;
       }
+    } else if (flag == "--activations") {
+      absl::StatusOr<kernels::cpu::ActivationPrecision> precision = kernels::cpu::ParseActivationPrecision(value);
+      if (!precision.ok()) {
+        std::fprintf(stderr, "loom perplexity: %s\n", precision.status().message().data());
+        return false;
+      }
+      options.runner.activations = *precision;
     } else if (!absl::SimpleAtoi(value, &number) || number < 0) {
       std::fprintf(stderr, "loom perplexity: bad value '%s' for %s\n", value, flag.c_str());
       return false;

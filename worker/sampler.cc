@@ -15,12 +15,25 @@ double UniformDouble(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// The first index of the largest logit (NaNs never win). Two passes over independent lanes
+// so that both vectorize: the vocabulary scan runs once per sampled token.
 int32_t Argmax(const float* logits, int64_t n) {
-  int32_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  constexpr int kLanes = 16;
+  float lane_max[kLanes];
+  for (int j = 0; j < kLanes; ++j) lane_max[j] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      lane_max[j] = logits[i + j] > lane_max[j] ? logits[i + j] : lane_max[j];
+    }
   }
-  return best;
+  float best = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < kLanes; ++j) best = lane_max[j] > best ? lane_max[j] : best;
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (int64_t k = 0; k < n; ++k) {
+    if (logits[k] == best) return static_cast<int32_t>(k);
+  }
+  return 0;  // every logit NaN or -inf
 }
 
 }  // namespace
@@ -89,57 +102,101 @@ void SequenceSampler::ApplyPenalties(float* logits) const {
 }
 
 int32_t SequenceSampler::PickFromDistribution(const float* logits) {
-  // Candidates sorted by logit, truncated by top-k; then softmax, min-p, top-p.
-  candidates_.clear();
-  candidates_.reserve(vocab_size_);
-  for (int64_t i = 0; i < vocab_size_; ++i) candidates_.push_back({logits[i], static_cast<int32_t>(i)});
+  // The distribution: top-k over logits (ties to the lower id), softmax at the temperature,
+  // min-p relative to the most likely token, top-p over the tokens in descending order;
+  // then one uniform draw. Only what the filters need is sorted: the top-k survivors, or
+  // the nucleus prefix, grown until it reaches top_p. Without top-k/top-p nothing is
+  // sorted and the draw walks the survivors in id order (the same distribution).
   auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) keep = params_.top_k;
-  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  candidates_.resize(keep);
-
   const double inv_temperature = 1.0 / params_.temperature;
-  const double max_logit = candidates_[0].first;
-  std::vector<double> probs(keep);
+  const int32_t best = Argmax(logits, vocab_size_);
+  const float max_logit = logits[best];
+  // min-p keeps p >= min_p * p_max, i.e. logit >= max + T ln(min_p); the exp below
+  // decides the boundary exactly as the probability comparison would.
+  const double min_weight = params_.min_p > 0 ? params_.min_p : 0.0;
+  candidates_.clear();
+  weights_.clear();
+  const bool top_k = params_.top_k > 0 && params_.top_k < vocab_size_;
+  if (top_k) {
+    candidates_.reserve(vocab_size_);
+    for (int64_t i = 0; i < vocab_size_; ++i) candidates_.push_back({logits[i], static_cast<int32_t>(i)});
+    std::nth_element(candidates_.begin(), candidates_.begin() + (params_.top_k - 1),
+                     candidates_.end(), by_logit);
+    candidates_.resize(params_.top_k);
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+    for (const auto& [logit, id] : candidates_) {
+      const double weight = std::exp((logit - max_logit) * inv_temperature);
+      if (weight < min_weight) break;  // sorted: the rest are smaller still
+      weights_.push_back(weight);
+    }
+    candidates_.resize(weights_.size());
+  } else {
+    // Tokens more than 40 nats below the best (weight < 5e-18 each, under the double
+    // rounding of the sum) are left out without an exp.
+    const float floor = static_cast<float>(max_logit - 40.0 * params_.temperature);
+    for (int64_t i = 0; i < vocab_size_; ++i) {
+      if (!(logits[i] >= floor)) continue;
+      const double weight = std::exp((logits[i] - max_logit) * inv_temperature);
+      if (weight >= min_weight) {
+        candidates_.push_back({logits[i], static_cast<int32_t>(i)});
+        weights_.push_back(weight);
+      }
+    }
+  }
+  if (weights_.empty()) {  // no finite logit: nothing to weigh (still one draw per sample)
+    UniformDouble(rng_);
+    return best;
+  }
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp((candidates_[i].first - max_logit) * inv_temperature);
-    sum += probs[i];
-  }
-  // min-p: relative to the most likely token (probs[0] / sum).
-  if (params_.min_p > 0) {
-    const double threshold = params_.min_p * probs[0];
-    while (keep > 1 && probs[keep - 1] < threshold) sum -= probs[--keep];
-  }
+  for (double weight : weights_) sum += weight;
+  size_t keep = weights_.size();
   if (params_.top_p < 1.0f) {
+    // The nucleus: the fewest most likely tokens whose mass reaches top_p. Sort a prefix
+    // big enough to hold it (64, 256, ... tokens; ends at the whole list).
+    const double target_mass = static_cast<double>(params_.top_p) * sum;
+    size_t sorted = top_k ? keep : 0;
     double cumulative = 0;
     size_t cut = keep;
     for (size_t i = 0; i < keep; ++i) {
-      cumulative += probs[i] / sum;
-      if (cumulative >= params_.top_p) {
+      if (i == sorted) {
+        const size_t grow = std::min(keep, std::max<size_t>(64, 4 * sorted));
+        std::nth_element(candidates_.begin() + sorted, candidates_.begin() + (grow - 1),
+                         candidates_.begin() + keep, by_logit);
+        std::sort(candidates_.begin() + sorted, candidates_.begin() + grow, by_logit);
+        for (size_t j = sorted; j < grow; ++j) {
+          weights_[j] = std::exp((candidates_[j].first - max_logit) * inv_temperature);
+        }
+        sorted = grow;
+      }
+      cumulative += weights_[i];
+      if (cumulative >= target_mass) {
         cut = i + 1;
         break;
       }
     }
-    for (size_t i = cut; i < keep; ++i) sum -= probs[i];
     keep = cut;
+    sum = cumulative;
   }
   const double target = UniformDouble(rng_) * sum;
   double cumulative = 0;
   for (size_t i = 0; i < keep; ++i) {
-    cumulative += probs[i];
+    cumulative += weights_[i];
     if (target < cumulative) return candidates_[i].second;
   }
   return candidates_[keep - 1].second;
 }
 
 SampledToken SequenceSampler::Sample(const float* logits) {
-  float* work = scratch_.data();
-  std::copy(logits, logits + vocab_size_, work);
-  ApplyPenalties(work);
+  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  const float* work = logits;
+  if (penalized) {
+    std::copy(logits, logits + vocab_size_, scratch_.data());
+    ApplyPenalties(scratch_.data());
+    work = scratch_.data();
+  }
   const int32_t token = params_.temperature == 0.0f || params_.top_k == 1
                             ? Argmax(work, vocab_size_)
                             : PickFromDistribution(work);

@@ -67,6 +67,7 @@ class SequenceSampler {
   absl::flat_hash_map<int32_t, bool> seen_;              // prompt or output tokens
   std::vector<float> scratch_;                           // [vocab_size]
   std::vector<std::pair<float, int32_t>> candidates_;    // (logit, id)
+  std::vector<double> weights_;                          // exp((logit - max) / T)
 };
 
 /// log-softmax of `logits` at `token_id`, and the `n` most likely tokens.

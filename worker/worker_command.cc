@@ -110,12 +110,15 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& 
   runner_options.num_kv_blocks = num_blocks;
   runner_options.block_size = options.block_size;
   runner_options.kv_dtype = options.kv_dtype;
+  runner_options.activations = options.activations;
   runner_options.tp_rank = options.rank;
   runner_options.tp_size = options.world_size;
   runner_options.communicator = communicator;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
   if (!runner.ok()) return runner.status();
-  std::fprintf(stderr, "%s", (*runner)->weights().load_log.c_str());
+  std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
+               (*runner)->weights().load_log.c_str(), kernels::cpu::MatmulIsa(),
+               kernels::cpu::ActivationPrecisionName(options.activations));
   return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cpu");
 }
 

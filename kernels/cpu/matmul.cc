@@ -342,6 +342,17 @@ absl::Status MatmulReference(const MatmulParams& params) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ActivationPrecision> ParseActivationPrecision(absl::string_view name) {
+  if (name == "f32") return ActivationPrecision::kF32;
+  if (name == "int8") return ActivationPrecision::kInt8;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("activation precision must be f32 or int8, got '%s'", name));
+}
+
+const char* ActivationPrecisionName(ActivationPrecision precision) {
+  return precision == ActivationPrecision::kInt8 ? "int8" : "f32";
+}
+
 const char* MatmulIsa() {
   switch (ActiveIsa()) {
     case MatmulIsaChoice::kAvx512:

@@ -3,6 +3,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weights.h"
 
@@ -19,6 +21,11 @@ enum class ActivationPrecision {
   // from MatmulReference by up to sum_j |w_j| * scale_x(j) / 2.
   kInt8,
 };
+
+/// "f32" / "int8" (the spelling of the --activations flags) and back. InvalidArgument
+/// naming the choices for anything else.
+absl::StatusOr<ActivationPrecision> ParseActivationPrecision(absl::string_view name);
+const char* ActivationPrecisionName(ActivationPrecision precision);
 
 /// y = x · Wᵀ (+ bias): the projection every linear layer runs.
 struct MatmulParams {

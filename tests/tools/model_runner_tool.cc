@@ -174,6 +174,14 @@ int main(int argc, char** argv) {
     else if (flag == "--kv-dtype") options.kv_dtype = std::strcmp(argv[i + 1], "f32") == 0 ? loom::kernels::cpu::KvDtype::kF32 : loom::kernels::cpu::KvDtype::kF16;
     else if (flag == "--threads") options.num_threads = std::atoi(argv[i + 1]);
     else if (flag == "--num-blocks") options.num_kv_blocks = std::atoi(argv[i + 1]);
+    else if (flag == "--activations") {
+      auto precision = loom::kernels::cpu::ParseActivationPrecision(argv[i + 1]);
+      if (!precision.ok()) {
+        std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
+        return 1;
+      }
+      options.activations = *precision;
+    }
   }
   Tool tool;
   auto gguf = loom::common::GgufFile::Open(model_path);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -74,6 +75,45 @@ TEST(SamplerTest, TopKTopPAndMinPTruncate) {
   params.min_p = 0.0f;
   params.top_p = 0.3f;
   for (int32_t id : SampleMany(params, logits, 500)) EXPECT_EQ(id, 0);
+}
+
+// A vocabulary-sized case: the nucleus (thousands of tokens) outgrows the first sorted
+// prefix, and the logits are shuffled so id order says nothing about rank.
+TEST(SamplerTest, LargeNucleusKeepsExactlyTheTopMassInShuffledVocabulary) {
+  constexpr int64_t kVocab = 20000;
+  std::vector<int32_t> rank(kVocab);
+  for (int32_t i = 0; i < kVocab; ++i) rank[i] = i;
+  std::shuffle(rank.begin(), rank.end(), std::mt19937(5));
+  std::vector<float> logits(kVocab);
+  for (int64_t i = 0; i < kVocab; ++i) logits[i] = -0.0005f * rank[i];
+  SamplingParams params;
+  params.seed = 3;
+  params.top_p = 0.5f;
+  // The reference cut: the fewest top-ranked tokens whose softmax mass reaches 0.5.
+  std::vector<double> by_rank(kVocab);
+  double total = 0;
+  for (int64_t i = 0; i < kVocab; ++i) total += by_rank[rank[i]] = std::exp(logits[i] - logits[0] + 0.0005 * rank[0]);
+  double mass = 0;
+  int64_t cut = 0;
+  while (mass < 0.5 * total) mass += by_rank[cut++];
+  ASSERT_GT(cut, 1000);
+  int32_t worst_rank = 0;
+  std::vector<int> hits(2, 0);
+  for (int32_t id : SampleMany(params, logits, 2000)) {
+    ASSERT_LT(rank[id], cut) << "token of rank " << rank[id] << " is outside the nucleus";
+    worst_rank = std::max(worst_rank, rank[id]);
+    hits[rank[id] < cut / 2]++;
+  }
+  EXPECT_GT(worst_rank, cut * 9 / 10);  // the whole nucleus is reachable
+  // Mass of the nucleus' better half against its worse half.
+  double better = 0;
+  for (int64_t r = 0; r < cut / 2; ++r) better += by_rank[r];
+  EXPECT_NEAR(hits[1] / 2000.0, better / mass, 0.04);
+
+  params.top_p = 1.0f;
+  params.top_k = 300;
+  params.min_p = 0.9f;  // p >= 0.9 p_max: rank < ln(1/0.9) / 0.0005 = 210.7
+  for (int32_t id : SampleMany(params, logits, 2000)) ASSERT_LE(rank[id], 210);
 }
 
 TEST(SamplerTest, PenaltiesDiscourageRepeats) {

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/gguf_file.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "common/tokenizer.h"
@@ -145,8 +147,9 @@ class TensorParallelRunnerTest : public ::testing::Test {
 common::GgufFile* TensorParallelRunnerTest::gguf_ = nullptr;
 common::Tokenizer* TensorParallelRunnerTest::tokenizer_ = nullptr;
 
-class TensorParallelRanksTest : public TensorParallelRunnerTest,
-                                public testing::WithParamInterface<int> {};
+class TensorParallelRanksTest
+    : public TensorParallelRunnerTest,
+      public testing::WithParamInterface<std::tuple<int, kernels::cpu::ActivationPrecision>> {};
 
 TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   const std::vector<int32_t> prompt =
@@ -156,13 +159,15 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   options.num_threads = 1;
   options.num_kv_blocks = 8;
   options.kv_dtype = kernels::cpu::KvDtype::kF32;
+  options.activations = std::get<1>(GetParam());
+  const bool int8 = options.activations == kernels::cpu::ActivationPrecision::kInt8;
   auto whole = ModelRunner::Create(*gguf_, options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   std::vector<int32_t> want;
   std::vector<float> want_logits;
   ASSERT_TRUE(Generate(**whole, prompt, kSteps, want, want_logits).ok());
 
-  const int kRanks = GetParam();
+  const int kRanks = std::get<0>(GetParam());
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<std::vector<int32_t>> got(kRanks);
   std::vector<std::vector<float>> got_logits(kRanks);
@@ -191,20 +196,39 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   for (std::thread& thread : threads) thread.join();
   for (int rank = 0; rank < kRanks; ++rank) {
     ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-    EXPECT_EQ(got[rank], want) << "rank " << rank;
     ASSERT_EQ(got_logits[rank].size(), want_logits.size());
     float max_diff = 0.0f, max_abs = 0.0f;
+    double sum_diff = 0.0;
     for (size_t i = 0; i < want_logits.size(); ++i) {
       max_diff = std::max(max_diff, std::abs(got_logits[rank][i] - want_logits[i]));
       max_abs = std::max(max_abs, std::abs(want_logits[i]));
+      sum_diff += std::abs(got_logits[rank][i] - want_logits[i]);
     }
-    // Partial sums added in another order: float rounding only.
-    EXPECT_LT(max_diff, 1e-3f * max_abs) << "rank " << rank << " max |logit| " << max_abs;
+    if (!int8) {
+      // Partial sums added in another order: float rounding only.
+      EXPECT_EQ(got[rank], want) << "rank " << rank;
+      EXPECT_LT(max_diff, 1e-3f * max_abs) << "rank " << rank << " max |logit| " << max_abs;
+    } else {
+      // The same rounding differences move some int8 activations by a quantization step,
+      // each worth up to ~1 logit (model_runner_test.py's bounds against the reference):
+      // the prefill's decisive first token must agree, later greedy tokens may drift.
+      EXPECT_EQ(got[rank][0], want[0]) << "rank " << rank;
+      EXPECT_LT(max_diff, 1.5f) << "rank " << rank;
+      EXPECT_LT(sum_diff / want_logits.size(), 0.25) << "rank " << rank;
+    }
   }
 }
 
 // 2 ranks split 9 heads 5 + 4 (KV head 1 on both); 3 ranks 3 + 3 + 3.
-INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelRanksTest, testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, TensorParallelRanksTest,
+    testing::Combine(testing::Values(2, 3),
+                     testing::Values(kernels::cpu::ActivationPrecision::kF32,
+                                     kernels::cpu::ActivationPrecision::kInt8)),
+    [](const testing::TestParamInfo<TensorParallelRanksTest::ParamType>& info) {
+      return absl::StrCat(std::get<0>(info.param), "ranks_",
+                          kernels::cpu::ActivationPrecisionName(std::get<1>(info.param)));
+    });
 
 }  // namespace
 }  // namespace loom::worker

@@ -54,6 +54,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   EXPECT_EQ(options->backend, "cpu");
   EXPECT_EQ(options->block_size, 16);
   EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{512} << 20);
+  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kInt8);
 
   options = Parse({"--model",
                    "m.gguf",
@@ -78,6 +79,8 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
                    "--block-size",
                    "32",
                    "--kv-dtype",
+                   "f32",
+                   "--activations",
                    "f32"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->advertise_address, "w-1.loom:9000");
@@ -87,6 +90,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{1} << 30);
   EXPECT_EQ(options->block_size, 32);
   EXPECT_EQ(options->kv_dtype, kernels::cpu::KvDtype::kF32);
+  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kF32);
 }
 
 TEST(WorkerOptionsTest, FractionOfAvailableMemory) {
@@ -114,6 +118,9 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   const auto status =
       Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bf16"}).status();
   EXPECT_NE(status.message().find("--kv-dtype"), std::string::npos) << status;
+  const auto activations =
+      Parse({"--model", "m", "--coordinator", "c:1", "--activations", "int4"}).status();
+  EXPECT_NE(activations.message().find("--activations"), std::string::npos) << activations;
 }
 
 TEST(WorkerOptionsTest, ParsesDeviceAndCudaGraphs) {
