@@ -146,7 +146,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
     LOOM_RETURN_IF_ERROR(
         cpu::Matmul({normed_.data(), &layer.gate_up, nullptr, gate_up_.data(), T, precision},
                     *pool_));
-    cpu::SiluMul(gate_up_.data(), T, ffn, act_.data());
+    cpu::SiluMul(gate_up_.data(), T, ffn, act_.data(), *pool_);
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kDown, act_.data(), T);
     LOOM_RETURN_IF_ERROR(cpu::Matmul({act_.data(), &layer.down, nullptr, proj_.data(), T, precision}, *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));

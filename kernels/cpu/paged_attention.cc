@@ -90,6 +90,40 @@ inline float LoadKv(const void* base, KvDtype dtype, int64_t index) {
                                 : static_cast<const float*>(base)[index];
 }
 
+bool SimdEnabled() {
+  static const bool avx512 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx512);
+  return avx512 && attention_simd.load(std::memory_order_relaxed);
+}
+
+void FloatToHalfScalar(const float* src, int64_t count, uint16_t* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = FloatToHalf(src[i]);
+}
+
+// A run of consecutive local query heads that read one KV head: one task per token.
+struct HeadRun {
+  int64_t first_head;
+  int64_t num_heads;
+  int64_t kv_head;
+};
+
+// Cuts the query heads into runs that share a KV head, splitting each KV head's heads
+// into as few near-equal runs of at most max_heads as it takes.
+void CutHeadRuns(const PagedAttentionParams& p, int64_t max_heads, std::vector<HeadRun>& runs) {
+  runs.clear();
+  for (int64_t h = 0; h < p.num_heads;) {
+    const int64_t kv_head = internal::KvHeadOf(p, h);
+    int64_t end = h + 1;
+    while (end < p.num_heads && internal::KvHeadOf(p, end) == kv_head) ++end;
+    const int64_t pieces = (end - h + max_heads - 1) / max_heads;
+    for (int64_t i = 0; i < pieces; ++i) {
+      const int64_t first = h + (end - h) * i / pieces;
+      const int64_t last = h + (end - h) * (i + 1) / pieces;
+      runs.push_back({first, last - first, kv_head});
+    }
+    h = end;
+  }
+}
+
 }  // namespace
 
 namespace internal {
@@ -98,39 +132,42 @@ void SetAttentionSimdForTesting(bool enabled) { attention_simd.store(enabled); }
 
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
-  float acc[kMaxHeadDim];
-  std::fill(acc, acc + d, 0.0f);
-  float running_max = -std::numeric_limits<float>::infinity();
-  float denominator = 0.0f;
-  constexpr int64_t kChunk = 32;
-  float scores[kChunk];
-  for (int64_t pos = 0; pos < task.attend_len;) {
-    const int64_t block = task.blocks[pos / bs];
-    const int64_t count = std::min({kChunk, bs - pos % bs, task.attend_len - pos});
-    const int64_t slot0 = block * bs + pos % bs;
-    float chunk_max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
-      float dot = 0.0f;
-      for (int64_t i = 0; i < d; ++i) dot += task.q[i] * LoadKv(cache.k, cache.dtype, base + i);
-      scores[j] = dot * scale;
-      chunk_max = std::max(chunk_max, scores[j]);
+  for (int64_t h = 0; h < task.num_heads; ++h) {
+    const float* q = task.q + h * d;
+    float acc[kMaxHeadDim];
+    std::fill(acc, acc + d, 0.0f);
+    float running_max = -std::numeric_limits<float>::infinity();
+    float denominator = 0.0f;
+    constexpr int64_t kChunk = 32;
+    float scores[kChunk];
+    for (int64_t pos = 0; pos < task.attend_len;) {
+      const int64_t block = task.blocks[pos / bs];
+      const int64_t count = std::min({kChunk, bs - pos % bs, task.attend_len - pos});
+      const int64_t slot0 = block * bs + pos % bs;
+      float chunk_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < d; ++i) dot += q[i] * LoadKv(cache.k, cache.dtype, base + i);
+        scores[j] = dot * scale;
+        chunk_max = std::max(chunk_max, scores[j]);
+      }
+      const float new_max = std::max(running_max, chunk_max);
+      const float correction = std::exp(running_max - new_max);  // 0 on the first chunk
+      denominator *= correction;
+      for (int64_t i = 0; i < d; ++i) acc[i] *= correction;
+      for (int64_t j = 0; j < count; ++j) {
+        const float weight = std::exp(scores[j] - new_max);
+        denominator += weight;
+        const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+        for (int64_t i = 0; i < d; ++i) acc[i] += weight * LoadKv(cache.v, cache.dtype, base + i);
+      }
+      running_max = new_max;
+      pos += count;
     }
-    const float new_max = std::max(running_max, chunk_max);
-    const float correction = std::exp(running_max - new_max);  // 0 on the first chunk
-    denominator *= correction;
-    for (int64_t i = 0; i < d; ++i) acc[i] *= correction;
-    for (int64_t j = 0; j < count; ++j) {
-      const float weight = std::exp(scores[j] - new_max);
-      denominator += weight;
-      const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
-      for (int64_t i = 0; i < d; ++i) acc[i] += weight * LoadKv(cache.v, cache.dtype, base + i);
-    }
-    running_max = new_max;
-    pos += count;
+    const float inverse = 1.0f / denominator;
+    for (int64_t i = 0; i < d; ++i) task.out[h * d + i] = acc[i] * inverse;
   }
-  const float inverse = 1.0f / denominator;
-  for (int64_t i = 0; i < d; ++i) task.out[i] = acc[i] * inverse;
 }
 
 }  // namespace internal
@@ -149,18 +186,15 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
     }
   }
   const int64_t row = cache.num_kv_heads * cache.head_dim;
+  const auto to_half = SimdEnabled() ? internal::FloatToHalfAvx512 : FloatToHalfScalar;
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t offset = static_cast<int64_t>(slots[t]) * row;
     if (cache.dtype == KvDtype::kF32) {
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.k) + offset);
       std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.v) + offset);
     } else {
-      uint16_t* kh = static_cast<uint16_t*>(cache.k) + offset;
-      uint16_t* vh = static_cast<uint16_t*>(cache.v) + offset;
-      for (int64_t i = 0; i < row; ++i) {
-        kh[i] = FloatToHalf(k[t * row + i]);
-        vh[i] = FloatToHalf(v[t * row + i]);
-      }
+      to_half(k + t * row, row, static_cast<uint16_t*>(cache.k) + offset);
+      to_half(v + t * row, row, static_cast<uint16_t*>(cache.v) + offset);
     }
   }
   return absl::OkStatus();
@@ -177,24 +211,37 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
               static_cast<int32_t>(s));
   }
   const int32_t* seq_of = token_seq.data();
-  const bool simd = attention_simd.load() &&
-                    internal::IsaSupported(internal::MatmulIsaChoice::kAvx512);
-  const auto attend = simd ? internal::AttendAvx512 : internal::AttendScalar;
+  const auto attend = SimdEnabled() ? internal::AttendAvx512 : internal::AttendScalar;
   const int64_t d = p.cache.head_dim;
-  const int64_t num_items = num_tokens * p.num_heads;
-  // Items are dealt zigzag (first, last, second, second to last, ...) so that contiguous
-  // chunks mix early causal tokens (short) with late ones (long).
-  pool.ParallelFor(num_items, 4, [&](int64_t begin, int64_t end) {
+  // Each task takes all the query heads of a token that share a KV head, so a K/V row is
+  // read once for the group. With too few tokens to keep the threads busy (small-batch
+  // decode), the runs are halved until there are two tasks per thread.
+  thread_local std::vector<HeadRun> runs;
+  int64_t max_heads = internal::MaxTaskHeads(d);
+  CutHeadRuns(p, max_heads, runs);
+  while (max_heads > 1 &&
+         num_tokens * static_cast<int64_t>(runs.size()) < 2 * pool.num_threads()) {
+    max_heads = (max_heads + 1) / 2;
+    CutHeadRuns(p, max_heads, runs);
+  }
+  const HeadRun* run_of = runs.data();
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
+  const int64_t num_items = num_tokens * num_runs;
+  // Items (token, run) are dealt zigzag (first, last, second, second to last, ...) so that
+  // contiguous chunks mix early causal tokens (short) with late ones (long).
+  pool.ParallelFor(num_items, 2, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
-      const int64_t t = item / p.num_heads, h = item % p.num_heads;
+      const int64_t t = item / num_runs;
+      const HeadRun& run = run_of[item % num_runs];
       const int64_t s = seq_of[t];
       const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
       internal::AttentionTask task;
-      task.q = p.q + (t * p.num_heads + h) * d;
-      task.out = p.out + (t * p.num_heads + h) * d;
+      task.q = p.q + (t * p.num_heads + run.first_head) * d;
+      task.out = p.out + (t * p.num_heads + run.first_head) * d;
       task.blocks = p.block_indices + p.block_indptr[s];
-      task.kv_head = internal::KvHeadOf(p, h);
+      task.kv_head = run.kv_head;
+      task.num_heads = run.num_heads;
       task.attend_len = p.context_len[s] - q_len + (t - p.query_start[s]) + 1;
       attend(p.cache, p.scale, task);
     }

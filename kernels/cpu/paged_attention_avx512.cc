@@ -1,5 +1,6 @@
-// AVX-512 inner loop of PagedAttention (compiled with -mavx512f -mf16c -mfma, see
-// kernels/CMakeLists.txt); called only after a run-time CPU check.
+// AVX-512 inner loops of PagedAttention and WriteKv (compiled with -mavx512f -mavx512bw
+// -mavx512vl -mf16c -mfma, see kernels/CMakeLists.txt); called only after a run-time CPU
+// check.
 
 #include <immintrin.h>
 
@@ -8,9 +9,14 @@
 #include <limits>
 
 #include "kernels/cpu/paged_attention_internal.h"
+#include "kernels/cpu/vector_math_avx512.h"
 
 namespace loom::kernels::cpu::internal {
 namespace {
+
+// Positions whose scores are reduced, exponentiated and accumulated together; the softmax
+// bookkeeping (max, rescale, one exp per lane) is paid once per chunk.
+constexpr int64_t kChunk = 32;
 
 // Loads 16 (or the masked tail of) K/V elements as float.
 template <bool kHalf>
@@ -23,66 +29,265 @@ inline __m512 LoadRow(const void* base, int64_t index, __mmask16 mask) {
   }
 }
 
+// Lane j of the result is the sum of the 16 lanes of rows[j]: a transpose-and-add tree
+// (31 shuffles, 15 adds) instead of 16 separate horizontal sums.
+inline __m512 TransposeSum16(const __m512* rows) {
+  __m512 level1[8], level2[4], level3[2];
+  for (int i = 0; i < 8; ++i) {  // 256-bit halves: [rows[2i] partials, rows[2i+1] partials]
+    const __m512 x = rows[2 * i], y = rows[2 * i + 1];
+    level1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit block k: 4 partials of rows[4i + k]
+    const __m512 x = level1[2 * i], y = level1[2 * i + 1];
+    level2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  for (int i = 0; i < 2; ++i) {  // block k: 2 partials of rows[8i + k], 2 of rows[8i + 4 + k]
+    const __m512 x = level2[2 * i], y = level2[2 * i + 1];
+    level3[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Block k: sums of rows[k], rows[4 + k], rows[8 + k], rows[12 + k]; lane 4k + m holds
+  // rows[4m + k], which the permutation puts back at lane 4m + k.
+  const __m512 sums =
+      _mm512_add_ps(_mm512_shuffle_ps(level3[0], level3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                    _mm512_shuffle_ps(level3[0], level3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
+// Shape of one task: vectors of 16 per head row, the last one masked to head_dim.
+struct RowShape {
+  int64_t num_vecs;
+  __mmask16 tail;
+  __mmask16 MaskOf(int64_t vec) const { return vec == num_vecs - 1 ? tail : __mmask16{0xffff}; }
+};
+
+// The mask of vector `vec` of a row of kVecs vectors: all lanes but in the last one, a
+// constant the compiler folds away once the loop over vec is unrolled.
+template <int kVecs>
+inline __mmask16 MaskOf(int vec, __mmask16 tail) {
+  return vec == kVecs - 1 ? tail : __mmask16{0xffff};
+}
+
+// acc[h] = acc[h] * correction[h] + sum_j weights[h][j] V[rows[j]], for kHeads heads with
+// rows of kVecs vectors (the last masked by `tail`): accumulators stay in registers across
+// the chunk, and each V row is loaded and converted once for all kHeads heads.
+template <bool kHalf, int kVecs, int kHeads>
+void AccumulateTile(const void* v_cache, const int64_t* rows, int64_t count, __mmask16 tail,
+                    const float (*weights)[kChunk], const float* correction, float* acc,
+                    int64_t acc_stride) {
+  __m512 sums[kHeads][kVecs];
+  for (int h = 0; h < kHeads; ++h) {
+    const __m512 c = _mm512_set1_ps(correction[h]);
+    for (int v = 0; v < kVecs; ++v) {
+      sums[h][v] = _mm512_mul_ps(_mm512_load_ps(acc + h * acc_stride + v * 16), c);
+    }
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    __m512 row[kVecs];
+    for (int v = 0; v < kVecs; ++v) {
+      row[v] = LoadRow<kHalf>(v_cache, rows[j] + v * 16, MaskOf<kVecs>(v, tail));
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const __m512 w = _mm512_set1_ps(weights[h][j]);
+      for (int v = 0; v < kVecs; ++v) sums[h][v] = _mm512_fmadd_ps(w, row[v], sums[h][v]);
+    }
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    for (int v = 0; v < kVecs; ++v) _mm512_store_ps(acc + h * acc_stride + v * 16, sums[h][v]);
+  }
+}
+
+// AccumulateTile for a run-time head count 1 <= num_heads <= kMaxHeads.
+template <bool kHalf, int kVecs, int kMaxHeads>
+void AccumulateHeads(int64_t num_heads, const void* v_cache, const int64_t* rows, int64_t count,
+                     __mmask16 tail, const float (*weights)[kChunk], const float* correction,
+                     float* acc, int64_t acc_stride) {
+  if constexpr (kMaxHeads > 1) {
+    if (num_heads < kMaxHeads) {
+      return AccumulateHeads<kHalf, kVecs, kMaxHeads - 1>(num_heads, v_cache, rows, count, tail,
+                                                          weights, correction, acc, acc_stride);
+    }
+  }
+  AccumulateTile<kHalf, kVecs, kMaxHeads>(v_cache, rows, count, tail, weights, correction, acc,
+                                          acc_stride);
+}
+
+// The same for any head dim and head count, accumulators in memory: each V row is
+// converted once into `row` ([16 * shape.num_vecs], scratch), then added to every head.
 template <bool kHalf>
+void AccumulateAny(const void* v_cache, const int64_t* rows, int64_t count, RowShape shape,
+                   int64_t num_heads, const float (*weights)[kChunk], const float* correction,
+                   float* acc, int64_t acc_stride, float* row) {
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const __m512 c = _mm512_set1_ps(correction[h]);
+    for (int64_t v = 0; v < shape.num_vecs; ++v) {
+      float* a = acc + h * acc_stride + v * 16;
+      _mm512_store_ps(a, _mm512_mul_ps(_mm512_load_ps(a), c));
+    }
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    for (int64_t v = 0; v < shape.num_vecs; ++v) {
+      _mm512_store_ps(row + v * 16, LoadRow<kHalf>(v_cache, rows[j] + v * 16, shape.MaskOf(v)));
+    }
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const __m512 w = _mm512_set1_ps(weights[h][j]);
+      for (int64_t v = 0; v < shape.num_vecs; ++v) {
+        float* a = acc + h * acc_stride + v * 16;
+        _mm512_store_ps(a, _mm512_fmadd_ps(w, _mm512_load_ps(row + v * 16), _mm512_load_ps(a)));
+      }
+    }
+  }
+}
+
+// kVecs > 0: head_dim in (16 * (kVecs - 1), 16 * kVecs], K/V rows held in registers and V
+// accumulated in register tiles of heads; 0: any head dim up to kMaxHeadDim, rows staged
+// through memory.
+template <bool kHalf, int kVecs>
 void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
-  const int64_t num_vecs = (d + 15) / 16;
-  const __mmask16 tail =
-      d % 16 == 0 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (d % 16)) - 1);
-  auto mask_of = [&](int64_t vec) { return vec == num_vecs - 1 ? tail : __mmask16{0xffff}; };
-  alignas(64) float acc[kMaxHeadDim];
-  __m512 q[kMaxHeadDim / 16];
-  for (int64_t v = 0; v < num_vecs; ++v) {
-    q[v] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask_of(v), task.q + v * 16), _mm512_set1_ps(scale));
-    _mm512_store_ps(acc + v * 16, _mm512_setzero_ps());
+  const RowShape shape{(d + 15) / 16, d % 16 == 0 ? __mmask16{0xffff}
+                                                  : static_cast<__mmask16>((1u << (d % 16)) - 1)};
+  const int64_t num_heads = task.num_heads;
+  const int64_t acc_stride = shape.num_vecs * 16;
+  alignas(64) float acc[kMaxTaskFloats + 16 * kMaxTaskHeads];  // [num_heads, acc_stride]
+  std::fill(acc, acc + num_heads * acc_stride, 0.0f);
+  float running_max[kMaxTaskHeads], correction[kMaxTaskHeads];
+  __m512 denominator[kMaxTaskHeads];  // per-lane partial sums of the softmax weights
+  for (int64_t h = 0; h < num_heads; ++h) {
+    running_max[h] = -std::numeric_limits<float>::infinity();
+    denominator[h] = _mm512_setzero_ps();
   }
-  float running_max = -std::numeric_limits<float>::infinity();
-  float denominator = 0.0f;
-  constexpr int64_t kChunk = 32;
-  float scores[kChunk];
-  for (int64_t pos = 0; pos < task.attend_len;) {
-    const int64_t block = task.blocks[pos / bs];
-    const int64_t count = std::min({kChunk, bs - pos % bs, task.attend_len - pos});
-    const int64_t slot0 = block * bs + pos % bs;
-    const int64_t stride = cache.num_kv_heads * d;
-    const int64_t base0 = (slot0 * cache.num_kv_heads + task.kv_head) * d;
-    float chunk_max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t base = base0 + j * stride;
-      __m512 dot = _mm512_setzero_ps();
-      for (int64_t v = 0; v < num_vecs; ++v) {
-        dot = _mm512_fmadd_ps(q[v], LoadRow<kHalf>(cache.k, base + v * 16, mask_of(v)), dot);
-      }
-      scores[j] = _mm512_reduce_add_ps(dot);
-      chunk_max = std::max(chunk_max, scores[j]);
-    }
-    const float new_max = std::max(running_max, chunk_max);
-    if (new_max > running_max) {
-      const float correction = std::exp(running_max - new_max);  // 0 on the first chunk
-      denominator *= correction;
-      const __m512 c = _mm512_set1_ps(correction);
-      for (int64_t v = 0; v < num_vecs; ++v) {
-        _mm512_store_ps(acc + v * 16, _mm512_mul_ps(_mm512_load_ps(acc + v * 16), c));
-      }
-      running_max = new_max;
-    }
-    for (int64_t j = 0; j < count; ++j) {
-      const float weight = std::exp(scores[j] - running_max);
-      denominator += weight;
-      const __m512 wv = _mm512_set1_ps(weight);
-      const int64_t base = base0 + j * stride;
-      for (int64_t v = 0; v < num_vecs; ++v) {
-        _mm512_store_ps(acc + v * 16,
-                        _mm512_fmadd_ps(wv, LoadRow<kHalf>(cache.v, base + v * 16, mask_of(v)),
-                                        _mm512_load_ps(acc + v * 16)));
+  alignas(64) __m512 dots[kMaxTaskHeads][16];  // [head][position]: dot products, unsummed
+  alignas(64) float weights[kMaxTaskHeads][kChunk];
+  int64_t rows[kChunk];  // element offset of each position's K/V row
+  alignas(64) float k_row[kVecs > 0 ? 16 : kMaxHeadDim];  // generic path: a K or V row as float
+  // Register path: the queries zero-padded to whole vectors, so that their loads need no
+  // mask and fold into the FMAs.
+  alignas(64) float q[kVecs > 0 ? kMaxTaskHeads * kVecs * 16 : 16];
+  if constexpr (kVecs > 0) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      for (int v = 0; v < kVecs; ++v) {
+        _mm512_store_ps(
+            q + (h * kVecs + v) * 16,
+            _mm512_maskz_loadu_ps(MaskOf<kVecs>(v, shape.tail), task.q + h * d + v * 16));
       }
     }
-    pos += count;
   }
-  const __m512 inverse = _mm512_set1_ps(1.0f / denominator);
-  for (int64_t v = 0; v < num_vecs; ++v) {
-    _mm512_mask_storeu_ps(task.out + v * 16, mask_of(v),
-                          _mm512_mul_ps(_mm512_load_ps(acc + v * 16), inverse));
+
+  const int64_t kv_row = cache.num_kv_heads * d;
+  int64_t block = 0, offset = 0;
+  for (int64_t pos = 0; pos < task.attend_len; pos += kChunk) {
+    const int64_t count = std::min(kChunk, task.attend_len - pos);
+    for (int64_t j = 0; j < count; ++j) {
+      rows[j] =
+          (static_cast<int64_t>(task.blocks[block]) * bs + offset) * kv_row + task.kv_head * d;
+      if (++offset == bs) {
+        offset = 0;
+        ++block;
+      }
+    }
+    // Scores, 16 positions at a time: each K row is loaded once for all heads.
+    __m512 scores[kMaxTaskHeads][kChunk / 16];
+    for (int64_t half = 0; half * 16 < count; ++half) {
+      const int64_t n = std::min<int64_t>(16, count - half * 16);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t row = rows[half * 16 + j];
+        if constexpr (kVecs > 0) {
+          __m512 k[kVecs];
+          for (int v = 0; v < kVecs; ++v) {
+            k[v] = LoadRow<kHalf>(cache.k, row + v * 16, MaskOf<kVecs>(v, shape.tail));
+          }
+          for (int64_t h = 0; h < num_heads; ++h) {
+            const float* qh = q + h * kVecs * 16;
+            __m512 dot = _mm512_mul_ps(_mm512_load_ps(qh), k[0]);
+            for (int v = 1; v < kVecs; ++v)
+              dot = _mm512_fmadd_ps(_mm512_load_ps(qh + v * 16), k[v], dot);
+            dots[h][j] = dot;
+          }
+        } else {
+          for (int64_t v = 0; v < shape.num_vecs; ++v) {
+            _mm512_store_ps(k_row + v * 16, LoadRow<kHalf>(cache.k, row + v * 16, shape.MaskOf(v)));
+          }
+          for (int64_t h = 0; h < num_heads; ++h) {
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t v = 0; v < shape.num_vecs; ++v) {
+              dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(shape.MaskOf(v), task.q + h * d + v * 16),
+                                    _mm512_load_ps(k_row + v * 16), dot);
+            }
+            dots[h][j] = dot;
+          }
+        }
+      }
+      for (int64_t h = 0; h < num_heads; ++h) {
+        for (int64_t j = n; j < 16; ++j) dots[h][j] = _mm512_setzero_ps();
+        scores[h][half] = _mm512_mul_ps(TransposeSum16(dots[h]), _mm512_set1_ps(scale));
+      }
+    }
+    // Online softmax per head: new max, rescale factor, weights for the whole chunk.
+    const int64_t num_halves = (count + 15) / 16;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      __mmask16 valid[kChunk / 16];
+      __m512 chunk_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t half = 0; half < num_halves; ++half) {
+        const int64_t n = std::min<int64_t>(16, count - half * 16);
+        valid[half] = n == 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1);
+        chunk_max = _mm512_mask_max_ps(chunk_max, valid[half], chunk_max, scores[h][half]);
+      }
+      const float new_max = std::max(running_max[h], _mm512_reduce_max_ps(chunk_max));
+      correction[h] = 1.0f;
+      if (new_max > running_max[h]) {
+        correction[h] = std::exp(running_max[h] - new_max);  // 0 on the first chunk
+        running_max[h] = new_max;
+      }
+      const __m512 max = _mm512_set1_ps(new_max);
+      __m512 total = _mm512_mul_ps(denominator[h], _mm512_set1_ps(correction[h]));
+      for (int64_t half = 0; half < num_halves; ++half) {
+        const __m512 w =
+            _mm512_maskz_mov_ps(valid[half], Exp512(_mm512_sub_ps(scores[h][half], max)));
+        total = _mm512_add_ps(total, w);
+        _mm512_store_ps(weights[h] + half * 16, w);
+      }
+      denominator[h] = total;
+    }
+    // Weighted V rows.
+    if constexpr (kVecs > 0) {
+      // Heads per tile: kTile * kVecs accumulators and a row fit in the 32 registers.
+      constexpr int kTile = kVecs <= 4 ? 4 : kVecs <= 6 ? 3 : 2;
+      for (int64_t h0 = 0; h0 < num_heads; h0 += kTile) {
+        AccumulateHeads<kHalf, kVecs, kTile>(std::min<int64_t>(kTile, num_heads - h0), cache.v,
+                                             rows, count, shape.tail, weights + h0, correction + h0,
+                                             acc + h0 * acc_stride, acc_stride);
+      }
+    } else {
+      AccumulateAny<kHalf>(cache.v, rows, count, shape, num_heads, weights, correction, acc,
+                           acc_stride, k_row);
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(denominator[h]));
+    for (int64_t v = 0; v < shape.num_vecs; ++v) {
+      _mm512_mask_storeu_ps(task.out + h * d + v * 16, shape.MaskOf(v),
+                            _mm512_mul_ps(_mm512_load_ps(acc + h * acc_stride + v * 16), inverse));
+    }
+  }
+}
+
+template <bool kHalf>
+void AttendDispatched(const KvLayerView& cache, float scale, const AttentionTask& task) {
+  switch ((cache.head_dim + 15) / 16) {
+    case 4:  // head_dim 49..64
+      return Attend<kHalf, 4>(cache, scale, task);
+    case 5:  // 65..80
+      return Attend<kHalf, 5>(cache, scale, task);
+    case 6:  // 81..96
+      return Attend<kHalf, 6>(cache, scale, task);
+    case 8:  // 113..128
+      return Attend<kHalf, 8>(cache, scale, task);
+    default:
+      return Attend<kHalf, 0>(cache, scale, task);
   }
 }
 
@@ -90,9 +295,23 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
 
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task) {
   if (cache.dtype == KvDtype::kF16) {
-    Attend<true>(cache, scale, task);
+    AttendDispatched<true>(cache, scale, task);
   } else {
-    Attend<false>(cache, scale, task);
+    AttendDispatched<false>(cache, scale, task);
+  }
+}
+
+void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst) {
+  constexpr int kRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRounding));
+  }
+  if (i < count) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1);
+    _mm256_mask_storeu_epi16(dst + i, tail,
+                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(tail, src + i), kRounding));
   }
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// Internal to kernels/cpu: one (query token, head) of PagedAttention, per ISA.
+// Internal to kernels/cpu: the per-ISA inner loops of PagedAttention and WriteKv.
 
 #include <cstdint>
 
@@ -14,23 +14,41 @@ inline int64_t KvHeadOf(const PagedAttentionParams& p, int64_t h) {
   return (p.head0 + h) / p.group - p.kv_head0;
 }
 
+/// Head dims up to kMaxHeadDim.
+inline constexpr int64_t kMaxHeadDim = 1024;
+/// A task holds at most kMaxTaskHeads query heads and kMaxTaskFloats accumulator floats
+/// (num_heads * head_dim), which bounds the stack it uses.
+inline constexpr int64_t kMaxTaskHeads = 8;
+inline constexpr int64_t kMaxTaskFloats = 2048;
 
-/// One query row attending to KV positions [0, attend_len) of one sequence.
+/// The longest run of query heads one task may take at this head dim (>= 2).
+inline int64_t MaxTaskHeads(int64_t head_dim) {
+  const int64_t by_floats = kMaxTaskFloats / head_dim;
+  return by_floats < kMaxTaskHeads ? by_floats : kMaxTaskHeads;
+}
+
+/// Consecutive query heads of one token that read the same KV head, each attending to KV
+/// positions [0, attend_len) of one sequence. Grouping them lets each K/V row be loaded
+/// (and converted from F16) once for all of them.
 struct AttentionTask {
-  const float* q = nullptr;           // [head_dim]
-  float* out = nullptr;               // [head_dim]
-  const int32_t* blocks = nullptr;    // the sequence's block ids, [ceil(attend_len / block_size)]
+  const float* q = nullptr;         // [num_heads, head_dim]
+  float* out = nullptr;             // [num_heads, head_dim]
+  const int32_t* blocks = nullptr;  // the sequence's block ids, [ceil(attend_len / block_size)]
   int64_t kv_head = 0;
-  int64_t attend_len = 0;             // >= 1
+  int64_t num_heads = 1;   // 1 .. MaxTaskHeads(head_dim)
+  int64_t attend_len = 0;  // >= 1
 };
 
-/// Online-softmax attention of one task (float accumulation). Head dims up to
-/// kMaxHeadDim.
-inline constexpr int64_t kMaxHeadDim = 1024;
+/// Online-softmax attention of one task (float accumulation).
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task);
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task);
 
-/// Test hook: false forces the scalar path even where AVX-512 is available.
+/// dst[i] = FloatToHalf(src[i]) for i < count, bit for bit (NaNs stay NaNs, their payload
+/// aside), with AVX-512 F16C conversions.
+void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
+
+/// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
+/// AVX-512 is available.
 void SetAttentionSimdForTesting(bool enabled);
 
 }  // namespace loom::kernels::cpu::internal

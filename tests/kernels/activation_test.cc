@@ -3,29 +3,148 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
+
+#include "kernels/cpu/activation_internal.h"
+#include "kernels/cpu/matmul_internal.h"
 
 namespace loom::kernels::cpu {
 namespace {
 
-// Tolerance: |out - ref| <= 2e-6 * |ref| + 1e-7 (float exp and two roundings).
-TEST(ActivationTest, SiluMulMatchesReferenceOverShapes) {
+// Tolerance: |out - ref| <= 5e-7 * |ref| + 1e-30 against a double reference: float exp
+// (within 2 ulp), a division and a multiplication, about 2 ulp (2.4e-7) measured on both
+// paths; the absolute term covers gates below -88.7, where e^-g overflows and the float
+// result saturates to -0 while the reference is a denormal-sized product (< 1e-34 here).
+constexpr double kRelTol = 5e-7;
+constexpr double kAbsTol = 1e-30;
+
+class SiluMulTest : public testing::TestWithParam<bool> {  // param: SIMD enabled
+ protected:
+  void SetUp() override {
+    if (GetParam() && !internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)) {
+      GTEST_SKIP() << "no AVX-512 on this CPU: the SIMD case would run the scalar loop";
+    }
+    internal::SetActivationSimdForTesting(GetParam());
+  }
+  void TearDown() override { internal::SetActivationSimdForTesting(true); }
+};
+
+void ExpectNearReference(const std::vector<float>& gate_up, int64_t tokens, int64_t ffn,
+                         const std::vector<float>& got) {
+  std::vector<float> want(tokens * ffn);
+  SiluMulReference(gate_up.data(), tokens, ffn, want.data());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "tokens " << tokens << " ffn " << ffn << " i " << i;
+    ASSERT_NEAR(got[i], want[i], kRelTol * std::fabs(want[i]) + kAbsTol)
+        << "tokens " << tokens << " ffn " << ffn << " i " << i << " gate "
+        << gate_up[(i / ffn) * 2 * ffn + i % ffn];
+  }
+}
+
+TEST_P(SiluMulTest, MatchesReferenceOverShapes) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 4.0f);
-  for (int64_t ffn : {1, 5, 64, 1536, 8193}) {
+  for (int64_t ffn : {1, 5, 16, 17, 64, 1536, 8193}) {
     for (int64_t tokens : {1, 3, 17}) {
       std::vector<float> gate_up(tokens * 2 * ffn);
       for (float& v : gate_up) v = normal(rng);
-      gate_up[0] = -90.0f;  // exp overflow side: silu -> -0
-      std::vector<float> got(tokens * ffn), want(tokens * ffn);
+      gate_up[0] = -90.0f;              // exp overflow side: silu -> -0
+      if (ffn > 1) gate_up[1] = 90.0f;  // exp underflow side: silu -> g
+      std::vector<float> got(tokens * ffn);
       SiluMul(gate_up.data(), tokens, ffn, got.data());
-      SiluMulReference(gate_up.data(), tokens, ffn, want.data());
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << i;
-        ASSERT_NEAR(got[i], want[i], 2e-6 * std::fabs(want[i]) + 1e-7) << "ffn " << ffn << " i " << i;
-      }
+      ExpectNearReference(gate_up, tokens, ffn, got);
     }
+  }
+}
+
+// A dense sweep of gates over the whole range where silu is neither 0 nor g, which is
+// where the vector exp's range reduction and polynomial are exercised.
+TEST_P(SiluMulTest, MatchesReferenceAcrossTheExpRange) {
+  const int64_t ffn = 1 << 18;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> gates(-88.0f, 88.0f), ups(-3.0f, 3.0f);
+  std::vector<float> gate_up(2 * ffn);
+  for (int64_t i = 0; i < ffn; ++i) {
+    // Half the gates evenly spaced, half random; small magnitudes included.
+    gate_up[i] = i % 2 == 0 ? -88.0f + 176.0f * static_cast<float>(i) / ffn : gates(rng);
+    if (i % 97 == 0) gate_up[i] = std::ldexp(gate_up[i], -static_cast<int>(i % 40));
+    gate_up[ffn + i] = ups(rng);
+  }
+  std::vector<float> got(ffn);
+  SiluMul(gate_up.data(), 1, ffn, got.data());
+  ExpectNearReference(gate_up, 1, ffn, got);
+}
+
+TEST_P(SiluMulTest, SaturatesWithoutNanOrInfAtExtremeGates) {
+  const float gates[] = {-1e30f, -1000.0f, -104.5f, -90.0f, -88.8f, -88.7f, -87.0f,  -0.0f, 0.0f,
+                         1e-30f, -1e-30f,  87.0f,   88.8f,  90.0f,  104.5f, 1000.0f, -2.5f};
+  const int64_t ffn = sizeof(gates) / sizeof(gates[0]);
+  std::vector<float> gate_up(2 * ffn);
+  for (int64_t i = 0; i < ffn; ++i) {
+    gate_up[i] = gates[i];
+    gate_up[ffn + i] = gates[i] < -80.0f ? 1e38f : 1.5f;  // g * up alone would overflow
+  }
+  std::vector<float> got(ffn);
+  SiluMul(gate_up.data(), 1, ffn, got.data());
+  for (int64_t i = 0; i < ffn; ++i) {
+    SCOPED_TRACE(testing::Message() << "gate " << gates[i]);
+    ASSERT_TRUE(std::isfinite(got[i])) << got[i];
+    if (gates[i] <= -90.0f) {
+      EXPECT_EQ(got[i], 0.0f);  // -0 or +0: e^-g is +Inf in float
+    } else if (gates[i] >= 87.0f) {
+      EXPECT_EQ(got[i], gates[i] * 1.5f);  // 1 + e^-g rounds to 1
+    }
+  }
+  EXPECT_TRUE(std::signbit(got[3]));  // silu(-90) = -0
+}
+
+TEST_P(SiluMulTest, PoolSplitIsBitIdenticalToOneThread) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  // Below the split threshold, just above it, and a size whose chunks end mid-row.
+  const int64_t shapes[][2] = {{16, 1536}, {43, 1536}, {64, 1536}, {37, 3001}, {1, 200003}};
+  for (const auto& shape : shapes) {
+    const int64_t tokens = shape[0], ffn = shape[1];
+    std::vector<float> gate_up(tokens * 2 * ffn);
+    for (float& v : gate_up) v = normal(rng);
+    std::vector<float> serial(tokens * ffn);
+    SiluMul(gate_up.data(), tokens, ffn, serial.data());
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      std::vector<float> split(tokens * ffn, std::nanf(""));
+      SiluMul(gate_up.data(), tokens, ffn, split.data(), pool);
+      ASSERT_EQ(std::memcmp(split.data(), serial.data(), split.size() * sizeof(float)), 0)
+          << "tokens " << tokens << " ffn " << ffn << " threads " << threads;
+    }
+    ExpectNearReference(gate_up, tokens, ffn, serial);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, SiluMulTest, testing::Values(true, false),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Simd" : "Scalar";
+                         });
+
+TEST(SiluMulIsaTest, SimdAgreesWithScalarFallbackWithinTwoRoundings) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)) {
+    GTEST_SKIP() << "no AVX-512 on this CPU";
+  }
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 6.0f);
+  const int64_t count = 100003;
+  std::vector<float> gate(count), up(count), simd(count), scalar(count);
+  for (int64_t i = 0; i < count; ++i) {
+    gate[i] = normal(rng);
+    up[i] = normal(rng);
+  }
+  internal::SiluMulSpanAvx512(gate.data(), up.data(), count, simd.data());
+  internal::SiluMulSpanScalar(gate.data(), up.data(), count, scalar.data());
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_NEAR(simd[i], scalar[i], 2 * kRelTol * std::fabs(scalar[i]) + kAbsTol)
+        << "gate " << gate[i];
   }
 }
 

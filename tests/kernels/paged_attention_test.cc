@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -32,6 +35,13 @@ struct Case {
   int64_t group;  // query heads per KV head
   int64_t head_dim;
   std::vector<Sequence> seqs;
+  // A tensor-parallel slice (PagedAttentionParams::group / head0 / kv_head0): with
+  // slice_heads > 0 the cache holds KV heads [kv_head0, kv_head0 + num_kv_heads) of a model
+  // with `group` query heads per KV head, and the call runs query heads
+  // [head0, head0 + slice_heads).
+  int64_t slice_heads = 0;
+  int64_t head0 = 0;
+  int64_t kv_head0 = 0;
 };
 
 class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD enabled
@@ -40,14 +50,17 @@ class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD
   void TearDown() override { internal::SetAttentionSimdForTesting(true); }
 };
 
-void RunCase(const Case& c, uint32_t seed) {
+void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
   SCOPED_TRACE(testing::Message() << "dtype " << (c.dtype == KvDtype::kF16 ? "F16" : "F32")
                                   << " block " << c.block_size << " kv_heads " << c.num_kv_heads
-                                  << " group " << c.group << " head_dim " << c.head_dim);
+                                  << " group " << c.group << " head_dim " << c.head_dim
+                                  << " seqs " << c.seqs.size() << " slice_heads "
+                                  << c.slice_heads << " head0 " << c.head0 << " threads "
+                                  << num_threads);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t d = c.head_dim, kv_row = c.num_kv_heads * d;
-  const int64_t num_heads = c.num_kv_heads * c.group;
+  const int64_t num_heads = c.slice_heads > 0 ? c.slice_heads : c.num_kv_heads * c.group;
   // Block tables: each sequence takes ceil(ctx / bs) + 1 blocks from a shuffled pool.
   std::vector<int32_t> query_start = {0}, context_len, block_indptr = {0}, block_indices;
   int64_t total_blocks = 0;
@@ -118,7 +131,12 @@ void RunCase(const Case& c, uint32_t seed) {
   p.num_seqs = static_cast<int64_t>(c.seqs.size());
   p.num_heads = num_heads;
   p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ThreadPool pool(2);
+  if (c.slice_heads > 0) {
+    p.group = c.group;
+    p.head0 = c.head0;
+    p.kv_head0 = c.kv_head0;
+  }
+  ThreadPool pool(num_threads);
   ASSERT_TRUE(PagedAttention(p, pool).ok());
   PagedAttentionParams ref = p;
   ref.out = want.data();
@@ -143,10 +161,167 @@ TEST_P(PagedAttentionTest, MatchesReferenceForDecodePrefillAndChunkedPrefill) {
   }
 }
 
+// GQA ratios 1, 3, 4, 8 and MQA (6 and 9 query heads on one KV head, more than one task
+// holds), head dims with register-resident rows (64, 96, 128; 72 with a masked tail) and
+// the generic path (8, 200, 1024), decode batches and a prefill beside a chunked prefill.
+TEST_P(PagedAttentionTest, MatchesReferenceOverGqaRatiosAndHeadDims) {
+  const std::vector<Sequence> decode = {{1, 1}, {16, 1}, {33, 1}, {100, 1}, {64, 1}};
+  const std::vector<Sequence> prefill = {{40, 40}, {70, 9}};
+  uint32_t seed = 100;
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (int64_t head_dim : {64, 128, 72, 96, 8, 200}) {
+      for (const auto& [kv_heads, group] : std::vector<std::pair<int64_t, int64_t>>{
+               {2, 1}, {3, 3}, {2, 4}, {2, 8}, {1, 6}, {1, 9}}) {
+        RunCase({dtype, 16, kv_heads, group, head_dim, decode}, ++seed);
+        RunCase({dtype, 16, kv_heads, group, head_dim, prefill}, ++seed);
+      }
+    }
+    RunCase({dtype, 7, 1, 8, 1024, {{45, 1}, {20, 3}}}, ++seed);  // largest head dim, MQA
+    RunCase({dtype, 32, 2, 4, 128, {{1000, 1}}}, ++seed);         // long decode, many chunks
+  }
+}
+
+// Few tokens (single-sequence decode) cut each KV head's query heads into shorter runs to
+// spread them over threads; any thread count must give the same answer.
+TEST_P(PagedAttentionTest, MatchesReferenceForSingleSequenceDecodeOnAnyThreadCount) {
+  uint32_t seed = 200;
+  for (int threads : {1, 2, 3, 8}) {
+    for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+      RunCase({dtype, 16, 3, 3, 64, {{300, 1}}}, ++seed, threads);   // SmolLM2-135M
+      RunCase({dtype, 16, 1, 9, 64, {{77, 1}}}, ++seed, threads);    // MQA, 9 heads
+      RunCase({dtype, 16, 2, 8, 128, {{129, 1}}}, ++seed, threads);  // GQA 8
+    }
+  }
+}
+
+// Tensor-parallel slices whose query heads start or end inside a KV head's group.
+TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
+  const std::vector<Sequence> seqs = {{50, 1}, {19, 19}, {33, 4}};
+  uint32_t seed = 300;
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    // Model: 12 query heads over 4 KV heads (group 3).
+    RunCase({dtype, 16, 2, 3, 64, seqs, /*slice_heads=*/4, /*head0=*/4, /*kv_head0=*/1}, ++seed);
+    RunCase({dtype, 16, 3, 3, 64, seqs, /*slice_heads=*/6, /*head0=*/5, /*kv_head0=*/1}, ++seed);
+    // Model: 32 query heads over 4 KV heads (group 8); a slice of 5 from head 14.
+    RunCase({dtype, 16, 2, 8, 128, seqs, /*slice_heads=*/5, /*head0=*/14, /*kv_head0=*/1}, ++seed);
+    // A slice inside one group: every query head reads the cache's only KV head.
+    RunCase({dtype, 16, 1, 8, 80, seqs, /*slice_heads=*/3, /*head0=*/17, /*kv_head0=*/2}, ++seed);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, PagedAttentionTest, testing::Values(true, false),
                          [](const testing::TestParamInfo<bool>& info) {
                            return info.param ? "Simd" : "Scalar";
                          });
+
+// Floats that stress FloatToHalf: every tie between two adjacent halves (normal and
+// subnormal) and the floats just either side of it, the overflow and underflow edges, and
+// random bit patterns (NaNs, infinities, float subnormals and everything else).
+std::vector<float> HalfConversionInputs() {
+  std::vector<float> values;
+  for (uint16_t h = 0; h < 0x7c00; ++h) {
+    const float low = internal::HalfToFloat(h);
+    const float high = internal::HalfToFloat(static_cast<uint16_t>(h + 1));  // 0x7c00: Inf
+    const float tie = h == 0x7bff ? 65520.0f : (low + high) / 2;  // exact in float
+    for (float x : {low, tie, std::nextafter(tie, 0.0f), std::nextafter(tie, 1e30f)}) {
+      values.push_back(x);
+      values.push_back(-x);
+    }
+  }
+  for (float x : {0.0f, 65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e30f,
+                  std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                  0x1.0p-24f, 0x1.0p-25f, 0x1.000002p-25f, 0x1.7ffffep-25f, 0x1.8p-24f,
+                  0x1.0p-14f, 0x1.ffcp-15f, 0x1.ffep-15f, 0x1.fffffep-15f}) {
+    values.push_back(x);
+    values.push_back(-x);
+  }
+  std::mt19937 rng(17);
+  for (int i = 0; i < 1 << 20; ++i) {
+    const uint32_t bits = rng();
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    values.push_back(x);
+  }
+  std::uniform_real_distribution<float> exponent(-30.0f, 17.0f);
+  for (int i = 0; i < 1 << 18; ++i) {  // magnitudes around the half range, both signs
+    values.push_back((i % 2 ? -1.0f : 1.0f) * std::exp2(exponent(rng)));
+  }
+  return values;
+}
+
+bool IsHalfNan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
+
+TEST(WriteKvTest, SimdHalfConversionIsBitIdenticalToFloatToHalf) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)) {
+    GTEST_SKIP() << "no AVX-512 on this CPU";
+  }
+  const std::vector<float> values = HalfConversionInputs();
+  std::vector<uint16_t> got(values.size());
+  // Uneven pieces so that every tail length of the vector loop is taken.
+  for (size_t begin = 0, piece = 1; begin < values.size(); begin += piece, piece = piece % 37 + 1) {
+    const size_t count = std::min(piece, values.size() - begin);
+    internal::FloatToHalfAvx512(values.data() + begin, static_cast<int64_t>(count),
+                                got.data() + begin);
+  }
+  int bad = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t want = FloatToHalf(values[i]);
+    const bool same = std::isnan(values[i])
+                          ? IsHalfNan(got[i]) && (got[i] & 0x8000u) == (want & 0x8000u)
+                          : got[i] == want;
+    if (!same && bad++ < 5) {
+      ADD_FAILURE() << "FloatToHalf(" << values[i] << " = 0x" << std::hex
+                    << std::bit_cast<uint32_t>(values[i]) << ") = 0x" << want << ", SIMD 0x"
+                    << got[i];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (int64_t head_dim : {64, 80, 7}) {
+      const int64_t num_blocks = 6, block_size = 16, kv_heads = 3, row = kv_heads * head_dim;
+      const int64_t pool_elems = num_blocks * block_size * row;
+      const size_t elem_bytes = dtype == KvDtype::kF16 ? 2 : 4;
+      const int64_t num_tokens = 37;
+      std::vector<float> k(num_tokens * row), v(num_tokens * row);
+      for (size_t i = 0; i < k.size(); ++i) {
+        // Magnitudes from half subnormals to past the half range.
+        k[i] = normal(rng) * std::exp2(static_cast<float>(static_cast<int>(i % 48) - 30));
+        v[i] = normal(rng) * 1000.0f;
+      }
+      std::vector<int32_t> slots(num_tokens);
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        slots[t] = static_cast<int32_t>((t * 7 + 3) % (num_blocks * block_size));
+      }
+      std::vector<uint8_t> pools[2][2];  // [simd][k, v]
+      for (int simd = 0; simd < 2; ++simd) {
+        internal::SetAttentionSimdForTesting(simd == 1);
+        pools[simd][0].assign(pool_elems * elem_bytes, 0xab);
+        pools[simd][1].assign(pool_elems * elem_bytes, 0xcd);
+        KvLayerView cache{pools[simd][0].data(), pools[simd][1].data(), dtype, num_blocks,
+                          block_size, kv_heads, head_dim};
+        ASSERT_TRUE(WriteKv(cache, k.data(), v.data(), slots.data(), num_tokens).ok());
+      }
+      internal::SetAttentionSimdForTesting(true);
+      EXPECT_EQ(pools[0][0], pools[1][0]) << "K, head_dim " << head_dim;
+      EXPECT_EQ(pools[0][1], pools[1][1]) << "V, head_dim " << head_dim;
+      // And the scalar path stores FloatToHalf / the float itself.
+      const int64_t t = num_tokens - 1, i = row - 1;
+      const int64_t index = static_cast<int64_t>(slots[t]) * row + i;
+      if (dtype == KvDtype::kF16) {
+        EXPECT_EQ(reinterpret_cast<const uint16_t*>(pools[0][0].data())[index],
+                  FloatToHalf(k[t * row + i]));
+      } else {
+        EXPECT_EQ(reinterpret_cast<const float*>(pools[0][1].data())[index], v[t * row + i]);
+      }
+    }
+  }
+}
 
 TEST(PagedAttentionValidationTest, RejectsBadSlotsBlocksAndShapes) {
   std::vector<uint16_t> k(4 * 16 * 64, 0x3c00), v(k.size(), 0x3c00);
