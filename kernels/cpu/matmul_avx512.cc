@@ -222,19 +222,10 @@ void RunTiles(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int m
   }
   // Balanced row tiles: m = 17 with mr 8 runs 6 + 6 + 5, not 8 + 8 + 1.
   const int64_t num_tiles = (a.m + mr - 1) / mr;
-  const PackedWeight& w = *a.weight;
-  const int64_t block_bytes = BlockDataBytes(w.format, w.cols);
+  // No software prefetch of the next blocks: the hardware prefetchers follow these
+  // sequential streams, and prefetcht1 per line cost 9% of batched decode (measured).
   for (int64_t b = block_begin; b < block_end; b += nb) {
     const int nb_here = static_cast<int>(std::min<int64_t>(nb, block_end - b));
-    if (num_tiles > 1 && b + nb < block_end) {
-      // The first row tile waits for these weights from memory, the others find them in
-      // cache; asking for the next blocks now overlaps that wait with this block's tiles.
-      const uint8_t* next = w.data.data() + (b + nb) * block_bytes;
-      const int64_t bytes = std::min<int64_t>(nb, block_end - b - nb) * block_bytes;
-      for (int64_t offset = 0; offset < bytes; offset += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(next + offset), _MM_HINT_T1);
-      }
-    }
     for (int64_t tile = 0, t = 0; tile < num_tiles; ++tile) {
       const int64_t t_end = a.m * (tile + 1) / num_tiles;
       table.fns[t_end - t][nb_here](a, b, t);
