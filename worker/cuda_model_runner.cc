@@ -26,6 +26,7 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/rope.h"
 #include "worker/model_weights.h"
 #endif
@@ -180,6 +181,79 @@ absl::StatusOr<DeviceBuffer> UploadFloats(const std::vector<float>& values) {
   return buffer;
 }
 
+// A linear layer's weight on the device: dense in dtype for cuBLAS, or INT4 kept 4-bit in
+// the quantized GEMM's layout (a quarter of the bytes a decode step reads).
+struct DeviceLinear {
+  DeviceBuffer dense;      // [n, k] of dtype; empty when quantized
+  DeviceBuffer q;          // Int4GpuWeight::q
+  DeviceBuffer scale_min;  // Int4GpuWeight::scale_min
+  DeviceBuffer bias;       // quantized only: the bias in dtype (the quantized GEMM adds it)
+  int64_t n = 0, k = 0, group_size = 0;
+
+  bool quantized() const { return q.data() != nullptr; }
+  size_t bytes() const { return dense.bytes() + q.bytes() + scale_min.bytes(); }
+};
+
+// Whether the quantized GEMM takes `weight` as it is: INT4 in groups of 32/64/128 on a
+// shape it tiles (n % 16, k % 64). INT8 weights are per-group here (GGUF Q8_0), which the
+// per-channel W8A16 kernel does not take; they are dequantized.
+bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
+  return weight.format == kernels::cpu::WeightFormat::kInt4 && weight.rows % 16 == 0 &&
+         weight.cols % 64 == 0 &&
+         (weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128);
+}
+
+absl::StatusOr<DeviceLinear> UploadLinear(const kernels::cpu::PackedWeight& weight,
+                                          const std::vector<float>* bias, DataType dtype,
+                                          bool keep_quantized) {
+  DeviceLinear linear;
+  linear.n = weight.rows;
+  linear.k = weight.cols;
+  if (!keep_quantized || !QuantGemmTakes(weight)) {
+    LOOM_ASSIGN_OR_RETURN(linear.dense, UploadMatrix(weight, dtype));
+    return linear;
+  }
+  linear.group_size = weight.group_size;
+  LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
+                        kernels::cpu::UnpackQuantized(weight));
+  std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
+  for (size_t i = 0; i < nibbles.size(); ++i) {
+    nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
+  }
+  LOOM_ASSIGN_OR_RETURN(kc::Int4GpuWeight packed,
+                        kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(),
+                                           natural.mins.data(), weight.rows, weight.cols,
+                                           weight.group_size));
+  LOOM_ASSIGN_OR_RETURN(linear.q, DeviceBuffer::Allocate(packed.q.size()));
+  LOOM_RETURN_IF_ERROR(linear.q.CopyFromHost(packed.q.data(), packed.q.size()));
+  const size_t scale_bytes = packed.scale_min.size() * sizeof(uint16_t);
+  LOOM_ASSIGN_OR_RETURN(linear.scale_min, DeviceBuffer::Allocate(scale_bytes));
+  LOOM_RETURN_IF_ERROR(linear.scale_min.CopyFromHost(packed.scale_min.data(), scale_bytes));
+  if (bias != nullptr && !bias->empty()) {
+    std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
+    kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()),
+                         converted.data());
+    LOOM_ASSIGN_OR_RETURN(linear.bias, DeviceBuffer::Allocate(converted.size()));
+    LOOM_RETURN_IF_ERROR(linear.bias.CopyFromHost(converted.data(), converted.size()));
+  }
+  return linear;
+}
+
+// The quantized GEMM's parameters for `linear` at m tokens (x, y, workspace left unset).
+kc::QuantGemmParams QuantParams(const DeviceLinear& linear, DataType dtype, int64_t m) {
+  kc::QuantGemmParams p;
+  p.act_dtype = dtype;
+  p.format = kc::QuantWeightFormat::kInt4;
+  p.weight = linear.q.data();
+  p.scales = linear.scale_min.data();
+  p.bias = linear.bias.data();
+  p.m = m;
+  p.n = linear.n;
+  p.k = linear.k;
+  p.group_size = linear.group_size;
+  return p;
+}
+
 // Grows `buffer` to at least `bytes` (a fresh allocation; the contents are not kept).
 // Returns whether it was reallocated.
 absl::StatusOr<bool> Reserve(DeviceBuffer& buffer, size_t bytes) {
@@ -221,12 +295,12 @@ struct StepShape {
 struct CudaModelRunner::State {
   struct Layer {
     DeviceBuffer attn_norm;    // [hidden] F32
-    DeviceBuffer qkv;          // [qkv_dim, hidden] of dtype
-    DeviceBuffer qkv_bias;     // [qkv_dim] F32, or empty
-    DeviceBuffer attn_output;  // [hidden, q_dim] of dtype
+    DeviceLinear qkv;          // [qkv_dim, hidden]
+    DeviceBuffer qkv_bias;     // [qkv_dim] F32 (cuBLAS path), or empty
+    DeviceLinear attn_output;  // [hidden, q_dim]
     DeviceBuffer ffn_norm;     // [hidden] F32
-    DeviceBuffer gate_up;      // [2 * ffn, hidden] of dtype
-    DeviceBuffer down;         // [hidden, ffn] of dtype
+    DeviceLinear gate_up;      // [2 * ffn, hidden]
+    DeviceLinear down;         // [hidden, ffn]
   };
 
   int device = 0;
@@ -243,6 +317,7 @@ struct CudaModelRunner::State {
 
   cudaStream_t stream = nullptr;  // owned; every launch and copy of the runner goes here
   std::unique_ptr<kc::GemmHandle> gemm;
+  DeviceBuffer quant_workspace;   // split-K partial sums of the quantized GEMM
 
   std::vector<Layer> layers;
   DeviceBuffer embedding;      // [vocab, hidden] of dtype
@@ -457,6 +532,23 @@ struct CudaModelRunner::State {
     return absl::OkStatus();
   }
 
+  // y = x · Wᵀ (+ bias) for a layer's weight: the quantized GEMM in slices of at most
+  // kQuantGemmMaxM tokens, or cuBLAS over the dense weight.
+  absl::Status Linear(const void* x, const DeviceLinear& w, const DeviceBuffer* bias, void* y,
+                      int64_t m) {
+    if (!w.quantized()) return Gemm(x, w.dense, bias, y, dtype, m, w.n, w.k);
+    const int64_t elem = kc::ElementBytes(dtype);
+    for (int64_t row = 0; row < m; row += kc::kQuantGemmMaxM) {
+      kc::QuantGemmParams p = QuantParams(w, dtype, std::min(kc::kQuantGemmMaxM, m - row));
+      p.x = static_cast<const uint8_t*>(x) + row * w.k * elem;
+      p.y = static_cast<uint8_t*>(y) + row * w.n * elem;
+      p.workspace = quant_workspace.data();
+      p.workspace_bytes = quant_workspace.bytes();
+      LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Gemm(const void* x, const DeviceBuffer& w, const DeviceBuffer* bias, void* y,
                     DataType y_dtype, int64_t m, int64_t n, int64_t k) {
     kc::GemmParams p;
@@ -509,7 +601,7 @@ struct CudaModelRunner::State {
       norm.hidden = H;
       LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(norm, stream));
       LOOM_RETURN_IF_ERROR(
-          Gemm(normed.data(), layer.qkv, &layer.qkv_bias, qkv.data(), dtype, T, qkv_dim, H));
+          Linear(normed.data(), layer.qkv, &layer.qkv_bias, qkv.data(), T));
 
       kc::RopeParams rope;
       rope.q = qkv.data();
@@ -539,17 +631,17 @@ struct CudaModelRunner::State {
       LOOM_RETURN_IF_ERROR(kc::LaunchWriteKv(write, stream));
       LOOM_RETURN_IF_ERROR(EnqueueAttention(l, shape, in));
       LOOM_RETURN_IF_ERROR(
-          Gemm(attn.data(), layer.attn_output, nullptr, proj.data(), dtype, T, H, q_dim));
+          Linear(attn.data(), layer.attn_output, nullptr, proj.data(), T));
 
       norm.x = proj.data();
       norm.residual = residual.data();
       norm.weight = static_cast<const float*>(layer.ffn_norm.data());
       LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(norm, stream));
       LOOM_RETURN_IF_ERROR(
-          Gemm(normed.data(), layer.gate_up, nullptr, gate_up.data(), dtype, T, 2 * ffn, H));
+          Linear(normed.data(), layer.gate_up, nullptr, gate_up.data(), T));
       LOOM_RETURN_IF_ERROR(
           kc::LaunchSiluMul({gate_up.data(), act.data(), dtype, T, ffn}, stream));
-      LOOM_RETURN_IF_ERROR(Gemm(act.data(), layer.down, nullptr, proj.data(), dtype, T, H, ffn));
+      LOOM_RETURN_IF_ERROR(Linear(act.data(), layer.down, nullptr, proj.data(), T));
     }
     if (S == 0) return absl::OkStatus();
 
@@ -735,7 +827,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   LOOM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   LOOM_ASSIGN_OR_RETURN(s.gemm, kc::GemmHandle::Create(s.stream));
 
-  // Weights: loaded like the CPU runner's, each matrix dequantized on the host and
+  // Weights: loaded like the CPU runner's; INT4 layer matrices are repacked for the W4A16
+  // GEMM (options.quantized_weights), every other matrix is dequantized on the host and
   // uploaded once in dtype (the host copies are freed when this function returns).
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(gguf, 0, 1));
   s.config = weights->config;
@@ -750,17 +843,40 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   }
   LOOM_ASSIGN_OR_RETURN(s.output_norm, UploadFloats(weights->output_norm));
   LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(weights->rope_inv_freq));
+  int64_t quantized_layers = 0;
   for (const LayerWeights& layer : weights->layers) {
     State::Layer& device_layer = s.layers.emplace_back();
     LOOM_ASSIGN_OR_RETURN(device_layer.attn_norm, UploadFloats(layer.attn_norm));
-    LOOM_ASSIGN_OR_RETURN(device_layer.qkv, UploadMatrix(layer.qkv, s.dtype));
-    if (!layer.qkv_bias.empty()) {
+    const bool keep = options.quantized_weights;
+    LOOM_ASSIGN_OR_RETURN(device_layer.qkv,
+                          UploadLinear(layer.qkv, &layer.qkv_bias, s.dtype, keep));
+    if (!layer.qkv_bias.empty() && !device_layer.qkv.quantized()) {
       LOOM_ASSIGN_OR_RETURN(device_layer.qkv_bias, UploadFloats(layer.qkv_bias));
     }
-    LOOM_ASSIGN_OR_RETURN(device_layer.attn_output, UploadMatrix(layer.attn_output, s.dtype));
+    LOOM_ASSIGN_OR_RETURN(device_layer.attn_output,
+                          UploadLinear(layer.attn_output, nullptr, s.dtype, keep));
     LOOM_ASSIGN_OR_RETURN(device_layer.ffn_norm, UploadFloats(layer.ffn_norm));
-    LOOM_ASSIGN_OR_RETURN(device_layer.gate_up, UploadMatrix(layer.gate_up, s.dtype));
-    LOOM_ASSIGN_OR_RETURN(device_layer.down, UploadMatrix(layer.down, s.dtype));
+    LOOM_ASSIGN_OR_RETURN(device_layer.gate_up,
+                          UploadLinear(layer.gate_up, nullptr, s.dtype, keep));
+    LOOM_ASSIGN_OR_RETURN(device_layer.down, UploadLinear(layer.down, nullptr, s.dtype, keep));
+    for (const DeviceLinear* linear : {&device_layer.qkv, &device_layer.attn_output,
+                                       &device_layer.gate_up, &device_layer.down}) {
+      if (linear->quantized()) ++quantized_layers;
+    }
+  }
+  // The quantized GEMM's split-K workspace: the most any layer asks for at any m.
+  size_t workspace_bytes = 0;
+  for (const State::Layer& layer : s.layers) {
+    for (const DeviceLinear* linear : {&layer.qkv, &layer.attn_output, &layer.gate_up, &layer.down}) {
+      if (!linear->quantized()) continue;
+      for (int64_t m = 1; m <= kc::kQuantGemmMaxM; m *= 2) {
+        workspace_bytes =
+            std::max(workspace_bytes, kc::QuantGemmWorkspaceBytes(QuantParams(*linear, s.dtype, m)));
+      }
+    }
+  }
+  if (workspace_bytes > 0) {
+    LOOM_ASSIGN_OR_RETURN(s.quant_workspace, DeviceBuffer::Allocate(workspace_bytes));
   }
   int64_t weight_bytes = static_cast<int64_t>(s.embedding.bytes() + s.lm_head.bytes());
   for (const State::Layer& layer : s.layers) {
@@ -819,12 +935,13 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 
   absl::StrAppendFormat(
       &load_log,
-      "  every matrix dequantized to %s on the host and uploaded (quantized GEMM on the GPU is "
-      "not built yet)\n"
-      "  device %d: %s; weights %.1f MiB (as %s), KV pool %d blocks x %d tokens (%s, %.1f MiB, "
+      "  %d of %d layer matrices kept INT4 for the W4A16 GEMM, the rest (and the embedding / LM "
+      "head) dequantized to %s on the host\n"
+      "  device %d: %s; weights %.1f MiB, KV pool %d blocks x %d tokens (%s, %.1f MiB, "
       "+1 scratch block); CUDA graphs %s\n",
-      kc::DataTypeName(s.dtype), s.device, kernels::CudaDeviceDescription(s.device),
-      static_cast<double>(weight_bytes) / (1 << 20), kc::DataTypeName(s.dtype), num_blocks,
+      quantized_layers, 4 * static_cast<int64_t>(s.layers.size()), kc::DataTypeName(s.dtype),
+      s.device, kernels::CudaDeviceDescription(s.device),
+      static_cast<double>(weight_bytes) / (1 << 20), num_blocks,
       s.block_size, kc::DataTypeName(s.kv_dtype),
       static_cast<double>(num_blocks * block_bytes) / (1 << 20), s.use_graphs ? "on" : "off");
 

@@ -26,6 +26,10 @@ struct CudaRunnerOptions {
   kernels::cuda::DataType dtype = kernels::cuda::DataType::kF16;
   // KV pool: F16 or BF16, equal to dtype (the decode kernel reads Q in the cache's type).
   kernels::cuda::DataType kv_dtype = kernels::cuda::DataType::kF16;
+  // INT4 layer weights (GGUF Q4_0/Q4_1, `loom quantize --format int4`) stay 4-bit in device
+  // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm); false, or weights
+  // it cannot take (INT8 in groups, odd shapes): dequantized to dtype at load for cuBLAS.
+  bool quantized_weights = true;
   // Capture decode steps (every sequence one query token, at most 256 sequences) as CUDA
   // graphs per batch-size bucket and replay them; off: every step runs eagerly.
   bool cuda_graphs = true;
@@ -45,10 +49,10 @@ struct CudaRunnerOptions {
 /// LM head for the sample rows only), with F16/BF16 weights and activations in device
 /// memory, cuBLAS GEMMs and the kernels of kernels/cuda, all on one stream.
 ///
-/// Quantized GGUF weights are dequantized on the host at load (the quantized GEMM is a
-/// separate issue). Decode steps are captured as CUDA graphs per (batch-size bucket,
-/// context bucket) and replayed. Prefill tokens run through the decode attention kernel,
-/// one pseudo-sequence per token (correct causal attention, slower than a prefill kernel).
+/// INT4 layer weights stay 4-bit for the W4A16 GEMM (options.quantized_weights); other
+/// quantized weights are dequantized on the host at load. Decode steps are captured as
+/// CUDA graphs per (batch-size bucket, context bucket) and replayed; steps with
+/// multi-token sequences run attention through the paged prefill kernel.
 ///
 /// Every CUDA error is a Status naming the call; after one (other than a rejected batch
 /// or an allocation that did not fit) the runner refuses every later step rather than

@@ -297,6 +297,25 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
   }
 }
 
+absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
+  if (!IsInteger(w.format)) {
+    return absl::InvalidArgumentError("UnpackQuantized: the weight is not INT8/INT4");
+  }
+  const int64_t groups = w.cols / w.group_size;
+  NaturalQuantizedWeight out;
+  out.q.resize(static_cast<size_t>(w.rows * w.cols));
+  out.scales.resize(static_cast<size_t>(w.rows * groups));
+  if (w.format == WeightFormat::kInt4) out.mins.resize(out.scales.size());
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t c = 0; c < w.cols; ++c) out.q[r * w.cols + c] = static_cast<int8_t>(GetQ(w, r, c));
+    for (int64_t g = 0; g < groups; ++g) {
+      out.scales[r * groups + g] = w.scales[GroupIndex(w, r, g)];
+      if (!out.mins.empty()) out.mins[r * groups + g] = w.mins[GroupIndex(w, r, g)];
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts) {
   if (parts.empty()) return absl::InvalidArgumentError("ConcatRows: no parts");
   const PackedWeight& first = *parts[0];

@@ -57,6 +57,16 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
 /// matrix (fused QKV and gate/up projections: one matmul instead of several).
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
 
+/// An INT8/INT4 weight's values in plain row-major order, for repacking into another
+/// backend's layout (the CUDA runner's quantized GEMM): value = q * scale (+ min for INT4).
+struct NaturalQuantizedWeight {
+  std::vector<int8_t> q;          // [rows, cols]: INT4 0..15, INT8 -128..127
+  std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]
+  std::vector<uint16_t> mins;     // INT4: F16 [rows, cols / group_size]; INT8: empty
+};
+/// InvalidArgument for F32/F16 weights.
+absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& weight);
+
 /// Dequantizes rows [row_begin, row_end) to F32, [row_end - row_begin, cols] into `out`
 /// (the embedding lookup and the scalar references use it).
 void DequantizeRows(const PackedWeight& weight, int64_t row_begin, int64_t row_end, float* out);

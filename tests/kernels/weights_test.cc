@@ -164,6 +164,42 @@ TEST(WeightsTest, ConcatRowsRejectsMixedFormats) {
   EXPECT_EQ(ConcatRows({&*a, &*b}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The natural row-major values of an INT8/INT4 weight dequantize to what DequantizeRows
+// gives (rows not a multiple of the 16-row interleave included); float formats refuse.
+TEST(WeightsTest, UnpackQuantizedGivesTheValuesDequantizeRowsReads) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (int64_t group : {32, 64}) {
+      const int64_t rows = 37, cols = 128;
+      std::vector<float> values(rows * cols);
+      for (float& v : values) v = normal(rng);
+      auto packed = PackFromF32(values.data(), rows, cols, format, group);
+      ASSERT_TRUE(packed.ok()) << packed.status();
+      auto natural = UnpackQuantized(*packed);
+      ASSERT_TRUE(natural.ok()) << natural.status();
+      ASSERT_EQ(natural->q.size(), static_cast<size_t>(rows * cols));
+      ASSERT_EQ(natural->scales.size(), static_cast<size_t>(rows * cols / group));
+      ASSERT_EQ(natural->mins.size(), format == WeightFormat::kInt4 ? natural->scales.size() : 0u);
+      std::vector<float> want(rows * cols);
+      DequantizeRows(*packed, 0, rows, want.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t g = r * (cols / group) + c / group;
+          const float scale = internal::HalfToFloat(natural->scales[g]);
+          const float min = format == WeightFormat::kInt4 ? internal::HalfToFloat(natural->mins[g]) : 0.0f;
+          const int q = natural->q[r * cols + c];
+          if (format == WeightFormat::kInt4) ASSERT_TRUE(q >= 0 && q <= 15) << q;
+          ASSERT_FLOAT_EQ(q * scale + min, want[r * cols + c]) << r << ", " << c;
+        }
+      }
+    }
+  }
+  auto dense = PackFromF32(std::vector<float>(32, 1.0f).data(), 1, 32, WeightFormat::kF16, 0);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_FALSE(UnpackQuantized(*dense).ok());
+}
+
 TEST(WeightsTest, RejectsUnsupportedTypesAndShapes) {
   const std::vector<uint8_t> bytes(1024, 1);
   EXPECT_EQ(PackWeight(GgmlType::kQ5_0, bytes.data(), 2, 32).status().code(),

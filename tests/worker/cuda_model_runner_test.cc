@@ -354,20 +354,23 @@ std::unique_ptr<ModelRunner> CpuRunner(const common::GgufFile& gguf) {
   return runner.ok() ? std::move(*runner) : nullptr;
 }
 
-std::unique_ptr<CudaModelRunner> GpuRunner(const common::GgufFile& gguf, bool graphs) {
+std::unique_ptr<CudaModelRunner> GpuRunner(const common::GgufFile& gguf, bool graphs,
+                                           bool quantized_weights = true) {
   CudaRunnerOptions options;
   options.num_kv_blocks = kNumBlocks;
   options.block_size = kBlockSize;
   options.cuda_graphs = graphs;
+  options.quantized_weights = quantized_weights;
   options.max_num_tokens = 512;
   absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner = CudaModelRunner::Create(gguf, options);
   EXPECT_TRUE(runner.ok()) << runner.status();
   return runner.ok() ? std::move(*runner) : nullptr;
 }
 
-void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int32_t>> prompts) {
+void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int32_t>> prompts,
+                      bool quantized_weights = true) {
   std::unique_ptr<ModelRunner> cpu = CpuRunner(gguf);
-  std::unique_ptr<CudaModelRunner> gpu = GpuRunner(gguf, /*graphs=*/true);
+  std::unique_ptr<CudaModelRunner> gpu = GpuRunner(gguf, /*graphs=*/true, quantized_weights);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
   Comparison result;
@@ -508,8 +511,14 @@ TEST(CudaModelRunnerTest, MatchesCpuRunnerOnRandomModels) {
   }
 }
 
-TEST(CudaModelRunnerTest, MatchesCpuRunnerOnDefaultModel) {
+// The default model's layers are Q4_1 (INT4 g32): with quantized_weights (the default) all
+// 120 layer matrices run through the W4A16 GEMM, without it through cuBLAS on F16 copies;
+// both must match the CPU runner.
+class CudaDefaultModelTest : public testing::TestWithParam<bool> {};
+
+TEST_P(CudaDefaultModelTest, MatchesCpuRunner) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const bool quantized = GetParam();
   const std::string path = common::testing::ModelPath();
   ASSERT_TRUE(std::filesystem::exists(path))
       << "default model " << path << " missing (set LOOM_MODEL_PATH)";
@@ -529,8 +538,20 @@ TEST(CudaModelRunnerTest, MatchesCpuRunnerOnDefaultModel) {
   }
   // The chunked prefill takes 20 tokens of prompt 3 first.
   ASSERT_GT(prompts[3].size(), 20u);
-  ExpectMatchesCpu(**gguf, std::move(prompts));
+  std::unique_ptr<CudaModelRunner> probe = GpuRunner(**gguf, true, quantized);
+  ASSERT_NE(probe, nullptr);
+  EXPECT_NE(probe->load_log().find(quantized ? "120 of 120 layer matrices kept INT4"
+                                             : "0 of 120 layer matrices kept INT4"),
+            std::string::npos)
+      << probe->load_log();
+  probe.reset();
+  ExpectMatchesCpu(**gguf, std::move(prompts), quantized);
 }
+
+INSTANTIATE_TEST_SUITE_P(Weights, CudaDefaultModelTest, testing::Values(true, false),
+                         [](const testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Int4Gemm" : "Dequantized";
+                         });
 
 TEST(CudaModelRunnerTest, GraphsOnAndOffGiveIdenticalLogits) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
