@@ -75,7 +75,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
   }
   __m512i sum = acc[0];
   for (int i = 1; i < 12; ++i) sum = _mm512_add_epi32(sum, acc[i]);
-  return _mm512_reduce_add_epi32(sum);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  return lanes[0] + lanes[15];
 }
 
 }  // namespace
@@ -145,6 +147,21 @@ double MeasurePeakGflops(int threads) {
   }
   if (sink[0] == 42.0f) std::puts("");
   return Median(rates);
+}
+
+int64_t LastLevelCacheBytes() {
+  int64_t best = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) +
+                       "/size");
+    std::string text;
+    if (!(file >> text) || text.empty()) continue;
+    int64_t value = std::atoll(text.c_str());
+    if (text.back() == 'K') value <<= 10;
+    if (text.back() == 'M') value <<= 20;
+    best = std::max(best, value);
+  }
+  return best;
 }
 
 std::string CpuModel() {

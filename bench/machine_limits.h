@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace loom::bench {
@@ -19,6 +20,9 @@ double MeasurePeakGflops(int threads);
 /// Peak int8 multiply-accumulate rate in GMAC/s (AVX-512 VNNI u8 x s8 dot products) on
 /// `threads` threads; 0 where the CPU has no AVX-512 VNNI.
 double MeasurePeakInt8Gmacs(int threads);
+
+/// Size of the largest CPU cache level in bytes (sysfs), 0 when unknown.
+int64_t LastLevelCacheBytes();
 
 /// "AMD EPYC 9R14 (2 threads)": the CPU model from /proc/cpuinfo.
 std::string CpuModel();
