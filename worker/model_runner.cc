@@ -37,7 +37,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
       runner->kv_cache_,
       KvCache::Create(LocalConfig(runner->weights_->config, runner->weights_->shard),
                       options.num_kv_blocks, options.block_size, options.kv_dtype));
-  runner->pool_ = std::make_unique<cpu::ThreadPool>(options.num_threads);
+  runner->pool_ = options.thread_pool != nullptr
+                      ? options.thread_pool
+                      : std::make_shared<cpu::ThreadPool>(options.num_threads);
   runner->activations_ = options.activations;
   return runner;
 }

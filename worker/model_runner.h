@@ -34,6 +34,10 @@ struct ModelRunnerOptions {
   int tp_rank = 0;
   int tp_size = 1;
   Communicator* communicator = nullptr;
+  // The thread pool to run on, shared with another runner that never steps at the same
+  // time (a draft model beside its target, so the two do not keep two sets of spinning
+  // threads); null: a pool of its own with num_threads threads.
+  std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
 };
 
 /// Which linear layer's input an ActivationObserver sees.
@@ -71,6 +75,8 @@ class ModelRunner : public ForwardPass {
   int64_t block_size() const override { return kv_cache_->block_size(); }
   int64_t num_kv_blocks() const override { return kv_cache_->num_blocks(); }
   int num_threads() const { return pool_->num_threads(); }
+  /// The pool Step runs on (to share with a draft model's runner, see ModelRunnerOptions).
+  const std::shared_ptr<kernels::cpu::ThreadPool>& thread_pool() const { return pool_; }
   /// Installs (or, with nullptr, removes) an observer of every linear layer's input;
   /// none by default, and then Step pays nothing for it.
   void SetActivationObserver(ActivationObserver observer) { observer_ = std::move(observer); }
@@ -80,7 +86,7 @@ class ModelRunner : public ForwardPass {
 
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<KvCache> kv_cache_;
-  std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+  std::shared_ptr<kernels::cpu::ThreadPool> pool_;
   Communicator* communicator_ = nullptr;  // tensor parallel only
   ActivationObserver observer_;            // empty unless calibrating
   kernels::cpu::ActivationPrecision activations_ = kernels::cpu::ActivationPrecision::kF32;

@@ -1,16 +1,34 @@
 #include "worker/model_runner_backend.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/speculative_verify.h"
 
 namespace loom::worker {
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A [0, 1) double as the float the verify kernel takes, rounded down so it stays below 1.
+float UniformFloat(double u) {
+  return static_cast<float>(std::ldexp(std::floor(std::ldexp(u, 24)), -24));
+}
+
+// The token `sampler` emitted at `logits` (with logprobs when the sequence asked for them).
+SampledToken Emitted(const SequenceSampler& sampler, const float* logits, int64_t vocab,
+                     int32_t token) {
+  const int32_t num_logprobs = sampler.params().num_logprobs;
+  if (num_logprobs >= 0) return RawLogprobs(logits, vocab, token, num_logprobs);
+  SampledToken sampled;
+  sampled.token_id = token;
+  return sampled;
 }
 
 }  // namespace
@@ -25,9 +43,16 @@ absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const Sa
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d sample rows but the samplers cover %d", batch.sample_rows.size(), NumSampleRows(rows)));
   }
+  const int64_t vocab = runner_->config().vocab_size;
   for (const SampleRow& row : rows) {
     if (row.sampler == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat("sequence %d has no sampler", row.seq_id));
+    }
+    if (!row.draft_probs.empty() &&
+        row.draft_probs.size() != row.draft_tokens.size() * static_cast<size_t>(vocab)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: %d draft probabilities for %d drafts of a %d-token vocabulary",
+          row.seq_id, row.draft_probs.size(), row.draft_tokens.size(), vocab));
     }
   }
   const auto start = std::chrono::steady_clock::now();
@@ -35,30 +60,82 @@ absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const Sa
   timings.execute_seconds = SecondsSince(start);
 
   const auto sample_start = std::chrono::steady_clock::now();
-  const int64_t vocab = runner_->config().vocab_size;
   tokens.clear();
   tokens.reserve(batch.sample_rows.size());
   num_emitted.clear();
   num_emitted.reserve(rows.size());
   size_t logits_row = 0;
   for (const SampleRow& row : rows) {
-    // Speculative verification: sample every position as a plain decode would (same
-    // sampler, same random draws, same penalties), accepting drafts while they equal the
-    // sampled token. For one-hot proposals this is exactly rejection sampling
-    // (accept x with probability p(x), else draw from p without x), and the output is
-    // token for token what the sequence would produce without speculation.
     const size_t drafts = row.draft_tokens.size();
     int32_t emitted = 0;
-    for (size_t i = 0; i <= drafts; ++i) {
-      tokens.push_back(row.sampler->Sample(logits_.data() + (logits_row + i) * vocab));
-      ++emitted;
-      if (i < drafts && tokens.back().token_id != row.draft_tokens[i]) break;
+    if (row.draft_probs.empty() || row.sampler->greedy()) {
+      // Sample every position as a plain decode would (same sampler, same random draws,
+      // same penalties), accepting drafts while they equal the sampled token. For one-hot
+      // proposals this is exactly rejection sampling (accept x with probability p(x), else
+      // draw from p without x), and the output is token for token what the sequence
+      // would produce without speculation; greedy stays the argmax at every position.
+      for (size_t i = 0; i <= drafts; ++i) {
+        tokens.push_back(row.sampler->Sample(logits_.data() + (logits_row + i) * vocab));
+        ++emitted;
+        if (i < drafts && tokens.back().token_id != row.draft_tokens[i]) break;
+      }
+    } else {
+      LOOM_ASSIGN_OR_RETURN(emitted, VerifyDraftDistributions(batch, row, logits_row, tokens));
     }
     num_emitted.push_back(emitted);
     logits_row += drafts + 1;
   }
   timings.sample_seconds = SecondsSince(sample_start);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> ModelRunnerBackend::VerifyDraftDistributions(
+    const StepBatch& batch, const SampleRow& row, size_t logits_row,
+    std::vector<SampledToken>& tokens) {
+  const int64_t vocab = runner_->config().vocab_size;
+  const int32_t k = static_cast<int32_t>(row.draft_tokens.size());
+  // p at each position, with the penalties counting the drafts before it (they are
+  // emitted exactly when that position's p is consulted).
+  target_probs_.resize(static_cast<size_t>(k + 1) * vocab);
+  for (int32_t i = 0; i <= k; ++i) {
+    row.sampler->Distribution(logits_.data() + (logits_row + i) * vocab,
+                              row.draft_tokens.first(i), target_probs_.data() + i * vocab);
+  }
+  // The position of the first token this row decides: after the computed token.
+  const int64_t position = int64_t{batch.positions[batch.sample_rows[logits_row]]} + 1;
+  accept_uniforms_.resize(k + 1);
+  sample_uniforms_.resize(k + 1);
+  for (int32_t i = 0; i <= k; ++i) {
+    accept_uniforms_[i] = UniformFloat(row.sampler->PositionUniform(position + i, kAcceptStream));
+    sample_uniforms_[i] =
+        UniformFloat(row.sampler->PositionUniform(position + i, kTargetSampleStream));
+  }
+  const int32_t row_start[2] = {0, k + 1};
+  const uint8_t greedy = 0;
+  int32_t accepted = 0;
+  int32_t next = 0;
+  kernels::cpu::SpeculativeVerifyParams params;
+  params.target_probs = target_probs_.data();
+  params.draft_probs = row.draft_probs.data();
+  params.draft_tokens = row.draft_tokens.data();
+  params.uniforms = accept_uniforms_.data();
+  params.sample_uniforms = sample_uniforms_.data();
+  params.row_start = row_start;
+  params.greedy = &greedy;
+  params.num_seqs = 1;
+  params.vocab = vocab;
+  params.num_accepted = &accepted;
+  params.next_token = &next;
+  LOOM_RETURN_IF_ERROR(kernels::cpu::SpeculativeVerify(params));
+  for (int32_t i = 0; i <= accepted; ++i) {
+    const int32_t token = i < accepted ? row.draft_tokens[i] : next;
+    tokens.push_back(
+        Emitted(*row.sampler, logits_.data() + (logits_row + i) * vocab, vocab, token));
+    // Counts it for the penalties; the RNG advances one draw per output token as after a
+    // plain sample, so a preempted and resumed sequence finds it where it was.
+    row.sampler->RecordOutput(token);
+  }
+  return accepted + 1;
 }
 
 }  // namespace loom::worker

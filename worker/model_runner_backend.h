@@ -5,13 +5,17 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 #include "worker/forward_pass.h"
 #include "worker/step_backend.h"
 
 namespace loom::worker {
 
 /// The real backend: a ForwardPass (the CPU ModelRunner or the CUDA runner), then each
-/// sampled row's logits through its sequence's SequenceSampler. Not thread-safe.
+/// sampled row's logits through its sequence's SequenceSampler; a draft model's sampled
+/// proposals are verified by rejection sampling (kernels::cpu::SpeculativeVerify) with
+/// uniforms from SequenceSampler::PositionUniform. Not thread-safe.
 class ModelRunnerBackend : public StepBackend {
  public:
   /// `name` is what the worker registers as its backend ("cpu").
@@ -23,7 +27,8 @@ class ModelRunnerBackend : public StepBackend {
   int64_t block_size() const override { return runner_->block_size(); }
   bool uses_samplers() const override { return true; }
 
-  /// Forward pass and sampling; every row must carry a sampler.
+  /// Forward pass and sampling; every row must carry a sampler, and draft_probs, where
+  /// given, one row of the vocabulary per draft.
   absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                    std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
                    BackendTimings& timings) override;
@@ -31,9 +36,20 @@ class ModelRunnerBackend : public StepBackend {
   ForwardPass& runner() const { return *runner_; }
 
  private:
+  // Rejection sampling of `row`'s drafts against its target rows starting at
+  // `logits_row`: appends the emitted tokens (recorded in the sampler) and returns their
+  // count.
+  absl::StatusOr<int32_t> VerifyDraftDistributions(const StepBatch& batch, const SampleRow& row,
+                                                   size_t logits_row,
+                                                   std::vector<SampledToken>& tokens);
+
   std::unique_ptr<ForwardPass> runner_;
   std::string name_;
   std::vector<float> logits_;  // [sample_rows, vocab], reused across steps
+  // Scratch of VerifyDraftDistributions, for one row of k drafts:
+  std::vector<float> target_probs_;     // [k + 1, vocab]
+  std::vector<float> accept_uniforms_;  // [k + 1]
+  std::vector<float> sample_uniforms_;  // [k + 1]
 };
 
 }  // namespace loom::worker

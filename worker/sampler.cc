@@ -15,6 +15,14 @@ double UniformDouble(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// SplitMix64's finalizer (Steele, Lea, Flood 2014): a bijective mix of 64 bits.
+uint64_t SplitMix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 // The first index of the largest logit (NaNs never win). Two passes over independent lanes
 // so that both vectorize: the vocabulary scan runs once per sampled token.
 int32_t Argmax(const float* logits, int64_t n) {
@@ -87,26 +95,54 @@ SequenceSampler::SequenceSampler(const SamplingParams& params,
   }
 }
 
-void SequenceSampler::ApplyPenalties(float* logits) const {
+void SequenceSampler::ApplyPenalties(float* logits, absl::Span<const int32_t> pending) const {
   if (params_.repetition_penalty != 1.0f) {
-    for (const auto& [id, unused] : seen_) {
+    auto penalize = [&](int32_t id) {
       logits[id] = logits[id] > 0 ? logits[id] / params_.repetition_penalty
                                   : logits[id] * params_.repetition_penalty;
+    };
+    for (const auto& [id, unused] : seen_) penalize(id);
+    // Pending tokens not seen yet, each once (a set, like seen_).
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const int32_t id = pending[i];
+      if (seen_.contains(id) ||
+          std::find(pending.begin(), pending.begin() + i, id) != pending.begin() + i) {
+        continue;
+      }
+      penalize(id);
     }
   }
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
     for (const auto& [id, count] : output_counts_) {
       logits[id] -= params_.presence_penalty + params_.frequency_penalty * count;
     }
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const int32_t id = pending[i];
+      // The presence penalty once per token: only where no output and no earlier pending
+      // token already carried it.
+      const bool present = output_counts_.contains(id) ||
+                           std::find(pending.begin(), pending.begin() + i, id) !=
+                               pending.begin() + i;
+      logits[id] -= (present ? 0.0f : params_.presence_penalty) + params_.frequency_penalty;
+    }
   }
 }
 
-int32_t SequenceSampler::PickFromDistribution(const float* logits) {
+const float* SequenceSampler::Penalized(const float* logits, absl::Span<const int32_t> pending) {
+  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  if (!penalized) return logits;
+  std::copy(logits, logits + vocab_size_, scratch_.data());
+  ApplyPenalties(scratch_.data(), pending);
+  return scratch_.data();
+}
+
+size_t SequenceSampler::BuildCandidates(const float* logits, double& sum) {
   // The distribution: top-k over logits (ties to the lower id), softmax at the temperature,
-  // min-p relative to the most likely token, top-p over the tokens in descending order;
-  // then one uniform draw. Only what the filters need is sorted: the top-k survivors, or
-  // the nucleus prefix, grown until it reaches top_p. Without top-k/top-p nothing is
-  // sorted and the draw walks the survivors in id order (the same distribution).
+  // min-p relative to the most likely token, top-p over the tokens in descending order.
+  // Only what the filters need is sorted: the top-k survivors, or the nucleus prefix,
+  // grown until it reaches top_p. Without top-k/top-p nothing is sorted and the draw walks
+  // the survivors in id order (the same distribution).
   auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
@@ -118,6 +154,7 @@ int32_t SequenceSampler::PickFromDistribution(const float* logits) {
   const double min_weight = params_.min_p > 0 ? params_.min_p : 0.0;
   candidates_.clear();
   weights_.clear();
+  sum = 0;
   const bool top_k = params_.top_k > 0 && params_.top_k < vocab_size_;
   if (top_k) {
     candidates_.reserve(vocab_size_);
@@ -145,11 +182,7 @@ int32_t SequenceSampler::PickFromDistribution(const float* logits) {
       }
     }
   }
-  if (weights_.empty()) {  // no finite logit: nothing to weigh (still one draw per sample)
-    UniformDouble(rng_);
-    return best;
-  }
-  double sum = 0;
+  if (weights_.empty()) return 0;  // no finite logit: nothing to weigh
   for (double weight : weights_) sum += weight;
   size_t keep = weights_.size();
   if (params_.top_p < 1.0f) {
@@ -179,6 +212,16 @@ int32_t SequenceSampler::PickFromDistribution(const float* logits) {
     keep = cut;
     sum = cumulative;
   }
+  return keep;
+}
+
+int32_t SequenceSampler::PickFromDistribution(const float* logits) {
+  double sum = 0;
+  const size_t keep = BuildCandidates(logits, sum);
+  if (keep == 0) {  // no finite logit (still one draw per sample)
+    UniformDouble(rng_);
+    return Argmax(logits, vocab_size_);
+  }
   const double target = UniformDouble(rng_) * sum;
   double cumulative = 0;
   for (size_t i = 0; i < keep; ++i) {
@@ -188,18 +231,39 @@ int32_t SequenceSampler::PickFromDistribution(const float* logits) {
   return candidates_[keep - 1].second;
 }
 
-SampledToken SequenceSampler::Sample(const float* logits) {
-  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                         params_.frequency_penalty != 0.0f;
-  const float* work = logits;
-  if (penalized) {
-    std::copy(logits, logits + vocab_size_, scratch_.data());
-    ApplyPenalties(scratch_.data());
-    work = scratch_.data();
+void SequenceSampler::Distribution(const float* logits, absl::Span<const int32_t> pending,
+                                   float* probs) {
+  const float* work = Penalized(logits, pending);
+  std::fill(probs, probs + vocab_size_, 0.0f);
+  if (greedy()) {
+    probs[Argmax(work, vocab_size_)] = 1.0f;
+    return;
   }
-  const int32_t token = params_.temperature == 0.0f || params_.top_k == 1
-                            ? Argmax(work, vocab_size_)
-                            : PickFromDistribution(work);
+  double sum = 0;
+  const size_t keep = BuildCandidates(work, sum);
+  if (keep == 0) {
+    probs[Argmax(work, vocab_size_)] = 1.0f;
+    return;
+  }
+  const double inv_sum = 1.0 / sum;
+  for (size_t i = 0; i < keep; ++i) {
+    probs[candidates_[i].second] = static_cast<float>(weights_[i] * inv_sum);
+  }
+}
+
+int32_t SequenceSampler::PenalizedArgmax(const float* logits, absl::Span<const int32_t> pending) {
+  return Argmax(Penalized(logits, pending), vocab_size_);
+}
+
+double SequenceSampler::PositionUniform(int64_t position, uint32_t stream) const {
+  const uint64_t key =
+      SplitMix64(SplitMix64(SplitMix64(params_.seed) ^ static_cast<uint64_t>(position)) ^ stream);
+  return static_cast<double>(key >> 11) * (1.0 / 9007199254740992.0);
+}
+
+SampledToken SequenceSampler::Sample(const float* logits) {
+  const float* work = Penalized(logits, {});
+  const int32_t token = greedy() ? Argmax(work, vocab_size_) : PickFromDistribution(work);
   SampledToken sampled;
   if (params_.num_logprobs >= 0) {
     sampled = RawLogprobs(logits, vocab_size_, token, params_.num_logprobs);
@@ -213,7 +277,7 @@ SampledToken SequenceSampler::Sample(const float* logits) {
 
 void SequenceSampler::RecordOutput(int32_t token_id) {
   // PickFromDistribution draws exactly one number per sample; greedy draws none.
-  if (!(params_.temperature == 0.0f || params_.top_k == 1)) UniformDouble(rng_);
+  if (!greedy()) UniformDouble(rng_);
   output_counts_[token_id]++;
   if (params_.repetition_penalty != 1.0f) seen_[token_id] = true;
 }

@@ -50,14 +50,44 @@ class SequenceSampler {
   SampledToken Sample(const float* logits);
 
   /// Records a token this sequence generated before (a preempted sequence's outputs,
-  /// sent again): counts it for the penalties and advances the RNG as Sample did, so a
-  /// resumed sequence samples what it would have sampled without the preemption.
+  /// sent again) or one chosen elsewhere (speculative verification): counts it for the
+  /// penalties and advances the RNG as Sample did, so a resumed sequence samples what it
+  /// would have sampled without the preemption.
   void RecordOutput(int32_t token_id);
+
+  /// True when Sample picks the argmax (temperature 0 or top_k 1) and draws nothing.
+  bool greedy() const { return params_.temperature == 0.0f || params_.top_k == 1; }
+
+  /// The distribution Sample draws its next token from, for `logits` [vocab_size]: the
+  /// penalties, top-k, temperature, min-p and top-p applied exactly as Sample applies
+  /// them, as probabilities into `probs` [vocab_size] (0 outside the kept tokens, sum 1;
+  /// one-hot at the argmax when greedy). The penalties count `pending` as if those tokens
+  /// had been recorded after the outputs so far (speculative drafts not yet accepted).
+  /// Neither the RNG nor the recorded tokens change.
+  void Distribution(const float* logits, absl::Span<const int32_t> pending, float* probs);
+
+  /// The argmax of `logits` [vocab_size] after the penalties (counting `pending` as
+  /// Distribution does): what a greedy Sample picks, without a distribution.
+  int32_t PenalizedArgmax(const float* logits, absl::Span<const int32_t> pending);
+
+  /// A uniform double in [0, 1) that is a function of the seed, `position` (the index in
+  /// the sequence of the token it helps decide) and `stream` alone: a counter-based draw,
+  /// independent of the RNG and of every other (position, stream). Speculative decoding
+  /// with a draft model draws its uniforms here, so a token's randomness never depends on
+  /// how many numbers earlier steps consumed (which a resumed sequence cannot know), and
+  /// no uniform ever decides two emitted tokens.
+  double PositionUniform(int64_t position, uint32_t stream) const;
 
   const SamplingParams& params() const { return params_; }
 
  private:
-  void ApplyPenalties(float* logits) const;
+  void ApplyPenalties(float* logits, absl::Span<const int32_t> pending = {}) const;
+  // `logits` with the penalties applied (in scratch_), or `logits` itself without them.
+  const float* Penalized(const float* logits, absl::Span<const int32_t> pending);
+  // Fills candidates_/weights_ with the tokens the filters keep, in draw order, and
+  // returns how many of them the draw walks (top-p's cut) with their total weight in
+  // `sum`; 0 when no logit is finite.
+  size_t BuildCandidates(const float* logits, double& sum);
   int32_t PickFromDistribution(const float* logits);
 
   SamplingParams params_;

@@ -16,11 +16,22 @@ namespace loom::worker {
 /// sampler (nullptr when the backend does not use samplers). Usually it owns one entry of
 /// batch.sample_rows. Speculative decoding: it proposed `draft_tokens` after its computed
 /// token and owns 1 + draft_tokens.size() consecutive entries (the computed token's and
-/// each draft's); the backend emits the drafts the model accepts plus one token.
+/// each draft's); the backend emits the drafts the model accepts plus one token. A draft
+/// model's proposals carry the distributions they were sampled from (`draft_probs`);
+/// one-hot proposals (n-gram lookup, a greedy sequence's drafts) carry none.
 struct SampleRow {
   uint64_t seq_id = 0;
   SequenceSampler* sampler = nullptr;
   absl::Span<const int32_t> draft_tokens;  // empty: a plain decode or prefill's last token
+  absl::Span<const float> draft_probs;     // [draft_tokens.size(), vocab] q, or empty
+};
+
+/// SequenceSampler::PositionUniform streams of draft-model speculation: one independent
+/// uniform per position of the sequence and purpose.
+enum SpeculativeStream : uint32_t {
+  kDraftSampleStream = 1,   // the draft model's sample of the token at a position
+  kAcceptStream = 2,        // accepting or rejecting the draft at a position
+  kTargetSampleStream = 3,  // the target's draw at a position (after a rejection, or bonus)
 };
 
 /// Entries of batch.sample_rows that `rows` own: one per row and one per draft token.
@@ -57,11 +68,14 @@ class StepBackend {
 
   /// Runs `batch` and picks the tokens of each of `rows` (which cover batch.sample_rows
   /// in order, see SampleRow): `num_emitted[i]` tokens for rows[i] (1 + its accepted
-  /// drafts), appended to `tokens` in row order. A speculative row's tokens are exactly
-  /// those its sampler would pick one step at a time: the model's token at each position,
-  /// stopping after the first one that differs from the draft. InvalidArgument for a
-  /// batch ValidateStepBatch rejects or rows that do not cover the sample rows; on any
-  /// error no sampler has been touched.
+  /// drafts), appended to `tokens` in row order. A speculative row without draft_probs
+  /// (or of a greedy sequence) emits exactly the tokens its sampler would pick one step
+  /// at a time: the model's token at each position, stopping after the first one that
+  /// differs from the draft. A sampled row with draft_probs q is verified by rejection
+  /// sampling against the target's distribution p (accept with min(1, p/q), else draw
+  /// from norm(max(0, p - q))): its tokens are distributed as the sampler's own, not
+  /// equal to them. InvalidArgument for a batch ValidateStepBatch rejects or rows that do
+  /// not cover the sample rows; on any error no sampler has been touched.
   virtual absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                            std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
                            BackendTimings& timings) = 0;

@@ -49,6 +49,9 @@ struct StepExecutor::Sequence {
   std::vector<int32_t> tokens;       // prompt, then outputs, in order
   std::vector<int32_t> block_table;  // every block the coordinator sent, in order
   int64_t num_computed = 0;          // tokens whose K/V are in the pool
+  // Draft-model speculation: leading tokens whose draft K/V are in the draft's pool.
+  // Invariant: <= num_computed, so they lie in blocks the sequence still holds.
+  int64_t num_draft_computed = 0;
   int32_t num_logprobs = -1;
   std::unique_ptr<SequenceSampler> sampler;  // null when the backend uses no samplers
 };
@@ -58,12 +61,21 @@ struct StepExecutor::Prepared {
   struct Entry {
     Sequence* sequence = nullptr;
     int index = 0;  // in plan.scheduled()
+    // Tokens [begin, end) are computed; the step's blocks (after its new ones).
+    int64_t begin = 0;
+    int64_t end = 0;
+    std::vector<int32_t> block_table;
+    int32_t max_drafts = 0;  // within the context and the slots given
+    bool sample = false;
   };
   std::vector<std::pair<uint64_t, std::unique_ptr<Sequence>>> added;
-  std::vector<Entry> entries;      // plan.scheduled(), resolved
+  std::vector<Entry> entries;            // plan.scheduled(), resolved
+  std::vector<DraftProposal> proposals;  // per entry: its drafts (and q from a draft model)
+  double propose_seconds = 0;            // the draft model's passes
   std::vector<Sequence*> sampled;  // sequences of `rows`, in batch order
   std::vector<bool> speculative;   // per entry of `rows`: a speculative step
-  std::vector<std::vector<int32_t>> drafts;  // per entry of `rows`; rows[i].draft_tokens views it
+  std::vector<int64_t> known;      // per entry of `rows`: tokens known before the step
+  std::vector<DraftProposal> drafts;  // per entry of `rows`; rows[i].draft_* view it
   StepBatch batch;
   std::vector<SampleRow> rows;
 };
@@ -81,6 +93,11 @@ int64_t StepExecutor::NumComputed(uint64_t seq_id) const {
 int64_t StepExecutor::NumTokens(uint64_t seq_id) const {
   auto it = sequences_.find(seq_id);
   return it == sequences_.end() ? -1 : static_cast<int64_t>(it->second->tokens.size());
+}
+
+int64_t StepExecutor::NumDraftComputed(uint64_t seq_id) const {
+  auto it = sequences_.find(seq_id);
+  return it == sequences_.end() ? -1 : it->second->num_draft_computed;
 }
 
 absl::Status StepExecutor::Reset() {
@@ -156,7 +173,6 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
   }
 
   absl::flat_hash_set<uint64_t> scheduled_ids;
-  std::vector<int32_t> block_table;  // scratch: a sequence's blocks after this plan
   for (int i = 0; i < plan.scheduled_size(); ++i) {
     const loom::v1::ScheduledSequence& entry = plan.scheduled(i);
     const uint64_t id = entry.seq_id();
@@ -208,51 +224,101 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
       return absl::InvalidArgumentError(absl::StrFormat(
           "sequence %d: speculating %d tokens needs a sampled step", id, max_drafts));
     }
-    block_table.assign(sequence->block_table.begin(), sequence->block_table.end());
-    block_table.insert(block_table.end(), entry.new_block_ids().begin(),
-                       entry.new_block_ids().end());
-    std::vector<int32_t> drafts;
+    Prepared::Entry& prepared_entry = prepared.entries.emplace_back();
+    prepared_entry.sequence = sequence;
+    prepared_entry.index = i;
+    prepared_entry.begin = begin;
+    prepared_entry.end = end;
+    prepared_entry.sample = entry.sample();
+    prepared_entry.block_table.assign(sequence->block_table.begin(), sequence->block_table.end());
+    prepared_entry.block_table.insert(prepared_entry.block_table.end(),
+                                      entry.new_block_ids().begin(), entry.new_block_ids().end());
     if (max_drafts > 0) {
       // The drafts sit at positions [end, end + count): within the context and the slots
       // the coordinator gave (it reserved max_drafts of them).
       const int64_t room = std::min<int64_t>(
           config.context_length - end,
-          static_cast<int64_t>(block_table.size()) * block_size - end);
-      drafts = ProposeNgram(sequence->tokens, options_.ngram_min, options_.ngram_max,
-                            static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts)));
+          static_cast<int64_t>(prepared_entry.block_table.size()) * block_size - end);
+      prepared_entry.max_drafts = static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts));
     }
+  }
+
+  LOOM_RETURN_IF_ERROR(Propose(prepared));
+  for (size_t e = 0; e < prepared.entries.size(); ++e) {
+    Prepared::Entry& entry = prepared.entries[e];
+    Sequence* sequence = entry.sequence;
+    DraftProposal& proposal = prepared.proposals[e];
+    const std::vector<int32_t>& drafts = proposal.tokens;
+    const uint64_t id = plan.scheduled(entry.index).seq_id();
     const size_t first_new = prepared.batch.token_ids.size();
     if (drafts.empty()) {
       LOOM_RETURN_IF_ERROR(AppendSequence(
-          prepared.batch, absl::MakeConstSpan(sequence->tokens).subspan(begin, end - begin),
-          static_cast<int32_t>(begin), block_table, static_cast<int32_t>(block_size),
-          entry.sample()));
+          prepared.batch,
+          absl::MakeConstSpan(sequence->tokens).subspan(entry.begin, entry.end - entry.begin),
+          static_cast<int32_t>(entry.begin), entry.block_table, static_cast<int32_t>(block_size),
+          entry.sample));
     } else {
-      std::vector<int32_t> step_tokens(sequence->tokens.begin() + begin,
-                                       sequence->tokens.begin() + end);
+      std::vector<int32_t> step_tokens(sequence->tokens.begin() + entry.begin,
+                                       sequence->tokens.begin() + entry.end);
       step_tokens.insert(step_tokens.end(), drafts.begin(), drafts.end());
       LOOM_RETURN_IF_ERROR(AppendSequence(prepared.batch, step_tokens,
-                                          static_cast<int32_t>(begin), block_table,
+                                          static_cast<int32_t>(entry.begin), entry.block_table,
                                           static_cast<int32_t>(block_size),
                                           /*sample_last=*/false));
       // The computed token's logits and each draft's.
       for (size_t d = 0; d <= drafts.size(); ++d) {
         prepared.batch.sample_rows.push_back(
-            static_cast<int32_t>(first_new + (end - begin) - 1 + d));
+            static_cast<int32_t>(first_new + (entry.end - entry.begin) - 1 + d));
       }
     }
-    prepared.entries.push_back({sequence, i});
-    if (entry.sample()) {
-      prepared.rows.push_back({id, sequence->sampler.get(), {}});
+    if (entry.sample) {
+      prepared.rows.push_back({id, sequence->sampler.get(), {}, {}});
       prepared.sampled.push_back(sequence);
-      prepared.speculative.push_back(max_drafts > 0);
-      prepared.drafts.push_back(std::move(drafts));
+      prepared.speculative.push_back(plan.scheduled(entry.index).num_speculative_tokens() > 0);
+      prepared.known.push_back(entry.end);
+      prepared.drafts.push_back(std::move(proposal));
     }
   }
   // Views into `drafts`, taken once it no longer grows.
   for (size_t r = 0; r < prepared.rows.size(); ++r) {
-    prepared.rows[r].draft_tokens = prepared.drafts[r];
+    prepared.rows[r].draft_tokens = prepared.drafts[r].tokens;
+    prepared.rows[r].draft_probs = prepared.drafts[r].probs;
   }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::Propose(Prepared& prepared) {
+  prepared.proposals.assign(prepared.entries.size(), DraftProposal{});
+  if (options_.draft_proposer == nullptr) {
+    for (size_t e = 0; e < prepared.entries.size(); ++e) {
+      const Prepared::Entry& entry = prepared.entries[e];
+      if (entry.max_drafts == 0) continue;
+      prepared.proposals[e].tokens = ProposeNgram(entry.sequence->tokens, options_.ngram_min,
+                                                  options_.ngram_max, entry.max_drafts);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<DraftRequest> requests;
+  std::vector<size_t> requesting;  // entry of each request
+  for (size_t e = 0; e < prepared.entries.size(); ++e) {
+    const Prepared::Entry& entry = prepared.entries[e];
+    if (entry.max_drafts == 0) continue;
+    DraftRequest& request = requests.emplace_back();
+    request.tokens = entry.sequence->tokens;
+    request.num_draft_computed = entry.sequence->num_draft_computed;
+    request.block_table = entry.block_table;
+    request.max_drafts = entry.max_drafts;
+    request.sampler = entry.sequence->sampler.get();
+    requesting.push_back(e);
+  }
+  if (requests.empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<DraftProposal> proposals;
+  LOOM_RETURN_IF_ERROR(options_.draft_proposer->Propose(requests, proposals));
+  for (size_t r = 0; r < requests.size(); ++r) {
+    prepared.proposals[requesting[r]] = std::move(proposals[r]);
+  }
+  prepared.propose_seconds = SecondsSince(start);
   return absl::OkStatus();
 }
 
@@ -340,6 +406,11 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
     // Accepted drafts' K/V were written by this step: they count as computed. The last
     // emitted token is the next one to compute, as after a plain decode.
     sequence.num_computed += emitted - 1;
+    const int32_t num_drafts = static_cast<int32_t>(prepared.drafts[r].tokens.size());
+    if (options_.draft_proposer != nullptr && num_drafts > 0) {
+      sequence.num_draft_computed =
+          DraftProposer::NumDraftComputedAfter(prepared.known[r], num_drafts, emitted - 1);
+    }
     if (prepared.speculative[r]) {
       // The coordinator frees the blocks only rejected drafts used (the same rule on both
       // sides): later plans append after the trimmed table.
@@ -355,7 +426,7 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
       output->set_seq_id(prepared.rows[r].seq_id);
       output->set_token_id(token.token_id);
       if (e == 0 && prepared.speculative[r]) {
-        output->set_num_draft_tokens(static_cast<int32_t>(prepared.drafts[r].size()));
+        output->set_num_draft_tokens(num_drafts);
         output->set_num_accepted_tokens(emitted - 1);
       }
       if (sequence.num_logprobs >= 0) {
@@ -370,7 +441,9 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
   }
   result.set_num_tokens(static_cast<int32_t>(prepared.batch.num_tokens()));
   loom::v1::StepTimings* step_timings = result.mutable_timings();
-  step_timings->set_execute_seconds(timings.execute_seconds);
+  // The draft model's passes count as forward time: the coordinator's speculation policy
+  // learns what a step with drafts costs from it.
+  step_timings->set_execute_seconds(timings.execute_seconds + prepared.propose_seconds);
   step_timings->set_sample_seconds(timings.sample_seconds);
   step_timings->set_total_seconds(SecondsSince(start));
   return result;

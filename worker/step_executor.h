@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "loom/v1/worker.pb.h"
+#include "worker/draft_proposer.h"
 #include "worker/sampler.h"
 #include "worker/step_backend.h"
 
@@ -23,6 +24,9 @@ struct StepExecutorOptions {
   // Prompt-lookup speculation: the longest and shortest suffix n-grams searched for.
   int32_t ngram_max = 4;
   int32_t ngram_min = 2;
+  // Draft-model speculation instead of prompt lookup (not owned; must outlive the
+  // executor); null: prompt lookup.
+  DraftProposer* draft_proposer = nullptr;
 };
 
 /// The worker's side of the step protocol: owns every sequence's execution state (its
@@ -54,6 +58,8 @@ class StepExecutor {
   int64_t NumComputed(uint64_t seq_id) const;
   /// Known tokens of `seq_id` (prompt, then outputs), or -1 when unknown.
   int64_t NumTokens(uint64_t seq_id) const;
+  /// Leading tokens of `seq_id` whose K/V the draft model holds, or -1 when unknown.
+  int64_t NumDraftComputed(uint64_t seq_id) const;
 
   const StepBackend& backend() const { return backend_; }
 
@@ -61,8 +67,12 @@ class StepExecutor {
   struct Sequence;
   struct Prepared;
 
-  // Checks the whole plan and builds the batch without changing any state.
+  // Checks the whole plan and builds the batch without changing any executor state (a
+  // draft model writes K/V only where the plan's sequences will compute).
   absl::Status Prepare(const loom::v1::StepPlan& plan, Prepared& prepared);
+  // The drafts of each scheduled entry that speculates, from the draft model or by
+  // prompt lookup, into prepared.proposals.
+  absl::Status Propose(Prepared& prepared);
   // Internal error unless the backend's answer covers the prepared rows.
   absl::Status CheckEmitted(const Prepared& prepared, const std::vector<SampledToken>& tokens,
                             const std::vector<int32_t>& num_emitted) const;

@@ -24,6 +24,7 @@
 #include "kernels/cuda_device.h"
 #include "worker/coordinator_store.h"
 #include "worker/cuda_model_runner.h"
+#include "worker/draft_proposer.h"
 #include "worker/gloo_communicator.h"
 #include "worker/kv_cache.h"
 #include "worker/model_runner.h"
@@ -78,13 +79,12 @@ constexpr double kDefaultCudaKvFraction = 0.9;
 
 // Builds the backend: the model runner on `device` ("cpu" or "cuda"; weights loaded, KV
 // pool allocated) or noop. `num_blocks` sizes the CPU pool; on CUDA it is used when
-// positive, else the pool takes a fraction of free device memory.
-absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& options,
-                                                           const std::string& device,
-                                                           const common::GgufFile& gguf,
-                                                           const common::ModelConfig& config,
-                                                           int64_t num_blocks,
-                                                           Communicator* communicator) {
+// positive, else the pool takes a fraction of free device memory. The CPU runner runs on
+// `thread_pool` when given (shared with a draft model).
+absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
+    const WorkerOptions& options, const std::string& device, const common::GgufFile& gguf,
+    const common::ModelConfig& config, int64_t num_blocks, Communicator* communicator,
+    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool) {
   if (options.backend == "noop") {
     absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
         common::Tokenizer::FromGguf(gguf);
@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const WorkerOptions& 
   runner_options.tp_rank = options.rank;
   runner_options.tp_size = options.world_size;
   runner_options.communicator = communicator;
+  runner_options.thread_pool = std::move(thread_pool);
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
   if (!runner.ok()) return runner.status();
   std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
@@ -158,6 +159,16 @@ int RunWorkerCommand(int argc, char** argv) {
       return Fail(resolved.status());
     }
     device = *resolved;
+  }
+
+  if (!options.draft_model_path.empty()) {
+    // The draft runs on the CPU model runner beside one whole copy of the target.
+    if (options.backend != "cpu" || device != "cpu" || options.world_size > 1) {
+      return UsageError(absl::StrFormat(
+          "--draft-model needs the CPU model runner on one rank (--backend cpu --device cpu "
+          "--world-size 1), got --backend %s on %s with --world-size %d",
+          options.backend, device, options.world_size));
+    }
   }
 
   // Before any thread starts, so every thread inherits the mask and only sigtimedwait
@@ -224,8 +235,13 @@ int RunWorkerCommand(int argc, char** argv) {
     if (!connected.ok()) return Fail(connected.status());
     communicator = *std::move(connected);
   }
-  absl::StatusOr<std::unique_ptr<StepBackend>> backend =
-      CreateBackend(options, device, **gguf, *config, num_blocks, communicator.get());
+  // With a draft model, the target and the draft step one after the other on one pool.
+  std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
+  if (!options.draft_model_path.empty()) {
+    thread_pool = std::make_shared<kernels::cpu::ThreadPool>(options.num_threads);
+  }
+  absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
+      options, device, **gguf, *config, num_blocks, communicator.get(), thread_pool);
   if (!backend.ok()) return Fail(backend.status());
   num_blocks = (*backend)->num_kv_blocks();  // the CUDA runner may have sized it
   std::fprintf(stderr,
@@ -238,7 +254,49 @@ int RunWorkerCommand(int argc, char** argv) {
                static_cast<double>(num_blocks * block_bytes) / (1 << 20),
                options.backend == "noop" ? ", not allocated" : "");
 
-  StepExecutor executor(**backend);
+  // Draft-model speculation: the draft's pool mirrors the target's (same block ids and
+  // block size), so the coordinator's block tables address both.
+  std::unique_ptr<common::GgufFile> draft_gguf;
+  std::unique_ptr<DraftProposer> draft_proposer;
+  if (!options.draft_model_path.empty()) {
+    absl::StatusOr<std::unique_ptr<common::GgufFile>> opened =
+        common::GgufFile::Open(options.draft_model_path);
+    if (!opened.ok()) return Fail(opened.status());
+    draft_gguf = *std::move(opened);
+    if (absl::Status same = CheckSameVocabulary(**gguf, *draft_gguf); !same.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrFormat(
+          "--draft-model %s cannot draft for --model %s: %s", options.draft_model_path,
+          options.model_path, same.message())));
+    }
+    ModelRunnerOptions draft_options;
+    draft_options.num_threads = options.num_threads;
+    draft_options.num_kv_blocks = num_blocks;
+    draft_options.block_size = options.block_size;
+    draft_options.kv_dtype = options.kv_dtype;
+    draft_options.activations = options.activations;
+    draft_options.thread_pool = thread_pool;
+    absl::StatusOr<std::unique_ptr<ModelRunner>> draft_runner =
+        ModelRunner::Create(*draft_gguf, draft_options);
+    if (!draft_runner.ok()) return Fail(draft_runner.status());
+    const common::ModelConfig& draft_config = (*draft_runner)->config();
+    const int64_t draft_kv_bytes = (*draft_runner)->kv_cache().bytes();
+    std::fprintf(stderr,
+                 "loom-worker: draft model %s (%s, %lld layers, hidden %lld) from %s, KV pool "
+                 "%lld blocks (%.1f MiB)\n",
+                 draft_config.name.c_str(), draft_config.architecture.c_str(),
+                 static_cast<long long>(draft_config.num_layers),
+                 static_cast<long long>(draft_config.hidden_size),
+                 options.draft_model_path.c_str(), static_cast<long long>(num_blocks),
+                 static_cast<double>(draft_kv_bytes) / (1 << 20));
+    absl::StatusOr<std::unique_ptr<DraftProposer>> proposer = DraftProposer::Create(
+        *std::move(draft_runner), config->vocab_size, num_blocks, options.block_size);
+    if (!proposer.ok()) return Fail(proposer.status());
+    draft_proposer = *std::move(proposer);
+  }
+
+  StepExecutorOptions executor_options;
+  executor_options.draft_proposer = draft_proposer.get();
+  StepExecutor executor(**backend, executor_options);
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);
   WorkerService service(executor, &metrics);

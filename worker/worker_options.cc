@@ -21,6 +21,7 @@ const char kWorkerUsage[] =
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
     "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
     "                   [--rendezvous-timeout-ms MS] [--activations int8|f32]\n"
+    "                   [--draft-model PATH]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
@@ -38,7 +39,11 @@ const char kWorkerUsage[] =
     "                       the ranks meet through the coordinator and each loads its shard\n"
     "  --rendezvous-id      the same for every rank of one start of a replica (default 0)\n"
     "  --metrics-port       serve Prometheus metrics on the listen host at this port (0: any\n"
-    "                       free port; default: off)\n";
+    "                       free port; default: off)\n"
+    "  --draft-model        speculative decoding proposes with this GGUF (the target's\n"
+    "                       vocabulary, CPU backend, one rank) instead of n-gram lookup; its\n"
+    "                       KV pool has as many blocks as the target's. The coordinator's\n"
+    "                       --speculative-tokens turns speculation on\n";
 
 namespace {
 
@@ -164,6 +169,9 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
     const std::string value = argv[++i];
     if (flag == "--model") {
       options.model_path = value;
+    } else if (flag == "--draft-model") {
+      if (value.empty()) return BadValue(flag, value, "a GGUF path");
+      options.draft_model_path = value;
     } else if (flag == "--coordinator") {
       if (absl::Status status = SplitHostPort(value).status(); !status.ok()) {
         return BadValue(flag, value, "HOST:PORT");

@@ -37,6 +37,9 @@ struct WorkerOptions {
   // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kInt8;
   int metrics_port = -1;  // --metrics-port; -1: no metrics endpoint, 0: any free port
+  // --draft-model: a GGUF with the target's vocabulary that proposes speculative drafts
+  // (DraftProposer); empty: n-gram prompt lookup.
+  std::string draft_model_path;
 };
 
 /// The usage text of `loom-worker`.

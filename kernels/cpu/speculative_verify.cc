@@ -76,7 +76,8 @@ absl::Status SpeculativeVerify(const SpeculativeVerifyParams& p) {
       // Accept with probability min(1, p/q): u < p / q, as u * q < p (no division by 0).
       if (static_cast<double>(p.uniforms[first_row + accepted]) * qx < px) continue;
       // Rejected: the residual norm(max(0, p - q)). With q one-hot at x that is p without x.
-      const double u = p.uniforms[first_row + k];
+      const double u = p.sample_uniforms != nullptr ? p.sample_uniforms[first_row + accepted]
+                                                    : p.uniforms[first_row + k];
       next = SampleFrom(p.vocab, u, [&](int64_t v) {
         const double q = draft != nullptr ? draft[v] : (v == x ? 1.0 : 0.0);
         return std::max(0.0, static_cast<double>(target[v]) - q);
@@ -87,9 +88,10 @@ absl::Status SpeculativeVerify(const SpeculativeVerifyParams& p) {
     }
     if (accepted == k) {
       const float* bonus = p.target_probs + (first_row + k) * p.vocab;
+      const double u = p.sample_uniforms != nullptr ? p.sample_uniforms[first_row + k]
+                                                    : p.uniforms[first_row + k];
       next = p.greedy[s] ? Argmax(bonus, p.vocab)
-                         : SampleFrom(p.vocab, p.uniforms[first_row + k],
-                                      [&](int64_t v) { return bonus[v]; });
+                         : SampleFrom(p.vocab, u, [&](int64_t v) { return bonus[v]; });
     }
     p.num_accepted[s] = accepted;
     p.next_token[s] = next;

@@ -16,9 +16,12 @@ namespace loom::kernels::cpu {
 /// ties); the next token is the argmax at the first mismatch, or the bonus row's.
 /// Sampling: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)) using uniform
 /// u[row] (accept when u < p/q); at the first rejection the next token is drawn from
-/// norm(max(0, p_i - q_i)) with the uniform u of the bonus row; after k acceptances from
-/// the bonus row's p. The emitted tokens are then distributed exactly as the target's own
-/// samples. `draft_probs` null: one-hot proposals (n-gram lookup), q_i(x_i) = 1.
+/// norm(max(0, p_i - q_i)) with sample_uniforms[row of x_i] (or, with sample_uniforms
+/// null, the uniform u of the bonus row); after k acceptances from the bonus row's p with
+/// sample_uniforms[bonus row] (or u of the bonus row). The emitted tokens are then
+/// distributed exactly as the target's own samples. `draft_probs` null: one-hot proposals
+/// (n-gram lookup), q_i(x_i) = 1. Per-row sample uniforms let a caller key every uniform to
+/// the position whose token it decides, so no uniform ever decides two emitted tokens.
 /// Uniforms come from the caller (each sequence's seeded RNG), so the result is a pure
 /// function of its inputs and a GPU kernel can match it bit for bit.
 struct SpeculativeVerifyParams {
@@ -26,6 +29,7 @@ struct SpeculativeVerifyParams {
   const float* draft_probs = nullptr;   // [row_start[num_seqs] - num_seqs, vocab] or null
   const int32_t* draft_tokens = nullptr;  // [row_start[num_seqs] - num_seqs]
   const float* uniforms = nullptr;      // [row_start[num_seqs]] in [0, 1)
+  const float* sample_uniforms = nullptr;  // [row_start[num_seqs]] in [0, 1), or null
   const int32_t* row_start = nullptr;   // [num_seqs + 1], row_start[0] == 0
   const uint8_t* greedy = nullptr;      // [num_seqs]: 1 = greedy
   int64_t num_seqs = 0;

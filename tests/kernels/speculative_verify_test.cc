@@ -33,7 +33,8 @@ struct OneSequence {
 // Runs one sequence; returns (accepted, next).
 std::pair<int32_t, int32_t> Verify(const OneSequence& seq, int32_t k, int64_t vocab,
                                    const std::vector<float>& uniforms, bool greedy,
-                                   bool one_hot) {
+                                   bool one_hot,
+                                   const std::vector<float>* sample_uniforms = nullptr) {
   const int32_t row_start[2] = {0, k + 1};
   const uint8_t greedy_flag = greedy ? 1 : 0;
   int32_t accepted = -1, next = -1;
@@ -42,6 +43,7 @@ std::pair<int32_t, int32_t> Verify(const OneSequence& seq, int32_t k, int64_t vo
   params.draft_probs = one_hot ? nullptr : seq.draft.data();
   params.draft_tokens = seq.tokens.data();
   params.uniforms = uniforms.data();
+  params.sample_uniforms = sample_uniforms != nullptr ? sample_uniforms->data() : nullptr;
   params.row_start = row_start;
   params.greedy = &greedy_flag;
   params.num_seqs = 1;
@@ -73,7 +75,7 @@ TEST(SpeculativeVerifyTest, GreedyAcceptsWhileDraftsAreTheArgmax) {
 // Losslessness: whatever q proposes, the first emitted token (the first draft if
 // accepted, else the correction) is distributed as the target's p. 200k seeded trials;
 // the bound is about 6 standard deviations of the worst bucket, and the seed is fixed.
-void CheckFirstTokenFollowsTarget(bool one_hot) {
+void CheckFirstTokenFollowsTarget(bool one_hot, bool per_row_sample_uniforms = false) {
   std::mt19937_64 rng(one_hot ? 11 : 7);
   const int64_t vocab = 6;
   const int32_t k = 3;
@@ -91,6 +93,7 @@ void CheckFirstTokenFollowsTarget(bool one_hot) {
   std::vector<double> counts(vocab, 0.0);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   std::vector<float> uniforms(k + 1);
+  std::vector<float> sample_uniforms(k + 1);
   int64_t accepted_total = 0;
   for (int trial = 0; trial < kTrials; ++trial) {
     seq.tokens.clear();
@@ -99,7 +102,9 @@ void CheckFirstTokenFollowsTarget(bool one_hot) {
       seq.tokens.push_back(one_hot ? i : Sample(rng, q[i]));
     }
     for (float& u : uniforms) u = uniform(rng);
-    const auto [accepted, next] = Verify(seq, k, vocab, uniforms, false, one_hot);
+    for (float& u : sample_uniforms) u = uniform(rng);
+    const auto [accepted, next] = Verify(seq, k, vocab, uniforms, false, one_hot,
+                                         per_row_sample_uniforms ? &sample_uniforms : nullptr);
     ASSERT_GE(next, 0);
     accepted_total += accepted;
     counts[accepted > 0 ? seq.tokens[0] : next] += 1.0;
@@ -116,6 +121,30 @@ TEST(SpeculativeVerifyTest, SampledOutputIsDistributedAsTheTargetWithDraftProbab
 
 TEST(SpeculativeVerifyTest, SampledOutputIsDistributedAsTheTargetWithOneHotDrafts) {
   CheckFirstTokenFollowsTarget(/*one_hot=*/true);
+}
+
+TEST(SpeculativeVerifyTest, SampledOutputIsDistributedAsTheTargetWithPerRowSampleUniforms) {
+  CheckFirstTokenFollowsTarget(/*one_hot=*/false, /*per_row_sample_uniforms=*/true);
+}
+
+TEST(SpeculativeVerifyTest, PerRowSampleUniformDrawsTheTokenOfItsOwnRow) {
+  // Draft 0 (token 1) is accepted (p = q), draft 1 (token 0) is rejected (p(0) = 0), so
+  // row 1 ends the step: its residual max(0, p - q) = p on {2, 3}, split 0.5 / 0.5, is
+  // drawn with sample_uniforms[1]; the other rows' sample uniforms play no part.
+  const int64_t vocab = 4;
+  OneSequence seq;
+  seq.target = {0, 1, 0, 0,  0, 0, 0.5f, 0.5f,  0.25f, 0.25f, 0.25f, 0.25f};
+  seq.draft = {0, 1, 0, 0,  1, 0, 0, 0};
+  seq.tokens = {1, 0};
+  const std::vector<float> uniforms = {0.5f, 0.5f, 0.5f};
+  std::vector<float> sample_uniforms = {0.9f, 0.1f, 0.9f};
+  EXPECT_EQ(Verify(seq, 2, vocab, uniforms, false, false, &sample_uniforms),
+            std::make_pair(1, 2));
+  sample_uniforms = {0.1f, 0.9f, 0.1f};
+  EXPECT_EQ(Verify(seq, 2, vocab, uniforms, false, false, &sample_uniforms),
+            std::make_pair(1, 3));
+  // Without per-row uniforms the bonus row's u (0.5) draws it: the upper half, token 3.
+  EXPECT_EQ(Verify(seq, 2, vocab, uniforms, false, false), std::make_pair(1, 3));
 }
 
 TEST(SpeculativeVerifyTest, RaggedBatchAndBadInput) {

@@ -189,7 +189,9 @@ TEST(WeightsTest, UnpackQuantizedGivesTheValuesDequantizeRowsReads) {
           const float scale = internal::HalfToFloat(natural->scales[g]);
           const float min = format == WeightFormat::kInt4 ? internal::HalfToFloat(natural->mins[g]) : 0.0f;
           const int q = natural->q[r * cols + c];
-          if (format == WeightFormat::kInt4) ASSERT_TRUE(q >= 0 && q <= 15) << q;
+          if (format == WeightFormat::kInt4) {
+            ASSERT_TRUE(q >= 0 && q <= 15) << q;
+          }
           ASSERT_FLOAT_EQ(q * scale + min, want[r * cols + c]) << r << ", " << c;
         }
       }

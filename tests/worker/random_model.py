@@ -16,7 +16,9 @@ Variants (see SPECS):
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
-<|endoftext|>, <|im_start|>, <|im_end|> (vocab 384).
+<|endoftext|>, <|im_start|>, <|im_end|> (vocab 384), unless `write_model(...,
+vocabulary_from=PATH)` copies another GGUF's tokenizer instead: DRAFT_SPEC written that way is a
+small random draft model for speculative decoding with a real model's vocabulary.
 """
 from __future__ import annotations
 
@@ -70,6 +72,12 @@ class ModelSpec:
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
 
+
+# A small random draft for speculative decoding tests, written with a real model's vocabulary
+# (write_model(..., vocabulary_from=...)); not in SPECS (it has no vocabulary of its own).
+DRAFT_SPEC = ModelSpec(
+    name="random_draft", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16,
+    n_ff=128, n_ctx=2048, seed=4242, types={"token_embd": (T.Q8_0,)})
 
 SPECS = {
     "llama_gqa": ModelSpec(
@@ -208,8 +216,30 @@ def _add(writer: gguf.GGUFWriter, name: str, values: np.ndarray, ggml_type: T) -
         writer.add_tensor(name, gguf.quants.quantize(values, ggml_type), raw_dtype=ggml_type)
 
 
-def write_model(spec: ModelSpec, path: str | os.PathLike) -> str:
-    """Writes spec as a GGUF file at path and returns the path."""
+def _copy_tokenizer(writer: gguf.GGUFWriter, source: str | os.PathLike) -> int:
+    """Copies every tokenizer.* key of the GGUF at source; returns its vocabulary size."""
+    reader = gguf.GGUFReader(str(source))
+    n_vocab = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, field.types[0])
+        if name == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+    if n_vocab == 0:
+        raise ValueError(f"{source} has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+def write_model(spec: ModelSpec, path: str | os.PathLike,
+                vocabulary_from: Optional[str | os.PathLike] = None) -> str:
+    """Writes spec as a GGUF file at path and returns the path. With vocabulary_from, the
+    tokenizer (and so the vocabulary) is copied from that GGUF instead of the test tokenizer:
+    a random model that can draft for a real one (speculative decoding)."""
     rng = np.random.default_rng(spec.seed)
     tokens, token_types, merges = tokenizer_vocab()
     n_vocab = len(tokens)
@@ -239,22 +269,25 @@ def write_model(spec: ModelSpec, path: str | os.PathLike) -> str:
     writer.add_rope_dimension_count(hd)
     writer.add_rope_freq_base(spec.rope_base)
     writer.add_layer_norm_rms_eps(spec.rms_eps)
+    if vocabulary_from is not None:
+        n_vocab = _copy_tokenizer(writer, vocabulary_from)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if spec.arch == "llama" else gguf.LlamaFileType.MOSTLY_Q8_0)
     if spec.rope_linear_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_linear_factor)
 
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(token_types)
-    writer.add_token_merges(merges)
-    endoftext = tokens.index("<|endoftext|>")
-    writer.add_bos_token_id(endoftext)
-    writer.add_eos_token_id(endoftext)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    if vocabulary_from is None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_list(tokens)
+        writer.add_token_types(token_types)
+        writer.add_token_merges(merges)
+        endoftext = tokens.index("<|endoftext|>")
+        writer.add_bos_token_id(endoftext)
+        writer.add_eos_token_id(endoftext)
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
 
     # Embedding rows are small next to what each block adds, so a token's own embedding does not
     # dominate the final state (with tied output that would make the model echo its input).

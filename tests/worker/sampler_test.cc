@@ -150,6 +150,117 @@ TEST(SamplerTest, LogprobsAreTheRawLogSoftmax) {
   EXPECT_NEAR(token.top_logprobs[1].logprob, 1.0 - std::log(z), 1e-5);
 }
 
+// Distribution is what Sample draws from: the same filters, temperature and penalties.
+TEST(SamplerTest, DistributionIsWhatSampleDrawsFrom) {
+  std::vector<float> logits(12);
+  for (int i = 0; i < 12; ++i) logits[i] = std::sin(1.7f * i) * 2.0f;
+  SamplingParams params;
+  params.seed = 21;
+  params.temperature = 0.8f;
+  params.top_k = 9;
+  params.top_p = 0.9f;
+  params.min_p = 0.02f;
+  params.frequency_penalty = 0.7f;
+  params.presence_penalty = 0.3f;
+  params.repetition_penalty = 1.3f;
+  const std::vector<int32_t> prompt = {2, 5};
+  const std::vector<int32_t> outputs = {5, 7, 7};
+  SequenceSampler sampler(params, prompt, 12);
+  for (int32_t token : outputs) sampler.RecordOutput(token);
+  std::vector<float> probs(12);
+  sampler.Distribution(logits.data(), {}, probs.data());
+  double total = 0;
+  int nonzero = 0;
+  for (float p : probs) {
+    total += p;
+    nonzero += p > 0;
+  }
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  EXPECT_LE(nonzero, 9);
+  EXPECT_GE(nonzero, 2);
+  // 40000 samples from copies of the sampler (each one step on, so its penalties match).
+  constexpr int kSamples = 40000;
+  std::vector<int> counts(12, 0);
+  for (int i = 0; i < kSamples; ++i) {
+    SamplingParams seeded = params;
+    seeded.seed = 1000 + i;
+    SequenceSampler copy(seeded, prompt, 12);
+    for (int32_t token : outputs) copy.RecordOutput(token);
+    counts[copy.Sample(logits.data()).token_id]++;
+  }
+  for (int v = 0; v < 12; ++v) {
+    EXPECT_NEAR(counts[v] / static_cast<double>(kSamples), probs[v], 0.01) << "token " << v;
+    if (probs[v] == 0.0f) {
+      EXPECT_EQ(counts[v], 0) << "token " << v;
+    }
+  }
+}
+
+TEST(SamplerTest, PendingTokensPenalizeAsIfRecorded) {
+  std::vector<float> logits(10);
+  for (int i = 0; i < 10; ++i) logits[i] = std::cos(0.9f * i);
+  SamplingParams params;
+  params.temperature = 1.0f;
+  params.frequency_penalty = 0.5f;
+  params.presence_penalty = 0.4f;
+  params.repetition_penalty = 1.5f;
+  const std::vector<int32_t> prompt = {1};
+  const std::vector<int32_t> pending = {3, 1, 3, 8};
+  SequenceSampler recorded(params, prompt, 10);
+  recorded.RecordOutput(8);
+  for (int32_t token : pending) recorded.RecordOutput(token);
+  SequenceSampler speculating(params, prompt, 10);
+  speculating.RecordOutput(8);
+  std::vector<float> expected(10), got(10);
+  recorded.Distribution(logits.data(), {}, expected.data());
+  speculating.Distribution(logits.data(), pending, got.data());
+  for (int v = 0; v < 10; ++v) EXPECT_FLOAT_EQ(got[v], expected[v]) << "token " << v;
+  // Nothing was recorded: without pending tokens it is the one-output distribution.
+  SequenceSampler one_output(params, prompt, 10);
+  one_output.RecordOutput(8);
+  one_output.Distribution(logits.data(), {}, expected.data());
+  speculating.Distribution(logits.data(), {}, got.data());
+  for (int v = 0; v < 10; ++v) EXPECT_FLOAT_EQ(got[v], expected[v]) << "token " << v;
+}
+
+TEST(SamplerTest, GreedyDistributionIsOneHotAtThePenalizedArgmax) {
+  const std::vector<float> logits{1.0f, 0.9f, 0.8f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.frequency_penalty = 0.25f;
+  SequenceSampler sampler(params, {}, 3);
+  EXPECT_TRUE(sampler.greedy());
+  std::vector<float> probs(3);
+  sampler.Distribution(logits.data(), std::vector<int32_t>{0}, probs.data());
+  EXPECT_EQ(probs, (std::vector<float>{0.0f, 1.0f, 0.0f}));
+}
+
+TEST(SamplerTest, PositionUniformIsAFunctionOfSeedPositionAndStream) {
+  SamplingParams params;
+  params.seed = 5;
+  SequenceSampler a(params, {}, 4);
+  SequenceSampler b(params, {}, 4);
+  const std::vector<float> logits{0.1f, 0.2f, 0.3f, 0.4f};
+  b.Sample(logits.data());  // the RNG plays no part
+  EXPECT_EQ(a.PositionUniform(17, 2), b.PositionUniform(17, 2));
+  EXPECT_NE(a.PositionUniform(17, 2), a.PositionUniform(18, 2));
+  EXPECT_NE(a.PositionUniform(17, 2), a.PositionUniform(17, 3));
+  params.seed = 6;
+  EXPECT_NE(a.PositionUniform(17, 2), SequenceSampler(params, {}, 4).PositionUniform(17, 2));
+  // Uniform on [0, 1): the mean and the deciles of 100000 positions.
+  std::vector<int> deciles(10, 0);
+  double sum = 0;
+  for (int64_t position = 0; position < 100000; ++position) {
+    const double u = a.PositionUniform(position, 1);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+    deciles[static_cast<int>(u * 10)]++;
+  }
+  EXPECT_NEAR(sum / 100000, 0.5, 0.005);
+  for (int d = 0; d < 10; ++d) EXPECT_NEAR(deciles[d], 10000, 500) << "decile " << d;
+}
+
 TEST(SamplerTest, ValidationNamesTheBadParameter) {
   SamplingParams params;
   params.temperature = -1.0f;

@@ -91,6 +91,15 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   EXPECT_EQ(options->block_size, 32);
   EXPECT_EQ(options->kv_dtype, kernels::cpu::KvDtype::kF32);
   EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kF32);
+  EXPECT_TRUE(options->draft_model_path.empty());  // n-gram lookup by default
+}
+
+TEST(WorkerOptionsTest, ParsesTheDraftModel) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "c:1", "--draft-model", "d.gguf"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->draft_model_path, "d.gguf");
+  const auto empty = Parse({"--model", "m", "--coordinator", "c:1", "--draft-model", ""}).status();
+  EXPECT_NE(empty.message().find("--draft-model"), std::string::npos) << empty;
 }
 
 TEST(WorkerOptionsTest, FractionOfAvailableMemory) {
@@ -200,6 +209,22 @@ TEST(WorkerCommandTest, DeviceCudaWithoutGpuFailsAtStartWithClearError) {
   EXPECT_EQ(code, 1) << err;
   EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
   EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
+}
+
+TEST(WorkerCommandTest, DraftModelNeedsTheCpuRunnerOnOneRank) {
+  // Refused before any file is opened.
+  auto [code, err] = RunCommand(
+      RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
+                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--backend", "noop"});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_NE(err.find("--draft-model needs the CPU model runner"), std::string::npos) << err;
+  EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
+  auto [tp_code, tp_err] = RunCommand(
+      RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
+                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--device", "cpu",
+                         "--world-size", "2", "--rank", "0"});
+  EXPECT_EQ(tp_code, 2) << tp_err;
+  EXPECT_NE(tp_err.find("--world-size 2"), std::string::npos) << tp_err;
 }
 
 TEST(WorkerCommandTest, GenerateWithDeviceCudaWithoutGpuFailsWithClearError) {
