@@ -55,11 +55,12 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     job_chunk_ = chunk;
     next_chunk_ = 0;
     num_chunks_ = (n + chunk - 1) / chunk;
-    pending_.store(static_cast<int>(threads_.size()));
+    chunks_done_.store(0, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }
   work_cv_.notify_all();
   // The caller claims chunks too.
+  int64_t done_here = 0;
   while (true) {
     int64_t index;
     {
@@ -68,8 +69,12 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
       index = next_chunk_++;
     }
     fn(index * chunk, std::min(n, (index + 1) * chunk));
+    ++done_here;
   }
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+  // Wait for the chunks the workers claimed, not for the workers: one still asleep when
+  // the caller has done everything is not waited for (it finds the job gone).
+  chunks_done_.fetch_add(done_here, std::memory_order_acq_rel);
+  for (int spins = 0; chunks_done_.load(std::memory_order_acquire) != num_chunks_; ++spins) {
     if (spins < 4096) {
       LOOM_CPU_RELAX();
     } else {
@@ -94,16 +99,19 @@ void ThreadPool::WorkerLoop(int index) {
     work_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
     if (stop_.load()) return;
     seen = generation_.load();
-    const std::function<void(int64_t, int64_t)>* job = job_;
-    const int64_t n = job_n_;
-    const int64_t chunk = job_chunk_;
-    while (next_chunk_ < num_chunks_) {
+    // Claim chunks of the job of generation `seen` while it has any. A job the caller
+    // already finished left job_ null or no chunk; once the last chunk lands the caller
+    // may return and publish the next job (a new generation), so every claim re-checks.
+    while (job_ != nullptr && generation_.load() == seen && next_chunk_ < num_chunks_) {
+      const std::function<void(int64_t, int64_t)>* job = job_;
+      const int64_t n = job_n_;
+      const int64_t chunk = job_chunk_;
       const int64_t chunk_index = next_chunk_++;
       lock.unlock();
       (*job)(chunk_index * chunk, std::min(n, (chunk_index + 1) * chunk));
+      chunks_done_.fetch_add(1, std::memory_order_acq_rel);
       lock.lock();
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

@@ -41,9 +41,10 @@ class ThreadPool {
   int64_t job_chunk_ = 0;
   int64_t next_chunk_ = 0;  // guarded by mu_
   int64_t num_chunks_ = 0;
-  // Workers that have not finished the current job; workers spin briefly on generation_
-  // before sleeping on work_cv_, so back-to-back kernels do not pay a futex wake each.
-  std::atomic<int> pending_{0};
+  // Chunks of the current job finished (by workers and the caller); the caller returns
+  // when it reaches num_chunks_. Workers spin briefly on generation_ before sleeping on
+  // work_cv_, so back-to-back kernels do not pay a futex wake each.
+  std::atomic<int64_t> chunks_done_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
 };

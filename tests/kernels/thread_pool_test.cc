@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -57,6 +58,31 @@ TEST(ThreadPoolTest, ManyBackToBackJobsAllComplete) {
     pool.ParallelFor(10, 1, [&](int64_t begin, int64_t end) { total += end - begin; });
   }
   EXPECT_EQ(total.load(), 20000);
+}
+
+// The caller returns once every chunk is done, possibly before a worker woke up; that
+// worker must then join the next job (or none), never run an old job's function with the
+// next job's chunk indices. Alternating jobs of different sizes, each checking its own
+// indices, would catch it.
+TEST(ThreadPoolTest, LateWorkersNeverRunAFinishedJob) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (int round = 0; round < 3000; ++round) {
+      const int64_t n = round % 3 == 0 ? 1000 : 2 + round % 5;
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<bool> out_of_range{false};
+      pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end) {
+        if (begin < 0 || end > n) {
+          out_of_range = true;
+          return;
+        }
+        for (int64_t i = begin; i < end; ++i) hits[i]++;
+      });
+      ASSERT_FALSE(out_of_range.load()) << "round " << round;
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "round " << round;
+      if (round % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }
 
 }  // namespace
