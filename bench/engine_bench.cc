@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (const char* env = std::getenv("LOOM_MODEL_PATH")) model_path = env;
   int threads = 2;
-  std::string activations = "int8";  // the worker's default
+  std::string activations = "f32";  // the worker's default
   int only_batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -195,8 +195,9 @@ int main(int argc, char** argv) {
         tps * macs_per_token / 1e9, vs_int8_peak(tps));
   }
 
+  // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8.
   loom::bench::WriteResult(
-      "engine_cpu",
+      activations == "f32" ? "engine_cpu" : "engine_cpu_" + activations,
       absl::StrFormat(
           "{\"benchmark\": \"engine_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", \"threads\": %d, "
           "\"model\": \"%s\", \"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"

@@ -21,7 +21,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: loom up --model PATH [--replicas R] [--tensor-parallel T] [--threads N]\n"
     "               [--backend cpu|noop] [--kv-cache-memory SIZE] [--kv-dtype f16|f32]\n"
-    "               [--activations int8|f32] [--draft-model PATH]\n"
+    "               [--activations f32|int8] [--draft-model PATH]\n"
     "               [--worker-binary PATH] [serve flags]\n"
     "  --replicas R        data-parallel replicas, one worker process each (default 1)\n"
     "  --tensor-parallel T ranks (worker processes) per replica, joined by gloo (default 1;\n"

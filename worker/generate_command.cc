@@ -22,11 +22,11 @@ constexpr char kUsage[] =
     "usage: loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
     "                     [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat]\n"
     "                     [--threads N] [--kv-dtype f16|f32] [--device cuda|cpu|auto]\n"
-    "                     [--cuda-graphs on|off] [--activations int8|f32]\n"
+    "                     [--cuda-graphs on|off] [--activations f32|int8]\n"
     "  --device   where the model runs (default auto: cuda when a CUDA device is present\n"
     "             and --kv-dtype is f16)\n"
-    "  --activations  CPU, INT8/INT4 weights: int8 (default) quantizes layer inputs per 32\n"
-    "             values for integer dot products; f32 keeps them exact\n";
+    "  --activations  CPU, INT8/INT4 weights: f32 (default) keeps layer inputs exact; int8\n"
+    "             quantizes them per 32 values for integer dot products (faster)\n";
 
 struct Options {
   std::string model_path;
@@ -47,7 +47,6 @@ bool ParseNumber(const char* text, double& out) {
 // Returns false (after printing why) on a bad command line.
 bool ParseOptions(int argc, char** argv, Options& options) {
   options.request.max_tokens = 128;
-  options.runner.activations = kernels::cpu::ActivationPrecision::kInt8;
   options.request.sampling.temperature = 0.0f;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];

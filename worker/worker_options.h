@@ -35,7 +35,7 @@ struct WorkerOptions {
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
   // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
-  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kInt8;
+  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
   int metrics_port = -1;  // --metrics-port; -1: no metrics endpoint, 0: any free port
   // --draft-model: a GGUF with the target's vocabulary that proposes speculative drafts
   // (DraftProposer); empty: n-gram prompt lookup.

@@ -30,10 +30,10 @@ def tp(request, tmp_path_factory):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    # Exact float activations: the ranks' partial sums round differently from one process's
-    # sums, and int8 activations (the default) turn such last-bit differences into whole
-    # quantization steps now and then, so only f32 makes identical greedy text a fair test
-    # of the split. tests/worker/tensor_parallel_test.cc bounds the int8 difference.
+    # Exact float activations (the default, said explicitly): the ranks' partial sums round
+    # differently from one process's sums, and int8 activations turn such last-bit
+    # differences into whole quantization steps now and then, so only f32 makes identical
+    # greedy text a fair test of the split. tests/worker/tensor_parallel_test.cc bounds the int8 difference.
     up = h.Up(tmp_path_factory.mktemp(f"tp{request.param}"), tensor_parallel=request.param, threads=1,
               kv_cache_memory="64MiB", http_port=-1, activations="f32")
     try:

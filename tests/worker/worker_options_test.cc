@@ -54,7 +54,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   EXPECT_EQ(options->backend, "cpu");
   EXPECT_EQ(options->block_size, 16);
   EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{512} << 20);
-  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kInt8);
+  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kF32);
 
   options = Parse({"--model",
                    "m.gguf",
@@ -81,7 +81,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
                    "--kv-dtype",
                    "f32",
                    "--activations",
-                   "f32"});
+                   "int8"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->advertise_address, "w-1.loom:9000");
   EXPECT_EQ(options->replica_id, "r7");
@@ -90,7 +90,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{1} << 30);
   EXPECT_EQ(options->block_size, 32);
   EXPECT_EQ(options->kv_dtype, kernels::cpu::KvDtype::kF32);
-  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kF32);
+  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kInt8);
   EXPECT_TRUE(options->draft_model_path.empty());  // n-gram lookup by default
 }
 
