@@ -28,6 +28,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
 #include "worker/model_weights.h"
 #endif
 
@@ -102,6 +103,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 }
 
 absl::Status CudaModelRunner::Step(const StepBatch&, std::vector<float>&) {
+  return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
+}
+
+absl::Status CudaModelRunner::StepAndSample(const StepBatch&, const DeviceSampleRows&,
+                                             std::vector<int32_t>&, std::vector<float>&) {
   return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
 }
 
@@ -346,6 +352,12 @@ struct CudaModelRunner::State {
   int64_t input_capacity = 0;   // int32 elements of `inputs` and `staging`
   int32_t* staging = nullptr;   // pinned host mirror of `inputs`, owned (cudaMallocHost)
   DeviceBuffer attn_workspace;  // decode kernel splits
+  // Device sampling (StepAndSample): per-row parameters, the penalty CSR, the penalized
+  // logits' workspace and the picked tokens / logprobs, grown as steps need.
+  DeviceBuffer sample_params;
+  DeviceBuffer penalty_indptr, penalty_tokens, penalty_counts;
+  DeviceBuffer sample_workspace;
+  DeviceBuffer sampled_tokens, sampled_logprobs;
 
   // Decode graphs by (batch bucket, context bucket). A key is captured the second time
   // it is seen (the first runs eagerly, which loads lazily loaded kernels outside capture).
@@ -694,7 +706,83 @@ struct CudaModelRunner::State {
     return exec;
   }
 
-  absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits_out) {
+  // Copies `count` elements of `host` into `buffer` (grown to fit) on the stream.
+  template <typename T>
+  absl::Status Upload(DeviceBuffer& buffer, const T* host, size_t count) {
+    if (count == 0) return absl::OkStatus();
+    LOOM_ASSIGN_OR_RETURN(const bool moved, Reserve(buffer, count * sizeof(T)));
+    (void)moved;  // not used by any captured graph
+    LOOM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(buffer.data(), host, count * sizeof(T), cudaMemcpyHostToDevice, stream));
+    return absl::OkStatus();
+  }
+
+  // Enqueues the device sampler over the first rows.params.size() rows of `logits` and
+  // the copies of the picked tokens and logprobs into the outputs.
+  absl::Status EnqueueSampling(const DeviceSampleRows& rows, std::vector<int32_t>& tokens,
+                               std::vector<float>& logprobs) {
+    const int64_t num_rows = static_cast<int64_t>(rows.params.size());
+    tokens.resize(num_rows);
+    logprobs.resize(num_rows);
+    if (num_rows == 0) return absl::OkStatus();
+    std::vector<kc::SamplingRowParams> params(num_rows);
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const SamplingParams& p = rows.params[i];
+      params[i].temperature = p.temperature;
+      params[i].top_k = p.top_k;
+      params[i].top_p = p.top_p;
+      params[i].min_p = p.min_p;
+      params[i].repetition_penalty = p.repetition_penalty;
+      params[i].presence_penalty = p.presence_penalty;
+      params[i].frequency_penalty = p.frequency_penalty;
+      params[i].seed = p.seed;
+      params[i].step = static_cast<uint64_t>(rows.positions[i]);
+    }
+    LOOM_RETURN_IF_ERROR(Upload(sample_params, params.data(), params.size()));
+    kc::SampleTokensParams p;
+    p.logits = static_cast<const float*>(logits.data());
+    p.num_rows = num_rows;
+    p.vocab_size = config.vocab_size;
+    p.rows = static_cast<const kc::SamplingRowParams*>(sample_params.data());
+    if (!rows.penalty_tokens.empty()) {
+      LOOM_RETURN_IF_ERROR(
+          Upload(penalty_indptr, rows.penalty_indptr.data(), rows.penalty_indptr.size()));
+      LOOM_RETURN_IF_ERROR(
+          Upload(penalty_tokens, rows.penalty_tokens.data(), rows.penalty_tokens.size()));
+      LOOM_RETURN_IF_ERROR(
+          Upload(penalty_counts, rows.penalty_counts.data(), rows.penalty_counts.size()));
+      p.penalty_indptr = static_cast<const int32_t*>(penalty_indptr.data());
+      p.penalty_tokens = static_cast<const int32_t*>(penalty_tokens.data());
+      p.penalty_counts = static_cast<const int32_t*>(penalty_counts.data());
+      LOOM_ASSIGN_OR_RETURN(const bool moved,
+                            Reserve(sample_workspace, kc::SampleTokensWorkspaceBytes(p)));
+      (void)moved;
+      p.workspace = static_cast<float*>(sample_workspace.data());
+      p.workspace_bytes = sample_workspace.bytes();
+    }
+    LOOM_ASSIGN_OR_RETURN(const bool tokens_moved,
+                          Reserve(sampled_tokens, num_rows * sizeof(int32_t)));
+    LOOM_ASSIGN_OR_RETURN(const bool logprobs_moved,
+                          Reserve(sampled_logprobs, num_rows * sizeof(float)));
+    (void)tokens_moved, (void)logprobs_moved;
+    p.tokens = static_cast<int32_t*>(sampled_tokens.data());
+    p.logprobs = static_cast<float*>(sampled_logprobs.data());
+    LOOM_RETURN_IF_ERROR(kc::LaunchSampleTokens(p, stream));
+    LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(tokens.data(), sampled_tokens.data(),
+                                              num_rows * sizeof(int32_t),
+                                              cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logprobs.data(), sampled_logprobs.data(),
+                                              num_rows * sizeof(float), cudaMemcpyDeviceToHost,
+                                              stream));
+    return absl::OkStatus();
+  }
+
+  // One step: the forward pass, then either the sample rows' logits copied out or (with
+  // `sampling`) their tokens picked on the device and only those copied out.
+  absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits_out,
+                       const DeviceSampleRows* sampling = nullptr,
+                       std::vector<int32_t>* sampled = nullptr,
+                       std::vector<float>* sampled_logprob = nullptr) {
     const int64_t n = batch.num_tokens();
     const int64_t num_sampled = static_cast<int64_t>(batch.sample_rows.size());
     int64_t max_context = 1;
@@ -749,6 +837,14 @@ struct CudaModelRunner::State {
       LOOM_RETURN_IF_ERROR(EnqueueForward(shape));
       if (graphed) warmed.insert(key);
       ++stats.eager_steps;
+    }
+    if (sampling != nullptr) {
+      if (static_cast<int64_t>(sampling->params.size()) != num_sampled) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%d sampling rows for %d sample rows", sampling->params.size(), num_sampled));
+      }
+      LOOM_RETURN_IF_ERROR(EnqueueSampling(*sampling, *sampled, *sampled_logprob));
+      return kc::SynchronizeStream(stream);
     }
     logits_out.resize(num_sampled * config.vocab_size);
     if (num_sampled > 0) {
@@ -966,6 +1062,35 @@ absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& l
   // An allocation that did not fit leaves the device as it was (nothing was enqueued);
   // anything else may have left a half-written KV pool or a broken context.
   if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted) s.broken = status;
+  return status;
+}
+
+absl::Status CudaModelRunner::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
+                                             std::vector<int32_t>& tokens,
+                                             std::vector<float>& logprobs) {
+  State& s = *state_;
+  if (!s.broken.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA runner stopped after an earlier device error: ", s.broken.message()));
+  }
+  LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
+                                         num_kv_blocks_, block_size_));
+  if (rows.params.size() != batch.sample_rows.size() ||
+      rows.positions.size() != rows.params.size() ||
+      rows.penalty_indptr.size() != rows.params.size() + 1 ||
+      rows.penalty_tokens.size() != rows.penalty_counts.size() ||
+      static_cast<size_t>(rows.penalty_indptr.back()) != rows.penalty_tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "device sampling rows do not match the step's %d sample rows",
+        batch.sample_rows.size()));
+  }
+  std::vector<float> unused;
+  absl::Status status = CudaStatus(cudaSetDevice(s.device), "cudaSetDevice");
+  if (status.ok()) status = s.RunStep(batch, unused, &rows, &tokens, &logprobs);
+  if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted &&
+      status.code() != absl::StatusCode::kInvalidArgument) {
+    s.broken = status;
+  }
   return status;
 }
 

@@ -76,6 +76,13 @@ class CudaModelRunner : public ForwardPass {
   /// touched) for a batch ValidateStepBatch rejects; FailedPrecondition once an earlier
   /// device error made the runner unusable.
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
+  /// Step, then the sample rows' tokens picked on the device (kernels/cuda/sampling):
+  /// only token ids and their logprobs are copied back, not [rows, vocab] logits. Greedy
+  /// rows pick exactly the CPU sampler's argmax; sampled rows draw from the same
+  /// distribution with the device's own random stream keyed by (seed, position).
+  bool samples_on_device() const override { return true; }
+  absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
+                             std::vector<int32_t>& tokens, std::vector<float>& logprobs) override;
 
   const common::ModelConfig& config() const override { return config_; }
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }

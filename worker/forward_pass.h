@@ -5,9 +5,23 @@
 
 #include "absl/status/status.h"
 #include "common/model_config.h"
+#include "worker/sampler.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
+
+/// What a forward pass that samples on its device needs per sample row of a step (one
+/// token each, no speculative drafts): the row's sampling parameters, the index of the
+/// token it decides in its sequence (the device's random draw is keyed by (seed, that
+/// position), so a sequence's draws do not depend on its batch and a resumed sequence
+/// draws what it would have), and its penalty entries in CSR form.
+struct DeviceSampleRows {
+  std::vector<SamplingParams> params;   // [rows]
+  std::vector<int64_t> positions;       // [rows]
+  std::vector<int32_t> penalty_indptr;  // [rows + 1]
+  std::vector<int32_t> penalty_tokens;  // every token a row's penalties touch
+  std::vector<int32_t> penalty_counts;  // how often each was generated
+};
 
 /// A model's forward pass on one backend (the CPU ModelRunner, the CUDA runner): owns the
 /// weights and the paged KV pool, runs one flattened step and returns the logits of the
@@ -28,6 +42,18 @@ class ForwardPass {
   /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   virtual absl::Status Step(const StepBatch& batch, std::vector<float>& logits) = 0;
+
+  /// Whether StepAndSample is available: the CUDA runner samples where the logits are,
+  /// so only token ids cross to the host.
+  virtual bool samples_on_device() const { return false; }
+  /// Step, then one token per sample row picked on the device with the rows' parameters
+  /// (kernels/cuda/sampling's semantics: the CPU sampler's filters, its own random
+  /// stream): tokens[i] and the raw log-softmax of each in logprobs[i].
+  virtual absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
+                                     std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+    (void)batch, (void)rows, (void)tokens, (void)logprobs;
+    return absl::UnimplementedError("this forward pass does not sample on its device");
+  }
 };
 
 }  // namespace loom::worker

@@ -55,6 +55,9 @@ absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const Sa
           row.seq_id, row.draft_probs.size(), row.draft_tokens.size(), vocab));
     }
   }
+  if (runner_->samples_on_device() && SamplesOnDevice(rows)) {
+    return RunOnDevice(batch, rows, tokens, num_emitted, timings);
+  }
   const auto start = std::chrono::steady_clock::now();
   LOOM_RETURN_IF_ERROR(runner_->Step(batch, logits_));
   timings.execute_seconds = SecondsSince(start);
@@ -86,6 +89,55 @@ absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const Sa
     logits_row += drafts + 1;
   }
   timings.sample_seconds = SecondsSince(sample_start);
+  return absl::OkStatus();
+}
+
+bool ModelRunnerBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
+  // The device sampler picks one token per row and reports only its logprob.
+  for (const SampleRow& row : rows) {
+    if (!row.draft_tokens.empty() || row.sampler->params().num_logprobs > 0) return false;
+  }
+  return true;
+}
+
+absl::Status ModelRunnerBackend::RunOnDevice(const StepBatch& batch,
+                                             absl::Span<const SampleRow> rows,
+                                             std::vector<SampledToken>& tokens,
+                                             std::vector<int32_t>& num_emitted,
+                                             BackendTimings& timings) {
+  device_rows_.params.clear();
+  device_rows_.positions.clear();
+  device_rows_.penalty_indptr.assign(1, 0);
+  device_rows_.penalty_tokens.clear();
+  device_rows_.penalty_counts.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SequenceSampler& sampler = *rows[i].sampler;
+    device_rows_.params.push_back(sampler.params());
+    // The token this row decides comes after the sampled row's position.
+    device_rows_.positions.push_back(int64_t{batch.positions[batch.sample_rows[i]]} + 1);
+    sampler.PenaltyEntries(device_rows_.penalty_tokens, device_rows_.penalty_counts);
+    device_rows_.penalty_indptr.push_back(
+        static_cast<int32_t>(device_rows_.penalty_tokens.size()));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  LOOM_RETURN_IF_ERROR(runner_->StepAndSample(batch, device_rows_, device_tokens_,
+                                              device_logprobs_));
+  timings.execute_seconds = SecondsSince(start);
+  if (device_tokens_.size() != rows.size() || device_logprobs_.size() != rows.size()) {
+    return absl::InternalError(absl::StrFormat("the device sampled %d tokens for %d rows",
+                                               device_tokens_.size(), rows.size()));
+  }
+  tokens.clear();
+  num_emitted.assign(rows.size(), 1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    // Recorded for the penalties (and the CPU RNG advanced, as a host sample would).
+    rows[i].sampler->RecordOutput(device_tokens_[i]);
+    SampledToken sampled;
+    sampled.token_id = device_tokens_[i];
+    if (rows[i].sampler->params().num_logprobs >= 0) sampled.logprob = device_logprobs_[i];
+    tokens.push_back(std::move(sampled));
+  }
+  timings.sample_seconds = 0;  // inside the device step
   return absl::OkStatus();
 }
 

@@ -13,7 +13,9 @@
 namespace loom::worker {
 
 /// The real backend: a ForwardPass (the CPU ModelRunner or the CUDA runner), then each
-/// sampled row's logits through its sequence's SequenceSampler; a draft model's sampled
+/// sampled row's logits through its sequence's SequenceSampler (or, where the forward
+/// pass samples on its device and no row has drafts or wants top-n logprobs, one
+/// StepAndSample call that returns only token ids); a draft model's sampled
 /// proposals are verified by rejection sampling (kernels::cpu::SpeculativeVerify) with
 /// uniforms from SequenceSampler::PositionUniform. Not thread-safe.
 class ModelRunnerBackend : public StepBackend {
@@ -43,9 +45,19 @@ class ModelRunnerBackend : public StepBackend {
                                                    size_t logits_row,
                                                    std::vector<SampledToken>& tokens);
 
+  // Whether every row can be sampled on the device (one token, no top-n logprobs).
+  static bool SamplesOnDevice(absl::Span<const SampleRow> rows);
+  // Run for a forward pass that samples on its device: only token ids come back.
+  absl::Status RunOnDevice(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                           std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
+                           BackendTimings& timings);
+
   std::unique_ptr<ForwardPass> runner_;
   std::string name_;
   std::vector<float> logits_;  // [sample_rows, vocab], reused across steps
+  DeviceSampleRows device_rows_;         // RunOnDevice's inputs, reused
+  std::vector<int32_t> device_tokens_;   // RunOnDevice's outputs
+  std::vector<float> device_logprobs_;
   // Scratch of VerifyDraftDistributions, for one row of k drafts:
   std::vector<float> target_probs_;     // [k + 1, vocab]
   std::vector<float> accept_uniforms_;  // [k + 1]

@@ -275,6 +275,26 @@ SampledToken SequenceSampler::Sample(const float* logits) {
   return sampled;
 }
 
+void SequenceSampler::PenaltyEntries(std::vector<int32_t>& tokens,
+                                     std::vector<int32_t>& counts) const {
+  const bool repetition = params_.repetition_penalty != 1.0f;
+  const bool counted = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  if (repetition) {
+    for (const auto& [id, unused] : seen_) {
+      const auto found = output_counts_.find(id);
+      tokens.push_back(id);
+      counts.push_back(found == output_counts_.end() ? 0 : found->second);
+    }
+  }
+  if (counted) {
+    for (const auto& [id, count] : output_counts_) {
+      if (repetition && seen_.contains(id)) continue;  // listed above
+      tokens.push_back(id);
+      counts.push_back(count);
+    }
+  }
+}
+
 void SequenceSampler::RecordOutput(int32_t token_id) {
   // PickFromDistribution draws exactly one number per sample; greedy draws none.
   if (!greedy()) UniformDouble(rng_);

@@ -78,6 +78,11 @@ class SequenceSampler {
   /// no uniform ever decides two emitted tokens.
   double PositionUniform(int64_t position, uint32_t stream) const;
 
+  /// The tokens the penalties touch, appended to `tokens` with how often each was
+  /// generated in `counts` (0 for a token only seen in the prompt): what a device sampler
+  /// needs to apply the same penalties. Nothing without penalties.
+  void PenaltyEntries(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const;
+
   const SamplingParams& params() const { return params_; }
 
  private:

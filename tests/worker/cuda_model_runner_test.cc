@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -605,6 +606,57 @@ TEST(CudaModelRunnerTest, RejectsBadBatchesAndKeepsWorking) {
   const absl::Status ok = gpu->Step(bad, logits);
   EXPECT_TRUE(ok.ok()) << ok;
   EXPECT_EQ(logits.size(), static_cast<size_t>(gpu->config().vocab_size));
+}
+
+// StepAndSample: greedy rows pick exactly the argmax of the logits Step returns for the
+// same step (two runners, the same inputs); sampled rows pick tokens the filters keep,
+// and a bad row set is refused without breaking the runner.
+TEST(CudaModelRunnerTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  std::unique_ptr<CudaModelRunner> logits_runner = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaModelRunner> sampling_runner = GpuRunner(*gguf, true);
+  ASSERT_NE(logits_runner, nullptr);
+  ASSERT_NE(sampling_runner, nullptr);
+  const int64_t vocab = logits_runner->config().vocab_size;
+  StepBatch batch;
+  ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{1, 2, 3, 4}, 0, {0}, kBlockSize, true).ok());
+  ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{9, 8}, 0, {1}, kBlockSize, true).ok());
+  ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{5, 6, 7}, 0, {2}, kBlockSize, true).ok());
+  std::vector<float> logits;
+  ASSERT_TRUE(logits_runner->Step(batch, logits).ok());
+  DeviceSampleRows rows;
+  rows.penalty_indptr = {0};
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams params;
+    params.temperature = i == 2 ? 0.7f : 0.0f;
+    params.top_k = i == 2 ? 5 : 0;
+    params.seed = 11 + i;
+    rows.params.push_back(params);
+    rows.positions.push_back(batch.positions[batch.sample_rows[i]] + 1);
+    rows.penalty_indptr.push_back(0);
+  }
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  const absl::Status sampled = sampling_runner->StepAndSample(batch, rows, tokens, logprobs);
+  ASSERT_TRUE(sampled.ok()) << sampled;
+  ASSERT_EQ(tokens.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    const float* row = logits.data() + i * vocab;
+    EXPECT_EQ(tokens[i], std::max_element(row, row + vocab) - row) << "row " << i;
+    EXPECT_LE(logprobs[i], 0.0f);
+  }
+  // Top-5 of the third row.
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  const float* third = logits.data() + 2 * vocab;
+  std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                    [&](int32_t a, int32_t b) { return third[a] > third[b]; });
+  EXPECT_NE(std::find(order.begin(), order.begin() + 5, tokens[2]), order.begin() + 5);
+  rows.positions.pop_back();  // rows no longer match the step
+  EXPECT_EQ(sampling_runner->StepAndSample(batch, rows, tokens, logprobs).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaModelRunnerTest, RejectsOptionsTheKernelsCannotRun) {
