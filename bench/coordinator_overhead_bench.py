@@ -7,7 +7,10 @@ from GetClusterState deltas over a window (never client-side):
   ms per step        1000 / steps/s
   schedule ms/step   schedule_seconds delta / num_steps delta (coordinator CPU building plans)
 
-once with --max-plans-in-flight 1 (the baseline, same run) and once with 2. Prints the targets:
+once with --max-plans-in-flight 1 (the baseline, same run) and once with 2. A sequence lives at
+most max_tokens (< the context) steps, a second or two at thousands of steps/s: the window is
+polled every 0.1 s, sequences that ended are replaced, and only the poll intervals that saw all
+n running count (each row records the time counted, window_s, and streams_started). Prints the targets:
 < 1 ms per step at 256 sequences (2 in flight) and steps/s with 2 in flight >= 1.5x that with 1.
 Writes bench/results/coordinator_overhead.json.
 
@@ -17,7 +20,7 @@ left to gRPC flow control (--client-read first), which keeps the client off the 
 coordinator needs (2-core machines).
 
 usage: .venv/bin/python bench/coordinator_overhead_bench.py [--sizes 1,64,256] [--window-s 3]
-       [--client-read all|first] [--kv-cache-memory 16GiB]
+       [--client-read all|first] [--kv-cache-memory 64GiB] [--stream-interval-ms MS]
 """
 import argparse
 import datetime
@@ -38,6 +41,8 @@ import cluster_harness as h  # noqa: E402
 
 TARGET_MS_PER_STEP_AT_256 = 1.0
 TARGET_PIPELINING_RATIO = 1.5
+POLL_S = 0.1        # GetClusterState polls during a window
+MIN_WINDOW_S = 0.5  # shorter windows (all sequences ended) are an error
 
 
 def cpu_model() -> str:
@@ -59,29 +64,45 @@ def git_revision() -> str:
 
 
 class HeldStreams:
-    """n Generate streams kept running (each ends only when cancelled)."""
+    """n Generate streams kept running; add() starts more (to replace ones that ended)."""
 
     def __init__(self, stub, n: int, read_all: bool, max_tokens: int):
+        self.stub, self.read_all, self.max_tokens = stub, read_all, max_tokens
         self.calls = []
         self.first = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        self.num_started = 0  # streams that got their first message (or failed)
         self.threads = []
-        for i in range(n):
-            request = h.make_request(f"Sequence {i}:", max_tokens=max_tokens, ignore_eos=True)
-            call = stub.Generate(request, timeout=3600)
+        self.add(n)
+
+    def add(self, n: int):
+        for _ in range(n):
+            request = h.make_request(f"Sequence {len(self.calls)}:", max_tokens=self.max_tokens,
+                                     ignore_eos=True)
+            call = self.stub.Generate(request, timeout=3600)
             self.calls.append(call)
-            thread = threading.Thread(target=self._consume, args=(call, read_all), daemon=True)
+            thread = threading.Thread(target=self._consume, args=(call,), daemon=True)
             thread.start()
             self.threads.append(thread)
 
-    def _consume(self, call, read_all):
+    def _consume(self, call):
         try:
             next(call)
-            self.first.release()
-            if read_all:
+            self._started()
+            if self.read_all:
                 for _ in call:
                     pass
         except Exception:  # noqa: BLE001 - cancelled at the end
-            self.first.release()
+            self._started()
+
+    def _started(self):
+        with self.lock:
+            self.num_started += 1
+        self.first.release()
+
+    def all_started(self) -> bool:
+        with self.lock:
+            return self.num_started >= len(self.calls)
 
     def wait_started(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -99,39 +120,57 @@ class HeldStreams:
 
 def measure(coordinator, replica: str, n: int, window_s: float, read_all: bool, max_tokens: int) -> dict:
     streams = HeldStreams(coordinator.stub, n, read_all, max_tokens)
+    steps = elapsed = schedule_s = step_s = tokens = preemptions = 0
     try:
         if not streams.wait_started(timeout=120):
             raise h.HarnessError(f"{n} streams did not all start\n{coordinator.log_tail()}")
         coordinator.wait_replicas(lambda r: r[replica].num_running == n, 60, f"{n} sequences running")
         time.sleep(0.5)  # settle
-        s0, t0 = coordinator.replicas()[replica], time.monotonic()
-        time.sleep(window_s)
-        s1, t1 = coordinator.replicas()[replica], time.monotonic()
+        # A sequence lives at most max_tokens (< the context) steps, which a fast configuration
+        # gets through in a second or two: sequences that end are replaced, and the window
+        # counts only the poll intervals that began and ended with all n running.
+        prev, t_prev = coordinator.replicas()[replica], time.monotonic()
+        end = t_prev + window_s
+        while time.monotonic() < end:
+            time.sleep(POLL_S)
+            s, t = coordinator.replicas()[replica], time.monotonic()
+            full = s.num_running == n and s.num_waiting == 0
+            if full and prev.num_running == n and prev.num_waiting == 0:
+                steps += s.num_steps - prev.num_steps
+                elapsed += t - t_prev
+                schedule_s += s.schedule_seconds - prev.schedule_seconds
+                step_s += s.step_seconds - prev.step_seconds
+                tokens += s.num_tokens_computed - prev.num_tokens_computed
+                preemptions += s.num_preemptions - prev.num_preemptions
+            elif s.num_running + s.num_waiting < n and streams.all_started():
+                streams.add(n - s.num_running - s.num_waiting)
+            prev, t_prev = s, t
     finally:
         streams.cancel()
     coordinator.wait_replicas(lambda r: r[replica].num_running == 0 and r[replica].num_waiting == 0,
                               60, "streams cancelled")
-    steps = s1.num_steps - s0.num_steps
-    elapsed = t1 - t0
-    if steps <= 0:
-        raise h.HarnessError(f"no steps in {elapsed:.1f} s with {n} sequences: {s1}")
+    if steps <= 0 or elapsed < MIN_WINDOW_S:
+        raise h.HarnessError(f"{steps} steps in {elapsed:.2f} s with {n} sequences running: {prev}")
     return {
         "sequences": n,
-        "running_at_end": s1.num_running,
-        "preemptions_in_window": s1.num_preemptions - s0.num_preemptions,
+        "window_s": round(elapsed, 2),
+        "running_at_end": prev.num_running,
+        "streams_started": len(streams.calls),
+        "preemptions_in_window": preemptions,
         "steps": steps,
         "steps_per_s": round(steps / elapsed, 1),
         "ms_per_step": round(1000 * elapsed / steps, 4),
-        "schedule_ms_per_step": round(1000 * (s1.schedule_seconds - s0.schedule_seconds) / steps, 4),
-        "step_rpc_ms_per_step": round(1000 * (s1.step_seconds - s0.step_seconds) / steps, 4),
-        "tokens_per_s": round((s1.num_tokens_computed - s0.num_tokens_computed) / elapsed, 1),
+        "schedule_ms_per_step": round(1000 * schedule_s / steps, 4),
+        "step_rpc_ms_per_step": round(1000 * step_s / steps, 4),
+        "tokens_per_s": round(tokens / elapsed, 1),
     }
 
 
 def run_config(plans_in_flight: int, args, log_dir: pathlib.Path) -> list[dict]:
     sizes = [int(s) for s in args.sizes.split(",")]
     flags = {"max_plans_in_flight": plans_in_flight, "max_num_seqs": max(sizes),
-             "max_num_batched_tokens": max(512, max(sizes)), "max_waiting": 4 * max(sizes)}
+             "max_num_batched_tokens": max(512, max(sizes)), "max_waiting": 4 * max(sizes),
+             "stream_interval_ms": args.stream_interval_ms}  # None: the server's default
     workers = {"replica-noop": {"backend": "noop", "threads": 1, "kv_cache_memory": args.kv_cache_memory}}
     rows = []
     with h.running_cluster(log_dir / f"plans{plans_in_flight}", workers, print_logs=False, **flags) as rig:
@@ -155,9 +194,12 @@ def main():
     parser.add_argument("--window-s", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3, help="windows per point; the median is reported")
     parser.add_argument("--client-read", choices=("all", "first"), default="all")
-    parser.add_argument("--kv-cache-memory", default="16GiB",
-                        help="the noop worker's pool (sized, not necessarily touched)")
+    parser.add_argument("--kv-cache-memory", default="64GiB",
+                        help="the noop worker's pool (sized, not allocated): 256 sequences of "
+                             "8000 tokens fit, so no preemption disturbs a window")
     parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--stream-interval-ms", type=int, default=None,
+                        help="the coordinator's --stream-interval-ms (default: its own default)")
     parser.add_argument("--out", default=str(SOURCE_DIR / "bench" / "results" / "coordinator_overhead.json"))
     args = parser.parse_args()
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
@@ -167,8 +209,13 @@ def main():
     log_dir = pathlib.Path(tempfile.mkdtemp(prefix="loom_overhead_bench_"))
     print(f"coordinator overhead, noop worker; logs in {log_dir}", flush=True)
     results = {}
-    for plans in (1, 2):
-        runs = [run_config(plans, args, log_dir) for _ in range(args.repeats)]
+    # Interleaved (1, 2, 1, 2, ...): a shared machine's load drifts, and both configurations
+    # should see the same drift.
+    all_runs = {1: [], 2: []}
+    for _ in range(args.repeats):
+        for plans in (1, 2):
+            all_runs[plans].append(run_config(plans, args, log_dir))
+    for plans, runs in all_runs.items():
         merged = []
         for i, row in enumerate(runs[0]):
             samples = [run[i] for run in runs]
@@ -209,10 +256,12 @@ def main():
         "model": str(h.MODEL_PATH.relative_to(SOURCE_DIR)) if h.MODEL_PATH.is_relative_to(SOURCE_DIR)
         else str(h.MODEL_PATH),
         "settings": {"window_s": args.window_s, "repeats": args.repeats, "client_read": args.client_read,
-                     "max_tokens": args.max_tokens, "worker": "loom-worker --backend noop --threads 1"},
+                     "max_tokens": args.max_tokens, "worker": "loom-worker --backend noop --threads 1",
+                     "stream_interval_ms": args.stream_interval_ms if args.stream_interval_ms is not None
+                     else "default"},
         "targets": {"ms_per_step_at_256": TARGET_MS_PER_STEP_AT_256,
                     "pipelining_ratio": TARGET_PIPELINING_RATIO},
-        "baseline": "--max-plans-in-flight 1, same run",
+        "baseline": "--max-plans-in-flight 1, same run (interleaved with 2)",
         "plans_in_flight_1": results[1],
         "plans_in_flight_2": results[2],
         "summary": summary,

@@ -29,6 +29,11 @@ const char kServeFlagsHelp[] =
     "  --max-waiting N              waiting requests per replica before RESOURCE_EXHAUSTED "
     "(default 1024)\n"
     "  --max-plans-in-flight 1|2    step plans sent ahead of results (default 2)\n"
+    "  --stream-interval-ms MS      a stream's messages go out at most once per MS (the "
+    "first\n"
+    "                               and the last at once); tokens that come sooner share "
+    "the\n"
+    "                               next message. 0: one per step (default 10)\n"
     "  --step-timeout-ms MS         a worker slower than this per step is dead (default "
     "30000)\n"
     "  --heartbeat-timeout-ms MS    a worker silent this long is dead (default 5000)\n"
@@ -81,6 +86,8 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
     if (need_number(0, 1 << 24)) replica.max_waiting = number;
   } else if (flag == "--max-plans-in-flight") {
     if (need_number(1, 2)) replica.max_plans_in_flight = static_cast<int>(number);
+  } else if (flag == "--stream-interval-ms") {
+    if (need_number(0, 10000)) options.stream_interval = absl::Milliseconds(number);
   } else if (flag == "--step-timeout-ms") {
     if (need_number(1, 3600000)) replica.step_timeout = absl::Milliseconds(number);
   } else if (flag == "--heartbeat-timeout-ms") {
@@ -146,7 +153,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
   server->inference_service_ = std::make_unique<InferenceService>(
       *server->cluster_, server->model_, server->config_, *server->tokenizer_,
-      server->metrics_.get());
+      server->metrics_.get(), options.stream_interval);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -164,7 +171,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Streams of many concurrent clients each hold a thread of the sync server.
+  // The sync methods hold a thread of the server each while they run (Generate streams use
+  // the callback API and hold none).
   grpc::ResourceQuota quota("loom-coordinator");
   quota.SetMaxThreads(4096);
   builder.SetResourceQuota(quota);
@@ -185,6 +193,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     }
     HttpOptions http = options.http;
     http.host = options.host;
+    http.stream_interval = options.stream_interval;
     auto started = HttpServer::Start(http, *server->cluster_, server->model_, server->config_,
                                      *server->tokenizer_, server->chat_template_.get(),
                                      *server->metrics_);

@@ -26,6 +26,9 @@ struct ServeOptions {
   HttpOptions http;       // host is `host`
   ClusterOptions cluster;
   absl::Duration drain_timeout = absl::Seconds(30);
+  // The least time between two messages of one stream, gRPC and HTTP alike (the first
+  // and the final ones go out at once): one handler wakeup then carries several tokens.
+  absl::Duration stream_interval = absl::Milliseconds(10);  // --stream-interval-ms
 };
 
 /// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`

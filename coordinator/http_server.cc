@@ -13,7 +13,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   server->options_ = options;
   server->cluster_ = &cluster;
   server->openai_ =
-      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics);
+      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
+                                      options.stream_interval);
   httplib::Server& http = server->server_;
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/chat_template.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
@@ -20,6 +21,9 @@ struct HttpOptions {
   // Each open request (a stream holds one for its whole life) takes a thread.
   int threads = 512;
   size_t max_body_bytes = size_t{32} << 20;  // 413 beyond
+  // A choice's output goes out at most once per interval (the first and the final
+  // pieces at once); tokens that come sooner share the next chunk. 0: every batch.
+  absl::Duration stream_interval = absl::ZeroDuration();
 };
 
 /// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE

@@ -2,33 +2,230 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/request_validation.h"
 
 namespace loom::coordinator {
+namespace {
+
+using loom::v1::GenerateResponse;
+
+// A Generate call answered before any output: validation failed, or nothing can serve.
+class FinishedReactor final : public grpc::ServerWriteReactor<GenerateResponse> {
+ public:
+  explicit FinishedReactor(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+// One Generate call streaming a Request's output (gRPC's callback API: no thread waits
+// per stream). Output is taken from the request's OutputQueue when the queue's listener
+// says some arrived (a Wake on the pump), when a write completes, or when the flush
+// interval ends (a WakeAt); at most one write is in flight, and output that arrives
+// meanwhile joins the next message. Lives until OnDone and the last pump reference.
+class InferenceService::GenerateStream final
+    : public grpc::ServerWriteReactor<GenerateResponse>,
+      public StreamPump::Stream,
+      public std::enable_shared_from_this<GenerateStream> {
+ public:
+  GenerateStream(grpc::CallbackServerContext* context, std::shared_ptr<Request> request,
+                 int32_t prompt_tokens, StreamPump& pump, absl::Duration interval)
+      : context_(context),
+        request_(std::move(request)),
+        prompt_tokens_(prompt_tokens),
+        pump_(pump),
+        interval_(interval) {}
+
+  // Starts streaming (the request was placed); returns the reactor for gRPC.
+  static grpc::ServerWriteReactor<GenerateResponse>* Start(std::shared_ptr<GenerateStream> stream) {
+    GenerateStream* raw = stream.get();
+    raw->self_ = std::move(stream);
+    // The listener runs with the queue locked; OnDone clears it before self_ goes.
+    raw->request_->outputs().SetListener([raw] { raw->pump_.Wake(raw->shared_from_this()); });
+    raw->Pump();
+    return raw;
+  }
+
+  void Pump() override {
+    Action action = Action::kNone;
+    absl::Time wake_at = absl::InfinitePast();
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || write_in_flight_) return;
+      if (cancelled_) {
+        action = FinishLocked();
+      } else if (std::optional<OutputEvent> event = request_->outputs().TryPop(hold_until_)) {
+        action = WriteLocked(*std::move(event));
+      } else if (hold_until_ > absl::Now() && timer_at_ != hold_until_) {
+        // Holding: the tokens queued meanwhile go out when the interval ends.
+        timer_at_ = wake_at = hold_until_;
+      }
+    }
+    if (wake_at != absl::InfinitePast()) pump_.WakeAt(shared_from_this(), wake_at);
+    Act(action);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Action action = Action::kNone;
+    {
+      absl::MutexLock lock(&mu_);
+      write_in_flight_ = false;
+      if (!ok) {
+        // The call is gone (the client left, or it was cancelled): so is the request.
+        cancelled_ = true;
+        if (finish_status_.ok()) {
+          finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        }
+      }
+      if (cancelled_) {
+        action = FinishLocked();
+      } else if (interval_ > absl::ZeroDuration()) {
+        hold_until_ = absl::Now() + interval_;
+      }
+    }
+    if (action != Action::kNone) {
+      request_->Cancel();
+      Act(action);
+      return;
+    }
+    Pump();
+  }
+
+  // The client cancelled, or the call's deadline passed (gRPC cancels it then).
+  void OnCancel() override {
+    request_->Cancel();
+    Action action = Action::kNone;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (std::chrono::system_clock::now() >= context_->deadline()) {
+        finish_status_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                      "the request did not finish before its deadline");
+      } else if (finish_status_.ok()) {
+        finish_status_ =
+            grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
+      }
+      if (!write_in_flight_) action = FinishLocked();
+    }
+    Act(action);
+  }
+
+  void OnDone() override {
+    request_->outputs().SetListener(nullptr);
+    // A stream that ended without its final event leaves nothing to wait for it.
+    if (!final_written_) request_->Cancel();
+    std::shared_ptr<GenerateStream> self = std::move(self_);
+  }
+
+ private:
+  enum class Action { kNone, kWrite, kWriteAndFinish, kFinish };
+
+  Action FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return Action::kNone;
+    finished_ = true;
+    return Action::kFinish;
+  }
+
+  // Fills response_ from `event`; the write starts once the lock is released.
+  Action WriteLocked(OutputEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    completion_tokens_ += static_cast<int32_t>(event.token_ids.size());
+    response_.Clear();
+    response_.set_request_id(request_->request_id());
+    response_.set_text(std::move(event.text));
+    response_.mutable_token_ids()->Add(event.token_ids.begin(), event.token_ids.end());
+    for (loom::v1::SequenceOutput& logprob : event.logprobs) {
+      *response_.add_logprobs() = std::move(logprob);
+    }
+    response_.set_replica_id(event.replica_id);
+    write_in_flight_ = true;
+    if (!event.final()) return Action::kWrite;
+    response_.set_finish_reason(event.finish_reason);
+    response_.set_error_message(event.error_message);
+    response_.set_prompt_tokens(prompt_tokens_);
+    response_.set_completion_tokens(completion_tokens_);
+    response_.set_cached_prompt_tokens(event.cached_prompt_tokens);
+    response_.set_num_draft_tokens(event.num_draft_tokens);
+    response_.set_num_accepted_tokens(event.num_accepted_tokens);
+    finished_ = true;
+    final_written_ = true;
+    return Action::kWriteAndFinish;
+  }
+
+  // Starts what the locked section decided, unlocked: gRPC may run a reaction inline.
+  void Act(Action action) {
+    switch (action) {
+      case Action::kNone:
+        return;
+      case Action::kWrite:
+        StartWrite(&response_);
+        return;
+      case Action::kWriteAndFinish:
+        StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+        return;
+      case Action::kFinish: {
+        grpc::Status status;
+        {
+          absl::MutexLock lock(&mu_);
+          status = finish_status_;
+        }
+        Finish(std::move(status));
+        return;
+      }
+    }
+  }
+
+  grpc::CallbackServerContext* const context_;
+  const std::shared_ptr<Request> request_;
+  const int32_t prompt_tokens_;
+  StreamPump& pump_;
+  const absl::Duration interval_;
+  std::shared_ptr<GenerateStream> self_;  // set from Start until OnDone
+
+  absl::Mutex mu_;
+  // One write at a time.
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish or the final write was started
+  bool final_written_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);  // for a cancelled call
+  absl::Time hold_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // next message not before
+  absl::Time timer_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();    // WakeAt already asked
+  int32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  // The message being written: filled under mu_ while no write is in flight, then read by
+  // gRPC until OnWriteDone (or OnDone after the final one).
+  GenerateResponse response_;
+};
 
 InferenceService::InferenceService(Cluster& cluster, const ServedModel& model,
                                    const common::ModelConfig& config,
                                    const common::Tokenizer& tokenizer,
-                                   CoordinatorMetrics* metrics)
+                                   CoordinatorMetrics* metrics, absl::Duration stream_interval)
     : cluster_(cluster),
       model_(model),
       config_(config),
       tokenizer_(tokenizer),
       eos_ids_(tokenizer.EndOfGenerationIds()),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      stream_interval_(stream_interval) {}
 
-grpc::Status InferenceService::Generate(grpc::ServerContext* context,
-                                        const loom::v1::GenerateRequest* request,
-                                        grpc::ServerWriter<loom::v1::GenerateResponse>* writer) {
+InferenceService::~InferenceService() = default;
+
+grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const loom::v1::GenerateRequest* request) {
   if (cluster_.draining()) {
-    return ToGrpcStatus(absl::UnavailableError("the coordinator is shutting down (draining)"));
+    return new FinishedReactor(
+        ToGrpcStatus(absl::UnavailableError("the coordinator is shutting down (draining)")));
   }
-  if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
+  if (absl::Status known = CheckModel(request->model()); !known.ok()) {
+    return new FinishedReactor(ToGrpcStatus(known));
+  }
   absl::StatusOr<RequestParams> params = ValidateGenerateRequest(*request, config_, tokenizer_);
-  if (!params.ok()) return ToGrpcStatus(params.status());
+  if (!params.ok()) return new FinishedReactor(ToGrpcStatus(params.status()));
   const int32_t prompt_tokens = static_cast<int32_t>(params->prompt_ids.size());
   const std::string request_id =
       request->request_id().empty()
@@ -37,46 +234,11 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
   auto live = std::make_shared<Request>(request_id, cluster_.NextSeqId(), *std::move(params),
                                         tokenizer_, eos_ids_);
   live->set_metrics(metrics_);
-  if (absl::Status placed = cluster_.Submit(live); !placed.ok()) return ToGrpcStatus(placed);
-
-  const auto deadline = context->deadline();
-  int32_t completion_tokens = 0;
-  while (true) {
-    std::optional<OutputEvent> event = live->outputs().Pop(absl::Milliseconds(50));
-    if (context->IsCancelled()) {
-      live->Cancel();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
-    }
-    if (std::chrono::system_clock::now() > deadline) {
-      live->Cancel();
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          "the request did not finish before its deadline");
-    }
-    if (!event) continue;
-    completion_tokens += static_cast<int32_t>(event->token_ids.size());
-    loom::v1::GenerateResponse response;
-    response.set_request_id(request_id);
-    response.set_text(std::move(event->text));
-    response.mutable_token_ids()->Add(event->token_ids.begin(), event->token_ids.end());
-    for (loom::v1::SequenceOutput& logprob : event->logprobs) {
-      *response.add_logprobs() = std::move(logprob);
-    }
-    response.set_replica_id(event->replica_id);
-    if (event->final()) {
-      response.set_finish_reason(event->finish_reason);
-      response.set_error_message(event->error_message);
-      response.set_prompt_tokens(prompt_tokens);
-      response.set_completion_tokens(completion_tokens);
-      response.set_cached_prompt_tokens(event->cached_prompt_tokens);
-      response.set_num_draft_tokens(event->num_draft_tokens);
-      response.set_num_accepted_tokens(event->num_accepted_tokens);
-    }
-    if (!writer->Write(response)) {
-      live->Cancel();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-    }
-    if (event->final()) return grpc::Status::OK;
+  if (absl::Status placed = cluster_.Submit(live); !placed.ok()) {
+    return new FinishedReactor(ToGrpcStatus(placed));
   }
+  return GenerateStream::Start(std::make_shared<GenerateStream>(
+      context, std::move(live), prompt_tokens, pump_, stream_interval_));
 }
 
 absl::Status InferenceService::CheckModel(const std::string& requested) const {

@@ -4,11 +4,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/served_model.h"
+#include "coordinator/stream_pump.h"
 #include "loom/v1/inference.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -16,15 +18,22 @@ namespace loom::coordinator {
 /// The client-facing loom.v1.Inference gRPC service: validates and tokenizes a request,
 /// places it on the cluster, and streams its output until it finishes, the client
 /// cancels, or the call's deadline passes (the request is then dropped at the replica's
-/// next step and its blocks freed). Thread-safe.
-class InferenceService final : public loom::v1::Inference::Service {
+/// next step and its blocks freed). Generate uses gRPC's callback API: no thread waits per
+/// stream; one StreamPump thread and gRPC's own threads write every stream. A stream
+/// carries at most one message per `stream_interval` (the first and the final ones go
+/// out at once): tokens that come sooner wait and share the next message. Thread-safe.
+class InferenceService final
+    : public loom::v1::Inference::WithCallbackMethod_Generate<loom::v1::Inference::Service> {
  public:
   /// `metrics` (optional) receives every request's timeline.
   InferenceService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
-                   const common::Tokenizer& tokenizer, CoordinatorMetrics* metrics = nullptr);
+                   const common::Tokenizer& tokenizer, CoordinatorMetrics* metrics = nullptr,
+                   absl::Duration stream_interval = absl::ZeroDuration());
+  /// Call after the gRPC server stopped (every stream is done by then).
+  ~InferenceService() override;
 
-  grpc::Status Generate(grpc::ServerContext* context, const loom::v1::GenerateRequest* request,
-                        grpc::ServerWriter<loom::v1::GenerateResponse>* writer) override;
+  grpc::ServerWriteReactor<loom::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const loom::v1::GenerateRequest* request) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const loom::v1::TokenizeRequest* request,
                         loom::v1::TokenizeResponse* response) override;
   grpc::Status Detokenize(grpc::ServerContext* context,
@@ -45,7 +54,10 @@ class InferenceService final : public loom::v1::Inference::Service {
   const common::Tokenizer& tokenizer_;
   const std::vector<int32_t> eos_ids_;
   CoordinatorMetrics* metrics_;
+  const absl::Duration stream_interval_;  // >= 0: the least time between two messages
   std::atomic<uint64_t> next_request_number_{1};
+  class GenerateStream;
+  StreamPump pump_;  // drives every GenerateStream
 };
 
 }  // namespace loom::coordinator

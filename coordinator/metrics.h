@@ -87,6 +87,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& spec_accepted_;
   prometheus::Family<prometheus::Histogram>& ttft_;
   prometheus::Family<prometheus::Histogram>& itl_;
+  prometheus::Histogram* itl_model_ = nullptr;  // itl_'s child for this model (never removed)
   prometheus::Family<prometheus::Histogram>& e2e_;
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& prefill_time_;

@@ -47,6 +47,7 @@ struct Choice {
   bool placed = false;
   bool started = false;      // streaming: the first chunk (role, echo) went out
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
+  absl::Time hold_until = absl::InfinitePast();  // its next output is not taken before
 };
 
 // Everything one HTTP request runs: its choices, the client's connection, and the
@@ -60,6 +61,7 @@ struct Run {
   int32_t prompt_tokens = 0;
   std::unique_ptr<PeerConnection> peer;
   std::function<absl::Status(const std::shared_ptr<Request>&)> place;  // Cluster::Submit
+  absl::Duration stream_interval;  // the least time between two outputs of a choice
 
   // Places the samples whose leader has produced output (or finished); a sample that
   // cannot be placed ends with an error event of its own.
@@ -174,14 +176,15 @@ void OpenAiService::WriteError(const absl::Status& status, httplib::Response& re
 OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
                              const common::ModelConfig& config, const common::Tokenizer& tokenizer,
                              const common::ChatTemplate* chat_template,
-                             CoordinatorMetrics* metrics)
+                             CoordinatorMetrics* metrics, absl::Duration stream_interval)
     : cluster_(cluster),
       model_(model),
       config_(config),
       tokenizer_(tokenizer),
       chat_template_(chat_template),
       eos_ids_(tokenizer.EndOfGenerationIds()),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      stream_interval_(stream_interval) {}
 
 void OpenAiService::Completions(const httplib::Request& request, httplib::Response& response) {
   Handle(/*chat=*/false, request, response);
@@ -286,9 +289,12 @@ bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
     bool any = false;
     for (Choice& choice : run.choices) {
       if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED || !choice.placed) continue;
-      std::optional<OutputEvent> event = choice.request->outputs().Pop(wait);
+      std::optional<OutputEvent> event = choice.request->outputs().Pop(wait, choice.hold_until);
       if (!event) continue;
       any = true;
+      if (run.stream_interval > absl::ZeroDuration()) {
+        choice.hold_until = absl::Now() + run.stream_interval;
+      }
       if (!on_event(choice, *event)) {
         run.CancelAll();
         return false;
@@ -377,6 +383,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
   }
   run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
                                                request.remote_addr, request.remote_port);
+  run->stream_interval = stream_interval_;
   run->place = [cluster = &cluster_](const std::shared_ptr<Request>& sample) {
     return cluster->Submit(sample);
   };

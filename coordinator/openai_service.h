@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/chat_template.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
@@ -25,10 +26,12 @@ namespace loom::coordinator {
 /// Thread-safe (one instance serves every HTTP thread).
 class OpenAiService {
  public:
-  /// `chat_template` may be null (chat requests are then 400).
+  /// `chat_template` may be null (chat requests are then 400). A choice's output is taken
+  /// at most once per `stream_interval` (the first and the final pieces at once).
   OpenAiService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
                 const common::Tokenizer& tokenizer, const common::ChatTemplate* chat_template,
-                CoordinatorMetrics* metrics = nullptr);
+                CoordinatorMetrics* metrics = nullptr,
+                absl::Duration stream_interval = absl::ZeroDuration());
 
   void Completions(const httplib::Request& request, httplib::Response& response);
   void ChatCompletions(const httplib::Request& request, httplib::Response& response);
@@ -50,6 +53,7 @@ class OpenAiService {
   const common::ChatTemplate* chat_template_;
   const std::vector<int32_t> eos_ids_;
   CoordinatorMetrics* metrics_;
+  const absl::Duration stream_interval_;  // >= 0
   std::atomic<uint64_t> next_id_{1};
 };
 

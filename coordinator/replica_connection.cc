@@ -101,7 +101,7 @@ void ReplicaConnection::Read(int rank) {
               "the ranks disagree on the tokens sampled in step %d (rank %d differs)",
               result.step_id(), rank);
         }
-        if (rank == 0) pending.rank0 = result;
+        if (rank == 0) pending.rank0 = std::move(result);  // its ids are in `tokens`
         if (failure.empty() && ++pending.answers == static_cast<int>(ranks_.size())) {
           complete = Event{std::move(pending.rank0), ""};
           pending_.erase(it);

@@ -19,34 +19,79 @@ const char* FinishReasonName(loom::v1::FinishReason reason) {
   }
 }
 
-void OutputQueue::Push(OutputEvent event) {
-  absl::MutexLock lock(&mu_);
-  events_.push_back(std::move(event));
+namespace {
+
+// Appends `next` (a later event of the same stream) to `into`.
+void MergeInto(OutputEvent& into, OutputEvent&& next) {
+  into.text += next.text;
+  into.token_ids.insert(into.token_ids.end(), next.token_ids.begin(), next.token_ids.end());
+  for (loom::v1::SequenceOutput& logprob : next.logprobs) {
+    into.logprobs.push_back(std::move(logprob));
+  }
+  into.finish_reason = next.finish_reason;
+  into.error_message = std::move(next.error_message);
+  if (!next.replica_id.empty()) into.replica_id = std::move(next.replica_id);
+  into.cached_prompt_tokens = next.cached_prompt_tokens;
+  into.num_draft_tokens = next.num_draft_tokens;
+  into.num_accepted_tokens = next.num_accepted_tokens;
 }
 
-std::optional<OutputEvent> OutputQueue::Pop(absl::Duration timeout) {
+}  // namespace
+
+void OutputQueue::Push(OutputEvent event) {
   absl::MutexLock lock(&mu_);
-  auto has_event = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&has_event), timeout)) return std::nullopt;
-  OutputEvent event = std::move(events_.front());
-  events_.pop_front();
-  // Everything else already queued joins it: under load the handler wakes once per
-  // batch of tokens, not once per token. Nothing follows a final event.
-  while (!events_.empty() && !event.final()) {
-    OutputEvent& next = events_.front();
-    event.text += next.text;
-    event.token_ids.insert(event.token_ids.end(), next.token_ids.begin(), next.token_ids.end());
-    for (loom::v1::SequenceOutput& logprob : next.logprobs) {
-      event.logprobs.push_back(std::move(logprob));
-    }
-    event.finish_reason = next.finish_reason;
-    event.error_message = std::move(next.error_message);
-    if (!next.replica_id.empty()) event.replica_id = std::move(next.replica_id);
-    event.cached_prompt_tokens = next.cached_prompt_tokens;
-    event.num_draft_tokens = next.num_draft_tokens;
-    event.num_accepted_tokens = next.num_accepted_tokens;
-    events_.pop_front();
+  if (!queued_) {
+    queued_ = std::move(event);
+  } else if (!queued_->final()) {
+    MergeInto(*queued_, std::move(event));
   }
+  if (waiting_ == Waiting::kAnyEvent ||
+      (waiting_ == Waiting::kFinalEvent && queued_->final())) {
+    waiting_ = Waiting::kNothing;
+    ready_.Signal();
+    if (listener_) listener_();
+  }
+}
+
+std::optional<OutputEvent> OutputQueue::TryPop(absl::Time hold_until) {
+  absl::MutexLock lock(&mu_);
+  const bool holding = absl::Now() < hold_until;
+  if (queued_ && (queued_->final() || !holding)) {
+    waiting_ = Waiting::kNothing;
+    std::optional<OutputEvent> event = std::move(queued_);
+    queued_.reset();
+    return event;
+  }
+  waiting_ = holding ? Waiting::kFinalEvent : Waiting::kAnyEvent;
+  return std::nullopt;
+}
+
+void OutputQueue::SetListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+std::optional<OutputEvent> OutputQueue::Pop(absl::Duration timeout, absl::Time hold_until) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  // Until hold_until (bounded by the deadline) only a final event ends the wait.
+  const absl::Time hold_end = std::min(hold_until, deadline);
+  while (!(queued_ && queued_->final()) && absl::Now() < hold_end) {
+    waiting_ = Waiting::kFinalEvent;
+    ready_.WaitWithDeadline(&mu_, hold_end);
+  }
+  if (!(queued_ && queued_->final()) && hold_until > deadline) {
+    waiting_ = Waiting::kNothing;
+    return std::nullopt;  // still holding
+  }
+  while (!queued_ && absl::Now() < deadline) {
+    waiting_ = Waiting::kAnyEvent;
+    ready_.WaitWithDeadline(&mu_, deadline);
+  }
+  waiting_ = Waiting::kNothing;
+  if (!queued_) return std::nullopt;
+  std::optional<OutputEvent> event = std::move(queued_);
+  queued_.reset();
   return event;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,18 +41,42 @@ struct OutputEvent {
 /// metrics' finished_reason label spell it.
 const char* FinishReasonName(loom::v1::FinishReason reason);
 
-/// The hand-off between the replica loop (producer) and the RPC handler (consumer).
-/// Thread-safe.
+/// The hand-off between the replica loop (the producer) and the RPC handler (the one
+/// consumer).
+/// Events are merged as they are pushed (text and tokens concatenated, the final event's
+/// finish reason), so the queue holds at most one event and a consumer that was busy
+/// finds everything new in one piece. Thread-safe.
 class OutputQueue {
  public:
+  /// Queues `event` (merged into the one already queued); wakes a consumer that waits
+  /// for it. Nothing may follow a final event (later events are dropped).
   void Push(OutputEvent event);
-  /// Every event queued so far merged into one (text and tokens concatenated, the final
-  /// event's finish reason), waiting up to `timeout` for the first; nullopt without one.
-  std::optional<OutputEvent> Pop(absl::Duration timeout);
+  /// Everything queued so far as one event, waiting up to `timeout` for one; nullopt
+  /// without one. Until `hold_until`, only a final event ends the wait: non-final events
+  /// stay queued and merge with the ones that follow (a stream's flush interval, so that
+  /// one consumer wakeup carries several tokens; the producer wakes no one meanwhile).
+  std::optional<OutputEvent> Pop(absl::Duration timeout,
+                                 absl::Time hold_until = absl::InfinitePast());
+  /// Pop without waiting, for a consumer driven by `listener`: what Pop would return
+  /// at once. When that is nothing, the listener is armed: the next Push that would end
+  /// Pop's wait (a final event before `hold_until`, any event after it) calls it once.
+  std::optional<OutputEvent> TryPop(absl::Time hold_until = absl::InfinitePast());
+  /// Sets (or, with nullptr, clears) what an armed TryPop calls. It runs on the
+  /// producer's thread with the queue locked: it must be quick and must not call into
+  /// the queue. Once SetListener(nullptr) returned, the old listener is not running and
+  /// will not run again.
+  void SetListener(std::function<void()> listener);
 
  private:
+  // What a consumer blocked in Pop waits for; Push signals only when that arrived, so
+  // tokens pushed during a hold cost the producer no wakeup.
+  enum class Waiting { kNothing, kAnyEvent, kFinalEvent };
+
   absl::Mutex mu_;
-  std::deque<OutputEvent> events_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar ready_;
+  std::optional<OutputEvent> queued_ ABSL_GUARDED_BY(mu_);
+  Waiting waiting_ ABSL_GUARDED_BY(mu_) = Waiting::kNothing;
+  std::function<void()> listener_ ABSL_GUARDED_BY(mu_);
 };
 
 /// What the client asked for, validated and tokenized.

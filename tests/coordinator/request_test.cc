@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "common/gguf_file.h"
 #include "tests/common/tokenizer_test_util.h"
@@ -43,6 +44,114 @@ TEST(OutputQueueTest, PopMergesEverythingQueuedUpToTheFinalEvent) {
   EXPECT_EQ(event->replica_id, "r1");  // later events carry none: the first one's stays
   EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_LENGTH);
   EXPECT_TRUE(event->final());
+}
+
+TEST(OutputQueueTest, PopHoldsTokensUntilTheHoldEndsThenDeliversThemTogether) {
+  OutputQueue queue;
+  const absl::Time hold_until = absl::Now() + absl::Milliseconds(200);
+  queue.Push(Tokens("a", {1}, "r0"));
+  queue.Push(Tokens("b", {2}));
+  // Within the hold, a short wait finds nothing even though tokens are queued.
+  EXPECT_FALSE(queue.Pop(absl::Milliseconds(20), hold_until).has_value());
+  queue.Push(Tokens("c", {3}));
+  const absl::Time start = absl::Now();
+  std::optional<OutputEvent> event = queue.Pop(absl::Seconds(5), hold_until);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_GE(absl::Now(), hold_until);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(event->text, "abc");
+  EXPECT_EQ(event->token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(event->replica_id, "r0");
+  EXPECT_FALSE(event->final());
+  EXPECT_FALSE(queue.Pop(absl::Milliseconds(5)).has_value());
+}
+
+TEST(OutputQueueTest, AFinalEventEndsTheHoldAtOnce) {
+  OutputQueue queue;
+  const absl::Time hold_until = absl::Now() + absl::Seconds(30);
+  queue.Push(Tokens("a", {1}, "r0"));
+  std::thread producer([&queue] {
+    absl::SleepFor(absl::Milliseconds(20));
+    OutputEvent last = Tokens("b", {2});
+    last.finish_reason = loom::v1::FINISH_REASON_LENGTH;
+    queue.Push(std::move(last));
+  });
+  const absl::Time start = absl::Now();
+  std::optional<OutputEvent> event = queue.Pop(absl::Seconds(10), hold_until);
+  producer.join();
+  ASSERT_TRUE(event.has_value());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(event->text, "ab");
+  EXPECT_EQ(event->token_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_LENGTH);
+}
+
+TEST(OutputQueueTest, APastHoldDeliversAtOnce) {
+  OutputQueue queue;
+  queue.Push(Tokens("a", {1}));
+  std::optional<OutputEvent> event =
+      queue.Pop(absl::Milliseconds(5), absl::Now() - absl::Milliseconds(1));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->text, "a");
+}
+
+TEST(OutputQueueTest, NothingFollowsAFinalEvent) {
+  OutputQueue queue;
+  OutputEvent last = Tokens("a", {1});
+  last.finish_reason = loom::v1::FINISH_REASON_ABORT;
+  queue.Push(std::move(last));
+  queue.Push(Tokens("late", {2}));
+  std::optional<OutputEvent> event = queue.Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->text, "a");
+  EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_ABORT);
+  EXPECT_FALSE(queue.Pop(absl::Milliseconds(5)).has_value());
+}
+
+TEST(OutputQueueTest, TryPopTakesWhatIsThereAndOtherwiseArmsTheListenerOnce) {
+  OutputQueue queue;
+  int calls = 0;
+  queue.SetListener([&calls] { ++calls; });
+  EXPECT_FALSE(queue.TryPop().has_value());  // empty: armed for any event
+  queue.Push(Tokens("a", {1}, "r0"));
+  EXPECT_EQ(calls, 1);
+  queue.Push(Tokens("b", {2}));  // not armed any more
+  EXPECT_EQ(calls, 1);
+  std::optional<OutputEvent> event = queue.TryPop();
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->text, "ab");
+  EXPECT_EQ(event->token_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(OutputQueueTest, TryPopWhileHoldingWakesTheListenerOnlyForTheFinalEvent) {
+  OutputQueue queue;
+  int calls = 0;
+  queue.SetListener([&calls] { ++calls; });
+  const absl::Time hold_until = absl::Now() + absl::Seconds(30);
+  queue.Push(Tokens("a", {1}));
+  EXPECT_FALSE(queue.TryPop(hold_until).has_value());  // held
+  queue.Push(Tokens("b", {2}));
+  EXPECT_EQ(calls, 0);
+  OutputEvent last = Tokens("c", {3});
+  last.finish_reason = loom::v1::FINISH_REASON_STOP;
+  queue.Push(std::move(last));
+  EXPECT_EQ(calls, 1);
+  std::optional<OutputEvent> event = queue.TryPop(hold_until);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->text, "abc");
+  EXPECT_TRUE(event->final());
+}
+
+TEST(OutputQueueTest, AClearedListenerIsNotCalled) {
+  OutputQueue queue;
+  int calls = 0;
+  queue.SetListener([&calls] { ++calls; });
+  EXPECT_FALSE(queue.TryPop().has_value());
+  queue.SetListener(nullptr);
+  queue.Push(Tokens("a", {1}));
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(queue.TryPop().has_value());
 }
 
 class RequestTest : public ::testing::Test {
