@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/status_macros.h"
+#include "kernels/cuda/block_argmax.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/sampling_internal.h"
@@ -94,36 +95,8 @@ __device__ __forceinline__ uint64_t BlockSum64(uint64_t value, SharedState& shar
       value, [](uint64_t a, uint64_t b) { return a + b; }, shared.words);
 }
 
-// (value, index) with the larger value, the lower index on ties; index -1 is "none".
-__device__ __forceinline__ bool Better(float value, int index, float best, int best_index) {
-  return index >= 0 && (best_index < 0 || value > best || (value == best && index < best_index));
-}
-
-__device__ void BlockArgmax(float& value, int& index, SharedState& shared) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_value = __shfl_xor_sync(kFullMask, value, offset);
-    const int other_index = __shfl_xor_sync(kFullMask, index, offset);
-    if (Better(other_value, other_index, value, index)) {
-      value = other_value;
-      index = other_index;
-    }
-  }
-  if (lane == 0) {
-    shared.best_value[warp] = value;
-    shared.best_index[warp] = index;
-  }
-  __syncthreads();
-  value = shared.best_value[0];
-  index = shared.best_index[0];
-  for (int w = 1; w < kWarps; ++w) {
-    if (Better(shared.best_value[w], shared.best_index[w], value, index)) {
-      value = shared.best_value[w];
-      index = shared.best_index[w];
-    }
-  }
-  __syncthreads();
+__device__ __forceinline__ void BlockArgmax(float& value, int& index, SharedState& shared) {
+  internal::BlockArgmax<kWarps>(value, index, shared.best_value, shared.best_index);
 }
 
 // The smallest i in [0, n) where the running sum of weight(0 .. i) exceeds `target`

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/status_macros.h"
+#include "kernels/cuda/block_argmax.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/speculative_verify.h"
 
@@ -38,45 +39,16 @@ struct SharedState {
   int found;
 };
 
-// (value, index) with the larger value, the lower index on ties: std::max_element's
-// choice for inputs without NaN.
-__device__ __forceinline__ bool Better(float value, int index, float best, int best_index) {
-  return index >= 0 && (best_index < 0 || value > best || (value == best && index < best_index));
-}
-
 __device__ int BlockArgmax(const float* row, int vocab, SharedState& shared) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float value = 0.0f;
   int index = -1;
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    if (Better(row[i], i, value, index)) {
+    if (internal::ArgmaxBetter(row[i], i, value, index)) {
       value = row[i];
       index = i;
     }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other_value = __shfl_xor_sync(kFullMask, value, offset);
-    const int other_index = __shfl_xor_sync(kFullMask, index, offset);
-    if (Better(other_value, other_index, value, index)) {
-      value = other_value;
-      index = other_index;
-    }
-  }
-  if (lane == 0) {
-    shared.best_value[warp] = value;
-    shared.best_index[warp] = index;
-  }
-  __syncthreads();
-  value = shared.best_value[0];
-  index = shared.best_index[0];
-  for (int w = 1; w < kWarps; ++w) {
-    if (Better(shared.best_value[w], shared.best_index[w], value, index)) {
-      value = shared.best_value[w];
-      index = shared.best_index[w];
-    }
-  }
-  __syncthreads();  // the scratch is reused by the next sweep
+  internal::BlockArgmax<kWarps>(value, index, shared.best_value, shared.best_index);
   return index;
 }
 
