@@ -27,6 +27,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/model_weights.h"
@@ -97,6 +98,13 @@ CudaModelRunner::~CudaModelRunner() = default;
 
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     const common::GgufFile&, const CudaRunnerOptions&) {
+  return absl::FailedPreconditionError(
+      "the CUDA runner is unavailable: Loom was built without CUDA (configure with "
+      "-DLOOM_CUDA=ON where the CUDA toolkit is installed)");
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
+    const common::ModelConfig&, const CudaRunnerOptions&, uint64_t) {
   return absl::FailedPreconditionError(
       "the CUDA runner is unavailable: Loom was built without CUDA (configure with "
       "-DLOOM_CUDA=ON where the CUDA toolkit is installed)");
@@ -380,6 +388,25 @@ struct CudaModelRunner::State {
   void DropGraphs() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     graphs.clear();
+  }
+
+  // Everything but the weights and buffers: device, dtypes, stream, cuBLAS, model shape.
+  absl::Status Init(const CudaRunnerOptions& options, const common::ModelConfig& model) {
+    device = options.device;
+    LOOM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+    dtype = options.dtype;
+    kv_dtype = options.kv_dtype;
+    use_graphs = options.cuda_graphs;
+    block_size = options.block_size;
+    LOOM_ASSIGN_OR_RETURN(num_sms, kc::CurrentDeviceSmCount());
+    LOOM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    LOOM_ASSIGN_OR_RETURN(gemm, kc::GemmHandle::Create(stream));
+    config = model;
+    neox = config.architecture != "llama" && config.architecture != "mistral";
+    q_dim = config.num_heads * config.head_dim;
+    kv_dim = config.num_kv_heads * config.head_dim;
+    qkv_dim = q_dim + 2 * kv_dim;
+    return absl::OkStatus();
   }
 
   kc::KvCacheView KvView(size_t layer) const {
@@ -858,8 +885,10 @@ struct CudaModelRunner::State {
 
 CudaModelRunner::~CudaModelRunner() = default;
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
-    const common::GgufFile& gguf, const CudaRunnerOptions& options) {
+namespace {
+
+// The options Create and CreateRandom both check before touching the device.
+absl::Status ValidateRunnerOptions(const CudaRunnerOptions& options) {
   const int device_count = kernels::CudaDeviceCount();
   if (device_count == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -900,7 +929,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA runner: max_num_tokens %d must be >= 1", options.max_num_tokens));
   }
-  LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
+  return absl::OkStatus();
+}
+
+// The model shapes the CUDA kernels can run.
+absl::Status ValidateRunnerConfig(const common::ModelConfig& config) {
   if (config.head_dim != 64 && config.head_dim != 128) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "CUDA runner: head dim %d unsupported by the attention kernels (64, 128)",
@@ -910,29 +943,53 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA runner: hidden size %d above 65536", config.hidden_size));
   }
+  return absl::OkStatus();
+}
 
-  auto state = std::make_unique<State>();
-  State& s = *state;
-  s.device = options.device;
-  LOOM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
-  s.dtype = options.dtype;
-  s.kv_dtype = options.kv_dtype;
-  s.use_graphs = options.cuda_graphs;
-  s.block_size = options.block_size;
-  LOOM_ASSIGN_OR_RETURN(s.num_sms, kc::CurrentDeviceSmCount());
-  LOOM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-  LOOM_ASSIGN_OR_RETURN(s.gemm, kc::GemmHandle::Create(s.stream));
+// What ModelConfigFromGguf guarantees for a config that comes from a caller instead.
+absl::Status ValidateRandomModelConfig(const common::ModelConfig& c) {
+  if (c.vocab_size < 1 || c.context_length < 1 || c.hidden_size < 1 ||
+      c.intermediate_size < 1 || c.num_layers < 1 || c.num_heads < 1 || c.num_kv_heads < 1 ||
+      c.head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: random model sizes must be >= 1 (vocab %d, context %d, hidden %d, ffn %d, "
+        "layers %d, heads %d, KV heads %d, head dim %d)",
+        c.vocab_size, c.context_length, c.hidden_size, c.intermediate_size, c.num_layers,
+        c.num_heads, c.num_kv_heads, c.head_dim));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: %d query heads not a multiple of %d KV heads", c.num_heads,
+        c.num_kv_heads));
+  }
+  if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: rope dimension %d must be even and at most the head dim %d", c.rope_dim,
+        c.head_dim));
+  }
+  if (!(c.rope_theta > 0) || !(c.rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: rope theta %g and RMSNorm epsilon %g must be > 0", c.rope_theta,
+        c.rms_norm_eps));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    const common::GgufFile& gguf, const CudaRunnerOptions& options) {
+  LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
+  LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
+  LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
 
   // Weights: loaded like the CPU runner's; INT4 layer matrices are repacked for the W4A16
   // GEMM (options.quantized_weights), every other matrix is dequantized on the host and
   // uploaded once in dtype (the host copies are freed when this function returns).
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(gguf, 0, 1));
-  s.config = weights->config;
-  const common::ModelConfig& c = s.config;
-  s.neox = c.architecture != "llama" && c.architecture != "mistral";
-  s.q_dim = c.num_heads * c.head_dim;
-  s.kv_dim = c.num_kv_heads * c.head_dim;
-  s.qkv_dim = s.q_dim + 2 * s.kv_dim;
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  LOOM_RETURN_IF_ERROR(s.Init(options, weights->config));
   LOOM_ASSIGN_OR_RETURN(s.embedding, UploadMatrix(weights->token_embedding, s.dtype));
   if (weights->output != nullptr) {
     LOOM_ASSIGN_OR_RETURN(s.lm_head, UploadMatrix(*weights->output, s.dtype));
@@ -960,6 +1017,87 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
       if (linear->quantized()) ++quantized_layers;
     }
   }
+  std::string load_log = weights->load_log;
+  weights.reset();
+  absl::StrAppendFormat(
+      &load_log,
+      "  %d of %d layer matrices kept INT4 for the W4A16 GEMM, the rest (and the embedding / LM "
+      "head) dequantized to %s on the host\n",
+      quantized_layers, 4 * static_cast<int64_t>(s.layers.size()), kc::DataTypeName(s.dtype));
+  return Finish(std::move(state), options, std::move(load_log));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
+    const common::ModelConfig& config, const CudaRunnerOptions& options, uint64_t seed) {
+  LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
+  LOOM_RETURN_IF_ERROR(ValidateRandomModelConfig(config));
+  LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
+  auto state = std::make_unique<State>();
+  State& s = *state;
+  LOOM_RETURN_IF_ERROR(s.Init(options, config));
+  const common::ModelConfig& c = s.config;
+
+  // Every tensor draws from its own stream: the seed advanced by a large odd constant.
+  uint64_t tensor_seed = seed;
+  auto random = [&](int64_t count, DataType dtype, float offset,
+                    float scale) -> absl::StatusOr<DeviceBuffer> {
+    LOOM_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                          DeviceBuffer::Allocate(static_cast<size_t>(count * kc::ElementBytes(dtype))));
+    kc::RandomFillParams fill;
+    fill.out = buffer.data();
+    fill.dtype = dtype;
+    fill.count = count;
+    fill.seed = tensor_seed += 0x632BE59BD9B4E019ull;
+    fill.offset = offset;
+    fill.scale = scale;
+    LOOM_RETURN_IF_ERROR(kc::LaunchRandomFill(fill, s.stream));
+    return buffer;
+  };
+  auto fan_in_scale = [](int64_t fan_in) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+  };
+  // A dense [n, k] weight for cuBLAS, uniform in +-1/sqrt(k).
+  auto linear = [&](int64_t n, int64_t k) -> absl::StatusOr<DeviceLinear> {
+    DeviceLinear result;
+    result.n = n;
+    result.k = k;
+    LOOM_ASSIGN_OR_RETURN(result.dense, random(n * k, s.dtype, 0.0f, fan_in_scale(k)));
+    return result;
+  };
+
+  const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
+  LOOM_ASSIGN_OR_RETURN(s.embedding, random(c.vocab_size * hidden, s.dtype, 0.0f,
+                                            fan_in_scale(hidden)));
+  if (!c.tied_embeddings) {
+    LOOM_ASSIGN_OR_RETURN(s.lm_head, random(c.vocab_size * hidden, s.dtype, 0.0f,
+                                            fan_in_scale(hidden)));
+  }
+  LOOM_ASSIGN_OR_RETURN(s.output_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));
+  LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(RopeInverseFrequencies(c, {})));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    State::Layer& layer = s.layers.emplace_back();
+    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));
+    LOOM_ASSIGN_OR_RETURN(layer.qkv, linear(s.qkv_dim, hidden));
+    if (c.attention_bias) {
+      LOOM_ASSIGN_OR_RETURN(layer.qkv_bias,
+                            random(s.qkv_dim, DataType::kF32, 0.0f, fan_in_scale(hidden)));
+    }
+    LOOM_ASSIGN_OR_RETURN(layer.attn_output, linear(hidden, s.q_dim));
+    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));
+    LOOM_ASSIGN_OR_RETURN(layer.gate_up, linear(2 * ffn, hidden));
+    LOOM_ASSIGN_OR_RETURN(layer.down, linear(hidden, ffn));
+  }
+  std::string load_log = absl::StrFormat(
+      "  random weights (seed %d) generated on the device in %s, uniform in +-1/sqrt(fan in), "
+      "norms 1\n",
+      seed, kc::DataTypeName(s.dtype));
+  return Finish(std::move(state), options, std::move(load_log));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Finish(
+    std::unique_ptr<State> state, const CudaRunnerOptions& options, std::string load_log) {
+  State& s = *state;
+  const common::ModelConfig& c = s.config;
   // The quantized GEMM's split-K workspace: the most any layer asks for at any m.
   size_t workspace_bytes = 0;
   for (const State::Layer& layer : s.layers) {
@@ -979,8 +1117,6 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     weight_bytes += static_cast<int64_t>(layer.qkv.bytes() + layer.attn_output.bytes() +
                                          layer.gate_up.bytes() + layer.down.bytes());
   }
-  std::string load_log = weights->load_log;
-  weights.reset();
 
   // Activations and workspaces before the KV pool, which takes a share of what is left:
   // max_num_tokens tokens, every decode bucket's sample rows and graph inputs.
@@ -1031,11 +1167,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 
   absl::StrAppendFormat(
       &load_log,
-      "  %d of %d layer matrices kept INT4 for the W4A16 GEMM, the rest (and the embedding / LM "
-      "head) dequantized to %s on the host\n"
       "  device %d: %s; weights %.1f MiB, KV pool %d blocks x %d tokens (%s, %.1f MiB, "
       "+1 scratch block); CUDA graphs %s\n",
-      quantized_layers, 4 * static_cast<int64_t>(s.layers.size()), kc::DataTypeName(s.dtype),
       s.device, kernels::CudaDeviceDescription(s.device),
       static_cast<double>(weight_bytes) / (1 << 20), num_blocks,
       s.block_size, kc::DataTypeName(s.kv_dtype),

@@ -66,6 +66,14 @@ class CudaModelRunner : public ForwardPass {
   static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
       const common::GgufFile& gguf, const CudaRunnerOptions& options);
 
+  /// A runner for `config` with random weights generated on the device (no host copy:
+  /// for benchmarks of full-size models): every matrix dense in options.dtype (INT4 is
+  /// not used), uniform in +-1/sqrt(fan_in) from a hash of (seed, element), RMSNorm
+  /// weights 1. The same seed gives the same weights. Errors as Create's, plus
+  /// InvalidArgument for an inconsistent config.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateRandom(
+      const common::ModelConfig& config, const CudaRunnerOptions& options, uint64_t seed);
+
   /// Bytes one KV block takes in the pool (K and V of every layer).
   static int64_t KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
                                  kernels::cuda::DataType kv_dtype);
@@ -101,6 +109,10 @@ class CudaModelRunner : public ForwardPass {
  private:
   struct State;  // everything on the device (defined only where CUDA is built)
   explicit CudaModelRunner(std::unique_ptr<State> state);
+  // The tail Create and CreateRandom share once the weights are on the device: the
+  // quantized GEMM's workspace, activations, the KV pool, the load log's device line.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Finish(
+      std::unique_ptr<State> state, const CudaRunnerOptions& options, std::string load_log);
 
   std::unique_ptr<State> state_;
   common::ModelConfig config_;

@@ -37,6 +37,12 @@ strip --strip-debug "$DIR/cuda_attention_bench"
 ldd "$BUILD_DIR/bench/cuda_attention_bench" | awk '/=> \// {print $3}' |
   grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
   while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+cmake --build "$BUILD_DIR" --target cuda_runner_bench -j "$(nproc)"
+cp "$BUILD_DIR/bench/cuda_runner_bench" "$DIR/"
+strip --strip-debug "$DIR/cuda_runner_bench"
+ldd "$BUILD_DIR/bench/cuda_runner_bench" | awk '/=> \// {print $3}' |
+  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
 # The default model for the CUDA runner's end-to-end test (run.sh --prebuilt points
 # LOOM_MODEL_PATH at it). 98 MB: LOOM_BUNDLE_MODEL=0 leaves it out where the bundle must
 # stay small (then set LOOM_MODEL_PATH on the GPU machine).

@@ -177,6 +177,23 @@ if [[ -n "$ATTENTION_BENCH" && -x "$ATTENTION_BENCH" ]]; then
   OUT="$REPORT_DIR" "${RUN_ENV[@]}" "$ATTENTION_BENCH" > "$REPORT_DIR/cuda_attention_bench.txt" 2>&1 ||
     say "cuda_attention_bench failed (see cuda_attention_bench.txt)"
 fi
+# The CUDA runner end to end (Llama-3-8B shape, random F16 weights made on the device):
+# batch-1 decode weight bytes/s vs copy bandwidth, tokens/s at batch 1-256 vs their bound.
+RUNNER_BENCH="${PREBUILT:+$PREBUILT/cuda_runner_bench}"
+if [[ -z "$PREBUILT" && "$status_build" == "ok" ]]; then
+  say "build cuda_runner_bench"
+  if cmake -S . -B "$BUILD_DIR" -DLOOM_BUILD_BENCH=ON >> "$LOG" 2>&1 &&
+     cmake --build "$BUILD_DIR" --target cuda_runner_bench -j "$(nproc)" >> "$LOG" 2>&1; then
+    RUNNER_BENCH="$BUILD_DIR/bench/cuda_runner_bench"
+  else
+    say "cuda_runner_bench did not build (see log.txt)"
+  fi
+fi
+if [[ -n "$RUNNER_BENCH" && -x "$RUNNER_BENCH" ]]; then
+  say "run $RUNNER_BENCH (cuda_runner_bench.txt, cuda_runner.json)"
+  OUT="$REPORT_DIR" "${RUN_ENV[@]}" "$RUNNER_BENCH" > "$REPORT_DIR/cuda_runner_bench.txt" 2>&1 ||
+    say "cuda_runner_bench failed (see cuda_runner_bench.txt)"
+fi
 
 # --- the report
 device="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"

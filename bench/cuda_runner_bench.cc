@@ -1,0 +1,363 @@
+// The CUDA model runner end to end on a Llama-3-8B-shaped model (hidden 4096, 32 layers,
+// 32 query / 8 KV heads, head dim 128, FFN 14336, vocab 128256, rope theta 500000), F16
+// weights generated on the device (CudaModelRunner::CreateRandom: no 16 GB file, never
+// zeros), against limits measured in the same run:
+//  1. a decode step at batch 1: weight bytes read per second (every layer matrix and the
+//     LM head, once per step) as a ratio of the device-to-device copy bandwidth (bytes
+//     read + written per second of a 1 GiB cudaMemcpy); target >= 0.75; CUDA graphs on
+//     and off;
+//  2. output tokens/s of greedy decode steps (StepAndSample, the sampled token fed back)
+//     at batch 1, 16, 64, 256 after a 512-token prompt per sequence, each next to its
+//     bound: batch / ((weight bytes + KV bytes read per step) / copy bandwidth).
+//
+// Timing: wall clock over kDecodeSteps steps after kWarmupSteps (which capture the decode
+// graphs); StepAndSample waits for its tokens, so each step is complete when it returns.
+// Writes cuda_runner.json into $OUT when set, else bench/results/gpu/ under
+// LOOM_SOURCE_DIR (or the current directory). Exits 0 with a message where no GPU is.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "bench/machine_limits.h"
+#include "common/model_config.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/random_fill.h"
+#include "kernels/cuda_device.h"
+#include "worker/cuda_model_runner.h"
+#include "worker/forward_pass.h"
+#include "worker/step_batch.h"
+
+namespace loom::bench {
+namespace {
+
+using kernels::cuda::DataType;
+using kernels::cuda::DeviceBuffer;
+
+constexpr int64_t kPromptTokens = 512;
+constexpr int64_t kWarmupSteps = 3;  // the first decode step of a bucket runs eagerly, the second captures
+constexpr int64_t kDecodeSteps = 32;
+constexpr int64_t kBlockSize = 16;
+constexpr int64_t kBatches[] = {1, 16, 64, 256};
+constexpr int64_t kMaxBatch = 256;
+constexpr int64_t kPrefillSeqsPerStep = 8;  // 4,096 prompt tokens per prefill step
+constexpr uint64_t kWeightSeed = 20240501;
+constexpr double kTargetDecodeRatio = 0.75;
+
+// Tokens each sequence holds at most: the prompt, the warm-up and the timed steps.
+constexpr int64_t kTokensPerSeq = kPromptTokens + kWarmupSteps + kDecodeSteps;
+constexpr int64_t kBlocksPerSeq = (kTokensPerSeq + kBlockSize - 1) / kBlockSize;
+
+#define BENCH_CHECK_CUDA(expr)                                           \
+  do {                                                                   \
+    const cudaError_t error_ = (expr);                                   \
+    if (error_ != cudaSuccess) {                                         \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(error_));                          \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+void CheckOk(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+common::ModelConfig Llama3_8B() {
+  common::ModelConfig c;
+  c.architecture = "llama";
+  c.name = "random Llama-3-8B shape";
+  c.vocab_size = 128256;
+  c.context_length = 8192;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.rope_dim = 128;
+  return c;
+}
+
+// Bytes of weights a decode step reads: every layer matrix and the LM head (one embedding
+// row per token is negligible), 2 bytes per element (F16).
+double WeightBytesPerStep(const common::ModelConfig& c) {
+  const double q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  const double per_layer = (q_dim + 2 * kv_dim) * c.hidden_size + c.hidden_size * q_dim +
+                           2.0 * c.intermediate_size * c.hidden_size +
+                           c.hidden_size * static_cast<double>(c.intermediate_size);
+  return 2.0 * (c.num_layers * per_layer + static_cast<double>(c.vocab_size) * c.hidden_size);
+}
+
+// K and V of every layer for one token in the pool (F16).
+double KvBytesPerToken(const common::ModelConfig& c) {
+  return 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Bytes read + bytes written per second of a 1 GiB device-to-device copy (median of 9
+// repeats of 10 copies, after a warm-up).
+double CopyBandwidth() {
+  constexpr size_t kBytes = size_t{1} << 30;
+  absl::StatusOr<DeviceBuffer> src = DeviceBuffer::Allocate(kBytes);
+  absl::StatusOr<DeviceBuffer> dst = DeviceBuffer::Allocate(kBytes);
+  CheckOk(src.status(), "cudaMalloc");
+  CheckOk(dst.status(), "cudaMalloc");
+  cudaStream_t stream;
+  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kernels::cuda::RandomFillParams fill;
+  fill.out = src->data();
+  fill.dtype = DataType::kF16;
+  fill.count = kBytes / 2;
+  fill.seed = 1;
+  CheckOk(kernels::cuda::LaunchRandomFill(fill, stream), "random fill");
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  auto copy = [&] {
+    BENCH_CHECK_CUDA(
+        cudaMemcpyAsync(dst->data(), src->data(), kBytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  for (int i = 0; i < 2; ++i) copy();
+  std::vector<double> samples;
+  for (int r = 0; r < 9; ++r) {
+    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < 10; ++i) copy();
+    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1e-3 / 10);
+  }
+  BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+  return 2.0 * kBytes / Median(samples);
+}
+
+// Sequence s owns blocks [s * kBlocksPerSeq, (s + 1) * kBlocksPerSeq); its table for
+// `tokens` tokens is the first ceil(tokens / kBlockSize) of them.
+std::vector<int32_t> BlockTable(int64_t seq, int64_t tokens) {
+  std::vector<int32_t> table((tokens + kBlockSize - 1) / kBlockSize);
+  for (size_t i = 0; i < table.size(); ++i) {
+    table[i] = static_cast<int32_t>(seq * kBlocksPerSeq + static_cast<int64_t>(i));
+  }
+  return table;
+}
+
+// Fills the KV of sequences [0, num_seqs) with kPromptTokens random prompt tokens each.
+void Prefill(worker::CudaModelRunner& runner, int64_t num_seqs, int64_t vocab) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<float> logits;
+  for (int64_t first = 0; first < num_seqs; first += kPrefillSeqsPerStep) {
+    worker::StepBatch batch;
+    for (int64_t s = first; s < std::min(num_seqs, first + kPrefillSeqsPerStep); ++s) {
+      std::vector<int32_t> prompt(kPromptTokens);
+      for (int32_t& id : prompt) id = token(rng);
+      CheckOk(worker::AppendSequence(batch, prompt, 0, BlockTable(s, kPromptTokens),
+                                     kBlockSize, true),
+              "prefill batch");
+    }
+    CheckOk(runner.Step(batch, logits), "prefill step");
+  }
+}
+
+// Seconds per greedy decode step of sequences [0, batch) over kDecodeSteps steps at
+// positions kPromptTokens + kWarmupSteps onwards (after kWarmupSteps warm-up steps).
+double DecodeStepSeconds(worker::CudaModelRunner& runner, int64_t batch) {
+  std::vector<int32_t> tokens(batch);
+  for (int64_t s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>((s * 7919) % 128000);
+  std::vector<int32_t> next;
+  std::vector<float> logprobs;
+  std::chrono::steady_clock::time_point start;
+  for (int64_t step = 0; step < kWarmupSteps + kDecodeSteps; ++step) {
+    if (step == kWarmupSteps) start = std::chrono::steady_clock::now();
+    const int32_t position = static_cast<int32_t>(kPromptTokens + step);
+    worker::StepBatch step_batch;
+    worker::DeviceSampleRows rows;
+    rows.penalty_indptr.push_back(0);
+    for (int64_t s = 0; s < batch; ++s) {
+      CheckOk(worker::AppendSequence(step_batch, {tokens[s]}, position,
+                                     BlockTable(s, position + 1), kBlockSize, true),
+              "decode batch");
+      worker::SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      rows.params.push_back(greedy);
+      rows.positions.push_back(position);
+      rows.penalty_indptr.push_back(0);
+    }
+    CheckOk(runner.StepAndSample(step_batch, rows, next, logprobs), "decode step");
+    tokens = next;
+  }
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / kDecodeSteps;
+}
+
+std::unique_ptr<worker::CudaModelRunner> MakeRunner(const common::ModelConfig& config,
+                                                    bool cuda_graphs, int64_t num_seqs) {
+  worker::CudaRunnerOptions options;
+  options.dtype = DataType::kF16;
+  options.kv_dtype = DataType::kF16;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = num_seqs * kBlocksPerSeq;
+  options.max_num_tokens = kPrefillSeqsPerStep * kPromptTokens;
+  options.cuda_graphs = cuda_graphs;
+  absl::StatusOr<std::unique_ptr<worker::CudaModelRunner>> runner =
+      worker::CudaModelRunner::CreateRandom(config, options, kWeightSeed);
+  CheckOk(runner.status(), "CudaModelRunner::CreateRandom");
+  std::printf("runner (graphs %s):\n%s", cuda_graphs ? "on" : "off",
+              (*runner)->load_log().c_str());
+  return std::move(runner).value();
+}
+
+struct ThroughputRow {
+  int64_t batch = 0;
+  double step_seconds = 0;
+  double kv_bytes = 0;  // K/V read per step (mean context over the timed steps)
+  double tokens_per_second = 0;
+  double bound_tokens_per_second = 0;
+};
+
+int Run() {
+  if (kernels::CudaDeviceCount() == 0) {
+    std::printf("cuda_runner_bench: no CUDA device (%s): nothing measured\n",
+                kernels::CudaDeviceDescription(0).c_str());
+    return 0;
+  }
+  const std::string device = kernels::CudaDeviceDescription(0);
+  std::printf("cuda_runner_bench on %s\n", device.c_str());
+  const common::ModelConfig config = Llama3_8B();
+  const double copy = CopyBandwidth();
+  const double weight_bytes = WeightBytesPerStep(config);
+  std::printf("limits: copy %.0f GB/s (read + write); weights read per step %.2f GB\n",
+              copy / 1e9, weight_bytes / 1e9);
+
+  // Graphs off first (one sequence), then graphs on with the full pool: one runner at a
+  // time, so the device holds one copy of the weights.
+  double eager_b1 = 0;
+  {
+    std::unique_ptr<worker::CudaModelRunner> runner = MakeRunner(config, false, 1);
+    Prefill(*runner, 1, config.vocab_size);
+    eager_b1 = DecodeStepSeconds(*runner, 1);
+  }
+  std::vector<ThroughputRow> rows;
+  {
+    std::unique_ptr<worker::CudaModelRunner> runner = MakeRunner(config, true, kMaxBatch);
+    const auto prefill_start = std::chrono::steady_clock::now();
+    Prefill(*runner, kMaxBatch, config.vocab_size);
+    const std::chrono::duration<double> prefill = std::chrono::steady_clock::now() - prefill_start;
+    std::printf("prefill: %ld sequences x %ld tokens in %.2f s (%.0f tokens/s)\n",
+                static_cast<long>(kMaxBatch), static_cast<long>(kPromptTokens), prefill.count(),
+                kMaxBatch * kPromptTokens / prefill.count());
+    // Mean context attended over the timed steps (position + 1).
+    const double mean_context =
+        kPromptTokens + kWarmupSteps + (kDecodeSteps - 1) / 2.0 + 1.0;
+    for (int64_t batch : kBatches) {
+      ThroughputRow row;
+      row.batch = batch;
+      row.step_seconds = DecodeStepSeconds(*runner, batch);
+      row.kv_bytes = batch * mean_context * KvBytesPerToken(config);
+      row.tokens_per_second = batch / row.step_seconds;
+      row.bound_tokens_per_second = batch * copy / (weight_bytes + row.kv_bytes);
+      rows.push_back(row);
+    }
+    const worker::CudaModelRunner::Stats stats = runner->stats();
+    std::printf("graph captures %ld, replays %ld, eager steps %ld\n",
+                static_cast<long>(stats.graph_captures), static_cast<long>(stats.graph_replays),
+                static_cast<long>(stats.eager_steps));
+  }
+  const double graph_b1 = rows.front().step_seconds;
+
+  std::printf("\n1. decode step at batch 1 (context %ld): weight bytes/s against copy\n",
+              static_cast<long>(kPromptTokens + kWarmupSteps + kDecodeSteps / 2));
+  std::printf("%8s %10s %10s %8s\n", "graphs", "us", "GB/s", "/copy");
+  for (auto [name, seconds] : {std::pair<const char*, double>{"on", graph_b1}, {"off", eager_b1}}) {
+    std::printf("%8s %10.1f %10.0f %8.3f\n", name, seconds * 1e6, weight_bytes / seconds / 1e9,
+                weight_bytes / seconds / copy);
+  }
+  std::printf("\n2. greedy decode, output tokens/s against (weights + KV read) / copy\n");
+  std::printf("%6s %10s %10s %12s %12s %8s\n", "batch", "step us", "KV GB", "tokens/s", "bound",
+              "ratio");
+  for (const ThroughputRow& r : rows) {
+    std::printf("%6ld %10.1f %10.2f %12.0f %12.0f %8.3f\n", static_cast<long>(r.batch),
+                r.step_seconds * 1e6, r.kv_bytes / 1e9, r.tokens_per_second,
+                r.bound_tokens_per_second, r.tokens_per_second / r.bound_tokens_per_second);
+  }
+  std::printf("target: batch-1 decode weight bytes/s >= %.2f of copy (graphs on)\n",
+              kTargetDecodeRatio);
+
+  std::string json = "{\n";
+  json += absl::StrFormat("  \"bench\": \"cuda_runner\",\n  \"date\": \"%s\",\n", UtcNow());
+  json += absl::StrFormat("  \"device\": \"%s\",\n", device);
+  json += absl::StrFormat(
+      "  \"model\": {\"shape\": \"Llama-3-8B\", \"dtype\": \"F16\", \"hidden\": %d, "
+      "\"layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, "
+      "\"vocab\": %d, \"rope_theta\": %.0f, \"weights\": \"random on the device\"},\n",
+      config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads,
+      config.head_dim, config.intermediate_size, config.vocab_size, config.rope_theta);
+  json += absl::StrFormat(
+      "  \"prompt_tokens\": %d,\n  \"warmup_steps\": %d,\n  \"decode_steps\": %d,\n"
+      "  \"block_size\": %d,\n",
+      kPromptTokens, kWarmupSteps, kDecodeSteps, kBlockSize);
+  json += absl::StrFormat(
+      "  \"copy_bandwidth_gbs\": %.1f,\n  \"weight_bytes_per_step\": %.0f,\n", copy / 1e9,
+      weight_bytes);
+  json += absl::StrFormat("  \"targets\": {\"decode_b1_weight_copy_ratio\": %.2f},\n",
+                          kTargetDecodeRatio);
+  json += absl::StrFormat(
+      "  \"decode_b1\": {\"graphs_on_us\": %.2f, \"graphs_on_copy_ratio\": %.3f, "
+      "\"graphs_off_us\": %.2f, \"graphs_off_copy_ratio\": %.3f},\n",
+      graph_b1 * 1e6, weight_bytes / graph_b1 / copy, eager_b1 * 1e6,
+      weight_bytes / eager_b1 / copy);
+  json += "  \"throughput\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ThroughputRow& r = rows[i];
+    json += absl::StrFormat(
+        "    {\"batch\": %d, \"step_us\": %.2f, \"kv_bytes_per_step\": %.0f, "
+        "\"tokens_per_s\": %.1f, \"bound_tokens_per_s\": %.1f, \"ratio\": %.3f}%s\n",
+        r.batch, r.step_seconds * 1e6, r.kv_bytes, r.tokens_per_second,
+        r.bound_tokens_per_second, r.tokens_per_second / r.bound_tokens_per_second,
+        i + 1 < rows.size() ? "," : "");
+  }
+  json += "  ]\n}\n";
+
+  std::string dir;
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    dir = out;
+  } else {
+    const char* source = std::getenv("LOOM_SOURCE_DIR");
+    dir = std::string(source ? source : ".") + "/bench/results/gpu";
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const std::string path = dir + "/cuda_runner.json";
+  std::ofstream file(path);
+  file << json;
+  std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
+  return file ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main() { return loom::bench::Run(); }
