@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "usage: loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
     "                     [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat]\n"
     "                     [--threads N] [--kv-dtype f16|f32] [--device cuda|cpu|auto]\n"
-    "                     [--cuda-graphs on|off] [--activations f32|int8]\n"
+    "                     [--cuda-graphs on|off] [--activations f32|int8] [--ignore-eos]\n"
     "  --device   where the model runs (default auto: cuda when a CUDA device is present\n"
     "             and --kv-dtype is f16)\n"
     "  --activations  CPU, INT8/INT4 weights: f32 (default) keeps layer inputs exact; int8\n"
@@ -52,6 +52,10 @@ bool ParseOptions(int argc, char** argv, Options& options) {
     const std::string flag = argv[i];
     if (flag == "--chat") {
       options.chat = true;
+      continue;
+    }
+    if (flag == "--ignore-eos") {
+      options.request.ignore_eos = true;
       continue;
     }
     if (i + 1 >= argc) {
