@@ -341,20 +341,8 @@ int Run() {
   }
   json += "  ]\n}\n";
 
-  std::string dir;
-  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
-    dir = out;
-  } else {
-    const char* source = std::getenv("LOOM_SOURCE_DIR");
-    dir = std::string(source ? source : ".") + "/bench/results/gpu";
-  }
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  const std::string path = dir + "/cuda_runner.json";
-  std::ofstream file(path);
-  file << json;
-  std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
-  return file ? 0 : 1;
+  const bool written = loom::bench::WriteGpuResult("cuda_runner", json);
+  return written ? 0 : 1;
 }
 
 }  // namespace

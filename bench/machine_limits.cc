@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -189,6 +190,23 @@ void WriteResult(const std::string& name, const std::string& json) {
   std::ofstream out(path);
   out << json << "\n";
   std::printf("wrote %s\n", out ? path.c_str() : "(failed to write the result)");
+}
+
+bool WriteGpuResult(const std::string& name, const std::string& json) {
+  std::string dir;
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    dir = out;
+  } else {
+    const char* source = std::getenv("LOOM_SOURCE_DIR");
+    dir = std::string(source ? source : ".") + "/bench/results/gpu";
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const std::string path = dir + "/" + name + ".json";
+  std::ofstream file(path);
+  file << json;
+  std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
+  return static_cast<bool>(file);
 }
 
 }  // namespace loom::bench

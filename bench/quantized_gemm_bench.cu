@@ -409,22 +409,10 @@ int Run() {
   }
   json += "  ]\n}\n";
 
-  std::string dir;
-  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
-    dir = out;
-  } else {
-    const char* source = std::getenv("LOOM_SOURCE_DIR");
-    dir = std::string(source ? source : ".") + "/bench/results/gpu";
-  }
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  const std::string path = dir + "/quantized_gemm.json";
-  std::ofstream file(path);
-  file << json;
-  std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
+  const bool written = loom::bench::WriteGpuResult("quantized_gemm", json);
   cublasDestroy(cublas);
   BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
-  return file ? 0 : 1;
+  return written ? 0 : 1;
 }
 
 }  // namespace
