@@ -1,8 +1,39 @@
 #include "worker/step_batch.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_format.h"
 
 namespace loom::worker {
+namespace {
+
+// The index of the first value outside [0, limit), or -1.
+int64_t FirstOutside(const std::vector<int32_t>& values, int64_t limit) {
+  // Unsigned compare: a negative value wraps above any limit. The all-in-range case (every
+  // step) is one vectorizable pass with no early exit.
+  const uint32_t bound = static_cast<uint32_t>(std::min<int64_t>(limit, UINT32_MAX));
+  uint32_t any = 0;
+  for (int32_t v : values) any |= static_cast<uint32_t>(static_cast<uint32_t>(v) >= bound);
+  if (any == 0) return -1;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (static_cast<uint32_t>(values[i]) >= bound) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+void StepBatch::Clear() {
+  token_ids.clear();
+  positions.clear();
+  slots.clear();
+  query_start.assign(1, 0);
+  context_len.clear();
+  block_indptr.assign(1, 0);
+  block_indices.clear();
+  sample_rows.clear();
+}
 
 absl::Status AppendSequence(StepBatch& batch, absl::Span<const int32_t> new_tokens,
                             int32_t num_computed, absl::Span<const int32_t> block_ids,
@@ -50,17 +81,15 @@ absl::Status ValidateStepBatch(const StepBatch& batch, int64_t vocab_size,
       batch.block_indptr[num_seqs] != static_cast<int64_t>(batch.block_indices.size())) {
     return absl::InvalidArgumentError("step's query_start / block_indptr arrays are inconsistent");
   }
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "token %d: id %d is outside the vocabulary [0, %d)", t, batch.token_ids[t], vocab_size));
-    }
+  // Range checks as branch-free reductions (the block tables cover every sequence's
+  // context: this loop is the step's longest); the message needs the first offender.
+  if (const int64_t t = FirstOutside(batch.token_ids, vocab_size); t >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "token %d: id %d is outside the vocabulary [0, %d)", t, batch.token_ids[t], vocab_size));
   }
-  for (int64_t b : batch.block_indices) {
-    if (b < 0 || b >= num_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("block id %d is outside the KV pool [0, %d)", b, num_blocks));
-    }
+  if (const int64_t i = FirstOutside(batch.block_indices, num_blocks); i >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "block id %d is outside the KV pool [0, %d)", batch.block_indices[i], num_blocks));
   }
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_begin = batch.query_start[s], q_end = batch.query_start[s + 1];

@@ -25,6 +25,8 @@ struct StepBatch {
   std::vector<int32_t> sample_rows;    // token rows whose logits the step returns
 
   StepBatch() : query_start{0}, block_indptr{0} {}
+  /// Back to the empty batch, keeping the arrays' capacity.
+  void Clear();
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(context_len.size()); }
 };

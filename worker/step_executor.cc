@@ -61,10 +61,10 @@ struct StepExecutor::Prepared {
   struct Entry {
     Sequence* sequence = nullptr;
     int index = 0;  // in plan.scheduled()
-    // Tokens [begin, end) are computed; the step's blocks (after its new ones).
+    // Tokens [begin, end) are computed through sequence->block_table (with the step's
+    // new blocks).
     int64_t begin = 0;
     int64_t end = 0;
-    std::vector<int32_t> block_table;
     int32_t max_drafts = 0;  // within the context and the slots given
     bool sample = false;
   };
@@ -78,10 +78,29 @@ struct StepExecutor::Prepared {
   std::vector<DraftProposal> drafts;  // per entry of `rows`; rows[i].draft_* view it
   StepBatch batch;
   std::vector<SampleRow> rows;
+  // What Execute hands the backend and gets back.
+  std::vector<SampledToken> tokens;
+  std::vector<int32_t> num_emitted;
+
+  // Empties everything, keeping capacity.
+  void Clear() {
+    added.clear();
+    entries.clear();
+    proposals.clear();
+    propose_seconds = 0;
+    sampled.clear();
+    speculative.clear();
+    known.clear();
+    drafts.clear();
+    batch.Clear();
+    rows.clear();
+    tokens.clear();
+    num_emitted.clear();
+  }
 };
 
 StepExecutor::StepExecutor(StepBackend& backend, StepExecutorOptions options)
-    : backend_(backend), options_(options) {}
+    : backend_(backend), options_(options), prepared_(std::make_unique<Prepared>()) {}
 
 StepExecutor::~StepExecutor() = default;
 
@@ -230,15 +249,17 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
     prepared_entry.begin = begin;
     prepared_entry.end = end;
     prepared_entry.sample = entry.sample();
-    prepared_entry.block_table.assign(sequence->block_table.begin(), sequence->block_table.end());
-    prepared_entry.block_table.insert(prepared_entry.block_table.end(),
-                                      entry.new_block_ids().begin(), entry.new_block_ids().end());
+    // The step's blocks join the table now, not at commit: a copy of the table per step
+    // would cost O(context). A plan that fails drops every sequence it names (DropNamed),
+    // so no half-applied table outlives a failure.
+    sequence->block_table.insert(sequence->block_table.end(), entry.new_block_ids().begin(),
+                                 entry.new_block_ids().end());
     if (max_drafts > 0) {
       // The drafts sit at positions [end, end + count): within the context and the slots
       // the coordinator gave (it reserved max_drafts of them).
       const int64_t room = std::min<int64_t>(
           config.context_length - end,
-          static_cast<int64_t>(prepared_entry.block_table.size()) * block_size - end);
+          static_cast<int64_t>(sequence->block_table.size()) * block_size - end);
       prepared_entry.max_drafts = static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts));
     }
   }
@@ -255,14 +276,15 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
       LOOM_RETURN_IF_ERROR(AppendSequence(
           prepared.batch,
           absl::MakeConstSpan(sequence->tokens).subspan(entry.begin, entry.end - entry.begin),
-          static_cast<int32_t>(entry.begin), entry.block_table, static_cast<int32_t>(block_size),
-          entry.sample));
+          static_cast<int32_t>(entry.begin), sequence->block_table,
+          static_cast<int32_t>(block_size), entry.sample));
     } else {
       std::vector<int32_t> step_tokens(sequence->tokens.begin() + entry.begin,
                                        sequence->tokens.begin() + entry.end);
       step_tokens.insert(step_tokens.end(), drafts.begin(), drafts.end());
       LOOM_RETURN_IF_ERROR(AppendSequence(prepared.batch, step_tokens,
-                                          static_cast<int32_t>(entry.begin), entry.block_table,
+                                          static_cast<int32_t>(entry.begin),
+                                          sequence->block_table,
                                           static_cast<int32_t>(block_size),
                                           /*sample_last=*/false));
       // The computed token's logits and each draft's.
@@ -306,7 +328,7 @@ absl::Status StepExecutor::Propose(Prepared& prepared) {
     DraftRequest& request = requests.emplace_back();
     request.tokens = entry.sequence->tokens;
     request.num_draft_computed = entry.sequence->num_draft_computed;
-    request.block_table = entry.block_table;
+    request.block_table = entry.sequence->block_table;
     request.max_drafts = entry.max_drafts;
     request.sampler = entry.sequence->sampler.get();
     requesting.push_back(e);
@@ -357,8 +379,14 @@ void StepExecutor::DropNamed(const loom::v1::StepPlan& plan) {
 }
 
 loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
-  const auto start = std::chrono::steady_clock::now();
   loom::v1::StepResult result;
+  Execute(plan, result);
+  return result;
+}
+
+void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result) {
+  const auto start = std::chrono::steady_clock::now();
+  result.Clear();
   result.set_step_id(plan.step_id());
 
   absl::Status status;
@@ -370,10 +398,11 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
     has_last_step_id_ = true;
     last_step_id_ = plan.step_id();
   }
-  Prepared prepared;
+  Prepared& prepared = *prepared_;
+  prepared.Clear();
   if (status.ok()) status = Prepare(plan, prepared);
-  std::vector<SampledToken> tokens;
-  std::vector<int32_t> num_emitted;
+  std::vector<SampledToken>& tokens = prepared.tokens;
+  std::vector<int32_t>& num_emitted = prepared.num_emitted;
   BackendTimings timings;
   if (status.ok() && !prepared.entries.empty()) {
     status = backend_.Run(prepared.batch, prepared.rows, tokens, num_emitted, timings);
@@ -384,7 +413,7 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
     result.set_error_code(static_cast<int32_t>(status.code()));
     result.set_error_message(std::string(status.message()));
     result.mutable_timings()->set_total_seconds(SecondsSince(start));
-    return result;
+    return;
   }
 
   // Commit: releases, then additions, then the scheduled work and its samples.
@@ -392,11 +421,7 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
   for (uint64_t id : plan.preempted()) sequences_.erase(id);
   for (auto& [id, sequence] : prepared.added) sequences_[id] = std::move(sequence);
   for (const Prepared::Entry& entry : prepared.entries) {
-    const loom::v1::ScheduledSequence& scheduled = plan.scheduled(entry.index);
-    entry.sequence->block_table.insert(entry.sequence->block_table.end(),
-                                       scheduled.new_block_ids().begin(),
-                                       scheduled.new_block_ids().end());
-    entry.sequence->num_computed += scheduled.num_tokens();
+    entry.sequence->num_computed += plan.scheduled(entry.index).num_tokens();
   }
   result.mutable_outputs()->Reserve(static_cast<int>(tokens.size()));
   size_t next_token = 0;
@@ -446,7 +471,6 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
   step_timings->set_execute_seconds(timings.execute_seconds + prepared.propose_seconds);
   step_timings->set_sample_seconds(timings.sample_seconds);
   step_timings->set_total_seconds(SecondsSince(start));
-  return result;
 }
 
 }  // namespace loom::worker

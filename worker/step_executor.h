@@ -32,9 +32,10 @@ struct StepExecutorOptions {
 /// The worker's side of the step protocol: owns every sequence's execution state (its
 /// tokens, block table, how many tokens are computed, its sampler) and turns each
 /// StepPlan (a diff: sequences added, scheduled, released) into one StepResult through
-/// a StepBackend. A plan is all or nothing: it is checked completely before any state
-/// changes, and a plan that fails leaves the other sequences as they were and drops the
-/// ones it named. Not thread-safe: the worker service serializes calls.
+/// a StepBackend. A plan is all or nothing: a plan that fails leaves the sequences it
+/// does not name as they were and drops the ones it names. Per-step work does not grow
+/// with the sequences' context lengths beyond handing the backend their block tables.
+/// Not thread-safe: the worker service serializes calls.
 class StepExecutor {
  public:
   /// `backend` must outlive the executor.
@@ -46,6 +47,9 @@ class StepExecutor {
   /// the plan is invalid or the backend fails, error_code (an absl/google.rpc code) and
   /// error_message with no outputs. step_ids must strictly increase between Resets.
   loom::v1::StepResult Execute(const loom::v1::StepPlan& plan);
+  /// The same into `result`, cleared first: a result reused step after step keeps its
+  /// output messages allocated.
+  void Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result);
 
   /// Drops every sequence and forgets the last step id (a new step stream).
   absl::Status Reset();
@@ -67,8 +71,9 @@ class StepExecutor {
   struct Sequence;
   struct Prepared;
 
-  // Checks the whole plan and builds the batch without changing any executor state (a
-  // draft model writes K/V only where the plan's sequences will compute).
+  // Checks the whole plan and builds the batch. The only state it changes is the block
+  // tables of sequences the plan schedules (their new blocks), which a failing plan drops;
+  // a draft model writes K/V only where the plan's sequences will compute.
   absl::Status Prepare(const loom::v1::StepPlan& plan, Prepared& prepared);
   // The drafts of each scheduled entry that speculates, from the draft model or by
   // prompt lookup, into prepared.proposals.
@@ -86,6 +91,8 @@ class StepExecutor {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> sequences_;
   bool has_last_step_id_ = false;
   uint64_t last_step_id_ = 0;
+  // The step being executed; kept between steps so its arrays keep their capacity.
+  std::unique_ptr<Prepared> prepared_;
 };
 
 }  // namespace loom::worker

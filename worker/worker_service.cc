@@ -37,10 +37,12 @@ grpc::Status WorkerService::Step(
   }
 
   grpc::Status status = grpc::Status::OK;
+  // Both messages live across steps: parsing into a cleared message and building a cleared
+  // result reuse the repeated fields' elements instead of allocating them per step.
   loom::v1::StepPlan plan;
+  loom::v1::StepResult result;
   while (stream->Read(&plan)) {
     const auto received = std::chrono::steady_clock::now();
-    loom::v1::StepResult result;
     {
       absl::MutexLock lock(&mu_);
       if (shutting_down_) {
@@ -51,7 +53,7 @@ grpc::Status WorkerService::Step(
         status = grpc::Status(grpc::StatusCode::ABORTED, "replaced by a newer step stream");
         break;
       }
-      result = executor_->Execute(plan);
+      executor_->Execute(plan, result);
       num_sequences_.store(executor_->num_sequences(), std::memory_order_relaxed);
     }
     num_steps_.fetch_add(1, std::memory_order_relaxed);

@@ -45,6 +45,38 @@ TEST(StepBatchTest, RejectsBlockOutsidePool) {
   EXPECT_NE(Validate(batch).message().find("KV pool"), std::string::npos);
 }
 
+TEST(StepBatchTest, NamesTheFirstNegativeIdAndBlock) {
+  StepBatch batch;
+  ASSERT_TRUE(AppendSequence(batch, {1, -3, -4}, 0, {0}, kBlockSize, true).ok());
+  EXPECT_NE(Validate(batch).message().find("token 1: id -3"), std::string::npos)
+      << Validate(batch);
+  StepBatch blocks;
+  ASSERT_TRUE(AppendSequence(blocks, {1}, 0, {2}, kBlockSize, true).ok());
+  ASSERT_TRUE(AppendSequence(blocks, {1}, 4, {5, -7, -1}, kBlockSize, true).ok());
+  EXPECT_NE(Validate(blocks).message().find("block id -7"), std::string::npos)
+      << Validate(blocks);
+}
+
+TEST(StepBatchTest, ClearReturnsTheEmptyBatch) {
+  StepBatch batch;
+  ASSERT_TRUE(AppendSequence(batch, {10, 11, 12, 13, 14}, 0, {3, 1}, kBlockSize, true).ok());
+  batch.Clear();
+  EXPECT_EQ(batch.num_tokens(), 0);
+  EXPECT_EQ(batch.num_seqs(), 0);
+  EXPECT_EQ(batch.query_start, (std::vector<int32_t>{0}));
+  EXPECT_EQ(batch.block_indptr, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(batch.block_indices.empty());
+  EXPECT_TRUE(batch.sample_rows.empty());
+  // And is built on as a fresh one is.
+  ASSERT_TRUE(AppendSequence(batch, {20}, 6, {0, 2}, kBlockSize, true).ok());
+  StepBatch fresh;
+  ASSERT_TRUE(AppendSequence(fresh, {20}, 6, {0, 2}, kBlockSize, true).ok());
+  EXPECT_EQ(batch.slots, fresh.slots);
+  EXPECT_EQ(batch.query_start, fresh.query_start);
+  EXPECT_EQ(batch.block_indptr, fresh.block_indptr);
+  EXPECT_TRUE(Validate(batch).ok());
+}
+
 TEST(StepBatchTest, RejectsContextPastTheModelLimit) {
   StepBatch batch;
   std::vector<int32_t> blocks(kContext / kBlockSize + 1);

@@ -168,6 +168,58 @@ TEST_F(StepExecutorNoopTest, UnknownSequenceIsRejectedAndOnlyTheNamedSequencesAr
   EXPECT_EQ(result.outputs(0).token_id(), backend_->TokenFor(1, 4));
 }
 
+TEST_F(StepExecutorNoopTest, RejectedPlanDropsSequencesWhoseNewBlocksItAlreadyTook) {
+  AddAndPrefill(1, {1, 2, 3}, {0});
+  AddAndPrefill(2, std::vector<int32_t>(16, 5), {1});
+  // Sequence 2's 17th token needs a second block, given before the bad entry.
+  loom::v1::StepPlan plan = Plan(step_id_);
+  Schedule(plan, 2, 1, true, {4});
+  Schedule(plan, 77, 1, true);
+  ExpectRejected(plan, "unknown");
+  EXPECT_FALSE(executor_->HasSequence(2));
+  ASSERT_TRUE(executor_->HasSequence(1));
+
+  // Re-added, sequence 2 starts from the blocks its new plan gives, nothing left over.
+  loom::v1::StepPlan again = Plan(step_id_);
+  *again.add_added() = NewSequence(2, std::vector<int32_t>(16, 5));
+  Schedule(again, 2, 16, true, {6});
+  loom::v1::StepResult result = executor_->Execute(again);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  loom::v1::StepPlan next = Plan(step_id_);
+  Schedule(next, 2, 1, true);  // position 16 needs a second block, and none was given
+  ExpectRejected(next, "blocks");
+}
+
+TEST_F(StepExecutorNoopTest, AReusedResultCarriesOnlyItsOwnStep) {
+  loom::v1::StepPlan plan = Plan(step_id_);
+  *plan.add_added() = NewSequence(1, {1, 2, 3});
+  *plan.add_added() = NewSequence(2, {4, 5});
+  Schedule(plan, 1, 3, true, {0});
+  Schedule(plan, 2, 2, true, {1});
+  loom::v1::StepResult result;
+  executor_->Execute(plan, result);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 2);
+
+  loom::v1::StepPlan bad = Plan(step_id_);
+  Schedule(bad, 77, 1, true);
+  executor_->Execute(bad, result);
+  EXPECT_EQ(result.step_id(), bad.step_id());
+  EXPECT_EQ(result.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(result.outputs_size(), 0);
+
+  loom::v1::StepPlan decode = Plan(step_id_);
+  Schedule(decode, 2, 1, true);
+  executor_->Execute(decode, result);
+  EXPECT_EQ(result.step_id(), decode.step_id());
+  EXPECT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_TRUE(result.error_message().empty());
+  ASSERT_EQ(result.outputs_size(), 1);
+  EXPECT_EQ(result.outputs(0).seq_id(), 2u);
+  EXPECT_EQ(result.outputs(0).token_id(), backend_->TokenFor(2, 3));
+  EXPECT_EQ(result.num_tokens(), 1);
+}
+
 TEST_F(StepExecutorNoopTest, BlockOutsideThePoolIsRejectedBeforeAnythingChanges) {
   AddAndPrefill(1, {1, 2, 3}, {0});
   loom::v1::StepPlan plan = Plan(step_id_);
