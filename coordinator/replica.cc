@@ -181,6 +181,8 @@ void Replica::Loop() {
       LoseWorker(event->closed_reason);
     } else if (event) {
       ApplyResult(*event->result);
+      // Unless the result lost the worker, its messages serve the next results.
+      if (connection_ != nullptr) connection_->Recycle(*std::move(event->result));
     }
   }
 
@@ -316,7 +318,9 @@ bool Replica::SendPlans() {
     const absl::Time start = absl::Now();
     SchedulerOutput out = scheduler_->Schedule();
     if (out.empty()) break;
-    loom::v1::StepPlan plan;
+    // Reused: a cleared plan keeps its sequence messages (Write serializes before it returns).
+    loom::v1::StepPlan& plan = plan_scratch_;
+    plan.Clear();
     InFlightPlan record;
     record.step_id = next_step_id_++;
     plan.set_step_id(record.step_id);

@@ -152,6 +152,7 @@ class Replica {
   uint64_t next_step_id_ = 1;
   uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;
   std::vector<int32_t> token_scratch_;  // ApplyResult: one sequence's tokens of a result
+  loom::v1::StepPlan plan_scratch_;     // SendPlans: the plan being built
   double schedule_seconds_ = 0, step_seconds_ = 0;
 
   std::thread loop_;

@@ -76,15 +76,25 @@ void ReplicaConnection::Fail(const std::string& reason) {
   on_event_({std::nullopt, reason});
 }
 
+void ReplicaConnection::Recycle(loom::v1::StepResult result) {
+  absl::MutexLock lock(&mu_);
+  // Two plans in flight per rank need no more than a few.
+  if (spare_.size() < 2 * ranks_.size() + 2) spare_.push_back(std::move(result));
+}
+
 void ReplicaConnection::Read(int rank) {
   loom::v1::StepResult result;
   while (ranks_[rank].stream->Read(&result)) {
+    // Only several ranks have answers to compare.
     std::vector<int32_t> tokens;
-    for (const loom::v1::SequenceOutput& output : result.outputs()) {
-      tokens.push_back(output.token_id());
+    if (ranks_.size() > 1) {
+      for (const loom::v1::SequenceOutput& output : result.outputs()) {
+        tokens.push_back(output.token_id());
+      }
     }
     std::optional<Event> complete;
     std::string failure;
+    bool handed_on = false;  // `result` went into the pending step (rank 0)
     {
       absl::MutexLock lock(&mu_);
       if (failed_) break;
@@ -101,7 +111,10 @@ void ReplicaConnection::Read(int rank) {
               "the ranks disagree on the tokens sampled in step %d (rank %d differs)",
               result.step_id(), rank);
         }
-        if (rank == 0) pending.rank0 = std::move(result);  // its ids are in `tokens`
+        if (rank == 0) {
+          pending.rank0 = std::move(result);  // its ids are in `tokens`
+          handed_on = true;
+        }
         if (failure.empty() && ++pending.answers == static_cast<int>(ranks_.size())) {
           complete = Event{std::move(pending.rank0), ""};
           pending_.erase(it);
@@ -113,7 +126,12 @@ void ReplicaConnection::Read(int rank) {
       return;
     }
     if (complete) on_event_(std::move(*complete));
-    result = loom::v1::StepResult();
+    if (!handed_on) continue;  // Read clears it
+    absl::MutexLock lock(&mu_);
+    if (!spare_.empty()) {
+      result.Swap(&spare_.back());
+      spare_.pop_back();
+    }
   }
   const grpc::Status status = ranks_[rank].stream->Finish();
   std::string reason;

@@ -45,6 +45,9 @@ class ReplicaConnection {
   bool Write(const loom::v1::StepPlan& plan);
   /// Ends every stream (the readers then report `reason` unless a failure came first).
   void Cancel(const std::string& reason);
+  /// Hands back an event's result once it was applied: the readers parse the next results
+  /// into it, reusing its output messages instead of allocating them every step.
+  void Recycle(loom::v1::StepResult result);
 
  private:
   struct Rank {
@@ -71,6 +74,7 @@ class ReplicaConnection {
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by step id
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+  std::vector<loom::v1::StepResult> spare_ ABSL_GUARDED_BY(mu_);  // Recycle()d results
 };
 
 }  // namespace loom::coordinator
