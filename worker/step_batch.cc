@@ -13,11 +13,21 @@ int64_t FirstOutside(const std::vector<int32_t>& values, int64_t limit) {
   // Unsigned compare: a negative value wraps above any limit. The all-in-range case (every
   // step) is one vectorizable pass with no early exit.
   const uint32_t bound = static_cast<uint32_t>(std::min<int64_t>(limit, UINT32_MAX));
+  auto outside = [bound](int32_t v) {
+    return static_cast<uint32_t>(static_cast<uint32_t>(v) >= bound);
+  };
+  // Fixed 16-wide chunks: GCC vectorizes them at -O2, where an open-ended loop stays scalar.
+  const int32_t* v = values.data();
+  const size_t n = values.size();
   uint32_t any = 0;
-  for (int32_t v : values) any |= static_cast<uint32_t>(static_cast<uint32_t>(v) >= bound);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (size_t k = 0; k < 16; ++k) any |= outside(v[i + k]);
+  }
+  for (; i < n; ++i) any |= outside(v[i]);
   if (any == 0) return -1;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (static_cast<uint32_t>(values[i]) >= bound) return static_cast<int64_t>(i);
+  for (i = 0; i < n; ++i) {
+    if (outside(v[i])) return static_cast<int64_t>(i);
   }
   return -1;
 }
