@@ -16,11 +16,18 @@ Writes bench/results/coordinator_overhead.json.
 
 The Python client cannot read 256 streams at thousands of messages per second; each stream is
 consumed on its own thread (--client-read all) or only its first message is read and the rest is
-left to gRPC flow control (--client-read first), which keeps the client off the CPU the
-coordinator needs (2-core machines).
+left to gRPC flow control (--client-read first, the default), which keeps the client off the CPU
+the coordinator needs (2-core machines). For flow control to do that, the held streams' channel
+advertises a small HTTP/2 window (--client-window-bytes, 1 KiB): after a few messages a stream's
+writes wait for window the client never grants, the way a slow reader's do, and its tokens merge
+in the coordinator's output queue. With gRPC's default window (64 KiB, grown by BDP probing) the
+coordinator keeps writing a message per stream every --stream-interval-ms, and delivering them
+(the coordinator's stream pump, the kernel's loopback TCP, the client's receive threads) takes
+as much CPU as the steps being measured.
 
 usage: .venv/bin/python bench/coordinator_overhead_bench.py [--sizes 1,64,256] [--window-s 3]
-       [--client-read all|first] [--kv-cache-memory 64GiB] [--stream-interval-ms MS]
+       [--client-read all|first] [--client-window-bytes 1024] [--kv-cache-memory 64GiB]
+       [--stream-interval-ms MS] [--repeats 5]
 """
 import argparse
 import datetime
@@ -34,6 +41,8 @@ import sys
 import tempfile
 import threading
 import time
+
+import grpc
 
 SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
@@ -118,8 +127,17 @@ class HeldStreams:
             thread.join(timeout=10)
 
 
-def measure(coordinator, replica: str, n: int, window_s: float, read_all: bool, max_tokens: int) -> dict:
-    streams = HeldStreams(coordinator.stub, n, read_all, max_tokens)
+def held_stream_channel(coordinator, window_bytes: int):
+    """A channel whose HTTP/2 window is window_bytes (0: gRPC's default)."""
+    options = [] if window_bytes <= 0 else [("grpc.http2.lookahead_bytes", window_bytes),
+                                            ("grpc.http2.bdp_probe", 0)]
+    return grpc.insecure_channel(coordinator.address, options=options)
+
+
+def measure(coordinator, replica: str, n: int, window_s: float, read_all: bool, max_tokens: int,
+            window_bytes: int) -> dict:
+    channel = held_stream_channel(coordinator, window_bytes)
+    streams = HeldStreams(h.stubs().grpc_pb.InferenceStub(channel), n, read_all, max_tokens)
     steps = elapsed = schedule_s = step_s = tokens = preemptions = 0
     try:
         if not streams.wait_started(timeout=120):
@@ -147,6 +165,7 @@ def measure(coordinator, replica: str, n: int, window_s: float, read_all: bool, 
             prev, t_prev = s, t
     finally:
         streams.cancel()
+        channel.close()
     coordinator.wait_replicas(lambda r: r[replica].num_running == 0 and r[replica].num_waiting == 0,
                               60, "streams cancelled")
     if steps <= 0 or elapsed < MIN_WINDOW_S:
@@ -179,7 +198,7 @@ def run_config(plans_in_flight: int, args, log_dir: pathlib.Path) -> list[dict]:
             raise h.HarnessError(f"asked for {plans_in_flight} plans in flight, status says {reported}")
         for n in sizes:
             row = measure(rig.coordinator, "replica-noop", n, args.window_s, args.client_read == "all",
-                          args.max_tokens)
+                          args.max_tokens, args.client_window_bytes if args.client_read == "first" else 0)
             row["max_plans_in_flight"] = plans_in_flight
             print(f"  plans in flight {plans_in_flight}, {n:4d} seqs: {row['steps_per_s']:9.1f} steps/s, "
                   f"{row['ms_per_step']:.3f} ms/step (schedule {row['schedule_ms_per_step']:.3f} ms, "
@@ -192,8 +211,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,64,256")
     parser.add_argument("--window-s", type=float, default=3.0)
-    parser.add_argument("--repeats", type=int, default=3, help="windows per point; the median is reported")
-    parser.add_argument("--client-read", choices=("all", "first"), default="all")
+    parser.add_argument("--repeats", type=int, default=5, help="windows per point; the median is reported")
+    parser.add_argument("--client-read", choices=("all", "first"), default="first")
+    parser.add_argument("--client-window-bytes", type=int, default=1024,
+                        help="HTTP/2 window of the held streams' channel with --client-read first "
+                             "(0: gRPC's default)")
     parser.add_argument("--kv-cache-memory", default="64GiB",
                         help="the noop worker's pool (sized, not allocated): 256 sequences of "
                              "8000 tokens fit, so no preemption disturbs a window")
@@ -256,6 +278,7 @@ def main():
         "model": str(h.MODEL_PATH.relative_to(SOURCE_DIR)) if h.MODEL_PATH.is_relative_to(SOURCE_DIR)
         else str(h.MODEL_PATH),
         "settings": {"window_s": args.window_s, "repeats": args.repeats, "client_read": args.client_read,
+                     "client_window_bytes": args.client_window_bytes if args.client_read == "first" else 0,
                      "max_tokens": args.max_tokens, "worker": "loom-worker --backend noop --threads 1",
                      "stream_interval_ms": args.stream_interval_ms if args.stream_interval_ms is not None
                      else "default"},
