@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantize.h"
 #include "tests/common/tokenizer_test_util.h"
+#include "tests/worker/greedy_test_util.h"
 #include "worker/gloo_communicator.h"
 #include "worker/model_runner.h"
 #include "worker/model_weights.h"
@@ -278,30 +279,6 @@ TEST_F(ModelQuantizerTest, AwqFoldsItsScalesIntoAPlainModel) {
   ASSERT_TRUE(LoadModelWeights(*awq).ok());
 }
 
-// Greedy tokens and first logits of `runner` on a short prompt (one prefill, then decodes).
-absl::Status Greedy(ModelRunner& runner, const std::vector<int32_t>& prompt, int steps,
-                    std::vector<int32_t>& tokens, std::vector<float>& first_logits) {
-  const std::vector<int32_t> blocks = {0, 1, 2, 3};
-  std::vector<int32_t> sequence = prompt;
-  std::vector<float> logits;
-  for (int step = 0; step < steps; ++step) {
-    StepBatch batch;
-    const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(sequence.size()) - 1;
-    const std::vector<int32_t> fresh(sequence.begin() + computed, sequence.end());
-    if (absl::Status added = AppendSequence(batch, fresh, computed, blocks, 16, true);
-        !added.ok()) {
-      return added;
-    }
-    if (absl::Status ran = runner.Step(batch, logits); !ran.ok()) return ran;
-    if (step == 0) first_logits = logits;
-    const int32_t next =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    tokens.push_back(next);
-    sequence.push_back(next);
-  }
-  return absl::OkStatus();
-}
-
 class QuantizedTensorParallelTest : public ModelQuantizerTest,
                                     public testing::WithParamInterface<QuantizeFormat> {};
 
@@ -324,7 +301,7 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   std::vector<int32_t> want;
   std::vector<float> want_logits;
-  ASSERT_TRUE(Greedy(**whole, prompt, kSteps, want, want_logits).ok());
+  ASSERT_TRUE(test_util::GreedyDecode(**whole, prompt, kSteps, want, want_logits).ok());
 
   constexpr int kRanks = 2;
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
@@ -348,7 +325,8 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
         statuses[rank] = runner.status();
         return;
       }
-      statuses[rank] = Greedy(**runner, prompt, kSteps, got[rank], got_logits[rank]);
+      statuses[rank] =
+          test_util::GreedyDecode(**runner, prompt, kSteps, got[rank], got_logits[rank]);
     });
   }
   for (std::thread& thread : threads) thread.join();

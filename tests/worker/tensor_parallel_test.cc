@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gguf_file.h"
 #include "tests/common/tokenizer_test_util.h"
+#include "tests/worker/greedy_test_util.h"
 #include "common/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
@@ -115,31 +116,6 @@ class TensorParallelRunnerTest : public ::testing::Test {
     tokenizer_ = common::Tokenizer::FromGguf(*gguf_).value().release();
   }
 
-  // Greedy generation of `steps` tokens after `prompt` (one prefill step, then decodes);
-  // returns the tokens and the prefill's last-row logits of rank 0.
-  static absl::Status Generate(ModelRunner& runner, const std::vector<int32_t>& prompt, int steps,
-                               std::vector<int32_t>& tokens, std::vector<float>& first_logits) {
-    const std::vector<int32_t> blocks = {0, 1, 2, 3};
-    std::vector<int32_t> sequence = prompt;
-    std::vector<float> logits;
-    for (int step = 0; step < steps; ++step) {
-      StepBatch batch;
-      const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(sequence.size()) - 1;
-      const std::vector<int32_t> fresh(sequence.begin() + computed, sequence.end());
-      if (absl::Status added = AppendSequence(batch, fresh, computed, blocks, 16, true);
-          !added.ok()) {
-        return added;
-      }
-      if (absl::Status ran = runner.Step(batch, logits); !ran.ok()) return ran;
-      if (step == 0) first_logits = logits;
-      const int32_t next =
-          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      tokens.push_back(next);
-      sequence.push_back(next);
-    }
-    return absl::OkStatus();
-  }
-
   static common::GgufFile* gguf_;
   static common::Tokenizer* tokenizer_;
 };
@@ -165,7 +141,7 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   std::vector<int32_t> want;
   std::vector<float> want_logits;
-  ASSERT_TRUE(Generate(**whole, prompt, kSteps, want, want_logits).ok());
+  ASSERT_TRUE(test_util::GreedyDecode(**whole, prompt, kSteps, want, want_logits).ok());
 
   const int kRanks = std::get<0>(GetParam());
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
@@ -190,7 +166,8 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
         return;
       }
       EXPECT_EQ((*runner)->weights().shard.num_heads, kRanks == 3 ? 3 : 5 - rank);
-      statuses[rank] = Generate(**runner, prompt, kSteps, got[rank], got_logits[rank]);
+      statuses[rank] =
+          test_util::GreedyDecode(**runner, prompt, kSteps, got[rank], got_logits[rank]);
     });
   }
   for (std::thread& thread : threads) thread.join();
