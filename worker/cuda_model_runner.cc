@@ -30,6 +30,7 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
+#include "worker/cuda_device_linear.h"
 #include "worker/model_weights.h"
 #endif
 
@@ -128,17 +129,6 @@ namespace {
 using kc::DataType;
 using kc::DeviceBuffer;
 
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  // Clears a non-sticky error so it is not reported again by the next launch check; a
-  // sticky one (the context is lost) stays, and the runner refuses further steps anyway.
-  cudaGetLastError();
-  return absl::InternalError(absl::StrFormat("%s: %s", call, cudaGetErrorString(error)));
-}
-
-// Every CUDA runtime call goes through this, so an error names the call.
-#define LOOM_CUDA_RETURN_IF_ERROR(call) LOOM_RETURN_IF_ERROR(CudaStatus((call), #call))
-
 // Decode steps up to 256 sequences are padded to the next bucket and replayed from a graph.
 constexpr int64_t kGraphBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 constexpr int64_t kMaxGraphBatch = 256;
@@ -147,8 +137,6 @@ constexpr int64_t kMaxGraphBatch = 256;
 constexpr int64_t kMinContextBucket = 256;
 // The attention kernels' grids hold at most this many sequences per launch.
 constexpr int64_t kMaxAttentionSeqsPerLaunch = 65535;
-// Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
-constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
 
 int64_t GraphBatchBucket(int64_t num_seqs) {
   for (int64_t bucket : kGraphBatchBuckets) {
@@ -164,108 +152,6 @@ int64_t ContextBucket(int64_t max_context_len) {
       std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(max_context_len, 1)));
   return std::clamp<int64_t>(static_cast<int64_t>(std::min<uint64_t>(bucket, uint64_t{1} << 30)),
                              kMinContextBucket, int64_t{1} << 30);
-}
-
-// Bytes of a dequantized [rows, cols] weight in `dtype`, uploaded in row chunks.
-absl::StatusOr<DeviceBuffer> UploadMatrix(const kernels::cpu::PackedWeight& weight,
-                                          DataType dtype) {
-  const int64_t elem = kc::ElementBytes(dtype);
-  LOOM_ASSIGN_OR_RETURN(
-      DeviceBuffer buffer,
-      DeviceBuffer::Allocate(static_cast<size_t>(weight.rows * weight.cols * elem)));
-  const int64_t chunk_rows = std::max<int64_t>(1, kUploadChunkElements / weight.cols);
-  std::vector<float> values;
-  std::vector<uint8_t> converted;
-  for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, weight.rows - row);
-    values.resize(rows * weight.cols);
-    converted.resize(rows * weight.cols * elem);
-    kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
-    kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
-    LOOM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(static_cast<uint8_t*>(buffer.data()) + row * weight.cols * elem,
-                   converted.data(), converted.size(), cudaMemcpyHostToDevice));
-  }
-  return buffer;
-}
-
-absl::StatusOr<DeviceBuffer> UploadFloats(const std::vector<float>& values) {
-  LOOM_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(values.size() * sizeof(float)));
-  LOOM_RETURN_IF_ERROR(buffer.CopyFromHost(values.data(), values.size() * sizeof(float)));
-  return buffer;
-}
-
-// A linear layer's weight on the device: dense in dtype for cuBLAS, or INT4 kept 4-bit in
-// the quantized GEMM's layout (a quarter of the bytes a decode step reads).
-struct DeviceLinear {
-  DeviceBuffer dense;      // [n, k] of dtype; empty when quantized
-  DeviceBuffer q;          // Int4GpuWeight::q
-  DeviceBuffer scale_min;  // Int4GpuWeight::scale_min
-  DeviceBuffer bias;       // quantized only: the bias in dtype (the quantized GEMM adds it)
-  int64_t n = 0, k = 0, group_size = 0;
-
-  bool quantized() const { return q.data() != nullptr; }
-  size_t bytes() const { return dense.bytes() + q.bytes() + scale_min.bytes(); }
-};
-
-// Whether the quantized GEMM takes `weight` as it is: INT4 in groups of 32/64/128 on a
-// shape it tiles (n % 16, k % 64). INT8 weights are per-group here (GGUF Q8_0), which the
-// per-channel W8A16 kernel does not take; they are dequantized.
-bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
-  return weight.format == kernels::cpu::WeightFormat::kInt4 && weight.rows % 16 == 0 &&
-         weight.cols % 64 == 0 &&
-         (weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128);
-}
-
-absl::StatusOr<DeviceLinear> UploadLinear(const kernels::cpu::PackedWeight& weight,
-                                          const std::vector<float>* bias, DataType dtype,
-                                          bool keep_quantized) {
-  DeviceLinear linear;
-  linear.n = weight.rows;
-  linear.k = weight.cols;
-  if (!keep_quantized || !QuantGemmTakes(weight)) {
-    LOOM_ASSIGN_OR_RETURN(linear.dense, UploadMatrix(weight, dtype));
-    return linear;
-  }
-  linear.group_size = weight.group_size;
-  LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
-                        kernels::cpu::UnpackQuantized(weight));
-  std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
-  for (size_t i = 0; i < nibbles.size(); ++i) {
-    nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
-  }
-  LOOM_ASSIGN_OR_RETURN(kc::Int4GpuWeight packed,
-                        kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(),
-                                           natural.mins.data(), weight.rows, weight.cols,
-                                           weight.group_size));
-  LOOM_ASSIGN_OR_RETURN(linear.q, DeviceBuffer::Allocate(packed.q.size()));
-  LOOM_RETURN_IF_ERROR(linear.q.CopyFromHost(packed.q.data(), packed.q.size()));
-  const size_t scale_bytes = packed.scale_min.size() * sizeof(uint16_t);
-  LOOM_ASSIGN_OR_RETURN(linear.scale_min, DeviceBuffer::Allocate(scale_bytes));
-  LOOM_RETURN_IF_ERROR(linear.scale_min.CopyFromHost(packed.scale_min.data(), scale_bytes));
-  if (bias != nullptr && !bias->empty()) {
-    std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
-    kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()),
-                         converted.data());
-    LOOM_ASSIGN_OR_RETURN(linear.bias, DeviceBuffer::Allocate(converted.size()));
-    LOOM_RETURN_IF_ERROR(linear.bias.CopyFromHost(converted.data(), converted.size()));
-  }
-  return linear;
-}
-
-// The quantized GEMM's parameters for `linear` at m tokens (x, y, workspace left unset).
-kc::QuantGemmParams QuantParams(const DeviceLinear& linear, DataType dtype, int64_t m) {
-  kc::QuantGemmParams p;
-  p.act_dtype = dtype;
-  p.format = kc::QuantWeightFormat::kInt4;
-  p.weight = linear.q.data();
-  p.scales = linear.scale_min.data();
-  p.bias = linear.bias.data();
-  p.m = m;
-  p.n = linear.n;
-  p.k = linear.k;
-  p.group_size = linear.group_size;
-  return p;
 }
 
 // Grows `buffer` to at least `bytes` (a fresh allocation; the contents are not kept).
@@ -493,7 +379,7 @@ struct CudaModelRunner::State {
         return absl::ResourceExhaustedError(
             absl::StrFormat("cudaMallocHost of %d bytes: out of memory", n * sizeof(int32_t)));
       }
-      LOOM_RETURN_IF_ERROR(CudaStatus(allocated, "cudaMallocHost"));
+      LOOM_RETURN_IF_ERROR(CudaCallStatus(allocated, "cudaMallocHost"));
       staging = static_cast<int32_t*>(host);
       input_capacity = n;
     }
@@ -1190,7 +1076,7 @@ absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& l
   }
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
                                          num_kv_blocks_, block_size_));
-  absl::Status status = CudaStatus(cudaSetDevice(s.device), "cudaSetDevice");
+  absl::Status status = CudaCallStatus(cudaSetDevice(s.device), "cudaSetDevice");
   if (status.ok()) status = s.RunStep(batch, logits);
   // An allocation that did not fit leaves the device as it was (nothing was enqueued);
   // anything else may have left a half-written KV pool or a broken context.
@@ -1218,7 +1104,7 @@ absl::Status CudaModelRunner::StepAndSample(const StepBatch& batch, const Device
         batch.sample_rows.size()));
   }
   std::vector<float> unused;
-  absl::Status status = CudaStatus(cudaSetDevice(s.device), "cudaSetDevice");
+  absl::Status status = CudaCallStatus(cudaSetDevice(s.device), "cudaSetDevice");
   if (status.ok()) status = s.RunStep(batch, unused, &rows, &tokens, &logprobs);
   if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted &&
       status.code() != absl::StatusCode::kInvalidArgument) {
