@@ -2,7 +2,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -26,6 +25,7 @@
 #include "worker/cuda_model_runner.h"
 #include "worker/draft_proposer.h"
 #include "worker/gloo_communicator.h"
+#include "worker/health_service.h"
 #include "worker/kv_cache.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
@@ -300,7 +300,9 @@ int RunWorkerCommand(int argc, char** argv) {
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);
   WorkerService service(executor, &metrics);
-  grpc::EnableDefaultHealthCheckService(true);
+  // grpc.health.v1 from a synchronous service, not gRPC's built-in callback one: see
+  // HealthService for why (no callback pollers competing for the step stream).
+  HealthService health("loom.v1.Worker");
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -308,6 +310,7 @@ int RunWorkerCommand(int argc, char** argv) {
   // A plan that adds many long prompts at once can pass gRPC's 4 MiB default.
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return Fail(
@@ -372,6 +375,7 @@ int RunWorkerCommand(int argc, char** argv) {
     }
   }
   registration.Stop();
+  health.Shutdown();
   service.BeginShutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(kShutdownGraceMs));
   server->Wait();
