@@ -10,19 +10,16 @@ namespace {
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-// How often a Watch stream looks whether its client went away (no status change
-// wakes it).
+// How often a Watch stream looks whether its client went away (no status change wakes it).
 constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
 
-} // namespace
+}  // namespace
 
-HealthService::HealthService(std::string service_name)
-    : service_name_(std::move(service_name)) {}
+HealthService::HealthService(std::string service_name) : service_name_(std::move(service_name)) {}
 
 void HealthService::SetServing(bool serving) {
   absl::MutexLock lock(&mu_);
-  if (serving_ == serving)
-    return;
+  if (serving_ == serving) return;
   serving_ = serving;
   ++version_;
 }
@@ -34,23 +31,20 @@ void HealthService::Shutdown() {
   ++version_;
 }
 
-grpc::Status HealthService::Check(grpc::ServerContext * /*context*/,
-                                  const HealthCheckRequest *request,
-                                  HealthCheckResponse *response) {
+grpc::Status HealthService::Check(grpc::ServerContext* /*context*/,
+                                  const HealthCheckRequest* request,
+                                  HealthCheckResponse* response) {
   if (!Knows(request->service())) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         "unknown service \"" + request->service() + "\"");
   }
   absl::MutexLock lock(&mu_);
-  response->set_status(serving_ ? HealthCheckResponse::SERVING
-                                : HealthCheckResponse::NOT_SERVING);
+  response->set_status(serving_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
   return grpc::Status::OK;
 }
 
-grpc::Status
-HealthService::Watch(grpc::ServerContext *context,
-                     const HealthCheckRequest *request,
-                     grpc::ServerWriter<HealthCheckResponse> *writer) {
+grpc::Status HealthService::Watch(grpc::ServerContext* context, const HealthCheckRequest* request,
+                                  grpc::ServerWriter<HealthCheckResponse>* writer) {
   const bool known = Knows(request->service());
   {
     absl::MutexLock lock(&mu_);
@@ -63,31 +57,26 @@ HealthService::Watch(grpc::ServerContext *context,
     {
       absl::MutexLock lock(&mu_);
       if (!first) {
-        // Until a change, the client leaving, or the shutdown (checked each
-        // poll).
+        // Until a change, the client leaving, or the shutdown (checked each poll).
         auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return version_ != seen || shut_down_;
         };
         mu_.AwaitWithTimeout(absl::Condition(&changed), kWatchPoll);
       }
-      if (shut_down_ && !first)
-        break;
-      if (context->IsCancelled())
-        break;
-      if (!first && version_ == seen)
-        continue;
+      if (shut_down_ && !first) break;
+      if (context->IsCancelled()) break;
+      if (!first && version_ == seen) continue;
       seen = version_;
       response.set_status(!known     ? HealthCheckResponse::SERVICE_UNKNOWN
                           : serving_ ? HealthCheckResponse::SERVING
                                      : HealthCheckResponse::NOT_SERVING);
     }
     first = false;
-    if (!writer->Write(response))
-      break; // the client went away
+    if (!writer->Write(response)) break;  // the client went away
   }
   absl::MutexLock lock(&mu_);
   --num_watching_;
   return grpc::Status::OK;
 }
 
-} // namespace loom::worker
+}  // namespace loom::worker

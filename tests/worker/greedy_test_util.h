@@ -1,7 +1,7 @@
 #pragma once
 
-// Greedy decoding straight on a ModelRunner, for tests that compare runners
-// (quantized vs not, one rank vs several) token for token.
+// Greedy decoding straight on a ModelRunner, for tests that compare runners (quantized vs not, one
+// rank vs several) token for token.
 
 #include <algorithm>
 #include <cstdint>
@@ -13,37 +13,30 @@
 
 namespace loom::worker::test_util {
 
-/// Greedy generation of `steps` tokens after `prompt` as one sequence in blocks
-/// 0-3 (of 16 slots): one prefill step, then decodes. Appends the tokens to
-/// `tokens` and returns the prefill's logits (its last row) in `first_logits`.
-inline absl::Status GreedyDecode(ModelRunner &runner,
-                                 const std::vector<int32_t> &prompt, int steps,
-                                 std::vector<int32_t> &tokens,
-                                 std::vector<float> &first_logits) {
+/// Greedy generation of `steps` tokens after `prompt` as one sequence in blocks 0-3 (of 16 slots):
+/// one prefill step, then decodes. Appends the tokens to `tokens` and returns the prefill's logits
+/// (its last row) in `first_logits`.
+inline absl::Status GreedyDecode(ModelRunner& runner, const std::vector<int32_t>& prompt, int steps,
+                                 std::vector<int32_t>& tokens, std::vector<float>& first_logits) {
   const std::vector<int32_t> blocks = {0, 1, 2, 3};
   std::vector<int32_t> sequence = prompt;
   std::vector<float> logits;
   for (int step = 0; step < steps; ++step) {
     StepBatch batch;
-    const int32_t computed =
-        step == 0 ? 0 : static_cast<int32_t>(sequence.size()) - 1;
-    const std::vector<int32_t> fresh(sequence.begin() + computed,
-                                     sequence.end());
-    if (absl::Status added =
-            AppendSequence(batch, fresh, computed, blocks, 16, true);
+    const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(sequence.size()) - 1;
+    const std::vector<int32_t> fresh(sequence.begin() + computed, sequence.end());
+    if (absl::Status added = AppendSequence(batch, fresh, computed, blocks, 16, true);
         !added.ok()) {
       return added;
     }
-    if (absl::Status ran = runner.Step(batch, logits); !ran.ok())
-      return ran;
-    if (step == 0)
-      first_logits = logits;
-    const int32_t next = static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (absl::Status ran = runner.Step(batch, logits); !ran.ok()) return ran;
+    if (step == 0) first_logits = logits;
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     tokens.push_back(next);
     sequence.push_back(next);
   }
   return absl::OkStatus();
 }
 
-} // namespace loom::worker::test_util
+}  // namespace loom::worker::test_util
