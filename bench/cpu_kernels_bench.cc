@@ -68,11 +68,6 @@ const Shape kShapes[] = {{576, 576, "attn o"},
                          {576, 1536, "ffn down"},
                          {49152, 576, "lm head"}};
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/paged_attention.h"
@@ -49,23 +50,6 @@ using kernels::cuda::DeviceBuffer;
 constexpr int kRepeats = 9;
 constexpr int kIterations = 10;
 constexpr int64_t kNumHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t error_ = (expr);                                   \
-    if (error_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(error_));                          \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
-void CheckOk(const absl::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 __device__ uint32_t Hash(uint64_t i, uint32_t seed) {
   uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
@@ -88,14 +72,8 @@ __global__ void FillRandom(T* out, int64_t count, uint32_t seed) {
   }
 }
 
-DeviceBuffer Allocate(size_t bytes) {
-  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes);
-  CheckOk(buffer.status(), "cudaMalloc");
-  return std::move(buffer).value();
-}
-
 DeviceBuffer Random(DataType dtype, int64_t count, uint32_t seed) {
-  DeviceBuffer buffer = Allocate(count * 2);
+  DeviceBuffer buffer = AllocateOrExit(count * 2);
   if (dtype == DataType::kF16) {
     FillRandom<<<1024, 256>>>(static_cast<__half*>(buffer.data()), count, seed);
   } else {
@@ -107,48 +85,14 @@ DeviceBuffer Random(DataType dtype, int64_t count, uint32_t seed) {
 
 template <typename T>
 DeviceBuffer Upload(const std::vector<T>& values) {
-  DeviceBuffer buffer = Allocate(std::max<size_t>(values.size(), 1) * sizeof(T));
+  DeviceBuffer buffer = AllocateOrExit(std::max<size_t>(values.size(), 1) * sizeof(T));
   CheckOk(buffer.CopyFromHost(values.data(), values.size() * sizeof(T)), "upload");
   return buffer;
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 // Median seconds of one `launch()` over kIterations back-to-back launches.
 double TimeSeconds(cudaStream_t stream, const std::function<absl::Status()>& launch) {
-  cudaEvent_t start, stop;
-  BENCH_CHECK_CUDA(cudaEventCreate(&start));
-  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 2; ++i) CheckOk(launch(), "warm-up launch");
-  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<double> samples;
-  for (int r = 0; r < kRepeats; ++r) {
-    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < kIterations; ++i) CheckOk(launch(), "launch");
-    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(ms * 1e-3 / kIterations);
-  }
-  BENCH_CHECK_CUDA(cudaEventDestroy(start));
-  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
-  return Median(samples);
-}
-
-// Bytes read + bytes written per second of a 1 GiB device-to-device copy.
-double CopyBandwidth(cudaStream_t stream) {
-  constexpr size_t kBytes = size_t{1} << 30;
-  DeviceBuffer src = Random(DataType::kF16, kBytes / 2, 1), dst = Allocate(kBytes);
-  const double seconds = TimeSeconds(stream, [&] {
-    const cudaError_t error =
-        cudaMemcpyAsync(dst.data(), src.data(), kBytes, cudaMemcpyDeviceToDevice, stream);
-    return error == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(error));
-  });
-  return 2.0 * kBytes / seconds;
+  return MedianLaunchSeconds(stream, launch, kRepeats, kIterations);
 }
 
 // FLOP/s of an 8192^3 cublasGemmEx in `dtype` with F32 accumulation.
@@ -156,7 +100,7 @@ double GemmRate(cublasHandle_t cublas, cudaStream_t stream, DataType dtype) {
   constexpr int64_t kSize = 8192;
   const cudaDataType type = dtype == DataType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
   DeviceBuffer a = Random(dtype, kSize * kSize, 2), b = Random(dtype, kSize * kSize, 3);
-  DeviceBuffer c = Allocate(kSize * kSize * 2);
+  DeviceBuffer c = AllocateOrExit(kSize * kSize * 2);
   const float alpha = 1.0f, beta = 0.0f;
   const double seconds = TimeSeconds(stream, [&] {
     const cublasStatus_t status =
@@ -206,7 +150,7 @@ DecodeRow BenchDecode(cudaStream_t stream, int64_t batch, int64_t context) {
   const DataType dtype = DataType::kBF16;
   Pool pool = MakePool(dtype, batch, context, 10);
   DeviceBuffer q = Random(dtype, batch * kNumHeads * kHeadDim, 20);
-  DeviceBuffer out = Allocate(batch * kNumHeads * kHeadDim * 2);
+  DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 2);
   kernels::cuda::PagedDecodeParams p;
   p.q = q.data();
   p.out = out.data();
@@ -221,7 +165,7 @@ DecodeRow BenchDecode(cudaStream_t stream, int64_t batch, int64_t context) {
   p.max_context_len = context;
   DeviceBuffer workspace;
   if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
-    workspace = Allocate(bytes);
+    workspace = AllocateOrExit(bytes);
     p.workspace = workspace.data();
     p.workspace_bytes = bytes;
   }
@@ -240,7 +184,7 @@ struct PrefillRow {
 PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
   Pool pool = MakePool(dtype, 1, tokens, 30);
   DeviceBuffer q = Random(dtype, tokens * kNumHeads * kHeadDim, 40);
-  DeviceBuffer out = Allocate(tokens * kNumHeads * kHeadDim * 2);
+  DeviceBuffer out = AllocateOrExit(tokens * kNumHeads * kHeadDim * 2);
   DeviceBuffer query_start = Upload(std::vector<int32_t>{0, static_cast<int32_t>(tokens)});
   kernels::cuda::PagedPrefillParams p;
   p.q = q.data();
@@ -280,7 +224,7 @@ int Run() {
   }
   cublasSetStream(cublas, stream);
 
-  const double copy = CopyBandwidth(stream);
+  const double copy = MeasureDeviceCopyBandwidth(stream);
   const double gemm_f16 = GemmRate(cublas, stream, DataType::kF16);
   const double gemm_bf16 = GemmRate(cublas, stream, DataType::kBF16);
   std::printf(

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
 #include "common/model_config.h"
 #include "kernels/cuda/device_memory.h"
@@ -58,23 +59,6 @@ constexpr double kTargetDecodeRatio = 0.75;
 // Tokens each sequence holds at most: the prompt, the warm-up and the timed steps.
 constexpr int64_t kTokensPerSeq = kPromptTokens + kWarmupSteps + kDecodeSteps;
 constexpr int64_t kBlocksPerSeq = (kTokensPerSeq + kBlockSize - 1) / kBlockSize;
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t error_ = (expr);                                   \
-    if (error_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(error_));                          \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
-void CheckOk(const absl::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 common::ModelConfig Llama3_8B() {
   common::ModelConfig c;
@@ -107,51 +91,6 @@ double WeightBytesPerStep(const common::ModelConfig& c) {
 // K and V of every layer for one token in the pool (F16).
 double KvBytesPerToken(const common::ModelConfig& c) {
   return 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-// Bytes read + bytes written per second of a 1 GiB device-to-device copy (median of 9
-// repeats of 10 copies, after a warm-up).
-double CopyBandwidth() {
-  constexpr size_t kBytes = size_t{1} << 30;
-  absl::StatusOr<DeviceBuffer> src = DeviceBuffer::Allocate(kBytes);
-  absl::StatusOr<DeviceBuffer> dst = DeviceBuffer::Allocate(kBytes);
-  CheckOk(src.status(), "cudaMalloc");
-  CheckOk(dst.status(), "cudaMalloc");
-  cudaStream_t stream;
-  BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  kernels::cuda::RandomFillParams fill;
-  fill.out = src->data();
-  fill.dtype = DataType::kF16;
-  fill.count = kBytes / 2;
-  fill.seed = 1;
-  CheckOk(kernels::cuda::LaunchRandomFill(fill, stream), "random fill");
-  cudaEvent_t start, stop;
-  BENCH_CHECK_CUDA(cudaEventCreate(&start));
-  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
-  auto copy = [&] {
-    BENCH_CHECK_CUDA(
-        cudaMemcpyAsync(dst->data(), src->data(), kBytes, cudaMemcpyDeviceToDevice, stream));
-  };
-  for (int i = 0; i < 2; ++i) copy();
-  std::vector<double> samples;
-  for (int r = 0; r < 9; ++r) {
-    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < 10; ++i) copy();
-    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(ms * 1e-3 / 10);
-  }
-  BENCH_CHECK_CUDA(cudaEventDestroy(start));
-  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
-  BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
-  return 2.0 * kBytes / Median(samples);
 }
 
 // Sequence s owns blocks [s * kBlocksPerSeq, (s + 1) * kBlocksPerSeq); its table for
@@ -247,7 +186,13 @@ int Run() {
   const std::string device = kernels::CudaDeviceDescription(0);
   std::printf("cuda_runner_bench on %s\n", device.c_str());
   const common::ModelConfig config = Llama3_8B();
-  const double copy = CopyBandwidth();
+  double copy = 0;
+  {
+    cudaStream_t stream;
+    BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    copy = MeasureDeviceCopyBandwidth(stream);
+    BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+  }
   const double weight_bytes = WeightBytesPerStep(config);
   std::printf("limits: copy %.0f GB/s (read + write); weights read per step %.2f GB\n",
               copy / 1e9, weight_bytes / 1e9);

@@ -24,11 +24,6 @@ namespace {
 using loom::worker::GenerationRequest;
 using loom::worker::GenerationResult;
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
   std::vector<int32_t> ids(length);
   uint32_t state = seed * 2654435761u + 1;
@@ -145,7 +140,7 @@ int main(int argc, char** argv) {
   const double bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
   std::vector<double> single;
   for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(runner, 1, 64));
-  const double decode_tps = Median(single);
+  const double decode_tps = loom::bench::Median(single);
   const double decode_gbs = decode_tps * bytes_per_token / 1e9;
   std::printf("decode, 1 sequence: %.1f tokens/s x %.1f MB/token = %.2f GB/s = %.2f of memcpy, %.2f of read bandwidth\n",
               decode_tps, bytes_per_token / 1e6, decode_gbs, decode_gbs / copy_gbs, decode_gbs / read_gbs);
@@ -171,7 +166,7 @@ int main(int argc, char** argv) {
     if (!runner.Step(batch, logits).ok()) return 1;
     prefill_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  const double prefill_seconds = Median(prefill_times);
+  const double prefill_seconds = loom::bench::Median(prefill_times);
   const double attention_flops = 4.0 * config.num_layers * config.num_heads * config.head_dim *
                                  (prefill_len * (prefill_len + 1) / 2.0);
   const double prefill_flops = MatmulFlopsPerToken(runner.weights()) * prefill_len + attention_flops;

@@ -28,11 +28,6 @@ double TimeOnThreads(int threads, Fn&& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 __attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iterations) {
   __m512 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
@@ -82,6 +77,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
 }
 
 }  // namespace
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
 
 double MeasurePeakInt8Gmacs(int threads) {
   if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return 0.0;

@@ -2,8 +2,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom::bench {
+
+/// The median of `values` (the upper one of an even count); `values` must not be empty.
+double Median(std::vector<double> values);
 
 /// Memory copy bandwidth in GB/s (bytes read + bytes written per second) of a large
 /// memcpy split over `threads` threads; median of `repeats` runs.

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/quantized_gemm.h"
@@ -42,23 +43,6 @@ constexpr int kRepeats = 11;
 constexpr double kGraphTargetUs = 2000.0;             // each timed graph runs about this long
 constexpr size_t kRotationBytes = size_t{384} << 20;  // > 2x the L2 of any current GPU
 constexpr int64_t kGroup = 128;
-
-#define BENCH_CHECK_CUDA(expr)                                           \
-  do {                                                                   \
-    const cudaError_t error_ = (expr);                                   \
-    if (error_ != cudaSuccess) {                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(error_));                          \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
-void CheckOk(const absl::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 __device__ uint32_t Hash(uint64_t i, uint32_t seed) {
   uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
@@ -92,29 +76,18 @@ __global__ void FillE4m3(uint8_t* out, int64_t count, uint32_t seed) {
   }
 }
 
-DeviceBuffer Allocate(size_t bytes) {
-  absl::StatusOr<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes);
-  CheckOk(buffer.status(), "cudaMalloc");
-  return std::move(buffer).value();
-}
-
 DeviceBuffer RandomHalf(int64_t count, float low, float high, uint32_t seed) {
-  DeviceBuffer buffer = Allocate(count * 2);
+  DeviceBuffer buffer = AllocateOrExit(count * 2);
   FillHalf<<<1024, 256>>>(static_cast<__half*>(buffer.data()), count, low, high, seed);
   BENCH_CHECK_CUDA(cudaGetLastError());
   return buffer;
 }
 
 DeviceBuffer RandomBytes(int64_t count, uint32_t seed) {
-  DeviceBuffer buffer = Allocate(count);
+  DeviceBuffer buffer = AllocateOrExit(count);
   FillBytes<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), count, seed);
   BENCH_CHECK_CUDA(cudaGetLastError());
   return buffer;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // Median microseconds of one call of `launch(i)` (i = the launch's index, for rotating buffers),
@@ -159,29 +132,6 @@ double TimeUs(cudaStream_t stream, const std::function<absl::Status(int)>& launc
   return Median(samples);
 }
 
-// Device-to-device copy bandwidth (bytes read + bytes written per second) of a 1 GiB copy.
-double CopyBandwidthGBs(cudaStream_t stream) {
-  constexpr size_t kBytes = size_t{1} << 30;
-  DeviceBuffer src = RandomBytes(kBytes, 1), dst = Allocate(kBytes);
-  cudaEvent_t start, stop;
-  BENCH_CHECK_CUDA(cudaEventCreate(&start));
-  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<double> samples;
-  for (int r = 0; r < kRepeats; ++r) {
-    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
-    BENCH_CHECK_CUDA(
-        cudaMemcpyAsync(dst.data(), src.data(), kBytes, cudaMemcpyDeviceToDevice, stream));
-    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(2.0 * kBytes / (ms * 1e-3) / 1e9);
-  }
-  BENCH_CHECK_CUDA(cudaEventDestroy(start));
-  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
-  return Median(samples);
-}
-
 // Copies of one weight matrix, enough that a rotation through them exceeds L2.
 struct Rotation {
   std::vector<DeviceBuffer> weights, scales;
@@ -215,7 +165,7 @@ int Run() {
               fp8 ? "yes" : "no (compute capability < 8.9)");
   cudaStream_t stream;
   BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_gbs = CopyBandwidthGBs(stream);
+  const double copy_gbs = MeasureDeviceCopyBandwidth(stream) / 1e9;
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
 
   cublasHandle_t cublas;
@@ -223,7 +173,7 @@ int Run() {
     std::fprintf(stderr, "cublasCreate failed\n");
     return 1;
   }
-  DeviceBuffer cublas_workspace = Allocate(size_t{32} << 20);
+  DeviceBuffer cublas_workspace = AllocateOrExit(size_t{32} << 20);
   cublasSetStream(cublas, stream);
   cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes());
 
@@ -249,16 +199,16 @@ int Run() {
       w8.weights.push_back(RandomBytes(n * k, seed++));
       w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
       if (fp8) {
-        DeviceBuffer buffer = Allocate(n * k);
+        DeviceBuffer buffer = AllocateOrExit(n * k);
         FillE4m3<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), n * k, seed++);
         BENCH_CHECK_CUDA(cudaGetLastError());
         e4m3.weights.push_back(std::move(buffer));
       }
     }
     DeviceBuffer x = RandomHalf(256 * k, -1.0f, 1.0f, seed++);
-    DeviceBuffer y = Allocate(256 * n * 2);
-    DeviceBuffer x_fp8 = Allocate(256 * k);
-    DeviceBuffer scales = Allocate(2 * sizeof(float));  // x scale, w scale
+    DeviceBuffer y = AllocateOrExit(256 * n * 2);
+    DeviceBuffer x_fp8 = AllocateOrExit(256 * k);
+    DeviceBuffer scales = AllocateOrExit(2 * sizeof(float));  // x scale, w scale
     const float one_scale[2] = {0.01f, 0.001f};
     CheckOk(scales.CopyFromHost(one_scale, sizeof(one_scale)), "scale upload");
     float* x_scale = static_cast<float*>(scales.data());
@@ -292,7 +242,7 @@ int Run() {
       p.format = kernels::cuda::QuantWeightFormat::kInt8;
       p.group_size = 0;
       workspace_bytes = std::max(workspace_bytes, kernels::cuda::QuantGemmWorkspaceBytes(p));
-      DeviceBuffer workspace = Allocate(std::max<size_t>(workspace_bytes, 256));
+      DeviceBuffer workspace = AllocateOrExit(std::max<size_t>(workspace_bytes, 256));
       p.workspace = workspace.data();
       p.workspace_bytes = workspace.bytes();
 
@@ -326,7 +276,7 @@ int Run() {
         f.m = m;
         f.n = n;
         f.k = k;
-        DeviceBuffer fp8_workspace = Allocate(kernels::cuda::Fp8GemmWorkspaceBytes(f));
+        DeviceBuffer fp8_workspace = AllocateOrExit(kernels::cuda::Fp8GemmWorkspaceBytes(f));
         f.workspace = fp8_workspace.data();
         f.workspace_bytes = fp8_workspace.bytes();
         kernels::cuda::QuantizeFp8Params qp;

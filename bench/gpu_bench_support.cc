@@ -1,0 +1,68 @@
+#include "bench/gpu_bench_support.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/machine_limits.h"
+#include "kernels/cuda/random_fill.h"
+
+namespace loom::bench {
+
+void CheckOk(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+kernels::cuda::DeviceBuffer AllocateOrExit(size_t bytes) {
+  absl::StatusOr<kernels::cuda::DeviceBuffer> buffer = kernels::cuda::DeviceBuffer::Allocate(bytes);
+  CheckOk(buffer.status(), "cudaMalloc");
+  return *std::move(buffer);
+}
+
+double MedianLaunchSeconds(cudaStream_t stream, const std::function<absl::Status()>& launch,
+                           int repeats, int iterations) {
+  cudaEvent_t start, stop;
+  BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) CheckOk(launch(), "warm-up launch");
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> samples;
+  for (int r = 0; r < repeats; ++r) {
+    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < iterations; ++i) CheckOk(launch(), "launch");
+    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    samples.push_back(ms * 1e-3 / iterations);
+  }
+  BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  return Median(std::move(samples));
+}
+
+double MeasureDeviceCopyBandwidth(cudaStream_t stream) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  kernels::cuda::DeviceBuffer src = AllocateOrExit(kBytes), dst = AllocateOrExit(kBytes);
+  kernels::cuda::RandomFillParams fill;
+  fill.out = src.data();
+  fill.dtype = kernels::cuda::DataType::kF16;
+  fill.count = kBytes / 2;
+  fill.seed = 1;
+  CheckOk(kernels::cuda::LaunchRandomFill(fill, stream), "random fill");
+  const double seconds = MedianLaunchSeconds(
+      stream,
+      [&] {
+        const cudaError_t error =
+            cudaMemcpyAsync(dst.data(), src.data(), kBytes, cudaMemcpyDeviceToDevice, stream);
+        return error == cudaSuccess ? absl::OkStatus()
+                                    : absl::InternalError(cudaGetErrorString(error));
+      },
+      /*repeats=*/9, /*iterations=*/10);
+  return 2.0 * kBytes / seconds;
+}
+
+}  // namespace loom::bench
