@@ -1068,7 +1068,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Finish(
   return runner;
 }
 
-absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& logits) {
+absl::Status CudaModelRunner::Guarded(const StepBatch& batch,
+                                      absl::FunctionRef<absl::Status()> run) {
   State& s = *state_;
   if (!s.broken.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1077,40 +1078,34 @@ absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& l
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
                                          num_kv_blocks_, block_size_));
   absl::Status status = CudaCallStatus(cudaSetDevice(s.device), "cudaSetDevice");
-  if (status.ok()) status = s.RunStep(batch, logits);
-  // An allocation that did not fit leaves the device as it was (nothing was enqueued);
-  // anything else may have left a half-written KV pool or a broken context.
-  if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted) s.broken = status;
-  return status;
-}
-
-absl::Status CudaModelRunner::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
-                                             std::vector<int32_t>& tokens,
-                                             std::vector<float>& logprobs) {
-  State& s = *state_;
-  if (!s.broken.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the CUDA runner stopped after an earlier device error: ", s.broken.message()));
-  }
-  LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
-                                         num_kv_blocks_, block_size_));
-  if (rows.params.size() != batch.sample_rows.size() ||
-      rows.positions.size() != rows.params.size() ||
-      rows.penalty_indptr.size() != rows.params.size() + 1 ||
-      rows.penalty_tokens.size() != rows.penalty_counts.size() ||
-      static_cast<size_t>(rows.penalty_indptr.back()) != rows.penalty_tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "device sampling rows do not match the step's %d sample rows",
-        batch.sample_rows.size()));
-  }
-  std::vector<float> unused;
-  absl::Status status = CudaCallStatus(cudaSetDevice(s.device), "cudaSetDevice");
-  if (status.ok()) status = s.RunStep(batch, unused, &rows, &tokens, &logprobs);
+  if (status.ok()) status = run();
   if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted &&
       status.code() != absl::StatusCode::kInvalidArgument) {
     s.broken = status;
   }
   return status;
+}
+
+absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& logits) {
+  return Guarded(batch, [&] { return state_->RunStep(batch, logits); });
+}
+
+absl::Status CudaModelRunner::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
+                                             std::vector<int32_t>& tokens,
+                                             std::vector<float>& logprobs) {
+  return Guarded(batch, [&]() -> absl::Status {
+    if (rows.params.size() != batch.sample_rows.size() ||
+        rows.positions.size() != rows.params.size() ||
+        rows.penalty_indptr.size() != rows.params.size() + 1 ||
+        rows.penalty_tokens.size() != rows.penalty_counts.size() ||
+        static_cast<size_t>(rows.penalty_indptr.back()) != rows.penalty_tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "device sampling rows do not match the step's %d sample rows",
+          batch.sample_rows.size()));
+    }
+    std::vector<float> unused;
+    return state_->RunStep(batch, unused, &rows, &tokens, &logprobs);
+  });
 }
 
 CudaModelRunner::Stats CudaModelRunner::stats() const { return state_->stats; }

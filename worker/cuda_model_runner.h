@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/gguf_file.h"
 #include "common/model_config.h"
@@ -113,6 +114,11 @@ class CudaModelRunner : public ForwardPass {
   // quantized GEMM's workspace, activations, the KV pool, the load log's device line.
   static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Finish(
       std::unique_ptr<State> state, const CudaRunnerOptions& options, std::string load_log);
+  // What Step and StepAndSample share around `run`: refusing once the runner is broken,
+  // validating `batch`, selecting the device, and marking the runner broken when `run`
+  // fails in a way that may have left the device half-written (anything but
+  // ResourceExhausted, nothing enqueued, and InvalidArgument, inputs refused).
+  absl::Status Guarded(const StepBatch& batch, absl::FunctionRef<absl::Status()> run);
 
   std::unique_ptr<State> state_;
   common::ModelConfig config_;
