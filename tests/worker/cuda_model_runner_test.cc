@@ -24,6 +24,7 @@
 #include "kernels/cuda_device.h"
 #include "tests/common/gguf_test_util.h"
 #include "tests/common/tokenizer_test_util.h"
+#include "tests/worker/runner_test_util.h"
 #include "worker/model_runner.h"
 #include "worker/step_batch.h"
 
@@ -346,13 +347,7 @@ std::vector<std::vector<int32_t>> RandomPrompts(int64_t vocab, uint32_t seed) {
 }
 
 std::unique_ptr<ModelRunner> CpuRunner(const common::GgufFile& gguf) {
-  ModelRunnerOptions options;
-  options.num_threads = 2;
-  options.num_kv_blocks = kNumBlocks;
-  options.block_size = kBlockSize;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, options);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return runner.ok() ? std::move(*runner) : nullptr;
+  return test_util::MakeCpuRunner(gguf, kNumBlocks, kBlockSize, /*num_threads=*/2);
 }
 
 std::unique_ptr<CudaModelRunner> GpuRunner(const common::GgufFile& gguf, bool graphs,

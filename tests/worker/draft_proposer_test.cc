@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/worker/runner_test_util.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/model_runner.h"
 #include "worker/step_backend.h"
@@ -21,13 +22,7 @@ constexpr int64_t kNumBlocks = 16;
 constexpr int64_t kBlockSize = 4;  // small: drafts cross block boundaries
 
 std::unique_ptr<ModelRunner> Runner(const common::GgufFile& gguf, int64_t num_blocks = kNumBlocks) {
-  ModelRunnerOptions options;
-  options.num_threads = 1;
-  options.num_kv_blocks = num_blocks;
-  options.block_size = kBlockSize;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, options);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return runner.ok() ? *std::move(runner) : nullptr;
+  return test_util::MakeCpuRunner(gguf, num_blocks, kBlockSize);
 }
 
 std::unique_ptr<DraftProposer> Proposer(const common::GgufFile& gguf) {

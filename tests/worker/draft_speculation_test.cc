@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "tests/worker/runner_test_util.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/draft_proposer.h"
 #include "worker/model_runner.h"
@@ -33,13 +34,7 @@ using testing::TinyModelSpec;
 constexpr int64_t kBlockSize = 16;
 
 std::unique_ptr<ModelRunner> Runner(const common::GgufFile& gguf, int64_t num_blocks) {
-  ModelRunnerOptions options;
-  options.num_threads = 1;
-  options.num_kv_blocks = num_blocks;
-  options.block_size = kBlockSize;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, options);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return runner.ok() ? *std::move(runner) : nullptr;
+  return test_util::MakeCpuRunner(gguf, num_blocks, kBlockSize);
 }
 
 // A target backend and, when a draft model is given, a proposer beside it; one executor.

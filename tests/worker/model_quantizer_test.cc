@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantize.h"
 #include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/greedy_test_util.h"
+#include "tests/worker/runner_test_util.h"
 #include "worker/gloo_communicator.h"
 #include "worker/model_runner.h"
 #include "worker/model_weights.h"

@@ -5,13 +5,32 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
 #include "worker/model_runner.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker::test_util {
+
+/// A CPU ModelRunner over `gguf` with `num_kv_blocks` blocks of `block_size` slots on
+/// `num_threads` threads; null (and a test failure) when it cannot be created.
+inline std::unique_ptr<ModelRunner> MakeCpuRunner(const common::GgufFile& gguf,
+                                                  int64_t num_kv_blocks, int64_t block_size,
+                                                  int num_threads = 1) {
+  ModelRunnerOptions options;
+  options.num_threads = num_threads;
+  options.num_kv_blocks = num_kv_blocks;
+  options.block_size = block_size;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, options);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  return runner.ok() ? *std::move(runner) : nullptr;
+}
 
 /// Greedy generation of `steps` tokens after `prompt` as one sequence in blocks 0-3 (of 16 slots):
 /// one prefill step, then decodes. Appends the tokens to `tokens` and returns the prefill's logits

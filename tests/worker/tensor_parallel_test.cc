@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gguf_file.h"
 #include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/greedy_test_util.h"
+#include "tests/worker/runner_test_util.h"
 #include "common/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
