@@ -133,12 +133,13 @@ def test_bad_speculative_token_counts_are_refused(rigs):
     fixed.wait_idle()
 
 
-def test_speculation_with_preemptions_on_a_tiny_kv_pool(tmp_path):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
+def check_speculation_under_preemption(tmp_path, worker_flags: dict):
+    """Prompts that overflow a tiny KV pool, speculating 4 tokens (prompt lookup, or the draft
+    model `worker_flags` name): the pool runs out (preemptions), and each sequence still
+    produces exactly the tokens it produces alone without speculation."""
     prompts = [f"Story {i}: " + REPETITIVE for i in range(8)] + list(PROMPTS[1:])
-    with h.running_cluster(tmp_path, {"replica-t": {"threads": 2, "kv_cache_memory": TINY_KV}},
+    with h.running_cluster(tmp_path, {"replica-t": {"threads": 2, "kv_cache_memory": TINY_KV,
+                                                    **worker_flags}},
                            speculative_tokens=4, speculative_adaptive="off") as rig:
         coordinator = rig.coordinator
         assert coordinator.replicas()["replica-t"].num_kv_blocks == NUM_BLOCKS
@@ -153,6 +154,13 @@ def test_speculation_with_preemptions_on_a_tiny_kv_pool(tmp_path):
         assert coordinator.replicas()["replica-t"].num_preemptions > 0, "the pool never ran out"
         assert sum(o.num_accepted_tokens for o in together) > 0
         coordinator.wait_idle()
+
+
+def test_speculation_with_preemptions_on_a_tiny_kv_pool(tmp_path):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    check_speculation_under_preemption(tmp_path, {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,23 +228,7 @@ def test_greedy_with_a_draft_model_is_identical_to_no_speculation(tmp_path, draf
 
 
 def test_draft_model_with_preemptions_on_a_tiny_kv_pool(tmp_path, draft_models):
-    prompts = [f"Story {i}: " + REPETITIVE for i in range(8)] + list(PROMPTS[1:])
-    with h.running_cluster(tmp_path, {"replica-t": {"threads": 2, "kv_cache_memory": TINY_KV,
-                                                    "draft_model": draft_models["int4"]}},
-                           speculative_tokens=4, speculative_adaptive="off") as rig:
-        coordinator = rig.coordinator
-        assert coordinator.replicas()["replica-t"].num_kv_blocks == NUM_BLOCKS
-        plain = [h.generate(coordinator.stub, make_request(p, max_tokens=MAX_TOKENS, ignore_eos=True,
-                                                            num_speculative_tokens=0),
-                            timeout=CALL_TIMEOUT_S) for p in prompts]
-        together = run_all(coordinator, [make_request(p, max_tokens=MAX_TOKENS, ignore_eos=True)
-                                         for p in prompts])
-        for prompt, alone, outcome in zip(prompts, plain, together):
-            assert alone.finished, alone.describe()
-            assert outcome.token_ids == alone.token_ids, f"{prompt!r}: changed under preemption"
-        assert coordinator.replicas()["replica-t"].num_preemptions > 0, "the pool never ran out"
-        assert sum(o.num_accepted_tokens for o in together) > 0
-        coordinator.wait_idle()
+    check_speculation_under_preemption(tmp_path, {"draft_model": draft_models["int4"]})
 
 
 def test_sampling_with_a_draft_model_counts_drafts_and_reproduces_a_seed(tmp_path, draft_models):
