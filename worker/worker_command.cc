@@ -77,6 +77,20 @@ sigset_t ShutdownSignals() {
 // Default share of the GPU memory left after the weights that the CUDA KV pool takes.
 constexpr double kDefaultCudaKvFraction = 0.9;
 
+// The CPU runner's options from the worker's flags (threads, KV pool, activations): the
+// target model's (which adds tensor parallelism) and the draft model's alike.
+ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
+                                    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool) {
+  ModelRunnerOptions runner_options;
+  runner_options.num_threads = options.num_threads;
+  runner_options.num_kv_blocks = num_blocks;
+  runner_options.block_size = options.block_size;
+  runner_options.kv_dtype = options.kv_dtype;
+  runner_options.activations = options.activations;
+  runner_options.thread_pool = std::move(thread_pool);
+  return runner_options;
+}
+
 // Builds the backend: the model runner on `device` ("cpu" or "cuda"; weights loaded, KV
 // pool allocated) or noop. `num_blocks` sizes the CPU pool; on CUDA it is used when
 // positive, else the pool takes a fraction of free device memory. The CPU runner runs on
@@ -105,16 +119,10 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     std::fprintf(stderr, "%s", (*runner)->load_log().c_str());
     return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cuda");
   }
-  ModelRunnerOptions runner_options;
-  runner_options.num_threads = options.num_threads;
-  runner_options.num_kv_blocks = num_blocks;
-  runner_options.block_size = options.block_size;
-  runner_options.kv_dtype = options.kv_dtype;
-  runner_options.activations = options.activations;
+  ModelRunnerOptions runner_options = CpuRunnerOptions(options, num_blocks, std::move(thread_pool));
   runner_options.tp_rank = options.rank;
   runner_options.tp_size = options.world_size;
   runner_options.communicator = communicator;
-  runner_options.thread_pool = std::move(thread_pool);
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
   if (!runner.ok()) return runner.status();
   std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
@@ -268,15 +276,8 @@ int RunWorkerCommand(int argc, char** argv) {
           "--draft-model %s cannot draft for --model %s: %s", options.draft_model_path,
           options.model_path, same.message())));
     }
-    ModelRunnerOptions draft_options;
-    draft_options.num_threads = options.num_threads;
-    draft_options.num_kv_blocks = num_blocks;
-    draft_options.block_size = options.block_size;
-    draft_options.kv_dtype = options.kv_dtype;
-    draft_options.activations = options.activations;
-    draft_options.thread_pool = thread_pool;
     absl::StatusOr<std::unique_ptr<ModelRunner>> draft_runner =
-        ModelRunner::Create(*draft_gguf, draft_options);
+        ModelRunner::Create(*draft_gguf, CpuRunnerOptions(options, num_blocks, thread_pool));
     if (!draft_runner.ok()) return Fail(draft_runner.status());
     const common::ModelConfig& draft_config = (*draft_runner)->config();
     const int64_t draft_kv_bytes = (*draft_runner)->kv_cache().bytes();
