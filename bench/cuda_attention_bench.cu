@@ -207,7 +207,7 @@ PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
   return {dtype, tokens, seconds, 4.0 * kHeadDim * kNumHeads * attended / seconds};
 }
 
-int Run() {
+int Run(bool quick) {
   if (kernels::CudaDeviceCount() == 0) {
     std::printf("cuda_attention_bench: no CUDA device (%s): nothing measured\n",
                 kernels::CudaDeviceDescription(0).c_str());
@@ -231,7 +231,10 @@ int Run() {
       "limits: copy %.0f GB/s (read + write), cuBLAS GEMM F16 %.1f TFLOP/s, BF16 %.1f TFLOP/s\n",
       copy / 1e9, gemm_f16 / 1e12, gemm_bf16 / 1e12);
 
-  std::vector<DecodeRow> decode = {BenchDecode(stream, 32, 4096), BenchDecode(stream, 1, 32768)};
+  // --quick: the two rows the targets are read from (decode batch 32 x 4096, BF16 prefill
+  // of 4096 tokens).
+  std::vector<DecodeRow> decode = {BenchDecode(stream, 32, 4096)};
+  if (!quick) decode.push_back(BenchDecode(stream, 1, 32768));
   std::printf("\ndecode (BF16 KV, 32/8 heads, d 128)\n%6s %8s %10s %10s %8s\n", "batch", "context",
               "us", "GB/s", "/copy");
   for (const DecodeRow& r : decode) {
@@ -239,8 +242,8 @@ int Run() {
                 static_cast<long>(r.context), r.seconds * 1e6, r.bytes_per_second / 1e9,
                 r.bytes_per_second / copy);
   }
-  std::vector<PrefillRow> prefill = {BenchPrefill(stream, DataType::kBF16, 4096),
-                                     BenchPrefill(stream, DataType::kF16, 4096)};
+  std::vector<PrefillRow> prefill = {BenchPrefill(stream, DataType::kBF16, 4096)};
+  if (!quick) prefill.push_back(BenchPrefill(stream, DataType::kF16, 4096));
   std::printf("\nprefill (causal, 32/8 heads, d 128)\n%6s %8s %10s %10s %8s\n", "dtype", "tokens",
               "us", "TFLOP/s", "/gemm");
   for (const PrefillRow& r : prefill) {
@@ -253,7 +256,8 @@ int Run() {
 
   std::string json = "{\n";
   json += absl::StrFormat("  \"bench\": \"cuda_attention\",\n  \"date\": \"%s\",\n", UtcNow());
-  json += absl::StrFormat("  \"device\": \"%s\",\n", device);
+  json += absl::StrFormat("  \"device\": \"%s\",\n  \"quick\": %s,\n", device,
+                          quick ? "true" : "false");
   json += absl::StrFormat(
       "  \"shape\": {\"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
       "\"block_size\": %d},\n",
@@ -295,4 +299,6 @@ int Run() {
 }  // namespace
 }  // namespace loom::bench
 
-int main() { return loom::bench::Run(); }
+int main(int argc, char** argv) {
+  return loom::bench::Run(loom::bench::QuickMode(argc, argv));
+}

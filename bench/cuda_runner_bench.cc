@@ -60,6 +60,11 @@ constexpr double kTargetDecodeRatio = 0.75;
 constexpr int64_t kTokensPerSeq = kPromptTokens + kWarmupSteps + kDecodeSteps;
 constexpr int64_t kBlocksPerSeq = (kTokensPerSeq + kBlockSize - 1) / kBlockSize;
 
+// --quick keeps this many of the 32 layers: 7 layers (3.1 GB) plus the embedding and LM
+// head (2.1 GB) are a 5.2 GB model, past the 4 GB where batch-1 decode reads from DRAM on
+// any current GPU, built and warmed in seconds.
+constexpr int64_t kQuickLayers = 7;
+
 common::ModelConfig Llama3_8B() {
   common::ModelConfig c;
   c.architecture = "llama";
@@ -177,7 +182,7 @@ struct ThroughputRow {
   double bound_tokens_per_second = 0;
 };
 
-int Run() {
+int Run(bool quick) {
   if (kernels::CudaDeviceCount() == 0) {
     std::printf("cuda_runner_bench: no CUDA device (%s): nothing measured\n",
                 kernels::CudaDeviceDescription(0).c_str());
@@ -185,7 +190,8 @@ int Run() {
   }
   const std::string device = kernels::CudaDeviceDescription(0);
   std::printf("cuda_runner_bench on %s\n", device.c_str());
-  const common::ModelConfig config = Llama3_8B();
+  common::ModelConfig config = Llama3_8B();
+  if (quick) config.num_layers = kQuickLayers;
   double copy = 0;
   {
     cudaStream_t stream;
@@ -207,17 +213,20 @@ int Run() {
   }
   std::vector<ThroughputRow> rows;
   {
-    std::unique_ptr<worker::CudaModelRunner> runner = MakeRunner(config, true, kMaxBatch);
+    // --quick: batch 1 only (the graphs on/off comparison).
+    const int64_t max_batch = quick ? 1 : kMaxBatch;
+    std::unique_ptr<worker::CudaModelRunner> runner = MakeRunner(config, true, max_batch);
     const auto prefill_start = std::chrono::steady_clock::now();
-    Prefill(*runner, kMaxBatch, config.vocab_size);
+    Prefill(*runner, max_batch, config.vocab_size);
     const std::chrono::duration<double> prefill = std::chrono::steady_clock::now() - prefill_start;
     std::printf("prefill: %ld sequences x %ld tokens in %.2f s (%.0f tokens/s)\n",
-                static_cast<long>(kMaxBatch), static_cast<long>(kPromptTokens), prefill.count(),
-                kMaxBatch * kPromptTokens / prefill.count());
+                static_cast<long>(max_batch), static_cast<long>(kPromptTokens), prefill.count(),
+                max_batch * kPromptTokens / prefill.count());
     // Mean context attended over the timed steps (position + 1).
     const double mean_context =
         kPromptTokens + kWarmupSteps + (kDecodeSteps - 1) / 2.0 + 1.0;
     for (int64_t batch : kBatches) {
+      if (batch > max_batch) break;
       ThroughputRow row;
       row.batch = batch;
       row.step_seconds = DecodeStepSeconds(*runner, batch);
@@ -255,10 +264,12 @@ int Run() {
   json += absl::StrFormat("  \"bench\": \"cuda_runner\",\n  \"date\": \"%s\",\n", UtcNow());
   json += absl::StrFormat("  \"device\": \"%s\",\n", device);
   json += absl::StrFormat(
+      "  \"quick\": %s,\n"
       "  \"model\": {\"shape\": \"Llama-3-8B\", \"dtype\": \"F16\", \"hidden\": %d, "
       "\"layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, "
       "\"vocab\": %d, \"rope_theta\": %.0f, \"weights\": \"random on the device\"},\n",
-      config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads,
+      quick ? "true" : "false", config.hidden_size, config.num_layers, config.num_heads,
+      config.num_kv_heads,
       config.head_dim, config.intermediate_size, config.vocab_size, config.rope_theta);
   json += absl::StrFormat(
       "  \"prompt_tokens\": %d,\n  \"warmup_steps\": %d,\n  \"decode_steps\": %d,\n"
@@ -293,4 +304,6 @@ int Run() {
 }  // namespace
 }  // namespace loom::bench
 
-int main() { return loom::bench::Run(); }
+int main(int argc, char** argv) {
+  return loom::bench::Run(loom::bench::QuickMode(argc, argv));
+}

@@ -1,5 +1,9 @@
 #include "bench/gpu_bench_support.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
 #include <utility>
 #include <vector>
 
@@ -8,6 +12,19 @@
 #include "kernels/cuda/random_fill.h"
 
 namespace loom::bench {
+
+bool QuickMode(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "%s: unknown argument %s (only --quick)\n", argv[0], argv[i]);
+      std::exit(2);
+    }
+  }
+  return quick;
+}
 
 void CheckOk(const absl::Status& status, const char* what) {
   if (!status.ok()) {

@@ -27,6 +27,11 @@
 
 namespace loom::bench {
 
+/// Whether the command line asks for the short form (`--quick`: the figures the GPU
+/// verification window needs, under 90 s for the three GPU benchmarks together; see
+/// tests/gpu/quick.sh). Exits 2 naming any other argument.
+bool QuickMode(int argc, char** argv);
+
 /// Exits 1 with "`what`: status" unless `status` is OK.
 void CheckOk(const absl::Status& status, const char* what);
 

@@ -38,8 +38,8 @@ std::string UtcNow();
 /// the current directory) and prints the path.
 void WriteResult(const std::string& name, const std::string& json);
 
-/// Writes a GPU benchmark's `json` to $OUT/<name>.json when OUT is set (tests/gpu/run.sh's
-/// report folder), else bench/results/gpu/<name>.json under the source tree, creating the
+/// Writes a GPU benchmark's `json` to $OUT/<name>.json when OUT is set (tests/gpu/quick.sh's
+/// work folder), else bench/results/gpu/<name>.json under the source tree, creating the
 /// folder; prints the path. False when the file could not be written.
 bool WriteGpuResult(const std::string& name, const std::string& json);
 

@@ -151,7 +151,7 @@ struct Row {
   double w4_weight_gbs;
 };
 
-int Run() {
+int Run(bool quick) {
   if (kernels::CudaDeviceCount() == 0) {
     std::printf("quantized_gemm_bench: no CUDA device (%s): nothing measured\n",
                 kernels::CudaDeviceDescription(0).c_str());
@@ -177,9 +177,12 @@ int Run() {
   cublasSetStream(cublas, stream);
   cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes());
 
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {4096, 4096}, {14336, 4096}, {4096, 14336}};
-  const std::vector<int64_t> ms = {1, 4, 16, 64, 256};
+  // --quick: Llama-3-8B's gate/up projection (N 14336, K 4096) at m = 1, 16, 64.
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      quick ? std::vector<std::pair<int64_t, int64_t>>{{14336, 4096}}
+            : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}, {14336, 4096}, {4096, 14336}};
+  const std::vector<int64_t> ms =
+      quick ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 4, 16, 64, 256};
   std::vector<Row> rows;
   std::printf("\n%6s %6s %4s | %9s | %9s %6s | %9s %6s | %9s %6s %9s\n", "N", "K", "M", "cuBLAS us",
               "W4A16 us", "x", "W8A16 us", "x", "FP8 us", "x", "+quant us");
@@ -330,6 +333,7 @@ int Run() {
   json += absl::StrFormat("  \"bench\": \"quantized_gemm\",\n  \"date\": \"%s\",\n", UtcNow());
   json += absl::StrFormat("  \"device\": \"%s\",\n  \"sms\": %d,\n  \"fp8\": %s,\n", device, *sms,
                           fp8 ? "true" : "false");
+  json += absl::StrFormat("  \"quick\": %s,\n", quick ? "true" : "false");
   json += absl::StrFormat("  \"copy_bandwidth_gbs\": %.1f,\n  \"w4a16_group\": %d,\n", copy_gbs,
                           kGroup);
   json +=
@@ -368,4 +372,6 @@ int Run() {
 }  // namespace
 }  // namespace loom::bench
 
-int main() { return loom::bench::Run(); }
+int main(int argc, char** argv) {
+  return loom::bench::Run(loom::bench::QuickMode(argc, argv));
+}

@@ -731,11 +731,40 @@ struct CudaModelRunner::State {
     shape.max_context_len = padded ? ContextBucket(max_context) : max_context;
     shape.max_query_len = max_query;
     shape.prefill = !decode;
+    if (sampling != nullptr && static_cast<int64_t>(sampling->params.size()) != num_sampled) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%d sampling rows for %d sample rows", sampling->params.size(), num_sampled));
+    }
     LOOM_RETURN_IF_ERROR(EnsureCapacity(shape));
     PackInputs(step, shape);
     LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(inputs.data(), staging,
                                               shape.input_elements() * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, stream));
+    // From here the copy out of `staging` may still be pending: a step that fails after it
+    // (a launch check refusing a shape) waits for the stream before returning, so the next
+    // step's PackInputs cannot overwrite `staging` under that copy. If even the wait fails,
+    // that device error is what the caller sees (and the runner is marked broken).
+    absl::Status status = EnqueueStep(shape, bucket, graphed, sampling, num_sampled,
+                                      logits_out, sampled, sampled_logprob);
+    if (!status.ok()) {
+      const cudaError_t drained = cudaStreamSynchronize(stream);
+      if (drained != cudaSuccess) {
+        const std::string call =
+            absl::StrCat("cudaStreamSynchronize after a failed step (", status.message(), ")");
+        return CudaCallStatus(drained, call.c_str());
+      }
+      return status;
+    }
+    return kc::SynchronizeStream(stream);
+  }
+
+  // The device work of one step after its inputs were copied: the forward pass (a graph
+  // replay, a capture or eager launches), then the sampling or the logits copy-out. Waits
+  // for nothing; RunStep synchronizes.
+  absl::Status EnqueueStep(const StepShape& shape, int64_t bucket,
+                           bool graphed, const DeviceSampleRows* sampling, int64_t num_sampled,
+                           std::vector<float>& logits_out, std::vector<int32_t>* sampled,
+                           std::vector<float>* sampled_logprob) {
     const std::pair<int64_t, int64_t> key{bucket, shape.max_context_len};
     if (graphed && graphs.contains(key)) {
       LOOM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graphs[key], stream));
@@ -751,21 +780,14 @@ struct CudaModelRunner::State {
       if (graphed) warmed.insert(key);
       ++stats.eager_steps;
     }
-    if (sampling != nullptr) {
-      if (static_cast<int64_t>(sampling->params.size()) != num_sampled) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%d sampling rows for %d sample rows", sampling->params.size(), num_sampled));
-      }
-      LOOM_RETURN_IF_ERROR(EnqueueSampling(*sampling, *sampled, *sampled_logprob));
-      return kc::SynchronizeStream(stream);
-    }
+    if (sampling != nullptr) return EnqueueSampling(*sampling, *sampled, *sampled_logprob);
     logits_out.resize(num_sampled * config.vocab_size);
     if (num_sampled > 0) {
       LOOM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_out.data(), logits.data(),
                                                 logits_out.size() * sizeof(float),
                                                 cudaMemcpyDeviceToHost, stream));
     }
-    return kc::SynchronizeStream(stream);
+    return absl::OkStatus();
   }
 };
 

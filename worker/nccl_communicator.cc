@@ -9,6 +9,8 @@
 #ifdef LOOM_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "worker/nccl_library.h"
 #endif
 
 namespace loom::worker {
@@ -16,6 +18,7 @@ namespace loom::worker {
 #ifdef LOOM_HAVE_NCCL
 
 struct NcclCommunicator::Impl {
+  const detail::NcclApi* nccl = nullptr;  // the loaded library's entry points
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   int device = 0;
@@ -31,11 +34,11 @@ struct NcclCommunicator::Impl {
       const cudaError_t done = cudaStreamQuery(stream);
       if (done == cudaSuccess) return absl::OkStatus();
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async);
+      nccl->CommGetAsyncError(comm, &async);
       if (done != cudaErrorNotReady || (async != ncclSuccess && async != ncclInProgress)) {
         return Break(absl::UnavailableError(absl::StrFormat(
             "nccl %s failed: %s / %s", what, cudaGetErrorString(done),
-            ncclGetErrorString(async))));
+            nccl->GetErrorString(async))));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         return Break(absl::DeadlineExceededError(
@@ -46,7 +49,7 @@ struct NcclCommunicator::Impl {
     }
   }
   absl::Status Break(absl::Status status) {
-    if (comm != nullptr) ncclCommAbort(comm);
+    if (comm != nullptr) nccl->CommAbort(comm);
     comm = nullptr;
     broken = status;
     return status;
@@ -54,7 +57,7 @@ struct NcclCommunicator::Impl {
   absl::Status Check(ncclResult_t result, const char* what) {
     if (result == ncclSuccess) return absl::OkStatus();
     return Break(absl::UnavailableError(
-        absl::StrFormat("nccl %s: %s", what, ncclGetErrorString(result))));
+        absl::StrFormat("nccl %s: %s", what, nccl->GetErrorString(result))));
   }
 };
 
@@ -65,13 +68,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
     return absl::InvalidArgumentError(
         absl::StrFormat("rank %d is outside a world of %d ranks", rank, world_size));
   }
+  absl::StatusOr<const detail::NcclApi*> loaded = detail::LoadNccl();
+  if (!loaded.ok()) return loaded.status();
+  const detail::NcclApi& nccl = **loaded;
   if (cudaSetDevice(device) != cudaSuccess) {
     return absl::FailedPreconditionError(absl::StrFormat("no CUDA device %d", device));
   }
   ncclUniqueId id;
   try {
     if (rank == 0) {
-      if (ncclGetUniqueId(&id) != ncclSuccess) return absl::UnavailableError("ncclGetUniqueId failed");
+      if (nccl.GetUniqueId(&id) != ncclSuccess) return absl::UnavailableError("ncclGetUniqueId failed");
       store->set("nccl_unique_id", std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
     } else {
       const std::vector<char> bytes = store->get("nccl_unique_id");
@@ -84,31 +90,32 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
     return absl::DeadlineExceededError(absl::StrFormat("nccl rendezvous: %s", error.what()));
   }
   auto impl = std::make_unique<Impl>();
+  impl->nccl = &nccl;
   impl->stream = static_cast<cudaStream_t>(stream);
   impl->device = device;
   impl->timeout = timeout;
   // Non-blocking init so a missing peer becomes a timeout, not a hang.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclResult_t init = ncclCommInitRankConfig(&impl->comm, world_size, id, rank, &config);
+  ncclResult_t init = nccl.CommInitRankConfig(&impl->comm, world_size, id, rank, &config);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (init == ncclSuccess || init == ncclInProgress) {
     ncclResult_t state = ncclInProgress;
-    ncclCommGetAsyncError(impl->comm, &state);
+    nccl.CommGetAsyncError(impl->comm, &state);
     if (state == ncclSuccess) break;
     if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(impl->comm);
+      nccl.CommAbort(impl->comm);
       return absl::DeadlineExceededError(absl::StrFormat(
           "nccl init of rank %d of %d did not complete: %s", rank, world_size,
-          ncclGetErrorString(state)));
+          nccl.GetErrorString(state)));
     }
     std::this_thread::yield();
   }
   if (init != ncclSuccess && init != ncclInProgress) {
-    return absl::UnavailableError(absl::StrFormat("nccl init: %s", ncclGetErrorString(init)));
+    return absl::UnavailableError(absl::StrFormat("nccl init: %s", nccl.GetErrorString(init)));
   }
   if (cudaMalloc(reinterpret_cast<void**>(&impl->scratch), sizeof(float)) != cudaSuccess) {
-    ncclCommAbort(impl->comm);
+    nccl.CommAbort(impl->comm);
     return absl::ResourceExhaustedError("cannot allocate the barrier scratch");
   }
   return std::unique_ptr<NcclCommunicator>(
@@ -119,14 +126,14 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int wor
     : impl_(std::move(impl)), rank_(rank), world_size_(world_size) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  if (impl_->comm != nullptr) ncclCommDestroy(impl_->comm);
+  if (impl_->comm != nullptr) impl_->nccl->CommDestroy(impl_->comm);
   if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
 }
 
 absl::Status NcclCommunicator::AllReduceSum(absl::Span<float> data) {
   if (!impl_->broken.ok()) return impl_->broken;
   if (data.empty()) return absl::OkStatus();
-  if (absl::Status s = impl_->Check(ncclAllReduce(data.data(), data.data(), data.size(),
+  if (absl::Status s = impl_->Check(impl_->nccl->AllReduce(data.data(), data.data(), data.size(),
                                                   ncclFloat32, ncclSum, impl_->comm,
                                                   impl_->stream),
                                     "all-reduce");
@@ -143,7 +150,7 @@ absl::Status NcclCommunicator::AllGather(absl::Span<const float> in, absl::Span<
         "all-gather of %d floats per rank needs %d outputs, got %d", in.size(),
         in.size() * world_size_, out.size()));
   }
-  if (absl::Status s = impl_->Check(ncclAllGather(in.data(), out.data(), in.size(), ncclFloat32,
+  if (absl::Status s = impl_->Check(impl_->nccl->AllGather(in.data(), out.data(), in.size(), ncclFloat32,
                                                   impl_->comm, impl_->stream),
                                     "all-gather");
       !s.ok()) {
@@ -159,7 +166,7 @@ absl::Status NcclCommunicator::Broadcast(absl::Span<float> data, int root) {
         absl::StrFormat("broadcast root %d of %d ranks", root, world_size_));
   }
   if (data.empty()) return absl::OkStatus();
-  if (absl::Status s = impl_->Check(ncclBroadcast(data.data(), data.data(), data.size(),
+  if (absl::Status s = impl_->Check(impl_->nccl->Broadcast(data.data(), data.data(), data.size(),
                                                   ncclFloat32, root, impl_->comm, impl_->stream),
                                     "broadcast");
       !s.ok()) {

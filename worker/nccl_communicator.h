@@ -14,8 +14,10 @@ namespace loom::worker {
 /// call waits for its completion under the timeout, polling NCCL's asynchronous error; a
 /// failure or timeout aborts the communicator (ncclCommAbort) so no rank hangs in a
 /// collective, and every later call fails at once. Rank 0's NCCL unique id travels through
-/// the same rendezvous store gloo uses (the coordinator's). Built only where the CUDA
-/// toolkit with NCCL is present; elsewhere Connect answers Unimplemented. One GPU per rank;
+/// the same rendezvous store gloo uses (the coordinator's). Built where the CUDA toolkit's
+/// nccl.h is present (elsewhere Connect answers Unimplemented); the library itself is
+/// loaded at the first Connect (worker/nccl_library), which answers FailedPrecondition
+/// "NCCL not found: ..." where it cannot be loaded. One GPU per rank;
 /// multi-GPU runs are not available in this project's environment (the code path for world
 /// size 1 is the same).
 class NcclCommunicator final : public Communicator {

@@ -40,12 +40,14 @@ DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }
 
-absl::Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes) {
-  if (bytes > bytes_) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("DeviceBuffer: copy of %d bytes into %d", bytes, bytes_));
+absl::Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t offset) {
+  if (offset > bytes_ || bytes > bytes_ - offset) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "DeviceBuffer: copy of %d bytes at offset %d into %d", bytes, offset, bytes_));
   }
-  return FromCuda(cudaMemcpy(data_, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  return FromCuda(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes,
+                             cudaMemcpyHostToDevice),
+                  "cudaMemcpy to device");
 }
 
 absl::Status DeviceBuffer::CopyToHost(void* dst, size_t bytes) const {
@@ -84,7 +86,7 @@ absl::Status NoCuda() { return absl::FailedPreconditionError("Loom was built wit
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t) { return NoCuda(); }
 DeviceBuffer::~DeviceBuffer() = default;
-absl::Status DeviceBuffer::CopyFromHost(const void*, size_t) { return NoCuda(); }
+absl::Status DeviceBuffer::CopyFromHost(const void*, size_t, size_t) { return NoCuda(); }
 absl::Status DeviceBuffer::CopyToHost(void*, size_t) const { return NoCuda(); }
 absl::Status DeviceBuffer::Fill(uint8_t) { return NoCuda(); }
 absl::Status SynchronizeStream(cudaStream_t) { return NoCuda(); }

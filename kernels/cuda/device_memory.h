@@ -26,8 +26,9 @@ class DeviceBuffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
-  /// Synchronous copy of `bytes` (<= this buffer's size) from host memory to the start.
-  absl::Status CopyFromHost(const void* src, size_t bytes);
+  /// Synchronous copy of `bytes` from host memory to byte `offset` (default: the start);
+  /// InvalidArgument when offset + bytes passes this buffer's size.
+  absl::Status CopyFromHost(const void* src, size_t bytes, size_t offset = 0);
   /// Synchronous copy of the first `bytes` to host memory.
   absl::Status CopyToHost(void* dst, size_t bytes) const;
   /// Sets every byte (synchronous). 0xff poisons F32, F16 and BF16 alike with NaN.

@@ -1,54 +1,88 @@
 #!/usr/bin/env bash
-# Packs loom_kernels_tests and the shared libraries it needs beyond glibc into DIR, so that
-# tests/gpu/run.sh --prebuilt DIR runs on a GPU machine that has only the CUDA driver
-# (no Abseil or GoogleTest there). Builds build-gpu/ (LOOM_CUDA=ON) first.
-#   tests/gpu/bundle.sh DIR        (DIR under an ignored path, e.g. build-gpu-bundle)
+# Builds, on a machine with the CUDA toolkit and Loom's Debian dependencies (no GPU needed),
+# the archive that tests/gpu/quick.sh runs on a bare GPU machine (docs/gpu_verification.md):
+#
+#   tests/gpu/bundle.sh [ARCHIVE]     default build-gpu-bundle/loom-gpu-bundle.tar.xz
+#
+# Inside: the CUDA test binaries (loom_kernels_tests, loom_worker_tests) and the GPU
+# benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_runner_bench), built Release
+# for sm_90 only (H100/H200; CI's main build still compiles sm_80 and sm_90a), stripped,
+# with the shared libraries they load from Debian (Abseil, gRPC, protobuf, gloo, ...) in lib/,
+# the builder's libstdc++/libgcc_s in fallback/ (used only where the GPU machine's are too
+# old) and a MANIFEST. Not inside: glibc and the CUDA driver (the GPU machine's own),
+# cuBLAS and NCCL (its CUDA toolkit or pip wheels: quick.sh finds them at run time; Loom
+# dlopens both). Fails when the archive is over LOOM_BUNDLE_MAX_MIB (default 56 MiB): the
+# checkout plus the archive must travel in one 64 MiB copy.
+#
+# Environment: LOOM_GPU_BUILD_DIR (default build-gpu), LOOM_BUNDLE_MAX_MIB,
+# LOOM_CUDA_ARCHITECTURES (default 90-real).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-DIR="${1:?usage: bundle.sh DIR}"
-BUILD_DIR="${LOOM_GPU_BUILD_DIR:-$ROOT/build-gpu}"
 cd "$ROOT"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DLOOM_BUILD_BENCH=OFF > /dev/null
-# The kernel tests, and the worker tests for the NCCL communicator (world size 1).
-cmake --build "$BUILD_DIR" --target loom_kernels_tests loom_worker_tests -j "$(nproc)"
-mkdir -p "$DIR/lib"
-for test_bin in loom_kernels_tests loom_worker_tests; do
-  cp "$BUILD_DIR/tests/$test_bin" "$DIR/"
-  strip --strip-debug "$DIR/$test_bin"
-  # Everything ldd resolves except the C/C++ runtime, the driver and cuBLAS: the GPU
-  # machine's own (glibc, libstdc++ at least as new as the builder's; cuBLAS from its CUDA
-  # toolkit, too big to carry) serve.
-  ldd "$BUILD_DIR/tests/$test_bin" | awk '/=> \// {print $3}' |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
-    while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
-done
-# The GPU benchmarks (tests/gpu/run.sh runs them when present); their libraries are the
-# test binaries' (Abseil, already bundled) plus cuBLAS from the device's toolkit.
-cmake -S . -B "$BUILD_DIR" -DLOOM_BUILD_BENCH=ON > /dev/null
-cmake --build "$BUILD_DIR" --target quantized_gemm_bench -j "$(nproc)"
-cp "$BUILD_DIR/bench/quantized_gemm_bench" "$DIR/"
-strip --strip-debug "$DIR/quantized_gemm_bench"
-ldd "$BUILD_DIR/bench/quantized_gemm_bench" | awk '/=> \// {print $3}' |
-  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
-  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
-cmake --build "$BUILD_DIR" --target cuda_attention_bench -j "$(nproc)"
-cp "$BUILD_DIR/bench/cuda_attention_bench" "$DIR/"
-strip --strip-debug "$DIR/cuda_attention_bench"
-ldd "$BUILD_DIR/bench/cuda_attention_bench" | awk '/=> \// {print $3}' |
-  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
-  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
-cmake --build "$BUILD_DIR" --target cuda_runner_bench -j "$(nproc)"
-cp "$BUILD_DIR/bench/cuda_runner_bench" "$DIR/"
-strip --strip-debug "$DIR/cuda_runner_bench"
-ldd "$BUILD_DIR/bench/cuda_runner_bench" | awk '/=> \// {print $3}' |
-  grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' |
-  while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
-# The default model for the CUDA runner's end-to-end test (run.sh --prebuilt points
-# LOOM_MODEL_PATH at it). 98 MB: LOOM_BUNDLE_MODEL=0 leaves it out where the bundle must
-# stay small (then set LOOM_MODEL_PATH on the GPU machine).
-MODEL="${LOOM_MODEL_PATH:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-if [[ "${LOOM_BUNDLE_MODEL:-1}" != "0" && -f "$MODEL" ]]; then
-  mkdir -p "$DIR/models"
-  cp "$MODEL" "$DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+ARCHIVE="${1:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
+BUILD_DIR="${LOOM_GPU_BUILD_DIR:-$ROOT/build-gpu}"
+MAX_MIB="${LOOM_BUNDLE_MAX_MIB:-56}"
+ARCHS="${LOOM_CUDA_ARCHITECTURES:-90-real}"
+TESTS=(loom_kernels_tests loom_worker_tests)
+BENCHES=(quantized_gemm_bench cuda_attention_bench cuda_runner_bench)
+
+if ! command -v nvcc > /dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "bundle.sh: no CUDA toolkit (nvcc) on this machine: nothing to bundle" >&2
+  exit 3
 fi
-du -sh "$DIR"
+
+launcher=()
+if command -v ccache > /dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
+            -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_TESTS=ON \
+  "${launcher[@]}" > /dev/null
+cmake --build "$BUILD_DIR" --target "${TESTS[@]}" "${BENCHES[@]}" -j "$(nproc)"
+
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/bin" "$STAGE/lib"
+# The runtime of the machine that runs the bundle serves: glibc, libstdc++, libgcc_s; the
+# driver (libcuda); cuBLAS and NCCL (loaded with dlopen, listed here for the benchmarks,
+# which link cuBLAS).
+system_libs='/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libnccl|libstdc\+\+|libgcc_s)\.so'
+for bin in "${TESTS[@]/#/tests/}" "${BENCHES[@]/#/bench/}"; do
+  cp "$BUILD_DIR/$bin" "$STAGE/bin/"
+  strip --strip-unneeded "$STAGE/bin/$(basename "$bin")"
+  ldd "$BUILD_DIR/$bin" | awk '/=> \// {print $3}' | grep -Ev "$system_libs" |
+    while read -r lib; do cp -Ln "$lib" "$STAGE/lib/"; done
+done
+strip --strip-unneeded "$STAGE"/lib/*.so* 2> /dev/null || true
+# The builder's libstdc++ and libgcc_s, used by quick.sh only when the GPU machine's own
+# are older than the binaries need (ldd: "version `GLIBCXX_...' not found").
+mkdir -p "$STAGE/fallback"
+ldd "$BUILD_DIR/tests/loom_worker_tests" | awk '/=> \// {print $3}' |
+  grep -E '/(libstdc\+\+|libgcc_s)\.so' | while read -r lib; do cp -L "$lib" "$STAGE/fallback/"; done
+commit="$(git rev-parse HEAD 2> /dev/null || echo unknown)"
+dirty="$(git status --porcelain 2> /dev/null | grep -q . && echo true || echo false)"
+cublas_major="$(grep -m1 -o 'CUBLAS_VER_MAJOR [0-9]*' "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/../include/cublas_api.h" | awk '{print $2}')"
+{
+  echo "commit=$commit"
+  echo "dirty=$dirty"
+  echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "cuda_architectures=$ARCHS"
+  echo "nvcc=$(nvcc --version 2> /dev/null | grep -o 'release [0-9.]*' | head -1)"
+  echo "glibc=$(ldd --version | head -1 | grep -o '[0-9.]*$')"
+  echo "cublas_soname=libcublas.so.${cublas_major:-13}"
+  echo "tests=${TESTS[*]}"
+  echo "benches=${BENCHES[*]}"
+} > "$STAGE/MANIFEST"
+
+mkdir -p "$(dirname "$ARCHIVE")"
+tar -C "$STAGE" -cf - MANIFEST bin lib fallback | xz -T0 -6 > "$ARCHIVE.tmp"
+mv "$ARCHIVE.tmp" "$ARCHIVE"
+bytes="$(stat -c %s "$ARCHIVE")"
+mib="$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')"
+echo "bundle.sh: $ARCHIVE: $mib MiB (limit $MAX_MIB MiB; unpacked $(du -sh "$STAGE" | cut -f1))"
+if ((bytes > MAX_MIB * 1048576)); then
+  echo "bundle.sh: the archive is over $MAX_MIB MiB: it would not fit the GPU machine's 64 MiB" \
+    "copy with the checkout; leave something out or shrink it" >&2
+  exit 1
+fi

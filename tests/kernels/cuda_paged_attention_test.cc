@@ -219,13 +219,108 @@ TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
       {8, 4, 128, 16, {32768}, 0},
       // Many sequences, odd block size.
       {4, 2, 128, 5, std::vector<int32_t>(37, 77), 0},
+      // Every <head dim, heads per block> instantiation the models use: SmolLM2's shape
+      // (head dim 64, 3 KV heads, 3 query heads each: <64, 4>), <64, 2>, and MHA at head
+      // dim 128 (<128, 1>).
+      {3, 3, 64, 16, {1, 200, 1025}, 0},
+      {2, 2, 64, 16, {33, 300}, 2},
+      {4, 1, 128, 16, {1, 130, 700}, 0},
   };
   uint32_t seed = 10;
   for (DataType kv : {DataType::kF16, DataType::kBF16}) {
     for (DataType q_type : {DataType::kF32, kv}) {
-      for (const DecodeCase& c : cases) RunDecodeCase(c, kv, q_type, seed += 7);
+      for (const DecodeCase& c : cases) {
+        const int32_t longest = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+        if (testing_util::SmallGpuTestSize() && longest > 2048) continue;
+        RunDecodeCase(c, kv, q_type, seed += 7);
+      }
     }
   }
+}
+
+// A KV pool of more than 2^31 elements per K and V (a large model's real pool): slot and
+// element offsets past int32 must address the right bytes. The sequences' blocks sit at the
+// top of the pool; the CPU reference reads a compact copy of just those blocks. Skipped,
+// with the reason, where the device cannot hold the pool.
+TEST(CudaPagedDecodeTest, PoolOverTwoToThe31ElementsAddressesTheTopBlocks) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const int64_t kv_heads = 8, group = 4, d = 128, block_size = 16;
+  const int64_t block_elements = block_size * kv_heads * d;  // 16,384
+  const int64_t num_blocks = (int64_t{1} << 31) / block_elements + 64;
+  const int64_t pool_bytes = num_blocks * block_elements * 2;  // F16: 4.3 GB each for K and V
+  absl::StatusOr<DeviceBuffer> k_pool = DeviceBuffer::Allocate(pool_bytes);
+  absl::StatusOr<DeviceBuffer> v_pool = k_pool.ok() ? DeviceBuffer::Allocate(pool_bytes)
+                                                    : absl::StatusOr<DeviceBuffer>(k_pool.status());
+  if (!k_pool.ok() || !v_pool.ok()) {
+    GTEST_SKIP() << "the device cannot hold two pools of " << pool_bytes << " bytes: "
+                 << (k_pool.ok() ? v_pool.status() : k_pool.status());
+  }
+  const std::vector<int32_t> context_lens = {700, 1000};
+  const int64_t num_seqs = static_cast<int64_t>(context_lens.size());
+  const int64_t num_heads = kv_heads * group;
+  // Compact pool: blocks 0..n-1 for the reference; on the device block b lives at
+  // num_blocks - n + b, the last blocks of the pool.
+  std::vector<int32_t> indptr{0}, compact_indices, device_indices;
+  for (int32_t len : context_lens) {
+    for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
+      compact_indices.push_back(static_cast<int32_t>(compact_indices.size()));
+    }
+    indptr.push_back(static_cast<int32_t>(compact_indices.size()));
+  }
+  const int64_t used_blocks = static_cast<int64_t>(compact_indices.size());
+  const int64_t first_block = num_blocks - used_blocks;
+  for (int32_t b : compact_indices) device_indices.push_back(static_cast<int32_t>(first_block + b));
+  testing_util::HostCache cache =
+      testing_util::RandomCache(DataType::kF16, used_blocks * block_elements, 31);
+  const int64_t offset_bytes = first_block * block_elements * 2;
+  ASSERT_GT(first_block * block_elements, int64_t{1} << 31);
+  ASSERT_TRUE(k_pool->CopyFromHost(cache.k_bytes.data(), cache.k_bytes.size(), offset_bytes).ok());
+  ASSERT_TRUE(v_pool->CopyFromHost(cache.v_bytes.data(), cache.v_bytes.size(), offset_bytes).ok());
+  std::vector<float> q = testing_util::RoundTo(
+      DataType::kF16, testing_util::RandomFloats(num_seqs * num_heads * d, 32, -2, 2));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<int32_t> query_start(num_seqs + 1);
+  std::iota(query_start.begin(), query_start.end(), 0);
+  std::vector<float> expected(q.size());
+  cpu::PagedAttentionParams ref;
+  ref.q = q.data();
+  ref.out = expected.data();
+  ref.cache = {cache.k.data(), cache.v.data(), cpu::KvDtype::kF32, used_blocks,
+               block_size,     kv_heads,       d};
+  ref.query_start = query_start.data();
+  ref.context_len = context_lens.data();
+  ref.block_indptr = indptr.data();
+  ref.block_indices = compact_indices.data();
+  ref.num_seqs = num_seqs;
+  ref.num_heads = num_heads;
+  ref.scale = scale;
+  ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
+
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(DataType::kF16, q));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF16, q.size()));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(device_indices));
+  PagedDecodeParams p;
+  p.q = d_q.data();
+  p.out = d_out.data();
+  p.q_dtype = DataType::kF16;
+  p.cache = {k_pool->data(), v_pool->data(), DataType::kF16, num_blocks, block_size, kv_heads, d};
+  p.context_len = static_cast<const int32_t*>(d_len.data());
+  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  p.block_indices = static_cast<const int32_t*>(d_indices.data());
+  p.num_seqs = num_seqs;
+  p.num_heads = num_heads;
+  p.scale = scale;
+  p.max_context_len = 1000;
+  p.num_splits = 1;
+  const absl::Status launched = LaunchPagedDecode(p, nullptr);
+  ASSERT_TRUE(launched.ok()) << launched;
+  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                            testing_util::Download(d_out, DataType::kF16, q.size()));
+  EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 5e-5,
+                       testing_util::RoundingTolerance(DataType::kF16) / 2));
 }
 
 // A table that is too short, or names a block outside the pool, makes that sequence's

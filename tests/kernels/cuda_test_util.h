@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -25,6 +26,14 @@
   } while (0)
 
 namespace loom::kernels::cuda::testing_util {
+
+/// True under LOOM_GPU_TEST_SIZE=small (tests/gpu/quick.sh, and its compute-sanitizer
+/// runs): sweeps keep every kernel instantiation but drop their longest contexts and
+/// largest matrices, whose CPU references dominate the time.
+inline bool SmallGpuTestSize() {
+  const char* size = std::getenv("LOOM_GPU_TEST_SIZE");
+  return size != nullptr && std::string(size) == "small";
+}
 
 inline std::vector<float> RandomFloats(int64_t count, uint32_t seed, float low = -1.0f,
                                        float high = 1.0f) {

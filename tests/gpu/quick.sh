@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# The one command run on a lent GPU machine (docs/gpu_verification.md): unpacks the bundle
+# that tests/gpu/bundle.sh made, then runs, in order and each under its own time limit
+# within one global deadline:
+#   1. preflight   nvidia-smi, kernel/sandbox, where cuBLAS and NCCL are, ldd of every
+#                  binary (stops at once on a missing library), compute-sanitizer --version
+#   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
+#   3. runner      the CUDA model runner against the CPU runner: random llama/qwen2 models
+#                  (F16/Q8_0/F32 and Q4_0/Q4_1 -> W4A16 GEMM, QKV bias, BF16, graph buckets
+#                  1/2/4/8/256), and the default model when LOOM_MODEL_PATH names it
+#   4. nccl        the NCCL communicator at world size 1 ("NCCL not found" is not a failure)
+#   5. memcheck    compute-sanitizer on a named subset of kernel tests ("Device not
+#   6. racecheck     supported", as under gVisor, is reported as unavailable)
+#   7. bench       the GPU benchmarks' --quick forms, while time is left
+# report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
+# after every step, so a run cut off at any point still leaves its report.
+#
+#   tests/gpu/quick.sh [--bundle ARCHIVE] [--deadline SECONDS] [--dry-run]
+#
+# --dry-run (any machine, CI): unpacks the bundle, checks ldd (only the driver, cuBLAS and
+# NCCL may be missing), lists the steps with their time limits, runs nothing.
+# Environment: OUT (report folder; default bench/results/gpu/latest), LOOM_GPU_BUNDLE,
+# LOOM_MODEL_PATH, CUDA_HOME. Exit status: 1 when a test or step failed (a test skipped by
+# design on a GPU is not a failure), 2 for bad arguments or an unusable bundle, else 0.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUNDLE="${LOOM_GPU_BUNDLE:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
+DEADLINE=420
+DRY_RUN=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --bundle) BUNDLE="$2"; shift 2 ;;
+    --deadline) DEADLINE="$2"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    *) echo "quick.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ "$DEADLINE" =~ ^[0-9]+$ ]] || { echo "quick.sh: --deadline takes whole seconds" >&2; exit 2; }
+
+# Steps, their own limits (seconds) and what they run. The global deadline caps each.
+STEPS=(preflight kernels runner nccl memcheck racecheck bench)
+declare -A LIMIT=([preflight]=10 [kernels]=120 [runner]=120 [nccl]=30 [memcheck]=90
+                  [racecheck]=90 [bench]=90)
+KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
+RUNNER_FILTER='CudaModelRunner*:*CudaDefaultModel*'
+NCCL_FILTER='Nccl*'
+# compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
+# speculative verify, KV write.
+SANITIZER_FILTER='CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*'
+BENCHES=(cuda_attention_bench quantized_gemm_bench cuda_runner_bench)
+
+if [[ ! -f "$BUNDLE" ]]; then
+  echo "quick.sh: no bundle at $BUNDLE (make it with tests/gpu/bundle.sh)" >&2
+  exit 2
+fi
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/loom-gpu.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/b" "$WORK/xml" "$WORK/bench"
+if ! tar -C "$WORK/b" -xJf "$BUNDLE"; then
+  echo "quick.sh: cannot unpack $BUNDLE" >&2
+  exit 2
+fi
+B="$WORK/b"
+manifest() { sed -n "s/^$1=//p" "$B/MANIFEST" 2> /dev/null; }
+for bin in $(manifest tests) $(manifest benches); do
+  [[ -x "$B/bin/$bin" ]] || { echo "quick.sh: the bundle lacks bin/$bin" >&2; exit 2; }
+done
+
+# --- where cuBLAS and NCCL are: the CUDA toolkit, then pip wheels (nvidia-*), then ldconfig
+CUDA_ROOT="${CUDA_HOME:-/usr/local/cuda}"
+CUBLAS_SONAME="$(manifest cublas_soname)"
+CUBLAS_SONAME="${CUBLAS_SONAME:-libcublas.so.13}"
+candidate_dirs=("$CUDA_ROOT/lib64" "$CUDA_ROOT/targets/x86_64-linux/lib" /usr/lib/x86_64-linux-gnu)
+if command -v python3 > /dev/null; then
+  while IFS= read -r dir; do candidate_dirs+=("$dir"); done < <(python3 - 2> /dev/null << 'PY'
+import glob, os, site, sys
+roots = list(site.getsitepackages()) + [site.getusersitepackages()] + sys.path
+for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
+    for lib in sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib"))):
+        print(lib)
+PY
+  )
+fi
+find_lib() {  # find_lib SONAME: the first candidate dir holding it, else ldconfig's path
+  local dir
+  for dir in "${candidate_dirs[@]}"; do
+    [[ -e "$dir/$1" ]] && { echo "$dir/$1"; return 0; }
+  done
+  ldconfig -p 2> /dev/null | awk -v n="$1" '$1 == n {print $NF; exit}'
+}
+STDCXX_NOTE=""
+CUBLAS_PATH="$(find_lib "$CUBLAS_SONAME")"
+NCCL_PATH="$(find_lib libnccl.so.2)"
+LIB_PATH="$B/lib"
+[[ -n "$CUBLAS_PATH" ]] && LIB_PATH="$LIB_PATH:$(dirname "$CUBLAS_PATH")"
+[[ -n "$NCCL_PATH" ]] && LIB_PATH="$LIB_PATH:$(dirname "$NCCL_PATH")"
+RUN_ENV=(env "LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+         LOOM_GPU_TEST_SIZE=small)
+[[ -n "$NCCL_PATH" ]] && RUN_ENV+=("LOOM_NCCL_LIBRARY=$NCCL_PATH")
+[[ -n "${LOOM_MODEL_PATH:-}" ]] || RUN_ENV+=(LOOM_MODEL_PATH=/nonexistent/default-model.gguf)
+SANITIZER="$(command -v compute-sanitizer || echo "$CUDA_ROOT/bin/compute-sanitizer")"
+[[ -x "$SANITIZER" ]] || SANITIZER=""
+
+# ldd of every binary with the bundle's library path. Missing and allowed: the driver on a
+# machine without one, cuBLAS / NCCL when neither the toolkit nor a wheel has them.
+check_ldd() {  # prints problems; returns 1 when a library other than the allowed is missing
+  local allowed='^(libcuda\.so|libcublas|libcublasLt|libnccl)' bad=0 bin lib
+  for bin in "$B"/bin/*; do
+    while read -r lib; do
+      if [[ "$lib" =~ $allowed ]]; then
+        echo "  $(basename "$bin"): $lib not found (allowed: the GPU machine provides it)"
+      else
+        echo "  $(basename "$bin"): $lib not found"
+        bad=1
+      fi
+    done < <(LD_LIBRARY_PATH="$LIB_PATH" ldd "$bin" 2>&1 | awk '/not found/ {print $1}')
+  done
+  return "$bad"
+}
+
+# A GPU machine whose libstdc++ is older than the builder's: use the bundle's own.
+if LD_LIBRARY_PATH="$LIB_PATH" ldd "$B/bin/loom_worker_tests" 2>&1 | grep -q "version .GLIBCXX\|version .GCC_"; then
+  LIB_PATH="$LIB_PATH:$B/fallback"
+  RUN_ENV[1]="LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  STDCXX_NOTE="the bundle's libstdc++ (the machine's is older)"
+fi
+
+if ((DRY_RUN)); then
+  echo "quick.sh --dry-run: bundle $BUNDLE ($(du -h "$BUNDLE" | cut -f1)), commit $(manifest commit)," \
+    "built for $(manifest cuda_architectures), glibc $(manifest glibc) or newer needed"
+  echo "binaries: $(ls "$B/bin" | tr '\n' ' ')"
+  echo "libraries: $(ls "$B/lib" | wc -l) in lib/"
+  echo "cuBLAS ($CUBLAS_SONAME): ${CUBLAS_PATH:-not found}; NCCL: ${NCCL_PATH:-not found};" \
+    "compute-sanitizer: ${SANITIZER:-not found}"
+  echo "ldd:"
+  if ! check_ldd; then
+    echo "quick.sh --dry-run: libraries the GPU machine will not have are missing" >&2
+    exit 1
+  fi
+  echo "steps (global deadline ${DEADLINE} s):"
+  for step in "${STEPS[@]}"; do printf '  %-10s %4d s\n' "$step" "${LIMIT[$step]}"; done
+  echo "filters: kernels '$KERNEL_FILTER'; runner '$RUNNER_FILTER'; nccl '$NCCL_FILTER'"
+  echo "sanitizer subset: '$SANITIZER_FILTER'"
+  echo "benchmarks (--quick): ${BENCHES[*]}"
+  exit 0
+fi
+
+OUT="${OUT:-$ROOT/bench/results/gpu/latest}"
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"
+: > "$LOG"
+START=$(date +%s)
+say() { echo "[quick $(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
+report() { python3 "$ROOT/tests/gpu/quick_report.py" --work "$WORK" --out "$OUT" "$@" >> "$LOG" 2>&1; }
+# The seconds a step may take: its own limit, within what the deadline leaves (5 s are kept
+# for the last report).
+budget() {
+  local left=$((DEADLINE - ($(date +%s) - START) - 5))
+  local limit="${LIMIT[$1]}"
+  ((left < limit)) && limit=$left
+  echo "$limit"
+}
+record() {  # record STEP STATUS STARTED LIMIT DETAIL
+  report --step "$1" --status "$2" --seconds "$(($(date +%s) - $3))" --limit "$4" --detail "$5"
+  say "$1: $2 ${5:+($5)}"
+}
+# Runs a GoogleTest binary under `timeout`; the status from its exit code and XML.
+run_gtest() {  # run_gtest STEP LIMIT BINARY FILTER [PREFIX...]
+  local step="$1" limit="$2" bin="$3" filter="$4"
+  shift 4
+  timeout -k 5 "$limit" "${RUN_ENV[@]}" "$@" "$B/bin/$bin" --gtest_filter="$filter" \
+    --gtest_output="xml:$WORK/xml/$step.xml" >> "$LOG" 2>&1
+}
+status_of() {  # status_of EXIT_CODE: passed / failed / timed out
+  case "$1" in
+    0) echo passed ;;
+    124|137) echo "timed out" ;;
+    *) echo failed ;;
+  esac
+}
+
+report --meta "commit=$(manifest commit)$( [[ "$(manifest dirty)" == true ]] && echo ' (dirty)')" \
+  --meta "cuda_architectures=$(manifest cuda_architectures)" --meta "deadline_s=$DEADLINE"
+
+# 1. preflight
+t0=$(date +%s)
+limit=$(budget preflight)
+gpu="$(timeout 5 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>> "$LOG" | head -1)"
+kernel="$(uname -r)"
+sandbox="unknown"
+if [[ "$kernel" == 4.4.0* ]] || dmesg 2> /dev/null | grep -qi gvisor; then
+  sandbox="gVisor"
+elif [[ "$kernel" == *-fc-* ]] || grep -qi firecracker /proc/cmdline 2> /dev/null; then
+  sandbox="Firecracker"
+fi
+sanitizer_version="$([[ -n "$SANITIZER" ]] && timeout 5 "$SANITIZER" --version 2>&1 | grep -m1 -i version)"
+report --meta "device=$(echo "$gpu" | cut -d, -f1 | xargs)" \
+  --meta "driver=$(echo "$gpu" | cut -d, -f2 | xargs)" \
+  --meta "memory=$(echo "$gpu" | cut -d, -f3 | xargs)" --meta "kernel=$kernel" \
+  --meta "sandbox=$sandbox" --meta "cublas=${CUBLAS_PATH:-not found}" \
+  --meta "nccl=${NCCL_PATH:-not found}" --meta "compute_sanitizer=${sanitizer_version:-not found}" \
+  --meta "libstdcxx=${STDCXX_NOTE:-the system one}"
+nvidia-smi >> "$LOG" 2>&1
+ldd_problems="$(check_ldd)"
+ldd_ok=$?
+echo "$ldd_problems" >> "$LOG"
+if [[ -z "$gpu" ]]; then
+  record preflight failed "$t0" "$limit" "nvidia-smi sees no GPU"
+  report --final
+  exit 1
+elif ((ldd_ok != 0)) || [[ -z "$CUBLAS_PATH" ]]; then
+  record preflight failed "$t0" "$limit" \
+    "missing libraries: $(echo "$ldd_problems" | grep -v allowed | xargs) ${CUBLAS_PATH:-$CUBLAS_SONAME not found}"
+  report --final
+  exit 1
+fi
+record preflight passed "$t0" "$limit" "$gpu; $sandbox"
+
+# 2-4. the tests
+for step in kernels runner nccl; do
+  t0=$(date +%s)
+  limit=$(budget "$step")
+  if ((limit < 10)); then
+    record "$step" "not run (deadline)" "$t0" 0 ""
+    continue
+  fi
+  case "$step" in
+    kernels) run_gtest kernels "$limit" loom_kernels_tests "$KERNEL_FILTER" ;;
+    runner) run_gtest runner "$limit" loom_worker_tests "$RUNNER_FILTER" ;;
+    nccl) run_gtest nccl "$limit" loom_worker_tests "$NCCL_FILTER" ;;
+  esac
+  code=$?
+  status="$(status_of "$code")"
+  detail=""
+  if [[ "$step" == nccl ]] && grep -q "NCCL not found" "$WORK/xml/nccl.xml" 2> /dev/null; then
+    status="NCCL not found"
+    detail="no libnccl.so.2 in the toolkit, pip wheels or ldconfig"
+  fi
+  record "$step" "$status" "$t0" "$limit" "$detail"
+done
+
+# 5-6. compute-sanitizer
+for tool in memcheck racecheck; do
+  t0=$(date +%s)
+  limit=$(budget "$tool")
+  if [[ -z "$SANITIZER" ]]; then
+    record "$tool" unavailable "$t0" 0 "compute-sanitizer not found"
+    continue
+  elif ((limit < 15)); then
+    record "$tool" "not run (deadline)" "$t0" 0 ""
+    continue
+  fi
+  timeout -k 5 "$limit" "${RUN_ENV[@]}" "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+    --print-limit 20 "$B/bin/loom_kernels_tests" --gtest_filter="$SANITIZER_FILTER" \
+    > "$WORK/$tool.txt" 2>&1
+  code=$?
+  tail -n 60 "$WORK/$tool.txt" >> "$LOG"
+  status="$(status_of "$code")"
+  detail=""
+  if grep -qi "device not supported\|not supported on this" "$WORK/$tool.txt"; then
+    status=unavailable
+    detail="compute-sanitizer: device not supported (a sandboxed driver such as gVisor's)"
+  elif ((code == 99)); then
+    detail="$(grep -m1 -E '^========= (Invalid|Race|Error)' "$WORK/$tool.txt")"
+  fi
+  record "$tool" "$status" "$t0" "$limit" "$detail"
+done
+
+# 7. benchmarks, short forms, while time is left (results, not pass/fail)
+t0=$(date +%s)
+limit=$(budget bench)
+done_benches=()
+for bench in "${BENCHES[@]}"; do
+  left=$((limit - ($(date +%s) - t0)))
+  ((left < 15)) && break
+  if OUT="$WORK/bench" timeout -k 5 "$left" "${RUN_ENV[@]}" "$B/bin/$bench" --quick >> "$LOG" 2>&1; then
+    done_benches+=("$bench")
+  else
+    done_benches+=("$bench:failed")
+  fi
+done
+record bench "ran" "$t0" "$limit" "${done_benches[*]:-none (deadline)}"
+
+report --final
+code=$?
+say "report in $OUT (exit $code)"
+cat "$OUT/report.txt"
+exit "$code"

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Builds tests/gpu/quick.sh's report from what its steps left in the work folder.
+
+quick.sh calls this after every step, so a run killed at any point still leaves a report:
+
+  quick_report.py --work DIR --out DIR [--step NAME --status S --seconds T --limit L
+                  [--detail TEXT]] [--meta KEY=VALUE ...] [--final]
+
+The work folder holds steps.json (one record per finished step, appended here), meta.json
+(facts from the preflight), xml/*.xml (GoogleTest results of each test step) and
+bench/*.json (the benchmarks' results). The report is report.json and report.txt in --out.
+
+A test counts as failed when GoogleTest says so. A skipped test is reported with its reason;
+it is a failure only when it skipped for want of a CUDA device on a machine that has one
+(then the step verified nothing). With --final the exit status is 1 when a test or a step
+failed, else 0.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+FAILED_STEP_STATUSES = ("failed", "timed out")
+
+
+def load_json(path, default):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def summary(text):
+    """The first line of a GoogleTest message after its "file:line" location line."""
+    lines = (text or "").strip().splitlines()
+    if len(lines) > 1 and re.match(r"^\S+:\d+$", lines[0]):
+        lines = lines[1:]
+    return lines[0][:300] if lines else ""
+
+
+def read_tests(work):
+    tests = []
+    for path in sorted(glob.glob(os.path.join(work, "xml", "*.xml"))):
+        step = os.path.splitext(os.path.basename(path))[0]
+        try:
+            root = ET.parse(path).getroot()
+        except (ET.ParseError, OSError) as error:
+            tests.append({"step": step, "name": f"<{os.path.basename(path)}>", "result": "failed",
+                          "time": None, "message": f"unreadable GoogleTest output: {error}"})
+            continue
+        for case in root.iter("testcase"):
+            name = f"{case.get('classname')}.{case.get('name')}"
+            failure = case.find("failure")
+            skipped = case.find("skipped")
+            if failure is not None:
+                result, message = "failed", failure.get("message") or failure.text
+            elif skipped is not None or case.get("result") == "skipped":
+                result = "skipped"
+                message = skipped.get("message") if skipped is not None else ""
+            elif case.get("status") == "notrun" or case.get("result") == "suppressed":
+                continue
+            else:
+                result, message = "passed", ""
+            tests.append({"step": step, "name": name, "result": result,
+                          "time": float(case.get("time") or 0), "message": summary(message)})
+    return tests
+
+
+def build(work, out, final):
+    meta = load_json(os.path.join(work, "meta.json"), {})
+    steps = load_json(os.path.join(work, "steps.json"), [])
+    tests = read_tests(work)
+    has_gpu = bool(meta.get("device"))
+    for t in tests:
+        if t["result"] == "skipped":
+            blind = "no CUDA device" in t["message"]
+            t["skip"] = "unexpected: no device seen" if (blind and has_gpu) else "by design"
+    counts = {k: sum(1 for t in tests if t["result"] == k) for k in ("passed", "failed", "skipped")}
+    unexpected = [t["name"] for t in tests if t.get("skip", "").startswith("unexpected")]
+    failed_steps = [s["name"] for s in steps if s["status"] in FAILED_STEP_STATUSES]
+    benches = {}
+    for path in sorted(glob.glob(os.path.join(work, "bench", "*.json"))):
+        benches[os.path.splitext(os.path.basename(path))[0]] = load_json(path, None)
+    verdict = "failed" if (counts["failed"] or unexpected or failed_steps) else "passed"
+    if not final:
+        verdict = f"running ({verdict} so far)"
+    report = {
+        "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "verdict": verdict,
+        "meta": meta,
+        "steps": steps,
+        "test_counts": counts,
+        "unexpected_skips": unexpected,
+        "failed_tests": [t for t in tests if t["result"] == "failed"],
+        "skipped_tests": [t for t in tests if t["result"] == "skipped"],
+        "tests": tests,
+        "benchmarks": benches,
+    }
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "report.json.tmp"), "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(os.path.join(out, "report.json.tmp"), os.path.join(out, "report.json"))
+
+    lines = [f"Loom GPU quick check: {verdict}  ({report['updated']})"]
+    for key in ("device", "driver", "kernel", "sandbox", "commit", "cuda_architectures",
+                "cublas", "nccl", "compute_sanitizer"):
+        if key in meta:
+            lines.append(f"  {key:<18} {meta[key]}")
+    lines.append("")
+    lines.append(f"{'step':<11} {'status':<22} {'seconds':>8} {'limit':>6}  detail")
+    for s in steps:
+        lines.append(f"{s['name']:<11} {s['status']:<22} {s['seconds']:>8.1f} {s['limit']:>6}"
+                     f"  {s.get('detail', '')}")
+    lines.append("")
+    lines.append(f"tests: {counts['passed']} passed, {counts['failed']} failed, "
+                 f"{counts['skipped']} skipped")
+    for t in report["failed_tests"]:
+        lines.append(f"  FAILED  [{t['step']}] {t['name']}: {t['message']}")
+    for t in report["skipped_tests"]:
+        lines.append(f"  skipped ({t['skip']}) [{t['step']}] {t['name']}: {t['message']}")
+    for name, data in benches.items():
+        if isinstance(data, dict):
+            ratios = {k: v for k, v in data.items() if isinstance(v, (int, float))}
+            lines.append(f"bench {name}: {json.dumps(ratios)[:400]}")
+    with open(os.path.join(out, "report.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 1 if verdict == "failed" else 0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--step")
+    parser.add_argument("--status")
+    parser.add_argument("--seconds", type=float, default=0.0)
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--detail", default="")
+    parser.add_argument("--meta", action="append", default=[])
+    parser.add_argument("--final", action="store_true")
+    args = parser.parse_args()
+    if args.meta:
+        path = os.path.join(args.work, "meta.json")
+        meta = load_json(path, {})
+        for item in args.meta:
+            key, _, value = item.partition("=")
+            meta[key] = value
+        with open(path, "w") as f:
+            json.dump(meta, f, indent=1)
+    if args.step:
+        path = os.path.join(args.work, "steps.json")
+        steps = load_json(path, [])
+        steps.append({"name": args.step, "status": args.status, "seconds": args.seconds,
+                      "limit": args.limit, "detail": args.detail})
+        with open(path, "w") as f:
+            json.dump(steps, f, indent=1)
+    status = build(args.work, args.out, args.final)
+    return status if args.final else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

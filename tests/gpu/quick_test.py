@@ -1,0 +1,150 @@
+"""tests/gpu/quick.sh and its report on this (GPU-less) machine.
+
+* quick_report.py: failures, skips by design and skips for want of a device, the verdict
+  and the report rewritten after every step;
+* quick.sh --dry-run on the bundle CI builds (tests/gpu/bundle.sh): it unpacks, checks ldd
+  and lists every step with its time limit;
+* quick.sh for real on a machine without a GPU: it stops at the preflight and still leaves
+  a report saying why.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SOURCE = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).parents[2]))
+QUICK = SOURCE / "tests" / "gpu" / "quick.sh"
+REPORT = SOURCE / "tests" / "gpu" / "quick_report.py"
+BUNDLE = pathlib.Path(os.environ.get(
+    "LOOM_GPU_BUNDLE", SOURCE / "build-gpu-bundle" / "loom-gpu-bundle.tar.xz"))
+
+XML = """<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="4" failures="1" name="AllTests">
+  <testsuite name="CudaX" tests="4">
+    <testcase name="Passes" status="run" result="completed" time="0.5" classname="CudaX" />
+    <testcase name="Fails" status="run" result="completed" time="0.1" classname="CudaX">
+      <failure message="x.cc:10&#x0A;Expected equality" type=""><![CDATA[x.cc:10]]></failure>
+    </testcase>
+    <testcase name="Blind" status="run" result="skipped" time="0" classname="CudaX">
+      <skipped message="x.cc:20&#x0A;no CUDA device: none"><![CDATA[]]></skipped>
+    </testcase>
+    <testcase name="ByDesign" status="run" result="skipped" time="0" classname="CudaX">
+      <skipped message="x.cc:30&#x0A;NCCL not found: libnccl.so.2"><![CDATA[]]></skipped>
+    </testcase>
+  </testsuite>
+</testsuites>
+"""
+
+
+def report(work, out, *args):
+    return subprocess.run([sys.executable, str(REPORT), "--work", str(work), "--out", str(out),
+                           *args], capture_output=True, text=True)
+
+
+def write_xml(work, name, text):
+    (work / "xml").mkdir(parents=True, exist_ok=True)
+    (work / "xml" / f"{name}.xml").write_text(text)
+
+
+def test_report_counts_failures_and_tells_skips_apart(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    write_xml(work, "kernels", XML)
+    assert report(work, out, "--meta", "device=NVIDIA H100").returncode == 0
+    step = report(work, out, "--step", "kernels", "--status", "failed", "--seconds", "3",
+                  "--limit", "120")
+    assert step.returncode == 0, step.stderr  # only --final answers with the verdict
+    data = json.loads((out / "report.json").read_text())
+    assert data["verdict"].startswith("running")
+    assert data["test_counts"] == {"passed": 1, "failed": 1, "skipped": 2}
+    assert data["unexpected_skips"] == ["CudaX.Blind"]
+    skips = {t["name"]: t["skip"] for t in data["skipped_tests"]}
+    assert skips == {"CudaX.Blind": "unexpected: no device seen", "CudaX.ByDesign": "by design"}
+    assert data["failed_tests"][0]["message"] == "Expected equality"  # location dropped
+    final = report(work, out, "--final")
+    assert final.returncode == 1
+    assert json.loads((out / "report.json").read_text())["verdict"] == "failed"
+    text = (out / "report.txt").read_text()
+    assert "FAILED  [kernels] CudaX.Fails" in text
+    assert "skipped (by design) [kernels] CudaX.ByDesign: NCCL not found: libnccl.so.2" in text
+
+
+def test_skips_by_design_and_passes_are_a_pass(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    passing = XML.replace(
+        '<testcase name="Fails" status="run" result="completed" time="0.1" classname="CudaX">\n'
+        '      <failure message="x.cc:10&#x0A;Expected equality" type=""><![CDATA[x.cc:10]]>'
+        '</failure>\n    </testcase>', "")
+    write_xml(work, "kernels", passing)
+    report(work, out, "--meta", "device=", "--step", "kernels", "--status", "passed")
+    # Without a device the "no CUDA device" skip is expected too.
+    assert report(work, out, "--final").returncode == 0
+    data = json.loads((out / "report.json").read_text())
+    assert data["verdict"] == "passed" and data["unexpected_skips"] == []
+    # A step that timed out fails the run even when every finished test passed.
+    report(work, out, "--step", "runner", "--status", "timed out", "--limit", "120")
+    assert report(work, out, "--final").returncode == 1
+
+
+def test_unreadable_gtest_output_is_a_failure(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    write_xml(work, "runner", "<testsuites><testsuite")  # killed mid-write
+    assert report(work, out, "--final").returncode == 1
+    assert "unreadable" in (out / "report.txt").read_text()
+
+
+def bundle_or_skip():
+    if BUNDLE.is_file():
+        return
+    if os.environ.get("LOOM_REQUIRE_GPU_BUNDLE") == "1":
+        pytest.fail(f"{BUNDLE} missing although scripts/test.sh built it")
+    pytest.skip(f"no GPU bundle at {BUNDLE} (tests/gpu/bundle.sh makes it; CI does)")
+
+
+def test_dry_run_unpacks_checks_libraries_and_lists_the_steps():
+    bundle_or_skip()
+    run = subprocess.run(["bash", str(QUICK), "--dry-run", "--bundle", str(BUNDLE)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for binary in ("loom_kernels_tests", "loom_worker_tests", "cuda_attention_bench",
+                   "quantized_gemm_bench", "cuda_runner_bench"):
+        assert binary in run.stdout
+    limits = {}
+    for line in run.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "s":
+            limits[parts[0]] = int(parts[1])
+    assert list(limits) == ["preflight", "kernels", "runner", "nccl", "memcheck", "racecheck",
+                            "bench"]
+    assert limits["preflight"] == 10 and max(limits.values()) <= 120
+    # Only the driver, cuBLAS and NCCL may be missing: anything else failed the run above.
+    for line in run.stdout.splitlines():
+        if "not found" in line and line.startswith("  "):
+            assert "allowed" in line, line
+    assert "global deadline 420 s" in run.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
+def test_without_a_gpu_the_run_stops_at_preflight_and_reports_why(tmp_path):
+    bundle_or_skip()
+    run = subprocess.run(["bash", str(QUICK), "--bundle", str(BUNDLE), "--deadline", "60"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OUT": str(tmp_path)})
+    assert run.returncode == 1, run.stdout + run.stderr
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["verdict"] == "failed"
+    assert [s["name"] for s in data["steps"]] == ["preflight"]
+    assert data["steps"][0]["detail"] == "nvidia-smi sees no GPU"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt", "report.json", "report.txt"]
+
+
+def test_bad_arguments_and_a_missing_bundle_exit_2(tmp_path):
+    bad = subprocess.run(["bash", str(QUICK), "--deadline", "soon"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "whole seconds" in bad.stderr
+    missing = subprocess.run(["bash", str(QUICK), "--bundle", str(tmp_path / "none.tar.xz")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "no bundle" in missing.stderr
