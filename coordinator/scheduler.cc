@@ -255,8 +255,7 @@ void Scheduler::RegisterFullBlocks(Sequence& seq) {
         seq.blocks[static_cast<size_t>(b)], seq.block_hashes[static_cast<size_t>(b)],
         tokens.subspan(static_cast<size_t>(b * config_.block_size),
                        static_cast<size_t>(config_.block_size)),
-        b == 0 ? BlockManager::kNoParent : seq.blocks[static_cast<size_t>(b - 1)],
-        seq.cache_salt);
+        b == 0 ? BlockManager::kNoParent : seq.blocks[static_cast<size_t>(b - 1)], seq.cache_salt);
   }
   seq.num_registered_blocks = static_cast<int32_t>(full_blocks);
 }

@@ -183,7 +183,8 @@ SimResult Simulate(const SimOptions& sim) {
       int64_t oracle = 0;
       for (const SimReplica& replica : replicas) {
         candidates.push_back({replica.id, replica.load_tokens});
-        oracle = std::max(oracle, replica.blocks->MatchPrefix(matchable, prompt, "").num_blocks * kBlockSize);
+        oracle = std::max(
+            oracle, replica.blocks->MatchPrefix(matchable, prompt, "").num_blocks * kBlockSize);
       }
       const RouteDecision decision =
           router.Route(hashes, static_cast<int64_t>(prompt.size()), kBlockSize, candidates);
@@ -204,10 +205,9 @@ SimResult Simulate(const SimOptions& sim) {
           const size_t b = static_cast<size_t>(match.num_blocks) + i;
           // Registered with its tokens after the block before it in the job's table.
           if (b < hashes.size()) {
-            manager.RegisterBlock(
-                (*fresh)[i], hashes[b],
-                absl::MakeConstSpan(prompt).subspan(b * kBlockSize, kBlockSize),
-                b == 0 ? BlockManager::kNoParent : job.blocks.back(), "");
+            manager.RegisterBlock((*fresh)[i], hashes[b],
+                                  absl::MakeConstSpan(prompt).subspan(b * kBlockSize, kBlockSize),
+                                  b == 0 ? BlockManager::kNoParent : job.blocks.back(), "");
           }
           job.blocks.push_back((*fresh)[i]);
         }
