@@ -1,27 +1,30 @@
 #include "coordinator/block_hash.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string_view>
 #include <vector>
 
 #include "absl/types/span.h"
 
-// Why a non-cryptographic 128-bit hash is enough here.
+// Why a fast 128-bit hash, with a per-process secret and verification, is enough.
 //
 // A collision would make a request reuse K/V computed for different tokens: wrong output,
-// and across tenants a leak. Two threats:
-// * Accidental: the hash is two independent 64-bit lanes, each a chain of bijective
-//   mixers (a bijection never merges two states, so distinct inputs only collide through
-//   the final 128 bits). With N cached blocks alive the chance of any collision is about
-//   N^2 / 2^129: for a billion blocks, ~1e-21.
-// * Crafted: an attacker who can choose token streams could in principle search for a
-//   collision with a mixer this simple. Tenants that do not trust each other set
-//   different cache salts, which seed every chain: without the victim's salt the attacker
-//   cannot compute the victim's hashes, so there is nothing to aim at. Within one salt,
-//   everyone already shares the cache by design.
-// So no crypto library is needed, and the blocks' tokens are not stored for verification.
+// and across tenants a leak (GHSA-rm76-4mrf-v9r8 in vLLM). Two defences, each enough alone:
+// * The hash is never trusted for correctness. A prefix-cache hit is verified by the block
+//   manager against the block's stored token ids, its parent block and (for the first
+//   block) the cache salt, so a collision, accidental or crafted, is only a cache miss.
+//   The cost is one compare of block_size ints per hit (bench/prefix_hash_bench.cc
+//   measures it against a prefill step).
+// * Every chain is seeded with 128 random bits drawn once per process, so a client cannot
+//   compute any block's hash and has nothing to aim a collision at; accidentally, with N
+//   blocks alive, two lanes of bijective mixers collide with probability ~N^2 / 2^129.
+// The hash decides routing (the cluster's KV index) and lookup only; all hashing happens
+// in the one coordinator process, which is why a per-process secret is possible: no hash
+// is persisted, put on the wire or compared across processes.
 
 namespace loom::coordinator {
 namespace {
@@ -54,10 +57,35 @@ void Absorb(BlockHash& state, uint64_t word) {
   state.lo = MixLaneB(state.lo ^ (word * 0xd6e8feb86659fd93ULL + 0x8cb92ba72f3d8dd7ULL));
 }
 
+std::atomic<bool> g_colliding_hashes{false};
+
 }  // namespace
 
+const BlockHash& ProcessHashSecret() {
+  static const BlockHash secret = [] {
+    std::random_device device;
+    auto draw64 = [&device] {
+      return (static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(device());
+    };
+    BlockHash drawn;
+    drawn.hi = draw64();
+    drawn.lo = draw64();
+    return drawn;
+  }();
+  return secret;
+}
+
+void SetBlockHashCollisionsForTesting(bool on) { g_colliding_hashes.store(on); }
+
 BlockHash PrefixHashSeed(std::string_view model_fingerprint, std::string_view cache_salt) {
+  return PrefixHashSeedWithSecret(ProcessHashSecret(), model_fingerprint, cache_salt);
+}
+
+BlockHash PrefixHashSeedWithSecret(const BlockHash& secret, std::string_view model_fingerprint,
+                                   std::string_view cache_salt) {
   BlockHash state{0x243f6a8885a308d3ULL, 0x13198a2e03707344ULL};  // digits of pi
+  Absorb(state, secret.hi);
+  Absorb(state, secret.lo);
   // Each key is absorbed with its length first, so ("ab", "c") and ("a", "bc") differ.
   for (std::string_view key : {model_fingerprint, cache_salt}) {
     Absorb(state, key.size());
@@ -75,7 +103,9 @@ BlockHash HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tok
   Absorb(state, block_tokens.size());
   // Two tokens per word. The packing is explicit (not memcpy) so the hash is the same on
   // every byte order.
-  for (size_t i = 0; i < block_tokens.size(); i += 2) {
+  const size_t hashed_tokens =
+      g_colliding_hashes.load(std::memory_order_relaxed) ? 0 : block_tokens.size();
+  for (size_t i = 0; i < hashed_tokens; i += 2) {
     uint64_t word = static_cast<uint32_t>(block_tokens[i]);
     if (i + 1 < block_tokens.size()) {
       word |= static_cast<uint64_t>(static_cast<uint32_t>(block_tokens[i + 1])) << 32;

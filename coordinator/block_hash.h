@@ -27,13 +27,30 @@ struct BlockHash {
   }
 };
 
-/// The root of every chain: hashes the extra keys, so that two models, or two tenants with
-/// different cache salts, never share a block. Deterministic across processes and builds.
+/// The root of every chain: hashes this process's secret (see ProcessHashSecret) and the
+/// extra keys, so that two models, or two tenants with different cache salts, never share
+/// a block. The same inputs give the same seed within one process, and a different one in
+/// another process: hashes must never be compared across processes. Thread-safe.
 BlockHash PrefixHashSeed(std::string_view model_fingerprint, std::string_view cache_salt);
 
+/// PrefixHashSeed with an explicit secret in place of the process's (tests: pinned values).
+BlockHash PrefixHashSeedWithSecret(const BlockHash& secret, std::string_view model_fingerprint,
+                                   std::string_view cache_salt);
+
+/// 128 random bits drawn once per process (std::random_device) on first use, that seed
+/// every chain: a client cannot compute, and so cannot aim a collision at, any block's
+/// hash. Thread-safe.
+const BlockHash& ProcessHashSecret();
+
 /// hash(parent, tokens of one block): `parent` is the previous block's hash, or the seed
-/// for the first block. Deterministic across processes and builds.
+/// for the first block. A fixed function of its inputs. Thread-safe.
 BlockHash HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tokens);
+
+/// Test only: while on, HashBlock ignores the token values (it hashes only the parent and
+/// the block's length), so every two blocks at the same position of equally long chains
+/// collide. The prefix cache must then still serve every request correctly, because a hit
+/// is verified against the block's stored tokens (BlockManager). Thread-safe.
+void SetBlockHashCollisionsForTesting(bool on);
 
 /// Appends to `hashes` the hashes of the full blocks of `tokens` that it does not hold yet
 /// (blocks [hashes->size(), min(max_blocks, tokens.size() / block_size))), chaining from

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,13 +25,22 @@ struct KvCacheEvent {
 /// full blocks whose K/V are computed can be registered under their BlockHash, and a
 /// registered block stays findable after its last reference drops until it is evicted.
 ///
+/// A hash only finds a candidate; a hit is verified against what the block holds: its
+/// token ids, its parent (the block before it in the chain that computed it, by content
+/// identity) and, for a chain's first block, the cache salt. So a hash collision,
+/// accidental or crafted, is a cache miss and never serves another request's K/V.
+///
 /// Block ids are [0, num_blocks); block b means the same slot range on every rank of the
 /// replica. Allocation takes never-used blocks first (lowest id first), then free blocks
 /// least recently freed first; taking a registered free block evicts it from the cache.
 /// Not thread-safe: owned by the replica's scheduler.
 class BlockManager {
  public:
-  explicit BlockManager(int64_t num_blocks);
+  /// A pool of `num_blocks` blocks of `block_size` (>= 1) tokens each.
+  BlockManager(int64_t num_blocks, int32_t block_size);
+
+  /// RegisterBlock's parent for the first block of a chain.
+  static constexpr int32_t kNoParent = -1;
 
   /// `count` blocks, each with reference count 1; ResourceExhausted (nothing taken) when
   /// fewer than `count` are free. Cached free blocks taken are evicted (kRemoved events).
@@ -44,20 +55,31 @@ class BlockManager {
   absl::Status Free(absl::Span<const int32_t> blocks);
 
   /// How many leading hashes of `hashes` are cached (a chain stops at the first miss),
-  /// and how many of those blocks are free (taking them lowers num_free()).
+  /// and how many of those blocks are free (taking them lowers num_free()). `tokens` are
+  /// the sequence's tokens (at least hashes.size() * block_size) and `cache_salt` its
+  /// salt: a block found by hash counts only when it holds exactly those tokens, after
+  /// the block matched before it (or, first, with that salt); otherwise the chain stops
+  /// there and num_verification_failures() grows.
   struct PrefixMatch {
     int64_t num_blocks = 0;
     int64_t num_free_blocks = 0;
   };
-  PrefixMatch MatchPrefix(absl::Span<const BlockHash> hashes) const;
+  PrefixMatch MatchPrefix(absl::Span<const BlockHash> hashes, absl::Span<const int32_t> tokens,
+                          std::string_view cache_salt) const;
   /// Takes a reference on the blocks of the first `count` hashes, which MatchPrefix must
   /// have found (a free one leaves the free list: it is revived, not evicted). Returns
   /// their ids in order.
   std::vector<int32_t> TakeCachedPrefix(absl::Span<const BlockHash> hashes, int64_t count);
-  /// Registers `block` (in use, its K/V computed) as holding `hash`. Returns false and
-  /// changes nothing when another block already holds that hash (two sequences computed
-  /// the same content; the first copy stays the cached one) or `block` holds one already.
-  bool RegisterBlock(int32_t block, const BlockHash& hash);
+  /// Registers `block` (in use, its K/V computed) as holding `hash`: the K/V of
+  /// `tokens` (block_size of them), computed after `parent_block` (in use; kNoParent for
+  /// a chain's first block, then salted with `cache_salt`). Returns false and caches
+  /// nothing when `block` holds a hash already, when `parent_block`'s content is unknown
+  /// (it was not cached: its own registration failed), or when another block holds that
+  /// hash (two sequences computed the same content: the first copy stays the cached one,
+  /// and `block` may still be the parent of a later block; or a collision: counted in
+  /// num_verification_failures()).
+  bool RegisterBlock(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
+                     int32_t parent_block, std::string_view cache_salt);
   /// Un-registers every cached block (their contents can no longer be trusted), emitting
   /// kRemoved for each. Blocks in use stay allocated.
   void ForgetCachedBlocks();
@@ -73,6 +95,10 @@ class BlockManager {
   int64_t num_free() const { return (num_blocks() - next_never_used_) + num_freed_; }
   /// Registered blocks, in use or free.
   int64_t num_cached() const { return static_cast<int64_t>(cached_.size()); }
+  /// Blocks found by hash whose contents did not match (hash collisions), so far.
+  int64_t num_verification_failures() const { return num_verification_failures_; }
+  /// Tokens per block.
+  int32_t block_size() const { return block_size_; }
   /// Fraction of blocks in use, [0, 1].
   double usage() const;
   /// References held on `block`, 0 when it is free; `block` must be in [0, num_blocks).
@@ -91,6 +117,12 @@ class BlockManager {
   void LinkAtTail(int32_t block);
   void Unlink(int32_t block);
   void Unregister(int32_t block);
+  // Whether cached `block` holds `tokens` after the content `parent_id` (0: a chain's
+  // first block, salted with `cache_salt`).
+  bool HoldsContent(int32_t block, absl::Span<const int32_t> tokens, uint64_t parent_id,
+                    std::string_view cache_salt) const;
+
+  const int32_t block_size_;
 
   std::vector<int32_t> ref_counts_;  // [num_blocks]; 0 exactly for the free blocks
   // Blocks [next_never_used_, num_blocks) have never been handed out; they go first,
@@ -110,6 +142,17 @@ class BlockManager {
   absl::flat_hash_map<BlockHash, int32_t> cached_;
   std::vector<BlockHash> hashes_;  // [num_blocks]; meaningful where has_hash_
   std::vector<bool> has_hash_;     // [num_blocks]
+  // What a registered block holds, for verifying hits. content_id_[b] names b's content:
+  // a number never reused (next_content_id_ counts up), given at registration; a block in
+  // use whose registration found an equal cached copy shares that copy's id (so it can be
+  // a parent); 0 for a block whose content is unknown. parent_id_[b] is the content id of
+  // the block before b (0 for a first block, whose salt is in salts_[b]).
+  std::vector<int32_t> tokens_;       // [num_blocks * block_size]; where has_hash_
+  std::vector<uint64_t> content_id_;  // [num_blocks]
+  std::vector<uint64_t> parent_id_;   // [num_blocks]; where has_hash_
+  std::vector<std::string> salts_;    // [num_blocks]; where has_hash_ and parent_id_ == 0
+  uint64_t next_content_id_ = 1;
+  mutable int64_t num_verification_failures_ = 0;
   bool record_events_ = false;
   std::vector<KvCacheEvent> events_;
 };

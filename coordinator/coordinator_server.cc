@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/model_fingerprint.h"
+#include "coordinator/block_hash.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "worker/step_executor.h"
@@ -49,7 +50,9 @@ const char kServeFlagsHelp[] =
     "0.5)\n"
     "  --router-balance-threshold N prefix routing: load (tokens) above the least-loaded "
     "replica\n"
-    "                               past which load wins (default 4096)\n";
+    "                               past which load wins (default 4096)\n"
+    "  --debug-colliding-block-hashes on|off  tests only: all prefix-cache block hashes\n"
+    "                               collide; hits are still verified (default off)\n";
 
 bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOptions& options,
                     std::string& error) {
@@ -125,6 +128,12 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
     } else {
       error = absl::StrFormat("--router-load-weight needs a number in [0, 1000], got '%s'", value);
     }
+  } else if (flag == "--debug-colliding-block-hashes") {
+    if (value == "on" || value == "off") {
+      options.debug_colliding_block_hashes = value == "on";
+    } else {
+      error = absl::StrFormat("--debug-colliding-block-hashes needs on or off, got '%s'", value);
+    }
   } else if (flag == "--router-balance-threshold") {
     if (need_number(0, int64_t{1} << 40)) options.cluster.router.balance_threshold_tokens = number;
   } else {
@@ -137,6 +146,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServeOptions& options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->options_ = options;
+  SetBlockHashCollisionsForTesting(options.debug_colliding_block_hashes);
   auto gguf = common::GgufFile::Open(options.model_path);
   if (!gguf.ok()) return gguf.status();
   server->gguf_ = *std::move(gguf);

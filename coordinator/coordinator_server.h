@@ -29,6 +29,9 @@ struct ServeOptions {
   // The least time between two messages of one stream, gRPC and HTTP alike (the first
   // and the final ones go out at once): one handler wakeup then carries several tokens.
   absl::Duration stream_interval = absl::Milliseconds(10);  // --stream-interval-ms
+  // Tests only: every prefix-cache block hash ignores its tokens (forced collisions,
+  // which hit verification must catch). --debug-colliding-block-hashes on|off.
+  bool debug_colliding_block_hashes = false;
 };
 
 /// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`

@@ -1,9 +1,49 @@
 #include "coordinator/http_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::coordinator {
+namespace {
+
+// cpp-httplib (Debian's build, 0.11) listens with a backlog of 5. Under a burst of new
+// connections, more than that waiting for its accept loop are dropped by the kernel and the
+// clients retry their SYN after 1 s, 3 s, ...: a request that would be answered (or
+// rejected with 429) in milliseconds waits seconds. listen() again on a listening socket
+// only changes its backlog, so the socket httplib bound to `port` gets the system's maximum.
+// The library keeps the socket private: it is found among the process's descriptors.
+void WidenListenBacklog(int port) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &fd)) continue;
+    int listening = 0;
+    socklen_t length = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) != 0 || !listening) {
+      continue;
+    }
+    sockaddr_storage address{};
+    socklen_t address_length = sizeof(address);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &address_length) != 0) continue;
+    int bound_port = -1;
+    if (address.ss_family == AF_INET) {
+      bound_port = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+    } else if (address.ss_family == AF_INET6) {
+      bound_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+    }
+    if (bound_port == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const HttpOptions& options, Cluster& cluster, const ServedModel& model,
@@ -102,6 +142,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     return absl::UnavailableError(
         absl::StrFormat("cannot listen for HTTP on %s:%d", options.host, options.port));
   }
+  WidenListenBacklog(server->port_);
   server->listener_ = std::thread([raw = server.get()] { raw->server_.listen_after_bind(); });
   return server;
 }

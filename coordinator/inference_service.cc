@@ -235,6 +235,11 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
                                         tokenizer_, eos_ids_);
   live->set_metrics(metrics_);
   if (absl::Status placed = cluster_.Submit(live); !placed.ok()) {
+    // A full queue is answered at once (admission never waits for a step), with HTTP's
+    // Retry-After as trailing metadata: seconds before a retry is likely admitted.
+    if (placed.code() == absl::StatusCode::kResourceExhausted) {
+      context->AddTrailingMetadata("retry-after", "1");
+    }
     return new FinishedReactor(ToGrpcStatus(placed));
   }
   return GenerateStream::Start(std::make_shared<GenerateStream>(

@@ -281,6 +281,7 @@ void Replica::AdmitInbox() {
     seq->prompt_ids = params.prompt_ids;
     seq->sampling = params.sampling;
     seq->max_tokens = params.max_tokens;
+    seq->cache_salt = params.cache_salt;
     seq->max_speculative_tokens = params.num_speculative_tokens >= 0
                                       ? params.num_speculative_tokens
                                       : options_.speculation.num_speculative_tokens;

@@ -38,7 +38,7 @@ bool Scheduler::SchedulingOrder::operator()(const Sequence* a, const Sequence* b
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), block_manager_(config.num_blocks), speculation_policy_(config.speculation) {
+    : config_(config), block_manager_(config.num_blocks, config.block_size), speculation_policy_(config.speculation) {
   block_manager_.set_record_events(config.record_kv_events);
   // The replica validated its configuration; nonsense here is a bug.
   LOOM_CHECK(config.block_size > 0);
@@ -204,7 +204,8 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
     max_blocks = (seq.num_known_tokens() - 1) / config_.block_size;
     ExtendHashes(seq, max_blocks);
     match = block_manager_.MatchPrefix(
-        absl::MakeConstSpan(seq.block_hashes).first(static_cast<size_t>(max_blocks)));
+        absl::MakeConstSpan(seq.block_hashes).first(static_cast<size_t>(max_blocks)),
+        AppliedTokens(seq, max_blocks * config_.block_size), seq.cache_salt);
   }
   const int64_t cached_tokens = match.num_blocks * config_.block_size;
   const int32_t count =
@@ -223,19 +224,18 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
   return count;
 }
 
-void Scheduler::ExtendHashes(Sequence& seq, int64_t num_blocks) {
-  if (static_cast<int64_t>(seq.block_hashes.size()) >= num_blocks) return;
-  const int64_t prompt_size = static_cast<int64_t>(seq.prompt_ids.size());
-  if (num_blocks * config_.block_size <= prompt_size) {
-    ExtendBlockHashes(seq.hash_seed, seq.prompt_ids, config_.block_size, num_blocks,
-                      &seq.block_hashes);
-    return;
-  }
-  // The blocks reach into the outputs: hash over prompt + outputs, contiguous.
+absl::Span<const int32_t> Scheduler::AppliedTokens(const Sequence& seq, int64_t num_tokens) {
+  if (num_tokens <= static_cast<int64_t>(seq.prompt_ids.size())) return seq.prompt_ids;
+  // They reach into the outputs: prompt + outputs, contiguous.
   token_scratch_.assign(seq.prompt_ids.begin(), seq.prompt_ids.end());
   token_scratch_.insert(token_scratch_.end(), seq.output_ids.begin(), seq.output_ids.end());
-  ExtendBlockHashes(seq.hash_seed, token_scratch_, config_.block_size, num_blocks,
-                    &seq.block_hashes);
+  return token_scratch_;
+}
+
+void Scheduler::ExtendHashes(Sequence& seq, int64_t num_blocks) {
+  if (static_cast<int64_t>(seq.block_hashes.size()) >= num_blocks) return;
+  ExtendBlockHashes(seq.hash_seed, AppliedTokens(seq, num_blocks * config_.block_size),
+                    config_.block_size, num_blocks, &seq.block_hashes);
 }
 
 void Scheduler::RegisterFullBlocks(Sequence& seq) {
@@ -247,10 +247,15 @@ void Scheduler::RegisterFullBlocks(Sequence& seq) {
                         static_cast<int64_t>(seq.blocks.size()));
   if (full_blocks <= seq.num_registered_blocks) return;
   ExtendHashes(seq, full_blocks);
+  const absl::Span<const int32_t> tokens = AppliedTokens(seq, full_blocks * config_.block_size);
   for (int64_t b = seq.num_registered_blocks; b < full_blocks; ++b) {
-    // False when another block already holds this content: that copy stays the cached one.
-    block_manager_.RegisterBlock(seq.blocks[static_cast<size_t>(b)],
-                                 seq.block_hashes[static_cast<size_t>(b)]);
+    // False when another block already holds this content (that copy stays the cached
+    // one) or a collision was caught.
+    block_manager_.RegisterBlock(
+        seq.blocks[static_cast<size_t>(b)], seq.block_hashes[static_cast<size_t>(b)],
+        tokens.subspan(static_cast<size_t>(b * config_.block_size),
+                       static_cast<size_t>(config_.block_size)),
+        b == 0 ? BlockManager::kNoParent : seq.blocks[static_cast<size_t>(b - 1)], seq.cache_salt);
   }
   seq.num_registered_blocks = static_cast<int32_t>(full_blocks);
 }

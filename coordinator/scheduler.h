@@ -165,6 +165,9 @@ class Scheduler {
   void ReleaseBlocks(Sequence& seq);
   // Extends seq.block_hashes to cover its first `num_blocks` full blocks of applied tokens.
   void ExtendHashes(Sequence& seq, int64_t num_blocks);
+  // The first `num_tokens` (or more) of seq's applied tokens, prompt then outputs,
+  // contiguous: the prompt itself, or token_scratch_ (valid until the next call).
+  absl::Span<const int32_t> AppliedTokens(const Sequence& seq, int64_t num_tokens);
   // Registers the sequence's blocks that became full with computed, known tokens.
   void RegisterFullBlocks(Sequence& seq);
   // Admission of a waiting `seq` (empty table): when its first chunk (within `budget`)

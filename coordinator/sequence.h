@@ -43,6 +43,7 @@ struct Sequence {
   // applied tokens (prompt then output_ids), rooted at hash_seed; it only ever grows (the
   // tokens it covers never change), lazily, as the scheduler needs more of it.
   BlockHash hash_seed;
+  std::string cache_salt;  // the request's; a cached first block is verified against it
   std::vector<BlockHash> block_hashes;
   int32_t num_registered_blocks = 0;  // leading blocks offered to the prefix cache
   int32_t num_cached_tokens = 0;      // tokens found cached at its latest admission

@@ -111,3 +111,33 @@ def test_every_block_is_free_when_idle(clusters):
     for coordinator in (on, off):
         for replica_id, status in coordinator.wait_idle().items():
             assert status.num_free_blocks == status.num_kv_blocks, (replica_id, status)
+
+
+@pytest.fixture(scope="module")
+def colliding(tmp_path_factory):
+    """A caching coordinator whose block hashes all collide (test hook): only the hit
+    verification against each block's tokens, parent and salt keeps outputs right."""
+    with h.running_cluster(tmp_path_factory.mktemp("colliding"), {"replica-d": {"threads": 1}},
+                           prefix_caching="on", debug_colliding_block_hashes="on") as rig:
+        yield rig.coordinator
+
+
+def test_forced_hash_collisions_are_caught_and_served_correctly(clusters, colliding):
+    _, off = clusters
+    # Same-length prompts whose every block collides with the first one's; then repeats of
+    # the shared system prompt, which must still be served from the cache.
+    unrelated = [" ".join(reversed((SYSTEM + q).split())) for q in QUESTIONS[:2]]
+    prompts = [SYSTEM + QUESTIONS[0], *unrelated, SYSTEM + QUESTIONS[1]]
+    salted = make_request(SYSTEM + QUESTIONS[2], max_tokens=MAX_TOKENS, ignore_eos=True)
+    salted.cache_salt = "tenant-7"
+    requests = [make_request(p, max_tokens=MAX_TOKENS, ignore_eos=True) for p in prompts] + [salted]
+    for index, request in enumerate(requests):
+        tokens_colliding, last = generate_last(colliding.stub, request)
+        tokens_off, _ = generate_last(off.stub, request)
+        assert tokens_colliding == tokens_off, f"request {index}: a colliding block was served"
+        if index in (1, 2, 4):  # other tokens, or another salt: nothing may be reused
+            assert last.cached_prompt_tokens == 0, (index, last)
+    _, repeat = generate_last(colliding.stub, requests[3])
+    assert repeat.cached_prompt_tokens >= 64, repeat
+    for replica_id, status in colliding.wait_idle().items():
+        assert status.num_free_blocks == status.num_kv_blocks, (replica_id, status)

@@ -17,16 +17,38 @@ std::vector<int32_t> Tokens(int32_t first, int32_t count) {
   return tokens;
 }
 
-TEST(BlockHashTest, IsAFixedFunctionOfItsInputs) {
-  // Pinned values: the hash must be the same in every process, build and restart (two
-  // coordinators, or a coordinator and an external KV-event consumer, must agree). A
-  // change here invalidates every persisted or published hash: make it on purpose.
-  const BlockHash seed = PrefixHashSeed("fingerprint", "");
+TEST(BlockHashTest, IsAFixedFunctionOfTheSecretAndItsInputs) {
+  // Pinned values for a fixed secret: a change to the mixer shows here.
+  const BlockHash seed = PrefixHashSeedWithSecret({1, 2}, "fingerprint", "");
   const BlockHash block = HashBlock(seed, Tokens(1, 16));
-  EXPECT_EQ(seed.hi, 0xb1593760342feff8ULL) << std::hex << seed.hi;
-  EXPECT_EQ(seed.lo, 0x0a4fc7e55cf66580ULL) << std::hex << seed.lo;
-  EXPECT_EQ(block.hi, 0x0d85da96df2e204cULL) << std::hex << block.hi;
-  EXPECT_EQ(block.lo, 0x1fd6d88401ebe357ULL) << std::hex << block.lo;
+  EXPECT_EQ(seed.hi, 0xbd4db346c5ca3d0aULL) << std::hex << seed.hi;
+  EXPECT_EQ(seed.lo, 0xbbf43fb92c945a61ULL) << std::hex << seed.lo;
+  EXPECT_EQ(block.hi, 0x04183dd0eb533e45ULL) << std::hex << block.hi;
+  EXPECT_EQ(block.lo, 0xe267c35475efbd02ULL) << std::hex << block.lo;
+}
+
+TEST(BlockHashTest, TheProcessSecretSeedsEveryChain) {
+  // Nobody outside the process can compute a hash: the seed depends on the secret, which
+  // is drawn at random (two draws of 128 bits do not repeat).
+  EXPECT_EQ(PrefixHashSeed("m", "s"), PrefixHashSeedWithSecret(ProcessHashSecret(), "m", "s"));
+  EXPECT_NE(PrefixHashSeed("m", "s"), PrefixHashSeedWithSecret({0, 0}, "m", "s"));
+  EXPECT_NE(PrefixHashSeedWithSecret({0, 1}, "m", "s"), PrefixHashSeedWithSecret({1, 0}, "m", "s"));
+  EXPECT_NE(ProcessHashSecret(), BlockHash{});
+  EXPECT_EQ(&ProcessHashSecret(), &ProcessHashSecret());
+}
+
+TEST(BlockHashTest, TheCollisionHookMakesEqualLengthBlocksCollide) {
+  const BlockHash seed = PrefixHashSeed("m", "");
+  const BlockHash honest = HashBlock(seed, Tokens(0, 16));
+  SetBlockHashCollisionsForTesting(true);
+  const BlockHash a = HashBlock(seed, Tokens(0, 16));
+  const BlockHash b = HashBlock(seed, Tokens(100, 16));
+  const BlockHash shorter = HashBlock(seed, Tokens(0, 15));
+  SetBlockHashCollisionsForTesting(false);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, shorter);
+  EXPECT_EQ(HashBlock(seed, Tokens(0, 16)), honest);
+  EXPECT_NE(honest, HashBlock(seed, Tokens(100, 16)));
 }
 
 TEST(BlockHashTest, EqualInputsGiveEqualHashes) {

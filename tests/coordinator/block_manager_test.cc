@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,8 +19,10 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
+constexpr int32_t kBlockSize = 2;
+
 TEST(BlockManagerTest, HandsOutNeverUsedBlocksLowestIdFirst) {
-  BlockManager manager(8);
+  BlockManager manager(8, kBlockSize);
   EXPECT_EQ(manager.num_free(), 8);
   absl::StatusOr<std::vector<int32_t>> first = manager.Allocate(3);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -33,7 +36,7 @@ TEST(BlockManagerTest, HandsOutNeverUsedBlocksLowestIdFirst) {
 }
 
 TEST(BlockManagerTest, ReusesFreedBlocksOnlyAfterNeverUsedOnesLeastRecentlyFreedFirst) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   ASSERT_TRUE(manager.Allocate(2).ok());  // 0, 1
   // Freed tail first, as a sequence releases its table: 1 is the least recently freed.
   ASSERT_TRUE(manager.Free({1, 0}).ok());
@@ -48,7 +51,7 @@ TEST(BlockManagerTest, ReusesFreedBlocksOnlyAfterNeverUsedOnesLeastRecentlyFreed
 }
 
 TEST(BlockManagerTest, FreedRingWrapsAroundAcrossManyCycles) {
-  BlockManager manager(3);
+  BlockManager manager(3, kBlockSize);
   ASSERT_TRUE(manager.Allocate(3).ok());
   // Free and retake one block at a time many times: the ring's head and tail wrap.
   int32_t expected = 0;
@@ -66,7 +69,7 @@ TEST(BlockManagerTest, FreedRingWrapsAroundAcrossManyCycles) {
 }
 
 TEST(BlockManagerTest, AllocateTakesNothingWhenTooFewAreFree) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   ASSERT_TRUE(manager.Allocate(3).ok());
   absl::StatusOr<std::vector<int32_t>> too_many = manager.Allocate(2);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted);
@@ -79,7 +82,7 @@ TEST(BlockManagerTest, AllocateTakesNothingWhenTooFewAreFree) {
 }
 
 TEST(BlockManagerTest, AllocateOfZeroIsEmptyAndNegativeIsInvalid) {
-  BlockManager manager(2);
+  BlockManager manager(2, kBlockSize);
   absl::StatusOr<std::vector<int32_t>> none = manager.Allocate(0);
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
@@ -88,7 +91,7 @@ TEST(BlockManagerTest, AllocateOfZeroIsEmptyAndNegativeIsInvalid) {
 }
 
 TEST(BlockManagerTest, SharedBlockIsFreedOnlyWhenItsLastReferenceDrops) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   ASSERT_TRUE(manager.Allocate(2).ok());  // 0, 1
   ASSERT_TRUE(manager.AddReference({0, 1}).ok());
   EXPECT_EQ(manager.ref_count(0), 2);
@@ -101,7 +104,7 @@ TEST(BlockManagerTest, SharedBlockIsFreedOnlyWhenItsLastReferenceDrops) {
 }
 
 TEST(BlockManagerTest, AddReferenceToAFreeOrOutOfRangeBlockChangesNothing) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   ASSERT_TRUE(manager.Allocate(1).ok());  // 0
   EXPECT_EQ(manager.AddReference({0, 2}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager.ref_count(0), 1);
@@ -112,7 +115,7 @@ TEST(BlockManagerTest, AddReferenceToAFreeOrOutOfRangeBlockChangesNothing) {
 }
 
 TEST(BlockManagerTest, FreeOfAFreeBlockFailsAfterReleasingTheOnesBeforeIt) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   ASSERT_TRUE(manager.Allocate(2).ok());  // 0, 1
   const absl::Status twice = manager.Free({1, 1});
   EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition);
@@ -126,13 +129,13 @@ TEST(BlockManagerTest, FreeOfAFreeBlockFailsAfterReleasingTheOnesBeforeIt) {
 }
 
 TEST(BlockManagerTest, UsageIsTheFractionOfBlocksInUse) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   EXPECT_DOUBLE_EQ(manager.usage(), 0.0);
   ASSERT_TRUE(manager.Allocate(1).ok());
   EXPECT_DOUBLE_EQ(manager.usage(), 0.25);
   ASSERT_TRUE(manager.Allocate(3).ok());
   EXPECT_DOUBLE_EQ(manager.usage(), 1.0);
-  BlockManager empty(0);
+  BlockManager empty(0, kBlockSize);
   EXPECT_DOUBLE_EQ(empty.usage(), 0.0);
   EXPECT_EQ(empty.Allocate(1).status().code(), absl::StatusCode::kResourceExhausted);
 }
@@ -140,43 +143,65 @@ TEST(BlockManagerTest, UsageIsTheFractionOfBlocksInUse) {
 // ---------------------------------------------------------------------------------------
 // The prefix cache.
 
-BlockHash Hash(uint64_t n) {
-  return HashBlock(PrefixHashSeed("test", ""), {static_cast<int32_t>(n)});
+// The tokens of a chain of `count` blocks of the family `first`: block i holds
+// {first + i, first + i}. Chains of one family share their prefixes.
+std::vector<int32_t> Tokens(int count, uint64_t first = 0) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < count; ++i) {
+    tokens.insert(tokens.end(), kBlockSize, static_cast<int32_t>(first + static_cast<uint64_t>(i)));
+  }
+  return tokens;
 }
 
-std::vector<BlockHash> Chain(int count, uint64_t first = 0) {
-  std::vector<BlockHash> hashes;
-  for (int i = 0; i < count; ++i) hashes.push_back(Hash(first + static_cast<uint64_t>(i)));
-  return hashes;
+std::vector<BlockHash> Chain(int count, uint64_t first = 0, std::string_view salt = "") {
+  return HashFullBlocks(PrefixHashSeed("test", salt), Tokens(count, first), kBlockSize);
 }
 
-// Allocates `hashes.size()` blocks and registers them under `hashes`, as a sequence that
-// computed them does.
-std::vector<int32_t> AllocateCached(BlockManager& manager, const std::vector<BlockHash>& hashes) {
-  absl::StatusOr<std::vector<int32_t>> blocks =
-      manager.Allocate(static_cast<int64_t>(hashes.size()));
+BlockManager::PrefixMatch Match(const BlockManager& manager, int count, uint64_t first = 0,
+                                std::string_view salt = "") {
+  return manager.MatchPrefix(Chain(count, first, salt), Tokens(count, first), salt);
+}
+
+// Registers `blocks` (in use) as the first blocks of the chain `first`, as a sequence that
+// computed them does; returns how many registrations were accepted.
+int RegisterChain(BlockManager& manager, const std::vector<int32_t>& blocks, uint64_t first = 0,
+                  std::string_view salt = "") {
+  const int count = static_cast<int>(blocks.size());
+  const std::vector<BlockHash> hashes = Chain(count, first, salt);
+  const std::vector<int32_t> tokens = Tokens(count, first);
+  int accepted = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    accepted += manager.RegisterBlock(
+        blocks[i], hashes[i], absl::MakeConstSpan(tokens).subspan(i * kBlockSize, kBlockSize),
+        i == 0 ? BlockManager::kNoParent : blocks[i - 1], salt);
+  }
+  return accepted;
+}
+
+// Allocates `count` blocks and registers them as the chain `first`.
+std::vector<int32_t> AllocateCached(BlockManager& manager, int count, uint64_t first = 0,
+                                    std::string_view salt = "") {
+  absl::StatusOr<std::vector<int32_t>> blocks = manager.Allocate(count);
   EXPECT_TRUE(blocks.ok()) << blocks.status();
   if (!blocks.ok()) return {};
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    EXPECT_TRUE(manager.RegisterBlock((*blocks)[i], hashes[i]));
-  }
+  EXPECT_EQ(RegisterChain(manager, *blocks, first, salt), count);
   return *blocks;
 }
 
 TEST(BlockManagerTest, MatchesTheLongestCachedChainAndStopsAtTheFirstMiss) {
-  BlockManager manager(8);
-  const std::vector<BlockHash> chain = Chain(4);
-  AllocateCached(manager, {chain[0], chain[1], chain[3]});  // chain[2] missing
-  const BlockManager::PrefixMatch match = manager.MatchPrefix(chain);
+  BlockManager manager(8, kBlockSize);
+  AllocateCached(manager, 2);
+  const BlockManager::PrefixMatch match = Match(manager, 4);
   EXPECT_EQ(match.num_blocks, 2);
   EXPECT_EQ(match.num_free_blocks, 0);
-  EXPECT_EQ(manager.MatchPrefix(Chain(2, 100)).num_blocks, 0);
-  EXPECT_EQ(manager.MatchPrefix({}).num_blocks, 0);
+  EXPECT_EQ(Match(manager, 2, 100).num_blocks, 0);
+  EXPECT_EQ(Match(manager, 0).num_blocks, 0);
+  EXPECT_EQ(manager.num_verification_failures(), 0);
 }
 
 TEST(BlockManagerTest, TakingACachedPrefixSharesItsBlocks) {
-  BlockManager manager(8);
-  const std::vector<int32_t> blocks = AllocateCached(manager, Chain(3));
+  BlockManager manager(8, kBlockSize);
+  const std::vector<int32_t> blocks = AllocateCached(manager, 3);
   const std::vector<int32_t> shared = manager.TakeCachedPrefix(Chain(3), 2);
   EXPECT_THAT(shared, ElementsAre(blocks[0], blocks[1]));
   EXPECT_EQ(manager.ref_count(blocks[0]), 2);
@@ -186,12 +211,12 @@ TEST(BlockManagerTest, TakingACachedPrefixSharesItsBlocks) {
 }
 
 TEST(BlockManagerTest, FreedCachedBlocksStayFindableAndAreRevivedNotEvicted) {
-  BlockManager manager(4);
-  const std::vector<int32_t> blocks = AllocateCached(manager, Chain(2));
+  BlockManager manager(4, kBlockSize);
+  const std::vector<int32_t> blocks = AllocateCached(manager, 2);
   ASSERT_TRUE(manager.Free({blocks[1], blocks[0]}).ok());
   EXPECT_EQ(manager.num_free(), 4);
   EXPECT_EQ(manager.num_cached(), 2);
-  const BlockManager::PrefixMatch match = manager.MatchPrefix(Chain(2));
+  const BlockManager::PrefixMatch match = Match(manager, 2);
   EXPECT_EQ(match.num_blocks, 2);
   EXPECT_EQ(match.num_free_blocks, 2);
   const std::vector<int32_t> revived = manager.TakeCachedPrefix(Chain(2), 2);
@@ -206,9 +231,9 @@ TEST(BlockManagerTest, FreedCachedBlocksStayFindableAndAreRevivedNotEvicted) {
 }
 
 TEST(BlockManagerTest, EvictsLeastRecentlyFreedCachedBlockFirstAndTheTailBeforeThePrefix) {
-  BlockManager manager(6);
-  const std::vector<int32_t> first = AllocateCached(manager, Chain(3, 0));    // 0, 1, 2
-  const std::vector<int32_t> second = AllocateCached(manager, Chain(3, 10));  // 3, 4, 5
+  BlockManager manager(6, kBlockSize);
+  const std::vector<int32_t> first = AllocateCached(manager, 3, 0);    // 0, 1, 2
+  const std::vector<int32_t> second = AllocateCached(manager, 3, 10);  // 3, 4, 5
   manager.set_record_events(true);
   // A sequence releases its table tail first: its last block is evicted first, its
   // first block (the most shareable prefix) last.
@@ -221,8 +246,8 @@ TEST(BlockManagerTest, EvictsLeastRecentlyFreedCachedBlockFirstAndTheTailBeforeT
   EXPECT_FALSE(manager.is_cached(2));
   EXPECT_FALSE(manager.is_cached(1));
   EXPECT_TRUE(manager.is_cached(0));
-  EXPECT_EQ(manager.MatchPrefix(Chain(3, 0)).num_blocks, 1);
-  EXPECT_EQ(manager.MatchPrefix(Chain(3, 10)).num_blocks, 3);
+  EXPECT_EQ(Match(manager, 3, 0).num_blocks, 1);
+  EXPECT_EQ(Match(manager, 3, 10).num_blocks, 3);
   const std::vector<KvCacheEvent> events = manager.TakeEvents();
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::kRemoved);
@@ -232,9 +257,9 @@ TEST(BlockManagerTest, EvictsLeastRecentlyFreedCachedBlockFirstAndTheTailBeforeT
 }
 
 TEST(BlockManagerTest, EvictionUnderPressureNeverTakesABlockInUse) {
-  BlockManager manager(6);
-  const std::vector<int32_t> held = AllocateCached(manager, Chain(3, 0));
-  const std::vector<int32_t> freed = AllocateCached(manager, Chain(3, 10));
+  BlockManager manager(6, kBlockSize);
+  const std::vector<int32_t> held = AllocateCached(manager, 3, 0);
+  const std::vector<int32_t> freed = AllocateCached(manager, 3, 10);
   ASSERT_TRUE(manager.Free({freed[2], freed[1], freed[0]}).ok());
   // Only the three freed blocks can be had, cached or not.
   EXPECT_EQ(manager.Allocate(4).status().code(), absl::StatusCode::kResourceExhausted);
@@ -246,43 +271,125 @@ TEST(BlockManagerTest, EvictionUnderPressureNeverTakesABlockInUse) {
     EXPECT_EQ(manager.ref_count(block), 1);
     EXPECT_TRUE(manager.is_cached(block));
   }
-  EXPECT_EQ(manager.MatchPrefix(Chain(3, 0)).num_blocks, 3);
-  EXPECT_EQ(manager.MatchPrefix(Chain(3, 10)).num_blocks, 0);
+  EXPECT_EQ(Match(manager, 3, 0).num_blocks, 3);
+  EXPECT_EQ(Match(manager, 3, 10).num_blocks, 0);
 }
 
 TEST(BlockManagerTest, RegisteringAHashTwiceKeepsTheFirstCopy) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   manager.set_record_events(true);
   absl::StatusOr<std::vector<int32_t>> blocks = manager.Allocate(2);
   ASSERT_TRUE(blocks.ok());
-  EXPECT_TRUE(manager.RegisterBlock((*blocks)[0], Hash(1)));
-  EXPECT_FALSE(manager.RegisterBlock((*blocks)[1], Hash(1)));  // same content elsewhere
-  EXPECT_FALSE(manager.RegisterBlock((*blocks)[0], Hash(2)));  // already holds one
+  EXPECT_EQ(RegisterChain(manager, {(*blocks)[0]}, 1), 1);
+  EXPECT_EQ(RegisterChain(manager, {(*blocks)[1]}, 1), 0);  // same content elsewhere
+  EXPECT_EQ(RegisterChain(manager, {(*blocks)[0]}, 2), 0);  // already holds one
   EXPECT_FALSE(manager.is_cached((*blocks)[1]));
   EXPECT_EQ(manager.num_cached(), 1);
   EXPECT_EQ(manager.TakeEvents().size(), 1u);
   // Freeing the uncached duplicate leaves the cached copy findable.
   ASSERT_TRUE(manager.Free({(*blocks)[1]}).ok());
-  EXPECT_EQ(manager.MatchPrefix({Hash(1)}).num_blocks, 1);
+  EXPECT_EQ(Match(manager, 1, 1).num_blocks, 1);
+  EXPECT_EQ(manager.num_verification_failures(), 0);
+}
+
+// Test-only: every block hash ignores its tokens while this lives.
+class CollidingHashes {
+ public:
+  CollidingHashes() { SetBlockHashCollisionsForTesting(true); }
+  ~CollidingHashes() { SetBlockHashCollisionsForTesting(false); }
+};
+
+TEST(BlockManagerTest, ACollidingHashIsAMissNeverAnotherBlocksContent) {
+  CollidingHashes colliding;
+  BlockManager manager(8, kBlockSize);
+  AllocateCached(manager, 3, 0);
+  ASSERT_EQ(Chain(3, 0), Chain(3, 50));  // the hook works: different tokens, equal hashes
+  EXPECT_EQ(Match(manager, 3, 50).num_blocks, 0);
+  EXPECT_EQ(manager.num_verification_failures(), 1);
+  // A chain that diverges after the first block is served only the block it shares.
+  std::vector<int32_t> diverging = Tokens(3, 0);
+  diverging[3] = 77;  // second block: {1, 77} instead of {1, 1}
+  EXPECT_EQ(manager.MatchPrefix(Chain(3, 0), diverging, "").num_blocks, 1);
+  EXPECT_EQ(manager.num_verification_failures(), 2);
+  // The real owner still hits.
+  EXPECT_EQ(Match(manager, 3, 0).num_blocks, 3);
+  // Registering the colliding chain caches nothing and leaves the first copy in place.
+  absl::StatusOr<std::vector<int32_t>> other = manager.Allocate(2);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(RegisterChain(manager, *other, 50), 0);
+  EXPECT_EQ(manager.num_cached(), 3);
+  EXPECT_EQ(Match(manager, 3, 0).num_blocks, 3);
+}
+
+TEST(BlockManagerTest, AHitNeedsTheSameParentNotOnlyTheSameTokens) {
+  // A crafted hash for block 1 that names a cached block with equal tokens but another
+  // prefix (block 0 differs): only block 0 may be served.
+  BlockManager manager(8, kBlockSize);
+  const std::vector<int32_t> a = AllocateCached(manager, 2, 0);  // {0,0} {1,1}
+  absl::StatusOr<std::vector<int32_t>> b = manager.Allocate(1);
+  ASSERT_TRUE(b.ok());
+  const std::vector<int32_t> b_tokens = {9, 9, 1, 1};  // block 1 equals a's block 1
+  const BlockHash b0 = HashBlock(PrefixHashSeed("test", ""), {9, 9});
+  ASSERT_TRUE(manager.RegisterBlock((*b)[0], b0, {9, 9}, BlockManager::kNoParent, ""));
+  const std::vector<BlockHash> crafted = {b0, Chain(2, 0)[1]};
+  EXPECT_EQ(manager.MatchPrefix(crafted, b_tokens, "").num_blocks, 1);
+  EXPECT_EQ(manager.num_verification_failures(), 1);
+  EXPECT_EQ(Match(manager, 2, 0).num_blocks, 2);
+}
+
+TEST(BlockManagerTest, AFirstBlockHitNeedsTheSameCacheSalt) {
+  BlockManager manager(8, kBlockSize);
+  AllocateCached(manager, 2, 0, "tenant-a");
+  EXPECT_EQ(Match(manager, 2, 0, "tenant-a").num_blocks, 2);
+  // The same hashes presented with another salt (as a collision of the seeds would).
+  EXPECT_EQ(manager.MatchPrefix(Chain(2, 0, "tenant-a"), Tokens(2, 0), "tenant-b").num_blocks, 0);
+  EXPECT_EQ(manager.MatchPrefix(Chain(2, 0, "tenant-a"), Tokens(2, 0), "").num_blocks, 0);
+  EXPECT_EQ(manager.num_verification_failures(), 2);
+}
+
+TEST(BlockManagerTest, AnUncachedDuplicateCanStillParentTheBlocksAfterIt) {
+  // Two sequences computed the same first block; the second's own next block is cached
+  // with the duplicate as its parent, and a later request finds both.
+  BlockManager manager(8, kBlockSize);
+  const std::vector<int32_t> first = AllocateCached(manager, 1, 0);
+  absl::StatusOr<std::vector<int32_t>> second = manager.Allocate(2);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(RegisterChain(manager, *second, 0), 1);  // block 0: a duplicate; block 1: new
+  EXPECT_FALSE(manager.is_cached((*second)[0]));
+  EXPECT_TRUE(manager.is_cached((*second)[1]));
+  EXPECT_EQ(Match(manager, 2, 0).num_blocks, 2);
+  EXPECT_THAT(manager.TakeCachedPrefix(Chain(2, 0), 2), ElementsAre(first[0], (*second)[1]));
+  EXPECT_EQ(manager.num_verification_failures(), 0);
+}
+
+TEST(BlockManagerTest, ABlockAfterAnUncachedParentIsNotCached) {
+  CollidingHashes colliding;
+  BlockManager manager(8, kBlockSize);
+  AllocateCached(manager, 1, 0);
+  absl::StatusOr<std::vector<int32_t>> other = manager.Allocate(2);
+  ASSERT_TRUE(other.ok());
+  // Block 0 collides with the cached one (not cached); block 1 has no nameable parent.
+  EXPECT_EQ(RegisterChain(manager, *other, 50), 0);
+  EXPECT_EQ(manager.num_cached(), 1);
 }
 
 TEST(BlockManagerTest, ForgettingTheCacheKeepsBlocksInUseAllocated) {
-  BlockManager manager(4);
+  BlockManager manager(4, kBlockSize);
   manager.set_record_events(true);
-  const std::vector<int32_t> blocks = AllocateCached(manager, Chain(2));
+  const std::vector<int32_t> blocks = AllocateCached(manager, 2);
   ASSERT_TRUE(manager.Free({blocks[1]}).ok());
   manager.TakeEvents();
   manager.ForgetCachedBlocks();
   EXPECT_EQ(manager.num_cached(), 0);
-  EXPECT_EQ(manager.MatchPrefix(Chain(2)).num_blocks, 0);
+  EXPECT_EQ(Match(manager, 2).num_blocks, 0);
   EXPECT_EQ(manager.ref_count(blocks[0]), 1);
   EXPECT_EQ(manager.TakeEvents().size(), 2u);
   EXPECT_EQ(manager.num_free(), 3);
 }
 
 TEST(BlockManagerTest, EventsAreNotRecordedUnlessAsked) {
-  BlockManager manager(4);
-  AllocateCached(manager, Chain(2));
+  BlockManager manager(4, kBlockSize);
+  AllocateCached(manager, 2);
   EXPECT_TRUE(manager.TakeEvents().empty());
 }
 
@@ -293,11 +400,12 @@ TEST(BlockManagerTest, EventsAreNotRecordedUnlessAsked) {
 TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
   constexpr int64_t kNumBlocks = 16;
   std::mt19937 rng(7);
-  BlockManager manager(kNumBlocks);
+  BlockManager manager(kNumBlocks, kBlockSize);
   // A user: its block table and the hash chain its full blocks would be registered under.
   struct User {
     std::vector<int32_t> blocks;
     std::vector<BlockHash> chain;
+    std::vector<int32_t> tokens;  // the chain's
   };
   std::vector<User> users;
   auto check = [&]() {
@@ -326,7 +434,7 @@ TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
     const int64_t want = 1 + static_cast<int64_t>(rng() % 5);
     const std::vector<BlockHash> chain(
         user.chain.begin(), user.chain.begin() + std::min<int64_t>(want, user.chain.size()));
-    const BlockManager::PrefixMatch match = manager.MatchPrefix(chain);
+    const BlockManager::PrefixMatch match = manager.MatchPrefix(chain, user.tokens, "");
     const int64_t needed = want - match.num_blocks + match.num_free_blocks;
     if (needed > manager.num_free()) return false;
     user.blocks = manager.TakeCachedPrefix(chain, match.num_blocks);
@@ -338,7 +446,10 @@ TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
       user.blocks.push_back((*fresh)[i]);
       // Full blocks get registered (the last one of a table stays partial, unshared).
       if (index + 1 < static_cast<size_t>(want) && index < user.chain.size()) {
-        manager.RegisterBlock((*fresh)[i], user.chain[index]);
+        manager.RegisterBlock(
+            (*fresh)[i], user.chain[index],
+            absl::MakeConstSpan(user.tokens).subspan(index * kBlockSize, kBlockSize),
+            index == 0 ? BlockManager::kNoParent : user.blocks[index - 1], "");
       }
     }
     return true;
@@ -353,8 +464,10 @@ TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
     const uint32_t kind = rng() % 4;
     if (kind == 0 || users.empty()) {
       User user;
-      user.chain = Chain(6, 100 * (rng() % 3));  // three families of prefixes
-      const int64_t before = manager.MatchPrefix(user.chain).num_blocks;
+      const uint64_t family = 100 * (rng() % 3);  // three families of prefixes
+      user.chain = Chain(6, family);
+      user.tokens = Tokens(6, family);
+      const int64_t before = manager.MatchPrefix(user.chain, user.tokens, "").num_blocks;
       if (admit(user)) {
         reused += std::min<int64_t>(before, static_cast<int64_t>(user.blocks.size()));
         users.push_back(std::move(user));

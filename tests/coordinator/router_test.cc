@@ -147,7 +147,7 @@ SimResult Simulate(const SimOptions& sim) {
   KvIndex index;
   for (int r = 0; r < kReplicas; ++r) {
     replicas[r].id = "r" + std::to_string(r);
-    replicas[r].blocks = std::make_unique<BlockManager>(sim.blocks_per_replica);
+    replicas[r].blocks = std::make_unique<BlockManager>(sim.blocks_per_replica, kBlockSize);
     replicas[r].blocks->set_record_events(true);
   }
   Router router(sim.router, index);
@@ -183,13 +183,14 @@ SimResult Simulate(const SimOptions& sim) {
       int64_t oracle = 0;
       for (const SimReplica& replica : replicas) {
         candidates.push_back({replica.id, replica.load_tokens});
-        oracle = std::max(oracle, replica.blocks->MatchPrefix(matchable).num_blocks * kBlockSize);
+        oracle = std::max(
+            oracle, replica.blocks->MatchPrefix(matchable, prompt, "").num_blocks * kBlockSize);
       }
       const RouteDecision decision =
           router.Route(hashes, static_cast<int64_t>(prompt.size()), kBlockSize, candidates);
       SimReplica& chosen = replicas[decision.order[0]];
       BlockManager& manager = *chosen.blocks;
-      const BlockManager::PrefixMatch match = manager.MatchPrefix(matchable);
+      const BlockManager::PrefixMatch match = manager.MatchPrefix(matchable, prompt, "");
       const int64_t total_blocks =
           (static_cast<int64_t>(prompt.size()) + sim.output_tokens + kBlockSize - 1) / kBlockSize;
       Job job;
@@ -202,7 +203,12 @@ SimResult Simulate(const SimOptions& sim) {
         EXPECT_TRUE(fresh.ok());
         for (size_t i = 0; i < fresh->size(); ++i) {
           const size_t b = static_cast<size_t>(match.num_blocks) + i;
-          if (b < hashes.size()) manager.RegisterBlock((*fresh)[i], hashes[b]);
+          // Registered with its tokens after the block before it in the job's table.
+          if (b < hashes.size()) {
+            manager.RegisterBlock((*fresh)[i], hashes[b],
+                                  absl::MakeConstSpan(prompt).subspan(b * kBlockSize, kBlockSize),
+                                  b == 0 ? BlockManager::kNoParent : job.blocks.back(), "");
+          }
           job.blocks.push_back((*fresh)[i]);
         }
         cached_tokens = match.num_blocks * kBlockSize;

@@ -864,6 +864,7 @@ TEST(SchedulerPrefixTest, DifferentHashSeedsNeverShare) {
   auto with_seed = [](uint64_t id, const char* salt) {
     auto seq = SequenceWithPrompt(id, Tokens(100, 10), 2);
     seq->hash_seed = PrefixHashSeed("model", salt);
+    seq->cache_salt = salt;
     return seq;
   };
   ASSERT_TRUE(scheduler.Add(with_seed(1, "tenant-a")).ok());
@@ -876,6 +877,34 @@ TEST(SchedulerPrefixTest, DifferentHashSeedsNeverShare) {
   worker.Run(second);
   EXPECT_EQ(WorkFor(second, 2)->num_cached_tokens, 0);
   EXPECT_EQ(WorkFor(second, 3)->num_cached_tokens, 8);
+}
+
+TEST(SchedulerPrefixTest, CollidingHashesNeverServeAnotherPromptsBlocks) {
+  // Every block hash ignores its tokens (test hook), and two tenants' seeds are equal (as
+  // if their salts collided): only the sequences whose tokens and salt match share.
+  SetBlockHashCollisionsForTesting(true);
+  Scheduler scheduler(Config(4, 32, 64));
+  FakeWorker worker(4);
+  auto make = [](uint64_t id, int32_t first_token, const char* salt) {
+    auto seq = SequenceWithPrompt(id, Tokens(first_token, 10), 2);
+    seq->hash_seed = PrefixHashSeed("model", "");
+    seq->cache_salt = salt;
+    return seq;
+  };
+  ASSERT_TRUE(scheduler.Add(make(1, 100, "a")).ok());
+  SchedulerOutput first = scheduler.Schedule();
+  worker.Run(first);
+  ApplySamples(scheduler, first);
+  ASSERT_TRUE(scheduler.Add(make(2, 500, "a")).ok());  // other tokens
+  ASSERT_TRUE(scheduler.Add(make(3, 100, "b")).ok());  // other salt
+  ASSERT_TRUE(scheduler.Add(make(4, 100, "a")).ok());  // the same prompt
+  const SchedulerOutput second = scheduler.Schedule();
+  worker.Run(second);
+  SetBlockHashCollisionsForTesting(false);
+  EXPECT_EQ(WorkFor(second, 2)->num_cached_tokens, 0);
+  EXPECT_EQ(WorkFor(second, 3)->num_cached_tokens, 0);
+  EXPECT_EQ(WorkFor(second, 4)->num_cached_tokens, 8);
+  EXPECT_GE(scheduler.block_manager().num_verification_failures(), 2);
 }
 
 TEST(SchedulerPrefixTest, TurnedOffEverySequenceComputesEverything) {
