@@ -22,6 +22,20 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
   return ToGrpcStatus(cluster_.Heartbeat(*request));
 }
 
+grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
+                                       const loom::v1::DrainRequest* request,
+                                       loom::v1::DrainResponse* response) {
+  // Until the caller's deadline (a worker's drain timeout); an hour without one.
+  absl::Duration timeout = absl::Hours(1);
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    timeout = absl::FromChrono(context->deadline() - std::chrono::system_clock::now());
+  }
+  absl::StatusOr<int64_t> left = cluster_.DrainReplica(request->worker_id(), timeout);
+  if (!left.ok()) return ToGrpcStatus(left.status());
+  response->set_num_requests_left(static_cast<int32_t>(*left));
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::StoreSet(grpc::ServerContext*,
                                           const loom::v1::StoreSetRequest* request,
                                           loom::v1::StoreSetResponse*) {

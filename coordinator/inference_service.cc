@@ -235,8 +235,10 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
                                         tokenizer_, eos_ids_);
   live->set_metrics(metrics_);
   if (absl::Status placed = cluster_.Submit(live); !placed.ok()) {
+    if (metrics_ != nullptr) metrics_->RecordRejected(placed);
     return new FinishedReactor(ToGrpcStatus(placed));
   }
+  if (metrics_ != nullptr) metrics_->RecordRequestParams(1, live->params().max_tokens);
   return GenerateStream::Start(std::make_shared<GenerateStream>(
       context, std::move(live), prompt_tokens, pump_, stream_interval_));
 }

@@ -302,7 +302,8 @@ def test_every_flag_is_one_the_binaries_accept(rendered, config, serve_flags, wo
         for value in args[1::2]:
             unresolved = re.findall(r"\$\((\w+)\)", expand(value, env))
             assert not unresolved, f"{config}: {c['name']}: {value} names undefined {unresolved}"
-        assert expand(flag_value(args, "--model"), env) == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        model_file = "smol.gguf" if config == "huggingFace" else "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert expand(flag_value(args, "--model"), env) == f"/models/{model_file}"
 
 
 def test_configmap_carries_the_flags_values(rendered):
@@ -443,11 +444,61 @@ def test_leader_worker_set_spans_nodes_with_ranks_from_the_group_and_pod_index(r
                                                 "kind": "LeaderWorkerSet", "name": "loom-worker"}
 
 
-def test_launcher_script_parses_as_bash(rendered):
+def run_launcher(script, rank_program, tmp_path, ranks=2, signal_after=None):
+    """Runs the worker container's launcher with `rank_program` (a bash script) as the rank
+    binary; returns (exit status, the argument lines the ranks were started with)."""
+    import os
+    import signal
     import subprocess
+    import time
+    rank = tmp_path / "rank.sh"
+    rank.write_text("#!/bin/bash\necho \"$*\" >> \"$RANKS_LOG\"\n" + rank_program)
+    rank.chmod(0o755)
+    log = tmp_path / "ranks.log"
+    env = dict(os.environ, LOOM_RANKS_PER_POD=str(ranks), LOOM_POD_INDEX="1", LOOM_WORKER_PORT="5000",
+               LOOM_METRICS_PORT="9400", LOOM_ADVERTISE_HOST="pod.svc", RANKS_LOG=str(log))
+    process = subprocess.Popen(["/bin/bash", "-c", script, "launch-ranks", str(rank), "--shared", "x"],
+                               env=env, start_new_session=True)
+    try:
+        if signal_after is not None:
+            deadline = time.monotonic() + 30
+            while not (log.exists() and len(log.read_text().splitlines()) == ranks):
+                assert time.monotonic() < deadline, "the ranks did not start"
+                time.sleep(0.05)
+            time.sleep(signal_after)
+            process.send_signal(signal.SIGTERM)
+        status = process.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return status, sorted(log.read_text().splitlines())
+
+
+def test_launcher_starts_the_ranks_and_ends_them_as_a_group(rendered, tmp_path):
     _, script = worker_args(container(one(rendered["tensor-parallel"], "StatefulSet"), "worker"))
-    result = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    # SIGTERM reaches every rank; each drains (here: half a second) and the group exits 0.
+    status, lines = run_launcher(script, 'trap "sleep 0.5; echo drained >> $RANKS_LOG; exit 0" TERM\n'
+                                 "while :; do sleep 0.05; done\n", tmp_path, signal_after=0.2)
+    assert status == 0
+    started = [line for line in lines if line != "drained"]
+    assert lines.count("drained") == 2
+    # Pod index 1 of two ranks per pod: global ranks 2 and 3 on consecutive ports, one id.
+    rendezvous = {line.split("--rendezvous-id ")[1] for line in started}
+    assert len(rendezvous) == 1
+    assert [line.split(" --rendezvous-id")[0] for line in started] == [
+        "--shared x --rank 2 --listen 0.0.0.0:5000 --advertise-address pod.svc:5000 --metrics-port 9400",
+        "--shared x --rank 3 --listen 0.0.0.0:5001 --advertise-address pod.svc:5001 --metrics-port 9401"]
+
+
+def test_launcher_stops_the_group_when_one_rank_dies(rendered, tmp_path):
+    _, script = worker_args(container(one(rendered["tensor-parallel"], "StatefulSet"), "worker"))
+    status, lines = run_launcher(
+        script, 'case "$*" in *"--rank 3"*) sleep 0.3; exit 7;; esac\n'
+        'trap "echo stopped >> $RANKS_LOG; exit 0" TERM\nwhile :; do sleep 0.05; done\n', tmp_path)
+    assert status == 7, "the group's exit status is the failed rank's"
+    assert "stopped" in lines, "the surviving rank was not stopped"
 
 
 def test_gpu_requests_tolerations_and_shared_memory(rendered):

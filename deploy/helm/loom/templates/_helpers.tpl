@@ -107,7 +107,8 @@ done
 declare -A ended_status
 ended=""
 wait -n -p ended; rc=$?
-if [ -n "$ended" ]; then ended_status[$ended]=$rc; fi
+# A signal interrupts wait -n before any rank ended (and may unset `ended`).
+if [ -n "${ended:-}" ]; then ended_status[$ended]=$rc; fi
 stop
 status=0
 for pid in "${pids[@]}"; do
