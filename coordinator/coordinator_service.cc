@@ -25,10 +25,13 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
 grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
                                        const loom::v1::DrainRequest* request,
                                        loom::v1::DrainResponse* response) {
-  // Until the caller's deadline (a worker's drain timeout); an hour without one.
-  absl::Duration timeout = absl::Hours(1);
+  // The worker's drain timeout, and never past the call's deadline (an hour without
+  // either).
+  absl::Duration timeout =
+      request->timeout_ms() > 0 ? absl::Milliseconds(request->timeout_ms()) : absl::Hours(1);
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    timeout = absl::FromChrono(context->deadline() - std::chrono::system_clock::now());
+    timeout = std::min(
+        timeout, absl::FromChrono(context->deadline() - std::chrono::system_clock::now()));
   }
   absl::StatusOr<int64_t> left = cluster_.DrainReplica(request->worker_id(), timeout);
   if (!left.ok()) return ToGrpcStatus(left.status());

@@ -94,9 +94,11 @@ absl::StatusOr<int64_t> WorkerRegistration::Drain(absl::Duration timeout) {
   if (request.worker_id().empty()) {
     return absl::FailedPreconditionError("not registered with the coordinator");
   }
+  request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
   loom::v1::DrainResponse response;
   grpc::ClientContext context;
-  context.set_deadline(DeadlineAfter(timeout));
+  // The coordinator answers at `timeout`; the slack carries its answer back.
+  context.set_deadline(DeadlineAfter(timeout + options_.rpc_timeout));
   const grpc::Status status = stub_->Drain(&context, request, &response);
   if (!status.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),

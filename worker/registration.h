@@ -50,8 +50,9 @@ class WorkerRegistration {
   std::string worker_id() const;
   /// Successful Register calls so far.
   int64_t num_registrations() const;
-  /// Asks the coordinator to drain this worker's replica and waits (at most `timeout`)
-  /// until it holds no request; returns the requests left. Keeps heartbeating meanwhile
+  /// Asks the coordinator to drain this worker's replica and waits (at most `timeout`,
+  /// plus the RPC timeout for the answer) until it holds no request; returns the
+  /// requests left. Keeps heartbeating meanwhile
   /// (call it before Stop()). FailedPrecondition while unregistered.
   absl::StatusOr<int64_t> Drain(absl::Duration timeout);
 

@@ -16,7 +16,7 @@ import cluster_harness as h
 from cluster_harness import make_request
 
 CALL_TIMEOUT_S = 300
-LONG_TOKENS = 1500  # in flight on the drained replica: far more than the checks take
+LONG_TOKENS = 400  # in flight on the drained replica: far more than the checks take
 
 
 @pytest.fixture

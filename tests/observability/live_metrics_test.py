@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
 import cluster_harness as h  # noqa: E402
 from cluster_harness import make_request  # noqa: E402
 
-MAX_TOKENS = 3000  # far more than the few tokens before the pause
+MAX_TOKENS = 300  # far more than the few tokens before the pause
 NUM_REQUESTS = 3
 
 

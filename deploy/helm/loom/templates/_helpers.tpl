@@ -4,7 +4,7 @@
 {{- end }}
 
 {{/* Resource name prefix: RELEASE-CHART, or RELEASE when it already holds the chart name.
-     Kept short so that "-worker-rNN-K" pod names stay within 63 characters. */}}
+     Kept short so that "-worker-N" pod names stay within 63 characters. */}}
 {{- define "loom.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
