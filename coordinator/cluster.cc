@@ -80,6 +80,9 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
       }
       pending_ranks_.erase(request.replica_id());
+      // A replica scaled in and out again (the same pod name) serves again.
+      draining_replicas_.erase(request.replica_id());
+      kv_dtypes_[request.replica_id()] = request.kv_dtype();
       std::unique_ptr<Replica>& replica = replicas_[request.replica_id()];
       if (replica == nullptr) {
         replica = std::make_unique<Replica>(
@@ -126,7 +129,9 @@ absl::Status Cluster::Submit(std::shared_ptr<Request> request) {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, replica] : replicas_) {
-      if (replica->healthy()) candidates.push_back(replica.get());
+      if (replica->healthy() && !draining_replicas_.contains(id)) {
+        candidates.push_back(replica.get());
+      }
     }
   }
   if (candidates.empty()) return absl::UnavailableError("no replica is available to serve");
@@ -163,6 +168,37 @@ void Cluster::Retry(std::shared_ptr<Request> request) {
   }
 }
 
+absl::StatusOr<int64_t> Cluster::DrainReplica(const std::string& worker_id,
+                                              absl::Duration timeout) {
+  const size_t slash = worker_id.rfind('/');
+  const std::string replica_id =
+      slash == std::string::npos ? std::string() : worker_id.substr(0, slash);
+  const Replica* replica = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = replicas_.find(replica_id);
+    if (it == replicas_.end()) {
+      return absl::NotFoundError(absl::StrFormat("unknown worker id '%s'", worker_id));
+    }
+    // Set before the first wait: Submit reads it under mu_, so nothing is placed after.
+    if (draining_replicas_.insert(replica_id).second) {
+      std::fprintf(stderr, "loom: draining replica %s (worker %s is shutting down)\n",
+                   replica_id.c_str(), worker_id.c_str());
+    }
+    replica = it->second.get();  // replicas are never removed
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  while (replica->load() > 0 && absl::Now() < deadline) {
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(20))) break;
+  }
+  const int64_t left = replica->load();
+  std::fprintf(stderr, "loom: replica %s %s\n", replica_id.c_str(),
+               left == 0 ? "drained" : absl::StrFormat("still holds %d requests", left).c_str());
+  return left;
+}
+
 bool Cluster::WaitIdle(absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
@@ -190,6 +226,11 @@ loom::v1::ClusterState Cluster::Status() const {
   for (const auto& [id, replica] : replicas_) {
     loom::v1::ReplicaStatus* added = status.add_replicas();
     *added = replica->Status();
+    added->set_draining(draining_replicas_.contains(id));
+    added->set_block_size(replica->block_size());
+    if (auto dtype = kv_dtypes_.find(id); dtype != kv_dtypes_.end()) {
+      added->set_kv_dtype(dtype->second);
+    }
     if (added->healthy()) status.set_num_healthy_replicas(status.num_healthy_replicas() + 1);
     status.set_num_waiting(status.num_waiting() + added->num_waiting());
     status.set_num_running(status.num_running() + added->num_running());

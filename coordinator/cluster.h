@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 #include <memory>
 #include <string>
@@ -52,6 +53,12 @@ class Cluster {
   absl::Status Submit(std::shared_ptr<Request> request);
   uint64_t NextSeqId() { return next_seq_id_.fetch_add(1); }
 
+  /// A worker of `worker_id`'s replica is shutting down: no request is placed on the
+  /// replica from now on (until a worker registers for it again); waits until the replica
+  /// holds no request, or `timeout`. Returns the requests left (0: drained). NotFound for
+  /// a worker id the coordinator does not know.
+  absl::StatusOr<int64_t> DrainReplica(const std::string& worker_id, absl::Duration timeout);
+
   /// Refuses new requests from now on (SIGTERM).
   void StartDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
@@ -85,6 +92,11 @@ class Cluster {
     std::vector<std::optional<loom::v1::RegisterRequest>> ranks;
   };
   std::map<std::string, PendingRanks> pending_ranks_ ABSL_GUARDED_BY(mu_);
+  // Replicas being drained or drained (Coordinator.Drain): never candidates for placement.
+  // A replica leaves the set when its workers register again.
+  std::set<std::string> draining_replicas_ ABSL_GUARDED_BY(mu_);
+  // The KV element type each replica's workers registered with (for the metrics).
+  std::map<std::string, std::string> kv_dtypes_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };

@@ -22,6 +22,23 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
   return ToGrpcStatus(cluster_.Heartbeat(*request));
 }
 
+grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
+                                       const loom::v1::DrainRequest* request,
+                                       loom::v1::DrainResponse* response) {
+  // The worker's drain timeout, and never past the call's deadline (an hour without
+  // either).
+  absl::Duration timeout =
+      request->timeout_ms() > 0 ? absl::Milliseconds(request->timeout_ms()) : absl::Hours(1);
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    timeout = std::min(
+        timeout, absl::FromChrono(context->deadline() - std::chrono::system_clock::now()));
+  }
+  absl::StatusOr<int64_t> left = cluster_.DrainReplica(request->worker_id(), timeout);
+  if (!left.ok()) return ToGrpcStatus(left.status());
+  response->set_num_requests_left(static_cast<int32_t>(*left));
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::StoreSet(grpc::ServerContext*,
                                           const loom::v1::StoreSetRequest* request,
                                           loom::v1::StoreSetResponse*) {

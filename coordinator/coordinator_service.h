@@ -20,6 +20,9 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
                         loom::v1::StoreSetResponse* response) override;
   grpc::Status StoreGet(grpc::ServerContext* context, const loom::v1::StoreGetRequest* request,
                         loom::v1::StoreGetResponse* response) override;
+  /// Blocks until the worker's replica is drained or the call's deadline.
+  grpc::Status Drain(grpc::ServerContext* context, const loom::v1::DrainRequest* request,
+                     loom::v1::DrainResponse* response) override;
 
  private:
   Cluster& cluster_;

@@ -240,8 +240,10 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
     if (placed.code() == absl::StatusCode::kResourceExhausted) {
       context->AddTrailingMetadata("retry-after", "1");
     }
+    if (metrics_ != nullptr) metrics_->RecordRejected(placed);
     return new FinishedReactor(ToGrpcStatus(placed));
   }
+  if (metrics_ != nullptr) metrics_->RecordRequestParams(1, live->params().max_tokens);
   return GenerateStream::Start(std::make_shared<GenerateStream>(
       context, std::move(live), prompt_tokens, pump_, stream_interval_));
 }

@@ -1,5 +1,6 @@
 #include "coordinator/metrics.h"
 
+#include <string>
 #include <vector>
 
 #include "coordinator/request.h"
@@ -32,7 +33,7 @@ Histogram::BucketBoundaries TokenBuckets() {
   }
   return buckets;
 }
-
+const Histogram::BucketBoundaries kParamsNBuckets = {1, 2, 5, 10, 20};
 
 }  // namespace
 
@@ -63,6 +64,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                            .Name("loom_kv_blocks_capacity")
                            .Help("KV blocks of a replica's pool.")
                            .Register(*registry_)),
+      cache_config_info_(BuildGauge()
+                             .Name("loom_cache_config_info")
+                             .Help("A replica's KV cache configuration, in the labels "
+                                   "(block_size, cache_dtype, num_gpu_blocks, backend); "
+                                   "value 1.")
+                             .Register(*registry_)),
       preemptions_(BuildCounter()
                        .Name("loom_num_preemptions_total")
                        .Help("Sequences preempted (recomputed later) for lack of KV blocks.")
@@ -77,7 +84,8 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                        .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
-                          .Help("Prompt tokens looked up in the prefix cache.")
+                          .Help("Prompt tokens looked up in the prefix cache when a "
+                                "replica schedules a prompt.")
                           .Register(*registry_)),
       prefix_hits_(BuildCounter()
                        .Name("loom_prefix_cache_hits_total")
@@ -85,17 +93,23 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                        .Register(*registry_)),
       prompt_tokens_(BuildCounter()
                          .Name("loom_prompt_tokens_total")
-                         .Help("Prompt tokens of finished requests.")
+                         .Help("Prompt tokens prefilled (counted at the request's first "
+                               "token).")
                          .Register(*registry_)),
       generation_tokens_(BuildCounter()
                              .Name("loom_generation_tokens_total")
-                             .Help("Tokens generated for finished requests.")
+                             .Help("Tokens generated, counted as they are streamed.")
                              .Register(*registry_)),
       request_success_(BuildCounter()
                            .Name("loom_request_success_total")
                            .Help("Finished requests by finish reason (stop, length, abort, "
                                  "error).")
                            .Register(*registry_)),
+      rejected_(BuildCounter()
+                    .Name("loom_request_rejected_total")
+                    .Help("Requests refused at admission, by reason: queue_full (HTTP 429, "
+                          "gRPC RESOURCE_EXHAUSTED) or unavailable (503, UNAVAILABLE).")
+                    .Register(*registry_)),
       spec_drafts_(BuildCounter()
                        .Name("loom_spec_decode_num_drafts_total")
                        .Help("Speculative steps (each verifies one sequence's drafts).")
@@ -108,6 +122,11 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                          .Name("loom_spec_decode_num_accepted_tokens_total")
                          .Help("Proposed tokens the target model accepted.")
                          .Register(*registry_)),
+      spec_accepted_per_pos_(BuildCounter()
+                                 .Name("loom_spec_decode_num_accepted_tokens_per_pos")
+                                 .Help("Accepted draft tokens by their position in the "
+                                       "draft (label position, from 0).")
+                                 .Register(*registry_)),
       ttft_(BuildHistogram()
                 .Name("loom_time_to_first_token_seconds")
                 .Help("Time from arrival to the first generated token.")
@@ -132,6 +151,16 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                        .Name("loom_request_decode_time_seconds")
                        .Help("Time from the first token to the last.")
                        .Register(*registry_)),
+      inference_time_(BuildHistogram()
+                          .Name("loom_request_inference_time_seconds")
+                          .Help("Time from first being scheduled to finish (prefill and "
+                                "decode).")
+                          .Register(*registry_)),
+      time_per_output_token_(BuildHistogram()
+                                 .Name("loom_request_time_per_output_token_seconds")
+                                 .Help("A request's mean time per output token after the "
+                                       "first: decode time / (generated tokens - 1).")
+                                 .Register(*registry_)),
       prompt_length_(BuildHistogram()
                          .Name("loom_request_prompt_tokens")
                          .Help("Prompt length of finished requests, in tokens.")
@@ -139,6 +168,19 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
       generation_length_(BuildHistogram()
                              .Name("loom_request_generation_tokens")
                              .Help("Generated tokens of finished requests.")
+                             .Register(*registry_)),
+      max_generation_length_(BuildHistogram()
+                                 .Name("loom_request_max_num_generation_tokens")
+                                 .Help("Most tokens generated by a sequence of a finished "
+                                       "request (each sample of n is its own request).")
+                                 .Register(*registry_)),
+      params_n_(BuildHistogram()
+                    .Name("loom_request_params_n")
+                    .Help("The n parameter (samples per prompt) of admitted requests.")
+                    .Register(*registry_)),
+      params_max_tokens_(BuildHistogram()
+                             .Name("loom_request_params_max_tokens")
+                             .Help("The max_tokens parameter of admitted requests.")
                              .Register(*registry_)) {
   // Series that exist before the first request, so rate() and dashboards see zeros.
   for (const char* reason : {"stop", "length", "abort", "error"}) {
@@ -146,11 +188,13 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
     labels["finished_reason"] = reason;
     request_success_.Add(labels);
   }
-  prompt_tokens_.Add(Model());
-  generation_tokens_.Add(Model());
-  ttft_.Add(Model(), kTtftBuckets);
-  itl_model_ = &itl_.Add(Model(), kItlBuckets);
-  e2e_.Add(Model(), kRequestLatencyBuckets);
+  for (const char* reason : {"queue_full", "unavailable"}) {
+    prometheus::Labels labels = Model();
+    labels["reason"] = reason;
+    rejected_.Add(labels);
+  }
+  prompt_tokens_model_ = &prompt_tokens_.Add(Model());
+  generation_tokens_model_ = &generation_tokens_.Add(Model());
   spec_drafts_.Add(Model());
   spec_drafted_.Add(Model());
   spec_accepted_.Add(Model());
@@ -160,35 +204,56 @@ void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
   prometheus::Labels reason = Model();
   reason["finished_reason"] = FinishReasonName(record.finish_reason);
   request_success_.Add(reason).Increment();
-  prompt_tokens_.Add(Model()).Increment(static_cast<double>(record.prompt_tokens));
-  generation_tokens_.Add(Model()).Increment(static_cast<double>(record.generation_tokens));
   prompt_length_.Add(Model(), TokenBuckets()).Observe(static_cast<double>(record.prompt_tokens));
   generation_length_.Add(Model(), TokenBuckets())
       .Observe(static_cast<double>(record.generation_tokens));
-  if (record.num_speculative_steps > 0) {
-    RecordSpeculation(record.num_speculative_steps, record.num_draft_tokens,
-                      record.num_accepted_tokens);
-  }
-  // Prefix-cache lookups: every scheduled prompt was looked up on the replica it ran on.
-  if (record.queue_seconds >= 0 && !record.replica_id.empty()) {
-    RecordPrefixCacheQuery(record.replica_id, record.prompt_tokens, record.cached_prompt_tokens);
-  }
-  if (record.ttft_seconds >= 0) ttft_.Add(Model(), kTtftBuckets).Observe(record.ttft_seconds);
-  if (record.e2e_seconds >= 0) e2e_.Add(Model(), kRequestLatencyBuckets).Observe(record.e2e_seconds);
+  max_generation_length_.Add(Model(), TokenBuckets())
+      .Observe(static_cast<double>(record.generation_tokens));
+  // Latency histograms of the replica it ran on last (`replica` "" if never placed).
+  const prometheus::Labels labels = Replica(record.replica_id);
+  if (record.e2e_seconds >= 0) e2e_.Add(labels, kRequestLatencyBuckets).Observe(record.e2e_seconds);
   if (record.queue_seconds >= 0) {
-    queue_time_.Add(Model(), kRequestLatencyBuckets).Observe(record.queue_seconds);
+    queue_time_.Add(labels, kRequestLatencyBuckets).Observe(record.queue_seconds);
   }
   if (record.prefill_seconds >= 0) {
-    prefill_time_.Add(Model(), kRequestLatencyBuckets).Observe(record.prefill_seconds);
+    prefill_time_.Add(labels, kRequestLatencyBuckets).Observe(record.prefill_seconds);
   }
   if (record.decode_seconds >= 0) {
-    decode_time_.Add(Model(), kRequestLatencyBuckets).Observe(record.decode_seconds);
+    decode_time_.Add(labels, kRequestLatencyBuckets).Observe(record.decode_seconds);
+  }
+  if (record.inference_seconds >= 0) {
+    inference_time_.Add(labels, kRequestLatencyBuckets).Observe(record.inference_seconds);
+  }
+  // vLLM observes TPOT for requests with more than one output token.
+  if (record.decode_seconds >= 0 && record.generation_tokens > 1) {
+    time_per_output_token_.Add(labels, kItlBuckets)
+        .Observe(record.decode_seconds / static_cast<double>(record.generation_tokens - 1));
   }
 }
 
-void CoordinatorMetrics::RecordInterTokenLatency(double seconds) {
-  // Once per generated token: the labelled child is looked up once, in the constructor.
-  itl_model_->Observe(seconds);
+const ReplicaLatencySeries& CoordinatorMetrics::RecordFirstToken(const std::string& replica_id,
+                                                                 double ttft_seconds,
+                                                                 int64_t prompt_tokens) {
+  const ReplicaLatencySeries* series = nullptr;
+  {
+    absl::MutexLock lock(&latency_mu_);
+    auto [it, inserted] = latency_.try_emplace(replica_id);
+    if (inserted) {
+      it->second.ttft = &ttft_.Add(Replica(replica_id), kTtftBuckets);
+      it->second.inter_token = &itl_.Add(Replica(replica_id), kItlBuckets);
+    }
+    series = &it->second;
+  }
+  series->ttft->Observe(ttft_seconds);
+  prompt_tokens_model_->Increment(static_cast<double>(prompt_tokens));
+  generation_tokens_model_->Increment();
+  return *series;
+}
+
+void CoordinatorMetrics::RecordToken(const ReplicaLatencySeries& series,
+                                     double inter_token_seconds) {
+  generation_tokens_model_->Increment();
+  if (inter_token_seconds >= 0) series.inter_token->Observe(inter_token_seconds);
 }
 
 void CoordinatorMetrics::RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried,
@@ -197,10 +262,30 @@ void CoordinatorMetrics::RecordPrefixCacheQuery(const std::string& replica_id, i
   prefix_hits_.Add(Replica(replica_id)).Increment(static_cast<double>(hits));
 }
 
-void CoordinatorMetrics::RecordSpeculation(int64_t drafts, int64_t drafted, int64_t accepted) {
-  spec_drafts_.Add(Model()).Increment(static_cast<double>(drafts));
+void CoordinatorMetrics::RecordSpeculativeStep(int64_t drafted, int64_t accepted) {
+  spec_drafts_.Add(Model()).Increment();
   spec_drafted_.Add(Model()).Increment(static_cast<double>(drafted));
   spec_accepted_.Add(Model()).Increment(static_cast<double>(accepted));
+  for (int64_t position = 0; position < accepted; ++position) {
+    prometheus::Labels labels = Model();
+    labels["position"] = std::to_string(position);
+    spec_accepted_per_pos_.Add(labels).Increment();
+  }
+}
+
+void CoordinatorMetrics::RecordRejected(const absl::Status& status) {
+  const char* reason = nullptr;
+  if (status.code() == absl::StatusCode::kResourceExhausted) reason = "queue_full";
+  if (status.code() == absl::StatusCode::kUnavailable) reason = "unavailable";
+  if (reason == nullptr) return;
+  prometheus::Labels labels = Model();
+  labels["reason"] = reason;
+  rejected_.Add(labels).Increment();
+}
+
+void CoordinatorMetrics::RecordRequestParams(int64_t n, int64_t max_tokens) {
+  params_n_.Add(Model(), kParamsNBuckets).Observe(static_cast<double>(n));
+  params_max_tokens_.Add(Model(), TokenBuckets()).Observe(static_cast<double>(max_tokens));
 }
 
 void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& state) {
@@ -215,6 +300,30 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
   };
   for (const loom::v1::ReplicaStatus& replica : state.replicas()) {
     const prometheus::Labels labels = Replica(replica.replica_id());
+    if (replica.draining() && !replica.healthy()) {
+      // Drained and gone (scaled in): no longer a replica that is down.
+      for (auto* family : {&requests_running_, &requests_waiting_, &kv_cache_usage_,
+                           &replica_up_, &kv_blocks_free_, &kv_blocks_total_}) {
+        if (family->Has(labels)) family->Remove(&family->Add(labels));
+      }
+      if (auto it = cache_config_labels_.find(replica.replica_id());
+          it != cache_config_labels_.end()) {
+        cache_config_info_.Remove(&cache_config_info_.Add(it->second));
+        cache_config_labels_.erase(it);
+      }
+      continue;
+    }
+    prometheus::Labels config = labels;
+    config["block_size"] = std::to_string(replica.block_size());
+    config["cache_dtype"] = replica.kv_dtype();
+    config["num_gpu_blocks"] = std::to_string(replica.num_kv_blocks());
+    config["backend"] = replica.backend();
+    auto [config_it, first] = cache_config_labels_.try_emplace(replica.replica_id(), config);
+    if (!first && config_it->second != config) {
+      cache_config_info_.Remove(&cache_config_info_.Add(config_it->second));
+      config_it->second = config;
+    }
+    cache_config_info_.Add(config).Set(1);
     requests_running_.Add(labels).Set(replica.num_running());
     requests_waiting_.Add(labels).Set(replica.num_waiting());
     kv_cache_usage_.Add(labels).Set(replica.kv_cache_usage());
@@ -231,7 +340,9 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
 }
 
 std::string CoordinatorMetrics::Serialize() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& family : process_.Collect()) families.push_back(std::move(family));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace loom::coordinator

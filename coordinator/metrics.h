@@ -5,6 +5,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/process_metrics.h"
 #include "loom/v1/inference.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -15,46 +19,68 @@
 namespace loom::coordinator {
 
 /// What one finished request reports to the metrics (durations in seconds; negative when
-/// the request never reached that point, e.g. no token before an abort).
+/// the request never reached that point, e.g. no token before an abort). Token counters,
+/// TTFT, prefix-cache and speculative counters are recorded as they happen instead
+/// (CoordinatorMetrics::Record*).
 struct RequestRecord {
   std::string replica_id;                  // where it ran last ("" if never placed)
   loom::v1::FinishReason finish_reason = loom::v1::FINISH_REASON_UNSPECIFIED;
   int64_t prompt_tokens = 0;
   int64_t generation_tokens = 0;
-  int64_t cached_prompt_tokens = 0;
-  int64_t num_speculative_steps = 0;  // steps that verified drafts (possibly none found)
-  int64_t num_draft_tokens = 0;
-  int64_t num_accepted_tokens = 0;
+  int64_t max_tokens = 0;       // the request's max_tokens parameter
   double queue_seconds = -1;    // arrival to first scheduled
-  double ttft_seconds = -1;     // arrival to first token
   double prefill_seconds = -1;  // first scheduled to first token
   double decode_seconds = -1;   // first token to last token
+  double inference_seconds = -1;  // first scheduled to finish
   double e2e_seconds = -1;      // arrival to finish
+};
+
+/// The latency histograms of one replica (label `replica`), looked up once per request.
+struct ReplicaLatencySeries {
+  prometheus::Histogram* ttft = nullptr;
+  prometheus::Histogram* inter_token = nullptr;
 };
 
 /// The coordinator's Prometheus metrics, named after vLLM's (`vllm:x` is `loom_x`: no
 /// colons, base units, `_total` on counters) with the same semantics and histogram
 /// buckets, so dashboards, KEDA autoscalers and inference gateways built for vLLM work
-/// with a rename. Every series carries `model_name`; per-replica series carry `replica`.
-/// Documented in docs/metrics.md. Thread-safe (prometheus-cpp metrics are atomic).
+/// with a rename. Every series carries `model_name`; per-replica series and the latency
+/// histograms carry `replica`. Counters move when their event happens (a token streamed,
+/// a prompt scheduled, a draft verified), not when the request finishes. Also serves the
+/// process_* metrics. Documented in docs/metrics.md. Thread-safe (prometheus-cpp metrics
+/// are atomic; the per-replica series cache has a mutex).
 class CoordinatorMetrics {
  public:
   explicit CoordinatorMetrics(std::string model_name);
 
-  /// A finished request: counters and latency histograms.
+  /// A finished request: finish reason, lengths, parameters and latency histograms.
   void RecordRequest(const RequestRecord& record);
-  /// One inter-token gap of a running request.
-  void RecordInterTokenLatency(double seconds);
-  /// Prefix-cache lookups at admission: prompt tokens queried and found cached.
+  /// A request's first token, `ttft_seconds` after its arrival, on `replica_id`: the TTFT
+  /// histogram and its prompt tokens (counted once its prefill completed, as vLLM does).
+  /// Returns the replica's latency series for the request's later tokens.
+  const ReplicaLatencySeries& RecordFirstToken(const std::string& replica_id,
+                                               double ttft_seconds, int64_t prompt_tokens);
+  /// One generated token streamed (with the gap since the previous one of the request,
+  /// or negative for the first), on `series` from RecordFirstToken.
+  void RecordToken(const ReplicaLatencySeries& series, double inter_token_seconds);
+  /// Prefix-cache lookup when a replica schedules a prompt: tokens queried and found.
   void RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried, int64_t hits);
-  /// Speculative decoding: steps that proposed drafts, tokens drafted and accepted.
-  void RecordSpeculation(int64_t drafts, int64_t drafted, int64_t accepted);
+  /// One speculative step of one sequence: tokens drafted and accepted (a prefix of the
+  /// drafts: positions 0..accepted-1 were accepted).
+  void RecordSpeculativeStep(int64_t drafted, int64_t accepted);
+  /// A request refused at admission: ResourceExhausted (429, queue full) or Unavailable
+  /// (503, no replica or draining); other codes are not counted.
+  void RecordRejected(const absl::Status& status);
+  /// An API request's sampling parameters at admission: `n` samples of up to
+  /// `max_tokens` each.
+  void RecordRequestParams(int64_t n, int64_t max_tokens);
 
   /// Gauges (running, waiting, KV usage, preemptions...) from a cluster snapshot; called
-  /// just before each scrape, so nothing in the step loop touches them.
+  /// just before each scrape, so nothing in the step loop touches them. Replicas drained
+  /// and gone (scaled in) leave the per-replica gauges.
   void UpdateFromClusterState(const loom::v1::ClusterState& state);
 
-  /// The text exposition format (version 0.0.4) of every metric.
+  /// The text exposition format (version 0.0.4) of every metric, process_* included.
   std::string Serialize() const;
   prometheus::Registry& registry() { return *registry_; }
 
@@ -66,6 +92,7 @@ class CoordinatorMetrics {
 
   std::string model_name_;
   std::shared_ptr<prometheus::Registry> registry_;
+  common::ProcessCollector process_;
   // Per replica, from ClusterState.
   prometheus::Family<prometheus::Gauge>& requests_running_;
   prometheus::Family<prometheus::Gauge>& requests_waiting_;
@@ -73,29 +100,43 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& replica_up_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_free_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_total_;
+  prometheus::Family<prometheus::Gauge>& cache_config_info_;
   prometheus::Family<prometheus::Counter>& preemptions_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Counter>& step_tokens_;
-  // Per request.
+  // As they happen.
   prometheus::Family<prometheus::Counter>& prefix_queries_;
   prometheus::Family<prometheus::Counter>& prefix_hits_;
   prometheus::Family<prometheus::Counter>& prompt_tokens_;
   prometheus::Family<prometheus::Counter>& generation_tokens_;
   prometheus::Family<prometheus::Counter>& request_success_;
+  prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& spec_drafts_;
   prometheus::Family<prometheus::Counter>& spec_drafted_;
   prometheus::Family<prometheus::Counter>& spec_accepted_;
+  prometheus::Family<prometheus::Counter>& spec_accepted_per_pos_;
   prometheus::Family<prometheus::Histogram>& ttft_;
   prometheus::Family<prometheus::Histogram>& itl_;
-  prometheus::Histogram* itl_model_ = nullptr;  // itl_'s child for this model (never removed)
   prometheus::Family<prometheus::Histogram>& e2e_;
   prometheus::Family<prometheus::Histogram>& queue_time_;
   prometheus::Family<prometheus::Histogram>& prefill_time_;
   prometheus::Family<prometheus::Histogram>& decode_time_;
+  prometheus::Family<prometheus::Histogram>& inference_time_;
+  prometheus::Family<prometheus::Histogram>& time_per_output_token_;
   prometheus::Family<prometheus::Histogram>& prompt_length_;
   prometheus::Family<prometheus::Histogram>& generation_length_;
+  prometheus::Family<prometheus::Histogram>& max_generation_length_;
+  prometheus::Family<prometheus::Histogram>& params_n_;
+  prometheus::Family<prometheus::Histogram>& params_max_tokens_;
+  prometheus::Counter* generation_tokens_model_ = nullptr;  // children looked up once
+  prometheus::Counter* prompt_tokens_model_ = nullptr;
+  absl::Mutex latency_mu_;
+  // Never erased: pointers handed out stay valid.
+  std::map<std::string, ReplicaLatencySeries> latency_ ABSL_GUARDED_BY(latency_mu_);
   // Counters mirrored from ClusterState totals (monotonic per replica incarnation).
   std::map<std::string, double> last_preemptions_, last_steps_, last_tokens_;
+  // cache_config_info's labels per replica, to replace the series when they change.
+  std::map<std::string, prometheus::Labels> cache_config_labels_;
 };
 
 }  // namespace loom::coordinator

@@ -373,8 +373,12 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
         choice.leader = choice.index - s;  // placed by Pump once the leader has output
       } else {
         if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
+          if (metrics_ != nullptr) metrics_->RecordRejected(placed);
           run->CancelAll();
           return WriteError(placed, response);
+        }
+        if (metrics_ != nullptr) {
+          metrics_->RecordRequestParams(run->parsed.n, choice.request->params().max_tokens);
         }
         choice.placed = true;
       }

@@ -331,7 +331,7 @@ bool Replica::SendPlans() {
         // First scheduled here: what its prompt found in the cache is what it reports.
         auto it = requests_.find(seq.seq_id);
         if (it != requests_.end()) {
-          it->second->MarkScheduled();
+          it->second->MarkScheduled(replica_id_);
           it->second->set_cached_prompt_tokens(
               std::min(seq.num_cached_tokens, static_cast<int32_t>(seq.prompt_ids.size())));
         }

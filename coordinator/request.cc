@@ -105,8 +105,17 @@ Request::Request(std::string request_id, uint64_t seq_id, RequestParams params,
       stop_matcher_(params_.stop),
       arrival_(std::chrono::steady_clock::now()) {}
 
-void Request::MarkScheduled() {
+void Request::MarkScheduled(const std::string& replica_id) {
   if (!first_scheduled_) first_scheduled_ = std::chrono::steady_clock::now();
+  scheduled_replica_id_ = replica_id;
+}
+
+void Request::set_cached_prompt_tokens(int32_t tokens) {
+  cached_prompt_tokens_ = tokens;
+  if (metrics_ != nullptr) {
+    metrics_->RecordPrefixCacheQuery(scheduled_replica_id_,
+                                     static_cast<int64_t>(params_.prompt_ids.size()), tokens);
+  }
 }
 
 void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& replica_id) {
@@ -118,14 +127,13 @@ void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& r
   record.finish_reason = reason;
   record.prompt_tokens = static_cast<int64_t>(params_.prompt_ids.size());
   record.generation_tokens = num_outputs_;
-  record.cached_prompt_tokens = cached_prompt_tokens_;
-  record.num_speculative_steps = num_speculative_steps_;
-  record.num_draft_tokens = num_draft_tokens_;
-  record.num_accepted_tokens = num_accepted_tokens_;
+  record.max_tokens = params_.max_tokens;
   record.e2e_seconds = Seconds(now - arrival_).count();
-  if (first_scheduled_) record.queue_seconds = Seconds(*first_scheduled_ - arrival_).count();
+  if (first_scheduled_) {
+    record.queue_seconds = Seconds(*first_scheduled_ - arrival_).count();
+    record.inference_seconds = Seconds(now - *first_scheduled_).count();
+  }
   if (first_token_) {
-    record.ttft_seconds = Seconds(*first_token_ - arrival_).count();
     record.decode_seconds = Seconds(*last_token_ - *first_token_).count();
     if (first_scheduled_) record.prefill_seconds = Seconds(*first_token_ - *first_scheduled_).count();
   }
@@ -136,10 +144,17 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
   if (finished_) return true;
   ++num_outputs_;
   const auto now = std::chrono::steady_clock::now();
+  using Seconds = std::chrono::duration<double>;
+  // Counted as streamed: the token counter, TTFT at the first token, the gaps after it.
   if (!first_token_) {
     first_token_ = now;
-  } else if (metrics_ != nullptr) {
-    metrics_->RecordInterTokenLatency(std::chrono::duration<double>(now - *last_token_).count());
+    if (metrics_ != nullptr) {
+      latency_series_ = &metrics_->RecordFirstToken(
+          replica_id, Seconds(now - arrival_).count(),
+          static_cast<int64_t>(params_.prompt_ids.size()));
+    }
+  } else if (latency_series_ != nullptr) {
+    metrics_->RecordToken(*latency_series_, Seconds(now - *last_token_).count());
   }
   last_token_ = now;
   const int32_t id = output.token_id();
@@ -211,6 +226,7 @@ void Request::AddSpeculation(int32_t drafted, int32_t accepted) {
   ++num_speculative_steps_;
   num_draft_tokens_ += drafted;
   num_accepted_tokens_ += accepted;
+  if (metrics_ != nullptr) metrics_->RecordSpeculativeStep(drafted, accepted);
 }
 
 }  // namespace loom::coordinator

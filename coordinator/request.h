@@ -22,6 +22,7 @@
 namespace loom::coordinator {
 
 class CoordinatorMetrics;
+struct ReplicaLatencySeries;
 
 /// One message for the client: new text/tokens, and on the last one the finish reason.
 struct OutputEvent {
@@ -129,20 +130,21 @@ class Request {
   std::chrono::steady_clock::time_point arrival() const { return arrival_; }
 
   /// Records how many prompt tokens the replica found in its prefix cache when it first
-  /// scheduled the request (replica loop only); reported on the final event.
-  void set_cached_prompt_tokens(int32_t tokens) { cached_prompt_tokens_ = tokens; }
+  /// scheduled the request (replica loop only, after MarkScheduled); reported on the final
+  /// event and, at once, to the prefix-cache metrics.
+  void set_cached_prompt_tokens(int32_t tokens);
   int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
 
   /// Records one speculative step's drafts and accepted drafts (replica loop only);
-  /// reported on the final event and to the metrics.
+  /// reported on the final event and, at once, to the metrics.
   void AddSpeculation(int32_t drafted, int32_t accepted);
 
-  /// Where the request's timeline goes (TTFT, inter-token gaps, queue/prefill/decode
-  /// times, finish reason and token counts when it finishes); null: nowhere. Set before
+  /// Where the request's events go as they happen (tokens, TTFT, prefix-cache lookups,
+  /// speculative steps) and its timeline when it finishes; null: nowhere. Set before
   /// the request is placed.
   void set_metrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
-  /// The replica scheduled it for the first time (replica loop only): ends its queue time.
-  void MarkScheduled();
+  /// `replica_id` scheduled it (replica loop only): the first call ends its queue time.
+  void MarkScheduled(const std::string& replica_id);
 
   /// The prompt's prefix-cache identity for KV blocks of `block_size` tokens: the chain's
   /// seed (model fingerprint and cache salt) and the hashes of its full blocks, computed
@@ -178,7 +180,10 @@ class Request {
   std::chrono::steady_clock::time_point arrival_;
   std::optional<std::chrono::steady_clock::time_point> first_scheduled_, first_token_,
       last_token_;
+  std::string scheduled_replica_id_;  // the replica that scheduled it last
   CoordinatorMetrics* metrics_ = nullptr;
+  // The latency series of the replica of its first token (set then, with metrics_).
+  const ReplicaLatencySeries* latency_series_ = nullptr;
   std::atomic<bool> cancelled_{false};
   OutputQueue outputs_;
 };

@@ -88,6 +88,25 @@ int64_t WorkerRegistration::num_registrations() const {
   return num_registrations_;
 }
 
+absl::StatusOr<int64_t> WorkerRegistration::Drain(absl::Duration timeout) {
+  loom::v1::DrainRequest request;
+  request.set_worker_id(worker_id());
+  if (request.worker_id().empty()) {
+    return absl::FailedPreconditionError("not registered with the coordinator");
+  }
+  request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
+  loom::v1::DrainResponse response;
+  grpc::ClientContext context;
+  // The coordinator answers at `timeout`; the slack carries its answer back.
+  context.set_deadline(DeadlineAfter(timeout + options_.rpc_timeout));
+  const grpc::Status status = stub_->Drain(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  }
+  return response.num_requests_left();
+}
+
 bool WorkerRegistration::Sleep(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&stopping_), duration);

@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "loom/v1/worker.grpc.pb.h"
@@ -49,6 +50,11 @@ class WorkerRegistration {
   std::string worker_id() const;
   /// Successful Register calls so far.
   int64_t num_registrations() const;
+  /// Asks the coordinator to drain this worker's replica and waits (at most `timeout`,
+  /// plus the RPC timeout for the answer) until it holds no request; returns the
+  /// requests left. Keeps heartbeating meanwhile
+  /// (call it before Stop()). FailedPrecondition while unregistered.
+  absl::StatusOr<int64_t> Drain(absl::Duration timeout);
 
  private:
   void Run();

@@ -18,6 +18,7 @@
 #include "common/gguf_file.h"
 #include "common/model_config.h"
 #include "common/model_fingerprint.h"
+#include "common/process_metrics.h"
 #include "common/tokenizer.h"
 #include "prometheus/exposer.h"
 #include "kernels/cuda_device.h"
@@ -320,6 +321,8 @@ int RunWorkerCommand(int argc, char** argv) {
   const std::string listen_host = SplitHostPort(options.listen_address)->first;
   std::printf("loom-worker: listening on %s:%d\n", listen_host.c_str(), port);
   std::unique_ptr<prometheus::Exposer> exposer;
+  // The exposer holds collectables weakly: this lives as long as it.
+  auto process_metrics = std::make_shared<common::ProcessCollector>();
   if (options.metrics_port >= 0) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(
@@ -329,6 +332,7 @@ int RunWorkerCommand(int argc, char** argv) {
           "cannot serve metrics on %s:%d: %s", listen_host, options.metrics_port, error.what())));
     }
     exposer->RegisterCollectable(metrics.registry());
+    exposer->RegisterCollectable(process_metrics);
     std::printf("loom-worker: metrics on http://%s:%d/metrics\n", listen_host.c_str(),
                 exposer->GetListeningPorts().front());
   }
@@ -353,6 +357,7 @@ int RunWorkerCommand(int argc, char** argv) {
   request.set_backend(std::string((*backend)->name()));
   request.set_num_kv_blocks(num_blocks);
   request.set_block_size(static_cast<int32_t>(options.block_size));
+  request.set_kv_dtype(cuda || options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32");
   request.set_version(LOOM_VERSION);
   std::fprintf(stderr, "loom-worker: registering %s (replica %s, rank %d) with %s\n",
                request.worker_address().c_str(), options.replica_id.c_str(), options.rank,
@@ -373,6 +378,20 @@ int RunWorkerCommand(int argc, char** argv) {
     if (!registration.fatal_status().ok()) {
       exit_code = 1;
       break;
+    }
+  }
+  if (exit_code == 0 && options.drain_timeout_s > 0) {
+    // Scale-in: the coordinator stops placing on this replica and its requests finish
+    // while the step stream keeps serving; then the worker goes.
+    std::fprintf(stderr, "loom-worker: draining (up to %d s)\n", options.drain_timeout_s);
+    absl::StatusOr<int64_t> left = registration.Drain(absl::Seconds(options.drain_timeout_s));
+    if (!left.ok()) {
+      std::fprintf(stderr, "loom-worker: drain: %s\n", left.status().ToString().c_str());
+    } else {
+      std::fprintf(stderr, "loom-worker: %s\n",
+                   *left == 0 ? "drained"
+                              : absl::StrFormat("drain timed out with %d requests left", *left)
+                                    .c_str());
     }
   }
   registration.Stop();

@@ -21,7 +21,7 @@ const char kWorkerUsage[] =
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
     "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
     "                   [--rendezvous-timeout-ms MS] [--activations f32|int8]\n"
-    "                   [--draft-model PATH]\n"
+    "                   [--draft-model PATH] [--drain-timeout-s S]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
@@ -39,6 +39,9 @@ const char kWorkerUsage[] =
     "  --world-size/--rank  tensor parallelism: this worker is rank R of W ranks of its replica;\n"
     "                       the ranks meet through the coordinator and each loads its shard\n"
     "  --rendezvous-id      the same for every rank of one start of a replica (default 0)\n"
+    "  --drain-timeout-s    on SIGTERM, ask the coordinator to drain this worker's replica (no\n"
+    "                       new requests; those in flight finish) and wait up to S seconds\n"
+    "                       before stopping (default 30; 0: stop at once)\n"
     "  --metrics-port       serve Prometheus metrics on the listen host at this port (0: any\n"
     "                       free port; default: off)\n"
     "  --draft-model        speculative decoding proposes with this GGUF (the target's\n"
@@ -230,6 +233,10 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
       absl::StatusOr<int64_t> timeout = ParseInt(flag, value, 1, 86400000);
       if (!timeout.ok()) return timeout.status();
       options.rendezvous_timeout_ms = static_cast<int>(*timeout);
+    } else if (flag == "--drain-timeout-s") {
+      absl::StatusOr<int64_t> seconds = ParseInt(flag, value, 0, 86400);
+      if (!seconds.ok()) return seconds.status();
+      options.drain_timeout_s = static_cast<int>(*seconds);
     } else if (flag == "--metrics-port") {
       absl::StatusOr<int64_t> port = ParseInt(flag, value, 0, 65535);
       if (!port.ok()) return port.status();

@@ -36,6 +36,9 @@ struct WorkerOptions {
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
   // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
+  // --drain-timeout-s: on SIGTERM, how long the worker waits for the coordinator to drain
+  // its replica (requests in flight finish; none is placed on it) before it stops.
+  int drain_timeout_s = 30;
   int metrics_port = -1;  // --metrics-port; -1: no metrics endpoint, 0: any free port
   // --draft-model: a GGUF with the target's vocabulary that proposes speculative drafts
   // (DraftProposer); empty: n-gram prompt lookup.

@@ -1,6 +1,7 @@
 """Stopping the cluster: the coordinator drains on SIGTERM (in-flight requests complete, new ones
 get UNAVAILABLE, exit status 0), gives up on what is left at --drain-timeout-s, and `loom up`
-stops its worker children on SIGTERM and on SIGINT (Ctrl-C).
+stops its worker children on SIGTERM and on SIGINT (Ctrl-C). A worker's own SIGTERM drains
+its replica first (tests/cluster/drain_test.py) unless --drain-timeout-s is 0.
 """
 import signal
 import time
@@ -112,8 +113,9 @@ def test_loom_up_serves_and_stops_its_workers(tmp_path, binaries, stop_signal):
         print(up.log_tail())
 
 
-def test_worker_sigterm_exits_zero_and_its_replica_goes_down(tmp_path, binaries):
-    with h.running_cluster(tmp_path, {"replica-a": {"threads": 2}}) as rig:
+def test_worker_sigterm_without_drain_exits_zero_and_its_replica_goes_down(tmp_path, binaries):
+    """--drain-timeout-s 0: the worker stops at once (the drain itself: drain_test.py)."""
+    with h.running_cluster(tmp_path, {"replica-a": {"threads": 2, "drain_timeout_s": 0}}) as rig:
         coordinator, worker = rig.coordinator, rig.workers["replica-a"]
         stream = h.Stream(coordinator.stub, make_request("Hello", max_tokens=2000, ignore_eos=True),
                           CALL_TIMEOUT_S)

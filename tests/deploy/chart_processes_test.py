@@ -1,12 +1,19 @@
-"""The chart's containers, run as processes: the coordinator and a worker are started with
-exactly the command, args and environment the rendered values-cpu.yaml manifests give
-them (ConfigMap variables and $(VAR) expansion as Kubernetes does it), on loopback. Then
-the probes the manifests declare are asked as the kubelet would: the coordinator's
+"""The chart's containers, run as processes: the coordinator and a worker pod's container
+are started with exactly the command, args and environment the rendered manifests give
+them (ConfigMap variables and $(VAR) expansion as Kubernetes does it), on loopback: the
+worker container's launcher (bash) starts the pod's tensor-parallel ranks. Then the
+probes the manifests declare are asked as the kubelet would: the coordinator's
 startup/liveness/readiness HTTP GETs, the worker's grpc.health.v1 check, the metrics
 ports. On SIGTERM both exit within their terminationGracePeriodSeconds.
 
-Two things differ from a cluster, by necessity: the model path is this checkout's model,
-and the worker registers with and advertises 127.0.0.1 instead of cluster DNS names."""
+Two configurations: values-cpu.yaml (one rank per pod), and the GPU values file
+(values.yaml) with tensorParallelSize 2, run here with the CPU backend: one pod, two
+rank processes that meet through the coordinator and serve as one replica.
+
+What differs from a cluster, by necessity: the model path is this checkout's model, the
+worker registers with and advertises 127.0.0.1 instead of cluster DNS names, and the GPU
+file's backend is the CPU one."""
+import json
 import os
 import pathlib
 import re
@@ -38,22 +45,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pod_command(docs, kind, pod_env):
-    """(argv, container, pod spec) of the first workload of a kind, args expanded."""
-    workload = next(d for d in docs if d["kind"] == kind)
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (a pod's ranks use port + rank)."""
+    for _ in range(100):
+        base = free_port()
+        sockets = []
+        try:
+            for i in range(count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    pytest.fail(f"no {count} consecutive free ports")
+
+
+def pod_command(docs, kinds, pod_env, env_overrides=None):
+    """(argv, environment, container, pod spec) of the first workload of one of `kinds`,
+    with Kubernetes' $(VAR) expansion; the binaries' names point into the build tree."""
+    workload = next(d for d in docs if d["kind"] in kinds)
     pod = workload["spec"]["template"]["spec"]
     c = pod["containers"][0]
     env = {}
+    expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], s)  # noqa: E731
     for source in c.get("envFrom", []):
         name = source["configMapRef"]["name"]
         env.update(next(d for d in docs if d["kind"] == "ConfigMap"
                         and d["metadata"]["name"] == name)["data"])
     for var in c.get("env", []):
-        env[var["name"]] = var.get("value", pod_env.get(var["name"]))
+        env[var["name"]] = expand(var["value"]) if "value" in var else pod_env[var["name"]]
     env["LOOM_MODEL_PATH"] = str(MODEL_PATH)
-    expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], s)  # noqa: E731
-    binary = BINARIES[c["command"][0]]
-    return [str(binary)] + [expand(a) for a in c["args"]], c, pod
+    env.update(env_overrides or {})
+    argv = [str(BINARIES[a]) if a in BINARIES else a
+            for a in c["command"] + [expand(arg) for arg in c["args"]]]
+    return argv, dict(os.environ, **env), c, pod
 
 
 def replace_value(argv, flag, value):
@@ -81,43 +110,66 @@ def wait_for(predicate, timeout, what, processes):
     pytest.fail(f"timed out waiting for {what}")
 
 
-@pytest.fixture
-def cluster(tmp_path):
+def start_pods(tmp_path, values_files, worker_values, ranks):
+    """Renders the chart and starts the coordinator and one worker pod's container; yields
+    what the tests need, then kills whatever is left."""
     for binary in BINARIES.values():
         if not binary.exists():
             pytest.skip(f"{binary} is not built")
     if not MODEL_PATH.exists():
         pytest.fail(f"default model missing at {MODEL_PATH}: run scripts/fetch-model.sh")
-    ports = {name: free_port() for name in ("grpc", "http", "worker", "metrics")}
+    ports = {"grpc": free_port(), "http": free_port(), "worker": free_ports(ranks),
+             "metrics": free_ports(ranks)}
+    worker_values = {"port": ports["worker"], "metrics": {"enabled": True, "port": ports["metrics"]},
+                     **worker_values}
     values = {"coordinator": {"grpcPort": ports["grpc"], "httpPort": ports["http"],
                               "drainTimeoutSeconds": 5},
-              "worker": {"replicas": 1, "port": ports["worker"],
-                         "metrics": {"enabled": True, "port": ports["metrics"]},
-                         "flags": {"threads": 1, "kv-cache-memory": "64MiB"}}}
-    code, docs, stderr = render(build_renderer(), values, [CHART_DIR / "values-cpu.yaml"], tmp_path)
+              "worker": worker_values}
+    code, docs, stderr = render(build_renderer(), values, [CHART_DIR / f for f in values_files], tmp_path)
     assert code == 0, stderr
-    pod_env = {"POD_NAME": "loom-worker-r0-0", "POD_NAMESPACE": "serving", "LOOM_RANK": "0"}
-    coordinator_argv, coordinator, coordinator_pod = pod_command(docs, "Deployment", pod_env)
-    worker_argv, worker, worker_pod = pod_command(docs, "StatefulSet", pod_env)
-    assert worker_argv[worker_argv.index("--rank") + 1] == "0"
-    replace_value(worker_argv, "--coordinator", f"127.0.0.1:{ports['grpc']}")
-    replace_value(worker_argv, "--advertise-address", f"127.0.0.1:{ports['worker']}")
+    pod_env = {"POD_NAME": "loom-worker-0", "POD_NAMESPACE": "serving"}
+    coordinator_argv, coordinator_env, coordinator, coordinator_pod = pod_command(
+        docs, ("Deployment",), pod_env)
+    worker_argv, worker_env, worker, worker_pod = pod_command(
+        docs, ("StatefulSet",), pod_env, {"LOOM_ADVERTISE_HOST": "127.0.0.1"})
+    assert worker_argv[:2] == ["/bin/bash", "-c"] and worker_env["LOOM_RANKS_PER_POD"] == str(ranks)
+    coordinator_flag = worker_argv.index("--coordinator") + 1
+    worker_argv[coordinator_flag] = f"127.0.0.1:{ports['grpc']}"
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("coordinator", "worker")}
     processes = [
-        subprocess.Popen(coordinator_argv, stdout=logs["coordinator"], stderr=subprocess.STDOUT),
-        subprocess.Popen(worker_argv, stdout=logs["worker"], stderr=subprocess.STDOUT)]
+        subprocess.Popen(coordinator_argv, env=coordinator_env, stdout=logs["coordinator"],
+                         stderr=subprocess.STDOUT),
+        subprocess.Popen(worker_argv, env=worker_env, stdout=logs["worker"], stderr=subprocess.STDOUT,
+                         start_new_session=True)]
     try:
         yield {"ports": ports, "processes": processes, "coordinator": coordinator,
-               "worker": worker, "coordinator_pod": coordinator_pod, "worker_pod": worker_pod}
+               "worker": worker, "coordinator_pod": coordinator_pod, "worker_pod": worker_pod,
+               "ranks": ranks, "log": tmp_path / "worker.log"}
     finally:
         for p in processes:
             if p.poll() is None:
                 p.kill()
             p.wait()
+        # The launcher's rank processes, should the launcher have been killed.
+        try:
+            os.killpg(processes[1].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         for log in logs.values():
             log.close()
         for name in logs:
             print(f"--- {name} log:\n{(tmp_path / f'{name}.log').read_text()[-3000:]}")
+
+
+@pytest.fixture(params=["cpu", "gpu-tp2"])
+def cluster(request, tmp_path):
+    if request.param == "cpu":
+        yield from start_pods(tmp_path, ["values-cpu.yaml"],
+                              {"replicas": 1, "flags": {"threads": 1, "kv-cache-memory": "64MiB"}}, 1)
+    else:
+        # The GPU values file as it is, but for the backend: two ranks in one pod.
+        yield from start_pods(tmp_path, [], {"tensorParallelSize": 2, "flags": {
+            "backend": "cpu", "device": "cpu", "threads": 1, "kv-cache-memory": "64MiB"}}, 2)
 
 
 def test_containers_start_with_the_chart_args_and_pass_their_probes(cluster):
@@ -133,16 +185,29 @@ def test_containers_start_with_the_chart_args_and_pass_their_probes(cluster):
 
     # The kubelet's gRPC probe: grpc.health.v1 Check with an empty service name.
     assert worker["readinessProbe"]["grpc"]["port"] == ports["worker"]
+    wait_for(lambda: http_status(http + readiness) == 200, 60, "the replica", processes)
     with grpc.insecure_channel(f"127.0.0.1:{ports['worker']}") as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    # The scrape targets the ServiceMonitor names.
+    # The scrape targets the ServiceMonitor names: the coordinator, and every rank.
     with urllib.request.urlopen(f"{http}/metrics", timeout=5) as response:
-        assert "loom_replica_up" in response.read().decode()
-    with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=5) as response:
-        assert 'loom_worker_up{' in response.read().decode()
+        text = response.read().decode()
+    # One replica, named after the pod, with all its ranks.
+    assert re.search(r'loom_replica_up\{[^}]*replica="loom-worker-0"[^}]*\} 1', text), text[-2000:]
+    for rank in range(cluster["ranks"]):
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics'] + rank}/metrics",
+                                    timeout=5) as response:
+            body = response.read().decode()
+        assert re.search(rf'loom_worker_up\{{[^}}]*rank="{rank}"', body), body[:1000]
+    # The pod serves: a completion over the OpenAI API.
+    request = urllib.request.Request(
+        f"{http}/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": json.loads(urllib.request.urlopen(f"{http}/v1/models").read())
+                         ["data"][0]["id"], "prompt": "Hello", "max_tokens": 4}).encode())
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert json.loads(response.read())["usage"]["completion_tokens"] == 4
 
 
 def test_sigterm_ends_both_within_their_grace_period(cluster):
@@ -154,7 +219,12 @@ def test_sigterm_ends_both_within_their_grace_period(cluster):
                          (worker_process, cluster["worker_pod"])]:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=pod["terminationGracePeriodSeconds"])
+            assert process.wait(timeout=pod["terminationGracePeriodSeconds"]) == 0, \
+                f"{process.args[0]} exited with {process.returncode} after SIGTERM"
         except subprocess.TimeoutExpired:
             pytest.fail(f"{process.args[0]} outlived terminationGracePeriodSeconds="
                         f"{pod['terminationGracePeriodSeconds']} after SIGTERM")
+    # No rank outlives the worker container's launcher.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(worker_process.pid, 0)
+    assert cluster["log"].read_text().count("loom-worker: stopped after") == cluster["ranks"]

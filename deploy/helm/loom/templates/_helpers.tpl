@@ -4,7 +4,7 @@
 {{- end }}
 
 {{/* Resource name prefix: RELEASE-CHART, or RELEASE when it already holds the chart name.
-     Kept short so that "-worker-rNN-K" pod names stay within 63 characters. */}}
+     Kept short so that "-worker-N" pod names stay within 63 characters. */}}
 {{- define "loom.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
@@ -46,9 +46,118 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-coordinator-internal" (include "loom.fullname" .) }}
 {{- end }}
 
-{{/* StatefulSet and headless Service of one replica: (list $ REPLICA_ID). */}}
+{{/* The workers' StatefulSet (or LeaderWorkerSet) and headless Service. */}}
 {{- define "loom.worker.name" -}}
-{{- printf "%s-worker-%s" (include "loom.fullname" (index . 0)) (index . 1) }}
+{{- printf "%s-worker" (include "loom.fullname" .) }}
+{{- end }}
+
+{{/* The ServiceAccount of every pod. */}}
+{{- define "loom.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "loom.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Ranks each worker pod runs: the whole group, or its share of a LeaderWorkerSet group. */}}
+{{- define "loom.worker.ranksPerPod" -}}
+{{- $tp := int .Values.worker.tensorParallelSize }}
+{{- if lt $tp 1 }}{{ fail "worker.tensorParallelSize must be at least 1" }}{{ end }}
+{{- if .Values.worker.leaderWorkerSet.enabled }}
+{{- $size := int .Values.worker.leaderWorkerSet.size }}
+{{- if or (lt $size 1) (ne (mod $tp $size) 0) }}
+{{- fail (printf "worker.leaderWorkerSet.size (%d) must divide worker.tensorParallelSize (%d)" $size $tp) }}
+{{- end }}
+{{- div $tp $size }}
+{{- else }}
+{{- $tp }}
+{{- end }}
+{{- end }}
+
+{{/* The worker container's entrypoint: starts LOOM_RANKS_PER_POD loom-worker processes,
+     local rank i being global rank LOOM_POD_INDEX * LOOM_RANKS_PER_POD + i (the pod's
+     index in its group: 0 but in a LeaderWorkerSet) on port LOOM_WORKER_PORT + i
+     (metrics: LOOM_METRICS_PORT + i), with the command line that follows the script.
+     SIGTERM and SIGINT go to every rank (each drains); when one rank ends, the others are
+     stopped, so the container exits and restarts as one tensor-parallel group. One rank
+     is exec'd directly. */}}
+{{- define "loom.worker.launcher" -}}
+set -u
+n="${LOOM_RANKS_PER_POD}"; first="$((LOOM_POD_INDEX * n))"; port="${LOOM_WORKER_PORT}"
+rank_args() {
+  local i="$1"
+  args=(--rank "$((first + i))" --listen "0.0.0.0:$((port + i))"
+        --advertise-address "${LOOM_ADVERTISE_HOST}:$((port + i))")
+  if [ -n "${LOOM_METRICS_PORT:-}" ]; then args+=(--metrics-port "$((LOOM_METRICS_PORT + i))"); fi
+  if [ -n "${LOOM_RENDEZVOUS_ID:-}" ]; then args+=(--rendezvous-id "${LOOM_RENDEZVOUS_ID}"); fi
+}
+if [ "$n" -eq 1 ]; then rank_args 0; exec "$@" "${args[@]}"; fi
+# One start of the group: its ranks meet under an id no earlier start used.
+: "${LOOM_RENDEZVOUS_ID:=$(cat /proc/sys/kernel/random/uuid)}"
+pids=()
+stop() { kill -TERM "${pids[@]}" 2>/dev/null; }
+stopping=0
+trap 'stopping=1; stop' TERM INT
+for ((i = 0; i < n; i++)); do
+  rank_args "$i"
+  "$@" "${args[@]}" &
+  pids+=("$!")
+done
+declare -A ended_status
+ended=""
+wait -n -p ended; rc=$?
+# A signal interrupts wait -n before any rank ended (and may unset `ended`).
+if [ -n "${ended:-}" ]; then ended_status[$ended]=$rc; fi
+stop
+status=0
+for pid in "${pids[@]}"; do
+  if [ -z "${ended_status[$pid]+set}" ]; then
+    # A signal interrupts wait; wait again until the rank has really exited.
+    while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done
+    ended_status[$pid]=$rc
+  fi
+  rc="${ended_status[$pid]}"
+  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status="$rc"; fi
+done
+if [ "$stopping" -eq 0 ] && [ "$status" -eq 0 ]; then
+  echo "launch-ranks: a rank exited on its own; stopping the group" >&2; status=1
+fi
+exit "$status"
+{{- end }}
+
+{{/* Default pod anti-affinity and topology spread of the worker pods, for the selector
+     labels given: (list $ LABELS). */}}
+{{- define "loom.worker.placement" -}}
+{{- $ := index . 0 }}
+{{- $labels := index . 1 }}
+{{- $w := $.Values.worker }}
+{{- $affinity := deepCopy (default dict $w.affinity) }}
+{{- if and (ne $w.podAntiAffinity "none") (not (hasKey $affinity "podAntiAffinity")) }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $labels) }}
+{{- if eq $w.podAntiAffinity "hard" }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) }}
+{{- else if eq $w.podAntiAffinity "soft" }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- else }}
+{{- fail (printf "worker.podAntiAffinity must be soft, hard or none, not %q" $w.podAntiAffinity) }}
+{{- end }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $spread := $w.topologySpreadConstraints }}
+{{- if not $spread }}
+{{- $spread = list }}
+{{- range $w.spreadOver }}
+{{- $spread = append $spread (dict "maxSkew" 1 "topologyKey" . "whenUnsatisfiable" "ScheduleAnyway" "labelSelector" (dict "matchLabels" $labels)) }}
+{{- end }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "loom.image" -}}
@@ -113,8 +222,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     sizeLimit: {{ .Values.model.download.sizeLimit }}
 - name: model-download-tmp
   emptyDir: {}
+{{- else if eq .Values.model.source "huggingFace" }}
+  emptyDir:
+    sizeLimit: {{ .Values.model.huggingFace.sizeLimit }}
+- name: model-download-tmp
+  emptyDir: {}
 {{- else }}
-{{- fail (printf "model.source must be download, pvc or hostPath, not %q" .Values.model.source) }}
+{{- fail (printf "model.source must be download, huggingFace, pvc or hostPath, not %q" .Values.model.source) }}
 {{- end }}
 {{- end }}
 
@@ -192,5 +306,71 @@ app.kubernetes.io/instance: {{ .Release.Name }}
       mountPath: {{ .Values.model.mountPath }}
     - name: model-download-tmp
       mountPath: /tmp
+{{- else if eq .Values.model.source "huggingFace" }}
+{{- $hf := .Values.model.huggingFace }}
+- name: fetch-model
+  image: {{ $hf.image }}
+  imagePullPolicy: IfNotPresent
+  command: ["/bin/sh", "-c"]
+  args:
+    - |
+      set -eu
+      if [ -f "$MODEL_DIR/$MODEL_FILE" ]; then echo "fetch-model: $MODEL_DIR/$MODEL_FILE is present"; exit 0; fi
+      {{- $hf.command | nindent 6 }}
+      test -f "$MODEL_DIR/$MODEL_FILE" || { echo "fetch-model: the download left no $MODEL_DIR/$MODEL_FILE" >&2; exit 1; }
+      echo "fetch-model: $MODEL_DIR/$MODEL_FILE from $HF_REPO@$HF_REVISION"
+  env:
+    - name: HF_REPO
+      value: {{ required "model.huggingFace.repo is required when model.source is huggingFace" $hf.repo | quote }}
+    - name: HF_REVISION
+      value: {{ $hf.revision | quote }}
+    - name: MODEL_DIR
+      value: {{ .Values.model.mountPath | quote }}
+    - name: MODEL_FILE
+      value: {{ .Values.model.file | quote }}
+    - name: HOME
+      value: /tmp
+    - name: HF_HOME
+      value: /tmp/hf-home
+    {{- with $hf.endpoint }}
+    - name: HF_ENDPOINT
+      value: {{ . | quote }}
+    {{- end }}
+    {{- with $hf.tokenSecret.name }}
+    - name: HF_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ . }}
+          key: {{ $hf.tokenSecret.key }}
+    {{- end }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  {{- with $hf.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: model
+      mountPath: {{ .Values.model.mountPath }}
+    - name: model-download-tmp
+      mountPath: /tmp
 {{- end }}
+{{- end }}
+
+{{/* PromQL label matchers of the coordinator's series as the ServiceMonitor scrapes them
+     (Prometheus Operator adds namespace and service). */}}
+{{- define "loom.promSelector" -}}
+{{- printf "namespace=%q,service=%q" .Release.Namespace (include "loom.coordinator.name" .) }}
+{{- end }}
+
+{{/* The worker resource an autoscaler scales. */}}
+{{- define "loom.worker.scaleTarget" -}}
+{{- if .Values.worker.leaderWorkerSet.enabled }}
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+{{- else }}
+apiVersion: apps/v1
+kind: StatefulSet
+{{- end }}
+name: {{ include "loom.worker.name" . }}
 {{- end }}
