@@ -1,9 +1,13 @@
-// What the worker's progress reporting costs the step path: single-sequence decode
-// (the smallest step, where a fixed cost shows most) on two CPU runners of the same model,
-// one without a StepProgress and one counting two units per layer into it while a reader
-// thread snapshots it every millisecond (500x the heartbeat's rate). Rounds alternate
-// between the two; the figure is the median tokens/s with progress over the median
-// without, held against 0.98. Writes bench/results/step_progress.json.
+// What the worker's progress reporting costs the step path. Two figures, both with a reader
+// thread snapshotting the StepProgress every millisecond (500x the heartbeat's rate):
+// * direct: nanoseconds per StepProgress::Advance() over 10^7 calls, times the units a
+//   SmolLM2 step counts (2 per layer + 2), as a share of the median single-sequence decode
+//   step measured in the same run (the smallest step, where a fixed cost shows most); held
+//   against 1%;
+// * end to end: median decode tokens/s of a runner counting progress over one that does
+//   not, rounds alternating (informational: on a shared machine the round-to-round noise is
+//   far larger than the effect).
+// Writes bench/results/step_progress.json.
 //
 // usage: step_progress_bench [--model PATH] [--threads N] [--rounds R]
 #include <algorithm>
@@ -25,7 +29,7 @@
 
 namespace {
 
-constexpr double kLimit = 0.98;  // with progress, at least this share of the speed without
+constexpr double kLimit = 0.01;  // progress counting may cost at most this share of a step
 
 // Decode tokens/s of one sequence generating `tokens` after a 16-token prompt.
 double DecodeRate(loom::worker::ModelRunner& runner, int tokens) {
@@ -94,24 +98,36 @@ int main(int argc, char** argv) {
     std::printf("round %d: %.1f tokens/s without progress, %.1f with\n", r + 1, without.back(),
                 with.back());
   }
+  // Direct: Advance() while the reader polls.
+  constexpr int64_t kCalls = 10000000;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < kCalls; ++i) progress.Advance();
+  const double ns_per_advance =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() /
+      kCalls;
   stop.store(true);
   reader.join();
   const double base = loom::bench::Median(without);
   const double counted_rate = loom::bench::Median(with);
-  const double ratio = counted_rate / base;
-  std::printf("decode with progress counted and read every 1 ms: %.1f tokens/s vs %.1f without "
-              "= %.3f (limit >= %.2f) %s; %lld units counted, %lld snapshots\n",
-              counted_rate, base, ratio, kLimit, ratio >= kLimit ? "OK" : "OVER",
-              static_cast<long long>(progress.units_done()),
-              static_cast<long long>(snapshots.load()));
+  const double units_per_step = 2.0 + 2.0 * static_cast<double>((*plain)->config().num_layers);
+  const double step_ns = 1e9 / base;
+  const double share = ns_per_advance * units_per_step / step_ns;
+  std::printf("Advance(): %.2f ns with a reader polling every 1 ms; %.0f units per step = "
+              "%.3g%% of a %.2f ms decode step (limit %.0f%%) %s\n",
+              ns_per_advance, units_per_step, 100 * share, step_ns / 1e6, 100 * kLimit,
+              share <= kLimit ? "OK" : "OVER");
+  std::printf("end to end (informational, noisy on a shared machine): %.1f tokens/s counting "
+              "progress vs %.1f without = %.3f; %lld snapshots taken\n",
+              counted_rate, base, counted_rate / base, static_cast<long long>(snapshots.load()));
   loom::bench::WriteResult(
       "step_progress",
       absl::StrFormat(
           "{\"date\": \"%s\", \"cpu\": \"%s\", \"threads\": %d, \"rounds\": %d,\n"
+          " \"ns_per_advance\": %.3f, \"units_per_step\": %.0f, \"decode_step_ms\": %.3f,\n"
+          " \"share_of_step\": %.3e, \"limit\": %.2f,\n"
           " \"decode_tokens_per_s_without_progress\": %.2f,\n"
-          " \"decode_tokens_per_s_with_progress\": %.2f,\n"
-          " \"ratio\": %.4f, \"limit\": %.2f, \"reader_interval_ms\": 1}\n",
-          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, rounds, base, counted_rate,
-          ratio, kLimit));
-  return ratio >= kLimit ? 0 : 1;
+          " \"decode_tokens_per_s_with_progress\": %.2f, \"reader_interval_ms\": 1}\n",
+          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, rounds, ns_per_advance,
+          units_per_step, step_ns / 1e6, share, kLimit, base, counted_rate));
+  return share <= kLimit ? 0 : 1;
 }

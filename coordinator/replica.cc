@@ -169,8 +169,8 @@ void Replica::Loop() {
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stopping_ || !stream_events_.empty();
         };
-        if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.StuckAt()) &&
-            liveness_.StuckAt() <= absl::Now()) {
+        if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.NextCheck(absl::Now())) &&
+            liveness_.Stuck(absl::Now())) {
           stuck = absl::StrFormat(
               "step %d made no progress for %d ms (worker stuck; the limit is %d ms: "
               "--step-timeout-ms, or 10x the expected time of a unit of progress at the "

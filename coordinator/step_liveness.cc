@@ -12,6 +12,8 @@ constexpr double kExpectedUnitFactor = 10;
 // The no-progress limit spans at least this many heartbeat intervals, so one late or
 // lost report never decides.
 constexpr int kMinReportsPerLimit = 4;
+// Heartbeats that must show no progress before a step counts as stuck.
+constexpr int kMinUnchangedReports = 3;
 
 bool SameProgress(const loom::v1::StepProgress& a, const loom::v1::StepProgress& b) {
   return a.step_id() == b.step_id() && a.running() == b.running() &&
@@ -25,6 +27,7 @@ void StepLiveness::Reset(int world_size, absl::Time now) {
   last_progress_ = now;
   head_started_ = now;
   head_tokens_ = 0;
+  unchanged_reports_ = 0;
   seconds_per_token_ = 0;
   units_per_step_ = 1;
 }
@@ -34,15 +37,29 @@ bool StepLiveness::OnHeartbeat(int rank, const loom::v1::StepProgress& progress,
   Rank& state = ranks_[rank];
   state.last_heartbeat = now;
   units_per_step_ = std::max(units_per_step_, progress.units_per_step());
-  if (SameProgress(state.last, progress)) return false;
+  if (SameProgress(state.last, progress)) {
+    ++unchanged_reports_;
+    return false;
+  }
   state.last = progress;
   last_progress_ = now;
+  unchanged_reports_ = 0;
   return true;
 }
 
 void StepLiveness::OnHeadStarted(int64_t num_tokens, absl::Time now) {
   head_started_ = now;
   head_tokens_ = static_cast<uint64_t>(std::max<int64_t>(num_tokens, 0));
+  unchanged_reports_ = 0;
+}
+
+bool StepLiveness::Stuck(absl::Time now) const {
+  return now >= StuckAt() && unchanged_reports_ >= kMinUnchangedReports;
+}
+
+absl::Time StepLiveness::NextCheck(absl::Time now) const {
+  const absl::Time stuck_at = StuckAt();
+  return now < stuck_at ? stuck_at : now + options_.heartbeat_interval;
 }
 
 void StepLiveness::OnStepDone(int64_t num_tokens, double seconds) {

@@ -22,12 +22,14 @@ struct LivenessOptions {
 /// Tells a slow worker from a stuck one for one replica, from the progress its ranks
 /// report in their heartbeats (loom.v1.StepProgress, sent by a thread that does not
 /// compute). The step at the head of the worker's queue is stuck when neither it started
-/// nor any rank's progress changed for NoProgressLimit(): the larger of the configured
-/// no-progress timeout, four heartbeat intervals, and ten times the time one unit of
-/// progress is expected to take (the head step's tokens times the measured seconds per
-/// token, divided by the units a step reports). A step whose count keeps moving is never
-/// stuck, however long it takes. Silence (no heartbeat at all) is the other failure and is
-/// measured per rank. Not thread-safe: the Replica guards it with its mutex.
+/// nor any rank's progress changed for NoProgressLimit() and at least three heartbeats
+/// since said so (late reports from a starved machine are no evidence of a stuck step).
+/// The limit is the larger of the configured no-progress timeout, four heartbeat
+/// intervals, and ten times the time one unit of progress is expected to take (the head
+/// step's tokens times the measured seconds per token, divided by the units a step
+/// reports). A step whose count keeps moving is never stuck, however long it takes.
+/// Silence (no heartbeat at all) is the other failure and is measured per rank. Not
+/// thread-safe: the Replica guards it with its mutex.
 class StepLiveness {
  public:
   explicit StepLiveness(LivenessOptions options = {}) : options_(options) {}
@@ -47,8 +49,13 @@ class StepLiveness {
 
   /// How long the head step may go without progress (see the class comment).
   absl::Duration NoProgressLimit() const;
-  /// When the head step counts as stuck unless it progresses first.
+  /// When the head step counts as stuck unless it progresses first (given enough reports).
   absl::Time StuckAt() const { return LastActivity() + NoProgressLimit(); }
+  /// True when the head step is stuck at `now`: past StuckAt() with enough unchanged reports.
+  bool Stuck(absl::Time now) const;
+  /// When to look again at `now`: StuckAt(), or one heartbeat interval on once that passed
+  /// without enough reports.
+  absl::Time NextCheck(absl::Time now) const;
   /// The head step's start or the last progress, whichever is later.
   absl::Time LastActivity() const { return std::max(head_started_, last_progress_); }
   /// How long the most silent rank has not heartbeated, at `now`.
@@ -68,6 +75,8 @@ class StepLiveness {
   absl::Time last_progress_ = absl::InfinitePast();
   absl::Time head_started_ = absl::InfinitePast();
   uint64_t head_tokens_ = 0;
+  // Heartbeats received since the last progress or head start that showed no progress.
+  int unchanged_reports_ = 0;
   // Exponential average of step seconds / step tokens (weight 0.2 for the newest step).
   double seconds_per_token_ = 0;
   // The largest units_per_step a rank reported (1 before any report).

@@ -30,9 +30,10 @@ import cluster_harness as h
 from cluster_harness import make_request
 
 # The no-progress timeout of the slow-worker test, and a step delay well past it.
-NO_PROGRESS_MS = 500
-STEP_DELAY_MS = 800
+NO_PROGRESS_MS = 1000
+STEP_DELAY_MS = 1500
 LONG_PROMPT_TOKENS = 4000
+GENERATION_TOKENS = 16
 CALL_TIMEOUT_S = 600
 REPLICAS = ("replica-a", "replica-b")
 RUNNING_TOKENS = 200
@@ -65,13 +66,13 @@ def test_slow_worker_serves_a_long_prompt_and_a_long_generation_without_failover
                            heartbeat_timeout_ms=2000) as rig:
         coordinator = rig.coordinator
         generation = h.Stream(coordinator.stub,
-                              make_request(h.TEXT_PROMPTS[2], max_tokens=24, ignore_eos=True),
+                              make_request(h.TEXT_PROMPTS[2], max_tokens=GENERATION_TOKENS, ignore_eos=True),
                               CALL_TIMEOUT_S)
         long_prompt = h.Stream(coordinator.stub,
                                make_request(token_ids=long_prompt_ids(LONG_PROMPT_TOKENS), max_tokens=4,
                                             ignore_eos=True),
                                CALL_TIMEOUT_S)
-        for stream, tokens in ((generation, 24), (long_prompt, 4)):
+        for stream, tokens in ((generation, GENERATION_TOKENS), (long_prompt, 4)):
             outcome = stream.join()
             assert outcome.code == grpc.StatusCode.OK, outcome.describe()
             assert outcome.finish_reason == FINISH("FINISH_REASON_LENGTH"), outcome.describe()
@@ -81,7 +82,7 @@ def test_slow_worker_serves_a_long_prompt_and_a_long_generation_without_failover
         status = coordinator.wait_idle()["replica-a"]
         assert status.healthy, status
         # The prompt alone took ceil(4000 / 512) steps, each longer than the no-progress timeout.
-        assert status.num_steps >= 24, status
+        assert status.num_steps >= GENERATION_TOKENS, status
         assert "worker lost" not in coordinator.log_tail(20000), coordinator.log_tail()
 
 

@@ -47,7 +47,27 @@ TEST(StepLivenessTest, AReportWithoutProgressDoesNotExtendTheDeadline) {
     EXPECT_FALSE(liveness.OnHeartbeat(0, Progress(1, 5), kStart + absl::Milliseconds(ms)));
   }
   EXPECT_EQ(liveness.StuckAt(), kStart + absl::Milliseconds(2500));
+  EXPECT_FALSE(liveness.Stuck(kStart + absl::Milliseconds(2400)));
+  EXPECT_TRUE(liveness.Stuck(kStart + absl::Milliseconds(2500)));
   EXPECT_EQ(liveness.LongestSilence(kStart + absl::Milliseconds(3000)), absl::Milliseconds(100));
+}
+
+TEST(StepLivenessTest, LateReportsAreNoEvidenceOfAStuckStep) {
+  StepLiveness liveness = Make(absl::Seconds(2));
+  liveness.OnHeadStarted(16, kStart);
+  // A starved machine: past the limit, only two reports came, both unchanged.
+  liveness.OnHeartbeat(0, Progress(1, 5), kStart + absl::Milliseconds(100));
+  liveness.OnHeartbeat(0, Progress(1, 5), kStart + absl::Milliseconds(2600));
+  liveness.OnHeartbeat(0, Progress(1, 5), kStart + absl::Milliseconds(2700));
+  const absl::Time now = kStart + absl::Milliseconds(2800);
+  EXPECT_FALSE(liveness.Stuck(now));
+  EXPECT_EQ(liveness.NextCheck(now), now + absl::Milliseconds(100));  // a heartbeat interval
+  liveness.OnHeartbeat(0, Progress(1, 5), now);
+  EXPECT_TRUE(liveness.Stuck(now));
+  // A new head plan starts the count again.
+  liveness.OnHeadStarted(1, now);
+  EXPECT_EQ(liveness.NextCheck(now), now + absl::Seconds(2));
+  EXPECT_FALSE(liveness.Stuck(now + absl::Seconds(3)));
 }
 
 TEST(StepLivenessTest, AQueuedPlanIsTimedFromWhenItsPredecessorFinished) {
