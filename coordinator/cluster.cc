@@ -4,12 +4,30 @@
 #include <cstdio>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 
 namespace loom::coordinator {
 
+absl::Duration HeartbeatInterval(const ClusterOptions& options) {
+  const absl::Duration interval =
+      std::min({absl::Milliseconds(options.heartbeat_interval_ms), options.heartbeat_timeout / 4,
+                options.replica.liveness.no_progress_timeout / 4});
+  return std::max(interval, absl::Milliseconds(10));
+}
+
+namespace {
+
+// The options with the replicas' heartbeat interval filled in.
+ClusterOptions WithHeartbeatInterval(ClusterOptions options) {
+  options.replica.liveness.heartbeat_interval = HeartbeatInterval(options);
+  return options;
+}
+
+}  // namespace
+
 Cluster::Cluster(ClusterOptions options, std::string model_fingerprint)
-    : options_(options),
+    : options_(WithHeartbeatInterval(options)),
       model_fingerprint_(std::move(model_fingerprint)),
       router_(options.router, kv_index_) {
   monitor_ = std::thread([this] { Monitor(); });
@@ -100,7 +118,8 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
                request.backend().c_str());
   loom::v1::RegisterResponse response;
   response.set_worker_id(absl::StrFormat("%s/%d", request.replica_id(), request.rank()));
-  response.set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+  const absl::Duration interval = options_.replica.liveness.heartbeat_interval;
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(interval)));
   return response;
 }
 
@@ -117,7 +136,9 @@ absl::Status Cluster::Heartbeat(const loom::v1::HeartbeatRequest& request) {
   if (it == replicas_.end()) {
     return absl::NotFoundError(absl::StrFormat("unknown worker id '%s': register again", id));
   }
-  it->second->Heartbeat();
+  int rank = 0;
+  if (!absl::SimpleAtoi(id.substr(slash + 1), &rank)) rank = -1;  // counts as alive only
+  it->second->Heartbeat(rank, request.progress());
   return absl::OkStatus();
 }
 

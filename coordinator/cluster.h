@@ -28,8 +28,14 @@ struct ClusterOptions {
   ReplicaOptions replica;
   RouterOptions router;
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silence that marks a worker dead
-  int32_t heartbeat_interval_ms = 500;                  // told to workers at registration
+  // The longest heartbeat interval told to workers at registration (HeartbeatInterval).
+  int32_t heartbeat_interval_ms = 500;
 };
+
+/// The heartbeat interval workers are told: heartbeat_interval_ms, or a quarter of the
+/// heartbeat timeout or of the no-progress timeout where that is shorter (at least 10 ms),
+/// so several reports fall inside either timeout.
+absl::Duration HeartbeatInterval(const ClusterOptions& options);
 
 /// The replicas a coordinator drives (data parallel), their registration and liveness,
 /// and request placement: the Router ranks the healthy replicas (by default by the prompt

@@ -35,8 +35,10 @@ const char kServeFlagsHelp[] =
     "                               and the last at once); tokens that come sooner share "
     "the\n"
     "                               next message. 0: one per step (default 10)\n"
-    "  --step-timeout-ms MS         a worker slower than this per step is dead (default "
-    "30000)\n"
+    "  --step-timeout-ms MS         no-progress timeout: a worker whose running step reports\n"
+    "                               no progress for this long is stuck (default 30000; the\n"
+    "                               limit grows with the step's expected time per unit of\n"
+    "                               progress; a step that progresses is never cut off)\n"
     "  --heartbeat-timeout-ms MS    a worker silent this long is dead (default 5000)\n"
     "  --drain-timeout-s S          on SIGTERM, wait this long for requests (default 30)\n"
     "  --prefix-caching on|off      reuse cached KV blocks of shared prefixes (default on)\n"
@@ -92,7 +94,7 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
   } else if (flag == "--stream-interval-ms") {
     if (need_number(0, 10000)) options.stream_interval = absl::Milliseconds(number);
   } else if (flag == "--step-timeout-ms") {
-    if (need_number(1, 3600000)) replica.step_timeout = absl::Milliseconds(number);
+    if (need_number(1, 3600000)) replica.liveness.no_progress_timeout = absl::Milliseconds(number);
   } else if (flag == "--heartbeat-timeout-ms") {
     if (need_number(1, 3600000)) options.cluster.heartbeat_timeout = absl::Milliseconds(number);
   } else if (flag == "--drain-timeout-s") {

@@ -19,7 +19,8 @@ Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, 
     : replica_id_(std::move(replica_id)),
       options_(options),
       retry_(std::move(retry)),
-      kv_index_(kv_index) {
+      kv_index_(kv_index),
+      liveness_(options.liveness) {
   {
     absl::MutexLock lock(&mu_);
     stats_.set_replica_id(replica_id_);
@@ -33,7 +34,6 @@ Replica::~Replica() { Stop(); }
 void Replica::Connect(const WorkerEndpoint& endpoint) {
   absl::MutexLock lock(&mu_);
   pending_connect_ = endpoint;
-  last_heartbeat_ = absl::Now();
   // A live connection to an earlier incarnation is cancelled so the loop notices at once.
   if (live_connection_ != nullptr) {
     lost_reason_ = "the worker registered again";
@@ -82,17 +82,18 @@ void Replica::MarkLost(const std::string& reason) {
   live_connection_->Cancel(reason);
 }
 
-void Replica::Heartbeat() {
+void Replica::Heartbeat(int rank, const loom::v1::StepProgress& progress) {
   absl::MutexLock lock(&mu_);
-  last_heartbeat_ = absl::Now();
+  liveness_.OnHeartbeat(rank, progress, absl::Now());
 }
 
 void Replica::CheckHeartbeat(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (live_connection_ == nullptr) return;
-  const absl::Duration silence = absl::Now() - last_heartbeat_;
+  const absl::Duration silence = liveness_.LongestSilence(absl::Now());
   if (silence > timeout) {
-    lost_reason_ = absl::StrFormat("no heartbeat for %d ms", absl::ToInt64Milliseconds(silence));
+    lost_reason_ = absl::StrFormat("no heartbeat for %d ms (worker dead or stopped)",
+                                   absl::ToInt64Milliseconds(silence));
     live_connection_->Cancel(lost_reason_);
   }
 }
@@ -151,7 +152,7 @@ void Replica::Loop() {
     }
 
     std::optional<StreamEvent> event;
-    bool timed_out = false;
+    std::string stuck;  // why the head step counts as stuck
     {
       absl::MutexLock lock(&mu_);
       if (in_flight_.empty()) {
@@ -163,10 +164,22 @@ void Replica::Loop() {
         mu_.AwaitWithTimeout(absl::Condition(&wakeup), absl::Milliseconds(50));
         wake_ = false;
       } else {
+        // A step may take as long as it needs while it progresses: wait until the head
+        // step would count as stuck, then look again (progress may have come meanwhile).
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stopping_ || !stream_events_.empty();
         };
-        timed_out = !mu_.AwaitWithTimeout(absl::Condition(&ready), options_.step_timeout);
+        if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.NextCheck(absl::Now())) &&
+            liveness_.Stuck(absl::Now())) {
+          stuck = absl::StrFormat(
+              "step %d made no progress for %d ms (worker stuck; the limit is %d ms: "
+              "--step-timeout-ms, or 10x the expected time of a unit of progress at the "
+              "measured %.3g ms per token)",
+              in_flight_.front().step_id,
+              absl::ToInt64Milliseconds(absl::Now() - liveness_.LastActivity()),
+              absl::ToInt64Milliseconds(liveness_.NoProgressLimit()),
+              liveness_.seconds_per_token() * 1e3);
+        }
       }
       if (stopping_) break;
       if (!stream_events_.empty()) {
@@ -174,9 +187,8 @@ void Replica::Loop() {
         stream_events_.pop_front();
       }
     }
-    if (timed_out) {
-      LoseWorker(absl::StrFormat("no step result within %d ms (worker hung)",
-                                 absl::ToInt64Milliseconds(options_.step_timeout)));
+    if (!stuck.empty()) {
+      LoseWorker(stuck);
     } else if (event && !event->result) {
       LoseWorker(event->closed_reason);
     } else if (event) {
@@ -244,7 +256,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     lost_reason_.clear();
     live_connection_ = connection_.get();
     endpoint_ = endpoint;
-    last_heartbeat_ = absl::Now();
+    liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());
     healthy_.store(true);
   }
   PublishStats();
@@ -362,7 +374,13 @@ bool Replica::SendPlans() {
     ++num_steps_;
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;
     num_tokens_computed_ += out.num_decode_tokens + out.num_prefill_tokens;
+    record.num_tokens = out.num_decode_tokens + out.num_prefill_tokens;
     record.sent = absl::Now();
+    if (in_flight_.empty()) {
+      // The worker is idle: it starts this plan now.
+      absl::MutexLock lock(&mu_);
+      liveness_.OnHeadStarted(record.num_tokens, record.sent);
+    }
     if (!connection_->Write(plan)) return false;
     in_flight_.push_back(std::move(record));
     sent = true;
@@ -382,6 +400,12 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
   InFlightPlan plan = std::move(in_flight_.front());
   in_flight_.pop_front();
   step_seconds_ += SecondsSince(plan.sent);
+  {
+    // The worker runs plans in order: the next one starts now, whenever it was sent.
+    absl::MutexLock lock(&mu_);
+    liveness_.OnStepDone(result.num_tokens(), result.timings().total_seconds());
+    if (!in_flight_.empty()) liveness_.OnHeadStarted(in_flight_.front().num_tokens, absl::Now());
+  }
   if (result.error_code() != 0) {
     // The worker dropped the plan's sequences; they cannot continue.
     std::fprintf(stderr, "loom: replica %s: step %llu failed on the worker: %s\n",

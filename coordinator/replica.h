@@ -21,6 +21,7 @@
 #include "coordinator/replica_connection.h"
 #include "coordinator/request.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/step_liveness.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.grpc.pb.h"
 
@@ -30,7 +31,9 @@ struct ReplicaOptions {
   int64_t max_num_batched_tokens = 512;
   int32_t max_num_seqs = 256;
   int64_t max_waiting = 1024;
-  absl::Duration step_timeout = absl::Seconds(30);  // a step slower than this: worker hung
+  // When a worker is stuck: --step-timeout-ms is the no-progress timeout (see StepLiveness);
+  // the cluster sets the heartbeat interval it tells workers.
+  LivenessOptions liveness;
   int max_plans_in_flight = 2;                      // 2: build plan N+1 while N runs
   bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
   SpeculationConfig speculation;                    // --speculative-tokens, --speculative-adaptive
@@ -48,8 +51,10 @@ struct WorkerEndpoint {
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
 /// it: a thread that admits requests into the replica's Scheduler, turns each
 /// SchedulerOutput into a StepPlan on the worker's step stream (two in flight), applies
-/// the results (detokenize, stop checks, stream to clients) and detects a dead or hung
-/// worker. Requests that had produced no output when their worker was lost go to
+/// the results (detokenize, stop checks, stream to clients) and detects a dead worker
+/// (its stream breaks or its heartbeats stop) or a stuck one (the step at the head of its
+/// queue reports no progress, see StepLiveness); a slow step that progresses is waited
+/// for. Requests that had produced no output when their worker was lost go to
 /// `retry` (to run elsewhere); the others end with an error. The prefix-cache changes of
 /// its block manager are published to the cluster's KvIndex after every scheduling round
 /// and every finished request. Thread-safe.
@@ -74,9 +79,10 @@ class Replica {
   /// Declares the worker dead (heartbeat timeout): the stream is cancelled and the loop
   /// fails or retries its requests.
   void MarkLost(const std::string& reason);
-  /// Records a heartbeat; MarkLost()s when the previous one is older than `timeout`
-  /// (called periodically by the cluster's monitor with `now`).
-  void Heartbeat();
+  /// Records rank `rank`'s heartbeat and the progress of its step.
+  void Heartbeat(int rank, const loom::v1::StepProgress& progress);
+  /// MarkLost()s when some rank has not heartbeated for `timeout` (called periodically by
+  /// the cluster's monitor).
   void CheckHeartbeat(absl::Duration timeout);
   /// Ends every request with ABORT and stops the loop. Idempotent.
   void Stop();
@@ -97,6 +103,7 @@ class Replica {
     uint64_t step_id = 0;
     std::vector<uint64_t> seq_ids;  // every sequence the plan scheduled
     absl::flat_hash_set<uint64_t> speculative;  // those it asked to speculate
+    int64_t num_tokens = 0;                     // tokens it computes
     absl::Time sent;
   };
   // What the reader thread hands to the loop: a result, or the end of the stream.
@@ -140,7 +147,9 @@ class Replica {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::string lost_reason_ ABSL_GUARDED_BY(mu_);
   ReplicaConnection* live_connection_ ABSL_GUARDED_BY(mu_) = nullptr;  // for MarkLost
-  absl::Time last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  // Heartbeats and progress of the connected ranks; the loop tells it when the head plan
+  // starts and how long steps take.
+  StepLiveness liveness_ ABSL_GUARDED_BY(mu_);
   WorkerEndpoint endpoint_ ABSL_GUARDED_BY(mu_);
   loom::v1::ReplicaStatus stats_ ABSL_GUARDED_BY(mu_);
 

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
                       ? options.thread_pool
                       : std::make_shared<cpu::ThreadPool>(options.num_threads);
   runner->activations_ = options.activations;
+  runner->progress_ = options.progress;
   return runner;
 }
 
@@ -142,6 +143,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
         cpu::Matmul({attn_.data(), &layer.attn_output, nullptr, proj_.data(), T, precision},
                     *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));
+    if (progress_ != nullptr) progress_->Advance();
     cpu::AddRmsNorm(residual_.data(), proj_.data(), layer.ffn_norm.data(), eps, T, H,
                     normed_.data());
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kGateUp, normed_.data(), T);
@@ -152,6 +154,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
     if (observer_) observer_(static_cast<int64_t>(l), LinearInput::kDown, act_.data(), T);
     LOOM_RETURN_IF_ERROR(cpu::Matmul({act_.data(), &layer.down, nullptr, proj_.data(), T, precision}, *pool_));
     LOOM_RETURN_IF_ERROR(all_reduce(proj_));
+    if (progress_ != nullptr) progress_->Advance();
   }
 
   // Final norm and LM head only for the rows whose logits are wanted.

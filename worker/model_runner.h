@@ -15,6 +15,7 @@
 #include "worker/kv_cache.h"
 #include "worker/model_weights.h"
 #include "worker/step_batch.h"
+#include "worker/step_progress.h"
 
 namespace loom::worker {
 
@@ -38,6 +39,9 @@ struct ModelRunnerOptions {
   // time (a draft model beside its target, so the two do not keep two sets of spinning
   // threads); null: a pool of its own with num_threads threads.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
+  // Advanced twice per layer of every Step (after attention, after the FFN) so the worker's
+  // heartbeat can show a long step progressing (not owned; null: not reported).
+  StepProgress* progress = nullptr;
 };
 
 /// Which linear layer's input an ActivationObserver sees.
@@ -89,6 +93,7 @@ class ModelRunner : public ForwardPass {
   std::shared_ptr<kernels::cpu::ThreadPool> pool_;
   Communicator* communicator_ = nullptr;  // tensor parallel only
   ActivationObserver observer_;            // empty unless calibrating
+  StepProgress* progress_ = nullptr;       // ModelRunnerOptions::progress
   kernels::cpu::ActivationPrecision activations_ = kernels::cpu::ActivationPrecision::kF32;
 
   // Scratch, grown to the largest step seen. Shapes for a step of T tokens:

@@ -41,8 +41,8 @@ const char* CodeName(grpc::StatusCode code) {
 }  // namespace
 
 WorkerRegistration::WorkerRegistration(RegistrationOptions options,
-                                       std::function<int()> num_sequences)
-    : options_(std::move(options)), num_sequences_(std::move(num_sequences)) {
+                                       DescribeFn describe)
+    : options_(std::move(options)), describe_(std::move(describe)) {
   grpc::ChannelArguments args;
   // Reconnect quickly after the coordinator comes (back) up: gRPC's default backoff
   // grows to two minutes, far slower than our own retry schedule.
@@ -133,7 +133,7 @@ grpc::Status WorkerRegistration::Heartbeat(const std::string& worker_id) {
   loom::v1::HeartbeatRequest request;
   request.set_worker_id(worker_id);
   request.set_num_kv_blocks(options_.request.num_kv_blocks());
-  request.set_num_sequences(num_sequences_ ? num_sequences_() : 0);
+  if (describe_) describe_(request);
   loom::v1::HeartbeatResponse response;
   grpc::ClientContext context;
   context.set_deadline(DeadlineAfter(options_.rpc_timeout));

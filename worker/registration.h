@@ -31,8 +31,12 @@ struct RegistrationOptions {
 /// fatal: the thread stops and fatal_status() says why. Thread-safe.
 class WorkerRegistration {
  public:
-  /// `num_sequences` is called (on the background thread) for each heartbeat.
-  WorkerRegistration(RegistrationOptions options, std::function<int()> num_sequences);
+  /// Fills a heartbeat's worker state (num_sequences, progress) on the background thread
+  /// before each heartbeat; it must not wait for the computing thread.
+  using DescribeFn = std::function<void(loom::v1::HeartbeatRequest&)>;
+
+  /// `describe` (may be empty: nothing but the worker id and pool size is reported).
+  WorkerRegistration(RegistrationOptions options, DescribeFn describe);
   /// Stops the thread.
   ~WorkerRegistration();
 
@@ -65,7 +69,7 @@ class WorkerRegistration {
   grpc::Status Heartbeat(const std::string& worker_id);
 
   const RegistrationOptions options_;
-  const std::function<int()> num_sequences_;
+  const DescribeFn describe_;
   std::unique_ptr<loom::v1::Coordinator::Stub> stub_;
   std::thread thread_;
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -384,8 +386,30 @@ loom::v1::StepResult StepExecutor::Execute(const loom::v1::StepPlan& plan) {
   return result;
 }
 
+void StepExecutor::DebugHooks() {
+  if (options_.debug_hang_at_step > 0 && num_executed_ == options_.debug_hang_at_step) {
+    std::fprintf(stderr, "loom-worker: --debug-hang-at-step %lld: step hangs (no progress)\n",
+                 static_cast<long long>(options_.debug_hang_at_step));
+    while (!hang_released_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int64_t left = options_.debug_step_delay_ms; left > 0; left -= 20) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(left, 20)));
+    if (options_.progress != nullptr) options_.progress->Advance();
+  }
+}
+
 void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result) {
   const auto start = std::chrono::steady_clock::now();
+  // The step counts as started and, on every way out, as ended.
+  struct ProgressScope {
+    StepProgress* progress;
+    ~ProgressScope() {
+      if (progress != nullptr) progress->EndStep();
+    }
+  } scope{options_.progress};
+  if (options_.progress != nullptr) options_.progress->BeginStep(plan.step_id());
+  ++num_executed_;
+  DebugHooks();
   result.Clear();
   result.set_step_id(plan.step_id());
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "worker/draft_proposer.h"
 #include "worker/sampler.h"
 #include "worker/step_backend.h"
+#include "worker/step_progress.h"
 
 namespace loom::worker {
 
@@ -27,6 +29,16 @@ struct StepExecutorOptions {
   // Draft-model speculation instead of prompt lookup (not owned; must outlive the
   // executor); null: prompt lookup.
   DraftProposer* draft_proposer = nullptr;
+  // Where each step's start, phases and end are counted for the heartbeat (not owned;
+  // null: not reported). The forward pass counts its layers into the same object.
+  StepProgress* progress = nullptr;
+  // Test-only (`--debug-step-delay-ms`): every step first sleeps this long in 20 ms slices,
+  // each counted as progress: a worker as slow as wanted that is visibly not stuck.
+  int64_t debug_step_delay_ms = 0;
+  // Test-only (`--debug-hang-at-step`): the Nth plan executed (1-based, over the process's
+  // life; 0: never) blocks without progress until ReleaseDebugHang(): a worker stuck
+  // inside a step while its heartbeat goes on.
+  int64_t debug_hang_at_step = 0;
 };
 
 /// The worker's side of the step protocol: owns every sequence's execution state (its
@@ -53,6 +65,8 @@ class StepExecutor {
 
   /// Drops every sequence and forgets the last step id (a new step stream).
   absl::Status Reset();
+  /// Ends a debug_hang_at_step hang (the process is stopping). Thread-safe.
+  void ReleaseDebugHang() { hang_released_.store(true); }
 
   /// Sequences whose state the executor holds.
   int num_sequences() const { return static_cast<int>(sequences_.size()); }
@@ -83,6 +97,8 @@ class StepExecutor {
                             const std::vector<int32_t>& num_emitted) const;
   // Drops every sequence the plan names (after a failed plan).
   void DropNamed(const loom::v1::StepPlan& plan);
+  // The test-only delay and hang of StepExecutorOptions, at the start of a step.
+  void DebugHooks();
 
   StepBackend& backend_;
   StepExecutorOptions options_;
@@ -93,6 +109,8 @@ class StepExecutor {
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.
   std::unique_ptr<Prepared> prepared_;
+  int64_t num_executed_ = 0;  // plans executed (or being executed) since construction
+  std::atomic<bool> hang_released_{false};
 };
 
 }  // namespace loom::worker

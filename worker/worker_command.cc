@@ -33,6 +33,7 @@
 #include "worker/noop_backend.h"
 #include "worker/registration.h"
 #include "worker/step_executor.h"
+#include "worker/step_progress.h"
 #include "worker/tensor_parallel.h"
 #include "worker/worker_options.h"
 #include "worker/worker_service.h"
@@ -81,7 +82,8 @@ constexpr double kDefaultCudaKvFraction = 0.9;
 // The CPU runner's options from the worker's flags (threads, KV pool, activations): the
 // target model's (which adds tensor parallelism) and the draft model's alike.
 ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
-                                    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool) {
+                                    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
+                                    StepProgress* progress) {
   ModelRunnerOptions runner_options;
   runner_options.num_threads = options.num_threads;
   runner_options.num_kv_blocks = num_blocks;
@@ -89,17 +91,18 @@ ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_bl
   runner_options.kv_dtype = options.kv_dtype;
   runner_options.activations = options.activations;
   runner_options.thread_pool = std::move(thread_pool);
+  runner_options.progress = progress;
   return runner_options;
 }
 
 // Builds the backend: the model runner on `device` ("cpu" or "cuda"; weights loaded, KV
 // pool allocated) or noop. `num_blocks` sizes the CPU pool; on CUDA it is used when
 // positive, else the pool takes a fraction of free device memory. The CPU runner runs on
-// `thread_pool` when given (shared with a draft model).
+// `thread_pool` when given (shared with a draft model) and counts its layers into `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     const WorkerOptions& options, const std::string& device, const common::GgufFile& gguf,
     const common::ModelConfig& config, int64_t num_blocks, Communicator* communicator,
-    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool) {
+    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
   if (options.backend == "noop") {
     absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
         common::Tokenizer::FromGguf(gguf);
@@ -120,7 +123,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     std::fprintf(stderr, "%s", (*runner)->load_log().c_str());
     return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cuda");
   }
-  ModelRunnerOptions runner_options = CpuRunnerOptions(options, num_blocks, std::move(thread_pool));
+  ModelRunnerOptions runner_options =
+      CpuRunnerOptions(options, num_blocks, std::move(thread_pool), progress);
   runner_options.tp_rank = options.rank;
   runner_options.tp_size = options.world_size;
   runner_options.communicator = communicator;
@@ -249,8 +253,13 @@ int RunWorkerCommand(int argc, char** argv) {
   if (!options.draft_model_path.empty()) {
     thread_pool = std::make_shared<kernels::cpu::ThreadPool>(options.num_threads);
   }
+  // Written by the step executor and the forward pass, read by the heartbeat thread. A
+  // step counts its start and end, plus two units per layer on the CPU runner.
+  StepProgress progress;
+  progress.set_units_per_step(
+      static_cast<uint32_t>(2 + (options.backend == "cpu" && !cuda ? 2 * config->num_layers : 0)));
   absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
-      options, device, **gguf, *config, num_blocks, communicator.get(), thread_pool);
+      options, device, **gguf, *config, num_blocks, communicator.get(), thread_pool, &progress);
   if (!backend.ok()) return Fail(backend.status());
   num_blocks = (*backend)->num_kv_blocks();  // the CUDA runner may have sized it
   std::fprintf(stderr,
@@ -278,7 +287,8 @@ int RunWorkerCommand(int argc, char** argv) {
           options.model_path, same.message())));
     }
     absl::StatusOr<std::unique_ptr<ModelRunner>> draft_runner =
-        ModelRunner::Create(*draft_gguf, CpuRunnerOptions(options, num_blocks, thread_pool));
+        ModelRunner::Create(*draft_gguf,
+                            CpuRunnerOptions(options, num_blocks, thread_pool, &progress));
     if (!draft_runner.ok()) return Fail(draft_runner.status());
     const common::ModelConfig& draft_config = (*draft_runner)->config();
     const int64_t draft_kv_bytes = (*draft_runner)->kv_cache().bytes();
@@ -298,6 +308,9 @@ int RunWorkerCommand(int argc, char** argv) {
 
   StepExecutorOptions executor_options;
   executor_options.draft_proposer = draft_proposer.get();
+  executor_options.progress = &progress;
+  executor_options.debug_step_delay_ms = options.debug_step_delay_ms;
+  executor_options.debug_hang_at_step = options.debug_hang_at_step;
   StepExecutor executor(**backend, executor_options);
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);
@@ -362,8 +375,13 @@ int RunWorkerCommand(int argc, char** argv) {
   std::fprintf(stderr, "loom-worker: registering %s (replica %s, rank %d) with %s\n",
                request.worker_address().c_str(), options.replica_id.c_str(), options.rank,
                options.coordinator_address.c_str());
+  // The heartbeat thread reads the executor's progress and sequence count without ever
+  // waiting for the step that runs.
   WorkerRegistration registration(std::move(registration_options),
-                                  [&service] { return service.num_sequences(); });
+                                  [&service, &progress](loom::v1::HeartbeatRequest& heartbeat) {
+                                    heartbeat.set_num_sequences(service.num_sequences());
+                                    *heartbeat.mutable_progress() = progress.Snapshot();
+                                  });
   registration.Start();
 
   int exit_code = 0;
@@ -395,6 +413,7 @@ int RunWorkerCommand(int argc, char** argv) {
     }
   }
   registration.Stop();
+  executor.ReleaseDebugHang();
   health.Shutdown();
   service.BeginShutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(kShutdownGraceMs));

@@ -22,6 +22,7 @@ const char kWorkerUsage[] =
     "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
     "                   [--rendezvous-timeout-ms MS] [--activations f32|int8]\n"
     "                   [--draft-model PATH] [--drain-timeout-s S]\n"
+    "                   [--debug-step-delay-ms MS] [--debug-hang-at-step N]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
     "  --advertise-address  the address registered with the coordinator (default: the listen\n"
     "                       host with the bound port)\n"
@@ -47,7 +48,11 @@ const char kWorkerUsage[] =
     "  --draft-model        speculative decoding proposes with this GGUF (the target's\n"
     "                       vocabulary, CPU backend, one rank) instead of n-gram lookup; its\n"
     "                       KV pool has as many blocks as the target's. The coordinator's\n"
-    "                       --speculative-tokens turns speculation on\n";
+    "                       --speculative-tokens turns speculation on\n"
+    "  --debug-step-delay-ms  tests only: every step first sleeps MS, reporting progress (a\n"
+    "                       slow worker that is not stuck)\n"
+    "  --debug-hang-at-step tests only: the Nth step this process runs stops making progress\n"
+    "                       (the heartbeat goes on): a worker stuck inside a step\n";
 
 namespace {
 
@@ -237,6 +242,14 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
       absl::StatusOr<int64_t> seconds = ParseInt(flag, value, 0, 86400);
       if (!seconds.ok()) return seconds.status();
       options.drain_timeout_s = static_cast<int>(*seconds);
+    } else if (flag == "--debug-step-delay-ms") {
+      absl::StatusOr<int64_t> delay = ParseInt(flag, value, 0, 3600000);
+      if (!delay.ok()) return delay.status();
+      options.debug_step_delay_ms = *delay;
+    } else if (flag == "--debug-hang-at-step") {
+      absl::StatusOr<int64_t> step = ParseInt(flag, value, 0, int64_t{1} << 40);
+      if (!step.ok()) return step.status();
+      options.debug_hang_at_step = *step;
     } else if (flag == "--metrics-port") {
       absl::StatusOr<int64_t> port = ParseInt(flag, value, 0, 65535);
       if (!port.ok()) return port.status();

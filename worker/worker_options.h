@@ -43,6 +43,11 @@ struct WorkerOptions {
   // --draft-model: a GGUF with the target's vocabulary that proposes speculative drafts
   // (DraftProposer); empty: n-gram prompt lookup.
   std::string draft_model_path;
+  // Test-only hooks of the step executor (StepExecutorOptions): --debug-step-delay-ms
+  // sleeps in every step while reporting progress; --debug-hang-at-step N (1-based, 0: off)
+  // stops the Nth step's progress for good.
+  int64_t debug_step_delay_ms = 0;
+  int64_t debug_hang_at_step = 0;
 };
 
 /// The usage text of `loom-worker`.

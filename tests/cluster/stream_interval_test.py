@@ -140,7 +140,7 @@ def test_cancel_while_output_is_held_frees_the_blocks(rig):
 
 def test_deadline_while_output_is_held_ends_the_call_and_frees_the_blocks(rig):
     call = rig.coordinator.stub.Generate(make_request("Tell a long story:", max_tokens=4000, ignore_eos=True),
-                                         timeout=1.0)
+                                         timeout=3.0)
     messages = 0
     with pytest.raises(grpc.RpcError) as error:
         for _ in call:

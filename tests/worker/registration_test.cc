@@ -98,7 +98,10 @@ TEST_F(RegistrationTest, RetriesUntilRegisteredThenHeartbeatsAndReRegistersWhenF
   coordinator_.unavailable_registrations = 3;
   coordinator_.forget_after = 3;
   StartCoordinator();
-  WorkerRegistration registration(Options(), [] { return 5; });
+  WorkerRegistration registration(Options(), [](loom::v1::HeartbeatRequest& heartbeat) {
+    heartbeat.set_num_sequences(5);
+    heartbeat.mutable_progress()->set_units_done(42);
+  });
   registration.Start();
   ASSERT_TRUE(
       WaitFor([&] { return coordinator_.registrations >= 2 && coordinator_.heartbeats >= 5; }));
@@ -110,6 +113,7 @@ TEST_F(RegistrationTest, RetriesUntilRegisteredThenHeartbeatsAndReRegistersWhenF
   EXPECT_EQ(coordinator_.last_request.replica_id(), "replica-3");
   EXPECT_EQ(coordinator_.last_heartbeat.worker_id(), "w2");
   EXPECT_EQ(coordinator_.last_heartbeat.num_sequences(), 5);
+  EXPECT_EQ(coordinator_.last_heartbeat.progress().units_done(), 42u);
   EXPECT_EQ(coordinator_.last_heartbeat.num_kv_blocks(), 77);
   EXPECT_TRUE(registration.fatal_status().ok());
 }

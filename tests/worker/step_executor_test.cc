@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/gguf_file.h"
@@ -381,6 +383,78 @@ TEST_F(StepExecutorNoopTest, RejectsCachedTokensThatLeaveNothingToCompute) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Progress for the heartbeat, and the test-only delay and hang.
+
+TEST_F(StepExecutorNoopTest, EveryStepCountsItsStartAndEndAsProgressEvenWhenRejected) {
+  StepProgress progress;
+  StepExecutorOptions options;
+  options.progress = &progress;
+  StepExecutor executor(*backend_, options);
+  loom::v1::StepPlan plan = Plan(step_id_);
+  *plan.add_added() = NewSequence(1, {1, 2, 3});
+  Schedule(plan, 1, 3, true, {0});
+  ASSERT_EQ(executor.Execute(plan).error_code(), 0);
+  loom::v1::StepProgress snapshot = progress.Snapshot();
+  EXPECT_EQ(snapshot.step_id(), plan.step_id());
+  EXPECT_FALSE(snapshot.running());
+  EXPECT_EQ(snapshot.units_done(), 2u);
+  EXPECT_EQ(snapshot.steps_started(), 1u);
+
+  loom::v1::StepPlan bad = Plan(step_id_);
+  Schedule(bad, 77, 1, true);  // unknown sequence
+  EXPECT_NE(executor.Execute(bad).error_code(), 0);
+  snapshot = progress.Snapshot();
+  EXPECT_FALSE(snapshot.running());
+  EXPECT_EQ(snapshot.units_done(), 4u);
+  EXPECT_EQ(snapshot.steps_started(), 2u);
+}
+
+TEST_F(StepExecutorNoopTest, DebugDelayReportsProgressWhileItSleeps) {
+  StepProgress progress;
+  StepExecutorOptions options;
+  options.progress = &progress;
+  options.debug_step_delay_ms = 100;  // five 20 ms slices, one unit each
+  StepExecutor executor(*backend_, options);
+  loom::v1::StepPlan plan = Plan(step_id_);
+  *plan.add_added() = NewSequence(1, {1, 2, 3});
+  Schedule(plan, 1, 3, true, {0});
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(executor.Execute(plan).error_code(), 0);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  EXPECT_EQ(progress.Snapshot().units_done(), 2u + 5u);
+}
+
+TEST_F(StepExecutorNoopTest, DebugHangStopsProgressUntilReleased) {
+  StepProgress progress;
+  StepExecutorOptions options;
+  options.progress = &progress;
+  options.debug_hang_at_step = 2;
+  StepExecutor executor(*backend_, options);
+  loom::v1::StepPlan first = Plan(step_id_);
+  *first.add_added() = NewSequence(1, {1, 2, 3});
+  Schedule(first, 1, 3, true, {0});
+  ASSERT_EQ(executor.Execute(first).error_code(), 0);
+
+  loom::v1::StepPlan second = Plan(step_id_);
+  Schedule(second, 1, 1, true);
+  loom::v1::StepResult result;
+  std::thread stepping([&] { executor.Execute(second, result); });
+  // The hung step has started (running, its start counted) and then nothing moves.
+  while (progress.Snapshot().steps_started() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const loom::v1::StepProgress hung = progress.Snapshot();
+  EXPECT_TRUE(hung.running());
+  EXPECT_EQ(hung.step_id(), second.step_id());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(progress.Snapshot().units_done(), hung.units_done());
+  executor.ReleaseDebugHang();
+  stepping.join();
+  EXPECT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_FALSE(progress.Snapshot().running());
+}
+
+// ---------------------------------------------------------------------------------------
 // The real model.
 
 class StepExecutorModelTest : public ::testing::Test {
@@ -468,6 +542,30 @@ TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchLocalGenerator) {
     tokens.push_back(result.outputs(0).token_id());
   }
   EXPECT_EQ(tokens, expected);
+}
+
+TEST_F(StepExecutorModelTest, TheForwardPassCountsTwoUnitsPerLayer) {
+  auto gguf = common::GgufFile::Open(ModelPath());
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  StepProgress progress;
+  ModelRunnerOptions options;
+  options.num_threads = 1;
+  options.num_kv_blocks = 4;
+  options.block_size = kBlockSize;
+  options.progress = &progress;
+  auto runner = ModelRunner::Create(**gguf, options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const int64_t num_layers = (*runner)->config().num_layers;
+  ModelRunnerBackend backend(std::move(*runner));
+  StepExecutorOptions executor_options;
+  executor_options.progress = &progress;
+  StepExecutor executor(backend, executor_options);
+  uint64_t step_id = 0;
+  loom::v1::StepPlan plan = Plan(step_id);
+  *plan.add_added() = NewSequence(1, Prompt());
+  Schedule(plan, 1, static_cast<int32_t>(Prompt().size()), true, {0, 1});
+  ASSERT_EQ(executor.Execute(plan).error_code(), 0);
+  EXPECT_EQ(progress.units_done(), static_cast<uint64_t>(2 + 2 * num_layers));
 }
 
 TEST_F(StepExecutorModelTest, RejectedPlanLeavesOtherSequencesRunning) {

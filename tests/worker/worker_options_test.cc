@@ -46,6 +46,21 @@ TEST(WorkerOptionsTest, SplitsHostAndPort) {
   EXPECT_FALSE(SplitHostPort("host:http").ok());
 }
 
+TEST(WorkerOptionsTest, ParsesTheTestOnlyStepHooks) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "c:1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->debug_step_delay_ms, 0);
+  EXPECT_EQ(options->debug_hang_at_step, 0);
+  options = Parse({"--model", "m.gguf", "--coordinator", "c:1", "--debug-step-delay-ms", "2500",
+                   "--debug-hang-at-step", "7"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->debug_step_delay_ms, 2500);
+  EXPECT_EQ(options->debug_hang_at_step, 7);
+  const auto bad =
+      Parse({"--model", "m.gguf", "--coordinator", "c:1", "--debug-step-delay-ms", "-5"}).status();
+  EXPECT_NE(bad.message().find("--debug-step-delay-ms"), std::string::npos) << bad;
+}
+
 TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   auto options = Parse({"--model", "m.gguf", "--coordinator", "10.0.0.1:7000"});
   ASSERT_TRUE(options.ok()) << options.status();

@@ -205,6 +205,60 @@ def test_registers_serves_steps_and_stops_on_sigterm(coordinator, tmp_path):
         worker.kill()
 
 
+def _heartbeat_after(coordinator, when: float):
+    """A heartbeat whose snapshot was taken after time.monotonic() `when`: drops what arrived
+    before, and the next one too (it may have been on its way)."""
+    time.sleep(max(0.0, when - time.monotonic()))
+    while True:
+        try:
+            coordinator.heartbeats.get_nowait()
+        except queue.Empty:
+            break
+    coordinator.heartbeats.get(timeout=TIMEOUT_S)
+    return coordinator.heartbeats.get(timeout=TIMEOUT_S)
+
+
+def test_heartbeat_reports_step_progress_and_a_stuck_step_freezes_it(coordinator, tmp_path):
+    """The heartbeat thread reports the executor's progress: it advances with every step (two
+    units per layer on the CPU runner), and a step stuck inside (--debug-hang-at-step) freezes
+    the count while the heartbeats go on; SIGTERM still stops the worker."""
+    worker = WorkerProcess(coordinator.address, tmp_path, "--kv-cache-memory",
+                           str(40 * SMOLLM2_BLOCK_BYTES + 1000), "--debug-hang-at-step", "9")
+    try:
+        address = worker.wait_listening()
+        coordinator.registrations.get(timeout=TIMEOUT_S)
+        channel = grpc.insecure_channel(address)
+        stub = pb_grpc.WorkerStub(channel)
+        plans = _prefill_and_decode_plans(1)
+        results = _run_plans(stub, plans)
+        assert all(r.error_code == 0 for r in results), [r.error_message for r in results]
+        idle = _heartbeat_after(coordinator, time.monotonic())
+        units_per_step = 2 + 2 * 30  # SmolLM2-135M: 30 layers
+        assert idle.progress.units_per_step == units_per_step, idle
+        assert idle.progress.steps_started == 4 and idle.progress.step_id == 4, idle
+        assert not idle.progress.running, idle
+        assert idle.progress.units_done == 4 * units_per_step, idle
+
+        # The ninth plan executed (step 5 of a second stream) hangs: its start is counted, then
+        # nothing moves; heartbeats go on.
+        hung_plan = pb.StepPlan(step_id=5, scheduled=[pb.ScheduledSequence(seq_id=1, num_tokens=1, sample=True)])
+        call = stub.Step(iter([*plans, hung_plan]), timeout=TIMEOUT_S)
+        first = _heartbeat_after(coordinator, time.monotonic())
+        deadline = time.monotonic() + TIMEOUT_S
+        while first.progress.steps_started < 9 and time.monotonic() < deadline:
+            first = _heartbeat_after(coordinator, time.monotonic())
+        assert first.progress.running and first.progress.step_id == 5, first
+        later = _heartbeat_after(coordinator, time.monotonic() + 0.5)
+        assert later.progress == first.progress, (first, later)
+        call.cancel()
+        channel.close()
+        code, _ = worker.terminate()
+        assert code == 0, worker.stderr()
+        assert "--debug-hang-at-step 9: step hangs" in worker.stderr()
+    finally:
+        worker.kill()
+
+
 def test_keeps_retrying_without_a_coordinator_and_exits_zero_on_sigterm(tmp_path):
     worker = WorkerProcess("127.0.0.1:1", tmp_path, "--backend", "noop")
     try:
