@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "coordinator/openai_structured_output.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::coordinator {
@@ -320,6 +321,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   out.endpoint = endpoint;
   loom::v1::GenerateRequest base;
   LOOM_RETURN_IF_ERROR(ParseCommon(parsed, base, out));
+  LOOM_RETURN_IF_ERROR(ParseStructuredOutput(body, *base.mutable_sampling()));
   if (endpoint == OpenAiEndpoint::kCompletions) {
     LOOM_RETURN_IF_ERROR(ParseCompletionPrompt(parsed, base, tokenizer, out));
   } else {

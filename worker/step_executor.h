@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/grammar_matcher_factory.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/draft_proposer.h"
 #include "worker/sampler.h"
@@ -27,6 +28,10 @@ struct StepExecutorOptions {
   // Draft-model speculation instead of prompt lookup (not owned; must outlive the
   // executor); null: prompt lookup.
   DraftProposer* draft_proposer = nullptr;
+  // Compiles the grammars of constrained sequences (structured output) over the model's
+  // vocabulary (not owned; must outlive the executor); null: a sequence with a grammar
+  // is refused.
+  common::GrammarMatcherFactory* grammars = nullptr;
 };
 
 /// The worker's side of the step protocol: owns every sequence's execution state (its
@@ -71,6 +76,9 @@ class StepExecutor {
   struct Sequence;
   struct Prepared;
 
+  // Gives `sampler` the matcher of `constraint`'s grammar.
+  absl::Status AttachGrammar(const loom::v1::GrammarConstraint& constraint, uint64_t seq_id,
+                             SequenceSampler& sampler);
   // Checks the whole plan and builds the batch. The only state it changes is the block
   // tables of sequences the plan schedules (their new blocks), which a failing plan drops;
   // a draft model writes K/V only where the plan's sequences will compute.
