@@ -13,6 +13,8 @@ import json
 import pathlib
 import re
 import sys
+import urllib.error
+import urllib.request
 
 import jsonschema
 import openai
@@ -202,3 +204,30 @@ def test_grpc_api_and_python_sdk_take_constraints(rig):
         assert re.fullmatch("[0-9]{3}", completion.text), completion.text
         with pytest.raises(TypeError):
             sdk.generate("x", regex="a", choice=["a"])
+
+
+def post_json(url, body):
+    """(status, parsed JSON body) of a POST."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_tokenize_and_detokenize(rig, model):
+    base = rig.coordinator.http_url
+    status, tokens = post_json(base + "/tokenize", {"model": model, "prompt": "Hello world",
+                                                    "add_special_tokens": False})
+    assert status == 200
+    assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] > 0
+    assert post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]}) == \
+        (200, {"prompt": "Hello world"})
+    status, chat = post_json(base + "/tokenize", {"model": model, "messages": PROMPT})
+    assert status == 200 and chat["count"] > tokens["count"]  # the template's tokens too
+    status, bad = post_json(base + "/detokenize", {"tokens": [-1]})
+    assert status == 400 and bad["error"]["param"] == "tokens"
+    status, bad = post_json(base + "/tokenize", {"text": "x"})
+    assert status == 400 and bad["error"]["param"] == "prompt"
