@@ -5,7 +5,8 @@ Sampled at temperature 1.0 with seeds, every output under a JSON schema parses a
 validates (the constraint, not the model, makes it so); regex and choice outputs match
 exactly; an output the grammar cannot complete within max_tokens ends with "length";
 constructs the engine cannot compile, and conflicting constraints, are 400s naming the
-parameter; the gRPC API and the Python SDK take the same constraints.
+parameter; the gRPC API and the Python SDK take the same constraints. Also /tokenize and
+/detokenize.
 """
 import concurrent.futures
 import inspect
