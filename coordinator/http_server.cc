@@ -75,6 +75,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   http.Get("/v1/models", [openai](const httplib::Request& request, httplib::Response& response) {
     openai->Models(request, response);
   });
+  http.Post("/tokenize", [openai](const httplib::Request& request, httplib::Response& response) {
+    openai->Tokenize(request, response);
+  });
+  http.Post("/detokenize", [openai](const httplib::Request& request, httplib::Response& response) {
+    openai->Detokenize(request, response);
+  });
   auto serving_state = [&cluster](httplib::Response& response) {
     const int healthy = cluster.num_healthy();
     const bool draining = cluster.draining();

@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "coordinator/openai_structured_output.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::coordinator {
@@ -99,6 +100,38 @@ absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& list, const char* n
     ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
   return ids;
+}
+
+// OpenAI and vLLM fields Loom does not implement yet: a request that sets one to anything
+// but its no-op value is refused naming it, never served as if it were absent (fields no
+// API defines stay ignored, as the reference servers do).
+absl::Status RefuseUnimplemented(const json& body) {
+  auto refuse = [](const char* name) {
+    return Invalid(name, absl::StrFormat("'%s' is not supported by this server", name));
+  };
+  auto non_empty = [&](const char* name) {
+    const json* value = Field(body, name);
+    return value != nullptr && !(value->is_array() || value->is_object() || value->is_string()
+                                     ? value->empty()
+                                     : false);
+  };
+  for (const char* name : {"tools", "functions", "logit_bias", "suffix", "prediction", "audio"}) {
+    if (non_empty(name)) return refuse(name);
+  }
+  for (const char* name : {"tool_choice", "function_call"}) {
+    const json* value = Field(body, name);
+    if (value != nullptr && !(value->is_string() && value->get<std::string>() == "none")) return refuse(name);
+  }
+  auto is = [&](const char* name, const json& no_op) {
+    const json* value = Field(body, name);
+    return value == nullptr || *value == no_op;
+  };
+  if (!is("min_tokens", 0)) return refuse("min_tokens");
+  if (!is("include_stop_str_in_output", false)) return refuse("include_stop_str_in_output");
+  if (!is("skip_special_tokens", true)) return refuse("skip_special_tokens");
+  if (!is("best_of", 1)) return refuse("best_of");
+  if (!is("prompt_logprobs", 0)) return refuse("prompt_logprobs");
+  return absl::OkStatus();
 }
 
 // Sampling, limits and stop conditions shared by both endpoints.
@@ -319,7 +352,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   OpenAiRequest out;
   out.endpoint = endpoint;
   loom::v1::GenerateRequest base;
+  LOOM_RETURN_IF_ERROR(RefuseUnimplemented(parsed));
   LOOM_RETURN_IF_ERROR(ParseCommon(parsed, base, out));
+  LOOM_RETURN_IF_ERROR(ParseStructuredOutput(body, *base.mutable_sampling()));
   if (endpoint == OpenAiEndpoint::kCompletions) {
     LOOM_RETURN_IF_ERROR(ParseCompletionPrompt(parsed, base, tokenizer, out));
   } else {

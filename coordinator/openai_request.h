@@ -19,7 +19,9 @@ enum class OpenAiEndpoint { kCompletions, kChatCompletions };
 /// An OpenAI completions or chat-completions request, parsed and checked for everything
 /// the OpenAI API itself defines (types, ranges, counts), as loom.v1.GenerateRequest
 /// prompts that the gRPC API's validation (context length, vocabulary) then checks like
-/// any other. Unknown fields are ignored, as the reference servers do.
+/// any other. OpenAI/vLLM fields Loom does not implement are refused (400 naming them)
+/// unless given their no-op value; fields no API defines are ignored, as the reference
+/// servers do.
 struct OpenAiRequest {
   OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
   std::string model;

@@ -36,6 +36,11 @@ class OpenAiService {
   void Completions(const httplib::Request& request, httplib::Response& response);
   void ChatCompletions(const httplib::Request& request, httplib::Response& response);
   void Models(const httplib::Request& request, httplib::Response& response);
+  /// POST /tokenize (vLLM's shape): `prompt` (string) or `messages` (rendered by the chat
+  /// template), `add_special_tokens` (default true) -> {count, max_model_len, tokens}.
+  void Tokenize(const httplib::Request& request, httplib::Response& response);
+  /// POST /detokenize: `tokens` (ids) -> {prompt}.
+  void Detokenize(const httplib::Request& request, httplib::Response& response);
 
   /// Writes an OpenAI error body and the HTTP status for `status` (InvalidArgument 400,
   /// NotFound 404, ResourceExhausted 429 with Retry-After, Unavailable 503, ...).

@@ -1,6 +1,7 @@
 #include "coordinator/request_validation.h"
 
 #include "absl/strings/str_format.h"
+#include "common/grammar_spec.h"
 #include "worker/sampler.h"
 #include "worker/step_executor.h"
 
@@ -20,6 +21,7 @@ loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in) {
   out.set_frequency_penalty(in.has_frequency_penalty() ? in.frequency_penalty() : 0.0f);
   out.set_seed(in.has_seed() ? in.seed() : 0);
   out.set_num_logprobs(in.has_num_logprobs() ? in.num_logprobs() : -1);
+  if (in.has_grammar()) *out.mutable_grammar() = in.grammar();
   return out;
 }
 
@@ -81,6 +83,19 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     return valid;
   }
 
+  if (params.sampling.has_grammar() || !params.sampling.grammar().kind().empty()) {
+    // Compiled here once so a grammar the engine cannot compile is the client's error
+    // (naming the construct), never a worker's; repeated specs hit the cache.
+    const loom::v1::GrammarConstraint& grammar = params.sampling.grammar();
+    absl::StatusOr<common::GrammarKind> kind = common::ParseGrammarKind(grammar.kind());
+    if (!kind.ok()) return kind.status();
+    absl::StatusOr<std::shared_ptr<const common::Grammar>> compiled =
+        common::SharedGrammarCache().Get({*kind, grammar.text()});
+    if (!compiled.ok()) return compiled.status();
+    // Constrained sequences do not speculate (the worker masks one token per step).
+    params.num_speculative_tokens = 0;
+  }
+
   for (const std::string& stop : request.stop()) {
     if (!stop.empty()) params.stop.push_back(stop);
   }
@@ -94,7 +109,7 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
   params.ignore_eos = request.ignore_eos();
   params.priority = request.priority();
   params.cache_salt = request.cache_salt();
-  if (request.has_num_speculative_tokens()) {
+  if (request.has_num_speculative_tokens() && params.num_speculative_tokens != 0) {
     const int32_t drafts = request.num_speculative_tokens();
     if (drafts < 0 || drafts > worker::kMaxSpeculativeTokens) {
       return absl::InvalidArgumentError(

@@ -96,6 +96,7 @@ bool ModelRunnerBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
   // The device sampler picks one token per row and reports only its logprob.
   for (const SampleRow& row : rows) {
     if (!row.draft_tokens.empty() || row.sampler->params().num_logprobs > 0) return false;
+    if (row.sampler->constrained()) return false;  // the grammar's mask is applied on the host
   }
   return true;
 }

@@ -261,9 +261,54 @@ double SequenceSampler::PositionUniform(int64_t position, uint32_t stream) const
   return static_cast<double>(key >> 11) * (1.0 / 9007199254740992.0);
 }
 
+void SequenceSampler::SetGrammar(std::unique_ptr<common::GrammarMatcher> grammar) {
+  grammar_ = std::move(grammar);
+  if (grammar_ != nullptr) AdvanceGrammar(-1);
+}
+
+void SequenceSampler::AdvanceGrammar(int32_t token) {
+  if (next_mask_.valid()) next_mask_.wait();  // the old state's computation is done with
+  if (token >= 0 && !grammar_->AcceptToken(token)) {
+    // A token the mask did not allow (only outputs sent again after a preemption bypass
+    // it, and they were allowed when sampled): nothing can follow.
+    grammar_->Invalidate();
+  }
+  // The next mask on another thread, overlapping the next forward pass (a state seen
+  // before returns its cached mask at once).
+  next_mask_ = std::async(std::launch::async,
+                          [automaton = grammar_->automaton(), state = grammar_->state()] {
+                            return automaton->AllowedTokens(state);
+                          });
+}
+
+const float* SequenceSampler::Masked(const float* logits) {
+  if (logits != scratch_.data()) std::copy(logits, logits + vocab_size_, scratch_.data());
+  std::shared_ptr<const common::TokenMask> mask =
+      next_mask_.valid() ? next_mask_.get() : grammar_->AllowedTokens();
+  const int64_t mask_tokens = std::min<int64_t>(vocab_size_, static_cast<int64_t>(mask->size()) * 64);
+  bool any = false;
+  constexpr float kForbidden = -std::numeric_limits<float>::infinity();
+  for (int64_t id = 0; id < mask_tokens; ++id) {
+    if (common::MaskAllows(*mask, static_cast<int32_t>(id))) {
+      any = true;
+    } else {
+      scratch_[id] = kForbidden;
+    }
+  }
+  std::fill(scratch_.begin() + mask_tokens, scratch_.end(), kForbidden);
+  if (!any) {
+    // A dead end (no token can continue the text): end it rather than emit invalid text.
+    const auto& end_ids = grammar_->automaton()->trie()->end_ids();
+    if (!end_ids.empty() && end_ids[0] < vocab_size_) scratch_[end_ids[0]] = 0.0f;
+  }
+  return scratch_.data();
+}
+
 SampledToken SequenceSampler::Sample(const float* logits) {
   const float* work = Penalized(logits, {});
+  if (grammar_ != nullptr) work = Masked(work);
   const int32_t token = greedy() ? Argmax(work, vocab_size_) : PickFromDistribution(work);
+  if (grammar_ != nullptr) AdvanceGrammar(token);
   SampledToken sampled;
   if (params_.num_logprobs >= 0) {
     sampled = RawLogprobs(logits, vocab_size_, token, params_.num_logprobs);
@@ -298,6 +343,7 @@ void SequenceSampler::PenaltyEntries(std::vector<int32_t>& tokens,
 void SequenceSampler::RecordOutput(int32_t token_id) {
   // PickFromDistribution draws exactly one number per sample; greedy draws none.
   if (!greedy()) UniformDouble(rng_);
+  if (grammar_ != nullptr) AdvanceGrammar(token_id);
   output_counts_[token_id]++;
   if (params_.repetition_penalty != 1.0f) seen_[token_id] = true;
 }

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/grammar_matcher.h"
 
 namespace loom::worker {
 
@@ -55,6 +58,17 @@ class SequenceSampler {
   /// would have sampled without the preemption.
   void RecordOutput(int32_t token_id);
 
+  /// Constrains the sequence to `grammar` (structured output): Sample then only picks
+  /// tokens the grammar allows next (the mask for a step is computed on another thread as
+  /// soon as the previous token is known, so it overlaps the next forward pass), and both
+  /// Sample and RecordOutput advance it. Set before the first Sample / RecordOutput.
+  void SetGrammar(std::unique_ptr<common::GrammarMatcher> grammar);
+  /// True when a grammar constrains the sequence (it then never speculates: Distribution
+  /// and PenalizedArgmax ignore the grammar).
+  bool constrained() const { return grammar_ != nullptr; }
+  /// The grammar's matcher, or null.
+  const common::GrammarMatcher* grammar() const { return grammar_.get(); }
+
   /// True when Sample picks the argmax (temperature 0 or top_k 1) and draws nothing.
   bool greedy() const { return params_.temperature == 0.0f || params_.top_k == 1; }
 
@@ -94,6 +108,11 @@ class SequenceSampler {
   // `sum`; 0 when no logit is finite.
   size_t BuildCandidates(const float* logits, double& sum);
   int32_t PickFromDistribution(const float* logits);
+  // `logits` (or scratch_ holding them) with the tokens the grammar forbids at -inf, in
+  // scratch_; the end-of-text token when the grammar allows nothing (a dead end).
+  const float* Masked(const float* logits);
+  // Advances the grammar over `token` and starts computing the next mask.
+  void AdvanceGrammar(int32_t token);
 
   SamplingParams params_;
   int64_t vocab_size_;
@@ -103,6 +122,9 @@ class SequenceSampler {
   std::vector<float> scratch_;                           // [vocab_size]
   std::vector<std::pair<float, int32_t>> candidates_;    // (logit, id)
   std::vector<double> weights_;                          // exp((logit - max) / T)
+  std::unique_ptr<common::GrammarMatcher> grammar_;      // null: unconstrained
+  // The mask for the grammar's current state, being computed (valid() when started).
+  std::future<std::shared_ptr<const common::TokenMask>> next_mask_;
 };
 
 /// log-softmax of `logits` at `token_id`, and the `n` most likely tokens.

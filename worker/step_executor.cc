@@ -128,6 +128,26 @@ absl::Status StepExecutor::Reset() {
   return absl::OkStatus();
 }
 
+absl::Status StepExecutor::AttachGrammar(const loom::v1::GrammarConstraint& constraint,
+                                         uint64_t seq_id, SequenceSampler& sampler) {
+  if (options_.grammars == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "sequence %d has a grammar but this worker has no vocabulary to apply it with", seq_id));
+  }
+  absl::StatusOr<common::GrammarKind> kind = common::ParseGrammarKind(constraint.kind());
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("sequence %d: %s", seq_id, kind.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<common::GrammarMatcher>> matcher =
+      options_.grammars->NewMatcher({*kind, constraint.text()});
+  if (!matcher.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: %s", seq_id, matcher.status().message()));
+  }
+  sampler.SetGrammar(*std::move(matcher));
+  return absl::OkStatus();
+}
+
 absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& prepared) {
   const common::ModelConfig& config = backend_.config();
   const int64_t vocab = config.vocab_size;
@@ -187,6 +207,9 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
           params,
           absl::MakeConstSpan(added.prompt_token_ids().data(), added.prompt_token_ids().size()),
           vocab);
+      if (!added.sampling().grammar().kind().empty()) {
+        LOOM_RETURN_IF_ERROR(AttachGrammar(added.sampling().grammar(), id, *sequence->sampler));
+      }
       for (int32_t token : added.output_token_ids()) sequence->sampler->RecordOutput(token);
     }
     added_index[id] = sequence.get();
@@ -256,7 +279,10 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
     // so no half-applied table outlives a failure.
     sequence->block_table.insert(sequence->block_table.end(), entry.new_block_ids().begin(),
                                  entry.new_block_ids().end());
-    if (max_drafts > 0) {
+    // A constrained sequence does not speculate: its drafts would need the grammar's
+    // state after each of them (simplest correct choice; the coordinator asks for none).
+    const bool constrained = sequence->sampler != nullptr && sequence->sampler->constrained();
+    if (max_drafts > 0 && !constrained) {
       // The drafts sit at positions [end, end + count): within the context and the slots
       // the coordinator gave (it reserved max_drafts of them).
       const int64_t room = std::min<int64_t>(

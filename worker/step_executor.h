@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/grammar_matcher_factory.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/draft_proposer.h"
 #include "worker/sampler.h"
@@ -39,6 +40,10 @@ struct StepExecutorOptions {
   // life; 0: never) blocks without progress until ReleaseDebugHang(): a worker stuck
   // inside a step while its heartbeat goes on.
   int64_t debug_hang_at_step = 0;
+  // Compiles the grammars of constrained sequences (structured output) over the model's
+  // vocabulary (not owned; must outlive the executor); null: a sequence with a grammar
+  // is refused.
+  common::GrammarMatcherFactory* grammars = nullptr;
 };
 
 /// The worker's side of the step protocol: owns every sequence's execution state (its
@@ -85,6 +90,9 @@ class StepExecutor {
   struct Sequence;
   struct Prepared;
 
+  // Gives `sampler` the matcher of `constraint`'s grammar.
+  absl::Status AttachGrammar(const loom::v1::GrammarConstraint& constraint, uint64_t seq_id,
+                             SequenceSampler& sampler);
   // Checks the whole plan and builds the batch. The only state it changes is the block
   // tables of sequences the plan schedules (their new blocks), which a failing plan drops;
   // a draft model writes K/V only where the plan's sequences will compute.

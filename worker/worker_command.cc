@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
+#include "common/grammar_matcher_factory.h"
 #include "common/model_config.h"
 #include "common/model_fingerprint.h"
 #include "common/process_metrics.h"
@@ -306,11 +307,25 @@ int RunWorkerCommand(int argc, char** argv) {
     draft_proposer = *std::move(proposer);
   }
 
+  // Structured output: the vocabulary's bytes, for the grammar masks of constrained
+  // sequences. A model without a tokenizer the worker can read serves unconstrained ones.
+  std::unique_ptr<common::GrammarMatcherFactory> grammars;
+  if (absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
+          common::Tokenizer::FromGguf(**gguf);
+      tokenizer.ok()) {
+    grammars = std::make_unique<common::GrammarMatcherFactory>(
+        common::TokenTrie::FromTokenizer(**tokenizer));
+  } else {
+    std::fprintf(stderr, "loom-worker: no grammar support (%s)\n",
+                 std::string(tokenizer.status().message()).c_str());
+  }
+
   StepExecutorOptions executor_options;
   executor_options.draft_proposer = draft_proposer.get();
   executor_options.progress = &progress;
   executor_options.debug_step_delay_ms = options.debug_step_delay_ms;
   executor_options.debug_hang_at_step = options.debug_hang_at_step;
+  executor_options.grammars = grammars.get();
   StepExecutor executor(**backend, executor_options);
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Callable, Optional, Sequence, Union
 
@@ -81,7 +82,8 @@ class LoomClient:
         max_tokens: 0 for up to the context length. params: temperature, top_k, top_p, min_p,
         repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs (None: none,
         0: the chosen token's, n: and the n most likely), stop, stop_token_ids, ignore_eos,
-        priority, request_id, model, cache_salt.
+        priority, request_id, model, cache_salt; structured output (one of): json_schema (a
+        dict or JSON text), json_object=True, regex, choice (a list of strings), grammar (GBNF).
         """
         request = _generate_request(prompt, max_tokens, **params)
         return GenerateStream(self._stub, request, self._deadline(timeout), self.retry)
@@ -138,15 +140,35 @@ class LoomClient:
                 time.sleep(wait)
 
 
+def _grammar(json_schema, json_object: bool, regex: Optional[str], choice, grammar: Optional[str]):
+    """The GrammarConstraint of the structured-output arguments, or None."""
+    given = [(kind, text) for kind, text in (
+        ("json_schema", None if json_schema is None else
+         json_schema if isinstance(json_schema, str) else json.dumps(json_schema)),
+        ("json_object", "" if json_object else None),
+        ("regex", regex),
+        ("choice", None if choice is None else json.dumps(list(choice))),
+        ("grammar", grammar)) if text is not None]
+    if len(given) > 1:
+        raise TypeError(f"give at most one of json_schema, json_object, regex, choice, grammar; got "
+                        f"{[kind for kind, _ in given]}")
+    return wpb.GrammarConstraint(kind=given[0][0], text=given[0][1]) if given else None
+
+
 def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int] = None, stop=(),
                       stop_token_ids=(), ignore_eos: bool = False, priority: int = 0,
-                      request_id: str = "", model: str = "", cache_salt: str = "", **sampling):
+                      request_id: str = "", model: str = "", cache_salt: str = "",
+                      json_schema=None, json_object: bool = False, regex: Optional[str] = None,
+                      choice=None, grammar: Optional[str] = None, **sampling):
     unknown = set(sampling) - set(_SAMPLING_FIELDS)
     if unknown:
         raise TypeError(f"unknown generate parameters: {sorted(unknown)}")
     params = wpb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
     if logprobs is not None:
         params.num_logprobs = logprobs
+    constraint = _grammar(json_schema, json_object, regex, choice, grammar)
+    if constraint is not None:
+        params.grammar.CopyFrom(constraint)
     if isinstance(stop, str):
         stop = [stop]
     request = pb.GenerateRequest(sampling=params, max_tokens=max_tokens, stop=list(stop),

@@ -1,0 +1,73 @@
+#include "common/grammar.h"
+
+#include "common/gbnf_parser.h"
+#include "gtest/gtest.h"
+#include "tests/common/grammar_test_util.h"
+
+namespace loom::common {
+namespace {
+
+using testing::Accepts;
+
+TEST(GrammarTest, RejectsUndefinedRuleNamingIt) {
+  GrammarDefinition d;
+  d.SetRule("root", SequenceExpr({LiteralExpr("a"), RuleRefExpr("missing")}));
+  auto g = Grammar::Compile(d);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("missing"), std::string::npos) << g.status();
+}
+
+TEST(GrammarTest, RejectsLeftRecursionNamingTheRule) {
+  auto d = ParseGbnf("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto g = Grammar::Compile(*d);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("left-recursive"), std::string::npos) << g.status();
+}
+
+TEST(GrammarTest, RejectsRepetitionOfSomethingThatMatchesNothing) {
+  GrammarDefinition d;
+  d.SetRule("root", RepeatExpr(RepeatExpr(LiteralExpr("a"), 0, 1), 0, -1));
+  auto g = Grammar::Compile(d);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("empty string"), std::string::npos) << g.status();
+}
+
+TEST(GrammarTest, RejectsMissingRoot) {
+  GrammarDefinition d;
+  d.SetRule("start", LiteralExpr("a"));
+  EXPECT_FALSE(Grammar::Compile(d).ok());
+}
+
+TEST(GrammarTest, CharacterClassesMatchWholeUtf8CodePoints) {
+  const GrammarSpec spec{GrammarKind::kGbnf, "root ::= [a-zé-ü€😀]+"};
+  EXPECT_TRUE(Accepts(spec, "aé€😀ü"));
+  EXPECT_FALSE(Accepts(spec, "A"));
+  EXPECT_FALSE(Accepts(spec, "\xC3"));        // a truncated é
+  EXPECT_FALSE(Accepts(spec, "\xC3\xA8\xA9"));  // è then a stray continuation byte
+  const GrammarSpec negated{GrammarKind::kGbnf, "root ::= [^a]+"};
+  EXPECT_TRUE(Accepts(negated, "b€😀"));
+  EXPECT_FALSE(Accepts(negated, "ba"));
+  EXPECT_FALSE(Accepts(negated, "\xED\xA0\x80"));  // a surrogate is not UTF-8
+}
+
+TEST(GrammarTest, BoundedAndUnboundedRepetition) {
+  const GrammarSpec spec{GrammarKind::kGbnf, "root ::= \"a\"{2,4} \"b\"* \"c\"{3}"};
+  EXPECT_FALSE(Accepts(spec, "accc"));
+  EXPECT_TRUE(Accepts(spec, "aaccc"));
+  EXPECT_TRUE(Accepts(spec, "aaaabbbbbbccc"));
+  EXPECT_FALSE(Accepts(spec, "aaaaaccc"));
+  EXPECT_FALSE(Accepts(spec, "aacc"));
+}
+
+TEST(GrammarTest, RefusesOversizedExpansion) {
+  GrammarDefinition d;
+  d.SetRule("root", RepeatExpr(LiteralExpr("ab"), 3'000'000, 3'000'000));
+  auto g = Grammar::Compile(d);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("too large"), std::string::npos) << g.status();
+}
+
+}  // namespace
+}  // namespace loom::common

@@ -1,0 +1,260 @@
+"""Structured output end to end: the official `openai` client against one `loom serve` with
+one CPU worker running the default model.
+
+Sampled at temperature 1.0 with seeds, every output under a JSON schema parses and
+validates (the constraint, not the model, makes it so); regex and choice outputs match
+exactly; an output the grammar cannot complete within max_tokens ends with "length";
+constructs the engine cannot compile, and conflicting constraints, are 400s naming the
+parameter; the gRPC API and the Python SDK take the same constraints. Also /tokenize and
+/detokenize.
+"""
+import concurrent.futures
+import inspect
+import json
+import pathlib
+import re
+import sys
+import urllib.error
+import urllib.request
+
+import jsonschema
+import openai
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
+import cluster_harness as h  # noqa: E402
+
+# Every schema bounds its documents (string lengths, item counts, ranges), so an output
+# always fits in MAX_TOKENS: a "length" finish would be the engine's failure, not the budget's.
+MAX_TOKENS = 160
+
+
+def obj(properties, required=None):
+    return {"type": "object", "properties": properties, "required": list(required or properties),
+            "additionalProperties": False}
+
+
+S = {"type": "string", "maxLength": 12}
+SCHEMAS = [
+    obj({"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120}}),
+    obj({"city": S, "population": {"type": "integer", "minimum": 1, "maximum": 99999999}}),
+    obj({"ok": {"type": "boolean"}}),
+    obj({"color": {"enum": ["red", "green", "blue"]}, "shade": {"type": "integer", "minimum": 1, "maximum": 9}}),
+    obj({"tags": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}),
+    obj({"x": {"type": "number", "minimum": 0, "maximum": 100}, "y": {"type": "number", "minimum": 0, "maximum": 100}}),
+    obj({"answer": {"type": ["string", "null"], "maxLength": 8}}),
+    obj({"user": obj({"first": S, "last": S}), "admin": {"type": "boolean"}}),
+    obj({"id": {"type": "string", "format": "uuid"}}),
+    obj({"when": {"type": "string", "format": "date"}}),
+    obj({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}}),
+    obj({"title": S, "rating": {"type": "integer", "minimum": 1, "maximum": 5}, "note": S}, required=["title", "rating"]),
+    {"type": "array", "items": {"type": "integer", "minimum": -50, "maximum": 50}, "minItems": 2, "maxItems": 4},
+    {"enum": ["yes", "no", "maybe"]},
+    {"type": "integer", "minimum": 1000, "maximum": 1999},
+    {"anyOf": [obj({"kind": {"const": "circle"}, "r": {"type": "integer", "minimum": 1, "maximum": 9}}),
+               obj({"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 9}})]},
+    {"$defs": {"pt": obj({"x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "integer", "minimum": 0, "maximum": 9}})},
+     "type": "array", "items": {"$ref": "#/$defs/pt"}, "minItems": 1, "maxItems": 3},
+    obj({"email": {"type": "string", "format": "email", "maxLength": 30}}) if False else
+    obj({"email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"}}),
+    obj({"matrix": {"type": "array", "maxItems": 2, "items": {"type": "array", "maxItems": 2, "items": {"type": "boolean"}}}}),
+    obj({"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "integer", "minimum": 0, "maximum": 9},
+         "c": {"type": "integer", "minimum": 0, "maximum": 9}, "d": {"type": "integer", "minimum": 0, "maximum": 9}}),
+    obj({"word": {"type": "string", "minLength": 3, "maxLength": 6}, "count": {"type": "integer", "minimum": 0, "maximum": 20}}),
+]
+GENERATIONS_PER_SCHEMA = 10
+PROMPT = [{"role": "user", "content": "Reply with a JSON value for a small example record."}]
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    with h.running_cluster(tmp_path_factory.mktemp("structured"), {"r0": {"threads": 2}}) as rig:
+        yield rig
+
+
+@pytest.fixture(scope="module")
+def client(rig):
+    return openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused", max_retries=0,
+                         timeout=600.0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def test_sampled_outputs_parse_and_validate(client, model):
+    assert len(SCHEMAS) >= 20
+    for schema in SCHEMAS:
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+    def generate(job):
+        index, seed = job
+        response = client.chat.completions.create(
+            model=model, messages=PROMPT, temperature=1.0, seed=seed, max_tokens=MAX_TOKENS,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": f"s{index}", "schema": SCHEMAS[index], "strict": True}})
+        choice = response.choices[0]
+        return index, seed, choice.finish_reason, choice.message.content
+
+    jobs = [(i, 1000 * i + k) for i in range(len(SCHEMAS)) for k in range(GENERATIONS_PER_SCHEMA)]
+    assert len(jobs) >= 200
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        for index, seed, finish, content in pool.map(generate, jobs):
+            try:
+                assert finish == "stop", f"finish_reason {finish}"
+                jsonschema.validate(json.loads(content), SCHEMAS[index])
+            except (AssertionError, json.JSONDecodeError, jsonschema.ValidationError) as e:
+                failures.append((index, seed, content, str(e)[:200]))
+    assert not failures, failures[:5]
+
+
+def test_guided_json_and_json_object_through_extra_body(client, model):
+    schema = obj({"n": {"type": "integer", "minimum": 0, "maximum": 9}})
+    for extra in ({"guided_json": schema}, {"structured_outputs": {"json": schema}}):
+        response = client.completions.create(model=model, prompt="Some JSON:", max_tokens=MAX_TOKENS,
+                                              temperature=1.0, seed=3, extra_body=extra)
+        jsonschema.validate(json.loads(response.choices[0].text), schema)
+    response = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=MAX_TOKENS,
+                                              temperature=0.0, response_format={"type": "json_object"})
+    if response.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(response.choices[0].message.content), dict)
+    else:  # greedy output may be long; what came is a JSON object's prefix
+        assert response.choices[0].message.content.startswith("{")
+
+
+@pytest.mark.parametrize("extra", [
+    {"guided_regex": r"[A-Z][a-z]{2,5} [0-9]{2}"},
+    {"structured_outputs": {"regex": r"(cat|dog)s? and (fish|bird)"}},
+])
+def test_regex_outputs_match_exactly(client, model, extra):
+    pattern = extra.get("guided_regex") or extra["structured_outputs"]["regex"]
+    for seed in range(5):
+        response = client.completions.create(model=model, prompt="Answer:", max_tokens=40, temperature=1.0,
+                                              seed=seed, extra_body=extra)
+        assert response.choices[0].finish_reason == "stop"
+        assert re.fullmatch(pattern, response.choices[0].text), response.choices[0].text
+
+
+def test_choice_outputs_are_one_of_the_choices(client, model):
+    choices = ["positive", "negative", "neutral"]
+    for seed in range(5):
+        for extra in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+            response = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Sentiment of 'great!'?"}],
+                max_tokens=10, temperature=1.0, seed=seed, extra_body=extra)
+            assert response.choices[0].message.content in choices
+
+
+def test_grammar_and_streaming(client, model):
+    grammar = 'root ::= "(" num ("," num){0,2} ")"\nnum ::= [1-9] [0-9]?'
+    stream = client.completions.create(model=model, prompt="Tuple:", max_tokens=30, temperature=1.0, seed=5,
+                                       stream=True, extra_body={"guided_grammar": grammar})
+    text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    assert re.fullmatch(r"\([1-9][0-9]?(,[1-9][0-9]?){0,2}\)", text), text
+
+
+def test_unsatisfiable_within_max_tokens_ends_with_length(client, model):
+    response = client.completions.create(model=model, prompt="Go:", max_tokens=6, temperature=1.0, seed=1,
+                                          extra_body={"guided_regex": "a{60}"})
+    choice = response.choices[0]
+    assert choice.finish_reason == "length"
+    assert re.fullmatch("a{1,59}", choice.text), choice.text
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "patternProperties": {}}}}},
+     "response_format"),
+    ({"guided_json": {"type": "string", "format": "hostname"}}, "guided_json"),
+    ({"guided_regex": "(a)\\1"}, "guided_regex"),
+    ({"guided_grammar": "root ::= root \"a\""}, "guided_grammar"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"structured_outputs": {"yaml": "a"}}, "structured_outputs.yaml"),
+])
+def test_uncompilable_constraints_are_400_naming_the_param(client, model, extra, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=model, prompt="x", max_tokens=4, extra_body=extra)
+    assert raised.value.body["param"] == param, raised.value.body
+    assert raised.value.status_code == 400
+
+
+def test_grpc_api_and_python_sdk_take_constraints(rig):
+    request = h.make_request(prompt="Pick:", max_tokens=20, temperature=1.0, seed=4)
+    request.sampling.grammar.kind = "choice"
+    request.sampling.grammar.text = json.dumps(["left", "right"])
+    outcome = h.generate_all(rig.coordinator.stub, [request])[0]
+    assert outcome.finished, outcome.describe()
+    assert outcome.text in ("left", "right")
+
+    try:  # the installed SDK (scripts/install-deps.sh builds it from this checkout)
+        import loom_client
+        from loom_client import LoomClient
+        sdk_ready = "regex" in inspect.signature(loom_client.client._generate_request).parameters
+    except Exception as e:  # noqa: BLE001 (an SDK installed from an older checkout)
+        pytest.skip(f"loom_client is not importable here: {e}")
+    if not sdk_ready:
+        pytest.skip("the installed loom_client predates structured output: run scripts/install-deps.sh")
+    with LoomClient(rig.coordinator.address) as sdk:
+        completion = sdk.generate("Number:", max_tokens=12, temperature=1.0, seed=2, regex="[0-9]{3}")
+        assert re.fullmatch("[0-9]{3}", completion.text), completion.text
+        with pytest.raises(TypeError):
+            sdk.generate("x", regex="a", choice=["a"])
+
+
+def post_json(url, body):
+    """(status, parsed JSON body) of a POST."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_tokenize_and_detokenize(rig, model):
+    base = rig.coordinator.http_url
+    status, tokens = post_json(base + "/tokenize", {"model": model, "prompt": "Hello world",
+                                                    "add_special_tokens": False})
+    assert status == 200
+    assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] > 0
+    assert post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]}) == \
+        (200, {"prompt": "Hello world"})
+    status, chat = post_json(base + "/tokenize", {"model": model, "messages": PROMPT})
+    assert status == 200 and chat["count"] > tokens["count"]  # the template's tokens too
+    status, bad = post_json(base + "/detokenize", {"tokens": [-1]})
+    assert status == 400 and bad["error"]["param"] == "tokens"
+    status, bad = post_json(base + "/tokenize", {"text": "x"})
+    assert status == 400 and bad["error"]["param"] == "prompt"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"tools": TOOLS}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"logit_bias": {"50": 5}}, "logit_bias"),
+    ({"min_tokens": 3}, "min_tokens"),
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"skip_special_tokens": False}, "skip_special_tokens"),
+    ({"best_of": 2}, "best_of"),
+])
+def test_unimplemented_parameters_are_refused_not_ignored(client, model, extra, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=model, messages=PROMPT, max_tokens=2, extra_body=extra)
+    assert raised.value.body["param"] == param, raised.value.body
+
+
+def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):
+    response = client.chat.completions.create(
+        model=model, messages=PROMPT, max_tokens=2, temperature=0,
+        extra_body={"tools": [], "tool_choice": "none", "logit_bias": {}, "min_tokens": 0,
+                    "skip_special_tokens": True, "parallel_tool_calls": True, "best_of": 1})
+    assert response.choices[0].finish_reason == "length"
