@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/hf_model.h"
 #include "common/model_fingerprint.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -137,7 +138,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServeOptions& options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->options_ = options;
-  auto gguf = common::GgufFile::Open(options.model_path);
+  auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return gguf.status();
   server->gguf_ = *std::move(gguf);
   auto config = common::ModelConfigFromGguf(*server->gguf_);

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/model_config.h"
 #include "common/model_fingerprint.h"
 #include "common/tokenizer.h"
@@ -185,7 +186,7 @@ int RunWorkerCommand(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
-      common::GgufFile::Open(options.model_path);
+      common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return Fail(gguf.status());
   absl::StatusOr<common::ModelConfig> config = common::ModelConfigFromGguf(**gguf);
   if (!config.ok()) return Fail(config.status());
@@ -268,7 +269,7 @@ int RunWorkerCommand(int argc, char** argv) {
   std::unique_ptr<DraftProposer> draft_proposer;
   if (!options.draft_model_path.empty()) {
     absl::StatusOr<std::unique_ptr<common::GgufFile>> opened =
-        common::GgufFile::Open(options.draft_model_path);
+        common::OpenModelFile(options.draft_model_path);
     if (!opened.ok()) return Fail(opened.status());
     draft_gguf = *std::move(opened);
     if (absl::Status same = CheckSameVocabulary(**gguf, *draft_gguf); !same.ok()) {
