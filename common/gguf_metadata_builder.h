@@ -31,15 +31,15 @@ class GgufMetadataBuilder {
     GgufValue::Array array;
     array.reserve(values.size());
     for (const std::string& value : values) array.emplace_back(GgufValueType::kString, value);
-    entries_.emplace_back(std::move(key),
-                          GgufValue(GgufValueType::kArray, std::move(array), GgufValueType::kString));
+    entries_.emplace_back(
+        std::move(key), GgufValue(GgufValueType::kArray, std::move(array), GgufValueType::kString));
   }
   void IntArray(std::string key, const std::vector<int64_t>& values) {
     GgufValue::Array array;
     array.reserve(values.size());
     for (int64_t value : values) array.emplace_back(GgufValueType::kInt32, value);
-    entries_.emplace_back(std::move(key),
-                          GgufValue(GgufValueType::kArray, std::move(array), GgufValueType::kInt32));
+    entries_.emplace_back(
+        std::move(key), GgufValue(GgufValueType::kArray, std::move(array), GgufValueType::kInt32));
   }
   void FloatArray(std::string key, const std::vector<float>& values) {
     GgufValue::Array array;

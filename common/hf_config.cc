@@ -103,8 +103,8 @@ absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
   metadata.String(arch + ".rope.scaling.type", type);
   LOOM_ASSIGN_OR_RETURN(double factor, fields.Number("factor", 0.0));
   if (!(factor > 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: rope_scaling '", type,
-                                                   "' needs a positive 'factor'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: rope_scaling '", type, "' needs a positive 'factor'"));
   }
   metadata.Float(arch + ".rope.scaling.factor", factor);
   if (fields.Has("original_max_position_embeddings")) {
@@ -143,16 +143,16 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   if (info.architecture.empty()) {
     std::vector<std::string> known;
     for (const auto& entry : kArchitectures) known.emplace_back(entry.first);
-    return absl::UnimplementedError(absl::StrCat("config.json: architecture '", hf_arch,
-                                                 "' is not supported (supported: ",
-                                                 absl::StrJoin(known, ", "), ")"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: architecture '", hf_arch,
+                     "' is not supported (supported: ", absl::StrJoin(known, ", "), ")"));
   }
   const std::string& arch = info.architecture;
 
   LOOM_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
   if (activation != "silu") {
-    return absl::UnimplementedError(absl::StrCat("config.json: hidden_act '", activation,
-                                                 "' is not supported (only 'silu')"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: hidden_act '", activation, "' is not supported (only 'silu')"));
   }
   LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");

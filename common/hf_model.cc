@@ -52,9 +52,12 @@ absl::StatusOr<std::string> ReadOptional(const fs::path& path) {
 
 GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
   switch (dtype) {
-    case SafetensorsDtype::kF32: return GgmlType::kF32;
-    case SafetensorsDtype::kF16: return GgmlType::kF16;
-    case SafetensorsDtype::kBF16: return GgmlType::kBF16;
+    case SafetensorsDtype::kF32:
+      return GgmlType::kF32;
+    case SafetensorsDtype::kF16:
+      return GgmlType::kF16;
+    case SafetensorsDtype::kBF16:
+      return GgmlType::kBF16;
   }
   return GgmlType::kF32;
 }
@@ -84,7 +87,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
   GgufMetadataBuilder metadata;
   LOOM_ASSIGN_OR_RETURN(std::string config_json, ReadOptional(root / "config.json"));
   if (config_json.empty()) {
-    return absl::NotFoundError(absl::StrCat("'", dir, "' has no config.json (a Hugging Face "
+    return absl::NotFoundError(absl::StrCat("'", dir,
+                                            "' has no config.json (a Hugging Face "
                                             "model directory needs one)"));
   }
   absl::StatusOr<HfConfigInfo> info = HfConfigToGguf(config_json, metadata);

@@ -88,9 +88,9 @@ absl::StatusOr<std::string> ByteLevelFamily(const json& tokenizer) {
   for (const json* part : parts) types.push_back(TypeOf(*part));
   const std::string described = absl::StrCat("[", absl::StrJoin(types, ", "), "]");
   if (parts.empty() || types.back() != "ByteLevel") {
-    return absl::UnimplementedError(
-        absl::StrCat("tokenizer.json: byte-level pre_tokenizer ", described,
-                     " does not end with ByteLevel (not supported)"));
+    return absl::UnimplementedError(absl::StrCat("tokenizer.json: byte-level pre_tokenizer ",
+                                                 described,
+                                                 " does not end with ByteLevel (not supported)"));
   }
   const json& byte_level = *parts.back();
   if (BoolField(byte_level, "add_prefix_space", false)) {
@@ -116,9 +116,9 @@ absl::StatusOr<std::string> ByteLevelFamily(const json& tokenizer) {
       if (regex == kLlama3Regex) return std::string("llama-bpe");
       if (regex == kQwen2Regex) return std::string("qwen2");
     }
-    return absl::UnimplementedError(absl::StrCat(
-        "tokenizer.json: Split pre-tokenizer regex '", regex, "' (behavior ", behavior,
-        ") is not one Loom knows (the Llama 3 and Qwen2 regexes)"));
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json: Split pre-tokenizer regex '", regex, "' (behavior ", behavior,
+                     ") is not one Loom knows (the Llama 3 and Qwen2 regexes)"));
   }
   return absl::UnimplementedError(
       absl::StrCat("tokenizer.json: pre_tokenizer ", described, " is not supported"));
@@ -146,8 +146,8 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
   const json& model = *model_it;
   const std::string model_type = TypeOf(model);
   if (model_type != "BPE") {
-    return absl::UnimplementedError(absl::StrCat("tokenizer.json: model type '", model_type,
-                                                 "' is not supported (only BPE)"));
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json: model type '", model_type, "' is not supported (only BPE)"));
   }
   auto vocab_it = model.find("vocab");
   auto merges_it = model.find("merges");
@@ -162,8 +162,8 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
   auto place = [&](const std::string& text, const json& id_value, int64_t type) -> absl::Status {
     if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 ||
         id_value.get<int64_t>() >= kMaxTokens) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: token '", text,
-                                                     "' has id ", id_value.dump()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.json: token '", text, "' has id ", id_value.dump()));
     }
     const auto id = static_cast<size_t>(id_value.get<int64_t>());
     if (id >= texts.size()) {
@@ -171,8 +171,8 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
       types.resize(id + 1, kUnused);
     }
     if (types[id] != kUnused && texts[id] != text) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: id ", id, " is both '",
-                                                     texts[id], "' and '", text, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.json: id ", id, " is both '", texts[id], "' and '", text, "'"));
     }
     texts[id] = text;
     types[id] = type;
@@ -289,8 +289,8 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     if (!text) return absl::OkStatus();
     auto it = id_of.find(*text);
     if (it == id_of.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: ", field, " '",
-                                                     *text, "' is not in the vocabulary"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: ", field, " '", *text,
+                                                     "' is not in the vocabulary"));
     }
     metadata.Int(key, it->second);
     return absl::OkStatus();
@@ -362,8 +362,8 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     for (const json& id : listed) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
           id.get<int64_t>() >= static_cast<int64_t>(texts.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "generation_config.json: eos_token_id ", id.dump(), " is not a token id"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("generation_config.json: eos_token_id ", id.dump(), " is not a token id"));
       }
       ids.push_back(id.get<int64_t>());
     }

@@ -9,10 +9,10 @@ namespace loom::common {
 
 /// The tokenizer files of a Hugging Face model directory (their text; empty when absent).
 struct HfTokenizerFiles {
-  std::string tokenizer_json;         // tokenizer.json (required)
-  std::string tokenizer_config_json;  // tokenizer_config.json
-  std::string generation_config_json; // generation_config.json
-  std::string chat_template_jinja;    // chat_template.jinja (newer exports keep it apart)
+  std::string tokenizer_json;          // tokenizer.json (required)
+  std::string tokenizer_config_json;   // tokenizer_config.json
+  std::string generation_config_json;  // generation_config.json
+  std::string chat_template_jinja;     // chat_template.jinja (newer exports keep it apart)
 };
 
 /// Translates a BPE `tokenizer.json` into the `tokenizer.ggml.*` keys Tokenizer::FromGguf

@@ -28,10 +28,9 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 constexpr size_t kMaxDims = 8;
 
 // Dtypes the format defines that Loom does not serve: refused by name.
-constexpr std::string_view kRefusedDtypes[] = {"F64",  "I64", "U64",     "I32",    "U32",
-                                               "I16",  "U16", "I8",      "U8",     "BOOL",
-                                               "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
-                                               "F6_E3M2", "C64"};
+constexpr std::string_view kRefusedDtypes[] = {
+    "F64",  "I64",     "U64",     "I32",     "U32", "I16",     "U16",     "I8", "U8",
+    "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
 
 absl::StatusOr<SafetensorsDtype> ParseDtype(const std::string& name, const std::string& tensor) {
   if (name == "F32") return SafetensorsDtype::kF32;
@@ -65,9 +64,12 @@ absl::StatusOr<std::string> ReadTextFile(const std::filesystem::path& path) {
 
 std::string_view SafetensorsDtypeName(SafetensorsDtype dtype) {
   switch (dtype) {
-    case SafetensorsDtype::kF32: return "F32";
-    case SafetensorsDtype::kF16: return "F16";
-    case SafetensorsDtype::kBF16: return "BF16";
+    case SafetensorsDtype::kF32:
+      return "F32";
+    case SafetensorsDtype::kF16:
+      return "F16";
+    case SafetensorsDtype::kBF16:
+      return "BF16";
   }
   return "unknown";
 }
@@ -117,7 +119,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std::string bytes,
-                                                                             std::string label) {
+                                                                            std::string label) {
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = std::move(label);
   file->owned_ = std::move(bytes);
@@ -138,8 +140,8 @@ absl::Status SafetensorsFile::Parse() {
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | data_[i];
   if (header_bytes > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("header length ", header_bytes,
-                                                   " exceeds the limit of ", kMaxHeaderBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes));
   }
   if (header_bytes > size_ - 8) {
     return absl::InvalidArgumentError(absl::StrCat("truncated: header length ", header_bytes,
@@ -169,7 +171,8 @@ absl::Status SafetensorsFile::Parse() {
       continue;
     }
     if (!entry.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': entry is not an object"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': entry is not an object"));
     }
     const auto dtype = entry.find("dtype");
     const auto shape = entry.find("shape");
@@ -178,9 +181,8 @@ absl::Status SafetensorsFile::Parse() {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': no string 'dtype'"));
     }
     if (shape == entry.end() || !shape->is_array() || shape->size() > kMaxDims) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name,
-                                                     "': 'shape' is not an array of at most ",
-                                                     kMaxDims, " sizes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': 'shape' is not an array of at most ", kMaxDims, " sizes"));
     }
     if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 ||
         !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
@@ -231,8 +233,8 @@ absl::Status SafetensorsFile::Parse() {
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const SafetensorsTensorInfo& previous = *by_offset[i - 1];
     if (by_offset[i]->offset < previous.offset + previous.num_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("tensors '", previous.name, "' and '",
-                                                     by_offset[i]->name, "' overlap"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors '", previous.name, "' and '", by_offset[i]->name, "' overlap"));
     }
   }
   return absl::OkStatus();
@@ -282,8 +284,7 @@ absl::StatusOr<std::vector<uint8_t>> SafetensorsFile::Columns(const SafetensorsT
   const uint64_t cols = tensor.shape[1];
   if (first_col > cols || num_cols > cols - first_col) {
     return absl::OutOfRangeError(absl::StrCat("tensor '", tensor.name, "': columns [", first_col,
-                                              ", +", num_cols, ") outside its ", cols,
-                                              " columns"));
+                                              ", +", num_cols, ") outside its ", cols, " columns"));
   }
   absl::Span<const uint8_t> data = TensorData(tensor);
   if (data.size() != tensor.num_bytes) {
@@ -294,8 +295,8 @@ absl::StatusOr<std::vector<uint8_t>> SafetensorsFile::Columns(const SafetensorsT
   const uint64_t rows = tensor.shape[0];
   std::vector<uint8_t> slice(rows * num_cols * element);
   for (uint64_t r = 0; r < rows; ++r) {
-    std::memcpy(slice.data() + r * num_cols * element, data.data() + (r * cols + first_col) * element,
-                num_cols * element);
+    std::memcpy(slice.data() + r * num_cols * element,
+                data.data() + (r * cols + first_col) * element, num_cols * element);
   }
   return slice;
 }
@@ -314,8 +315,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
     LOOM_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path));
     json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path.string(), ": not a JSON object"));
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": not a JSON object"));
     }
     const auto map = index.find("weight_map");
     if (map == index.end() || !map->is_object() || map->empty()) {
@@ -324,16 +324,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
     }
     for (const auto& [tensor, shard] : map->items()) {
       if (!shard.is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": weight_map['",
-                                                       tensor, "'] is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": weight_map['", tensor, "'] is not a file name"));
       }
       const std::string shard_name = shard.get<std::string>();
       // Shards are files beside the index, never paths elsewhere.
       if (shard_name.empty() || shard_name.find('/') != std::string::npos || shard_name == "." ||
           shard_name == "..") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path.string(), ": weight_map['", tensor, "'] names '", shard_name,
-            "', not a file in the directory"));
+        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": weight_map['",
+                                                       tensor, "'] names '", shard_name,
+                                                       "', not a file in the directory"));
       }
       weight_map[tensor] = shard_name;
       if (std::find(shard_names.begin(), shard_names.end(), shard_name) == shard_names.end()) {
@@ -343,8 +343,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   } else if (fs::exists(single_path, error)) {
     shard_names.push_back("model.safetensors");
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        "'", dir, "' has neither model.safetensors nor model.safetensors.index.json"));
+    return absl::NotFoundError(
+        absl::StrCat("'", dir, "' has neither model.safetensors nor model.safetensors.index.json"));
   }
   std::sort(shard_names.begin(), shard_names.end());
 
@@ -360,9 +360,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
       if (!weight_map.empty()) {
         auto it = weight_map.find(tensor.name);
         if (it == weight_map.end() || it->second != shard_name) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              shard.path(), ": tensor '", tensor.name, "' is not assigned to this shard by ",
-              index_path.string()));
+          return absl::InvalidArgumentError(absl::StrCat(shard.path(), ": tensor '", tensor.name,
+                                                         "' is not assigned to this shard by ",
+                                                         index_path.string()));
         }
       }
       if (!checkpoint->index_.emplace(tensor.name, checkpoint->entries_.size()).second) {

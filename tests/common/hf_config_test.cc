@@ -103,7 +103,9 @@ TEST(HfConfigTest, RefusesWhatLoomCannotServeByName) {
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "mlp_bias": true, )" + base + "}",
                 "mlp_bias");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type":
-                "longrope", "factor": 2.0}, )" + base + "}", "'longrope'");
+                "longrope", "factor": 2.0}, )" +
+                    base + "}",
+                "'longrope'");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "64"})", "'hidden_size'");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"]})", "'hidden_size' is missing");
   ExpectRefused("[1]", "not a JSON object");

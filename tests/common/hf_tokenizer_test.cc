@@ -46,8 +46,7 @@ TEST(HfTokenizerTest, ByteLevelBpeEncodesThroughTheGgufTokenizer) {
   auto tokenizer = Tokenizer::FromGguf(**view);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_EQ((*tokenizer)->Encode("hello world", false, true), (std::vector<int32_t>{11, 16}));
-  EXPECT_EQ((*tokenizer)->Encode("<|im_start|>hello", false, true),
-            (std::vector<int32_t>{17, 11}));
+  EXPECT_EQ((*tokenizer)->Encode("<|im_start|>hello", false, true), (std::vector<int32_t>{17, 11}));
   EXPECT_EQ((*tokenizer)->eos_id(), 18);
   // generation_config.json's extra EOS id ends generation too.
   EXPECT_THAT((*tokenizer)->EndOfGenerationIds(), ::testing::Contains(17));
@@ -78,7 +77,8 @@ TEST(HfTokenizerTest, SentencePieceStyleBpeGetsMergeRankScores) {
     "added_tokens": [{"id": 1, "content": "<s>", "special": true},
                      {"id": 2, "content": "</s>", "special": true}],
     "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}]}})";
-  files.tokenizer_config_json = R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true})";
+  files.tokenizer_config_json =
+      R"({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": true})";
   auto view = View(files);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(*(*view)->GetString("tokenizer.ggml.model"), "llama");
@@ -92,8 +92,9 @@ TEST(HfTokenizerTest, RefusesWhatItCannotReproduceByName) {
   files.tokenizer_json = R"({"model": {"type": "Unigram", "vocab": []}})";
   EXPECT_THAT(std::string(View(files).status().message()), HasSubstr("'Unigram'"));
   std::string split = kByteLevel;
-  split.replace(split.find(R"({"type": "ByteLevel", "add_prefix_space")"), 0,
-                R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"},
+  split.replace(
+      split.find(R"({"type": "ByteLevel", "add_prefix_space")"), 0,
+      R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"},
                    "behavior": "Isolated", "invert": false}, )");
   split.replace(split.find(R"("use_regex": true})"), 18, R"("use_regex": false}]})");
   files.tokenizer_json = split;

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace loom::common {
@@ -33,10 +33,9 @@ std::string F32Bytes(const std::vector<float>& values) {
 std::string TwoTensorImage() {
   std::vector<float> w(12);
   for (int i = 0; i < 12; ++i) w[i] = static_cast<float>(i);
-  const std::string header =
-      R"({"__metadata__":{"format":"pt"},)"
-      R"("w":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]},)"
-      R"("b":{"dtype":"F16","shape":[2],"data_offsets":[48,52]}})";
+  const std::string header = R"({"__metadata__":{"format":"pt"},)"
+                             R"("w":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]},)"
+                             R"("b":{"dtype":"F16","shape":[2],"data_offsets":[48,52]}})";
   return Image(header, F32Bytes(w) + std::string("\x00\x3c\x00\x40", 4));
 }
 
@@ -131,24 +130,22 @@ TEST(SafetensorsFileTest, RejectsShapeNotMatchingByteSpan) {
   ExpectRejected(Image(OneTensor(R"({"dtype":"F32","shape":[2],"data_offsets":[0,4]})"), "abcd"),
                  absl::StatusCode::kInvalidArgument, "needs 8 bytes but data_offsets span 4");
   ExpectRejected(
-      Image(OneTensor(
-                R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]})"),
+      Image(OneTensor(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]})"),
             "abcd"),
       absl::StatusCode::kInvalidArgument, "overflows");
 }
 
 TEST(SafetensorsFileTest, RefusesUnsupportedDtypesByName) {
-  ExpectRejected(Image(OneTensor(R"({"dtype":"I64","shape":[1],"data_offsets":[0,8]})"),
-                       std::string(8, '\0')),
-                 absl::StatusCode::kUnimplemented, "dtype I64");
+  ExpectRejected(
+      Image(OneTensor(R"({"dtype":"I64","shape":[1],"data_offsets":[0,8]})"), std::string(8, '\0')),
+      absl::StatusCode::kUnimplemented, "dtype I64");
   ExpectRejected(Image(OneTensor(R"({"dtype":"Q9","shape":[1],"data_offsets":[0,1]})"), "a"),
                  absl::StatusCode::kInvalidArgument, "unknown dtype 'Q9'");
 }
 
 TEST(SafetensorsFileTest, RejectsOverlappingTensors) {
-  const std::string header =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   ExpectRejected(Image(header, std::string(8, '\0')), absl::StatusCode::kInvalidArgument,
                  "overlap");
 }
@@ -168,8 +165,9 @@ class SafetensorsCheckpointTest : public ::testing::Test {
 };
 
 std::string ScalarImage(const std::string& name, float value) {
-  return Image(absl::StrCat(R"({")", name, R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})"),
-               F32Bytes({value}));
+  return Image(
+      absl::StrCat(R"({")", name, R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})"),
+      F32Bytes({value}));
 }
 
 TEST_F(SafetensorsCheckpointTest, OpensASingleFile) {
@@ -198,7 +196,8 @@ TEST_F(SafetensorsCheckpointTest, OpensShardsThroughTheIndex) {
 
 TEST_F(SafetensorsCheckpointTest, RejectsAnIndexThatDisagreesWithTheShards) {
   Write("s1.safetensors", ScalarImage("a", 1.0f));
-  Write("model.safetensors.index.json", R"({"weight_map":{"a":"s1.safetensors","z":"s1.safetensors"}})");
+  Write("model.safetensors.index.json",
+        R"({"weight_map":{"a":"s1.safetensors","z":"s1.safetensors"}})");
   auto checkpoint = SafetensorsCheckpoint::Open(dir_.string());
   ASSERT_FALSE(checkpoint.ok());
   EXPECT_THAT(std::string(checkpoint.status().message()), HasSubstr("'z' is missing"));

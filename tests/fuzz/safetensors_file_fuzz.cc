@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Slices at the edges of every tensor (valid and one past the end).
     const uint64_t rows = tensor.shape.empty() ? 0 : tensor.shape[0];
     for (uint64_t first : {uint64_t{0}, rows / 2, rows}) {
-      if (auto slice = file.Rows(tensor, first, rows - first); slice.ok()) checksum += slice->size();
+      if (auto slice = file.Rows(tensor, first, rows - first); slice.ok())
+        checksum += slice->size();
       if (auto slice = file.Rows(tensor, first, rows + 1); slice.ok()) checksum += slice->size();
     }
     if (tensor.shape.size() == 2 && tensor.num_bytes <= (uint64_t{1} << 16)) {
