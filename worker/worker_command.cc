@@ -28,6 +28,7 @@
 #include "worker/gloo_communicator.h"
 #include "worker/health_service.h"
 #include "worker/kv_cache.h"
+#include "worker/model_quantizer.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
 #include "worker/noop_backend.h"
@@ -191,6 +192,14 @@ int RunWorkerCommand(int argc, char** argv) {
   absl::StatusOr<common::ModelConfig> config = common::ModelConfigFromGguf(**gguf);
   if (!config.ok()) return Fail(config.status());
   const std::string fingerprint = common::ModelFingerprint(**gguf);
+  // The fingerprint names the model source, so the coordinator (which reads the same
+  // source unquantized) still recognizes the worker.
+  if (!options.quantization.empty()) {
+    absl::StatusOr<std::unique_ptr<common::GgufFile>> quantized = QuantizeInMemory(
+        **gguf, options.quantization == "int8" ? QuantizeFormat::kInt8 : QuantizeFormat::kInt4);
+    if (!quantized.ok()) return Fail(quantized.status());
+    *gguf = std::move(*quantized);
+  }
 
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
