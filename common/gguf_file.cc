@@ -323,6 +323,40 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes)
   return file;
 }
 
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromParts(
+    std::vector<std::pair<std::string, GgufValue>> metadata, std::vector<GgufTensorInfo> tensors,
+    std::vector<absl::Span<const uint8_t>> tensor_data, std::shared_ptr<const void> backing) {
+  if (tensor_data.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF view: ", tensors.size(), " tensors but ",
+                                                   tensor_data.size(), " data spans"));
+  }
+  auto file = std::unique_ptr<GgufFile>(new GgufFile());
+  file->version_ = 3;
+  file->is_view_ = true;
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    if (!file->metadata_index_.emplace(metadata[i].first, i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF view: duplicate metadata key '", metadata[i].first, "'"));
+    }
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensor_data[i].size() != tensors[i].num_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("GGUF view: tensor '", tensors[i].name,
+                                                     "' has ", tensor_data[i].size(),
+                                                     " bytes, expected ", tensors[i].num_bytes));
+    }
+    if (!file->tensor_index_.emplace(tensors[i].name, i).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF view: duplicate tensor '", tensors[i].name, "'"));
+    }
+  }
+  file->metadata_ = std::move(metadata);
+  file->tensors_ = std::move(tensors);
+  file->external_data_ = std::move(tensor_data);
+  file->backing_ = std::move(backing);
+  return file;
+}
+
 absl::Status GgufFile::Parse() {
   Reader reader(data_, size_);
   LOOM_ASSIGN_OR_RETURN(uint32_t magic, reader.Read<uint32_t>("magic"));
@@ -567,6 +601,13 @@ const GgufTensorInfo* GgufFile::FindTensor(std::string_view name) const {
 }
 
 absl::Span<const uint8_t> GgufFile::TensorData(const GgufTensorInfo& tensor) const {
+  if (is_view_) {
+    auto it = tensor_index_.find(absl::string_view(tensor.name.data(), tensor.name.size()));
+    if (it == tensor_index_.end() || external_data_[it->second].size() != tensor.num_bytes) {
+      return {};
+    }
+    return external_data_[it->second];
+  }
   const uint64_t data_size = size_ - data_offset_;
   // A tensor info from another file must not read outside this one.
   if (tensor.offset > data_size || tensor.num_bytes > data_size - tensor.offset) return {};

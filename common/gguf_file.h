@@ -85,6 +85,13 @@ class GgufFile {
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   /// Parses an in-memory image of a GGUF file (tests, fuzzing); takes ownership.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes);
+  /// A GGUF view of a model stored in another format (a Hugging Face directory): the
+  /// given metadata and tensor infos, tensor i's bytes at `tensor_data[i]` (not copied;
+  /// `backing` keeps them alive). InvalidArgument for duplicate names or a span whose
+  /// size differs from the tensor's num_bytes.
+  static absl::StatusOr<std::unique_ptr<GgufFile>> FromParts(
+      std::vector<std::pair<std::string, GgufValue>> metadata, std::vector<GgufTensorInfo> tensors,
+      std::vector<absl::Span<const uint8_t>> tensor_data, std::shared_ptr<const void> backing);
 
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -131,6 +138,10 @@ class GgufFile {
   absl::flat_hash_map<std::string, size_t> metadata_index_;
   std::vector<GgufTensorInfo> tensors_;
   absl::flat_hash_map<std::string, size_t> tensor_index_;
+  bool is_view_ = false;  // made by FromParts
+  // FromParts only: tensor i's bytes (parallel to tensors_), and what owns them.
+  std::vector<absl::Span<const uint8_t>> external_data_;
+  std::shared_ptr<const void> backing_;
 };
 
 }  // namespace loom::common

@@ -14,7 +14,7 @@ namespace loom::common {
 namespace {
 
 // Architectures whose GGUF layout is llama's (same tensor names and hyper-parameters).
-constexpr std::array<absl::string_view, 3> kLlamaFamily = {"llama", "mistral", "qwen2"};
+constexpr std::array<absl::string_view, 4> kLlamaFamily = {"llama", "mistral", "qwen2", "qwen3"};
 
 // Sanity bounds: far above any real model, low enough that sizes derived from them
 // (hidden * heads, context * layers, ...) cannot overflow int64.
@@ -195,6 +195,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
                                                    "' ", config.rope_dim, " is odd"));
   }
 
+  config.rope_neox = config.architecture != "llama" && config.architecture != "mistral";
+  if (gguf.Find("loom.rope.neox") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(config.rope_neox, gguf.GetBool("loom.rope.neox"));
+  }
+
   // RoPE scaling. Llama 3.1 GGUFs carry precomputed per-frequency factors as the
   // rope_freqs.weight tensor and often no scaling type at all.
   std::string scaling_type;
@@ -286,6 +291,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   config.tied_embeddings = gguf.FindTensor("output.weight") == nullptr;
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "output.weight", {hidden, vocab}));
   config.attention_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
+  config.qk_norm = gguf.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  const auto head_dim = static_cast<uint64_t>(config.head_dim);
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q_norm.weight", {head_dim}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k_norm.weight", {head_dim}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q.weight", {hidden, q_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.weight", {hidden, kv_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.weight", {hidden, kv_rows}));

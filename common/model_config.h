@@ -11,7 +11,7 @@ namespace loom::common {
 /// RoPE frequency scaling found in GGUF metadata.
 enum class RopeScalingType { kNone, kLinear, kLlama3, kYarn };
 
-/// Hyper-parameters of a llama-family model (llama, qwen2, mistral, ... use
+/// Hyper-parameters of a llama-family model (llama, qwen2, qwen3, mistral, ... use
 /// `<arch>.*` keys; SmolLM2 and TinyLlama are `llama`).
 struct ModelConfig {
   std::string architecture;   // general.architecture, e.g. "llama", "qwen2"
@@ -36,6 +36,11 @@ struct ModelConfig {
   bool rope_freq_factors = false;
   bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
   bool attention_bias = false;   // blk.0.attn_q.bias present (qwen2)
+  // RoPE rotates (i, i + rope_dim/2) (NeoX, HF's rotate_half) rather than (2i, 2i+1):
+  // every architecture but GGUF llama/mistral, whose converter permutes q/k rows; a model
+  // read from a Hugging Face directory says so with `loom.rope.neox`.
+  bool rope_neox = false;
+  bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
 };
 
 /// Reads and validates the hyper-parameters of a llama-family model; InvalidArgument

@@ -157,6 +157,15 @@ absl::Status ReadSpecialTokens(const GgufFile& gguf, bool is_spm, bool adds_bos_
   for (int32_t id : {vocab->eos_id, vocab->eot_id, vocab->eom_id}) {
     if (id >= 0) eog.push_back(id);
   }
+  // Extra end-of-generation ids (a Hugging Face directory's generation_config.json).
+  LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* extra_eog,
+                        OptionalArray(gguf, "tokenizer.loom.eog_token_ids", 0));
+  if (extra_eog != nullptr) {
+    for (const GgufValue& value : *extra_eog) {
+      absl::StatusOr<int64_t> id = value.AsInt();
+      if (id.ok() && *id >= 0 && *id < vocab->size()) eog.push_back(static_cast<int32_t>(*id));
+    }
+  }
   for (std::string_view text : kEndOfGenerationTexts) {
     const int32_t id = vocab->Find(text);
     if (id < 0) continue;

@@ -2,12 +2,13 @@
 
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/tokenizer.h"
 
 namespace loom::coordinator {
 
 absl::StatusOr<std::unique_ptr<ChatPrompt>> ChatPrompt::FromGguf(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf = common::GgufFile::Open(path);
+  absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf = common::OpenModelFile(path);
   if (!gguf.ok()) return gguf.status();
   absl::StatusOr<std::string_view> source = (*gguf)->GetString("tokenizer.chat_template");
   if (!source.ok()) {

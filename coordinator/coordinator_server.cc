@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/hf_model.h"
 #include "common/model_fingerprint.h"
 #include "coordinator/block_hash.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -149,7 +150,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->options_ = options;
   SetBlockHashCollisionsForTesting(options.debug_colliding_block_hashes);
-  auto gguf = common::GgufFile::Open(options.model_path);
+  auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return gguf.status();
   server->gguf_ = *std::move(gguf);
   auto config = common::ModelConfigFromGguf(*server->gguf_);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/chat_template.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 
@@ -77,7 +78,7 @@ int RunInspectCommand(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return 2;
   }
-  auto gguf = common::GgufFile::Open(model_path);
+  auto gguf = common::OpenModelFile(model_path);
   if (!gguf.ok()) {
     std::fprintf(stderr, "loom inspect: %s\n", gguf.status().ToString().c_str());
     return 1;

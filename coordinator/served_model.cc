@@ -19,6 +19,8 @@ ServedModel MakeServedModel(const std::string& path, const common::GgufFile& ggu
                             const common::ModelConfig& config, const std::string& name_override) {
   ServedModel model;
   std::filesystem::path file(path);
+  // A Hugging Face directory given as "dir/" is named for the directory.
+  if (file.filename().empty()) file = file.parent_path();
   model.id = !name_override.empty()                ? name_override
              : file.extension() == ".gguf"         ? file.stem().string()
                                                    : file.filename().string();

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/tokenizer.h"
 
 namespace loom::coordinator {
@@ -57,7 +58,7 @@ bool ParseArguments(int argc, char** argv, Arguments* args) {
 }
 
 std::unique_ptr<common::Tokenizer> LoadTokenizer(const std::string& path, const char* command) {
-  auto gguf = common::GgufFile::Open(path);
+  auto gguf = common::OpenModelFile(path);
   if (!gguf.ok()) {
     std::fprintf(stderr, "loom %s: %s\n", command, gguf.status().ToString().c_str());
     return nullptr;

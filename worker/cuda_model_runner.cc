@@ -288,7 +288,7 @@ struct CudaModelRunner::State {
     LOOM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     LOOM_ASSIGN_OR_RETURN(gemm, kc::GemmHandle::Create(stream));
     config = model;
-    neox = config.architecture != "llama" && config.architecture != "mistral";
+    neox = config.rope_neox;
     q_dim = config.num_heads * config.head_dim;
     kv_dim = config.num_kv_heads * config.head_dim;
     qkv_dim = q_dim + 2 * kv_dim;
@@ -890,6 +890,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
+  if (config.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA runner does not implement QK-norm (per-head RMSNorm of q and k, ",
+        config.architecture, "): serve this model with --device cpu"));
+  }
 
   // Weights: loaded like the CPU runner's; INT4 layer matrices are repacked for the W4A16
   // GEMM (options.quantized_weights), every other matrix is dequantized on the host and

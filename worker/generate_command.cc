@@ -7,6 +7,7 @@
 
 #include "common/chat_template.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/incremental_decoder.h"
 #include "common/tokenizer.h"
 #include "kernels/cuda_device.h"
@@ -139,7 +140,7 @@ int RunGenerateCommand(int argc, char** argv) {
   auto device = ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
-  auto gguf = common::GgufFile::Open(options.model_path);
+  auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);
   if (!tokenizer.ok()) return fail(tokenizer.status());

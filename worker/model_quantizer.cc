@@ -416,4 +416,14 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
   return report;
 }
 
+absl::StatusOr<std::unique_ptr<common::GgufFile>> QuantizeInMemory(const common::GgufFile& in,
+                                                                   QuantizeFormat format) {
+  QuantizerOptions options;
+  options.format = format;
+  common::GgufWriter writer;
+  LOOM_RETURN_IF_ERROR(QuantizeModel(in, options, {}, writer).status());
+  LOOM_ASSIGN_OR_RETURN(std::string image, writer.Serialize());
+  return common::GgufFile::FromBytes(std::move(image));
+}
+
 }  // namespace loom::worker

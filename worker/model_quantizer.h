@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,5 +66,11 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
                                               const QuantizerOptions& options,
                                               const std::vector<std::vector<int32_t>>& calibration,
                                               common::GgufWriter& out);
+
+/// `in` quantized in memory (QuantizeModel with RTN and no calibration, then parsed back):
+/// what `--quantization int8|int4` serves. Holds the whole quantized image; `in` may be
+/// released afterwards.
+absl::StatusOr<std::unique_ptr<common::GgufFile>> QuantizeInMemory(const common::GgufFile& in,
+                                                                   QuantizeFormat format);
 
 }  // namespace loom::worker

@@ -98,7 +98,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
   rope.num_kv_heads = shard.num_kv_heads;
   rope.head_dim = c.head_dim;
   rope.rope_dim = c.rope_dim;
-  rope.neox = c.architecture != "llama" && c.architecture != "mistral";
+  rope.neox = c.rope_neox;
 
   cpu::PagedAttentionParams attention;
   attention.q = q_.data();
@@ -133,6 +133,12 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
       std::memcpy(q_.data() + t * q_dim, row, q_dim * sizeof(float));
       std::memcpy(k_.data() + t * kv_dim, row + q_dim, kv_dim * sizeof(float));
       std::memcpy(v_.data() + t * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+    if (!layer.q_norm.empty()) {
+      // Qwen3's QK-norm: each head of q and k is RMS-normalized before RoPE.
+      cpu::RmsNorm(q_.data(), layer.q_norm.data(), eps, T * shard.num_heads, c.head_dim, q_.data());
+      cpu::RmsNorm(k_.data(), layer.k_norm.data(), eps, T * shard.num_kv_heads, c.head_dim,
+                   k_.data());
     }
     cpu::Rope(rope);
     attention.cache = kv_cache_->layer(static_cast<int64_t>(l));

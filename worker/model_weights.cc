@@ -276,6 +276,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
                               bias.begin() + range.first + range.second);
       }
     }
+    if (config.qk_norm) {
+      LOOM_ASSIGN_OR_RETURN(layer.q_norm, loader.Vector(p + "attn_q_norm.weight", hd));
+      LOOM_ASSIGN_OR_RETURN(layer.k_norm, loader.Vector(p + "attn_k_norm.weight", hd));
+    }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.MatrixColumns(p + "attn_output.weight", hidden,
                                                                   q_rows, q_range));
     LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, loader.Vector(p + "ffn_norm.weight", hidden));

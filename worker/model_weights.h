@@ -18,6 +18,8 @@ struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]
   kernels::cpu::PackedWeight qkv;     // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
   std::vector<float> qkv_bias;        // same rows as qkv, or empty (no bias)
+  std::vector<float> q_norm;          // [head_dim] per-head RMSNorm of q (qwen3), or empty
+  std::vector<float> k_norm;          // [head_dim] per-head RMSNorm of k, empty iff q_norm is
   kernels::cpu::PackedWeight attn_output;  // [hidden, num_heads * head_dim]
   std::vector<float> ffn_norm;        // [hidden]
   kernels::cpu::PackedWeight gate_up;      // [2 * intermediate, hidden]: gate rows, then up

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -209,7 +210,7 @@ int RunPerplexityCommand(int argc, char** argv) {
   buffer << in.rdbuf();
   const std::string text = buffer.str();
 
-  auto gguf = common::GgufFile::Open(options.model_path);
+  auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
   auto tokenizer = common::Tokenizer::FromGguf(**gguf);
   if (!tokenizer.ok()) return fail(tokenizer.status());

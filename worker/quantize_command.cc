@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/gguf_writer.h"
 #include "common/tokenizer.h"
 #include "worker/model_quantizer.h"
@@ -156,7 +157,7 @@ int RunQuantizeCommand(int argc, char** argv) {
     return 1;
   };
   const auto start = std::chrono::steady_clock::now();
-  auto gguf = common::GgufFile::Open(options.model_path);
+  auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return fail(gguf.status());
 
   std::vector<std::vector<int32_t>> calibration;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
 #include "common/grammar_matcher_factory.h"
+#include "common/hf_model.h"
 #include "common/model_config.h"
 #include "common/model_fingerprint.h"
 #include "common/process_metrics.h"
@@ -29,6 +30,7 @@
 #include "worker/gloo_communicator.h"
 #include "worker/health_service.h"
 #include "worker/kv_cache.h"
+#include "worker/model_quantizer.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
 #include "worker/noop_backend.h"
@@ -191,11 +193,19 @@ int RunWorkerCommand(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
-      common::GgufFile::Open(options.model_path);
+      common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return Fail(gguf.status());
   absl::StatusOr<common::ModelConfig> config = common::ModelConfigFromGguf(**gguf);
   if (!config.ok()) return Fail(config.status());
   const std::string fingerprint = common::ModelFingerprint(**gguf);
+  // The fingerprint names the model source, so the coordinator (which reads the same
+  // source unquantized) still recognizes the worker.
+  if (!options.quantization.empty()) {
+    absl::StatusOr<std::unique_ptr<common::GgufFile>> quantized = QuantizeInMemory(
+        **gguf, options.quantization == "int8" ? QuantizeFormat::kInt8 : QuantizeFormat::kInt4);
+    if (!quantized.ok()) return Fail(quantized.status());
+    *gguf = std::move(*quantized);
+  }
 
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
@@ -279,7 +289,7 @@ int RunWorkerCommand(int argc, char** argv) {
   std::unique_ptr<DraftProposer> draft_proposer;
   if (!options.draft_model_path.empty()) {
     absl::StatusOr<std::unique_ptr<common::GgufFile>> opened =
-        common::GgufFile::Open(options.draft_model_path);
+        common::OpenModelFile(options.draft_model_path);
     if (!opened.ok()) return Fail(opened.status());
     draft_gguf = *std::move(opened);
     if (absl::Status same = CheckSameVocabulary(**gguf, *draft_gguf); !same.ok()) {

@@ -21,6 +21,7 @@ const char kWorkerUsage[] =
     "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
     "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
     "                   [--rendezvous-timeout-ms MS] [--activations f32|int8]\n"
+    "                   [--quantization int8|int4]\n"
     "                   [--draft-model PATH] [--drain-timeout-s S]\n"
     "                   [--debug-step-delay-ms MS] [--debug-hang-at-step N]\n"
     "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
@@ -263,6 +264,9 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
           kernels::cpu::ParseActivationPrecision(value);
       if (!precision.ok()) return BadValue(flag, value, "f32 or int8");
       options.activations = *precision;
+    } else if (flag == "--quantization") {
+      if (value != "int8" && value != "int4") return BadValue(flag, value, "int8 or int4");
+      options.quantization = std::string(value);
     } else if (flag == "--kv-dtype") {
       if (value != "f16" && value != "f32") return BadValue(flag, value, "f16 or f32");
       options.kv_dtype = value == "f16" ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;

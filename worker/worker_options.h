@@ -34,6 +34,9 @@ struct WorkerOptions {
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
+  // --quantization int8|int4: the linear layers quantized at load (loom quantize's
+  // round-to-nearest, default group sizes); "" serves the weights as stored.
+  std::string quantization;
   // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
   // --drain-timeout-s: on SIGTERM, how long the worker waits for the coordinator to drain

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Builds tests/fuzz/gguf_file_fuzz.cc with clang's libFuzzer + ASan + UBSan and runs it
+# Builds tests/fuzz/<target>_fuzz.cc with clang's libFuzzer + ASan + UBSan and runs it
 # for a bounded time on a copy of the seed corpus. Fails on any crash or sanitizer
 # report; exits 77 (ctest SKIP) when clang's fuzzer runtime is not installed.
 #
-#   run_fuzz.sh <clang++> <source dir> <work dir> <seconds>
+#   run_fuzz.sh <clang++> <source dir> <work dir> <seconds> [target: gguf_file | safetensors_file]
 set -euo pipefail
 
 clangxx="$1"
 source_dir="$2"
 work_dir="$3"
 seconds="$4"
+target="${5:-gguf_file}"
 
 mkdir -p "$work_dir"
 cd "$work_dir"
@@ -34,22 +35,30 @@ absl_libs=(
   -labsl_exponential_biased -labsl_bad_optional_access -labsl_bad_variant_access
 )
 
-echo "Building gguf_file_fuzz with $clangxx"
+case "$target" in
+  gguf_file)
+    sources=(common/gguf_file.cc common/ggml_type.cc common/model_config.cc)
+    corpus_dir=gguf ;;
+  safetensors_file)
+    sources=(common/safetensors_file.cc)
+    corpus_dir=safetensors ;;
+  *) echo "unknown fuzz target $target"; exit 2 ;;
+esac
+
+echo "Building ${target}_fuzz with $clangxx"
 "$clangxx" -std=c++20 -O1 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$source_dir" \
-  "$source_dir/tests/fuzz/gguf_file_fuzz.cc" \
-  "$source_dir/common/gguf_file.cc" \
-  "$source_dir/common/ggml_type.cc" \
-  "$source_dir/common/model_config.cc" \
-  "${absl_libs[@]}" -o gguf_file_fuzz
+  "$source_dir/tests/fuzz/${target}_fuzz.cc" \
+  "${sources[@]/#/$source_dir/}" \
+  "${absl_libs[@]}" -o "${target}_fuzz"
 
 rm -rf corpus
 mkdir corpus
-cp "$source_dir"/tests/fuzz/corpus/gguf/* corpus/
+cp "$source_dir"/tests/fuzz/corpus/"$corpus_dir"/* corpus/
 
 echo "Fuzzing for ${seconds}s"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-./gguf_file_fuzz -max_total_time="$seconds" -max_len=16384 -rss_limit_mb=2048 \
+"./${target}_fuzz" -max_total_time="$seconds" -max_len=16384 -rss_limit_mb=2048 \
   -timeout=10 -print_final_stats=1 -artifact_prefix="$work_dir/" corpus

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -184,7 +185,7 @@ int main(int argc, char** argv) {
     }
   }
   Tool tool;
-  auto gguf = loom::common::GgufFile::Open(model_path);
+  auto gguf = loom::common::OpenModelFile(model_path);
   if (!gguf.ok()) {
     std::fprintf(stderr, "%s\n", gguf.status().ToString().c_str());
     return 1;

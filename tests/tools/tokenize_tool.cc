@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/gguf_file.h"
+#include "common/hf_model.h"
 #include "common/tokenizer.h"
 
 int main(int argc, char** argv) {
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tokenize_tool: --model is required\n");
     return 2;
   }
-  auto gguf = loom::common::GgufFile::Open(model_path);
+  auto gguf = loom::common::OpenModelFile(model_path);
   if (!gguf.ok()) {
     std::fprintf(stderr, "tokenize_tool: %s\n", gguf.status().ToString().c_str());
     return 1;

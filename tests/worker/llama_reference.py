@@ -28,7 +28,7 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType
 
-SUPPORTED_ARCHS = {"llama": "normal", "qwen2": "neox"}
+SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox"}
 # Weight types whose matmuls a fast runner may feed int8-quantized activations.
 INTEGER_WEIGHT_TYPES = {
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
@@ -56,6 +56,8 @@ class Layer:
     gate: Linear  # [n_ff, n_embd]
     up: Linear  # [n_ff, n_embd]
     down: Linear  # [n_embd, n_ff]
+    q_norm: Optional[np.ndarray] = None  # [head_dim]: qwen3's per-head RMSNorm of q before RoPE
+    k_norm: Optional[np.ndarray] = None  # [head_dim]
 
 
 @dataclasses.dataclass
@@ -160,7 +162,9 @@ def load(path: str | os.PathLike) -> Model:
             q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
             o=linear(p + ".attn_output"),
             ffn_norm=weight(p + ".ffn_norm.weight"),
-            gate=linear(p + ".ffn_gate"), up=linear(p + ".ffn_up"), down=linear(p + ".ffn_down")))
+            gate=linear(p + ".ffn_gate"), up=linear(p + ".ffn_up"), down=linear(p + ".ffn_down"),
+            q_norm=weight(p + ".attn_q_norm.weight") if p + ".attn_q_norm.weight" in tensors else None,
+            k_norm=weight(p + ".attn_k_norm.weight") if p + ".attn_k_norm.weight" in tensors else None))
 
     token_embd = weight("token_embd.weight")
     tied = "output.weight" not in tensors
@@ -272,6 +276,9 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         q = _linear(h, layer.q, numerics).reshape(n, model.n_head, model.head_dim)
         k = _linear(h, layer.k, numerics).reshape(n, model.n_head_kv, model.head_dim)
         v = _linear(h, layer.v, numerics).reshape(n, model.n_head_kv, model.head_dim)
+        if layer.q_norm is not None:
+            q = _rms_norm(q, layer.q_norm, model.rms_eps)
+            k = _rms_norm(k, layer.k_norm, model.rms_eps)
         q = rope(model, q, positions)
         k = rope(model, k, positions)
         if numerics.kv_f16:

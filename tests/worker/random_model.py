@@ -68,6 +68,7 @@ class ModelSpec:
     qkv_bias: bool = False
     rope_linear_factor: Optional[float] = None  # writes rope.scaling.type = linear
     llama3_rope: Optional[dict] = None  # factor, low_freq_factor, high_freq_factor, original_context_length
+    qk_norm: bool = False  # writes attn_q_norm / attn_k_norm (qwen3's per-head RMSNorm of q, k)
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -78,6 +79,13 @@ class ModelSpec:
 DRAFT_SPEC = ModelSpec(
     name="random_draft", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16,
     n_ff=128, n_ctx=2048, seed=4242, types={"token_embd": (T.Q8_0,)})
+
+# Qwen3 (QK-norm, head_dim 32 with hidden 96 != 4 heads x 32): not in SPECS, used by
+# hf_model_test.py (through a Hugging Face directory) rather than the GGUF runner tests.
+QWEN3_SPEC = ModelSpec(
+    name="qwen3_qknorm", arch="qwen3", n_embd=96, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
+    n_ff=192, rope_base=1000000.0, rms_eps=1e-6, tied_output=True, qk_norm=True, seed=31,
+    types={"token_embd": (T.F16,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0, T.F16)})
 
 SPECS = {
     "llama_gqa": ModelSpec(
@@ -307,6 +315,9 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             _add(writer, f"{p}.attn_q.bias", rng.normal(0.0, 0.3, size=spec.n_head * hd), T.F32)
             _add(writer, f"{p}.attn_k.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
             _add(writer, f"{p}.attn_v.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
+        if spec.qk_norm:
+            _add(writer, f"{p}.attn_q_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
+            _add(writer, f"{p}.attn_k_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
         _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * hd), type_of("attn_output", i))
         _add(writer, f"{p}.ffn_norm.weight", norm_weight(), T.F32)
         _add(writer, f"{p}.ffn_gate.weight", matrix(spec.n_ff, d), type_of("ffn_gate", i))

@@ -1,0 +1,192 @@
+"""Writes a Hugging Face model directory from a llama-family GGUF file, as the tests' and
+benchmarks' source of the same model in both formats (hf_model_test.py, bench/hf_load_bench.py).
+
+What it writes is what `transformers`' `save_pretrained` writes for these models:
+  config.json              LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM fields
+                           (rope_scaling given by the caller where the GGUF holds only
+                           precomputed rope_freqs);
+  model.safetensors        every tensor dequantized (gguf.quants) to `dtype`, under its HF
+                           name, norms in float32; or shards + model.safetensors.index.json;
+                           llama q/k rows un-permuted back to the rotate-half order (the GGUF
+                           converter permutes them for interleaved RoPE);
+  tokenizer.json           the GGUF vocabulary as `tokenizers` BPE (hf_reference.build_reference);
+  tokenizer_config.json    chat_template, bos/eos token texts, add_bos_token;
+  generation_config.json   bos/eos ids.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import gguf
+import numpy as np
+
+import hf_reference
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".", 2)
+    if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None  # rope_freqs.weight: HF recomputes it from rope_scaling
+
+
+def _field(reader, key, default=None):
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def dequantize(tensor) -> np.ndarray:
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Inverse of the GGUF converter's llama q/k permutation."""
+    head_dim = weight.shape[0] // heads
+    return weight.reshape(heads, head_dim // 2, 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scaling=None,
+                       architecture=None) -> pathlib.Path:
+    """Writes the HF directory of the GGUF at `gguf_path` into `out_dir` (created)."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = _field(reader, "general.architecture")
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))
+    n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
+    n_embd = int(_field(reader, f"{arch}.embedding_length"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
+
+    tensors = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        values = dequantize(tensor)
+        if arch in ("llama", "mistral") and tensor.name.endswith("attn_q.weight"):
+            values = unpermute(values, n_head)
+        elif arch in ("llama", "mistral") and tensor.name.endswith("attn_k.weight"):
+            values = unpermute(values, n_head_kv)
+        keep_f32 = values.ndim == 1 or dtype == "float32"
+        if dtype == "bfloat16" and not keep_f32:
+            # numpy has no bfloat16: round to nearest even in the top 16 bits of float32.
+            bits = values.astype(np.float32).view(np.uint32)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            tensors[name] = bits  # written with dtype BF16 below
+        else:
+            tensors[name] = values.astype(np.float32 if keep_f32 else np.float16)
+    _save(tensors, out, shards, bf16=dtype == "bfloat16")
+
+    tied = "lm_head.weight" not in tensors
+    vocab_rows = tensors["model.embed_tokens.weight"].shape[0]
+    config = {
+        "architectures": [_HF_ARCH[architecture or arch]],
+        "model_type": architecture or arch,
+        "hidden_size": n_embd,
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_head_kv,
+        "head_dim": head_dim,
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": tied,
+        "vocab_size": vocab_rows,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
+        "torch_dtype": dtype,
+    }
+    scaling_type = _field(reader, f"{arch}.rope.scaling.type")
+    if rope_scaling is not None:
+        config["rope_scaling"] = rope_scaling
+    elif scaling_type == "linear":
+        config["rope_scaling"] = {"rope_type": "linear",
+                                  "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+    tokens, types, _ = hf_reference.read_vocab(gguf_path)
+    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    if pre not in ("smollm", "gpt-2"):
+        raise NotImplementedError(f"tokenizer.ggml.pre {pre!r}")
+    tokenizer = hf_reference.build_reference(gguf_path, individual_digits=pre == "smollm")
+    tokenizer.save(str(out / "tokenizer.json"))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    tokenizer_config = {
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        "chat_template": _field(reader, "tokenizer.chat_template"),
+    }
+    if bos is not None:
+        tokenizer_config["bos_token"] = tokens[int(bos)]
+    if eos is not None:
+        tokenizer_config["eos_token"] = tokens[int(eos)]
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    generation = {"bos_token_id": None if bos is None else int(bos),
+                  "eos_token_id": None if eos is None else int(eos)}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return out
+
+
+def _save(tensors: dict, out: pathlib.Path, shards: int, bf16: bool):
+    names = list(tensors)
+    groups = [names[i::shards] for i in range(shards)]
+    weight_map = {}
+    for index, group in enumerate(groups):
+        file = "model.safetensors" if shards == 1 else f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(out / file, {name: tensors[name] for name in group}, bf16)
+        weight_map.update({name: file for name in group})
+    if shards > 1:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+
+
+def write_safetensors(path: pathlib.Path, tensors: dict, bf16: bool = False):
+    """The safetensors layout (8-byte header length, JSON header padded to 8 bytes, data).
+    Written here rather than with safetensors.numpy because numpy has no bfloat16: with
+    `bf16`, uint16 arrays hold bfloat16 bit patterns. The tests read the files back with the
+    `safetensors` package as a check of this writer."""
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+             np.dtype(np.uint16): "BF16" if bf16 else "U16"}
+    header = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, array in tensors.items():
+        size = array.nbytes
+        header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for array in tensors.values():
+            f.write(np.ascontiguousarray(array).tobytes())

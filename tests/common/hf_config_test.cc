@@ -1,0 +1,115 @@
+#include "common/hf_config.h"
+
+#include <string>
+
+#include "common/model_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace loom::common {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kQwen3[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
+  "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+  "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000, "tie_word_embeddings": true, "vocab_size": 151936,
+  "hidden_act": "silu", "rope_scaling": null, "sliding_window": null})";
+
+absl::StatusOr<ModelConfig> Translate(const std::string& json, HfConfigInfo* info = nullptr) {
+  GgufMetadataBuilder metadata;
+  absl::StatusOr<HfConfigInfo> translated = HfConfigToGguf(json, metadata);
+  if (!translated.ok()) return translated.status();
+  if (info != nullptr) *info = *translated;
+  auto view = GgufFile::FromParts(std::move(metadata.entries()), {}, {}, nullptr);
+  if (!view.ok()) return view.status();
+  return ModelConfigFromGguf(**view);
+}
+
+TEST(HfConfigTest, TranslatesQwen3WithItsOwnHeadDim) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(kQwen3, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "qwen3");
+  EXPECT_TRUE(info.tie_word_embeddings);
+  EXPECT_EQ(config->hidden_size, 1024);
+  EXPECT_EQ(config->head_dim, 128);  // not hidden / heads = 64
+  EXPECT_EQ(config->num_kv_heads, 8);
+  EXPECT_EQ(config->context_length, 40960);
+  EXPECT_EQ(config->vocab_size, 151936);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-6);
+  EXPECT_TRUE(config->rope_neox);
+}
+
+TEST(HfConfigTest, LlamaCheckpointsUseRotateHalfRope) {
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 8192,
+    "vocab_size": 100, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "llama");
+  EXPECT_TRUE(config->rope_neox);  // a GGUF llama would be false: its q/k rows are permuted
+  EXPECT_EQ(config->num_kv_heads, 4);
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(config->rope_scaling_factor, 8.0);
+  EXPECT_EQ(config->rope_original_context_length, 8192);
+  EXPECT_DOUBLE_EQ(config->rope_high_freq_factor, 4.0);
+}
+
+TEST(HfConfigTest, ReadsLinearAndYarnScalingFromEitherKey) {
+  absl::StatusOr<ModelConfig> linear = Translate(R"({
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512,
+    "vocab_size": 100, "rope_scaling": {"type": "linear", "factor": 2.0}})");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->rope_scaling, RopeScalingType::kLinear);
+  absl::StatusOr<ModelConfig> yarn = Translate(R"({
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512,
+    "vocab_size": 100, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 128}})");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->rope_scaling, RopeScalingType::kYarn);
+}
+
+TEST(HfConfigTest, MistralSlidingWindowBoundsTheContext) {
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["MistralForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 32768, "sliding_window": 4096, "vocab_size": 100})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "mistral");
+  EXPECT_EQ(config->context_length, 4096);
+}
+
+void ExpectRefused(const std::string& json, const std::string& piece) {
+  GgufMetadataBuilder metadata;
+  absl::StatusOr<HfConfigInfo> info = HfConfigToGguf(json, metadata);
+  ASSERT_FALSE(info.ok()) << piece;
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr(piece));
+}
+
+TEST(HfConfigTest, RefusesWhatLoomCannotServeByName) {
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "max_position_embeddings": 512)";
+  ExpectRefused(R"({"architectures": ["GemmaForCausalLM"], )" + base + "}", "'GemmaForCausalLM'");
+  ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "hidden_act": "gelu", )" + base + "}",
+                "hidden_act 'gelu'");
+  ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "mlp_bias": true, )" + base + "}",
+                "mlp_bias");
+  ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type":
+                "longrope", "factor": 2.0}, )" +
+                    base + "}",
+                "'longrope'");
+  ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "64"})", "'hidden_size'");
+  ExpectRefused(R"({"architectures": ["LlamaForCausalLM"]})", "'hidden_size' is missing");
+  ExpectRefused("[1]", "not a JSON object");
+}
+
+}  // namespace
+}  // namespace loom::common

@@ -1,0 +1,47 @@
+#include "common/hf_model.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace loom::common {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(HfModelTest, MapsHuggingFaceTensorNamesToGgufNames) {
+  EXPECT_EQ(GgufTensorName("model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(GgufTensorName("model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(GgufTensorName("lm_head.weight"), "output.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.12.self_attn.q_proj.weight"), "blk.12.attn_q.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
+  EXPECT_EQ(GgufTensorName("model.layers.3.self_attn.q_norm.weight"), "blk.3.attn_q_norm.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.3.post_attention_layernorm.weight"),
+            "blk.3.ffn_norm.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.7.mlp.down_proj.weight"), "blk.7.ffn_down.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.x.mlp.down_proj.weight"), "");
+  EXPECT_EQ(GgufTensorName("model.layers.1.mlp.experts.0.weight"), "");
+  EXPECT_EQ(GgufTensorName("vision_tower.weight"), "");
+}
+
+TEST(HfModelTest, ADirectoryWithoutConfigSaysSo) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "hf_empty";
+  std::filesystem::create_directories(dir);
+  auto model = OpenModelFile(dir.string());
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(model.status().message()), HasSubstr("config.json"));
+}
+
+TEST(HfModelTest, AFileIsOpenedAsGguf) {
+  const std::filesystem::path file = std::filesystem::path(::testing::TempDir()) / "not.gguf";
+  std::ofstream(file) << "nope";
+  auto model = OpenModelFile(file.string());
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(std::string(model.status().message()), HasSubstr("magic"));
+}
+
+}  // namespace
+}  // namespace loom::common

@@ -1,0 +1,222 @@
+"""Loom serving Hugging Face model directories (config.json + safetensors + tokenizer.json +
+tokenizer_config.json + generation_config.json), checked against the same model as GGUF.
+
+The directories are written in a test step by tests/common/hf_checkpoint.py from GGUF files:
+the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and to bfloat16) and
+the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
+HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
+scaling, Qwen3 with QK-norm and head_dim != hidden / heads). Llama q/k rows are un-permuted back
+to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
+
+Tolerances (max |Δ logit|):
+  SmolLM2 float32 directory vs the Q4_1 GGUF run   <= 2e-2  (measured 3.3e-3: the same weight
+      values, but F32 matmuls instead of the INT4 kernel's)
+  SmolLM2 bfloat16 directory vs the GGUF run       <= 0.4   (measured 0.10: bf16 rounding of
+      every weight, 8 bits of mantissa)
+  random models' float32 directories vs the float64 numpy reference (llama_reference.py, an
+      independent implementation, fed the GGUF)   <= 1e-3 (TOL_F32_KV of model_runner_test.py)
+Tensor parallelism (TP=2) of the directories is in tests/cluster/hf_tensor_parallel_test.py.
+"""
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
+
+from conftest import BUILD_DIR, tool_path  # noqa: E402
+import hf_checkpoint  # noqa: E402
+import llama_reference as ref  # noqa: E402
+import model_runner_test as mrt  # noqa: E402
+import random_model  # noqa: E402
+import tokenizer_test  # noqa: E402
+
+TOL_F32_VS_GGUF = 2e-2
+TOL_BF16_VS_GGUF = 0.4
+TOL_REFERENCE = 1e-3
+GREEDY_TOKENS = 24
+
+# name -> (random_model spec, HF architecture, rope_scaling for config.json)
+RANDOM_FAMILIES = {
+    "llama": (random_model.SPECS["llama_gqa"], None, None),
+    "llama3": (random_model.SPECS["llama3_rope"], None,
+               {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "mistral": (random_model.SPECS["llama_gqa"], "mistral", None),
+    "qwen2": (random_model.SPECS["qwen2_mqa"], None, None),
+    "qwen3": (random_model.QWEN3_SPEC, None, None),
+}
+
+
+@pytest.fixture(scope="module")
+def smollm_dirs(tmp_path_factory, model_path):
+    base = tmp_path_factory.mktemp("hf_smollm2")
+    return {
+        "f32": hf_checkpoint.write_hf_directory(model_path, base / "f32", dtype="float32", shards=2),
+        "bf16": hf_checkpoint.write_hf_directory(model_path, base / "bf16", dtype="bfloat16"),
+    }
+
+
+@pytest.fixture(scope="module")
+def runners(model_path, smollm_dirs):
+    tools = {"gguf": mrt.RunnerTool(model_path)}
+    tools.update({name: mrt.RunnerTool(path) for name, path in smollm_dirs.items()})
+    yield tools
+    for tool in tools.values():
+        tool.close()
+
+
+def test_written_files_read_back_with_the_safetensors_package(model_path, smollm_dirs):
+    """Checks the test's own writer: the `safetensors` package reads the shards, and their values
+    are the GGUF's dequantized weights (llama q rows un-permuted)."""
+    from safetensors.numpy import load_file
+    import gguf
+
+    directory = smollm_dirs["f32"]
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"]["model.layers.0.mlp.down_proj.weight"]
+    loaded = load_file(str(directory / shard))
+    tensors = {t.name: t for t in gguf.GGUFReader(str(model_path)).tensors}
+    np.testing.assert_array_equal(loaded["model.layers.0.mlp.down_proj.weight"],
+                                  hf_checkpoint.dequantize(tensors["blk.0.ffn_down.weight"]))
+
+
+def test_tokens_match_the_gguf_and_hugging_face_tokenizers_on_1000_strings(model_path, smollm_dirs):
+    from tokenizers import Tokenizer
+
+    texts = tokenizer_test.generated_strings(1000)
+    from_dir = tokenizer_test.run_tool(smollm_dirs["bf16"], texts)
+    from_gguf = tokenizer_test.run_tool(model_path, texts)
+    hf = Tokenizer.from_file(str(smollm_dirs["bf16"] / "tokenizer.json"))
+    expected = [hf.encode(text, add_special_tokens=False).ids for text in texts]
+    got = [row["ids"] for row in from_dir]
+    assert got == [row["ids"] for row in from_gguf], tokenizer_test.first_mismatches(
+        texts, got, [row["ids"] for row in from_gguf])
+    assert got == expected, tokenizer_test.first_mismatches(texts, got, expected)
+
+
+def inspect(model):
+    result = subprocess.run([str(BUILD_DIR / "coordinator" / "loom"), "inspect", "--model", str(model)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_chat_template_renders_as_from_the_gguf(model_path, smollm_dirs):
+    """`loom inspect` renders a sample conversation with the model's chat template and tokenizes
+    it: the directory (template from tokenizer_config.json) and the GGUF give the same text and
+    ids."""
+    from_dir = inspect(smollm_dirs["bf16"]).split("chat prompt", 1)
+    from_gguf = inspect(model_path).split("chat prompt", 1)
+    assert len(from_dir) == 2 and "<|im_start|>" in from_dir[1]
+    assert from_dir[1] == from_gguf[1]
+
+
+def test_float32_directory_logits_equal_the_gguf_run(runners):
+    prompts = [runners["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS]
+    expected = runners["gguf"].logits(prompts)
+    got = runners["f32"].logits(prompts)
+    assert np.abs(got - expected).max() <= TOL_F32_VS_GGUF, np.abs(got - expected).max()
+
+
+def test_bfloat16_directory_logits_stay_within_bf16_rounding_of_the_gguf_run(runners):
+    prompts = [runners["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS]
+    expected = runners["gguf"].logits(prompts)
+    diff = np.abs(runners["bf16"].logits(prompts) - expected)
+    assert diff.max() <= TOL_BF16_VS_GGUF, diff.max()
+    assert diff.max() > 0, "bf16 weights cannot give bit-identical logits: is the file bf16?"
+
+
+def test_greedy_generation_from_the_directory_equals_the_gguf_run(runners):
+    prompts = [runners["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS[:3]]
+    expected = runners["gguf"].greedy(prompts, max_tokens=GREEDY_TOKENS)
+    assert runners["f32"].greedy(prompts, max_tokens=GREEDY_TOKENS) == expected
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hf_random")
+    models = {}
+    for name, (spec, architecture, rope_scaling) in RANDOM_FAMILIES.items():
+        gguf_path = random_model.write_model(spec, base / f"{name}.gguf")
+        directory = hf_checkpoint.write_hf_directory(gguf_path, base / name, dtype="float32",
+                                                     rope_scaling=rope_scaling,
+                                                     architecture=architecture)
+        models[name] = (gguf_path, directory)
+    return models
+
+
+@pytest.mark.parametrize("family", RANDOM_FAMILIES)
+def test_random_model_directory_logits_match_the_numpy_reference(family_models, family):
+    gguf_path, directory = family_models[family]
+    model = ref.load(gguf_path)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, model.n_vocab, n).tolist() for n in (5, 37, 120)]
+    expected = np.stack([ref.logits(model, prompt)[-1] for prompt in prompts])
+    tool = mrt.RunnerTool(directory)
+    try:
+        got = tool.logits(prompts)
+    finally:
+        tool.close()
+    diff = np.abs(got - expected).max()
+    assert diff <= TOL_REFERENCE, f"{family}: max |Δ logit| {diff}"
+
+
+def test_qwen3_without_qk_norm_would_differ(family_models):
+    """The QK-norm check can fail: the reference without it is far from Loom's logits."""
+    gguf_path, directory = family_models["qwen3"]
+    model = ref.load(gguf_path)
+    plain = ref.Model(**{**model.__dict__, "layers": [
+        ref.Layer(**{**layer.__dict__, "q_norm": None, "k_norm": None}) for layer in model.layers]})
+    prompt = list(range(1, 40))
+    tool = mrt.RunnerTool(directory)
+    try:
+        got = tool.logits([prompt])[0]
+    finally:
+        tool.close()
+    assert np.abs(got - ref.logits(plain, prompt)[-1]).max() > 100 * TOL_REFERENCE
+
+
+def write_config(directory, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def load_error(directory) -> str:
+    result = subprocess.run([str(tool_path("model_runner_tool")), "--model", str(directory)],
+                            input="", capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    return result.stderr
+
+
+def test_unsupported_architecture_and_field_values_are_refused_by_name(family_models, tmp_path):
+    import shutil
+
+    _, source = family_models["llama"]
+    cases = {
+        "arch": ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
+        "act": ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        "rope": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
+        "window": ({"use_sliding_window": True}, "use_sliding_window"),
+    }
+    for name, (changes, needle) in cases.items():
+        directory = tmp_path / name
+        shutil.copytree(source, directory)
+        write_config(directory, **changes)
+        assert needle in load_error(directory), name
+
+
+def test_a_truncated_shard_is_refused_with_the_file_name(family_models, tmp_path):
+    import shutil
+
+    _, source = family_models["qwen2"]
+    directory = tmp_path / "truncated"
+    shutil.copytree(source, directory)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    error = load_error(directory)
+    assert "model.safetensors" in error and "truncated" in error, error
