@@ -1,7 +1,9 @@
 // End-to-end CPU engine speed on a real model (default: the bundled SmolLM2-135M):
 // single-stream decode against the memory bandwidth measured in the same run, prefill
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
-// sequences against single-stream. Writes bench/results/engine_cpu.json.
+// sequences against single-stream. Writes bench/results/engine_cpu.json (engine_cpu_int8
+// with --activations int8; with _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g.
+// LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
 //
 // usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
 //                     [--only-batch N]  (just N-sequence decode, three times: for perf)
@@ -15,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
 #include "common/gguf_file.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "worker/local_generator.h"
 #include "worker/model_runner.h"
@@ -114,9 +117,15 @@ int main(int argc, char** argv) {
   }
   const auto& config = runner.config();
 
-  std::printf("CPU: %s, %d threads, matmul ISA %s, %s activations\n",
-              loom::bench::CpuModel().c_str(), threads, loom::kernels::cpu::MatmulIsa(),
-              activations.c_str());
+  const char* isa_env = std::getenv("LOOM_CPU_ISA");
+  const bool isa_forced = isa_env != nullptr && *isa_env != '\0';
+  const char* cpu_isa = loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa());
+  std::printf("CPU: %s, %d threads, CPU ISA %s (%s; best here %s), matmul ISA %s, %s "
+              "activations\n",
+              loom::bench::CpuModel().c_str(), threads, cpu_isa,
+              isa_forced ? "forced by LOOM_CPU_ISA" : "automatic",
+              loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::BestCpuIsa()),
+              loom::kernels::cpu::MatmulIsa(), activations.c_str());
   const double copy_gbs = loom::bench::MeasureCopyBandwidthGBs(threads);
   const double read_gbs = loom::bench::MeasureReadBandwidthGBs(threads);
   const double peak_gflops = loom::bench::MeasurePeakGflops(threads);
@@ -196,11 +205,14 @@ int main(int argc, char** argv) {
   }
 
   // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8.
+  std::string result_name = activations == "f32" ? "engine_cpu" : "engine_cpu_" + activations;
+  if (isa_forced) result_name += std::string("_") + cpu_isa;
   loom::bench::WriteResult(
-      activations == "f32" ? "engine_cpu" : "engine_cpu_" + activations,
+      result_name,
       absl::StrFormat(
           "{\"benchmark\": \"engine_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", \"threads\": %d, "
-          "\"model\": \"%s\", \"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
+          "\"model\": \"%s\", \"cpu_isa\": \"%s\", \"cpu_isa_forced\": %s, "
+          "\"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
           " \"limits\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
           "\"int8_dot_peak_gmacs\": %.1f, \"llc_bytes\": %d, \"weights_fit_in_llc\": %s},\n"
           " \"decode_single\": {\"tokens_per_s\": %.2f, \"bytes_per_token\": %.0f, \"gbs\": %.3f, "
@@ -208,8 +220,8 @@ int main(int argc, char** argv) {
           " \"prefill_512\": {\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"vs_fma_peak\": %.4f, "
           "\"vs_int8_dot_peak\": %.4f},\n"
           " \"batched_decode\": [%s]}",
-          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, model_path,
-          loom::kernels::cpu::MatmulIsa(), activations, copy_gbs, read_gbs, peak_gflops,
+          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, model_path, cpu_isa,
+          isa_forced ? "true" : "false", loom::kernels::cpu::MatmulIsa(), activations, copy_gbs, read_gbs, peak_gflops,
           peak_int8_gmacs, llc_bytes, weights_in_llc ? "true" : "false", decode_tps,
           bytes_per_token, decode_gbs, decode_gbs / copy_gbs, decode_gbs / read_gbs,
           prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / peak_gflops,
