@@ -6,6 +6,7 @@
 // LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
 //
 // usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
+//                     [--decode-tokens N]  (tokens per sequence in the decode figures; 64)
 //                     [--only-batch N]  (just N-sequence decode, three times: for perf)
 #include <algorithm>
 #include <chrono>
@@ -82,12 +83,14 @@ int main(int argc, char** argv) {
   int threads = 2;
   std::string activations = "f32";  // the worker's default
   int only_batch = 0;
+  int decode_tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_path = argv[i + 1];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     if (flag == "--activations") activations = argv[i + 1];
     if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
+    if (flag == "--decode-tokens") decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }
   auto gguf = loom::common::GgufFile::Open(model_path);
   if (!gguf.ok()) {
@@ -96,7 +99,8 @@ int main(int argc, char** argv) {
   }
   loom::worker::ModelRunnerOptions options;
   options.num_threads = threads;
-  options.num_kv_blocks = 512;
+  // 64 sequences of 16 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
+  options.num_kv_blocks = std::max(512, 64 * ((16 + decode_tokens + 15) / 16 + 1));
   auto precision = loom::kernels::cpu::ParseActivationPrecision(activations);
   if (!precision.ok()) {
     std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
@@ -111,7 +115,7 @@ int main(int argc, char** argv) {
   loom::worker::ModelRunner& runner = **runner_or;
   if (only_batch > 0) {
     for (int r = 0; r < 3; ++r) {
-      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, 64));
+      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, decode_tokens));
     }
     return 0;
   }
@@ -148,7 +152,7 @@ int main(int argc, char** argv) {
   // Single-stream decode: every step reads all weights once.
   const double bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
   std::vector<double> single;
-  for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(runner, 1, 64));
+  for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(runner, 1, decode_tokens));
   const double decode_tps = loom::bench::Median(single);
   const double decode_gbs = decode_tps * bytes_per_token / 1e9;
   std::printf("decode, 1 sequence: %.1f tokens/s x %.1f MB/token = %.2f GB/s = %.2f of memcpy, %.2f of read bandwidth\n",
@@ -191,9 +195,9 @@ int main(int argc, char** argv) {
 
   // Batched decode.
   std::string batched_json;
-  std::printf("batched decode (64 tokens each):\n");
+  std::printf("batched decode (%d tokens each):\n", decode_tokens);
   for (int batch : {1, 4, 16, 64}) {
-    const double tps = batch == 1 ? decode_tps : DecodeRate(runner, batch, 64);
+    const double tps = batch == 1 ? decode_tps : DecodeRate(runner, batch, decode_tokens);
     std::printf("  %2d sequences: %7.1f tokens/s = %.2fx single-stream; matmuls %.0f GMAC/s = %.2f of %s\n",
                 batch, tps, tps / decode_tps, tps * macs_per_token / 1e9, vs_matmul_peak(tps),
                 peak_name);
