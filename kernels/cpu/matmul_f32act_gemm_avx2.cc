@@ -196,6 +196,9 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
   const float* x = a.x + call.token0 * k;
   const Decoder decoder;
   Accumulators<Mr> out(a, call);
+  __m256 acc[Mr][2];  // local copies, as in PanelTile
+#pragma GCC unroll 8
+  for (int r = 0; r < Mr; ++r) acc[r][0] = out.acc[r][0], acc[r][1] = out.acc[r][1];
   const int64_t c1 = call.c0 + call.cols;
   for (int64_t c = call.c0; c < c1;) {
     const int64_t g = c / group;
@@ -218,16 +221,19 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
               _mm256_store_ps(dst + kCol * kRowBlock, lo);
               _mm256_store_ps(dst + kCol * kRowBlock + 8, hi);
             }
+#pragma GCC unroll 8
             for (int r = 0; r < Mr; ++r) {
               const __m256 xv = _mm256_broadcast_ss(x + r * k + col0 + kCol);
-              out.acc[r][0] = _mm256_fmadd_ps(lo, xv, out.acc[r][0]);
-              out.acc[r][1] = _mm256_fmadd_ps(hi, xv, out.acc[r][1]);
+              acc[r][0] = _mm256_fmadd_ps(lo, xv, acc[r][0]);
+              acc[r][1] = _mm256_fmadd_ps(hi, xv, acc[r][1]);
             }
           },
           std::make_integer_sequence<int, kCols>{});
     }
     c = group_end;
   }
+#pragma GCC unroll 8
+  for (int r = 0; r < Mr; ++r) out.acc[r][0] = acc[r][0], out.acc[r][1] = acc[r][1];
   out.Store(a, call);
 }
 
@@ -237,15 +243,24 @@ void PanelTile(const MatmulArgs& a, const float* panel, const TileCall& call) {
   const int64_t k = a.weight->cols;
   const float* x = a.x + call.token0 * k + call.c0;
   Accumulators<Mr> out(a, call);
-  for (int64_t c = 0; c < call.cols; ++c) {
+  // Local copies, loops over r unrolled: otherwise GCC keeps the 12 sums in memory (their
+  // struct's address escapes to Store) and stores them every column, halving the FMA rate.
+  __m256 acc[Mr][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < Mr; ++r) acc[r][0] = out.acc[r][0], acc[r][1] = out.acc[r][1];
+  const int64_t cols = call.cols;
+  for (int64_t c = 0; c < cols; ++c) {
     const __m256 lo = _mm256_load_ps(panel + c * kRowBlock);
     const __m256 hi = _mm256_load_ps(panel + c * kRowBlock + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < Mr; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * k + c);
-      out.acc[r][0] = _mm256_fmadd_ps(lo, xv, out.acc[r][0]);
-      out.acc[r][1] = _mm256_fmadd_ps(hi, xv, out.acc[r][1]);
+      acc[r][0] = _mm256_fmadd_ps(lo, xv, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(hi, xv, acc[r][1]);
     }
   }
+#pragma GCC unroll 8
+  for (int r = 0; r < Mr; ++r) out.acc[r][0] = acc[r][0], out.acc[r][1] = acc[r][1];
   out.Store(a, call);
 }
 

@@ -132,8 +132,11 @@ void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
 /// result is the same bits whatever else is in its batch (the two kernels round
 /// differently, and seeded sampling must not depend on batch composition). It costs
 /// 0-7% at m = 1 and 10-15% at m = 2..4 against the tile kernel (bench/cpu_kernels_bench
-/// --section sweep); the same holds on AVX2 (matmul_f32act_gemm_avx2). The tile kernels
-/// stay the scalar path and the bench baseline (and run when the threshold is moved).
+/// --section sweep). On AVX2 (matmul_f32act_gemm_avx2) m = 1 costs more: with the
+/// weights in cache the GEMM runs 28 against the tile kernel's 46 GFLOP per CPU-second on
+/// Zen 4 (INT4 needs one more FMA per weight to dequantize exactly); decode, which streams
+/// the weights from memory, hides part of it. The tile kernels stay the bench baseline
+/// (and run when the threshold is moved).
 inline constexpr int64_t kF32ActGemmMinTokens = 1;
 int64_t F32ActGemmMinTokens();
 /// Test/bench hook: moves that threshold (<= 0 restores kF32ActGemmMinTokens).
