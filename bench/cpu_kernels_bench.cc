@@ -3,7 +3,7 @@
 // bench/machine_limits.h, measured in the same run). INT8/INT4 weights run with both
 // activation precisions: f32 ("a32", the default) and int8 ("a8"); for a32 a sweep over
 // m compares the tile kernel with the GEMM kernel Matmul takes for batches. Writes
-// bench/results/cpu_kernels.json.
+// bench/results/cpu_kernels.json (cpu_kernels_<isa>.json when LOOM_CPU_ISA forces the ISA).
 //
 //   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N] [--section gemv|sweep|gemm]
 //   LOOM_BENCH_FORMAT=INT4 restricts the run to one weight format.
@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/thread_pool.h"
@@ -294,6 +295,11 @@ int main(int argc, char** argv) {
     }
   }
   json += "\n  ]\n}";
-  WriteResult("cpu_kernels", json);
+  const char* isa_env = std::getenv("LOOM_CPU_ISA");
+  WriteResult(isa_env != nullptr && *isa_env != '\0'
+                  ? std::string("cpu_kernels_") +
+                        loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa())
+                  : std::string("cpu_kernels"),
+              json);
   return 0;
 }

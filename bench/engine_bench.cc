@@ -1,9 +1,12 @@
 // End-to-end CPU engine speed on a real model (default: the bundled SmolLM2-135M):
 // single-stream decode against the memory bandwidth measured in the same run, prefill
 // GFLOP/s against the measured FMA peak, and batched decode throughput at 1/4/16/64
-// sequences against single-stream. Writes bench/results/engine_cpu.json.
+// sequences against single-stream. Writes bench/results/engine_cpu.json (engine_cpu_int8
+// with --activations int8; with _<isa> appended when LOOM_CPU_ISA forces the ISA, e.g.
+// LOOM_CPU_ISA=avx2 engine_bench -> engine_cpu_avx2.json).
 //
 // usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
+//                     [--decode-tokens N]  (tokens per sequence in the decode figures; 64)
 //                     [--only-batch N]  (just N-sequence decode, three times: for perf)
 #include <algorithm>
 #include <chrono>
@@ -15,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
 #include "common/gguf_file.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "worker/local_generator.h"
 #include "worker/model_runner.h"
@@ -79,12 +83,14 @@ int main(int argc, char** argv) {
   int threads = 2;
   std::string activations = "f32";  // the worker's default
   int only_batch = 0;
+  int decode_tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_path = argv[i + 1];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     if (flag == "--activations") activations = argv[i + 1];
     if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
+    if (flag == "--decode-tokens") decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }
   auto gguf = loom::common::GgufFile::Open(model_path);
   if (!gguf.ok()) {
@@ -93,7 +99,8 @@ int main(int argc, char** argv) {
   }
   loom::worker::ModelRunnerOptions options;
   options.num_threads = threads;
-  options.num_kv_blocks = 512;
+  // 64 sequences of 16 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
+  options.num_kv_blocks = std::max(512, 64 * ((16 + decode_tokens + 15) / 16 + 1));
   auto precision = loom::kernels::cpu::ParseActivationPrecision(activations);
   if (!precision.ok()) {
     std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
@@ -108,15 +115,21 @@ int main(int argc, char** argv) {
   loom::worker::ModelRunner& runner = **runner_or;
   if (only_batch > 0) {
     for (int r = 0; r < 3; ++r) {
-      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, 64));
+      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, decode_tokens));
     }
     return 0;
   }
   const auto& config = runner.config();
 
-  std::printf("CPU: %s, %d threads, matmul ISA %s, %s activations\n",
-              loom::bench::CpuModel().c_str(), threads, loom::kernels::cpu::MatmulIsa(),
-              activations.c_str());
+  const char* isa_env = std::getenv("LOOM_CPU_ISA");
+  const bool isa_forced = isa_env != nullptr && *isa_env != '\0';
+  const char* cpu_isa = loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa());
+  std::printf("CPU: %s, %d threads, CPU ISA %s (%s; best here %s), matmul ISA %s, %s "
+              "activations\n",
+              loom::bench::CpuModel().c_str(), threads, cpu_isa,
+              isa_forced ? "forced by LOOM_CPU_ISA" : "automatic",
+              loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::BestCpuIsa()),
+              loom::kernels::cpu::MatmulIsa(), activations.c_str());
   const double copy_gbs = loom::bench::MeasureCopyBandwidthGBs(threads);
   const double read_gbs = loom::bench::MeasureReadBandwidthGBs(threads);
   const double peak_gflops = loom::bench::MeasurePeakGflops(threads);
@@ -139,7 +152,7 @@ int main(int argc, char** argv) {
   // Single-stream decode: every step reads all weights once.
   const double bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
   std::vector<double> single;
-  for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(runner, 1, 64));
+  for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(runner, 1, decode_tokens));
   const double decode_tps = loom::bench::Median(single);
   const double decode_gbs = decode_tps * bytes_per_token / 1e9;
   std::printf("decode, 1 sequence: %.1f tokens/s x %.1f MB/token = %.2f GB/s = %.2f of memcpy, %.2f of read bandwidth\n",
@@ -182,9 +195,9 @@ int main(int argc, char** argv) {
 
   // Batched decode.
   std::string batched_json;
-  std::printf("batched decode (64 tokens each):\n");
+  std::printf("batched decode (%d tokens each):\n", decode_tokens);
   for (int batch : {1, 4, 16, 64}) {
-    const double tps = batch == 1 ? decode_tps : DecodeRate(runner, batch, 64);
+    const double tps = batch == 1 ? decode_tps : DecodeRate(runner, batch, decode_tokens);
     std::printf("  %2d sequences: %7.1f tokens/s = %.2fx single-stream; matmuls %.0f GMAC/s = %.2f of %s\n",
                 batch, tps, tps / decode_tps, tps * macs_per_token / 1e9, vs_matmul_peak(tps),
                 peak_name);
@@ -196,11 +209,14 @@ int main(int argc, char** argv) {
   }
 
   // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8.
+  std::string result_name = activations == "f32" ? "engine_cpu" : "engine_cpu_" + activations;
+  if (isa_forced) result_name += std::string("_") + cpu_isa;
   loom::bench::WriteResult(
-      activations == "f32" ? "engine_cpu" : "engine_cpu_" + activations,
+      result_name,
       absl::StrFormat(
           "{\"benchmark\": \"engine_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", \"threads\": %d, "
-          "\"model\": \"%s\", \"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
+          "\"model\": \"%s\", \"cpu_isa\": \"%s\", \"cpu_isa_forced\": %s, "
+          "\"matmul_isa\": \"%s\", \"activations\": \"%s\",\n"
           " \"limits\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, \"fma_peak_gflops\": %.1f, "
           "\"int8_dot_peak_gmacs\": %.1f, \"llc_bytes\": %d, \"weights_fit_in_llc\": %s},\n"
           " \"decode_single\": {\"tokens_per_s\": %.2f, \"bytes_per_token\": %.0f, \"gbs\": %.3f, "
@@ -208,8 +224,8 @@ int main(int argc, char** argv) {
           " \"prefill_512\": {\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"vs_fma_peak\": %.4f, "
           "\"vs_int8_dot_peak\": %.4f},\n"
           " \"batched_decode\": [%s]}",
-          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, model_path,
-          loom::kernels::cpu::MatmulIsa(), activations, copy_gbs, read_gbs, peak_gflops,
+          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, model_path, cpu_isa,
+          isa_forced ? "true" : "false", loom::kernels::cpu::MatmulIsa(), activations, copy_gbs, read_gbs, peak_gflops,
           peak_int8_gmacs, llc_bytes, weights_in_llc ? "true" : "false", decode_tps,
           bytes_per_token, decode_gbs, decode_gbs / copy_gbs, decode_gbs / read_gbs,
           prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / peak_gflops,

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
+
 namespace loom::bench {
 namespace {
 
@@ -76,6 +78,27 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t DotLoopVnni(int64
   return lanes[0] + lanes[15];
 }
 
+// The AVX2 int8 dot product (what llama.cpp's Q4 x Q8 and Loom's int8 path use without
+// VNNI): u8 x s8 pairs summed to int16 (VPMADDUBSW), pairs of those to int32 (VPMADDWD),
+// added: 32 multiply-adds per chain and iteration. Each chain's bytes are its own sum
+// (so nothing is loop-invariant); 12 chains cover the 3-instruction latency.
+__attribute__((target("avx2"))) int32_t DotLoopAvx2(int64_t iterations) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  const __m256i b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(acc[i], b), ones));
+    }
+  }
+  __m256i sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm256_add_epi32(sum, acc[i]);
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+  return lanes[0] + lanes[7];
+}
+
 }  // namespace
 
 double Median(std::vector<double> values) {
@@ -84,14 +107,18 @@ double Median(std::vector<double> values) {
 }
 
 double MeasurePeakInt8Gmacs(int threads) {
-  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return 0.0;
+  using kernels::cpu::CpuIsa;
+  const CpuIsa isa = kernels::cpu::ActiveCpuIsa();
+  if (isa == CpuIsa::kScalar) return 0.0;
+  const bool vnni = isa == CpuIsa::kAvx512;
   const int64_t iterations = 20'000'000;
   std::vector<int32_t> sink(threads);
   std::vector<double> rates;
   for (int r = 0; r < 5; ++r) {
-    const double seconds =
-        TimeOnThreads(threads, [&](int t) { sink[t] = DotLoopVnni(iterations); });
-    rates.push_back(64.0 * 12 * iterations * threads / seconds / 1e9);
+    const double seconds = TimeOnThreads(threads, [&](int t) {
+      sink[t] = vnni ? DotLoopVnni(iterations) : DotLoopAvx2(iterations);
+    });
+    rates.push_back((vnni ? 64.0 : 32.0) * 12 * iterations * threads / seconds / 1e9);
   }
   if (sink[0] == 42) std::puts("");
   return Median(rates);
@@ -135,7 +162,8 @@ double MeasureReadBandwidthGBs(int threads, int repeats) {
 }
 
 double MeasurePeakGflops(int threads) {
-  const bool avx512 = __builtin_cpu_supports("avx512f");
+  // The widest unit the kernels may use (LOOM_CPU_ISA caps it).
+  const bool avx512 = kernels::cpu::ActiveCpuIsa() == kernels::cpu::CpuIsa::kAvx512;
   const int lanes = avx512 ? 16 : 8;
   const int64_t iterations = 20'000'000;
   std::vector<float> sink(threads);

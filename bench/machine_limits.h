@@ -18,11 +18,13 @@ double MeasureCopyBandwidthGBs(int threads, int repeats = 7);
 double MeasureReadBandwidthGBs(int threads, int repeats = 7);
 
 /// Peak F32 fused multiply-add rate in GFLOP/s (2 flops per FMA lane) on `threads`
-/// threads, using the widest vector unit the CPU has (AVX-512, else AVX2).
+/// threads, using the widest vector unit the kernels may use (AVX-512, else AVX2; see
+/// LOOM_CPU_ISA in kernels/cpu/cpu_isa.h).
 double MeasurePeakGflops(int threads);
 
-/// Peak int8 multiply-accumulate rate in GMAC/s (AVX-512 VNNI u8 x s8 dot products) on
-/// `threads` threads; 0 where the CPU has no AVX-512 VNNI.
+/// Peak int8 multiply-accumulate rate in GMAC/s on `threads` threads: u8 x s8 dot
+/// products, AVX-512 VNNI (VPDPBUSD) where the kernels use AVX-512, else AVX2
+/// (VPMADDUBSW + VPMADDWD + VPADDD); 0 on the scalar ISA.
 double MeasurePeakInt8Gmacs(int threads);
 
 /// Size of the largest CPU cache level in bytes (sysfs), 0 when unknown.

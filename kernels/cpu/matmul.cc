@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul_internal.h"
 
 namespace loom::kernels::cpu {
@@ -17,14 +18,19 @@ using internal::MatmulIsaChoice;
 
 std::atomic<MatmulIsaChoice> forced_isa{MatmulIsaChoice::kAuto};
 std::atomic<int64_t> f32act_gemm_min_tokens{internal::kF32ActGemmMinTokens};
+std::atomic<MatmulIsaChoice> last_isa{MatmulIsaChoice::kAuto};
 
+// ActiveCpuIsa(): LOOM_CPU_ISA or the best this CPU runs.
 MatmulIsaChoice BestIsa() {
-  static const MatmulIsaChoice best = [] {
-    if (internal::IsaSupported(MatmulIsaChoice::kAvx512)) return MatmulIsaChoice::kAvx512;
-    if (internal::IsaSupported(MatmulIsaChoice::kAvx2)) return MatmulIsaChoice::kAvx2;
-    return MatmulIsaChoice::kScalar;
-  }();
-  return best;
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return MatmulIsaChoice::kAvx512;
+    case CpuIsa::kAvx2:
+      return MatmulIsaChoice::kAvx2;
+    case CpuIsa::kScalar:
+      break;
+  }
+  return MatmulIsaChoice::kScalar;
 }
 
 MatmulIsaChoice ActiveIsa() {
@@ -76,22 +82,14 @@ bool IsaSupported(MatmulIsaChoice isa) {
     case MatmulIsaChoice::kScalar:
       return true;
     case MatmulIsaChoice::kAvx2:
-#if defined(__x86_64__)
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-#else
-      return false;
-#endif
+      return ActiveCpuIsa() >= CpuIsa::kAvx2;
     case MatmulIsaChoice::kAvx512:
-#if defined(__x86_64__)
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#else
-      return false;
-#endif
+      return ActiveCpuIsa() >= CpuIsa::kAvx512;
   }
   return false;
 }
+
+MatmulIsaChoice LastMatmulIsa() { return last_isa.load(std::memory_order_relaxed); }
 
 void SetMatmulIsaForTesting(MatmulIsaChoice isa) {
   forced_isa.store(isa, std::memory_order_relaxed);
@@ -253,7 +251,8 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   // Batches of tokens with float activations: dequantize each weight panel once and run
   // a float GEMM over it (no group sums of x needed).
   const bool f32act_gemm = integer && !int8_activations &&
-                           ActiveIsa() == MatmulIsaChoice::kAvx512 &&
+                           (ActiveIsa() == MatmulIsaChoice::kAvx512 ||
+                            ActiveIsa() == MatmulIsaChoice::kAvx2) &&
                            params.m >= internal::F32ActGemmMinTokens();
   // Per-call buffers, reused (thread_local: one pool per thread calls Matmul).
   thread_local std::vector<int8_t> xq;
@@ -304,15 +303,18 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   internal::MatmulBlocksFn kernel = integer && !int8_activations
                                         ? internal::MatmulF32ActBlocksScalar
                                         : internal::MatmulBlocksScalar;
-  switch (ActiveIsa()) {
+  const MatmulIsaChoice isa = ActiveIsa();
+  last_isa.store(isa, std::memory_order_relaxed);
+  switch (isa) {
     case MatmulIsaChoice::kAvx512:
       kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx512
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
                                               : internal::MatmulBlocksAvx512;
       break;
     case MatmulIsaChoice::kAvx2:
-      kernel = integer && !int8_activations ? internal::MatmulF32ActBlocksAvx2
-                                            : internal::MatmulBlocksAvx2;
+      kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx2
+               : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx2
+                                              : internal::MatmulBlocksAvx2;
       break;
     default:
       break;

@@ -123,12 +123,20 @@ void MatmulF32ActBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64
 /// m >= F32ActGemmMinTokens() where the CPU has AVX-512.
 void MatmulF32ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
                                   int64_t block_end);
+/// The same on AVX2 (one 16-row panel, 6 x 16 microkernel), bit-identical to the AVX-512
+/// kernel (one FMA chain over k per output): Matmul takes it on AVX2 as above.
+void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
+                                int64_t block_end);
 
 /// Fewest tokens for which Matmul uses the GEMM kernel above. 1: every m, so a token's
 /// result is the same bits whatever else is in its batch (the two kernels round
 /// differently, and seeded sampling must not depend on batch composition). It costs
 /// 0-7% at m = 1 and 10-15% at m = 2..4 against the tile kernel (bench/cpu_kernels_bench
-/// --section sweep); the tile kernel stays the AVX2/scalar path and the bench baseline.
+/// --section sweep). On AVX2 (matmul_f32act_gemm_avx2) m = 1 costs more: with the
+/// weights in cache the GEMM runs 28 against the tile kernel's 46 GFLOP per CPU-second on
+/// Zen 4 (INT4 needs one more FMA per weight to dequantize exactly); decode, which streams
+/// the weights from memory, hides part of it. The tile kernels stay the bench baseline
+/// (and run when the threshold is moved).
 inline constexpr int64_t kF32ActGemmMinTokens = 1;
 int64_t F32ActGemmMinTokens();
 /// Test/bench hook: moves that threshold (<= 0 restores kF32ActGemmMinTokens).
@@ -138,8 +146,12 @@ void SetF32ActGemmMinTokensForTesting(int64_t min_tokens);
 /// Instruction sets Matmul can run; kAuto picks the best the CPU supports.
 enum class MatmulIsaChoice { kAuto, kScalar, kAvx2, kAvx512 };
 
-/// True when this CPU can run `isa`.
+/// True when the kernels may run `isa`: this CPU has it and LOOM_CPU_ISA (ActiveCpuIsa(),
+/// kernels/cpu/cpu_isa.h) does not cap it below. Every dispatch point asks this.
 bool IsaSupported(MatmulIsaChoice isa);
+
+/// The ISA of the kernel the latest Matmul call ran (kAuto before the first); for tests.
+MatmulIsaChoice LastMatmulIsa();
 
 /// Test/bench hook: forces Matmul onto `isa` (kAuto restores the automatic choice).
 /// Not thread-safe against concurrent Matmul calls.

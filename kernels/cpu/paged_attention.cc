@@ -211,7 +211,11 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
               static_cast<int32_t>(s));
   }
   const int32_t* seq_of = token_seq.data();
-  const auto attend = SimdEnabled() ? internal::AttendAvx512 : internal::AttendScalar;
+  static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
+  const bool simd = attention_simd.load(std::memory_order_relaxed);
+  const auto attend = SimdEnabled()   ? internal::AttendAvx512
+                      : avx2 && simd ? internal::AttendAvx2
+                                     : internal::AttendScalar;
   const int64_t d = p.cache.head_dim;
   // Each task takes all the query heads of a token that share a KV head, so a K/V row is
   // read once for the group. With too few tokens to keep the threads busy (small-batch

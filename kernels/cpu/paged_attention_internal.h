@@ -42,13 +42,15 @@ struct AttentionTask {
 /// Online-softmax attention of one task (float accumulation).
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task);
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task);
+/// AVX2 + FMA + F16C (one head at a time; head dims not a multiple of 8 run AttendScalar).
+void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task);
 
 /// dst[i] = FloatToHalf(src[i]) for i < count, bit for bit (NaNs stay NaNs, their payload
 /// aside), with AVX-512 F16C conversions.
 void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
 
 /// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
-/// AVX-512 is available.
+/// AVX-512 or AVX2 is available.
 void SetAttentionSimdForTesting(bool enabled);
 
 }  // namespace loom::kernels::cpu::internal

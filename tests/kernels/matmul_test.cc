@@ -275,8 +275,14 @@ class F32ActGemmGuard {
 
 class MatmulF32ActGemmTest : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {};
 
+// AVX-512 and AVX2 (matmul_f32act_gemm_avx2: 16-row panels, tiles of up to 6 tokens after
+// a decoding tile of up to 4, token panels from the L2 size) where the CPU has them.
 TEST_P(MatmulF32ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
-  if (!internal::IsaSupported(MatmulIsaChoice::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  std::vector<MatmulIsaChoice> isas;
+  for (MatmulIsaChoice isa : {MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
+    if (internal::IsaSupported(isa)) isas.push_back(isa);
+  }
+  if (isas.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 here";
   const auto [format, group] = GetParam();
   F32ActGemmGuard gemm_for_every_m(1);
   const std::vector<Shape> shapes = {{40, 128}, {200, 384}, {1000, 768}, {33, 4096}};
@@ -289,8 +295,9 @@ TEST_P(MatmulF32ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
       // Both bias settings, except on the largest shape (alternating there).
       for (bool with_bias : {false, true}) {
         if (shape.rows * shape.cols > 500'000 && with_bias != (m % 2 == 1)) continue;
-        CheckMatmul(MatmulIsaChoice::kAvx512, weight, Precision::kF32, m, with_bias, threads,
-                    ++seed);
+        for (MatmulIsaChoice isa : isas) {
+          CheckMatmul(isa, weight, Precision::kF32, m, with_bias, threads, ++seed);
+        }
       }
     }
   }
@@ -311,26 +318,63 @@ INSTANTIATE_TEST_SUITE_P(
              (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
     });
 
+// The AVX2 and AVX-512 GEMM kernels compute each output as one FMA chain over k of the
+// same dequantized floats: the same bits, on every shape and batch size.
+TEST(MatmulTest, F32ActGemmIsBitIdenticalOnAvx2AndAvx512) {
+  if (!internal::IsaSupported(MatmulIsaChoice::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
+  uint32_t seed = 900;
+  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (Shape shape : {Shape{40, 128}, Shape{1000, 768}}) {
+      const TestWeight weight = MakeTestWeight(format, 64, shape, ++seed);
+      for (int64_t m : {1, 5, 9, 40}) {
+        const std::vector<float> x = RandomActivations(m, shape.cols, ++seed);
+        std::vector<float> bias(shape.rows);
+        for (int64_t i = 0; i < shape.rows; ++i) bias[i] = 0.01f * static_cast<float>(i % 7);
+        std::vector<float> y2(m * shape.rows), y512(m * shape.rows);
+        ThreadPool pool(2);
+        {
+          IsaGuard guard(MatmulIsaChoice::kAvx2);
+          ASSERT_TRUE(Matmul({x.data(), &weight.packed, bias.data(), y2.data(), m}, pool).ok());
+        }
+        {
+          IsaGuard guard(MatmulIsaChoice::kAvx512);
+          ASSERT_TRUE(Matmul({x.data(), &weight.packed, bias.data(), y512.data(), m}, pool).ok());
+        }
+        for (int64_t i = 0; i < m * shape.rows; ++i) {
+          ASSERT_EQ(y2[i], y512[i]) << FormatName(format) << " n=" << shape.rows << " m=" << m
+                                    << " at " << i;
+        }
+      }
+    }
+  }
+}
+
 // Batch invariance: a token's output is the same bits whether it runs alone or with
-// others, on any thread count (seeded sampling must not depend on the batch).
+// others, on any thread count (seeded sampling must not depend on the batch), on every
+// ISA the CPU (and LOOM_CPU_ISA) allows.
 TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
-  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kF16}) {
-    const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
-    const int64_t m = 13;
-    const std::vector<float> x = RandomActivations(m, 576, 22);
-    std::vector<float> batched(m * 200);
-    ThreadPool pool2(2), pool3(3);
-    ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, batched.data(), m}, pool2).ok());
-    for (int64_t t = 0; t < m; ++t) {
-      for (int64_t subset : {int64_t{1}, int64_t{2}, int64_t{4}}) {
-        if (t + subset > m) continue;
-        std::vector<float> alone(subset * 200);
-        ThreadPool& pool = subset == 2 ? pool3 : pool2;
-        ASSERT_TRUE(
-            Matmul({x.data() + t * 576, &weight.packed, nullptr, alone.data(), subset}, pool).ok());
-        for (int64_t i = 0; i < 200; ++i) {
-          ASSERT_EQ(alone[i], batched[t * 200 + i])
-              << FormatName(format) << " token " << t << " row " << i << " batch " << subset;
+  for (MatmulIsaChoice isa : AvailableIsas()) {
+    IsaGuard isa_guard(isa);
+    for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kF16}) {
+      const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
+      const int64_t m = 13;
+      const std::vector<float> x = RandomActivations(m, 576, 22);
+      std::vector<float> batched(m * 200);
+      ThreadPool pool2(2), pool3(3);
+      ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, batched.data(), m}, pool2).ok());
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t subset : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+          if (t + subset > m) continue;
+          std::vector<float> alone(subset * 200);
+          ThreadPool& pool = subset == 2 ? pool3 : pool2;
+          ASSERT_TRUE(Matmul({x.data() + t * 576, &weight.packed, nullptr, alone.data(), subset},
+                             pool)
+                          .ok());
+          for (int64_t i = 0; i < 200; ++i) {
+            ASSERT_EQ(alone[i], batched[t * 200 + i])
+                << IsaName(isa) << " " << FormatName(format) << " token " << t << " row " << i
+                << " batch " << subset;
+          }
         }
       }
     }
