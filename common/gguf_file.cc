@@ -1,12 +1,7 @@
 #include "common/gguf_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -270,43 +265,14 @@ absl::StatusOr<const GgufValue::Array*> GgufValue::AsArray() const {
 // ---------------------------------------------------------------------------------------
 // GgufFile
 
-GgufFile::~GgufFile() {
-  if (mapped_ != nullptr) munmap(mapped_, mapped_size_);
-}
+GgufFile::~GgufFile() = default;
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    std::string message = absl::StrCat("cannot open GGUF file '", path, "': ", std::strerror(error));
-    return error == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot stat GGUF file '", path, "': ", std::strerror(error)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
-  }
+  LOOM_ASSIGN_OR_RETURN(FileImage image, FileImage::Map(path, "GGUF file"));
   auto file = std::unique_ptr<GgufFile>(new GgufFile());
-  if (st.st_size > 0) {
-    void* mapped = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapped == MAP_FAILED) {
-      const int error = errno;
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot mmap GGUF file '", path, "': ", std::strerror(error)));
-    }
-    file->mapped_ = mapped;
-    file->mapped_size_ = static_cast<size_t>(st.st_size);
-    file->data_ = static_cast<const uint8_t*>(mapped);
-    file->size_ = file->mapped_size_;
-  }
-  ::close(fd);
+  file->image_ = std::move(image);
+  file->data_ = file->image_.data();
+  file->size_ = file->image_.size();
   absl::Status status = file->Parse();
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
@@ -316,9 +282,9 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes) {
   auto file = std::unique_ptr<GgufFile>(new GgufFile());
-  file->owned_ = std::move(bytes);
-  file->data_ = reinterpret_cast<const uint8_t*>(file->owned_.data());
-  file->size_ = file->owned_.size();
+  file->image_ = FileImage::FromBytes(std::move(bytes));
+  file->data_ = file->image_.data();
+  file->size_ = file->image_.size();
   LOOM_RETURN_IF_ERROR(file->Parse());
   return file;
 }

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/file_image.h"
 #include "absl/types/span.h"
 #include "common/ggml_type.h"
 
@@ -124,11 +125,8 @@ class GgufFile {
   GgufFile() = default;
   absl::Status Parse();
 
-  // Exactly one of mapped_/owned_ backs data_.
-  void* mapped_ = nullptr;
-  size_t mapped_size_ = 0;
-  std::string owned_;
-  const uint8_t* data_ = nullptr;  // whole file image
+  FileImage image_;
+  const uint8_t* data_ = nullptr;  // image_'s bytes (empty for a FromParts view)
   size_t size_ = 0;
 
   uint32_t version_ = 0;

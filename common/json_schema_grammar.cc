@@ -83,7 +83,9 @@ GrammarExprPtr NonNegativeRange(uint64_t lo, int64_t hi) {
     if (as.size() == top.size() && as > bs) break;
     alts.push_back(FixedWidthRange(as, bs));
     if (as.size() == top.size()) break;
-    a = std::stoull("1" + std::string(as.size(), '0'));
+    uint64_t next_power = 1;  // 10^as.size(): the first number with one more digit
+    for (size_t digit = 0; digit < as.size(); ++digit) next_power *= 10;
+    a = next_power;
   }
   if (alts.empty()) return nullptr;
   return Alt(std::move(alts));

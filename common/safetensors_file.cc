@@ -1,12 +1,7 @@
 #include "common/safetensors_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -78,39 +73,15 @@ uint64_t SafetensorsDtypeSize(SafetensorsDtype dtype) {
   return dtype == SafetensorsDtype::kF32 ? 4 : 2;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapped_ != nullptr) munmap(mapped_, mapped_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    std::string message =
-        absl::StrCat("cannot open safetensors file '", path, "': ", std::strerror(error));
-    return error == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
-  }
+  LOOM_ASSIGN_OR_RETURN(FileImage image, FileImage::Map(path, "safetensors file"));
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = path;
-  if (st.st_size > 0) {
-    void* mapped = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapped == MAP_FAILED) {
-      const int error = errno;
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot mmap safetensors file '", path, "': ", std::strerror(error)));
-    }
-    file->mapped_ = mapped;
-    file->mapped_size_ = static_cast<size_t>(st.st_size);
-    file->data_ = static_cast<const uint8_t*>(mapped);
-    file->size_ = file->mapped_size_;
-  }
-  ::close(fd);
+  file->image_ = std::move(image);
+  file->data_ = file->image_.data();
+  file->size_ = file->image_.size();
   absl::Status status = file->Parse();
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
@@ -122,9 +93,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std:
                                                                             std::string label) {
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
   file->path_ = std::move(label);
-  file->owned_ = std::move(bytes);
-  file->data_ = reinterpret_cast<const uint8_t*>(file->owned_.data());
-  file->size_ = file->owned_.size();
+  file->image_ = FileImage::FromBytes(std::move(bytes));
+  file->data_ = file->image_.data();
+  file->size_ = file->image_.size();
   absl::Status status = file->Parse();
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat(file->path_, ": ", status.message()));

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/file_image.h"
 
 namespace loom::common {
 
@@ -75,11 +76,8 @@ class SafetensorsFile {
   absl::Status Parse();
 
   std::string path_;
-  // Exactly one of mapped_/owned_ backs data_.
-  void* mapped_ = nullptr;
-  size_t mapped_size_ = 0;
-  std::string owned_;
-  const uint8_t* data_ = nullptr;  // whole file image
+  FileImage image_;
+  const uint8_t* data_ = nullptr;  // image_'s bytes
   size_t size_ = 0;
   uint64_t data_offset_ = 0;  // 8 + header length
 

@@ -104,80 +104,65 @@ struct DecodeCase {
   int num_splits;  // 0: heuristic
 };
 
-// One decode step against cpu::PagedAttentionReference (double) over the same pool, given
-// as an F32 KvLayerView of the exact cache values. Block tables are shuffled pool blocks
-// with spare entries past the needed ones.
-void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed) {
-  SCOPED_TRACE(testing::Message() << "kv=" << DataTypeName(kv) << " q=" << DataTypeName(q_type)
-                                  << " kv_heads=" << c.num_kv_heads << " group=" << c.group
-                                  << " head_dim=" << c.head_dim << " block=" << c.block_size
-                                  << " splits=" << c.num_splits << " seqs=" << c.context_lens.size()
-                                  << " ctx[0]=" << c.context_lens[0]);
+// One decode check: the same K/V twice, as floats for cpu::PagedAttentionReference
+// (double) addressed through `host_indices`, and on the device addressed through
+// `device_indices` (the same blocks, possibly elsewhere in a larger pool).
+struct DecodeCheck {
+  DataType kv = DataType::kF16, q_type = DataType::kF16;
+  int64_t num_kv_heads = 1, group = 1, head_dim = 64, block_size = 16;
+  int num_splits = 0;  // 0: heuristic
+  std::vector<int32_t> context_lens, indptr;
+  std::vector<float> q;  // [num_seqs, num_heads * head_dim], already rounded to q_type
+  const testing_util::HostCache* host_cache = nullptr;
+  int64_t host_num_blocks = 0;
+  std::vector<int32_t> host_indices;
+  const void* device_k = nullptr;
+  const void* device_v = nullptr;
+  int64_t device_num_blocks = 0;
+  std::vector<int32_t> device_indices;
+};
+
+void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   const int64_t num_seqs = static_cast<int64_t>(c.context_lens.size());
   const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
-  std::vector<int32_t> indptr{0}, indices;
-  int64_t total_blocks = 0;
-  for (int32_t len : c.context_lens) total_blocks += (len + c.block_size - 1) / c.block_size + 1;
-  const int64_t num_blocks = total_blocks + 3;
-  std::vector<int32_t> order(num_blocks);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
-  size_t next = 0;
-  int32_t max_len = 1;
-  for (int32_t len : c.context_lens) {
-    const int64_t needed = (len + c.block_size - 1) / c.block_size + 1;  // one spare block
-    for (int64_t b = 0; b < needed; ++b) indices.push_back(order[next++]);
-    indptr.push_back(static_cast<int32_t>(indices.size()));
-    max_len = std::max(max_len, len);
-  }
-  const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * d;
-  testing_util::HostCache cache = testing_util::RandomCache(kv, pool, seed + 1);
-  // Queries up to +-2 make the softmax peaked enough that a lost token shows.
-  std::vector<float> q = testing_util::RoundTo(
-      q_type, testing_util::RandomFloats(num_seqs * num_heads * d, seed + 3, -2, 2));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-
   std::vector<int32_t> query_start(num_seqs + 1);
   std::iota(query_start.begin(), query_start.end(), 0);
-  std::vector<float> expected(q.size());
+  std::vector<float> expected(c.q.size());
   cpu::PagedAttentionParams ref;
-  ref.q = q.data();
+  ref.q = c.q.data();
   ref.out = expected.data();
-  ref.cache = {cache.k.data(),
-               cache.v.data(),
-               cpu::KvDtype::kF32,
-               num_blocks,
-               c.block_size,
-               c.num_kv_heads,
+  ref.cache = {const_cast<float*>(c.host_cache->k.data()),
+               const_cast<float*>(c.host_cache->v.data()), cpu::KvDtype::kF32,
+               c.host_num_blocks,      c.block_size,          c.num_kv_heads,
                d};
   ref.query_start = query_start.data();
   ref.context_len = c.context_lens.data();
-  ref.block_indptr = indptr.data();
-  ref.block_indices = indices.data();
+  ref.block_indptr = c.indptr.data();
+  ref.block_indices = c.host_indices.data();
   ref.num_seqs = num_seqs;
   ref.num_heads = num_heads;
   ref.scale = scale;
   ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
 
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(q_type, q));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(q_type, q.size()));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(c.q_type, c.q));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(c.q_type, c.q.size()));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(c.context_lens));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(c.indptr));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(c.device_indices));
   PagedDecodeParams p;
   p.q = d_q.data();
   p.out = d_out.data();
-  p.q_dtype = q_type;
-  p.cache = {d_k.data(), d_v.data(), kv, num_blocks, c.block_size, c.num_kv_heads, d};
+  p.q_dtype = c.q_type;
+  p.cache = {const_cast<void*>(c.device_k), const_cast<void*>(c.device_v), c.kv,
+             c.device_num_blocks, c.block_size, c.num_kv_heads, d};
   p.context_len = static_cast<const int32_t*>(d_len.data());
   p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
   p.block_indices = static_cast<const int32_t*>(d_indices.data());
   p.num_seqs = num_seqs;
   p.num_heads = num_heads;
   p.scale = scale;
-  p.max_context_len = max_len;
+  p.max_context_len = *std::max_element(c.context_lens.begin(), c.context_lens.end());
   p.num_splits = c.num_splits;
   DeviceBuffer workspace;
   if (const size_t bytes = PagedDecodeWorkspaceBytes(p); bytes > 0) {
@@ -191,12 +176,61 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
   const absl::Status synced = SynchronizeStream(nullptr);
   ASSERT_TRUE(synced.ok()) << synced;
   LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                            testing_util::Download(d_out, q_type, q.size()));
+                            testing_util::Download(d_out, c.q_type, c.q.size()));
   // Float scores/exp/accumulation vs double over the same values: 5e-5 absolute (outputs are
   // convex combinations of V in [-1, 1]); plus one rounding of the output to q's type.
-  EXPECT_TRUE(
-      AllClose(out, testing_util::ToDouble(expected), 5e-5,
-               q_type == DataType::kF32 ? 1e-5 : testing_util::RoundingTolerance(q_type) / 2));
+  EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 5e-5,
+                       c.q_type == DataType::kF32
+                           ? 1e-5
+                           : testing_util::RoundingTolerance(c.q_type) / 2));
+}
+
+// One decode step over a pool of shuffled blocks, with spare table entries past the needed
+// ones.
+void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "kv=" << DataTypeName(kv) << " q=" << DataTypeName(q_type)
+                                  << " kv_heads=" << c.num_kv_heads << " group=" << c.group
+                                  << " head_dim=" << c.head_dim << " block=" << c.block_size
+                                  << " splits=" << c.num_splits << " seqs=" << c.context_lens.size()
+                                  << " ctx[0]=" << c.context_lens[0]);
+  DecodeCheck check;
+  check.kv = kv;
+  check.q_type = q_type;
+  check.num_kv_heads = c.num_kv_heads;
+  check.group = c.group;
+  check.head_dim = c.head_dim;
+  check.block_size = c.block_size;
+  check.num_splits = c.num_splits;
+  check.context_lens = c.context_lens;
+  check.indptr = {0};
+  int64_t total_blocks = 0;
+  for (int32_t len : c.context_lens) total_blocks += (len + c.block_size - 1) / c.block_size + 1;
+  const int64_t num_blocks = total_blocks + 3;
+  std::vector<int32_t> order(num_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  size_t next = 0;
+  for (int32_t len : c.context_lens) {
+    const int64_t needed = (len + c.block_size - 1) / c.block_size + 1;  // one spare block
+    for (int64_t b = 0; b < needed; ++b) check.host_indices.push_back(order[next++]);
+    check.indptr.push_back(static_cast<int32_t>(check.host_indices.size()));
+  }
+  check.device_indices = check.host_indices;
+  const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * c.head_dim;
+  const testing_util::HostCache cache = testing_util::RandomCache(kv, pool, seed + 1);
+  check.host_cache = &cache;
+  check.host_num_blocks = check.device_num_blocks = num_blocks;
+  // Queries up to +-2 make the softmax peaked enough that a lost token shows.
+  const int64_t num_heads = c.num_kv_heads * c.group;
+  check.q = testing_util::RoundTo(
+      q_type, testing_util::RandomFloats(static_cast<int64_t>(c.context_lens.size()) *
+                                             num_heads * c.head_dim,
+                                         seed + 3, -2, 2));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
+  check.device_k = d_k.data();
+  check.device_v = d_v.data();
+  ExpectDecodeMatchesReference(check);
 }
 
 TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
@@ -244,8 +278,12 @@ TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
 // with the reason, where the device cannot hold the pool.
 TEST(CudaPagedDecodeTest, PoolOverTwoToThe31ElementsAddressesTheTopBlocks) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
-  const int64_t kv_heads = 8, group = 4, d = 128, block_size = 16;
-  const int64_t block_elements = block_size * kv_heads * d;  // 16,384
+  DecodeCheck check;
+  check.num_kv_heads = 8;
+  check.group = 4;
+  check.head_dim = 128;
+  check.num_splits = 1;
+  const int64_t block_elements = check.block_size * check.num_kv_heads * check.head_dim;
   const int64_t num_blocks = (int64_t{1} << 31) / block_elements + 64;
   const int64_t pool_bytes = num_blocks * block_elements * 2;  // F16: 4.3 GB each for K and V
   absl::StatusOr<DeviceBuffer> k_pool = DeviceBuffer::Allocate(pool_bytes);
@@ -255,72 +293,36 @@ TEST(CudaPagedDecodeTest, PoolOverTwoToThe31ElementsAddressesTheTopBlocks) {
     GTEST_SKIP() << "the device cannot hold two pools of " << pool_bytes << " bytes: "
                  << (k_pool.ok() ? v_pool.status() : k_pool.status());
   }
-  const std::vector<int32_t> context_lens = {700, 1000};
-  const int64_t num_seqs = static_cast<int64_t>(context_lens.size());
-  const int64_t num_heads = kv_heads * group;
-  // Compact pool: blocks 0..n-1 for the reference; on the device block b lives at
+  // The reference's compact pool holds blocks 0..n-1; on the device block b lives at
   // num_blocks - n + b, the last blocks of the pool.
-  std::vector<int32_t> indptr{0}, compact_indices, device_indices;
-  for (int32_t len : context_lens) {
-    for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
-      compact_indices.push_back(static_cast<int32_t>(compact_indices.size()));
+  check.context_lens = {700, 1000};
+  check.indptr = {0};
+  for (int32_t len : check.context_lens) {
+    for (int64_t b = 0; b < (len + check.block_size - 1) / check.block_size; ++b) {
+      check.host_indices.push_back(static_cast<int32_t>(check.host_indices.size()));
     }
-    indptr.push_back(static_cast<int32_t>(compact_indices.size()));
+    check.indptr.push_back(static_cast<int32_t>(check.host_indices.size()));
   }
-  const int64_t used_blocks = static_cast<int64_t>(compact_indices.size());
-  const int64_t first_block = num_blocks - used_blocks;
-  for (int32_t b : compact_indices) device_indices.push_back(static_cast<int32_t>(first_block + b));
-  testing_util::HostCache cache =
-      testing_util::RandomCache(DataType::kF16, used_blocks * block_elements, 31);
-  const int64_t offset_bytes = first_block * block_elements * 2;
+  check.host_num_blocks = static_cast<int64_t>(check.host_indices.size());
+  const int64_t first_block = num_blocks - check.host_num_blocks;
   ASSERT_GT(first_block * block_elements, int64_t{1} << 31);
+  for (int32_t b : check.host_indices) {
+    check.device_indices.push_back(static_cast<int32_t>(first_block + b));
+  }
+  const testing_util::HostCache cache =
+      testing_util::RandomCache(DataType::kF16, check.host_num_blocks * block_elements, 31);
+  const int64_t offset_bytes = first_block * block_elements * 2;
   ASSERT_TRUE(k_pool->CopyFromHost(cache.k_bytes.data(), cache.k_bytes.size(), offset_bytes).ok());
   ASSERT_TRUE(v_pool->CopyFromHost(cache.v_bytes.data(), cache.v_bytes.size(), offset_bytes).ok());
-  std::vector<float> q = testing_util::RoundTo(
-      DataType::kF16, testing_util::RandomFloats(num_seqs * num_heads * d, 32, -2, 2));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<int32_t> query_start(num_seqs + 1);
-  std::iota(query_start.begin(), query_start.end(), 0);
-  std::vector<float> expected(q.size());
-  cpu::PagedAttentionParams ref;
-  ref.q = q.data();
-  ref.out = expected.data();
-  ref.cache = {cache.k.data(), cache.v.data(), cpu::KvDtype::kF32, used_blocks,
-               block_size,     kv_heads,       d};
-  ref.query_start = query_start.data();
-  ref.context_len = context_lens.data();
-  ref.block_indptr = indptr.data();
-  ref.block_indices = compact_indices.data();
-  ref.num_seqs = num_seqs;
-  ref.num_heads = num_heads;
-  ref.scale = scale;
-  ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
-
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(DataType::kF16, q));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF16, q.size()));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(device_indices));
-  PagedDecodeParams p;
-  p.q = d_q.data();
-  p.out = d_out.data();
-  p.q_dtype = DataType::kF16;
-  p.cache = {k_pool->data(), v_pool->data(), DataType::kF16, num_blocks, block_size, kv_heads, d};
-  p.context_len = static_cast<const int32_t*>(d_len.data());
-  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
-  p.block_indices = static_cast<const int32_t*>(d_indices.data());
-  p.num_seqs = num_seqs;
-  p.num_heads = num_heads;
-  p.scale = scale;
-  p.max_context_len = 1000;
-  p.num_splits = 1;
-  const absl::Status launched = LaunchPagedDecode(p, nullptr);
-  ASSERT_TRUE(launched.ok()) << launched;
-  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
-  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                            testing_util::Download(d_out, DataType::kF16, q.size()));
-  EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 5e-5,
-                       testing_util::RoundingTolerance(DataType::kF16) / 2));
+  check.host_cache = &cache;
+  check.device_k = k_pool->data();
+  check.device_v = v_pool->data();
+  check.device_num_blocks = num_blocks;
+  check.q = testing_util::RoundTo(
+      DataType::kF16,
+      testing_util::RandomFloats(2 * check.num_kv_heads * check.group * check.head_dim, 32, -2,
+                                 2));
+  ExpectDecodeMatchesReference(check);
 }
 
 // A table that is too short, or names a block outside the pool, makes that sequence's
