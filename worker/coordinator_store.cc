@@ -20,6 +20,9 @@ void CoordinatorStore::set(const std::string& key, const std::vector<char>& data
   loom::v1::StoreSetResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout_);
+  // A coordinator that is not listening yet (ranks started beside it, as in one pod) is
+  // waited for until the deadline instead of failing the rendezvous at once.
+  context.set_wait_for_ready(true);
   const grpc::Status status = stub_->StoreSet(&context, request, &response);
   if (!status.ok()) {
     throw std::runtime_error(absl::StrFormat("rendezvous: setting %s%s on the coordinator: %s",
@@ -36,6 +39,7 @@ std::vector<std::string> CoordinatorStore::Get(const std::vector<std::string>& k
   grpc::ClientContext context;
   // The RPC's own deadline leaves the coordinator time to answer DEADLINE_EXCEEDED itself.
   context.set_deadline(std::chrono::system_clock::now() + timeout + std::chrono::seconds(5));
+  context.set_wait_for_ready(true);
   const grpc::Status status = stub_->StoreGet(&context, request, &response);
   if (!status.ok()) {
     // gloo recognises timeouts by this wording (see GlooCommunicator).
