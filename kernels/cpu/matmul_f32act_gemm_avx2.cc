@@ -299,7 +299,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t k = w.cols;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t scale_groups = k / w.group_size;
-  alignas(32) thread_local float panel[kRowBlock * kChunkCols];
+  float* const panel = ThreadScratch(kRowBlock * kChunkCols);
 
   // Balanced column chunks of at most kChunkCols, multiples of 32 (k is one).
   const int64_t num_chunks = (k + kChunkCols - 1) / kChunkCols;

@@ -286,7 +286,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t scale_groups = k / w.group_size;
   // One panel chunk per thread, kept between calls.
-  alignas(64) thread_local float panel[kPanelBlocks * kRowBlock * kChunkCols];
+  float* const panel = ThreadScratch(kPanelBlocks * kRowBlock * kChunkCols);
 
   // Balanced column chunks of at most kChunkCols, multiples of 32 (whole INT4 and INT8
   // lines; k is a multiple of 32): k = 576 runs as 3 x 192, k = 1536 as 8 x 192.

@@ -5,7 +5,9 @@
 // kernels/cpu (and its tests and benchmark) includes this header.
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "kernels/cpu/weights.h"
 
@@ -25,6 +27,25 @@ inline constexpr int64_t kRowBlock = 16;
 inline constexpr int64_t kActGroup = 32;
 
 inline int64_t NumRowBlocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
+
+/// This thread's scratch of at least `count` floats, 64-byte aligned, kept between calls
+/// (grown, never shrunk). On the heap, not a thread_local array: static TLS is reserved in
+/// every thread of the process, including civetweb's small-stack threads behind the
+/// metrics endpoint, which crash once the TLS block outgrows their stacks (a TP worker's
+/// /metrics segfaulted with both GEMMs' 36 KiB panels in static TLS).
+inline float* ThreadScratch(size_t count) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> buffer;
+  thread_local size_t capacity = 0;
+  if (capacity < count) {
+    const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    buffer.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    capacity = buffer != nullptr ? count : 0;
+  }
+  return buffer.get();
+}
 
 /// Bytes of `data` per row block.
 inline int64_t BlockDataBytes(WeightFormat format, int64_t cols) {
