@@ -37,10 +37,10 @@ absl_libs=(
 
 case "$target" in
   gguf_file)
-    sources=(common/gguf_file.cc common/ggml_type.cc common/model_config.cc)
+    sources=(common/gguf_file.cc common/file_image.cc common/ggml_type.cc common/model_config.cc)
     corpus_dir=gguf ;;
   safetensors_file)
-    sources=(common/safetensors_file.cc)
+    sources=(common/safetensors_file.cc common/file_image.cc)
     corpus_dir=safetensors ;;
   *) echo "unknown fuzz target $target"; exit 2 ;;
 esac
