@@ -339,6 +339,23 @@ std::vector<float> RunEverywhere(const std::vector<ForwardPass*>& runners, const
   return logits[0];
 }
 
+// Runs `batch` on every runner (RunEverywhere) and appends the CPU's greedy token to each
+// sampled sequence, so every runner sees the same tokens next; `steps_logits` (optional)
+// collects the step's logits of every runner.
+void RunAndFeedGreedy(const std::vector<ForwardPass*>& runners, const StepBatch& batch,
+                      const std::vector<size_t>& sampled, std::vector<TestSequence>& seqs,
+                      Comparison& result,
+                      std::vector<std::vector<std::vector<float>>>* steps_logits) {
+  const int64_t vocab = runners[0]->config().vocab_size;
+  std::vector<std::vector<float>> all;
+  const std::vector<float> cpu = RunEverywhere(runners, batch, result, &all);
+  ASSERT_EQ(cpu.size(), sampled.size() * vocab);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    seqs[sampled[i]].tokens.push_back(Argmax(cpu.data() + i * vocab, vocab));
+  }
+  if (steps_logits != nullptr) steps_logits->push_back(std::move(all));
+}
+
 // Prefill of several prompts in one step, a chunked prefill over cached blocks, decode
 // steps of 3 sequences (graph bucket 4: padded), a mixed step (a new prompt beside
 // decodes), then decode steps of 4 and 5 sequences. Each sampled sequence gets the CPU's
@@ -348,19 +365,12 @@ void RunScenario(const std::vector<ForwardPass*>& runners,
                  std::vector<std::vector<int32_t>> prompts, Comparison& result,
                  std::vector<std::vector<std::vector<float>>>* steps_logits = nullptr) {
   ASSERT_GE(prompts.size(), 5u);
-  const int64_t vocab = runners[0]->config().vocab_size;
   StepDriver driver;
   std::vector<TestSequence> seqs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) seqs[i].tokens = prompts[i];
 
   auto run = [&](const StepBatch& batch, const std::vector<size_t>& sampled) {
-    std::vector<std::vector<float>> all;
-    const std::vector<float> cpu = RunEverywhere(runners, batch, result, &all);
-    ASSERT_EQ(cpu.size(), sampled.size() * vocab);
-    for (size_t i = 0; i < sampled.size(); ++i) {
-      seqs[sampled[i]].tokens.push_back(Argmax(cpu.data() + i * vocab, vocab));
-    }
-    if (steps_logits != nullptr) steps_logits->push_back(std::move(all));
+    RunAndFeedGreedy(runners, batch, sampled, seqs, result, steps_logits);
   };
   auto decode = [&](const std::vector<size_t>& which) {
     StepBatch batch;
@@ -833,13 +843,7 @@ TEST(CudaModelRunnerTest, DecodeGraphBucketsOneTwoAndTheLargest) {
       driver.Add(batch, seqs[s], decode ? 1 : seqs[s].tokens.size(), true);
       sampled.push_back(s);
     }
-    std::vector<std::vector<float>> all;
-    const std::vector<float> cpu_logits = RunEverywhere(runners, batch, result, &all);
-    ASSERT_EQ(cpu_logits.size(), sampled.size() * vocab);
-    for (size_t i = 0; i < sampled.size(); ++i) {
-      seqs[sampled[i]].tokens.push_back(Argmax(cpu_logits.data() + i * vocab, vocab));
-    }
-    steps.push_back(std::move(all));
+    RunAndFeedGreedy(runners, batch, sampled, seqs, result, &steps);
   };
   // Prompts in two prefill steps (the runner's max_num_tokens is 512).
   step(0, kLargestBucket / 2, false);
