@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_paths.h"
 #include "tests/common/gguf_test_util.h"
 
 namespace loom::common {
@@ -27,10 +28,7 @@ using ::testing::HasSubstr;
 constexpr uint32_t kF32 = static_cast<uint32_t>(GgmlType::kF32);
 constexpr uint32_t kQ8_0 = static_cast<uint32_t>(GgmlType::kQ8_0);
 
-std::filesystem::path SourceDir() {
-  if (const char* dir = std::getenv("LOOM_SOURCE_DIR")) return dir;
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
+std::filesystem::path SourceDir() { return loom::test_env::SourceDir(); }
 
 std::filesystem::path ModelPath() {
   if (const char* path = std::getenv("LOOM_MODEL_PATH")) return path;

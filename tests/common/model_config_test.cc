@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_paths.h"
 #include "tests/common/gguf_test_util.h"
 
 namespace loom::common {
@@ -20,9 +21,7 @@ constexpr uint32_t kF32 = static_cast<uint32_t>(GgmlType::kF32);
 constexpr uint32_t kQ1_0 = 41;
 
 std::filesystem::path ModelPath() {
-  if (const char* path = std::getenv("LOOM_MODEL_PATH")) return path;
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
-         "SmolLM2-135M-Instruct.Q4_1.gguf";
+  return loom::test_env::ModelPath();
 }
 
 absl::StatusOr<ModelConfig> ConfigOf(const GgufImageBuilder& builder) {

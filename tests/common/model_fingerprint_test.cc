@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/test_paths.h"
 #include "tests/common/gguf_test_util.h"
 
 namespace loom::common {
@@ -71,12 +72,7 @@ TEST(ModelFingerprintTest, IgnoresTensorData) {
 }
 
 TEST(ModelFingerprintTest, RealModelIsStableAcrossOpens) {
-  const char* env = std::getenv("LOOM_MODEL_PATH");
-  const std::string path =
-      env ? env
-          : (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
-             "SmolLM2-135M-Instruct.Q4_1.gguf")
-                .string();
+  const std::string path = loom::test_env::ModelPath();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no model at " << path;
   auto first = GgufFile::Open(path);
   auto second = GgufFile::Open(path);

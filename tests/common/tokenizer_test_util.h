@@ -14,25 +14,15 @@
 
 #include "common/gguf_file.h"
 #include "common/tokenizer.h"
+#include "tests/test_paths.h"
 
 namespace loom::common::testing {
 
-inline std::string EnvOr(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
-}
+using loom::test_env::EnvOr;
+using loom::test_env::ModelPath;
+using loom::test_env::SourceDir;
 
-// Without LOOM_SHARED_DIR / LOOM_MODEL_PATH, both are found from LOOM_SOURCE_DIR (the
-// checkout), else from the current directory.
-inline std::string SourceDir() { return EnvOr("LOOM_SOURCE_DIR", "."); }
-
-inline std::string TokenizerDataDir() {
-  return EnvOr("LOOM_SHARED_DIR", SourceDir() + "/../shared") + "/testdata/tokenizer";
-}
-
-inline std::string ModelPath() {
-  return EnvOr("LOOM_MODEL_PATH", SourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
+inline std::string TokenizerDataDir() { return loom::test_env::SharedDir() + "/testdata/tokenizer"; }
 
 inline std::string ReadFileOrEmpty(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -1,6 +1,7 @@
 #include "worker/step_executor.h"
 
 #include <gtest/gtest.h>
+#include "tests/test_paths.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -24,10 +25,7 @@ constexpr int64_t kNumBlocks = 64;
 constexpr int64_t kBlockSize = 16;
 
 std::string ModelPath() {
-  if (const char* path = std::getenv("LOOM_MODEL_PATH")) return path;
-  return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "models" /
-          "SmolLM2-135M-Instruct.Q4_1.gguf")
-      .string();
+  return loom::test_env::ModelPath();
 }
 
 // A fixed 21-token prompt (SmolLM2 ids of an English sentence).
