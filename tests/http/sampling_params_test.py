@@ -137,3 +137,22 @@ def test_grpc_api_takes_the_same_parameters(rig):
     request.sampling.logit_bias[forced] = 500.0
     outcome = h.generate_all(stub, [request])[0]
     assert outcome.code.name == "INVALID_ARGUMENT" and "logit_bias" in outcome.details, outcome.describe()
+
+
+def test_python_sdk_takes_the_same_parameters(rig):
+    try:  # the installed SDK (scripts/install-deps.sh builds it from this checkout)
+        import inspect
+        import loom_client
+        from loom_client import LoomClient
+        sdk_ready = "logit_bias" in inspect.signature(loom_client.client._generate_request).parameters
+    except Exception as e:  # noqa: BLE001 (an SDK installed from an older checkout)
+        pytest.skip(f"loom_client is not importable here: {e}")
+    if not sdk_ready:
+        pytest.skip("the installed loom_client predates logit_bias: run scripts/install-deps.sh")
+    forced = token_id(rig, " banana")
+    with LoomClient(rig.coordinator.address) as sdk:
+        completion = sdk.generate(PROMPT, max_tokens=3, temperature=0, logit_bias={forced: 100})
+        assert completion.text == " banana" * 3
+        completion = sdk.generate(PROMPT, max_tokens=8, temperature=0, min_tokens=8,
+                                  logit_bias={token_id(rig, "<|im_end|>"): 100})
+        assert len(completion.token_ids) == 8
