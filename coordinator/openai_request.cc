@@ -113,9 +113,10 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
   };
   auto non_empty = [&](const char* name) {
     const json* value = Field(body, name);
-    return value != nullptr && !(value->is_array() || value->is_object() || value->is_string()
-                                     ? value->empty()
-                                     : false);
+    if (value == nullptr) return false;
+    // json::empty() is false for every string: compare the text itself.
+    if (value->is_string()) return !value->get_ref<const std::string&>().empty();
+    return !((value->is_array() || value->is_object()) && value->empty());
   };
   for (const char* name : {"suffix", "prediction", "audio"}) {
     if (non_empty(name)) return refuse(name);
