@@ -58,8 +58,9 @@ absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
     std::vector<GrammarExprPtr> next;
     if (!separator.empty()) next.push_back(LiteralExpr(separator));
     next.push_back(RuleRefExpr("tool call$"));
-    definition.SetRule("tool calls$", SequenceExpr({RuleRefExpr("tool call$"),
-                                                    RepeatExpr(SequenceExpr(std::move(next)), 0, -1)}));
+    definition.SetRule("tool calls$",
+                       SequenceExpr({RuleRefExpr("tool call$"),
+                                     RepeatExpr(SequenceExpr(std::move(next)), 0, -1)}));
     definition.root = "tool calls$";
   } else {
     definition.root = "tool call$";

@@ -39,8 +39,9 @@ absl::Status CheckFunction(const Json& function, const std::string& param) {
   }
   if (const Json* parameters = Field(function, "parameters");
       parameters != nullptr && !parameters->is_object()) {
-    return Invalid(param, absl::StrFormat("the parameters of function '%s' must be a JSON Schema object",
-                                          name->get<std::string>()));
+    return Invalid(param,
+                   absl::StrFormat("the parameters of function '%s' must be a JSON Schema object",
+                                   name->get<std::string>()));
   }
   if (const Json* description = Field(function, "description");
       description != nullptr && !description->is_string()) {
@@ -94,10 +95,12 @@ Json FunctionSummary(const Json& tool) {
   const Json& function = tool["function"];
   Json summary = Json::object();
   summary["name"] = function["name"];
-  if (const Json* description = Field(function, "description")) summary["description"] = *description;
+  if (const Json* description = Field(function, "description"))
+    summary["description"] = *description;
   const Json* parameters = Field(function, "parameters");
-  summary["parameters"] = parameters != nullptr ? *parameters
-                                                : Json{{"type", "object"}, {"properties", Json::object()}};
+  summary["parameters"] = parameters != nullptr
+                              ? *parameters
+                              : Json{{"type", "object"}, {"properties", Json::object()}};
   return summary;
 }
 
@@ -116,7 +119,8 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   if (tools != nullptr) {
     if (!tools->is_array()) return Invalid("tools", "'tools' must be a list of tools");
     for (const Json& tool : *tools) {
-      if (!tool.is_object() || tool.value("type", "") != "function" || Field(tool, "function") == nullptr) {
+      if (!tool.is_object() || tool.value("type", "") != "function" ||
+          Field(tool, "function") == nullptr) {
         return Invalid("tools", "each tool must be {\"type\": \"function\", \"function\": {...}}");
       }
       if (absl::Status s = CheckFunction(tool["function"], "tools"); !s.ok()) return s;
@@ -127,7 +131,8 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
       out.tools.push_back(Json{{"type", "function"}, {"function", tool["function"]}});
     }
   } else if (functions != nullptr) {
-    if (!functions->is_array()) return Invalid("functions", "'functions' must be a list of functions");
+    if (!functions->is_array())
+      return Invalid("functions", "'functions' must be a list of functions");
     for (const Json& function : *functions) {
       if (absl::Status s = CheckFunction(function, "functions"); !s.ok()) return s;
       const std::string name = function["name"].get<std::string>();
@@ -143,7 +148,8 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   const char* choice_param = out.legacy ? "function_call" : "tool_choice";
   const Json* choice = Field(body, choice_param);
   if (!out.legacy && choice == nullptr && Field(body, "function_call") != nullptr) {
-    return Invalid("function_call", "'function_call' goes with the legacy 'functions'; use 'tool_choice'");
+    return Invalid("function_call",
+                   "'function_call' goes with the legacy 'functions'; use 'tool_choice'");
   }
   if (choice != nullptr) {
     if (choice->is_string()) {
@@ -155,10 +161,11 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
       } else if (mode == "required" && !out.legacy) {
         out.choice = ToolChoice::kRequired;
       } else {
-        return Invalid(choice_param, absl::StrFormat("'%s' must be %s or a named function, got '%s'",
-                                                     choice_param,
-                                                     out.legacy ? "\"none\", \"auto\"" : "\"none\", \"auto\", \"required\"",
-                                                     mode));
+        return Invalid(
+            choice_param,
+            absl::StrFormat("'%s' must be %s or a named function, got '%s'", choice_param,
+                            out.legacy ? "\"none\", \"auto\"" : "\"none\", \"auto\", \"required\"",
+                            mode));
       }
     } else if (choice->is_object()) {
       absl::StatusOr<std::string> name;
@@ -166,26 +173,31 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
         name = NamedFunction(*choice, choice_param);
       } else {
         if (choice->value("type", "") != "function" || Field(*choice, "function") == nullptr) {
-          return Invalid(choice_param, "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+          return Invalid(
+              choice_param,
+              "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
         }
         name = NamedFunction((*choice)["function"], choice_param);
       }
       if (!name.ok()) return name.status();
       if (!names.contains(*name)) {
-        return Invalid(choice_param, absl::StrFormat("'%s' names the function '%s', which is not among the tools",
-                                                     choice_param, *name));
+        return Invalid(choice_param,
+                       absl::StrFormat("'%s' names the function '%s', which is not among the tools",
+                                       choice_param, *name));
       }
       out.choice = ToolChoice::kNamed;
       out.named_function = *name;
     } else {
-      return Invalid(choice_param, absl::StrFormat("'%s' must be a string or an object", choice_param));
+      return Invalid(choice_param,
+                     absl::StrFormat("'%s' must be a string or an object", choice_param));
     }
     if ((out.choice == ToolChoice::kRequired) && out.tools.empty()) {
       return Invalid(choice_param, "'tool_choice' \"required\" needs 'tools'");
     }
   }
   if (const Json* parallel = Field(body, "parallel_tool_calls")) {
-    if (!parallel->is_boolean()) return Invalid("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    if (!parallel->is_boolean())
+      return Invalid("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     out.parallel = parallel->get<bool>();
   }
   // The legacy API returns one function_call.
@@ -229,7 +241,8 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
       Json parsed_calls = Json::array();
       for (const Json& call : *calls) {
         const Json* function = call.is_object() ? Field(call, "function") : nullptr;
-        const Json* name = function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
+        const Json* name =
+            function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
         if (name == nullptr || !name->is_string()) {
           return Invalid("messages", "each tool call needs a 'function' with a 'name'");
         }
@@ -262,7 +275,8 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
     if (rewrite && role->get<std::string>() == "tool") {
       Json response = Json::object();
       std::string id;
-      if (const Json* call_id = Field(message, "tool_call_id"); call_id != nullptr && call_id->is_string()) {
+      if (const Json* call_id = Field(message, "tool_call_id");
+          call_id != nullptr && call_id->is_string()) {
         id = call_id->get<std::string>();
         response["tool_call_id"] = id;
       }
@@ -280,7 +294,8 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
   if (rewrite && tools.active()) {
     const std::string prompt = GenericToolPrompt(tools.tools);
     if (!out.empty() && out[0]["role"] == "system") {
-      const std::string system = out[0]["content"].is_string() ? out[0]["content"].get<std::string>() : "";
+      const std::string system =
+          out[0]["content"].is_string() ? out[0]["content"].get<std::string>() : "";
       out[0]["content"] = system.empty() ? prompt : system + "\n\n" + prompt;
     } else {
       out.insert(out.begin(), Json{{"role", "system"}, {"content", prompt}});
@@ -290,8 +305,10 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
 }
 
 std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools) {
-  if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed) return std::nullopt;
-  const char* arguments_key = tools.format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+  if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed)
+    return std::nullopt;
+  const char* arguments_key =
+      tools.format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
   Json alternatives = Json::array();
   for (const Json& tool : tools.tools) {
     const Json summary = FunctionSummary(tool);
@@ -318,8 +335,11 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
     case ToolCallFormat::kLlama3Json:
       return common::GrammarSpec{common::GrammarKind::kJsonSchema, Dump(call)};
     case ToolCallFormat::kHermes: {
-      const Json spec{{"schema", call}, {"begin", "<tool_call>\n"}, {"end", "\n</tool_call>"},
-                      {"separator", "\n"}, {"repeat", tools.parallel}};
+      const Json spec{{"schema", call},
+                      {"begin", "<tool_call>\n"},
+                      {"end", "\n</tool_call>"},
+                      {"separator", "\n"},
+                      {"repeat", tools.parallel}};
       return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
     }
     case ToolCallFormat::kMistral: {

@@ -32,9 +32,8 @@ Json ParseJson(std::string_view text) {
 bool CallFromJson(const Json& value, ParsedToolCall& call) {
   if (!value.is_object()) return false;
   // Hermes and the generic format may nest the call as {"function": {...}}.
-  const Json& call_json = value.contains("function") && value["function"].is_object()
-                              ? value["function"]
-                              : value;
+  const Json& call_json =
+      value.contains("function") && value["function"].is_object() ? value["function"] : value;
   auto name = call_json.find("name");
   if (name == call_json.end() || !name->is_string() || name->get<std::string>().empty()) {
     return false;
@@ -93,8 +92,8 @@ ParsedReply ParseHermes(std::string_view text) {
     const size_t body = at + kHermesOpen.size();
     size_t close = text.find(kHermesClose, body);
     // The last call may be cut short of its closing tag (EOS right after the JSON).
-    const std::string_view inner =
-        Trim(text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body));
+    const std::string_view inner = Trim(
+        text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body));
     ParsedToolCall call;
     if (!CallFromJson(ParseJson(inner), call)) return reply;  // not a call: all content
     calls.push_back(std::move(call));
@@ -138,7 +137,8 @@ ParsedReply ParseLlama3(std::string_view text) {
       // A ';' inside a string value: extend until the piece parses.
       Json piece;
       while (true) {
-        piece = ParseJson(Trim(body.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start)));
+        piece = ParseJson(Trim(body.substr(
+            start, end == std::string_view::npos ? std::string_view::npos : end - start)));
         if (!piece.is_discarded() || end == std::string_view::npos) break;
         end = body.find(';', end + 1);
       }
@@ -186,10 +186,14 @@ size_t BeforeMarker(std::string_view text, std::string_view marker) {
 
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kGeneric: return "generic";
-    case ToolCallFormat::kHermes: return "hermes";
-    case ToolCallFormat::kLlama3Json: return "llama3_json";
-    case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kGeneric:
+      return "generic";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
+    case ToolCallFormat::kMistral:
+      return "mistral";
   }
   return "generic";
 }
@@ -209,18 +213,24 @@ bool TemplateRendersTools(std::string_view source) {
 
 ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
   switch (format) {
-    case ToolCallFormat::kHermes: return ParseHermes(text);
-    case ToolCallFormat::kMistral: return ParseMistral(text);
-    case ToolCallFormat::kLlama3Json: return ParseLlama3(text);
-    case ToolCallFormat::kGeneric: return ParseGeneric(text);
+    case ToolCallFormat::kHermes:
+      return ParseHermes(text);
+    case ToolCallFormat::kMistral:
+      return ParseMistral(text);
+    case ToolCallFormat::kLlama3Json:
+      return ParseLlama3(text);
+    case ToolCallFormat::kGeneric:
+      return ParseGeneric(text);
   }
   return ParseGeneric(text);
 }
 
 size_t StreamableContent(ToolCallFormat format, std::string_view text) {
   switch (format) {
-    case ToolCallFormat::kHermes: return BeforeMarker(text, kHermesOpen);
-    case ToolCallFormat::kMistral: return BeforeMarker(text, kMistralMarker);
+    case ToolCallFormat::kHermes:
+      return BeforeMarker(text, kHermesOpen);
+    case ToolCallFormat::kMistral:
+      return BeforeMarker(text, kMistralMarker);
     case ToolCallFormat::kLlama3Json:
     case ToolCallFormat::kGeneric: {
       // The whole reply is the call: held while it may still be one (it starts like JSON,

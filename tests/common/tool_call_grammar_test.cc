@@ -25,12 +25,15 @@ std::string HermesSpec(bool repeat) {
 TEST(ToolCallGrammarTest, HermesFramesEachCall) {
   const GrammarSpec one{GrammarKind::kToolCalls, HermesSpec(false)};
   const std::string call =
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>";
   EXPECT_TRUE(Accepts(one, call));
   EXPECT_FALSE(Accepts(one, call + "\n" + call));  // one call only
   EXPECT_FALSE(Accepts(one, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"));
-  EXPECT_FALSE(Accepts(one, "<tool_call>\n{\"name\": \"other\", \"arguments\": {\"city\": \"x\"}}\n</tool_call>"));
-  EXPECT_FALSE(Accepts(one, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(Accepts(
+      one, "<tool_call>\n{\"name\": \"other\", \"arguments\": {\"city\": \"x\"}}\n</tool_call>"));
+  EXPECT_FALSE(
+      Accepts(one, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
   const GrammarSpec many{GrammarKind::kToolCalls, HermesSpec(true)};
   EXPECT_TRUE(Accepts(many, call));
   EXPECT_TRUE(Accepts(many, call + "\n" + call));
@@ -41,7 +44,8 @@ TEST(ToolCallGrammarTest, MistralMarkerBeforeTheArray) {
   const GrammarSpec spec{GrammarKind::kToolCalls,
                          std::string(R"({"schema":{"type":"array","items":)") + kCall +
                              R"(,"minItems":1},"begin":"[TOOL_CALLS]"})"};
-  EXPECT_TRUE(Accepts(spec, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"));
+  EXPECT_TRUE(Accepts(
+      spec, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"));
   EXPECT_FALSE(Accepts(spec, "[TOOL_CALLS][]"));
   EXPECT_FALSE(Accepts(spec, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"));
 }

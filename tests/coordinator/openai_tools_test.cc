@@ -67,11 +67,16 @@ TEST(OpenAiToolsTest, RoundTripRendersThroughAToolTemplate) {
   absl::StatusOr<std::string> text = (*chat_template)->RenderJson(context);
   ASSERT_TRUE(text.ok()) << text.status();
   // The tools in the system turn, the call as the model writes it, the tool's answer.
-  EXPECT_NE(text->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
-            std::string::npos) << *text;
-  EXPECT_NE(text->find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
-            std::string::npos) << *text;
-  EXPECT_NE(text->find("<tool_response>\n18 C, sunny\n</tool_response>"), std::string::npos) << *text;
+  EXPECT_NE(
+      text->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
+      std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                       "\"Paris\"}}\n</tool_call>"),
+            std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("<tool_response>\n18 C, sunny\n</tool_response>"), std::string::npos)
+      << *text;
 }
 
 TEST(OpenAiToolsTest, GenericFallbackAddsTheSystemPromptAndRewritesToolTurns) {
@@ -83,12 +88,14 @@ TEST(OpenAiToolsTest, GenericFallbackAddsTheSystemPromptAndRewritesToolTurns) {
   ASSERT_TRUE(messages.ok()) << messages.status();
   ASSERT_EQ(messages->size(), 4u);
   EXPECT_EQ((*messages)[0]["role"], "system");
-  EXPECT_NE((*messages)[0]["content"].get<std::string>().find("\"name\":\"get_weather\""), std::string::npos);
+  EXPECT_NE((*messages)[0]["content"].get<std::string>().find("\"name\":\"get_weather\""),
+            std::string::npos);
   EXPECT_EQ((*messages)[2]["content"],
             R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]})");
   EXPECT_EQ((*messages)[3]["role"], "user");
-  EXPECT_EQ((*messages)[3]["content"],
-            R"({"tool_response":{"tool_call_id":"call_1","name":"get_weather","content":"18 C, sunny"}})");
+  EXPECT_EQ(
+      (*messages)[3]["content"],
+      R"({"tool_response":{"tool_call_id":"call_1","name":"get_weather","content":"18 C, sunny"}})");
 }
 
 TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
@@ -97,14 +104,17 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
     std::string valid, invalid;
   };
   const Case cases[] = {
-      {ToolCallFormat::kGeneric, R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]})",
+      {ToolCallFormat::kGeneric,
+       R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]})",
        R"({"tool_calls": [{"name": "get_weather", "arguments": {}}]})"},
       {ToolCallFormat::kLlama3Json, R"({"name": "get_weather", "parameters": {"city": "Paris"}})",
        R"({"name": "get_weather", "arguments": {"city": "Paris"}})"},
       {ToolCallFormat::kHermes,
-       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\"}}\n</tool_call>",
        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"},
-      {ToolCallFormat::kMistral, R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}])",
+      {ToolCallFormat::kMistral,
+       R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}])",
        R"([TOOL_CALLS][{"name": "get_time", "arguments": {"city": "Paris"}}])"},
   };
   for (const Case& c : cases) {
@@ -130,11 +140,13 @@ TEST(OpenAiToolsTest, NamedChoiceAndParallelCallsShapeTheConstraint) {
   EXPECT_EQ(tools->choice, ToolChoice::kNamed);
   std::optional<common::GrammarSpec> spec = ToolCallConstraint(*tools);
   ASSERT_TRUE(spec.has_value());
-  EXPECT_TRUE(common::testing::Accepts(*spec, R"({"tool_calls": [{"name": "get_time", "arguments": {}}]})"));
+  EXPECT_TRUE(common::testing::Accepts(
+      *spec, R"({"tool_calls": [{"name": "get_time", "arguments": {}}]})"));
   EXPECT_FALSE(common::testing::Accepts(
       *spec, R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "x"}}]})"));
   EXPECT_FALSE(common::testing::Accepts(
-      *spec, R"({"tool_calls": [{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]})"));
+      *spec,
+      R"({"tool_calls": [{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]})"));
 }
 
 TEST(OpenAiToolsTest, BadToolFieldsNameTheirParam) {
@@ -147,11 +159,15 @@ TEST(OpenAiToolsTest, BadToolFieldsNameTheirParam) {
       {R"({"tools": [{"type": "retrieval"}]})", "tools"},
       {R"({"tools": [{"type": "function", "function": {"name": ""}}]})", "tools"},
       {R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]})", "tools"},
-      {R"({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})", "tools"},
-      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"})", "tool_choice"},
-      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})", "tool_choice"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})",
+       "tools"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"})",
+       "tool_choice"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       "tool_choice"},
       {R"({"tool_choice": "required"})", "tool_choice"},
-      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1})", "parallel_tool_calls"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1})",
+       "parallel_tool_calls"},
       {R"({"tools": [], "functions": []})", "functions"},
       {R"({"function_call": "auto"})", "function_call"},
   };

@@ -23,8 +23,8 @@ TEST(ToolCallParserTest, HermesCallsAfterContent) {
 }
 
 TEST(ToolCallParserTest, HermesLastCallMayLackItsClosingTag) {
-  ParsedReply reply = ParseToolCalls(
-      ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n");
+  ParsedReply reply = ParseToolCalls(ToolCallFormat::kHermes,
+                                     "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n");
   ASSERT_EQ(reply.calls.size(), 1u);
   EXPECT_EQ(reply.calls[0].arguments, "{}");
   EXPECT_EQ(reply.content_end, 0u);
@@ -71,10 +71,9 @@ TEST(ToolCallParserTest, MistralArrayAfterTheMarker) {
 }
 
 TEST(ToolCallParserTest, GenericShapes) {
-  for (const char* text :
-       {R"({"tool_calls": [{"name": "f", "arguments": {"x": 1}}]})",
-        R"(  {"tool_call": {"name": "f", "arguments": {"x": 1}}})",
-        "```json\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n```"}) {
+  for (const char* text : {R"({"tool_calls": [{"name": "f", "arguments": {"x": 1}}]})",
+                           R"(  {"tool_call": {"name": "f", "arguments": {"x": 1}}})",
+                           "```json\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n```"}) {
     ParsedReply reply = ParseToolCalls(ToolCallFormat::kGeneric, text);
     ASSERT_EQ(reply.calls.size(), 1u) << text;
     EXPECT_EQ(reply.calls[0].name, "f");
@@ -94,7 +93,8 @@ TEST(ToolCallParserTest, StreamableContentHoldsWhatMayBecomeACall) {
 }
 
 TEST(ToolCallParserTest, FormatFromTheTemplate) {
-  EXPECT_EQ(ToolCallFormatOf("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(ToolCallFormatOf("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}"),
+            ToolCallFormat::kHermes);
   EXPECT_EQ(ToolCallFormatOf("{{ '[TOOL_CALLS]' }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(ToolCallFormatOf("{{- '<|python_tag|>' }}"), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(ToolCallFormatOf("{% for m in messages %}{{ m.content }}{% endfor %}"),
