@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::client {
@@ -20,6 +21,18 @@ struct SamplingOptions {
   std::optional<uint64_t> seed;
   /// -1 or unset: none; 0: the chosen token's logprob; n: and the n most likely tokens.
   std::optional<int32_t> num_logprobs;
+  /// (token id, bias in [-100, 100]) added to the token's logit (OpenAI's logit_bias).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  /// End-of-generation and stop tokens cannot end the output before this many tokens.
+  std::optional<int32_t> min_tokens;
+};
+
+/// Structured output: the completion is constrained to a grammar's language.
+struct OutputConstraint {
+  /// "json_schema" (text: the schema), "json_object" (text empty), "regex", "choice"
+  /// (text: a JSON array of strings) or "grammar" (GBNF, rule "root").
+  std::string kind;
+  std::string text;
 };
 
 /// One completion to generate. Exactly one of `text` and `token_ids` is the prompt:
@@ -37,6 +50,9 @@ struct GenerateRequest {
   std::string request_id;  // empty: the coordinator assigns one
   std::string model;       // empty: the served model
   std::string cache_salt;  // prefix-cache isolation between tenants
+  std::optional<OutputConstraint> constraint;  // unset: unconstrained
+  bool include_stop_str_in_output = false;     // the matched stop string is returned too
+  std::optional<bool> skip_special_tokens;     // unset: true (special tokens' text left out)
 
   /// A text prompt.
   static GenerateRequest FromText(std::string prompt, int32_t max_tokens) {

@@ -24,6 +24,12 @@ loom::v1::GenerateRequest ToWire(const GenerateRequest& request) {
   if (s.frequency_penalty) sampling->set_frequency_penalty(*s.frequency_penalty);
   if (s.seed) sampling->set_seed(*s.seed);
   if (s.num_logprobs) sampling->set_num_logprobs(*s.num_logprobs);
+  for (const auto& [id, bias] : s.logit_bias) (*sampling->mutable_logit_bias())[id] = bias;
+  if (s.min_tokens) sampling->set_min_tokens(*s.min_tokens);
+  if (request.constraint) {
+    sampling->mutable_grammar()->set_kind(request.constraint->kind);
+    sampling->mutable_grammar()->set_text(request.constraint->text);
+  }
   wire.set_max_tokens(request.max_tokens);
   for (const std::string& stop : request.stop) wire.add_stop(stop);
   wire.mutable_stop_token_ids()->Add(request.stop_token_ids.begin(), request.stop_token_ids.end());
@@ -32,6 +38,8 @@ loom::v1::GenerateRequest ToWire(const GenerateRequest& request) {
   wire.set_request_id(request.request_id);
   wire.set_model(request.model);
   wire.set_cache_salt(request.cache_salt);
+  wire.set_include_stop_str_in_output(request.include_stop_str_in_output);
+  if (request.skip_special_tokens) wire.set_skip_special_tokens(*request.skip_special_tokens);
   return wire;
 }
 

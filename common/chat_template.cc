@@ -10,13 +10,17 @@ namespace loom::common {
 
 struct ChatTemplate::Impl {
   std::unique_ptr<jinja::Template> tmpl;
+  std::string source;
 };
 
 ChatTemplate::ChatTemplate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ChatTemplate::~ChatTemplate() = default;
 
+const std::string& ChatTemplate::source() const { return impl_->source; }
+
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(std::string_view source) {
   auto impl = std::make_unique<Impl>();
+  impl->source = std::string(source);
   LOOM_ASSIGN_OR_RETURN(impl->tmpl,
                         jinja::ParseTemplate(absl::string_view(source.data(), source.size())));
   return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(impl)));

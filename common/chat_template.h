@@ -47,6 +47,9 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderJson(const nlohmann::json& context) const;
   absl::StatusOr<std::string> RenderJson(const nlohmann::ordered_json& context) const;
 
+  /// The template's Jinja source as parsed (to tell which tool-call format it speaks).
+  const std::string& source() const;
+
  private:
   struct Impl;
   explicit ChatTemplate(std::unique_ptr<Impl> impl);

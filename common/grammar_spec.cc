@@ -7,6 +7,7 @@
 #include "common/gbnf_parser.h"
 #include "common/json_schema_grammar.h"
 #include "common/regex_grammar.h"
+#include "common/tool_call_grammar.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::common {
@@ -18,13 +19,14 @@ std::string GrammarKindName(GrammarKind kind) {
     case GrammarKind::kRegex: return "regex";
     case GrammarKind::kChoice: return "choice";
     case GrammarKind::kGbnf: return "grammar";
+    case GrammarKind::kToolCalls: return "tool_calls";
   }
   return "unknown";
 }
 
 absl::StatusOr<GrammarKind> ParseGrammarKind(std::string_view name) {
   for (GrammarKind kind : {GrammarKind::kJsonSchema, GrammarKind::kJsonObject, GrammarKind::kRegex,
-                           GrammarKind::kChoice, GrammarKind::kGbnf}) {
+                           GrammarKind::kChoice, GrammarKind::kGbnf, GrammarKind::kToolCalls}) {
     if (GrammarKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown grammar kind '", std::string(name), "'"));
@@ -44,6 +46,9 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileGrammarSpec(const GrammarS
       break;
     case GrammarKind::kGbnf:
       definition = ParseGbnf(spec.text);
+      break;
+    case GrammarKind::kToolCalls:
+      definition = ToolCallGrammar(spec.text);
       break;
     case GrammarKind::kChoice: {
       nlohmann::json choices = nlohmann::json::parse(spec.text, nullptr, false);

@@ -17,16 +17,17 @@
 
 namespace loom::common {
 
-enum class GrammarKind { kJsonSchema, kJsonObject, kRegex, kChoice, kGbnf };
+enum class GrammarKind { kJsonSchema, kJsonObject, kRegex, kChoice, kGbnf, kToolCalls };
 
 /// A constraint as a request states it. `text`: the schema (JSON), the regex, the
-/// choices (a JSON array of strings) or the GBNF; empty for kJsonObject.
+/// choices (a JSON array of strings), the GBNF, or a framed tool-call spec (kToolCalls,
+/// see common/tool_call_grammar.h); empty for kJsonObject.
 struct GrammarSpec {
   GrammarKind kind = GrammarKind::kJsonObject;
   std::string text;
 };
 
-/// "json_schema", "json_object", "regex", "choice", "grammar".
+/// "json_schema", "json_object", "regex", "choice", "grammar", "tool_calls".
 std::string GrammarKindName(GrammarKind kind);
 /// The inverse of GrammarKindName; InvalidArgument for other names.
 absl::StatusOr<GrammarKind> ParseGrammarKind(std::string_view name);

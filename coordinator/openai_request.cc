@@ -1,11 +1,13 @@
 #include "coordinator/openai_request.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
+#include "common/grammar_spec.h"
 #include "common/status_macros.h"
 #include "coordinator/openai_structured_output.h"
 #include "nlohmann/json.hpp"
@@ -102,35 +104,59 @@ absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& list, const char* n
   return ids;
 }
 
-// OpenAI and vLLM fields Loom does not implement yet: a request that sets one to anything
+// OpenAI and vLLM fields Loom does not implement: a request that sets one to anything
 // but its no-op value is refused naming it, never served as if it were absent (fields no
 // API defines stay ignored, as the reference servers do).
-absl::Status RefuseUnimplemented(const json& body) {
+absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
   auto refuse = [](const char* name) {
     return Invalid(name, absl::StrFormat("'%s' is not supported by this server", name));
   };
   auto non_empty = [&](const char* name) {
     const json* value = Field(body, name);
-    return value != nullptr && !(value->is_array() || value->is_object() || value->is_string()
-                                     ? value->empty()
-                                     : false);
+    if (value == nullptr) return false;
+    // json::empty() is false for every string: compare the text itself.
+    if (value->is_string()) return !value->get_ref<const std::string&>().empty();
+    return !((value->is_array() || value->is_object()) && value->empty());
   };
-  for (const char* name : {"tools", "functions", "logit_bias", "suffix", "prediction", "audio"}) {
+  for (const char* name : {"suffix", "prediction", "audio"}) {
     if (non_empty(name)) return refuse(name);
   }
-  for (const char* name : {"tool_choice", "function_call"}) {
-    const json* value = Field(body, name);
-    if (value != nullptr && !(value->is_string() && value->get<std::string>() == "none")) return refuse(name);
+  if (endpoint == OpenAiEndpoint::kCompletions) {
+    // Tools need messages (the chat template): /v1/chat/completions only.
+    for (const char* name : {"tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"}) {
+      if (Field(body, name) != nullptr) {
+        return Invalid(name, absl::StrFormat("'%s' is only supported by /v1/chat/completions", name));
+      }
+    }
   }
   auto is = [&](const char* name, const json& no_op) {
     const json* value = Field(body, name);
     return value == nullptr || *value == no_op;
   };
-  if (!is("min_tokens", 0)) return refuse("min_tokens");
-  if (!is("include_stop_str_in_output", false)) return refuse("include_stop_str_in_output");
-  if (!is("skip_special_tokens", true)) return refuse("skip_special_tokens");
   if (!is("best_of", 1)) return refuse("best_of");
   if (!is("prompt_logprobs", 0)) return refuse("prompt_logprobs");
+  return absl::OkStatus();
+}
+
+// logit_bias: {"token id": bias}, ids in the vocabulary, biases in [-100, 100].
+absl::Status ParseLogitBias(const json& body, int32_t vocab_size, loom::v1::SamplingParams& sampling) {
+  const json* bias = Field(body, "logit_bias");
+  if (bias == nullptr) return absl::OkStatus();
+  if (!bias->is_object()) return Invalid("logit_bias", "'logit_bias' must map token ids to biases");
+  for (const auto& [key, value] : bias->items()) {
+    char* end = nullptr;
+    const long long id = std::strtoll(key.c_str(), &end, 10);
+    if (key.empty() || *end != '\0' || id < 0 || id >= vocab_size) {
+      return Invalid("logit_bias", absl::StrFormat("'logit_bias' key '%s' is not a token id in [0, %d)",
+                                                   key, vocab_size));
+    }
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100) {
+      return Invalid("logit_bias", absl::StrFormat("'logit_bias' values must be numbers in [-100, 100] (token %s)",
+                                                   key));
+    }
+    (*sampling.mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
+  }
   return absl::OkStatus();
 }
 
@@ -197,6 +223,19 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
   }
   LOOM_ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, Boolean(body, "ignore_eos"));
   base.set_ignore_eos(ignore_eos.value_or(false));
+  LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
+                        Integer(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
+  if (min_tokens) {
+    if (max_tokens && *min_tokens > *max_tokens) {
+      return Invalid("min_tokens", absl::StrFormat("'min_tokens' (%d) must be at most 'max_tokens' (%d)",
+                                                   *min_tokens, *max_tokens));
+    }
+    sampling.set_min_tokens(static_cast<int32_t>(*min_tokens));
+  }
+  LOOM_ASSIGN_OR_RETURN(std::optional<bool> include_stop, Boolean(body, "include_stop_str_in_output"));
+  base.set_include_stop_str_in_output(include_stop.value_or(false));
+  LOOM_ASSIGN_OR_RETURN(std::optional<bool> skip_special, Boolean(body, "skip_special_tokens"));
+  if (skip_special) base.set_skip_special_tokens(*skip_special);
   LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> priority, Integer(body, "priority", -(1 << 30), 1 << 30));
   base.set_priority(static_cast<int32_t>(priority.value_or(0)));
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> salt, String(body, "cache_salt"));
@@ -284,34 +323,22 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
   if (chat_template == nullptr) {
     return Invalid("messages", "this model has no chat template; use /v1/completions");
   }
-  common::ChatTemplateInputs inputs;
-  for (const json& message : *messages) {
-    if (!message.is_object()) return Invalid("messages", "each message must be an object");
-    LOOM_ASSIGN_OR_RETURN(std::optional<std::string> role, String(message, "role"));
-    if (!role || role->empty()) return Invalid("messages", "each message needs a 'role'");
-    std::string content;
-    if (const json* value = Field(message, "content")) {
-      if (value->is_string()) {
-        content = value->get<std::string>();
-      } else if (value->is_array()) {
-        // Content parts: only text parts can be served by a text model.
-        for (const json& part : *value) {
-          if (!part.is_object() || part.value("type", "") != "text" ||
-              !part.contains("text") || !part["text"].is_string()) {
-            return Invalid("messages", "only content parts of type 'text' are supported");
-          }
-          content += part["text"].get<std::string>();
-        }
-      } else {
-        return Invalid("messages", "a message's 'content' must be a string or a list of parts");
-      }
-    }
-    inputs.messages.push_back({*std::move(role), std::move(content)});
+  // Ordered: every field of every message reaches the template in the client's order.
+  const nlohmann::ordered_json ordered_messages =
+      nlohmann::ordered_json::parse(messages->dump(), nullptr, /*allow_exceptions=*/false);
+  LOOM_ASSIGN_OR_RETURN(nlohmann::ordered_json template_messages,
+                        TemplateMessages(ordered_messages, out.tools));
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  context["messages"] = std::move(template_messages);
+  if (out.tools.template_renders_tools && !out.tools.tools.empty()) {
+    context["tools"] = out.tools.tools;
   }
-  inputs.add_generation_prompt = true;
-  if (tokenizer.bos_id() >= 0) inputs.bos_token = std::string(tokenizer.TokenText(tokenizer.bos_id()));
-  if (tokenizer.eos_id() >= 0) inputs.eos_token = std::string(tokenizer.TokenText(tokenizer.eos_id()));
-  absl::StatusOr<std::string> rendered = chat_template->Render(inputs);
+  context["add_generation_prompt"] = true;
+  context["bos_token"] =
+      tokenizer.bos_id() >= 0 ? std::string(tokenizer.TokenText(tokenizer.bos_id())) : std::string();
+  context["eos_token"] =
+      tokenizer.eos_id() >= 0 ? std::string(tokenizer.TokenText(tokenizer.eos_id())) : std::string();
+  absl::StatusOr<std::string> rendered = chat_template->RenderJson(context);
   if (!rendered.ok()) {
     return Invalid("messages", absl::StrFormat("the chat template rejected the messages: %s",
                                                rendered.status().message()));
@@ -334,6 +361,43 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
   return absl::OkStatus();
 }
 
+// The tool fields; `required` and a named function constrain the reply to a valid call
+// through the grammar engine.
+absl::Status ParseTools(const std::string& body, const common::ChatTemplate* chat_template,
+                        loom::v1::GenerateRequest& base, OpenAiRequest& out) {
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  LOOM_ASSIGN_OR_RETURN(out.tools,
+                        ParseToolsRequest(ordered, chat_template != nullptr ? chat_template->source() : ""));
+  if (out.tools.legacy && out.stream && out.tools.active()) {
+    return Invalid("functions", "the legacy 'functions' cannot be streamed; use 'tools'");
+  }
+  const char* choice_param = out.tools.legacy ? "function_call" : "tool_choice";
+  std::optional<common::GrammarSpec> constraint = ToolCallConstraint(out.tools);
+  if (constraint) {
+    if (!base.sampling().grammar().kind().empty()) {
+      return Invalid(choice_param, absl::StrFormat("'%s' forces a tool call, which conflicts with the "
+                                                   "structured output constraint; give one",
+                                                   choice_param));
+    }
+    absl::StatusOr<std::shared_ptr<const common::Grammar>> compiled =
+        common::SharedGrammarCache().Get(*constraint);
+    if (!compiled.ok()) {
+      const char* tools_param = out.tools.legacy ? "functions" : "tools";
+      return Invalid(tools_param, absl::StrFormat("the tools' parameter schemas cannot be enforced: %s",
+                                                  compiled.status().message()));
+    }
+    base.mutable_sampling()->mutable_grammar()->set_kind(common::GrammarKindName(constraint->kind));
+    base.mutable_sampling()->mutable_grammar()->set_text(constraint->text);
+  }
+  // Mistral's [TOOL_CALLS] is a special token: the parser needs it in the text.
+  if (out.tools.active() && out.tools.format == ToolCallFormat::kMistral &&
+      !base.has_skip_special_tokens()) {
+    base.set_skip_special_tokens(false);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string OpenAiErrorParam(const absl::Status& status) {
@@ -352,9 +416,13 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   OpenAiRequest out;
   out.endpoint = endpoint;
   loom::v1::GenerateRequest base;
-  LOOM_RETURN_IF_ERROR(RefuseUnimplemented(parsed));
+  LOOM_RETURN_IF_ERROR(RefuseUnimplemented(parsed, endpoint));
   LOOM_RETURN_IF_ERROR(ParseCommon(parsed, base, out));
+  LOOM_RETURN_IF_ERROR(ParseLogitBias(parsed, tokenizer.vocab_size(), *base.mutable_sampling()));
   LOOM_RETURN_IF_ERROR(ParseStructuredOutput(body, *base.mutable_sampling()));
+  if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    LOOM_RETURN_IF_ERROR(ParseTools(body, chat_template, base, out));
+  }
   if (endpoint == OpenAiEndpoint::kCompletions) {
     LOOM_RETURN_IF_ERROR(ParseCompletionPrompt(parsed, base, tokenizer, out));
   } else {

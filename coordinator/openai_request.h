@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/chat_template.h"
 #include "common/tokenizer.h"
+#include "coordinator/openai_tools.h"
 #include "loom/v1/inference.pb.h"
 
 namespace loom::coordinator {
@@ -39,6 +40,8 @@ struct OpenAiRequest {
   int32_t num_logprobs = -1;
   bool seed_given = false;
   std::string user;
+  // Chat: tools, tool_choice, parallel_tool_calls (or the legacy functions/function_call).
+  ToolsRequest tools;
 };
 
 /// Errors carry the OpenAI error's `param` as a payload of the status.

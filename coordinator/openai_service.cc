@@ -1,5 +1,6 @@
 #include "coordinator/openai_service.h"
 
+#include <cctype>
 #include <functional>
 #include <memory>
 #include <random>
@@ -11,6 +12,7 @@
 #include "coordinator/openai_request.h"
 #include "coordinator/peer_connection.h"
 #include "coordinator/request_validation.h"
+#include "coordinator/tool_call_parser.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::coordinator {
@@ -47,6 +49,8 @@ struct Choice {
   int leader = -1;
   bool placed = false;
   bool started = false;      // streaming: the first chunk (role, echo) went out
+  std::string reply;         // streaming with tools: the whole reply so far
+  size_t streamed = 0;       // streaming with tools: bytes of `reply` sent as content
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
   absl::Time hold_until = absl::InfinitePast();  // its next output is not taken before
 };
@@ -334,6 +338,34 @@ void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
   choice.text_offset += static_cast<int64_t>(token.size());
 }
 
+// The reply of a finished choice with tools: its content (null when empty) and calls,
+// cut to one when parallel calls are off.
+struct ToolReply {
+  Json content;
+  std::vector<ParsedToolCall> calls;
+};
+
+ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
+  ToolReply out;
+  ParsedReply parsed = ParseToolCalls(tools.format, text);
+  if (!tools.parallel && parsed.calls.size() > 1) parsed.calls.resize(1);
+  std::string content = text.substr(0, parsed.content_end);
+  if (!parsed.calls.empty()) {
+    while (!content.empty() && std::isspace(static_cast<unsigned char>(content.back()))) content.pop_back();
+  }
+  out.content = content.empty() && !parsed.calls.empty() ? Json(nullptr) : Json(content);
+  out.calls = std::move(parsed.calls);
+  return out;
+}
+
+Json ToolCallJson(const ParsedToolCall& call, const std::string& id) {
+  Json out;
+  out["id"] = id;
+  out["type"] = "function";
+  out["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+  return out;
+}
+
 // Takes what a choice's request produced since the last call into the choice; returns
 // the new text (and leaves the new tokens' logprobs in `delta_logprobs` when asked).
 std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const OutputEvent& event,
@@ -394,6 +426,74 @@ bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
     }
   }
   return true;
+}
+
+// Streaming with tools: content is sent as soon as it cannot be part of a call; the
+// rest is held until the reply ends and then sent as content or as delta.tool_calls
+// (per call: one chunk with its index, id, type and name and empty arguments, then one
+// with the arguments), with finish_reason "tool_calls". False: the client is gone or the
+// request failed.
+template <typename Send, typename MakeChunk>
+bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delta_logprobs,
+                    bool failed, Send&& send, MakeChunk&& chunk) {
+  choice.reply += text;
+  auto delta_chunk = [&](Json delta, Json finish) {
+    Json out;
+    out["index"] = choice.index;
+    out["delta"] = std::move(delta);
+    out["logprobs"] = std::move(delta_logprobs);
+    delta_logprobs = nullptr;
+    out["finish_reason"] = std::move(finish);
+    return send(chunk(Json::array({std::move(out)})));
+  };
+  Json delta = Json::object();
+  if (!choice.started) {
+    delta["role"] = "assistant";
+    delta["content"] = "";
+    choice.started = true;
+  }
+  const bool final = choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED;
+  if (!final || failed) {
+    const size_t safe = StreamableContent(run.parsed.tools.format, choice.reply);
+    if (safe > choice.streamed) {
+      delta["content"] = choice.reply.substr(choice.streamed, safe - choice.streamed);
+      choice.streamed = safe;
+    }
+    if (delta.empty() && delta_logprobs.is_null()) return true;
+    if (!delta_chunk(std::move(delta), nullptr)) return false;
+    if (failed) {
+      const absl::Status error = absl::UnavailableError(
+          absl::StrFormat("the request could not be completed: %s", choice.error));
+      send("data: " + Dump(ErrorJson(error, 503)) + "\n\n");
+      return false;
+    }
+    return true;
+  }
+  ToolReply reply = ParseReply(run.parsed.tools, choice.reply);
+  const size_t content_end =
+      reply.calls.empty() ? choice.reply.size()
+                          : (reply.content.is_null() ? 0 : reply.content.get<std::string>().size());
+  if (content_end > choice.streamed) {
+    delta["content"] = choice.reply.substr(choice.streamed, content_end - choice.streamed);
+    choice.streamed = content_end;
+  }
+  if (!delta.empty() || !delta_logprobs.is_null()) {
+    if (!delta_chunk(std::move(delta), nullptr)) return false;
+  }
+  for (size_t i = 0; i < reply.calls.size(); ++i) {
+    Json head;
+    head["index"] = static_cast<int>(i);
+    head["id"] = NewToolCallId();
+    head["type"] = "function";
+    head["function"] = {{"name", reply.calls[i].name}, {"arguments", ""}};
+    if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(head)})}}, nullptr)) return false;
+    Json arguments;
+    arguments["index"] = static_cast<int>(i);
+    arguments["function"] = {{"arguments", reply.calls[i].arguments}};
+    if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(arguments)})}}, nullptr)) return false;
+  }
+  return delta_chunk(Json::object(), reply.calls.empty() ? Json(FinishReasonName(choice.finish))
+                                                         : Json("tool_calls"));
 }
 
 }  // namespace
@@ -499,14 +599,34 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
     for (const Choice& choice : run->choices) {
       Json out;
       out["index"] = choice.index;
-      if (chat) {
+      const char* finish = FinishReasonName(choice.finish);
+      if (chat && options.tools.active()) {
+        ToolReply reply = ParseReply(options.tools, choice.text);
+        Json message;
+        message["role"] = "assistant";
+        message["content"] = reply.content;
+        if (!reply.calls.empty()) {
+          if (options.tools.legacy) {
+            message["function_call"] = {{"name", reply.calls[0].name},
+                                        {"arguments", reply.calls[0].arguments}};
+            finish = "function_call";
+          } else {
+            message["tool_calls"] = Json::array();
+            for (const ParsedToolCall& call : reply.calls) {
+              message["tool_calls"].push_back(ToolCallJson(call, NewToolCallId()));
+            }
+            finish = "tool_calls";
+          }
+        }
+        out["message"] = std::move(message);
+      } else if (chat) {
         out["message"] = {{"role", "assistant"}, {"content", choice.text}};
       } else {
         out["text"] = options.echo ? options.echo_texts[choice.prompt_index] + choice.text
                                    : choice.text;
       }
       out["logprobs"] = choice.logprobs;
-      out["finish_reason"] = FinishReasonName(choice.finish);
+      out["finish_reason"] = finish;
       body["choices"].push_back(std::move(out));
     }
     body["usage"] = run->Usage();
@@ -542,6 +662,9 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
                                   choice.finish == loom::v1::FINISH_REASON_ABORT;
               Json out;
               out["index"] = choice.index;
+              if (chat && run->parsed.tools.active()) {
+                return SendToolChunks(*run, choice, text, std::move(delta_logprobs), failed, send, chunk);
+              }
               if (chat) {
                 Json delta = Json::object();
                 if (!choice.started) delta["role"] = "assistant";

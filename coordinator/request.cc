@@ -101,7 +101,7 @@ Request::Request(std::string request_id, uint64_t seq_id, RequestParams params,
       seq_id_(seq_id),
       params_(std::move(params)),
       eos_ids_(std::move(eos_ids)),
-      decoder_(tokenizer, /*skip_special=*/true),
+      decoder_(tokenizer, params_.skip_special_tokens),
       stop_matcher_(params_.stop),
       arrival_(std::chrono::steady_clock::now()) {}
 
@@ -168,14 +168,22 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
   const bool is_stop_token = std::find(params_.stop_token_ids.begin(),
                                        params_.stop_token_ids.end(),
                                        id) != params_.stop_token_ids.end();
-  if (is_eos || is_stop_token) {
-    // The stop token's own text is not part of the completion.
+  // min_tokens: nothing ends the sequence before it (the worker masks EOS and the stop
+  // tokens; stop strings are not looked for yet, as in vLLM).
+  const bool may_stop = num_outputs_ >= params_.sampling.min_tokens();
+  if ((is_eos || is_stop_token) && may_stop) {
+    // The stop token's own text is not part of the completion (unless asked for; an
+    // end-of-generation token is special, so skip_special_tokens still drops it).
     event.text = stop_matcher_.Append(decoder_.Flush()).text + stop_matcher_.Flush();
+    if (params_.include_stop_str_in_output) event.text += decoder_.Append(id) + decoder_.Flush();
     event.finish_reason = loom::v1::FINISH_REASON_STOP;
   } else {
-    StopStringMatcher::Emitted emitted = stop_matcher_.Append(decoder_.Append(id));
+    StopStringMatcher::Emitted emitted =
+        may_stop ? stop_matcher_.Append(decoder_.Append(id))
+                 : StopStringMatcher::Emitted{decoder_.Append(id), false, {}};
     event.text = std::move(emitted.text);
     if (emitted.stopped) {
+      if (params_.include_stop_str_in_output) event.text += emitted.stop_string;
       event.finish_reason = loom::v1::FINISH_REASON_STOP;
     } else if (num_outputs_ >= params_.max_tokens) {
       event.text += stop_matcher_.Append(decoder_.Flush()).text;

@@ -94,6 +94,10 @@ struct RequestParams {
   std::string cache_salt;
   // Speculative decoding: draft tokens per step at most; -1: the server's default.
   int32_t num_speculative_tokens = -1;
+  // The stop string or stop token's text that ended the output is sent too.
+  bool include_stop_str_in_output = false;
+  // Special tokens' text is left out of the output.
+  bool skip_special_tokens = true;
 };
 
 /// One request in flight: its parameters, the client's queue, and the output processing

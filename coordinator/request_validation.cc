@@ -22,6 +22,8 @@ loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in) {
   out.set_seed(in.has_seed() ? in.seed() : 0);
   out.set_num_logprobs(in.has_num_logprobs() ? in.num_logprobs() : -1);
   if (in.has_grammar()) *out.mutable_grammar() = in.grammar();
+  *out.mutable_logit_bias() = in.logit_bias();
+  out.set_min_tokens(in.has_min_tokens() ? in.min_tokens() : 0);
   return out;
 }
 
@@ -79,6 +81,8 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
   check.frequency_penalty = params.sampling.frequency_penalty();
   check.seed = params.sampling.seed();
   check.num_logprobs = params.sampling.num_logprobs();
+  for (const auto& [id, bias] : params.sampling.logit_bias()) check.logit_bias.emplace_back(id, bias);
+  check.min_tokens = params.sampling.min_tokens();
   if (absl::Status valid = worker::ValidateSamplingParams(check, config.vocab_size); !valid.ok()) {
     return valid;
   }
@@ -107,6 +111,24 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     params.stop_token_ids.push_back(id);
   }
   params.ignore_eos = request.ignore_eos();
+  if (params.sampling.min_tokens() > params.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "min_tokens (%d) must be at most max_tokens (%d)", params.sampling.min_tokens(),
+        params.max_tokens));
+  }
+  if (params.sampling.min_tokens() > 0) {
+    // What the worker masks until min_tokens outputs exist: everything that would end the
+    // sequence (the coordinator also ignores stop strings until then).
+    if (!params.ignore_eos) {
+      for (int32_t id : tokenizer.EndOfGenerationIds()) {
+        if (id >= 0 && id < config.vocab_size) params.sampling.add_min_tokens_suppressed_ids(id);
+      }
+    }
+    for (int32_t id : params.stop_token_ids) params.sampling.add_min_tokens_suppressed_ids(id);
+  }
+  params.include_stop_str_in_output = request.include_stop_str_in_output();
+  params.skip_special_tokens =
+      request.has_skip_special_tokens() ? request.skip_special_tokens() : true;
   params.priority = request.priority();
   params.cache_salt = request.cache_salt();
   if (request.has_num_speculative_tokens() && params.num_speculative_tokens != 0) {

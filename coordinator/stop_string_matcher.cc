@@ -22,12 +22,17 @@ StopStringMatcher::Emitted StopStringMatcher::Append(std::string_view text) {
   pending_.append(text);
   // The earliest complete match wins (a shorter stop string ending later loses).
   size_t match = std::string::npos;
+  const std::string* matched = nullptr;
   for (const std::string& stop : stop_strings_) {
     const size_t at = pending_.find(stop);
-    if (at != std::string::npos) match = std::min(match, at);
+    if (at != std::string::npos && at < match) {
+      match = at;
+      matched = &stop;
+    }
   }
   if (match != std::string::npos) {
     out.text = pending_.substr(0, match);
+    out.stop_string = *matched;
     out.stopped = true;
     stopped_ = true;
     pending_.clear();

@@ -8,7 +8,7 @@ namespace loom::coordinator {
 
 /// Finds stop strings in streamed text. Text that could still be the start of a stop
 /// string is held back until it is known not to be one, so a client never sees part of
-/// a stop string. The stop string itself is never emitted. One per sequence; not
+/// a stop string. The stop string itself is not in `text` (Emitted names it). One per sequence; not
 /// thread-safe.
 class StopStringMatcher {
  public:
@@ -17,6 +17,7 @@ class StopStringMatcher {
   struct Emitted {
     std::string text;      // safe to send now
     bool stopped = false;  // a stop string ended the text (text holds what precedes it)
+    std::string stop_string;  // when stopped: the stop string that matched
   };
 
   /// Appends newly decoded text; returns what can be sent.

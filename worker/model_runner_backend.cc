@@ -97,6 +97,7 @@ bool ModelRunnerBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
   for (const SampleRow& row : rows) {
     if (!row.draft_tokens.empty() || row.sampler->params().num_logprobs > 0) return false;
     if (row.sampler->constrained()) return false;  // the grammar's mask is applied on the host
+    if (row.sampler->adjusts_logits()) return false;  // logit_bias, min_tokens: on the host
   }
   return true;
 }

@@ -63,6 +63,20 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
   if (p.num_logprobs < -1 || p.num_logprobs > std::min<int64_t>(20, vocab_size)) {
     return bad("logprobs", p.num_logprobs, "between 0 and 20");
   }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "logit_bias names token %d, outside the vocabulary [0, %d)", id, vocab_size));
+    }
+    if (!(bias >= -100 && bias <= 100)) return bad("logit_bias", bias, "in [-100, 100]");
+  }
+  if (p.min_tokens < 0) return bad("min_tokens", p.min_tokens, ">= 0");
+  for (int32_t id : p.min_tokens_suppressed_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "min_tokens_suppressed_ids holds %d, outside the vocabulary [0, %d)", id, vocab_size));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -128,12 +142,25 @@ void SequenceSampler::ApplyPenalties(float* logits, absl::Span<const int32_t> pe
   }
 }
 
+void SequenceSampler::ApplyBiasAndSuppression(float* logits, size_t num_pending) const {
+  for (const auto& [id, bias] : params_.logit_bias) logits[id] += bias;
+  if (num_outputs_ + static_cast<int64_t>(num_pending) < params_.min_tokens) {
+    for (int32_t id : params_.min_tokens_suppressed_ids) {
+      logits[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 const float* SequenceSampler::Penalized(const float* logits, absl::Span<const int32_t> pending) {
   const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                          params_.frequency_penalty != 0.0f;
-  if (!penalized) return logits;
+  const bool adjusted =
+      !params_.logit_bias.empty() ||
+      num_outputs_ + static_cast<int64_t>(pending.size()) < params_.min_tokens;
+  if (!penalized && !adjusted) return logits;
   std::copy(logits, logits + vocab_size_, scratch_.data());
-  ApplyPenalties(scratch_.data(), pending);
+  if (adjusted) ApplyBiasAndSuppression(scratch_.data(), pending.size());
+  if (penalized) ApplyPenalties(scratch_.data(), pending);
   return scratch_.data();
 }
 
@@ -315,6 +342,7 @@ SampledToken SequenceSampler::Sample(const float* logits) {
   } else {
     sampled.token_id = token;
   }
+  ++num_outputs_;
   output_counts_[token]++;
   if (params_.repetition_penalty != 1.0f) seen_[token] = true;
   return sampled;
@@ -344,6 +372,7 @@ void SequenceSampler::RecordOutput(int32_t token_id) {
   // PickFromDistribution draws exactly one number per sample; greedy draws none.
   if (!greedy()) UniformDouble(rng_);
   if (grammar_ != nullptr) AdvanceGrammar(token_id);
+  ++num_outputs_;
   output_counts_[token_id]++;
   if (params_.repetition_penalty != 1.0f) seen_[token_id] = true;
 }

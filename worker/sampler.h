@@ -25,6 +25,13 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]; OpenAI style over output tokens
   uint64_t seed = 0;                // with the same seed, the same tokens, whatever the batch
   int32_t num_logprobs = -1;        // -1: none; 0: the chosen token's; n: and the top n
+  // (token id, bias) added to the logit before everything else; ids distinct and in the
+  // vocabulary, biases in [-100, 100] (OpenAI's logit_bias).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // While fewer than min_tokens outputs exist, min_tokens_suppressed_ids cannot be
+  // sampled (the end-of-generation and stop tokens; vLLM's min_tokens).
+  int32_t min_tokens = 0;
+  std::vector<int32_t> min_tokens_suppressed_ids;
 };
 
 /// InvalidArgument naming the parameter and its value when out of range.
@@ -99,8 +106,17 @@ class SequenceSampler {
 
   const SamplingParams& params() const { return params_; }
 
+  /// True while logit_bias or min_tokens changes the next token's logits (the device
+  /// sampler applies neither: such rows sample on the host).
+  bool adjusts_logits() const {
+    return !params_.logit_bias.empty() ||
+           (num_outputs_ < params_.min_tokens && !params_.min_tokens_suppressed_ids.empty());
+  }
+
  private:
   void ApplyPenalties(float* logits, absl::Span<const int32_t> pending = {}) const;
+  // logit_bias, and min_tokens' suppression for the token after the outputs and `pending`.
+  void ApplyBiasAndSuppression(float* logits, size_t num_pending) const;
   // `logits` with the penalties applied (in scratch_), or `logits` itself without them.
   const float* Penalized(const float* logits, absl::Span<const int32_t> pending);
   // Fills candidates_/weights_ with the tokens the filters keep, in draw order, and
@@ -117,6 +133,7 @@ class SequenceSampler {
   SamplingParams params_;
   int64_t vocab_size_;
   std::mt19937_64 rng_;
+  int64_t num_outputs_ = 0;                               // tokens sampled or recorded
   absl::flat_hash_map<int32_t, int32_t> output_counts_;  // token -> times generated
   absl::flat_hash_map<int32_t, bool> seen_;              // prompt or output tokens
   std::vector<float> scratch_;                           // [vocab_size]

@@ -44,6 +44,11 @@ SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto) {
   params.frequency_penalty = proto.has_frequency_penalty() ? proto.frequency_penalty() : 0.0f;
   params.seed = proto.has_seed() ? proto.seed() : 0;
   params.num_logprobs = proto.has_num_logprobs() ? proto.num_logprobs() : -1;
+  for (const auto& [id, bias] : proto.logit_bias()) params.logit_bias.emplace_back(id, bias);
+  std::sort(params.logit_bias.begin(), params.logit_bias.end());  // map order is unspecified
+  params.min_tokens = proto.has_min_tokens() ? proto.min_tokens() : 0;
+  params.min_tokens_suppressed_ids.assign(proto.min_tokens_suppressed_ids().begin(),
+                                          proto.min_tokens_suppressed_ids().end());
   return params;
 }
 

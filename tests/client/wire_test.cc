@@ -24,6 +24,30 @@ TEST(WireTest, TextRequestCarriesOnlyTheSamplingFieldsThatAreSet) {
   EXPECT_EQ(wire.priority(), -1);
 }
 
+TEST(WireTest, ConstraintLogitBiasMinTokensAndOutputOptionsReachTheWire) {
+  GenerateRequest request = GenerateRequest::FromText("Pick:", 8);
+  request.sampling.logit_bias = {{42, -100.0f}, {7, 2.5f}};
+  request.sampling.min_tokens = 3;
+  request.constraint = OutputConstraint{"choice", R"(["left","right"])"};
+  request.include_stop_str_in_output = true;
+  request.skip_special_tokens = false;
+  const loom::v1::GenerateRequest wire = ToWire(request);
+  ASSERT_EQ(wire.sampling().logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(wire.sampling().logit_bias().at(42), -100.0f);
+  EXPECT_FLOAT_EQ(wire.sampling().logit_bias().at(7), 2.5f);
+  EXPECT_EQ(wire.sampling().min_tokens(), 3);
+  EXPECT_EQ(wire.sampling().grammar().kind(), "choice");
+  EXPECT_EQ(wire.sampling().grammar().text(), R"(["left","right"])");
+  EXPECT_TRUE(wire.include_stop_str_in_output());
+  ASSERT_TRUE(wire.has_skip_special_tokens());
+  EXPECT_FALSE(wire.skip_special_tokens());
+  // Unset: the server's defaults.
+  const loom::v1::GenerateRequest plain = ToWire(GenerateRequest::FromText("x", 1));
+  EXPECT_FALSE(plain.sampling().has_min_tokens());
+  EXPECT_FALSE(plain.has_skip_special_tokens());
+  EXPECT_TRUE(plain.sampling().grammar().kind().empty());
+}
+
 TEST(WireTest, EmptyTokenIdListStillSelectsTheTokenPrompt) {
   const loom::v1::GenerateRequest wire = ToWire(GenerateRequest::FromTokenIds({}, 4));
   EXPECT_EQ(wire.prompt_case(), loom::v1::GenerateRequest::kTokenIds);

@@ -44,7 +44,7 @@ TEST(GrammarSpecTest, ChoiceListMustBeStrings) {
 
 TEST(GrammarSpecTest, KindNamesRoundTrip) {
   for (auto kind : {GrammarKind::kJsonSchema, GrammarKind::kJsonObject, GrammarKind::kRegex,
-                    GrammarKind::kChoice, GrammarKind::kGbnf}) {
+                    GrammarKind::kChoice, GrammarKind::kGbnf, GrammarKind::kToolCalls}) {
     auto parsed = ParseGrammarKind(GrammarKindName(kind));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);

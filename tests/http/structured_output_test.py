@@ -234,17 +234,12 @@ def test_tokenize_and_detokenize(rig, model):
     assert status == 400 and bad["error"]["param"] == "prompt"
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-
-
 @pytest.mark.parametrize("extra,param", [
-    ({"tools": TOOLS}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"logit_bias": {"50": 5}}, "logit_bias"),
-    ({"min_tokens": 3}, "min_tokens"),
-    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
-    ({"skip_special_tokens": False}, "skip_special_tokens"),
+    ({"suffix": "x"}, "suffix"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"best_of": 2}, "best_of"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
 ])
 def test_unimplemented_parameters_are_refused_not_ignored(client, model, extra, param):
     with pytest.raises(openai.BadRequestError) as raised:
@@ -256,5 +251,6 @@ def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):
     response = client.chat.completions.create(
         model=model, messages=PROMPT, max_tokens=2, temperature=0,
         extra_body={"tools": [], "tool_choice": "none", "logit_bias": {}, "min_tokens": 0,
-                    "skip_special_tokens": True, "parallel_tool_calls": True, "best_of": 1})
+                    "skip_special_tokens": True, "parallel_tool_calls": True, "best_of": 1,
+                    "suffix": ""})
     assert response.choices[0].finish_reason == "length"

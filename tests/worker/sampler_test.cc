@@ -25,6 +25,60 @@ TEST(SamplerTest, GreedyPicksArgmaxAndLowestIdOnTies) {
   EXPECT_EQ(SampleMany(params, {-5.0f, -3.0f, -4.0f}, 1)[0], 1);
 }
 
+TEST(SamplerTest, LogitBiasShiftsAndForbidsTokens) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f};
+  params.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(SampleMany(params, logits, 1)[0], 3);
+  params.logit_bias = {{2, 3.5f}};
+  EXPECT_EQ(SampleMany(params, logits, 1)[0], 2);
+  // Sampled too: a -100 bias leaves the token out of every draw.
+  params.temperature = 1.0f;
+  params.logit_bias = {{1, -100.0f}, {3, -100.0f}};
+  for (int32_t token : SampleMany(params, logits, 200)) EXPECT_TRUE(token == 0 || token == 2);
+  SequenceSampler sampler(params, {}, 4);
+  EXPECT_TRUE(sampler.adjusts_logits());
+}
+
+TEST(SamplerTest, MinTokensSuppressesEndTokensUntilReached) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.min_tokens = 3;
+  params.min_tokens_suppressed_ids = {1};  // the greedy choice: an end-of-generation token
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f};
+  SequenceSampler sampler(params, {}, 4);
+  EXPECT_TRUE(sampler.adjusts_logits());
+  EXPECT_EQ(sampler.Sample(logits.data()).token_id, 3);
+  sampler.RecordOutput(3);  // recorded outputs count too (a resumed sequence)
+  EXPECT_EQ(sampler.Sample(logits.data()).token_id, 3);
+  EXPECT_FALSE(sampler.adjusts_logits());
+  EXPECT_EQ(sampler.Sample(logits.data()).token_id, 1);
+  // Distribution counts pending drafts as outputs.
+  SequenceSampler fresh(params, {}, 4);
+  std::vector<float> probs(4);
+  fresh.Distribution(logits.data(), {}, probs.data());
+  EXPECT_EQ(probs[1], 0.0f);
+  const int32_t pending[] = {3, 3, 3};
+  fresh.Distribution(logits.data(), pending, probs.data());
+  EXPECT_EQ(probs[1], 1.0f);
+}
+
+TEST(SamplerTest, ValidationRejectsBadBiasAndMinTokens) {
+  SamplingParams params;
+  params.logit_bias = {{4, 1.0f}};
+  EXPECT_FALSE(ValidateSamplingParams(params, 4).ok());
+  params.logit_bias = {{0, 100.5f}};
+  EXPECT_FALSE(ValidateSamplingParams(params, 4).ok());
+  params.logit_bias = {{0, -100.0f}};
+  EXPECT_TRUE(ValidateSamplingParams(params, 4).ok());
+  params.min_tokens = -1;
+  EXPECT_FALSE(ValidateSamplingParams(params, 4).ok());
+  params.min_tokens = 2;
+  params.min_tokens_suppressed_ids = {7};
+  EXPECT_FALSE(ValidateSamplingParams(params, 4).ok());
+}
+
 TEST(SamplerTest, SameSeedGivesSameTokensDifferentSeedsDiffer) {
   std::vector<float> logits(100);
   for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);

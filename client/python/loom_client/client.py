@@ -34,7 +34,7 @@ class RetryPolicy:
 
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                    "frequency_penalty", "seed")
+                    "frequency_penalty", "seed", "min_tokens")
 
 
 class LoomClient:
@@ -82,7 +82,9 @@ class LoomClient:
         max_tokens: 0 for up to the context length. params: temperature, top_k, top_p, min_p,
         repetition_penalty, presence_penalty, frequency_penalty, seed, logprobs (None: none,
         0: the chosen token's, n: and the n most likely), stop, stop_token_ids, ignore_eos,
-        priority, request_id, model, cache_salt; structured output (one of): json_schema (a
+        priority, request_id, model, cache_salt, logit_bias ({token id: bias in [-100, 100]}),
+        min_tokens (EOS and stop tokens masked until then), include_stop_str_in_output,
+        skip_special_tokens (default True); structured output (one of): json_schema (a
         dict or JSON text), json_object=True, regex, choice (a list of strings), grammar (GBNF).
         """
         request = _generate_request(prompt, max_tokens, **params)
@@ -159,13 +161,17 @@ def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int
                       stop_token_ids=(), ignore_eos: bool = False, priority: int = 0,
                       request_id: str = "", model: str = "", cache_salt: str = "",
                       json_schema=None, json_object: bool = False, regex: Optional[str] = None,
-                      choice=None, grammar: Optional[str] = None, **sampling):
+                      choice=None, grammar: Optional[str] = None, logit_bias=None,
+                      include_stop_str_in_output: bool = False,
+                      skip_special_tokens: Optional[bool] = None, **sampling):
     unknown = set(sampling) - set(_SAMPLING_FIELDS)
     if unknown:
         raise TypeError(f"unknown generate parameters: {sorted(unknown)}")
     params = wpb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
     if logprobs is not None:
         params.num_logprobs = logprobs
+    for token_id, bias in (logit_bias or {}).items():
+        params.logit_bias[int(token_id)] = float(bias)
     constraint = _grammar(json_schema, json_object, regex, choice, grammar)
     if constraint is not None:
         params.grammar.CopyFrom(constraint)
@@ -174,7 +180,10 @@ def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int
     request = pb.GenerateRequest(sampling=params, max_tokens=max_tokens, stop=list(stop),
                                  stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
                                  priority=priority, request_id=request_id, model=model,
-                                 cache_salt=cache_salt)
+                                 cache_salt=cache_salt,
+                                 include_stop_str_in_output=include_stop_str_in_output)
+    if skip_special_tokens is not None:
+        request.skip_special_tokens = skip_special_tokens
     if isinstance(prompt, str):
         request.text = prompt
     else:

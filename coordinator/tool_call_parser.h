@@ -1,0 +1,64 @@
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::coordinator {
+
+/// How a model writes tool calls, chosen from its chat template's source.
+enum class ToolCallFormat {
+  /// Templates without tool support (the default SmolLM2's): Loom renders the tools into
+  /// a system prompt and the model answers with one JSON object
+  ///   {"tool_calls": [{"name": "...", "arguments": {...}}]}
+  /// (also accepted: {"tool_call": {...}} and a bare {"name": ..., "arguments": ...}).
+  kGeneric,
+  /// Hermes / Qwen2.5 / Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>,
+  /// once per call, after optional content.
+  kHermes,
+  /// Llama 3.1 / 3.2: the whole reply is {"name": ..., "parameters": {...}} (optionally
+  /// after <|python_tag|>; several calls separated by ';').
+  kLlama3Json,
+  /// Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] after optional content.
+  kMistral,
+};
+
+/// "generic", "hermes", "llama3_json", "mistral".
+const char* ToolCallFormatName(ToolCallFormat format);
+
+/// The format `template_source` (a Jinja chat template) speaks: Hermes when it writes
+/// <tool_call>, Mistral for [TOOL_CALLS], Llama 3 JSON for <|python_tag|> or an ipython
+/// role; anything else (including templates that never mention tools) is kGeneric.
+ToolCallFormat ToolCallFormatOf(std::string_view template_source);
+
+/// True when the template renders `tools` itself (it mentions them); otherwise Loom adds
+/// the generic system prompt and rewrites tool messages (see openai_tools.h).
+bool TemplateRendersTools(std::string_view template_source);
+
+/// One call parsed out of the model's text.
+struct ParsedToolCall {
+  std::string name;
+  std::string arguments;  // JSON text (an object), as OpenAI's function.arguments
+};
+
+/// The model's reply split into content and calls.
+struct ParsedReply {
+  /// The content is text[0, content_end) (all of it when there are no calls).
+  size_t content_end = 0;
+  std::vector<ParsedToolCall> calls;
+};
+
+/// Parses the complete reply `text` in `format`. Text that is not a well-formed call of
+/// the format (malformed JSON, no name) is content: no calls, content_end = size.
+ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text);
+
+/// Streaming: how many leading bytes of the reply so far, `text`, are content for sure
+/// (they cannot become part of a tool call, whatever follows). The rest is held back
+/// until more text or the end decides. Monotonic in `text`'s growth.
+size_t StreamableContent(ToolCallFormat format, std::string_view text);
+
+/// A fresh call id: "call_" and 24 random letters and digits. Thread-safe.
+std::string NewToolCallId();
+
+}  // namespace loom::coordinator
