@@ -106,6 +106,7 @@ absl::Status CallWithRetry(const ClientOptions& options, const CallOptions& call
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
     if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+    if (!options.api_key.empty()) context.AddMetadata("authorization", "Bearer " + options.api_key);
     absl::Status status = FromGrpcStatus(invoke(&context));
     if (status.ok() || !IsRetryable(status) || attempt >= options.retry.max_attempts) {
       return status;
@@ -121,7 +122,7 @@ absl::Status CallWithRetry(const ClientOptions& options, const CallOptions& call
 std::unique_ptr<GenerateStream> Client::StartGenerate(const GenerateRequest& request,
                                                       const CallOptions& call) {
   return StartGenerateCall(impl_->stub, ToWire(request), DeadlineOf(options_, call),
-                           options_.retry);
+                           options_.retry, options_.api_key);
 }
 
 absl::StatusOr<Completion> Client::Generate(

@@ -37,6 +37,10 @@ struct ClientOptions {
   /// host:port of a coordinator's gRPC endpoint (`loom serve --grpc-port`).
   std::string address = "127.0.0.1:50051";
   TlsOptions tls;
+  /// The coordinator's API key (`loom serve --api-key`), sent with every call as metadata
+  /// `authorization: Bearer <api_key>`; empty: none. Calls without the right key fail with
+  /// UNAUTHENTICATED when the server requires one.
+  std::string api_key;
   /// Deadline of calls whose CallOptions leave it unset; InfiniteDuration: none.
   absl::Duration default_timeout = absl::InfiniteDuration();
   RetryPolicy retry;

@@ -3,6 +3,7 @@
 // Internal to loom::client (not installed): how Client starts a GenerateStream.
 
 #include <memory>
+#include <string>
 
 #include "absl/time/time.h"
 #include "client/client_options.h"
@@ -12,9 +13,11 @@
 namespace loom::client {
 
 /// A stream that has not called yet: the first Next() makes the call. `stub` is shared so
-/// a stream may outlive its Client. `deadline`: InfiniteFuture for none.
+/// a stream may outlive its Client. `deadline`: InfiniteFuture for none. `api_key`: sent as
+/// `authorization: Bearer` metadata on every attempt (empty: none).
 std::unique_ptr<GenerateStream> StartGenerateCall(std::shared_ptr<loom::v1::Inference::Stub> stub,
                                                   loom::v1::GenerateRequest request,
-                                                  absl::Time deadline, RetryPolicy retry);
+                                                  absl::Time deadline, RetryPolicy retry,
+                                                  std::string api_key = "");
 
 }  // namespace loom::client

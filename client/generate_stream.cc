@@ -16,6 +16,7 @@ struct GenerateStream::Impl {
   std::shared_ptr<loom::v1::Inference::Stub> stub;
   loom::v1::GenerateRequest request;
   absl::Time deadline;
+  std::string api_key;  // empty: no authorization metadata
   RetryPolicy retry;
 
   // The reader's state (Next() only).
@@ -42,6 +43,7 @@ struct GenerateStream::Impl {
       if (cancelled) return absl::CancelledError("the client cancelled the call");
       context = std::make_unique<grpc::ClientContext>();
       if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+      if (!api_key.empty()) context->AddMetadata("authorization", "Bearer " + api_key);
       ++attempts;
       call_context = context.get();
     }
@@ -76,8 +78,10 @@ std::unique_ptr<GenerateStream> MakeGenerateStream(std::unique_ptr<GenerateStrea
 
 std::unique_ptr<GenerateStream> StartGenerateCall(std::shared_ptr<loom::v1::Inference::Stub> stub,
                                                   loom::v1::GenerateRequest request,
-                                                  absl::Time deadline, RetryPolicy retry) {
+                                                  absl::Time deadline, RetryPolicy retry,
+                                                  std::string api_key) {
   auto impl = std::make_unique<GenerateStream::Impl>();
+  impl->api_key = std::move(api_key);
   impl->stub = std::move(stub);
   impl->request = std::move(request);
   impl->deadline = deadline;

@@ -12,7 +12,8 @@ const char kClientFlagsHelp[] =
     "  --address HOST:PORT    the coordinator's gRPC endpoint (default 127.0.0.1:50051)\n"
     "  --timeout SECONDS      deadline of each call (default: none)\n"
     "  --tls                  connect with TLS (gRPC's default root certificates)\n"
-    "  --tls-root-certs PATH  connect with TLS, trusting the CA certificates in PATH (PEM)\n";
+    "  --tls-root-certs PATH  connect with TLS, trusting the CA certificates in PATH (PEM)\n"
+    "  --api-key KEY          the server's API key (sent as 'authorization: Bearer KEY')\n";
 
 absl::StatusOr<double> ParseNumberFlag(const std::string& flag, const char* value) {
   double number = 0;
@@ -36,11 +37,16 @@ absl::StatusOr<int> ParseClientFlag(int argc, char** argv, int i, client::Client
     options.tls.enabled = true;
     return 1;
   }
-  if (flag != "--address" && flag != "--timeout" && flag != "--tls-root-certs") return 0;
+  if (flag != "--address" && flag != "--timeout" && flag != "--tls-root-certs" &&
+      flag != "--api-key") {
+    return 0;
+  }
   if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrFormat("%s needs a value", flag));
   const char* value = argv[i + 1];
   if (flag == "--address") {
     options.address = value;
+  } else if (flag == "--api-key") {
+    options.api_key = value;
   } else if (flag == "--tls-root-certs") {
     options.tls.enabled = true;
     options.tls.root_certs_path = value;

@@ -15,7 +15,7 @@ extern const char kClientFlagsHelp[];
 
 /// Consumes argv[i] (and its value) when it is a client flag: `--address HOST:PORT`
 /// (default 127.0.0.1:50051), `--timeout SECONDS` (per call), `--tls`,
-/// `--tls-root-certs PATH` (implies --tls). Returns how many arguments it consumed, 0 for a
+/// `--tls-root-certs PATH` (implies --tls), `--api-key KEY`. Returns how many arguments it consumed, 0 for a
 /// flag that is not one of these; InvalidArgument for a missing or bad value.
 absl::StatusOr<int> ParseClientFlag(int argc, char** argv, int i, client::ClientOptions& options);
 

@@ -11,10 +11,10 @@
 #include "absl/strings/str_format.h"
 #include "common/hf_model.h"
 #include "common/model_fingerprint.h"
+#include "common/sampling_params.h"
 #include "coordinator/block_hash.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "worker/step_executor.h"
 
 namespace loom::coordinator {
 
@@ -54,6 +54,14 @@ const char kServeFlagsHelp[] =
     "  --router-balance-threshold N prefix routing: load (tokens) above the least-loaded "
     "replica\n"
     "                               past which load wins (default 4096)\n"
+    "  --api-key KEY                clients must send 'Authorization: Bearer KEY' (HTTP) or\n"
+    "                               that metadata (gRPC Inference); repeatable (any one\n"
+    "                               works). Also LOOM_API_KEY. /health, /ready, /metrics and\n"
+    "                               the workers' RPCs stay open (default: no key)\n"
+    "  --api-key-file FILE          API keys, one per line ('#' comments); repeatable\n"
+    "  --ssl-certfile FILE          serve HTTPS on the HTTP port with this PEM certificate\n"
+    "                               (chain) and --ssl-keyfile's PEM private key\n"
+    "  --ssl-keyfile FILE           the certificate's private key (PEM)\n"
     "  --debug-colliding-block-hashes on|off  tests only: all prefix-cache block hashes\n"
     "                               collide; hits are still verified (default off)\n";
 
@@ -108,7 +116,7 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
       error = absl::StrFormat("--prefix-caching needs on or off, got '%s'", value);
     }
   } else if (flag == "--speculative-tokens") {
-    if (need_number(0, worker::kMaxSpeculativeTokens)) {
+    if (need_number(0, common::kMaxSpeculativeTokens)) {
       replica.speculation.num_speculative_tokens = static_cast<int32_t>(number);
     }
   } else if (flag == "--speculative-adaptive") {
@@ -137,6 +145,19 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
     } else {
       error = absl::StrFormat("--debug-colliding-block-hashes needs on or off, got '%s'", value);
     }
+  } else if (flag == "--api-key") {
+    // The value is never echoed: errors, logs and help name the flag only.
+    if (value.empty()) {
+      error = "--api-key needs a non-empty key";
+    } else {
+      options.api_keys.push_back(value);
+    }
+  } else if (flag == "--api-key-file") {
+    options.api_key_files.push_back(value);
+  } else if (flag == "--ssl-certfile") {
+    options.http.ssl_certfile = value;
+  } else if (flag == "--ssl-keyfile") {
+    options.http.ssl_keyfile = value;
   } else if (flag == "--router-balance-threshold") {
     if (need_number(0, int64_t{1} << 40)) options.cluster.router.balance_threshold_tokens = number;
   } else {
@@ -163,10 +184,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                    options.served_model_name);
   server->metrics_ = std::make_unique<CoordinatorMetrics>(server->model_.id);
   server->cluster_ = std::make_unique<Cluster>(options.cluster, server->model_.info.fingerprint());
+  absl::StatusOr<ApiKeys> api_keys =
+      ApiKeys::Load(options.api_keys, options.api_key_files, std::getenv("LOOM_API_KEY"));
+  if (!api_keys.ok()) return api_keys.status();
+  if (api_keys->enabled()) {
+    std::fprintf(stderr, "loom: API keys required (%zu configured) on the HTTP API and the gRPC "
+                 "Inference service\n", api_keys->size());
+  }
+  // Workers reach the Coordinator service (registration, heartbeats, rendezvous) on the
+  // same port without a key: it is internal, and the port must only be reachable by the
+  // cluster and its clients (docs/ARCHITECTURE.md, "API keys and TLS").
   server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
   server->inference_service_ = std::make_unique<InferenceService>(
       *server->cluster_, server->model_, server->config_, *server->tokenizer_,
-      server->metrics_.get(), options.stream_interval);
+      server->metrics_.get(), options.stream_interval, *api_keys);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -207,6 +238,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     HttpOptions http = options.http;
     http.host = options.host;
     http.stream_interval = options.stream_interval;
+    http.api_keys = *api_keys;
     auto started = HttpServer::Start(http, *server->cluster_, server->model_, server->config_,
                                      *server->tokenizer_, server->chat_template_.get(),
                                      *server->metrics_);

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -32,6 +33,10 @@ struct ServeOptions {
   // Tests only: every prefix-cache block hash ignores its tokens (forced collisions,
   // which hit verification must catch). --debug-colliding-block-hashes on|off.
   bool debug_colliding_block_hashes = false;
+  // API keys (coordinator/api_keys.h): --api-key (repeatable) and the keys of each
+  // --api-key-file; neither given: LOOM_API_KEY. None: the APIs are open.
+  std::vector<std::string> api_keys;
+  std::vector<std::string> api_key_files;
 };
 
 /// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`

@@ -52,10 +52,32 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->options_ = options;
   server->cluster_ = &cluster;
+  if (options.ssl_certfile.empty() != options.ssl_keyfile.empty()) {
+    return absl::InvalidArgumentError(
+        "--ssl-certfile and --ssl-keyfile go together: give both or neither");
+  }
+  if (!options.ssl_certfile.empty()) {
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+    auto tls = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(),
+                                                    options.ssl_keyfile.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cannot load the TLS certificate '%s' with the key '%s' (PEM files of a certificate "
+          "and its matching private key)",
+          options.ssl_certfile, options.ssl_keyfile));
+    }
+    server->server_ = std::move(tls);
+#else
+    return absl::FailedPreconditionError(
+        "this build's cpp-httplib has no OpenSSL support (CPPHTTPLIB_OPENSSL_SUPPORT): no TLS");
+#endif
+  } else {
+    server->server_ = std::make_unique<httplib::Server>();
+  }
   server->openai_ =
       std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
                                       options.stream_interval);
-  httplib::Server& http = server->server_;
+  httplib::Server& http = *server->server_;
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(options.max_body_bytes);
@@ -63,24 +85,46 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   http.set_write_timeout(30, 0);
   http.set_keep_alive_timeout(30);
 
+  // API keys: every route but the probes and the metrics (open, as in vLLM: load
+  // balancers and Prometheus scrape them without credentials) needs a key. Checked in the
+  // route, after cpp-httplib has read the body: a refusal before it (a pre-routing handler)
+  // would leave the body on a kept-alive connection, to be parsed as the next request. The
+  // Authorization header is never logged or echoed.
+  auto guard = [keys = std::make_shared<const ApiKeys>(options.api_keys)](
+                   httplib::Server::Handler handler) -> httplib::Server::Handler {
+    if (!keys->enabled()) return handler;
+    return [keys, handler = std::move(handler)](const httplib::Request& request,
+                                               httplib::Response& response) {
+      if (!keys->Authorizes(request.get_header_value("Authorization"))) {
+        response.set_header("WWW-Authenticate", "Bearer");
+        OpenAiService::WriteError(ApiKeys::Refusal(), response);
+        return;
+      }
+      handler(request, response);
+    };
+  };
+
   OpenAiService* openai = server->openai_.get();
-  http.Post("/v1/completions", [openai](const httplib::Request& request,
-                                        httplib::Response& response) {
+  http.Post("/v1/completions", guard([openai](const httplib::Request& request,
+                                              httplib::Response& response) {
     openai->Completions(request, response);
-  });
-  http.Post("/v1/chat/completions", [openai](const httplib::Request& request,
-                                             httplib::Response& response) {
+  }));
+  http.Post("/v1/chat/completions", guard([openai](const httplib::Request& request,
+                                                   httplib::Response& response) {
     openai->ChatCompletions(request, response);
-  });
-  http.Get("/v1/models", [openai](const httplib::Request& request, httplib::Response& response) {
+  }));
+  http.Get("/v1/models", guard([openai](const httplib::Request& request,
+                                        httplib::Response& response) {
     openai->Models(request, response);
-  });
-  http.Post("/tokenize", [openai](const httplib::Request& request, httplib::Response& response) {
+  }));
+  http.Post("/tokenize", guard([openai](const httplib::Request& request,
+                                        httplib::Response& response) {
     openai->Tokenize(request, response);
-  });
-  http.Post("/detokenize", [openai](const httplib::Request& request, httplib::Response& response) {
+  }));
+  http.Post("/detokenize", guard([openai](const httplib::Request& request,
+                                          httplib::Response& response) {
     openai->Detokenize(request, response);
-  });
+  }));
   auto serving_state = [&cluster](httplib::Response& response) {
     const int healthy = cluster.num_healthy();
     const bool draining = cluster.draining();
@@ -98,10 +142,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     serving_state(response);
   });
   const std::string model_id = model.id;
-  http.Get("/version", [model_id](const httplib::Request&, httplib::Response& response) {
+  http.Get("/version", guard([model_id](const httplib::Request&, httplib::Response& response) {
     nlohmann::json body = {{"version", LOOM_VERSION}, {"model", model_id}};
     response.set_content(body.dump(), "application/json");
-  });
+  }));
 
   http.Get("/metrics", [&cluster, &metrics](const httplib::Request&, httplib::Response& response) {
     metrics.UpdateFromClusterState(cluster.Status());
@@ -149,7 +193,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
         absl::StrFormat("cannot listen for HTTP on %s:%d", options.host, options.port));
   }
   WidenListenBacklog(server->port_);
-  server->listener_ = std::thread([raw = server.get()] { raw->server_.listen_after_bind(); });
+  server->listener_ = std::thread([raw = server.get()] { raw->server_->listen_after_bind(); });
   return server;
 }
 
@@ -159,7 +203,7 @@ std::string HttpServer::address() const { return absl::StrFormat("%s:%d", option
 
 void HttpServer::Stop() {
   if (!listener_.joinable()) return;
-  server_.stop();
+  server_->stop();
   listener_.join();
 }
 

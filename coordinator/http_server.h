@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/chat_template.h"
+#include "coordinator/api_keys.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/openai_service.h"
@@ -24,13 +25,20 @@ struct HttpOptions {
   // A choice's output goes out at most once per interval (the first and the final
   // pieces at once); tokens that come sooner share the next chunk. 0: every batch.
   absl::Duration stream_interval = absl::ZeroDuration();
+  // Requests other than GET /health, /ready and /metrics must carry one of these keys.
+  ApiKeys api_keys;
+  // PEM files: both set, the port serves HTTPS (TLS) only; neither: plain HTTP.
+  std::string ssl_certfile;
+  std::string ssl_keyfile;
 };
 
 /// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE
 /// streams are long blocking writes, which its thread-per-request model serves simply):
 /// the OpenAI-compatible API plus GET /health (200 only while a replica can serve),
 /// GET /ready, GET /version and GET /metrics (Prometheus). Every error is an
-/// OpenAI-style JSON body.
+/// OpenAI-style JSON body. With API keys, every other route answers 401 (OpenAI's
+/// authentication_error body) unless the request carries `Authorization: Bearer KEY`;
+/// with a certificate and key, the port speaks HTTPS only.
 class HttpServer {
  public:
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
@@ -40,6 +48,8 @@ class HttpServer {
   ~HttpServer();  // Stop()s
 
   int port() const { return port_; }
+  /// "https" with TLS, else "http".
+  const char* scheme() const { return options_.ssl_certfile.empty() ? "http" : "https"; }
   std::string address() const;
   /// Stops accepting and waits for the listener thread. Idempotent.
   void Stop();
@@ -50,7 +60,7 @@ class HttpServer {
   HttpOptions options_;
   Cluster* cluster_ = nullptr;
   std::unique_ptr<OpenAiService> openai_;
-  httplib::Server server_;
+  std::unique_ptr<httplib::Server> server_;  // an httplib::SSLServer with TLS
   std::thread listener_;
   int port_ = 0;
 };

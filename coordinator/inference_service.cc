@@ -204,19 +204,24 @@ class InferenceService::GenerateStream final
 InferenceService::InferenceService(Cluster& cluster, const ServedModel& model,
                                    const common::ModelConfig& config,
                                    const common::Tokenizer& tokenizer,
-                                   CoordinatorMetrics* metrics, absl::Duration stream_interval)
+                                   CoordinatorMetrics* metrics, absl::Duration stream_interval,
+                                   ApiKeys api_keys)
     : cluster_(cluster),
       model_(model),
       config_(config),
       tokenizer_(tokenizer),
       eos_ids_(tokenizer.EndOfGenerationIds()),
       metrics_(metrics),
-      stream_interval_(stream_interval) {}
+      stream_interval_(stream_interval),
+      api_keys_(std::move(api_keys)) {}
 
 InferenceService::~InferenceService() = default;
 
 grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const loom::v1::GenerateRequest* request) {
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) {
+    return new FinishedReactor(ToGrpcStatus(allowed));
+  }
   if (cluster_.draining()) {
     return new FinishedReactor(
         ToGrpcStatus(absl::UnavailableError("the coordinator is shutting down (draining)")));
@@ -248,15 +253,26 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
       context, std::move(live), prompt_tokens, pump_, stream_interval_));
 }
 
+absl::Status InferenceService::CheckApiKey(const grpc::ServerContextBase& context) const {
+  if (!api_keys_.enabled()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto found = metadata.find("authorization");
+  const absl::string_view value =
+      found == metadata.end() ? absl::string_view()
+                              : absl::string_view(found->second.data(), found->second.size());
+  return api_keys_.Authorizes(value) ? absl::OkStatus() : ApiKeys::Refusal();
+}
+
 absl::Status InferenceService::CheckModel(const std::string& requested) const {
   if (model_.Matches(requested)) return absl::OkStatus();
   return absl::NotFoundError(absl::StrFormat("the model '%s' does not exist; this server serves '%s'",
                                              requested, model_.id));
 }
 
-grpc::Status InferenceService::Tokenize(grpc::ServerContext*,
+grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                         const loom::v1::TokenizeRequest* request,
                                         loom::v1::TokenizeResponse* response) {
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
   if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
   const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->add_special_tokens(),
                                                      request->parse_special());
@@ -265,9 +281,10 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::Detokenize(grpc::ServerContext*,
+grpc::Status InferenceService::Detokenize(grpc::ServerContext* context,
                                           const loom::v1::DetokenizeRequest* request,
                                           loom::v1::DetokenizeResponse* response) {
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
   if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
   const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   absl::StatusOr<std::string> text = tokenizer_.Decode(ids, request->skip_special_tokens());
@@ -276,15 +293,18 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::ListModels(grpc::ServerContext*, const loom::v1::ListModelsRequest*,
+grpc::Status InferenceService::ListModels(grpc::ServerContext* context,
+                                          const loom::v1::ListModelsRequest*,
                                           loom::v1::ListModelsResponse* response) {
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
   *response->add_models() = model_.ToProto();
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::GetClusterState(grpc::ServerContext*,
+grpc::Status InferenceService::GetClusterState(grpc::ServerContext* context,
                                                const loom::v1::GetClusterStateRequest*,
                                                loom::v1::ClusterState* response) {
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
   *response = cluster_.Status();
   response->set_model(model_.id);
   return grpc::Status::OK;

@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
+#include "coordinator/api_keys.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
 #include "coordinator/served_model.h"
@@ -25,10 +26,12 @@ namespace loom::coordinator {
 class InferenceService final
     : public loom::v1::Inference::WithCallbackMethod_Generate<loom::v1::Inference::Service> {
  public:
-  /// `metrics` (optional) receives every request's timeline.
+  /// `metrics` (optional) receives every request's timeline. With `api_keys`, every call
+  /// must carry metadata `authorization: Bearer KEY` (UNAUTHENTICATED otherwise).
   InferenceService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
                    const common::Tokenizer& tokenizer, CoordinatorMetrics* metrics = nullptr,
-                   absl::Duration stream_interval = absl::ZeroDuration());
+                   absl::Duration stream_interval = absl::ZeroDuration(),
+                   ApiKeys api_keys = ApiKeys());
   /// Call after the gRPC server stopped (every stream is done by then).
   ~InferenceService() override;
 
@@ -47,6 +50,8 @@ class InferenceService final
 
  private:
   absl::Status CheckModel(const std::string& requested) const;
+  // OK when the call carries an accepted key (or none is configured).
+  absl::Status CheckApiKey(const grpc::ServerContextBase& context) const;
 
   Cluster& cluster_;
   const ServedModel& model_;
@@ -54,7 +59,8 @@ class InferenceService final
   const common::Tokenizer& tokenizer_;
   const std::vector<int32_t> eos_ids_;
   CoordinatorMetrics* metrics_;
-  const absl::Duration stream_interval_;  // >= 0: the least time between two messages
+  const absl::Duration stream_interval_;
+  const ApiKeys api_keys_;  // >= 0: the least time between two messages
   std::atomic<uint64_t> next_request_number_{1};
   class GenerateStream;
   StreamPump pump_;  // drives every GenerateStream

@@ -129,6 +129,8 @@ int OpenAiService::HttpStatusOf(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
       return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
     case absl::StatusCode::kNotFound:
       return 404;
     case absl::StatusCode::kResourceExhausted:
@@ -146,7 +148,8 @@ int OpenAiService::HttpStatusOf(const absl::Status& status) {
 namespace {
 
 Json ErrorJson(const absl::Status& status, int http_status) {
-  const char* type = http_status == 404   ? "not_found_error"
+  const char* type = http_status == 401   ? "authentication_error"
+                     : http_status == 404 ? "not_found_error"
                      : http_status == 429 ? "rate_limit_error"
                      : http_status < 500  ? "invalid_request_error"
                      : http_status == 503 ? "service_unavailable_error"
@@ -156,7 +159,8 @@ Json ErrorJson(const absl::Status& status, int http_status) {
   error["type"] = type;
   const std::string param = OpenAiErrorParam(status);
   error["param"] = param.empty() ? Json(nullptr) : Json(param);
-  error["code"] = http_status == 404   ? Json("model_not_found")
+  error["code"] = http_status == 401   ? Json("invalid_api_key")
+                  : http_status == 404 ? Json("model_not_found")
                   : http_status == 429 ? Json("queue_full")
                                        : Json(nullptr);
   Json body;

@@ -2,33 +2,10 @@
 
 #include "absl/strings/str_format.h"
 #include "common/grammar_spec.h"
-#include "worker/sampler.h"
-#include "worker/step_executor.h"
+#include "common/sampling_params.h"
+#include "common/status_macros.h"
 
 namespace loom::coordinator {
-namespace {
-
-// Unset fields get their defaults; the result has every field set (the worker protocol
-// requires it).
-loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in) {
-  loom::v1::SamplingParams out;
-  out.set_temperature(in.has_temperature() ? in.temperature() : 0.0f);
-  out.set_top_k(in.has_top_k() ? in.top_k() : 0);
-  out.set_top_p(in.has_top_p() ? in.top_p() : 1.0f);
-  out.set_min_p(in.has_min_p() ? in.min_p() : 0.0f);
-  out.set_repetition_penalty(in.has_repetition_penalty() ? in.repetition_penalty() : 1.0f);
-  out.set_presence_penalty(in.has_presence_penalty() ? in.presence_penalty() : 0.0f);
-  out.set_frequency_penalty(in.has_frequency_penalty() ? in.frequency_penalty() : 0.0f);
-  out.set_seed(in.has_seed() ? in.seed() : 0);
-  out.set_num_logprobs(in.has_num_logprobs() ? in.num_logprobs() : -1);
-  if (in.has_grammar()) *out.mutable_grammar() = in.grammar();
-  *out.mutable_logit_bias() = in.logit_bias();
-  out.set_min_tokens(in.has_min_tokens() ? in.min_tokens() : 0);
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
                                                       const common::Tokenizer& tokenizer) {
@@ -70,24 +47,12 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
         prompt_len, params.max_tokens, config.context_length));
   }
 
-  params.sampling = WithDefaults(request.sampling());
-  worker::SamplingParams check;
-  check.temperature = params.sampling.temperature();
-  check.top_k = params.sampling.top_k();
-  check.top_p = params.sampling.top_p();
-  check.min_p = params.sampling.min_p();
-  check.repetition_penalty = params.sampling.repetition_penalty();
-  check.presence_penalty = params.sampling.presence_penalty();
-  check.frequency_penalty = params.sampling.frequency_penalty();
-  check.seed = params.sampling.seed();
-  check.num_logprobs = params.sampling.num_logprobs();
-  for (const auto& [id, bias] : params.sampling.logit_bias()) check.logit_bias.emplace_back(id, bias);
-  check.min_tokens = params.sampling.min_tokens();
-  if (absl::Status valid = worker::ValidateSamplingParams(check, config.vocab_size); !valid.ok()) {
-    return valid;
-  }
+  // Unset fields take their defaults; the worker protocol gets every field set.
+  const common::SamplingParams sampling = common::SamplingParamsFromProto(request.sampling());
+  LOOM_RETURN_IF_ERROR(common::ValidateSamplingParams(sampling, config.vocab_size));
+  params.sampling = common::SamplingParamsToProto(sampling);
 
-  if (params.sampling.has_grammar() || !params.sampling.grammar().kind().empty()) {
+  if (request.sampling().has_grammar()) {
     // Compiled here once so a grammar the engine cannot compile is the client's error
     // (naming the construct), never a worker's; repeated specs hit the cache.
     const loom::v1::GrammarConstraint& grammar = params.sampling.grammar();
@@ -133,10 +98,10 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
   params.cache_salt = request.cache_salt();
   if (request.has_num_speculative_tokens() && params.num_speculative_tokens != 0) {
     const int32_t drafts = request.num_speculative_tokens();
-    if (drafts < 0 || drafts > worker::kMaxSpeculativeTokens) {
+    if (drafts < 0 || drafts > common::kMaxSpeculativeTokens) {
       return absl::InvalidArgumentError(
           absl::StrFormat("num_speculative_tokens must be in [0, %d], got %d",
-                          worker::kMaxSpeculativeTokens, drafts));
+                          common::kMaxSpeculativeTokens, drafts));
     }
     params.num_speculative_tokens = drafts;
   }

@@ -156,7 +156,8 @@ int RunUpCommand(int argc, char** argv) {
   }
   std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
   if ((*server)->http_port() > 0) {
-    std::printf("loom: OpenAI-compatible HTTP API on http://%s:%d\n",
+    std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
+                (*server)->options().http.ssl_certfile.empty() ? "http" : "https",
                 (*server)->options().host.c_str(), (*server)->http_port());
   }
   std::fflush(stdout);

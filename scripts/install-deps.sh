@@ -10,6 +10,9 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  # API keys' digests and HTTPS (cpp-httplib's OpenSSL build); the openssl CLI makes the
+  # self-signed certificate of tests/http/api_keys_test.py.
+  libssl-dev openssl
   prometheus
   clang libclang-rt-14-dev
   python3 python3-venv

@@ -46,40 +46,6 @@ int32_t Argmax(const float* logits, int64_t n) {
 
 }  // namespace
 
-absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size) {
-  auto bad = [](const char* name, double value, const char* range) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s must be %s, got %g", name, range, value));
-  };
-  if (!std::isfinite(p.temperature) || p.temperature < 0) return bad("temperature", p.temperature, "finite and >= 0");
-  if (!(p.top_p > 0 && p.top_p <= 1)) return bad("top_p", p.top_p, "in (0, 1]");
-  if (!(p.min_p >= 0 && p.min_p <= 1)) return bad("min_p", p.min_p, "in [0, 1]");
-  if (p.top_k < 0) return bad("top_k", p.top_k, ">= 0 (0 disables it)");
-  if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty)) {
-    return bad("repetition_penalty", p.repetition_penalty, "finite and > 0");
-  }
-  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2)) return bad("presence_penalty", p.presence_penalty, "in [-2, 2]");
-  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2)) return bad("frequency_penalty", p.frequency_penalty, "in [-2, 2]");
-  if (p.num_logprobs < -1 || p.num_logprobs > std::min<int64_t>(20, vocab_size)) {
-    return bad("logprobs", p.num_logprobs, "between 0 and 20");
-  }
-  for (const auto& [id, bias] : p.logit_bias) {
-    if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "logit_bias names token %d, outside the vocabulary [0, %d)", id, vocab_size));
-    }
-    if (!(bias >= -100 && bias <= 100)) return bad("logit_bias", bias, "in [-100, 100]");
-  }
-  if (p.min_tokens < 0) return bad("min_tokens", p.min_tokens, ">= 0");
-  for (int32_t id : p.min_tokens_suppressed_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "min_tokens_suppressed_ids holds %d, outside the vocabulary [0, %d)", id, vocab_size));
-    }
-  }
-  return absl::OkStatus();
-}
-
 SampledToken RawLogprobs(const float* logits, int64_t vocab_size, int32_t token_id, int32_t n) {
   const float max_logit = logits[Argmax(logits, vocab_size)];
   double sum = 0;

@@ -11,31 +11,14 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/grammar_matcher.h"
+#include "common/sampling_params.h"
 
 namespace loom::worker {
 
-/// How one sequence picks its next token (OpenAI / vLLM semantics).
-struct SamplingParams {
-  float temperature = 1.0f;         // 0: greedy (argmax, lowest id on ties)
-  int32_t top_k = 0;                // 0: off
-  float top_p = 1.0f;               // (0, 1]
-  float min_p = 0.0f;               // [0, 1]: drop tokens below min_p * max probability
-  float repetition_penalty = 1.0f;  // > 0; HF style over prompt and output tokens
-  float presence_penalty = 0.0f;    // [-2, 2]; OpenAI style over output tokens
-  float frequency_penalty = 0.0f;   // [-2, 2]; OpenAI style over output tokens
-  uint64_t seed = 0;                // with the same seed, the same tokens, whatever the batch
-  int32_t num_logprobs = -1;        // -1: none; 0: the chosen token's; n: and the top n
-  // (token id, bias) added to the logit before everything else; ids distinct and in the
-  // vocabulary, biases in [-100, 100] (OpenAI's logit_bias).
-  std::vector<std::pair<int32_t, float>> logit_bias;
-  // While fewer than min_tokens outputs exist, min_tokens_suppressed_ids cannot be
-  // sampled (the end-of-generation and stop tokens; vLLM's min_tokens).
-  int32_t min_tokens = 0;
-  std::vector<int32_t> min_tokens_suppressed_ids;
-};
-
-/// InvalidArgument naming the parameter and its value when out of range.
-absl::Status ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
+/// How one sequence picks its next token: common::SamplingParams (one definition, its
+/// defaults and its validation shared with the coordinator).
+using common::SamplingParams;
+using common::ValidateSamplingParams;
 
 struct TokenLogprob {
   int32_t token_id = 0;

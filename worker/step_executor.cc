@@ -33,25 +33,6 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, 
 
 }  // namespace
 
-SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto) {
-  SamplingParams params;
-  params.temperature = proto.has_temperature() ? proto.temperature() : 0.0f;
-  params.top_k = proto.has_top_k() ? proto.top_k() : 0;
-  params.top_p = proto.has_top_p() ? proto.top_p() : 1.0f;
-  params.min_p = proto.has_min_p() ? proto.min_p() : 0.0f;
-  params.repetition_penalty = proto.has_repetition_penalty() ? proto.repetition_penalty() : 1.0f;
-  params.presence_penalty = proto.has_presence_penalty() ? proto.presence_penalty() : 0.0f;
-  params.frequency_penalty = proto.has_frequency_penalty() ? proto.frequency_penalty() : 0.0f;
-  params.seed = proto.has_seed() ? proto.seed() : 0;
-  params.num_logprobs = proto.has_num_logprobs() ? proto.num_logprobs() : -1;
-  for (const auto& [id, bias] : proto.logit_bias()) params.logit_bias.emplace_back(id, bias);
-  std::sort(params.logit_bias.begin(), params.logit_bias.end());  // map order is unspecified
-  params.min_tokens = proto.has_min_tokens() ? proto.min_tokens() : 0;
-  params.min_tokens_suppressed_ids.assign(proto.min_tokens_suppressed_ids().begin(),
-                                          proto.min_tokens_suppressed_ids().end());
-  return params;
-}
-
 struct StepExecutor::Sequence {
   std::vector<int32_t> tokens;       // prompt, then outputs, in order
   std::vector<int32_t> block_table;  // every block the coordinator sent, in order
@@ -212,7 +193,7 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
           params,
           absl::MakeConstSpan(added.prompt_token_ids().data(), added.prompt_token_ids().size()),
           vocab);
-      if (!added.sampling().grammar().kind().empty()) {
+      if (!params.grammar_kind.empty()) {
         LOOM_RETURN_IF_ERROR(AttachGrammar(added.sampling().grammar(), id, *sequence->sampler));
       }
       for (int32_t token : added.output_token_ids()) sequence->sampler->RecordOutput(token);

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/grammar_matcher_factory.h"
+#include "common/sampling_params.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/draft_proposer.h"
 #include "worker/sampler.h"
@@ -16,12 +17,10 @@
 
 namespace loom::worker {
 
-/// Converts the wire's sampling parameters; an unset field takes the default the proto
-/// documents (the coordinator sets every field; this only guards older peers).
-SamplingParams SamplingParamsFromProto(const loom::v1::SamplingParams& proto);
-
-/// Most draft tokens one speculative step may ask for (ScheduledSequence).
-inline constexpr int32_t kMaxSpeculativeTokens = 16;
+/// The wire's sampling parameters (common/sampling_params: an unset field takes its
+/// default; the coordinator sets every field) and the protocol's draft limit.
+using common::kMaxSpeculativeTokens;
+using common::SamplingParamsFromProto;
 
 struct StepExecutorOptions {
   // Prompt-lookup speculation: the longest and shortest suffix n-grams searched for.

@@ -5,6 +5,7 @@
 //                            [--stream]
 //   client_tool stream-cancel --address A --prompt P --max-tokens N --cancel-after TOKENS
 //   client_tool info         --address A --text T   (tokenize, detokenize, models, state)
+// Every mode takes --api-key K (sent as `authorization: Bearer K`).
 // Exit status 0 whenever the driver ran (the JSON says how the calls ended), 2 on bad usage.
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@ struct Args {
   std::string address;
   std::string prompt;
   std::string text;
+  std::string api_key;
   int max_tokens = 16;
   double timeout_s = 0;
   bool ignore_eos = false;
@@ -58,6 +60,8 @@ bool ParseArgs(int argc, char** argv, Args& args) {
       args.prompt = value;
     } else if (flag == "--text") {
       args.text = value;
+    } else if (flag == "--api-key") {
+      args.api_key = value;
     } else if (flag == "--max-tokens") {
       ok = absl::SimpleAtoi(value, &args.max_tokens);
     } else if (flag == "--timeout") {
@@ -199,6 +203,7 @@ int main(int argc, char** argv) {
   }
   loom::client::ClientOptions options;
   options.address = args.address;
+  options.api_key = args.api_key;
   options.retry.max_attempts = args.max_attempts;
   options.retry.initial_backoff = absl::Milliseconds(args.backoff_ms);
   options.retry.max_backoff = absl::Milliseconds(args.backoff_ms);

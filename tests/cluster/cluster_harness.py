@@ -267,7 +267,7 @@ class Coordinator(Process):
         self.address = f"127.0.0.1:{self.port}"
         self.http_url = None
         if flags["http_port"] != -1:
-            match = self._startup_line(r"loom: OpenAI-compatible HTTP API on (http://\S+)")
+            match = self._startup_line(r"loom: OpenAI-compatible HTTP API on (https?://\S+)")
             self.http_url = match.group(1)
         self.channel = grpc.insecure_channel(self.address)
         self.stub = stubs().grpc_pb.InferenceStub(self.channel)

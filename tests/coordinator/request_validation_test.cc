@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/gguf_file.h"
+#include "common/sampling_params.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -51,6 +52,24 @@ TEST_F(RequestValidationTest, UnsetSamplingMeansGreedyAndMaxTokensFillsTheContex
   EXPECT_EQ(params->sampling.num_logprobs(), -1);
   EXPECT_EQ(params->max_tokens + static_cast<int64_t>(params->prompt_ids.size()),
             config_->context_length);
+}
+
+// The coordinator, the workers (SamplingParamsFromProto) and the in-process engine
+// (common::SamplingParams{}) agree on every default: the wire carries the struct's.
+TEST_F(RequestValidationTest, UnsetSamplingBecomesTheSharedDefaultsWithEveryFieldSet) {
+  loom::v1::GenerateRequest request;
+  request.set_text("Hello");
+  auto params = Validate(request);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->sampling.SerializeAsString(),
+            common::SamplingParamsToProto(common::SamplingParams()).SerializeAsString());
+  EXPECT_EQ(common::SamplingParamsFromProto(params->sampling), common::SamplingParams());
+  EXPECT_TRUE(params->sampling.has_temperature() && params->sampling.has_seed());
+
+  request.mutable_sampling()->set_top_p(1.5f);
+  auto refused = Validate(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("top_p must be in (0, 1], got 1.5"));
 }
 
 TEST_F(RequestValidationTest, CarriesTheCacheSalt) {

@@ -166,6 +166,7 @@ TEST(DraftProposerTest, BatchedProposalsMatchOneAtATime) {
   const std::vector<int32_t> blocks_b = {5, 6};
   SequenceSampler sampler_a(Greedy(), a, spec.vocab);
   SamplingParams sampled;
+  sampled.temperature = 1.0f;
   sampled.seed = 3;
   SequenceSampler sampler_b(sampled, b, spec.vocab);
   std::unique_ptr<DraftProposer> batched = Proposer(*gguf);

@@ -56,19 +56,6 @@ struct Rig {
   std::unique_ptr<StepExecutor> executor;
 };
 
-loom::v1::SamplingParams ToProto(const SamplingParams& params) {
-  loom::v1::SamplingParams proto;
-  proto.set_temperature(params.temperature);
-  proto.set_top_k(params.top_k);
-  proto.set_top_p(params.top_p);
-  proto.set_min_p(params.min_p);
-  proto.set_repetition_penalty(params.repetition_penalty);
-  proto.set_presence_penalty(params.presence_penalty);
-  proto.set_frequency_penalty(params.frequency_penalty);
-  proto.set_seed(params.seed);
-  proto.set_num_logprobs(params.num_logprobs);
-  return proto;
-}
 
 struct SimSequence {
   uint64_t seq_id = 0;
@@ -120,7 +107,7 @@ class MiniScheduler {
           added->set_seq_id(seq.seq_id);
           added->mutable_prompt_token_ids()->Add(seq.prompt.begin(), seq.prompt.end());
           added->mutable_output_token_ids()->Add(seq.outputs.begin(), seq.outputs.end());
-          *added->mutable_sampling() = ToProto(seq.params);
+          *added->mutable_sampling() = common::SamplingParamsToProto(seq.params);
           seq.on_worker = true;
           seq.num_computed = 0;
           num_tokens = static_cast<int64_t>(seq.prompt.size() + seq.outputs.size());

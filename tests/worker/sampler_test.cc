@@ -94,6 +94,7 @@ TEST(SamplerTest, SameSeedGivesSameTokensDifferentSeedsDiffer) {
 TEST(SamplerTest, FrequenciesFollowTheSoftmax) {
   const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.2f)};
   SamplingParams params;
+  params.temperature = 1.0f;  // sampled (the default is greedy)
   params.seed = 7;
   const auto samples = SampleMany(params, logits, 20000);
   std::vector<int> counts(3);
@@ -117,6 +118,7 @@ TEST(SamplerTest, TemperatureSharpensTheDistribution) {
 TEST(SamplerTest, TopKTopPAndMinPTruncate) {
   const std::vector<float> logits{std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
   SamplingParams params;
+  params.temperature = 1.0f;  // sampled (the default is greedy)
   params.seed = 11;
   params.top_k = 2;
   for (int32_t id : SampleMany(params, logits, 2000)) EXPECT_LT(id, 2);
@@ -141,6 +143,7 @@ TEST(SamplerTest, LargeNucleusKeepsExactlyTheTopMassInShuffledVocabulary) {
   std::vector<float> logits(kVocab);
   for (int64_t i = 0; i < kVocab; ++i) logits[i] = -0.0005f * rank[i];
   SamplingParams params;
+  params.temperature = 1.0f;  // sampled (the default is greedy)
   params.seed = 3;
   params.top_p = 0.5f;
   // The reference cut: the fewest top-ranked tokens whose softmax mass reaches 0.5.

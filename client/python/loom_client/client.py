@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from typing import Callable, Optional, Sequence, Union
 
@@ -42,12 +43,16 @@ class LoomClient:
 
     address: host:port of the gRPC endpoint. tls: use TLS, with the CA certificates of
     `root_certs_path` (PEM) or gRPC's default roots. timeout: the default deadline of every
-    call in seconds (None: none). Errors are raised as LoomError(code, details).
+    call in seconds (None: none). api_key: the coordinator's key (`loom serve --api-key`),
+    sent with every call as metadata `authorization: Bearer <api_key>` (None: the
+    LOOM_API_KEY environment variable, if set). Errors are raised as LoomError(code, details):
+    UNAUTHENTICATED for a missing or wrong key.
     """
 
     def __init__(self, address: str = "127.0.0.1:50051", *, tls: bool = False,
                  root_certs_path: Optional[str] = None, timeout: Optional[float] = None,
-                 retry: RetryPolicy = RetryPolicy(), channel_options: Sequence[tuple] = ()):
+                 retry: RetryPolicy = RetryPolicy(), channel_options: Sequence[tuple] = (),
+                 api_key: Optional[str] = None):
         if retry.max_attempts < 1:
             raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
         # Retries are the client's own (before the first message only, counted, within the
@@ -59,6 +64,9 @@ class LoomClient:
         else:
             self._channel = grpc.insecure_channel(address, options)
         self._stub = pb_grpc.InferenceStub(self._channel)
+        if api_key is None:
+            api_key = os.environ.get("LOOM_API_KEY") or None
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.address = address
         self.timeout = timeout
         self.retry = retry
@@ -88,7 +96,7 @@ class LoomClient:
         dict or JSON text), json_object=True, regex, choice (a list of strings), grammar (GBNF).
         """
         request = _generate_request(prompt, max_tokens, **params)
-        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry)
+        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry, self._metadata)
 
     def generate(self, prompt: Prompt, *, max_tokens: int = 0, timeout: Optional[float] = None,
                  on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
@@ -133,7 +141,7 @@ class LoomClient:
             attempt += 1
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return method(request, timeout=left)
+                return method(request, timeout=left, metadata=self._metadata)
             except grpc.RpcError as error:
                 wait = self.retry.backoff(attempt)
                 if (error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts

@@ -20,8 +20,9 @@ class GenerateStream:
     its KV blocks on the server. close() may be called from any thread.
     """
 
-    def __init__(self, stub, request, deadline: Optional[float], retry):
+    def __init__(self, stub, request, deadline: Optional[float], retry, metadata: tuple = ()):
         self._stub = stub
+        self._metadata = metadata  # sent with every attempt (the API key)
         self._request = request
         self._deadline = deadline  # time.monotonic() value, None for no deadline
         self._retry = retry
@@ -65,7 +66,7 @@ class GenerateStream:
                 self._done = True
                 raise LoomError(grpc.StatusCode.CANCELLED, "the client closed the stream", self.attempts)
             timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
-            self._call = self._stub.Generate(self._request, timeout=timeout)
+            self._call = self._stub.Generate(self._request, timeout=timeout, metadata=self._metadata)
             self.attempts += 1
             return self._call
 
