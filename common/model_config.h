@@ -32,6 +32,13 @@ struct ModelConfig {
   int64_t rope_original_context_length = 0;     // <arch>.rope.scaling.original_context_length
   double rope_low_freq_factor = 1.0;            // llama3 scaling
   double rope_high_freq_factor = 4.0;           // llama3 scaling
+  double rope_yarn_beta_fast = 32.0;  // <arch>.rope.scaling.yarn_beta_fast: ramp's fast end
+  double rope_yarn_beta_slow = 1.0;   // <arch>.rope.scaling.yarn_beta_slow: ramp's slow end
+  bool rope_yarn_truncate = true;     // loom.rope.scaling.yarn_truncate: integer ramp ends
+  // Multiplies RoPE's cosines and sines (so attention logits by its square): YaRN's
+  // attention factor (`loom.rope.scaling.attention_factor`, else 0.1 ln(factor) + 1);
+  // exactly 1 for every other scaling type.
+  double rope_attention_factor = 1.0;
   // rope_freqs.weight present: per-frequency factors [rope_dim / 2] (Llama 3.1 GGUFs).
   bool rope_freq_factors = false;
   bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd

@@ -10,6 +10,7 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  libutf8proc-dev
   prometheus
   clang libclang-rt-14-dev
   python3 python3-venv
