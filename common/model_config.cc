@@ -260,6 +260,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
     }
   }
 
+  LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
+
   // Vocabulary: rows of the embedding table; the tokenizer may list fewer tokens (padded
   // embeddings) but never more.
   int64_t tokenizer_tokens = 0;

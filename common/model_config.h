@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/gguf_file.h"
+#include "common/sampling_defaults.h"
 
 namespace loom::common {
 
@@ -48,6 +49,9 @@ struct ModelConfig {
   // read from a Hugging Face directory says so with `loom.rope.neox`.
   bool rope_neox = false;
   bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
+  // The model's own defaults for requests that leave a sampling field unset
+  // (generation_config.json of a Hugging Face directory; `loom.sampling.*`).
+  SamplingDefaults sampling_defaults;
 };
 
 /// Reads and validates the hyper-parameters of a llama-family model; InvalidArgument

@@ -149,9 +149,10 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
   if (max_tokens) base.set_max_tokens(static_cast<int32_t>(*max_tokens));
 
   loom::v1::SamplingParams& sampling = *base.mutable_sampling();
-  // OpenAI's default temperature is 1 (the gRPC API's is 0, greedy).
+  // Unset: the model's default, else OpenAI's 1 (ValidateGenerateRequest's
+  // unset_temperature; the gRPC API's is 0, greedy).
   LOOM_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature", 0.0, 100.0));
-  sampling.set_temperature(static_cast<float>(temperature.value_or(1.0)));
+  if (temperature) sampling.set_temperature(static_cast<float>(*temperature));
   LOOM_ASSIGN_OR_RETURN(std::optional<double> top_p, Number(body, "top_p", 0.0, 1.0, /*min_open=*/true));
   if (top_p) sampling.set_top_p(static_cast<float>(*top_p));
   // vLLM's convention: -1 (or 0) turns top-k off.

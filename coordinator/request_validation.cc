@@ -10,9 +10,10 @@ namespace {
 
 // Unset fields get their defaults; the result has every field set (the worker protocol
 // requires it).
-loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in) {
+loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in,
+                                      float unset_temperature) {
   loom::v1::SamplingParams out;
-  out.set_temperature(in.has_temperature() ? in.temperature() : 0.0f);
+  out.set_temperature(in.has_temperature() ? in.temperature() : unset_temperature);
   out.set_top_k(in.has_top_k() ? in.top_k() : 0);
   out.set_top_p(in.has_top_p() ? in.top_p() : 1.0f);
   out.set_min_p(in.has_min_p() ? in.min_p() : 0.0f);
@@ -27,9 +28,23 @@ loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in) {
 
 }  // namespace
 
+void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
+                                loom::v1::SamplingParams& sampling) {
+  if (defaults.temperature && !sampling.has_temperature()) {
+    sampling.set_temperature(*defaults.temperature);
+  }
+  if (defaults.top_p && !sampling.has_top_p()) sampling.set_top_p(*defaults.top_p);
+  if (defaults.top_k && !sampling.has_top_k()) sampling.set_top_k(*defaults.top_k);
+  if (defaults.min_p && !sampling.has_min_p()) sampling.set_min_p(*defaults.min_p);
+  if (defaults.repetition_penalty && !sampling.has_repetition_penalty()) {
+    sampling.set_repetition_penalty(*defaults.repetition_penalty);
+  }
+}
+
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
-                                                      const common::Tokenizer& tokenizer) {
+                                                      const common::Tokenizer& tokenizer,
+                                                      float unset_temperature) {
   RequestParams params;
   if (request.has_token_ids()) {
     params.prompt_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
@@ -68,7 +83,10 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
         prompt_len, params.max_tokens, config.context_length));
   }
 
-  params.sampling = WithDefaults(request.sampling());
+  // Request, then the model's generation_config.json, then the API's default.
+  loom::v1::SamplingParams sampling = request.sampling();
+  ApplyModelSamplingDefaults(config.sampling_defaults, sampling);
+  params.sampling = WithDefaults(sampling, unset_temperature);
   worker::SamplingParams check;
   check.temperature = params.sampling.temperature();
   check.top_k = params.sampling.top_k();
