@@ -61,9 +61,11 @@ def grpc_texts(up, **sampling):
 
 
 def http_texts(up, **body):
+    with urllib.request.urlopen(f"{up.http_url}/v1/models", timeout=30) as response:
+        model = json.loads(response.read())["data"][0]["id"]
     texts = []
     for seed in SEEDS:
-        payload = {"model": "m", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "seed": seed,
+        payload = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "seed": seed,
                    "ignore_eos": True, **body}
         request = urllib.request.Request(f"{up.http_url}/v1/completions",
                                          data=json.dumps(payload).encode(),
@@ -100,18 +102,33 @@ def test_without_generation_defaults_an_unset_grpc_temperature_is_greedy(base_di
         up.stop()
 
 
-def test_openai_requests_take_the_model_defaults_before_openai_s(base_dir, tmp_path):
-    directory = with_generation_config(base_dir, tmp_path / "cold", temperature=0.0, top_k=1)
+def test_openai_requests_take_the_model_temperature_before_openai_s(base_dir, tmp_path):
+    directory = with_generation_config(base_dir, tmp_path / "cold", temperature=0.0)
     up = serve(tmp_path, directory)
     try:
-        # Unset temperature: the model's 0, not OpenAI's 1.
-        assert len(set(http_texts(up))) == 1
-        greedy = http_texts(up)[0]
-        # temperature set, top_k unset: the model's top_k 1 still makes it greedy.
-        assert set(http_texts(up, temperature=1.5)) == {greedy}
-        # Both set: the request's values win.
+        greedy = http_texts(up)  # unset: the model's 0, not OpenAI's 1
+        assert len(set(greedy)) == 1
+        sampled = http_texts(up, temperature=1.5)  # set: the request's
+        assert any(text != greedy[0] for text in sampled), sampled
+    finally:
+        up.stop()
+    up = serve(tmp_path, base_dir)  # no model default: OpenAI's temperature 1 samples
+    try:
+        assert len(set(http_texts(up))) > 1
+    finally:
+        up.stop()
+
+
+def test_openai_requests_take_the_model_top_k(base_dir, tmp_path):
+    directory = with_generation_config(base_dir, tmp_path / "topk", top_k=1)
+    up = serve(tmp_path, directory)
+    try:
+        # temperature set, top_k unset: the model's top_k 1 makes it greedy.
+        greedy = http_texts(up, temperature=1.5)
+        assert len(set(greedy)) == 1
+        # top_k set too (-1: off): the request's value wins.
         sampled = http_texts(up, temperature=1.5, top_k=-1)
-        assert any(text != greedy for text in sampled), sampled
+        assert any(text != greedy[0] for text in sampled), sampled
     finally:
         up.stop()
 
