@@ -32,6 +32,9 @@ struct ServeOptions {
   // Tests only: every prefix-cache block hash ignores its tokens (forced collisions,
   // which hit verification must catch). --debug-colliding-block-hashes on|off.
   bool debug_colliding_block_hashes = false;
+  // --generation-config auto|vllm (vLLM's): auto applies the model's generation_config.json
+  // sampling defaults to requests that leave a field unset; vllm ignores them.
+  bool model_sampling_defaults = true;
 };
 
 /// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`

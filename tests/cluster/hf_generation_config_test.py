@@ -1,5 +1,6 @@
 """generation_config.json's sampling parameters become the defaults of requests that leave a
-field unset (vLLM's `--generation-config auto`); a request that sets a field keeps its value.
+field unset (vLLM's `--generation-config auto`, the default; `vllm` ignores them); a request
+that sets a field keeps its value.
 
 `loom up --model DIR` serves a random Qwen2 directory (tests/common/hf_checkpoint.py) whose
 generation_config.json is rewritten per case. Sampling is observed through its effect: with
@@ -75,8 +76,8 @@ def http_texts(up, **body):
     return texts
 
 
-def serve(tmp_path, directory):
-    up = h.Up(tmp_path, model=directory, threads=1, kv_cache_memory="16MiB")
+def serve(tmp_path, directory, **flags):
+    up = h.Up(tmp_path, model=directory, threads=1, kv_cache_memory="16MiB", **flags)
     up.wait_healthy(["replica-0"])
     return up
 
@@ -94,8 +95,15 @@ def test_model_temperature_is_the_default_and_a_request_overrides_it(base_dir, t
 
 
 def test_without_generation_defaults_an_unset_grpc_temperature_is_greedy(base_dir, tmp_path):
-    """The check above can fail: the same requests are greedy without the model default."""
+    """The check above can fail: the same requests are greedy without the model default,
+    and with `--generation-config vllm`, which ignores it."""
     up = serve(tmp_path, base_dir)
+    try:
+        assert len(set(grpc_texts(up))) == 1
+    finally:
+        up.stop()
+    directory = with_generation_config(base_dir, tmp_path / "ignored", temperature=1.5)
+    up = serve(tmp_path, directory, generation_config="vllm")
     try:
         assert len(set(grpc_texts(up))) == 1
     finally:
