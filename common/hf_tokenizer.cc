@@ -88,7 +88,8 @@ std::optional<std::string> TokenText(const json& config, const char* name) {
 std::string LiteralPattern(const std::string& text) {
   std::string out;
   for (char c : text) {
-    if (std::string_view("\\^$.|?*+()[]{}-/").find(c) != std::string_view::npos) out.push_back('\\');
+    if (std::string_view("\\^$.|?*+()[]{}-/").find(c) != std::string_view::npos)
+      out.push_back('\\');
     out.push_back(c);
   }
   return out;
@@ -133,8 +134,9 @@ absl::StatusOr<ByteLevelSplits> ByteLevelRules(const json& tokenizer) {
                  (*pattern)["String"].is_string()) {
         rule.pattern = LiteralPattern((*pattern)["String"].get<std::string>());
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer.json: Split pre-tokenizer without a Regex or String pattern: ", part.dump()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer.json: Split pre-tokenizer without a Regex or String pattern: ",
+                         part.dump()));
       }
       auto behavior = ParseSplitBehavior(part.value("behavior", ""));
       if (!behavior.ok()) {
@@ -271,13 +273,12 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
       space_prefix = spm_style = true;
     } else if (type == "Replace") {
       spm_style = true;  // " " -> "▁": SentencePiece's whitespace escape
-    } else if ((type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") &&
-               byte_level) {
+    } else if ((type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") && byte_level) {
       // Applied (libutf8proc) to the text between special tokens before splitting. Two
       // forms in a row equal the last one only for some pairs: refuse them.
       if (!normalization.empty()) {
-        return absl::UnimplementedError(absl::StrCat("tokenizer.json: normalizers ",
-                                                     normalization, " then ", type,
+        return absl::UnimplementedError(absl::StrCat("tokenizer.json: normalizers ", normalization,
+                                                     " then ", type,
                                                      " are not supported (one form only)"));
       }
       normalization = type;

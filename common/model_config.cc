@@ -228,12 +228,17 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
                                     config.rope_original_context_length, 1, kMaxContext));
   }
   if (config.rope_scaling == RopeScalingType::kYarn) {
-    LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
-    LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
-    LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
-    LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
+    LOOM_RETURN_IF_ERROR(
+        reader.OptionalDouble("rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
+    LOOM_RETURN_IF_ERROR(
+        reader.OptionalDouble("rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
     if (gguf.Find("loom.rope.scaling.yarn_truncate") != nullptr) {
-      LOOM_ASSIGN_OR_RETURN(config.rope_yarn_truncate, gguf.GetBool("loom.rope.scaling.yarn_truncate"));
+      LOOM_ASSIGN_OR_RETURN(config.rope_yarn_truncate,
+                            gguf.GetBool("loom.rope.scaling.yarn_truncate"));
     }
     // The YaRN paper's default (transformers' and vLLM's): sqrt(1/t) = 0.1 ln(s) + 1.
     const double factor = config.rope_scaling_factor;

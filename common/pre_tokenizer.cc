@@ -160,11 +160,16 @@ struct PreTokenizer::Regex {
 
 std::string_view SplitBehaviorName(SplitBehavior behavior) {
   switch (behavior) {
-    case SplitBehavior::kIsolated: return "isolated";
-    case SplitBehavior::kRemoved: return "removed";
-    case SplitBehavior::kMergedWithPrevious: return "merged_with_previous";
-    case SplitBehavior::kMergedWithNext: return "merged_with_next";
-    case SplitBehavior::kContiguous: return "contiguous";
+    case SplitBehavior::kIsolated:
+      return "isolated";
+    case SplitBehavior::kRemoved:
+      return "removed";
+    case SplitBehavior::kMergedWithPrevious:
+      return "merged_with_previous";
+    case SplitBehavior::kMergedWithNext:
+      return "merged_with_next";
+    case SplitBehavior::kContiguous:
+      return "contiguous";
   }
   return "isolated";
 }
@@ -329,7 +334,8 @@ void PreTokenizer::SplitIsolated(const Regex& regex, std::string_view text,
         offset = match_start + Utf8SequenceLength(static_cast<uint8_t>(subject[match_start]));
         continue;
       }
-      if (match_start > gap_start) out->push_back({piece.offset + gap_start, match_start - gap_start});
+      if (match_start > gap_start)
+        out->push_back({piece.offset + gap_start, match_start - gap_start});
       out->push_back({piece.offset + match_start, match_end - match_start});
       gap_start = offset = match_end;
     }
@@ -343,7 +349,7 @@ void PreTokenizer::SplitIsolated(const Regex& regex, std::string_view text,
 // match still cuts), `invert` swaps the two, the behavior folds them into pieces, and
 // removed or empty pieces are dropped.
 void PreTokenizer::SplitByRule(const Regex& regex, std::string_view text,
-                             const std::vector<TextSpan>& in, std::vector<TextSpan>* out) const {
+                               const std::vector<TextSpan>& in, std::vector<TextSpan>* out) const {
   struct Part {
     size_t start, end;
     bool is_match;

@@ -97,7 +97,7 @@ class PreTokenizer {
   void SplitIsolated(const Regex& regex, std::string_view text, const std::vector<TextSpan>& in,
                      std::vector<TextSpan>* out) const;
   void SplitByRule(const Regex& regex, std::string_view text, const std::vector<TextSpan>& in,
-                 std::vector<TextSpan>* out) const;
+                   std::vector<TextSpan>* out) const;
 
   std::vector<std::unique_ptr<Regex>> regexes_;  // applied in order
   bool ignore_merges_ = false;

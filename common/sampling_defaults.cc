@@ -18,10 +18,8 @@ struct Field {
 };
 
 constexpr Field kFields[] = {
-    {"temperature", 0.0, 100.0, false},
-    {"top_p", 0.0, 1.0, true},
-    {"top_k", -1.0, 1 << 20, false},
-    {"min_p", 0.0, 1.0, false},
+    {"temperature", 0.0, 100.0, false},       {"top_p", 0.0, 1.0, true},
+    {"top_k", -1.0, 1 << 20, false},          {"min_p", 0.0, 1.0, false},
     {"repetition_penalty", 0.0, 100.0, true},
 };
 
@@ -40,10 +38,9 @@ absl::Status GenerationConfigToGguf(const std::string& generation_config_json,
     const double value = it->is_number() ? it->get<double>() : std::nan("");
     if (!std::isfinite(value) || value < field.min || value > field.max ||
         (field.min_open && value == field.min)) {
-      return absl::InvalidArgumentError(absl::StrCat("generation_config.json: '", field.name,
-                                                     "' is ", it->dump(), ", expected a number in ",
-                                                     field.min_open ? "(" : "[", field.min, ", ",
-                                                     field.max, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generation_config.json: '", field.name, "' is ", it->dump(), ", expected a number in ",
+          field.min_open ? "(" : "[", field.min, ", ", field.max, "]"));
     }
     if (std::string_view(field.name) == "top_k") {
       metadata.Int("loom.sampling.top_k", value < 0 ? 0 : static_cast<int64_t>(value));

@@ -21,9 +21,7 @@ struct SamplingDefaults {
   std::optional<float> min_p;               // [0, 1]
   std::optional<float> repetition_penalty;  // > 0
 
-  bool empty() const {
-    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty;
-  }
+  bool empty() const { return !temperature && !top_p && !top_k && !min_p && !repetition_penalty; }
 };
 
 /// Reads generation_config.json's temperature, top_p, top_k, min_p and repetition_penalty

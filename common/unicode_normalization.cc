@@ -21,11 +21,16 @@ absl::StatusOr<NormalizationForm> ParseNormalizationForm(std::string_view name) 
 
 std::string_view NormalizationFormName(NormalizationForm form) {
   switch (form) {
-    case NormalizationForm::kNone: return "";
-    case NormalizationForm::kNfc: return "NFC";
-    case NormalizationForm::kNfd: return "NFD";
-    case NormalizationForm::kNfkc: return "NFKC";
-    case NormalizationForm::kNfkd: return "NFKD";
+    case NormalizationForm::kNone:
+      return "";
+    case NormalizationForm::kNfc:
+      return "NFC";
+    case NormalizationForm::kNfd:
+      return "NFD";
+    case NormalizationForm::kNfkc:
+      return "NFKC";
+    case NormalizationForm::kNfkd:
+      return "NFKD";
   }
   return "";
 }
@@ -38,17 +43,25 @@ std::string Normalize(std::string_view text, NormalizationForm form) {
   if (ascii) return std::string(text);
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormalizationForm::kNfc: options |= UTF8PROC_COMPOSE; break;
-    case NormalizationForm::kNfd: options |= UTF8PROC_DECOMPOSE; break;
-    case NormalizationForm::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalizationForm::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-    case NormalizationForm::kNone: break;
+    case NormalizationForm::kNfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalizationForm::kNfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalizationForm::kNfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalizationForm::kNfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalizationForm::kNone:
+      break;
   }
   utf8proc_uint8_t* mapped = nullptr;
-  const utf8proc_ssize_t length =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &mapped,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t length = utf8proc_map(
+      reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+      static_cast<utf8proc_ssize_t>(text.size()), &mapped, static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(mapped, &std::free);
   if (length < 0) return std::string(text);  // invalid UTF-8 (or out of memory)
   return std::string(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));

@@ -10,8 +10,7 @@ namespace {
 
 // Unset fields get their defaults; the result has every field set (the worker protocol
 // requires it).
-loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in,
-                                      float unset_temperature) {
+loom::v1::SamplingParams WithDefaults(const loom::v1::SamplingParams& in, float unset_temperature) {
   loom::v1::SamplingParams out;
   out.set_temperature(in.has_temperature() ? in.temperature() : unset_temperature);
   out.set_top_k(in.has_top_k() ? in.top_k() : 0);

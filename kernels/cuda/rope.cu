@@ -61,8 +61,7 @@ absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
     RopeKernel<T><<<static_cast<unsigned>(p.num_tokens), threads, shared, stream>>>(
         static_cast<T*>(p.q), static_cast<T*>(p.k), p.positions, p.inv_freq,
         static_cast<int>(p.num_heads), static_cast<int>(p.num_kv_heads),
-        static_cast<int>(p.head_dim), half, q_stride, k_stride, p.neox,
-        p.attention_factor);
+        static_cast<int>(p.head_dim), half, q_stride, k_stride, p.neox, p.attention_factor);
   });
   return internal::CheckLaunch("Rope");
 }

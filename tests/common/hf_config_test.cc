@@ -89,8 +89,7 @@ TEST(HfConfigTest, YarnParametersFollowTransformers) {
     "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512,
     "vocab_size": 100, "rope_scaling": )";
-  absl::StatusOr<ModelConfig> plain =
-      Translate(head + R"({"rope_type": "yarn", "factor": 4.0}})");
+  absl::StatusOr<ModelConfig> plain = Translate(head + R"({"rope_type": "yarn", "factor": 4.0}})");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_NEAR(plain->rope_attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
   EXPECT_EQ(plain->rope_original_context_length, 512);
