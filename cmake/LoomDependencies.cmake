@@ -4,6 +4,8 @@ find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# Unicode normalization (NFC/NFD/NFKC/NFKD) of tokenizer.json normalizers (libutf8proc-dev).
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++ protobuf)
 # HTTP for the OpenAI-compatible API (Debian libcpp-httplib-dev).
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

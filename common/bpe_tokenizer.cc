@@ -97,6 +97,8 @@ const BpeTokenizer::Merge* BpeTokenizer::FindMerge(int32_t left, int32_t right) 
 void BpeTokenizer::EncodeText(std::string_view text, bool /*after_special*/,
                               std::vector<int32_t>* ids) const {
   std::vector<TextSpan> pieces;
+  std::string normalized;
+  text = pre_tokenizer_->Normalize(text, &normalized);
   pre_tokenizer_->Split(text, &pieces);
   std::vector<int32_t> symbols;
   for (const TextSpan& piece : pieces) {

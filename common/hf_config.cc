@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,8 +82,47 @@ class Fields {
   const json& object_;
 };
 
+// YaRN's magnitude correction for a context stretched `scale` times (transformers'
+// get_mscale).
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// rope_scaling "yarn" as transformers' `_compute_yarn_parameters` reads it: `factor` as
+// given, the correction range over `original_max_position_embeddings` (else the model's
+// max_position_embeddings), beta_fast/beta_slow defaulting to 32/1 when absent, null or 0,
+// and the attention factor given, else mscale/mscale_all_dim's ratio (DeepSeek style),
+// else 0.1 ln(factor) + 1.
+absl::Status YarnToGguf(const Fields& fields, double factor, int64_t max_position_embeddings,
+                        const std::string& arch, GgufMetadataBuilder& metadata) {
+  if (!fields.Has("original_max_position_embeddings")) {
+    metadata.Int(arch + ".rope.scaling.original_context_length", max_position_embeddings);
+  }
+  LOOM_ASSIGN_OR_RETURN(double beta_fast, fields.Number("beta_fast", 0.0));
+  LOOM_ASSIGN_OR_RETURN(double beta_slow, fields.Number("beta_slow", 0.0));
+  metadata.Float(arch + ".rope.scaling.yarn_beta_fast", beta_fast != 0.0 ? beta_fast : 32.0);
+  metadata.Float(arch + ".rope.scaling.yarn_beta_slow", beta_slow != 0.0 ? beta_slow : 1.0);
+  LOOM_ASSIGN_OR_RETURN(bool truncate, fields.Bool("truncate", true));
+  metadata.Bool("loom.rope.scaling.yarn_truncate", truncate);
+  LOOM_ASSIGN_OR_RETURN(double mscale, fields.Number("mscale", 0.0));
+  LOOM_ASSIGN_OR_RETURN(double mscale_all_dim, fields.Number("mscale_all_dim", 0.0));
+  double attention_factor = YarnMscale(factor, 1.0);
+  if (mscale != 0.0 && mscale_all_dim != 0.0) {
+    attention_factor = YarnMscale(factor, mscale) / YarnMscale(factor, mscale_all_dim);
+  }
+  if (fields.Has("attention_factor")) {
+    LOOM_ASSIGN_OR_RETURN(attention_factor, fields.Number("attention_factor", 1.0));
+  }
+  if (!(attention_factor > 0.0) || !std::isfinite(attention_factor)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: rope_scaling yarn attention factor ", attention_factor, " is not positive"));
+  }
+  metadata.Float("loom.rope.scaling.attention_factor", attention_factor);
+  return absl::OkStatus();
+}
+
 absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
-                               GgufMetadataBuilder& metadata) {
+                               int64_t max_position_embeddings, GgufMetadataBuilder& metadata) {
   if (scaling.is_null()) return absl::OkStatus();
   if (!scaling.is_object()) {
     return absl::InvalidArgumentError(
@@ -116,6 +156,9 @@ absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
     LOOM_ASSIGN_OR_RETURN(double high, fields.Number("high_freq_factor", 4.0));
     metadata.Float(arch + ".rope.scaling.low_freq_factor", low);
     metadata.Float(arch + ".rope.scaling.high_freq_factor", high);
+  }
+  if (type == "yarn") {
+    LOOM_RETURN_IF_ERROR(YarnToGguf(fields, factor, max_position_embeddings, arch, metadata));
   }
   return absl::OkStatus();
 }
@@ -171,6 +214,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads", std::nullopt));
   LOOM_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
   LOOM_ASSIGN_OR_RETURN(int64_t context, fields.Int("max_position_embeddings", std::nullopt));
+  const int64_t max_position_embeddings = context;
   // Mistral v0.1 attends to a 4096-token window: serve it only that far, where full
   // attention gives the same result.
   if (arch == "mistral" && fields.Has("sliding_window")) {
@@ -199,7 +243,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
     metadata.Int(arch + ".vocab_size", vocab);
   }
   if (auto scaling = config.find("rope_scaling"); scaling != config.end()) {
-    LOOM_RETURN_IF_ERROR(RopeScalingToGguf(*scaling, arch, metadata));
+    LOOM_RETURN_IF_ERROR(RopeScalingToGguf(*scaling, arch, max_position_embeddings, metadata));
   }
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes

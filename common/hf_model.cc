@@ -14,6 +14,7 @@
 #include "common/hf_config.h"
 #include "common/hf_tokenizer.h"
 #include "common/safetensors_file.h"
+#include "common/sampling_defaults.h"
 #include "common/status_macros.h"
 
 namespace loom::common {
@@ -109,6 +110,11 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
   LOOM_ASSIGN_OR_RETURN(tokenizer_files.chat_template_jinja,
                         ReadOptional(root / "chat_template.jinja"));
   if (absl::Status status = HfTokenizerToGguf(tokenizer_files, metadata); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(dir, "/", status.message()));
+  }
+  if (absl::Status status =
+          GenerationConfigToGguf(tokenizer_files.generation_config_json, metadata);
+      !status.ok()) {
     return absl::Status(status.code(), absl::StrCat(dir, "/", status.message()));
   }
 

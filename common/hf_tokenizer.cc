@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/pre_tokenizer.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -31,6 +32,9 @@ constexpr std::string_view kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// tokenizers' ByteLevel pre-tokenizer with use_regex (GPT-2's pattern plus `|\s+`).
+constexpr std::string_view kByteLevelRegex =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 absl::StatusOr<json> ParseObject(const std::string& text, const char* file) {
   json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -80,8 +84,26 @@ std::optional<std::string> TokenText(const json& config, const char* name) {
   return std::nullopt;
 }
 
-// The pre-tokenizer family (tokenizer.ggml.pre) of a byte-level BPE tokenizer.
-absl::StatusOr<std::string> ByteLevelFamily(const json& tokenizer) {
+// `text` as a PCRE2 pattern matching it literally (a Split's {"String": ...} pattern).
+std::string LiteralPattern(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string_view("\\^$.|?*+()[]{}-/").find(c) != std::string_view::npos)
+      out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// A byte-level BPE tokenizer's pre_tokenizer as split rules: each Split (Regex or String
+// pattern, behavior, invert) and Digits step in order, then ByteLevel's own regex when
+// use_regex. `family` is llama.cpp's name for the common rule lists ("" for others).
+struct ByteLevelSplits {
+  std::vector<SplitRule> rules;
+  std::string family;
+};
+
+absl::StatusOr<ByteLevelSplits> ByteLevelRules(const json& tokenizer) {
   const json& pre = tokenizer.contains("pre_tokenizer") ? tokenizer["pre_tokenizer"] : json();
   std::vector<const json*> parts = Flatten(pre, "pretokenizers");
   std::vector<std::string> types;
@@ -97,31 +119,55 @@ absl::StatusOr<std::string> ByteLevelFamily(const json& tokenizer) {
     return absl::UnimplementedError(
         "tokenizer.json: ByteLevel add_prefix_space true is not supported");
   }
-  const bool byte_level_regex = BoolField(byte_level, "use_regex", true);
-  if (parts.size() == 1 && byte_level_regex) return std::string("gpt-2");
-  if (parts.size() == 2 && types[0] == "Digits" && byte_level_regex &&
-      BoolField(*parts[0], "individual_digits", false)) {
-    return std::string("smollm");
-  }
-  if (parts.size() == 2 && types[0] == "Split" && !byte_level_regex) {
-    const json& split = *parts[0];
-    std::string regex;
-    if (auto pattern = split.find("pattern"); pattern != split.end() && pattern->is_object()) {
-      if (auto text = pattern->find("Regex"); text != pattern->end() && text->is_string()) {
-        regex = text->get<std::string>();
+  ByteLevelSplits out;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const json& part = *parts[i];
+    SplitRule rule;
+    if (types[i] == "Digits") {
+      rule.pattern = BoolField(part, "individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)";
+    } else if (types[i] == "Split") {
+      auto pattern = part.find("pattern");
+      if (pattern != part.end() && pattern->is_object() && pattern->contains("Regex") &&
+          (*pattern)["Regex"].is_string()) {
+        rule.pattern = (*pattern)["Regex"].get<std::string>();
+      } else if (pattern != part.end() && pattern->is_object() && pattern->contains("String") &&
+                 (*pattern)["String"].is_string()) {
+        rule.pattern = LiteralPattern((*pattern)["String"].get<std::string>());
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer.json: Split pre-tokenizer without a Regex or String pattern: ",
+                         part.dump()));
       }
+      auto behavior = ParseSplitBehavior(part.value("behavior", ""));
+      if (!behavior.ok()) {
+        return absl::UnimplementedError(
+            absl::StrCat("tokenizer.json: Split pre-tokenizer: ", behavior.status().message()));
+      }
+      rule.behavior = *behavior;
+      rule.invert = BoolField(part, "invert", false);
+    } else {
+      return absl::UnimplementedError(absl::StrCat("tokenizer.json: pre_tokenizer ", described,
+                                                   ": '", types[i],
+                                                   "' is not supported (only Split and Digits "
+                                                   "before ByteLevel)"));
     }
-    const std::string behavior = split.value("behavior", "");
-    if (behavior == "Isolated" && !BoolField(split, "invert", false)) {
-      if (regex == kLlama3Regex) return std::string("llama-bpe");
-      if (regex == kQwen2Regex) return std::string("qwen2");
-    }
-    return absl::UnimplementedError(
-        absl::StrCat("tokenizer.json: Split pre-tokenizer regex '", regex, "' (behavior ", behavior,
-                     ") is not one Loom knows (the Llama 3 and Qwen2 regexes)"));
+    out.rules.push_back(std::move(rule));
   }
-  return absl::UnimplementedError(
-      absl::StrCat("tokenizer.json: pre_tokenizer ", described, " is not supported"));
+  const bool byte_level_regex = BoolField(byte_level, "use_regex", true);
+  if (byte_level_regex) out.rules.push_back({std::string(kByteLevelRegex)});
+  // llama.cpp's family names, for GGUF readers other than Loom.
+  auto only = [&](std::string_view pattern) {
+    return out.rules.size() == 1 && out.rules[0].pattern == pattern &&
+           out.rules[0].behavior == SplitBehavior::kIsolated && !out.rules[0].invert;
+  };
+  if (byte_level_regex && parts.size() == 1) out.family = "gpt-2";
+  if (byte_level_regex && parts.size() == 2 && types[0] == "Digits" &&
+      BoolField(*parts[0], "individual_digits", false)) {
+    out.family = "smollm";
+  }
+  if (!byte_level_regex && only(kLlama3Regex)) out.family = "llama-bpe";
+  if (!byte_level_regex && only(kQwen2Regex)) out.family = "qwen2";
+  return out;
 }
 
 }  // namespace
@@ -220,15 +266,22 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
   for (const json* part : Flatten(decoder, "decoders")) byte_level |= TypeOf(*part) == "ByteLevel";
   bool space_prefix = false;
   bool spm_style = BoolField(model, "byte_fallback", false);
+  std::string normalization;
   for (const json* part : Flatten(normalizer, "normalizers")) {
     const std::string type = TypeOf(*part);
     if (type == "Prepend" && part->value("prepend", "") == "\u2581") {
       space_prefix = spm_style = true;
     } else if (type == "Replace") {
       spm_style = true;  // " " -> "▁": SentencePiece's whitespace escape
-    } else if (type == "NFC" && byte_level) {
-      // Qwen2's NFC: the GGUF path does not normalize either; composed input (the usual
-      // case) is unaffected.
+    } else if ((type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") && byte_level) {
+      // Applied (libutf8proc) to the text between special tokens before splitting. Two
+      // forms in a row equal the last one only for some pairs: refuse them.
+      if (!normalization.empty()) {
+        return absl::UnimplementedError(absl::StrCat("tokenizer.json: normalizers ", normalization,
+                                                     " then ", type,
+                                                     " are not supported (one form only)"));
+      }
+      normalization = type;
     } else {
       return absl::UnimplementedError(
           absl::StrCat("tokenizer.json: normalizer '", type, "' is not supported"));
@@ -244,9 +297,28 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
 
   std::vector<float> scores;
   if (byte_level) {
-    LOOM_ASSIGN_OR_RETURN(std::string family, ByteLevelFamily(tokenizer));
+    LOOM_ASSIGN_OR_RETURN(ByteLevelSplits splits, ByteLevelRules(tokenizer));
+    // Compile the rules now: a pattern PCRE2 cannot run is refused when loading, by name.
+    if (absl::StatusOr<std::unique_ptr<PreTokenizer>> compiled =
+            PreTokenizer::FromRules(splits.rules, false);
+        !compiled.ok()) {
+      return absl::UnimplementedError(
+          absl::StrCat("tokenizer.json: pre_tokenizer: ", compiled.status().message()));
+    }
     metadata.String("tokenizer.ggml.model", "gpt2");
-    metadata.String("tokenizer.ggml.pre", family);
+    if (!splits.family.empty()) metadata.String("tokenizer.ggml.pre", splits.family);
+    std::vector<std::string> patterns, behaviors;
+    std::vector<int64_t> inverts;
+    for (const SplitRule& rule : splits.rules) {
+      patterns.push_back(rule.pattern);
+      behaviors.emplace_back(SplitBehaviorName(rule.behavior));
+      inverts.push_back(rule.invert ? 1 : 0);
+    }
+    metadata.StringArray("tokenizer.loom.split.patterns", patterns);
+    metadata.StringArray("tokenizer.loom.split.behaviors", behaviors);
+    metadata.IntArray("tokenizer.loom.split.inverts", inverts);
+    metadata.Bool("tokenizer.loom.ignore_merges", BoolField(model, "ignore_merges", false));
+    if (!normalization.empty()) metadata.String("tokenizer.loom.normalizer", normalization);
   } else if (spm_style) {
     metadata.String("tokenizer.ggml.model", "llama");
     metadata.Bool("tokenizer.ggml.add_space_prefix", space_prefix);

@@ -227,6 +227,32 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
     LOOM_RETURN_IF_ERROR(CheckRange(reader, "rope.scaling.original_context_length",
                                     config.rope_original_context_length, 1, kMaxContext));
   }
+  if (config.rope_scaling == RopeScalingType::kYarn) {
+    LOOM_RETURN_IF_ERROR(
+        reader.OptionalDouble("rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
+    LOOM_RETURN_IF_ERROR(
+        reader.OptionalDouble("rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
+    if (gguf.Find("loom.rope.scaling.yarn_truncate") != nullptr) {
+      LOOM_ASSIGN_OR_RETURN(config.rope_yarn_truncate,
+                            gguf.GetBool("loom.rope.scaling.yarn_truncate"));
+    }
+    // The YaRN paper's default (transformers' and vLLM's): sqrt(1/t) = 0.1 ln(s) + 1.
+    const double factor = config.rope_scaling_factor;
+    config.rope_attention_factor = factor > 1.0 ? 0.1 * std::log(factor) + 1.0 : 1.0;
+    if (gguf.Find("loom.rope.scaling.attention_factor") != nullptr) {
+      LOOM_ASSIGN_OR_RETURN(config.rope_attention_factor,
+                            gguf.GetDouble("loom.rope.scaling.attention_factor"));
+      if (!std::isfinite(config.rope_attention_factor) || config.rope_attention_factor <= 0.0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model config: 'loom.rope.scaling.attention_factor' is ",
+                         config.rope_attention_factor, ", expected a positive finite number"));
+      }
+    }
+  }
   if (config.rope_scaling == RopeScalingType::kLlama3) {
     LOOM_RETURN_IF_ERROR(
         CheckPositiveFinite(reader, "rope.scaling.low_freq_factor", config.rope_low_freq_factor));
@@ -238,6 +264,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
           " must exceed low_freq_factor ", config.rope_low_freq_factor));
     }
   }
+
+  LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
 
   // Vocabulary: rows of the embedding table; the tokenizer may list fewer tokens (padded
   // embeddings) but never more.

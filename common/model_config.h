@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/gguf_file.h"
+#include "common/sampling_defaults.h"
 
 namespace loom::common {
 
@@ -32,6 +33,13 @@ struct ModelConfig {
   int64_t rope_original_context_length = 0;     // <arch>.rope.scaling.original_context_length
   double rope_low_freq_factor = 1.0;            // llama3 scaling
   double rope_high_freq_factor = 4.0;           // llama3 scaling
+  double rope_yarn_beta_fast = 32.0;  // <arch>.rope.scaling.yarn_beta_fast: ramp's fast end
+  double rope_yarn_beta_slow = 1.0;   // <arch>.rope.scaling.yarn_beta_slow: ramp's slow end
+  bool rope_yarn_truncate = true;     // loom.rope.scaling.yarn_truncate: integer ramp ends
+  // Multiplies RoPE's cosines and sines (so attention logits by its square): YaRN's
+  // attention factor (`loom.rope.scaling.attention_factor`, else 0.1 ln(factor) + 1);
+  // exactly 1 for every other scaling type.
+  double rope_attention_factor = 1.0;
   // rope_freqs.weight present: per-frequency factors [rope_dim / 2] (Llama 3.1 GGUFs).
   bool rope_freq_factors = false;
   bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
@@ -41,6 +49,9 @@ struct ModelConfig {
   // read from a Hugging Face directory says so with `loom.rope.neox`.
   bool rope_neox = false;
   bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
+  // The model's own defaults for requests that leave a sampling field unset
+  // (generation_config.json of a Hugging Face directory; `loom.sampling.*`).
+  SamplingDefaults sampling_defaults;
 };
 
 /// Reads and validates the hyper-parameters of a llama-family model; InvalidArgument

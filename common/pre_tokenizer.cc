@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -152,8 +153,47 @@ absl::StatusOr<std::string> ExpandWhiteSpaceEscapes(std::string_view pattern) {
 
 struct PreTokenizer::Regex {
   pcre2_code* code = nullptr;
+  // Set for FromRules' steps (tokenizers' semantics); unset: llama.cpp's isolated split.
+  std::optional<common::SplitRule> rule;
   ~Regex() { pcre2_code_free(code); }
 };
+
+std::string_view SplitBehaviorName(SplitBehavior behavior) {
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      return "isolated";
+    case SplitBehavior::kRemoved:
+      return "removed";
+    case SplitBehavior::kMergedWithPrevious:
+      return "merged_with_previous";
+    case SplitBehavior::kMergedWithNext:
+      return "merged_with_next";
+    case SplitBehavior::kContiguous:
+      return "contiguous";
+  }
+  return "isolated";
+}
+
+absl::StatusOr<SplitBehavior> ParseSplitBehavior(std::string_view name) {
+  std::string lower;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (c >= 'A' && c <= 'Z') {
+      if (i > 0) lower.push_back('_');
+      lower.push_back(static_cast<char>(c - 'A' + 'a'));
+    } else {
+      lower.push_back(c);
+    }
+  }
+  if (lower == "isolated") return SplitBehavior::kIsolated;
+  if (lower == "removed") return SplitBehavior::kRemoved;
+  if (lower == "merged_with_previous") return SplitBehavior::kMergedWithPrevious;
+  if (lower == "merged_with_next") return SplitBehavior::kMergedWithNext;
+  if (lower == "contiguous") return SplitBehavior::kContiguous;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown split behavior '", std::string(name),
+      "' (known: isolated, removed, merged_with_previous, merged_with_next, contiguous)"));
+}
 
 PreTokenizer::~PreTokenizer() = default;
 
@@ -180,6 +220,17 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::FromPatterns(
     pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);
     pre_tokenizer->regexes_.push_back(std::move(regex));
   }
+  return pre_tokenizer;
+}
+
+absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::FromRules(
+    const std::vector<common::SplitRule>& rules, bool ignore_merges) {
+  std::vector<std::string> patterns;
+  for (const common::SplitRule& rule : rules) patterns.push_back(rule.pattern);
+  absl::StatusOr<std::unique_ptr<PreTokenizer>> pre_tokenizer = FromPatterns(patterns);
+  if (!pre_tokenizer.ok()) return pre_tokenizer.status();
+  for (size_t i = 0; i < rules.size(); ++i) (*pre_tokenizer)->regexes_[i]->rule = rules[i];
+  (*pre_tokenizer)->ignore_merges_ = ignore_merges;
   return pre_tokenizer;
 }
 
@@ -253,36 +304,127 @@ void PreTokenizer::Split(std::string_view text, std::vector<TextSpan>* pieces) c
   pieces->clear();
   if (text.empty()) return;
   pieces->push_back({0, text.size()});
-  if (regexes_.empty()) return;
-  MatchState state;
   std::vector<TextSpan> next;
   for (const auto& regex : regexes_) {
     next.clear();
     next.reserve(pieces->size() * 2);
-    for (const TextSpan& piece : *pieces) {
-      // Each piece is matched on its own: anchors and lookarounds see its ends.
-      const std::string_view subject = text.substr(piece.offset, piece.length);
-      size_t gap_start = 0;
-      size_t offset = 0;
-      size_t match_start = 0, match_end = 0;
-      while (offset < subject.size() &&
-             state.Find(regex->code, subject, offset, &match_start, &match_end)) {
-        if (match_end == match_start) {
-          // Empty matches split nothing; step over one character and search on.
-          offset = match_start + Utf8SequenceLength(static_cast<uint8_t>(subject[match_start]));
-          continue;
-        }
-        if (match_start > gap_start) {
-          next.push_back({piece.offset + gap_start, match_start - gap_start});
-        }
-        next.push_back({piece.offset + match_start, match_end - match_start});
-        gap_start = offset = match_end;
-      }
-      if (gap_start < subject.size()) {
-        next.push_back({piece.offset + gap_start, subject.size() - gap_start});
-      }
+    if (regex->rule.has_value()) {
+      SplitByRule(*regex, text, *pieces, &next);
+    } else {
+      SplitIsolated(*regex, text, *pieces, &next);
     }
     pieces->swap(next);
+  }
+}
+
+void PreTokenizer::SplitIsolated(const Regex& regex, std::string_view text,
+                                 const std::vector<TextSpan>& in,
+                                 std::vector<TextSpan>* out) const {
+  MatchState state;
+  for (const TextSpan& piece : in) {
+    // Each piece is matched on its own: anchors and lookarounds see its ends.
+    const std::string_view subject = text.substr(piece.offset, piece.length);
+    size_t gap_start = 0;
+    size_t offset = 0;
+    size_t match_start = 0, match_end = 0;
+    while (offset < subject.size() &&
+           state.Find(regex.code, subject, offset, &match_start, &match_end)) {
+      if (match_end == match_start) {
+        // Empty matches split nothing; step over one character and search on.
+        offset = match_start + Utf8SequenceLength(static_cast<uint8_t>(subject[match_start]));
+        continue;
+      }
+      if (match_start > gap_start)
+        out->push_back({piece.offset + gap_start, match_start - gap_start});
+      out->push_back({piece.offset + match_start, match_end - match_start});
+      gap_start = offset = match_end;
+    }
+    if (gap_start < subject.size()) {
+      out->push_back({piece.offset + gap_start, subject.size() - gap_start});
+    }
+  }
+}
+
+// tokenizers' `NormalizedString::split`: the piece is cut into matches and gaps (an empty
+// match still cuts), `invert` swaps the two, the behavior folds them into pieces, and
+// removed or empty pieces are dropped.
+void PreTokenizer::SplitByRule(const Regex& regex, std::string_view text,
+                               const std::vector<TextSpan>& in, std::vector<TextSpan>* out) const {
+  struct Part {
+    size_t start, end;
+    bool is_match;
+  };
+  MatchState state;
+  std::vector<Part> parts;
+  std::vector<Part> folded;
+  const common::SplitRule& rule = *regex.rule;
+  for (const TextSpan& piece : in) {
+    const std::string_view subject = text.substr(piece.offset, piece.length);
+    parts.clear();
+    size_t previous = 0, offset = 0;
+    size_t match_start = 0, match_end = 0;
+    while (offset <= subject.size() &&
+           state.Find(regex.code, subject, offset, &match_start, &match_end)) {
+      if (match_start != previous) parts.push_back({previous, match_start, false});
+      parts.push_back({match_start, match_end, true});
+      previous = match_end;
+      if (match_end == match_start) {
+        if (match_end >= subject.size()) break;
+        offset = match_end + Utf8SequenceLength(static_cast<uint8_t>(subject[match_end]));
+      } else {
+        offset = match_end;
+      }
+    }
+    if (previous != subject.size()) parts.push_back({previous, subject.size(), false});
+    if (rule.invert) {
+      for (Part& part : parts) part.is_match = !part.is_match;
+    }
+    // Folded parts carry "remove me" in is_match.
+    folded.clear();
+    bool previous_match = false;
+    switch (rule.behavior) {
+      case SplitBehavior::kIsolated:
+        for (const Part& part : parts) folded.push_back({part.start, part.end, false});
+        break;
+      case SplitBehavior::kRemoved:
+        folded = parts;
+        break;
+      case SplitBehavior::kContiguous:
+        for (const Part& part : parts) {
+          if (part.is_match == previous_match && !folded.empty()) {
+            folded.back().end = part.end;
+          } else {
+            folded.push_back({part.start, part.end, false});
+          }
+          previous_match = part.is_match;
+        }
+        break;
+      case SplitBehavior::kMergedWithPrevious:
+        for (const Part& part : parts) {
+          if (part.is_match && !previous_match && !folded.empty()) {
+            folded.back().end = part.end;
+          } else {
+            folded.push_back({part.start, part.end, false});
+          }
+          previous_match = part.is_match;
+        }
+        break;
+      case SplitBehavior::kMergedWithNext:
+        for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+          if (it->is_match && !previous_match && !folded.empty()) {
+            folded.back().start = it->start;
+          } else {
+            folded.push_back({it->start, it->end, false});
+          }
+          previous_match = it->is_match;
+        }
+        std::reverse(folded.begin(), folded.end());
+        break;
+    }
+    for (const Part& part : folded) {
+      if (part.is_match || part.end == part.start) continue;
+      out->push_back({piece.offset + part.start, part.end - part.start});
+    }
   }
 }
 

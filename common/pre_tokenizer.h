@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/unicode_normalization.h"
 
 namespace loom::common {
 
@@ -20,6 +21,27 @@ namespace loom::common {
 struct TextSpan {
   size_t offset = 0;
   size_t length = 0;
+};
+
+/// What a Split step does with the regex's matches (tokenizer.json's
+/// SplitDelimiterBehavior): keep each as its own piece (isolated), drop them (removed),
+/// append each to the piece before it (merged_with_previous) or prepend it to the piece
+/// after it (merged_with_next), or join runs of matches and of gaps (contiguous).
+enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+/// "isolated", "removed", "merged_with_previous", "merged_with_next", "contiguous", or
+/// tokenizer.json's CamelCase spellings; InvalidArgument naming anything else.
+absl::StatusOr<SplitBehavior> ParseSplitBehavior(std::string_view name);
+
+/// The snake_case name ParseSplitBehavior reads.
+std::string_view SplitBehaviorName(SplitBehavior behavior);
+
+/// One split step of a tokenizer.json pre_tokenizer: a PCRE2 pattern (see PreTokenizer on
+/// `\s`), what happens to its matches, and `invert` (the gaps become the matches).
+struct SplitRule {
+  std::string pattern;
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool invert = false;
 };
 
 /// A compiled list of PCRE2 (UTF mode, JIT) regexes. In the patterns `\s` and `\S`
@@ -36,6 +58,12 @@ class PreTokenizer {
   static absl::StatusOr<std::unique_ptr<PreTokenizer>> FromPatterns(
       const std::vector<std::string>& patterns);
 
+  /// Compiles tokenizer.json-style split steps, applied in order to every piece the
+  /// previous step produced, with Hugging Face `tokenizers`' semantics (an empty match
+  /// marks a boundary; empty pieces are dropped). InvalidArgument as FromPatterns.
+  static absl::StatusOr<std::unique_ptr<PreTokenizer>> FromRules(
+      const std::vector<SplitRule>& rules, bool ignore_merges);
+
   ~PreTokenizer();
   PreTokenizer(const PreTokenizer&) = delete;
   PreTokenizer& operator=(const PreTokenizer&) = delete;
@@ -44,6 +72,18 @@ class PreTokenizer {
   /// Bytes that are not valid UTF-8 never match a regex and end up in gap pieces.
   /// Thread-safe.
   void Split(std::string_view text, std::vector<TextSpan>* pieces) const;
+
+  /// Sets the Unicode normalization applied before splitting (tokenizer.json's NFC/NFD/
+  /// NFKC/NFKD normalizer); not thread-safe: call before sharing.
+  void set_normalization(NormalizationForm form) { normalization_ = form; }
+  NormalizationForm normalization() const { return normalization_; }
+  /// `text` normalized: `text` itself without a normalization, else `*storage` holding
+  /// the normalized text. Thread-safe.
+  std::string_view Normalize(std::string_view text, std::string* storage) const {
+    if (normalization_ == NormalizationForm::kNone) return text;
+    *storage = common::Normalize(text, normalization_);
+    return *storage;
+  }
 
   /// For llama-3 style families: a piece that is itself a vocabulary entry is emitted as
   /// that token without running the merges (llama.cpp's `ignore_merges`).
@@ -54,10 +94,15 @@ class PreTokenizer {
  private:
   struct Regex;
   PreTokenizer() = default;
+  void SplitIsolated(const Regex& regex, std::string_view text, const std::vector<TextSpan>& in,
+                     std::vector<TextSpan>* out) const;
+  void SplitByRule(const Regex& regex, std::string_view text, const std::vector<TextSpan>& in,
+                   std::vector<TextSpan>* out) const;
 
   std::vector<std::unique_ptr<Regex>> regexes_;  // applied in order
   bool ignore_merges_ = false;
   bool adds_bos_by_default_ = false;
+  NormalizationForm normalization_ = NormalizationForm::kNone;
 };
 
 }  // namespace loom::common

@@ -215,6 +215,51 @@ bool Tokenizer::DecodePieceEndsStart(int32_t id, bool skip_special) const {
   return !DecodePiece(id, skip_special, /*at_start=*/false).empty();
 }
 
+namespace {
+
+// A Hugging Face tokenizer.json's split steps (`tokenizer.loom.split.*`, written by
+// hf_tokenizer) when present, else llama.cpp's family `tokenizer.ggml.pre`; then the
+// normalization form `tokenizer.loom.normalizer`.
+absl::StatusOr<std::unique_ptr<PreTokenizer>> ReadPreTokenizer(const GgufFile& gguf) {
+  std::unique_ptr<PreTokenizer> pre_tokenizer;
+  if (gguf.Find("tokenizer.loom.split.patterns") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* patterns,
+                          gguf.GetArray("tokenizer.loom.split.patterns"));
+    LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* behaviors,
+                          gguf.GetArray("tokenizer.loom.split.behaviors"));
+    LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* inverts,
+                          gguf.GetArray("tokenizer.loom.split.inverts"));
+    if (behaviors->size() != patterns->size() || inverts->size() != patterns->size()) {
+      return absl::InvalidArgumentError(
+          "tokenizer.loom.split.{patterns,behaviors,inverts} differ in length");
+    }
+    std::vector<SplitRule> rules(patterns->size());
+    for (size_t i = 0; i < rules.size(); ++i) {
+      LOOM_ASSIGN_OR_RETURN(std::string_view pattern, (*patterns)[i].AsString());
+      LOOM_ASSIGN_OR_RETURN(std::string_view behavior, (*behaviors)[i].AsString());
+      LOOM_ASSIGN_OR_RETURN(int64_t invert, (*inverts)[i].AsInt());
+      rules[i].pattern = std::string(pattern);
+      LOOM_ASSIGN_OR_RETURN(rules[i].behavior, ParseSplitBehavior(behavior));
+      rules[i].invert = invert != 0;
+    }
+    bool ignore_merges = false;
+    if (gguf.Find("tokenizer.loom.ignore_merges") != nullptr) {
+      LOOM_ASSIGN_OR_RETURN(ignore_merges, gguf.GetBool("tokenizer.loom.ignore_merges"));
+    }
+    LOOM_ASSIGN_OR_RETURN(pre_tokenizer, PreTokenizer::FromRules(rules, ignore_merges));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(std::string pre, OptionalString(gguf, "tokenizer.ggml.pre", "default"));
+    LOOM_ASSIGN_OR_RETURN(pre_tokenizer, PreTokenizer::ForName(pre));
+  }
+  LOOM_ASSIGN_OR_RETURN(std::string normalizer,
+                        OptionalString(gguf, "tokenizer.loom.normalizer", ""));
+  LOOM_ASSIGN_OR_RETURN(NormalizationForm form, ParseNormalizationForm(normalizer));
+  pre_tokenizer->set_normalization(form);
+  return pre_tokenizer;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& gguf) {
   LOOM_ASSIGN_OR_RETURN(std::string_view model, gguf.GetString("tokenizer.ggml.model"));
   const bool is_spm = model == "llama";
@@ -230,8 +275,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& g
     return std::unique_ptr<Tokenizer>(SpmTokenizer::Create(std::move(vocab)));
   }
 
-  LOOM_ASSIGN_OR_RETURN(std::string pre, OptionalString(gguf, "tokenizer.ggml.pre", "default"));
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> pre_tokenizer, PreTokenizer::ForName(pre));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> pre_tokenizer, ReadPreTokenizer(gguf));
   LOOM_RETURN_IF_ERROR(
       ReadSpecialTokens(gguf, /*is_spm=*/false, pre_tokenizer->adds_bos_by_default(), &vocab));
   LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* merge_values,

@@ -20,6 +20,9 @@ namespace loom::coordinator {
 
 const char kServeFlagsHelp[] =
     "  --served-model-name NAME     the model id clients use (default: the file's stem)\n"
+    "  --generation-config auto|vllm  auto (default): generation_config.json's sampling\n"
+    "                               parameters are the defaults of requests that leave them\n"
+    "                               unset; vllm: the API's own defaults only\n"
     "  --host ADDR                  listen address (default 127.0.0.1)\n"
     "  --grpc-port N                gRPC port (default 50051; 0: any free port)\n"
     "  --http-port N                OpenAI-compatible HTTP port (default 8000; 0: any free "
@@ -84,6 +87,12 @@ bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOpti
       return true;
     }
     options.served_model_name = value;
+  } else if (flag == "--generation-config") {
+    if (value != "auto" && value != "vllm") {
+      error = absl::StrFormat("--generation-config must be auto or vllm, got '%s'", value);
+      return true;
+    }
+    options.model_sampling_defaults = value == "auto";
   } else if (flag == "--host") {
     options.host = value;
   } else if (flag == "--grpc-port") {
@@ -177,6 +186,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   auto config = common::ModelConfigFromGguf(*server->gguf_);
   if (!config.ok()) return config.status();
   server->config_ = *std::move(config);
+  if (!options.model_sampling_defaults) server->config_.sampling_defaults = {};
   auto tokenizer = common::Tokenizer::FromGguf(*server->gguf_);
   if (!tokenizer.ok()) return tokenizer.status();
   server->tokenizer_ = *std::move(tokenizer);

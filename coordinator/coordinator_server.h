@@ -37,6 +37,9 @@ struct ServeOptions {
   // --api-key-file; neither given: LOOM_API_KEY. None: the APIs are open.
   std::vector<std::string> api_keys;
   std::vector<std::string> api_key_files;
+  // --generation-config auto|vllm (vLLM's): auto applies the model's generation_config.json
+  // sampling defaults to requests that leave a field unset; vllm ignores them.
+  bool model_sampling_defaults = true;
 };
 
 /// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`

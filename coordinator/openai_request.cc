@@ -21,9 +21,6 @@ using nlohmann::json;
 constexpr int kMaxStopStrings = 4;  // OpenAI's limit
 constexpr int kMaxN = 128;          // OpenAI's limit for `n`
 using common::kMaxLogprobs;         // top alternatives per token
-// OpenAI's documented default temperature (vLLM's too); Loom's gRPC API defaults to greedy
-// (common::SamplingParams).
-constexpr double kOpenAiDefaultTemperature = 1.0;
 
 absl::Status Invalid(const std::string& param, const std::string& message) {
   absl::Status status = absl::InvalidArgumentError(message);
@@ -179,8 +176,10 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
   if (max_tokens) base.set_max_tokens(static_cast<int32_t>(*max_tokens));
 
   loom::v1::SamplingParams& sampling = *base.mutable_sampling();
+  // Unset: the model's default, else OpenAI's 1 (ValidateGenerateRequest's
+  // unset_temperature; the gRPC API's is 0, greedy).
   LOOM_ASSIGN_OR_RETURN(std::optional<double> temperature, Number(body, "temperature", 0.0, 100.0));
-  sampling.set_temperature(static_cast<float>(temperature.value_or(kOpenAiDefaultTemperature)));
+  if (temperature) sampling.set_temperature(static_cast<float>(*temperature));
   LOOM_ASSIGN_OR_RETURN(std::optional<double> top_p, Number(body, "top_p", 0.0, 1.0, /*min_open=*/true));
   if (top_p) sampling.set_top_p(static_cast<float>(*top_p));
   // vLLM's convention: -1 (or 0) turns top-k off.

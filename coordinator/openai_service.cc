@@ -18,6 +18,9 @@
 namespace loom::coordinator {
 namespace {
 
+// OpenAI's temperature for requests that set none (when the model has no default).
+constexpr float kOpenAiDefaultTemperature = 1.0f;
+
 // ordered_json keeps the keys in the order OpenAI writes them (id, object, created...).
 using Json = nlohmann::ordered_json;
 
@@ -534,7 +537,8 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
   // Validate every prompt before placing any, so a bad one leaves nothing running.
   std::vector<RequestParams> prompts;
   for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
-    absl::StatusOr<RequestParams> params = ValidateGenerateRequest(prompt, config_, tokenizer_);
+    absl::StatusOr<RequestParams> params =
+        ValidateGenerateRequest(prompt, config_, tokenizer_, kOpenAiDefaultTemperature);
     if (!params.ok()) return WriteError(params.status(), response);
     run->prompt_tokens += static_cast<int32_t>(params->prompt_ids.size());
     prompts.push_back(*std::move(params));

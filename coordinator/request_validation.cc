@@ -6,9 +6,23 @@
 #include "common/status_macros.h"
 
 namespace loom::coordinator {
+void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
+                                loom::v1::SamplingParams& sampling) {
+  if (defaults.temperature && !sampling.has_temperature()) {
+    sampling.set_temperature(*defaults.temperature);
+  }
+  if (defaults.top_p && !sampling.has_top_p()) sampling.set_top_p(*defaults.top_p);
+  if (defaults.top_k && !sampling.has_top_k()) sampling.set_top_k(*defaults.top_k);
+  if (defaults.min_p && !sampling.has_min_p()) sampling.set_min_p(*defaults.min_p);
+  if (defaults.repetition_penalty && !sampling.has_repetition_penalty()) {
+    sampling.set_repetition_penalty(*defaults.repetition_penalty);
+  }
+}
+
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
-                                                      const common::Tokenizer& tokenizer) {
+                                                      const common::Tokenizer& tokenizer,
+                                                      float unset_temperature) {
   RequestParams params;
   if (request.has_token_ids()) {
     params.prompt_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
@@ -47,8 +61,12 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
         prompt_len, params.max_tokens, config.context_length));
   }
 
-  // Unset fields take their defaults; the worker protocol gets every field set.
-  const common::SamplingParams sampling = common::SamplingParamsFromProto(request.sampling());
+  // Request, then the model's generation_config.json, then the API's default; the worker
+  // protocol gets every field set.
+  loom::v1::SamplingParams requested = request.sampling();
+  ApplyModelSamplingDefaults(config.sampling_defaults, requested);
+  common::SamplingParams sampling = common::SamplingParamsFromProto(requested);
+  if (!requested.has_temperature()) sampling.temperature = unset_temperature;
   LOOM_RETURN_IF_ERROR(common::ValidateSamplingParams(sampling, config.vocab_size));
   params.sampling = common::SamplingParamsToProto(sampling);
 

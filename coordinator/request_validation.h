@@ -11,10 +11,16 @@ namespace loom::coordinator {
 /// Tokenizes the prompt and checks a client's request against the model: a non-empty
 /// prompt, token ids within the vocabulary, prompt + max_tokens within the context
 /// length (max_tokens 0 means "up to the context length"), sampling parameters in range
-/// (unset ones take their defaults: greedy). InvalidArgument naming the field and value.
-/// Thread-safe.
+/// (unset ones take the model's defaults, `config.sampling_defaults`, then the API's:
+/// greedy, or `unset_temperature` for the temperature). InvalidArgument naming the field
+/// and value. Thread-safe.
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
-                                                      const common::Tokenizer& tokenizer);
+                                                      const common::Tokenizer& tokenizer,
+                                                      float unset_temperature = 0.0f);
+
+/// Sets each sampling field `request` leaves unset that the model has a default for.
+void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
+                                loom::v1::SamplingParams& sampling);
 
 }  // namespace loom::coordinator

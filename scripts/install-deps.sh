@@ -13,6 +13,7 @@ apt_packages=(
   # API keys' digests and HTTPS (cpp-httplib's OpenSSL build); the openssl CLI makes the
   # self-signed certificate of tests/http/api_keys_test.py.
   libssl-dev openssl
+  libutf8proc-dev
   prometheus
   clang libclang-rt-14-dev
   python3 python3-venv

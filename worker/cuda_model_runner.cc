@@ -542,6 +542,7 @@ struct CudaModelRunner::State {
       rope.q_stride = qkv_dim;
       rope.k_stride = qkv_dim;
       rope.neox = neox;
+      rope.attention_factor = static_cast<float>(config.rope_attention_factor);
       LOOM_RETURN_IF_ERROR(kc::LaunchRope(rope, stream));
 
       kc::WriteKvParams write;

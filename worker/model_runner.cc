@@ -99,6 +99,7 @@ absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logit
   rope.head_dim = c.head_dim;
   rope.rope_dim = c.rope_dim;
   rope.neox = c.rope_neox;
+  rope.attention_factor = static_cast<float>(c.rope_attention_factor);
 
   cpu::PagedAttentionParams attention;
   attention.q = q_.data();

@@ -185,43 +185,9 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
   return bytes;
 }
 
-std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
-                                          const std::vector<float>& freq_factors) {
-  const int64_t half = config.rope_dim / 2;
-  std::vector<float> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) {
-    double freq = std::pow(config.rope_theta, -2.0 * i / static_cast<double>(config.rope_dim));
-    // As llama.cpp: per-frequency factors (llama3 GGUFs store them as a tensor) and
-    // linear scaling both apply; llama3 scaling is computed only when no tensor exists.
-    if (!freq_factors.empty()) freq /= freq_factors[i];
-    if (config.rope_scaling == common::RopeScalingType::kLinear) {
-      freq /= config.rope_scaling_factor;
-    } else if (config.rope_scaling == common::RopeScalingType::kLlama3 && freq_factors.empty()) {
-      // Llama 3.1: long wavelengths are slowed by the factor, short ones kept, with a
-      // smooth blend between the two thresholds.
-      const double original = static_cast<double>(config.rope_original_context_length);
-      const double low_wavelen = original / config.rope_low_freq_factor;
-      const double high_wavelen = original / config.rope_high_freq_factor;
-      const double wavelen = 2.0 * M_PI / freq;
-      if (wavelen > low_wavelen) {
-        freq /= config.rope_scaling_factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (original / wavelen - config.rope_low_freq_factor) /
-                              (config.rope_high_freq_factor - config.rope_low_freq_factor);
-        freq = (1.0 - smooth) * freq / config.rope_scaling_factor + smooth * freq;
-      }
-    }
-    inv_freq[i] = static_cast<float>(freq);
-  }
-  return inv_freq;
-}
-
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
                                                               int tp_rank, int tp_size) {
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
-  if (config.rope_scaling == common::RopeScalingType::kYarn) {
-    return absl::UnimplementedError("YaRN rope scaling is not supported yet");
-  }
   if (config.rope_dim <= 0 || config.rope_dim > config.head_dim || config.rope_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rope dimension %d must be even and at most the head dim %d", config.rope_dim,

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/gguf_file.h"
 #include "common/model_config.h"
+#include "common/rope_frequencies.h"
 #include "kernels/cpu/weights.h"
 #include "worker/tensor_parallel.h"
 
@@ -55,10 +56,7 @@ struct ModelWeights {
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
                                                               int tp_rank = 0, int tp_size = 1);
 
-/// Inverse frequencies of RoPE for `config`: theta^(-2i/rope_dim), with linear or llama3
-/// scaling applied, divided elementwise by `freq_factors` when non-empty (the
-/// `rope_freqs.weight` tensor of llama3 GGUFs, which replaces computed llama3 scaling).
-std::vector<float> RopeInverseFrequencies(const common::ModelConfig& config,
-                                          const std::vector<float>& freq_factors);
+/// RoPE's inverse frequencies (linear, llama3 or yarn scaling applied) live in common/.
+using common::RopeInverseFrequencies;
 
 }  // namespace loom::worker

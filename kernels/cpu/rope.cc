@@ -32,8 +32,8 @@ void RopeImpl(const RopeParams& p) {
     const float position = static_cast<float>(p.positions[t]);
     for (int64_t i = 0; i < half; ++i) {
       const float angle = position * p.inv_freq[i];
-      cosines[i] = std::cos(static_cast<Real>(angle));
-      sines[i] = std::sin(static_cast<Real>(angle));
+      cosines[i] = std::cos(static_cast<Real>(angle)) * static_cast<Real>(p.attention_factor);
+      sines[i] = std::sin(static_cast<Real>(angle)) * static_cast<Real>(p.attention_factor);
     }
     RotateHeads(p.q + t * p.num_heads * p.head_dim, p.num_heads, p.head_dim, half, p.neox,
                 cosines.data(), sines.data());

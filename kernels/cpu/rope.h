@@ -16,6 +16,7 @@ struct RopeParams {
   int64_t head_dim = 0;
   int64_t rope_dim = 0;            // rotated dims (<= head_dim), the rest pass through
   bool neox = false;               // false: pairs (2i, 2i+1) (GGUF llama); true: (i, i + rope_dim/2) (qwen2)
+  float attention_factor = 1.0f;   // multiplies cos and sin (YaRN's attention scaling); > 0
 };
 
 void Rope(const RopeParams& params);

@@ -1,5 +1,7 @@
 #include "kernels/cuda/rope.h"
 
+#include <cmath>
+
 #include "absl/strings/str_format.h"
 
 namespace loom::kernels::cuda {
@@ -25,6 +27,10 @@ absl::Status CheckRopeParams(const RopeParams& p) {
       (p.k != nullptr && p.k_stride != 0 && p.k_stride < p.num_kv_heads * p.head_dim)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Rope: q_stride %d / k_stride %d shorter than a row", p.q_stride, p.k_stride));
+  }
+  if (!(p.attention_factor > 0.0f) || !std::isfinite(p.attention_factor)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Rope: attention_factor %g must be positive and finite", p.attention_factor));
   }
   if (p.num_tokens > 0 && (p.q == nullptr || p.positions == nullptr || p.inv_freq == nullptr)) {
     return absl::InvalidArgumentError("Rope: null q, positions or inv_freq");

@@ -27,13 +27,17 @@ __device__ void RotateRows(T* row, int num_heads, int head_dim, int half, bool n
 template <typename T>
 __global__ void RopeKernel(T* q, T* k, const int32_t* __restrict__ positions,
                            const float* __restrict__ inv_freq, int num_heads, int num_kv_heads,
-                           int head_dim, int half, int64_t q_stride, int64_t k_stride, bool neox) {
+                           int head_dim, int half, int64_t q_stride, int64_t k_stride, bool neox,
+                           float attention_factor) {
   extern __shared__ float table[];  // [2 * half]: cosines, then sines
   float* cosines = table;
   float* sines = table + half;
   const float position = static_cast<float>(positions[blockIdx.x]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    sincosf(position * inv_freq[i], &sines[i], &cosines[i]);
+    float sine, cosine;
+    sincosf(position * inv_freq[i], &sine, &cosine);
+    sines[i] = sine * attention_factor;
+    cosines[i] = cosine * attention_factor;
   }
   __syncthreads();
   RotateRows(q + blockIdx.x * q_stride, num_heads, head_dim, half, neox, cosines, sines);
@@ -57,7 +61,7 @@ absl::Status LaunchRope(const RopeParams& p, cudaStream_t stream) {
     RopeKernel<T><<<static_cast<unsigned>(p.num_tokens), threads, shared, stream>>>(
         static_cast<T*>(p.q), static_cast<T*>(p.k), p.positions, p.inv_freq,
         static_cast<int>(p.num_heads), static_cast<int>(p.num_kv_heads),
-        static_cast<int>(p.head_dim), half, q_stride, k_stride, p.neox);
+        static_cast<int>(p.head_dim), half, q_stride, k_stride, p.neox, p.attention_factor);
   });
   return internal::CheckLaunch("Rope");
 }

@@ -10,7 +10,8 @@ namespace loom::kernels::cuda {
 
 /// Rotary position embedding in place on device Q and K, with cpu::Rope's semantics: the
 /// angle is the float product position * inv_freq[i]; its cosine and sine are computed in
-/// float (full-precision sincosf). Rows may be strided so RoPE runs on a fused QKV buffer.
+/// float (full-precision sincosf), then
+/// multiplied by attention_factor. Rows may be strided so RoPE runs on a fused QKV buffer.
 struct RopeParams {
   void* q = nullptr;                   // [num_tokens] rows of [num_heads, head_dim], q_stride apart
   void* k = nullptr;                   // [num_tokens] rows of [num_kv_heads, head_dim], or nullptr
@@ -25,6 +26,7 @@ struct RopeParams {
   int64_t q_stride = 0;                // elements between tokens' q rows; 0: num_heads * head_dim
   int64_t k_stride = 0;  // elements between tokens' k rows; 0: num_kv_heads * head_dim
   bool neox = false;     // false: pairs (2i, 2i+1); true: (i, i + rope_dim / 2)
+  float attention_factor = 1.0f;  // multiplies cos and sin (YaRN's attention scaling); > 0
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run.

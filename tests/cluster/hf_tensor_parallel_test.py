@@ -23,12 +23,13 @@ PROMPTS = ["the quick brown fox", "hello world, this is", "once upon a time"]
 MAX_TOKENS = 10
 
 
-@pytest.mark.parametrize("family", ["llama3_rope", "qwen2_mqa", "qwen3_qknorm"])
+@pytest.mark.parametrize("family", ["llama3_rope", "qwen2_mqa", "qwen3_qknorm", "qwen2_yarn"])
 def test_tensor_parallel_ranks_serve_the_single_process_text(tmp_path, family):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    spec = random_model.QWEN3_SPEC if family == "qwen3_qknorm" else random_model.SPECS[family]
+    spec = (random_model.QWEN3_SPEC if family == "qwen3_qknorm" else
+            random_model.SPECS["qwen2_mqa"] if family == "qwen2_yarn" else random_model.SPECS[family])
     gguf_path = random_model.write_model(spec, tmp_path / f"{family}.gguf")
     rope_scaling = None
     if spec.llama3_rope is not None:
@@ -37,6 +38,8 @@ def test_tensor_parallel_ranks_serve_the_single_process_text(tmp_path, family):
                         "low_freq_factor": rope["low_freq_factor"],
                         "high_freq_factor": rope["high_freq_factor"],
                         "original_max_position_embeddings": rope["original_context_length"]}
+    if family == "qwen2_yarn":
+        rope_scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
     directory = hf_checkpoint.write_hf_directory(gguf_path, tmp_path / family, dtype="float32",
                                                  rope_scaling=rope_scaling)
     up = h.Up(tmp_path, model=directory, tensor_parallel=2, threads=1, kv_cache_memory="16MiB",

@@ -1,5 +1,6 @@
 #include "common/hf_config.h"
 
+#include <cmath>
 #include <string>
 
 #include "common/model_config.h"
@@ -10,6 +11,8 @@ namespace loom::common {
 namespace {
 
 using ::testing::HasSubstr;
+
+void ExpectRefused(const std::string& json, const std::string& piece);
 
 constexpr char kQwen3[] = R"({
   "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
@@ -75,6 +78,45 @@ TEST(HfConfigTest, ReadsLinearAndYarnScalingFromEitherKey) {
     "original_max_position_embeddings": 128}})");
   ASSERT_TRUE(yarn.ok()) << yarn.status();
   EXPECT_EQ(yarn->rope_scaling, RopeScalingType::kYarn);
+}
+
+// transformers' _compute_yarn_parameters: the attention factor is given, else
+// mscale/mscale_all_dim's ratio, else 0.1 ln(factor) + 1; beta_fast/beta_slow default to
+// 32/1; the correction range uses max_position_embeddings without
+// original_max_position_embeddings.
+TEST(HfConfigTest, YarnParametersFollowTransformers) {
+  const std::string head = R"({
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 512,
+    "vocab_size": 100, "rope_scaling": )";
+  absl::StatusOr<ModelConfig> plain = Translate(head + R"({"rope_type": "yarn", "factor": 4.0}})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NEAR(plain->rope_attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+  EXPECT_EQ(plain->rope_original_context_length, 512);
+  EXPECT_DOUBLE_EQ(plain->rope_yarn_beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(plain->rope_yarn_beta_slow, 1.0);
+  EXPECT_TRUE(plain->rope_yarn_truncate);
+
+  absl::StatusOr<ModelConfig> given = Translate(head + R"({"type": "yarn", "factor": 4.0,
+      "original_max_position_embeddings": 128, "attention_factor": 0.75, "beta_fast": 16,
+      "beta_slow": 2, "truncate": false}})");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_DOUBLE_EQ(given->rope_attention_factor, 0.75);
+  EXPECT_EQ(given->rope_original_context_length, 128);
+  EXPECT_DOUBLE_EQ(given->rope_yarn_beta_fast, 16.0);
+  EXPECT_DOUBLE_EQ(given->rope_yarn_beta_slow, 2.0);
+  EXPECT_FALSE(given->rope_yarn_truncate);
+
+  absl::StatusOr<ModelConfig> deepseek = Translate(head + R"({"type": "yarn", "factor": 40.0,
+      "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": null, "beta_slow": 0}})");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status();
+  EXPECT_NEAR(deepseek->rope_attention_factor,
+              (0.1 * std::log(40.0) + 1.0) / (0.05 * std::log(40.0) + 1.0), 1e-12);
+  EXPECT_DOUBLE_EQ(deepseek->rope_yarn_beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(deepseek->rope_yarn_beta_slow, 1.0);
+
+  ExpectRefused(head + R"({"type": "yarn", "factor": 4.0, "attention_factor": -1}})",
+                "attention factor");
 }
 
 TEST(HfConfigTest, MistralSlidingWindowBoundsTheContext) {

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/pre_tokenizer.h"
 #include "common/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -94,14 +95,55 @@ TEST(HfTokenizerTest, RefusesWhatItCannotReproduceByName) {
   std::string split = kByteLevel;
   split.replace(
       split.find(R"({"type": "ByteLevel", "add_prefix_space")"), 0,
-      R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x+"},
+      R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "(?<=x+)y"},
                    "behavior": "Isolated", "invert": false}, )");
   split.replace(split.find(R"("use_regex": true})"), 18, R"("use_regex": false}]})");
   files.tokenizer_json = split;
-  EXPECT_THAT(std::string(View(files).status().message()), HasSubstr("regex 'x+'"));
+  // Any regex PCRE2 compiles is served; one it cannot (variable-length lookbehind) is
+  // refused naming the pattern, as is an unknown behavior or pre-tokenizer.
+  EXPECT_THAT(std::string(View(files).status().message()), HasSubstr("regex '(?<=x+)y'"));
+  std::string behavior = split;
+  behavior.replace(behavior.find("Isolated"), 8, "Sideways");
+  files.tokenizer_json = behavior;
+  EXPECT_THAT(std::string(View(files).status().message()), HasSubstr("'Sideways'"));
+  std::string whitespace = split;
+  whitespace.replace(whitespace.find(R"("type": "Split")"), 15, R"("type": "WhitespaceSplit")");
+  files.tokenizer_json = whitespace;
+  EXPECT_THAT(std::string(View(files).status().message()), HasSubstr("'WhitespaceSplit'"));
   files.tokenizer_json = kByteLevel;
   files.tokenizer_config_json = R"({"eos_token": "<nope>"})";
   EXPECT_THAT(std::string(View(files).status().message()), HasSubstr("'<nope>'"));
+}
+
+// tokenizers' SplitDelimiterBehavior and invert, on "a,b,,c" split at ",".
+TEST(PreTokenizerRulesTest, SplitBehaviorsFollowTokenizers) {
+  auto pieces = [](SplitBehavior behavior, bool invert) {
+    auto pre = PreTokenizer::FromRules({{",", behavior, invert}}, false);
+    EXPECT_TRUE(pre.ok()) << pre.status();
+    const std::string text = "a,b,,c";
+    std::vector<TextSpan> spans;
+    (*pre)->Split(text, &spans);
+    std::vector<std::string> out;
+    for (const TextSpan& span : spans) out.push_back(text.substr(span.offset, span.length));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces(SplitBehavior::kIsolated, false), (V{"a", ",", "b", ",", ",", "c"}));
+  EXPECT_EQ(pieces(SplitBehavior::kRemoved, false), (V{"a", "b", "c"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithPrevious, false), (V{"a,", "b,", ",", "c"}));
+  EXPECT_EQ(pieces(SplitBehavior::kMergedWithNext, false), (V{"a", ",b", ",", ",c"}));
+  EXPECT_EQ(pieces(SplitBehavior::kContiguous, false), (V{"a", ",", "b", ",,", "c"}));
+  EXPECT_EQ(pieces(SplitBehavior::kRemoved, true), (V{",", ",", ","}));
+}
+
+TEST(PreTokenizerRulesTest, NormalizesBeforeSplitting) {
+  auto pre = PreTokenizer::FromRules({}, false);
+  ASSERT_TRUE(pre.ok());
+  (*pre)->set_normalization(NormalizationForm::kNfc);
+  std::string storage;
+  EXPECT_EQ((*pre)->Normalize("e\u0301", &storage), "\u00e9");
+  (*pre)->set_normalization(NormalizationForm::kNfkd);
+  EXPECT_EQ((*pre)->Normalize("\ufb01\u00e9", &storage), "fie\u0301");
 }
 
 }  // namespace

@@ -117,6 +117,40 @@ TEST_F(RequestValidationTest, RejectsSamplingParametersOutOfRange) {
   EXPECT_THAT(Validate(request).status().message(), HasSubstr("temperature"));
 }
 
+// generation_config.json's defaults fill what the request leaves unset; what it sets
+// stays; the API's default (gRPC: greedy, OpenAI: 1) applies only where neither does.
+TEST_F(RequestValidationTest, ModelSamplingDefaultsFillOnlyUnsetFields) {
+  common::ModelConfig config = *config_;
+  config.sampling_defaults.temperature = 0.7f;
+  config.sampling_defaults.top_k = 20;
+  config.sampling_defaults.top_p = 0.8f;
+  config.sampling_defaults.repetition_penalty = 1.05f;
+  loom::v1::GenerateRequest request;
+  request.set_text("hello");
+  request.mutable_sampling()->set_top_p(0.5f);
+  absl::StatusOr<RequestParams> params = ValidateGenerateRequest(request, config, *tokenizer_);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_FLOAT_EQ(params->sampling.temperature(), 0.7f);
+  EXPECT_EQ(params->sampling.top_k(), 20);
+  EXPECT_FLOAT_EQ(params->sampling.top_p(), 0.5f);  // the request's
+  EXPECT_FLOAT_EQ(params->sampling.repetition_penalty(), 1.05f);
+  EXPECT_FLOAT_EQ(params->sampling.min_p(), 0.0f);  // no model default: the API's
+
+  request.mutable_sampling()->set_temperature(0.0f);
+  params = ValidateGenerateRequest(request, config, *tokenizer_);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_FLOAT_EQ(params->sampling.temperature(), 0.0f);
+
+  // Without model defaults the API's: greedy for gRPC, `unset_temperature` for OpenAI.
+  request.mutable_sampling()->clear_temperature();
+  params = ValidateGenerateRequest(request, *config_, *tokenizer_);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_FLOAT_EQ(params->sampling.temperature(), 0.0f);
+  params = ValidateGenerateRequest(request, *config_, *tokenizer_, /*unset_temperature=*/1.0f);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_FLOAT_EQ(params->sampling.temperature(), 1.0f);
+}
+
 TEST_F(RequestValidationTest, RejectsStopTokenIdsOutsideTheVocabulary) {
   loom::v1::GenerateRequest request;
   request.set_text("hello");

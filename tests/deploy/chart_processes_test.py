@@ -6,9 +6,12 @@ probes the manifests declare are asked as the kubelet would: the coordinator's
 startup/liveness/readiness HTTP GETs, the worker's grpc.health.v1 check, the metrics
 ports. On SIGTERM both exit within their terminationGracePeriodSeconds.
 
-Two configurations: values-cpu.yaml (one rank per pod), and the GPU values file
+Three configurations: values-cpu.yaml (one rank per pod), the GPU values file
 (values.yaml) with tensorParallelSize 2, run here with the CPU backend: one pod, two
-rank processes that meet through the coordinator and serve as one replica.
+rank processes that meet through the coordinator and serve as one replica, and
+values-cpu.yaml serving a Hugging Face model directory from a PVC (model.format
+huggingFace, model.file "."; the directory is written from the default model by
+tests/common/hf_checkpoint.py).
 
 What differs from a cluster, by necessity: the model path is this checkout's model, the
 worker registers with and advertises 127.0.0.1 instead of cluster DNS names, and the GPU
@@ -64,7 +67,7 @@ def free_ports(count: int) -> int:
     pytest.fail(f"no {count} consecutive free ports")
 
 
-def pod_command(docs, kinds, pod_env, env_overrides=None):
+def pod_command(docs, kinds, pod_env, env_overrides=None, model_path=MODEL_PATH):
     """(argv, environment, container, pod spec) of the first workload of one of `kinds`,
     with Kubernetes' $(VAR) expansion; the binaries' names point into the build tree."""
     workload = next(d for d in docs if d["kind"] in kinds)
@@ -78,7 +81,7 @@ def pod_command(docs, kinds, pod_env, env_overrides=None):
                         and d["metadata"]["name"] == name)["data"])
     for var in c.get("env", []):
         env[var["name"]] = expand(var["value"]) if "value" in var else pod_env[var["name"]]
-    env["LOOM_MODEL_PATH"] = str(MODEL_PATH)
+    env["LOOM_MODEL_PATH"] = str(model_path)
     env.update(env_overrides or {})
     argv = [str(BINARIES[a]) if a in BINARIES else a
             for a in c["command"] + [expand(arg) for arg in c["args"]]]
@@ -110,9 +113,11 @@ def wait_for(predicate, timeout, what, processes):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def start_pods(tmp_path, values_files, worker_values, ranks):
+def start_pods(tmp_path, values_files, worker_values, ranks, model_values=None,
+               model_path=MODEL_PATH, rendered_model_path=None):
     """Renders the chart and starts the coordinator and one worker pod's container; yields
-    what the tests need, then kills whatever is left."""
+    what the tests need, then kills whatever is left. `model_path` replaces the rendered
+    LOOM_MODEL_PATH (checked against `rendered_model_path` when given)."""
     for binary in BINARIES.values():
         if not binary.exists():
             pytest.skip(f"{binary} is not built")
@@ -125,13 +130,20 @@ def start_pods(tmp_path, values_files, worker_values, ranks):
     values = {"coordinator": {"grpcPort": ports["grpc"], "httpPort": ports["http"],
                               "drainTimeoutSeconds": 5},
               "worker": worker_values}
+    if model_values:
+        values["model"] = model_values
     code, docs, stderr = render(build_renderer(), values, [CHART_DIR / f for f in values_files], tmp_path)
     assert code == 0, stderr
+    if rendered_model_path is not None:
+        paths = {d["data"]["LOOM_MODEL_PATH"] for d in docs
+                 if d["kind"] == "ConfigMap" and "LOOM_MODEL_PATH" in d.get("data", {})}
+        assert paths == {rendered_model_path}, paths
     pod_env = {"POD_NAME": "loom-worker-0", "POD_NAMESPACE": "serving"}
     coordinator_argv, coordinator_env, coordinator, coordinator_pod = pod_command(
-        docs, ("Deployment",), pod_env)
+        docs, ("Deployment",), pod_env, model_path=model_path)
     worker_argv, worker_env, worker, worker_pod = pod_command(
-        docs, ("StatefulSet",), pod_env, {"LOOM_ADVERTISE_HOST": "127.0.0.1"})
+        docs, ("StatefulSet",), pod_env, {"LOOM_ADVERTISE_HOST": "127.0.0.1"},
+        model_path=model_path)
     assert worker_argv[:2] == ["/bin/bash", "-c"] and worker_env["LOOM_RANKS_PER_POD"] == str(ranks)
     coordinator_flag = worker_argv.index("--coordinator") + 1
     worker_argv[coordinator_flag] = f"127.0.0.1:{ports['grpc']}"
@@ -161,9 +173,26 @@ def start_pods(tmp_path, values_files, worker_values, ranks):
             print(f"--- {name} log:\n{(tmp_path / f'{name}.log').read_text()[-3000:]}")
 
 
-@pytest.fixture(params=["cpu", "gpu-tp2"])
+@pytest.fixture(scope="module")
+def hf_model_dir(tmp_path_factory):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
+    import hf_checkpoint
+    if not MODEL_PATH.exists():
+        pytest.fail(f"default model missing at {MODEL_PATH}: run scripts/fetch-model.sh")
+    return hf_checkpoint.write_hf_directory(MODEL_PATH, tmp_path_factory.mktemp("hf") / "smollm2",
+                                            dtype="bfloat16")
+
+
+@pytest.fixture(params=["cpu", "gpu-tp2", "hf-directory"])
 def cluster(request, tmp_path):
-    if request.param == "cpu":
+    if request.param == "hf-directory":
+        yield from start_pods(
+            tmp_path, ["values-cpu.yaml"],
+            {"replicas": 1, "flags": {"threads": 1, "kv-cache-memory": "64MiB"}}, 1,
+            model_values={"source": "pvc", "format": "huggingFace", "file": ".",
+                          "pvc": {"claimName": "smollm2"}},
+            model_path=request.getfixturevalue("hf_model_dir"), rendered_model_path="/models")
+    elif request.param == "cpu":
         yield from start_pods(tmp_path, ["values-cpu.yaml"],
                               {"replicas": 1, "flags": {"threads": 1, "kv-cache-memory": "64MiB"}}, 1)
     else:

@@ -46,6 +46,12 @@ CONFIGS = {
     "huggingFace": ([], {"model": {"source": "huggingFace", "file": "smol.gguf",
                                    "huggingFace": {"repo": "org/smol-GGUF", "revision": "v1",
                                                    "tokenSecret": {"name": "hf-token"}}}}),
+    # A Hugging Face model directory: a snapshot of the Hub repository, or the root of a PVC.
+    "hfDirectory": ([], {"model": {"source": "huggingFace", "format": "huggingFace",
+                                   "file": "SmolLM2-135M-Instruct",
+                                   "huggingFace": {"repo": "HuggingFaceTB/SmolLM2-135M-Instruct"}}}),
+    "hfDirectoryPvc": ([], {"model": {"source": "pvc", "format": "huggingFace", "file": ".",
+                                      "pvc": {"claimName": "qwen3-8b"}}}),
     "hardened": (["values-cpu.yaml"], {
         "coordinator": {"runtimeClassName": "gvisor", "priorityClassName": "serving-high",
                         "extraVolumes": [{"name": "certs", "secret": {"secretName": "tls"}}],
@@ -302,8 +308,10 @@ def test_every_flag_is_one_the_binaries_accept(rendered, config, serve_flags, wo
         for value in args[1::2]:
             unresolved = re.findall(r"\$\((\w+)\)", expand(value, env))
             assert not unresolved, f"{config}: {c['name']}: {value} names undefined {unresolved}"
-        model_file = "smol.gguf" if config == "huggingFace" else "SmolLM2-135M-Instruct.Q4_1.gguf"
-        assert expand(flag_value(args, "--model"), env) == f"/models/{model_file}"
+        model_path = {"huggingFace": "/models/smol.gguf",
+                      "hfDirectory": "/models/SmolLM2-135M-Instruct",
+                      "hfDirectoryPvc": "/models"}.get(config, "/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert expand(flag_value(args, "--model"), env) == model_path
 
 
 def test_configmap_carries_the_flags_values(rendered):
@@ -693,6 +701,35 @@ def test_hugging_face_download_init_container_takes_the_token_from_a_secret(rend
     script = one(docs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]["args"][0]
     result = __import__("subprocess").run(["sh", "-n", "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_hugging_face_model_directory_from_the_hub_or_a_volume(rendered, renderer, tmp_path):
+    """format: huggingFace: the Hub source downloads a repository snapshot (safetensors,
+    JSON, chat template) into the directory `--model` names, skipped when config.json is
+    there and failing when the download left no config.json or tokenizer.json; a PVC that
+    is the directory itself is served from the mount path."""
+    docs = rendered["hfDirectory"]
+    for workload in (one(docs, "Deployment"), one(docs, "StatefulSet")):
+        [init] = workload["spec"]["template"]["spec"]["initContainers"]
+        env = {e["name"]: e.get("value") for e in init["env"]}
+        assert env["MODEL_FORMAT"] == "huggingFace" and env["MODEL_FILE"] == "SmolLM2-135M-Instruct"
+        script = init["args"][0]
+        assert "snapshot_download" in script and "hf_hub_download" not in script
+        assert "'*.safetensors'" in script and 'MODEL_FILE/config.json" ]; then' in script
+        assert "for f in config.json tokenizer.json" in script
+        result = __import__("subprocess").run(["sh", "-n", "-c", script], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    pvc = rendered["hfDirectoryPvc"]
+    paths = {cm["data"]["LOOM_MODEL_PATH"] for cm in of_kind(pvc, "ConfigMap")
+             if "LOOM_MODEL_PATH" in cm.get("data", {})}
+    assert paths == {"/models"}, paths
+    assert "initContainers" not in pod_spec(one(pvc, "StatefulSet"))
+    # A GGUF-only source or an unknown format is refused when rendering.
+    for values, needle in [
+            ({"model": {"format": "huggingFace"}}, "needs model.source huggingFace, pvc or hostPath"),
+            ({"model": {"format": "onnx"}}, "format")]:
+        code, _, stderr = render(renderer, values, tmp_path=tmp_path)
+        assert code != 0 and needle in stderr, stderr
 
 
 def test_hugging_face_download_command_is_configurable(renderer, tmp_path):

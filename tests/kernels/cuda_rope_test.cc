@@ -36,6 +36,9 @@ TEST(CudaRopeTest, RejectsBadShapesBeforeLaunch) {
   p.k = buffer;
   p.num_kv_heads = 0;
   EXPECT_EQ(LaunchRope(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.num_kv_heads = 1;
+  p.attention_factor = 0.0f;
+  EXPECT_EQ(LaunchRope(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // cpu::RopeReference (cos/sin in double of the same float angle) on the values as stored;
@@ -74,6 +77,8 @@ TEST(CudaRopeTest, MatchesCpuReferenceOnFusedQkvRows) {
       }
       cpu::RopeParams ref{q.data(), k.data(),   positions.data(), inv_freq.data(), c.tokens,
                           c.heads,  c.kv_heads, c.head_dim,       c.rope_dim,      c.neox};
+      // YaRN's attention factor on every other case (1 elsewhere: plain RoPE).
+      ref.attention_factor = seed % 4 == 1 ? 1.0f : 1.1386294f;
       cpu::RopeReference(ref);
       std::vector<double> expected(qkv.begin(), qkv.end());
       for (int64_t t = 0; t < c.tokens; ++t) {
@@ -99,6 +104,7 @@ TEST(CudaRopeTest, MatchesCpuReferenceOnFusedQkvRows) {
       p.q_stride = row;
       p.k_stride = row;
       p.neox = c.neox;
+      p.attention_factor = ref.attention_factor;
       ASSERT_TRUE(LaunchRope(p, nullptr).ok());
       ASSERT_TRUE(SynchronizeStream(nullptr).ok());
       LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,

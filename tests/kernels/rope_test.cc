@@ -73,5 +73,44 @@ TEST(RopeTest, MatchesReferenceForBothPairingsAndPartialRotation) {
   }
 }
 
+// YaRN's attention factor scales every rotated value (cos and sin alike) and leaves the
+// pass-through dims alone.
+TEST(RopeTest, AttentionFactorScalesRotatedDimsOnly) {
+  const int64_t heads = 3, head_dim = 64, rope_dim = 32;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(heads * head_dim);
+  for (float& v : q) v = normal(rng);
+  std::vector<float> inv_freq(rope_dim / 2);
+  for (int64_t i = 0; i < rope_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / rope_dim));
+  }
+  const int32_t position = 1234;
+  std::vector<float> plain = q, scaled = q;
+  RopeParams p;
+  p.positions = &position;
+  p.inv_freq = inv_freq.data();
+  p.num_tokens = 1;
+  p.num_heads = heads;
+  p.head_dim = head_dim;
+  p.rope_dim = rope_dim;
+  p.neox = true;
+  p.q = plain.data();
+  Rope(p);
+  p.q = scaled.data();
+  p.attention_factor = 1.25f;
+  Rope(p);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const int64_t i = h * head_dim + d;
+      if (d < rope_dim) {
+        ASSERT_NEAR(scaled[i], 1.25f * plain[i], 1e-5f) << i;
+      } else {
+        ASSERT_EQ(scaled[i], q[i]) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::kernels::cpu

@@ -5,7 +5,8 @@ The directories are written in a test step by tests/common/hf_checkpoint.py from
 the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and to bfloat16) and
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
-scaling, Qwen3 with QK-norm and head_dim != hidden / heads). Llama q/k rows are un-permuted back
+scaling, Qwen3 with QK-norm and head_dim != hidden / heads; Qwen2 and Llama with YaRN
+rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
 
 Tolerances (max |Δ logit|):
@@ -39,6 +40,9 @@ TOL_BF16_VS_GGUF = 0.4
 TOL_REFERENCE = 1e-3
 GREEDY_TOKENS = 24
 
+# YaRN stretching a 64-token pre-training context 4x (the random models' context is 256).
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
 # name -> (random_model spec, HF architecture, rope_scaling for config.json)
 RANDOM_FAMILIES = {
     "llama": (random_model.SPECS["llama_gqa"], None, None),
@@ -48,7 +52,21 @@ RANDOM_FAMILIES = {
     "mistral": (random_model.SPECS["llama_gqa"], "mistral", None),
     "qwen2": (random_model.SPECS["qwen2_mqa"], None, None),
     "qwen3": (random_model.QWEN3_SPEC, None, None),
+    # YaRN over the GGUF's linear scaling: the directory's config.json says yarn, and the
+    # reference recomputes its RoPE from that rope_scaling (with_hf_rope_scaling).
+    "qwen2_yarn": (random_model.SPECS["qwen2_mqa"], None, YARN_SCALING),
+    "llama_yarn": (random_model.SPECS["llama_gqa"], None, {**YARN_SCALING, "beta_fast": 8.0,
+                                                           "attention_factor": 1.3}),
 }
+
+
+def reference_model(family, gguf_path):
+    """The numpy reference of a random family's directory."""
+    model = ref.load(gguf_path)
+    rope_scaling = RANDOM_FAMILIES[family][2]
+    if rope_scaling is not None and rope_scaling.get("rope_type") == "yarn":
+        model = ref.with_hf_rope_scaling(model, rope_scaling, model.n_ctx)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +170,7 @@ def family_models(tmp_path_factory):
 @pytest.mark.parametrize("family", RANDOM_FAMILIES)
 def test_random_model_directory_logits_match_the_numpy_reference(family_models, family):
     gguf_path, directory = family_models[family]
-    model = ref.load(gguf_path)
+    model = reference_model(family, gguf_path)
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, model.n_vocab, n).tolist() for n in (5, 37, 120)]
     expected = np.stack([ref.logits(model, prompt)[-1] for prompt in prompts])
@@ -178,6 +196,24 @@ def test_qwen3_without_qk_norm_would_differ(family_models):
     finally:
         tool.close()
     assert np.abs(got - ref.logits(plain, prompt)[-1]).max() > 100 * TOL_REFERENCE
+
+
+def test_yarn_reference_differs_from_plain_rope(family_models):
+    """The YaRN check can fail: Loom's logits are far from the reference with the GGUF's own
+    RoPE, and from YaRN without its attention factor."""
+    gguf_path, directory = family_models["qwen2_yarn"]
+    yarn = reference_model("qwen2_yarn", gguf_path)
+    assert yarn.rope_attention_factor > 1.1
+    without_factor = ref.Model(**{**yarn.__dict__, "rope_attention_factor": 1.0})
+    prompt = list(range(1, 90))
+    tool = mrt.RunnerTool(directory)
+    try:
+        got = tool.logits([prompt])[0]
+    finally:
+        tool.close()
+    assert np.abs(got - ref.logits(yarn, prompt)[-1]).max() <= TOL_REFERENCE
+    for other in (ref.load(gguf_path), without_factor):
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE
 
 
 def write_config(directory, **changes):

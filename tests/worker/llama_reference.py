@@ -9,9 +9,12 @@ is negligible next to any float32 / float16 / int8 implementation it is compared
 Supported: architectures `llama` (RoPE "normal" mode: the GGUF converter permuted Q/K rows so
 the rotated pairs are adjacent, (2i, 2i+1)) and `qwen2` (RoPE "neox" mode: pairs (i, i + n_rot/2),
 Q/K/V biases); GQA/MQA with any ratio; partial rotary (`rope.dimension_count` < head_dim);
-`rope.scaling.type` none or linear (positions divided by the factor); llama3-style per-frequency
-divisors from the `rope_freqs.weight` tensor; tied output (`output.weight` absent). YaRN and
-other scaling types raise NotImplementedError rather than give silently wrong logits.
+`rope.scaling.type` none, linear (positions divided by the factor) or yarn (`yarn_parameters`:
+the YaRN paper's ramp between interpolated and extrapolated frequencies and its attention
+factor on cos/sin, with transformers' `rope_scaling` defaults; `with_hf_rope_scaling` applies a
+config.json `rope_scaling` to a loaded model); llama3-style per-frequency divisors from the
+`rope_freqs.weight` tensor; tied output (`output.weight` absent). Other scaling types raise
+NotImplementedError rather than give silently wrong logits.
 
 Optional `Numerics` emulate what a fast runner does (float32 arithmetic, float16 KV cache, int8
 activations in front of quantized weights) so tests can measure how far such shortcuts move the
@@ -87,6 +90,8 @@ class Model:
     bos_id: Optional[int]
     eos_id: Optional[int]
     chat_template: Optional[str]
+    rope_attention_factor: float = 1.0  # multiplies cos and sin (YaRN's attention scaling)
+    rope_base: float = 10000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,15 +144,28 @@ def load(path: str | os.PathLike) -> Model:
 
     scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
     scaling_factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    base = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
+    attention_factor = 1.0
     if scaling_type == "linear":
         position_scale = 1.0 / scaling_factor
     elif scaling_type == "none" or (scaling_type is None):
         position_scale = 1.0
+    elif scaling_type == "yarn":
+        position_scale = 1.0
+        yarn = {"factor": scaling_factor,
+                "original_max_position_embeddings": _field(reader, f"{arch}.rope.scaling.original_context_length"),
+                "beta_fast": _field(reader, f"{arch}.rope.scaling.yarn_beta_fast"),
+                "beta_slow": _field(reader, f"{arch}.rope.scaling.yarn_beta_slow"),
+                "attention_factor": _field(reader, "loom.rope.scaling.attention_factor"),
+                "truncate": _field(reader, "loom.rope.scaling.yarn_truncate", True)}
+        yarn_inv_freq, attention_factor = yarn_parameters(
+            base, n_rot, yarn, int(_field(reader, f"{arch}.context_length", 0)))
     else:
         raise NotImplementedError(f"rope.scaling.type {scaling_type!r} is not supported")
     # llama.cpp: theta_i = pos * freq_scale * base^(-2i/n_rot) / freq_factors[i].
-    base = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if scaling_type == "yarn":
+        inv_freq = yarn_inv_freq
     if "rope_freqs.weight" in tensors:
         freq_factors = weight("rope_freqs.weight").astype(np.float64).reshape(-1)
         if freq_factors.shape != inv_freq.shape:
@@ -183,7 +201,64 @@ def load(path: str | os.PathLike) -> Model:
         merges=_field(reader, "tokenizer.ggml.merges", []) or [],
         bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        chat_template=_field(reader, "tokenizer.chat_template"))
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        rope_attention_factor=attention_factor, rope_base=base)
+
+
+def yarn_parameters(base: float, n_rot: int, rope_scaling: dict,
+                    max_position_embeddings: int) -> tuple[np.ndarray, float]:
+    """YaRN (Peng et al. 2023) for a config.json `rope_scaling` of type yarn, with the defaults
+    transformers applies: returns (inv_freq [n_rot/2] float64, attention factor).
+
+    Frequency pair i rotates base^(-2i/n_rot) radians per position; the dimension index d(r) at
+    which a pair completes r rotations over the original context L is
+    n_rot * ln(L / (2 pi r)) / (2 ln base). Pairs below d(beta_fast) (many rotations) keep their
+    frequency, pairs above d(beta_slow) (few rotations) are slowed by `factor`, and a linear
+    ramp blends the two in between. Cos and sin are scaled by the attention factor,
+    0.1 ln(factor) + 1 unless given (or DeepSeek's mscale ratio)."""
+    import math
+
+    factor = float(rope_scaling["factor"])
+    original = rope_scaling.get("original_max_position_embeddings") or max_position_embeddings
+    beta_fast = rope_scaling.get("beta_fast") or 32.0
+    beta_slow = rope_scaling.get("beta_slow") or 1.0
+
+    def rotations_dim(rotations: float) -> float:
+        return n_rot * math.log(original / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low, high = rotations_dim(beta_fast), rotations_dim(beta_slow)
+    if rope_scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, n_rot - 1)
+    if low == high:
+        high += 0.001
+    pairs = np.arange(n_rot // 2, dtype=np.float64)
+    ramp = np.clip((pairs - low) / (high - low), 0.0, 1.0)  # 0: keep, 1: slow by factor
+    plain = base ** (-2.0 * pairs / n_rot)
+    inv_freq = plain * (1.0 - ramp) + plain / factor * ramp
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = rope_scaling.get("attention_factor")
+    if attention is None:
+        if rope_scaling.get("mscale") and rope_scaling.get("mscale_all_dim"):
+            attention = mscale(factor, rope_scaling["mscale"]) / mscale(factor, rope_scaling["mscale_all_dim"])
+        else:
+            attention = mscale(factor)
+    return inv_freq, float(attention)
+
+
+def with_hf_rope_scaling(model: Model, rope_scaling: dict, max_position_embeddings: int) -> Model:
+    """`model` with its RoPE replaced by a config.json `rope_scaling` of type yarn (for
+    comparing a Hugging Face directory written from the model's GGUF)."""
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind != "yarn":
+        raise NotImplementedError(f"rope_scaling {kind!r}")
+    inv_freq, attention = yarn_parameters(model.rope_base, model.n_rot, rope_scaling,
+                                          max_position_embeddings)
+    return dataclasses.replace(model, rope_inv_freq=inv_freq, rope_position_scale=1.0,
+                               rope_attention_factor=attention)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,8 +298,8 @@ def rope(model: Model, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Rotates x [tokens, heads, head_dim] at the given positions (model's mode and scaling)."""
     half = model.n_rot // 2
     theta = (positions.astype(np.float64) * model.rope_position_scale)[:, None] * model.rope_inv_freq[None, :]
-    cos = np.cos(theta)[:, None, :].astype(x.dtype)  # [tokens, 1, half]
-    sin = np.sin(theta)[:, None, :].astype(x.dtype)
+    cos = (np.cos(theta) * model.rope_attention_factor)[:, None, :].astype(x.dtype)  # [tokens, 1, half]
+    sin = (np.sin(theta) * model.rope_attention_factor)[:, None, :].astype(x.dtype)
     out = x.copy()
     if model.rope_mode == "normal":
         x0, x1 = x[..., 0:model.n_rot:2], x[..., 1:model.n_rot:2]

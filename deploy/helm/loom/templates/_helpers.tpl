@@ -170,9 +170,21 @@ topologySpreadConstraints:
 {{- printf "%s:%s" $repository $tag }}
 {{- end }}
 
-{{/* Path of the model file inside the containers. */}}
+{{/* Path of the model inside the containers: the GGUF file, or the Hugging Face model
+     directory (format: huggingFace; file "." is the mount itself). */}}
 {{- define "loom.modelPath" -}}
-{{- printf "%s/%s" (trimSuffix "/" .Values.model.mountPath) (required "model.file is required" .Values.model.file) }}
+{{- $file := required "model.file is required" .Values.model.file }}
+{{- if not (has .Values.model.format (list "gguf" "huggingFace")) }}
+{{- fail (printf "model.format must be gguf or huggingFace, not %q" .Values.model.format) }}
+{{- end }}
+{{- if and (eq .Values.model.format "huggingFace") (eq .Values.model.source "download") }}
+{{- fail "model.format huggingFace needs model.source huggingFace, pvc or hostPath (the download source fetches the bundled GGUF)" }}
+{{- end }}
+{{- if and (eq .Values.model.format "huggingFace") (eq $file ".") }}
+{{- trimSuffix "/" .Values.model.mountPath }}
+{{- else }}
+{{- printf "%s/%s" (trimSuffix "/" .Values.model.mountPath) $file }}
+{{- end }}
 {{- end }}
 
 {{/* A flag value as the binary expects it: whole numbers without an exponent (YAML
@@ -315,9 +327,17 @@ topologySpreadConstraints:
   args:
     - |
       set -eu
+      {{- if eq .Values.model.format "huggingFace" }}
+      if [ -f "$MODEL_DIR/$MODEL_FILE/config.json" ]; then echo "fetch-model: $MODEL_DIR/$MODEL_FILE is present"; exit 0; fi
+      {{- $hf.directoryCommand | nindent 6 }}
+      for f in config.json tokenizer.json; do
+        test -f "$MODEL_DIR/$MODEL_FILE/$f" || { echo "fetch-model: the download left no $MODEL_DIR/$MODEL_FILE/$f" >&2; exit 1; }
+      done
+      {{- else }}
       if [ -f "$MODEL_DIR/$MODEL_FILE" ]; then echo "fetch-model: $MODEL_DIR/$MODEL_FILE is present"; exit 0; fi
       {{- $hf.command | nindent 6 }}
       test -f "$MODEL_DIR/$MODEL_FILE" || { echo "fetch-model: the download left no $MODEL_DIR/$MODEL_FILE" >&2; exit 1; }
+      {{- end }}
       echo "fetch-model: $MODEL_DIR/$MODEL_FILE from $HF_REPO@$HF_REVISION"
   env:
     - name: HF_REPO
@@ -328,6 +348,8 @@ topologySpreadConstraints:
       value: {{ .Values.model.mountPath | quote }}
     - name: MODEL_FILE
       value: {{ .Values.model.file | quote }}
+    - name: MODEL_FORMAT
+      value: {{ .Values.model.format | quote }}
     - name: HOME
       value: /tmp
     - name: HF_HOME
