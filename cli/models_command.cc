@@ -1,11 +1,11 @@
-#include "coordinator/models_command.h"
+#include "cli/models_command.h"
 
 #include <cstdio>
 #include <string>
 
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "coordinator/client_flags.h"
+#include "cli/client_flags.h"
 
 namespace loom::coordinator {
 

@@ -1,4 +1,4 @@
-#include "coordinator/up_command.h"
+#include "cli/up_command.h"
 
 #include <signal.h>
 #include <sys/prctl.h>

@@ -1,4 +1,4 @@
-#include "worker/worker_options.h"
+#include "cli/worker_options.h"
 
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "kernels/cuda_device.h"
-#include "worker/generate_command.h"
-#include "worker/worker_command.h"
+#include "cli/generate_command.h"
+#include "cli/worker_command.h"
 
 namespace loom::worker {
 namespace {

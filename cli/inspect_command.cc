@@ -1,4 +1,4 @@
-#include "coordinator/inspect_command.h"
+#include "cli/inspect_command.h"
 
 #include <cstdio>
 #include <cstring>

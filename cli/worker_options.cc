@@ -1,4 +1,4 @@
-#include "worker/worker_options.h"
+#include "cli/worker_options.h"
 
 #include <cctype>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "coordinator/bench_command.h"
+#include "cli/bench_command.h"
 
 #include <unistd.h>
 

@@ -1,10 +1,10 @@
-#include "coordinator/status_command.h"
+#include "cli/status_command.h"
 
 #include <cstdio>
 #include <string>
 
 #include "client/client.h"
-#include "coordinator/client_flags.h"
+#include "cli/client_flags.h"
 
 namespace loom::coordinator {
 

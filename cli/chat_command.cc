@@ -1,4 +1,4 @@
-#include "coordinator/chat_command.h"
+#include "cli/chat_command.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 
 #include "client/client.h"
 #include "coordinator/chat_prompt.h"
-#include "coordinator/client_flags.h"
+#include "cli/client_flags.h"
 
 namespace loom::coordinator {
 namespace {

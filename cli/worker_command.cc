@@ -1,4 +1,4 @@
-#include "worker/worker_command.h"
+#include "cli/worker_command.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -38,7 +38,7 @@
 #include "worker/step_executor.h"
 #include "worker/step_progress.h"
 #include "worker/tensor_parallel.h"
-#include "worker/worker_options.h"
+#include "cli/worker_options.h"
 #include "worker/worker_service.h"
 
 #ifndef LOOM_VERSION

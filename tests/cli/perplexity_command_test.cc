@@ -1,4 +1,4 @@
-#include "worker/perplexity_command.h"
+#include "cli/perplexity_command.h"
 
 #include <cmath>
 #include <vector>

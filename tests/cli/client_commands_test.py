@@ -1,4 +1,4 @@
-"""`loom complete`, `loom models`, `loom status` and `loom chat` (coordinator/*_command.cc,
+"""`loom complete`, `loom models`, `loom status` and `loom chat` (cli/*_command.cc,
 built on loom::client) against a running coordinator and worker on loopback.
 
 * complete: greedy text equals `loom generate`'s, blocking and --stream; bad flags exit 2;

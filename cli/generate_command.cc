@@ -1,4 +1,4 @@
-#include "worker/generate_command.h"
+#include "cli/generate_command.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +14,7 @@
 #include "worker/cuda_model_runner.h"
 #include "worker/local_generator.h"
 #include "worker/model_runner.h"
-#include "worker/worker_options.h"
+#include "cli/worker_options.h"
 
 namespace loom::worker {
 namespace {

@@ -1,4 +1,4 @@
-#include "coordinator/serve_command.h"
+#include "cli/serve_command.h"
 
 #include <cstdio>
 #include <string>

@@ -3,18 +3,18 @@
 #include <cstring>
 
 #include "absl/synchronization/mutex.h"
-#include "coordinator/bench_command.h"
-#include "coordinator/chat_command.h"
-#include "coordinator/complete_command.h"
-#include "coordinator/inspect_command.h"
-#include "coordinator/models_command.h"
-#include "coordinator/serve_command.h"
-#include "coordinator/status_command.h"
-#include "coordinator/tokenize_command.h"
-#include "coordinator/up_command.h"
-#include "worker/generate_command.h"
-#include "worker/perplexity_command.h"
-#include "worker/quantize_command.h"
+#include "cli/bench_command.h"
+#include "cli/chat_command.h"
+#include "cli/complete_command.h"
+#include "cli/inspect_command.h"
+#include "cli/models_command.h"
+#include "cli/serve_command.h"
+#include "cli/status_command.h"
+#include "cli/tokenize_command.h"
+#include "cli/up_command.h"
+#include "cli/generate_command.h"
+#include "cli/perplexity_command.h"
+#include "cli/quantize_command.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "worker/quantize_command.h"
+#include "cli/quantize_command.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "coordinator/tokenize_command.h"
+#include "cli/tokenize_command.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "coordinator/client_flags.h"
+#include "cli/client_flags.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "coordinator/complete_command.h"
+#include "cli/complete_command.h"
 
 #include <cstdio>
 #include <iostream>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "client/client.h"
-#include "coordinator/client_flags.h"
+#include "cli/client_flags.h"
 
 namespace loom::coordinator {
 namespace {
