@@ -1,36 +1,23 @@
 #include "cli/serve_command.h"
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "cli/command_line.h"
+#include "cli/serve_flags.h"
 #include "coordinator/coordinator_server.h"
 
 namespace loom::coordinator {
 
 int RunServeCommand(int argc, char** argv) {
   ServeOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    std::string error;
-    if (flag == "--help" || i + 1 >= argc || !ParseServeFlag(flag, argv[i + 1], options, error)) {
-      if (flag != "--help") {
-        std::fprintf(stderr, "loom serve: %s\n",
-                     error.empty() ? ("unknown flag or missing value: " + flag).c_str()
-                                   : error.c_str());
-      }
-      std::fprintf(stderr, "usage: loom serve --model PATH [flags]\n%s", kServeFlagsHelp);
-      return flag == "--help" ? 0 : 2;
-    }
-    if (!error.empty()) {
-      std::fprintf(stderr, "loom serve: %s\n", error.c_str());
-      return 2;
-    }
-    ++i;
-  }
-  if (options.model_path.empty()) {
-    std::fprintf(stderr, "loom serve: --model is required\n");
-    return 2;
-  }
+  cli::CommandLine command_line("loom serve",
+                                "loom serve MODEL: run the coordinator alone (workers register "
+                                "with it: loom-worker --coordinator HOST:GRPC_PORT)");
+  cli::AddServeFlags(command_line.app(), options);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  if (options.model_path.empty()) return command_line.Fail("the model is required (MODEL or --model)");
   CoordinatorServer::BlockShutdownSignals();
   auto server = CoordinatorServer::Start(options);
   if (!server.ok()) {

@@ -6,37 +6,23 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/command_line.h"
+#include "cli/serve_flags.h"
 #include "coordinator/coordinator_server.h"
 
 namespace loom::coordinator {
 namespace {
-
-constexpr char kUsage[] =
-    "usage: loom up --model PATH [--replicas R] [--tensor-parallel T] [--threads N]\n"
-    "               [--backend cpu|noop] [--kv-cache-memory SIZE] [--kv-dtype f16|f32]\n"
-    "               [--activations f32|int8] [--draft-model PATH]\n"
-    "               [--worker-binary PATH] [serve flags]\n"
-    "  --replicas R        data-parallel replicas, one worker process each (default 1)\n"
-    "  --tensor-parallel T ranks (worker processes) per replica, joined by gloo (default 1;\n"
-    "                      --workers is the same)\n"
-    "  --threads N         CPU threads per worker (default: cores / workers)\n"
-    "serve flags:\n";
-
-struct UpOptions {
-  ServeOptions serve;
-  int replicas = 1;
-  int workers = 1;
-  int threads = 0;
-  std::vector<std::string> worker_flags;  // passed through to every worker
-  std::string worker_binary;
-};
 
 // The loom-worker next to this binary (build tree: ../worker/loom-worker; installed:
 // same directory), else LOOM_WORKER_BIN, else PATH.
@@ -96,58 +82,84 @@ void StopWorkers(std::vector<pid_t>& pids) {
 
 }  // namespace
 
-int RunUpCommand(int argc, char** argv) {
-  UpOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help") {
-      std::fprintf(stderr, "%s%s", kUsage, kServeFlagsHelp);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "loom up: %s needs a value\n%s", flag.c_str(), kUsage);
-      return 2;
-    }
-    const std::string value = argv[++i];
-    std::string error;
-    int number = 0;
-    if (ParseServeFlag(flag, value, options.serve, error)) {
-      if (!error.empty()) {
-        std::fprintf(stderr, "loom up: %s\n", error.c_str());
-        return 2;
-      }
-    } else if (flag == "--replicas" || flag == "--workers" || flag == "--tensor-parallel" ||
-               flag == "--threads") {
-      if (!absl::SimpleAtoi(value, &number) || number < 1 || number > 256) {
-        std::fprintf(stderr, "loom up: %s needs an integer in [1, 256], got '%s'\n",
-                     flag.c_str(), value.c_str());
-        return 2;
-      }
-      (flag == "--replicas"  ? options.replicas
-       : flag == "--threads" ? options.threads
-                             : options.workers) = number;
-    } else if (flag == "--backend" || flag == "--kv-cache-memory" ||
-               flag == "--kv-cache-fraction" || flag == "--kv-dtype" ||
-               flag == "--block-size" || flag == "--activations" || flag == "--draft-model") {
-      options.worker_flags.push_back(flag);
-      options.worker_flags.push_back(value);
-    } else if (flag == "--worker-binary") {
-      options.worker_binary = value;
-    } else {
-      std::fprintf(stderr, "loom up: unknown flag %s\n%s", flag.c_str(), kUsage);
-      return 2;
-    }
+const char* const kUpOwnedWorkerFlags[] = {"model", "coordinator", "replica-id", "rank",
+                                            "world-size", "rendezvous-id", "threads",
+                                            "drain-timeout-s", nullptr};
+
+std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options) {
+  cli::CommandLine command_line(
+      "loom up", "loom up MODEL: a coordinator and its workers on this machine (every serve and "
+                 "worker flag applies)");
+  CLI::App& app = command_line.app();
+  cli::AddServeFlags(app, options.serve);
+  cli::AddInt(app, "--data-parallel-size,--replicas", options.replicas, 1, 256,
+              "data-parallel replicas, each its own worker processes");
+  cli::AddInt(app, "--tensor-parallel-size,--tensor-parallel,--workers", options.workers, 1, 256,
+              "ranks (worker processes) per replica, joined by gloo (also -tp)");
+  command_line.AddArgumentAlias("-tp", "--tensor-parallel-size");
+  cli::AddInt(app, "--threads", options.threads, 0, 1024,
+              "CPU threads per worker (0: cores / workers)");
+  cli::AddString(app, "--worker-binary", options.worker_binary,
+                 "the loom-worker to start (default: next to loom, else LOOM_WORKER_BIN, else "
+                 "PATH)");
+  app.add_flag("--print-worker-commands", options.print_worker_commands,
+               "tests: print each worker's command line and exit (default: off)");
+  std::set<std::string> owned;
+  for (const char* const* name = kUpOwnedWorkerFlags; *name != nullptr; ++name) {
+    owned.insert(*name);
   }
+  const std::vector<std::string> worker_names =
+      worker::AddWorkerFlags(app, options.worker, owned);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.serve.model_path.empty()) {
-    std::fprintf(stderr, "loom up: --model is required\n%s", kUsage);
-    return 2;
+    return command_line.Fail("the model is required (MODEL or --model)");
+  }
+  // Forward by declaration: every worker flag given any way reaches the workers.
+  for (const std::string& name : worker_names) {
+    if (owned.count(name) > 0) continue;
+    const CLI::Option* option = app.get_option_no_throw("--" + name);
+    if (option == nullptr || option->count() == 0) continue;
+    options.worker_flags.push_back("--" + name + "=" + option->as<std::string>());
   }
   if (options.threads == 0) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     options.threads = std::max(1, cores / (options.replicas * options.workers));
   }
   if (options.worker_binary.empty()) options.worker_binary = FindWorkerBinary();
+  return std::nullopt;
+}
 
+std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
+                                                     const std::string& coordinator,
+                                                     const std::string& rendezvous_id) {
+  std::vector<std::vector<std::string>> commands;
+  for (int r = 0; r < options.replicas; ++r) {
+    for (int rank = 0; rank < options.workers; ++rank) {
+      std::vector<std::string> args = {"--model",       options.serve.model_path,
+                                       "--coordinator", coordinator,
+                                       "--replica-id",  absl::StrFormat("replica-%d", r),
+                                       "--threads",     std::to_string(options.threads)};
+      if (options.workers > 1) {
+        args.insert(args.end(), {"--world-size", std::to_string(options.workers), "--rank",
+                                 std::to_string(rank), "--rendezvous-id", rendezvous_id});
+      }
+      args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
+      commands.push_back(std::move(args));
+    }
+  }
+  return commands;
+}
+
+int RunUpCommand(int argc, char** argv) {
+  UpOptions options;
+  if (std::optional<int> exit_code = ParseUpCommandLine(argc, argv, options)) return *exit_code;
+  if (options.print_worker_commands) {
+    for (const std::vector<std::string>& command :
+         WorkerCommands(options, "COORDINATOR", "RENDEZVOUS")) {
+      std::printf("%s %s\n", options.worker_binary.c_str(), absl::StrJoin(command, " ").c_str());
+    }
+    return 0;
+  }
   CoordinatorServer::BlockShutdownSignals();
   auto server = CoordinatorServer::Start(options.serve);
   if (!server.ok()) {
@@ -166,25 +178,15 @@ int RunUpCommand(int argc, char** argv) {
   // The ranks of one start share a rendezvous id, so a later start never meets the
   // addresses an earlier one left in the coordinator's store.
   const std::string rendezvous_id = absl::StrFormat("%d-%d", getpid(), (*server)->port());
-  for (int r = 0; r < options.replicas; ++r) {
-    for (int rank = 0; rank < options.workers; ++rank) {
-      std::vector<std::string> args = {"--model",       options.serve.model_path,
-                                       "--coordinator", coordinator,
-                                       "--replica-id",  absl::StrFormat("replica-%d", r),
-                                       "--threads",     std::to_string(options.threads)};
-      if (options.workers > 1) {
-        args.insert(args.end(), {"--world-size", std::to_string(options.workers), "--rank",
-                                 std::to_string(rank), "--rendezvous-id", rendezvous_id});
-      }
-      args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
-      const pid_t pid = SpawnWorker(options.worker_binary, args);
-      if (pid < 0) {
-        std::fprintf(stderr, "loom up: cannot start %s\n", options.worker_binary.c_str());
-        StopWorkers(workers);
-        return 1;
-      }
-      workers.push_back(pid);
+  for (const std::vector<std::string>& args :
+       WorkerCommands(options, coordinator, rendezvous_id)) {
+    const pid_t pid = SpawnWorker(options.worker_binary, args);
+    if (pid < 0) {
+      std::fprintf(stderr, "loom up: cannot start %s\n", options.worker_binary.c_str());
+      StopWorkers(workers);
+      return 1;
     }
+    workers.push_back(pid);
   }
 
   bool announced = false;

@@ -38,6 +38,7 @@
 #include "worker/step_executor.h"
 #include "worker/step_progress.h"
 #include "worker/tensor_parallel.h"
+#include "cli/command_line.h"
 #include "cli/worker_options.h"
 #include "worker/worker_service.h"
 
@@ -56,7 +57,7 @@ int Fail(const absl::Status& status) {
 }
 
 int UsageError(const std::string& message) {
-  std::fprintf(stderr, "loom-worker: %s\n%s", message.c_str(), kWorkerUsage);
+  std::fprintf(stderr, "loom-worker: error: %s (see loom-worker --help)\n", message.c_str());
   return 2;
 }
 
@@ -118,6 +119,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     CudaRunnerOptions cuda_options;
     cuda_options.num_kv_blocks = num_blocks;
     cuda_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
+    cuda_options.gpu_memory_utilization = options.gpu_memory_utilization.value_or(0.0);
     cuda_options.block_size = options.block_size;
     cuda_options.cuda_graphs = options.cuda_graphs;
     absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
@@ -142,15 +144,15 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
 }  // namespace
 
 int RunWorkerCommand(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::fputs(kWorkerUsage, stderr);
-      return 0;
-    }
+  WorkerOptions options;
+  cli::CommandLine command_line(
+      "loom-worker", "loom-worker: one worker process (a model runner and its KV pool), "
+                     "registered with a coordinator");
+  AddWorkerFlags(command_line.app(), options);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  if (absl::Status status = CheckWorkerOptions(options); !status.ok()) {
+    return UsageError(std::string(status.message()));
   }
-  absl::StatusOr<WorkerOptions> parsed = ParseWorkerFlags(argc, argv);
-  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
-  WorkerOptions options = *std::move(parsed);
   if (options.world_size > 1 && options.backend != "cpu") {
     return UsageError(absl::StrFormat("--world-size %d needs --backend cpu", options.world_size));
   }
@@ -175,6 +177,12 @@ int RunWorkerCommand(int argc, char** argv) {
       return Fail(resolved.status());
     }
     device = *resolved;
+  }
+  if (options.gpu_memory_utilization.has_value() && device != "cuda" &&
+      options.backend == "cpu") {
+    return UsageError(
+        "--gpu-memory-utilization sizes a CUDA device's memory; this worker runs on the cpu "
+        "(use --kv-cache-memory or --kv-cache-fraction)");
   }
 
   if (!options.draft_model_path.empty()) {
@@ -273,6 +281,15 @@ int RunWorkerCommand(int argc, char** argv) {
       options, device, **gguf, *config, num_blocks, communicator.get(), thread_pool, &progress);
   if (!backend.ok()) return Fail(backend.status());
   num_blocks = (*backend)->num_kv_blocks();  // the CUDA runner may have sized it
+  if (options.max_model_len > 0 && num_blocks * options.block_size < options.max_model_len) {
+    return Fail(absl::ResourceExhaustedError(absl::StrFormat(
+        "--max-model-len %d needs %d KV blocks of %d tokens for one sequence, but the KV pool "
+        "holds %d (%d tokens): give the pool more memory (--kv-cache-memory, "
+        "--kv-cache-fraction, --gpu-memory-utilization) or lower --max-model-len",
+        options.max_model_len,
+        (options.max_model_len + options.block_size - 1) / options.block_size,
+        options.block_size, num_blocks, num_blocks * options.block_size)));
+  }
   std::fprintf(stderr,
                "loom-worker: backend %s, %d threads, KV pool %lld blocks x %lld tokens "
                "(%s, %.1f MiB%s)\n",

@@ -4,74 +4,25 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::worker {
 
-const char kWorkerUsage[] =
-    "usage: loom-worker --model PATH --coordinator HOST:PORT [--listen HOST:PORT]\n"
-    "                   [--advertise-address HOST:PORT] [--replica-id ID] [--rank 0]\n"
-    "                   [--world-size 1] [--backend cpu|noop] [--device cuda|cpu|auto]\n"
-    "                   [--cuda-graphs on|off] [--threads N]\n"
-    "                   [--kv-cache-memory SIZE | --kv-cache-fraction F] [--block-size 16]\n"
-    "                   [--kv-dtype f16|f32] [--metrics-port N] [--rendezvous-id ID]\n"
-    "                   [--rendezvous-timeout-ms MS] [--activations f32|int8]\n"
-    "                   [--quantization int8|int4]\n"
-    "                   [--draft-model PATH] [--drain-timeout-s S]\n"
-    "                   [--debug-step-delay-ms MS] [--debug-hang-at-step N]\n"
-    "  --listen             where the Worker service listens (default 127.0.0.1:0, any free port)\n"
-    "  --advertise-address  the address registered with the coordinator (default: the listen\n"
-    "                       host with the bound port)\n"
-    "  --kv-cache-memory    KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB)\n"
-    "  --kv-cache-fraction  KV pool budget as a fraction of MemAvailable (cpu) or of the GPU\n"
-    "                       memory free after loading the weights (cuda; default 0.9 there)\n"
-    "  --backend            cpu (the model runner) or noop (no math: coordinator benchmarks)\n"
-    "  --device             where the model runner runs: cuda, cpu or auto (default: cuda when\n"
-    "                       a CUDA device is present, --kv-dtype is f16 and --world-size is 1)\n"
-    "  --cuda-graphs        replay decode steps from CUDA graphs (default on)\n"
-    "  --activations        CPU backend, INT8/INT4 weights: f32 (default) keeps each layer's\n"
-    "                       input exact; int8 quantizes it per 32 values for integer dot\n"
-    "                       products (about 1.5x faster decode, +0.1% perplexity on SmolLM2,\n"
-    "                       but near-tied greedy choices can flip)\n"
-    "  --world-size/--rank  tensor parallelism: this worker is rank R of W ranks of its replica;\n"
-    "                       the ranks meet through the coordinator and each loads its shard\n"
-    "  --rendezvous-id      the same for every rank of one start of a replica (default 0)\n"
-    "  --drain-timeout-s    on SIGTERM, ask the coordinator to drain this worker's replica (no\n"
-    "                       new requests; those in flight finish) and wait up to S seconds\n"
-    "                       before stopping (default 30; 0: stop at once)\n"
-    "  --metrics-port       serve Prometheus metrics on the listen host at this port (0: any\n"
-    "                       free port; default: off)\n"
-    "  --draft-model        speculative decoding proposes with this GGUF (the target's\n"
-    "                       vocabulary, CPU backend, one rank) instead of n-gram lookup; its\n"
-    "                       KV pool has as many blocks as the target's. The coordinator's\n"
-    "                       --speculative-tokens turns speculation on\n"
-    "  --debug-step-delay-ms  tests only: every step first sleeps MS, reporting progress (a\n"
-    "                       slow worker that is not stuck)\n"
-    "  --debug-hang-at-step tests only: the Nth step this process runs stops making progress\n"
-    "                       (the heartbeat goes on): a worker stuck inside a step\n";
-
-namespace {
-
-absl::Status BadValue(absl::string_view flag, absl::string_view value, absl::string_view expected) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("%s: bad value '%s' (%s)", flag, value, expected));
-}
-
-absl::StatusOr<int64_t> ParseInt(absl::string_view flag, absl::string_view value, int64_t min,
-                                 int64_t max) {
-  int64_t number = 0;
-  if (!absl::SimpleAtoi(value, &number) || number < min || number > max) {
-    return BadValue(flag, value, absl::StrFormat("an integer in [%d, %d]", min, max));
-  }
-  return number;
-}
-
-}  // namespace
+using cli::AddBool;
+using cli::AddInt;
+using cli::AddNumber;
+using cli::AddString;
+using cli::AnyDeclared;
+using cli::CommandLine;
+using cli::HostPort;
+using cli::OneOf;
 
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
@@ -169,118 +120,183 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
   return std::string("cuda");
 }
 
-absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv) {
-  WorkerOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s needs a value", flag));
-    }
-    const std::string value = argv[++i];
-    if (flag == "--model") {
-      options.model_path = value;
-    } else if (flag == "--draft-model") {
-      if (value.empty()) return BadValue(flag, value, "a GGUF path");
-      options.draft_model_path = value;
-    } else if (flag == "--coordinator") {
-      if (absl::Status status = SplitHostPort(value).status(); !status.ok()) {
-        return BadValue(flag, value, "HOST:PORT");
-      }
-      options.coordinator_address = value;
-    } else if (flag == "--listen") {
-      if (absl::Status status = SplitHostPort(value).status(); !status.ok()) {
-        return BadValue(flag, value, "HOST:PORT");
-      }
-      options.listen_address = value;
-    } else if (flag == "--advertise-address") {
-      absl::StatusOr<std::pair<std::string, int>> parts = SplitHostPort(value);
-      if (!parts.ok() || parts->second == 0) return BadValue(flag, value, "HOST:PORT, port > 0");
-      options.advertise_address = value;
-    } else if (flag == "--replica-id") {
-      if (value.empty()) return BadValue(flag, value, "a non-empty id");
-      options.replica_id = value;
-    } else if (flag == "--rank") {
-      absl::StatusOr<int64_t> rank = ParseInt(flag, value, 0, 1 << 20);
-      if (!rank.ok()) return rank.status();
-      options.rank = static_cast<int32_t>(*rank);
-    } else if (flag == "--world-size") {
-      absl::StatusOr<int64_t> world_size = ParseInt(flag, value, 1, 1 << 20);
-      if (!world_size.ok()) return world_size.status();
-      options.world_size = static_cast<int32_t>(*world_size);
-    } else if (flag == "--backend") {
-      if (value != "cpu" && value != "noop") return BadValue(flag, value, "cpu or noop");
-      options.backend = value;
-    } else if (flag == "--device") {
-      if (value != "cuda" && value != "cpu" && value != "auto") {
-        return BadValue(flag, value, "cuda, cpu or auto");
-      }
-      options.device = value;
-    } else if (flag == "--cuda-graphs") {
-      if (value != "on" && value != "off") return BadValue(flag, value, "on or off");
-      options.cuda_graphs = value == "on";
-    } else if (flag == "--threads") {
-      absl::StatusOr<int64_t> threads = ParseInt(flag, value, 1, 1024);
-      if (!threads.ok()) return threads.status();
-      options.num_threads = static_cast<int>(*threads);
-    } else if (flag == "--kv-cache-memory") {
-      absl::StatusOr<int64_t> bytes = ParseByteSize(value);
-      if (!bytes.ok()) return BadValue(flag, value, bytes.status().message());
-      options.kv_cache_bytes = *bytes;
-    } else if (flag == "--kv-cache-fraction") {
-      double fraction = 0;
-      if (!absl::SimpleAtod(value, &fraction) || !(fraction > 0 && fraction <= 1)) {
-        return BadValue(flag, value, "a fraction in (0, 1]");
-      }
-      options.kv_cache_fraction = fraction;
-    } else if (flag == "--rendezvous-id") {
-      if (value.empty()) return BadValue(flag, value, "a non-empty id");
-      options.rendezvous_id = std::string(value);
-    } else if (flag == "--rendezvous-timeout-ms") {
-      absl::StatusOr<int64_t> timeout = ParseInt(flag, value, 1, 86400000);
-      if (!timeout.ok()) return timeout.status();
-      options.rendezvous_timeout_ms = static_cast<int>(*timeout);
-    } else if (flag == "--drain-timeout-s") {
-      absl::StatusOr<int64_t> seconds = ParseInt(flag, value, 0, 86400);
-      if (!seconds.ok()) return seconds.status();
-      options.drain_timeout_s = static_cast<int>(*seconds);
-    } else if (flag == "--debug-step-delay-ms") {
-      absl::StatusOr<int64_t> delay = ParseInt(flag, value, 0, 3600000);
-      if (!delay.ok()) return delay.status();
-      options.debug_step_delay_ms = *delay;
-    } else if (flag == "--debug-hang-at-step") {
-      absl::StatusOr<int64_t> step = ParseInt(flag, value, 0, int64_t{1} << 40);
-      if (!step.ok()) return step.status();
-      options.debug_hang_at_step = *step;
-    } else if (flag == "--metrics-port") {
-      absl::StatusOr<int64_t> port = ParseInt(flag, value, 0, 65535);
-      if (!port.ok()) return port.status();
-      options.metrics_port = static_cast<int>(*port);
-    } else if (flag == "--block-size") {
-      absl::StatusOr<int64_t> block_size = ParseInt(flag, value, 1, 1024);
-      if (!block_size.ok()) return block_size.status();
-      options.block_size = *block_size;
-    } else if (flag == "--activations") {
-      absl::StatusOr<kernels::cpu::ActivationPrecision> precision =
-          kernels::cpu::ParseActivationPrecision(value);
-      if (!precision.ok()) return BadValue(flag, value, "f32 or int8");
-      options.activations = *precision;
-    } else if (flag == "--quantization") {
-      if (value != "int8" && value != "int4") return BadValue(flag, value, "int8 or int4");
-      options.quantization = std::string(value);
-    } else if (flag == "--kv-dtype") {
-      if (value != "f16" && value != "f32") return BadValue(flag, value, "f16 or f32");
-      options.kv_dtype = value == "f16" ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;
-    } else {
-      return absl::InvalidArgumentError(absl::StrFormat("unknown flag %s", flag));
-    }
+std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
+                                        const std::set<std::string>& skip) {
+  std::vector<std::string> names;
+  // Declares through `add` unless one of the names is already an option of `app` (loom up
+  // declares --model, --threads, --max-model-len... itself); records the flag's name.
+  auto fresh = [&](const std::string& flag_names) {
+    const std::string first = flag_names.substr(0, flag_names.find(','));
+    names.push_back(first.substr(2));
+    return skip.count(first.substr(2)) == 0 && !AnyDeclared(app, flag_names);
+  };
+  if (fresh("--model")) AddString(app, "--model", options.model_path, "the model (GGUF file or HF directory); required");
+  if (fresh("--coordinator")) {
+    AddString(app, "--coordinator", options.coordinator_address,
+              "the coordinator's gRPC endpoint HOST:PORT; required")
+        ->check(HostPort());
   }
+  if (fresh("--listen")) {
+    AddString(app, "--listen", options.listen_address,
+              "where the Worker service listens (port 0: any free port)")
+        ->check(HostPort());
+  }
+  if (fresh("--advertise-address")) {
+    AddString(app, "--advertise-address", options.advertise_address,
+              "the address registered with the coordinator (default: the listen host with the "
+              "bound port)")
+        ->check(HostPort());
+  }
+  if (fresh("--replica-id")) {
+    AddString(app, "--replica-id", options.replica_id, "this worker's replica")
+        ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("needs a non-empty id") : std::string(); }, "ID"));
+  }
+  if (fresh("--rank")) {
+    AddInt(app, "--rank", options.rank, 0, 1 << 20,
+           "tensor parallelism: this worker is rank R of --world-size ranks of its replica");
+  }
+  if (fresh("--world-size")) {
+    AddInt(app, "--world-size", options.world_size, 1, 1 << 20,
+           "tensor-parallel ranks of this replica; they meet through the coordinator and each "
+           "loads its shard");
+  }
+  if (fresh("--rendezvous-id")) {
+    AddString(app, "--rendezvous-id", options.rendezvous_id,
+              "the same for every rank of one start of a replica");
+  }
+  if (fresh("--rendezvous-timeout-ms")) {
+    AddInt(app, "--rendezvous-timeout-ms", options.rendezvous_timeout_ms, 1, 86400000,
+           "how long the ranks wait for each other (rendezvous and collectives)");
+  }
+  if (fresh("--noop-engine")) {
+    app.add_flag_callback(
+           "--noop-engine", [&options] { options.backend = "noop"; },
+           "no model math: a no-op engine that answers with placeholder tokens, for "
+           "benchmarking the coordinator (default: off)")
+        ->envname("LOOM_NOOP_ENGINE");
+  }
+  if (fresh("--backend")) {
+    AddString(app, "--backend", options.backend,
+              "old name of --noop-engine: cpu (the model runner on --device) or noop",
+              {"cpu", "noop"});
+  }
+  if (fresh("--device")) {
+    AddString(app, "--device", options.device,
+              "where the model runner runs: cuda, cpu or auto (cuda when a CUDA device is "
+              "present, --kv-dtype is f16 and --world-size is 1)",
+              {"cuda", "cpu", "auto"});
+  }
+  if (fresh("--cuda-graphs")) {
+    AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");
+  }
+  if (fresh("--threads")) {
+    AddInt(app, "--threads", options.num_threads, 0, 1024,
+           "CPU threads (0: the hardware concurrency)");
+  }
+  if (fresh("--kv-cache-memory")) {
+    app.add_option_function<std::string>(
+           "--kv-cache-memory",
+           [&options](const std::string& text) { options.kv_cache_bytes = *ParseByteSize(text); },
+           "KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB on cpu)")
+        ->check(CLI::Validator(
+            [](std::string& text) {
+              absl::StatusOr<int64_t> bytes = ParseByteSize(text);
+              return bytes.ok() ? std::string() : std::string(bytes.status().message());
+            },
+            "SIZE"))
+        ->default_str("none");
+  }
+  if (fresh("--kv-cache-fraction")) {
+    AddNumber(app, "--kv-cache-fraction", options.kv_cache_fraction, 1e-6, 1.0,
+              "KV pool budget as a fraction of MemAvailable (cpu) or of the GPU memory free "
+              "after loading the weights (cuda; 0.9 there by default)");
+  }
+  if (fresh("--gpu-memory-utilization")) {
+    AddNumber(app, "--gpu-memory-utilization", options.gpu_memory_utilization, 1e-6, 1.0,
+              "cuda: the fraction of the GPU's TOTAL memory this worker may use (weights, "
+              "activations and KV, as in vLLM); the KV pool gets what the weights leave of it");
+  }
+  if (fresh("--block-size")) {
+    AddInt(app, "--block-size", options.block_size, 1, 1024, "tokens per KV block");
+  }
+  if (fresh("--max-model-len")) {
+    AddInt(app, "--max-model-len", options.max_model_len, 0, int64_t{1} << 30,
+           "refuse to start unless the KV pool holds one sequence of this many tokens (0: off)");
+  }
+  if (fresh("--kv-dtype")) {
+    app.add_option_function<std::string>(
+           "--kv-dtype",
+           [&options](const std::string& text) {
+             options.kv_dtype =
+                 text == "f32" ? kernels::cpu::KvDtype::kF32 : kernels::cpu::KvDtype::kF16;
+           },
+           "the KV cache's element type")
+        ->check(OneOf({"f16", "f32"}))
+        ->default_str("f16");
+  }
+  if (fresh("--quantization")) {
+    AddString(app, "--quantization", options.quantization,
+              "quantize the linear layers at load (round-to-nearest; \"\": as stored)",
+              {"", "int8", "int4"});
+  }
+  if (fresh("--activations")) {
+    app.add_option_function<std::string>(
+           "--activations",
+           [&options](const std::string& text) {
+             options.activations = *kernels::cpu::ParseActivationPrecision(text);
+           },
+           "CPU backend, INT8/INT4 weights: f32 keeps each layer's input exact; int8 quantizes "
+           "it per 32 values for integer dot products (faster decode)")
+        ->check(OneOf({"f32", "int8"}))
+        ->default_str("f32");
+  }
+  if (fresh("--drain-timeout-s")) {
+    AddInt(app, "--drain-timeout-s", options.drain_timeout_s, 0, 86400,
+           "on SIGTERM, ask the coordinator to drain this worker's replica and wait up to S "
+           "seconds before stopping (0: stop at once)");
+  }
+  if (fresh("--metrics-port")) {
+    AddInt(app, "--metrics-port", options.metrics_port, -1, 65535,
+           "serve Prometheus metrics on the listen host at this port (0: any free port; -1: off)");
+  }
+  if (fresh("--draft-model")) {
+    AddString(app, "--draft-model", options.draft_model_path,
+              "speculative decoding proposes with this GGUF (the target's vocabulary) instead "
+              "of n-gram lookup; the coordinator's --speculative-tokens turns speculation on");
+  }
+  if (fresh("--debug-step-delay-ms")) {
+    AddInt(app, "--debug-step-delay-ms", options.debug_step_delay_ms, 0, 3600000,
+           "tests only: every step first sleeps MS, reporting progress");
+  }
+  if (fresh("--debug-hang-at-step")) {
+    AddInt(app, "--debug-hang-at-step", options.debug_hang_at_step, 0, int64_t{1} << 40,
+           "tests only: the Nth step stops making progress (0: off)");
+  }
+  return names;
+}
+
+absl::Status CheckWorkerOptions(const WorkerOptions& options) {
   if (options.model_path.empty()) return absl::InvalidArgumentError("--model is required");
   if (options.coordinator_address.empty()) {
     return absl::InvalidArgumentError("--coordinator is required");
   }
-  if (options.kv_cache_bytes.has_value() && options.kv_cache_fraction.has_value()) {
-    return absl::InvalidArgumentError("give --kv-cache-memory or --kv-cache-fraction, not both");
+  const int budgets = options.kv_cache_bytes.has_value() + options.kv_cache_fraction.has_value() +
+                      options.gpu_memory_utilization.has_value();
+  if (budgets > 1) {
+    return absl::InvalidArgumentError(
+        "give one of --kv-cache-memory, --kv-cache-fraction and --gpu-memory-utilization");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv) {
+  WorkerOptions options;
+  CommandLine command_line("loom-worker", "one Loom worker process");
+  AddWorkerFlags(command_line.app(), options);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<bool> help = command_line.TryParse(std::move(args));
+  if (!help.ok()) return help.status();
+  if (absl::Status status = CheckWorkerOptions(options); !status.ok()) return status;
   return options;
 }
 

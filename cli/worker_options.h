@@ -3,6 +3,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <set>
+#include <vector>
+
+#include "CLI/CLI.hpp"
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -24,14 +28,20 @@ struct WorkerOptions {
   // of one replica incarnation passes the same id, a restarted group a new one.
   std::string rendezvous_id = "0";
   int rendezvous_timeout_ms = 300000;          // --rendezvous-timeout-ms, also collectives
-  std::string backend = "cpu";                 // --backend cpu|noop
+  std::string backend = "cpu";                 // --noop-engine, or --backend cpu|noop
   // --device cuda|cpu|auto: where the model runs (backend cpu); auto picks cuda when a
   // CUDA device is present and the options allow it (ResolveDevice).
   std::string device = "auto";
-  bool cuda_graphs = true;                     // --cuda-graphs on|off (CUDA decode steps)
+  bool cuda_graphs = true;                     // --[no-]cuda-graphs (CUDA decode steps)
   int num_threads = 0;                         // --threads; 0: hardware concurrency
   std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
+  // --gpu-memory-utilization U (cuda): the share of the device's total memory the worker
+  // may use, weights included (vLLM's meaning); the KV pool gets what is left of it.
+  std::optional<double> gpu_memory_utilization;
+  // --max-model-len: the worker refuses to start unless its KV pool holds one sequence of
+  // this many tokens; 0: no such check.
+  int64_t max_model_len = 0;
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
   // --quantization int8|int4: the linear layers quantized at load (loom quantize's
@@ -53,11 +63,19 @@ struct WorkerOptions {
   int64_t debug_hang_at_step = 0;
 };
 
-/// The usage text of `loom-worker`.
-extern const char kWorkerUsage[];
+/// Declares the worker's flags on `app`, bound to `options` (`loom-worker` declares them
+/// all; `loom up` declares them too and forwards those set, so a flag added here reaches
+/// `loom up` without edits). A flag whose name `app` already has is left to that
+/// declaration, and so is one named in `skip` (without dashes). Returns every worker
+/// flag's name (without dashes), declared here or not.
+std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
+                                        const std::set<std::string>& skip = {});
 
-/// Parses argv[1..argc) into options; InvalidArgument naming the flag and value for an
-/// unknown flag, a missing or malformed value, or a missing required flag.
+/// The checks across flags: --model and --coordinator given, one KV budget at most.
+absl::Status CheckWorkerOptions(const WorkerOptions& options);
+
+/// Parses argv[1..argc) into options (no printing); InvalidArgument with the one-line
+/// message for an unknown flag, a malformed value, or a missing required flag.
 absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv);
 
 /// Bytes from "536870912", "512MiB", "1.5G", "64K"...: suffixes B, K/KB/KiB, M/MB/MiB,

@@ -10,6 +10,8 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  # cli/: the command-line parser (CLI11, header-only) and --config's YAML reader.
+  libcli11-dev libyaml-cpp-dev
   prometheus
   clang libclang-rt-14-dev
   python3 python3-venv
