@@ -5,28 +5,17 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/client.h"
 #include "coordinator/chat_prompt.h"
 #include "cli/client_flags.h"
+#include "cli/command_line.h"
 
 namespace loom::coordinator {
 namespace {
-
-constexpr char kUsage[] =
-    "usage: loom chat [flags]\n"
-    "  chats with a running cluster: one message per line, /exit quits\n"
-    "  --model PATH           the served model's GGUF file, for its chat template\n"
-    "                         (default: the file the coordinator names, if on this machine)\n"
-    "  --system TEXT          a system message at the start of the conversation\n";
-
-int Usage(const std::string& error) {
-  if (!error.empty()) std::fprintf(stderr, "loom chat: %s\n", error.c_str());
-  std::fprintf(stderr, "%s%s%s", kUsage, kGenerationFlagsHelp, kClientFlagsHelp);
-  return 2;
-}
 
 // The chat template of `model_path`, else of the file the coordinator serves when this
 // machine has it, else the plain transcript (with a note on stderr).
@@ -55,24 +44,17 @@ int RunChatCommand(int argc, char** argv) {
   client::GenerateRequest request = client::GenerateRequest::FromText("", 512);
   std::string model_path;
   std::string system_message;
-  for (int i = 1; i < argc;) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      Usage("");
-      return 0;
-    }
-    absl::StatusOr<int> used = ParseClientFlag(argc, argv, i, options);
-    if (used.ok() && *used == 0) used = ParseGenerationFlag(argc, argv, i, request);
-    if (!used.ok()) return Usage(std::string(used.status().message()));
-    if (*used > 0) {
-      i += *used;
-    } else if ((arg == "--model" || arg == "--system") && i + 1 < argc) {
-      (arg == "--model" ? model_path : system_message) = argv[i + 1];
-      i += 2;
-    } else {
-      return Usage("unknown flag or missing value: " + arg);
-    }
-  }
+  cli::CommandLine command_line(
+      "loom chat", "loom chat: chat with a running cluster, one message per line (/exit quits)");
+  CLI::App& app = command_line.app();
+  cli::AddString(app, "--model", model_path,
+                 "the served model's file, for its chat template (default: the file the "
+                 "coordinator names, if on this machine)");
+  cli::AddString(app, "--system", system_message,
+                 "a system message at the start of the conversation");
+  AddGenerationFlags(app, request);
+  AddClientFlags(app, options);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
 
   absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Create(options);
   if (!client.ok()) {

@@ -1,5 +1,6 @@
 #include "cli/command_line.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +50,7 @@ CommandLine::CommandLine(std::string name, const std::string& description)
   app_.set_config("--config", "", "a YAML file of `flag-name: value` lines (precedence: "
                                   "command line > LOOM_* environment > file > default)");
   app_.config_formatter(std::make_shared<YamlConfig>(&app_));
+  app_.allow_config_extras(CLI::config_extras_mode::error);
   app_.get_formatter()->column_width(34);
 }
 
@@ -86,6 +88,15 @@ absl::StatusOr<bool> CommandLine::TryParse(std::vector<std::string> args) {
       if (arg == alias) arg = name;
       if (arg.rfind(alias + "=", 0) == 0) arg = name + arg.substr(alias.size());
     }
+  }
+  // LOOM_CONFIG names the file when the command line does not (CLI11 reads the file
+  // before it looks at the environment).
+  const bool config_given = std::any_of(args.begin(), args.end(), [](const std::string& arg) {
+    return arg == "--config" || arg.rfind("--config=", 0) == 0;
+  });
+  if (const char* config = std::getenv("LOOM_CONFIG");
+      !config_given && config != nullptr && *config != '\0') {
+    args.push_back(std::string("--config=") + config);
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -167,7 +178,12 @@ CLI::Validator OneOf(const std::vector<std::string>& choices) {
         for (const std::string& choice : choices) {
           if (text == choice) return "";
         }
-        return absl::StrFormat("'%s' is not one of %s", text, absl::StrJoin(choices, ", "));
+        std::string list;
+        for (size_t i = 0; i < choices.size(); ++i) {
+          list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") +
+                  (choices[i].empty() ? std::string("\"\"") : choices[i]);
+        }
+        return absl::StrFormat("'%s' is not one of %s", text, list);
       },
       absl::StrJoin(choices, "|"));
 }
@@ -230,6 +246,10 @@ CLI::Option* AddInt(CLI::App& app, const std::string& names, int32_t& value, int
   return AddIntImpl(app, names, value, min, max, help);
 }
 CLI::Option* AddInt(CLI::App& app, const std::string& names, std::optional<int64_t>& value,
+                    int64_t min, int64_t max, const std::string& help) {
+  return AddIntImpl(app, names, value, min, max, help)->default_str("none");
+}
+CLI::Option* AddInt(CLI::App& app, const std::string& names, std::optional<int32_t>& value,
                     int64_t min, int64_t max, const std::string& help) {
   return AddIntImpl(app, names, value, min, max, help)->default_str("none");
 }

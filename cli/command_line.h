@@ -73,6 +73,8 @@ CLI::Option* AddInt(CLI::App& app, const std::string& names, int32_t& value, int
                     int64_t max, const std::string& help);
 CLI::Option* AddInt(CLI::App& app, const std::string& names, std::optional<int64_t>& value,
                     int64_t min, int64_t max, const std::string& help);
+CLI::Option* AddInt(CLI::App& app, const std::string& names, std::optional<int32_t>& value,
+                    int64_t min, int64_t max, const std::string& help);
 /// An unsigned 64-bit integer flag (seeds): digits only.
 CLI::Option* AddUint64(CLI::App& app, const std::string& names, uint64_t& value,
                        const std::string& help);

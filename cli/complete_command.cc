@@ -3,59 +3,35 @@
 #include <cstdio>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "client/client.h"
 #include "cli/client_flags.h"
+#include "cli/command_line.h"
 
 namespace loom::coordinator {
-namespace {
-
-constexpr char kUsage[] =
-    "usage: loom complete [flags] PROMPT\n"
-    "  generates a completion of PROMPT (\"-\" reads standard input) on a running cluster\n"
-    "  --stream               print the text as it arrives\n"
-    "  --ignore-eos           keep generating past the end-of-sequence token\n";
-
-int Usage(const std::string& error) {
-  if (!error.empty()) std::fprintf(stderr, "loom complete: %s\n", error.c_str());
-  std::fprintf(stderr, "%s%s%s", kUsage, kGenerationFlagsHelp, kClientFlagsHelp);
-  return 2;
-}
-
-}  // namespace
 
 int RunCompleteCommand(int argc, char** argv) {
   client::ClientOptions options;
   client::GenerateRequest request = client::GenerateRequest::FromText("", 64);
   bool stream = false;
   bool have_prompt = false;
-  for (int i = 1; i < argc;) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      Usage("");
-      return 0;
-    }
-    absl::StatusOr<int> used = ParseClientFlag(argc, argv, i, options);
-    if (used.ok() && *used == 0) used = ParseGenerationFlag(argc, argv, i, request);
-    if (!used.ok()) return Usage(std::string(used.status().message()));
-    if (*used > 0) {
-      i += *used;
-      continue;
-    }
-    if (arg == "--stream") {
-      stream = true;
-    } else if (arg == "--ignore-eos") {
-      request.ignore_eos = true;
-    } else if (!have_prompt && (arg == "-" || arg.rfind("--", 0) != 0)) {
-      request.text = arg;
-      have_prompt = true;
-    } else {
-      return Usage("unknown flag or extra argument: " + arg);
-    }
-    ++i;
-  }
-  if (!have_prompt) return Usage("a PROMPT is required");
+  cli::CommandLine command_line("loom complete",
+                                "loom complete PROMPT: generate a completion of PROMPT ('-': "
+                                "stdin) on a running cluster");
+  CLI::App& app = command_line.app();
+  app.add_option("prompt", request.text, "the prompt; '-' reads it from stdin")
+      ->default_str("required");
+  cli::AddBool(app, "--stream", stream, "print the text as it is generated");
+  app.add_flag_callback("--ignore-eos", [&request] { request.ignore_eos = true; },
+                        "generate --max-tokens even past the end-of-sequence token "
+                        "(default: off)");
+  AddGenerationFlags(app, request);
+  AddClientFlags(app, options);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  have_prompt = app.get_option("prompt")->count() > 0;
+  if (!have_prompt) return command_line.Fail("a PROMPT is required");
   if (request.text == "-") {
     request.text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }

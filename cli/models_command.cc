@@ -12,7 +12,7 @@ namespace loom::coordinator {
 int RunModelsCommand(int argc, char** argv) {
   client::ClientOptions options;
   if (std::optional<int> exit_code =
-          ParseClientFlagsOnly(argc, argv, "models", "usage: loom models [flags]\n  lists the models a cluster serves\n", options)) {
+          ParseClientFlagsOnly(argc, argv, "models", "loom models: list the models a running cluster serves", options)) {
     return *exit_code;
   }
   absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Create(options);

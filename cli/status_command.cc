@@ -11,7 +11,7 @@ namespace loom::coordinator {
 int RunStatusCommand(int argc, char** argv) {
   client::ClientOptions options;
   if (std::optional<int> exit_code =
-          ParseClientFlagsOnly(argc, argv, "status", "usage: loom status [flags]\n  shows a cluster's replicas and queues\n", options)) {
+          ParseClientFlagsOnly(argc, argv, "status", "loom status: show a running cluster's replicas, KV blocks and queues", options)) {
     return *exit_code;
   }
   absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Create(options);

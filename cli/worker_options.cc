@@ -190,8 +190,8 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
     AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");
   }
   if (fresh("--threads")) {
-    AddInt(app, "--threads", options.num_threads, 0, 1024,
-           "CPU threads (0: the hardware concurrency)");
+    AddInt(app, "--threads", options.num_threads, 1, 1024,
+           "CPU threads (default 0: the hardware concurrency)");
   }
   if (fresh("--kv-cache-memory")) {
     app.add_option_function<std::string>(
@@ -262,7 +262,10 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
   if (fresh("--draft-model")) {
     AddString(app, "--draft-model", options.draft_model_path,
               "speculative decoding proposes with this GGUF (the target's vocabulary) instead "
-              "of n-gram lookup; the coordinator's --speculative-tokens turns speculation on");
+              "of n-gram lookup; the coordinator's --speculative-tokens turns speculation on")
+        ->check(CLI::Validator(
+            [](std::string& v) { return v.empty() ? std::string("needs a GGUF path") : ""; },
+            "PATH"));
   }
   if (fresh("--debug-step-delay-ms")) {
     AddInt(app, "--debug-step-delay-ms", options.debug_step_delay_ms, 0, 3600000,

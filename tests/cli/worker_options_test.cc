@@ -170,10 +170,9 @@ TEST(WorkerOptionsTest, RejectsBadDeviceAndCudaGraphsValues) {
   EXPECT_NE(status.message().find("--device"), std::string::npos) << status;
   EXPECT_NE(status.message().find("'gpu'"), std::string::npos) << status;
   EXPECT_NE(status.message().find("cuda, cpu or auto"), std::string::npos) << status;
-  status = Parse({"--model", "m", "--coordinator", "c:1", "--cuda-graphs", "yes"}).status();
+  status = Parse({"--model", "m", "--coordinator", "c:1", "--cuda-graphs=maybe"}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("--cuda-graphs"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("on or off"), std::string::npos) << status;
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--device"}).ok());  // no value
 }
 
