@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "cli/command_line.h"
 #include "common/chat_template.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
@@ -19,16 +21,6 @@
 namespace loom::worker {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]\n"
-    "                     [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat]\n"
-    "                     [--threads N] [--kv-dtype f16|f32] [--device cuda|cpu|auto]\n"
-    "                     [--cuda-graphs on|off] [--activations f32|int8] [--ignore-eos]\n"
-    "  --device   where the model runs (default auto: cuda when a CUDA device is present\n"
-    "             and --kv-dtype is f16)\n"
-    "  --activations  CPU, INT8/INT4 weights: f32 (default) keeps layer inputs exact; int8\n"
-    "             quantizes them per 32 values for integer dot products (faster)\n";
-
 struct Options {
   std::string model_path;
   std::string prompt;
@@ -39,99 +31,47 @@ struct Options {
   bool cuda_graphs = true;
 };
 
-bool ParseNumber(const char* text, double& out) {
-  char* end = nullptr;
-  out = std::strtod(text, &end);
-  return end != text && *end == '\0';
-}
-
-// Returns false (after printing why) on a bad command line.
-bool ParseOptions(int argc, char** argv, Options& options) {
+// Parses the command line into `options`; nullopt to go on, else the exit code.
+std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   options.request.max_tokens = 128;
   options.request.sampling.temperature = 0.0f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--chat") {
-      options.chat = true;
-      continue;
-    }
-    if (flag == "--ignore-eos") {
-      options.request.ignore_eos = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "loom generate: %s needs a value\n", flag.c_str());
-      return false;
-    }
-    const char* value = argv[++i];
-    double number = 0;
-    const bool numeric = ParseNumber(value, number);
-    if (flag == "--model") {
-      options.model_path = value;
-    } else if (flag == "--prompt") {
-      options.prompt = value;
-    } else if (flag == "--kv-dtype" && (std::strcmp(value, "f16") == 0 || std::strcmp(value, "f32") == 0)) {
-      options.runner.kv_dtype = value[1] == '1' ? kernels::cpu::KvDtype::kF16 : kernels::cpu::KvDtype::kF32;
-    } else if (flag == "--activations") {
-      absl::StatusOr<kernels::cpu::ActivationPrecision> precision =
-          kernels::cpu::ParseActivationPrecision(value);
-      if (!precision.ok()) {
-        std::fprintf(stderr, "loom generate: %s\n", precision.status().message().data());
-        return false;
-      }
-      options.runner.activations = *precision;
-    } else if (flag == "--device") {
-      if (std::strcmp(value, "cuda") != 0 && std::strcmp(value, "cpu") != 0 &&
-          std::strcmp(value, "auto") != 0) {
-        std::fprintf(stderr, "loom generate: bad value '%s' for --device (cuda, cpu or auto)\n",
-                     value);
-        return false;
-      }
-      options.device = value;
-    } else if (flag == "--cuda-graphs") {
-      if (std::strcmp(value, "on") != 0 && std::strcmp(value, "off") != 0) {
-        std::fprintf(stderr, "loom generate: bad value '%s' for --cuda-graphs (on or off)\n",
-                     value);
-        return false;
-      }
-      options.cuda_graphs = std::strcmp(value, "on") == 0;
-    } else if (!numeric) {
-      std::fprintf(stderr, "loom generate: bad value '%s' for %s\n", value, flag.c_str());
-      return false;
-    } else if (flag == "--max-tokens") {
-      options.request.max_tokens = static_cast<int32_t>(number);
-    } else if (flag == "--temperature") {
-      options.request.sampling.temperature = static_cast<float>(number);
-    } else if (flag == "--top-p") {
-      options.request.sampling.top_p = static_cast<float>(number);
-    } else if (flag == "--top-k") {
-      options.request.sampling.top_k = static_cast<int32_t>(number);
-    } else if (flag == "--min-p") {
-      options.request.sampling.min_p = static_cast<float>(number);
-    } else if (flag == "--seed") {
-      options.request.sampling.seed = static_cast<uint64_t>(number);
-    } else if (flag == "--threads") {
-      options.runner.num_threads = static_cast<int>(number);
-    } else {
-      std::fprintf(stderr, "loom generate: unknown flag %s\n", flag.c_str());
-      return false;
-    }
-  }
+  cli::CommandLine command_line(
+      "loom generate", "loom generate MODEL --prompt TEXT: generate a continuation of a prompt "
+                       "in this process, printing it as it is produced (tokens/s on stderr)");
+  CLI::App& app = command_line.app();
+  SamplingParams& sampling = options.request.sampling;
+  cli::AddString(app, "model,--model", options.model_path, "the model file; required");
+  cli::AddString(app, "--prompt", options.prompt, "the prompt; required");
+  cli::AddBool(app, "--chat", options.chat, "wrap the prompt in the model's chat template");
+  cli::AddBool(app, "--ignore-eos", options.request.ignore_eos,
+               "generate --max-tokens even past the end-of-sequence token");
+  cli::AddInt(app, "--max-tokens", options.request.max_tokens, 1, 1 << 24,
+              "most tokens to generate");
+  cli::AddNumber(app, "--temperature", sampling.temperature, 0, 100, "0 is greedy");
+  cli::AddNumber(app, "--top-p", sampling.top_p, 1e-9, 1, "nucleus sampling");
+  cli::AddInt(app, "--top-k", sampling.top_k, 0, 1 << 30, "top-k sampling (0: off)");
+  cli::AddNumber(app, "--min-p", sampling.min_p, 0, 1, "min-p sampling (0: off)");
+  cli::AddUint64(app, "--seed", sampling.seed, "sampling seed");
+  cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
+  AddKvDtypeFlag(app, options.runner.kv_dtype);
+  AddActivationsFlag(app, options.runner.activations);
+  cli::AddString(app, "--device", options.device,
+                 "where the model runs (auto: cuda when a CUDA device is present and "
+                 "--kv-dtype is f16)",
+                 {"cuda", "cpu", "auto"});
+  cli::AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.prompt.empty()) {
-    std::fputs("loom generate: --model and --prompt are required\n", stderr);
-    return false;
+    return command_line.Fail("the model and --prompt are required");
   }
-  return true;
+  return std::nullopt;
 }
 
 }  // namespace
 
 int RunGenerateCommand(int argc, char** argv) {
   Options options;
-  if (!ParseOptions(argc, argv, options)) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
+  if (std::optional<int> exit_code = ParseOptions(argc, argv, options)) return *exit_code;
   auto fail = [](const absl::Status& status) {
     std::fprintf(stderr, "loom generate: %s\n", status.ToString().c_str());
     return 1;

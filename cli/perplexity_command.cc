@@ -7,11 +7,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
+#include "cli/worker_options.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
 #include "common/status_macros.h"
@@ -23,17 +26,6 @@
 namespace loom::worker {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: loom perplexity --model PATH --text FILE [--context N] [--stride S]\n"
-    "                       [--max-tokens M] [--threads T] [--kv-dtype f16|f32]\n"
-    "                       [--activations f32|int8] [--json]\n"
-    "  --context N     tokens per window (default 512, at most the model's context)\n"
-    "  --stride S      tokens between window starts (default context / 2); each window\n"
-    "                  scores only the tokens the previous one did not\n"
-    "  --max-tokens M  evaluate the first M tokens of the text only\n"
-    "  --activations   f32 (default): exact float inputs to the INT8/INT4 layers; int8:\n"
-    "                  inputs quantized per 32 values with integer dot products (faster)\n";
-
 struct Options {
   std::string model_path;
   std::string text_path;
@@ -44,60 +36,30 @@ struct Options {
   ModelRunnerOptions runner;
 };
 
-bool ParseOptions(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--json") {
-      options.json = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "loom perplexity: %s needs a value\n", flag.c_str());
-      return false;
-    }
-    const char* value = argv[++i];
-    int64_t number = 0;
-    if (flag == "--model") {
-      options.model_path = value;
-    } else if (flag == "--text") {
-      options.text_path = value;
-    } else if (flag == "--kv-dtype") {
-      if (std::strcmp(value, "f16") == 0) {
-        options.runner.kv_dtype = kernels::cpu::KvDtype::kF16;
-      } else if (std::strcmp(value, "f32") == 0) {
-        options.runner.kv_dtype = kernels::cpu::KvDtype::kF32;
-      } else {
-        std::fprintf(stderr, "loom perplexity: --kv-dtype must be f16 or f32, got '%s'\n", value);
-        return false;
-      }
-    } else if (flag == "--activations") {
-      absl::StatusOr<kernels::cpu::ActivationPrecision> precision = kernels::cpu::ParseActivationPrecision(value);
-      if (!precision.ok()) {
-        std::fprintf(stderr, "loom perplexity: %s\n", precision.status().message().data());
-        return false;
-      }
-      options.runner.activations = *precision;
-    } else if (!absl::SimpleAtoi(value, &number) || number < 0) {
-      std::fprintf(stderr, "loom perplexity: bad value '%s' for %s\n", value, flag.c_str());
-      return false;
-    } else if (flag == "--context") {
-      options.context = number;
-    } else if (flag == "--stride") {
-      options.stride = number;
-    } else if (flag == "--max-tokens") {
-      options.max_tokens = number;
-    } else if (flag == "--threads") {
-      options.runner.num_threads = static_cast<int>(number);
-    } else {
-      std::fprintf(stderr, "loom perplexity: unknown flag %s\n", flag.c_str());
-      return false;
-    }
-  }
+// Parses the command line into `options`; nullopt to go on, else the exit code.
+std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
+  cli::CommandLine command_line(
+      "loom perplexity", "loom perplexity MODEL --text FILE: perplexity of a text under a model, "
+                         "sliding window (CPU engine)");
+  CLI::App& app = command_line.app();
+  cli::AddString(app, "model,--model", options.model_path, "the model file; required");
+  cli::AddString(app, "--text", options.text_path, "the text file; required");
+  cli::AddInt(app, "--context", options.context, 2, int64_t{1} << 24,
+              "tokens per window (at most the model's context)");
+  cli::AddInt(app, "--stride", options.stride, 1, int64_t{1} << 24,
+              "tokens between window starts (default 0: context / 2); each window scores only "
+              "the tokens the previous one did not");
+  cli::AddInt(app, "--max-tokens", options.max_tokens, 1, int64_t{1} << 40,
+              "evaluate the first M tokens of the text only (default 0: all)");
+  cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
+  AddKvDtypeFlag(app, options.runner.kv_dtype);
+  AddActivationsFlag(app, options.runner.activations);
+  cli::AddBool(app, "--json", options.json, "print the result as JSON");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.text_path.empty()) {
-    std::fputs("loom perplexity: --model and --text are required\n", stderr);
-    return false;
+    return command_line.Fail("the model and --text are required");
   }
-  return true;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -194,10 +156,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
 
 int RunPerplexityCommand(int argc, char** argv) {
   Options options;
-  if (!ParseOptions(argc, argv, options)) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
+  if (std::optional<int> exit_code = ParseOptions(argc, argv, options)) return *exit_code;
   auto fail = [](const absl::Status& status) {
     std::fprintf(stderr, "loom perplexity: %s\n", status.ToString().c_str());
     return 1;

@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
 #include "common/gguf_writer.h"
@@ -19,20 +21,6 @@
 
 namespace loom::worker {
 namespace {
-
-constexpr char kUsage[] =
-    "usage: loom quantize --model IN.gguf --out OUT.gguf --format int8|int4|f16|f32\n"
-    "                     [--group-size 32|64|128] [--method rtn|awq] [--calibration FILE]\n"
-    "                     [--calibration-samples N] [--calibration-length L]\n"
-    "                     [--awq-grid G] [--awq-samples S] [--awq-clip on|off] [--threads T]\n"
-    "  --group-size N          columns per scale (int8 default: per output channel;\n"
-    "                          int4 default 128)\n"
-    "  --method awq            activation-aware scaling searched on --calibration text\n"
-    "  --calibration-samples   sequences taken from the text (default 128)\n"
-    "  --calibration-length    tokens per sequence (default 512)\n"
-    "  --awq-grid G            alphas searched: 0, 1/G, ..., (G-1)/G (default 20)\n"
-    "  --awq-samples S         token rows per layer input the search measures (default 1024)\n"
-    "  --awq-clip on|off       int4: also search each group's clipping range (default on)\n";
 
 struct Options {
   std::string model_path;
@@ -44,86 +32,60 @@ struct Options {
   QuantizerOptions quantizer;
 };
 
-bool ParseOptions(int argc, char** argv, Options& options) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "loom quantize: %s needs a value\n", flag.c_str());
-      return false;
-    }
-    const std::string value = argv[++i];
-    int64_t number = 0;
-    if (flag == "--model") {
-      options.model_path = value;
-    } else if (flag == "--out") {
-      options.out_path = value;
-    } else if (flag == "--calibration") {
-      options.calibration_path = value;
-    } else if (flag == "--format") {
-      options.has_format = true;
-      if (value == "int8") {
-        options.quantizer.format = QuantizeFormat::kInt8;
-      } else if (value == "int4") {
-        options.quantizer.format = QuantizeFormat::kInt4;
-      } else if (value == "f16") {
-        options.quantizer.format = QuantizeFormat::kF16;
-      } else if (value == "f32") {
-        options.quantizer.format = QuantizeFormat::kF32;
-      } else {
-        std::fprintf(stderr, "loom quantize: --format must be int8, int4, f16 or f32, got '%s'\n",
-                     value.c_str());
-        return false;
-      }
-    } else if (flag == "--method") {
-      if (value == "rtn") {
-        options.quantizer.method = QuantizeMethod::kRtn;
-      } else if (value == "awq") {
-        options.quantizer.method = QuantizeMethod::kAwq;
-      } else {
-        std::fprintf(stderr, "loom quantize: --method must be rtn or awq, got '%s'\n",
-                     value.c_str());
-        return false;
-      }
-    } else if (flag == "--awq-clip") {
-      if (value != "on" && value != "off") {
-        std::fprintf(stderr, "loom quantize: --awq-clip must be on or off, got '%s'\n",
-                     value.c_str());
-        return false;
-      }
-      options.quantizer.awq_clip = value == "on";
-    } else if (!absl::SimpleAtoi(value, &number) || number < 1) {
-      std::fprintf(stderr, "loom quantize: bad value '%s' for %s\n", value.c_str(), flag.c_str());
-      return false;
-    } else if (flag == "--group-size") {
-      options.quantizer.group_size = number;
-    } else if (flag == "--calibration-samples") {
-      options.calibration_samples = number;
-    } else if (flag == "--calibration-length") {
-      options.calibration_length = number;
-    } else if (flag == "--awq-grid") {
-      options.quantizer.awq_grid = static_cast<int>(number);
-    } else if (flag == "--awq-samples") {
-      options.quantizer.awq_max_samples = number;
-    } else if (flag == "--threads") {
-      options.quantizer.num_threads = static_cast<int>(number);
-    } else {
-      std::fprintf(stderr, "loom quantize: unknown flag %s\n", flag.c_str());
-      return false;
-    }
-  }
+// Parses the command line into `options`; nullopt to go on, else the exit code.
+std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
+  cli::CommandLine command_line(
+      "loom quantize", "loom quantize MODEL --out OUT.gguf --format int8|int4|f16|f32: write "
+                       "a model with INT8/INT4 (RTN or AWQ), F16 or F32 linear layers");
+  CLI::App& app = command_line.app();
+  QuantizerOptions& quantizer = options.quantizer;
+  cli::AddString(app, "model,--model", options.model_path, "the input model; required");
+  cli::AddString(app, "--out", options.out_path, "the GGUF file to write; required");
+  app.add_option_function<std::string>(
+         "--format",
+         [&options](const std::string& text) {
+           options.has_format = true;
+           options.quantizer.format = text == "int8"   ? QuantizeFormat::kInt8
+                                      : text == "int4" ? QuantizeFormat::kInt4
+                                      : text == "f16"  ? QuantizeFormat::kF16
+                                                       : QuantizeFormat::kF32;
+         },
+         "the linear layers' format; required")
+      ->check(cli::OneOf({"int8", "int4", "f16", "f32"}))
+      ->default_str("required");
+  app.add_option_function<std::string>(
+         "--method",
+         [&options](const std::string& text) {
+           options.quantizer.method = text == "awq" ? QuantizeMethod::kAwq : QuantizeMethod::kRtn;
+         },
+         "round-to-nearest, or activation-aware scaling searched on --calibration text")
+      ->check(cli::OneOf({"rtn", "awq"}))
+      ->default_str("rtn");
+  cli::AddString(app, "--calibration", options.calibration_path, "the text --method awq calibrates on");
+  cli::AddInt(app, "--group-size", quantizer.group_size, 1, 1 << 20,
+              "columns per scale (default 0: int8 per output channel, int4 128)");
+  cli::AddInt(app, "--calibration-samples", options.calibration_samples, 1, 1 << 20,
+              "sequences taken from the calibration text");
+  cli::AddInt(app, "--calibration-length", options.calibration_length, 1, 1 << 20,
+              "tokens per calibration sequence");
+  cli::AddInt(app, "--awq-grid", quantizer.awq_grid, 1, 1 << 20,
+              "alphas searched: 0, 1/G, ..., (G-1)/G");
+  cli::AddInt(app, "--awq-samples", quantizer.awq_max_samples, 1, int64_t{1} << 30,
+              "token rows per layer input the search measures");
+  cli::AddBool(app, "--awq-clip", quantizer.awq_clip,
+               "int4: also search each group's clipping range");
+  cli::AddInt(app, "--threads", quantizer.num_threads, 1, 1024, "CPU threads");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.out_path.empty() || !options.has_format) {
-    std::fputs("loom quantize: --model, --out and --format are required\n", stderr);
-    return false;
+    return command_line.Fail("the model, --out and --format are required");
   }
   if (options.quantizer.method == QuantizeMethod::kAwq && options.calibration_path.empty()) {
-    std::fputs("loom quantize: --method awq needs --calibration FILE\n", stderr);
-    return false;
+    return command_line.Fail("--method awq needs --calibration FILE");
   }
   if (options.model_path == options.out_path) {
-    std::fputs("loom quantize: --out must differ from --model\n", stderr);
-    return false;
+    return command_line.Fail("--out must differ from the model");
   }
-  return true;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -148,10 +110,7 @@ std::vector<std::vector<int32_t>> CalibrationSequences(const std::vector<int32_t
 
 int RunQuantizeCommand(int argc, char** argv) {
   Options options;
-  if (!ParseOptions(argc, argv, options)) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
+  if (std::optional<int> exit_code = ParseOptions(argc, argv, options)) return *exit_code;
   auto fail = [](const absl::Status& status) {
     std::fprintf(stderr, "loom quantize: %s\n", status.ToString().c_str());
     return 1;

@@ -120,6 +120,32 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
   return std::string("cuda");
 }
 
+CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
+  return app
+      .add_option_function<std::string>(
+          "--kv-dtype",
+          [&kv_dtype](const std::string& text) {
+            kv_dtype = text == "f32" ? kernels::cpu::KvDtype::kF32 : kernels::cpu::KvDtype::kF16;
+          },
+          "the KV cache's element type")
+      ->check(OneOf({"f16", "f32"}))
+      ->default_str(kv_dtype == kernels::cpu::KvDtype::kF32 ? "f32" : "f16");
+}
+
+CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations) {
+  return app
+      .add_option_function<std::string>(
+          "--activations",
+          [&activations](const std::string& text) {
+            activations = *kernels::cpu::ParseActivationPrecision(text);
+          },
+          "CPU backend, INT8/INT4 weights: f32 keeps each layer's input exact; int8 quantizes "
+          "it per 32 values for integer dot products (faster decode; near-tied greedy choices "
+          "can flip)")
+      ->check(OneOf({"f32", "int8"}))
+      ->default_str("f32");
+}
+
 std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
                                         const std::set<std::string>& skip) {
   std::vector<std::string> names;
@@ -224,15 +250,7 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
            "refuse to start unless the KV pool holds one sequence of this many tokens (0: off)");
   }
   if (fresh("--kv-dtype")) {
-    app.add_option_function<std::string>(
-           "--kv-dtype",
-           [&options](const std::string& text) {
-             options.kv_dtype =
-                 text == "f32" ? kernels::cpu::KvDtype::kF32 : kernels::cpu::KvDtype::kF16;
-           },
-           "the KV cache's element type")
-        ->check(OneOf({"f16", "f32"}))
-        ->default_str("f16");
+    AddKvDtypeFlag(app, options.kv_dtype);
   }
   if (fresh("--quantization")) {
     AddString(app, "--quantization", options.quantization,
@@ -240,15 +258,7 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
               {"", "int8", "int4"});
   }
   if (fresh("--activations")) {
-    app.add_option_function<std::string>(
-           "--activations",
-           [&options](const std::string& text) {
-             options.activations = *kernels::cpu::ParseActivationPrecision(text);
-           },
-           "CPU backend, INT8/INT4 weights: f32 keeps each layer's input exact; int8 quantizes "
-           "it per 32 values for integer dot products (faster decode)")
-        ->check(OneOf({"f32", "int8"}))
-        ->default_str("f32");
+    AddActivationsFlag(app, options.activations);
   }
   if (fresh("--drain-timeout-s")) {
     AddInt(app, "--drain-timeout-s", options.drain_timeout_s, 0, 86400,

@@ -71,6 +71,11 @@ struct WorkerOptions {
 std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
                                         const std::set<std::string>& skip = {});
 
+/// `--kv-dtype f16|f32` and `--activations f32|int8`, one declaration each for every
+/// command that runs the engine (loom-worker, loom generate, loom perplexity).
+CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype);
+CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations);
+
 /// The checks across flags: --model and --coordinator given, one KV budget at most.
 absl::Status CheckWorkerOptions(const WorkerOptions& options);
 
