@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli/command_line.h"
 #include "coordinator/bench_report.h"
 #include "coordinator/bench_workload.h"
 #include "grpcpp/grpcpp.h"
@@ -27,18 +29,6 @@ namespace loom::coordinator {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr char kUsage[] =
-    "usage: loom bench [--address HOST:PORT] [--dataset random|shared-prefix|multi-turn]\n"
-    "                  [--num-requests N] [--input-len N] [--output-len N] [--range-ratio R]\n"
-    "                  [--prefix-len N] [--num-prefixes N] [--turns N]\n"
-    "                  [--concurrency C1,C2,... | --request-rate R1,R2,... [--max-concurrency N]]\n"
-    "                  [--warmup N] [--seed S] [--slo-ttft-ms MS] [--slo-tpot-ms MS]\n"
-    "                  [--slo-e2e-ms MS] [--timeout-s S] [--output FILE.json]\n"
-    "  Runs the workload once per load level (fixed concurrency, or Poisson arrivals at each\n"
-    "  request rate; 'inf' sends all at once) and prints throughput, TTFT, TPOT, ITL and\n"
-    "  end-to-end latency (mean, p50, p90, p99), goodput and the prefix-cache hit rate.\n"
-    "  Prompts are random token ids with exact lengths; outputs ignore EOS (exact lengths).\n";
 
 struct BenchOptions {
   std::string address = "127.0.0.1:50051";
@@ -237,64 +227,68 @@ absl::Status ParseLevels(const std::string& flag, const std::string& value,
   return absl::OkStatus();
 }
 
-absl::StatusOr<BenchOptions> ParseBenchFlags(int argc, char** argv) {
-  BenchOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) return absl::InvalidArgumentError(flag + " needs a value");
-    const std::string value = argv[++i];
-    int64_t number = 0;
-    double real = 0;
-    auto integer = [&](int64_t& out) -> absl::Status {
-      if (!absl::SimpleAtoi(value, &number) || number < 0) {
-        return absl::InvalidArgumentError(absl::StrFormat("%s: bad value '%s'", flag, value));
-      }
-      out = number;
-      return absl::OkStatus();
-    };
-    auto decimal = [&](double& out) -> absl::Status {
-      if (!absl::SimpleAtod(value, &real) || real < 0) {
-        return absl::InvalidArgumentError(absl::StrFormat("%s: bad value '%s'", flag, value));
-      }
-      out = real;
-      return absl::OkStatus();
-    };
-    absl::Status parsed;
-    WorkloadOptions& w = options.workload;
-    if (flag == "--address") options.address = value;
-    else if (flag == "--dataset") w.dataset = value;
-    else if (flag == "--num-requests") parsed = integer(w.num_requests);
-    else if (flag == "--input-len") parsed = integer(w.input_len);
-    else if (flag == "--output-len") parsed = integer(w.output_len);
-    else if (flag == "--range-ratio") parsed = decimal(w.range_ratio);
-    else if (flag == "--prefix-len") parsed = integer(w.prefix_len);
-    else if (flag == "--num-prefixes") parsed = integer(w.num_prefixes);
-    else if (flag == "--turns") parsed = integer(w.turns);
-    else if (flag == "--seed") {
-      int64_t seed = 0;
-      parsed = integer(seed);
-      w.seed = static_cast<uint64_t>(seed);
+// Parses the command line into `options`; nullopt to go on, else the exit code.
+std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options) {
+  cli::CommandLine command_line(
+      "loom bench",
+      "loom bench: load-test a running cluster. Runs the workload once per load level (fixed "
+      "concurrency, or Poisson arrivals at each request rate; 'inf' sends all at once) and "
+      "prints throughput, TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99), goodput "
+      "and the prefix-cache hit rate. Prompts are random token ids with exact lengths; outputs "
+      "ignore EOS");
+  CLI::App& app = command_line.app();
+  WorkloadOptions& w = options.workload;
+  constexpr int64_t kMax = int64_t{1} << 30;
+  cli::AddString(app, "--address", options.address, "the coordinator's gRPC endpoint")
+      ->check(cli::HostPort());
+  cli::AddString(app, "--dataset", w.dataset, "the workload",
+                 {"random", "shared-prefix", "multi-turn"});
+  cli::AddInt(app, "--num-requests", w.num_requests, 1, kMax, "requests per level");
+  cli::AddInt(app, "--input-len", w.input_len, 1, kMax, "tokens of each request's own part");
+  cli::AddInt(app, "--output-len", w.output_len, 1, kMax, "tokens generated per request");
+  cli::AddNumber(app, "--range-ratio", w.range_ratio, 0, 1,
+                 "lengths uniform in len * [1 - r, 1 + r]");
+  cli::AddInt(app, "--prefix-len", w.prefix_len, 0, kMax,
+              "shared-prefix: tokens of the shared system prompt");
+  cli::AddInt(app, "--num-prefixes", w.num_prefixes, 1, kMax,
+              "shared-prefix: distinct system prompts");
+  cli::AddInt(app, "--turns", w.turns, 1, kMax, "multi-turn: turns per session");
+  cli::AddUint64(app, "--seed", w.seed, "the workload's random seed");
+  std::string concurrency;
+  std::string request_rate;
+  cli::AddString(app, "--concurrency", concurrency,
+                 "fixed-concurrency levels C1,C2,... (default 1)");
+  cli::AddString(app, "--request-rate", request_rate,
+                 "Poisson request rates R1,R2,... per second ('inf': all at once)");
+  cli::AddInt(app, "--max-concurrency", options.max_concurrency, 1, kMax,
+              "rate mode: requests in flight at most");
+  cli::AddInt(app, "--warmup", options.warmup, 0, kMax, "requests sent before each level");
+  cli::AddNumber(app, "--slo-ttft-ms", options.slo.ttft_ms, 0, 1e9, "goodput: TTFT limit (0: none)");
+  cli::AddNumber(app, "--slo-tpot-ms", options.slo.tpot_ms, 0, 1e9, "goodput: TPOT limit (0: none)");
+  cli::AddNumber(app, "--slo-e2e-ms", options.slo.e2e_ms, 0, 1e9,
+                 "goodput: end-to-end limit (0: none)");
+  cli::AddNumber(app, "--timeout-s", options.timeout_s, 1e-3, 1e9, "deadline of each request");
+  cli::AddString(app, "--output", options.output, "write the results as JSON to this file");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
+  if (!concurrency.empty()) {
+    if (absl::Status status = ParseLevels("--concurrency", concurrency, options.concurrencies);
+        !status.ok()) {
+      return command_line.Fail(std::string(status.message()));
     }
-    else if (flag == "--concurrency") parsed = ParseLevels(flag, value, options.concurrencies);
-    else if (flag == "--request-rate") parsed = ParseLevels(flag, value, options.request_rates);
-    else if (flag == "--max-concurrency") parsed = integer(options.max_concurrency);
-    else if (flag == "--warmup") parsed = integer(options.warmup);
-    else if (flag == "--slo-ttft-ms") parsed = decimal(options.slo.ttft_ms);
-    else if (flag == "--slo-tpot-ms") parsed = decimal(options.slo.tpot_ms);
-    else if (flag == "--slo-e2e-ms") parsed = decimal(options.slo.e2e_ms);
-    else if (flag == "--timeout-s") parsed = decimal(options.timeout_s);
-    else if (flag == "--output") options.output = value;
-    else return absl::InvalidArgumentError("unknown flag " + flag);
-    if (!parsed.ok()) return parsed;
+  }
+  if (!request_rate.empty()) {
+    if (absl::Status status = ParseLevels("--request-rate", request_rate, options.request_rates);
+        !status.ok()) {
+      return command_line.Fail(std::string(status.message()));
+    }
   }
   if (!options.concurrencies.empty() && !options.request_rates.empty()) {
-    return absl::InvalidArgumentError("give --concurrency or --request-rate, not both");
+    return command_line.Fail("give --concurrency or --request-rate, not both");
   }
   if (options.concurrencies.empty() && options.request_rates.empty()) {
     options.concurrencies = {1};
   }
-  if (options.max_concurrency < 1) return absl::InvalidArgumentError("--max-concurrency must be >= 1");
-  return options;
+  return std::nullopt;
 }
 
 void PrintLevel(const nlohmann::json& run, const nlohmann::json& baseline) {
@@ -320,17 +314,9 @@ void PrintLevel(const nlohmann::json& run, const nlohmann::json& baseline) {
 }  // namespace
 
 int RunBenchCommand(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-  }
-  absl::StatusOr<BenchOptions> options = ParseBenchFlags(argc, argv);
-  if (!options.ok()) {
-    std::fprintf(stderr, "loom bench: %s\n%s", std::string(options.status().message()).c_str(), kUsage);
-    return 2;
-  }
+  BenchOptions parsed;
+  if (std::optional<int> exit_code = ParseBenchFlags(argc, argv, parsed)) return *exit_code;
+  BenchOptions* options = &parsed;
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(options->address, grpc::InsecureChannelCredentials(),

@@ -3,10 +3,12 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "cli/command_line.h"
 #include "common/chat_template.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
@@ -16,7 +18,6 @@
 namespace loom::coordinator {
 namespace {
 
-constexpr char kUsage[] = "usage: loom inspect --model PATH [--prompt TEXT]\n";
 
 const char* RopeScalingName(common::RopeScalingType type) {
   switch (type) {
@@ -64,20 +65,14 @@ void PrintTensorFormats(const common::GgufFile& gguf) {
 int RunInspectCommand(int argc, char** argv) {
   std::string model_path;
   std::string prompt = "What is a paged KV cache?";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
-      model_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--prompt") == 0 && i + 1 < argc) {
-      prompt = argv[++i];
-    } else {
-      std::fputs(kUsage, stderr);
-      return 2;
-    }
-  }
-  if (model_path.empty()) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
+  cli::CommandLine command_line(
+      "loom inspect", "loom inspect MODEL: show a model's configuration, tokenizer and chat "
+                      "template");
+  cli::AddString(command_line.app(), "model,--model", model_path, "the model file; required");
+  cli::AddString(command_line.app(), "--prompt", prompt,
+                 "the user message the chat template is rendered with");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  if (model_path.empty()) return command_line.Fail("the model is required (MODEL or --model)");
   auto gguf = common::OpenModelFile(model_path);
   if (!gguf.ok()) {
     std::fprintf(stderr, "loom inspect: %s\n", gguf.status().ToString().c_str());

@@ -5,57 +5,20 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "cli/command_line.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
 #include "common/tokenizer.h"
 
 namespace loom::coordinator {
 namespace {
-
-constexpr char kTokenizeUsage[] =
-    "usage: loom tokenize --model PATH [--no-special] [--no-parse-special] TEXT\n"
-    "  prints the token ids of TEXT (\"-\" reads standard input)\n"
-    "  --no-special        do not add BOS/EOS\n"
-    "  --no-parse-special  treat special-token text such as <|im_start|> as plain text\n";
-
-constexpr char kDetokenizeUsage[] =
-    "usage: loom detokenize --model PATH [--skip-special] IDS...\n"
-    "  prints the text of the token ids\n"
-    "  --skip-special  leave out control tokens such as <|im_end|>\n";
-
-struct Arguments {
-  std::string model_path;
-  std::vector<std::string> positional;
-  std::vector<std::string> flags;  // "--no-special" etc., validated by the caller
-};
-
-// Parses `--model PATH`, `--model=PATH`, `--flag` and positionals (everything after
-// "--" is positional). Returns false on a malformed option.
-bool ParseArguments(int argc, char** argv, Arguments* args) {
-  bool only_positional = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (only_positional || arg == "-" || arg.size() < 2 || arg.substr(0, 2) != "--") {
-      args->positional.emplace_back(arg);
-    } else if (arg == "--") {
-      only_positional = true;
-    } else if (arg == "--model") {
-      if (i + 1 >= argc) return false;
-      args->model_path = argv[++i];
-    } else if (arg.substr(0, 8) == "--model=") {
-      args->model_path = std::string(arg.substr(8));
-    } else {
-      args->flags.emplace_back(arg);
-    }
-  }
-  return !args->model_path.empty();
-}
 
 std::unique_ptr<common::Tokenizer> LoadTokenizer(const std::string& path, const char* command) {
   auto gguf = common::OpenModelFile(path);
@@ -75,28 +38,26 @@ std::unique_ptr<common::Tokenizer> LoadTokenizer(const std::string& path, const 
 }  // namespace
 
 int RunTokenizeCommand(int argc, char** argv) {
-  Arguments args;
+  std::string model_path;
+  std::string text;
   bool add_special = true;
   bool parse_special = true;
-  bool ok = ParseArguments(argc, argv, &args) && args.positional.size() == 1;
-  for (const std::string& flag : args.flags) {
-    if (flag == "--no-special") {
-      add_special = false;
-    } else if (flag == "--no-parse-special") {
-      parse_special = false;
-    } else {
-      ok = false;
-    }
-  }
-  if (!ok) {
-    std::fputs(kTokenizeUsage, stderr);
-    return 2;
-  }
-  std::string text = args.positional[0];
+  cli::CommandLine command_line("loom tokenize",
+                                "loom tokenize --model PATH TEXT: print the token ids of TEXT "
+                                "('-' reads standard input)");
+  CLI::App& app = command_line.app();
+  cli::AddString(app, "--model", model_path, "the model whose tokenizer is used; required");
+  app.add_option("text", text, "the text")->required();
+  cli::AddBool(app, "--special", add_special, "add BOS/EOS (--no-special: do not)");
+  cli::AddBool(app, "--parse-special", parse_special,
+               "read special-token text such as <|im_start|> as those tokens "
+               "(--no-parse-special: as plain text)");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  if (model_path.empty()) return command_line.Fail("--model is required");
   if (text == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  auto tokenizer = LoadTokenizer(args.model_path, "tokenize");
+  auto tokenizer = LoadTokenizer(model_path, "tokenize");
   if (tokenizer == nullptr) return 1;
   const std::vector<int32_t> ids = tokenizer->Encode(text, add_special, parse_special);
   std::string line;
@@ -110,18 +71,22 @@ int RunTokenizeCommand(int argc, char** argv) {
 }
 
 int RunDetokenizeCommand(int argc, char** argv) {
-  Arguments args;
+  std::string model_path;
+  std::vector<std::string> id_args;
   bool skip_special = false;
-  bool ok = ParseArguments(argc, argv, &args) && !args.positional.empty();
-  for (const std::string& flag : args.flags) {
-    if (flag == "--skip-special") {
-      skip_special = true;
-    } else {
-      ok = false;
-    }
-  }
+  cli::CommandLine command_line("loom detokenize",
+                                "loom detokenize --model PATH IDS...: print the text of token "
+                                "ids (separated by spaces or commas)");
+  CLI::App& app = command_line.app();
+  cli::AddString(app, "--model", model_path, "the model whose tokenizer is used; required");
+  app.add_option("ids", id_args, "the token ids")->required();
+  cli::AddBool(app, "--skip-special", skip_special,
+               "leave out control tokens such as <|im_end|>");
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  if (model_path.empty()) return command_line.Fail("--model is required");
+  bool ok = true;
   std::vector<int32_t> ids;
-  for (const std::string& arg : args.positional) {
+  for (const std::string& arg : id_args) {
     for (absl::string_view field : absl::StrSplit(arg, absl::ByAnyChar(", "), absl::SkipEmpty())) {
       int32_t id = 0;
       if (!absl::SimpleAtoi(field, &id)) {
@@ -132,11 +97,8 @@ int RunDetokenizeCommand(int argc, char** argv) {
       ids.push_back(id);
     }
   }
-  if (!ok) {
-    std::fputs(kDetokenizeUsage, stderr);
-    return 2;
-  }
-  auto tokenizer = LoadTokenizer(args.model_path, "detokenize");
+  if (!ok) return 2;
+  auto tokenizer = LoadTokenizer(model_path, "detokenize");
   if (tokenizer == nullptr) return 1;
   auto text = tokenizer->Decode(ids, skip_special);
   if (!text.ok()) {
