@@ -118,6 +118,19 @@ absl::StatusOr<bool> CommandLine::TryParse(std::vector<std::string> args) {
     return true;
   } catch (const CLI::CallForAllHelp&) {
     return true;
+  } catch (const CLI::ExtrasError& error) {
+    // Most often a boolean given a value it does not know (`--cuda-graphs maybe`): name it.
+    for (size_t i = 0; i + 1 < joined.size(); ++i) {
+      const CLI::Option* option = joined[i].rfind("--", 0) == 0
+                                      ? app_.get_option_no_throw(joined[i])
+                                      : nullptr;
+      if (option != nullptr && IsBoolFlag(option) && joined[i + 1].rfind("-", 0) != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: unexpected value '%s' (a boolean: %s, --no-%s, or %s=on|off)", joined[i],
+            joined[i + 1], joined[i], joined[i].substr(2), joined[i]));
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrReplaceAll(error.what(), {{"\n", " "}}));
   } catch (const CLI::ParseError& error) {
     return absl::InvalidArgumentError(absl::StrReplaceAll(error.what(), {{"\n", " "}}));
   }
@@ -133,7 +146,7 @@ bool AnyDeclared(const CLI::App& app, const std::string& names) {
 
 int CommandLine::Fail(const std::string& message) const {
   std::string line = absl::StrReplaceAll(message, {{"\n", " "}});
-  std::fprintf(stderr, "%s: error: %s (see %s --help)\n", name_.c_str(), line.c_str(),
+  std::fprintf(stderr, "%s: error: %s (usage: %s --help)\n", name_.c_str(), line.c_str(),
                name_.c_str());
   return 2;
 }

@@ -84,20 +84,16 @@ int RunDetokenizeCommand(int argc, char** argv) {
                "leave out control tokens such as <|im_end|>");
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
   if (model_path.empty()) return command_line.Fail("--model is required");
-  bool ok = true;
   std::vector<int32_t> ids;
   for (const std::string& arg : id_args) {
     for (absl::string_view field : absl::StrSplit(arg, absl::ByAnyChar(", "), absl::SkipEmpty())) {
       int32_t id = 0;
       if (!absl::SimpleAtoi(field, &id)) {
-        std::fprintf(stderr, "loom detokenize: '%s' is not a token id\n",
-                     std::string(field).c_str());
-        ok = false;
+        return command_line.Fail("'" + std::string(field) + "' is not a token id");
       }
       ids.push_back(id);
     }
   }
-  if (!ok) return 2;
   auto tokenizer = LoadTokenizer(model_path, "detokenize");
   if (tokenizer == nullptr) return 1;
   auto text = tokenizer->Decode(ids, skip_special);

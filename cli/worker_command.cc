@@ -57,7 +57,7 @@ int Fail(const absl::Status& status) {
 }
 
 int UsageError(const std::string& message) {
-  std::fprintf(stderr, "loom-worker: error: %s (see loom-worker --help)\n", message.c_str());
+  std::fprintf(stderr, "loom-worker: error: %s (usage: loom-worker --help)\n", message.c_str());
   return 2;
 }
 

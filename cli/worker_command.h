@@ -7,7 +7,7 @@ namespace loom::worker {
 /// registers with the coordinator and heartbeats until SIGTERM/SIGINT. Prints
 /// "loom-worker: listening on HOST:PORT" on stdout once serving. Returns the exit code:
 /// 0 after a signal, 1 on a runtime failure (model, bind, refused by the coordinator),
-/// 2 on a bad command line. Flags: see kWorkerUsage (worker/worker_options.h).
+/// 2 on a bad command line. Flags: `loom-worker --help` (cli/worker_options.cc, AddWorkerFlags).
 int RunWorkerCommand(int argc, char** argv);
 
 }  // namespace loom::worker
