@@ -55,6 +55,9 @@ pid_t SpawnWorker(const std::string& binary, const std::vector<std::string>& arg
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // `loom up` read the config file and passes its worker flags on the command line; the
+    // file's other keys (serve flags) are no worker flags.
+    unsetenv("LOOM_CONFIG");
     if (getppid() != parent) _exit(1);
     execvp(argv[0], argv.data());
     _exit(127);
