@@ -24,6 +24,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -32,6 +33,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from conftest import BUILD_DIR  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
 import llama_reference as ref  # noqa: E402
 
 LOOM_BIN = BUILD_DIR / "coordinator" / "loom"
