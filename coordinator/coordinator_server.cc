@@ -18,163 +18,6 @@
 
 namespace loom::coordinator {
 
-const char kServeFlagsHelp[] =
-    "  --served-model-name NAME     the model id clients use (default: the file's stem)\n"
-    "  --generation-config auto|vllm  auto (default): generation_config.json's sampling\n"
-    "                               parameters are the defaults of requests that leave them\n"
-    "                               unset; vllm: the API's own defaults only\n"
-    "  --host ADDR                  listen address (default 127.0.0.1)\n"
-    "  --grpc-port N                gRPC port (default 50051; 0: any free port)\n"
-    "  --http-port N                OpenAI-compatible HTTP port (default 8000; 0: any free "
-    "port; -1: off)\n"
-    "  --http-threads N             HTTP handler threads: open requests served at once "
-    "(default 512)\n"
-    "  --max-num-seqs N             running sequences per replica (default 256)\n"
-    "  --max-num-batched-tokens N   tokens per step (default 512)\n"
-    "  --max-waiting N              waiting requests per replica before RESOURCE_EXHAUSTED "
-    "(default 1024)\n"
-    "  --max-plans-in-flight 1|2    step plans sent ahead of results (default 2)\n"
-    "  --stream-interval-ms MS      a stream's messages go out at most once per MS (the "
-    "first\n"
-    "                               and the last at once); tokens that come sooner share "
-    "the\n"
-    "                               next message. 0: one per step (default 10)\n"
-    "  --step-timeout-ms MS         no-progress timeout: a worker whose running step reports\n"
-    "                               no progress for this long is stuck (default 30000; the\n"
-    "                               limit grows with the step's expected time per unit of\n"
-    "                               progress; a step that progresses is never cut off)\n"
-    "  --heartbeat-timeout-ms MS    a worker silent this long is dead (default 5000)\n"
-    "  --drain-timeout-s S          on SIGTERM, wait this long for requests (default 30)\n"
-    "  --prefix-caching on|off      reuse cached KV blocks of shared prefixes (default on)\n"
-    "  --speculative-tokens K       speculative decoding (n-gram lookup, or the worker's draft\n"
-    "                               model): drafts per step at most, 0 = off (default 0);\n"
-    "                               requests override with num_speculative_tokens\n"
-    "  --speculative-adaptive on|off  pick each step's drafts from the measured acceptance\n"
-    "                               and step cost, off when it does not pay (default on)\n"
-    "  --routing POLICY             prefix (default), round-robin or least-loaded\n"
-    "  --router-load-weight W       prefix routing: score weight per token of load (default "
-    "0.5)\n"
-    "  --router-balance-threshold N prefix routing: load (tokens) above the least-loaded "
-    "replica\n"
-    "                               past which load wins (default 4096)\n"
-    "  --api-key KEY                clients must send 'Authorization: Bearer KEY' (HTTP) or\n"
-    "                               that metadata (gRPC Inference); repeatable (any one\n"
-    "                               works). Also LOOM_API_KEY. /health, /ready, /metrics and\n"
-    "                               the workers' RPCs stay open (default: no key)\n"
-    "  --api-key-file FILE          API keys, one per line ('#' comments); repeatable\n"
-    "  --ssl-certfile FILE          serve HTTPS on the HTTP port with this PEM certificate\n"
-    "                               (chain) and --ssl-keyfile's PEM private key\n"
-    "  --ssl-keyfile FILE           the certificate's private key (PEM)\n"
-    "  --debug-colliding-block-hashes on|off  tests only: all prefix-cache block hashes\n"
-    "                               collide; hits are still verified (default off)\n";
-
-bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOptions& options,
-                    std::string& error) {
-  int64_t number = 0;
-  auto need_number = [&](int64_t min, int64_t max) {
-    if (!absl::SimpleAtoi(value, &number) || number < min || number > max) {
-      error = absl::StrFormat("%s needs an integer in [%d, %d], got '%s'", flag, min, max, value);
-      return false;
-    }
-    return true;
-  };
-  ReplicaOptions& replica = options.cluster.replica;
-  if (flag == "--model") {
-    options.model_path = value;
-  } else if (flag == "--served-model-name") {
-    if (value.empty()) {
-      error = "--served-model-name needs a non-empty name";
-      return true;
-    }
-    options.served_model_name = value;
-  } else if (flag == "--generation-config") {
-    if (value != "auto" && value != "vllm") {
-      error = absl::StrFormat("--generation-config must be auto or vllm, got '%s'", value);
-      return true;
-    }
-    options.model_sampling_defaults = value == "auto";
-  } else if (flag == "--host") {
-    options.host = value;
-  } else if (flag == "--grpc-port") {
-    if (need_number(0, 65535)) options.grpc_port = static_cast<int>(number);
-  } else if (flag == "--http-port") {
-    if (need_number(-1, 65535)) options.http.port = static_cast<int>(number);
-  } else if (flag == "--http-threads") {
-    if (need_number(1, 1 << 16)) options.http.threads = static_cast<int>(number);
-  } else if (flag == "--max-num-seqs") {
-    if (need_number(1, 1 << 16)) replica.max_num_seqs = static_cast<int32_t>(number);
-  } else if (flag == "--max-num-batched-tokens") {
-    if (need_number(1, 1 << 20)) replica.max_num_batched_tokens = number;
-  } else if (flag == "--max-waiting") {
-    if (need_number(0, 1 << 24)) replica.max_waiting = number;
-  } else if (flag == "--max-plans-in-flight") {
-    if (need_number(1, 2)) replica.max_plans_in_flight = static_cast<int>(number);
-  } else if (flag == "--stream-interval-ms") {
-    if (need_number(0, 10000)) options.stream_interval = absl::Milliseconds(number);
-  } else if (flag == "--step-timeout-ms") {
-    if (need_number(1, 3600000)) replica.liveness.no_progress_timeout = absl::Milliseconds(number);
-  } else if (flag == "--heartbeat-timeout-ms") {
-    if (need_number(1, 3600000)) options.cluster.heartbeat_timeout = absl::Milliseconds(number);
-  } else if (flag == "--drain-timeout-s") {
-    if (need_number(0, 86400)) options.drain_timeout = absl::Seconds(number);
-  } else if (flag == "--prefix-caching") {
-    // A value (not a bare --no-prefix-caching) because the CLIs take every flag as a pair.
-    if (value == "on" || value == "off") {
-      replica.enable_prefix_caching = value == "on";
-    } else {
-      error = absl::StrFormat("--prefix-caching needs on or off, got '%s'", value);
-    }
-  } else if (flag == "--speculative-tokens") {
-    if (need_number(0, common::kMaxSpeculativeTokens)) {
-      replica.speculation.num_speculative_tokens = static_cast<int32_t>(number);
-    }
-  } else if (flag == "--speculative-adaptive") {
-    if (value == "on" || value == "off") {
-      replica.speculation.adaptive = value == "on";
-    } else {
-      error = absl::StrFormat("--speculative-adaptive needs on or off, got '%s'", value);
-    }
-  } else if (flag == "--routing") {
-    absl::StatusOr<RoutingPolicy> policy = ParseRoutingPolicy(value);
-    if (policy.ok()) {
-      options.cluster.router.policy = *policy;
-    } else {
-      error = std::string(policy.status().message());
-    }
-  } else if (flag == "--router-load-weight") {
-    double weight = 0;
-    if (absl::SimpleAtod(value, &weight) && weight >= 0 && weight <= 1000) {
-      options.cluster.router.load_weight = weight;
-    } else {
-      error = absl::StrFormat("--router-load-weight needs a number in [0, 1000], got '%s'", value);
-    }
-  } else if (flag == "--debug-colliding-block-hashes") {
-    if (value == "on" || value == "off") {
-      options.debug_colliding_block_hashes = value == "on";
-    } else {
-      error = absl::StrFormat("--debug-colliding-block-hashes needs on or off, got '%s'", value);
-    }
-  } else if (flag == "--api-key") {
-    // The value is never echoed: errors, logs and help name the flag only.
-    if (value.empty()) {
-      error = "--api-key needs a non-empty key";
-    } else {
-      options.api_keys.push_back(value);
-    }
-  } else if (flag == "--api-key-file") {
-    options.api_key_files.push_back(value);
-  } else if (flag == "--ssl-certfile") {
-    options.http.ssl_certfile = value;
-  } else if (flag == "--ssl-keyfile") {
-    options.http.ssl_keyfile = value;
-  } else if (flag == "--router-balance-threshold") {
-    if (need_number(0, int64_t{1} << 40)) options.cluster.router.balance_threshold_tokens = number;
-  } else {
-    return false;
-  }
-  return true;
-}
-
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServeOptions& options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
@@ -187,6 +30,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!config.ok()) return config.status();
   server->config_ = *std::move(config);
   if (!options.model_sampling_defaults) server->config_.sampling_defaults = {};
+  if (options.max_model_len > 0) {
+    if (options.max_model_len > server->config_.context_length) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--max-model-len %d is longer than the model's context length %d",
+          options.max_model_len, server->config_.context_length));
+    }
+    server->config_.context_length = options.max_model_len;
+  }
   auto tokenizer = common::Tokenizer::FromGguf(*server->gguf_);
   if (!tokenizer.ok()) return tokenizer.status();
   server->tokenizer_ = *std::move(tokenizer);

@@ -40,14 +40,12 @@ struct ServeOptions {
   // --generation-config auto|vllm (vLLM's): auto applies the model's generation_config.json
   // sampling defaults to requests that leave a field unset; vllm ignores them.
   bool model_sampling_defaults = true;
+  // The context length served (prompt + generated tokens), at most the model's; 0: the
+  // model's own (--max-model-len).
+  int64_t max_model_len = 0;
 };
 
-/// Parses one `loom serve` flag (also accepted by `loom up`). Returns false when `flag`
-/// is not a serve flag; sets `error` when its value is bad.
-bool ParseServeFlag(const std::string& flag, const std::string& value, ServeOptions& options,
-                    std::string& error);
-/// Help text for the serve flags.
-extern const char kServeFlagsHelp[];
+/// The coordinator's command-line flags are declared in cli/serve_flags.h.
 
 /// The coordinator process: the model's tokenizer and configuration, the Cluster, and the
 /// gRPC server (Inference for clients, Coordinator for workers, grpc.health.v1 and

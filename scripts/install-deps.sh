@@ -14,6 +14,8 @@ apt_packages=(
   # self-signed certificate of tests/http/api_keys_test.py.
   libssl-dev openssl
   libutf8proc-dev
+  # cli/: the command-line parser (CLI11, header-only) and --config's YAML reader.
+  libcli11-dev libyaml-cpp-dev
   prometheus
   clang libclang-rt-14-dev
   python3 python3-venv

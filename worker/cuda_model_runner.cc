@@ -1056,7 +1056,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Finish(
   int64_t num_blocks = options.num_kv_blocks;
   size_t free_bytes = 0, total_bytes = 0;
   LOOM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (num_blocks == 0) {
+  if (num_blocks == 0 && options.gpu_memory_utilization > 0) {
+    const double allowed = static_cast<double>(total_bytes) * options.gpu_memory_utilization;
+    const double used = static_cast<double>(total_bytes - free_bytes);
+    num_blocks = static_cast<int64_t>(std::max(0.0, allowed - used)) / block_bytes - 1;
+  } else if (num_blocks == 0) {
     num_blocks =
         static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_memory_fraction) /
             block_bytes -

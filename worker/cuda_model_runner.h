@@ -22,6 +22,10 @@ struct CudaRunnerOptions {
   // the weights, activations and workspaces are allocated.
   int64_t num_kv_blocks = 0;
   double kv_memory_fraction = 0.9;  // in (0, 1]; used when num_kv_blocks is 0
+  // In (0, 1] when set: used instead of kv_memory_fraction, the pool takes what is left of
+  // this fraction of the device's TOTAL memory once the weights are loaded (vLLM's
+  // --gpu-memory-utilization); 0: unset.
+  double gpu_memory_utilization = 0;
   int64_t block_size = 16;          // tokens per KV block, in [1, 1024]
   // Weights and activations: F16 or BF16 (F32 accumulation in every GEMM and kernel).
   kernels::cuda::DataType dtype = kernels::cuda::DataType::kF16;

@@ -352,7 +352,7 @@ def test_coordinator_ports_and_probes_match_what_it_serves(rendered):
     c = container(deployment, "coordinator")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": int(flag_value(c["args"], "--grpc-port")),
-                     "http": int(flag_value(c["args"], "--http-port"))}
+                     "http": int(flag_value(c["args"], "--port"))}
     assert ports == {"grpc": 50051, "http": 8000}
     assert flag_value(c["args"], "--host") == "0.0.0.0"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

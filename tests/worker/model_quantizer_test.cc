@@ -19,7 +19,7 @@
 #include "worker/gloo_communicator.h"
 #include "worker/model_runner.h"
 #include "worker/model_weights.h"
-#include "worker/quantize_command.h"
+#include "cli/quantize_command.h"
 #include "worker/quantized_gguf.h"
 
 namespace loom::worker {

@@ -1,0 +1,40 @@
+#include "cli/serve_command.h"
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "cli/command_line.h"
+#include "cli/serve_flags.h"
+#include "coordinator/coordinator_server.h"
+
+namespace loom::coordinator {
+
+int RunServeCommand(int argc, char** argv) {
+  ServeOptions options;
+  cli::CommandLine command_line("loom serve",
+                                "loom serve MODEL: run the coordinator alone (workers register "
+                                "with it: loom-worker --coordinator HOST:GRPC_PORT)");
+  cli::AddServeFlags(command_line.app(), options);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
+  if (options.model_path.empty()) return command_line.Fail("the model is required (MODEL or --model)");
+  CoordinatorServer::BlockShutdownSignals();
+  auto server = CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "loom serve: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
+  if ((*server)->http_port() > 0) {
+    std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
+                (*server)->options().http.ssl_certfile.empty() ? "http" : "https",
+                (*server)->options().host.c_str(), (*server)->http_port());
+  }
+  std::fflush(stdout);
+  const int signal = (*server)->WaitForShutdownSignal(nullptr);
+  std::fprintf(stderr, "loom: %s: draining\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  (*server)->DrainAndStop();
+  return 0;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,118 @@
+#include "cli/serve_flags.h"
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "cli/command_line.h"
+#include "common/sampling_params.h"
+
+namespace loom::cli {
+namespace {
+
+// A duration flag in whole `unit`s, shown with its default.
+CLI::Option* AddDuration(CLI::App& app, const std::string& names, absl::Duration& value,
+                         absl::Duration unit, int64_t min, int64_t max, const std::string& help) {
+  return app
+      .add_option_function<int64_t>(
+          names, [&value, unit](const int64_t& count) { value = unit * count; }, help)
+      ->check(IntegerIn(min, max))
+      ->default_str(std::to_string(absl::ToInt64Nanoseconds(value) /
+                                   absl::ToInt64Nanoseconds(unit)));
+}
+
+}  // namespace
+
+void AddServeFlags(CLI::App& app, coordinator::ServeOptions& options) {
+  coordinator::ReplicaOptions& replica = options.cluster.replica;
+  AddString(app, "model,--model", options.model_path,
+            "the model: a GGUF file or a Hugging Face directory (first positional argument or "
+            "--model); required");
+  AddString(app, "--served-model-name", options.served_model_name,
+            "the model id clients use (default: the file's stem)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("needs a non-empty name") : ""; },
+          "NAME"));
+  app.add_option_function<std::string>(
+         "--generation-config",
+         [&options](const std::string& mode) { options.model_sampling_defaults = mode == "auto"; },
+         "auto: generation_config.json's sampling parameters are the defaults of requests that "
+         "leave them unset; vllm: the API's own defaults only")
+      ->check(OneOf({"auto", "vllm"}))
+      ->default_str(options.model_sampling_defaults ? "auto" : "vllm");
+  AddString(app, "--host", options.host, "listen address of the gRPC and HTTP servers");
+  AddInt(app, "--port,--http-port", options.http.port, -1, 65535,
+         "the OpenAI-compatible HTTP port (0: any free port; -1: off)");
+  AddInt(app, "--grpc-port", options.grpc_port, 0, 65535, "the gRPC port (0: any free port)");
+  AddInt(app, "--http-threads", options.http.threads, 1, 1 << 16,
+         "HTTP handler threads: open requests served at once");
+  AddInt(app, "--max-model-len", options.max_model_len, 0, int64_t{1} << 30,
+         "the context length served: prompt + generated tokens per sequence (0: the model's "
+         "own); larger than the model's is refused");
+  AddInt(app, "--max-num-seqs", replica.max_num_seqs, 1, 1 << 16,
+         "running sequences per replica");
+  AddInt(app, "--max-num-batched-tokens", replica.max_num_batched_tokens, 1, 1 << 20,
+         "tokens per step");
+  AddInt(app, "--max-waiting", replica.max_waiting, 0, 1 << 24,
+         "waiting requests per replica before RESOURCE_EXHAUSTED");
+  AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 2,
+         "step plans sent ahead of results");
+  AddDuration(app, "--stream-interval-ms", options.stream_interval, absl::Milliseconds(1), 0,
+              10000,
+              "a stream's messages go out at most once per MS (the first and the last at once); "
+              "0: one per step");
+  AddDuration(app, "--step-timeout-ms", replica.liveness.no_progress_timeout,
+              absl::Milliseconds(1), 1, 3600000,
+              "no-progress timeout: a worker whose running step reports no progress for this "
+              "long is stuck (the limit grows with the step's expected time per unit of "
+              "progress)");
+  AddDuration(app, "--heartbeat-timeout-ms", options.cluster.heartbeat_timeout,
+              absl::Milliseconds(1), 1, 3600000, "a worker silent this long is dead");
+  AddDuration(app, "--drain-timeout-s", options.drain_timeout, absl::Seconds(1), 0, 86400,
+              "on SIGTERM, wait this long for requests in flight");
+  app.add_flag("--enable-prefix-caching,--prefix-caching,!--no-enable-prefix-caching,"
+               "!--no-prefix-caching",
+               replica.enable_prefix_caching,
+               std::string("reuse cached KV blocks of shared prefixes (default: ") +
+                   (replica.enable_prefix_caching ? "on)" : "off)"));
+  AddInt(app, "--speculative-tokens,--num-speculative-tokens",
+         replica.speculation.num_speculative_tokens, 0, common::kMaxSpeculativeTokens,
+         "speculative decoding (n-gram lookup, or the worker's draft model): drafts per step "
+         "at most, 0 = off; requests override with num_speculative_tokens");
+  AddBool(app, "--speculative-adaptive", replica.speculation.adaptive,
+          "pick each step's drafts from the measured acceptance and step cost, off when it "
+          "does not pay");
+  app.add_option_function<std::string>(
+         "--routing",
+         [&options](const std::string& name) {
+           options.cluster.router.policy = *coordinator::ParseRoutingPolicy(name);
+         },
+         "how requests are placed on replicas")
+      ->check(OneOf({"prefix", "round-robin", "least-loaded"}))
+      ->default_str(std::string(coordinator::RoutingPolicyName(options.cluster.router.policy)));
+  AddNumber(app, "--router-load-weight", options.cluster.router.load_weight, 0, 1000,
+            "prefix routing: score weight per token of load");
+  AddInt(app, "--router-balance-threshold", options.cluster.router.balance_threshold_tokens, 0,
+         int64_t{1} << 40,
+         "prefix routing: load (tokens) above the least-loaded replica past which load wins");
+  app.add_flag_callback("--disable-log-requests", [] {},
+                        "accepted for vLLM compatibility: Loom does not log requests "
+                        "(default: off)");
+  app.add_option("--api-key", options.api_keys,
+                 "clients must send 'Authorization: Bearer KEY' (HTTP) or the same "
+                 "'authorization' metadata (gRPC); repeatable, any of them works; /health, "
+                 "/ready and /metrics stay open")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("needs a non-empty key") : ""; },
+          "KEY"))
+      ->default_str("none");
+  app.add_option("--api-key-file", options.api_key_files,
+                 "API keys, one per line ('#' comments); repeatable")
+      ->default_str("none");
+  AddString(app, "--ssl-certfile", options.http.ssl_certfile,
+            "serve HTTPS on the HTTP port with this PEM certificate (chain) and --ssl-keyfile");
+  AddString(app, "--ssl-keyfile", options.http.ssl_keyfile, "the certificate's private key (PEM)");
+  AddBool(app, "--debug-colliding-block-hashes", options.debug_colliding_block_hashes,
+          "tests only: all prefix-cache block hashes collide; hits are still verified");
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,224 @@
+#include "cli/up_command.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/command_line.h"
+#include "cli/serve_flags.h"
+#include "coordinator/coordinator_server.h"
+
+namespace loom::coordinator {
+namespace {
+
+// The loom-worker next to this binary (build tree: ../worker/loom-worker; installed:
+// same directory), else LOOM_WORKER_BIN, else PATH.
+std::string FindWorkerBinary() {
+  if (const char* env = std::getenv("LOOM_WORKER_BIN"); env != nullptr && *env) return env;
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len > 0) {
+    self[len] = '\0';
+    std::string dir(self);
+    dir = dir.substr(0, dir.rfind('/'));
+    for (const std::string& candidate : {dir + "/../worker/loom-worker", dir + "/loom-worker"}) {
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+  }
+  return "loom-worker";
+}
+
+pid_t SpawnWorker(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(binary.c_str()));
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // The child: default signal mask (the coordinator blocks SIGTERM/SIGINT for
+    // sigtimedwait), and die with the parent so no worker outlives `loom up`.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // `loom up` read the config file and passes its worker flags on the command line; the
+    // file's other keys (serve flags) are no worker flags.
+    unsetenv("LOOM_CONFIG");
+    if (getppid() != parent) _exit(1);
+    execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void StopWorkers(std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t pid : pids) {
+    while (true) {
+      const pid_t done = waitpid(pid, nullptr, WNOHANG);
+      if (done == pid || done < 0) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  pids.clear();
+}
+
+}  // namespace
+
+const char* const kUpOwnedWorkerFlags[] = {"model", "coordinator", "replica-id", "rank",
+                                            "world-size", "rendezvous-id", "threads",
+                                            "drain-timeout-s", nullptr};
+
+std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options) {
+  cli::CommandLine command_line(
+      "loom up", "loom up MODEL: a coordinator and its workers on this machine (every serve and "
+                 "worker flag applies)");
+  CLI::App& app = command_line.app();
+  cli::AddServeFlags(app, options.serve);
+  cli::AddInt(app, "--data-parallel-size,--replicas", options.replicas, 1, 256,
+              "data-parallel replicas, each its own worker processes");
+  cli::AddInt(app, "--tensor-parallel-size,--tensor-parallel,--workers", options.workers, 1, 256,
+              "ranks (worker processes) per replica, joined by gloo (also -tp)");
+  command_line.AddArgumentAlias("-tp", "--tensor-parallel-size");
+  cli::AddInt(app, "--threads", options.threads, 0, 1024,
+              "CPU threads per worker (0: cores / workers)");
+  cli::AddString(app, "--worker-binary", options.worker_binary,
+                 "the loom-worker to start (default: next to loom, else LOOM_WORKER_BIN, else "
+                 "PATH)");
+  app.add_flag("--print-worker-commands", options.print_worker_commands,
+               "tests: print each worker's command line and exit (default: off)");
+  std::set<std::string> owned;
+  for (const char* const* name = kUpOwnedWorkerFlags; *name != nullptr; ++name) {
+    owned.insert(*name);
+  }
+  const std::vector<std::string> worker_names =
+      worker::AddWorkerFlags(app, options.worker, owned);
+  if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
+  if (options.serve.model_path.empty()) {
+    return command_line.Fail("the model is required (MODEL or --model)");
+  }
+  // Forward by declaration: every worker flag given any way reaches the workers.
+  for (const std::string& name : worker_names) {
+    if (owned.count(name) > 0) continue;
+    const CLI::Option* option = app.get_option_no_throw("--" + name);
+    if (option == nullptr || option->count() == 0) continue;
+    options.worker_flags.push_back("--" + name + "=" + option->as<std::string>());
+  }
+  if (options.threads == 0) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    options.threads = std::max(1, cores / (options.replicas * options.workers));
+  }
+  if (options.worker_binary.empty()) options.worker_binary = FindWorkerBinary();
+  return std::nullopt;
+}
+
+std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
+                                                     const std::string& coordinator,
+                                                     const std::string& rendezvous_id) {
+  std::vector<std::vector<std::string>> commands;
+  for (int r = 0; r < options.replicas; ++r) {
+    for (int rank = 0; rank < options.workers; ++rank) {
+      std::vector<std::string> args = {"--model",       options.serve.model_path,
+                                       "--coordinator", coordinator,
+                                       "--replica-id",  absl::StrFormat("replica-%d", r),
+                                       "--threads",     std::to_string(options.threads)};
+      if (options.workers > 1) {
+        args.insert(args.end(), {"--world-size", std::to_string(options.workers), "--rank",
+                                 std::to_string(rank), "--rendezvous-id", rendezvous_id});
+      }
+      args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
+      commands.push_back(std::move(args));
+    }
+  }
+  return commands;
+}
+
+int RunUpCommand(int argc, char** argv) {
+  UpOptions options;
+  if (std::optional<int> exit_code = ParseUpCommandLine(argc, argv, options)) return *exit_code;
+  if (options.print_worker_commands) {
+    for (const std::vector<std::string>& command :
+         WorkerCommands(options, "COORDINATOR", "RENDEZVOUS")) {
+      std::printf("%s %s\n", options.worker_binary.c_str(), absl::StrJoin(command, " ").c_str());
+    }
+    return 0;
+  }
+  CoordinatorServer::BlockShutdownSignals();
+  auto server = CoordinatorServer::Start(options.serve);
+  if (!server.ok()) {
+    std::fprintf(stderr, "loom up: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
+  if ((*server)->http_port() > 0) {
+    std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
+                (*server)->options().http.ssl_certfile.empty() ? "http" : "https",
+                (*server)->options().host.c_str(), (*server)->http_port());
+  }
+  std::fflush(stdout);
+
+  std::vector<pid_t> workers;
+  const std::string coordinator = absl::StrFormat("127.0.0.1:%d", (*server)->port());
+  // The ranks of one start share a rendezvous id, so a later start never meets the
+  // addresses an earlier one left in the coordinator's store.
+  const std::string rendezvous_id = absl::StrFormat("%d-%d", getpid(), (*server)->port());
+  for (const std::vector<std::string>& args :
+       WorkerCommands(options, coordinator, rendezvous_id)) {
+    const pid_t pid = SpawnWorker(options.worker_binary, args);
+    if (pid < 0) {
+      std::fprintf(stderr, "loom up: cannot start %s\n", options.worker_binary.c_str());
+      StopWorkers(workers);
+      return 1;
+    }
+    workers.push_back(pid);
+  }
+
+  bool announced = false;
+  int exited = 0;
+  const int signal = (*server)->WaitForShutdownSignal([&] {
+    if (!announced && (*server)->cluster().num_healthy() == options.replicas) {
+      announced = true;
+      std::printf("loom: ready (%d replicas)\n", options.replicas);
+      std::fflush(stdout);
+    }
+    // Reap workers that exited on their own (the coordinator keeps serving with the rest).
+    for (pid_t& pid : workers) {
+      int status = 0;
+      if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid) {
+        std::fprintf(stderr, "loom up: worker %d exited (%s %d)\n", pid,
+                     WIFEXITED(status) ? "status" : "signal",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        pid = -1;
+        ++exited;
+      }
+    }
+  });
+  std::fprintf(stderr, "loom up: %s: draining, then stopping %zu workers\n",
+               signal == SIGINT ? "SIGINT" : "SIGTERM", workers.size() - exited);
+  (*server)->DrainAndStop();
+  std::erase_if(workers, [](pid_t pid) { return pid <= 0; });
+  StopWorkers(workers);
+  return 0;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,44 @@
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/worker_options.h"
+#include "coordinator/coordinator_server.h"
+
+namespace loom::coordinator {
+
+/// `loom up`'s command line: the serve flags, its own, and the worker's flags (declared by
+/// worker::AddWorkerFlags, so a new worker flag is accepted and forwarded without edits).
+struct UpOptions {
+  ServeOptions serve;
+  int replicas = 1;  // --data-parallel-size, --replicas
+  int workers = 1;   // --tensor-parallel-size, -tp, --tensor-parallel, --workers
+  int threads = 0;   // per worker; 0: cores / workers
+  std::string worker_binary;
+  worker::WorkerOptions worker;  // the worker flags' values (forwarded as given, not from here)
+  // Every worker flag set (command line, environment or --config) as `--name=value`,
+  // passed to every worker.
+  std::vector<std::string> worker_flags;
+  bool print_worker_commands = false;  // tests: print the workers' argv and exit
+};
+
+/// The worker flags `loom up` sets per worker itself (not accepted from its command line).
+extern const char* const kUpOwnedWorkerFlags[];
+
+/// Parses `loom up`'s argv (argv[0] is "up"). Returns nullopt to go on, or the exit code
+/// after printing help (0) or one error line (2).
+std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options);
+
+/// The argv (without the binary) of each worker process, replica-major.
+std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
+                                                     const std::string& coordinator,
+                                                     const std::string& rendezvous_id);
+
+/// `loom up MODEL [--data-parallel-size R] [--tensor-parallel-size T] [serve and worker
+/// flags]`: a coordinator and its workers on this machine (R x T `loom-worker`
+/// processes). Ctrl-C / SIGTERM drains, then stops the workers.
+int RunUpCommand(int argc, char** argv);
+
+}  // namespace loom::coordinator

@@ -1,0 +1,316 @@
+#include "cli/worker_options.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "cli/command_line.h"
+#include "kernels/cuda_device.h"
+
+namespace loom::worker {
+
+using cli::AddBool;
+using cli::AddInt;
+using cli::AddNumber;
+using cli::AddString;
+using cli::AnyDeclared;
+using cli::CommandLine;
+using cli::HostPort;
+using cli::OneOf;
+
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  size_t number_end = 0;
+  while (number_end < trimmed.size() &&
+         (std::isdigit(static_cast<unsigned char>(trimmed[number_end])) ||
+          trimmed[number_end] == '.')) {
+    ++number_end;
+  }
+  double number = 0;
+  if (number_end == 0 || !absl::SimpleAtod(trimmed.substr(0, number_end), &number)) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not a byte size", text));
+  }
+  const std::string suffix = absl::AsciiStrToLower(trimmed.substr(number_end));
+  double scale = 0;
+  if (suffix.empty() || suffix == "b") {
+    scale = 1;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    scale = 1024.0;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    scale = 1024.0 * 1024;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (suffix == "t" || suffix == "tb" || suffix == "tib") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'%s': unknown size suffix '%s' (use B, KiB, MiB, GiB or TiB)", text, suffix));
+  }
+  const double bytes = number * scale;
+  if (!std::isfinite(bytes) || bytes > 4.611686018427388e18) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is too large", text));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("'%s' is not HOST:PORT", address));
+  }
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s': the port must be a number in [0, 65535]", address));
+  }
+  return std::make_pair(std::string(address.substr(0, colon)), port);
+}
+
+absl::StatusOr<int64_t> MemAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
+}
+
+absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options) {
+  if (options.kv_cache_bytes.has_value()) return *options.kv_cache_bytes;
+  if (options.kv_cache_fraction.has_value()) {
+    absl::StatusOr<int64_t> available = MemAvailableBytes();
+    if (!available.ok()) return available.status();
+    return static_cast<int64_t>(static_cast<double>(*available) * *options.kv_cache_fraction);
+  }
+  return int64_t{512} << 20;
+}
+
+absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
+                                          int world_size, int cuda_device_count) {
+  if (device == "cpu") return std::string("cpu");
+  const bool f32_kv = kv_dtype == kernels::cpu::KvDtype::kF32;
+  if (device == "auto") {
+    return std::string(cuda_device_count > 0 && !f32_kv && world_size == 1 ? "cuda" : "cpu");
+  }
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--device: bad value '%s' (cuda, cpu or auto)", device));
+  }
+  if (cuda_device_count == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--device cuda: no usable CUDA device (%s); use --device cpu or auto",
+        kernels::CudaDeviceDescription(0)));
+  }
+  if (f32_kv) {
+    return absl::InvalidArgumentError("--device cuda: --kv-dtype f32 is CPU-only (use f16)");
+  }
+  if (world_size > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--device cuda: tensor parallelism (--world-size %d) is not implemented on CUDA yet",
+        world_size));
+  }
+  return std::string("cuda");
+}
+
+CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
+  return app
+      .add_option_function<std::string>(
+          "--kv-dtype",
+          [&kv_dtype](const std::string& text) {
+            kv_dtype = text == "f32" ? kernels::cpu::KvDtype::kF32 : kernels::cpu::KvDtype::kF16;
+          },
+          "the KV cache's element type")
+      ->check(OneOf({"f16", "f32"}))
+      ->default_str(kv_dtype == kernels::cpu::KvDtype::kF32 ? "f32" : "f16");
+}
+
+CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations) {
+  return app
+      .add_option_function<std::string>(
+          "--activations",
+          [&activations](const std::string& text) {
+            activations = *kernels::cpu::ParseActivationPrecision(text);
+          },
+          "CPU backend, INT8/INT4 weights: f32 keeps each layer's input exact; int8 quantizes "
+          "it per 32 values for integer dot products (faster decode; near-tied greedy choices "
+          "can flip)")
+      ->check(OneOf({"f32", "int8"}))
+      ->default_str("f32");
+}
+
+std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
+                                        const std::set<std::string>& skip) {
+  std::vector<std::string> names;
+  // Declares through `add` unless one of the names is already an option of `app` (loom up
+  // declares --model, --threads, --max-model-len... itself); records the flag's name.
+  auto fresh = [&](const std::string& flag_names) {
+    const std::string first = flag_names.substr(0, flag_names.find(','));
+    names.push_back(first.substr(2));
+    return skip.count(first.substr(2)) == 0 && !AnyDeclared(app, flag_names);
+  };
+  if (fresh("--model")) AddString(app, "--model", options.model_path, "the model (GGUF file or HF directory); required");
+  if (fresh("--coordinator")) {
+    AddString(app, "--coordinator", options.coordinator_address,
+              "the coordinator's gRPC endpoint HOST:PORT; required")
+        ->check(HostPort());
+  }
+  if (fresh("--listen")) {
+    AddString(app, "--listen", options.listen_address,
+              "where the Worker service listens (port 0: any free port)")
+        ->check(HostPort());
+  }
+  if (fresh("--advertise-address")) {
+    AddString(app, "--advertise-address", options.advertise_address,
+              "the address registered with the coordinator (default: the listen host with the "
+              "bound port)")
+        ->check(HostPort());
+  }
+  if (fresh("--replica-id")) {
+    AddString(app, "--replica-id", options.replica_id, "this worker's replica")
+        ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("needs a non-empty id") : std::string(); }, "ID"));
+  }
+  if (fresh("--rank")) {
+    AddInt(app, "--rank", options.rank, 0, 1 << 20,
+           "tensor parallelism: this worker is rank R of --world-size ranks of its replica");
+  }
+  if (fresh("--world-size")) {
+    AddInt(app, "--world-size", options.world_size, 1, 1 << 20,
+           "tensor-parallel ranks of this replica; they meet through the coordinator and each "
+           "loads its shard");
+  }
+  if (fresh("--rendezvous-id")) {
+    AddString(app, "--rendezvous-id", options.rendezvous_id,
+              "the same for every rank of one start of a replica");
+  }
+  if (fresh("--rendezvous-timeout-ms")) {
+    AddInt(app, "--rendezvous-timeout-ms", options.rendezvous_timeout_ms, 1, 86400000,
+           "how long the ranks wait for each other (rendezvous and collectives)");
+  }
+  if (fresh("--noop-engine")) {
+    app.add_flag_callback(
+           "--noop-engine", [&options] { options.backend = "noop"; },
+           "no model math: a no-op engine that answers with placeholder tokens, for "
+           "benchmarking the coordinator (default: off)")
+        ->envname("LOOM_NOOP_ENGINE");
+  }
+  if (fresh("--backend")) {
+    AddString(app, "--backend", options.backend,
+              "old name of --noop-engine: cpu (the model runner on --device) or noop",
+              {"cpu", "noop"});
+  }
+  if (fresh("--device")) {
+    AddString(app, "--device", options.device,
+              "where the model runner runs: cuda, cpu or auto (cuda when a CUDA device is "
+              "present, --kv-dtype is f16 and --world-size is 1)",
+              {"cuda", "cpu", "auto"});
+  }
+  if (fresh("--cuda-graphs")) {
+    AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");
+  }
+  if (fresh("--threads")) {
+    AddInt(app, "--threads", options.num_threads, 1, 1024,
+           "CPU threads (default 0: the hardware concurrency)");
+  }
+  if (fresh("--kv-cache-memory")) {
+    app.add_option_function<std::string>(
+           "--kv-cache-memory",
+           [&options](const std::string& text) { options.kv_cache_bytes = *ParseByteSize(text); },
+           "KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB on cpu)")
+        ->check(CLI::Validator(
+            [](std::string& text) {
+              absl::StatusOr<int64_t> bytes = ParseByteSize(text);
+              return bytes.ok() ? std::string() : std::string(bytes.status().message());
+            },
+            "SIZE"))
+        ->default_str("none");
+  }
+  if (fresh("--kv-cache-fraction")) {
+    AddNumber(app, "--kv-cache-fraction", options.kv_cache_fraction, 1e-6, 1.0,
+              "KV pool budget as a fraction of MemAvailable (cpu) or of the GPU memory free "
+              "after loading the weights (cuda; 0.9 there by default)");
+  }
+  if (fresh("--gpu-memory-utilization")) {
+    AddNumber(app, "--gpu-memory-utilization", options.gpu_memory_utilization, 1e-6, 1.0,
+              "cuda: the fraction of the GPU's TOTAL memory this worker may use (weights, "
+              "activations and KV, as in vLLM); the KV pool gets what the weights leave of it");
+  }
+  if (fresh("--block-size")) {
+    AddInt(app, "--block-size", options.block_size, 1, 1024, "tokens per KV block");
+  }
+  if (fresh("--max-model-len")) {
+    AddInt(app, "--max-model-len", options.max_model_len, 0, int64_t{1} << 30,
+           "refuse to start unless the KV pool holds one sequence of this many tokens (0: off)");
+  }
+  if (fresh("--kv-dtype")) {
+    AddKvDtypeFlag(app, options.kv_dtype);
+  }
+  if (fresh("--quantization")) {
+    AddString(app, "--quantization", options.quantization,
+              "quantize the linear layers at load (round-to-nearest; \"\": as stored)",
+              {"", "int8", "int4"});
+  }
+  if (fresh("--activations")) {
+    AddActivationsFlag(app, options.activations);
+  }
+  if (fresh("--drain-timeout-s")) {
+    AddInt(app, "--drain-timeout-s", options.drain_timeout_s, 0, 86400,
+           "on SIGTERM, ask the coordinator to drain this worker's replica and wait up to S "
+           "seconds before stopping (0: stop at once)");
+  }
+  if (fresh("--metrics-port")) {
+    AddInt(app, "--metrics-port", options.metrics_port, -1, 65535,
+           "serve Prometheus metrics on the listen host at this port (0: any free port; -1: off)");
+  }
+  if (fresh("--draft-model")) {
+    AddString(app, "--draft-model", options.draft_model_path,
+              "speculative decoding proposes with this GGUF (the target's vocabulary) instead "
+              "of n-gram lookup; the coordinator's --speculative-tokens turns speculation on")
+        ->check(CLI::Validator(
+            [](std::string& v) { return v.empty() ? std::string("needs a GGUF path") : ""; },
+            "PATH"));
+  }
+  if (fresh("--debug-step-delay-ms")) {
+    AddInt(app, "--debug-step-delay-ms", options.debug_step_delay_ms, 0, 3600000,
+           "tests only: every step first sleeps MS, reporting progress");
+  }
+  if (fresh("--debug-hang-at-step")) {
+    AddInt(app, "--debug-hang-at-step", options.debug_hang_at_step, 0, int64_t{1} << 40,
+           "tests only: the Nth step stops making progress (0: off)");
+  }
+  return names;
+}
+
+absl::Status CheckWorkerOptions(const WorkerOptions& options) {
+  if (options.model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("--coordinator is required");
+  }
+  const int budgets = options.kv_cache_bytes.has_value() + options.kv_cache_fraction.has_value() +
+                      options.gpu_memory_utilization.has_value();
+  if (budgets > 1) {
+    return absl::InvalidArgumentError(
+        "give one of --kv-cache-memory, --kv-cache-fraction and --gpu-memory-utilization");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv) {
+  WorkerOptions options;
+  CommandLine command_line("loom-worker", "one Loom worker process");
+  AddWorkerFlags(command_line.app(), options);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<bool> help = command_line.TryParse(std::move(args));
+  if (!help.ok()) return help.status();
+  if (absl::Status status = CheckWorkerOptions(options); !status.ok()) return status;
+  return options;
+}
+
+}  // namespace loom::worker

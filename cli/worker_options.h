@@ -1,0 +1,112 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <set>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace loom::worker {
+
+/// The `loom-worker` command line.
+struct WorkerOptions {
+  std::string model_path;                      // --model (required)
+  std::string coordinator_address;             // --coordinator HOST:PORT (required)
+  std::string listen_address = "127.0.0.1:0";  // --listen HOST:PORT; port 0: any free port
+  std::string advertise_address;               // --advertise-address; empty: listen host:bound port
+  std::string replica_id = "replica-0";        // --replica-id
+  int32_t rank = 0;                            // --rank, in [0, world_size)
+  int32_t world_size = 1;                      // --world-size: tensor-parallel ranks
+  // --rendezvous-id: namespaces the ranks' rendezvous keys on the coordinator; every rank
+  // of one replica incarnation passes the same id, a restarted group a new one.
+  std::string rendezvous_id = "0";
+  int rendezvous_timeout_ms = 300000;          // --rendezvous-timeout-ms, also collectives
+  std::string backend = "cpu";                 // --noop-engine, or --backend cpu|noop
+  // --device cuda|cpu|auto: where the model runs (backend cpu); auto picks cuda when a
+  // CUDA device is present and the options allow it (ResolveDevice).
+  std::string device = "auto";
+  bool cuda_graphs = true;                     // --[no-]cuda-graphs (CUDA decode steps)
+  int num_threads = 0;                         // --threads; 0: hardware concurrency
+  std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
+  std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
+  // --gpu-memory-utilization U (cuda): the share of the device's total memory the worker
+  // may use, weights included (vLLM's meaning); the KV pool gets what is left of it.
+  std::optional<double> gpu_memory_utilization;
+  // --max-model-len: the worker refuses to start unless its KV pool holds one sequence of
+  // this many tokens; 0: no such check.
+  int64_t max_model_len = 0;
+  int64_t block_size = 16;                     // --block-size, tokens per KV block
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
+  // --quantization int8|int4: the linear layers quantized at load (loom quantize's
+  // round-to-nearest, default group sizes); "" serves the weights as stored.
+  std::string quantization;
+  // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
+  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
+  // --drain-timeout-s: on SIGTERM, how long the worker waits for the coordinator to drain
+  // its replica (requests in flight finish; none is placed on it) before it stops.
+  int drain_timeout_s = 30;
+  int metrics_port = -1;  // --metrics-port; -1: no metrics endpoint, 0: any free port
+  // --draft-model: a GGUF with the target's vocabulary that proposes speculative drafts
+  // (DraftProposer); empty: n-gram prompt lookup.
+  std::string draft_model_path;
+  // Test-only hooks of the step executor (StepExecutorOptions): --debug-step-delay-ms
+  // sleeps in every step while reporting progress; --debug-hang-at-step N (1-based, 0: off)
+  // stops the Nth step's progress for good.
+  int64_t debug_step_delay_ms = 0;
+  int64_t debug_hang_at_step = 0;
+};
+
+/// Declares the worker's flags on `app`, bound to `options` (`loom-worker` declares them
+/// all; `loom up` declares them too and forwards those set, so a flag added here reaches
+/// `loom up` without edits). A flag whose name `app` already has is left to that
+/// declaration, and so is one named in `skip` (without dashes). Returns every worker
+/// flag's name (without dashes), declared here or not.
+std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
+                                        const std::set<std::string>& skip = {});
+
+/// `--kv-dtype f16|f32` and `--activations f32|int8`, one declaration each for every
+/// command that runs the engine (loom-worker, loom generate, loom perplexity).
+CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype);
+CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations);
+
+/// The checks across flags: --model and --coordinator given, one KV budget at most.
+absl::Status CheckWorkerOptions(const WorkerOptions& options);
+
+/// Parses argv[1..argc) into options (no printing); InvalidArgument with the one-line
+/// message for an unknown flag, a malformed value, or a missing required flag.
+absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv);
+
+/// Bytes from "536870912", "512MiB", "1.5G", "64K"...: suffixes B, K/KB/KiB, M/MB/MiB,
+/// G/GB/GiB, T/TB/TiB (case-insensitive), all powers of 1024. InvalidArgument when
+/// malformed, negative or above 2^62.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
+
+/// Splits "host:port" or "[v6]:port" at the last colon; InvalidArgument without a
+/// numeric port in [0, 65535] or with an empty host.
+absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address);
+
+/// MemAvailable from /proc/meminfo, in bytes; Unavailable where it cannot be read.
+absl::StatusOr<int64_t> MemAvailableBytes();
+
+/// The device a --device value (cuda|cpu|auto) means on a machine with
+/// `cuda_device_count` CUDA devices: "cuda" or "cpu". auto is cuda when a device is present,
+/// the KV dtype is f16 and `world_size` is 1 (the CUDA runner supports neither f32 KV nor
+/// tensor parallelism yet), else cpu. FailedPrecondition naming the reason for cuda on a
+/// machine without a usable device; InvalidArgument for cuda with options the CUDA runner
+/// does not support, or an unknown value. Used by `loom-worker` and `loom generate`.
+absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
+                                          int world_size, int cuda_device_count);
+
+/// The CPU KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
+/// MemAvailable, else 512 MiB. (On CUDA the fraction is of free device memory, see
+/// worker_command.cc.)
+absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options);
+
+}  // namespace loom::worker

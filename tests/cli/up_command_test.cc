@@ -1,0 +1,107 @@
+#include "cli/up_command.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/command_line.h"
+#include "cli/worker_options.h"
+
+namespace loom::coordinator {
+namespace {
+
+// A value each worker flag accepts where its default is not one (unset optionals).
+std::string SampleValue(const CLI::Option& option) {
+  const std::string name = option.get_lnames()[0];
+  if (name == "kv-cache-memory") return "64MiB";
+  if (name == "kv-cache-fraction" || name == "gpu-memory-utilization") return "0.5";
+  if (name == "draft-model") return "draft.gguf";
+  if (name == "quantization") return "int8";
+  if (name == "advertise-address") return "10.0.0.2:7001";
+  if (name == "max-model-len") return "1024";
+  if (option.get_items_expected_max() == 0) return "on";  // a boolean
+  return option.get_default_str();
+}
+
+std::optional<int> ParseUp(std::vector<std::string> args, UpOptions& options) {
+  args.insert(args.begin(), "up");
+  std::vector<const char*> argv;
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  return ParseUpCommandLine(static_cast<int>(argv.size()), argv.data(), options);
+}
+
+TEST(UpCommandTest, ForwardsEveryDeclaredWorkerFlagToEveryWorker) {
+  // The worker's own declarations: a flag added to AddWorkerFlags shows up here.
+  cli::CommandLine command_line("loom-worker", "worker");
+  CLI::App& worker_app = command_line.app();
+  worker::WorkerOptions worker_options;
+  const std::vector<std::string> names = worker::AddWorkerFlags(worker_app, worker_options);
+  std::set<std::string> owned;
+  for (const char* const* name = kUpOwnedWorkerFlags; *name != nullptr; ++name) {
+    owned.insert(*name);
+  }
+  int forwarded = 0;
+  for (const std::string& name : names) {
+    if (owned.count(name) > 0) continue;
+    const CLI::Option* option = worker_app.get_option("--" + name);
+    const std::string flag = "--" + name + "=" + SampleValue(*option);
+    UpOptions options;
+    ASSERT_EQ(ParseUp({"model.gguf", "--replicas", "2", flag}, options), std::nullopt) << flag;
+    const auto commands = WorkerCommands(options, "127.0.0.1:1", "r");
+    ASSERT_EQ(commands.size(), 2u);
+    for (const auto& command : commands) {
+      EXPECT_NE(std::find(command.begin(), command.end(), flag), command.end())
+          << flag << " does not reach the worker";
+    }
+    // And the worker accepts what it is given.
+    std::vector<const char*> argv = {"loom-worker", "--model", "m", "--coordinator", "c:1",
+                                     flag.c_str()};
+    EXPECT_TRUE(worker::ParseWorkerFlags(static_cast<int>(argv.size()), argv.data()).ok())
+        << flag;
+    ++forwarded;
+  }
+  EXPECT_GE(forwarded, 15);
+  // The flags the hand-kept list of old missed are among them.
+  for (const char* name : {"device", "cuda-graphs", "metrics-port", "quantization"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+}
+
+TEST(UpCommandTest, SetsTheFlagsItOwnsPerWorker) {
+  UpOptions options;
+  ASSERT_EQ(ParseUp({"--model", "m.gguf", "-tp", "2", "--threads", "3"}, options), std::nullopt);
+  const auto commands = WorkerCommands(options, "127.0.0.1:1", "r");
+  ASSERT_EQ(commands.size(), 2u);
+  const std::vector<std::string> expected = {"--model", "m.gguf", "--coordinator", "127.0.0.1:1",
+                                             "--replica-id", "replica-0", "--threads", "3",
+                                             "--world-size", "2", "--rank", "1",
+                                             "--rendezvous-id", "r"};
+  EXPECT_EQ(commands[1], expected);
+  // A flag up sets per worker is not one of its own options.
+  UpOptions refused;
+  EXPECT_EQ(ParseUp({"m.gguf", "--rank", "1"}, refused), 2);
+}
+
+TEST(UpCommandTest, TakesTheVllmNamesAndTheOldOnes) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"m.gguf", "--tensor-parallel-size", "2", "--data-parallel-size",
+                                 "3", "--port", "9000", "--no-enable-prefix-caching"},
+        std::vector<std::string>{"--model", "m.gguf", "--tensor-parallel=2", "--replicas=3",
+                                 "--http-port=9000", "--prefix-caching", "off"},
+        std::vector<std::string>{"m.gguf", "-tp=2", "--workers", "2", "--replicas", "3",
+                                 "--http-port", "9000", "--no-prefix-caching"}}) {
+    UpOptions options;
+    ASSERT_EQ(ParseUp(args, options), std::nullopt) << args[1];
+    EXPECT_EQ(options.serve.model_path, "m.gguf");
+    EXPECT_EQ(options.workers, 2);
+    EXPECT_EQ(options.replicas, 3);
+    EXPECT_EQ(options.serve.http.port, 9000);
+    EXPECT_FALSE(options.serve.cluster.replica.enable_prefix_caching);
+  }
+}
+
+}  // namespace
+}  // namespace loom::coordinator

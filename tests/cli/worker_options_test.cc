@@ -1,0 +1,257 @@
+#include "cli/worker_options.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_device.h"
+#include "cli/generate_command.h"
+#include "cli/worker_command.h"
+
+namespace loom::worker {
+namespace {
+
+absl::StatusOr<WorkerOptions> Parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "loom-worker");
+  return ParseWorkerFlags(static_cast<int>(args.size()), args.data());
+}
+
+TEST(WorkerOptionsTest, ParsesByteSizesWithBinarySuffixes) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096);
+  EXPECT_EQ(*ParseByteSize("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("512M"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("64KiB"), 64 << 10);
+  EXPECT_EQ(*ParseByteSize("1.5GiB"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("2g"), int64_t{2} << 30);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("MiB").ok());
+  EXPECT_FALSE(ParseByteSize("-1").ok());
+  EXPECT_FALSE(ParseByteSize("12 parsecs").ok());
+  EXPECT_FALSE(ParseByteSize("99999999TiB").ok());
+}
+
+TEST(WorkerOptionsTest, SplitsHostAndPort) {
+  auto parts = SplitHostPort("127.0.0.1:0");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(parts->first, "127.0.0.1");
+  EXPECT_EQ(parts->second, 0);
+  parts = SplitHostPort("[::1]:5000");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(parts->first, "[::1]");
+  EXPECT_EQ(parts->second, 5000);
+  EXPECT_FALSE(SplitHostPort("localhost").ok());
+  EXPECT_FALSE(SplitHostPort(":80").ok());
+  EXPECT_FALSE(SplitHostPort("host:99999").ok());
+  EXPECT_FALSE(SplitHostPort("host:http").ok());
+}
+
+TEST(WorkerOptionsTest, ParsesTheTestOnlyStepHooks) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "c:1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->debug_step_delay_ms, 0);
+  EXPECT_EQ(options->debug_hang_at_step, 0);
+  options = Parse({"--model", "m.gguf", "--coordinator", "c:1", "--debug-step-delay-ms", "2500",
+                   "--debug-hang-at-step", "7"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->debug_step_delay_ms, 2500);
+  EXPECT_EQ(options->debug_hang_at_step, 7);
+  const auto bad =
+      Parse({"--model", "m.gguf", "--coordinator", "c:1", "--debug-step-delay-ms", "-5"}).status();
+  EXPECT_NE(bad.message().find("--debug-step-delay-ms"), std::string::npos) << bad;
+}
+
+TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "10.0.0.1:7000"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->listen_address, "127.0.0.1:0");
+  EXPECT_EQ(options->replica_id, "replica-0");
+  EXPECT_EQ(options->backend, "cpu");
+  EXPECT_EQ(options->block_size, 16);
+  EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{512} << 20);
+  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kF32);
+
+  options = Parse({"--model",
+                   "m.gguf",
+                   "--coordinator",
+                   "c:1",
+                   "--listen",
+                   "0.0.0.0:9000",
+                   "--advertise-address",
+                   "w-1.loom:9000",
+                   "--replica-id",
+                   "r7",
+                   "--rank",
+                   "0",
+                   "--world-size",
+                   "1",
+                   "--backend",
+                   "noop",
+                   "--threads",
+                   "3",
+                   "--kv-cache-memory",
+                   "1GiB",
+                   "--block-size",
+                   "32",
+                   "--kv-dtype",
+                   "f32",
+                   "--activations",
+                   "int8"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->advertise_address, "w-1.loom:9000");
+  EXPECT_EQ(options->replica_id, "r7");
+  EXPECT_EQ(options->backend, "noop");
+  EXPECT_EQ(options->num_threads, 3);
+  EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{1} << 30);
+  EXPECT_EQ(options->block_size, 32);
+  EXPECT_EQ(options->kv_dtype, kernels::cpu::KvDtype::kF32);
+  EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kInt8);
+  EXPECT_TRUE(options->draft_model_path.empty());  // n-gram lookup by default
+}
+
+TEST(WorkerOptionsTest, ParsesTheDraftModel) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "c:1", "--draft-model", "d.gguf"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->draft_model_path, "d.gguf");
+  const auto empty = Parse({"--model", "m", "--coordinator", "c:1", "--draft-model", ""}).status();
+  EXPECT_NE(empty.message().find("--draft-model"), std::string::npos) << empty;
+}
+
+TEST(WorkerOptionsTest, FractionOfAvailableMemory) {
+  auto options = Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-fraction", "0.01"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  auto available = MemAvailableBytes();
+  if (!available.ok()) GTEST_SKIP() << available.status();
+  auto budget = KvCacheBudgetBytes(*options);
+  ASSERT_TRUE(budget.ok());
+  EXPECT_NEAR(static_cast<double>(*budget), *available * 0.01, *available * 0.002);
+}
+
+TEST(WorkerOptionsTest, RejectsBadCommandLines) {
+  EXPECT_FALSE(Parse({"--coordinator", "c:1"}).ok());  // no model
+  EXPECT_FALSE(Parse({"--model", "m"}).ok());          // no coordinator
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "nocolon"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "gpu"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--threads", "0"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-fraction", "1.5"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-memory", "1G",
+                      "--kv-cache-fraction", "0.5"})
+                   .ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--frobnicate", "1"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator"}).ok());  // missing value
+  const auto status =
+      Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bf16"}).status();
+  EXPECT_NE(status.message().find("--kv-dtype"), std::string::npos) << status;
+  const auto activations =
+      Parse({"--model", "m", "--coordinator", "c:1", "--activations", "int4"}).status();
+  EXPECT_NE(activations.message().find("--activations"), std::string::npos) << activations;
+}
+
+TEST(WorkerOptionsTest, ParsesDeviceAndCudaGraphs) {
+  auto options = Parse({"--model", "m", "--coordinator", "c:1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->device, "auto");
+  EXPECT_TRUE(options->cuda_graphs);
+  options = Parse({"--model", "m", "--coordinator", "c:1", "--device", "cuda", "--cuda-graphs",
+                   "off"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->device, "cuda");
+  EXPECT_FALSE(options->cuda_graphs);
+  options = Parse({"--model", "m", "--coordinator", "c:1", "--device", "cpu", "--cuda-graphs",
+                   "on"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->device, "cpu");
+  EXPECT_TRUE(options->cuda_graphs);
+}
+
+TEST(WorkerOptionsTest, RejectsBadDeviceAndCudaGraphsValues) {
+  absl::Status status = Parse({"--model", "m", "--coordinator", "c:1", "--device", "gpu"}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--device"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("'gpu'"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("cuda, cpu or auto"), std::string::npos) << status;
+  status = Parse({"--model", "m", "--coordinator", "c:1", "--cuda-graphs=maybe"}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--cuda-graphs"), std::string::npos) << status;
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--device"}).ok());  // no value
+}
+
+TEST(WorkerOptionsTest, ResolvesDeviceFromFlagAndMachine) {
+  using kernels::cpu::KvDtype;
+  EXPECT_EQ(*ResolveDevice("cpu", KvDtype::kF16, 1, 8), "cpu");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 1, 0), "cpu");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 1, 1), "cuda");
+  // auto keeps what the CUDA runner cannot do on the CPU.
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF32, 1, 1), "cpu");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 2, 1), "cpu");
+  EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 1, 1), "cuda");
+
+  absl::StatusOr<std::string> device = ResolveDevice("cuda", KvDtype::kF16, 1, 0);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(device.status().message().find("no usable CUDA device"), std::string::npos)
+      << device.status();
+  device = ResolveDevice("cuda", KvDtype::kF32, 1, 1);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("--kv-dtype f32"), std::string::npos)
+      << device.status();
+  device = ResolveDevice("cuda", KvDtype::kF16, 2, 1);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("tensor parallelism"), std::string::npos)
+      << device.status();
+  EXPECT_EQ(ResolveDevice("tpu", KvDtype::kF16, 1, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Runs a command's entry point in-process with `args`, returning (exit code, stderr).
+template <typename Command>
+std::pair<int, std::string> RunCommand(Command command, std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  testing::internal::CaptureStderr();
+  const int code = command(static_cast<int>(args.size()), argv.data());
+  return {code, testing::internal::GetCapturedStderr()};
+}
+
+TEST(WorkerCommandTest, DeviceCudaWithoutGpuFailsAtStartWithClearError) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  // The device is resolved before the model is opened or anything starts: the missing
+  // model file is never reached, and the process would exit with status 1.
+  auto [code, err] = RunCommand(RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf",
+                                                   "--coordinator", "127.0.0.1:1", "--device",
+                                                   "cuda"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
+  EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
+}
+
+TEST(WorkerCommandTest, DraftModelNeedsTheCpuRunnerOnOneRank) {
+  // Refused before any file is opened.
+  auto [code, err] = RunCommand(
+      RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
+                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--backend", "noop"});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_NE(err.find("--draft-model needs the CPU model runner"), std::string::npos) << err;
+  EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
+  auto [tp_code, tp_err] = RunCommand(
+      RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
+                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--device", "cpu",
+                         "--world-size", "2", "--rank", "0"});
+  EXPECT_EQ(tp_code, 2) << tp_err;
+  EXPECT_NE(tp_err.find("--world-size 2"), std::string::npos) << tp_err;
+}
+
+TEST(WorkerCommandTest, GenerateWithDeviceCudaWithoutGpuFailsWithClearError) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  auto [code, err] = RunCommand(RunGenerateCommand, {"generate", "--model", "/nonexistent.gguf",
+                                                     "--prompt", "hi", "--device", "cuda"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
+  auto [bad_code, bad_err] = RunCommand(
+      RunGenerateCommand, {"generate", "--model", "m", "--prompt", "hi", "--cuda-graphs", "maybe"});
+  EXPECT_EQ(bad_code, 2) << bad_err;
+  EXPECT_NE(bad_err.find("--cuda-graphs"), std::string::npos) << bad_err;
+}
+
+}  // namespace
+}  // namespace loom::worker
