@@ -12,8 +12,8 @@
 #include "coordinator/status_command.h"
 #include "coordinator/tokenize_command.h"
 #include "coordinator/up_command.h"
-#include "worker/generate_command.h"
-#include "worker/perplexity_command.h"
+#include "cli/generate_command.h"
+#include "cli/perplexity_command.h"
 #include "worker/quantize_command.h"
 
 namespace {
@@ -31,11 +31,11 @@ constexpr Command kCommands[] = {
      "run the coordinator alone (workers register with it)"},
     {"inspect", loom::coordinator::RunInspectCommand,
      "show a model's configuration, tokenizer and chat template"},
-    {"generate", loom::worker::RunGenerateCommand,
+    {"generate", loom::cli::RunGenerateCommand,
      "generate a continuation of a prompt in this process (CPU engine)"},
     {"quantize", loom::worker::RunQuantizeCommand,
      "write a model with INT8/INT4 (RTN or AWQ), F16 or F32 linear layers"},
-    {"perplexity", loom::worker::RunPerplexityCommand,
+    {"perplexity", loom::cli::RunPerplexityCommand,
      "perplexity of a text under a model, sliding window (CPU engine)"},
     {"bench", loom::coordinator::RunBenchCommand,
      "load-test a running cluster (throughput, TTFT/TPOT/ITL/e2e, goodput)"},

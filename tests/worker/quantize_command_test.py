@@ -1,4 +1,4 @@
-"""`loom perplexity` and `loom quantize` (worker/perplexity_command.cc, worker/quantize_command.cc).
+"""`loom perplexity` and `loom quantize` (cli/perplexity_command.cc, worker/quantize_command.cc).
 
 * perplexity: the sliding-window NLL of the default model on a short held-out text equals an
   independent float64 numpy computation (llama_reference.py) over the same windows. Loom runs

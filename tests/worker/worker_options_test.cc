@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "kernels/cuda_device.h"
-#include "worker/generate_command.h"
 #include "worker/worker_command.h"
 
 namespace loom::worker {
@@ -240,18 +239,6 @@ TEST(WorkerCommandTest, DraftModelNeedsTheCpuRunnerOnOneRank) {
                          "--world-size", "2", "--rank", "0"});
   EXPECT_EQ(tp_code, 2) << tp_err;
   EXPECT_NE(tp_err.find("--world-size 2"), std::string::npos) << tp_err;
-}
-
-TEST(WorkerCommandTest, GenerateWithDeviceCudaWithoutGpuFailsWithClearError) {
-  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
-  auto [code, err] = RunCommand(RunGenerateCommand, {"generate", "--model", "/nonexistent.gguf",
-                                                     "--prompt", "hi", "--device", "cuda"});
-  EXPECT_EQ(code, 1) << err;
-  EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
-  auto [bad_code, bad_err] = RunCommand(
-      RunGenerateCommand, {"generate", "--model", "m", "--prompt", "hi", "--cuda-graphs", "maybe"});
-  EXPECT_EQ(bad_code, 2) << bad_err;
-  EXPECT_NE(bad_err.find("--cuda-graphs"), std::string::npos) << bad_err;
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "worker/generate_command.h"
+#include "cli/generate_command.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +16,7 @@
 #include "worker/model_runner.h"
 #include "worker/worker_options.h"
 
-namespace loom::worker {
+namespace loom::cli {
 namespace {
 
 constexpr char kUsage[] =
@@ -33,8 +33,8 @@ struct Options {
   std::string model_path;
   std::string prompt;
   bool chat = false;
-  GenerationRequest request;
-  ModelRunnerOptions runner;
+  worker::GenerationRequest request;
+  worker::ModelRunnerOptions runner;
   std::string device = "auto";  // cuda | cpu | auto
   bool cuda_graphs = true;
 };
@@ -137,7 +137,7 @@ int RunGenerateCommand(int argc, char** argv) {
     return 1;
   };
   // Where the model runs, decided before loading anything.
-  auto device = ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
+  auto device = worker::ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
   auto gguf = common::OpenModelFile(options.model_path);
@@ -164,36 +164,36 @@ int RunGenerateCommand(int argc, char** argv) {
 
   const int64_t needed = static_cast<int64_t>(options.request.prompt_ids.size()) + options.request.max_tokens;
   options.runner.num_kv_blocks = (needed + options.runner.block_size - 1) / options.runner.block_size;
-  std::unique_ptr<ForwardPass> runner;
+  std::unique_ptr<worker::ForwardPass> runner;
   if (*device == "cuda") {
-    CudaRunnerOptions cuda_options;
+    worker::CudaRunnerOptions cuda_options;
     cuda_options.num_kv_blocks = options.runner.num_kv_blocks;
     cuda_options.block_size = options.runner.block_size;
     cuda_options.cuda_graphs = options.cuda_graphs;
-    auto created = CudaModelRunner::Create(**gguf, cuda_options);
+    auto created = worker::CudaModelRunner::Create(**gguf, cuda_options);
     if (!created.ok()) return fail(created.status());
     std::fprintf(stderr, "loaded %s on CUDA: weights\n%s", options.model_path.c_str(),
                  (*created)->load_log().c_str());
     runner = std::move(*created);
   } else {
-    auto created = ModelRunner::Create(**gguf, options.runner);
+    auto created = worker::ModelRunner::Create(**gguf, options.runner);
     if (!created.ok()) return fail(created.status());
     std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
                  (*created)->weights().load_log.c_str());
     runner = std::move(*created);
   }
 
-  LocalGenerator generator(*runner, (*tokenizer)->EndOfGenerationIds());
+  worker::LocalGenerator generator(*runner, (*tokenizer)->EndOfGenerationIds());
   common::IncrementalDecoder decoder(**tokenizer, /*skip_special=*/true);
   if (!options.chat) std::fputs(options.prompt.c_str(), stdout);
-  auto results = generator.Generate({options.request}, [&](size_t, const SampledToken& token) {
+  auto results = generator.Generate({options.request}, [&](size_t, const worker::SampledToken& token) {
     std::fputs(decoder.Append(token.token_id).c_str(), stdout);
     std::fflush(stdout);
   });
   if (!results.ok()) return fail(results.status());
   std::fputs(decoder.Flush().c_str(), stdout);
   std::fputs("\n", stdout);
-  const GenerationResult& result = (*results)[0];
+  const worker::GenerationResult& result = (*results)[0];
   const size_t prompt_tokens = options.request.prompt_ids.size();
   const size_t decoded = result.tokens.size() > 0 ? result.tokens.size() - 1 : 0;
   std::fprintf(stderr,
@@ -202,8 +202,8 @@ int RunGenerateCommand(int argc, char** argv) {
                prompt_tokens, result.prefill_seconds, prompt_tokens / result.prefill_seconds,
                decoded, result.decode_seconds,
                result.decode_seconds > 0 ? decoded / result.decode_seconds : 0.0,
-               result.finish_reason == FinishReason::kStop ? "stop" : "length");
+               result.finish_reason == worker::FinishReason::kStop ? "stop" : "length");
   return 0;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

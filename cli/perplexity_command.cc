@@ -1,4 +1,4 @@
-#include "worker/perplexity_command.h"
+#include "cli/perplexity_command.h"
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +20,7 @@
 #include "worker/model_runner.h"
 #include "worker/step_batch.h"
 
-namespace loom::worker {
+namespace loom::cli {
 namespace {
 
 constexpr char kUsage[] =
@@ -41,7 +41,7 @@ struct Options {
   int64_t stride = 0;  // 0: context / 2
   int64_t max_tokens = 0;
   bool json = false;
-  ModelRunnerOptions runner;
+  worker::ModelRunnerOptions runner;
 };
 
 bool ParseOptions(int argc, char** argv, Options& options) {
@@ -129,7 +129,7 @@ absl::StatusOr<std::vector<PerplexityWindow>> PlanPerplexityWindows(int64_t num_
 
 double PerplexityResult::perplexity() const { return std::exp(mean_nll()); }
 
-absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
+absl::StatusOr<PerplexityResult> ComputePerplexity(worker::ForwardPass& runner,
                                                    const std::vector<int32_t>& tokens,
                                                    const PerplexityOptions& options) {
   const int64_t num_tokens = static_cast<int64_t>(tokens.size());
@@ -163,8 +163,8 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
   for (const PerplexityWindow& window : windows) {
     for (int64_t chunk = window.begin; chunk < window.end; chunk += options.max_step_tokens) {
       const int64_t chunk_end = std::min(window.end, chunk + options.max_step_tokens);
-      StepBatch batch;
-      LOOM_RETURN_IF_ERROR(AppendSequence(
+      worker::StepBatch batch;
+      LOOM_RETURN_IF_ERROR(worker::AppendSequence(
           batch, absl::MakeConstSpan(tokens).subspan(chunk, chunk_end - chunk),
           static_cast<int32_t>(chunk - window.begin), blocks, static_cast<int32_t>(block_size),
           /*sample_last=*/false));
@@ -227,7 +227,7 @@ int RunPerplexityCommand(int argc, char** argv) {
   perplexity.max_step_tokens = std::min<int64_t>(512, options.context);
   options.runner.num_kv_blocks = std::max<int64_t>(
       1, (options.context + options.runner.block_size - 1) / options.runner.block_size);
-  auto runner = ModelRunner::Create(**gguf, options.runner);
+  auto runner = worker::ModelRunner::Create(**gguf, options.runner);
   if (!runner.ok()) return fail(runner.status());
   if (!options.json) {
     std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
@@ -263,4 +263,4 @@ int RunPerplexityCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -6,7 +6,7 @@
 #include "absl/status/statusor.h"
 #include "worker/forward_pass.h"
 
-namespace loom::worker {
+namespace loom::cli {
 
 /// One sliding window: tokens [begin, end) are the model's input (positions 0 ..
 /// end - begin - 1); the tokens at [score_begin, end) are scored, each predicted from
@@ -47,7 +47,7 @@ struct PerplexityResult {
 /// Runs `tokens` through `runner` window by window (each window from position 0, its
 /// KV in blocks 0, 1, ...: the runner needs ceil(context / block_size) blocks) and sums
 /// -log softmax(logits)[next token] in double over the scored tokens.
-absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
+absl::StatusOr<PerplexityResult> ComputePerplexity(worker::ForwardPass& runner,
                                                    const std::vector<int32_t>& tokens,
                                                    const PerplexityOptions& options);
 
@@ -57,4 +57,4 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
 /// Returns the exit code.
 int RunPerplexityCommand(int argc, char** argv);
 
-}  // namespace loom::worker
+}  // namespace loom::cli

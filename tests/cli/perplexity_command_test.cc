@@ -1,4 +1,4 @@
-#include "worker/perplexity_command.h"
+#include "cli/perplexity_command.h"
 
 #include <cmath>
 #include <vector>
@@ -9,6 +9,8 @@
 
 namespace loom::worker {
 namespace {
+
+using namespace ::loom::cli;  // NOLINT: the commands moved to cli/
 
 using ::testing::HasSubstr;
 
