@@ -10,9 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include "cli/local_engine.h"
 #include "common/gguf_file.h"
 #include "common/model_config.h"
-#include "worker/local_generator.h"
+#include "common/tokenizer.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
 #include "worker/noop_backend.h"
@@ -468,41 +469,45 @@ class StepExecutorModelTest : public ::testing::Test {
     options.block_size = kBlockSize;
     auto runner = ModelRunner::Create(**gguf, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
+    auto tokenizer = common::Tokenizer::FromGguf(**gguf);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = tokenizer->release();
     backend_ = new ModelRunnerBackend(std::move(*runner));
   }
   static void TearDownTestSuite() {
     delete backend_;
     backend_ = nullptr;
+    delete tokenizer_;
+    tokenizer_ = nullptr;
   }
   void SetUp() override {
     if (backend_ == nullptr) GTEST_SKIP() << "model not loaded";
   }
 
-  // LocalGenerator's tokens for `prompt` (the reference).
+  // The serving engine's tokens for `prompt` (the reference): its scheduler prefills the
+  // 21 tokens in one step, in its own blocks.
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens,
                                         SamplingParams sampling) {
-    // The generator borrows the same runner; its blocks are overwritten by later steps.
-    LocalGenerator generator(backend_->runner(), {});
-    GenerationRequest request;
+    // The engine borrows the same backend; its blocks are overwritten by later steps.
+    cli::LocalEngine engine(*backend_, *tokenizer_);
+    cli::EngineRequest request;
     request.prompt_ids = prompt;
     request.max_tokens = max_tokens;
     request.sampling = sampling;
     request.ignore_eos = true;
-    auto results = generator.Generate({request});
+    auto results = engine.Generate({request});
     EXPECT_TRUE(results.ok()) << results.status();
-    std::vector<int32_t> tokens;
-    if (results.ok()) {
-      for (const SampledToken& token : (*results)[0].tokens) tokens.push_back(token.token_id);
-    }
-    return tokens;
+    return results.ok() ? (*results)[0].token_ids() : std::vector<int32_t>{};
   }
 
   static ModelRunnerBackend* backend_;
+  static common::Tokenizer* tokenizer_;
 };
 
 ModelRunnerBackend* StepExecutorModelTest::backend_ = nullptr;
+common::Tokenizer* StepExecutorModelTest::tokenizer_ = nullptr;
 
-TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchLocalGenerator) {
+TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchOnePrefill) {
   const std::vector<int32_t> prompt = Prompt();
   SamplingParams greedy;
   greedy.temperature = 0.0f;
