@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/local_engine.h"
@@ -383,6 +384,30 @@ TEST_F(StepExecutorNoopTest, RejectsCachedTokensThatLeaveNothingToCompute) {
   EXPECT_EQ(executor_->num_sequences(), 0);
 }
 
+TEST_F(StepExecutorNoopTest, RejectsPromptScoringOutsideTheComputedPrompt) {
+  loom::v1::NewSequence added = NewSequence(7, std::vector<int32_t>(20, 5));
+  for (const auto& [from, cached] : std::vector<std::pair<int32_t, int32_t>>{
+           {20, 0}, {-1, 0}, {16, 16}, {3, 4}}) {
+    loom::v1::StepPlan plan = Plan(step_id_);
+    added.set_score_prompt_from(from);
+    added.set_num_cached_tokens(cached);
+    *plan.add_added() = added;
+    Schedule(plan, 7, 20 - cached, true, {3, 4});
+    ExpectRejected(plan, "score_prompt_from is " + std::to_string(from));
+  }
+  // Valid, but the noop backend cannot score: the step fails and names why.
+  loom::v1::StepPlan plan = Plan(step_id_);
+  added.set_score_prompt_from(1);
+  added.set_num_cached_tokens(0);
+  *plan.add_added() = added;
+  Schedule(plan, 7, 20, true, {3, 4});
+  const loom::v1::StepResult result = executor_->Execute(plan);
+  EXPECT_EQ(result.error_code(), static_cast<int>(absl::StatusCode::kUnimplemented));
+  EXPECT_NE(result.error_message().find("noop backend cannot score prompts"), std::string::npos)
+      << result.error_message();
+  EXPECT_EQ(executor_->num_sequences(), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Progress for the heartbeat, and the test-only delay and hang.
 
@@ -604,6 +629,47 @@ TEST_F(StepExecutorModelTest, RejectedPlanLeavesOtherSequencesRunning) {
     tokens.push_back(result.outputs(0).token_id());
   }
   EXPECT_EQ(tokens, expected);
+}
+
+TEST_F(StepExecutorModelTest, ScoresEachPromptPositionOnceAcrossChunks) {
+  const std::vector<int32_t> prompt = Prompt();
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 0;
+  // Chunk 1 computes positions 0-11 (scored from token 5: positions 4-11), chunk 2 the
+  // rest (positions 12-19 predict tokens 13-20; position 20 is sampled, not scored).
+  loom::v1::StepPlan first = Plan(step_id);
+  *first.add_added() = NewSequence(3, prompt);
+  first.mutable_added(0)->set_score_prompt_from(5);
+  Schedule(first, 3, 12, false, {0});
+  loom::v1::StepResult result = executor.Execute(first);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.prompt_logprobs_size(), 1);
+  EXPECT_EQ(result.prompt_logprobs(0).seq_id(), 3u);
+  EXPECT_EQ(result.prompt_logprobs(0).first_token(), 5);
+  std::vector<double> scores(result.prompt_logprobs(0).logprobs().begin(),
+                             result.prompt_logprobs(0).logprobs().end());
+  EXPECT_EQ(scores.size(), 8u);
+
+  loom::v1::StepPlan second = Plan(step_id);
+  Schedule(second, 3, 9, true, {1});
+  result = executor.Execute(second);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 1);
+  ASSERT_EQ(result.prompt_logprobs_size(), 1);
+  EXPECT_EQ(result.prompt_logprobs(0).first_token(), 13);
+  scores.insert(scores.end(), result.prompt_logprobs(0).logprobs().begin(),
+                result.prompt_logprobs(0).logprobs().end());
+  ASSERT_EQ(scores.size(), prompt.size() - 5);
+  for (double logprob : scores) {
+    EXPECT_LT(logprob, 0.0);
+    EXPECT_GT(logprob, -40.0);
+  }
+  // A decode scores nothing.
+  loom::v1::StepPlan decode = Plan(step_id);
+  Schedule(decode, 3, 1, true);
+  result = executor.Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.prompt_logprobs_size(), 0);
 }
 
 TEST_F(StepExecutorModelTest, PreemptedSequenceResumesWithTheSameSeededSamples) {
