@@ -6,10 +6,10 @@
 #include <cstring>
 #include <string>
 
+#include "cli/local_engine.h"
 #include "common/chat_template.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
-#include "cli/local_engine.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "kernels/cuda_device.h"
