@@ -17,16 +17,21 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
+#include "cli/local_engine.h"
 #include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "common/tokenizer.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
-#include "worker/local_generator.h"
 #include "worker/model_runner.h"
+#include "worker/model_runner_backend.h"
+#include "worker/step_backend_factory.h"
 
 namespace {
 
-using loom::worker::GenerationRequest;
-using loom::worker::GenerationResult;
+using loom::cli::EngineRequest;
+using loom::cli::EngineResult;
+using loom::cli::LocalEngine;
 
 std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
   std::vector<int32_t> ids(length);
@@ -38,28 +43,33 @@ std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
   return ids;
 }
 
-// Decode tokens/s of `batch` sequences generating `tokens` each (after their prefill).
-double DecodeRate(loom::worker::ModelRunner& runner, int batch, int tokens) {
-  std::vector<GenerationRequest> requests;
+// Runs `requests` through the engine (exits on failure).
+std::vector<EngineResult> Generate(LocalEngine& engine, const std::vector<EngineRequest>& requests) {
+  auto results = engine.Generate(requests);
+  if (!results.ok()) {
+    std::fprintf(stderr, "generate failed: %s\n", results.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(results);
+}
+
+// Decode tokens/s of `batch` sequences generating `tokens` each (after their prefill): the
+// tokens decoded over the wall time of the engine steps that computed no prompt token.
+double DecodeRate(LocalEngine& engine, int batch, int tokens) {
+  std::vector<EngineRequest> requests;
   for (int i = 0; i < batch; ++i) {
-    GenerationRequest request;
-    request.prompt_ids = Prompt(16, runner.config().vocab_size, i + 1);
+    EngineRequest request;
+    request.prompt_ids = Prompt(16, engine.config().vocab_size, i + 1);
     request.sampling.temperature = 0.0f;
     request.max_tokens = tokens;
     request.ignore_eos = true;
     requests.push_back(std::move(request));
   }
-  loom::worker::LocalGenerator generator(runner, {});
-  auto results = generator.Generate(requests);
-  if (!results.ok()) {
-    std::fprintf(stderr, "generate failed: %s\n", results.status().ToString().c_str());
-    std::exit(1);
-  }
   double seconds = 0;
   int64_t decoded = 0;
-  for (const GenerationResult& result : *results) {
+  for (const EngineResult& result : Generate(engine, requests)) {
     seconds = std::max(seconds, result.decode_seconds);
-    decoded += static_cast<int64_t>(result.tokens.size()) - 1;  // the first came from prefill
+    decoded += static_cast<int64_t>(result.outputs.size()) - 1;  // the first came from prefill
   }
   return decoded / seconds;
 }
@@ -97,7 +107,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", gguf.status().ToString().c_str());
     return 1;
   }
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::StepBackendOptions options;
   options.num_threads = threads;
   // 64 sequences of 16 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
   options.num_kv_blocks = std::max(512, 64 * ((16 + decode_tokens + 15) / 16 + 1));
@@ -107,15 +117,29 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.activations = *precision;
-  auto runner_or = loom::worker::ModelRunner::Create(**gguf, options);
-  if (!runner_or.ok()) {
-    std::fprintf(stderr, "%s\n", runner_or.status().ToString().c_str());
+  auto model_config = loom::common::ModelConfigFromGguf(**gguf);
+  auto tokenizer = loom::common::Tokenizer::FromGguf(**gguf);
+  if (!model_config.ok() || !tokenizer.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 (model_config.ok() ? tokenizer.status() : model_config.status()).ToString().c_str());
     return 1;
   }
-  loom::worker::ModelRunner& runner = **runner_or;
+  auto backend = loom::worker::CreateStepBackend(options, **gguf, *model_config);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  // The weights' shapes, for the FLOP and byte counts.
+  const auto& runner = dynamic_cast<const loom::worker::ModelRunner&>(
+      static_cast<loom::worker::ModelRunnerBackend&>(**backend).runner());
+  // Every figure goes through the serving engine (scheduler, block manager, step executor).
+  // The prefix cache is off: the prefill figure runs the same prompt three times.
+  loom::cli::LocalEngineOptions engine_options;
+  engine_options.enable_prefix_caching = false;
+  LocalEngine engine(**backend, **tokenizer, engine_options);
   if (only_batch > 0) {
     for (int r = 0; r < 3; ++r) {
-      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, decode_tokens));
+      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(engine, only_batch, decode_tokens));
     }
     return 0;
   }
@@ -152,7 +176,7 @@ int main(int argc, char** argv) {
   // Single-stream decode: every step reads all weights once.
   const double bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
   std::vector<double> single;
-  for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(runner, 1, decode_tokens));
+  for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(engine, 1, decode_tokens));
   const double decode_tps = loom::bench::Median(single);
   const double decode_gbs = decode_tps * bytes_per_token / 1e9;
   std::printf("decode, 1 sequence: %.1f tokens/s x %.1f MB/token = %.2f GB/s = %.2f of memcpy, %.2f of read bandwidth\n",
@@ -165,19 +189,16 @@ int main(int argc, char** argv) {
   std::printf("last-level cache %.0f MiB: weights %s it\n", llc_bytes / 1048576.0,
               weights_in_llc ? "fit in" : "do not fit in");
 
-  // Prefill of a 512-token prompt in one step.
+  // Prefill of a 512-token prompt in one step (the engine's token budget is 512).
   const int64_t prefill_len = 512;
-  const std::vector<int32_t> prompt = Prompt(prefill_len, config.vocab_size, 99);
-  std::vector<int32_t> blocks;
-  for (int64_t b = 0; b < prefill_len / runner.block_size(); ++b) blocks.push_back(static_cast<int32_t>(b));
+  EngineRequest prefill;
+  prefill.prompt_ids = Prompt(prefill_len, config.vocab_size, 99);
+  prefill.sampling.temperature = 0.0f;
+  prefill.max_tokens = 1;
+  prefill.ignore_eos = true;
   std::vector<double> prefill_times;
-  std::vector<float> logits;
   for (int r = 0; r < 3; ++r) {
-    loom::worker::StepBatch batch;
-    if (!loom::worker::AppendSequence(batch, prompt, 0, blocks, static_cast<int32_t>(runner.block_size()), true).ok()) return 1;
-    const auto start = std::chrono::steady_clock::now();
-    if (!runner.Step(batch, logits).ok()) return 1;
-    prefill_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    prefill_times.push_back(Generate(engine, {prefill})[0].prefill_seconds);
   }
   const double prefill_seconds = loom::bench::Median(prefill_times);
   const double attention_flops = 4.0 * config.num_layers * config.num_heads * config.head_dim *
@@ -197,7 +218,7 @@ int main(int argc, char** argv) {
   std::string batched_json;
   std::printf("batched decode (%d tokens each):\n", decode_tokens);
   for (int batch : {1, 4, 16, 64}) {
-    const double tps = batch == 1 ? decode_tps : DecodeRate(runner, batch, decode_tokens);
+    const double tps = batch == 1 ? decode_tps : DecodeRate(engine, batch, decode_tokens);
     std::printf("  %2d sequences: %7.1f tokens/s = %.2fx single-stream; matmuls %.0f GMAC/s = %.2f of %s\n",
                 batch, tps, tps / decode_tps, tps * macs_per_token / 1e9, vs_matmul_peak(tps),
                 peak_name);

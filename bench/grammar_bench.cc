@@ -23,8 +23,9 @@
 #include "common/grammar_spec.h"
 #include "common/token_trie.h"
 #include "common/tokenizer.h"
-#include "worker/local_generator.h"
-#include "worker/model_runner.h"
+#include "cli/local_engine.h"
+#include "common/model_config.h"
+#include "worker/step_backend_factory.h"
 
 namespace {
 
@@ -175,18 +176,25 @@ int main(int argc, char** argv) {
               loom::bench::Median(warm) * 1e6, Percentile(warm, 0.99) * 1e6, mean * 1e6);
   std::printf("automaton: %lld states\n", static_cast<long long>(automaton->num_states()));
 
-  // The step it is held against: 16 sequences decoding on the CPU runner.
-  loom::worker::ModelRunnerOptions options;
+  // The step it is held against: 16 sequences decoding on the CPU runner, through the
+  // serving engine.
+  loom::worker::StepBackendOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 512;
-  auto runner = loom::worker::ModelRunner::Create(**gguf, options);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
+  auto config = loom::common::ModelConfigFromGguf(**gguf);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 1;
   }
-  std::vector<loom::worker::GenerationRequest> requests;
+  auto backend = loom::worker::CreateStepBackend(options, **gguf, *config);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  loom::cli::LocalEngine engine(**backend, **tokenizer);
+  std::vector<loom::cli::EngineRequest> requests;
   for (int i = 0; i < 16; ++i) {
-    loom::worker::GenerationRequest request;
+    loom::cli::EngineRequest request;
     request.prompt_ids = (*tokenizer)->Encode("Describe a user record number " + std::to_string(i), true, false);
     request.sampling.temperature = 0.0f;
     request.max_tokens = 32;
@@ -195,8 +203,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> step_times;
   for (int r = 0; r < 3; ++r) {
-    loom::worker::LocalGenerator generator(**runner, {});
-    auto results = generator.Generate(requests);
+    auto results = engine.Generate(requests);
     if (!results.ok()) {
       std::fprintf(stderr, "%s\n", results.status().ToString().c_str());
       return 1;

@@ -15,16 +15,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
+#include "cli/local_engine.h"
 #include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "common/tokenizer.h"
 #include "kernels/cpu/matmul.h"
-#include "worker/local_generator.h"
-#include "worker/model_runner.h"
+#include "worker/step_backend_factory.h"
 #include "worker/step_progress.h"
 
 namespace {
@@ -32,20 +35,19 @@ namespace {
 constexpr double kLimit = 0.01;  // progress counting may cost at most this share of a step
 
 // Decode tokens/s of one sequence generating `tokens` after a 16-token prompt.
-double DecodeRate(loom::worker::ModelRunner& runner, int tokens) {
-  loom::worker::GenerationRequest request;
+double DecodeRate(loom::cli::LocalEngine& engine, int tokens) {
+  loom::cli::EngineRequest request;
   for (int i = 0; i < 16; ++i) request.prompt_ids.push_back(1000 + 37 * i);
   request.sampling.temperature = 0.0f;
   request.max_tokens = tokens;
   request.ignore_eos = true;
-  loom::worker::LocalGenerator generator(runner, {});
-  auto results = generator.Generate({request});
+  auto results = engine.Generate({request});
   if (!results.ok()) {
     std::fprintf(stderr, "generate failed: %s\n", results.status().ToString().c_str());
     std::exit(1);
   }
   const auto& result = (*results)[0];
-  return (static_cast<double>(result.tokens.size()) - 1) / result.decode_seconds;
+  return (static_cast<double>(result.outputs.size()) - 1) / result.decode_seconds;
 }
 
 }  // namespace
@@ -67,16 +69,30 @@ int main(int argc, char** argv) {
     return 1;
   }
   loom::worker::StepProgress progress;
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::StepBackendOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 64;
-  auto plain = loom::worker::ModelRunner::Create(**gguf, options);
+  auto config = loom::common::ModelConfigFromGguf(**gguf);
+  auto tokenizer = loom::common::Tokenizer::FromGguf(**gguf);
+  if (!config.ok() || !tokenizer.ok()) {
+    std::fprintf(stderr, "cannot read %s\n", model_path.c_str());
+    return 1;
+  }
+  auto plain_backend = loom::worker::CreateStepBackend(options, **gguf, *config);
   options.progress = &progress;
-  auto counted = loom::worker::ModelRunner::Create(**gguf, options);
-  if (!plain.ok() || !counted.ok()) {
+  auto counted_backend = loom::worker::CreateStepBackend(options, **gguf, *config);
+  if (!plain_backend.ok() || !counted_backend.ok()) {
     std::fprintf(stderr, "cannot load %s\n", model_path.c_str());
     return 1;
   }
+  // Each runner behind the serving engine; the executor counts the step's start and end
+  // into `progress` too, as in the worker.
+  loom::worker::StepExecutorOptions counted_executor;
+  counted_executor.progress = &progress;
+  auto plain = std::make_unique<loom::cli::LocalEngine>(**plain_backend, **tokenizer);
+  auto counted = std::make_unique<loom::cli::LocalEngine>(**counted_backend, **tokenizer,
+                                                          loom::cli::LocalEngineOptions{},
+                                                          counted_executor);
   std::printf("CPU: %s, %d threads, matmul ISA %s\n", loom::bench::CpuModel().c_str(), threads,
               loom::kernels::cpu::MatmulIsa());
 
@@ -89,12 +105,12 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
-  DecodeRate(**plain, 16);  // warm-up
-  DecodeRate(**counted, 16);
+  DecodeRate(*plain, 16);  // warm-up
+  DecodeRate(*counted, 16);
   std::vector<double> without, with;
   for (int r = 0; r < rounds; ++r) {
-    without.push_back(DecodeRate(**plain, 64));
-    with.push_back(DecodeRate(**counted, 64));
+    without.push_back(DecodeRate(*plain, 64));
+    with.push_back(DecodeRate(*counted, 64));
     std::printf("round %d: %.1f tokens/s without progress, %.1f with\n", r + 1, without.back(),
                 with.back());
   }
@@ -109,7 +125,7 @@ int main(int argc, char** argv) {
   reader.join();
   const double base = loom::bench::Median(without);
   const double counted_rate = loom::bench::Median(with);
-  const double units_per_step = 2.0 + 2.0 * static_cast<double>((*plain)->config().num_layers);
+  const double units_per_step = 2.0 + 2.0 * static_cast<double>(plain->config().num_layers);
   const double step_ns = 1e9 / base;
   const double share = ns_per_advance * units_per_step / step_ns;
   std::printf("Advance(): %.2f ns with a reader polling every 1 ms; %.0f units per step = "

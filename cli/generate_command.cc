@@ -1,5 +1,6 @@
 #include "cli/generate_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -7,26 +8,25 @@
 #include <string>
 
 #include "cli/command_line.h"
+#include "cli/local_engine.h"
 #include "common/chat_template.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
-#include "common/incremental_decoder.h"
+#include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "kernels/cuda_device.h"
-#include "worker/cuda_model_runner.h"
-#include "worker/local_generator.h"
-#include "worker/model_runner.h"
 #include "cli/worker_options.h"
+#include "worker/step_backend_factory.h"
 
-namespace loom::worker {
+namespace loom::cli {
 namespace {
 
 struct Options {
   std::string model_path;
   std::string prompt;
   bool chat = false;
-  GenerationRequest request;
-  ModelRunnerOptions runner;
+  EngineRequest request;
+  worker::StepBackendOptions runner;
   std::string device = "auto";  // cuda | cpu | auto
   bool cuda_graphs = true;
 };
@@ -77,7 +77,7 @@ int RunGenerateCommand(int argc, char** argv) {
     return 1;
   };
   // Where the model runs, decided before loading anything.
-  auto device = ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
+  auto device = worker::ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
   auto gguf = common::OpenModelFile(options.model_path);
@@ -102,48 +102,44 @@ int RunGenerateCommand(int argc, char** argv) {
   }
   options.request.prompt_ids = (*tokenizer)->Encode(text, /*add_special=*/true, /*parse_special=*/options.chat);
 
-  const int64_t needed = static_cast<int64_t>(options.request.prompt_ids.size()) + options.request.max_tokens;
-  options.runner.num_kv_blocks = (needed + options.runner.block_size - 1) / options.runner.block_size;
-  std::unique_ptr<ForwardPass> runner;
-  if (*device == "cuda") {
-    CudaRunnerOptions cuda_options;
-    cuda_options.num_kv_blocks = options.runner.num_kv_blocks;
-    cuda_options.block_size = options.runner.block_size;
-    cuda_options.cuda_graphs = options.cuda_graphs;
-    auto created = CudaModelRunner::Create(**gguf, cuda_options);
-    if (!created.ok()) return fail(created.status());
-    std::fprintf(stderr, "loaded %s on CUDA: weights\n%s", options.model_path.c_str(),
-                 (*created)->load_log().c_str());
-    runner = std::move(*created);
-  } else {
-    auto created = ModelRunner::Create(**gguf, options.runner);
-    if (!created.ok()) return fail(created.status());
-    std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
-                 (*created)->weights().load_log.c_str());
-    runner = std::move(*created);
-  }
+  auto config = common::ModelConfigFromGguf(**gguf);
+  if (!config.ok()) return fail(config.status());
+  // A KV pool of exactly the blocks this request can fill (max_tokens 0: up to the
+  // context length).
+  const int64_t needed =
+      options.request.max_tokens > 0
+          ? static_cast<int64_t>(options.request.prompt_ids.size()) + options.request.max_tokens
+          : config->context_length;
+  options.runner.num_kv_blocks =
+      std::max<int64_t>(1, (needed + options.runner.block_size - 1) / options.runner.block_size);
+  options.runner.device = *device;
+  options.runner.cuda_graphs = options.cuda_graphs;
+  std::string load_log;
+  auto backend = worker::CreateStepBackend(options.runner, **gguf, *config, &load_log);
+  if (!backend.ok()) return fail(backend.status());
+  std::fprintf(stderr, "loaded %s%s: weights\n%s", options.model_path.c_str(),
+               *device == "cuda" ? " on CUDA" : "", load_log.c_str());
 
-  LocalGenerator generator(*runner, (*tokenizer)->EndOfGenerationIds());
-  common::IncrementalDecoder decoder(**tokenizer, /*skip_special=*/true);
+  // The serving engine in this process: scheduler, block manager, step executor.
+  LocalEngine engine(**backend, **tokenizer);
   if (!options.chat) std::fputs(options.prompt.c_str(), stdout);
-  auto results = generator.Generate({options.request}, [&](size_t, const SampledToken& token) {
-    std::fputs(decoder.Append(token.token_id).c_str(), stdout);
+  auto results = engine.Generate({options.request}, [](size_t, const LocalEngine::TokenEvent& event) {
+    std::fwrite(event.text.data(), 1, event.text.size(), stdout);
     std::fflush(stdout);
   });
   if (!results.ok()) return fail(results.status());
-  std::fputs(decoder.Flush().c_str(), stdout);
   std::fputs("\n", stdout);
-  const GenerationResult& result = (*results)[0];
+  const EngineResult& result = (*results)[0];
   const size_t prompt_tokens = options.request.prompt_ids.size();
-  const size_t decoded = result.tokens.size() > 0 ? result.tokens.size() - 1 : 0;
+  const size_t decoded = result.outputs.size() > 0 ? result.outputs.size() - 1 : 0;
   std::fprintf(stderr,
                "prefill: %zu tokens in %.3f s (%.1f tokens/s); decode: %zu tokens in %.3f s "
                "(%.1f tokens/s); finish: %s\n",
                prompt_tokens, result.prefill_seconds, prompt_tokens / result.prefill_seconds,
                decoded, result.decode_seconds,
                result.decode_seconds > 0 ? decoded / result.decode_seconds : 0.0,
-               result.finish_reason == FinishReason::kStop ? "stop" : "length");
+               coordinator::FinishReasonName(result.finish_reason));
   return 0;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

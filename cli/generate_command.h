@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::worker {
+namespace loom::cli {
 
 /// `loom generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]
 /// [--top-p P] [--top-k K] [--min-p P] [--seed S] [--chat] [--threads N]
@@ -8,4 +8,4 @@ namespace loom::worker {
 /// continuation as it is produced, then prefill and decode tokens/s on stderr. argv[0] is "generate". Returns the exit code.
 int RunGenerateCommand(int argc, char** argv);
 
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -17,13 +17,13 @@
 #include "cli/worker_options.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
+#include "common/model_config.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "worker/model_runner.h"
-#include "worker/step_batch.h"
+#include "worker/step_backend_factory.h"
 
-namespace loom::worker {
+namespace loom::cli {
 namespace {
 
 struct Options {
@@ -33,7 +33,7 @@ struct Options {
   int64_t stride = 0;  // 0: context / 2
   int64_t max_tokens = 0;
   bool json = false;
-  ModelRunnerOptions runner;
+  worker::StepBackendOptions runner;
 };
 
 // Parses the command line into `options`; nullopt to go on, else the exit code.
@@ -91,63 +91,55 @@ absl::StatusOr<std::vector<PerplexityWindow>> PlanPerplexityWindows(int64_t num_
 
 double PerplexityResult::perplexity() const { return std::exp(mean_nll()); }
 
-absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
+int64_t PerplexityKvBlocks(int64_t context, int64_t block_size) {
+  // The window, and the token the engine samples after it.
+  return (context + 1 + block_size - 1) / block_size;
+}
+
+absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
                                                    const std::vector<int32_t>& tokens,
                                                    const PerplexityOptions& options) {
   const int64_t num_tokens = static_cast<int64_t>(tokens.size());
-  const common::ModelConfig& config = runner.config();
+  const common::ModelConfig& config = engine.config();
   if (options.context > config.context_length) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--context %d exceeds the model's context length %d", options.context,
                         config.context_length));
   }
-  if (options.max_step_tokens < 1) {
-    return absl::InvalidArgumentError("max_step_tokens must be >= 1");
+  if (options.context == config.context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--context %d must be below the model's context length %d: each window is a request "
+        "that also samples one token",
+        options.context, config.context_length));
   }
   LOOM_ASSIGN_OR_RETURN(std::vector<PerplexityWindow> windows,
                         PlanPerplexityWindows(num_tokens, options.context, options.stride));
-  const int64_t block_size = runner.block_size();
-  const int64_t num_blocks = (options.context + block_size - 1) / block_size;
-  if (num_blocks > runner.num_kv_blocks()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("a %d-token window needs %d KV blocks, the runner has %d", options.context,
-                        num_blocks, runner.num_kv_blocks()));
+  const int64_t block_size = engine.block_manager().block_size();
+  const int64_t num_blocks = PerplexityKvBlocks(options.context, block_size);
+  if (num_blocks > engine.block_manager().num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a %d-token window needs %d KV blocks, the engine has %d", options.context, num_blocks,
+        engine.block_manager().num_blocks()));
   }
-  std::vector<int32_t> blocks(num_blocks);
-  for (int64_t b = 0; b < num_blocks; ++b) blocks[b] = static_cast<int32_t>(b);
 
-  const int64_t vocab = config.vocab_size;
   PerplexityResult result;
   result.num_tokens = num_tokens;
   result.windows = static_cast<int64_t>(windows.size());
-  std::vector<float> logits;
   const auto start = std::chrono::steady_clock::now();
   for (const PerplexityWindow& window : windows) {
-    for (int64_t chunk = window.begin; chunk < window.end; chunk += options.max_step_tokens) {
-      const int64_t chunk_end = std::min(window.end, chunk + options.max_step_tokens);
-      StepBatch batch;
-      LOOM_RETURN_IF_ERROR(AppendSequence(
-          batch, absl::MakeConstSpan(tokens).subspan(chunk, chunk_end - chunk),
-          static_cast<int32_t>(chunk - window.begin), blocks, static_cast<int32_t>(block_size),
-          /*sample_last=*/false));
-      // Row t (token chunk + t) predicts token chunk + t + 1.
-      std::vector<int64_t> targets;
-      for (int64_t p = chunk; p < chunk_end; ++p) {
-        if (p + 1 >= window.score_begin && p + 1 < window.end) {
-          batch.sample_rows.push_back(static_cast<int32_t>(p - chunk));
-          targets.push_back(p + 1);
-        }
-      }
-      LOOM_RETURN_IF_ERROR(runner.Step(batch, logits));
-      for (size_t i = 0; i < targets.size(); ++i) {
-        const float* row = logits.data() + i * vocab;
-        double max = row[0];
-        for (int64_t v = 1; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
-        double sum = 0;
-        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
-        result.nll_sum += max + std::log(sum) - row[tokens[targets[i]]];
-        ++result.scored;
-      }
+    // A window whose first token is its only one scores nothing.
+    if (window.score_begin >= window.end) continue;
+    // Window tokens from score_begin on are scored; one greedy token follows (unused).
+    EngineRequest request;
+    request.prompt_ids.assign(tokens.begin() + window.begin, tokens.begin() + window.end);
+    request.sampling.temperature = 0.0f;
+    request.max_tokens = 1;
+    request.ignore_eos = true;
+    request.score_prompt_from = static_cast<int32_t>(window.score_begin - window.begin);
+    LOOM_ASSIGN_OR_RETURN(std::vector<EngineResult> scored, engine.Generate({request}));
+    for (double logprob : scored[0].prompt_logprobs) {
+      result.nll_sum += -logprob;
+      ++result.scored;
     }
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -183,16 +175,24 @@ int RunPerplexityCommand(int argc, char** argv) {
   perplexity.context = options.context;
   perplexity.stride =
       options.stride > 0 ? options.stride : std::max<int64_t>(1, options.context / 2);
-  perplexity.max_step_tokens = std::min<int64_t>(512, options.context);
-  options.runner.num_kv_blocks = std::max<int64_t>(
-      1, (options.context + options.runner.block_size - 1) / options.runner.block_size);
-  auto runner = ModelRunner::Create(**gguf, options.runner);
-  if (!runner.ok()) return fail(runner.status());
+  auto config = common::ModelConfigFromGguf(**gguf);
+  if (!config.ok()) return fail(config.status());
+  options.runner.device = "cpu";
+  options.runner.num_kv_blocks =
+      std::max<int64_t>(1, PerplexityKvBlocks(options.context, options.runner.block_size));
+  std::string load_log;
+  auto backend = worker::CreateStepBackend(options.runner, **gguf, *config, &load_log);
+  if (!backend.ok()) return fail(backend.status());
   if (!options.json) {
-    std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
-                 (*runner)->weights().load_log.c_str());
+    std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(), load_log.c_str());
   }
-  absl::StatusOr<PerplexityResult> result = ComputePerplexity(**runner, tokens, perplexity);
+  // One window at a time, prefilled in chunks of at most 512 tokens; nothing is shared
+  // between windows (they start at different offsets), so the prefix cache is off.
+  LocalEngineOptions engine_options;
+  engine_options.max_num_batched_tokens = std::max<int64_t>(1, std::min<int64_t>(512, options.context));
+  engine_options.enable_prefix_caching = false;
+  LocalEngine engine(**backend, **tokenizer, engine_options);
+  absl::StatusOr<PerplexityResult> result = ComputePerplexity(engine, tokens, perplexity);
   if (!result.ok()) return fail(result.status());
   if (options.json) {
     nlohmann::json line = {
@@ -222,4 +222,4 @@ int RunPerplexityCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/forward_pass.h"
+#include "cli/local_engine.h"
 
-namespace loom::worker {
+namespace loom::cli {
 
 /// One sliding window: tokens [begin, end) are the model's input (positions 0 ..
 /// end - begin - 1); the tokens at [score_begin, end) are scored, each predicted from
@@ -29,8 +29,6 @@ absl::StatusOr<std::vector<PerplexityWindow>> PlanPerplexityWindows(int64_t num_
 struct PerplexityOptions {
   int64_t context = 512;
   int64_t stride = 256;
-  /// Tokens per Step (a window longer than this is prefilled in chunks).
-  int64_t max_step_tokens = 512;
 };
 
 struct PerplexityResult {
@@ -44,10 +42,17 @@ struct PerplexityResult {
   double perplexity() const;
 };
 
-/// Runs `tokens` through `runner` window by window (each window from position 0, its
-/// KV in blocks 0, 1, ...: the runner needs ceil(context / block_size) blocks) and sums
-/// -log softmax(logits)[next token] in double over the scored tokens.
-absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
+/// KV blocks of `block_size` tokens one window of `context` tokens takes in the engine
+/// (its tokens and the one token the engine samples after it).
+int64_t PerplexityKvBlocks(int64_t context, int64_t block_size);
+
+/// Runs `tokens` through `engine` window by window, each window one request (from
+/// position 0) that scores its prompt from score_begin on (EngineRequest::
+/// score_prompt_from), and sums -log softmax(logits)[next token] in double over the scored
+/// tokens. The engine's pool needs PerplexityKvBlocks(context) blocks; its
+/// max_num_batched_tokens is the prefill chunk. InvalidArgument for impossible windows or
+/// a context of the model's context length or more.
+absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
                                                    const std::vector<int32_t>& tokens,
                                                    const PerplexityOptions& options);
 
@@ -57,4 +62,4 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(ForwardPass& runner,
 /// Returns the exit code.
 int RunPerplexityCommand(int argc, char** argv);
 
-}  // namespace loom::worker
+}  // namespace loom::cli

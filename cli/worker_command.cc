@@ -32,8 +32,7 @@
 #include "worker/kv_cache.h"
 #include "worker/model_quantizer.h"
 #include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
-#include "worker/noop_backend.h"
+#include "worker/step_backend_factory.h"
 #include "worker/registration.h"
 #include "worker/step_executor.h"
 #include "worker/step_progress.h"
@@ -99,46 +98,43 @@ ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_bl
   return runner_options;
 }
 
-// Builds the backend: the model runner on `device` ("cpu" or "cuda"; weights loaded, KV
-// pool allocated) or noop. `num_blocks` sizes the CPU pool; on CUDA it is used when
-// positive, else the pool takes a fraction of free device memory. The CPU runner runs on
-// `thread_pool` when given (shared with a draft model) and counts its layers into `progress`.
+// Builds the backend (CreateStepBackend) from the worker's flags: the model runner on
+// `device` ("cpu" or "cuda"; weights loaded, KV pool allocated) or noop, and prints its load
+// log. `num_blocks` sizes the CPU pool; on CUDA it is used when positive, else the pool
+// takes a fraction of free device memory. The CPU runner runs on `thread_pool` when given
+// (shared with a draft model) and counts its layers into `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     const WorkerOptions& options, const std::string& device, const common::GgufFile& gguf,
     const common::ModelConfig& config, int64_t num_blocks, Communicator* communicator,
     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
-  if (options.backend == "noop") {
-    absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
-        common::Tokenizer::FromGguf(gguf);
-    std::vector<int32_t> end_ids;
-    if (tokenizer.ok()) end_ids = (*tokenizer)->EndOfGenerationIds();
-    return std::make_unique<NoopBackend>(config, num_blocks, options.block_size,
-                                         std::move(end_ids));
-  }
+  StepBackendOptions backend_options;
+  backend_options.backend = options.backend;
+  backend_options.device = device;
+  backend_options.num_kv_blocks = num_blocks;
+  backend_options.block_size = options.block_size;
+  backend_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
+  backend_options.gpu_memory_utilization = options.gpu_memory_utilization.value_or(0.0);
+  backend_options.num_threads = options.num_threads;
+  backend_options.kv_dtype = options.kv_dtype;
+  backend_options.activations = options.activations;
+  backend_options.cuda_graphs = options.cuda_graphs;
+  backend_options.tp_rank = options.rank;
+  backend_options.tp_size = options.world_size;
+  backend_options.communicator = communicator;
+  backend_options.thread_pool = std::move(thread_pool);
+  backend_options.progress = progress;
+  std::string load_log;
+  absl::StatusOr<std::unique_ptr<StepBackend>> backend =
+      CreateStepBackend(backend_options, gguf, config, &load_log);
+  if (!backend.ok() || options.backend == "noop") return backend;
   if (device == "cuda") {
-    CudaRunnerOptions cuda_options;
-    cuda_options.num_kv_blocks = num_blocks;
-    cuda_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
-    cuda_options.gpu_memory_utilization = options.gpu_memory_utilization.value_or(0.0);
-    cuda_options.block_size = options.block_size;
-    cuda_options.cuda_graphs = options.cuda_graphs;
-    absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
-        CudaModelRunner::Create(gguf, cuda_options);
-    if (!runner.ok()) return runner.status();
-    std::fprintf(stderr, "%s", (*runner)->load_log().c_str());
-    return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cuda");
+    std::fprintf(stderr, "%s", load_log.c_str());
+  } else {
+    std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
+                 load_log.c_str(), kernels::cpu::MatmulIsa(),
+                 kernels::cpu::ActivationPrecisionName(options.activations));
   }
-  ModelRunnerOptions runner_options =
-      CpuRunnerOptions(options, num_blocks, std::move(thread_pool), progress);
-  runner_options.tp_rank = options.rank;
-  runner_options.tp_size = options.world_size;
-  runner_options.communicator = communicator;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
-  if (!runner.ok()) return runner.status();
-  std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
-               (*runner)->weights().load_log.c_str(), kernels::cpu::MatmulIsa(),
-               kernels::cpu::ActivationPrecisionName(options.activations));
-  return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cpu");
+  return backend;
 }
 
 }  // namespace

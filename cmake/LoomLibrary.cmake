@@ -2,9 +2,12 @@
 # One CMake library per top-level folder (loom::<name>). A folder with no sources yet
 # is an INTERFACE library, so dependants can link it already.
 function(loom_add_folder_library name)
-  cmake_parse_arguments(ARG "" "" "PATTERNS;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "PATTERNS;DEPS;EXCLUDE" ${ARGN})
   file(GLOB sources CONFIGURE_DEPENDS ${ARG_PATTERNS})
   list(FILTER sources EXCLUDE REGEX "_main\\.cc$")
+  foreach(excluded ${ARG_EXCLUDE})
+    list(FILTER sources EXCLUDE REGEX "${excluded}")
+  endforeach()
   if(sources)
     add_library(loom_${name} STATIC ${sources})
     target_include_directories(loom_${name} PUBLIC ${PROJECT_SOURCE_DIR})

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "coordinator/step_plan.h"
 #include "grpcpp/grpcpp.h"
 
 namespace loom::coordinator {
@@ -333,10 +334,9 @@ bool Replica::SendPlans() {
     if (out.empty()) break;
     // Reused: a cleared plan keeps its sequence messages (Write serializes before it returns).
     loom::v1::StepPlan& plan = plan_scratch_;
-    plan.Clear();
     InFlightPlan record;
     record.step_id = next_step_id_++;
-    plan.set_step_id(record.step_id);
+    BuildStepPlan(out, record.step_id, plan);
     for (const ScheduledWork& work : out.scheduled) {
       const Sequence& seq = *work.seq;
       if (work.is_new && seq.num_preemptions == 0) {
@@ -348,28 +348,9 @@ bool Replica::SendPlans() {
               std::min(seq.num_cached_tokens, static_cast<int32_t>(seq.prompt_ids.size())));
         }
       }
-      if (work.is_new) {
-        loom::v1::NewSequence* added = plan.add_added();
-        added->set_seq_id(seq.seq_id);
-        added->mutable_prompt_token_ids()->Add(seq.prompt_ids.begin(), seq.prompt_ids.end());
-        added->mutable_output_token_ids()->Add(seq.output_ids.begin(), seq.output_ids.end());
-        *added->mutable_sampling() = seq.sampling;
-        added->set_num_cached_tokens(work.num_cached_tokens);
-      }
-      loom::v1::ScheduledSequence* scheduled = plan.add_scheduled();
-      scheduled->set_seq_id(seq.seq_id);
-      scheduled->mutable_new_block_ids()->Add(work.new_block_ids.begin(),
-                                              work.new_block_ids.end());
-      scheduled->set_num_tokens(work.num_tokens);
-      scheduled->set_sample(work.sample);
-      if (work.num_speculative_tokens > 0) {
-        scheduled->set_num_speculative_tokens(work.num_speculative_tokens);
-        record.speculative.insert(seq.seq_id);
-      }
+      if (work.num_speculative_tokens > 0) record.speculative.insert(seq.seq_id);
       record.seq_ids.push_back(seq.seq_id);
     }
-    plan.mutable_finished()->Add(out.finished.begin(), out.finished.end());
-    plan.mutable_preempted()->Add(out.preempted.begin(), out.preempted.end());
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;

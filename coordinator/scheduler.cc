@@ -202,6 +202,11 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
     // The block holding the last known token is never taken from the cache: computing
     // that token is what produces the logits to sample from.
     max_blocks = (seq.num_known_tokens() - 1) / config_.block_size;
+    // A scoring sequence computes every position from the one that predicts its first
+    // scored token on.
+    if (seq.score_prompt_from > 0) {
+      max_blocks = std::min<int64_t>(max_blocks, (seq.score_prompt_from - 1) / config_.block_size);
+    }
     ExtendHashes(seq, max_blocks);
     match = block_manager_.MatchPrefix(
         absl::MakeConstSpan(seq.block_hashes).first(static_cast<size_t>(max_blocks)),

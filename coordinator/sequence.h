@@ -31,6 +31,10 @@ struct Sequence {
   std::vector<int32_t> output_ids;  // tokens whose results were applied, in order
   loom::v1::SamplingParams sampling;
   int32_t max_tokens = 0;      // outputs to generate at most (>= 1)
+  // Prompt scoring (loom.v1.NewSequence.score_prompt_from): 0, or the first prompt index
+  // whose log-probability the worker returns; the prefix cache then serves no token at or
+  // after score_prompt_from - 1.
+  int32_t score_prompt_from = 0;
 
   SequenceStatus status = SequenceStatus::kWaiting;
   int32_t num_computed = 0;       // tokens whose compute was scheduled (plans sent)

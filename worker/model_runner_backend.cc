@@ -39,11 +39,30 @@ ModelRunnerBackend::ModelRunnerBackend(std::unique_ptr<ForwardPass> runner, std:
 absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                                      std::vector<SampledToken>& tokens,
                                      std::vector<int32_t>& num_emitted, BackendTimings& timings) {
-  if (NumSampleRows(rows) != batch.sample_rows.size()) {
+  std::vector<double> no_scores;
+  return RunAndScore(batch, rows, {}, tokens, num_emitted, no_scores, timings);
+}
+
+absl::Status ModelRunnerBackend::RunAndScore(const StepBatch& batch,
+                                             absl::Span<const SampleRow> rows,
+                                             absl::Span<const int32_t> score_targets,
+                                             std::vector<SampledToken>& tokens,
+                                             std::vector<int32_t>& num_emitted,
+                                             std::vector<double>& score_logprobs,
+                                             BackendTimings& timings) {
+  score_logprobs.clear();
+  if (NumSampleRows(rows) + score_targets.size() != batch.sample_rows.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%d sample rows but the samplers cover %d", batch.sample_rows.size(), NumSampleRows(rows)));
+        "%d sample rows but the samplers cover %d and %d are scored", batch.sample_rows.size(),
+        NumSampleRows(rows), score_targets.size()));
   }
   const int64_t vocab = runner_->config().vocab_size;
+  for (int32_t target : score_targets) {
+    if (target < 0 || target >= vocab) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "scored token %d is outside the vocabulary [0, %d)", target, vocab));
+    }
+  }
   for (const SampleRow& row : rows) {
     if (row.sampler == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat("sequence %d has no sampler", row.seq_id));
@@ -55,7 +74,7 @@ absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const Sa
           row.seq_id, row.draft_probs.size(), row.draft_tokens.size(), vocab));
     }
   }
-  if (runner_->samples_on_device() && SamplesOnDevice(rows)) {
+  if (score_targets.empty() && runner_->samples_on_device() && SamplesOnDevice(rows)) {
     return RunOnDevice(batch, rows, tokens, num_emitted, timings);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -87,6 +106,16 @@ absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const Sa
     }
     num_emitted.push_back(emitted);
     logits_row += drafts + 1;
+  }
+  // The scored rows follow the sampled ones: -NLL of each target, in double.
+  score_logprobs.reserve(score_targets.size());
+  for (size_t i = 0; i < score_targets.size(); ++i) {
+    const float* row = logits_.data() + (logits_row + i) * vocab;
+    double max = row[0];
+    for (int64_t v = 1; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+    score_logprobs.push_back(-(max + std::log(sum) - row[score_targets[i]]));
   }
   timings.sample_seconds = SecondsSince(sample_start);
   return absl::OkStatus();

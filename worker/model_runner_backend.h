@@ -34,6 +34,13 @@ class ModelRunnerBackend : public StepBackend {
   absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                    std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
                    BackendTimings& timings) override;
+  /// Run, plus the log-probability of each scored row's target from the host logits
+  /// (scoring steps never sample on the device).
+  absl::Status RunAndScore(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                           absl::Span<const int32_t> score_targets,
+                           std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
+                           std::vector<double>& score_logprobs,
+                           BackendTimings& timings) override;
 
   ForwardPass& runner() const { return *runner_; }
 

@@ -1,10 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/model_config.h"
 #include "worker/sampler.h"
@@ -79,6 +81,22 @@ class StepBackend {
   virtual absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                            std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
                            BackendTimings& timings) = 0;
+
+  /// Run, where batch.sample_rows also holds, after the entries `rows` own, one row per
+  /// prompt position being scored: `score_targets[i]` is the token that follows the i-th
+  /// of them, and `score_logprobs[i]` receives its raw log-softmax at that row, computed
+  /// in double as -(max + log(sum(exp(logit - max))) - logit[target]) (perplexity's
+  /// negative log-likelihood, negated exactly). With no targets this is Run; a backend
+  /// that cannot score answers Unimplemented (the default).
+  virtual absl::Status RunAndScore(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                                   absl::Span<const int32_t> score_targets,
+                                   std::vector<SampledToken>& tokens,
+                                   std::vector<int32_t>& num_emitted,
+                                   std::vector<double>& score_logprobs, BackendTimings& timings) {
+    score_logprobs.clear();
+    if (score_targets.empty()) return Run(batch, rows, tokens, num_emitted, timings);
+    return absl::UnimplementedError(absl::StrCat("the ", std::string(name()), " backend cannot score prompts"));
+  }
 };
 
 }  // namespace loom::worker

@@ -41,6 +41,9 @@ struct StepExecutor::Sequence {
   // Invariant: <= num_computed, so they lie in blocks the sequence still holds.
   int64_t num_draft_computed = 0;
   int32_t num_logprobs = -1;
+  int64_t num_prompt_tokens = 0;
+  // Prompt scoring: 0, or the first prompt index whose log-probability is returned.
+  int64_t score_prompt_from = 0;
   std::unique_ptr<SequenceSampler> sampler;  // null when the backend uses no samplers
 };
 
@@ -66,6 +69,17 @@ struct StepExecutor::Prepared {
   std::vector<DraftProposal> drafts;  // per entry of `rows`; rows[i].draft_* view it
   StepBatch batch;
   std::vector<SampleRow> rows;
+  // Prompt scoring: the rows past the sampled ones in batch.sample_rows, the token each
+  // predicts, and per scoring entry its sequence and first scored prompt index.
+  struct ScoreRun {
+    uint64_t seq_id = 0;
+    int64_t first_token = 0;
+    int32_t count = 0;
+  };
+  std::vector<int32_t> score_rows;
+  std::vector<int32_t> score_targets;
+  std::vector<ScoreRun> score_runs;
+  std::vector<double> score_logprobs;
   // What Execute hands the backend and gets back.
   std::vector<SampledToken> tokens;
   std::vector<int32_t> num_emitted;
@@ -82,6 +96,10 @@ struct StepExecutor::Prepared {
     drafts.clear();
     batch.Clear();
     rows.clear();
+    score_rows.clear();
+    score_targets.clear();
+    score_runs.clear();
+    score_logprobs.clear();
     tokens.clear();
     num_emitted.clear();
   }
@@ -175,6 +193,15 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
           "sequence %d: num_cached_tokens is %d, must be in [0, %d) (its token count)", id,
           added.num_cached_tokens(), num_tokens));
     }
+    const int64_t prompt_size = added.prompt_token_ids().size();
+    if (added.score_prompt_from() != 0 &&
+        (added.score_prompt_from() < 1 || added.score_prompt_from() >= prompt_size ||
+         added.num_cached_tokens() >= added.score_prompt_from())) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: score_prompt_from is %d, must be 0 or in [1, %d) (the prompt's length) "
+          "and above num_cached_tokens %d",
+          id, added.score_prompt_from(), prompt_size, added.num_cached_tokens()));
+    }
     LOOM_RETURN_IF_ERROR(CheckTokenIds(added.prompt_token_ids(), vocab, id, "prompt"));
     LOOM_RETURN_IF_ERROR(CheckTokenIds(added.output_token_ids(), vocab, id, "output"));
     const SamplingParams params = SamplingParamsFromProto(added.sampling());
@@ -188,6 +215,8 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
                             added.output_token_ids().end());
     sequence->num_computed = added.num_cached_tokens();
     sequence->num_logprobs = params.num_logprobs;
+    sequence->num_prompt_tokens = prompt_size;
+    sequence->score_prompt_from = added.score_prompt_from();
     if (backend_.uses_samplers()) {
       sequence->sampler = std::make_unique<SequenceSampler>(
           params,
@@ -307,6 +336,19 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
             static_cast<int32_t>(first_new + (entry.end - entry.begin) - 1 + d));
       }
     }
+    if (sequence->score_prompt_from > 0) {
+      // Row p predicts token p + 1: the prompt positions from the first scored token's
+      // predecessor on, up to the one before the prompt's last token.
+      const int64_t first = std::max(entry.begin, sequence->score_prompt_from - 1);
+      const int64_t last = std::min(entry.end, sequence->num_prompt_tokens - 1);
+      if (first < last) {
+        prepared.score_runs.push_back({id, first + 1, static_cast<int32_t>(last - first)});
+        for (int64_t p = first; p < last; ++p) {
+          prepared.score_rows.push_back(static_cast<int32_t>(first_new + (p - entry.begin)));
+          prepared.score_targets.push_back(sequence->tokens[p + 1]);
+        }
+      }
+    }
     if (entry.sample) {
       prepared.rows.push_back({id, sequence->sampler.get(), {}, {}});
       prepared.sampled.push_back(sequence);
@@ -315,6 +357,9 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
       prepared.drafts.push_back(std::move(proposal));
     }
   }
+  // The scored rows come after every sampled one (StepBackend::RunAndScore).
+  prepared.batch.sample_rows.insert(prepared.batch.sample_rows.end(), prepared.score_rows.begin(),
+                                    prepared.score_rows.end());
   // Views into `drafts`, taken once it no longer grows.
   for (size_t r = 0; r < prepared.rows.size(); ++r) {
     prepared.rows[r].draft_tokens = prepared.drafts[r].tokens;
@@ -441,7 +486,17 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   std::vector<int32_t>& num_emitted = prepared.num_emitted;
   BackendTimings timings;
   if (status.ok() && !prepared.entries.empty()) {
-    status = backend_.Run(prepared.batch, prepared.rows, tokens, num_emitted, timings);
+    if (prepared.score_targets.empty()) {
+      status = backend_.Run(prepared.batch, prepared.rows, tokens, num_emitted, timings);
+    } else {
+      status = backend_.RunAndScore(prepared.batch, prepared.rows, prepared.score_targets, tokens,
+                                    num_emitted, prepared.score_logprobs, timings);
+      if (status.ok() && prepared.score_logprobs.size() != prepared.score_targets.size()) {
+        status = absl::InternalError(absl::StrFormat(
+            "the %s backend scored %d rows of %d", std::string(backend_.name()),
+            prepared.score_logprobs.size(), prepared.score_targets.size()));
+      }
+    }
     if (status.ok()) status = CheckEmitted(prepared, tokens, num_emitted);
   }
   if (!status.ok()) {
@@ -499,6 +554,15 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
         }
       }
     }
+  }
+  size_t next_score = 0;
+  for (const Prepared::ScoreRun& run : prepared.score_runs) {
+    loom::v1::PromptLogprobs* scored = result.add_prompt_logprobs();
+    scored->set_seq_id(run.seq_id);
+    scored->set_first_token(static_cast<int32_t>(run.first_token));
+    scored->mutable_logprobs()->Add(prepared.score_logprobs.begin() + next_score,
+                                    prepared.score_logprobs.begin() + next_score + run.count);
+    next_score += run.count;
   }
   result.set_num_tokens(static_cast<int32_t>(prepared.batch.num_tokens()));
   loom::v1::StepTimings* step_timings = result.mutable_timings();

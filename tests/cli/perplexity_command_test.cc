@@ -1,14 +1,22 @@
 #include "cli/perplexity_command.h"
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/tokenizer.h"
+#include "tests/worker/tiny_model.h"
+#include "worker/forward_pass.h"
+#include "worker/model_runner_backend.h"
 #include "worker/step_batch.h"
 
-namespace loom::worker {
+namespace loom::cli {
 namespace {
+
+using worker::ForwardPass;
+using worker::StepBatch;
 
 using ::testing::HasSubstr;
 
@@ -54,15 +62,16 @@ TEST(PlanPerplexityWindowsTest, RejectsImpossibleWindows) {
 // records the positions it is asked for.
 class CountingModel : public ForwardPass {
  public:
-  explicit CountingModel(float confidence) : confidence_(confidence) {
+  CountingModel(float confidence, int64_t num_kv_blocks)
+      : confidence_(confidence), num_kv_blocks_(num_kv_blocks) {
     config_.vocab_size = 8;
     config_.context_length = 64;
   }
   const common::ModelConfig& config() const override { return config_; }
-  int64_t num_kv_blocks() const override { return 4; }
+  int64_t num_kv_blocks() const override { return num_kv_blocks_; }
   int64_t block_size() const override { return 4; }
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override {
-    absl::Status valid = ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
+    absl::Status valid = worker::ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
                                            num_kv_blocks(), block_size());
     if (!valid.ok()) return valid;
     max_position =
@@ -82,45 +91,76 @@ class CountingModel : public ForwardPass {
  private:
   common::ModelConfig config_;
   float confidence_;
+  int64_t num_kv_blocks_;
+};
+
+// The counting model behind the in-process engine, with an 8-token tokenizer ("t0".."t7").
+struct CountingEngine {
+  CountingEngine(float confidence, int64_t max_step_tokens, int64_t num_kv_blocks = 5) {
+    worker::testing::TinyModelSpec spec;
+    spec.vocab = 8;
+    vocabulary = worker::testing::TinyModel(spec);
+    tokenizer = common::Tokenizer::FromGguf(*vocabulary).value();
+    auto owned = std::make_unique<CountingModel>(confidence, num_kv_blocks);
+    model = owned.get();
+    backend = std::make_unique<worker::ModelRunnerBackend>(std::move(owned));
+    LocalEngineOptions options;
+    options.max_num_batched_tokens = max_step_tokens;
+    options.enable_prefix_caching = false;
+    engine = std::make_unique<LocalEngine>(*backend, *tokenizer, options);
+  }
+
+  std::unique_ptr<common::GgufFile> vocabulary;  // the tokenizer's source
+  std::unique_ptr<common::Tokenizer> tokenizer;
+  CountingModel* model = nullptr;  // owned by the backend
+  std::unique_ptr<worker::ModelRunnerBackend> backend;
+  std::unique_ptr<LocalEngine> engine;
 };
 
 TEST(ComputePerplexityTest, UniformLogitsGiveTheVocabularySize) {
-  CountingModel model(0.0f);
+  // Windows of 16 prefilled 5 tokens per step.
+  CountingEngine counting(0.0f, 5);
   std::vector<int32_t> tokens(40);
   for (int i = 0; i < 40; ++i) tokens[i] = (i * 3) % 8;
-  absl::StatusOr<PerplexityResult> result = ComputePerplexity(model, tokens, {16, 8, 5});
+  absl::StatusOr<PerplexityResult> result = ComputePerplexity(*counting.engine, tokens, {16, 8});
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->scored, 39);
   EXPECT_NEAR(result->perplexity(), 8.0, 1e-9);
-  EXPECT_EQ(model.max_position, 15);  // every window restarts at position 0
+  EXPECT_EQ(counting.model->max_position, 15);  // every window restarts at position 0
+  EXPECT_EQ(counting.model->steps, 4 * 4);      // 4 windows of 4 chunks
+  EXPECT_EQ(counting.engine->block_manager().num_free(), 5);
 }
 
 TEST(ComputePerplexityTest, ScoresTheTokenThatFollows) {
   // The model puts logit 3 on "previous + 1"; a counting sequence is predicted with
   // p = e^3 / (e^3 + 7) at every position.
-  CountingModel model(3.0f);
+  CountingEngine counting(3.0f, 512);
   std::vector<int32_t> tokens(30);
   for (int i = 0; i < 30; ++i) tokens[i] = i % 8;
-  absl::StatusOr<PerplexityResult> result = ComputePerplexity(model, tokens, {12, 6, 512});
+  absl::StatusOr<PerplexityResult> result = ComputePerplexity(*counting.engine, tokens, {12, 6});
   ASSERT_TRUE(result.ok()) << result.status();
   const double nll = -std::log(std::exp(3.0) / (std::exp(3.0) + 7.0));
   EXPECT_NEAR(result->mean_nll(), nll, 1e-9);
   EXPECT_EQ(result->scored, 29);
   // A sequence the model never predicts: all scored tokens get p = 1 / (e^3 + 7).
   std::vector<int32_t> constant(30, 5);
-  result = ComputePerplexity(model, constant, {12, 6, 512});
+  result = ComputePerplexity(*counting.engine, constant, {12, 6});
   ASSERT_TRUE(result.ok());
   EXPECT_NEAR(result->mean_nll(), std::log(std::exp(3.0) + 7.0), 1e-9);
 }
 
 TEST(ComputePerplexityTest, RejectsWindowsTheRunnerCannotHold) {
-  CountingModel model(0.0f);
+  CountingEngine counting(0.0f, 512, /*num_kv_blocks=*/4);
   std::vector<int32_t> tokens(100, 1);
-  EXPECT_THAT(ComputePerplexity(model, tokens, {32, 16, 512}).status().message(),
-              HasSubstr("needs 8 KV blocks, the runner has 4"));
-  EXPECT_THAT(ComputePerplexity(model, tokens, {128, 16, 512}).status().message(),
+  // 32 tokens and the one sampled after them, in blocks of 4.
+  EXPECT_THAT(ComputePerplexity(*counting.engine, tokens, {32, 16}).status().message(),
+              HasSubstr("needs 9 KV blocks, the engine has 4"));
+  EXPECT_THAT(ComputePerplexity(*counting.engine, tokens, {128, 16}).status().message(),
               HasSubstr("exceeds the model's context length 64"));
+  EXPECT_THAT(ComputePerplexity(*counting.engine, tokens, {64, 16}).status().message(),
+              HasSubstr("must be below the model's context length 64"));
+  EXPECT_EQ(counting.model->steps, 0);
 }
 
 }  // namespace
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -832,6 +832,28 @@ TEST(SchedulerPrefixTest, NeverReusesTheBlockHoldingTheLastPromptToken) {
   EXPECT_TRUE(WorkFor(second, 2)->sample);
 }
 
+TEST(SchedulerPrefixTest, APromptScoringSequenceComputesEveryPositionItScores) {
+  // Tokens 0-11 are cached (three blocks of 4). A sequence scoring from token 6 needs
+  // position 5 computed: it takes only the first block.
+  Scheduler scheduler(Config(4, 8, 64));
+  FakeWorker worker(4);
+  ASSERT_TRUE(scheduler.Add(SequenceWithPrompt(1, Tokens(100, 13), 1)).ok());
+  SchedulerOutput first = scheduler.Schedule();
+  worker.Run(first);
+  ApplySamples(scheduler, first);
+  scheduler.Finish(1);
+  ASSERT_EQ(scheduler.block_manager().num_cached(), 3);
+
+  std::unique_ptr<Sequence> scoring = SequenceWithPrompt(2, Tokens(100, 14), 1);
+  scoring->score_prompt_from = 6;
+  ASSERT_TRUE(scheduler.Add(std::move(scoring)).ok());
+  SchedulerOutput second = scheduler.Schedule();
+  const ScheduledWork* work = WorkFor(second, 2);
+  ASSERT_NE(work, nullptr);
+  EXPECT_EQ(work->num_cached_tokens, 4);
+  EXPECT_EQ(work->num_tokens, 10);
+}
+
 TEST(SchedulerPrefixTest, AFinishedSequencesBlocksStayCachedAndAreRevived) {
   Scheduler scheduler(Config(4, 8, 64));
   FakeWorker worker(4);

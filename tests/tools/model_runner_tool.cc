@@ -9,13 +9,14 @@
 #include <iostream>
 #include <string>
 
+#include "cli/local_engine.h"
 #include "common/gguf_file.h"
 #include "common/hf_model.h"
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "worker/local_generator.h"
 #include "worker/model_runner.h"
+#include "worker/model_runner_backend.h"
 
 namespace {
 
@@ -25,7 +26,8 @@ using nlohmann::json;
 struct Tool {
   std::unique_ptr<loom::common::GgufFile> gguf;
   std::unique_ptr<loom::common::Tokenizer> tokenizer;
-  std::unique_ptr<loom::worker::ModelRunner> runner;
+  std::unique_ptr<loom::worker::ModelRunnerBackend> backend;  // owns the runner
+  loom::worker::ModelRunner* runner = nullptr;                // forward passes straight
 
   int64_t vocab() const { return runner->config().vocab_size; }
   int32_t block_size() const { return static_cast<int32_t>(runner->block_size()); }
@@ -55,25 +57,21 @@ struct Tool {
 
   absl::StatusOr<json> Greedy(const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens,
                               bool batched, bool stop_at_eos) {
-    std::vector<loom::worker::GenerationRequest> requests;
+    std::vector<loom::cli::EngineRequest> requests;
     for (const auto& prompt : prompts) {
-      loom::worker::GenerationRequest request;
+      loom::cli::EngineRequest request;
       request.prompt_ids = prompt;
       request.sampling.temperature = 0.0f;
       request.max_tokens = max_tokens;
       request.ignore_eos = !stop_at_eos;
       requests.push_back(std::move(request));
     }
-    std::vector<int32_t> eos;
-    if (tokenizer) eos = tokenizer->EndOfGenerationIds();
-    loom::worker::LocalGenerator generator(*runner, eos);
-    LOOM_ASSIGN_OR_RETURN(auto results, generator.Generate(requests, nullptr, batched));
+    if (!tokenizer) return absl::FailedPreconditionError("generation needs the model's tokenizer");
+    // The serving engine (scheduler, block manager, step executor) over the same runner.
+    loom::cli::LocalEngine engine(*backend, *tokenizer);
+    LOOM_ASSIGN_OR_RETURN(auto results, engine.Generate(requests, nullptr, batched));
     json tokens = json::array();
-    for (const auto& result : results) {
-      std::vector<int32_t> ids;
-      for (const auto& token : result.tokens) ids.push_back(token.token_id);
-      tokens.push_back(ids);
-    }
+    for (const auto& result : results) tokens.push_back(result.token_ids());
     return json{{"tokens", tokens}};
   }
 
@@ -198,7 +196,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
     return 1;
   }
-  tool.runner = std::move(*runner);
+  tool.runner = runner->get();
+  tool.backend = std::make_unique<loom::worker::ModelRunnerBackend>(std::move(*runner));
   std::string line;
   while (std::getline(std::cin, line)) {
     json reply;

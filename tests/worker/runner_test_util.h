@@ -1,7 +1,7 @@
 #pragma once
 
-// Greedy decoding straight on a ModelRunner, for tests that compare runners (quantized vs not, one
-// rank vs several) token for token.
+// CPU runners for tests, and greedy generation through the serving engine for tests that
+// compare runners (quantized vs not, one rank vs several) token for token.
 
 #include <algorithm>
 #include <cstdint>
@@ -12,9 +12,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cli/local_engine.h"
 #include "common/gguf_file.h"
+#include "common/tokenizer.h"
 #include "worker/model_runner.h"
-#include "worker/step_batch.h"
+#include "worker/model_runner_backend.h"
 
 namespace loom::worker::test_util {
 
@@ -32,30 +34,42 @@ inline std::unique_ptr<ModelRunner> MakeCpuRunner(const common::GgufFile& gguf,
   return runner.ok() ? *std::move(runner) : nullptr;
 }
 
-/// Greedy generation of `steps` tokens after `prompt` as one sequence in blocks 0-3 (of 16 slots):
-/// one prefill step, then decodes. Appends the tokens to `tokens` and returns the prefill's logits
-/// (its last row) in `first_logits`.
-inline absl::Status GreedyDecode(ModelRunner& runner, const std::vector<int32_t>& prompt, int steps,
-                                 std::vector<int32_t>& tokens, std::vector<float>& first_logits) {
-  const std::vector<int32_t> blocks = {0, 1, 2, 3};
-  std::vector<int32_t> sequence = prompt;
-  std::vector<float> logits;
-  for (int step = 0; step < steps; ++step) {
-    StepBatch batch;
-    const int32_t computed = step == 0 ? 0 : static_cast<int32_t>(sequence.size()) - 1;
-    const std::vector<int32_t> fresh(sequence.begin() + computed, sequence.end());
-    if (absl::Status added = AppendSequence(batch, fresh, computed, blocks, 16, true);
-        !added.ok()) {
-      return added;
-    }
-    if (absl::Status ran = runner.Step(batch, logits); !ran.ok()) return ran;
-    if (step == 0) first_logits = logits;
-    const int32_t next =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    tokens.push_back(next);
-    sequence.push_back(next);
+/// What the serving engine (cli/local_engine: scheduler, block manager, step executor)
+/// makes of one prompt on a runner: the greedy tokens and, in this order, the
+/// log-probability of every prompt token after the first (prompt scoring) and of each
+/// generated token.
+struct EngineTrace {
+  std::vector<int32_t> tokens;
+  std::vector<double> logprobs;
+};
+
+/// Generates `steps` greedy tokens after `prompt` (EOS ignored) through a LocalEngine over
+/// `runner` (moved into a ModelRunnerBackend), for tests that compare runners (quantized
+/// vs not, one rank vs several): every rank of a tensor-parallel group runs its own
+/// engine, whose identical plans keep the ranks in step.
+inline absl::StatusOr<EngineTrace> GreedyThroughEngine(std::unique_ptr<ModelRunner> runner,
+                                                       const common::Tokenizer& tokenizer,
+                                                       const std::vector<int32_t>& prompt,
+                                                       int steps) {
+  ModelRunnerBackend backend(std::move(runner));
+  cli::LocalEngine engine(backend, tokenizer);
+  cli::EngineRequest request;
+  request.prompt_ids = prompt;
+  request.sampling.temperature = 0.0f;
+  request.sampling.num_logprobs = 0;
+  request.max_tokens = steps;
+  request.ignore_eos = true;
+  request.score_prompt_from = 1;
+  absl::StatusOr<std::vector<cli::EngineResult>> results = engine.Generate({request});
+  if (!results.ok()) return results.status();
+  EngineTrace trace;
+  const cli::EngineResult& result = (*results)[0];
+  trace.tokens = result.token_ids();
+  trace.logprobs = result.prompt_logprobs;
+  for (const loom::v1::SequenceOutput& output : result.outputs) {
+    trace.logprobs.push_back(output.logprob());
   }
-  return absl::OkStatus();
+  return trace;
 }
 
 }  // namespace loom::worker::test_util

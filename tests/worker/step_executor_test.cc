@@ -9,11 +9,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "cli/local_engine.h"
 #include "common/gguf_file.h"
 #include "common/model_config.h"
-#include "worker/local_generator.h"
+#include "common/tokenizer.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
 #include "worker/noop_backend.h"
@@ -380,6 +382,30 @@ TEST_F(StepExecutorNoopTest, RejectsCachedTokensThatLeaveNothingToCompute) {
   EXPECT_EQ(executor_->num_sequences(), 0);
 }
 
+TEST_F(StepExecutorNoopTest, RejectsPromptScoringOutsideTheComputedPrompt) {
+  loom::v1::NewSequence added = NewSequence(7, std::vector<int32_t>(20, 5));
+  for (const auto& [from, cached] : std::vector<std::pair<int32_t, int32_t>>{
+           {20, 0}, {-1, 0}, {16, 16}, {3, 4}}) {
+    loom::v1::StepPlan plan = Plan(step_id_);
+    added.set_score_prompt_from(from);
+    added.set_num_cached_tokens(cached);
+    *plan.add_added() = added;
+    Schedule(plan, 7, 20 - cached, true, {3, 4});
+    ExpectRejected(plan, "score_prompt_from is " + std::to_string(from));
+  }
+  // Valid, but the noop backend cannot score: the step fails and names why.
+  loom::v1::StepPlan plan = Plan(step_id_);
+  added.set_score_prompt_from(1);
+  added.set_num_cached_tokens(0);
+  *plan.add_added() = added;
+  Schedule(plan, 7, 20, true, {3, 4});
+  const loom::v1::StepResult result = executor_->Execute(plan);
+  EXPECT_EQ(result.error_code(), static_cast<int>(absl::StatusCode::kUnimplemented));
+  EXPECT_NE(result.error_message().find("noop backend cannot score prompts"), std::string::npos)
+      << result.error_message();
+  EXPECT_EQ(executor_->num_sequences(), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Progress for the heartbeat, and the test-only delay and hang.
 
@@ -466,41 +492,45 @@ class StepExecutorModelTest : public ::testing::Test {
     options.block_size = kBlockSize;
     auto runner = ModelRunner::Create(**gguf, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
+    auto tokenizer = common::Tokenizer::FromGguf(**gguf);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = tokenizer->release();
     backend_ = new ModelRunnerBackend(std::move(*runner));
   }
   static void TearDownTestSuite() {
     delete backend_;
     backend_ = nullptr;
+    delete tokenizer_;
+    tokenizer_ = nullptr;
   }
   void SetUp() override {
     if (backend_ == nullptr) GTEST_SKIP() << "model not loaded";
   }
 
-  // LocalGenerator's tokens for `prompt` (the reference).
+  // The serving engine's tokens for `prompt` (the reference): its scheduler prefills the
+  // 21 tokens in one step, in its own blocks.
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens,
                                         SamplingParams sampling) {
-    // The generator borrows the same runner; its blocks are overwritten by later steps.
-    LocalGenerator generator(backend_->runner(), {});
-    GenerationRequest request;
+    // The engine borrows the same backend; its blocks are overwritten by later steps.
+    cli::LocalEngine engine(*backend_, *tokenizer_);
+    cli::EngineRequest request;
     request.prompt_ids = prompt;
     request.max_tokens = max_tokens;
     request.sampling = sampling;
     request.ignore_eos = true;
-    auto results = generator.Generate({request});
+    auto results = engine.Generate({request});
     EXPECT_TRUE(results.ok()) << results.status();
-    std::vector<int32_t> tokens;
-    if (results.ok()) {
-      for (const SampledToken& token : (*results)[0].tokens) tokens.push_back(token.token_id);
-    }
-    return tokens;
+    return results.ok() ? (*results)[0].token_ids() : std::vector<int32_t>{};
   }
 
   static ModelRunnerBackend* backend_;
+  static common::Tokenizer* tokenizer_;
 };
 
 ModelRunnerBackend* StepExecutorModelTest::backend_ = nullptr;
+common::Tokenizer* StepExecutorModelTest::tokenizer_ = nullptr;
 
-TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchLocalGenerator) {
+TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchOnePrefill) {
   const std::vector<int32_t> prompt = Prompt();
   SamplingParams greedy;
   greedy.temperature = 0.0f;
@@ -597,6 +627,47 @@ TEST_F(StepExecutorModelTest, RejectedPlanLeavesOtherSequencesRunning) {
     tokens.push_back(result.outputs(0).token_id());
   }
   EXPECT_EQ(tokens, expected);
+}
+
+TEST_F(StepExecutorModelTest, ScoresEachPromptPositionOnceAcrossChunks) {
+  const std::vector<int32_t> prompt = Prompt();
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 0;
+  // Chunk 1 computes positions 0-11 (scored from token 5: positions 4-11), chunk 2 the
+  // rest (positions 12-19 predict tokens 13-20; position 20 is sampled, not scored).
+  loom::v1::StepPlan first = Plan(step_id);
+  *first.add_added() = NewSequence(3, prompt);
+  first.mutable_added(0)->set_score_prompt_from(5);
+  Schedule(first, 3, 12, false, {0});
+  loom::v1::StepResult result = executor.Execute(first);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.prompt_logprobs_size(), 1);
+  EXPECT_EQ(result.prompt_logprobs(0).seq_id(), 3u);
+  EXPECT_EQ(result.prompt_logprobs(0).first_token(), 5);
+  std::vector<double> scores(result.prompt_logprobs(0).logprobs().begin(),
+                             result.prompt_logprobs(0).logprobs().end());
+  EXPECT_EQ(scores.size(), 8u);
+
+  loom::v1::StepPlan second = Plan(step_id);
+  Schedule(second, 3, 9, true, {1});
+  result = executor.Execute(second);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.outputs_size(), 1);
+  ASSERT_EQ(result.prompt_logprobs_size(), 1);
+  EXPECT_EQ(result.prompt_logprobs(0).first_token(), 13);
+  scores.insert(scores.end(), result.prompt_logprobs(0).logprobs().begin(),
+                result.prompt_logprobs(0).logprobs().end());
+  ASSERT_EQ(scores.size(), prompt.size() - 5);
+  for (double logprob : scores) {
+    EXPECT_LT(logprob, 0.0);
+    EXPECT_GT(logprob, -40.0);
+  }
+  // A decode scores nothing.
+  loom::v1::StepPlan decode = Plan(step_id);
+  Schedule(decode, 3, 1, true);
+  result = executor.Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.prompt_logprobs_size(), 0);
 }
 
 TEST_F(StepExecutorModelTest, PreemptedSequenceResumesWithTheSameSeededSamples) {

@@ -79,6 +79,11 @@ inline std::unique_ptr<common::GgufFile> TinyModel(const TinyModelSpec& spec) {
   writer.Set("tokenizer.ggml.tokens",
              common::GgufValue(common::GgufValueType::kArray, std::move(tokens),
                                common::GgufValueType::kString));
+  // No merges: enough for common::Tokenizer to load it (ids to text; the in-process engine
+  // detokenizes with it).
+  writer.Set("tokenizer.ggml.merges",
+             common::GgufValue(common::GgufValueType::kArray, common::GgufValue::Array{},
+                               common::GgufValueType::kString));
 
   // A [rows, cols] matrix (ggml shape [cols, rows]) of N(0, scale^2) values, or a vector
   // (cols 0) of 1 + N(0, scale^2).

@@ -1,0 +1,63 @@
+#include "worker/step_backend_factory.h"
+
+#include <utility>
+#include <vector>
+
+#include "common/tokenizer.h"
+#include "worker/cuda_model_runner.h"
+#include "worker/model_runner.h"
+#include "worker/model_runner_backend.h"
+#include "worker/noop_backend.h"
+
+namespace loom::worker {
+
+absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackendOptions& options,
+                                                               const common::GgufFile& gguf,
+                                                               const common::ModelConfig& config,
+                                                               std::string* load_log) {
+  if (options.backend == "noop") {
+    // It steps past the model's end-of-generation ids, so sequences run to their limit.
+    absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
+        common::Tokenizer::FromGguf(gguf);
+    std::vector<int32_t> end_ids;
+    if (tokenizer.ok()) end_ids = (*tokenizer)->EndOfGenerationIds();
+    return std::make_unique<NoopBackend>(config, options.num_kv_blocks, options.block_size,
+                                         std::move(end_ids));
+  }
+  if (options.backend != "cpu") {
+    return absl::InvalidArgumentError("unknown backend '" + options.backend + "' (cpu or noop)");
+  }
+  if (options.device == "cuda") {
+    CudaRunnerOptions cuda_options;
+    cuda_options.num_kv_blocks = options.num_kv_blocks;
+    cuda_options.kv_memory_fraction = options.kv_memory_fraction;
+    cuda_options.gpu_memory_utilization = options.gpu_memory_utilization;
+    cuda_options.block_size = options.block_size;
+    cuda_options.cuda_graphs = options.cuda_graphs;
+    absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
+        CudaModelRunner::Create(gguf, cuda_options);
+    if (!runner.ok()) return runner.status();
+    if (load_log != nullptr) *load_log = (*runner)->load_log();
+    return std::make_unique<ModelRunnerBackend>(*std::move(runner), "cuda");
+  }
+  if (options.device != "cpu") {
+    return absl::InvalidArgumentError("unknown device '" + options.device + "' (cpu or cuda)");
+  }
+  ModelRunnerOptions runner_options;
+  runner_options.num_threads = options.num_threads;
+  runner_options.num_kv_blocks = options.num_kv_blocks;
+  runner_options.block_size = options.block_size;
+  runner_options.kv_dtype = options.kv_dtype;
+  runner_options.activations = options.activations;
+  runner_options.tp_rank = options.tp_rank;
+  runner_options.tp_size = options.tp_size;
+  runner_options.communicator = options.communicator;
+  runner_options.thread_pool = options.thread_pool;
+  runner_options.progress = options.progress;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
+  if (!runner.ok()) return runner.status();
+  if (load_log != nullptr) *load_log = (*runner)->weights().load_log;
+  return std::make_unique<ModelRunnerBackend>(*std::move(runner), "cpu");
+}
+
+}  // namespace loom::worker

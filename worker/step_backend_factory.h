@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
+#include "common/model_config.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/communicator.h"
+#include "worker/step_backend.h"
+#include "worker/step_progress.h"
+
+namespace loom::worker {
+
+/// What CreateStepBackend builds: the model on a device, or the noop backend. The one
+/// place that turns a model file and these choices into a StepBackend, for `loom-worker`
+/// and the in-process engine of `loom generate`, `loom perplexity` and the benchmarks.
+struct StepBackendOptions {
+  std::string backend = "cpu";  // "cpu" (the model runs) or "noop" (no math)
+  std::string device = "cpu";   // backend cpu: "cpu" or "cuda" (ResolveDevice's answer)
+  // KV pool in blocks of block_size tokens. CUDA: when 0, kv_memory_fraction of the device
+  // memory left after the weights.
+  int64_t num_kv_blocks = 0;
+  int64_t block_size = 16;
+  double kv_memory_fraction = 0.9;
+  // CUDA: when > 0, the KV pool takes what brings the device's use to this fraction of its
+  // total memory (vLLM's --gpu-memory-utilization) instead of kv_memory_fraction.
+  double gpu_memory_utilization = 0;
+  // CPU runner: threads, KV element type, how INT8/INT4 layers take their input.
+  int num_threads = 2;
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
+  bool cuda_graphs = true;  // CUDA: capture decode steps as graphs
+  // CPU tensor parallelism: this rank of tp_size, joined through `communicator` (not
+  // owned; required when tp_size > 1).
+  int tp_rank = 0;
+  int tp_size = 1;
+  Communicator* communicator = nullptr;
+  // The CPU runner's thread pool when shared (with a draft model); null: its own.
+  std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
+  // Where the CPU runner counts its layers (not owned; null: nowhere).
+  StepProgress* progress = nullptr;
+};
+
+/// Builds the backend `options` names over `gguf` (whose config is `config`): weights
+/// loaded and KV pool allocated, or the noop backend (config only). `load_log`, when not
+/// null, receives what loading did to the weights (one line per tensor format), for the
+/// caller to print. The error of the runner's Create otherwise.
+absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackendOptions& options,
+                                                               const common::GgufFile& gguf,
+                                                               const common::ModelConfig& config,
+                                                               std::string* load_log = nullptr);
+
+}  // namespace loom::worker
