@@ -65,7 +65,7 @@ double DecodeRate(loom::worker::ModelRunner& runner, int batch, int tokens) {
 }
 
 // Multiply-adds of one token through every matrix (LM head included) ×2 = FLOPs.
-double MatmulFlopsPerToken(const loom::worker::ModelWeights& weights) {
+double MatmulFlopsPerToken(const loom::model::ModelWeights& weights) {
   double macs = 0;
   for (const auto& layer : weights.layers) {
     for (const auto* w : {&layer.qkv, &layer.attn_output, &layer.gate_up, &layer.down}) {

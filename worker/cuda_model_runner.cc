@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_device.h"
+#include "model/kv_layout.h"
 
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -30,8 +31,8 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
+#include "model/model_weights.h"
 #include "worker/cuda_device_linear.h"
-#include "worker/model_weights.h"
 #endif
 
 namespace loom::worker {
@@ -40,8 +41,7 @@ namespace kc = kernels::cuda;
 
 int64_t CudaModelRunner::KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
                                          kc::DataType kv_dtype) {
-  return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim *
-         kc::ElementBytes(kv_dtype);
+  return model::KvBytesPerBlock(config, block_size, kc::ElementBytes(kv_dtype));
 }
 
 CudaModelRunner::CudaModelRunner(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -899,7 +899,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   // Weights: loaded like the CPU runner's; INT4 layer matrices are repacked for the W4A16
   // GEMM (options.quantized_weights), every other matrix is dequantized on the host and
   // uploaded once in dtype (the host copies are freed when this function returns).
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(gguf, 0, 1));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights, model::LoadModelWeights(gguf, 0, 1));
   auto state = std::make_unique<State>();
   State& s = *state;
   LOOM_RETURN_IF_ERROR(s.Init(options, weights->config));
@@ -910,7 +910,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   LOOM_ASSIGN_OR_RETURN(s.output_norm, UploadFloats(weights->output_norm));
   LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(weights->rope_inv_freq));
   int64_t quantized_layers = 0;
-  for (const LayerWeights& layer : weights->layers) {
+  for (const model::LayerWeights& layer : weights->layers) {
     State::Layer& device_layer = s.layers.emplace_back();
     LOOM_ASSIGN_OR_RETURN(device_layer.attn_norm, UploadFloats(layer.attn_norm));
     const bool keep = options.quantized_weights;
@@ -986,7 +986,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
                                             fan_in_scale(hidden)));
   }
   LOOM_ASSIGN_OR_RETURN(s.output_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));
-  LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(RopeInverseFrequencies(c, {})));
+  LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(model::RopeInverseFrequencies(c, {})));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     State::Layer& layer = s.layers.emplace_back();
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));

@@ -10,7 +10,7 @@
 #include "common/gguf_file.h"
 #include "common/model_config.h"
 #include "kernels/cuda/types.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 #include "worker/forward_pass.h"
 #include "worker/step_batch.h"
 
@@ -41,7 +41,7 @@ struct CudaRunnerOptions {
   // tp_size > 1); the fields mirror ModelRunnerOptions so an NcclCommunicator plugs in here.
   int tp_rank = 0;
   int tp_size = 1;
-  Communicator* communicator = nullptr;
+  model::Communicator* communicator = nullptr;
 };
 
 /// The llama-family forward pass on one CUDA device: the same computation as the CPU

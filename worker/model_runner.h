@@ -1,7 +1,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -10,10 +9,11 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
+#include "model/cpu_device.h"
+#include "model/llama_graph.h"
+#include "model/model_weights.h"
 #include "worker/forward_pass.h"
-#include "worker/kv_cache.h"
-#include "worker/model_weights.h"
 #include "worker/step_batch.h"
 #include "worker/step_progress.h"
 
@@ -34,7 +34,7 @@ struct ModelRunnerOptions {
   // rank runs every step with the same batch; all of them return the full logits.
   int tp_rank = 0;
   int tp_size = 1;
-  Communicator* communicator = nullptr;
+  model::Communicator* communicator = nullptr;
   // The thread pool to run on, shared with another runner that never steps at the same
   // time (a draft model beside its target, so the two do not keep two sets of spinning
   // threads); null: a pool of its own with num_threads threads.
@@ -44,25 +44,10 @@ struct ModelRunnerOptions {
   StepProgress* progress = nullptr;
 };
 
-/// Which linear layer's input an ActivationObserver sees.
-enum class LinearInput {
-  kQkv,         // the attention RMSNorm's output, [T, hidden]
-  kAttnOutput,  // the attention output, [T, local heads * head_dim]
-  kGateUp,      // the FFN RMSNorm's output, [T, hidden]
-  kDown,        // SiLU(gate) * up, [T, local ffn]
-};
-
-/// Called during Step with (layer index, which input, the input activations
-/// [num_tokens, in_features] row-major, num_tokens): calibration for `loom quantize`.
-/// `x` is valid only during the call.
-using ActivationObserver =
-    std::function<void(int64_t layer, LinearInput input, const float* x, int64_t num_tokens)>;
-
-/// The llama-family forward pass on the CPU backend, written once against the kernel
-/// launch functions: embedding → [RMSNorm → QKV → RoPE → paged-KV write → paged
-/// attention → O → RMSNorm → gate/up → SiLU·mul → down] × L → final norm → LM head,
-/// over one flattened batch per step. Owns the weights, the KV pool and scratch
-/// buffers. Not thread-safe: one step at a time.
+/// The CPU worker's forward pass: the model graph (model::LlamaGraph) on the CPU device
+/// (model::CpuDevice), behind ForwardPass: validates each step, hands it to the graph and
+/// returns the sample rows' logits. Owns the graph (weights, KV pool, scratch). Not
+/// thread-safe: one step at a time.
 class ModelRunner : public ForwardPass {
  public:
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const common::GgufFile& gguf,
@@ -73,41 +58,28 @@ class ModelRunner : public ForwardPass {
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
 
-  const common::ModelConfig& config() const override { return weights_->config; }
-  const ModelWeights& weights() const { return *weights_; }
-  const KvCache& kv_cache() const { return *kv_cache_; }
-  int64_t block_size() const override { return kv_cache_->block_size(); }
-  int64_t num_kv_blocks() const override { return kv_cache_->num_blocks(); }
-  int num_threads() const { return pool_->num_threads(); }
+  const common::ModelConfig& config() const override { return graph_->config(); }
+  /// The host weights the CPU device computes on.
+  const model::ModelWeights& weights() const { return *graph_->host_weights(); }
+  const model::KvCache& kv_cache() const { return graph_->kv_cache(); }
+  int64_t block_size() const override { return graph_->kv_cache().block_size(); }
+  int64_t num_kv_blocks() const override { return graph_->kv_cache().num_blocks(); }
+  int num_threads() const { return device_->thread_pool()->num_threads(); }
   /// The pool Step runs on (to share with a draft model's runner, see ModelRunnerOptions).
-  const std::shared_ptr<kernels::cpu::ThreadPool>& thread_pool() const { return pool_; }
+  const std::shared_ptr<kernels::cpu::ThreadPool>& thread_pool() const {
+    return device_->thread_pool();
+  }
   /// Installs (or, with nullptr, removes) an observer of every linear layer's input;
   /// none by default, and then Step pays nothing for it.
-  void SetActivationObserver(ActivationObserver observer) { observer_ = std::move(observer); }
+  void SetActivationObserver(model::ActivationObserver observer) {
+    device_->SetActivationObserver(std::move(observer));
+  }
 
  private:
   ModelRunner() = default;
 
-  std::unique_ptr<ModelWeights> weights_;
-  std::unique_ptr<KvCache> kv_cache_;
-  std::shared_ptr<kernels::cpu::ThreadPool> pool_;
-  Communicator* communicator_ = nullptr;  // tensor parallel only
-  ActivationObserver observer_;            // empty unless calibrating
-  StepProgress* progress_ = nullptr;       // ModelRunnerOptions::progress
-  kernels::cpu::ActivationPrecision activations_ = kernels::cpu::ActivationPrecision::kF32;
-
-  // Scratch, grown to the largest step seen. Shapes for a step of T tokens:
-  std::vector<float> residual_;  // [T, hidden]
-  std::vector<float> normed_;    // [T, hidden]
-  std::vector<float> qkv_;       // [T, (heads + 2 kv_heads) * head_dim]
-  std::vector<float> q_, k_, v_; // [T, heads|kv_heads, head_dim]
-  std::vector<float> attn_;      // [T, heads * head_dim]
-  std::vector<float> proj_;      // [T, hidden]
-  std::vector<float> gate_up_;   // [T, 2 * ffn]
-  std::vector<float> act_;       // [T, ffn]
-  std::vector<float> sampled_;   // [S, hidden]
-  std::vector<float> local_logits_;     // tensor parallel: [S, vocab_stride]
-  std::vector<float> gathered_logits_;  // tensor parallel: [tp_size, S, vocab_stride]
+  std::unique_ptr<model::LlamaGraph> graph_;
+  model::CpuDevice* device_ = nullptr;  // the graph's
 };
 
 }  // namespace loom::worker

@@ -22,14 +22,16 @@
 #include "common/model_fingerprint.h"
 #include "common/process_metrics.h"
 #include "common/tokenizer.h"
-#include "prometheus/exposer.h"
 #include "kernels/cuda_device.h"
+#include "model/cpu_kv_cache.h"
+#include "model/kv_layout.h"
+#include "model/tensor_parallel.h"
+#include "prometheus/exposer.h"
 #include "worker/coordinator_store.h"
 #include "worker/cuda_model_runner.h"
 #include "worker/draft_proposer.h"
 #include "worker/gloo_communicator.h"
 #include "worker/health_service.h"
-#include "worker/kv_cache.h"
 #include "worker/model_quantizer.h"
 #include "worker/model_runner.h"
 #include "worker/model_runner_backend.h"
@@ -37,7 +39,6 @@
 #include "worker/registration.h"
 #include "worker/step_executor.h"
 #include "worker/step_progress.h"
-#include "worker/tensor_parallel.h"
 #include "worker/worker_options.h"
 #include "worker/worker_service.h"
 
@@ -104,7 +105,7 @@ ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_bl
 // `thread_pool` when given (shared with a draft model) and counts its layers into `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     const WorkerOptions& options, const std::string& device, const common::GgufFile& gguf,
-    const common::ModelConfig& config, int64_t num_blocks, Communicator* communicator,
+    const common::ModelConfig& config, int64_t num_blocks, model::Communicator* communicator,
     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
   if (options.backend == "noop") {
     absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
@@ -209,14 +210,13 @@ int RunWorkerCommand(int argc, char** argv) {
 
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
-  absl::StatusOr<ShardPlan> shard = PlanShards(*config, options.rank, options.world_size);
+  absl::StatusOr<model::ShardPlan> shard = model::PlanShards(*config, options.rank, options.world_size);
   if (!shard.ok()) return UsageError(std::string(shard.status().message()));
   const bool cuda = device == "cuda";
-  const int64_t block_bytes =
-      cuda ? CudaModelRunner::KvBytesPerBlock(*config, options.block_size,
-                                              kernels::cuda::DataType::kF16)
-           : KvCache::BytesPerBlock(LocalConfig(*config, *shard), options.block_size,
-                                    options.kv_dtype);
+  const int64_t block_bytes = model::KvBytesPerBlock(
+      model::LocalConfig(*config, *shard), options.block_size,
+      cuda ? kernels::cuda::ElementBytes(kernels::cuda::DataType::kF16)
+           : model::CpuKvCache::ElementBytes(options.kv_dtype));
   // The KV budget in bytes; on CUDA without --kv-cache-memory the runner sizes the pool
   // from free device memory (num_blocks 0).
   int64_t budget = 0;

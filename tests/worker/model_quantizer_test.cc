@@ -14,13 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantize.h"
+#include "model/model_weights.h"
+#include "model/quantized_gguf.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/runner_test_util.h"
 #include "worker/gloo_communicator.h"
 #include "worker/model_runner.h"
-#include "worker/model_weights.h"
 #include "worker/quantize_command.h"
-#include "worker/quantized_gguf.h"
 
 namespace loom::worker {
 namespace {
@@ -77,10 +77,10 @@ TEST(QuantizedGgufTest, RoundTripsRowRangesOfBothFormats) {
     const kernels::cpu::QuantizedMatrix q =
         kernels::cpu::QuantizeRtn(w.data(), rows, cols, format, 64).value();
     common::GgufWriter writer;
-    ASSERT_TRUE(AddQuantizedTensor(writer, "blk.0.ffn_up.weight", q).ok());
+    ASSERT_TRUE(model::AddQuantizedTensor(writer, "blk.0.ffn_up.weight", q).ok());
     auto file = common::GgufFile::FromBytes(writer.Serialize().value());
     ASSERT_TRUE(file.ok()) << file.status();
-    EXPECT_TRUE(IsLoomQuantized(**file, "blk.0.ffn_up.weight"));
+    EXPECT_TRUE(model::IsLoomQuantized(**file, "blk.0.ffn_up.weight"));
     EXPECT_EQ((*file)->FindTensor("blk.0.ffn_up.weight"), nullptr);
     EXPECT_EQ((*file)
                   ->FindTensor(format == WeightFormat::kInt8 ? "blk.0.ffn_up.weight.q8"
@@ -88,14 +88,14 @@ TEST(QuantizedGgufTest, RoundTripsRowRangesOfBothFormats) {
                   ->type,
               common::GgmlType::kI8);
     absl::StatusOr<kernels::cpu::QuantizedMatrix> part =
-        ReadQuantizedRows(**file, "blk.0.ffn_up.weight", rows, cols, 16, 9);
+        model::ReadQuantizedRows(**file, "blk.0.ffn_up.weight", rows, cols, 16, 9);
     ASSERT_TRUE(part.ok()) << part.status();
     EXPECT_EQ(part->group_size, 64);
     EXPECT_TRUE(std::equal(part->q.begin(), part->q.end(), q.q.begin() + 16 * cols));
     EXPECT_TRUE(std::equal(part->scales.begin(), part->scales.end(), q.scales.begin() + 16 * 2));
     // The wrong expected shape names the tensor.
     EXPECT_THAT(
-        ReadQuantizedRows(**file, "blk.0.ffn_up.weight", rows, 256, 0, rows).status().message(),
+        model::ReadQuantizedRows(**file, "blk.0.ffn_up.weight", rows, 256, 0, rows).status().message(),
         HasSubstr("blk.0.ffn_up.weight"));
   }
 }
@@ -167,9 +167,9 @@ TEST_F(ModelQuantizerTest, Int8CopiesMetadataAndLoadsWithoutLoss) {
   EXPECT_EQ(int8->FindTensor("token_embd.weight")->type, common::GgmlType::kQ8_0);
   EXPECT_EQ(int8->FindTensor("blk.0.attn_norm.weight")->type, common::GgmlType::kF32);
 
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(*int8);
+  absl::StatusOr<std::unique_ptr<model::ModelWeights>> weights = model::LoadModelWeights(*int8);
   ASSERT_TRUE(weights.ok()) << weights.status();
-  const LayerWeights& layer = (*weights)->layers[2];
+  const model::LayerWeights& layer = (*weights)->layers[2];
   EXPECT_EQ(layer.qkv.format, WeightFormat::kInt8);
   EXPECT_EQ(layer.qkv.group_size, 576);  // per output channel
   EXPECT_EQ(layer.down.group_size, 1536);
@@ -200,7 +200,7 @@ TEST_F(ModelQuantizerTest, Int4UsesTheGroupThatDividesEachMatrix) {
             (std::vector<uint64_t>{576 / 64, 576}));
   EXPECT_EQ(int4->FindTensor("blk.0.attn_q.weight.q4")->shape, (std::vector<uint64_t>{288, 576}));
   EXPECT_EQ(int4->FindTensor("blk.0.attn_q.weight"), nullptr);
-  absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(*int4);
+  absl::StatusOr<std::unique_ptr<model::ModelWeights>> weights = model::LoadModelWeights(*int4);
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ((*weights)->layers[0].gate_up.format, WeightFormat::kInt4);
   EXPECT_EQ((*weights)->layers[0].down.group_size, 128);
@@ -276,7 +276,7 @@ TEST_F(ModelQuantizerTest, AwqFoldsItsScalesIntoAPlainModel) {
   EXPECT_NE(awq->DequantizeTensor(*awq->FindTensor("blk.5.attn_norm.weight")).value(),
             gguf_->DequantizeTensor(*gguf_->FindTensor("blk.5.attn_norm.weight")).value());
   EXPECT_EQ(awq->GetString("loom.quantization.method").value(), "awq");
-  ASSERT_TRUE(LoadModelWeights(*awq).ok());
+  ASSERT_TRUE(model::LoadModelWeights(*awq).ok());
 }
 
 class QuantizedTensorParallelTest : public ModelQuantizerTest,
