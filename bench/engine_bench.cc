@@ -20,8 +20,8 @@
 #include "common/gguf_file.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/local_generator.h"
-#include "worker/model_runner.h"
 
 namespace {
 
@@ -39,7 +39,7 @@ std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
 }
 
 // Decode tokens/s of `batch` sequences generating `tokens` each (after their prefill).
-double DecodeRate(loom::worker::ModelRunner& runner, int batch, int tokens) {
+double DecodeRate(loom::worker::CpuForwardPass& runner, int batch, int tokens) {
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < batch; ++i) {
     GenerationRequest request;
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", gguf.status().ToString().c_str());
     return 1;
   }
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_threads = threads;
   // 64 sequences of 16 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
   options.num_kv_blocks = std::max(512, 64 * ((16 + decode_tokens + 15) / 16 + 1));
@@ -107,12 +107,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.activations = *precision;
-  auto runner_or = loom::worker::ModelRunner::Create(**gguf, options);
+  auto runner_or = loom::worker::CpuForwardPass::Create(**gguf, options);
   if (!runner_or.ok()) {
     std::fprintf(stderr, "%s\n", runner_or.status().ToString().c_str());
     return 1;
   }
-  loom::worker::ModelRunner& runner = **runner_or;
+  loom::worker::CpuForwardPass& runner = **runner_or;
   if (only_batch > 0) {
     for (int r = 0; r < 3; ++r) {
       std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(runner, only_batch, decode_tokens));

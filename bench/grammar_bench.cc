@@ -23,8 +23,8 @@
 #include "common/grammar_spec.h"
 #include "common/token_trie.h"
 #include "common/tokenizer.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/local_generator.h"
-#include "worker/model_runner.h"
 
 namespace {
 
@@ -176,10 +176,10 @@ int main(int argc, char** argv) {
   std::printf("automaton: %lld states\n", static_cast<long long>(automaton->num_states()));
 
   // The step it is held against: 16 sequences decoding on the CPU runner.
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 512;
-  auto runner = loom::worker::ModelRunner::Create(**gguf, options);
+  auto runner = loom::worker::CpuForwardPass::Create(**gguf, options);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
     return 1;

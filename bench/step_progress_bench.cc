@@ -23,8 +23,8 @@
 #include "bench/machine_limits.h"
 #include "common/gguf_file.h"
 #include "kernels/cpu/matmul.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/local_generator.h"
-#include "worker/model_runner.h"
 #include "worker/step_progress.h"
 
 namespace {
@@ -32,7 +32,7 @@ namespace {
 constexpr double kLimit = 0.01;  // progress counting may cost at most this share of a step
 
 // Decode tokens/s of one sequence generating `tokens` after a 16-token prompt.
-double DecodeRate(loom::worker::ModelRunner& runner, int tokens) {
+double DecodeRate(loom::worker::CpuForwardPass& runner, int tokens) {
   loom::worker::GenerationRequest request;
   for (int i = 0; i < 16; ++i) request.prompt_ids.push_back(1000 + 37 * i);
   request.sampling.temperature = 0.0f;
@@ -67,12 +67,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   loom::worker::StepProgress progress;
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 64;
-  auto plain = loom::worker::ModelRunner::Create(**gguf, options);
+  auto plain = loom::worker::CpuForwardPass::Create(**gguf, options);
   options.progress = &progress;
-  auto counted = loom::worker::ModelRunner::Create(**gguf, options);
+  auto counted = loom::worker::CpuForwardPass::Create(**gguf, options);
   if (!plain.ok() || !counted.ok()) {
     std::fprintf(stderr, "cannot load %s\n", model_path.c_str());
     return 1;

@@ -11,9 +11,9 @@
 #include "common/incremental_decoder.h"
 #include "common/tokenizer.h"
 #include "kernels/cuda_device.h"
-#include "worker/cuda_model_runner.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/cuda_forward_pass.h"
 #include "worker/local_generator.h"
-#include "worker/model_runner.h"
 #include "worker/worker_options.h"
 
 namespace loom::worker {
@@ -34,7 +34,7 @@ struct Options {
   std::string prompt;
   bool chat = false;
   GenerationRequest request;
-  ModelRunnerOptions runner;
+  CpuForwardPassOptions runner;
   std::string device = "auto";  // cuda | cpu | auto
   bool cuda_graphs = true;
 };
@@ -166,17 +166,17 @@ int RunGenerateCommand(int argc, char** argv) {
   options.runner.num_kv_blocks = (needed + options.runner.block_size - 1) / options.runner.block_size;
   std::unique_ptr<ForwardPass> runner;
   if (*device == "cuda") {
-    CudaRunnerOptions cuda_options;
+    CudaForwardPassOptions cuda_options;
     cuda_options.num_kv_blocks = options.runner.num_kv_blocks;
     cuda_options.block_size = options.runner.block_size;
     cuda_options.cuda_graphs = options.cuda_graphs;
-    auto created = CudaModelRunner::Create(**gguf, cuda_options);
+    auto created = CudaForwardPass::Create(**gguf, cuda_options);
     if (!created.ok()) return fail(created.status());
     std::fprintf(stderr, "loaded %s on CUDA: weights\n%s", options.model_path.c_str(),
                  (*created)->load_log().c_str());
     runner = std::move(*created);
   } else {
-    auto created = ModelRunner::Create(**gguf, options.runner);
+    auto created = CpuForwardPass::Create(**gguf, options.runner);
     if (!created.ok()) return fail(created.status());
     std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),
                  (*created)->weights().load_log.c_str());

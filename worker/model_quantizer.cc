@@ -17,7 +17,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "model/quantized_gguf.h"
 #include "worker/awq.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 
 namespace loom::worker {
 namespace {
@@ -79,13 +79,13 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
   const int64_t blocks_per_sequence = (longest + kCalibrationBlockSize - 1) / kCalibrationBlockSize;
   const int64_t sequences_per_step = std::max<int64_t>(1, kCalibrationStepTokens / longest);
 
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = options.num_threads;
   runner_options.block_size = kCalibrationBlockSize;
   runner_options.num_kv_blocks = blocks_per_sequence * sequences_per_step;
   runner_options.kv_dtype = cpu::KvDtype::kF32;
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                        ModelRunner::Create(in, runner_options));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForwardPass> runner,
+                        CpuForwardPass::Create(in, runner_options));
 
   std::vector<LayerStats> stats;
   stats.reserve(config.num_layers);

@@ -17,7 +17,7 @@
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
@@ -41,7 +41,7 @@ struct Options {
   int64_t stride = 0;  // 0: context / 2
   int64_t max_tokens = 0;
   bool json = false;
-  ModelRunnerOptions runner;
+  CpuForwardPassOptions runner;
 };
 
 bool ParseOptions(int argc, char** argv, Options& options) {
@@ -227,7 +227,7 @@ int RunPerplexityCommand(int argc, char** argv) {
   perplexity.max_step_tokens = std::min<int64_t>(512, options.context);
   options.runner.num_kv_blocks = std::max<int64_t>(
       1, (options.context + options.runner.block_size - 1) / options.runner.block_size);
-  auto runner = ModelRunner::Create(**gguf, options.runner);
+  auto runner = CpuForwardPass::Create(**gguf, options.runner);
   if (!runner.ok()) return fail(runner.status());
   if (!options.json) {
     std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(),

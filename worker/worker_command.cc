@@ -28,13 +28,13 @@
 #include "model/tensor_parallel.h"
 #include "prometheus/exposer.h"
 #include "worker/coordinator_store.h"
-#include "worker/cuda_model_runner.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/cuda_forward_pass.h"
 #include "worker/draft_proposer.h"
 #include "worker/gloo_communicator.h"
 #include "worker/health_service.h"
 #include "worker/model_quantizer.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
 #include "worker/registration.h"
 #include "worker/step_executor.h"
@@ -85,10 +85,10 @@ constexpr double kDefaultCudaKvFraction = 0.9;
 
 // The CPU runner's options from the worker's flags (threads, KV pool, activations): the
 // target model's (which adds tensor parallelism) and the draft model's alike.
-ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
+CpuForwardPassOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
                                     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
                                     StepProgress* progress) {
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = options.num_threads;
   runner_options.num_kv_blocks = num_blocks;
   runner_options.block_size = options.block_size;
@@ -116,28 +116,28 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
                                          std::move(end_ids));
   }
   if (device == "cuda") {
-    CudaRunnerOptions cuda_options;
+    CudaForwardPassOptions cuda_options;
     cuda_options.num_kv_blocks = num_blocks;
     cuda_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
     cuda_options.block_size = options.block_size;
     cuda_options.cuda_graphs = options.cuda_graphs;
-    absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
-        CudaModelRunner::Create(gguf, cuda_options);
+    absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+        CudaForwardPass::Create(gguf, cuda_options);
     if (!runner.ok()) return runner.status();
     std::fprintf(stderr, "%s", (*runner)->load_log().c_str());
-    return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cuda");
+    return std::make_unique<ModelStepBackend>(std::move(*runner), "cuda");
   }
-  ModelRunnerOptions runner_options =
+  CpuForwardPassOptions runner_options =
       CpuRunnerOptions(options, num_blocks, std::move(thread_pool), progress);
   runner_options.tp_rank = options.rank;
   runner_options.tp_size = options.world_size;
   runner_options.communicator = communicator;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> runner = CpuForwardPass::Create(gguf, runner_options);
   if (!runner.ok()) return runner.status();
   std::fprintf(stderr, "%sCPU backend: matmul ISA %s, %s activations into INT8/INT4 layers\n",
                (*runner)->weights().load_log.c_str(), kernels::cpu::MatmulIsa(),
                kernels::cpu::ActivationPrecisionName(options.activations));
-  return std::make_unique<ModelRunnerBackend>(std::move(*runner), "cpu");
+  return std::make_unique<ModelStepBackend>(std::move(*runner), "cpu");
 }
 
 }  // namespace
@@ -297,8 +297,8 @@ int RunWorkerCommand(int argc, char** argv) {
           "--draft-model %s cannot draft for --model %s: %s", options.draft_model_path,
           options.model_path, same.message())));
     }
-    absl::StatusOr<std::unique_ptr<ModelRunner>> draft_runner =
-        ModelRunner::Create(*draft_gguf,
+    absl::StatusOr<std::unique_ptr<CpuForwardPass>> draft_runner =
+        CpuForwardPass::Create(*draft_gguf,
                             CpuRunnerOptions(options, num_blocks, thread_pool, &progress));
     if (!draft_runner.ok()) return Fail(draft_runner.status());
     const common::ModelConfig& draft_config = (*draft_runner)->config();

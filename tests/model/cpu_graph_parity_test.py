@@ -1,6 +1,6 @@
 """The model graph on the CPU device reproduces the pre-model/ CPU forward pass bit for bit.
 
-tests/tools/graph_parity_tool runs worker::ModelRunner (model::LlamaGraph over model::CpuDevice)
+tests/tools/graph_parity_tool runs worker::CpuForwardPass (model::LlamaGraph over model::CpuDevice)
 and a frozen copy of the CPU forward pass as it was before the model/ layer (the reference) on
 the same steps (batched prefill across KV blocks, batched decodes, a mixed prefill + decode),
 and counts logits whose bits differ. Covered: the random llama-family models (llama_gqa: GQA,

@@ -1,8 +1,8 @@
 // Driver for tests/model/cpu_graph_parity_test.py: proves that the model graph on the CPU
-// device (worker::ModelRunner = model::LlamaGraph over model::CpuDevice) reproduces, bit for
+// device (worker::CpuForwardPass = model::LlamaGraph over model::CpuDevice) reproduces, bit for
 // bit, the logits of the CPU forward pass as it was written before the model/ layer existed.
 // That forward pass is kept below, frozen, as the reference (LegacyCpuForward: the loop of
-// worker/model_runner.cc at commit f279c61, single rank, over kernels/cpu directly). Both run
+// worker/cpu_forward_pass.cc at commit f279c61, single rank, over kernels/cpu directly). Both run
 // the same steps (a batched prefill of prompts crossing KV blocks, batched decodes, a mixed
 // prefill + decode step) on the same weights; the tool prints one JSON line:
 //   {"steps": N, "floats": F, "mismatched": M, "max_abs_diff": D}
@@ -25,7 +25,7 @@
 #include "kernels/cpu/rope.h"
 #include "model/cpu_kv_cache.h"
 #include "model/model_weights.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/step_batch.h"
 
 namespace {
@@ -36,7 +36,7 @@ using loom::worker::StepBatch;
 // The pre-model/ CPU forward pass (one rank, no observer), kept verbatim in substance.
 class LegacyCpuForward {
  public:
-  absl::Status Init(const loom::common::GgufFile& gguf, const loom::worker::ModelRunnerOptions& o,
+  absl::Status Init(const loom::common::GgufFile& gguf, const loom::worker::CpuForwardPassOptions& o,
                     double eps_scale) {
     LOOM_ASSIGN_OR_RETURN(weights_, loom::model::LoadModelWeights(gguf, 0, 1));
     LOOM_ASSIGN_OR_RETURN(kv_cache_, loom::model::CpuKvCache::Create(weights_->config,
@@ -179,7 +179,7 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   std::string model_path;
   bool perturb = false;
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_kv_blocks = 64;
   options.block_size = 16;
   for (int i = 1; i < argc; ++i) {
@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<loom::common::GgufFile>> gguf =
       loom::common::OpenModelFile(model_path);
   if (!gguf.ok()) return Fail(gguf.status());
-  absl::StatusOr<std::unique_ptr<loom::worker::ModelRunner>> runner =
-      loom::worker::ModelRunner::Create(**gguf, options);
+  absl::StatusOr<std::unique_ptr<loom::worker::CpuForwardPass>> runner =
+      loom::worker::CpuForwardPass::Create(**gguf, options);
   if (!runner.ok()) return Fail(runner.status());
   LegacyCpuForward legacy;
   if (absl::Status init = legacy.Init(**gguf, options, perturb ? 2.0 : 1.0); !init.ok()) {

@@ -14,8 +14,8 @@
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "worker/cpu_forward_pass.h"
 #include "worker/local_generator.h"
-#include "worker/model_runner.h"
 
 namespace {
 
@@ -25,7 +25,7 @@ using nlohmann::json;
 struct Tool {
   std::unique_ptr<loom::common::GgufFile> gguf;
   std::unique_ptr<loom::common::Tokenizer> tokenizer;
-  std::unique_ptr<loom::worker::ModelRunner> runner;
+  std::unique_ptr<loom::worker::CpuForwardPass> runner;
 
   int64_t vocab() const { return runner->config().vocab_size; }
   int32_t block_size() const { return static_cast<int32_t>(runner->block_size()); }
@@ -167,7 +167,7 @@ struct Tool {
 
 int main(int argc, char** argv) {
   std::string model_path;
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_kv_blocks = 256;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   tool.gguf = std::move(*gguf);
   auto tokenizer = loom::common::Tokenizer::FromGguf(*tool.gguf);
   if (tokenizer.ok()) tool.tokenizer = std::move(*tokenizer);
-  auto runner = loom::worker::ModelRunner::Create(*tool.gguf, options);
+  auto runner = loom::worker::CpuForwardPass::Create(*tool.gguf, options);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
     return 1;

@@ -18,8 +18,8 @@
 #include "model/quantized_gguf.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/runner_test_util.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
-#include "worker/model_runner.h"
 #include "worker/quantize_command.h"
 
 namespace loom::worker {
@@ -293,11 +293,11 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
   ASSERT_TRUE(tokenizer.ok());
   const std::vector<int32_t> prompt = (*tokenizer)->Encode("The capital of France is", true, true);
   constexpr int kSteps = 6;
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = 1;
   runner_options.num_kv_blocks = 8;
   runner_options.kv_dtype = kernels::cpu::KvDtype::kF32;
-  auto whole = ModelRunner::Create(*quantized, runner_options);
+  auto whole = CpuForwardPass::Create(*quantized, runner_options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   std::vector<int32_t> want;
   std::vector<float> want_logits;
@@ -316,11 +316,11 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
         statuses[rank] = communicator.status();
         return;
       }
-      ModelRunnerOptions shard = runner_options;
+      CpuForwardPassOptions shard = runner_options;
       shard.tp_rank = rank;
       shard.tp_size = kRanks;
       shard.communicator = communicator->get();
-      auto runner = ModelRunner::Create(*quantized, shard);
+      auto runner = CpuForwardPass::Create(*quantized, shard);
       if (!runner.ok()) {
         statuses[rank] = runner.status();
         return;

@@ -12,9 +12,9 @@
 
 #include "common/gguf_file.h"
 #include "common/model_config.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/local_generator.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
 
 namespace loom::worker {
@@ -462,13 +462,13 @@ class StepExecutorModelTest : public ::testing::Test {
   static void SetUpTestSuite() {
     auto gguf = common::GgufFile::Open(ModelPath());
     ASSERT_TRUE(gguf.ok()) << gguf.status();
-    ModelRunnerOptions options;
+    CpuForwardPassOptions options;
     options.num_threads = 2;
     options.num_kv_blocks = kNumBlocks;
     options.block_size = kBlockSize;
-    auto runner = ModelRunner::Create(**gguf, options);
+    auto runner = CpuForwardPass::Create(**gguf, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
-    backend_ = new ModelRunnerBackend(std::move(*runner));
+    backend_ = new ModelStepBackend(std::move(*runner));
   }
   static void TearDownTestSuite() {
     delete backend_;
@@ -497,10 +497,10 @@ class StepExecutorModelTest : public ::testing::Test {
     return tokens;
   }
 
-  static ModelRunnerBackend* backend_;
+  static ModelStepBackend* backend_;
 };
 
-ModelRunnerBackend* StepExecutorModelTest::backend_ = nullptr;
+ModelStepBackend* StepExecutorModelTest::backend_ = nullptr;
 
 TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchLocalGenerator) {
   const std::vector<int32_t> prompt = Prompt();
@@ -548,15 +548,15 @@ TEST_F(StepExecutorModelTest, TheForwardPassCountsTwoUnitsPerLayer) {
   auto gguf = common::GgufFile::Open(ModelPath());
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   StepProgress progress;
-  ModelRunnerOptions options;
+  CpuForwardPassOptions options;
   options.num_threads = 1;
   options.num_kv_blocks = 4;
   options.block_size = kBlockSize;
   options.progress = &progress;
-  auto runner = ModelRunner::Create(**gguf, options);
+  auto runner = CpuForwardPass::Create(**gguf, options);
   ASSERT_TRUE(runner.ok()) << runner.status();
   const int64_t num_layers = (*runner)->config().num_layers;
-  ModelRunnerBackend backend(std::move(*runner));
+  ModelStepBackend backend(std::move(*runner));
   StepExecutorOptions executor_options;
   executor_options.progress = &progress;
   StepExecutor executor(backend, executor_options);

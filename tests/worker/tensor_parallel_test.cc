@@ -10,14 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf_file.h"
-#include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/runner_test_util.h"
 #include "common/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/tokenizer_test_util.h"
+#include "tests/worker/runner_test_util.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
-#include "worker/model_runner.h"
 
 namespace loom::worker {
 namespace {
@@ -131,13 +131,13 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   const std::vector<int32_t> prompt =
       tokenizer_->Encode("The capital of France is", /*add_special=*/true, /*parse_special=*/true);
   constexpr int kSteps = 8;
-  ModelRunnerOptions options;
+  CpuForwardPassOptions options;
   options.num_threads = 1;
   options.num_kv_blocks = 8;
   options.kv_dtype = kernels::cpu::KvDtype::kF32;
   options.activations = std::get<1>(GetParam());
   const bool int8 = options.activations == kernels::cpu::ActivationPrecision::kInt8;
-  auto whole = ModelRunner::Create(*gguf_, options);
+  auto whole = CpuForwardPass::Create(*gguf_, options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   std::vector<int32_t> want;
   std::vector<float> want_logits;
@@ -156,11 +156,11 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
         statuses[rank] = communicator.status();
         return;
       }
-      ModelRunnerOptions shard = options;
+      CpuForwardPassOptions shard = options;
       shard.tp_rank = rank;
       shard.tp_size = kRanks;
       shard.communicator = communicator->get();
-      auto runner = ModelRunner::Create(*gguf_, shard);
+      auto runner = CpuForwardPass::Create(*gguf_, shard);
       if (!runner.ok()) {
         statuses[rank] = runner.status();
         return;

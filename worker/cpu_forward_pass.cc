@@ -1,12 +1,12 @@
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace loom::worker {
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
-    const common::GgufFile& gguf, const ModelRunnerOptions& options) {
+absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
+    const common::GgufFile& gguf, const CpuForwardPassOptions& options) {
   if (options.num_threads < 1) {
     return absl::InvalidArgumentError("the model runner needs at least one thread");
   }
@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
   device_options.communicator = options.tp_size > 1 ? options.communicator : nullptr;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CpuDevice> device,
                         model::CpuDevice::Create(device_options));
-  std::unique_ptr<ModelRunner> runner(new ModelRunner());
+  std::unique_ptr<CpuForwardPass> runner(new CpuForwardPass());
   runner->device_ = device.get();
   model::LlamaGraphOptions graph_options;
   graph_options.num_kv_blocks = options.num_kv_blocks;
@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(
   return runner;
 }
 
-absl::Status ModelRunner::Step(const StepBatch& batch, std::vector<float>& logits) {
+absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
   const common::ModelConfig& c = graph_->config();
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, c.vocab_size, c.context_length,
                                          num_kv_blocks(), block_size()));

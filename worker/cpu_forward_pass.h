@@ -19,7 +19,7 @@
 
 namespace loom::worker {
 
-struct ModelRunnerOptions {
+struct CpuForwardPassOptions {
   int num_threads = 2;
   int64_t num_kv_blocks = 1024;  // pool size; the coordinator sizes it from a memory budget
   int64_t block_size = 16;
@@ -48,10 +48,10 @@ struct ModelRunnerOptions {
 /// (model::CpuDevice), behind ForwardPass: validates each step, hands it to the graph and
 /// returns the sample rows' logits. Owns the graph (weights, KV pool, scratch). Not
 /// thread-safe: one step at a time.
-class ModelRunner : public ForwardPass {
+class CpuForwardPass : public ForwardPass {
  public:
-  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const common::GgufFile& gguf,
-                                                             const ModelRunnerOptions& options);
+  static absl::StatusOr<std::unique_ptr<CpuForwardPass>> Create(const common::GgufFile& gguf,
+                                                             const CpuForwardPassOptions& options);
 
   /// Runs one step: writes the batch's K/V into its slots and returns the logits of
   /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
@@ -65,7 +65,7 @@ class ModelRunner : public ForwardPass {
   int64_t block_size() const override { return graph_->kv_cache().block_size(); }
   int64_t num_kv_blocks() const override { return graph_->kv_cache().num_blocks(); }
   int num_threads() const { return device_->thread_pool()->num_threads(); }
-  /// The pool Step runs on (to share with a draft model's runner, see ModelRunnerOptions).
+  /// The pool Step runs on (to share with a draft model's runner, see CpuForwardPassOptions).
   const std::shared_ptr<kernels::cpu::ThreadPool>& thread_pool() const {
     return device_->thread_pool();
   }
@@ -76,7 +76,7 @@ class ModelRunner : public ForwardPass {
   }
 
  private:
-  ModelRunner() = default;
+  CpuForwardPass() = default;
 
   std::unique_ptr<model::LlamaGraph> graph_;
   model::CpuDevice* device_ = nullptr;  // the graph's
