@@ -1,6 +1,6 @@
 // The CUDA model runner end to end on a Llama-3-8B-shaped model (hidden 4096, 32 layers,
 // 32 query / 8 KV heads, head dim 128, FFN 14336, vocab 128256, rope theta 500000), F16
-// weights generated on the device (CudaModelRunner::CreateRandom: no 16 GB file, never
+// weights generated on the device (CudaForwardPass::CreateRandom: no 16 GB file, never
 // zeros), against limits measured in the same run:
 //  1. a decode step at batch 1: weight bytes read per second (every layer matrix and the
 //     LM head, once per step) as a ratio of the device-to-device copy bandwidth (bytes
@@ -36,7 +36,7 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda_device.h"
-#include "worker/cuda_model_runner.h"
+#include "worker/cuda_forward_pass.h"
 #include "worker/forward_pass.h"
 #include "worker/step_batch.h"
 
@@ -109,7 +109,7 @@ std::vector<int32_t> BlockTable(int64_t seq, int64_t tokens) {
 }
 
 // Fills the KV of sequences [0, num_seqs) with kPromptTokens random prompt tokens each.
-void Prefill(worker::CudaModelRunner& runner, int64_t num_seqs, int64_t vocab) {
+void Prefill(worker::CudaForwardPass& runner, int64_t num_seqs, int64_t vocab) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
   std::vector<float> logits;
@@ -128,7 +128,7 @@ void Prefill(worker::CudaModelRunner& runner, int64_t num_seqs, int64_t vocab) {
 
 // Seconds per greedy decode step of sequences [0, batch) over kDecodeSteps steps at
 // positions kPromptTokens + kWarmupSteps onwards (after kWarmupSteps warm-up steps).
-double DecodeStepSeconds(worker::CudaModelRunner& runner, int64_t batch) {
+double DecodeStepSeconds(worker::CudaForwardPass& runner, int64_t batch) {
   std::vector<int32_t> tokens(batch);
   for (int64_t s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>((s * 7919) % 128000);
   std::vector<int32_t> next;
@@ -157,18 +157,18 @@ double DecodeStepSeconds(worker::CudaModelRunner& runner, int64_t batch) {
   return elapsed.count() / kDecodeSteps;
 }
 
-std::unique_ptr<worker::CudaModelRunner> MakeRunner(const common::ModelConfig& config,
+std::unique_ptr<worker::CudaForwardPass> MakeRunner(const common::ModelConfig& config,
                                                     bool cuda_graphs, int64_t num_seqs) {
-  worker::CudaRunnerOptions options;
+  worker::CudaForwardPassOptions options;
   options.dtype = DataType::kF16;
   options.kv_dtype = DataType::kF16;
   options.block_size = kBlockSize;
   options.num_kv_blocks = num_seqs * kBlocksPerSeq;
   options.max_num_tokens = kPrefillSeqsPerStep * kPromptTokens;
   options.cuda_graphs = cuda_graphs;
-  absl::StatusOr<std::unique_ptr<worker::CudaModelRunner>> runner =
-      worker::CudaModelRunner::CreateRandom(config, options, kWeightSeed);
-  CheckOk(runner.status(), "CudaModelRunner::CreateRandom");
+  absl::StatusOr<std::unique_ptr<worker::CudaForwardPass>> runner =
+      worker::CudaForwardPass::CreateRandom(config, options, kWeightSeed);
+  CheckOk(runner.status(), "CudaForwardPass::CreateRandom");
   std::printf("runner (graphs %s):\n%s", cuda_graphs ? "on" : "off",
               (*runner)->load_log().c_str());
   return std::move(runner).value();
@@ -207,7 +207,7 @@ int Run(bool quick) {
   // time, so the device holds one copy of the weights.
   double eager_b1 = 0;
   {
-    std::unique_ptr<worker::CudaModelRunner> runner = MakeRunner(config, false, 1);
+    std::unique_ptr<worker::CudaForwardPass> runner = MakeRunner(config, false, 1);
     Prefill(*runner, 1, config.vocab_size);
     eager_b1 = DecodeStepSeconds(*runner, 1);
   }
@@ -215,7 +215,7 @@ int Run(bool quick) {
   {
     // --quick: batch 1 only (the graphs on/off comparison).
     const int64_t max_batch = quick ? 1 : kMaxBatch;
-    std::unique_ptr<worker::CudaModelRunner> runner = MakeRunner(config, true, max_batch);
+    std::unique_ptr<worker::CudaForwardPass> runner = MakeRunner(config, true, max_batch);
     const auto prefill_start = std::chrono::steady_clock::now();
     Prefill(*runner, max_batch, config.vocab_size);
     const std::chrono::duration<double> prefill = std::chrono::steady_clock::now() - prefill_start;
@@ -235,7 +235,7 @@ int Run(bool quick) {
       row.bound_tokens_per_second = batch * copy / (weight_bytes + row.kv_bytes);
       rows.push_back(row);
     }
-    const worker::CudaModelRunner::Stats stats = runner->stats();
+    const worker::CudaForwardPass::Stats stats = runner->stats();
     std::printf("graph captures %ld, replays %ld, eager steps %ld\n",
                 static_cast<long>(stats.graph_captures), static_cast<long>(stats.graph_replays),
                 static_cast<long>(stats.eager_steps));

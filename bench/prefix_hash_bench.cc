@@ -20,7 +20,7 @@
 #include "common/gguf_file.h"
 #include "coordinator/block_hash.h"
 #include "coordinator/block_manager.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 
 namespace {
 
@@ -79,15 +79,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", gguf.status().ToString().c_str());
     return 1;
   }
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 64;
-  auto runner_or = loom::worker::ModelRunner::Create(**gguf, options);
+  auto runner_or = loom::worker::CpuForwardPass::Create(**gguf, options);
   if (!runner_or.ok()) {
     std::fprintf(stderr, "%s\n", runner_or.status().ToString().c_str());
     return 1;
   }
-  loom::worker::ModelRunner& runner = **runner_or;
+  loom::worker::CpuForwardPass& runner = **runner_or;
   const int64_t vocab = runner.config().vocab_size;
   const auto block_size = static_cast<int32_t>(runner.block_size());
 

@@ -19,8 +19,8 @@
 #include "bench/machine_limits.h"
 #include "common/gguf_file.h"
 #include "gloo/rendezvous/hash_store.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
-#include "worker/model_runner.h"
 
 namespace {
 
@@ -50,7 +50,7 @@ void WithRanks(int ranks, Body&& body) {
 }
 
 // Decode step time: `sequences` sequences of 64 tokens of context each, 32 steps.
-double DecodeStepSeconds(loom::worker::ModelRunner& runner, int sequences) {
+double DecodeStepSeconds(loom::worker::CpuForwardPass& runner, int sequences) {
   std::vector<std::vector<int32_t>> blocks(sequences);
   for (int s = 0; s < sequences; ++s) {
     for (int b = 0; b < 8; ++b) blocks[s].push_back(s * 8 + b);
@@ -131,21 +131,21 @@ int main(int argc, char** argv) {
               model_path.c_str());
   first = true;
   for (int sequences : {1, 16}) {
-    loom::worker::ModelRunnerOptions options;
+    loom::worker::CpuForwardPassOptions options;
     options.num_threads = 2;
     options.num_kv_blocks = 16 * 8;
     options.kv_dtype = loom::kernels::cpu::KvDtype::kF16;
-    auto whole = loom::worker::ModelRunner::Create(**gguf, options);
+    auto whole = loom::worker::CpuForwardPass::Create(**gguf, options);
     if (!whole.ok()) return 1;
     const double tp1 = DecodeStepSeconds(**whole, sequences);
     std::vector<double> tp2(2);
     WithRanks(2, [&](int rank, loom::worker::GlooCommunicator& comm) {
-      loom::worker::ModelRunnerOptions shard = options;
+      loom::worker::CpuForwardPassOptions shard = options;
       shard.num_threads = 1;
       shard.tp_rank = rank;
       shard.tp_size = 2;
       shard.communicator = &comm;
-      auto runner = loom::worker::ModelRunner::Create(**gguf, shard);
+      auto runner = loom::worker::CpuForwardPass::Create(**gguf, shard);
       if (!runner.ok()) std::exit(1);
       tp2[rank] = DecodeStepSeconds(**runner, sequences);
     });

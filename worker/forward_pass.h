@@ -23,9 +23,9 @@ struct DeviceSampleRows {
   std::vector<int32_t> penalty_counts;  // how often each was generated
 };
 
-/// A model's forward pass on one backend (the CPU ModelRunner, the CUDA runner): owns the
+/// A model's forward pass on one backend (the CPU CpuForwardPass, the CUDA runner): owns the
 /// weights and the paged KV pool, runs one flattened step and returns the logits of the
-/// step's sample rows on the host. ModelRunnerBackend samples from them. Not thread-safe:
+/// step's sample rows on the host. ModelStepBackend samples from them. Not thread-safe:
 /// one step at a time.
 class ForwardPass {
  public:

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "gloo/rendezvous/store.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 
 namespace gloo {
 class Context;
@@ -20,10 +20,10 @@ struct GlooOptions {
   std::chrono::milliseconds timeout{30000};
 };
 
-/// Communicator over gloo's TCP transport (CPU tensor parallelism). Ranks find each other
+/// model::Communicator over gloo's TCP transport (CPU tensor parallelism). Ranks find each other
 /// through a gloo rendezvous store (its keys carry each rank's listening address); gloo
 /// reports failures as exceptions, which become absl::Status here.
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public model::Communicator {
  public:
   /// Connects rank `rank` of `world_size` to all others (a full mesh). Every rank calls it
   /// with the same store (a prefix per replica and incarnation keeps stores apart).

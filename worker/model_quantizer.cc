@@ -15,9 +15,9 @@
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/thread_pool.h"
+#include "model/quantized_gguf.h"
 #include "worker/awq.h"
-#include "worker/model_runner.h"
-#include "worker/quantized_gguf.h"
+#include "worker/cpu_forward_pass.h"
 
 namespace loom::worker {
 namespace {
@@ -79,13 +79,13 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
   const int64_t blocks_per_sequence = (longest + kCalibrationBlockSize - 1) / kCalibrationBlockSize;
   const int64_t sequences_per_step = std::max<int64_t>(1, kCalibrationStepTokens / longest);
 
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = options.num_threads;
   runner_options.block_size = kCalibrationBlockSize;
   runner_options.num_kv_blocks = blocks_per_sequence * sequences_per_step;
   runner_options.kv_dtype = cpu::KvDtype::kF32;
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                        ModelRunner::Create(in, runner_options));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForwardPass> runner,
+                        CpuForwardPass::Create(in, runner_options));
 
   std::vector<LayerStats> stats;
   stats.reserve(config.num_layers);
@@ -96,18 +96,18 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
          ActivationStats(config.intermediate_size, options.awq_max_samples, sample_every)});
   }
   runner->SetActivationObserver(
-      [&stats](int64_t layer, LinearInput input, const float* x, int64_t num_tokens) {
+      [&stats](int64_t layer, model::LinearInput input, const float* x, int64_t num_tokens) {
         switch (input) {
-          case LinearInput::kQkv:
+          case model::LinearInput::kQkv:
             stats[layer].qkv.Add(x, num_tokens);
             break;
-          case LinearInput::kGateUp:
+          case model::LinearInput::kGateUp:
             stats[layer].gate_up.Add(x, num_tokens);
             break;
-          case LinearInput::kDown:
+          case model::LinearInput::kDown:
             stats[layer].down.Add(x, num_tokens);
             break;
-          case LinearInput::kAttnOutput:
+          case model::LinearInput::kAttnOutput:
             break;  // not scaled (see docs/quantization.md)
         }
       });
@@ -168,7 +168,7 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
                                               const QuantizerOptions& options,
                                               const std::vector<std::vector<int32_t>>& calibration,
                                               common::GgufWriter& out) {
-  LOOM_RETURN_IF_ERROR(CheckQuantizationVersion(in));
+  LOOM_RETURN_IF_ERROR(model::CheckQuantizationVersion(in));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(in));
   const bool integer = IsInteger(options.format);
   const bool awq = options.method == QuantizeMethod::kAwq;
@@ -196,7 +196,7 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
   } else {
     // No ggml file type describes Loom's formats; loom.quantization.* does.
     out.Remove("general.file_type");
-    out.SetUint32(kQuantizationVersionKey, kQuantizationVersion);
+    out.SetUint32(model::kQuantizationVersionKey, model::kQuantizationVersion);
     out.SetString("loom.quantization.format", FormatName(options.format));
     out.SetUint32(
         "loom.quantization.group_size",
@@ -225,7 +225,7 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
     for (const common::GgufTensorInfo& tensor : in.tensors()) {
       // A Loom-encoded matrix is converted where its values tensor stood.
       std::string name = tensor.name;
-      const auto loom = LoomMatrixOf(in, tensor.name);
+      const auto loom = model::LoomMatrixOf(in, tensor.name);
       if (loom.has_value()) {
         if (!loom->second) continue;  // .scale / .min
         name = loom->first;
@@ -236,7 +236,7 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
         continue;
       }
       int64_t rows = 0, cols = 0;
-      LOOM_ASSIGN_OR_RETURN(std::vector<float> values, ReadMatrixF32(in, name, rows, cols));
+      LOOM_ASSIGN_OR_RETURN(std::vector<float> values, model::ReadMatrixF32(in, name, rows, cols));
       std::vector<uint8_t> bytes;
       GgmlType type = GgmlType::kF32;
       if (options.format == QuantizeFormat::kF32) {
@@ -278,11 +278,11 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
          {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
       const std::string name = absl::StrCat(p, part, ".weight");
       int64_t rows = 0, cols = 0;
-      LOOM_ASSIGN_OR_RETURN(layer.matrices[name], ReadMatrixF32(in, name, rows, cols));
+      LOOM_ASSIGN_OR_RETURN(layer.matrices[name], model::ReadMatrixF32(in, name, rows, cols));
       layer.shapes[name] = {rows, cols};
       const common::GgufTensorInfo* tensor = in.FindTensor(name);
       conversions[absl::StrCat(
-          IsLoomQuantized(in, name) ? std::string("Loom")
+          model::IsLoomQuantized(in, name) ? std::string("Loom")
                                     : common::RawGgmlTypeName(static_cast<uint32_t>(tensor->type)),
           " -> ", FormatName(options.format), " (", awq ? "awq" : "rtn", ")")]++;
     }
@@ -386,13 +386,13 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
   // Tensors in the input's order (a Loom-encoded linear weight where its values were).
   for (const common::GgufTensorInfo& tensor : in.tensors()) {
     std::string name = tensor.name;
-    if (const auto loom = LoomMatrixOf(in, tensor.name);
+    if (const auto loom = model::LoomMatrixOf(in, tensor.name);
         loom.has_value() && linear.contains(loom->first)) {
       if (!loom->second) continue;  // .scale / .min
       name = loom->first;
     }
     if (auto it = quantized.find(name); it != quantized.end()) {
-      LOOM_RETURN_IF_ERROR(AddQuantizedTensor(out, name, it->second));
+      LOOM_RETURN_IF_ERROR(model::AddQuantizedTensor(out, name, it->second));
       quantized.erase(it);  // frees the memory as it goes
       continue;
     }

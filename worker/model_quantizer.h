@@ -59,7 +59,7 @@ absl::StatusOr<int64_t> GroupSizeFor(QuantizeFormat format, int64_t requested, i
 /// (general.file_type adjusted; loom.quantization.* describing the result), the linear
 /// layers (attn_q/k/v/output, ffn_gate/up/down) in `options.format`, everything else as
 /// it was (F32/F16: every matrix converted). AWQ needs `calibration` (token sequences,
-/// run through ModelRunner to observe each layer's inputs) and folds its scales into the
+/// run through CpuForwardPass to observe each layer's inputs) and folds its scales into the
 /// RMSNorm weights and `up` rows, so `out` is a plain model. `out` may refer to `in`'s
 /// bytes: keep `in` alive until it is written.
 absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,

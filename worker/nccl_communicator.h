@@ -5,11 +5,11 @@
 
 #include "absl/status/statusor.h"
 #include "gloo/rendezvous/store.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 
 namespace loom::worker {
 
-/// Communicator over NCCL for CUDA workers: the spans are device memory (the CUDA
+/// model::Communicator over NCCL for CUDA workers: the spans are device memory (the CUDA
 /// backend's activations), collectives are enqueued on `stream` (a cudaStream_t) and each
 /// call waits for its completion under the timeout, polling NCCL's asynchronous error; a
 /// failure or timeout aborts the communicator (ncclCommAbort) so no rank hangs in a
@@ -20,7 +20,7 @@ namespace loom::worker {
 /// "NCCL not found: ..." where it cannot be loaded. One GPU per rank;
 /// multi-GPU runs are not available in this project's environment (the code path for world
 /// size 1 is the same).
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public model::Communicator {
  public:
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Connect(
       std::shared_ptr<gloo::rendezvous::Store> store, int rank, int world_size, int device,

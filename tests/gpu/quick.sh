@@ -44,7 +44,7 @@ STEPS=(preflight kernels runner nccl memcheck racecheck bench)
 declare -A LIMIT=([preflight]=10 [kernels]=120 [runner]=120 [nccl]=30 [memcheck]=90
                   [racecheck]=90 [bench]=90)
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
-RUNNER_FILTER='CudaModelRunner*:*CudaDefaultModel*'
+RUNNER_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
 # speculative verify, KV write.

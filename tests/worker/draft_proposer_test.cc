@@ -9,7 +9,7 @@
 
 #include "tests/worker/runner_test_util.h"
 #include "tests/worker/tiny_model.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/step_backend.h"
 
 namespace loom::worker {
@@ -21,12 +21,12 @@ using testing::TinyModelSpec;
 constexpr int64_t kNumBlocks = 16;
 constexpr int64_t kBlockSize = 4;  // small: drafts cross block boundaries
 
-std::unique_ptr<ModelRunner> Runner(const common::GgufFile& gguf, int64_t num_blocks = kNumBlocks) {
+std::unique_ptr<CpuForwardPass> Runner(const common::GgufFile& gguf, int64_t num_blocks = kNumBlocks) {
   return test_util::MakeCpuRunner(gguf, num_blocks, kBlockSize);
 }
 
 std::unique_ptr<DraftProposer> Proposer(const common::GgufFile& gguf) {
-  std::unique_ptr<ModelRunner> runner = Runner(gguf);
+  std::unique_ptr<CpuForwardPass> runner = Runner(gguf);
   const int64_t vocab = runner->config().vocab_size;
   absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
       DraftProposer::Create(std::move(runner), vocab, kNumBlocks, kBlockSize);
@@ -37,7 +37,7 @@ std::unique_ptr<DraftProposer> Proposer(const common::GgufFile& gguf) {
 // `count` greedy tokens after `prompt`, one plain step at a time on a fresh runner.
 std::vector<int32_t> GreedyContinuation(const common::GgufFile& gguf, std::vector<int32_t> tokens,
                                         int count) {
-  std::unique_ptr<ModelRunner> runner = Runner(gguf);
+  std::unique_ptr<CpuForwardPass> runner = Runner(gguf);
   const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
   const int64_t vocab = runner->config().vocab_size;
   std::vector<int32_t> out;
@@ -141,7 +141,7 @@ TEST(DraftProposerTest, SampledDraftsCarryTheDistributionTheyWereDrawnFrom) {
     EXPECT_GT(q[proposal.tokens[j]], 0.0f) << "draft " << j;
   }
   // The first q is the sampler's distribution over the draft model's logits.
-  std::unique_ptr<ModelRunner> runner = Runner(*gguf);
+  std::unique_ptr<CpuForwardPass> runner = Runner(*gguf);
   StepBatch batch;
   ASSERT_TRUE(AppendSequence(batch, tokens, 0, blocks, kBlockSize, true).ok());
   std::vector<float> logits;

@@ -1,5 +1,5 @@
 // Draft-model speculative decoding through the worker's own path: StepExecutor (the draft
-// proposer, block tables, catch-up, trimming) and ModelRunnerBackend (verification), on
+// proposer, block tables, catch-up, trimming) and ModelStepBackend (verification), on
 // tiny random models, driven by a small stand-in for the coordinator's scheduler.
 //
 // Greedy decoding must be token for token the same as without speculation; sampled
@@ -20,9 +20,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "tests/worker/runner_test_util.h"
 #include "tests/worker/tiny_model.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/draft_proposer.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/model_step_backend.h"
 #include "worker/step_executor.h"
 
 namespace loom::worker {
@@ -33,14 +33,14 @@ using testing::TinyModelSpec;
 
 constexpr int64_t kBlockSize = 16;
 
-std::unique_ptr<ModelRunner> Runner(const common::GgufFile& gguf, int64_t num_blocks) {
+std::unique_ptr<CpuForwardPass> Runner(const common::GgufFile& gguf, int64_t num_blocks) {
   return test_util::MakeCpuRunner(gguf, num_blocks, kBlockSize);
 }
 
 // A target backend and, when a draft model is given, a proposer beside it; one executor.
 struct Rig {
   Rig(const common::GgufFile& target, const common::GgufFile* draft, int64_t num_blocks) {
-    backend = std::make_unique<ModelRunnerBackend>(Runner(target, num_blocks));
+    backend = std::make_unique<ModelStepBackend>(Runner(target, num_blocks));
     StepExecutorOptions options;
     if (draft != nullptr) {
       absl::StatusOr<std::unique_ptr<DraftProposer>> created = DraftProposer::Create(
@@ -51,7 +51,7 @@ struct Rig {
     }
     executor = std::make_unique<StepExecutor>(*backend, options);
   }
-  std::unique_ptr<ModelRunnerBackend> backend;
+  std::unique_ptr<ModelStepBackend> backend;
   std::unique_ptr<DraftProposer> proposer;
   std::unique_ptr<StepExecutor> executor;
 };
@@ -418,7 +418,7 @@ struct ExactDistributions {
 ExactDistributions Exact(const common::GgufFile& target, const std::vector<int32_t>& prompt,
                          const SamplingParams& params) {
   const int64_t vocab = common::ModelConfigFromGguf(target)->vocab_size;
-  std::unique_ptr<ModelRunner> runner = Runner(target, vocab * vocab + 1);
+  std::unique_ptr<CpuForwardPass> runner = Runner(target, vocab * vocab + 1);
   // next[prefix] = the sampler's distribution after prompt + prefix (prefix of 0-2 tokens).
   auto distributions = [&](const std::vector<std::vector<int32_t>>& prefixes) {
     StepBatch batch;

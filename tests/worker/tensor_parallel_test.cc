@@ -1,4 +1,4 @@
-#include "worker/tensor_parallel.h"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,14 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf_file.h"
-#include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/runner_test_util.h"
 #include "common/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/tokenizer_test_util.h"
+#include "tests/worker/runner_test_util.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
-#include "worker/model_runner.h"
 
 namespace loom::worker {
 namespace {
@@ -37,7 +37,7 @@ common::ModelConfig SmolLm2Shape() {
 TEST(PlanShardsTest, SplitsHeadsFfnAndVocabulary) {
   const common::ModelConfig config = SmolLm2Shape();
   for (int rank = 0; rank < 3; ++rank) {
-    absl::StatusOr<ShardPlan> plan = PlanShards(config, rank, 3);
+    absl::StatusOr<model::ShardPlan> plan = model::PlanShards(config, rank, 3);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->num_heads, 3);
     EXPECT_EQ(plan->head0, 3 * rank);
@@ -54,7 +54,7 @@ TEST(PlanShardsTest, ReplicatesKvHeadsWhenRanksOutnumberThem) {
   common::ModelConfig config = SmolLm2Shape();
   config.intermediate_size = 1152;  // 9 x 128 (SmolLM2's 1536 does not split 9 ways)
   for (int rank = 0; rank < 9; ++rank) {
-    absl::StatusOr<ShardPlan> plan = PlanShards(config, rank, 9);
+    absl::StatusOr<model::ShardPlan> plan = model::PlanShards(config, rank, 9);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->num_heads, 1);
     EXPECT_EQ(plan->num_kv_heads, 1);
@@ -70,7 +70,7 @@ TEST(PlanShardsTest, UnevenVocabularyIsPaddedToAStride) {
   config.vocab_size = 10;
   std::vector<int64_t> sizes;
   for (int rank = 0; rank < 4; ++rank) {
-    absl::StatusOr<ShardPlan> plan = PlanShards(config, rank, 4);
+    absl::StatusOr<model::ShardPlan> plan = model::PlanShards(config, rank, 4);
     ASSERT_TRUE(plan.ok());
     EXPECT_EQ(plan->vocab_stride, 3);
     sizes.push_back(plan->vocab);
@@ -80,8 +80,8 @@ TEST(PlanShardsTest, UnevenVocabularyIsPaddedToAStride) {
 
 TEST(PlanShardsTest, UnevenHeadsShareTheKvHeadBetweenThem) {
   // 9 query heads over 2 ranks: 5 + 4. Query heads 3-5 read KV head 1, so both hold it.
-  absl::StatusOr<ShardPlan> first = PlanShards(SmolLm2Shape(), 0, 2);
-  absl::StatusOr<ShardPlan> second = PlanShards(SmolLm2Shape(), 1, 2);
+  absl::StatusOr<model::ShardPlan> first = model::PlanShards(SmolLm2Shape(), 0, 2);
+  absl::StatusOr<model::ShardPlan> second = model::PlanShards(SmolLm2Shape(), 1, 2);
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(first->head0, 0);
   EXPECT_EQ(first->num_heads, 5);
@@ -94,14 +94,14 @@ TEST(PlanShardsTest, UnevenHeadsShareTheKvHeadBetweenThem) {
 }
 
 TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
-  EXPECT_THAT(PlanShards(SmolLm2Shape(), 0, 10).status().message(),
+  EXPECT_THAT(model::PlanShards(SmolLm2Shape(), 0, 10).status().message(),
               HasSubstr("more than the model's 9 attention heads"));
   common::ModelConfig config = SmolLm2Shape();
   config.num_heads = 12;
   config.num_kv_heads = 3;
   config.intermediate_size = 1000;
-  EXPECT_THAT(PlanShards(config, 0, 3).status().message(), HasSubstr("1000 FFN channels"));
-  EXPECT_EQ(PlanShards(config, 3, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(model::PlanShards(config, 0, 3).status().message(), HasSubstr("1000 FFN channels"));
+  EXPECT_EQ(model::PlanShards(config, 3, 3).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The default model split over `size` ranks (threads joined by gloo) against the whole
@@ -133,13 +133,13 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
   const std::vector<int32_t> prompt =
       tokenizer_->Encode("The capital of France is", /*add_special=*/true, /*parse_special=*/true);
   constexpr int kSteps = 8;
-  ModelRunnerOptions options;
+  CpuForwardPassOptions options;
   options.num_threads = 1;
   options.num_kv_blocks = 8;
   options.kv_dtype = kernels::cpu::KvDtype::kF32;
   options.activations = std::get<1>(GetParam());
   const bool int8 = options.activations == kernels::cpu::ActivationPrecision::kInt8;
-  auto whole = ModelRunner::Create(*gguf_, options);
+  auto whole = CpuForwardPass::Create(*gguf_, options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<test_util::EngineTrace> want =
       test_util::GreedyThroughEngine(*std::move(whole), *tokenizer_, prompt, kSteps);
@@ -156,11 +156,11 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
         got[rank] = communicator.status();
         return;
       }
-      ModelRunnerOptions shard = options;
+      CpuForwardPassOptions shard = options;
       shard.tp_rank = rank;
       shard.tp_size = kRanks;
       shard.communicator = communicator->get();
-      auto runner = ModelRunner::Create(*gguf_, shard);
+      auto runner = CpuForwardPass::Create(*gguf_, shard);
       if (!runner.ok()) {
         got[rank] = runner.status();
         return;

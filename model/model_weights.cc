@@ -1,4 +1,4 @@
-#include "worker/model_weights.h"
+#include "model/model_weights.h"
 
 #include <cmath>
 #include <cstring>
@@ -9,9 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/quantize.h"
-#include "worker/quantized_gguf.h"
+#include "model/quantized_gguf.h"
 
-namespace loom::worker {
+namespace loom::model {
 namespace {
 
 using kernels::cpu::PackedWeight;
@@ -262,4 +262,4 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
   return weights;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::model

@@ -5,7 +5,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 
-namespace loom::worker {
+namespace loom::model {
 
 /// What rank `rank` of a tensor-parallel group of `size` holds of a llama-family model
 /// (Megatron-style): Q/K/V and gate/up split by rows (heads, FFN channels), O and down by
@@ -42,4 +42,4 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
 /// everything else unchanged): what its KV cache and kernels see.
 common::ModelConfig LocalConfig(const common::ModelConfig& config, const ShardPlan& plan);
 
-}  // namespace loom::worker
+}  // namespace loom::model

@@ -1,4 +1,4 @@
-#include "worker/model_runner_backend.h"
+#include "worker/model_step_backend.h"
 
 #include <algorithm>
 #include <chrono>
@@ -33,10 +33,10 @@ SampledToken Emitted(const SequenceSampler& sampler, const float* logits, int64_
 
 }  // namespace
 
-ModelRunnerBackend::ModelRunnerBackend(std::unique_ptr<ForwardPass> runner, std::string_view name)
+ModelStepBackend::ModelStepBackend(std::unique_ptr<ForwardPass> runner, std::string_view name)
     : runner_(std::move(runner)), name_(name) {}
 
-absl::Status ModelRunnerBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
+absl::Status ModelStepBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                                      std::vector<SampledToken>& tokens,
                                      std::vector<int32_t>& num_emitted, BackendTimings& timings) {
   std::vector<double> no_scores;
@@ -121,7 +121,7 @@ absl::Status ModelRunnerBackend::RunAndScore(const StepBatch& batch,
   return absl::OkStatus();
 }
 
-bool ModelRunnerBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
+bool ModelStepBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
   // The device sampler picks one token per row and reports only its logprob.
   for (const SampleRow& row : rows) {
     if (!row.draft_tokens.empty() || row.sampler->params().num_logprobs > 0) return false;
@@ -131,7 +131,7 @@ bool ModelRunnerBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
   return true;
 }
 
-absl::Status ModelRunnerBackend::RunOnDevice(const StepBatch& batch,
+absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
                                              absl::Span<const SampleRow> rows,
                                              std::vector<SampledToken>& tokens,
                                              std::vector<int32_t>& num_emitted,
@@ -172,7 +172,7 @@ absl::Status ModelRunnerBackend::RunOnDevice(const StepBatch& batch,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> ModelRunnerBackend::VerifyDraftDistributions(
+absl::StatusOr<int32_t> ModelStepBackend::VerifyDraftDistributions(
     const StepBatch& batch, const SampleRow& row, size_t logits_row,
     std::vector<SampledToken>& tokens) {
   const int64_t vocab = runner_->config().vocab_size;

@@ -1,4 +1,4 @@
-#include "worker/cuda_model_runner.h"
+#include "worker/cuda_forward_pass.h"
 
 #include <algorithm>
 #include <bit>
@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_device.h"
+#include "model/kv_layout.h"
 
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -30,21 +31,20 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
+#include "model/model_weights.h"
 #include "worker/cuda_device_linear.h"
-#include "worker/model_weights.h"
 #endif
 
 namespace loom::worker {
 
 namespace kc = kernels::cuda;
 
-int64_t CudaModelRunner::KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
+int64_t CudaForwardPass::KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
                                          kc::DataType kv_dtype) {
-  return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim *
-         kc::ElementBytes(kv_dtype);
+  return model::KvBytesPerBlock(config, block_size, kc::ElementBytes(kv_dtype));
 }
 
-CudaModelRunner::CudaModelRunner(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaForwardPass::CudaForwardPass(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 // The runner calls this for decode steps only, where it maps the step to itself (up to
 // trailing blocks) before graph padding; steps with multi-token sequences go to the
@@ -93,34 +93,34 @@ void PadDecodeBatch(StepBatch& batch, int64_t num_seqs, int64_t num_samples,
 
 #if !LOOM_HAVE_CUDA
 
-struct CudaModelRunner::State {};
+struct CudaForwardPass::State {};
 
-CudaModelRunner::~CudaModelRunner() = default;
+CudaForwardPass::~CudaForwardPass() = default;
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
-    const common::GgufFile&, const CudaRunnerOptions&) {
+absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
+    const common::GgufFile&, const CudaForwardPassOptions&) {
   return absl::FailedPreconditionError(
       "the CUDA runner is unavailable: Loom was built without CUDA (configure with "
       "-DLOOM_CUDA=ON where the CUDA toolkit is installed)");
 }
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
-    const common::ModelConfig&, const CudaRunnerOptions&, uint64_t) {
+absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
+    const common::ModelConfig&, const CudaForwardPassOptions&, uint64_t) {
   return absl::FailedPreconditionError(
       "the CUDA runner is unavailable: Loom was built without CUDA (configure with "
       "-DLOOM_CUDA=ON where the CUDA toolkit is installed)");
 }
 
-absl::Status CudaModelRunner::Step(const StepBatch&, std::vector<float>&) {
+absl::Status CudaForwardPass::Step(const StepBatch&, std::vector<float>&) {
   return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
 }
 
-absl::Status CudaModelRunner::StepAndSample(const StepBatch&, const DeviceSampleRows&,
+absl::Status CudaForwardPass::StepAndSample(const StepBatch&, const DeviceSampleRows&,
                                              std::vector<int32_t>&, std::vector<float>&) {
   return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
 }
 
-CudaModelRunner::Stats CudaModelRunner::stats() const { return {}; }
+CudaForwardPass::Stats CudaForwardPass::stats() const { return {}; }
 
 #else  // LOOM_HAVE_CUDA
 
@@ -192,7 +192,7 @@ struct StepShape {
 
 }  // namespace
 
-struct CudaModelRunner::State {
+struct CudaForwardPass::State {
   struct Layer {
     DeviceBuffer attn_norm;    // [hidden] F32
     DeviceLinear qkv;          // [qkv_dim, hidden]
@@ -277,7 +277,7 @@ struct CudaModelRunner::State {
   }
 
   // Everything but the weights and buffers: device, dtypes, stream, cuBLAS, model shape.
-  absl::Status Init(const CudaRunnerOptions& options, const common::ModelConfig& model) {
+  absl::Status Init(const CudaForwardPassOptions& options, const common::ModelConfig& model) {
     device = options.device;
     LOOM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
     dtype = options.dtype;
@@ -792,12 +792,12 @@ struct CudaModelRunner::State {
   }
 };
 
-CudaModelRunner::~CudaModelRunner() = default;
+CudaForwardPass::~CudaForwardPass() = default;
 
 namespace {
 
 // The options Create and CreateRandom both check before touching the device.
-absl::Status ValidateRunnerOptions(const CudaRunnerOptions& options) {
+absl::Status ValidateRunnerOptions(const CudaForwardPassOptions& options) {
   const int device_count = kernels::CudaDeviceCount();
   if (device_count == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -886,8 +886,8 @@ absl::Status ValidateRandomModelConfig(const common::ModelConfig& c) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
-    const common::GgufFile& gguf, const CudaRunnerOptions& options) {
+absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
+    const common::GgufFile& gguf, const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
@@ -900,7 +900,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   // Weights: loaded like the CPU runner's; INT4 layer matrices are repacked for the W4A16
   // GEMM (options.quantized_weights), every other matrix is dequantized on the host and
   // uploaded once in dtype (the host copies are freed when this function returns).
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(gguf, 0, 1));
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights, model::LoadModelWeights(gguf, 0, 1));
   auto state = std::make_unique<State>();
   State& s = *state;
   LOOM_RETURN_IF_ERROR(s.Init(options, weights->config));
@@ -911,7 +911,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   LOOM_ASSIGN_OR_RETURN(s.output_norm, UploadFloats(weights->output_norm));
   LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(weights->rope_inv_freq));
   int64_t quantized_layers = 0;
-  for (const LayerWeights& layer : weights->layers) {
+  for (const model::LayerWeights& layer : weights->layers) {
     State::Layer& device_layer = s.layers.emplace_back();
     LOOM_ASSIGN_OR_RETURN(device_layer.attn_norm, UploadFloats(layer.attn_norm));
     const bool keep = options.quantized_weights;
@@ -941,8 +941,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   return Finish(std::move(state), options, std::move(load_log));
 }
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
-    const common::ModelConfig& config, const CudaRunnerOptions& options, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
+    const common::ModelConfig& config, const CudaForwardPassOptions& options, uint64_t seed) {
   LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
   LOOM_RETURN_IF_ERROR(ValidateRandomModelConfig(config));
   LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
@@ -987,7 +987,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
                                             fan_in_scale(hidden)));
   }
   LOOM_ASSIGN_OR_RETURN(s.output_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));
-  LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(RopeInverseFrequencies(c, {})));
+  LOOM_ASSIGN_OR_RETURN(s.rope_inv_freq, UploadFloats(model::RopeInverseFrequencies(c, {})));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     State::Layer& layer = s.layers.emplace_back();
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, random(hidden, DataType::kF32, 1.0f, 0.0f));
@@ -1008,8 +1008,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateRandom(
   return Finish(std::move(state), options, std::move(load_log));
 }
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Finish(
-    std::unique_ptr<State> state, const CudaRunnerOptions& options, std::string load_log) {
+absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
+    std::unique_ptr<State> state, const CudaForwardPassOptions& options, std::string load_log) {
   State& s = *state;
   const common::ModelConfig& c = s.config;
   // The quantized GEMM's split-K workspace: the most any layer asks for at any m.
@@ -1092,7 +1092,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Finish(
       s.block_size, kc::DataTypeName(s.kv_dtype),
       static_cast<double>(num_blocks * block_bytes) / (1 << 20), s.use_graphs ? "on" : "off");
 
-  std::unique_ptr<CudaModelRunner> runner(new CudaModelRunner(std::move(state)));
+  std::unique_ptr<CudaForwardPass> runner(new CudaForwardPass(std::move(state)));
   runner->config_ = runner->state_->config;
   runner->num_kv_blocks_ = num_blocks;
   runner->block_size_ = options.block_size;
@@ -1100,7 +1100,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Finish(
   return runner;
 }
 
-absl::Status CudaModelRunner::Guarded(const StepBatch& batch,
+absl::Status CudaForwardPass::Guarded(const StepBatch& batch,
                                       absl::FunctionRef<absl::Status()> run) {
   State& s = *state_;
   if (!s.broken.ok()) {
@@ -1118,11 +1118,11 @@ absl::Status CudaModelRunner::Guarded(const StepBatch& batch,
   return status;
 }
 
-absl::Status CudaModelRunner::Step(const StepBatch& batch, std::vector<float>& logits) {
+absl::Status CudaForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
   return Guarded(batch, [&] { return state_->RunStep(batch, logits); });
 }
 
-absl::Status CudaModelRunner::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
+absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
                                              std::vector<int32_t>& tokens,
                                              std::vector<float>& logprobs) {
   return Guarded(batch, [&]() -> absl::Status {
@@ -1140,7 +1140,7 @@ absl::Status CudaModelRunner::StepAndSample(const StepBatch& batch, const Device
   });
 }
 
-CudaModelRunner::Stats CudaModelRunner::stats() const { return state_->stats; }
+CudaForwardPass::Stats CudaForwardPass::stats() const { return state_->stats; }
 
 #endif  // LOOM_HAVE_CUDA
 

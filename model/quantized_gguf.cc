@@ -1,4 +1,4 @@
-#include "worker/quantized_gguf.h"
+#include "model/quantized_gguf.h"
 
 #include <cstring>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
-namespace loom::worker {
+namespace loom::model {
 namespace {
 
 using common::GgmlType;
@@ -205,4 +205,4 @@ absl::StatusOr<std::vector<float>> ReadMatrixF32(const common::GgufFile& gguf,
   return gguf.DequantizeTensor(*tensor);
 }
 
-}  // namespace loom::worker
+}  // namespace loom::model

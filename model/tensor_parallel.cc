@@ -1,10 +1,10 @@
-#include "worker/tensor_parallel.h"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
 
-namespace loom::worker {
+namespace loom::model {
 
 absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) {
@@ -54,4 +54,4 @@ common::ModelConfig LocalConfig(const common::ModelConfig& config, const ShardPl
   return local;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::model

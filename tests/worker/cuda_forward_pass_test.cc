@@ -1,8 +1,8 @@
-// The CUDA model runner against the CPU ModelRunner on the same steps (prefills, chunked
+// The CUDA model runner against the CPU CpuForwardPass on the same steps (prefills, chunked
 // prefill over cached blocks, decodes through CUDA graphs, mixed steps), on the default
 // model and on random models built here. Skips (with the reason) without a CUDA device;
 // the checks that need no device run everywhere.
-#include "worker/cuda_model_runner.h"
+#include "worker/cuda_forward_pass.h"
 
 #include <gtest/gtest.h>
 
@@ -26,7 +26,7 @@
 #include "tests/common/gguf_test_util.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/runner_test_util.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
@@ -413,14 +413,14 @@ std::vector<std::vector<int32_t>> RandomPrompts(int64_t vocab, uint32_t seed) {
   return prompts;
 }
 
-std::unique_ptr<ModelRunner> CpuRunner(const common::GgufFile& gguf) {
+std::unique_ptr<CpuForwardPass> CpuRunner(const common::GgufFile& gguf) {
   return test_util::MakeCpuRunner(gguf, kNumBlocks, kBlockSize, /*num_threads=*/2);
 }
 
-std::unique_ptr<CudaModelRunner> GpuRunner(const common::GgufFile& gguf, bool graphs,
+std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf, bool graphs,
                                            bool quantized_weights = true,
                                            kc::DataType dtype = kc::DataType::kF16) {
-  CudaRunnerOptions options;
+  CudaForwardPassOptions options;
   options.num_kv_blocks = kNumBlocks;
   options.block_size = kBlockSize;
   options.cuda_graphs = graphs;
@@ -428,20 +428,20 @@ std::unique_ptr<CudaModelRunner> GpuRunner(const common::GgufFile& gguf, bool gr
   options.dtype = dtype;
   options.kv_dtype = dtype;
   options.max_num_tokens = 512;
-  absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner = CudaModelRunner::Create(gguf, options);
+  absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner = CudaForwardPass::Create(gguf, options);
   EXPECT_TRUE(runner.ok()) << runner.status();
   return runner.ok() ? std::move(*runner) : nullptr;
 }
 
 void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int32_t>> prompts,
                       bool quantized_weights = true) {
-  std::unique_ptr<ModelRunner> cpu = CpuRunner(gguf);
-  std::unique_ptr<CudaModelRunner> gpu = GpuRunner(gguf, /*graphs=*/true, quantized_weights);
+  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(gguf);
+  std::unique_ptr<CudaForwardPass> gpu = GpuRunner(gguf, /*graphs=*/true, quantized_weights);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
   Comparison result;
   RunScenario({cpu.get(), gpu.get()}, std::move(prompts), result);
-  const CudaModelRunner::Stats stats = gpu->stats();
+  const CudaForwardPass::Stats stats = gpu->stats();
   std::printf("%d sampled rows: worst relative RMS %.4f (limit %.2f), worst max/range %.4f "
               "(limit %.2f), %d near ties; GPU steps: %lld eager, %lld graphs captured, %lld "
               "replays\n",
@@ -457,34 +457,34 @@ void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int3
 
 // --- without a device
 
-TEST(CudaModelRunnerTest, CreateFailsCleanlyWithoutADevice) {
+TEST(CudaForwardPassTest, CreateFailsCleanlyWithoutADevice) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
-      CudaModelRunner::Create(*gguf, CudaRunnerOptions{});
+  absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+      CudaForwardPass::Create(*gguf, CudaForwardPassOptions{});
   ASSERT_FALSE(runner.ok());
   EXPECT_EQ(runner.status().code(), absl::StatusCode::kFailedPrecondition) << runner.status();
   EXPECT_NE(runner.status().message().find("CUDA"), std::string::npos) << runner.status();
 }
 
-TEST(CudaModelRunnerTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
+TEST(CudaForwardPassTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
   common::ModelConfig config;
   config.num_layers = 30;
   config.num_kv_heads = 3;
   config.head_dim = 64;
-  EXPECT_EQ(CudaModelRunner::KvBytesPerBlock(config, 16, kc::DataType::kF16),
+  EXPECT_EQ(CudaForwardPass::KvBytesPerBlock(config, 16, kc::DataType::kF16),
             2 * 30 * 16 * 3 * 64 * 2);
 }
 
 // The CUDA runner's host-side step preparation, run on the CPU runner: every step expanded
 // to one-token sequences (how the decode kernel does prefill) and decode steps padded to
 // the next power of two with dummy sequences in a scratch block (how graphs are replayed),
-// exactly as CudaModelRunner::Step prepares them. Its logits must equal the plain CPU
+// exactly as CudaForwardPass::Step prepares them. Its logits must equal the plain CPU
 // runner's: this checks the preparation, and the GPU test's scenario, without a GPU.
 class EmulatedCudaStepPreparation : public ForwardPass {
  public:
-  explicit EmulatedCudaStepPreparation(std::unique_ptr<ModelRunner> runner)
+  explicit EmulatedCudaStepPreparation(std::unique_ptr<CpuForwardPass> runner)
       : runner_(std::move(runner)) {}
   const common::ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override { return runner_->num_kv_blocks() - 1; }
@@ -505,21 +505,21 @@ class EmulatedCudaStepPreparation : public ForwardPass {
   int padded_steps() const { return padded_steps_; }
 
  private:
-  std::unique_ptr<ModelRunner> runner_;  // with one block more than it reports (scratch)
+  std::unique_ptr<CpuForwardPass> runner_;  // with one block more than it reports (scratch)
   int padded_steps_ = 0;
 };
 
-TEST(CudaModelRunnerHostTest, StepPreparationGivesTheCpuRunnersLogits) {
+TEST(CudaForwardPassHostTest, StepPreparationGivesTheCpuRunnersLogits) {
   for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
     SCOPED_TRACE(spec.arch);
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
-    std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
-    ModelRunnerOptions options;
+    std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+    CpuForwardPassOptions options;
     options.num_threads = 2;
     options.num_kv_blocks = kNumBlocks + 1;
     options.block_size = kBlockSize;
-    absl::StatusOr<std::unique_ptr<ModelRunner>> inner = ModelRunner::Create(*gguf, options);
+    absl::StatusOr<std::unique_ptr<CpuForwardPass>> inner = CpuForwardPass::Create(*gguf, options);
     ASSERT_TRUE(inner.ok()) << inner.status();
     ASSERT_NE(cpu, nullptr);
     EmulatedCudaStepPreparation emulated(std::move(*inner));
@@ -533,7 +533,7 @@ TEST(CudaModelRunnerHostTest, StepPreparationGivesTheCpuRunnersLogits) {
   }
 }
 
-TEST(CudaModelRunnerHostTest, ExpandsTokensIntoCausalOneTokenSequencesAndPads) {
+TEST(CudaForwardPassHostTest, ExpandsTokensIntoCausalOneTokenSequencesAndPads) {
   StepBatch batch;
   // Sequence 0: 3 cached tokens, 2 new at positions 3 and 4; sequence 1: a decode at 17.
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{7, 8}, 3, {5, 0}, 4, true).ok());
@@ -567,7 +567,7 @@ TEST(CudaModelRunnerHostTest, ExpandsTokensIntoCausalOneTokenSequencesAndPads) {
 
 // --- with a device
 
-TEST(CudaModelRunnerTest, MatchesCpuRunnerOnRandomModels) {
+TEST(CudaForwardPassTest, MatchesCpuRunnerOnRandomModels) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (const RandomModelSpec& spec :
        {LlamaGqaSpec(), Qwen2MqaSpec(), LlamaInt4Spec(), Qwen2Int4Spec()}) {
@@ -575,7 +575,7 @@ TEST(CudaModelRunnerTest, MatchesCpuRunnerOnRandomModels) {
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
     if (spec.int4) {
-      std::unique_ptr<CudaModelRunner> probe = GpuRunner(*gguf, true);
+      std::unique_ptr<CudaForwardPass> probe = GpuRunner(*gguf, true);
       ASSERT_NE(probe, nullptr);
       const std::string all = absl::StrFormat("%d of %d layer matrices kept INT4",
                                               7 * spec.layers, 7 * spec.layers);
@@ -615,7 +615,7 @@ TEST_P(CudaDefaultModelTest, MatchesCpuRunner) {
   }
   // The chunked prefill takes 20 tokens of prompt 3 first.
   ASSERT_GT(prompts[3].size(), 20u);
-  std::unique_ptr<CudaModelRunner> probe = GpuRunner(**gguf, true, quantized);
+  std::unique_ptr<CudaForwardPass> probe = GpuRunner(**gguf, true, quantized);
   ASSERT_NE(probe, nullptr);
   EXPECT_NE(probe->load_log().find(quantized ? "120 of 120 layer matrices kept INT4"
                                              : "0 of 120 layer matrices kept INT4"),
@@ -648,13 +648,13 @@ void ExpectGraphsAndEagerIdentical(const std::vector<std::vector<std::vector<flo
   }
 }
 
-TEST(CudaModelRunnerTest, GraphsOnAndOffGiveIdenticalLogits) {
+TEST(CudaForwardPassTest, GraphsOnAndOffGiveIdenticalLogits) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
-  std::unique_ptr<CudaModelRunner> graphs = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaModelRunner> eager = GpuRunner(*gguf, false);
+  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+  std::unique_ptr<CudaForwardPass> graphs = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> eager = GpuRunner(*gguf, false);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(graphs, nullptr);
   ASSERT_NE(eager, nullptr);
@@ -667,11 +667,11 @@ TEST(CudaModelRunnerTest, GraphsOnAndOffGiveIdenticalLogits) {
   EXPECT_EQ(eager->stats().graph_captures, 0);
 }
 
-TEST(CudaModelRunnerTest, RejectsBadBatchesAndKeepsWorking) {
+TEST(CudaForwardPassTest, RejectsBadBatchesAndKeepsWorking) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaModelRunner> gpu = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> gpu = GpuRunner(*gguf, true);
   ASSERT_NE(gpu, nullptr);
   std::vector<float> logits;
   StepBatch bad;
@@ -692,12 +692,12 @@ TEST(CudaModelRunnerTest, RejectsBadBatchesAndKeepsWorking) {
 // StepAndSample: greedy rows pick exactly the argmax of the logits Step returns for the
 // same step (two runners, the same inputs); sampled rows pick tokens the filters keep,
 // and a bad row set is refused without breaking the runner.
-TEST(CudaModelRunnerTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
+TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaModelRunner> logits_runner = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaModelRunner> sampling_runner = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> logits_runner = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> sampling_runner = GpuRunner(*gguf, true);
   ASSERT_NE(logits_runner, nullptr);
   ASSERT_NE(sampling_runner, nullptr);
   const int64_t vocab = logits_runner->config().vocab_size;
@@ -740,49 +740,49 @@ TEST(CudaModelRunnerTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CudaModelRunnerTest, RejectsOptionsTheKernelsCannotRun) {
+TEST(CudaForwardPassTest, RejectsOptionsTheKernelsCannotRun) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  CudaRunnerOptions options;
+  CudaForwardPassOptions options;
   options.num_kv_blocks = 8;
   options.kv_dtype = kc::DataType::kBF16;  // differs from the F16 activations
-  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+  EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options = CudaRunnerOptions{};
+  options = CudaForwardPassOptions{};
   options.dtype = kc::DataType::kF32;
   options.kv_dtype = kc::DataType::kF32;
-  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+  EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options = CudaRunnerOptions{};
+  options = CudaForwardPassOptions{};
   options.tp_size = 2;
-  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+  EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
             absl::StatusCode::kUnimplemented);
-  options = CudaRunnerOptions{};
+  options = CudaForwardPassOptions{};
   options.device = kernels::CudaDeviceCount();  // one past the last
-  EXPECT_EQ(CudaModelRunner::Create(*gguf, options).status().code(),
+  EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
             absl::StatusCode::kFailedPrecondition);
   RandomModelSpec small_heads;
   small_heads.head_dim = 32;  // the decode kernel has 64 and 128
   small_heads.hidden = 128;
   std::unique_ptr<common::GgufFile> unsupported = RandomModel(small_heads);
   ASSERT_NE(unsupported, nullptr);
-  absl::Status status = CudaModelRunner::Create(*unsupported, CudaRunnerOptions{}).status();
+  absl::Status status = CudaForwardPass::Create(*unsupported, CudaForwardPassOptions{}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("head dim 32"), std::string::npos) << status;
 }
 
-TEST(CudaModelRunnerTest, BfloatRunnerMatchesCpu) {
+TEST(CudaForwardPassTest, BfloatRunnerMatchesCpu) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(Qwen2MqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
-  CudaRunnerOptions options;
+  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+  CudaForwardPassOptions options;
   options.num_kv_blocks = kNumBlocks;
   options.block_size = kBlockSize;
   options.dtype = kc::DataType::kBF16;
   options.kv_dtype = kc::DataType::kBF16;
-  absl::StatusOr<std::unique_ptr<CudaModelRunner>> gpu = CudaModelRunner::Create(*gguf, options);
+  absl::StatusOr<std::unique_ptr<CudaForwardPass>> gpu = CudaForwardPass::Create(*gguf, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ASSERT_NE(cpu, nullptr);
   // BF16 keeps 8 bits of mantissa (F16: 11): only the first prefill step is compared,
@@ -816,13 +816,13 @@ TEST(CudaModelRunnerTest, BfloatRunnerMatchesCpu) {
 // Decode graphs of the smallest buckets (1 and 2 sequences) and the largest (256), each
 // eager, captured, then replayed, against the CPU runner and bit for bit against an eager
 // runner.
-TEST(CudaModelRunnerTest, DecodeGraphBucketsOneTwoAndTheLargest) {
+TEST(CudaForwardPassTest, DecodeGraphBucketsOneTwoAndTheLargest) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<ModelRunner> cpu = CpuRunner(*gguf);
-  std::unique_ptr<CudaModelRunner> graphs = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaModelRunner> eager = GpuRunner(*gguf, false);
+  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+  std::unique_ptr<CudaForwardPass> graphs = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> eager = GpuRunner(*gguf, false);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(graphs, nullptr);
   ASSERT_NE(eager, nullptr);
@@ -861,13 +861,13 @@ TEST(CudaModelRunnerTest, DecodeGraphBucketsOneTwoAndTheLargest) {
 // runner's bits, and stay near the CPU runner (BF16's 8-bit mantissa: 8x the F16 tolerance
 // on the first prefill, checked in BfloatRunnerMatchesCpu; here the greedy path may diverge,
 // so only the graph/eager identity and finiteness are asserted).
-TEST(CudaModelRunnerTest, BfloatDecodeGraphsReplayTheEagerSteps) {
+TEST(CudaForwardPassTest, BfloatDecodeGraphsReplayTheEagerSteps) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(Qwen2MqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaModelRunner> graphs =
+  std::unique_ptr<CudaForwardPass> graphs =
       GpuRunner(*gguf, true, /*quantized_weights=*/true, kc::DataType::kBF16);
-  std::unique_ptr<CudaModelRunner> eager =
+  std::unique_ptr<CudaForwardPass> eager =
       GpuRunner(*gguf, false, /*quantized_weights=*/true, kc::DataType::kBF16);
   ASSERT_NE(graphs, nullptr);
   ASSERT_NE(eager, nullptr);
@@ -903,12 +903,12 @@ TEST(CudaModelRunnerTest, BfloatDecodeGraphsReplayTheEagerSteps) {
 // runner's for the same step. Any error after a step's inputs are queued also waits for the
 // stream before returning (RunStep), so the pinned input buffer is never overwritten under
 // a pending copy.
-TEST(CudaModelRunnerTest, RefusedStepLeavesTheRunnerUsable) {
+TEST(CudaForwardPassTest, RefusedStepLeavesTheRunnerUsable) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaModelRunner> used = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaModelRunner> fresh = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> used = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> fresh = GpuRunner(*gguf, true);
   ASSERT_NE(used, nullptr);
   ASSERT_NE(fresh, nullptr);
   StepBatch batch;

@@ -1,4 +1,4 @@
-#include "worker/model_runner_backend.h"
+#include "worker/model_step_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "common/status_macros.h"
 #include "tests/worker/tiny_model.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
@@ -16,11 +16,11 @@ namespace {
 
 // A forward pass that "samples on its device" the way the CUDA runner is asked to: it
 // runs the real CPU runner and picks the greedy token of each row itself, recording what
-// ModelRunnerBackend handed it. Stands in for the GPU, which this machine lacks (the CUDA
-// runner's own StepAndSample is tested against the CPU in cuda_model_runner_test).
+// ModelStepBackend handed it. Stands in for the GPU, which this machine lacks (the CUDA
+// runner's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
 class DeviceSamplingPass : public ForwardPass {
  public:
-  explicit DeviceSamplingPass(std::unique_ptr<ModelRunner> runner) : runner_(std::move(runner)) {}
+  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> runner) : runner_(std::move(runner)) {}
   const common::ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override { return runner_->num_kv_blocks(); }
   int64_t block_size() const override { return runner_->block_size(); }
@@ -51,23 +51,23 @@ class DeviceSamplingPass : public ForwardPass {
   DeviceSampleRows last_rows;
 
  private:
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<CpuForwardPass> runner_;
 };
 
-class ModelRunnerBackendTest : public ::testing::Test {
+class ModelStepBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     gguf_ = testing::TinyModel(testing::TinyModelSpec{});
     ASSERT_NE(gguf_, nullptr);
-    ModelRunnerOptions options;
+    CpuForwardPassOptions options;
     options.num_threads = 1;
     options.num_kv_blocks = 16;
     options.block_size = 16;
-    auto runner = ModelRunner::Create(*gguf_, options);
+    auto runner = CpuForwardPass::Create(*gguf_, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
     auto pass = std::make_unique<DeviceSamplingPass>(std::move(*runner));
     pass_ = pass.get();
-    backend_ = std::make_unique<ModelRunnerBackend>(std::move(pass), "test");
+    backend_ = std::make_unique<ModelStepBackend>(std::move(pass), "test");
   }
 
   // A two-sequence prefill step (prompts of 3 and 5 tokens, blocks 0 and 1).
@@ -80,10 +80,10 @@ class ModelRunnerBackendTest : public ::testing::Test {
 
   std::unique_ptr<common::GgufFile> gguf_;
   DeviceSamplingPass* pass_ = nullptr;
-  std::unique_ptr<ModelRunnerBackend> backend_;
+  std::unique_ptr<ModelStepBackend> backend_;
 };
 
-TEST_F(ModelRunnerBackendTest, PlainRowsAreSampledOnTheDeviceWithTheirPenaltiesAndPositions) {
+TEST_F(ModelStepBackendTest, PlainRowsAreSampledOnTheDeviceWithTheirPenaltiesAndPositions) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.num_logprobs = 0;
@@ -121,7 +121,7 @@ TEST_F(ModelRunnerBackendTest, PlainRowsAreSampledOnTheDeviceWithTheirPenaltiesA
   EXPECT_EQ(counts[found - ids.begin()], 1);
 }
 
-TEST_F(ModelRunnerBackendTest, RowsWantingTopLogprobsOrWithDraftsStayOnTheHost) {
+TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsOrWithDraftsStayOnTheHost) {
   SamplingParams top;
   top.temperature = 0.0f;
   top.num_logprobs = 3;  // top-n alternatives: the device sampler reports only the chosen

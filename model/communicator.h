@@ -3,7 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
-namespace loom::worker {
+namespace loom::model {
 
 /// The collectives a tensor-parallel replica's ranks run between them (all-reduce after
 /// the row-parallel projections, all-gather of vocabulary-parallel logits, broadcast of
@@ -29,4 +29,4 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
 };
 
-}  // namespace loom::worker
+}  // namespace loom::model

@@ -13,7 +13,7 @@
 #include "common/gguf_writer.h"
 #include "kernels/cpu/quantize.h"
 
-namespace loom::worker {
+namespace loom::model {
 
 /// How Loom's INT8 / INT4 weights are stored in a GGUF file (docs/quantization.md).
 /// A matrix W [rows, cols] named N is stored as companions of N (no tensor N itself, so
@@ -69,4 +69,4 @@ absl::StatusOr<std::vector<float>> ReadMatrixF32(const common::GgufFile& gguf,
                                                  const std::string& name, int64_t& rows,
                                                  int64_t& cols);
 
-}  // namespace loom::worker
+}  // namespace loom::model

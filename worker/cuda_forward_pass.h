@@ -10,13 +10,13 @@
 #include "common/gguf_file.h"
 #include "common/model_config.h"
 #include "kernels/cuda/types.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 #include "worker/forward_pass.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
 
-struct CudaRunnerOptions {
+struct CudaForwardPassOptions {
   int device = 0;  // CUDA device index (after CUDA_VISIBLE_DEVICES)
   // KV pool size in blocks; 0: kv_memory_fraction of the device memory still free once
   // the weights, activations and workspaces are allocated.
@@ -42,14 +42,14 @@ struct CudaRunnerOptions {
   // share of free memory; a larger step grows them (and may then run out of memory).
   int64_t max_num_tokens = 2048;
   // Tensor parallelism is not implemented on CUDA yet (Create answers Unimplemented for
-  // tp_size > 1); the fields mirror ModelRunnerOptions so an NcclCommunicator plugs in here.
+  // tp_size > 1); the fields mirror CpuForwardPassOptions so an NcclCommunicator plugs in here.
   int tp_rank = 0;
   int tp_size = 1;
-  Communicator* communicator = nullptr;
+  model::Communicator* communicator = nullptr;
 };
 
 /// The llama-family forward pass on one CUDA device: the same computation as the CPU
-/// ModelRunner (embedding → [RMSNorm → QKV(+bias) → RoPE → paged-KV write → paged
+/// CpuForwardPass (embedding → [RMSNorm → QKV(+bias) → RoPE → paged-KV write → paged
 /// attention → O → RMSNorm(+residual) → gate/up → SiLU·mul → down] × L → final norm →
 /// LM head for the sample rows only), with F16/BF16 weights and activations in device
 /// memory, cuBLAS GEMMs and the kernels of kernels/cuda, all on one stream.
@@ -62,28 +62,28 @@ struct CudaRunnerOptions {
 /// Every CUDA error is a Status naming the call; after one (other than a rejected batch
 /// or an allocation that did not fit) the runner refuses every later step rather than
 /// risk wrong results. Not thread-safe: one step at a time (from any thread).
-class CudaModelRunner : public ForwardPass {
+class CudaForwardPass : public ForwardPass {
  public:
   /// Loads the weights onto options.device, allocates activations and the KV pool.
   /// FailedPrecondition when Loom was built without CUDA or there is no such device;
   /// InvalidArgument for options or a model the CUDA kernels cannot run (head dims other
   /// than 64 and 128, ...); Unimplemented for tensor parallelism.
-  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
-      const common::GgufFile& gguf, const CudaRunnerOptions& options);
+  static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Create(
+      const common::GgufFile& gguf, const CudaForwardPassOptions& options);
 
   /// A runner for `config` with random weights generated on the device (no host copy:
   /// for benchmarks of full-size models): every matrix dense in options.dtype (INT4 is
   /// not used), uniform in +-1/sqrt(fan_in) from a hash of (seed, element), RMSNorm
   /// weights 1. The same seed gives the same weights. Errors as Create's, plus
   /// InvalidArgument for an inconsistent config.
-  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateRandom(
-      const common::ModelConfig& config, const CudaRunnerOptions& options, uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<CudaForwardPass>> CreateRandom(
+      const common::ModelConfig& config, const CudaForwardPassOptions& options, uint64_t seed);
 
   /// Bytes one KV block takes in the pool (K and V of every layer).
   static int64_t KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
                                  kernels::cuda::DataType kv_dtype);
 
-  ~CudaModelRunner() override;
+  ~CudaForwardPass() override;
 
   /// Runs one step (see ForwardPass::Step); logits come back as F32. InvalidArgument (nothing
   /// touched) for a batch ValidateStepBatch rejects; FailedPrecondition once an earlier
@@ -113,11 +113,11 @@ class CudaModelRunner : public ForwardPass {
 
  private:
   struct State;  // everything on the device (defined only where CUDA is built)
-  explicit CudaModelRunner(std::unique_ptr<State> state);
+  explicit CudaForwardPass(std::unique_ptr<State> state);
   // The tail Create and CreateRandom share once the weights are on the device: the
   // quantized GEMM's workspace, activations, the KV pool, the load log's device line.
-  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Finish(
-      std::unique_ptr<State> state, const CudaRunnerOptions& options, std::string load_log);
+  static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Finish(
+      std::unique_ptr<State> state, const CudaForwardPassOptions& options, std::string load_log);
   // What Step and StepAndSample share around `run`: refusing once the runner is broken,
   // validating `batch`, selecting the device, and marking the runner broken when `run`
   // fails in a way that may have left the device half-written (anything but

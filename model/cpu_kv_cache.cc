@@ -1,30 +1,19 @@
-#include "worker/kv_cache.h"
+#include "model/cpu_kv_cache.h"
 
 #include "absl/strings/str_format.h"
 
-namespace loom::worker {
+namespace loom::model {
 
-namespace {
-int64_t ElementBytes(kernels::cpu::KvDtype dtype) {
-  return dtype == kernels::cpu::KvDtype::kF16 ? 2 : 4;
-}
-}  // namespace
-
-int64_t KvCache::BytesPerBlock(const common::ModelConfig& config, int64_t block_size,
-                               kernels::cpu::KvDtype dtype) {
-  return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim *
-         ElementBytes(dtype);
-}
-
-absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const common::ModelConfig& config,
-                                                         int64_t num_blocks, int64_t block_size,
-                                                         kernels::cpu::KvDtype dtype) {
+absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const common::ModelConfig& config,
+                                                               int64_t num_blocks,
+                                                               int64_t block_size,
+                                                               kernels::cpu::KvDtype dtype) {
   if (num_blocks <= 0 || block_size <= 0 || block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "KV cache needs num_blocks > 0 and 0 < block_size <= 1024, got %d blocks of %d",
         num_blocks, block_size));
   }
-  std::unique_ptr<KvCache> cache(new KvCache());
+  std::unique_ptr<CpuKvCache> cache(new CpuKvCache());
   cache->num_blocks_ = num_blocks;
   cache->block_size_ = block_size;
   cache->num_kv_heads_ = config.num_kv_heads;
@@ -41,7 +30,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const common::ModelConf
   return cache;
 }
 
-kernels::cpu::KvLayerView KvCache::layer(int64_t index) {
+kernels::cpu::KvLayerView CpuKvCache::layer(int64_t index) const {
   kernels::cpu::KvLayerView view;
   view.k = k_[index].data();
   view.v = v_[index].data();
@@ -53,10 +42,10 @@ kernels::cpu::KvLayerView KvCache::layer(int64_t index) {
   return view;
 }
 
-int64_t KvCache::bytes() const {
+int64_t CpuKvCache::bytes() const {
   int64_t total = 0;
   for (size_t l = 0; l < k_.size(); ++l) total += k_[l].size() + v_[l].size();
   return total;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::model

@@ -12,16 +12,16 @@
 
 namespace loom::worker {
 
-/// The real backend: a ForwardPass (the CPU ModelRunner or the CUDA runner), then each
+/// The real backend: a ForwardPass (the CPU CpuForwardPass or the CUDA runner), then each
 /// sampled row's logits through its sequence's SequenceSampler (or, where the forward
 /// pass samples on its device and no row has drafts or wants top-n logprobs, one
 /// StepAndSample call that returns only token ids); a draft model's sampled
 /// proposals are verified by rejection sampling (kernels::cpu::SpeculativeVerify) with
 /// uniforms from SequenceSampler::PositionUniform. Not thread-safe.
-class ModelRunnerBackend : public StepBackend {
+class ModelStepBackend : public StepBackend {
  public:
   /// `name` is what the worker registers as its backend ("cpu").
-  ModelRunnerBackend(std::unique_ptr<ForwardPass> runner, std::string_view name = "cpu");
+  ModelStepBackend(std::unique_ptr<ForwardPass> runner, std::string_view name = "cpu");
 
   std::string_view name() const override { return name_; }
   const common::ModelConfig& config() const override { return runner_->config(); }

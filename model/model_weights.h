@@ -9,9 +9,9 @@
 #include "common/model_config.h"
 #include "common/rope_frequencies.h"
 #include "kernels/cpu/weights.h"
-#include "worker/tensor_parallel.h"
+#include "model/tensor_parallel.h"
 
-namespace loom::worker {
+namespace loom::model {
 
 /// One transformer block's weights in backend formats. Q/K/V and gate/up are fused
 /// into one matrix each (one matmul instead of three or two).
@@ -51,7 +51,7 @@ struct ModelWeights {
 /// Reads and converts every weight (of rank `tp_rank`'s slice when `tp_size` > 1: only
 /// those bytes of the file are read); InvalidArgument naming the tensor for a missing
 /// tensor or a shape that does not match the config, or naming what does not divide.
-/// Matrices in Loom's own INT8/INT4 encoding (`loom quantize`, worker/quantized_gguf.h)
+/// Matrices in Loom's own INT8/INT4 encoding (`loom quantize`, model/quantized_gguf.h)
 /// are packed without loss.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
                                                               int tp_rank = 0, int tp_size = 1);
@@ -59,4 +59,4 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
 /// RoPE's inverse frequencies (linear, llama3 or yarn scaling applied) live in common/.
 using common::RopeInverseFrequencies;
 
-}  // namespace loom::worker
+}  // namespace loom::model

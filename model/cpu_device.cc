@@ -1,0 +1,283 @@
+#include "model/cpu_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+#include "model/cpu_kv_cache.h"
+
+namespace loom::model {
+namespace {
+
+namespace cpu = kernels::cpu;
+
+// Host memory the device owns (64-byte aligned), or host data it views.
+class CpuBuffer : public Buffer {
+ public:
+  explicit CpuBuffer(int64_t bytes)
+      : owned_(static_cast<uint8_t*>(::operator new[](std::max<int64_t>(bytes, 1),
+                                                      std::align_val_t(64)))),
+        data_(owned_),
+        bytes_(bytes) {}
+  CpuBuffer(const void* view, int64_t bytes)
+      : data_(const_cast<void*>(view)), bytes_(bytes) {}
+  ~CpuBuffer() override {
+    if (owned_ != nullptr) ::operator delete[](owned_, std::align_val_t(64));
+  }
+  CpuBuffer(const CpuBuffer&) = delete;
+  CpuBuffer& operator=(const CpuBuffer&) = delete;
+
+  void* data() const override { return data_; }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  uint8_t* owned_ = nullptr;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// A packed weight (and bias) owned by the host ModelWeights, viewed.
+class CpuLinear : public DeviceLinear {
+ public:
+  CpuLinear(const cpu::PackedWeight& weight, const std::vector<float>* bias)
+      : weight_(weight), bias_(bias != nullptr && !bias->empty() ? bias->data() : nullptr) {}
+  int64_t rows() const override { return weight_.rows; }
+  int64_t cols() const override { return weight_.cols; }
+  const cpu::PackedWeight& weight() const { return weight_; }
+  const float* bias() const { return bias_; }
+
+ private:
+  const cpu::PackedWeight& weight_;
+  const float* bias_;
+};
+
+const CpuLinear& AsCpu(const DeviceLinear& w) { return static_cast<const CpuLinear&>(w); }
+const CpuKvCache& AsCpu(const KvCache& c) { return static_cast<const CpuKvCache&>(c); }
+
+Tensor HostI32(absl::Span<const int32_t> values) {
+  return Tensor::Of(const_cast<int32_t*>(values.data()), DType::kI32, DeviceType::kCpu,
+                    {static_cast<int64_t>(values.size())});
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const CpuDeviceOptions& options) {
+  if (options.thread_pool == nullptr && options.num_threads < 1) {
+    return absl::InvalidArgumentError("the CPU device needs at least one thread");
+  }
+  std::unique_ptr<CpuDevice> device(new CpuDevice());
+  device->pool_ = options.thread_pool != nullptr
+                      ? options.thread_pool
+                      : std::make_shared<cpu::ThreadPool>(options.num_threads);
+  device->kv_dtype_ = options.kv_dtype;
+  device->activations_ = options.activations;
+  device->communicator_ = options.communicator;
+  return device;
+}
+
+std::string CpuDevice::Describe() const {
+  return absl::StrFormat("cpu (%s, %d threads)", cpu::MatmulIsa(), pool_->num_threads());
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> CpuDevice::Allocate(int64_t bytes) {
+  return std::make_unique<CpuBuffer>(bytes);
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> CpuDevice::UploadF32(const std::vector<float>& host) {
+  return std::make_unique<CpuBuffer>(host.data(),
+                                     static_cast<int64_t>(host.size() * sizeof(float)));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CpuDevice::UploadLinear(
+    const cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  return std::make_unique<CpuLinear>(weight, bias);
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> CpuDevice::CreateKvCache(
+    const common::ModelConfig& config, int64_t num_blocks, int64_t block_size) {
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CpuKvCache> cache,
+                        CpuKvCache::Create(config, num_blocks, block_size, kv_dtype_));
+  return std::unique_ptr<KvCache>(std::move(cache));
+}
+
+absl::StatusOr<StepTensors> CpuDevice::UploadStep(
+    absl::Span<const int32_t> token_ids, absl::Span<const int32_t> positions,
+    absl::Span<const int32_t> slots, absl::Span<const int32_t> query_start,
+    absl::Span<const int32_t> context_len, absl::Span<const int32_t> block_indptr,
+    absl::Span<const int32_t> block_indices, absl::Span<const int32_t> sample_rows) {
+  StepTensors step;
+  step.token_ids = HostI32(token_ids);
+  step.positions = HostI32(positions);
+  step.slots = HostI32(slots);
+  step.query_start = HostI32(query_start);
+  step.context_len = HostI32(context_len);
+  step.block_indptr = HostI32(block_indptr);
+  step.block_indices = HostI32(block_indices);
+  step.sample_rows = HostI32(sample_rows);
+  step.num_tokens = static_cast<int64_t>(token_ids.size());
+  step.num_seqs = static_cast<int64_t>(context_len.size());
+  step.num_sample_rows = static_cast<int64_t>(sample_rows.size());
+  return step;
+}
+
+absl::Status CpuDevice::DownloadF32(const Tensor& x, float* host) {
+  if (x.numel() > 0 && host != x.data) std::memcpy(host, x.data, x.numel() * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
+                                  int64_t vocab0, Tensor out) {
+  const cpu::PackedWeight& weight = AsCpu(table).weight();
+  const int64_t hidden = out.cols();
+  const int32_t* ids = token_ids.as<const int32_t>();
+  float* rows = out.as<float>();
+  for (int64_t t = 0; t < token_ids.numel(); ++t) {
+    // A rank holds the embedding rows of its vocabulary slice; the others add zeros.
+    const int64_t id = ids[t] - vocab0;
+    if (id >= 0 && id < weight.rows) {
+      cpu::DequantizeRows(weight, id, id + 1, rows + t * hidden);
+    } else {
+      std::fill_n(rows + t * hidden, hidden, 0.0f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) {
+  cpu::RmsNorm(x.as<const float>(), weight.as<const float>(), eps, x.rows(), x.cols(),
+               out.as<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight,
+                                   float eps, Tensor out) {
+  cpu::AddRmsNorm(residual.as<float>(), x.as<const float>(), weight.as<const float>(), eps,
+                  residual.rows(), residual.cols(), out.as<float>());
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor out,
+                               LinearSite site) {
+  if (observer_ && site.layer >= 0) observer_(site.layer, site.input, x.as<const float>(), x.rows());
+  const CpuLinear& linear = AsCpu(w);
+  return cpu::Matmul({x.as<const float>(), &linear.weight(), linear.bias(), out.as<float>(),
+                      x.rows(), activations_},
+                     *pool_);
+}
+
+absl::Status CpuDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {
+  const int64_t rows = x.rows(), width = x.cols();
+  const float* src = x.as<const float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * width;
+    for (const Tensor& part : parts) {
+      const int64_t cols = part.cols();
+      std::memcpy(part.as<float>() + r * cols, row, cols * sizeof(float));
+      row += cols;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) {
+  cpu::RopeParams rope;
+  rope.q = q.as<float>();
+  rope.k = k.as<float>();
+  rope.positions = positions.as<const int32_t>();
+  rope.inv_freq = spec.inv_freq.as<const float>();
+  rope.num_tokens = positions.numel();
+  rope.num_heads = q.numel() / (rope.num_tokens * spec.head_dim);
+  rope.num_kv_heads = k.numel() / (rope.num_tokens * spec.head_dim);
+  rope.head_dim = spec.head_dim;
+  rope.rope_dim = spec.rope_dim;
+  rope.neox = spec.neox;
+  rope.attention_factor = spec.attention_factor;
+  if (rope.num_tokens > 0) cpu::Rope(rope);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
+                                const Tensor& slots) {
+  return cpu::WriteKv(AsCpu(cache).layer(layer), k.as<const float>(), v.as<const float>(),
+                      slots.as<const int32_t>(), slots.numel());
+}
+
+absl::Status CpuDevice::PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
+                                       const StepTensors& step, const AttentionSpec& spec,
+                                       Tensor out) {
+  cpu::PagedAttentionParams attention;
+  attention.q = q.as<const float>();
+  attention.out = out.as<float>();
+  attention.cache = AsCpu(cache).layer(layer);
+  attention.query_start = step.query_start.as<const int32_t>();
+  attention.context_len = step.context_len.as<const int32_t>();
+  attention.block_indptr = step.block_indptr.as<const int32_t>();
+  attention.block_indices = step.block_indices.as<const int32_t>();
+  attention.num_seqs = step.num_seqs;
+  attention.num_heads = spec.num_heads;
+  attention.group = spec.group;
+  attention.head0 = spec.head0;
+  attention.kv_head0 = spec.kv_head0;
+  attention.scale = spec.scale;
+  return cpu::PagedAttention(attention, *pool_);
+}
+
+absl::Status CpuDevice::SiluMul(const Tensor& gate_up, Tensor out) {
+  cpu::SiluMul(gate_up.as<const float>(), gate_up.rows(), out.cols(), out.as<float>(), *pool_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
+                                   Tensor out) {
+  const int64_t width = x.cols();
+  const int32_t* index = rows.as<const int32_t>();
+  const float* a = x.as<const float>();
+  const float* b = y.as<const float>();
+  float* dst = out.as<float>();
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    const float* src_a = a + index[i] * width;
+    float* row = dst + i * width;
+    if (b == nullptr) {
+      std::memcpy(row, src_a, width * sizeof(float));
+    } else {
+      const float* src_b = b + index[i] * width;
+      for (int64_t h = 0; h < width; ++h) row[h] = src_a[h] + src_b[h];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::AllReduceSum(Tensor x) {
+  if (communicator_ == nullptr) return absl::OkStatus();
+  return communicator_->AllReduceSum(absl::MakeSpan(x.as<float>(), x.numel()));
+}
+
+absl::Status CpuDevice::AllGatherColumns(const Tensor& local, Tensor out) {
+  const int64_t rows = out.rows(), vocab = out.cols(), n = local.cols();
+  const int world = world_size();
+  if (world == 1) return DownloadF32(local, out.as<float>());
+  // Each rank's slice padded to the common stride, gathered, put back in vocabulary order.
+  const int64_t stride = (vocab + world - 1) / world;
+  std::vector<float> padded(rows * stride, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(padded.data() + i * stride, local.as<const float>() + i * n, n * sizeof(float));
+  }
+  gathered_.resize(world * rows * stride);
+  LOOM_RETURN_IF_ERROR(communicator_->AllGather(padded, absl::MakeSpan(gathered_)));
+  for (int r = 0; r < world; ++r) {
+    const int64_t vocab0 = std::min<int64_t>(vocab, r * stride);
+    const int64_t count = std::min<int64_t>(vocab, vocab0 + stride) - vocab0;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(out.as<float>() + i * vocab + vocab0, gathered_.data() + (r * rows + i) * stride,
+                  count * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::model

@@ -1,0 +1,51 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "kernels/cpu/paged_attention.h"
+#include "model/device.h"
+
+namespace loom::model {
+
+/// The CPU device's paged KV pool (model::KvCache in host memory): for every layer, K and
+/// V pools of `num_blocks` blocks of `block_size` token slots, F16 or F32. Block ids are
+/// chosen by the coordinator (the block table's owner). Not thread-safe.
+class CpuKvCache : public KvCache {
+ public:
+  /// Pool sized by block count. InvalidArgument for non-positive sizes.
+  static absl::StatusOr<std::unique_ptr<CpuKvCache>> Create(const common::ModelConfig& config,
+                                                            int64_t num_blocks,
+                                                            int64_t block_size,
+                                                            kernels::cpu::KvDtype dtype);
+  /// Bytes of one element of `dtype`.
+  static int64_t ElementBytes(kernels::cpu::KvDtype dtype) {
+    return dtype == kernels::cpu::KvDtype::kF16 ? 2 : 4;
+  }
+
+  /// Layer `index`'s K and V as the CPU kernels take them.
+  kernels::cpu::KvLayerView layer(int64_t index) const;
+  int64_t num_blocks() const override { return num_blocks_; }
+  int64_t block_size() const override { return block_size_; }
+  int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
+  int64_t bytes() const override;
+  kernels::cpu::KvDtype dtype() const { return dtype_; }
+
+ private:
+  CpuKvCache() = default;
+
+  int64_t num_blocks_ = 0;
+  int64_t block_size_ = 0;
+  int64_t num_kv_heads_ = 0;
+  int64_t head_dim_ = 0;
+  kernels::cpu::KvDtype dtype_ = kernels::cpu::KvDtype::kF16;
+  // per layer: [num_blocks, block_size, kv_heads, head_dim]; mutable because a layer view
+  // is how the kernels both read and write the pool.
+  mutable std::vector<std::vector<uint8_t>> k_;
+  mutable std::vector<std::vector<uint8_t>> v_;
+};
+
+}  // namespace loom::model

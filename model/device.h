@@ -1,0 +1,181 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model_config.h"
+#include "kernels/cpu/weights.h"
+#include "model/tensor.h"
+
+namespace loom::model {
+
+/// Which linear layer's input a Linear call reads (the AWQ observer's key, see
+/// CpuDeviceOptions::observer).
+enum class LinearInput {
+  kQkv,         // the attention RMSNorm's output, [T, hidden]
+  kAttnOutput,  // the attention output, [T, local heads * head_dim]
+  kGateUp,      // the FFN RMSNorm's output, [T, hidden]
+  kDown,        // SiLU(gate) * up, [T, local ffn]
+};
+
+/// Where in the model a Linear call is: layer index and which input (layer -1: outside
+/// the layers, e.g. the LM head, which nothing observes).
+struct LinearSite {
+  int64_t layer = -1;
+  LinearInput input = LinearInput::kQkv;
+};
+
+/// A linear layer's weight [rows (out features), cols (in features)] (and optional bias
+/// [rows]) in the device's format: packed F32/F16/BF16 or INT8/INT4 on the CPU, dense
+/// F16/BF16 or 4-bit for the W4A16 GEMM on CUDA. A tensor-parallel rank's weight is its
+/// slice (model/tensor_parallel.h). Immutable once uploaded.
+class DeviceLinear {
+ public:
+  virtual ~DeviceLinear() = default;
+  virtual int64_t rows() const = 0;
+  virtual int64_t cols() const = 0;
+};
+
+/// The paged KV pool of one device: for every layer, K and V of `num_blocks` blocks of
+/// `block_size` token slots ([num_blocks, block_size, kv_heads, head_dim] each). Block b
+/// is the same slot range in every layer. Not thread-safe.
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  virtual int64_t num_blocks() const = 0;
+  virtual int64_t block_size() const = 0;
+  virtual int64_t num_layers() const = 0;
+  /// Bytes of the whole pool.
+  virtual int64_t bytes() const = 0;
+};
+
+/// One step's flattened batch in CSR form (worker::StepBatch's fields, validated by its
+/// caller), as tensors of the device that runs it (DeviceType::kCpu: views of the host
+/// vectors, no copy). T tokens, S sequences, R sample rows.
+struct StepTensors {
+  Tensor token_ids;      // I32 [T]
+  Tensor positions;      // I32 [T]
+  Tensor slots;          // I32 [T]: block * block_size + offset, where each token's K/V goes
+  Tensor query_start;    // I32 [S + 1]
+  Tensor context_len;    // I32 [S]
+  Tensor block_indptr;   // I32 [S + 1]
+  Tensor block_indices;  // I32 [block_indptr[S]]
+  Tensor sample_rows;    // I32 [R]: token rows whose logits are wanted
+  // Host copies of the sizes (for launches and loops that need them on the host).
+  int64_t num_tokens = 0;
+  int64_t num_seqs = 0;
+  int64_t num_sample_rows = 0;
+};
+
+/// What RoPE needs: per-frequency inverse frequencies with scaling applied
+/// (RopeInverseFrequencies), how many leading dims of a head rotate, and the pairing.
+struct RopeSpec {
+  Tensor inv_freq;  // F32 [rope_dim / 2]
+  int64_t head_dim = 0;
+  int64_t rope_dim = 0;
+  bool neox = false;  // pairs (i, i + rope_dim / 2); else (2i, 2i + 1)
+  float attention_factor = 1.0f;  // YaRN: scales cos and sin (1 otherwise)
+};
+
+/// What paged attention needs besides its tensors: this rank's heads of the model's.
+struct AttentionSpec {
+  int64_t num_heads = 0;     // local query heads
+  int64_t group = 1;         // query heads per KV head (of the whole model)
+  int64_t head0 = 0;         // first local query head's global index
+  int64_t kv_head0 = 0;      // first local KV head's global index
+  int64_t head_dim = 0;
+  float scale = 1.0f;        // 1 / sqrt(head_dim)
+};
+
+/// The operations the model graph (model/llama_graph.h) runs, on one device: memory,
+/// uploads, and one call per operation over tensors in the device's memory. Calls are
+/// enqueued in order (a device with a stream may return before the work is done:
+/// Download and Synchronize wait). Every F32 activation tensor is row-major [rows, cols].
+/// Implementations: CpuDevice (model/cpu_device.h, kernels/cpu) and the CUDA device.
+/// Not thread-safe: one graph step at a time.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceType type() const = 0;
+  /// "cpu (avx512, 16 threads)", "cuda:0 (H100)": for logs.
+  virtual std::string Describe() const = 0;
+
+  // ---- memory ----
+  /// `bytes` of device memory (uninitialised). ResourceExhausted when it does not fit.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes) = 0;
+  /// `host` on the device as F32. On the CPU the buffer views `host` (which must then
+  /// outlive it) instead of copying.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> UploadF32(const std::vector<float>& host) = 0;
+  /// A linear layer's weight (and bias, may be null) in the device's format. On the CPU
+  /// it views `weight` and `bias` (which must outlive it).
+  virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLinear(
+      const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) = 0;
+  /// A KV pool for `config`'s layers and KV heads (a rank's LocalConfig).
+  virtual absl::StatusOr<std::unique_ptr<KvCache>> CreateKvCache(
+      const common::ModelConfig& config, int64_t num_blocks, int64_t block_size) = 0;
+  /// The step's batch as device tensors; the vectors must outlive the tensors (the CPU
+  /// views them).
+  virtual absl::StatusOr<StepTensors> UploadStep(
+      absl::Span<const int32_t> token_ids, absl::Span<const int32_t> positions,
+      absl::Span<const int32_t> slots, absl::Span<const int32_t> query_start,
+      absl::Span<const int32_t> context_len, absl::Span<const int32_t> block_indptr,
+      absl::Span<const int32_t> block_indices, absl::Span<const int32_t> sample_rows) = 0;
+  /// host[0, x.numel()) <- x (F32); waits for the work that writes x.
+  virtual absl::Status DownloadF32(const Tensor& x, float* host) = 0;
+  /// Waits for every enqueued call.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- operations (shapes for a step of T tokens) ----
+  /// out[t] <- row token_ids[t] - vocab0 of `table` (a rank's vocabulary rows
+  /// [vocab0, vocab0 + table.rows())), zeros where the id is outside them. out: [T, cols].
+  virtual absl::Status Embedding(const DeviceLinear& table, const Tensor& token_ids,
+                                 int64_t vocab0, Tensor out) = 0;
+  /// out <- x / rms(x) * weight, per row of x [rows, n] (in place allowed).
+  virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) = 0;
+  /// residual += x, then out <- RmsNorm(residual) (the fused residual add).
+  virtual absl::Status AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight,
+                                  float eps, Tensor out) = 0;
+  /// out [m, w.rows()] <- x [m, w.cols()] · wᵀ (+ bias). `site` says which layer input x
+  /// is (for observers).
+  virtual absl::Status Linear(const Tensor& x, const DeviceLinear& w, Tensor out,
+                              LinearSite site = {}) = 0;
+  /// The columns of x [rows, sum of parts' cols] split into `parts` (each [rows, c_i]),
+  /// left to right (Q, K, V out of the fused QKV product).
+  virtual absl::Status SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) = 0;
+  /// Rotates q [T, heads, head_dim] and k [T, kv_heads, head_dim] in place at
+  /// `positions` [T].
+  virtual absl::Status Rope(Tensor q, Tensor k, const Tensor& positions,
+                            const RopeSpec& spec) = 0;
+  /// Writes k and v [T, kv_heads, head_dim] into layer `layer` of `cache` at `slots`.
+  virtual absl::Status WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
+                               const Tensor& slots) = 0;
+  /// Causal paged attention of q [T, heads, head_dim] over layer `layer` of `cache` for
+  /// the step's sequences (decode and prefill alike); out [T, heads * head_dim].
+  virtual absl::Status PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
+                                      const StepTensors& step, const AttentionSpec& spec,
+                                      Tensor out) = 0;
+  /// out [T, ffn] <- SiLU(gate) * up of gate_up [T, 2 * ffn] (gate columns first).
+  virtual absl::Status SiluMul(const Tensor& gate_up, Tensor out) = 0;
+  /// out[i] <- x[rows[i]] + y[rows[i]] for rows [R] (y may be empty: x's rows alone).
+  virtual absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
+                                  Tensor out) = 0;
+
+  // ---- tensor parallelism (every rank makes the same calls in the same order) ----
+  /// Ranks in the device's group (1: no collectives are needed).
+  virtual int world_size() const = 0;
+  /// x <- the sum of every rank's x.
+  virtual absl::Status AllReduceSum(Tensor x) = 0;
+  /// Vocabulary-parallel logits: local [R, n_r] is this rank's slice of the vocabulary
+  /// (with stride = ceil(vocab / world_size), rank r holds [r * stride, min(vocab,
+  /// (r + 1) * stride)), so n_r may be short or 0 at the end); out [R, vocab] <- every
+  /// rank's slice, in vocabulary order.
+  virtual absl::Status AllGatherColumns(const Tensor& local, Tensor out) = 0;
+};
+
+}  // namespace loom::model

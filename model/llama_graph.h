@@ -1,0 +1,96 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "model/device.h"
+#include "model/model_weights.h"
+#include "model/tensor_parallel.h"
+
+namespace loom::model {
+
+struct LlamaGraphOptions {
+  int64_t num_kv_blocks = 1024;  // KV pool size; the coordinator sizes it from a budget
+  int64_t block_size = 16;       // token slots per KV block
+  /// Called twice per layer of every Forward (after attention, after the FFN), so a long
+  /// step can be seen progressing; empty: not called.
+  std::function<void()> on_half_layer;
+};
+
+/// The llama-family forward pass (llama, mistral, qwen2, qwen3), written once over a
+/// model::Device: embedding → [RMSNorm → QKV(+bias) → (QK-norm) → RoPE → paged-KV write →
+/// paged attention → O → all-reduce → RMSNorm(+residual) → gate/up → SiLU·mul → down →
+/// all-reduce] × L → final norm → LM head for the sample rows only (vocabulary-parallel,
+/// gathered). GQA/MQA, tied embeddings and NeoX or normal RoPE come from the config; a
+/// tensor-parallel rank runs its ShardPlan's slice and the device's collectives join the
+/// ranks. Adding an architecture is an edit here (and, at most, one new Device op).
+/// Owns the device, the weights on it and the KV pool. Not thread-safe.
+class LlamaGraph {
+ public:
+  /// Uploads `weights` (this rank's slice, from LoadModelWeights) to `device` and creates
+  /// the KV pool. The host weights are kept while the device views them (the CPU) and
+  /// released otherwise. InvalidArgument for a pool the device refuses, or a device
+  /// group whose size is not the weights' shard count.
+  static absl::StatusOr<std::unique_ptr<LlamaGraph>> Create(std::unique_ptr<ModelWeights> weights,
+                                                            std::unique_ptr<Device> device,
+                                                            const LlamaGraphOptions& options);
+
+  /// Runs one step (validated by the caller: ids, positions, slots and the CSR batch in
+  /// range): writes its K/V into the pool and `logits` [R, vocab] (device memory) <- the
+  /// logits of step.sample_rows. Every rank of a group makes the same call.
+  absl::Status Forward(const StepTensors& step, Tensor logits);
+
+  const common::ModelConfig& config() const { return config_; }
+  const ShardPlan& shard() const { return shard_; }
+  Device& device() { return *device_; }
+  const KvCache& kv_cache() const { return *kv_cache_; }
+  /// The host weights (null once a device that copies them has them).
+  const ModelWeights* host_weights() const { return host_weights_.get(); }
+
+ private:
+  struct Layer {
+    std::unique_ptr<Buffer> attn_norm, q_norm, k_norm, ffn_norm;  // q/k_norm: qwen3 only
+    std::unique_ptr<DeviceLinear> qkv, attn_output, gate_up, down;
+  };
+  // An activation buffer, grown to the largest step seen.
+  struct Scratch {
+    std::unique_ptr<Buffer> buffer;
+    Tensor view;
+  };
+
+  LlamaGraph() = default;
+  Tensor Vector(const Buffer& buffer, int64_t size) const;
+  // Sizes `scratch` for `shape` (F32), reallocating only when it grows.
+  absl::Status Ensure(Scratch& scratch, std::initializer_list<int64_t> shape);
+
+  common::ModelConfig config_;
+  ShardPlan shard_;
+  std::unique_ptr<ModelWeights> host_weights_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<KvCache> kv_cache_;
+  std::function<void()> on_half_layer_;
+
+  std::unique_ptr<DeviceLinear> token_embedding_;  // [local vocab, hidden]
+  std::unique_ptr<DeviceLinear> lm_head_;          // [local vocab, hidden]
+  std::unique_ptr<Buffer> output_norm_;            // [hidden]
+  std::unique_ptr<Buffer> rope_inv_freq_;          // [rope_dim / 2]
+  std::vector<Layer> layers_;
+
+  // Shapes for a step of T tokens and R sample rows:
+  Scratch residual_;      // [T, hidden]
+  Scratch normed_;        // [T, hidden]
+  Scratch qkv_;           // [T, (heads + 2 kv_heads) * head_dim]
+  Scratch q_, k_, v_;     // [T, heads|kv_heads, head_dim]
+  Scratch attn_;          // [T, heads * head_dim]
+  Scratch proj_;          // [T, hidden]
+  Scratch gate_up_;       // [T, 2 * ffn]
+  Scratch act_;           // [T, ffn]
+  Scratch sampled_;       // [R, hidden]
+  Scratch local_logits_;  // tensor parallel: [R, local vocab]
+};
+
+}  // namespace loom::model

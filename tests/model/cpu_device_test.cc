@@ -1,0 +1,94 @@
+#include "model/cpu_device.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/weights.h"
+#include "model/cpu_kv_cache.h"
+#include "model/kv_layout.h"
+
+namespace loom::model {
+namespace {
+
+std::unique_ptr<CpuDevice> MakeDevice() {
+  absl::StatusOr<std::unique_ptr<CpuDevice>> device = CpuDevice::Create({});
+  EXPECT_TRUE(device.ok()) << device.status();
+  return std::move(*device);
+}
+
+Tensor F32(std::vector<float>& values, std::initializer_list<int64_t> shape) {
+  return Tensor::Of(values.data(), DType::kF32, DeviceType::kCpu, shape);
+}
+
+TEST(CpuDeviceTest, EmbeddingGathersTheSliceRowsAndZeroesTheOthers) {
+  std::unique_ptr<CpuDevice> device = MakeDevice();
+  // A rank holding vocabulary rows [10, 13) of a 3 x 2 table.
+  std::vector<float> table = {1, 2, 3, 4, 5, 6};
+  absl::StatusOr<kernels::cpu::PackedWeight> packed =
+      kernels::cpu::PackFromF32(table.data(), 3, 2, kernels::cpu::WeightFormat::kF32, 0);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> weight = device->UploadLinear(*packed, nullptr);
+  ASSERT_TRUE(weight.ok());
+  std::vector<int32_t> ids = {11, 9, 12, 13};
+  std::vector<float> out(8, -1.0f);
+  ASSERT_TRUE(device
+                  ->Embedding(**weight, Tensor::Of(ids.data(), DType::kI32, DeviceType::kCpu, {4}),
+                              10, F32(out, {4, 2}))
+                  .ok());
+  EXPECT_EQ(out, (std::vector<float>{3, 4, 0, 0, 5, 6, 0, 0}));
+}
+
+TEST(CpuDeviceTest, SplitColumnsAndGatherRowsKeepOrder) {
+  std::unique_ptr<CpuDevice> device = MakeDevice();
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};  // [2, 4]
+  std::vector<float> a(2), b(6);
+  const Tensor parts[] = {F32(a, {2, 1}), F32(b, {2, 3})};
+  ASSERT_TRUE(device->SplitColumns(F32(x, {2, 4}), parts).ok());
+  EXPECT_EQ(a, (std::vector<float>{1, 5}));
+  EXPECT_EQ(b, (std::vector<float>{2, 3, 4, 6, 7, 8}));
+
+  std::vector<float> y = {10, 20, 30, 40, 50, 60, 70, 80};
+  std::vector<int32_t> rows = {1};
+  std::vector<float> out(4);
+  ASSERT_TRUE(device
+                  ->GatherRows(F32(x, {2, 4}), F32(y, {2, 4}),
+                               Tensor::Of(rows.data(), DType::kI32, DeviceType::kCpu, {1}),
+                               F32(out, {1, 4}))
+                  .ok());
+  EXPECT_EQ(out, (std::vector<float>{55, 66, 77, 88}));
+}
+
+TEST(CpuDeviceTest, KvPoolSizeIsTheSharedLayoutFact) {
+  std::unique_ptr<CpuDevice> device = MakeDevice();
+  common::ModelConfig config;
+  config.num_layers = 3;
+  config.num_kv_heads = 2;
+  config.head_dim = 16;
+  absl::StatusOr<std::unique_ptr<KvCache>> cache = device->CreateKvCache(config, 5, 8);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  // F16 by default: 2 bytes, K and V, 3 layers x 8 slots x 2 heads x 16.
+  EXPECT_EQ(KvBytesPerBlock(config, 8, 2), 2 * 3 * 8 * 2 * 16 * 2);
+  EXPECT_EQ((*cache)->bytes(), 5 * KvBytesPerBlock(config, 8, 2));
+  EXPECT_EQ(device->CreateKvCache(config, 0, 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuDeviceTest, AllGatherColumnsOnOneRankIsACopy) {
+  std::unique_ptr<CpuDevice> device = MakeDevice();
+  EXPECT_EQ(device->world_size(), 1);
+  std::vector<float> local = {1, 2, 3, 4, 5, 6};
+  std::vector<float> out(6);
+  ASSERT_TRUE(device->AllGatherColumns(F32(local, {2, 3}), F32(out, {2, 3})).ok());
+  EXPECT_EQ(out, local);
+}
+
+TEST(CpuDeviceTest, RefusesZeroThreads) {
+  CpuDeviceOptions options;
+  options.num_threads = 0;
+  EXPECT_EQ(CpuDevice::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loom::model

@@ -1,0 +1,61 @@
+#include "worker/cpu_forward_pass.h"
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace loom::worker {
+
+absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
+    const common::GgufFile& gguf, const CpuForwardPassOptions& options) {
+  if (options.num_threads < 1) {
+    return absl::InvalidArgumentError("the model runner needs at least one thread");
+  }
+  if (options.tp_size > 1 &&
+      (options.communicator == nullptr || options.communicator->world_size() != options.tp_size ||
+       options.communicator->rank() != options.tp_rank)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor parallel rank %d of %d needs a communicator of that rank and size",
+        options.tp_rank, options.tp_size));
+  }
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
+                        model::LoadModelWeights(gguf, options.tp_rank, options.tp_size));
+  model::CpuDeviceOptions device_options;
+  device_options.thread_pool = options.thread_pool;
+  device_options.num_threads = options.num_threads;
+  device_options.kv_dtype = options.kv_dtype;
+  device_options.activations = options.activations;
+  device_options.communicator = options.tp_size > 1 ? options.communicator : nullptr;
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CpuDevice> device,
+                        model::CpuDevice::Create(device_options));
+  std::unique_ptr<CpuForwardPass> runner(new CpuForwardPass());
+  runner->device_ = device.get();
+  model::LlamaGraphOptions graph_options;
+  graph_options.num_kv_blocks = options.num_kv_blocks;
+  graph_options.block_size = options.block_size;
+  if (options.progress != nullptr) {
+    graph_options.on_half_layer = [progress = options.progress] { progress->Advance(); };
+  }
+  LOOM_ASSIGN_OR_RETURN(runner->graph_, model::LlamaGraph::Create(std::move(weights),
+                                                                  std::move(device),
+                                                                  graph_options));
+  return runner;
+}
+
+absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
+  const common::ModelConfig& c = graph_->config();
+  LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, c.vocab_size, c.context_length,
+                                         num_kv_blocks(), block_size()));
+  LOOM_ASSIGN_OR_RETURN(
+      model::StepTensors step,
+      device_->UploadStep(batch.token_ids, batch.positions, batch.slots, batch.query_start,
+                          batch.context_len, batch.block_indptr, batch.block_indices,
+                          batch.sample_rows));
+  const int64_t rows = step.num_sample_rows;
+  logits.resize(rows * c.vocab_size);
+  // The CPU device writes the logits straight into the caller's vector.
+  return graph_->Forward(step, model::Tensor::Of(logits.data(), model::DType::kF32,
+                                                 model::DeviceType::kCpu,
+                                                 {rows, c.vocab_size}));
+}
+
+}  // namespace loom::worker

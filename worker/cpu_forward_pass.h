@@ -1,0 +1,85 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/gguf_file.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/communicator.h"
+#include "model/cpu_device.h"
+#include "model/llama_graph.h"
+#include "model/model_weights.h"
+#include "worker/forward_pass.h"
+#include "worker/step_batch.h"
+#include "worker/step_progress.h"
+
+namespace loom::worker {
+
+struct CpuForwardPassOptions {
+  int num_threads = 2;
+  int64_t num_kv_blocks = 1024;  // pool size; the coordinator sizes it from a memory budget
+  int64_t block_size = 16;
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
+  // How linear layers over INT8/INT4 weights (the LM head included) meet their input:
+  // exact F32, or quantized to int8 per 32 values with integer dot products (VNNI where the
+  // CPU has it; llama.cpp's CPU scheme). Float weights always use F32. Either choice is
+  // applied to every step alike, so a sequence's logits never depend on its batch.
+  kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
+  // Tensor parallelism: this runner holds rank tp_rank's slice of the model and joins
+  // the others through `communicator` (not owned; required when tp_size > 1). Every
+  // rank runs every step with the same batch; all of them return the full logits.
+  int tp_rank = 0;
+  int tp_size = 1;
+  model::Communicator* communicator = nullptr;
+  // The thread pool to run on, shared with another runner that never steps at the same
+  // time (a draft model beside its target, so the two do not keep two sets of spinning
+  // threads); null: a pool of its own with num_threads threads.
+  std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
+  // Advanced twice per layer of every Step (after attention, after the FFN) so the worker's
+  // heartbeat can show a long step progressing (not owned; null: not reported).
+  StepProgress* progress = nullptr;
+};
+
+/// The CPU worker's forward pass: the model graph (model::LlamaGraph) on the CPU device
+/// (model::CpuDevice), behind ForwardPass: validates each step, hands it to the graph and
+/// returns the sample rows' logits. Owns the graph (weights, KV pool, scratch). Not
+/// thread-safe: one step at a time.
+class CpuForwardPass : public ForwardPass {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuForwardPass>> Create(const common::GgufFile& gguf,
+                                                             const CpuForwardPassOptions& options);
+
+  /// Runs one step: writes the batch's K/V into its slots and returns the logits of
+  /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
+  /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
+  absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
+
+  const common::ModelConfig& config() const override { return graph_->config(); }
+  /// The host weights the CPU device computes on.
+  const model::ModelWeights& weights() const { return *graph_->host_weights(); }
+  const model::KvCache& kv_cache() const { return graph_->kv_cache(); }
+  int64_t block_size() const override { return graph_->kv_cache().block_size(); }
+  int64_t num_kv_blocks() const override { return graph_->kv_cache().num_blocks(); }
+  int num_threads() const { return device_->thread_pool()->num_threads(); }
+  /// The pool Step runs on (to share with a draft model's runner, see CpuForwardPassOptions).
+  const std::shared_ptr<kernels::cpu::ThreadPool>& thread_pool() const {
+    return device_->thread_pool();
+  }
+  /// Installs (or, with nullptr, removes) an observer of every linear layer's input;
+  /// none by default, and then Step pays nothing for it.
+  void SetActivationObserver(model::ActivationObserver observer) {
+    device_->SetActivationObserver(std::move(observer));
+  }
+
+ private:
+  CpuForwardPass() = default;
+
+  std::unique_ptr<model::LlamaGraph> graph_;
+  model::CpuDevice* device_ = nullptr;  // the graph's
+};
+
+}  // namespace loom::worker
