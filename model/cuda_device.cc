@@ -292,7 +292,6 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
   cache->view_.block_size = block_size;
   cache->view_.num_kv_heads = config.num_kv_heads;
   cache->view_.head_dim = config.head_dim;
-  LOOM_RETURN_IF_ERROR(kc::CheckKvCacheView(cache->view_));
   const size_t layer_bytes = static_cast<size_t>(num_blocks * block_size * config.num_kv_heads *
                                                  config.head_dim *
                                                  kc::ElementBytes(options_.kv_dtype));
@@ -302,6 +301,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
     cache->k_.push_back(std::move(k));
     cache->v_.push_back(std::move(v));
   }
+  if (config.num_layers > 0) LOOM_RETURN_IF_ERROR(kc::CheckKvCacheView(cache->layer(0)));
   return std::unique_ptr<KvCache>(std::move(cache));
 }
 
