@@ -309,10 +309,10 @@ TEST(CudaDeviceTest, AllGatherColumnsOnOneRankIsACopy) {
 }
 
 // The whole graph (model/llama_graph.h) on CUDA against the CPU on a random llama model
-// with head_dim 64: a 7-token prefill, then two decode steps. The CUDA device keeps F16
-// weights and rounds GEMM inputs to F16, hence the tolerance.
-TEST(CudaDeviceGraphTest, LlamaGraphMatchesCpuOnARandomModel) {
-  SKIP_WITHOUT_GPU();
+// with head_dim 64 (with `qk_norm`, random qwen3-style per-head Q/K norm weights added):
+// a 7-token prefill, then two decode steps. The CUDA device keeps F16 weights and rounds
+// GEMM inputs to F16, hence the tolerance.
+void GraphMatchesCpu(bool qk_norm) {
   worker::testing::TinyModelSpec spec;
   spec.vocab = 64;
   spec.hidden = 128;
@@ -328,6 +328,16 @@ TEST(CudaDeviceGraphTest, LlamaGraphMatchesCpuOnARandomModel) {
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(*gguf);
     ASSERT_TRUE(weights.ok()) << weights.status();
+    if (qk_norm) {
+      (*weights)->config.qk_norm = true;
+      uint32_t seed = 40;
+      for (LayerWeights& layer : (*weights)->layers) {
+        layer.q_norm = Random(spec.head_dim, seed++, 0.2f);
+        layer.k_norm = Random(spec.head_dim, seed++, 0.2f);
+        for (float& w : layer.q_norm) w += 1.0f;
+        for (float& w : layer.k_norm) w += 1.0f;
+      }
+    }
     std::unique_ptr<Device> device;
     if (i == 0) {
       absl::StatusOr<std::unique_ptr<CpuDevice>> cpu = CpuDevice::Create({});
@@ -371,6 +381,16 @@ TEST(CudaDeviceGraphTest, LlamaGraphMatchesCpuOnARandomModel) {
     SCOPED_TRACE(step);
     ExpectNear(logits[0][step], logits[1][step], 5e-2f, 5e-2f);
   }
+}
+
+TEST(CudaDeviceGraphTest, LlamaGraphMatchesCpuOnARandomModel) {
+  SKIP_WITHOUT_GPU();
+  GraphMatchesCpu(false);
+}
+
+TEST(CudaDeviceGraphTest, QkNormGraphMatchesCpuOnARandomModel) {
+  SKIP_WITHOUT_GPU();
+  GraphMatchesCpu(true);
 }
 
 }  // namespace
