@@ -70,6 +70,10 @@ struct StepTensors {
   int64_t num_tokens = 0;
   int64_t num_seqs = 0;
   int64_t num_sample_rows = 0;
+  // Host bounds a device's launches size their grids by (the CPU ignores them): the most
+  // query tokens of one sequence, and the most context tokens (this step's included).
+  int64_t max_query_len = 0;
+  int64_t max_context_len = 0;
 };
 
 /// What RoPE needs: per-frequency inverse frequencies with scaling applied

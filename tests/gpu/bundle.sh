@@ -4,7 +4,7 @@
 #
 #   tests/gpu/bundle.sh [ARCHIVE]     default build-gpu-bundle/loom-gpu-bundle.tar.xz
 #
-# Inside: the CUDA test binaries (loom_kernels_tests, loom_worker_tests) and the GPU
+# Inside: the CUDA test binaries (loom_kernels_tests, loom_model_tests, loom_worker_tests) and the GPU
 # benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_runner_bench), built Release
 # for sm_90 only (H100/H200; CI's main build still compiles sm_80 and sm_90a), stripped,
 # with the shared libraries they load from Debian (Abseil, gRPC, protobuf, gloo, ...) in lib/,
@@ -23,7 +23,7 @@ ARCHIVE="${1:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
 BUILD_DIR="${LOOM_GPU_BUILD_DIR:-$ROOT/build-gpu}"
 MAX_MIB="${LOOM_BUNDLE_MAX_MIB:-56}"
 ARCHS="${LOOM_CUDA_ARCHITECTURES:-90-real}"
-TESTS=(loom_kernels_tests loom_worker_tests)
+TESTS=(loom_kernels_tests loom_model_tests loom_worker_tests)
 BENCHES=(quantized_gemm_bench cuda_attention_bench cuda_runner_bench)
 
 if ! command -v nvcc > /dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then

@@ -5,6 +5,7 @@
 #   1. preflight   nvidia-smi, kernel/sandbox, where cuBLAS and NCCL are, ldd of every
 #                  binary (stops at once on a missing library), compute-sanitizer --version
 #   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
+#   2b. model      each model::CudaDevice operation against CpuDevice's on random inputs
 #   3. runner      the CUDA model runner against the CPU runner: random llama/qwen2 models
 #                  (F16/Q8_0/F32 and Q4_0/Q4_1 -> W4A16 GEMM, QKV bias, BF16, graph buckets
 #                  1/2/4/8/256), and the default model when LOOM_MODEL_PATH names it
@@ -40,10 +41,11 @@ done
 [[ "$DEADLINE" =~ ^[0-9]+$ ]] || { echo "quick.sh: --deadline takes whole seconds" >&2; exit 2; }
 
 # Steps, their own limits (seconds) and what they run. The global deadline caps each.
-STEPS=(preflight kernels runner nccl memcheck racecheck bench)
-declare -A LIMIT=([preflight]=10 [kernels]=120 [runner]=120 [nccl]=30 [memcheck]=90
+STEPS=(preflight kernels model runner nccl memcheck racecheck bench)
+declare -A LIMIT=([preflight]=10 [kernels]=120 [model]=30 [runner]=120 [nccl]=30 [memcheck]=90
                   [racecheck]=90 [bench]=90)
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
+MODEL_FILTER='CudaDevice*'
 RUNNER_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
@@ -141,7 +143,7 @@ if ((DRY_RUN)); then
   fi
   echo "steps (global deadline ${DEADLINE} s):"
   for step in "${STEPS[@]}"; do printf '  %-10s %4d s\n' "$step" "${LIMIT[$step]}"; done
-  echo "filters: kernels '$KERNEL_FILTER'; runner '$RUNNER_FILTER'; nccl '$NCCL_FILTER'"
+  echo "filters: kernels '$KERNEL_FILTER'; model '$MODEL_FILTER'; runner '$RUNNER_FILTER'; nccl '$NCCL_FILTER'"
   echo "sanitizer subset: '$SANITIZER_FILTER'"
   echo "benchmarks (--quick): ${BENCHES[*]}"
   exit 0
@@ -219,7 +221,7 @@ fi
 record preflight passed "$t0" "$limit" "$gpu; $sandbox"
 
 # 2-4. the tests
-for step in kernels runner nccl; do
+for step in kernels model runner nccl; do
   t0=$(date +%s)
   limit=$(budget "$step")
   if ((limit < 10)); then
@@ -228,6 +230,7 @@ for step in kernels runner nccl; do
   fi
   case "$step" in
     kernels) run_gtest kernels "$limit" loom_kernels_tests "$KERNEL_FILTER" ;;
+    model) run_gtest model "$limit" loom_model_tests "$MODEL_FILTER" ;;
     runner) run_gtest runner "$limit" loom_worker_tests "$RUNNER_FILTER" ;;
     nccl) run_gtest nccl "$limit" loom_worker_tests "$NCCL_FILTER" ;;
   esac

@@ -1,0 +1,653 @@
+#include "model/cuda_device.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/gather.h"
+#include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/rope.h"
+
+namespace loom::model {
+
+#if !LOOM_HAVE_CUDA
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions&) {
+  return absl::FailedPreconditionError("the CUDA device needs a build with CUDA");
+}
+CudaDevice::~CudaDevice() = default;
+std::string CudaDevice::Describe() const { return "cuda (not compiled in)"; }
+#define LOOM_CUDA_DEVICE_STUB(signature) \
+  signature { return absl::FailedPreconditionError("the CUDA device needs a build with CUDA"); }
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t))
+LOOM_CUDA_DEVICE_STUB(
+    absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>&))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
+    const kernels::cpu::PackedWeight&, const std::vector<float>*))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
+    const common::ModelConfig&, int64_t, int64_t))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<StepTensors> CudaDevice::UploadStep(
+    absl::Span<const int32_t>, absl::Span<const int32_t>, absl::Span<const int32_t>,
+    absl::Span<const int32_t>, absl::Span<const int32_t>, absl::Span<const int32_t>,
+    absl::Span<const int32_t>, absl::Span<const int32_t>))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::DownloadF32(const Tensor&, float*))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Synchronize())
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Embedding(const DeviceLinear&, const Tensor&,
+                                                         int64_t, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::RmsNorm(const Tensor&, const Tensor&, float,
+                                                       Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AddRmsNorm(Tensor, const Tensor&, const Tensor&,
+                                                          float, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Linear(const Tensor&, const DeviceLinear&, Tensor,
+                                                      LinearSite))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SplitColumns(const Tensor&,
+                                                            absl::Span<const Tensor>))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Rope(Tensor, Tensor, const Tensor&,
+                                                    const RopeSpec&))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::WriteKv(KvCache&, int64_t, const Tensor&,
+                                                       const Tensor&, const Tensor&))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::PagedAttention(const KvCache&, int64_t,
+                                                              const Tensor&, const StepTensors&,
+                                                              const AttentionSpec&, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SiluMul(const Tensor&, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::GatherRows(const Tensor&, const Tensor&,
+                                                          const Tensor&, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllReduceSum(Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllGatherColumns(const Tensor&, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Ensure(kernels::cuda::DeviceBuffer&, size_t))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Convert(const void*, kernels::cuda::DataType,
+                                                       void*, kernels::cuda::DataType, int64_t,
+                                                       int64_t))
+#undef LOOM_CUDA_DEVICE_STUB
+
+#else  // LOOM_HAVE_CUDA
+
+namespace {
+
+namespace kc = kernels::cuda;
+
+absl::Status CudaStatus(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clears a non-sticky error so the next check does not repeat it
+  return absl::InternalError(absl::StrFormat("%s: %s", call, cudaGetErrorString(error)));
+}
+#define LOOM_CUDA_CALL(call) LOOM_RETURN_IF_ERROR(CudaStatus((call), #call))
+
+// Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
+constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
+
+class CudaBuffer : public Buffer {
+ public:
+  explicit CudaBuffer(kc::DeviceBuffer buffer, int64_t bytes)
+      : buffer_(std::move(buffer)), bytes_(bytes) {}
+  void* data() const override { return buffer_.data(); }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  kc::DeviceBuffer buffer_;
+  int64_t bytes_;
+};
+
+// A linear layer's weight on the device: dense [rows, cols] of the device dtype with an
+// F32 bias (cuBLAS), or 4-bit in the W4A16 GEMM's layout with the bias in dtype.
+class CudaLinear : public DeviceLinear {
+ public:
+  int64_t rows() const override { return n; }
+  int64_t cols() const override { return k; }
+  bool quantized() const { return q.data() != nullptr; }
+
+  kc::DeviceBuffer dense, q, scale_min, bias;
+  int64_t n = 0, k = 0, group_size = 0;
+};
+
+class CudaKvCache : public KvCache {
+ public:
+  int64_t num_blocks() const override { return view_.num_blocks; }
+  int64_t block_size() const override { return view_.block_size; }
+  int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (size_t l = 0; l < k_.size(); ++l) total += k_[l].bytes() + v_[l].bytes();
+    return total;
+  }
+  kc::KvCacheView layer(int64_t index) const {
+    kc::KvCacheView view = view_;
+    view.k = k_[index].data();
+    view.v = v_[index].data();
+    return view;
+  }
+
+  kc::KvCacheView view_;  // shape and dtype; k and v per layer below
+  std::vector<kc::DeviceBuffer> k_, v_;
+};
+
+const CudaLinear& AsCuda(const DeviceLinear& w) { return static_cast<const CudaLinear&>(w); }
+const CudaKvCache& AsCuda(const KvCache& c) { return static_cast<const CudaKvCache&>(c); }
+
+bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
+  return weight.format == kernels::cpu::WeightFormat::kInt4 && weight.rows % 16 == 0 &&
+         weight.cols % 64 == 0 &&
+         (weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128);
+}
+
+absl::StatusOr<kc::DeviceBuffer> UploadBytes(const void* host, size_t bytes) {
+  LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, kc::DeviceBuffer::Allocate(std::max<size_t>(bytes, 1)));
+  if (bytes > 0) LOOM_RETURN_IF_ERROR(buffer.CopyFromHost(host, bytes));
+  return buffer;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
+  if (kernels::CudaDeviceCount() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device: ", kernels::CudaDeviceDescription(0)));
+  }
+  if (options.dtype == kc::DataType::kF32 || options.kv_dtype == kc::DataType::kF32) {
+    return absl::InvalidArgumentError("the CUDA device's weights and KV pool are F16 or BF16");
+  }
+  std::unique_ptr<CudaDevice> device(new CudaDevice());
+  device->options_ = options;
+  LOOM_CUDA_CALL(cudaGetDevice(&device->device_index_));
+  LOOM_ASSIGN_OR_RETURN(device->num_sms_, kc::CurrentDeviceSmCount());
+  LOOM_CUDA_CALL(cudaStreamCreateWithFlags(&device->stream_, cudaStreamNonBlocking));
+  LOOM_ASSIGN_OR_RETURN(device->gemm_, kc::GemmHandle::Create(device->stream_));
+  return device;
+}
+
+CudaDevice::~CudaDevice() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    gemm_.reset();
+    cudaStreamDestroy(stream_);
+  }
+}
+
+std::string CudaDevice::Describe() const {
+  return absl::StrFormat("cuda:%d (%s)", device_index_,
+                         kernels::CudaDeviceDescription(device_index_));
+}
+
+absl::Status CudaDevice::Ensure(kc::DeviceBuffer& buffer, size_t bytes) {
+  if (buffer.bytes() >= bytes) return absl::OkStatus();
+  // The old buffer may still be read by enqueued work.
+  LOOM_RETURN_IF_ERROR(Synchronize());
+  LOOM_ASSIGN_OR_RETURN(buffer, kc::DeviceBuffer::Allocate(std::max<size_t>(bytes, 256)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::EnsureIota(int64_t n) {
+  if (iota_size_ >= n) return absl::OkStatus();
+  const int64_t size = std::max<int64_t>(n, 2 * iota_size_);
+  std::vector<int32_t> host(size);
+  for (int64_t i = 0; i < size; ++i) host[i] = static_cast<int32_t>(i);
+  LOOM_RETURN_IF_ERROR(Synchronize());
+  LOOM_ASSIGN_OR_RETURN(iota_, UploadBytes(host.data(), host.size() * sizeof(int32_t)));
+  iota_size_ = size;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* dst,
+                                 kc::DataType dst_type, int64_t rows, int64_t cols) {
+  if (rows == 0) return absl::OkStatus();
+  LOOM_RETURN_IF_ERROR(EnsureIota(rows));
+  kc::GatherRowsParams p;
+  p.table = src;
+  p.indices = static_cast<const int32_t*>(iota_.data());
+  p.out = dst;
+  p.src_dtype = src_type;
+  p.dst_dtype = dst_type;
+  p.num_rows = rows;
+  p.row_size = cols;
+  p.num_indices = rows;
+  return kc::LaunchGatherRows(p, stream_);
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
+  LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer,
+                        kc::DeviceBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
+  return std::make_unique<CudaBuffer>(std::move(buffer), bytes);
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>& host) {
+  const size_t bytes = host.size() * sizeof(float);
+  LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, UploadBytes(host.data(), bytes));
+  return std::make_unique<CudaBuffer>(std::move(buffer), static_cast<int64_t>(bytes));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
+    const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  auto linear = std::make_unique<CudaLinear>();
+  linear->n = weight.rows;
+  linear->k = weight.cols;
+  const kc::DataType dtype = options_.dtype;
+  const bool has_bias = bias != nullptr && !bias->empty();
+  if (!options_.keep_quantized || !QuantGemmTakes(weight)) {
+    const int64_t elem = kc::ElementBytes(dtype);
+    LOOM_ASSIGN_OR_RETURN(linear->dense, kc::DeviceBuffer::Allocate(static_cast<size_t>(
+                                             std::max<int64_t>(weight.rows * weight.cols * elem, 1))));
+    const int64_t chunk_rows = std::max<int64_t>(1, kUploadChunkElements / std::max<int64_t>(weight.cols, 1));
+    std::vector<float> values;
+    std::vector<uint8_t> converted;
+    for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, weight.rows - row);
+      values.resize(rows * weight.cols);
+      converted.resize(rows * weight.cols * elem);
+      kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
+      kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
+      LOOM_RETURN_IF_ERROR(linear->dense.CopyFromHost(converted.data(), converted.size(),
+                                                      static_cast<size_t>(row * weight.cols * elem)));
+    }
+    if (has_bias) {
+      LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    }
+    return std::unique_ptr<DeviceLinear>(std::move(linear));
+  }
+  linear->group_size = weight.group_size;
+  LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
+                        kernels::cpu::UnpackQuantized(weight));
+  std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
+  for (size_t i = 0; i < nibbles.size(); ++i) {
+    nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
+  }
+  LOOM_ASSIGN_OR_RETURN(kc::Int4GpuWeight packed,
+                        kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(),
+                                           natural.mins.data(), weight.rows, weight.cols,
+                                           weight.group_size));
+  LOOM_ASSIGN_OR_RETURN(linear->q, UploadBytes(packed.q.data(), packed.q.size()));
+  LOOM_ASSIGN_OR_RETURN(linear->scale_min, UploadBytes(packed.scale_min.data(),
+                                                       packed.scale_min.size() * sizeof(uint16_t)));
+  if (has_bias) {
+    std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
+    kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()),
+                         converted.data());
+    LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
+  }
+  return std::unique_ptr<DeviceLinear>(std::move(linear));
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
+    const common::ModelConfig& config, int64_t num_blocks, int64_t block_size) {
+  if (num_blocks <= 0 || block_size <= 0 || block_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV cache needs num_blocks > 0 and 0 < block_size <= 1024, got %d blocks of %d",
+        num_blocks, block_size));
+  }
+  auto cache = std::make_unique<CudaKvCache>();
+  cache->view_.dtype = options_.kv_dtype;
+  cache->view_.num_blocks = num_blocks;
+  cache->view_.block_size = block_size;
+  cache->view_.num_kv_heads = config.num_kv_heads;
+  cache->view_.head_dim = config.head_dim;
+  const size_t layer_bytes = static_cast<size_t>(num_blocks * block_size * config.num_kv_heads *
+                                                 config.head_dim *
+                                                 kc::ElementBytes(options_.kv_dtype));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer k, kc::DeviceBuffer::Allocate(layer_bytes));
+    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer v, kc::DeviceBuffer::Allocate(layer_bytes));
+    cache->k_.push_back(std::move(k));
+    cache->v_.push_back(std::move(v));
+  }
+  if (config.num_layers > 0) LOOM_RETURN_IF_ERROR(kc::CheckKvCacheView(cache->layer(0)));
+  return std::unique_ptr<KvCache>(std::move(cache));
+}
+
+absl::StatusOr<StepTensors> CudaDevice::UploadStep(
+    absl::Span<const int32_t> token_ids, absl::Span<const int32_t> positions,
+    absl::Span<const int32_t> slots, absl::Span<const int32_t> query_start,
+    absl::Span<const int32_t> context_len, absl::Span<const int32_t> block_indptr,
+    absl::Span<const int32_t> block_indices, absl::Span<const int32_t> sample_rows) {
+  const absl::Span<const int32_t> parts[] = {token_ids,    positions,    slots,
+                                             query_start,  context_len,  block_indptr,
+                                             block_indices, sample_rows};
+  // Each array starts 16-byte aligned in the one buffer.
+  size_t total = 0;
+  size_t offsets[8];
+  for (int i = 0; i < 8; ++i) {
+    offsets[i] = total;
+    total += (parts[i].size() + 3) / 4 * 4;
+  }
+  LOOM_RETURN_IF_ERROR(Ensure(step_, std::max<size_t>(total, 1) * sizeof(int32_t)));
+  // The previous step's copy may still be in flight from step_host_.
+  LOOM_RETURN_IF_ERROR(Synchronize());
+  step_host_.assign(std::max<size_t>(total, 1), 0);
+  for (int i = 0; i < 8; ++i) {
+    std::copy(parts[i].begin(), parts[i].end(), step_host_.begin() + offsets[i]);
+  }
+  LOOM_CUDA_CALL(cudaMemcpyAsync(step_.data(), step_host_.data(), total * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream_));
+  int32_t* base = static_cast<int32_t*>(step_.data());
+  auto view = [&](int i) {
+    return Tensor::Of(base + offsets[i], DType::kI32, DeviceType::kCuda,
+                      {static_cast<int64_t>(parts[i].size())});
+  };
+  StepTensors step;
+  step.token_ids = view(0);
+  step.positions = view(1);
+  step.slots = view(2);
+  step.query_start = view(3);
+  step.context_len = view(4);
+  step.block_indptr = view(5);
+  step.block_indices = view(6);
+  step.sample_rows = view(7);
+  step.num_tokens = static_cast<int64_t>(token_ids.size());
+  step.num_seqs = static_cast<int64_t>(context_len.size());
+  step.num_sample_rows = static_cast<int64_t>(sample_rows.size());
+  for (size_t s = 0; s < context_len.size(); ++s) {
+    step.max_query_len = std::max<int64_t>(step.max_query_len, query_start[s + 1] - query_start[s]);
+    step.max_context_len = std::max<int64_t>(step.max_context_len, context_len[s]);
+  }
+  return step;
+}
+
+absl::Status CudaDevice::DownloadF32(const Tensor& x, float* host) {
+  if (x.numel() > 0) {
+    LOOM_CUDA_CALL(cudaMemcpyAsync(host, x.data, x.numel() * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+  }
+  return Synchronize();
+}
+
+absl::Status CudaDevice::Synchronize() { return kc::SynchronizeStream(stream_); }
+
+absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
+                                   int64_t vocab0, Tensor out) {
+  const CudaLinear& linear = AsCuda(table);
+  if (linear.quantized()) {
+    return absl::UnimplementedError("the CUDA device gathers embeddings from dense tables only");
+  }
+  if (token_ids.numel() == 0) return absl::OkStatus();
+  kc::GatherRowsParams p;
+  p.table = linear.dense.data();
+  p.indices = token_ids.as<const int32_t>();
+  p.out = out.data;
+  p.src_dtype = options_.dtype;
+  p.dst_dtype = kc::DataType::kF32;
+  p.num_rows = linear.n;
+  p.row_size = linear.k;
+  p.num_indices = token_ids.numel();
+  p.index_offset = vocab0;
+  return kc::LaunchGatherRows(p, stream_);
+}
+
+absl::Status CudaDevice::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) {
+  kc::RmsNormParams p;
+  p.x = x.data;
+  p.weight = weight.as<const float>();
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.eps = eps;
+  p.num_tokens = x.rows();
+  p.hidden = x.cols();
+  return kc::LaunchRmsNorm(p, stream_);
+}
+
+absl::Status CudaDevice::AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight,
+                                    float eps, Tensor out) {
+  kc::RmsNormParams p;
+  p.x = x.data;
+  p.residual = residual.data;
+  p.weight = weight.as<const float>();
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.eps = eps;
+  p.num_tokens = residual.rows();
+  p.hidden = residual.cols();
+  return kc::LaunchRmsNorm(p, stream_);
+}
+
+absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor out, LinearSite) {
+  const CudaLinear& linear = AsCuda(w);
+  const kc::DataType dtype = options_.dtype;
+  const int64_t m = x.rows(), n = linear.n, k = linear.k;
+  if (m == 0) return absl::OkStatus();
+  const int64_t elem = kc::ElementBytes(dtype);
+  // The GEMMs read their input in the weights' dtype.
+  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(m * k * elem)));
+  LOOM_RETURN_IF_ERROR(Convert(x.data, kc::DataType::kF32, gemm_input_.data(), dtype, m, k));
+  if (!linear.quantized()) {
+    kc::GemmParams p;
+    p.x = gemm_input_.data();
+    p.w = linear.dense.data();
+    p.bias = static_cast<const float*>(linear.bias.data());
+    p.y = out.data;
+    p.dtype = dtype;
+    p.y_dtype = kc::DataType::kF32;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    return kc::LaunchGemm(p, *gemm_);
+  }
+  // W4A16: output in dtype, in chunks of the kernel's largest m, then widened to F32.
+  LOOM_RETURN_IF_ERROR(Ensure(gemm_output_, static_cast<size_t>(m * n * elem)));
+  for (int64_t row = 0; row < m; row += kc::kQuantGemmMaxM) {
+    kc::QuantGemmParams p;
+    p.x = static_cast<const uint8_t*>(gemm_input_.data()) + row * k * elem;
+    p.y = static_cast<uint8_t*>(gemm_output_.data()) + row * n * elem;
+    p.bias = linear.bias.data();
+    p.act_dtype = dtype;
+    p.format = kc::QuantWeightFormat::kInt4;
+    p.weight = linear.q.data();
+    p.scales = linear.scale_min.data();
+    p.m = std::min<int64_t>(kc::kQuantGemmMaxM, m - row);
+    p.n = n;
+    p.k = k;
+    p.group_size = linear.group_size;
+    p.num_splits = kc::ChooseQuantGemmSplits(p.m, n, k, num_sms_);
+    const size_t workspace = kc::QuantGemmWorkspaceBytes(p);
+    LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+    p.workspace = workspace_.data();
+    p.workspace_bytes = workspace_.bytes();
+    LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream_));
+  }
+  return Convert(gemm_output_.data(), dtype, out.data, kc::DataType::kF32, m, n);
+}
+
+absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {
+  const int64_t rows = x.rows(), width = x.cols();
+  if (rows == 0) return absl::OkStatus();
+  int64_t col = 0;
+  for (const Tensor& part : parts) {
+    const int64_t cols = part.cols();
+    LOOM_CUDA_CALL(cudaMemcpy2DAsync(part.data, cols * sizeof(float), x.as<const float>() + col,
+                                     width * sizeof(float), cols * sizeof(float), rows,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    col += cols;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) {
+  const int64_t tokens = positions.numel();
+  if (tokens == 0) return absl::OkStatus();
+  kc::RopeParams p;
+  p.q = q.data;
+  p.k = k.data;
+  p.positions = positions.as<const int32_t>();
+  p.inv_freq = spec.inv_freq.as<const float>();
+  p.dtype = kc::DataType::kF32;
+  p.num_tokens = tokens;
+  p.num_heads = q.numel() / (tokens * spec.head_dim);
+  p.num_kv_heads = k.numel() / (tokens * spec.head_dim);
+  p.head_dim = spec.head_dim;
+  p.rope_dim = spec.rope_dim;
+  p.neox = spec.neox;
+  return kc::LaunchRope(p, stream_);
+}
+
+absl::Status CudaDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
+                                 const Tensor& slots) {
+  if (slots.numel() == 0) return absl::OkStatus();
+  kc::WriteKvParams p;
+  p.cache = AsCuda(cache).layer(layer);
+  p.k = k.data;
+  p.v = v.data;
+  p.src_dtype = kc::DataType::kF32;
+  p.slots = slots.as<const int32_t>();
+  p.num_tokens = slots.numel();
+  return kc::LaunchWriteKv(p, stream_);
+}
+
+absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
+                                        const StepTensors& step, const AttentionSpec& spec,
+                                        Tensor out) {
+  if (step.num_seqs == 0 || step.num_tokens == 0) return absl::OkStatus();
+  const kc::KvCacheView view = AsCuda(cache).layer(layer);
+  // A rank's cache holds its KV heads only; its query heads are their groups, in order.
+  if (spec.num_heads != view.num_kv_heads * spec.group) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA attention: %d local query heads are not %d KV heads x group %d", spec.num_heads,
+        view.num_kv_heads, spec.group));
+  }
+  if (step.num_tokens == step.num_seqs) {
+    kc::PagedDecodeParams p;
+    p.q = q.data;
+    p.out = out.data;
+    p.q_dtype = kc::DataType::kF32;
+    p.cache = view;
+    p.context_len = step.context_len.as<const int32_t>();
+    p.block_indptr = step.block_indptr.as<const int32_t>();
+    p.block_indices = step.block_indices.as<const int32_t>();
+    p.num_seqs = step.num_seqs;
+    p.num_heads = spec.num_heads;
+    p.scale = spec.scale;
+    p.max_context_len = std::max<int64_t>(step.max_context_len, 1);
+    const size_t workspace = kc::PagedDecodeWorkspaceBytes(p);
+    LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+    p.workspace = workspace_.data();
+    p.workspace_bytes = workspace_.bytes();
+    return kc::LaunchPagedDecode(p, stream_);
+  }
+  // Prefill reads Q in the cache dtype (the tensor cores' input).
+  const int64_t q_cols = spec.num_heads * spec.head_dim;
+  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(step.num_tokens * q_cols *
+                                                               kc::ElementBytes(view.dtype))));
+  LOOM_RETURN_IF_ERROR(
+      Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype, step.num_tokens, q_cols));
+  kc::PagedPrefillParams p;
+  p.q = gemm_input_.data();
+  p.out = out.data;
+  p.q_dtype = view.dtype;
+  p.out_dtype = kc::DataType::kF32;
+  p.cache = view;
+  p.query_start = step.query_start.as<const int32_t>();
+  p.context_len = step.context_len.as<const int32_t>();
+  p.block_indptr = step.block_indptr.as<const int32_t>();
+  p.block_indices = step.block_indices.as<const int32_t>();
+  p.num_seqs = step.num_seqs;
+  p.num_heads = spec.num_heads;
+  p.scale = spec.scale;
+  p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
+  return kc::LaunchPagedPrefill(p, stream_);
+}
+
+absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {
+  kc::SiluMulParams p;
+  p.gate_up = gate_up.data;
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.num_tokens = gate_up.rows();
+  p.ffn = out.cols();
+  return kc::LaunchSiluMul(p, stream_);
+}
+
+absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
+                                    Tensor out) {
+  const int64_t count = rows.numel(), width = x.cols();
+  if (count == 0) return absl::OkStatus();
+  kc::GatherRowsParams p;
+  p.table = x.data;
+  p.indices = rows.as<const int32_t>();
+  p.out = out.data;
+  p.src_dtype = kc::DataType::kF32;
+  p.dst_dtype = kc::DataType::kF32;
+  p.num_rows = x.rows();
+  p.row_size = width;
+  p.num_indices = count;
+  LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(p, stream_));
+  if (y.empty()) return absl::OkStatus();
+  // out += y's rows: the fused residual add of RMSNorm (residual += x, in float, as the
+  // CPU's a + b) does the sum; its normalized output goes to scratch.
+  LOOM_RETURN_IF_ERROR(Ensure(gathered_, static_cast<size_t>(count * width * sizeof(float))));
+  p.table = y.data;
+  p.out = gathered_.data();
+  LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(p, stream_));
+  if (ones_.bytes() < static_cast<size_t>(width) * sizeof(float)) {
+    LOOM_RETURN_IF_ERROR(Synchronize());
+    const std::vector<float> ones(width, 1.0f);
+    LOOM_ASSIGN_OR_RETURN(ones_, UploadBytes(ones.data(), ones.size() * sizeof(float)));
+  }
+  kc::RmsNormParams norm;
+  norm.x = gathered_.data();
+  norm.residual = out.data;
+  norm.weight = static_cast<const float*>(ones_.data());
+  norm.out = gathered_.data();
+  norm.dtype = kc::DataType::kF32;
+  norm.eps = 1e-5f;
+  norm.num_tokens = count;
+  norm.hidden = width;
+  return kc::LaunchRmsNorm(norm, stream_);
+}
+
+absl::Status CudaDevice::AllReduceSum(Tensor x) {
+  Communicator* comm = options_.communicator;
+  if (comm == nullptr || comm->world_size() == 1 || x.numel() == 0) return absl::OkStatus();
+  host_.resize(x.numel());
+  LOOM_RETURN_IF_ERROR(DownloadF32(x, host_.data()));
+  LOOM_RETURN_IF_ERROR(comm->AllReduceSum(absl::MakeSpan(host_)));
+  LOOM_CUDA_CALL(cudaMemcpyAsync(x.data, host_.data(), host_.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
+  return Synchronize();
+}
+
+absl::Status CudaDevice::AllGatherColumns(const Tensor& local, Tensor out) {
+  const int64_t rows = out.rows(), vocab = out.cols(), n = local.cols();
+  const int world = world_size();
+  if (world == 1) {
+    if (out.numel() == 0) return absl::OkStatus();
+    LOOM_CUDA_CALL(cudaMemcpyAsync(out.data, local.data, out.numel() * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream_));
+    return absl::OkStatus();
+  }
+  // As CpuDevice: each rank's slice padded to the common stride, gathered, reordered.
+  const int64_t stride = (vocab + world - 1) / world;
+  std::vector<float> padded(rows * stride, 0.0f);
+  if (n > 0 && rows > 0) {
+    LOOM_CUDA_CALL(cudaMemcpy2DAsync(padded.data(), stride * sizeof(float), local.data,
+                                     n * sizeof(float), n * sizeof(float), rows,
+                                     cudaMemcpyDeviceToHost, stream_));
+  }
+  LOOM_RETURN_IF_ERROR(Synchronize());
+  host_gathered_.resize(world * rows * stride);
+  LOOM_RETURN_IF_ERROR(
+      options_.communicator->AllGather(padded, absl::MakeSpan(host_gathered_)));
+  host_.assign(rows * vocab, 0.0f);
+  for (int r = 0; r < world; ++r) {
+    const int64_t vocab0 = std::min<int64_t>(vocab, r * stride);
+    const int64_t count = std::min<int64_t>(vocab, vocab0 + stride) - vocab0;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(host_.data() + i * vocab + vocab0,
+                  host_gathered_.data() + (r * rows + i) * stride, count * sizeof(float));
+    }
+  }
+  LOOM_CUDA_CALL(cudaMemcpyAsync(out.data, host_.data(), host_.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_));
+  return Synchronize();
+}
+
+#endif  // LOOM_HAVE_CUDA
+
+}  // namespace loom::model

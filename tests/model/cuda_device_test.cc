@@ -1,0 +1,397 @@
+#include "model/cuda_device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/weights.h"
+#include "kernels/cuda/types.h"
+#include "kernels/cuda_device.h"
+#include "model/cpu_device.h"
+#include "model/llama_graph.h"
+#include "model/model_weights.h"
+#include "tests/worker/tiny_model.h"
+
+// Each CudaDevice operation against CpuDevice's on the same random inputs (skipped where no
+// CUDA device is present). Where the CUDA device rounds (GEMM inputs to F16, prefill's Q
+// to the KV dtype) the tolerance says so; elsewhere both compute in F32.
+
+namespace loom::model {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                              \
+  do {                                                                                  \
+    if (kernels::CudaDeviceCount() == 0) {                                              \
+      GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription(0);          \
+    }                                                                                   \
+  } while (0)
+
+std::vector<float> Random(int64_t count, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> out(count);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+// A device and what its tensors live in.
+struct Side {
+  std::unique_ptr<Device> device;
+  std::vector<std::unique_ptr<std::vector<float>>> host;  // the CPU views these
+  std::vector<std::unique_ptr<Buffer>> buffers;
+
+  Tensor Put(const std::vector<float>& values, std::initializer_list<int64_t> shape) {
+    host.push_back(std::make_unique<std::vector<float>>(values));
+    absl::StatusOr<std::unique_ptr<Buffer>> buffer = device->UploadF32(*host.back());
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    buffers.push_back(std::move(*buffer));
+    return Tensor::Of(buffers.back()->data(), DType::kF32, device->type(), shape);
+  }
+  Tensor Zeros(std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return Put(std::vector<float>(n, 0.0f), shape);
+  }
+  std::vector<float> Get(const Tensor& t) {
+    std::vector<float> out(t.numel());
+    absl::Status status = device->DownloadF32(t, out.data());
+    EXPECT_TRUE(status.ok()) << status;
+    return out;
+  }
+};
+
+struct Pair {
+  Side cpu, gpu;
+  Side* side(int i) { return i == 0 ? &cpu : &gpu; }
+};
+
+Pair MakePair(bool keep_quantized = false) {
+  Pair pair;
+  absl::StatusOr<std::unique_ptr<CpuDevice>> cpu = CpuDevice::Create({});
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  pair.cpu.device = std::move(*cpu);
+  CudaDeviceOptions options;
+  options.keep_quantized = keep_quantized;
+  absl::StatusOr<std::unique_ptr<CudaDevice>> gpu = CudaDevice::Create(options);
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (gpu.ok()) pair.gpu.device = std::move(*gpu);
+  return pair;
+}
+
+void ExpectNear(const std::vector<float>& cpu, const std::vector<float>& gpu, float atol,
+                float rtol) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  int bad = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (!(std::fabs(cpu[i] - gpu[i]) <= atol + rtol * std::fabs(cpu[i]))) {
+      if (++bad <= 5) ADD_FAILURE() << "element " << i << ": cpu " << cpu[i] << " cuda " << gpu[i];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CudaDeviceTest, CreateWithoutGpuIsFailedPrecondition) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_EQ(CudaDevice::Create({}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CudaDeviceTest, RmsNormAndAddRmsNormMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  const int64_t rows = 7, n = 96;
+  const std::vector<float> x = Random(rows * n, 1), y = Random(rows * n, 2), w = Random(n, 3);
+  std::vector<float> normed[2], added[2], residual[2];
+  for (int i = 0; i < 2; ++i) {
+    Side& s = *pair.side(i);
+    const Tensor tx = s.Put(x, {rows, n}), ty = s.Put(y, {rows, n}), tw = s.Put(w, {n});
+    const Tensor out = s.Zeros({rows, n}), out2 = s.Zeros({rows, n});
+    ASSERT_TRUE(s.device->RmsNorm(tx, tw, 1e-5f, out).ok());
+    ASSERT_TRUE(s.device->AddRmsNorm(tx, ty, tw, 1e-5f, out2).ok());
+    normed[i] = s.Get(out);
+    added[i] = s.Get(out2);
+    residual[i] = s.Get(tx);
+  }
+  ExpectNear(normed[0], normed[1], 1e-5f, 1e-4f);
+  ExpectNear(added[0], added[1], 1e-5f, 1e-4f);
+  ExpectNear(residual[0], residual[1], 0.0f, 0.0f);  // x + y in float on both
+}
+
+// Dense F16 weights (the CPU packs the same F16 values) with a bias, and 4-bit weights
+// through the W4A16 GEMM; the CUDA device rounds the input (and the W4A16 output) to F16.
+void LinearMatchesCpu(kernels::cpu::WeightFormat format, bool keep_quantized, int64_t m) {
+  Pair pair = MakePair(keep_quantized);
+  const int64_t n = 48, k = 128;
+  const std::vector<float> values = Random(n * k, 4, 0.5f), x = Random(m * k, 5);
+  const std::vector<float> bias = Random(n, 6);
+  absl::StatusOr<kernels::cpu::PackedWeight> packed =
+      kernels::cpu::PackFromF32(values.data(), n, k, format, 32);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  std::vector<float> out[2];
+  for (int i = 0; i < 2; ++i) {
+    Side& s = *pair.side(i);
+    absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, &bias);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const Tensor y = s.Zeros({m, n});
+    ASSERT_TRUE(s.device->Linear(s.Put(x, {m, k}), **w, y, {}).ok());
+    out[i] = s.Get(y);
+  }
+  ExpectNear(out[0], out[1], 3e-2f, 1e-2f);
+}
+
+TEST(CudaDeviceTest, DenseLinearMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t m : {1, 5, 300}) LinearMatchesCpu(kernels::cpu::WeightFormat::kF16, false, m);
+}
+
+TEST(CudaDeviceTest, Int4LinearThroughTheQuantizedGemmMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t m : {1, 5, 300}) LinearMatchesCpu(kernels::cpu::WeightFormat::kInt4, true, m);
+}
+
+TEST(CudaDeviceTest, EmbeddingSplitColumnsGatherRowsSiluMulMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  const int64_t vocab = 10, hidden = 16, rows = 4;
+  const std::vector<float> table = Random(vocab * hidden, 7);
+  absl::StatusOr<kernels::cpu::PackedWeight> packed = kernels::cpu::PackFromF32(
+      table.data(), vocab, hidden, kernels::cpu::WeightFormat::kF16, 0);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const std::vector<int32_t> ids = {101, 99, 109, 110};  // a slice [100, 110)
+  const std::vector<int32_t> sample = {3, 0};
+  const std::vector<int32_t> none;
+  const std::vector<float> x = Random(rows * hidden, 8), y = Random(rows * hidden, 9);
+  std::vector<float> embedded[2], a[2], b[2], gathered[2], silu[2];
+  for (int i = 0; i < 2; ++i) {
+    Side& s = *pair.side(i);
+    absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status();
+    absl::StatusOr<StepTensors> step =
+        s.device->UploadStep(ids, none, none, none, none, none, none, sample);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const Tensor e = s.Zeros({rows, hidden});
+    ASSERT_TRUE(s.device->Embedding(**w, step->token_ids, 100, e).ok());
+    embedded[i] = s.Get(e);
+    const Tensor tx = s.Put(x, {rows, hidden}), ty = s.Put(y, {rows, hidden});
+    const Tensor parts[] = {s.Zeros({rows, 5}), s.Zeros({rows, 11})};
+    ASSERT_TRUE(s.device->SplitColumns(tx, parts).ok());
+    a[i] = s.Get(parts[0]);
+    b[i] = s.Get(parts[1]);
+    const Tensor g = s.Zeros({2, hidden});
+    ASSERT_TRUE(s.device->GatherRows(tx, ty, step->sample_rows, g).ok());
+    gathered[i] = s.Get(g);
+    const Tensor act = s.Zeros({rows, hidden / 2});
+    ASSERT_TRUE(s.device->SiluMul(tx, act).ok());
+    silu[i] = s.Get(act);
+  }
+  ExpectNear(embedded[0], embedded[1], 0.0f, 0.0f);
+  ExpectNear(a[0], a[1], 0.0f, 0.0f);
+  ExpectNear(b[0], b[1], 0.0f, 0.0f);
+  ExpectNear(gathered[0], gathered[1], 0.0f, 0.0f);
+  ExpectNear(silu[0], silu[1], 1e-5f, 1e-4f);
+}
+
+TEST(CudaDeviceTest, RopeMatchesCpuForBothPairings) {
+  SKIP_WITHOUT_GPU();
+  const int64_t tokens = 6, heads = 4, kv_heads = 2, head_dim = 64;
+  const std::vector<int32_t> positions = {0, 1, 7, 100, 2047, 5};
+  const std::vector<int32_t> none;
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
+  }
+  for (bool neox : {false, true}) {
+    Pair pair = MakePair();
+    const std::vector<float> q = Random(tokens * heads * head_dim, 10);
+    const std::vector<float> k = Random(tokens * kv_heads * head_dim, 11);
+    std::vector<float> q_out[2], k_out[2];
+    for (int i = 0; i < 2; ++i) {
+      Side& s = *pair.side(i);
+      absl::StatusOr<StepTensors> step =
+          s.device->UploadStep(none, positions, none, none, none, none, none, none);
+      ASSERT_TRUE(step.ok()) << step.status();
+      RopeSpec spec;
+      spec.inv_freq = s.Put(inv_freq, {head_dim / 2});
+      spec.head_dim = head_dim;
+      spec.rope_dim = head_dim;
+      spec.neox = neox;
+      const Tensor tq = s.Put(q, {tokens, heads, head_dim});
+      const Tensor tk = s.Put(k, {tokens, kv_heads, head_dim});
+      ASSERT_TRUE(s.device->Rope(tq, tk, step->positions, spec).ok());
+      q_out[i] = s.Get(tq);
+      k_out[i] = s.Get(tk);
+    }
+    ExpectNear(q_out[0], q_out[1], 1e-4f, 1e-4f);
+    ExpectNear(k_out[0], k_out[1], 1e-4f, 1e-4f);
+  }
+}
+
+// K/V written for two prompts (one of 5 tokens, one of 20 over two blocks), then prefill
+// attention over them and a decode step of one more token each: both devices' outputs.
+TEST(CudaDeviceTest, WriteKvAndPagedAttentionMatchCpuForPrefillAndDecode) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  common::ModelConfig config;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  const int64_t block = 16, heads = 4, kv_heads = 2, hd = 64;
+  AttentionSpec spec;
+  spec.num_heads = heads;
+  spec.group = 2;
+  spec.head_dim = hd;
+  spec.scale = 1.0f / 8.0f;
+  const std::vector<int32_t> none;
+  // Prefill: sequence 0 in block 3, sequence 1 in blocks 0 and 5.
+  std::vector<int32_t> slots;
+  for (int t = 0; t < 5; ++t) slots.push_back(3 * block + t);
+  for (int t = 0; t < 20; ++t) slots.push_back((t < 16 ? 0 : 5) * block + t % 16);
+  const std::vector<int32_t> prefill_qs = {0, 5, 25}, prefill_cl = {5, 20};
+  const std::vector<int32_t> indptr = {0, 1, 3}, indices = {3, 0, 5};
+  // Decode: one token each, at positions 5 and 20.
+  const std::vector<int32_t> decode_slots = {3 * block + 5, 5 * block + 4};
+  const std::vector<int32_t> decode_qs = {0, 1, 2}, decode_cl = {6, 21};
+  struct Phase {
+    const std::vector<int32_t>& slots;
+    const std::vector<int32_t>& qs;
+    const std::vector<int32_t>& cl;
+    int64_t tokens;
+  } phases[] = {{slots, prefill_qs, prefill_cl, 25}, {decode_slots, decode_qs, decode_cl, 2}};
+  std::unique_ptr<KvCache> caches[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<KvCache>> cache =
+        pair.side(i)->device->CreateKvCache(config, 8, block);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    caches[i] = std::move(*cache);
+  }
+  uint32_t seed = 20;
+  for (const Phase& phase : phases) {
+    const std::vector<float> q = Random(phase.tokens * heads * hd, seed++);
+    const std::vector<float> k = Random(phase.tokens * kv_heads * hd, seed++);
+    const std::vector<float> v = Random(phase.tokens * kv_heads * hd, seed++);
+    std::vector<float> out[2];
+    for (int i = 0; i < 2; ++i) {
+      Side& s = *pair.side(i);
+      absl::StatusOr<StepTensors> step = s.device->UploadStep(
+          none, none, phase.slots, phase.qs, phase.cl, indptr, indices, none);
+      ASSERT_TRUE(step.ok()) << step.status();
+      step->num_tokens = phase.tokens;
+      const Tensor tq = s.Put(q, {phase.tokens, heads, hd});
+      const Tensor o = s.Zeros({phase.tokens, heads * hd});
+      ASSERT_TRUE(s.device
+                      ->WriteKv(*caches[i], 1, s.Put(k, {phase.tokens, kv_heads, hd}),
+                                s.Put(v, {phase.tokens, kv_heads, hd}), step->slots)
+                      .ok());
+      absl::Status status = s.device->PagedAttention(*caches[i], 1, tq, *step, spec, o);
+      ASSERT_TRUE(status.ok()) << status;
+      out[i] = s.Get(o);
+    }
+    // Prefill reads Q and P rounded to F16 on the tensor cores; decode computes in F32
+    // over the F16 cache, as the CPU.
+    ExpectNear(out[0], out[1], phase.tokens == 2 ? 1e-4f : 2e-2f, 1e-2f);
+  }
+}
+
+TEST(CudaDeviceTest, AllGatherColumnsOnOneRankIsACopy) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  const std::vector<float> x = Random(3 * 7, 30);
+  Side& s = pair.gpu;
+  EXPECT_EQ(s.device->world_size(), 1);
+  const Tensor local = s.Put(x, {3, 7}), out = s.Zeros({3, 7});
+  ASSERT_TRUE(s.device->AllReduceSum(local).ok());
+  ASSERT_TRUE(s.device->AllGatherColumns(local, out).ok());
+  EXPECT_EQ(s.Get(out), x);
+}
+
+// The whole graph (model/llama_graph.h) on CUDA against the CPU on a random llama model
+// with head_dim 64 (with `qk_norm`, random qwen3-style per-head Q/K norm weights added):
+// a 7-token prefill, then two decode steps. The CUDA device keeps F16 weights and rounds
+// GEMM inputs to F16, hence the tolerance.
+void GraphMatchesCpu(bool qk_norm) {
+  worker::testing::TinyModelSpec spec;
+  spec.vocab = 64;
+  spec.hidden = 128;
+  spec.ffn = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 64;
+  std::unique_ptr<common::GgufFile> gguf = worker::testing::TinyModel(spec);
+  LlamaGraphOptions options;
+  options.num_kv_blocks = 8;
+  options.block_size = 16;
+  std::vector<std::vector<float>> logits[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(*gguf);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    if (qk_norm) {
+      (*weights)->config.qk_norm = true;
+      uint32_t seed = 40;
+      for (LayerWeights& layer : (*weights)->layers) {
+        layer.q_norm = Random(spec.head_dim, seed++, 0.2f);
+        layer.k_norm = Random(spec.head_dim, seed++, 0.2f);
+        for (float& w : layer.q_norm) w += 1.0f;
+        for (float& w : layer.k_norm) w += 1.0f;
+      }
+    }
+    std::unique_ptr<Device> device;
+    if (i == 0) {
+      absl::StatusOr<std::unique_ptr<CpuDevice>> cpu = CpuDevice::Create({});
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      device = std::move(*cpu);
+    } else {
+      absl::StatusOr<std::unique_ptr<CudaDevice>> gpu = CudaDevice::Create({});
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      device = std::move(*gpu);
+    }
+    absl::StatusOr<std::unique_ptr<LlamaGraph>> graph =
+        LlamaGraph::Create(std::move(*weights), std::move(device), options);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    Device& d = (*graph)->device();
+    absl::StatusOr<std::unique_ptr<Buffer>> out = d.Allocate(spec.vocab * sizeof(float));
+    ASSERT_TRUE(out.ok()) << out.status();
+    const Tensor out_tensor = Tensor::Of((*out)->data(), DType::kF32, d.type(), {1, spec.vocab});
+    std::vector<int32_t> ids = {3, 17, 42, 5, 9, 60, 1};
+    std::vector<int32_t> positions = {0, 1, 2, 3, 4, 5, 6};
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int32_t> slots;
+      for (int32_t p : positions) slots.push_back(2 * 16 + p);
+      const int32_t context = positions.back() + 1;
+      const std::vector<int32_t> query_start = {0, static_cast<int32_t>(ids.size())};
+      const std::vector<int32_t> context_len = {context}, indptr = {0, 1}, indices = {2};
+      const std::vector<int32_t> sample = {static_cast<int32_t>(ids.size()) - 1};
+      absl::StatusOr<StepTensors> tensors = d.UploadStep(ids, positions, slots, query_start,
+                                                         context_len, indptr, indices, sample);
+      ASSERT_TRUE(tensors.ok()) << tensors.status();
+      absl::Status status = (*graph)->Forward(*tensors, out_tensor);
+      ASSERT_TRUE(status.ok()) << status;
+      std::vector<float> host(spec.vocab);
+      ASSERT_TRUE(d.DownloadF32(out_tensor, host.data()).ok());
+      logits[i].push_back(host);
+      // Feed the same next token to both devices (not each one's argmax).
+      ids = {static_cast<int32_t>((step * 13 + 7) % spec.vocab)};
+      positions = {context};
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    ExpectNear(logits[0][step], logits[1][step], 5e-2f, 5e-2f);
+  }
+}
+
+TEST(CudaDeviceGraphTest, LlamaGraphMatchesCpuOnARandomModel) {
+  SKIP_WITHOUT_GPU();
+  GraphMatchesCpu(false);
+}
+
+TEST(CudaDeviceGraphTest, QkNormGraphMatchesCpuOnARandomModel) {
+  SKIP_WITHOUT_GPU();
+  GraphMatchesCpu(true);
+}
+
+}  // namespace
+}  // namespace loom::model
