@@ -149,6 +149,20 @@ absl::StatusOr<Completion> Client::Generate(const GenerateRequest& request,
   return Generate(request, nullptr, call);
 }
 
+absl::StatusOr<Completion> Client::Chat(const std::vector<ChatMessage>& messages,
+                                        const std::vector<Tool>& tools,
+                                        const ToolChoice& tool_choice,
+                                        const GenerateRequest& options, const CallOptions& call) {
+  GenerateRequest request = options;
+  request.text.clear();
+  request.token_ids.clear();
+  request.use_token_ids = false;
+  request.messages = messages;
+  request.tools = tools;
+  request.tool_choice = tool_choice;
+  return Generate(request, nullptr, call);
+}
+
 absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& text,
                                                       bool add_special_tokens, bool parse_special,
                                                       const CallOptions& call) {

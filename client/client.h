@@ -42,6 +42,18 @@ class Client {
                                       const std::function<bool(const GenerateChunk&)>& on_chunk,
                                       const CallOptions& call = {});
 
+  /// A chat: `messages` rendered by the served model's chat template, with `tools` the
+  /// model may call and `tool_choice` (see ToolChoice); `options` gives the rest of the
+  /// request (max_tokens, sampling, ...; its prompt and chat fields are replaced). The
+  /// completion's `tool_calls` are the calls the model made, `content` the other text.
+  /// INVALID_ARGUMENT for a tool schema the grammar engine cannot enforce (naming the
+  /// construct), FAILED_PRECONDITION when the model has no chat template.
+  absl::StatusOr<Completion> Chat(const std::vector<ChatMessage>& messages,
+                                  const std::vector<Tool>& tools = {},
+                                  const ToolChoice& tool_choice = {},
+                                  const GenerateRequest& options = {},
+                                  const CallOptions& call = {});
+
   /// Starts a streaming call; read it with GenerateStream::Next().
   std::unique_ptr<GenerateStream> StartGenerate(const GenerateRequest& request,
                                                 const CallOptions& call = {});

@@ -28,6 +28,8 @@ void Completion::Append(const GenerateChunk& chunk) {
     finish_reason = chunk.finish_reason;
     error_message = chunk.error_message;
     usage = chunk.usage;
+    tool_calls = chunk.tool_calls;
+    content = chunk.content;
   }
 }
 

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "client/chat.h"
+
 namespace loom::client {
 
 enum class FinishReason {
@@ -43,6 +45,10 @@ struct GenerateChunk {
   std::string error_message;  // with kError
   Usage usage;                // on the last chunk
   std::string replica_id;     // on the first chunk
+  // A chat with tools, last chunk: the calls parsed out of the whole reply, and the
+  // reply's text outside them (`text` is the model's raw output).
+  std::vector<ToolCall> tool_calls;
+  std::string content;
 };
 
 /// A whole completion: every chunk of a call joined.
@@ -56,6 +62,8 @@ struct Completion {
   Usage usage;
   std::string replica_id;
   int attempts = 0;  // calls made, retries of UNAVAILABLE included
+  std::vector<ToolCall> tool_calls;  // a chat with tools: the calls the model made
+  std::string content;               // a chat with tools: the reply's text outside them
 
   /// Appends `chunk` (text, ids, logprobs; the final fields when it is the last).
   void Append(const GenerateChunk& chunk);

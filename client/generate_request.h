@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "client/chat.h"
+
 namespace loom::client {
 
 /// Sampling settings; every unset field takes the server's default (greedy decoding,
@@ -36,7 +38,8 @@ struct OutputConstraint {
 };
 
 /// One completion to generate. Exactly one of `text` and `token_ids` is the prompt:
-/// `token_ids` when `use_token_ids` is true (an empty id list is then still a token prompt).
+/// `token_ids` when `use_token_ids` is true (an empty id list is then still a token prompt);
+/// or, for a chat, `messages` (with `text` empty and `use_token_ids` false).
 struct GenerateRequest {
   std::string text;  // tokenized by the coordinator, special tokens parsed
   std::vector<int32_t> token_ids;
@@ -53,6 +56,12 @@ struct GenerateRequest {
   std::optional<OutputConstraint> constraint;  // unset: unconstrained
   bool include_stop_str_in_output = false;     // the matched stop string is returned too
   std::optional<bool> skip_special_tokens;     // unset: true (special tokens' text left out)
+  // A chat instead of a prompt (see Client::Chat): the messages, the tools the model may
+  // call, and which calls it must make.
+  std::vector<ChatMessage> messages;
+  std::vector<Tool> tools;
+  ToolChoice tool_choice;
+  std::optional<bool> parallel_tool_calls;  // unset: true
 
   /// A text prompt.
   static GenerateRequest FromText(std::string prompt, int32_t max_tokens) {

@@ -10,9 +10,31 @@ loom::v1::GenerateRequest ToWire(const GenerateRequest& request) {
     // mutable_token_ids() selects the token-id prompt even for an empty list.
     wire.mutable_token_ids()->mutable_ids()->Add(request.token_ids.begin(),
                                                  request.token_ids.end());
-  } else {
+  } else if (request.messages.empty() || !request.text.empty()) {
     wire.set_text(request.text);
   }
+  for (const ChatMessage& message : request.messages) {
+    loom::v1::ChatMessage* out = wire.add_messages();
+    out->set_role(message.role);
+    if (message.content) out->set_content(*message.content);
+    out->set_name(message.name);
+    out->set_tool_call_id(message.tool_call_id);
+    for (const ToolCall& call : message.tool_calls) {
+      loom::v1::ToolCall* wire_call = out->add_tool_calls();
+      wire_call->set_id(call.id);
+      wire_call->set_name(call.name);
+      wire_call->set_arguments(call.arguments);
+    }
+  }
+  for (const Tool& tool : request.tools) {
+    loom::v1::Tool* out = wire.add_tools();
+    out->set_name(tool.name);
+    out->set_description(tool.description);
+    out->set_parameters(tool.parameters);
+  }
+  wire.set_tool_choice(request.tool_choice.mode);
+  wire.set_tool_choice_function(request.tool_choice.function);
+  if (request.parallel_tool_calls) wire.set_parallel_tool_calls(*request.parallel_tool_calls);
   const SamplingOptions& s = request.sampling;
   loom::v1::SamplingParams* sampling = wire.mutable_sampling();
   if (s.temperature) sampling->set_temperature(*s.temperature);
@@ -81,6 +103,10 @@ GenerateChunk FromWire(const loom::v1::GenerateResponse& response) {
   chunk.usage.completion_tokens = response.completion_tokens();
   chunk.usage.cached_prompt_tokens = response.cached_prompt_tokens();
   chunk.replica_id = response.replica_id();
+  for (const loom::v1::ToolCall& call : response.tool_calls()) {
+    chunk.tool_calls.push_back(ToolCall{call.id(), call.name(), call.arguments()});
+  }
+  chunk.content = response.content();
   return chunk;
 }
 

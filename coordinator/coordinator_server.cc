@@ -56,9 +56,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // same port without a key: it is internal, and the port must only be reachable by the
   // cluster and its clients (docs/ARCHITECTURE.md, "API keys and TLS").
   server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
+  if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
+    auto chat_template = common::ChatTemplate::Parse(*source);
+    if (chat_template.ok()) {
+      server->chat_template_ = *std::move(chat_template);
+    } else {
+      std::fprintf(stderr, "loom: the model's chat template is not usable (%s); "
+                   "/v1/chat/completions will answer 400 and gRPC chats FAILED_PRECONDITION\n",
+                   chat_template.status().ToString().c_str());
+    }
+  }
   server->inference_service_ = std::make_unique<InferenceService>(
       *server->cluster_, server->model_, server->config_, *server->tokenizer_,
       server->metrics_.get(), options.stream_interval, *api_keys);
+  server->inference_service_->set_chat_template(server->chat_template_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -86,16 +97,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
   }
   if (options.http.port >= 0) {
-    if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
-      auto chat_template = common::ChatTemplate::Parse(*source);
-      if (chat_template.ok()) {
-        server->chat_template_ = *std::move(chat_template);
-      } else {
-        std::fprintf(stderr, "loom: the model's chat template is not usable (%s); "
-                     "/v1/chat/completions will answer 400\n",
-                     chat_template.status().ToString().c_str());
-      }
-    }
     HttpOptions http = options.http;
     http.host = options.host;
     http.stream_interval = options.stream_interval;

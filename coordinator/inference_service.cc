@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "coordinator/chat_request.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/request_validation.h"
 
@@ -34,10 +35,12 @@ class InferenceService::GenerateStream final
       public std::enable_shared_from_this<GenerateStream> {
  public:
   GenerateStream(grpc::CallbackServerContext* context, std::shared_ptr<Request> request,
-                 int32_t prompt_tokens, StreamPump& pump, absl::Duration interval)
+                 int32_t prompt_tokens, StreamPump& pump, absl::Duration interval,
+                 ToolsRequest tools)
       : context_(context),
         request_(std::move(request)),
         prompt_tokens_(prompt_tokens),
+        tools_(std::move(tools)),
         pump_(pump),
         interval_(interval) {}
 
@@ -136,6 +139,7 @@ class InferenceService::GenerateStream final
     completion_tokens_ += static_cast<int32_t>(event.token_ids.size());
     response_.Clear();
     response_.set_request_id(request_->request_id());
+    if (tools_.active()) reply_ += event.text;
     response_.set_text(std::move(event.text));
     response_.mutable_token_ids()->Add(event.token_ids.begin(), event.token_ids.end());
     for (loom::v1::SequenceOutput& logprob : event.logprobs) {
@@ -151,6 +155,18 @@ class InferenceService::GenerateStream final
     response_.set_cached_prompt_tokens(event.cached_prompt_tokens);
     response_.set_num_draft_tokens(event.num_draft_tokens);
     response_.set_num_accepted_tokens(event.num_accepted_tokens);
+    if (tools_.active() && event.finish_reason != loom::v1::FINISH_REASON_ERROR &&
+        event.finish_reason != loom::v1::FINISH_REASON_ABORT) {
+      // The calls in the whole reply, as /v1/chat/completions parses them.
+      ChatReply reply = ParseChatReply(tools_, reply_);
+      for (const ParsedToolCall& call : reply.calls) {
+        loom::v1::ToolCall* out = response_.add_tool_calls();
+        out->set_id(NewToolCallId());
+        out->set_name(call.name);
+        out->set_arguments(call.arguments);
+      }
+      response_.set_content(std::move(reply.content));
+    }
     finished_ = true;
     final_written_ = true;
     return Action::kWriteAndFinish;
@@ -182,6 +198,7 @@ class InferenceService::GenerateStream final
   grpc::CallbackServerContext* const context_;
   const std::shared_ptr<Request> request_;
   const int32_t prompt_tokens_;
+  const ToolsRequest tools_;  // a chat's tools: the final message carries the parsed calls
   StreamPump& pump_;
   const absl::Duration interval_;
   std::shared_ptr<GenerateStream> self_;  // set from Start until OnDone
@@ -196,6 +213,7 @@ class InferenceService::GenerateStream final
   absl::Time hold_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // next message not before
   absl::Time timer_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();    // WakeAt already asked
   int32_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string reply_ ABSL_GUARDED_BY(mu_);  // with active tools: the text so far
   // The message being written: filled under mu_ while no write is in flight, then read by
   // gRPC until OnWriteDone (or OnDone after the final one).
   GenerateResponse response_;
@@ -229,6 +247,18 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   if (absl::Status known = CheckModel(request->model()); !known.ok()) {
     return new FinishedReactor(ToGrpcStatus(known));
   }
+  // A chat (messages) becomes a token-id prompt here, rendered and constrained as the
+  // OpenAI chat endpoint does.
+  std::optional<loom::v1::GenerateRequest> chat;
+  ToolsRequest tools;
+  if (request->messages_size() > 0 || request->tools_size() > 0 || !request->tool_choice().empty() ||
+      !request->tool_choice_function().empty() || request->has_parallel_tool_calls()) {
+    chat = *request;
+    absl::StatusOr<ToolsRequest> prepared = PrepareChatRequest(*chat, tokenizer_, chat_template_);
+    if (!prepared.ok()) return new FinishedReactor(ToGrpcStatus(prepared.status()));
+    tools = *std::move(prepared);
+    request = &*chat;
+  }
   absl::StatusOr<RequestParams> params = ValidateGenerateRequest(*request, config_, tokenizer_);
   if (!params.ok()) return new FinishedReactor(ToGrpcStatus(params.status()));
   const int32_t prompt_tokens = static_cast<int32_t>(params->prompt_ids.size());
@@ -250,7 +280,7 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   }
   if (metrics_ != nullptr) metrics_->RecordRequestParams(1, live->params().max_tokens);
   return GenerateStream::Start(std::make_shared<GenerateStream>(
-      context, std::move(live), prompt_tokens, pump_, stream_interval_));
+      context, std::move(live), prompt_tokens, pump_, stream_interval_, std::move(tools)));
 }
 
 absl::Status InferenceService::CheckApiKey(const grpc::ServerContextBase& context) const {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/chat_template.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
 #include "coordinator/api_keys.h"
@@ -32,6 +33,9 @@ class InferenceService final
                    const common::Tokenizer& tokenizer, CoordinatorMetrics* metrics = nullptr,
                    absl::Duration stream_interval = absl::ZeroDuration(),
                    ApiKeys api_keys = ApiKeys());
+  /// Chat requests (GenerateRequest.messages) are rendered with `chat_template` (null:
+  /// the model has none, and they fail with FAILED_PRECONDITION). Call before serving.
+  void set_chat_template(const common::ChatTemplate* chat_template) { chat_template_ = chat_template; }
   /// Call after the gRPC server stopped (every stream is done by then).
   ~InferenceService() override;
 
@@ -57,10 +61,11 @@ class InferenceService final
   const ServedModel& model_;
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
+  const common::ChatTemplate* chat_template_ = nullptr;
   const std::vector<int32_t> eos_ids_;
   CoordinatorMetrics* metrics_;
-  const absl::Duration stream_interval_;
-  const ApiKeys api_keys_;  // >= 0: the least time between two messages
+  const absl::Duration stream_interval_;  // >= 0: the least time between two messages
+  const ApiKeys api_keys_;
   std::atomic<uint64_t> next_request_number_{1};
   class GenerateStream;
   StreamPump pump_;  // drives every GenerateStream

@@ -10,6 +10,7 @@
 #include "common/grammar_spec.h"
 #include "common/sampling_params.h"
 #include "common/status_macros.h"
+#include "coordinator/chat_request.h"
 #include "coordinator/openai_structured_output.h"
 #include "nlohmann/json.hpp"
 
@@ -328,31 +329,13 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
   // Ordered: every field of every message reaches the template in the client's order.
   const nlohmann::ordered_json ordered_messages =
       nlohmann::ordered_json::parse(messages->dump(), nullptr, /*allow_exceptions=*/false);
-  LOOM_ASSIGN_OR_RETURN(nlohmann::ordered_json template_messages,
-                        TemplateMessages(ordered_messages, out.tools));
-  nlohmann::ordered_json context = nlohmann::ordered_json::object();
-  context["messages"] = std::move(template_messages);
-  if (out.tools.template_renders_tools && !out.tools.tools.empty()) {
-    context["tools"] = out.tools.tools;
-  }
-  context["add_generation_prompt"] = true;
-  context["bos_token"] =
-      tokenizer.bos_id() >= 0 ? std::string(tokenizer.TokenText(tokenizer.bos_id())) : std::string();
-  context["eos_token"] =
-      tokenizer.eos_id() >= 0 ? std::string(tokenizer.TokenText(tokenizer.eos_id())) : std::string();
-  absl::StatusOr<std::string> rendered = chat_template->RenderJson(context);
-  if (!rendered.ok()) {
-    return Invalid("messages", absl::StrFormat("the chat template rejected the messages: %s",
-                                               rendered.status().message()));
-  }
-  // The template writes BOS itself where the model wants one: encode without adding
-  // special tokens, parsing the template's own.
-  const std::vector<int32_t> ids =
-      tokenizer.Encode(*rendered, /*add_special=*/false, /*parse_special=*/true);
+  LOOM_ASSIGN_OR_RETURN(std::string rendered,
+                        RenderChatPrompt(ordered_messages, out.tools, tokenizer, *chat_template));
+  const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   loom::v1::GenerateRequest request = base;
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
   out.prompts.push_back(std::move(request));
-  out.echo_texts.push_back(*std::move(rendered));
+  out.echo_texts.push_back(std::move(rendered));
 
   LOOM_ASSIGN_OR_RETURN(std::optional<bool> logprobs, Boolean(body, "logprobs"));
   LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, kMaxLogprobs));
@@ -374,30 +357,8 @@ absl::Status ParseTools(const std::string& body, const common::ChatTemplate* cha
   if (out.tools.legacy && out.stream && out.tools.active()) {
     return Invalid("functions", "the legacy 'functions' cannot be streamed; use 'tools'");
   }
-  const char* choice_param = out.tools.legacy ? "function_call" : "tool_choice";
-  std::optional<common::GrammarSpec> constraint = ToolCallConstraint(out.tools);
-  if (constraint) {
-    if (!base.sampling().grammar().kind().empty()) {
-      return Invalid(choice_param, absl::StrFormat("'%s' forces a tool call, which conflicts with the "
-                                                   "structured output constraint; give one",
-                                                   choice_param));
-    }
-    absl::StatusOr<std::shared_ptr<const common::Grammar>> compiled =
-        common::SharedGrammarCache().Get(*constraint);
-    if (!compiled.ok()) {
-      const char* tools_param = out.tools.legacy ? "functions" : "tools";
-      return Invalid(tools_param, absl::StrFormat("the tools' parameter schemas cannot be enforced: %s",
-                                                  compiled.status().message()));
-    }
-    base.mutable_sampling()->mutable_grammar()->set_kind(common::GrammarKindName(constraint->kind));
-    base.mutable_sampling()->mutable_grammar()->set_text(constraint->text);
-  }
-  // Mistral's [TOOL_CALLS] is a special token: the parser needs it in the text.
-  if (out.tools.active() && out.tools.format == ToolCallFormat::kMistral &&
-      !base.has_skip_special_tokens()) {
-    base.set_skip_special_tokens(false);
-  }
-  return absl::OkStatus();
+  return ApplyToolConstraint(out.tools, out.tools.legacy ? "functions" : "tools",
+                             out.tools.legacy ? "function_call" : "tool_choice", base);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "coordinator/openai_request.h"
 #include "coordinator/peer_connection.h"
 #include "coordinator/request_validation.h"
+#include "coordinator/chat_request.h"
 #include "coordinator/tool_call_parser.h"
 #include "nlohmann/json.hpp"
 
@@ -353,14 +354,9 @@ struct ToolReply {
 };
 
 ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
+  ChatReply parsed = ParseChatReply(tools, text);
   ToolReply out;
-  ParsedReply parsed = ParseToolCalls(tools.format, text);
-  if (!tools.parallel && parsed.calls.size() > 1) parsed.calls.resize(1);
-  std::string content = text.substr(0, parsed.content_end);
-  if (!parsed.calls.empty()) {
-    while (!content.empty() && std::isspace(static_cast<unsigned char>(content.back()))) content.pop_back();
-  }
-  out.content = content.empty() && !parsed.calls.empty() ? Json(nullptr) : Json(content);
+  out.content = parsed.content.empty() && !parsed.calls.empty() ? Json(nullptr) : Json(parsed.content);
   out.calls = std::move(parsed.calls);
   return out;
 }

@@ -6,11 +6,18 @@
 //   client_tool stream-cancel --address A --prompt P --max-tokens N --cancel-after TOKENS
 //   client_tool info         --address A --text T   (tokenize, detokenize, models, state)
 // Every mode takes --api-key K (sent as `authorization: Bearer K`).
+//   client_tool chat         --address A --request JSON [--stream]   (Client::Chat; JSON:
+//                            {"messages": [OpenAI messages], "tools": [{"name",
+//                            "description", "parameters": {schema}}], "tool_choice":
+//                            {"mode", "function"}, "max_tokens", "temperature", "seed",
+//                            "parallel_tool_calls"})
 // Exit status 0 whenever the driver ran (the JSON says how the calls ended), 2 on bad usage.
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "client/client.h"
@@ -28,6 +35,7 @@ struct Args {
   std::string prompt;
   std::string text;
   std::string api_key;
+  std::string request;
   int max_tokens = 16;
   double timeout_s = 0;
   bool ignore_eos = false;
@@ -58,6 +66,8 @@ bool ParseArgs(int argc, char** argv, Args& args) {
       args.address = value;
     } else if (flag == "--prompt") {
       args.prompt = value;
+    } else if (flag == "--request") {
+      args.request = value;
     } else if (flag == "--text") {
       args.text = value;
     } else if (flag == "--api-key") {
@@ -101,6 +111,67 @@ json CompletionJson(const loom::client::Completion& c) {
           {"request_id", c.request_id},
           {"attempts", c.attempts},
           {"logprobs", logprobs}};
+}
+
+int RunChat(Client& client, const Args& args) {
+  const json spec = json::parse(args.request);
+  std::vector<loom::client::ChatMessage> messages;
+  for (const json& m : spec.at("messages")) {
+    loom::client::ChatMessage message;
+    message.role = m.at("role").get<std::string>();
+    if (m.contains("content") && m["content"].is_string()) message.content = m["content"].get<std::string>();
+    message.name = m.value("name", "");
+    message.tool_call_id = m.value("tool_call_id", "");
+    for (const json& call : m.value("tool_calls", json::array())) {
+      const json& function = call.at("function");
+      message.tool_calls.push_back({call.value("id", ""), function.at("name").get<std::string>(),
+                                    function.value("arguments", "{}")});
+    }
+    messages.push_back(std::move(message));
+  }
+  std::vector<loom::client::Tool> tools;
+  for (const json& t : spec.value("tools", json::array())) {
+    tools.push_back({t.at("name").get<std::string>(), t.value("description", ""),
+                     t.contains("parameters") ? t["parameters"].dump() : std::string()});
+  }
+  loom::client::ToolChoice choice;
+  if (spec.contains("tool_choice")) {
+    choice.mode = spec["tool_choice"].value("mode", "");
+    choice.function = spec["tool_choice"].value("function", "");
+  }
+  GenerateRequest options;
+  options.max_tokens = spec.value("max_tokens", args.max_tokens);
+  if (spec.contains("temperature")) options.sampling.temperature = spec["temperature"].get<float>();
+  if (spec.contains("seed")) options.sampling.seed = spec["seed"].get<uint64_t>();
+  if (spec.contains("parallel_tool_calls")) options.parallel_tool_calls = spec["parallel_tool_calls"].get<bool>();
+  int chunks = 0;
+  absl::StatusOr<loom::client::Completion> completion;
+  if (args.stream) {
+    // The streaming form of the same chat: Generate with the chat fields set.
+    GenerateRequest request = options;
+    request.messages = messages;
+    request.tools = tools;
+    request.tool_choice = choice;
+    completion = client.Generate(request, [&](const loom::client::GenerateChunk&) {
+      ++chunks;
+      return true;
+    });
+  } else {
+    completion = client.Chat(messages, tools, choice, options);
+  }
+  json out = StatusJson(completion.status());
+  if (completion.ok()) {
+    out["completion"] = CompletionJson(*completion);
+    out["completion"]["content"] = completion->content;
+    json calls = json::array();
+    for (const loom::client::ToolCall& call : completion->tool_calls) {
+      calls.push_back({{"id", call.id}, {"name", call.name}, {"arguments", call.arguments}});
+    }
+    out["completion"]["tool_calls"] = calls;
+  }
+  out["chunks"] = chunks;
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
 }
 
 int RunGenerate(Client& client, const Args& args) {
@@ -215,6 +286,7 @@ int main(int argc, char** argv) {
   if (args.mode == "generate") return RunGenerate(**client, args);
   if (args.mode == "stream-cancel") return RunStreamCancel(**client, args);
   if (args.mode == "info") return RunInfo(**client, args);
+  if (args.mode == "chat") return RunChat(**client, args);
   std::fprintf(stderr, "client_tool: unknown mode %s\n", args.mode.c_str());
   return 2;
 }

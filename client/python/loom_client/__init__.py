@@ -6,12 +6,16 @@
         print(client.generate("The capital of France is", max_tokens=16).text)
         for chunk in client.generate_stream("Tell me a story", max_tokens=64):
             print(chunk.text, end="", flush=True)
+        reply = client.chat([{"role": "user", "content": "Weather in Paris?"}],
+                            tools=[{"name": "get_weather", "parameters": {...}}],
+                            tool_choice="required", max_tokens=64)
+        print(reply.tool_calls)
 """
 from loom_client.client import LoomClient, RetryPolicy
 from loom_client.errors import LoomError
 from loom_client.stream import GenerateStream
 from loom_client.types import (Chunk, ClusterState, Completion, ModelCard, ReplicaState,
-                               TokenLogprob)
+                               TokenLogprob, ToolCall)
 
 __all__ = ["LoomClient", "RetryPolicy", "LoomError", "GenerateStream", "Chunk", "ClusterState",
-           "Completion", "ModelCard", "ReplicaState", "TokenLogprob"]
+           "Completion", "ModelCard", "ReplicaState", "TokenLogprob", "ToolCall"]

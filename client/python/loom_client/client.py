@@ -110,6 +110,35 @@ class LoomClient:
             completion.attempts = stream.attempts
         return completion
 
+    def chat_stream(self, messages: Sequence[dict], *, tools: Optional[Sequence[dict]] = None,
+                    tool_choice=None, parallel_tool_calls: Optional[bool] = None,
+                    max_tokens: int = 0, timeout: Optional[float] = None, **params) -> GenerateStream:
+        """Streams a chat: `messages` (OpenAI's: role, content, name, tool_call_id,
+        tool_calls) rendered by the served model's chat template, as /v1/chat/completions
+        renders them. tools: OpenAI's [{"type": "function", "function": {"name",
+        "description", "parameters"}}] or the bare function dicts. tool_choice: "auto"
+        (default with tools), "none", "required", a function's name, or OpenAI's
+        {"type": "function", "function": {"name": ...}}; "required" and a named function
+        are enforced by the server's grammar engine. The last chunk carries `tool_calls`
+        and `content`; chunk texts are the model's raw output. Other params as
+        generate_stream."""
+        request = _generate_request(None, max_tokens, **params)
+        _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
+        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry)
+
+    def chat(self, messages: Sequence[dict], *, timeout: Optional[float] = None,
+             on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
+        """A chat's whole reply (arguments as chat_stream): `tool_calls` holds the calls
+        the model made (ToolCall: id, name, arguments JSON text), `content` the rest."""
+        completion = Completion()
+        with self.chat_stream(messages, timeout=timeout, **params) as stream:
+            for chunk in stream:
+                completion.append(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+            completion.attempts = stream.attempts
+        return completion
+
     # -- unary calls -------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True, parse_special: bool = True,
@@ -192,9 +221,47 @@ def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int
                                  include_stop_str_in_output=include_stop_str_in_output)
     if skip_special_tokens is not None:
         request.skip_special_tokens = skip_special_tokens
-    if isinstance(prompt, str):
+    if prompt is None:
+        pass  # a chat: _set_chat fills in the messages
+    elif isinstance(prompt, str):
         request.text = prompt
     else:
         request.token_ids.SetInParent()  # an empty list still selects the token-id prompt
         request.token_ids.ids.extend(prompt)
     return request
+
+
+def _json_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _set_chat(request, messages, tools, tool_choice, parallel_tool_calls) -> None:
+    """Fills the chat fields of a GenerateRequest from OpenAI-shaped arguments."""
+    for message in messages:
+        out = request.messages.add(role=message["role"], name=message.get("name") or "",
+                                   tool_call_id=message.get("tool_call_id") or "")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: their text joined
+            content = "".join(part.get("text", "") for part in content)
+        if content is not None:
+            out.content = content
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", call)
+            arguments = function.get("arguments", "{}")
+            out.tool_calls.add(id=call.get("id", ""), name=function["name"],
+                               arguments=_json_text(arguments))
+    for tool in tools or ():
+        function = tool.get("function", tool)
+        parameters = function.get("parameters")
+        request.tools.add(name=function["name"], description=function.get("description") or "",
+                          parameters="" if parameters is None else _json_text(parameters))
+    if isinstance(tool_choice, dict):
+        request.tool_choice = "function"
+        request.tool_choice_function = tool_choice.get("function", tool_choice)["name"]
+    elif tool_choice in ("auto", "none", "required"):
+        request.tool_choice = tool_choice
+    elif tool_choice is not None:  # a function's name
+        request.tool_choice = "function"
+        request.tool_choice_function = tool_choice
+    if parallel_tool_calls is not None:
+        request.parallel_tool_calls = parallel_tool_calls

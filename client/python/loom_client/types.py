@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Optional
 
 from loom_client._proto.loom.v1 import inference_pb2 as pb
@@ -22,6 +23,17 @@ class TokenLogprob:
 
 
 @dataclasses.dataclass
+class ToolCall:
+    """A function call the model made in a chat (LoomClient.chat)."""
+    id: str
+    name: str
+    arguments: str  # JSON text of an object
+
+    def parsed_arguments(self) -> dict:
+        return json.loads(self.arguments)
+
+
+@dataclasses.dataclass
 class Chunk:
     """One streamed message: the output since the previous one. The last chunk has
     `finish_reason` set and carries the token counts."""
@@ -35,6 +47,10 @@ class Chunk:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int
+    # A chat with tools, last chunk: the calls parsed out of the whole reply, and the
+    # reply's text outside them (`text` is the model's raw output).
+    tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
+    content: str = ""
 
     @classmethod
     def from_proto(cls, message) -> "Chunk":
@@ -45,7 +61,9 @@ class Chunk:
             finish_reason=_FINISH_REASONS.get(message.finish_reason),
             error_message=message.error_message, replica_id=message.replica_id,
             prompt_tokens=message.prompt_tokens, completion_tokens=message.completion_tokens,
-            cached_prompt_tokens=message.cached_prompt_tokens)
+            cached_prompt_tokens=message.cached_prompt_tokens,
+            tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in message.tool_calls],
+            content=message.content)
 
 
 @dataclasses.dataclass
@@ -62,6 +80,8 @@ class Completion:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
     attempts: int = 0  # calls made, retries of UNAVAILABLE included
+    tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)  # chat with tools
+    content: str = ""  # chat with tools: the reply's text outside the calls
 
     def append(self, chunk: Chunk) -> None:
         self.request_id = self.request_id or chunk.request_id
@@ -75,6 +95,8 @@ class Completion:
             self.prompt_tokens = chunk.prompt_tokens
             self.completion_tokens = chunk.completion_tokens
             self.cached_prompt_tokens = chunk.cached_prompt_tokens
+            self.tool_calls = list(chunk.tool_calls)
+            self.content = chunk.content
 
 
 @dataclasses.dataclass
