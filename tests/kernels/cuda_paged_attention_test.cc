@@ -284,7 +284,10 @@ TEST(CudaPagedDecodeTest, PoolOverTwoToThe31ElementsAddressesTheTopBlocks) {
   check.head_dim = 128;
   check.num_splits = 1;
   const int64_t block_elements = check.block_size * check.num_kv_heads * check.head_dim;
-  const int64_t num_blocks = (int64_t{1} << 31) / block_elements + 64;
+  // The two sequences below take 44 + 63 blocks at the top of the pool: enough blocks
+  // above 2^31 elements that even the first of them starts past it (with +64 it did not:
+  // caught on an H100, 2026-11-26).
+  const int64_t num_blocks = (int64_t{1} << 31) / block_elements + 128;
   const int64_t pool_bytes = num_blocks * block_elements * 2;  // F16: 4.3 GB each for K and V
   absl::StatusOr<DeviceBuffer> k_pool = DeviceBuffer::Allocate(pool_bytes);
   absl::StatusOr<DeviceBuffer> v_pool = k_pool.ok() ? DeviceBuffer::Allocate(pool_bytes)
