@@ -23,8 +23,8 @@
 #include "common/tokenizer.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
 #include "worker/step_backend_factory.h"
 
 namespace {
@@ -75,7 +75,7 @@ double DecodeRate(LocalEngine& engine, int batch, int tokens) {
 }
 
 // Multiply-adds of one token through every matrix (LM head included) ×2 = FLOPs.
-double MatmulFlopsPerToken(const loom::worker::ModelWeights& weights) {
+double MatmulFlopsPerToken(const loom::model::ModelWeights& weights) {
   double macs = 0;
   for (const auto& layer : weights.layers) {
     for (const auto* w : {&layer.qkv, &layer.attn_output, &layer.gate_up, &layer.down}) {
@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The weights' shapes, for the FLOP and byte counts.
-  const auto& runner = dynamic_cast<const loom::worker::ModelRunner&>(
-      static_cast<loom::worker::ModelRunnerBackend&>(**backend).runner());
+  const auto& runner = dynamic_cast<const loom::worker::CpuForwardPass&>(
+      static_cast<loom::worker::ModelStepBackend&>(**backend).runner());
   // Every figure goes through the serving engine (scheduler, block manager, step executor).
   // The prefix cache is off: the prefill figure runs the same prompt three times.
   loom::cli::LocalEngineOptions engine_options;

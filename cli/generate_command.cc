@@ -39,7 +39,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
       "loom generate", "loom generate MODEL --prompt TEXT: generate a continuation of a prompt "
                        "in this process, printing it as it is produced (tokens/s on stderr)");
   CLI::App& app = command_line.app();
-  SamplingParams& sampling = options.request.sampling;
+  common::SamplingParams& sampling = options.request.sampling;
   cli::AddString(app, "model,--model", options.model_path, "the model file; required");
   cli::AddString(app, "--prompt", options.prompt, "the prompt; required");
   cli::AddBool(app, "--chat", options.chat, "wrap the prompt in the model's chat template");
@@ -53,8 +53,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddNumber(app, "--min-p", sampling.min_p, 0, 1, "min-p sampling (0: off)");
   cli::AddUint64(app, "--seed", sampling.seed, "sampling seed");
   cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
-  AddKvDtypeFlag(app, options.runner.kv_dtype);
-  AddActivationsFlag(app, options.runner.activations);
+  worker::AddKvDtypeFlag(app, options.runner.kv_dtype);
+  worker::AddActivationsFlag(app, options.runner.activations);
   cli::AddString(app, "--device", options.device,
                  "where the model runs (auto: cuda when a CUDA device is present and "
                  "--kv-dtype is f16)",

@@ -24,19 +24,20 @@
 #include "common/tokenizer.h"
 #include "prometheus/exposer.h"
 #include "kernels/cuda_device.h"
+#include "model/cpu_kv_cache.h"
+#include "model/kv_layout.h"
+#include "model/tensor_parallel.h"
 #include "worker/coordinator_store.h"
-#include "worker/cuda_model_runner.h"
+#include "worker/cuda_forward_pass.h"
 #include "worker/draft_proposer.h"
 #include "worker/gloo_communicator.h"
 #include "worker/health_service.h"
-#include "worker/kv_cache.h"
 #include "worker/model_quantizer.h"
-#include "worker/model_runner.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/step_backend_factory.h"
 #include "worker/registration.h"
 #include "worker/step_executor.h"
 #include "worker/step_progress.h"
-#include "worker/tensor_parallel.h"
 #include "cli/command_line.h"
 #include "cli/worker_options.h"
 #include "worker/worker_service.h"
@@ -84,10 +85,10 @@ constexpr double kDefaultCudaKvFraction = 0.9;
 
 // The CPU runner's options from the worker's flags (threads, KV pool, activations): the
 // target model's (which adds tensor parallelism) and the draft model's alike.
-ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
+CpuForwardPassOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
                                     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
                                     StepProgress* progress) {
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = options.num_threads;
   runner_options.num_kv_blocks = num_blocks;
   runner_options.block_size = options.block_size;
@@ -105,7 +106,7 @@ ModelRunnerOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_bl
 // (shared with a draft model) and counts its layers into `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     const WorkerOptions& options, const std::string& device, const common::GgufFile& gguf,
-    const common::ModelConfig& config, int64_t num_blocks, Communicator* communicator,
+    const common::ModelConfig& config, int64_t num_blocks, model::Communicator* communicator,
     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
   StepBackendOptions backend_options;
   backend_options.backend = options.backend;
@@ -213,14 +214,14 @@ int RunWorkerCommand(int argc, char** argv) {
 
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
-  absl::StatusOr<ShardPlan> shard = PlanShards(*config, options.rank, options.world_size);
+  absl::StatusOr<model::ShardPlan> shard =
+      model::PlanShards(*config, options.rank, options.world_size);
   if (!shard.ok()) return UsageError(std::string(shard.status().message()));
   const bool cuda = device == "cuda";
-  const int64_t block_bytes =
-      cuda ? CudaModelRunner::KvBytesPerBlock(*config, options.block_size,
-                                              kernels::cuda::DataType::kF16)
-           : KvCache::BytesPerBlock(LocalConfig(*config, *shard), options.block_size,
-                                    options.kv_dtype);
+  const int64_t block_bytes = model::KvBytesPerBlock(
+      model::LocalConfig(*config, *shard), options.block_size,
+      cuda ? kernels::cuda::ElementBytes(kernels::cuda::DataType::kF16)
+           : model::CpuKvCache::ElementBytes(options.kv_dtype));
   // The KV budget in bytes; on CUDA without --kv-cache-memory the runner sizes the pool
   // from free device memory (num_blocks 0).
   int64_t budget = 0;
@@ -310,8 +311,8 @@ int RunWorkerCommand(int argc, char** argv) {
           "--draft-model %s cannot draft for --model %s: %s", options.draft_model_path,
           options.model_path, same.message())));
     }
-    absl::StatusOr<std::unique_ptr<ModelRunner>> draft_runner =
-        ModelRunner::Create(*draft_gguf,
+    absl::StatusOr<std::unique_ptr<CpuForwardPass>> draft_runner =
+        CpuForwardPass::Create(*draft_gguf,
                             CpuRunnerOptions(options, num_blocks, thread_pool, &progress));
     if (!draft_runner.ok()) return Fail(draft_runner.status());
     const common::ModelConfig& draft_config = (*draft_runner)->config();

@@ -43,7 +43,7 @@ absl::Status ModelStepBackend::Run(const StepBatch& batch, absl::Span<const Samp
   return RunAndScore(batch, rows, {}, tokens, num_emitted, no_scores, timings);
 }
 
-absl::Status ModelRunnerBackend::RunAndScore(const StepBatch& batch,
+absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
                                              absl::Span<const SampleRow> rows,
                                              absl::Span<const int32_t> score_targets,
                                              std::vector<SampledToken>& tokens,

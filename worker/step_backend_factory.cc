@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "common/tokenizer.h"
-#include "worker/cuda_model_runner.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/cuda_forward_pass.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
 
 namespace loom::worker {
@@ -28,22 +28,22 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     return absl::InvalidArgumentError("unknown backend '" + options.backend + "' (cpu or noop)");
   }
   if (options.device == "cuda") {
-    CudaRunnerOptions cuda_options;
+    CudaForwardPassOptions cuda_options;
     cuda_options.num_kv_blocks = options.num_kv_blocks;
     cuda_options.kv_memory_fraction = options.kv_memory_fraction;
     cuda_options.gpu_memory_utilization = options.gpu_memory_utilization;
     cuda_options.block_size = options.block_size;
     cuda_options.cuda_graphs = options.cuda_graphs;
-    absl::StatusOr<std::unique_ptr<CudaModelRunner>> runner =
-        CudaModelRunner::Create(gguf, cuda_options);
+    absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+        CudaForwardPass::Create(gguf, cuda_options);
     if (!runner.ok()) return runner.status();
     if (load_log != nullptr) *load_log = (*runner)->load_log();
-    return std::make_unique<ModelRunnerBackend>(*std::move(runner), "cuda");
+    return std::make_unique<ModelStepBackend>(*std::move(runner), "cuda");
   }
   if (options.device != "cpu") {
     return absl::InvalidArgumentError("unknown device '" + options.device + "' (cpu or cuda)");
   }
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = options.num_threads;
   runner_options.num_kv_blocks = options.num_kv_blocks;
   runner_options.block_size = options.block_size;
@@ -54,10 +54,10 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
   runner_options.communicator = options.communicator;
   runner_options.thread_pool = options.thread_pool;
   runner_options.progress = options.progress;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, runner_options);
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> runner = CpuForwardPass::Create(gguf, runner_options);
   if (!runner.ok()) return runner.status();
   if (load_log != nullptr) *load_log = (*runner)->weights().load_log;
-  return std::make_unique<ModelRunnerBackend>(*std::move(runner), "cpu");
+  return std::make_unique<ModelStepBackend>(*std::move(runner), "cpu");
 }
 
 }  // namespace loom::worker

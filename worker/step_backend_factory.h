@@ -10,7 +10,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
 
@@ -39,7 +39,7 @@ struct StepBackendOptions {
   // owned; required when tp_size > 1).
   int tp_rank = 0;
   int tp_size = 1;
-  Communicator* communicator = nullptr;
+  model::Communicator* communicator = nullptr;
   // The CPU runner's thread pool when shared (with a draft model); null: its own.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
   // Where the CPU runner counts its layers (not owned; null: nowhere).

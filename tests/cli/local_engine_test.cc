@@ -12,8 +12,8 @@
 #include "common/gguf_file.h"
 #include "common/tokenizer.h"
 #include "tests/worker/tiny_model.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
 #include "worker/step_batch.h"
 
@@ -37,19 +37,19 @@ class LocalEngineTest : public ::testing::Test {
     tokenizer_ = *std::move(tokenizer);
   }
 
-  std::unique_ptr<worker::ModelRunner> Runner(int64_t num_blocks) const {
-    worker::ModelRunnerOptions options;
+  std::unique_ptr<worker::CpuForwardPass> Runner(int64_t num_blocks) const {
+    worker::CpuForwardPassOptions options;
     options.num_threads = 1;
     options.num_kv_blocks = num_blocks;
     options.block_size = kBlockSize;
     options.kv_dtype = kernels::cpu::KvDtype::kF32;
-    auto runner = worker::ModelRunner::Create(*gguf_, options);
+    auto runner = worker::CpuForwardPass::Create(*gguf_, options);
     EXPECT_TRUE(runner.ok()) << runner.status();
     return runner.ok() ? *std::move(runner) : nullptr;
   }
 
-  std::unique_ptr<worker::ModelRunnerBackend> Backend(int64_t num_blocks) const {
-    return std::make_unique<worker::ModelRunnerBackend>(Runner(num_blocks));
+  std::unique_ptr<worker::ModelStepBackend> Backend(int64_t num_blocks) const {
+    return std::make_unique<worker::ModelStepBackend>(Runner(num_blocks));
   }
 
   // Prompt `i`: `length` token ids derived from i.
@@ -238,7 +238,7 @@ TEST_F(LocalEngineTest, BadRequestsAreRefusedBeforeAnythingRuns) {
 TEST_F(LocalEngineTest, PromptScoresAreTheForwardPassLogSoftmax) {
   const std::vector<int32_t> prompt = Prompt(5, 40);
   // The reference: one step over the whole prompt, every position's logits.
-  std::unique_ptr<worker::ModelRunner> reference = Runner(4);
+  std::unique_ptr<worker::CpuForwardPass> reference = Runner(4);
   worker::StepBatch batch;
   ASSERT_TRUE(worker::AppendSequence(batch, prompt, 0, {0, 1, 2}, kBlockSize, false).ok());
   for (int32_t p = 0; p + 1 < static_cast<int32_t>(prompt.size()); ++p) batch.sample_rows.push_back(p);

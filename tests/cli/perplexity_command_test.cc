@@ -9,7 +9,7 @@
 #include "common/tokenizer.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/forward_pass.h"
-#include "worker/model_runner_backend.h"
+#include "worker/model_step_backend.h"
 #include "worker/step_batch.h"
 
 namespace loom::cli {
@@ -103,7 +103,7 @@ struct CountingEngine {
     tokenizer = common::Tokenizer::FromGguf(*vocabulary).value();
     auto owned = std::make_unique<CountingModel>(confidence, num_kv_blocks);
     model = owned.get();
-    backend = std::make_unique<worker::ModelRunnerBackend>(std::move(owned));
+    backend = std::make_unique<worker::ModelStepBackend>(std::move(owned));
     LocalEngineOptions options;
     options.max_num_batched_tokens = max_step_tokens;
     options.enable_prefix_caching = false;
@@ -113,7 +113,7 @@ struct CountingEngine {
   std::unique_ptr<common::GgufFile> vocabulary;  // the tokenizer's source
   std::unique_ptr<common::Tokenizer> tokenizer;
   CountingModel* model = nullptr;  // owned by the backend
-  std::unique_ptr<worker::ModelRunnerBackend> backend;
+  std::unique_ptr<worker::ModelStepBackend> backend;
   std::unique_ptr<LocalEngine> engine;
 };
 

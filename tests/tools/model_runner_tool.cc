@@ -15,8 +15,8 @@
 #include "common/status_macros.h"
 #include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
 
 namespace {
 
@@ -26,8 +26,8 @@ using nlohmann::json;
 struct Tool {
   std::unique_ptr<loom::common::GgufFile> gguf;
   std::unique_ptr<loom::common::Tokenizer> tokenizer;
-  std::unique_ptr<loom::worker::ModelRunnerBackend> backend;  // owns the runner
-  loom::worker::ModelRunner* runner = nullptr;                // forward passes straight
+  std::unique_ptr<loom::worker::ModelStepBackend> backend;  // owns the runner
+  loom::worker::CpuForwardPass* runner = nullptr;                // forward passes straight
 
   int64_t vocab() const { return runner->config().vocab_size; }
   int32_t block_size() const { return static_cast<int32_t>(runner->block_size()); }
@@ -165,7 +165,7 @@ struct Tool {
 
 int main(int argc, char** argv) {
   std::string model_path;
-  loom::worker::ModelRunnerOptions options;
+  loom::worker::CpuForwardPassOptions options;
   options.num_kv_blocks = 256;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -191,13 +191,13 @@ int main(int argc, char** argv) {
   tool.gguf = std::move(*gguf);
   auto tokenizer = loom::common::Tokenizer::FromGguf(*tool.gguf);
   if (tokenizer.ok()) tool.tokenizer = std::move(*tokenizer);
-  auto runner = loom::worker::ModelRunner::Create(*tool.gguf, options);
+  auto runner = loom::worker::CpuForwardPass::Create(*tool.gguf, options);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
     return 1;
   }
   tool.runner = runner->get();
-  tool.backend = std::make_unique<loom::worker::ModelRunnerBackend>(std::move(*runner));
+  tool.backend = std::make_unique<loom::worker::ModelStepBackend>(std::move(*runner));
   std::string line;
   while (std::getline(std::cin, line)) {
     json reply;

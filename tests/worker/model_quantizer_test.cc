@@ -17,15 +17,21 @@
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/runner_test_util.h"
 #include "worker/gloo_communicator.h"
-#include "worker/model_runner.h"
-#include "worker/model_weights.h"
+#include "worker/cpu_forward_pass.h"
+#include "model/model_weights.h"
 #include "cli/quantize_command.h"
-#include "worker/quantized_gguf.h"
+#include "model/quantized_gguf.h"
 
 namespace loom::worker {
 namespace {
 
 using kernels::cpu::WeightFormat;
+using model::AddQuantizedTensor;
+using model::IsLoomQuantized;
+using model::ReadQuantizedRows;
+using model::LayerWeights;
+using model::LoadModelWeights;
+using model::ModelWeights;
 using ::testing::HasSubstr;
 
 // Same type and the same stored value, recursively (GgufValue has no operator==).
@@ -293,11 +299,11 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
   ASSERT_TRUE(tokenizer.ok());
   const std::vector<int32_t> prompt = (*tokenizer)->Encode("The capital of France is", true, true);
   constexpr int kSteps = 6;
-  ModelRunnerOptions runner_options;
+  CpuForwardPassOptions runner_options;
   runner_options.num_threads = 1;
   runner_options.num_kv_blocks = 8;
   runner_options.kv_dtype = kernels::cpu::KvDtype::kF32;
-  auto whole = ModelRunner::Create(*quantized, runner_options);
+  auto whole = CpuForwardPass::Create(*quantized, runner_options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<test_util::EngineTrace> want =
       test_util::GreedyThroughEngine(*std::move(whole), **tokenizer, prompt, kSteps);
@@ -314,11 +320,11 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
         got[rank] = communicator.status();
         return;
       }
-      ModelRunnerOptions shard = runner_options;
+      CpuForwardPassOptions shard = runner_options;
       shard.tp_rank = rank;
       shard.tp_size = kRanks;
       shard.communicator = communicator->get();
-      auto runner = ModelRunner::Create(*quantized, shard);
+      auto runner = CpuForwardPass::Create(*quantized, shard);
       if (!runner.ok()) {
         got[rank] = runner.status();
         return;

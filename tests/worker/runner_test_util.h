@@ -15,21 +15,21 @@
 #include "cli/local_engine.h"
 #include "common/gguf_file.h"
 #include "common/tokenizer.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
 
 namespace loom::worker::test_util {
 
-/// A CPU ModelRunner over `gguf` with `num_kv_blocks` blocks of `block_size` slots on
+/// A CPU CpuForwardPass over `gguf` with `num_kv_blocks` blocks of `block_size` slots on
 /// `num_threads` threads; null (and a test failure) when it cannot be created.
-inline std::unique_ptr<ModelRunner> MakeCpuRunner(const common::GgufFile& gguf,
+inline std::unique_ptr<CpuForwardPass> MakeCpuRunner(const common::GgufFile& gguf,
                                                   int64_t num_kv_blocks, int64_t block_size,
                                                   int num_threads = 1) {
-  ModelRunnerOptions options;
+  CpuForwardPassOptions options;
   options.num_threads = num_threads;
   options.num_kv_blocks = num_kv_blocks;
   options.block_size = block_size;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = ModelRunner::Create(gguf, options);
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> runner = CpuForwardPass::Create(gguf, options);
   EXPECT_TRUE(runner.ok()) << runner.status();
   return runner.ok() ? *std::move(runner) : nullptr;
 }
@@ -44,14 +44,14 @@ struct EngineTrace {
 };
 
 /// Generates `steps` greedy tokens after `prompt` (EOS ignored) through a LocalEngine over
-/// `runner` (moved into a ModelRunnerBackend), for tests that compare runners (quantized
+/// `runner` (moved into a ModelStepBackend), for tests that compare runners (quantized
 /// vs not, one rank vs several): every rank of a tensor-parallel group runs its own
 /// engine, whose identical plans keep the ranks in step.
-inline absl::StatusOr<EngineTrace> GreedyThroughEngine(std::unique_ptr<ModelRunner> runner,
+inline absl::StatusOr<EngineTrace> GreedyThroughEngine(std::unique_ptr<CpuForwardPass> runner,
                                                        const common::Tokenizer& tokenizer,
                                                        const std::vector<int32_t>& prompt,
                                                        int steps) {
-  ModelRunnerBackend backend(std::move(runner));
+  ModelStepBackend backend(std::move(runner));
   cli::LocalEngine engine(backend, tokenizer);
   cli::EngineRequest request;
   request.prompt_ids = prompt;

@@ -16,8 +16,8 @@
 #include "common/gguf_file.h"
 #include "common/model_config.h"
 #include "common/tokenizer.h"
-#include "worker/model_runner.h"
-#include "worker/model_runner_backend.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
 
 namespace loom::worker {
@@ -486,16 +486,16 @@ class StepExecutorModelTest : public ::testing::Test {
   static void SetUpTestSuite() {
     auto gguf = common::GgufFile::Open(ModelPath());
     ASSERT_TRUE(gguf.ok()) << gguf.status();
-    ModelRunnerOptions options;
+    CpuForwardPassOptions options;
     options.num_threads = 2;
     options.num_kv_blocks = kNumBlocks;
     options.block_size = kBlockSize;
-    auto runner = ModelRunner::Create(**gguf, options);
+    auto runner = CpuForwardPass::Create(**gguf, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
     auto tokenizer = common::Tokenizer::FromGguf(**gguf);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = tokenizer->release();
-    backend_ = new ModelRunnerBackend(std::move(*runner));
+    backend_ = new ModelStepBackend(std::move(*runner));
   }
   static void TearDownTestSuite() {
     delete backend_;
@@ -523,11 +523,11 @@ class StepExecutorModelTest : public ::testing::Test {
     return results.ok() ? (*results)[0].token_ids() : std::vector<int32_t>{};
   }
 
-  static ModelRunnerBackend* backend_;
+  static ModelStepBackend* backend_;
   static common::Tokenizer* tokenizer_;
 };
 
-ModelRunnerBackend* StepExecutorModelTest::backend_ = nullptr;
+ModelStepBackend* StepExecutorModelTest::backend_ = nullptr;
 common::Tokenizer* StepExecutorModelTest::tokenizer_ = nullptr;
 
 TEST_F(StepExecutorModelTest, ChunkedPrefillThenDecodesMatchOnePrefill) {
@@ -576,15 +576,15 @@ TEST_F(StepExecutorModelTest, TheForwardPassCountsTwoUnitsPerLayer) {
   auto gguf = common::GgufFile::Open(ModelPath());
   ASSERT_TRUE(gguf.ok()) << gguf.status();
   StepProgress progress;
-  ModelRunnerOptions options;
+  CpuForwardPassOptions options;
   options.num_threads = 1;
   options.num_kv_blocks = 4;
   options.block_size = kBlockSize;
   options.progress = &progress;
-  auto runner = ModelRunner::Create(**gguf, options);
+  auto runner = CpuForwardPass::Create(**gguf, options);
   ASSERT_TRUE(runner.ok()) << runner.status();
   const int64_t num_layers = (*runner)->config().num_layers;
-  ModelRunnerBackend backend(std::move(*runner));
+  ModelStepBackend backend(std::move(*runner));
   StepExecutorOptions executor_options;
   executor_options.progress = &progress;
   StepExecutor executor(backend, executor_options);
