@@ -10,6 +10,7 @@
 #include "coordinator/openai_request.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_paths.h"
 #include "tests/common/tokenizer_test_util.h"
 
 namespace loom::coordinator {
@@ -22,8 +23,7 @@ constexpr char kWeatherSchema[] =
 
 // The Hugging Face templates of shared/testdata/chat_templates; "" when absent.
 std::string SharedTemplate(const std::string& name) {
-  const char* dir = std::getenv("LOOM_SHARED_DIR");
-  std::ifstream file(std::string(dir != nullptr ? dir : "../shared") + "/testdata/chat_templates/" +
+  std::ifstream file(loom::test_env::SharedDir() + "/testdata/chat_templates/" +
                      name + ".jinja");
   std::stringstream text;
   text << file.rdbuf();

@@ -8,6 +8,7 @@
 #include "common/chat_template.h"
 #include "coordinator/openai_request.h"
 #include "gtest/gtest.h"
+#include "tests/test_paths.h"
 #include "tests/common/grammar_test_util.h"
 
 namespace loom::coordinator {
@@ -17,8 +18,7 @@ using Json = nlohmann::ordered_json;
 
 // The Hugging Face templates of shared/testdata/chat_templates; "" when absent.
 std::string SharedTemplate(const std::string& name) {
-  const char* dir = std::getenv("LOOM_SHARED_DIR");
-  std::ifstream file(std::string(dir != nullptr ? dir : "../shared") + "/testdata/chat_templates/" +
+  std::ifstream file(loom::test_env::SharedDir() + "/testdata/chat_templates/" +
                      name + ".jinja");
   std::stringstream text;
   text << file.rdbuf();

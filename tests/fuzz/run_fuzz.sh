@@ -37,7 +37,8 @@ absl_libs=(
 
 case "$target" in
   gguf_file)
-    sources=(common/gguf_file.cc common/file_image.cc common/ggml_type.cc common/model_config.cc)
+    sources=(common/gguf_file.cc common/file_image.cc common/ggml_type.cc common/model_config.cc
+             common/sampling_defaults.cc common/rope_frequencies.cc)
     corpus_dir=gguf ;;
   safetensors_file)
     sources=(common/safetensors_file.cc common/file_image.cc)

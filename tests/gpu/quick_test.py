@@ -117,7 +117,7 @@ def test_dry_run_unpacks_checks_libraries_and_lists_the_steps():
         parts = line.split()
         if len(parts) == 3 and parts[2] == "s":
             limits[parts[0]] = int(parts[1])
-    assert list(limits) == ["preflight", "kernels", "runner", "nccl", "memcheck", "racecheck",
+    assert list(limits) == ["preflight", "kernels", "model", "runner", "nccl", "memcheck", "racecheck",
                             "bench"]
     assert limits["preflight"] == 10 and max(limits.values()) <= 120
     # Only the driver, cuBLAS and NCCL may be missing: anything else failed the run above.
