@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "common/sampling_params.h"
 #include "common/status_macros.h"
 #include "coordinator/request_validation.h"
 #include "coordinator/sequence.h"
@@ -30,20 +31,6 @@ coordinator::SchedulerConfig SchedulerConfigFor(const worker::StepBackend& backe
   config.speculation = options.speculation;
   config.speculation.pipelined = false;  // one plan in flight
   return config;
-}
-
-loom::v1::SamplingParams ToProto(const worker::SamplingParams& params) {
-  loom::v1::SamplingParams proto;
-  proto.set_temperature(params.temperature);
-  proto.set_top_k(params.top_k);
-  proto.set_top_p(params.top_p);
-  proto.set_min_p(params.min_p);
-  proto.set_repetition_penalty(params.repetition_penalty);
-  proto.set_presence_penalty(params.presence_penalty);
-  proto.set_frequency_penalty(params.frequency_penalty);
-  proto.set_seed(params.seed);
-  proto.set_num_logprobs(params.num_logprobs);
-  return proto;
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -83,7 +70,7 @@ absl::StatusOr<coordinator::RequestParams> LocalEngine::Validate(const EngineReq
   loom::v1::GenerateRequest proto;
   proto.mutable_token_ids()->mutable_ids()->Add(request.prompt_ids.begin(),
                                                 request.prompt_ids.end());
-  *proto.mutable_sampling() = ToProto(request.sampling);
+  *proto.mutable_sampling() = common::SamplingParamsToProto(request.sampling);
   proto.set_max_tokens(request.max_tokens);
   for (const std::string& stop : request.stop) proto.add_stop(stop);
   proto.mutable_stop_token_ids()->Add(request.stop_token_ids.begin(), request.stop_token_ids.end());
