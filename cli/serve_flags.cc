@@ -94,6 +94,9 @@ void AddServeFlags(CLI::App& app, coordinator::ServeOptions& options) {
   AddInt(app, "--router-balance-threshold", options.cluster.router.balance_threshold_tokens, 0,
          int64_t{1} << 40,
          "prefix routing: load (tokens) above the least-loaded replica past which load wins");
+  AddUint64(app, "--seed", options.http.seed,
+            "OpenAI API: requests that set no seed draw theirs from this one, so a run "
+            "repeats (vLLM's --seed; default: random). The gRPC API's unset seed stays 0");
   app.add_flag_callback("--disable-log-requests", [] {},
                         "accepted for vLLM compatibility: Loom does not log requests "
                         "(default: off)");

@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   }
   server->openai_ =
       std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
-                                      options.stream_interval);
+                                      options.stream_interval, options.seed);
   httplib::Server& http = *server->server_;
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -30,6 +31,9 @@ struct HttpOptions {
   // PEM files: both set, the port serves HTTPS (TLS) only; neither: plain HTTP.
   std::string ssl_certfile;
   std::string ssl_keyfile;
+  // vLLM's --seed: the seeds of requests that set none come from this seed (a
+  // reproducible run); unset: from the operating system's entropy.
+  std::optional<uint64_t> seed;
 };
 
 /// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE

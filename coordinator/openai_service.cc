@@ -189,7 +189,8 @@ void OpenAiService::WriteError(const absl::Status& status, httplib::Response& re
 OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
                              const common::ModelConfig& config, const common::Tokenizer& tokenizer,
                              const common::ChatTemplate* chat_template,
-                             CoordinatorMetrics* metrics, absl::Duration stream_interval)
+                             CoordinatorMetrics* metrics, absl::Duration stream_interval,
+                             std::optional<uint64_t> seed)
     : cluster_(cluster),
       model_(model),
       config_(config),
@@ -197,7 +198,18 @@ OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
       chat_template_(chat_template),
       eos_ids_(tokenizer.EndOfGenerationIds()),
       metrics_(metrics),
-      stream_interval_(stream_interval) {}
+      stream_interval_(stream_interval),
+      seed_(seed) {}
+
+uint64_t OpenAiService::UnseededSeed() {
+  if (!seed_.has_value()) return RandomSeed();
+  // SplitMix64 of (seed, how many unseeded samples came before): distinct per sample, the
+  // same sequence on every run with the same --seed.
+  uint64_t z = *seed_ + 0x9e3779b97f4a7c15ULL * (unseeded_count_.fetch_add(1) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 
 void OpenAiService::Completions(const httplib::Request& request, httplib::Response& response) {
   Handle(/*chat=*/false, request, response);
@@ -544,7 +556,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
       RequestParams params = prompts[p];
       // Each sample draws its own tokens: seed + sample index when the client seeded
       // the request (reproducible), a fresh random seed otherwise.
-      params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s : RandomSeed());
+      params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s : UnseededSeed());
       Choice choice;
       choice.index = static_cast<int>(run->choices.size());
       choice.prompt_index = static_cast<int>(p);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,7 +32,8 @@ class OpenAiService {
   OpenAiService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
                 const common::Tokenizer& tokenizer, const common::ChatTemplate* chat_template,
                 CoordinatorMetrics* metrics = nullptr,
-                absl::Duration stream_interval = absl::ZeroDuration());
+                absl::Duration stream_interval = absl::ZeroDuration(),
+                std::optional<uint64_t> seed = std::nullopt);
 
   void Completions(const httplib::Request& request, httplib::Response& response);
   void ChatCompletions(const httplib::Request& request, httplib::Response& response);
@@ -60,6 +62,11 @@ class OpenAiService {
   CoordinatorMetrics* metrics_;
   const absl::Duration stream_interval_;  // >= 0
   std::atomic<uint64_t> next_id_{1};
+  // The seed of a sample whose request set none: drawn from `seed_` (HttpOptions::seed)
+  // when set, else random.
+  uint64_t UnseededSeed();
+  const std::optional<uint64_t> seed_;
+  std::atomic<uint64_t> unseeded_count_{0};
 };
 
 }  // namespace loom::coordinator

@@ -156,3 +156,23 @@ def test_python_sdk_takes_the_same_parameters(rig):
         completion = sdk.generate(PROMPT, max_tokens=8, temperature=0, min_tokens=8,
                                   logit_bias={token_id(rig, "<|im_end|>"): 100})
         assert len(completion.token_ids) == 8
+
+
+def _unseeded_samples(log_dir, **coordinator_flags):
+    """Three temperature-1 completions without a seed from a fresh cluster."""
+    with h.running_cluster(log_dir, {"r0": {"threads": 2}}, **coordinator_flags) as rig:
+        client = openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused",
+                               max_retries=0, timeout=300.0)
+        model = client.models.list().data[0].id
+        return [client.completions.create(model=model, prompt=PROMPT, temperature=1.0,
+                                          max_tokens=8).choices[0].text for _ in range(3)]
+
+
+def test_server_seed_makes_a_run_of_unseeded_requests_repeat(tmp_path):
+    # vLLM's `serve --seed`: requests that set no seed draw theirs from the server's seed, so
+    # a restarted server with the same seed gives the same samples, while the requests of
+    # one run still differ from one another.
+    first = _unseeded_samples(tmp_path / "first", seed=7)
+    again = _unseeded_samples(tmp_path / "again", seed=7)
+    assert first == again
+    assert len(set(first)) > 1, first
