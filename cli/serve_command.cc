@@ -10,6 +10,16 @@
 
 namespace loom::coordinator {
 
+void PrintServingAddresses(const CoordinatorServer& server) {
+  std::printf("loom: coordinator listening on %s\n", server.address().c_str());
+  if (server.http_port() > 0) {
+    std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
+                server.options().http.ssl_certfile.empty() ? "http" : "https",
+                server.options().host.c_str(), server.http_port());
+  }
+  std::fflush(stdout);
+}
+
 int RunServeCommand(int argc, char** argv) {
   ServeOptions options;
   cli::CommandLine command_line("loom serve",
@@ -24,13 +34,7 @@ int RunServeCommand(int argc, char** argv) {
     std::fprintf(stderr, "loom serve: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
-  if ((*server)->http_port() > 0) {
-    std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
-                (*server)->options().http.ssl_certfile.empty() ? "http" : "https",
-                (*server)->options().host.c_str(), (*server)->http_port());
-  }
-  std::fflush(stdout);
+  PrintServingAddresses(**server);
   const int signal = (*server)->WaitForShutdownSignal(nullptr);
   std::fprintf(stderr, "loom: %s: draining\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->DrainAndStop();

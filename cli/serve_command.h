@@ -2,6 +2,12 @@
 
 namespace loom::coordinator {
 
+class CoordinatorServer;
+
+/// Prints the lines that say where `server` listens (gRPC, and HTTP(S) when on), which
+/// scripts and tests wait for; `loom serve` and `loom up` alike.
+void PrintServingAddresses(const CoordinatorServer& server);
+
 /// `loom serve --model PATH [flags]`: the coordinator alone; workers register with it.
 int RunServeCommand(int argc, char** argv);
 

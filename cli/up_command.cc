@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/command_line.h"
+#include "cli/serve_command.h"
 #include "cli/serve_flags.h"
 #include "coordinator/coordinator_server.h"
 
@@ -169,13 +170,7 @@ int RunUpCommand(int argc, char** argv) {
     std::fprintf(stderr, "loom up: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("loom: coordinator listening on %s\n", (*server)->address().c_str());
-  if ((*server)->http_port() > 0) {
-    std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
-                (*server)->options().http.ssl_certfile.empty() ? "http" : "https",
-                (*server)->options().host.c_str(), (*server)->http_port());
-  }
-  std::fflush(stdout);
+  PrintServingAddresses(**server);
 
   std::vector<pid_t> workers;
   const std::string coordinator = absl::StrFormat("127.0.0.1:%d", (*server)->port());

@@ -119,13 +119,7 @@ absl::StatusOr<StepTensors> CpuDevice::UploadStep(
   step.block_indptr = HostI32(block_indptr);
   step.block_indices = HostI32(block_indices);
   step.sample_rows = HostI32(sample_rows);
-  step.num_tokens = static_cast<int64_t>(token_ids.size());
-  step.num_seqs = static_cast<int64_t>(context_len.size());
-  step.num_sample_rows = static_cast<int64_t>(sample_rows.size());
-  for (size_t s = 0; s < context_len.size(); ++s) {
-    step.max_query_len = std::max<int64_t>(step.max_query_len, query_start[s + 1] - query_start[s]);
-    step.max_context_len = std::max<int64_t>(step.max_context_len, context_len[s]);
-  }
+  SetStepHostSizes(token_ids, query_start, context_len, sample_rows, step);
   return step;
 }
 

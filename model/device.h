@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +76,21 @@ struct StepTensors {
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
 };
+
+/// Fills `step`'s host sizes and bounds from the step's host arrays (what every device's
+/// UploadStep records alike).
+inline void SetStepHostSizes(absl::Span<const int32_t> token_ids,
+                             absl::Span<const int32_t> query_start,
+                             absl::Span<const int32_t> context_len,
+                             absl::Span<const int32_t> sample_rows, StepTensors& step) {
+  step.num_tokens = static_cast<int64_t>(token_ids.size());
+  step.num_seqs = static_cast<int64_t>(context_len.size());
+  step.num_sample_rows = static_cast<int64_t>(sample_rows.size());
+  for (size_t s = 0; s < context_len.size(); ++s) {
+    step.max_query_len = std::max<int64_t>(step.max_query_len, query_start[s + 1] - query_start[s]);
+    step.max_context_len = std::max<int64_t>(step.max_context_len, context_len[s]);
+  }
+}
 
 /// What RoPE needs: per-frequency inverse frequencies with scaling applied
 /// (RopeInverseFrequencies), how many leading dims of a head rotate, and the pairing.
