@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import json
 import os
 import pathlib
 import queue
@@ -33,6 +34,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Callable, Iterable, Optional
 
 import grpc
@@ -634,3 +637,14 @@ TEXT_PROMPTS = (
     "The cache keeps the keys and the values of every token that the model has already seen, so",
     LONG_PARAGRAPH,
 )
+
+
+def post_json(url: str, body, timeout: float = 120) -> tuple[int, dict]:
+    """(HTTP status, parsed JSON body) of a JSON POST; an error status is returned, not raised."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

@@ -11,11 +11,8 @@ small clusters for the 429 (a zero-length waiting queue) and 503 (no worker) cas
 * A client that disconnects (streaming or not) cancels its request: every KV block is free again.
 * /health, /ready, /version, /v1/models.
 """
-import json
 import pathlib
 import sys
-import threading
-import time
 
 import openai
 import pytest
@@ -31,15 +28,6 @@ from cluster_harness import make_request  # noqa: E402
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("http"), {"r0": {"threads": 2}}) as rig:
-        yield rig
 
 
 class RequestCounter:
@@ -62,11 +50,6 @@ def client_for(rig, max_retries=0, counter=None, timeout=120.0):
 @pytest.fixture(scope="module")
 def client(rig):
     return client_for(rig)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def grpc_greedy(rig, text, max_tokens):

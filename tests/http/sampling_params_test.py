@@ -2,11 +2,8 @@
 OpenAI API (the official client) and the gRPC API, against one `loom serve` with one CPU
 worker running the default model. Each behaviour is checked against the same request
 without the parameter, greedy, so only the parameter can make the difference."""
-import json
 import pathlib
 import sys
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -17,38 +14,8 @@ import cluster_harness as h  # noqa: E402
 PROMPT = "The three primary colors are"
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("sampling"), {"r0": {"threads": 2}}) as rig:
-        yield rig
-
-
-@pytest.fixture(scope="module")
-def client(rig):
-    return openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused", max_retries=0,
-                         timeout=300.0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
-def post_json(url, body):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 def token_id(rig, text):
-    status, out = post_json(rig.coordinator.http_url + "/tokenize", {"prompt": text, "add_special_tokens": False})
+    status, out = h.post_json(rig.coordinator.http_url + "/tokenize", {"prompt": text, "add_special_tokens": False})
     assert status == 200 and out["count"] == 1, out
     return out["tokens"][0]
 

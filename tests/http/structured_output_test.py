@@ -14,8 +14,6 @@ import json
 import pathlib
 import re
 import sys
-import urllib.error
-import urllib.request
 
 import jsonschema
 import openai
@@ -64,26 +62,6 @@ SCHEMAS = [
 ]
 GENERATIONS_PER_SCHEMA = 10
 PROMPT = [{"role": "user", "content": "Reply with a JSON value for a small example record."}]
-
-
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("structured"), {"r0": {"threads": 2}}) as rig:
-        yield rig
-
-
-@pytest.fixture(scope="module")
-def client(rig):
-    return openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused", max_retries=0,
-                         timeout=600.0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def test_sampled_outputs_parse_and_validate(client, model):
@@ -207,30 +185,19 @@ def test_grpc_api_and_python_sdk_take_constraints(rig):
             sdk.generate("x", regex="a", choice=["a"])
 
 
-def post_json(url, body):
-    """(status, parsed JSON body) of a POST."""
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 def test_tokenize_and_detokenize(rig, model):
     base = rig.coordinator.http_url
-    status, tokens = post_json(base + "/tokenize", {"model": model, "prompt": "Hello world",
+    status, tokens = h.post_json(base + "/tokenize", {"model": model, "prompt": "Hello world",
                                                     "add_special_tokens": False})
     assert status == 200
     assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] > 0
-    assert post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]}) == \
+    assert h.post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]}) == \
         (200, {"prompt": "Hello world"})
-    status, chat = post_json(base + "/tokenize", {"model": model, "messages": PROMPT})
+    status, chat = h.post_json(base + "/tokenize", {"model": model, "messages": PROMPT})
     assert status == 200 and chat["count"] > tokens["count"]  # the template's tokens too
-    status, bad = post_json(base + "/detokenize", {"tokens": [-1]})
+    status, bad = h.post_json(base + "/detokenize", {"tokens": [-1]})
     assert status == 400 and bad["error"]["param"] == "tokens"
-    status, bad = post_json(base + "/tokenize", {"text": "x"})
+    status, bad = h.post_json(base + "/tokenize", {"text": "x"})
     assert status == 400 and bad["error"]["param"] == "prompt"
 
 

@@ -12,8 +12,6 @@ parsers are tested in C++ on recorded replies (tests/coordinator/tool_call_parse
 import json
 import pathlib
 import sys
-import urllib.error
-import urllib.request
 
 import jsonschema
 import openai
@@ -35,26 +33,6 @@ TOOLS = [WEATHER, TIME]
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 MAX_TOKENS = 120
-
-
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("tools"), {"r0": {"threads": 2}}) as rig:
-        yield rig
-
-
-@pytest.fixture(scope="module")
-def client(rig):
-    return openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused", max_retries=0,
-                         timeout=600.0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def check_call(name, arguments):
@@ -156,16 +134,6 @@ def test_legacy_functions_return_function_call(client, model):
     check_call("get_time", choice.message.function_call.arguments)
 
 
-def post_json(url, body):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 ROUND_TRIP = ASK + [
     {"role": "assistant", "content": None, "tool_calls": [{"id": "call_abc", "type": "function", "function": {
         "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
@@ -175,9 +143,9 @@ ROUND_TRIP = ASK + [
 
 def test_tool_round_trip_renders_through_the_template(rig, client, model):
     base = rig.coordinator.http_url
-    status, tokens = post_json(base + "/tokenize", {"model": model, "messages": ROUND_TRIP, "tools": TOOLS})
+    status, tokens = h.post_json(base + "/tokenize", {"model": model, "messages": ROUND_TRIP, "tools": TOOLS})
     assert status == 200, tokens
-    status, text = post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]})
+    status, text = h.post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]})
     assert status == 200
     prompt = text["prompt"]
     # SmolLM2's template (ChatML, no tool support): the generic format's system prompt with

@@ -1,0 +1,33 @@
+"""Fixtures the OpenAI-API tests share: one `loom serve` cluster per test module (one CPU
+worker, 2 threads, the default model), the official `openai` client for it, and the
+served model's id. A module that needs another cluster (API keys, TLS) defines its own
+`rig`, which overrides this one."""
+import pathlib
+import sys
+
+import openai
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
+import cluster_harness as h  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rig(request, tmp_path_factory):
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    directory = tmp_path_factory.mktemp(pathlib.Path(request.module.__file__).stem)
+    with h.running_cluster(directory, {"r0": {"threads": 2}}) as rig:
+        yield rig
+
+
+@pytest.fixture(scope="module")
+def client(rig):
+    return openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused", max_retries=0,
+                         timeout=600.0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
