@@ -44,7 +44,8 @@ namespace kc = kernels::cuda;
 // --- random llama-family models, in memory
 
 struct RandomModelSpec {
-  std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias
+  std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias;
+                               // qwen3: NeoX pairs, QK-norm (per-head RMSNorm of q and k)
   int64_t hidden = 256;
   int64_t heads = 4;
   int64_t kv_heads = 2;
@@ -181,6 +182,10 @@ std::unique_ptr<common::GgufFile> RandomModel(const RandomModelSpec& spec) {
       vector(p + "attn_k.bias", kv_rows, 0.5f, 0.0f);
       vector(p + "attn_v.bias", kv_rows, 0.5f, 0.0f);
     }
+    if (spec.arch == "qwen3") {
+      vector(p + "attn_q_norm.weight", spec.head_dim, 0.2f, 1.0f);
+      vector(p + "attn_k_norm.weight", spec.head_dim, 0.2f, 1.0f);
+    }
     matrix(p + "attn_output.weight", h, q_rows);
     vector(p + "ffn_norm.weight", h, 0.1f, 1.0f);
     matrix(p + "ffn_gate.weight", ffn, h);
@@ -211,6 +216,23 @@ RandomModelSpec Qwen2MqaSpec() {
   spec.vocab = 384;
   spec.tied = false;
   spec.seed = 2;
+  return spec;
+}
+
+// qwen3: QK-norm (the graph normalizes each head of q and k before RoPE), NeoX RoPE, no
+// biases, GQA, a separate LM head.
+RandomModelSpec Qwen3QkNormSpec() {
+  RandomModelSpec spec;
+  spec.arch = "qwen3";
+  spec.hidden = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.ffn = 384;
+  spec.layers = 2;
+  spec.vocab = 448;
+  spec.tied = false;
+  spec.seed = 5;
   return spec;
 }
 
@@ -510,7 +532,7 @@ class EmulatedCudaStepPreparation : public ForwardPass {
 };
 
 TEST(CudaForwardPassHostTest, StepPreparationGivesTheCpuRunnersLogits) {
-  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
+  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec(), Qwen3QkNormSpec()}) {
     SCOPED_TRACE(spec.arch);
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
@@ -583,6 +605,16 @@ TEST(CudaForwardPassTest, MatchesCpuRunnerOnRandomModels) {
     }
     ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
   }
+}
+
+// qwen3's QK-norm runs on CUDA (the CUDA runner is the model graph, which has it): the
+// scenario's prefills, chunked prefill and decode graphs match the CPU runner.
+TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuRunner) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const RandomModelSpec spec = Qwen3QkNormSpec();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
 }
 
 // The default model's layers are Q4_1 (INT4 g32): with quantized_weights (the default) all
@@ -755,9 +787,9 @@ TEST(CudaForwardPassTest, RejectsOptionsTheKernelsCannotRun) {
   EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
             absl::StatusCode::kInvalidArgument);
   options = CudaForwardPassOptions{};
-  options.tp_size = 2;
+  options.tp_size = 2;  // a tensor-parallel rank without a communicator
   EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
-            absl::StatusCode::kUnimplemented);
+            absl::StatusCode::kInvalidArgument);
   options = CudaForwardPassOptions{};
   options.device = kernels::CudaDeviceCount();  // one past the last
   EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
