@@ -307,11 +307,12 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
     converted.resize(rows * weight.cols * elem);
     kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
     kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
-    // A synchronous copy (legacy stream), done before `converted` is reused; the device's
-    // user synchronizes the whole device once after loading, since the device's stream
-    // does not wait for the legacy one.
-    LOOM_RETURN_IF_ERROR(linear.dense.CopyFromHost(converted.data(), converted.size(),
-                                                   static_cast<size_t>(row * weight.cols * elem)));
+    // On the device's stream (later work is ordered after it), waited for before
+    // `converted` is reused.
+    LOOM_CUDA_CALL(cudaMemcpyAsync(
+        static_cast<uint8_t*>(linear.dense.data()) + row * weight.cols * elem, converted.data(),
+        converted.size(), cudaMemcpyHostToDevice, stream_));
+    LOOM_RETURN_IF_ERROR(Synchronize());
   }
   if (bias != nullptr && !bias->empty()) {
     LOOM_ASSIGN_OR_RETURN(linear.bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));

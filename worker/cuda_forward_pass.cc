@@ -565,8 +565,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   s.use_graphs = options.cuda_graphs && device.world_size() == 1;
   const common::ModelConfig& c = s.config;
   const common::ModelConfig local = model::LocalConfig(c, graph.shard());
-  // Dense weights were copied on the legacy default stream, which the device's
-  // non-blocking stream does not wait for: finish them before anything reads them.
+  // Weights are uploaded and generated on the device's stream; wait for every stream
+  // anyway before the first step (nothing else may still touch the new memory).
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
 
   // Activations, workspaces and the step buffer before the KV pool, which takes a share of
