@@ -509,9 +509,11 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   LOOM_RETURN_IF_ERROR(EnsureIota(tokens));
   // One workspace serves the W4A16 split-K and the decode attention's context splits.
   size_t workspace = quant_workspace_bytes_;
-  if (capacity.decode_seqs > 0 && capacity.num_kv_heads > 0) {
+  // Fewer sequences may take more context splits: every power of two up to decode_seqs.
+  for (int64_t seqs = 1; capacity.num_kv_heads > 0 && seqs <= capacity.decode_seqs;
+       seqs = seqs < capacity.decode_seqs ? std::min(2 * seqs, capacity.decode_seqs) : seqs + 1) {
     kc::PagedDecodeParams p;
-    p.num_seqs = std::min(capacity.decode_seqs, kMaxAttentionSeqsPerLaunch);
+    p.num_seqs = std::min(seqs, kMaxAttentionSeqsPerLaunch);
     p.num_heads = capacity.num_heads;
     p.cache.num_kv_heads = capacity.num_kv_heads;
     p.cache.head_dim = capacity.head_dim;
