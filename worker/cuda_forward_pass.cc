@@ -502,6 +502,19 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
+  // The CUDA attention kernels map a rank's query heads onto its KV heads by the group
+  // alone: a KV head two ranks share (heads that do not split evenly) is refused here.
+  LOOM_ASSIGN_OR_RETURN(const model::ShardPlan plan,
+                        model::PlanShards(config, options.tp_rank, options.tp_size));
+  const int64_t group = config.num_heads / config.num_kv_heads;
+  if (plan.num_heads != plan.num_kv_heads * group || plan.head0 != plan.kv_head0 * group) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: tensor parallel rank %d of %d holds query heads [%d, %d) over KV heads "
+        "[%d, %d), which the CUDA attention kernels cannot map (group %d): use a size that "
+        "splits the %d KV heads evenly",
+        plan.rank, plan.size, plan.head0, plan.head0 + plan.num_heads, plan.kv_head0,
+        plan.kv_head0 + plan.num_kv_heads, group, config.num_kv_heads));
+  }
   // Weights: this rank's slice, loaded like the CPU runner's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
   // other matrix to dtype. The host copies are freed once uploaded.
