@@ -80,12 +80,12 @@ LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::
     const kernels::cpu::PackedWeight&))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
     int64_t, int64_t, uint64_t, float, const std::vector<float>*))
-LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(
-    int64_t, int64_t))
+LOOM_CUDA_DEVICE_STUB(
+    absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(int64_t, int64_t))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
     const kernels::cpu::PackedWeight&, const std::vector<float>*))
-LOOM_CUDA_DEVICE_STUB(absl::StatusOr<kernels::cuda::DeviceBuffer> CudaDevice::UploadBytes(
-    const void*, size_t))
+LOOM_CUDA_DEVICE_STUB(
+    absl::StatusOr<kernels::cuda::DeviceBuffer> CudaDevice::UploadBytes(const void*, size_t))
 #undef LOOM_CUDA_DEVICE_STUB
 CudaGraph::~CudaGraph() = default;
 
@@ -184,8 +184,7 @@ absl::StatusOr<kc::DeviceBuffer> CudaDevice::UploadBytes(const void* host, size_
   if (bytes > 0) {
     // On the device's stream (which does not wait for the legacy default stream), then
     // waited for: `host` may be freed on return.
-    LOOM_CUDA_CALL(
-        cudaMemcpyAsync(buffer.data(), host, bytes, cudaMemcpyHostToDevice, stream_));
+    LOOM_CUDA_CALL(cudaMemcpyAsync(buffer.data(), host, bytes, cudaMemcpyHostToDevice, stream_));
     LOOM_RETURN_IF_ERROR(Synchronize());
   }
   return buffer;
@@ -278,8 +277,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<
   return std::make_unique<CudaBuffer>(std::move(buffer), static_cast<int64_t>(bytes));
 }
 
-absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(int64_t rows,
-                                                                      int64_t cols) {
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(int64_t rows, int64_t cols) {
   auto linear = std::make_unique<CudaLinear>();
   linear->n = rows;
   linear->k = cols;
@@ -309,9 +307,9 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
     kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
     // On the device's stream (later work is ordered after it), waited for before
     // `converted` is reused.
-    LOOM_CUDA_CALL(cudaMemcpyAsync(
-        static_cast<uint8_t*>(linear.dense.data()) + row * weight.cols * elem, converted.data(),
-        converted.size(), cudaMemcpyHostToDevice, stream_));
+    LOOM_CUDA_CALL(
+        cudaMemcpyAsync(static_cast<uint8_t*>(linear.dense.data()) + row * weight.cols * elem,
+                        converted.data(), converted.size(), cudaMemcpyHostToDevice, stream_));
     LOOM_RETURN_IF_ERROR(Synchronize());
   }
   if (bias != nullptr && !bias->empty()) {
@@ -374,7 +372,8 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   LOOM_ASSIGN_OR_RETURN(linear->q, UploadBytes(packed.q.data(), packed.q.size()));
   LOOM_ASSIGN_OR_RETURN(linear->scale_min, UploadBytes(packed.scale_min.data(),
                                                        packed.scale_min.size() * sizeof(uint16_t)));
-  weight_bytes_ += static_cast<int64_t>(packed.q.size() + packed.scale_min.size() * sizeof(uint16_t));
+  weight_bytes_ +=
+      static_cast<int64_t>(packed.q.size() + packed.scale_min.size() * sizeof(uint16_t));
   if (bias != nullptr && !bias->empty()) {
     std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
     kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()),
@@ -436,9 +435,8 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
   // The block indices last: the other arrays' offsets then depend only on T, S and R, so a
   // graph captured for a padded decode shape reads each later step's arrays where it
   // read its own.
-  const absl::Span<const int32_t> parts[] = {token_ids,   positions,    slots,
-                                             query_start, context_len,  block_indptr,
-                                             sample_rows, block_indices};
+  const absl::Span<const int32_t> parts[] = {token_ids,   positions,    slots,       query_start,
+                                             context_len, block_indptr, sample_rows, block_indices};
   // Each array starts 16-byte aligned in the one buffer.
   size_t total = 0;
   size_t offsets[8];
@@ -461,8 +459,8 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
     const cudaError_t allocated = cudaMallocHost(&host, elements * sizeof(int32_t));
     if (allocated == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "cudaMallocHost of %d bytes: out of memory", elements * sizeof(int32_t)));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("cudaMallocHost of %d bytes: out of memory", elements * sizeof(int32_t)));
     }
     LOOM_CUDA_CALL(allocated);
     step_host_ = static_cast<int32_t*>(host);
@@ -499,9 +497,9 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   const int64_t q_cols = capacity.num_heads * capacity.head_dim;
   // The GEMM input in dtype (any linear's), which prefill attention's Q in the KV dtype
   // shares; the W4A16 GEMM's output in dtype.
-  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(std::max(
-                                               tokens * widest_input_ * elem,
-                                               tokens * q_cols * kv_elem))));
+  LOOM_RETURN_IF_ERROR(Ensure(
+      gemm_input_,
+      static_cast<size_t>(std::max(tokens * widest_input_ * elem, tokens * q_cols * kv_elem))));
   if (widest_quantized_output_ > 0) {
     LOOM_RETURN_IF_ERROR(
         Ensure(gemm_output_, static_cast<size_t>(tokens * widest_quantized_output_ * elem)));
@@ -522,9 +520,8 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   }
   if (workspace > 0) LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
   if (capacity.sample_rows > 0 && capacity.width > 0) {
-    LOOM_RETURN_IF_ERROR(Ensure(gathered_, static_cast<size_t>(capacity.sample_rows *
-                                                               capacity.width) *
-                                               sizeof(float)));
+    LOOM_RETURN_IF_ERROR(Ensure(
+        gathered_, static_cast<size_t>(capacity.sample_rows * capacity.width) * sizeof(float)));
     if (ones_.bytes() < static_cast<size_t>(capacity.width) * sizeof(float)) {
       ++memory_generation_;
       const std::vector<float> ones(capacity.width, 1.0f);
@@ -759,10 +756,10 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
     return absl::OkStatus();
   }
   // Prefill reads Q in the cache dtype (the tensor cores' input).
-  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(step.num_tokens * q_cols *
-                                                               kc::ElementBytes(view.dtype))));
-  LOOM_RETURN_IF_ERROR(Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype,
-                               step.num_tokens, q_cols));
+  LOOM_RETURN_IF_ERROR(Ensure(
+      gemm_input_, static_cast<size_t>(step.num_tokens * q_cols * kc::ElementBytes(view.dtype))));
+  LOOM_RETURN_IF_ERROR(
+      Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype, step.num_tokens, q_cols));
   for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
     // query_start values index the whole step's rows: q and out stay whole.
     kc::PagedPrefillParams p;

@@ -195,12 +195,12 @@ class CudaDevice : public Device {
   int32_t* step_host_ = nullptr;            // pinned mirror of step_ (cudaMallocHost), owned
   size_t step_host_elements_ = 0;
   int64_t memory_generation_ = 0;
-  bool capturing_ = false;                  // inside Capture: Ensure must not allocate
+  bool capturing_ = false;  // inside Capture: Ensure must not allocate
   int64_t quantized_linears_ = 0;
   int64_t weight_bytes_ = 0;
-  int64_t widest_input_ = 0;                // the most columns of any uploaded linear
-  int64_t widest_quantized_output_ = 0;     // the most rows of any 4-bit linear
-  size_t quant_workspace_bytes_ = 0;        // the most split-K workspace any 4-bit linear needs
+  int64_t widest_input_ = 0;                 // the most columns of any uploaded linear
+  int64_t widest_quantized_output_ = 0;      // the most rows of any 4-bit linear
+  size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs
   std::vector<float> host_, host_gathered_;  // collective staging
 };
 

@@ -48,9 +48,7 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
   // The CPU computes on the host weights in place; other devices hold copies.
   if (d.type() == DeviceType::kCpu) graph->host_weights_ = std::move(weights);
   graph->device_ = std::move(device);
-  if (options.num_kv_blocks > 0) {
-    LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
-  }
+  if (!options.defer_kv_cache) LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
   return graph;
 }
 
@@ -86,8 +84,7 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
     LOOM_ASSIGN_OR_RETURN(graph->lm_head_, matrix(config.vocab_size, hidden));
   }
   LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(hidden_ones));
-  LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_,
-                        d.UploadF32(RopeInverseFrequencies(config, {})));
+  LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(RopeInverseFrequencies(config, {})));
   for (int64_t l = 0; l < config.num_layers; ++l) {
     Layer layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(hidden_ones));
@@ -105,8 +102,8 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
         bias[i] = static_cast<float>((2.0 * u - 1.0) * scale(hidden));
       }
     }
-    LOOM_ASSIGN_OR_RETURN(layer.qkv, d.RandomLinear(q_dim + 2 * kv_dim, hidden, next_seed(),
-                                                    scale(hidden), &bias));
+    LOOM_ASSIGN_OR_RETURN(
+        layer.qkv, d.RandomLinear(q_dim + 2 * kv_dim, hidden, next_seed(), scale(hidden), &bias));
     if (config.qk_norm) {
       LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(head_ones));
       LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(head_ones));
@@ -118,9 +115,7 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
     graph->layers_.push_back(std::move(layer));
   }
   graph->device_ = std::move(device);
-  if (options.num_kv_blocks > 0) {
-    LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
-  }
+  if (!options.defer_kv_cache) LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
   return graph;
 }
 
@@ -129,8 +124,8 @@ absl::Status LlamaGraph::CreateKvCache(int64_t num_blocks) {
     return absl::FailedPreconditionError("the graph's KV pool exists already");
   }
   // The pool holds this rank's KV heads only.
-  LOOM_ASSIGN_OR_RETURN(kv_cache_, device_->CreateKvCache(LocalConfig(config_, shard_),
-                                                          num_blocks, block_size_));
+  LOOM_ASSIGN_OR_RETURN(
+      kv_cache_, device_->CreateKvCache(LocalConfig(config_, shard_), num_blocks, block_size_));
   return absl::OkStatus();
 }
 

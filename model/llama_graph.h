@@ -14,9 +14,10 @@
 namespace loom::model {
 
 struct LlamaGraphOptions {
-  // KV pool size; the coordinator sizes it from a budget. 0: no pool yet, the caller
-  // sizes it once the weights are on the device and calls CreateKvCache.
-  int64_t num_kv_blocks = 1024;
+  int64_t num_kv_blocks = 1024;  // KV pool size; the coordinator sizes it from a budget
+  // No pool at Create (num_kv_blocks unused): the caller sizes it once the weights are on
+  // the device (the CUDA runner, from the memory left) and calls CreateKvCache.
+  bool defer_kv_cache = false;
   int64_t block_size = 16;       // token slots per KV block
   /// Called twice per layer of every Forward (after attention, after the FFN), so a long
   /// step can be seen progressing; empty: not called.
@@ -46,12 +47,13 @@ class LlamaGraph {
   /// uniform in +-1/sqrt(fan in), norm weights 1, QKV biases (when the config has them)
   /// uniform in +-1/sqrt(hidden) from `seed`. The same seed gives the same weights.
   /// Unimplemented on a device that does not generate weights.
-  static absl::StatusOr<std::unique_ptr<LlamaGraph>> CreateRandom(
-      const common::ModelConfig& config, std::unique_ptr<Device> device,
-      const LlamaGraphOptions& options, uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<LlamaGraph>> CreateRandom(const common::ModelConfig& config,
+                                                                  std::unique_ptr<Device> device,
+                                                                  const LlamaGraphOptions& options,
+                                                                  uint64_t seed);
 
-  /// Creates the KV pool of `num_blocks` blocks (options.block_size tokens each) when
-  /// Create was given none; FailedPrecondition when there is one.
+  /// Creates the KV pool of `num_blocks` blocks (options.block_size tokens each) after a
+  /// Create with defer_kv_cache; FailedPrecondition when there is one.
   absl::Status CreateKvCache(int64_t num_blocks);
 
   /// Allocates the activations for steps of up to `max_tokens` tokens and `max_rows`

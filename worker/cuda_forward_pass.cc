@@ -205,8 +205,8 @@ struct CudaForwardPass::State {
     const int64_t grown = std::max(rows, logits_rows + logits_rows / 2);
     logits.reset();
     logits_rows = 0;
-    LOOM_ASSIGN_OR_RETURN(logits, device->Allocate(grown * config.vocab_size *
-                                                   static_cast<int64_t>(sizeof(float))));
+    LOOM_ASSIGN_OR_RETURN(
+        logits, device->Allocate(grown * config.vocab_size * static_cast<int64_t>(sizeof(float))));
     logits_rows = grown;
     return absl::OkStatus();
   }
@@ -320,8 +320,8 @@ struct CudaForwardPass::State {
     const int64_t n = batch.num_tokens();
     const int64_t num_sampled = static_cast<int64_t>(batch.sample_rows.size());
     if (sampling != nullptr && static_cast<int64_t>(sampling->params.size()) != num_sampled) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%d sampling rows for %d sample rows", sampling->params.size(), num_sampled));
+      return absl::InvalidArgumentError(absl::StrFormat("%d sampling rows for %d sample rows",
+                                                        sampling->params.size(), num_sampled));
     }
     // A decode step (one query token per sequence) of up to 256 sequences runs padded to
     // its bucket's shape, graphs on or off, so both give the same bits; with graphs on it
@@ -342,19 +342,17 @@ struct CudaForwardPass::State {
     const StepBatch& step = decode ? expanded : batch;
     // Uploaded before any capture or replay: the graph reads the step's arrays at the
     // addresses the device's step buffer has for this bucket.
-    LOOM_ASSIGN_OR_RETURN(
-        model::StepTensors tensors,
-        device->UploadStep(step.token_ids, step.positions, step.slots, step.query_start,
-                           step.context_len, step.block_indptr, step.block_indices,
-                           step.sample_rows));
+    LOOM_ASSIGN_OR_RETURN(model::StepTensors tensors,
+                          device->UploadStep(step.token_ids, step.positions, step.slots,
+                                             step.query_start, step.context_len, step.block_indptr,
+                                             step.block_indices, step.sample_rows));
     // A padded step's context bound is its bucket's (the decode kernel's split count, baked
     // into a graph, follows it; eager padded steps use it too, for the same bits).
     if (padded) tensors.max_context_len = ContextBucket(tensors.max_context_len);
     const int64_t rows = tensors.num_sample_rows;
     LOOM_RETURN_IF_ERROR(EnsureLogits(std::max<int64_t>(rows, 1)));
-    const model::Tensor out = model::Tensor::Of(logits->data(), model::DType::kF32,
-                                                model::DeviceType::kCuda,
-                                                {rows, config.vocab_size});
+    const model::Tensor out = model::Tensor::Of(
+        logits->data(), model::DType::kF32, model::DeviceType::kCuda, {rows, config.vocab_size});
     absl::Status status = EnqueueForward(tensors, out, graphed, {bucket, tensors.max_context_len});
     if (status.ok()) {
       if (sampling != nullptr) {
@@ -374,10 +372,10 @@ struct CudaForwardPass::State {
     // runner is marked broken).
     const absl::Status drained = device->Synchronize();
     if (!drained.ok()) {
-      return status.ok() ? drained
-                         : absl::InternalError(absl::StrCat(drained.message(),
-                                                            " (after a failed step: ",
-                                                            status.message(), ")"));
+      return status.ok()
+                 ? drained
+                 : absl::InternalError(absl::StrCat(
+                       drained.message(), " (after a failed step: ", status.message(), ")"));
     }
     return status;
   }
@@ -401,12 +399,11 @@ absl::Status ValidateRunnerOptions(const CudaForwardPassOptions& options) {
   }
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size ||
       (options.tp_size > 1 && options.communicator == nullptr) ||
-      (options.communicator != nullptr &&
-       (options.communicator->world_size() != options.tp_size ||
-        options.communicator->rank() != options.tp_rank))) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor parallel rank %d of %d needs a communicator of that rank and size",
-        options.tp_rank, options.tp_size));
+      (options.communicator != nullptr && (options.communicator->world_size() != options.tp_size ||
+                                           options.communicator->rank() != options.tp_rank))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tensor parallel rank %d of %d needs a communicator of that rank and size",
+                        options.tp_rank, options.tp_size));
   }
   if (options.dtype != DataType::kF16 && options.dtype != DataType::kBF16) {
     return absl::InvalidArgumentError(
@@ -414,9 +411,9 @@ absl::Status ValidateRunnerOptions(const CudaForwardPassOptions& options) {
                         kc::DataTypeName(options.dtype)));
   }
   if (options.kv_dtype != options.dtype) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA runner: KV dtype %s must equal the weight dtype %s",
-        kc::DataTypeName(options.kv_dtype), kc::DataTypeName(options.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: KV dtype %s must equal the weight dtype %s",
+                        kc::DataTypeName(options.kv_dtype), kc::DataTypeName(options.dtype)));
   }
   if (options.block_size < 1 || options.block_size > 1024) {
     return absl::InvalidArgumentError(
@@ -430,9 +427,9 @@ absl::Status ValidateRunnerOptions(const CudaForwardPassOptions& options) {
         options.num_kv_blocks, options.kv_memory_fraction));
   }
   if (options.gpu_memory_utilization < 0 || options.gpu_memory_utilization > 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA runner: gpu_memory_utilization %g must be in (0, 1] (0: unset)",
-        options.gpu_memory_utilization));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: gpu_memory_utilization %g must be in (0, 1] (0: unset)",
+                        options.gpu_memory_utilization));
   }
   if (options.max_num_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -525,13 +522,12 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
   model::CudaDevice* cuda = device.get();
   model::LlamaGraphOptions graph_options;
-  graph_options.num_kv_blocks = 0;  // sized from the memory left once weights are in
+  graph_options.defer_kv_cache = true;  // sized from the memory left once weights are in
   graph_options.block_size = options.block_size;
   auto state = std::make_unique<State>();
   state->device_index = options.device;
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::Create(std::move(weights),
-                                                                std::move(device),
-                                                                graph_options));
+                                                                std::move(device), graph_options));
   state->device = cuda;
   absl::StrAppendFormat(
       &load_log,
@@ -552,7 +548,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
   model::CudaDevice* cuda = device.get();
   model::LlamaGraphOptions graph_options;
-  graph_options.num_kv_blocks = 0;
+  graph_options.defer_kv_cache = true;
   graph_options.block_size = options.block_size;
   auto state = std::make_unique<State>();
   state->device_index = options.device;
@@ -605,8 +601,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   LOOM_RETURN_IF_ERROR(s.EnsureLogits(kMaxGraphBatch));
 
   // The KV pool: one extra block (the scratch block graph padding writes to and reads).
-  const int64_t block_bytes = model::KvBytesPerBlock(local, s.block_size,
-                                                     kc::ElementBytes(options.kv_dtype));
+  const int64_t block_bytes =
+      model::KvBytesPerBlock(local, s.block_size, kc::ElementBytes(options.kv_dtype));
   const int64_t max_blocks = INT32_MAX / s.block_size - 1;  // slot ids are int32
   int64_t num_blocks = options.num_kv_blocks;
   size_t free_bytes = 0, total_bytes = 0;

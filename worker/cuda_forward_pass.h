@@ -135,10 +135,10 @@ class CudaForwardPass : public ForwardPass {
   std::string load_log_;
 };
 
-/// The step the decode kernel would run for `batch`: every query token becomes its own one-token sequence with context_len =
-/// position + 1 over the first ceil((position + 1) / block_size) blocks of its sequence's
-/// table, which is exactly causal attention (this step's K/V are written before attention
-/// reads them). Token ids, positions, slots and sample rows are unchanged; a batch
+/// The step the decode kernel would run for `batch`: every query token becomes its own one-token
+/// sequence with context_len = position + 1 over the first ceil((position + 1) / block_size) blocks
+/// of its sequence's table, which is exactly causal attention (this step's K/V are written before
+/// attention reads them). Token ids, positions, slots and sample rows are unchanged; a batch
 /// ValidateStepBatch accepts stays accepted. A decode step maps to itself (up to trailing
 /// blocks). The runner uses it for decode steps; multi-token steps go to the prefill
 /// kernel, for which this is the reference path. Exposed for tests (the CPU runner checks

@@ -17,6 +17,7 @@
 namespace loom::model {
 namespace {
 
+// A graph with a pool of `num_kv_blocks` blocks, or none yet (0: defer_kv_cache).
 std::unique_ptr<LlamaGraph> MakeGraph(const common::GgufFile& gguf, int64_t num_kv_blocks) {
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(gguf);
   EXPECT_TRUE(weights.ok()) << weights.status();
@@ -25,6 +26,7 @@ std::unique_ptr<LlamaGraph> MakeGraph(const common::GgufFile& gguf, int64_t num_
   if (!weights.ok() || !device.ok()) return nullptr;
   LlamaGraphOptions options;
   options.num_kv_blocks = num_kv_blocks;
+  options.defer_kv_cache = num_kv_blocks == 0;
   options.block_size = 16;
   absl::StatusOr<std::unique_ptr<LlamaGraph>> graph =
       LlamaGraph::Create(std::move(*weights), std::move(*device), options);
@@ -76,9 +78,9 @@ TEST(LlamaGraphTest, DeferredKvPoolAndReservedActivationsGiveTheSameLogits) {
   ASSERT_EQ(expected.size(), 2u);
   ASSERT_EQ(got.size(), 2u);
   for (size_t step = 0; step < 2; ++step) {
-    EXPECT_EQ(std::memcmp(expected[step].data(), got[step].data(),
-                          expected[step].size() * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(expected[step].data(), got[step].data(), expected[step].size() * sizeof(float)),
+        0)
         << "step " << step;
   }
 }

@@ -636,7 +636,8 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
   for (size_t s = 0; s < seqs.size(); ++s) {
     seqs[s].tokens = prompts[s];
     for (int64_t t = 0; t < 3; ++t) {
-      seqs[s].tokens.push_back(static_cast<int32_t>((t * 13 + 7 + static_cast<int64_t>(s)) % spec.vocab));
+      seqs[s].tokens.push_back(
+          static_cast<int32_t>((t * 13 + 7 + static_cast<int64_t>(s)) % spec.vocab));
     }
   }
   StepDriver driver;
@@ -695,9 +696,9 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
   for (size_t step = 0; step < expected.size(); ++step) {
     SCOPED_TRACE(step);
     ASSERT_EQ(got[0][step].size(), expected[step].size());
-    EXPECT_EQ(std::memcmp(got[0][step].data(), got[1][step].data(),
-                          got[0][step].size() * sizeof(float)),
-              0);
+    EXPECT_EQ(
+        std::memcmp(got[0][step].data(), got[1][step].data(), got[0][step].size() * sizeof(float)),
+        0);
     for (size_t row = 0; row * vocab < expected[step].size(); ++row) {
       double diff2 = 0, spread = 0, mean = 0;
       const float* want = expected[step].data() + row * vocab;
