@@ -116,10 +116,11 @@ class CudaForwardPass : public ForwardPass {
   Stats stats() const;
 
  private:
-  struct State;  // everything on the device (defined only where CUDA is built)
+  struct State;  // the graph, its device, graphs and sampling buffers (CUDA builds only)
   explicit CudaForwardPass(std::unique_ptr<State> state);
-  // The tail Create and CreateRandom share once the weights are on the device: the
-  // quantized GEMM's workspace, activations, the KV pool, the load log's device line.
+  // The tail Create and CreateRandom share once the graph's weights are on the device:
+  // activations and the device's buffers reserved, the KV pool sized from the memory
+  // left, the load log's device line.
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Finish(
       std::unique_ptr<State> state, const CudaForwardPassOptions& options, std::string load_log);
   // What Step and StepAndSample share around `run`: refusing once the runner is broken,
