@@ -18,6 +18,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rope.h"
 
 namespace loom::model {
@@ -71,7 +72,22 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Convert(const void*, kernels::cuda::DataType,
                                                        void*, kernels::cuda::DataType, int64_t,
                                                        int64_t))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Reserve(const Capacity&))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Capture(
+    absl::FunctionRef<absl::Status()>))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Replay(const CudaGraph&))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
+    const kernels::cpu::PackedWeight&))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
+    int64_t, int64_t, uint64_t, float, const std::vector<float>*))
+LOOM_CUDA_DEVICE_STUB(
+    absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(int64_t, int64_t))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
+    const kernels::cpu::PackedWeight&, const std::vector<float>*))
+LOOM_CUDA_DEVICE_STUB(
+    absl::StatusOr<kernels::cuda::DeviceBuffer> CudaDevice::UploadBytes(const void*, size_t))
 #undef LOOM_CUDA_DEVICE_STUB
+CudaGraph::~CudaGraph() = default;
 
 #else  // LOOM_HAVE_CUDA
 
@@ -143,13 +159,36 @@ bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
          (weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128);
 }
 
-absl::StatusOr<kc::DeviceBuffer> UploadBytes(const void* host, size_t bytes) {
-  LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, kc::DeviceBuffer::Allocate(std::max<size_t>(bytes, 1)));
-  if (bytes > 0) LOOM_RETURN_IF_ERROR(buffer.CopyFromHost(host, bytes));
-  return buffer;
+// The attention kernels' grids hold at most this many sequences per launch.
+constexpr int64_t kMaxAttentionSeqsPerLaunch = 65535;
+
+absl::Status GrowingWhileCapturing(size_t bytes) {
+  return absl::InternalError(absl::StrFormat(
+      "CUDA device: a buffer would grow to %d bytes during CUDA graph capture (the shape "
+      "was not run eagerly first)",
+      bytes));
 }
 
 }  // namespace
+
+CudaGraph::~CudaGraph() {
+  if (exec_ != nullptr) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    cudaGetLastError();  // nothing to report from a destructor
+  }
+}
+
+absl::StatusOr<kc::DeviceBuffer> CudaDevice::UploadBytes(const void* host, size_t bytes) {
+  LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer,
+                        kc::DeviceBuffer::Allocate(std::max<size_t>(bytes, 1)));
+  if (bytes > 0) {
+    // On the device's stream (which does not wait for the legacy default stream), then
+    // waited for: `host` may be freed on return.
+    LOOM_CUDA_CALL(cudaMemcpyAsync(buffer.data(), host, bytes, cudaMemcpyHostToDevice, stream_));
+    LOOM_RETURN_IF_ERROR(Synchronize());
+  }
+  return buffer;
+}
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
   if (kernels::CudaDeviceCount() == 0) {
@@ -174,6 +213,8 @@ CudaDevice::~CudaDevice() {
     gemm_.reset();
     cudaStreamDestroy(stream_);
   }
+  if (step_host_ != nullptr) cudaFreeHost(step_host_);
+  cudaGetLastError();  // nothing to report from a destructor
 }
 
 std::string CudaDevice::Describe() const {
@@ -183,14 +224,19 @@ std::string CudaDevice::Describe() const {
 
 absl::Status CudaDevice::Ensure(kc::DeviceBuffer& buffer, size_t bytes) {
   if (buffer.bytes() >= bytes) return absl::OkStatus();
+  if (capturing_) return GrowingWhileCapturing(bytes);
   // The old buffer may still be read by enqueued work.
   LOOM_RETURN_IF_ERROR(Synchronize());
+  ++memory_generation_;
+  buffer = kc::DeviceBuffer();  // free first: the old and new sizes may not fit together
   LOOM_ASSIGN_OR_RETURN(buffer, kc::DeviceBuffer::Allocate(std::max<size_t>(bytes, 256)));
   return absl::OkStatus();
 }
 
 absl::Status CudaDevice::EnsureIota(int64_t n) {
   if (iota_size_ >= n) return absl::OkStatus();
+  if (capturing_) return GrowingWhileCapturing(static_cast<size_t>(n) * sizeof(int32_t));
+  ++memory_generation_;
   const int64_t size = std::max<int64_t>(n, 2 * iota_size_);
   std::vector<int32_t> host(size);
   for (int64_t i = 0; i < size; ++i) host[i] = static_cast<int32_t>(i);
@@ -217,6 +263,8 @@ absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* d
 }
 
 absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
+  if (capturing_) return GrowingWhileCapturing(static_cast<size_t>(bytes));
+  ++memory_generation_;
   LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer,
                         kc::DeviceBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
   return std::make_unique<CudaBuffer>(std::move(buffer), bytes);
@@ -225,38 +273,92 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
 absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>& host) {
   const size_t bytes = host.size() * sizeof(float);
   LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, UploadBytes(host.data(), bytes));
+  weight_bytes_ += static_cast<int64_t>(bytes);
   return std::make_unique<CudaBuffer>(std::move(buffer), static_cast<int64_t>(bytes));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(int64_t rows, int64_t cols) {
+  auto linear = std::make_unique<CudaLinear>();
+  linear->n = rows;
+  linear->k = cols;
+  const int64_t bytes = std::max<int64_t>(rows * cols * kc::ElementBytes(options_.dtype), 1);
+  LOOM_ASSIGN_OR_RETURN(linear->dense, kc::DeviceBuffer::Allocate(static_cast<size_t>(bytes)));
+  weight_bytes_ += bytes;
+  widest_input_ = std::max(widest_input_, cols);
+  return std::unique_ptr<DeviceLinear>(std::move(linear));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
+    const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  const kc::DataType dtype = options_.dtype;
+  const int64_t elem = kc::ElementBytes(dtype);
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceLinear> result,
+                        DenseLinear(weight.rows, weight.cols));
+  CudaLinear& linear = static_cast<CudaLinear&>(*result);
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, kUploadChunkElements / std::max<int64_t>(weight.cols, 1));
+  std::vector<float> values;
+  std::vector<uint8_t> converted;
+  for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, weight.rows - row);
+    values.resize(rows * weight.cols);
+    converted.resize(rows * weight.cols * elem);
+    kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
+    kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
+    // On the device's stream (later work is ordered after it), waited for before
+    // `converted` is reused.
+    LOOM_CUDA_CALL(
+        cudaMemcpyAsync(static_cast<uint8_t*>(linear.dense.data()) + row * weight.cols * elem,
+                        converted.data(), converted.size(), cudaMemcpyHostToDevice, stream_));
+    LOOM_RETURN_IF_ERROR(Synchronize());
+  }
+  if (bias != nullptr && !bias->empty()) {
+    LOOM_ASSIGN_OR_RETURN(linear.bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
+  }
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
+    const kernels::cpu::PackedWeight& table) {
+  return UploadDense(table, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
+    int64_t rows, int64_t cols, uint64_t seed, float scale, const std::vector<float>* bias) {
+  if (rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("random weight of %d x %d: both sizes must be >= 1", rows, cols));
+  }
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceLinear> result, DenseLinear(rows, cols));
+  kc::RandomFillParams fill;
+  fill.out = static_cast<CudaLinear&>(*result).dense.data();
+  fill.dtype = options_.dtype;
+  fill.count = rows * cols;
+  fill.seed = seed;
+  fill.offset = 0.0f;
+  fill.scale = scale;
+  LOOM_RETURN_IF_ERROR(kc::LaunchRandomFill(fill, stream_));
+  if (bias != nullptr && !bias->empty()) {
+    if (static_cast<int64_t>(bias->size()) != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("bias of %d values for %d rows", bias->size(), rows));
+    }
+    CudaLinear& linear = static_cast<CudaLinear&>(*result);
+    LOOM_ASSIGN_OR_RETURN(linear.bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
+  }
+  return result;
 }
 
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  if (!options_.keep_quantized || !QuantGemmTakes(weight)) return UploadDense(weight, bias);
   auto linear = std::make_unique<CudaLinear>();
   linear->n = weight.rows;
   linear->k = weight.cols;
-  const kc::DataType dtype = options_.dtype;
-  const bool has_bias = bias != nullptr && !bias->empty();
-  if (!options_.keep_quantized || !QuantGemmTakes(weight)) {
-    const int64_t elem = kc::ElementBytes(dtype);
-    LOOM_ASSIGN_OR_RETURN(linear->dense, kc::DeviceBuffer::Allocate(static_cast<size_t>(
-                                             std::max<int64_t>(weight.rows * weight.cols * elem, 1))));
-    const int64_t chunk_rows = std::max<int64_t>(1, kUploadChunkElements / std::max<int64_t>(weight.cols, 1));
-    std::vector<float> values;
-    std::vector<uint8_t> converted;
-    for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
-      const int64_t rows = std::min(chunk_rows, weight.rows - row);
-      values.resize(rows * weight.cols);
-      converted.resize(rows * weight.cols * elem);
-      kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
-      kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
-      LOOM_RETURN_IF_ERROR(linear->dense.CopyFromHost(converted.data(), converted.size(),
-                                                      static_cast<size_t>(row * weight.cols * elem)));
-    }
-    if (has_bias) {
-      LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
-    }
-    return std::unique_ptr<DeviceLinear>(std::move(linear));
-  }
   linear->group_size = weight.group_size;
+  const kc::DataType dtype = options_.dtype;
   LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
                         kernels::cpu::UnpackQuantized(weight));
   std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
@@ -270,11 +372,29 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   LOOM_ASSIGN_OR_RETURN(linear->q, UploadBytes(packed.q.data(), packed.q.size()));
   LOOM_ASSIGN_OR_RETURN(linear->scale_min, UploadBytes(packed.scale_min.data(),
                                                        packed.scale_min.size() * sizeof(uint16_t)));
-  if (has_bias) {
+  weight_bytes_ +=
+      static_cast<int64_t>(packed.q.size() + packed.scale_min.size() * sizeof(uint16_t));
+  if (bias != nullptr && !bias->empty()) {
     std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
     kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()),
                          converted.data());
     LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
+  }
+  // What Reserve sizes the W4A16 path's buffers by: the widest output, and the split-K
+  // workspace at every power-of-two m up to the GEMM's largest.
+  ++quantized_linears_;
+  widest_input_ = std::max(widest_input_, linear->k);
+  widest_quantized_output_ = std::max(widest_quantized_output_, linear->n);
+  for (int64_t m = 1; m <= kc::kQuantGemmMaxM; m *= 2) {
+    kc::QuantGemmParams p;
+    p.act_dtype = dtype;
+    p.format = kc::QuantWeightFormat::kInt4;
+    p.m = m;
+    p.n = linear->n;
+    p.k = linear->k;
+    p.group_size = linear->group_size;
+    p.num_splits = kc::ChooseQuantGemmSplits(m, p.n, p.k, num_sms_);
+    quant_workspace_bytes_ = std::max(quant_workspace_bytes_, kc::QuantGemmWorkspaceBytes(p));
   }
   return std::unique_ptr<DeviceLinear>(std::move(linear));
 }
@@ -298,6 +418,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
   for (int64_t l = 0; l < config.num_layers; ++l) {
     LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer k, kc::DeviceBuffer::Allocate(layer_bytes));
     LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer v, kc::DeviceBuffer::Allocate(layer_bytes));
+    LOOM_CUDA_CALL(cudaMemsetAsync(k.data(), 0, layer_bytes, stream_));
+    LOOM_CUDA_CALL(cudaMemsetAsync(v.data(), 0, layer_bytes, stream_));
     cache->k_.push_back(std::move(k));
     cache->v_.push_back(std::move(v));
   }
@@ -310,9 +432,11 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
     absl::Span<const int32_t> slots, absl::Span<const int32_t> query_start,
     absl::Span<const int32_t> context_len, absl::Span<const int32_t> block_indptr,
     absl::Span<const int32_t> block_indices, absl::Span<const int32_t> sample_rows) {
-  const absl::Span<const int32_t> parts[] = {token_ids,    positions,    slots,
-                                             query_start,  context_len,  block_indptr,
-                                             block_indices, sample_rows};
+  // The block indices last: the other arrays' offsets then depend only on T, S and R, so a
+  // graph captured for a padded decode shape reads each later step's arrays where it
+  // read its own.
+  const absl::Span<const int32_t> parts[] = {token_ids,   positions,    slots,       query_start,
+                                             context_len, block_indptr, sample_rows, block_indices};
   // Each array starts 16-byte aligned in the one buffer.
   size_t total = 0;
   size_t offsets[8];
@@ -320,14 +444,33 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
     offsets[i] = total;
     total += (parts[i].size() + 3) / 4 * 4;
   }
-  LOOM_RETURN_IF_ERROR(Ensure(step_, std::max<size_t>(total, 1) * sizeof(int32_t)));
+  total = std::max<size_t>(total, 1);
+  LOOM_RETURN_IF_ERROR(Ensure(step_, total * sizeof(int32_t)));
   // The previous step's copy may still be in flight from step_host_.
   LOOM_RETURN_IF_ERROR(Synchronize());
-  step_host_.assign(std::max<size_t>(total, 1), 0);
-  for (int i = 0; i < 8; ++i) {
-    std::copy(parts[i].begin(), parts[i].end(), step_host_.begin() + offsets[i]);
+  if (step_host_elements_ < total) {
+    if (step_host_ != nullptr) {
+      LOOM_CUDA_CALL(cudaFreeHost(step_host_));
+      step_host_ = nullptr;
+      step_host_elements_ = 0;
+    }
+    const size_t elements = std::max<size_t>(total, step_.bytes() / sizeof(int32_t));
+    void* host = nullptr;
+    const cudaError_t allocated = cudaMallocHost(&host, elements * sizeof(int32_t));
+    if (allocated == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("cudaMallocHost of %d bytes: out of memory", elements * sizeof(int32_t)));
+    }
+    LOOM_CUDA_CALL(allocated);
+    step_host_ = static_cast<int32_t*>(host);
+    step_host_elements_ = elements;
   }
-  LOOM_CUDA_CALL(cudaMemcpyAsync(step_.data(), step_host_.data(), total * sizeof(int32_t),
+  std::fill(step_host_, step_host_ + total, 0);
+  for (int i = 0; i < 8; ++i) {
+    std::copy(parts[i].begin(), parts[i].end(), step_host_ + offsets[i]);
+  }
+  LOOM_CUDA_CALL(cudaMemcpyAsync(step_.data(), step_host_, total * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, stream_));
   int32_t* base = static_cast<int32_t*>(step_.data());
   auto view = [&](int i) {
@@ -341,10 +484,90 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
   step.query_start = view(3);
   step.context_len = view(4);
   step.block_indptr = view(5);
-  step.block_indices = view(6);
-  step.sample_rows = view(7);
+  step.sample_rows = view(6);
+  step.block_indices = view(7);
   SetStepHostSizes(token_ids, query_start, context_len, sample_rows, step);
   return step;
+}
+
+absl::Status CudaDevice::Reserve(const Capacity& capacity) {
+  const int64_t elem = kc::ElementBytes(options_.dtype);
+  const int64_t kv_elem = kc::ElementBytes(options_.kv_dtype);
+  const int64_t tokens = std::max<int64_t>(capacity.tokens, 1);
+  const int64_t q_cols = capacity.num_heads * capacity.head_dim;
+  // The GEMM input in dtype (any linear's), which prefill attention's Q in the KV dtype
+  // shares; the W4A16 GEMM's output in dtype.
+  LOOM_RETURN_IF_ERROR(Ensure(
+      gemm_input_,
+      static_cast<size_t>(std::max(tokens * widest_input_ * elem, tokens * q_cols * kv_elem))));
+  if (widest_quantized_output_ > 0) {
+    LOOM_RETURN_IF_ERROR(
+        Ensure(gemm_output_, static_cast<size_t>(tokens * widest_quantized_output_ * elem)));
+  }
+  LOOM_RETURN_IF_ERROR(EnsureIota(tokens));
+  // One workspace serves the W4A16 split-K and the decode attention's context splits.
+  size_t workspace = quant_workspace_bytes_;
+  // Fewer sequences may take more context splits: every power of two up to decode_seqs.
+  for (int64_t seqs = 1; capacity.num_kv_heads > 0 && seqs <= capacity.decode_seqs;
+       seqs = seqs < capacity.decode_seqs ? std::min(2 * seqs, capacity.decode_seqs) : seqs + 1) {
+    kc::PagedDecodeParams p;
+    p.num_seqs = std::min(seqs, kMaxAttentionSeqsPerLaunch);
+    p.num_heads = capacity.num_heads;
+    p.cache.num_kv_heads = capacity.num_kv_heads;
+    p.cache.head_dim = capacity.head_dim;
+    p.max_context_len = std::max<int64_t>(capacity.max_context_len, 1);
+    workspace = std::max(workspace, kc::PagedDecodeWorkspaceBytes(p));
+  }
+  if (workspace > 0) LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+  if (capacity.sample_rows > 0 && capacity.width > 0) {
+    LOOM_RETURN_IF_ERROR(Ensure(
+        gathered_, static_cast<size_t>(capacity.sample_rows * capacity.width) * sizeof(float)));
+    if (ones_.bytes() < static_cast<size_t>(capacity.width) * sizeof(float)) {
+      ++memory_generation_;
+      const std::vector<float> ones(capacity.width, 1.0f);
+      LOOM_ASSIGN_OR_RETURN(ones_, UploadBytes(ones.data(), ones.size() * sizeof(float)));
+    }
+  }
+  if (capacity.step_elements > 0) {
+    LOOM_RETURN_IF_ERROR(
+        Ensure(step_, static_cast<size_t>(capacity.step_elements) * sizeof(int32_t)));
+  }
+  return Synchronize();
+}
+
+absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Capture(
+    absl::FunctionRef<absl::Status()> enqueue) {
+  // Thread-local mode: only this thread's unsafe calls (a cudaMalloc) break the capture;
+  // Ensure and Allocate refuse before making one (capturing_).
+  LOOM_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  const absl::Status enqueued = enqueue();
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (!enqueued.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return enqueued;
+  }
+  LOOM_CUDA_CALL(ended);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  LOOM_CUDA_CALL(instantiated);
+  std::unique_ptr<CudaGraph> captured(new CudaGraph());
+  captured->exec_ = exec;
+  captured->generation_ = memory_generation_;
+  return captured;
+}
+
+absl::Status CudaDevice::Replay(const CudaGraph& graph) {
+  if (graph.generation_ != memory_generation_) {
+    return absl::FailedPreconditionError(
+        "CUDA device: a graph captured before device memory moved cannot be replayed");
+  }
+  LOOM_CUDA_CALL(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.exec_), stream_));
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::DownloadF32(const Tensor& x, float* host) {
@@ -479,6 +702,7 @@ absl::Status CudaDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const
   p.head_dim = spec.head_dim;
   p.rope_dim = spec.rope_dim;
   p.neox = spec.neox;
+  p.attention_factor = spec.attention_factor;
   return kc::LaunchRope(p, stream_);
 }
 
@@ -506,46 +730,55 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
         "CUDA attention: %d local query heads are not %d KV heads x group %d", spec.num_heads,
         view.num_kv_heads, spec.group));
   }
+  const int64_t q_cols = spec.num_heads * spec.head_dim;
   if (step.num_tokens == step.num_seqs) {
-    kc::PagedDecodeParams p;
-    p.q = q.data;
-    p.out = out.data;
-    p.q_dtype = kc::DataType::kF32;
-    p.cache = view;
-    p.context_len = step.context_len.as<const int32_t>();
-    p.block_indptr = step.block_indptr.as<const int32_t>();
-    p.block_indices = step.block_indices.as<const int32_t>();
-    p.num_seqs = step.num_seqs;
-    p.num_heads = spec.num_heads;
-    p.scale = spec.scale;
-    p.max_context_len = std::max<int64_t>(step.max_context_len, 1);
-    const size_t workspace = kc::PagedDecodeWorkspaceBytes(p);
-    LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
-    p.workspace = workspace_.data();
-    p.workspace_bytes = workspace_.bytes();
-    return kc::LaunchPagedDecode(p, stream_);
+    // Launches of at most kMaxAttentionSeqsPerLaunch sequences; block_indptr values index
+    // the whole block_indices array, so a chunk offsets only the per-sequence arrays.
+    for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
+      kc::PagedDecodeParams p;
+      p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
+      p.q = q.as<const float>() + first * q_cols;
+      p.out = out.as<float>() + first * q_cols;
+      p.q_dtype = kc::DataType::kF32;
+      p.cache = view;
+      p.context_len = step.context_len.as<const int32_t>() + first;
+      p.block_indptr = step.block_indptr.as<const int32_t>() + first;
+      p.block_indices = step.block_indices.as<const int32_t>();
+      p.num_heads = spec.num_heads;
+      p.scale = spec.scale;
+      p.max_context_len = std::max<int64_t>(step.max_context_len, 1);
+      const size_t workspace = kc::PagedDecodeWorkspaceBytes(p);
+      LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+      p.workspace = workspace_.data();
+      p.workspace_bytes = workspace_.bytes();
+      LOOM_RETURN_IF_ERROR(kc::LaunchPagedDecode(p, stream_));
+    }
+    return absl::OkStatus();
   }
   // Prefill reads Q in the cache dtype (the tensor cores' input).
-  const int64_t q_cols = spec.num_heads * spec.head_dim;
-  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(step.num_tokens * q_cols *
-                                                               kc::ElementBytes(view.dtype))));
+  LOOM_RETURN_IF_ERROR(Ensure(
+      gemm_input_, static_cast<size_t>(step.num_tokens * q_cols * kc::ElementBytes(view.dtype))));
   LOOM_RETURN_IF_ERROR(
       Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype, step.num_tokens, q_cols));
-  kc::PagedPrefillParams p;
-  p.q = gemm_input_.data();
-  p.out = out.data;
-  p.q_dtype = view.dtype;
-  p.out_dtype = kc::DataType::kF32;
-  p.cache = view;
-  p.query_start = step.query_start.as<const int32_t>();
-  p.context_len = step.context_len.as<const int32_t>();
-  p.block_indptr = step.block_indptr.as<const int32_t>();
-  p.block_indices = step.block_indices.as<const int32_t>();
-  p.num_seqs = step.num_seqs;
-  p.num_heads = spec.num_heads;
-  p.scale = spec.scale;
-  p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
-  return kc::LaunchPagedPrefill(p, stream_);
+  for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
+    // query_start values index the whole step's rows: q and out stay whole.
+    kc::PagedPrefillParams p;
+    p.q = gemm_input_.data();
+    p.out = out.data;
+    p.q_dtype = view.dtype;
+    p.out_dtype = kc::DataType::kF32;
+    p.cache = view;
+    p.query_start = step.query_start.as<const int32_t>() + first;
+    p.context_len = step.context_len.as<const int32_t>() + first;
+    p.block_indptr = step.block_indptr.as<const int32_t>() + first;
+    p.block_indices = step.block_indices.as<const int32_t>();
+    p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
+    p.num_heads = spec.num_heads;
+    p.scale = spec.scale;
+    p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
+    LOOM_RETURN_IF_ERROR(kc::LaunchPagedPrefill(p, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {
@@ -580,6 +813,8 @@ absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tens
   p.out = gathered_.data();
   LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(p, stream_));
   if (ones_.bytes() < static_cast<size_t>(width) * sizeof(float)) {
+    if (capturing_) return GrowingWhileCapturing(static_cast<size_t>(width) * sizeof(float));
+    ++memory_generation_;
     LOOM_RETURN_IF_ERROR(Synchronize());
     const std::vector<float> ones(width, 1.0f);
     LOOM_ASSIGN_OR_RETURN(ones_, UploadBytes(ones.data(), ones.size() * sizeof(float)));

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
@@ -32,6 +33,25 @@ struct CudaDeviceOptions {
   Communicator* communicator = nullptr;
 };
 
+/// A CUDA graph captured from a CudaDevice's stream (CudaDevice::Capture) and replayed
+/// by CudaDevice::Replay. It reads and writes the device addresses it was captured with,
+/// so it is valid only while the device's memory_generation() equals generation().
+class CudaGraph {
+ public:
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  /// The device's memory_generation() when the graph was captured.
+  int64_t generation() const { return generation_; }
+
+ private:
+  friend class CudaDevice;
+  CudaGraph() = default;
+  void* exec_ = nullptr;  // cudaGraphExec_t, owned
+  int64_t generation_ = 0;
+};
+
 /// The CUDA implementation of model::Device on the current CUDA device: one stream of its
 /// own on which every operation is enqueued (kernels/cuda launch functions, cuBLAS through
 /// a GemmHandle bound to the stream), device memory from cudaMalloc, weights dense in F16/
@@ -48,6 +68,40 @@ class CudaDevice : public Device {
   /// The stream every call enqueues on (for CUDA graph capture and on-device sampling).
   cudaStream_t stream() const { return stream_; }
   kernels::cuda::DataType dtype() const { return options_.dtype; }
+  /// Linear layers UploadLinear kept 4-bit for the W4A16 GEMM so far.
+  int64_t quantized_linears() const { return quantized_linears_; }
+  /// Bytes of weights (UploadF32, UploadLinear, UploadTable, RandomLinear) on the device.
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  /// The largest step the device's own buffers (GEMM input and output in dtype, split-K
+  /// and attention workspaces, step arrays) are sized for by Reserve.
+  struct Capacity {
+    int64_t tokens = 0;           // rows of every activation (T)
+    int64_t sample_rows = 0;      // rows GatherRows gathers (R)
+    int64_t width = 0;            // columns of the widest activation GatherRows reads
+    int64_t step_elements = 0;    // int32 elements of one UploadStep (every array)
+    int64_t decode_seqs = 0;      // sequences of the largest decode attention call
+    int64_t max_context_len = 0;  // its context bound (PagedAttention's max_context_len)
+    int64_t num_heads = 0;        // its local query heads, KV heads and head dim
+    int64_t num_kv_heads = 0;
+    int64_t head_dim = 0;
+  };
+  /// Grows the device's internal buffers for steps up to `capacity` (after every weight
+  /// is uploaded: the GEMM buffers are sized for the widest one), so such steps allocate
+  /// nothing. A larger step still grows them (and changes memory_generation()).
+  absl::Status Reserve(const Capacity& capacity);
+
+  /// Changes whenever device memory the enqueued work may address is allocated
+  /// (Allocate, or one of the device's own buffers growing); a CudaGraph captured before
+  /// may then name freed memory and must not be replayed.
+  int64_t memory_generation() const { return memory_generation_; }
+  /// Captures the work `enqueue` enqueues (Device calls; nothing runs) into a graph. While
+  /// capturing, a call that would grow a buffer fails (Internal) instead of allocating:
+  /// run the same shapes eagerly once first. The stream leaves capture mode on every path.
+  absl::StatusOr<std::unique_ptr<CudaGraph>> Capture(absl::FunctionRef<absl::Status()> enqueue);
+  /// Enqueues `graph` on the stream; FailedPrecondition when memory moved since its
+  /// capture.
+  absl::Status Replay(const CudaGraph& graph);
 
   DeviceType type() const override { return DeviceType::kCuda; }
   std::string Describe() const override;
@@ -56,11 +110,22 @@ class CudaDevice : public Device {
   absl::StatusOr<std::unique_ptr<Buffer>> UploadF32(const std::vector<float>& host) override;
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLinear(
       const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) override;
+  /// Dense in dtype always (the embedding gather reads dense rows).
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
+      const kernels::cpu::PackedWeight& table) override;
+  /// Dense in dtype, filled on the stream by kernels/cuda/random_fill.
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> RandomLinear(
+      int64_t rows, int64_t cols, uint64_t seed, float scale,
+      const std::vector<float>* bias = nullptr) override;
+  /// The pool starts zeroed (a block read before it is written holds finite values).
   absl::StatusOr<std::unique_ptr<KvCache>> CreateKvCache(const common::ModelConfig& config,
                                                          int64_t num_blocks,
                                                          int64_t block_size) override;
-  /// Copies the batch into one device buffer of the device's (reused: a later UploadStep
-  /// overwrites the tensors an earlier one returned, in stream order).
+  /// Copies the batch through a pinned host buffer into one device buffer of the
+  /// device's (reused: a later UploadStep overwrites the tensors an earlier one returned,
+  /// in stream order). The block indices come last, so every other array's address
+  /// depends only on the step's token, sequence and sample-row counts (what a captured
+  /// graph reads). Waits for the previous step's copy first.
   absl::StatusOr<StepTensors> UploadStep(
       absl::Span<const int32_t> token_ids, absl::Span<const int32_t> positions,
       absl::Span<const int32_t> slots, absl::Span<const int32_t> query_start,
@@ -82,8 +147,8 @@ class CudaDevice : public Device {
   absl::Status Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) override;
   absl::Status WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
                        const Tensor& slots) override;
-  /// Decode kernel when every sequence has one query token, the prefill kernel otherwise;
-  /// head_dim 64 or 128.
+  /// Decode kernel when every sequence has one query token, the prefill kernel otherwise
+  /// (launches of at most 65535 sequences each); head_dim 64 or 128.
   absl::Status PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
                               const StepTensors& step, const AttentionSpec& spec,
                               Tensor out) override;
@@ -99,8 +164,15 @@ class CudaDevice : public Device {
 
  private:
   CudaDevice() = default;
-  // Grows `buffer` to at least `bytes` (never shrinks).
+  // Grows `buffer` to at least `bytes` (never shrinks); Internal while capturing.
   absl::Status Ensure(kernels::cuda::DeviceBuffer& buffer, size_t bytes);
+  // A fresh dense [rows, cols] weight of dtype (uninitialised).
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> DenseLinear(int64_t rows, int64_t cols);
+  // `weight` dequantized to dense dtype rows (in chunks, bounded host scratch), and `bias`.
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadDense(
+      const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias);
+  // `bytes` at `host` into a fresh device buffer, copied on the stream (waits).
+  absl::StatusOr<kernels::cuda::DeviceBuffer> UploadBytes(const void* host, size_t bytes);
   // iota_ holds 0, 1, ..., n - 1 (at least n of them).
   absl::Status EnsureIota(int64_t n);
   // `rows` x `cols` F32 at `src` -> `dst` of `type` (the gather kernel over iota_).
@@ -120,7 +192,15 @@ class CudaDevice : public Device {
   kernels::cuda::DeviceBuffer workspace_;   // split-K / split-context partial sums
   kernels::cuda::DeviceBuffer gathered_;    // GatherRows' second operand
   kernels::cuda::DeviceBuffer step_;        // UploadStep's arrays
-  std::vector<int32_t> step_host_;
+  int32_t* step_host_ = nullptr;            // pinned mirror of step_ (cudaMallocHost), owned
+  size_t step_host_elements_ = 0;
+  int64_t memory_generation_ = 0;
+  bool capturing_ = false;  // inside Capture: Ensure must not allocate
+  int64_t quantized_linears_ = 0;
+  int64_t weight_bytes_ = 0;
+  int64_t widest_input_ = 0;                 // the most columns of any uploaded linear
+  int64_t widest_quantized_output_ = 0;      // the most rows of any 4-bit linear
+  size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs
   std::vector<float> host_, host_gathered_;  // collective staging
 };
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/model_config.h"
 #include "kernels/cpu/weights.h"
@@ -136,6 +137,22 @@ class Device {
   /// it views `weight` and `bias` (which must outlive it).
   virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLinear(
       const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) = 0;
+  /// A weight the device keeps in a form its Embedding can gather rows of (the token
+  /// embedding; the LM head beside it): by default what UploadLinear makes.
+  virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
+      const kernels::cpu::PackedWeight& table) {
+    return UploadLinear(table, nullptr);
+  }
+  /// A [rows, cols] weight generated on the device, with no host copy (random models for
+  /// benchmarks): element i uniform in [-scale, scale) from a hash of (seed, i); the same
+  /// seed gives the same weight; `bias` [rows] (may be null) is uploaded as given. Usable
+  /// as a linear layer and as a table. Unimplemented on a device that does not generate
+  /// weights.
+  virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> RandomLinear(
+      int64_t /*rows*/, int64_t /*cols*/, uint64_t /*seed*/, float /*scale*/,
+      const std::vector<float>* /*bias*/ = nullptr) {
+    return absl::UnimplementedError(absl::StrCat(Describe(), " does not generate weights"));
+  }
   /// A KV pool for `config`'s layers and KV heads (a rank's LocalConfig).
   virtual absl::StatusOr<std::unique_ptr<KvCache>> CreateKvCache(
       const common::ModelConfig& config, int64_t num_blocks, int64_t block_size) = 0;

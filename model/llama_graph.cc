@@ -1,6 +1,8 @@
 #include "model/llama_graph.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -19,10 +21,14 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
   graph->config_ = weights->config;
   graph->shard_ = weights->shard;
   graph->on_half_layer_ = options.on_half_layer;
+  graph->block_size_ = options.block_size;
   Device& d = *device;
   const ModelWeights& w = *weights;
-  LOOM_ASSIGN_OR_RETURN(graph->token_embedding_, d.UploadLinear(w.token_embedding, nullptr));
-  LOOM_ASSIGN_OR_RETURN(graph->lm_head_, d.UploadLinear(w.lm_head(), nullptr));
+  LOOM_ASSIGN_OR_RETURN(graph->token_embedding_, d.UploadTable(w.token_embedding));
+  // A tied LM head is the embedding table itself (one copy on the device).
+  if (w.output != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(graph->lm_head_, d.UploadTable(*w.output));
+  }
   LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(w.output_norm));
   LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(w.rope_inv_freq));
   for (const LayerWeights& host : w.layers) {
@@ -39,14 +45,109 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
     LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
     graph->layers_.push_back(std::move(layer));
   }
-  // The KV pool holds this rank's KV heads only.
-  LOOM_ASSIGN_OR_RETURN(graph->kv_cache_,
-                        d.CreateKvCache(LocalConfig(graph->config_, graph->shard_),
-                                        options.num_kv_blocks, options.block_size));
   // The CPU computes on the host weights in place; other devices hold copies.
   if (d.type() == DeviceType::kCpu) graph->host_weights_ = std::move(weights);
   graph->device_ = std::move(device);
+  if (!options.defer_kv_cache) LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
   return graph;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
+    const common::ModelConfig& config, std::unique_ptr<Device> device,
+    const LlamaGraphOptions& options, uint64_t seed) {
+  if (device->world_size() != 1) {
+    return absl::InvalidArgumentError("a random model runs on one rank only");
+  }
+  std::unique_ptr<LlamaGraph> graph(new LlamaGraph());
+  graph->config_ = config;
+  LOOM_ASSIGN_OR_RETURN(graph->shard_, PlanShards(config, 0, 1));
+  graph->on_half_layer_ = options.on_half_layer;
+  graph->block_size_ = options.block_size;
+  Device& d = *device;
+  const int64_t hidden = config.hidden_size, hd = config.head_dim;
+  const int64_t q_dim = config.num_heads * hd, kv_dim = config.num_kv_heads * hd;
+  const int64_t ffn = config.intermediate_size;
+  // Every tensor draws from its own stream: the seed advanced by a large odd constant.
+  uint64_t tensor_seed = seed;
+  auto next_seed = [&] { return tensor_seed += 0x632BE59BD9B4E019ull; };
+  auto scale = [](int64_t fan_in) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+  };
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    return d.RandomLinear(rows, cols, next_seed(), scale(cols));
+  };
+  const std::vector<float> ones(static_cast<size_t>(std::max(hidden, hd)), 1.0f);
+  const std::vector<float> hidden_ones(ones.begin(), ones.begin() + hidden);
+  const std::vector<float> head_ones(ones.begin(), ones.begin() + hd);
+  LOOM_ASSIGN_OR_RETURN(graph->token_embedding_, matrix(config.vocab_size, hidden));
+  if (!config.tied_embeddings) {
+    LOOM_ASSIGN_OR_RETURN(graph->lm_head_, matrix(config.vocab_size, hidden));
+  }
+  LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(hidden_ones));
+  LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(RopeInverseFrequencies(config, {})));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    Layer layer;
+    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(hidden_ones));
+    // Biases are small: drawn on the host (splitmix64 of their own seed and the index).
+    std::vector<float> bias;
+    if (config.attention_bias) {
+      const uint64_t bias_seed = next_seed();
+      bias.resize(q_dim + 2 * kv_dim);
+      for (size_t i = 0; i < bias.size(); ++i) {
+        uint64_t z = bias_seed + 0x9E3779B97F4A7C15ull * (i + 1);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const double u = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
+        bias[i] = static_cast<float>((2.0 * u - 1.0) * scale(hidden));
+      }
+    }
+    LOOM_ASSIGN_OR_RETURN(
+        layer.qkv, d.RandomLinear(q_dim + 2 * kv_dim, hidden, next_seed(), scale(hidden), &bias));
+    if (config.qk_norm) {
+      LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(head_ones));
+      LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(head_ones));
+    }
+    LOOM_ASSIGN_OR_RETURN(layer.attn_output, matrix(hidden, q_dim));
+    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(hidden_ones));
+    LOOM_ASSIGN_OR_RETURN(layer.gate_up, matrix(2 * ffn, hidden));
+    LOOM_ASSIGN_OR_RETURN(layer.down, matrix(hidden, ffn));
+    graph->layers_.push_back(std::move(layer));
+  }
+  graph->device_ = std::move(device);
+  if (!options.defer_kv_cache) LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
+  return graph;
+}
+
+absl::Status LlamaGraph::CreateKvCache(int64_t num_blocks) {
+  if (kv_cache_ != nullptr) {
+    return absl::FailedPreconditionError("the graph's KV pool exists already");
+  }
+  // The pool holds this rank's KV heads only.
+  LOOM_ASSIGN_OR_RETURN(
+      kv_cache_, device_->CreateKvCache(LocalConfig(config_, shard_), num_blocks, block_size_));
+  return absl::OkStatus();
+}
+
+absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
+  const int64_t T = std::max<int64_t>(max_tokens, 1), R = std::max<int64_t>(max_rows, 1);
+  const int64_t H = config_.hidden_size, hd = config_.head_dim;
+  const int64_t heads = shard_.num_heads, kv_heads = shard_.num_kv_heads, ffn = shard_.ffn;
+  LOOM_RETURN_IF_ERROR(Ensure(residual_, {T, H}));
+  LOOM_RETURN_IF_ERROR(Ensure(normed_, {T, H}));
+  LOOM_RETURN_IF_ERROR(Ensure(qkv_, {T, (heads + 2 * kv_heads) * hd}));
+  LOOM_RETURN_IF_ERROR(Ensure(q_, {T, heads, hd}));
+  LOOM_RETURN_IF_ERROR(Ensure(k_, {T, kv_heads, hd}));
+  LOOM_RETURN_IF_ERROR(Ensure(v_, {T, kv_heads, hd}));
+  LOOM_RETURN_IF_ERROR(Ensure(attn_, {T, heads * hd}));
+  LOOM_RETURN_IF_ERROR(Ensure(proj_, {T, H}));
+  LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
+  LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
+  LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
+  if (device_->world_size() > 1) {
+    LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, std::max<int64_t>(shard_.vocab, 1)}));
+  }
+  return absl::OkStatus();
 }
 
 Tensor LlamaGraph::Vector(const Buffer& buffer, int64_t size) const {
@@ -64,6 +165,9 @@ absl::Status LlamaGraph::Ensure(Scratch& scratch, std::initializer_list<int64_t>
 }
 
 absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
+  if (kv_cache_ == nullptr) {
+    return absl::FailedPreconditionError("the graph has no KV pool (CreateKvCache)");
+  }
   Device& d = *device_;
   const common::ModelConfig& c = config_;
   const int64_t T = step.num_tokens;
@@ -152,11 +256,11 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
   LOOM_RETURN_IF_ERROR(d.GatherRows(residual, proj, step.sample_rows, sampled_.view));
   LOOM_RETURN_IF_ERROR(
       d.RmsNorm(sampled_.view, Vector(*output_norm_, H), eps, sampled_.view));
-  if (!parallel) return d.Linear(sampled_.view, *lm_head_, logits);
+  if (!parallel) return d.Linear(sampled_.view, lm_head(), logits);
   // Vocabulary-parallel LM head: this rank's slice of the logits, gathered in order.
   LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, shard_.vocab}));
   if (shard_.vocab > 0) {
-    LOOM_RETURN_IF_ERROR(d.Linear(sampled_.view, *lm_head_, local_logits_.view));
+    LOOM_RETURN_IF_ERROR(d.Linear(sampled_.view, lm_head(), local_logits_.view));
   }
   return d.AllGatherColumns(local_logits_.view, logits);
 }

@@ -15,6 +15,9 @@ namespace loom::model {
 
 struct LlamaGraphOptions {
   int64_t num_kv_blocks = 1024;  // KV pool size; the coordinator sizes it from a budget
+  // No pool at Create (num_kv_blocks unused): the caller sizes it once the weights are on
+  // the device (the CUDA runner, from the memory left) and calls CreateKvCache.
+  bool defer_kv_cache = false;
   int64_t block_size = 16;       // token slots per KV block
   /// Called twice per layer of every Forward (after attention, after the FFN), so a long
   /// step can be seen progressing; empty: not called.
@@ -39,14 +42,36 @@ class LlamaGraph {
                                                             std::unique_ptr<Device> device,
                                                             const LlamaGraphOptions& options);
 
+  /// A graph for `config` (one rank, no tensor parallelism) whose matrices are generated
+  /// on `device` (Device::RandomLinear: no host copy, for benchmarks of full-size models),
+  /// uniform in +-1/sqrt(fan in), norm weights 1, QKV biases (when the config has them)
+  /// uniform in +-1/sqrt(hidden) from `seed`. The same seed gives the same weights.
+  /// Unimplemented on a device that does not generate weights.
+  static absl::StatusOr<std::unique_ptr<LlamaGraph>> CreateRandom(const common::ModelConfig& config,
+                                                                  std::unique_ptr<Device> device,
+                                                                  const LlamaGraphOptions& options,
+                                                                  uint64_t seed);
+
+  /// Creates the KV pool of `num_blocks` blocks (options.block_size tokens each) after a
+  /// Create with defer_kv_cache; FailedPrecondition when there is one.
+  absl::Status CreateKvCache(int64_t num_blocks);
+
+  /// Allocates the activations for steps of up to `max_tokens` tokens and `max_rows`
+  /// sample rows now, so such steps allocate nothing (a device that captures the work
+  /// of a step, such as CUDA graphs, needs that). Larger steps still grow them.
+  absl::Status Reserve(int64_t max_tokens, int64_t max_rows);
+
   /// Runs one step (validated by the caller: ids, positions, slots and the CSR batch in
   /// range): writes its K/V into the pool and `logits` [R, vocab] (device memory) <- the
-  /// logits of step.sample_rows. Every rank of a group makes the same call.
+  /// logits of step.sample_rows. Every rank of a group makes the same call. Enqueues only
+  /// device calls (no host reads of device memory, no synchronization outside the
+  /// device's collectives), allocating only when a scratch buffer must grow.
   absl::Status Forward(const StepTensors& step, Tensor logits);
 
   const common::ModelConfig& config() const { return config_; }
   const ShardPlan& shard() const { return shard_; }
   Device& device() { return *device_; }
+  /// The KV pool (CHECK-fails before CreateKvCache when Create was given none).
   const KvCache& kv_cache() const { return *kv_cache_; }
   /// The host weights (null once a device that copies them has them).
   const ModelWeights* host_weights() const { return host_weights_.get(); }
@@ -64,6 +89,7 @@ class LlamaGraph {
 
   LlamaGraph() = default;
   Tensor Vector(const Buffer& buffer, int64_t size) const;
+  const DeviceLinear& lm_head() const { return lm_head_ ? *lm_head_ : *token_embedding_; }
   // Sizes `scratch` for `shape` (F32), reallocating only when it grows.
   absl::Status Ensure(Scratch& scratch, std::initializer_list<int64_t> shape);
 
@@ -73,9 +99,10 @@ class LlamaGraph {
   std::unique_ptr<Device> device_;
   std::unique_ptr<KvCache> kv_cache_;
   std::function<void()> on_half_layer_;
+  int64_t block_size_ = 0;  // the pool's (options.block_size)
 
   std::unique_ptr<DeviceLinear> token_embedding_;  // [local vocab, hidden]
-  std::unique_ptr<DeviceLinear> lm_head_;          // [local vocab, hidden]
+  std::unique_ptr<DeviceLinear> lm_head_;          // [local vocab, hidden]; null: tied
   std::unique_ptr<Buffer> output_norm_;            // [hidden]
   std::unique_ptr<Buffer> rope_inv_freq_;          // [rope_dim / 2]
   std::vector<Layer> layers_;

@@ -27,9 +27,10 @@ struct CudaForwardPassOptions {
   // --gpu-memory-utilization); 0: unset.
   double gpu_memory_utilization = 0;
   int64_t block_size = 16;          // tokens per KV block, in [1, 1024]
-  // Weights and activations: F16 or BF16 (F32 accumulation in every GEMM and kernel).
+  // Weights and GEMM inputs: F16 or BF16 (activations between operations are F32, F32
+  // accumulation in every GEMM and kernel).
   kernels::cuda::DataType dtype = kernels::cuda::DataType::kF16;
-  // KV pool: F16 or BF16, equal to dtype (the decode kernel reads Q in the cache's type).
+  // KV pool: F16 or BF16, equal to dtype.
   kernels::cuda::DataType kv_dtype = kernels::cuda::DataType::kF16;
   // INT4 layer weights (GGUF Q4_0/Q4_1, `loom quantize --format int4`) stay 4-bit in device
   // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm); false, or weights
@@ -41,23 +42,25 @@ struct CudaForwardPassOptions {
   // Activations are allocated for this many tokens per step before the KV pool takes its
   // share of free memory; a larger step grows them (and may then run out of memory).
   int64_t max_num_tokens = 2048;
-  // Tensor parallelism is not implemented on CUDA yet (Create answers Unimplemented for
-  // tp_size > 1); the fields mirror CpuForwardPassOptions so an NcclCommunicator plugs in here.
+  // Tensor parallelism: this runner holds rank tp_rank's slice of the model (ShardPlan)
+  // and joins the others through `communicator` (not owned; required when tp_size > 1,
+  // optional at 1), which goes to the CUDA device (model::CudaDeviceOptions). Every rank
+  // runs every step with the same batch. CUDA graphs are off with tp_size > 1.
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
 };
 
-/// The llama-family forward pass on one CUDA device: the same computation as the CPU
-/// CpuForwardPass (embedding → [RMSNorm → QKV(+bias) → RoPE → paged-KV write → paged
-/// attention → O → RMSNorm(+residual) → gate/up → SiLU·mul → down] × L → final norm →
-/// LM head for the sample rows only), with F16/BF16 weights and activations in device
-/// memory, cuBLAS GEMMs and the kernels of kernels/cuda, all on one stream.
+/// The CUDA worker's forward pass: the model graph (model::LlamaGraph, the same code the
+/// CPU runner runs) on the CUDA device (model::CudaDevice: F16/BF16 weights in device
+/// memory, cuBLAS and the kernels of kernels/cuda, one stream), behind ForwardPass. What
+/// is CUDA-runner specific lives here: validation, KV pool sizing from free memory,
+/// decode steps padded to batch-size buckets and replayed as CUDA graphs per (batch
+/// bucket, context bucket), on-device sampling, and the guard below.
 ///
 /// INT4 layer weights stay 4-bit for the W4A16 GEMM (options.quantized_weights); other
-/// quantized weights are dequantized on the host at load. Decode steps are captured as
-/// CUDA graphs per (batch-size bucket, context bucket) and replayed; steps with
-/// multi-token sequences run attention through the paged prefill kernel.
+/// quantized weights are dequantized on the host at load. Steps with multi-token
+/// sequences run eagerly, attention through the paged prefill kernel.
 ///
 /// Every CUDA error is a Status naming the call; after one (other than a rejected batch
 /// or an allocation that did not fit) the runner refuses every later step rather than
@@ -67,19 +70,20 @@ class CudaForwardPass : public ForwardPass {
   /// Loads the weights onto options.device, allocates activations and the KV pool.
   /// FailedPrecondition when Loom was built without CUDA or there is no such device;
   /// InvalidArgument for options or a model the CUDA kernels cannot run (head dims other
-  /// than 64 and 128, ...); Unimplemented for tensor parallelism.
+  /// than 64 and 128, a tensor-parallel rank without a matching communicator, ...).
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Create(
       const common::GgufFile& gguf, const CudaForwardPassOptions& options);
 
   /// A runner for `config` with random weights generated on the device (no host copy:
-  /// for benchmarks of full-size models): every matrix dense in options.dtype (INT4 is
-  /// not used), uniform in +-1/sqrt(fan_in) from a hash of (seed, element), RMSNorm
-  /// weights 1. The same seed gives the same weights. Errors as Create's, plus
-  /// InvalidArgument for an inconsistent config.
+  /// for benchmarks of full-size models; model::LlamaGraph::CreateRandom): every matrix
+  /// dense in options.dtype (INT4 is not used), uniform in +-1/sqrt(fan_in) from a hash of
+  /// (seed, element), RMSNorm weights 1. The same seed gives the same weights. Errors as
+  /// Create's, plus InvalidArgument for an inconsistent config or tp_size > 1.
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> CreateRandom(
       const common::ModelConfig& config, const CudaForwardPassOptions& options, uint64_t seed);
 
-  /// Bytes one KV block takes in the pool (K and V of every layer).
+  /// Bytes one KV block takes in the pool (K and V of every layer; for a tensor-parallel
+  /// rank pass its model::LocalConfig).
   static int64_t KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
                                  kernels::cuda::DataType kv_dtype);
 
@@ -112,10 +116,11 @@ class CudaForwardPass : public ForwardPass {
   Stats stats() const;
 
  private:
-  struct State;  // everything on the device (defined only where CUDA is built)
+  struct State;  // the graph, its device, graphs and sampling buffers (CUDA builds only)
   explicit CudaForwardPass(std::unique_ptr<State> state);
-  // The tail Create and CreateRandom share once the weights are on the device: the
-  // quantized GEMM's workspace, activations, the KV pool, the load log's device line.
+  // The tail Create and CreateRandom share once the graph's weights are on the device:
+  // activations and the device's buffers reserved, the KV pool sized from the memory
+  // left, the load log's device line.
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Finish(
       std::unique_ptr<State> state, const CudaForwardPassOptions& options, std::string load_log);
   // What Step and StepAndSample share around `run`: refusing once the runner is broken,
@@ -131,11 +136,10 @@ class CudaForwardPass : public ForwardPass {
   std::string load_log_;
 };
 
-/// The step the CUDA runner's attention runs for `batch` while it has only the decode
-/// kernel: every query token becomes its own one-token sequence with context_len =
-/// position + 1 over the first ceil((position + 1) / block_size) blocks of its sequence's
-/// table, which is exactly causal attention (this step's K/V are written before attention
-/// reads them). Token ids, positions, slots and sample rows are unchanged; a batch
+/// The step the decode kernel would run for `batch`: every query token becomes its own one-token
+/// sequence with context_len = position + 1 over the first ceil((position + 1) / block_size) blocks
+/// of its sequence's table, which is exactly causal attention (this step's K/V are written before
+/// attention reads them). Token ids, positions, slots and sample rows are unchanged; a batch
 /// ValidateStepBatch accepts stays accepted. A decode step maps to itself (up to trailing
 /// blocks). The runner uses it for decode steps; multi-token steps go to the prefill
 /// kernel, for which this is the reference path. Exposed for tests (the CPU runner checks

@@ -308,6 +308,45 @@ TEST(CudaDeviceTest, AllGatherColumnsOnOneRankIsACopy) {
   EXPECT_EQ(s.Get(out), x);
 }
 
+// Capture: the enqueued RMSNorm is recorded, not run, until Replay; each replay reads the
+// input's current contents (fixed addresses). A call that would allocate during capture
+// fails instead, the stream leaves capture mode and the device stays usable; a graph
+// captured before memory moved (Allocate) is refused.
+TEST(CudaDeviceTest, CaptureRecordsReplayRereadsAndRefusesAllocation) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  Side& s = pair.gpu;
+  CudaDevice& device = static_cast<CudaDevice&>(*s.device);
+  const std::vector<float> a = Random(4 * 64, 50), b = Random(4 * 64, 51);
+  const std::vector<float> w = Random(64, 52, 0.2f);
+  const Tensor x = s.Put(a, {4, 64}), weight = s.Put(w, {64}), out = s.Zeros({4, 64});
+  const Tensor expected_a = s.Zeros({4, 64}), expected_b = s.Zeros({4, 64});
+  ASSERT_TRUE(device.RmsNorm(x, weight, 1e-5f, expected_a).ok());
+  absl::StatusOr<std::unique_ptr<CudaGraph>> graph =
+      device.Capture([&] { return device.RmsNorm(x, weight, 1e-5f, out); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(s.Get(out), std::vector<float>(4 * 64, 0.0f));  // recorded, not run
+  ASSERT_TRUE(device.Replay(**graph).ok());
+  EXPECT_EQ(s.Get(out), s.Get(expected_a));
+  // New contents at the same address: the replay reads them.
+  const Tensor x_b = s.Put(b, {4, 64});
+  ASSERT_TRUE(device.RmsNorm(x_b, weight, 1e-5f, expected_b).ok());
+  const Tensor into_x[] = {x};
+  ASSERT_TRUE(device.SplitColumns(x_b, into_x).ok());  // x <- b (a copy on the stream)
+  // x_b's Put allocated: the graph's memory generation is stale and it is refused.
+  EXPECT_EQ(device.Replay(**graph).code(), absl::StatusCode::kFailedPrecondition);
+  graph = device.Capture([&] { return device.RmsNorm(x, weight, 1e-5f, out); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE(device.Replay(**graph).ok());
+  EXPECT_EQ(s.Get(out), s.Get(expected_b));
+  // Allocation inside capture: an error, and the device still runs work afterwards.
+  absl::StatusOr<std::unique_ptr<CudaGraph>> refused =
+      device.Capture([&] { return device.Allocate(1 << 20).status(); });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInternal) << refused.status();
+  ASSERT_TRUE(device.RmsNorm(x, weight, 1e-5f, out).ok());
+  EXPECT_EQ(s.Get(out), s.Get(expected_b));
+}
+
 // The whole graph (model/llama_graph.h) on CUDA against the CPU on a random llama model
 // with head_dim 64 (with `qk_norm`, random qwen3-style per-head Q/K norm weights added):
 // a 7-token prefill, then two decode steps. The CUDA device keeps F16 weights and rounds

@@ -16,17 +16,21 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/gguf_file.h"
+#include "common/status_macros.h"
 #include "common/tokenizer.h"
+#include "gloo/rendezvous/hash_store.h"
 #include "kernels/cuda/types.h"
 #include "kernels/cuda_device.h"
 #include "tests/common/gguf_test_util.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/runner_test_util.h"
 #include "worker/cpu_forward_pass.h"
+#include "worker/gloo_communicator.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
@@ -44,7 +48,8 @@ namespace kc = kernels::cuda;
 // --- random llama-family models, in memory
 
 struct RandomModelSpec {
-  std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias
+  std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias;
+                               // qwen3: NeoX pairs, QK-norm (per-head RMSNorm of q and k)
   int64_t hidden = 256;
   int64_t heads = 4;
   int64_t kv_heads = 2;
@@ -181,6 +186,10 @@ std::unique_ptr<common::GgufFile> RandomModel(const RandomModelSpec& spec) {
       vector(p + "attn_k.bias", kv_rows, 0.5f, 0.0f);
       vector(p + "attn_v.bias", kv_rows, 0.5f, 0.0f);
     }
+    if (spec.arch == "qwen3") {
+      vector(p + "attn_q_norm.weight", spec.head_dim, 0.2f, 1.0f);
+      vector(p + "attn_k_norm.weight", spec.head_dim, 0.2f, 1.0f);
+    }
     matrix(p + "attn_output.weight", h, q_rows);
     vector(p + "ffn_norm.weight", h, 0.1f, 1.0f);
     matrix(p + "ffn_gate.weight", ffn, h);
@@ -211,6 +220,23 @@ RandomModelSpec Qwen2MqaSpec() {
   spec.vocab = 384;
   spec.tied = false;
   spec.seed = 2;
+  return spec;
+}
+
+// qwen3: QK-norm (the graph normalizes each head of q and k before RoPE), NeoX RoPE, no
+// biases, GQA, a separate LM head.
+RandomModelSpec Qwen3QkNormSpec() {
+  RandomModelSpec spec;
+  spec.arch = "qwen3";
+  spec.hidden = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.ffn = 384;
+  spec.layers = 2;
+  spec.vocab = 448;
+  spec.tied = false;
+  spec.seed = 5;
   return spec;
 }
 
@@ -510,7 +536,7 @@ class EmulatedCudaStepPreparation : public ForwardPass {
 };
 
 TEST(CudaForwardPassHostTest, StepPreparationGivesTheCpuRunnersLogits) {
-  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
+  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec(), Qwen3QkNormSpec()}) {
     SCOPED_TRACE(spec.arch);
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
@@ -582,6 +608,109 @@ TEST(CudaForwardPassTest, MatchesCpuRunnerOnRandomModels) {
       EXPECT_NE(probe->load_log().find(all), std::string::npos) << probe->load_log();
     }
     ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  }
+}
+
+// qwen3's QK-norm runs on CUDA (the CUDA runner is the model graph, which has it): the
+// scenario's prefills, chunked prefill and decode graphs match the CPU runner.
+TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuRunner) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const RandomModelSpec spec = Qwen3QkNormSpec();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+}
+
+// Tensor parallelism on the CUDA runner: two ranks on one GPU (joined by gloo; each holds
+// half the heads, FFN channels and vocabulary) run the same steps as one whole runner.
+// Both ranks hold the same gathered logits, and those match the whole runner's up to the
+// order of the partial sums.
+TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const RandomModelSpec spec = LlamaGqaSpec();  // 4 heads, 2 KV heads: one per rank
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  // A prefill of two sequences, then three decode steps feeding fixed tokens.
+  std::vector<std::vector<int32_t>> prompts = RandomPrompts(spec.vocab, 12);
+  std::vector<TestSequence> seqs(2);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    seqs[s].tokens = prompts[s];
+    for (int64_t t = 0; t < 3; ++t) {
+      seqs[s].tokens.push_back(
+          static_cast<int32_t>((t * 13 + 7 + static_cast<int64_t>(s)) % spec.vocab));
+    }
+  }
+  StepDriver driver;
+  std::vector<StepBatch> batches(4);
+  for (size_t step = 0; step < batches.size(); ++step) {
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      driver.Add(batches[step], seqs[s], step == 0 ? prompts[s].size() : 1, true);
+    }
+  }
+  auto run_all = [&](ForwardPass& runner, std::vector<std::vector<float>>& out) -> absl::Status {
+    for (const StepBatch& batch : batches) {
+      LOOM_RETURN_IF_ERROR(runner.Step(batch, out.emplace_back()));
+    }
+    return absl::OkStatus();
+  };
+  std::unique_ptr<CudaForwardPass> whole = GpuRunner(*gguf, /*graphs=*/true);
+  ASSERT_NE(whole, nullptr);
+  std::vector<std::vector<float>> expected;
+  ASSERT_TRUE(run_all(*whole, expected).ok());
+
+  constexpr int kRanks = 2;
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<absl::Status> status(kRanks);
+  std::vector<std::vector<std::vector<float>>> got(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> communicator =
+          GlooCommunicator::Connect(store, rank, kRanks, {});
+      if (!communicator.ok()) {
+        status[rank] = communicator.status();
+        return;
+      }
+      CudaForwardPassOptions options;
+      options.num_kv_blocks = kNumBlocks;
+      options.block_size = kBlockSize;
+      options.max_num_tokens = 512;
+      options.tp_rank = rank;
+      options.tp_size = kRanks;
+      options.communicator = communicator->get();
+      absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+          CudaForwardPass::Create(*gguf, options);
+      if (!runner.ok()) {
+        status[rank] = runner.status();
+        return;
+      }
+      status[rank] = run_all(**runner, got[rank]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ASSERT_TRUE(status[rank].ok()) << "rank " << rank << ": " << status[rank];
+    ASSERT_EQ(got[rank].size(), expected.size());
+  }
+  const int64_t vocab = spec.vocab;
+  for (size_t step = 0; step < expected.size(); ++step) {
+    SCOPED_TRACE(step);
+    ASSERT_EQ(got[0][step].size(), expected[step].size());
+    EXPECT_EQ(
+        std::memcmp(got[0][step].data(), got[1][step].data(), got[0][step].size() * sizeof(float)),
+        0);
+    for (size_t row = 0; row * vocab < expected[step].size(); ++row) {
+      double diff2 = 0, spread = 0, mean = 0;
+      const float* want = expected[step].data() + row * vocab;
+      const float* have = got[0][step].data() + row * vocab;
+      for (int64_t v = 0; v < vocab; ++v) mean += want[v] / vocab;
+      for (int64_t v = 0; v < vocab; ++v) {
+        ASSERT_TRUE(std::isfinite(have[v]));
+        diff2 += (have[v] - want[v]) * (have[v] - want[v]);
+        spread += (want[v] - mean) * (want[v] - mean);
+      }
+      EXPECT_LE(std::sqrt(diff2 / spread), kRelRms) << "row " << row;
+    }
   }
 }
 
@@ -755,9 +884,9 @@ TEST(CudaForwardPassTest, RejectsOptionsTheKernelsCannotRun) {
   EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
             absl::StatusCode::kInvalidArgument);
   options = CudaForwardPassOptions{};
-  options.tp_size = 2;
+  options.tp_size = 2;  // a tensor-parallel rank without a communicator
   EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
-            absl::StatusCode::kUnimplemented);
+            absl::StatusCode::kInvalidArgument);
   options = CudaForwardPassOptions{};
   options.device = kernels::CudaDeviceCount();  // one past the last
   EXPECT_EQ(CudaForwardPass::Create(*gguf, options).status().code(),
