@@ -27,8 +27,10 @@ struct CudaDeviceOptions {
   /// this off (see UploadLinear).
   bool keep_quantized = false;
   /// Tensor parallelism: the group's collectives; null for a single rank. Not owned.
-  /// The collectives stage through host memory (Synchronize, copy, the communicator's
-  /// host call, copy back), so any Communicator (gloo, NCCL) works.
+  /// A communicator with device collectives (NCCL) runs them on the device's stream, in
+  /// stream order and capture-safe, even in a world of one, and Synchronize (and with it
+  /// every download) then waits through its WaitOnDevice, under its timeout; any other
+  /// (gloo) is staged through host memory (Synchronize, copy, the host call, copy back).
   Communicator* communicator = nullptr;
 };
 
@@ -122,6 +124,8 @@ class CudaDevice : public Device {
   kernels::cuda::DeviceBuffer step_;        // UploadStep's arrays
   std::vector<int32_t> step_host_;
   std::vector<float> host_, host_gathered_;  // collective staging
+  kernels::cuda::DeviceBuffer gather_local_;  // AllGatherColumns on the device: the padded
+  kernels::cuda::DeviceBuffer gather_all_;    // local slice, and every rank's, rank-major
 };
 
 }  // namespace loom::model
