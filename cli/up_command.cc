@@ -140,15 +140,33 @@ int UpGpuIndex(int replica, int rank, int ranks_per_replica, int cuda_device_cou
   return (replica * ranks_per_replica + rank) % cuda_device_count;
 }
 
+namespace {
+
+// Whether the workers will run on CUDA: they resolve --device the same way.
+bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
+  absl::StatusOr<std::string> device = worker::ResolveDevice(
+      options.worker.device, options.worker.kv_dtype, options.workers, cuda_device_count);
+  return options.worker.backend == "cpu" && device.ok() && *device == "cuda";
+}
+
+}  // namespace
+
+absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count) {
+  if (!WorkersRunOnCuda(options, cuda_device_count) || options.workers <= cuda_device_count) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "--tensor-parallel-size %d on CUDA needs %d GPUs (NCCL runs one rank per GPU); this "
+      "machine shows %d (CUDA_VISIBLE_DEVICES counts)",
+      options.workers, options.workers, cuda_device_count));
+}
+
 std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
                                                      const std::string& coordinator,
                                                      const std::string& rendezvous_id,
                                                      int cuda_device_count) {
-  // The workers run on CUDA when they will resolve --device so (the same rule they apply);
-  // then each gets its own GPU.
-  absl::StatusOr<std::string> device = worker::ResolveDevice(
-      options.worker.device, options.worker.kv_dtype, options.workers, cuda_device_count);
-  const bool cuda = options.worker.backend == "cpu" && device.ok() && *device == "cuda";
+  // On CUDA each worker gets its own GPU.
+  const bool cuda = WorkersRunOnCuda(options, cuda_device_count);
   std::vector<std::vector<std::string>> commands;
   for (int r = 0; r < options.replicas; ++r) {
     for (int rank = 0; rank < options.workers; ++rank) {
@@ -180,6 +198,10 @@ int RunUpCommand(int argc, char** argv) {
       std::printf("%s %s\n", options.worker_binary.c_str(), absl::StrJoin(command, " ").c_str());
     }
     return 0;
+  }
+  if (absl::Status gpus = CheckUpGpus(options, kernels::CudaDeviceCount()); !gpus.ok()) {
+    std::fprintf(stderr, "loom up: %s\n", std::string(gpus.message()).c_str());
+    return 1;
   }
   CoordinatorServer::BlockShutdownSignals();
   auto server = CoordinatorServer::Start(options.serve);

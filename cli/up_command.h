@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cli/worker_options.h"
 #include "coordinator/coordinator_server.h"
 
@@ -35,6 +36,11 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
 /// machine with `cuda_device_count` visible devices: (replica * T + rank) modulo the count,
 /// so the ranks of a replica, and the replicas, take distinct GPUs while there are enough.
 int UpGpuIndex(int replica, int rank, int ranks_per_replica, int cuda_device_count);
+
+/// FailedPrecondition when the workers will run on CUDA with more ranks per replica than
+/// the machine's `cuda_device_count` GPUs (NCCL refuses two ranks of a group on one GPU);
+/// replicas beyond the GPUs may share them. OK otherwise.
+absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count);
 
 /// The argv (without the binary) of each worker process, replica-major. When the workers
 /// will run on CUDA (their --device resolves to cuda on a machine with

@@ -136,6 +136,16 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
   ASSERT_EQ(commands.size(), 3u);
   EXPECT_EQ(value_of(commands[2], "--gpu-index"), "0");
   EXPECT_EQ(value_of(commands[1], "--gpu-index"), "1");
+  // A group larger than the machine's GPUs is refused (NCCL: one rank per GPU); replicas
+  // may share GPUs; the CPU needs none.
+  EXPECT_TRUE(CheckUpGpus(options, 2).ok());
+  EXPECT_TRUE(CheckUpGpus(options, 4).ok());
+  const absl::Status too_few = CheckUpGpus(options, 1);
+  EXPECT_EQ(too_few.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(too_few.message().find("needs 2 GPUs"), std::string::npos) << too_few;
+  UpOptions on_cpu;
+  ASSERT_EQ(ParseUp({"m.gguf", "-tp", "4", "--device", "cpu"}, on_cpu), std::nullopt);
+  EXPECT_TRUE(CheckUpGpus(on_cpu, 1).ok());
   // loom up sets --gpu-index itself.
   UpOptions refused;
   EXPECT_EQ(ParseUp({"m.gguf", "--gpu-index", "1"}, refused), 2);
