@@ -21,6 +21,7 @@
 #include "cli/serve_command.h"
 #include "cli/serve_flags.h"
 #include "coordinator/coordinator_server.h"
+#include "kernels/cuda_device.h"
 
 namespace loom::coordinator {
 namespace {
@@ -86,9 +87,10 @@ void StopWorkers(std::vector<pid_t>& pids) {
 
 }  // namespace
 
-const char* const kUpOwnedWorkerFlags[] = {"model", "coordinator", "replica-id", "rank",
-                                            "world-size", "rendezvous-id", "threads",
-                                            "drain-timeout-s", nullptr};
+const char* const kUpOwnedWorkerFlags[] = {"model",     "coordinator",   "replica-id",
+                                            "rank",      "world-size",    "rendezvous-id",
+                                            "threads",   "drain-timeout-s", "gpu-index",
+                                            nullptr};
 
 std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options) {
   cli::CommandLine command_line(
@@ -99,7 +101,8 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
   cli::AddInt(app, "--data-parallel-size,--replicas", options.replicas, 1, 256,
               "data-parallel replicas, each its own worker processes");
   cli::AddInt(app, "--tensor-parallel-size,--tensor-parallel,--workers", options.workers, 1, 256,
-              "ranks (worker processes) per replica, joined by gloo (also -tp)");
+              "ranks (worker processes) per replica, joined by gloo on the CPU or NCCL on "
+              "CUDA, one GPU each (also -tp)");
   command_line.AddArgumentAlias("-tp", "--tensor-parallel-size");
   cli::AddInt(app, "--threads", options.threads, 0, 1024,
               "CPU threads per worker (0: cores / workers)");
@@ -133,9 +136,37 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
   return std::nullopt;
 }
 
+int UpGpuIndex(int replica, int rank, int ranks_per_replica, int cuda_device_count) {
+  return (replica * ranks_per_replica + rank) % cuda_device_count;
+}
+
+namespace {
+
+// Whether the workers will run on CUDA: they resolve --device the same way.
+bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
+  absl::StatusOr<std::string> device = worker::ResolveDevice(
+      options.worker.device, options.worker.kv_dtype, options.workers, cuda_device_count);
+  return options.worker.backend == "cpu" && device.ok() && *device == "cuda";
+}
+
+}  // namespace
+
+absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count) {
+  if (!WorkersRunOnCuda(options, cuda_device_count) || options.workers <= cuda_device_count) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "--tensor-parallel-size %d on CUDA needs %d GPUs (NCCL runs one rank per GPU); this "
+      "machine shows %d (CUDA_VISIBLE_DEVICES counts)",
+      options.workers, options.workers, cuda_device_count));
+}
+
 std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
                                                      const std::string& coordinator,
-                                                     const std::string& rendezvous_id) {
+                                                     const std::string& rendezvous_id,
+                                                     int cuda_device_count) {
+  // On CUDA each worker gets its own GPU.
+  const bool cuda = WorkersRunOnCuda(options, cuda_device_count);
   std::vector<std::vector<std::string>> commands;
   for (int r = 0; r < options.replicas; ++r) {
     for (int rank = 0; rank < options.workers; ++rank) {
@@ -146,6 +177,10 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
       if (options.workers > 1) {
         args.insert(args.end(), {"--world-size", std::to_string(options.workers), "--rank",
                                  std::to_string(rank), "--rendezvous-id", rendezvous_id});
+      }
+      if (cuda) {
+        args.insert(args.end(), {"--gpu-index", std::to_string(UpGpuIndex(
+                                                    r, rank, options.workers, cuda_device_count))});
       }
       args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
       commands.push_back(std::move(args));
@@ -159,10 +194,14 @@ int RunUpCommand(int argc, char** argv) {
   if (std::optional<int> exit_code = ParseUpCommandLine(argc, argv, options)) return *exit_code;
   if (options.print_worker_commands) {
     for (const std::vector<std::string>& command :
-         WorkerCommands(options, "COORDINATOR", "RENDEZVOUS")) {
+         WorkerCommands(options, "COORDINATOR", "RENDEZVOUS", kernels::CudaDeviceCount())) {
       std::printf("%s %s\n", options.worker_binary.c_str(), absl::StrJoin(command, " ").c_str());
     }
     return 0;
+  }
+  if (absl::Status gpus = CheckUpGpus(options, kernels::CudaDeviceCount()); !gpus.ok()) {
+    std::fprintf(stderr, "loom up: %s\n", std::string(gpus.message()).c_str());
+    return 1;
   }
   CoordinatorServer::BlockShutdownSignals();
   auto server = CoordinatorServer::Start(options.serve);
@@ -178,7 +217,7 @@ int RunUpCommand(int argc, char** argv) {
   // addresses an earlier one left in the coordinator's store.
   const std::string rendezvous_id = absl::StrFormat("%d-%d", getpid(), (*server)->port());
   for (const std::vector<std::string>& args :
-       WorkerCommands(options, coordinator, rendezvous_id)) {
+       WorkerCommands(options, coordinator, rendezvous_id, kernels::CudaDeviceCount())) {
     const pid_t pid = SpawnWorker(options.worker_binary, args);
     if (pid < 0) {
       std::fprintf(stderr, "loom up: cannot start %s\n", options.worker_binary.c_str());

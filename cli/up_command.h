@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cli/worker_options.h"
 #include "coordinator/coordinator_server.h"
 
@@ -31,10 +32,23 @@ extern const char* const kUpOwnedWorkerFlags[];
 /// after printing help (0) or one error line (2).
 std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options);
 
-/// The argv (without the binary) of each worker process, replica-major.
+/// The GPU `loom up` gives rank `rank` of replica `replica` (T ranks per replica) on a
+/// machine with `cuda_device_count` visible devices: (replica * T + rank) modulo the count,
+/// so the ranks of a replica, and the replicas, take distinct GPUs while there are enough.
+int UpGpuIndex(int replica, int rank, int ranks_per_replica, int cuda_device_count);
+
+/// FailedPrecondition when the workers will run on CUDA with more ranks per replica than
+/// the machine's `cuda_device_count` GPUs (NCCL refuses two ranks of a group on one GPU);
+/// replicas beyond the GPUs may share them. OK otherwise.
+absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count);
+
+/// The argv (without the binary) of each worker process, replica-major. When the workers
+/// will run on CUDA (their --device resolves to cuda on a machine with
+/// `cuda_device_count` devices), each gets --gpu-index UpGpuIndex(...).
 std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
                                                      const std::string& coordinator,
-                                                     const std::string& rendezvous_id);
+                                                     const std::string& rendezvous_id,
+                                                     int cuda_device_count = 0);
 
 /// `loom up MODEL [--data-parallel-size R] [--tensor-parallel-size T] [serve and worker
 /// flags]`: a coordinator and its workers on this machine (R x T `loom-worker`

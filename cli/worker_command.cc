@@ -31,6 +31,7 @@
 #include "worker/cuda_forward_pass.h"
 #include "worker/draft_proposer.h"
 #include "worker/gloo_communicator.h"
+#include "worker/nccl_communicator.h"
 #include "worker/health_service.h"
 #include "worker/model_quantizer.h"
 #include "worker/cpu_forward_pass.h"
@@ -101,16 +102,18 @@ CpuForwardPassOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num
 
 // Builds the backend (CreateStepBackend) from the worker's flags: the model runner on
 // `device` ("cpu" or "cuda"; weights loaded, KV pool allocated) or noop, and prints its load
-// log. `num_blocks` sizes the CPU pool; on CUDA it is used when positive, else the pool
+// log (on CUDA device `gpu_index`). `num_blocks` sizes the CPU pool; on CUDA it is used when positive, else the pool
 // takes a fraction of free device memory. The CPU runner runs on `thread_pool` when given
 // (shared with a draft model) and counts its layers into `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     const WorkerOptions& options, const std::string& device, const common::GgufFile& gguf,
-    const common::ModelConfig& config, int64_t num_blocks, model::Communicator* communicator,
-    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
+    const common::ModelConfig& config, int64_t num_blocks, int gpu_index,
+    model::Communicator* communicator, std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
+    StepProgress* progress) {
   StepBackendOptions backend_options;
   backend_options.backend = options.backend;
   backend_options.device = device;
+  backend_options.gpu_index = gpu_index;
   backend_options.num_kv_blocks = num_blocks;
   backend_options.block_size = options.block_size;
   backend_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
@@ -174,6 +177,14 @@ int RunWorkerCommand(int argc, char** argv) {
       return Fail(resolved.status());
     }
     device = *resolved;
+  }
+  // The GPU of a CUDA worker: --gpu-index, else the rank modulo the visible devices.
+  int gpu_index = 0;
+  if (device == "cuda") {
+    absl::StatusOr<int> gpu =
+        ResolveGpuIndex(options.gpu_index, options.rank, kernels::CudaDeviceCount());
+    if (!gpu.ok()) return Fail(gpu.status());
+    gpu_index = *gpu;
   }
   if (options.gpu_memory_utilization.has_value() && device != "cuda" &&
       options.backend == "cpu") {
@@ -247,22 +258,34 @@ int RunWorkerCommand(int argc, char** argv) {
 
   // Tensor parallelism: meet the replica's other ranks through the coordinator's
   // rendezvous store, then load only this rank's shard.
-  std::unique_ptr<GlooCommunicator> communicator;
+  // On CUDA the ranks are joined by NCCL (its unique id through the same store), on the CPU
+  // by gloo; either way the collective timeout is --rendezvous-timeout-ms.
+  std::unique_ptr<model::Communicator> communicator;
   if (options.world_size > 1) {
     const std::string listen_host = SplitHostPort(options.listen_address)->first;
     auto store = std::make_shared<CoordinatorStore>(
         grpc::CreateChannel(options.coordinator_address, grpc::InsecureChannelCredentials()),
         absl::StrFormat("tp/%s/%s/", options.replica_id, options.rendezvous_id),
         std::chrono::milliseconds(options.rendezvous_timeout_ms));
-    std::fprintf(stderr, "loom-worker: rank %d of %d: meeting the other ranks through %s\n",
-                 options.rank, options.world_size, options.coordinator_address.c_str());
-    GlooOptions gloo;
-    gloo.hostname = AdvertiseHost(listen_host);
-    gloo.timeout = std::chrono::milliseconds(options.rendezvous_timeout_ms);
-    absl::StatusOr<std::unique_ptr<GlooCommunicator>> connected =
-        GlooCommunicator::Connect(store, options.rank, options.world_size, gloo);
-    if (!connected.ok()) return Fail(connected.status());
-    communicator = *std::move(connected);
+    std::fprintf(stderr, "loom-worker: rank %d of %d%s: meeting the other ranks through %s\n",
+                 options.rank, options.world_size,
+                 cuda ? absl::StrFormat(" on GPU %d (NCCL)", gpu_index).c_str() : "",
+                 options.coordinator_address.c_str());
+    if (cuda) {
+      absl::StatusOr<std::unique_ptr<NcclCommunicator>> connected = NcclCommunicator::Connect(
+          store, options.rank, options.world_size, gpu_index,
+          std::chrono::milliseconds(options.rendezvous_timeout_ms));
+      if (!connected.ok()) return Fail(connected.status());
+      communicator = *std::move(connected);
+    } else {
+      GlooOptions gloo;
+      gloo.hostname = AdvertiseHost(listen_host);
+      gloo.timeout = std::chrono::milliseconds(options.rendezvous_timeout_ms);
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> connected =
+          GlooCommunicator::Connect(store, options.rank, options.world_size, gloo);
+      if (!connected.ok()) return Fail(connected.status());
+      communicator = *std::move(connected);
+    }
   }
   // With a draft model, the target and the draft step one after the other on one pool.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
@@ -275,7 +298,8 @@ int RunWorkerCommand(int argc, char** argv) {
   progress.set_units_per_step(
       static_cast<uint32_t>(2 + (options.backend == "cpu" && !cuda ? 2 * config->num_layers : 0)));
   absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
-      options, device, **gguf, *config, num_blocks, communicator.get(), thread_pool, &progress);
+      options, device, **gguf, *config, num_blocks, gpu_index, communicator.get(), thread_pool,
+      &progress);
   if (!backend.ok()) return Fail(backend.status());
   num_blocks = (*backend)->num_kv_blocks();  // the CUDA runner may have sized it
   if (options.max_model_len > 0 && num_blocks * options.block_size < options.max_model_len) {

@@ -112,12 +112,22 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
   if (f32_kv) {
     return absl::InvalidArgumentError("--device cuda: --kv-dtype f32 is CPU-only (use f16)");
   }
-  if (world_size > 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--device cuda: tensor parallelism (--world-size %d) is not implemented on CUDA yet",
-        world_size));
-  }
   return std::string("cuda");
+}
+
+absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_count) {
+  if (cuda_device_count <= 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no usable CUDA device (%s)", kernels::CudaDeviceDescription(0)));
+  }
+  if (gpu_index < 0) return rank % cuda_device_count;
+  if (gpu_index >= cuda_device_count) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--gpu-index %d: this machine shows %d CUDA device(s) (indices 0 to %d, after "
+        "CUDA_VISIBLE_DEVICES)",
+        gpu_index, cuda_device_count, cuda_device_count - 1));
+  }
+  return gpu_index;
 }
 
 CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
@@ -209,8 +219,14 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
   if (fresh("--device")) {
     AddString(app, "--device", options.device,
               "where the model runner runs: cuda, cpu or auto (cuda when a CUDA device is "
-              "present, --kv-dtype is f16 and --world-size is 1)",
+              "present, --kv-dtype is f16 and --world-size is 1; tensor parallelism on "
+              "CUDA, over NCCL, needs --device cuda)",
               {"cuda", "cpu", "auto"});
+  }
+  if (fresh("--gpu-index")) {
+    AddInt(app, "--gpu-index", options.gpu_index, -1, 1 << 16,
+           "cuda: the GPU this worker runs on, among the visible ones (CUDA_VISIBLE_DEVICES); "
+           "-1: its --rank modulo the GPU count");
   }
   if (fresh("--cuda-graphs")) {
     AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");

@@ -33,6 +33,9 @@ struct WorkerOptions {
   // CUDA device is present and the options allow it (ResolveDevice).
   std::string device = "auto";
   bool cuda_graphs = true;                     // --[no-]cuda-graphs (CUDA decode steps)
+  // --gpu-index N (cuda): the CUDA device this worker runs on, an index among the visible
+  // ones (after CUDA_VISIBLE_DEVICES); -1: its rank modulo the visible device count.
+  int gpu_index = -1;
   int num_threads = 0;                         // --threads; 0: hardware concurrency
   std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
@@ -97,12 +100,19 @@ absl::StatusOr<int64_t> MemAvailableBytes();
 
 /// The device a --device value (cuda|cpu|auto) means on a machine with
 /// `cuda_device_count` CUDA devices: "cuda" or "cpu". auto is cuda when a device is present,
-/// the KV dtype is f16 and `world_size` is 1 (the CUDA runner supports neither f32 KV nor
-/// tensor parallelism yet), else cpu. FailedPrecondition naming the reason for cuda on a
-/// machine without a usable device; InvalidArgument for cuda with options the CUDA runner
-/// does not support, or an unknown value. Used by `loom-worker` and `loom generate`.
+/// the KV dtype is f16 (the CUDA runner has no f32 KV) and `world_size` is 1, else cpu:
+/// tensor parallelism on CUDA (ranks joined by NCCL) is asked for with --device cuda.
+/// FailedPrecondition naming the reason for cuda on a machine without a usable device;
+/// InvalidArgument for cuda with options the CUDA runner does not support, or an unknown
+/// value. Used by `loom-worker`, `loom up` and `loom generate`.
 absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
                                           int world_size, int cuda_device_count);
+
+/// The CUDA device (an index among the `cuda_device_count` visible ones) rank `rank` of a
+/// tensor-parallel group runs on: `gpu_index` when not -1 (FailedPrecondition when there is
+/// no such device), else `rank` modulo the device count. Two ranks of one group on one GPU
+/// (more ranks than devices) is allowed here; NCCL may refuse it at connect time.
+absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_count);
 
 /// The CPU KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
 /// MemAvailable, else 512 MiB. (On CUDA the fraction is of free device memory, see

@@ -28,8 +28,10 @@ struct CudaDeviceOptions {
   /// this off (see UploadLinear).
   bool keep_quantized = false;
   /// Tensor parallelism: the group's collectives; null for a single rank. Not owned.
-  /// The collectives stage through host memory (Synchronize, copy, the communicator's
-  /// host call, copy back), so any Communicator (gloo, NCCL) works.
+  /// A communicator with device collectives (NCCL) runs them on the device's stream, in
+  /// stream order and capture-safe, even in a world of one, and Synchronize (and with it
+  /// every download) then waits through its WaitOnDevice, under its timeout; any other
+  /// (gloo) is staged through host memory (Synchronize, copy, the host call, copy back).
   Communicator* communicator = nullptr;
 };
 
@@ -159,6 +161,13 @@ class CudaDevice : public Device {
   int world_size() const override {
     return options_.communicator == nullptr ? 1 : options_.communicator->world_size();
   }
+  /// Every collective of a communicator with device collectives (NCCL) runs, even at
+  /// world size 1; with host-staged ones (gloo) only when there are several ranks.
+  bool runs_collectives() const override { return world_size() > 1 || collectives_on_stream(); }
+  /// The collectives are enqueued on the stream (NCCL), so a CUDA graph can capture them.
+  bool collectives_on_stream() const {
+    return options_.communicator != nullptr && options_.communicator->has_device_collectives();
+  }
   absl::Status AllReduceSum(Tensor x) override;
   absl::Status AllGatherColumns(const Tensor& local, Tensor out) override;
 
@@ -202,6 +211,8 @@ class CudaDevice : public Device {
   int64_t widest_quantized_output_ = 0;      // the most rows of any 4-bit linear
   size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs
   std::vector<float> host_, host_gathered_;  // collective staging
+  kernels::cuda::DeviceBuffer gather_local_;  // AllGatherColumns on the device: the padded
+  kernels::cuda::DeviceBuffer gather_all_;    // local slice, and every rank's, rank-major
 };
 
 }  // namespace loom::model

@@ -206,6 +206,10 @@ class Device {
   // ---- tensor parallelism (every rank makes the same calls in the same order) ----
   /// Ranks in the device's group (1: no collectives are needed).
   virtual int world_size() const = 0;
+  /// Whether the graph runs its collectives: with more than one rank, and on a device
+  /// whose collectives go through a communicator even in a world of one (NCCL on CUDA,
+  /// so a single GPU exercises the multi-GPU path).
+  virtual bool runs_collectives() const { return world_size() > 1; }
   /// x <- the sum of every rank's x.
   virtual absl::Status AllReduceSum(Tensor x) = 0;
   /// Vocabulary-parallel logits: local [R, n_r] is this rank's slice of the vocabulary

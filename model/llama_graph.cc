@@ -144,7 +144,7 @@ absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
   LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
-  if (device_->world_size() > 1) {
+  if (device_->runs_collectives()) {
     LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, std::max<int64_t>(shard_.vocab, 1)}));
   }
   return absl::OkStatus();
@@ -179,7 +179,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
   const int64_t q_dim = heads * hd, kv_dim = kv_heads * hd;
   const int64_t ffn = shard_.ffn;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const bool parallel = d.world_size() > 1;
+  const bool parallel = d.runs_collectives();
 
   LOOM_RETURN_IF_ERROR(Ensure(residual_, {T, H}));
   LOOM_RETURN_IF_ERROR(Ensure(normed_, {T, H}));

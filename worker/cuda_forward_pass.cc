@@ -569,9 +569,10 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   model::CudaDevice& device = *s.device;
   s.config = graph.config();
   s.block_size = options.block_size;
-  // Only one rank: the collectives of a tensor-parallel group stage through the host
-  // (synchronizing), which a CUDA graph cannot capture.
-  s.use_graphs = options.cuda_graphs && device.world_size() == 1;
+  // A tensor-parallel group's collectives must be enqueued on the stream (NCCL) for a CUDA
+  // graph to capture them; host-staged ones (gloo) synchronize, so graphs are off then.
+  s.use_graphs =
+      options.cuda_graphs && (device.world_size() == 1 || device.collectives_on_stream());
   const common::ModelConfig& c = s.config;
   const common::ModelConfig local = model::LocalConfig(c, graph.shard());
   // Weights are uploaded and generated on the device's stream; wait for every stream

@@ -1,5 +1,6 @@
 #include "worker/nccl_communicator.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,53 +18,147 @@ namespace loom::worker {
 
 #ifdef LOOM_HAVE_NCCL
 
+namespace {
+
+// How a host wait polls: spinning (yield) for the first kSpinFor, then sleeping kNap
+// between polls, so a step of a few milliseconds is not delayed and a long wait for a
+// stalled peer does not burn a core.
+constexpr auto kSpinFor = std::chrono::milliseconds(2);
+constexpr auto kNap = std::chrono::microseconds(20);
+
+void Pause(std::chrono::steady_clock::time_point start) {
+  if (std::chrono::steady_clock::now() - start < kSpinFor) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(kNap);
+  }
+}
+
+}  // namespace
+
 struct NcclCommunicator::Impl {
   const detail::NcclApi* nccl = nullptr;  // the loaded library's entry points
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  int rank = 0;
   int device = 0;
   std::chrono::milliseconds timeout{0};
-  float* scratch = nullptr;  // one float for Barrier
+  cudaStream_t stream = nullptr;  // owned: the host-span calls' staging and collectives
+  float* scratch = nullptr;       // owned: their device copy of the data
+  size_t scratch_floats = 0;
   absl::Status broken;
 
-  // Waits for the work enqueued on `stream`, polling NCCL's asynchronous error, up to the
-  // timeout; aborts the communicator on an error or a timeout.
-  absl::Status Wait(const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      const cudaError_t done = cudaStreamQuery(stream);
-      if (done == cudaSuccess) return absl::OkStatus();
-      ncclResult_t async = ncclSuccess;
-      nccl->CommGetAsyncError(comm, &async);
-      if (done != cudaErrorNotReady || (async != ncclSuccess && async != ncclInProgress)) {
-        return Break(absl::UnavailableError(absl::StrFormat(
-            "nccl %s failed: %s / %s", what, cudaGetErrorString(done),
-            nccl->GetErrorString(async))));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return Break(absl::DeadlineExceededError(
-            absl::StrFormat("nccl %s did not finish within %d ms (a peer died or stalls)", what,
-                            static_cast<long long>(timeout.count()))));
-      }
-      std::this_thread::yield();
-    }
+  ~Impl() {
+    if (comm != nullptr) nccl->CommDestroy(comm);
+    if (scratch != nullptr) cudaFree(scratch);
+    if (stream != nullptr) cudaStreamDestroy(stream);
   }
+
   absl::Status Break(absl::Status status) {
     if (comm != nullptr) nccl->CommAbort(comm);
     comm = nullptr;
     broken = status;
     return status;
   }
-  absl::Status Check(ncclResult_t result, const char* what) {
+
+  // The communicator's state after a call that returned `result`: a non-blocking
+  // communicator may answer ncclInProgress while it enqueues, which is polled (on the host
+  // only: no stream is waited for, so this is capture-safe) until it settles.
+  absl::Status Enqueued(ncclResult_t result, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout;
+    while (result == ncclInProgress) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Break(absl::DeadlineExceededError(absl::StrFormat(
+            "nccl %s was not enqueued within %d ms", what,
+            static_cast<long long>(timeout.count()))));
+      }
+      Pause(start);
+      nccl->CommGetAsyncError(comm, &result);
+    }
     if (result == ncclSuccess) return absl::OkStatus();
     return Break(absl::UnavailableError(
         absl::StrFormat("nccl %s: %s", what, nccl->GetErrorString(result))));
+  }
+
+  // Waits for the work enqueued on `on` so far, polling NCCL's asynchronous error, up to
+  // the timeout; aborts the communicator on an error or a timeout (which stops its
+  // kernels, so the stream drains).
+  absl::Status Wait(cudaStream_t on, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout;
+    while (true) {
+      const cudaError_t done = cudaStreamQuery(on);
+      if (done == cudaSuccess) return absl::OkStatus();
+      ncclResult_t async = ncclSuccess;
+      nccl->CommGetAsyncError(comm, &async);
+      if (done != cudaErrorNotReady || (async != ncclSuccess && async != ncclInProgress)) {
+        if (done != cudaErrorNotReady) cudaGetLastError();
+        return Break(absl::UnavailableError(absl::StrFormat(
+            "nccl rank %d: %s failed: %s / %s", rank, what,
+            done == cudaErrorNotReady ? "stream still running" : cudaGetErrorString(done),
+            nccl->GetErrorString(async))));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Break(absl::DeadlineExceededError(absl::StrFormat(
+            "nccl rank %d: %s did not finish within %d ms (a peer died or stalls)", rank, what,
+            static_cast<long long>(timeout.count()))));
+      }
+      Pause(start);
+    }
+  }
+
+  absl::Status Cuda(cudaError_t error, const char* what) {
+    if (error == cudaSuccess) return absl::OkStatus();
+    cudaGetLastError();
+    return Break(absl::InternalError(
+        absl::StrFormat("nccl rank %d: %s: %s", rank, what, cudaGetErrorString(error))));
+  }
+
+  // The checks every call starts with; selects the communicator's device.
+  absl::Status Usable() {
+    if (!broken.ok()) return broken;
+    return Cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+
+  // scratch holds at least `floats` (the own stream is idle between calls).
+  absl::Status EnsureScratch(size_t floats) {
+    if (scratch_floats >= floats) return absl::OkStatus();
+    if (scratch != nullptr) cudaFree(scratch);
+    scratch = nullptr;
+    scratch_floats = 0;
+    const size_t size = std::max<size_t>(floats, 256);
+    if (absl::Status s = Cuda(cudaMalloc(reinterpret_cast<void**>(&scratch), size * sizeof(float)),
+                              "cudaMalloc of the staging buffer");
+        !s.ok()) {
+      return s;
+    }
+    scratch_floats = size;
+    return absl::OkStatus();
+  }
+
+  // host[0, n) -> scratch at `offset` floats, on the own stream.
+  absl::Status Stage(const float* host, size_t n, size_t offset) {
+    return Cuda(cudaMemcpyAsync(scratch + offset, host, n * sizeof(float),
+                                cudaMemcpyHostToDevice, stream),
+                "copy to the device");
+  }
+  // scratch at `offset` -> host[0, n), once the collective before it has finished (waited
+  // for under the timeout first: a pageable copy back would otherwise block without one).
+  absl::Status Unstage(float* host, size_t n, size_t offset, const char* what) {
+    if (absl::Status s = Wait(stream, what); !s.ok()) return s;
+    if (absl::Status s = Cuda(cudaMemcpyAsync(host, scratch + offset, n * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream),
+                              "copy to the host");
+        !s.ok()) {
+      return s;
+    }
+    return Cuda(cudaStreamSynchronize(stream), "copy to the host");
   }
 };
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
     std::shared_ptr<gloo::rendezvous::Store> store, int rank, int world_size, int device,
-    void* stream, std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank %d is outside a world of %d ranks", rank, world_size));
@@ -71,14 +166,20 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
   absl::StatusOr<const detail::NcclApi*> loaded = detail::LoadNccl();
   if (!loaded.ok()) return loaded.status();
   const detail::NcclApi& nccl = **loaded;
-  if (cudaSetDevice(device) != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrFormat("no CUDA device %d", device));
+  if (const cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "nccl rank %d: no CUDA device %d: %s", rank, device, cudaGetErrorString(error)));
   }
   ncclUniqueId id;
   try {
     if (rank == 0) {
-      if (nccl.GetUniqueId(&id) != ncclSuccess) return absl::UnavailableError("ncclGetUniqueId failed");
-      store->set("nccl_unique_id", std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
+      if (const ncclResult_t made = nccl.GetUniqueId(&id); made != ncclSuccess) {
+        return absl::UnavailableError(
+            absl::StrFormat("ncclGetUniqueId: %s", nccl.GetErrorString(made)));
+      }
+      store->set("nccl_unique_id",
+                 std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
     } else {
       const std::vector<char> bytes = store->get("nccl_unique_id");
       if (bytes.size() != sizeof(id.internal)) {
@@ -91,32 +192,45 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
   }
   auto impl = std::make_unique<Impl>();
   impl->nccl = &nccl;
-  impl->stream = static_cast<cudaStream_t>(stream);
+  impl->rank = rank;
   impl->device = device;
   impl->timeout = timeout;
+  if (const cudaError_t error = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
+      error != cudaSuccess) {
+    impl->stream = nullptr;
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrFormat("nccl rank %d: cudaStreamCreate: %s", rank, cudaGetErrorString(error)));
+  }
   // Non-blocking init so a missing peer becomes a timeout, not a hang.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclResult_t init = nccl.CommInitRankConfig(&impl->comm, world_size, id, rank, &config);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (init == ncclSuccess || init == ncclInProgress) {
+  const ncclResult_t init = nccl.CommInitRankConfig(&impl->comm, world_size, id, rank, &config);
+  if (init != ncclSuccess && init != ncclInProgress) {
+    if (impl->comm != nullptr) nccl.CommAbort(impl->comm);
+    impl->comm = nullptr;
+    return absl::UnavailableError(absl::StrFormat("nccl init of rank %d of %d: %s", rank,
+                                                  world_size, nccl.GetErrorString(init)));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  while (true) {
     ncclResult_t state = ncclInProgress;
     nccl.CommGetAsyncError(impl->comm, &state);
     if (state == ncclSuccess) break;
-    if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) {
+    const bool late = std::chrono::steady_clock::now() > deadline;
+    if (state != ncclInProgress || late) {
       nccl.CommAbort(impl->comm);
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "nccl init of rank %d of %d did not complete: %s", rank, world_size,
-          nccl.GetErrorString(state)));
+      impl->comm = nullptr;
+      const std::string message = absl::StrFormat(
+          "nccl init of rank %d of %d on device %d %s: %s", rank, world_size, device,
+          late ? absl::StrFormat("did not complete within %d ms (a peer is missing)",
+                                 static_cast<long long>(timeout.count()))
+               : std::string("failed"),
+          nccl.GetErrorString(state));
+      return late ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
     }
-    std::this_thread::yield();
-  }
-  if (init != ncclSuccess && init != ncclInProgress) {
-    return absl::UnavailableError(absl::StrFormat("nccl init: %s", nccl.GetErrorString(init)));
-  }
-  if (cudaMalloc(reinterpret_cast<void**>(&impl->scratch), sizeof(float)) != cudaSuccess) {
-    nccl.CommAbort(impl->comm);
-    return absl::ResourceExhaustedError("cannot allocate the barrier scratch");
+    Pause(start);
   }
   return std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(std::move(impl), rank, world_size));
@@ -125,22 +239,23 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int world_size)
     : impl_(std::move(impl)), rank_(rank), world_size_(world_size) {}
 
-NcclCommunicator::~NcclCommunicator() {
-  if (impl_->comm != nullptr) impl_->nccl->CommDestroy(impl_->comm);
-  if (impl_->scratch != nullptr) cudaFree(impl_->scratch);
-}
+NcclCommunicator::~NcclCommunicator() = default;
+
+int NcclCommunicator::device() const { return impl_->device; }
 
 absl::Status NcclCommunicator::AllReduceSum(absl::Span<float> data) {
-  if (!impl_->broken.ok()) return impl_->broken;
+  if (absl::Status s = impl_->Usable(); !s.ok()) return s;
   if (data.empty()) return absl::OkStatus();
-  if (absl::Status s = impl_->Check(impl_->nccl->AllReduce(data.data(), data.data(), data.size(),
-                                                  ncclFloat32, ncclSum, impl_->comm,
-                                                  impl_->stream),
-                                    "all-reduce");
+  if (absl::Status s = impl_->EnsureScratch(data.size()); !s.ok()) return s;
+  if (absl::Status s = impl_->Stage(data.data(), data.size(), 0); !s.ok()) return s;
+  if (absl::Status s = impl_->Enqueued(
+          impl_->nccl->AllReduce(impl_->scratch, impl_->scratch, data.size(), ncclFloat32,
+                                 ncclSum, impl_->comm, impl_->stream),
+          "all-reduce");
       !s.ok()) {
     return s;
   }
-  return impl_->Wait("all-reduce");
+  return impl_->Unstage(data.data(), data.size(), 0, "all-reduce");
 }
 
 absl::Status NcclCommunicator::AllGather(absl::Span<const float> in, absl::Span<float> out) {
@@ -150,13 +265,19 @@ absl::Status NcclCommunicator::AllGather(absl::Span<const float> in, absl::Span<
         "all-gather of %d floats per rank needs %d outputs, got %d", in.size(),
         in.size() * world_size_, out.size()));
   }
-  if (absl::Status s = impl_->Check(impl_->nccl->AllGather(in.data(), out.data(), in.size(), ncclFloat32,
-                                                  impl_->comm, impl_->stream),
-                                    "all-gather");
+  if (absl::Status s = impl_->Usable(); !s.ok()) return s;
+  if (in.empty()) return absl::OkStatus();
+  // scratch: [in | out].
+  if (absl::Status s = impl_->EnsureScratch(in.size() + out.size()); !s.ok()) return s;
+  if (absl::Status s = impl_->Stage(in.data(), in.size(), 0); !s.ok()) return s;
+  if (absl::Status s = impl_->Enqueued(
+          impl_->nccl->AllGather(impl_->scratch, impl_->scratch + in.size(), in.size(),
+                                 ncclFloat32, impl_->comm, impl_->stream),
+          "all-gather");
       !s.ok()) {
     return s;
   }
-  return impl_->Wait("all-gather");
+  return impl_->Unstage(out.data(), out.size(), in.size(), "all-gather");
 }
 
 absl::Status NcclCommunicator::Broadcast(absl::Span<float> data, int root) {
@@ -165,19 +286,58 @@ absl::Status NcclCommunicator::Broadcast(absl::Span<float> data, int root) {
     return absl::InvalidArgumentError(
         absl::StrFormat("broadcast root %d of %d ranks", root, world_size_));
   }
+  if (absl::Status s = impl_->Usable(); !s.ok()) return s;
   if (data.empty()) return absl::OkStatus();
-  if (absl::Status s = impl_->Check(impl_->nccl->Broadcast(data.data(), data.data(), data.size(),
-                                                  ncclFloat32, root, impl_->comm, impl_->stream),
-                                    "broadcast");
+  if (absl::Status s = impl_->EnsureScratch(data.size()); !s.ok()) return s;
+  if (absl::Status s = impl_->Stage(data.data(), data.size(), 0); !s.ok()) return s;
+  if (absl::Status s = impl_->Enqueued(
+          impl_->nccl->Broadcast(impl_->scratch, impl_->scratch, data.size(), ncclFloat32, root,
+                                 impl_->comm, impl_->stream),
+          "broadcast");
       !s.ok()) {
     return s;
   }
-  return impl_->Wait("broadcast");
+  return impl_->Unstage(data.data(), data.size(), 0, "broadcast");
 }
 
 absl::Status NcclCommunicator::Barrier() {
   // NCCL has no barrier: a one-element all-reduce is one.
-  return AllReduceSum(absl::MakeSpan(impl_->scratch, 1));
+  float one = 1.0f;
+  return AllReduceSum(absl::MakeSpan(&one, 1));
+}
+
+absl::Status NcclCommunicator::AllReduceSumOnDevice(float* data, int64_t n, void* stream) {
+  if (!impl_->broken.ok()) return impl_->broken;
+  if (n < 0) return absl::InvalidArgumentError(absl::StrFormat("all-reduce of %d floats", n));
+  if (n == 0) return absl::OkStatus();
+  // No cudaSetDevice here: the caller's stream belongs to the caller's current device
+  // (the CUDA device selects it for every step), and nothing below waits.
+  return impl_->Enqueued(
+      impl_->nccl->AllReduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum,
+                             impl_->comm, static_cast<cudaStream_t>(stream)),
+      "all-reduce");
+}
+
+absl::Status NcclCommunicator::AllGatherOnDevice(const float* in, int64_t n, float* out,
+                                                 void* stream) {
+  if (!impl_->broken.ok()) return impl_->broken;
+  if (n < 0) return absl::InvalidArgumentError(absl::StrFormat("all-gather of %d floats", n));
+  if (n == 0) return absl::OkStatus();
+  return impl_->Enqueued(impl_->nccl->AllGather(in, out, static_cast<size_t>(n), ncclFloat32,
+                                                impl_->comm, static_cast<cudaStream_t>(stream)),
+                         "all-gather");
+}
+
+absl::Status NcclCommunicator::WaitOnDevice(void* stream) {
+  if (!impl_->broken.ok()) return impl_->broken;
+  // A stream being captured cannot be waited for; that is the caller's error, not a
+  // failed collective, so the communicator stays usable.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capturing) == cudaSuccess &&
+      capturing != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError("cannot wait for a stream while it is captured");
+  }
+  return impl_->Wait(static_cast<cudaStream_t>(stream), "step");
 }
 
 #else  // !LOOM_HAVE_NCCL
@@ -185,22 +345,39 @@ absl::Status NcclCommunicator::Barrier() {
 struct NcclCommunicator::Impl {};
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connect(
-    std::shared_ptr<gloo::rendezvous::Store>, int, int, int, void*, std::chrono::milliseconds) {
-  return absl::UnimplementedError("this build has no NCCL (CUDA toolkit with NCCL not found)");
+    std::shared_ptr<gloo::rendezvous::Store>, int rank, int world_size, int,
+    std::chrono::milliseconds) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d is outside a world of %d ranks", rank, world_size));
+  }
+  return absl::FailedPreconditionError(
+      "NCCL not found: this build has no NCCL (the CUDA toolkit's nccl.h was not found when "
+      "Loom was configured)");
 }
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int world_size)
     : impl_(std::move(impl)), rank_(rank), world_size_(world_size) {}
 NcclCommunicator::~NcclCommunicator() = default;
+int NcclCommunicator::device() const { return 0; }
 absl::Status NcclCommunicator::AllReduceSum(absl::Span<float>) {
-  return absl::UnimplementedError("no NCCL");
+  return absl::FailedPreconditionError("no NCCL");
 }
 absl::Status NcclCommunicator::AllGather(absl::Span<const float>, absl::Span<float>) {
-  return absl::UnimplementedError("no NCCL");
+  return absl::FailedPreconditionError("no NCCL");
 }
 absl::Status NcclCommunicator::Broadcast(absl::Span<float>, int) {
-  return absl::UnimplementedError("no NCCL");
+  return absl::FailedPreconditionError("no NCCL");
 }
-absl::Status NcclCommunicator::Barrier() { return absl::UnimplementedError("no NCCL"); }
+absl::Status NcclCommunicator::Barrier() { return absl::FailedPreconditionError("no NCCL"); }
+absl::Status NcclCommunicator::AllReduceSumOnDevice(float*, int64_t, void*) {
+  return absl::FailedPreconditionError("no NCCL");
+}
+absl::Status NcclCommunicator::AllGatherOnDevice(const float*, int64_t, float*, void*) {
+  return absl::FailedPreconditionError("no NCCL");
+}
+absl::Status NcclCommunicator::WaitOnDevice(void*) {
+  return absl::FailedPreconditionError("no NCCL");
+}
 
 #endif  // LOOM_HAVE_NCCL
 

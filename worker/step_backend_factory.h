@@ -35,8 +35,9 @@ struct StepBackendOptions {
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
   bool cuda_graphs = true;  // CUDA: capture decode steps as graphs
-  // CPU tensor parallelism: this rank of tp_size, joined through `communicator` (not
-  // owned; required when tp_size > 1).
+  int gpu_index = 0;        // CUDA: the device (an index after CUDA_VISIBLE_DEVICES)
+  // Tensor parallelism: this rank of tp_size, joined through `communicator` (not owned;
+  // required when tp_size > 1): gloo on the CPU, NCCL (worker/nccl_communicator) on CUDA.
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;

@@ -85,6 +85,72 @@ TEST(UpCommandTest, SetsTheFlagsItOwnsPerWorker) {
   EXPECT_EQ(ParseUp({"m.gguf", "--rank", "1"}, refused), 2);
 }
 
+TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
+  // Two replicas of tensor parallelism 2 on a machine with four GPUs: GPUs 0, 1, 2, 3.
+  UpOptions options;
+  ASSERT_EQ(ParseUp({"m.gguf", "-tp", "2", "--replicas", "2", "--device", "cuda"}, options),
+            std::nullopt);
+  auto commands = WorkerCommands(options, "127.0.0.1:1", "r", /*cuda_device_count=*/4);
+  ASSERT_EQ(commands.size(), 4u);
+  auto value_of = [](const std::vector<std::string>& command, const std::string& flag) {
+    const auto it = std::find(command.begin(), command.end(), flag);
+    return it == command.end() || it + 1 == command.end() ? std::string() : *(it + 1);
+  };
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(value_of(commands[i], "--gpu-index"), std::to_string(i)) << i;
+    EXPECT_EQ(value_of(commands[i], "--rank"), std::to_string(i % 2)) << i;
+    EXPECT_EQ(value_of(commands[i], "--replica-id"), "replica-" + std::to_string(i / 2)) << i;
+    // The user's --device reaches every worker as given.
+    EXPECT_NE(std::find(commands[i].begin(), commands[i].end(), "--device=cuda"),
+              commands[i].end());
+  }
+  // Fewer GPUs than ranks: the indices wrap (each replica's two ranks still differ).
+  commands = WorkerCommands(options, "127.0.0.1:1", "r", /*cuda_device_count=*/2);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(value_of(commands[i], "--gpu-index"), std::to_string(i % 2)) << i;
+  }
+  EXPECT_EQ(UpGpuIndex(/*replica=*/1, /*rank=*/3, /*ranks_per_replica=*/4, 8), 7);
+  EXPECT_EQ(UpGpuIndex(2, 1, 4, 8), 1);
+
+  // Workers that run on the CPU get no GPU: --device cpu, no GPU on the machine, or auto
+  // with tensor parallelism (auto takes CUDA for one rank only).
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"m.gguf", "-tp", "2", "--device", "cpu"},
+        std::vector<std::string>{"m.gguf", "-tp", "2", "--device", "auto"},
+        std::vector<std::string>{"m.gguf", "-tp", "2", "--device", "cuda", "--noop-engine"}}) {
+    UpOptions cpu;
+    ASSERT_EQ(ParseUp(args, cpu), std::nullopt) << args[4];
+    for (const auto& command : WorkerCommands(cpu, "127.0.0.1:1", "r", 4)) {
+      EXPECT_EQ(value_of(command, "--gpu-index"), "") << args[4];
+    }
+  }
+  UpOptions no_gpu;
+  ASSERT_EQ(ParseUp({"m.gguf", "-tp", "2", "--device", "cuda"}, no_gpu), std::nullopt);
+  for (const auto& command : WorkerCommands(no_gpu, "127.0.0.1:1", "r", 0)) {
+    EXPECT_EQ(value_of(command, "--gpu-index"), "");
+  }
+  // One replica, one rank, auto on a GPU machine: replicas spread over the GPUs.
+  UpOptions replicas;
+  ASSERT_EQ(ParseUp({"m.gguf", "--replicas", "3"}, replicas), std::nullopt);
+  commands = WorkerCommands(replicas, "127.0.0.1:1", "r", 2);
+  ASSERT_EQ(commands.size(), 3u);
+  EXPECT_EQ(value_of(commands[2], "--gpu-index"), "0");
+  EXPECT_EQ(value_of(commands[1], "--gpu-index"), "1");
+  // A group larger than the machine's GPUs is refused (NCCL: one rank per GPU); replicas
+  // may share GPUs; the CPU needs none.
+  EXPECT_TRUE(CheckUpGpus(options, 2).ok());
+  EXPECT_TRUE(CheckUpGpus(options, 4).ok());
+  const absl::Status too_few = CheckUpGpus(options, 1);
+  EXPECT_EQ(too_few.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(too_few.message().find("needs 2 GPUs"), std::string::npos) << too_few;
+  UpOptions on_cpu;
+  ASSERT_EQ(ParseUp({"m.gguf", "-tp", "4", "--device", "cpu"}, on_cpu), std::nullopt);
+  EXPECT_TRUE(CheckUpGpus(on_cpu, 1).ok());
+  // loom up sets --gpu-index itself.
+  UpOptions refused;
+  EXPECT_EQ(ParseUp({"m.gguf", "--gpu-index", "1"}, refused), 2);
+}
+
 TEST(UpCommandTest, TakesTheVllmNamesAndTheOldOnes) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"m.gguf", "--tensor-parallel-size", "2", "--data-parallel-size",

@@ -194,12 +194,45 @@ TEST(WorkerOptionsTest, ResolvesDeviceFromFlagAndMachine) {
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("--kv-dtype f32"), std::string::npos)
       << device.status();
-  device = ResolveDevice("cuda", KvDtype::kF16, 2, 1);
-  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(device.status().message().find("tensor parallelism"), std::string::npos)
-      << device.status();
+  // Tensor parallelism on CUDA (NCCL) is asked for explicitly; auto keeps it on the CPU.
+  EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 2, 1), "cuda");
+  EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 4, 8), "cuda");
   EXPECT_EQ(ResolveDevice("tpu", KvDtype::kF16, 1, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerOptionsTest, ParsesTheGpuIndex) {
+  auto options = Parse({"--model", "m", "--coordinator", "c:1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->gpu_index, -1);
+  options = Parse({"--model", "m", "--coordinator", "c:1", "--device", "cuda", "--gpu-index",
+                   "3", "--world-size", "4", "--rank", "2"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->gpu_index, 3);
+  EXPECT_EQ(options->rank, 2);
+  EXPECT_EQ(options->world_size, 4);
+  const absl::Status bad =
+      Parse({"--model", "m", "--coordinator", "c:1", "--gpu-index", "x"}).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--gpu-index"), std::string::npos) << bad;
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--gpu-index", "-2"}).ok());
+}
+
+TEST(WorkerOptionsTest, ResolvesTheGpuOfARank) {
+  // Default: the rank modulo the visible devices.
+  EXPECT_EQ(*ResolveGpuIndex(-1, 0, 4), 0);
+  EXPECT_EQ(*ResolveGpuIndex(-1, 3, 4), 3);
+  EXPECT_EQ(*ResolveGpuIndex(-1, 5, 4), 1);
+  EXPECT_EQ(*ResolveGpuIndex(-1, 1, 1), 0);
+  // --gpu-index wins over the rank.
+  EXPECT_EQ(*ResolveGpuIndex(2, 0, 4), 2);
+  EXPECT_EQ(*ResolveGpuIndex(0, 3, 4), 0);
+  absl::StatusOr<int> gpu = ResolveGpuIndex(4, 0, 4);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(gpu.status().message().find("--gpu-index 4"), std::string::npos) << gpu.status();
+  EXPECT_NE(gpu.status().message().find("4 CUDA device(s)"), std::string::npos) << gpu.status();
+  gpu = ResolveGpuIndex(-1, 0, 0);
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // Runs a command's entry point in-process with `args`, returning (exit code, stderr).
@@ -222,6 +255,20 @@ TEST(WorkerCommandTest, DeviceCudaWithoutGpuFailsAtStartWithClearError) {
                                                    "cuda"});
   EXPECT_EQ(code, 1) << err;
   EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
+  EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
+}
+
+TEST(WorkerCommandTest, TensorParallelCudaWithoutGpuFailsAtStartWithClearError) {
+  if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  // Accepted as a command line (CUDA tensor parallelism exists), refused for the machine:
+  // status 1 with the reason, before the model is opened or the coordinator is dialled.
+  auto [code, err] = RunCommand(
+      RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
+                         "127.0.0.1:1", "--device", "cuda", "--world-size", "2", "--rank", "1",
+                         "--gpu-index", "1"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("--device cuda: no usable CUDA device"), std::string::npos) << err;
+  EXPECT_EQ(err.find("not implemented"), std::string::npos) << err;
   EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
 }
 

@@ -43,6 +43,10 @@ CONFIGS = {
                   "autoscaling": {"enabled": True, "mode": "keda", "maxReplicas": 8},
                   "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}),
     "hpa": ([], {"autoscaling": {"enabled": True, "mode": "hpa"}}),
+    # Tensor-parallel CUDA workers (NCCL): values-gpu.yaml, alone and across pods.
+    "gpu-tensor-parallel": (["values-gpu.yaml"], {"worker": {"replicas": 2}}),
+    "gpu-leader-worker-set": (["values-gpu.yaml"], {
+        "worker": {"tensorParallelSize": 8, "leaderWorkerSet": {"enabled": True, "size": 2}}}),
     "huggingFace": ([], {"model": {"source": "huggingFace", "file": "smol.gguf",
                                    "huggingFace": {"repo": "org/smol-GGUF", "revision": "v1",
                                                    "tokenSecret": {"name": "hf-token"}}}}),
@@ -149,7 +153,6 @@ def test_chart_files_parse_and_cpu_values_only_override_known_keys():
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2" and chart["name"] == "loom" and chart["version"]
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    cpu = yaml.safe_load((CHART_DIR / "values-cpu.yaml").read_text())
 
     def paths(tree, prefix=()):
         for key, value in tree.items():
@@ -165,8 +168,10 @@ def test_chart_files_parse_and_cpu_values_only_override_known_keys():
                 return False
         return path[-1] in tree or path[-2:-1] in (("resources",), ("requests",), ("limits",))
 
-    unknown = [".".join(p) for p in paths(cpu) if not exists(values, p)]
-    assert not unknown, f"values-cpu.yaml sets keys values.yaml does not have: {unknown}"
+    for name in ["values-cpu.yaml", "values-gpu.yaml"]:
+        overrides = yaml.safe_load((CHART_DIR / name).read_text())
+        unknown = [".".join(p) for p in paths(overrides) if not exists(values, p)]
+        assert not unknown, f"{name} sets keys values.yaml does not have: {unknown}"
 
 
 def test_every_value_is_documented():
@@ -294,7 +299,7 @@ def test_every_flag_is_one_the_binaries_accept(rendered, config, serve_flags, wo
     # The flags the launcher adds per rank.
     launcher_flags = set(re.findall(r"--[a-z][a-z0-9-]*", script))
     assert launcher_flags == {"--rank", "--listen", "--advertise-address", "--metrics-port",
-                              "--rendezvous-id"}
+                              "--rendezvous-id", "--gpu-index"}
     assert not launcher_flags - worker_flags, launcher_flags - worker_flags
     assert not launcher_flags & set(shared), "a per-rank flag is also passed to every rank"
     for c, args, accepted in [(coordinator, coordinator["args"][1:], serve_flags),
@@ -452,7 +457,7 @@ def test_leader_worker_set_spans_nodes_with_ranks_from_the_group_and_pod_index(r
                                                 "kind": "LeaderWorkerSet", "name": "loom-worker"}
 
 
-def run_launcher(script, rank_program, tmp_path, ranks=2, signal_after=None):
+def run_launcher(script, rank_program, tmp_path, ranks=2, signal_after=None, extra_env=None):
     """Runs the worker container's launcher with `rank_program` (a bash script) as the rank
     binary; returns (exit status, the argument lines the ranks were started with)."""
     import os
@@ -465,6 +470,7 @@ def run_launcher(script, rank_program, tmp_path, ranks=2, signal_after=None):
     log = tmp_path / "ranks.log"
     env = dict(os.environ, LOOM_RANKS_PER_POD=str(ranks), LOOM_POD_INDEX="1", LOOM_WORKER_PORT="5000",
                LOOM_METRICS_PORT="9400", LOOM_ADVERTISE_HOST="pod.svc", RANKS_LOG=str(log))
+    env.update(extra_env or {})
     process = subprocess.Popen(["/bin/bash", "-c", script, "launch-ranks", str(rank), "--shared", "x"],
                                env=env, start_new_session=True)
     try:
@@ -528,6 +534,56 @@ def test_gpu_requests_tolerations_and_shared_memory(rendered):
             assert "/dev/shm" not in mounts
             shared, _ = worker_args(c)
             assert flag_value(shared, "--backend") == "$(LOOM_BACKEND)"
+
+
+# A rank that runs until the launcher stops it.
+WAITING_RANK = 'trap "exit 0" TERM\nwhile :; do sleep 0.05; done\n'
+
+
+def test_gpu_tensor_parallel_values_give_every_rank_its_own_gpu(rendered, tmp_path):
+    """values-gpu.yaml: one pod per replica with T GPUs, T ranks on CUDA joined by NCCL,
+    rank i of a pod on the pod's GPU i; across pods (LeaderWorkerSet) each pod its share."""
+    docs = rendered["gpu-tensor-parallel"]
+    [statefulset] = workers(docs)
+    assert statefulset["kind"] == "StatefulSet" and statefulset["spec"]["replicas"] == 2
+    c = container(statefulset, "worker")
+    env = container_env(docs, c)
+    shared, script = worker_args(c)
+    assert flag_value(shared, "--world-size") == "2"
+    assert expand(flag_value(shared, "--device"), env) == "cuda"
+    assert expand(flag_value(shared, "--rendezvous-timeout-ms"), env) == "120000"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert env["LOOM_RANKS_PER_POD"] == "2" and env["LOOM_GPUS_PER_POD"] == "2"
+    assert env["NCCL_DEBUG"] == "WARN"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(statefulset)["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    # The launcher: ranks 0 and 1 of the pod on GPUs 0 and 1.
+    (tmp_path / "sts").mkdir()
+    _, lines = run_launcher(script, WAITING_RANK, tmp_path / "sts", ranks=2, signal_after=0.1,
+                                 extra_env={"LOOM_GPUS_PER_POD": "2", "LOOM_POD_INDEX": "0"})
+    pairs = sorted((int(line.split("--rank ")[1].split()[0]),
+                    int(line.split("--gpu-index ")[1].split()[0])) for line in lines)
+    assert pairs == [(0, 0), (1, 1)], lines
+
+    lws_docs = rendered["gpu-leader-worker-set"]
+    lws = one(lws_docs, "LeaderWorkerSet")
+    c = container(lws, "worker")
+    env = container_env(lws_docs, c)
+    shared, script = worker_args(c)
+    assert flag_value(shared, "--world-size") == "8" and env["LOOM_RANKS_PER_POD"] == "4"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4 and env["LOOM_GPUS_PER_POD"] == "4"
+    # Pod 1 of the group: global ranks 4..7 on its own GPUs 0..3.
+    (tmp_path / "lws").mkdir()
+    _, lines = run_launcher(script, WAITING_RANK, tmp_path / "lws", ranks=4, signal_after=0.1,
+                                 extra_env={"LOOM_GPUS_PER_POD": "4"})
+    pairs = sorted((int(line.split("--rank ")[1].split()[0]),
+                    int(line.split("--gpu-index ")[1].split()[0])) for line in lines)
+    assert pairs == [(4, 0), (5, 1), (6, 2), (7, 3)], lines
+    # CPU pods get no GPU index.
+    cpu = container(one(rendered["cpu"], "StatefulSet", "loom-worker"), "worker")
+    assert "LOOM_GPUS_PER_POD" not in container_env(rendered["cpu"], cpu)
 
 
 def test_values_no_longer_claim_gpu_pods_run_the_cpu_backend():

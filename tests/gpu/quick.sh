@@ -9,7 +9,10 @@
 #   3. runner      the CUDA model runner against the CPU runner: random llama/qwen2 models
 #                  (F16/Q8_0/F32 and Q4_0/Q4_1 -> W4A16 GEMM, QKV bias, BF16, graph buckets
 #                  1/2/4/8/256), and the default model when LOOM_MODEL_PATH names it
-#   4. nccl        the NCCL communicator at world size 1 ("NCCL not found" is not a failure)
+#   4. nccl        the NCCL communicator at world size 1 (host and stream-ordered device
+#                  collectives, one captured in a CUDA graph; a missing peer times out;
+#                  two ranks on one GPU where NCCL allows it) and the llama graph on
+#                  CudaDevice over NCCL vs without ("NCCL not found" is not a failure)
 #   5. memcheck    compute-sanitizer on a named subset of kernel tests ("Device not
 #   6. racecheck     supported", as under gVisor, is reported as unavailable)
 #   7. bench       the GPU benchmarks' --quick forms, while time is left
@@ -42,7 +45,7 @@ done
 
 # Steps, their own limits (seconds) and what they run. The global deadline caps each.
 STEPS=(preflight kernels model runner nccl memcheck racecheck bench)
-declare -A LIMIT=([preflight]=10 [kernels]=120 [model]=30 [runner]=120 [nccl]=30 [memcheck]=90
+declare -A LIMIT=([preflight]=10 [kernels]=120 [model]=30 [runner]=120 [nccl]=60 [memcheck]=90
                   [racecheck]=90 [bench]=90)
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
 MODEL_FILTER='CudaDevice*'

@@ -91,6 +91,8 @@ rank_args() {
         --advertise-address "${LOOM_ADVERTISE_HOST}:$((port + i))")
   if [ -n "${LOOM_METRICS_PORT:-}" ]; then args+=(--metrics-port "$((LOOM_METRICS_PORT + i))"); fi
   if [ -n "${LOOM_RENDEZVOUS_ID:-}" ]; then args+=(--rendezvous-id "${LOOM_RENDEZVOUS_ID}"); fi
+  # GPU pods: rank i of the pod runs on the pod's GPU i (CUDA_VISIBLE_DEVICES of the pod).
+  if [ -n "${LOOM_GPUS_PER_POD:-}" ]; then args+=(--gpu-index "$((i % LOOM_GPUS_PER_POD))"); fi
 }
 if [ "$n" -eq 1 ]; then rank_args 0; exec "$@" "${args[@]}"; fi
 # One start of the group: its ranks meet under an id no earlier start used.

@@ -120,6 +120,11 @@ spec:
         {{- end }}
         - name: LOOM_RANKS_PER_POD
           value: {{ $ranks | quote }}
+        {{- if $w.gpu.enabled }}
+        # One GPU per rank of the pod (the launcher passes --gpu-index).
+        - name: LOOM_GPUS_PER_POD
+          value: {{ $ranks | quote }}
+        {{- end }}
         - name: LOOM_WORKER_PORT
           value: {{ $w.port | quote }}
         {{- if $w.metrics.enabled }}
