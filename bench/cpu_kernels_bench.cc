@@ -4,8 +4,11 @@
 // activation precisions: f32 ("a32", the default) and int8 ("a8"); for a32 a sweep over
 // m compares the tile kernel with the GEMM kernel Matmul takes for batches. Writes
 // bench/results/cpu_kernels.json (cpu_kernels_<isa>.json when LOOM_CPU_ISA forces the ISA).
+// The a8gemm table compares the int8-activation tile kernel and GEMM against the int8 dot
+// peak (bench/machine_limits.h), weights in cache.
 //
-//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N] [--section gemv|sweep|gemm]
+//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N]
+//                                 [--section gemv|sweep|a8gemm|gemm]
 //   LOOM_BENCH_FORMAT=INT4 restricts the run to one weight format.
 
 #include <algorithm>
@@ -147,13 +150,15 @@ int main(int argc, char** argv) {
               loom::kernels::cpu::MatmulIsa());
 
   const int thread_counts[] = {1, 2};
-  double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {};
+  double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {}, int8_peak[3] = {};
   for (int t : thread_counts) {
     copy_bw[t] = MeasureCopyBandwidthGBs(t);
     read_bw[t] = MeasureReadBandwidthGBs(t);
     peak[t] = MeasurePeakGflops(t);
-    std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f GFLOP/s\n",
-                t, copy_bw[t], read_bw[t], peak[t]);
+    int8_peak[t] = MeasurePeakInt8Gmacs(t);
+    std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f "
+                "GFLOP/s, int8 dot peak %.0f GMAC/s\n",
+                t, copy_bw[t], read_bw[t], peak[t], int8_peak[t]);
   }
 
   std::string json = absl::StrFormat(
@@ -164,8 +169,8 @@ int main(int argc, char** argv) {
   for (int t : thread_counts) {
     absl::StrAppendFormat(&json,
                           "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
-                          "\"fma_peak_gflops\": %.1f}%s\n",
-                          t, copy_bw[t], read_bw[t], peak[t], t == 2 ? "" : ",");
+                          "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f}%s\n",
+                          t, copy_bw[t], read_bw[t], peak[t], int8_peak[t], t == 2 ? "" : ",");
   }
   json += "  },\n  \"gemv\": [\n";
 
@@ -258,6 +263,52 @@ int main(int argc, char** argv) {
           first = false;
         }
         internal::SetF32ActGemmMinTokensForTesting(0);
+      }
+    }
+  }
+  json += "\n  ],\n  \"int8act_gemm\": [\n";
+
+  // INT8/INT4 with int8 activations: the tile kernel against the int8-activation GEMM
+  // (same bits), weights in cache (one copy), 2 threads: GMAC/s and the ratio to the int8
+  // dot-product peak measured above (VNNI on AVX-512, vpmaddubsw + vpmaddwd on AVX2).
+  first = true;
+  if (runs("a8gemm")) {
+    namespace internal = loom::kernels::cpu::internal;
+    std::printf("\nINT8/INT4 a8 GEMM, 2 threads, weights in cache: GMAC/s and ratio to the "
+                "2-thread int8 dot peak (%.0f GMAC/s); Matmul takes the GEMM at m >= %lld\n",
+                int8_peak[2], static_cast<long long>(internal::Int8ActGemmMinTokens()));
+    const int64_t a8_ms[] = {1, 8, 64, 256};
+    std::printf("%-9s %-14s %-5s |", "fmt", "shape", "kern");
+    for (int64_t m : a8_ms) std::printf(" %8s %6s", absl::StrFormat("m%d", m).c_str(), "ratio");
+    std::printf("\n");
+    ThreadPool pool(2);
+    for (const Format& f : kFormats) {
+      if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
+      if (f.activations != ActivationPrecision::kInt8) continue;
+      for (const Shape& s : {kShapes[1], kShapes[2]}) {
+        const std::vector<PackedWeight> one = {MakeWeight(f, s)};
+        for (const char* kernel : {"tile", "gemm"}) {
+          const bool gemm = std::strcmp(kernel, "gemm") == 0;
+          internal::SetInt8ActGemmMinTokensForTesting(gemm ? 1 : int64_t{1} << 40);
+          std::printf("%-9s %-14s %-5s |", Label(f).c_str(),
+                      absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), kernel);
+          std::string cells;
+          for (int64_t m : a8_ms) {
+            const double seconds = TimeMatmul(one, f.activations, m, pool, quick ? 3 : 7);
+            const double gmacs = static_cast<double>(m) * s.rows * s.cols / seconds / 1e9;
+            const double ratio = int8_peak[2] > 0 ? gmacs / int8_peak[2] : 0.0;
+            std::printf(" %8.1f %6.3f", gmacs, ratio);
+            absl::StrAppendFormat(&cells, "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
+                                  cells.empty() ? "" : ", ", m, gmacs, m, ratio);
+          }
+          std::printf("\n");
+          absl::StrAppendFormat(&json,
+                                "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                                "\"kernel\": \"%s\", \"threads\": 2, %s}",
+                                first ? "" : ",\n", f.name, s.rows, s.cols, kernel, cells);
+          first = false;
+        }
+        internal::SetInt8ActGemmMinTokensForTesting(0);
       }
     }
   }

@@ -164,6 +164,27 @@ int64_t F32ActGemmMinTokens();
 /// Not thread-safe against concurrent Matmul calls.
 void SetF32ActGemmMinTokensForTesting(int64_t min_tokens);
 
+/// INT8/INT4 weights against int8 activations for batches of tokens: token panels sized
+/// from the L2 cache (read at start-up) pass under each row block of weights, tiles of a
+/// few tokens x 16 or 32 rows reuse every unpacked weight vector from registers.
+/// AVX2: vpmaddubsw + vpmaddwd (INT4 sums a 32-column group in int16 first, exactly);
+/// AVX-512: VNNI. Each group's exact integer dot product is applied with the tile
+/// kernels' float operations in their order, so the result is the same bits as
+/// MatmulBlocksAvx2/Avx512's, on both ISAs, for every m and thread count.
+void MatmulInt8ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
+                                 int64_t block_end);
+void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
+                                   int64_t block_end);
+
+/// Fewest tokens for which Matmul takes the int8-activation GEMM above on AVX2/AVX-512
+/// (the tile kernels below it). Both give the same bits, so this is a speed choice only
+/// and batch invariance holds either way (tests/kernels/matmul_test.cc checks both).
+inline constexpr int64_t kInt8ActGemmMinTokens = 1;
+int64_t Int8ActGemmMinTokens();
+/// Test/bench hook: moves that threshold (<= 0 restores kInt8ActGemmMinTokens).
+/// Not thread-safe against concurrent Matmul calls.
+void SetInt8ActGemmMinTokensForTesting(int64_t min_tokens);
+
 /// Instruction sets Matmul can run; kAuto picks the best the CPU supports.
 enum class MatmulIsaChoice { kAuto, kScalar, kAvx2, kAvx512 };
 
