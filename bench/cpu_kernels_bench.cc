@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--footprint-mib") == 0 && i + 1 < argc) {
       footprint = std::atoll(argv[++i]) << 20;
     }
-    // --section sweep: run one table only (the JSON then holds only that one's rows).
+    // --section sweep: run one table only (written to cpu_kernels[_<isa>]_sweep.json).
     if (std::strcmp(argv[i], "--section") == 0 && i + 1 < argc) section = argv[++i];
   }
   const int repeats = quick ? 3 : 7;
@@ -278,8 +278,11 @@ int main(int argc, char** argv) {
                 "2-thread int8 dot peak (%.0f GMAC/s); Matmul takes the GEMM at m >= %lld\n",
                 int8_peak[2], static_cast<long long>(internal::Int8ActGemmMinTokens()));
     const int64_t a8_ms[] = {1, 8, 64, 256};
-    std::printf("%-9s %-14s %-5s |", "fmt", "shape", "kern");
-    for (int64_t m : a8_ms) std::printf(" %8s %6s", absl::StrFormat("m%d", m).c_str(), "ratio");
+    std::printf("%-9s %-14s |", "fmt", "shape");
+    for (int64_t m : a8_ms) {
+      std::printf(" %-7s %5s %7s %5s %6s |", absl::StrFormat("m%d tile", m).c_str(), "ratio",
+                  "gemm", "ratio", "speed");
+    }
     std::printf("\n");
     ThreadPool pool(2);
     for (const Format& f : kFormats) {
@@ -287,27 +290,41 @@ int main(int argc, char** argv) {
       if (f.activations != ActivationPrecision::kInt8) continue;
       for (const Shape& s : {kShapes[1], kShapes[2]}) {
         const std::vector<PackedWeight> one = {MakeWeight(f, s)};
-        for (const char* kernel : {"tile", "gemm"}) {
-          const bool gemm = std::strcmp(kernel, "gemm") == 0;
-          internal::SetInt8ActGemmMinTokensForTesting(gemm ? 1 : int64_t{1} << 40);
-          std::printf("%-9s %-14s %-5s |", Label(f).c_str(),
-                      absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), kernel);
-          std::string cells;
-          for (int64_t m : a8_ms) {
-            const double seconds = TimeMatmul(one, f.activations, m, pool, quick ? 3 : 7);
-            const double gmacs = static_cast<double>(m) * s.rows * s.cols / seconds / 1e9;
-            const double ratio = int8_peak[2] > 0 ? gmacs / int8_peak[2] : 0.0;
-            std::printf(" %8.1f %6.3f", gmacs, ratio);
-            absl::StrAppendFormat(&cells, "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
-                                  cells.empty() ? "" : ", ", m, gmacs, m, ratio);
+        // The two kernels alternate, round by round (this machine may be shared): medians
+        // of each kernel's rounds, and of the per-round speedups.
+        std::string cells[2], speedups;
+        std::printf("%-9s %-14s |", Label(f).c_str(),
+                    absl::StrFormat("%dx%d", s.rows, s.cols).c_str());
+        for (int64_t m : a8_ms) {
+          std::vector<double> seconds[2], speedup;
+          for (int round = 0; round < (quick ? 3 : 7); ++round) {
+            for (int kernel = 0; kernel < 2; ++kernel) {  // 0 tile, 1 gemm
+              internal::SetInt8ActGemmMinTokensForTesting(kernel == 1 ? 1 : int64_t{1} << 40);
+              seconds[kernel].push_back(TimeMatmul(one, f.activations, m, pool, 3));
+            }
+            speedup.push_back(seconds[0].back() / seconds[1].back());
           }
-          std::printf("\n");
-          absl::StrAppendFormat(&json,
-                                "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
-                                "\"kernel\": \"%s\", \"threads\": 2, %s}",
-                                first ? "" : ",\n", f.name, s.rows, s.cols, kernel, cells);
-          first = false;
+          for (int kernel = 0; kernel < 2; ++kernel) {
+            const double gmacs =
+                static_cast<double>(m) * s.rows * s.cols / Median(seconds[kernel]) / 1e9;
+            const double ratio = int8_peak[2] > 0 ? gmacs / int8_peak[2] : 0.0;
+            std::printf(" %7.1f %5.2f", gmacs, ratio);
+            absl::StrAppendFormat(&cells[kernel],
+                                  "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
+                                  cells[kernel].empty() ? "" : ", ", m, gmacs, m, ratio);
+          }
+          std::printf(" %5.2fx |", Median(speedup));
+          absl::StrAppendFormat(&speedups, "%s\"m%d\": %.3f", speedups.empty() ? "" : ", ", m,
+                                Median(speedup));
         }
+        std::printf("\n");
+        absl::StrAppendFormat(&json,
+                              "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                              "\"threads\": 2, \"tile\": {%s}, \"gemm\": {%s}, "
+                              "\"gemm_speedup_median\": {%s}}",
+                              first ? "" : ",\n", f.name, s.rows, s.cols, cells[0], cells[1],
+                              speedups);
+        first = false;
         internal::SetInt8ActGemmMinTokensForTesting(0);
       }
     }
@@ -347,10 +364,12 @@ int main(int argc, char** argv) {
   }
   json += "\n  ]\n}";
   const char* isa_env = std::getenv("LOOM_CPU_ISA");
-  WriteResult(isa_env != nullptr && *isa_env != '\0'
-                  ? std::string("cpu_kernels_") +
-                        loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa())
-                  : std::string("cpu_kernels"),
+  // One section only: its own file (cpu_kernels_avx2_a8gemm.json), not the full run's.
+  WriteResult((isa_env != nullptr && *isa_env != '\0'
+                   ? std::string("cpu_kernels_") +
+                         loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa())
+                   : std::string("cpu_kernels")) +
+                  (section.empty() ? "" : "_" + section),
               json);
   return 0;
 }

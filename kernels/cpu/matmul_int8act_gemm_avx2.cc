@@ -9,8 +9,9 @@
 //     every weight row block of the thread's range passes over it.
 //   * The weights are already in panels: one row block (16 rows, the packed layout of
 //     matmul_internal.h) stays in L1 while every token tile of the panel runs over it.
-//   * The microkernel is a tile of up to kMaxMr = 4 tokens x 16 rows. Each weight vector
-//     is unpacked once per line and reused for the tile's tokens from registers.
+//   * The microkernel is a tile of up to 4 (INT4) or 2 (INT8) tokens x 16 rows. Each
+//     weight vector is unpacked once per line and reused for the tile's tokens from
+//     registers.
 //   * INT4: the nibbles (0..15) are the unsigned operand and the activations (|q| <= 127)
 //     the signed one, so a vpmaddubsw lane is at most 2 * 15 * 127 = 3810: the 8 lanes of
 //     one 32-column group (4 lines, low and high nibbles) sum in int16 without overflow
@@ -33,7 +34,6 @@
 namespace loom::kernels::cpu::internal {
 namespace {
 
-constexpr int kMaxMr = 4;
 
 // Bytes of quantized activations a token panel may hold: half the L2 (sysconf), 256 KiB
 // when the C library does not know it.
@@ -165,8 +165,12 @@ using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
 
 template <bool kInt4>
 void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  static constexpr TileFn kTiles[kMaxMr + 1] = {nullptr, &Tile<kInt4, 1>, &Tile<kInt4, 2>,
-                                                &Tile<kInt4, 3>, &Tile<kInt4, 4>};
+  static constexpr TileFn kTiles[5] = {nullptr, &Tile<kInt4, 1>, &Tile<kInt4, 2>,
+                                       &Tile<kInt4, 3>, &Tile<kInt4, 4>};
+  // Tokens per tile: 4 for INT4 (8 int16 sums, 4 unpacked nibble vectors, 2 broadcasts);
+  // INT8 needs q and |q| of both halves and a sign per product, and ran fastest with 2
+  // (measured, 576x1536 and 2048x2048 at m = 512).
+  constexpr int kMaxMr = kInt4 ? 4 : 2;
   const int64_t k = a.weight->cols;
   const int64_t panel_tokens = std::max<int64_t>(kMaxMr, TokenPanelBytes() / k);
   const int64_t num_panels = (a.m + panel_tokens - 1) / panel_tokens;

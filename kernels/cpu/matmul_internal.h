@@ -154,8 +154,13 @@ void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
 /// differently, and seeded sampling must not depend on batch composition). It costs
 /// 0-7% at m = 1 and 10-15% at m = 2..4 against the tile kernel (bench/cpu_kernels_bench
 /// --section sweep). On AVX2 (matmul_f32act_gemm_avx2) m = 1 costs more: with the
-/// weights in cache the GEMM runs 28 against the tile kernel's 46 GFLOP per CPU-second on
-/// Zen 4 (INT4 needs one more FMA per weight to dequantize exactly); decode, which streams
+/// weights in cache the GEMM ran 28 against the tile kernel's 46 GFLOP per CPU-second on
+/// Zen 4 (one FMA chain per output waits on the FMA latency, and exact dequantization
+/// costs one more FMA per weight). Running 3-4 row blocks in lockstep at m = 1 (the same
+/// bits) lifted that to 35 (INT4) / 41 (INT8) against the tile kernel's 46 / 48, and
+/// single-stream AVX2 decode of the default model did not measurably differ between the
+/// three on the shared 2-core machine (engine_bench, alternating runs; noise > 10%), so
+/// the rule stays: one kernel for every m, batch invariance kept. Decode, which streams
 /// the weights from memory, hides part of it. The tile kernels stay the bench baseline
 /// (and run when the threshold is moved).
 inline constexpr int64_t kF32ActGemmMinTokens = 1;
@@ -166,7 +171,8 @@ void SetF32ActGemmMinTokensForTesting(int64_t min_tokens);
 
 /// INT8/INT4 weights against int8 activations for batches of tokens: token panels sized
 /// from the L2 cache (read at start-up) pass under each row block of weights, tiles of a
-/// few tokens x 16 or 32 rows reuse every unpacked weight vector from registers.
+/// few tokens x 16 (AVX2) or 32 (AVX-512) rows reuse every unpacked weight vector from
+/// registers.
 /// AVX2: vpmaddubsw + vpmaddwd (INT4 sums a 32-column group in int16 first, exactly);
 /// AVX-512: VNNI. Each group's exact integer dot product is applied with the tile
 /// kernels' float operations in their order, so the result is the same bits as
@@ -178,8 +184,9 @@ void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
 
 /// Fewest tokens for which Matmul takes the int8-activation GEMM above on AVX2/AVX-512
 /// (the tile kernels below it). Both give the same bits, so this is a speed choice only
-/// and batch invariance holds either way (tests/kernels/matmul_test.cc checks both).
-inline constexpr int64_t kInt8ActGemmMinTokens = 1;
+/// and batch invariance holds either way (tests/kernels/matmul_test.cc checks both). 2:
+/// at m = 1 the tile kernels ran 4-5% faster on AVX2 (AVX-512 runs the same GEMV tile).
+inline constexpr int64_t kInt8ActGemmMinTokens = 2;
 int64_t Int8ActGemmMinTokens();
 /// Test/bench hook: moves that threshold (<= 0 restores kInt8ActGemmMinTokens).
 /// Not thread-safe against concurrent Matmul calls.

@@ -350,9 +350,9 @@ TEST(MatmulTest, F32ActGemmIsBitIdenticalOnAvx2AndAvx512) {
 }
 
 // The int8-activation GEMM (matmul_int8act_gemm_avx2.cc: vpmaddubsw + vpmaddwd, INT4 in
-// int16 per group; AVX-512: VNNI tiles of 6 tokens x 32 rows), both in token panels sized
-// from the L2, against the reference over the token tiles (balanced tiles of <= 4 / 6
-// tokens), token panels (k = 4096 splits 300 tokens into 2 or more panels on L2 sizes up
+// int16 per group; AVX-512: VNNI tiles of 4 tokens x 32 rows), both in token panels sized
+// from the L2, forced on for every m, against the reference over the token tiles
+// (balanced tiles of <= 2 / 4 tokens), token panels (k = 4096 splits 300 tokens into 2 or more panels on L2 sizes up
 // to 2 MiB), partial row blocks and 1-3 threads, under each ISA the CPU allows.
 class Int8ActGemmGuard {
  public:
