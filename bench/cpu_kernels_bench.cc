@@ -4,9 +4,14 @@
 // activation precisions: f32 ("a32", the default) and int8 ("a8"); for a32 a sweep over
 // m compares the tile kernel with the GEMM kernel Matmul takes for batches. Writes
 // bench/results/cpu_kernels.json (cpu_kernels_<isa>.json when LOOM_CPU_ISA forces the ISA).
+// The a8gemm table compares the int8-activation tile kernel and GEMM (1 thread, CPU time)
+// against the int8 dot peak (bench/machine_limits.h), weights in cache.
 //
-//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N] [--section gemv|sweep|gemm]
+//   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N]
+//                                 [--section gemv|sweep|a8gemm|gemm]
 //   LOOM_BENCH_FORMAT=INT4 restricts the run to one weight format.
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -118,6 +123,31 @@ double TimeMatmul(const std::vector<PackedWeight>& copies, ActivationPrecision a
   return Median(times);
 }
 
+// Process CPU seconds per Matmul on a 1-thread pool (runs on this thread): the least of 5
+// timings of enough calls for ~0.2 G multiply-adds.
+double CpuSecondsPerMatmul(const PackedWeight& w, ActivationPrecision activations, int64_t m,
+                           ThreadPool& pool) {
+  const std::vector<float> x = RandomValues(m * w.cols, 7);
+  std::vector<float> y(m * w.rows);
+  const MatmulParams params{x.data(), &w, nullptr, y.data(), m, activations};
+  const int64_t calls = std::max<int64_t>(1, 200'000'000 / (m * w.rows * w.cols));
+  auto cpu_now = [] {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  if (!Matmul(params, pool).ok()) std::exit(1);  // warm up
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    const double start = cpu_now();
+    for (int64_t i = 0; i < calls; ++i) {
+      if (!Matmul(params, pool).ok()) std::exit(1);
+    }
+    best = std::min(best, (cpu_now() - start) / static_cast<double>(calls));
+  }
+  return best;
+}
+
 // Enough copies of `w` that one pass reads `footprint` bytes (far beyond the LLC).
 std::vector<PackedWeight> Copies(const PackedWeight& w, int64_t footprint) {
   const int64_t count = std::max<int64_t>(2, (footprint + w.bytes() - 1) / w.bytes());
@@ -138,7 +168,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--footprint-mib") == 0 && i + 1 < argc) {
       footprint = std::atoll(argv[++i]) << 20;
     }
-    // --section sweep: run one table only (the JSON then holds only that one's rows).
+    // --section sweep: run one table only (written to cpu_kernels[_<isa>]_sweep.json).
     if (std::strcmp(argv[i], "--section") == 0 && i + 1 < argc) section = argv[++i];
   }
   const int repeats = quick ? 3 : 7;
@@ -147,13 +177,15 @@ int main(int argc, char** argv) {
               loom::kernels::cpu::MatmulIsa());
 
   const int thread_counts[] = {1, 2};
-  double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {};
+  double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {}, int8_peak[3] = {};
   for (int t : thread_counts) {
     copy_bw[t] = MeasureCopyBandwidthGBs(t);
     read_bw[t] = MeasureReadBandwidthGBs(t);
     peak[t] = MeasurePeakGflops(t);
-    std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f GFLOP/s\n",
-                t, copy_bw[t], read_bw[t], peak[t]);
+    int8_peak[t] = MeasurePeakInt8Gmacs(t);
+    std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f "
+                "GFLOP/s, int8 dot peak %.0f GMAC/s\n",
+                t, copy_bw[t], read_bw[t], peak[t], int8_peak[t]);
   }
 
   std::string json = absl::StrFormat(
@@ -164,8 +196,8 @@ int main(int argc, char** argv) {
   for (int t : thread_counts) {
     absl::StrAppendFormat(&json,
                           "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
-                          "\"fma_peak_gflops\": %.1f}%s\n",
-                          t, copy_bw[t], read_bw[t], peak[t], t == 2 ? "" : ",");
+                          "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f}%s\n",
+                          t, copy_bw[t], read_bw[t], peak[t], int8_peak[t], t == 2 ? "" : ",");
   }
   json += "  },\n  \"gemv\": [\n";
 
@@ -261,6 +293,73 @@ int main(int argc, char** argv) {
       }
     }
   }
+  json += "\n  ],\n  \"int8act_gemm\": [\n";
+
+  // INT8/INT4 with int8 activations: the tile kernel against the int8-activation GEMM
+  // (same bits), weights in cache (one copy), 1 thread (the pool runs on the calling
+  // thread) timed in process CPU time, which a shared machine's other load disturbs far
+  // less than wall time: GMAC per CPU-second and the ratio to the 1-thread int8 dot peak
+  // measured above (VNNI on AVX-512, vpmaddubsw + vpmaddwd on AVX2; wall time).
+  first = true;
+  if (runs("a8gemm")) {
+    namespace internal = loom::kernels::cpu::internal;
+    std::printf("\nINT8/INT4 a8 GEMM, 1 thread, weights in cache: GMAC per CPU-second and "
+                "ratio to the 1-thread int8 dot peak (%.0f GMAC/s); Matmul takes the GEMM at "
+                "m >= %lld\n",
+                int8_peak[1], static_cast<long long>(internal::Int8ActGemmMinTokens()));
+    const int64_t a8_ms[] = {1, 8, 64, 256};
+    std::printf("%-9s %-14s |", "fmt", "shape");
+    for (int64_t m : a8_ms) {
+      std::printf(" %-7s %5s %7s %5s %6s |", absl::StrFormat("m%d tile", m).c_str(), "ratio",
+                  "gemm", "ratio", "speed");
+    }
+    std::printf("\n");
+    ThreadPool pool(1);
+    for (const Format& f : kFormats) {
+      if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
+      if (f.activations != ActivationPrecision::kInt8) continue;
+      for (const Shape& s : {kShapes[1], kShapes[2]}) {
+        const std::vector<PackedWeight> one = {MakeWeight(f, s)};
+        // The two kernels alternate, round by round (this machine may be shared): medians
+        // of each kernel's rounds, and of the per-round speedups.
+        std::string cells[2], speedups;
+        std::printf("%-9s %-14s |", Label(f).c_str(),
+                    absl::StrFormat("%dx%d", s.rows, s.cols).c_str());
+        for (int64_t m : a8_ms) {
+          std::vector<double> seconds[2], speedup;
+          for (int round = 0; round < (quick ? 3 : 7); ++round) {
+            for (int kernel = 0; kernel < 2; ++kernel) {  // 0 tile, 1 gemm
+              internal::SetInt8ActGemmMinTokensForTesting(kernel == 1 ? 1 : int64_t{1} << 40);
+              seconds[kernel].push_back(CpuSecondsPerMatmul(one[0], f.activations, m, pool));
+            }
+            speedup.push_back(seconds[0].back() / seconds[1].back());
+          }
+          for (int kernel = 0; kernel < 2; ++kernel) {
+            const double gmacs =
+                static_cast<double>(m) * s.rows * s.cols / Median(seconds[kernel]) / 1e9;
+            const double ratio = int8_peak[1] > 0 ? gmacs / int8_peak[1] : 0.0;
+            std::printf(" %7.1f %5.2f", gmacs, ratio);
+            absl::StrAppendFormat(&cells[kernel],
+                                  "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
+                                  cells[kernel].empty() ? "" : ", ", m, gmacs, m, ratio);
+          }
+          std::printf(" %5.2fx |", Median(speedup));
+          absl::StrAppendFormat(&speedups, "%s\"m%d\": %.3f", speedups.empty() ? "" : ", ", m,
+                                Median(speedup));
+        }
+        std::printf("\n");
+        absl::StrAppendFormat(&json,
+                              "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                              "\"threads\": 1, \"clock\": \"process_cpu_time\", "
+                              "\"tile\": {%s}, \"gemm\": {%s}, "
+                              "\"gemm_speedup_median\": {%s}}",
+                              first ? "" : ",\n", f.name, s.rows, s.cols, cells[0], cells[1],
+                              speedups);
+        first = false;
+        internal::SetInt8ActGemmMinTokensForTesting(0);
+      }
+    }
+  }
   json += "\n  ],\n  \"gemm\": [\n";
 
   std::printf("\nGEMM, 2 threads: GFLOP/s and ratio to the 2-thread FMA peak (%.0f GFLOP/s)\n",
@@ -296,10 +395,12 @@ int main(int argc, char** argv) {
   }
   json += "\n  ]\n}";
   const char* isa_env = std::getenv("LOOM_CPU_ISA");
-  WriteResult(isa_env != nullptr && *isa_env != '\0'
-                  ? std::string("cpu_kernels_") +
-                        loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa())
-                  : std::string("cpu_kernels"),
+  // One section only: its own file (cpu_kernels_avx2_a8gemm.json), not the full run's.
+  WriteResult((isa_env != nullptr && *isa_env != '\0'
+                   ? std::string("cpu_kernels_") +
+                         loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa())
+                   : std::string("cpu_kernels")) +
+                  (section.empty() ? "" : "_" + section),
               json);
   return 0;
 }

@@ -20,8 +20,11 @@ using SpanFn = void (*)(const float*, const float*, int64_t, float*);
 
 SpanFn ActiveSpan() {
   static const bool avx512 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx512);
-  return avx512 && activation_simd.load(std::memory_order_relaxed) ? internal::SiluMulSpanAvx512
-                                                                   : internal::SiluMulSpanScalar;
+  static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
+  if (!activation_simd.load(std::memory_order_relaxed)) return internal::SiluMulSpanScalar;
+  return avx512 ? internal::SiluMulSpanAvx512
+         : avx2 ? internal::SiluMulSpanAvx2
+                : internal::SiluMulSpanScalar;
 }
 
 // Outputs [begin, end) of the flattened [num_tokens, ffn] result, row segment by row segment.

@@ -8,7 +8,7 @@ namespace loom::kernels::cpu {
 
 /// SwiGLU: out[t, i] = silu(gate_up[t, i]) * gate_up[t, ffn + i], i < ffn.
 /// gate_up: [num_tokens, 2 * ffn] (gate and up projections side by side); out: [num_tokens, ffn].
-/// Runs on the calling thread (AVX-512 where the CPU has it).
+/// Runs on the calling thread (AVX-512, else AVX2, where the CPU and LOOM_CPU_ISA allow).
 void SiluMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out);
 /// The same, split over `pool`'s threads when num_tokens * ffn is large enough to pay for
 /// the hand-off (small batches run on the calling thread). Not re-entrant on one pool.

@@ -18,6 +18,8 @@ using internal::MatmulIsaChoice;
 
 std::atomic<MatmulIsaChoice> forced_isa{MatmulIsaChoice::kAuto};
 std::atomic<int64_t> f32act_gemm_min_tokens{internal::kF32ActGemmMinTokens};
+std::atomic<int64_t> int8act_gemm_min_tokens{internal::kInt8ActGemmMinTokens};
+std::atomic<bool> int8act_gemm_moved{false};
 std::atomic<MatmulIsaChoice> last_isa{MatmulIsaChoice::kAuto};
 
 // ActiveCpuIsa(): LOOM_CPU_ISA or the best this CPU runs.
@@ -100,6 +102,16 @@ int64_t F32ActGemmMinTokens() { return f32act_gemm_min_tokens.load(std::memory_o
 void SetF32ActGemmMinTokensForTesting(int64_t min_tokens) {
   f32act_gemm_min_tokens.store(min_tokens <= 0 ? kF32ActGemmMinTokens : min_tokens,
                                std::memory_order_relaxed);
+}
+
+int64_t Int8ActGemmMinTokens() {
+  return int8act_gemm_min_tokens.load(std::memory_order_relaxed);
+}
+
+void SetInt8ActGemmMinTokensForTesting(int64_t min_tokens) {
+  int8act_gemm_min_tokens.store(min_tokens <= 0 ? kInt8ActGemmMinTokens : min_tokens,
+                                std::memory_order_relaxed);
+  int8act_gemm_moved.store(min_tokens > 0, std::memory_order_relaxed);
 }
 
 void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
@@ -305,14 +317,23 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
                                         : internal::MatmulBlocksScalar;
   const MatmulIsaChoice isa = ActiveIsa();
   last_isa.store(isa, std::memory_order_relaxed);
+  // Int8 activations: the GEMM and the tile kernel give the same bits (matmul_internal.h),
+  // so the choice is by speed: AVX2 INT8 stays on the tile kernel unless a test/bench
+  // moved the threshold.
+  const bool int8act_gemm =
+      int8_activations && params.m >= internal::Int8ActGemmMinTokens() &&
+      (int8act_gemm_moved.load(std::memory_order_relaxed) ||
+       !(ActiveIsa() == MatmulIsaChoice::kAvx2 && w.format == WeightFormat::kInt8));
   switch (isa) {
     case MatmulIsaChoice::kAvx512:
       kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx512
+               : int8act_gemm                   ? internal::MatmulInt8ActGemmBlocksAvx512
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
                                               : internal::MatmulBlocksAvx512;
       break;
     case MatmulIsaChoice::kAvx2:
       kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx2
+               : int8act_gemm                   ? internal::MatmulInt8ActGemmBlocksAvx2
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx2
                                               : internal::MatmulBlocksAvx2;
       break;

@@ -154,8 +154,15 @@ void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
 /// differently, and seeded sampling must not depend on batch composition). It costs
 /// 0-7% at m = 1 and 10-15% at m = 2..4 against the tile kernel (bench/cpu_kernels_bench
 /// --section sweep). On AVX2 (matmul_f32act_gemm_avx2) m = 1 costs more: with the
-/// weights in cache the GEMM runs 28 against the tile kernel's 46 GFLOP per CPU-second on
-/// Zen 4 (INT4 needs one more FMA per weight to dequantize exactly); decode, which streams
+/// weights in cache the GEMM ran 28 against the tile kernel's 46 GFLOP per CPU-second on
+/// Zen 4 (one FMA chain per output waits on the FMA latency, and exact dequantization
+/// costs one more FMA per weight). Running 3-4 row blocks in lockstep at m = 1 (the same
+/// bits) lifted that to 35 (INT4) / 41 (INT8) against the tile kernel's 46 / 48, and
+/// single-stream AVX2 decode of the default model (engine_bench --only-batch 1, 9
+/// alternating runs each, medians, on a 2-core machine shared with other jobs) ran 34.1
+/// tok/s (1 thread; 2 threads 20.8) against 32.8 (21.0) before and 29.2 (20.2) with the
+/// tile kernel at m = 1: no measurable cost, so the rule stays: one kernel for every m,
+/// batch invariance kept. Decode, which streams
 /// the weights from memory, hides part of it. The tile kernels stay the bench baseline
 /// (and run when the threshold is moved).
 inline constexpr int64_t kF32ActGemmMinTokens = 1;
@@ -163,6 +170,32 @@ int64_t F32ActGemmMinTokens();
 /// Test/bench hook: moves that threshold (<= 0 restores kF32ActGemmMinTokens).
 /// Not thread-safe against concurrent Matmul calls.
 void SetF32ActGemmMinTokensForTesting(int64_t min_tokens);
+
+/// INT8/INT4 weights against int8 activations for batches of tokens: token panels sized
+/// from the L2 cache (read at start-up) pass under each row block of weights, tiles of a
+/// few tokens x 16 (AVX2) or 32 (AVX-512) rows reuse every unpacked weight vector from
+/// registers.
+/// AVX2: vpmaddubsw + vpmaddwd (INT4 sums a 32-column group in int16 first, exactly);
+/// AVX-512: VNNI. Each group's exact integer dot product is applied with the tile
+/// kernels' float operations in their order, so the result is the same bits as
+/// MatmulBlocksAvx2/Avx512's, on both ISAs, for every m and thread count.
+void MatmulInt8ActGemmBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
+                                 int64_t block_end);
+void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
+                                   int64_t block_end);
+
+/// Fewest tokens for which Matmul takes the int8-activation GEMM above on AVX2/AVX-512
+/// (the tile kernels below it). Both give the same bits, so this is a speed choice only
+/// and batch invariance holds either way (tests/kernels/matmul_test.cc checks both). 2:
+/// at m = 1 the tile kernels ran as fast (AVX-512 runs the same GEMV tile). INT8 weights
+/// on AVX2 stay on the tile kernel for every m (the GEMM ran 3-13% slower there, 1 thread,
+/// CPU time: bench/results/cpu_kernels_avx2_a8gemm.json); INT4 on AVX2 gains 4-7%.
+inline constexpr int64_t kInt8ActGemmMinTokens = 2;
+int64_t Int8ActGemmMinTokens();
+/// Test/bench hook: moves that threshold, for every format and ISA, AVX2 INT8 included
+/// (<= 0 restores kInt8ActGemmMinTokens and the AVX2 INT8 exception).
+/// Not thread-safe against concurrent Matmul calls.
+void SetInt8ActGemmMinTokensForTesting(int64_t min_tokens);
 
 /// Instruction sets Matmul can run; kAuto picks the best the CPU supports.
 enum class MatmulIsaChoice { kAuto, kScalar, kAvx2, kAvx512 };

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,8 +25,10 @@ constexpr double kAbsTol = 1e-30;
 class SiluMulTest : public testing::TestWithParam<bool> {  // param: SIMD enabled
  protected:
   void SetUp() override {
-    if (GetParam() && !internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)) {
-      GTEST_SKIP() << "no AVX-512 on this CPU: the SIMD case would run the scalar loop";
+    // The SIMD case runs the best span LOOM_CPU_ISA allows: AVX-512, or AVX2 under
+    // LOOM_CPU_ISA=avx2 (ctest kernels/isa_avx2) and on AVX2-only CPUs.
+    if (GetParam() && !internal::IsaSupported(internal::MatmulIsaChoice::kAvx2)) {
+      GTEST_SKIP() << "no AVX2 on this CPU: the SIMD case would run the scalar loop";
     }
     internal::SetActivationSimdForTesting(GetParam());
   }
@@ -146,6 +149,58 @@ TEST(SiluMulIsaTest, SimdAgreesWithScalarFallbackWithinTwoRoundings) {
     ASSERT_NEAR(simd[i], scalar[i], 2 * kRelTol * std::fabs(scalar[i]) + kAbsTol)
         << "gate " << gate[i];
   }
+}
+
+// The AVX2 span directly (whatever the best ISA is): within two roundings of the scalar
+// one over a dense gate sweep, with the saturating ends and NaN.
+TEST(SiluMulIsaTest, Avx2AgreesWithScalarFallbackAcrossTheRange) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx2)) {
+    GTEST_SKIP() << "no AVX2 on this CPU";
+  }
+  const int64_t count = 200003;  // a tail of 3 after the 8-lane loop
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> ups(-3.0f, 3.0f);
+  std::vector<float> gate(count), up(count), simd(count), scalar(count);
+  for (int64_t i = 0; i < count; ++i) {
+    gate[i] = -110.0f + 220.0f * static_cast<float>(i) / count;
+    if (i % 89 == 0) gate[i] = std::ldexp(gate[i], -static_cast<int>(i % 60));
+    up[i] = ups(rng);
+  }
+  gate[5] = std::numeric_limits<float>::quiet_NaN();
+  internal::SiluMulSpanAvx2(gate.data(), up.data(), count, simd.data());
+  internal::SiluMulSpanScalar(gate.data(), up.data(), count, scalar.data());
+  EXPECT_TRUE(std::isnan(simd[5]));
+  for (int64_t i = 0; i < count; ++i) {
+    if (i == 5) continue;
+    ASSERT_NEAR(simd[i], scalar[i], 2 * kRelTol * std::fabs(scalar[i]) + kAbsTol)
+        << "gate " << gate[i];
+  }
+  std::vector<float> want(count);
+  std::vector<float> gate_up(2 * count);
+  std::copy(gate.begin(), gate.end(), gate_up.begin());
+  std::copy(up.begin(), up.end(), gate_up.begin() + count);
+  gate_up[5] = 0.0f;
+  simd[5] = 0.0f;
+  ExpectNearReference(gate_up, 1, count, simd);
+}
+
+// Exp256 follows Exp512 step for step (two exact-exponent multiplies for vscalefps): the
+// AVX2 and AVX-512 spans give the same bits, denormal results included.
+TEST(SiluMulIsaTest, Avx2IsBitIdenticalToAvx512) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)) {
+    GTEST_SKIP() << "no AVX-512 on this CPU";
+  }
+  const int64_t count = 100001;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 30.0f);
+  std::vector<float> gate(count), up(count), avx2(count), avx512(count);
+  for (int64_t i = 0; i < count; ++i) {
+    gate[i] = normal(rng);
+    up[i] = i % 3 == 0 ? 1e38f : normal(rng);
+  }
+  internal::SiluMulSpanAvx2(gate.data(), up.data(), count, avx2.data());
+  internal::SiluMulSpanAvx512(gate.data(), up.data(), count, avx512.data());
+  ASSERT_EQ(std::memcmp(avx2.data(), avx512.data(), count * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -349,6 +349,110 @@ TEST(MatmulTest, F32ActGemmIsBitIdenticalOnAvx2AndAvx512) {
   }
 }
 
+// The int8-activation GEMM (matmul_int8act_gemm_avx2.cc: vpmaddubsw + vpmaddwd, INT4 in
+// int16 per group; AVX-512: VNNI tiles of 4 tokens x 32 rows), both in token panels sized
+// from the L2, forced on for every m, against the reference over the token tiles
+// (balanced tiles of <= 2 / 4 tokens), token panels (k = 4096 splits 300 tokens into 2 or more panels on L2 sizes up
+// to 2 MiB), partial row blocks and 1-3 threads, under each ISA the CPU allows.
+class Int8ActGemmGuard {
+ public:
+  explicit Int8ActGemmGuard(int64_t min_tokens) {
+    internal::SetInt8ActGemmMinTokensForTesting(min_tokens);
+  }
+  ~Int8ActGemmGuard() { internal::SetInt8ActGemmMinTokensForTesting(0); }
+};
+
+class MatmulInt8ActGemmTest : public testing::TestWithParam<std::tuple<WeightFormat, int64_t>> {
+};
+
+TEST_P(MatmulInt8ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
+  std::vector<MatmulIsaChoice> isas;
+  for (MatmulIsaChoice isa : {MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
+    if (internal::IsaSupported(isa)) isas.push_back(isa);
+  }
+  if (isas.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 here";
+  const auto [format, group] = GetParam();
+  Int8ActGemmGuard gemm_for_every_m(1);
+  const std::vector<Shape> shapes = {{40, 128}, {200, 384}, {1000, 768}, {33, 4096}};
+  uint32_t seed = 1500;
+  for (const Shape& shape : shapes) {
+    const int64_t g = group < 0 ? shape.cols : group;
+    const TestWeight weight = MakeTestWeight(format, g, shape, ++seed);
+    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 64, 300}) {
+      if (m == 300 && shape.cols != 4096) continue;
+      const int threads = 1 + static_cast<int>(m % 3);
+      for (MatmulIsaChoice isa : isas) {
+        CheckMatmul(isa, weight, Precision::kInt8, m, /*with_bias=*/m % 2 == 1, threads,
+                    ++seed);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, MatmulInt8ActGemmTest,
+    testing::Values(std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt4, int64_t{128}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{64}),
+                    std::make_tuple(WeightFormat::kInt8, int64_t{-1})),  // per output channel
+    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
+      const int64_t g = std::get<1>(info.param);
+      return std::string(FormatName(std::get<0>(info.param))) +
+             (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
+    });
+
+// With int8 activations every kernel applies the same exact integer group dot products
+// with the same float operations: the GEMM and the tile kernels, on AVX2 and AVX-512, for
+// every m and thread count, give the same bits. So moving Int8ActGemmMinTokens is a speed
+// choice only, and a token's result never depends on its batch or on the ISA.
+TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
+  std::vector<MatmulIsaChoice> isas;
+  for (MatmulIsaChoice isa : {MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
+    if (internal::IsaSupported(isa)) isas.push_back(isa);
+  }
+  if (isas.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 here";
+  uint32_t seed = 1900;
+  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (Shape shape : {Shape{40, 128}, Shape{1000, 768}}) {
+      const TestWeight weight = MakeTestWeight(format, 64, shape, ++seed);
+      for (int64_t m : {1, 5, 9, 40}) {
+        const std::vector<float> x = RandomActivations(m, shape.cols, ++seed);
+        std::vector<float> bias(shape.rows);
+        for (int64_t i = 0; i < shape.rows; ++i) bias[i] = 0.01f * static_cast<float>(i % 7);
+        std::vector<float> first;
+        std::string first_name;
+        for (MatmulIsaChoice isa : isas) {
+          IsaGuard guard(isa);
+          for (bool gemm : {true, false}) {
+            Int8ActGemmGuard threshold(gemm ? 1 : int64_t{1} << 40);
+            for (int threads : {1, 3}) {
+              ThreadPool pool(threads);
+              std::vector<float> y(m * shape.rows);
+              ASSERT_TRUE(Matmul({x.data(), &weight.packed, bias.data(), y.data(), m,
+                                  Precision::kInt8},
+                                 pool)
+                              .ok());
+              const std::string name = std::string(IsaName(isa)) + (gemm ? " gemm" : " tile") +
+                                       " threads " + std::to_string(threads);
+              if (first.empty()) {
+                first = y;
+                first_name = name;
+                continue;
+              }
+              for (int64_t i = 0; i < m * shape.rows; ++i) {
+                ASSERT_EQ(y[i], first[i]) << FormatName(format) << " n=" << shape.rows
+                                          << " m=" << m << " at " << i << ": " << name
+                                          << " against " << first_name;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Batch invariance: a token's output is the same bits whether it runs alone or with
 // others, on any thread count (seeded sampling must not depend on the batch), on every
 // ISA the CPU (and LOOM_CPU_ISA) allows.
@@ -361,19 +465,26 @@ TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
       const std::vector<float> x = RandomActivations(m, 576, 22);
       std::vector<float> batched(m * 200);
       ThreadPool pool2(2), pool3(3);
-      ASSERT_TRUE(Matmul({x.data(), &weight.packed, nullptr, batched.data(), m}, pool2).ok());
-      for (int64_t t = 0; t < m; ++t) {
-        for (int64_t subset : {int64_t{1}, int64_t{2}, int64_t{4}}) {
-          if (t + subset > m) continue;
-          std::vector<float> alone(subset * 200);
-          ThreadPool& pool = subset == 2 ? pool3 : pool2;
-          ASSERT_TRUE(Matmul({x.data() + t * 576, &weight.packed, nullptr, alone.data(), subset},
-                             pool)
-                          .ok());
-          for (int64_t i = 0; i < 200; ++i) {
-            ASSERT_EQ(alone[i], batched[t * 200 + i])
-                << IsaName(isa) << " " << FormatName(format) << " token " << t << " row " << i
-                << " batch " << subset;
+      for (Precision precision : {Precision::kF32, Precision::kInt8}) {
+        if (precision == Precision::kInt8 && format == WeightFormat::kF16) continue;
+        ASSERT_TRUE(
+            Matmul({x.data(), &weight.packed, nullptr, batched.data(), m, precision}, pool2)
+                .ok());
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t subset : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+            if (t + subset > m) continue;
+            std::vector<float> alone(subset * 200);
+            ThreadPool& pool = subset == 2 ? pool3 : pool2;
+            ASSERT_TRUE(Matmul({x.data() + t * 576, &weight.packed, nullptr, alone.data(),
+                                subset, precision},
+                               pool)
+                            .ok());
+            for (int64_t i = 0; i < 200; ++i) {
+              ASSERT_EQ(alone[i], batched[t * 200 + i])
+                  << IsaName(isa) << " " << FormatName(format) << " token " << t << " row "
+                  << i << " batch " << subset << " activations "
+                  << ActivationPrecisionName(precision);
+            }
           }
         }
       }
