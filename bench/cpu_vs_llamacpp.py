@@ -29,7 +29,7 @@ Commands (idle machine; LLAMACPP_BUILD_ROOT as given to setup_llamacpp.sh, defau
   LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/cpu_vs_llamacpp.py --isa avx512
 
 usage: bench/cpu_vs_llamacpp.py --isa avx2|avx512 [--threads 2] [--tokens 128] [--passes 2]
-       [--cpus 0-1] [--model PATH] [--llama-build avx2|native] [--out PATH]
+       [--cpus 0-1] [--wait-quiet S] [--model PATH] [--llama-build avx2|native] [--out PATH]
 Loom's binaries come from $LOOM_BUILD_DIR (default build/).
 """
 import argparse
@@ -54,7 +54,6 @@ OMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "OMP_PROC_BIN
 
 def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
     """Runs inside the llama.cpp build's PYTHONPATH; prints one JSON line."""
-    import ctypes
     import llama_cpp.llama_cpp as L
 
     L.llama_backend_init()
@@ -217,6 +216,14 @@ def load_1min() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def wait_quiet(limit: float, timeout: float) -> float:
+    """Waits up to `timeout` s for the 1-minute load average to fall below `limit`."""
+    deadline = time.monotonic() + timeout
+    while load_1min() >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return load_1min()
+
+
 def has_avx512() -> bool:
     try:
         return " avx512f " in pathlib.Path("/proc/cpuinfo").read_text().replace("\n", " ")
@@ -243,6 +250,8 @@ def main():
     parser.add_argument("--llama-build", help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default: "
                         "avx2 for --isa avx2, native for avx512)")
     parser.add_argument("--out", help="default bench/results/cpu_vs_llamacpp_<isa>.json")
+    parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                        help="before each pass, wait up to S seconds for a quiet machine")
     parser.add_argument("--note", default="", help="a note stored in the JSON")
     parser.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -262,7 +271,7 @@ def main():
     log = []
     for index in range(args.passes):
         for engine, run in (("llamacpp", run_llama), ("loom", run_loom)):
-            before = load_1min()
+            before = wait_quiet(quiet_limit, args.wait_quiet)
             started = time.monotonic()
             figures = run(args)
             entry = {"engine": engine, "pass": index + 1, "load_1min_before": before,
@@ -313,13 +322,14 @@ def main():
         "loom_batched64_over_single": batched64_over_single,
         "targets_met": targets,
     }
-    if args.note:
-        result["note"] = args.note
-    elif not machine_quiet:
+    notes = [args.note] if args.note else []
+    if not machine_quiet:
         loads = [e["load_1min_before"] for e in log]
-        result["note"] = (f"machine not quiet: 1-minute load average {min(loads)}-{max(loads)} before "
-                          f"the passes on {cores} cores (limit {quiet_limit:g}); llama.cpp's "
-                          "figures, above all, are not credible: rerun on an idle machine")
+        notes.append(f"machine not quiet: 1-minute load average {min(loads)}-{max(loads)} before "
+                     f"the passes on {cores} cores (limit {quiet_limit:g}); llama.cpp's "
+                     "figures, above all, are not credible: rerun on an idle machine")
+    if notes:
+        result["note"] = " ".join(notes)
     path = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / f"cpu_vs_llamacpp_{args.isa}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"loom_over_llamacpp": ratios, "targets_met": targets,

@@ -27,6 +27,7 @@ Commands (idle machine):
 
 usage: bench/serving_vs_llamacpp.py [--clients 32,1] [--threads 2] [--passes 2]
        [--prompt-words N] [--max-tokens 128] [--requests-per-level N] [--llama-build native]
+       [--wait-quiet S] [--engines loom,llamacpp]
        [--out bench/results/serving_vs_llamacpp.json] [--note TEXT]
 writes bench/results/serving_vs_llamacpp.json. Loom's binaries come from $LOOM_BUILD_DIR
 (default build/), llama-server from $LLAMACPP_BUILD_ROOT/llamacpp-<build>/bin (default build/).
@@ -77,6 +78,14 @@ def free_port() -> int:
 
 def load_1min() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+def wait_quiet(limit: float, timeout: float) -> float:
+    """Waits up to `timeout` s for the 1-minute load average to fall below `limit`."""
+    deadline = time.monotonic() + timeout
+    while load_1min() >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return load_1min()
 
 
 def percentile(values: list, q: float) -> float:
@@ -214,7 +223,7 @@ class LlamaServer:
 
 
 def run_server(server_class, args, log_dir, offset: int) -> dict:
-    before = load_1min()
+    before = wait_quiet(args.quiet_limit, args.wait_quiet)
     with server_class(args, log_dir) as server:
         # Warm-up: two short requests (not measured).
         asyncio.run(level(server.base_url, server.model, 2, 2,
@@ -251,6 +260,8 @@ def main():
                         help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default native)")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--out", default=str(SOURCE_DIR / "bench" / "results" / "serving_vs_llamacpp.json"))
+    parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                        help="before each server start, wait up to S seconds for a quiet machine")
     parser.add_argument("--engines", default="loom,llamacpp", help="for trials: loom or llamacpp alone")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
@@ -260,7 +271,7 @@ def main():
     if missing:
         sys.exit(missing)
     cores = len(os.sched_getaffinity(0))
-    quiet_limit = 0.5 * cores
+    quiet_limit = args.quiet_limit = 0.5 * cores
 
     log_dir = pathlib.Path(tempfile.mkdtemp(prefix="serving_vs_llamacpp_"))
     parts = []
@@ -325,11 +336,12 @@ def main():
         "summary": summary,
         "targets_met": targets,
     }
-    if args.note:
-        record["note"] = args.note
-    elif not machine_quiet:
-        record["note"] = (f"machine not quiet: 1-minute load average {min(loads)}-{max(loads)} on {cores} "
-                          f"cores (limit {quiet_limit:g}); rerun on an idle machine")
+    notes = [args.note] if args.note else []
+    if not machine_quiet:
+        notes.append(f"machine not quiet: 1-minute load average {min(loads)}-{max(loads)} on {cores} "
+                     f"cores (limit {quiet_limit:g}); rerun on an idle machine")
+    if notes:
+        record["note"] = " ".join(notes)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
