@@ -12,6 +12,9 @@ shared prefix for either server's prompt cache). Figures per level: output token
 completion tokens / wall time from the first request sent to the last one finished), TTFT
 p50/p99 (first streamed text), and Loom over llama.cpp. The servers run one at a time,
 alternating (Loom, llama.cpp, Loom, llama.cpp for --passes 2); medians over the passes.
+After each of Loom's levels, `loom bench` (Loom's own load generator, gRPC) runs the same
+level with random prompts of the measured prompt length, recorded beside it for reference
+(it shows the Python client's cost; --no-loom-bench skips it).
 Load averages before each part are recorded; `machine_quiet` is set only if the 1-minute
 load average was below 0.5 per core before every part. The client shares the CPU with the
 server it drives, alike for both.
@@ -27,7 +30,7 @@ Commands (idle machine):
 
 usage: bench/serving_vs_llamacpp.py [--clients 32,1] [--threads 2] [--passes 2]
        [--prompt-words N] [--max-tokens 128] [--requests-per-level N] [--llama-build native]
-       [--wait-quiet S] [--engines loom,llamacpp]
+       [--wait-quiet S] [--engines loom,llamacpp] [--no-loom-bench]
        [--out bench/results/serving_vs_llamacpp.json] [--note TEXT]
 writes bench/results/serving_vs_llamacpp.json. Loom's binaries come from $LOOM_BUILD_DIR
 (default build/), llama-server from $LLAMACPP_BUILD_ROOT/llamacpp-<build>/bin (default build/).
@@ -100,7 +103,6 @@ async def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
     started = time.monotonic()
     first = None
     usage = None
-    text = []
     stream = await client.completions.create(
         model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
@@ -108,7 +110,6 @@ async def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
         if chunk.choices and chunk.choices[0].text:
             if first is None:
                 first = time.monotonic()
-            text.append(chunk.choices[0].text)
         if getattr(chunk, "usage", None):
             usage = chunk.usage
     ended = time.monotonic()
@@ -222,6 +223,25 @@ class LlamaServer:
         self.process.stop(timeout=30)
 
 
+def loom_bench(server, clients: int, requests: int, prompt_tokens: int, args) -> dict:
+    """`loom bench` (Loom's own load generator, gRPC API) at the same level, for reference:
+    random token-id prompts of the length the OpenAI client's prompts had."""
+    import subprocess
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([str(h.LOOM_BIN), "bench", "--address", server.process.address,
+                        "--concurrency", str(clients), "--num-requests", str(requests),
+                        "--input-len", str(prompt_tokens), "--output-len", str(args.max_tokens),
+                        "--seed", str(clients), "--output", out.name],
+                       check=True, capture_output=True, text=True, timeout=args.timeout_s)
+        run = json.loads(pathlib.Path(out.name).read_text())["runs"][0]
+    if run["failed"]:
+        raise RuntimeError(f"loom bench: {run['failed']} requests failed: {run['errors'][:3]}")
+    return {"tokens_per_s": round(run["output_throughput"], 2),
+            "ttft_p50_s": round(run["ttft_ms"]["p50"] / 1000, 4),
+            "ttft_p99_s": round(run["ttft_ms"]["p99"] / 1000, 4), "input_len": prompt_tokens,
+            "requests": requests}
+
+
 def run_server(server_class, args, log_dir, offset: int) -> dict:
     before = wait_quiet(args.quiet_limit, args.wait_quiet)
     with server_class(args, log_dir) as server:
@@ -239,6 +259,11 @@ def run_server(server_class, args, log_dir, offset: int) -> dict:
             print(f"{server.name:8s} {clients:3d} clients: {row['tokens_per_s']:7.1f} tok/s, TTFT p50 "
                   f"{row['ttft_p50_s'] * 1000:.0f} ms p99 {row['ttft_p99_s'] * 1000:.0f} ms "
                   f"(prompt {row['prompt_tokens_mean']:.0f} tokens; load {level_before})", flush=True)
+            if server_class is LoomServer and args.loom_bench:
+                row["loom_bench"] = loom_bench(server, clients, requests,
+                                               round(row["prompt_tokens_mean"]), args)
+                print(f"{'':8s} {'':3s} loom bench (gRPC): {row['loom_bench']['tokens_per_s']:7.1f} tok/s, "
+                      f"TTFT p50 {row['loom_bench']['ttft_p50_s'] * 1000:.0f} ms", flush=True)
         command = server.command()
     return {"engine": server_class.name, "command": command, "load_1min_before": before,
             "load_1min_after": load_1min(), "levels": rows}
@@ -260,6 +285,8 @@ def main():
                         help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default native)")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--out", default=str(SOURCE_DIR / "bench" / "results" / "serving_vs_llamacpp.json"))
+    parser.add_argument("--no-loom-bench", dest="loom_bench", action="store_false",
+                        help="skip `loom bench` (gRPC) at each level of Loom's passes")
     parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                         help="before each server start, wait up to S seconds for a quiet machine")
     parser.add_argument("--engines", default="loom,llamacpp", help="for trials: loom or llamacpp alone")
@@ -293,6 +320,11 @@ def main():
                            for key in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s", "latency_p50_s",
                                        "prompt_tokens_mean")}
             row[engine]["samples_tokens_per_s"] = [lv["tokens_per_s"] for lv in levels]
+            grpc = [lv["loom_bench"] for lv in levels if "loom_bench" in lv]
+            if grpc:
+                row[engine]["loom_bench_grpc"] = {
+                    key: round(statistics.median(g[key] for g in grpc), 4)
+                    for key in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s")}
         summary.append(row)
         if len(engines) < 2:
             continue
