@@ -27,6 +27,8 @@ Commands (idle machine):
   cmake --build build --target loom loom-worker
   LLAMACPP_BUILD_ROOT=/work/llamacpp bench/setup_llamacpp.sh native server
   LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/serving_vs_llamacpp.py
+(the native build is llama.cpp as built on the machine at hand; an AVX2-only machine's native
+build is its AVX2 build. Add --wait-quiet 600 to wait for a quiet machine before each part.)
 
 usage: bench/serving_vs_llamacpp.py [--clients 32,1] [--threads 2] [--passes 2]
        [--prompt-words N] [--max-tokens 128] [--requests-per-level N] [--llama-build native]
