@@ -3,16 +3,34 @@
 
 llama.cpp is built from the PyPI package llama-cpp-python by bench/setup_llamacpp.sh
 (bench-only; never in CI or the serving path) and driven through its ctypes bindings
-(llama_decode on batches; no sampling, logits of the last position of each sequence).
-Loom runs bench/engine_bench (build/bench/engine_bench) under LOOM_CPU_ISA=<isa>.
+(llama_decode on batches; no sampling, logits of the last position of each sequence), with
+llama.cpp's default context settings and environment (as its users run it: OpenMP threads
+that spin at barriers, default flash-attention and KV types); the JSON records them. Loom
+runs bench/engine_bench under LOOM_CPU_ISA=<isa>.
 
 Figures (tokens/s): pp512 (one 512-token prompt in one step), tg128 (one sequence, 128
 decode steps after an 8-token prompt), batched decode of 16 and 64 sequences (128 steps,
-one token per sequence per step). llama.cpp is measured before and after Loom (the machine
-may be shared); the JSON keeps both passes and compares against their mean.
+one token per sequence per step). The two engines run alternately (llama.cpp, Loom,
+llama.cpp, Loom, ... --passes times each) with the same thread count; the JSON keeps every
+pass with the 1-minute load average before and after it, compares the medians, and sets
+`machine_quiet` only if the load was below 0.5 per core before every pass (otherwise the
+figures, llama.cpp's above all, are not credible: its spinning threads collapse when a
+core is taken).
 
-usage: bench/cpu_vs_llamacpp.py --isa avx2|avx512 [--threads 2] [--model PATH]
-writes bench/results/cpu_vs_llamacpp_<isa>.json
+  --isa avx2:   Loom forced to AVX2 vs llama.cpp's avx2 build (AVX-512 off)
+                -> bench/results/cpu_vs_llamacpp_avx2.json
+  --isa avx512: Loom's AVX-512 path (its default where the CPU has it) vs llama.cpp's
+                native build (-march=native) -> bench/results/cpu_vs_llamacpp_avx512.json
+
+Commands (idle machine; LLAMACPP_BUILD_ROOT as given to setup_llamacpp.sh, default build/):
+  LLAMACPP_BUILD_ROOT=/work/llamacpp bench/setup_llamacpp.sh avx2
+  LLAMACPP_BUILD_ROOT=/work/llamacpp bench/setup_llamacpp.sh native
+  LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/cpu_vs_llamacpp.py --isa avx2
+  LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/cpu_vs_llamacpp.py --isa avx512
+
+usage: bench/cpu_vs_llamacpp.py --isa avx2|avx512 [--threads 2] [--tokens 128] [--passes 2]
+       [--cpus 0-1] [--wait-quiet S] [--model PATH] [--llama-build avx2|native] [--out PATH]
+Loom's binaries come from $LOOM_BUILD_DIR (default build/).
 """
 import argparse
 import datetime
@@ -22,14 +40,20 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUILD_DIR = pathlib.Path(os.environ.get("LOOM_BUILD_DIR", ROOT / "build"))
+LLAMACPP_ROOT = pathlib.Path(os.environ.get("LLAMACPP_BUILD_ROOT", ROOT / "build"))
+BATCHES = [16, 64]
+# The environment variables that change how llama.cpp's OpenMP threads wait or are placed.
+OMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
+           "GGML_NUMA")
 
 
 def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
     """Runs inside the llama.cpp build's PYTHONPATH; prints one JSON line."""
-    import ctypes
     import llama_cpp.llama_cpp as L
 
     L.llama_backend_init()
@@ -81,7 +105,14 @@ def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
     def clear():
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
 
-    result = {"system_info": L.llama_print_system_info().decode()}
+    defaults = L.llama_context_default_params()
+    result = {"system_info": L.llama_print_system_info().decode(),
+              "settings": {"n_threads": threads, "n_threads_batch": threads, "n_batch": 512,
+                           "n_ubatch": 512, "kv_unified": True,
+                           "flash_attn_type (default)": int(getattr(defaults, "flash_attn_type", -99)),
+                           "type_k (default)": int(defaults.type_k),
+                           "type_v (default)": int(defaults.type_v),
+                           "env": {k: os.environ.get(k) for k in OMP_ENV}}}
     ctx = make_context(1024, 1)
     # Warm-up.
     decode([(token_at(i, 1), i, 0, i == 63) for i in range(64)])
@@ -120,28 +151,55 @@ def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
     return result
 
 
+def parse_cpus(text: str) -> set:
+    cpus = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def child_setup(args):
+    """Pins a child process to --cpus (both engines alike); None when unset."""
+    if not args.cpus:
+        return None
+    cpus = parse_cpus(args.cpus)
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def run_llama(args) -> dict:
-    lib_dir = ROOT / "build" / f"llamacpp-{args.llama_build}" / "python"
+    lib_dir = LLAMACPP_ROOT / f"llamacpp-{args.llama_build}" / "python"
     if not (lib_dir / "llama_cpp").is_dir():
-        raise SystemExit(f"no llama.cpp build at {lib_dir}: run bench/setup_llamacpp.sh "
-                         f"{args.llama_build}")
-    env = dict(os.environ, PYTHONPATH=str(lib_dir), OMP_NUM_THREADS=str(args.threads))
+        raise SystemExit(f"no llama.cpp build at {lib_dir}: run LLAMACPP_BUILD_ROOT={LLAMACPP_ROOT} "
+                         f"bench/setup_llamacpp.sh {args.llama_build}")
+    # llama.cpp's own environment, unchanged (it passes n_threads to OpenMP itself).
+    env = dict(os.environ, PYTHONPATH=str(lib_dir))
     out = subprocess.run(
         [sys.executable, __file__, "--llama-worker", "--model", args.model, "--threads",
          str(args.threads), "--tokens", str(args.tokens)],
-        env=env, check=True, capture_output=True, text=True)
+        env=env, check=True, capture_output=True, text=True, preexec_fn=child_setup(args))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_loom(args) -> dict:
-    env = dict(os.environ, LOOM_CPU_ISA=args.isa)
-    engine = ROOT / "build" / "bench" / "engine_bench"
-    out = subprocess.run(
-        [str(engine), "--model", args.model, "--threads", str(args.threads),
-         "--decode-tokens", str(args.tokens)],
-        env=env, cwd=ROOT, check=True, capture_output=True, text=True)
-    sys.stdout.write(out.stdout)
-    result = json.loads((ROOT / "bench" / "results" / f"engine_cpu_{args.isa}.json").read_text())
+    engine = BUILD_DIR / "bench" / "engine_bench"
+    if not engine.exists():
+        raise SystemExit(f"no {engine}: cmake --build build --target engine_bench")
+    with tempfile.TemporaryDirectory(prefix="cpu_vs_llamacpp_") as tmp:
+        # engine_bench writes bench/results/engine_cpu_<isa>.json under LOOM_SOURCE_DIR:
+        # a scratch directory, so the committed engine_cpu*.json stay as they are.
+        (pathlib.Path(tmp) / "bench" / "results").mkdir(parents=True)
+        env = dict(os.environ, LOOM_CPU_ISA=args.isa, LOOM_SOURCE_DIR=tmp)
+        out = subprocess.run(
+            [str(engine), "--model", args.model, "--threads", str(args.threads),
+             "--decode-tokens", str(args.tokens)],
+            env=env, cwd=tmp, check=True, capture_output=True, text=True,
+            preexec_fn=child_setup(args))
+        sys.stdout.write(out.stdout)
+        written = list((pathlib.Path(tmp) / "bench" / "results").glob("engine_cpu*.json"))
+        if len(written) != 1:
+            raise SystemExit(f"engine_bench wrote {written}, expected one engine_cpu*.json")
+        result = json.loads(written[0].read_text())
     batched = {str(b["sequences"]): b["tokens_per_s"] for b in result["batched_decode"]}
     return {
         "pp512": result["prefill_512"]["tokens_per_s"],
@@ -154,64 +212,128 @@ def run_loom(args) -> dict:
     }
 
 
+def load_1min() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def wait_quiet(limit: float, timeout: float) -> float:
+    """Waits up to `timeout` s for the 1-minute load average to fall below `limit`."""
+    deadline = time.monotonic() + timeout
+    while load_1min() >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return load_1min()
+
+
+def has_avx512() -> bool:
+    try:
+        return " avx512f " in pathlib.Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
+def medians(passes: list, tg: str) -> dict:
+    return {"pp512": statistics.median(p["pp512"] for p in passes),
+            tg: statistics.median(p[tg] for p in passes),
+            "batched": {str(n): statistics.median(p["batched"][str(n)] for p in passes)
+                        for n in BATCHES}}
+
+
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--isa", choices=["avx2", "avx512"])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="both engines (default 2)")
+    parser.add_argument("--tokens", type=int, default=128, help="decode steps (tg<N>, batched)")
+    parser.add_argument("--passes", type=int, default=2, help="alternating passes per engine")
+    parser.add_argument("--cpus", default="", help="pin both engines to these CPUs (e.g. 0-1)")
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    parser.add_argument("--llama-build", help="build/llamacpp-<name> (default: avx2 for "
-                        "--isa avx2, native for avx512)")
+    parser.add_argument("--llama-build", help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default: "
+                        "avx2 for --isa avx2, native for avx512)")
+    parser.add_argument("--out", help="default bench/results/cpu_vs_llamacpp_<isa>.json")
+    parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                        help="before each pass, wait up to S seconds for a quiet machine")
+    parser.add_argument("--note", default="", help="a note stored in the JSON")
     parser.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.llama_worker:
-        print(json.dumps(llama_worker(args.model, args.threads, args.tokens, [16, 64])))
+        print(json.dumps(llama_worker(args.model, args.threads, args.tokens, BATCHES)))
         return
     if args.isa is None:
         parser.error("--isa is required")
+    if args.isa == "avx512" and not has_avx512():
+        raise SystemExit("--isa avx512: this CPU has no AVX-512 (/proc/cpuinfo lacks avx512f)")
     args.llama_build = args.llama_build or ("avx2" if args.isa == "avx2" else "native")
     tg = f"tg{args.tokens}"
-    load_before = os.getloadavg()[0]
-    llama_first = run_llama(args)
-    print("llama.cpp (first pass):", json.dumps(llama_first))
-    loom = run_loom(args)
-    llama_second = run_llama(args)
-    print("llama.cpp (second pass):", json.dumps(llama_second))
-    load_after = os.getloadavg()[0]
+    cores = len(os.sched_getaffinity(0))
+    quiet_limit = 0.5 * cores
 
-    def mean(key, sub=None):
-        values = [p[key][sub] if sub else p[key] for p in (llama_first, llama_second)]
-        return sum(values) / len(values)
+    runs = {"llamacpp": [], "loom": []}
+    log = []
+    for index in range(args.passes):
+        for engine, run in (("llamacpp", run_llama), ("loom", run_loom)):
+            before = wait_quiet(quiet_limit, args.wait_quiet)
+            started = time.monotonic()
+            figures = run(args)
+            entry = {"engine": engine, "pass": index + 1, "load_1min_before": before,
+                     "load_1min_after": load_1min(), "seconds": round(time.monotonic() - started, 1),
+                     "quiet": before < quiet_limit}
+            runs[engine].append(figures)
+            log.append(entry)
+            print(f"{engine} pass {index + 1}: pp512 {figures['pp512']:.1f}, {tg} {figures[tg]:.1f}, "
+                  f"batched {json.dumps(figures['batched'])} tok/s; load {before} -> "
+                  f"{entry['load_1min_after']}", flush=True)
 
-    llama = {"pp512": mean("pp512"), tg: mean(tg),
-             "batched": {n: mean("batched", n) for n in ("16", "64")}}
+    llama = medians(runs["llamacpp"], tg)
+    loom = medians(runs["loom"], tg)
     ratios = {"pp512": loom["pp512"] / llama["pp512"], tg: loom[tg] / llama[tg]}
-    for n in ("16", "64"):
-        if n in loom["batched"]:
-            ratios[f"batched_{n}"] = loom["batched"][n] / llama["batched"][n]
+    for n in BATCHES:
+        ratios[f"batched_{n}"] = loom["batched"][str(n)] / llama["batched"][str(n)]
+    last_loom = runs["loom"][-1]
+    prefill_vs_peak = statistics.median(p["prefill_vs_fma_peak"] for p in runs["loom"])
+    batched64_over_single = loom["batched"]["64"] / loom[tg]
     targets = {
         "pp512_vs_llamacpp_ge_1.2": ratios["pp512"] >= 1.2,
-        "prefill_vs_fma_peak_ge_0.5": loom["prefill_vs_fma_peak"] >= 0.5,
+        "prefill_vs_fma_peak_ge_0.5": prefill_vs_peak >= 0.5,
         "decode_vs_llamacpp_ge_1.2": ratios[tg] >= 1.2,
-        "batched64_vs_single_ge_4": loom["batched"].get("64", 0) / loom[tg] >= 4,
+        "batched64_vs_single_ge_4": batched64_over_single >= 4,
     }
+    machine_quiet = all(entry["quiet"] for entry in log)
     result = {
         "benchmark": "cpu_vs_llamacpp",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "isa": args.isa, "threads": args.threads, "model": os.path.basename(args.model),
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "isa": args.isa, "threads": args.threads, "cpus": args.cpus or "all", "cores": cores,
+        "decode_tokens": args.tokens, "passes_per_engine": args.passes,
+        "model": os.path.basename(args.model),
+        "machine_quiet": machine_quiet,
+        "machine_quiet_rule": f"1-minute load average < 0.5 per core ({quiet_limit:g}) before every pass",
+        "passes": log,
         "llamacpp": {"package": "llama-cpp-python 0.3.36 (source build, bench/setup_llamacpp.sh "
                                 f"{args.llama_build})",
-                     "system_info": llama_first.get("system_info", ""),
-                     "passes": [llama_first, llama_second], "mean": llama},
-        "loom": loom,
+                     "system_info": runs["llamacpp"][0].get("system_info", ""),
+                     "settings": runs["llamacpp"][0].get("settings", {}),
+                     "runs": [{k: v for k, v in p.items() if k not in ("system_info", "settings")}
+                              for p in runs["llamacpp"]],
+                     "median": llama},
+        "loom": {"cpu_isa": last_loom["cpu_isa"], "matmul_isa": last_loom["matmul_isa"],
+                 "limits": last_loom["limits"], "prefill_vs_fma_peak": prefill_vs_peak,
+                 "runs": runs["loom"], "median": loom},
         "loom_over_llamacpp": ratios,
-        "loom_batched64_over_single": loom["batched"].get("64", 0) / loom[tg],
+        "loom_batched64_over_single": batched64_over_single,
         "targets_met": targets,
-        "load_average_1min": [load_before, load_after],
     }
-    path = ROOT / "bench" / "results" / f"cpu_vs_llamacpp_{args.isa}.json"
+    notes = [args.note] if args.note else []
+    if not machine_quiet:
+        loads = [e["load_1min_before"] for e in log]
+        notes.append(f"machine not quiet: 1-minute load average {min(loads)}-{max(loads)} before "
+                     f"the passes on {cores} cores (limit {quiet_limit:g}); llama.cpp's "
+                     "figures, above all, are not credible: rerun on an idle machine")
+    if notes:
+        result["note"] = " ".join(notes)
+    path = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / f"cpu_vs_llamacpp_{args.isa}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"loom_over_llamacpp": ratios, "targets_met": targets}, indent=1))
+    print(json.dumps({"loom_over_llamacpp": ratios, "targets_met": targets,
+                      "machine_quiet": machine_quiet}, indent=1))
     print("wrote", path)
 
 
