@@ -11,6 +11,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_device.h"
+#include "tests/worker/nccl_test_support.h"
 
 #ifdef LOOM_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -91,24 +92,6 @@ TEST(NcclCommunicatorTest, NcclNotFoundIsFailedPreconditionAtConnect) {
       ::testing::ExitedWithCode(0), "NCCL not found");
 }
 
-// A GPU and NCCL, or the reason to skip (tests/gpu/quick.sh reports "NCCL not found" as
-// such, not as a failure).
-#define SKIP_WITHOUT_GPU_OR_NCCL()                                                         \
-  do {                                                                                     \
-    if (kernels::CudaDeviceCount() == 0) {                                                 \
-      GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription(0);             \
-    }                                                                                      \
-    if (absl::StatusOr<const detail::NcclApi*> api = detail::LoadNccl(); !api.ok()) {      \
-      GTEST_SKIP() << api.status().message();                                              \
-    }                                                                                      \
-  } while (0)
-
-std::unique_ptr<NcclCommunicator> ConnectWorldOfOne() {
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  auto communicator = NcclCommunicator::Connect(store, 0, 1, 0, milliseconds(30000));
-  EXPECT_TRUE(communicator.ok()) << communicator.status();
-  return communicator.ok() ? *std::move(communicator) : nullptr;
-}
 
 // World size 1 through the same code path as multi-GPU runs: the host-span calls stage
 // through the device and leave the data as it is; gather copies it.

@@ -17,6 +17,7 @@
 #include "model/model_weights.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/nccl_communicator.h"
+#include "tests/worker/nccl_test_support.h"
 
 #ifdef LOOM_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -28,24 +29,6 @@ namespace loom::worker {
 namespace {
 
 #ifdef LOOM_HAVE_NCCL
-
-#define SKIP_WITHOUT_GPU_OR_NCCL()                                                         \
-  do {                                                                                     \
-    if (kernels::CudaDeviceCount() == 0) {                                                 \
-      GTEST_SKIP() << "no CUDA device: " << kernels::CudaDeviceDescription(0);             \
-    }                                                                                      \
-    if (absl::StatusOr<const detail::NcclApi*> api = detail::LoadNccl(); !api.ok()) {      \
-      GTEST_SKIP() << api.status().message();                                              \
-    }                                                                                      \
-  } while (0)
-
-std::unique_ptr<NcclCommunicator> ConnectWorldOfOne() {
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  auto communicator =
-      NcclCommunicator::Connect(store, 0, 1, 0, std::chrono::milliseconds(30000));
-  EXPECT_TRUE(communicator.ok()) << communicator.status();
-  return communicator.ok() ? *std::move(communicator) : nullptr;
-}
 
 // Runs a random llama model (GQA, head_dim 64) on the CUDA device with `communicator`
 // (null: none) through a 7-token prefill and two decode steps; the logits of each step.
