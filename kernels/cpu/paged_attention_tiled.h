@@ -27,7 +27,6 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/half.h"
 #include "kernels/cpu/paged_attention_internal.h"
 
 namespace loom::kernels::cpu::internal::tiled {
