@@ -51,6 +51,7 @@ class TileKernel {
  public:
   static constexpr int kLanes = V::kLanes;
   static constexpr int64_t kKvTile = 2 * kLanes;
+  static constexpr int64_t kElementBytes = kHalf ? 2 : 4;
 
   static void Run(const KvLayerView& cache, float scale, const AttentionTile& tile) {
     thread_local Scratch s;
@@ -104,6 +105,17 @@ class TileKernel {
         } else {
           k_rows[j] = static_cast<const float*>(cache.k) + element;
           v_rows[j] = static_cast<const float*>(cache.v) + element;
+        }
+      }
+      // The next KV tile's rows start coming from L2/L3 while this one is computed (its
+      // blocks are scattered, which hardware prefetchers do not follow).
+      for (int64_t pos = kv0 + kKvTile; pos < std::min(end, kv0 + 2 * kKvTile); ++pos) {
+        const int64_t element =
+            (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
+            tile.kv_head * d;
+        for (int64_t byte = 0; byte < d * kElementBytes; byte += 64) {
+          __builtin_prefetch(static_cast<const char*>(cache.k) + element * kElementBytes + byte);
+          __builtin_prefetch(static_cast<const char*>(cache.v) + element * kElementBytes + byte);
         }
       }
       Scores(d, qs, num_vecs, k_rows, s.qt.data(), s.p.data());
