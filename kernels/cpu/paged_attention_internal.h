@@ -56,9 +56,13 @@ struct AttentionTile {
 /// A tile holds at most kMaxTileQueries query vectors (rows x heads) and kMaxTileRows rows.
 inline constexpr int64_t kMaxTileQueries = 64;
 inline constexpr int64_t kMaxTileRows = 32;
-/// Sequences with fewer query tokens in the step (decode, short speculative or chunked
-/// pieces) take the per-token tasks; longer ones the tiles.
-inline constexpr int64_t kMinTileRows = 4;
+/// Sequences with fewer query tokens in the step take the per-token tasks; longer ones the
+/// tiles. Above a speculative verify step's 1 + common::kMaxSpeculativeTokens (16) tokens, so
+/// that a verified token gets the very bits plain decode gives it (greedy speculation stays
+/// identical to no speculation; tests/kernels/paged_attention_test.cc asserts the bound).
+/// Prefill pieces shorter than this (a chunk's tail, a prefix-cache remainder) take the
+/// per-token loop too: equal to the tiles within rounding, not bit for bit.
+inline constexpr int64_t kMinTileRows = 18;
 
 /// Rows per tile for runs of `num_heads` query heads: as many as fit kMaxTileQueries.
 inline int64_t TileRows(int64_t num_heads) {

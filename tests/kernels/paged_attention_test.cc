@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/sampling_params.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/paged_attention_internal.h"
@@ -301,8 +302,8 @@ TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
 
 // Long prompts: whole prefills and prefill chunks late in contexts up to 3000 tokens (the
 // FlashAttention-style tiles where the ISA has them: head dims 64, 128 and 80 on AVX-512,
-// also 40 on AVX2; 40 takes the per-token tasks on AVX-512), beside decodes and short
-// chunks (the per-token tasks), MHA, GQA and MQA, block sizes 16 and 32.
+// also 40 on AVX2; 40 takes the per-token tasks on AVX-512), beside decodes and chunks
+// shorter than kMinTileRows (the per-token tasks), MHA, GQA and MQA, block sizes 16 and 32.
 TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
   uint32_t seed = 400;
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
@@ -318,9 +319,13 @@ TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
   }
 }
 
+// A speculative verify step must run the per-token tasks, as decode does.
+static_assert(internal::kMinTileRows > 1 + common::kMaxSpeculativeTokens);
+
 // A token's result does not depend on the batch around its sequence, on how its prompt
 // is cut into prefill chunks (of kMinTileRows tokens or more: the same tiles; shorter
 // ones take the per-token tasks, within tolerance) or on the thread count: bit for bit.
+// A speculative verify step gives each token the bits plain decode gives it.
 TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
     for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
@@ -335,10 +340,10 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
         const auto batch = harness.Run({{1, 89, 90}, {0, 0, 320}, {2, 0, 300}}, threads);
         EXPECT_EQ(batch[1], alone) << threads << " threads";
       }
-      // Chunked: 4 + 120 + 65 + 131 tokens, and 33 + 287 beside a decode.
+      // Chunked: 18 + 106 + 65 + 131 tokens, and 33 + 287 beside a decode.
       std::vector<float> chunked;
       for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-               {0, 4}, {4, 124}, {124, 189}, {189, 320}}) {
+               {0, 18}, {18, 124}, {124, 189}, {189, 320}}) {
         const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
         chunked.insert(chunked.end(), piece.begin(), piece.end());
       }
@@ -350,7 +355,7 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
       // Pieces shorter than kMinTileRows take the per-token tasks: close, not identical.
       std::vector<float> short_pieces;
       for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-               {0, 1}, {1, 3}, {3, 319}, {319, 320}}) {
+               {0, 1}, {1, 18}, {18, 319}, {319, 320}}) {
         const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
         short_pieces.insert(short_pieces.end(), piece.begin(), piece.end());
       }
@@ -358,6 +363,15 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
       for (size_t i = 0; i < alone.size(); ++i) {
         ASSERT_NEAR(short_pieces[i], alone[i], 2 * (kTol * 4.0 + 1e-6)) << "element " << i;
       }
+      // A verify step of 1 + kMaxSpeculativeTokens tokens against decoding them one by one.
+      const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
+      const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
+      std::vector<float> decoded;
+      for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
+        const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
+        decoded.insert(decoded.end(), one.begin(), one.end());
+      }
+      EXPECT_EQ(verify, decoded);
       // The tiles did run: with the tiles off, the per-token kernel rounds differently.
       const bool tiles_expected =
           GetParam() && (internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)
