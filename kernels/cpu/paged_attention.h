@@ -54,7 +54,10 @@ struct PagedAttentionParams {
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence
-/// whose blocks cannot hold context_len tokens (checked before computing).
+/// whose blocks cannot hold context_len tokens (checked before computing). Sequences with
+/// many query tokens (prefill) run in FlashAttention-style tiles on AVX2/AVX-512
+/// (paged_attention_tiled.h), the others per token; either way a token's result depends
+/// only on its own sequence, never on the rest of the batch or the thread count.
 absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool);
 absl::Status PagedAttentionReference(const PagedAttentionParams& params);
 
