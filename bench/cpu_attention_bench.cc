@@ -2,9 +2,10 @@
 // PagedAttention on SmolLM2-135M's attention shape (9 query heads on 3 KV heads, head dim
 // 64, blocks of 16), F16 and F32 KV cache, with the FlashAttention-style tiles
 // (kernels/cpu/paged_attention_tiled.h) and with the per-token kernel that ran prefills
-// before them (internal::SetTiledPrefillForTesting(false)), in the same run. Figures:
+// before them (internal::TileMode kOff against kOn), in the same run. Figures:
 // GFLOP/s (2 flops per multiply-add of q.k and p.v over the causal triangle), the ratio to
 // the FMA peak measured in the same run (bench/machine_limits.h), and new / old.
+// Decode steps (one query token per sequence; a one-row tile) are timed both ways too.
 // Writes bench/results/cpu_attention.json (cpu_attention_<isa>.json when LOOM_CPU_ISA
 // forces the ISA).
 //
@@ -45,11 +46,13 @@ struct Prefill {
   PagedAttentionParams params;
 };
 
-// One sequence of `tokens` tokens, all in this step, over a shuffled block table.
-void MakePrefill(int64_t tokens, KvDtype dtype, Prefill& p) {
+// `seqs` sequences of `tokens` tokens each over shuffled block tables; `query` of each
+// sequence's last tokens are in this step (all of them: a prefill; 1: a decode step).
+void MakeStep(int64_t seqs, int64_t tokens, int64_t query, KvDtype dtype, Prefill& p) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize;
+  const int64_t blocks_per_seq = (tokens + kBlockSize - 1) / kBlockSize;
+  const int64_t blocks = seqs * blocks_per_seq;
   const int64_t elems = blocks * kBlockSize * kKvHeads * kHeadDim;
   const size_t bytes = dtype == KvDtype::kF16 ? 2 : 4;
   p.k.resize(elems * bytes);
@@ -66,12 +69,17 @@ void MakePrefill(int64_t tokens, KvDtype dtype, Prefill& p) {
       }
     }
   }
-  p.q.resize(tokens * kHeads * kHeadDim);
+  p.q.resize(seqs * query * kHeads * kHeadDim);
   for (float& x : p.q) x = normal(rng) * 2.0f;
   p.out.assign(p.q.size(), 0.0f);
-  p.query_start = {0, static_cast<int32_t>(tokens)};
-  p.context_len = {static_cast<int32_t>(tokens)};
-  p.indptr = {0, static_cast<int32_t>(blocks)};
+  p.query_start = {0};
+  p.context_len.clear();
+  p.indptr = {0};
+  for (int64_t s = 0; s < seqs; ++s) {
+    p.query_start.push_back(static_cast<int32_t>((s + 1) * query));
+    p.context_len.push_back(static_cast<int32_t>(tokens));
+    p.indptr.push_back(static_cast<int32_t>((s + 1) * blocks_per_seq));
+  }
   p.indices.resize(blocks);
   for (int64_t b = 0; b < blocks; ++b) p.indices[b] = static_cast<int32_t>(b);
   std::shuffle(p.indices.begin(), p.indices.end(), rng);
@@ -83,7 +91,7 @@ void MakePrefill(int64_t tokens, KvDtype dtype, Prefill& p) {
   a.context_len = p.context_len.data();
   a.block_indptr = p.indptr.data();
   a.block_indices = p.indices.data();
-  a.num_seqs = 1;
+  a.num_seqs = seqs;
   a.num_heads = kHeads;
   a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
 }
@@ -137,14 +145,14 @@ int main(int argc, char** argv) {
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
     for (int64_t tokens : {512, 2048, 4096}) {
       Prefill p;
-      MakePrefill(tokens, dtype, p);
+      MakeStep(1, tokens, tokens, dtype, p);
       // q.k and p.v over the causal triangle: tokens (tokens + 1) / 2 pairs per head.
       const double flops = 2.0 * 2.0 * kHeadDim * kHeads * tokens * (tokens + 1) / 2.0;
       const int repeats = quick ? 2 : tokens >= 4096 ? 3 : 5;
-      cpu::internal::SetTiledPrefillForTesting(false);
+      cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOff);
       const double old_s = TimeAttention(p, pool, repeats);
       const std::vector<float> old_out = p.out;
-      cpu::internal::SetTiledPrefillForTesting(true);
+      cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOn);
       const double new_s = TimeAttention(p, pool, repeats);
       double max_diff = 0;
       for (size_t i = 0; i < old_out.size(); ++i) {
@@ -165,6 +173,30 @@ int main(int argc, char** argv) {
           new_s * 1e3, new_gflops, new_gflops / peak, old_s / new_s, max_diff);
       first = false;
     }
+  }
+  // Decode steps: one query token per sequence (the tiles take it as a one-row tile).
+  std::printf("\ndecode steps (1 query token per sequence, F16 KV)\n%-14s | %9s | %9s | %6s\n",
+              "seqs x context", "old ms", "tiled ms", "speedup");
+  json += "\n  ],\n  \"decode\": [\n";
+  first = true;
+  for (const auto& [seqs, tokens] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 512}, {1, 4096}, {16, 512}, {64, 256}}) {
+    Prefill p;
+    MakeStep(seqs, tokens, 1, KvDtype::kF16, p);
+    const int repeats = quick ? 5 : 21;
+    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOff);
+    const double old_s = TimeAttention(p, pool, repeats);
+    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOn);
+    const double new_s = TimeAttention(p, pool, repeats);
+    std::printf("%4lld x %-7lld | %9.3f | %9.3f | %6.2fx\n", static_cast<long long>(seqs),
+                static_cast<long long>(tokens), old_s * 1e3, new_s * 1e3, old_s / new_s);
+    absl::StrAppendFormat(&json,
+                          "%s    {\"kv_dtype\": \"f16\", \"seqs\": %d, \"context\": %d, "
+                          "\"repeats\": %d, \"per_token_ms\": %.4f, \"tiled_ms\": %.4f, "
+                          "\"speedup\": %.3f}",
+                          first ? "" : ",\n", seqs, tokens, repeats, old_s * 1e3, new_s * 1e3,
+                          old_s / new_s);
+    first = false;
   }
   json += "\n  ]\n}";
   const char* isa_env = std::getenv("LOOM_CPU_ISA");

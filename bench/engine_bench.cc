@@ -10,6 +10,7 @@
 //                     [--only-batch N]  (just N-sequence decode, three times: for perf)
 //                     [--only-prefill N]  (just an N-token prefill, median of 3, with the
 //                                          per-token and the tiled CPU attention)
+//                     [--attention per-token]  (the CPU attention without tiles throughout)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -105,6 +106,10 @@ int main(int argc, char** argv) {
     if (flag == "--activations") activations = argv[i + 1];
     if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
     if (flag == "--only-prefill") only_prefill = std::atoi(argv[i + 1]);
+    if (flag == "--attention" && std::string(argv[i + 1]) == "per-token") {
+      loom::kernels::cpu::internal::SetTileModeForTesting(
+          loom::kernels::cpu::internal::TileMode::kOff);
+    }
     if (flag == "--decode-tokens") decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }
   auto gguf = loom::common::GgufFile::Open(model_path);
@@ -152,7 +157,9 @@ int main(int argc, char** argv) {
     request.max_tokens = 1;
     request.ignore_eos = true;
     for (bool tiled : {false, true}) {
-      loom::kernels::cpu::internal::SetTiledPrefillForTesting(tiled);
+      loom::kernels::cpu::internal::SetTileModeForTesting(
+          tiled ? loom::kernels::cpu::internal::TileMode::kOn
+                : loom::kernels::cpu::internal::TileMode::kOff);
       std::vector<double> seconds;
       for (int r = 0; r < 3; ++r) seconds.push_back(Generate(engine, {request})[0].prefill_seconds);
       const double median = loom::bench::Median(seconds);

@@ -15,7 +15,7 @@ namespace loom::kernels::cpu {
 namespace {
 
 std::atomic<bool> attention_simd{true};
-std::atomic<bool> tiled_prefill{true};
+std::atomic<internal::TileMode> tile_mode{internal::TileMode::kAuto};
 
 absl::Status CheckCache(const KvLayerView& c) {
   if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
@@ -130,7 +130,7 @@ void CutHeadRuns(const PagedAttentionParams& p, int64_t max_heads, std::vector<H
 namespace internal {
 
 void SetAttentionSimdForTesting(bool enabled) { attention_simd.store(enabled); }
-void SetTiledPrefillForTesting(bool enabled) { tiled_prefill.store(enabled); }
+void SetTileModeForTesting(TileMode mode) { tile_mode.store(mode); }
 
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
@@ -212,23 +212,20 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
                       : avx2 && simd ? internal::AttendAvx2
                                      : internal::AttendScalar;
   const int64_t d = p.cache.head_dim;
-  // Sequences of kMinTileRows or more query tokens (prefill) run as FlashAttention-style
-  // tiles where the ISA has a tile kernel for this head dim; the others (decode) as
-  // per-token tasks. The choice depends only on the sequence, and a token's result does
-  // not depend on how its sequence is cut into tiles or tasks (paged_attention_tiled.h,
-  // and each head of a task computes alone): a step's batch never changes a sequence's
-  // result.
+  // Where tiles are on (TileMode) and the ISA has a tile kernel for this head dim, every
+  // sequence runs as FlashAttention-style tiles (a decode token is a one-row tile);
+  // elsewhere as per-token tasks. A token's result does not depend on how its sequence is cut into tiles
+  // (paged_attention_tiled.h), so it is the same bits whatever the batch, the prefill
+  // chunk split, the prefix-cache hit or the speculative step it is computed in.
   void (*attend_tile)(const KvLayerView&, float, const internal::AttentionTile&) = nullptr;
-  if (tiled_prefill.load(std::memory_order_relaxed)) {
-    if (SimdEnabled() && d % 16 == 0) {
-      attend_tile = internal::AttendTileAvx512;
-    } else if (avx2 && simd && !SimdEnabled() && d % 8 == 0) {
-      attend_tile = internal::AttendTileAvx2;
-    }
+  const internal::TileMode mode = tile_mode.load(std::memory_order_relaxed);
+  if (mode == internal::TileMode::kOn && SimdEnabled() && d % 16 == 0) {
+    attend_tile = internal::AttendTileAvx512;
+  } else if (mode != internal::TileMode::kOff && avx2 && simd && !SimdEnabled() && d % 8 == 0) {
+    attend_tile = internal::AttendTileAvx2;
   }
   const auto tiled = [&](int64_t s) {
-    return attend_tile != nullptr &&
-           p.query_start[s + 1] - p.query_start[s] >= internal::kMinTileRows;
+    return attend_tile != nullptr && p.query_start[s + 1] > p.query_start[s];
   };
 
   // Tiles: (sequence, run of query heads on one KV head, TileRows consecutive tokens).
@@ -242,6 +239,8 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
   thread_local std::vector<Tile> tiles;
   tiles.clear();
   if (attend_tile != nullptr) {
+    // Runs of heads are not split for parallelism as the per-token tasks' are: a tile's
+    // score work does not shrink with fewer heads (they share its vectors' lanes).
     CutHeadRuns(p, internal::MaxTaskHeads(d), tile_runs);
     for (int64_t s = 0; s < p.num_seqs; ++s) {
       if (!tiled(s)) continue;

@@ -56,13 +56,6 @@ struct AttentionTile {
 /// A tile holds at most kMaxTileQueries query vectors (rows x heads) and kMaxTileRows rows.
 inline constexpr int64_t kMaxTileQueries = 64;
 inline constexpr int64_t kMaxTileRows = 32;
-/// Sequences with fewer query tokens in the step take the per-token tasks; longer ones the
-/// tiles. Above a speculative verify step's 1 + common::kMaxSpeculativeTokens (16) tokens, so
-/// that a verified token gets the very bits plain decode gives it (greedy speculation stays
-/// identical to no speculation; tests/kernels/paged_attention_test.cc asserts the bound).
-/// Prefill pieces shorter than this (a chunk's tail, a prefix-cache remainder) take the
-/// per-token loop too: equal to the tiles within rounding, not bit for bit.
-inline constexpr int64_t kMinTileRows = 18;
 
 /// Rows per tile for runs of `num_heads` query heads: as many as fit kMaxTileQueries.
 inline int64_t TileRows(int64_t num_heads) {
@@ -89,9 +82,18 @@ void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
 /// AVX-512 or AVX2 is available.
 void SetAttentionSimdForTesting(bool enabled);
 
-/// Test/bench hook: false sends every token to the per-token tasks (the kernel before
-/// tiles), true (the default) sends sequences of kMinTileRows or more query tokens to the
-/// tiles where the ISA has them.
-void SetTiledPrefillForTesting(bool enabled);
+/// Which tokens run in tiles. Every token of a step runs the same kind of kernel, so a
+/// token's result never depends on the step it is in (batch, prefill chunk, prefix-cache
+/// remainder, speculative verify): the tiles and the per-token loop round differently.
+enum class TileMode {
+  kOff,   // the per-token loop everywhere (the kernel before the tiles)
+  kAuto,  // the default: tiles on AVX2 (they beat its per-token loop at decode too); the
+          // per-token loop on AVX-512, whose decode loop its one-row tiles do not match
+          // (3x slower at one sequence: 3 of 16 lanes busy for SmolLM2's 3 heads per KV head)
+  kOn,    // tiles wherever the ISA has them (AVX-512 too; tests and benchmarks)
+};
+
+/// Test/bench hook (kAuto restores the default).
+void SetTileModeForTesting(TileMode mode);
 
 }  // namespace loom::kernels::cpu::internal

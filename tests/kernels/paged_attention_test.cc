@@ -137,7 +137,7 @@ class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD
   void SetUp() override { internal::SetAttentionSimdForTesting(GetParam()); }
   void TearDown() override {
     internal::SetAttentionSimdForTesting(true);
-    internal::SetTiledPrefillForTesting(true);
+    internal::SetTileModeForTesting(internal::TileMode::kAuto);
   }
 };
 
@@ -302,11 +302,14 @@ TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
 
 // Long prompts: whole prefills and prefill chunks late in contexts up to 3000 tokens (the
 // FlashAttention-style tiles where the ISA has them: head dims 64, 128 and 80 on AVX-512,
-// also 40 on AVX2; 40 takes the per-token tasks on AVX-512), beside decodes and chunks
-// shorter than kMinTileRows (the per-token tasks), MHA, GQA and MQA, block sizes 16 and 32.
+// also 40 on AVX2; 40 takes the per-token tasks on AVX-512), beside decodes and short
+// chunks (one-row and few-row tiles), MHA, GQA and MQA, block sizes 16 and 32.
+// Under the default TileMode and with tiles forced on (AVX-512's tiles included).
 TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
   uint32_t seed = 400;
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    internal::SetTileModeForTesting(mode);
     for (int64_t block_size : {16, 32}) {
       // SmolLM2-135M's shape: 9 heads on 3 KV heads, head dim 64.
       RunCase({dtype, block_size, 3, 3, 64, {{400, 400}, {1, 1}, {3000, 21}, {77, 3}}}, ++seed);
@@ -319,20 +322,21 @@ TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
   }
 }
 
-// A speculative verify step must run the per-token tasks, as decode does.
-static_assert(internal::kMinTileRows > 1 + common::kMaxSpeculativeTokens);
-
 // A token's result does not depend on the batch around its sequence, on how its prompt
-// is cut into prefill chunks (of kMinTileRows tokens or more: the same tiles; shorter
-// ones take the per-token tasks, within tolerance) or on the thread count: bit for bit.
-// A speculative verify step gives each token the bits plain decode gives it.
+// is cut into prefill chunks (a prefix-cache hit leaves any remainder), or on the thread
+// count: bit for bit. A speculative verify step gives each token the bits plain decode
+// gives it.
+// Under the default TileMode and with tiles forced on (AVX-512's tiles included).
 TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
     for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
       SCOPED_TRACE(testing::Message() << "dtype " << (dtype == KvDtype::kF16 ? "F16" : "F32")
                                       << " kv_heads " << kv_heads << " group " << group
-                                      << " head_dim " << head_dim);
+                                      << " head_dim " << head_dim << " tiles forced "
+                                      << (mode == internal::TileMode::kOn));
+      internal::SetTileModeForTesting(mode);
       StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 11);
       const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
       // In a batch with a decode and another prefill, on 1 and 3 threads.
@@ -352,17 +356,14 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
       const auto rest = harness.Run({{1, 89, 90}, {0, 33, 320}}, 2)[1];
       other.insert(other.end(), rest.begin(), rest.end());
       EXPECT_EQ(other, alone);
-      // Pieces shorter than kMinTileRows take the per-token tasks: close, not identical.
+      // Pieces of 1, 2 and 3 tokens (decode-sized steps) among longer ones.
       std::vector<float> short_pieces;
       for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-               {0, 1}, {1, 18}, {18, 319}, {319, 320}}) {
+               {0, 1}, {1, 3}, {3, 6}, {6, 318}, {318, 319}, {319, 320}}) {
         const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
         short_pieces.insert(short_pieces.end(), piece.begin(), piece.end());
       }
-      ASSERT_EQ(short_pieces.size(), alone.size());
-      for (size_t i = 0; i < alone.size(); ++i) {
-        ASSERT_NEAR(short_pieces[i], alone[i], 2 * (kTol * 4.0 + 1e-6)) << "element " << i;
-      }
+      EXPECT_EQ(short_pieces, alone);
       // A verify step of 1 + kMaxSpeculativeTokens tokens against decoding them one by one.
       const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
       const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
@@ -375,11 +376,11 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
       // The tiles did run: with the tiles off, the per-token kernel rounds differently.
       const bool tiles_expected =
           GetParam() && (internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)
-                             ? head_dim % 16 == 0
+                             ? mode == internal::TileMode::kOn && head_dim % 16 == 0
                              : internal::IsaSupported(internal::MatmulIsaChoice::kAvx2));
-      internal::SetTiledPrefillForTesting(false);
+      internal::SetTileModeForTesting(internal::TileMode::kOff);
       const std::vector<float> per_token = harness.Run({{0, 0, 320}}, 2)[0];
-      internal::SetTiledPrefillForTesting(true);
+      internal::SetTileModeForTesting(mode);
       EXPECT_EQ(per_token != alone, tiles_expected);
     }
   }
