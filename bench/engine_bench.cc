@@ -8,6 +8,9 @@
 // usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]
 //                     [--decode-tokens N]  (tokens per sequence in the decode figures; 64)
 //                     [--only-batch N]  (just N-sequence decode, three times: for perf)
+//                     [--only-prefill N]  (just an N-token prefill, median of 3, with the
+//                                          per-token and the tiled CPU attention)
+//                     [--attention per-token]  (the CPU attention without tiles throughout)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include "common/tokenizer.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/paged_attention_internal.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"
 #include "worker/step_backend_factory.h"
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
   int threads = 2;
   std::string activations = "f32";  // the worker's default
   int only_batch = 0;
+  int only_prefill = 0;
   int decode_tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -100,6 +105,11 @@ int main(int argc, char** argv) {
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     if (flag == "--activations") activations = argv[i + 1];
     if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
+    if (flag == "--only-prefill") only_prefill = std::atoi(argv[i + 1]);
+    if (flag == "--attention" && std::string(argv[i + 1]) == "per-token") {
+      loom::kernels::cpu::internal::SetTileModeForTesting(
+          loom::kernels::cpu::internal::TileMode::kOff);
+    }
     if (flag == "--decode-tokens") decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }
   auto gguf = loom::common::GgufFile::Open(model_path);
@@ -111,6 +121,7 @@ int main(int argc, char** argv) {
   options.num_threads = threads;
   // 64 sequences of 16 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
   options.num_kv_blocks = std::max(512, 64 * ((16 + decode_tokens + 15) / 16 + 1));
+  options.num_kv_blocks = std::max<int64_t>(options.num_kv_blocks, (only_prefill + 15) / 16 + 1);
   auto precision = loom::kernels::cpu::ParseActivationPrecision(activations);
   if (!precision.ok()) {
     std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
@@ -137,6 +148,29 @@ int main(int argc, char** argv) {
   loom::cli::LocalEngineOptions engine_options;
   engine_options.enable_prefix_caching = false;
   LocalEngine engine(**backend, **tokenizer, engine_options);
+  if (only_prefill > 0) {
+    // One prompt of only_prefill tokens (in chunks of the engine's token budget), with
+    // prefill attention per token (the loop before the tiles) and in tiles, one run.
+    EngineRequest request;
+    request.prompt_ids = Prompt(only_prefill, runner.config().vocab_size, 99);
+    request.sampling.temperature = 0.0f;
+    request.max_tokens = 1;
+    request.ignore_eos = true;
+    for (bool tiled : {false, true}) {
+      loom::kernels::cpu::internal::SetTileModeForTesting(
+          tiled ? loom::kernels::cpu::internal::TileMode::kOn
+                : loom::kernels::cpu::internal::TileMode::kOff);
+      std::vector<double> seconds;
+      for (int r = 0; r < 3; ++r) seconds.push_back(Generate(engine, {request})[0].prefill_seconds);
+      const double median = loom::bench::Median(seconds);
+      std::printf("prefill, %d tokens, %s attention, CPU ISA %s: %.1f tokens/s (median of 3: "
+                  "%.3f s; runs %.3f %.3f %.3f)\n",
+                  only_prefill, tiled ? "tiled" : "per-token",
+                  loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa()),
+                  only_prefill / median, median, seconds[0], seconds[1], seconds[2]);
+    }
+    return 0;
+  }
   if (only_batch > 0) {
     for (int r = 0; r < 3; ++r) {
       std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(engine, only_batch, decode_tokens));

@@ -15,6 +15,7 @@ namespace loom::kernels::cpu {
 namespace {
 
 std::atomic<bool> attention_simd{true};
+std::atomic<internal::TileMode> tile_mode{internal::TileMode::kAuto};
 
 absl::Status CheckCache(const KvLayerView& c) {
   if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
@@ -129,6 +130,7 @@ void CutHeadRuns(const PagedAttentionParams& p, int64_t max_heads, std::vector<H
 namespace internal {
 
 void SetAttentionSimdForTesting(bool enabled) { attention_simd.store(enabled); }
+void SetTileModeForTesting(TileMode mode) { tile_mode.store(mode); }
 
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
@@ -204,52 +206,128 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
   if (absl::Status status = CheckAttentionParams(p); !status.ok()) return status;
   const int64_t num_tokens = p.query_start[p.num_seqs];
   if (num_tokens == 0) return absl::OkStatus();
-  thread_local std::vector<int32_t> token_seq;
-  token_seq.resize(num_tokens);
-  for (int64_t s = 0; s < p.num_seqs; ++s) {
-    std::fill(token_seq.begin() + p.query_start[s], token_seq.begin() + p.query_start[s + 1],
-              static_cast<int32_t>(s));
-  }
-  const int32_t* seq_of = token_seq.data();
   static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
   const bool simd = attention_simd.load(std::memory_order_relaxed);
   const auto attend = SimdEnabled()   ? internal::AttendAvx512
                       : avx2 && simd ? internal::AttendAvx2
                                      : internal::AttendScalar;
   const int64_t d = p.cache.head_dim;
-  // Each task takes all the query heads of a token that share a KV head, so a K/V row is
-  // read once for the group. With too few tokens to keep the threads busy (small-batch
-  // decode), the runs are halved until there are two tasks per thread.
-  thread_local std::vector<HeadRun> runs;
-  int64_t max_heads = internal::MaxTaskHeads(d);
-  CutHeadRuns(p, max_heads, runs);
-  while (max_heads > 1 &&
-         num_tokens * static_cast<int64_t>(runs.size()) < 2 * pool.num_threads()) {
-    max_heads = (max_heads + 1) / 2;
-    CutHeadRuns(p, max_heads, runs);
+  // Where tiles are on (TileMode) and the ISA has a tile kernel for this head dim, every
+  // sequence runs as FlashAttention-style tiles (a decode token is a one-row tile);
+  // elsewhere as per-token tasks. A token's result does not depend on how its sequence is cut into tiles
+  // (paged_attention_tiled.h), so it is the same bits whatever the batch, the prefill
+  // chunk split, the prefix-cache hit or the speculative step it is computed in.
+  void (*attend_tile)(const KvLayerView&, float, const internal::AttentionTile&) = nullptr;
+  const internal::TileMode mode = tile_mode.load(std::memory_order_relaxed);
+  if (mode == internal::TileMode::kOn && SimdEnabled() && d % 16 == 0) {
+    attend_tile = internal::AttendTileAvx512;
+  } else if (mode != internal::TileMode::kOff && avx2 && simd && !SimdEnabled() && d % 8 == 0) {
+    attend_tile = internal::AttendTileAvx2;
   }
-  const HeadRun* run_of = runs.data();
-  const int64_t num_runs = static_cast<int64_t>(runs.size());
-  const int64_t num_items = num_tokens * num_runs;
-  // Items (token, run) are dealt zigzag (first, last, second, second to last, ...) so that
-  // contiguous chunks mix early causal tokens (short) with late ones (long).
-  pool.ParallelFor(num_items, 2, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
-      const int64_t t = item / num_runs;
-      const HeadRun& run = run_of[item % num_runs];
-      const int64_t s = seq_of[t];
-      const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
-      internal::AttentionTask task;
-      task.q = p.q + (t * p.num_heads + run.first_head) * d;
-      task.out = p.out + (t * p.num_heads + run.first_head) * d;
-      task.blocks = p.block_indices + p.block_indptr[s];
-      task.kv_head = run.kv_head;
-      task.num_heads = run.num_heads;
-      task.attend_len = p.context_len[s] - q_len + (t - p.query_start[s]) + 1;
-      attend(p.cache, p.scale, task);
+  const auto tiled = [&](int64_t s) {
+    return attend_tile != nullptr && p.query_start[s + 1] > p.query_start[s];
+  };
+
+  // Tiles: (sequence, run of query heads on one KV head, TileRows consecutive tokens).
+  struct Tile {
+    int32_t seq;
+    int32_t first_token;  // within the step
+    int32_t num_rows;
+    int32_t run;
+  };
+  thread_local std::vector<HeadRun> tile_runs;
+  thread_local std::vector<Tile> tiles;
+  tiles.clear();
+  if (attend_tile != nullptr) {
+    // Runs of heads are not split for parallelism as the per-token tasks' are: a tile's
+    // score work does not shrink with fewer heads (they share its vectors' lanes).
+    CutHeadRuns(p, internal::MaxTaskHeads(d), tile_runs);
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+      if (!tiled(s)) continue;
+      for (size_t r = 0; r < tile_runs.size(); ++r) {
+        const int64_t rows = internal::TileRows(tile_runs[r].num_heads);
+        for (int64_t t = p.query_start[s]; t < p.query_start[s + 1]; t += rows) {
+          tiles.push_back({static_cast<int32_t>(s), static_cast<int32_t>(t),
+                           static_cast<int32_t>(std::min<int64_t>(rows, p.query_start[s + 1] - t)),
+                           static_cast<int32_t>(r)});
+        }
+      }
     }
-  });
+  }
+
+  // Per-token tasks for the other sequences' tokens.
+  thread_local std::vector<int32_t> task_tokens;  // step token index
+  thread_local std::vector<int32_t> token_seq;
+  task_tokens.clear();
+  token_seq.resize(num_tokens);
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    std::fill(token_seq.begin() + p.query_start[s], token_seq.begin() + p.query_start[s + 1],
+              static_cast<int32_t>(s));
+    if (tiled(s)) continue;
+    for (int32_t t = p.query_start[s]; t < p.query_start[s + 1]; ++t) task_tokens.push_back(t);
+  }
+  const int32_t* seq_of = token_seq.data();
+  const int64_t num_task_tokens = static_cast<int64_t>(task_tokens.size());
+  if (num_task_tokens > 0) {
+    // Each task takes all the query heads of a token that share a KV head, so a K/V row is
+    // read once for the group. With too few tokens to keep the threads busy (small-batch
+    // decode), the runs are halved until there are two tasks per thread.
+    thread_local std::vector<HeadRun> runs;
+    int64_t max_heads = internal::MaxTaskHeads(d);
+    CutHeadRuns(p, max_heads, runs);
+    while (max_heads > 1 &&
+           num_task_tokens * static_cast<int64_t>(runs.size()) < 2 * pool.num_threads()) {
+      max_heads = (max_heads + 1) / 2;
+      CutHeadRuns(p, max_heads, runs);
+    }
+    const HeadRun* run_of = runs.data();
+    const int32_t* token_of = task_tokens.data();
+    const int64_t num_runs = static_cast<int64_t>(runs.size());
+    const int64_t num_items = num_task_tokens * num_runs;
+    // Items (token, run) are dealt zigzag (first, last, second, second to last, ...) so
+    // that contiguous chunks mix early causal tokens (short) with late ones (long).
+    pool.ParallelFor(num_items, 2, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
+        const int64_t t = token_of[item / num_runs];
+        const HeadRun& run = run_of[item % num_runs];
+        const int64_t s = seq_of[t];
+        const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
+        internal::AttentionTask task;
+        task.q = p.q + (t * p.num_heads + run.first_head) * d;
+        task.out = p.out + (t * p.num_heads + run.first_head) * d;
+        task.blocks = p.block_indices + p.block_indptr[s];
+        task.kv_head = run.kv_head;
+        task.num_heads = run.num_heads;
+        task.attend_len = p.context_len[s] - q_len + (t - p.query_start[s]) + 1;
+        attend(p.cache, p.scale, task);
+      }
+    });
+  }
+  if (!tiles.empty()) {
+    // Zigzag too: a sequence's first tiles attend to few positions, its last to all.
+    const Tile* tile_of = tiles.data();
+    const HeadRun* run_of = tile_runs.data();
+    const int64_t num_items = static_cast<int64_t>(tiles.size());
+    pool.ParallelFor(num_items, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Tile& item = tile_of[i % 2 == 0 ? i / 2 : num_items - 1 - i / 2];
+        const HeadRun& run = run_of[item.run];
+        const int64_t s = item.seq;
+        const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
+        internal::AttentionTile tile;
+        tile.q = p.q + (item.first_token * p.num_heads + run.first_head) * d;
+        tile.out = p.out + (item.first_token * p.num_heads + run.first_head) * d;
+        tile.token_stride = p.num_heads * d;
+        tile.blocks = p.block_indices + p.block_indptr[s];
+        tile.kv_head = run.kv_head;
+        tile.num_heads = run.num_heads;
+        tile.num_rows = item.num_rows;
+        tile.first_attend_len = p.context_len[s] - q_len + (item.first_token - p.query_start[s]) + 1;
+        attend_tile(p.cache, p.scale, tile);
+      }
+    });
+  }
   return absl::OkStatus();
 }
 

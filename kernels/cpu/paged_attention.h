@@ -54,7 +54,10 @@ struct PagedAttentionParams {
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence
-/// whose blocks cannot hold context_len tokens (checked before computing).
+/// whose blocks cannot hold context_len tokens (checked before computing). On AVX2 every
+/// token runs in FlashAttention-style tiles (paged_attention_tiled.h), elsewhere per token;
+/// either way a token's result depends only on its own sequence and position, never on
+/// the rest of the batch, the thread count or how its prompt was split into steps.
 absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool);
 absl::Status PagedAttentionReference(const PagedAttentionParams& params);
 

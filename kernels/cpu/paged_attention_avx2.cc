@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/cpu/paged_attention_internal.h"
+#include "kernels/cpu/paged_attention_tiled.h"
 
 namespace loom::kernels::cpu::internal {
 namespace {
@@ -90,7 +91,76 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   }
 }
 
+// e^x on 8 lanes (the polynomial of Exp512 in vector_math_avx512.h, with 2^n built in the
+// exponent bits): within a few ulp for x in [-87, 88]; x < -87 gives +0 (e^x < 2^-125
+// there), x > 88 saturates at e^88; NaN stays NaN.
+inline __m256 Exp256(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  // n in [-126, 127]: 2^n is a normal float.
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+// The vector ISA of paged_attention_tiled.h: 8 lanes, 16 registers.
+struct Avx2Vectors {
+  static constexpr int kLanes = 8;
+  static constexpr int kQkVecs = 2;       // scores: 2 x 4 accumulators,
+  static constexpr int kQkPositions = 4;  // 2 loads and 4 broadcasts per 8 FMAs
+  static constexpr int kPvQueries = 2;    // outputs: 2 x 4 accumulators and 4 V vectors,
+  static constexpr int kPvVecs = 4;       // 4 loads and 2 broadcasts per 8 FMAs
+  using Vec = __m256;
+  static Vec Zero() { return _mm256_setzero_ps(); }
+  static Vec Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, Vec x) { _mm256_storeu_ps(p, x); }
+  static Vec Set1(float x) { return _mm256_set1_ps(x); }
+  static Vec Broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static Vec Fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec Mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec Sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+  static Vec Max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+  static Vec Exp(Vec x) { return Exp256(x); }
+  static __m256i LoadLimit(const int32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  // Lanes whose limit <= position take `fill`.
+  static Vec MaskBelow(Vec x, __m256i limit, int64_t position, Vec fill) {
+    const __m256i valid =
+        _mm256_cmpgt_epi32(limit, _mm256_set1_epi32(static_cast<int32_t>(position)));
+    return _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(valid));
+  }
+  // count: a multiple of 8.
+  static void HalfToFloat(const uint16_t* src, int64_t count, float* dst) {
+    for (int64_t i = 0; i < count; i += 8) {
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    }
+  }
+};
+
 }  // namespace
+
+void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTile& tile) {
+  if (cache.dtype == KvDtype::kF16) {
+    tiled::TileKernel<Avx2Vectors, true>::Run(cache, scale, tile);
+  } else {
+    tiled::TileKernel<Avx2Vectors, false>::Run(cache, scale, tile);
+  }
+}
 
 void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task) {
   if (cache.head_dim % 8 != 0) {

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kernels/cpu/paged_attention_internal.h"
+#include "kernels/cpu/paged_attention_tiled.h"
 #include "kernels/cpu/vector_math_avx512.h"
 
 namespace loom::kernels::cpu::internal {
@@ -291,7 +292,50 @@ void AttendDispatched(const KvLayerView& cache, float scale, const AttentionTask
   }
 }
 
+// The vector ISA of paged_attention_tiled.h: 16 lanes, 32 registers.
+struct Avx512Vectors {
+  static constexpr int kLanes = 16;
+  static constexpr int kQkVecs = 4;       // scores: 4 x 4 accumulators,
+  static constexpr int kQkPositions = 4;  // 4 loads and 4 broadcasts per 16 FMAs
+  static constexpr int kPvQueries = 6;    // outputs: 6 x 4 accumulators and 4 V vectors,
+  static constexpr int kPvVecs = 4;       // 4 loads and 6 broadcasts per 24 FMAs
+  using Vec = __m512;
+  static Vec Zero() { return _mm512_setzero_ps(); }
+  static Vec Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, Vec x) { _mm512_storeu_ps(p, x); }
+  static Vec Set1(float x) { return _mm512_set1_ps(x); }
+  static Vec Broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static Vec Fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+  static Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  static Vec Exp(Vec x) { return Exp512(x); }
+  static __m512i LoadLimit(const int32_t* p) { return _mm512_loadu_si512(p); }
+  // Lanes whose limit <= position take `fill`.
+  static Vec MaskBelow(Vec x, __m512i limit, int64_t position, Vec fill) {
+    const __mmask16 valid =
+        _mm512_cmpgt_epi32_mask(limit, _mm512_set1_epi32(static_cast<int32_t>(position)));
+    return _mm512_mask_blend_ps(valid, fill, x);
+  }
+  // count: a multiple of 16.
+  static void HalfToFloat(const uint16_t* src, int64_t count, float* dst) {
+    for (int64_t i = 0; i < count; i += 16) {
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                    reinterpret_cast<const __m256i*>(src + i))));
+    }
+  }
+};
+
 }  // namespace
+
+void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTile& tile) {
+  if (cache.dtype == KvDtype::kF16) {
+    tiled::TileKernel<Avx512Vectors, true>::Run(cache, scale, tile);
+  } else {
+    tiled::TileKernel<Avx512Vectors, false>::Run(cache, scale, tile);
+  }
+}
 
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task) {
   if (cache.dtype == KvDtype::kF16) {

@@ -39,6 +39,35 @@ struct AttentionTask {
   int64_t attend_len = 0;  // >= 1
 };
 
+/// Query rows [0, num_rows) of one sequence (consecutive tokens) x num_heads consecutive
+/// query heads that read one KV head: row r attends to KV positions
+/// [0, first_attend_len + r). The prefill path's unit of work (paged_attention_tiled.h).
+struct AttentionTile {
+  const float* q = nullptr;         // row 0's first head; row r at q + r * token_stride
+  float* out = nullptr;             // the same layout as q
+  int64_t token_stride = 0;         // floats between consecutive tokens (num_heads * head_dim)
+  const int32_t* blocks = nullptr;  // the sequence's block ids
+  int64_t kv_head = 0;
+  int64_t num_heads = 1;            // 1 .. kMaxTaskHeads
+  int64_t num_rows = 1;             // num_rows * num_heads <= kMaxTileQueries
+  int64_t first_attend_len = 1;     // >= 1
+};
+
+/// A tile holds at most kMaxTileQueries query vectors (rows x heads) and kMaxTileRows rows.
+inline constexpr int64_t kMaxTileQueries = 64;
+inline constexpr int64_t kMaxTileRows = 32;
+
+/// Rows per tile for runs of `num_heads` query heads: as many as fit kMaxTileQueries.
+inline int64_t TileRows(int64_t num_heads) {
+  const int64_t rows = kMaxTileQueries / num_heads;
+  return rows < 1 ? 1 : rows > kMaxTileRows ? kMaxTileRows : rows;
+}
+
+/// FlashAttention-style tiles (paged_attention_tiled.h), for head dims that are a multiple
+/// of the ISA's lanes (16 for AVX-512, 8 for AVX2; others take the per-token tasks).
+void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTile& tile);
+void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTile& tile);
+
 /// Online-softmax attention of one task (float accumulation).
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task);
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task);
@@ -52,5 +81,19 @@ void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
 /// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
 /// AVX-512 or AVX2 is available.
 void SetAttentionSimdForTesting(bool enabled);
+
+/// Which tokens run in tiles. Every token of a step runs the same kind of kernel, so a
+/// token's result never depends on the step it is in (batch, prefill chunk, prefix-cache
+/// remainder, speculative verify): the tiles and the per-token loop round differently.
+enum class TileMode {
+  kOff,   // the per-token loop everywhere (the kernel before the tiles)
+  kAuto,  // the default: tiles on AVX2 (they beat its per-token loop at decode too); the
+          // per-token loop on AVX-512, whose decode loop its one-row tiles do not match
+          // (3x slower at one sequence: 3 of 16 lanes busy for SmolLM2's 3 heads per KV head)
+  kOn,    // tiles wherever the ISA has them (AVX-512 too; tests and benchmarks)
+};
+
+/// Test/bench hook (kAuto restores the default).
+void SetTileModeForTesting(TileMode mode);
 
 }  // namespace loom::kernels::cpu::internal

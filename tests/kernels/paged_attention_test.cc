@@ -9,8 +9,10 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
+#include "common/sampling_params.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/paged_attention_internal.h"
@@ -44,10 +46,99 @@ struct Case {
   int64_t kv_head0 = 0;
 };
 
+// A fixed cache holding several sequences' K/V and queries, run as steps of any
+// composition: Run({{seq, begin, end}, ...}) puts the query tokens at positions
+// [begin, end) of each listed sequence (context_len = end) in one step and returns each
+// item's output.
+class StepHarness {
+ public:
+  struct Item {
+    int32_t seq, begin, end;
+  };
+  StepHarness(KvDtype dtype, int64_t block_size, int64_t kv_heads, int64_t group,
+              int64_t head_dim, const std::vector<int32_t>& lengths, uint32_t seed)
+      : d_(head_dim), num_heads_(kv_heads * group) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t kv_row = kv_heads * d_;
+    int64_t pool_blocks = 1;
+    for (int32_t len : lengths) pool_blocks += (len + block_size - 1) / block_size;
+    std::vector<int32_t> order(pool_blocks);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    size_t next = 0;
+    const size_t elem_bytes = dtype == KvDtype::kF16 ? 2 : 4;
+    k_.assign(pool_blocks * block_size * kv_row * elem_bytes, 0);
+    v_.assign(k_.size(), 0);
+    cache_ = {k_.data(), v_.data(), dtype, pool_blocks, block_size, kv_heads, d_};
+    for (int32_t len : lengths) {
+      blocks_.emplace_back();
+      for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
+        blocks_.back().push_back(order[next++]);
+      }
+      std::vector<float> k(len * kv_row), v(len * kv_row);
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      std::vector<int32_t> slots(len);
+      for (int32_t pos = 0; pos < len; ++pos) {
+        slots[pos] = blocks_.back()[pos / block_size] * static_cast<int32_t>(block_size) +
+                     pos % static_cast<int32_t>(block_size);
+      }
+      EXPECT_TRUE(WriteKv(cache_, k.data(), v.data(), slots.data(), len).ok());
+      queries_.emplace_back(len * num_heads_ * d_);
+      for (float& x : queries_.back()) x = normal(rng) * 2.0f;
+    }
+  }
+
+  std::vector<std::vector<float>> Run(const std::vector<Item>& items, int threads) const {
+    std::vector<int32_t> query_start = {0}, context_len, indptr = {0}, indices;
+    std::vector<float> q;
+    const int64_t row = num_heads_ * d_;
+    for (const Item& item : items) {
+      query_start.push_back(query_start.back() + item.end - item.begin);
+      context_len.push_back(item.end);
+      const std::vector<int32_t>& blocks = blocks_[item.seq];
+      indices.insert(indices.end(), blocks.begin(), blocks.end());
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+      const std::vector<float>& all = queries_[item.seq];
+      q.insert(q.end(), all.begin() + item.begin * row, all.begin() + item.end * row);
+    }
+    std::vector<float> out(q.size(), std::nanf(""));
+    PagedAttentionParams p;
+    p.q = q.data();
+    p.out = out.data();
+    p.cache = cache_;
+    p.query_start = query_start.data();
+    p.context_len = context_len.data();
+    p.block_indptr = indptr.data();
+    p.block_indices = indices.data();
+    p.num_seqs = static_cast<int64_t>(items.size());
+    p.num_heads = num_heads_;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d_));
+    ThreadPool pool(threads);
+    EXPECT_TRUE(PagedAttention(p, pool).ok());
+    std::vector<std::vector<float>> outputs;
+    for (size_t i = 0; i < items.size(); ++i) {
+      outputs.emplace_back(out.begin() + query_start[i] * row, out.begin() + query_start[i + 1] * row);
+    }
+    return outputs;
+  }
+
+ private:
+  int64_t d_, num_heads_;
+  std::vector<uint8_t> k_, v_;
+  KvLayerView cache_;
+  std::vector<std::vector<int32_t>> blocks_;
+  std::vector<std::vector<float>> queries_;
+};
+
 class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD enabled
  protected:
   void SetUp() override { internal::SetAttentionSimdForTesting(GetParam()); }
-  void TearDown() override { internal::SetAttentionSimdForTesting(true); }
+  void TearDown() override {
+    internal::SetAttentionSimdForTesting(true);
+    internal::SetTileModeForTesting(internal::TileMode::kAuto);
+  }
 };
 
 void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
@@ -206,6 +297,92 @@ TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
     RunCase({dtype, 16, 2, 8, 128, seqs, /*slice_heads=*/5, /*head0=*/14, /*kv_head0=*/1}, ++seed);
     // A slice inside one group: every query head reads the cache's only KV head.
     RunCase({dtype, 16, 1, 8, 80, seqs, /*slice_heads=*/3, /*head0=*/17, /*kv_head0=*/2}, ++seed);
+  }
+}
+
+// Long prompts: whole prefills and prefill chunks late in contexts up to 3000 tokens (the
+// FlashAttention-style tiles where the ISA has them: head dims 64, 128 and 80 on AVX-512,
+// also 40 on AVX2; 40 takes the per-token tasks on AVX-512), beside decodes and short
+// chunks (one-row and few-row tiles), MHA, GQA and MQA, block sizes 16 and 32.
+// Under the default TileMode and with tiles forced on (AVX-512's tiles included).
+TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
+  uint32_t seed = 400;
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    internal::SetTileModeForTesting(mode);
+    for (int64_t block_size : {16, 32}) {
+      // SmolLM2-135M's shape: 9 heads on 3 KV heads, head dim 64.
+      RunCase({dtype, block_size, 3, 3, 64, {{400, 400}, {1, 1}, {3000, 21}, {77, 3}}}, ++seed);
+      // Llama-3-8B's group of 8, head dim 128: a chunk at the end of a long context.
+      RunCase({dtype, block_size, 1, 8, 128, {{2999, 20}, {40, 1}, {129, 129}}}, ++seed);
+      // MQA (6 heads on one KV head), odd head dims, and every tile remainder.
+      RunCase({dtype, block_size, 1, 6, 80, {{300, 300}, {1000, 5}, {4, 4}}}, ++seed);
+      RunCase({dtype, block_size, 2, 1, 40, {{257, 257}, {1500, 33}, {9, 1}}}, ++seed);
+    }
+  }
+}
+
+// A token's result does not depend on the batch around its sequence, on how its prompt
+// is cut into prefill chunks (a prefix-cache hit leaves any remainder), or on the thread
+// count: bit for bit. A speculative verify step gives each token the bits plain decode
+// gives it.
+// Under the default TileMode and with tiles forced on (AVX-512's tiles included).
+TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
+      SCOPED_TRACE(testing::Message() << "dtype " << (dtype == KvDtype::kF16 ? "F16" : "F32")
+                                      << " kv_heads " << kv_heads << " group " << group
+                                      << " head_dim " << head_dim << " tiles forced "
+                                      << (mode == internal::TileMode::kOn));
+      internal::SetTileModeForTesting(mode);
+      StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 11);
+      const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
+      // In a batch with a decode and another prefill, on 1 and 3 threads.
+      for (int threads : {1, 3}) {
+        const auto batch = harness.Run({{1, 89, 90}, {0, 0, 320}, {2, 0, 300}}, threads);
+        EXPECT_EQ(batch[1], alone) << threads << " threads";
+      }
+      // Chunked: 18 + 106 + 65 + 131 tokens, and 33 + 287 beside a decode.
+      std::vector<float> chunked;
+      for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
+               {0, 18}, {18, 124}, {124, 189}, {189, 320}}) {
+        const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
+        chunked.insert(chunked.end(), piece.begin(), piece.end());
+      }
+      EXPECT_EQ(chunked, alone);
+      std::vector<float> other = harness.Run({{0, 0, 33}}, 2)[0];
+      const auto rest = harness.Run({{1, 89, 90}, {0, 33, 320}}, 2)[1];
+      other.insert(other.end(), rest.begin(), rest.end());
+      EXPECT_EQ(other, alone);
+      // Pieces of 1, 2 and 3 tokens (decode-sized steps) among longer ones.
+      std::vector<float> short_pieces;
+      for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
+               {0, 1}, {1, 3}, {3, 6}, {6, 318}, {318, 319}, {319, 320}}) {
+        const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
+        short_pieces.insert(short_pieces.end(), piece.begin(), piece.end());
+      }
+      EXPECT_EQ(short_pieces, alone);
+      // A verify step of 1 + kMaxSpeculativeTokens tokens against decoding them one by one.
+      const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
+      const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
+      std::vector<float> decoded;
+      for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
+        const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
+        decoded.insert(decoded.end(), one.begin(), one.end());
+      }
+      EXPECT_EQ(verify, decoded);
+      // The tiles did run: with the tiles off, the per-token kernel rounds differently.
+      const bool tiles_expected =
+          GetParam() && (internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)
+                             ? mode == internal::TileMode::kOn && head_dim % 16 == 0
+                             : internal::IsaSupported(internal::MatmulIsaChoice::kAvx2));
+      internal::SetTileModeForTesting(internal::TileMode::kOff);
+      const std::vector<float> per_token = harness.Run({{0, 0, 320}}, 2)[0];
+      internal::SetTileModeForTesting(mode);
+      EXPECT_EQ(per_token != alone, tiles_expected);
+    }
   }
 }
 

@@ -1,0 +1,207 @@
+// CPU prefill attention benchmark: one causal prefill of 512, 2048 and 4096 tokens through
+// PagedAttention on SmolLM2-135M's attention shape (9 query heads on 3 KV heads, head dim
+// 64, blocks of 16), F16 and F32 KV cache, with the FlashAttention-style tiles
+// (kernels/cpu/paged_attention_tiled.h) and with the per-token kernel that ran prefills
+// before them (internal::TileMode kOff against kOn), in the same run. Figures:
+// GFLOP/s (2 flops per multiply-add of q.k and p.v over the causal triangle), the ratio to
+// the FMA peak measured in the same run (bench/machine_limits.h), and new / old.
+// Decode steps (one query token per sequence; a one-row tile) are timed both ways too.
+// Writes bench/results/cpu_attention.json (cpu_attention_<isa>.json when LOOM_CPU_ISA
+// forces the ISA).
+//
+//   build/bench/cpu_attention_bench [--quick] [--threads N]
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "bench/machine_limits.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/paged_attention_internal.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace loom::bench {
+namespace {
+
+using kernels::cpu::KvDtype;
+using kernels::cpu::KvLayerView;
+using kernels::cpu::PagedAttentionParams;
+using kernels::cpu::ThreadPool;
+
+constexpr int64_t kHeads = 9, kKvHeads = 3, kHeadDim = 64, kBlockSize = 16;
+
+struct Prefill {
+  std::vector<uint8_t> k, v;
+  std::vector<float> q, out;
+  std::vector<int32_t> query_start, context_len, indptr, indices;
+  PagedAttentionParams params;
+};
+
+// `seqs` sequences of `tokens` tokens each over shuffled block tables; `query` of each
+// sequence's last tokens are in this step (all of them: a prefill; 1: a decode step).
+void MakeStep(int64_t seqs, int64_t tokens, int64_t query, KvDtype dtype, Prefill& p) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t blocks_per_seq = (tokens + kBlockSize - 1) / kBlockSize;
+  const int64_t blocks = seqs * blocks_per_seq;
+  const int64_t elems = blocks * kBlockSize * kKvHeads * kHeadDim;
+  const size_t bytes = dtype == KvDtype::kF16 ? 2 : 4;
+  p.k.resize(elems * bytes);
+  p.v.resize(elems * bytes);
+  for (int which = 0; which < 2; ++which) {
+    uint8_t* base = (which == 0 ? p.k : p.v).data();
+    for (int64_t i = 0; i < elems; ++i) {
+      const float x = normal(rng);
+      if (dtype == KvDtype::kF16) {
+        const uint16_t h = kernels::cpu::FloatToHalf(x);
+        std::memcpy(base + i * 2, &h, 2);
+      } else {
+        std::memcpy(base + i * 4, &x, 4);
+      }
+    }
+  }
+  p.q.resize(seqs * query * kHeads * kHeadDim);
+  for (float& x : p.q) x = normal(rng) * 2.0f;
+  p.out.assign(p.q.size(), 0.0f);
+  p.query_start = {0};
+  p.context_len.clear();
+  p.indptr = {0};
+  for (int64_t s = 0; s < seqs; ++s) {
+    p.query_start.push_back(static_cast<int32_t>((s + 1) * query));
+    p.context_len.push_back(static_cast<int32_t>(tokens));
+    p.indptr.push_back(static_cast<int32_t>((s + 1) * blocks_per_seq));
+  }
+  p.indices.resize(blocks);
+  for (int64_t b = 0; b < blocks; ++b) p.indices[b] = static_cast<int32_t>(b);
+  std::shuffle(p.indices.begin(), p.indices.end(), rng);
+  PagedAttentionParams& a = p.params;
+  a.q = p.q.data();
+  a.out = p.out.data();
+  a.cache = KvLayerView{p.k.data(), p.v.data(), dtype, blocks, kBlockSize, kKvHeads, kHeadDim};
+  a.query_start = p.query_start.data();
+  a.context_len = p.context_len.data();
+  a.block_indptr = p.indptr.data();
+  a.block_indices = p.indices.data();
+  a.num_seqs = seqs;
+  a.num_heads = kHeads;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+}
+
+// Median seconds of `repeats` calls (after one warm-up call).
+double TimeAttention(const Prefill& p, ThreadPool& pool, int repeats) {
+  if (!kernels::cpu::PagedAttention(p.params, pool).ok()) {
+    std::fprintf(stderr, "PagedAttention failed\n");
+    std::exit(1);
+  }
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    (void)kernels::cpu::PagedAttention(p.params, pool);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return Median(seconds);
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main(int argc, char** argv) {
+  using namespace loom::bench;
+  namespace cpu = loom::kernels::cpu;
+  bool quick = false;
+  int threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
+  }
+  const std::string cpu_model = CpuModel();
+  const char* isa = cpu::CpuIsaName(cpu::ActiveCpuIsa());
+  const double peak = MeasurePeakGflops(threads);
+  std::printf("CPU prefill attention on %s, ISA %s, %d threads: FMA peak %.0f GFLOP/s\n",
+              cpu_model.c_str(), isa, threads, peak);
+  std::printf("shape: %lld heads on %lld KV heads, head dim %lld, blocks of %lld\n",
+              static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
+              static_cast<long long>(kHeadDim), static_cast<long long>(kBlockSize));
+  std::printf("%-4s %6s | %9s %7s %6s | %9s %7s %6s | %6s\n", "kv", "tokens", "old ms",
+              "GFLOP/s", "/peak", "tiled ms", "GFLOP/s", "/peak", "speedup");
+  std::string json = absl::StrFormat(
+      "{\n  \"benchmark\": \"cpu_attention\",\n  \"time\": \"%s\",\n  \"cpu\": \"%s\",\n"
+      "  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"statistic\": \"median\",\n"
+      "  \"shape\": {\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"block_size\": %d},\n"
+      "  \"limits\": {\"fma_peak_gflops\": %.1f},\n  \"prefill\": [\n",
+      UtcNow(), cpu_model, isa, threads, kHeads, kKvHeads, kHeadDim, kBlockSize, peak);
+  ThreadPool pool(threads);
+  bool first = true;
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (int64_t tokens : {512, 2048, 4096}) {
+      Prefill p;
+      MakeStep(1, tokens, tokens, dtype, p);
+      // q.k and p.v over the causal triangle: tokens (tokens + 1) / 2 pairs per head.
+      const double flops = 2.0 * 2.0 * kHeadDim * kHeads * tokens * (tokens + 1) / 2.0;
+      const int repeats = quick ? 2 : tokens >= 4096 ? 3 : 5;
+      cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOff);
+      const double old_s = TimeAttention(p, pool, repeats);
+      const std::vector<float> old_out = p.out;
+      cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOn);
+      const double new_s = TimeAttention(p, pool, repeats);
+      double max_diff = 0;
+      for (size_t i = 0; i < old_out.size(); ++i) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(old_out[i] - p.out[i])));
+      }
+      const double old_gflops = flops / old_s / 1e9, new_gflops = flops / new_s / 1e9;
+      const char* kv = dtype == KvDtype::kF16 ? "f16" : "f32";
+      std::printf("%-4s %6lld | %9.2f %7.1f %6.3f | %9.2f %7.1f %6.3f | %6.2fx  (max |diff| %.1e)\n",
+                  kv, static_cast<long long>(tokens), old_s * 1e3, old_gflops, old_gflops / peak,
+                  new_s * 1e3, new_gflops, new_gflops / peak, old_s / new_s, max_diff);
+      absl::StrAppendFormat(
+          &json,
+          "%s    {\"kv_dtype\": \"%s\", \"tokens\": %d, \"repeats\": %d, "
+          "\"per_token_ms\": %.3f, \"per_token_gflops\": %.2f, \"per_token_ratio_peak\": %.4f, "
+          "\"tiled_ms\": %.3f, \"tiled_gflops\": %.2f, \"tiled_ratio_peak\": %.4f, "
+          "\"speedup\": %.3f, \"max_abs_diff\": %.3g}",
+          first ? "" : ",\n", kv, tokens, repeats, old_s * 1e3, old_gflops, old_gflops / peak,
+          new_s * 1e3, new_gflops, new_gflops / peak, old_s / new_s, max_diff);
+      first = false;
+    }
+  }
+  // Decode steps: one query token per sequence (the tiles take it as a one-row tile).
+  std::printf("\ndecode steps (1 query token per sequence, F16 KV)\n%-14s | %9s | %9s | %6s\n",
+              "seqs x context", "old ms", "tiled ms", "speedup");
+  json += "\n  ],\n  \"decode\": [\n";
+  first = true;
+  for (const auto& [seqs, tokens] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 512}, {1, 4096}, {16, 512}, {64, 256}}) {
+    Prefill p;
+    MakeStep(seqs, tokens, 1, KvDtype::kF16, p);
+    const int repeats = quick ? 5 : 21;
+    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOff);
+    const double old_s = TimeAttention(p, pool, repeats);
+    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOn);
+    const double new_s = TimeAttention(p, pool, repeats);
+    std::printf("%4lld x %-7lld | %9.3f | %9.3f | %6.2fx\n", static_cast<long long>(seqs),
+                static_cast<long long>(tokens), old_s * 1e3, new_s * 1e3, old_s / new_s);
+    absl::StrAppendFormat(&json,
+                          "%s    {\"kv_dtype\": \"f16\", \"seqs\": %d, \"context\": %d, "
+                          "\"repeats\": %d, \"per_token_ms\": %.4f, \"tiled_ms\": %.4f, "
+                          "\"speedup\": %.3f}",
+                          first ? "" : ",\n", seqs, tokens, repeats, old_s * 1e3, new_s * 1e3,
+                          old_s / new_s);
+    first = false;
+  }
+  json += "\n  ]\n}";
+  const char* isa_env = std::getenv("LOOM_CPU_ISA");
+  WriteResult(isa_env != nullptr && *isa_env != '\0' ? std::string("cpu_attention_") + isa
+                                                     : std::string("cpu_attention"),
+              json);
+  return 0;
+}

@@ -1,0 +1,289 @@
+#pragma once
+
+// Internal to kernels/cpu: the FlashAttention-style tile loop of PagedAttention's prefill
+// path, written once over a vector-ISA traits type and instantiated by
+// paged_attention_avx2.cc (8 lanes) and paged_attention_avx512.cc (16 lanes). Include only
+// from those translation units (they are compiled with the ISA's flags).
+//
+// A tile is up to 64 query vectors (rows of one sequence x the query heads of one KV head)
+// against the sequence's KV, taken kKvTile = 2 x lanes positions at a time:
+//   S^T[j][qv] = k_j . q_qv   vectors run over query vectors (Q transposed once per tile),
+//                             each K element broadcast: no horizontal sums;
+//   online softmax            running max, rescale factor and sum per query vector, all
+//                             lane-wise (the max over j is an element-wise max);
+//   O[qv] = O[qv] c + sum_j p[j][qv] V[j]   register tiles of query vectors x head-dim
+//                             vectors, each V row loaded once per register tile.
+// Causal masking happens only in the KV tiles that reach past the first row's limit.
+//
+// Each query vector's arithmetic (the order of every sum, the KV tile boundaries at
+// absolute positions 0, kKvTile, 2 kKvTile, ...) depends only on that vector and its
+// sequence's cache, never on the other rows or heads that share its tile: a token's result
+// is bit for bit the same whatever tile, chunk split or batch it is computed in (a KV tile
+// wholly past a row's limit rescales by exactly 1 and adds exactly 0). Positions past a
+// row's limit inside its diagonal tile contribute 0 x V, exact for finite V.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/paged_attention_internal.h"
+
+namespace loom::kernels::cpu::internal::tiled {
+
+/// Per-thread scratch of one tile, grown on demand.
+struct Scratch {
+  std::vector<float> qt;    // [head_dim][qs]: the queries, transposed
+  std::vector<float> p;     // [kv_tile][qs]: scores, then softmax weights
+  std::vector<float> o;     // [num_q][head_dim]: unnormalized outputs
+  std::vector<float> kv;    // [2][kv_tile][head_dim]: F16 K and V rows as float
+  std::vector<float> zero;  // [head_dim] zeros: the K row of a position past the tile's end
+  std::vector<float> m, l, corr;  // [qs]: running max, running sum, this tile's rescale
+  std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
+};
+
+/// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
+/// Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and
+/// MaskBelow(x, limit, position, fill): lanes whose limit <= position take fill.
+/// kQkVecs x kQkPositions accumulators for S, kPvQueries x kPvVecs for O.
+template <class V, bool kHalf>
+class TileKernel {
+ public:
+  static constexpr int kLanes = V::kLanes;
+  static constexpr int64_t kKvTile = 2 * kLanes;
+  static constexpr int64_t kElementBytes = kHalf ? 2 : 4;
+
+  static void Run(const KvLayerView& cache, float scale, const AttentionTile& tile) {
+    thread_local Scratch s;
+    const int64_t d = cache.head_dim;
+    const int64_t num_q = tile.num_rows * tile.num_heads;
+    const int64_t num_vecs = (num_q + kLanes - 1) / kLanes;
+    const int64_t qs = num_vecs * kLanes;
+    s.qt.resize(d * qs);
+    s.p.resize(kKvTile * qs);
+    s.o.assign(num_q * d, 0.0f);
+    s.kv.resize(2 * kKvTile * d);
+    s.zero.assign(d, 0.0f);
+    s.m.assign(qs, -std::numeric_limits<float>::infinity());
+    s.l.assign(qs, 0.0f);
+    s.corr.resize(qs);
+    s.limit.resize(qs);
+    // Query vector qv = row * num_heads + head; padding lanes get zero queries and no limit.
+    for (int64_t qv = 0; qv < qs; ++qv) {
+      const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
+      if (qv < num_q) {
+        const float* q = tile.q + row * tile.token_stride + head * d;
+        for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = q[i];
+        s.limit[qv] = static_cast<int32_t>(tile.first_attend_len + row);
+      } else {
+        for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = 0.0f;
+        s.limit[qv] = std::numeric_limits<int32_t>::max();
+      }
+    }
+    const int64_t end = tile.first_attend_len + tile.num_rows - 1;  // the last row's limit
+    const int64_t kv_row = cache.num_kv_heads * d, bs = cache.block_size;
+    const float* k_rows[kKvTile];
+    const float* v_rows[kKvTile];
+    for (int64_t kv0 = 0; kv0 < end; kv0 += kKvTile) {
+      const int64_t n = std::min(kKvTile, end - kv0);
+      for (int64_t j = 0; j < kKvTile; ++j) {
+        if (j >= n) {
+          k_rows[j] = v_rows[j] = s.zero.data();
+          continue;
+        }
+        const int64_t pos = kv0 + j;
+        const int64_t element =
+            (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
+            tile.kv_head * d;
+        if constexpr (kHalf) {
+          float* k = s.kv.data() + j * d;
+          float* v = s.kv.data() + (kKvTile + j) * d;
+          V::HalfToFloat(static_cast<const uint16_t*>(cache.k) + element, d, k);
+          V::HalfToFloat(static_cast<const uint16_t*>(cache.v) + element, d, v);
+          k_rows[j] = k;
+          v_rows[j] = v;
+        } else {
+          k_rows[j] = static_cast<const float*>(cache.k) + element;
+          v_rows[j] = static_cast<const float*>(cache.v) + element;
+        }
+      }
+      // The next KV tile's rows start coming from L2/L3 while this one is computed (its
+      // blocks are scattered, which hardware prefetchers do not follow).
+      for (int64_t pos = kv0 + kKvTile; pos < std::min(end, kv0 + 2 * kKvTile); ++pos) {
+        const int64_t element =
+            (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
+            tile.kv_head * d;
+        for (int64_t byte = 0; byte < d * kElementBytes; byte += 64) {
+          __builtin_prefetch(static_cast<const char*>(cache.k) + element * kElementBytes + byte);
+          __builtin_prefetch(static_cast<const char*>(cache.v) + element * kElementBytes + byte);
+        }
+      }
+      Scores(d, qs, num_vecs, k_rows, s.qt.data(), s.p.data());
+      const bool diagonal = kv0 + kKvTile > tile.first_attend_len;
+      if (diagonal) {
+        Softmax<true>(scale, kv0, n, qs, num_vecs, s);
+      } else {
+        Softmax<false>(scale, kv0, n, qs, num_vecs, s);
+      }
+      Accumulate(d, qs, num_q, n, v_rows, s);
+    }
+    for (int64_t qv = 0; qv < num_q; ++qv) {
+      const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
+      float* out = tile.out + row * tile.token_stride + head * d;
+      const typename V::Vec inverse = V::Set1(1.0f / s.l[qv]);
+      for (int64_t i = 0; i < d; i += kLanes) {
+        V::Store(out + i, V::Mul(V::Load(s.o.data() + qv * d + i), inverse));
+      }
+    }
+  }
+
+ private:
+  using Vec = typename V::Vec;
+
+  // p[j][qv] = q_qv . k_j for j < kKvTile, kVecs query vectors from `vec` and kPositions
+  // positions from j0 in registers.
+  template <int kVecs, int kPositions>
+  static void ScoreBlock(int64_t d, int64_t qs, int64_t vec, int64_t j0, const float* const* k_rows,
+                         const float* qt, float* p) {
+    Vec acc[kVecs][kPositions];
+    for (int a = 0; a < kVecs; ++a) {
+      for (int b = 0; b < kPositions; ++b) acc[a][b] = V::Zero();
+    }
+    const float* k[kPositions];
+    for (int b = 0; b < kPositions; ++b) k[b] = k_rows[j0 + b];
+    for (int64_t i = 0; i < d; ++i) {
+      Vec q[kVecs];
+      for (int a = 0; a < kVecs; ++a) q[a] = V::Load(qt + i * qs + (vec + a) * kLanes);
+      for (int b = 0; b < kPositions; ++b) {
+        const Vec kb = V::Broadcast(k[b] + i);
+        for (int a = 0; a < kVecs; ++a) acc[a][b] = V::Fmadd(q[a], kb, acc[a][b]);
+      }
+    }
+    for (int a = 0; a < kVecs; ++a) {
+      for (int b = 0; b < kPositions; ++b) V::Store(p + (j0 + b) * qs + (vec + a) * kLanes, acc[a][b]);
+    }
+  }
+
+  template <int kVecs>
+  static void ScoreVecs(int64_t d, int64_t qs, int64_t vec, const float* const* k_rows,
+                        const float* qt, float* p) {
+    for (int64_t j0 = 0; j0 < kKvTile; j0 += V::kQkPositions) {
+      ScoreBlock<kVecs, V::kQkPositions>(d, qs, vec, j0, k_rows, qt, p);
+    }
+  }
+
+  static void Scores(int64_t d, int64_t qs, int64_t num_vecs, const float* const* k_rows,
+                     const float* qt, float* p) {
+    constexpr int kStep = V::kQkVecs;
+    int64_t vec = 0;
+    for (; vec + kStep <= num_vecs; vec += kStep) ScoreVecs<kStep>(d, qs, vec, k_rows, qt, p);
+    switch (num_vecs - vec) {  // kQkVecs <= 4
+      case 3:
+        if constexpr (kStep > 3) ScoreVecs<3>(d, qs, vec, k_rows, qt, p);
+        break;
+      case 2:
+        if constexpr (kStep > 2) ScoreVecs<2>(d, qs, vec, k_rows, qt, p);
+        break;
+      case 1:
+        if constexpr (kStep > 1) ScoreVecs<1>(d, qs, vec, k_rows, qt, p);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // Scales and masks the scores of positions kv0 .. kv0 + n, updates the running max and
+  // sum of each query vector, and turns the scores into weights (0 where masked).
+  template <bool kMasked>
+  static void Softmax(float scale, int64_t kv0, int64_t n, int64_t qs, int64_t num_vecs,
+                      Scratch& s) {
+    const Vec scale_v = V::Set1(scale);
+    const Vec minus_inf = V::Set1(-std::numeric_limits<float>::infinity());
+    for (int64_t vec = 0; vec < num_vecs; ++vec) {
+      const int64_t lane0 = vec * kLanes;
+      const auto limit = V::LoadLimit(s.limit.data() + lane0);
+      Vec tile_max = minus_inf;
+      for (int64_t j = 0; j < n; ++j) {
+        Vec x = V::Mul(V::Load(s.p.data() + j * qs + lane0), scale_v);
+        if constexpr (kMasked) x = V::MaskBelow(x, limit, kv0 + j, minus_inf);
+        V::Store(s.p.data() + j * qs + lane0, x);
+        tile_max = V::Max(tile_max, x);
+      }
+      const Vec old_max = V::Load(s.m.data() + lane0);
+      const Vec new_max = V::Max(old_max, tile_max);
+      // exp(0) = 1 exactly where the max held; exp(-inf) = 0 on the first tile.
+      const Vec corr = V::Exp(V::Sub(old_max, new_max));
+      Vec sum = V::Zero();
+      for (int64_t j = 0; j < n; ++j) {
+        Vec w = V::Exp(V::Sub(V::Load(s.p.data() + j * qs + lane0), new_max));
+        if constexpr (kMasked) w = V::MaskBelow(w, limit, kv0 + j, V::Zero());
+        V::Store(s.p.data() + j * qs + lane0, w);
+        sum = V::Add(sum, w);
+      }
+      V::Store(s.m.data() + lane0, new_max);
+      V::Store(s.corr.data() + lane0, corr);
+      V::Store(s.l.data() + lane0, V::Fmadd(V::Load(s.l.data() + lane0), corr, sum));
+    }
+  }
+
+  // o[qv][i0 ..] = o[qv][i0 ..] corr[qv] + sum_{j < n} p[j][qv] v_j[i0 ..] for kQueries
+  // query vectors from qv0 and kVecs head-dim vectors from i0, in registers.
+  template <int kQueries, int kVecs>
+  static void AccumulateBlock(int64_t d, int64_t qs, int64_t qv0, int64_t i0, int64_t n,
+                              const float* const* v_rows, Scratch& s) {
+    Vec acc[kQueries][kVecs];
+    for (int a = 0; a < kQueries; ++a) {
+      const Vec c = V::Set1(s.corr[qv0 + a]);
+      for (int b = 0; b < kVecs; ++b) {
+        acc[a][b] = V::Mul(V::Load(s.o.data() + (qv0 + a) * d + i0 + b * kLanes), c);
+      }
+    }
+    const float* p = s.p.data() + qv0;
+    for (int64_t j = 0; j < n; ++j) {
+      Vec v[kVecs];
+      for (int b = 0; b < kVecs; ++b) v[b] = V::Load(v_rows[j] + i0 + b * kLanes);
+      for (int a = 0; a < kQueries; ++a) {
+        const Vec w = V::Broadcast(p + j * qs + a);
+        for (int b = 0; b < kVecs; ++b) acc[a][b] = V::Fmadd(w, v[b], acc[a][b]);
+      }
+    }
+    for (int a = 0; a < kQueries; ++a) {
+      for (int b = 0; b < kVecs; ++b) {
+        V::Store(s.o.data() + (qv0 + a) * d + i0 + b * kLanes, acc[a][b]);
+      }
+    }
+  }
+
+  template <int kQueries>
+  static void AccumulateQueries(int64_t d, int64_t qs, int64_t qv0, int64_t n,
+                                const float* const* v_rows, Scratch& s) {
+    constexpr int kStep = V::kPvVecs;
+    const int64_t vecs = d / kLanes;
+    int64_t vec = 0;
+    for (; vec + kStep <= vecs; vec += kStep) {
+      AccumulateBlock<kQueries, kStep>(d, qs, qv0, vec * kLanes, n, v_rows, s);
+    }
+    for (; vec < vecs; ++vec) AccumulateBlock<kQueries, 1>(d, qs, qv0, vec * kLanes, n, v_rows, s);
+  }
+
+  template <int kQueries>
+  static void AccumulateTail(int64_t remaining, int64_t d, int64_t qs, int64_t qv0, int64_t n,
+                             const float* const* v_rows, Scratch& s) {
+    if constexpr (kQueries > 1) {
+      if (remaining < kQueries) {
+        return AccumulateTail<kQueries - 1>(remaining, d, qs, qv0, n, v_rows, s);
+      }
+    }
+    AccumulateQueries<kQueries>(d, qs, qv0, n, v_rows, s);
+  }
+
+  static void Accumulate(int64_t d, int64_t qs, int64_t num_q, int64_t n,
+                         const float* const* v_rows, Scratch& s) {
+    constexpr int kStep = V::kPvQueries;
+    int64_t qv = 0;
+    for (; qv + kStep <= num_q; qv += kStep) AccumulateQueries<kStep>(d, qs, qv, n, v_rows, s);
+    if (qv < num_q) AccumulateTail<kStep - 1>(num_q - qv, d, qs, qv, n, v_rows, s);
+  }
+};
+
+}  // namespace loom::kernels::cpu::internal::tiled
