@@ -126,9 +126,17 @@ async def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
 
 async def level(base_url: str, model: str, clients: int, requests: int, args, offset: int) -> dict:
     import openai
-    # The client's default connection pool (up to 1000 connections) serves every level.
+    try:
+        import httpx2 as httpx  # what this openai release is built on
+    except ImportError:
+        import httpx
+    # No keep-alive: every request opens its own connection, for both servers alike
+    # (llama-server closed a reused idle connection under the 1-client level, which the
+    # client saw as "Server disconnected without sending a response").
+    http_client = openai.DefaultAsyncHttpxClient(
+        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=0))
     async with openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0,
-                                  timeout=args.timeout_s) as client:
+                                  timeout=args.timeout_s, http_client=http_client) as client:
         queue = list(range(requests))
         results = []
 
