@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -99,8 +100,22 @@ int main(int argc, char** argv) {
   int only_batch = 0;
   int only_prefill = 0;
   int decode_tokens = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  constexpr const char* kUsage =
+      "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]\n"
+      "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
+      "                    [--attention per-token]\n";
+  static constexpr const char* kFlags[] = {"--model",      "--threads",      "--activations",
+                                           "--only-batch", "--only-prefill", "--attention",
+                                           "--decode-tokens"};
+  // Every argument is a known flag with a value: anything else (--help included) prints
+  // the usage instead of running the whole bench and overwriting its results.
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    const bool known = std::find(std::begin(kFlags), std::end(kFlags), flag) != std::end(kFlags);
+    if (!known || i + 1 >= argc) {
+      std::fputs(kUsage, known || flag == "--help" || flag == "-h" ? stdout : stderr);
+      return flag == "--help" || flag == "-h" ? 0 : 2;
+    }
     if (flag == "--model") model_path = argv[i + 1];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     if (flag == "--activations") activations = argv[i + 1];
