@@ -43,6 +43,8 @@ import sys
 import tempfile
 import time
 
+from machine_load import load_1min, wait_quiet
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD_DIR = pathlib.Path(os.environ.get("LOOM_BUILD_DIR", ROOT / "build"))
 LLAMACPP_ROOT = pathlib.Path(os.environ.get("LLAMACPP_BUILD_ROOT", ROOT / "build"))
@@ -210,18 +212,6 @@ def run_loom(args) -> dict:
         "limits": result["limits"],
         "prefill_vs_fma_peak": result["prefill_512"]["vs_fma_peak"],
     }
-
-
-def load_1min() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def wait_quiet(limit: float, timeout: float) -> float:
-    """Waits up to `timeout` s for the 1-minute load average to fall below `limit`."""
-    deadline = time.monotonic() + timeout
-    while load_1min() >= limit and time.monotonic() < deadline:
-        time.sleep(5)
-    return load_1min()
 
 
 def has_avx512() -> bool:

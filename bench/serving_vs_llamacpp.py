@@ -57,6 +57,8 @@ sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
 from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from machine_load import load_1min, wait_quiet  # noqa: E402
+
 
 LLAMACPP_ROOT = pathlib.Path(os.environ.get("LLAMACPP_BUILD_ROOT", SOURCE_DIR / "build"))
 
@@ -79,18 +81,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def load_1min() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def wait_quiet(limit: float, timeout: float) -> float:
-    """Waits up to `timeout` s for the 1-minute load average to fall below `limit`."""
-    deadline = time.monotonic() + timeout
-    while load_1min() >= limit and time.monotonic() < deadline:
-        time.sleep(5)
-    return load_1min()
 
 
 def percentile(values: list, q: float) -> float:
