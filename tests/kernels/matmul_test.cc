@@ -208,6 +208,15 @@ TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
   }
 }
 
+// A (format, group) case's name: F32, INT8_g32, INT8_per_channel (group -1), ...; group 0:
+// not grouped.
+std::string FormatAndGroupName(
+    const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
+  const int64_t g = std::get<1>(info.param);
+  return std::string(FormatName(std::get<0>(info.param))) +
+         (g == 0 ? "" : g < 0 ? "_per_channel" : "_g" + std::to_string(g));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Formats, MatmulFormatTest,
     testing::Values(std::make_tuple(WeightFormat::kF32, int64_t{0}),
@@ -216,11 +225,7 @@ INSTANTIATE_TEST_SUITE_P(
                     std::make_tuple(WeightFormat::kInt8, int64_t{-1}),  // per output channel
                     std::make_tuple(WeightFormat::kInt4, int64_t{32}),
                     std::make_tuple(WeightFormat::kInt4, int64_t{64})),
-    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
-      const int64_t g = std::get<1>(info.param);
-      return std::string(FormatName(std::get<0>(info.param))) +
-             (g == 0 ? "" : g < 0 ? "_per_channel" : "_g" + std::to_string(g));
-    });
+    FormatAndGroupName);
 
 // INT8/INT4 weights with float activations (the default): dequantized in registers,
 // float accumulation, so the float tolerance holds. n = 1000 leaves a partial row block;
@@ -253,11 +258,7 @@ INSTANTIATE_TEST_SUITE_P(
                     std::make_tuple(WeightFormat::kInt8, int64_t{-1}),  // per output channel
                     std::make_tuple(WeightFormat::kInt4, int64_t{32}),
                     std::make_tuple(WeightFormat::kInt4, int64_t{64})),
-    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
-      const int64_t g = std::get<1>(info.param);
-      return std::string(FormatName(std::get<0>(info.param))) +
-             (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
-    });
+    FormatAndGroupName);
 
 // The GEMM kernel for INT8/INT4 weights with float activations (AVX-512: each 32-row
 // panel dequantized once per call into a float scratch, then a float microkernel over
@@ -312,11 +313,7 @@ INSTANTIATE_TEST_SUITE_P(
                     std::make_tuple(WeightFormat::kInt8, int64_t{64}),
                     std::make_tuple(WeightFormat::kInt8, int64_t{128}),
                     std::make_tuple(WeightFormat::kInt8, int64_t{-1})),  // per output channel
-    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
-      const int64_t g = std::get<1>(info.param);
-      return std::string(FormatName(std::get<0>(info.param))) +
-             (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
-    });
+    FormatAndGroupName);
 
 // The AVX2 and AVX-512 GEMM kernels compute each output as one FMA chain over k of the
 // same dequantized floats: the same bits, on every shape and batch size.
@@ -396,11 +393,7 @@ INSTANTIATE_TEST_SUITE_P(
                     std::make_tuple(WeightFormat::kInt8, int64_t{32}),
                     std::make_tuple(WeightFormat::kInt8, int64_t{64}),
                     std::make_tuple(WeightFormat::kInt8, int64_t{-1})),  // per output channel
-    [](const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
-      const int64_t g = std::get<1>(info.param);
-      return std::string(FormatName(std::get<0>(info.param))) +
-             (g < 0 ? "_per_channel" : "_g" + std::to_string(g));
-    });
+    FormatAndGroupName);
 
 // With int8 activations every kernel applies the same exact integer group dot products
 // with the same float operations: the GEMM and the tile kernels, on AVX2 and AVX-512, for
