@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   constexpr const char* kUsage =
       "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]\n"
       "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
-      "                    [--attention per-token]\n";
+      "                    [--attention per-token|tiled]\n";
   static constexpr const char* kFlags[] = {"--model",      "--threads",      "--activations",
                                            "--only-batch", "--only-prefill", "--attention",
                                            "--decode-tokens"};
@@ -121,9 +121,17 @@ int main(int argc, char** argv) {
     if (flag == "--activations") activations = argv[i + 1];
     if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
     if (flag == "--only-prefill") only_prefill = std::atoi(argv[i + 1]);
-    if (flag == "--attention" && std::string(argv[i + 1]) == "per-token") {
+    if (flag == "--attention") {
+      // per-token or tiled for every token (each ISA's default otherwise; AVX-512 has tiles
+      // only when asked).
+      const std::string mode = argv[i + 1];
+      if (mode != "per-token" && mode != "tiled") {
+        std::fputs(kUsage, stderr);
+        return 2;
+      }
       loom::kernels::cpu::internal::SetTileModeForTesting(
-          loom::kernels::cpu::internal::TileMode::kOff);
+          mode == "tiled" ? loom::kernels::cpu::internal::TileMode::kOn
+                          : loom::kernels::cpu::internal::TileMode::kOff);
     }
     if (flag == "--decode-tokens") decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }

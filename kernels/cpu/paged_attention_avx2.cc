@@ -143,6 +143,25 @@ struct Avx2Vectors {
         _mm256_cmpgt_epi32(limit, _mm256_set1_epi32(static_cast<int32_t>(position)));
     return _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(valid));
   }
+  // r[i][j] becomes r[j][i] (an 8 x 8 transpose).
+  static void Transpose(Vec* r) {
+    __m256 t[8], x[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // x[4h + c], 128-bit lane L: column 4L + c of rows 4h .. 4h + 3.
+    for (int h = 0; h < 2; ++h) {
+      x[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      x[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      x[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      x[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(x[c], x[4 + c], 0x20);
+      r[4 + c] = _mm256_permute2f128_ps(x[c], x[4 + c], 0x31);
+    }
+  }
   // count: a multiple of 8.
   static void HalfToFloat(const uint16_t* src, int64_t count, float* dst) {
     for (int64_t i = 0; i < count; i += 8) {

@@ -14,6 +14,10 @@
 //   O[qv] = O[qv] c + sum_j p[j][qv] V[j]   register tiles of query vectors x head-dim
 //                             vectors, each V row loaded once per register tile.
 // Causal masking happens only in the KV tiles that reach past the first row's limit.
+// A tile of few query vectors (a decode token: one row x the heads of one KV head) would
+// fill few lanes that way; it takes positions as lanes instead (FewScores / FewSoftmax:
+// K transposed in registers, the softmax's max and sum folded lane by lane in position
+// order), every operation the same as the query-lane path's, so the same bits.
 //
 // Each query vector's arithmetic (the order of every sum, the KV tile boundaries at
 // absolute positions 0, kKvTile, 2 kKvTile, ...) depends only on that vector and its
@@ -23,6 +27,7 @@
 // row's limit inside its diagonal tile contribute 0 x V, exact for finite V.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -40,6 +45,7 @@ struct Scratch {
   std::vector<float> zero;  // [head_dim] zeros: the K row of a position past the tile's end
   std::vector<float> m, l, corr;  // [qs]: running max, running sum, this tile's rescale
   std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
+  float pt[8 * 32];               // few query vectors: [qv][kv_tile] scores, then weights
 };
 
 /// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
@@ -52,6 +58,9 @@ class TileKernel {
   static constexpr int kLanes = V::kLanes;
   static constexpr int64_t kKvTile = 2 * kLanes;
   static constexpr int64_t kElementBytes = kHalf ? 2 : 4;
+  // Tiles of up to this many query vectors take positions as lanes (FewScores): the
+  // transpose of K costs about as much as kLanes / 2 query vectors' score FMAs.
+  static constexpr int kMaxFew = kLanes / 2;
 
   static void Run(const KvLayerView& cache, float scale, const AttentionTile& tile) {
     thread_local Scratch s;
@@ -69,14 +78,22 @@ class TileKernel {
     s.corr.resize(qs);
     s.limit.resize(qs);
     // Query vector qv = row * num_heads + head; padding lanes get zero queries and no limit.
+    const bool few = num_q <= kMaxFew;
+    const float* q_rows[kMaxFew];
     for (int64_t qv = 0; qv < qs; ++qv) {
       const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
       if (qv < num_q) {
         const float* q = tile.q + row * tile.token_stride + head * d;
-        for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = q[i];
+        if (few) {
+          q_rows[qv] = q;
+        } else {
+          for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = q[i];
+        }
         s.limit[qv] = static_cast<int32_t>(tile.first_attend_len + row);
       } else {
-        for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = 0.0f;
+        if (!few) {
+          for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = 0.0f;
+        }
         s.limit[qv] = std::numeric_limits<int32_t>::max();
       }
     }
@@ -118,12 +135,21 @@ class TileKernel {
           __builtin_prefetch(static_cast<const char*>(cache.v) + element * kElementBytes + byte);
         }
       }
-      Scores(d, qs, num_vecs, k_rows, s.qt.data(), s.p.data());
       const bool diagonal = kv0 + kKvTile > tile.first_attend_len;
-      if (diagonal) {
-        Softmax<true>(scale, kv0, n, qs, num_vecs, s);
+      if (few) {
+        FewScores<kMaxFew>(num_q, d, q_rows, k_rows, s.pt);
+        if (diagonal) {
+          FewSoftmax<true>(scale, kv0, n, qs, num_q, s);
+        } else {
+          FewSoftmax<false>(scale, kv0, n, qs, num_q, s);
+        }
       } else {
-        Softmax<false>(scale, kv0, n, qs, num_vecs, s);
+        Scores(d, qs, num_vecs, k_rows, s.qt.data(), s.p.data());
+        if (diagonal) {
+          Softmax<true>(scale, kv0, n, qs, num_vecs, s);
+        } else {
+          Softmax<false>(scale, kv0, n, qs, num_vecs, s);
+        }
       }
       Accumulate(d, qs, num_q, n, v_rows, s);
     }
@@ -223,6 +249,74 @@ class TileKernel {
       V::Store(s.m.data() + lane0, new_max);
       V::Store(s.corr.data() + lane0, corr);
       V::Store(s.l.data() + lane0, V::Fmadd(V::Load(s.l.data() + lane0), corr, sum));
+    }
+  }
+
+  // pt[qv][j] = q_qv . k_j for j < kKvTile and kQ query vectors, positions in lanes: each
+  // lane is the same FMA chain over i from zero as ScoreBlock's.
+  template <int kQ>
+  static void FewScoresOf(int64_t d, const float* const* q_rows, const float* const* k_rows,
+                          float* pt) {
+    for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) {
+      Vec acc[kQ];
+      for (int a = 0; a < kQ; ++a) acc[a] = V::Zero();
+      for (int64_t i0 = 0; i0 < d; i0 += kLanes) {
+        Vec kt[kLanes];  // kt[c]: element i0 + c of positions j0 .. j0 + kLanes
+        for (int r = 0; r < kLanes; ++r) kt[r] = V::Load(k_rows[j0 + r] + i0);
+        V::Transpose(kt);
+        for (int c = 0; c < kLanes; ++c) {
+          for (int a = 0; a < kQ; ++a) acc[a] = V::Fmadd(V::Broadcast(q_rows[a] + i0 + c), kt[c], acc[a]);
+        }
+      }
+      for (int a = 0; a < kQ; ++a) V::Store(pt + a * kKvTile + j0, acc[a]);
+    }
+  }
+
+  // FewScoresOf for a run-time count 1 <= num_q <= kQ.
+  template <int kQ>
+  static void FewScores(int64_t num_q, int64_t d, const float* const* q_rows,
+                        const float* const* k_rows, float* pt) {
+    if constexpr (kQ > 1) {
+      if (num_q < kQ) return FewScores<kQ - 1>(num_q, d, q_rows, k_rows, pt);
+    }
+    FewScoresOf<kQ>(d, q_rows, k_rows, pt);
+  }
+
+  // max as V::Max computes it lane-wise (the second operand unless a > b).
+  static float MaxLikeVector(float a, float b) { return a > b ? a : b; }
+
+  // Softmax for the few-query-vector layout: the same operations per query vector, in the
+  // same order (max and sum folded over j < n), weights written to p[j][qv] for Accumulate.
+  template <bool kMasked>
+  static void FewSoftmax(float scale, int64_t kv0, int64_t n, int64_t qs, int64_t num_q,
+                         Scratch& s) {
+    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+    const Vec scale_v = V::Set1(scale);
+    for (int64_t qv = 0; qv < num_q; ++qv) {
+      float* x = s.pt + qv * kKvTile;
+      for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) V::Store(x + j0, V::Mul(V::Load(x + j0), scale_v));
+      const int64_t limit = s.limit[qv];
+      float tile_max = kMinusInf;
+      for (int64_t j = 0; j < n; ++j) {
+        if (kMasked && limit <= kv0 + j) x[j] = kMinusInf;
+        tile_max = MaxLikeVector(tile_max, x[j]);
+      }
+      const float old_max = s.m[qv];
+      const float new_max = MaxLikeVector(old_max, tile_max);
+      float lanes[kLanes];
+      V::Store(lanes, V::Exp(V::Set1(old_max - new_max)));
+      const float corr = lanes[0];
+      const Vec max_v = V::Set1(new_max);
+      for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) V::Store(x + j0, V::Exp(V::Sub(V::Load(x + j0), max_v)));
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = kMasked && limit <= kv0 + j ? 0.0f : x[j];
+        s.p[j * qs + qv] = w;
+        sum += w;
+      }
+      s.m[qv] = new_max;
+      s.corr[qv] = corr;
+      s.l[qv] = std::fma(s.l[qv], corr, sum);
     }
   }
 
