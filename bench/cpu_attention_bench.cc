@@ -1,11 +1,15 @@
 // CPU prefill attention benchmark: one causal prefill of 512, 2048 and 4096 tokens through
 // PagedAttention on SmolLM2-135M's attention shape (9 query heads on 3 KV heads, head dim
-// 64, blocks of 16), F16 and F32 KV cache, with the FlashAttention-style tiles
-// (kernels/cpu/paged_attention_tiled.h) and with the per-token kernel that ran prefills
-// before them (internal::TileMode kOff against kOn), in the same run. Figures:
-// GFLOP/s (2 flops per multiply-add of q.k and p.v over the causal triangle), the ratio to
-// the FMA peak measured in the same run (bench/machine_limits.h), and new / old.
-// Decode steps (one query token per sequence; a one-row tile) are timed both ways too.
+// 64, blocks of 16), F16 and F32 KV cache, three ways in the same run:
+//   one-row  the per-token kernel with a task per token (every K/V row read per token);
+//   rows     the per-token kernel with multi-row tasks (AVX-512: TaskRows tokens share each
+//            K/V row, the same bits; elsewhere the same as one-row) -- AVX-512's default;
+//   tiled    the FlashAttention-style tiles (kernels/cpu/paged_attention_tiled.h) -- AVX2's
+//            default.
+// Figures: GFLOP/s (2 flops per multiply-add of q.k and p.v over the causal triangle), the
+// ratio to the FMA peak measured in the same run (bench/machine_limits.h), and each against
+// one-row. Decode steps (one query token per sequence: a one-row task, a one-row tile) are
+// timed per-token and tiled.
 // Writes bench/results/cpu_attention.json (cpu_attention_<isa>.json when LOOM_CPU_ISA
 // forces the ISA).
 //
@@ -132,8 +136,8 @@ int main(int argc, char** argv) {
   std::printf("shape: %lld heads on %lld KV heads, head dim %lld, blocks of %lld\n",
               static_cast<long long>(kHeads), static_cast<long long>(kKvHeads),
               static_cast<long long>(kHeadDim), static_cast<long long>(kBlockSize));
-  std::printf("%-4s %6s | %9s %7s %6s | %9s %7s %6s | %6s\n", "kv", "tokens", "old ms",
-              "GFLOP/s", "/peak", "tiled ms", "GFLOP/s", "/peak", "speedup");
+  std::printf("%-4s %6s | %-24s | %-24s | %-24s\n", "kv", "tokens", "one-row ms GFLOP/s /peak",
+              "rows ms GFLOP/s /peak", "tiled ms GFLOP/s /peak");
   std::string json = absl::StrFormat(
       "{\n  \"benchmark\": \"cpu_attention\",\n  \"time\": \"%s\",\n  \"cpu\": \"%s\",\n"
       "  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"statistic\": \"median\",\n"
@@ -141,6 +145,15 @@ int main(int argc, char** argv) {
       "  \"limits\": {\"fma_peak_gflops\": %.1f},\n  \"prefill\": [\n",
       UtcNow(), cpu_model, isa, threads, kHeads, kKvHeads, kHeadDim, kBlockSize, peak);
   ThreadPool pool(threads);
+  // One prefill under a kernel choice: seconds and its output.
+  const auto run = [&](Prefill& p, int repeats, cpu::internal::TileMode mode, bool multi_row) {
+    cpu::internal::SetTileModeForTesting(mode);
+    cpu::internal::SetMultiRowTasksForTesting(multi_row);
+    const double seconds = TimeAttention(p, pool, repeats);
+    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kAuto);
+    cpu::internal::SetMultiRowTasksForTesting(true);
+    return seconds;
+  };
   bool first = true;
   for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
     for (int64_t tokens : {512, 2048, 4096}) {
@@ -149,34 +162,41 @@ int main(int argc, char** argv) {
       // q.k and p.v over the causal triangle: tokens (tokens + 1) / 2 pairs per head.
       const double flops = 2.0 * 2.0 * kHeadDim * kHeads * tokens * (tokens + 1) / 2.0;
       const int repeats = quick ? 2 : tokens >= 4096 ? 3 : 5;
-      cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOff);
-      const double old_s = TimeAttention(p, pool, repeats);
-      const std::vector<float> old_out = p.out;
-      cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOn);
-      const double new_s = TimeAttention(p, pool, repeats);
+      const double one_s = run(p, repeats, cpu::internal::TileMode::kOff, false);
+      const std::vector<float> one_out = p.out;
+      const double rows_s = run(p, repeats, cpu::internal::TileMode::kOff, true);
+      const bool rows_same_bits = p.out == one_out;
+      const double tiled_s = run(p, repeats, cpu::internal::TileMode::kOn, true);
       double max_diff = 0;
-      for (size_t i = 0; i < old_out.size(); ++i) {
-        max_diff = std::max(max_diff, static_cast<double>(std::fabs(old_out[i] - p.out[i])));
+      for (size_t i = 0; i < one_out.size(); ++i) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(one_out[i] - p.out[i])));
       }
-      const double old_gflops = flops / old_s / 1e9, new_gflops = flops / new_s / 1e9;
+      const double one_g = flops / one_s / 1e9, rows_g = flops / rows_s / 1e9,
+                   tiled_g = flops / tiled_s / 1e9;
       const char* kv = dtype == KvDtype::kF16 ? "f16" : "f32";
-      std::printf("%-4s %6lld | %9.2f %7.1f %6.3f | %9.2f %7.1f %6.3f | %6.2fx  (max |diff| %.1e)\n",
-                  kv, static_cast<long long>(tokens), old_s * 1e3, old_gflops, old_gflops / peak,
-                  new_s * 1e3, new_gflops, new_gflops / peak, old_s / new_s, max_diff);
+      std::printf("%-4s %6lld | %8.2f %6.1f %5.3f       | %8.2f %6.1f %5.3f %4.2fx | %8.2f %6.1f "
+                  "%5.3f %4.2fx  (rows: %s bits; tiled max |diff| %.1e)\n",
+                  kv, static_cast<long long>(tokens), one_s * 1e3, one_g, one_g / peak,
+                  rows_s * 1e3, rows_g, rows_g / peak, one_s / rows_s, tiled_s * 1e3, tiled_g,
+                  tiled_g / peak, one_s / tiled_s, rows_same_bits ? "same" : "DIFFERENT",
+                  max_diff);
       absl::StrAppendFormat(
           &json,
           "%s    {\"kv_dtype\": \"%s\", \"tokens\": %d, \"repeats\": %d, "
-          "\"per_token_ms\": %.3f, \"per_token_gflops\": %.2f, \"per_token_ratio_peak\": %.4f, "
+          "\"one_row_ms\": %.3f, \"one_row_gflops\": %.2f, \"one_row_ratio_peak\": %.4f, "
+          "\"rows_ms\": %.3f, \"rows_gflops\": %.2f, \"rows_ratio_peak\": %.4f, "
+          "\"rows_speedup\": %.3f, \"rows_same_bits\": %s, "
           "\"tiled_ms\": %.3f, \"tiled_gflops\": %.2f, \"tiled_ratio_peak\": %.4f, "
-          "\"speedup\": %.3f, \"max_abs_diff\": %.3g}",
-          first ? "" : ",\n", kv, tokens, repeats, old_s * 1e3, old_gflops, old_gflops / peak,
-          new_s * 1e3, new_gflops, new_gflops / peak, old_s / new_s, max_diff);
+          "\"tiled_speedup\": %.3f, \"tiled_max_abs_diff\": %.3g}",
+          first ? "" : ",\n", kv, tokens, repeats, one_s * 1e3, one_g, one_g / peak, rows_s * 1e3,
+          rows_g, rows_g / peak, one_s / rows_s, rows_same_bits ? "true" : "false", tiled_s * 1e3,
+          tiled_g, tiled_g / peak, one_s / tiled_s, max_diff);
       first = false;
     }
   }
   // Decode steps: one query token per sequence (the tiles take it as a one-row tile).
   std::printf("\ndecode steps (1 query token per sequence, F16 KV)\n%-14s | %9s | %9s | %6s\n",
-              "seqs x context", "old ms", "tiled ms", "speedup");
+              "seqs x context", "per-token ms", "tiled ms", "tiled/per-token");
   json += "\n  ],\n  \"decode\": [\n";
   first = true;
   for (const auto& [seqs, tokens] : std::vector<std::pair<int64_t, int64_t>>{
@@ -184,10 +204,8 @@ int main(int argc, char** argv) {
     Prefill p;
     MakeStep(seqs, tokens, 1, KvDtype::kF16, p);
     const int repeats = quick ? 5 : 21;
-    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOff);
-    const double old_s = TimeAttention(p, pool, repeats);
-    cpu::internal::SetTileModeForTesting(cpu::internal::TileMode::kOn);
-    const double new_s = TimeAttention(p, pool, repeats);
+    const double old_s = run(p, repeats, cpu::internal::TileMode::kOff, true);
+    const double new_s = run(p, repeats, cpu::internal::TileMode::kOn, true);
     std::printf("%4lld x %-7lld | %9.3f | %9.3f | %6.2fx\n", static_cast<long long>(seqs),
                 static_cast<long long>(tokens), old_s * 1e3, new_s * 1e3, old_s / new_s);
     absl::StrAppendFormat(&json,

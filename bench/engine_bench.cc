@@ -173,7 +173,8 @@ int main(int argc, char** argv) {
   LocalEngine engine(**backend, **tokenizer, engine_options);
   if (only_prefill > 0) {
     // One prompt of only_prefill tokens (in chunks of the engine's token budget), with
-    // prefill attention per token (the loop before the tiles) and in tiles, one run.
+    // prefill attention in the per-token kernel (multi-row tasks on AVX-512) and in tiles,
+    // one run.
     EngineRequest request;
     request.prompt_ids = Prompt(only_prefill, runner.config().vocab_size, 99);
     request.sampling.temperature = 0.0f;

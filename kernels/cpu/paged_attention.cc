@@ -16,6 +16,7 @@ namespace {
 
 std::atomic<bool> attention_simd{true};
 std::atomic<internal::TileMode> tile_mode{internal::TileMode::kAuto};
+std::atomic<bool> multi_row_tasks{true};
 
 absl::Status CheckCache(const KvLayerView& c) {
   if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
@@ -131,6 +132,7 @@ namespace internal {
 
 void SetAttentionSimdForTesting(bool enabled) { attention_simd.store(enabled); }
 void SetTileModeForTesting(TileMode mode) { tile_mode.store(mode); }
+void SetMultiRowTasksForTesting(bool enabled) { multi_row_tasks.store(enabled); }
 
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
@@ -255,22 +257,24 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
     }
   }
 
-  // Per-token tasks for the other sequences' tokens.
-  thread_local std::vector<int32_t> task_tokens;  // step token index
-  thread_local std::vector<int32_t> token_seq;
-  task_tokens.clear();
-  token_seq.resize(num_tokens);
+  // Per-token tasks for the other sequences' tokens: runs of up to task_rows consecutive
+  // tokens of a sequence (AVX-512; one token elsewhere), each K/V row read once for them.
+  const bool multi_row =
+      attend == internal::AttendAvx512 && multi_row_tasks.load(std::memory_order_relaxed);
+  struct RowBlock {
+    int32_t seq;
+    int32_t first_token;  // within the step
+    int32_t num_rows;
+  };
+  thread_local std::vector<RowBlock> row_blocks;
+  row_blocks.clear();
+  int64_t num_task_tokens = 0;
   for (int64_t s = 0; s < p.num_seqs; ++s) {
-    std::fill(token_seq.begin() + p.query_start[s], token_seq.begin() + p.query_start[s + 1],
-              static_cast<int32_t>(s));
-    if (tiled(s)) continue;
-    for (int32_t t = p.query_start[s]; t < p.query_start[s + 1]; ++t) task_tokens.push_back(t);
+    if (!tiled(s)) num_task_tokens += p.query_start[s + 1] - p.query_start[s];
   }
-  const int32_t* seq_of = token_seq.data();
-  const int64_t num_task_tokens = static_cast<int64_t>(task_tokens.size());
   if (num_task_tokens > 0) {
-    // Each task takes all the query heads of a token that share a KV head, so a K/V row is
-    // read once for the group. With too few tokens to keep the threads busy (small-batch
+    // Each task takes all the query heads of its tokens that share a KV head, so a K/V row
+    // is read once for the group. With too few tokens to keep the threads busy (small-batch
     // decode), the runs are halved until there are two tasks per thread.
     thread_local std::vector<HeadRun> runs;
     int64_t max_heads = internal::MaxTaskHeads(d);
@@ -280,26 +284,36 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
       max_heads = (max_heads + 1) / 2;
       CutHeadRuns(p, max_heads, runs);
     }
+    const int64_t task_rows = multi_row ? internal::TaskRows(max_heads, d) : 1;
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+      if (tiled(s)) continue;
+      for (int64_t t = p.query_start[s]; t < p.query_start[s + 1]; t += task_rows) {
+        row_blocks.push_back({static_cast<int32_t>(s), static_cast<int32_t>(t),
+                              static_cast<int32_t>(std::min<int64_t>(task_rows, p.query_start[s + 1] - t))});
+      }
+    }
     const HeadRun* run_of = runs.data();
-    const int32_t* token_of = task_tokens.data();
+    const RowBlock* block_of = row_blocks.data();
     const int64_t num_runs = static_cast<int64_t>(runs.size());
-    const int64_t num_items = num_task_tokens * num_runs;
-    // Items (token, run) are dealt zigzag (first, last, second, second to last, ...) so
+    const int64_t num_items = static_cast<int64_t>(row_blocks.size()) * num_runs;
+    // Items (row block, run) are dealt zigzag (first, last, second, second to last, ...) so
     // that contiguous chunks mix early causal tokens (short) with late ones (long).
     pool.ParallelFor(num_items, 2, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
-        const int64_t t = token_of[item / num_runs];
+        const RowBlock& rb = block_of[item / num_runs];
         const HeadRun& run = run_of[item % num_runs];
-        const int64_t s = seq_of[t];
+        const int64_t s = rb.seq;
         const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
         internal::AttentionTask task;
-        task.q = p.q + (t * p.num_heads + run.first_head) * d;
-        task.out = p.out + (t * p.num_heads + run.first_head) * d;
+        task.q = p.q + (rb.first_token * p.num_heads + run.first_head) * d;
+        task.out = p.out + (rb.first_token * p.num_heads + run.first_head) * d;
+        task.token_stride = p.num_heads * d;
         task.blocks = p.block_indices + p.block_indptr[s];
         task.kv_head = run.kv_head;
         task.num_heads = run.num_heads;
-        task.attend_len = p.context_len[s] - q_len + (t - p.query_start[s]) + 1;
+        task.num_rows = rb.num_rows;
+        task.attend_len = p.context_len[s] - q_len + (rb.first_token - p.query_start[s]) + 1;
         attend(p.cache, p.scale, task);
       }
     });

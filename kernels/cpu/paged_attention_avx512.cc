@@ -144,44 +144,55 @@ void AccumulateAny(const void* v_cache, const int64_t* rows, int64_t count, RowS
 }
 
 // kVecs > 0: head_dim in (16 * (kVecs - 1), 16 * kVecs], K/V rows held in registers and V
-// accumulated in register tiles of heads; 0: any head dim up to kMaxHeadDim, rows staged
-// through memory.
+// accumulated in register tiles of query vectors; 0: any head dim up to kMaxHeadDim, rows
+// staged through memory.
+//
+// A task's query vectors are its rows (consecutive tokens of one sequence) x its heads,
+// qv = row * num_heads + head; row r reads positions [0, attend_len + r). Every K/V row is
+// loaded (and converted) once for all of them. Each query vector's arithmetic is that of a
+// one-row task (chunks of kChunk positions from position 0, its own count in the last
+// one; rows past their limit skip the chunk), whatever else shares the task: a token's
+// result is the same bits in a decode step, a prefill of any chunking, or a verify step.
 template <bool kHalf, int kVecs>
 void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
   const RowShape shape{(d + 15) / 16, d % 16 == 0 ? __mmask16{0xffff}
                                                   : static_cast<__mmask16>((1u << (d % 16)) - 1)};
   const int64_t num_heads = task.num_heads;
+  const int64_t num_q = task.num_rows * num_heads;
   const int64_t acc_stride = shape.num_vecs * 16;
-  alignas(64) float acc[kMaxTaskFloats + 16 * kMaxTaskHeads];  // [num_heads, acc_stride]
-  std::fill(acc, acc + num_heads * acc_stride, 0.0f);
-  float running_max[kMaxTaskHeads], correction[kMaxTaskHeads];
-  __m512 denominator[kMaxTaskHeads];  // per-lane partial sums of the softmax weights
-  for (int64_t h = 0; h < num_heads; ++h) {
-    running_max[h] = -std::numeric_limits<float>::infinity();
-    denominator[h] = _mm512_setzero_ps();
+  alignas(64) float acc[kMaxTaskFloats + 16 * kMaxTaskQueries];  // [num_q, acc_stride]
+  std::fill(acc, acc + num_q * acc_stride, 0.0f);
+  float running_max[kMaxTaskQueries], correction[kMaxTaskQueries];
+  __m512 denominator[kMaxTaskQueries];  // per-lane partial sums of the softmax weights
+  for (int64_t qv = 0; qv < num_q; ++qv) {
+    running_max[qv] = -std::numeric_limits<float>::infinity();
+    denominator[qv] = _mm512_setzero_ps();
   }
-  alignas(64) __m512 dots[kMaxTaskHeads][16];  // [head][position]: dot products, unsummed
-  alignas(64) float weights[kMaxTaskHeads][kChunk];
+  alignas(64) __m512 dots[kMaxTaskQueries][16];  // [query vector][position]: unsummed dots
+  alignas(64) float weights[kMaxTaskQueries][kChunk];
   int64_t rows[kChunk];  // element offset of each position's K/V row
   alignas(64) float k_row[kVecs > 0 ? 16 : kMaxHeadDim];  // generic path: a K or V row as float
+  const auto q_of = [&](int64_t qv) {
+    return task.q + (qv / num_heads) * task.token_stride + (qv % num_heads) * d;
+  };
   // Register path: the queries zero-padded to whole vectors, so that their loads need no
   // mask and fold into the FMAs.
-  alignas(64) float q[kVecs > 0 ? kMaxTaskHeads * kVecs * 16 : 16];
+  alignas(64) float q[kVecs > 0 ? kMaxTaskQueries * kVecs * 16 : 16];
   if constexpr (kVecs > 0) {
-    for (int64_t h = 0; h < num_heads; ++h) {
+    for (int64_t qv = 0; qv < num_q; ++qv) {
       for (int v = 0; v < kVecs; ++v) {
-        _mm512_store_ps(
-            q + (h * kVecs + v) * 16,
-            _mm512_maskz_loadu_ps(MaskOf<kVecs>(v, shape.tail), task.q + h * d + v * 16));
+        _mm512_store_ps(q + (qv * kVecs + v) * 16,
+                        _mm512_maskz_loadu_ps(MaskOf<kVecs>(v, shape.tail), q_of(qv) + v * 16));
       }
     }
   }
 
   const int64_t kv_row = cache.num_kv_heads * d;
+  const int64_t last_len = task.attend_len + task.num_rows - 1;  // the last row's
   int64_t block = 0, offset = 0;
-  for (int64_t pos = 0; pos < task.attend_len; pos += kChunk) {
-    const int64_t count = std::min(kChunk, task.attend_len - pos);
+  for (int64_t pos = 0; pos < last_len; pos += kChunk) {
+    const int64_t count = std::min(kChunk, last_len - pos);
     for (int64_t j = 0; j < count; ++j) {
       rows[j] =
           (static_cast<int64_t>(task.blocks[block]) * bs + offset) * kv_row + task.kv_head * d;
@@ -190,8 +201,15 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         ++block;
       }
     }
-    // Scores, 16 positions at a time: each K row is loaded once for all heads.
-    __m512 scores[kMaxTaskHeads][kChunk / 16];
+    // Rows before first_row attend to positions < pos only: they are done.
+    const int64_t first_row = std::max<int64_t>(0, pos - task.attend_len + 1);
+    const int64_t qv0 = first_row * num_heads;
+    // Positions of this chunk query vector qv reads (1 .. count for qv >= qv0).
+    const auto count_of = [&](int64_t qv) {
+      return std::min(count, task.attend_len + qv / num_heads - pos);
+    };
+    // Scores, 16 positions at a time: each K row is loaded once for all query vectors.
+    __m512 scores[kMaxTaskQueries][kChunk / 16];
     for (int64_t half = 0; half * 16 < count; ++half) {
       const int64_t n = std::min<int64_t>(16, count - half * 16);
       for (int64_t j = 0; j < n; ++j) {
@@ -201,77 +219,89 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
           for (int v = 0; v < kVecs; ++v) {
             k[v] = LoadRow<kHalf>(cache.k, row + v * 16, MaskOf<kVecs>(v, shape.tail));
           }
-          for (int64_t h = 0; h < num_heads; ++h) {
-            const float* qh = q + h * kVecs * 16;
-            __m512 dot = _mm512_mul_ps(_mm512_load_ps(qh), k[0]);
+          for (int64_t qv = qv0; qv < num_q; ++qv) {
+            const float* qq = q + qv * kVecs * 16;
+            __m512 dot = _mm512_mul_ps(_mm512_load_ps(qq), k[0]);
             for (int v = 1; v < kVecs; ++v)
-              dot = _mm512_fmadd_ps(_mm512_load_ps(qh + v * 16), k[v], dot);
-            dots[h][j] = dot;
+              dot = _mm512_fmadd_ps(_mm512_load_ps(qq + v * 16), k[v], dot);
+            dots[qv][j] = dot;
           }
         } else {
           for (int64_t v = 0; v < shape.num_vecs; ++v) {
             _mm512_store_ps(k_row + v * 16, LoadRow<kHalf>(cache.k, row + v * 16, shape.MaskOf(v)));
           }
-          for (int64_t h = 0; h < num_heads; ++h) {
+          for (int64_t qv = qv0; qv < num_q; ++qv) {
             __m512 dot = _mm512_setzero_ps();
             for (int64_t v = 0; v < shape.num_vecs; ++v) {
-              dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(shape.MaskOf(v), task.q + h * d + v * 16),
+              dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(shape.MaskOf(v), q_of(qv) + v * 16),
                                     _mm512_load_ps(k_row + v * 16), dot);
             }
-            dots[h][j] = dot;
+            dots[qv][j] = dot;
           }
         }
       }
-      for (int64_t h = 0; h < num_heads; ++h) {
-        for (int64_t j = n; j < 16; ++j) dots[h][j] = _mm512_setzero_ps();
-        scores[h][half] = _mm512_mul_ps(TransposeSum16(dots[h]), _mm512_set1_ps(scale));
+      // Lane j of TransposeSum16 reads only dots[qv][j]: positions past a row's own count
+      // do not touch its valid lanes, which the masks below keep.
+      for (int64_t qv = qv0; qv < num_q; ++qv) {
+        for (int64_t j = n; j < 16; ++j) dots[qv][j] = _mm512_setzero_ps();
+        scores[qv][half] = _mm512_mul_ps(TransposeSum16(dots[qv]), _mm512_set1_ps(scale));
       }
     }
-    // Online softmax per head: new max, rescale factor, weights for the whole chunk.
-    const int64_t num_halves = (count + 15) / 16;
-    for (int64_t h = 0; h < num_heads; ++h) {
+    // Online softmax per query vector: new max, rescale factor, weights for its count.
+    for (int64_t qv = qv0; qv < num_q; ++qv) {
+      const int64_t own = count_of(qv);
+      const int64_t num_halves = (own + 15) / 16;
       __mmask16 valid[kChunk / 16];
       __m512 chunk_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       for (int64_t half = 0; half < num_halves; ++half) {
-        const int64_t n = std::min<int64_t>(16, count - half * 16);
+        const int64_t n = std::min<int64_t>(16, own - half * 16);
         valid[half] = n == 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1);
-        chunk_max = _mm512_mask_max_ps(chunk_max, valid[half], chunk_max, scores[h][half]);
+        chunk_max = _mm512_mask_max_ps(chunk_max, valid[half], chunk_max, scores[qv][half]);
       }
-      const float new_max = std::max(running_max[h], _mm512_reduce_max_ps(chunk_max));
-      correction[h] = 1.0f;
-      if (new_max > running_max[h]) {
-        correction[h] = std::exp(running_max[h] - new_max);  // 0 on the first chunk
-        running_max[h] = new_max;
+      const float new_max = std::max(running_max[qv], _mm512_reduce_max_ps(chunk_max));
+      correction[qv] = 1.0f;
+      if (new_max > running_max[qv]) {
+        correction[qv] = std::exp(running_max[qv] - new_max);  // 0 on the first chunk
+        running_max[qv] = new_max;
       }
       const __m512 max = _mm512_set1_ps(new_max);
-      __m512 total = _mm512_mul_ps(denominator[h], _mm512_set1_ps(correction[h]));
+      __m512 total = _mm512_mul_ps(denominator[qv], _mm512_set1_ps(correction[qv]));
       for (int64_t half = 0; half < num_halves; ++half) {
         const __m512 w =
-            _mm512_maskz_mov_ps(valid[half], Exp512(_mm512_sub_ps(scores[h][half], max)));
+            _mm512_maskz_mov_ps(valid[half], Exp512(_mm512_sub_ps(scores[qv][half], max)));
         total = _mm512_add_ps(total, w);
-        _mm512_store_ps(weights[h] + half * 16, w);
+        _mm512_store_ps(weights[qv] + half * 16, w);
       }
-      denominator[h] = total;
+      denominator[qv] = total;
     }
-    // Weighted V rows.
-    if constexpr (kVecs > 0) {
-      // Heads per tile: kTile * kVecs accumulators and a row fit in the 32 registers.
-      constexpr int kTile = kVecs <= 4 ? 4 : kVecs <= 6 ? 3 : 2;
-      for (int64_t h0 = 0; h0 < num_heads; h0 += kTile) {
-        AccumulateHeads<kHalf, kVecs, kTile>(std::min<int64_t>(kTile, num_heads - h0), cache.v,
-                                             rows, count, shape.tail, weights + h0, correction + h0,
-                                             acc + h0 * acc_stride, acc_stride);
+    // Weighted V rows, for runs of consecutive query vectors with the same count (rows
+    // differ only in the chunk that holds their limits).
+    for (int64_t qv = qv0; qv < num_q;) {
+      const int64_t own = count_of(qv);
+      int64_t end = qv + 1;
+      while (end < num_q && count_of(end) == own) ++end;
+      if constexpr (kVecs > 0) {
+        // Query vectors per register tile: kTile * kVecs accumulators and a row fit in the
+        // 32 registers.
+        constexpr int kTile = kVecs <= 4 ? 4 : kVecs <= 6 ? 3 : 2;
+        for (int64_t q0 = qv; q0 < end; q0 += kTile) {
+          AccumulateHeads<kHalf, kVecs, kTile>(std::min<int64_t>(kTile, end - q0), cache.v, rows,
+                                               own, shape.tail, weights + q0, correction + q0,
+                                               acc + q0 * acc_stride, acc_stride);
+        }
+      } else {
+        AccumulateAny<kHalf>(cache.v, rows, own, shape, end - qv, weights + qv, correction + qv,
+                             acc + qv * acc_stride, acc_stride, k_row);
       }
-    } else {
-      AccumulateAny<kHalf>(cache.v, rows, count, shape, num_heads, weights, correction, acc,
-                           acc_stride, k_row);
+      qv = end;
     }
   }
-  for (int64_t h = 0; h < num_heads; ++h) {
-    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(denominator[h]));
+  for (int64_t qv = 0; qv < num_q; ++qv) {
+    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(denominator[qv]));
+    float* out = task.out + (qv / num_heads) * task.token_stride + (qv % num_heads) * d;
     for (int64_t v = 0; v < shape.num_vecs; ++v) {
-      _mm512_mask_storeu_ps(task.out + h * d + v * 16, shape.MaskOf(v),
-                            _mm512_mul_ps(_mm512_load_ps(acc + h * acc_stride + v * 16), inverse));
+      _mm512_mask_storeu_ps(out + v * 16, shape.MaskOf(v),
+                            _mm512_mul_ps(_mm512_load_ps(acc + qv * acc_stride + v * 16), inverse));
     }
   }
 }

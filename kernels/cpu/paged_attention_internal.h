@@ -27,17 +27,31 @@ inline int64_t MaxTaskHeads(int64_t head_dim) {
   return by_floats < kMaxTaskHeads ? by_floats : kMaxTaskHeads;
 }
 
-/// Consecutive query heads of one token that read the same KV head, each attending to KV
-/// positions [0, attend_len) of one sequence. Grouping them lets each K/V row be loaded
-/// (and converted from F16) once for all of them.
+/// Consecutive query heads that read the same KV head, of num_rows consecutive tokens of
+/// one sequence; row r attends to KV positions [0, attend_len + r). Grouping them lets each
+/// K/V row be loaded (and converted from F16) once for all of them. Only AttendAvx512
+/// takes more than one row (TaskRows); its rows give the bits one-row tasks give.
 struct AttentionTask {
-  const float* q = nullptr;         // [num_heads, head_dim]
-  float* out = nullptr;             // [num_heads, head_dim]
-  const int32_t* blocks = nullptr;  // the sequence's block ids, [ceil(attend_len / block_size)]
+  const float* q = nullptr;         // row 0: [num_heads, head_dim]; row r at q + r * token_stride
+  float* out = nullptr;             // the same layout as q
+  int64_t token_stride = 0;         // floats between consecutive tokens (rows > 1)
+  const int32_t* blocks = nullptr;  // the sequence's block ids
   int64_t kv_head = 0;
   int64_t num_heads = 1;   // 1 .. MaxTaskHeads(head_dim)
-  int64_t attend_len = 0;  // >= 1
+  int64_t num_rows = 1;    // 1 .. TaskRows(num_heads, head_dim)
+  int64_t attend_len = 0;  // row 0's, >= 1
 };
+
+/// A multi-row task holds at most kMaxTaskQueries query vectors (rows x heads), and at
+/// most kMaxTaskFloats accumulator floats (query vectors x head_dim rounded up to 16).
+inline constexpr int64_t kMaxTaskQueries = 24;
+
+/// Rows per AVX-512 task for runs of `num_heads` heads of `head_dim` (>= 1).
+inline int64_t TaskRows(int64_t num_heads, int64_t head_dim) {
+  const int64_t by_floats = kMaxTaskFloats / ((head_dim + 15) / 16 * 16);
+  const int64_t queries = by_floats < kMaxTaskQueries ? by_floats : kMaxTaskQueries;
+  return queries / num_heads < 1 ? 1 : queries / num_heads;
+}
 
 /// Query rows [0, num_rows) of one sequence (consecutive tokens) x num_heads consecutive
 /// query heads that read one KV head: row r attends to KV positions
@@ -86,14 +100,20 @@ void SetAttentionSimdForTesting(bool enabled);
 /// token's result never depends on the step it is in (batch, prefill chunk, prefix-cache
 /// remainder, speculative verify): the tiles and the per-token loop round differently.
 enum class TileMode {
-  kOff,   // the per-token loop everywhere (the kernel before the tiles)
-  kAuto,  // the default: tiles on AVX2 (they beat its per-token loop at decode too); the
-          // per-token loop on AVX-512, whose decode loop its one-row tiles do not match
-          // (3x slower at one sequence: 3 of 16 lanes busy for SmolLM2's 3 heads per KV head)
+  kOff,   // the per-token kernel everywhere
+  kAuto,  // the default: tiles on AVX2 (they beat its per-token loop at decode too); on
+          // AVX-512 the per-token kernel, whose multi-row tasks (TaskRows tokens share each
+          // K/V row) match the tiles at prefill and whose one-row decode the tiles do not
+          // (about 2x slower at one sequence: 3 of 16 lanes busy for SmolLM2's 3 heads per
+          // KV head, or a transpose of K per tile in their few-query path)
   kOn,    // tiles wherever the ISA has them (AVX-512 too; tests and benchmarks)
 };
 
 /// Test/bench hook (kAuto restores the default).
 void SetTileModeForTesting(TileMode mode);
+
+/// Bench hook: false gives AVX-512's per-token kernel one-row tasks (the same bits, each
+/// K/V row read once per token instead of once per TaskRows tokens).
+void SetMultiRowTasksForTesting(bool enabled);
 
 }  // namespace loom::kernels::cpu::internal
