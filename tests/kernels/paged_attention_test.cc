@@ -138,6 +138,7 @@ class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD
   void TearDown() override {
     internal::SetAttentionSimdForTesting(true);
     internal::SetTileModeForTesting(internal::TileMode::kAuto);
+    internal::SetMultiRowTasksForTesting(true);
   }
 };
 
@@ -382,6 +383,27 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
       const std::vector<float> per_token = harness.Run({{0, 0, 320}}, 2)[0];
       internal::SetTileModeForTesting(mode);
       EXPECT_EQ(per_token != alone, tiles_expected);
+    }
+  }
+}
+
+// AVX-512's per-token kernel gives a task several consecutive tokens (TaskRows): each
+// token's bits are those of a task of its own, on the register path (head dims 64, 128, 72)
+// and the generic one (200), for prefills that start at 0 and mid-sequence (a chunk).
+TEST_P(PagedAttentionTest, MultiRowTasksGiveTheBitsOfOneRowTasks) {
+  internal::SetTileModeForTesting(internal::TileMode::kOff);
+  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {3, 3, 64}, {1, 8, 128}, {2, 1, 72}, {1, 2, 200}}) {
+      SCOPED_TRACE(testing::Message() << "dtype " << (dtype == KvDtype::kF16 ? "F16" : "F32")
+                                      << " kv_heads " << kv_heads << " group " << group
+                                      << " head_dim " << head_dim);
+      StepHarness harness(dtype, 16, kv_heads, group, head_dim, {300, 90, 77}, 5);
+      const std::vector<StepHarness::Item> step = {{0, 0, 300}, {1, 89, 90}, {2, 29, 77}};
+      internal::SetMultiRowTasksForTesting(false);
+      const auto one_row = harness.Run(step, 2);
+      internal::SetMultiRowTasksForTesting(true);
+      for (int threads : {1, 3}) EXPECT_EQ(harness.Run(step, threads), one_row) << threads;
     }
   }
 }
