@@ -190,7 +190,11 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
     }
   }
   const int64_t row = cache.num_kv_heads * cache.head_dim;
-  const auto to_half = SimdEnabled() ? internal::FloatToHalfAvx512 : FloatToHalfScalar;
+  static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
+  const auto to_half = SimdEnabled() ? internal::FloatToHalfAvx512
+                       : avx2 && attention_simd.load(std::memory_order_relaxed)
+                           ? internal::FloatToHalfAvx2
+                           : FloatToHalfScalar;
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t offset = static_cast<int64_t>(slots[t]) * row;
     if (cache.dtype == KvDtype::kF32) {

@@ -191,4 +191,20 @@ void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task
   }
 }
 
+void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst) {
+  constexpr int kRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRounding));
+  }
+  if (i < count) {
+    alignas(32) float tail[8] = {};
+    alignas(16) uint16_t halves[8];
+    std::copy(src + i, src + count, tail);
+    _mm_store_si128(reinterpret_cast<__m128i*>(halves), _mm256_cvtps_ph(_mm256_load_ps(tail), kRounding));
+    std::copy(halves, halves + (count - i), dst + i);
+  }
+}
+
 }  // namespace loom::kernels::cpu::internal

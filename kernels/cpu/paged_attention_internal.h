@@ -91,6 +91,8 @@ void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task
 /// dst[i] = FloatToHalf(src[i]) for i < count, bit for bit (NaNs stay NaNs, their payload
 /// aside), with AVX-512 F16C conversions.
 void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
+/// The same with AVX2's F16C conversions.
+void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst);
 
 /// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
 /// AVX-512 or AVX2 is available.

@@ -451,31 +451,38 @@ std::vector<float> HalfConversionInputs() {
 
 bool IsHalfNan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
 
+// AVX-512 and AVX2 (F16C) conversions, each where the CPU has it.
 TEST(WriteKvTest, SimdHalfConversionIsBitIdenticalToFloatToHalf) {
-  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)) {
-    GTEST_SKIP() << "no AVX-512 on this CPU";
-  }
   const std::vector<float> values = HalfConversionInputs();
-  std::vector<uint16_t> got(values.size());
-  // Uneven pieces so that every tail length of the vector loop is taken.
-  for (size_t begin = 0, piece = 1; begin < values.size(); begin += piece, piece = piece % 37 + 1) {
-    const size_t count = std::min(piece, values.size() - begin);
-    internal::FloatToHalfAvx512(values.data() + begin, static_cast<int64_t>(count),
-                                got.data() + begin);
-  }
-  int bad = 0;
-  for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t want = FloatToHalf(values[i]);
-    const bool same = std::isnan(values[i])
-                          ? IsHalfNan(got[i]) && (got[i] & 0x8000u) == (want & 0x8000u)
-                          : got[i] == want;
-    if (!same && bad++ < 5) {
-      ADD_FAILURE() << "FloatToHalf(" << values[i] << " = 0x" << std::hex
-                    << std::bit_cast<uint32_t>(values[i]) << ") = 0x" << want << ", SIMD 0x"
-                    << got[i];
+  int checked = 0;
+  for (const auto& [isa, convert] :
+       std::vector<std::pair<internal::MatmulIsaChoice, void (*)(const float*, int64_t, uint16_t*)>>{
+           {internal::MatmulIsaChoice::kAvx512, internal::FloatToHalfAvx512},
+           {internal::MatmulIsaChoice::kAvx2, internal::FloatToHalfAvx2}}) {
+    if (!internal::IsaSupported(isa)) continue;
+    ++checked;
+    SCOPED_TRACE(isa == internal::MatmulIsaChoice::kAvx512 ? "AVX-512" : "AVX2");
+    std::vector<uint16_t> got(values.size());
+    // Uneven pieces so that every tail length of the vector loop is taken.
+    for (size_t begin = 0, piece = 1; begin < values.size(); begin += piece, piece = piece % 37 + 1) {
+      const size_t count = std::min(piece, values.size() - begin);
+      convert(values.data() + begin, static_cast<int64_t>(count), got.data() + begin);
     }
+    int bad = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t want = FloatToHalf(values[i]);
+      const bool same = std::isnan(values[i])
+                            ? IsHalfNan(got[i]) && (got[i] & 0x8000u) == (want & 0x8000u)
+                            : got[i] == want;
+      if (!same && bad++ < 5) {
+        ADD_FAILURE() << "FloatToHalf(" << values[i] << " = 0x" << std::hex
+                      << std::bit_cast<uint32_t>(values[i]) << ") = 0x" << want << ", SIMD 0x"
+                      << got[i];
+      }
+    }
+    EXPECT_EQ(bad, 0);
   }
-  EXPECT_EQ(bad, 0);
+  if (checked == 0) GTEST_SKIP() << "neither AVX-512 nor AVX2 on this CPU";
 }
 
 TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
