@@ -92,7 +92,10 @@ def test_full_waiting_queue_answers_resource_exhausted_and_the_rest_complete(rig
     rejected = by_code.get(grpc.StatusCode.RESOURCE_EXHAUSTED, [])
     completed = by_code.get(grpc.StatusCode.OK, [])
     assert rejected, "16 requests against 1 running slot + 2 waiting: none was refused"
-    assert len(completed) >= 1 + MAX_WAITING, [o.describe() for o in outcomes]
+    # The queue holds MAX_WAITING whatever the timing; the running slot adds one more only if
+    # the first request was scheduled before the burst filled the queue (on one slow core it
+    # may still be waiting then: scripts/test-slow-machine.sh saw exactly MAX_WAITING complete).
+    assert len(completed) >= MAX_WAITING, [o.describe() for o in outcomes]
     for outcome in rejected:
         assert outcome.details and not outcome.token_ids, outcome.describe()
     for outcome in completed:
