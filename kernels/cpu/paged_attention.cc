@@ -126,6 +126,24 @@ void CutHeadRuns(const PagedAttentionParams& p, int64_t max_heads, std::vector<H
   }
 }
 
+// The task of `num_rows` consecutive tokens of sequence `seq` from step token
+// `first_token`, for the heads of `run`.
+internal::AttentionTask TaskOf(const PagedAttentionParams& p, int64_t seq, int64_t first_token,
+                               int64_t num_rows, const HeadRun& run) {
+  const int64_t d = p.cache.head_dim;
+  const int64_t q_len = p.query_start[seq + 1] - p.query_start[seq];
+  internal::AttentionTask task;
+  task.q = p.q + (first_token * p.num_heads + run.first_head) * d;
+  task.out = p.out + (first_token * p.num_heads + run.first_head) * d;
+  task.token_stride = p.num_heads * d;
+  task.blocks = p.block_indices + p.block_indptr[seq];
+  task.kv_head = run.kv_head;
+  task.num_heads = run.num_heads;
+  task.num_rows = num_rows;
+  task.attend_len = p.context_len[seq] - q_len + (first_token - p.query_start[seq]) + 1;
+  return task;
+}
+
 }  // namespace
 
 namespace internal {
@@ -223,7 +241,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
   // elsewhere as per-token tasks. A token's result does not depend on how its sequence is cut into tiles
   // (paged_attention_tiled.h), so it is the same bits whatever the batch, the prefill
   // chunk split, the prefix-cache hit or the speculative step it is computed in.
-  void (*attend_tile)(const KvLayerView&, float, const internal::AttentionTile&) = nullptr;
+  void (*attend_tile)(const KvLayerView&, float, const internal::AttentionTask&) = nullptr;
   const internal::TileMode mode = tile_mode.load(std::memory_order_relaxed);
   if (mode == internal::TileMode::kOn && SimdEnabled() && d % 16 == 0) {
     attend_tile = internal::AttendTileAvx512;
@@ -306,18 +324,8 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
         const RowBlock& rb = block_of[item / num_runs];
-        const HeadRun& run = run_of[item % num_runs];
-        const int64_t s = rb.seq;
-        const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
-        internal::AttentionTask task;
-        task.q = p.q + (rb.first_token * p.num_heads + run.first_head) * d;
-        task.out = p.out + (rb.first_token * p.num_heads + run.first_head) * d;
-        task.token_stride = p.num_heads * d;
-        task.blocks = p.block_indices + p.block_indptr[s];
-        task.kv_head = run.kv_head;
-        task.num_heads = run.num_heads;
-        task.num_rows = rb.num_rows;
-        task.attend_len = p.context_len[s] - q_len + (rb.first_token - p.query_start[s]) + 1;
+        const internal::AttentionTask task =
+            TaskOf(p, rb.seq, rb.first_token, rb.num_rows, run_of[item % num_runs]);
         attend(p.cache, p.scale, task);
       }
     });
@@ -330,18 +338,8 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
     pool.ParallelFor(num_items, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const Tile& item = tile_of[i % 2 == 0 ? i / 2 : num_items - 1 - i / 2];
-        const HeadRun& run = run_of[item.run];
-        const int64_t s = item.seq;
-        const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
-        internal::AttentionTile tile;
-        tile.q = p.q + (item.first_token * p.num_heads + run.first_head) * d;
-        tile.out = p.out + (item.first_token * p.num_heads + run.first_head) * d;
-        tile.token_stride = p.num_heads * d;
-        tile.blocks = p.block_indices + p.block_indptr[s];
-        tile.kv_head = run.kv_head;
-        tile.num_heads = run.num_heads;
-        tile.num_rows = item.num_rows;
-        tile.first_attend_len = p.context_len[s] - q_len + (item.first_token - p.query_start[s]) + 1;
+        const internal::AttentionTask tile =
+            TaskOf(p, item.seq, item.first_token, item.num_rows, run_of[item.run]);
         attend_tile(p.cache, p.scale, tile);
       }
     });

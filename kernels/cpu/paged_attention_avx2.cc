@@ -173,7 +173,7 @@ struct Avx2Vectors {
 
 }  // namespace
 
-void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTile& tile) {
+void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   if (cache.dtype == KvDtype::kF16) {
     tiled::TileKernel<Avx2Vectors, true>::Run(cache, scale, tile);
   } else {

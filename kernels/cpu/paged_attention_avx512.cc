@@ -394,7 +394,7 @@ struct Avx512Vectors {
 
 }  // namespace
 
-void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTile& tile) {
+void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTask& tile) {
   if (cache.dtype == KvDtype::kF16) {
     tiled::TileKernel<Avx512Vectors, true>::Run(cache, scale, tile);
   } else {

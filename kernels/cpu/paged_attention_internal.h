@@ -29,8 +29,9 @@ inline int64_t MaxTaskHeads(int64_t head_dim) {
 
 /// Consecutive query heads that read the same KV head, of num_rows consecutive tokens of
 /// one sequence; row r attends to KV positions [0, attend_len + r). Grouping them lets each
-/// K/V row be loaded (and converted from F16) once for all of them. Only AttendAvx512
-/// takes more than one row (TaskRows); its rows give the bits one-row tasks give.
+/// K/V row be loaded (and converted from F16) once for all of them. The unit of work of
+/// the per-token kernels (more than one row only for AttendAvx512, TaskRows, whose rows
+/// give the bits one-row tasks give) and of the tiles (TileRows, paged_attention_tiled.h).
 struct AttentionTask {
   const float* q = nullptr;         // row 0: [num_heads, head_dim]; row r at q + r * token_stride
   float* out = nullptr;             // the same layout as q
@@ -38,7 +39,7 @@ struct AttentionTask {
   const int32_t* blocks = nullptr;  // the sequence's block ids
   int64_t kv_head = 0;
   int64_t num_heads = 1;   // 1 .. MaxTaskHeads(head_dim)
-  int64_t num_rows = 1;    // 1 .. TaskRows(num_heads, head_dim)
+  int64_t num_rows = 1;    // 1 .. TaskRows(num_heads, head_dim), or TileRows(num_heads)
   int64_t attend_len = 0;  // row 0's, >= 1
 };
 
@@ -53,20 +54,6 @@ inline int64_t TaskRows(int64_t num_heads, int64_t head_dim) {
   return queries / num_heads < 1 ? 1 : queries / num_heads;
 }
 
-/// Query rows [0, num_rows) of one sequence (consecutive tokens) x num_heads consecutive
-/// query heads that read one KV head: row r attends to KV positions
-/// [0, first_attend_len + r). The prefill path's unit of work (paged_attention_tiled.h).
-struct AttentionTile {
-  const float* q = nullptr;         // row 0's first head; row r at q + r * token_stride
-  float* out = nullptr;             // the same layout as q
-  int64_t token_stride = 0;         // floats between consecutive tokens (num_heads * head_dim)
-  const int32_t* blocks = nullptr;  // the sequence's block ids
-  int64_t kv_head = 0;
-  int64_t num_heads = 1;            // 1 .. kMaxTaskHeads
-  int64_t num_rows = 1;             // num_rows * num_heads <= kMaxTileQueries
-  int64_t first_attend_len = 1;     // >= 1
-};
-
 /// A tile holds at most kMaxTileQueries query vectors (rows x heads) and kMaxTileRows rows.
 inline constexpr int64_t kMaxTileQueries = 64;
 inline constexpr int64_t kMaxTileRows = 32;
@@ -79,8 +66,8 @@ inline int64_t TileRows(int64_t num_heads) {
 
 /// FlashAttention-style tiles (paged_attention_tiled.h), for head dims that are a multiple
 /// of the ISA's lanes (16 for AVX-512, 8 for AVX2; others take the per-token tasks).
-void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTile& tile);
-void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTile& tile);
+void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTask& tile);
+void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTask& tile);
 
 /// Online-softmax attention of one task (float accumulation).
 void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& task);

@@ -62,7 +62,7 @@ class TileKernel {
   // transpose of K costs about as much as kLanes / 2 query vectors' score FMAs.
   static constexpr int kMaxFew = kLanes / 2;
 
-  static void Run(const KvLayerView& cache, float scale, const AttentionTile& tile) {
+  static void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     thread_local Scratch s;
     const int64_t d = cache.head_dim;
     const int64_t num_q = tile.num_rows * tile.num_heads;
@@ -89,7 +89,7 @@ class TileKernel {
         } else {
           for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = q[i];
         }
-        s.limit[qv] = static_cast<int32_t>(tile.first_attend_len + row);
+        s.limit[qv] = static_cast<int32_t>(tile.attend_len + row);
       } else {
         if (!few) {
           for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = 0.0f;
@@ -97,7 +97,7 @@ class TileKernel {
         s.limit[qv] = std::numeric_limits<int32_t>::max();
       }
     }
-    const int64_t end = tile.first_attend_len + tile.num_rows - 1;  // the last row's limit
+    const int64_t end = tile.attend_len + tile.num_rows - 1;  // the last row's limit
     const int64_t kv_row = cache.num_kv_heads * d, bs = cache.block_size;
     const float* k_rows[kKvTile];
     const float* v_rows[kKvTile];
@@ -135,7 +135,7 @@ class TileKernel {
           __builtin_prefetch(static_cast<const char*>(cache.v) + element * kElementBytes + byte);
         }
       }
-      const bool diagonal = kv0 + kKvTile > tile.first_attend_len;
+      const bool diagonal = kv0 + kKvTile > tile.attend_len;
       if (few) {
         FewScores<kMaxFew>(num_q, d, q_rows, k_rows, s.pt);
         if (diagonal) {
