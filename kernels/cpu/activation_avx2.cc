@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/activation_internal.h"
+#include "kernels/cpu/vector_math_avx2.h"
 
 namespace loom::kernels::cpu::internal {
 namespace {
@@ -15,18 +16,7 @@ namespace {
 // Inf and gradual underflow to subnormals and zero match scalef's.
 inline __m256 Exp256(__m256 x) {
   x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  const auto [n, p] = ExpReduce256(x);
   // n in [-150, 128]: both halves in [-75, 64], so each 2^half is a normal float. A NaN
   // x gives a NaN n, whose conversion (0x80000000) gives a finite factor: p stays NaN.
   const __m256i n_int = _mm256_cvtps_epi32(n);
