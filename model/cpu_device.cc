@@ -59,6 +59,11 @@ class CpuLinear : public DeviceLinear {
 const CpuLinear& AsCpu(const DeviceLinear& w) { return static_cast<const CpuLinear&>(w); }
 const CpuKvCache& AsCpu(const KvCache& c) { return static_cast<const CpuKvCache&>(c); }
 
+// Per-row work (norms, RoPE, column splits) goes to the pool once a step has this many
+// floats of it per chunk: below that a thread wake-up costs more than it saves. A row's
+// result never depends on the split.
+constexpr int64_t kMinRowFloatsPerChunk = int64_t{16} << 10;
+
 Tensor HostI32(absl::Span<const int32_t> values) {
   return Tensor::Of(const_cast<int32_t*>(values.data()), DType::kI32, DeviceType::kCpu,
                     {static_cast<int64_t>(values.size())});
@@ -146,16 +151,28 @@ absl::Status CpuDevice::Embedding(const DeviceLinear& table, const Tensor& token
   return absl::OkStatus();
 }
 
+void CpuDevice::ForRows(int64_t rows, int64_t row_floats,
+                        const std::function<void(int64_t, int64_t)>& fn) const {
+  pool_->ParallelFor(rows, kMinRowFloatsPerChunk / std::max<int64_t>(1, row_floats), fn);
+}
+
 absl::Status CpuDevice::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) {
-  cpu::RmsNorm(x.as<const float>(), weight.as<const float>(), eps, x.rows(), x.cols(),
-               out.as<float>());
+  const int64_t hidden = x.cols();
+  ForRows(x.rows(), hidden, [&](int64_t begin, int64_t end) {
+    cpu::RmsNorm(x.as<const float>() + begin * hidden, weight.as<const float>(), eps,
+                 end - begin, hidden, out.as<float>() + begin * hidden);
+  });
   return absl::OkStatus();
 }
 
 absl::Status CpuDevice::AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight,
                                    float eps, Tensor out) {
-  cpu::AddRmsNorm(residual.as<float>(), x.as<const float>(), weight.as<const float>(), eps,
-                  residual.rows(), residual.cols(), out.as<float>());
+  const int64_t hidden = residual.cols();
+  ForRows(residual.rows(), 2 * hidden, [&](int64_t begin, int64_t end) {
+    cpu::AddRmsNorm(residual.as<float>() + begin * hidden, x.as<const float>() + begin * hidden,
+                    weight.as<const float>(), eps, end - begin, hidden,
+                    out.as<float>() + begin * hidden);
+  });
   return absl::OkStatus();
 }
 
@@ -169,16 +186,18 @@ absl::Status CpuDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor ou
 }
 
 absl::Status CpuDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {
-  const int64_t rows = x.rows(), width = x.cols();
+  const int64_t width = x.cols();
   const float* src = x.as<const float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = src + r * width;
-    for (const Tensor& part : parts) {
-      const int64_t cols = part.cols();
-      std::memcpy(part.as<float>() + r * cols, row, cols * sizeof(float));
-      row += cols;
+  ForRows(x.rows(), width, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = src + r * width;
+      for (const Tensor& part : parts) {
+        const int64_t cols = part.cols();
+        std::memcpy(part.as<float>() + r * cols, row, cols * sizeof(float));
+        row += cols;
+      }
     }
-  }
+  });
   return absl::OkStatus();
 }
 
@@ -195,7 +214,16 @@ absl::Status CpuDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const 
   rope.rope_dim = spec.rope_dim;
   rope.neox = spec.neox;
   rope.attention_factor = spec.attention_factor;
-  if (rope.num_tokens > 0) cpu::Rope(rope);
+  const int64_t q_width = rope.num_heads * rope.head_dim;
+  const int64_t k_width = rope.num_kv_heads * rope.head_dim;
+  ForRows(rope.num_tokens, q_width + k_width, [&](int64_t begin, int64_t end) {
+    cpu::RopeParams rows = rope;
+    rows.q += begin * q_width;
+    if (rows.k != nullptr) rows.k += begin * k_width;
+    rows.positions += begin;
+    rows.num_tokens = end - begin;
+    cpu::Rope(rows);
+  });
   return absl::OkStatus();
 }
 

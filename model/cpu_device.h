@@ -95,6 +95,11 @@ class CpuDevice : public Device {
  private:
   CpuDevice() = default;
 
+  // fn(begin, end) over token rows [0, rows) of row_floats floats each, split across the
+  // pool when the rows are many enough to pay for it.
+  void ForRows(int64_t rows, int64_t row_floats,
+               const std::function<void(int64_t, int64_t)>& fn) const;
+
   std::shared_ptr<kernels::cpu::ThreadPool> pool_;
   kernels::cpu::KvDtype kv_dtype_ = kernels::cpu::KvDtype::kF16;
   kernels::cpu::ActivationPrecision activations_ = kernels::cpu::ActivationPrecision::kF32;

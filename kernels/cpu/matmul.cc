@@ -22,6 +22,11 @@ std::atomic<int64_t> int8act_gemm_min_tokens{internal::kInt8ActGemmMinTokens};
 std::atomic<bool> int8act_gemm_moved{false};
 std::atomic<MatmulIsaChoice> last_isa{MatmulIsaChoice::kAuto};
 
+// From this many tokens a row block is compute-bound: the threads take several chunks
+// each, which balances them (a chunk still reads its weight bytes once).
+constexpr int64_t kBalancedMinTokens = 8;
+constexpr int kBalancedChunksPerThread = 4;
+
 // ActiveCpuIsa(): LOOM_CPU_ISA or the best this CPU runs.
 MatmulIsaChoice BestIsa() {
   switch (ActiveCpuIsa()) {
@@ -345,7 +350,10 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   // A chunk must be worth a thread wake-up: about 64 KiB of weights at least.
   const int64_t block_bytes = internal::BlockDataBytes(w.format, k) * std::max<int64_t>(1, params.m);
   const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, block_bytes));
-  pool.ParallelFor(blocks, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+  const int chunks_per_thread = params.m >= kBalancedMinTokens ? kBalancedChunksPerThread : 1;
+  pool.ParallelFor(
+      blocks, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); },
+      chunks_per_thread);
   return absl::OkStatus();
 }
 

@@ -35,13 +35,14 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+                             const std::function<void(int64_t, int64_t)>& fn,
+                             int chunks_per_thread) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  // One contiguous chunk per thread keeps each thread on its own stretch of memory (a
-  // GEMV reads each weight byte once); chunks are claimed dynamically, so a thread that
-  // was descheduled simply takes fewer.
-  const int64_t num_chunks = std::min<int64_t>(std::max<int64_t>(1, n / grain), num_threads_);
+  // Contiguous chunks, claimed dynamically: a thread that was descheduled takes fewer.
+  const int64_t num_chunks = std::min<int64_t>(
+      std::max<int64_t>(1, n / grain),
+      int64_t{num_threads_} * std::max(1, chunks_per_thread));
   if (num_chunks <= 1) {
     fn(0, n);
     return;

@@ -25,8 +25,11 @@ class ThreadPool {
   int num_threads() const { return num_threads_; }
 
   /// Calls fn(begin, end) over disjoint chunks covering [0, n), each at least `grain`
-  /// long (except the last).
-  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  /// long (except the last), at most `chunks_per_thread` per thread. One chunk per thread
+  /// keeps each thread on its own stretch of memory; compute-bound work asks for more, so
+  /// a thread the machine slowed down takes fewer of them.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                   int chunks_per_thread = 1);
 
  private:
   void WorkerLoop(int index);

@@ -15,23 +15,33 @@ namespace {
 TEST(ThreadPoolTest, CoversEveryIndexExactlyOnceInChunksOfAtLeastGrain) {
   for (int threads : {1, 2, 4}) {
     ThreadPool pool(threads);
-    for (int64_t n : {1, 2, 7, 100, 1001}) {
-      for (int64_t grain : {1, 3, 64}) {
-        std::vector<std::atomic<int>> hits(n);
-        std::mutex mu;
-        std::vector<std::pair<int64_t, int64_t>> chunks;
-        pool.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) hits[i]++;
-          std::lock_guard<std::mutex> lock(mu);
-          chunks.emplace_back(begin, end);
-        });
-        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " i " << i;
-        for (auto [begin, end] : chunks) {
-          if (end != n) {
-            EXPECT_GE(end - begin, grain);
+    for (int chunks_per_thread : {1, 4}) {
+      for (int64_t n : {1, 2, 7, 100, 1001}) {
+        for (int64_t grain : {1, 3, 64}) {
+          std::vector<std::atomic<int>> hits(n);
+          std::mutex mu;
+          std::vector<std::pair<int64_t, int64_t>> chunks;
+          pool.ParallelFor(
+              n, grain,
+              [&](int64_t begin, int64_t end) {
+                for (int64_t i = begin; i < end; ++i) hits[i]++;
+                std::lock_guard<std::mutex> lock(mu);
+                chunks.emplace_back(begin, end);
+              },
+              chunks_per_thread);
+          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " i " << i;
+          for (auto [begin, end] : chunks) {
+            if (end != n) {
+              EXPECT_GE(end - begin, grain);
+            }
+          }
+          EXPECT_LE(static_cast<int>(chunks.size()), threads * chunks_per_thread);
+          // Enough work is split about as finely as asked (equal chunks, rounded up).
+          if (n / grain >= threads * chunks_per_thread) {
+            EXPECT_GT(static_cast<int>(chunks.size()), threads * (chunks_per_thread - 1))
+                << "n " << n << " grain " << grain << " threads " << threads;
           }
         }
-        EXPECT_LE(static_cast<int>(chunks.size()), threads);
       }
     }
   }
