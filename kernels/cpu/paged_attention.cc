@@ -18,6 +18,11 @@ std::atomic<bool> attention_simd{true};
 std::atomic<internal::TileMode> tile_mode{internal::TileMode::kAuto};
 std::atomic<bool> multi_row_tasks{true};
 
+// Chunks of attention work each thread may claim: tasks differ in length (sequences,
+// causal rows), so several per thread balance them. A task's result does not depend on
+// the thread that runs it.
+constexpr int kChunksPerThread = 4;
+
 absl::Status CheckCache(const KvLayerView& c) {
   if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
   if (c.num_blocks <= 0 || c.block_size <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0) {
@@ -319,30 +324,37 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
     const int64_t num_runs = static_cast<int64_t>(runs.size());
     const int64_t num_items = static_cast<int64_t>(row_blocks.size()) * num_runs;
     // Items (row block, run) are dealt zigzag (first, last, second, second to last, ...) so
-    // that contiguous chunks mix early causal tokens (short) with late ones (long).
-    pool.ParallelFor(num_items, 2, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
-        const RowBlock& rb = block_of[item / num_runs];
-        const internal::AttentionTask task =
-            TaskOf(p, rb.seq, rb.first_token, rb.num_rows, run_of[item % num_runs]);
-        attend(p.cache, p.scale, task);
-      }
-    });
+    // that contiguous chunks mix early causal tokens (short) with late ones (long); several
+    // chunks per thread even out sequences of different lengths.
+    pool.ParallelFor(
+        num_items, 2,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t item = i % 2 == 0 ? i / 2 : num_items - 1 - i / 2;
+            const RowBlock& rb = block_of[item / num_runs];
+            const internal::AttentionTask task =
+                TaskOf(p, rb.seq, rb.first_token, rb.num_rows, run_of[item % num_runs]);
+            attend(p.cache, p.scale, task);
+          }
+        },
+        kChunksPerThread);
   }
   if (!tiles.empty()) {
     // Zigzag too: a sequence's first tiles attend to few positions, its last to all.
     const Tile* tile_of = tiles.data();
     const HeadRun* run_of = tile_runs.data();
     const int64_t num_items = static_cast<int64_t>(tiles.size());
-    pool.ParallelFor(num_items, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const Tile& item = tile_of[i % 2 == 0 ? i / 2 : num_items - 1 - i / 2];
-        const internal::AttentionTask tile =
-            TaskOf(p, item.seq, item.first_token, item.num_rows, run_of[item.run]);
-        attend_tile(p.cache, p.scale, tile);
-      }
-    });
+    pool.ParallelFor(
+        num_items, 1,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const Tile& item = tile_of[i % 2 == 0 ? i / 2 : num_items - 1 - i / 2];
+            const internal::AttentionTask tile =
+                TaskOf(p, item.seq, item.first_token, item.num_rows, run_of[item.run]);
+            attend_tile(p.cache, p.scale, tile);
+          }
+        },
+        kChunksPerThread);
   }
   return absl::OkStatus();
 }

@@ -152,12 +152,8 @@ struct Avx2Vectors {
       r[4 + c] = _mm256_permute2f128_ps(x[c], x[4 + c], 0x31);
     }
   }
-  // count: a multiple of 8.
-  static void HalfToFloat(const uint16_t* src, int64_t count, float* dst) {
-    for (int64_t i = 0; i < count; i += 8) {
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    }
+  static Vec LoadHalf(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 };
 

@@ -383,12 +383,8 @@ struct Avx512Vectors {
       r[12 + c] = _mm512_permutex2var_ps(u1, odd_blocks, u3);
     }
   }
-  // count: a multiple of 16.
-  static void HalfToFloat(const uint16_t* src, int64_t count, float* dst) {
-    for (int64_t i = 0; i < count; i += 16) {
-      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                    reinterpret_cast<const __m256i*>(src + i))));
-    }
+  static Vec LoadHalf(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
 };
 

@@ -17,7 +17,10 @@
 // A tile of few query vectors (a decode token: one row x the heads of one KV head) would
 // fill few lanes that way; it takes positions as lanes instead (FewScores / FewSoftmax:
 // K transposed in registers, the softmax's max and sum folded lane by lane in position
-// order), every operation the same as the query-lane path's, so the same bits.
+// order), every operation the same as the query-lane path's, so the same bits. It reads
+// F16 K and V straight from the cache (converted in registers, exactly); the query-lane
+// path, which loads each V row once per register tile, converts a KV tile once into
+// scratch.
 //
 // Each query vector's arithmetic (the order of every sum, the KV tile boundaries at
 // absolute positions 0, kKvTile, 2 kKvTile, ...) depends only on that vector and its
@@ -30,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/paged_attention_internal.h"
@@ -43,13 +47,14 @@ struct Scratch {
   std::vector<float> o;     // [num_q][head_dim]: unnormalized outputs
   std::vector<float> kv;    // [2][kv_tile][head_dim]: F16 K and V rows as float
   std::vector<float> zero;  // [head_dim] zeros: the K row of a position past the tile's end
+  std::vector<uint16_t> zero_half;  // the same as F16
   std::vector<float> m, l, corr;  // [qs]: running max, running sum, this tile's rescale
   std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
   float pt[8 * 32];               // few query vectors: [qv][kv_tile] scores, then weights
 };
 
 /// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
-/// Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and
+/// LoadHalf (F16 to float), Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and
 /// MaskBelow(x, limit, position, fill): lanes whose limit <= position take fill.
 /// kQkVecs x kQkPositions accumulators for S, kPvQueries x kPvVecs for O.
 template <class V, bool kHalf>
@@ -61,6 +66,7 @@ class TileKernel {
   // Tiles of up to this many query vectors take positions as lanes (FewScores): the
   // transpose of K costs about as much as kLanes / 2 query vectors' score FMAs.
   static constexpr int kMaxFew = kLanes / 2;
+  using Element = std::conditional_t<kHalf, uint16_t, float>;  // of the cache
 
   static void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     thread_local Scratch s;
@@ -73,6 +79,7 @@ class TileKernel {
     s.o.assign(num_q * d, 0.0f);
     s.kv.resize(2 * kKvTile * d);
     s.zero.assign(d, 0.0f);
+    s.zero_half.assign(d, 0);
     s.m.assign(qs, -std::numeric_limits<float>::infinity());
     s.l.assign(qs, 0.0f);
     s.corr.resize(qs);
@@ -99,29 +106,45 @@ class TileKernel {
     }
     const int64_t end = tile.attend_len + tile.num_rows - 1;  // the last row's limit
     const int64_t kv_row = cache.num_kv_heads * d, bs = cache.block_size;
-    const float* k_rows[kKvTile];
+    const Element* zero;
+    if constexpr (kHalf) {
+      zero = s.zero_half.data();
+    } else {
+      zero = s.zero.data();
+    }
+    const Element* k_src[kKvTile];  // in the cache
+    const Element* v_src[kKvTile];
+    const float* k_rows[kKvTile];   // as float (the query-lane path)
     const float* v_rows[kKvTile];
     for (int64_t kv0 = 0; kv0 < end; kv0 += kKvTile) {
       const int64_t n = std::min(kKvTile, end - kv0);
       for (int64_t j = 0; j < kKvTile; ++j) {
         if (j >= n) {
-          k_rows[j] = v_rows[j] = s.zero.data();
+          k_src[j] = v_src[j] = zero;
           continue;
         }
         const int64_t pos = kv0 + j;
         const int64_t element =
             (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
             tile.kv_head * d;
-        if constexpr (kHalf) {
-          float* k = s.kv.data() + j * d;
-          float* v = s.kv.data() + (kKvTile + j) * d;
-          V::HalfToFloat(static_cast<const uint16_t*>(cache.k) + element, d, k);
-          V::HalfToFloat(static_cast<const uint16_t*>(cache.v) + element, d, v);
-          k_rows[j] = k;
-          v_rows[j] = v;
-        } else {
-          k_rows[j] = static_cast<const float*>(cache.k) + element;
-          v_rows[j] = static_cast<const float*>(cache.v) + element;
+        k_src[j] = static_cast<const Element*>(cache.k) + element;
+        v_src[j] = static_cast<const Element*>(cache.v) + element;
+      }
+      if (!few) {
+        for (int64_t j = 0; j < kKvTile; ++j) {
+          if constexpr (kHalf) {
+            float* k = s.kv.data() + j * d;
+            float* v = s.kv.data() + (kKvTile + j) * d;
+            for (int64_t i = 0; i < d; i += kLanes) {
+              V::Store(k + i, V::LoadHalf(k_src[j] + i));
+              V::Store(v + i, V::LoadHalf(v_src[j] + i));
+            }
+            k_rows[j] = k;
+            v_rows[j] = v;
+          } else {
+            k_rows[j] = k_src[j];
+            v_rows[j] = v_src[j];
+          }
         }
       }
       // The next KV tile's rows start coming from L2/L3 while this one is computed (its
@@ -137,12 +160,13 @@ class TileKernel {
       }
       const bool diagonal = kv0 + kKvTile > tile.attend_len;
       if (few) {
-        FewScores<kMaxFew>(num_q, d, q_rows, k_rows, s.pt);
+        FewScores<kMaxFew>(num_q, d, q_rows, k_src, s.pt);
         if (diagonal) {
           FewSoftmax<true>(scale, kv0, n, qs, num_q, s);
         } else {
           FewSoftmax<false>(scale, kv0, n, qs, num_q, s);
         }
+        Accumulate(d, qs, num_q, n, v_src, s);
       } else {
         Scores(d, qs, num_vecs, k_rows, s.qt.data(), s.p.data());
         if (diagonal) {
@@ -150,8 +174,8 @@ class TileKernel {
         } else {
           Softmax<false>(scale, kv0, n, qs, num_vecs, s);
         }
+        Accumulate(d, qs, num_q, n, v_rows, s);
       }
-      Accumulate(d, qs, num_q, n, v_rows, s);
     }
     for (int64_t qv = 0; qv < num_q; ++qv) {
       const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
@@ -165,6 +189,10 @@ class TileKernel {
 
  private:
   using Vec = typename V::Vec;
+
+  // A cache row's vector as float: F16 converts exactly.
+  static Vec LoadRow(const float* p) { return V::Load(p); }
+  static Vec LoadRow(const uint16_t* p) { return V::LoadHalf(p); }
 
   // p[j][qv] = q_qv . k_j for j < kKvTile, kVecs query vectors from `vec` and kPositions
   // positions from j0 in registers.
@@ -254,15 +282,15 @@ class TileKernel {
 
   // pt[qv][j] = q_qv . k_j for j < kKvTile and kQ query vectors, positions in lanes: each
   // lane is the same FMA chain over i from zero as ScoreBlock's.
-  template <int kQ>
-  static void FewScoresOf(int64_t d, const float* const* q_rows, const float* const* k_rows,
+  template <int kQ, typename E>
+  static void FewScoresOf(int64_t d, const float* const* q_rows, const E* const* k_rows,
                           float* pt) {
     for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) {
       Vec acc[kQ];
       for (int a = 0; a < kQ; ++a) acc[a] = V::Zero();
       for (int64_t i0 = 0; i0 < d; i0 += kLanes) {
         Vec kt[kLanes];  // kt[c]: element i0 + c of positions j0 .. j0 + kLanes
-        for (int r = 0; r < kLanes; ++r) kt[r] = V::Load(k_rows[j0 + r] + i0);
+        for (int r = 0; r < kLanes; ++r) kt[r] = LoadRow(k_rows[j0 + r] + i0);
         V::Transpose(kt);
         for (int c = 0; c < kLanes; ++c) {
           for (int a = 0; a < kQ; ++a) acc[a] = V::Fmadd(V::Broadcast(q_rows[a] + i0 + c), kt[c], acc[a]);
@@ -273,13 +301,13 @@ class TileKernel {
   }
 
   // FewScoresOf for a run-time count 1 <= num_q <= kQ.
-  template <int kQ>
+  template <int kQ, typename E>
   static void FewScores(int64_t num_q, int64_t d, const float* const* q_rows,
-                        const float* const* k_rows, float* pt) {
+                        const E* const* k_rows, float* pt) {
     if constexpr (kQ > 1) {
-      if (num_q < kQ) return FewScores<kQ - 1>(num_q, d, q_rows, k_rows, pt);
+      if (num_q < kQ) return FewScores<kQ - 1, E>(num_q, d, q_rows, k_rows, pt);
     }
-    FewScoresOf<kQ>(d, q_rows, k_rows, pt);
+    FewScoresOf<kQ, E>(d, q_rows, k_rows, pt);
   }
 
   // max as V::Max computes it lane-wise (the second operand unless a > b).
@@ -322,9 +350,9 @@ class TileKernel {
 
   // o[qv][i0 ..] = o[qv][i0 ..] corr[qv] + sum_{j < n} p[j][qv] v_j[i0 ..] for kQueries
   // query vectors from qv0 and kVecs head-dim vectors from i0, in registers.
-  template <int kQueries, int kVecs>
+  template <int kQueries, int kVecs, typename E>
   static void AccumulateBlock(int64_t d, int64_t qs, int64_t qv0, int64_t i0, int64_t n,
-                              const float* const* v_rows, Scratch& s) {
+                              const E* const* v_rows, Scratch& s) {
     Vec acc[kQueries][kVecs];
     for (int a = 0; a < kQueries; ++a) {
       const Vec c = V::Set1(s.corr[qv0 + a]);
@@ -335,7 +363,7 @@ class TileKernel {
     const float* p = s.p.data() + qv0;
     for (int64_t j = 0; j < n; ++j) {
       Vec v[kVecs];
-      for (int b = 0; b < kVecs; ++b) v[b] = V::Load(v_rows[j] + i0 + b * kLanes);
+      for (int b = 0; b < kVecs; ++b) v[b] = LoadRow(v_rows[j] + i0 + b * kLanes);
       for (int a = 0; a < kQueries; ++a) {
         const Vec w = V::Broadcast(p + j * qs + a);
         for (int b = 0; b < kVecs; ++b) acc[a][b] = V::Fmadd(w, v[b], acc[a][b]);
@@ -348,35 +376,41 @@ class TileKernel {
     }
   }
 
-  template <int kQueries>
+  template <int kQueries, typename E>
   static void AccumulateQueries(int64_t d, int64_t qs, int64_t qv0, int64_t n,
-                                const float* const* v_rows, Scratch& s) {
+                                const E* const* v_rows, Scratch& s) {
     constexpr int kStep = V::kPvVecs;
     const int64_t vecs = d / kLanes;
     int64_t vec = 0;
     for (; vec + kStep <= vecs; vec += kStep) {
-      AccumulateBlock<kQueries, kStep>(d, qs, qv0, vec * kLanes, n, v_rows, s);
+      AccumulateBlock<kQueries, kStep, E>(d, qs, qv0, vec * kLanes, n, v_rows, s);
     }
-    for (; vec < vecs; ++vec) AccumulateBlock<kQueries, 1>(d, qs, qv0, vec * kLanes, n, v_rows, s);
+    for (; vec < vecs; ++vec) {
+      AccumulateBlock<kQueries, 1, E>(d, qs, qv0, vec * kLanes, n, v_rows, s);
+    }
   }
 
-  template <int kQueries>
+  template <int kQueries, typename E>
   static void AccumulateTail(int64_t remaining, int64_t d, int64_t qs, int64_t qv0, int64_t n,
-                             const float* const* v_rows, Scratch& s) {
+                             const E* const* v_rows, Scratch& s) {
     if constexpr (kQueries > 1) {
       if (remaining < kQueries) {
-        return AccumulateTail<kQueries - 1>(remaining, d, qs, qv0, n, v_rows, s);
+        return AccumulateTail<kQueries - 1, E>(remaining, d, qs, qv0, n, v_rows, s);
       }
     }
-    AccumulateQueries<kQueries>(d, qs, qv0, n, v_rows, s);
+    AccumulateQueries<kQueries, E>(d, qs, qv0, n, v_rows, s);
   }
 
+  // V rows as float (the query-lane path's scratch) or straight from the cache.
+  template <typename E>
   static void Accumulate(int64_t d, int64_t qs, int64_t num_q, int64_t n,
-                         const float* const* v_rows, Scratch& s) {
+                         const E* const* v_rows, Scratch& s) {
     constexpr int kStep = V::kPvQueries;
     int64_t qv = 0;
-    for (; qv + kStep <= num_q; qv += kStep) AccumulateQueries<kStep>(d, qs, qv, n, v_rows, s);
-    if (qv < num_q) AccumulateTail<kStep - 1>(num_q - qv, d, qs, qv, n, v_rows, s);
+    for (; qv + kStep <= num_q; qv += kStep) {
+      AccumulateQueries<kStep, E>(d, qs, qv, n, v_rows, s);
+    }
+    if (qv < num_q) AccumulateTail<kStep - 1, E>(num_q - qv, d, qs, qv, n, v_rows, s);
   }
 };
 
