@@ -58,13 +58,18 @@ std::vector<EngineResult> Generate(LocalEngine& engine, const std::vector<Engine
   return *std::move(results);
 }
 
+// Prompt tokens of each decode figure's sequences: 8, as bench/cpu_vs_llamacpp.py gives
+// llama.cpp, so both engines decode over the same context lengths.
+constexpr int kDecodePromptTokens = 8;
+constexpr int kMaxDecodeBatch = 64;
+
 // Decode tokens/s of `batch` sequences generating `tokens` each (after their prefill): the
 // tokens decoded over the wall time of the engine steps that computed no prompt token.
 double DecodeRate(LocalEngine& engine, int batch, int tokens) {
   std::vector<EngineRequest> requests;
   for (int i = 0; i < batch; ++i) {
     EngineRequest request;
-    request.prompt_ids = Prompt(16, engine.config().vocab_size, i + 1);
+    request.prompt_ids = Prompt(kDecodePromptTokens, engine.config().vocab_size, i + 1);
     request.sampling.temperature = 0.0f;
     request.max_tokens = tokens;
     request.ignore_eos = true;
@@ -142,8 +147,9 @@ int main(int argc, char** argv) {
   }
   loom::worker::StepBackendOptions options;
   options.num_threads = threads;
-  // 64 sequences of 16 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
-  options.num_kv_blocks = std::max(512, 64 * ((16 + decode_tokens + 15) / 16 + 1));
+  // 64 sequences of 8 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
+  options.num_kv_blocks =
+      std::max(512, kMaxDecodeBatch * ((kDecodePromptTokens + decode_tokens + 15) / 16 + 1));
   options.num_kv_blocks = std::max<int64_t>(options.num_kv_blocks, (only_prefill + 15) / 16 + 1);
   auto precision = loom::kernels::cpu::ParseActivationPrecision(activations);
   if (!precision.ok()) {
