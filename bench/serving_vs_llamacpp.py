@@ -29,6 +29,10 @@ Commands (idle machine):
   LLAMACPP_BUILD_ROOT=/work/llamacpp .venv/bin/python bench/serving_vs_llamacpp.py
 (the native build is llama.cpp as built on the machine at hand; an AVX2-only machine's native
 build is its AVX2 build. Add --wait-quiet 600 to wait for a quiet machine before each part.)
+Both engines on AVX2 where the machine has AVX-512 (Loom's ISA is recorded in the JSON):
+  bench/setup_llamacpp.sh avx2 server
+  LOOM_CPU_ISA=avx2 .venv/bin/python bench/serving_vs_llamacpp.py --llama-build avx2 \
+      --out bench/results/serving_vs_llamacpp_avx2.json
 
 usage: bench/serving_vs_llamacpp.py [--clients 32,1] [--threads 2] [--passes 2]
        [--prompt-words N] [--max-tokens 128] [--requests-per-level N] [--llama-build native]
@@ -363,7 +367,8 @@ def main():
                      "stream": True, "requests_per_level": args.requests_per_level or "max(2 x clients, 8)",
                      "client": "openai Python client (AsyncOpenAI), /v1/completions, one per server",
                      "llamacpp_build": f"llama-cpp-python 0.3.36 (source build, bench/setup_llamacpp.sh "
-                                       f"{args.llama_build} server)"},
+                                       f"{args.llama_build} server)",
+                     "loom_cpu_isa": os.environ.get("LOOM_CPU_ISA") or "automatic (the best the CPU has)"},
         "passes": parts,
         "summary": summary,
         "targets_met": targets,
