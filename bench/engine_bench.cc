@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
   // Batched decode.
   std::string batched_json;
   std::printf("batched decode (%d tokens each):\n", decode_tokens);
-  for (int batch : {1, 4, 16, 64}) {
+  for (int batch : {1, 4, 16, kMaxDecodeBatch}) {
     const double tps = batch == 1 ? decode_tps : DecodeRate(engine, batch, decode_tokens);
     std::printf("  %2d sequences: %7.1f tokens/s = %.2fx single-stream; matmuls %.0f GMAC/s = %.2f of %s\n",
                 batch, tps, tps / decode_tps, tps * macs_per_token / 1e9, vs_matmul_peak(tps),
