@@ -19,6 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli/bench_backend.h"
+#include "cli/bench_openai_backend.h"
 #include "cli/command_line.h"
 #include "coordinator/bench_report.h"
 #include "coordinator/bench_workload.h"
@@ -31,7 +33,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
+  std::string backend = "grpc";  // grpc | openai
   std::string address = "127.0.0.1:50051";
+  std::string base_url = "http://127.0.0.1:8000";
+  std::string model;          // openai: the model to request (default: the first listed)
+  std::string api_key;        // openai: sent as a bearer token when not empty
+  int64_t vocab_size = 0;     // openai: token ids are drawn below it (0: from the server)
   WorkloadOptions workload;
   std::vector<double> concurrencies;  // fixed-concurrency levels
   std::vector<double> request_rates;  // Poisson levels (inf: all at once)
@@ -42,64 +49,75 @@ struct BenchOptions {
   std::string output;
 };
 
-// One Generate call; fills `sample` and returns the generated ids.
-std::vector<int32_t> RunRequest(loom::v1::Inference::Stub& stub, const std::vector<int32_t>& prompt,
-                                int32_t max_tokens, double timeout_s, RequestSample& sample) {
-  loom::v1::GenerateRequest request;
-  request.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
-  request.set_max_tokens(max_tokens);
-  request.set_ignore_eos(true);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  sample.prompt_tokens = static_cast<int64_t>(prompt.size());
-  std::vector<int32_t> output;
-  const auto start = Clock::now();
-  auto previous = start;
-  auto reader = stub.Generate(&context, request);
-  loom::v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    const auto now = Clock::now();
-    const int n = response.token_ids_size();
-    if (n > 0) {
-      if (output.empty()) {
-        sample.ttft = std::chrono::duration<double>(now - start).count();
-        // Tokens that arrived together with the first share the rest of the gap.
-        for (int i = 1; i < n; ++i) sample.itl.push_back(0.0);
-      } else {
-        const double gap = std::chrono::duration<double>(now - previous).count() / n;
-        for (int i = 0; i < n; ++i) sample.itl.push_back(gap);
+// The gRPC API: one Generate call per request, token ids streamed back.
+class GrpcBenchBackend final : public BenchBackend {
+ public:
+  explicit GrpcBenchBackend(std::unique_ptr<loom::v1::Inference::Stub> stub)
+      : stub_(std::move(stub)) {}
+
+  bool ReturnsTokenIds() const override { return true; }
+
+  std::vector<int32_t> Run(const std::vector<int32_t>& prompt, int32_t max_tokens,
+                           double timeout_s, RequestSample& sample) override {
+    loom::v1::GenerateRequest request;
+    request.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    request.set_max_tokens(max_tokens);
+    request.set_ignore_eos(true);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    sample.prompt_tokens = static_cast<int64_t>(prompt.size());
+    std::vector<int32_t> output;
+    const auto start = Clock::now();
+    auto previous = start;
+    auto reader = stub_->Generate(&context, request);
+    loom::v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      const auto now = Clock::now();
+      const int n = response.token_ids_size();
+      if (n > 0) {
+        if (output.empty()) {
+          sample.ttft = std::chrono::duration<double>(now - start).count();
+          // Tokens that arrived together with the first share the rest of the gap.
+          for (int i = 1; i < n; ++i) sample.itl.push_back(0.0);
+        } else {
+          const double gap = std::chrono::duration<double>(now - previous).count() / n;
+          for (int i = 0; i < n; ++i) sample.itl.push_back(gap);
+        }
+        previous = now;
+        output.insert(output.end(), response.token_ids().begin(), response.token_ids().end());
       }
-      previous = now;
-      output.insert(output.end(), response.token_ids().begin(), response.token_ids().end());
-    }
-    if (response.finish_reason() != loom::v1::FINISH_REASON_UNSPECIFIED) {
-      sample.cached_prompt_tokens = response.cached_prompt_tokens();
-      if (response.finish_reason() == loom::v1::FINISH_REASON_ERROR ||
-          response.finish_reason() == loom::v1::FINISH_REASON_ABORT) {
-        sample.error = response.error_message();
+      if (response.finish_reason() != loom::v1::FINISH_REASON_UNSPECIFIED) {
+        sample.cached_prompt_tokens = response.cached_prompt_tokens();
+        if (response.finish_reason() == loom::v1::FINISH_REASON_ERROR ||
+            response.finish_reason() == loom::v1::FINISH_REASON_ABORT) {
+          sample.error = response.error_message();
+        }
       }
     }
+    const grpc::Status status = reader->Finish();
+    sample.e2e = std::chrono::duration<double>(Clock::now() - start).count();
+    sample.output_tokens = static_cast<int64_t>(output.size());
+    if (!status.ok()) {
+      sample.error = absl::StrFormat("%d %s", status.error_code(), status.error_message());
+    }
+    sample.ok = status.ok() && sample.error.empty() && !output.empty();
+    return output;
   }
-  const grpc::Status status = reader->Finish();
-  sample.e2e = std::chrono::duration<double>(Clock::now() - start).count();
-  sample.output_tokens = static_cast<int64_t>(output.size());
-  if (!status.ok()) {
-    sample.error = absl::StrFormat("%d %s", status.error_code(), status.error_message());
-  }
-  sample.ok = status.ok() && sample.error.empty() && !output.empty();
-  return output;
-}
+
+ private:
+  std::unique_ptr<loom::v1::Inference::Stub> stub_;
+};
 
 // Runs a session's turns in order; appends one sample per turn.
-void RunSession(loom::v1::Inference::Stub& stub, const BenchSession& session, double timeout_s,
+void RunSession(BenchBackend& backend, const BenchSession& session, double timeout_s,
                 std::mutex& mu, std::vector<RequestSample>& samples) {
   std::vector<int32_t> conversation = session.prefix;
   for (const BenchTurn& turn : session.turns) {
     conversation.insert(conversation.end(), turn.new_tokens.begin(), turn.new_tokens.end());
     RequestSample sample;
     const std::vector<int32_t> reply =
-        RunRequest(stub, conversation, turn.max_tokens, timeout_s, sample);
+        backend.Run(conversation, turn.max_tokens, timeout_s, sample);
     conversation.insert(conversation.end(), reply.begin(), reply.end());
     const bool ok = sample.ok;
     {
@@ -155,7 +173,7 @@ int64_t CountTurns(const std::vector<BenchSession>& sessions) {
 
 // One load level: `concurrency` clients, or Poisson arrivals at `rate` (with at most
 // max_concurrency sessions in flight).
-nlohmann::json RunLevel(loom::v1::Inference::Stub& stub, const std::vector<BenchSession>& sessions,
+nlohmann::json RunLevel(BenchBackend& backend, const std::vector<BenchSession>& sessions,
                         const BenchOptions& options, bool rate_mode, double level) {
   std::mutex mu;
   std::vector<RequestSample> samples;
@@ -163,7 +181,7 @@ nlohmann::json RunLevel(loom::v1::Inference::Stub& stub, const std::vector<Bench
                               : absl::StrFormat("concurrency %g", level),
                     CountTurns(sessions));
   auto run = [&](const BenchSession& session) {
-    RunSession(stub, session, options.timeout_s, mu, samples);
+    RunSession(backend, session, options.timeout_s, mu, samples);
     progress.done.fetch_add(static_cast<int64_t>(session.turns.size()));
   };
   const auto start = Clock::now();
@@ -239,8 +257,21 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options)
   CLI::App& app = command_line.app();
   WorkloadOptions& w = options.workload;
   constexpr int64_t kMax = int64_t{1} << 30;
-  cli::AddString(app, "--address", options.address, "the coordinator's gRPC endpoint")
+  cli::AddString(app, "--backend", options.backend,
+                 "the API to drive: grpc (Loom's) or openai (POST /v1/completions, streaming, on "
+                 "Loom or any OpenAI-compatible server)",
+                 {"grpc", "openai"});
+  cli::AddString(app, "--address", options.address, "grpc: the coordinator's gRPC endpoint")
       ->check(cli::HostPort());
+  cli::AddString(app, "--base-url", options.base_url,
+                 "openai: the server's URL (http://host:port, or its /v1 root)");
+  cli::AddString(app, "--model", options.model,
+                 "openai: the model to request (default: the first of GET /v1/models)");
+  cli::AddString(app, "--api-key", options.api_key,
+                 "openai: sent as 'Authorization: Bearer KEY' (default: none)");
+  cli::AddInt(app, "--vocab-size", options.vocab_size, 0, kMax,
+              "openai: prompt token ids are drawn below it (0: the server's, where /v1/models "
+              "gives it as llama.cpp's server does)");
   cli::AddString(app, "--dataset", w.dataset, "the workload",
                  {"random", "shared-prefix", "multi-turn"});
   cli::AddInt(app, "--num-requests", w.num_requests, 1, kMax, "requests per level");
@@ -288,6 +319,11 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options)
   if (options.concurrencies.empty() && options.request_rates.empty()) {
     options.concurrencies = {1};
   }
+  if (options.backend == "openai" && w.dataset == "multi-turn") {
+    return command_line.Fail(
+        "--dataset multi-turn appends each reply's token ids to the next prompt, which only "
+        "--backend grpc streams back");
+  }
   return std::nullopt;
 }
 
@@ -317,13 +353,18 @@ int RunBenchCommand(int argc, char** argv) {
   BenchOptions parsed;
   if (std::optional<int> exit_code = ParseBenchFlags(argc, argv, parsed)) return *exit_code;
   BenchOptions* options = &parsed;
-  grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(options->address, grpc::InsecureChannelCredentials(),
-                                           arguments);
-  auto stub = loom::v1::Inference::NewStub(channel);
-  loom::v1::ListModelsResponse models;
-  {
+  // The served model's name and vocabulary, and the backend that drives it.
+  std::unique_ptr<BenchBackend> backend;
+  std::string model_id;
+  std::string target;
+  int64_t vocab_size = 0;
+  if (options->backend == "grpc") {
+    grpc::ChannelArguments arguments;
+    arguments.SetMaxReceiveMessageSize(64 << 20);
+    auto channel = grpc::CreateCustomChannel(options->address,
+                                             grpc::InsecureChannelCredentials(), arguments);
+    auto stub = loom::v1::Inference::NewStub(channel);
+    loom::v1::ListModelsResponse models;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     const grpc::Status status = stub->ListModels(&context, loom::v1::ListModelsRequest(), &models);
@@ -332,10 +373,32 @@ int RunBenchCommand(int argc, char** argv) {
                    status.error_message().c_str());
       return 1;
     }
+    model_id = models.models(0).id();
+    vocab_size = models.models(0).info().vocab_size();
+    target = options->address;
+    backend = std::make_unique<GrpcBenchBackend>(std::move(stub));
+  } else {
+    absl::StatusOr<OpenAiServedModel> served =
+        FetchOpenAiModel(options->base_url, options->api_key, /*timeout_s=*/10);
+    if (!served.ok()) {
+      std::fprintf(stderr, "loom bench: cannot reach %s: %s\n", options->base_url.c_str(),
+                   std::string(served.status().message()).c_str());
+      return 1;
+    }
+    model_id = options->model.empty() ? served->id : options->model;
+    vocab_size = options->vocab_size > 0 ? options->vocab_size : served->vocab_size;
+    if (vocab_size <= 0) {
+      std::fprintf(stderr,
+                   "loom bench: %s does not say its vocabulary size: give --vocab-size (`loom "
+                   "models` prints it for Loom)\n",
+                   options->base_url.c_str());
+      return 2;
+    }
+    target = options->base_url;
+    backend = MakeOpenAiBenchBackend(options->base_url, model_id, options->api_key);
   }
-  const loom::v1::ServedModel& model = models.models(0);
   // Random prompt tokens above the byte and special tokens of common vocabularies.
-  const int32_t vocab = static_cast<int32_t>(model.info().vocab_size());
+  const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(vocab_size, INT32_MAX));
   absl::StatusOr<std::vector<BenchSession>> sessions =
       MakeWorkload(options->workload, vocab, std::min<int32_t>(256, vocab - 1));
   if (!sessions.ok()) {
@@ -350,13 +413,13 @@ int RunBenchCommand(int argc, char** argv) {
     warm.output_len = std::min<int64_t>(warm.output_len, 8);
     auto warm_sessions = MakeWorkload(warm, vocab, std::min<int32_t>(256, vocab - 1));
     BenchOptions quiet = *options;
-    if (warm_sessions.ok()) RunLevel(*stub, *warm_sessions, quiet, false, 1);
+    if (warm_sessions.ok()) RunLevel(*backend, *warm_sessions, quiet, false, 1);
   }
   const bool rate_mode = !options->request_rates.empty();
   const std::vector<double>& levels = rate_mode ? options->request_rates : options->concurrencies;
   nlohmann::json runs = nlohmann::json::array();
-  std::printf("loom bench: %s on %s, dataset %s, %lld turns per level\n", model.id().c_str(),
-              options->address.c_str(), options->workload.dataset.c_str(),
+  std::printf("loom bench: %s on %s (%s), dataset %s, %lld turns per level\n", model_id.c_str(),
+              target.c_str(), options->backend.c_str(), options->workload.dataset.c_str(),
               static_cast<long long>(CountTurns(*sessions)));
   for (size_t l = 0; l < levels.size(); ++l) {
     // Fresh prompts per level: a level must not find the previous level's prompts in the
@@ -368,7 +431,7 @@ int RunBenchCommand(int argc, char** argv) {
       if (!sessions.ok()) return 2;
     }
     const double level = levels[l];
-    runs.push_back(RunLevel(*stub, *sessions, *options, rate_mode, level));
+    runs.push_back(RunLevel(*backend, *sessions, *options, rate_mode, level));
     PrintLevel(runs.back(), runs.front());
     std::fflush(stdout);
   }
@@ -376,8 +439,9 @@ int RunBenchCommand(int argc, char** argv) {
     const WorkloadOptions& w = options->workload;
     nlohmann::json report = {
         {"benchmark", "serving"},
-        {"model", model.id()},
-        {"address", options->address},
+        {"model", model_id},
+        {"backend", options->backend},
+        {"address", target},
         {"workload",
          {{"dataset", w.dataset}, {"num_requests", w.num_requests}, {"input_len", w.input_len},
           {"output_len", w.output_len}, {"range_ratio", w.range_ratio},
