@@ -2,19 +2,25 @@
 """Serving on the CPU: Loom (`loom up`, one worker) against llama.cpp's own server
 (`llama-server -np 32`) on the same GGUF with the same threads, driven by the same client.
 
-`loom bench` drives Loom's gRPC API only, so it cannot load llama-server; both servers are
-driven instead by this script's load generator through the `openai` Python client on their
-OpenAI-compatible /v1/completions endpoints (streaming, include_usage, temperature 0,
-ignore_eos, max_tokens 128). Each level keeps C clients busy (each sends its next request
-when its last one ends) until --requests-per-level requests have finished (default:
-max(2 C, 8)); the prompts are ~130 tokens of random words, distinct per request (no
-shared prefix for either server's prompt cache). Figures per level: output tokens/s (all
-completion tokens / wall time from the first request sent to the last one finished), TTFT
-p50/p99 (first streamed text), and Loom over llama.cpp. The servers run one at a time,
-alternating (Loom, llama.cpp, Loom, llama.cpp for --passes 2); medians over the passes.
-After each of Loom's levels, `loom bench` (Loom's own load generator, gRPC) runs the same
-level with random prompts of the measured prompt length, recorded beside it for reference
-(it shows the Python client's cost; --no-loom-bench skips it).
+The client (--client, default loom-bench) is `loom bench --backend openai`, Loom's load
+generator (C++) on the OpenAI-compatible /v1/completions endpoint of either server:
+streaming, include_usage, temperature 0, ignore_eos, max_tokens 128, prompts of exactly
+--prompt-tokens random token ids (the same ids for both servers; distinct per request, so
+neither server's prompt cache finds a shared prefix). --client openai-python drives both
+with the `openai` Python client instead (prompts of ~130 tokens of random words, as the
+first runs of this bench did); it shares the 2 cores with the server and costs Loom
+about 8% (see the JSON's gRPC reference).
+Each level keeps C clients busy (each sends its next request when its last one ends) until
+--requests-per-level requests have finished (default: max(2 C, 8)). Figures per level:
+output tokens/s (all completion tokens / wall time from the first request sent to the last
+one finished), TTFT p50/p99 (first streamed text), and Loom over llama.cpp. The servers run
+one at a time, alternating (Loom, llama.cpp, Loom, llama.cpp for --passes 2); medians over
+the passes.
+Loom runs as `loom` (its defaults: float activations into the INT4/INT8 layers) and, with
+--engines loom,loom-int8,llamacpp, also as `loom-int8` (`--activations int8`: each layer's
+input quantized per 32 values for integer dot products, the arithmetic llama.cpp's CPU
+backend uses for Q4_1 weights with its Q8_1 activations).
+--grpc-reference also runs `loom bench` over Loom's gRPC API after each of Loom's levels.
 Load averages before each part are recorded; `machine_quiet` is set only if the 1-minute
 load average was below 0.5 per core before every part. The client shares the CPU with the
 server it drives, alike for both.
@@ -35,8 +41,9 @@ Both engines on AVX2 where the machine has AVX-512 (Loom's ISA is recorded in th
       --out bench/results/serving_vs_llamacpp_avx2.json
 
 usage: bench/serving_vs_llamacpp.py [--clients 32,1] [--threads 2] [--passes 2]
-       [--prompt-words N] [--max-tokens 128] [--requests-per-level N] [--llama-build native]
-       [--wait-quiet S] [--engines loom,llamacpp] [--no-loom-bench]
+       [--client loom-bench|openai-python] [--prompt-tokens 130] [--prompt-words N]
+       [--max-tokens 128] [--requests-per-level N] [--llama-build native] [--wait-quiet S]
+       [--engines loom,llamacpp] [--grpc-reference]
        [--out bench/results/serving_vs_llamacpp.json] [--note TEXT]
 writes bench/results/serving_vs_llamacpp.json. Loom's binaries come from $LOOM_BUILD_DIR
 (default build/), llama-server from $LLAMACPP_BUILD_ROOT/llamacpp-<build>/bin (default build/).
@@ -118,7 +125,7 @@ async def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
             "prompt_tokens": usage.prompt_tokens}
 
 
-async def level(base_url: str, model: str, clients: int, requests: int, args, offset: int) -> dict:
+async def python_level(base_url: str, model: str, clients: int, requests: int, args, offset: int) -> dict:
     import openai
     try:
         import httpx2 as httpx  # what this openai release is built on
@@ -157,6 +164,34 @@ async def level(base_url: str, model: str, clients: int, requests: int, args, of
             "prompt_tokens_mean": round(statistics.mean(r["prompt_tokens"] for r in results), 1)}
 
 
+def loom_bench_level(server, clients: int, requests: int, args, seed: int) -> dict:
+    """One level driven by `loom bench --backend openai` on the server's /v1/completions."""
+    import subprocess
+    vocab = ["--vocab-size", str(server.vocab_size)] if server.vocab_size else []
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        done = subprocess.run(
+            [str(h.LOOM_BIN), "bench", "--backend", "openai", "--base-url", server.base_url,
+             "--model", server.model, *vocab, "--concurrency", str(clients),
+             "--num-requests", str(requests), "--input-len", str(args.prompt_tokens),
+             "--output-len", str(args.max_tokens), "--warmup", "0", "--seed", str(seed),
+             "--timeout-s", str(args.timeout_s), "--output", out.name],
+            capture_output=True, text=True, timeout=args.timeout_s * 2)
+        if done.returncode != 0:
+            raise RuntimeError(f"loom bench exited {done.returncode}: {done.stderr[-2000:]}")
+        run = json.loads(pathlib.Path(out.name).read_text())["runs"][0]
+    if run["failed"]:
+        raise RuntimeError(f"{server.name}: {run['failed']} requests failed: {run['errors'][:3]}")
+    if run["output_tokens"] != requests * args.max_tokens:
+        raise RuntimeError(f"{server.name}: {run['output_tokens']} output tokens, expected "
+                           f"{requests} x {args.max_tokens}")
+    return {"clients": clients, "requests": requests, "seconds": round(run["duration_s"], 3),
+            "output_tokens": run["output_tokens"], "tokens_per_s": round(run["output_throughput"], 2),
+            "ttft_p50_s": round(run["ttft_ms"]["p50"] / 1000, 4),
+            "ttft_p99_s": round(run["ttft_ms"]["p99"] / 1000, 4),
+            "latency_p50_s": round(run["e2e_ms"]["p50"] / 1000, 4),
+            "prompt_tokens_mean": round(run["input_tokens"] / requests, 1)}
+
+
 def wait_http_ok(url: str, process, timeout: float):
     deadline = time.monotonic() + timeout
     while True:
@@ -174,22 +209,26 @@ def wait_http_ok(url: str, process, timeout: float):
 
 
 class LoomServer:
-    name = "loom"
+    """`loom up` with its defaults, or with `flags` (engine `name`)."""
+    is_loom = True
 
-    def __init__(self, args, log_dir):
-        self.args, self.log_dir = args, log_dir
+    def __init__(self, name: str, flags: dict, args, log_dir):
+        self.name, self.flags, self.args, self.log_dir = name, flags, args, log_dir
 
     def command(self) -> str:
-        return (f"loom up --model {h.MODEL_PATH.name} --threads {self.args.threads} "
+        extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in self.flags.items())
+        return (f"loom up --model {h.MODEL_PATH.name} --threads {self.args.threads}{extra} "
                 "(defaults otherwise: one replica, one worker)")
 
     def __enter__(self):
-        self.process = h.Up(self.log_dir, threads=self.args.threads)
+        self.process = h.Up(self.log_dir, threads=self.args.threads, **self.flags)
         self.process.wait_for_line(r"loom: ready \(1 replicas?\)", h.REGISTER_TIMEOUT_S)
         self.base_url = self.process.http_url.rstrip("/") + "/v1"
         self.model = h.MODEL_PATH.stem
         with urllib.request.urlopen(self.base_url + "/models", timeout=10) as response:
             self.model = json.loads(response.read())["data"][0]["id"]
+        models = self.process.stub.ListModels(h.stubs().pb.ListModelsRequest(), timeout=10)
+        self.vocab_size = models.models[0].info.vocab_size
         return self
 
     def __exit__(self, *exc):
@@ -200,6 +239,8 @@ class LoomServer:
 
 class LlamaServer:
     name = "llamacpp"
+    is_loom = False
+    vocab_size = 0  # loom bench reads it from /v1/models (meta.n_vocab)
 
     def __init__(self, args, log_dir):
         self.args, self.log_dir = args, log_dir
@@ -227,15 +268,16 @@ class LlamaServer:
         self.process.stop(timeout=30)
 
 
-def loom_bench(server, clients: int, requests: int, prompt_tokens: int, args) -> dict:
-    """`loom bench` (Loom's own load generator, gRPC API) at the same level, for reference:
-    random token-id prompts of the length the OpenAI client's prompts had."""
+def grpc_reference(server, clients: int, requests: int, prompt_tokens: int, args, seed: int) -> dict:
+    """`loom bench` over Loom's gRPC API at the same level, for reference: random token-id
+    prompts of the length the level's prompts had (a seed of their own: the level's prompts
+    are in the prefix cache now)."""
     import subprocess
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([str(h.LOOM_BIN), "bench", "--address", server.process.address,
                         "--concurrency", str(clients), "--num-requests", str(requests),
                         "--input-len", str(prompt_tokens), "--output-len", str(args.max_tokens),
-                        "--seed", str(clients), "--output", out.name],
+                        "--seed", str(seed), "--output", out.name],
                        check=True, capture_output=True, text=True, timeout=args.timeout_s)
         run = json.loads(pathlib.Path(out.name).read_text())["runs"][0]
     if run["failed"]:
@@ -246,31 +288,49 @@ def loom_bench(server, clients: int, requests: int, prompt_tokens: int, args) ->
             "requests": requests}
 
 
-def run_server(server_class, args, log_dir, offset: int) -> dict:
+def run_server(make_server, args, log_dir, pass_index: int) -> dict:
+    """One server's part of a pass: every level. The same prompts for every server of a pass
+    (loom-bench client: seed = pass x 1000 + clients; openai-python: prompt indices)."""
     before = wait_quiet(args.quiet_limit, args.wait_quiet)
-    with server_class(args, log_dir) as server:
+    offset = pass_index * 10_000
+    with make_server(args, log_dir) as server:
         # Warm-up: two short requests (not measured).
-        asyncio.run(level(server.base_url, server.model, 2, 2,
-                          argparse.Namespace(**{**vars(args), "max_tokens": 8}), 10**6))
+        warm = argparse.Namespace(**{**vars(args), "max_tokens": 8})
+        if args.client == "loom-bench":
+            loom_bench_level(server, 2, 2, warm, seed=10**6)
+        else:
+            asyncio.run(python_level(server.base_url, server.model, 2, 2, warm, 10**6))
         rows = []
         for clients in args.clients:
             level_before = load_1min()
             requests = args.requests_per_level or max(2 * clients, 8)
-            row = asyncio.run(level(server.base_url, server.model, clients, requests, args, offset))
+            if args.client == "loom-bench":
+                row = loom_bench_level(server, clients, requests, args, seed=pass_index * 1000 + clients)
+            else:
+                row = asyncio.run(python_level(server.base_url, server.model, clients, requests, args,
+                                               offset))
             row["load_1min_before"] = level_before
             rows.append(row)
             offset += requests
-            print(f"{server.name:8s} {clients:3d} clients: {row['tokens_per_s']:7.1f} tok/s, TTFT p50 "
+            print(f"{server.name:9s} {clients:3d} clients: {row['tokens_per_s']:7.1f} tok/s, TTFT p50 "
                   f"{row['ttft_p50_s'] * 1000:.0f} ms p99 {row['ttft_p99_s'] * 1000:.0f} ms "
                   f"(prompt {row['prompt_tokens_mean']:.0f} tokens; load {level_before})", flush=True)
-            if server_class is LoomServer and args.loom_bench:
-                row["loom_bench"] = loom_bench(server, clients, requests,
-                                               round(row["prompt_tokens_mean"]), args)
-                print(f"{'':8s} {'':3s} loom bench (gRPC): {row['loom_bench']['tokens_per_s']:7.1f} tok/s, "
-                      f"TTFT p50 {row['loom_bench']['ttft_p50_s'] * 1000:.0f} ms", flush=True)
+            if server.is_loom and args.grpc_reference:
+                row["loom_bench_grpc"] = grpc_reference(server, clients, requests,
+                                                        round(row["prompt_tokens_mean"]), args,
+                                                        seed=pass_index * 1000 + clients + 500)
+                print(f"{'':9s} {'':3s} loom bench (gRPC): {row['loom_bench_grpc']['tokens_per_s']:7.1f} "
+                      f"tok/s, TTFT p50 {row['loom_bench_grpc']['ttft_p50_s'] * 1000:.0f} ms", flush=True)
         command = server.command()
-    return {"engine": server_class.name, "command": command, "load_1min_before": before,
+    return {"engine": server.name, "command": command, "load_1min_before": before,
             "load_1min_after": load_1min(), "levels": rows}
+
+
+ENGINES = {
+    "loom": lambda args, log_dir: LoomServer("loom", {}, args, log_dir),
+    "loom-int8": lambda args, log_dir: LoomServer("loom-int8", {"activations": "int8"}, args, log_dir),
+    "llamacpp": lambda args, log_dir: LlamaServer(args, log_dir),
+}
 
 
 def main():
@@ -279,7 +339,11 @@ def main():
     parser.add_argument("--clients", default="32,1")
     parser.add_argument("--threads", type=int, default=2, help="both servers (default 2)")
     parser.add_argument("--passes", type=int, default=2, help="alternating passes per server")
-    parser.add_argument("--prompt-words", type=int, default=126, help="~130 prompt tokens")
+    parser.add_argument("--client", choices=("loom-bench", "openai-python"), default="loom-bench")
+    parser.add_argument("--prompt-tokens", type=int, default=130,
+                        help="loom-bench client: prompt length in tokens")
+    parser.add_argument("--prompt-words", type=int, default=126,
+                        help="openai-python client: words per prompt (~130 tokens)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--requests-per-level", type=int, default=0,
                         help="default max(2 x clients, 8)")
@@ -289,14 +353,18 @@ def main():
                         help="$LLAMACPP_BUILD_ROOT/llamacpp-<name> (default native)")
     parser.add_argument("--timeout-s", type=float, default=900)
     parser.add_argument("--out", default=str(SOURCE_DIR / "bench" / "results" / "serving_vs_llamacpp.json"))
-    parser.add_argument("--no-loom-bench", dest="loom_bench", action="store_false",
-                        help="skip `loom bench` (gRPC) at each level of Loom's passes")
+    parser.add_argument("--grpc-reference", action="store_true",
+                        help="also run `loom bench` over gRPC at each level of Loom's passes")
     parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                         help="before each server start, wait up to S seconds for a quiet machine")
-    parser.add_argument("--engines", default="loom,llamacpp", help="for trials: loom or llamacpp alone")
+    parser.add_argument("--engines", default="loom,llamacpp",
+                        help=f"in order, of {','.join(ENGINES)} (one alone for trials)")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
-    engines = [e for e in (LoomServer, LlamaServer) if e.name in args.engines.split(",")]
+    engines = args.engines.split(",")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        sys.exit(f"unknown engines {unknown}: choose from {list(ENGINES)}")
     args.clients = [int(c) for c in args.clients.split(",")]
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
@@ -306,49 +374,53 @@ def main():
 
     log_dir = pathlib.Path(tempfile.mkdtemp(prefix="serving_vs_llamacpp_"))
     parts = []
-    offset = 0
     for index in range(args.passes):
-        for server_class in engines:
-            part = run_server(server_class, args, log_dir, offset)
+        for engine in engines:
+            part = run_server(ENGINES[engine], args, log_dir, index)
             part["pass"] = index + 1
             parts.append(part)
-            offset += 10_000
 
     summary = []
+    looms = [e for e in engines if e != "llamacpp"]
     for clients in args.clients:
         row = {"clients": clients}
-        for engine in [e.name for e in engines]:
+        for engine in engines:
             levels = [lv for p in parts if p["engine"] == engine for lv in p["levels"]
                       if lv["clients"] == clients]
             row[engine] = {key: round(statistics.median(lv[key] for lv in levels), 4)
                            for key in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s", "latency_p50_s",
                                        "prompt_tokens_mean")}
             row[engine]["samples_tokens_per_s"] = [lv["tokens_per_s"] for lv in levels]
-            grpc = [lv["loom_bench"] for lv in levels if "loom_bench" in lv]
+            grpc = [lv["loom_bench_grpc"] for lv in levels if "loom_bench_grpc" in lv]
             if grpc:
                 row[engine]["loom_bench_grpc"] = {
                     key: round(statistics.median(g[key] for g in grpc), 4)
                     for key in ("tokens_per_s", "ttft_p50_s", "ttft_p99_s")}
         summary.append(row)
-        if len(engines) < 2:
+        if "llamacpp" not in engines:
             continue
-        row["loom_over_llamacpp_throughput"] = round(
-            row["loom"]["tokens_per_s"] / row["llamacpp"]["tokens_per_s"], 3)
-        row["llamacpp_over_loom_ttft_p50"] = round(
-            row["llamacpp"]["ttft_p50_s"] / row["loom"]["ttft_p50_s"], 3)
-        row["llamacpp_over_loom_ttft_p99"] = round(
-            row["llamacpp"]["ttft_p99_s"] / row["loom"]["ttft_p99_s"], 3)
-        print(f"{clients:3d} clients: Loom {row['loom']['tokens_per_s']:.1f} tok/s vs llama.cpp "
-              f"{row['llamacpp']['tokens_per_s']:.1f} = {row['loom_over_llamacpp_throughput']:.2f}x; "
-              f"TTFT p50 {row['loom']['ttft_p50_s'] * 1000:.0f} vs {row['llamacpp']['ttft_p50_s'] * 1000:.0f} ms",
-              flush=True)
+        for loom in looms:
+            # "loom_over_llamacpp_*" for Loom's defaults, "<engine>_over_llamacpp_*" otherwise.
+            ratio = row[loom]["tokens_per_s"] / row["llamacpp"]["tokens_per_s"]
+            row[f"{loom}_over_llamacpp_throughput"] = round(ratio, 3)
+            row[f"llamacpp_over_{loom}_ttft_p50"] = round(
+                row["llamacpp"]["ttft_p50_s"] / row[loom]["ttft_p50_s"], 3)
+            row[f"llamacpp_over_{loom}_ttft_p99"] = round(
+                row["llamacpp"]["ttft_p99_s"] / row[loom]["ttft_p99_s"], 3)
+            print(f"{clients:3d} clients: {loom} {row[loom]['tokens_per_s']:.1f} tok/s vs llama.cpp "
+                  f"{row['llamacpp']['tokens_per_s']:.1f} = {ratio:.2f}x; TTFT p50 "
+                  f"{row[loom]['ttft_p50_s'] * 1000:.0f} vs {row['llamacpp']['ttft_p50_s'] * 1000:.0f} ms",
+                  flush=True)
 
     top = next((r for r in summary if r["clients"] == 32), None)
     targets = {}
-    if top and len(engines) == 2:
-        targets["throughput_32_clients_ge_2x_llamacpp"] = top["loom_over_llamacpp_throughput"] >= 2
-        targets["ttft_p50_32_clients_le_llamacpp"] = (top["loom"]["ttft_p50_s"]
-                                                      <= top["llamacpp"]["ttft_p50_s"])
+    if top and "llamacpp" in engines:
+        for loom in looms:
+            prefix = "" if loom == "loom" else f"{loom}_"
+            targets[f"{prefix}throughput_32_clients_ge_2x_llamacpp"] = (
+                top[f"{loom}_over_llamacpp_throughput"] >= 2)
+            targets[f"{prefix}ttft_p50_32_clients_le_llamacpp"] = (
+                top[loom]["ttft_p50_s"] <= top["llamacpp"]["ttft_p50_s"])
     loads = [p["load_1min_before"] for p in parts] + [lv["load_1min_before"] for p in parts
                                                        for lv in p["levels"]]
     machine_quiet = all(load < quiet_limit for load in loads)
@@ -363,9 +435,14 @@ def main():
         "machine_quiet_rule": f"1-minute load average < 0.5 per core ({quiet_limit:g}) before every "
                               "server start and every level",
         "settings": {"threads": args.threads, "clients": args.clients, "max_tokens": args.max_tokens,
-                     "prompt_words": args.prompt_words, "temperature": 0, "ignore_eos": True,
+                     **({"prompt_tokens": args.prompt_tokens} if args.client == "loom-bench"
+                        else {"prompt_words": args.prompt_words}),
+                     "temperature": 0, "ignore_eos": True,
                      "stream": True, "requests_per_level": args.requests_per_level or "max(2 x clients, 8)",
-                     "client": "openai Python client (AsyncOpenAI), /v1/completions, one per server",
+                     "client": ("loom bench --backend openai (C++), /v1/completions, token-id prompts"
+                                if args.client == "loom-bench" else
+                                "openai Python client (AsyncOpenAI), /v1/completions, one per server"),
+                     "engines": {e: ENGINES[e](args, log_dir).command() for e in engines},
                      "llamacpp_build": f"llama-cpp-python 0.3.36 (source build, bench/setup_llamacpp.sh "
                                        f"{args.llama_build} server)",
                      "loom_cpu_isa": os.environ.get("LOOM_CPU_ISA") or "automatic (the best the CPU has)"},
