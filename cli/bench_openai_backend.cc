@@ -89,8 +89,8 @@ class OpenAiBenchBackend final : public BenchBackend {
 
   bool ReturnsTokenIds() const override { return false; }
 
-  std::vector<int32_t> Run(const std::vector<int32_t>& prompt, int32_t max_tokens,
-                           double timeout_s, RequestSample& sample) override {
+  std::vector<int32_t> Run(const std::vector<int32_t>& prompt, int32_t max_tokens, double timeout_s,
+                           RequestSample& sample) override {
     Json body = {{"model", model_},
                  {"prompt", prompt},
                  {"max_tokens", max_tokens},
@@ -128,7 +128,8 @@ class OpenAiBenchBackend final : public BenchBackend {
           choices != event.end() && choices->is_array() && !choices->empty()) {
         const Json& choice = (*choices)[0];
         const auto text = choice.find("text");
-        if (text != choice.end() && text->is_string() && !text->get_ref<const std::string&>().empty()) {
+        if (text != choice.end() && text->is_string() &&
+            !text->get_ref<const std::string&>().empty()) {
           if (text_chunks == 0) {
             sample.ttft = std::chrono::duration<double>(now - start).count();
           } else {
@@ -139,7 +140,8 @@ class OpenAiBenchBackend final : public BenchBackend {
         }
       }
       if (auto usage = event.find("usage"); usage != event.end() && usage->is_object()) {
-        if (usage->contains("completion_tokens") && (*usage)["completion_tokens"].is_number_integer()) {
+        if (usage->contains("completion_tokens") &&
+            (*usage)["completion_tokens"].is_number_integer()) {
           usage_tokens = (*usage)["completion_tokens"].get<int64_t>();
         }
         const auto details = usage->find("prompt_tokens_details");
@@ -149,16 +151,25 @@ class OpenAiBenchBackend final : public BenchBackend {
         }
       }
     };
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(timeout_s));
+    bool past_deadline = false;
     request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
-      if (raw.size() < kMaxErrorBodyBytes) raw.append(data, std::min(length, kMaxErrorBodyBytes - raw.size()));
+      if (raw.size() < kMaxErrorBodyBytes) {
+        raw.append(data, std::min(length, kMaxErrorBodyBytes - raw.size()));
+      }
       reader.Feed(std::string_view(data, length), on_event);
-      return true;
+      // The read timeout bounds each wait; this bounds the whole request, as gRPC's deadline.
+      past_deadline = Clock::now() > deadline;
+      return !past_deadline;
     };
     const httplib::Result result = client.send(request);
     sample.e2e = std::chrono::duration<double>(Clock::now() - start).count();
-    if (!result) {
-      sample.error = absl::StrFormat("POST %s%s: %s", host_, request.path,
-                                     httplib::to_string(result.error()));
+    if (past_deadline) {
+      sample.error = absl::StrFormat("deadline of %g s exceeded", timeout_s);
+    } else if (!result) {
+      sample.error =
+          absl::StrFormat("POST %s%s: %s", host_, request.path, httplib::to_string(result.error()));
     } else if (result->status != 200) {
       sample.error = absl::StrFormat("HTTP %d: %s", result->status, ErrorMessage(raw));
     }
@@ -177,8 +188,7 @@ class OpenAiBenchBackend final : public BenchBackend {
 }  // namespace
 
 absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
-                                                   const std::string& api_key,
-                                                   double timeout_s) {
+                                                   const std::string& api_key, double timeout_s) {
   const auto [host, prefix] = SplitBaseUrl(base_url);
   httplib::Client client(host);
   if (!client.is_valid()) {
@@ -187,8 +197,8 @@ absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
   SetTimeouts(client, timeout_s);
   const httplib::Result result = client.Get(prefix + "/models", AuthHeaders(api_key));
   if (!result) {
-    return absl::UnavailableError(absl::StrFormat("GET %s%s/models: %s", host, prefix,
-                                                  httplib::to_string(result.error())));
+    return absl::UnavailableError(
+        absl::StrFormat("GET %s%s/models: %s", host, prefix, httplib::to_string(result.error())));
   }
   if (result->status != 200) {
     return absl::UnavailableError(absl::StrFormat("GET %s%s/models: HTTP %d: %s", host, prefix,

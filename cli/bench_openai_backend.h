@@ -34,8 +34,7 @@ struct OpenAiServedModel {
 /// Reads the first model of `base_url`/v1/models (with `api_key` as a bearer token when not
 /// empty). Unavailable when the server cannot be reached or answers with an error.
 absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
-                                                   const std::string& api_key,
-                                                   double timeout_s);
+                                                   const std::string& api_key, double timeout_s);
 
 /// `loom bench --backend openai`: streaming POST /v1/completions with the prompt as token
 /// ids (exact lengths on every server), temperature 0, ignore_eos and

@@ -6,7 +6,9 @@
   is whole afterwards.
 * --api-key is sent as a bearer token: the right key works, a wrong one exits 1 with the
   server's 401.
-* Requests the server refuses are counted as failed with the server's message, not lost.
+* Requests the server refuses are counted as failed with the server's message, not lost; a
+  request past --timeout-s is failed by the client (the stream is closed) and the server
+  frees its KV blocks.
 * Bad flags exit 2 with a message: multi-turn over the OpenAI API (its replies carry text,
   not the token ids the next turn appends), no vocabulary size for a server that gives none.
 """
@@ -33,9 +35,12 @@ def start_up(directory, **flags):
     return up
 
 
+STEP_MS = 5  # every step sleeps this long first, so a long request outlives a short deadline
+
+
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    server = start_up(tmp_path_factory.mktemp("bench"))
+    server = start_up(tmp_path_factory.mktemp("bench"), debug_step_delay_ms=STEP_MS)
     try:
         yield server
     finally:
@@ -101,6 +106,18 @@ def test_refused_requests_are_counted_as_failed_with_the_servers_message(up, tmp
     assert run["completed"] + run["failed"] == 6
     assert run["failed"] >= 1
     assert any("HTTP 400" in error and "outside the vocabulary" in error for error in run["errors"])
+    up.wait_idle()
+
+
+def test_openai_requests_past_the_deadline_fail_and_free_their_blocks(up, tmp_path):
+    # 400 tokens take at least 400 x STEP_MS = 2 s: far past a 0.25 s deadline.
+    done, report = bench(tmp_path, "--backend", "openai", "--base-url", up.http_url,
+                         "--vocab-size", VOCAB, "--concurrency", 2, "--num-requests", 2,
+                         "--input-len", 16, "--output-len", 400, "--warmup", 0, "--timeout-s", 0.25)
+    assert done.returncode == 0, done.stderr
+    run = report["runs"][0]
+    assert (run["completed"], run["failed"]) == (0, 2)
+    assert run["errors"] and all("deadline of 0.25 s exceeded" in e for e in run["errors"])
     up.wait_idle()
 
 
