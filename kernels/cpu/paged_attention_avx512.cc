@@ -201,6 +201,21 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         ++block;
       }
     }
+    // The next chunk's K/V rows start coming into L2 while this one is computed (the
+    // task's blocks are scattered, which hardware prefetchers do not follow; see the
+    // tiled kernel's prefetch for why L2 and not L1).
+    for (int64_t next = pos + count; next < std::min(last_len, pos + count + kChunk); ++next) {
+      const int64_t row =
+          (static_cast<int64_t>(task.blocks[next / bs]) * bs + next % bs) * kv_row +
+          task.kv_head * d;
+      constexpr int64_t kBytes = kHalf ? 2 : 4;
+      for (int64_t byte = 0; byte < d * kBytes; byte += 64) {
+        __builtin_prefetch(static_cast<const char*>(cache.k) + row * kBytes + byte,
+                           /*rw=*/0, /*locality=*/2);
+        __builtin_prefetch(static_cast<const char*>(cache.v) + row * kBytes + byte,
+                           /*rw=*/0, /*locality=*/2);
+      }
+    }
     // Rows before first_row attend to positions < pos only: they are done.
     const int64_t first_row = std::max<int64_t>(0, pos - task.attend_len + 1);
     const int64_t qv0 = first_row * num_heads;
