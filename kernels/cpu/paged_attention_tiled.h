@@ -150,8 +150,9 @@ class TileKernel {
       // The next KV tile's rows start coming from memory while this one is computed (its
       // blocks are scattered, which hardware prefetchers do not follow). Into L2
       // (prefetcht1), not L1: a 64-sequence decode step's KV (100+ MB over 30 layers) comes
-      // from DRAM, and prefetcht0 held the L1 fill buffers the tile's own loads wait for;
-      // prefetcht1 made that step's attention 1.35x faster on AVX2 (5.4 -> 7.3 GB/s of KV).
+      // from DRAM, and its attention ran 1.35x faster on AVX2 with prefetcht1 than with
+      // prefetcht0 (5.4 -> 7.3 GB/s of KV; L1's few miss buffers are likely what the
+      // tile's own loads waited for).
       for (int64_t pos = kv0 + kKvTile; pos < std::min(end, kv0 + 2 * kKvTile); ++pos) {
         const int64_t element =
             (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
