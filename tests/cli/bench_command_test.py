@@ -26,34 +26,30 @@ KEY = "sk-bench-test-key"
 VOCAB = 49152  # SmolLM2's
 
 
-def start_up(directory, **flags):
+STEP_MS = 5  # every step sleeps this long first, so a long request outlives a short deadline
+
+
+def serving(directory, **flags):
+    """`loom up` on the no-op engine, ready, stopped after the module's tests."""
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
     up = h.Up(directory, backend="noop", threads=1, kv_cache_memory="64MiB", **flags)
-    up.wait_for_line(r"loom: ready \(1 replicas\)", h.REGISTER_TIMEOUT_S)
-    return up
-
-
-STEP_MS = 5  # every step sleeps this long first, so a long request outlives a short deadline
+    try:
+        up.wait_for_line(r"loom: ready \(1 replicas\)", h.REGISTER_TIMEOUT_S)
+        yield up
+    finally:
+        up.stop()
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    server = start_up(tmp_path_factory.mktemp("bench"), debug_step_delay_ms=STEP_MS)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serving(tmp_path_factory.mktemp("bench"), debug_step_delay_ms=STEP_MS)
 
 
 @pytest.fixture(scope="module")
 def up_with_key(tmp_path_factory):
-    server = start_up(tmp_path_factory.mktemp("bench_key"), api_key=KEY)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serving(tmp_path_factory.mktemp("bench_key"), api_key=KEY)
 
 
 def bench(tmp_path, *args, timeout=120):
