@@ -90,7 +90,17 @@ int64_t WorkerRegistration::num_registrations() const {
 
 absl::StatusOr<int64_t> WorkerRegistration::Drain(absl::Duration timeout) {
   loom::v1::DrainRequest request;
-  request.set_worker_id(worker_id());
+  {
+    // A SIGTERM soon after start-up can come while the Register answer is on its way (the
+    // coordinator may already count this worker as connected): wait for it, at most one
+    // RPC timeout, so that the replica is drained rather than lost.
+    absl::MutexLock lock(&mu_);
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !worker_id_.empty() || stopping_ || !fatal_.ok();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&settled), options_.rpc_timeout);
+    request.set_worker_id(worker_id_);
+  }
   if (request.worker_id().empty()) {
     return absl::FailedPreconditionError("not registered with the coordinator");
   }

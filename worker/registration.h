@@ -57,7 +57,8 @@ class WorkerRegistration {
   /// Asks the coordinator to drain this worker's replica and waits (at most `timeout`,
   /// plus the RPC timeout for the answer) until it holds no request; returns the
   /// requests left. Keeps heartbeating meanwhile
-  /// (call it before Stop()). FailedPrecondition while unregistered.
+  /// (call it before Stop()). A registration in flight is waited for (at most the RPC
+  /// timeout); FailedPrecondition if the worker is still unregistered after that.
   absl::StatusOr<int64_t> Drain(absl::Duration timeout);
 
  private:

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 
@@ -30,6 +31,11 @@ class FakeCoordinator final : public loom::v1::Coordinator::Service {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting");
     }
     ++registrations;
+    if (register_delay_ms > 0) {  // the answer is slow to come, as on a loaded machine
+      mu.Unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(register_delay_ms));
+      mu.Lock();
+    }
     response->set_worker_id("w" + std::to_string(registrations));
     response->set_heartbeat_interval_ms(20);
     return grpc::Status::OK;
@@ -43,8 +49,18 @@ class FakeCoordinator final : public loom::v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Drain(grpc::ServerContext*, const loom::v1::DrainRequest* request,
+                     loom::v1::DrainResponse* response) override {
+    absl::MutexLock lock(&mu);
+    drained_worker_ids.push_back(request->worker_id());
+    response->set_num_requests_left(0);
+    return grpc::Status::OK;
+  }
+
   absl::Mutex mu;
   bool refuse = false;
+  int register_delay_ms = 0;
+  std::vector<std::string> drained_worker_ids;
   int unavailable_registrations = 0;
   int forget_after = -1;
   int register_calls = 0;
@@ -116,6 +132,33 @@ TEST_F(RegistrationTest, RetriesUntilRegisteredThenHeartbeatsAndReRegistersWhenF
   EXPECT_EQ(coordinator_.last_heartbeat.progress().units_done(), 42u);
   EXPECT_EQ(coordinator_.last_heartbeat.num_kv_blocks(), 77);
   EXPECT_TRUE(registration.fatal_status().ok());
+}
+
+TEST_F(RegistrationTest, DrainWaitsForARegistrationInFlight) {
+  // SIGTERM right after start-up: the coordinator has the Register call but its answer has
+  // not reached the worker yet. The drain must still reach the coordinator under the id.
+  coordinator_.register_delay_ms = 300;
+  StartCoordinator();
+  WorkerRegistration registration(Options(), nullptr);
+  registration.Start();
+  ASSERT_TRUE(WaitFor([&] { return coordinator_.register_calls >= 1; }));
+  absl::StatusOr<int64_t> left = registration.Drain(absl::Seconds(2));
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(*left, 0);
+  registration.Stop();
+  absl::MutexLock lock(&coordinator_.mu);
+  EXPECT_EQ(coordinator_.drained_worker_ids, std::vector<std::string>{"w1"});
+}
+
+TEST_F(RegistrationTest, DrainWithoutACoordinatorIsFailedPreconditionAfterTheRpcTimeout) {
+  address_ = "127.0.0.1:1";
+  RegistrationOptions options = Options();
+  options.rpc_timeout = absl::Milliseconds(200);
+  WorkerRegistration registration(options, nullptr);
+  registration.Start();
+  absl::StatusOr<int64_t> left = registration.Drain(absl::Seconds(2));
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kFailedPrecondition) << left.status();
+  registration.Stop();
 }
 
 TEST_F(RegistrationTest, RefusalIsFatal) {
