@@ -5,7 +5,11 @@ llama.cpp is built from the PyPI package llama-cpp-python by bench/setup_llamacp
 (bench-only; never in CI or the serving path) and driven through its ctypes bindings
 (llama_decode on batches; no sampling, logits of the last position of each sequence), with
 llama.cpp's default context settings and environment (as its users run it: OpenMP threads
-that spin at barriers, default flash-attention and KV types); the JSON records them. Loom
+that spin at barriers, default flash-attention, KV types and KV layout: one KV stream per
+sequence, `kv_unified = false`, which llama.h advises for sequences without a shared prefix,
+as the batched sequences here are); the JSON records them. `--llama-kv-unified` adds a second,
+labelled measurement of the batched figures with one unified KV buffer (`kv_unified = true`),
+reported beside the default and never used for the ratios. Loom
 runs bench/engine_bench under LOOM_CPU_ISA=<isa>.
 
 Figures (tokens/s): pp512 (one 512-token prompt in one step), tg128 (one sequence, 128
@@ -54,7 +58,8 @@ OMP_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "OMP_PROC_BIN
            "GGML_NUMA")
 
 
-def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
+def llama_worker(model: str, threads: int, tokens: int, batches: list,
+                 also_unified: bool) -> dict:
     """Runs inside the llama.cpp build's PYTHONPATH; prints one JSON line."""
     import llama_cpp.llama_cpp as L
 
@@ -67,7 +72,8 @@ def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
     n_vocab = L.llama_vocab_n_tokens(vocab)
     max_seqs = max(batches + [1])
 
-    def make_context(n_ctx, n_seq):
+    def make_context(n_ctx, n_seq, kv_unified=None):
+        """kv_unified None keeps llama.cpp's default."""
         params = L.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = 512
@@ -75,7 +81,8 @@ def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
         params.n_seq_max = n_seq
         params.n_threads = threads
         params.n_threads_batch = threads
-        params.kv_unified = True
+        if kv_unified is not None:
+            params.kv_unified = kv_unified
         params.no_perf = True
         ctx = L.llama_init_from_model(mdl, params)
         if not ctx:
@@ -110,7 +117,8 @@ def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
     defaults = L.llama_context_default_params()
     result = {"system_info": L.llama_print_system_info().decode(),
               "settings": {"n_threads": threads, "n_threads_batch": threads, "n_batch": 512,
-                           "n_ubatch": 512, "kv_unified": True,
+                           "n_ubatch": 512,
+                           "kv_unified (default)": bool(defaults.kv_unified),
                            "flash_attn_type (default)": int(getattr(defaults, "flash_attn_type", -99)),
                            "type_k (default)": int(defaults.type_k),
                            "type_v (default)": int(defaults.type_v),
@@ -137,17 +145,22 @@ def llama_worker(model: str, threads: int, tokens: int, batches: list) -> dict:
         clear()
     result[f"tg{tokens}"] = statistics.median(tg)
     L.llama_free(ctx)
-    result["batched"] = {}
-    for n in batches:
-        ctx = make_context(n * (8 + tokens) + 256, n)
+    def batched(n, kv_unified):
+        nonlocal ctx
+        ctx = make_context(n * (8 + tokens) + 256, n, kv_unified)
         prompt = [(token_at(i, 11 + s), i, s, i == 7) for s in range(n) for i in range(8)]
         for begin in range(0, len(prompt), 512):
             decode(prompt[begin:begin + 512])
         start = time.perf_counter()
         for step in range(tokens):
             decode([(token_at(step, 13 + s), 8 + step, s, True) for s in range(n)])
-        result["batched"][str(n)] = n * tokens / (time.perf_counter() - start)
+        figure = n * tokens / (time.perf_counter() - start)
         L.llama_free(ctx)
+        return figure
+
+    result["batched"] = {str(n): batched(n, None) for n in batches}
+    if also_unified:
+        result["batched_kv_unified"] = {str(n): batched(n, True) for n in batches}
     L.llama_batch_free(batch)
     L.llama_model_free(mdl)
     return result
@@ -178,7 +191,8 @@ def run_llama(args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(lib_dir))
     out = subprocess.run(
         [sys.executable, __file__, "--llama-worker", "--model", args.model, "--threads",
-         str(args.threads), "--tokens", str(args.tokens)],
+         str(args.threads), "--tokens", str(args.tokens)]
+        + (["--llama-kv-unified"] if args.llama_kv_unified else []),
         env=env, check=True, capture_output=True, text=True, preexec_fn=child_setup(args))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -243,10 +257,14 @@ def main():
     parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                         help="before each pass, wait up to S seconds for a quiet machine")
     parser.add_argument("--note", default="", help="a note stored in the JSON")
+    parser.add_argument("--llama-kv-unified", action="store_true",
+                        help="also measure llama.cpp's batched decode with kv_unified = true "
+                        "(reported beside the default, labelled; not used for the ratios)")
     parser.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.llama_worker:
-        print(json.dumps(llama_worker(args.model, args.threads, args.tokens, BATCHES)))
+        print(json.dumps(llama_worker(args.model, args.threads, args.tokens, BATCHES,
+                                      args.llama_kv_unified)))
         return
     if args.isa is None:
         parser.error("--isa is required")
@@ -274,6 +292,10 @@ def main():
                   f"{entry['load_1min_after']}", flush=True)
 
     llama = medians(runs["llamacpp"], tg)
+    if args.llama_kv_unified:
+        llama["batched_kv_unified (labelled variant, not in the ratios)"] = {
+            str(n): statistics.median(p["batched_kv_unified"][str(n)] for p in runs["llamacpp"])
+            for n in BATCHES}
     loom = medians(runs["loom"], tg)
     ratios = {"pp512": loom["pp512"] / llama["pp512"], tg: loom[tg] / llama[tg]}
     for n in BATCHES:
