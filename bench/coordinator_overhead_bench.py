@@ -36,7 +36,6 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,29 +46,12 @@ import grpc
 SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 import cluster_harness as h  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 TARGET_MS_PER_STEP_AT_256 = 1.0
 TARGET_PIPELINING_RATIO = 1.5
 POLL_S = 0.1        # GetClusterState polls during a window
 MIN_WINDOW_S = 0.5  # shorter windows (all sequences ended) are an error
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(SOURCE_DIR), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 class HeldStreams:
@@ -273,8 +255,8 @@ def main():
     record = {
         "benchmark": "coordinator_overhead",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "revision": git_revision(),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "host": platform.node()},
+        "provenance": provenance(),
+        "host": platform.node(),
         "model": str(h.MODEL_PATH.relative_to(SOURCE_DIR)) if h.MODEL_PATH.is_relative_to(SOURCE_DIR)
         else str(h.MODEL_PATH),
         "settings": {"window_s": args.window_s, "repeats": args.repeats, "client_read": args.client_read,

@@ -48,6 +48,7 @@ import tempfile
 import time
 
 from machine_load import load_1min, wait_quiet
+from provenance import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD_DIR = pathlib.Path(os.environ.get("LOOM_BUILD_DIR", ROOT / "build"))
@@ -313,6 +314,7 @@ def main():
     result = {
         "benchmark": "cpu_vs_llamacpp",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "provenance": provenance(),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "isa": args.isa, "threads": args.threads, "cpus": args.cpus or "all", "cores": cores,
         "decode_tokens": args.tokens, "passes_per_engine": args.passes,

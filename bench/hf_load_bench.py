@@ -32,6 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "common"))
 
 import hf_checkpoint  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 
 def load_once(tool: pathlib.Path, model: pathlib.Path) -> tuple[float, int]:
@@ -70,7 +71,7 @@ def main() -> int:
         print(f"{tool} is missing: build the model_runner_tool target", file=sys.stderr)
         return 2
 
-    results = {"machine": platform.machine(), "cpus": os.cpu_count(), "model": str(args.model),
+    results = {"provenance": provenance(), "machine": platform.machine(), "model": str(args.model),
                "repeats": args.repeats, "forms": {}}
     with tempfile.TemporaryDirectory(prefix="loom_hf_bench_") as tmp:
         forms = {"gguf": args.model}

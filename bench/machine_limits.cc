@@ -1,8 +1,10 @@
 #include "bench/machine_limits.h"
 
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -99,7 +101,102 @@ __attribute__((target("avx2"))) int32_t DotLoopAvx2(int64_t iterations) {
   return lanes[0] + lanes[7];
 }
 
+// The standard output of `command` (a shell line) with trailing blanks removed; empty when
+// it fails.
+std::string CommandOutput(const std::string& command) {
+  FILE* pipe = popen((command + " 2>/dev/null").c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string text;
+  char buffer[256];
+  while (size_t n = std::fread(buffer, 1, sizeof(buffer), pipe)) text.append(buffer, n);
+  if (pclose(pipe) != 0) return "";
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  return text;
+}
+
+std::string ShellQuoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// `text` as a JSON string literal, or null when empty.
+std::string JsonString(const std::string& text) {
+  if (text.empty()) return "null";
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The checkout a result belongs to: LOOM_SOURCE_DIR (else the current directory) when it is
+// a git checkout, else the one holding this executable (cpu_vs_llamacpp.py points
+// LOOM_SOURCE_DIR at a scratch folder), else "".
+std::string SourceCheckout() {
+  const char* source = std::getenv("LOOM_SOURCE_DIR");
+  std::vector<std::string> candidates = {source != nullptr && *source != '\0' ? source : "."};
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) candidates.push_back(exe.parent_path().string());
+  for (const std::string& dir : candidates) {
+    if (!CommandOutput("git -C " + ShellQuoted(dir) + " rev-parse --git-dir").empty()) return dir;
+  }
+  return "";
+}
+
+const char* BestIsaName() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni")) return "avx512_vnni";
+  if (__builtin_cpu_supports("avx512f")) return "avx512f";
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+  return "scalar";
+}
+
 }  // namespace
+
+std::string ProvenanceJson() {
+  const std::string checkout = SourceCheckout();
+  std::string revision = "unknown", dirty = "false";
+  if (!checkout.empty()) {
+    const std::string git = "git -C " + ShellQuoted(checkout);
+    revision = CommandOutput(git + " rev-parse HEAD");
+    if (revision.empty()) revision = "unknown";
+    if (!CommandOutput(git + " status --porcelain --untracked-files=no").empty()) dirty = "true";
+  }
+  const std::string gpus = CommandOutput("nvidia-smi --query-gpu=name --format=csv,noheader");
+  const char* forced = std::getenv("LOOM_CPU_ISA");
+  double load = -1.0;
+  if (std::ifstream loadavg("/proc/loadavg"); !(loadavg >> load)) load = -1.0;
+  const long cpus = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  const bool quiet = load >= 0.0 && load < 0.5 * static_cast<double>(cpus);
+  char load_text[32];
+  std::snprintf(load_text, sizeof(load_text), "%.2f", load);
+  return "{\"revision\": " + JsonString(revision) + ", \"dirty\": " + dirty +
+         ", \"cpu\": " + JsonString(CpuModel()) + ", \"cpu_isa\": " + JsonString(BestIsaName()) +
+         ", \"cpu_isa_forced\": " + JsonString(forced != nullptr ? forced : "") +
+         ", \"gpu\": " + JsonString(gpus.substr(0, gpus.find('\n'))) +
+         ", \"cpus\": " + std::to_string(cpus) +
+         ", \"load_1min\": " + (load >= 0.0 ? std::string(load_text) : std::string("null")) +
+         ", \"machine_quiet\": " + (quiet ? "true" : "false") + "}";
+}
+
+std::string WithProvenance(const std::string& json) {
+  const size_t open = json.find('{');
+  if (open == std::string::npos) return json;
+  const size_t next = json.find_first_not_of(" \t\r\n", open + 1);
+  const bool empty = next != std::string::npos && json[next] == '}';
+  const bool newline = open + 1 < json.size() && json[open + 1] == '\n';
+  return json.substr(0, open + 1) + "\n  \"provenance\": " + ProvenanceJson() +
+         (empty ? "\n" : newline ? "," : ",\n ") + json.substr(open + 1);
+}
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -216,7 +313,7 @@ void WriteResult(const std::string& name, const std::string& json) {
   const char* source = std::getenv("LOOM_SOURCE_DIR");
   const std::string path = std::string(source ? source : ".") + "/bench/results/" + name + ".json";
   std::ofstream out(path);
-  out << json << "\n";
+  out << WithProvenance(json) << "\n";
   std::printf("wrote %s\n", out ? path.c_str() : "(failed to write the result)");
 }
 
@@ -232,7 +329,7 @@ bool WriteGpuResult(const std::string& name, const std::string& json) {
   std::filesystem::create_directories(dir, error);
   const std::string path = dir + "/" + name + ".json";
   std::ofstream file(path);
-  file << json;
+  file << WithProvenance(json);
   std::printf("wrote %s\n", file ? path.c_str() : "(failed to write the result)");
   return static_cast<bool>(file);
 }

@@ -36,13 +36,25 @@ std::string CpuModel();
 /// UTC time as ISO 8601, for result files.
 std::string UtcNow();
 
-/// Writes `json` to bench/results/<name>.json under the source tree (LOOM_SOURCE_DIR or
-/// the current directory) and prints the path.
+/// Where a figure came from, as a JSON object read now (the fields bench/provenance.py
+/// writes for the Python benches): "revision" (`git rev-parse HEAD` of LOOM_SOURCE_DIR, else
+/// the current directory, else the checkout holding this executable; "unknown" outside
+/// one), "dirty" (tracked files changed), "cpu", "cpu_isa" (the best of avx512_vnni,
+/// avx512f, avx2, scalar this CPU has), "cpu_isa_forced" (LOOM_CPU_ISA or null), "gpu"
+/// (the first nvidia-smi name or null), "cpus", "load_1min" and "machine_quiet" (the
+/// 1-minute load average below 0.5 per logical CPU).
+std::string ProvenanceJson();
+
+/// `json` (one JSON object) with "provenance": ProvenanceJson() as its first member.
+std::string WithProvenance(const std::string& json);
+
+/// Writes WithProvenance(`json`) to bench/results/<name>.json under the source tree
+/// (LOOM_SOURCE_DIR or the current directory) and prints the path.
 void WriteResult(const std::string& name, const std::string& json);
 
-/// Writes a GPU benchmark's `json` to $OUT/<name>.json when OUT is set (tests/gpu/quick.sh's
-/// work folder), else bench/results/gpu/<name>.json under the source tree, creating the
-/// folder; prints the path. False when the file could not be written.
+/// Writes a GPU benchmark's WithProvenance(`json`) to $OUT/<name>.json when OUT is set
+/// (tests/gpu/quick.sh's work folder), else bench/results/gpu/<name>.json under the source
+/// tree, creating the folder; prints the path. False when the file could not be written.
 bool WriteGpuResult(const std::string& name, const std::string& json);
 
 }  // namespace loom::bench

@@ -24,6 +24,8 @@ import statistics
 import subprocess
 import time
 
+from provenance import provenance
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LIMIT = 1.03
 
@@ -97,8 +99,7 @@ def main():
         print(f"{figure:22s} baseline {base:9.3f}  model/ {cand:9.3f}  ratio {ratio:.4f} "
               f"(minima {best:.4f}; limit {LIMIT}) {'ok' if ratio <= LIMIT else 'SLOWER'}")
     result["within_limit"] = ok
-    result["load_average_1min"] = os.getloadavg()[0]
-    result["cpus"] = os.cpu_count()
+    result["provenance"] = provenance()
     pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -36,7 +36,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 PARAGRAPH = ("The coordinator schedules continuous batches across replicas and owns the block table "
              "of every replica's paged key-value cache. Workers run the transformer on the blocks "
@@ -315,8 +315,8 @@ def main():
     record = {
         "benchmark": "prefix_cache",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "revision": git_revision(),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "host": platform.node()},
+        "provenance": provenance(),
+        "host": platform.node(),
         "model": str(h.MODEL_PATH.relative_to(SOURCE_DIR)) if h.MODEL_PATH.is_relative_to(SOURCE_DIR)
         else str(h.MODEL_PATH),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},

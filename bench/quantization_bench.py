@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from provenance import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = pathlib.Path("/usr/share/doc/python3.11/html/_sources")
@@ -54,16 +54,6 @@ def corpus(directory: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 def package_version(name: str) -> str:
     done = subprocess.run(["dpkg-query", "-W", "-f=${Version}", name], capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def measure_decode(loom: pathlib.Path, work: pathlib.Path, args) -> dict:
@@ -120,6 +110,7 @@ def main() -> None:
         report = json.loads(args.out.read_text())
         report["decode"] = measure_decode(loom, work, args)
         report["decode_measured"] = time.strftime("%Y-%m-%d %H:%M")
+        report["decode_provenance"] = provenance()
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"updated {args.out}")
         return
@@ -191,7 +182,8 @@ def main() -> None:
     report = {
         "bench": "quantization",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads_used": args.threads},
+        "provenance": provenance(),
+        "threads_used": args.threads,
         "model": args.model.name,
         "reference": "f32: the Q4_1 source weights dequantized, written by `loom quantize --format f32`",
         "original_q4_1_perplexity": original["perplexity"],

@@ -25,7 +25,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 PROMPTS = (
     "The capital of France is",
@@ -113,8 +113,8 @@ def main():
     record = {
         "benchmark": "serving_cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "revision": git_revision(),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "host": platform.node()},
+        "provenance": provenance(),
+        "host": platform.node(),
         "model": str(h.MODEL_PATH.relative_to(SOURCE_DIR)) if h.MODEL_PATH.is_relative_to(SOURCE_DIR)
         else str(h.MODEL_PATH),
         "settings": {"replicas": args.replicas, "threads_per_worker": args.threads,

@@ -67,7 +67,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from provenance import provenance  # noqa: E402
 from machine_load import load_1min, wait_quiet  # noqa: E402
 
 
@@ -427,9 +427,9 @@ def main():
     record = {
         "benchmark": "serving_vs_llamacpp",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "revision": git_revision(),
+        "provenance": provenance(),
         "command": " ".join([os.path.relpath(sys.argv[0], SOURCE_DIR)] + sys.argv[1:]),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "host": platform.node()},
+        "host": platform.node(),
         "model": h.MODEL_PATH.name,
         "machine_quiet": machine_quiet,
         "machine_quiet_rule": f"1-minute load average < 0.5 per core ({quiet_limit:g}) before every "

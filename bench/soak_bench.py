@@ -37,7 +37,7 @@ sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
 import soak_driver  # noqa: E402
-from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 REJECT_P99_LIMIT_MS = 50.0
 THROUGHPUT_LIMIT = 0.9
@@ -132,9 +132,7 @@ def main() -> int:
     result = {
         "benchmark": "soak",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": git_revision(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
+        "provenance": provenance(),
         "config": {"backend": args.backend, "max_tokens": args.max_tokens, "max_num_seqs": args.max_num_seqs,
                    "max_waiting": args.max_waiting, "http_threads": args.http_threads, "duration_s": args.duration_s,
                    "calibration_s": args.calibration_s, "seed": args.seed,

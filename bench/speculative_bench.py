@@ -36,7 +36,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 TEXTS = (
     "The coordinator schedules continuous batches across replicas and owns the block table of "
@@ -188,14 +188,14 @@ def main():
     rounds = 1 if args.quick else args.rounds
     batches = (1, 8) if args.quick else (1, 8, 32, 64)
     report = {"benchmark": "speculative", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "commit": git_revision(), "cpu": cpu_model(), "threads": args.threads,
+              "provenance": provenance(), "threads": args.threads,
               "max_tokens": args.max_tokens, "rounds": rounds}
     output = pathlib.Path(args.output)
     if sections != {"batch1", "adaptive", "fixed", "draft"} and output.exists():
         # A partial run keeps the other sections of the existing results, and their date and
-        # commit; the sections it measures say when they were measured.
+        # provenance; the sections it measures say when and where they were measured.
         report = {**json.loads(output.read_text()), "sections_run": sorted(sections),
-                  "sections_date": report["date"], "sections_commit": report["commit"]}
+                  "sections_date": report["date"], "sections_provenance": report["provenance"]}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         if "draft" in sections:

@@ -30,7 +30,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from coordinator_overhead_bench import cpu_model, git_revision  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "List many short words as a JSON array."}]
 # No document shorter than 200 strings: the reply always runs to max_tokens.
@@ -106,8 +106,8 @@ def main():
     record = {
         "benchmark": "structured_output_serving",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "revision": git_revision(),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "host": platform.node(),
+        "provenance": provenance(),
+        "machine": {"host": platform.node(),
                     # Other processes' load skews single rounds: compare the samples too.
                     "loadavg_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]},
         "settings": {"clients": args.clients, "max_tokens": args.max_tokens, "repeats": args.repeats,

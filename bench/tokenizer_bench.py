@@ -23,6 +23,7 @@ import tokenizers
 SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "common"))
 from hf_reference import build_reference  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 WORDS = ("the of and to in is that for it as was with be by on not he I this are or his from "
          "at which but have an had they you were their one all we can her has there been if "
@@ -84,16 +85,6 @@ def median_seconds(fn, runs):
     return statistics.median(times)
 
 
-def cpu_model():
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=os.environ.get(
@@ -143,7 +134,8 @@ def main():
 
     record = {
         "benchmark": "tokenizer_encode",
-        "machine": {"cpu": cpu_model(), "cpus": threads, "host": platform.node(),
+        "provenance": provenance(),
+        "machine": {"threads": threads, "host": platform.node(),
                     "python": platform.python_version()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": pathlib.Path(args.model).name,

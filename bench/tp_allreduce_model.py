@@ -17,6 +17,8 @@ import json
 import math
 import pathlib
 
+from provenance import provenance
+
 MODELS = {
     "llama-3-8b": {"layers": 32, "hidden": 4096, "vocab": 128256, "params": 8.0e9},
     "llama-3-70b": {"layers": 80, "hidden": 8192, "vocab": 128256, "params": 70.6e9},
@@ -56,6 +58,7 @@ def main():
                       f"{comm * 1e3:8.3f} {weights * 1e3:10.3f} {comm / weights:8.1%}")
     out = pathlib.Path(__file__).resolve().parent / "results" / "tp_allreduce_model.json"
     out.write_text(json.dumps({"benchmark": "tp_allreduce_model", "kind": "model, not a measurement",
+                               "provenance": provenance(),
                                "assumptions": {"hbm_bytes_per_s": HBM_BYTES_PER_S,
                                                "weight_bytes": WEIGHT_BYTES,
                                                "activation_bytes": ACTIVATION_BYTES,
