@@ -9,7 +9,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
 import cluster_harness as h  # noqa: E402
 
 try:
-    import loom_client  # noqa: F401
+    import loom_client
 except ImportError as error:  # pragma: no cover - setup problem, reported as a failure
     raise ImportError(f"loom_client is not installed ({error}): run scripts/install-deps.sh or "
                       f".venv/bin/pip install ./client/python") from error
@@ -18,6 +18,15 @@ PROMPT = "The capital of France is"
 # Runs for many seconds on the CPU backend: long enough to cancel mid-stream or to outlive
 # a short deadline.
 LONG_RUN_TOKENS = 4000
+
+
+def require_sdk_parameter(name: str):
+    """Fails (never skips) when the installed loom_client predates the generate() keyword `name`
+    (an SDK installed from an older checkout)."""
+    import inspect
+    if name not in inspect.signature(loom_client.client._generate_request).parameters:
+        pytest.fail(f"the installed loom_client predates `{name}`: run scripts/install-deps.sh or "
+                    ".venv/bin/pip install ./client/python")
 
 
 def require_cluster_binaries():

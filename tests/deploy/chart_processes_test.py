@@ -33,7 +33,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from deploy_support import BUILD_DIR, CHART_DIR, build_renderer, render  # noqa: E402
+from deploy_support import BUILD_DIR, CHART_DIR, build_renderer, render, require_binaries  # noqa: E402
 
 MODEL_PATH = pathlib.Path(os.environ.get(
     "LOOM_MODEL_PATH",
@@ -118,9 +118,9 @@ def start_pods(tmp_path, values_files, worker_values, ranks, model_values=None,
     """Renders the chart and starts the coordinator and one worker pod's container; yields
     what the tests need, then kills whatever is left. `model_path` replaces the rendered
     LOOM_MODEL_PATH (checked against `rendered_model_path` when given)."""
-    for binary in BINARIES.values():
-        if not binary.exists():
-            pytest.skip(f"{binary} is not built")
+    missing = require_binaries(*BINARIES.values())  # unbuilt binaries fail, never skip
+    if missing:
+        pytest.fail(missing)
     if not MODEL_PATH.exists():
         pytest.fail(f"default model missing at {MODEL_PATH}: run scripts/fetch-model.sh")
     ports = {"grpc": free_port(), "http": free_port(), "worker": free_ports(ranks),

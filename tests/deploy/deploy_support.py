@@ -11,9 +11,13 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
+from cluster_harness import require_binaries  # noqa: E402
 
 SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
 BUILD_DIR = pathlib.Path(os.environ.get("LOOM_BUILD_DIR", SOURCE_DIR / "build"))
@@ -76,8 +80,9 @@ def render(renderer: pathlib.Path, values: dict | None = None, values_files=(),
 
 def binary_flags(binary: pathlib.Path, *args: str) -> set[str]:
     """Every `--flag` that `binary args --help` mentions."""
-    if not binary.exists():
-        pytest.skip(f"{binary} is not built")
+    missing = require_binaries(binary)  # an unbuilt binary fails, as in the rest of the suite
+    if missing:
+        pytest.fail(missing)
     result = subprocess.run([str(binary), *args, "--help"], capture_output=True, text=True,
                             timeout=30)
     flags = set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout + result.stderr))

@@ -20,10 +20,9 @@ import tempfile
 import threading
 import time
 
+import grpc  # grpcio and grpcio-tools: scripts/install-deps.sh; missing, the module fails
 import pytest
-
-grpc = pytest.importorskip("grpc")
-protoc = pytest.importorskip("grpc_tools.protoc")
+from grpc_tools import protoc
 
 from conftest import BUILD_DIR, MODEL_PATH, SOURCE_DIR  # noqa: E402
 
