@@ -4,8 +4,7 @@ prefilled in chunks alongside the decode (num_mixed_steps from GetClusterState),
 changes no greedy token. Priority classes: among waiting requests the lower priority value runs
 first.
 """
-import time
-
+import grpc
 import pytest
 
 import cluster_harness as h
@@ -97,32 +96,52 @@ def test_overlapping_arrivals_mix_prefill_with_decodes(rig):
     assert coordinator.wait_idle()["replica-a"].num_free_blocks == idle.num_free_blocks
 
 
+# The priority test runs on the no-op backend with a fixed step time: it is about the
+# coordinator's queue, not the model, and a sleep per step bounds how fast the running request
+# can go (below).
+PRIORITY_STEP_MS = 20
+PRIORITY_RUNNING_TOKENS = 4000  # >= 4000 x 20 ms = 80 s of sleeps; cancelled long before
+
+
 @pytest.fixture(scope="module")
 def one_at_a_time(tmp_path_factory):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("priority"), {"replica-a": {"threads": 2}},
-                           max_num_seqs=1) as rig:
+    workers = {"replica-a": {"backend": "noop", "threads": 1, "kv_cache_memory": "1GiB",
+                             "debug_step_delay_ms": PRIORITY_STEP_MS}}
+    with h.running_cluster(tmp_path_factory.mktemp("priority"), workers, max_num_seqs=1) as rig:
         yield rig
 
 
 def test_lower_priority_value_runs_first_among_waiting_requests(one_at_a_time):
-    stub = one_at_a_time.coordinator.stub
-    running = h.Stream(stub, make_request(h.TEXT_PROMPTS[1], max_tokens=48, ignore_eos=True), CALL_TIMEOUT_S)
+    # Independent of this machine's speed: every step of the running request sleeps
+    # PRIORITY_STEP_MS first, so it cannot end before 80 s whatever the CPU (a slower machine
+    # only lengthens it), and the test cancels it as soon as the state shows both others
+    # queued. Arrival order is observed too (the second request is sent only once the first is
+    # counted as waiting), not assumed from a sleep.
+    coordinator = one_at_a_time.coordinator
+    running = h.Stream(coordinator.stub, make_request(h.TEXT_PROMPTS[1], max_tokens=PRIORITY_RUNNING_TOKENS,
+                                                      ignore_eos=True), CALL_TIMEOUT_S)
     assert running.wait_tokens(2, timeout=60), running.outcome.describe()
+
+    def waiting():
+        return coordinator.replicas()["replica-a"].num_waiting
+
     # Both wait behind the running one (--max-num-seqs 1); the later but more urgent one goes first.
-    background = h.Stream(stub, make_request(h.TEXT_PROMPTS[3], max_tokens=8, priority=5), CALL_TIMEOUT_S)
-    time.sleep(0.1)
-    urgent = h.Stream(stub, make_request(h.TEXT_PROMPTS[2], max_tokens=8, priority=0), CALL_TIMEOUT_S)
-    assert h.wait_until(lambda: one_at_a_time.coordinator.replicas()["replica-a"].num_waiting == 2, 10), \
-        "both requests should be waiting behind the running one"
-    assert not running.done(), "the running request ended before the other two were queued"
-    outcomes = [s.join() for s in (running, background, urgent)]
-    for outcome in outcomes:
-        assert outcome.finished, outcome.describe()
-    _, background_out, urgent_out = outcomes
+    background = h.Stream(coordinator.stub, make_request(h.TEXT_PROMPTS[3], max_tokens=8, priority=5),
+                          CALL_TIMEOUT_S)
+    assert h.wait_until(lambda: waiting() == 1, 30), "the first request should be waiting"
+    urgent = h.Stream(coordinator.stub, make_request(h.TEXT_PROMPTS[2], max_tokens=8, priority=0),
+                      CALL_TIMEOUT_S)
+    assert h.wait_until(lambda: waiting() == 2, 30), "both requests should be waiting behind the running one"
+    assert not running.done(), f"the running request ended early: {running.outcome.describe()}"
+    running.cancel()  # frees the only slot: the two waiting requests are scheduled by priority
+    assert running.join().code == grpc.StatusCode.CANCELLED, running.outcome.describe()
+    background_out, urgent_out = background.join(), urgent.join()
+    for outcome in (background_out, urgent_out):
+        assert outcome.finished and len(outcome.token_ids) == 8, outcome.describe()
     assert urgent_out.first_token_at < background_out.first_token_at, (
         "priority 0 (sent later) started after priority 5: "
         f"{urgent_out.first_token_at - background_out.first_token_at:+.3f} s")
-    one_at_a_time.coordinator.wait_idle()
+    coordinator.wait_idle()

@@ -138,9 +138,28 @@ def test_cancel_while_output_is_held_frees_the_blocks(rig):
     assert_blocks_free(rig.coordinator)
 
 
+def first_message_seconds(stub, request) -> float:
+    """How long `request` takes to its first message on this machine (then cancelled)."""
+    started = time.monotonic()
+    call = stub.Generate(request, timeout=CALL_TIMEOUT_S)
+    next(call)
+    seconds = time.monotonic() - started
+    call.cancel()
+    return seconds
+
+
 def test_deadline_while_output_is_held_ends_the_call_and_frees_the_blocks(rig):
-    call = rig.coordinator.stub.Generate(make_request("Tell a long story:", max_tokens=4000, ignore_eos=True),
-                                         timeout=3.0)
+    request = make_request("Tell a long story:", max_tokens=4000, ignore_eos=True)
+    # The deadline must fall after the first message and long before the 4000th token. Both
+    # are measured, not assumed: the same request's time to its first message on this machine
+    # (prefill and one token), times four, plus two intervals. A 3x slower machine scales
+    # the calibration and the call alike, and 4000 decode steps take far longer than four
+    # first messages on any machine.
+    first = first_message_seconds(rig.coordinator.stub, request)
+    assert_blocks_free(rig.coordinator)
+    deadline_s = 4 * first + 2 * INTERVAL_S
+    print(f"first message after {first:.3f} s: deadline {deadline_s:.3f} s")
+    call = rig.coordinator.stub.Generate(request, timeout=deadline_s)
     messages = 0
     with pytest.raises(grpc.RpcError) as error:
         for _ in call:

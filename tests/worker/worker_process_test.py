@@ -29,6 +29,7 @@ from conftest import BUILD_DIR, MODEL_PATH, SOURCE_DIR  # noqa: E402
 WORKER_BIN = BUILD_DIR / "worker" / "loom-worker"
 SMOLLM2_BLOCK_BYTES = 30 * 2 * 3 * 64 * 16 * 2  # layers x (K, V) x kv heads x dims x 16 x f16
 TIMEOUT_S = 60
+DRAIN_TIMEOUT_S = 30  # loom-worker's --drain-timeout-s default (cli/worker_options.h)
 
 
 def _stubs():
@@ -52,8 +53,10 @@ pb, pb_grpc = _stubs()
 class FakeCoordinator(pb_grpc.CoordinatorServicer):
     """Records Register and Heartbeat calls; `refuse` answers FAILED_PRECONDITION."""
 
-    def __init__(self, refuse: str | None = None, port: int = 0):
+    def __init__(self, refuse: str | None = None, port: int = 0, unavailable_attempts: int = 0):
         self.refuse = refuse
+        self.unavailable_attempts = unavailable_attempts  # answered UNAVAILABLE first
+        self.attempt_times: list[float] = []  # time.monotonic() of every Register call
         self.registrations: "queue.Queue" = queue.Queue()
         self.heartbeats: "queue.Queue" = queue.Queue()
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
@@ -64,6 +67,9 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.address = f"127.0.0.1:{self.port}"
 
     def Register(self, request, context):
+        self.attempt_times.append(time.monotonic())
+        if len(self.attempt_times) <= self.unavailable_attempts:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
         self.registrations.put(request)
         if self.refuse:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
@@ -105,10 +111,10 @@ class WorkerProcess:
     def stderr(self) -> str:
         return self.stderr_path.read_text()
 
-    def terminate(self) -> tuple[int, float]:
+    def terminate(self, timeout: float = 15) -> tuple[int, float]:
         start = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=15)
+        code = self.proc.wait(timeout=timeout)
         return code, time.monotonic() - start
 
     def kill(self):
@@ -197,9 +203,14 @@ def test_registers_serves_steps_and_stops_on_sigterm(coordinator, tmp_path):
         assert b"loom.v1.Worker" in listing
         channel.close()
 
-        code, seconds = worker.terminate()
+        # SIGTERM asks the coordinator to drain (this fake does not implement Drain) and stops
+        # at once: nothing waits out the drain timeout. Judged by the control flow, not by
+        # this machine's speed: the exit must come before the drain timeout (a sleep any
+        # machine honours) and the log must show the refused drain.
+        code, seconds = worker.terminate(timeout=DRAIN_TIMEOUT_S + 30)
         assert code == 0, worker.stderr()
-        assert seconds < 5
+        assert seconds < DRAIN_TIMEOUT_S, worker.stderr()
+        assert "drain: UNIMPLEMENTED" in worker.stderr(), worker.stderr()
     finally:
         worker.kill()
 
@@ -282,15 +293,41 @@ def test_registers_once_the_coordinator_comes_up(tmp_path):
         time.sleep(1.0)
         late = FakeCoordinator(port=port)
         try:
-            start = time.monotonic()
-            request = late.registrations.get(timeout=10)
+            # Its timing is the backoff test's subject (below), measured there without a race.
+            request = late.registrations.get(timeout=TIMEOUT_S)
             assert request.backend == "noop"
-            assert time.monotonic() - start < 5  # backoff is capped at 2 s
         finally:
             late.stop()
         assert worker.terminate()[0] == 0
     finally:
         worker.kill()
+
+
+def test_registration_backoff_doubles_from_100_ms_and_is_capped_at_2_s(tmp_path):
+    """The worker retries a failed registration after 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2 s
+    (worker/registration.h). Observed as the gaps between the Register calls a fake answers
+    UNAVAILABLE seven times. Independent of this machine's speed: every gap is a sleep plus one
+    attempt's work, so it is at least its backoff on any machine, and the cap is judged by the
+    ratio of neighbouring gaps (about 1 at the cap, 2 if the backoff kept doubling), in which
+    a slower machine's per-attempt work appears on both sides."""
+    backoffs = [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    fake = FakeCoordinator(unavailable_attempts=len(backoffs))
+    worker = WorkerProcess(fake.address, tmp_path, "--backend", "noop")
+    try:
+        request = fake.registrations.get(timeout=TIMEOUT_S)  # the attempt after the refusals
+        assert request.backend == "noop"
+        times = fake.attempt_times[:len(backoffs) + 1]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        described = ", ".join(f"{g:.3f}" for g in gaps)
+        print(f"registration gaps {described} s")
+        for gap, backoff in zip(gaps, backoffs):
+            assert gap >= backoff - 0.005, f"gaps {described} s, backoffs {backoffs}"
+        # Uncapped, the last gaps would be 3.2 and 6.4 s: ratios 2 where the cap gives 1.25, 1.
+        assert gaps[5] < 1.5 * gaps[4] and gaps[6] < 1.5 * gaps[5], f"gaps {described} s"
+        assert worker.terminate()[0] == 0
+    finally:
+        worker.kill()
+        fake.stop()
 
 
 def test_refusal_by_the_coordinator_is_fatal(tmp_path):
