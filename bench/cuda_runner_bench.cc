@@ -32,7 +32,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/gpu_bench_support.h"
 #include "bench/machine_limits.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda_device.h"

@@ -18,13 +18,13 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
-#include "common/gguf_file.h"
-#include "common/grammar_matcher.h"
-#include "common/grammar_spec.h"
-#include "common/token_trie.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/grammar/grammar_matcher.h"
+#include "common/grammar/grammar_spec.h"
+#include "common/tokenizer/token_trie.h"
+#include "common/tokenizer/tokenizer.h"
 #include "cli/local_engine.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "worker/step_backend_factory.h"
 
 namespace {

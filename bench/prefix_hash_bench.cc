@@ -17,9 +17,9 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
-#include "common/gguf_file.h"
-#include "coordinator/block_hash.h"
-#include "coordinator/block_manager.h"
+#include "common/formats/gguf_file.h"
+#include "engine/block_hash.h"
+#include "engine/block_manager.h"
 #include "worker/cpu_forward_pass.h"
 
 namespace {

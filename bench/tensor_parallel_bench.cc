@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"

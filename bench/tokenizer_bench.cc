@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/gguf_file.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace {
 

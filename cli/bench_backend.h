@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "coordinator/bench_report.h"
+#include "cli/bench_report.h"
 
 namespace loom::coordinator {
 

@@ -22,8 +22,8 @@
 #include "cli/bench_backend.h"
 #include "cli/bench_openai_backend.h"
 #include "cli/command_line.h"
-#include "coordinator/bench_report.h"
-#include "coordinator/bench_workload.h"
+#include "cli/bench_report.h"
+#include "cli/bench_workload.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/inference.grpc.pb.h"
 

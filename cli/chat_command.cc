@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "coordinator/chat_prompt.h"
+#include "cli/chat_prompt.h"
 #include "cli/client_flags.h"
 #include "cli/command_line.h"
 

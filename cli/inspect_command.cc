@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_join.h"
 #include "cli/command_line.h"
-#include "common/chat_template.h"
-#include "common/gguf_file.h"
-#include "common/hf_model.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/jinja/chat_template.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/hf_model.h"
+#include "common/formats/model_config.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace loom::coordinator {
 namespace {

@@ -12,9 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "common/sampling_params.h"
 #include "common/status_macros.h"
-#include "coordinator/request_validation.h"
-#include "coordinator/sequence.h"
-#include "coordinator/step_plan.h"
+#include "engine/request_validation.h"
+#include "engine/sequence.h"
+#include "engine/step_plan.h"
 
 namespace loom::cli {
 namespace {

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/tokenizer.h"
-#include "coordinator/block_manager.h"
-#include "coordinator/request.h"
-#include "coordinator/scheduler.h"
-#include "coordinator/speculation_policy.h"
+#include "common/tokenizer/tokenizer.h"
+#include "engine/block_manager.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/speculation_policy.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/sampler.h"

@@ -13,11 +13,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "cli/command_line.h"
-#include "common/gguf_file.h"
-#include "common/hf_model.h"
-#include "common/gguf_writer.h"
-#include "common/tokenizer.h"
-#include "worker/model_quantizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/hf_model.h"
+#include "common/formats/gguf_writer.h"
+#include "common/tokenizer/tokenizer.h"
+#include "quant/model_quantizer.h"
 
 namespace loom::worker {
 namespace {

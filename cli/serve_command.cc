@@ -6,7 +6,7 @@
 
 #include "cli/command_line.h"
 #include "cli/serve_flags.h"
-#include "coordinator/coordinator_server.h"
+#include "api/coordinator_server.h"
 
 namespace loom::coordinator {
 

@@ -1,7 +1,7 @@
 #pragma once
 
 #include "CLI/CLI.hpp"
-#include "coordinator/coordinator_server.h"
+#include "api/coordinator_server.h"
 
 namespace loom::cli {
 

@@ -13,9 +13,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cli/command_line.h"
-#include "common/gguf_file.h"
-#include "common/hf_model.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/hf_model.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace loom::coordinator {
 namespace {

@@ -20,7 +20,7 @@
 #include "cli/command_line.h"
 #include "cli/serve_command.h"
 #include "cli/serve_flags.h"
-#include "coordinator/coordinator_server.h"
+#include "api/coordinator_server.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::coordinator {

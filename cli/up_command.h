@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "cli/worker_options.h"
-#include "coordinator/coordinator_server.h"
+#include "api/coordinator_server.h"
 
 namespace loom::coordinator {
 

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 
 namespace loom::common {
 

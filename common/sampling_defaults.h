@@ -5,8 +5,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/gguf_file.h"
-#include "common/gguf_metadata_builder.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/gguf_metadata_builder.h"
 
 namespace loom::common {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "common/grammar_spec.h"
+#include "common/grammar/grammar_spec.h"
 
 namespace loom::common {
 

@@ -23,7 +23,7 @@ inline constexpr int32_t kMaxLogprobs = 20;
 /// The parameters of one sequence's sampling (OpenAI / vLLM semantics). The defaults are
 /// those of Loom's gRPC API (loom.v1.SamplingParams, where an unset field takes them):
 /// greedy decoding. The OpenAI-compatible HTTP API applies OpenAI's own default
-/// temperature (1) before converting (coordinator/openai_request.cc).
+/// temperature (1) before converting (api/openai_request.cc).
 struct SamplingParams {
   float temperature = 0.0f;         // >= 0; 0: greedy (argmax, lowest id on ties)
   int32_t top_k = 0;                // >= 0; 0: off

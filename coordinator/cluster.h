@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "coordinator/kv_index.h"
 #include "coordinator/replica.h"
-#include "coordinator/request.h"
+#include "engine/request.h"
 #include "coordinator/router.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.pb.h"

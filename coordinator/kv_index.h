@@ -8,8 +8,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "coordinator/block_hash.h"
-#include "coordinator/block_manager.h"
+#include "engine/block_hash.h"
+#include "engine/block_manager.h"
 
 namespace loom::coordinator {
 

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/request.h"
+#include "engine/request.h"
 #include "prometheus/text_serializer.h"
 
 namespace loom::coordinator {

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/process_metrics.h"
+#include "engine/request_metrics.h"
 #include "loom/v1/inference.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -17,23 +18,6 @@
 #include "prometheus/registry.h"
 
 namespace loom::coordinator {
-
-/// What one finished request reports to the metrics (durations in seconds; negative when
-/// the request never reached that point, e.g. no token before an abort). Token counters,
-/// TTFT, prefix-cache and speculative counters are recorded as they happen instead
-/// (CoordinatorMetrics::Record*).
-struct RequestRecord {
-  std::string replica_id;                  // where it ran last ("" if never placed)
-  loom::v1::FinishReason finish_reason = loom::v1::FINISH_REASON_UNSPECIFIED;
-  int64_t prompt_tokens = 0;
-  int64_t generation_tokens = 0;
-  int64_t max_tokens = 0;       // the request's max_tokens parameter
-  double queue_seconds = -1;    // arrival to first scheduled
-  double prefill_seconds = -1;  // first scheduled to first token
-  double decode_seconds = -1;   // first token to last token
-  double inference_seconds = -1;  // first scheduled to finish
-  double e2e_seconds = -1;      // arrival to finish
-};
 
 /// The latency histograms of one replica (label `replica`), looked up once per request.
 struct ReplicaLatencySeries {
@@ -49,25 +33,26 @@ struct ReplicaLatencySeries {
 /// a prompt scheduled, a draft verified), not when the request finishes. Also serves the
 /// process_* metrics. Documented in docs/metrics.md. Thread-safe (prometheus-cpp metrics
 /// are atomic; the per-replica series cache has a mutex).
-class CoordinatorMetrics {
+class CoordinatorMetrics : public RequestMetrics {
  public:
   explicit CoordinatorMetrics(std::string model_name);
 
   /// A finished request: finish reason, lengths, parameters and latency histograms.
-  void RecordRequest(const RequestRecord& record);
+  void RecordRequest(const RequestRecord& record) override;
   /// A request's first token, `ttft_seconds` after its arrival, on `replica_id`: the TTFT
   /// histogram and its prompt tokens (counted once its prefill completed, as vLLM does).
   /// Returns the replica's latency series for the request's later tokens.
   const ReplicaLatencySeries& RecordFirstToken(const std::string& replica_id,
-                                               double ttft_seconds, int64_t prompt_tokens);
+                                               double ttft_seconds,
+                                               int64_t prompt_tokens) override;
   /// One generated token streamed (with the gap since the previous one of the request,
   /// or negative for the first), on `series` from RecordFirstToken.
-  void RecordToken(const ReplicaLatencySeries& series, double inter_token_seconds);
+  void RecordToken(const ReplicaLatencySeries& series, double inter_token_seconds) override;
   /// Prefix-cache lookup when a replica schedules a prompt: tokens queried and found.
-  void RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried, int64_t hits);
+  void RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried, int64_t hits) override;
   /// One speculative step of one sequence: tokens drafted and accepted (a prefix of the
   /// drafts: positions 0..accepted-1 were accepted).
-  void RecordSpeculativeStep(int64_t drafted, int64_t accepted);
+  void RecordSpeculativeStep(int64_t drafted, int64_t accepted) override;
   /// A request refused at admission: ResourceExhausted (429, queue full) or Unavailable
   /// (503, no replica or draining); other codes are not counted.
   void RecordRejected(const absl::Status& status);

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "coordinator/step_plan.h"
+#include "engine/step_plan.h"
 #include "grpcpp/grpcpp.h"
 
 namespace loom::coordinator {

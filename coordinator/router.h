@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "coordinator/block_hash.h"
+#include "engine/block_hash.h"
 #include "coordinator/kv_index.h"
 
 namespace loom::coordinator {

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "common/ggml_type.h"
+#include "common/formats/ggml_type.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::kernels {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/device.h"
 

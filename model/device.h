@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "kernels/cpu/weights.h"
 #include "model/tensor.h"
 

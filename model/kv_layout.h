@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 
 namespace loom::model {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "model/device.h"
 #include "model/model_weights.h"
 #include "model/tensor_parallel.h"

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/gguf_file.h"
-#include "common/model_config.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/model_config.h"
 #include "common/rope_frequencies.h"
 #include "kernels/cpu/weights.h"
 #include "model/tensor_parallel.h"

@@ -9,8 +9,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/gguf_file.h"
-#include "common/gguf_writer.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/gguf_writer.h"
 #include "kernels/cpu/quantize.h"
 
 namespace loom::model {

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 
 namespace loom::model {
 

@@ -18,7 +18,7 @@
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda_device.h"

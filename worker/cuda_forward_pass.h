@@ -7,8 +7,8 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "common/gguf_file.h"
-#include "common/model_config.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/model_config.h"
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "worker/forward_pass.h"

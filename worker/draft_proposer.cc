@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "absl/strings/str_format.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "common/status_macros.h"
 #include "worker/step_backend.h"
 

@@ -7,7 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 #include "worker/forward_pass.h"
 #include "worker/sampler.h"
 #include "worker/step_batch.h"

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "worker/sampler.h"
 #include "worker/step_batch.h"
 

@@ -10,7 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "common/grammar_matcher.h"
+#include "common/grammar/grammar_matcher.h"
 #include "common/sampling_params.h"
 
 namespace loom::worker {

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "worker/sampler.h"
 #include "worker/step_batch.h"
 

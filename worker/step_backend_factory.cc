@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "worker/cuda_forward_pass.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"

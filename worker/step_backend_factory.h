@@ -5,8 +5,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/gguf_file.h"
-#include "common/model_config.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/model_config.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"

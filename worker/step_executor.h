@@ -7,7 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "common/grammar_matcher_factory.h"
+#include "common/grammar/grammar_matcher_factory.h"
 #include "common/sampling_params.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/draft_proposer.h"

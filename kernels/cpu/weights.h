@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/ggml_type.h"
+#include "common/formats/ggml_type.h"
 
 namespace loom::kernels::cpu {
 

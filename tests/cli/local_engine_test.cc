@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/gguf_file.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"

@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/forward_pass.h"
 #include "worker/model_step_backend.h"

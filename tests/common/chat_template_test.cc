@@ -2,7 +2,7 @@
 // produced by Python's jinja2 configured as Hugging Face does for apply_chat_template
 // (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, HF tojson).
 
-#include "common/chat_template.h"
+#include "common/jinja/chat_template.h"
 
 #include <ctime>
 #include <string>

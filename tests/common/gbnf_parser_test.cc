@@ -1,4 +1,4 @@
-#include "common/gbnf_parser.h"
+#include "common/grammar/gbnf_parser.h"
 
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"

@@ -1,4 +1,4 @@
-#include "common/ggml_type.h"
+#include "common/formats/ggml_type.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-"""Loom's GGUF dequantization (common/ggml_type.cc) against the `gguf` package.
+"""Loom's GGUF dequantization (common/formats/ggml_type.cc) against the `gguf` package.
 
 Random blocks of every supported type are written with gguf.GGUFWriter, dequantized by
 tests/tools/gguf_dequant_tool, and compared bit for bit with gguf.quants.dequantize.

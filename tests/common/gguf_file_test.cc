@@ -1,4 +1,4 @@
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 
 #include <cmath>
 #include <cstdlib>

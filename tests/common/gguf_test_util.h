@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 
 namespace loom::common::testing {
 

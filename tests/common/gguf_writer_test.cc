@@ -1,4 +1,4 @@
-#include "common/gguf_writer.h"
+#include "common/formats/gguf_writer.h"
 
 #include <unistd.h>
 

@@ -1,12 +1,12 @@
-#include "common/grammar_matcher.h"
+#include "common/grammar/grammar_matcher.h"
 
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "common/grammar_spec.h"
-#include "common/token_trie.h"
+#include "common/grammar/grammar_spec.h"
+#include "common/tokenizer/token_trie.h"
 #include "gtest/gtest.h"
 #include "tests/common/tokenizer_test_util.h"
 

@@ -1,4 +1,4 @@
-#include "common/grammar_spec.h"
+#include "common/grammar/grammar_spec.h"
 
 #include "gtest/gtest.h"
 

@@ -1,6 +1,6 @@
-#include "common/grammar.h"
+#include "common/grammar/grammar.h"
 
-#include "common/gbnf_parser.h"
+#include "common/grammar/gbnf_parser.h"
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"
 

@@ -3,8 +3,8 @@
 #include <memory>
 #include <string>
 
-#include "common/grammar_matcher.h"
-#include "common/grammar_spec.h"
+#include "common/grammar/grammar_matcher.h"
+#include "common/grammar/grammar_spec.h"
 #include "gtest/gtest.h"
 
 namespace loom::common::testing {

@@ -1,9 +1,9 @@
-#include "common/hf_config.h"
+#include "common/formats/hf_config.h"
 
 #include <cmath>
 #include <string>
 
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "common/hf_model.h"
+#include "common/formats/hf_model.h"
 
 #include <filesystem>
 #include <fstream>

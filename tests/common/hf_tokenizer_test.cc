@@ -1,10 +1,10 @@
-#include "common/hf_tokenizer.h"
+#include "common/tokenizer/hf_tokenizer.h"
 
 #include <string>
 #include <vector>
 
-#include "common/pre_tokenizer.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/pre_tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "common/incremental_decoder.h"
+#include "common/tokenizer/incremental_decoder.h"
 
 #include <gtest/gtest.h>
 

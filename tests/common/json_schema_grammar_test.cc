@@ -1,4 +1,4 @@
-#include "common/json_schema_grammar.h"
+#include "common/grammar/json_schema_grammar.h"
 
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"

@@ -1,4 +1,4 @@
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 
 #include <cstdlib>
 #include <filesystem>

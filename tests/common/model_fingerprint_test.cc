@@ -1,4 +1,4 @@
-#include "common/model_fingerprint.h"
+#include "common/formats/model_fingerprint.h"
 
 #include <cstdlib>
 #include <filesystem>

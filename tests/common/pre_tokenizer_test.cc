@@ -1,4 +1,4 @@
-#include "common/pre_tokenizer.h"
+#include "common/tokenizer/pre_tokenizer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/regex_grammar.h"
+#include "common/grammar/regex_grammar.h"
 
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"

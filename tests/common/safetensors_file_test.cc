@@ -1,4 +1,4 @@
-#include "common/safetensors_file.h"
+#include "common/formats/safetensors_file.h"
 
 #include <cstring>
 #include <filesystem>

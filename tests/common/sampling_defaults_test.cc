@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "common/gguf_metadata_builder.h"
+#include "common/formats/gguf_metadata_builder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

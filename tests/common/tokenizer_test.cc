@@ -1,4 +1,4 @@
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 #include "tests/common/tokenizer_test_util.h"
 
 namespace loom::common {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common/gguf_file.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tests/test_paths.h"
 
 namespace loom::common::testing {

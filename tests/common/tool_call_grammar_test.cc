@@ -1,8 +1,8 @@
-#include "common/tool_call_grammar.h"
+#include "common/grammar/tool_call_grammar.h"
 
 #include <string>
 
-#include "common/grammar_spec.h"
+#include "common/grammar/grammar_spec.h"
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"
 

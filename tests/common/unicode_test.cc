@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "common/byte_level.h"
+#include "common/tokenizer/byte_level.h"
 
 namespace loom::common {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/block_hash.h"
-#include "coordinator/block_manager.h"
+#include "engine/block_hash.h"
+#include "engine/block_manager.h"
 #include "coordinator/kv_index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

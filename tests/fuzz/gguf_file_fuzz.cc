@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/gguf_file.h"
-#include "common/model_config.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/model_config.h"
 
 namespace {
 

@@ -37,11 +37,11 @@ absl_libs=(
 
 case "$target" in
   gguf_file)
-    sources=(common/gguf_file.cc common/file_image.cc common/ggml_type.cc common/model_config.cc
+    sources=(common/formats/gguf_file.cc common/formats/file_image.cc common/formats/ggml_type.cc common/formats/model_config.cc
              common/sampling_defaults.cc common/rope_frequencies.cc)
     corpus_dir=gguf ;;
   safetensors_file)
-    sources=(common/safetensors_file.cc common/file_image.cc)
+    sources=(common/formats/safetensors_file.cc common/formats/file_image.cc)
     corpus_dir=safetensors ;;
   *) echo "unknown fuzz target $target"; exit 2 ;;
 esac

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/safetensors_file.h"
+#include "common/formats/safetensors_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using loom::common::SafetensorsFile;

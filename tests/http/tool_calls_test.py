@@ -7,7 +7,7 @@ schema (the grammar engine enforces it, sampled at temperature 1.0), non-streami
 streaming (delta.tool_calls as OpenAI streams them); "auto" parses a call the model wrote;
 an assistant tool call and the tool's answer render through the chat template; tool
 schemas the engine cannot compile are 400s naming the construct. The other formats'
-parsers are tested in C++ on recorded replies (tests/coordinator/tool_call_parser_test.cc).
+parsers are tested in C++ on recorded replies (tests/api/tool_call_parser_test.cc).
 """
 import json
 import pathlib

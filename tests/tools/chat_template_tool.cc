@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "common/chat_template.h"
+#include "common/jinja/chat_template.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {

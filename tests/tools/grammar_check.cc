@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "common/grammar_matcher.h"
-#include "common/grammar_spec.h"
+#include "common/grammar/grammar_matcher.h"
+#include "common/grammar/grammar_spec.h"
 #include "nlohmann/json.hpp"
 
 int main() {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "common/gguf_file.h"
-#include "common/hf_model.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/hf_model.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/matmul.h"

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "cli/local_engine.h"
-#include "common/gguf_file.h"
-#include "common/hf_model.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/hf_model.h"
 #include "common/status_macros.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"

@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/gguf_file.h"
-#include "common/hf_model.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/hf_model.h"
+#include "common/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   std::string model_path;

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "common/gguf_file.h"
+#include "common/formats/gguf_file.h"
 #include "common/status_macros.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "kernels/cuda/types.h"
 #include "kernels/cuda_device.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/grammar_matcher_factory.h"
+#include "common/grammar/grammar_matcher_factory.h"
 #include "worker/sampler.h"
 
 namespace loom::worker {

@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cli/local_engine.h"
-#include "common/gguf_file.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/tokenizer/tokenizer.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "cli/local_engine.h"
-#include "common/gguf_file.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/model_config.h"
+#include "common/tokenizer/tokenizer.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"

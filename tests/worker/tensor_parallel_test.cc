@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/gguf_file.h"
-#include "common/tokenizer.h"
+#include "common/formats/gguf_file.h"
+#include "common/tokenizer/tokenizer.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/gguf_file.h"
-#include "common/gguf_writer.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/gguf_writer.h"
 
 namespace loom::worker::testing {
 

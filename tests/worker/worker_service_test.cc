@@ -7,7 +7,7 @@
 #include <memory>
 #include <thread>
 
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "worker/noop_backend.h"
 
 namespace loom::worker {

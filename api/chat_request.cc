@@ -1,0 +1,197 @@
+#include "api/chat_request.h"
+
+#include <cctype>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_format.h"
+#include "common/grammar/grammar_spec.h"
+#include "common/status_macros.h"
+#include "api/openai_request.h"
+
+namespace loom::coordinator {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+absl::Status Invalid(const std::string& param, const std::string& message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
+  return status;
+}
+
+// The OpenAI body of the gRPC chat fields: {"tools", "tool_choice", "parallel_tool_calls"}.
+absl::StatusOr<Json> ToolsBody(const loom::v1::GenerateRequest& request) {
+  Json body = Json::object();
+  if (request.tools_size() > 0) {
+    Json tools = Json::array();
+    for (int i = 0; i < request.tools_size(); ++i) {
+      const loom::v1::Tool& tool = request.tools(i);
+      Json function = Json::object();
+      function["name"] = tool.name();
+      if (!tool.description().empty()) function["description"] = tool.description();
+      if (!tool.parameters().empty()) {
+        Json parameters = Json::parse(tool.parameters(), nullptr, /*allow_exceptions=*/false);
+        if (parameters.is_discarded()) {
+          return Invalid(
+              "tools",
+              absl::StrFormat("tools[%d] ('%s'): 'parameters' is not valid JSON", i, tool.name()));
+        }
+        function["parameters"] = std::move(parameters);
+      }
+      tools.push_back(Json{{"type", "function"}, {"function", std::move(function)}});
+    }
+    body["tools"] = std::move(tools);
+  }
+  const std::string& choice = request.tool_choice();
+  const std::string& function = request.tool_choice_function();
+  if (choice == "function" || (choice.empty() && !function.empty())) {
+    if (function.empty()) {
+      return Invalid("tool_choice", "tool_choice \"function\" needs tool_choice_function");
+    }
+    body["tool_choice"] = Json{{"type", "function"}, {"function", Json{{"name", function}}}};
+  } else if (!function.empty()) {
+    return Invalid("tool_choice_function", absl::StrFormat("tool_choice_function goes with "
+                                                           "tool_choice \"function\", not \"%s\"",
+                                                           choice));
+  } else if (!choice.empty()) {
+    body["tool_choice"] = choice;
+  }
+  if (request.has_parallel_tool_calls())
+    body["parallel_tool_calls"] = request.parallel_tool_calls();
+  return body;
+}
+
+Json MessagesJson(const loom::v1::GenerateRequest& request) {
+  Json messages = Json::array();
+  for (const loom::v1::ChatMessage& message : request.messages()) {
+    Json out = Json::object();
+    out["role"] = message.role();
+    out["content"] = message.has_content() ? Json(message.content()) : Json(nullptr);
+    if (!message.name().empty()) out["name"] = message.name();
+    if (!message.tool_call_id().empty()) out["tool_call_id"] = message.tool_call_id();
+    if (message.tool_calls_size() > 0) {
+      Json calls = Json::array();
+      for (const loom::v1::ToolCall& call : message.tool_calls()) {
+        Json entry = Json::object();
+        if (!call.id().empty()) entry["id"] = call.id();
+        entry["type"] = "function";
+        entry["function"] = Json{{"name", call.name()},
+                                 {"arguments", call.arguments().empty() ? "{}" : call.arguments()}};
+        calls.push_back(std::move(entry));
+      }
+      out["tool_calls"] = std::move(calls);
+    }
+    messages.push_back(std::move(out));
+  }
+  return messages;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRequest& tools,
+                                             const common::Tokenizer& tokenizer,
+                                             const common::ChatTemplate& chat_template) {
+  LOOM_ASSIGN_OR_RETURN(Json template_messages, TemplateMessages(messages, tools));
+  Json context = Json::object();
+  context["messages"] = std::move(template_messages);
+  if (tools.template_renders_tools && !tools.tools.empty()) context["tools"] = tools.tools;
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = tokenizer.bos_id() >= 0
+                             ? std::string(tokenizer.TokenText(tokenizer.bos_id()))
+                             : std::string();
+  context["eos_token"] = tokenizer.eos_id() >= 0
+                             ? std::string(tokenizer.TokenText(tokenizer.eos_id()))
+                             : std::string();
+  absl::StatusOr<std::string> rendered = chat_template.RenderJson(context);
+  if (!rendered.ok()) {
+    return Invalid("messages", absl::StrFormat("the chat template rejected the messages: %s",
+                                               rendered.status().message()));
+  }
+  return rendered;
+}
+
+std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
+                                      const common::Tokenizer& tokenizer) {
+  return tokenizer.Encode(rendered, /*add_special=*/false, /*parse_special=*/true);
+}
+
+absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_param,
+                                 const char* choice_param, loom::v1::GenerateRequest& request) {
+  std::optional<common::GrammarSpec> constraint = ToolCallConstraint(tools);
+  if (constraint) {
+    if (!request.sampling().grammar().kind().empty()) {
+      return Invalid(choice_param, absl::StrFormat("'%s' forces a tool call, which conflicts with "
+                                                   "the structured output constraint; give one",
+                                                   choice_param));
+    }
+    absl::StatusOr<std::shared_ptr<const common::Grammar>> compiled =
+        common::SharedGrammarCache().Get(*constraint);
+    if (!compiled.ok()) {
+      return Invalid(tools_param,
+                     absl::StrFormat("the tools' parameter schemas cannot be enforced: %s",
+                                     compiled.status().message()));
+    }
+    request.mutable_sampling()->mutable_grammar()->set_kind(
+        common::GrammarKindName(constraint->kind));
+    request.mutable_sampling()->mutable_grammar()->set_text(constraint->text);
+  }
+  // Mistral's [TOOL_CALLS] is a special token: the parser needs it in the text.
+  if (tools.active() && tools.format == ToolCallFormat::kMistral &&
+      !request.has_skip_special_tokens()) {
+    request.set_skip_special_tokens(false);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& request,
+                                                const common::Tokenizer& tokenizer,
+                                                const common::ChatTemplate* chat_template) {
+  if (request.messages_size() == 0) {
+    if (request.tools_size() > 0 || !request.tool_choice().empty() ||
+        !request.tool_choice_function().empty() || request.has_parallel_tool_calls()) {
+      return Invalid("messages",
+                     "tools, tool_choice and parallel_tool_calls need messages (a chat)");
+    }
+    return ToolsRequest{};
+  }
+  if (request.prompt_case() != loom::v1::GenerateRequest::PROMPT_NOT_SET) {
+    return Invalid("messages",
+                   "give either messages (a chat) or a prompt (text or token_ids), not both");
+  }
+  if (chat_template == nullptr) {
+    return absl::FailedPreconditionError(
+        "this model has no usable chat template; send a prompt instead of messages");
+  }
+  LOOM_ASSIGN_OR_RETURN(Json body, ToolsBody(request));
+  LOOM_ASSIGN_OR_RETURN(ToolsRequest tools, ParseToolsRequest(body, chat_template->source()));
+  LOOM_RETURN_IF_ERROR(ApplyToolConstraint(tools, "tools", "tool_choice", request));
+  LOOM_ASSIGN_OR_RETURN(std::string rendered,
+                        RenderChatPrompt(MessagesJson(request), tools, tokenizer, *chat_template));
+  const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
+  request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+  request.clear_messages();
+  request.clear_tools();
+  request.clear_tool_choice();
+  request.clear_tool_choice_function();
+  request.clear_parallel_tool_calls();
+  return tools;
+}
+
+ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text) {
+  ChatReply out;
+  ParsedReply parsed = ParseToolCalls(tools.format, text);
+  if (!tools.parallel && parsed.calls.size() > 1) parsed.calls.resize(1);
+  out.content = std::string(text.substr(0, parsed.content_end));
+  if (!parsed.calls.empty()) {
+    while (!out.content.empty() && std::isspace(static_cast<unsigned char>(out.content.back()))) {
+      out.content.pop_back();
+    }
+  }
+  out.calls = std::move(parsed.calls);
+  return out;
+}
+
+}  // namespace loom::coordinator

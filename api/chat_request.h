@@ -1,0 +1,61 @@
+#pragma once
+
+// A chat (messages, tools, tool_choice) as a GenerateRequest: the one place where both
+// /v1/chat/completions and the gRPC API (GenerateRequest.messages) render a conversation
+// with the model's chat template, constrain required / named tool calls with the grammar
+// engine, and parse the model's reply back into tool calls.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/jinja/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "api/openai_tools.h"
+#include "api/tool_call_parser.h"
+#include "loom/v1/inference.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::coordinator {
+
+/// The prompt text of `messages` (OpenAI-shaped; see TemplateMessages) and `tools`,
+/// rendered by `chat_template` with the generation prompt. InvalidArgument (param
+/// "messages") for bad messages or a template error.
+absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::ordered_json& messages,
+                                             const ToolsRequest& tools,
+                                             const common::Tokenizer& tokenizer,
+                                             const common::ChatTemplate& chat_template);
+
+/// The token ids of a rendered chat prompt (the template writes BOS itself; its special
+/// tokens are parsed).
+std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
+                                      const common::Tokenizer& tokenizer);
+
+/// tool_choice `required` or a named function: sets `request`'s grammar to a valid call
+/// (InvalidArgument naming the schema construct the grammar engine cannot compile, param
+/// `tools_param`, or naming `choice_param` when the request already has a constraint).
+/// Mistral's format keeps special tokens in the text (its [TOOL_CALLS] is one).
+absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_param,
+                                 const char* choice_param, loom::v1::GenerateRequest& request);
+
+/// The gRPC API's chat: turns `request`'s messages, tools, tool_choice and
+/// parallel_tool_calls into the token-id prompt (and the grammar, see ApplyToolConstraint),
+/// exactly as the same OpenAI chat request would be; the chat fields are cleared. Returns
+/// the tools, to parse the reply with. InvalidArgument for messages together with a
+/// prompt, chat fields without messages, malformed tools (parameters that are not JSON)
+/// or messages, and FailedPrecondition when `chat_template` is null (the model has none).
+absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& request,
+                                                const common::Tokenizer& tokenizer,
+                                                const common::ChatTemplate* chat_template);
+
+/// A finished reply split into content (trailing whitespace before calls dropped) and
+/// the calls in `tools`' format, cut to one when parallel calls are off.
+struct ChatReply {
+  std::string content;
+  std::vector<ParsedToolCall> calls;
+};
+ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text);
+
+}  // namespace loom::coordinator

@@ -1,0 +1,168 @@
+#include "api/coordinator_server.h"
+
+#include <pthread.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "common/formats/hf_model.h"
+#include "common/formats/model_fingerprint.h"
+#include "common/sampling_params.h"
+#include "engine/block_hash.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace loom::coordinator {
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServeOptions& options) {
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->options_ = options;
+  SetBlockHashCollisionsForTesting(options.debug_colliding_block_hashes);
+  auto gguf = common::OpenModelFile(options.model_path);
+  if (!gguf.ok()) return gguf.status();
+  server->gguf_ = *std::move(gguf);
+  auto config = common::ModelConfigFromGguf(*server->gguf_);
+  if (!config.ok()) return config.status();
+  server->config_ = *std::move(config);
+  if (!options.model_sampling_defaults) server->config_.sampling_defaults = {};
+  if (options.max_model_len > 0) {
+    if (options.max_model_len > server->config_.context_length) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--max-model-len %d is longer than the model's context length %d",
+          options.max_model_len, server->config_.context_length));
+    }
+    server->config_.context_length = options.max_model_len;
+  }
+  auto tokenizer = common::Tokenizer::FromGguf(*server->gguf_);
+  if (!tokenizer.ok()) return tokenizer.status();
+  server->tokenizer_ = *std::move(tokenizer);
+  server->model_ = MakeServedModel(options.model_path, *server->gguf_, server->config_,
+                                   options.served_model_name);
+  server->metrics_ = std::make_unique<CoordinatorMetrics>(server->model_.id);
+  server->cluster_ = std::make_unique<Cluster>(options.cluster, server->model_.info.fingerprint());
+  absl::StatusOr<ApiKeys> api_keys =
+      ApiKeys::Load(options.api_keys, options.api_key_files, std::getenv("LOOM_API_KEY"));
+  if (!api_keys.ok()) return api_keys.status();
+  if (api_keys->enabled()) {
+    std::fprintf(stderr, "loom: API keys required (%zu configured) on the HTTP API and the gRPC "
+                 "Inference service\n", api_keys->size());
+  }
+  // Workers reach the Coordinator service (registration, heartbeats, rendezvous) on the
+  // same port without a key: it is internal, and the port must only be reachable by the
+  // cluster and its clients (docs/ARCHITECTURE.md, "API keys and TLS").
+  server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
+  if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
+    auto chat_template = common::ChatTemplate::Parse(*source);
+    if (chat_template.ok()) {
+      server->chat_template_ = *std::move(chat_template);
+    } else {
+      std::fprintf(stderr, "loom: the model's chat template is not usable (%s); "
+                   "/v1/chat/completions will answer 400 and gRPC chats FAILED_PRECONDITION\n",
+                   chat_template.status().ToString().c_str());
+    }
+  }
+  server->inference_service_ = std::make_unique<InferenceService>(
+      *server->cluster_, server->model_, server->config_, *server->tokenizer_,
+      server->metrics_.get(), options.stream_interval, *api_keys);
+  server->inference_service_->set_chat_template(server->chat_template_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrFormat("%s:%d", options.host, options.grpc_port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->coordinator_service_.get());
+  builder.RegisterService(server->inference_service_.get());
+  // Long streams through proxies and load balancers: ping idle connections every 30 s
+  // (a dead peer is noticed within 30 + 10 s and its requests cancelled), and accept the
+  // clients' own keep-alive pings (down to every 10 s, even between calls) instead of
+  // answering them with GOAWAY "too_many_pings".
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // The sync methods hold a thread of the server each while they run (Generate streams use
+  // the callback API and hold none).
+  grpc::ResourceQuota quota("loom-coordinator");
+  quota.SetMaxThreads(4096);
+  builder.SetResourceQuota(quota);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
+  }
+  if (options.http.port >= 0) {
+    HttpOptions http = options.http;
+    http.host = options.host;
+    http.stream_interval = options.stream_interval;
+    http.api_keys = *api_keys;
+    auto started = HttpServer::Start(http, *server->cluster_, server->model_, server->config_,
+                                     *server->tokenizer_, server->chat_template_.get(),
+                                     *server->metrics_);
+    if (!started.ok()) return started.status();
+    server->http_ = *std::move(started);
+  }
+  server->UpdateHealth();
+  return server;
+}
+
+CoordinatorServer::~CoordinatorServer() { DrainAndStop(); }
+
+std::string CoordinatorServer::address() const {
+  return absl::StrFormat("%s:%d", options_.host, port_);
+}
+
+void CoordinatorServer::BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int CoordinatorServer::WaitForShutdownSignal(const std::function<void()>& tick) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  const timespec period{0, 200 * 1000 * 1000};
+  while (true) {
+    const int signal = sigtimedwait(&set, nullptr, &period);
+    if (signal == SIGTERM || signal == SIGINT) return signal;
+    UpdateHealth();
+    if (tick) tick();
+  }
+}
+
+void CoordinatorServer::UpdateHealth() {
+  const bool serving = cluster_->num_healthy() > 0 && !cluster_->draining();
+  if (health_known_ && serving == serving_) return;
+  health_known_ = server_ != nullptr;
+  serving_ = serving;
+  if (grpc::HealthCheckServiceInterface* health = server_ ? server_->GetHealthCheckService()
+                                                          : nullptr) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus("loom.v1.Inference", serving);
+  }
+}
+
+void CoordinatorServer::DrainAndStop() {
+  if (server_ == nullptr) return;
+  cluster_->StartDrain();
+  UpdateHealth();
+  if (!cluster_->WaitIdle(options_.drain_timeout)) {
+    std::fprintf(stderr, "loom: drain timeout: aborting the requests still running\n");
+  }
+  cluster_->Stop();
+  if (http_ != nullptr) http_->Stop();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,729 @@
+#include "api/openai_service.h"
+
+#include <cctype>
+#include <functional>
+#include <memory>
+#include <random>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "api/openai_request.h"
+#include "api/peer_connection.h"
+#include "engine/request_validation.h"
+#include "api/chat_request.h"
+#include "api/tool_call_parser.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::coordinator {
+namespace {
+
+// OpenAI's temperature for requests that set none (when the model has no default).
+constexpr float kOpenAiDefaultTemperature = 1.0f;
+
+// ordered_json keeps the keys in the order OpenAI writes them (id, object, created...).
+using Json = nlohmann::ordered_json;
+
+// Token strings are raw bytes and may split a UTF-8 character: replace, never throw.
+std::string Dump(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+
+uint64_t RandomSeed() {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  return generator();
+}
+
+// One sample of one prompt: its loom Request and what has reached the client so far.
+struct Choice {
+  int index = 0;
+  int prompt_index = 0;
+  std::shared_ptr<Request> request;
+  std::string text;  // everything so far (non-streaming)
+  Json logprobs;     // OpenAI logprobs object, accumulated; null when not asked
+  int32_t completion_tokens = 0;
+  loom::v1::FinishReason finish = loom::v1::FINISH_REASON_UNSPECIFIED;
+  std::string error;
+  int32_t cached_prompt_tokens = 0;  // from the final event
+  // n > 1: samples after the first wait for it (`leader`) to produce a token, by which
+  // time the prompt's KV blocks are in the prefix cache and the samples share them
+  // instead of each computing the prompt again. -1: placed at once.
+  int leader = -1;
+  bool placed = false;
+  bool started = false;      // streaming: the first chunk (role, echo) went out
+  std::string reply;         // streaming with tools: the whole reply so far
+  size_t streamed = 0;       // streaming with tools: bytes of `reply` sent as content
+  int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
+  absl::Time hold_until = absl::InfinitePast();  // its next output is not taken before
+};
+
+// Everything one HTTP request runs: its choices, the client's connection, and the
+// numbers its response reports.
+struct Run {
+  OpenAiRequest parsed;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  std::vector<Choice> choices;
+  int32_t prompt_tokens = 0;
+  std::unique_ptr<PeerConnection> peer;
+  std::function<absl::Status(const std::shared_ptr<Request>&)> place;  // Cluster::Submit
+  absl::Duration stream_interval;  // the least time between two outputs of a choice
+
+  // Places the samples whose leader has produced output (or finished); a sample that
+  // cannot be placed ends with an error event of its own.
+  void PlaceFollowers() {
+    for (Choice& choice : choices) {
+      if (choice.placed) continue;
+      const Choice& leader = choices[choice.leader];
+      if (leader.completion_tokens == 0 && leader.finish == loom::v1::FINISH_REASON_UNSPECIFIED) {
+        continue;
+      }
+      choice.placed = true;
+      if (absl::Status placed = place(choice.request); !placed.ok()) {
+        choice.request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(placed.message()), "");
+      }
+    }
+  }
+
+  bool done() const {
+    for (const Choice& choice : choices) {
+      if (choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED) return false;
+    }
+    return true;
+  }
+  void CancelAll() {
+    for (Choice& choice : choices) {
+      if (choice.request != nullptr && choice.placed) choice.request->Cancel();
+    }
+  }
+  int32_t completion_tokens() const {
+    int32_t total = 0;
+    for (const Choice& choice : choices) total += choice.completion_tokens;
+    return total;
+  }
+  Json Usage() const {
+    Json usage;
+    usage["prompt_tokens"] = prompt_tokens;
+    usage["completion_tokens"] = completion_tokens();
+    usage["total_tokens"] = prompt_tokens + completion_tokens();
+    // Prompt tokens served from the prefix cache, once per prompt (its first sample's).
+    int32_t cached = 0;
+    std::vector<bool> counted(parsed.prompts.size(), false);
+    for (const Choice& choice : choices) {
+      if (counted[choice.prompt_index]) continue;
+      counted[choice.prompt_index] = true;
+      cached += choice.cached_prompt_tokens;
+    }
+    usage["prompt_tokens_details"] = {{"cached_tokens", cached}};
+    return usage;
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Errors.
+
+int OpenAiService::HttpStatusOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+namespace {
+
+Json ErrorJson(const absl::Status& status, int http_status) {
+  const char* type = http_status == 401   ? "authentication_error"
+                     : http_status == 404 ? "not_found_error"
+                     : http_status == 429 ? "rate_limit_error"
+                     : http_status < 500  ? "invalid_request_error"
+                     : http_status == 503 ? "service_unavailable_error"
+                                          : "internal_server_error";
+  Json error;
+  error["message"] = std::string(status.message());
+  error["type"] = type;
+  const std::string param = OpenAiErrorParam(status);
+  error["param"] = param.empty() ? Json(nullptr) : Json(param);
+  error["code"] = http_status == 401   ? Json("invalid_api_key")
+                  : http_status == 404 ? Json("model_not_found")
+                  : http_status == 429 ? Json("queue_full")
+                                       : Json(nullptr);
+  Json body;
+  body["error"] = std::move(error);
+  return body;
+}
+
+}  // namespace
+
+void OpenAiService::WriteError(const absl::Status& status, httplib::Response& response) {
+  const int http_status = HttpStatusOf(status);
+  response.status = http_status;
+  // Clients back off and retry a full queue; a second is about one step of a full batch
+  // draining on a CPU worker.
+  if (http_status == 429) response.set_header("Retry-After", "1");
+  response.set_content(Dump(ErrorJson(status, http_status)), "application/json");
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests.
+
+OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
+                             const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+                             const common::ChatTemplate* chat_template,
+                             CoordinatorMetrics* metrics, absl::Duration stream_interval,
+                             std::optional<uint64_t> seed)
+    : cluster_(cluster),
+      model_(model),
+      config_(config),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      eos_ids_(tokenizer.EndOfGenerationIds()),
+      metrics_(metrics),
+      stream_interval_(stream_interval),
+      seed_(seed) {}
+
+uint64_t OpenAiService::UnseededSeed() {
+  if (!seed_.has_value()) return RandomSeed();
+  // SplitMix64 of (seed, how many unseeded samples came before): distinct per sample, the
+  // same sequence on every run with the same --seed.
+  uint64_t z = *seed_ + 0x9e3779b97f4a7c15ULL * (unseeded_count_.fetch_add(1) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void OpenAiService::Completions(const httplib::Request& request, httplib::Response& response) {
+  Handle(/*chat=*/false, request, response);
+}
+
+void OpenAiService::ChatCompletions(const httplib::Request& request,
+                                    httplib::Response& response) {
+  Handle(/*chat=*/true, request, response);
+}
+
+void OpenAiService::Models(const httplib::Request&, httplib::Response& response) {
+  Json model;
+  model["id"] = model_.id;
+  model["object"] = "model";
+  model["created"] = model_.created;
+  model["owned_by"] = "loom";
+  model["root"] = model_.info.path();
+  model["max_model_len"] = model_.info.context_length();
+  Json list;
+  list["object"] = "list";
+  list["data"] = Json::array({model});
+  response.set_content(Dump(list), "application/json");
+}
+
+namespace {
+
+absl::Status InvalidParam(const std::string& param, const std::string& message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
+  return status;
+}
+
+}  // namespace
+
+void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response& response) {
+  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    WriteError(InvalidParam("", "the request body must be a JSON object"), response);
+    return;
+  }
+  bool add_special = true;
+  if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      WriteError(InvalidParam("add_special_tokens", "'add_special_tokens' must be a boolean"), response);
+      return;
+    }
+    add_special = it->get<bool>();
+  }
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    // Rendered exactly as /v1/chat/completions renders them.
+    absl::StatusOr<OpenAiRequest> parsed =
+        ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, request.body, tokenizer_, chat_template_);
+    if (!parsed.ok()) {
+      WriteError(parsed.status(), response);
+      return;
+    }
+    const auto& prompt_ids = parsed->prompts[0].token_ids().ids();
+    ids.assign(prompt_ids.begin(), prompt_ids.end());
+  } else if (auto it = body.find("prompt"); it != body.end() && it->is_string()) {
+    ids = tokenizer_.Encode(it->get<std::string>(), add_special, /*parse_special=*/true);
+  } else {
+    WriteError(InvalidParam("prompt", "'prompt' (a string) or 'messages' is required"), response);
+    return;
+  }
+  Json out;
+  out["count"] = ids.size();
+  out["max_model_len"] = config_.context_length;
+  out["tokens"] = ids;
+  response.set_content(Dump(out), "application/json");
+}
+
+void OpenAiService::Detokenize(const httplib::Request& request, httplib::Response& response) {
+  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    WriteError(InvalidParam("", "the request body must be a JSON object"), response);
+    return;
+  }
+  auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) {
+    WriteError(InvalidParam("tokens", "'tokens' must be a list of token ids"), response);
+    return;
+  }
+  std::vector<int32_t> ids;
+  for (const Json& id : *it) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config_.vocab_size) {
+      WriteError(InvalidParam("tokens", absl::StrFormat("'tokens' must hold ids in [0, %d)", config_.vocab_size)),
+                 response);
+      return;
+    }
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  absl::StatusOr<std::string> text = tokenizer_.Decode(ids, /*skip_special=*/false);
+  if (!text.ok()) {
+    WriteError(InvalidParam("tokens", std::string(text.status().message())), response);
+    return;
+  }
+  Json out;
+  out["prompt"] = *text;
+  response.set_content(Dump(out), "application/json");
+}
+
+namespace {
+
+// Appends one token's logprobs to a choice's OpenAI logprobs object.
+void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
+                    const loom::v1::SequenceOutput& output, Choice& choice) {
+  auto bytes_of = [](const std::string& text) {
+    Json bytes = Json::array();
+    for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+    return bytes;
+  };
+  const std::string token = tokenizer.TokenBytes(output.token_id());
+  if (chat) {
+    if (choice.logprobs.is_null()) choice.logprobs["content"] = Json::array();
+    Json entry;
+    entry["token"] = token;
+    entry["logprob"] = output.logprob();
+    entry["bytes"] = bytes_of(token);
+    entry["top_logprobs"] = Json::array();
+    for (const loom::v1::TokenLogprob& top : output.top_logprobs()) {
+      const std::string text = tokenizer.TokenBytes(top.token_id());
+      Json alternative;
+      alternative["token"] = text;
+      alternative["logprob"] = top.logprob();
+      alternative["bytes"] = bytes_of(text);
+      entry["top_logprobs"].push_back(std::move(alternative));
+    }
+    choice.logprobs["content"].push_back(std::move(entry));
+    return;
+  }
+  if (choice.logprobs.is_null()) {
+    choice.logprobs["tokens"] = Json::array();
+    choice.logprobs["token_logprobs"] = Json::array();
+    choice.logprobs["top_logprobs"] = Json::array();
+    choice.logprobs["text_offset"] = Json::array();
+  }
+  choice.logprobs["tokens"].push_back(token);
+  choice.logprobs["token_logprobs"].push_back(output.logprob());
+  Json top = Json::object();
+  for (const loom::v1::TokenLogprob& alternative : output.top_logprobs()) {
+    top[tokenizer.TokenBytes(alternative.token_id())] = alternative.logprob();
+  }
+  choice.logprobs["top_logprobs"].push_back(std::move(top));
+  choice.logprobs["text_offset"].push_back(choice.text_offset);
+  choice.text_offset += static_cast<int64_t>(token.size());
+}
+
+// The reply of a finished choice with tools: its content (null when empty) and calls,
+// cut to one when parallel calls are off.
+struct ToolReply {
+  Json content;
+  std::vector<ParsedToolCall> calls;
+};
+
+ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
+  ChatReply parsed = ParseChatReply(tools, text);
+  ToolReply out;
+  out.content = parsed.content.empty() && !parsed.calls.empty() ? Json(nullptr) : Json(parsed.content);
+  out.calls = std::move(parsed.calls);
+  return out;
+}
+
+Json ToolCallJson(const ParsedToolCall& call, const std::string& id) {
+  Json out;
+  out["id"] = id;
+  out["type"] = "function";
+  out["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+  return out;
+}
+
+// Takes what a choice's request produced since the last call into the choice; returns
+// the new text (and leaves the new tokens' logprobs in `delta_logprobs` when asked).
+std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const OutputEvent& event,
+                   Choice& choice, Json* delta_logprobs) {
+  choice.completion_tokens += static_cast<int32_t>(event.token_ids.size());
+  Choice delta;  // the new tokens' logprobs alone, for a streamed chunk
+  delta.text_offset = choice.text_offset;
+  for (const loom::v1::SequenceOutput& output : event.logprobs) {
+    AppendLogprobs(chat, tokenizer, output, choice);
+    if (delta_logprobs != nullptr) AppendLogprobs(chat, tokenizer, output, delta);
+  }
+  if (delta_logprobs != nullptr) *delta_logprobs = std::move(delta.logprobs);
+  if (event.final()) {
+    choice.finish = event.finish_reason;
+    choice.error = event.error_message;
+    choice.cached_prompt_tokens = event.cached_prompt_tokens;
+  }
+  return event.text;
+}
+
+// Waits for output of any unfinished choice and hands each event to `on_event`
+// (false: stop, the client is gone). Ends when every choice finished (true) or the
+// client went away (false; the choices are cancelled).
+template <typename OnEvent>
+bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
+          const std::function<bool()>& send_keep_alive) {
+  absl::Time last_write = absl::Now();
+  const absl::Duration wait =
+      run.choices.size() == 1 ? absl::Milliseconds(50) : absl::Milliseconds(5);
+  while (!run.done()) {
+    run.PlaceFollowers();
+    bool any = false;
+    for (Choice& choice : run.choices) {
+      if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED || !choice.placed) continue;
+      std::optional<OutputEvent> event = choice.request->outputs().Pop(wait, choice.hold_until);
+      if (!event) continue;
+      any = true;
+      if (run.stream_interval > absl::ZeroDuration()) {
+        choice.hold_until = absl::Now() + run.stream_interval;
+      }
+      if (!on_event(choice, *event)) {
+        run.CancelAll();
+        return false;
+      }
+    }
+    if (run.peer != nullptr && run.peer->PeerClosed()) {
+      run.CancelAll();
+      return false;
+    }
+    if (any) {
+      last_write = absl::Now();
+    } else if (send_keep_alive && absl::Now() - last_write > keep_alive) {
+      if (!send_keep_alive()) {
+        run.CancelAll();
+        return false;
+      }
+      last_write = absl::Now();
+    }
+  }
+  return true;
+}
+
+// Streaming with tools: content is sent as soon as it cannot be part of a call; the
+// rest is held until the reply ends and then sent as content or as delta.tool_calls
+// (per call: one chunk with its index, id, type and name and empty arguments, then one
+// with the arguments), with finish_reason "tool_calls". False: the client is gone or the
+// request failed.
+template <typename Send, typename MakeChunk>
+bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delta_logprobs,
+                    bool failed, Send&& send, MakeChunk&& chunk) {
+  choice.reply += text;
+  auto delta_chunk = [&](Json delta, Json finish) {
+    Json out;
+    out["index"] = choice.index;
+    out["delta"] = std::move(delta);
+    out["logprobs"] = std::move(delta_logprobs);
+    delta_logprobs = nullptr;
+    out["finish_reason"] = std::move(finish);
+    return send(chunk(Json::array({std::move(out)})));
+  };
+  Json delta = Json::object();
+  if (!choice.started) {
+    delta["role"] = "assistant";
+    delta["content"] = "";
+    choice.started = true;
+  }
+  const bool final = choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED;
+  if (!final || failed) {
+    const size_t safe = StreamableContent(run.parsed.tools.format, choice.reply);
+    if (safe > choice.streamed) {
+      delta["content"] = choice.reply.substr(choice.streamed, safe - choice.streamed);
+      choice.streamed = safe;
+    }
+    if (delta.empty() && delta_logprobs.is_null()) return true;
+    if (!delta_chunk(std::move(delta), nullptr)) return false;
+    if (failed) {
+      const absl::Status error = absl::UnavailableError(
+          absl::StrFormat("the request could not be completed: %s", choice.error));
+      send("data: " + Dump(ErrorJson(error, 503)) + "\n\n");
+      return false;
+    }
+    return true;
+  }
+  ToolReply reply = ParseReply(run.parsed.tools, choice.reply);
+  const size_t content_end =
+      reply.calls.empty() ? choice.reply.size()
+                          : (reply.content.is_null() ? 0 : reply.content.get<std::string>().size());
+  if (content_end > choice.streamed) {
+    delta["content"] = choice.reply.substr(choice.streamed, content_end - choice.streamed);
+    choice.streamed = content_end;
+  }
+  if (!delta.empty() || !delta_logprobs.is_null()) {
+    if (!delta_chunk(std::move(delta), nullptr)) return false;
+  }
+  for (size_t i = 0; i < reply.calls.size(); ++i) {
+    Json head;
+    head["index"] = static_cast<int>(i);
+    head["id"] = NewToolCallId();
+    head["type"] = "function";
+    head["function"] = {{"name", reply.calls[i].name}, {"arguments", ""}};
+    if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(head)})}}, nullptr)) return false;
+    Json arguments;
+    arguments["index"] = static_cast<int>(i);
+    arguments["function"] = {{"arguments", reply.calls[i].arguments}};
+    if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(arguments)})}}, nullptr)) return false;
+  }
+  return delta_chunk(Json::object(), reply.calls.empty() ? Json(FinishReasonName(choice.finish))
+                                                         : Json("tool_calls"));
+}
+
+}  // namespace
+
+void OpenAiService::Handle(bool chat, const httplib::Request& request,
+                           httplib::Response& response) {
+  const std::string content_type = request.get_header_value("Content-Type");
+  if (content_type.rfind("application/json", 0) != 0) {
+    WriteError(absl::InvalidArgumentError(absl::StrFormat(
+                   "the body must be JSON with Content-Type: application/json, got '%s'",
+                   content_type)),
+               response);
+    return;
+  }
+  absl::StatusOr<OpenAiRequest> parsed =
+      ParseOpenAiRequest(chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions,
+                         request.body, tokenizer_, chat_template_);
+  if (!parsed.ok()) return WriteError(parsed.status(), response);
+  if (!model_.Matches(parsed->model)) {
+    return WriteError(absl::NotFoundError(absl::StrFormat(
+                          "the model '%s' does not exist; this server serves '%s'",
+                          parsed->model, model_.id)),
+                      response);
+  }
+
+  auto run = std::make_shared<Run>();
+  run->parsed = *std::move(parsed);
+  const uint64_t number = next_id_.fetch_add(1);
+  run->id = absl::StrFormat("%s-%016x%04x", chat ? "chatcmpl" : "cmpl", RandomSeed(),
+                            number & 0xffff);
+  run->created = absl::ToUnixSeconds(absl::Now());
+  run->model = model_.id;
+
+  // Validate every prompt before placing any, so a bad one leaves nothing running.
+  std::vector<RequestParams> prompts;
+  for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
+    absl::StatusOr<RequestParams> params =
+        ValidateGenerateRequest(prompt, config_, tokenizer_, kOpenAiDefaultTemperature);
+    if (!params.ok()) return WriteError(params.status(), response);
+    run->prompt_tokens += static_cast<int32_t>(params->prompt_ids.size());
+    prompts.push_back(*std::move(params));
+  }
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int32_t s = 0; s < run->parsed.n; ++s) {
+      RequestParams params = prompts[p];
+      // Each sample draws its own tokens: seed + sample index when the client seeded
+      // the request (reproducible), a fresh random seed otherwise.
+      params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s : UnseededSeed());
+      Choice choice;
+      choice.index = static_cast<int>(run->choices.size());
+      choice.prompt_index = static_cast<int>(p);
+      choice.request = std::make_shared<Request>(
+          absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(),
+          std::move(params), tokenizer_, eos_ids_);
+      choice.request->set_metrics(metrics_);
+      if (s > 0) {
+        choice.leader = choice.index - s;  // placed by Pump once the leader has output
+      } else {
+        if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
+          if (metrics_ != nullptr) metrics_->RecordRejected(placed);
+          run->CancelAll();
+          return WriteError(placed, response);
+        }
+        if (metrics_ != nullptr) {
+          metrics_->RecordRequestParams(run->parsed.n, choice.request->params().max_tokens);
+        }
+        choice.placed = true;
+      }
+      run->choices.push_back(std::move(choice));
+    }
+  }
+  run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
+                                               request.remote_addr, request.remote_port);
+  run->stream_interval = stream_interval_;
+  run->place = [cluster = &cluster_](const std::shared_ptr<Request>& sample) {
+    return cluster->Submit(sample);
+  };
+  const OpenAiRequest& options = run->parsed;
+  const common::Tokenizer& tokenizer = tokenizer_;
+
+  if (!options.stream) {
+    const bool finished = Pump(
+        *run,
+        [&](Choice& choice, const OutputEvent& event) {
+          choice.text += Absorb(chat, tokenizer, event, choice, nullptr);
+          return true;
+        },
+        absl::InfiniteDuration(), nullptr);
+    if (!finished) return;  // nobody to answer
+    for (const Choice& choice : run->choices) {
+      if (choice.finish == loom::v1::FINISH_REASON_ERROR ||
+          choice.finish == loom::v1::FINISH_REASON_ABORT) {
+        return WriteError(absl::UnavailableError(absl::StrFormat(
+                              "the request could not be completed: %s", choice.error)),
+                          response);
+      }
+    }
+    Json body;
+    body["id"] = run->id;
+    body["object"] = chat ? "chat.completion" : "text_completion";
+    body["created"] = run->created;
+    body["model"] = run->model;
+    body["choices"] = Json::array();
+    for (const Choice& choice : run->choices) {
+      Json out;
+      out["index"] = choice.index;
+      const char* finish = FinishReasonName(choice.finish);
+      if (chat && options.tools.active()) {
+        ToolReply reply = ParseReply(options.tools, choice.text);
+        Json message;
+        message["role"] = "assistant";
+        message["content"] = reply.content;
+        if (!reply.calls.empty()) {
+          if (options.tools.legacy) {
+            message["function_call"] = {{"name", reply.calls[0].name},
+                                        {"arguments", reply.calls[0].arguments}};
+            finish = "function_call";
+          } else {
+            message["tool_calls"] = Json::array();
+            for (const ParsedToolCall& call : reply.calls) {
+              message["tool_calls"].push_back(ToolCallJson(call, NewToolCallId()));
+            }
+            finish = "tool_calls";
+          }
+        }
+        out["message"] = std::move(message);
+      } else if (chat) {
+        out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      } else {
+        out["text"] = options.echo ? options.echo_texts[choice.prompt_index] + choice.text
+                                   : choice.text;
+      }
+      out["logprobs"] = choice.logprobs;
+      out["finish_reason"] = finish;
+      body["choices"].push_back(std::move(out));
+    }
+    body["usage"] = run->Usage();
+    response.set_content(Dump(body), "application/json");
+    return;
+  }
+
+  // Streaming: Server-Sent Events, one chunk per batch of new text per choice.
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("X-Accel-Buffering", "no");
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [run, chat, &tokenizer](size_t, httplib::DataSink& sink) {
+        auto send = [&sink](const std::string& data) {
+          return sink.write(data.data(), data.size());
+        };
+        auto chunk = [&](Json choices) {
+          Json body;
+          body["id"] = run->id;
+          body["object"] = chat ? "chat.completion.chunk" : "text_completion";
+          body["created"] = run->created;
+          body["model"] = run->model;
+          body["choices"] = std::move(choices);
+          if (run->parsed.include_usage) body["usage"] = nullptr;
+          return "data: " + Dump(body) + "\n\n";
+        };
+        const bool finished = Pump(
+            *run,
+            [&](Choice& choice, const OutputEvent& event) {
+              Json delta_logprobs;
+              std::string text = Absorb(chat, tokenizer, event, choice, &delta_logprobs);
+              const bool failed = choice.finish == loom::v1::FINISH_REASON_ERROR ||
+                                  choice.finish == loom::v1::FINISH_REASON_ABORT;
+              Json out;
+              out["index"] = choice.index;
+              if (chat && run->parsed.tools.active()) {
+                return SendToolChunks(*run, choice, text, std::move(delta_logprobs), failed, send, chunk);
+              }
+              if (chat) {
+                Json delta = Json::object();
+                if (!choice.started) delta["role"] = "assistant";
+                if (!text.empty() || !choice.started) delta["content"] = text;
+                out["delta"] = std::move(delta);
+              } else {
+                if (!choice.started && run->parsed.echo) {
+                  text = run->parsed.echo_texts[choice.prompt_index] + text;
+                }
+                out["text"] = text;
+              }
+              choice.started = true;
+              out["logprobs"] = std::move(delta_logprobs);
+              out["finish_reason"] =
+                  choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED || failed
+                      ? Json(nullptr)
+                      : Json(FinishReasonName(choice.finish));
+              if (!send(chunk(Json::array({std::move(out)})))) return false;
+              if (failed) {
+                // Streaming already began: the error is an event, then the stream ends.
+                const absl::Status error = absl::UnavailableError(
+                    absl::StrFormat("the request could not be completed: %s", choice.error));
+                send("data: " + Dump(ErrorJson(error, 503)) + "\n\n");
+                return false;
+              }
+              return true;
+            },
+            absl::Seconds(5), [&] { return send(": keep-alive\n\n"); });
+        if (finished && run->parsed.include_usage) {
+          Json body;
+          body["id"] = run->id;
+          body["object"] = chat ? "chat.completion.chunk" : "text_completion";
+          body["created"] = run->created;
+          body["model"] = run->model;
+          body["choices"] = Json::array();
+          body["usage"] = run->Usage();
+          send("data: " + Dump(body) + "\n\n");
+        }
+        send("data: [DONE]\n\n");
+        sink.done();
+        return true;
+      },
+      [run](bool) { run->CancelAll(); });
+}
+
+}  // namespace loom::coordinator

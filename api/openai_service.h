@@ -1,0 +1,72 @@
+#pragma once
+
+#include <atomic>
+#include <optional>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/jinja/chat_template.h"
+#include "common/formats/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
+#include "api/served_model.h"
+#include "httplib.h"
+
+namespace loom::coordinator {
+
+/// The OpenAI-compatible endpoints: POST /v1/completions and /v1/chat/completions
+/// (streaming as Server-Sent Events or one JSON body) and GET /v1/models. A request runs
+/// as one loom Request per prompt and sample (n), placed on the Cluster like a gRPC
+/// Generate; a client that disconnects cancels them all (their KV blocks are freed at the
+/// replica's next step). Errors are OpenAI error bodies with 4xx for the client's
+/// mistakes, 429 (Retry-After) for a full queue and 503 when nothing can serve.
+/// Thread-safe (one instance serves every HTTP thread).
+class OpenAiService {
+ public:
+  /// `chat_template` may be null (chat requests are then 400). A choice's output is taken
+  /// at most once per `stream_interval` (the first and the final pieces at once).
+  OpenAiService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
+                const common::Tokenizer& tokenizer, const common::ChatTemplate* chat_template,
+                CoordinatorMetrics* metrics = nullptr,
+                absl::Duration stream_interval = absl::ZeroDuration(),
+                std::optional<uint64_t> seed = std::nullopt);
+
+  void Completions(const httplib::Request& request, httplib::Response& response);
+  void ChatCompletions(const httplib::Request& request, httplib::Response& response);
+  void Models(const httplib::Request& request, httplib::Response& response);
+  /// POST /tokenize (vLLM's shape): `prompt` (string) or `messages` (rendered by the chat
+  /// template), `add_special_tokens` (default true) -> {count, max_model_len, tokens}.
+  void Tokenize(const httplib::Request& request, httplib::Response& response);
+  /// POST /detokenize: `tokens` (ids) -> {prompt}.
+  void Detokenize(const httplib::Request& request, httplib::Response& response);
+
+  /// Writes an OpenAI error body and the HTTP status for `status` (InvalidArgument 400,
+  /// NotFound 404, ResourceExhausted 429 with Retry-After, Unavailable 503, ...).
+  static void WriteError(const absl::Status& status, httplib::Response& response);
+  /// The HTTP status an absl status becomes.
+  static int HttpStatusOf(const absl::Status& status);
+
+ private:
+  void Handle(bool chat, const httplib::Request& request, httplib::Response& response);
+
+  Cluster& cluster_;
+  const ServedModel& model_;
+  const common::ModelConfig& config_;
+  const common::Tokenizer& tokenizer_;
+  const common::ChatTemplate* chat_template_;
+  const std::vector<int32_t> eos_ids_;
+  CoordinatorMetrics* metrics_;
+  const absl::Duration stream_interval_;  // >= 0
+  std::atomic<uint64_t> next_id_{1};
+  // The seed of a sample whose request set none: drawn from `seed_` (HttpOptions::seed)
+  // when set, else random.
+  uint64_t UnseededSeed();
+  const std::optional<uint64_t> seed_;
+  std::atomic<uint64_t> unseeded_count_{0};
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,257 @@
+#include "api/tool_call_parser.h"
+
+#include <algorithm>
+#include <random>
+
+#include "nlohmann/json.hpp"
+
+namespace loom::coordinator {
+namespace {
+
+// Ordered: arguments keep the model's key order in the JSON text handed back.
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+std::string_view Trim(std::string_view text) {
+  while (!text.empty() && IsSpace(text.front())) text.remove_prefix(1);
+  while (!text.empty() && IsSpace(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+Json ParseJson(std::string_view text) {
+  return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+// {"name": ..., <arguments_key>: {...} or "..."} as a call; false when it is not one.
+bool CallFromJson(const Json& value, ParsedToolCall& call) {
+  if (!value.is_object()) return false;
+  // Hermes and the generic format may nest the call as {"function": {...}}.
+  const Json& call_json =
+      value.contains("function") && value["function"].is_object() ? value["function"] : value;
+  auto name = call_json.find("name");
+  if (name == call_json.end() || !name->is_string() || name->get<std::string>().empty()) {
+    return false;
+  }
+  call.name = name->get<std::string>();
+  auto arguments = call_json.find("arguments");
+  if (arguments == call_json.end()) arguments = call_json.find("parameters");
+  if (arguments == call_json.end() || arguments->is_null()) {
+    call.arguments = "{}";
+  } else if (arguments->is_string()) {
+    call.arguments = arguments->get<std::string>();
+  } else if (arguments->is_object()) {
+    call.arguments = arguments->dump(-1, ' ', false, Json::error_handler_t::replace);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// A list of calls (an array) or one call.
+bool CallsFromJson(const Json& value, std::vector<ParsedToolCall>& calls) {
+  if (value.is_array()) {
+    if (value.empty()) return false;
+    for (const Json& item : value) {
+      ParsedToolCall call;
+      if (!CallFromJson(item, call)) return false;
+      calls.push_back(std::move(call));
+    }
+    return true;
+  }
+  ParsedToolCall call;
+  if (!CallFromJson(value, call)) return false;
+  calls.push_back(std::move(call));
+  return true;
+}
+
+// A reply wrapped in a Markdown code fence (```json ... ```): the inside.
+std::string_view Unfenced(std::string_view text) {
+  if (text.substr(0, 3) != "```") return text;
+  const size_t line_end = text.find('\n');
+  if (line_end == std::string_view::npos) return text;
+  std::string_view inside = text.substr(line_end + 1);
+  const size_t close = inside.rfind("```");
+  if (close != std::string_view::npos) inside = inside.substr(0, close);
+  return Trim(inside);
+}
+
+ParsedReply ParseHermes(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  const size_t first = text.find(kHermesOpen);
+  if (first == std::string_view::npos) return reply;
+  size_t at = first;
+  std::vector<ParsedToolCall> calls;
+  while (at != std::string_view::npos) {
+    const size_t body = at + kHermesOpen.size();
+    size_t close = text.find(kHermesClose, body);
+    // The last call may be cut short of its closing tag (EOS right after the JSON).
+    const std::string_view inner = Trim(
+        text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body));
+    ParsedToolCall call;
+    if (!CallFromJson(ParseJson(inner), call)) return reply;  // not a call: all content
+    calls.push_back(std::move(call));
+    if (close == std::string_view::npos) break;
+    at = text.find(kHermesOpen, close + kHermesClose.size());
+  }
+  reply.calls = std::move(calls);
+  reply.content_end = first;
+  return reply;
+}
+
+ParsedReply ParseMistral(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  const size_t marker = text.find(kMistralMarker);
+  if (marker == std::string_view::npos) return reply;
+  std::vector<ParsedToolCall> calls;
+  if (!CallsFromJson(ParseJson(Trim(text.substr(marker + kMistralMarker.size()))), calls)) {
+    return reply;
+  }
+  reply.calls = std::move(calls);
+  reply.content_end = marker;
+  return reply;
+}
+
+ParsedReply ParseLlama3(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  std::string_view body = Trim(text);
+  if (body.substr(0, kPythonTag.size()) == kPythonTag) body = Trim(body.substr(kPythonTag.size()));
+  body = Unfenced(body);
+  std::vector<ParsedToolCall> calls;
+  Json whole = ParseJson(body);
+  if (!whole.is_discarded()) {
+    if (!CallsFromJson(whole, calls)) return reply;
+  } else {
+    // Several calls separated by ';' (Llama 3.2's parallel form).
+    size_t start = 0;
+    while (start <= body.size()) {
+      size_t end = body.find(';', start);
+      // A ';' inside a string value: extend until the piece parses.
+      Json piece;
+      while (true) {
+        piece = ParseJson(Trim(body.substr(
+            start, end == std::string_view::npos ? std::string_view::npos : end - start)));
+        if (!piece.is_discarded() || end == std::string_view::npos) break;
+        end = body.find(';', end + 1);
+      }
+      ParsedToolCall call;
+      if (!CallFromJson(piece, call)) return reply;
+      calls.push_back(std::move(call));
+      if (end == std::string_view::npos) break;
+      start = end + 1;
+    }
+  }
+  reply.calls = std::move(calls);
+  reply.content_end = 0;
+  return reply;
+}
+
+ParsedReply ParseGeneric(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  const Json value = ParseJson(Unfenced(Trim(text)));
+  if (!value.is_object()) return reply;
+  std::vector<ParsedToolCall> calls;
+  if (auto list = value.find("tool_calls"); list != value.end()) {
+    if (!list->is_array() || !CallsFromJson(*list, calls)) return reply;
+  } else if (auto one = value.find("tool_call"); one != value.end()) {
+    if (!CallsFromJson(*one, calls)) return reply;
+  } else if (!CallsFromJson(value, calls)) {
+    return reply;
+  }
+  reply.calls = std::move(calls);
+  reply.content_end = 0;
+  return reply;
+}
+
+// Bytes of `text` before `marker` or before a suffix that may be its beginning.
+size_t BeforeMarker(std::string_view text, std::string_view marker) {
+  const size_t at = text.find(marker);
+  if (at != std::string_view::npos) return at;
+  for (size_t len = std::min(text.size(), marker.size() - 1); len > 0; --len) {
+    if (text.substr(text.size() - len) == marker.substr(0, len)) return text.size() - len;
+  }
+  return text.size();
+}
+
+}  // namespace
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kGeneric:
+      return "generic";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
+    case ToolCallFormat::kMistral:
+      return "mistral";
+  }
+  return "generic";
+}
+
+ToolCallFormat ToolCallFormatOf(std::string_view source) {
+  auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
+  if (has("<tool_call>")) return ToolCallFormat::kHermes;
+  if (has("[TOOL_CALLS]")) return ToolCallFormat::kMistral;
+  if (has("<|python_tag|>") || has("ipython")) return ToolCallFormat::kLlama3Json;
+  return ToolCallFormat::kGeneric;
+}
+
+bool TemplateRendersTools(std::string_view source) {
+  return ToolCallFormatOf(source) != ToolCallFormat::kGeneric &&
+         source.find("tools") != std::string_view::npos;
+}
+
+ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return ParseHermes(text);
+    case ToolCallFormat::kMistral:
+      return ParseMistral(text);
+    case ToolCallFormat::kLlama3Json:
+      return ParseLlama3(text);
+    case ToolCallFormat::kGeneric:
+      return ParseGeneric(text);
+  }
+  return ParseGeneric(text);
+}
+
+size_t StreamableContent(ToolCallFormat format, std::string_view text) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return BeforeMarker(text, kHermesOpen);
+    case ToolCallFormat::kMistral:
+      return BeforeMarker(text, kMistralMarker);
+    case ToolCallFormat::kLlama3Json:
+    case ToolCallFormat::kGeneric: {
+      // The whole reply is the call: held while it may still be one (it starts like JSON,
+      // a code fence or the python tag), streamed at once when it cannot.
+      const std::string_view body = Trim(text);
+      if (body.empty()) return 0;
+      const char first = body.front();
+      if (first == '{' || first == '[' || first == '`' || first == '<') return 0;
+      return text.size();
+    }
+  }
+  return text.size();
+}
+
+std::string NewToolCallId() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[generator() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,336 @@
+#include "common/formats/ggml_type.h"
+
+#include <array>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+
+// Each rounding step below must stay a separate float32 operation (GCC in ISO mode does
+// not contract; clang would without this).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+namespace loom::common {
+namespace {
+
+struct TypeEntry {
+  uint32_t id;
+  GgmlTypeTraits traits;
+};
+
+// Every type the `gguf` package (0.19) knows, with ggml's block layout.
+constexpr std::array<TypeEntry, 34> kTypeTable = {{
+    {0, {"F32", 1, 4}},
+    {1, {"F16", 1, 2}},
+    {2, {"Q4_0", 32, 18}},
+    {3, {"Q4_1", 32, 20}},
+    {6, {"Q5_0", 32, 22}},
+    {7, {"Q5_1", 32, 24}},
+    {8, {"Q8_0", 32, 34}},
+    {9, {"Q8_1", 32, 40}},
+    {10, {"Q2_K", 256, 84}},
+    {11, {"Q3_K", 256, 110}},
+    {12, {"Q4_K", 256, 144}},
+    {13, {"Q5_K", 256, 176}},
+    {14, {"Q6_K", 256, 210}},
+    {15, {"Q8_K", 256, 292}},
+    {16, {"IQ2_XXS", 256, 66}},
+    {17, {"IQ2_XS", 256, 74}},
+    {18, {"IQ3_XXS", 256, 98}},
+    {19, {"IQ1_S", 256, 50}},
+    {20, {"IQ4_NL", 32, 18}},
+    {21, {"IQ3_S", 256, 110}},
+    {22, {"IQ2_S", 256, 82}},
+    {23, {"IQ4_XS", 256, 136}},
+    {24, {"I8", 1, 1}},
+    {25, {"I16", 1, 2}},
+    {26, {"I32", 1, 4}},
+    {27, {"I64", 1, 8}},
+    {28, {"F64", 1, 8}},
+    {29, {"IQ1_M", 256, 56}},
+    {30, {"BF16", 1, 2}},
+    {34, {"TQ1_0", 256, 54}},
+    {35, {"TQ2_0", 256, 66}},
+    {39, {"MXFP4", 32, 17}},
+    {40, {"NVFP4", 64, 36}},
+    {41, {"Q1_0", 128, 18}},
+}};
+
+absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+const GgmlTypeTraits* FindTraits(uint32_t type) {
+  for (const TypeEntry& entry : kTypeTable) {
+    if (entry.id == type) return &entry.traits;
+  }
+  return nullptr;
+}
+
+// The kernels below reproduce `gguf.quants.dequantize` bit for bit: every product and
+// difference is rounded to float32 separately, in numpy's order (so no FMA contraction),
+// and float16 scales are widened exactly.
+
+// IEEE binary16 bits to float, exact; NaN payloads are kept (numpy's software path).
+float HalfToFloat(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
+  const uint32_t exponent = (half >> 10) & 0x1fu;
+  uint32_t mantissa = half & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // Inf or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // 112 = 127 - 15
+  } else if (mantissa == 0) {
+    bits = sign;  // signed zero
+  } else {
+    // Subnormal half: normalise the mantissa.
+    int shift = 0;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      ++shift;
+    }
+    mantissa &= 0x3ffu;
+    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+float LoadHalf(const uint8_t* bytes) {
+  uint16_t half;
+  std::memcpy(&half, bytes, sizeof(half));
+  return HalfToFloat(half);
+}
+
+void DequantizeF16(const uint8_t* src, uint64_t num_elements, float* dst) {
+  for (uint64_t i = 0; i < num_elements; ++i) dst[i] = LoadHalf(src + 2 * i);
+}
+
+void DequantizeBF16(const uint8_t* src, uint64_t num_elements, float* dst) {
+  for (uint64_t i = 0; i < num_elements; ++i) {
+    uint16_t bf16;
+    std::memcpy(&bf16, src + 2 * i, sizeof(bf16));
+    const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+    std::memcpy(&dst[i], &bits, sizeof(bits));
+  }
+}
+
+// Q8_0 block (34 bytes): f16 d, int8 q[32]; x = q * d.
+void DequantizeQ8_0(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 34, dst += 32) {
+    const float d = LoadHalf(src);
+    for (int i = 0; i < 32; ++i) {
+      dst[i] = static_cast<float>(static_cast<int8_t>(src[2 + i])) * d;
+    }
+  }
+}
+
+// Q4_0 block (18 bytes): f16 d, 16 bytes of nibbles (low nibbles are elements 0..15,
+// high nibbles 16..31); x = d * (q - 8).
+void DequantizeQ4_0(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 18, dst += 32) {
+    const float d = LoadHalf(src);
+    const uint8_t* qs = src + 2;
+    for (int i = 0; i < 16; ++i) {
+      dst[i] = d * static_cast<float>(static_cast<int>(qs[i] & 0x0f) - 8);
+      dst[i + 16] = d * static_cast<float>(static_cast<int>(qs[i] >> 4) - 8);
+    }
+  }
+}
+
+// Q4_1 block (20 bytes): f16 d, f16 m, 16 bytes of nibbles; x = (d * q) + m.
+void DequantizeQ4_1(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 20, dst += 32) {
+    const float d = LoadHalf(src);
+    const float m = LoadHalf(src + 2);
+    const uint8_t* qs = src + 4;
+    for (int i = 0; i < 16; ++i) {
+      const float low = d * static_cast<float>(qs[i] & 0x0f);
+      const float high = d * static_cast<float>(qs[i] >> 4);
+      dst[i] = low + m;
+      dst[i + 16] = high + m;
+    }
+  }
+}
+
+// The 12 packed bytes of Q4_K/Q5_K hold 8 six-bit scales and 8 six-bit mins.
+void UnpackKScaleMin(const uint8_t* scales, uint8_t sc[8], uint8_t mn[8]) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = scales[j] & 0x3f;
+    mn[j] = scales[4 + j] & 0x3f;
+    sc[4 + j] = (scales[8 + j] & 0x0f) | ((scales[j] >> 2) & 0x30);
+    mn[4 + j] = (scales[8 + j] >> 4) | ((scales[4 + j] >> 2) & 0x30);
+  }
+}
+
+// Q4_K block (144 bytes): f16 d, f16 dmin, 12 bytes of scales/mins, 128 bytes of
+// nibbles. Sub-block s (32 elements) = nibble s%2 of bytes 32*(s/2)..+31;
+// x = (d * sc[s]) * q - (dmin * m[s]).
+void DequantizeQ4_K(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 144, dst += 256) {
+    const float d = LoadHalf(src);
+    const float dmin = LoadHalf(src + 2);
+    uint8_t sc[8], mn[8];
+    UnpackKScaleMin(src + 4, sc, mn);
+    const uint8_t* qs = src + 16;
+    for (int s = 0; s < 8; ++s) {
+      const float scale = d * static_cast<float>(sc[s]);
+      const float min = dmin * static_cast<float>(mn[s]);
+      const uint8_t* q = qs + 32 * (s / 2);
+      const int shift = 4 * (s % 2);
+      for (int i = 0; i < 32; ++i) {
+        const float scaled = scale * static_cast<float>((q[i] >> shift) & 0x0f);
+        dst[32 * s + i] = scaled - min;
+      }
+    }
+  }
+}
+
+// Q5_K block (176 bytes): f16 d, f16 dmin, 12 bytes of scales/mins, 32 bytes of high
+// bits (bit s of byte i is the 5th bit of element i of sub-block s), 128 bytes of
+// nibbles laid out as in Q4_K.
+void DequantizeQ5_K(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 176, dst += 256) {
+    const float d = LoadHalf(src);
+    const float dmin = LoadHalf(src + 2);
+    uint8_t sc[8], mn[8];
+    UnpackKScaleMin(src + 4, sc, mn);
+    const uint8_t* qh = src + 16;
+    const uint8_t* qs = src + 48;
+    for (int s = 0; s < 8; ++s) {
+      const float scale = d * static_cast<float>(sc[s]);
+      const float min = dmin * static_cast<float>(mn[s]);
+      const uint8_t* q = qs + 32 * (s / 2);
+      const int shift = 4 * (s % 2);
+      for (int i = 0; i < 32; ++i) {
+        const int value = ((q[i] >> shift) & 0x0f) | (((qh[i] >> s) & 1) << 4);
+        const float scaled = scale * static_cast<float>(value);
+        dst[32 * s + i] = scaled - min;
+      }
+    }
+  }
+}
+
+// Q6_K block (210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8
+// scales, f16 d. Each half h (128 elements) takes element r from nibble r/64 of
+// ql[64h + r%64] and bits 2*(r/32) of qh[32h + r%32]; x = (d * scale[idx/16]) * (q - 32).
+void DequantizeQ6_K(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 210, dst += 256) {
+    const uint8_t* ql = src;
+    const uint8_t* qh = src + 128;
+    const uint8_t* scales = src + 192;
+    const float d = LoadHalf(src + 208);
+    float group_scale[16];
+    for (int g = 0; g < 16; ++g) {
+      group_scale[g] = d * static_cast<float>(static_cast<int8_t>(scales[g]));
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < 128; ++r) {
+        const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0f;
+        const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
+        const int q = (low | (high << 4)) - 32;
+        const int index = 128 * h + r;
+        dst[index] = group_scale[index / 16] * static_cast<float>(q);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<GgmlTypeTraits> GetGgmlTypeTraits(uint32_t type) {
+  const GgmlTypeTraits* traits = FindTraits(type);
+  if (traits == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown ggml tensor type ", type));
+  }
+  return *traits;
+}
+
+std::string RawGgmlTypeName(uint32_t type) {
+  const GgmlTypeTraits* traits = FindTraits(type);
+  if (traits == nullptr) return absl::StrCat("unknown(", type, ")");
+  return std::string(traits->name);
+}
+
+absl::StatusOr<uint64_t> GgmlRowBytes(GgmlType type, uint64_t num_elements) {
+  const uint32_t raw = static_cast<uint32_t>(type);
+  const GgmlTypeTraits* traits = FindTraits(raw);
+  if (traits == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown ggml tensor type ", raw));
+  }
+  const uint64_t block_size = static_cast<uint64_t>(traits->block_size);
+  const uint64_t type_size = static_cast<uint64_t>(traits->type_size);
+  if (num_elements % block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(num_elements, " elements of type ", AbslView(traits->name),
+                     " are not a multiple of its block size ", block_size));
+  }
+  const uint64_t num_blocks = num_elements / block_size;
+  if (num_blocks > std::numeric_limits<uint64_t>::max() / type_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "byte size of ", num_elements, " elements of type ", AbslView(traits->name), " overflows"));
+  }
+  return num_blocks * type_size;
+}
+
+bool CanDequantize(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elements,
+                             float* dst) {
+  absl::StatusOr<uint64_t> row_bytes = GgmlRowBytes(type, num_elements);
+  if (!row_bytes.ok()) return row_bytes.status();
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case GgmlType::kF32:
+      if (num_elements != 0) std::memcpy(dst, bytes, *row_bytes);
+      return absl::OkStatus();
+    case GgmlType::kF16:
+      DequantizeF16(bytes, num_elements, dst);
+      return absl::OkStatus();
+    case GgmlType::kBF16:
+      DequantizeBF16(bytes, num_elements, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ8_0:
+      DequantizeQ8_0(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ4_0:
+      DequantizeQ4_0(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ4_1:
+      DequantizeQ4_1(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ4_K:
+      DequantizeQ4_K(bytes, num_elements / 256, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ5_K:
+      DequantizeQ5_K(bytes, num_elements / 256, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ6_K:
+      DequantizeQ6_K(bytes, num_elements / 256, dst);
+      return absl::OkStatus();
+    default:
+      return absl::UnimplementedError(absl::StrCat(
+          "dequantization of ggml type ", RawGgmlTypeName(static_cast<uint32_t>(type)),
+          " is not implemented"));
+  }
+}
+
+}  // namespace loom::common

@@ -1,0 +1,255 @@
+#include "common/formats/hf_config.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::common {
+namespace {
+
+using nlohmann::json;
+
+// HF architecture name -> GGUF architecture. Mistral's layout is llama's.
+constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kArchitectures = {{
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+}};
+
+// Reads fields of the config object with type checks; an absent or null field leaves
+// the default.
+class Fields {
+ public:
+  explicit Fields(const json& object) : object_(object) {}
+
+  bool Has(const char* name) const {
+    auto it = object_.find(name);
+    return it != object_.end() && !it->is_null();
+  }
+
+  absl::StatusOr<int64_t> Int(const char* name, std::optional<int64_t> fallback) const {
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) {
+      if (fallback) return *fallback;
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: required field '", name, "' is missing"));
+    }
+    if (!it->is_number_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: '", name, "' is ", it->dump(), ", expected an integer"));
+    }
+    return it->get<int64_t>();
+  }
+
+  absl::StatusOr<double> Number(const char* name, double fallback) const {
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return fallback;
+    if (!it->is_number()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: '", name, "' is ", it->dump(), ", expected a number"));
+    }
+    return it->get<double>();
+  }
+
+  absl::StatusOr<bool> Bool(const char* name, bool fallback) const {
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: '", name, "' is ", it->dump(), ", expected true or false"));
+    }
+    return it->get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(const char* name, std::string fallback) const {
+    auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return fallback;
+    if (!it->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: '", name, "' is ", it->dump(), ", expected a string"));
+    }
+    return it->get<std::string>();
+  }
+
+ private:
+  const json& object_;
+};
+
+// YaRN's magnitude correction for a context stretched `scale` times (transformers'
+// get_mscale).
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// rope_scaling "yarn" as transformers' `_compute_yarn_parameters` reads it: `factor` as
+// given, the correction range over `original_max_position_embeddings` (else the model's
+// max_position_embeddings), beta_fast/beta_slow defaulting to 32/1 when absent, null or 0,
+// and the attention factor given, else mscale/mscale_all_dim's ratio (DeepSeek style),
+// else 0.1 ln(factor) + 1.
+absl::Status YarnToGguf(const Fields& fields, double factor, int64_t max_position_embeddings,
+                        const std::string& arch, GgufMetadataBuilder& metadata) {
+  if (!fields.Has("original_max_position_embeddings")) {
+    metadata.Int(arch + ".rope.scaling.original_context_length", max_position_embeddings);
+  }
+  LOOM_ASSIGN_OR_RETURN(double beta_fast, fields.Number("beta_fast", 0.0));
+  LOOM_ASSIGN_OR_RETURN(double beta_slow, fields.Number("beta_slow", 0.0));
+  metadata.Float(arch + ".rope.scaling.yarn_beta_fast", beta_fast != 0.0 ? beta_fast : 32.0);
+  metadata.Float(arch + ".rope.scaling.yarn_beta_slow", beta_slow != 0.0 ? beta_slow : 1.0);
+  LOOM_ASSIGN_OR_RETURN(bool truncate, fields.Bool("truncate", true));
+  metadata.Bool("loom.rope.scaling.yarn_truncate", truncate);
+  LOOM_ASSIGN_OR_RETURN(double mscale, fields.Number("mscale", 0.0));
+  LOOM_ASSIGN_OR_RETURN(double mscale_all_dim, fields.Number("mscale_all_dim", 0.0));
+  double attention_factor = YarnMscale(factor, 1.0);
+  if (mscale != 0.0 && mscale_all_dim != 0.0) {
+    attention_factor = YarnMscale(factor, mscale) / YarnMscale(factor, mscale_all_dim);
+  }
+  if (fields.Has("attention_factor")) {
+    LOOM_ASSIGN_OR_RETURN(attention_factor, fields.Number("attention_factor", 1.0));
+  }
+  if (!(attention_factor > 0.0) || !std::isfinite(attention_factor)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: rope_scaling yarn attention factor ", attention_factor, " is not positive"));
+  }
+  metadata.Float("loom.rope.scaling.attention_factor", attention_factor);
+  return absl::OkStatus();
+}
+
+absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
+                               int64_t max_position_embeddings, GgufMetadataBuilder& metadata) {
+  if (scaling.is_null()) return absl::OkStatus();
+  if (!scaling.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: 'rope_scaling' is ", scaling.dump(), ", expected an object"));
+  }
+  const Fields fields(scaling);
+  // Older configs say "type", newer "rope_type".
+  LOOM_ASSIGN_OR_RETURN(std::string type, fields.String("rope_type", ""));
+  if (type.empty()) {
+    LOOM_ASSIGN_OR_RETURN(type, fields.String("type", "default"));
+  }
+  if (type == "default") return absl::OkStatus();
+  if (type != "linear" && type != "llama3" && type != "yarn") {
+    return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type '", type,
+                                                 "' is not supported (supported: linear, "
+                                                 "llama3, yarn)"));
+  }
+  metadata.String(arch + ".rope.scaling.type", type);
+  LOOM_ASSIGN_OR_RETURN(double factor, fields.Number("factor", 0.0));
+  if (!(factor > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: rope_scaling '", type, "' needs a positive 'factor'"));
+  }
+  metadata.Float(arch + ".rope.scaling.factor", factor);
+  if (fields.Has("original_max_position_embeddings")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t original, fields.Int("original_max_position_embeddings", 0));
+    metadata.Int(arch + ".rope.scaling.original_context_length", original);
+  }
+  if (type == "llama3") {
+    LOOM_ASSIGN_OR_RETURN(double low, fields.Number("low_freq_factor", 1.0));
+    LOOM_ASSIGN_OR_RETURN(double high, fields.Number("high_freq_factor", 4.0));
+    metadata.Float(arch + ".rope.scaling.low_freq_factor", low);
+    metadata.Float(arch + ".rope.scaling.high_freq_factor", high);
+  }
+  if (type == "yarn") {
+    LOOM_RETURN_IF_ERROR(YarnToGguf(fields, factor, max_position_embeddings, arch, metadata));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
+                                            GgufMetadataBuilder& metadata) {
+  const json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError("config.json: not a JSON object");
+  }
+  const Fields fields(config);
+  HfConfigInfo info;
+  auto architectures = config.find("architectures");
+  if (architectures == config.end() || !architectures->is_array() || architectures->size() != 1 ||
+      !(*architectures)[0].is_string()) {
+    return absl::InvalidArgumentError(
+        "config.json: 'architectures' must list exactly one architecture name");
+  }
+  const std::string hf_arch = (*architectures)[0].get<std::string>();
+  for (const auto& [hf, gguf] : kArchitectures) {
+    if (hf == hf_arch) info.architecture = std::string(gguf);
+  }
+  if (info.architecture.empty()) {
+    std::vector<std::string> known;
+    for (const auto& entry : kArchitectures) known.emplace_back(entry.first);
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: architecture '", hf_arch,
+                     "' is not supported (supported: ", absl::StrJoin(known, ", "), ")"));
+  }
+  const std::string& arch = info.architecture;
+
+  LOOM_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
+  if (activation != "silu") {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: hidden_act '", activation, "' is not supported (only 'silu')"));
+  }
+  LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
+  if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");
+  LOOM_ASSIGN_OR_RETURN(bool use_sliding_window, fields.Bool("use_sliding_window", false));
+  if (use_sliding_window) {
+    return absl::UnimplementedError(
+        "config.json: use_sliding_window true is not supported (Loom attends to the whole "
+        "context)");
+  }
+
+  metadata.String("general.architecture", arch);
+  LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
+  if (!name.empty()) metadata.String("general.name", name);
+
+  LOOM_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
+  LOOM_ASSIGN_OR_RETURN(int64_t context, fields.Int("max_position_embeddings", std::nullopt));
+  const int64_t max_position_embeddings = context;
+  // Mistral v0.1 attends to a 4096-token window: serve it only that far, where full
+  // attention gives the same result.
+  if (arch == "mistral" && fields.Has("sliding_window")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t window, fields.Int("sliding_window", 0));
+    if (window > 0) context = std::min(context, window);
+  }
+  metadata.Int(arch + ".context_length", context);
+  metadata.Int(arch + ".embedding_length", hidden);
+  LOOM_ASSIGN_OR_RETURN(int64_t ffn, fields.Int("intermediate_size", std::nullopt));
+  metadata.Int(arch + ".feed_forward_length", ffn);
+  LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
+  metadata.Int(arch + ".block_count", layers);
+  metadata.Int(arch + ".attention.head_count", heads);
+  metadata.Int(arch + ".attention.head_count_kv", kv_heads);
+  if (fields.Has("head_dim")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t head_dim, fields.Int("head_dim", 0));
+    metadata.Int(arch + ".attention.key_length", head_dim);
+    metadata.Int(arch + ".attention.value_length", head_dim);
+  }
+  LOOM_ASSIGN_OR_RETURN(double eps, fields.Number("rms_norm_eps", 1e-6));
+  metadata.Float(arch + ".attention.layer_norm_rms_epsilon", eps);
+  LOOM_ASSIGN_OR_RETURN(double theta, fields.Number("rope_theta", 10000.0));
+  metadata.Float(arch + ".rope.freq_base", theta);
+  if (fields.Has("vocab_size")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t vocab, fields.Int("vocab_size", 0));
+    metadata.Int(arch + ".vocab_size", vocab);
+  }
+  if (auto scaling = config.find("rope_scaling"); scaling != config.end()) {
+    LOOM_RETURN_IF_ERROR(RopeScalingToGguf(*scaling, arch, max_position_embeddings, metadata));
+  }
+  LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
+  // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
+  // llama's to interleaved pairs): RoPE must rotate (i, i + d/2).
+  metadata.Bool("loom.rope.neox", true);
+  return info;
+}
+
+}  // namespace loom::common

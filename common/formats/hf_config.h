@@ -1,0 +1,26 @@
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/formats/gguf_metadata_builder.h"
+
+namespace loom::common {
+
+/// What a Hugging Face `config.json` says beyond the GGUF hyper-parameter keys.
+struct HfConfigInfo {
+  std::string architecture;          // the GGUF architecture: "llama", "mistral", "qwen2", "qwen3"
+  bool tie_word_embeddings = false;  // the LM head reuses model.embed_tokens.weight
+};
+
+/// Translates `config.json` (its text) of LlamaForCausalLM, MistralForCausalLM,
+/// Qwen2ForCausalLM or Qwen3ForCausalLM into the GGUF keys ModelConfigFromGguf reads
+/// (`general.architecture`, `<arch>.embedding_length`, rope scaling, ...), appended to
+/// `metadata`. HF q/k projections are in the rotate-half layout, so `loom.rope.neox` is
+/// set. InvalidArgument / Unimplemented naming the architecture, field or value that Loom
+/// cannot serve (another architecture, a non-SiLU activation, MLP biases, dynamic or
+/// longrope scaling, sliding-window attention). Thread-safe.
+absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
+                                            GgufMetadataBuilder& metadata);
+
+}  // namespace loom::common

@@ -1,0 +1,162 @@
+#include "common/formats/hf_model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/formats/gguf_metadata_builder.h"
+#include "common/formats/hf_config.h"
+#include "common/tokenizer/hf_tokenizer.h"
+#include "common/formats/safetensors_file.h"
+#include "common/sampling_defaults.h"
+#include "common/status_macros.h"
+
+namespace loom::common {
+namespace {
+
+namespace fs = std::filesystem;
+
+// HF per-layer suffix -> GGUF per-layer suffix.
+constexpr std::pair<std::string_view, std::string_view> kLayerTensors[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+};
+
+// A file of the directory as text; "" when it does not exist.
+absl::StatusOr<std::string> ReadOptional(const fs::path& path) {
+  std::error_code error;
+  if (!fs::exists(path, error)) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read '", path.string(), "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
+  switch (dtype) {
+    case SafetensorsDtype::kF32:
+      return GgmlType::kF32;
+    case SafetensorsDtype::kF16:
+      return GgmlType::kF16;
+    case SafetensorsDtype::kBF16:
+      return GgmlType::kBF16;
+  }
+  return GgmlType::kF32;
+}
+
+}  // namespace
+
+std::string GgufTensorName(std::string_view hf_name) {
+  if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf_name == "model.norm.weight") return "output_norm.weight";
+  if (hf_name == "lm_head.weight") return "output.weight";
+  absl::string_view rest(hf_name.data(), hf_name.size());
+  if (!absl::ConsumePrefix(&rest, "model.layers.")) return "";
+  const size_t dot = rest.find('.');
+  uint32_t layer = 0;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) return "";
+  rest.remove_prefix(dot + 1);
+  for (const auto& [hf, gguf] : kLayerTensors) {
+    if (rest == absl::string_view(hf.data(), hf.size())) {
+      return absl::StrCat("blk.", layer, ".", absl::string_view(gguf.data(), gguf.size()));
+    }
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir) {
+  const fs::path root(dir);
+  GgufMetadataBuilder metadata;
+  LOOM_ASSIGN_OR_RETURN(std::string config_json, ReadOptional(root / "config.json"));
+  if (config_json.empty()) {
+    return absl::NotFoundError(absl::StrCat("'", dir,
+                                            "' has no config.json (a Hugging Face "
+                                            "model directory needs one)"));
+  }
+  absl::StatusOr<HfConfigInfo> info = HfConfigToGguf(config_json, metadata);
+  if (!info.ok()) {
+    return absl::Status(info.status().code(), absl::StrCat(dir, "/", info.status().message()));
+  }
+
+  HfTokenizerFiles tokenizer_files;
+  LOOM_ASSIGN_OR_RETURN(tokenizer_files.tokenizer_json, ReadOptional(root / "tokenizer.json"));
+  if (tokenizer_files.tokenizer_json.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "'", dir, "' has no tokenizer.json (Loom reads the fast-tokenizer file only)"));
+  }
+  LOOM_ASSIGN_OR_RETURN(tokenizer_files.tokenizer_config_json,
+                        ReadOptional(root / "tokenizer_config.json"));
+  LOOM_ASSIGN_OR_RETURN(tokenizer_files.generation_config_json,
+                        ReadOptional(root / "generation_config.json"));
+  LOOM_ASSIGN_OR_RETURN(tokenizer_files.chat_template_jinja,
+                        ReadOptional(root / "chat_template.jinja"));
+  if (absl::Status status = HfTokenizerToGguf(tokenizer_files, metadata); !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(dir, "/", status.message()));
+  }
+  if (absl::Status status =
+          GenerationConfigToGguf(tokenizer_files.generation_config_json, metadata);
+      !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat(dir, "/", status.message()));
+  }
+
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsCheckpoint> checkpoint,
+                        SafetensorsCheckpoint::Open(dir));
+  std::vector<GgufTensorInfo> tensors;
+  std::vector<absl::Span<const uint8_t>> data;
+  for (const SafetensorsCheckpoint::Entry& entry : checkpoint->entries()) {
+    const SafetensorsTensorInfo& tensor = *entry.tensor;
+    if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
+    // A tied LM head may still be saved; HF ignores it then, and so does Loom.
+    if (tensor.name == "lm_head.weight" && info->tie_word_embeddings) continue;
+    std::string name = GgufTensorName(tensor.name);
+    if (name.empty()) {
+      return absl::UnimplementedError(absl::StrCat(entry.file->path(), ": tensor '", tensor.name,
+                                                   "' has no place in the ", info->architecture,
+                                                   " graph"));
+    }
+    GgufTensorInfo gguf;
+    gguf.name = std::move(name);
+    gguf.shape.assign(tensor.shape.rbegin(), tensor.shape.rend());  // ggml order
+    gguf.type = GgmlTypeOf(tensor.dtype);
+    gguf.num_elements = tensor.num_bytes / SafetensorsDtypeSize(tensor.dtype);
+    gguf.num_bytes = tensor.num_bytes;
+    tensors.push_back(std::move(gguf));
+    data.push_back(entry.file->TensorData(tensor));
+  }
+  if (!info->tie_word_embeddings &&
+      std::none_of(tensors.begin(), tensors.end(),
+                   [](const GgufTensorInfo& t) { return t.name == "output.weight"; })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": config.json says tie_word_embeddings false but there is no lm_head.weight"));
+  }
+  std::shared_ptr<const SafetensorsCheckpoint> backing(std::move(checkpoint));
+  return GgufFile::FromParts(std::move(metadata.entries()), std::move(tensors), std::move(data),
+                             std::move(backing));
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) return OpenHfDirectory(path);
+  return GgufFile::Open(path);
+}
+
+}  // namespace loom::common

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/formats/gguf_file.h"
+
+namespace loom::common {
+
+/// The GGUF tensor name of a Hugging Face llama-family tensor name
+/// (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`), or "" for a name
+/// with no GGUF counterpart.
+std::string GgufTensorName(std::string_view hf_name);
+
+/// Opens a Hugging Face model directory (config.json, model.safetensors or sharded
+/// checkpoint, tokenizer.json, tokenizer_config.json, generation_config.json) as a GGUF
+/// view: the metadata the GGUF converter would write, and every tensor under its GGUF
+/// name and ggml shape with its bytes still in the mapped safetensors files (F32, F16,
+/// BF16; never copied). The rest of Loom (model config, weights, tokenizer, chat template)
+/// reads it like a GGUF file. HF q/k projections keep their rotate-half row order
+/// (`loom.rope.neox`). Errors name the file and the field or tensor at fault.
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir);
+
+/// `path` as a model: a directory is a Hugging Face model directory, anything else a GGUF
+/// file.
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path);
+
+}  // namespace loom::common

@@ -1,0 +1,349 @@
+#include "common/formats/model_config.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+
+namespace loom::common {
+namespace {
+
+// Architectures whose GGUF layout is llama's (same tensor names and hyper-parameters).
+constexpr std::array<absl::string_view, 4> kLlamaFamily = {"llama", "mistral", "qwen2", "qwen3"};
+
+// Sanity bounds: far above any real model, low enough that sizes derived from them
+// (hidden * heads, context * layers, ...) cannot overflow int64.
+constexpr int64_t kMaxDimension = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxContext = int64_t{1} << 26;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
+absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Look-ups of `<arch>.<suffix>`. Absent optional keys leave the default in place.
+class ConfigReader {
+ public:
+  ConfigReader(const GgufFile& gguf, std::string architecture)
+      : gguf_(gguf), architecture_(std::move(architecture)) {}
+
+  std::string Key(absl::string_view suffix) const { return absl::StrCat(architecture_, ".", suffix); }
+
+  absl::StatusOr<int64_t> RequiredInt(absl::string_view suffix) const {
+    const std::string key = Key(suffix);
+    if (gguf_.Find(key) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: required key '", key,
+                                                     "' is missing"));
+    }
+    return gguf_.GetInt(key);
+  }
+
+  absl::Status OptionalInt(absl::string_view suffix, int64_t& value) const {
+    const std::string key = Key(suffix);
+    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
+    LOOM_ASSIGN_OR_RETURN(value, gguf_.GetInt(key));
+    return absl::OkStatus();
+  }
+
+  absl::Status OptionalDouble(absl::string_view suffix, double& value) const {
+    const std::string key = Key(suffix);
+    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
+    LOOM_ASSIGN_OR_RETURN(value, gguf_.GetDouble(key));
+    return absl::OkStatus();
+  }
+
+  absl::Status OptionalString(absl::string_view suffix, std::string& value) const {
+    const std::string key = Key(suffix);
+    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
+    LOOM_ASSIGN_OR_RETURN(std::string_view text, gguf_.GetString(key));
+    value = std::string(text);
+    return absl::OkStatus();
+  }
+
+ private:
+  const GgufFile& gguf_;
+  std::string architecture_;
+};
+
+absl::Status CheckRange(const ConfigReader& reader, absl::string_view suffix, int64_t value,
+                        int64_t min, int64_t max) {
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: '", reader.Key(suffix), "' is ",
+                                                   value, ", expected a value in [", min, ", ",
+                                                   max, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositiveFinite(const ConfigReader& reader, absl::string_view suffix,
+                                 double value) {
+  if (!std::isfinite(value) || value <= 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: '", reader.Key(suffix), "' is ",
+                                                   value, ", expected a positive finite number"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// `name`, when present, must have exactly `expected` as its ggml shape.
+absl::Status CheckTensorShape(const GgufFile& gguf, absl::string_view name,
+                              const std::vector<uint64_t>& expected) {
+  const GgufTensorInfo* tensor = gguf.FindTensor(std::string_view(name.data(), name.size()));
+  if (tensor == nullptr || tensor->shape == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("model config: tensor '", name, "' has shape ",
+                                                 ShapeString(tensor->shape), ", expected ",
+                                                 ShapeString(expected)));
+}
+
+absl::StatusOr<RopeScalingType> ParseRopeScaling(absl::string_view type) {
+  if (type.empty() || type == "none") return RopeScalingType::kNone;
+  if (type == "linear") return RopeScalingType::kLinear;
+  if (type == "llama3") return RopeScalingType::kLlama3;
+  if (type == "yarn") return RopeScalingType::kYarn;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model config: unknown rope scaling type '", type, "' (known: none, linear, llama3, yarn)"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
+  ModelConfig config;
+  if (gguf.Find("general.architecture") == nullptr) {
+    return absl::InvalidArgumentError(
+        "model config: required key 'general.architecture' is missing");
+  }
+  LOOM_ASSIGN_OR_RETURN(std::string_view architecture, gguf.GetString("general.architecture"));
+  config.architecture = std::string(architecture);
+  if (std::find(kLlamaFamily.begin(), kLlamaFamily.end(), AbslView(architecture)) ==
+      kLlamaFamily.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: unsupported architecture '", AbslView(architecture),
+                     "' (supported: ", absl::StrJoin(kLlamaFamily, ", "), ")"));
+  }
+  if (gguf.Find("general.name") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(std::string_view name, gguf.GetString("general.name"));
+    config.name = std::string(name);
+  }
+  const ConfigReader reader(gguf, config.architecture);
+
+  LOOM_ASSIGN_OR_RETURN(config.context_length, reader.RequiredInt("context_length"));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "context_length", config.context_length, 1, kMaxContext));
+  LOOM_ASSIGN_OR_RETURN(config.hidden_size, reader.RequiredInt("embedding_length"));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "embedding_length", config.hidden_size, 1, kMaxDimension));
+  LOOM_ASSIGN_OR_RETURN(config.intermediate_size, reader.RequiredInt("feed_forward_length"));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "feed_forward_length", config.intermediate_size, 1, kMaxDimension));
+  LOOM_ASSIGN_OR_RETURN(config.num_layers, reader.RequiredInt("block_count"));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "block_count", config.num_layers, 1, kMaxLayers));
+  LOOM_ASSIGN_OR_RETURN(config.num_heads, reader.RequiredInt("attention.head_count"));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "attention.head_count", config.num_heads, 1, kMaxHeads));
+
+  config.num_kv_heads = config.num_heads;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("attention.head_count_kv", config.num_kv_heads));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "attention.head_count_kv", config.num_kv_heads, 1, config.num_heads));
+  if (config.num_heads % config.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: attention.head_count ", config.num_heads,
+        " is not a multiple of attention.head_count_kv ", config.num_kv_heads));
+  }
+
+  if (gguf.Find(reader.Key("attention.key_length")) != nullptr) {
+    LOOM_RETURN_IF_ERROR(reader.OptionalInt("attention.key_length", config.head_dim));
+    LOOM_RETURN_IF_ERROR(
+        CheckRange(reader, "attention.key_length", config.head_dim, 1, kMaxDimension));
+  } else {
+    if (config.hidden_size % config.num_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: embedding_length ", config.hidden_size,
+          " is not divisible by attention.head_count ", config.num_heads,
+          " and no attention.key_length is given"));
+    }
+    config.head_dim = config.hidden_size / config.num_heads;
+  }
+  if (config.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: head dimension ", config.head_dim, " is odd"));
+  }
+  int64_t value_length = config.head_dim;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("attention.value_length", value_length));
+  if (value_length != config.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: '", reader.Key("attention.value_length"), "' ", value_length,
+        " differs from the key length ", config.head_dim, " (unsupported)"));
+  }
+
+  LOOM_RETURN_IF_ERROR(
+      reader.OptionalDouble("attention.layer_norm_rms_epsilon", config.rms_norm_eps));
+  LOOM_RETURN_IF_ERROR(
+      CheckPositiveFinite(reader, "attention.layer_norm_rms_epsilon", config.rms_norm_eps));
+  LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.freq_base", config.rope_theta));
+  LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "rope.freq_base", config.rope_theta));
+  config.rope_dim = config.head_dim;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("rope.dimension_count", config.rope_dim));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "rope.dimension_count", config.rope_dim, 2, config.head_dim));
+  if (config.rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: '", reader.Key("rope.dimension_count"),
+                                                   "' ", config.rope_dim, " is odd"));
+  }
+
+  config.rope_neox = config.architecture != "llama" && config.architecture != "mistral";
+  if (gguf.Find("loom.rope.neox") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(config.rope_neox, gguf.GetBool("loom.rope.neox"));
+  }
+
+  // RoPE scaling. Llama 3.1 GGUFs carry precomputed per-frequency factors as the
+  // rope_freqs.weight tensor and often no scaling type at all.
+  std::string scaling_type;
+  LOOM_RETURN_IF_ERROR(reader.OptionalString("rope.scaling.type", scaling_type));
+  LOOM_ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(scaling_type));
+  const GgufTensorInfo* rope_freqs = gguf.FindTensor("rope_freqs.weight");
+  config.rope_freq_factors = rope_freqs != nullptr;
+  if (rope_freqs != nullptr) {
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(
+        gguf, "rope_freqs.weight", {static_cast<uint64_t>(config.rope_dim / 2)}));
+    if (config.rope_scaling == RopeScalingType::kNone) config.rope_scaling = RopeScalingType::kLlama3;
+  }
+  LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.factor", config.rope_scaling_factor));
+  LOOM_RETURN_IF_ERROR(
+      reader.OptionalInt("rope.scaling.original_context_length", config.rope_original_context_length));
+  LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.low_freq_factor", config.rope_low_freq_factor));
+  LOOM_RETURN_IF_ERROR(
+      reader.OptionalDouble("rope.scaling.high_freq_factor", config.rope_high_freq_factor));
+  if (config.rope_scaling != RopeScalingType::kNone) {
+    LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "rope.scaling.factor", config.rope_scaling_factor));
+  }
+  if (config.rope_scaling == RopeScalingType::kYarn ||
+      (config.rope_scaling == RopeScalingType::kLlama3 && !config.rope_freq_factors)) {
+    // These formulas are functions of the pre-training context.
+    LOOM_RETURN_IF_ERROR(CheckRange(reader, "rope.scaling.original_context_length",
+                                    config.rope_original_context_length, 1, kMaxContext));
+  }
+  if (config.rope_scaling == RopeScalingType::kYarn) {
+    LOOM_RETURN_IF_ERROR(
+        reader.OptionalDouble("rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
+    LOOM_RETURN_IF_ERROR(
+        reader.OptionalDouble("rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.yarn_beta_fast", config.rope_yarn_beta_fast));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.yarn_beta_slow", config.rope_yarn_beta_slow));
+    if (gguf.Find("loom.rope.scaling.yarn_truncate") != nullptr) {
+      LOOM_ASSIGN_OR_RETURN(config.rope_yarn_truncate,
+                            gguf.GetBool("loom.rope.scaling.yarn_truncate"));
+    }
+    // The YaRN paper's default (transformers' and vLLM's): sqrt(1/t) = 0.1 ln(s) + 1.
+    const double factor = config.rope_scaling_factor;
+    config.rope_attention_factor = factor > 1.0 ? 0.1 * std::log(factor) + 1.0 : 1.0;
+    if (gguf.Find("loom.rope.scaling.attention_factor") != nullptr) {
+      LOOM_ASSIGN_OR_RETURN(config.rope_attention_factor,
+                            gguf.GetDouble("loom.rope.scaling.attention_factor"));
+      if (!std::isfinite(config.rope_attention_factor) || config.rope_attention_factor <= 0.0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model config: 'loom.rope.scaling.attention_factor' is ",
+                         config.rope_attention_factor, ", expected a positive finite number"));
+      }
+    }
+  }
+  if (config.rope_scaling == RopeScalingType::kLlama3) {
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.low_freq_factor", config.rope_low_freq_factor));
+    LOOM_RETURN_IF_ERROR(
+        CheckPositiveFinite(reader, "rope.scaling.high_freq_factor", config.rope_high_freq_factor));
+    if (config.rope_high_freq_factor <= config.rope_low_freq_factor) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: llama3 rope high_freq_factor ", config.rope_high_freq_factor,
+          " must exceed low_freq_factor ", config.rope_low_freq_factor));
+    }
+  }
+
+  LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
+
+  // Vocabulary: rows of the embedding table; the tokenizer may list fewer tokens (padded
+  // embeddings) but never more.
+  int64_t tokenizer_tokens = 0;
+  if (gguf.Find("tokenizer.ggml.tokens") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* tokens, gguf.GetArray("tokenizer.ggml.tokens"));
+    tokenizer_tokens = static_cast<int64_t>(tokens->size());
+  }
+  int64_t declared_vocab = 0;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("vocab_size", declared_vocab));
+  if (const GgufTensorInfo* embedding = gguf.FindTensor("token_embd.weight")) {
+    if (embedding->shape.size() != 2 ||
+        embedding->shape[0] != static_cast<uint64_t>(config.hidden_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: tensor 'token_embd.weight' has shape ", ShapeString(embedding->shape),
+          ", expected [", config.hidden_size, ", vocab]"));
+    }
+    if (embedding->shape[1] > static_cast<uint64_t>(kMaxVocab)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: token_embd.weight has ", embedding->shape[1], " rows, more than ",
+          kMaxVocab));
+    }
+    config.vocab_size = static_cast<int64_t>(embedding->shape[1]);
+  } else if (declared_vocab > 0) {
+    config.vocab_size = declared_vocab;
+  } else {
+    config.vocab_size = tokenizer_tokens;
+  }
+  if (config.vocab_size <= 0) {
+    return absl::InvalidArgumentError(
+        "model config: cannot tell the vocabulary size (no token_embd.weight tensor, no "
+        "vocab_size key, no tokenizer.ggml.tokens)");
+  }
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "vocab_size", config.vocab_size, 1, kMaxVocab));
+  if (declared_vocab != 0 && declared_vocab != config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: '", reader.Key("vocab_size"), "' is ", declared_vocab,
+        " but token_embd.weight has ", config.vocab_size, " rows"));
+  }
+  if (tokenizer_tokens > config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: tokenizer.ggml.tokens has ", tokenizer_tokens,
+        " tokens, more than the vocabulary size ", config.vocab_size));
+  }
+
+  // Tensors that reveal the layout: a separate LM head, and qwen2's attention biases.
+  const auto hidden = static_cast<uint64_t>(config.hidden_size);
+  const auto vocab = static_cast<uint64_t>(config.vocab_size);
+  const auto q_rows = static_cast<uint64_t>(config.num_heads * config.head_dim);
+  const auto kv_rows = static_cast<uint64_t>(config.num_kv_heads * config.head_dim);
+  config.tied_embeddings = gguf.FindTensor("output.weight") == nullptr;
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "output.weight", {hidden, vocab}));
+  config.attention_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
+  config.qk_norm = gguf.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  const auto head_dim = static_cast<uint64_t>(config.head_dim);
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q_norm.weight", {head_dim}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k_norm.weight", {head_dim}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q.weight", {hidden, q_rows}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.weight", {hidden, kv_rows}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.weight", {hidden, kv_rows}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q.bias", {q_rows}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.bias", {kv_rows}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.bias", {kv_rows}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(
+      gguf, "blk.0.ffn_up.weight", {hidden, static_cast<uint64_t>(config.intermediate_size)}));
+  // A file with per-layer tensors must hold exactly block_count layers.
+  if (gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
+    const std::string last = absl::StrCat("blk.", config.num_layers - 1, ".attn_norm.weight");
+    const std::string beyond = absl::StrCat("blk.", config.num_layers, ".attn_norm.weight");
+    if (gguf.FindTensor(last) == nullptr || gguf.FindTensor(beyond) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: '", reader.Key("block_count"), "' is ", config.num_layers,
+          " but the file's layer tensors do not match (", last,
+          gguf.FindTensor(last) == nullptr ? " missing" : " present", ", ", beyond,
+          gguf.FindTensor(beyond) == nullptr ? " absent)" : " present)"));
+    }
+  }
+  return config;
+}
+
+}  // namespace loom::common

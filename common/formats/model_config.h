@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/formats/gguf_file.h"
+#include "common/sampling_defaults.h"
+
+namespace loom::common {
+
+/// RoPE frequency scaling found in GGUF metadata.
+enum class RopeScalingType { kNone, kLinear, kLlama3, kYarn };
+
+/// Hyper-parameters of a llama-family model (llama, qwen2, qwen3, mistral, ... use
+/// `<arch>.*` keys; SmolLM2 and TinyLlama are `llama`).
+struct ModelConfig {
+  std::string architecture;   // general.architecture, e.g. "llama", "qwen2"
+  std::string name;           // general.name, may be empty
+  int64_t vocab_size = 0;     // rows of token_embd / length of tokenizer.ggml.tokens
+  int64_t context_length = 0; // <arch>.context_length
+  int64_t hidden_size = 0;    // <arch>.embedding_length
+  int64_t intermediate_size = 0;  // <arch>.feed_forward_length
+  int64_t num_layers = 0;     // <arch>.block_count
+  int64_t num_heads = 0;      // <arch>.attention.head_count
+  int64_t num_kv_heads = 0;   // <arch>.attention.head_count_kv (defaults to num_heads)
+  int64_t head_dim = 0;       // <arch>.attention.key_length or hidden_size / num_heads
+  double rms_norm_eps = 1e-5;     // <arch>.attention.layer_norm_rms_epsilon
+  double rope_theta = 10000.0;    // <arch>.rope.freq_base
+  int64_t rope_dim = 0;           // <arch>.rope.dimension_count (defaults to head_dim)
+  RopeScalingType rope_scaling = RopeScalingType::kNone;
+  double rope_scaling_factor = 1.0;             // <arch>.rope.scaling.factor
+  int64_t rope_original_context_length = 0;     // <arch>.rope.scaling.original_context_length
+  double rope_low_freq_factor = 1.0;            // llama3 scaling
+  double rope_high_freq_factor = 4.0;           // llama3 scaling
+  double rope_yarn_beta_fast = 32.0;  // <arch>.rope.scaling.yarn_beta_fast: ramp's fast end
+  double rope_yarn_beta_slow = 1.0;   // <arch>.rope.scaling.yarn_beta_slow: ramp's slow end
+  bool rope_yarn_truncate = true;     // loom.rope.scaling.yarn_truncate: integer ramp ends
+  // Multiplies RoPE's cosines and sines (so attention logits by its square): YaRN's
+  // attention factor (`loom.rope.scaling.attention_factor`, else 0.1 ln(factor) + 1);
+  // exactly 1 for every other scaling type.
+  double rope_attention_factor = 1.0;
+  // rope_freqs.weight present: per-frequency factors [rope_dim / 2] (Llama 3.1 GGUFs).
+  bool rope_freq_factors = false;
+  bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
+  bool attention_bias = false;   // blk.0.attn_q.bias present (qwen2)
+  // RoPE rotates (i, i + rope_dim/2) (NeoX, HF's rotate_half) rather than (2i, 2i+1):
+  // every architecture but GGUF llama/mistral, whose converter permutes q/k rows; a model
+  // read from a Hugging Face directory says so with `loom.rope.neox`.
+  bool rope_neox = false;
+  bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
+  // The model's own defaults for requests that leave a sampling field unset
+  // (generation_config.json of a Hugging Face directory; `loom.sampling.*`).
+  SamplingDefaults sampling_defaults;
+};
+
+/// Reads and validates the hyper-parameters of a llama-family model; InvalidArgument
+/// naming the key (or tensor) for missing, out-of-range or inconsistent values (e.g.
+/// heads not dividing the hidden size). Thread-safe (reads `gguf` only).
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
+
+}  // namespace loom::common

@@ -1,0 +1,498 @@
+#include "common/grammar/json_schema_grammar.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/grammar/regex_grammar.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::common {
+namespace {
+
+using Json = nlohmann::ordered_json;  // keeps properties in the schema's order
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+GrammarExprPtr Lit(std::string s) { return LiteralExpr(std::move(s)); }
+GrammarExprPtr Ref(std::string s) { return RuleRefExpr(std::move(s)); }
+GrammarExprPtr Seq(std::vector<GrammarExprPtr> v) { return SequenceExpr(std::move(v)); }
+GrammarExprPtr Alt(std::vector<GrammarExprPtr> v) { return ChoiceExpr(std::move(v)); }
+GrammarExprPtr Opt(GrammarExprPtr e) { return RepeatExpr(std::move(e), 0, 1); }
+GrammarExprPtr Digits(int32_t lo, int32_t hi) { return RepeatExpr(CharClassExpr({{'0', '9'}}), lo, hi); }
+GrammarExprPtr Digit(char lo, char hi) { return CharClassExpr({{uint32_t(lo), uint32_t(hi)}}); }
+
+// The shared rules every schema grammar may use.
+void AddBaseRules(GrammarDefinition& d) {
+  d.SetRule("ws", Opt(Lit(" ")));
+  d.SetRule("json-char",
+            Alt({CharClassExpr({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}}, /*negated=*/true),
+                 Seq({Lit("\\"), Alt({CharClassExpr({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'},
+                                                     {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
+                                      Seq({Lit("u"), RepeatExpr(CharClassExpr({{'0', '9'}, {'a', 'f'}, {'A', 'F'}}), 4, 4)})})})}));
+  d.SetRule("json-string", Seq({Lit("\""), RepeatExpr(Ref("json-char"), 0, -1), Lit("\"")}));
+  d.SetRule("json-int", Seq({Opt(Lit("-")), Alt({Lit("0"), Seq({Digit('1', '9'), Digits(0, 15)})})}));
+  d.SetRule("json-number",
+            Seq({Ref("json-int"), Opt(Seq({Lit("."), Digits(1, 16)})),
+                 Opt(Seq({CharClassExpr({{'e', 'e'}, {'E', 'E'}}), Opt(CharClassExpr({{'+', '+'}, {'-', '-'}})),
+                          Digits(1, 3)}))}));
+  d.SetRule("json-value", Alt({Ref("json-object"), Ref("json-array"), Ref("json-string"),
+                               Ref("json-number"), Lit("true"), Lit("false"), Lit("null")}));
+  auto member = Seq({Ref("json-string"), Ref("ws"), Lit(":"), Ref("ws"), Ref("json-value")});
+  d.SetRule("json-object",
+            Seq({Lit("{"), Ref("ws"),
+                 Opt(Seq({member, RepeatExpr(Seq({Ref("ws"), Lit(","), Ref("ws"), member}), 0, -1)})),
+                 Ref("ws"), Lit("}")}));
+  d.SetRule("json-array",
+            Seq({Lit("["), Ref("ws"),
+                 Opt(Seq({Ref("json-value"),
+                          RepeatExpr(Seq({Ref("ws"), Lit(","), Ref("ws"), Ref("json-value")}), 0, -1)})),
+                 Ref("ws"), Lit("]")}));
+}
+
+std::string NumberDigits(uint64_t v) { return std::to_string(v); }
+
+// Decimal strings of equal length between a and b (digits after the first may be 0).
+GrammarExprPtr FixedWidthRange(const std::string& a, const std::string& b) {
+  if (a.empty()) return EmptyExpr();
+  if (a[0] == b[0]) return Seq({Lit(std::string(1, a[0])), FixedWidthRange(a.substr(1), b.substr(1))});
+  const size_t k = a.size() - 1;
+  std::vector<GrammarExprPtr> alts;
+  alts.push_back(Seq({Lit(std::string(1, a[0])), FixedWidthRange(a.substr(1), std::string(k, '9'))}));
+  if (a[0] + 1 <= b[0] - 1) {
+    alts.push_back(Seq({Digit(a[0] + 1, b[0] - 1), Digits(k, k)}));
+  }
+  alts.push_back(Seq({Lit(std::string(1, b[0])), FixedWidthRange(std::string(k, '0'), b.substr(1))}));
+  return Alt(std::move(alts));
+}
+
+// Canonical decimal integers in [lo, hi] (lo >= 0; hi < 0 means unbounded).
+GrammarExprPtr NonNegativeRange(uint64_t lo, int64_t hi) {
+  std::vector<GrammarExprPtr> alts;
+  uint64_t a = lo;
+  const std::string top = hi < 0 ? std::string(16, '9') : NumberDigits(static_cast<uint64_t>(hi));
+  while (true) {
+    const std::string as = NumberDigits(a);
+    if (as.size() > top.size()) break;
+    const std::string bs = as.size() == top.size() ? top : std::string(as.size(), '9');
+    if (as.size() == top.size() && as > bs) break;
+    alts.push_back(FixedWidthRange(as, bs));
+    if (as.size() == top.size()) break;
+    uint64_t next_power = 1;  // 10^as.size(): the first number with one more digit
+    for (size_t digit = 0; digit < as.size(); ++digit) next_power *= 10;
+    a = next_power;
+  }
+  if (alts.empty()) return nullptr;
+  return Alt(std::move(alts));
+}
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const Json& root) : root_(root) {}
+
+  absl::StatusOr<GrammarDefinition> Run() {
+    AddBaseRules(d_);
+    root_rule_ = "schema";
+    auto expr = Compile(root_, "#");
+    if (!expr.ok()) return expr.status();
+    d_.SetRule("schema", *expr);
+    for (size_t i = 0; i < pending_refs_.size(); ++i) {
+      const auto [name, pointer] = pending_refs_[i];
+      const Json* target = Resolve(pointer);
+      if (target == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("$ref '", pointer, "' does not resolve"));
+      }
+      auto body = Compile(*target, pointer);
+      if (!body.ok()) return body.status();
+      d_.SetRule(name, *body);
+    }
+    d_.SetRule("root", Ref("schema"));
+    return std::move(d_);
+  }
+
+ private:
+  absl::Status Unsupported(const std::string& keyword, const std::string& at) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JSON Schema keyword '", keyword, "' at ", at, " is not supported"));
+  }
+  absl::Status Invalid(const std::string& what, const std::string& at) const {
+    return absl::InvalidArgumentError(absl::StrCat("JSON Schema at ", at, ": ", what));
+  }
+
+  const Json* Resolve(const std::string& pointer) const {
+    if (pointer == "#") return &root_;
+    try {
+      const Json& target = root_.at(Json::json_pointer(pointer.substr(1)));
+      return &target;
+    } catch (const Json::exception&) {
+      return nullptr;
+    }
+  }
+
+  std::string NewRule(const std::string& hint) { return absl::StrCat("s", next_rule_++, "-", hint); }
+
+  // A rule name for `e` so repeated uses share it.
+  GrammarExprPtr Named(const std::string& hint, GrammarExprPtr e) {
+    const std::string name = NewRule(hint);
+    d_.SetRule(name, std::move(e));
+    return Ref(name);
+  }
+
+  absl::StatusOr<GrammarExprPtr> Compile(const Json& s, const std::string& at) {
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return Ref("json-value");
+      return Invalid("the schema false accepts nothing", at);
+    }
+    if (!s.is_object()) return Invalid("a schema must be an object or a boolean", at);
+    static const absl::flat_hash_set<std::string> kAnnotations = {
+        "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+        "readOnly", "writeOnly", "$defs", "definitions", "contentMediaType", "contentEncoding",
+        "strict", "name", "uniqueItems_", "discriminator", "nullable_"};
+    static const absl::flat_hash_set<std::string> kKnown = {
+        "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+        "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
+        "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    for (const auto& [key, value] : s.items()) {
+      if (kAnnotations.contains(key) || kKnown.contains(key)) continue;
+      if (key == "uniqueItems" && value == false) continue;
+      return Unsupported(key, at);
+    }
+    if (s.contains("$ref")) {
+      if (s.size() > 1) {
+        for (const auto& [key, value] : s.items()) {
+          if (key != "$ref" && !kAnnotations.contains(key)) {
+            return Invalid(absl::StrCat("'$ref' with sibling keyword '", key, "' is not supported"), at);
+          }
+        }
+      }
+      if (!s["$ref"].is_string()) return Invalid("'$ref' must be a string", at);
+      const std::string pointer = s["$ref"].get<std::string>();
+      if (pointer.empty() || pointer[0] != '#') {
+        return Invalid(absl::StrCat("only local $ref ('#...') is supported, not '", pointer, "'"), at);
+      }
+      if (pointer == "#") return Ref("schema");
+      auto it = ref_rules_.find(pointer);
+      if (it == ref_rules_.end()) {
+        if (Resolve(pointer) == nullptr) return Invalid(absl::StrCat("$ref '", pointer, "' does not resolve"), at);
+        it = ref_rules_.emplace(pointer, NewRule("ref")).first;
+        pending_refs_.emplace_back(it->second, pointer);
+      }
+      return Ref(it->second);
+    }
+    if (s.contains("const")) return Lit(s["const"].dump());
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty()) return Invalid("'enum' must be a non-empty array", at);
+      std::vector<GrammarExprPtr> alts;
+      for (const auto& v : s["enum"]) alts.push_back(Lit(v.dump()));
+      return Alt(std::move(alts));
+    }
+    for (const char* combinator : {"anyOf", "oneOf", "allOf"}) {
+      if (!s.contains(combinator)) continue;
+      const Json& list = s[combinator];
+      if (!list.is_array() || list.empty()) return Invalid(absl::StrCat("'", combinator, "' must be a non-empty array"), at);
+      for (const auto& [key, value] : s.items()) {
+        if (key != combinator && !kAnnotations.contains(key)) {
+          return Invalid(absl::StrCat("'", combinator, "' with sibling keyword '", key, "' is not supported"), at);
+        }
+      }
+      if (std::string(combinator) == "allOf" && list.size() != 1) {
+        return Unsupported("allOf (with more than one schema)", at);
+      }
+      std::vector<GrammarExprPtr> alts;
+      for (size_t i = 0; i < list.size(); ++i) {
+        auto e = Compile(list[i], absl::StrCat(at, "/", combinator, "/", i));
+        if (!e.ok()) return e;
+        alts.push_back(*e);
+      }
+      return Alt(std::move(alts));
+    }
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const Json& t = s["type"];
+      if (t.is_string()) {
+        types.push_back(t.get<std::string>());
+      } else if (t.is_array()) {
+        for (const auto& v : t) {
+          if (!v.is_string()) return Invalid("'type' entries must be strings", at);
+          types.push_back(v.get<std::string>());
+        }
+      } else {
+        return Invalid("'type' must be a string or an array", at);
+      }
+    } else {
+      // Keywords imply the type; none at all accepts any value.
+      if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) types.push_back("object");
+      if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types.push_back("array");
+      if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) types.push_back("string");
+      if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) types.push_back("number");
+      if (types.empty()) return Ref("json-value");
+    }
+    std::vector<GrammarExprPtr> alts;
+    for (const std::string& type : types) {
+      absl::StatusOr<GrammarExprPtr> e;
+      if (type == "object") e = Object(s, at);
+      else if (type == "array") e = Array(s, at);
+      else if (type == "string") e = String(s, at);
+      else if (type == "integer") e = Integer(s, at);
+      else if (type == "number") e = Number(s, at);
+      else if (type == "boolean") e = Alt({Lit("true"), Lit("false")});
+      else if (type == "null") e = Lit("null");
+      else return Invalid(absl::StrCat("unknown type '", type, "'"), at);
+      if (!e.ok()) return e;
+      alts.push_back(*e);
+    }
+    return Alt(std::move(alts));
+  }
+
+  absl::StatusOr<GrammarExprPtr> Object(const Json& s, const std::string& at) {
+    std::vector<std::pair<std::string, GrammarExprPtr>> props;  // key literal, member expr
+    std::vector<bool> required;
+    absl::flat_hash_set<std::string> required_names;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) return Invalid("'required' must be an array", at);
+      for (const auto& r : s["required"]) {
+        if (!r.is_string()) return Invalid("'required' entries must be strings", at);
+        required_names.insert(r.get<std::string>());
+      }
+    }
+    absl::flat_hash_set<std::string> declared;
+    if (s.contains("properties")) {
+      if (!s["properties"].is_object()) return Invalid("'properties' must be an object", at);
+      for (const auto& [name, sub] : s["properties"].items()) {
+        auto value = Compile(sub, absl::StrCat(at, "/properties/", name));
+        if (!value.ok()) return value;
+        props.emplace_back(name, Seq({Lit(Json(name).dump()), Ref("ws"), Lit(":"), Ref("ws"), *value}));
+        required.push_back(required_names.contains(name));
+        declared.insert(name);
+      }
+    }
+    for (const auto& name : required_names) {
+      if (!declared.contains(name)) {
+        // A required property without a schema: any value under that name.
+        props.emplace_back(name, Seq({Lit(Json(name).dump()), Ref("ws"), Lit(":"), Ref("ws"), Ref("json-value")}));
+        required.push_back(true);
+      }
+    }
+    GrammarExprPtr extra;
+    if (s.contains("additionalProperties")) {
+      const Json& ap = s["additionalProperties"];
+      if (!(ap.is_boolean() && !ap.get<bool>())) {
+        auto value = Compile(ap, at + "/additionalProperties");
+        if (!value.ok()) return value;
+        extra = Named("extra", Seq({Ref("json-string"), Ref("ws"), Lit(":"), Ref("ws"), *value}));
+      }
+    }
+    const size_t n = props.size();
+    auto sep = [](GrammarExprPtr member) { return Seq({Ref("ws"), Lit(","), Ref("ws"), std::move(member)}); };
+    // after[i]: properties i.. when something was already written; first[i]: when not.
+    std::vector<GrammarExprPtr> after(n + 1), first(n + 1);
+    after[n] = extra ? RepeatExpr(sep(extra), 0, -1) : EmptyExpr();
+    first[n] = extra ? Opt(Seq({extra, after[n]})) : EmptyExpr();
+    after[n] = Named("after", after[n]);
+    first[n] = Named("first", first[n]);
+    for (size_t k = n; k-- > 0;) {
+      auto with = Seq({sep(props[k].second), after[k + 1]});
+      after[k] = Named("after", required[k] ? with : Alt({with, after[k + 1]}));
+      auto start = Seq({props[k].second, after[k + 1]});
+      first[k] = Named("first", required[k] ? start : Alt({start, first[k + 1]}));
+    }
+    return Seq({Lit("{"), Ref("ws"), first[0], Ref("ws"), Lit("}")});
+  }
+
+  absl::StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& at, int64_t fallback) {
+    if (!s.contains(key)) return fallback;
+    const Json& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+      return Invalid(absl::StrCat("'", key, "' must be a non-negative integer"), at);
+    }
+    if (v.get<int64_t>() > 1000) {
+      return Invalid(absl::StrCat("'", key, "' of ", v.get<int64_t>(), " is above the supported 1000"), at);
+    }
+    return v.get<int64_t>();
+  }
+
+  absl::StatusOr<GrammarExprPtr> Array(const Json& s, const std::string& at) {
+    GrammarExprPtr item = Ref("json-value");
+    if (s.contains("items")) {
+      if (s["items"].is_array()) return Unsupported("items (as an array: tuple validation)", at);
+      auto e = Compile(s["items"], at + "/items");
+      if (!e.ok()) return e;
+      item = Named("item", *e);
+    }
+    auto lo = Count(s, "minItems", at, 0);
+    if (!lo.ok()) return lo.status();
+    auto hi = Count(s, "maxItems", at, -1);
+    if (!hi.ok()) return hi.status();
+    if (*hi >= 0 && *hi < *lo) return Invalid("maxItems is below minItems", at);
+    if (*hi == 0) return Seq({Lit("["), Ref("ws"), Lit("]")});
+    auto rest = RepeatExpr(Seq({Ref("ws"), Lit(","), Ref("ws"), item}), static_cast<int32_t>(std::max<int64_t>(*lo - 1, 0)),
+                           *hi < 0 ? -1 : static_cast<int32_t>(*hi - 1));
+    auto items = Seq({item, rest});
+    return Seq({Lit("["), Ref("ws"), *lo > 0 ? items : Opt(items), Ref("ws"), Lit("]")});
+  }
+
+  absl::StatusOr<GrammarExprPtr> String(const Json& s, const std::string& at) {
+    auto lo = Count(s, "minLength", at, 0);
+    if (!lo.ok()) return lo.status();
+    auto hi = Count(s, "maxLength", at, -1);
+    if (!hi.ok()) return hi.status();
+    if (*hi >= 0 && *hi < *lo) return Invalid("maxLength is below minLength", at);
+    const bool has_length = s.contains("minLength") || s.contains("maxLength");
+    if (s.contains("pattern")) {
+      if (has_length) return Unsupported("pattern together with minLength/maxLength", at);
+      if (!s["pattern"].is_string()) return Invalid("'pattern' must be a string", at);
+      RegexOptions options;
+      options.json_string = true;
+      options.search = true;
+      auto e = RegexToExpr(s["pattern"].get<std::string>(), options);
+      if (!e.ok()) return Invalid(std::string(e.status().message()), at + "/pattern");
+      return Seq({Lit("\""), *e, Lit("\"")});
+    }
+    if (s.contains("format")) {
+      if (has_length) return Unsupported("format together with minLength/maxLength", at);
+      const std::string format = s["format"].is_string() ? s["format"].get<std::string>() : "";
+      auto two = [] { return Digits(2, 2); };
+      auto date = Seq({Digits(4, 4), Lit("-"), Alt({Seq({Lit("0"), Digit('1', '9')}), Seq({Lit("1"), Digit('0', '2')})}),
+                       Lit("-"), Alt({Seq({Lit("0"), Digit('1', '9')}), Seq({Digit('1', '2'), Digit('0', '9')}), Seq({Lit("3"), Digit('0', '1')})})});
+      auto clock = Seq({Alt({Seq({Digit('0', '1'), Digit('0', '9')}), Seq({Lit("2"), Digit('0', '3')})}), Lit(":"),
+                        Digit('0', '5'), Digit('0', '9'), Lit(":"), Digit('0', '5'), Digit('0', '9'),
+                        Opt(Seq({Lit("."), Digits(1, 6)}))});
+      auto offset = Alt({Lit("Z"), Seq({CharClassExpr({{'+', '+'}, {'-', '-'}}),
+                                        Alt({Seq({Digit('0', '1'), Digit('0', '9')}), Seq({Lit("2"), Digit('0', '3')})}),
+                                        Lit(":"), Digit('0', '5'), Digit('0', '9')})});
+      (void)two;
+      auto hex = [](int32_t n) { return RepeatExpr(CharClassExpr({{'0', '9'}, {'a', 'f'}, {'A', 'F'}}), n, n); };
+      GrammarExprPtr body;
+      if (format == "date-time") body = Seq({date, Lit("T"), clock, offset});
+      else if (format == "date") body = date;
+      else if (format == "time") body = Seq({clock, offset});
+      else if (format == "uuid") body = Seq({hex(8), Lit("-"), hex(4), Lit("-"), hex(4), Lit("-"), hex(4), Lit("-"), hex(12)});
+      else if (format == "email") {
+        auto local = RepeatExpr(CharClassExpr({{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {'.', '.'}, {'_', '_'}, {'+', '+'}, {'-', '-'}}), 1, 64);
+        auto label = RepeatExpr(CharClassExpr({{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {'-', '-'}}), 1, 63);
+        body = Seq({local, Lit("@"), label, RepeatExpr(Seq({Lit("."), label}), 1, 4)});
+      } else if (format == "ipv4") {
+        auto octet = NonNegativeRange(0, 255);
+        body = Seq({octet, Lit("."), octet, Lit("."), octet, Lit("."), octet});
+      } else {
+        return Unsupported(absl::StrCat("format '", format, "'"), at);
+      }
+      return Seq({Lit("\""), Named("format", body), Lit("\"")});
+    }
+    return Seq({Lit("\""), RepeatExpr(Ref("json-char"), static_cast<int32_t>(*lo), static_cast<int32_t>(*hi)), Lit("\"")});
+  }
+
+  // Integer bounds from minimum/maximum/exclusive*; nullopt-like flags for absent ones.
+  absl::Status Bounds(const Json& s, const std::string& at, bool& has_lo, int64_t& lo, bool& has_hi, int64_t& hi) {
+    has_lo = has_hi = false;
+    auto read = [&](const char* key, double& out) -> absl::StatusOr<bool> {
+      if (!s.contains(key)) return false;
+      if (!s[key].is_number()) return Invalid(absl::StrCat("'", key, "' must be a number"), at);
+      out = s[key].get<double>();
+      if (std::fabs(out) > 1e15) return Invalid(absl::StrCat("'", key, "' beyond 1e15 is not supported"), at);
+      return true;
+    };
+    double v;
+    for (const char* key : {"minimum", "exclusiveMinimum"}) {
+      auto present = read(key, v);
+      if (!present.ok()) return present.status();
+      if (!*present) continue;
+      int64_t bound = std::string(key) == "minimum" ? static_cast<int64_t>(std::ceil(v))
+                                                    : static_cast<int64_t>(std::floor(v)) + 1;
+      lo = has_lo ? std::max(lo, bound) : bound;
+      has_lo = true;
+    }
+    for (const char* key : {"maximum", "exclusiveMaximum"}) {
+      auto present = read(key, v);
+      if (!present.ok()) return present.status();
+      if (!*present) continue;
+      int64_t bound = std::string(key) == "maximum" ? static_cast<int64_t>(std::floor(v))
+                                                    : static_cast<int64_t>(std::ceil(v)) - 1;
+      hi = has_hi ? std::min(hi, bound) : bound;
+      has_hi = true;
+    }
+    if (has_lo && has_hi && hi < lo) return Invalid("the range of values is empty", at);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<GrammarExprPtr> Integer(const Json& s, const std::string& at) {
+    bool has_lo, has_hi;
+    int64_t lo = 0, hi = 0;
+    if (absl::Status st = Bounds(s, at, has_lo, lo, has_hi, hi); !st.ok()) return st;
+    if (!has_lo && !has_hi) return Ref("json-int");
+    std::vector<GrammarExprPtr> alts;
+    // Non-negative part [max(lo, 0), hi].
+    if (!has_hi || hi >= 0) {
+      auto e = NonNegativeRange(has_lo ? static_cast<uint64_t>(std::max<int64_t>(lo, 0)) : 0, has_hi ? hi : -1);
+      if (e) alts.push_back(e);
+    }
+    // Negative part: "-" and magnitudes [max(-hi, 1), -lo].
+    if (!has_lo || lo < 0) {
+      const uint64_t mag_lo = has_hi && hi < 0 ? static_cast<uint64_t>(-hi) : 1;
+      auto e = NonNegativeRange(mag_lo, has_lo ? -lo : -1);
+      if (e) alts.push_back(Seq({Lit("-"), e}));
+    }
+    return Named("int-range", Alt(std::move(alts)));
+  }
+
+  absl::StatusOr<GrammarExprPtr> Number(const Json& s, const std::string& at) {
+    if (!s.contains("minimum") && !s.contains("maximum") && !s.contains("exclusiveMinimum") &&
+        !s.contains("exclusiveMaximum")) {
+      return Ref("json-number");
+    }
+    for (const char* key : {"exclusiveMinimum", "exclusiveMaximum"}) {
+      if (s.contains(key)) return Unsupported(absl::StrCat(key, " on type number"), at);
+    }
+    auto integral = [&](const char* key) {
+      return !s.contains(key) || (s[key].is_number() && s[key].get<double>() >= 0 &&
+                                  s[key].get<double>() == std::floor(s[key].get<double>()) &&
+                                  s[key].get<double>() < 1e15);
+    };
+    if (!integral("minimum") || !integral("maximum")) {
+      return Unsupported("minimum/maximum on type number (other than non-negative integers)", at);
+    }
+    const uint64_t lo = s.contains("minimum") ? static_cast<uint64_t>(s["minimum"].get<double>()) : 0;
+    if (!s.contains("minimum")) {
+      return Unsupported("maximum on type number without a non-negative minimum", at);
+    }
+    auto fraction = Opt(Seq({Lit("."), Digits(1, 16)}));
+    if (!s.contains("maximum")) {
+      return Named("num-range", Seq({NonNegativeRange(lo, -1), fraction}));
+    }
+    const int64_t hi = static_cast<int64_t>(s["maximum"].get<double>());
+    if (static_cast<uint64_t>(hi) < lo) return Invalid("the range of values is empty", at);
+    std::vector<GrammarExprPtr> alts;
+    if (static_cast<uint64_t>(hi) > lo) alts.push_back(Seq({NonNegativeRange(lo, hi - 1), fraction}));
+    alts.push_back(Seq({Lit(std::to_string(hi)), Opt(Seq({Lit("."), RepeatExpr(Lit("0"), 1, 16)}))}));
+    return Named("num-range", Alt(std::move(alts)));
+  }
+
+  const Json& root_;
+  GrammarDefinition d_;
+  std::string root_rule_;
+  int next_rule_ = 0;
+  absl::flat_hash_map<std::string, std::string> ref_rules_;
+  std::vector<std::pair<std::string, std::string>> pending_refs_;
+};
+
+}  // namespace
+
+absl::StatusOr<GrammarDefinition> JsonSchemaGrammar(std::string_view schema_json) {
+  Json schema = Json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded()) return absl::InvalidArgumentError("JSON Schema is not valid JSON");
+  return SchemaCompiler(schema).Run();
+}
+
+GrammarDefinition JsonObjectGrammar() {
+  GrammarDefinition d;
+  AddBaseRules(d);
+  d.SetRule("root", Ref("json-object"));
+  return d;
+}
+
+}  // namespace loom::common

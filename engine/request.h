@@ -1,0 +1,194 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/tokenizer/incremental_decoder.h"
+#include "common/tokenizer/tokenizer.h"
+#include "engine/block_hash.h"
+#include "engine/request_metrics.h"
+#include "engine/stop_string_matcher.h"
+#include "loom/v1/inference.pb.h"
+
+namespace loom::coordinator {
+
+
+/// One message for the client: new text/tokens, and on the last one the finish reason.
+struct OutputEvent {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<loom::v1::SequenceOutput> logprobs;
+  loom::v1::FinishReason finish_reason = loom::v1::FINISH_REASON_UNSPECIFIED;
+  std::string error_message;
+  std::string replica_id;
+  int32_t cached_prompt_tokens = 0;  // on the final event: prompt tokens served from cache
+  int32_t num_draft_tokens = 0;      // on the final event: speculative drafts proposed
+  int32_t num_accepted_tokens = 0;   //   and accepted
+  bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
+};
+
+/// "stop", "length", "abort" or "error": the finish reason as the OpenAI API and the
+/// metrics' finished_reason label spell it.
+const char* FinishReasonName(loom::v1::FinishReason reason);
+
+/// The hand-off between the replica loop (the producer) and the RPC handler (the one
+/// consumer).
+/// Events are merged as they are pushed (text and tokens concatenated, the final event's
+/// finish reason), so the queue holds at most one event and a consumer that was busy
+/// finds everything new in one piece. Thread-safe.
+class OutputQueue {
+ public:
+  /// Queues `event` (merged into the one already queued); wakes a consumer that waits
+  /// for it. Nothing may follow a final event (later events are dropped).
+  void Push(OutputEvent event);
+  /// Everything queued so far as one event, waiting up to `timeout` for one; nullopt
+  /// without one. Until `hold_until`, only a final event ends the wait: non-final events
+  /// stay queued and merge with the ones that follow (a stream's flush interval, so that
+  /// one consumer wakeup carries several tokens; the producer wakes no one meanwhile).
+  std::optional<OutputEvent> Pop(absl::Duration timeout,
+                                 absl::Time hold_until = absl::InfinitePast());
+  /// Pop without waiting, for a consumer driven by `listener`: what Pop would return
+  /// at once. When that is nothing, the listener is armed: the next Push that would end
+  /// Pop's wait (a final event before `hold_until`, any event after it) calls it once.
+  std::optional<OutputEvent> TryPop(absl::Time hold_until = absl::InfinitePast());
+  /// Sets (or, with nullptr, clears) what an armed TryPop calls. It runs on the
+  /// producer's thread with the queue locked: it must be quick and must not call into
+  /// the queue. Once SetListener(nullptr) returned, the old listener is not running and
+  /// will not run again.
+  void SetListener(std::function<void()> listener);
+
+ private:
+  // What a consumer blocked in Pop waits for; Push signals only when that arrived, so
+  // tokens pushed during a hold cost the producer no wakeup.
+  enum class Waiting { kNothing, kAnyEvent, kFinalEvent };
+
+  absl::Mutex mu_;
+  absl::CondVar ready_;
+  std::optional<OutputEvent> queued_ ABSL_GUARDED_BY(mu_);
+  Waiting waiting_ ABSL_GUARDED_BY(mu_) = Waiting::kNothing;
+  std::function<void()> listener_ ABSL_GUARDED_BY(mu_);
+};
+
+/// What the client asked for, validated and tokenized.
+struct RequestParams {
+  std::vector<int32_t> prompt_ids;
+  loom::v1::SamplingParams sampling;
+  int32_t max_tokens = 0;  // >= 1 after validation
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  // Isolates this request's prefix-cache entries: only requests with the same salt share
+  // cached blocks (a per-tenant secret). Empty: the shared default.
+  std::string cache_salt;
+  // Speculative decoding: draft tokens per step at most; -1: the server's default.
+  int32_t num_speculative_tokens = -1;
+  // The stop string or stop token's text that ended the output is sent too.
+  bool include_stop_str_in_output = false;
+  // Special tokens' text is left out of the output.
+  bool skip_special_tokens = true;
+};
+
+/// One request in flight: its parameters, the client's queue, and the output processing
+/// (incremental detokenization, stop checks). The replica loop that runs it is the only
+/// writer of the processing state; `outputs` is the thread-safe hand-off to the handler.
+class Request {
+ public:
+  Request(std::string request_id, uint64_t seq_id, RequestParams params,
+          const common::Tokenizer& tokenizer, std::vector<int32_t> eos_ids);
+
+  const std::string& request_id() const { return request_id_; }
+  uint64_t seq_id() const { return seq_id_; }
+  const RequestParams& params() const { return params_; }
+  OutputQueue& outputs() { return outputs_; }
+
+  /// Processes one sampled token (replica loop only): appends text through the
+  /// detokenizer and the stop strings, pushes an event, and returns true when the
+  /// sequence is finished (EOS, stop token, stop string, max_tokens; the final event was
+  /// pushed).
+  bool OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id);
+  /// Ends the request without more tokens (abort or error): pushes the final event.
+  void Finish(loom::v1::FinishReason reason, std::string error_message,
+              const std::string& replica_id);
+
+  /// True once any token reached the client: the request can no longer be retried on
+  /// another replica.
+  bool produced_output() const { return num_outputs_ > 0; }
+  int32_t num_outputs() const { return num_outputs_; }
+  bool finished() const { return finished_; }
+  /// Asks the replica running it to drop it at its next step (any thread). The replica
+  /// then frees its blocks and pushes the final ABORT event.
+  void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  std::chrono::steady_clock::time_point arrival() const { return arrival_; }
+
+  /// Records how many prompt tokens the replica found in its prefix cache when it first
+  /// scheduled the request (replica loop only, after MarkScheduled); reported on the final
+  /// event and, at once, to the prefix-cache metrics.
+  void set_cached_prompt_tokens(int32_t tokens);
+  int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
+
+  /// Records one speculative step's drafts and accepted drafts (replica loop only);
+  /// reported on the final event and, at once, to the metrics.
+  void AddSpeculation(int32_t drafted, int32_t accepted);
+
+  /// Where the request's events go as they happen (tokens, TTFT, prefix-cache lookups,
+  /// speculative steps) and its timeline when it finishes; null: nowhere. Set before
+  /// the request is placed.
+  void set_metrics(RequestMetrics* metrics) { metrics_ = metrics; }
+  /// `replica_id` scheduled it (replica loop only): the first call ends its queue time.
+  void MarkScheduled(const std::string& replica_id);
+
+  /// The prompt's prefix-cache identity for KV blocks of `block_size` tokens: the chain's
+  /// seed (model fingerprint and cache salt) and the hashes of its full blocks, computed
+  /// once (the cluster calls this before placing the request; later calls, from any thread
+  /// after that one, return the same). Not safe to call concurrently for the first time.
+  const std::vector<BlockHash>& PromptBlockHashes(std::string_view model_fingerprint,
+                                                  int32_t block_size);
+  /// What PromptBlockHashes computed (empty before).
+  const std::vector<BlockHash>& prompt_block_hashes() const { return prompt_block_hashes_; }
+  const BlockHash& hash_seed() const { return hash_seed_; }
+  /// The block size PromptBlockHashes was computed for; 0 before.
+  int32_t hashed_block_size() const { return hashed_block_size_; }
+
+ private:
+  // Reports the finished request's timeline to metrics_ (when set).
+  void RecordFinished(loom::v1::FinishReason reason, const std::string& replica_id);
+
+  std::string request_id_;
+  uint64_t seq_id_;
+  RequestParams params_;
+  std::vector<int32_t> eos_ids_;
+  common::IncrementalDecoder decoder_;
+  StopStringMatcher stop_matcher_;
+  int32_t num_outputs_ = 0;
+  int32_t cached_prompt_tokens_ = 0;
+  int32_t num_speculative_steps_ = 0;
+  int32_t num_draft_tokens_ = 0;
+  int32_t num_accepted_tokens_ = 0;
+  bool finished_ = false;
+  BlockHash hash_seed_;
+  std::vector<BlockHash> prompt_block_hashes_;
+  int32_t hashed_block_size_ = 0;
+  std::chrono::steady_clock::time_point arrival_;
+  std::optional<std::chrono::steady_clock::time_point> first_scheduled_, first_token_,
+      last_token_;
+  std::string scheduled_replica_id_;  // the replica that scheduled it last
+  RequestMetrics* metrics_ = nullptr;
+  // The latency series of the replica of its first token (set then, with metrics_).
+  const ReplicaLatencySeries* latency_series_ = nullptr;
+  std::atomic<bool> cancelled_{false};
+  OutputQueue outputs_;
+};
+
+}  // namespace loom::coordinator

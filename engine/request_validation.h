@@ -1,0 +1,26 @@
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "common/formats/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "engine/request.h"
+#include "loom/v1/inference.pb.h"
+
+namespace loom::coordinator {
+
+/// Tokenizes the prompt and checks a client's request against the model: a non-empty
+/// prompt, token ids within the vocabulary, prompt + max_tokens within the context
+/// length (max_tokens 0 means "up to the context length"), sampling parameters in range
+/// (unset ones take the model's defaults, `config.sampling_defaults`, then the API's:
+/// greedy, or `unset_temperature` for the temperature). InvalidArgument naming the field
+/// and value. Thread-safe.
+absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
+                                                      const common::ModelConfig& config,
+                                                      const common::Tokenizer& tokenizer,
+                                                      float unset_temperature = 0.0f);
+
+/// Sets each sampling field `request` leaves unset that the model has a default for.
+void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
+                                loom::v1::SamplingParams& sampling);
+
+}  // namespace loom::coordinator

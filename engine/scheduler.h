@@ -1,0 +1,211 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "engine/block_manager.h"
+#include "engine/sequence.h"
+#include "engine/speculation_policy.h"
+
+namespace loom::coordinator {
+
+struct SchedulerConfig {
+  int32_t block_size = 16;
+  int64_t num_blocks = 0;                 // the replica's KV pool
+  int64_t max_num_batched_tokens = 512;   // tokens per step (decodes + prefill chunks)
+  int32_t max_num_seqs = 256;             // running sequences at most
+  int64_t max_waiting = 1024;             // waiting queue bound (Add answers past it)
+  // Reuse cached full blocks of earlier sequences (same tokens, same hash seed) instead of
+  // recomputing them; off: every block is computed by the sequence that uses it.
+  bool enable_prefix_caching = true;
+  // Record KvCacheEvents for the cluster's KV index (TakeKvEvents drains them).
+  bool record_kv_events = false;
+  // Speculative decoding's policy (each sequence carries its own cap).
+  SpeculationConfig speculation;
+};
+
+/// One sequence's work in a plan.
+struct ScheduledWork {
+  Sequence* seq = nullptr;
+  bool is_new = false;                 // the worker has no state: send a NewSequence first
+  int32_t num_cached_tokens = 0;       // is_new: leading tokens already in its blocks
+  // Appended to its block table by this plan; for a new sequence every block it holds,
+  // the cached ones included.
+  std::vector<int32_t> new_block_ids;
+  int32_t num_tokens = 0;              // tokens [num_computed_before, +num_tokens)
+  bool sample = false;                 // the last computed position is sampled
+  int32_t num_speculative_tokens = 0;  // draft tokens the worker may verify after it
+};
+
+/// The next step's plan, before it becomes a loom.v1.StepPlan.
+struct SchedulerOutput {
+  std::vector<ScheduledWork> scheduled;  // decodes first, then prefill chunks
+  std::vector<uint64_t> finished;        // released since the previous plan
+  std::vector<uint64_t> preempted;       // preempted by this plan (state dropped on worker)
+  int64_t num_decode_tokens = 0;
+  int64_t num_prefill_tokens = 0;
+  int64_t num_speculative_tokens = 0;    // draft slots reserved by speculative decodes
+  bool empty() const { return scheduled.empty() && finished.empty() && preempted.empty(); }
+};
+
+/// Iteration-level continuous batching for one replica (Orca, vLLM's scheduler):
+/// every step, running decodes first (1 token each), then prefill chunks of running and
+/// then waiting sequences within the token budget, admitting waiting sequences by
+/// (priority, arrival). When blocks run out, the lowest-priority, latest-arrived running
+/// sequence is preempted by recompute (blocks freed, back to the front of its class in the
+/// waiting queue). Plans may be built while earlier ones execute (see Sequence).
+///
+/// Prefix caching: a sequence being admitted takes the longest chain of cached full
+/// blocks matching its tokens (never the block of its last known token: at least one
+/// token is computed, to produce logits) and starts its computed count there. A full
+/// block is registered in the cache once the plan computing it has been sent (at the next
+/// Schedule, or when its sequence is released): plans run in order on the worker, so any
+/// later plan that reuses it finds its K/V written. Blocks whose content includes a
+/// sampled token are registered only once that token's id came back.
+/// Not thread-safe: the replica's step loop owns it.
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  /// Queues a new sequence (status kWaiting, no blocks). ResourceExhausted when the
+  /// waiting queue holds max_waiting sequences; InvalidArgument when the sequence can
+  /// never fit (prompt + max_tokens needs more blocks than the pool has) or its id is in
+  /// use.
+  absl::Status Add(std::unique_ptr<Sequence> seq);
+
+  /// Builds the next plan and advances the sequences' bookkeeping as if it had been sent.
+  SchedulerOutput Schedule();
+
+  /// Applies a sampled token from a step result: appends it to output_ids and decrements
+  /// samples_in_flight. Returns the sequence, or nullptr for an unknown or finished id
+  /// (its output is dropped: e.g. it was aborted while the step ran).
+  Sequence* ApplyOutput(uint64_t seq_id, int32_t token_id);
+
+  /// Applies one sequence's outputs of a step result. A plain step brings one token; a
+  /// speculative one (`speculative`: the plan asked it to) brings the `num_accepted`
+  /// accepted drafts and one more token: they are appended, the drafts count as
+  /// computed, the table gives back the blocks only rejected drafts used (tail first) and
+  /// the sequence may be scheduled again. nullptr as ApplyOutput does, and for outputs
+  /// that do not match what was scheduled (dropped).
+  Sequence* ApplyOutputs(uint64_t seq_id, absl::Span<const int32_t> token_ids, bool speculative,
+                         int32_t num_draft_tokens, int32_t num_accepted);
+
+  /// Records a finished step's size and forward time for the speculation policy.
+  void RecordStep(int64_t num_tokens, double seconds) {
+    speculation_policy_.RecordStep(num_tokens, seconds);
+  }
+  const SpeculationPolicy& speculation_policy() const { return speculation_policy_; }
+
+  /// Ends a sequence (finished, cancelled or failed): frees its blocks (tail first) and
+  /// queues its id for the next plan's `finished` if the worker holds it. Waiting
+  /// sequences are simply removed. Unknown ids are ignored. The Sequence object is
+  /// destroyed once no plan in flight can name it (after the next Schedule()).
+  void Finish(uint64_t seq_id);
+
+  /// Drops every sequence (the replica's worker died): returns them, blocks freed,
+  /// on_worker false, for the caller to fail or requeue elsewhere.
+  std::vector<std::unique_ptr<Sequence>> TakeAll();
+
+  /// The waiting or running sequence with this id; nullptr when unknown or finished.
+  Sequence* Find(uint64_t seq_id);
+  /// Sequences holding blocks (status kRunning), at most max_num_seqs.
+  int32_t num_running() const;
+  /// Sequences queued for admission, new or preempted.
+  int32_t num_waiting() const;
+  /// Something to schedule or to release. A plan may still come out empty (every
+  /// sequence is waiting for results in flight): check SchedulerOutput::empty().
+  bool has_work() const;
+  const BlockManager& block_manager() const { return block_manager_; }
+  /// The prefix-cache changes since the last call (record_kv_events), oldest first.
+  std::vector<KvCacheEvent> TakeKvEvents() { return block_manager_.TakeEvents(); }
+  /// Drops every cached block from the prefix cache (a failed step may have left their
+  /// K/V half written); blocks in use stay with their sequences.
+  void ForgetPrefixCache() { block_manager_.ForgetCachedBlocks(); }
+  /// Prompt tokens admitted so far, and how many of them were served from the cache.
+  int64_t num_prompt_tokens_admitted() const { return num_prompt_tokens_admitted_; }
+  int64_t num_cached_tokens_admitted() const { return num_cached_tokens_admitted_; }
+  uint64_t num_preemptions() const { return num_preemptions_; }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  // The scheduling order: (priority, arrival, seq_id) ascending, so the front runs first
+  // and the back is the first preemption victim. priority and arrival must not change
+  // while the sequence is queued or running.
+  struct SchedulingOrder {
+    bool operator()(const Sequence* a, const Sequence* b) const;
+  };
+  using OrderedSequences = std::set<Sequence*, SchedulingOrder>;
+
+  struct Entry {
+    std::unique_ptr<Sequence> seq;
+    uint64_t scheduled_in_step = 0;  // the step_ of the last plan that scheduled it
+  };
+
+  // Blocks `seq` needs beyond its table to hold `num_tokens` more computed tokens.
+  int64_t BlocksNeeded(const Sequence& seq, int32_t num_tokens) const;
+  // Schedules `num_tokens` of a running sequence (plus `num_drafts` speculative slots),
+  // preempting others (or itself) when blocks run out. False when `seq` itself was
+  // preempted instead.
+  bool ScheduleRunning(Sequence* seq, int32_t num_tokens, int32_t num_drafts,
+                       SchedulerOutput& out);
+  // Appends `num_tokens` of `seq` (and `num_drafts` draft slots) to the plan and advances
+  // its bookkeeping; the blocks must be available.
+  void Emit(Sequence* seq, int32_t num_tokens, int32_t num_drafts, SchedulerOutput& out);
+  // The draft tokens each decode candidate may speculate this step (decode_drafts_).
+  void ChooseSpeculation(int64_t budget);
+  // The running sequence latest in SchedulingOrder that this plan has not scheduled yet.
+  Sequence* PickVictim();
+  // Preempts a running sequence by recompute: blocks freed, back to the waiting queue.
+  void Preempt(Sequence* seq, SchedulerOutput& out);
+  // Frees the sequence's blocks, tail first, and clears its table.
+  void ReleaseBlocks(Sequence& seq);
+  // Extends seq.block_hashes to cover its first `num_blocks` full blocks of applied tokens.
+  void ExtendHashes(Sequence& seq, int64_t num_blocks);
+  // The first `num_tokens` (or more) of seq's applied tokens, prompt then outputs,
+  // contiguous: the prompt itself, or token_scratch_ (valid until the next call).
+  absl::Span<const int32_t> AppliedTokens(const Sequence& seq, int64_t num_tokens);
+  // Registers the sequence's blocks that became full with computed, known tokens.
+  void RegisterFullBlocks(Sequence& seq);
+  // Admission of a waiting `seq` (empty table): when its first chunk (within `budget`)
+  // fits in the free blocks, takes its cached prefix (if caching is on), sets num_computed
+  // past it and returns the chunk's token count; 0 when it does not fit (nothing changed).
+  int32_t AdmitWithCachedPrefix(Sequence& seq, int64_t budget);
+
+  SchedulerConfig config_;
+  BlockManager block_manager_;
+  SpeculationPolicy speculation_policy_;
+  uint64_t num_preemptions_ = 0;
+
+  // Every waiting or running sequence, by id; finished ones leave at Finish().
+  absl::flat_hash_map<uint64_t, Entry> sequences_;
+  OrderedSequences running_;  // status kRunning
+  OrderedSequences waiting_;  // status kWaiting
+  uint64_t next_arrival_ = 0;
+  uint64_t step_ = 0;               // Schedule() calls so far
+  bool preempted_this_step_ = false;
+  int64_t num_prompt_tokens_admitted_ = 0;
+  int64_t num_cached_tokens_admitted_ = 0;
+  std::vector<int32_t> token_scratch_;  // prompt + outputs, for hashing output blocks
+
+  // Ids the worker holds that Finish() released; sent in the next plan's `finished`. They
+  // stay reserved (Add refuses them) until then.
+  std::vector<uint64_t> finished_ids_;
+  // Finished sequences kept alive while a plan in flight may still name them: those
+  // finished since the last Schedule(), and those the last Schedule() released (destroyed
+  // at the start of the next one).
+  std::vector<std::unique_ptr<Sequence>> finishing_;
+  std::vector<std::unique_ptr<Sequence>> released_;
+
+  // Per-step scratch, kept to reuse its capacity.
+  std::vector<Sequence*> decode_candidates_;
+  std::vector<Sequence*> prefill_candidates_;
+  std::vector<int32_t> decode_drafts_;  // per decode candidate: draft tokens this step
+  std::vector<int32_t> draft_limits_;
+  std::vector<const SpeculationStats*> draft_stats_;
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,32 @@
+#include "engine/step_plan.h"
+
+namespace loom::coordinator {
+
+void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan) {
+  plan.Clear();
+  plan.set_step_id(step_id);
+  for (const ScheduledWork& work : out.scheduled) {
+    const Sequence& seq = *work.seq;
+    if (work.is_new) {
+      loom::v1::NewSequence* added = plan.add_added();
+      added->set_seq_id(seq.seq_id);
+      added->mutable_prompt_token_ids()->Add(seq.prompt_ids.begin(), seq.prompt_ids.end());
+      added->mutable_output_token_ids()->Add(seq.output_ids.begin(), seq.output_ids.end());
+      *added->mutable_sampling() = seq.sampling;
+      added->set_num_cached_tokens(work.num_cached_tokens);
+      if (seq.score_prompt_from > 0) added->set_score_prompt_from(seq.score_prompt_from);
+    }
+    loom::v1::ScheduledSequence* scheduled = plan.add_scheduled();
+    scheduled->set_seq_id(seq.seq_id);
+    scheduled->mutable_new_block_ids()->Add(work.new_block_ids.begin(), work.new_block_ids.end());
+    scheduled->set_num_tokens(work.num_tokens);
+    scheduled->set_sample(work.sample);
+    if (work.num_speculative_tokens > 0) {
+      scheduled->set_num_speculative_tokens(work.num_speculative_tokens);
+    }
+  }
+  plan.mutable_finished()->Add(out.finished.begin(), out.finished.end());
+  plan.mutable_preempted()->Add(out.preempted.begin(), out.preempted.end());
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,18 @@
+#pragma once
+
+#include <cstdint>
+
+#include "engine/scheduler.h"
+#include "loom/v1/worker.pb.h"
+
+namespace loom::coordinator {
+
+/// Writes the scheduler's plan as the wire's StepPlan `step_id`: for each scheduled
+/// sequence in batch order, a NewSequence first when the worker does not hold it (prompt,
+/// outputs so far, sampling, cached prefix, prompt scoring), then its ScheduledSequence;
+/// then the released and preempted ids. `plan` is cleared first (its sequence messages
+/// keep their allocations). The replica's step loop and the in-process engine
+/// (cli/local_engine) both send their plans through this.
+void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan);
+
+}  // namespace loom::coordinator

@@ -1,0 +1,189 @@
+#include "api/openai_tools.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/jinja/chat_template.h"
+#include "api/openai_request.h"
+#include "gtest/gtest.h"
+#include "tests/test_paths.h"
+#include "tests/common/grammar_test_util.h"
+
+namespace loom::coordinator {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// The Hugging Face templates of shared/testdata/chat_templates; "" when absent.
+std::string SharedTemplate(const std::string& name) {
+  std::ifstream file(loom::test_env::SharedDir() + "/testdata/chat_templates/" +
+                     name + ".jinja");
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+const Json kWeatherTool = Json::parse(R"({"type": "function", "function": {
+  "name": "get_weather", "description": "Current weather",
+  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                 "required": ["city"]}}})");
+
+Json Body(Json tool_choice) {
+  Json body{{"messages", Json::array()}, {"tools", Json::array({kWeatherTool})}};
+  if (!tool_choice.is_null()) body["tool_choice"] = tool_choice;
+  return body;
+}
+
+// A conversation with a finished tool call: what an agent sends after running the tool.
+const Json kRoundTrip = Json::parse(R"([
+  {"role": "user", "content": "Weather in Paris?"},
+  {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+  {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}])");
+
+TEST(OpenAiToolsTest, FormatsOfTheServedFamilies) {
+  const std::string qwen = SharedTemplate("Qwen-Qwen2.5-7B-Instruct");
+  const std::string llama = SharedTemplate("meta-llama-Llama-3.1-8B-Instruct");
+  const std::string mistral = SharedTemplate("mistralai-Mistral-Nemo-Instruct-2407");
+  ASSERT_FALSE(qwen.empty() || llama.empty() || mistral.empty()) << "shared/testdata missing";
+  EXPECT_EQ(ToolCallFormatOf(qwen), ToolCallFormat::kHermes);
+  EXPECT_EQ(ToolCallFormatOf(llama), ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(ToolCallFormatOf(mistral), ToolCallFormat::kMistral);
+  EXPECT_TRUE(TemplateRendersTools(qwen));
+  EXPECT_EQ(ToolCallFormatOf(SharedTemplate("google-gemma-2-2b-it")), ToolCallFormat::kGeneric);
+}
+
+TEST(OpenAiToolsTest, RoundTripRendersThroughAToolTemplate) {
+  const std::string source = SharedTemplate("Qwen-Qwen2.5-7B-Instruct");
+  auto chat_template = common::ChatTemplate::Parse(source);
+  ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(Body(nullptr), source);
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  absl::StatusOr<Json> messages = TemplateMessages(kRoundTrip, *tools);
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  Json context{{"messages", *messages}, {"tools", tools->tools}, {"add_generation_prompt", true}};
+  absl::StatusOr<std::string> text = (*chat_template)->RenderJson(context);
+  ASSERT_TRUE(text.ok()) << text.status();
+  // The tools in the system turn, the call as the model writes it, the tool's answer.
+  EXPECT_NE(
+      text->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
+      std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                       "\"Paris\"}}\n</tool_call>"),
+            std::string::npos)
+      << *text;
+  EXPECT_NE(text->find("<tool_response>\n18 C, sunny\n</tool_response>"), std::string::npos)
+      << *text;
+}
+
+TEST(OpenAiToolsTest, GenericFallbackAddsTheSystemPromptAndRewritesToolTurns) {
+  const std::string source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+  absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(Body(nullptr), source);
+  ASSERT_TRUE(tools.ok());
+  EXPECT_FALSE(tools->template_renders_tools);
+  absl::StatusOr<Json> messages = TemplateMessages(kRoundTrip, *tools);
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  ASSERT_EQ(messages->size(), 4u);
+  EXPECT_EQ((*messages)[0]["role"], "system");
+  EXPECT_NE((*messages)[0]["content"].get<std::string>().find("\"name\":\"get_weather\""),
+            std::string::npos);
+  EXPECT_EQ((*messages)[2]["content"],
+            R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]})");
+  EXPECT_EQ((*messages)[3]["role"], "user");
+  EXPECT_EQ(
+      (*messages)[3]["content"],
+      R"({"tool_response":{"tool_call_id":"call_1","name":"get_weather","content":"18 C, sunny"}})");
+}
+
+TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
+  struct Case {
+    ToolCallFormat format;
+    std::string valid, invalid;
+  };
+  const Case cases[] = {
+      {ToolCallFormat::kGeneric,
+       R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]})",
+       R"({"tool_calls": [{"name": "get_weather", "arguments": {}}]})"},
+      {ToolCallFormat::kLlama3Json, R"({"name": "get_weather", "parameters": {"city": "Paris"}})",
+       R"({"name": "get_weather", "arguments": {"city": "Paris"}})"},
+      {ToolCallFormat::kHermes,
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\"}}\n</tool_call>",
+       "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"},
+      {ToolCallFormat::kMistral,
+       R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}])",
+       R"([TOOL_CALLS][{"name": "get_time", "arguments": {"city": "Paris"}}])"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(Body("required"), "");
+    ASSERT_TRUE(tools.ok());
+    tools->format = c.format;
+    std::optional<common::GrammarSpec> spec = ToolCallConstraint(*tools);
+    ASSERT_TRUE(spec.has_value());
+    EXPECT_TRUE(common::testing::Accepts(*spec, c.valid)) << ToolCallFormatName(c.format);
+    EXPECT_FALSE(common::testing::Accepts(*spec, c.invalid)) << ToolCallFormatName(c.format);
+  }
+  absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
+  ASSERT_TRUE(automatic.ok());
+  EXPECT_FALSE(ToolCallConstraint(*automatic).has_value());
+}
+
+TEST(OpenAiToolsTest, NamedChoiceAndParallelCallsShapeTheConstraint) {
+  Json body = Body(Json{{"type", "function"}, {"function", {{"name", "get_time"}}}});
+  body["tools"].push_back(Json::parse(R"({"type": "function", "function": {"name": "get_time"}})"));
+  body["parallel_tool_calls"] = false;
+  absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(body, "");
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  EXPECT_EQ(tools->choice, ToolChoice::kNamed);
+  std::optional<common::GrammarSpec> spec = ToolCallConstraint(*tools);
+  ASSERT_TRUE(spec.has_value());
+  EXPECT_TRUE(common::testing::Accepts(
+      *spec, R"({"tool_calls": [{"name": "get_time", "arguments": {}}]})"));
+  EXPECT_FALSE(common::testing::Accepts(
+      *spec, R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "x"}}]})"));
+  EXPECT_FALSE(common::testing::Accepts(
+      *spec,
+      R"({"tool_calls": [{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]})"));
+}
+
+TEST(OpenAiToolsTest, BadToolFieldsNameTheirParam) {
+  struct Case {
+    std::string body;
+    std::string param;
+  };
+  const Case cases[] = {
+      {R"({"tools": {"type": "function"}})", "tools"},
+      {R"({"tools": [{"type": "retrieval"}]})", "tools"},
+      {R"({"tools": [{"type": "function", "function": {"name": ""}}]})", "tools"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]})", "tools"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})",
+       "tools"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"})",
+       "tool_choice"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       "tool_choice"},
+      {R"({"tool_choice": "required"})", "tool_choice"},
+      {R"({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1})",
+       "parallel_tool_calls"},
+      {R"({"tools": [], "functions": []})", "functions"},
+      {R"({"function_call": "auto"})", "function_call"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(Json::parse(c.body), "");
+    ASSERT_FALSE(tools.ok()) << c.body;
+    EXPECT_EQ(OpenAiErrorParam(tools.status()), c.param) << c.body << ": " << tools.status();
+  }
+  // The legacy API maps onto tools.
+  absl::StatusOr<ToolsRequest> legacy = ParseToolsRequest(
+      Json::parse(R"({"functions": [{"name": "f"}], "function_call": {"name": "f"}})"), "");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_TRUE(legacy->legacy);
+  EXPECT_EQ(legacy->choice, ToolChoice::kNamed);
+  EXPECT_FALSE(legacy->parallel);
+}
+
+}  // namespace
+}  // namespace loom::coordinator
