@@ -46,11 +46,12 @@ std::vector<int32_t> EngineResult::token_ids() const {
   return ids;
 }
 
-// A request being run: the coordinator's view of it (detokenization, stop checks).
-struct LocalEngine::Running {
-  size_t index = 0;  // in Generate's requests
-  std::unique_ptr<coordinator::Request> request;
-  bool finished = false;
+// The requests RunTogether runs: where each one's results go.
+struct LocalEngine::Run {
+  const TokenCallback* on_token = nullptr;
+  std::vector<EngineResult>* results = nullptr;
+  absl::flat_hash_map<uint64_t, size_t> index_of;  // seq_id -> index in Generate's requests
+  size_t unfinished = 0;
 };
 
 LocalEngine::LocalEngine(worker::StepBackend& backend, const common::Tokenizer& tokenizer,
@@ -59,7 +60,11 @@ LocalEngine::LocalEngine(worker::StepBackend& backend, const common::Tokenizer& 
       tokenizer_(tokenizer),
       options_(options),
       eos_ids_(tokenizer.EndOfGenerationIds()),
-      scheduler_(SchedulerConfigFor(backend, options)),
+      engine_(SchedulerConfigFor(backend, options), "local",
+              {.on_token =
+                   [this](coordinator::Request& request, const loom::v1::SequenceOutput& output,
+                          bool finished) { OnToken(request, output, finished); },
+               .on_end = [this](coordinator::Request& request) { OnEnd(request); }}),
       executor_(backend, executor_options) {}
 
 absl::StatusOr<coordinator::RequestParams> LocalEngine::Validate(const EngineRequest& request,
@@ -113,10 +118,10 @@ absl::StatusOr<std::vector<EngineResult>> LocalEngine::Generate(
   if (batched) {
     std::vector<size_t> all(requests.size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    LOOM_RETURN_IF_ERROR(Run(requests, params, all, on_token, results));
+    LOOM_RETURN_IF_ERROR(RunTogether(requests, params, all, on_token, results));
   } else {
     for (size_t i = 0; i < requests.size(); ++i) {
-      LOOM_RETURN_IF_ERROR(Run(requests, params, {i}, on_token, results));
+      LOOM_RETURN_IF_ERROR(RunTogether(requests, params, {i}, on_token, results));
     }
   }
   return results;
@@ -133,69 +138,75 @@ bool LocalEngine::Execute(const coordinator::SchedulerOutput& out, loom::v1::Ste
   return false;
 }
 
-absl::Status LocalEngine::Run(const std::vector<EngineRequest>& requests,
-                              std::vector<coordinator::RequestParams>& params,
-                              const std::vector<size_t>& indices, const TokenCallback& on_token,
-                              std::vector<EngineResult>& results) {
-  absl::flat_hash_map<uint64_t, Running> running;
-  for (size_t index : indices) {
-    const uint64_t seq_id = next_seq_id_++;
-    Running& entry = running[seq_id];
-    entry.index = index;
-    coordinator::RequestParams& request_params = params[index];
-    auto seq = std::make_unique<coordinator::Sequence>();
-    seq->seq_id = seq_id;
-    seq->prompt_ids = request_params.prompt_ids;
-    seq->sampling = request_params.sampling;
-    seq->max_tokens = request_params.max_tokens;
-    seq->max_speculative_tokens = request_params.num_speculative_tokens >= 0
-                                      ? request_params.num_speculative_tokens
-                                      : options_.speculation.num_speculative_tokens;
-    seq->score_prompt_from = requests[index].score_prompt_from;
-    if (requests[index].score_prompt_from > 0) {
-      results[index].prompt_logprobs.assign(
-          request_params.prompt_ids.size() - requests[index].score_prompt_from, 0.0);
-    }
-    entry.request = std::make_unique<coordinator::Request>(
-        absl::StrFormat("local-%d", seq_id), seq_id, request_params, tokenizer_, eos_ids_);
-    if (absl::Status added = scheduler_.Add(std::move(seq)); !added.ok()) {
-      // Validate ruled out what Add refuses; release what was added before failing.
-      for (const auto& [id, unused] : running) scheduler_.Finish(id);
-      return added;
+void LocalEngine::OnToken(coordinator::Request& request, const loom::v1::SequenceOutput& output,
+                          bool finished) {
+  auto it = run_->index_of.find(request.seq_id());
+  if (it == run_->index_of.end()) return;
+  const size_t index = it->second;
+  EngineResult& into = (*run_->results)[index];
+  std::optional<coordinator::OutputEvent> event = request.outputs().TryPop();
+  into.outputs.push_back(output);
+  std::string_view text;
+  if (event.has_value()) {
+    into.text += event->text;
+    text = event->text;
+    if (event->final()) {
+      into.finish_reason = event->finish_reason;
+      into.cached_prompt_tokens = event->cached_prompt_tokens;
+      into.num_draft_tokens = event->num_draft_tokens;
+      into.num_accepted_tokens = event->num_accepted_tokens;
     }
   }
+  if (*run_->on_token) (*run_->on_token)(index, TokenEvent{output, text, finished});
+}
 
-  size_t unfinished = running.size();
+void LocalEngine::OnEnd(coordinator::Request& request) {
+  if (run_->index_of.contains(request.seq_id())) --run_->unfinished;
+}
+
+absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests,
+                                      std::vector<coordinator::RequestParams>& params,
+                                      const std::vector<size_t>& indices,
+                                      const TokenCallback& on_token,
+                                      std::vector<EngineResult>& results) {
+  Run run;
+  run.on_token = &on_token;
+  run.results = &results;
+  run_ = &run;
   absl::Status error;
+  for (size_t index : indices) {
+    const uint64_t seq_id = next_seq_id_++;
+    const int32_t score_from = requests[index].score_prompt_from;
+    if (score_from > 0) {
+      results[index].prompt_logprobs.assign(params[index].prompt_ids.size() - score_from, 0.0);
+    }
+    auto request = std::make_shared<coordinator::Request>(
+        absl::StrFormat("local-%d", seq_id), seq_id, params[index], tokenizer_, eos_ids_);
+    // Validate ruled out what Admit refuses; should it refuse, the loop below releases what
+    // was admitted before.
+    error = engine_.Admit(std::move(request), score_from);
+    if (!error.ok()) break;
+    run.index_of[seq_id] = index;
+    ++run.unfinished;
+  }
+
   loom::v1::StepResult result;
-  std::vector<int32_t> token_ids;
-  absl::flat_hash_set<uint64_t> speculative;
+  coordinator::SchedulerOutput out;
+  coordinator::StepRecord record;
+  std::vector<uint64_t> stepped;  // unfinished sequences a step counts for
   // Until every request finished and the executor was told to release them.
-  while (scheduler_.has_work()) {
+  while (error.ok() && engine_.scheduler().has_work()) {
     const auto start = std::chrono::steady_clock::now();
-    coordinator::SchedulerOutput out = scheduler_.Schedule();
-    if (out.empty()) {
+    if (!engine_.Plan(out, record)) {
       error = absl::InternalError("the scheduler has work but planned nothing");
       break;
     }
-    speculative.clear();
-    for (const coordinator::ScheduledWork& work : out.scheduled) {
-      if (work.num_speculative_tokens > 0) speculative.insert(work.seq->seq_id);
-      if (!work.is_new || work.seq->num_preemptions > 0) continue;
-      auto it = running.find(work.seq->seq_id);
-      if (it == running.end()) continue;
-      it->second.request->MarkScheduled("local");
-      it->second.request->set_cached_prompt_tokens(
-          std::min(work.seq->num_cached_tokens, static_cast<int32_t>(work.seq->prompt_ids.size())));
-    }
     if (!Execute(out, result, error)) break;
-    scheduler_.RecordStep(result.num_tokens(), result.timings().execute_seconds());
-
     for (const loom::v1::PromptLogprobs& scored : result.prompt_logprobs()) {
-      auto it = running.find(scored.seq_id());
-      if (it == running.end()) continue;
-      EngineResult& into = results[it->second.index];
-      const int32_t from = requests[it->second.index].score_prompt_from;
+      auto it = run.index_of.find(scored.seq_id());
+      if (it == run.index_of.end()) continue;
+      EngineResult& into = results[it->second];
+      const int32_t from = requests[it->second].score_prompt_from;
       for (int i = 0; i < scored.logprobs_size(); ++i) {
         const int64_t slot = int64_t{scored.first_token()} + i - from;
         if (slot >= 0 && slot < static_cast<int64_t>(into.prompt_logprobs.size())) {
@@ -203,79 +214,35 @@ absl::Status LocalEngine::Run(const std::vector<EngineRequest>& requests,
         }
       }
     }
-    // One sequence's outputs are consecutive (a speculative step's accepted drafts, then
-    // its next token), as the replica applies them.
-    std::vector<uint64_t> stepped;  // unfinished sequences this step counts for
-    for (const auto& [seq_id, entry] : running) {
-      if (!entry.finished) stepped.push_back(seq_id);
-    }
-    const auto& outputs = result.outputs();
-    for (int begin = 0, end = 0; begin < outputs.size(); begin = end) {
-      const uint64_t seq_id = outputs[begin].seq_id();
-      token_ids.clear();
-      for (end = begin; end < outputs.size() && outputs[end].seq_id() == seq_id; ++end) {
-        token_ids.push_back(outputs[end].token_id());
-      }
-      const bool is_speculative = speculative.contains(seq_id);
-      if (scheduler_.ApplyOutputs(seq_id, token_ids, is_speculative,
-                                  outputs[begin].num_draft_tokens(),
-                                  outputs[begin].num_accepted_tokens()) == nullptr) {
-        continue;
-      }
-      auto it = running.find(seq_id);
-      if (it == running.end() || it->second.finished) continue;
-      Running& entry = it->second;
-      EngineResult& into = results[entry.index];
-      if (is_speculative) {
-        entry.request->AddSpeculation(outputs[begin].num_draft_tokens(),
-                                      outputs[begin].num_accepted_tokens());
-      }
-      for (int i = begin; i < end; ++i) {
-        const bool finished = entry.request->OnToken(outputs[i], "local");
-        std::optional<coordinator::OutputEvent> event = entry.request->outputs().TryPop();
-        into.outputs.push_back(outputs[i]);
-        std::string_view text;
-        if (event.has_value()) {
-          into.text += event->text;
-          text = event->text;
-          if (event->final()) {
-            into.finish_reason = event->finish_reason;
-            into.cached_prompt_tokens = event->cached_prompt_tokens;
-            into.num_draft_tokens = event->num_draft_tokens;
-            into.num_accepted_tokens = event->num_accepted_tokens;
-          }
-        }
-        if (on_token) on_token(entry.index, TokenEvent{outputs[i], text, finished});
-        if (finished) {
-          entry.finished = true;
-          --unfinished;
-          scheduler_.Finish(seq_id);
-          break;
-        }
-      }
-    }
+    stepped.clear();
+    for (const auto& [seq_id, unused] : engine_.requests()) stepped.push_back(seq_id);
+    engine_.Apply(record, result);
     if (!out.scheduled.empty()) {
       const double seconds = SecondsSince(start);
       for (uint64_t seq_id : stepped) {
-        EngineResult& into = results[running[seq_id].index];
+        EngineResult& into = results[run.index_of[seq_id]];
         (out.num_prefill_tokens > 0 ? into.prefill_seconds : into.decode_seconds) += seconds;
       }
     }
   }
-  if (error.ok() && unfinished == 0) return absl::OkStatus();
-  if (error.ok()) error = absl::InternalError("the engine stopped with requests unfinished");
-  // The executor dropped the sequences the failed plan named; release every one of ours
-  // (blocks back to the pool) and tell the executor about the others.
-  for (auto& [seq_id, entry] : running) {
-    if (!entry.finished) scheduler_.Finish(seq_id);
+  if (error.ok() && run.unfinished == 0) {
+    run_ = nullptr;
+    return absl::OkStatus();
   }
-  while (scheduler_.has_work()) {
-    coordinator::SchedulerOutput out = scheduler_.Schedule();
-    if (out.empty()) break;
+  if (error.ok()) error = absl::InternalError("the engine stopped with requests unfinished");
+  // The executor dropped the sequences the failed plan named; end every one of ours (blocks
+  // back to the pool) and tell the executor about the others.
+  std::vector<uint64_t> left;
+  for (const auto& [seq_id, unused] : engine_.requests()) left.push_back(seq_id);
+  for (uint64_t seq_id : left) {
+    engine_.End(seq_id, loom::v1::FINISH_REASON_ERROR, std::string(error.message()));
+  }
+  while (engine_.Plan(out, record)) {
     absl::Status ignored;
     Execute(out, result, ignored);
   }
-  scheduler_.ForgetPrefixCache();  // the failed step may have left blocks half written
+  engine_.scheduler().ForgetPrefixCache();  // the failed step may have left blocks half written
+  run_ = nullptr;
   return error;
 }
 

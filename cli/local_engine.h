@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
 #include "engine/block_manager.h"
+#include "engine/engine_core.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/speculation_policy.h"
@@ -65,11 +66,11 @@ struct LocalEngineOptions {
 };
 
 /// The serving engine in one process, for `loom generate`, `loom perplexity`, the
-/// benchmarks and tests: the coordinator's Scheduler and BlockManager plan each step,
-/// the plan goes to the worker's StepExecutor as the same loom.v1.StepPlan a worker
-/// receives (BuildStepPlan), and its StepResult is applied as a replica applies it
-/// (Scheduler::ApplyOutputs, then coordinator::Request::OnToken for detokenization, EOS,
-/// stop tokens, stop strings and max_tokens). Requests are validated as the coordinator
+/// benchmarks and tests: the engine core a Replica drives (EngineCore: scheduler, block
+/// manager, applying results with detokenization, EOS, stop tokens, stop strings and
+/// max_tokens) plans each step, the plan goes to the worker's StepExecutor as the same
+/// loom.v1.StepPlan a worker receives (BuildStepPlan), and its StepResult goes back to
+/// the core as a replica's does. Requests are validated as the coordinator
 /// validates a client's (ValidateGenerateRequest). Continuous batching, chunked prefill,
 /// preemption, prefix caching and speculation come from those components. No gRPC: one
 /// plan in flight, executed synchronously. Not thread-safe.
@@ -102,22 +103,29 @@ class LocalEngine {
 
   const common::ModelConfig& config() const { return backend_.config(); }
   /// The KV block table (free count, prefix cache) between calls.
-  const coordinator::BlockManager& block_manager() const { return scheduler_.block_manager(); }
+  const coordinator::BlockManager& block_manager() const {
+    return engine_.scheduler().block_manager();
+  }
   const worker::StepExecutor& executor() const { return executor_; }
   /// Engine steps run so far (plans executed).
   int64_t num_steps() const { return num_steps_; }
 
  private:
-  struct Running;
+  struct Run;
 
   // Checks `request` (index `index`) as the coordinator would and returns its parameters.
   absl::StatusOr<coordinator::RequestParams> Validate(const EngineRequest& request,
                                                       size_t index) const;
   // Runs the requests `indices` of `requests` (validated into `params`) together.
-  absl::Status Run(const std::vector<EngineRequest>& requests,
-                   std::vector<coordinator::RequestParams>& params,
-                   const std::vector<size_t>& indices, const TokenCallback& on_token,
-                   std::vector<EngineResult>& results);
+  absl::Status RunTogether(const std::vector<EngineRequest>& requests,
+                           std::vector<coordinator::RequestParams>& params,
+                           const std::vector<size_t>& indices, const TokenCallback& on_token,
+                           std::vector<EngineResult>& results);
+  // The engine core's hooks: a token applied to a request of the current run, a request
+  // ended.
+  void OnToken(coordinator::Request& request, const loom::v1::SequenceOutput& output,
+               bool finished);
+  void OnEnd(coordinator::Request& request);
   // Executes one plan; false (with `error`) when the executor rejected it.
   bool Execute(const coordinator::SchedulerOutput& out, loom::v1::StepResult& result,
                absl::Status& error);
@@ -126,8 +134,9 @@ class LocalEngine {
   const common::Tokenizer& tokenizer_;
   const LocalEngineOptions options_;
   const std::vector<int32_t> eos_ids_;
-  coordinator::Scheduler scheduler_;
+  coordinator::EngineCore engine_;
   worker::StepExecutor executor_;
+  Run* run_ = nullptr;  // the requests being run (RunTogether's), for the hooks
   uint64_t next_seq_id_ = 1;
   uint64_t next_step_id_ = 1;
   int64_t num_steps_ = 0;

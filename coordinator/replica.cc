@@ -207,11 +207,12 @@ void Replica::Loop() {
     healthy_.store(false);
     live_connection_ = nullptr;
   }
-  for (auto& [seq_id, request] : requests_) {
-    request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
-                    replica_id_);
+  if (engine_ != nullptr) {
+    for (std::shared_ptr<Request>& request : engine_->TakeAll()) {
+      request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
+                      replica_id_);
+    }
   }
-  requests_.clear();
   for (auto& request : inbox) {
     request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
                     replica_id_);
@@ -249,7 +250,12 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.speculation = options_.speculation;
   config.speculation.pipelined = options_.max_plans_in_flight > 1;
   config.record_kv_events = kv_index_ != nullptr;
-  scheduler_ = std::make_unique<Scheduler>(config);
+  EngineCore::Hooks hooks;
+  hooks.on_token = [this](Request&, const loom::v1::SequenceOutput&, bool) {
+    load_tokens_.fetch_add(1);
+  };
+  hooks.on_end = [this](Request& request) { Unload(request); };
+  engine_ = std::make_unique<EngineCore>(config, replica_id_, std::move(hooks));
   block_size_.store(endpoint.block_size);
   in_flight_.clear();
   {
@@ -287,29 +293,10 @@ void Replica::AdmitInbox() {
       Unload(*request);
       continue;
     }
-    const RequestParams& params = request->params();
-    auto seq = std::make_unique<Sequence>();
-    seq->seq_id = request->seq_id();
-    seq->priority = params.priority;
-    seq->prompt_ids = params.prompt_ids;
-    seq->sampling = params.sampling;
-    seq->max_tokens = params.max_tokens;
-    seq->cache_salt = params.cache_salt;
-    seq->max_speculative_tokens = params.num_speculative_tokens >= 0
-                                      ? params.num_speculative_tokens
-                                      : options_.speculation.num_speculative_tokens;
-    // The cluster hashed the prompt for placement; the scheduler continues that chain.
-    if (request->hashed_block_size() == scheduler_->config().block_size) {
-      seq->hash_seed = request->hash_seed();
-      seq->block_hashes = request->prompt_block_hashes();
-    }
-    absl::Status added = scheduler_->Add(std::move(seq));
-    if (!added.ok()) {
+    if (absl::Status added = engine_->Admit(request); !added.ok()) {
       request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
       Unload(*request);
-      continue;
     }
-    requests_[request->seq_id()] = std::move(request);
   }
   // The admitted requests now count in the scheduler's waiting queue.
   PublishStats();
@@ -317,7 +304,7 @@ void Replica::AdmitInbox() {
 
 void Replica::DropCancelled() {
   std::vector<uint64_t> cancelled;
-  for (const auto& [seq_id, request] : requests_) {
+  for (const auto& [seq_id, request] : engine_->requests()) {
     if (request->cancelled()) cancelled.push_back(seq_id);
   }
   for (uint64_t seq_id : cancelled) {
@@ -328,42 +315,27 @@ void Replica::DropCancelled() {
 bool Replica::SendPlans() {
   bool sent = false;
   while (static_cast<int>(in_flight_.size()) < options_.max_plans_in_flight &&
-         scheduler_->has_work()) {
+         engine_->scheduler().has_work()) {
     const absl::Time start = absl::Now();
-    SchedulerOutput out = scheduler_->Schedule();
-    if (out.empty()) break;
+    SchedulerOutput out;
+    InFlightPlan flight;
+    if (!engine_->Plan(out, flight.record)) break;
     // Reused: a cleared plan keeps its sequence messages (Write serializes before it returns).
     loom::v1::StepPlan& plan = plan_scratch_;
-    InFlightPlan record;
-    record.step_id = next_step_id_++;
-    BuildStepPlan(out, record.step_id, plan);
-    for (const ScheduledWork& work : out.scheduled) {
-      const Sequence& seq = *work.seq;
-      if (work.is_new && seq.num_preemptions == 0) {
-        // First scheduled here: what its prompt found in the cache is what it reports.
-        auto it = requests_.find(seq.seq_id);
-        if (it != requests_.end()) {
-          it->second->MarkScheduled(replica_id_);
-          it->second->set_cached_prompt_tokens(
-              std::min(seq.num_cached_tokens, static_cast<int32_t>(seq.prompt_ids.size())));
-        }
-      }
-      if (work.num_speculative_tokens > 0) record.speculative.insert(seq.seq_id);
-      record.seq_ids.push_back(seq.seq_id);
-    }
+    flight.step_id = next_step_id_++;
+    BuildStepPlan(out, flight.step_id, plan);
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;
-    num_tokens_computed_ += out.num_decode_tokens + out.num_prefill_tokens;
-    record.num_tokens = out.num_decode_tokens + out.num_prefill_tokens;
-    record.sent = absl::Now();
+    num_tokens_computed_ += flight.record.num_tokens;
+    flight.sent = absl::Now();
     if (in_flight_.empty()) {
       // The worker is idle: it starts this plan now.
       absl::MutexLock lock(&mu_);
-      liveness_.OnHeadStarted(record.num_tokens, record.sent);
+      liveness_.OnHeadStarted(flight.record.num_tokens, flight.sent);
     }
     if (!connection_->Write(plan)) return false;
-    in_flight_.push_back(std::move(record));
+    in_flight_.push_back(std::move(flight));
     sent = true;
   }
   if (sent) {
@@ -385,65 +357,23 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
     // The worker runs plans in order: the next one starts now, whenever it was sent.
     absl::MutexLock lock(&mu_);
     liveness_.OnStepDone(result.num_tokens(), result.timings().total_seconds());
-    if (!in_flight_.empty()) liveness_.OnHeadStarted(in_flight_.front().num_tokens, absl::Now());
+    if (!in_flight_.empty()) {
+      liveness_.OnHeadStarted(in_flight_.front().record.num_tokens, absl::Now());
+    }
   }
   if (result.error_code() != 0) {
-    // The worker dropped the plan's sequences; they cannot continue.
     std::fprintf(stderr, "loom: replica %s: step %llu failed on the worker: %s\n",
                  replica_id_.c_str(), static_cast<unsigned long long>(result.step_id()),
                  result.error_message().c_str());
-    for (uint64_t seq_id : plan.seq_ids) {
-      EndRequest(seq_id, loom::v1::FINISH_REASON_ERROR,
-                 "the worker rejected the step: " + result.error_message());
-    }
-    // The failed step may have written part of blocks already offered to the cache.
-    scheduler_->ForgetPrefixCache();
-  } else {
-    scheduler_->RecordStep(result.num_tokens(), result.timings().execute_seconds());
-    // One sequence's outputs are consecutive: one token, or a speculative step's accepted
-    // drafts and next token.
-    const auto& outputs = result.outputs();
-    std::vector<int32_t>& token_ids = token_scratch_;
-    for (int begin = 0, end = 0; begin < outputs.size(); begin = end) {
-      const uint64_t seq_id = outputs[begin].seq_id();
-      token_ids.clear();
-      for (end = begin; end < outputs.size() && outputs[end].seq_id() == seq_id; ++end) {
-        token_ids.push_back(outputs[end].token_id());
-      }
-      const bool speculative = plan.speculative.contains(seq_id);
-      Sequence* seq = scheduler_->ApplyOutputs(seq_id, token_ids, speculative,
-                                               outputs[begin].num_draft_tokens(),
-                                               outputs[begin].num_accepted_tokens());
-      if (seq == nullptr) continue;
-      auto it = requests_.find(seq_id);
-      if (it == requests_.end()) continue;
-      if (speculative) {
-        it->second->AddSpeculation(outputs[begin].num_draft_tokens(),
-                                   outputs[begin].num_accepted_tokens());
-      }
-      for (int i = begin; i < end; ++i) {
-        load_tokens_.fetch_add(1);
-        if (it->second->OnToken(outputs[i], replica_id_)) {
-          scheduler_->Finish(seq_id);
-          Unload(*it->second);
-          requests_.erase(it);
-          break;
-        }
-      }
-    }
   }
+  engine_->Apply(plan.record, result);
   PublishKvEvents();
   PublishStats();
 }
 
 void Replica::EndRequest(uint64_t seq_id, loom::v1::FinishReason reason,
                          const std::string& message) {
-  auto it = requests_.find(seq_id);
-  if (it == requests_.end()) return;
-  it->second->Finish(reason, message, replica_id_);
-  Unload(*it->second);
-  requests_.erase(it);
-  scheduler_->Finish(seq_id);
+  engine_->End(seq_id, reason, message);
 }
 
 void Replica::Unload(const Request& request) {
@@ -453,8 +383,8 @@ void Replica::Unload(const Request& request) {
 }
 
 void Replica::PublishKvEvents() {
-  if (kv_index_ == nullptr || scheduler_ == nullptr) return;
-  const std::vector<KvCacheEvent> events = scheduler_->TakeKvEvents();
+  if (kv_index_ == nullptr || engine_ == nullptr) return;
+  const std::vector<KvCacheEvent> events = engine_->scheduler().TakeKvEvents();
   kv_index_->Apply(replica_id_, events);
 }
 
@@ -477,15 +407,12 @@ void Replica::LoseWorker(const std::string& reason) {
   }
 
   std::vector<std::shared_ptr<Request>> retry(inbox.begin(), inbox.end());
-  if (scheduler_ != nullptr) {
-    for (std::unique_ptr<Sequence>& seq : scheduler_->TakeAll()) {
-      auto it = requests_.find(seq->seq_id);
-      if (it == requests_.end()) continue;
-      std::shared_ptr<Request>& request = it->second;
+  if (engine_ != nullptr) {
+    for (std::shared_ptr<Request>& request : engine_->TakeAll()) {
       if (request->cancelled()) {
         request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
       } else if (!request->produced_output()) {
-        retry.push_back(request);
+        retry.push_back(std::move(request));
       } else {
         request->Finish(loom::v1::FINISH_REASON_ERROR,
                         absl::StrFormat("replica %s lost its worker: %s", replica_id_, why),
@@ -493,12 +420,11 @@ void Replica::LoseWorker(const std::string& reason) {
       }
     }
   }
-  requests_.clear();
   load_.store(0);
   load_tokens_.store(0);
   // The worker's KV pool is gone with it: nothing it cached can be reused.
   if (kv_index_ != nullptr) kv_index_->RemoveReplica(replica_id_);
-  if (scheduler_ != nullptr) scheduler_->TakeKvEvents();
+  if (engine_ != nullptr) engine_->scheduler().TakeKvEvents();
   PublishStats();
   for (std::shared_ptr<Request>& request : retry) retry_(std::move(request));
 }
@@ -511,12 +437,13 @@ void Replica::PublishStats() {
   stats_.set_num_tokens_computed(num_tokens_computed_);
   stats_.set_schedule_seconds(schedule_seconds_);
   stats_.set_step_seconds(step_seconds_);
-  if (scheduler_ != nullptr && healthy_.load()) {
-    stats_.set_num_kv_blocks(scheduler_->block_manager().num_blocks());
-    stats_.set_num_free_blocks(scheduler_->block_manager().num_free());
-    stats_.set_num_running(scheduler_->num_running());
-    stats_.set_num_waiting(scheduler_->num_waiting());
-    stats_.set_num_preemptions(scheduler_->num_preemptions());
+  if (engine_ != nullptr && healthy_.load()) {
+    const Scheduler& scheduler = engine_->scheduler();
+    stats_.set_num_kv_blocks(scheduler.block_manager().num_blocks());
+    stats_.set_num_free_blocks(scheduler.block_manager().num_free());
+    stats_.set_num_running(scheduler.num_running());
+    stats_.set_num_waiting(scheduler.num_waiting());
+    stats_.set_num_preemptions(scheduler.num_preemptions());
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

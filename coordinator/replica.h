@@ -20,7 +20,7 @@
 #include "coordinator/kv_index.h"
 #include "coordinator/replica_connection.h"
 #include "engine/request.h"
-#include "engine/scheduler.h"
+#include "engine/engine_core.h"
 #include "coordinator/step_liveness.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.grpc.pb.h"
@@ -101,9 +101,7 @@ class Replica {
  private:
   struct InFlightPlan {
     uint64_t step_id = 0;
-    std::vector<uint64_t> seq_ids;  // every sequence the plan scheduled
-    absl::flat_hash_set<uint64_t> speculative;  // those it asked to speculate
-    int64_t num_tokens = 0;                     // tokens it computes
+    StepRecord record;  // what it scheduled, for the engine core to apply its result
     absl::Time sent;
   };
   // What the reader thread hands to the loop: a result, or the end of the stream.
@@ -154,13 +152,12 @@ class Replica {
   loom::v1::ReplicaStatus stats_ ABSL_GUARDED_BY(mu_);
 
   // Loop thread only.
-  std::unique_ptr<Scheduler> scheduler_;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_;  // admitted
+  // The engine core of the connected worker's KV pool: admitted requests, scheduler.
+  std::unique_ptr<EngineCore> engine_;
   std::unique_ptr<ReplicaConnection> connection_;  // the loop thread's
   std::deque<InFlightPlan> in_flight_;
   uint64_t next_step_id_ = 1;
   uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;
-  std::vector<int32_t> token_scratch_;  // ApplyResult: one sequence's tokens of a result
   loom::v1::StepPlan plan_scratch_;     // SendPlans: the plan being built
   double schedule_seconds_ = 0, step_seconds_ = 0;
 
