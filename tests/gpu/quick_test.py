@@ -148,3 +148,13 @@ def test_bad_arguments_and_a_missing_bundle_exit_2(tmp_path):
     missing = subprocess.run(["bash", str(QUICK), "--bundle", str(tmp_path / "none.tar.xz")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no bundle" in missing.stderr
+
+
+def test_the_documented_call_is_executable():
+    # docs/gpu_verification.md runs `OUT=$OUT tests/gpu/quick.sh` directly: without its run
+    # bit in git (mode 100755) the call answers "Permission denied" on a fresh checkout, as
+    # it once did on a lent GPU machine.
+    mode = subprocess.run(["git", "-C", str(SOURCE), "ls-files", "-s", "tests/gpu/quick.sh"],
+                          check=True, capture_output=True, text=True).stdout.split()[0]
+    assert mode == "100755", f"tests/gpu/quick.sh is committed as {mode}: git update-index --chmod=+x"
+    assert os.access(QUICK, os.X_OK)
