@@ -313,9 +313,10 @@ TEST(CudaDeviceTest, AllGatherColumnsOnOneRankIsACopy) {
 }
 
 // Capture: the enqueued RMSNorm is recorded, not run, until Replay; each replay reads the
-// input's current contents (fixed addresses). A call that would allocate during capture
-// fails instead, the stream leaves capture mode and the device stays usable; a graph
-// captured before memory moved (Allocate) is refused.
+// input's current contents (fixed addresses), also after a Put (which does not move
+// memory). A call that would allocate during capture fails instead, the stream leaves
+// capture mode and the device stays usable; a graph captured before memory moved
+// (Allocate) is refused.
 TEST(CudaDeviceTest, CaptureRecordsReplayRereadsAndRefusesAllocation) {
   SKIP_WITHOUT_GPU();
   Pair pair = MakePair();
@@ -337,10 +338,19 @@ TEST(CudaDeviceTest, CaptureRecordsReplayRereadsAndRefusesAllocation) {
   ASSERT_TRUE(device.RmsNorm(x_b, weight, 1e-5f, expected_b).ok());
   const Tensor into_x[] = {x};
   ASSERT_TRUE(device.SplitColumns(x_b, into_x).ok());  // x <- b (a copy on the stream)
-  // x_b's Put allocated: the graph's memory generation is stale and it is refused.
+  // Put uploads into a buffer of its own and leaves the memory generation alone
+  // (UploadBytes' contract): the graph still replays, and reads b.
+  ASSERT_TRUE(device.Replay(**graph).ok());
+  EXPECT_EQ(s.Get(out), s.Get(expected_b));
+  // Memory that moves (Allocate) makes the graph's generation stale: refused.
+  const int64_t generation = device.memory_generation();
+  absl::StatusOr<std::unique_ptr<Buffer>> moved = device.Allocate(1 << 10);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_GT(device.memory_generation(), generation);
   EXPECT_EQ(device.Replay(**graph).code(), absl::StatusCode::kFailedPrecondition);
   graph = device.Capture([&] { return device.RmsNorm(x, weight, 1e-5f, out); });
   ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE(device.RmsNorm(x, weight, 1e-5f, out).ok());  // recapture did not run it
   ASSERT_TRUE(device.Replay(**graph).ok());
   EXPECT_EQ(s.Get(out), s.Get(expected_b));
   // Allocation inside capture: an error, and the device still runs work afterwards.
