@@ -91,9 +91,12 @@ def test_first_message_is_not_held_and_messages_are_at_most_one_per_interval(rig
     elapsed = stream.ended - stream.started
     # One message per interval at most, plus the first and the final one (and one of slack).
     bound = 3 + math.ceil(elapsed / INTERVAL_S)
+    # That bound is what proves coalescing: wherever the stream ran faster than one token per
+    # interval it is below MAX_TOKENS, so tokens shared messages; on a machine slower than
+    # that, one message per token is right and the bound still holds. (An assertion that
+    # tokens were coalesced regardless of the measured time would depend on this machine's
+    # speed.)
     assert len(stream.messages) <= bound, (len(stream.messages), elapsed)
-    # The worker is much faster than one token per 200 ms: tokens did share messages.
-    assert len(stream.messages) < MAX_TOKENS, [len(m.token_ids) for _, m in stream.messages]
 
 
 def test_stop_string_still_cuts_the_coalesced_text(rig, reference):
