@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 ApiKeys::Digest ApiKeys::Hash(absl::string_view key) {
   Digest digest;
@@ -88,4 +88,4 @@ absl::Status ApiKeys::Refusal() {
       "invalid or missing API key: send it as 'Authorization: Bearer <key>'");
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// The API keys a client must present (`--api-key`, `--api-key-file`, LOOM_API_KEY), as a
 /// bearer token: `Authorization: Bearer KEY` on HTTP, metadata `authorization: Bearer KEY`
@@ -52,4 +52,4 @@ class ApiKeys {
   std::vector<Digest> digests_;  // distinct
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "api/openai_request.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -194,4 +194,4 @@ ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text) {
   return out;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

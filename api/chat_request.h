@@ -18,7 +18,7 @@
 #include "loom/v1/inference.pb.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// The prompt text of `messages` (OpenAI-shaped; see TemplateMessages) and `tools`,
 /// rendered by `chat_template` with the generation prompt. InvalidArgument (param
@@ -58,4 +58,4 @@ struct ChatReply {
 };
 ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text);
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

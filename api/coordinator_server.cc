@@ -16,13 +16,13 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServeOptions& options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->options_ = options;
-  SetBlockHashCollisionsForTesting(options.debug_colliding_block_hashes);
+  engine::SetBlockHashCollisionsForTesting(options.debug_colliding_block_hashes);
   auto gguf = common::OpenModelFile(options.model_path);
   if (!gguf.ok()) return gguf.status();
   server->gguf_ = *std::move(gguf);
@@ -43,8 +43,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->tokenizer_ = *std::move(tokenizer);
   server->model_ = MakeServedModel(options.model_path, *server->gguf_, server->config_,
                                    options.served_model_name);
-  server->metrics_ = std::make_unique<CoordinatorMetrics>(server->model_.id);
-  server->cluster_ = std::make_unique<Cluster>(options.cluster, server->model_.info.fingerprint());
+  server->metrics_ = std::make_unique<coordinator::CoordinatorMetrics>(server->model_.id);
+  server->cluster_ =
+      std::make_unique<coordinator::Cluster>(options.cluster, server->model_.info.fingerprint());
   absl::StatusOr<ApiKeys> api_keys =
       ApiKeys::Load(options.api_keys, options.api_key_files, std::getenv("LOOM_API_KEY"));
   if (!api_keys.ok()) return api_keys.status();
@@ -55,7 +56,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // Workers reach the Coordinator service (registration, heartbeats, rendezvous) on the
   // same port without a key: it is internal, and the port must only be reachable by the
   // cluster and its clients (docs/ARCHITECTURE.md, "API keys and TLS").
-  server->coordinator_service_ = std::make_unique<CoordinatorService>(*server->cluster_);
+  server->coordinator_service_ =
+      std::make_unique<coordinator::CoordinatorService>(*server->cluster_);
   if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
     auto chat_template = common::ChatTemplate::Parse(*source);
     if (chat_template.ok()) {
@@ -165,4 +167,4 @@ void CoordinatorServer::DrainAndStop() {
   server_.reset();
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -17,7 +17,7 @@
 #include "api/inference_service.h"
 #include "grpcpp/grpcpp.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 struct ServeOptions {
   std::string model_path;
@@ -25,7 +25,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int grpc_port = 50051;  // 0: any free port
   HttpOptions http;       // host is `host`
-  ClusterOptions cluster;
+  coordinator::ClusterOptions cluster;
   absl::Duration drain_timeout = absl::Seconds(30);
   // The least time between two messages of one stream, gRPC and HTTP alike (the first
   // and the final ones go out at once): one handler wakeup then carries several tokens.
@@ -61,10 +61,10 @@ class CoordinatorServer {
   /// The HTTP server's port, 0 when it is off.
   int http_port() const { return http_ != nullptr ? http_->port() : 0; }
   std::string address() const;
-  Cluster& cluster() { return *cluster_; }
+  coordinator::Cluster& cluster() { return *cluster_; }
   const ServedModel& model() const { return model_; }
   const ServeOptions& options() const { return options_; }
-  CoordinatorMetrics& metrics() { return *metrics_; }
+  coordinator::CoordinatorMetrics& metrics() { return *metrics_; }
 
   /// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it starts).
   static void BlockShutdownSignals();
@@ -84,11 +84,11 @@ class CoordinatorServer {
   common::ModelConfig config_;
   ServedModel model_;
   std::unique_ptr<common::Tokenizer> tokenizer_;
-  std::unique_ptr<Cluster> cluster_;
-  std::unique_ptr<CoordinatorService> coordinator_service_;
+  std::unique_ptr<coordinator::Cluster> cluster_;
+  std::unique_ptr<coordinator::CoordinatorService> coordinator_service_;
   std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<common::ChatTemplate> chat_template_;  // null: the model has none
-  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<coordinator::CoordinatorMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -96,4 +96,4 @@ class CoordinatorServer {
   bool health_known_ = false;  // the health service was told `serving_`
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

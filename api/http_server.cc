@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // cpp-httplib (Debian's build, 0.11) listens with a backlog of 5. Under a burst of new
@@ -46,9 +46,9 @@ void WidenListenBacklog(int port) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
-    const HttpOptions& options, Cluster& cluster, const ServedModel& model,
+    const HttpOptions& options, coordinator::Cluster& cluster, const ServedModel& model,
     const common::ModelConfig& config, const common::Tokenizer& tokenizer,
-    const common::ChatTemplate* chat_template, CoordinatorMetrics& metrics) {
+    const common::ChatTemplate* chat_template, coordinator::CoordinatorMetrics& metrics) {
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->options_ = options;
   server->cluster_ = &cluster;
@@ -207,4 +207,4 @@ void HttpServer::Stop() {
   listener_.join();
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

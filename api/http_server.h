@@ -15,7 +15,7 @@
 #include "api/served_model.h"
 #include "httplib.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
@@ -46,9 +46,9 @@ struct HttpOptions {
 class HttpServer {
  public:
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
-      const HttpOptions& options, Cluster& cluster, const ServedModel& model,
+      const HttpOptions& options, coordinator::Cluster& cluster, const ServedModel& model,
       const common::ModelConfig& config, const common::Tokenizer& tokenizer,
-      const common::ChatTemplate* chat_template, CoordinatorMetrics& metrics);
+      const common::ChatTemplate* chat_template, coordinator::CoordinatorMetrics& metrics);
   ~HttpServer();  // Stop()s
 
   int port() const { return port_; }
@@ -62,11 +62,11 @@ class HttpServer {
   HttpServer() = default;
 
   HttpOptions options_;
-  Cluster* cluster_ = nullptr;
+  coordinator::Cluster* cluster_ = nullptr;
   std::unique_ptr<OpenAiService> openai_;
   std::unique_ptr<httplib::Server> server_;  // an httplib::SSLServer with TLS
   std::thread listener_;
   int port_ = 0;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -10,7 +10,7 @@
 #include "coordinator/grpc_status.h"
 #include "engine/request_validation.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using loom::v1::GenerateResponse;
@@ -34,7 +34,7 @@ class InferenceService::GenerateStream final
       public StreamPump::Stream,
       public std::enable_shared_from_this<GenerateStream> {
  public:
-  GenerateStream(grpc::CallbackServerContext* context, std::shared_ptr<Request> request,
+  GenerateStream(grpc::CallbackServerContext* context, std::shared_ptr<engine::Request> request,
                  int32_t prompt_tokens, StreamPump& pump, absl::Duration interval,
                  ToolsRequest tools)
       : context_(context),
@@ -62,7 +62,8 @@ class InferenceService::GenerateStream final
       if (finished_ || write_in_flight_) return;
       if (cancelled_) {
         action = FinishLocked();
-      } else if (std::optional<OutputEvent> event = request_->outputs().TryPop(hold_until_)) {
+      } else if (std::optional<engine::OutputEvent> event =
+                     request_->outputs().TryPop(hold_until_)) {
         action = WriteLocked(*std::move(event));
       } else if (hold_until_ > absl::Now() && timer_at_ != hold_until_) {
         // Holding: the tokens queued meanwhile go out when the interval ends.
@@ -135,7 +136,7 @@ class InferenceService::GenerateStream final
   }
 
   // Fills response_ from `event`; the write starts once the lock is released.
-  Action WriteLocked(OutputEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Action WriteLocked(engine::OutputEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     completion_tokens_ += static_cast<int32_t>(event.token_ids.size());
     response_.Clear();
     response_.set_request_id(request_->request_id());
@@ -196,7 +197,7 @@ class InferenceService::GenerateStream final
   }
 
   grpc::CallbackServerContext* const context_;
-  const std::shared_ptr<Request> request_;
+  const std::shared_ptr<engine::Request> request_;
   const int32_t prompt_tokens_;
   const ToolsRequest tools_;  // a chat's tools: the final message carries the parsed calls
   StreamPump& pump_;
@@ -219,11 +220,11 @@ class InferenceService::GenerateStream final
   GenerateResponse response_;
 };
 
-InferenceService::InferenceService(Cluster& cluster, const ServedModel& model,
+InferenceService::InferenceService(coordinator::Cluster& cluster, const ServedModel& model,
                                    const common::ModelConfig& config,
                                    const common::Tokenizer& tokenizer,
-                                   CoordinatorMetrics* metrics, absl::Duration stream_interval,
-                                   ApiKeys api_keys)
+                                   coordinator::CoordinatorMetrics* metrics,
+                                   absl::Duration stream_interval, ApiKeys api_keys)
     : cluster_(cluster),
       model_(model),
       config_(config),
@@ -238,14 +239,14 @@ InferenceService::~InferenceService() = default;
 grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const loom::v1::GenerateRequest* request) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) {
-    return new FinishedReactor(ToGrpcStatus(allowed));
+    return new FinishedReactor(coordinator::ToGrpcStatus(allowed));
   }
   if (cluster_.draining()) {
-    return new FinishedReactor(
-        ToGrpcStatus(absl::UnavailableError("the coordinator is shutting down (draining)")));
+    return new FinishedReactor(coordinator::ToGrpcStatus(
+        absl::UnavailableError("the coordinator is shutting down (draining)")));
   }
   if (absl::Status known = CheckModel(request->model()); !known.ok()) {
-    return new FinishedReactor(ToGrpcStatus(known));
+    return new FinishedReactor(coordinator::ToGrpcStatus(known));
   }
   // A chat (messages) becomes a token-id prompt here, rendered and constrained as the
   // OpenAI chat endpoint does.
@@ -255,19 +256,20 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
       !request->tool_choice_function().empty() || request->has_parallel_tool_calls()) {
     chat = *request;
     absl::StatusOr<ToolsRequest> prepared = PrepareChatRequest(*chat, tokenizer_, chat_template_);
-    if (!prepared.ok()) return new FinishedReactor(ToGrpcStatus(prepared.status()));
+    if (!prepared.ok()) return new FinishedReactor(coordinator::ToGrpcStatus(prepared.status()));
     tools = *std::move(prepared);
     request = &*chat;
   }
-  absl::StatusOr<RequestParams> params = ValidateGenerateRequest(*request, config_, tokenizer_);
-  if (!params.ok()) return new FinishedReactor(ToGrpcStatus(params.status()));
+  absl::StatusOr<engine::RequestParams> params =
+      engine::ValidateGenerateRequest(*request, config_, tokenizer_);
+  if (!params.ok()) return new FinishedReactor(coordinator::ToGrpcStatus(params.status()));
   const int32_t prompt_tokens = static_cast<int32_t>(params->prompt_ids.size());
   const std::string request_id =
       request->request_id().empty()
           ? absl::StrFormat("req-%d", next_request_number_.fetch_add(1))
           : request->request_id();
-  auto live = std::make_shared<Request>(request_id, cluster_.NextSeqId(), *std::move(params),
-                                        tokenizer_, eos_ids_);
+  auto live = std::make_shared<engine::Request>(request_id, cluster_.NextSeqId(),
+                                                *std::move(params), tokenizer_, eos_ids_);
   live->set_metrics(metrics_);
   if (absl::Status placed = cluster_.Submit(live); !placed.ok()) {
     // A full queue is answered at once (admission never waits for a step), with HTTP's
@@ -276,7 +278,7 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
       context->AddTrailingMetadata("retry-after", "1");
     }
     if (metrics_ != nullptr) metrics_->RecordRejected(placed);
-    return new FinishedReactor(ToGrpcStatus(placed));
+    return new FinishedReactor(coordinator::ToGrpcStatus(placed));
   }
   if (metrics_ != nullptr) metrics_->RecordRequestParams(1, live->params().max_tokens);
   return GenerateStream::Start(std::make_shared<GenerateStream>(
@@ -302,8 +304,10 @@ absl::Status InferenceService::CheckModel(const std::string& requested) const {
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                         const loom::v1::TokenizeRequest* request,
                                         loom::v1::TokenizeResponse* response) {
-  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
-  if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
+    return coordinator::ToGrpcStatus(allowed);
+  if (absl::Status known = CheckModel(request->model()); !known.ok())
+    return coordinator::ToGrpcStatus(known);
   const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->add_special_tokens(),
                                                      request->parse_special());
   response->mutable_token_ids()->Add(ids.begin(), ids.end());
@@ -314,11 +318,13 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
 grpc::Status InferenceService::Detokenize(grpc::ServerContext* context,
                                           const loom::v1::DetokenizeRequest* request,
                                           loom::v1::DetokenizeResponse* response) {
-  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
-  if (absl::Status known = CheckModel(request->model()); !known.ok()) return ToGrpcStatus(known);
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
+    return coordinator::ToGrpcStatus(allowed);
+  if (absl::Status known = CheckModel(request->model()); !known.ok())
+    return coordinator::ToGrpcStatus(known);
   const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   absl::StatusOr<std::string> text = tokenizer_.Decode(ids, request->skip_special_tokens());
-  if (!text.ok()) return ToGrpcStatus(text.status());
+  if (!text.ok()) return coordinator::ToGrpcStatus(text.status());
   response->set_text(*std::move(text));
   return grpc::Status::OK;
 }
@@ -326,7 +332,8 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext* context,
 grpc::Status InferenceService::ListModels(grpc::ServerContext* context,
                                           const loom::v1::ListModelsRequest*,
                                           loom::v1::ListModelsResponse* response) {
-  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
+    return coordinator::ToGrpcStatus(allowed);
   *response->add_models() = model_.ToProto();
   return grpc::Status::OK;
 }
@@ -334,10 +341,11 @@ grpc::Status InferenceService::ListModels(grpc::ServerContext* context,
 grpc::Status InferenceService::GetClusterState(grpc::ServerContext* context,
                                                const loom::v1::GetClusterStateRequest*,
                                                loom::v1::ClusterState* response) {
-  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
+    return coordinator::ToGrpcStatus(allowed);
   *response = cluster_.Status();
   response->set_model(model_.id);
   return grpc::Status::OK;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

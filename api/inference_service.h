@@ -15,7 +15,7 @@
 #include "api/stream_pump.h"
 #include "loom/v1/inference.grpc.pb.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// The client-facing loom.v1.Inference gRPC service: validates and tokenizes a request,
 /// places it on the cluster, and streams its output until it finishes, the client
@@ -29,8 +29,9 @@ class InferenceService final
  public:
   /// `metrics` (optional) receives every request's timeline. With `api_keys`, every call
   /// must carry metadata `authorization: Bearer KEY` (UNAUTHENTICATED otherwise).
-  InferenceService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
-                   const common::Tokenizer& tokenizer, CoordinatorMetrics* metrics = nullptr,
+  InferenceService(coordinator::Cluster& cluster, const ServedModel& model,
+                   const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+                   coordinator::CoordinatorMetrics* metrics = nullptr,
                    absl::Duration stream_interval = absl::ZeroDuration(),
                    ApiKeys api_keys = ApiKeys());
   /// Chat requests (GenerateRequest.messages) are rendered with `chat_template` (null:
@@ -57,13 +58,13 @@ class InferenceService final
   // OK when the call carries an accepted key (or none is configured).
   absl::Status CheckApiKey(const grpc::ServerContextBase& context) const;
 
-  Cluster& cluster_;
+  coordinator::Cluster& cluster_;
   const ServedModel& model_;
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
   const common::ChatTemplate* chat_template_ = nullptr;
   const std::vector<int32_t> eos_ids_;
-  CoordinatorMetrics* metrics_;
+  coordinator::CoordinatorMetrics* metrics_;
   const absl::Duration stream_interval_;  // >= 0: the least time between two messages
   const ApiKeys api_keys_;
   std::atomic<uint64_t> next_request_number_{1};
@@ -71,4 +72,4 @@ class InferenceService final
   StreamPump pump_;  // drives every GenerateStream
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -14,7 +14,7 @@
 #include "api/openai_structured_output.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using nlohmann::json;
@@ -397,4 +397,4 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   return out;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

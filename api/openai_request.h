@@ -12,7 +12,7 @@
 #include "api/openai_tools.h"
 #include "loom/v1/inference.pb.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// Which OpenAI endpoint a body was sent to.
 enum class OpenAiEndpoint { kCompletions, kChatCompletions };
@@ -57,4 +57,4 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
                                                  const common::Tokenizer& tokenizer,
                                                  const common::ChatTemplate* chat_template);
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -16,7 +16,7 @@
 #include "api/tool_call_parser.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // OpenAI's temperature for requests that set none (when the model has no default).
@@ -40,7 +40,7 @@ uint64_t RandomSeed() {
 struct Choice {
   int index = 0;
   int prompt_index = 0;
-  std::shared_ptr<Request> request;
+  std::shared_ptr<engine::Request> request;
   std::string text;  // everything so far (non-streaming)
   Json logprobs;     // OpenAI logprobs object, accumulated; null when not asked
   int32_t completion_tokens = 0;
@@ -69,7 +69,7 @@ struct Run {
   std::vector<Choice> choices;
   int32_t prompt_tokens = 0;
   std::unique_ptr<PeerConnection> peer;
-  std::function<absl::Status(const std::shared_ptr<Request>&)> place;  // Cluster::Submit
+  std::function<absl::Status(const std::shared_ptr<engine::Request>&)> place;  // Cluster::Submit
   absl::Duration stream_interval;  // the least time between two outputs of a choice
 
   // Places the samples whose leader has produced output (or finished); a sample that
@@ -186,11 +186,11 @@ void OpenAiService::WriteError(const absl::Status& status, httplib::Response& re
 // ---------------------------------------------------------------------------------------
 // Requests.
 
-OpenAiService::OpenAiService(Cluster& cluster, const ServedModel& model,
+OpenAiService::OpenAiService(coordinator::Cluster& cluster, const ServedModel& model,
                              const common::ModelConfig& config, const common::Tokenizer& tokenizer,
                              const common::ChatTemplate* chat_template,
-                             CoordinatorMetrics* metrics, absl::Duration stream_interval,
-                             std::optional<uint64_t> seed)
+                             coordinator::CoordinatorMetrics* metrics,
+                             absl::Duration stream_interval, std::optional<uint64_t> seed)
     : cluster_(cluster),
       model_(model),
       config_(config),
@@ -383,7 +383,7 @@ Json ToolCallJson(const ParsedToolCall& call, const std::string& id) {
 
 // Takes what a choice's request produced since the last call into the choice; returns
 // the new text (and leaves the new tokens' logprobs in `delta_logprobs` when asked).
-std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const OutputEvent& event,
+std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const engine::OutputEvent& event,
                    Choice& choice, Json* delta_logprobs) {
   choice.completion_tokens += static_cast<int32_t>(event.token_ids.size());
   Choice delta;  // the new tokens' logprobs alone, for a streamed chunk
@@ -415,7 +415,8 @@ bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
     bool any = false;
     for (Choice& choice : run.choices) {
       if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED || !choice.placed) continue;
-      std::optional<OutputEvent> event = choice.request->outputs().Pop(wait, choice.hold_until);
+      std::optional<engine::OutputEvent> event =
+          choice.request->outputs().Pop(wait, choice.hold_until);
       if (!event) continue;
       any = true;
       if (run.stream_interval > absl::ZeroDuration()) {
@@ -507,8 +508,9 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
     arguments["function"] = {{"arguments", reply.calls[i].arguments}};
     if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(arguments)})}}, nullptr)) return false;
   }
-  return delta_chunk(Json::object(), reply.calls.empty() ? Json(FinishReasonName(choice.finish))
-                                                         : Json("tool_calls"));
+  return delta_chunk(Json::object(), reply.calls.empty()
+                                         ? Json(engine::FinishReasonName(choice.finish))
+                                         : Json("tool_calls"));
 }
 
 }  // namespace
@@ -543,26 +545,26 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
   run->model = model_.id;
 
   // Validate every prompt before placing any, so a bad one leaves nothing running.
-  std::vector<RequestParams> prompts;
+  std::vector<engine::RequestParams> prompts;
   for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
-    absl::StatusOr<RequestParams> params =
-        ValidateGenerateRequest(prompt, config_, tokenizer_, kOpenAiDefaultTemperature);
+    absl::StatusOr<engine::RequestParams> params =
+        engine::ValidateGenerateRequest(prompt, config_, tokenizer_, kOpenAiDefaultTemperature);
     if (!params.ok()) return WriteError(params.status(), response);
     run->prompt_tokens += static_cast<int32_t>(params->prompt_ids.size());
     prompts.push_back(*std::move(params));
   }
   for (size_t p = 0; p < prompts.size(); ++p) {
     for (int32_t s = 0; s < run->parsed.n; ++s) {
-      RequestParams params = prompts[p];
+      engine::RequestParams params = prompts[p];
       // Each sample draws its own tokens: seed + sample index when the client seeded
       // the request (reproducible), a fresh random seed otherwise.
       params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s : UnseededSeed());
       Choice choice;
       choice.index = static_cast<int>(run->choices.size());
       choice.prompt_index = static_cast<int>(p);
-      choice.request = std::make_shared<Request>(
-          absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(),
-          std::move(params), tokenizer_, eos_ids_);
+      choice.request = std::make_shared<engine::Request>(
+          absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(), std::move(params),
+          tokenizer_, eos_ids_);
       choice.request->set_metrics(metrics_);
       if (s > 0) {
         choice.leader = choice.index - s;  // placed by Pump once the leader has output
@@ -583,7 +585,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
   run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
                                                request.remote_addr, request.remote_port);
   run->stream_interval = stream_interval_;
-  run->place = [cluster = &cluster_](const std::shared_ptr<Request>& sample) {
+  run->place = [cluster = &cluster_](const std::shared_ptr<engine::Request>& sample) {
     return cluster->Submit(sample);
   };
   const OpenAiRequest& options = run->parsed;
@@ -592,7 +594,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
   if (!options.stream) {
     const bool finished = Pump(
         *run,
-        [&](Choice& choice, const OutputEvent& event) {
+        [&](Choice& choice, const engine::OutputEvent& event) {
           choice.text += Absorb(chat, tokenizer, event, choice, nullptr);
           return true;
         },
@@ -615,7 +617,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
     for (const Choice& choice : run->choices) {
       Json out;
       out["index"] = choice.index;
-      const char* finish = FinishReasonName(choice.finish);
+      const char* finish = engine::FinishReasonName(choice.finish);
       if (chat && options.tools.active()) {
         ToolReply reply = ParseReply(options.tools, choice.text);
         Json message;
@@ -671,7 +673,7 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
         };
         const bool finished = Pump(
             *run,
-            [&](Choice& choice, const OutputEvent& event) {
+            [&](Choice& choice, const engine::OutputEvent& event) {
               Json delta_logprobs;
               std::string text = Absorb(chat, tokenizer, event, choice, &delta_logprobs);
               const bool failed = choice.finish == loom::v1::FINISH_REASON_ERROR ||
@@ -694,10 +696,9 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
               }
               choice.started = true;
               out["logprobs"] = std::move(delta_logprobs);
-              out["finish_reason"] =
-                  choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED || failed
-                      ? Json(nullptr)
-                      : Json(FinishReasonName(choice.finish));
+              out["finish_reason"] = choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED || failed
+                                         ? Json(nullptr)
+                                         : Json(engine::FinishReasonName(choice.finish));
               if (!send(chunk(Json::array({std::move(out)})))) return false;
               if (failed) {
                 // Streaming already began: the error is an event, then the stream ends.
@@ -726,4 +727,4 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
       [run](bool) { run->CancelAll(); });
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -16,7 +16,7 @@
 #include "api/served_model.h"
 #include "httplib.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// The OpenAI-compatible endpoints: POST /v1/completions and /v1/chat/completions
 /// (streaming as Server-Sent Events or one JSON body) and GET /v1/models. A request runs
@@ -29,9 +29,10 @@ class OpenAiService {
  public:
   /// `chat_template` may be null (chat requests are then 400). A choice's output is taken
   /// at most once per `stream_interval` (the first and the final pieces at once).
-  OpenAiService(Cluster& cluster, const ServedModel& model, const common::ModelConfig& config,
-                const common::Tokenizer& tokenizer, const common::ChatTemplate* chat_template,
-                CoordinatorMetrics* metrics = nullptr,
+  OpenAiService(coordinator::Cluster& cluster, const ServedModel& model,
+                const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+                const common::ChatTemplate* chat_template,
+                coordinator::CoordinatorMetrics* metrics = nullptr,
                 absl::Duration stream_interval = absl::ZeroDuration(),
                 std::optional<uint64_t> seed = std::nullopt);
 
@@ -53,13 +54,13 @@ class OpenAiService {
  private:
   void Handle(bool chat, const httplib::Request& request, httplib::Response& response);
 
-  Cluster& cluster_;
+  coordinator::Cluster& cluster_;
   const ServedModel& model_;
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
   const common::ChatTemplate* chat_template_;
   const std::vector<int32_t> eos_ids_;
-  CoordinatorMetrics* metrics_;
+  coordinator::CoordinatorMetrics* metrics_;
   const absl::Duration stream_interval_;  // >= 0
   std::atomic<uint64_t> next_id_{1};
   // The seed of a sample whose request set none: drawn from `seed_` (HttpOptions::seed)
@@ -69,4 +70,4 @@ class OpenAiService {
   std::atomic<uint64_t> unseeded_count_{0};
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

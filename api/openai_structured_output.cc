@@ -9,7 +9,7 @@
 #include "api/openai_request.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // Ordered: a schema's properties keep the order the client wrote them in, which is the
@@ -156,4 +156,4 @@ absl::Status ParseStructuredOutput(const std::string& body, loom::v1::SamplingPa
   return absl::OkStatus();
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

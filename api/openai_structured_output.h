@@ -5,7 +5,7 @@
 #include "absl/status/status.h"
 #include "loom/v1/worker.pb.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// Reads a request body's output constraint into `sampling.grammar`: OpenAI's
 /// `response_format` (`text`, `json_object`, `json_schema` with `schema` and `strict`),
@@ -17,4 +17,4 @@ namespace loom::coordinator {
 /// `body` is the raw request (re-read with the schema's key order kept). Thread-safe.
 absl::Status ParseStructuredOutput(const std::string& body, loom::v1::SamplingParams& sampling);
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

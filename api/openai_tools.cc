@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -350,4 +350,4 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
   return std::nullopt;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -8,7 +8,7 @@
 #include "api/tool_call_parser.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// OpenAI's tool_choice.
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
@@ -56,4 +56,4 @@ std::string GenericToolPrompt(const nlohmann::ordered_json& tools);
 /// framed calls (Hermes, Mistral). nullopt for `auto` and `none`.
 std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools);
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // The numeric host and port of a socket address (IPv4 or IPv6; IPv4-mapped IPv6
@@ -75,4 +75,4 @@ bool PeerConnection::PeerClosed() const {
 #endif
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -2,7 +2,7 @@
 
 #include <string>
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// Notices that an HTTP client went away while its request is still running, so the
 /// request can be cancelled and its KV blocks freed. cpp-httplib hands handlers no socket
@@ -26,4 +26,4 @@ class PeerConnection {
   int fd_ = -1;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

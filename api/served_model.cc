@@ -5,7 +5,7 @@
 #include "absl/time/clock.h"
 #include "common/formats/model_fingerprint.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 loom::v1::ServedModel ServedModel::ToProto() const {
   loom::v1::ServedModel model;
@@ -34,4 +34,4 @@ ServedModel MakeServedModel(const std::string& path, const common::GgufFile& ggu
   return model;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -7,7 +7,7 @@
 #include "common/formats/model_config.h"
 #include "loom/v1/inference.pb.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// The model a coordinator serves, as clients name it: the id they pass as `model`
 /// (`--served-model-name`, else the GGUF file's name without `.gguf`), what the workers
@@ -29,4 +29,4 @@ struct ServedModel {
 ServedModel MakeServedModel(const std::string& path, const common::GgufFile& gguf,
                             const common::ModelConfig& config, const std::string& name_override);
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -3,7 +3,7 @@
 #include <functional>
 #include <utility>
 
-namespace loom::coordinator {
+namespace loom::api {
 
 StreamPump::StreamPump(absl::Duration tick)
     : tick_(tick > absl::ZeroDuration() ? tick : absl::Nanoseconds(1)) {
@@ -57,4 +57,4 @@ void StreamPump::Run() {
   }
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

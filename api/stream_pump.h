@@ -10,7 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// One thread that runs the next step of many output streams when they become ready:
 /// at once (Wake, from a producer that queued output) or at a time (WakeAt, when a
@@ -59,4 +59,4 @@ class StreamPump {
   std::thread thread_;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -5,7 +5,7 @@
 
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // Ordered: arguments keep the model's key order in the JSON text handed back.
@@ -254,4 +254,4 @@ std::string NewToolCallId() {
   return id;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

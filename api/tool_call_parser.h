@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-namespace loom::coordinator {
+namespace loom::api {
 
 /// How a model writes tool calls, chosen from its chat template's source.
 enum class ToolCallFormat {
@@ -61,4 +61,4 @@ size_t StreamableContent(ToolCallFormat format, std::string_view text);
 /// A fresh call id: "call_" and 24 random letters and digits. Thread-safe.
 std::string NewToolCallId();
 
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -24,8 +24,8 @@
 
 namespace {
 
-using loom::coordinator::BlockHash;
-using loom::coordinator::BlockManager;
+using loom::engine::BlockHash;
+using loom::engine::BlockManager;
 
 constexpr int kPrompts = 32;
 constexpr int64_t kPromptTokens = 8192;
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   // The prefix cache's work.
   std::vector<std::vector<int32_t>> prompts;
   for (int p = 0; p < kPrompts; ++p) prompts.push_back(Prompt(kPromptTokens, vocab, 1000 + p));
-  const BlockHash seed = loom::coordinator::PrefixHashSeed(model_path, "");
+  const BlockHash seed = loom::engine::PrefixHashSeed(model_path, "");
   const int64_t blocks_per_prompt = kPromptTokens / block_size;
   const double tokens_per_pass = static_cast<double>(kPrompts) * kPromptTokens;
 
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < 5; ++r) {
     auto start = std::chrono::steady_clock::now();
     for (int p = 0; p < kPrompts; ++p) {
-      hashes[p] = loom::coordinator::HashFullBlocks(seed, prompts[p], block_size);
+      hashes[p] = loom::engine::HashFullBlocks(seed, prompts[p], block_size);
     }
     hash_ns.push_back(Seconds(start) * 1e9 / tokens_per_pass);
 

@@ -138,7 +138,7 @@ int RunGenerateCommand(int argc, char** argv) {
                prompt_tokens, result.prefill_seconds, prompt_tokens / result.prefill_seconds,
                decoded, result.decode_seconds,
                result.decode_seconds > 0 ? decoded / result.decode_seconds : 0.0,
-               coordinator::FinishReasonName(result.finish_reason));
+               engine::FinishReasonName(result.finish_reason));
   return 0;
 }
 

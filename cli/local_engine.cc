@@ -19,9 +19,9 @@
 namespace loom::cli {
 namespace {
 
-coordinator::SchedulerConfig SchedulerConfigFor(const worker::StepBackend& backend,
-                                                const LocalEngineOptions& options) {
-  coordinator::SchedulerConfig config;
+engine::SchedulerConfig SchedulerConfigFor(const worker::StepBackend& backend,
+                                           const LocalEngineOptions& options) {
+  engine::SchedulerConfig config;
   config.block_size = static_cast<int32_t>(backend.block_size());
   config.num_blocks = backend.num_kv_blocks();
   config.max_num_batched_tokens = options.max_num_batched_tokens;
@@ -61,14 +61,13 @@ LocalEngine::LocalEngine(worker::StepBackend& backend, const common::Tokenizer& 
       options_(options),
       eos_ids_(tokenizer.EndOfGenerationIds()),
       engine_(SchedulerConfigFor(backend, options), "local",
-              {.on_token =
-                   [this](coordinator::Request& request, const loom::v1::SequenceOutput& output,
-                          bool finished) { OnToken(request, output, finished); },
-               .on_end = [this](coordinator::Request& request) { OnEnd(request); }}),
+              {.on_token = [this](engine::Request& request, const loom::v1::SequenceOutput& output,
+                                  bool finished) { OnToken(request, output, finished); },
+               .on_end = [this](engine::Request& request) { OnEnd(request); }}),
       executor_(backend, executor_options) {}
 
-absl::StatusOr<coordinator::RequestParams> LocalEngine::Validate(const EngineRequest& request,
-                                                                 size_t index) const {
+absl::StatusOr<engine::RequestParams> LocalEngine::Validate(const EngineRequest& request,
+                                                            size_t index) const {
   auto bad = [index](const absl::Status& status) {
     return absl::Status(status.code(), absl::StrFormat("request %d: %s", index, status.message()));
   };
@@ -83,8 +82,8 @@ absl::StatusOr<coordinator::RequestParams> LocalEngine::Validate(const EngineReq
   if (request.num_speculative_tokens >= 0) {
     proto.set_num_speculative_tokens(request.num_speculative_tokens);
   }
-  absl::StatusOr<coordinator::RequestParams> params =
-      coordinator::ValidateGenerateRequest(proto, config(), tokenizer_);
+  absl::StatusOr<engine::RequestParams> params =
+      engine::ValidateGenerateRequest(proto, config(), tokenizer_);
   if (!params.ok()) return bad(params.status());
   const int64_t prompt_len = static_cast<int64_t>(params->prompt_ids.size());
   if (request.score_prompt_from != 0 &&
@@ -108,10 +107,10 @@ absl::StatusOr<coordinator::RequestParams> LocalEngine::Validate(const EngineReq
 
 absl::StatusOr<std::vector<EngineResult>> LocalEngine::Generate(
     const std::vector<EngineRequest>& requests, const TokenCallback& on_token, bool batched) {
-  std::vector<coordinator::RequestParams> params;
+  std::vector<engine::RequestParams> params;
   params.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
-    LOOM_ASSIGN_OR_RETURN(coordinator::RequestParams checked, Validate(requests[i], i));
+    LOOM_ASSIGN_OR_RETURN(engine::RequestParams checked, Validate(requests[i], i));
     params.push_back(std::move(checked));
   }
   std::vector<EngineResult> results(requests.size());
@@ -127,9 +126,9 @@ absl::StatusOr<std::vector<EngineResult>> LocalEngine::Generate(
   return results;
 }
 
-bool LocalEngine::Execute(const coordinator::SchedulerOutput& out, loom::v1::StepResult& result,
+bool LocalEngine::Execute(const engine::SchedulerOutput& out, loom::v1::StepResult& result,
                           absl::Status& error) {
-  coordinator::BuildStepPlan(out, next_step_id_++, plan_);
+  engine::BuildStepPlan(out, next_step_id_++, plan_);
   executor_.Execute(plan_, result);
   ++num_steps_;
   if (result.error_code() == 0) return true;
@@ -138,13 +137,13 @@ bool LocalEngine::Execute(const coordinator::SchedulerOutput& out, loom::v1::Ste
   return false;
 }
 
-void LocalEngine::OnToken(coordinator::Request& request, const loom::v1::SequenceOutput& output,
+void LocalEngine::OnToken(engine::Request& request, const loom::v1::SequenceOutput& output,
                           bool finished) {
   auto it = run_->index_of.find(request.seq_id());
   if (it == run_->index_of.end()) return;
   const size_t index = it->second;
   EngineResult& into = (*run_->results)[index];
-  std::optional<coordinator::OutputEvent> event = request.outputs().TryPop();
+  std::optional<engine::OutputEvent> event = request.outputs().TryPop();
   into.outputs.push_back(output);
   std::string_view text;
   if (event.has_value()) {
@@ -160,12 +159,12 @@ void LocalEngine::OnToken(coordinator::Request& request, const loom::v1::Sequenc
   if (*run_->on_token) (*run_->on_token)(index, TokenEvent{output, text, finished});
 }
 
-void LocalEngine::OnEnd(coordinator::Request& request) {
+void LocalEngine::OnEnd(engine::Request& request) {
   if (run_->index_of.contains(request.seq_id())) --run_->unfinished;
 }
 
 absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests,
-                                      std::vector<coordinator::RequestParams>& params,
+                                      std::vector<engine::RequestParams>& params,
                                       const std::vector<size_t>& indices,
                                       const TokenCallback& on_token,
                                       std::vector<EngineResult>& results) {
@@ -180,8 +179,8 @@ absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests
     if (score_from > 0) {
       results[index].prompt_logprobs.assign(params[index].prompt_ids.size() - score_from, 0.0);
     }
-    auto request = std::make_shared<coordinator::Request>(
-        absl::StrFormat("local-%d", seq_id), seq_id, params[index], tokenizer_, eos_ids_);
+    auto request = std::make_shared<engine::Request>(absl::StrFormat("local-%d", seq_id), seq_id,
+                                                     params[index], tokenizer_, eos_ids_);
     // Validate ruled out what Admit refuses; should it refuse, the loop below releases what
     // was admitted before.
     error = engine_.Admit(std::move(request), score_from);
@@ -191,8 +190,8 @@ absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests
   }
 
   loom::v1::StepResult result;
-  coordinator::SchedulerOutput out;
-  coordinator::StepRecord record;
+  engine::SchedulerOutput out;
+  engine::StepRecord record;
   std::vector<uint64_t> stepped;  // unfinished sequences a step counts for
   // Until every request finished and the executor was told to release them.
   while (error.ok() && engine_.scheduler().has_work()) {

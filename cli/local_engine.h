@@ -62,7 +62,7 @@ struct LocalEngineOptions {
   int64_t max_num_batched_tokens = 512;  // tokens per step (decodes + prefill chunks)
   int32_t max_num_seqs = 256;            // running sequences at most
   bool enable_prefix_caching = true;
-  coordinator::SpeculationConfig speculation;  // off unless num_speculative_tokens > 0
+  engine::SpeculationConfig speculation;  // off unless num_speculative_tokens > 0
 };
 
 /// The serving engine in one process, for `loom generate`, `loom perplexity`, the
@@ -103,9 +103,7 @@ class LocalEngine {
 
   const common::ModelConfig& config() const { return backend_.config(); }
   /// The KV block table (free count, prefix cache) between calls.
-  const coordinator::BlockManager& block_manager() const {
-    return engine_.scheduler().block_manager();
-  }
+  const engine::BlockManager& block_manager() const { return engine_.scheduler().block_manager(); }
   const worker::StepExecutor& executor() const { return executor_; }
   /// Engine steps run so far (plans executed).
   int64_t num_steps() const { return num_steps_; }
@@ -114,27 +112,25 @@ class LocalEngine {
   struct Run;
 
   // Checks `request` (index `index`) as the coordinator would and returns its parameters.
-  absl::StatusOr<coordinator::RequestParams> Validate(const EngineRequest& request,
-                                                      size_t index) const;
+  absl::StatusOr<engine::RequestParams> Validate(const EngineRequest& request, size_t index) const;
   // Runs the requests `indices` of `requests` (validated into `params`) together.
   absl::Status RunTogether(const std::vector<EngineRequest>& requests,
-                           std::vector<coordinator::RequestParams>& params,
+                           std::vector<engine::RequestParams>& params,
                            const std::vector<size_t>& indices, const TokenCallback& on_token,
                            std::vector<EngineResult>& results);
   // The engine core's hooks: a token applied to a request of the current run, a request
   // ended.
-  void OnToken(coordinator::Request& request, const loom::v1::SequenceOutput& output,
-               bool finished);
-  void OnEnd(coordinator::Request& request);
+  void OnToken(engine::Request& request, const loom::v1::SequenceOutput& output, bool finished);
+  void OnEnd(engine::Request& request);
   // Executes one plan; false (with `error`) when the executor rejected it.
-  bool Execute(const coordinator::SchedulerOutput& out, loom::v1::StepResult& result,
+  bool Execute(const engine::SchedulerOutput& out, loom::v1::StepResult& result,
                absl::Status& error);
 
   worker::StepBackend& backend_;
   const common::Tokenizer& tokenizer_;
   const LocalEngineOptions options_;
   const std::vector<int32_t> eos_ids_;
-  coordinator::EngineCore engine_;
+  engine::EngineCore engine_;
   worker::StepExecutor executor_;
   Run* run_ = nullptr;  // the requests being run (RunTogether's), for the hooks
   uint64_t next_seq_id_ = 1;

@@ -10,7 +10,7 @@
 
 namespace loom::coordinator {
 
-void PrintServingAddresses(const CoordinatorServer& server) {
+void PrintServingAddresses(const api::CoordinatorServer& server) {
   std::printf("loom: coordinator listening on %s\n", server.address().c_str());
   if (server.http_port() > 0) {
     std::printf("loom: OpenAI-compatible HTTP API on %s://%s:%d\n",
@@ -21,15 +21,15 @@ void PrintServingAddresses(const CoordinatorServer& server) {
 }
 
 int RunServeCommand(int argc, char** argv) {
-  ServeOptions options;
+  api::ServeOptions options;
   cli::CommandLine command_line("loom serve",
                                 "loom serve MODEL: run the coordinator alone (workers register "
                                 "with it: loom-worker --coordinator HOST:GRPC_PORT)");
   cli::AddServeFlags(command_line.app(), options);
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
   if (options.model_path.empty()) return command_line.Fail("the model is required (MODEL or --model)");
-  CoordinatorServer::BlockShutdownSignals();
-  auto server = CoordinatorServer::Start(options);
+  api::CoordinatorServer::BlockShutdownSignals();
+  auto server = api::CoordinatorServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "loom serve: %s\n", server.status().ToString().c_str());
     return 1;

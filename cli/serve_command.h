@@ -1,12 +1,14 @@
 #pragma once
 
-namespace loom::coordinator {
-
+namespace loom::api {
 class CoordinatorServer;
+}  // namespace loom::api
+
+namespace loom::coordinator {
 
 /// Prints the lines that say where `server` listens (gRPC, and HTTP(S) when on), which
 /// scripts and tests wait for; `loom serve` and `loom up` alike.
-void PrintServingAddresses(const CoordinatorServer& server);
+void PrintServingAddresses(const api::CoordinatorServer& server);
 
 /// `loom serve --model PATH [flags]`: the coordinator alone; workers register with it.
 int RunServeCommand(int argc, char** argv);

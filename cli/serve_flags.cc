@@ -22,7 +22,7 @@ CLI::Option* AddDuration(CLI::App& app, const std::string& names, absl::Duration
 
 }  // namespace
 
-void AddServeFlags(CLI::App& app, coordinator::ServeOptions& options) {
+void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
   coordinator::ReplicaOptions& replica = options.cluster.replica;
   AddString(app, "model,--model", options.model_path,
             "the model: a GGUF file or a Hugging Face directory (first positional argument or "

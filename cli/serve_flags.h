@@ -10,6 +10,6 @@ namespace loom::cli {
 /// the same (--port, --max-num-seqs, --max-num-batched-tokens, --max-model-len,
 /// --served-model-name, --enable-prefix-caching, --disable-log-requests...) with Loom's
 /// older names as aliases (--http-port, --prefix-caching).
-void AddServeFlags(CLI::App& app, coordinator::ServeOptions& options);
+void AddServeFlags(CLI::App& app, api::ServeOptions& options);
 
 }  // namespace loom::cli

@@ -203,8 +203,8 @@ int RunUpCommand(int argc, char** argv) {
     std::fprintf(stderr, "loom up: %s\n", std::string(gpus.message()).c_str());
     return 1;
   }
-  CoordinatorServer::BlockShutdownSignals();
-  auto server = CoordinatorServer::Start(options.serve);
+  api::CoordinatorServer::BlockShutdownSignals();
+  auto server = api::CoordinatorServer::Start(options.serve);
   if (!server.ok()) {
     std::fprintf(stderr, "loom up: %s\n", server.status().ToString().c_str());
     return 1;

@@ -13,7 +13,7 @@ namespace loom::coordinator {
 /// `loom up`'s command line: the serve flags, its own, and the worker's flags (declared by
 /// worker::AddWorkerFlags, so a new worker flag is accepted and forwarded without edits).
 struct UpOptions {
-  ServeOptions serve;
+  api::ServeOptions serve;
   int replicas = 1;  // --data-parallel-size, --replicas
   int workers = 1;   // --tensor-parallel-size, -tp, --tensor-parallel, --workers
   int threads = 0;   // per worker; 0: cores / workers

@@ -105,7 +105,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       if (replica == nullptr) {
         replica = std::make_unique<Replica>(
             request.replica_id(), options_.replica,
-            [this](std::shared_ptr<Request> r) { Retry(std::move(r)); }, &kv_index_);
+            [this](std::shared_ptr<engine::Request> r) { Retry(std::move(r)); }, &kv_index_);
       }
       replica->Connect(endpoint);
     } else if (auto it = replicas_.find(request.replica_id()); it != replicas_.end()) {
@@ -142,7 +142,7 @@ absl::Status Cluster::Heartbeat(const loom::v1::HeartbeatRequest& request) {
   return absl::OkStatus();
 }
 
-absl::Status Cluster::Submit(std::shared_ptr<Request> request) {
+absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
   if (draining_.load()) {
     return absl::UnavailableError("the coordinator is shutting down (draining)");
   }
@@ -160,14 +160,15 @@ absl::Status Cluster::Submit(std::shared_ptr<Request> request) {
   // choice and normally equal. The prompt is hashed once, for the first candidate's size;
   // a replica with another size gets no prefix credit from the router.
   const int32_t block_size = std::max(candidates.front()->block_size(), 1);
-  const std::vector<BlockHash>& hashes = request->PromptBlockHashes(model_fingerprint_, block_size);
+  const std::vector<engine::BlockHash>& hashes =
+      request->PromptBlockHashes(model_fingerprint_, block_size);
   std::vector<RouteCandidate> route_candidates;
   route_candidates.reserve(candidates.size());
   for (Replica* replica : candidates) {
     route_candidates.push_back({replica->replica_id(), replica->load_tokens()});
   }
-  const absl::Span<const BlockHash> matchable =
-      candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const BlockHash>();
+  const absl::Span<const engine::BlockHash> matchable =
+      candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const engine::BlockHash>();
   const RouteDecision decision =
       router_.Route(matchable, static_cast<int64_t>(request->params().prompt_ids.size()),
                     block_size, route_candidates);
@@ -179,7 +180,7 @@ absl::Status Cluster::Submit(std::shared_ptr<Request> request) {
   return last;
 }
 
-void Cluster::Retry(std::shared_ptr<Request> request) {
+void Cluster::Retry(std::shared_ptr<engine::Request> request) {
   absl::Status placed = Submit(request);
   if (!placed.ok()) {
     request->Finish(loom::v1::FINISH_REASON_ERROR,

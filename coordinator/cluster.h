@@ -56,7 +56,7 @@ class Cluster {
 
   /// Places a request. Unavailable when draining or no replica is healthy;
   /// ResourceExhausted when every healthy replica's waiting queue is full.
-  absl::Status Submit(std::shared_ptr<Request> request);
+  absl::Status Submit(std::shared_ptr<engine::Request> request);
   uint64_t NextSeqId() { return next_seq_id_.fetch_add(1); }
 
   /// A worker of `worker_id`'s replica is shutting down: no request is placed on the
@@ -77,7 +77,7 @@ class Cluster {
   void Stop();
 
  private:
-  void Retry(std::shared_ptr<Request> request);
+  void Retry(std::shared_ptr<engine::Request> request);
   void Monitor();
 
   const ClusterOptions options_;

@@ -29,15 +29,15 @@ int KvIndex::SlotLocked(const std::string& replica_id) {
   return static_cast<int>(slots_.size()) - 1;
 }
 
-void KvIndex::Apply(const std::string& replica_id, absl::Span<const KvCacheEvent> events) {
+void KvIndex::Apply(const std::string& replica_id, absl::Span<const engine::KvCacheEvent> events) {
   if (events.empty()) return;
   absl::MutexLock lock(&mu_);
   const int slot = SlotLocked(replica_id);
   // Past 64 replicas the extra ones are simply not indexed: they are placed by load only.
   if (slot < 0) return;
   const uint64_t bit = uint64_t{1} << slot;
-  for (const KvCacheEvent& event : events) {
-    if (event.kind == KvCacheEvent::Kind::kStored) {
+  for (const engine::KvCacheEvent& event : events) {
+    if (event.kind == engine::KvCacheEvent::Kind::kStored) {
       uint64_t& holders = holders_[event.hash];
       if ((holders & bit) == 0) ++num_blocks_[static_cast<size_t>(slot)];
       holders |= bit;
@@ -67,7 +67,7 @@ void KvIndex::RemoveReplica(const std::string& replica_id) {
   num_blocks_[static_cast<size_t>(slot)] = 0;
 }
 
-std::vector<int64_t> KvIndex::MatchPrefix(absl::Span<const BlockHash> block_hashes,
+std::vector<int64_t> KvIndex::MatchPrefix(absl::Span<const engine::BlockHash> block_hashes,
                                           absl::Span<const std::string> replica_ids) const {
   std::vector<int64_t> matched(replica_ids.size(), 0);
   absl::MutexLock lock(&mu_);

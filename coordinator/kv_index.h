@@ -26,12 +26,12 @@ class KvIndex {
   KvIndex& operator=(const KvIndex&) = delete;
 
   /// Applies one replica's events, in order.
-  void Apply(const std::string& replica_id, absl::Span<const KvCacheEvent> events);
+  void Apply(const std::string& replica_id, absl::Span<const engine::KvCacheEvent> events);
   /// Forgets everything `replica_id` held (its worker was lost; its cache is gone).
   void RemoveReplica(const std::string& replica_id);
   /// For each of `replica_ids`, how many leading hashes of `block_hashes` it holds (a
   /// chain stops at its first miss), in the order of `replica_ids`.
-  std::vector<int64_t> MatchPrefix(absl::Span<const BlockHash> block_hashes,
+  std::vector<int64_t> MatchPrefix(absl::Span<const engine::BlockHash> block_hashes,
                                    absl::Span<const std::string> replica_ids) const;
   /// Blocks `replica_id` holds (tests, stats).
   int64_t NumBlocks(const std::string& replica_id) const;
@@ -45,7 +45,7 @@ class KvIndex {
   mutable absl::Mutex mu_;
   std::vector<std::string> slots_ ABSL_GUARDED_BY(mu_);  // slot -> replica id
   // hash -> bit set of the slots holding it; an entry with no bit set is erased.
-  absl::flat_hash_map<BlockHash, uint64_t> holders_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<engine::BlockHash, uint64_t> holders_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> num_blocks_ ABSL_GUARDED_BY(mu_);  // [slot]
 };
 

@@ -200,9 +200,9 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
   spec_accepted_.Add(Model());
 }
 
-void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
+void CoordinatorMetrics::RecordRequest(const engine::RequestRecord& record) {
   prometheus::Labels reason = Model();
-  reason["finished_reason"] = FinishReasonName(record.finish_reason);
+  reason["finished_reason"] = engine::FinishReasonName(record.finish_reason);
   request_success_.Add(reason).Increment();
   prompt_length_.Add(Model(), TokenBuckets()).Observe(static_cast<double>(record.prompt_tokens));
   generation_length_.Add(Model(), TokenBuckets())
@@ -231,10 +231,9 @@ void CoordinatorMetrics::RecordRequest(const RequestRecord& record) {
   }
 }
 
-const ReplicaLatencySeries& CoordinatorMetrics::RecordFirstToken(const std::string& replica_id,
-                                                                 double ttft_seconds,
-                                                                 int64_t prompt_tokens) {
-  const ReplicaLatencySeries* series = nullptr;
+const engine::ReplicaLatencySeries& CoordinatorMetrics::RecordFirstToken(
+    const std::string& replica_id, double ttft_seconds, int64_t prompt_tokens) {
+  const engine::ReplicaLatencySeries* series = nullptr;
   {
     absl::MutexLock lock(&latency_mu_);
     auto [it, inserted] = latency_.try_emplace(replica_id);
@@ -250,7 +249,7 @@ const ReplicaLatencySeries& CoordinatorMetrics::RecordFirstToken(const std::stri
   return *series;
 }
 
-void CoordinatorMetrics::RecordToken(const ReplicaLatencySeries& series,
+void CoordinatorMetrics::RecordToken(const engine::ReplicaLatencySeries& series,
                                      double inter_token_seconds) {
   generation_tokens_model_->Increment();
   if (inter_token_seconds >= 0) series.inter_token->Observe(inter_token_seconds);

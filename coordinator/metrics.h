@@ -17,13 +17,16 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-namespace loom::coordinator {
-
-/// The latency histograms of one replica (label `replica`), looked up once per request.
+// The latency histograms of one replica (label `replica`), looked up once per request: the
+// engine's opaque handle (engine/request_metrics.h), defined by its implementation here.
+namespace loom::engine {
 struct ReplicaLatencySeries {
   prometheus::Histogram* ttft = nullptr;
   prometheus::Histogram* inter_token = nullptr;
 };
+}  // namespace loom::engine
+
+namespace loom::coordinator {
 
 /// The coordinator's Prometheus metrics, named after vLLM's (`vllm:x` is `loom_x`: no
 /// colons, base units, `_total` on counters) with the same semantics and histogram
@@ -33,21 +36,21 @@ struct ReplicaLatencySeries {
 /// a prompt scheduled, a draft verified), not when the request finishes. Also serves the
 /// process_* metrics. Documented in docs/metrics.md. Thread-safe (prometheus-cpp metrics
 /// are atomic; the per-replica series cache has a mutex).
-class CoordinatorMetrics : public RequestMetrics {
+class CoordinatorMetrics : public engine::RequestMetrics {
  public:
   explicit CoordinatorMetrics(std::string model_name);
 
   /// A finished request: finish reason, lengths, parameters and latency histograms.
-  void RecordRequest(const RequestRecord& record) override;
+  void RecordRequest(const engine::RequestRecord& record) override;
   /// A request's first token, `ttft_seconds` after its arrival, on `replica_id`: the TTFT
   /// histogram and its prompt tokens (counted once its prefill completed, as vLLM does).
   /// Returns the replica's latency series for the request's later tokens.
-  const ReplicaLatencySeries& RecordFirstToken(const std::string& replica_id,
-                                               double ttft_seconds,
-                                               int64_t prompt_tokens) override;
+  const engine::ReplicaLatencySeries& RecordFirstToken(const std::string& replica_id,
+                                                       double ttft_seconds,
+                                                       int64_t prompt_tokens) override;
   /// One generated token streamed (with the gap since the previous one of the request,
   /// or negative for the first), on `series` from RecordFirstToken.
-  void RecordToken(const ReplicaLatencySeries& series, double inter_token_seconds) override;
+  void RecordToken(const engine::ReplicaLatencySeries& series, double inter_token_seconds) override;
   /// Prefix-cache lookup when a replica schedules a prompt: tokens queried and found.
   void RecordPrefixCacheQuery(const std::string& replica_id, int64_t queried, int64_t hits) override;
   /// One speculative step of one sequence: tokens drafted and accepted (a prefix of the
@@ -117,7 +120,7 @@ class CoordinatorMetrics : public RequestMetrics {
   prometheus::Counter* prompt_tokens_model_ = nullptr;
   absl::Mutex latency_mu_;
   // Never erased: pointers handed out stay valid.
-  std::map<std::string, ReplicaLatencySeries> latency_ ABSL_GUARDED_BY(latency_mu_);
+  std::map<std::string, engine::ReplicaLatencySeries> latency_ ABSL_GUARDED_BY(latency_mu_);
   // Counters mirrored from ClusterState totals (monotonic per replica incarnation).
   std::map<std::string, double> last_preemptions_, last_steps_, last_tokens_;
   // cache_config_info's labels per replica, to replace the series when they change.

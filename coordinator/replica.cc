@@ -42,7 +42,7 @@ void Replica::Connect(const WorkerEndpoint& endpoint) {
   }
 }
 
-absl::Status Replica::Submit(std::shared_ptr<Request> request) {
+absl::Status Replica::Submit(std::shared_ptr<engine::Request> request) {
   absl::MutexLock lock(&mu_);
   if (stopping_ || !healthy_.load()) {
     return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
@@ -56,7 +56,7 @@ absl::Status Replica::Submit(std::shared_ptr<Request> request) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "replica %s has %d requests waiting (the limit, --max-waiting)", replica_id_, waiting));
   }
-  const RequestParams& params = request->params();
+  const engine::RequestParams& params = request->params();
   const int64_t tokens = static_cast<int64_t>(params.prompt_ids.size()) + params.max_tokens;
   const int64_t blocks = (tokens + endpoint_.block_size - 1) / endpoint_.block_size;
   if (blocks > endpoint_.num_kv_blocks) {
@@ -200,7 +200,7 @@ void Replica::Loop() {
   }
 
   // Stopping: end everything still here.
-  std::deque<std::shared_ptr<Request>> inbox;
+  std::deque<std::shared_ptr<engine::Request>> inbox;
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
@@ -208,7 +208,7 @@ void Replica::Loop() {
     live_connection_ = nullptr;
   }
   if (engine_ != nullptr) {
-    for (std::shared_ptr<Request>& request : engine_->TakeAll()) {
+    for (std::shared_ptr<engine::Request>& request : engine_->TakeAll()) {
       request->Finish(loom::v1::FINISH_REASON_ABORT, "the coordinator is shutting down",
                       replica_id_);
     }
@@ -240,7 +240,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     return false;
   }
   connection_ = *std::move(connection);
-  SchedulerConfig config;
+  engine::SchedulerConfig config;
   config.block_size = endpoint.block_size;
   config.num_blocks = endpoint.num_kv_blocks;
   config.max_num_batched_tokens = options_.max_num_batched_tokens;
@@ -250,12 +250,12 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.speculation = options_.speculation;
   config.speculation.pipelined = options_.max_plans_in_flight > 1;
   config.record_kv_events = kv_index_ != nullptr;
-  EngineCore::Hooks hooks;
-  hooks.on_token = [this](Request&, const loom::v1::SequenceOutput&, bool) {
+  engine::EngineCore::Hooks hooks;
+  hooks.on_token = [this](engine::Request&, const loom::v1::SequenceOutput&, bool) {
     load_tokens_.fetch_add(1);
   };
-  hooks.on_end = [this](Request& request) { Unload(request); };
-  engine_ = std::make_unique<EngineCore>(config, replica_id_, std::move(hooks));
+  hooks.on_end = [this](engine::Request& request) { Unload(request); };
+  engine_ = std::make_unique<engine::EngineCore>(config, replica_id_, std::move(hooks));
   block_size_.store(endpoint.block_size);
   in_flight_.clear();
   {
@@ -280,14 +280,14 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
 }
 
 void Replica::AdmitInbox() {
-  std::deque<std::shared_ptr<Request>> inbox;
+  std::deque<std::shared_ptr<engine::Request>> inbox;
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
     admitting_ = static_cast<int64_t>(inbox.size());
   }
   if (inbox.empty()) return;
-  for (std::shared_ptr<Request>& request : inbox) {
+  for (std::shared_ptr<engine::Request>& request : inbox) {
     if (request->cancelled()) {
       request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
       Unload(*request);
@@ -317,13 +317,13 @@ bool Replica::SendPlans() {
   while (static_cast<int>(in_flight_.size()) < options_.max_plans_in_flight &&
          engine_->scheduler().has_work()) {
     const absl::Time start = absl::Now();
-    SchedulerOutput out;
+    engine::SchedulerOutput out;
     InFlightPlan flight;
     if (!engine_->Plan(out, flight.record)) break;
     // Reused: a cleared plan keeps its sequence messages (Write serializes before it returns).
     loom::v1::StepPlan& plan = plan_scratch_;
     flight.step_id = next_step_id_++;
-    BuildStepPlan(out, flight.step_id, plan);
+    engine::BuildStepPlan(out, flight.step_id, plan);
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;
@@ -376,7 +376,7 @@ void Replica::EndRequest(uint64_t seq_id, loom::v1::FinishReason reason,
   engine_->End(seq_id, reason, message);
 }
 
-void Replica::Unload(const Request& request) {
+void Replica::Unload(const engine::Request& request) {
   load_.fetch_sub(1);
   load_tokens_.fetch_sub(static_cast<int64_t>(request.params().prompt_ids.size()) +
                          request.num_outputs());
@@ -384,13 +384,13 @@ void Replica::Unload(const Request& request) {
 
 void Replica::PublishKvEvents() {
   if (kv_index_ == nullptr || engine_ == nullptr) return;
-  const std::vector<KvCacheEvent> events = engine_->scheduler().TakeKvEvents();
+  const std::vector<engine::KvCacheEvent> events = engine_->scheduler().TakeKvEvents();
   kv_index_->Apply(replica_id_, events);
 }
 
 void Replica::LoseWorker(const std::string& reason) {
   std::string why = reason;
-  std::deque<std::shared_ptr<Request>> inbox;
+  std::deque<std::shared_ptr<engine::Request>> inbox;
   {
     absl::MutexLock lock(&mu_);
     if (!lost_reason_.empty()) why = lost_reason_;
@@ -406,9 +406,9 @@ void Replica::LoseWorker(const std::string& reason) {
     stream_events_.clear();
   }
 
-  std::vector<std::shared_ptr<Request>> retry(inbox.begin(), inbox.end());
+  std::vector<std::shared_ptr<engine::Request>> retry(inbox.begin(), inbox.end());
   if (engine_ != nullptr) {
-    for (std::shared_ptr<Request>& request : engine_->TakeAll()) {
+    for (std::shared_ptr<engine::Request>& request : engine_->TakeAll()) {
       if (request->cancelled()) {
         request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
       } else if (!request->produced_output()) {
@@ -426,7 +426,7 @@ void Replica::LoseWorker(const std::string& reason) {
   if (kv_index_ != nullptr) kv_index_->RemoveReplica(replica_id_);
   if (engine_ != nullptr) engine_->scheduler().TakeKvEvents();
   PublishStats();
-  for (std::shared_ptr<Request>& request : retry) retry_(std::move(request));
+  for (std::shared_ptr<engine::Request>& request : retry) retry_(std::move(request));
 }
 
 void Replica::PublishStats() {
@@ -438,7 +438,7 @@ void Replica::PublishStats() {
   stats_.set_schedule_seconds(schedule_seconds_);
   stats_.set_step_seconds(step_seconds_);
   if (engine_ != nullptr && healthy_.load()) {
-    const Scheduler& scheduler = engine_->scheduler();
+    const engine::Scheduler& scheduler = engine_->scheduler();
     stats_.set_num_kv_blocks(scheduler.block_manager().num_blocks());
     stats_.set_num_free_blocks(scheduler.block_manager().num_free());
     stats_.set_num_running(scheduler.num_running());

@@ -36,7 +36,7 @@ struct ReplicaOptions {
   LivenessOptions liveness;
   int max_plans_in_flight = 2;                      // 2: build plan N+1 while N runs
   bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
-  SpeculationConfig speculation;                    // --speculative-tokens, --speculative-adaptive
+  engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };
 
 /// Where a registered worker serves its step stream, and its KV pool.
@@ -60,7 +60,7 @@ struct WorkerEndpoint {
 /// and every finished request. Thread-safe.
 class Replica {
  public:
-  using RetryFn = std::function<void(std::shared_ptr<Request>)>;
+  using RetryFn = std::function<void(std::shared_ptr<engine::Request>)>;
 
   /// `kv_index` (may be null: nothing is published) must outlive the replica.
   Replica(std::string replica_id, ReplicaOptions options, RetryFn retry,
@@ -73,7 +73,7 @@ class Replica {
   /// Admits a request. Unavailable when the replica has no live worker or is stopping;
   /// ResourceExhausted when its waiting queue is full; InvalidArgument when the request
   /// can never fit in its KV pool.
-  absl::Status Submit(std::shared_ptr<Request> request);
+  absl::Status Submit(std::shared_ptr<engine::Request> request);
   /// Wakes the loop (a request was cancelled).
   void Wake();
   /// Declares the worker dead (heartbeat timeout): the stream is cancelled and the loop
@@ -101,7 +101,7 @@ class Replica {
  private:
   struct InFlightPlan {
     uint64_t step_id = 0;
-    StepRecord record;  // what it scheduled, for the engine core to apply its result
+    engine::StepRecord record;  // what it scheduled, for the engine core to apply its result
     absl::Time sent;
   };
   // What the reader thread hands to the loop: a result, or the end of the stream.
@@ -124,7 +124,7 @@ class Replica {
   // Forwards the scheduler's prefix-cache events to the KV index (loop thread).
   void PublishKvEvents();
   // Takes `request` off the load counters (it ended or left this replica).
-  void Unload(const Request& request);
+  void Unload(const engine::Request& request);
 
   const std::string replica_id_;
   const ReplicaOptions options_;
@@ -138,7 +138,7 @@ class Replica {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<WorkerEndpoint> pending_connect_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::shared_ptr<Request>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<engine::Request>> inbox_ ABSL_GUARDED_BY(mu_);
   // Requests the loop took from inbox_ and has not yet counted in stats_ (Submit's bound).
   int64_t admitting_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<StreamEvent> stream_events_ ABSL_GUARDED_BY(mu_);
@@ -153,7 +153,7 @@ class Replica {
 
   // Loop thread only.
   // The engine core of the connected worker's KV pool: admitted requests, scheduler.
-  std::unique_ptr<EngineCore> engine_;
+  std::unique_ptr<engine::EngineCore> engine_;
   std::unique_ptr<ReplicaConnection> connection_;  // the loop thread's
   std::deque<InFlightPlan> in_flight_;
   uint64_t next_step_id_ = 1;

@@ -35,8 +35,9 @@ std::string_view RoutingPolicyName(RoutingPolicy policy) {
 
 Router::Router(RouterOptions options, const KvIndex& index) : options_(options), index_(index) {}
 
-RouteDecision Router::Route(absl::Span<const BlockHash> prompt_block_hashes, int64_t prompt_tokens,
-                            int32_t block_size, absl::Span<const RouteCandidate> candidates) {
+RouteDecision Router::Route(absl::Span<const engine::BlockHash> prompt_block_hashes,
+                            int64_t prompt_tokens, int32_t block_size,
+                            absl::Span<const RouteCandidate> candidates) {
   RouteDecision decision;
   const size_t n = candidates.size();
   decision.order.resize(n);

@@ -59,8 +59,9 @@ class Router {
   /// Ranks `candidates` for a prompt of `prompt_tokens` tokens whose full blocks of
   /// `block_size` tokens have `prompt_block_hashes`. The order is the fallback order too
   /// (a replica that refuses the request passes it to the next).
-  RouteDecision Route(absl::Span<const BlockHash> prompt_block_hashes, int64_t prompt_tokens,
-                      int32_t block_size, absl::Span<const RouteCandidate> candidates);
+  RouteDecision Route(absl::Span<const engine::BlockHash> prompt_block_hashes,
+                      int64_t prompt_tokens, int32_t block_size,
+                      absl::Span<const RouteCandidate> candidates);
 
   const RouterOptions& options() const { return options_; }
 

@@ -26,7 +26,7 @@
 // in the one coordinator process, which is why a per-process secret is possible: no hash
 // is persisted, put on the wire or compared across processes.
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 // Two different 64-bit finalizers (both bijections with full avalanche): murmur3's fmix64
@@ -138,4 +138,4 @@ std::vector<BlockHash> HashFullBlocks(const BlockHash& seed, absl::Span<const in
   return hashes;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -7,7 +7,7 @@
 
 #include "absl/types/span.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// The identity of a full KV block's contents: a 128-bit chained hash of every token from
 /// the start of the sequence up to the end of the block, plus the extra keys (model
@@ -62,4 +62,4 @@ void ExtendBlockHashes(const BlockHash& seed, absl::Span<const int32_t> tokens, 
 std::vector<BlockHash> HashFullBlocks(const BlockHash& seed, absl::Span<const int32_t> tokens,
                                       int32_t block_size);
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

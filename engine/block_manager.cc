@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "common/check.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 BlockManager::BlockManager(int64_t num_blocks, int32_t block_size)
     : block_size_(block_size),
@@ -259,4 +259,4 @@ std::vector<int32_t> BlockManager::FreeListForTesting() const {
   return blocks;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

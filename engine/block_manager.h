@@ -11,7 +11,7 @@
 #include "absl/types/span.h"
 #include "engine/block_hash.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// A change to the set of cached blocks a replica holds, for the cluster's KV index.
 struct KvCacheEvent {
@@ -157,4 +157,4 @@ class BlockManager {
   std::vector<KvCacheEvent> events_;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -5,7 +5,7 @@
 
 #include "engine/sequence.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 EngineCore::EngineCore(const SchedulerConfig& config, std::string name, Hooks hooks)
     : scheduler_(config), name_(std::move(name)), hooks_(std::move(hooks)) {}
@@ -127,4 +127,4 @@ std::vector<std::shared_ptr<Request>> EngineCore::TakeAll() {
   return taken;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -13,7 +13,7 @@
 #include "engine/scheduler.h"
 #include "loom/v1/worker.pb.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// What a planned step scheduled, kept until its result is applied.
 struct StepRecord {
@@ -81,4 +81,4 @@ class EngineCore {
   std::vector<int32_t> token_scratch_;  // Apply: one sequence's tokens of a result
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 const char* FinishReasonName(loom::v1::FinishReason reason) {
   switch (reason) {
@@ -235,4 +235,4 @@ void Request::AddSpeculation(int32_t drafted, int32_t accepted) {
   if (metrics_ != nullptr) metrics_->RecordSpeculativeStep(drafted, accepted);
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -20,8 +20,7 @@
 #include "engine/stop_string_matcher.h"
 #include "loom/v1/inference.pb.h"
 
-namespace loom::coordinator {
-
+namespace loom::engine {
 
 /// One message for the client: new text/tokens, and on the last one the finish reason.
 struct OutputEvent {
@@ -191,4 +190,4 @@ class Request {
   OutputQueue outputs_;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

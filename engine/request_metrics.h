@@ -5,7 +5,7 @@
 
 #include "loom/v1/inference.pb.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// What one finished request reports to the metrics (durations in seconds; negative when
 /// the request never reached that point, e.g. no token before an abort). Token counters,
@@ -52,4 +52,4 @@ class RequestMetrics {
   virtual void RecordSpeculativeStep(int64_t drafted, int64_t accepted) = 0;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

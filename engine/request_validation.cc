@@ -5,7 +5,7 @@
 #include "common/sampling_params.h"
 #include "common/status_macros.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
                                 loom::v1::SamplingParams& sampling) {
   if (defaults.temperature && !sampling.has_temperature()) {
@@ -126,4 +126,4 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
   return params;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -6,7 +6,7 @@
 #include "engine/request.h"
 #include "loom/v1/inference.pb.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// Tokenizes the prompt and checks a client's request against the model: a non-empty
 /// prompt, token ids within the vocabulary, prompt + max_tokens within the context
@@ -23,4 +23,4 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
 void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
                                 loom::v1::SamplingParams& sampling);
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -14,7 +14,7 @@
 #include "absl/types/span.h"
 #include "common/check.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 int64_t CeilDiv(int64_t numerator, int64_t denominator) {
@@ -462,4 +462,4 @@ bool Scheduler::has_work() const {
   return !running_.empty() || !waiting_.empty() || !finished_ids_.empty();
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -11,7 +11,7 @@
 #include "engine/sequence.h"
 #include "engine/speculation_policy.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 struct SchedulerConfig {
   int32_t block_size = 16;
@@ -208,4 +208,4 @@ class Scheduler {
   std::vector<const SpeculationStats*> draft_stats_;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -8,7 +8,7 @@
 #include "engine/speculation_policy.h"
 #include "loom/v1/worker.pb.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 enum class SequenceStatus {
   kWaiting,   // queued (new, or preempted and waiting to be recomputed)
@@ -70,4 +70,4 @@ struct Sequence {
   }
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

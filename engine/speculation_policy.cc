@@ -4,7 +4,7 @@
 #include <cmath>
 #include <functional>
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 // Prior: a draft is accepted half the time, worth two observed drafts; a step proposes.
@@ -152,4 +152,4 @@ void SpeculationPolicy::Choose(absl::Span<const int32_t> limits,
   }
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -6,7 +6,7 @@
 
 #include "absl/types/span.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// How a replica speculates (server flags; a request may lower its own limit).
 struct SpeculationConfig {
@@ -89,4 +89,4 @@ class SpeculationPolicy {
   StepCostModel cost_;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

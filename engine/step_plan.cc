@@ -1,6 +1,6 @@
 #include "engine/step_plan.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan) {
   plan.Clear();
@@ -29,4 +29,4 @@ void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepP
   plan.mutable_preempted()->Add(out.preempted.begin(), out.preempted.end());
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -5,7 +5,7 @@
 #include "engine/scheduler.h"
 #include "loom/v1/worker.pb.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// Writes the scheduler's plan as the wire's StepPlan `step_id`: for each scheduled
 /// sequence in batch order, a NewSequence first when the worker does not hold it (prompt,
@@ -15,4 +15,4 @@ namespace loom::coordinator {
 /// (cli/local_engine) both send their plans through this.
 void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan);
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings) {
   for (std::string& stop : stop_strings) {
@@ -61,4 +61,4 @@ std::string StopStringMatcher::Flush() {
   return stopped_ ? std::string() : rest;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -4,7 +4,7 @@
 #include <string_view>
 #include <vector>
 
-namespace loom::coordinator {
+namespace loom::engine {
 
 /// Finds stop strings in streamed text. Text that could still be the start of a stop
 /// string is held back until it is known not to be one, so a client never sees part of
@@ -32,4 +32,4 @@ class StopStringMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -33,7 +33,7 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, 
 
 }  // namespace
 
-struct StepExecutor::Sequence {
+struct StepExecutor::SequenceState {
   std::vector<int32_t> tokens;       // prompt, then outputs, in order
   std::vector<int32_t> block_table;  // every block the coordinator sent, in order
   int64_t num_computed = 0;          // tokens whose K/V are in the pool
@@ -50,7 +50,7 @@ struct StepExecutor::Sequence {
 // Everything a plan will change, built before anything changes.
 struct StepExecutor::Prepared {
   struct Entry {
-    Sequence* sequence = nullptr;
+    SequenceState* sequence = nullptr;
     int index = 0;  // in plan.scheduled()
     // Tokens [begin, end) are computed through sequence->block_table (with the step's
     // new blocks).
@@ -59,11 +59,11 @@ struct StepExecutor::Prepared {
     int32_t max_drafts = 0;  // within the context and the slots given
     bool sample = false;
   };
-  std::vector<std::pair<uint64_t, std::unique_ptr<Sequence>>> added;
+  std::vector<std::pair<uint64_t, std::unique_ptr<SequenceState>>> added;
   std::vector<Entry> entries;            // plan.scheduled(), resolved
   std::vector<DraftProposal> proposals;  // per entry: its drafts (and q from a draft model)
   double propose_seconds = 0;            // the draft model's passes
-  std::vector<Sequence*> sampled;  // sequences of `rows`, in batch order
+  std::vector<SequenceState*> sampled;   // sequences of `rows`, in batch order
   std::vector<bool> speculative;   // per entry of `rows`: a speculative step
   std::vector<int64_t> known;      // per entry of `rows`: tokens known before the step
   std::vector<DraftProposal> drafts;  // per entry of `rows`; rows[i].draft_* view it
@@ -161,9 +161,9 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
 
   absl::flat_hash_set<uint64_t> released(plan.finished().begin(), plan.finished().end());
   released.insert(plan.preempted().begin(), plan.preempted().end());
-  absl::flat_hash_map<uint64_t, Sequence*> added_index;
+  absl::flat_hash_map<uint64_t, SequenceState*> added_index;
   // The sequence `seq_id` names once releases and additions are applied, or nullptr.
-  auto live = [&](uint64_t seq_id) -> Sequence* {
+  auto live = [&](uint64_t seq_id) -> SequenceState* {
     if (auto it = added_index.find(seq_id); it != added_index.end()) return it->second;
     if (released.contains(seq_id)) return nullptr;
     auto it = sequences_.find(seq_id);
@@ -208,7 +208,7 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
     if (absl::Status status = ValidateSamplingParams(params, vocab); !status.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat("sequence %d: %s", id, status.message()));
     }
-    auto sequence = std::make_unique<Sequence>();
+    auto sequence = std::make_unique<SequenceState>();
     sequence->tokens.reserve(num_tokens + 1);
     sequence->tokens.assign(added.prompt_token_ids().begin(), added.prompt_token_ids().end());
     sequence->tokens.insert(sequence->tokens.end(), added.output_token_ids().begin(),
@@ -235,7 +235,7 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
   for (int i = 0; i < plan.scheduled_size(); ++i) {
     const loom::v1::ScheduledSequence& entry = plan.scheduled(i);
     const uint64_t id = entry.seq_id();
-    Sequence* sequence = live(id);
+    SequenceState* sequence = live(id);
     if (sequence == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("scheduled sequence %d is unknown to the worker", id));
@@ -310,7 +310,7 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
   LOOM_RETURN_IF_ERROR(Propose(prepared));
   for (size_t e = 0; e < prepared.entries.size(); ++e) {
     Prepared::Entry& entry = prepared.entries[e];
-    Sequence* sequence = entry.sequence;
+    SequenceState* sequence = entry.sequence;
     DraftProposal& proposal = prepared.proposals[e];
     const std::vector<int32_t>& drafts = proposal.tokens;
     const uint64_t id = plan.scheduled(entry.index).seq_id();
@@ -517,7 +517,7 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   result.mutable_outputs()->Reserve(static_cast<int>(tokens.size()));
   size_t next_token = 0;
   for (size_t r = 0; r < prepared.rows.size(); ++r) {
-    Sequence& sequence = *prepared.sampled[r];
+    SequenceState& sequence = *prepared.sampled[r];
     const int32_t emitted = num_emitted[r];
     // Accepted drafts' K/V were written by this step: they count as computed. The last
     // emitted token is the next one to compute, as after a plain decode.

@@ -86,7 +86,7 @@ class StepExecutor {
   const StepBackend& backend() const { return backend_; }
 
  private:
-  struct Sequence;
+  struct SequenceState;
   struct Prepared;
 
   // Gives `sampler` the matcher of `constraint`'s grammar.
@@ -111,7 +111,7 @@ class StepExecutor {
   StepExecutorOptions options_;
   // seq_id -> state. Invariant: num_computed <= tokens.size() and the block table
   // covers num_computed tokens.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<SequenceState>> sequences_;
   bool has_last_step_id_ = false;
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.

@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using ::testing::HasSubstr;
@@ -80,4 +80,4 @@ TEST(ApiKeysTest, BadSourcesAreRefusedWithoutEchoingAKey) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -13,7 +13,7 @@
 #include "tests/test_paths.h"
 #include "tests/common/tokenizer_test_util.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using ::testing::HasSubstr;
@@ -184,4 +184,4 @@ TEST(ChatReplyTest, SplitsContentAndCutsToOneCallWithoutParallelCalls) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::api

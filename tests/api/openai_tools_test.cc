@@ -11,7 +11,7 @@
 #include "tests/test_paths.h"
 #include "tests/common/grammar_test_util.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -186,4 +186,4 @@ TEST(OpenAiToolsTest, BadToolFieldsNameTheirParam) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -9,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // Records when and on which thread the pump ran it.
@@ -96,4 +96,4 @@ TEST(StreamPumpTest, DestructionDropsPendingTimersAndReleasesTheStreams) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::api {
 namespace {
 
 // Replies as the models of each family write them (recorded from Qwen2.5-7B-Instruct,
@@ -104,4 +104,4 @@ TEST(ToolCallParserTest, FormatFromTheTemplate) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::api

@@ -194,7 +194,7 @@ void ExpectHelpListsEveryFlagWithItsDefault(CommandLine& command_line) {
 
 TEST(CommandLineTest, HelpListsEveryFlagWithItsDefault) {
   {
-    coordinator::ServeOptions options;
+    api::ServeOptions options;
     CommandLine command_line("loom serve", "serve");
     AddServeFlags(command_line.app(), options);
     ASSERT_TRUE(command_line.TryParse({"m.gguf"}).ok());
@@ -219,7 +219,7 @@ TEST(CommandLineTest, HelpListsEveryFlagWithItsDefault) {
 }
 
 TEST(CommandLineTest, ServeTakesTheModelPositionallyAndTheVllmNames) {
-  coordinator::ServeOptions options;
+  api::ServeOptions options;
   CommandLine command_line("loom serve", "serve");
   AddServeFlags(command_line.app(), options);
   ASSERT_TRUE(command_line

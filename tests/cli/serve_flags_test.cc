@@ -9,15 +9,14 @@
 namespace loom::cli {
 namespace {
 
-absl::StatusOr<bool> ParseServe(std::vector<std::string> args,
-                                coordinator::ServeOptions& options) {
+absl::StatusOr<bool> ParseServe(std::vector<std::string> args, api::ServeOptions& options) {
   CommandLine command_line("loom serve", "serve");
   AddServeFlags(command_line.app(), options);
   return command_line.TryParse(std::move(args));
 }
 
 TEST(ServeFlagsTest, StreamIntervalDefaultsToTenMillisecondsAndAcceptsZero) {
-  coordinator::ServeOptions options;
+  api::ServeOptions options;
   EXPECT_EQ(options.stream_interval, absl::Milliseconds(10));
   ASSERT_TRUE(ParseServe({"m.gguf", "--stream-interval-ms", "0"}, options).ok());
   EXPECT_EQ(options.stream_interval, absl::ZeroDuration());
@@ -27,7 +26,7 @@ TEST(ServeFlagsTest, StreamIntervalDefaultsToTenMillisecondsAndAcceptsZero) {
 
 TEST(ServeFlagsTest, StreamIntervalRejectsNegativeHugeAndNonNumbersByName) {
   for (const char* bad : {"-1", "10001", "ten", "", "1.5"}) {
-    coordinator::ServeOptions options;
+    api::ServeOptions options;
     absl::StatusOr<bool> parsed = ParseServe({"m.gguf", "--stream-interval-ms", bad}, options);
     ASSERT_FALSE(parsed.ok()) << bad;
     const std::string error(parsed.status().message());
@@ -38,14 +37,14 @@ TEST(ServeFlagsTest, StreamIntervalRejectsNegativeHugeAndNonNumbersByName) {
 }
 
 TEST(ServeFlagsTest, UnknownFlagsAreRefusedByName) {
-  coordinator::ServeOptions options;
+  api::ServeOptions options;
   absl::StatusOr<bool> parsed = ParseServe({"m.gguf", "--stream-interval", "5"}, options);
   ASSERT_FALSE(parsed.ok());
   EXPECT_NE(parsed.status().message().find("--stream-interval"), std::string::npos);
 }
 
 TEST(ServeFlagsTest, OldNamesStillWork) {
-  coordinator::ServeOptions options;
+  api::ServeOptions options;
   ASSERT_TRUE(ParseServe({"--model", "m.gguf", "--http-port", "-1", "--prefix-caching", "off",
                           "--speculative-tokens", "3", "--speculative-adaptive", "off",
                           "--routing", "least-loaded"},

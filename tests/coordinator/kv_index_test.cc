@@ -13,21 +13,22 @@ namespace {
 
 using ::testing::ElementsAre;
 
-std::vector<BlockHash> Chain(int count, int32_t first = 0) {
+std::vector<engine::BlockHash> Chain(int count, int32_t first = 0) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < count * 4; ++i) tokens.push_back(first + i);
-  return HashFullBlocks(PrefixHashSeed("m", ""), tokens, 4);
+  return engine::HashFullBlocks(engine::PrefixHashSeed("m", ""), tokens, 4);
 }
 
-std::vector<KvCacheEvent> Stored(const std::vector<BlockHash>& hashes) {
-  std::vector<KvCacheEvent> events;
-  for (const BlockHash& hash : hashes) events.push_back({KvCacheEvent::Kind::kStored, hash});
+std::vector<engine::KvCacheEvent> Stored(const std::vector<engine::BlockHash>& hashes) {
+  std::vector<engine::KvCacheEvent> events;
+  for (const engine::BlockHash& hash : hashes)
+    events.push_back({engine::KvCacheEvent::Kind::kStored, hash});
   return events;
 }
 
 TEST(KvIndexTest, MatchesEachReplicasLongestCachedPrefix) {
   KvIndex index;
-  const std::vector<BlockHash> chain = Chain(4);
+  const std::vector<engine::BlockHash> chain = Chain(4);
   index.Apply("a", Stored({chain[0], chain[1], chain[2], chain[3]}));
   index.Apply("b", Stored({chain[0], chain[2]}));  // chain[1] missing: the prefix ends at 1
   EXPECT_THAT(index.MatchPrefix(chain, std::vector<std::string>{"a", "b", "c"}),
@@ -40,14 +41,16 @@ TEST(KvIndexTest, MatchesEachReplicasLongestCachedPrefix) {
 
 TEST(KvIndexTest, RemovedBlocksAndLostReplicasStopMatching) {
   KvIndex index;
-  const std::vector<BlockHash> chain = Chain(3);
+  const std::vector<engine::BlockHash> chain = Chain(3);
   index.Apply("a", Stored(chain));
   index.Apply("b", Stored(chain));
-  index.Apply("a", std::vector<KvCacheEvent>{{KvCacheEvent::Kind::kRemoved, chain[1]}});
+  index.Apply("a",
+              std::vector<engine::KvCacheEvent>{{engine::KvCacheEvent::Kind::kRemoved, chain[1]}});
   EXPECT_THAT(index.MatchPrefix(chain, std::vector<std::string>{"a", "b"}), ElementsAre(1, 3));
   // Removing what a replica does not hold, or storing twice, changes nothing.
-  index.Apply("a", std::vector<KvCacheEvent>{{KvCacheEvent::Kind::kRemoved, chain[1]},
-                                             {KvCacheEvent::Kind::kStored, chain[0]}});
+  index.Apply("a",
+              std::vector<engine::KvCacheEvent>{{engine::KvCacheEvent::Kind::kRemoved, chain[1]},
+                                                {engine::KvCacheEvent::Kind::kStored, chain[0]}});
   EXPECT_EQ(index.NumBlocks("a"), 2);
   index.RemoveReplica("b");
   EXPECT_THAT(index.MatchPrefix(chain, std::vector<std::string>{"a", "b"}), ElementsAre(1, 0));
@@ -56,15 +59,16 @@ TEST(KvIndexTest, RemovedBlocksAndLostReplicasStopMatching) {
 
 TEST(KvIndexTest, ConcurrentPublishersAndReadersAgreeAtTheEnd) {
   KvIndex index;
-  const std::vector<BlockHash> chain = Chain(64);
+  const std::vector<engine::BlockHash> chain = Chain(64);
   std::vector<std::thread> threads;
   for (int r = 0; r < 4; ++r) {
     threads.emplace_back([&, r] {
       const std::string id = "replica-" + std::to_string(r);
       for (int round = 0; round < 200; ++round) {
         index.Apply(id, Stored(chain));
-        std::vector<KvCacheEvent> removed;
-        for (const BlockHash& hash : chain) removed.push_back({KvCacheEvent::Kind::kRemoved, hash});
+        std::vector<engine::KvCacheEvent> removed;
+        for (const engine::BlockHash& hash : chain)
+          removed.push_back({engine::KvCacheEvent::Kind::kRemoved, hash});
         index.Apply(id, removed);
       }
       index.Apply(id, Stored(chain));

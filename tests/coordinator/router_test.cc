@@ -26,9 +26,10 @@ std::vector<int32_t> Tokens(int32_t first, int32_t count) {
   return tokens;
 }
 
-std::vector<KvCacheEvent> Stored(const std::vector<BlockHash>& hashes) {
-  std::vector<KvCacheEvent> events;
-  for (const BlockHash& hash : hashes) events.push_back({KvCacheEvent::Kind::kStored, hash});
+std::vector<engine::KvCacheEvent> Stored(const std::vector<engine::BlockHash>& hashes) {
+  std::vector<engine::KvCacheEvent> events;
+  for (const engine::BlockHash& hash : hashes)
+    events.push_back({engine::KvCacheEvent::Kind::kStored, hash});
   return events;
 }
 
@@ -42,8 +43,9 @@ TEST(RouterTest, ParsesPolicyNames) {
 
 TEST(RouterTest, PrefersTheReplicaHoldingThePromptsPrefix) {
   KvIndex index;
-  const BlockHash seed = PrefixHashSeed("m", "");
-  const std::vector<BlockHash> prompt = HashFullBlocks(seed, Tokens(0, 100), 16);  // 6 blocks
+  const engine::BlockHash seed = engine::PrefixHashSeed("m", "");
+  const std::vector<engine::BlockHash> prompt =
+      engine::HashFullBlocks(seed, Tokens(0, 100), 16);  // 6 blocks
   index.Apply("b", Stored(prompt));
   index.Apply("c", Stored({prompt[0], prompt[1]}));
   Router router(RouterOptions{}, index);
@@ -56,8 +58,8 @@ TEST(RouterTest, PrefersTheReplicaHoldingThePromptsPrefix) {
 
 TEST(RouterTest, NeverCountsTheBlockOfTheLastPromptToken) {
   KvIndex index;
-  const std::vector<BlockHash> prompt =
-      HashFullBlocks(PrefixHashSeed("m", ""), Tokens(0, 32), 16);  // exactly 2 blocks
+  const std::vector<engine::BlockHash> prompt = engine::HashFullBlocks(
+      engine::PrefixHashSeed("m", ""), Tokens(0, 32), 16);  // exactly 2 blocks
   index.Apply("a", Stored(prompt));
   Router router(RouterOptions{}, index);
   const RouteDecision decision =
@@ -67,8 +69,8 @@ TEST(RouterTest, NeverCountsTheBlockOfTheLastPromptToken) {
 
 TEST(RouterTest, LoadWinsWhenTheCachedReplicaIsTooBusy) {
   KvIndex index;
-  const std::vector<BlockHash> prompt =
-      HashFullBlocks(PrefixHashSeed("m", ""), Tokens(0, 1024), 16);
+  const std::vector<engine::BlockHash> prompt =
+      engine::HashFullBlocks(engine::PrefixHashSeed("m", ""), Tokens(0, 1024), 16);
   index.Apply("hot", Stored(prompt));
   RouterOptions options;
   options.load_weight = 0.01;  // the prefix score alone would always pick "hot"
@@ -85,7 +87,8 @@ TEST(RouterTest, LoadWinsWhenTheCachedReplicaIsTooBusy) {
 
 TEST(RouterTest, RoundRobinAndLeastLoadedIgnoreTheCache) {
   KvIndex index;
-  const std::vector<BlockHash> prompt = HashFullBlocks(PrefixHashSeed("m", ""), Tokens(0, 64), 16);
+  const std::vector<engine::BlockHash> prompt =
+      engine::HashFullBlocks(engine::PrefixHashSeed("m", ""), Tokens(0, 64), 16);
   index.Apply("a", Stored(prompt));
   const std::vector<RouteCandidate> candidates = {{"a", 50}, {"b", 10}, {"c", 30}};
   RouterOptions least;
@@ -138,7 +141,7 @@ SimResult Simulate(const SimOptions& sim) {
   };
   struct SimReplica {
     std::string id;
-    std::unique_ptr<BlockManager> blocks;
+    std::unique_ptr<engine::BlockManager> blocks;
     std::deque<Job> jobs;
     int64_t load_tokens = 0;
     int64_t requests = 0;
@@ -147,11 +150,11 @@ SimResult Simulate(const SimOptions& sim) {
   KvIndex index;
   for (int r = 0; r < kReplicas; ++r) {
     replicas[r].id = "r" + std::to_string(r);
-    replicas[r].blocks = std::make_unique<BlockManager>(sim.blocks_per_replica, kBlockSize);
+    replicas[r].blocks = std::make_unique<engine::BlockManager>(sim.blocks_per_replica, kBlockSize);
     replicas[r].blocks->set_record_events(true);
   }
   Router router(sim.router, index);
-  const BlockHash seed = PrefixHashSeed("model", "");
+  const engine::BlockHash seed = engine::PrefixHashSeed("model", "");
 
   // The request stream: prompt p appears weight[p] x users_per_prompt_unit times, shuffled.
   std::mt19937 rng(sim.seed);
@@ -175,9 +178,10 @@ SimResult Simulate(const SimOptions& sim) {
       const std::vector<int32_t> user = Tokens(next_user_token, sim.user_tokens);
       next_user_token += sim.user_tokens;
       prompt.insert(prompt.end(), user.begin(), user.end());
-      const std::vector<BlockHash> hashes = HashFullBlocks(seed, prompt, kBlockSize);
+      const std::vector<engine::BlockHash> hashes =
+          engine::HashFullBlocks(seed, prompt, kBlockSize);
       const int64_t max_blocks = (static_cast<int64_t>(prompt.size()) - 1) / kBlockSize;
-      const std::vector<BlockHash> matchable(hashes.begin(), hashes.begin() + max_blocks);
+      const std::vector<engine::BlockHash> matchable(hashes.begin(), hashes.begin() + max_blocks);
 
       std::vector<RouteCandidate> candidates;
       int64_t oracle = 0;
@@ -189,8 +193,8 @@ SimResult Simulate(const SimOptions& sim) {
       const RouteDecision decision =
           router.Route(hashes, static_cast<int64_t>(prompt.size()), kBlockSize, candidates);
       SimReplica& chosen = replicas[decision.order[0]];
-      BlockManager& manager = *chosen.blocks;
-      const BlockManager::PrefixMatch match = manager.MatchPrefix(matchable, prompt, "");
+      engine::BlockManager& manager = *chosen.blocks;
+      const engine::BlockManager::PrefixMatch match = manager.MatchPrefix(matchable, prompt, "");
       const int64_t total_blocks =
           (static_cast<int64_t>(prompt.size()) + sim.output_tokens + kBlockSize - 1) / kBlockSize;
       Job job;
@@ -207,7 +211,7 @@ SimResult Simulate(const SimOptions& sim) {
           if (b < hashes.size()) {
             manager.RegisterBlock((*fresh)[i], hashes[b],
                                   absl::MakeConstSpan(prompt).subspan(b * kBlockSize, kBlockSize),
-                                  b == 0 ? BlockManager::kNoParent : job.blocks.back(), "");
+                                  b == 0 ? engine::BlockManager::kNoParent : job.blocks.back(), "");
           }
           job.blocks.push_back((*fresh)[i]);
         }

@@ -8,7 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 std::vector<int32_t> Tokens(int32_t first, int32_t count) {
@@ -126,4 +126,4 @@ TEST(BlockHashTest, NoCollisionsInEitherLaneOverManyRandomBlocks) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

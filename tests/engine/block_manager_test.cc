@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 using ::testing::ElementsAre;
@@ -496,4 +496,4 @@ TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

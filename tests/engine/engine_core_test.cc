@@ -10,7 +10,7 @@
 #include "tests/common/tokenizer_test_util.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 // The engine core as its drivers use it, with the worker's part played by the test: each
@@ -157,4 +157,4 @@ TEST_F(EngineCoreTest, EndCancelsARunningRequest) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

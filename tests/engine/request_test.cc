@@ -9,7 +9,7 @@
 #include "tests/common/tokenizer_test_util.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 OutputEvent Tokens(std::string text, std::vector<int32_t> ids, std::string replica = "") {
@@ -269,4 +269,4 @@ TEST_F(RequestTest, PromptBlockHashesAreComputedOncePerBlockSizeWithTheSalt) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 using ::testing::HasSubstr;
@@ -159,4 +159,4 @@ TEST_F(RequestValidationTest, RejectsStopTokenIdsOutsideTheVocabulary) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

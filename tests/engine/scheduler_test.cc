@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 using ::testing::ElementsAre;
@@ -1101,9 +1101,9 @@ TEST(SchedulerPrefixTest, RandomWorkloadsKeepEveryBlockInvariant) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 // Speculative decoding: fixed k (the adaptive policy has its own tests).
@@ -1231,9 +1231,9 @@ TEST(SchedulerSpeculationTest, FinishedWhileSpeculatingDropsTheResultAndFreesEve
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 TEST(SchedulerSpeculationTest, APlainResultStillAppliesWhileTheNextPlanSpeculates) {
@@ -1259,4 +1259,4 @@ TEST(SchedulerSpeculationTest, APlainResultStillAppliesWhileTheNextPlanSpeculate
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

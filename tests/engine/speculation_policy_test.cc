@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 SpeculationStats Observed(int64_t steps, int64_t drafted, int64_t accepted) {
@@ -136,4 +136,4 @@ TEST(SpeculationPolicyTest, WithPipelinedPlansDraftsMustPayForTheSkippedPlan) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::engine {
 namespace {
 
 // Feeds `pieces` one at a time; returns everything emitted and whether it stopped.
@@ -62,4 +62,4 @@ TEST(StopStringMatcherTest, IgnoresEmptyStopStrings) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::engine
