@@ -350,7 +350,7 @@ def test_flag_change_rolls_pods(renderer, tmp_path):
 # ------------------------------------------------------------------ probes and ports
 
 def test_coordinator_ports_and_probes_match_what_it_serves(rendered):
-    routes = http_routes(SOURCE_DIR / "coordinator" / "http_server.cc")
+    routes = http_routes(SOURCE_DIR / "api" / "http_server.cc")
     assert {"/health", "/ready", "/version", "/metrics"} <= routes
     docs = rendered["default"]
     deployment = one(docs, "Deployment")
@@ -643,7 +643,7 @@ def test_service_monitor_and_disruption_budget(rendered):
     # The client Service and each replica's headless Service; not the internal one (that
     # would scrape the coordinator twice).
     assert names == {"loom-coordinator", "loom-worker"}
-    routes = http_routes(SOURCE_DIR / "coordinator" / "http_server.cc")
+    routes = http_routes(SOURCE_DIR / "api" / "http_server.cc")
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["path"] == "/metrics" and endpoint["path"] in routes
         assert any(endpoint["port"] in [p["name"] for p in s["spec"]["ports"]] for s in selected)
