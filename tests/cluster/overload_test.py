@@ -90,6 +90,22 @@ def test_a_full_queue_rejects_at_once_without_waiting_for_a_step(stopped_worker_
             assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome.describe()
             assert "--max-waiting" in outcome.details
 
+        # Admission counts the requests the replica is still admitting as waiting (some of
+        # them are scheduled at once), so fewer than MAX_NUM_SEQS + MAX_WAITING may have been
+        # accepted above, the more so on a slow machine. Top the queue up until the replica
+        # reports it full: each extra request is accepted or refused, never lost.
+        def num_waiting():
+            return coordinator.replicas()["replica-a"].num_waiting
+
+        while num_waiting() < MAX_WAITING:
+            assert time.monotonic() < deadline, f"the queue never filled: {num_waiting()} waiting"
+            before = num_waiting()
+            extra = h.Stream(coordinator.stub, h.make_request("Hello", max_tokens=8, ignore_eos=True),
+                             timeout=OUTCOME_TIMEOUT_S)
+            first.append(extra)
+            assert h.wait_until(lambda: extra.done() or num_waiting() > before, 30), \
+                "an extra request was neither refused nor counted as waiting"
+
         # More requests while the queue stays full: each is answered, with retry-after.
         for _ in range(3):
             call = coordinator.stub.Generate(h.make_request("Hi", max_tokens=4),
