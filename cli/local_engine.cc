@@ -51,7 +51,6 @@ struct LocalEngine::Run {
   const TokenCallback* on_token = nullptr;
   std::vector<EngineResult>* results = nullptr;
   absl::flat_hash_map<uint64_t, size_t> index_of;  // seq_id -> index in Generate's requests
-  size_t unfinished = 0;
 };
 
 LocalEngine::LocalEngine(worker::StepBackend& backend, const common::Tokenizer& tokenizer,
@@ -63,7 +62,7 @@ LocalEngine::LocalEngine(worker::StepBackend& backend, const common::Tokenizer& 
       engine_(SchedulerConfigFor(backend, options), "local",
               {.on_token = [this](engine::Request& request, const loom::v1::SequenceOutput& output,
                                   bool finished) { OnToken(request, output, finished); },
-               .on_end = [this](engine::Request& request) { OnEnd(request); }}),
+               .on_end = nullptr}),  // an ended request leaves engine_.requests()
       executor_(backend, executor_options) {}
 
 absl::StatusOr<engine::RequestParams> LocalEngine::Validate(const EngineRequest& request,
@@ -159,10 +158,6 @@ void LocalEngine::OnToken(engine::Request& request, const loom::v1::SequenceOutp
   if (*run_->on_token) (*run_->on_token)(index, TokenEvent{output, text, finished});
 }
 
-void LocalEngine::OnEnd(engine::Request& request) {
-  if (run_->index_of.contains(request.seq_id())) --run_->unfinished;
-}
-
 absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests,
                                       std::vector<engine::RequestParams>& params,
                                       const std::vector<size_t>& indices,
@@ -186,7 +181,6 @@ absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests
     error = engine_.Admit(std::move(request), score_from);
     if (!error.ok()) break;
     run.index_of[seq_id] = index;
-    ++run.unfinished;
   }
 
   loom::v1::StepResult result;
@@ -224,7 +218,8 @@ absl::Status LocalEngine::RunTogether(const std::vector<EngineRequest>& requests
       }
     }
   }
-  if (error.ok() && run.unfinished == 0) {
+  // The core holds only this run's requests and forgets each one as it ends.
+  if (error.ok() && engine_.requests().empty()) {
     run_ = nullptr;
     return absl::OkStatus();
   }

@@ -118,10 +118,8 @@ class LocalEngine {
                            std::vector<engine::RequestParams>& params,
                            const std::vector<size_t>& indices, const TokenCallback& on_token,
                            std::vector<EngineResult>& results);
-  // The engine core's hooks: a token applied to a request of the current run, a request
-  // ended.
+  // The engine core's token hook: a token applied to a request of the current run.
   void OnToken(engine::Request& request, const loom::v1::SequenceOutput& output, bool finished);
-  void OnEnd(engine::Request& request);
   // Executes one plan; false (with `error`) when the executor rejected it.
   bool Execute(const engine::SchedulerOutput& out, loom::v1::StepResult& result,
                absl::Status& error);
