@@ -1,0 +1,91 @@
+"""The GPU window's serving smoke test (tests/gpu/serve_smoke.py) and its models
+(tests/tools/test_model_tool) on this machine's CPU, so that both are tested on every CI
+run and the window never runs them for the first time:
+
+* the metadata file bundle.sh packs holds the default model's tokenizer, chat template and
+  shapes and no tensor, and is small enough to travel;
+* the tiny random model made from it serves: serve_smoke.py passes every step against
+  `loom up --device cpu`;
+* the random default-shape model has the default model's tensors (names, shapes, storage
+  types) and runs;
+* serve_smoke.py fails, naming the step, when the server cannot do what it checks: here a
+  40-token context refuses the drain step's long stream.
+"""
+import json
+import subprocess
+import sys
+
+import gguf
+import pytest
+
+from conftest import BUILD_DIR, SOURCE_DIR, tool_path
+
+SMOKE = SOURCE_DIR / "tests" / "gpu" / "serve_smoke.py"
+LOOM = BUILD_DIR / "coordinator" / "loom"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, model_path):
+    tool = tool_path("test_model_tool")
+    out = tmp_path_factory.mktemp("models")
+    subprocess.run([tool, "metadata", model_path, out / "meta.gguf"], check=True)
+    subprocess.run([tool, "random", "--shape", "tiny", "--metadata", out / "meta.gguf",
+                    out / "tiny.gguf"], check=True)
+    subprocess.run([tool, "random", "--shape", "default", "--metadata", out / "meta.gguf",
+                    "--seed", "7", out / "default.gguf"], check=True)
+    return out
+
+
+def test_metadata_file_has_the_tokenizer_and_no_tensor(models, model_path):
+    meta = gguf.GGUFReader(models / "meta.gguf")
+    original = gguf.GGUFReader(model_path)
+    assert len(meta.tensors) == 0
+    assert set(meta.fields) - {"GGUF.tensor_count", "GGUF.kv_count"} == \
+        set(original.fields) - {"GGUF.tensor_count", "GGUF.kv_count"}
+    assert len(meta.fields["tokenizer.ggml.tokens"].data) == 49152
+    assert (models / "meta.gguf").stat().st_size < 4 << 20  # ~0.4 MB once xz-compressed
+
+
+def test_default_shape_model_has_the_default_models_tensors(models, model_path):
+    made = {t.name: (tuple(t.shape), t.tensor_type.name) for t in gguf.GGUFReader(models / "default.gguf").tensors}
+    real = {t.name: (tuple(t.shape), t.tensor_type.name) for t in gguf.GGUFReader(model_path).tensors}
+    assert made == real
+
+
+def test_default_shape_model_generates(models):
+    result = subprocess.run([LOOM, "generate", models / "default.gguf", "--prompt", "Hello",
+                             "--max-tokens", "4", "--ignore-eos"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "decode: 3 tokens" in result.stderr
+
+
+def run_smoke(models, tmp_path, *extra):
+    out = tmp_path / "smoke.json"
+    result = subprocess.run(
+        [sys.executable, SMOKE, "--loom", LOOM, "--model", models / "tiny.gguf", "--device", "cpu",
+         "--concurrency", "8", "--out", out, "--log", tmp_path / "smoke.log", "--", "--threads",
+         "1", *extra],
+        capture_output=True, text=True, timeout=600)
+    return result, json.loads(out.read_text())
+
+
+def test_serve_smoke_passes_on_the_cpu(models, tmp_path):
+    result, summary = run_smoke(models, tmp_path)
+    assert result.returncode == 0, result.stdout + (tmp_path / "smoke.log").read_text()[-3000:]
+    steps = summary["steps"]
+    assert list(steps) == ["start", "completions", "chat", "concurrent", "graphs", "drain"]
+    assert all(step["status"] == "passed" for step in steps.values()), steps
+    assert steps["concurrent"]["streams"] == 8
+    assert steps["graphs"]["loom_worker_steps_total"] > 0
+
+
+def test_serve_smoke_fails_on_a_wrong_answer(models, tmp_path):
+    # A context of 40 tokens: the 1,500-token stream of the drain step is refused and the
+    # 24-token completion ends early, so those steps must fail, naming the reason.
+    result, summary = run_smoke(models, tmp_path, "--max-model-len", "40")
+    assert result.returncode == 1
+    steps = summary["steps"]
+    assert steps["start"]["status"] == "passed"
+    assert steps["drain"]["status"] == "failed", steps["drain"]
+    assert summary["passed"] is False
