@@ -4,8 +4,11 @@
 #
 #   tests/gpu/bundle.sh [ARCHIVE]     default build-gpu-bundle/loom-gpu-bundle.tar.xz
 #
-# Inside: the CUDA test binaries (loom_kernels_tests, loom_model_tests, loom_worker_tests) and the GPU
-# benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_runner_bench), built Release
+# Inside: the CUDA test binaries (loom_kernels_tests, loom_model_tests, loom_worker_tests), the GPU
+# benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_runner_bench), the server itself
+# (loom, loom-worker) and test_model_tool, which makes the test models on the GPU machine
+# from models/default-metadata.gguf (the default model's tokenizer, chat template and
+# shapes without its 98 MB of tensors, made here from LOOM_MODEL_PATH), built Release
 # for sm_90 only (H100/H200; CI's main build still compiles sm_80 and sm_90a), stripped,
 # with the shared libraries they load from Debian (Abseil, gRPC, protobuf, gloo, ...) in lib/,
 # the builder's libstdc++/libgcc_s in fallback/ (used only where the GPU machine's are too
@@ -25,6 +28,18 @@ MAX_MIB="${LOOM_BUNDLE_MAX_MIB:-56}"
 ARCHS="${LOOM_CUDA_ARCHITECTURES:-90-real}"
 TESTS=(loom_kernels_tests loom_model_tests loom_worker_tests)
 BENCHES=(quantized_gemm_bench cuda_attention_bench cuda_runner_bench)
+SERVERS=(loom loom-worker)
+TOOLS=(test_model_tool)
+# Where each binary lands in the build tree.
+declare -A BUILT=([loom]=coordinator/loom [loom-worker]=worker/loom-worker
+                  [test_model_tool]=tests/tools/test_model_tool)
+for bin in "${TESTS[@]}"; do BUILT[$bin]=tests/$bin; done
+for bin in "${BENCHES[@]}"; do BUILT[$bin]=bench/$bin; done
+MODEL="${LOOM_MODEL_PATH:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+if [[ ! -f "$MODEL" ]]; then
+  echo "bundle.sh: no default model at $MODEL (scripts/fetch-model.sh): its metadata goes in" >&2
+  exit 1
+fi
 
 if ! command -v nvcc > /dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "bundle.sh: no CUDA toolkit (nvcc) on this machine: nothing to bundle" >&2
@@ -42,21 +57,23 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DCMAKE_BUIL
   -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_TESTS=ON \
   "${launcher[@]}" > /dev/null
-cmake --build "$BUILD_DIR" --target "${TESTS[@]}" "${BENCHES[@]}" -j "$(nproc)"
+cmake --build "$BUILD_DIR" --target "${TESTS[@]}" "${BENCHES[@]}" "${SERVERS[@]}" "${TOOLS[@]}" \
+  -j "$(nproc)"
 
 STAGE="$(mktemp -d)"
 trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE/bin" "$STAGE/lib"
+mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/models"
 # The runtime of the machine that runs the bundle serves: glibc, libstdc++, libgcc_s; the
 # driver (libcuda); cuBLAS and NCCL (loaded with dlopen, listed here for the benchmarks,
 # which link cuBLAS).
 system_libs='/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libnccl|libstdc\+\+|libgcc_s)\.so'
-for bin in "${TESTS[@]/#/tests/}" "${BENCHES[@]/#/bench/}"; do
-  cp "$BUILD_DIR/$bin" "$STAGE/bin/"
-  strip --strip-unneeded "$STAGE/bin/$(basename "$bin")"
-  ldd "$BUILD_DIR/$bin" | awk '/=> \// {print $3}' | grep -Ev "$system_libs" |
+for bin in "${TESTS[@]}" "${BENCHES[@]}" "${SERVERS[@]}" "${TOOLS[@]}"; do
+  cp "$BUILD_DIR/${BUILT[$bin]}" "$STAGE/bin/"
+  strip --strip-unneeded "$STAGE/bin/$bin"
+  ldd "$BUILD_DIR/${BUILT[$bin]}" | awk '/=> \// {print $3}' | grep -Ev "$system_libs" |
     while read -r lib; do cp -Ln "$lib" "$STAGE/lib/"; done
 done
+"$BUILD_DIR/tests/tools/test_model_tool" metadata "$MODEL" "$STAGE/models/default-metadata.gguf"
 strip --strip-unneeded "$STAGE"/lib/*.so* 2> /dev/null || true
 # The builder's libstdc++ and libgcc_s, used by quick.sh only when the GPU machine's own
 # are older than the binaries need (ldd: "version `GLIBCXX_...' not found").
@@ -76,10 +93,13 @@ cublas_major="$(grep -m1 -o 'CUBLAS_VER_MAJOR [0-9]*' "$(dirname "$(command -v n
   echo "cublas_soname=libcublas.so.${cublas_major:-13}"
   echo "tests=${TESTS[*]}"
   echo "benches=${BENCHES[*]}"
+  echo "servers=${SERVERS[*]}"
+  echo "tools=${TOOLS[*]}"
+  echo "models=default-metadata.gguf"
 } > "$STAGE/MANIFEST"
 
 mkdir -p "$(dirname "$ARCHIVE")"
-tar -C "$STAGE" -cf - MANIFEST bin lib fallback | xz -T0 -6 > "$ARCHIVE.tmp"
+tar -C "$STAGE" -cf - MANIFEST bin lib fallback models | xz -T0 -6 > "$ARCHIVE.tmp"
 mv "$ARCHIVE.tmp" "$ARCHIVE"
 bytes="$(stat -c %s "$ARCHIVE")"
 mib="$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')"

@@ -4,17 +4,25 @@
 # within one global deadline:
 #   1. preflight   nvidia-smi, kernel/sandbox, where cuBLAS and NCCL are, ldd of every
 #                  binary (stops at once on a missing library), compute-sanitizer --version
+#   1b. models     test_model_tool makes, from the bundle's default-metadata.gguf, a tiny
+#                  random model with the real tokenizer (for serving) and a random twin of
+#                  the default model (30 layers, Q4_1), which the runner step compares
 #   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
 #   2b. model      each model::CudaDevice operation against CpuDevice's on random inputs
 #   3. runner      the CUDA model runner against the CPU runner: random llama/qwen2 models
 #                  (F16/Q8_0/F32 and Q4_0/Q4_1 -> W4A16 GEMM, QKV bias, BF16, graph buckets
-#                  1/2/4/8/256), and the default model when LOOM_MODEL_PATH names it
+#                  1/2/4/8/256), and the default model's shapes (LOOM_MODEL_PATH when set,
+#                  else the random twin of step 1b)
 #   4. nccl        the NCCL communicator at world size 1 (host and stream-ordered device
 #                  collectives, one captured in a CUDA graph; a missing peer times out;
 #                  two ranks on one GPU where NCCL allows it) and the llama graph on
 #                  CudaDevice over NCCL vs without ("NCCL not found" is not a failure)
-#   5. memcheck    compute-sanitizer on a named subset of kernel tests ("Device not
-#   6. racecheck     supported", as under gVisor, is reported as unavailable)
+#   4b. serve      tests/gpu/serve_smoke.py: `loom up --device cuda` on the tiny model,
+#                  every HTTP answer checked, 32 concurrent streams, CUDA graph replays in
+#                  the worker's metrics, a SIGTERM drain that finishes a running stream
+#   5. memcheck    compute-sanitizer on a named subset of kernel tests and one CUDA runner
+#   6. racecheck     scenario (memcheck only); "Device not supported", as under gVisor, is
+#                    reported as unavailable
 #   7. bench       the GPU benchmarks' --quick forms, while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
 # after every step, so a run cut off at any point still leaves its report.
@@ -43,10 +51,12 @@ while [[ $# -gt 0 ]]; do
 done
 [[ "$DEADLINE" =~ ^[0-9]+$ ]] || { echo "quick.sh: --deadline takes whole seconds" >&2; exit 2; }
 
-# Steps, their own limits (seconds) and what they run. The global deadline caps each.
-STEPS=(preflight kernels model runner nccl memcheck racecheck bench)
-declare -A LIMIT=([preflight]=10 [kernels]=120 [model]=30 [runner]=120 [nccl]=60 [memcheck]=90
-                  [racecheck]=90 [bench]=90)
+# Steps, their own limits (seconds, adding up to the 420 s deadline) and what they run. The
+# global deadline caps each. The H100 run of 2026-11-26 took 56 s for the kernels, 13 s and
+# 29 s for memcheck and racecheck.
+STEPS=(preflight models kernels model runner nccl serve memcheck racecheck bench)
+declare -A LIMIT=([preflight]=10 [models]=20 [kernels]=90 [model]=20 [runner]=60 [nccl]=30
+                  [serve]=75 [memcheck]=45 [racecheck]=35 [bench]=35)
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
 MODEL_FILTER='CudaDevice*'
 RUNNER_FILTER='CudaForwardPass*:*CudaDefaultModel*'
@@ -54,6 +64,9 @@ NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
 # speculative verify, KV write.
 SANITIZER_FILTER='CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*'
+# ... and one whole CUDA runner scenario (prefill, chunked prefill, graph capture and
+# replay, device sampling), memcheck only.
+RUNNER_SANITIZER_FILTER='CudaForwardPassTest.GraphsOnAndOffGiveIdenticalLogits'
 BENCHES=(cuda_attention_bench quantized_gemm_bench cuda_runner_bench)
 
 if [[ ! -f "$BUNDLE" ]]; then
@@ -69,7 +82,7 @@ if ! tar -C "$WORK/b" -xJf "$BUNDLE"; then
 fi
 B="$WORK/b"
 manifest() { sed -n "s/^$1=//p" "$B/MANIFEST" 2> /dev/null; }
-for bin in $(manifest tests) $(manifest benches); do
+for bin in $(manifest tests) $(manifest benches) $(manifest servers) $(manifest tools); do
   [[ -x "$B/bin/$bin" ]] || { echo "quick.sh: the bundle lacks bin/$bin" >&2; exit 2; }
 done
 
@@ -104,7 +117,9 @@ LIB_PATH="$B/lib"
 RUN_ENV=(env "LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
          LOOM_GPU_TEST_SIZE=small)
 [[ -n "$NCCL_PATH" ]] && RUN_ENV+=("LOOM_NCCL_LIBRARY=$NCCL_PATH")
-[[ -n "${LOOM_MODEL_PATH:-}" ]] || RUN_ENV+=(LOOM_MODEL_PATH=/nonexistent/default-model.gguf)
+# The default model: the caller's, else the random twin the models step writes here.
+MODELS="$WORK/models"
+[[ -n "${LOOM_MODEL_PATH:-}" ]] || RUN_ENV+=("LOOM_MODEL_PATH=$MODELS/default-shape.gguf")
 SANITIZER="$(command -v compute-sanitizer || echo "$CUDA_ROOT/bin/compute-sanitizer")"
 [[ -x "$SANITIZER" ]] || SANITIZER=""
 
@@ -147,7 +162,8 @@ if ((DRY_RUN)); then
   echo "steps (global deadline ${DEADLINE} s):"
   for step in "${STEPS[@]}"; do printf '  %-10s %4d s\n' "$step" "${LIMIT[$step]}"; done
   echo "filters: kernels '$KERNEL_FILTER'; model '$MODEL_FILTER'; runner '$RUNNER_FILTER'; nccl '$NCCL_FILTER'"
-  echo "sanitizer subset: '$SANITIZER_FILTER'"
+  echo "sanitizer subset: '$SANITIZER_FILTER'; runner (memcheck): '$RUNNER_SANITIZER_FILTER'"
+  echo "servers: $(manifest servers); models from $(manifest models) by $(manifest tools)"
   echo "benchmarks (--quick): ${BENCHES[*]}"
   exit 0
 fi
@@ -223,6 +239,20 @@ elif ((ldd_ok != 0)) || [[ -z "$CUBLAS_PATH" ]]; then
 fi
 record preflight passed "$t0" "$limit" "$gpu; $sandbox"
 
+# 1b. the test models, made here from the bundle's metadata of the default model
+t0=$(date +%s)
+limit=$(budget models)
+mkdir -p "$MODELS"
+make_model() {  # make_model SHAPE FILE
+  timeout -k 5 "$limit" "${RUN_ENV[@]}" "$B/bin/test_model_tool" random --shape "$1" \
+    --metadata "$B/models/$(manifest models)" "$MODELS/$2" >> "$LOG" 2>&1
+}
+if make_model tiny tiny.gguf && make_model default default-shape.gguf; then
+  record models passed "$t0" "$limit" "$(cd "$MODELS" && du -h tiny.gguf default-shape.gguf | xargs)"
+else
+  record models failed "$t0" "$limit" "test_model_tool failed (log.txt)"
+fi
+
 # 2-4. the tests
 for step in kernels model runner nccl; do
   t0=$(date +%s)
@@ -247,6 +277,30 @@ for step in kernels model runner nccl; do
   record "$step" "$status" "$t0" "$limit" "$detail"
 done
 
+# 4b. serving: loom up --device cuda on the tiny model, every answer checked
+t0=$(date +%s)
+limit=$(budget serve)
+if ((limit < 20)); then
+  record serve "not run (deadline)" "$t0" 0 ""
+elif [[ ! -f "$MODELS/tiny.gguf" ]]; then
+  record serve "not run" "$t0" 0 "no tiny model (the models step failed)"
+else
+  timeout -k 5 "$limit" "${RUN_ENV[@]}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
+    --loom "$B/bin/loom" --model "$MODELS/tiny.gguf" --device cuda --expect-graph-replays \
+    --concurrency 32 --start-timeout $((limit / 2)) --timeout 20 \
+    --out "$WORK/bench/serve_smoke.json" --log "$WORK/serve.log" >> "$LOG" 2>&1
+  code=$?
+  tail -n 40 "$WORK/serve.log" >> "$LOG" 2> /dev/null
+  detail="$(python3 - "$WORK/bench/serve_smoke.json" << 'PY' 2> /dev/null
+import json, sys
+steps = json.load(open(sys.argv[1]))["steps"]
+print("; ".join(f"{name} {step['status']}" + (f": {step['reason'][:160]}" if "reason" in step else "")
+                for name, step in steps.items()))
+PY
+)"
+  record serve "$(status_of "$code")" "$t0" "$limit" "${detail:-no summary (log.txt)}"
+fi
+
 # 5-6. compute-sanitizer
 for tool in memcheck racecheck; do
   t0=$(date +%s)
@@ -262,6 +316,13 @@ for tool in memcheck racecheck; do
     --print-limit 20 "$B/bin/loom_kernels_tests" --gtest_filter="$SANITIZER_FILTER" \
     > "$WORK/$tool.txt" 2>&1
   code=$?
+  left=$((limit - ($(date +%s) - t0)))
+  if [[ "$tool" == memcheck ]] && ((code == 0 && left >= 10)); then
+    timeout -k 5 "$left" "${RUN_ENV[@]}" "$SANITIZER" --tool memcheck --error-exitcode 99 \
+      --print-limit 20 "$B/bin/loom_worker_tests" --gtest_filter="$RUNNER_SANITIZER_FILTER" \
+      >> "$WORK/$tool.txt" 2>&1
+    code=$?
+  fi
   tail -n 60 "$WORK/$tool.txt" >> "$LOG"
   status="$(status_of "$code")"
   detail=""
