@@ -11,6 +11,15 @@
 
 namespace loom::worker {
 
+kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf) {
+  for (const common::GgufTensorInfo& tensor : gguf.tensors()) {
+    if (tensor.type == common::GgmlType::kBF16 && tensor.shape.size() >= 2) {
+      return kernels::cuda::DataType::kBF16;
+    }
+  }
+  return kernels::cuda::DataType::kF16;
+}
+
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackendOptions& options,
                                                                const common::GgufFile& gguf,
                                                                const common::ModelConfig& config,
@@ -38,6 +47,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     cuda_options.tp_rank = options.tp_rank;
     cuda_options.tp_size = options.tp_size;
     cuda_options.communicator = options.communicator;
+    cuda_options.dtype = CudaComputeDtype(gguf);
+    cuda_options.kv_dtype = cuda_options.dtype;
     absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
         CudaForwardPass::Create(gguf, cuda_options);
     if (!runner.ok()) return runner.status();

@@ -10,6 +10,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
@@ -46,6 +47,11 @@ struct StepBackendOptions {
   // Where the CPU runner counts its layers (not owned; null: nowhere).
   StepProgress* progress = nullptr;
 };
+
+/// The type the CUDA runner computes in for `gguf`: BF16 when the checkpoint stores any of
+/// its matrices in BF16 (its activations may exceed F16's 65504), else F16 (F16, F32 and
+/// quantized checkpoints), as vLLM's `--dtype auto`.
+kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
 
 /// Builds the backend `options` names over `gguf` (whose config is `config`): weights
 /// loaded and KV pool allocated, or the noop backend (config only). `load_log`, when not

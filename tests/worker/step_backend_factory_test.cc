@@ -1,0 +1,44 @@
+#include "worker/step_backend_factory.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "common/formats/gguf_file.h"
+#include "tests/common/gguf_test_util.h"
+
+namespace loom::worker {
+namespace {
+
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_1 = 3, kBF16 = 30;  // ggml type ids
+
+// A GGUF holding one [32, 32] matrix of `matrix_type` and one 32-vector of `vector_type`.
+std::unique_ptr<common::GgufFile> Checkpoint(uint32_t matrix_type, uint32_t vector_type) {
+  common::testing::GgufImageBuilder builder;
+  builder.KvString("general.architecture", "llama")
+      .Tensor("blk.0.attn_q.weight", {32, 32}, matrix_type)
+      .Tensor("blk.0.attn_norm.weight", {32}, vector_type);
+  absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
+      common::GgufFile::FromBytes(builder.Build());
+  EXPECT_TRUE(gguf.ok()) << gguf.status();
+  return gguf.ok() ? std::move(*gguf) : nullptr;
+}
+
+// BF16 checkpoints run in BF16 on CUDA (in F16 their activations can pass 65504 and become
+// inf); everything else in F16, as vLLM's --dtype auto.
+TEST(CudaComputeDtypeTest, Bf16CheckpointsComputeInBf16) {
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kBF16, kF32)), kernels::cuda::DataType::kBF16);
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kBF16, kBF16)), kernels::cuda::DataType::kBF16);
+}
+
+TEST(CudaComputeDtypeTest, F16F32AndQuantizedCheckpointsComputeInF16) {
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kF16, kF32)), kernels::cuda::DataType::kF16);
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kF32, kF32)), kernels::cuda::DataType::kF16);
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kQ4_1, kF32)), kernels::cuda::DataType::kF16);
+  // A BF16 norm vector alone does not make the matrices' activations BF16.
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kQ4_1, kBF16)), kernels::cuda::DataType::kF16);
+}
+
+}  // namespace
+}  // namespace loom::worker
