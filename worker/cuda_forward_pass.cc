@@ -4,6 +4,7 @@
 #include <bit>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -189,6 +190,7 @@ struct CudaForwardPass::State {
   // is no longer the device's drops them all.
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<model::CudaGraph>> graphs;
   std::set<std::pair<int64_t, int64_t>> warmed;
+  std::set<std::pair<int64_t, int64_t>> uncapturable;  // keys whose capture failed
   Stats stats;
   absl::Status broken;  // the first device error; every later step fails with it
 
@@ -282,7 +284,7 @@ struct CudaForwardPass::State {
   absl::Status EnqueueForward(const model::StepTensors& step, const model::Tensor& out,
                               bool graphed, std::pair<int64_t, int64_t> key) {
     auto forward = [&] { return graph->Forward(step, out); };
-    if (!graphed) {
+    if (!graphed || uncapturable.contains(key)) {
       ++stats.eager_steps;
       return forward();
     }
@@ -303,11 +305,25 @@ struct CudaForwardPass::State {
       ++stats.eager_steps;
       return absl::OkStatus();
     }
-    LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaGraph> captured, device->Capture(forward));
+    absl::StatusOr<std::unique_ptr<model::CudaGraph>> captured = device->Capture(forward);
+    if (!captured.ok()) {
+      // The stream left capture mode and nothing ran: the step runs eagerly, and so does
+      // every later step of this key. A tensor-parallel rank thus still makes each
+      // collective exactly once, as its peers do, whether they replay or not.
+      ++stats.graph_capture_failures;
+      std::fprintf(stderr,
+                   "loom-worker: CUDA graph capture of decode bucket (%lld sequences, context "
+                   "%lld) failed, running it eagerly from now on: %s\n",
+                   static_cast<long long>(key.first), static_cast<long long>(key.second),
+                   captured.status().ToString().c_str());
+      uncapturable.insert(key);
+      ++stats.eager_steps;
+      return forward();
+    }
     ++stats.graph_captures;
-    LOOM_RETURN_IF_ERROR(device->Replay(*captured));
+    LOOM_RETURN_IF_ERROR(device->Replay(**captured));
     ++stats.graph_replays;
-    graphs[key] = std::move(captured);
+    graphs[key] = *std::move(captured);
     return absl::OkStatus();
   }
 

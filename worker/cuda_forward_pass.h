@@ -108,12 +108,8 @@ class CudaForwardPass : public ForwardPass {
   const std::string& load_log() const { return load_log_; }
 
   /// How steps ran so far (for tests and logs).
-  struct Stats {
-    int64_t eager_steps = 0;     // every step not replayed from a graph
-    int64_t graph_captures = 0;  // graphs captured (a bucket's second decode step)
-    int64_t graph_replays = 0;   // steps run by replaying a captured graph
-  };
-  Stats stats() const;
+  using Stats = ForwardPassStats;
+  Stats stats() const override;
 
  private:
   struct State;  // the graph, its device, graphs and sampling buffers (CUDA builds only)

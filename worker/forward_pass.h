@@ -23,6 +23,15 @@ struct DeviceSampleRows {
   std::vector<int32_t> penalty_counts;  // how often each was generated
 };
 
+/// How a forward pass ran its steps so far (the CUDA runner's decode graphs; zeros for a
+/// forward pass without graphs). The worker exports them as metrics (docs/metrics.md).
+struct ForwardPassStats {
+  int64_t eager_steps = 0;              // every step not replayed from a graph
+  int64_t graph_captures = 0;           // graphs captured (a bucket's second decode step)
+  int64_t graph_replays = 0;            // steps run by replaying a captured graph
+  int64_t graph_capture_failures = 0;   // captures that failed; their steps ran eagerly
+};
+
 /// A model's forward pass on one backend (the CPU CpuForwardPass, the CUDA runner): owns the
 /// weights and the paged KV pool, runs one flattened step and returns the logits of the
 /// step's sample rows on the host. ModelStepBackend samples from them. Not thread-safe:
@@ -54,6 +63,9 @@ class ForwardPass {
     (void)batch, (void)rows, (void)tokens, (void)logprobs;
     return absl::UnimplementedError("this forward pass does not sample on its device");
   }
+
+  /// Counts of how steps ran so far.
+  virtual ForwardPassStats stats() const { return {}; }
 };
 
 }  // namespace loom::worker

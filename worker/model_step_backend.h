@@ -27,6 +27,7 @@ class ModelStepBackend : public StepBackend {
   const common::ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override { return runner_->num_kv_blocks(); }
   int64_t block_size() const override { return runner_->block_size(); }
+  ForwardPassStats forward_pass_stats() const override { return runner_->stats(); }
   bool uses_samplers() const override { return true; }
 
   /// Forward pass and sampling; every row must carry a sampler, and draft_probs, where

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/formats/model_config.h"
+#include "worker/forward_pass.h"
 #include "worker/sampler.h"
 #include "worker/step_batch.h"
 
@@ -67,6 +68,8 @@ class StepBackend {
   virtual int64_t block_size() const = 0;
   /// False when Run ignores SampleRow::sampler: the executor then creates no samplers.
   virtual bool uses_samplers() const = 0;
+  /// How the model's forward pass ran its steps (zeros without one).
+  virtual ForwardPassStats forward_pass_stats() const { return {}; }
 
   /// Runs `batch` and picks the tokens of each of `rows` (which cover batch.sample_rows
   /// in order, see SampleRow): `num_emitted[i]` tokens for rows[i] (1 + its accepted

@@ -62,6 +62,18 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
                     .Help("Sequences whose state the worker holds.")
                     .Register(*registry_)
                     .Add(labels);
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add(labels);
+  };
+  eager_steps_ = counter("loom_worker_eager_steps_total",
+                         "CUDA forward passes run op by op (not replayed from a graph).");
+  graph_captures_ = counter("loom_worker_cuda_graph_captures_total",
+                            "CUDA graphs captured (a decode bucket's second step).");
+  graph_replays_ = counter("loom_worker_cuda_graph_replays_total",
+                           "Decode steps run by replaying a captured CUDA graph.");
+  graph_capture_failures_ =
+      counter("loom_worker_cuda_graph_capture_failures_total",
+              "CUDA graph captures that failed; their steps ran eagerly instead.");
 }
 
 void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected) {
@@ -74,6 +86,18 @@ void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens
 
 void WorkerMetrics::SetSequences(int64_t sequences) {
   sequences_->Set(static_cast<double>(sequences));
+}
+
+void WorkerMetrics::RecordForwardPassStats(const ForwardPassStats& stats) {
+  auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& recorded) {
+    if (now > recorded) counter->Increment(static_cast<double>(now - recorded));
+    recorded = now;
+  };
+  advance(eager_steps_, stats.eager_steps, recorded_.eager_steps);
+  advance(graph_captures_, stats.graph_captures, recorded_.graph_captures);
+  advance(graph_replays_, stats.graph_replays, recorded_.graph_replays);
+  advance(graph_capture_failures_, stats.graph_capture_failures,
+          recorded_.graph_capture_failures);
 }
 
 }  // namespace loom::worker

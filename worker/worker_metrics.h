@@ -8,6 +8,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "worker/forward_pass.h"
 
 namespace loom::worker {
 
@@ -24,6 +25,9 @@ class WorkerMetrics {
   /// whether the plan was rejected.
   void RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected);
   void SetSequences(int64_t sequences);
+  /// The forward pass's counts so far (ForwardPassStats, cumulative): the counters move
+  /// by what changed since the last call.
+  void RecordForwardPassStats(const ForwardPassStats& stats);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
@@ -35,6 +39,11 @@ class WorkerMetrics {
   prometheus::Counter* steps_;
   prometheus::Counter* rejected_steps_;
   prometheus::Gauge* sequences_;
+  prometheus::Counter* eager_steps_;
+  prometheus::Counter* graph_captures_;
+  prometheus::Counter* graph_replays_;
+  prometheus::Counter* graph_capture_failures_;
+  ForwardPassStats recorded_;  // what RecordForwardPassStats has counted
 };
 
 }  // namespace loom::worker

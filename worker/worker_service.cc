@@ -71,6 +71,7 @@ grpc::Status WorkerService::Step(
       metrics_->RecordStep(result.timings().total_seconds(), plan.scheduled_size(), tokens,
                            result.error_code() != 0);
       metrics_->SetSequences(num_sequences_.load(std::memory_order_relaxed));
+      metrics_->RecordForwardPassStats(executor_->backend().forward_pass_stats());
     }
     if (!stream->Write(result)) break;
   }

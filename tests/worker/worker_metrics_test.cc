@@ -1,0 +1,38 @@
+#include "worker/worker_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace loom::worker {
+namespace {
+
+double CounterValue(const WorkerMetrics& metrics, const std::string& name) {
+  for (const prometheus::MetricFamily& family : metrics.registry()->Collect()) {
+    if (family.name == name && !family.metric.empty()) return family.metric[0].counter.value;
+  }
+  ADD_FAILURE() << "no metric " << name;
+  return -1;
+}
+
+// The forward pass reports cumulative counts; the counters follow them (quick.sh's serving
+// step reads loom_worker_cuda_graph_replays_total to see that decode steps replayed graphs).
+TEST(WorkerMetricsTest, ForwardPassCountsBecomeCounters) {
+  WorkerMetrics metrics("r0", 0, "cuda", 100);
+  ForwardPassStats stats;
+  stats.eager_steps = 3;
+  stats.graph_captures = 1;
+  stats.graph_replays = 2;
+  metrics.RecordForwardPassStats(stats);
+  stats.graph_replays = 7;
+  stats.graph_capture_failures = 1;
+  metrics.RecordForwardPassStats(stats);
+  metrics.RecordForwardPassStats(stats);  // nothing new: nothing counted twice
+  EXPECT_EQ(CounterValue(metrics, "loom_worker_eager_steps_total"), 3);
+  EXPECT_EQ(CounterValue(metrics, "loom_worker_cuda_graph_captures_total"), 1);
+  EXPECT_EQ(CounterValue(metrics, "loom_worker_cuda_graph_replays_total"), 7);
+  EXPECT_EQ(CounterValue(metrics, "loom_worker_cuda_graph_capture_failures_total"), 1);
+}
+
+}  // namespace
+}  // namespace loom::worker
