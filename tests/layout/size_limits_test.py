@@ -14,6 +14,22 @@ FOLDERS = ("common", "model", "worker", "quant", "engine", "coordinator", "api",
 SOURCES = ("*.h", "*.cc", "*.cu", "*.cuh")
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 150
+# Issue 33's splits still to make. The list may only shrink: a listed file or function
+# back under its limit fails the test until it is taken off.
+KNOWN_LONG_FILES = {"common/jinja/jinja_parser.cc", "model/cuda_device.cc"}
+KNOWN_LONG_FUNCTIONS = {
+    "common/formats/gguf_file.cc GgufFile::Parse",
+    "common/formats/model_config.cc ModelConfigFromGguf",
+    "common/jinja/jinja_filters.cc ApplyFilter",
+    "common/tokenizer/hf_tokenizer.cc HfTokenizerToGguf",
+    "worker/step_executor.cc StepExecutor::Prepare",
+    "quant/model_quantizer.cc QuantizeModel",
+    "api/openai_service.cc OpenAiService::Handle",
+    "cli/worker_command.cc RunWorkerCommand",
+    "bench/cpu_kernels_bench.cc main",
+    "bench/engine_bench.cc main",
+    "bench/quantized_gemm_bench.cu Run",
+}
 
 _LITERAL_OR_COMMENT = re.compile(
     r'//[^\n]*|/\*.*?\*/|R"([^(]*)\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
@@ -64,21 +80,31 @@ def functions(text: str):
 
 
 def test_no_file_over_the_limit():
-    long_files = []
+    long_files, fixed = [], set(KNOWN_LONG_FILES)
     for path in sources():
         lines = path.read_text(errors="replace").count("\n")
+        name = str(path.relative_to(ROOT))
         if lines > MAX_FILE_LINES:
-            long_files.append(f"{path.relative_to(ROOT)}: {lines} lines")
+            if name in KNOWN_LONG_FILES:
+                fixed.discard(name)
+            else:
+                long_files.append(f"{name}: {lines} lines")
     assert not long_files, "\n".join(long_files)
+    assert not fixed, f"under the limit now: take them off KNOWN_LONG_FILES: {sorted(fixed)}"
 
 
 def test_no_function_over_the_limit():
-    long_functions = []
+    long_functions, fixed = [], set(KNOWN_LONG_FUNCTIONS)
     for path in sources():
         for name, first, count in functions(path.read_text(errors="replace")):
             if count > MAX_FUNCTION_LINES:
-                long_functions.append(f"{path.relative_to(ROOT)}:{first} {name}: {count} lines")
+                key = f"{path.relative_to(ROOT)} {name}"
+                if key in KNOWN_LONG_FUNCTIONS:
+                    fixed.discard(key)
+                else:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{first} {name}: {count} lines")
     assert not long_functions, "\n".join(long_functions)
+    assert not fixed, f"under the limit now: take them off KNOWN_LONG_FUNCTIONS: {sorted(fixed)}"
 
 
 def test_the_function_finder_measures_what_it_should():
