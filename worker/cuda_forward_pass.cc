@@ -165,6 +165,7 @@ absl::Status Reserve(DeviceBuffer& buffer, size_t bytes) {
 struct CudaForwardPass::State {
   int device_index = 0;
   bool use_graphs = true;
+  bool fail_captures = false;  // CudaForwardPassOptions::debug_fail_graph_captures
   common::ModelConfig config;
   int64_t num_blocks = 0;     // blocks the coordinator may name
   int64_t scratch_block = 0;  // == num_blocks: one more block, target of graph padding
@@ -305,7 +306,9 @@ struct CudaForwardPass::State {
       ++stats.eager_steps;
       return absl::OkStatus();
     }
-    absl::StatusOr<std::unique_ptr<model::CudaGraph>> captured = device->Capture(forward);
+    absl::StatusOr<std::unique_ptr<model::CudaGraph>> captured =
+        fail_captures ? absl::InternalError("capture refused (debug_fail_graph_captures)")
+                      : device->Capture(forward);
     if (!captured.ok()) {
       // The stream left capture mode and nothing ran: the step runs eagerly, and so does
       // every later step of this key. A tensor-parallel rank thus still makes each
@@ -589,6 +592,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   // graph to capture them; host-staged ones (gloo) synchronize, so graphs are off then.
   s.use_graphs =
       options.cuda_graphs && (device.world_size() == 1 || device.collectives_on_stream());
+  s.fail_captures = options.debug_fail_graph_captures;
   const common::ModelConfig& c = s.config;
   const common::ModelConfig local = model::LocalConfig(c, graph.shard());
   // Weights are uploaded and generated on the device's stream; wait for every stream

@@ -49,6 +49,9 @@ struct CudaForwardPassOptions {
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
+  // Tests only: every CUDA graph capture fails, as a driver refusal would (the eager
+  // fallback's path).
+  bool debug_fail_graph_captures = false;
 };
 
 /// The CUDA worker's forward pass: the model graph (model::LlamaGraph, the same code the

@@ -26,8 +26,9 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "kernels/cuda/types.h"
 #include "kernels/cuda_device.h"
-#include "tests/common/gguf_test_util.h"
 #include "tests/common/logit_tolerance.h"
+#include "tests/common/random_model.h"
+#include "tests/worker/nccl_test_support.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/runner_test_util.h"
 #include "worker/cpu_forward_pass.h"
@@ -47,159 +48,13 @@ namespace tol = ::loom::tolerance;
     }                                                                                  \
   } while (0)
 
-// --- random llama-family models, in memory
+// --- random llama-family models, in memory (tests/common/random_model.h)
 
-struct RandomModelSpec {
-  std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias;
-                               // qwen3: NeoX pairs, QK-norm (per-head RMSNorm of q and k)
-  int64_t hidden = 256;
-  int64_t heads = 4;
-  int64_t kv_heads = 2;
-  int64_t head_dim = 64;
-  int64_t ffn = 512;
-  int64_t layers = 2;
-  int64_t vocab = 512;
-  bool tied = true;
-  bool int4 = false;  // layer matrices as GGUF Q4_0 / Q4_1 (the W4A16 GEMM's inputs)
-  uint32_t seed = 1;
-};
+using common::testing::RandomModelSpec;
 
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;  // ggml type ids
-
-std::string F32Bytes(const std::vector<float>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-}
-
-std::string F16Bytes(const std::vector<float>& values) {
-  std::string bytes(values.size() * 2, '\0');
-  kc::ConvertFromFloat(kc::DataType::kF16, values.data(), static_cast<int64_t>(values.size()),
-                       bytes.data());
-  return bytes;
-}
-
-// GGUF Q8_0: blocks of 32 values, an F16 scale then 32 int8 (value = q * scale).
-std::string Q8_0Bytes(const std::vector<float>& values) {
-  std::string bytes;
-  for (size_t block = 0; block < values.size(); block += 32) {
-    float max_abs = 0.0f;
-    for (size_t i = 0; i < 32; ++i) max_abs = std::max(max_abs, std::abs(values[block + i]));
-    const float scale = max_abs / 127.0f;
-    const std::vector<float> scale_vector = {scale};
-    bytes += F16Bytes(scale_vector);
-    for (size_t i = 0; i < 32; ++i) {
-      const float q = scale > 0 ? std::round(values[block + i] / scale) : 0.0f;
-      bytes.push_back(static_cast<char>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
-    }
-  }
-  return bytes;
-}
-
-// GGUF Q4_0 / Q4_1: blocks of 32 values, an F16 scale (Q4_1: then an F16 min), then 16
-// bytes whose low nibbles hold values 0-15 and high nibbles values 16-31 (ggml's layout).
-// Q4_0: value = (q - 8) * scale; Q4_1: value = q * scale + min.
-std::string Q4Bytes(const std::vector<float>& values, bool with_min) {
-  std::string bytes;
-  for (size_t block = 0; block < values.size(); block += 32) {
-    const float* x = values.data() + block;
-    float scale = 0.0f, min = 0.0f;
-    if (with_min) {
-      min = *std::min_element(x, x + 32);
-      scale = (*std::max_element(x, x + 32) - min) / 15.0f;
-    } else {
-      float extreme = 0.0f;  // the value of largest magnitude, with its sign
-      for (int i = 0; i < 32; ++i) {
-        if (std::abs(x[i]) > std::abs(extreme)) extreme = x[i];
-      }
-      scale = extreme / -8.0f;
-    }
-    bytes += F16Bytes({scale});
-    if (with_min) bytes += F16Bytes({min});
-    const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-    int q[32];
-    for (int i = 0; i < 32; ++i) {
-      const float level = with_min ? (x[i] - min) * inverse : x[i] * inverse + 8.0f;
-      q[i] = std::clamp(static_cast<int>(std::lround(level)), 0, 15);
-    }
-    for (int j = 0; j < 16; ++j) bytes.push_back(static_cast<char>(q[j] | (q[j + 16] << 4)));
-  }
-  return bytes;
-}
-
-// A seeded model whose weights are scaled like a trained network's (1/sqrt(fan_in)
-// projections, norm weights near 1), stored as a mix of F32, F16 and Q8_0.
 std::unique_ptr<common::GgufFile> RandomModel(const RandomModelSpec& spec) {
-  std::mt19937 rng(spec.seed);
-  auto uniform = [&](int64_t count, float scale, float offset = 0.0f) {
-    std::uniform_real_distribution<float> dist(-scale, scale);
-    std::vector<float> out(count);
-    for (float& x : out) x = offset + dist(rng);
-    return out;
-  };
-  const std::string& a = spec.arch;
-  common::testing::GgufImageBuilder builder;
-  builder.KvString("general.architecture", a)
-      .KvString("general.name", "cuda-runner-test-" + a)
-      .KvU32(a + ".context_length", 1024)
-      .KvU32(a + ".embedding_length", static_cast<uint32_t>(spec.hidden))
-      .KvU32(a + ".feed_forward_length", static_cast<uint32_t>(spec.ffn))
-      .KvU32(a + ".block_count", static_cast<uint32_t>(spec.layers))
-      .KvU32(a + ".attention.head_count", static_cast<uint32_t>(spec.heads))
-      .KvU32(a + ".attention.head_count_kv", static_cast<uint32_t>(spec.kv_heads))
-      .KvU32(a + ".attention.key_length", static_cast<uint32_t>(spec.head_dim))
-      .KvU32(a + ".attention.value_length", static_cast<uint32_t>(spec.head_dim))
-      .KvF32(a + ".attention.layer_norm_rms_epsilon", 1e-5f)
-      .KvF32(a + ".rope.freq_base", 10000.0f);
-  const uint64_t h = spec.hidden, q_rows = spec.heads * spec.head_dim,
-                 kv_rows = spec.kv_heads * spec.head_dim, ffn = spec.ffn, vocab = spec.vocab;
-  // Matrices cycle through the storage types so every conversion path is exercised; INT4
-  // models alternate Q4_0 and Q4_1 (the LM head of an untied model included).
-  const std::vector<uint32_t> types =
-      spec.int4 ? std::vector<uint32_t>{kQ4_0, kQ4_1} : std::vector<uint32_t>{kF16, kQ8_0, kF32};
-  size_t matrix_index = 0;
-  auto matrix = [&](const std::string& name, uint64_t rows, uint64_t cols) {
-    const std::vector<float> values =
-        uniform(static_cast<int64_t>(rows * cols), 1.0f / std::sqrt(static_cast<float>(cols)));
-    const uint32_t type = types[matrix_index++ % types.size()];
-    std::string bytes;
-    switch (type) {
-      case kF32: bytes = F32Bytes(values); break;
-      case kF16: bytes = F16Bytes(values); break;
-      case kQ8_0: bytes = Q8_0Bytes(values); break;
-      default: bytes = Q4Bytes(values, type == kQ4_1); break;
-    }
-    builder.Tensor(name, {cols, rows}, type, bytes);
-  };
-  auto vector = [&](const std::string& name, uint64_t size, float scale, float offset) {
-    builder.Tensor(name, {size}, kF32,
-                   F32Bytes(uniform(static_cast<int64_t>(size), scale, offset)));
-  };
-  builder.Tensor("token_embd.weight", {h, vocab}, kF16,
-                 F16Bytes(uniform(static_cast<int64_t>(vocab * h), 1.0f)));
-  vector("output_norm.weight", h, 0.1f, 1.0f);
-  if (!spec.tied) matrix("output.weight", vocab, h);
-  for (int64_t l = 0; l < spec.layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    vector(p + "attn_norm.weight", h, 0.1f, 1.0f);
-    matrix(p + "attn_q.weight", q_rows, h);
-    matrix(p + "attn_k.weight", kv_rows, h);
-    matrix(p + "attn_v.weight", kv_rows, h);
-    if (spec.arch == "qwen2") {
-      vector(p + "attn_q.bias", q_rows, 0.5f, 0.0f);
-      vector(p + "attn_k.bias", kv_rows, 0.5f, 0.0f);
-      vector(p + "attn_v.bias", kv_rows, 0.5f, 0.0f);
-    }
-    if (spec.arch == "qwen3") {
-      vector(p + "attn_q_norm.weight", spec.head_dim, 0.2f, 1.0f);
-      vector(p + "attn_k_norm.weight", spec.head_dim, 0.2f, 1.0f);
-    }
-    matrix(p + "attn_output.weight", h, q_rows);
-    vector(p + "ffn_norm.weight", h, 0.1f, 1.0f);
-    matrix(p + "ffn_gate.weight", ffn, h);
-    matrix(p + "ffn_up.weight", ffn, h);
-    matrix(p + "ffn_down.weight", h, ffn);
-  }
   absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
-      common::GgufFile::FromBytes(builder.Build());
+      common::testing::RandomModelImage(spec);
   if (!gguf.ok()) {
     ADD_FAILURE() << "random model: " << gguf.status();
     return nullptr;
@@ -443,9 +298,8 @@ std::unique_ptr<CpuForwardPass> CpuRunner(const common::GgufFile& gguf) {
   return test_util::MakeCpuRunner(gguf, kNumBlocks, kBlockSize, /*num_threads=*/2);
 }
 
-std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf, bool graphs,
-                                           bool quantized_weights = true,
-                                           kc::DataType dtype = kc::DataType::kF16) {
+CudaForwardPassOptions GpuRunnerOptions(bool graphs, bool quantized_weights = true,
+                                        kc::DataType dtype = kc::DataType::kF16) {
   CudaForwardPassOptions options;
   options.num_kv_blocks = kNumBlocks;
   options.block_size = kBlockSize;
@@ -454,9 +308,20 @@ std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf, bool gr
   options.dtype = dtype;
   options.kv_dtype = dtype;
   options.max_num_tokens = 512;
+  return options;
+}
+
+std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf,
+                                           const CudaForwardPassOptions& options) {
   absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner = CudaForwardPass::Create(gguf, options);
   EXPECT_TRUE(runner.ok()) << runner.status();
   return runner.ok() ? std::move(*runner) : nullptr;
+}
+
+std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf, bool graphs,
+                                           bool quantized_weights = true,
+                                           kc::DataType dtype = kc::DataType::kF16) {
+  return GpuRunner(gguf, GpuRunnerOptions(graphs, quantized_weights, dtype));
 }
 
 const char* DtypeName(kc::DataType dtype) { return dtype == kc::DataType::kBF16 ? "BF16" : "F16"; }
@@ -827,6 +692,68 @@ TEST(CudaForwardPassTest, GraphsOnAndOffGiveIdenticalLogits) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   ExpectGraphsAndEagerMatch(LlamaGqaSpec(), 9, kc::DataType::kF16);
 }
+
+// A capture that fails (forced here; on a real device a driver or sanitizer refusal) runs
+// the step eagerly and that bucket eagerly from then on: the runner keeps serving, with
+// the eager runner's bits, and counts the failures instead of breaking.
+TEST(CudaForwardPassTest, FailedCaptureFallsBackToEagerSteps) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const RandomModelSpec spec = LlamaGqaSpec();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  CudaForwardPassOptions failing_options = GpuRunnerOptions(/*graphs=*/true);
+  failing_options.debug_fail_graph_captures = true;
+  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+  std::unique_ptr<CudaForwardPass> failing = GpuRunner(*gguf, failing_options);
+  std::unique_ptr<CudaForwardPass> eager = GpuRunner(*gguf, /*graphs=*/false);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(failing, nullptr);
+  ASSERT_NE(eager, nullptr);
+  Comparison result(GpuTolerance(cpu->config(), kc::DataType::kF16));
+  std::vector<std::vector<std::vector<float>>> steps;
+  RunScenario({cpu.get(), failing.get(), eager.get()}, RandomPrompts(spec.vocab, 9), result,
+              &steps);
+  PrintComparison(result, kc::DataType::kF16, failing->stats());
+  ExpectGraphsAndEagerIdentical(steps);
+  EXPECT_GE(failing->stats().graph_capture_failures, 2);  // buckets 4 and 8, once each
+  EXPECT_EQ(failing->stats().graph_captures, 0);
+  EXPECT_EQ(failing->stats().graph_replays, 0);
+}
+
+#ifdef LOOM_HAVE_NCCL
+// Tensor parallelism's path on one GPU: the runner joined to an NCCL communicator of one
+// rank, graphs on, so every decode graph captures NCCL's all-reduces and gathers on the
+// device's stream. Its logits equal those of the runner without a communicator bit for bit
+// (a sum over one rank and a gather of one slice are copies) at every step, replays
+// included.
+TEST(CudaForwardPassTest, NcclWorldOfOneWithGraphsEqualsNoCommunicator) {
+  SKIP_WITHOUT_GPU_OR_NCCL();
+  std::unique_ptr<NcclCommunicator> communicator = ConnectWorldOfOne();
+  ASSERT_NE(communicator, nullptr);
+  const RandomModelSpec spec = LlamaGqaSpec();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  CudaForwardPassOptions joined_options = GpuRunnerOptions(/*graphs=*/true);
+  joined_options.communicator = communicator.get();
+  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+  std::unique_ptr<CudaForwardPass> joined = GpuRunner(*gguf, joined_options);
+  std::unique_ptr<CudaForwardPass> alone = GpuRunner(*gguf, /*graphs=*/true);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(joined, nullptr);
+  ASSERT_NE(alone, nullptr);
+  EXPECT_NE(joined->load_log().find("CUDA graphs on"), std::string::npos) << joined->load_log();
+  Comparison result(GpuTolerance(cpu->config(), kc::DataType::kF16));
+  std::vector<std::vector<std::vector<float>>> steps;
+  RunScenario({cpu.get(), joined.get(), alone.get()}, RandomPrompts(spec.vocab, 9), result,
+              &steps);
+  PrintComparison(result, kc::DataType::kF16, joined->stats());
+  ExpectGraphsAndEagerIdentical(steps);
+  EXPECT_GE(joined->stats().graph_captures, 2);
+  EXPECT_GE(joined->stats().graph_replays, 5);
+  EXPECT_EQ(joined->stats().graph_capture_failures, 0);
+  EXPECT_TRUE(communicator->Barrier().ok());
+}
+#endif  // LOOM_HAVE_NCCL
 
 TEST(CudaForwardPassTest, RejectsBadBatchesAndKeepsWorking) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
