@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -152,13 +153,31 @@ bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
 }  // namespace
 
 absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count) {
-  if (!WorkersRunOnCuda(options, cuda_device_count) || options.workers <= cuda_device_count) {
-    return absl::OkStatus();
+  if (!WorkersRunOnCuda(options, cuda_device_count)) return absl::OkStatus();
+  if (options.workers > cuda_device_count) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "--tensor-parallel-size %d on CUDA needs %d GPUs (NCCL runs one rank per GPU); this "
+        "machine shows %d (CUDA_VISIBLE_DEVICES counts)",
+        options.workers, options.workers, cuda_device_count));
   }
+  // Replicas beyond the GPUs share them. Each worker would otherwise size its KV pool from
+  // the memory free when it starts (0.9 of it): the first takes the GPU and the next fails
+  // or starves. Sharing needs the memory split explicitly.
+  const int total = options.replicas * options.workers;
+  const int per_gpu = (total + cuda_device_count - 1) / cuda_device_count;
+  if (per_gpu <= 1 || options.worker.kv_cache_bytes.has_value()) return absl::OkStatus();
+  const std::optional<double>& share = options.worker.gpu_memory_utilization;
+  if (share.has_value() && *share * per_gpu <= 1.0 + 1e-9) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
-      "--tensor-parallel-size %d on CUDA needs %d GPUs (NCCL runs one rank per GPU); this "
-      "machine shows %d (CUDA_VISIBLE_DEVICES counts)",
-      options.workers, options.workers, cuda_device_count));
+      "%d workers (%d replicas x %d ranks) on %d GPU%s put %d on one GPU, and each would take "
+      "the memory free when it starts%s: split it with --gpu-memory-utilization %.2f or less "
+      "(each worker's share of the GPU) or --kv-cache-memory, or use fewer replicas",
+      total, options.replicas, options.workers, cuda_device_count,
+      cuda_device_count == 1 ? "" : "s", per_gpu,
+      share.has_value() ? absl::StrFormat(" (--gpu-memory-utilization %.2f x %d is over 1)",
+                                          *share, per_gpu)
+                        : "",
+      std::floor(100.0 / per_gpu) / 100.0));
 }
 
 std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,

@@ -170,6 +170,9 @@ struct CudaForwardPass::State {
   int64_t num_blocks = 0;     // blocks the coordinator may name
   int64_t scratch_block = 0;  // == num_blocks: one more block, target of graph padding
   int64_t block_size = 0;
+  // Device memory free when this runner began (context created, nothing of its own yet):
+  // what it has taken since is its own use, whatever other processes on the GPU hold.
+  size_t free_at_start = 0;
 
   std::unique_ptr<model::LlamaGraph> graph;  // the model on the device
   model::CudaDevice* device = nullptr;       // graph's; every launch goes to its stream
@@ -500,6 +503,15 @@ absl::Status ValidateRandomModelConfig(const common::ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Selects the device (creating its context) and returns the memory free on it then.
+absl::StatusOr<size_t> SelectDevice(const CudaForwardPassOptions& options) {
+  LOOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"));
+  LOOM_RETURN_IF_ERROR(CudaStatus(cudaFree(nullptr), "cudaFree (context creation)"));
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  return free_bytes;
+}
+
 absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
     const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"));
@@ -531,6 +543,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
         plan.rank, plan.size, plan.head0, plan.head0 + plan.num_heads, plan.kv_head0,
         plan.kv_head0 + plan.num_kv_heads, group, config.num_kv_heads));
   }
+  LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   // Weights: this rank's slice, loaded like the CPU runner's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
   // other matrix to dtype. The host copies are freed once uploaded.
@@ -545,6 +558,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   graph_options.block_size = options.block_size;
   auto state = std::make_unique<State>();
   state->device_index = options.device;
+  state->free_at_start = free_at_start;
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::Create(std::move(weights),
                                                                 std::move(device), graph_options));
   state->device = cuda;
@@ -564,6 +578,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
   if (options.tp_size > 1) {
     return absl::InvalidArgumentError("CUDA runner: random models run on one rank only");
   }
+  LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
   model::CudaDevice* cuda = device.get();
   model::LlamaGraphOptions graph_options;
@@ -571,6 +586,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
   graph_options.block_size = options.block_size;
   auto state = std::make_unique<State>();
   state->device_index = options.device;
+  state->free_at_start = free_at_start;
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::CreateRandom(config, std::move(device),
                                                                       graph_options, seed));
   state->device = cuda;
@@ -629,9 +645,16 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   size_t free_bytes = 0, total_bytes = 0;
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   if (num_blocks == 0 && options.gpu_memory_utilization > 0) {
+    // This runner's share of the device's total, less what it has taken itself (weights,
+    // activations, workspaces), not less what the whole device holds: two workers that
+    // split a GPU (--gpu-memory-utilization 0.45 each) then each get their share, whichever
+    // starts first. Never more than the default would take of what is free.
     const double allowed = static_cast<double>(total_bytes) * options.gpu_memory_utilization;
-    const double used = static_cast<double>(total_bytes - free_bytes);
-    num_blocks = static_cast<int64_t>(std::max(0.0, allowed - used)) / block_bytes - 1;
+    const double own =
+        static_cast<double>(s.free_at_start > free_bytes ? s.free_at_start - free_bytes : 0);
+    const double room = std::min(allowed - own,
+                                 static_cast<double>(free_bytes) * options.kv_memory_fraction);
+    num_blocks = static_cast<int64_t>(std::max(0.0, room)) / block_bytes - 1;
   } else if (num_blocks == 0) {
     num_blocks =
         static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_memory_fraction) /

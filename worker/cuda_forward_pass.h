@@ -23,8 +23,9 @@ struct CudaForwardPassOptions {
   int64_t num_kv_blocks = 0;
   double kv_memory_fraction = 0.9;  // in (0, 1]; used when num_kv_blocks is 0
   // In (0, 1] when set: used instead of kv_memory_fraction, the pool takes what is left of
-  // this fraction of the device's TOTAL memory once the weights are loaded (vLLM's
-  // --gpu-memory-utilization); 0: unset.
+  // this fraction of the device's TOTAL memory once this runner's own weights, activations
+  // and workspaces are in (vLLM's --gpu-memory-utilization; what other processes on the
+  // GPU hold does not count against it, so workers can split a GPU); 0: unset.
   double gpu_memory_utilization = 0;
   int64_t block_size = 16;          // tokens per KV block, in [1, 1024]
   // Weights and GEMM inputs: F16 or BF16 (activations between operations are F32, F32

@@ -104,7 +104,8 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
     EXPECT_NE(std::find(commands[i].begin(), commands[i].end(), "--device=cuda"),
               commands[i].end());
   }
-  // Fewer GPUs than ranks: the indices wrap (each replica's two ranks still differ).
+  // Fewer GPUs than workers (CheckUpGpus then wants the memory split): the indices wrap
+  // (each replica's two ranks still differ).
   commands = WorkerCommands(options, "127.0.0.1:1", "r", /*cuda_device_count=*/2);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(value_of(commands[i], "--gpu-index"), std::to_string(i % 2)) << i;
@@ -137,12 +138,31 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
   EXPECT_EQ(value_of(commands[2], "--gpu-index"), "0");
   EXPECT_EQ(value_of(commands[1], "--gpu-index"), "1");
   // A group larger than the machine's GPUs is refused (NCCL: one rank per GPU); replicas
-  // may share GPUs; the CPU needs none.
-  EXPECT_TRUE(CheckUpGpus(options, 2).ok());
+  // may share GPUs only with the memory split explicitly; the CPU needs none.
   EXPECT_TRUE(CheckUpGpus(options, 4).ok());
+  EXPECT_EQ(CheckUpGpus(options, 2).code(), absl::StatusCode::kFailedPrecondition);  // shared
   const absl::Status too_few = CheckUpGpus(options, 1);
   EXPECT_EQ(too_few.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(too_few.message().find("needs 2 GPUs"), std::string::npos) << too_few;
+  const absl::Status shared = CheckUpGpus(replicas, 2);  // 3 workers on 2 GPUs
+  EXPECT_EQ(shared.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(shared.message().find("put 2 on one GPU"), std::string::npos) << shared;
+  EXPECT_NE(shared.message().find("--gpu-memory-utilization 0.50 or less"), std::string::npos)
+      << shared;
+  EXPECT_TRUE(CheckUpGpus(replicas, 3).ok());
+  UpOptions split;
+  ASSERT_EQ(ParseUp({"m.gguf", "--replicas", "3", "--gpu-memory-utilization", "0.45"}, split),
+            std::nullopt);
+  EXPECT_TRUE(CheckUpGpus(split, 2).ok());
+  UpOptions oversplit;
+  ASSERT_EQ(ParseUp({"m.gguf", "--replicas", "3", "--gpu-memory-utilization", "0.6"}, oversplit),
+            std::nullopt);
+  const absl::Status over = CheckUpGpus(oversplit, 2);
+  EXPECT_NE(over.message().find("0.60 x 2 is over 1"), std::string::npos) << over;
+  UpOptions sized;
+  ASSERT_EQ(ParseUp({"m.gguf", "--replicas", "4", "--kv-cache-memory", "4G"}, sized),
+            std::nullopt);
+  EXPECT_TRUE(CheckUpGpus(sized, 1).ok());
   UpOptions on_cpu;
   ASSERT_EQ(ParseUp({"m.gguf", "-tp", "4", "--device", "cpu"}, on_cpu), std::nullopt);
   EXPECT_TRUE(CheckUpGpus(on_cpu, 1).ok());
