@@ -144,6 +144,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   http.Get("/ready", [serving_state](const httplib::Request&, httplib::Response& response) {
     serving_state(response);
   });
+  // Liveness: 200 while the process serves HTTP, whether a replica is connected or not and
+  // with API keys on (the kubelet sends none), so start-up and liveness probes never
+  // restart a coordinator that is only waiting for its workers.
+  http.Get("/live", [](const httplib::Request&, httplib::Response& response) {
+    response.set_content(R"({"status":"ok"})", "application/json");
+  });
   const std::string model_id = model.id;
   http.Get("/version", guard([model_id](const httplib::Request&, httplib::Response& response) {
     nlohmann::json body = {{"version", LOOM_VERSION}, {"model", model_id}};

@@ -22,6 +22,7 @@ import pathlib
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -88,13 +89,29 @@ def pod_command(docs, kinds, pod_env, env_overrides=None, model_path=MODEL_PATH)
     return argv, dict(os.environ, **env), c, pod
 
 
+def mount_secrets(argv, container_spec, pod, secrets, directory):
+    """Kubernetes' Secret volumes, here: each mounted Secret's files (`secrets`: name ->
+    {key: text}) written under `directory`, and argv's paths into the mount rewritten."""
+    for mount in container_spec.get("volumeMounts", []):
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        if "secret" not in volume:
+            continue
+        files = secrets[volume["secret"]["secretName"]]
+        local = directory / mount["name"]
+        local.mkdir(parents=True, exist_ok=True)
+        for key, text in files.items():
+            (local / key).write_text(text)
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        argv[:] = [str(local) + "/" + a[len(prefix):] if a.startswith(prefix) else a for a in argv]
+
+
 def replace_value(argv, flag, value):
     argv[argv.index(flag) + 1] = value
 
 
-def http_status(url) -> int:
+def http_status(url, context=None) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
@@ -114,10 +131,12 @@ def wait_for(predicate, timeout, what, processes):
 
 
 def start_pods(tmp_path, values_files, worker_values, ranks, model_values=None,
-               model_path=MODEL_PATH, rendered_model_path=None):
+               model_path=MODEL_PATH, rendered_model_path=None, extra_values=None, secrets=None):
     """Renders the chart and starts the coordinator and one worker pod's container; yields
     what the tests need, then kills whatever is left. `model_path` replaces the rendered
-    LOOM_MODEL_PATH (checked against `rendered_model_path` when given)."""
+    LOOM_MODEL_PATH (checked against `rendered_model_path` when given). `extra_values` are
+    more chart values; `secrets` the Secrets the cluster would hold (name -> {key: text}),
+    including those the chart renders itself."""
     missing = require_binaries(*BINARIES.values())  # unbuilt binaries fail, never skip
     if missing:
         pytest.fail(missing)
@@ -132,8 +151,12 @@ def start_pods(tmp_path, values_files, worker_values, ranks, model_values=None,
               "worker": worker_values}
     if model_values:
         values["model"] = model_values
+    values.update(extra_values or {})
     code, docs, stderr = render(build_renderer(), values, [CHART_DIR / f for f in values_files], tmp_path)
     assert code == 0, stderr
+    secrets = dict(secrets or {})
+    for secret in (d for d in docs if d["kind"] == "Secret"):
+        secrets[secret["metadata"]["name"]] = secret["stringData"]
     if rendered_model_path is not None:
         paths = {d["data"]["LOOM_MODEL_PATH"] for d in docs
                  if d["kind"] == "ConfigMap" and "LOOM_MODEL_PATH" in d.get("data", {})}
@@ -144,6 +167,7 @@ def start_pods(tmp_path, values_files, worker_values, ranks, model_values=None,
     worker_argv, worker_env, worker, worker_pod = pod_command(
         docs, ("StatefulSet",), pod_env, {"LOOM_ADVERTISE_HOST": "127.0.0.1"},
         model_path=model_path)
+    mount_secrets(coordinator_argv, coordinator, coordinator_pod, secrets, tmp_path / "secrets")
     assert worker_argv[:2] == ["/bin/bash", "-c"] and worker_env["LOOM_RANKS_PER_POD"] == str(ranks)
     coordinator_flag = worker_argv.index("--coordinator") + 1
     worker_argv[coordinator_flag] = f"127.0.0.1:{ports['grpc']}"
@@ -257,3 +281,42 @@ def test_sigterm_ends_both_within_their_grace_period(cluster):
     with pytest.raises(ProcessLookupError):
         os.killpg(worker_process.pid, 0)
     assert cluster["log"].read_text().count("loom-worker: stopped after") == cluster["ranks"]
+
+
+@pytest.fixture
+def secured_cluster(tmp_path):
+    """values-cpu.yaml with an API key (the chart writes its Secret) and HTTPS from a TLS
+    Secret holding a self-signed certificate."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "http"))
+    from api_keys_test import make_certificate
+    cert, key = make_certificate(tmp_path)
+    yield from start_pods(
+        tmp_path, ["values-cpu.yaml"],
+        {"replicas": 1, "flags": {"threads": 1, "kv-cache-memory": "64MiB"}}, 1,
+        extra_values={"apiKey": {"value": "sk-chart"}, "tls": {"existingSecret": "loom-tls"}},
+        secrets={"loom-tls": {"tls.crt": cert.read_text(), "tls.key": key.read_text()}})
+
+
+def test_with_keys_and_tls_the_kubelets_probes_pass_and_clients_need_the_key(secured_cluster):
+    ports, processes = secured_cluster["ports"], secured_cluster["processes"]
+    coordinator = secured_cluster["coordinator"]
+    https = f"https://127.0.0.1:{ports['http']}"
+    # The kubelet does not verify the certificate and sends no key.
+    kubelet = ssl.create_default_context()
+    kubelet.check_hostname = False
+    kubelet.verify_mode = ssl.CERT_NONE
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert coordinator[probe]["httpGet"]["scheme"] == "HTTPS"
+    startup = coordinator["startupProbe"]["httpGet"]["path"]
+    wait_for(lambda: http_status(https + startup, kubelet) == 200, 30, f"coordinator {startup}",
+             processes)
+    assert http_status(https + coordinator["livenessProbe"]["httpGet"]["path"], kubelet) == 200
+    readiness = coordinator["readinessProbe"]["httpGet"]["path"]
+    wait_for(lambda: http_status(https + readiness, kubelet) == 200, 60,
+             f"coordinator {readiness} (a worker registered)", processes)
+    assert http_status(https + "/metrics", kubelet) == 200  # the ServiceMonitor's scrape
+    assert http_status(https + "/v1/models", kubelet) == 401  # clients need the key
+    request = urllib.request.Request(f"{https}/v1/models",
+                                     headers={"Authorization": "Bearer sk-chart"})
+    with urllib.request.urlopen(request, timeout=10, context=kubelet) as response:
+        assert json.loads(response.read())["data"]

@@ -69,6 +69,11 @@ CONFIGS = {
         "networkPolicy": {"clientsFrom": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}],
                           "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
         "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}),
+    # API keys from a value (the chart writes the Secret) and HTTPS from a TLS Secret.
+    "secured": (["values-cpu.yaml"], {"apiKey": {"value": "sk-test"},
+                                      "tls": {"existingSecret": "loom-tls"},
+                                      "serviceMonitor": {"enabled": True}}),
+    "secured-existing-key": ([], {"apiKey": {"existingSecret": "my-keys", "secretKey": "keys"}}),
 }
 CRD_SCHEMAS = pathlib.Path(__file__).resolve().parent / "crd_schemas"
 CUSTOM_KINDS = {"LeaderWorkerSet": "leaderworkerset.json", "ServiceMonitor": "servicemonitor.json",
@@ -652,6 +657,54 @@ def test_service_monitor_and_disruption_budget(rendered):
     worker_labels = one(docs, "StatefulSet", "loom-worker")["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= worker_labels.items()
     assert budget["spec"]["maxUnavailable"] == 1
+
+
+def mounted_file(pod, container_spec, path):
+    """The (Secret name, key) a container's file `path` comes from, through its mounts."""
+    for mount in container_spec.get("volumeMounts", []):
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix):
+            volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+            assert "secret" in volume, volume
+            return volume["secret"]["secretName"], path[len(prefix):]
+    return None
+
+
+def test_api_keys_and_tls_come_from_secrets_and_the_probes_stay_open(rendered):
+    docs = rendered["secured"]
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment, "coordinator")
+    key_file = flag_value(c["args"], "--api-key-file")
+    secret_name, secret_key = mounted_file(pod, c, key_file)
+    secret = one(docs, "Secret", secret_name)
+    assert secret["stringData"] == {secret_key: "sk-test"}
+    assert "sk-test" not in json.dumps(deployment)  # only the Secret holds the key
+    assert mounted_file(pod, c, flag_value(c["args"], "--ssl-certfile")) == ("loom-tls", "tls.crt")
+    assert mounted_file(pod, c, flag_value(c["args"], "--ssl-keyfile")) == ("loom-tls", "tls.key")
+    # The kubelet sends no key: every probe uses a route that stays open with keys on
+    # (tests/http/api_keys_test.py), over HTTPS.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS"
+        assert c[probe]["httpGet"]["path"] in ("/live", "/ready", "/health"), c[probe]
+    monitor = one(docs, "ServiceMonitor")
+    http_endpoint = next(e for e in monitor["spec"]["endpoints"] if e["port"] == "http")
+    assert http_endpoint["scheme"] == "https" and http_endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    # Without TLS the probes stay on plain HTTP; without keys no Secret is written.
+    plain = container(one(rendered["default"], "Deployment"), "coordinator")
+    assert all(plain[p]["httpGet"]["scheme"] == "HTTP"
+               for p in ("startupProbe", "readinessProbe", "livenessProbe"))
+    assert "--api-key-file" not in plain["args"] and "--ssl-certfile" not in plain["args"]
+    assert not of_kind(rendered["default"], "Secret")
+
+
+def test_an_existing_api_key_secret_is_mounted_not_written(rendered):
+    docs = rendered["secured-existing-key"]
+    deployment = one(docs, "Deployment")
+    c = container(deployment, "coordinator")
+    assert mounted_file(deployment["spec"]["template"]["spec"], c,
+                        flag_value(c["args"], "--api-key-file")) == ("my-keys", "keys")
+    assert not of_kind(docs, "Secret")
 
 
 def test_flag_check_catches_a_flag_the_binary_lacks(renderer, tmp_path, serve_flags):

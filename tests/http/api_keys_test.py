@@ -132,7 +132,7 @@ def test_wrong_or_missing_key_is_an_authentication_error(rig, key):
 
 
 def test_probes_and_metrics_are_open(rig):
-    for path in ("/health", "/ready", "/metrics"):
+    for path in ("/health", "/ready", "/live", "/metrics"):
         status, body = get(rig, path)
         assert status == 200, (path, status, body)
     assert "loom_" in get(rig, "/metrics")[1]

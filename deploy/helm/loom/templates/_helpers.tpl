@@ -398,3 +398,18 @@ kind: StatefulSet
 {{- end }}
 name: {{ include "loom.worker.name" . }}
 {{- end }}
+
+{{/* The Secret holding the coordinator's API keys (`apiKey`): the user's, the one the chart
+     writes from apiKey.value, or empty (no keys). */}}
+{{- define "loom.apiKeySecret" -}}
+{{- if .Values.apiKey.existingSecret -}}
+{{ .Values.apiKey.existingSecret }}
+{{- else if .Values.apiKey.value -}}
+{{ include "loom.fullname" . }}-api-key
+{{- end -}}
+{{- end -}}
+
+{{/* The scheme of the coordinator's HTTP port: HTTPS with `tls.existingSecret`. */}}
+{{- define "loom.httpScheme" -}}
+{{ ternary "HTTPS" "HTTP" (ne .Values.tls.existingSecret "") }}
+{{- end -}}
