@@ -1,13 +1,9 @@
 #include "worker/cuda_forward_pass.h"
 
 #include <algorithm>
-#include <bit>
 #include <climits>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <map>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +20,7 @@
 #include "kernels/cuda/sampling.h"
 #include "model/cuda_device.h"
 #include "model/llama_graph.h"
+#include "model/cuda_graph_cache.h"
 #include "model/model_weights.h"
 #include "model/tensor_parallel.h"
 #endif
@@ -122,28 +119,10 @@ namespace {
 using kc::DataType;
 using kc::DeviceBuffer;
 
-// Decode steps up to 256 sequences are padded to the next bucket and replayed from a graph.
-constexpr int64_t kGraphBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-constexpr int64_t kMaxGraphBatch = 256;
-// Graphs are also keyed by the context bucket (a power of two, at least this): the split
-// count of the decode kernel is baked into a graph and depends on the context length.
-constexpr int64_t kMinContextBucket = 256;
-
-int64_t GraphBatchBucket(int64_t num_seqs) {
-  for (int64_t bucket : kGraphBatchBuckets) {
-    if (num_seqs <= bucket) return bucket;
-  }
-  return 0;
-}
-
-// A power of two >= max_context_len, at least kMinContextBucket; capped at 2^30 (the
-// kernel attends a longer sequence in full anyway: its last split runs longer).
-int64_t ContextBucket(int64_t max_context_len) {
-  const uint64_t bucket =
-      std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(max_context_len, 1)));
-  return std::clamp<int64_t>(static_cast<int64_t>(std::min<uint64_t>(bucket, uint64_t{1} << 30)),
-                             kMinContextBucket, int64_t{1} << 30);
-}
+// Decode-step buckets and their graphs: model/cuda_graph_cache.
+using model::ContextBucket;
+using model::GraphBatchBucket;
+using model::kMaxGraphBatch;
 
 absl::Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -165,7 +144,6 @@ absl::Status Reserve(DeviceBuffer& buffer, size_t bytes) {
 struct CudaForwardPass::State {
   int device_index = 0;
   bool use_graphs = true;
-  bool fail_captures = false;  // CudaForwardPassOptions::debug_fail_graph_captures
   common::ModelConfig config;
   int64_t num_blocks = 0;     // blocks the coordinator may name
   int64_t scratch_block = 0;  // == num_blocks: one more block, target of graph padding
@@ -188,19 +166,14 @@ struct CudaForwardPass::State {
   DeviceBuffer sample_workspace;
   DeviceBuffer sampled_tokens, sampled_logprobs;
 
-  // Decode graphs by (batch bucket, context bucket). A key is captured the second time
-  // it is seen (the first runs eagerly: that grows every buffer the shape needs and
-  // loads lazily loaded kernels, both outside capture). A graph whose memory generation
-  // is no longer the device's drops them all.
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<model::CudaGraph>> graphs;
-  std::set<std::pair<int64_t, int64_t>> warmed;
-  std::set<std::pair<int64_t, int64_t>> uncapturable;  // keys whose capture failed
-  Stats stats;
+  // Decode graphs by (batch bucket, context bucket) on `device`, and how steps ran;
+  // created by Finish (CudaForwardPassOptions::debug_fail_graph_captures goes to it).
+  std::unique_ptr<model::CudaGraphCache> graph_cache;
   absl::Status broken;  // the first device error; every later step fails with it
 
   ~State() {
     cudaSetDevice(device_index);
-    graphs.clear();  // before the device whose stream they ran on
+    graph_cache.reset();  // its graphs before the device whose stream they ran on
     logits.reset();
     graph.reset();
     cudaGetLastError();  // nothing to report from a destructor
@@ -283,56 +256,6 @@ struct CudaForwardPass::State {
     return absl::OkStatus();
   }
 
-  // The forward pass of `step` into `logits`: replayed from the key's graph, captured
-  // (the key's second step) or enqueued eagerly.
-  absl::Status EnqueueForward(const model::StepTensors& step, const model::Tensor& out,
-                              bool graphed, std::pair<int64_t, int64_t> key) {
-    auto forward = [&] { return graph->Forward(step, out); };
-    if (!graphed || uncapturable.contains(key)) {
-      ++stats.eager_steps;
-      return forward();
-    }
-    auto found = graphs.find(key);
-    if (found != graphs.end() && found->second->generation() != device->memory_generation()) {
-      // Memory moved since (a larger step grew a buffer): every graph names freed memory.
-      graphs.clear();
-      found = graphs.end();
-    }
-    if (found != graphs.end()) {
-      LOOM_RETURN_IF_ERROR(device->Replay(*found->second));
-      ++stats.graph_replays;
-      return absl::OkStatus();
-    }
-    if (!warmed.contains(key)) {
-      LOOM_RETURN_IF_ERROR(forward());
-      warmed.insert(key);
-      ++stats.eager_steps;
-      return absl::OkStatus();
-    }
-    absl::StatusOr<std::unique_ptr<model::CudaGraph>> captured =
-        fail_captures ? absl::InternalError("capture refused (debug_fail_graph_captures)")
-                      : device->Capture(forward);
-    if (!captured.ok()) {
-      // The stream left capture mode and nothing ran: the step runs eagerly, and so does
-      // every later step of this key. A tensor-parallel rank thus still makes each
-      // collective exactly once, as its peers do, whether they replay or not.
-      ++stats.graph_capture_failures;
-      std::fprintf(stderr,
-                   "loom-worker: CUDA graph capture of decode bucket (%lld sequences, context "
-                   "%lld) failed, running it eagerly from now on: %s\n",
-                   static_cast<long long>(key.first), static_cast<long long>(key.second),
-                   captured.status().ToString().c_str());
-      uncapturable.insert(key);
-      ++stats.eager_steps;
-      return forward();
-    }
-    ++stats.graph_captures;
-    LOOM_RETURN_IF_ERROR(device->Replay(**captured));
-    ++stats.graph_replays;
-    graphs[key] = *std::move(captured);
-    return absl::OkStatus();
-  }
-
   // One step: the forward pass, then either the sample rows' logits copied out or (with
   // `sampling`) their tokens picked on the device and only those copied out.
   absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits_out,
@@ -375,7 +298,9 @@ struct CudaForwardPass::State {
     LOOM_RETURN_IF_ERROR(EnsureLogits(std::max<int64_t>(rows, 1)));
     const model::Tensor out = model::Tensor::Of(
         logits->data(), model::DType::kF32, model::DeviceType::kCuda, {rows, config.vocab_size});
-    absl::Status status = EnqueueForward(tensors, out, graphed, {bucket, tensors.max_context_len});
+    // Replayed from the key's graph, captured (the key's second step) or enqueued eagerly.
+    absl::Status status = graph_cache->Run([&] { return graph->Forward(tensors, out); }, graphed,
+                                           {bucket, tensors.max_context_len});
     if (status.ok()) {
       if (sampling != nullptr) {
         status = EnqueueSampling(*sampling, *sampled, *sampled_logprob);
@@ -608,7 +533,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   // graph to capture them; host-staged ones (gloo) synchronize, so graphs are off then.
   s.use_graphs =
       options.cuda_graphs && (device.world_size() == 1 || device.collectives_on_stream());
-  s.fail_captures = options.debug_fail_graph_captures;
+  s.graph_cache =
+      std::make_unique<model::CudaGraphCache>(s.device, options.debug_fail_graph_captures);
   const common::ModelConfig& c = s.config;
   const common::ModelConfig local = model::LocalConfig(c, graph.shard());
   // Weights are uploaded and generated on the device's stream; wait for every stream
@@ -731,7 +657,15 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
   });
 }
 
-CudaForwardPass::Stats CudaForwardPass::stats() const { return state_->stats; }
+CudaForwardPass::Stats CudaForwardPass::stats() const {
+  const model::CudaGraphStats& graphs = state_->graph_cache->stats();
+  Stats stats;
+  stats.eager_steps = graphs.eager_steps;
+  stats.graph_captures = graphs.graph_captures;
+  stats.graph_replays = graphs.graph_replays;
+  stats.graph_capture_failures = graphs.graph_capture_failures;
+  return stats;
+}
 
 #endif  // LOOM_HAVE_CUDA
 

@@ -60,7 +60,7 @@ struct CudaForwardPassOptions {
 /// memory, cuBLAS and the kernels of kernels/cuda, one stream), behind ForwardPass. What
 /// is CUDA-runner specific lives here: validation, KV pool sizing from free memory,
 /// decode steps padded to batch-size buckets and replayed as CUDA graphs per (batch
-/// bucket, context bucket), on-device sampling, and the guard below.
+/// bucket, context bucket) (model::CudaGraphCache), on-device sampling, and the guard below.
 ///
 /// INT4 layer weights stay 4-bit for the W4A16 GEMM (options.quantized_weights); other
 /// quantized weights are dequantized on the host at load. Steps with multi-token
