@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->model_ = MakeServedModel(options.model_path, *server->gguf_, server->config_,
                                    options.served_model_name);
   server->metrics_ = std::make_unique<coordinator::CoordinatorMetrics>(server->model_.id);
+  server->metrics_->set_naming(options.metric_naming);
   server->cluster_ =
       std::make_unique<coordinator::Cluster>(options.cluster, server->model_.info.fingerprint());
   absl::StatusOr<ApiKeys> api_keys =

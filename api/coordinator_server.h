@@ -13,6 +13,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/metric_naming.h"
 #include "api/http_server.h"
 #include "api/inference_service.h"
 #include "grpcpp/grpcpp.h"
@@ -43,6 +44,8 @@ struct ServeOptions {
   // The context length served (prompt + generated tokens), at most the model's; 0: the
   // model's own (--max-model-len).
   int64_t max_model_len = 0;
+  // --metrics-naming loom|vllm|both: the names /metrics serves (coordinator/metric_naming.h).
+  coordinator::MetricNaming metric_naming = coordinator::MetricNaming::kBoth;
 };
 
 /// The coordinator's command-line flags are declared in cli/serve_flags.h.

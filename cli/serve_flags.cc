@@ -39,6 +39,15 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "leave them unset; vllm: the API's own defaults only")
       ->check(OneOf({"auto", "vllm"}))
       ->default_str(options.model_sampling_defaults ? "auto" : "vllm");
+  app.add_option_function<std::string>(
+         "--metrics-naming",
+         [&options](const std::string& naming) {
+           options.metric_naming = *coordinator::ParseMetricNaming(naming);  // checked below
+         },
+         "/metrics names: loom (loom_x), vllm (vllm:x for every metric vLLM has, so its "
+         "dashboards and autoscaler queries work unchanged) or both")
+      ->check(OneOf({"loom", "vllm", "both"}))
+      ->default_str("both");
   AddString(app, "--host", options.host, "listen address of the gRPC and HTTP servers");
   AddInt(app, "--port,--http-port", options.http.port, -1, 65535,
          "the OpenAI-compatible HTTP port (0: any free port; -1: off)");

@@ -341,7 +341,7 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
 std::string CoordinatorMetrics::Serialize() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   for (prometheus::MetricFamily& family : process_.Collect()) families.push_back(std::move(family));
-  return prometheus::TextSerializer().Serialize(families);
+  return prometheus::TextSerializer().Serialize(ApplyMetricNaming(std::move(families), naming_));
 }
 
 }  // namespace loom::coordinator

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/process_metrics.h"
+#include "coordinator/metric_naming.h"
 #include "engine/request_metrics.h"
 #include "loom/v1/inference.pb.h"
 #include "prometheus/counter.h"
@@ -68,8 +69,10 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   /// and gone (scaled in) leave the per-replica gauges.
   void UpdateFromClusterState(const loom::v1::ClusterState& state);
 
-  /// The text exposition format (version 0.0.4) of every metric, process_* included.
+  /// The text exposition format (version 0.0.4) of every metric, process_* included,
+  /// under the names set_naming chose (default: Loom's and vLLM's).
   std::string Serialize() const;
+  void set_naming(MetricNaming naming) { naming_ = naming; }
   prometheus::Registry& registry() { return *registry_; }
 
  private:
@@ -79,6 +82,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   }
 
   std::string model_name_;
+  MetricNaming naming_ = MetricNaming::kBoth;
   std::shared_ptr<prometheus::Registry> registry_;
   common::ProcessCollector process_;
   // Per replica, from ClusterState.

@@ -62,18 +62,27 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
                     .Help("Sequences whose state the worker holds.")
                     .Register(*registry_)
                     .Add(labels);
-  auto counter = [&](const char* name, const char* help) {
-    return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add(labels);
-  };
-  eager_steps_ = counter("loom_worker_eager_steps_total",
-                         "CUDA forward passes run op by op (not replayed from a graph).");
-  graph_captures_ = counter("loom_worker_cuda_graph_captures_total",
-                            "CUDA graphs captured (a decode bucket's second step).");
-  graph_replays_ = counter("loom_worker_cuda_graph_replays_total",
-                           "Decode steps run by replaying a captured CUDA graph.");
+  eager_steps_ = &prometheus::BuildCounter()
+                     .Name("loom_worker_eager_steps_total")
+                     .Help("CUDA forward passes run op by op (not replayed from a graph).")
+                     .Register(*registry_)
+                     .Add(labels);
+  graph_captures_ = &prometheus::BuildCounter()
+                        .Name("loom_worker_cuda_graph_captures_total")
+                        .Help("CUDA graphs captured (a decode bucket's second step).")
+                        .Register(*registry_)
+                        .Add(labels);
+  graph_replays_ = &prometheus::BuildCounter()
+                       .Name("loom_worker_cuda_graph_replays_total")
+                       .Help("Decode steps run by replaying a captured CUDA graph.")
+                       .Register(*registry_)
+                       .Add(labels);
   graph_capture_failures_ =
-      counter("loom_worker_cuda_graph_capture_failures_total",
-              "CUDA graph captures that failed; their steps ran eagerly instead.");
+      &prometheus::BuildCounter()
+           .Name("loom_worker_cuda_graph_capture_failures_total")
+           .Help("CUDA graph captures that failed; their steps ran eagerly instead.")
+           .Register(*registry_)
+           .Add(labels);
 }
 
 void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected) {
