@@ -25,7 +25,7 @@
 #include "prometheus/exposer.h"
 #include "kernels/cuda_device.h"
 #include "model/cpu_kv_cache.h"
-#include "model/kv_layout.h"
+#include "model/kv_cache_budget.h"
 #include "model/tensor_parallel.h"
 #include "worker/coordinator_store.h"
 #include "worker/cuda_forward_pass.h"
@@ -81,9 +81,6 @@ sigset_t ShutdownSignals() {
   return set;
 }
 
-// Default share of the GPU memory left after the weights that the CUDA KV pool takes.
-constexpr double kDefaultCudaKvFraction = 0.9;
-
 // The CPU runner's options from the worker's flags (threads, KV pool, activations): the
 // target model's (which adds tensor parallelism) and the draft model's alike.
 CpuForwardPassOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
@@ -116,7 +113,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   backend_options.gpu_index = gpu_index;
   backend_options.num_kv_blocks = num_blocks;
   backend_options.block_size = options.block_size;
-  backend_options.kv_memory_fraction = options.kv_cache_fraction.value_or(kDefaultCudaKvFraction);
+  backend_options.kv_memory_fraction =
+      options.kv_cache_fraction.value_or(model::kDefaultDeviceKvFraction);
   backend_options.gpu_memory_utilization = options.gpu_memory_utilization.value_or(0.0);
   backend_options.num_threads = options.num_threads;
   backend_options.kv_dtype = options.kv_dtype;
@@ -225,30 +223,23 @@ int RunWorkerCommand(int argc, char** argv) {
 
   // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
   // divide is refused here, before meeting the other ranks.
-  absl::StatusOr<model::ShardPlan> shard =
-      model::PlanShards(*config, options.rank, options.world_size);
-  if (!shard.ok()) return UsageError(std::string(shard.status().message()));
   const bool cuda = device == "cuda";
-  const int64_t block_bytes = model::KvBytesPerBlock(
-      model::LocalConfig(*config, *shard), options.block_size,
+  absl::StatusOr<model::KvBlockSpec> block = model::ShardKvBlock(
+      *config, options.rank, options.world_size, options.block_size,
       cuda ? kernels::cuda::ElementBytes(kernels::cuda::DataType::kF16)
-           : model::CpuKvCache::ElementBytes(options.kv_dtype));
-  // The KV budget in bytes; on CUDA without --kv-cache-memory the runner sizes the pool
-  // from free device memory (num_blocks 0).
-  int64_t budget = 0;
+           : model::CpuKvCache::ElementBytes(options.kv_dtype),
+      options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32");
+  if (!block.ok()) return UsageError(std::string(block.status().message()));
+  const int64_t block_bytes = block->bytes;
+  // The pool's blocks from the KV budget in bytes; on CUDA without --kv-cache-memory the
+  // runner sizes the pool from free device memory (num_blocks 0).
+  int64_t num_blocks = 0;
   if (!cuda || options.kv_cache_bytes.has_value()) {
-    absl::StatusOr<int64_t> bytes = KvCacheBudgetBytes(options);
-    if (!bytes.ok()) return Fail(bytes.status());
-    budget = *bytes;
-  }
-  // Slot ids (block * block_size + offset) are int32 on the wire and in the kernels.
-  const int64_t max_blocks = INT32_MAX / options.block_size;
-  int64_t num_blocks = std::min(budget / block_bytes, max_blocks);
-  if (num_blocks < 1 && (!cuda || options.kv_cache_bytes.has_value())) {
-    return UsageError(absl::StrFormat(
-        "a KV budget of %d bytes holds no block: one block of %d tokens takes %d bytes (%s KV)",
-        budget, options.block_size, block_bytes,
-        options.kv_dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32"));
+    absl::StatusOr<int64_t> budget = KvCacheBudgetBytes(options);
+    if (!budget.ok()) return Fail(budget.status());
+    absl::StatusOr<int64_t> blocks = model::KvBlocksFromBudget(*budget, *block);
+    if (!blocks.ok()) return UsageError(std::string(blocks.status().message()));
+    num_blocks = *blocks;
   }
   std::fprintf(
       stderr, "loom-worker: model %s (%s, vocab %lld, context %lld) from %s, fingerprint %s\n",

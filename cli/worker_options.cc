@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <set>
 #include <string>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "cli/command_line.h"
 #include "kernels/cuda_device.h"
+#include "model/kv_cache_budget.h"
 
 namespace loom::worker {
 
@@ -72,25 +72,8 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view addr
   return std::make_pair(std::string(address.substr(0, colon)), port);
 }
 
-absl::StatusOr<int64_t> MemAvailableBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return absl::UnavailableError("cannot read MemAvailable from /proc/meminfo");
-}
-
 absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options) {
-  if (options.kv_cache_bytes.has_value()) return *options.kv_cache_bytes;
-  if (options.kv_cache_fraction.has_value()) {
-    absl::StatusOr<int64_t> available = MemAvailableBytes();
-    if (!available.ok()) return available.status();
-    return static_cast<int64_t>(static_cast<double>(*available) * *options.kv_cache_fraction);
-  }
-  return int64_t{512} << 20;
+  return model::HostKvBudgetBytes(options.kv_cache_bytes, options.kv_cache_fraction);
 }
 
 absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,

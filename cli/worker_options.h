@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
+#include "model/kv_cache_budget.h"
 
 namespace loom::worker {
 
@@ -95,8 +96,8 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text);
 /// numeric port in [0, 65535] or with an empty host.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(absl::string_view address);
 
-/// MemAvailable from /proc/meminfo, in bytes; Unavailable where it cannot be read.
-absl::StatusOr<int64_t> MemAvailableBytes();
+/// MemAvailable from /proc/meminfo, in bytes (model/kv_cache_budget.h).
+using model::MemAvailableBytes;
 
 /// The device a --device value (cuda|cpu|auto) means on a machine with
 /// `cuda_device_count` CUDA devices: "cuda" or "cpu". auto is cuda when a device is present,
@@ -115,8 +116,8 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
 absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_count);
 
 /// The CPU KV pool's byte budget: --kv-cache-memory, else --kv-cache-fraction of
-/// MemAvailable, else 512 MiB. (On CUDA the fraction is of free device memory, see
-/// worker_command.cc.)
+/// MemAvailable, else 512 MiB (model::HostKvBudgetBytes). On CUDA the fraction is of the
+/// device's free memory (model::DeviceKvBlocks).
 absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options);
 
 }  // namespace loom::worker

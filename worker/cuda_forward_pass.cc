@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_device.h"
+#include "model/kv_cache_budget.h"
 #include "model/kv_layout.h"
 
 #if LOOM_HAVE_CUDA
@@ -564,35 +565,25 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   LOOM_RETURN_IF_ERROR(s.EnsureLogits(kMaxGraphBatch));
 
   // The KV pool: one extra block (the scratch block graph padding writes to and reads).
-  const int64_t block_bytes =
-      model::KvBytesPerBlock(local, s.block_size, kc::ElementBytes(options.kv_dtype));
-  const int64_t max_blocks = INT32_MAX / s.block_size - 1;  // slot ids are int32
-  int64_t num_blocks = options.num_kv_blocks;
+  const model::KvBlockSpec block =
+      model::KvBlockOf(local, s.block_size, kc::ElementBytes(options.kv_dtype),
+                       std::string(kc::DataTypeName(options.kv_dtype)));
   size_t free_bytes = 0, total_bytes = 0;
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
-  if (num_blocks == 0 && options.gpu_memory_utilization > 0) {
-    // This runner's share of the device's total, less what it has taken itself (weights,
-    // activations, workspaces), not less what the whole device holds: two workers that
-    // split a GPU (--gpu-memory-utilization 0.45 each) then each get their share, whichever
-    // starts first. Never more than the default would take of what is free.
-    const double allowed = static_cast<double>(total_bytes) * options.gpu_memory_utilization;
-    const double own =
-        static_cast<double>(s.free_at_start > free_bytes ? s.free_at_start - free_bytes : 0);
-    const double room = std::min(allowed - own,
-                                 static_cast<double>(free_bytes) * options.kv_memory_fraction);
-    num_blocks = static_cast<int64_t>(std::max(0.0, room)) / block_bytes - 1;
-  } else if (num_blocks == 0) {
-    num_blocks =
-        static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_memory_fraction) /
-            block_bytes -
-        1;
+  model::DeviceKvBudget budget;
+  budget.num_blocks = options.num_kv_blocks;
+  budget.free_fraction = options.kv_memory_fraction;
+  budget.memory_utilization = options.gpu_memory_utilization;
+  const absl::StatusOr<int64_t> sized = model::DeviceKvBlocks(
+      budget,
+      {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes),
+       static_cast<int64_t>(s.free_at_start)},
+      block);
+  if (!sized.ok()) {
+    return absl::Status(sized.status().code(),
+                        absl::StrCat("CUDA runner: ", sized.status().message()));
   }
-  num_blocks = std::min(num_blocks, max_blocks);
-  if (num_blocks < 1) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "CUDA runner: no room for a KV block of %d bytes (%d bytes free on the device)",
-        block_bytes, free_bytes));
-  }
+  const int64_t num_blocks = *sized;
   s.num_blocks = num_blocks;
   s.scratch_block = num_blocks;
   LOOM_RETURN_IF_ERROR(graph.CreateKvCache(num_blocks + 1));  // zeroed on the stream
@@ -606,7 +597,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
       options.device, kernels::CudaDeviceDescription(options.device), graph.shard().rank,
       graph.shard().size, static_cast<double>(device.weight_bytes()) / (1 << 20), num_blocks,
       s.block_size, kc::DataTypeName(options.kv_dtype),
-      static_cast<double>(num_blocks * block_bytes) / (1 << 20),
+      static_cast<double>(num_blocks * block.bytes) / (1 << 20),
       s.use_graphs ? "on" : (options.cuda_graphs ? "off (tensor parallel)" : "off"));
 
   std::unique_ptr<CudaForwardPass> runner(new CudaForwardPass(std::move(state)));
