@@ -2,6 +2,8 @@
 
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "model/cuda_status.h"
 #endif
 
 #include <algorithm>
@@ -94,13 +96,6 @@ CudaGraph::~CudaGraph() = default;
 namespace {
 
 namespace kc = kernels::cuda;
-
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clears a non-sticky error so the next check does not repeat it
-  return absl::InternalError(absl::StrFormat("%s: %s", call, cudaGetErrorString(error)));
-}
-#define LOOM_CUDA_CALL(call) LOOM_RETURN_IF_ERROR(CudaStatus((call), #call))
 
 // Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
 constexpr int64_t kUploadChunkElements = int64_t{4} << 20;

@@ -21,6 +21,8 @@
 #include "kernels/cuda/sampling.h"
 #include "model/cuda_device.h"
 #include "model/llama_graph.h"
+#include "model/cuda_status.h"
+#include "model/llama_graph.h"
 #include "model/cuda_graph_cache.h"
 #include "model/model_weights.h"
 #include "model/tensor_parallel.h"
@@ -125,12 +127,7 @@ using model::ContextBucket;
 using model::GraphBatchBucket;
 using model::kMaxGraphBatch;
 
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clears a non-sticky error so the next check does not repeat it
-  return absl::InternalError(absl::StrFormat("%s: %s", call, cudaGetErrorString(error)));
-}
-#define LOOM_CUDA_RUNNER_CALL(call) LOOM_RETURN_IF_ERROR(CudaStatus((call), #call))
+using model::CudaStatus;
 
 // Grows `buffer` to at least `bytes` (a fresh allocation; the contents are not kept).
 absl::Status Reserve(DeviceBuffer& buffer, size_t bytes) {
@@ -196,8 +193,8 @@ struct CudaForwardPass::State {
   absl::Status Upload(DeviceBuffer& buffer, const T* host, size_t count) {
     if (count == 0) return absl::OkStatus();
     LOOM_RETURN_IF_ERROR(Reserve(buffer, count * sizeof(T)));
-    LOOM_CUDA_RUNNER_CALL(cudaMemcpyAsync(buffer.data(), host, count * sizeof(T),
-                                          cudaMemcpyHostToDevice, device->stream()));
+    LOOM_CUDA_CALL(cudaMemcpyAsync(buffer.data(), host, count * sizeof(T), cudaMemcpyHostToDevice,
+                                   device->stream()));
     return absl::OkStatus();
   }
 
@@ -248,12 +245,10 @@ struct CudaForwardPass::State {
     p.tokens = static_cast<int32_t*>(sampled_tokens.data());
     p.logprobs = static_cast<float*>(sampled_logprobs.data());
     LOOM_RETURN_IF_ERROR(kc::LaunchSampleTokens(p, stream));
-    LOOM_CUDA_RUNNER_CALL(cudaMemcpyAsync(tokens.data(), sampled_tokens.data(),
-                                          num_rows * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                          stream));
-    LOOM_CUDA_RUNNER_CALL(cudaMemcpyAsync(logprobs.data(), sampled_logprobs.data(),
-                                          num_rows * sizeof(float), cudaMemcpyDeviceToHost,
-                                          stream));
+    LOOM_CUDA_CALL(cudaMemcpyAsync(tokens.data(), sampled_tokens.data(), num_rows * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA_CALL(cudaMemcpyAsync(logprobs.data(), sampled_logprobs.data(),
+                                   num_rows * sizeof(float), cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   }
 
