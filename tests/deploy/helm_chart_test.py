@@ -74,10 +74,16 @@ CONFIGS = {
                                       "tls": {"existingSecret": "loom-tls"},
                                       "serviceMonitor": {"enabled": True}}),
     "secured-existing-key": ([], {"apiKey": {"existingSecret": "my-keys", "secretKey": "keys"}}),
+    "ingress": ([], {"ingress": {"enabled": True, "className": "nginx",
+                                 "hosts": ["llm.example.com"],
+                                 "tls": [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]},
+                     "httpRoute": {"enabled": True, "hostnames": ["llm.example.com"],
+                                   "parentRefs": [{"name": "gateway", "namespace": "infra"}]}}),
 }
 CRD_SCHEMAS = pathlib.Path(__file__).resolve().parent / "crd_schemas"
 CUSTOM_KINDS = {"LeaderWorkerSet": "leaderworkerset.json", "ServiceMonitor": "servicemonitor.json",
-                "PrometheusRule": "prometheusrule.json", "ScaledObject": "scaledobject.json"}
+                "PrometheusRule": "prometheusrule.json", "ScaledObject": "scaledobject.json",
+                "HTTPRoute": "httproute.json"}
 
 
 @pytest.fixture(scope="session")
@@ -257,6 +263,10 @@ def test_crd_schemas_reject_broken_custom_resources(rendered):
              ("ScaledObject", lambda d: d["spec"]["triggers"][0].update(metricType="Average")),
              ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
              ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 s"))]
+    route = copy.deepcopy(one(rendered["ingress"], "HTTPRoute"))
+    route["spec"]["rules"][0]["backendRefs"][0]["prot"] = 8000
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(route, json.loads((CRD_SCHEMAS / "httproute.json").read_text()))
     for kind, breakit in cases:
         broken = copy.deepcopy(one(docs, kind))
         breakit(broken)
@@ -696,6 +706,25 @@ def test_api_keys_and_tls_come_from_secrets_and_the_probes_stay_open(rendered):
                for p in ("startupProbe", "readinessProbe", "livenessProbe"))
     assert "--api-key-file" not in plain["args"] and "--ssl-certfile" not in plain["args"]
     assert not of_kind(rendered["default"], "Secret")
+
+
+def test_ingress_and_http_route_reach_the_coordinators_http_port(rendered):
+    docs = rendered["ingress"]
+    service = one(docs, "Service", "loom-coordinator")
+    http_port = next(p for p in service["spec"]["ports"] if p["name"] == "http")["port"]
+    ingress = one(docs, "Ingress")
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "llm.example.com"
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "loom-coordinator", "port": {"name": "http"}}
+    route = one(docs, "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"name": "gateway", "namespace": "infra"}]
+    (ref,) = route["spec"]["rules"][0]["backendRefs"]
+    assert (ref["name"], ref["port"]) == ("loom-coordinator", http_port)
+    # Off by default.
+    assert not of_kind(rendered["default"], "Ingress") and not of_kind(rendered["default"], "HTTPRoute")
 
 
 def test_an_existing_api_key_secret_is_mounted_not_written(rendered):
