@@ -25,6 +25,12 @@
 
 namespace loom::model {
 
+int64_t CudaDevice::StepElements(int64_t max_tokens, int64_t block_entries) {
+  // Token, per-sequence and sample-row arrays of up to max_tokens each (16-byte aligned),
+  // then the block indices.
+  return 7 * (max_tokens + 4) + block_entries + 4;
+}
+
 #if !LOOM_HAVE_CUDA
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions&) {

@@ -88,6 +88,9 @@ class CudaDevice : public Device {
     int64_t num_kv_heads = 0;
     int64_t head_dim = 0;
   };
+  /// Capacity::step_elements for steps of at most `max_tokens` tokens (and as many
+  /// sequences and sample rows) and `block_entries` block indices: UploadStep's layout.
+  static int64_t StepElements(int64_t max_tokens, int64_t block_entries);
   /// Grows the device's internal buffers for steps up to `capacity` (after every weight
   /// is uploaded: the GEMM buffers are sized for the widest one), so such steps allocate
   /// nothing. A larger step still grows them (and changes memory_generation()).

@@ -20,10 +20,10 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda_device.h"
-#include "model/llama_graph.h"
+#include "model/cuda_graph_cache.h"
+#include "model/cuda_model_checks.h"
 #include "model/cuda_status.h"
 #include "model/llama_graph.h"
-#include "model/cuda_graph_cache.h"
 #include "model/model_weights.h"
 #include "model/tensor_parallel.h"
 #endif
@@ -381,20 +381,6 @@ absl::Status ValidateRunnerOptions(const CudaForwardPassOptions& options) {
   return absl::OkStatus();
 }
 
-// The model shapes the CUDA kernels can run.
-absl::Status ValidateRunnerConfig(const common::ModelConfig& config) {
-  if (config.head_dim != 64 && config.head_dim != 128) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA runner: head dim %d unsupported by the attention kernels (64, 128)",
-        config.head_dim));
-  }
-  if (config.hidden_size > 65536) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CUDA runner: hidden size %d above 65536", config.hidden_size));
-  }
-  return absl::OkStatus();
-}
-
 // What ModelConfigFromGguf guarantees for a config that comes from a caller instead.
 absl::Status ValidateRandomModelConfig(const common::ModelConfig& c) {
   if (c.vocab_size < 1 || c.context_length < 1 || c.hidden_size < 1 ||
@@ -450,20 +436,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
     const common::GgufFile& gguf, const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
-  LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
-  // The CUDA attention kernels map a rank's query heads onto its KV heads by the group
-  // alone: a KV head two ranks share (heads that do not split evenly) is refused here.
-  LOOM_ASSIGN_OR_RETURN(const model::ShardPlan plan,
-                        model::PlanShards(config, options.tp_rank, options.tp_size));
-  const int64_t group = config.num_heads / config.num_kv_heads;
-  if (plan.num_heads != plan.num_kv_heads * group || plan.head0 != plan.kv_head0 * group) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA runner: tensor parallel rank %d of %d holds query heads [%d, %d) over KV heads "
-        "[%d, %d), which the CUDA attention kernels cannot map (group %d): use a size that "
-        "splits the %d KV heads evenly",
-        plan.rank, plan.size, plan.head0, plan.head0 + plan.num_heads, plan.kv_head0,
-        plan.kv_head0 + plan.num_kv_heads, group, config.num_kv_heads));
-  }
+  LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
+  LOOM_RETURN_IF_ERROR(model::ValidateCudaShard(config, options.tp_rank, options.tp_size));
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   // Weights: this rank's slice, loaded like the CPU runner's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
@@ -495,7 +469,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
     const common::ModelConfig& config, const CudaForwardPassOptions& options, uint64_t seed) {
   LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
   LOOM_RETURN_IF_ERROR(ValidateRandomModelConfig(config));
-  LOOM_RETURN_IF_ERROR(ValidateRunnerConfig(config));
+  LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
   if (options.tp_size > 1) {
     return absl::InvalidArgumentError("CUDA runner: random models run on one rank only");
   }
@@ -548,9 +522,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   capacity.tokens = max_tokens;
   capacity.sample_rows = kMaxGraphBatch;
   capacity.width = c.hidden_size;
-  // Token, per-sequence and sample-row arrays of up to max_tokens each (16-byte aligned),
-  // then the block indices.
-  capacity.step_elements = 7 * (max_tokens + 4) + block_entries + 4;
+  capacity.step_elements = model::CudaDevice::StepElements(max_tokens, block_entries);
   capacity.decode_seqs = kMaxGraphBatch;
   capacity.max_context_len = ContextBucket(c.context_length);
   capacity.num_heads = graph.shard().num_heads;
