@@ -23,7 +23,9 @@
 #   5. memcheck    compute-sanitizer on a named subset of kernel tests and one CUDA runner
 #   6. racecheck     scenario (memcheck only); "Device not supported", as under gVisor, is
 #                    reported as unavailable
-#   7. bench       the GPU benchmarks' --quick forms, while time is left
+#   7. bench       the GPU benchmarks' --quick forms, then tests/gpu/serve_bench.py (loom
+#                  bench at 1/32/128 streams against loom up on the default model's
+#                  random twin), while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
 # after every step, so a run cut off at any point still leaves its report.
 #
@@ -348,6 +350,20 @@ for bench in "${BENCHES[@]}"; do
     done_benches+=("$bench:failed")
   fi
 done
+# Serving on the GPU: loom bench against loom up on the default model's random twin (INT4),
+# 1 / 32 / 128 streams, beside the copy bandwidth of the same run.
+left=$((limit - ($(date +%s) - t0)))
+if ((left >= 15)) && [[ -f "$MODELS/default-shape.gguf" ]]; then
+  if timeout -k 5 "$left" "${RUN_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py" \
+      --loom "$B/bin/loom" --model "$MODELS/default-shape.gguf" --device cuda \
+      --concurrency 1,32,128 --num-requests 128 --input-len 128 --output-len 64 \
+      --start-timeout $((left / 2)) --out "$WORK/bench/serve_bench.json" \
+      --log "$WORK/serve_bench.log" >> "$LOG" 2>&1; then
+    done_benches+=(serve_bench)
+  else
+    done_benches+=(serve_bench:failed)
+  fi
+fi
 record bench "ran" "$t0" "$limit" "${done_benches[*]:-none (deadline)}"
 
 report --final

@@ -60,6 +60,24 @@ def test_default_shape_model_generates(models):
     assert "decode: 3 tokens" in result.stderr
 
 
+def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, SOURCE_DIR / "tests" / "gpu" / "serve_bench.py", "--loom", LOOM,
+         "--model", models / "tiny.gguf", "--device", "cpu", "--concurrency", "1,4",
+         "--num-requests", "8", "--input-len", "16", "--output-len", "8", "--out", out,
+         "--log", tmp_path / "bench.log", "--", "--threads", "1"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())
+    assert [run["concurrency"] for run in summary["levels"]["runs"]] == [1, 4]
+    assert all(run["completed"] == 8 and run["failed"] == 0 for run in summary["levels"]["runs"])
+    assert summary["copy_bandwidth_gbs"] > 0
+    assert summary["batch1_decode_tokens_per_s"] > 0
+    assert summary["batch1_fraction_of_limit"] == pytest.approx(
+        summary["batch1_decode_tokens_per_s"] / summary["batch1_tokens_per_s_limit"])
+
+
 def run_smoke(models, tmp_path, *extra):
     out = tmp_path / "smoke.json"
     result = subprocess.run(

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Serving benchmark: `loom bench` against `loom up MODEL --device DEVICE`, at several
+concurrency levels, beside the memory-bandwidth limit of the same run.
+
+Batch-1 decode reads every weight once per token, so its tokens/s is at most
+bandwidth / model bytes; the JSON gives that bound and the measured fraction of it. The
+bandwidth is a device-to-device copy measured here (PyTorch on CUDA, NumPy on the CPU),
+read + write bytes over time, the convention of bench/machine_limits.cc.
+
+Run by tests/gpu/quick.sh on the GPU machine (the default model's random twin, INT4) and
+on the CPU in CI (tests/gpu/serve_smoke_test.py) so that it never runs first on a GPU.
+Standard library only, plus PyTorch or NumPy for the bandwidth when present.
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from serve_smoke import CheckFailed, Server  # noqa: E402
+
+
+def copy_bandwidth_gbs(device):
+    """Median of 5 copies of 256 MiB, (read + write) bytes per second, in GB/s; None when
+    neither PyTorch (cuda) nor NumPy (cpu) is importable."""
+    size = 256 << 20
+    times = []
+    if device == "cuda":
+        try:
+            import torch
+        except ImportError:
+            return None
+        src = torch.empty(size, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        for _ in range(5):
+            start = time.perf_counter()
+            dst.copy_(src)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    else:
+        try:
+            import numpy
+        except ImportError:
+            return None
+        src = numpy.ones(size, dtype=numpy.uint8)
+        dst = numpy.empty_like(src)
+        numpy.copyto(dst, src)
+        for _ in range(5):
+            start = time.perf_counter()
+            numpy.copyto(dst, src)
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return 2 * size / times[len(times) // 2] / 1e9
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--loom", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--concurrency", default="1,32,128")
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--start-timeout", type=float, default=120)
+    parser.add_argument("--log", default="serve_bench.log")
+    parser.add_argument("--out", default="serve_bench.json")
+    parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
+    args = parser.parse_args()
+
+    bandwidth = copy_bandwidth_gbs(args.device)
+    model_bytes = os.path.getsize(args.model)
+    command = [args.loom, "up", args.model, "--device", args.device, "--host", "127.0.0.1",
+               "--port", "-1", "--grpc-port", "0", *args.extra]
+    summary = {"model": os.path.basename(args.model), "model_bytes": model_bytes,
+               "device": args.device, "copy_bandwidth_gbs": bandwidth, "command": command}
+    server = Server(command, args.log)
+    try:
+        address = server.wait_for(r"coordinator listening on (\S+)", args.start_timeout).group(1)
+        server.wait_for(r"loom: ready", args.start_timeout)
+        results = pathlib.Path(args.out).with_suffix(".levels.json")
+        bench = subprocess.run(
+            [args.loom, "bench", "--address", address, "--concurrency", args.concurrency,
+             "--num-requests", str(args.num_requests), "--input-len", str(args.input_len),
+             "--output-len", str(args.output_len), "--output", str(results)],
+            capture_output=True, text=True, timeout=600)
+        if bench.returncode != 0:
+            raise CheckFailed(f"loom bench exited {bench.returncode}: {bench.stderr[-2000:]}")
+        summary["levels"] = json.loads(results.read_text())
+        results.unlink()
+        summary["passed"] = True
+    except (CheckFailed, subprocess.TimeoutExpired, ValueError, OSError) as error:
+        summary["passed"] = False
+        summary["error"] = f"{type(error).__name__}: {error}"
+    finally:
+        server.stop()
+    # Batch-1 decode's bound: every weight byte read once per token.
+    if bandwidth:
+        summary["batch1_tokens_per_s_limit"] = bandwidth * 1e9 / model_bytes
+    single = [run for run in summary.get("levels", {}).get("runs", []) if run["concurrency"] == 1]
+    if single and single[0]["tpot_ms"]["p50"] > 0:
+        summary["batch1_decode_tokens_per_s"] = 1000.0 / single[0]["tpot_ms"]["p50"]
+        if bandwidth:
+            summary["batch1_fraction_of_limit"] = (summary["batch1_decode_tokens_per_s"] /
+                                                   summary["batch1_tokens_per_s_limit"])
+    with open(args.out, "w") as out:
+        json.dump(summary, out, indent=2)
+    print(json.dumps({k: v for k, v in summary.items() if k != "levels"}))
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
