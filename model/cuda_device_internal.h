@@ -1,0 +1,79 @@
+#pragma once
+
+// CudaDevice's own types and limits, shared by its source files (model/cuda_device*.cc) and
+// included by nothing else.
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/kv_cache.h"
+#include "model/device.h"
+
+namespace loom::model::cuda_detail {
+
+namespace kc = kernels::cuda;
+
+class CudaBuffer : public Buffer {
+ public:
+  explicit CudaBuffer(kc::DeviceBuffer buffer, int64_t bytes)
+      : buffer_(std::move(buffer)), bytes_(bytes) {}
+  void* data() const override { return buffer_.data(); }
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  kc::DeviceBuffer buffer_;
+  int64_t bytes_;
+};
+
+// A linear layer's weight on the device: dense [rows, cols] of the device dtype with an
+// F32 bias (cuBLAS), or 4-bit in the W4A16 GEMM's layout with the bias in dtype.
+class CudaLinear : public DeviceLinear {
+ public:
+  int64_t rows() const override { return n; }
+  int64_t cols() const override { return k; }
+  bool quantized() const { return q.data() != nullptr; }
+
+  kc::DeviceBuffer dense, q, scale_min, bias;
+  int64_t n = 0, k = 0, group_size = 0;
+};
+
+class CudaKvCache : public KvCache {
+ public:
+  int64_t num_blocks() const override { return view_.num_blocks; }
+  int64_t block_size() const override { return view_.block_size; }
+  int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (size_t l = 0; l < k_.size(); ++l) total += k_[l].bytes() + v_[l].bytes();
+    return total;
+  }
+  kc::KvCacheView layer(int64_t index) const {
+    kc::KvCacheView view = view_;
+    view.k = k_[index].data();
+    view.v = v_[index].data();
+    return view;
+  }
+
+  kc::KvCacheView view_;  // shape and dtype; k and v per layer below
+  std::vector<kc::DeviceBuffer> k_, v_;
+};
+
+inline const CudaLinear& AsCuda(const DeviceLinear& w) { return static_cast<const CudaLinear&>(w); }
+inline const CudaKvCache& AsCuda(const KvCache& c) { return static_cast<const CudaKvCache&>(c); }
+
+// The attention kernels' grids hold at most this many sequences per launch.
+inline constexpr int64_t kMaxAttentionSeqsPerLaunch = 65535;
+
+inline absl::Status GrowingWhileCapturing(size_t bytes) {
+  return absl::InternalError(absl::StrFormat(
+      "CUDA device: a buffer would grow to %d bytes during CUDA graph capture (the shape "
+      "was not run eagerly first)",
+      bytes));
+}
+
+}  // namespace loom::model::cuda_detail

@@ -1,0 +1,306 @@
+#include "model/cuda_device.h"
+
+// The CUDA device's operations: each enqueues kernels/cuda launches (or cuBLAS) on the stream.
+// Without CUDA, model/cuda_device.cc stubs them.
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/gather.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/rope.h"
+#include "model/cuda_device_internal.h"
+#include "model/cuda_status.h"
+
+namespace loom::model {
+
+namespace {
+
+namespace kc = kernels::cuda;
+using cuda_detail::AsCuda;
+using cuda_detail::CudaLinear;
+using cuda_detail::GrowingWhileCapturing;
+using cuda_detail::kMaxAttentionSeqsPerLaunch;
+
+}  // namespace
+
+absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* dst,
+                                 kc::DataType dst_type, int64_t rows, int64_t cols) {
+  if (rows == 0) return absl::OkStatus();
+  LOOM_RETURN_IF_ERROR(EnsureIota(rows));
+  kc::GatherRowsParams p;
+  p.table = src;
+  p.indices = static_cast<const int32_t*>(iota_.data());
+  p.out = dst;
+  p.src_dtype = src_type;
+  p.dst_dtype = dst_type;
+  p.num_rows = rows;
+  p.row_size = cols;
+  p.num_indices = rows;
+  return kc::LaunchGatherRows(p, stream_);
+}
+
+absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
+                                   int64_t vocab0, Tensor out) {
+  const CudaLinear& linear = AsCuda(table);
+  if (linear.quantized()) {
+    return absl::UnimplementedError("the CUDA device gathers embeddings from dense tables only");
+  }
+  if (token_ids.numel() == 0) return absl::OkStatus();
+  kc::GatherRowsParams p;
+  p.table = linear.dense.data();
+  p.indices = token_ids.as<const int32_t>();
+  p.out = out.data;
+  p.src_dtype = options_.dtype;
+  p.dst_dtype = kc::DataType::kF32;
+  p.num_rows = linear.n;
+  p.row_size = linear.k;
+  p.num_indices = token_ids.numel();
+  p.index_offset = vocab0;
+  return kc::LaunchGatherRows(p, stream_);
+}
+
+absl::Status CudaDevice::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) {
+  kc::RmsNormParams p;
+  p.x = x.data;
+  p.weight = weight.as<const float>();
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.eps = eps;
+  p.num_tokens = x.rows();
+  p.hidden = x.cols();
+  return kc::LaunchRmsNorm(p, stream_);
+}
+
+absl::Status CudaDevice::AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight,
+                                    float eps, Tensor out) {
+  kc::RmsNormParams p;
+  p.x = x.data;
+  p.residual = residual.data;
+  p.weight = weight.as<const float>();
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.eps = eps;
+  p.num_tokens = residual.rows();
+  p.hidden = residual.cols();
+  return kc::LaunchRmsNorm(p, stream_);
+}
+
+absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor out, LinearSite) {
+  const CudaLinear& linear = AsCuda(w);
+  const kc::DataType dtype = options_.dtype;
+  const int64_t m = x.rows(), n = linear.n, k = linear.k;
+  if (m == 0) return absl::OkStatus();
+  const int64_t elem = kc::ElementBytes(dtype);
+  // The GEMMs read their input in the weights' dtype.
+  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(m * k * elem)));
+  LOOM_RETURN_IF_ERROR(Convert(x.data, kc::DataType::kF32, gemm_input_.data(), dtype, m, k));
+  if (!linear.quantized()) {
+    kc::GemmParams p;
+    p.x = gemm_input_.data();
+    p.w = linear.dense.data();
+    p.bias = static_cast<const float*>(linear.bias.data());
+    p.y = out.data;
+    p.dtype = dtype;
+    p.y_dtype = kc::DataType::kF32;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    return kc::LaunchGemm(p, *gemm_);
+  }
+  // W4A16: output in dtype, in chunks of the kernel's largest m, then widened to F32.
+  LOOM_RETURN_IF_ERROR(Ensure(gemm_output_, static_cast<size_t>(m * n * elem)));
+  for (int64_t row = 0; row < m; row += kc::kQuantGemmMaxM) {
+    kc::QuantGemmParams p;
+    p.x = static_cast<const uint8_t*>(gemm_input_.data()) + row * k * elem;
+    p.y = static_cast<uint8_t*>(gemm_output_.data()) + row * n * elem;
+    p.bias = linear.bias.data();
+    p.act_dtype = dtype;
+    p.format = kc::QuantWeightFormat::kInt4;
+    p.weight = linear.q.data();
+    p.scales = linear.scale_min.data();
+    p.m = std::min<int64_t>(kc::kQuantGemmMaxM, m - row);
+    p.n = n;
+    p.k = k;
+    p.group_size = linear.group_size;
+    p.num_splits = kc::ChooseQuantGemmSplits(p.m, n, k, num_sms_);
+    const size_t workspace = kc::QuantGemmWorkspaceBytes(p);
+    LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+    p.workspace = workspace_.data();
+    p.workspace_bytes = workspace_.bytes();
+    LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream_));
+  }
+  return Convert(gemm_output_.data(), dtype, out.data, kc::DataType::kF32, m, n);
+}
+
+absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {
+  const int64_t rows = x.rows(), width = x.cols();
+  if (rows == 0) return absl::OkStatus();
+  int64_t col = 0;
+  for (const Tensor& part : parts) {
+    const int64_t cols = part.cols();
+    LOOM_CUDA_CALL(cudaMemcpy2DAsync(part.data, cols * sizeof(float), x.as<const float>() + col,
+                                     width * sizeof(float), cols * sizeof(float), rows,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    col += cols;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) {
+  const int64_t tokens = positions.numel();
+  if (tokens == 0) return absl::OkStatus();
+  kc::RopeParams p;
+  p.q = q.data;
+  p.k = k.data;
+  p.positions = positions.as<const int32_t>();
+  p.inv_freq = spec.inv_freq.as<const float>();
+  p.dtype = kc::DataType::kF32;
+  p.num_tokens = tokens;
+  p.num_heads = q.numel() / (tokens * spec.head_dim);
+  p.num_kv_heads = k.numel() / (tokens * spec.head_dim);
+  p.head_dim = spec.head_dim;
+  p.rope_dim = spec.rope_dim;
+  p.neox = spec.neox;
+  p.attention_factor = spec.attention_factor;
+  return kc::LaunchRope(p, stream_);
+}
+
+absl::Status CudaDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
+                                 const Tensor& slots) {
+  if (slots.numel() == 0) return absl::OkStatus();
+  kc::WriteKvParams p;
+  p.cache = AsCuda(cache).layer(layer);
+  p.k = k.data;
+  p.v = v.data;
+  p.src_dtype = kc::DataType::kF32;
+  p.slots = slots.as<const int32_t>();
+  p.num_tokens = slots.numel();
+  return kc::LaunchWriteKv(p, stream_);
+}
+
+absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
+                                        const StepTensors& step, const AttentionSpec& spec,
+                                        Tensor out) {
+  if (step.num_seqs == 0 || step.num_tokens == 0) return absl::OkStatus();
+  const kc::KvCacheView view = AsCuda(cache).layer(layer);
+  // A rank's cache holds its KV heads only; its query heads are their groups, in order.
+  if (spec.num_heads != view.num_kv_heads * spec.group) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA attention: %d local query heads are not %d KV heads x group %d",
+                        spec.num_heads, view.num_kv_heads, spec.group));
+  }
+  const int64_t q_cols = spec.num_heads * spec.head_dim;
+  if (step.num_tokens == step.num_seqs) {
+    // Launches of at most kMaxAttentionSeqsPerLaunch sequences; block_indptr values index
+    // the whole block_indices array, so a chunk offsets only the per-sequence arrays.
+    for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
+      kc::PagedDecodeParams p;
+      p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
+      p.q = q.as<const float>() + first * q_cols;
+      p.out = out.as<float>() + first * q_cols;
+      p.q_dtype = kc::DataType::kF32;
+      p.cache = view;
+      p.context_len = step.context_len.as<const int32_t>() + first;
+      p.block_indptr = step.block_indptr.as<const int32_t>() + first;
+      p.block_indices = step.block_indices.as<const int32_t>();
+      p.num_heads = spec.num_heads;
+      p.scale = spec.scale;
+      p.max_context_len = std::max<int64_t>(step.max_context_len, 1);
+      const size_t workspace = kc::PagedDecodeWorkspaceBytes(p);
+      LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+      p.workspace = workspace_.data();
+      p.workspace_bytes = workspace_.bytes();
+      LOOM_RETURN_IF_ERROR(kc::LaunchPagedDecode(p, stream_));
+    }
+    return absl::OkStatus();
+  }
+  // Prefill reads Q in the cache dtype (the tensor cores' input).
+  LOOM_RETURN_IF_ERROR(Ensure(
+      gemm_input_, static_cast<size_t>(step.num_tokens * q_cols * kc::ElementBytes(view.dtype))));
+  LOOM_RETURN_IF_ERROR(
+      Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype, step.num_tokens, q_cols));
+  for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
+    // query_start values index the whole step's rows: q and out stay whole.
+    kc::PagedPrefillParams p;
+    p.q = gemm_input_.data();
+    p.out = out.data;
+    p.q_dtype = view.dtype;
+    p.out_dtype = kc::DataType::kF32;
+    p.cache = view;
+    p.query_start = step.query_start.as<const int32_t>() + first;
+    p.context_len = step.context_len.as<const int32_t>() + first;
+    p.block_indptr = step.block_indptr.as<const int32_t>() + first;
+    p.block_indices = step.block_indices.as<const int32_t>();
+    p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
+    p.num_heads = spec.num_heads;
+    p.scale = spec.scale;
+    p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
+    LOOM_RETURN_IF_ERROR(kc::LaunchPagedPrefill(p, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {
+  kc::SiluMulParams p;
+  p.gate_up = gate_up.data;
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.num_tokens = gate_up.rows();
+  p.ffn = out.cols();
+  return kc::LaunchSiluMul(p, stream_);
+}
+
+absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
+                                    Tensor out) {
+  const int64_t count = rows.numel(), width = x.cols();
+  if (count == 0) return absl::OkStatus();
+  kc::GatherRowsParams p;
+  p.table = x.data;
+  p.indices = rows.as<const int32_t>();
+  p.out = out.data;
+  p.src_dtype = kc::DataType::kF32;
+  p.dst_dtype = kc::DataType::kF32;
+  p.num_rows = x.rows();
+  p.row_size = width;
+  p.num_indices = count;
+  LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(p, stream_));
+  if (y.empty()) return absl::OkStatus();
+  // out += y's rows: the fused residual add of RMSNorm (residual += x, in float, as the
+  // CPU's a + b) does the sum; its normalized output goes to scratch.
+  LOOM_RETURN_IF_ERROR(Ensure(gathered_, static_cast<size_t>(count * width * sizeof(float))));
+  p.table = y.data;
+  p.out = gathered_.data();
+  LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(p, stream_));
+  if (ones_.bytes() < static_cast<size_t>(width) * sizeof(float)) {
+    if (capturing_) return GrowingWhileCapturing(static_cast<size_t>(width) * sizeof(float));
+    ++memory_generation_;
+    LOOM_RETURN_IF_ERROR(Synchronize());
+    const std::vector<float> ones(width, 1.0f);
+    LOOM_ASSIGN_OR_RETURN(ones_, UploadBytes(ones.data(), ones.size() * sizeof(float)));
+  }
+  kc::RmsNormParams norm;
+  norm.x = gathered_.data();
+  norm.residual = out.data;
+  norm.weight = static_cast<const float*>(ones_.data());
+  norm.out = gathered_.data();
+  norm.dtype = kc::DataType::kF32;
+  norm.eps = 1e-5f;
+  norm.num_tokens = count;
+  norm.hidden = width;
+  return kc::LaunchRmsNorm(norm, stream_);
+}
+
+}  // namespace loom::model
+
+#endif  // LOOM_HAVE_CUDA

@@ -1,0 +1,170 @@
+#include "model/cuda_device.h"
+
+// The CUDA device's weights: dense F16/BF16 (uploaded or random), INT4 for the W4A16 GEMM.
+// Without CUDA, model/cuda_device.cc stubs them.
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/weights.h"
+#include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/types.h"
+#include "model/cuda_device_internal.h"
+#include "model/cuda_status.h"
+
+namespace loom::model {
+
+namespace {
+
+namespace kc = kernels::cuda;
+using cuda_detail::CudaBuffer;
+using cuda_detail::CudaLinear;
+
+// Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
+constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
+
+bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
+  return weight.format == kernels::cpu::WeightFormat::kInt4 && weight.rows % 16 == 0 &&
+         weight.cols % 64 == 0 &&
+         (weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>& host) {
+  const size_t bytes = host.size() * sizeof(float);
+  LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, UploadBytes(host.data(), bytes));
+  weight_bytes_ += static_cast<int64_t>(bytes);
+  return std::make_unique<CudaBuffer>(std::move(buffer), static_cast<int64_t>(bytes));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::DenseLinear(int64_t rows, int64_t cols) {
+  auto linear = std::make_unique<CudaLinear>();
+  linear->n = rows;
+  linear->k = cols;
+  const int64_t bytes = std::max<int64_t>(rows * cols * kc::ElementBytes(options_.dtype), 1);
+  LOOM_ASSIGN_OR_RETURN(linear->dense, kc::DeviceBuffer::Allocate(static_cast<size_t>(bytes)));
+  weight_bytes_ += bytes;
+  widest_input_ = std::max(widest_input_, cols);
+  return std::unique_ptr<DeviceLinear>(std::move(linear));
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
+    const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  const kc::DataType dtype = options_.dtype;
+  const int64_t elem = kc::ElementBytes(dtype);
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceLinear> result,
+                        DenseLinear(weight.rows, weight.cols));
+  CudaLinear& linear = static_cast<CudaLinear&>(*result);
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, kUploadChunkElements / std::max<int64_t>(weight.cols, 1));
+  std::vector<float> values;
+  std::vector<uint8_t> converted;
+  for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, weight.rows - row);
+    values.resize(rows * weight.cols);
+    converted.resize(rows * weight.cols * elem);
+    kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
+    kc::ConvertFromFloat(dtype, values.data(), rows * weight.cols, converted.data());
+    // On the device's stream (later work is ordered after it), waited for before
+    // `converted` is reused.
+    LOOM_CUDA_CALL(
+        cudaMemcpyAsync(static_cast<uint8_t*>(linear.dense.data()) + row * weight.cols * elem,
+                        converted.data(), converted.size(), cudaMemcpyHostToDevice, stream_));
+    LOOM_RETURN_IF_ERROR(Synchronize());
+  }
+  if (bias != nullptr && !bias->empty()) {
+    LOOM_ASSIGN_OR_RETURN(linear.bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
+  }
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
+    const kernels::cpu::PackedWeight& table) {
+  return UploadDense(table, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
+    int64_t rows, int64_t cols, uint64_t seed, float scale, const std::vector<float>* bias) {
+  if (rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("random weight of %d x %d: both sizes must be >= 1", rows, cols));
+  }
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceLinear> result, DenseLinear(rows, cols));
+  kc::RandomFillParams fill;
+  fill.out = static_cast<CudaLinear&>(*result).dense.data();
+  fill.dtype = options_.dtype;
+  fill.count = rows * cols;
+  fill.seed = seed;
+  fill.offset = 0.0f;
+  fill.scale = scale;
+  LOOM_RETURN_IF_ERROR(kc::LaunchRandomFill(fill, stream_));
+  if (bias != nullptr && !bias->empty()) {
+    if (static_cast<int64_t>(bias->size()) != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("bias of %d values for %d rows", bias->size(), rows));
+    }
+    CudaLinear& linear = static_cast<CudaLinear&>(*result);
+    LOOM_ASSIGN_OR_RETURN(linear.bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
+  }
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
+    const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  if (!options_.keep_quantized || !QuantGemmTakes(weight)) return UploadDense(weight, bias);
+  auto linear = std::make_unique<CudaLinear>();
+  linear->n = weight.rows;
+  linear->k = weight.cols;
+  linear->group_size = weight.group_size;
+  const kc::DataType dtype = options_.dtype;
+  LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
+                        kernels::cpu::UnpackQuantized(weight));
+  std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
+  for (size_t i = 0; i < nibbles.size(); ++i) {
+    nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
+  }
+  LOOM_ASSIGN_OR_RETURN(
+      kc::Int4GpuWeight packed,
+      kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(), natural.mins.data(), weight.rows,
+                         weight.cols, weight.group_size));
+  LOOM_ASSIGN_OR_RETURN(linear->q, UploadBytes(packed.q.data(), packed.q.size()));
+  LOOM_ASSIGN_OR_RETURN(linear->scale_min, UploadBytes(packed.scale_min.data(),
+                                                       packed.scale_min.size() * sizeof(uint16_t)));
+  weight_bytes_ +=
+      static_cast<int64_t>(packed.q.size() + packed.scale_min.size() * sizeof(uint16_t));
+  if (bias != nullptr && !bias->empty()) {
+    std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
+    kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()), converted.data());
+    LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
+  }
+  // What Reserve sizes the W4A16 path's buffers by: the widest output, and the split-K
+  // workspace at every power-of-two m up to the GEMM's largest.
+  ++quantized_linears_;
+  widest_input_ = std::max(widest_input_, linear->k);
+  widest_quantized_output_ = std::max(widest_quantized_output_, linear->n);
+  for (int64_t m = 1; m <= kc::kQuantGemmMaxM; m *= 2) {
+    kc::QuantGemmParams p;
+    p.act_dtype = dtype;
+    p.format = kc::QuantWeightFormat::kInt4;
+    p.m = m;
+    p.n = linear->n;
+    p.k = linear->k;
+    p.group_size = linear->group_size;
+    p.num_splits = kc::ChooseQuantGemmSplits(m, p.n, p.k, num_sms_);
+    quant_workspace_bytes_ = std::max(quant_workspace_bytes_, kc::QuantGemmWorkspaceBytes(p));
+  }
+  return std::unique_ptr<DeviceLinear>(std::move(linear));
+}
+
+}  // namespace loom::model
+
+#endif  // LOOM_HAVE_CUDA
