@@ -10,12 +10,16 @@
                             tools=[{"name": "get_weather", "parameters": {...}}],
                             tool_choice="required", max_tokens=64)
         print(reply.tool_calls)
+
+AsyncLoomClient has the same calls as coroutines (grpc.aio): `await client.generate(...)`,
+`async for chunk in client.generate_stream(...)`.
 """
+from loom_client.aio import AsyncGenerateStream, AsyncLoomClient
 from loom_client.client import LoomClient, RetryPolicy
 from loom_client.errors import LoomError
 from loom_client.stream import GenerateStream
 from loom_client.types import (Chunk, ClusterState, Completion, ModelCard, ReplicaState,
                                TokenLogprob, ToolCall)
 
-__all__ = ["LoomClient", "RetryPolicy", "LoomError", "GenerateStream", "Chunk", "ClusterState",
+__all__ = ["LoomClient", "AsyncLoomClient", "AsyncGenerateStream", "RetryPolicy", "LoomError", "GenerateStream", "Chunk", "ClusterState",
            "Completion", "ModelCard", "ReplicaState", "TokenLogprob", "ToolCall"]

@@ -124,7 +124,8 @@ class LoomClient:
         generate_stream."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
-        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry)
+        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry,
+                              self._metadata)
 
     def chat(self, messages: Sequence[dict], *, timeout: Optional[float] = None,
              on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
