@@ -154,70 +154,75 @@ std::vector<PackedWeight> Copies(const PackedWeight& w, int64_t footprint) {
   return std::vector<PackedWeight>(count, w);
 }
 
-}  // namespace
-}  // namespace loom::bench
-
-int main(int argc, char** argv) {
-  using namespace loom::bench;
+// The run's command line: --quick, --footprint-mib N, --section NAME; LOOM_BENCH_FORMAT.
+struct Options {
   bool quick = false;
-  std::string section;  // empty: every table
+  std::string section;                     // empty: every table
   int64_t footprint = int64_t{256} << 20;  // 8x a 32 MiB L3
+  int repeats = 7;                         // 3 with --quick
+  const char* only = nullptr;              // LOOM_BENCH_FORMAT, e.g. INT4: one format only
+  // Whether the table `name` runs (--section).
+  bool Runs(const char* name) const { return section.empty() || section == name; }
+};
+
+Options ParseOptions(int argc, char** argv) {
+  Options options;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--quick") == 0) options.quick = true;
     // --footprint-mib 1: weights stay in cache (kernel compute rate, not memory).
     if (std::strcmp(argv[i], "--footprint-mib") == 0 && i + 1 < argc) {
-      footprint = std::atoll(argv[++i]) << 20;
+      options.footprint = std::atoll(argv[++i]) << 20;
     }
     // --section sweep: run one table only (written to cpu_kernels[_<isa>]_sweep.json).
-    if (std::strcmp(argv[i], "--section") == 0 && i + 1 < argc) section = argv[++i];
+    if (std::strcmp(argv[i], "--section") == 0 && i + 1 < argc) options.section = argv[++i];
   }
-  const int repeats = quick ? 3 : 7;
-  const std::string cpu = CpuModel();
-  std::printf("CPU kernels benchmark on %s, matmul ISA %s\n", cpu.c_str(),
-              loom::kernels::cpu::MatmulIsa());
+  options.repeats = options.quick ? 3 : 7;
+  options.only = std::getenv("LOOM_BENCH_FORMAT");
+  return options;
+}
 
-  const int thread_counts[] = {1, 2};
+constexpr int kThreadCounts[] = {1, 2};
+
+// The machine's limits per thread count (indexed by 1 and 2), measured in this run.
+struct Limits {
   double copy_bw[3] = {}, read_bw[3] = {}, peak[3] = {}, int8_peak[3] = {};
-  for (int t : thread_counts) {
-    copy_bw[t] = MeasureCopyBandwidthGBs(t);
-    read_bw[t] = MeasureReadBandwidthGBs(t);
-    peak[t] = MeasurePeakGflops(t);
-    int8_peak[t] = MeasurePeakInt8Gmacs(t);
-    std::printf("threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f "
-                "GFLOP/s, int8 dot peak %.0f GMAC/s\n",
-                t, copy_bw[t], read_bw[t], peak[t], int8_peak[t]);
-  }
+};
 
-  std::string json = absl::StrFormat(
-      "{\n  \"benchmark\": \"cpu_kernels\",\n  \"time\": \"%s\",\n  \"cpu\": \"%s\",\n"
-      "  \"matmul_isa\": \"%s\",\n  \"threads\": [1, 2],\n  \"repeats\": %d,\n"
-      "  \"statistic\": \"median\",\n  \"limits\": {\n",
-      UtcNow(), cpu, loom::kernels::cpu::MatmulIsa(), repeats);
-  for (int t : thread_counts) {
-    absl::StrAppendFormat(&json,
-                          "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
-                          "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f}%s\n",
-                          t, copy_bw[t], read_bw[t], peak[t], int8_peak[t], t == 2 ? "" : ",");
+Limits MeasureLimits() {
+  Limits limits;
+  for (int t : kThreadCounts) {
+    limits.copy_bw[t] = MeasureCopyBandwidthGBs(t);
+    limits.read_bw[t] = MeasureReadBandwidthGBs(t);
+    limits.peak[t] = MeasurePeakGflops(t);
+    limits.int8_peak[t] = MeasurePeakInt8Gmacs(t);
+    std::printf(
+        "threads %d: memcpy %.1f GB/s (read + write), read %.1f GB/s, FMA peak %.0f "
+        "GFLOP/s, int8 dot peak %.0f GMAC/s\n",
+        t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t], limits.int8_peak[t]);
   }
-  json += "  },\n  \"gemv\": [\n";
+  return limits;
+}
 
+// GEMV (m = 1) of every format and shape, weights streamed from memory, 1 and 2 threads,
+// against memcpy; the m = 16 batched speedup on 2 threads. Appends the "gemv" rows.
+void RunGemv(const Options& options, const Limits& limits, std::string& json) {
+  const int64_t footprint = options.footprint;
+  const int repeats = options.repeats;
   std::printf("\nGEMV (m = 1), weights streamed from memory (%lld MiB per pass): GB/s of weight "
               "bytes read, ratio to memcpy of the same thread count; m=16 batched speedup\n",
               static_cast<long long>(footprint >> 20));
   std::printf("%-9s %-14s %7s | %8s %6s %8s %6s | %11s\n", "fmt", "shape", "MiB", "1T GB/s",
               "ratio", "2T GB/s", "ratio", "m16 speedup");
   bool first = true;
-  const char* only = std::getenv("LOOM_BENCH_FORMAT");  // e.g. INT4: one format only
-  auto runs = [&](const char* name) { return section.empty() || section == name; };
   for (const Format& f : kFormats) {
-    if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
-    if (!runs("gemv")) break;
+    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (!options.Runs("gemv")) break;
     for (const Shape& s : kShapes) {
       const PackedWeight w = MakeWeight(f, s);
       const std::vector<PackedWeight> copies = Copies(w, footprint);
       double gbs[3] = {};
       double batched_speedup = 0.0;
-      for (int t : thread_counts) {
+      for (int t : kThreadCounts) {
         ThreadPool pool(t);
         const double seconds = TimeMatmul(copies, f.activations, 1, pool, repeats);
         gbs[t] = static_cast<double>(w.bytes()) / seconds / 1e9;
@@ -228,155 +233,161 @@ int main(int argc, char** argv) {
         }
       }
       std::printf("%-9s %-14s %7.2f | %8.1f %6.2f %8.1f %6.2f | %10.1fx\n", Label(f).c_str(),
-                  absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), w.bytes() / 1048576.0,
-                  gbs[1], gbs[1] / copy_bw[1], gbs[2], gbs[2] / copy_bw[2], batched_speedup);
+                  absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), w.bytes() / 1048576.0, gbs[1],
+                  gbs[1] / limits.copy_bw[1], gbs[2], gbs[2] / limits.copy_bw[2], batched_speedup);
       absl::StrAppendFormat(
           &json,
           "%s    {\"format\": \"%s\", \"activations\": \"%s\", \"rows\": %d, \"cols\": %d, "
           "\"what\": \"%s\", \"weight_bytes\": %d, \"gbs_1t\": %.2f, \"ratio_memcpy_1t\": %.3f, "
           "\"ratio_read_1t\": %.3f, \"gbs_2t\": %.2f, \"ratio_memcpy_2t\": %.3f, "
           "\"ratio_read_2t\": %.3f, \"m16_vs_m1_throughput_2t\": %.2f}",
-          first ? "" : ",\n", f.name, f.activation_name, s.rows, s.cols, s.what, w.bytes(),
-          gbs[1],
-          gbs[1] / copy_bw[1], gbs[1] / read_bw[1], gbs[2], gbs[2] / copy_bw[2],
-          gbs[2] / read_bw[2], batched_speedup);
+          first ? "" : ",\n", f.name, f.activation_name, s.rows, s.cols, s.what, w.bytes(), gbs[1],
+          gbs[1] / limits.copy_bw[1], gbs[1] / limits.read_bw[1], gbs[2],
+          gbs[2] / limits.copy_bw[2], gbs[2] / limits.read_bw[2], batched_speedup);
       first = false;
     }
   }
-  json += "\n  ],\n  \"f32act_kernel_sweep\": [\n";
+}
 
-  // INT8/INT4 with float activations: the tile kernel (decodes in registers, per token
-  // tile) against the GEMM kernel (dequantizes each weight panel once per call) over m,
-  // weights streamed from memory, 2 threads; Matmul switches at F32ActGemmMinTokens().
-  first = true;
-  if (runs("sweep")) {
-    namespace internal = loom::kernels::cpu::internal;
-    std::printf("\nINT8/INT4 a32 kernels over m, 2 threads, weights from memory: tokens/s "
-                "relative to m = 1 on the tile kernel (Matmul takes GEMM at m >= %lld)\n",
-                static_cast<long long>(internal::F32ActGemmMinTokens()));
-    std::printf("%-9s %-14s %-5s |", "fmt", "shape", "kern");
-    const int64_t sweep_ms[] = {1, 2, 4, 5, 8, 16, 32, 64};
-    for (int64_t m : sweep_ms) std::printf(" %6s", absl::StrFormat("m%d", m).c_str());
-    std::printf("\n");
-    ThreadPool pool(2);
-    for (const Format& f : kFormats) {
-      if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
-      if (f.format != WeightFormat::kInt8 && f.format != WeightFormat::kInt4) continue;
-      if (f.activations != ActivationPrecision::kF32) continue;
-      for (const Shape& s : {kShapes[1], kShapes[3]}) {
-        const PackedWeight w = MakeWeight(f, s);
-        const std::vector<PackedWeight> copies = Copies(w, footprint);
-        double single = 0.0;
-        for (const char* kernel : {"tile", "gemm"}) {
-          const bool gemm = std::strcmp(kernel, "gemm") == 0;
-          internal::SetF32ActGemmMinTokensForTesting(gemm ? 1 : int64_t{1} << 40);
-          std::printf("%-9s %-14s %-5s |", Label(f).c_str(),
-                      absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), kernel);
-          std::string ratios;
-          for (int64_t m : sweep_ms) {
-            const double seconds =
-                TimeMatmul(copies, f.activations, m, pool, std::max(3, repeats / 2));
-            if (!gemm && m == 1) single = seconds;
-            const double ratio = m * single / seconds;
-            std::printf(" %6.2f", ratio);
-            absl::StrAppendFormat(&ratios, "%s\"m%d\": %.3f", ratios.empty() ? "" : ", ", m,
-                                  ratio);
-          }
-          std::printf("\n");
-          absl::StrAppendFormat(&json,
-                                "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
-                                "\"kernel\": \"%s\", \"tokens_per_s_vs_tile_m1\": {%s}}",
-                                first ? "" : ",\n", f.name, s.rows, s.cols, kernel, ratios);
-          first = false;
-        }
-        internal::SetF32ActGemmMinTokensForTesting(0);
-      }
-    }
-  }
-  json += "\n  ],\n  \"int8act_gemm\": [\n";
-
-  // INT8/INT4 with int8 activations: the tile kernel against the int8-activation GEMM
-  // (same bits), weights in cache (one copy), 1 thread (the pool runs on the calling
-  // thread) timed in process CPU time, which a shared machine's other load disturbs far
-  // less than wall time: GMAC per CPU-second and the ratio to the 1-thread int8 dot peak
-  // measured above (VNNI on AVX-512, vpmaddubsw + vpmaddwd on AVX2; wall time).
-  first = true;
-  if (runs("a8gemm")) {
-    namespace internal = loom::kernels::cpu::internal;
-    std::printf("\nINT8/INT4 a8 GEMM, 1 thread, weights in cache: GMAC per CPU-second and "
-                "ratio to the 1-thread int8 dot peak (%.0f GMAC/s); Matmul takes the GEMM at "
-                "m >= %lld\n",
-                int8_peak[1], static_cast<long long>(internal::Int8ActGemmMinTokens()));
-    const int64_t a8_ms[] = {1, 8, 64, 256};
-    std::printf("%-9s %-14s |", "fmt", "shape");
-    for (int64_t m : a8_ms) {
-      std::printf(" %-7s %5s %7s %5s %6s |", absl::StrFormat("m%d tile", m).c_str(), "ratio",
-                  "gemm", "ratio", "speed");
-    }
-    std::printf("\n");
-    ThreadPool pool(1);
-    for (const Format& f : kFormats) {
-      if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
-      if (f.activations != ActivationPrecision::kInt8) continue;
-      for (const Shape& s : {kShapes[1], kShapes[2]}) {
-        const std::vector<PackedWeight> one = {MakeWeight(f, s)};
-        // The two kernels alternate, round by round (this machine may be shared): medians
-        // of each kernel's rounds, and of the per-round speedups.
-        std::string cells[2], speedups;
-        std::printf("%-9s %-14s |", Label(f).c_str(),
-                    absl::StrFormat("%dx%d", s.rows, s.cols).c_str());
-        for (int64_t m : a8_ms) {
-          std::vector<double> seconds[2], speedup;
-          for (int round = 0; round < (quick ? 3 : 7); ++round) {
-            for (int kernel = 0; kernel < 2; ++kernel) {  // 0 tile, 1 gemm
-              internal::SetInt8ActGemmMinTokensForTesting(kernel == 1 ? 1 : int64_t{1} << 40);
-              seconds[kernel].push_back(CpuSecondsPerMatmul(one[0], f.activations, m, pool));
-            }
-            speedup.push_back(seconds[0].back() / seconds[1].back());
-          }
-          for (int kernel = 0; kernel < 2; ++kernel) {
-            const double gmacs =
-                static_cast<double>(m) * s.rows * s.cols / Median(seconds[kernel]) / 1e9;
-            const double ratio = int8_peak[1] > 0 ? gmacs / int8_peak[1] : 0.0;
-            std::printf(" %7.1f %5.2f", gmacs, ratio);
-            absl::StrAppendFormat(&cells[kernel],
-                                  "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
-                                  cells[kernel].empty() ? "" : ", ", m, gmacs, m, ratio);
-          }
-          std::printf(" %5.2fx |", Median(speedup));
-          absl::StrAppendFormat(&speedups, "%s\"m%d\": %.3f", speedups.empty() ? "" : ", ", m,
-                                Median(speedup));
+// INT8/INT4 with float activations: the tile kernel (decodes in registers, per token
+// tile) against the GEMM kernel (dequantizes each weight panel once per call) over m,
+// weights streamed from memory, 2 threads; Matmul switches at F32ActGemmMinTokens().
+// Appends the "f32act_kernel_sweep" rows.
+void RunSweep(const Options& options, std::string& json) {
+  namespace internal = loom::kernels::cpu::internal;
+  const int repeats = options.repeats;
+  std::printf(
+      "\nINT8/INT4 a32 kernels over m, 2 threads, weights from memory: tokens/s "
+      "relative to m = 1 on the tile kernel (Matmul takes GEMM at m >= %lld)\n",
+      static_cast<long long>(internal::F32ActGemmMinTokens()));
+  std::printf("%-9s %-14s %-5s |", "fmt", "shape", "kern");
+  const int64_t sweep_ms[] = {1, 2, 4, 5, 8, 16, 32, 64};
+  for (int64_t m : sweep_ms) std::printf(" %6s", absl::StrFormat("m%d", m).c_str());
+  std::printf("\n");
+  ThreadPool pool(2);
+  bool first = true;
+  for (const Format& f : kFormats) {
+    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (f.format != WeightFormat::kInt8 && f.format != WeightFormat::kInt4) continue;
+    if (f.activations != ActivationPrecision::kF32) continue;
+    for (const Shape& s : {kShapes[1], kShapes[3]}) {
+      const PackedWeight w = MakeWeight(f, s);
+      const std::vector<PackedWeight> copies = Copies(w, options.footprint);
+      double single = 0.0;
+      for (const char* kernel : {"tile", "gemm"}) {
+        const bool gemm = std::strcmp(kernel, "gemm") == 0;
+        internal::SetF32ActGemmMinTokensForTesting(gemm ? 1 : int64_t{1} << 40);
+        std::printf("%-9s %-14s %-5s |", Label(f).c_str(),
+                    absl::StrFormat("%dx%d", s.rows, s.cols).c_str(), kernel);
+        std::string ratios;
+        for (int64_t m : sweep_ms) {
+          const double seconds =
+              TimeMatmul(copies, f.activations, m, pool, std::max(3, repeats / 2));
+          if (!gemm && m == 1) single = seconds;
+          const double ratio = m * single / seconds;
+          std::printf(" %6.2f", ratio);
+          absl::StrAppendFormat(&ratios, "%s\"m%d\": %.3f", ratios.empty() ? "" : ", ", m, ratio);
         }
         std::printf("\n");
         absl::StrAppendFormat(&json,
                               "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
-                              "\"threads\": 1, \"clock\": \"process_cpu_time\", "
-                              "\"tile\": {%s}, \"gemm\": {%s}, "
-                              "\"gemm_speedup_median\": {%s}}",
-                              first ? "" : ",\n", f.name, s.rows, s.cols, cells[0], cells[1],
-                              speedups);
+                              "\"kernel\": \"%s\", \"tokens_per_s_vs_tile_m1\": {%s}}",
+                              first ? "" : ",\n", f.name, s.rows, s.cols, kernel, ratios);
         first = false;
-        internal::SetInt8ActGemmMinTokensForTesting(0);
       }
+      internal::SetF32ActGemmMinTokensForTesting(0);
     }
   }
-  json += "\n  ],\n  \"gemm\": [\n";
+}
 
+// INT8/INT4 with int8 activations: the tile kernel against the int8-activation GEMM
+// (same bits), weights in cache (one copy), 1 thread (the pool runs on the calling
+// thread) timed in process CPU time, which a shared machine's other load disturbs far
+// less than wall time: GMAC per CPU-second and the ratio to the 1-thread int8 dot peak
+// measured above (VNNI on AVX-512, vpmaddubsw + vpmaddwd on AVX2; wall time). Appends the
+// "int8act_gemm" rows.
+void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) {
+  namespace internal = loom::kernels::cpu::internal;
+  const double* int8_peak = limits.int8_peak;
+  std::printf(
+      "\nINT8/INT4 a8 GEMM, 1 thread, weights in cache: GMAC per CPU-second and "
+      "ratio to the 1-thread int8 dot peak (%.0f GMAC/s); Matmul takes the GEMM at "
+      "m >= %lld\n",
+      int8_peak[1], static_cast<long long>(internal::Int8ActGemmMinTokens()));
+  const int64_t a8_ms[] = {1, 8, 64, 256};
+  std::printf("%-9s %-14s |", "fmt", "shape");
+  for (int64_t m : a8_ms) {
+    std::printf(" %-7s %5s %7s %5s %6s |", absl::StrFormat("m%d tile", m).c_str(), "ratio", "gemm",
+                "ratio", "speed");
+  }
+  std::printf("\n");
+  ThreadPool pool(1);
+  bool first = true;
+  for (const Format& f : kFormats) {
+    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (f.activations != ActivationPrecision::kInt8) continue;
+    for (const Shape& s : {kShapes[1], kShapes[2]}) {
+      const std::vector<PackedWeight> one = {MakeWeight(f, s)};
+      // The two kernels alternate, round by round (this machine may be shared): medians
+      // of each kernel's rounds, and of the per-round speedups.
+      std::string cells[2], speedups;
+      std::printf("%-9s %-14s |", Label(f).c_str(),
+                  absl::StrFormat("%dx%d", s.rows, s.cols).c_str());
+      for (int64_t m : a8_ms) {
+        std::vector<double> seconds[2], speedup;
+        for (int round = 0; round < (options.quick ? 3 : 7); ++round) {
+          for (int kernel = 0; kernel < 2; ++kernel) {  // 0 tile, 1 gemm
+            internal::SetInt8ActGemmMinTokensForTesting(kernel == 1 ? 1 : int64_t{1} << 40);
+            seconds[kernel].push_back(CpuSecondsPerMatmul(one[0], f.activations, m, pool));
+          }
+          speedup.push_back(seconds[0].back() / seconds[1].back());
+        }
+        for (int kernel = 0; kernel < 2; ++kernel) {
+          const double gmacs =
+              static_cast<double>(m) * s.rows * s.cols / Median(seconds[kernel]) / 1e9;
+          const double ratio = int8_peak[1] > 0 ? gmacs / int8_peak[1] : 0.0;
+          std::printf(" %7.1f %5.2f", gmacs, ratio);
+          absl::StrAppendFormat(&cells[kernel],
+                                "%s\"gmacs_m%d\": %.1f, \"ratio_int8_peak_m%d\": %.3f",
+                                cells[kernel].empty() ? "" : ", ", m, gmacs, m, ratio);
+        }
+        std::printf(" %5.2fx |", Median(speedup));
+        absl::StrAppendFormat(&speedups, "%s\"m%d\": %.3f", speedups.empty() ? "" : ", ", m,
+                              Median(speedup));
+      }
+      std::printf("\n");
+      absl::StrAppendFormat(&json,
+                            "%s    {\"format\": \"%s\", \"rows\": %d, \"cols\": %d, "
+                            "\"threads\": 1, \"clock\": \"process_cpu_time\", "
+                            "\"tile\": {%s}, \"gemm\": {%s}, "
+                            "\"gemm_speedup_median\": {%s}}",
+                            first ? "" : ",\n", f.name, s.rows, s.cols, cells[0], cells[1],
+                            speedups);
+      first = false;
+      internal::SetInt8ActGemmMinTokensForTesting(0);
+    }
+  }
+}
+
+// GEMM at m = 64 and 256 of every format and shape, 2 threads, against the 2-thread FMA
+// peak. Appends the "gemm" rows.
+void RunGemm(const Options& options, const Limits& limits, std::string& json) {
+  const double* peak = limits.peak;
   std::printf("\nGEMM, 2 threads: GFLOP/s and ratio to the 2-thread FMA peak (%.0f GFLOP/s)\n",
               peak[2]);
   std::printf("%-9s %-14s | %9s %6s | %9s %6s\n", "fmt", "shape", "m64", "ratio", "m256",
               "ratio");
-  first = true;
+  bool first = true;
   ThreadPool pool(2);
   for (const Format& f : kFormats) {
-    if (only != nullptr && std::strcmp(only, f.name) != 0) continue;
-    if (!runs("gemm")) break;
+    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (!options.Runs("gemm")) break;
     for (const Shape& s : kShapes) {
       const std::vector<PackedWeight> one = {MakeWeight(f, s)};
       double gflops[2];
       const int64_t ms[2] = {64, 256};
       for (int i = 0; i < 2; ++i) {
-        const double seconds = TimeMatmul(one, f.activations, ms[i], pool, quick ? 2 : 3);
+        const double seconds = TimeMatmul(one, f.activations, ms[i], pool, options.quick ? 2 : 3);
         gflops[i] = 2.0 * ms[i] * s.rows * s.cols / seconds / 1e9;
       }
       std::printf("%-9s %-14s | %9.1f %6.2f | %9.1f %6.2f\n", Label(f).c_str(),
@@ -388,11 +399,43 @@ int main(int argc, char** argv) {
                             "\"gflops_m64\": %.1f, \"ratio_peak_m64\": %.3f, \"gflops_m256\": "
                             "%.1f, \"ratio_peak_m256\": %.3f}",
                             first ? "" : ",\n", f.name, f.activation_name, s.rows, s.cols,
-                            gflops[0],
-                            gflops[0] / peak[2], gflops[1], gflops[1] / peak[2]);
+                            gflops[0], gflops[0] / peak[2], gflops[1], gflops[1] / peak[2]);
       first = false;
     }
   }
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main(int argc, char** argv) {
+  using namespace loom::bench;
+  const Options options = ParseOptions(argc, argv);
+  const std::string cpu = CpuModel();
+  std::printf("CPU kernels benchmark on %s, matmul ISA %s\n", cpu.c_str(),
+              loom::kernels::cpu::MatmulIsa());
+  const Limits limits = MeasureLimits();
+
+  std::string json = absl::StrFormat(
+      "{\n  \"benchmark\": \"cpu_kernels\",\n  \"time\": \"%s\",\n  \"cpu\": \"%s\",\n"
+      "  \"matmul_isa\": \"%s\",\n  \"threads\": [1, 2],\n  \"repeats\": %d,\n"
+      "  \"statistic\": \"median\",\n  \"limits\": {\n",
+      UtcNow(), cpu, loom::kernels::cpu::MatmulIsa(), options.repeats);
+  for (int t : kThreadCounts) {
+    absl::StrAppendFormat(&json,
+                          "    \"threads_%d\": {\"memcpy_gbs\": %.2f, \"read_gbs\": %.2f, "
+                          "\"fma_peak_gflops\": %.1f, \"int8_peak_gmacs\": %.1f}%s\n",
+                          t, limits.copy_bw[t], limits.read_bw[t], limits.peak[t],
+                          limits.int8_peak[t], t == 2 ? "" : ",");
+  }
+  json += "  },\n  \"gemv\": [\n";
+  RunGemv(options, limits, json);
+  json += "\n  ],\n  \"f32act_kernel_sweep\": [\n";
+  if (options.Runs("sweep")) RunSweep(options, json);
+  json += "\n  ],\n  \"int8act_gemm\": [\n";
+  if (options.Runs("a8gemm")) RunA8Gemm(options, limits, json);
+  json += "\n  ],\n  \"gemm\": [\n";
+  RunGemm(options, limits, json);
   json += "\n  ]\n}";
   const char* isa_env = std::getenv("LOOM_CPU_ISA");
   // One section only: its own file (cpu_kernels_avx2_a8gemm.json), not the full run's.
@@ -400,7 +443,7 @@ int main(int argc, char** argv) {
                    ? std::string("cpu_kernels_") +
                          loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa())
                    : std::string("cpu_kernels")) +
-                  (section.empty() ? "" : "_" + section),
+                  (options.section.empty() ? "" : "_" + options.section),
               json);
   return 0;
 }
