@@ -322,6 +322,15 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
     LOOM_RETURN_IF_ERROR(
         Ensure(step_, static_cast<size_t>(capacity.step_elements) * sizeof(int32_t)));
   }
+  // AllGatherColumns' staging (a rank's padded slice, then every rank's), as it sizes them:
+  // a captured decode step's logits gather must not be the first to allocate them.
+  if (collectives_on_stream() && capacity.sample_rows > 0 && capacity.gather_columns > 0) {
+    const int64_t world = world_size();
+    const int64_t stride = (capacity.gather_columns + world - 1) / world;
+    const size_t floats = static_cast<size_t>(capacity.sample_rows * stride);
+    LOOM_RETURN_IF_ERROR(Ensure(gather_local_, floats * sizeof(float)));
+    LOOM_RETURN_IF_ERROR(Ensure(gather_all_, floats * world * sizeof(float)));
+  }
   return Synchronize();
 }
 

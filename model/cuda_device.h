@@ -87,6 +87,9 @@ class CudaDevice : public Device {
     int64_t num_heads = 0;        // its local query heads, KV heads and head dim
     int64_t num_kv_heads = 0;
     int64_t head_dim = 0;
+    // Columns AllGatherColumns assembles from the ranks' slices (the vocabulary) for
+    // sample_rows rows, when collectives run on the stream (NCCL): its staging buffers.
+    int64_t gather_columns = 0;
   };
   /// Capacity::step_elements for steps of at most `max_tokens` tokens (and as many
   /// sequences and sample rows) and `block_entries` block indices: UploadStep's layout.

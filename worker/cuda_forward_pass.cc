@@ -528,6 +528,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   capacity.num_heads = graph.shard().num_heads;
   capacity.num_kv_heads = graph.shard().num_kv_heads;
   capacity.head_dim = c.head_dim;
+  capacity.gather_columns = c.vocab_size;
   LOOM_RETURN_IF_ERROR(device.Reserve(capacity));
   LOOM_RETURN_IF_ERROR(s.EnsureLogits(kMaxGraphBatch));
 
