@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Callable, Optional, Sequence
 
@@ -11,7 +10,7 @@ import grpc.aio
 
 from loom_client._proto.loom.v1 import inference_pb2 as pb
 from loom_client._proto.loom.v1 import inference_pb2_grpc as pb_grpc
-from loom_client.client import Prompt, RetryPolicy, _generate_request, _set_chat
+from loom_client.client import Prompt, RetryPolicy, _connect, _generate_request, _set_chat
 from loom_client.errors import LoomError
 from loom_client.types import Chunk, ClusterState, Completion, ModelCard
 
@@ -121,17 +120,9 @@ class AsyncLoomClient:
                  api_key: Optional[str] = None):
         if retry.max_attempts < 1:
             raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
-        options = [("grpc.enable_retries", 0), *channel_options]
-        if tls:
-            roots = open(root_certs_path, "rb").read() if root_certs_path else None
-            self._channel = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(roots),
-                                                    options)
-        else:
-            self._channel = grpc.aio.insecure_channel(address, options)
+        self._channel, self._metadata = _connect(grpc.aio, address, tls, root_certs_path,
+                                                 channel_options, api_key)
         self._stub = pb_grpc.InferenceStub(self._channel)
-        if api_key is None:
-            api_key = os.environ.get("LOOM_API_KEY") or None
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.address = address
         self.timeout = timeout
         self.retry = retry

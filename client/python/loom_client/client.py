@@ -34,6 +34,23 @@ class RetryPolicy:
         return min(self.max_backoff, self.initial_backoff * self.multiplier ** max(retry - 1, 0))
 
 
+def _connect(grpc_module, address: str, tls: bool, root_certs_path: Optional[str],
+             channel_options: Sequence[tuple], api_key: Optional[str]):
+    """(channel, call metadata) of a client: `grpc_module` is grpc or grpc.aio. The API key
+    (LOOM_API_KEY when None) goes with every call as `authorization: Bearer <key>`."""
+    # Retries are the client's own (before the first message only, counted, within the
+    # deadline); gRPC's built-in ones would add more.
+    options = [("grpc.enable_retries", 0), *channel_options]
+    if tls:
+        roots = open(root_certs_path, "rb").read() if root_certs_path else None
+        channel = grpc_module.secure_channel(address, grpc.ssl_channel_credentials(roots), options)
+    else:
+        channel = grpc_module.insecure_channel(address, options)
+    if api_key is None:
+        api_key = os.environ.get("LOOM_API_KEY") or None
+    return channel, (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                     "frequency_penalty", "seed", "min_tokens")
 
@@ -55,18 +72,9 @@ class LoomClient:
                  api_key: Optional[str] = None):
         if retry.max_attempts < 1:
             raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
-        # Retries are the client's own (before the first message only, counted, within the
-        # deadline); gRPC's built-in ones would add more.
-        options = [("grpc.enable_retries", 0), *channel_options]
-        if tls:
-            roots = open(root_certs_path, "rb").read() if root_certs_path else None
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots), options)
-        else:
-            self._channel = grpc.insecure_channel(address, options)
+        self._channel, self._metadata = _connect(grpc, address, tls, root_certs_path,
+                                                 channel_options, api_key)
         self._stub = pb_grpc.InferenceStub(self._channel)
-        if api_key is None:
-            api_key = os.environ.get("LOOM_API_KEY") or None
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self.address = address
         self.timeout = timeout
         self.retry = retry
