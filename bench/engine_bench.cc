@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,16 +96,20 @@ double MatmulFlopsPerToken(const loom::model::ModelWeights& weights) {
   return 2 * macs;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line (LOOM_MODEL_PATH: the default model).
+struct Flags {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (const char* env = std::getenv("LOOM_MODEL_PATH")) model_path = env;
   int threads = 2;
   std::string activations = "f32";  // the worker's default
   int only_batch = 0;
   int only_prefill = 0;
   int decode_tokens = 64;
+};
+
+// Parses the command line into `flags`; the exit code when the bench must not run (the
+// usage printed: --help, an unknown flag or a missing value).
+std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
+  if (const char* env = std::getenv("LOOM_MODEL_PATH")) flags.model_path = env;
   constexpr const char* kUsage =
       "usage: engine_bench [--model PATH] [--threads N] [--activations int8|f32]\n"
       "                    [--decode-tokens N] [--only-batch N] [--only-prefill N]\n"
@@ -121,11 +126,11 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, known || flag == "--help" || flag == "-h" ? stdout : stderr);
       return flag == "--help" || flag == "-h" ? 0 : 2;
     }
-    if (flag == "--model") model_path = argv[i + 1];
-    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
-    if (flag == "--activations") activations = argv[i + 1];
-    if (flag == "--only-batch") only_batch = std::atoi(argv[i + 1]);
-    if (flag == "--only-prefill") only_prefill = std::atoi(argv[i + 1]);
+    if (flag == "--model") flags.model_path = argv[i + 1];
+    if (flag == "--threads") flags.threads = std::atoi(argv[i + 1]);
+    if (flag == "--activations") flags.activations = argv[i + 1];
+    if (flag == "--only-batch") flags.only_batch = std::atoi(argv[i + 1]);
+    if (flag == "--only-prefill") flags.only_prefill = std::atoi(argv[i + 1]);
     if (flag == "--attention") {
       // per-token or tiled for every token (each ISA's default otherwise; AVX-512 has tiles
       // only when asked).
@@ -138,122 +143,89 @@ int main(int argc, char** argv) {
           mode == "tiled" ? loom::kernels::cpu::internal::TileMode::kOn
                           : loom::kernels::cpu::internal::TileMode::kOff);
     }
-    if (flag == "--decode-tokens") decode_tokens = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--decode-tokens") flags.decode_tokens = std::max(1, std::atoi(argv[i + 1]));
   }
-  auto gguf = loom::common::GgufFile::Open(model_path);
-  if (!gguf.ok()) {
-    std::fprintf(stderr, "%s\n", gguf.status().ToString().c_str());
-    return 1;
-  }
-  loom::worker::StepBackendOptions options;
-  options.num_threads = threads;
-  // 64 sequences of 8 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
-  options.num_kv_blocks =
-      std::max(512, kMaxDecodeBatch * ((kDecodePromptTokens + decode_tokens + 15) / 16 + 1));
-  options.num_kv_blocks = std::max<int64_t>(options.num_kv_blocks, (only_prefill + 15) / 16 + 1);
-  auto precision = loom::kernels::cpu::ParseActivationPrecision(activations);
-  if (!precision.ok()) {
-    std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
-    return 1;
-  }
-  options.activations = *precision;
-  auto model_config = loom::common::ModelConfigFromGguf(**gguf);
-  auto tokenizer = loom::common::Tokenizer::FromGguf(**gguf);
-  if (!model_config.ok() || !tokenizer.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 (model_config.ok() ? tokenizer.status() : model_config.status()).ToString().c_str());
-    return 1;
-  }
-  auto backend = loom::worker::CreateStepBackend(options, **gguf, *model_config);
-  if (!backend.ok()) {
-    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
-    return 1;
-  }
-  // The weights' shapes, for the FLOP and byte counts.
-  const auto& runner = dynamic_cast<const loom::worker::CpuForwardPass&>(
-      static_cast<loom::worker::ModelStepBackend&>(**backend).runner());
-  // Every figure goes through the serving engine (scheduler, block manager, step executor).
-  // The prefix cache is off: the prefill figure runs the same prompt three times.
-  loom::cli::LocalEngineOptions engine_options;
-  engine_options.enable_prefix_caching = false;
-  LocalEngine engine(**backend, **tokenizer, engine_options);
-  if (only_prefill > 0) {
-    // One prompt of only_prefill tokens (in chunks of the engine's token budget), with
-    // prefill attention in the per-token kernel (multi-row tasks on AVX-512) and in tiles,
-    // one run.
-    EngineRequest request;
-    request.prompt_ids = Prompt(only_prefill, runner.config().vocab_size, 99);
-    request.sampling.temperature = 0.0f;
-    request.max_tokens = 1;
-    request.ignore_eos = true;
-    for (bool tiled : {false, true}) {
-      loom::kernels::cpu::internal::SetTileModeForTesting(
-          tiled ? loom::kernels::cpu::internal::TileMode::kOn
-                : loom::kernels::cpu::internal::TileMode::kOff);
-      std::vector<double> seconds;
-      for (int r = 0; r < 3; ++r) seconds.push_back(Generate(engine, {request})[0].prefill_seconds);
-      const double median = loom::bench::Median(seconds);
-      std::printf("prefill, %d tokens, %s attention, CPU ISA %s: %.1f tokens/s (median of 3: "
-                  "%.3f s; runs %.3f %.3f %.3f)\n",
-                  only_prefill, tiled ? "tiled" : "per-token",
-                  loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa()),
-                  only_prefill / median, median, seconds[0], seconds[1], seconds[2]);
-    }
-    return 0;
-  }
-  if (only_batch > 0) {
-    for (int r = 0; r < 3; ++r) {
-      std::printf("%d sequences: %.1f tokens/s\n", only_batch, DecodeRate(engine, only_batch, decode_tokens));
-    }
-    return 0;
-  }
-  const auto& config = runner.config();
+  return std::nullopt;
+}
 
-  const char* isa_env = std::getenv("LOOM_CPU_ISA");
-  const bool isa_forced = isa_env != nullptr && *isa_env != '\0';
-  const char* cpu_isa = loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa());
-  std::printf("CPU: %s, %d threads, CPU ISA %s (%s; best here %s), matmul ISA %s, %s "
-              "activations\n",
-              loom::bench::CpuModel().c_str(), threads, cpu_isa,
-              isa_forced ? "forced by LOOM_CPU_ISA" : "automatic",
-              loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::BestCpuIsa()),
-              loom::kernels::cpu::MatmulIsa(), activations.c_str());
-  const double copy_gbs = loom::bench::MeasureCopyBandwidthGBs(threads);
-  const double read_gbs = loom::bench::MeasureReadBandwidthGBs(threads);
-  const double peak_gflops = loom::bench::MeasurePeakGflops(threads);
-  const double peak_int8_gmacs = loom::bench::MeasurePeakInt8Gmacs(threads);
-  std::printf("limits: memcpy %.1f GB/s (read+write), read %.1f GB/s, FMA peak %.0f GFLOP/s, "
-              "int8 dot peak %.0f GMAC/s\n",
-              copy_gbs, read_gbs, peak_gflops, peak_int8_gmacs);
-  // Multiply-adds per decoded token: every layer matrix and the LM head.
-  const double macs_per_token =
-      MatmulFlopsPerToken(runner.weights()) / 2 +
-      static_cast<double>(runner.weights().lm_head().rows) * runner.weights().lm_head().cols;
-  // The matmuls' compute limit in this mode: int8 dot products, or float FMAs (2 flops).
-  const bool int8_mode = *precision == loom::kernels::cpu::ActivationPrecision::kInt8;
-  const double matmul_peak_gmacs = int8_mode ? peak_int8_gmacs : peak_gflops / 2;
-  const char* peak_name = int8_mode ? "int8 dot peak" : "FMA peak";
-  auto vs_matmul_peak = [&](double tokens_per_s) {
-    return matmul_peak_gmacs > 0 ? tokens_per_s * macs_per_token / 1e9 / matmul_peak_gmacs : 0.0;
-  };
+// --only-prefill: one prompt of `tokens` tokens (in chunks of the engine's token budget),
+// with prefill attention in the per-token kernel (multi-row tasks on AVX-512) and in tiles,
+// the median of three runs each.
+void RunOnlyPrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& runner,
+                    int only_prefill) {
+  EngineRequest request;
+  request.prompt_ids = Prompt(only_prefill, runner.config().vocab_size, 99);
+  request.sampling.temperature = 0.0f;
+  request.max_tokens = 1;
+  request.ignore_eos = true;
+  for (bool tiled : {false, true}) {
+    loom::kernels::cpu::internal::SetTileModeForTesting(
+        tiled ? loom::kernels::cpu::internal::TileMode::kOn
+              : loom::kernels::cpu::internal::TileMode::kOff);
+    std::vector<double> seconds;
+    for (int r = 0; r < 3; ++r) seconds.push_back(Generate(engine, {request})[0].prefill_seconds);
+    const double median = loom::bench::Median(seconds);
+    std::printf(
+        "prefill, %d tokens, %s attention, CPU ISA %s: %.1f tokens/s (median of 3: "
+        "%.3f s; runs %.3f %.3f %.3f)\n",
+        only_prefill, tiled ? "tiled" : "per-token",
+        loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa()), only_prefill / median,
+        median, seconds[0], seconds[1], seconds[2]);
+  }
+}
 
-  // Single-stream decode: every step reads all weights once.
-  const double bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
+// The machine's limits at the bench's thread count, measured in this run.
+struct Limits {
+  double copy_gbs = 0, read_gbs = 0, peak_gflops = 0, peak_int8_gmacs = 0;
+};
+
+Limits MeasureLimits(int threads) {
+  Limits limits;
+  limits.copy_gbs = loom::bench::MeasureCopyBandwidthGBs(threads);
+  limits.read_gbs = loom::bench::MeasureReadBandwidthGBs(threads);
+  limits.peak_gflops = loom::bench::MeasurePeakGflops(threads);
+  limits.peak_int8_gmacs = loom::bench::MeasurePeakInt8Gmacs(threads);
+  std::printf(
+      "limits: memcpy %.1f GB/s (read+write), read %.1f GB/s, FMA peak %.0f GFLOP/s, "
+      "int8 dot peak %.0f GMAC/s\n",
+      limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs);
+  return limits;
+}
+
+// Single-stream decode: every step reads all weights once.
+struct SingleDecode {
+  double bytes_per_token = 0;
+  double tokens_per_s = 0;  // median of 3
+  double gbs = 0;           // weight bytes read per second
+};
+
+SingleDecode MeasureSingleDecode(LocalEngine& engine, const loom::worker::CpuForwardPass& runner,
+                                 int decode_tokens, const Limits& limits) {
+  SingleDecode decode;
+  decode.bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
   std::vector<double> single;
   for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(engine, 1, decode_tokens));
-  const double decode_tps = loom::bench::Median(single);
-  const double decode_gbs = decode_tps * bytes_per_token / 1e9;
-  std::printf("decode, 1 sequence: %.1f tokens/s x %.1f MB/token = %.2f GB/s = %.2f of memcpy, %.2f of read bandwidth\n",
-              decode_tps, bytes_per_token / 1e6, decode_gbs, decode_gbs / copy_gbs, decode_gbs / read_gbs);
-  // Where the weights fit in the last-level cache, decode reads them from there, not from
-  // memory: single-stream decode is then compute-bound, and batching gains only what the
-  // GEMM gains over the GEMV (the bandwidth ratios above can exceed 1).
-  const int64_t llc_bytes = loom::bench::LastLevelCacheBytes();
-  const bool weights_in_llc = llc_bytes > 0 && bytes_per_token < 0.8 * llc_bytes;
-  std::printf("last-level cache %.0f MiB: weights %s it\n", llc_bytes / 1048576.0,
-              weights_in_llc ? "fit in" : "do not fit in");
+  decode.tokens_per_s = loom::bench::Median(single);
+  decode.gbs = decode.tokens_per_s * decode.bytes_per_token / 1e9;
+  std::printf(
+      "decode, 1 sequence: %.1f tokens/s x %.1f MB/token = %.2f GB/s = %.2f of memcpy, %.2f of "
+      "read bandwidth\n",
+      decode.tokens_per_s, decode.bytes_per_token / 1e6, decode.gbs, decode.gbs / limits.copy_gbs,
+      decode.gbs / limits.read_gbs);
+  return decode;
+}
 
-  // Prefill of a 512-token prompt in one step (the engine's token budget is 512).
+// Prefill of a 512-token prompt in one step (the engine's token budget is 512).
+struct Prefill {
+  double tokens_per_s = 0;  // 512 over the median of 3 runs' prefill seconds
+  double gflops = 0;        // the matmuls' and attention's
+  double vs_fma_peak = 0;
+  double vs_int8_peak = 0;
+};
+
+Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& runner,
+                       const Limits& limits) {
+  const auto& config = runner.config();
   const int64_t prefill_len = 512;
   EngineRequest prefill;
   prefill.prompt_ids = Prompt(prefill_len, config.vocab_size, 99);
@@ -272,13 +244,25 @@ int main(int argc, char** argv) {
   // With int8 activations the matmuls run on integer dot products: their peak is the
   // limit that applies (attention stays float).
   const double prefill_vs_int8 =
-      peak_int8_gmacs > 0 ? prefill_gflops / 2 / peak_int8_gmacs : 0.0;
-  std::printf("prefill, 512 tokens: %.1f tokens/s, %.1f GFLOP/s = %.3f of FMA peak, %.3f of "
-              "int8 dot peak\n",
-              prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / peak_gflops,
-              prefill_vs_int8);
+      limits.peak_int8_gmacs > 0 ? prefill_gflops / 2 / limits.peak_int8_gmacs : 0.0;
+  std::printf(
+      "prefill, 512 tokens: %.1f tokens/s, %.1f GFLOP/s = %.3f of FMA peak, %.3f of "
+      "int8 dot peak\n",
+      prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / limits.peak_gflops,
+      prefill_vs_int8);
+  return {prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / limits.peak_gflops,
+          prefill_vs_int8};
+}
 
-  // Batched decode.
+// Batched decode at 1, 4, 16 and kMaxDecodeBatch sequences against single-stream, and the
+// matmuls' rate against `matmul_peak_gmacs` (the limit of this activation mode). Returns
+// the JSON array's elements.
+std::string MeasureBatchedDecode(LocalEngine& engine, int decode_tokens, double decode_tps,
+                                 double macs_per_token, double matmul_peak_gmacs,
+                                 const char* peak_name) {
+  auto vs_matmul_peak = [&](double tokens_per_s) {
+    return matmul_peak_gmacs > 0 ? tokens_per_s * macs_per_token / 1e9 / matmul_peak_gmacs : 0.0;
+  };
   std::string batched_json;
   std::printf("batched decode (%d tokens each):\n", decode_tokens);
   for (int batch : {1, 4, 16, kMaxDecodeBatch}) {
@@ -292,9 +276,27 @@ int main(int argc, char** argv) {
         batched_json.empty() ? "" : ", ", batch, tps, tps / decode_tps,
         tps * macs_per_token / 1e9, vs_matmul_peak(tps));
   }
+  return batched_json;
+}
 
-  // engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8.
-  std::string result_name = activations == "f32" ? "engine_cpu" : "engine_cpu_" + activations;
+// Every figure of the full run, for the result file.
+struct Figures {
+  Limits limits;
+  int64_t llc_bytes = 0;
+  bool weights_in_llc = false;
+  SingleDecode decode;
+  Prefill prefill;
+  std::string batched_json;
+};
+
+// engine_cpu.json for the default (F32 activations), engine_cpu_int8.json for int8; with
+// _<isa> appended when LOOM_CPU_ISA forced it.
+void WriteEngineResult(const Flags& flags, const char* cpu_isa, bool isa_forced,
+                       const Figures& figures) {
+  const Limits& limits = figures.limits;
+  const SingleDecode& decode = figures.decode;
+  std::string result_name =
+      flags.activations == "f32" ? "engine_cpu" : "engine_cpu_" + flags.activations;
   if (isa_forced) result_name += std::string("_") + cpu_isa;
   loom::bench::WriteResult(
       result_name,
@@ -309,11 +311,106 @@ int main(int argc, char** argv) {
           " \"prefill_512\": {\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"vs_fma_peak\": %.4f, "
           "\"vs_int8_dot_peak\": %.4f},\n"
           " \"batched_decode\": [%s]}",
-          loom::bench::UtcNow(), loom::bench::CpuModel(), threads, model_path, cpu_isa,
-          isa_forced ? "true" : "false", loom::kernels::cpu::MatmulIsa(), activations, copy_gbs, read_gbs, peak_gflops,
-          peak_int8_gmacs, llc_bytes, weights_in_llc ? "true" : "false", decode_tps,
-          bytes_per_token, decode_gbs, decode_gbs / copy_gbs, decode_gbs / read_gbs,
-          prefill_len / prefill_seconds, prefill_gflops, prefill_gflops / peak_gflops,
-          prefill_vs_int8, batched_json));
+          loom::bench::UtcNow(), loom::bench::CpuModel(), flags.threads, flags.model_path, cpu_isa,
+          isa_forced ? "true" : "false", loom::kernels::cpu::MatmulIsa(), flags.activations,
+          limits.copy_gbs, limits.read_gbs, limits.peak_gflops, limits.peak_int8_gmacs,
+          figures.llc_bytes, figures.weights_in_llc ? "true" : "false", decode.tokens_per_s,
+          decode.bytes_per_token, decode.gbs, decode.gbs / limits.copy_gbs,
+          decode.gbs / limits.read_gbs, figures.prefill.tokens_per_s, figures.prefill.gflops,
+          figures.prefill.vs_fma_peak, figures.prefill.vs_int8_peak, figures.batched_json));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (const std::optional<int> exit_code = ParseFlags(argc, argv, flags)) return *exit_code;
+  auto gguf = loom::common::GgufFile::Open(flags.model_path);
+  if (!gguf.ok()) {
+    std::fprintf(stderr, "%s\n", gguf.status().ToString().c_str());
+    return 1;
+  }
+  loom::worker::StepBackendOptions options;
+  options.num_threads = flags.threads;
+  // 64 sequences of 8 + decode_tokens tokens (blocks of 16 or more), and the 512-token prefill.
+  options.num_kv_blocks =
+      std::max(512, kMaxDecodeBatch * ((kDecodePromptTokens + flags.decode_tokens + 15) / 16 + 1));
+  options.num_kv_blocks =
+      std::max<int64_t>(options.num_kv_blocks, (flags.only_prefill + 15) / 16 + 1);
+  auto precision = loom::kernels::cpu::ParseActivationPrecision(flags.activations);
+  if (!precision.ok()) {
+    std::fprintf(stderr, "%s\n", precision.status().ToString().c_str());
+    return 1;
+  }
+  options.activations = *precision;
+  auto model_config = loom::common::ModelConfigFromGguf(**gguf);
+  auto tokenizer = loom::common::Tokenizer::FromGguf(**gguf);
+  if (!model_config.ok() || !tokenizer.ok()) {
+    std::fprintf(
+        stderr, "%s\n",
+        (model_config.ok() ? tokenizer.status() : model_config.status()).ToString().c_str());
+    return 1;
+  }
+  auto backend = loom::worker::CreateStepBackend(options, **gguf, *model_config);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  // The weights' shapes, for the FLOP and byte counts.
+  const auto& runner = dynamic_cast<const loom::worker::CpuForwardPass&>(
+      static_cast<loom::worker::ModelStepBackend&>(**backend).runner());
+  // Every figure goes through the serving engine (scheduler, block manager, step executor).
+  // The prefix cache is off: the prefill figure runs the same prompt three times.
+  loom::cli::LocalEngineOptions engine_options;
+  engine_options.enable_prefix_caching = false;
+  LocalEngine engine(**backend, **tokenizer, engine_options);
+  if (flags.only_prefill > 0) {
+    RunOnlyPrefill(engine, runner, flags.only_prefill);
+    return 0;
+  }
+  if (flags.only_batch > 0) {
+    for (int r = 0; r < 3; ++r) {
+      std::printf("%d sequences: %.1f tokens/s\n", flags.only_batch,
+                  DecodeRate(engine, flags.only_batch, flags.decode_tokens));
+    }
+    return 0;
+  }
+
+  const char* isa_env = std::getenv("LOOM_CPU_ISA");
+  const bool isa_forced = isa_env != nullptr && *isa_env != '\0';
+  const char* cpu_isa = loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa());
+  std::printf(
+      "CPU: %s, %d threads, CPU ISA %s (%s; best here %s), matmul ISA %s, %s "
+      "activations\n",
+      loom::bench::CpuModel().c_str(), flags.threads, cpu_isa,
+      isa_forced ? "forced by LOOM_CPU_ISA" : "automatic",
+      loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::BestCpuIsa()),
+      loom::kernels::cpu::MatmulIsa(), flags.activations.c_str());
+  Figures figures;
+  figures.limits = MeasureLimits(flags.threads);
+  // Multiply-adds per decoded token: every layer matrix and the LM head.
+  const double macs_per_token =
+      MatmulFlopsPerToken(runner.weights()) / 2 +
+      static_cast<double>(runner.weights().lm_head().rows) * runner.weights().lm_head().cols;
+  // The matmuls' compute limit in this mode: int8 dot products, or float FMAs (2 flops).
+  const bool int8_mode = *precision == loom::kernels::cpu::ActivationPrecision::kInt8;
+  const double matmul_peak_gmacs =
+      int8_mode ? figures.limits.peak_int8_gmacs : figures.limits.peak_gflops / 2;
+  const char* peak_name = int8_mode ? "int8 dot peak" : "FMA peak";
+
+  figures.decode = MeasureSingleDecode(engine, runner, flags.decode_tokens, figures.limits);
+  // Where the weights fit in the last-level cache, decode reads them from there, not from
+  // memory: single-stream decode is then compute-bound, and batching gains only what the
+  // GEMM gains over the GEMV (the bandwidth ratios above can exceed 1).
+  figures.llc_bytes = loom::bench::LastLevelCacheBytes();
+  figures.weights_in_llc =
+      figures.llc_bytes > 0 && figures.decode.bytes_per_token < 0.8 * figures.llc_bytes;
+  std::printf("last-level cache %.0f MiB: weights %s it\n", figures.llc_bytes / 1048576.0,
+              figures.weights_in_llc ? "fit in" : "do not fit in");
+  figures.prefill = MeasurePrefill(engine, runner, figures.limits);
+  figures.batched_json =
+      MeasureBatchedDecode(engine, flags.decode_tokens, figures.decode.tokens_per_s, macs_per_token,
+                           matmul_peak_gmacs, peak_name);
+  WriteEngineResult(flags, cpu_isa, isa_forced, figures);
   return 0;
 }
