@@ -22,12 +22,11 @@ KvBlockSpec KvBlockOf(const common::ModelConfig& local_config, int64_t block_siz
 }
 
 absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config, int rank,
-                                         int world_size, int64_t block_size,
-                                         int64_t element_bytes, std::string dtype_name) {
+                                         int world_size, int64_t block_size, int64_t element_bytes,
+                                         std::string dtype_name) {
   absl::StatusOr<ShardPlan> shard = PlanShards(config, rank, world_size);
   if (!shard.ok()) return shard.status();
-  return KvBlockOf(LocalConfig(config, *shard), block_size, element_bytes,
-                   std::move(dtype_name));
+  return KvBlockOf(LocalConfig(config, *shard), block_size, element_bytes, std::move(dtype_name));
 }
 
 int64_t MaxKvBlocks(int64_t block_size) { return INT32_MAX / block_size; }
@@ -55,8 +54,7 @@ absl::StatusOr<int64_t> HostKvBudgetBytes(std::optional<int64_t> bytes,
 }
 
 absl::StatusOr<int64_t> KvBlocksFromBudget(int64_t budget_bytes, const KvBlockSpec& block) {
-  const int64_t num_blocks =
-      std::min(budget_bytes / block.bytes, MaxKvBlocks(block.block_size));
+  const int64_t num_blocks = std::min(budget_bytes / block.bytes, MaxKvBlocks(block.block_size));
   if (num_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a KV budget of %d bytes holds no block: one block of %d tokens takes %d bytes (%s KV)",
@@ -75,11 +73,9 @@ absl::StatusOr<int64_t> DeviceKvBlocks(const DeviceKvBudget& budget, const Devic
     // activations, workspaces), not less what the whole device holds: two workers that
     // split a GPU (--gpu-memory-utilization 0.45 each) then each get their share, whichever
     // starts first. Never more than the default would take of what is free.
-    const double allowed =
-        static_cast<double>(memory.total_bytes) * budget.memory_utilization;
+    const double allowed = static_cast<double>(memory.total_bytes) * budget.memory_utilization;
     const double own = static_cast<double>(
-        memory.free_at_start > memory.free_bytes ? memory.free_at_start - memory.free_bytes
-                                                 : 0);
+        memory.free_at_start > memory.free_bytes ? memory.free_at_start - memory.free_bytes : 0);
     const double room = std::min(allowed - own, free_bytes * budget.free_fraction);
     num_blocks = static_cast<int64_t>(std::max(0.0, room)) / block.bytes - 1;
   } else if (num_blocks == 0) {

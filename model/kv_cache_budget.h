@@ -37,8 +37,8 @@ KvBlockSpec KvBlockOf(const common::ModelConfig& local_config, int64_t block_siz
 /// smaller than the whole model's when the rank keeps only some KV heads. InvalidArgument
 /// from PlanShards when the model does not split over `world_size` ranks.
 absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config, int rank,
-                                         int world_size, int64_t block_size,
-                                         int64_t element_bytes, std::string dtype_name);
+                                         int world_size, int64_t block_size, int64_t element_bytes,
+                                         std::string dtype_name);
 
 /// The most blocks a pool of `block_size`-token blocks may hold: slot ids
 /// (block * block_size + offset) are int32 on the wire and in the kernels.
