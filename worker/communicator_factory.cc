@@ -1,0 +1,34 @@
+#include "worker/communicator_factory.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "worker/coordinator_store.h"
+#include "worker/gloo_communicator.h"
+#include "worker/nccl_communicator.h"
+
+namespace loom::worker {
+
+absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectCommunicator(
+    const CommunicatorOptions& options) {
+  auto store = std::make_shared<CoordinatorStore>(
+      grpc::CreateChannel(options.coordinator_address, grpc::InsecureChannelCredentials()),
+      absl::StrFormat("tp/%s/%s/", options.replica_id, options.rendezvous_id), options.timeout);
+  if (options.cuda) {
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> connected = NcclCommunicator::Connect(
+        store, options.rank, options.world_size, options.gpu_index, options.timeout);
+    if (!connected.ok()) return connected.status();
+    return std::unique_ptr<model::Communicator>(*std::move(connected));
+  }
+  GlooOptions gloo;
+  gloo.hostname = options.hostname;
+  gloo.timeout = options.timeout;
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> connected =
+      GlooCommunicator::Connect(store, options.rank, options.world_size, gloo);
+  if (!connected.ok()) return connected.status();
+  return std::unique_ptr<model::Communicator>(*std::move(connected));
+}
+
+}  // namespace loom::worker
