@@ -151,6 +151,218 @@ struct Row {
   double w4_weight_gbs;
 };
 
+// One weight shape's operands: its weights in every format, each rotated past L2, and the
+// activations (up to M = 256), output and FP8 scales every M shares.
+struct ShapeOperands {
+  Rotation f16, w4, w8, e4m3;  // e4m3 empty without FP8
+  DeviceBuffer x, y, x_fp8, scales;
+  float* x_scale = nullptr;        // in `scales`
+  const float* w_scale = nullptr;  // in `scales`
+};
+
+// Random operands for an [n, k] weight; `seed` advances past every fill.
+ShapeOperands MakeOperands(int64_t n, int64_t k, bool fp8, uint32_t& seed) {
+  ShapeOperands o;
+  // Weights, rotated.
+  for (int i = 0, copies = CopiesFor(n * k * 2); i < copies; ++i) {
+    o.f16.weights.push_back(RandomHalf(n * k, -0.05f, 0.05f, seed++));
+  }
+  for (int i = 0, copies = CopiesFor(n * k / 2); i < copies; ++i) {
+    o.w4.weights.push_back(RandomBytes(n * k / 2, seed++));
+    // F16 scale and min interleaved; values in [0.004, 0.02] keep the outputs finite.
+    o.w4.scales.push_back(RandomHalf(n * k / kGroup * 2, 0.004f, 0.02f, seed++));
+  }
+  for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
+    o.w8.weights.push_back(RandomBytes(n * k, seed++));
+    o.w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
+    if (fp8) {
+      DeviceBuffer buffer = AllocateOrExit(n * k);
+      FillE4m3<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), n * k, seed++);
+      BENCH_CHECK_CUDA(cudaGetLastError());
+      o.e4m3.weights.push_back(std::move(buffer));
+    }
+  }
+  o.x = RandomHalf(256 * k, -1.0f, 1.0f, seed++);
+  o.y = AllocateOrExit(256 * n * 2);
+  o.x_fp8 = AllocateOrExit(256 * k);
+  o.scales = AllocateOrExit(2 * sizeof(float));  // x scale, w scale
+  const float one_scale[2] = {0.01f, 0.001f};
+  CheckOk(o.scales.CopyFromHost(one_scale, sizeof(one_scale)), "scale upload");
+  o.x_scale = static_cast<float*>(o.scales.data());
+  o.w_scale = o.x_scale + 1;
+  return o;
+}
+
+// cuBLAS F16 (cublasGemmEx) at row's [m, n, k], the figure the others are held against.
+void TimeCublas(cudaStream_t stream, cublasHandle_t cublas, const ShapeOperands& o, Row& row) {
+  const int64_t n = row.n, k = row.k, m = row.m;
+  const float alpha = 1.0f, beta = 0.0f;
+  row.cublas_us = TimeUs(stream, [&](int i) {
+    // Row-major Y[m, n] = X[m, k] W[n, k]^T as column-major Y^T = W^T(op T) X^T.
+    const cublasStatus_t status =
+        cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, o.f16.weight(i), CUDA_R_16F, static_cast<int>(k),
+                     o.x.data(), CUDA_R_16F, static_cast<int>(k), &beta, o.y.data(), CUDA_R_16F,
+                     static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return status == CUBLAS_STATUS_SUCCESS
+               ? absl::OkStatus()
+               : absl::InternalError(absl::StrFormat("cublasGemmEx: %d", static_cast<int>(status)));
+  });
+}
+
+// W4A16 (INT4, group kGroup) and W8A16 (INT8 per channel) through LaunchQuantGemm at row's
+// [m, n, k], with one split-K workspace that fits both; and W4A16's weight bytes per second.
+void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
+  const int64_t n = row.n, k = row.k, m = row.m;
+  kernels::cuda::QuantGemmParams p;
+  p.x = o.x.data();
+  p.y = o.y.data();
+  p.act_dtype = DataType::kF16;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.format = kernels::cuda::QuantWeightFormat::kInt4;
+  p.group_size = kGroup;
+  size_t workspace_bytes = kernels::cuda::QuantGemmWorkspaceBytes(p);
+  p.format = kernels::cuda::QuantWeightFormat::kInt8;
+  p.group_size = 0;
+  workspace_bytes = std::max(workspace_bytes, kernels::cuda::QuantGemmWorkspaceBytes(p));
+  DeviceBuffer workspace = AllocateOrExit(std::max<size_t>(workspace_bytes, 256));
+  p.workspace = workspace.data();
+  p.workspace_bytes = workspace.bytes();
+
+  p.format = kernels::cuda::QuantWeightFormat::kInt4;
+  p.group_size = kGroup;
+  row.w4_us = TimeUs(stream, [&](int i) {
+    kernels::cuda::QuantGemmParams q = p;
+    q.weight = o.w4.weight(i);
+    q.scales = o.w4.scale(i);
+    return kernels::cuda::LaunchQuantGemm(q, stream);
+  });
+  const double w4_bytes = static_cast<double>(n * k / 2 + n * k / kGroup * 4);
+  row.w4_weight_gbs = w4_bytes / (row.w4_us * 1e-6) / 1e9;
+
+  p.format = kernels::cuda::QuantWeightFormat::kInt8;
+  p.group_size = 0;
+  row.w8_us = TimeUs(stream, [&](int i) {
+    kernels::cuda::QuantGemmParams q = p;
+    q.weight = o.w8.weight(i);
+    q.scales = o.w8.scale(i);
+    return kernels::cuda::LaunchQuantGemm(q, stream);
+  });
+}
+
+// FP8 (E4M3 through cuBLASLt) at row's [m, n, k] over activations quantized once, and with
+// the activation quantizer in every launch.
+void TimeFp8(cudaStream_t stream, const ShapeOperands& o, Row& row) {
+  const int64_t n = row.n, k = row.k, m = row.m;
+  kernels::cuda::Fp8GemmParams f;
+  f.x = o.x_fp8.data();
+  f.x_scale = o.x_scale;
+  f.w_scale = o.w_scale;
+  f.y = o.y.data();
+  f.out_dtype = DataType::kF16;
+  f.m = m;
+  f.n = n;
+  f.k = k;
+  DeviceBuffer fp8_workspace = AllocateOrExit(kernels::cuda::Fp8GemmWorkspaceBytes(f));
+  f.workspace = fp8_workspace.data();
+  f.workspace_bytes = fp8_workspace.bytes();
+  kernels::cuda::QuantizeFp8Params qp;
+  qp.x = o.x.data();
+  qp.out = o.x_fp8.data();
+  qp.scale = o.x_scale;
+  qp.dynamic_scale = false;  // a calibrated static scale; dynamic adds two tiny kernels
+  qp.in_dtype = DataType::kF16;
+  qp.count = m * k;
+  CheckOk(kernels::cuda::LaunchQuantizeFp8(qp, stream), "quantize");
+  row.fp8_us = TimeUs(stream, [&](int i) {
+    kernels::cuda::Fp8GemmParams g = f;
+    g.weight = o.e4m3.weight(i);
+    return kernels::cuda::LaunchFp8Gemm(g, stream);
+  });
+  row.fp8_quant_us = TimeUs(stream, [&](int i) {
+    kernels::cuda::Fp8GemmParams g = f;
+    g.weight = o.e4m3.weight(i);
+    absl::Status status = kernels::cuda::LaunchQuantizeFp8(qp, stream);
+    return status.ok() ? kernels::cuda::LaunchFp8Gemm(g, stream) : status;
+  });
+}
+
+// One row of the table: every GEMM at [m, n, k] (FP8 where the device has it), printed.
+Row MeasureRow(cudaStream_t stream, cublasHandle_t cublas, const ShapeOperands& o, bool fp8,
+               int64_t n, int64_t k, int64_t m) {
+  Row row{n, k, m, 0, 0, 0};
+  TimeCublas(stream, cublas, o, row);
+  TimeQuantized(stream, o, row);
+  if (fp8) TimeFp8(stream, o, row);
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::printf("%6ld %6ld %4ld | %9.1f | %9.1f %5.2fx | %9.1f %5.2fx | ", static_cast<long>(n),
+              static_cast<long>(k), static_cast<long>(m), row.cublas_us, row.w4_us,
+              row.cublas_us / row.w4_us, row.w8_us, row.cublas_us / row.w8_us);
+  if (row.fp8_us > 0) {
+    std::printf("%9.1f %5.2fx %9.1f\n", row.fp8_us, row.cublas_us / row.fp8_us, row.fp8_quant_us);
+  } else {
+    std::printf("%9s %6s %9s\n", "-", "-", "-");
+  }
+  return row;
+}
+
+// W4A16's weight bytes per second at M = 1 against the copy bandwidth, and the targets.
+void PrintBandwidthSummary(const std::vector<Row>& rows, double copy_gbs) {
+  std::printf(
+      "\nW4A16 at M = 1: weight bytes / time vs copy bandwidth %.0f "
+      "GB/s (target >= 0.75)\n",
+      copy_gbs);
+  for (const Row& r : rows) {
+    if (r.m != 1) continue;
+    std::printf("  %6ld x %-6ld %7.0f GB/s  ratio %.2f\n", static_cast<long>(r.n),
+                static_cast<long>(r.k), r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
+  }
+  std::printf(
+      "targets: W4A16 >= 3.0x cuBLAS F16 at M <= 16 and >= 1.0x at M = 256; "
+      "W8A16 >= 1.7x at M <= 16\n");
+}
+
+// quantized_gemm.json: the run's device and limits, the targets, one object per row.
+std::string ResultJson(const std::vector<Row>& rows, const std::string& device, int sms, bool fp8,
+                       bool quick, double copy_gbs) {
+  std::string json = "{\n";
+  json += absl::StrFormat("  \"bench\": \"quantized_gemm\",\n  \"date\": \"%s\",\n", UtcNow());
+  json += absl::StrFormat("  \"device\": \"%s\",\n  \"sms\": %d,\n  \"fp8\": %s,\n", device, sms,
+                          fp8 ? "true" : "false");
+  json += absl::StrFormat("  \"quick\": %s,\n", quick ? "true" : "false");
+  json += absl::StrFormat("  \"copy_bandwidth_gbs\": %.1f,\n  \"w4a16_group\": %d,\n", copy_gbs,
+                          kGroup);
+  json +=
+      "  \"timing\": \"median of 11 CUDA-graph runs / launches per graph, "
+      "weights rotated past L2\",\n";
+  json +=
+      "  \"targets\": {\"w4a16_speedup_m_le_16\": 3.0, "
+      "\"w4a16_speedup_m_256\": 1.0, "
+      "\"w8a16_speedup_m_le_16\": 1.7, \"w4a16_m1_bandwidth_ratio\": 0.75},\n";
+  json += "  \"results\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    json += absl::StrFormat(
+        "    {\"n\": %d, \"k\": %d, \"m\": %d, \"cublas_f16_us\": %.2f, "
+        "\"w4a16_us\": %.2f, "
+        "\"w4a16_speedup\": %.3f, \"w8a16_us\": %.2f, \"w8a16_speedup\": %.3f, "
+        "\"w4a16_weight_gbs\": %.1f, \"w4a16_bandwidth_ratio\": %.3f",
+        r.n, r.k, r.m, r.cublas_us, r.w4_us, r.cublas_us / r.w4_us, r.w8_us, r.cublas_us / r.w8_us,
+        r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
+    if (r.fp8_us > 0) {
+      json += absl::StrFormat(
+          ", \"fp8_us\": %.2f, \"fp8_speedup\": %.3f, "
+          "\"fp8_with_quantize_us\": %.2f",
+          r.fp8_us, r.cublas_us / r.fp8_us, r.fp8_quant_us);
+    }
+    json += i + 1 < rows.size() ? "},\n" : "}\n";
+  }
+  json += "  ]\n}\n";
+  return json;
+}
+
 int Run(bool quick) {
   if (kernels::CudaDeviceCount() == 0) {
     std::printf("quantized_gemm_bench: no CUDA device (%s): nothing measured\n",
@@ -188,182 +400,13 @@ int Run(bool quick) {
               "W4A16 us", "x", "W8A16 us", "x", "FP8 us", "x", "+quant us");
   uint32_t seed = 10;
   for (const auto& [n, k] : shapes) {
-    // Weights, rotated.
-    Rotation f16, w4, w8, e4m3;
-    for (int i = 0, copies = CopiesFor(n * k * 2); i < copies; ++i) {
-      f16.weights.push_back(RandomHalf(n * k, -0.05f, 0.05f, seed++));
-    }
-    for (int i = 0, copies = CopiesFor(n * k / 2); i < copies; ++i) {
-      w4.weights.push_back(RandomBytes(n * k / 2, seed++));
-      // F16 scale and min interleaved; values in [0.004, 0.02] keep the outputs finite.
-      w4.scales.push_back(RandomHalf(n * k / kGroup * 2, 0.004f, 0.02f, seed++));
-    }
-    for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
-      w8.weights.push_back(RandomBytes(n * k, seed++));
-      w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
-      if (fp8) {
-        DeviceBuffer buffer = AllocateOrExit(n * k);
-        FillE4m3<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), n * k, seed++);
-        BENCH_CHECK_CUDA(cudaGetLastError());
-        e4m3.weights.push_back(std::move(buffer));
-      }
-    }
-    DeviceBuffer x = RandomHalf(256 * k, -1.0f, 1.0f, seed++);
-    DeviceBuffer y = AllocateOrExit(256 * n * 2);
-    DeviceBuffer x_fp8 = AllocateOrExit(256 * k);
-    DeviceBuffer scales = AllocateOrExit(2 * sizeof(float));  // x scale, w scale
-    const float one_scale[2] = {0.01f, 0.001f};
-    CheckOk(scales.CopyFromHost(one_scale, sizeof(one_scale)), "scale upload");
-    float* x_scale = static_cast<float*>(scales.data());
-    const float* w_scale = x_scale + 1;
-
-    for (int64_t m : ms) {
-      Row row{n, k, m, 0, 0, 0};
-      const float alpha = 1.0f, beta = 0.0f;
-      row.cublas_us = TimeUs(stream, [&](int i) {
-        // Row-major Y[m, n] = X[m, k] W[n, k]^T as column-major Y^T = W^T(op T) X^T.
-        const cublasStatus_t status = cublasGemmEx(
-            cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-            static_cast<int>(k), &alpha, f16.weight(i), CUDA_R_16F, static_cast<int>(k), x.data(),
-            CUDA_R_16F, static_cast<int>(k), &beta, y.data(), CUDA_R_16F, static_cast<int>(n),
-            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        return status == CUBLAS_STATUS_SUCCESS ? absl::OkStatus()
-                                               : absl::InternalError(absl::StrFormat(
-                                                     "cublasGemmEx: %d", static_cast<int>(status)));
-      });
-
-      kernels::cuda::QuantGemmParams p;
-      p.x = x.data();
-      p.y = y.data();
-      p.act_dtype = DataType::kF16;
-      p.m = m;
-      p.n = n;
-      p.k = k;
-      p.format = kernels::cuda::QuantWeightFormat::kInt4;
-      p.group_size = kGroup;
-      size_t workspace_bytes = kernels::cuda::QuantGemmWorkspaceBytes(p);
-      p.format = kernels::cuda::QuantWeightFormat::kInt8;
-      p.group_size = 0;
-      workspace_bytes = std::max(workspace_bytes, kernels::cuda::QuantGemmWorkspaceBytes(p));
-      DeviceBuffer workspace = AllocateOrExit(std::max<size_t>(workspace_bytes, 256));
-      p.workspace = workspace.data();
-      p.workspace_bytes = workspace.bytes();
-
-      p.format = kernels::cuda::QuantWeightFormat::kInt4;
-      p.group_size = kGroup;
-      row.w4_us = TimeUs(stream, [&](int i) {
-        kernels::cuda::QuantGemmParams q = p;
-        q.weight = w4.weight(i);
-        q.scales = w4.scale(i);
-        return kernels::cuda::LaunchQuantGemm(q, stream);
-      });
-      const double w4_bytes = static_cast<double>(n * k / 2 + n * k / kGroup * 4);
-      row.w4_weight_gbs = w4_bytes / (row.w4_us * 1e-6) / 1e9;
-
-      p.format = kernels::cuda::QuantWeightFormat::kInt8;
-      p.group_size = 0;
-      row.w8_us = TimeUs(stream, [&](int i) {
-        kernels::cuda::QuantGemmParams q = p;
-        q.weight = w8.weight(i);
-        q.scales = w8.scale(i);
-        return kernels::cuda::LaunchQuantGemm(q, stream);
-      });
-
-      if (fp8) {
-        kernels::cuda::Fp8GemmParams f;
-        f.x = x_fp8.data();
-        f.x_scale = x_scale;
-        f.w_scale = w_scale;
-        f.y = y.data();
-        f.out_dtype = DataType::kF16;
-        f.m = m;
-        f.n = n;
-        f.k = k;
-        DeviceBuffer fp8_workspace = AllocateOrExit(kernels::cuda::Fp8GemmWorkspaceBytes(f));
-        f.workspace = fp8_workspace.data();
-        f.workspace_bytes = fp8_workspace.bytes();
-        kernels::cuda::QuantizeFp8Params qp;
-        qp.x = x.data();
-        qp.out = x_fp8.data();
-        qp.scale = x_scale;
-        qp.dynamic_scale = false;  // a calibrated static scale; dynamic adds two tiny kernels
-        qp.in_dtype = DataType::kF16;
-        qp.count = m * k;
-        CheckOk(kernels::cuda::LaunchQuantizeFp8(qp, stream), "quantize");
-        row.fp8_us = TimeUs(stream, [&](int i) {
-          kernels::cuda::Fp8GemmParams g = f;
-          g.weight = e4m3.weight(i);
-          return kernels::cuda::LaunchFp8Gemm(g, stream);
-        });
-        row.fp8_quant_us = TimeUs(stream, [&](int i) {
-          kernels::cuda::Fp8GemmParams g = f;
-          g.weight = e4m3.weight(i);
-          absl::Status status = kernels::cuda::LaunchQuantizeFp8(qp, stream);
-          return status.ok() ? kernels::cuda::LaunchFp8Gemm(g, stream) : status;
-        });
-      }
-      BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-      std::printf("%6ld %6ld %4ld | %9.1f | %9.1f %5.2fx | %9.1f %5.2fx | ", static_cast<long>(n),
-                  static_cast<long>(k), static_cast<long>(m), row.cublas_us, row.w4_us,
-                  row.cublas_us / row.w4_us, row.w8_us, row.cublas_us / row.w8_us);
-      if (row.fp8_us > 0) {
-        std::printf("%9.1f %5.2fx %9.1f\n", row.fp8_us, row.cublas_us / row.fp8_us,
-                    row.fp8_quant_us);
-      } else {
-        std::printf("%9s %6s %9s\n", "-", "-", "-");
-      }
-      rows.push_back(row);
-    }
+    const ShapeOperands operands = MakeOperands(n, k, fp8, seed);
+    for (int64_t m : ms) rows.push_back(MeasureRow(stream, cublas, operands, fp8, n, k, m));
   }
+  PrintBandwidthSummary(rows, copy_gbs);
 
-  std::printf(
-      "\nW4A16 at M = 1: weight bytes / time vs copy bandwidth %.0f "
-      "GB/s (target >= 0.75)\n",
-      copy_gbs);
-  for (const Row& r : rows) {
-    if (r.m != 1) continue;
-    std::printf("  %6ld x %-6ld %7.0f GB/s  ratio %.2f\n", static_cast<long>(r.n),
-                static_cast<long>(r.k), r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
-  }
-  std::printf(
-      "targets: W4A16 >= 3.0x cuBLAS F16 at M <= 16 and >= 1.0x at M = 256; "
-      "W8A16 >= 1.7x at M <= 16\n");
-
-  std::string json = "{\n";
-  json += absl::StrFormat("  \"bench\": \"quantized_gemm\",\n  \"date\": \"%s\",\n", UtcNow());
-  json += absl::StrFormat("  \"device\": \"%s\",\n  \"sms\": %d,\n  \"fp8\": %s,\n", device, *sms,
-                          fp8 ? "true" : "false");
-  json += absl::StrFormat("  \"quick\": %s,\n", quick ? "true" : "false");
-  json += absl::StrFormat("  \"copy_bandwidth_gbs\": %.1f,\n  \"w4a16_group\": %d,\n", copy_gbs,
-                          kGroup);
-  json +=
-      "  \"timing\": \"median of 11 CUDA-graph runs / launches per graph, "
-      "weights rotated past L2\",\n";
-  json +=
-      "  \"targets\": {\"w4a16_speedup_m_le_16\": 3.0, "
-      "\"w4a16_speedup_m_256\": 1.0, "
-      "\"w8a16_speedup_m_le_16\": 1.7, \"w4a16_m1_bandwidth_ratio\": 0.75},\n";
-  json += "  \"results\": [\n";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    json += absl::StrFormat(
-        "    {\"n\": %d, \"k\": %d, \"m\": %d, \"cublas_f16_us\": %.2f, "
-        "\"w4a16_us\": %.2f, "
-        "\"w4a16_speedup\": %.3f, \"w8a16_us\": %.2f, \"w8a16_speedup\": %.3f, "
-        "\"w4a16_weight_gbs\": %.1f, \"w4a16_bandwidth_ratio\": %.3f",
-        r.n, r.k, r.m, r.cublas_us, r.w4_us, r.cublas_us / r.w4_us, r.w8_us, r.cublas_us / r.w8_us,
-        r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
-    if (r.fp8_us > 0) {
-      json += absl::StrFormat(
-          ", \"fp8_us\": %.2f, \"fp8_speedup\": %.3f, "
-          "\"fp8_with_quantize_us\": %.2f",
-          r.fp8_us, r.cublas_us / r.fp8_us, r.fp8_quant_us);
-    }
-    json += i + 1 < rows.size() ? "},\n" : "}\n";
-  }
-  json += "  ]\n}\n";
-
-  const bool written = loom::bench::WriteGpuResult("quantized_gemm", json);
+  const bool written = loom::bench::WriteGpuResult(
+      "quantized_gemm", ResultJson(rows, device, *sms, fp8, quick, copy_gbs));
   cublasDestroy(cublas);
   BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
   return written ? 0 : 1;
