@@ -22,12 +22,9 @@ KNOWN_LONG_FUNCTIONS = {
     "common/formats/model_config.cc ModelConfigFromGguf",
     "common/jinja/jinja_filters.cc ApplyFilter",
     "common/tokenizer/hf_tokenizer.cc HfTokenizerToGguf",
-    "worker/step_executor.cc StepExecutor::Prepare",
     "quant/model_quantizer.cc QuantizeModel",
+    "api/http_server.cc HttpServer::Start",
     "api/openai_service.cc OpenAiService::Handle",
-    "bench/cpu_kernels_bench.cc main",
-    "bench/engine_bench.cc main",
-    "bench/quantized_gemm_bench.cu Run",
 }
 
 _LITERAL_OR_COMMENT = re.compile(
