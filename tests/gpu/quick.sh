@@ -287,7 +287,8 @@ if ((limit < 20)); then
 elif [[ ! -f "$MODELS/tiny.gguf" ]]; then
   record serve "not run" "$t0" 0 "no tiny model (the models step failed)"
 else
-  timeout -k 5 "$limit" "${RUN_ENV[@]}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
+  timeout -k 5 "$limit" "${RUN_ENV[@]}" "LOOM_CHILD_LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
     --loom "$B/bin/loom" --model "$MODELS/tiny.gguf" --device cuda --expect-graph-replays \
     --concurrency 32 --start-timeout $((limit / 2)) --timeout 20 \
     --out "$WORK/bench/serve_smoke.json" --log "$WORK/serve.log" >> "$LOG" 2>&1
@@ -354,7 +355,8 @@ done
 # 1 / 32 / 128 streams, beside the copy bandwidth of the same run.
 left=$((limit - ($(date +%s) - t0)))
 if ((left >= 15)) && [[ -f "$MODELS/default-shape.gguf" ]]; then
-  if timeout -k 5 "$left" "${RUN_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py" \
+  if timeout -k 5 "$left" "${RUN_ENV[@]}" "LOOM_CHILD_LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" python3 "$ROOT/tests/gpu/serve_bench.py" \
       --loom "$B/bin/loom" --model "$MODELS/default-shape.gguf" --device cuda \
       --concurrency 1,32,128 --num-requests 128 --input-len 128 --output-len 64 \
       --start-timeout $((left / 2)) --out "$WORK/bench/serve_bench.json" \

@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from serve_smoke import CheckFailed, Server  # noqa: E402
+from serve_smoke import CheckFailed, Server, child_environment  # noqa: E402
 
 
 def copy_bandwidth_gbs(device):
@@ -88,7 +88,7 @@ def main():
             [args.loom, "bench", "--address", address, "--concurrency", args.concurrency,
              "--num-requests", str(args.num_requests), "--input-len", str(args.input_len),
              "--output-len", str(args.output_len), "--output", str(results)],
-            capture_output=True, text=True, timeout=600)
+            capture_output=True, text=True, timeout=600, env=child_environment())
         if bench.returncode != 0:
             raise CheckFailed(f"loom bench exited {bench.returncode}: {bench.stderr[-2000:]}")
         summary["levels"] = json.loads(results.read_text())

@@ -45,6 +45,16 @@ def check(condition, message):
         raise CheckFailed(message)
 
 
+def child_environment():
+    """The environment of the Loom processes started here: LOOM_CHILD_LD_LIBRARY_PATH, when
+    set, becomes their LD_LIBRARY_PATH (quick.sh points it at the bundle's libraries, which
+    must not shadow this Python's own, PyTorch's included)."""
+    env = dict(os.environ)
+    if os.environ.get("LOOM_CHILD_LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = os.environ["LOOM_CHILD_LD_LIBRARY_PATH"]
+    return env
+
+
 class Server:
     """`loom up` with its output collected; the HTTP URL and the worker's metrics URL
     come from its startup lines."""
@@ -53,7 +63,8 @@ class Server:
         self.log = open(log_path, "w")
         self.lines = []
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)
+                                        text=True, start_new_session=True,
+                                        env=child_environment())
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
 
