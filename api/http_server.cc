@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 
 #include <filesystem>
+#include <functional>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -43,41 +45,30 @@ void WidenListenBacklog(int port) {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
-    const HttpOptions& options, coordinator::Cluster& cluster, const ServedModel& model,
-    const common::ModelConfig& config, const common::Tokenizer& tokenizer,
-    const common::ChatTemplate* chat_template, coordinator::CoordinatorMetrics& metrics) {
-  std::unique_ptr<HttpServer> server(new HttpServer());
-  server->options_ = options;
-  server->cluster_ = &cluster;
+// The server: HTTPS with both PEM files, plain HTTP with neither.
+absl::StatusOr<std::unique_ptr<httplib::Server>> MakeServer(const HttpOptions& options) {
   if (options.ssl_certfile.empty() != options.ssl_keyfile.empty()) {
     return absl::InvalidArgumentError(
         "--ssl-certfile and --ssl-keyfile go together: give both or neither");
   }
-  if (!options.ssl_certfile.empty()) {
+  if (options.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
 #ifdef CPPHTTPLIB_OPENSSL_SUPPORT
-    auto tls = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(),
-                                                    options.ssl_keyfile.c_str());
-    if (!tls->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cannot load the TLS certificate '%s' with the key '%s' (PEM files of a certificate "
-          "and its matching private key)",
-          options.ssl_certfile, options.ssl_keyfile));
-    }
-    server->server_ = std::move(tls);
-#else
-    return absl::FailedPreconditionError(
-        "this build's cpp-httplib has no OpenSSL support (CPPHTTPLIB_OPENSSL_SUPPORT): no TLS");
-#endif
-  } else {
-    server->server_ = std::make_unique<httplib::Server>();
+  auto tls = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(),
+                                                  options.ssl_keyfile.c_str());
+  if (!tls->is_valid()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot load the TLS certificate '%s' with the key '%s' (PEM files of a certificate "
+        "and its matching private key)",
+        options.ssl_certfile, options.ssl_keyfile));
   }
-  server->openai_ =
-      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
-                                      options.stream_interval, options.seed);
-  httplib::Server& http = *server->server_;
+  return tls;
+#else
+  return absl::FailedPreconditionError(
+      "this build's cpp-httplib has no OpenSSL support (CPPHTTPLIB_OPENSSL_SUPPORT): no TLS");
+#endif
+}
+
+void ConfigureConnections(httplib::Server& http, const HttpOptions& options) {
   const int threads = options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(options.max_body_bytes);
@@ -87,14 +78,18 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   // stopping waits for it: with 30 s, one idle `openai` client delayed every SIGTERM drain
   // by 30 s (tests/gpu/serve_smoke.py measured it). 5 s, as uvicorn's default and vLLM's.
   http.set_keep_alive_timeout(5);
+}
 
-  // API keys: every route but the probes and the metrics (open, as in vLLM: load
-  // balancers and Prometheus scrape them without credentials) needs a key. Checked in the
-  // route, after cpp-httplib has read the body: a refusal before it (a pre-routing handler)
-  // would leave the body on a kept-alive connection, to be parsed as the next request. The
-  // Authorization header is never logged or echoed.
-  auto guard = [keys = std::make_shared<const ApiKeys>(options.api_keys)](
-                   httplib::Server::Handler handler) -> httplib::Server::Handler {
+using Guard = std::function<httplib::Server::Handler(httplib::Server::Handler)>;
+
+// API keys: every route but the probes and the metrics (open, as in vLLM: load balancers
+// and Prometheus scrape them without credentials) needs a key. Checked in the route, after
+// cpp-httplib has read the body: a refusal before it (a pre-routing handler) would leave
+// the body on a kept-alive connection, to be parsed as the next request. The Authorization
+// header is never logged or echoed.
+Guard KeyGuard(const ApiKeys& api_keys) {
+  return [keys = std::make_shared<const ApiKeys>(api_keys)](
+             httplib::Server::Handler handler) -> httplib::Server::Handler {
     if (!keys->enabled()) return handler;
     return [keys, handler = std::move(handler)](const httplib::Request& request,
                                                httplib::Response& response) {
@@ -106,8 +101,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
       handler(request, response);
     };
   };
+}
 
-  OpenAiService* openai = server->openai_.get();
+// The OpenAI-compatible routes and vLLM's tokenizer routes, all behind the key guard.
+void AddApiRoutes(httplib::Server& http, OpenAiService* openai, const Guard& guard,
+                  const std::string& model_id) {
   http.Post("/v1/completions", guard([openai](const httplib::Request& request,
                                               httplib::Response& response) {
     openai->Completions(request, response);
@@ -128,6 +126,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
                                           httplib::Response& response) {
     openai->Detokenize(request, response);
   }));
+  http.Get("/version", guard([model_id](const httplib::Request&, httplib::Response& response) {
+    nlohmann::json body = {{"version", LOOM_VERSION}, {"model", model_id}};
+    response.set_content(body.dump(), "application/json");
+  }));
+}
+
+// The open routes: health, readiness and liveness probes, and the metrics.
+void AddProbeRoutes(httplib::Server& http, coordinator::Cluster& cluster,
+                    coordinator::CoordinatorMetrics& metrics) {
   auto serving_state = [&cluster](httplib::Response& response) {
     const int healthy = cluster.num_healthy();
     const bool draining = cluster.draining();
@@ -150,17 +157,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   http.Get("/live", [](const httplib::Request&, httplib::Response& response) {
     response.set_content(R"({"status":"ok"})", "application/json");
   });
-  const std::string model_id = model.id;
-  http.Get("/version", guard([model_id](const httplib::Request&, httplib::Response& response) {
-    nlohmann::json body = {{"version", LOOM_VERSION}, {"model", model_id}};
-    response.set_content(body.dump(), "application/json");
-  }));
-
   http.Get("/metrics", [&cluster, &metrics](const httplib::Request&, httplib::Response& response) {
     metrics.UpdateFromClusterState(cluster.Status());
     response.set_content(metrics.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
+}
 
+void AddErrorHandlers(httplib::Server& http) {
   // Whatever the routes did not answer (unknown paths 404, wrong methods 405, bodies
   // over the limit 413, unparsable requests 400) still gets a JSON error body.
   http.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
@@ -191,6 +194,28 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
         }
         OpenAiService::WriteError(absl::InternalError(what), response);
       });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
+    const HttpOptions& options, coordinator::Cluster& cluster, const ServedModel& model,
+    const common::ModelConfig& config, const common::Tokenizer& tokenizer,
+    const common::ChatTemplate* chat_template, coordinator::CoordinatorMetrics& metrics) {
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->options_ = options;
+  server->cluster_ = &cluster;
+  absl::StatusOr<std::unique_ptr<httplib::Server>> http_server = MakeServer(options);
+  if (!http_server.ok()) return http_server.status();
+  server->server_ = *std::move(http_server);
+  server->openai_ =
+      std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
+                                      options.stream_interval, options.seed);
+  httplib::Server& http = *server->server_;
+  ConfigureConnections(http, options);
+  AddApiRoutes(http, server->openai_.get(), KeyGuard(options.api_keys), model.id);
+  AddProbeRoutes(http, cluster, metrics);
+  AddErrorHandlers(http);
 
   if (options.port == 0) {
     server->port_ = http.bind_to_any_port(options.host);
