@@ -515,144 +515,75 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
 
 }  // namespace
 
-void OpenAiService::Handle(bool chat, const httplib::Request& request,
-                           httplib::Response& response) {
-  const std::string content_type = request.get_header_value("Content-Type");
-  if (content_type.rfind("application/json", 0) != 0) {
-    WriteError(absl::InvalidArgumentError(absl::StrFormat(
-                   "the body must be JSON with Content-Type: application/json, got '%s'",
-                   content_type)),
-               response);
-    return;
-  }
-  absl::StatusOr<OpenAiRequest> parsed =
-      ParseOpenAiRequest(chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions,
-                         request.body, tokenizer_, chat_template_);
-  if (!parsed.ok()) return WriteError(parsed.status(), response);
-  if (!model_.Matches(parsed->model)) {
-    return WriteError(absl::NotFoundError(absl::StrFormat(
-                          "the model '%s' does not exist; this server serves '%s'",
-                          parsed->model, model_.id)),
-                      response);
-  }
+namespace {
 
-  auto run = std::make_shared<Run>();
-  run->parsed = *std::move(parsed);
-  const uint64_t number = next_id_.fetch_add(1);
-  run->id = absl::StrFormat("%s-%016x%04x", chat ? "chatcmpl" : "cmpl", RandomSeed(),
-                            number & 0xffff);
-  run->created = absl::ToUnixSeconds(absl::Now());
-  run->model = model_.id;
-
-  // Validate every prompt before placing any, so a bad one leaves nothing running.
-  std::vector<engine::RequestParams> prompts;
-  for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
-    absl::StatusOr<engine::RequestParams> params =
-        engine::ValidateGenerateRequest(prompt, config_, tokenizer_, kOpenAiDefaultTemperature);
-    if (!params.ok()) return WriteError(params.status(), response);
-    run->prompt_tokens += static_cast<int32_t>(params->prompt_ids.size());
-    prompts.push_back(*std::move(params));
-  }
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    for (int32_t s = 0; s < run->parsed.n; ++s) {
-      engine::RequestParams params = prompts[p];
-      // Each sample draws its own tokens: seed + sample index when the client seeded
-      // the request (reproducible), a fresh random seed otherwise.
-      params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s : UnseededSeed());
-      Choice choice;
-      choice.index = static_cast<int>(run->choices.size());
-      choice.prompt_index = static_cast<int>(p);
-      choice.request = std::make_shared<engine::Request>(
-          absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(), std::move(params),
-          tokenizer_, eos_ids_);
-      choice.request->set_metrics(metrics_);
-      if (s > 0) {
-        choice.leader = choice.index - s;  // placed by Pump once the leader has output
-      } else {
-        if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
-          if (metrics_ != nullptr) metrics_->RecordRejected(placed);
-          run->CancelAll();
-          return WriteError(placed, response);
-        }
-        if (metrics_ != nullptr) {
-          metrics_->RecordRequestParams(run->parsed.n, choice.request->params().max_tokens);
-        }
-        choice.placed = true;
-      }
-      run->choices.push_back(std::move(choice));
+// A non-streaming request's answer: every choice whole, then one JSON body.
+void AnswerWhole(bool chat, Run& run, const common::Tokenizer& tokenizer,
+                 httplib::Response& response) {
+  const OpenAiRequest& options = run.parsed;
+  const bool finished = Pump(
+      run,
+      [&](Choice& choice, const engine::OutputEvent& event) {
+        choice.text += Absorb(chat, tokenizer, event, choice, nullptr);
+        return true;
+      },
+      absl::InfiniteDuration(), nullptr);
+  if (!finished) return;  // nobody to answer
+  for (const Choice& choice : run.choices) {
+    if (choice.finish == loom::v1::FINISH_REASON_ERROR ||
+        choice.finish == loom::v1::FINISH_REASON_ABORT) {
+      return OpenAiService::WriteError(absl::UnavailableError(absl::StrFormat(
+                                           "the request could not be completed: %s", choice.error)),
+                                       response);
     }
   }
-  run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
-                                               request.remote_addr, request.remote_port);
-  run->stream_interval = stream_interval_;
-  run->place = [cluster = &cluster_](const std::shared_ptr<engine::Request>& sample) {
-    return cluster->Submit(sample);
-  };
-  const OpenAiRequest& options = run->parsed;
-  const common::Tokenizer& tokenizer = tokenizer_;
-
-  if (!options.stream) {
-    const bool finished = Pump(
-        *run,
-        [&](Choice& choice, const engine::OutputEvent& event) {
-          choice.text += Absorb(chat, tokenizer, event, choice, nullptr);
-          return true;
-        },
-        absl::InfiniteDuration(), nullptr);
-    if (!finished) return;  // nobody to answer
-    for (const Choice& choice : run->choices) {
-      if (choice.finish == loom::v1::FINISH_REASON_ERROR ||
-          choice.finish == loom::v1::FINISH_REASON_ABORT) {
-        return WriteError(absl::UnavailableError(absl::StrFormat(
-                              "the request could not be completed: %s", choice.error)),
-                          response);
-      }
-    }
-    Json body;
-    body["id"] = run->id;
-    body["object"] = chat ? "chat.completion" : "text_completion";
-    body["created"] = run->created;
-    body["model"] = run->model;
-    body["choices"] = Json::array();
-    for (const Choice& choice : run->choices) {
-      Json out;
-      out["index"] = choice.index;
-      const char* finish = engine::FinishReasonName(choice.finish);
-      if (chat && options.tools.active()) {
-        ToolReply reply = ParseReply(options.tools, choice.text);
-        Json message;
-        message["role"] = "assistant";
-        message["content"] = reply.content;
-        if (!reply.calls.empty()) {
-          if (options.tools.legacy) {
-            message["function_call"] = {{"name", reply.calls[0].name},
-                                        {"arguments", reply.calls[0].arguments}};
-            finish = "function_call";
-          } else {
-            message["tool_calls"] = Json::array();
-            for (const ParsedToolCall& call : reply.calls) {
-              message["tool_calls"].push_back(ToolCallJson(call, NewToolCallId()));
-            }
-            finish = "tool_calls";
+  Json body;
+  body["id"] = run.id;
+  body["object"] = chat ? "chat.completion" : "text_completion";
+  body["created"] = run.created;
+  body["model"] = run.model;
+  body["choices"] = Json::array();
+  for (const Choice& choice : run.choices) {
+    Json out;
+    out["index"] = choice.index;
+    const char* finish = engine::FinishReasonName(choice.finish);
+    if (chat && options.tools.active()) {
+      ToolReply reply = ParseReply(options.tools, choice.text);
+      Json message;
+      message["role"] = "assistant";
+      message["content"] = reply.content;
+      if (!reply.calls.empty()) {
+        if (options.tools.legacy) {
+          message["function_call"] = {{"name", reply.calls[0].name},
+                                      {"arguments", reply.calls[0].arguments}};
+          finish = "function_call";
+        } else {
+          message["tool_calls"] = Json::array();
+          for (const ParsedToolCall& call : reply.calls) {
+            message["tool_calls"].push_back(ToolCallJson(call, NewToolCallId()));
           }
+          finish = "tool_calls";
         }
-        out["message"] = std::move(message);
-      } else if (chat) {
-        out["message"] = {{"role", "assistant"}, {"content", choice.text}};
-      } else {
-        out["text"] = options.echo ? options.echo_texts[choice.prompt_index] + choice.text
-                                   : choice.text;
       }
-      out["logprobs"] = choice.logprobs;
-      out["finish_reason"] = finish;
-      body["choices"].push_back(std::move(out));
+      out["message"] = std::move(message);
+    } else if (chat) {
+      out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    } else {
+      out["text"] =
+          options.echo ? options.echo_texts[choice.prompt_index] + choice.text : choice.text;
     }
-    body["usage"] = run->Usage();
-    response.set_content(Dump(body), "application/json");
-    return;
+    out["logprobs"] = choice.logprobs;
+    out["finish_reason"] = finish;
+    body["choices"].push_back(std::move(out));
   }
+  body["usage"] = run.Usage();
+  response.set_content(Dump(body), "application/json");
+}
 
-  // Streaming: Server-Sent Events, one chunk per batch of new text per choice.
+// A streaming request's answer: Server-Sent Events, one chunk per batch of new text per
+// choice, keep-alive comments while nothing comes, the usage chunk and [DONE] at the end.
+void AnswerStream(bool chat, std::shared_ptr<Run> run, const common::Tokenizer& tokenizer,
+                  httplib::Response& response) {
   response.set_header("Cache-Control", "no-cache");
   response.set_header("X-Accel-Buffering", "no");
   response.set_chunked_content_provider(
@@ -725,6 +656,86 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
         return true;
       },
       [run](bool) { run->CancelAll(); });
+}
+
+}  // namespace
+
+void OpenAiService::Handle(bool chat, const httplib::Request& request,
+                           httplib::Response& response) {
+  const std::string content_type = request.get_header_value("Content-Type");
+  if (content_type.rfind("application/json", 0) != 0) {
+    WriteError(
+        absl::InvalidArgumentError(absl::StrFormat(
+            "the body must be JSON with Content-Type: application/json, got '%s'", content_type)),
+        response);
+    return;
+  }
+  absl::StatusOr<OpenAiRequest> parsed =
+      ParseOpenAiRequest(chat ? OpenAiEndpoint::kChatCompletions : OpenAiEndpoint::kCompletions,
+                         request.body, tokenizer_, chat_template_);
+  if (!parsed.ok()) return WriteError(parsed.status(), response);
+  if (!model_.Matches(parsed->model)) {
+    return WriteError(
+        absl::NotFoundError(absl::StrFormat(
+            "the model '%s' does not exist; this server serves '%s'", parsed->model, model_.id)),
+        response);
+  }
+
+  auto run = std::make_shared<Run>();
+  run->parsed = *std::move(parsed);
+  const uint64_t number = next_id_.fetch_add(1);
+  run->id =
+      absl::StrFormat("%s-%016x%04x", chat ? "chatcmpl" : "cmpl", RandomSeed(), number & 0xffff);
+  run->created = absl::ToUnixSeconds(absl::Now());
+  run->model = model_.id;
+
+  // Validate every prompt before placing any, so a bad one leaves nothing running.
+  std::vector<engine::RequestParams> prompts;
+  for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
+    absl::StatusOr<engine::RequestParams> params =
+        engine::ValidateGenerateRequest(prompt, config_, tokenizer_, kOpenAiDefaultTemperature);
+    if (!params.ok()) return WriteError(params.status(), response);
+    run->prompt_tokens += static_cast<int32_t>(params->prompt_ids.size());
+    prompts.push_back(*std::move(params));
+  }
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int32_t s = 0; s < run->parsed.n; ++s) {
+      engine::RequestParams params = prompts[p];
+      // Each sample draws its own tokens: seed + sample index when the client seeded
+      // the request (reproducible), a fresh random seed otherwise.
+      params.sampling.set_seed(run->parsed.seed_given ? params.sampling.seed() + s
+                                                      : UnseededSeed());
+      Choice choice;
+      choice.index = static_cast<int>(run->choices.size());
+      choice.prompt_index = static_cast<int>(p);
+      choice.request = std::make_shared<engine::Request>(
+          absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(), std::move(params),
+          tokenizer_, eos_ids_);
+      choice.request->set_metrics(metrics_);
+      if (s > 0) {
+        choice.leader = choice.index - s;  // placed by Pump once the leader has output
+      } else {
+        if (absl::Status placed = cluster_.Submit(choice.request); !placed.ok()) {
+          if (metrics_ != nullptr) metrics_->RecordRejected(placed);
+          run->CancelAll();
+          return WriteError(placed, response);
+        }
+        if (metrics_ != nullptr) {
+          metrics_->RecordRequestParams(run->parsed.n, choice.request->params().max_tokens);
+        }
+        choice.placed = true;
+      }
+      run->choices.push_back(std::move(choice));
+    }
+  }
+  run->peer = std::make_unique<PeerConnection>(request.local_addr, request.local_port,
+                                               request.remote_addr, request.remote_port);
+  run->stream_interval = stream_interval_;
+  run->place = [cluster = &cluster_](const std::shared_ptr<engine::Request>& sample) {
+    return cluster->Submit(sample);
+  };
+  if (!run->parsed.stream) return AnswerWhole(chat, *run, tokenizer_, response);
+  AnswerStream(chat, std::move(run), tokenizer_, response);
 }
 
 }  // namespace loom::api

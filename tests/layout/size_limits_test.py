@@ -23,7 +23,6 @@ KNOWN_LONG_FUNCTIONS = {
     "common/jinja/jinja_filters.cc ApplyFilter",
     "common/tokenizer/hf_tokenizer.cc HfTokenizerToGguf",
     "quant/model_quantizer.cc QuantizeModel",
-    "api/openai_service.cc OpenAiService::Handle",
 }
 
 _LITERAL_OR_COMMENT = re.compile(
