@@ -323,30 +323,158 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromParts(
   return file;
 }
 
-absl::Status GgufFile::Parse() {
-  Reader reader(data_, size_);
+namespace {
+
+// The magic and the version (2 or 3), with what is wrong named: v1, big-endian, unknown.
+absl::StatusOr<uint32_t> ReadMagicAndVersion(Reader& reader, const uint8_t* data) {
   LOOM_ASSIGN_OR_RETURN(uint32_t magic, reader.Read<uint32_t>("magic"));
   if (magic != kGgufMagic) {
-    std::string found(reinterpret_cast<const char*>(data_), 4);
+    std::string found(reinterpret_cast<const char*>(data), 4);
     return absl::InvalidArgumentError(absl::StrFormat(
         "not a GGUF file: bad magic 0x%08x (\"%s\"), expected \"GGUF\"", magic,
         absl::CHexEscape(found)));
   }
-  LOOM_ASSIGN_OR_RETURN(version_, reader.Read<uint32_t>("version"));
-  if (version_ == 1) {
+  LOOM_ASSIGN_OR_RETURN(uint32_t version, reader.Read<uint32_t>("version"));
+  if (version == 1) {
     return absl::InvalidArgumentError(
         "unsupported GGUF version 1 (pre-release format with 32-bit counts); re-convert the "
         "model to GGUF v3");
   }
-  if (version_ != 2 && version_ != 3) {
-    const uint32_t swapped = __builtin_bswap32(version_);
+  if (version != 2 && version != 3) {
+    const uint32_t swapped = __builtin_bswap32(version);
     if (swapped >= 1 && swapped <= 3) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unsupported big-endian GGUF file (version ", swapped, " byte-swapped)"));
     }
     return absl::InvalidArgumentError(
-        absl::StrCat("unsupported GGUF version ", version_, " (supported: 2, 3)"));
+        absl::StrCat("unsupported GGUF version ", version, " (supported: 2, 3)"));
   }
+  return version;
+}
+
+// The value of metadata key `key` (type, then value); errors from a generic read name
+// the key.
+absl::StatusOr<GgufValue> ReadMetadataValue(Reader& reader, const std::string& key) {
+  LOOM_ASSIGN_OR_RETURN(uint32_t type, reader.Read<uint32_t>("metadata value type"));
+  absl::StatusOr<GgufValue> value = ReadValue(reader, type, key, 0);
+  if (!value.ok()) {
+    std::string message(value.status().message());
+    if (message.find(absl::StrCat("'", key, "'")) == std::string::npos) {
+      message = absl::StrCat("GGUF key '", key, "': ", message);
+    }
+    return absl::Status(value.status().code(), message);
+  }
+  return value;
+}
+
+// general.alignment, which changes where tensor data starts: a power of two in
+// [1, kMaxAlignment]; kDefaultAlignment when absent.
+absl::StatusOr<uint64_t> AlignmentOf(const GgufValue* alignment) {
+  if (alignment == nullptr) return kDefaultAlignment;
+  absl::StatusOr<int64_t> value = alignment->AsInt();
+  if (!value.ok() || alignment->type() == GgufValueType::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GGUF key 'general.alignment' must be an unsigned integer, got ",
+                     ValueTypeName(static_cast<uint32_t>(alignment->type()))));
+  }
+  if (*value <= 0 || static_cast<uint64_t>(*value) > kMaxAlignment ||
+      (*value & (*value - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF key 'general.alignment' is ", *value,
+                                                   ": must be a power of two in [1, ",
+                                                   kMaxAlignment, "]"));
+  }
+  return static_cast<uint64_t>(*value);
+}
+
+// One tensor info after its name: shape, type, byte count and an aligned data offset.
+absl::Status ReadTensorInfo(Reader& reader, uint64_t alignment, GgufTensorInfo& info) {
+  auto tensor_error = [&info](absl::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF tensor '", info.name, "': ", message));
+  };
+  // Truncation keeps its OutOfRange code but names the tensor.
+  auto read_error = [&info](const absl::Status& status) {
+    return absl::Status(status.code(),
+                        absl::StrCat("GGUF tensor '", info.name, "': ", status.message()));
+  };
+  absl::StatusOr<uint32_t> n_dims = reader.Read<uint32_t>("tensor n_dims");
+  if (!n_dims.ok()) return read_error(n_dims.status());
+  if (*n_dims == 0 || *n_dims > kMaxDims) {
+    return tensor_error(absl::StrCat("n_dims ", *n_dims, " is out of range [1, ", kMaxDims, "]"));
+  }
+  uint64_t num_elements = 1;
+  for (uint32_t d = 0; d < *n_dims; ++d) {
+    absl::StatusOr<uint64_t> dim = reader.Read<uint64_t>("tensor dimension");
+    if (!dim.ok()) return read_error(dim.status());
+    info.shape.push_back(*dim);
+    if (*dim == 0) {
+      return tensor_error(absl::StrCat("dimension ", d, " is 0"));
+    }
+    if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / num_elements) {
+      return tensor_error(absl::StrCat("element count of shape so far ", ShapeString(info.shape),
+                                       " overflows int64"));
+    }
+    num_elements *= *dim;
+  }
+  info.num_elements = num_elements;
+  absl::StatusOr<uint32_t> raw_type = reader.Read<uint32_t>("tensor type");
+  if (!raw_type.ok()) return read_error(raw_type.status());
+  absl::StatusOr<GgmlTypeTraits> traits = GetGgmlTypeTraits(*raw_type);
+  if (!traits.ok()) {
+    return tensor_error(absl::StrCat("unknown tensor type ", *raw_type));
+  }
+  info.type = static_cast<GgmlType>(*raw_type);
+  if (info.shape[0] % static_cast<uint64_t>(traits->block_size) != 0) {
+    return tensor_error(absl::StrCat("row length ", info.shape[0], " of type ",
+                                     AbslView(traits->name),
+                                     " is not a multiple of its block size ", traits->block_size));
+  }
+  absl::StatusOr<uint64_t> num_bytes = GgmlRowBytes(info.type, num_elements);
+  if (!num_bytes.ok()) return read_error(num_bytes.status());
+  info.num_bytes = *num_bytes;
+  absl::StatusOr<uint64_t> offset = reader.Read<uint64_t>("tensor data offset");
+  if (!offset.ok()) return read_error(offset.status());
+  info.offset = *offset;
+  if (info.offset % alignment != 0) {
+    return tensor_error(absl::StrCat("data offset ", info.offset,
+                                     " is not a multiple of the alignment ", alignment));
+  }
+  return absl::OkStatus();
+}
+
+// Every tensor's bytes inside the data section of `data_size` bytes, and no two sharing any.
+absl::Status CheckTensorData(const std::vector<GgufTensorInfo>& tensors, uint64_t data_size) {
+  for (const GgufTensorInfo& info : tensors) {
+    if (info.offset > data_size || info.num_bytes > data_size - info.offset) {
+      return absl::OutOfRangeError(
+          absl::StrCat("GGUF tensor '", info.name, "': data [", info.offset, ", +", info.num_bytes,
+                       ") of shape ", ShapeString(info.shape), " ",
+                       RawGgmlTypeName(static_cast<uint32_t>(info.type)),
+                       " runs past the end of the ", data_size, "-byte data section"));
+    }
+  }
+  std::vector<const GgufTensorInfo*> by_offset;
+  by_offset.reserve(tensors.size());
+  for (const GgufTensorInfo& info : tensors) by_offset.push_back(&info);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& previous = *by_offset[i - 1];
+    const GgufTensorInfo& current = *by_offset[i];
+    if (previous.offset + previous.num_bytes > current.offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF tensors '", previous.name, "' (data [", previous.offset, ", ",
+                       previous.offset + previous.num_bytes, ")) and '", current.name,
+                       "' (data at ", current.offset, ") overlap"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GgufFile::Parse() {
+  Reader reader(data_, size_);
+  LOOM_ASSIGN_OR_RETURN(version_, ReadMagicAndVersion(reader, data_));
   LOOM_ASSIGN_OR_RETURN(uint64_t tensor_count, reader.Read<uint64_t>("tensor count"));
   LOOM_ASSIGN_OR_RETURN(uint64_t metadata_count, reader.Read<uint64_t>("metadata count"));
   if (metadata_count > reader.remaining() / kMinKeyValueBytes) {
@@ -360,7 +488,6 @@ absl::Status GgufFile::Parse() {
                                               " bytes that remain"));
   }
 
-  // Metadata.
   metadata_.reserve(metadata_count);
   for (uint64_t i = 0; i < metadata_count; ++i) {
     const uint64_t key_offset = reader.pos();
@@ -369,40 +496,12 @@ absl::Status GgufFile::Parse() {
       return absl::InvalidArgumentError(
           absl::StrCat("GGUF duplicate metadata key '", key, "' at offset ", key_offset));
     }
-    LOOM_ASSIGN_OR_RETURN(uint32_t type, reader.Read<uint32_t>("metadata value type"));
-    absl::StatusOr<GgufValue> value = ReadValue(reader, type, key, 0);
-    if (!value.ok()) {
-      std::string message(value.status().message());
-      // Name the key in errors that came from a generic read.
-      if (message.find(absl::StrCat("'", key, "'")) == std::string::npos) {
-        message = absl::StrCat("GGUF key '", key, "': ", message);
-      }
-      return absl::Status(value.status().code(), message);
-    }
+    LOOM_ASSIGN_OR_RETURN(GgufValue value, ReadMetadataValue(reader, key));
     metadata_index_.emplace(key, metadata_.size());
-    metadata_.emplace_back(std::move(key), *std::move(value));
+    metadata_.emplace_back(std::move(key), std::move(value));
   }
+  LOOM_ASSIGN_OR_RETURN(alignment_, AlignmentOf(Find("general.alignment")));
 
-  // general.alignment changes where tensor data starts.
-  if (const GgufValue* alignment = Find("general.alignment")) {
-    absl::StatusOr<int64_t> value = alignment->AsInt();
-    if (!value.ok() || alignment->type() == GgufValueType::kBool) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF key 'general.alignment' must be an unsigned integer, got ",
-          ValueTypeName(static_cast<uint32_t>(alignment->type()))));
-    }
-    if (*value <= 0 || static_cast<uint64_t>(*value) > kMaxAlignment ||
-        (*value & (*value - 1)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF key 'general.alignment' is ", *value, ": must be a power of two in [1, ",
-          kMaxAlignment, "]"));
-    }
-    alignment_ = static_cast<uint64_t>(*value);
-  } else {
-    alignment_ = kDefaultAlignment;
-  }
-
-  // Tensor infos.
   tensors_.reserve(tensor_count);
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensorInfo info;
@@ -411,58 +510,7 @@ absl::Status GgufFile::Parse() {
       return absl::InvalidArgumentError(
           absl::StrCat("GGUF duplicate tensor name '", info.name, "'"));
     }
-    auto tensor_error = [&info](absl::string_view message) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GGUF tensor '", info.name, "': ", message));
-    };
-    // Truncation keeps its OutOfRange code but names the tensor.
-    auto read_error = [&info](const absl::Status& status) {
-      return absl::Status(status.code(),
-                          absl::StrCat("GGUF tensor '", info.name, "': ", status.message()));
-    };
-    absl::StatusOr<uint32_t> n_dims = reader.Read<uint32_t>("tensor n_dims");
-    if (!n_dims.ok()) return read_error(n_dims.status());
-    if (*n_dims == 0 || *n_dims > kMaxDims) {
-      return tensor_error(
-          absl::StrCat("n_dims ", *n_dims, " is out of range [1, ", kMaxDims, "]"));
-    }
-    uint64_t num_elements = 1;
-    for (uint32_t d = 0; d < *n_dims; ++d) {
-      absl::StatusOr<uint64_t> dim = reader.Read<uint64_t>("tensor dimension");
-      if (!dim.ok()) return read_error(dim.status());
-      info.shape.push_back(*dim);
-      if (*dim == 0) {
-        return tensor_error(absl::StrCat("dimension ", d, " is 0"));
-      }
-      if (*dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / num_elements) {
-        return tensor_error(absl::StrCat("element count of shape so far ",
-                                         ShapeString(info.shape), " overflows int64"));
-      }
-      num_elements *= *dim;
-    }
-    info.num_elements = num_elements;
-    absl::StatusOr<uint32_t> raw_type = reader.Read<uint32_t>("tensor type");
-    if (!raw_type.ok()) return read_error(raw_type.status());
-    absl::StatusOr<GgmlTypeTraits> traits = GetGgmlTypeTraits(*raw_type);
-    if (!traits.ok()) {
-      return tensor_error(absl::StrCat("unknown tensor type ", *raw_type));
-    }
-    info.type = static_cast<GgmlType>(*raw_type);
-    if (info.shape[0] % static_cast<uint64_t>(traits->block_size) != 0) {
-      return tensor_error(absl::StrCat("row length ", info.shape[0], " of type ", AbslView(traits->name),
-                                       " is not a multiple of its block size ",
-                                       traits->block_size));
-    }
-    absl::StatusOr<uint64_t> num_bytes = GgmlRowBytes(info.type, num_elements);
-    if (!num_bytes.ok()) return read_error(num_bytes.status());
-    info.num_bytes = *num_bytes;
-    absl::StatusOr<uint64_t> offset = reader.Read<uint64_t>("tensor data offset");
-    if (!offset.ok()) return read_error(offset.status());
-    info.offset = *offset;
-    if (info.offset % alignment_ != 0) {
-      return tensor_error(absl::StrCat("data offset ", info.offset,
-                                       " is not a multiple of the alignment ", alignment_));
-    }
+    LOOM_RETURN_IF_ERROR(ReadTensorInfo(reader, alignment_, info));
     tensor_index_.emplace(info.name, tensors_.size());
     tensors_.push_back(std::move(info));
   }
@@ -478,32 +526,7 @@ absl::Status GgufFile::Parse() {
     }
     data_offset_ = size_;  // no tensors: the padding may be omitted
   }
-  const uint64_t data_size = size_ - data_offset_;
-  for (const GgufTensorInfo& info : tensors_) {
-    if (info.offset > data_size || info.num_bytes > data_size - info.offset) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "GGUF tensor '", info.name, "': data [", info.offset, ", +", info.num_bytes,
-          ") of shape ", ShapeString(info.shape), " ", RawGgmlTypeName(static_cast<uint32_t>(info.type)),
-          " runs past the end of the ", data_size, "-byte data section"));
-    }
-  }
-  // No two tensors may share bytes.
-  std::vector<const GgufTensorInfo*> by_offset;
-  by_offset.reserve(tensors_.size());
-  for (const GgufTensorInfo& info : tensors_) by_offset.push_back(&info);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const GgufTensorInfo& previous = *by_offset[i - 1];
-    const GgufTensorInfo& current = *by_offset[i];
-    if (previous.offset + previous.num_bytes > current.offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GGUF tensors '", previous.name, "' (data [", previous.offset, ", ",
-          previous.offset + previous.num_bytes, ")) and '", current.name, "' (data at ",
-          current.offset, ") overlap"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckTensorData(tensors_, size_ - data_offset_);
 }
 
 const GgufValue* GgufFile::Find(std::string_view key) const {
