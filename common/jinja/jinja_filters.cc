@@ -438,7 +438,77 @@ bool IsKnownTest(absl::string_view name) {
   return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
 }
 
-absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, CallArgs& args) {
+namespace {
+
+// join(d, attribute): the items' strings (or their attribute's) between separators.
+absl::StatusOr<Value> Join(const Value& input, const std::vector<Value>& a) {
+  LOOM_ASSIGN_OR_RETURN(ValueList items, Iterate(input));
+  std::string separator = IsGiven(a[0]) ? a[0].Str() : "";
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Value item = items[i];
+    if (IsGiven(a[1]) && !a[1].is_none()) {
+      LOOM_ASSIGN_OR_RETURN(item, GetAttrPath(item, a[1]));
+    }
+    if (item.is_generator()) return Error("printing a generator is not supported");
+    if (i > 0) out += separator;
+    out += item.Str();
+    if (out.size() > kMaxValueBytes) return Error("join: result too large");
+  }
+  return Value::String(std::move(out));
+}
+
+// int(default, base): Python's int() of the input, or the default.
+absl::StatusOr<Value> IntFilter(const Value& input, const std::vector<Value>& a) {
+  int base = 10;
+  if (IsGiven(a[1])) {
+    if (!a[1].is_int() || a[1].AsInt() < 2 || a[1].AsInt() > 36) {
+      return Error("int: base must be an integer between 2 and 36");
+    }
+    base = static_cast<int>(a[1].AsInt());
+  }
+  return ToInt(input, IsGiven(a[0]) ? a[0] : Value::Int(0), base);
+}
+
+// float(default): Python's float() of the input, or the default.
+absl::StatusOr<Value> FloatFilter(const Value& input, const std::vector<Value>& a) {
+  Value fallback = IsGiven(a[0]) ? a[0] : Value::Float(0.0);
+  if (input.is_number()) return Value::Float(input.AsDouble());
+  if (input.is_string()) {
+    if (auto parsed = ParsePyFloat(input.AsString())) return Value::Float(*parsed);
+  }
+  return fallback;
+}
+
+// title: each word capitalized, as jinja2's do_title.
+Value Title(const Value& input) {
+  // jinja2's do_title: capitalize each word after -, whitespace, (, {, [ or <.
+  std::u32string cps = DecodeUtf8(input.Str());
+  std::string out;
+  size_t start = 0;
+  auto is_separator = [](char32_t c) {
+    return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || IsPySpace(c);
+  };
+  while (start < cps.size()) {
+    size_t end = start;
+    bool separator = is_separator(cps[start]);
+    while (end < cps.size() && is_separator(cps[end]) == separator) ++end;
+    std::string word = EncodeUtf8(cps.substr(start, end - start));
+    if (separator) {
+      out += word;
+    } else {
+      out += PyUpper(EncodeUtf8(cps.substr(start, 1)));
+      out += PyLower(EncodeUtf8(cps.substr(start + 1, end - start - 1)));
+    }
+    start = end;
+  }
+  return Value::String(std::move(out));
+}
+
+// The filters that take arguments (their names bound as jinja2 declares them); nullopt for
+// any other name.
+std::optional<absl::StatusOr<Value>> ApplyFilterWithArguments(absl::string_view name,
+                                                              const Value& input, CallArgs& args) {
   std::vector<Value> a;
   const std::string filter(name);
   if (name == "default" || name == "d") {
@@ -459,20 +529,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
   }
   if (name == "join") {
     LOOM_RETURN_IF_ERROR(BindArgs(filter, args, {"d", "attribute"}, a));
-    LOOM_ASSIGN_OR_RETURN(ValueList items, Iterate(input));
-    std::string separator = IsGiven(a[0]) ? a[0].Str() : "";
-    std::string out;
-    for (size_t i = 0; i < items.size(); ++i) {
-      Value item = items[i];
-      if (IsGiven(a[1]) && !a[1].is_none()) {
-        LOOM_ASSIGN_OR_RETURN(item, GetAttrPath(item, a[1]));
-      }
-      if (item.is_generator()) return Error("printing a generator is not supported");
-      if (i > 0) out += separator;
-      out += item.Str();
-      if (out.size() > kMaxValueBytes) return Error("join: result too large");
-    }
-    return Value::String(std::move(out));
+    return Join(input, a);
   }
   if (name == "tojson") {
     LOOM_RETURN_IF_ERROR(
@@ -490,23 +547,11 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
   }
   if (name == "int") {
     LOOM_RETURN_IF_ERROR(BindArgs(filter, args, {"default", "base"}, a));
-    int base = 10;
-    if (IsGiven(a[1])) {
-      if (!a[1].is_int() || a[1].AsInt() < 2 || a[1].AsInt() > 36) {
-        return Error("int: base must be an integer between 2 and 36");
-      }
-      base = static_cast<int>(a[1].AsInt());
-    }
-    return ToInt(input, IsGiven(a[0]) ? a[0] : Value::Int(0), base);
+    return IntFilter(input, a);
   }
   if (name == "float") {
     LOOM_RETURN_IF_ERROR(BindArgs(filter, args, {"default"}, a));
-    Value fallback = IsGiven(a[0]) ? a[0] : Value::Float(0.0);
-    if (input.is_number()) return Value::Float(input.AsDouble());
-    if (input.is_string()) {
-      if (auto parsed = ParsePyFloat(input.AsString())) return Value::Float(*parsed);
-    }
-    return fallback;
+    return FloatFilter(input, a);
   }
   if (name == "round") {
     LOOM_RETURN_IF_ERROR(BindArgs(filter, args, {"precision", "method"}, a));
@@ -536,8 +581,12 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     LOOM_RETURN_IF_ERROR(BindArgs(filter, args, {"attribute", "start"}, a));
     return Sum(input, a);
   }
-  // The remaining filters take no arguments.
-  LOOM_RETURN_IF_ERROR(BindArgs(filter, args, {}, a));
+  return std::nullopt;
+}
+
+// The filters without arguments over sequences and mappings; nullopt for any other name.
+std::optional<absl::StatusOr<Value>> ApplySequenceFilter(absl::string_view name,
+                                                         const Value& input) {
   if (name == "length" || name == "count") {
     LOOM_ASSIGN_OR_RETURN(int64_t length, Length(input));
     return Value::Int(length);
@@ -573,34 +622,17 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     std::reverse(items.begin(), items.end());
     return Value::Generator(std::move(items));
   }
+  return std::nullopt;
+}
+
+// The string filters (no arguments): the input's string form transformed.
+absl::StatusOr<Value> ApplyStringFilter(absl::string_view name, const Value& input) {
   if (input.is_generator()) return Error("printing a generator is not supported");
   if (name == "string") return Value::String(input.Str(), input.is_markup());
   if (name == "upper") return Value::String(PyUpper(input.Str()), input.is_markup());
   if (name == "lower") return Value::String(PyLower(input.Str()), input.is_markup());
   if (name == "capitalize") return Value::String(PyCapitalize(input.Str()), input.is_markup());
-  if (name == "title") {
-    // jinja2's do_title: capitalize each word after -, whitespace, (, {, [ or <.
-    std::u32string cps = DecodeUtf8(input.Str());
-    std::string out;
-    size_t start = 0;
-    auto is_separator = [](char32_t c) {
-      return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || IsPySpace(c);
-    };
-    while (start < cps.size()) {
-      size_t end = start;
-      bool separator = is_separator(cps[start]);
-      while (end < cps.size() && is_separator(cps[end]) == separator) ++end;
-      std::string word = EncodeUtf8(cps.substr(start, end - start));
-      if (separator) {
-        out += word;
-      } else {
-        out += PyUpper(EncodeUtf8(cps.substr(start, 1)));
-        out += PyLower(EncodeUtf8(cps.substr(start + 1, end - start - 1)));
-      }
-      start = end;
-    }
-    return Value::String(std::move(out));
-  }
+  if (name == "title") return Title(input);
   if (name == "abs") {
     if (input.is_float()) return Value::Float(std::fabs(input.AsDouble()));
     if (input.is_int() || input.is_bool()) {
@@ -616,6 +648,21 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     return Value::String(HtmlEscape(input.Str()), /*markup=*/true);
   }
   return Error(absl::StrCat("No filter named '", name, "'."));
+}
+
+}  // namespace
+
+absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, CallArgs& args) {
+  if (std::optional<absl::StatusOr<Value>> out = ApplyFilterWithArguments(name, input, args)) {
+    return *std::move(out);
+  }
+  // The remaining filters take no arguments.
+  std::vector<Value> a;
+  LOOM_RETURN_IF_ERROR(BindArgs(std::string(name), args, {}, a));
+  if (std::optional<absl::StatusOr<Value>> out = ApplySequenceFilter(name, input)) {
+    return *std::move(out);
+  }
+  return ApplyStringFilter(name, input);
 }
 
 absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& input, CallArgs& args) {

@@ -19,7 +19,6 @@ MAX_FUNCTION_LINES = 150
 KNOWN_LONG_FILES = {"common/jinja/jinja_parser.cc"}
 KNOWN_LONG_FUNCTIONS = {
     "common/formats/model_config.cc ModelConfigFromGguf",
-    "common/jinja/jinja_filters.cc ApplyFilter",
     "common/tokenizer/hf_tokenizer.cc HfTokenizerToGguf",
     "quant/model_quantizer.cc QuantizeModel",
 }
