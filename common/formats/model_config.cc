@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -14,7 +15,22 @@ namespace loom::common {
 namespace {
 
 // Architectures whose GGUF layout is llama's (same tensor names and hyper-parameters).
-constexpr std::array<absl::string_view, 4> kLlamaFamily = {"llama", "mistral", "qwen2", "qwen3"};
+// The architectures the graph runs and what each says about the model that its GGUF keys do
+// not: the rules live here, not as name comparisons elsewhere. Q/K/V biases and QK-norm are
+// read from the file's tensors (ReadLayout).
+struct ArchitectureRules {
+  absl::string_view name;  // general.architecture
+  bool rope_neox;          // NeoX RoPE (rotate halves) rather than llama's interleaved pairs
+};
+constexpr std::array<ArchitectureRules, 4> kArchitectures = {
+    {{"llama", false}, {"mistral", false}, {"qwen2", true}, {"qwen3", true}}};
+
+const ArchitectureRules* FindArchitecture(absl::string_view name) {
+  for (const ArchitectureRules& rules : kArchitectures) {
+    if (rules.name == name) return &rules;
+  }
+  return nullptr;
+}
 
 // Sanity bounds: far above any real model, low enough that sizes derived from them
 // (hidden * heads, context * layers, ...) cannot overflow int64.
@@ -114,26 +130,32 @@ absl::StatusOr<RopeScalingType> ParseRopeScaling(absl::string_view type) {
 
 }  // namespace
 
-absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
-  ModelConfig config;
+namespace {
+
+// general.architecture (one of kArchitectures) and general.name.
+absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
   if (gguf.Find("general.architecture") == nullptr) {
     return absl::InvalidArgumentError(
         "model config: required key 'general.architecture' is missing");
   }
   LOOM_ASSIGN_OR_RETURN(std::string_view architecture, gguf.GetString("general.architecture"));
   config.architecture = std::string(architecture);
-  if (std::find(kLlamaFamily.begin(), kLlamaFamily.end(), AbslView(architecture)) ==
-      kLlamaFamily.end()) {
+  if (FindArchitecture(AbslView(architecture)) == nullptr) {
+    std::vector<absl::string_view> names;
+    for (const ArchitectureRules& rules : kArchitectures) names.push_back(rules.name);
     return absl::InvalidArgumentError(
         absl::StrCat("model config: unsupported architecture '", AbslView(architecture),
-                     "' (supported: ", absl::StrJoin(kLlamaFamily, ", "), ")"));
+                     "' (supported: ", absl::StrJoin(names, ", "), ")"));
   }
   if (gguf.Find("general.name") != nullptr) {
     LOOM_ASSIGN_OR_RETURN(std::string_view name, gguf.GetString("general.name"));
     config.name = std::string(name);
   }
-  const ConfigReader reader(gguf, config.architecture);
+  return absl::OkStatus();
+}
 
+// Context, widths, layers and heads, the head dimension.
+absl::Status ReadShapes(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   LOOM_ASSIGN_OR_RETURN(config.context_length, reader.RequiredInt("context_length"));
   LOOM_RETURN_IF_ERROR(CheckRange(reader, "context_length", config.context_length, 1, kMaxContext));
   LOOM_ASSIGN_OR_RETURN(config.hidden_size, reader.RequiredInt("embedding_length"));
@@ -181,6 +203,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
         " differs from the key length ", config.head_dim, " (unsupported)"));
   }
 
+  return absl::OkStatus();
+}
+
+// RMSNorm epsilon, RoPE base, rotated dimensions and style.
+absl::Status ReadRope(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   LOOM_RETURN_IF_ERROR(
       reader.OptionalDouble("attention.layer_norm_rms_epsilon", config.rms_norm_eps));
   LOOM_RETURN_IF_ERROR(
@@ -195,11 +222,17 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
                                                    "' ", config.rope_dim, " is odd"));
   }
 
-  config.rope_neox = config.architecture != "llama" && config.architecture != "mistral";
+  config.rope_neox = FindArchitecture(config.architecture)->rope_neox;
   if (gguf.Find("loom.rope.neox") != nullptr) {
     LOOM_ASSIGN_OR_RETURN(config.rope_neox, gguf.GetBool("loom.rope.neox"));
   }
 
+  return absl::OkStatus();
+}
+
+// RoPE scaling: linear, llama3 (parameters or per-frequency factors) or YaRN.
+absl::Status ReadRopeScaling(const ConfigReader& reader, const GgufFile& gguf,
+                             ModelConfig& config) {
   // RoPE scaling. Llama 3.1 GGUFs carry precomputed per-frequency factors as the
   // rope_freqs.weight tensor and often no scaling type at all.
   std::string scaling_type;
@@ -265,8 +298,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
     }
   }
 
-  LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
+  return absl::OkStatus();
+}
 
+// The vocabulary size: rows of the embedding table, else vocab_size, else the tokenizer's.
+absl::Status ReadVocabulary(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   // Vocabulary: rows of the embedding table; the tokenizer may list fewer tokens (padded
   // embeddings) but never more.
   int64_t tokenizer_tokens = 0;
@@ -311,6 +347,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
         " tokens, more than the vocabulary size ", config.vocab_size));
   }
 
+  return absl::OkStatus();
+}
+
+// What the tensors reveal: a separate LM head, attention biases, QK-norm; layer count.
+absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   // Tensors that reveal the layout: a separate LM head, and qwen2's attention biases.
   const auto hidden = static_cast<uint64_t>(config.hidden_size);
   const auto vocab = static_cast<uint64_t>(config.vocab_size);
@@ -343,6 +384,21 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
           gguf.FindTensor(beyond) == nullptr ? " absent)" : " present)"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
+  ModelConfig config;
+  LOOM_RETURN_IF_ERROR(ReadArchitecture(gguf, config));
+  const ConfigReader reader(gguf, config.architecture);
+  LOOM_RETURN_IF_ERROR(ReadShapes(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadRope(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadRopeScaling(reader, gguf, config));
+  LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
+  LOOM_RETURN_IF_ERROR(ReadVocabulary(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadLayout(reader, gguf, config));
   return config;
 }
 
