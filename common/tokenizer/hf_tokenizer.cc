@@ -172,39 +172,19 @@ absl::StatusOr<ByteLevelSplits> ByteLevelRules(const json& tokenizer) {
 
 }  // namespace
 
-absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilder& metadata) {
-  LOOM_ASSIGN_OR_RETURN(json tokenizer, ParseObject(files.tokenizer_json, "tokenizer.json"));
-  json config = json::object();
-  if (!files.tokenizer_config_json.empty()) {
-    LOOM_ASSIGN_OR_RETURN(config,
-                          ParseObject(files.tokenizer_config_json, "tokenizer_config.json"));
-  }
-  json generation = json::object();
-  if (!files.generation_config_json.empty()) {
-    LOOM_ASSIGN_OR_RETURN(generation,
-                          ParseObject(files.generation_config_json, "generation_config.json"));
-  }
+namespace {
 
-  auto model_it = tokenizer.find("model");
-  if (model_it == tokenizer.end() || !model_it->is_object()) {
-    return absl::InvalidArgumentError("tokenizer.json: no 'model' object");
-  }
-  const json& model = *model_it;
-  const std::string model_type = TypeOf(model);
-  if (model_type != "BPE") {
-    return absl::UnimplementedError(
-        absl::StrCat("tokenizer.json: model type '", model_type, "' is not supported (only BPE)"));
-  }
-  auto vocab_it = model.find("vocab");
-  auto merges_it = model.find("merges");
-  if (vocab_it == model.end() || !vocab_it->is_object() || merges_it == model.end() ||
-      !merges_it->is_array()) {
-    return absl::InvalidArgumentError("tokenizer.json: BPE model needs 'vocab' and 'merges'");
-  }
-
-  // Token texts by id: the vocabulary, then the added tokens.
+// Token texts and types by id: the vocabulary, then the added tokens; unused ids padded.
+struct Vocabulary {
   std::vector<std::string> texts;
   std::vector<int64_t> types;
+  absl::flat_hash_map<std::string, int64_t> id_of;
+};
+
+absl::StatusOr<Vocabulary> ReadVocabulary(const json& tokenizer, const json& vocab) {
+  Vocabulary out;
+  std::vector<std::string>& texts = out.texts;
+  std::vector<int64_t>& types = out.types;
   auto place = [&](const std::string& text, const json& id_value, int64_t type) -> absl::Status {
     if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 ||
         id_value.get<int64_t>() >= kMaxTokens) {
@@ -224,7 +204,7 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     types[id] = type;
     return absl::OkStatus();
   };
-  for (const auto& [text, id] : vocab_it->items()) LOOM_RETURN_IF_ERROR(place(text, id, kNormal));
+  for (const auto& [text, id] : vocab.items()) LOOM_RETURN_IF_ERROR(place(text, id, kNormal));
   if (auto added = tokenizer.find("added_tokens"); added != tokenizer.end() && added->is_array()) {
     for (const json& token : *added) {
       if (!token.is_object() || !token.contains("content") || !token["content"].is_string() ||
@@ -240,12 +220,16 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
   for (size_t id = 0; id < texts.size(); ++id) {
     if (types[id] == kUnused && texts[id].empty()) texts[id] = absl::StrCat("[PAD", id, "]");
   }
-  absl::flat_hash_map<std::string, int64_t> id_of;
-  for (size_t id = 0; id < texts.size(); ++id) id_of.try_emplace(texts[id], id);
+  for (size_t id = 0; id < texts.size(); ++id) out.id_of.try_emplace(texts[id], id);
 
+  return out;
+}
+
+// BPE merges: "a b" strings or ["a", "b"] pairs.
+absl::StatusOr<std::vector<std::string>> ReadMerges(const json& list) {
   std::vector<std::string> merges;
-  merges.reserve(merges_it->size());
-  for (const json& merge : *merges_it) {
+  merges.reserve(list.size());
+  for (const json& merge : list) {
     if (merge.is_string()) {
       merges.push_back(merge.get<std::string>());
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
@@ -257,7 +241,19 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     }
   }
 
-  // Byte-level (GPT-2 style) or SentencePiece style?
+  return merges;
+}
+
+// Byte-level (GPT-2 style) or SentencePiece style, from the decoder, normalizers and
+// pre-tokenizers; a Unicode normalization form for byte-level models.
+struct TokenizerStyle {
+  bool byte_level = false;
+  bool space_prefix = false;
+  bool spm_style = false;
+  std::string normalization;
+};
+
+absl::StatusOr<TokenizerStyle> ReadStyle(const json& tokenizer, const json& model) {
   const json null_json;
   const json& decoder = tokenizer.contains("decoder") ? tokenizer["decoder"] : null_json;
   const json& normalizer = tokenizer.contains("normalizer") ? tokenizer["normalizer"] : null_json;
@@ -295,66 +291,81 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     }
   }
 
-  std::vector<float> scores;
-  if (byte_level) {
-    LOOM_ASSIGN_OR_RETURN(ByteLevelSplits splits, ByteLevelRules(tokenizer));
-    // Compile the rules now: a pattern PCRE2 cannot run is refused when loading, by name.
-    if (absl::StatusOr<std::unique_ptr<PreTokenizer>> compiled =
-            PreTokenizer::FromRules(splits.rules, false);
-        !compiled.ok()) {
-      return absl::UnimplementedError(
-          absl::StrCat("tokenizer.json: pre_tokenizer: ", compiled.status().message()));
-    }
-    metadata.String("tokenizer.ggml.model", "gpt2");
-    if (!splits.family.empty()) metadata.String("tokenizer.ggml.pre", splits.family);
-    std::vector<std::string> patterns, behaviors;
-    std::vector<int64_t> inverts;
-    for (const SplitRule& rule : splits.rules) {
-      patterns.push_back(rule.pattern);
-      behaviors.emplace_back(SplitBehaviorName(rule.behavior));
-      inverts.push_back(rule.invert ? 1 : 0);
-    }
-    metadata.StringArray("tokenizer.loom.split.patterns", patterns);
-    metadata.StringArray("tokenizer.loom.split.behaviors", behaviors);
-    metadata.IntArray("tokenizer.loom.split.inverts", inverts);
-    metadata.Bool("tokenizer.loom.ignore_merges", BoolField(model, "ignore_merges", false));
-    if (!normalization.empty()) metadata.String("tokenizer.loom.normalizer", normalization);
-  } else if (spm_style) {
-    metadata.String("tokenizer.ggml.model", "llama");
-    metadata.Bool("tokenizer.ggml.add_space_prefix", space_prefix);
-    // SentencePiece BPE merges the pair whose result scores highest: the merge rank,
-    // negated, makes it pick the pair tokenizers' BPE picks.
-    scores.assign(texts.size(), 0.0f);
-    std::vector<bool> scored(texts.size(), false);
-    for (size_t rank = 0; rank < merges.size(); ++rank) {
-      const size_t space = merges[rank].find(' ');
-      if (space == std::string::npos) continue;
-      std::string merged = merges[rank].substr(0, space) + merges[rank].substr(space + 1);
-      auto it = id_of.find(merged);
-      if (it == id_of.end() || scored[it->second]) continue;
-      scores[it->second] = -static_cast<float>(rank) - 1.0f;
-      scored[it->second] = true;
-    }
-    for (size_t id = 0; id < texts.size(); ++id) {
-      const std::string& text = texts[id];
-      if (text.size() == 6 && text.rfind("<0x", 0) == 0 && text.back() == '>') types[id] = kByte;
-    }
-    if (auto unk = model.find("unk_token"); unk != model.end() && unk->is_string()) {
-      if (auto it = id_of.find(unk->get<std::string>()); it != id_of.end()) {
-        types[it->second] = kUnknown;
-        metadata.Int("tokenizer.ggml.unknown_token_id", it->second);
-      }
-    }
-  } else {
-    return absl::UnimplementedError(
-        "tokenizer.json: neither byte-level (ByteLevel decoder) nor SentencePiece-style "
-        "(Prepend/Replace normalizer, Metaspace, byte_fallback) BPE");
-  }
-  metadata.StringArray("tokenizer.ggml.tokens", texts);
-  metadata.IntArray("tokenizer.ggml.token_type", types);
-  if (!scores.empty()) metadata.FloatArray("tokenizer.ggml.scores", scores);
-  metadata.StringArray("tokenizer.ggml.merges", merges);
+  TokenizerStyle out;
+  out.byte_level = byte_level;
+  out.space_prefix = space_prefix;
+  out.spm_style = spm_style;
+  out.normalization = normalization;
+  return out;
+}
 
+// A byte-level model's metadata: gpt2, its pre-tokenizer family and split rules.
+absl::Status WriteByteLevel(const json& tokenizer, const json& model,
+                            const std::string& normalization, GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(ByteLevelSplits splits, ByteLevelRules(tokenizer));
+  // Compile the rules now: a pattern PCRE2 cannot run is refused when loading, by name.
+  if (absl::StatusOr<std::unique_ptr<PreTokenizer>> compiled =
+          PreTokenizer::FromRules(splits.rules, false);
+      !compiled.ok()) {
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json: pre_tokenizer: ", compiled.status().message()));
+  }
+  metadata.String("tokenizer.ggml.model", "gpt2");
+  if (!splits.family.empty()) metadata.String("tokenizer.ggml.pre", splits.family);
+  std::vector<std::string> patterns, behaviors;
+  std::vector<int64_t> inverts;
+  for (const SplitRule& rule : splits.rules) {
+    patterns.push_back(rule.pattern);
+    behaviors.emplace_back(SplitBehaviorName(rule.behavior));
+    inverts.push_back(rule.invert ? 1 : 0);
+  }
+  metadata.StringArray("tokenizer.loom.split.patterns", patterns);
+  metadata.StringArray("tokenizer.loom.split.behaviors", behaviors);
+  metadata.IntArray("tokenizer.loom.split.inverts", inverts);
+  metadata.Bool("tokenizer.loom.ignore_merges", BoolField(model, "ignore_merges", false));
+  if (!normalization.empty()) metadata.String("tokenizer.loom.normalizer", normalization);
+  return absl::OkStatus();
+}
+
+// A SentencePiece-style model's metadata, scores (merge ranks) and byte/unknown types.
+void WriteSentencePiece(const json& model, bool space_prefix,
+                        const std::vector<std::string>& merges, Vocabulary& vocabulary,
+                        std::vector<float>& scores, GgufMetadataBuilder& metadata) {
+  const std::vector<std::string>& texts = vocabulary.texts;
+  std::vector<int64_t>& types = vocabulary.types;
+  const absl::flat_hash_map<std::string, int64_t>& id_of = vocabulary.id_of;
+  metadata.String("tokenizer.ggml.model", "llama");
+  metadata.Bool("tokenizer.ggml.add_space_prefix", space_prefix);
+  // SentencePiece BPE merges the pair whose result scores highest: the merge rank,
+  // negated, makes it pick the pair tokenizers' BPE picks.
+  scores.assign(texts.size(), 0.0f);
+  std::vector<bool> scored(texts.size(), false);
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const size_t space = merges[rank].find(' ');
+    if (space == std::string::npos) continue;
+    std::string merged = merges[rank].substr(0, space) + merges[rank].substr(space + 1);
+    auto it = id_of.find(merged);
+    if (it == id_of.end() || scored[it->second]) continue;
+    scores[it->second] = -static_cast<float>(rank) - 1.0f;
+    scored[it->second] = true;
+  }
+  for (size_t id = 0; id < texts.size(); ++id) {
+    const std::string& text = texts[id];
+    if (text.size() == 6 && text.rfind("<0x", 0) == 0 && text.back() == '>') types[id] = kByte;
+  }
+  if (auto unk = model.find("unk_token"); unk != model.end() && unk->is_string()) {
+    if (auto it = id_of.find(unk->get<std::string>()); it != id_of.end()) {
+      types[it->second] = kUnknown;
+      metadata.Int("tokenizer.ggml.unknown_token_id", it->second);
+    }
+  }
+}
+
+// bos/eos/pad ids from tokenizer_config.json's texts, and whether to add BOS.
+absl::Status WriteSpecialTokens(const json& tokenizer, const json& config,
+                                const absl::flat_hash_map<std::string, int64_t>& id_of,
+                                GgufMetadataBuilder& metadata) {
+  const json null_json;
   // Special tokens: tokenizer_config.json names them by text.
   auto special = [&](const char* field, const char* key) -> absl::Status {
     std::optional<std::string> text = TokenText(config, field);
@@ -397,6 +408,11 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
   metadata.Bool("tokenizer.ggml.add_bos_token", add_bos);
   metadata.Bool("tokenizer.ggml.add_eos_token", BoolField(config, "add_eos_token", false));
 
+  return absl::OkStatus();
+}
+
+absl::Status WriteChatTemplate(const json& config, const HfTokenizerFiles& files,
+                               GgufMetadataBuilder& metadata) {
   // Chat template: a string, or a list of {name, template} (the "default" one is the
   // template; the others keep their names as llama.cpp's GGUF converter stores them).
   if (auto chat = config.find("chat_template"); chat != config.end() && !chat->is_null()) {
@@ -422,6 +438,11 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     metadata.String("tokenizer.chat_template", files.chat_template_jinja);
   }
 
+  return absl::OkStatus();
+}
+
+absl::Status WriteEndOfGeneration(const json& generation, size_t vocab_size,
+                                  GgufMetadataBuilder& metadata) {
   // generation_config.json's EOS ids (one or a list) end generation, as vLLM applies them.
   if (auto eos = generation.find("eos_token_id"); eos != generation.end() && !eos->is_null()) {
     std::vector<int64_t> ids;
@@ -433,7 +454,7 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     }
     for (const json& id : listed) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-          id.get<int64_t>() >= static_cast<int64_t>(texts.size())) {
+          id.get<int64_t>() >= static_cast<int64_t>(vocab_size)) {
         return absl::InvalidArgumentError(
             absl::StrCat("generation_config.json: eos_token_id ", id.dump(), " is not a token id"));
       }
@@ -445,6 +466,60 @@ absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilde
     metadata.IntArray("tokenizer.loom.eog_token_ids", ids);
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status HfTokenizerToGguf(const HfTokenizerFiles& files, GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(json tokenizer, ParseObject(files.tokenizer_json, "tokenizer.json"));
+  json config = json::object();
+  if (!files.tokenizer_config_json.empty()) {
+    LOOM_ASSIGN_OR_RETURN(config,
+                          ParseObject(files.tokenizer_config_json, "tokenizer_config.json"));
+  }
+  json generation = json::object();
+  if (!files.generation_config_json.empty()) {
+    LOOM_ASSIGN_OR_RETURN(generation,
+                          ParseObject(files.generation_config_json, "generation_config.json"));
+  }
+
+  auto model_it = tokenizer.find("model");
+  if (model_it == tokenizer.end() || !model_it->is_object()) {
+    return absl::InvalidArgumentError("tokenizer.json: no 'model' object");
+  }
+  const json& model = *model_it;
+  const std::string model_type = TypeOf(model);
+  if (model_type != "BPE") {
+    return absl::UnimplementedError(
+        absl::StrCat("tokenizer.json: model type '", model_type, "' is not supported (only BPE)"));
+  }
+  auto vocab_it = model.find("vocab");
+  auto merges_it = model.find("merges");
+  if (vocab_it == model.end() || !vocab_it->is_object() || merges_it == model.end() ||
+      !merges_it->is_array()) {
+    return absl::InvalidArgumentError("tokenizer.json: BPE model needs 'vocab' and 'merges'");
+  }
+
+  LOOM_ASSIGN_OR_RETURN(Vocabulary vocabulary, ReadVocabulary(tokenizer, *vocab_it));
+  LOOM_ASSIGN_OR_RETURN(std::vector<std::string> merges, ReadMerges(*merges_it));
+  LOOM_ASSIGN_OR_RETURN(TokenizerStyle style, ReadStyle(tokenizer, model));
+  std::vector<float> scores;
+  if (style.byte_level) {
+    LOOM_RETURN_IF_ERROR(WriteByteLevel(tokenizer, model, style.normalization, metadata));
+  } else if (style.spm_style) {
+    WriteSentencePiece(model, style.space_prefix, merges, vocabulary, scores, metadata);
+  } else {
+    return absl::UnimplementedError(
+        "tokenizer.json: neither byte-level (ByteLevel decoder) nor SentencePiece-style "
+        "(Prepend/Replace normalizer, Metaspace, byte_fallback) BPE");
+  }
+  metadata.StringArray("tokenizer.ggml.tokens", vocabulary.texts);
+  metadata.IntArray("tokenizer.ggml.token_type", vocabulary.types);
+  if (!scores.empty()) metadata.FloatArray("tokenizer.ggml.scores", scores);
+  metadata.StringArray("tokenizer.ggml.merges", merges);
+  LOOM_RETURN_IF_ERROR(WriteSpecialTokens(tokenizer, config, vocabulary.id_of, metadata));
+  LOOM_RETURN_IF_ERROR(WriteChatTemplate(config, files, metadata));
+  return WriteEndOfGeneration(generation, vocabulary.texts.size(), metadata);
 }
 
 }  // namespace loom::common
