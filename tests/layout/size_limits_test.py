@@ -16,7 +16,7 @@ MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 150
 # Issue 33's splits still to make. The list may only shrink: a listed file or function
 # back under its limit fails the test until it is taken off.
-KNOWN_LONG_FILES = {"common/jinja/jinja_parser.cc"}
+KNOWN_LONG_FILES: set = set()
 KNOWN_LONG_FUNCTIONS = {
     "quant/model_quantizer.cc QuantizeModel",
 }
