@@ -164,25 +164,12 @@ absl::StatusOr<int64_t> GroupSizeFor(QuantizeFormat format, int64_t requested, i
   return group;
 }
 
-absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
-                                              const QuantizerOptions& options,
-                                              const std::vector<std::vector<int32_t>>& calibration,
-                                              common::GgufWriter& out) {
-  LOOM_RETURN_IF_ERROR(model::CheckQuantizationVersion(in));
-  LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(in));
-  const bool integer = IsInteger(options.format);
-  const bool awq = options.method == QuantizeMethod::kAwq;
-  if (awq && !integer) {
-    return absl::InvalidArgumentError("AWQ applies to the int8 and int4 formats only");
-  }
-  if (options.group_size != 0) {
-    LOOM_RETURN_IF_ERROR(
-        GroupSizeFor(options.format, options.group_size, 32 * options.group_size).status());
-  }
-  QuantizerReport report;
-  std::map<std::string, int> conversions;
+namespace {
 
-  // Metadata: verbatim, then what changed.
+// The output's metadata: the input's verbatim, then what changed (the file type, and
+// loom.quantization.* for Loom's integer formats).
+void WriteQuantizationMetadata(const common::GgufFile& in, const QuantizerOptions& options,
+                               bool awq, common::GgufWriter& out) {
   out.CopyMetadata(in);
   std::vector<std::string> stale;
   for (const auto& [key, value] : in.metadata()) {
@@ -211,8 +198,10 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
       out.SetString("loom.quantization.calibration", options.calibration_description);
     }
   }
+}
 
-  // Linear weights (and companions to drop when they are Loom-encoded).
+// The names of every layer's linear weights.
+absl::flat_hash_set<std::string> LinearWeights(const common::ModelConfig& config) {
   absl::flat_hash_set<std::string> linear;
   for (int64_t l = 0; l < config.num_layers; ++l) {
     for (const char* part :
@@ -220,169 +209,147 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
       linear.insert(absl::StrCat("blk.", l, ".", part, ".weight"));
     }
   }
-  if (!integer) {
-    // F32 / F16: every matrix converted, vectors kept.
-    for (const common::GgufTensorInfo& tensor : in.tensors()) {
-      // A Loom-encoded matrix is converted where its values tensor stood.
-      std::string name = tensor.name;
-      const auto loom = model::LoomMatrixOf(in, tensor.name);
-      if (loom.has_value()) {
-        if (!loom->second) continue;  // .scale / .min
-        name = loom->first;
-      }
-      if (!loom.has_value() && tensor.shape.size() != 2) {
-        LOOM_RETURN_IF_ERROR(
-            out.AddTensorView(tensor.name, tensor.shape, tensor.type, in.TensorData(tensor)));
-        continue;
-      }
-      int64_t rows = 0, cols = 0;
-      LOOM_ASSIGN_OR_RETURN(std::vector<float> values, model::ReadMatrixF32(in, name, rows, cols));
-      std::vector<uint8_t> bytes;
-      GgmlType type = GgmlType::kF32;
-      if (options.format == QuantizeFormat::kF32) {
-        bytes.resize(values.size() * 4);
-        std::memcpy(bytes.data(), values.data(), bytes.size());
-      } else {
-        type = GgmlType::kF16;
-        bytes.resize(values.size() * 2);
-        for (size_t i = 0; i < values.size(); ++i) {
-          const uint16_t half = cpu::FloatToHalf(values[i]);
-          std::memcpy(bytes.data() + 2 * i, &half, 2);
-        }
-      }
-      conversions[absl::StrCat(loom.has_value()
-                                   ? std::string("Loom")
-                                   : common::RawGgmlTypeName(static_cast<uint32_t>(tensor.type)),
-                               " -> ", options.format == QuantizeFormat::kF32 ? "F32" : "F16")]++;
-      LOOM_RETURN_IF_ERROR(out.AddTensor(name,
-                                         {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
-                                         type, std::move(bytes)));
-    }
-    for (const auto& [what, count] : conversions)
-      absl::StrAppendFormat(&report.log, "  %4d x %s\n", count, what);
-    return report;
-  }
+  return linear;
+}
 
-  std::vector<LayerStats> stats;
-  if (awq) {
-    LOOM_ASSIGN_OR_RETURN(stats, Calibrate(in, config, calibration, options));
+// F32 / F16: every matrix converted, vectors kept.
+absl::Status ConvertToFloat(const common::GgufFile& in, const QuantizerOptions& options,
+                            std::map<std::string, int>& conversions, common::GgufWriter& out) {
+  for (const common::GgufTensorInfo& tensor : in.tensors()) {
+    // A Loom-encoded matrix is converted where its values tensor stood.
+    std::string name = tensor.name;
+    const auto loom = model::LoomMatrixOf(in, tensor.name);
+    if (loom.has_value()) {
+      if (!loom->second) continue;  // .scale / .min
+      name = loom->first;
+    }
+    if (!loom.has_value() && tensor.shape.size() != 2) {
+      LOOM_RETURN_IF_ERROR(
+          out.AddTensorView(tensor.name, tensor.shape, tensor.type, in.TensorData(tensor)));
+      continue;
+    }
+    int64_t rows = 0, cols = 0;
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> values, model::ReadMatrixF32(in, name, rows, cols));
+    std::vector<uint8_t> bytes;
+    GgmlType type = GgmlType::kF32;
+    if (options.format == QuantizeFormat::kF32) {
+      bytes.resize(values.size() * 4);
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+    } else {
+      type = GgmlType::kF16;
+      bytes.resize(values.size() * 2);
+      for (size_t i = 0; i < values.size(); ++i) {
+        const uint16_t half = cpu::FloatToHalf(values[i]);
+        std::memcpy(bytes.data() + 2 * i, &half, 2);
+      }
+    }
+    conversions[absl::StrCat(loom.has_value()
+                                 ? std::string("Loom")
+                                 : common::RawGgmlTypeName(static_cast<uint32_t>(tensor.type)),
+                             " -> ", options.format == QuantizeFormat::kF32 ? "F32" : "F16")]++;
+    LOOM_RETURN_IF_ERROR(out.AddTensor(
+        name, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}, type, std::move(bytes)));
   }
-  cpu::ThreadPool pool(std::max(1, options.num_threads));
-  const cpu::WeightFormat weight_format = WeightFormatOf(options.format);
-  absl::flat_hash_map<std::string, cpu::QuantizedMatrix> quantized;
-  absl::flat_hash_map<std::string, std::vector<float>> rescaled_norms;
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    const std::string p = absl::StrCat("blk.", l, ".");
-    LayerFloats layer;
-    for (const char* part :
-         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
-      const std::string name = absl::StrCat(p, part, ".weight");
-      int64_t rows = 0, cols = 0;
-      LOOM_ASSIGN_OR_RETURN(layer.matrices[name], model::ReadMatrixF32(in, name, rows, cols));
-      layer.shapes[name] = {rows, cols};
-      const common::GgufTensorInfo* tensor = in.FindTensor(name);
-      conversions[absl::StrCat(
-          model::IsLoomQuantized(in, name) ? std::string("Loom")
-                                    : common::RawGgmlTypeName(static_cast<uint32_t>(tensor->type)),
-          " -> ", FormatName(options.format), " (", awq ? "awq" : "rtn", ")")]++;
-    }
-    auto& q = layer.matrices[p + "attn_q.weight"];
-    auto& k = layer.matrices[p + "attn_k.weight"];
-    auto& v = layer.matrices[p + "attn_v.weight"];
-    auto& gate = layer.matrices[p + "ffn_gate.weight"];
-    auto& up = layer.matrices[p + "ffn_up.weight"];
-    auto& down = layer.matrices[p + "ffn_down.weight"];
-    const int64_t hidden = layer.shapes[p + "attn_q.weight"].second;
-    const int64_t ffn = layer.shapes[p + "ffn_down.weight"].second;
-    if (awq) {
-      const std::string attn_norm_name = p + "attn_norm.weight";
-      const std::string ffn_norm_name = p + "ffn_norm.weight";
-      const common::GgufTensorInfo* attn_norm_tensor = in.FindTensor(attn_norm_name);
-      const common::GgufTensorInfo* ffn_norm_tensor = in.FindTensor(ffn_norm_name);
-      if (attn_norm_tensor == nullptr || ffn_norm_tensor == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has no RMSNorm weights"));
-      }
-      LOOM_ASSIGN_OR_RETURN(std::vector<float> attn_norm, in.DequantizeTensor(*attn_norm_tensor));
-      LOOM_ASSIGN_OR_RETURN(std::vector<float> ffn_norm, in.DequantizeTensor(*ffn_norm_tensor));
-      if (static_cast<int64_t>(attn_norm.size()) != hidden ||
-          static_cast<int64_t>(ffn_norm.size()) != hidden) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("layer ", l, ": RMSNorm sizes differ from ", hidden));
-      }
-      AwqOptions awq_options;
-      awq_options.format = weight_format;
-      awq_options.grid = options.awq_grid;
-      auto search = [&](const std::vector<float>& weight, int64_t cols,
-                        const ActivationStats& input,
-                        const char* group) -> absl::StatusOr<AwqResult> {
-        LOOM_ASSIGN_OR_RETURN(awq_options.group_size,
-                              GroupSizeFor(options.format, options.group_size, cols));
-        const int64_t rows = static_cast<int64_t>(weight.size()) / cols;
-        LOOM_ASSIGN_OR_RETURN(AwqResult result,
-                              SearchAwqScales(weight.data(), rows, cols, input, awq_options, pool));
-        report.awq.push_back({l, group, result.alpha, result.error, result.rtn_error});
-        return result;
-      };
-      // Q, K and V read the attention norm's output: one scale vector, folded into it.
-      LOOM_ASSIGN_OR_RETURN(AwqResult qkv,
-                            search(Stack({&q, &k, &v}), hidden, stats[l].qkv, "qkv"));
-      for (auto* w : {&q, &k, &v}) {
-        ScaleColumns(w->data(), static_cast<int64_t>(w->size()) / hidden, hidden,
-                     qkv.scales.data());
-      }
-      for (int64_t c = 0; c < hidden; ++c) attn_norm[c] /= qkv.scales[c];
-      // Gate and up read the FFN norm's output.
-      LOOM_ASSIGN_OR_RETURN(AwqResult gate_up,
-                            search(Stack({&gate, &up}), hidden, stats[l].gate_up, "gate_up"));
-      for (auto* w : {&gate, &up}) {
-        ScaleColumns(w->data(), static_cast<int64_t>(w->size()) / hidden, hidden,
-                     gate_up.scales.data());
-      }
-      for (int64_t c = 0; c < hidden; ++c) ffn_norm[c] /= gate_up.scales[c];
-      // Down reads SiLU(gate) * up: its channel j scales with up's row j.
-      LOOM_ASSIGN_OR_RETURN(AwqResult down_result, search(down, ffn, stats[l].down, "down"));
-      ScaleColumns(down.data(), static_cast<int64_t>(down.size()) / ffn, ffn,
-                   down_result.scales.data());
-      DivideRows(up.data(), ffn, hidden, down_result.scales.data());
-      if (options.awq_clip && options.format == QuantizeFormat::kInt4) {
-        // Clipping sees the weights and inputs as they now are (scaled), per matrix.
-        auto clip = [&](std::vector<std::vector<float>*> weights, int64_t cols,
-                        const ActivationStats& input, const std::vector<float>& scales,
-                        size_t report_index) -> absl::Status {
-          std::vector<float> x = input.samples();
-          for (size_t i = 0; i < x.size(); ++i) x[i] /= scales[i % cols];
-          LOOM_ASSIGN_OR_RETURN(int64_t group,
-                                GroupSizeFor(options.format, options.group_size, cols));
-          for (std::vector<float>* w : weights) {
-            LOOM_ASSIGN_OR_RETURN(ClipResult clipped,
-                                  ClipWeights(w->data(), static_cast<int64_t>(w->size()) / cols,
-                                              cols, x.data(), input.num_samples(), group,
-                                              options.awq_grid, options.awq_max_shrink, pool));
-            report.awq[report_index].unclipped_error += clipped.unclipped_error;
-            report.awq[report_index].clipped_error += clipped.error;
-          }
-          return absl::OkStatus();
-        };
-        const size_t first = report.awq.size() - 3;  // this layer's qkv, gate_up, down
-        LOOM_RETURN_IF_ERROR(clip({&q, &k, &v}, hidden, stats[l].qkv, qkv.scales, first));
-        LOOM_RETURN_IF_ERROR(
-            clip({&gate, &up}, hidden, stats[l].gate_up, gate_up.scales, first + 1));
-        LOOM_RETURN_IF_ERROR(clip({&down}, ffn, stats[l].down, down_result.scales, first + 2));
-      }
-      rescaled_norms[attn_norm_name] = std::move(attn_norm);
-      rescaled_norms[ffn_norm_name] = std::move(ffn_norm);
-    }
-    for (auto& [name, values] : layer.matrices) {
-      const auto [rows, cols] = layer.shapes[name];
+  return absl::OkStatus();
+}
+
+// AWQ on layer `l` (name prefix `p`): scales searched for Q/K/V, gate/up and down, folded
+// into the RMSNorm weights (`rescaled_norms`) and up's rows, then INT4 clipping.
+absl::Status ApplyAwq(const common::GgufFile& in, int64_t l, const std::string& p,
+                      LayerFloats& layer, const LayerStats& layer_stats,
+                      const QuantizerOptions& options, cpu::WeightFormat weight_format,
+                      cpu::ThreadPool& pool, QuantizerReport& report,
+                      absl::flat_hash_map<std::string, std::vector<float>>& rescaled_norms) {
+  auto& q = layer.matrices[p + "attn_q.weight"];
+  auto& k = layer.matrices[p + "attn_k.weight"];
+  auto& v = layer.matrices[p + "attn_v.weight"];
+  auto& gate = layer.matrices[p + "ffn_gate.weight"];
+  auto& up = layer.matrices[p + "ffn_up.weight"];
+  auto& down = layer.matrices[p + "ffn_down.weight"];
+  const int64_t hidden = layer.shapes[p + "attn_q.weight"].second;
+  const int64_t ffn = layer.shapes[p + "ffn_down.weight"].second;
+  const std::string attn_norm_name = p + "attn_norm.weight";
+  const std::string ffn_norm_name = p + "ffn_norm.weight";
+  const common::GgufTensorInfo* attn_norm_tensor = in.FindTensor(attn_norm_name);
+  const common::GgufTensorInfo* ffn_norm_tensor = in.FindTensor(ffn_norm_name);
+  if (attn_norm_tensor == nullptr || ffn_norm_tensor == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has no RMSNorm weights"));
+  }
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> attn_norm, in.DequantizeTensor(*attn_norm_tensor));
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> ffn_norm, in.DequantizeTensor(*ffn_norm_tensor));
+  if (static_cast<int64_t>(attn_norm.size()) != hidden ||
+      static_cast<int64_t>(ffn_norm.size()) != hidden) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", l, ": RMSNorm sizes differ from ", hidden));
+  }
+  AwqOptions awq_options;
+  awq_options.format = weight_format;
+  awq_options.grid = options.awq_grid;
+  auto search = [&](const std::vector<float>& weight, int64_t cols, const ActivationStats& input,
+                    const char* group) -> absl::StatusOr<AwqResult> {
+    LOOM_ASSIGN_OR_RETURN(awq_options.group_size,
+                          GroupSizeFor(options.format, options.group_size, cols));
+    const int64_t rows = static_cast<int64_t>(weight.size()) / cols;
+    LOOM_ASSIGN_OR_RETURN(AwqResult result,
+                          SearchAwqScales(weight.data(), rows, cols, input, awq_options, pool));
+    report.awq.push_back({l, group, result.alpha, result.error, result.rtn_error});
+    return result;
+  };
+  // Q, K and V read the attention norm's output: one scale vector, folded into it.
+  LOOM_ASSIGN_OR_RETURN(AwqResult qkv, search(Stack({&q, &k, &v}), hidden, layer_stats.qkv, "qkv"));
+  for (auto* w : {&q, &k, &v}) {
+    ScaleColumns(w->data(), static_cast<int64_t>(w->size()) / hidden, hidden, qkv.scales.data());
+  }
+  for (int64_t c = 0; c < hidden; ++c) attn_norm[c] /= qkv.scales[c];
+  // Gate and up read the FFN norm's output.
+  LOOM_ASSIGN_OR_RETURN(AwqResult gate_up,
+                        search(Stack({&gate, &up}), hidden, layer_stats.gate_up, "gate_up"));
+  for (auto* w : {&gate, &up}) {
+    ScaleColumns(w->data(), static_cast<int64_t>(w->size()) / hidden, hidden,
+                 gate_up.scales.data());
+  }
+  for (int64_t c = 0; c < hidden; ++c) ffn_norm[c] /= gate_up.scales[c];
+  // Down reads SiLU(gate) * up: its channel j scales with up's row j.
+  LOOM_ASSIGN_OR_RETURN(AwqResult down_result, search(down, ffn, layer_stats.down, "down"));
+  ScaleColumns(down.data(), static_cast<int64_t>(down.size()) / ffn, ffn,
+               down_result.scales.data());
+  DivideRows(up.data(), ffn, hidden, down_result.scales.data());
+  if (options.awq_clip && options.format == QuantizeFormat::kInt4) {
+    // Clipping sees the weights and inputs as they now are (scaled), per matrix.
+    auto clip = [&](std::vector<std::vector<float>*> weights, int64_t cols,
+                    const ActivationStats& input, const std::vector<float>& scales,
+                    size_t report_index) -> absl::Status {
+      std::vector<float> x = input.samples();
+      for (size_t i = 0; i < x.size(); ++i) x[i] /= scales[i % cols];
       LOOM_ASSIGN_OR_RETURN(int64_t group, GroupSizeFor(options.format, options.group_size, cols));
-      LOOM_ASSIGN_OR_RETURN(quantized[name],
-                            cpu::QuantizeRtn(values.data(), rows, cols, weight_format, group));
-      conversions[absl::StrFormat("[%d, %d] -> %s g%d", rows, cols,
-                                  options.format == QuantizeFormat::kInt8 ? "INT8" : "INT4",
-                                  group)]++;
-    }
+      for (std::vector<float>* w : weights) {
+        LOOM_ASSIGN_OR_RETURN(ClipResult clipped,
+                              ClipWeights(w->data(), static_cast<int64_t>(w->size()) / cols, cols,
+                                          x.data(), input.num_samples(), group, options.awq_grid,
+                                          options.awq_max_shrink, pool));
+        report.awq[report_index].unclipped_error += clipped.unclipped_error;
+        report.awq[report_index].clipped_error += clipped.error;
+      }
+      return absl::OkStatus();
+    };
+    const size_t first = report.awq.size() - 3;  // this layer's qkv, gate_up, down
+    LOOM_RETURN_IF_ERROR(clip({&q, &k, &v}, hidden, layer_stats.qkv, qkv.scales, first));
+    LOOM_RETURN_IF_ERROR(
+        clip({&gate, &up}, hidden, layer_stats.gate_up, gate_up.scales, first + 1));
+    LOOM_RETURN_IF_ERROR(clip({&down}, ffn, layer_stats.down, down_result.scales, first + 2));
   }
+  rescaled_norms[attn_norm_name] = std::move(attn_norm);
+  rescaled_norms[ffn_norm_name] = std::move(ffn_norm);
+  return absl::OkStatus();
+}
 
+// The output's tensors in the input's order: quantized matrices where their (possibly
+// Loom-encoded) originals stood, rescaled norms, everything else as it was.
+absl::Status WriteTensors(
+    const common::GgufFile& in, const absl::flat_hash_set<std::string>& linear,
+    absl::flat_hash_map<std::string, cpu::QuantizedMatrix>& quantized,
+    const absl::flat_hash_map<std::string, std::vector<float>>& rescaled_norms,
+    common::GgufWriter& out) {
   // Tensors in the input's order (a Loom-encoded linear weight where its values were).
   for (const common::GgufTensorInfo& tensor : in.tensors()) {
     std::string name = tensor.name;
@@ -411,8 +378,84 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
                                             quantized.begin()->first,
                                             ") had no place in the file"));
   }
+  return absl::OkStatus();
+}
+
+std::string ConversionLog(const std::map<std::string, int>& conversions) {
+  std::string log;
   for (const auto& [what, count] : conversions)
-    absl::StrAppendFormat(&report.log, "  %4d x %s\n", count, what);
+    absl::StrAppendFormat(&log, "  %4d x %s\n", count, what);
+  return log;
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
+                                              const QuantizerOptions& options,
+                                              const std::vector<std::vector<int32_t>>& calibration,
+                                              common::GgufWriter& out) {
+  LOOM_RETURN_IF_ERROR(model::CheckQuantizationVersion(in));
+  LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(in));
+  const bool integer = IsInteger(options.format);
+  const bool awq = options.method == QuantizeMethod::kAwq;
+  if (awq && !integer) {
+    return absl::InvalidArgumentError("AWQ applies to the int8 and int4 formats only");
+  }
+  if (options.group_size != 0) {
+    LOOM_RETURN_IF_ERROR(
+        GroupSizeFor(options.format, options.group_size, 32 * options.group_size).status());
+  }
+  QuantizerReport report;
+  std::map<std::string, int> conversions;
+
+  WriteQuantizationMetadata(in, options, awq, out);
+  const absl::flat_hash_set<std::string> linear = LinearWeights(config);
+  if (!integer) {
+    LOOM_RETURN_IF_ERROR(ConvertToFloat(in, options, conversions, out));
+    report.log = ConversionLog(conversions);
+    return report;
+  }
+
+  std::vector<LayerStats> stats;
+  if (awq) {
+    LOOM_ASSIGN_OR_RETURN(stats, Calibrate(in, config, calibration, options));
+  }
+  cpu::ThreadPool pool(std::max(1, options.num_threads));
+  const cpu::WeightFormat weight_format = WeightFormatOf(options.format);
+  absl::flat_hash_map<std::string, cpu::QuantizedMatrix> quantized;
+  absl::flat_hash_map<std::string, std::vector<float>> rescaled_norms;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    LayerFloats layer;
+    for (const char* part :
+         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      const std::string name = absl::StrCat(p, part, ".weight");
+      int64_t rows = 0, cols = 0;
+      LOOM_ASSIGN_OR_RETURN(layer.matrices[name], model::ReadMatrixF32(in, name, rows, cols));
+      layer.shapes[name] = {rows, cols};
+      const common::GgufTensorInfo* tensor = in.FindTensor(name);
+      conversions[absl::StrCat(
+          model::IsLoomQuantized(in, name) ? std::string("Loom")
+                                    : common::RawGgmlTypeName(static_cast<uint32_t>(tensor->type)),
+          " -> ", FormatName(options.format), " (", awq ? "awq" : "rtn", ")")]++;
+    }
+    if (awq) {
+      LOOM_RETURN_IF_ERROR(ApplyAwq(in, l, p, layer, stats[l], options, weight_format, pool, report,
+                                    rescaled_norms));
+    }
+    for (auto& [name, values] : layer.matrices) {
+      const auto [rows, cols] = layer.shapes[name];
+      LOOM_ASSIGN_OR_RETURN(int64_t group, GroupSizeFor(options.format, options.group_size, cols));
+      LOOM_ASSIGN_OR_RETURN(quantized[name],
+                            cpu::QuantizeRtn(values.data(), rows, cols, weight_format, group));
+      conversions[absl::StrFormat("[%d, %d] -> %s g%d", rows, cols,
+                                  options.format == QuantizeFormat::kInt8 ? "INT8" : "INT4",
+                                  group)]++;
+    }
+  }
+
+  LOOM_RETURN_IF_ERROR(WriteTensors(in, linear, quantized, rescaled_norms, out));
+  report.log = ConversionLog(conversions);
   return report;
 }
 
