@@ -31,7 +31,6 @@ usage: .venv/bin/python bench/coordinator_overhead_bench.py [--sizes 1,64,256] [
 """
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import platform
@@ -46,7 +45,7 @@ import grpc
 SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 import cluster_harness as h  # noqa: E402
-from provenance import provenance  # noqa: E402
+from provenance import provenance, write_record  # noqa: E402
 
 TARGET_MS_PER_STEP_AT_256 = 1.0
 TARGET_PIPELINING_RATIO = 1.5
@@ -271,10 +270,7 @@ def main():
         "plans_in_flight_2": results[2],
         "summary": summary,
     }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

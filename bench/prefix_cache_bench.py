@@ -21,7 +21,6 @@ usage: .venv/bin/python bench/prefix_cache_bench.py [--quick]
 """
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import platform
@@ -36,7 +35,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from provenance import provenance  # noqa: E402
+from provenance import provenance, write_record  # noqa: E402
 
 PARAGRAPH = ("The coordinator schedules continuous batches across replicas and owns the block table "
              "of every replica's paged key-value cache. Workers run the transformer on the blocks "
@@ -324,10 +323,7 @@ def main():
         "multi_turn_routing": routing,
         "unique_prompt_overhead": overhead,
     }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

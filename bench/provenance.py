@@ -76,6 +76,17 @@ def provenance() -> dict:
     }
 
 
+def write_record(path, record: dict) -> None:
+    """Writes a bench's JSON record to `path` (its folders made), with provenance() under
+    "provenance" unless the record has it already, and says so on stdout."""
+    import json
+    record.setdefault("provenance", provenance())
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 if __name__ == "__main__":
     import json
     print(json.dumps(provenance(), indent=2))

@@ -12,7 +12,6 @@ usage: .venv/bin/python bench/serving_cpu_bench.py [--clients 1,8,32] [--repeats
 """
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import platform
@@ -25,7 +24,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from provenance import provenance  # noqa: E402
+from provenance import provenance, write_record  # noqa: E402
 
 PROMPTS = (
     "The capital of France is",
@@ -125,10 +124,7 @@ def main():
         "replicas_at_end": {rid: {"num_steps": r.num_steps, "num_mixed_steps": r.num_mixed_steps,
                                   "num_preemptions": r.num_preemptions} for rid, r in status.items()},
     }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":

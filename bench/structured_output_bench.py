@@ -15,7 +15,6 @@ usage: .venv/bin/python bench/structured_output_bench.py [--clients 16] [--repea
 import argparse
 import concurrent.futures
 import datetime
-import json
 import os
 import pathlib
 import platform
@@ -30,7 +29,7 @@ SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file_
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
 sys.path.insert(0, str(SOURCE_DIR / "bench"))
 import cluster_harness as h  # noqa: E402
-from provenance import provenance  # noqa: E402
+from provenance import provenance, write_record  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "List many short words as a JSON array."}]
 # No document shorter than 200 strings: the reply always runs to max_tokens.
@@ -115,10 +114,7 @@ def main():
         "target": "constrained tokens/s >= 0.9 x unconstrained, same run",
         "results": results,
     }
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(args.out, record)
 
 
 if __name__ == "__main__":
