@@ -16,12 +16,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-absl::Status Invalid(const std::string& param, const std::string& message) {
-  absl::Status status = absl::InvalidArgumentError(message);
-  status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
-  return status;
-}
-
 // The OpenAI body of the gRPC chat fields: {"tools", "tool_choice", "parallel_tool_calls"}.
 absl::StatusOr<Json> ToolsBody(const loom::v1::GenerateRequest& request) {
   Json body = Json::object();
@@ -35,7 +29,7 @@ absl::StatusOr<Json> ToolsBody(const loom::v1::GenerateRequest& request) {
       if (!tool.parameters().empty()) {
         Json parameters = Json::parse(tool.parameters(), nullptr, /*allow_exceptions=*/false);
         if (parameters.is_discarded()) {
-          return Invalid(
+          return InvalidOpenAiParam(
               "tools",
               absl::StrFormat("tools[%d] ('%s'): 'parameters' is not valid JSON", i, tool.name()));
         }
@@ -49,13 +43,15 @@ absl::StatusOr<Json> ToolsBody(const loom::v1::GenerateRequest& request) {
   const std::string& function = request.tool_choice_function();
   if (choice == "function" || (choice.empty() && !function.empty())) {
     if (function.empty()) {
-      return Invalid("tool_choice", "tool_choice \"function\" needs tool_choice_function");
+      return InvalidOpenAiParam("tool_choice",
+                                "tool_choice \"function\" needs tool_choice_function");
     }
     body["tool_choice"] = Json{{"type", "function"}, {"function", Json{{"name", function}}}};
   } else if (!function.empty()) {
-    return Invalid("tool_choice_function", absl::StrFormat("tool_choice_function goes with "
-                                                           "tool_choice \"function\", not \"%s\"",
-                                                           choice));
+    return InvalidOpenAiParam("tool_choice_function",
+                              absl::StrFormat("tool_choice_function goes with "
+                                              "tool_choice \"function\", not \"%s\"",
+                                              choice));
   } else if (!choice.empty()) {
     body["tool_choice"] = choice;
   }
@@ -107,8 +103,9 @@ absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRe
                              : std::string();
   absl::StatusOr<std::string> rendered = chat_template.RenderJson(context);
   if (!rendered.ok()) {
-    return Invalid("messages", absl::StrFormat("the chat template rejected the messages: %s",
-                                               rendered.status().message()));
+    return InvalidOpenAiParam("messages",
+                              absl::StrFormat("the chat template rejected the messages: %s",
+                                              rendered.status().message()));
   }
   return rendered;
 }
@@ -123,16 +120,17 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
   std::optional<common::GrammarSpec> constraint = ToolCallConstraint(tools);
   if (constraint) {
     if (!request.sampling().grammar().kind().empty()) {
-      return Invalid(choice_param, absl::StrFormat("'%s' forces a tool call, which conflicts with "
-                                                   "the structured output constraint; give one",
-                                                   choice_param));
+      return InvalidOpenAiParam(choice_param,
+                                absl::StrFormat("'%s' forces a tool call, which conflicts with "
+                                                "the structured output constraint; give one",
+                                                choice_param));
     }
     absl::StatusOr<std::shared_ptr<const common::Grammar>> compiled =
         common::SharedGrammarCache().Get(*constraint);
     if (!compiled.ok()) {
-      return Invalid(tools_param,
-                     absl::StrFormat("the tools' parameter schemas cannot be enforced: %s",
-                                     compiled.status().message()));
+      return InvalidOpenAiParam(
+          tools_param, absl::StrFormat("the tools' parameter schemas cannot be enforced: %s",
+                                       compiled.status().message()));
     }
     request.mutable_sampling()->mutable_grammar()->set_kind(
         common::GrammarKindName(constraint->kind));
@@ -152,14 +150,14 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
   if (request.messages_size() == 0) {
     if (request.tools_size() > 0 || !request.tool_choice().empty() ||
         !request.tool_choice_function().empty() || request.has_parallel_tool_calls()) {
-      return Invalid("messages",
-                     "tools, tool_choice and parallel_tool_calls need messages (a chat)");
+      return InvalidOpenAiParam(
+          "messages", "tools, tool_choice and parallel_tool_calls need messages (a chat)");
     }
     return ToolsRequest{};
   }
   if (request.prompt_case() != loom::v1::GenerateRequest::PROMPT_NOT_SET) {
-    return Invalid("messages",
-                   "give either messages (a chat) or a prompt (text or token_ids), not both");
+    return InvalidOpenAiParam(
+        "messages", "give either messages (a chat) or a prompt (text or token_ids), not both");
   }
   if (chat_template == nullptr) {
     return absl::FailedPreconditionError(

@@ -23,12 +23,6 @@ constexpr int kMaxStopStrings = 4;  // OpenAI's limit
 constexpr int kMaxN = 128;          // OpenAI's limit for `n`
 using common::kMaxLogprobs;         // top alternatives per token
 
-absl::Status Invalid(const std::string& param, const std::string& message) {
-  absl::Status status = absl::InvalidArgumentError(message);
-  if (!param.empty()) status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
-  return status;
-}
-
 // A field that is absent or null counts as not given.
 const json* Field(const json& body, const char* name) {
   auto it = body.find(name);
@@ -39,11 +33,12 @@ absl::StatusOr<std::optional<double>> Number(const json& body, const char* name,
                                              double max, bool min_open = false) {
   const json* value = Field(body, name);
   if (value == nullptr) return std::nullopt;
-  if (!value->is_number()) return Invalid(name, absl::StrFormat("'%s' must be a number", name));
+  if (!value->is_number())
+    return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be a number", name));
   const double x = value->get<double>();
   if (!std::isfinite(x) || x < min || x > max || (min_open && x == min)) {
-    return Invalid(name, absl::StrFormat("'%s' must be in %s%g, %g], got %g", name,
-                                         min_open ? "(" : "[", min, max, x));
+    return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be in %s%g, %g], got %g", name,
+                                                    min_open ? "(" : "[", min, max, x));
   }
   return x;
 }
@@ -55,7 +50,8 @@ absl::StatusOr<std::optional<int64_t>> Integer(const json& body, const char* nam
   // Integral floats (2.0) are accepted as the Python servers do; huge or fractional
   // numbers are not.
   auto out_of_range = [&](auto got) {
-    return Invalid(name, absl::StrFormat("'%s' must be in [%d, %d], got %d", name, min, max, got));
+    return InvalidOpenAiParam(
+        name, absl::StrFormat("'%s' must be in [%d, %d], got %d", name, min, max, got));
   };
   if (value->is_number_unsigned()) {
     const uint64_t u = value->get<uint64_t>();
@@ -74,23 +70,25 @@ absl::StatusOr<std::optional<int64_t>> Integer(const json& body, const char* nam
         x <= static_cast<double>(max)) {
       return static_cast<int64_t>(x);
     }
-    return Invalid(name, absl::StrFormat("'%s' must be an integer in [%d, %d], got %g", name, min,
-                                         max, x));
+    return InvalidOpenAiParam(
+        name, absl::StrFormat("'%s' must be an integer in [%d, %d], got %g", name, min, max, x));
   }
-  return Invalid(name, absl::StrFormat("'%s' must be an integer", name));
+  return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be an integer", name));
 }
 
 absl::StatusOr<std::optional<bool>> Boolean(const json& body, const char* name) {
   const json* value = Field(body, name);
   if (value == nullptr) return std::nullopt;
-  if (!value->is_boolean()) return Invalid(name, absl::StrFormat("'%s' must be a boolean", name));
+  if (!value->is_boolean())
+    return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be a boolean", name));
   return value->get<bool>();
 }
 
 absl::StatusOr<std::optional<std::string>> String(const json& body, const char* name) {
   const json* value = Field(body, name);
   if (value == nullptr) return std::nullopt;
-  if (!value->is_string()) return Invalid(name, absl::StrFormat("'%s' must be a string", name));
+  if (!value->is_string())
+    return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be a string", name));
   return value->get<std::string>();
 }
 
@@ -99,7 +97,8 @@ absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& list, const char* n
   for (const json& id : list) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
         id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return Invalid(name, absl::StrFormat("'%s' must hold non-negative token ids", name));
+      return InvalidOpenAiParam(name,
+                                absl::StrFormat("'%s' must hold non-negative token ids", name));
     }
     ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
@@ -111,7 +110,7 @@ absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& list, const char* n
 // API defines stay ignored, as the reference servers do).
 absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
   auto refuse = [](const char* name) {
-    return Invalid(name, absl::StrFormat("'%s' is not supported by this server", name));
+    return InvalidOpenAiParam(name, absl::StrFormat("'%s' is not supported by this server", name));
   };
   auto non_empty = [&](const char* name) {
     const json* value = Field(body, name);
@@ -127,7 +126,8 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
     // Tools need messages (the chat template): /v1/chat/completions only.
     for (const char* name : {"tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"}) {
       if (Field(body, name) != nullptr) {
-        return Invalid(name, absl::StrFormat("'%s' is only supported by /v1/chat/completions", name));
+        return InvalidOpenAiParam(
+            name, absl::StrFormat("'%s' is only supported by /v1/chat/completions", name));
       }
     }
   }
@@ -144,18 +144,21 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
 absl::Status ParseLogitBias(const json& body, int32_t vocab_size, loom::v1::SamplingParams& sampling) {
   const json* bias = Field(body, "logit_bias");
   if (bias == nullptr) return absl::OkStatus();
-  if (!bias->is_object()) return Invalid("logit_bias", "'logit_bias' must map token ids to biases");
+  if (!bias->is_object())
+    return InvalidOpenAiParam("logit_bias", "'logit_bias' must map token ids to biases");
   for (const auto& [key, value] : bias->items()) {
     char* end = nullptr;
     const long long id = std::strtoll(key.c_str(), &end, 10);
     if (key.empty() || *end != '\0' || id < 0 || id >= vocab_size) {
-      return Invalid("logit_bias", absl::StrFormat("'logit_bias' key '%s' is not a token id in [0, %d)",
-                                                   key, vocab_size));
+      return InvalidOpenAiParam(
+          "logit_bias",
+          absl::StrFormat("'logit_bias' key '%s' is not a token id in [0, %d)", key, vocab_size));
     }
     if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
         value.get<double>() > 100) {
-      return Invalid("logit_bias", absl::StrFormat("'logit_bias' values must be numbers in [-100, 100] (token %s)",
-                                                   key));
+      return InvalidOpenAiParam(
+          "logit_bias",
+          absl::StrFormat("'logit_bias' values must be numbers in [-100, 100] (token %s)", key));
     }
     (*sampling.mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
   }
@@ -208,19 +211,22 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
       base.add_stop(stop->get<std::string>());
     } else if (stop->is_array()) {
       if (stop->size() > kMaxStopStrings) {
-        return Invalid("stop", absl::StrFormat("at most %d stop strings are allowed, got %d",
-                                               kMaxStopStrings, stop->size()));
+        return InvalidOpenAiParam(
+            "stop", absl::StrFormat("at most %d stop strings are allowed, got %d", kMaxStopStrings,
+                                    stop->size()));
       }
       for (const json& s : *stop) {
-        if (!s.is_string()) return Invalid("stop", "'stop' must be a string or a list of strings");
+        if (!s.is_string())
+          return InvalidOpenAiParam("stop", "'stop' must be a string or a list of strings");
         base.add_stop(s.get<std::string>());
       }
     } else {
-      return Invalid("stop", "'stop' must be a string or a list of strings");
+      return InvalidOpenAiParam("stop", "'stop' must be a string or a list of strings");
     }
   }
   if (const json* ids = Field(body, "stop_token_ids")) {
-    if (!ids->is_array()) return Invalid("stop_token_ids", "'stop_token_ids' must be a list");
+    if (!ids->is_array())
+      return InvalidOpenAiParam("stop_token_ids", "'stop_token_ids' must be a list");
     LOOM_ASSIGN_OR_RETURN(std::vector<int32_t> list, TokenIdList(*ids, "stop_token_ids"));
     base.mutable_stop_token_ids()->Add(list.begin(), list.end());
   }
@@ -230,8 +236,9 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
                         Integer(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
   if (min_tokens) {
     if (max_tokens && *min_tokens > *max_tokens) {
-      return Invalid("min_tokens", absl::StrFormat("'min_tokens' (%d) must be at most 'max_tokens' (%d)",
-                                                   *min_tokens, *max_tokens));
+      return InvalidOpenAiParam(
+          "min_tokens", absl::StrFormat("'min_tokens' (%d) must be at most 'max_tokens' (%d)",
+                                        *min_tokens, *max_tokens));
     }
     sampling.set_min_tokens(static_cast<int32_t>(*min_tokens));
   }
@@ -256,9 +263,11 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
   out.stream = stream.value_or(false);
   if (const json* options = Field(body, "stream_options")) {
     if (!out.stream) {
-      return Invalid("stream_options", "'stream_options' is only allowed with 'stream': true");
+      return InvalidOpenAiParam("stream_options",
+                                "'stream_options' is only allowed with 'stream': true");
     }
-    if (!options->is_object()) return Invalid("stream_options", "'stream_options' must be an object");
+    if (!options->is_object())
+      return InvalidOpenAiParam("stream_options", "'stream_options' must be an object");
     LOOM_ASSIGN_OR_RETURN(std::optional<bool> usage, Boolean(*options, "include_usage"));
     out.include_usage = usage.value_or(false);
   }
@@ -268,7 +277,7 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
 absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateRequest& base,
                                    const common::Tokenizer& tokenizer, OpenAiRequest& out) {
   const json* prompt = Field(body, "prompt");
-  if (prompt == nullptr) return Invalid("prompt", "'prompt' is required");
+  if (prompt == nullptr) return InvalidOpenAiParam("prompt", "'prompt' is required");
   auto add_text = [&](const std::string& text) {
     loom::v1::GenerateRequest request = base;
     request.set_text(text);
@@ -298,12 +307,12 @@ absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateReq
         } else if (item.is_array()) {
           LOOM_RETURN_IF_ERROR(add_ids(item));
         } else {
-          return Invalid("prompt", kShape);
+          return InvalidOpenAiParam("prompt", kShape);
         }
       }
     }
   } else {
-    return Invalid("prompt", prompt->is_array() ? "'prompt' is empty" : kShape);
+    return InvalidOpenAiParam("prompt", prompt->is_array() ? "'prompt' is empty" : kShape);
   }
 
   LOOM_ASSIGN_OR_RETURN(std::optional<bool> echo, Boolean(body, "echo"));
@@ -311,7 +320,8 @@ absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateReq
   LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, Integer(body, "logprobs", 0, kMaxLogprobs));
   out.num_logprobs = logprobs ? static_cast<int32_t>(*logprobs) : -1;
   if (out.echo && out.num_logprobs >= 0) {
-    return Invalid("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported");
+    return InvalidOpenAiParam("echo",
+                              "'echo' together with 'logprobs' (prompt logprobs) is not supported");
   }
   return absl::OkStatus();
 }
@@ -321,10 +331,10 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
                                const common::ChatTemplate* chat_template, OpenAiRequest& out) {
   const json* messages = Field(body, "messages");
   if (messages == nullptr || !messages->is_array() || messages->empty()) {
-    return Invalid("messages", "'messages' must be a non-empty list of messages");
+    return InvalidOpenAiParam("messages", "'messages' must be a non-empty list of messages");
   }
   if (chat_template == nullptr) {
-    return Invalid("messages", "this model has no chat template; use /v1/completions");
+    return InvalidOpenAiParam("messages", "this model has no chat template; use /v1/completions");
   }
   // Ordered: every field of every message reaches the template in the client's order.
   const nlohmann::ordered_json ordered_messages =
@@ -340,7 +350,7 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
   LOOM_ASSIGN_OR_RETURN(std::optional<bool> logprobs, Boolean(body, "logprobs"));
   LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, kMaxLogprobs));
   if (top && !logprobs.value_or(false)) {
-    return Invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    return InvalidOpenAiParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
   out.num_logprobs = logprobs.value_or(false) ? static_cast<int32_t>(top.value_or(0)) : -1;
   return absl::OkStatus();
@@ -355,13 +365,20 @@ absl::Status ParseTools(const std::string& body, const common::ChatTemplate* cha
   LOOM_ASSIGN_OR_RETURN(out.tools,
                         ParseToolsRequest(ordered, chat_template != nullptr ? chat_template->source() : ""));
   if (out.tools.legacy && out.stream && out.tools.active()) {
-    return Invalid("functions", "the legacy 'functions' cannot be streamed; use 'tools'");
+    return InvalidOpenAiParam("functions",
+                              "the legacy 'functions' cannot be streamed; use 'tools'");
   }
   return ApplyToolConstraint(out.tools, out.tools.legacy ? "functions" : "tools",
                              out.tools.legacy ? "function_call" : "tool_choice", base);
 }
 
 }  // namespace
+
+absl::Status InvalidOpenAiParam(const std::string& param, const std::string& message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  if (!param.empty()) status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
+  return status;
+}
 
 std::string OpenAiErrorParam(const absl::Status& status) {
   const auto param = status.GetPayload(kOpenAiParamPayload);
@@ -374,8 +391,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   // Invalid UTF-8 in strings, trailing garbage and nesting beyond the parser's limits
   // are all parse errors.
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return Invalid("", "the request body is not valid JSON");
-  if (!parsed.is_object()) return Invalid("", "the request body must be a JSON object");
+  if (parsed.is_discarded()) return InvalidOpenAiParam("", "the request body is not valid JSON");
+  if (!parsed.is_object()) return InvalidOpenAiParam("", "the request body must be a JSON object");
   OpenAiRequest out;
   out.endpoint = endpoint;
   loom::v1::GenerateRequest base;

@@ -46,6 +46,8 @@ struct OpenAiRequest {
 
 /// Errors carry the OpenAI error's `param` as a payload of the status.
 inline constexpr char kOpenAiParamPayload[] = "loom.openai.param";
+/// InvalidArgument with `message`, naming `param` (the OpenAI error's `param`; "" for none).
+absl::Status InvalidOpenAiParam(const std::string& param, const std::string& message);
 /// The offending parameter of an InvalidArgument from ParseOpenAiRequest, "" if none.
 std::string OpenAiErrorParam(const absl::Status& status);
 

@@ -234,26 +234,17 @@ void OpenAiService::Models(const httplib::Request&, httplib::Response& response)
   response.set_content(Dump(list), "application/json");
 }
 
-namespace {
-
-absl::Status InvalidParam(const std::string& param, const std::string& message) {
-  absl::Status status = absl::InvalidArgumentError(message);
-  status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
-  return status;
-}
-
-}  // namespace
-
 void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response& response) {
   const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
-    WriteError(InvalidParam("", "the request body must be a JSON object"), response);
+    WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"), response);
     return;
   }
   bool add_special = true;
   if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) {
-      WriteError(InvalidParam("add_special_tokens", "'add_special_tokens' must be a boolean"), response);
+      WriteError(InvalidOpenAiParam("add_special_tokens", "'add_special_tokens' must be a boolean"),
+                 response);
       return;
     }
     add_special = it->get<bool>();
@@ -272,7 +263,8 @@ void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response&
   } else if (auto it = body.find("prompt"); it != body.end() && it->is_string()) {
     ids = tokenizer_.Encode(it->get<std::string>(), add_special, /*parse_special=*/true);
   } else {
-    WriteError(InvalidParam("prompt", "'prompt' (a string) or 'messages' is required"), response);
+    WriteError(InvalidOpenAiParam("prompt", "'prompt' (a string) or 'messages' is required"),
+               response);
     return;
   }
   Json out;
@@ -285,18 +277,19 @@ void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response&
 void OpenAiService::Detokenize(const httplib::Request& request, httplib::Response& response) {
   const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
-    WriteError(InvalidParam("", "the request body must be a JSON object"), response);
+    WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"), response);
     return;
   }
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array()) {
-    WriteError(InvalidParam("tokens", "'tokens' must be a list of token ids"), response);
+    WriteError(InvalidOpenAiParam("tokens", "'tokens' must be a list of token ids"), response);
     return;
   }
   std::vector<int32_t> ids;
   for (const Json& id : *it) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config_.vocab_size) {
-      WriteError(InvalidParam("tokens", absl::StrFormat("'tokens' must hold ids in [0, %d)", config_.vocab_size)),
+      WriteError(InvalidOpenAiParam("tokens", absl::StrFormat("'tokens' must hold ids in [0, %d)",
+                                                              config_.vocab_size)),
                  response);
       return;
     }
@@ -304,7 +297,7 @@ void OpenAiService::Detokenize(const httplib::Request& request, httplib::Respons
   }
   absl::StatusOr<std::string> text = tokenizer_.Decode(ids, /*skip_special=*/false);
   if (!text.ok()) {
-    WriteError(InvalidParam("tokens", std::string(text.status().message())), response);
+    WriteError(InvalidOpenAiParam("tokens", std::string(text.status().message())), response);
     return;
   }
   Json out;

@@ -16,12 +16,6 @@ namespace {
 // order the constrained output lists them.
 using Json = nlohmann::ordered_json;
 
-absl::Status Invalid(const std::string& param, const std::string& message) {
-  absl::Status status = absl::InvalidArgumentError(message);
-  status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
-  return status;
-}
-
 struct Constraint {
   std::string param;  // where it came from, for errors
   common::GrammarSpec spec;
@@ -30,12 +24,13 @@ struct Constraint {
 absl::Status Schema(const Json& value, const std::string& param, std::vector<Constraint>& out) {
   if (value.is_string()) {  // a schema sent as JSON text
     Json parsed = Json::parse(value.get<std::string>(), nullptr, false);
-    if (parsed.is_discarded()) return Invalid(param, absl::StrFormat("'%s' is not valid JSON", param));
+    if (parsed.is_discarded())
+      return InvalidOpenAiParam(param, absl::StrFormat("'%s' is not valid JSON", param));
     out.push_back({param, {common::GrammarKind::kJsonSchema, parsed.dump()}});
     return absl::OkStatus();
   }
   if (!value.is_object() && !value.is_boolean()) {
-    return Invalid(param, absl::StrFormat("'%s' must be a JSON Schema object", param));
+    return InvalidOpenAiParam(param, absl::StrFormat("'%s' must be a JSON Schema object", param));
   }
   out.push_back({param, {common::GrammarKind::kJsonSchema, value.dump()}});
   return absl::OkStatus();
@@ -44,7 +39,7 @@ absl::Status Schema(const Json& value, const std::string& param, std::vector<Con
 absl::Status Text(const Json& value, const std::string& param, common::GrammarKind kind,
                   std::vector<Constraint>& out) {
   if (!value.is_string() || value.get<std::string>().empty()) {
-    return Invalid(param, absl::StrFormat("'%s' must be a non-empty string", param));
+    return InvalidOpenAiParam(param, absl::StrFormat("'%s' must be a non-empty string", param));
   }
   out.push_back({param, {kind, value.get<std::string>()}});
   return absl::OkStatus();
@@ -52,11 +47,13 @@ absl::Status Text(const Json& value, const std::string& param, common::GrammarKi
 
 absl::Status Choice(const Json& value, const std::string& param, std::vector<Constraint>& out) {
   if (!value.is_array() || value.empty()) {
-    return Invalid(param, absl::StrFormat("'%s' must be a non-empty list of strings", param));
+    return InvalidOpenAiParam(param,
+                              absl::StrFormat("'%s' must be a non-empty list of strings", param));
   }
   for (const Json& item : value) {
     if (!item.is_string() || item.get<std::string>().empty()) {
-      return Invalid(param, absl::StrFormat("'%s' must be a non-empty list of non-empty strings", param));
+      return InvalidOpenAiParam(
+          param, absl::StrFormat("'%s' must be a non-empty list of non-empty strings", param));
     }
   }
   out.push_back({param, {common::GrammarKind::kChoice, value.dump()}});
@@ -69,10 +66,11 @@ const Json* Field(const Json& object, const char* name) {
 }
 
 absl::Status ResponseFormat(const Json& format, std::vector<Constraint>& out) {
-  if (!format.is_object()) return Invalid("response_format", "'response_format' must be an object");
+  if (!format.is_object())
+    return InvalidOpenAiParam("response_format", "'response_format' must be an object");
   const Json* type = Field(format, "type");
   if (type == nullptr || !type->is_string()) {
-    return Invalid("response_format", "'response_format' needs a 'type'");
+    return InvalidOpenAiParam("response_format", "'response_format' needs a 'type'");
   }
   const std::string kind = type->get<std::string>();
   if (kind == "text") return absl::OkStatus();
@@ -81,20 +79,24 @@ absl::Status ResponseFormat(const Json& format, std::vector<Constraint>& out) {
     return absl::OkStatus();
   }
   if (kind != "json_schema") {
-    return Invalid("response_format",
-                   absl::StrFormat("'response_format' type '%s' is not one of text, json_object, json_schema", kind));
+    return InvalidOpenAiParam(
+        "response_format",
+        absl::StrFormat("'response_format' type '%s' is not one of text, json_object, json_schema",
+                        kind));
   }
   const Json* spec = Field(format, "json_schema");
   if (spec == nullptr || !spec->is_object()) {
-    return Invalid("response_format", "'response_format' of type json_schema needs a 'json_schema' object");
+    return InvalidOpenAiParam("response_format",
+                              "'response_format' of type json_schema needs a 'json_schema' object");
   }
   if (const Json* strict = Field(*spec, "strict"); strict != nullptr && !strict->is_boolean()) {
-    return Invalid("response_format", "'response_format.json_schema.strict' must be a boolean");
+    return InvalidOpenAiParam("response_format",
+                              "'response_format.json_schema.strict' must be a boolean");
   }
   // strict or not, the output follows the schema exactly (decoding is constrained either way).
   const Json* schema = Field(*spec, "schema");
   if (schema == nullptr) {
-    return Invalid("response_format", "'response_format.json_schema' needs a 'schema'");
+    return InvalidOpenAiParam("response_format", "'response_format.json_schema' needs a 'schema'");
   }
   return Schema(*schema, "response_format", out);
 }
@@ -121,7 +123,8 @@ absl::Status ParseStructuredOutput(const std::string& body, loom::v1::SamplingPa
     if (absl::Status s = Text(*v, "guided_grammar", common::GrammarKind::kGbnf, found); !s.ok()) return s;
   }
   if (const Json* so = Field(parsed, "structured_outputs")) {
-    if (!so->is_object()) return Invalid("structured_outputs", "'structured_outputs' must be an object");
+    if (!so->is_object())
+      return InvalidOpenAiParam("structured_outputs", "'structured_outputs' must be an object");
     for (const auto& [key, value] : so->items()) {
       if (value.is_null()) continue;
       const std::string param = "structured_outputs." + key;
@@ -131,25 +134,29 @@ absl::Status ParseStructuredOutput(const std::string& body, loom::v1::SamplingPa
       else if (key == "choice") s = Choice(value, param, found);
       else if (key == "grammar") s = Text(value, param, common::GrammarKind::kGbnf, found);
       else if (key == "json_object") {
-        if (!value.is_boolean()) s = Invalid(param, "'structured_outputs.json_object' must be a boolean");
+        if (!value.is_boolean())
+          s = InvalidOpenAiParam(param, "'structured_outputs.json_object' must be a boolean");
         else if (value.get<bool>()) found.push_back({param, {common::GrammarKind::kJsonObject, ""}});
       } else {
-        s = Invalid(param, absl::StrFormat("'structured_outputs' has no field '%s'", key));
+        s = InvalidOpenAiParam(param,
+                               absl::StrFormat("'structured_outputs' has no field '%s'", key));
       }
       if (!s.ok()) return s;
     }
   }
   if (found.empty()) return absl::OkStatus();
   if (found.size() > 1) {
-    return Invalid(found[1].param, absl::StrFormat("'%s' and '%s' both constrain the output; give one",
-                                                   found[0].param, found[1].param));
+    return InvalidOpenAiParam(found[1].param,
+                              absl::StrFormat("'%s' and '%s' both constrain the output; give one",
+                                              found[0].param, found[1].param));
   }
   const Constraint& constraint = found[0];
   absl::StatusOr<std::shared_ptr<const common::Grammar>> compiled =
       common::SharedGrammarCache().Get(constraint.spec);
   if (!compiled.ok()) {
-    return Invalid(constraint.param, absl::StrFormat("'%s' cannot be used: %s", constraint.param,
-                                                     compiled.status().message()));
+    return InvalidOpenAiParam(
+        constraint.param,
+        absl::StrFormat("'%s' cannot be used: %s", constraint.param, compiled.status().message()));
   }
   sampling.mutable_grammar()->set_kind(common::GrammarKindName(constraint.spec.kind));
   sampling.mutable_grammar()->set_text(constraint.spec.text);

@@ -13,12 +13,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-absl::Status Invalid(const std::string& param, const std::string& message) {
-  absl::Status status = absl::InvalidArgumentError(message);
-  status.SetPayload(kOpenAiParamPayload, absl::Cord(param));
-  return status;
-}
-
 const Json* Field(const Json& object, const char* name) {
   auto it = object.find(name);
   return it == object.end() || it->is_null() ? nullptr : &*it;
@@ -31,22 +25,24 @@ std::string Dump(const Json& value) {
 // One function definition ({"name", "description"?, "parameters"?}), checked.
 absl::Status CheckFunction(const Json& function, const std::string& param) {
   if (!function.is_object()) {
-    return Invalid(param, absl::StrFormat("'%s' must hold function objects", param));
+    return InvalidOpenAiParam(param, absl::StrFormat("'%s' must hold function objects", param));
   }
   const Json* name = Field(function, "name");
   if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
-    return Invalid(param, absl::StrFormat("each function in '%s' needs a non-empty 'name'", param));
+    return InvalidOpenAiParam(
+        param, absl::StrFormat("each function in '%s' needs a non-empty 'name'", param));
   }
   if (const Json* parameters = Field(function, "parameters");
       parameters != nullptr && !parameters->is_object()) {
-    return Invalid(param,
-                   absl::StrFormat("the parameters of function '%s' must be a JSON Schema object",
-                                   name->get<std::string>()));
+    return InvalidOpenAiParam(
+        param, absl::StrFormat("the parameters of function '%s' must be a JSON Schema object",
+                               name->get<std::string>()));
   }
   if (const Json* description = Field(function, "description");
       description != nullptr && !description->is_string()) {
-    return Invalid(param, absl::StrFormat("the description of function '%s' must be a string",
-                                          name->get<std::string>()));
+    return InvalidOpenAiParam(param,
+                              absl::StrFormat("the description of function '%s' must be a string",
+                                              name->get<std::string>()));
   }
   return absl::OkStatus();
 }
@@ -55,7 +51,7 @@ absl::Status CheckFunction(const Json& function, const std::string& param) {
 absl::StatusOr<std::string> NamedFunction(const Json& function, const std::string& param) {
   const Json* name = function.is_object() ? Field(function, "name") : nullptr;
   if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
-    return Invalid(param, absl::StrFormat("'%s' must name a function", param));
+    return InvalidOpenAiParam(param, absl::StrFormat("'%s' must name a function", param));
   }
   return name->get<std::string>();
 }
@@ -71,12 +67,13 @@ absl::Status CheckContent(const Json& message) {
   const Json* content = Field(message, "content");
   if (content == nullptr || content->is_string()) return absl::OkStatus();
   if (!content->is_array()) {
-    return Invalid("messages", "a message's 'content' must be a string or a list of parts");
+    return InvalidOpenAiParam("messages",
+                              "a message's 'content' must be a string or a list of parts");
   }
   for (const Json& part : *content) {
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
-      return Invalid("messages", "only content parts of type 'text' are supported");
+      return InvalidOpenAiParam("messages", "only content parts of type 'text' are supported");
     }
   }
   return absl::OkStatus();
@@ -113,31 +110,33 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   const Json* tools = Field(body, "tools");
   const Json* functions = Field(body, "functions");
   if (tools != nullptr && functions != nullptr) {
-    return Invalid("functions", "give 'tools' or the legacy 'functions', not both");
+    return InvalidOpenAiParam("functions", "give 'tools' or the legacy 'functions', not both");
   }
   absl::flat_hash_set<std::string> names;
   if (tools != nullptr) {
-    if (!tools->is_array()) return Invalid("tools", "'tools' must be a list of tools");
+    if (!tools->is_array()) return InvalidOpenAiParam("tools", "'tools' must be a list of tools");
     for (const Json& tool : *tools) {
       if (!tool.is_object() || tool.value("type", "") != "function" ||
           Field(tool, "function") == nullptr) {
-        return Invalid("tools", "each tool must be {\"type\": \"function\", \"function\": {...}}");
+        return InvalidOpenAiParam(
+            "tools", "each tool must be {\"type\": \"function\", \"function\": {...}}");
       }
       if (absl::Status s = CheckFunction(tool["function"], "tools"); !s.ok()) return s;
       const std::string name = tool["function"]["name"].get<std::string>();
       if (!names.insert(name).second) {
-        return Invalid("tools", absl::StrFormat("two tools are named '%s'", name));
+        return InvalidOpenAiParam("tools", absl::StrFormat("two tools are named '%s'", name));
       }
       out.tools.push_back(Json{{"type", "function"}, {"function", tool["function"]}});
     }
   } else if (functions != nullptr) {
     if (!functions->is_array())
-      return Invalid("functions", "'functions' must be a list of functions");
+      return InvalidOpenAiParam("functions", "'functions' must be a list of functions");
     for (const Json& function : *functions) {
       if (absl::Status s = CheckFunction(function, "functions"); !s.ok()) return s;
       const std::string name = function["name"].get<std::string>();
       if (!names.insert(name).second) {
-        return Invalid("functions", absl::StrFormat("two functions are named '%s'", name));
+        return InvalidOpenAiParam("functions",
+                                  absl::StrFormat("two functions are named '%s'", name));
       }
       out.tools.push_back(Json{{"type", "function"}, {"function", function}});
     }
@@ -148,8 +147,8 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   const char* choice_param = out.legacy ? "function_call" : "tool_choice";
   const Json* choice = Field(body, choice_param);
   if (!out.legacy && choice == nullptr && Field(body, "function_call") != nullptr) {
-    return Invalid("function_call",
-                   "'function_call' goes with the legacy 'functions'; use 'tool_choice'");
+    return InvalidOpenAiParam(
+        "function_call", "'function_call' goes with the legacy 'functions'; use 'tool_choice'");
   }
   if (choice != nullptr) {
     if (choice->is_string()) {
@@ -161,7 +160,7 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
       } else if (mode == "required" && !out.legacy) {
         out.choice = ToolChoice::kRequired;
       } else {
-        return Invalid(
+        return InvalidOpenAiParam(
             choice_param,
             absl::StrFormat("'%s' must be %s or a named function, got '%s'", choice_param,
                             out.legacy ? "\"none\", \"auto\"" : "\"none\", \"auto\", \"required\"",
@@ -173,7 +172,7 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
         name = NamedFunction(*choice, choice_param);
       } else {
         if (choice->value("type", "") != "function" || Field(*choice, "function") == nullptr) {
-          return Invalid(
+          return InvalidOpenAiParam(
               choice_param,
               "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
         }
@@ -181,23 +180,24 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
       }
       if (!name.ok()) return name.status();
       if (!names.contains(*name)) {
-        return Invalid(choice_param,
-                       absl::StrFormat("'%s' names the function '%s', which is not among the tools",
-                                       choice_param, *name));
+        return InvalidOpenAiParam(
+            choice_param,
+            absl::StrFormat("'%s' names the function '%s', which is not among the tools",
+                            choice_param, *name));
       }
       out.choice = ToolChoice::kNamed;
       out.named_function = *name;
     } else {
-      return Invalid(choice_param,
-                     absl::StrFormat("'%s' must be a string or an object", choice_param));
+      return InvalidOpenAiParam(
+          choice_param, absl::StrFormat("'%s' must be a string or an object", choice_param));
     }
     if ((out.choice == ToolChoice::kRequired) && out.tools.empty()) {
-      return Invalid(choice_param, "'tool_choice' \"required\" needs 'tools'");
+      return InvalidOpenAiParam(choice_param, "'tool_choice' \"required\" needs 'tools'");
     }
   }
   if (const Json* parallel = Field(body, "parallel_tool_calls")) {
     if (!parallel->is_boolean())
-      return Invalid("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+      return InvalidOpenAiParam("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     out.parallel = parallel->get<bool>();
   }
   // The legacy API returns one function_call.
@@ -222,10 +222,11 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
   // Call id -> function name, for the generic tool responses.
   std::vector<std::pair<std::string, std::string>> call_names;
   for (const Json& message : messages) {
-    if (!message.is_object()) return Invalid("messages", "each message must be an object");
+    if (!message.is_object())
+      return InvalidOpenAiParam("messages", "each message must be an object");
     const Json* role = Field(message, "role");
     if (role == nullptr || !role->is_string() || role->get<std::string>().empty()) {
-      return Invalid("messages", "each message needs a 'role'");
+      return InvalidOpenAiParam("messages", "each message needs a 'role'");
     }
     if (absl::Status s = CheckContent(message); !s.ok()) return s;
     Json copy = message;
@@ -237,18 +238,19 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
       copy["content"] = "";
     }
     if (calls != nullptr) {
-      if (!calls->is_array()) return Invalid("messages", "a message's 'tool_calls' must be a list");
+      if (!calls->is_array())
+        return InvalidOpenAiParam("messages", "a message's 'tool_calls' must be a list");
       Json parsed_calls = Json::array();
       for (const Json& call : *calls) {
         const Json* function = call.is_object() ? Field(call, "function") : nullptr;
         const Json* name =
             function != nullptr && function->is_object() ? Field(*function, "name") : nullptr;
         if (name == nullptr || !name->is_string()) {
-          return Invalid("messages", "each tool call needs a 'function' with a 'name'");
+          return InvalidOpenAiParam("messages", "each tool call needs a 'function' with a 'name'");
         }
         const Json* arguments = Field(*function, "arguments");
         if (arguments != nullptr && !arguments->is_string() && !arguments->is_object()) {
-          return Invalid("messages", "a tool call's 'arguments' must be a JSON string");
+          return InvalidOpenAiParam("messages", "a tool call's 'arguments' must be a JSON string");
         }
         Json parsed = call;
         parsed["function"]["arguments"] =
