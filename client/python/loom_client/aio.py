@@ -9,8 +9,7 @@ import grpc
 import grpc.aio
 
 from loom_client._proto.loom.v1 import inference_pb2 as pb
-from loom_client._proto.loom.v1 import inference_pb2_grpc as pb_grpc
-from loom_client.client import Prompt, RetryPolicy, _connect, _generate_request, _set_chat
+from loom_client.client import Prompt, RetryPolicy, _ClientBase, _generate_request, _set_chat
 from loom_client.errors import LoomError
 from loom_client.types import Chunk, ClusterState, Completion, ModelCard
 
@@ -109,23 +108,13 @@ class AsyncGenerateStream:
         self.close()
 
 
-class AsyncLoomClient:
+class AsyncLoomClient(_ClientBase):
     """LoomClient's calls as coroutines, on one grpc.aio channel: the same arguments,
     results, errors (LoomError), retries and API key. Use it from one event loop; close it
     with `await client.close()` or `async with`."""
 
-    def __init__(self, address: str = "127.0.0.1:50051", *, tls: bool = False,
-                 root_certs_path: Optional[str] = None, timeout: Optional[float] = None,
-                 retry: RetryPolicy = RetryPolicy(), channel_options: Sequence[tuple] = (),
-                 api_key: Optional[str] = None):
-        if retry.max_attempts < 1:
-            raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
-        self._channel, self._metadata = _connect(grpc.aio, address, tls, root_certs_path,
-                                                 channel_options, api_key)
-        self._stub = pb_grpc.InferenceStub(self._channel)
-        self.address = address
-        self.timeout = timeout
-        self.retry = retry
+    def __init__(self, address: str = "127.0.0.1:50051", **options):
+        super().__init__(grpc.aio, address, **options)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -190,10 +179,6 @@ class AsyncLoomClient:
         return ClusterState.from_proto(
             await self._unary(self._stub.GetClusterState, pb.GetClusterStateRequest(), timeout))
 
-    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
-        timeout = self.timeout if timeout is None else timeout
-        return None if timeout is None else time.monotonic() + timeout
-
     async def _unary(self, method, request, timeout: Optional[float]):
         deadline = self._deadline(timeout)
         attempt = 0
@@ -203,11 +188,7 @@ class AsyncLoomClient:
             try:
                 return await method(request, timeout=left, metadata=self._metadata)
             except grpc.RpcError as error:
-                wait = self.retry.backoff(attempt)
-                if (error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts
-                        or (deadline is not None and time.monotonic() + wait >= deadline)):
-                    raise LoomError.from_rpc_error(error, attempt) from None
-                await asyncio.sleep(wait)
+                await asyncio.sleep(self._retry_wait(error, attempt, deadline))
 
 
 async def _collect(stream: AsyncGenerateStream,

@@ -51,11 +51,43 @@ def _connect(grpc_module, address: str, tls: bool, root_certs_path: Optional[str
     return channel, (("authorization", f"Bearer {api_key}"),) if api_key else ()
 
 
+class _ClientBase:
+    """What the blocking and asyncio clients share: the channel (`grpc_module` is grpc or
+    grpc.aio), the stub, the API-key metadata, the default deadline and the retry policy."""
+
+    def __init__(self, grpc_module, address: str = "127.0.0.1:50051", *, tls: bool = False,
+                 root_certs_path: Optional[str] = None, timeout: Optional[float] = None,
+                 retry: RetryPolicy = RetryPolicy(), channel_options: Sequence[tuple] = (),
+                 api_key: Optional[str] = None):
+        if retry.max_attempts < 1:
+            raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
+        self._channel, self._metadata = _connect(grpc_module, address, tls, root_certs_path,
+                                                 channel_options, api_key)
+        self._stub = pb_grpc.InferenceStub(self._channel)
+        self.address = address
+        self.timeout = timeout
+        self.retry = retry
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _retry_wait(self, error: grpc.RpcError, attempt: int, deadline: Optional[float]) -> float:
+        """Seconds to wait before retrying a unary call that failed with `error` on attempt
+        `attempt`; raises it as LoomError when it is not retried (not UNAVAILABLE, out of
+        attempts, or the wait would pass the deadline)."""
+        wait = self.retry.backoff(attempt)
+        if (error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts
+                or (deadline is not None and time.monotonic() + wait >= deadline)):
+            raise LoomError.from_rpc_error(error, attempt) from None
+        return wait
+
+
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                     "frequency_penalty", "seed", "min_tokens")
 
 
-class LoomClient:
+class LoomClient(_ClientBase):
     """A connection to a Loom coordinator (`loom up` / `loom serve`). Thread-safe.
 
     address: host:port of the gRPC endpoint. tls: use TLS, with the CA certificates of
@@ -66,18 +98,8 @@ class LoomClient:
     UNAUTHENTICATED for a missing or wrong key.
     """
 
-    def __init__(self, address: str = "127.0.0.1:50051", *, tls: bool = False,
-                 root_certs_path: Optional[str] = None, timeout: Optional[float] = None,
-                 retry: RetryPolicy = RetryPolicy(), channel_options: Sequence[tuple] = (),
-                 api_key: Optional[str] = None):
-        if retry.max_attempts < 1:
-            raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
-        self._channel, self._metadata = _connect(grpc, address, tls, root_certs_path,
-                                                 channel_options, api_key)
-        self._stub = pb_grpc.InferenceStub(self._channel)
-        self.address = address
-        self.timeout = timeout
-        self.retry = retry
+    def __init__(self, address: str = "127.0.0.1:50051", **options):
+        super().__init__(grpc, address, **options)
 
     def close(self) -> None:
         self._channel.close()
@@ -109,14 +131,8 @@ class LoomClient:
     def generate(self, prompt: Prompt, *, max_tokens: int = 0, timeout: Optional[float] = None,
                  on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
         """Generates one completion and returns it whole (arguments as generate_stream)."""
-        completion = Completion()
-        with self.generate_stream(prompt, max_tokens=max_tokens, timeout=timeout, **params) as stream:
-            for chunk in stream:
-                completion.append(chunk)
-                if on_chunk is not None:
-                    on_chunk(chunk)
-            completion.attempts = stream.attempts
-        return completion
+        return _collect(self.generate_stream(prompt, max_tokens=max_tokens, timeout=timeout,
+                                             **params), on_chunk)
 
     def chat_stream(self, messages: Sequence[dict], *, tools: Optional[Sequence[dict]] = None,
                     tool_choice=None, parallel_tool_calls: Optional[bool] = None,
@@ -139,14 +155,7 @@ class LoomClient:
              on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
         """A chat's whole reply (arguments as chat_stream): `tool_calls` holds the calls
         the model made (ToolCall: id, name, arguments JSON text), `content` the rest."""
-        completion = Completion()
-        with self.chat_stream(messages, timeout=timeout, **params) as stream:
-            for chunk in stream:
-                completion.append(chunk)
-                if on_chunk is not None:
-                    on_chunk(chunk)
-            completion.attempts = stream.attempts
-        return completion
+        return _collect(self.chat_stream(messages, timeout=timeout, **params), on_chunk)
 
     # -- unary calls -------------------------------------------------------------------------
 
@@ -168,10 +177,6 @@ class LoomClient:
     def cluster_state(self, *, timeout: Optional[float] = None) -> ClusterState:
         return ClusterState.from_proto(self._unary(self._stub.GetClusterState, pb.GetClusterStateRequest(), timeout))
 
-    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
-        timeout = self.timeout if timeout is None else timeout
-        return None if timeout is None else time.monotonic() + timeout
-
     def _unary(self, method, request, timeout: Optional[float]):
         deadline = self._deadline(timeout)
         attempt = 0
@@ -181,11 +186,19 @@ class LoomClient:
             try:
                 return method(request, timeout=left, metadata=self._metadata)
             except grpc.RpcError as error:
-                wait = self.retry.backoff(attempt)
-                if (error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts
-                        or (deadline is not None and time.monotonic() + wait >= deadline)):
-                    raise LoomError.from_rpc_error(error, attempt) from None
-                time.sleep(wait)
+                time.sleep(self._retry_wait(error, attempt, deadline))
+
+
+def _collect(stream: GenerateStream, on_chunk: Optional[Callable[[Chunk], None]]) -> Completion:
+    """A stream's chunks joined into one Completion, each also given to `on_chunk`."""
+    completion = Completion()
+    with stream:
+        for chunk in stream:
+            completion.append(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+        completion.attempts = stream.attempts
+    return completion
 
 
 def _grammar(json_schema, json_object: bool, regex: Optional[str], choice, grammar: Optional[str]):
