@@ -126,8 +126,13 @@ def test_promtool_finds_no_problem(served):
         done = subprocess.run([promtool(), "check", "metrics"], input=fetch(url), text=True,
                               capture_output=True, timeout=60)
         # prometheus-cpp's own exposer_* series are summaries without units; only ours count.
+        # vLLM's names (--metrics-naming both, the default) have a colon, which the linter
+        # reserves for recording rules: vLLM's dashboards query them as they are, so that one
+        # finding is expected, for them only.
         problems = [line for line in (done.stdout + done.stderr).splitlines()
-                    if line.strip() and not line.startswith("exposer_")]
+                    if line.strip() and not line.startswith("exposer_")
+                    and not (line.startswith("vllm:")
+                             and line.endswith("metric names should not contain ':'"))]
         assert done.returncode == 0 or not problems, f"{url}:\n{done.stdout}{done.stderr}"
         assert not problems, f"{url}:\n" + "\n".join(problems)
 
