@@ -31,6 +31,42 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, 
   return absl::OkStatus();
 }
 
+// The checks of an added sequence against the model: a prompt, a token count within the
+// context, a cached prefix and a scored part inside it, token ids in the vocabulary.
+absl::Status CheckNewSequence(const loom::v1::NewSequence& added,
+                              const common::ModelConfig& config) {
+  const uint64_t id = added.seq_id();
+  if (added.prompt_token_ids().empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("sequence %d has an empty prompt", id));
+  }
+  const int64_t num_tokens =
+      int64_t{added.prompt_token_ids().size()} + added.output_token_ids().size();
+  if (num_tokens > config.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: %d tokens exceed the model's context length %d", id,
+                        num_tokens, config.context_length));
+  }
+  // A prefix-cache hit: its first num_cached_tokens tokens' K/V are in the blocks it
+  // will be given. At least one token must be left to compute (the logits come from it).
+  if (added.num_cached_tokens() < 0 || added.num_cached_tokens() >= num_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sequence %d: num_cached_tokens is %d, must be in [0, %d) (its token count)", id,
+        added.num_cached_tokens(), num_tokens));
+  }
+  const int64_t prompt_size = added.prompt_token_ids().size();
+  if (added.score_prompt_from() != 0 &&
+      (added.score_prompt_from() < 1 || added.score_prompt_from() >= prompt_size ||
+       added.num_cached_tokens() >= added.score_prompt_from())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sequence %d: score_prompt_from is %d, must be 0 or in [1, %d) (the prompt's length) "
+        "and above num_cached_tokens %d",
+        id, added.score_prompt_from(), prompt_size, added.num_cached_tokens()));
+  }
+  LOOM_RETURN_IF_ERROR(CheckTokenIds(added.prompt_token_ids(), config.vocab_size, id, "prompt"));
+  LOOM_RETURN_IF_ERROR(CheckTokenIds(added.output_token_ids(), config.vocab_size, id, "output"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct StepExecutor::SequenceState {
@@ -83,6 +119,21 @@ struct StepExecutor::Prepared {
   // What Execute hands the backend and gets back.
   std::vector<SampledToken> tokens;
   std::vector<int32_t> num_emitted;
+
+  // Prompt scoring of `entry`, a sequence `seq_id` whose step tokens start at batch row
+  // `first_new`: row p predicts token p + 1, over the prompt positions from the first scored
+  // token's predecessor on, up to the one before the prompt's last token.
+  void AddScoreRows(uint64_t seq_id, const Entry& entry, size_t first_new) {
+    const SequenceState& sequence = *entry.sequence;
+    const int64_t first = std::max(entry.begin, sequence.score_prompt_from - 1);
+    const int64_t last = std::min(entry.end, sequence.num_prompt_tokens - 1);
+    if (first >= last) return;
+    score_runs.push_back({seq_id, first + 1, static_cast<int32_t>(last - first)});
+    for (int64_t p = first; p < last; ++p) {
+      score_rows.push_back(static_cast<int32_t>(first_new + (p - entry.begin)));
+      score_targets.push_back(sequence.tokens[p + 1]);
+    }
+  }
 
   // Empties everything, keeping capacity.
   void Clear() {
@@ -152,82 +203,42 @@ absl::Status StepExecutor::AttachGrammar(const loom::v1::GrammarConstraint& cons
   return absl::OkStatus();
 }
 
-absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& prepared) {
-  const common::ModelConfig& config = backend_.config();
-  const int64_t vocab = config.vocab_size;
-  const int64_t block_size = backend_.block_size();
-  const int64_t num_blocks = backend_.num_kv_blocks();
-  const int64_t max_blocks_per_sequence = (config.context_length + block_size - 1) / block_size;
+// The sequences a plan names as Prepare checks it: the executor's, less the ones the plan
+// releases (finished or preempted), plus the ones it adds.
+class StepExecutor::PlanView {
+ public:
+  PlanView(const loom::v1::StepPlan& plan,
+           const absl::flat_hash_map<uint64_t, std::unique_ptr<SequenceState>>& sequences)
+      : sequences_(sequences) {
+    released_.insert(plan.finished().begin(), plan.finished().end());
+    released_.insert(plan.preempted().begin(), plan.preempted().end());
+  }
 
-  absl::flat_hash_set<uint64_t> released(plan.finished().begin(), plan.finished().end());
-  released.insert(plan.preempted().begin(), plan.preempted().end());
-  absl::flat_hash_map<uint64_t, SequenceState*> added_index;
   // The sequence `seq_id` names once releases and additions are applied, or nullptr.
-  auto live = [&](uint64_t seq_id) -> SequenceState* {
-    if (auto it = added_index.find(seq_id); it != added_index.end()) return it->second;
-    if (released.contains(seq_id)) return nullptr;
+  SequenceState* Find(uint64_t seq_id) const {
+    if (auto it = added_.find(seq_id); it != added_.end()) return it->second;
+    if (released_.contains(seq_id)) return nullptr;
     auto it = sequences_.find(seq_id);
     return it == sequences_.end() ? nullptr : it->second.get();
-  };
+  }
+  void Add(uint64_t seq_id, SequenceState* sequence) { added_[seq_id] = sequence; }
 
+ private:
+  const absl::flat_hash_map<uint64_t, std::unique_ptr<SequenceState>>& sequences_;
+  absl::flat_hash_set<uint64_t> released_;
+  absl::flat_hash_map<uint64_t, SequenceState*> added_;
+};
+
+absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& prepared) {
+  PlanView view(plan, sequences_);
   for (const loom::v1::NewSequence& added : plan.added()) {
     const uint64_t id = added.seq_id();
-    if (live(id) != nullptr) {
+    if (view.Find(id) != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("sequence %d is added but the worker already holds it", id));
     }
-    if (added.prompt_token_ids().empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat("sequence %d has an empty prompt", id));
-    }
-    const int64_t num_tokens =
-        int64_t{added.prompt_token_ids().size()} + added.output_token_ids().size();
-    if (num_tokens > config.context_length) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sequence %d: %d tokens exceed the model's context length %d", id,
-                          num_tokens, config.context_length));
-    }
-    // A prefix-cache hit: its first num_cached_tokens tokens' K/V are in the blocks it
-    // will be given. At least one token must be left to compute (the logits come from it).
-    if (added.num_cached_tokens() < 0 || added.num_cached_tokens() >= num_tokens) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sequence %d: num_cached_tokens is %d, must be in [0, %d) (its token count)", id,
-          added.num_cached_tokens(), num_tokens));
-    }
-    const int64_t prompt_size = added.prompt_token_ids().size();
-    if (added.score_prompt_from() != 0 &&
-        (added.score_prompt_from() < 1 || added.score_prompt_from() >= prompt_size ||
-         added.num_cached_tokens() >= added.score_prompt_from())) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sequence %d: score_prompt_from is %d, must be 0 or in [1, %d) (the prompt's length) "
-          "and above num_cached_tokens %d",
-          id, added.score_prompt_from(), prompt_size, added.num_cached_tokens()));
-    }
-    LOOM_RETURN_IF_ERROR(CheckTokenIds(added.prompt_token_ids(), vocab, id, "prompt"));
-    LOOM_RETURN_IF_ERROR(CheckTokenIds(added.output_token_ids(), vocab, id, "output"));
-    const SamplingParams params = SamplingParamsFromProto(added.sampling());
-    if (absl::Status status = ValidateSamplingParams(params, vocab); !status.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat("sequence %d: %s", id, status.message()));
-    }
-    auto sequence = std::make_unique<SequenceState>();
-    sequence->tokens.reserve(num_tokens + 1);
-    sequence->tokens.assign(added.prompt_token_ids().begin(), added.prompt_token_ids().end());
-    sequence->tokens.insert(sequence->tokens.end(), added.output_token_ids().begin(),
-                            added.output_token_ids().end());
-    sequence->num_computed = added.num_cached_tokens();
-    sequence->num_logprobs = params.num_logprobs;
-    sequence->num_prompt_tokens = prompt_size;
-    sequence->score_prompt_from = added.score_prompt_from();
-    if (backend_.uses_samplers()) {
-      sequence->sampler = std::make_unique<SequenceSampler>(
-          params,
-          absl::MakeConstSpan(added.prompt_token_ids().data(), added.prompt_token_ids().size()),
-          vocab);
-      if (!params.grammar_kind.empty()) {
-        LOOM_RETURN_IF_ERROR(AttachGrammar(added.sampling().grammar(), id, *sequence->sampler));
-      }
-      for (int32_t token : added.output_token_ids()) sequence->sampler->RecordOutput(token);
-    }
-    added_index[id] = sequence.get();
+    LOOM_ASSIGN_OR_RETURN(std::unique_ptr<SequenceState> sequence, NewSequence(added));
+    view.Add(id, sequence.get());
     prepared.added.emplace_back(id, std::move(sequence));
   }
 
@@ -235,7 +246,7 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
   for (int i = 0; i < plan.scheduled_size(); ++i) {
     const loom::v1::ScheduledSequence& entry = plan.scheduled(i);
     const uint64_t id = entry.seq_id();
-    SequenceState* sequence = live(id);
+    SequenceState* sequence = view.Find(id);
     if (sequence == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("scheduled sequence %d is unknown to the worker", id));
@@ -244,117 +255,135 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
       return absl::InvalidArgumentError(
           absl::StrFormat("sequence %d is scheduled twice in one plan", id));
     }
-    if (entry.num_tokens() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sequence %d: num_tokens must be >= 1, got %d", id, entry.num_tokens()));
-    }
-    for (int32_t block : entry.new_block_ids()) {
-      if (block < 0 || block >= num_blocks) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "sequence %d: block id %d is outside the KV pool [0, %d)", id, block, num_blocks));
-      }
-    }
-    const int64_t table_size =
-        static_cast<int64_t>(sequence->block_table.size()) + entry.new_block_ids_size();
-    if (table_size > max_blocks_per_sequence) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sequence %d: %d blocks exceed the %d a context of %d tokens needs", id,
-                          table_size, max_blocks_per_sequence, config.context_length));
-    }
-    const int64_t begin = sequence->num_computed;
-    const int64_t end = begin + entry.num_tokens();
-    const int64_t known = static_cast<int64_t>(sequence->tokens.size());
-    if (end > known) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sequence %d: computing tokens [%d, %d) runs past the %d tokens the worker knows", id,
-          begin, end, known));
-    }
-    if (entry.sample() && end != known) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sequence %d: sampling after token %d, but %d tokens are known", id, end, known));
-    }
-    const int32_t max_drafts = entry.num_speculative_tokens();
-    if (max_drafts < 0 || max_drafts > kMaxSpeculativeTokens) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sequence %d: num_speculative_tokens is %d, must be in [0, %d]", id,
-                          max_drafts, kMaxSpeculativeTokens));
-    }
-    if (max_drafts > 0 && !entry.sample()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sequence %d: speculating %d tokens needs a sampled step", id, max_drafts));
-    }
-    Prepared::Entry& prepared_entry = prepared.entries.emplace_back();
-    prepared_entry.sequence = sequence;
-    prepared_entry.index = i;
-    prepared_entry.begin = begin;
-    prepared_entry.end = end;
-    prepared_entry.sample = entry.sample();
-    // The step's blocks join the table now, not at commit: a copy of the table per step
-    // would cost O(context). A plan that fails drops every sequence it names (DropNamed),
-    // so no half-applied table outlives a failure.
-    sequence->block_table.insert(sequence->block_table.end(), entry.new_block_ids().begin(),
-                                 entry.new_block_ids().end());
-    // A constrained sequence does not speculate: its drafts would need the grammar's
-    // state after each of them (simplest correct choice; the coordinator asks for none).
-    const bool constrained = sequence->sampler != nullptr && sequence->sampler->constrained();
-    if (max_drafts > 0 && !constrained) {
-      // The drafts sit at positions [end, end + count): within the context and the slots
-      // the coordinator gave (it reserved max_drafts of them).
-      const int64_t room = std::min<int64_t>(
-          config.context_length - end,
-          static_cast<int64_t>(sequence->block_table.size()) * block_size - end);
-      prepared_entry.max_drafts = static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts));
-    }
+    LOOM_RETURN_IF_ERROR(CheckScheduled(entry, *sequence));
+    Schedule(entry, i, *sequence, prepared);
   }
 
   LOOM_RETURN_IF_ERROR(Propose(prepared));
+  return BuildBatch(plan, prepared);
+}
+
+absl::StatusOr<std::unique_ptr<StepExecutor::SequenceState>> StepExecutor::NewSequence(
+    const loom::v1::NewSequence& added) {
+  const int64_t vocab = backend_.config().vocab_size;
+  const uint64_t id = added.seq_id();
+  LOOM_RETURN_IF_ERROR(CheckNewSequence(added, backend_.config()));
+  const SamplingParams params = SamplingParamsFromProto(added.sampling());
+  if (absl::Status status = ValidateSamplingParams(params, vocab); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("sequence %d: %s", id, status.message()));
+  }
+  auto sequence = std::make_unique<SequenceState>();
+  sequence->tokens.reserve(added.prompt_token_ids().size() + added.output_token_ids().size() + 1);
+  sequence->tokens.assign(added.prompt_token_ids().begin(), added.prompt_token_ids().end());
+  sequence->tokens.insert(sequence->tokens.end(), added.output_token_ids().begin(),
+                          added.output_token_ids().end());
+  sequence->num_computed = added.num_cached_tokens();
+  sequence->num_logprobs = params.num_logprobs;
+  sequence->num_prompt_tokens = added.prompt_token_ids().size();
+  sequence->score_prompt_from = added.score_prompt_from();
+  if (backend_.uses_samplers()) {
+    sequence->sampler = std::make_unique<SequenceSampler>(
+        params,
+        absl::MakeConstSpan(added.prompt_token_ids().data(), added.prompt_token_ids().size()),
+        vocab);
+    if (!params.grammar_kind.empty()) {
+      LOOM_RETURN_IF_ERROR(AttachGrammar(added.sampling().grammar(), id, *sequence->sampler));
+    }
+    for (int32_t token : added.output_token_ids()) sequence->sampler->RecordOutput(token);
+  }
+  return sequence;
+}
+
+absl::Status StepExecutor::CheckScheduled(const loom::v1::ScheduledSequence& entry,
+                                          const SequenceState& sequence) const {
+  const common::ModelConfig& config = backend_.config();
+  const int64_t block_size = backend_.block_size();
+  const int64_t num_blocks = backend_.num_kv_blocks();
+  const int64_t max_blocks_per_sequence = (config.context_length + block_size - 1) / block_size;
+  const uint64_t id = entry.seq_id();
+  if (entry.num_tokens() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: num_tokens must be >= 1, got %d", id, entry.num_tokens()));
+  }
+  for (int32_t block : entry.new_block_ids()) {
+    if (block < 0 || block >= num_blocks) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequence %d: block id %d is outside the KV pool [0, %d)", id, block, num_blocks));
+    }
+  }
+  const int64_t table_size =
+      static_cast<int64_t>(sequence.block_table.size()) + entry.new_block_ids_size();
+  if (table_size > max_blocks_per_sequence) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: %d blocks exceed the %d a context of %d tokens needs", id,
+                        table_size, max_blocks_per_sequence, config.context_length));
+  }
+  const int64_t begin = sequence.num_computed;
+  const int64_t end = begin + entry.num_tokens();
+  const int64_t known = static_cast<int64_t>(sequence.tokens.size());
+  if (end > known) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sequence %d: computing tokens [%d, %d) runs past the %d tokens the worker knows", id,
+        begin, end, known));
+  }
+  if (entry.sample() && end != known) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sequence %d: sampling after token %d, but %d tokens are known", id, end, known));
+  }
+  const int32_t max_drafts = entry.num_speculative_tokens();
+  if (max_drafts < 0 || max_drafts > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: num_speculative_tokens is %d, must be in [0, %d]", id,
+                        max_drafts, kMaxSpeculativeTokens));
+  }
+  if (max_drafts > 0 && !entry.sample()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sequence %d: speculating %d tokens needs a sampled step", id, max_drafts));
+  }
+  return absl::OkStatus();
+}
+
+void StepExecutor::Schedule(const loom::v1::ScheduledSequence& entry, int index,
+                            SequenceState& sequence, Prepared& prepared) {
+  Prepared::Entry& prepared_entry = prepared.entries.emplace_back();
+  prepared_entry.sequence = &sequence;
+  prepared_entry.index = index;
+  prepared_entry.begin = sequence.num_computed;
+  prepared_entry.end = sequence.num_computed + entry.num_tokens();
+  prepared_entry.sample = entry.sample();
+  // The step's blocks join the table now, not at commit: a copy of the table per step
+  // would cost O(context). A plan that fails drops every sequence it names (DropNamed),
+  // so no half-applied table outlives a failure.
+  sequence.block_table.insert(sequence.block_table.end(), entry.new_block_ids().begin(),
+                              entry.new_block_ids().end());
+  // A constrained sequence does not speculate: its drafts would need the grammar's
+  // state after each of them (simplest correct choice; the coordinator asks for none).
+  const int32_t max_drafts = entry.num_speculative_tokens();
+  const bool constrained = sequence.sampler != nullptr && sequence.sampler->constrained();
+  if (max_drafts > 0 && !constrained) {
+    // The drafts sit at positions [end, end + count): within the context and the slots
+    // the coordinator gave (it reserved max_drafts of them).
+    const int64_t end = prepared_entry.end;
+    const int64_t room = std::min<int64_t>(
+        backend_.config().context_length - end,
+        static_cast<int64_t>(sequence.block_table.size()) * backend_.block_size() - end);
+    prepared_entry.max_drafts = static_cast<int32_t>(std::clamp<int64_t>(room, 0, max_drafts));
+  }
+}
+
+absl::Status StepExecutor::BuildBatch(const loom::v1::StepPlan& plan, Prepared& prepared) {
   for (size_t e = 0; e < prepared.entries.size(); ++e) {
-    Prepared::Entry& entry = prepared.entries[e];
-    SequenceState* sequence = entry.sequence;
-    DraftProposal& proposal = prepared.proposals[e];
-    const std::vector<int32_t>& drafts = proposal.tokens;
+    const Prepared::Entry& entry = prepared.entries[e];
     const uint64_t id = plan.scheduled(entry.index).seq_id();
     const size_t first_new = prepared.batch.token_ids.size();
-    if (drafts.empty()) {
-      LOOM_RETURN_IF_ERROR(AppendSequence(
-          prepared.batch,
-          absl::MakeConstSpan(sequence->tokens).subspan(entry.begin, entry.end - entry.begin),
-          static_cast<int32_t>(entry.begin), sequence->block_table,
-          static_cast<int32_t>(block_size), entry.sample));
-    } else {
-      std::vector<int32_t> step_tokens(sequence->tokens.begin() + entry.begin,
-                                       sequence->tokens.begin() + entry.end);
-      step_tokens.insert(step_tokens.end(), drafts.begin(), drafts.end());
-      LOOM_RETURN_IF_ERROR(AppendSequence(prepared.batch, step_tokens,
-                                          static_cast<int32_t>(entry.begin),
-                                          sequence->block_table,
-                                          static_cast<int32_t>(block_size),
-                                          /*sample_last=*/false));
-      // The computed token's logits and each draft's.
-      for (size_t d = 0; d <= drafts.size(); ++d) {
-        prepared.batch.sample_rows.push_back(
-            static_cast<int32_t>(first_new + (entry.end - entry.begin) - 1 + d));
-      }
-    }
-    if (sequence->score_prompt_from > 0) {
-      // Row p predicts token p + 1: the prompt positions from the first scored token's
-      // predecessor on, up to the one before the prompt's last token.
-      const int64_t first = std::max(entry.begin, sequence->score_prompt_from - 1);
-      const int64_t last = std::min(entry.end, sequence->num_prompt_tokens - 1);
-      if (first < last) {
-        prepared.score_runs.push_back({id, first + 1, static_cast<int32_t>(last - first)});
-        for (int64_t p = first; p < last; ++p) {
-          prepared.score_rows.push_back(static_cast<int32_t>(first_new + (p - entry.begin)));
-          prepared.score_targets.push_back(sequence->tokens[p + 1]);
-        }
-      }
-    }
+    LOOM_RETURN_IF_ERROR(AppendEntry(e, prepared));
+    if (entry.sequence->score_prompt_from > 0) prepared.AddScoreRows(id, entry, first_new);
     if (entry.sample) {
-      prepared.rows.push_back({id, sequence->sampler.get(), {}, {}});
-      prepared.sampled.push_back(sequence);
+      prepared.rows.push_back({id, entry.sequence->sampler.get(), {}, {}});
+      prepared.sampled.push_back(entry.sequence);
       prepared.speculative.push_back(plan.scheduled(entry.index).num_speculative_tokens() > 0);
       prepared.known.push_back(entry.end);
-      prepared.drafts.push_back(std::move(proposal));
+      prepared.drafts.push_back(std::move(prepared.proposals[e]));
     }
   }
   // The scored rows come after every sampled one (StepBackend::RunAndScore).
@@ -364,6 +393,32 @@ absl::Status StepExecutor::Prepare(const loom::v1::StepPlan& plan, Prepared& pre
   for (size_t r = 0; r < prepared.rows.size(); ++r) {
     prepared.rows[r].draft_tokens = prepared.drafts[r].tokens;
     prepared.rows[r].draft_probs = prepared.drafts[r].probs;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::AppendEntry(size_t e, Prepared& prepared) const {
+  const Prepared::Entry& entry = prepared.entries[e];
+  const std::vector<int32_t>& drafts = prepared.proposals[e].tokens;
+  const SequenceState& sequence = *entry.sequence;
+  StepBatch& batch = prepared.batch;
+  const auto block_size = static_cast<int32_t>(backend_.block_size());
+  if (drafts.empty()) {
+    return AppendSequence(
+        batch, absl::MakeConstSpan(sequence.tokens).subspan(entry.begin, entry.end - entry.begin),
+        static_cast<int32_t>(entry.begin), sequence.block_table, block_size, entry.sample);
+  }
+  const size_t first_new = batch.token_ids.size();
+  std::vector<int32_t> step_tokens(sequence.tokens.begin() + entry.begin,
+                                   sequence.tokens.begin() + entry.end);
+  step_tokens.insert(step_tokens.end(), drafts.begin(), drafts.end());
+  LOOM_RETURN_IF_ERROR(AppendSequence(batch, step_tokens, static_cast<int32_t>(entry.begin),
+                                      sequence.block_table, block_size,
+                                      /*sample_last=*/false));
+  // The computed token's logits and each draft's.
+  for (size_t d = 0; d <= drafts.size(); ++d) {
+    batch.sample_rows.push_back(
+        static_cast<int32_t>(first_new + (entry.end - entry.begin) - 1 + d));
   }
   return absl::OkStatus();
 }

@@ -1,12 +1,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/grammar/grammar_matcher_factory.h"
 #include "common/sampling_params.h"
 #include "loom/v1/worker.pb.h"
@@ -88,14 +90,32 @@ class StepExecutor {
  private:
   struct SequenceState;
   struct Prepared;
+  class PlanView;
 
   // Gives `sampler` the matcher of `constraint`'s grammar.
   absl::Status AttachGrammar(const loom::v1::GrammarConstraint& constraint, uint64_t seq_id,
                              SequenceSampler& sampler);
-  // Checks the whole plan and builds the batch. The only state it changes is the block
-  // tables of sequences the plan schedules (their new blocks), which a failing plan drops;
-  // a draft model writes K/V only where the plan's sequences will compute.
+  // Checks the whole plan and builds the batch: the added sequences' states, the scheduled
+  // entries, their drafts (Propose), the batch (BuildBatch). The only state it changes is
+  // the block tables of sequences the plan schedules (their new blocks), which a failing
+  // plan drops; a draft model writes K/V only where the plan's sequences will compute.
   absl::Status Prepare(const loom::v1::StepPlan& plan, Prepared& prepared);
+  // An added sequence's state (tokens, sampler, grammar) once its fields check out.
+  absl::StatusOr<std::unique_ptr<SequenceState>> NewSequence(const loom::v1::NewSequence& added);
+  // InvalidArgument unless `entry` can run on `sequence`: tokens it knows, blocks in the
+  // pool and within the context, drafts only on a sampled step.
+  absl::Status CheckScheduled(const loom::v1::ScheduledSequence& entry,
+                              const SequenceState& sequence) const;
+  // Resolves a checked entry (the plan's `index`th) into prepared.entries with the drafts it
+  // may take, and appends the step's new blocks to the sequence's table.
+  void Schedule(const loom::v1::ScheduledSequence& entry, int index, SequenceState& sequence,
+                Prepared& prepared);
+  // Lays the resolved entries out in prepared.batch (tokens and drafts, prompt-scoring rows,
+  // sample rows) with the sampled sequences' rows.
+  absl::Status BuildBatch(const loom::v1::StepPlan& plan, Prepared& prepared);
+  // Appends entry `e`'s tokens to prepared.batch, then its drafts with a sample row for the
+  // last computed token and each draft.
+  absl::Status AppendEntry(size_t e, Prepared& prepared) const;
   // The drafts of each scheduled entry that speculates, from the draft model or by
   // prompt lookup, into prepared.proposals.
   absl::Status Propose(Prepared& prepared);

@@ -18,7 +18,7 @@ MAX_FUNCTION_LINES = 150
 # Issue 33's splits still to make: the list may only shrink (a listed file or function back
 # under its limit is reported, to be taken off).
 KNOWN_LONG_FILES: set = set()
-KNOWN_LONG_FUNCTIONS = {"worker/step_executor.cc StepExecutor::Prepare"}
+KNOWN_LONG_FUNCTIONS: set = set()
 
 _LITERAL_OR_COMMENT = re.compile(
     r'//[^\n]*|/\*.*?\*/|R"([^(]*)\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
