@@ -1,12 +1,14 @@
 #include "common/formats/hf_config.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/formats/architecture.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -14,14 +16,6 @@ namespace loom::common {
 namespace {
 
 using nlohmann::json;
-
-// HF architecture name -> GGUF architecture. Mistral's layout is llama's.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kArchitectures = {{
-    {"LlamaForCausalLM", "llama"},
-    {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},
-    {"Qwen3ForCausalLM", "qwen3"},
-}};
 
 // Reads fields of the config object with type checks; an absent or null field leaves
 // the default.
@@ -163,16 +157,8 @@ absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
-                                            GgufMetadataBuilder& metadata) {
-  const json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded() || !config.is_object()) {
-    return absl::InvalidArgumentError("config.json: not a JSON object");
-  }
-  const Fields fields(config);
-  HfConfigInfo info;
+// config.json's one `architectures` entry, as the rules of the architecture it names.
+absl::StatusOr<const ArchitectureRules*> ReadArchitecture(const json& config) {
   auto architectures = config.find("architectures");
   if (architectures == config.end() || !architectures->is_array() || architectures->size() != 1 ||
       !(*architectures)[0].is_string()) {
@@ -180,18 +166,16 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
         "config.json: 'architectures' must list exactly one architecture name");
   }
   const std::string hf_arch = (*architectures)[0].get<std::string>();
-  for (const auto& [hf, gguf] : kArchitectures) {
-    if (hf == hf_arch) info.architecture = std::string(gguf);
-  }
-  if (info.architecture.empty()) {
-    std::vector<std::string> known;
-    for (const auto& entry : kArchitectures) known.emplace_back(entry.first);
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: architecture '", hf_arch,
-                     "' is not supported (supported: ", absl::StrJoin(known, ", "), ")"));
-  }
-  const std::string& arch = info.architecture;
+  if (const ArchitectureRules* rules = FindHfArchitecture(hf_arch)) return rules;
+  std::vector<std::string> known;
+  for (const ArchitectureRules& rules : Architectures()) known.emplace_back(rules.hf_class_name);
+  return absl::UnimplementedError(
+      absl::StrCat("config.json: architecture '", hf_arch,
+                   "' is not supported (supported: ", absl::StrJoin(known, ", "), ")"));
+}
 
+// Rejects what the graph does not run: another activation, MLP biases, sliding windows.
+absl::Status CheckSupportedFeatures(const Fields& fields) {
   LOOM_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
   if (activation != "silu") {
     return absl::UnimplementedError(
@@ -205,19 +189,21 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
         "config.json: use_sliding_window true is not supported (Loom attends to the whole "
         "context)");
   }
+  return absl::OkStatus();
+}
 
-  metadata.String("general.architecture", arch);
-  LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
-  if (!name.empty()) metadata.String("general.name", name);
-
+// The shapes, norm epsilon, RoPE base and scaling as `<arch>.*` keys.
+absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
+                                   const ArchitectureRules& rules, GgufMetadataBuilder& metadata) {
+  const std::string arch(rules.gguf_name);
   LOOM_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size", std::nullopt));
   LOOM_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads", std::nullopt));
   LOOM_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
   LOOM_ASSIGN_OR_RETURN(int64_t context, fields.Int("max_position_embeddings", std::nullopt));
   const int64_t max_position_embeddings = context;
-  // Mistral v0.1 attends to a 4096-token window: serve it only that far, where full
-  // attention gives the same result.
-  if (arch == "mistral" && fields.Has("sliding_window")) {
+  // Serve a sliding-window model only as far as its window, where full attention gives the
+  // same result.
+  if (rules.sliding_window_caps_context && fields.Has("sliding_window")) {
     LOOM_ASSIGN_OR_RETURN(int64_t window, fields.Int("sliding_window", 0));
     if (window > 0) context = std::min(context, window);
   }
@@ -245,6 +231,26 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   if (auto scaling = config.find("rope_scaling"); scaling != config.end()) {
     LOOM_RETURN_IF_ERROR(RopeScalingToGguf(*scaling, arch, max_position_embeddings, metadata));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
+                                            GgufMetadataBuilder& metadata) {
+  const json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError("config.json: not a JSON object");
+  }
+  const Fields fields(config);
+  LOOM_ASSIGN_OR_RETURN(const ArchitectureRules* rules, ReadArchitecture(config));
+  LOOM_RETURN_IF_ERROR(CheckSupportedFeatures(fields));
+  HfConfigInfo info;
+  info.architecture = std::string(rules->gguf_name);
+  metadata.String("general.architecture", info.architecture);
+  LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
+  if (!name.empty()) metadata.String("general.name", name);
+  LOOM_RETURN_IF_ERROR(HyperParametersToGguf(config, fields, *rules, metadata));
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2).

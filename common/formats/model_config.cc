@@ -1,7 +1,6 @@
 #include "common/formats/model_config.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <string_view>
 #include <vector>
@@ -9,28 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/formats/architecture.h"
 #include "common/status_macros.h"
 
 namespace loom::common {
 namespace {
-
-// Architectures whose GGUF layout is llama's (same tensor names and hyper-parameters).
-// The architectures the graph runs and what each says about the model that its GGUF keys do
-// not: the rules live here, not as name comparisons elsewhere. Q/K/V biases and QK-norm are
-// read from the file's tensors (ReadLayout).
-struct ArchitectureRules {
-  absl::string_view name;  // general.architecture
-  bool rope_neox;          // NeoX RoPE (rotate halves) rather than llama's interleaved pairs
-};
-constexpr std::array<ArchitectureRules, 4> kArchitectures = {
-    {{"llama", false}, {"mistral", false}, {"qwen2", true}, {"qwen3", true}}};
-
-const ArchitectureRules* FindArchitecture(absl::string_view name) {
-  for (const ArchitectureRules& rules : kArchitectures) {
-    if (rules.name == name) return &rules;
-  }
-  return nullptr;
-}
 
 // Sanity bounds: far above any real model, low enough that sizes derived from them
 // (hidden * heads, context * layers, ...) cannot overflow int64.
@@ -132,7 +114,7 @@ absl::StatusOr<RopeScalingType> ParseRopeScaling(absl::string_view type) {
 
 namespace {
 
-// general.architecture (one of kArchitectures) and general.name.
+// general.architecture (one of Architectures()) and general.name.
 absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
   if (gguf.Find("general.architecture") == nullptr) {
     return absl::InvalidArgumentError(
@@ -140,9 +122,9 @@ absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
   }
   LOOM_ASSIGN_OR_RETURN(std::string_view architecture, gguf.GetString("general.architecture"));
   config.architecture = std::string(architecture);
-  if (FindArchitecture(AbslView(architecture)) == nullptr) {
-    std::vector<absl::string_view> names;
-    for (const ArchitectureRules& rules : kArchitectures) names.push_back(rules.name);
+  if (FindArchitecture(architecture) == nullptr) {
+    std::vector<std::string> names;
+    for (const ArchitectureRules& rules : Architectures()) names.emplace_back(rules.gguf_name);
     return absl::InvalidArgumentError(
         absl::StrCat("model config: unsupported architecture '", AbslView(architecture),
                      "' (supported: ", absl::StrJoin(names, ", "), ")"));
@@ -222,7 +204,7 @@ absl::Status ReadRope(const ConfigReader& reader, const GgufFile& gguf, ModelCon
                                                    "' ", config.rope_dim, " is odd"));
   }
 
-  config.rope_neox = FindArchitecture(config.architecture)->rope_neox;
+  config.rope_neox = FindArchitecture(config.architecture)->gguf_rope_neox;
   if (gguf.Find("loom.rope.neox") != nullptr) {
     LOOM_ASSIGN_OR_RETURN(config.rope_neox, gguf.GetBool("loom.rope.neox"));
   }

@@ -45,8 +45,9 @@ struct ModelConfig {
   bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
   bool attention_bias = false;   // blk.0.attn_q.bias present (qwen2)
   // RoPE rotates (i, i + rope_dim/2) (NeoX, HF's rotate_half) rather than (2i, 2i+1):
-  // every architecture but GGUF llama/mistral, whose converter permutes q/k rows; a model
-  // read from a Hugging Face directory says so with `loom.rope.neox`.
+  // the architecture's ArchitectureRules::gguf_rope_neox (false for GGUF llama/mistral,
+  // whose converter permutes q/k rows); a model read from a Hugging Face directory says so
+  // with `loom.rope.neox`.
   bool rope_neox = false;
   bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
   // The model's own defaults for requests that leave a sampling field unset

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <string_view>
+
+#include "absl/types/span.h"
+
+namespace loom::common {
+
+/// What Loom knows about one model architecture that neither its GGUF keys nor its
+/// `config.json` fields say. Every per-architecture rule lives in this table rather than as
+/// name comparisons where it is used; what a file does say (Q/K/V biases, QK-norm, a
+/// separate LM head) is read from its tensors instead.
+struct ArchitectureRules {
+  std::string_view gguf_name;      // general.architecture, the `<arch>.` key prefix
+  std::string_view hf_class_name;  // config.json's `architectures[0]`
+  // GGUF files of this architecture rotate (i, i + rope_dim/2) (NeoX, HF's rotate_half)
+  // rather than (2i, 2i+1): false where the GGUF converter permutes the q/k rows
+  // (llama, mistral). Hugging Face checkpoints are always rotate-half.
+  bool gguf_rope_neox;
+  // config.json's `sliding_window` bounds the served context: within the window full
+  // attention gives the sliding-window result (Mistral v0.1's 4096 tokens).
+  bool sliding_window_caps_context;
+};
+
+/// Every architecture Loom serves, in the order error messages list them.
+absl::Span<const ArchitectureRules> Architectures();
+
+/// The rules for GGUF architecture `gguf_name`; nullptr for one Loom does not serve.
+const ArchitectureRules* FindArchitecture(std::string_view gguf_name);
+
+/// The rules for Hugging Face model class `hf_class_name` (e.g. "Qwen2ForCausalLM");
+/// nullptr for one Loom does not serve.
+const ArchitectureRules* FindHfArchitecture(std::string_view hf_class_name);
+
+}  // namespace loom::common

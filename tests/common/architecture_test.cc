@@ -1,0 +1,42 @@
+#include "common/formats/architecture.h"
+
+#include <set>
+#include <string_view>
+
+#include "gtest/gtest.h"
+
+namespace loom::common {
+namespace {
+
+TEST(ArchitectureTest, EveryArchitectureIsFoundByBothOfItsNames) {
+  ASSERT_FALSE(Architectures().empty());
+  std::set<std::string_view> gguf_names;
+  std::set<std::string_view> hf_names;
+  for (const ArchitectureRules& rules : Architectures()) {
+    EXPECT_TRUE(gguf_names.insert(rules.gguf_name).second) << rules.gguf_name;
+    EXPECT_TRUE(hf_names.insert(rules.hf_class_name).second) << rules.hf_class_name;
+    EXPECT_EQ(FindArchitecture(rules.gguf_name), &rules);
+    EXPECT_EQ(FindHfArchitecture(rules.hf_class_name), &rules);
+  }
+}
+
+TEST(ArchitectureTest, UnknownNamesAndTheOtherNamespaceAreNotFound) {
+  EXPECT_EQ(FindArchitecture("gemma3"), nullptr);
+  EXPECT_EQ(FindArchitecture("LlamaForCausalLM"), nullptr);  // an HF name is not a GGUF one
+  EXPECT_EQ(FindHfArchitecture("llama"), nullptr);
+  EXPECT_EQ(FindHfArchitecture(""), nullptr);
+}
+
+TEST(ArchitectureTest, RopeLayoutFollowsTheGgufConverter) {
+  // llama.cpp's converter permutes llama's and mistral's q/k rows to interleaved pairs and
+  // leaves qwen's in rotate-half order.
+  EXPECT_FALSE(FindArchitecture("llama")->gguf_rope_neox);
+  EXPECT_FALSE(FindArchitecture("mistral")->gguf_rope_neox);
+  EXPECT_TRUE(FindArchitecture("qwen2")->gguf_rope_neox);
+  EXPECT_TRUE(FindArchitecture("qwen3")->gguf_rope_neox);
+  EXPECT_TRUE(FindArchitecture("mistral")->sliding_window_caps_context);
+  EXPECT_FALSE(FindArchitecture("qwen2")->sliding_window_caps_context);
+}
+
+}  // namespace
+}  // namespace loom::common
