@@ -17,7 +17,9 @@
 namespace loom::api {
 namespace {
 
-using nlohmann::json;
+// One parse of the body, in the client's field order (the chat template sees every
+// message's fields in that order).
+using json = nlohmann::ordered_json;
 
 constexpr int kMaxStopStrings = 4;  // OpenAI's limit
 constexpr int kMaxN = 128;          // OpenAI's limit for `n`
@@ -336,11 +338,8 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
   if (chat_template == nullptr) {
     return InvalidOpenAiParam("messages", "this model has no chat template; use /v1/completions");
   }
-  // Ordered: every field of every message reaches the template in the client's order.
-  const nlohmann::ordered_json ordered_messages =
-      nlohmann::ordered_json::parse(messages->dump(), nullptr, /*allow_exceptions=*/false);
   LOOM_ASSIGN_OR_RETURN(std::string rendered,
-                        RenderChatPrompt(ordered_messages, out.tools, tokenizer, *chat_template));
+                        RenderChatPrompt(*messages, out.tools, tokenizer, *chat_template));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   loom::v1::GenerateRequest request = base;
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
@@ -358,12 +357,10 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
 
 // The tool fields; `required` and a named function constrain the reply to a valid call
 // through the grammar engine.
-absl::Status ParseTools(const std::string& body, const common::ChatTemplate* chat_template,
+absl::Status ParseTools(const json& body, const common::ChatTemplate* chat_template,
                         loom::v1::GenerateRequest& base, OpenAiRequest& out) {
-  const nlohmann::ordered_json ordered =
-      nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   LOOM_ASSIGN_OR_RETURN(out.tools,
-                        ParseToolsRequest(ordered, chat_template != nullptr ? chat_template->source() : ""));
+                        ParseToolsRequest(body, chat_template != nullptr ? chat_template->source() : ""));
   if (out.tools.legacy && out.stream && out.tools.active()) {
     return InvalidOpenAiParam("functions",
                               "the legacy 'functions' cannot be streamed; use 'tools'");
@@ -390,7 +387,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
                                                  const common::ChatTemplate* chat_template) {
   // Invalid UTF-8 in strings, trailing garbage and nesting beyond the parser's limits
   // are all parse errors.
-  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return InvalidOpenAiParam("", "the request body is not valid JSON");
   if (!parsed.is_object()) return InvalidOpenAiParam("", "the request body must be a JSON object");
   OpenAiRequest out;
@@ -399,9 +396,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   LOOM_RETURN_IF_ERROR(RefuseUnimplemented(parsed, endpoint));
   LOOM_RETURN_IF_ERROR(ParseCommon(parsed, base, out));
   LOOM_RETURN_IF_ERROR(ParseLogitBias(parsed, tokenizer.vocab_size(), *base.mutable_sampling()));
-  LOOM_RETURN_IF_ERROR(ParseStructuredOutput(body, *base.mutable_sampling()));
+  LOOM_RETURN_IF_ERROR(ParseStructuredOutput(parsed, *base.mutable_sampling()));
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
-    LOOM_RETURN_IF_ERROR(ParseTools(body, chat_template, base, out));
+    LOOM_RETURN_IF_ERROR(ParseTools(parsed, chat_template, base, out));
   }
   if (endpoint == OpenAiEndpoint::kCompletions) {
     LOOM_RETURN_IF_ERROR(ParseCompletionPrompt(parsed, base, tokenizer, out));

@@ -103,9 +103,7 @@ absl::Status ResponseFormat(const Json& format, std::vector<Constraint>& out) {
 
 }  // namespace
 
-absl::Status ParseStructuredOutput(const std::string& body, loom::v1::SamplingParams& sampling) {
-  const Json parsed = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object()) return absl::OkStatus();  // reported elsewhere
+absl::Status ParseStructuredOutput(const Json& parsed, loom::v1::SamplingParams& sampling) {
   std::vector<Constraint> found;
   if (const Json* format = Field(parsed, "response_format")) {
     if (absl::Status s = ResponseFormat(*format, found); !s.ok()) return s;

@@ -1,8 +1,7 @@
 #pragma once
 
-#include <string>
-
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 #include "loom/v1/worker.pb.h"
 
 namespace loom::api {
@@ -14,7 +13,9 @@ namespace loom::api {
 /// `regex`, `choice`, `grammar`, `json_object`). The grammar is compiled here (cached),
 /// so InvalidArgument with the OpenAI error param names the field for a malformed value,
 /// for more than one constraint, and for a construct the engine cannot compile.
-/// `body` is the raw request (re-read with the schema's key order kept). Thread-safe.
-absl::Status ParseStructuredOutput(const std::string& body, loom::v1::SamplingParams& sampling);
+/// `body` is the request object, parsed once with its key order kept (a schema's property
+/// order is the order the grammar generates). Thread-safe.
+absl::Status ParseStructuredOutput(const nlohmann::ordered_json& body,
+                                   loom::v1::SamplingParams& sampling);
 
 }  // namespace loom::api
