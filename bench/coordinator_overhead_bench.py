@@ -1,4 +1,4 @@
-"""Coordinator overhead: `loom serve` driving one `loom-worker --backend noop` (tokens come back
+"""Coordinator overhead: `loom serve` driving one `loom-worker --step-backend noop` (tokens come back
 at once), so step time is scheduler + plan building + the step RPC + applying results. Holds 1, 64
 and 256 running sequences (short prompts, ignore_eos, max_tokens near the context) and measures,
 from GetClusterState deltas over a window (never client-side):
@@ -171,7 +171,7 @@ def run_config(plans_in_flight: int, args, log_dir: pathlib.Path) -> list[dict]:
     flags = {"max_plans_in_flight": plans_in_flight, "max_num_seqs": max(sizes),
              "max_num_batched_tokens": max(512, max(sizes)), "max_waiting": 4 * max(sizes),
              "stream_interval_ms": args.stream_interval_ms}  # None: the server's default
-    workers = {"replica-noop": {"backend": "noop", "threads": 1, "kv_cache_memory": args.kv_cache_memory}}
+    workers = {"replica-noop": {"step_backend": "noop", "threads": 1, "kv_cache_memory": args.kv_cache_memory}}
     rows = []
     with h.running_cluster(log_dir / f"plans{plans_in_flight}", workers, print_logs=False, **flags) as rig:
         reported = rig.coordinator.replicas()["replica-noop"]
@@ -260,7 +260,7 @@ def main():
         else str(h.MODEL_PATH),
         "settings": {"window_s": args.window_s, "repeats": args.repeats, "client_read": args.client_read,
                      "client_window_bytes": args.client_window_bytes if args.client_read == "first" else 0,
-                     "max_tokens": args.max_tokens, "worker": "loom-worker --backend noop --threads 1",
+                     "max_tokens": args.max_tokens, "worker": "loom-worker --step-backend noop --threads 1",
                      "stream_interval_ms": args.stream_interval_ms if args.stream_interval_ms is not None
                      else "default"},
         "targets": {"ms_per_step_at_256": TARGET_MS_PER_STEP_AT_256,

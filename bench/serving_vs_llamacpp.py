@@ -2,7 +2,7 @@
 """Serving on the CPU: Loom (`loom up`, one worker) against llama.cpp's own server
 (`llama-server -np 32`) on the same GGUF with the same threads, driven by the same client.
 
-The client (--client, default loom-bench) is `loom bench --backend openai`, Loom's load
+The client (--client, default loom-bench) is `loom bench --api openai`, Loom's load
 generator (C++) on the OpenAI-compatible /v1/completions endpoint of either server:
 streaming, include_usage, temperature 0, ignore_eos, max_tokens 128, prompts of exactly
 --prompt-tokens random token ids (the same ids for both servers; distinct per request, so
@@ -165,12 +165,12 @@ async def python_level(base_url: str, model: str, clients: int, requests: int, a
 
 
 def loom_bench_level(server, clients: int, requests: int, args, seed: int) -> dict:
-    """One level driven by `loom bench --backend openai` on the server's /v1/completions."""
+    """One level driven by `loom bench --api openai` on the server's /v1/completions."""
     import subprocess
     vocab = ["--vocab-size", str(server.vocab_size)] if server.vocab_size else []
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         done = subprocess.run(
-            [str(h.LOOM_BIN), "bench", "--backend", "openai", "--base-url", server.base_url,
+            [str(h.LOOM_BIN), "bench", "--api", "openai", "--base-url", server.base_url,
              "--model", server.model, *vocab, "--concurrency", str(clients),
              "--num-requests", str(requests), "--input-len", str(args.prompt_tokens),
              "--output-len", str(args.max_tokens), "--warmup", "0", "--seed", str(seed),
@@ -439,7 +439,7 @@ def main():
                         else {"prompt_words": args.prompt_words}),
                      "temperature": 0, "ignore_eos": True,
                      "stream": True, "requests_per_level": args.requests_per_level or "max(2 x clients, 8)",
-                     "client": ("loom bench --backend openai (C++), /v1/completions, token-id prompts"
+                     "client": ("loom bench --api openai (C++), /v1/completions, token-id prompts"
                                 if args.client == "loom-bench" else
                                 "openai Python client (AsyncOpenAI), /v1/completions, one per server"),
                      "engines": {e: ENGINES[e](args, log_dir).command() for e in engines},

@@ -1,5 +1,5 @@
 """Admission under overload, soaked: `loom serve` with one `loom-worker` (the no-op backend by
-default, so the coordinator's control flow is what is measured; --backend cpu for the model).
+default, so the coordinator's control flow is what is measured; --step-backend model for the model).
 
 1. The sustainable rate, measured first in the same run: --max-num-seqs clients in a closed loop
    (each sends its next request when the last ends) for --calibration-s; completions per second.
@@ -19,7 +19,7 @@ Prints each figure next to its limit as a ratio:
 Writes bench/results/soak.json (exit status 1 when a limit is missed).
 
 usage: .venv/bin/python bench/soak_bench.py [--duration-s 600] [--calibration-s 60]
-       [--backend noop|cpu] [--max-tokens 2000] [--max-num-seqs 4] [--max-waiting 8] [--seed 1]
+       [--step-backend noop|model] [--max-tokens 2000] [--max-num-seqs 4] [--max-waiting 8] [--seed 1]
        [--http-threads 32]
 """
 import argparse
@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=600)
     parser.add_argument("--calibration-s", type=float, default=60)
-    parser.add_argument("--backend", choices=("noop", "cpu"), default="noop")
+    parser.add_argument("--step-backend", choices=("noop", "model"), default="noop")
     parser.add_argument("--max-tokens", type=int, default=2000)
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--max-waiting", type=int, default=8)
@@ -71,9 +71,9 @@ def main() -> int:
         print(missing, file=sys.stderr)
         return 1
     log_dir = pathlib.Path(tempfile.mkdtemp(prefix="loom-soak-"))
-    worker = {"backend": args.backend, "threads": 1 if args.backend == "noop" else 2,
-              "kv_cache_memory": "4GiB" if args.backend == "noop" else None}
-    print(f"soak: {args.backend} worker, {args.duration_s:.0f} s at twice the sustainable rate; "
+    worker = {"step_backend": args.step_backend, "threads": 1 if args.step_backend == "noop" else 2,
+              "kv_cache_memory": "4GiB" if args.step_backend == "noop" else None}
+    print(f"soak: {args.step_backend} worker, {args.duration_s:.0f} s at twice the sustainable rate; "
           f"logs in {log_dir}", flush=True)
     with h.running_cluster(log_dir, {"replica-a": worker}, print_logs=False,
                            max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
@@ -133,7 +133,7 @@ def main() -> int:
         "benchmark": "soak",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "provenance": provenance(),
-        "config": {"backend": args.backend, "max_tokens": args.max_tokens, "max_num_seqs": args.max_num_seqs,
+        "config": {"step_backend": args.step_backend, "max_tokens": args.max_tokens, "max_num_seqs": args.max_num_seqs,
                    "max_waiting": args.max_waiting, "http_threads": args.http_threads, "duration_s": args.duration_s,
                    "calibration_s": args.calibration_s, "seed": args.seed,
                    "http_fraction": 0.25, "cancel_fraction": 0.1, "disconnect_fraction": 0.1},

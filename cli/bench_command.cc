@@ -19,8 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "cli/bench_backend.h"
-#include "cli/bench_openai_backend.h"
+#include "cli/bench_client.h"
+#include "cli/bench_openai_client.h"
 #include "cli/command_line.h"
 #include "cli/bench_report.h"
 #include "cli/bench_workload.h"
@@ -33,7 +33,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
-  std::string backend = "grpc";  // grpc | openai
+  std::string api = "grpc";  // grpc | openai
   std::string address = "127.0.0.1:50051";
   std::string base_url = "http://127.0.0.1:8000";
   std::string model;          // openai: the model to request (default: the first listed)
@@ -50,9 +50,9 @@ struct BenchOptions {
 };
 
 // The gRPC API: one Generate call per request, token ids streamed back.
-class GrpcBenchBackend final : public BenchBackend {
+class GrpcBenchClient final : public BenchClient {
  public:
-  explicit GrpcBenchBackend(std::unique_ptr<loom::v1::Inference::Stub> stub)
+  explicit GrpcBenchClient(std::unique_ptr<loom::v1::Inference::Stub> stub)
       : stub_(std::move(stub)) {}
 
   bool ReturnsTokenIds() const override { return true; }
@@ -110,14 +110,14 @@ class GrpcBenchBackend final : public BenchBackend {
 };
 
 // Runs a session's turns in order; appends one sample per turn.
-void RunSession(BenchBackend& backend, const BenchSession& session, double timeout_s,
+void RunSession(BenchClient& client, const BenchSession& session, double timeout_s,
                 std::mutex& mu, std::vector<RequestSample>& samples) {
   std::vector<int32_t> conversation = session.prefix;
   for (const BenchTurn& turn : session.turns) {
     conversation.insert(conversation.end(), turn.new_tokens.begin(), turn.new_tokens.end());
     RequestSample sample;
     const std::vector<int32_t> reply =
-        backend.Run(conversation, turn.max_tokens, timeout_s, sample);
+        client.Run(conversation, turn.max_tokens, timeout_s, sample);
     conversation.insert(conversation.end(), reply.begin(), reply.end());
     const bool ok = sample.ok;
     {
@@ -173,7 +173,7 @@ int64_t CountTurns(const std::vector<BenchSession>& sessions) {
 
 // One load level: `concurrency` clients, or Poisson arrivals at `rate` (with at most
 // max_concurrency sessions in flight).
-nlohmann::json RunLevel(BenchBackend& backend, const std::vector<BenchSession>& sessions,
+nlohmann::json RunLevel(BenchClient& client, const std::vector<BenchSession>& sessions,
                         const BenchOptions& options, bool rate_mode, double level) {
   std::mutex mu;
   std::vector<RequestSample> samples;
@@ -181,7 +181,7 @@ nlohmann::json RunLevel(BenchBackend& backend, const std::vector<BenchSession>& 
                               : absl::StrFormat("concurrency %g", level),
                     CountTurns(sessions));
   auto run = [&](const BenchSession& session) {
-    RunSession(backend, session, options.timeout_s, mu, samples);
+    RunSession(client, session, options.timeout_s, mu, samples);
     progress.done.fetch_add(static_cast<int64_t>(session.turns.size()));
   };
   const auto start = Clock::now();
@@ -257,10 +257,19 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options)
   CLI::App& app = command_line.app();
   WorkloadOptions& w = options.workload;
   constexpr int64_t kMax = int64_t{1} << 30;
-  cli::AddString(app, "--backend", options.backend,
+  cli::AddString(app, "--api", options.api,
                  "the API to drive: grpc (Loom's) or openai (POST /v1/completions, streaming, on "
                  "Loom or any OpenAI-compatible server)",
                  {"grpc", "openai"});
+  app.add_option_function<std::string>(
+         "--backend",
+         [&options](const std::string& value) {
+           options.api = value;
+           std::fprintf(stderr, "loom bench: --backend is deprecated: use --api %s\n",
+                        value.c_str());
+         },
+         "deprecated name of --api")
+      ->check(CLI::IsMember({"grpc", "openai"}));
   cli::AddString(app, "--address", options.address, "grpc: the coordinator's gRPC endpoint")
       ->check(cli::HostPort());
   cli::AddString(app, "--base-url", options.base_url,
@@ -319,10 +328,10 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options)
   if (options.concurrencies.empty() && options.request_rates.empty()) {
     options.concurrencies = {1};
   }
-  if (options.backend == "openai" && w.dataset == "multi-turn") {
+  if (options.api == "openai" && w.dataset == "multi-turn") {
     return command_line.Fail(
         "--dataset multi-turn appends each reply's token ids to the next prompt, which only "
-        "--backend grpc streams back");
+        "--api grpc streams back");
   }
   return std::nullopt;
 }
@@ -353,12 +362,12 @@ int RunBenchCommand(int argc, char** argv) {
   BenchOptions parsed;
   if (std::optional<int> exit_code = ParseBenchFlags(argc, argv, parsed)) return *exit_code;
   BenchOptions* options = &parsed;
-  // The served model's name and vocabulary, and the backend that drives it.
-  std::unique_ptr<BenchBackend> backend;
+  // The served model's name and vocabulary, and the client that drives it.
+  std::unique_ptr<BenchClient> client;
   std::string model_id;
   std::string target;
   int64_t vocab_size = 0;
-  if (options->backend == "grpc") {
+  if (options->api == "grpc") {
     grpc::ChannelArguments arguments;
     arguments.SetMaxReceiveMessageSize(64 << 20);
     auto channel = grpc::CreateCustomChannel(options->address,
@@ -376,7 +385,7 @@ int RunBenchCommand(int argc, char** argv) {
     model_id = models.models(0).id();
     vocab_size = models.models(0).info().vocab_size();
     target = options->address;
-    backend = std::make_unique<GrpcBenchBackend>(std::move(stub));
+    client = std::make_unique<GrpcBenchClient>(std::move(stub));
   } else {
     absl::StatusOr<OpenAiServedModel> served =
         FetchOpenAiModel(options->base_url, options->api_key, /*timeout_s=*/10);
@@ -395,7 +404,7 @@ int RunBenchCommand(int argc, char** argv) {
       return 2;
     }
     target = options->base_url;
-    backend = MakeOpenAiBenchBackend(options->base_url, model_id, options->api_key);
+    client = MakeOpenAiBenchClient(options->base_url, model_id, options->api_key);
   }
   // Random prompt tokens above the byte and special tokens of common vocabularies.
   const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(vocab_size, INT32_MAX));
@@ -413,13 +422,13 @@ int RunBenchCommand(int argc, char** argv) {
     warm.output_len = std::min<int64_t>(warm.output_len, 8);
     auto warm_sessions = MakeWorkload(warm, vocab, std::min<int32_t>(256, vocab - 1));
     BenchOptions quiet = *options;
-    if (warm_sessions.ok()) RunLevel(*backend, *warm_sessions, quiet, false, 1);
+    if (warm_sessions.ok()) RunLevel(*client, *warm_sessions, quiet, false, 1);
   }
   const bool rate_mode = !options->request_rates.empty();
   const std::vector<double>& levels = rate_mode ? options->request_rates : options->concurrencies;
   nlohmann::json runs = nlohmann::json::array();
   std::printf("loom bench: %s on %s (%s), dataset %s, %lld turns per level\n", model_id.c_str(),
-              target.c_str(), options->backend.c_str(), options->workload.dataset.c_str(),
+              target.c_str(), options->api.c_str(), options->workload.dataset.c_str(),
               static_cast<long long>(CountTurns(*sessions)));
   for (size_t l = 0; l < levels.size(); ++l) {
     // Fresh prompts per level: a level must not find the previous level's prompts in the
@@ -431,7 +440,7 @@ int RunBenchCommand(int argc, char** argv) {
       if (!sessions.ok()) return 2;
     }
     const double level = levels[l];
-    runs.push_back(RunLevel(*backend, *sessions, *options, rate_mode, level));
+    runs.push_back(RunLevel(*client, *sessions, *options, rate_mode, level));
     PrintLevel(runs.back(), runs.front());
     std::fflush(stdout);
   }
@@ -440,7 +449,7 @@ int RunBenchCommand(int argc, char** argv) {
     nlohmann::json report = {
         {"benchmark", "serving"},
         {"model", model_id},
-        {"backend", options->backend},
+        {"api", options->api},
         {"address", target},
         {"workload",
          {{"dataset", w.dataset}, {"num_requests", w.num_requests}, {"input_len", w.input_len},

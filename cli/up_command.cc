@@ -147,7 +147,7 @@ namespace {
 bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
   absl::StatusOr<std::string> device = worker::ResolveDevice(
       options.worker.device, options.worker.kv_dtype, options.workers, cuda_device_count);
-  return options.worker.backend == "cpu" && device.ok() && *device == "cuda";
+  return options.worker.step_backend == "model" && device.ok() && *device == "cuda";
 }
 
 }  // namespace

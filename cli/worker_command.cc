@@ -79,9 +79,9 @@ sigset_t ShutdownSignals() {
 // thread count.
 absl::Status CheckCommandLine(WorkerOptions& options) {
   LOOM_RETURN_IF_ERROR(CheckWorkerOptions(options));
-  if (options.world_size > 1 && options.backend != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--world-size %d needs --backend cpu", options.world_size));
+  if (options.world_size > 1 && options.step_backend != "model") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--world-size %d needs --step-backend model", options.world_size));
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
     return absl::InvalidArgumentError(
@@ -105,7 +105,7 @@ struct Placement {
 // devices. InvalidArgument for flags the placement cannot take.
 absl::StatusOr<Placement> PlaceWorker(const WorkerOptions& options) {
   Placement placement;
-  if (options.backend == "cpu") {
+  if (options.step_backend == "model") {
     LOOM_ASSIGN_OR_RETURN(placement.device,
                           ResolveDevice(options.device, options.kv_dtype, options.world_size,
                                         kernels::CudaDeviceCount()));
@@ -114,18 +114,19 @@ absl::StatusOr<Placement> PlaceWorker(const WorkerOptions& options) {
     LOOM_ASSIGN_OR_RETURN(placement.gpu_index, ResolveGpuIndex(options.gpu_index, options.rank,
                                                                kernels::CudaDeviceCount()));
   }
-  if (options.gpu_memory_utilization.has_value() && !placement.cuda() && options.backend == "cpu") {
+  if (options.gpu_memory_utilization.has_value() && !placement.cuda() &&
+      options.step_backend == "model") {
     return absl::InvalidArgumentError(
         "--gpu-memory-utilization sizes a CUDA device's memory; this worker runs on the cpu "
         "(use --kv-cache-memory or --kv-cache-fraction)");
   }
   // The draft runs on the CPU model runner beside one whole copy of the target.
   if (!options.draft_model_path.empty() &&
-      (options.backend != "cpu" || placement.device != "cpu" || options.world_size > 1)) {
+      (options.step_backend != "model" || placement.device != "cpu" || options.world_size > 1)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--draft-model needs the CPU model runner on one rank (--backend cpu --device cpu "
-        "--world-size 1), got --backend %s on %s with --world-size %d",
-        options.backend, placement.device, options.world_size));
+        "--draft-model needs the CPU model runner on one rank (--step-backend model --device "
+        "cpu --world-size 1), got --step-backend %s on %s with --world-size %d",
+        options.step_backend, placement.device, options.world_size));
   }
   return placement;
 }
@@ -236,7 +237,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     int64_t num_blocks, model::Communicator* communicator,
     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
   StepBackendOptions backend_options;
-  backend_options.backend = options.backend;
+  backend_options.kind = options.step_backend;
   backend_options.device = placement.device;
   backend_options.gpu_index = placement.gpu_index;
   backend_options.num_kv_blocks = num_blocks;
@@ -256,7 +257,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   std::string load_log;
   absl::StatusOr<std::unique_ptr<StepBackend>> backend =
       CreateStepBackend(backend_options, *model.gguf, model.config, &load_log);
-  if (!backend.ok() || options.backend == "noop") return backend;
+  if (!backend.ok() || options.step_backend == "noop") return backend;
   if (placement.cuda()) {
     std::fprintf(stderr, "%s", load_log.c_str());
   } else {
@@ -286,11 +287,11 @@ void PrintBackend(const WorkerOptions& options, const Placement& placement,
                "loom-worker: backend %s, %d threads, KV pool %lld blocks x %lld tokens "
                "(%s, %.1f MiB%s)\n",
                std::string(backend.name()).c_str(),
-               options.backend == "noop" || placement.cuda() ? 0 : options.num_threads,
+               options.step_backend == "noop" || placement.cuda() ? 0 : options.num_threads,
                static_cast<long long>(num_blocks), static_cast<long long>(options.block_size),
                KvDtypeName(options.kv_dtype),
                static_cast<double>(num_blocks * pool.block.bytes) / (1 << 20),
-               options.backend == "noop" ? ", not allocated" : "");
+               options.step_backend == "noop" ? ", not allocated" : "");
 }
 
 // Draft-model speculation: the draft's pool mirrors the target's (same block ids and
@@ -457,7 +458,7 @@ int RunWorkerCommand(int argc, char** argv) {
   // step counts its start and end, plus two units per layer on the CPU runner.
   StepProgress progress;
   progress.set_units_per_step(static_cast<uint32_t>(
-      2 + (options.backend == "cpu" && !placement->cuda() ? 2 * served->config.num_layers : 0)));
+      2 + (options.step_backend == "model" && !placement->cuda() ? 2 * served->config.num_layers : 0)));
   absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
       options, *placement, *served, pool->num_blocks, communicator->get(), thread_pool, &progress);
   if (!backend.ok()) return Fail(backend.status());

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -187,17 +188,30 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
     AddInt(app, "--rendezvous-timeout-ms", options.rendezvous_timeout_ms, 1, 86400000,
            "how long the ranks wait for each other (rendezvous and collectives)");
   }
+  if (fresh("--step-backend")) {
+    AddString(app, "--step-backend", options.step_backend,
+              "what executes the coordinator's batch plans: model (the model runner on "
+              "--device) or noop (no model math: placeholder tokens, for benchmarking the "
+              "coordinator)",
+              {"model", "noop"});
+  }
   if (fresh("--noop-engine")) {
     app.add_flag_callback(
-           "--noop-engine", [&options] { options.backend = "noop"; },
-           "no model math: a no-op engine that answers with placeholder tokens, for "
-           "benchmarking the coordinator (default: off)")
+           "--noop-engine", [&options] { options.step_backend = "noop"; },
+           "short for --step-backend noop")
         ->envname("LOOM_NOOP_ENGINE");
   }
   if (fresh("--backend")) {
-    AddString(app, "--backend", options.backend,
-              "old name of --noop-engine: cpu (the model runner on --device) or noop",
-              {"cpu", "noop"});
+    // Deprecated: "backend" also names the model runner's device and the bench's API.
+    app.add_option_function<std::string>(
+           "--backend",
+           [&options](const std::string& value) {
+             options.step_backend = value == "cpu" ? "model" : value;
+             std::fprintf(stderr, "loom-worker: --backend is deprecated: use --step-backend %s\n",
+                          options.step_backend.c_str());
+           },
+           "deprecated name of --step-backend (cpu: model)")
+        ->check(CLI::IsMember({"cpu", "noop"}));
   }
   if (fresh("--device")) {
     AddString(app, "--device", options.device,

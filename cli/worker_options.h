@@ -29,7 +29,7 @@ struct WorkerOptions {
   // of one replica incarnation passes the same id, a restarted group a new one.
   std::string rendezvous_id = "0";
   int rendezvous_timeout_ms = 300000;          // --rendezvous-timeout-ms, also collectives
-  std::string backend = "cpu";                 // --noop-engine, or --backend cpu|noop
+  std::string step_backend = "model";          // --step-backend model|noop (--noop-engine)
   // --device cuda|cpu|auto: where the model runs (backend cpu); auto picks cuda when a
   // CUDA device is present and the options allow it (ResolveDevice).
   std::string device = "auto";

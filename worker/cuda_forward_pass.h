@@ -11,6 +11,7 @@
 #include "common/formats/model_config.h"
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
+#include "model/kv_cache_budget.h"
 #include "worker/forward_pass.h"
 #include "worker/step_batch.h"
 
@@ -21,7 +22,7 @@ struct CudaForwardPassOptions {
   // KV pool size in blocks; 0: kv_memory_fraction of the device memory still free once
   // the weights, activations and workspaces are allocated.
   int64_t num_kv_blocks = 0;
-  double kv_memory_fraction = 0.9;  // in (0, 1]; used when num_kv_blocks is 0
+  double kv_memory_fraction = model::kDefaultDeviceKvFraction;  // in (0, 1]; num_kv_blocks 0
   // In (0, 1] when set: used instead of kv_memory_fraction, the pool takes what is left of
   // this fraction of the device's TOTAL memory once this runner's own weights, activations
   // and workspaces are in (vLLM's --gpu-memory-utilization; what other processes on the

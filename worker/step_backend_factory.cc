@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
                                                                const common::GgufFile& gguf,
                                                                const common::ModelConfig& config,
                                                                std::string* load_log) {
-  if (options.backend == "noop") {
+  if (options.kind == "noop") {
     // It steps past the model's end-of-generation ids, so sequences run to their limit.
     absl::StatusOr<std::unique_ptr<common::Tokenizer>> tokenizer =
         common::Tokenizer::FromGguf(gguf);
@@ -33,8 +33,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     return std::make_unique<NoopBackend>(config, options.num_kv_blocks, options.block_size,
                                          std::move(end_ids));
   }
-  if (options.backend != "cpu") {
-    return absl::InvalidArgumentError("unknown backend '" + options.backend + "' (cpu or noop)");
+  if (options.kind != "model") {
+    return absl::InvalidArgumentError("unknown step backend '" + options.kind + "' (model or noop)");
   }
   if (options.device == "cuda") {
     CudaForwardPassOptions cuda_options;

@@ -12,6 +12,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
+#include "model/kv_cache_budget.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
 
@@ -21,13 +22,13 @@ namespace loom::worker {
 /// place that turns a model file and these choices into a StepBackend, for `loom-worker`
 /// and the in-process engine of `loom generate`, `loom perplexity` and the benchmarks.
 struct StepBackendOptions {
-  std::string backend = "cpu";  // "cpu" (the model runs) or "noop" (no math)
-  std::string device = "cpu";   // backend cpu: "cpu" or "cuda" (ResolveDevice's answer)
+  std::string kind = "model";  // "model" (the model runs) or "noop" (no math)
+  std::string device = "cpu";  // kind model: "cpu" or "cuda" (ResolveDevice's answer)
   // KV pool in blocks of block_size tokens. CUDA: when 0, kv_memory_fraction of the device
   // memory left after the weights.
   int64_t num_kv_blocks = 0;
   int64_t block_size = 16;
-  double kv_memory_fraction = 0.9;
+  double kv_memory_fraction = model::kDefaultDeviceKvFraction;
   // CUDA: when > 0, the KV pool takes what brings the device's use to this fraction of its
   // total memory (vLLM's --gpu-memory-utilization) instead of kv_memory_fraction.
   double gpu_memory_utilization = 0;

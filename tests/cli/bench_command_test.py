@@ -1,7 +1,7 @@
-"""`loom bench` (cli/bench_command.cc, cli/bench_openai_backend.cc) against a real `loom up`
+"""`loom bench` (cli/bench_command.cc, cli/bench_openai_client.cc) against a real `loom up`
 (the no-op backend: only the request flow and the counting matter).
 
-* --backend grpc and --backend openai (streaming POST /v1/completions with token-id prompts)
+* --api grpc and --api openai (streaming POST /v1/completions with token-id prompts)
   run the same workload to completion and count every prompt and output token; the KV pool
   is whole afterwards.
 * --api-key is sent as a bearer token: the right key works, a wrong one exits 1 with the
@@ -34,7 +34,7 @@ def serving(directory, **flags):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    up = h.Up(directory, backend="noop", threads=1, kv_cache_memory="64MiB", **flags)
+    up = h.Up(directory, step_backend="noop", threads=1, kv_cache_memory="64MiB", **flags)
     try:
         up.wait_for_line(r"loom: ready \(1 replicas\)", h.REGISTER_TIMEOUT_S)
         yield up
@@ -64,13 +64,16 @@ WORKLOAD = ["--concurrency", 3, "--num-requests", 7, "--input-len", 20, "--outpu
             "--warmup", 1]
 
 
-@pytest.mark.parametrize("backend", ["grpc", "openai"])
-def test_both_backends_count_every_token(up, tmp_path, backend):
+@pytest.mark.parametrize("backend, api_flag", [("grpc", []), ("openai", ["--api", "openai"]),
+                                               ("openai", ["--backend", "openai"])])
+def test_both_apis_count_every_token(up, tmp_path, backend, api_flag):
     target = (["--address", up.address] if backend == "grpc"
-              else ["--backend", "openai", "--base-url", up.http_url, "--vocab-size", VOCAB])
+              else [*api_flag, "--base-url", up.http_url, "--vocab-size", VOCAB])
     done, report = bench(tmp_path, *target, *WORKLOAD)
     assert done.returncode == 0, done.stderr
-    assert report["backend"] == backend
+    assert report["api"] == backend
+    # --backend is --api's deprecated name: it still works, and says so.
+    assert ("--backend is deprecated: use --api openai" in done.stderr) == ("--backend" in api_flag)
     run = report["runs"][0]
     assert (run["completed"], run["failed"], run["errors"]) == (7, 0, [])
     assert run["input_tokens"] == 7 * 20
@@ -81,11 +84,11 @@ def test_both_backends_count_every_token(up, tmp_path, backend):
 
 
 def test_openai_backend_accepts_the_v1_root_and_sends_the_api_key(up_with_key, tmp_path):
-    done, report = bench(tmp_path, "--backend", "openai", "--base-url", up_with_key.http_url + "/v1/",
+    done, report = bench(tmp_path, "--api", "openai", "--base-url", up_with_key.http_url + "/v1/",
                          "--api-key", KEY, "--vocab-size", VOCAB, *WORKLOAD)
     assert done.returncode == 0, done.stderr
     assert report["runs"][0]["completed"] == 7
-    wrong, _ = bench(tmp_path, "--backend", "openai", "--base-url", up_with_key.http_url,
+    wrong, _ = bench(tmp_path, "--api", "openai", "--base-url", up_with_key.http_url,
                      "--api-key", "sk-wrong", "--vocab-size", VOCAB, *WORKLOAD)
     assert wrong.returncode == 1
     assert "HTTP 401" in wrong.stderr, wrong.stderr
@@ -94,7 +97,7 @@ def test_openai_backend_accepts_the_v1_root_and_sends_the_api_key(up_with_key, t
 
 def test_refused_requests_are_counted_as_failed_with_the_servers_message(up, tmp_path):
     # Token ids drawn up to twice the vocabulary: the server answers 400 for most prompts.
-    done, report = bench(tmp_path, "--backend", "openai", "--base-url", up.http_url,
+    done, report = bench(tmp_path, "--api", "openai", "--base-url", up.http_url,
                          "--vocab-size", 2 * VOCAB, "--concurrency", 2, "--num-requests", 6,
                          "--input-len", 16, "--output-len", 4, "--warmup", 0)
     assert done.returncode == 0, done.stderr
@@ -107,7 +110,7 @@ def test_refused_requests_are_counted_as_failed_with_the_servers_message(up, tmp
 
 def test_openai_requests_past_the_deadline_fail_and_free_their_blocks(up, tmp_path):
     # 400 tokens take at least 400 x STEP_MS = 2 s: far past a 0.25 s deadline.
-    done, report = bench(tmp_path, "--backend", "openai", "--base-url", up.http_url,
+    done, report = bench(tmp_path, "--api", "openai", "--base-url", up.http_url,
                          "--vocab-size", VOCAB, "--concurrency", 2, "--num-requests", 2,
                          "--input-len", 16, "--output-len", 400, "--warmup", 0, "--timeout-s", 0.25)
     assert done.returncode == 0, done.stderr
@@ -118,14 +121,14 @@ def test_openai_requests_past_the_deadline_fail_and_free_their_blocks(up, tmp_pa
 
 
 def test_bad_flags_exit_2_with_a_message(up, tmp_path):
-    multi_turn, _ = bench(tmp_path, "--backend", "openai", "--base-url", up.http_url,
+    multi_turn, _ = bench(tmp_path, "--api", "openai", "--base-url", up.http_url,
                           "--vocab-size", VOCAB, "--dataset", "multi-turn")
     assert multi_turn.returncode == 2
-    assert "--backend grpc" in multi_turn.stderr
-    no_vocab, _ = bench(tmp_path, "--backend", "openai", "--base-url", up.http_url)
+    assert "--api grpc" in multi_turn.stderr
+    no_vocab, _ = bench(tmp_path, "--api", "openai", "--base-url", up.http_url)
     assert no_vocab.returncode == 2
     assert "--vocab-size" in no_vocab.stderr
-    unreachable, _ = bench(tmp_path, "--backend", "openai", "--base-url", "http://127.0.0.1:1",
+    unreachable, _ = bench(tmp_path, "--api", "openai", "--base-url", "http://127.0.0.1:1",
                            "--vocab-size", VOCAB)
     assert unreachable.returncode == 1
     assert "cannot reach" in unreachable.stderr

@@ -66,7 +66,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->listen_address, "127.0.0.1:0");
   EXPECT_EQ(options->replica_id, "replica-0");
-  EXPECT_EQ(options->backend, "cpu");
+  EXPECT_EQ(options->step_backend, "model");
   EXPECT_EQ(options->block_size, 16);
   EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{512} << 20);
   EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kF32);
@@ -85,7 +85,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
                    "0",
                    "--world-size",
                    "1",
-                   "--backend",
+                   "--step-backend",
                    "noop",
                    "--threads",
                    "3",
@@ -100,13 +100,23 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->advertise_address, "w-1.loom:9000");
   EXPECT_EQ(options->replica_id, "r7");
-  EXPECT_EQ(options->backend, "noop");
+  EXPECT_EQ(options->step_backend, "noop");
   EXPECT_EQ(options->num_threads, 3);
   EXPECT_EQ(*KvCacheBudgetBytes(*options), int64_t{1} << 30);
   EXPECT_EQ(options->block_size, 32);
   EXPECT_EQ(options->kv_dtype, kernels::cpu::KvDtype::kF32);
   EXPECT_EQ(options->activations, kernels::cpu::ActivationPrecision::kInt8);
   EXPECT_TRUE(options->draft_model_path.empty());  // n-gram lookup by default
+}
+
+TEST(WorkerOptionsTest, StepBackendHasAShortFlagAndTheOldName) {
+  EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1"})->step_backend, "model");
+  EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--noop-engine"})->step_backend, "noop");
+  // The deprecated --backend: cpu was the model runner's name whatever its device.
+  EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "cpu"})->step_backend,
+            "model");
+  EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "noop"})->step_backend,
+            "noop");
 }
 
 TEST(WorkerOptionsTest, ParsesTheDraftModel) {
@@ -132,6 +142,7 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   EXPECT_FALSE(Parse({"--model", "m"}).ok());          // no coordinator
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "nocolon"}).ok());
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "gpu"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--step-backend", "cpu"}).ok());
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--threads", "0"}).ok());
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-fraction", "1.5"}).ok());
   EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-memory", "1G",
@@ -276,7 +287,7 @@ TEST(WorkerCommandTest, DraftModelNeedsTheCpuRunnerOnOneRank) {
   // Refused before any file is opened.
   auto [code, err] = RunCommand(
       RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
-                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--backend", "noop"});
+                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--step-backend", "noop"});
   EXPECT_EQ(code, 2) << err;
   EXPECT_NE(err.find("--draft-model needs the CPU model runner"), std::string::npos) << err;
   EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;

@@ -84,13 +84,13 @@ def test_a_drained_replica_serves_again_when_its_worker_comes_back(tmp_path, bin
     """Scale-out after scale-in reuses the pod name: registering clears the drain."""
     with h.ClusterRig(tmp_path) as rig:
         coordinator = rig.coordinator
-        first = rig.add_worker("r0", backend="noop", drain_timeout_s=30)
+        first = rig.add_worker("r0", step_backend="noop", drain_timeout_s=30)
         first.signal(signal.SIGTERM)
         assert first.wait(timeout=60) == 0, first.log_tail()
         coordinator.wait_replicas(lambda r: r["r0"].draining and not r["r0"].healthy, 30, "r0 drained")
         refused = h.generate(coordinator.stub, make_request("Hello", max_tokens=2), timeout=30)
         assert refused.code == grpc.StatusCode.UNAVAILABLE, refused.describe()
-        rig.add_worker("r0", backend="noop")
+        rig.add_worker("r0", step_backend="noop")
         replicas = coordinator.wait_healthy(["r0"])
         assert not replicas["r0"].draining
         outcome = h.generate(coordinator.stub, make_request("Hello", max_tokens=2), timeout=30)

@@ -1,4 +1,4 @@
-"""Admission under overload, over real `loom serve` and `loom-worker --backend noop` processes
+"""Admission under overload, over real `loom serve` and `loom-worker --step-backend noop` processes
 (the no-op backend: the tests are about control flow, not the model's speed).
 
 * With the waiting queue full, a new request is rejected at once (gRPC RESOURCE_EXHAUSTED with a

@@ -548,7 +548,7 @@ def test_gpu_requests_tolerations_and_shared_memory(rendered):
             assert "nvidia.com/gpu" not in str(c["resources"]) and not tolerations
             assert "/dev/shm" not in mounts
             shared, _ = worker_args(c)
-            assert flag_value(shared, "--backend") == "$(LOOM_BACKEND)"
+            assert flag_value(shared, "--step-backend") == "$(LOOM_STEP_BACKEND)"
 
 
 # A rank that runs until the launcher stops it.

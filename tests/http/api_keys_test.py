@@ -58,7 +58,7 @@ def rig(tmp_path_factory):
     cert, key = make_certificate(directory)
     key_file = directory / "keys.txt"
     key_file.write_text(f"# test keys\n{FILE_KEY}\n")
-    up = h.Up(directory, backend="noop", threads=1, kv_cache_memory="64MiB", api_key=KEY,
+    up = h.Up(directory, step_backend="noop", threads=1, kv_cache_memory="64MiB", api_key=KEY,
               api_key_file=key_file, ssl_certfile=cert, ssl_keyfile=key)
     try:
         up.wait_for_line(r"loom: ready \(1 replicas\)", h.REGISTER_TIMEOUT_S)
@@ -208,7 +208,7 @@ def test_no_key_is_logged(rig):
 
 def test_environment_key_alone_turns_keys_on(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOM_API_KEY", ENV_KEY)
-    up = h.Up(tmp_path, backend="noop", threads=1, kv_cache_memory="64MiB")
+    up = h.Up(tmp_path, step_backend="noop", threads=1, kv_cache_memory="64MiB")
     try:
         up.wait_for_line(r"loom: ready \(1 replicas\)", h.REGISTER_TIMEOUT_S)
         assert up.http_url.startswith("http://")

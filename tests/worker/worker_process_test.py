@@ -270,7 +270,7 @@ def test_heartbeat_reports_step_progress_and_a_stuck_step_freezes_it(coordinator
 
 
 def test_keeps_retrying_without_a_coordinator_and_exits_zero_on_sigterm(tmp_path):
-    worker = WorkerProcess("127.0.0.1:1", tmp_path, "--backend", "noop")
+    worker = WorkerProcess("127.0.0.1:1", tmp_path, "--step-backend", "noop")
     try:
         worker.wait_listening()
         time.sleep(1.5)
@@ -287,7 +287,7 @@ def test_registers_once_the_coordinator_comes_up(tmp_path):
     probe = FakeCoordinator()
     port = probe.port
     probe.stop()
-    worker = WorkerProcess(f"127.0.0.1:{port}", tmp_path, "--backend", "noop")
+    worker = WorkerProcess(f"127.0.0.1:{port}", tmp_path, "--step-backend", "noop")
     try:
         worker.wait_listening()
         time.sleep(1.0)
@@ -312,7 +312,7 @@ def test_registration_backoff_doubles_from_100_ms_and_is_capped_at_2_s(tmp_path)
     a slower machine's per-attempt work appears on both sides."""
     backoffs = [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
     fake = FakeCoordinator(unavailable_attempts=len(backoffs))
-    worker = WorkerProcess(fake.address, tmp_path, "--backend", "noop")
+    worker = WorkerProcess(fake.address, tmp_path, "--step-backend", "noop")
     try:
         request = fake.registrations.get(timeout=TIMEOUT_S)  # the attempt after the refusals
         assert request.backend == "noop"
@@ -332,7 +332,7 @@ def test_registration_backoff_doubles_from_100_ms_and_is_capped_at_2_s(tmp_path)
 
 def test_refusal_by_the_coordinator_is_fatal(tmp_path):
     fake = FakeCoordinator(refuse="protocol version 7 is not 1")
-    worker = WorkerProcess(fake.address, tmp_path, "--backend", "noop")
+    worker = WorkerProcess(fake.address, tmp_path, "--step-backend", "noop")
     try:
         worker.wait_listening()
         code = worker.proc.wait(timeout=TIMEOUT_S)
@@ -345,10 +345,11 @@ def test_refusal_by_the_coordinator_is_fatal(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (("--world-size", "10"), "more than the model's 9 attention heads"),
-    (("--world-size", "3", "--backend", "noop"), "needs --backend cpu"),
+    (("--world-size", "3", "--step-backend", "noop"), "needs --step-backend model"),
     (("--world-size", "3", "--rank", "3"), "outside"),
     (("--kv-cache-memory", "1KiB"), "holds no block"),
     (("--backend", "tpu"), "--backend"),
+    (("--step-backend", "tpu"), "--step-backend"),
 ])
 def test_bad_command_lines_exit_2(tmp_path, flags, message):
     proc = subprocess.run(

@@ -1,4 +1,4 @@
-#include "cli/bench_openai_backend.h"
+#include "cli/bench_openai_client.h"
 
 #include <string>
 #include <string_view>

@@ -9,9 +9,9 @@ namespace loom::coordinator {
 
 /// The API `loom bench` drives: one request at a time per calling thread. Implementations
 /// are safe to call from many client threads at once.
-class BenchBackend {
+class BenchClient {
  public:
-  virtual ~BenchBackend() = default;
+  virtual ~BenchClient() = default;
 
   /// Sends one streaming request for `prompt` (token ids), `max_tokens` generated with EOS
   /// ignored, waits at most `timeout_s`, and fills `sample` (times in seconds from the send).

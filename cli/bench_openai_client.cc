@@ -1,4 +1,4 @@
-#include "cli/bench_openai_backend.h"
+#include "cli/bench_openai_client.h"
 
 #include <chrono>
 #include <optional>
@@ -80,9 +80,9 @@ std::string ErrorMessage(const std::string& body) {
   return body;
 }
 
-class OpenAiBenchBackend final : public BenchBackend {
+class OpenAiBenchClient final : public BenchClient {
  public:
-  OpenAiBenchBackend(const std::string& base_url, std::string model, std::string api_key)
+  OpenAiBenchClient(const std::string& base_url, std::string model, std::string api_key)
       : model_(std::move(model)), api_key_(std::move(api_key)) {
     std::tie(host_, prefix_) = SplitBaseUrl(base_url);
   }
@@ -222,10 +222,10 @@ absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
   return model;
 }
 
-std::unique_ptr<BenchBackend> MakeOpenAiBenchBackend(const std::string& base_url,
+std::unique_ptr<BenchClient> MakeOpenAiBenchClient(const std::string& base_url,
                                                      const std::string& model,
                                                      const std::string& api_key) {
-  return std::make_unique<OpenAiBenchBackend>(base_url, model, api_key);
+  return std::make_unique<OpenAiBenchClient>(base_url, model, api_key);
 }
 
 }  // namespace loom::coordinator

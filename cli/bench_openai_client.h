@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "cli/bench_backend.h"
+#include "cli/bench_client.h"
 
 namespace loom::coordinator {
 
@@ -25,7 +25,7 @@ class SseDataReader {
   bool has_data_ = false;
 };
 
-/// What the OpenAI backend learns from GET /v1/models.
+/// What the OpenAI client learns from GET /v1/models.
 struct OpenAiServedModel {
   std::string id;          // the first model listed
   int64_t vocab_size = 0;  // llama.cpp's server reports it (data[0].meta.n_vocab); else 0
@@ -36,13 +36,13 @@ struct OpenAiServedModel {
 absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
                                                    const std::string& api_key, double timeout_s);
 
-/// `loom bench --backend openai`: streaming POST /v1/completions with the prompt as token
+/// `loom bench --api openai`: streaming POST /v1/completions with the prompt as token
 /// ids (exact lengths on every server), temperature 0, ignore_eos and
 /// stream_options.include_usage, the request vLLM's benchmark_serving sends to an OpenAI
 /// server. Output tokens come from the usage chunk (else one per text chunk); TTFT is the
 /// first chunk with text; ITL holds the gaps between text chunks. One HTTP connection per
 /// request, so any number of client threads may call Run at once.
-std::unique_ptr<BenchBackend> MakeOpenAiBenchBackend(const std::string& base_url,
+std::unique_ptr<BenchClient> MakeOpenAiBenchClient(const std::string& base_url,
                                                      const std::string& model,
                                                      const std::string& api_key);
 
