@@ -5,7 +5,7 @@
 
 #include "cli/bench_report.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// The API `loom bench` drives: one request at a time per calling thread. Implementations
 /// are safe to call from many client threads at once.
@@ -23,4 +23,4 @@ class BenchClient {
   virtual bool ReturnsTokenIds() const = 0;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -27,7 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/inference.grpc.pb.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -268,7 +268,7 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options)
            std::fprintf(stderr, "loom bench: --backend is deprecated: use --api %s\n",
                         value.c_str());
          },
-         "deprecated name of --api")
+         "deprecated name of --api (default: not given)")
       ->check(CLI::IsMember({"grpc", "openai"}));
   cli::AddString(app, "--address", options.address, "grpc: the coordinator's gRPC endpoint")
       ->check(cli::HostPort());
@@ -471,4 +471,4 @@ int RunBenchCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

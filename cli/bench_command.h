@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// `loom bench`: a load generator against a running cluster's gRPC API or any
 /// OpenAI-compatible server's /v1/completions (vLLM's benchmark_serving for Loom): fixed concurrency or Poisson arrivals, synthetic random,
@@ -9,4 +9,4 @@ namespace loom::coordinator {
 /// latency against load from it.
 int RunBenchCommand(int argc, char** argv);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -8,7 +8,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 void SseDataReader::Feed(std::string_view bytes,
                          const std::function<void(std::string_view)>& on_data) {
@@ -228,4 +228,4 @@ std::unique_ptr<BenchClient> MakeOpenAiBenchClient(const std::string& base_url,
   return std::make_unique<OpenAiBenchClient>(base_url, model, api_key);
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

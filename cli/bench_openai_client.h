@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "cli/bench_client.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// Splits a server-sent event stream (text/event-stream) into the data of its events: the
 /// `data:` lines of an event joined by '\n', delivered when the blank line that ends the
@@ -46,4 +46,4 @@ std::unique_ptr<BenchClient> MakeOpenAiBenchClient(const std::string& base_url,
                                                      const std::string& model,
                                                      const std::string& api_key);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

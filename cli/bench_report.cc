@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 nlohmann::json LatencySummaryMs(std::vector<double> seconds) {
   nlohmann::json summary = {{"mean", 0.0}, {"p50", 0.0}, {"p90", 0.0}, {"p99", 0.0}};
@@ -68,4 +68,4 @@ nlohmann::json SummarizeRun(const std::vector<RequestSample>& samples, double du
   };
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

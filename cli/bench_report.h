@@ -6,7 +6,7 @@
 
 #include "nlohmann/json.hpp"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// What one request of `loom bench` measured on the client (seconds).
 struct RequestSample {
@@ -38,4 +38,4 @@ nlohmann::json LatencySummaryMs(std::vector<double> seconds);
 nlohmann::json SummarizeRun(const std::vector<RequestSample>& samples, double duration_s,
                             const Slo& slo);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

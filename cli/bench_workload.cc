@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 absl::StatusOr<std::vector<BenchSession>> MakeWorkload(const WorkloadOptions& options,
                                                        int32_t vocab_size, int32_t first_token) {
@@ -62,4 +62,4 @@ absl::StatusOr<std::vector<BenchSession>> MakeWorkload(const WorkloadOptions& op
   return sessions;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// Synthetic serving workloads for `loom bench` (vLLM benchmark_serving's random dataset
 /// and its shared-prefix and multi-turn variants), as token ids so lengths are exact.
@@ -40,4 +40,4 @@ struct BenchSession {
 absl::StatusOr<std::vector<BenchSession>> MakeWorkload(const WorkloadOptions& options,
                                                        int32_t vocab_size, int32_t first_token);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -14,7 +14,7 @@
 #include "cli/client_flags.h"
 #include "cli/command_line.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 // The chat template of `model_path`, else of the file the coordinator serves when this
@@ -99,4 +99,4 @@ int RunChatCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// `loom chat [flags]`: an interactive conversation with a running cluster. Reads one user
 /// message per line of standard input, streams the reply to standard output and keeps the
@@ -10,4 +10,4 @@ namespace loom::coordinator {
 /// the cluster cannot be reached, 2 on bad arguments.
 int RunChatCommand(int argc, char** argv);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -5,7 +5,7 @@
 #include "common/formats/hf_model.h"
 #include "common/tokenizer/tokenizer.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 absl::StatusOr<std::unique_ptr<ChatPrompt>> ChatPrompt::FromGguf(const std::string& path) {
   absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf = common::OpenModelFile(path);
@@ -58,4 +58,4 @@ std::vector<std::string> ChatPrompt::StopStrings() const {
   return {"\nUser:"};
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/jinja/chat_template.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// How `loom chat` turns a conversation into a prompt: the model's own chat template
 /// (`tokenizer.chat_template` of its GGUF file, rendered by common::ChatTemplate as the
@@ -33,4 +33,4 @@ class ChatPrompt {
   std::string eos_token;
 };
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

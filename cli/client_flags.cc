@@ -5,7 +5,7 @@
 
 #include "cli/command_line.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 void AddClientFlags(CLI::App& app, client::ClientOptions& options) {
   cli::AddString(app, "--address", options.address, "the coordinator's gRPC endpoint")
@@ -48,4 +48,4 @@ std::optional<int> ParseClientFlagsOnly(int argc, char** argv, const char* comma
   return command_line.Parse(argc, argv);
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

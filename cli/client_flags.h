@@ -4,7 +4,7 @@
 #include "client/client_options.h"
 #include "client/generate_request.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// Declares the flags of every command that talks to a running cluster (`loom chat`,
 /// `complete`, `models`, `status`): `--address HOST:PORT`, `--timeout SECONDS` (per call),
@@ -20,4 +20,4 @@ void AddGenerationFlags(CLI::App& app, client::GenerateRequest& request);
 std::optional<int> ParseClientFlagsOnly(int argc, char** argv, const char* command,
                                         const char* description, client::ClientOptions& options);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

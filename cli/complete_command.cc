@@ -10,7 +10,7 @@
 #include "cli/client_flags.h"
 #include "cli/command_line.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 int RunCompleteCommand(int argc, char** argv) {
   client::ClientOptions options;
@@ -67,4 +67,4 @@ int RunCompleteCommand(int argc, char** argv) {
   return completion->finish_reason == client::FinishReason::kError ? 1 : 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// `loom complete [flags] PROMPT`: generates a completion of PROMPT ("-" reads standard
 /// input) on a running cluster and prints it; `--stream` prints it as it arrives. The
@@ -8,4 +8,4 @@ namespace loom::coordinator {
 /// the call failed, 2 on bad arguments.
 int RunCompleteCommand(int argc, char** argv);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -53,8 +53,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddNumber(app, "--min-p", sampling.min_p, 0, 1, "min-p sampling (0: off)");
   cli::AddUint64(app, "--seed", sampling.seed, "sampling seed");
   cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
-  worker::AddKvDtypeFlag(app, options.runner.kv_dtype);
-  worker::AddActivationsFlag(app, options.runner.activations);
+  AddKvDtypeFlag(app, options.runner.kv_dtype);
+  AddActivationsFlag(app, options.runner.activations);
   cli::AddString(app, "--device", options.device,
                  "where the model runs (auto: cuda when a CUDA device is present and "
                  "--kv-dtype is f16)",
@@ -77,7 +77,7 @@ int RunGenerateCommand(int argc, char** argv) {
     return 1;
   };
   // Where the model runs, decided before loading anything.
-  auto device = worker::ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
+  auto device = ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
   auto gguf = common::OpenModelFile(options.model_path);

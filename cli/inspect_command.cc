@@ -15,7 +15,7 @@
 #include "common/formats/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 
@@ -122,4 +122,4 @@ int RunInspectCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

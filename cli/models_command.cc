@@ -7,7 +7,7 @@
 #include "client/client.h"
 #include "cli/client_flags.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 int RunModelsCommand(int argc, char** argv) {
   client::ClientOptions options;
@@ -36,4 +36,4 @@ int RunModelsCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -52,8 +52,8 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddInt(app, "--max-tokens", options.max_tokens, 1, int64_t{1} << 40,
               "evaluate the first M tokens of the text only (default 0: all)");
   cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
-  worker::AddKvDtypeFlag(app, options.runner.kv_dtype);
-  worker::AddActivationsFlag(app, options.runner.activations);
+  AddKvDtypeFlag(app, options.runner.kv_dtype);
+  AddActivationsFlag(app, options.runner.activations);
   cli::AddBool(app, "--json", options.json, "print the result as JSON");
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.text_path.empty()) {

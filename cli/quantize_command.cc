@@ -19,7 +19,15 @@
 #include "common/tokenizer/tokenizer.h"
 #include "quant/model_quantizer.h"
 
-namespace loom::worker {
+namespace loom::cli {
+
+using quant::AwqLayerReport;
+using quant::QuantizeFormat;
+using quant::QuantizeMethod;
+
+using quant::QuantizeModel;
+using quant::QuantizerOptions;
+using quant::QuantizerReport;
 namespace {
 
 struct Options {
@@ -183,4 +191,4 @@ int RunQuantizeCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace loom::worker {
+namespace loom::cli {
 
 /// `count` calibration sequences of `length` tokens spread evenly over `tokens` without
 /// overlapping (fewer when the text is shorter than count * length; one shorter sequence
@@ -18,4 +18,4 @@ std::vector<std::vector<int32_t>> CalibrationSequences(const std::vector<int32_t
 /// "quantize". Returns the exit code.
 int RunQuantizeCommand(int argc, char** argv);
 
-}  // namespace loom::worker
+}  // namespace loom::cli

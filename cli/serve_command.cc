@@ -8,7 +8,7 @@
 #include "cli/serve_flags.h"
 #include "api/coordinator_server.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 void PrintServingAddresses(const api::CoordinatorServer& server) {
   std::printf("loom: coordinator listening on %s\n", server.address().c_str());
@@ -41,4 +41,4 @@ int RunServeCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

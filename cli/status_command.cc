@@ -6,7 +6,7 @@
 #include "client/client.h"
 #include "cli/client_flags.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 int RunStatusCommand(int argc, char** argv) {
   client::ClientOptions options;
@@ -39,4 +39,4 @@ int RunStatusCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// `loom status [--address HOST:PORT ...]`: prints a running cluster's state: the served
 /// model, queue depth, and one row per replica (health, backend, KV blocks free of total,
@@ -8,4 +8,4 @@ namespace loom::coordinator {
 /// when the call failed, 2 on bad arguments.
 int RunStatusCommand(int argc, char** argv);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -17,7 +17,7 @@
 #include "common/formats/hf_model.h"
 #include "common/tokenizer/tokenizer.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 std::unique_ptr<common::Tokenizer> LoadTokenizer(const std::string& path, const char* command) {
@@ -106,4 +106,4 @@ int RunDetokenizeCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// `loom tokenize --model PATH [--no-special] [--no-parse-special] TEXT`: prints the
 /// token ids of TEXT ("-" reads standard input) space-separated on one line.
@@ -13,4 +13,4 @@ int RunTokenizeCommand(int argc, char** argv);
 /// argv[0] is "detokenize". Returns 0, 1 on errors, 2 on bad arguments.
 int RunDetokenizeCommand(int argc, char** argv);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -24,7 +24,7 @@
 #include "api/coordinator_server.h"
 #include "kernels/cuda_device.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 // The loom-worker next to this binary (build tree: ../worker/loom-worker; installed:
@@ -117,7 +117,7 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
     owned.insert(*name);
   }
   const std::vector<std::string> worker_names =
-      worker::AddWorkerFlags(app, options.worker, owned);
+      AddWorkerFlags(app, options.worker, owned);
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.serve.model_path.empty()) {
     return command_line.Fail("the model is required (MODEL or --model)");
@@ -145,7 +145,7 @@ namespace {
 
 // Whether the workers will run on CUDA: they resolve --device the same way.
 bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
-  absl::StatusOr<std::string> device = worker::ResolveDevice(
+  absl::StatusOr<std::string> device = ResolveDevice(
       options.worker.device, options.worker.kv_dtype, options.workers, cuda_device_count);
   return options.worker.step_backend == "model" && device.ok() && *device == "cuda";
 }
@@ -274,4 +274,4 @@ int RunUpCommand(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

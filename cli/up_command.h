@@ -8,17 +8,17 @@
 #include "cli/worker_options.h"
 #include "api/coordinator_server.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 
 /// `loom up`'s command line: the serve flags, its own, and the worker's flags (declared by
-/// worker::AddWorkerFlags, so a new worker flag is accepted and forwarded without edits).
+/// AddWorkerFlags, so a new worker flag is accepted and forwarded without edits).
 struct UpOptions {
   api::ServeOptions serve;
   int replicas = 1;  // --data-parallel-size, --replicas
   int workers = 1;   // --tensor-parallel-size, -tp, --tensor-parallel, --workers
   int threads = 0;   // per worker; 0: cores / workers
   std::string worker_binary;
-  worker::WorkerOptions worker;  // the worker flags' values (forwarded as given, not from here)
+  WorkerOptions worker;  // the worker flags' values (forwarded as given, not from here)
   // Every worker flag set (command line, environment or --config) as `--name=value`,
   // passed to every worker.
   std::vector<std::string> worker_flags;
@@ -55,4 +55,4 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
 /// processes). Ctrl-C / SIGTERM drains, then stops the workers.
 int RunUpCommand(int argc, char** argv);
 
-}  // namespace loom::coordinator
+}  // namespace loom::cli

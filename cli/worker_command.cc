@@ -41,7 +41,26 @@
 #define LOOM_VERSION "dev"
 #endif
 
-namespace loom::worker {
+namespace loom::cli {
+
+using quant::QuantizeFormat;
+using worker::CpuForwardPassOptions;
+using worker::StepProgress;
+
+using quant::QuantizeInMemory;
+using worker::AdvertiseHost;
+using worker::CommunicatorOptions;
+using worker::ConnectCommunicator;
+using worker::CreateStepBackend;
+using worker::DraftModel;
+using worker::LoadDraftModel;
+using worker::RegistrationOptions;
+using worker::StepBackend;
+using worker::StepBackendOptions;
+using worker::StepExecutor;
+using worker::StepExecutorOptions;
+using worker::WorkerMetrics;
+using worker::WorkerServer;
 namespace {
 
 int Fail(const absl::Status& status) {
@@ -491,4 +510,4 @@ int RunWorkerCommand(int argc, char** argv) {
                signals);
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

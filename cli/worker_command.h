@@ -1,6 +1,6 @@
 #pragma once
 
-namespace loom::worker {
+namespace loom::cli {
 
 /// The `loom-worker` process: loads the model (or only its config, for the noop
 /// backend), allocates the KV pool from a memory budget, serves `loom.v1.Worker`,
@@ -10,4 +10,4 @@ namespace loom::worker {
 /// 2 on a bad command line. Flags: `loom-worker --help` (cli/worker_options.cc, AddWorkerFlags).
 int RunWorkerCommand(int argc, char** argv);
 
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -14,7 +15,7 @@
 #include "kernels/cuda_device.h"
 #include "model/kv_cache_budget.h"
 
-namespace loom::worker {
+namespace loom::cli {
 
 using cli::AddBool;
 using cli::AddInt;
@@ -140,16 +141,13 @@ CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision
       ->default_str("f32");
 }
 
-std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
-                                        const std::set<std::string>& skip) {
-  std::vector<std::string> names;
-  // Declares through `add` unless one of the names is already an option of `app` (loom up
-  // declares --model, --threads, --max-model-len... itself); records the flag's name.
-  auto fresh = [&](const std::string& flag_names) {
-    const std::string first = flag_names.substr(0, flag_names.find(','));
-    names.push_back(first.substr(2));
-    return skip.count(first.substr(2)) == 0 && !AnyDeclared(app, flag_names);
-  };
+namespace {
+
+// Whether to declare a flag (see AddWorkerFlags); records its name either way.
+using DeclareIfFresh = absl::FunctionRef<bool(const std::string& flag_names)>;
+
+// The model and where the worker sits: coordinator, addresses, replica, rank.
+void AddClusterFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
   if (fresh("--model")) AddString(app, "--model", options.model_path, "the model (GGUF file or HF directory); required");
   if (fresh("--coordinator")) {
     AddString(app, "--coordinator", options.coordinator_address,
@@ -188,6 +186,10 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
     AddInt(app, "--rendezvous-timeout-ms", options.rendezvous_timeout_ms, 1, 86400000,
            "how long the ranks wait for each other (rendezvous and collectives)");
   }
+}
+
+// What runs the steps and where: step backend, device, GPU, graphs, threads.
+void AddExecutionFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
   if (fresh("--step-backend")) {
     AddString(app, "--step-backend", options.step_backend,
               "what executes the coordinator's batch plans: model (the model runner on "
@@ -198,7 +200,7 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
   if (fresh("--noop-engine")) {
     app.add_flag_callback(
            "--noop-engine", [&options] { options.step_backend = "noop"; },
-           "short for --step-backend noop")
+           "short for --step-backend noop (default: off)")
         ->envname("LOOM_NOOP_ENGINE");
   }
   if (fresh("--backend")) {
@@ -210,7 +212,7 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
              std::fprintf(stderr, "loom-worker: --backend is deprecated: use --step-backend %s\n",
                           options.step_backend.c_str());
            },
-           "deprecated name of --step-backend (cpu: model)")
+           "deprecated name of --step-backend, cpu meaning model (default: not given)")
         ->check(CLI::IsMember({"cpu", "noop"}));
   }
   if (fresh("--device")) {
@@ -232,6 +234,10 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
     AddInt(app, "--threads", options.num_threads, 1, 1024,
            "CPU threads (default 0: the hardware concurrency)");
   }
+}
+
+// The KV pool and the weights' form: budgets, block size, dtypes, quantization.
+void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
   if (fresh("--kv-cache-memory")) {
     app.add_option_function<std::string>(
            "--kv-cache-memory",
@@ -273,6 +279,10 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
   if (fresh("--activations")) {
     AddActivationsFlag(app, options.activations);
   }
+}
+
+// Draining, metrics, the draft model and the tests' fault injection.
+void AddOperationFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
   if (fresh("--drain-timeout-s")) {
     AddInt(app, "--drain-timeout-s", options.drain_timeout_s, 0, 86400,
            "on SIGTERM, ask the coordinator to drain this worker's replica and wait up to S "
@@ -298,6 +308,24 @@ std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
     AddInt(app, "--debug-hang-at-step", options.debug_hang_at_step, 0, int64_t{1} << 40,
            "tests only: the Nth step stops making progress (0: off)");
   }
+}
+
+}  // namespace
+
+std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
+                                        const std::set<std::string>& skip) {
+  std::vector<std::string> names;
+  // A flag is declared unless one of its names is already an option of `app` (loom up
+  // declares --model, --threads, --max-model-len... itself); records the flag's name.
+  auto fresh = [&](const std::string& flag_names) {
+    const std::string first = flag_names.substr(0, flag_names.find(','));
+    names.push_back(first.substr(2));
+    return skip.count(first.substr(2)) == 0 && !AnyDeclared(app, flag_names);
+  };
+  AddClusterFlags(app, options, fresh);
+  AddExecutionFlags(app, options, fresh);
+  AddKvFlags(app, options, fresh);
+  AddOperationFlags(app, options, fresh);
   return names;
 }
 
@@ -326,4 +354,4 @@ absl::StatusOr<WorkerOptions> ParseWorkerFlags(int argc, const char* const* argv
   return options;
 }
 
-}  // namespace loom::worker
+}  // namespace loom::cli

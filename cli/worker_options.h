@@ -14,7 +14,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "model/kv_cache_budget.h"
 
-namespace loom::worker {
+namespace loom::cli {
 
 /// The `loom-worker` command line.
 struct WorkerOptions {
@@ -120,4 +120,4 @@ absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_cou
 /// device's free memory (model::DeviceKvBlocks).
 absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options);
 
-}  // namespace loom::worker
+}  // namespace loom::cli

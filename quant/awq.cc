@@ -8,7 +8,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quantize.h"
 
-namespace loom::worker {
+namespace loom::quant {
 namespace {
 
 namespace cpu = kernels::cpu;
@@ -247,4 +247,4 @@ void DivideRows(float* w, int64_t rows, int64_t cols, const float* divisors) {
   }
 }
 
-}  // namespace loom::worker
+}  // namespace loom::quant

@@ -7,7 +7,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weights.h"
 
-namespace loom::worker {
+namespace loom::quant {
 
 /// Calibration statistics of one linear layer's input (AWQ): the mean |x| of every input
 /// channel over all tokens seen, and a deterministic subsample of whole token rows
@@ -93,4 +93,4 @@ void ScaleColumns(float* w, int64_t rows, int64_t cols, const float* factors);
 /// w[r, c] /= divisors[r] for a row-major [rows, cols] matrix.
 void DivideRows(float* w, int64_t rows, int64_t cols, const float* divisors);
 
-}  // namespace loom::worker
+}  // namespace loom::quant

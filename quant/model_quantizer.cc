@@ -19,7 +19,12 @@
 #include "quant/awq.h"
 #include "worker/cpu_forward_pass.h"
 
-namespace loom::worker {
+namespace loom::quant {
+
+using worker::AppendSequence;
+using worker::CpuForwardPass;
+using worker::CpuForwardPassOptions;
+using worker::StepBatch;
 namespace {
 
 namespace cpu = kernels::cpu;
@@ -469,4 +474,4 @@ absl::StatusOr<std::unique_ptr<common::GgufFile>> QuantizeInMemory(const common:
   return common::GgufFile::FromBytes(std::move(image));
 }
 
-}  // namespace loom::worker
+}  // namespace loom::quant

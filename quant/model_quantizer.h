@@ -9,7 +9,7 @@
 #include "common/formats/gguf_file.h"
 #include "common/formats/gguf_writer.h"
 
-namespace loom::worker {
+namespace loom::quant {
 
 /// What `loom quantize` writes the linear layers as.
 enum class QuantizeFormat { kF32, kF16, kInt8, kInt4 };
@@ -73,4 +73,4 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
 absl::StatusOr<std::unique_ptr<common::GgufFile>> QuantizeInMemory(const common::GgufFile& in,
                                                                    QuantizeFormat format);
 
-}  // namespace loom::worker
+}  // namespace loom::quant

@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 std::vector<std::string> FeedAll(SseDataReader& reader, const std::vector<std::string>& pieces) {
@@ -56,4 +56,4 @@ TEST(FetchOpenAiModelTest, AnUnreachableServerIsUnavailable) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::cli

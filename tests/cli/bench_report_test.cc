@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 TEST(BenchReportTest, PercentilesInterpolateLinearly) {
@@ -42,4 +42,4 @@ TEST(BenchReportTest, ThroughputGoodputAndCacheHitRate) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::cli

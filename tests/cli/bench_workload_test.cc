@@ -2,7 +2,7 @@
 
 #include "gtest/gtest.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 TEST(BenchWorkloadTest, RandomLengthsStayInRangeAndAreReproducible) {
@@ -51,4 +51,4 @@ TEST(BenchWorkloadTest, SharedPrefixesAndMultiTurnSessions) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::cli

@@ -201,9 +201,9 @@ TEST(CommandLineTest, HelpListsEveryFlagWithItsDefault) {
     ExpectHelpListsEveryFlagWithItsDefault(command_line);
   }
   {
-    worker::WorkerOptions options;
+    WorkerOptions options;
     CommandLine command_line("loom-worker", "worker");
-    worker::AddWorkerFlags(command_line.app(), options);
+    AddWorkerFlags(command_line.app(), options);
     ASSERT_TRUE(command_line.TryParse({}).ok());
     ExpectHelpListsEveryFlagWithItsDefault(command_line);
   }
@@ -211,8 +211,8 @@ TEST(CommandLineTest, HelpListsEveryFlagWithItsDefault) {
     client::ClientOptions options;
     client::GenerateRequest request;
     CommandLine command_line("loom complete", "complete");
-    coordinator::AddClientFlags(command_line.app(), options);
-    coordinator::AddGenerationFlags(command_line.app(), request);
+    cli::AddClientFlags(command_line.app(), options);
+    cli::AddGenerationFlags(command_line.app(), request);
     ASSERT_TRUE(command_line.TryParse({}).ok());
     ExpectHelpListsEveryFlagWithItsDefault(command_line);
   }

@@ -10,7 +10,7 @@
 #include "cli/command_line.h"
 #include "cli/worker_options.h"
 
-namespace loom::coordinator {
+namespace loom::cli {
 namespace {
 
 // A value each worker flag accepts where its default is not one (unset optionals).
@@ -38,8 +38,8 @@ TEST(UpCommandTest, ForwardsEveryDeclaredWorkerFlagToEveryWorker) {
   // The worker's own declarations: a flag added to AddWorkerFlags shows up here.
   cli::CommandLine command_line("loom-worker", "worker");
   CLI::App& worker_app = command_line.app();
-  worker::WorkerOptions worker_options;
-  const std::vector<std::string> names = worker::AddWorkerFlags(worker_app, worker_options);
+  WorkerOptions worker_options;
+  const std::vector<std::string> names = AddWorkerFlags(worker_app, worker_options);
   std::set<std::string> owned;
   for (const char* const* name = kUpOwnedWorkerFlags; *name != nullptr; ++name) {
     owned.insert(*name);
@@ -60,7 +60,7 @@ TEST(UpCommandTest, ForwardsEveryDeclaredWorkerFlagToEveryWorker) {
     // And the worker accepts what it is given.
     std::vector<const char*> argv = {"loom-worker", "--model", "m", "--coordinator", "c:1",
                                      flag.c_str()};
-    EXPECT_TRUE(worker::ParseWorkerFlags(static_cast<int>(argv.size()), argv.data()).ok())
+    EXPECT_TRUE(ParseWorkerFlags(static_cast<int>(argv.size()), argv.data()).ok())
         << flag;
     ++forwarded;
   }
@@ -191,4 +191,4 @@ TEST(UpCommandTest, TakesTheVllmNamesAndTheOldOnes) {
 }
 
 }  // namespace
-}  // namespace loom::coordinator
+}  // namespace loom::cli

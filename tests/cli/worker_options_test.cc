@@ -9,7 +9,7 @@
 #include "cli/generate_command.h"
 #include "cli/worker_command.h"
 
-namespace loom::worker {
+namespace loom::cli {
 namespace {
 
 absl::StatusOr<WorkerOptions> Parse(std::vector<const char*> args) {
@@ -300,4 +300,4 @@ TEST(WorkerCommandTest, DraftModelNeedsTheCpuRunnerOnOneRank) {
 }
 
 }  // namespace
-}  // namespace loom::worker
+}  // namespace loom::cli

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantize.h"
 
-namespace loom::worker {
+namespace loom::quant {
 namespace {
 
 using kernels::cpu::WeightFormat;
@@ -208,4 +208,4 @@ TEST(AwqFoldingTest, ScalingColumnsAndTheInputCancelsBeforeQuantization) {
 }
 
 }  // namespace
-}  // namespace loom::worker
+}  // namespace loom::quant

@@ -22,7 +22,13 @@
 #include "cli/quantize_command.h"
 #include "model/quantized_gguf.h"
 
-namespace loom::worker {
+namespace loom::quant {
+
+using cli::CalibrationSequences;
+using worker::CpuForwardPass;
+using worker::CpuForwardPassOptions;
+using worker::GlooCommunicator;
+namespace test_util = worker::test_util;
 namespace {
 
 using kernels::cpu::WeightFormat;
@@ -368,4 +374,4 @@ TEST(CalibrationSequencesTest, SpreadsDisjointSequencesOverTheText) {
 }
 
 }  // namespace
-}  // namespace loom::worker
+}  // namespace loom::quant
