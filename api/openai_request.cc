@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "api/chat_request.h"
 #include "api/openai_structured_output.h"
+#include "engine/request_validation.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -21,7 +22,6 @@ namespace {
 // message's fields in that order).
 using json = nlohmann::ordered_json;
 
-constexpr int kMaxStopStrings = 4;  // OpenAI's limit
 constexpr int kMaxN = 128;          // OpenAI's limit for `n`
 using common::kMaxLogprobs;         // top alternatives per token
 
@@ -212,11 +212,6 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
     if (stop->is_string()) {
       base.add_stop(stop->get<std::string>());
     } else if (stop->is_array()) {
-      if (stop->size() > kMaxStopStrings) {
-        return InvalidOpenAiParam(
-            "stop", absl::StrFormat("at most %d stop strings are allowed, got %d", kMaxStopStrings,
-                                    stop->size()));
-      }
       for (const json& s : *stop) {
         if (!s.is_string())
           return InvalidOpenAiParam("stop", "'stop' must be a string or a list of strings");
@@ -224,6 +219,13 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
       }
     } else {
       return InvalidOpenAiParam("stop", "'stop' must be a string or a list of strings");
+    }
+    size_t bytes = 0;
+    for (const std::string& s : base.stop()) bytes += s.size();
+    if (bytes > engine::kMaxStopStringBytes) {
+      return InvalidOpenAiParam(
+          "stop", absl::StrFormat("the stop strings total %d bytes; at most %d are allowed", bytes,
+                                  engine::kMaxStopStringBytes));
     }
   }
   if (const json* ids = Field(body, "stop_token_ids")) {

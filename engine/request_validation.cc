@@ -83,8 +83,15 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     params.num_speculative_tokens = 0;
   }
 
+  size_t stop_bytes = 0;
   for (const std::string& stop : request.stop()) {
+    stop_bytes += stop.size();
     if (!stop.empty()) params.stop.push_back(stop);
+  }
+  if (stop_bytes > kMaxStopStringBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the stop strings total %d bytes; at most %d are allowed", stop_bytes,
+                        kMaxStopStringBytes));
   }
   for (int32_t id : request.stop_token_ids()) {
     if (id < 0 || id >= config.vocab_size) {

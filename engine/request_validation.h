@@ -8,6 +8,10 @@
 
 namespace loom::engine {
 
+/// Stop strings have no count limit (OpenAI's is 4; vLLM has none); their total length is
+/// bounded, as each generated token is checked against every one of them.
+inline constexpr size_t kMaxStopStringBytes = 8192;
+
 /// Tokenizes the prompt and checks a client's request against the model: a non-empty
 /// prompt, token ids within the vocabulary, prompt + max_tokens within the context
 /// length (max_tokens 0 means "up to the context length"), sampling parameters in range

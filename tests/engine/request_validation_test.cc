@@ -7,6 +7,7 @@
 #include "common/formats/gguf_file.h"
 #include "common/sampling_params.h"
 #include "tests/common/tokenizer_test_util.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -156,6 +157,17 @@ TEST_F(RequestValidationTest, RejectsStopTokenIdsOutsideTheVocabulary) {
   request.set_text("hello");
   request.add_stop_token_ids(-3);
   EXPECT_THAT(Validate(request).status().message(), HasSubstr("stop_token_ids"));
+}
+
+TEST_F(RequestValidationTest, StopStringsHaveNoCountLimitButABoundedTotalLength) {
+  loom::v1::GenerateRequest request;
+  request.set_text("hello");
+  for (int i = 0; i < 100; ++i) request.add_stop(absl::StrCat("stop ", i));
+  absl::StatusOr<RequestParams> many = Validate(request);
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(many->stop.size(), 100u);
+  request.add_stop(std::string(kMaxStopStringBytes, 'x'));
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("at most 8192"));
 }
 
 }  // namespace

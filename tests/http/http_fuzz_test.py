@@ -38,7 +38,7 @@ INVALID = {
     "frequency_penalty": HUGE + WRONG_TYPE + [2.5, -3],
     "repetition_penalty": HUGE + WRONG_TYPE + [0, -1],
     "seed": [1e308 * 10, 10**30, 2**64, "ten", [], {}, 0.5],
-    "stop": [5, {}, [1, 2], ["a", "b", "c", "d", "e"], [["a"]]],
+    "stop": [5, {}, [1, 2], ["a" * 9000], ["a" * 4096, "b" * 4097], [["a"]]],
     "stop_token_ids": [5, "x", [-1], [10**12], [[1]], ["a"]],
     "n": HUGE + WRONG_TYPE + [0, -1, 129, 1.5],
     "logprobs": HUGE + WRONG_TYPE + [-1, 21],

@@ -178,7 +178,7 @@ BAD_REQUESTS = [
     ("top_p", dict(top_p=0)),
     ("top_p", dict(top_p=1.5)),
     ("max_tokens", dict(max_tokens=0)),
-    ("stop", dict(stop=["a", "b", "c", "d", "e"])),
+    ("stop", dict(stop=["a" * 5000, "b" * 5000])),  # 10,000 bytes > 8,192
     ("n", dict(n=0)),
     ("n", dict(n=100000)),
 ]

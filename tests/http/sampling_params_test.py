@@ -50,6 +50,17 @@ def test_min_tokens_holds_off_end_of_generation(rig, client, model):
     assert raised.value.body["param"] == "min_tokens"
 
 
+def test_stop_strings_have_no_count_limit(client, model):
+    text = complete(client, model, max_tokens=16).text
+    words = text.split()
+    assert len(words) >= 3, text
+    # OpenAI allows 4; vLLM and Loom any number (bounded by their total length).
+    decoys = [f"never-{i}-xyzzy" for i in range(40)]
+    stopped = complete(client, model, max_tokens=16, stop=[*decoys, words[2], *decoys])
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == text[:text.index(words[2])]
+
+
 def test_include_stop_str_in_output(client, model):
     text = complete(client, model, max_tokens=16).text
     words = text.split()
