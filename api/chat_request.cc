@@ -89,7 +89,8 @@ Json MessagesJson(const loom::v1::GenerateRequest& request) {
 
 absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRequest& tools,
                                              const common::Tokenizer& tokenizer,
-                                             const common::ChatTemplate& chat_template) {
+                                             const common::ChatTemplate& chat_template,
+                                             const Json* template_kwargs) {
   LOOM_ASSIGN_OR_RETURN(Json template_messages, TemplateMessages(messages, tools));
   Json context = Json::object();
   context["messages"] = std::move(template_messages);
@@ -101,6 +102,21 @@ absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRe
   context["eos_token"] = tokenizer.eos_id() >= 0
                              ? std::string(tokenizer.TokenText(tokenizer.eos_id()))
                              : std::string();
+  if (template_kwargs != nullptr) {
+    if (!template_kwargs->is_object()) {
+      return InvalidOpenAiParam("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
+    for (const auto& [key, value] : template_kwargs->items()) {
+      if (key == "messages" || key == "tools") {
+        return InvalidOpenAiParam(
+            "chat_template_kwargs",
+            absl::StrFormat("'chat_template_kwargs' cannot set '%s' (send it as the request's "
+                            "own field)",
+                            key));
+      }
+      context[key] = value;
+    }
+  }
   absl::StatusOr<std::string> rendered = chat_template.RenderJson(context);
   if (!rendered.ok()) {
     return InvalidOpenAiParam("messages",

@@ -21,12 +21,15 @@
 namespace loom::api {
 
 /// The prompt text of `messages` (OpenAI-shaped; see TemplateMessages) and `tools`,
-/// rendered by `chat_template` with the generation prompt. InvalidArgument (param
-/// "messages") for bad messages or a template error.
-absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::ordered_json& messages,
-                                             const ToolsRequest& tools,
-                                             const common::Tokenizer& tokenizer,
-                                             const common::ChatTemplate& chat_template);
+/// rendered by `chat_template` with the generation prompt. `template_kwargs` (vLLM's
+/// `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`), when given, are further
+/// variables of the template; they may override `add_generation_prompt`, not the
+/// messages or tools. InvalidArgument (param "messages", or "chat_template_kwargs") for
+/// bad messages, kwargs or a template error.
+absl::StatusOr<std::string> RenderChatPrompt(
+    const nlohmann::ordered_json& messages, const ToolsRequest& tools,
+    const common::Tokenizer& tokenizer, const common::ChatTemplate& chat_template,
+    const nlohmann::ordered_json* template_kwargs = nullptr);
 
 /// The token ids of a rendered chat prompt (the template writes BOS itself; its special
 /// tokens are parsed).

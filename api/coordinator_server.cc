@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +19,25 @@
 #include "grpcpp/health_check_service_interface.h"
 
 namespace loom::api {
+
+namespace {
+
+// --chat-template's value: a file's contents, or the template written inline.
+absl::StatusOr<std::string> ReadChatTemplateOption(const std::string& value) {
+  std::ifstream file(value, std::ios::binary);
+  if (file) {
+    std::ostringstream contents;
+    contents << file.rdbuf();
+    if (!file.bad()) return contents.str();
+  }
+  if (value.find("{{") != std::string::npos || value.find("{%") != std::string::npos) {
+    return value;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--chat-template: cannot read '%s' (give a Jinja file, or the template itself)", value));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const ServeOptions& options) {
@@ -59,7 +80,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // cluster and its clients (docs/ARCHITECTURE.md, "API keys and TLS").
   server->coordinator_service_ =
       std::make_unique<coordinator::CoordinatorService>(*server->cluster_);
-  if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
+  if (!options.chat_template.empty()) {
+    absl::StatusOr<std::string> source = ReadChatTemplateOption(options.chat_template);
+    if (!source.ok()) return source.status();
+    auto chat_template = common::ChatTemplate::Parse(*source);
+    if (!chat_template.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--chat-template: not a template Loom can render: %s", chat_template.status().message()));
+    }
+    server->chat_template_ = *std::move(chat_template);
+  } else if (auto source = server->gguf_->GetString("tokenizer.chat_template"); source.ok()) {
     auto chat_template = common::ChatTemplate::Parse(*source);
     if (chat_template.ok()) {
       server->chat_template_ = *std::move(chat_template);

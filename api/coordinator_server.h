@@ -23,6 +23,10 @@ namespace loom::api {
 struct ServeOptions {
   std::string model_path;
   std::string served_model_name;  // empty: the GGUF file's stem
+  // --chat-template (vLLM's): a Jinja file that replaces the model's chat template, or
+  // the template itself when no such file exists and it holds `{{` or `{%`. Empty: the
+  // model's.
+  std::string chat_template;
   std::string host = "127.0.0.1";
   int grpc_port = 50051;  // 0: any free port
   HttpOptions http;       // host is `host`

@@ -211,6 +211,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   server->openai_ =
       std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
                                       options.stream_interval, options.seed);
+  server->openai_->set_reasoning_format(options.reasoning);
   httplib::Server& http = *server->server_;
   ConfigureConnections(http, options);
   AddApiRoutes(http, server->openai_.get(), KeyGuard(options.api_keys), model.id);

@@ -34,6 +34,8 @@ struct HttpOptions {
   // vLLM's --seed: the seeds of requests that set none come from this seed (a
   // reproducible run); unset: from the operating system's entropy.
   std::optional<uint64_t> seed;
+  // --reasoning-parser: chat replies' <think> part as `reasoning_content`.
+  ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
 
 /// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE

@@ -341,7 +341,8 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
     return InvalidOpenAiParam("messages", "this model has no chat template; use /v1/completions");
   }
   LOOM_ASSIGN_OR_RETURN(std::string rendered,
-                        RenderChatPrompt(*messages, out.tools, tokenizer, *chat_template));
+                        RenderChatPrompt(*messages, out.tools, tokenizer, *chat_template,
+                                         Field(body, "chat_template_kwargs")));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   loom::v1::GenerateRequest request = base;
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());

@@ -13,6 +13,7 @@
 #include "api/peer_connection.h"
 #include "engine/request_validation.h"
 #include "api/chat_request.h"
+#include "api/reasoning_parser.h"
 #include "api/tool_call_parser.h"
 #include "nlohmann/json.hpp"
 
@@ -56,6 +57,9 @@ struct Choice {
   std::string reply;         // streaming with tools: the whole reply so far
   size_t streamed = 0;       // streaming with tools: bytes of `reply` sent as content
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
+  // Chat with --reasoning-parser: splits the streamed reply (whole replies are split at
+  // the end, SplitReasoning). Null otherwise.
+  std::shared_ptr<ReasoningStream> reasoning;
   absl::Time hold_until = absl::InfinitePast();  // its next output is not taken before
 };
 
@@ -67,6 +71,9 @@ struct Run {
   int64_t created = 0;
   std::string model;
   std::vector<Choice> choices;
+  // Chat with --reasoning-parser: whether the reply starts inside the thinking (the
+  // rendered prompt opened it). Unset: no reasoning parser.
+  std::optional<bool> reasoning_starts_inside;
   int32_t prompt_tokens = 0;
   std::unique_ptr<PeerConnection> peer;
   std::function<absl::Status(const std::shared_ptr<engine::Request>&)> place;  // Cluster::Submit
@@ -540,11 +547,20 @@ void AnswerWhole(bool chat, Run& run, const common::Tokenizer& tokenizer,
     Json out;
     out["index"] = choice.index;
     const char* finish = engine::FinishReasonName(choice.finish);
+    // Reasoning first (its text is never content or a tool call), then the tools.
+    std::string text = choice.text;
+    Json reasoning;
+    if (chat && run.reasoning_starts_inside.has_value()) {
+      ReasoningSplit split = SplitReasoning(choice.text, *run.reasoning_starts_inside);
+      if (split.reasoning) reasoning = *split.reasoning;
+      text = std::move(split.content);
+    }
     if (chat && options.tools.active()) {
-      ToolReply reply = ParseReply(options.tools, choice.text);
+      ToolReply reply = ParseReply(options.tools, text);
       Json message;
       message["role"] = "assistant";
       message["content"] = reply.content;
+      if (run.reasoning_starts_inside.has_value()) message["reasoning_content"] = reasoning;
       if (!reply.calls.empty()) {
         if (options.tools.legacy) {
           message["function_call"] = {{"name", reply.calls[0].name},
@@ -560,7 +576,12 @@ void AnswerWhole(bool chat, Run& run, const common::Tokenizer& tokenizer,
       }
       out["message"] = std::move(message);
     } else if (chat) {
-      out["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      out["message"] = {{"role", "assistant"}, {"content", text}};
+      if (run.reasoning_starts_inside.has_value()) {
+        // vLLM's shape: no content when the reply was all reasoning.
+        if (!reasoning.is_null() && text.empty()) out["message"]["content"] = nullptr;
+        out["message"]["reasoning_content"] = reasoning;
+      }
     } else {
       out["text"] =
           options.echo ? options.echo_texts[choice.prompt_index] + choice.text : choice.text;
@@ -604,13 +625,39 @@ void AnswerStream(bool chat, std::shared_ptr<Run> run, const common::Tokenizer& 
                                   choice.finish == loom::v1::FINISH_REASON_ABORT;
               Json out;
               out["index"] = choice.index;
+              std::string reasoning;
+              if (chat && choice.reasoning != nullptr) {
+                ReasoningStream::Delta split = choice.reasoning->Add(text);
+                if (choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED) {
+                  ReasoningStream::Delta rest = choice.reasoning->Finish();
+                  split.reasoning += rest.reasoning;
+                  split.content += rest.content;
+                }
+                reasoning = std::move(split.reasoning);
+                text = std::move(split.content);
+              }
               if (chat && run->parsed.tools.active()) {
+                if (!reasoning.empty()) {
+                  Json head = Json::object();
+                  if (!choice.started) head["role"] = "assistant";
+                  head["reasoning_content"] = std::move(reasoning);
+                  choice.started = true;
+                  if (!send(chunk(Json::array({Json{{"index", choice.index}, {"delta", std::move(head)},
+                                                     {"logprobs", nullptr}, {"finish_reason", nullptr}}}))))
+                    return false;
+                }
                 return SendToolChunks(*run, choice, text, std::move(delta_logprobs), failed, send, chunk);
               }
               if (chat) {
                 Json delta = Json::object();
                 if (!choice.started) delta["role"] = "assistant";
+                if (!reasoning.empty()) delta["reasoning_content"] = std::move(reasoning);
                 if (!text.empty() || !choice.started) delta["content"] = text;
+                // A reasoning parser holding back a possible tag: nothing to say yet.
+                if (delta.empty() && delta_logprobs.is_null() && choice.reasoning != nullptr &&
+                    choice.finish == loom::v1::FINISH_REASON_UNSPECIFIED) {
+                  return true;
+                }
                 out["delta"] = std::move(delta);
               } else {
                 if (!choice.started && run->parsed.echo) {
@@ -681,6 +728,9 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
       absl::StrFormat("%s-%016x%04x", chat ? "chatcmpl" : "cmpl", RandomSeed(), number & 0xffff);
   run->created = absl::ToUnixSeconds(absl::Now());
   run->model = model_.id;
+  if (chat && reasoning_ != ReasoningFormat::kNone) {
+    run->reasoning_starts_inside = ReasoningStartsInside(run->parsed.echo_texts.front());
+  }
 
   // Validate every prompt before placing any, so a bad one leaves nothing running.
   std::vector<engine::RequestParams> prompts;
@@ -705,6 +755,9 @@ void OpenAiService::Handle(bool chat, const httplib::Request& request,
           absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(), std::move(params),
           tokenizer_, eos_ids_);
       choice.request->set_metrics(metrics_);
+      if (run->reasoning_starts_inside.has_value() && run->parsed.stream) {
+        choice.reasoning = std::make_shared<ReasoningStream>(*run->reasoning_starts_inside);
+      }
       if (s > 0) {
         choice.leader = choice.index - s;  // placed by Pump once the leader has output
       } else {

@@ -13,6 +13,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
+#include "api/reasoning_parser.h"
 #include "api/served_model.h"
 #include "httplib.h"
 
@@ -35,6 +36,10 @@ class OpenAiService {
                 coordinator::CoordinatorMetrics* metrics = nullptr,
                 absl::Duration stream_interval = absl::ZeroDuration(),
                 std::optional<uint64_t> seed = std::nullopt);
+
+  /// Chat replies split into `reasoning_content` and `content` (--reasoning-parser). Call
+  /// before serving.
+  void set_reasoning_format(ReasoningFormat format) { reasoning_ = format; }
 
   void Completions(const httplib::Request& request, httplib::Response& response);
   void ChatCompletions(const httplib::Request& request, httplib::Response& response);
@@ -67,6 +72,7 @@ class OpenAiService {
   // when set, else random.
   uint64_t UnseededSeed();
   const std::optional<uint64_t> seed_;
+  ReasoningFormat reasoning_ = ReasoningFormat::kNone;
   std::atomic<uint64_t> unseeded_count_{0};
 };
 

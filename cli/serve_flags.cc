@@ -48,6 +48,22 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "dashboards and autoscaler queries work unchanged) or both")
       ->check(OneOf({"loom", "vllm", "both"}))
       ->default_str("both");
+  AddString(app, "--chat-template", options.chat_template,
+            "a Jinja chat template (a file, or the template itself) used instead of the "
+            "model's (default: the model's)");
+  app.add_option_function<std::string>(
+         "--reasoning-parser",
+         [&options](const std::string& name) {
+           options.http.reasoning = *api::ParseReasoningFormat(name);  // checked below
+         },
+         "chat replies' <think>...</think> part returned as reasoning_content (and streamed "
+         "as delta.reasoning_content): deepseek_r1 or qwen3 (default: off)")
+      ->check(CLI::Validator(
+          [](std::string& name) {
+            absl::StatusOr<api::ReasoningFormat> format = api::ParseReasoningFormat(name);
+            return format.ok() ? std::string() : std::string(format.status().message());
+          },
+          "NAME"));
   AddString(app, "--host", options.host, "listen address of the gRPC and HTTP servers");
   AddInt(app, "--port,--http-port", options.http.port, -1, 65535,
          "the OpenAI-compatible HTTP port (0: any free port; -1: off)");
