@@ -156,6 +156,16 @@ class InferenceService::GenerateStream final
     response_.set_cached_prompt_tokens(event.cached_prompt_tokens);
     response_.set_num_draft_tokens(event.num_draft_tokens);
     response_.set_num_accepted_tokens(event.num_accepted_tokens);
+    const std::vector<int32_t>& prompt_ids = request_->params().prompt_ids;
+    for (size_t i = 1; i < event.prompt_logprobs.size() && i < prompt_ids.size(); ++i) {
+      if (!event.prompt_logprobs[i]) continue;
+      loom::v1::PromptTokenLogprob* out = response_.add_prompt_logprobs();
+      out->set_token_id(prompt_ids[i]);
+      out->set_logprob(static_cast<float>(event.prompt_logprobs[i]->logprob));
+      out->set_rank(event.prompt_logprobs[i]->rank);
+      out->mutable_top_logprobs()->Add(event.prompt_logprobs[i]->top.begin(),
+                                       event.prompt_logprobs[i]->top.end());
+    }
     if (tools_.active() && event.finish_reason != loom::v1::FINISH_REASON_ERROR &&
         event.finish_reason != loom::v1::FINISH_REASON_ABORT) {
       // The calls in the whole reply, as /v1/chat/completions parses them.

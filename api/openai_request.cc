@@ -1,5 +1,6 @@
 #include "api/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -138,7 +139,6 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
     return value == nullptr || *value == no_op;
   };
   if (!is("best_of", 1)) return refuse("best_of");
-  if (!is("prompt_logprobs", 0)) return refuse("prompt_logprobs");
   return absl::OkStatus();
 }
 
@@ -323,10 +323,6 @@ absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateReq
   out.echo = echo.value_or(false);
   LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, Integer(body, "logprobs", 0, kMaxLogprobs));
   out.num_logprobs = logprobs ? static_cast<int32_t>(*logprobs) : -1;
-  if (out.echo && out.num_logprobs >= 0) {
-    return InvalidOpenAiParam("echo",
-                              "'echo' together with 'logprobs' (prompt logprobs) is not supported");
-  }
   return absl::OkStatus();
 }
 
@@ -372,6 +368,27 @@ absl::Status ParseTools(const json& body, const common::ChatTemplate* chat_templ
                              out.tools.legacy ? "function_call" : "tool_choice", base);
 }
 
+// vLLM's prompt_logprobs, and a completion's echo with logprobs (the prompt's logprobs
+// before the output's, as lm-evaluation-harness scores log-likelihoods): the worker
+// scores every prompt token with as many alternatives as either asks for. Whole
+// responses only: both come with the prompt, which a stream has sent before they exist.
+absl::Status ParsePromptLogprobs(const json& body, OpenAiRequest& out) {
+  LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> prompt_logprobs,
+                        Integer(body, "prompt_logprobs", 0, kMaxLogprobs));
+  out.prompt_logprobs = prompt_logprobs ? static_cast<int32_t>(*prompt_logprobs) : -1;
+  const bool echo_logprobs = out.echo && out.num_logprobs >= 0;
+  if (!echo_logprobs && out.prompt_logprobs < 0) return absl::OkStatus();
+  if (out.stream) {
+    return InvalidOpenAiParam(
+        echo_logprobs ? "echo" : "prompt_logprobs",
+        echo_logprobs ? "'echo' with 'logprobs' is answered whole: set 'stream' to false"
+                      : "'prompt_logprobs' is answered whole: set 'stream' to false");
+  }
+  const int32_t top = std::max(out.prompt_logprobs, echo_logprobs ? out.num_logprobs : 0);
+  for (loom::v1::GenerateRequest& request : out.prompts) request.set_prompt_logprobs(top);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status InvalidOpenAiParam(const std::string& param, const std::string& message) {
@@ -408,6 +425,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
   } else {
     LOOM_RETURN_IF_ERROR(ParseChatMessages(parsed, base, tokenizer, chat_template, out));
   }
+  LOOM_RETURN_IF_ERROR(ParsePromptLogprobs(parsed, out));
   for (loom::v1::GenerateRequest& request : out.prompts) {
     if (out.num_logprobs >= 0) request.mutable_sampling()->set_num_logprobs(out.num_logprobs);
   }

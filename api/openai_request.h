@@ -38,6 +38,8 @@ struct OpenAiRequest {
   // Completions: `logprobs` (top-n, 0..20). Chat: `logprobs: true` and `top_logprobs`.
   // -1: none.
   int32_t num_logprobs = -1;
+  // vLLM's prompt_logprobs (top-n per prompt token, 0..20); -1: none.
+  int32_t prompt_logprobs = -1;
   bool seed_given = false;
   std::string user;
   // Chat: tools, tool_choice, parallel_tool_calls (or the legacy functions/function_call).

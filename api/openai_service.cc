@@ -9,6 +9,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "api/openai_logprobs.h"
 #include "api/openai_request.h"
 #include "api/peer_connection.h"
 #include "engine/request_validation.h"
@@ -48,6 +49,8 @@ struct Choice {
   loom::v1::FinishReason finish = loom::v1::FINISH_REASON_UNSPECIFIED;
   std::string error;
   int32_t cached_prompt_tokens = 0;  // from the final event
+  // The prompt's scores, from the final event (echo with logprobs, prompt_logprobs).
+  std::vector<std::optional<engine::PromptTokenLogprob>> prompt_logprobs;
   // n > 1: samples after the first wait for it (`leader`) to produce a token, by which
   // time the prompt's KV blocks are in the prefix cache and the samples share them
   // instead of each computing the prompt again. -1: placed at once.
@@ -314,50 +317,6 @@ void OpenAiService::Detokenize(const httplib::Request& request, httplib::Respons
 
 namespace {
 
-// Appends one token's logprobs to a choice's OpenAI logprobs object.
-void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
-                    const loom::v1::SequenceOutput& output, Choice& choice) {
-  auto bytes_of = [](const std::string& text) {
-    Json bytes = Json::array();
-    for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
-    return bytes;
-  };
-  const std::string token = tokenizer.TokenBytes(output.token_id());
-  if (chat) {
-    if (choice.logprobs.is_null()) choice.logprobs["content"] = Json::array();
-    Json entry;
-    entry["token"] = token;
-    entry["logprob"] = output.logprob();
-    entry["bytes"] = bytes_of(token);
-    entry["top_logprobs"] = Json::array();
-    for (const loom::v1::TokenLogprob& top : output.top_logprobs()) {
-      const std::string text = tokenizer.TokenBytes(top.token_id());
-      Json alternative;
-      alternative["token"] = text;
-      alternative["logprob"] = top.logprob();
-      alternative["bytes"] = bytes_of(text);
-      entry["top_logprobs"].push_back(std::move(alternative));
-    }
-    choice.logprobs["content"].push_back(std::move(entry));
-    return;
-  }
-  if (choice.logprobs.is_null()) {
-    choice.logprobs["tokens"] = Json::array();
-    choice.logprobs["token_logprobs"] = Json::array();
-    choice.logprobs["top_logprobs"] = Json::array();
-    choice.logprobs["text_offset"] = Json::array();
-  }
-  choice.logprobs["tokens"].push_back(token);
-  choice.logprobs["token_logprobs"].push_back(output.logprob());
-  Json top = Json::object();
-  for (const loom::v1::TokenLogprob& alternative : output.top_logprobs()) {
-    top[tokenizer.TokenBytes(alternative.token_id())] = alternative.logprob();
-  }
-  choice.logprobs["top_logprobs"].push_back(std::move(top));
-  choice.logprobs["text_offset"].push_back(choice.text_offset);
-  choice.text_offset += static_cast<int64_t>(token.size());
-}
-
 // The reply of a finished choice with tools: its content (null when empty) and calls,
 // cut to one when parallel calls are off.
 struct ToolReply {
@@ -389,14 +348,17 @@ std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const engine::
   Choice delta;  // the new tokens' logprobs alone, for a streamed chunk
   delta.text_offset = choice.text_offset;
   for (const loom::v1::SequenceOutput& output : event.logprobs) {
-    AppendLogprobs(chat, tokenizer, output, choice);
-    if (delta_logprobs != nullptr) AppendLogprobs(chat, tokenizer, output, delta);
+    AppendLogprobs(chat, tokenizer, output, choice.logprobs, choice.text_offset);
+    if (delta_logprobs != nullptr) {
+      AppendLogprobs(chat, tokenizer, output, delta.logprobs, delta.text_offset);
+    }
   }
   if (delta_logprobs != nullptr) *delta_logprobs = std::move(delta.logprobs);
   if (event.final()) {
     choice.finish = event.finish_reason;
     choice.error = event.error_message;
     choice.cached_prompt_tokens = event.cached_prompt_tokens;
+    choice.prompt_logprobs = event.prompt_logprobs;
   }
   return event.text;
 }
@@ -513,10 +475,6 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
                                          : Json("tool_calls"));
 }
 
-}  // namespace
-
-namespace {
-
 // A non-streaming request's answer: every choice whole, then one JSON body.
 void AnswerWhole(bool chat, Run& run, const common::Tokenizer& tokenizer,
                  httplib::Response& response) {
@@ -586,7 +544,21 @@ void AnswerWhole(bool chat, Run& run, const common::Tokenizer& tokenizer,
       out["text"] =
           options.echo ? options.echo_texts[choice.prompt_index] + choice.text : choice.text;
     }
-    out["logprobs"] = choice.logprobs;
+    const std::vector<int32_t>& prompt_ids = choice.request->params().prompt_ids;
+    out["logprobs"] = !chat && options.echo && options.num_logprobs >= 0
+                          ? EchoLogprobs(prompt_ids, choice.prompt_logprobs, options.num_logprobs,
+                                         tokenizer, choice.logprobs)
+                          : choice.logprobs;
+    if (options.prompt_logprobs >= 0) {
+      // vLLM's places: each completion choice's, or the chat response's.
+      Json scores = PromptLogprobs(prompt_ids, choice.prompt_logprobs, options.prompt_logprobs,
+                                   tokenizer);
+      if (chat) {
+        body["prompt_logprobs"] = std::move(scores);
+      } else {
+        out["prompt_logprobs"] = std::move(scores);
+      }
+    }
     out["finish_reason"] = finish;
     body["choices"].push_back(std::move(out));
   }

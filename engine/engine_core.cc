@@ -22,7 +22,13 @@ absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_p
   seq->max_speculative_tokens = params.num_speculative_tokens >= 0
                                     ? params.num_speculative_tokens
                                     : scheduler_.config().speculation.num_speculative_tokens;
+  // A request's own prompt_logprobs scores its whole prompt (a one-token prompt has
+  // nothing to score).
+  if (score_prompt_from == 0 && params.prompt_logprobs >= 0 && params.prompt_ids.size() > 1) {
+    score_prompt_from = 1;
+  }
   seq->score_prompt_from = score_prompt_from;
+  seq->score_prompt_top = std::max(0, params.prompt_logprobs);
   // The cluster hashed the prompt for placement; the scheduler continues that chain.
   if (request->hashed_block_size() == scheduler_.config().block_size) {
     seq->hash_seed = request->hash_seed();
@@ -69,6 +75,10 @@ void EngineCore::Apply(const StepRecord& record, const loom::v1::StepResult& res
     return;
   }
   scheduler_.RecordStep(result.num_tokens(), result.timings().execute_seconds());
+  for (const loom::v1::PromptLogprobs& scored : result.prompt_logprobs()) {
+    auto it = requests_.find(scored.seq_id());
+    if (it != requests_.end()) it->second->AddPromptLogprobs(scored);
+  }
   // One sequence's outputs are consecutive: one token, or a speculative step's accepted
   // drafts and next token.
   const auto& outputs = result.outputs();

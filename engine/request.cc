@@ -32,6 +32,7 @@ void MergeInto(OutputEvent& into, OutputEvent&& next) {
   into.cached_prompt_tokens = next.cached_prompt_tokens;
   into.num_draft_tokens = next.num_draft_tokens;
   into.num_accepted_tokens = next.num_accepted_tokens;
+  if (!next.prompt_logprobs.empty()) into.prompt_logprobs = std::move(next.prompt_logprobs);
 }
 
 }  // namespace
@@ -191,6 +192,7 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
   }
   finished_ = event.final();
   if (finished_) {
+    event.prompt_logprobs = std::move(prompt_logprobs_);
     event.cached_prompt_tokens = cached_prompt_tokens_;
     event.num_draft_tokens = num_draft_tokens_;
     event.num_accepted_tokens = num_accepted_tokens_;
@@ -198,6 +200,26 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
   }
   outputs_.Push(std::move(event));
   return finished_;
+}
+
+void Request::AddPromptLogprobs(const loom::v1::PromptLogprobs& scored) {
+  if (params_.prompt_logprobs < 0) return;
+  const size_t prompt_len = params_.prompt_ids.size();
+  if (prompt_logprobs_.size() != prompt_len) prompt_logprobs_.resize(prompt_len);
+  const int top = params_.prompt_logprobs;
+  const bool has_top = scored.top_logprobs_size() == scored.logprobs_size() * top;
+  for (int i = 0; i < scored.logprobs_size(); ++i) {
+    const int64_t position = int64_t{scored.first_token()} + i;
+    if (position < 1 || position >= static_cast<int64_t>(prompt_len)) continue;
+    PromptTokenLogprob entry;
+    entry.logprob = scored.logprobs(i);
+    entry.rank = i < scored.ranks_size() ? scored.ranks(i) : 0;
+    if (has_top) {
+      entry.top.assign(scored.top_logprobs().begin() + i * top,
+                       scored.top_logprobs().begin() + (i + 1) * top);
+    }
+    prompt_logprobs_[position] = std::move(entry);
+  }
 }
 
 void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
@@ -211,6 +233,7 @@ void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
   event.finish_reason = reason;
   event.error_message = std::move(error_message);
   if (num_outputs_ == 0) event.replica_id = replica_id;
+  event.prompt_logprobs = std::move(prompt_logprobs_);
   event.cached_prompt_tokens = cached_prompt_tokens_;
   event.num_draft_tokens = num_draft_tokens_;
   event.num_accepted_tokens = num_accepted_tokens_;

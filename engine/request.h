@@ -23,6 +23,14 @@
 namespace loom::engine {
 
 /// One message for the client: new text/tokens, and on the last one the finish reason.
+/// One prompt token's score (RequestParams::prompt_logprobs): its log-probability given
+/// the tokens before it, its rank among the vocabulary, and the most likely tokens there.
+struct PromptTokenLogprob {
+  double logprob = 0;
+  int32_t rank = 0;
+  std::vector<loom::v1::TokenLogprob> top;
+};
+
 struct OutputEvent {
   std::string text;
   std::vector<int32_t> token_ids;
@@ -33,6 +41,10 @@ struct OutputEvent {
   int32_t cached_prompt_tokens = 0;  // on the final event: prompt tokens served from cache
   int32_t num_draft_tokens = 0;      // on the final event: speculative drafts proposed
   int32_t num_accepted_tokens = 0;   //   and accepted
+  // On the final event of a request with RequestParams::prompt_logprobs >= 0: one entry
+  // per prompt token, the first (nothing before it) and any the worker did not score
+  // (a failed request) empty.
+  std::vector<std::optional<PromptTokenLogprob>> prompt_logprobs;
   bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
 };
 
@@ -96,6 +108,10 @@ struct RequestParams {
   bool include_stop_str_in_output = false;
   // Special tokens' text is left out of the output.
   bool skip_special_tokens = true;
+  // -1: no prompt scores; k >= 0: every prompt token's log-probability from the second on,
+  // its rank and the k most likely tokens at its position (OutputEvent::prompt_logprobs).
+  // The prefix cache then serves none of the prompt (its logits must be computed).
+  int32_t prompt_logprobs = -1;
 };
 
 /// One request in flight: its parameters, the client's queue, and the output processing
@@ -119,6 +135,9 @@ class Request {
   /// Ends the request without more tokens (abort or error): pushes the final event.
   void Finish(loom::v1::FinishReason reason, std::string error_message,
               const std::string& replica_id);
+  /// Keeps a step's scores of this request's prompt tokens (replica loop only) for the
+  /// final event; a position scored again (after a preemption) keeps its latest score.
+  void AddPromptLogprobs(const loom::v1::PromptLogprobs& scored);
 
   /// True once any token reached the client: the request can no longer be retried on
   /// another replica.
@@ -187,6 +206,7 @@ class Request {
   // The latency series of the replica of its first token (set then, with metrics_).
   const ReplicaLatencySeries* latency_series_ = nullptr;
   std::atomic<bool> cancelled_{false};
+  std::vector<std::optional<PromptTokenLogprob>> prompt_logprobs_;  // AddPromptLogprobs
   OutputQueue outputs_;
 };
 

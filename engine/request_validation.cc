@@ -83,6 +83,14 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     params.num_speculative_tokens = 0;
   }
 
+  if (request.has_prompt_logprobs()) {
+    if (request.prompt_logprobs() < 0 || request.prompt_logprobs() > common::kMaxLogprobs) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "prompt_logprobs must be in [0, %d], got %d", common::kMaxLogprobs,
+          request.prompt_logprobs()));
+    }
+    params.prompt_logprobs = request.prompt_logprobs();
+  }
   size_t stop_bytes = 0;
   for (const std::string& stop : request.stop()) {
     stop_bytes += stop.size();

@@ -35,6 +35,7 @@ struct Sequence {
   // whose log-probability the worker returns; the prefix cache then serves no token at or
   // after score_prompt_from - 1.
   int32_t score_prompt_from = 0;
+  int32_t score_prompt_top = 0;  // NewSequence.score_prompt_top
 
   SequenceStatus status = SequenceStatus::kWaiting;
   int32_t num_computed = 0;       // tokens whose compute was scheduled (plans sent)

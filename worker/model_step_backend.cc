@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -39,18 +40,22 @@ ModelStepBackend::ModelStepBackend(std::unique_ptr<ForwardPass> runner, std::str
 absl::Status ModelStepBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                                      std::vector<SampledToken>& tokens,
                                      std::vector<int32_t>& num_emitted, BackendTimings& timings) {
-  std::vector<double> no_scores;
-  return RunAndScore(batch, rows, {}, tokens, num_emitted, no_scores, timings);
+  PromptScores no_scores;
+  return RunAndScore(batch, rows, ScoreRequest{}, tokens, num_emitted, no_scores, timings);
 }
 
 absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
                                              absl::Span<const SampleRow> rows,
-                                             absl::Span<const int32_t> score_targets,
+                                             const ScoreRequest& score,
                                              std::vector<SampledToken>& tokens,
                                              std::vector<int32_t>& num_emitted,
-                                             std::vector<double>& score_logprobs,
-                                             BackendTimings& timings) {
-  score_logprobs.clear();
+                                             PromptScores& scores, BackendTimings& timings) {
+  scores.Clear();
+  const absl::Span<const int32_t> score_targets = score.targets;
+  if (!score.top_counts.empty() && score.top_counts.size() != score_targets.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d top-token counts for %d scored rows", score.top_counts.size(), score_targets.size()));
+  }
   if (NumSampleRows(rows) + score_targets.size() != batch.sample_rows.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d sample rows but the samplers cover %d and %d are scored", batch.sample_rows.size(),
@@ -107,18 +112,37 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
     num_emitted.push_back(emitted);
     logits_row += drafts + 1;
   }
-  // The scored rows follow the sampled ones: -NLL of each target, in double.
-  score_logprobs.reserve(score_targets.size());
+  // The scored rows follow the sampled ones.
   for (size_t i = 0; i < score_targets.size(); ++i) {
-    const float* row = logits_.data() + (logits_row + i) * vocab;
-    double max = row[0];
-    for (int64_t v = 1; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
-    score_logprobs.push_back(-(max + std::log(sum) - row[score_targets[i]]));
+    const int32_t top = score.top_counts.empty() ? 0 : score.top_counts[i];
+    ScoreRow(logits_.data() + (logits_row + i) * vocab, vocab, score_targets[i], top, scores);
   }
   timings.sample_seconds = SecondsSince(sample_start);
   return absl::OkStatus();
+}
+
+void ModelStepBackend::ScoreRow(const float* row, int64_t vocab, int32_t target, int32_t top,
+                                PromptScores& scores) {
+  double max = row[0];
+  for (int64_t v = 1; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+  double sum = 0;
+  int32_t above = 0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    sum += std::exp(static_cast<double>(row[v]) - max);
+    above += row[v] > row[target] ? 1 : 0;
+  }
+  const double log_z = max + std::log(sum);
+  scores.logprobs.push_back(-(log_z - row[target]));
+  scores.ranks.push_back(above + 1);
+  if (top <= 0) return;
+  top_ids_.resize(vocab);
+  std::iota(top_ids_.begin(), top_ids_.end(), 0);
+  const int64_t k = std::min<int64_t>(top, vocab);
+  std::partial_sort(top_ids_.begin(), top_ids_.begin() + k, top_ids_.end(),
+                    [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  for (int64_t j = 0; j < k; ++j) {
+    scores.top.push_back({top_ids_[j], static_cast<float>(row[top_ids_[j]] - log_z)});
+  }
 }
 
 bool ModelStepBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {

@@ -38,9 +38,8 @@ class ModelStepBackend : public StepBackend {
   /// Run, plus the log-probability of each scored row's target from the host logits
   /// (scoring steps never sample on the device).
   absl::Status RunAndScore(const StepBatch& batch, absl::Span<const SampleRow> rows,
-                           absl::Span<const int32_t> score_targets,
-                           std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
-                           std::vector<double>& score_logprobs,
+                           const ScoreRequest& score, std::vector<SampledToken>& tokens,
+                           std::vector<int32_t>& num_emitted, PromptScores& scores,
                            BackendTimings& timings) override;
 
   ForwardPass& runner() const { return *runner_; }
@@ -63,6 +62,10 @@ class ModelStepBackend : public StepBackend {
   std::unique_ptr<ForwardPass> runner_;
   std::string name_;
   std::vector<float> logits_;  // [sample_rows, vocab], reused across steps
+  std::vector<int32_t> top_ids_;  // ScoreRow's scratch
+  // One scored row's answer appended to `scores` (RunAndScore).
+  void ScoreRow(const float* row, int64_t vocab, int32_t target, int32_t top,
+                PromptScores& scores);
   DeviceSampleRows device_rows_;         // RunOnDevice's inputs, reused
   std::vector<int32_t> device_tokens_;   // RunOnDevice's outputs
   std::vector<float> device_logprobs_;

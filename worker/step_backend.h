@@ -22,6 +22,27 @@ namespace loom::worker {
 /// each draft's); the backend emits the drafts the model accepts plus one token. A draft
 /// model's proposals carry the distributions they were sampled from (`draft_probs`);
 /// one-hot proposals (n-gram lookup, a greedy sequence's drafts) carry none.
+/// Prompt scoring (StepBackend::RunAndScore): per scored row, the token that follows it,
+/// and how many of the most likely tokens to return with it (`top_counts`; empty: none).
+struct ScoreRequest {
+  absl::Span<const int32_t> targets;
+  absl::Span<const int32_t> top_counts;
+};
+
+/// Its answer, per scored row in order: the target's raw log-softmax in double, its rank
+/// (1 + the tokens whose logit is higher), and the row's top_counts[i] most likely tokens
+/// (most likely first; all rows' entries one after another).
+struct PromptScores {
+  std::vector<double> logprobs;
+  std::vector<int32_t> ranks;
+  std::vector<TokenLogprob> top;
+  void Clear() {
+    logprobs.clear();
+    ranks.clear();
+    top.clear();
+  }
+};
+
 struct SampleRow {
   uint64_t seq_id = 0;
   SequenceSampler* sampler = nullptr;
@@ -86,18 +107,17 @@ class StepBackend {
                            BackendTimings& timings) = 0;
 
   /// Run, where batch.sample_rows also holds, after the entries `rows` own, one row per
-  /// prompt position being scored: `score_targets[i]` is the token that follows the i-th
-  /// of them, and `score_logprobs[i]` receives its raw log-softmax at that row, computed
-  /// in double as -(max + log(sum(exp(logit - max))) - logit[target]) (perplexity's
-  /// negative log-likelihood, negated exactly). With no targets this is Run; a backend
-  /// that cannot score answers Unimplemented (the default).
+  /// prompt position being scored: `score.targets[i]` is the token that follows the i-th
+  /// of them, and `scores` receives its raw log-softmax at that row, computed in double as
+  /// -(max + log(sum(exp(logit - max))) - logit[target]) (perplexity's negative
+  /// log-likelihood, negated exactly), its rank and the row's most likely tokens. With no
+  /// targets this is Run; a backend that cannot score answers Unimplemented (the default).
   virtual absl::Status RunAndScore(const StepBatch& batch, absl::Span<const SampleRow> rows,
-                                   absl::Span<const int32_t> score_targets,
-                                   std::vector<SampledToken>& tokens,
-                                   std::vector<int32_t>& num_emitted,
-                                   std::vector<double>& score_logprobs, BackendTimings& timings) {
-    score_logprobs.clear();
-    if (score_targets.empty()) return Run(batch, rows, tokens, num_emitted, timings);
+                                   const ScoreRequest& score, std::vector<SampledToken>& tokens,
+                                   std::vector<int32_t>& num_emitted, PromptScores& scores,
+                                   BackendTimings& timings) {
+    scores.Clear();
+    if (score.targets.empty()) return Run(batch, rows, tokens, num_emitted, timings);
     return absl::UnimplementedError(absl::StrCat("the ", std::string(name()), " backend cannot score prompts"));
   }
 };

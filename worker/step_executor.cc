@@ -62,6 +62,12 @@ absl::Status CheckNewSequence(const loom::v1::NewSequence& added,
         "and above num_cached_tokens %d",
         id, added.score_prompt_from(), prompt_size, added.num_cached_tokens()));
   }
+  if (added.score_prompt_top() < 0 || added.score_prompt_top() > common::kMaxLogprobs ||
+      added.score_prompt_top() > config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sequence %d: score_prompt_top is %d, must be in [0, %d]", id, added.score_prompt_top(),
+        std::min<int64_t>(common::kMaxLogprobs, config.vocab_size)));
+  }
   LOOM_RETURN_IF_ERROR(CheckTokenIds(added.prompt_token_ids(), config.vocab_size, id, "prompt"));
   LOOM_RETURN_IF_ERROR(CheckTokenIds(added.output_token_ids(), config.vocab_size, id, "output"));
   return absl::OkStatus();
@@ -78,8 +84,10 @@ struct StepExecutor::SequenceState {
   int64_t num_draft_computed = 0;
   int32_t num_logprobs = -1;
   int64_t num_prompt_tokens = 0;
-  // Prompt scoring: 0, or the first prompt index whose log-probability is returned.
+  // Prompt scoring: 0, or the first prompt index whose log-probability is returned; with
+  // this many most likely tokens per scored position.
   int64_t score_prompt_from = 0;
+  int32_t score_prompt_top = 0;
   std::unique_ptr<SequenceSampler> sampler;  // null when the backend uses no samplers
 };
 
@@ -114,8 +122,9 @@ struct StepExecutor::Prepared {
   };
   std::vector<int32_t> score_rows;
   std::vector<int32_t> score_targets;
+  std::vector<int32_t> score_top_counts;
   std::vector<ScoreRun> score_runs;
-  std::vector<double> score_logprobs;
+  PromptScores scores;
   // What Execute hands the backend and gets back.
   std::vector<SampledToken> tokens;
   std::vector<int32_t> num_emitted;
@@ -132,6 +141,7 @@ struct StepExecutor::Prepared {
     for (int64_t p = first; p < last; ++p) {
       score_rows.push_back(static_cast<int32_t>(first_new + (p - entry.begin)));
       score_targets.push_back(sequence.tokens[p + 1]);
+      score_top_counts.push_back(sequence.score_prompt_top);
     }
   }
 
@@ -149,8 +159,9 @@ struct StepExecutor::Prepared {
     rows.clear();
     score_rows.clear();
     score_targets.clear();
+    score_top_counts.clear();
     score_runs.clear();
-    score_logprobs.clear();
+    scores.Clear();
     tokens.clear();
     num_emitted.clear();
   }
@@ -281,6 +292,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor::SequenceState>> StepExecutor::NewSe
   sequence->num_logprobs = params.num_logprobs;
   sequence->num_prompt_tokens = added.prompt_token_ids().size();
   sequence->score_prompt_from = added.score_prompt_from();
+  sequence->score_prompt_top = added.score_prompt_top();
   if (backend_.uses_samplers()) {
     sequence->sampler = std::make_unique<SequenceSampler>(
         params,
@@ -544,12 +556,17 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
     if (prepared.score_targets.empty()) {
       status = backend_.Run(prepared.batch, prepared.rows, tokens, num_emitted, timings);
     } else {
-      status = backend_.RunAndScore(prepared.batch, prepared.rows, prepared.score_targets, tokens,
-                                    num_emitted, prepared.score_logprobs, timings);
-      if (status.ok() && prepared.score_logprobs.size() != prepared.score_targets.size()) {
+      const ScoreRequest score{prepared.score_targets, prepared.score_top_counts};
+      status = backend_.RunAndScore(prepared.batch, prepared.rows, score, tokens, num_emitted,
+                                    prepared.scores, timings);
+      size_t top_entries = 0;
+      for (int32_t count : prepared.score_top_counts) top_entries += count;
+      if (status.ok() && (prepared.scores.logprobs.size() != prepared.score_targets.size() ||
+                          prepared.scores.ranks.size() != prepared.score_targets.size() ||
+                          prepared.scores.top.size() != top_entries)) {
         status = absl::InternalError(absl::StrFormat(
             "the %s backend scored %d rows of %d", std::string(backend_.name()),
-            prepared.score_logprobs.size(), prepared.score_targets.size()));
+            prepared.scores.logprobs.size(), prepared.score_targets.size()));
       }
     }
     if (status.ok()) status = CheckEmitted(prepared, tokens, num_emitted);
@@ -611,12 +628,24 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
     }
   }
   size_t next_score = 0;
+  size_t next_top = 0;
+  const PromptScores& scores = prepared.scores;
   for (const Prepared::ScoreRun& run : prepared.score_runs) {
     loom::v1::PromptLogprobs* scored = result.add_prompt_logprobs();
     scored->set_seq_id(run.seq_id);
     scored->set_first_token(static_cast<int32_t>(run.first_token));
-    scored->mutable_logprobs()->Add(prepared.score_logprobs.begin() + next_score,
-                                    prepared.score_logprobs.begin() + next_score + run.count);
+    scored->mutable_logprobs()->Add(scores.logprobs.begin() + next_score,
+                                    scores.logprobs.begin() + next_score + run.count);
+    scored->mutable_ranks()->Add(scores.ranks.begin() + next_score,
+                                 scores.ranks.begin() + next_score + run.count);
+    for (int32_t i = 0; i < run.count; ++i) {
+      for (int32_t k = 0; k < prepared.score_top_counts[next_score + i]; ++k) {
+        const TokenLogprob& entry = scores.top.at(next_top++);
+        loom::v1::TokenLogprob* top = scored->add_top_logprobs();
+        top->set_token_id(entry.token_id);
+        top->set_logprob(entry.logprob);
+      }
+    }
     next_score += run.count;
   }
   result.set_num_tokens(static_cast<int32_t>(prepared.batch.num_tokens()));

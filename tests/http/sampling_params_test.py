@@ -95,7 +95,7 @@ def test_skip_special_tokens_false_keeps_special_tokens(rig, client, model):
     ({"skip_special_tokens": 1}, "skip_special_tokens"),
     ({"suffix": "x"}, "suffix"),
     ({"best_of": 2}, "best_of"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt_logprobs": "1"}, "prompt_logprobs"),
 ])
 def test_bad_values_are_400_naming_the_param(client, model, extra, param):
     with pytest.raises(openai.BadRequestError) as raised:

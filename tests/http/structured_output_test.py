@@ -202,7 +202,7 @@ def test_tokenize_and_detokenize(rig, model):
     ({"suffix": "x"}, "suffix"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"best_of": 2}, "best_of"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),  # 0-20
     ({"tool_choice": "required"}, "tool_choice"),  # without tools
 ])
 def test_unimplemented_parameters_are_refused_not_ignored(client, model, extra, param):

@@ -670,6 +670,51 @@ TEST_F(StepExecutorModelTest, ScoresEachPromptPositionOnceAcrossChunks) {
   EXPECT_EQ(result.prompt_logprobs_size(), 0);
 }
 
+TEST_F(StepExecutorModelTest, ScoresWithRanksAndTheMostLikelyTokens) {
+  const std::vector<int32_t> prompt = Prompt();
+  StepExecutor executor(*backend_);
+  uint64_t step_id = 0;
+  loom::v1::StepPlan plan = Plan(step_id);
+  *plan.add_added() = NewSequence(4, prompt);
+  plan.mutable_added(0)->set_score_prompt_from(1);
+  plan.mutable_added(0)->set_score_prompt_top(3);
+  Schedule(plan, 4, static_cast<int32_t>(prompt.size()), true, {0, 1});
+  loom::v1::StepResult result = executor.Execute(plan);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  ASSERT_EQ(result.prompt_logprobs_size(), 1);
+  const loom::v1::PromptLogprobs& scored = result.prompt_logprobs(0);
+  const int n = scored.logprobs_size();
+  ASSERT_EQ(n, static_cast<int>(prompt.size()) - 1);
+  ASSERT_EQ(scored.ranks_size(), n);
+  ASSERT_EQ(scored.top_logprobs_size(), 3 * n);
+  for (int i = 0; i < n; ++i) {
+    const float best = scored.top_logprobs(3 * i).logprob();
+    EXPECT_GE(best, scored.top_logprobs(3 * i + 1).logprob());
+    EXPECT_GE(scored.top_logprobs(3 * i + 1).logprob(), scored.top_logprobs(3 * i + 2).logprob());
+    EXPECT_LE(scored.logprobs(i), best + 1e-4);
+    // The token is listed among the top 3 exactly when its rank says so, with its score.
+    const int32_t token = prompt[i + 1];
+    int listed = -1;
+    for (int k = 0; k < 3; ++k) {
+      if (scored.top_logprobs(3 * i + k).token_id() == token) listed = k;
+    }
+    EXPECT_EQ(listed >= 0, scored.ranks(i) <= 3) << i;
+    if (listed >= 0) {
+      EXPECT_EQ(scored.ranks(i), listed + 1) << i;
+      EXPECT_NEAR(scored.top_logprobs(3 * i + listed).logprob(), scored.logprobs(i), 1e-4);
+    }
+  }
+  // More alternatives than the API allows are refused when the sequence is added.
+  loom::v1::StepPlan greedy = Plan(step_id);
+  *greedy.add_added() = NewSequence(5, prompt);
+  greedy.mutable_added(0)->set_score_prompt_from(1);
+  greedy.mutable_added(0)->set_score_prompt_top(21);
+  Schedule(greedy, 5, static_cast<int32_t>(prompt.size()), true, {2, 3});
+  result = executor.Execute(greedy);
+  EXPECT_NE(result.error_code(), 0);
+  EXPECT_NE(result.error_message().find("score_prompt_top"), std::string::npos);
+}
+
 TEST_F(StepExecutorModelTest, PreemptedSequenceResumesWithTheSameSeededSamples) {
   const std::vector<int32_t> prompt = Prompt();
   SamplingParams sampling;
