@@ -202,6 +202,14 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   }
   // The legacy API returns one function_call.
   if (out.legacy) out.parallel = false;
+  // A forced call in a format the grammar engine cannot write (not JSON, or its function
+  // name outside the JSON) is constrained to, and parsed as, the generic JSON form.
+  const bool forced = out.choice == ToolChoice::kRequired || out.choice == ToolChoice::kNamed;
+  if (forced && (out.format == ToolCallFormat::kPythonic ||
+                 out.format == ToolCallFormat::kQwen3Coder ||
+                 out.format == ToolCallFormat::kDeepSeekV3)) {
+    out.format = ToolCallFormat::kGeneric;
+  }
   return out;
 }
 
@@ -327,6 +335,9 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
   Json list{{"type", "array"}, {"items", call}, {"minItems", 1}};
   if (!tools.parallel) list["maxItems"] = 1;
   switch (tools.format) {
+    case ToolCallFormat::kPythonic:  // forced calls in these are generic (ParseToolsRequest)
+    case ToolCallFormat::kQwen3Coder:
+    case ToolCallFormat::kDeepSeekV3:
     case ToolCallFormat::kGeneric: {
       const Json schema{{"type", "object"},
                         {"properties", Json{{"tool_calls", list}}},

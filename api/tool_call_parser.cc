@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "api/pythonic_calls.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -15,6 +16,14 @@ constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
+constexpr std::string_view kFunctionClose = "</function>";
+constexpr std::string_view kParameterOpen = "<parameter=";
+constexpr std::string_view kParameterClose = "</parameter>";
+constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";  // DeepSeek-V3
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
@@ -172,6 +181,108 @@ ParsedReply ParseGeneric(std::string_view text) {
   return reply;
 }
 
+// Qwen3-Coder's value text as JSON: what reads as JSON is that value, anything else a
+// string (one leading and trailing newline, the format's layout, dropped).
+Json XmlParameterValue(std::string_view raw) {
+  if (!raw.empty() && raw.front() == '\n') raw.remove_prefix(1);
+  if (!raw.empty() && raw.back() == '\n') raw.remove_suffix(1);
+  const Json parsed = ParseJson(Trim(raw));
+  if (!parsed.is_discarded() && !parsed.is_string()) return parsed;
+  return Json(std::string(raw));
+}
+
+ParsedReply ParseQwen3Coder(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  size_t at = text.find(kFunctionOpen);
+  if (at == std::string_view::npos) return reply;
+  // The content ends at the <tool_call> before the first function, when there is one.
+  const size_t wrapper = text.rfind(kHermesOpen, at);
+  const size_t first =
+      wrapper != std::string_view::npos && Trim(text.substr(wrapper + kHermesOpen.size(),
+                                                            at - wrapper - kHermesOpen.size()))
+                                                   .empty()
+          ? wrapper
+          : at;
+  std::vector<ParsedToolCall> calls;
+  while (at != std::string_view::npos) {
+    const size_t name_end = text.find('>', at);
+    if (name_end == std::string_view::npos) return reply;
+    ParsedToolCall call;
+    call.name = std::string(Trim(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
+    if (call.name.empty()) return reply;
+    const size_t close = text.find(kFunctionClose, name_end);
+    const std::string_view body = text.substr(
+        name_end + 1, close == std::string_view::npos ? std::string_view::npos : close - name_end - 1);
+    Json arguments = Json::object();
+    for (size_t p = body.find(kParameterOpen); p != std::string_view::npos;
+         p = body.find(kParameterOpen, p + 1)) {
+      const size_t key_end = body.find('>', p);
+      if (key_end == std::string_view::npos) return reply;
+      const std::string key(Trim(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
+      size_t value_end = body.find(kParameterClose, key_end);
+      if (value_end == std::string_view::npos) value_end = body.size();
+      arguments[key] = XmlParameterValue(body.substr(key_end + 1, value_end - key_end - 1));
+    }
+    call.arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
+    calls.push_back(std::move(call));
+    at = close == std::string_view::npos ? close : text.find(kFunctionOpen, close);
+  }
+  reply.calls = std::move(calls);
+  reply.content_end = first;
+  return reply;
+}
+
+ParsedReply ParseDeepSeekV3(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  const size_t begin = text.find(kDsCallBegin);
+  if (begin == std::string_view::npos) return reply;
+  const size_t wrapper = text.rfind(kDsCallsBegin, begin);
+  std::vector<ParsedToolCall> calls;
+  for (size_t at = begin; at != std::string_view::npos; at = text.find(kDsCallBegin, at + 1)) {
+    const size_t head = at + kDsCallBegin.size();
+    const size_t sep = text.find(kDsSep, head);
+    if (sep == std::string_view::npos) return reply;
+    const size_t end = text.find(kDsCallEnd, sep);
+    std::string_view rest = text.substr(
+        sep + kDsSep.size(), end == std::string_view::npos ? std::string_view::npos : end - sep - kDsSep.size());
+    ParsedToolCall call;
+    std::string_view json_text;
+    if (Trim(text.substr(head, sep - head)) == "function") {
+      // V3: "function<sep>NAME\n```json\n{...}\n```".
+      const size_t newline = rest.find('\n');
+      if (newline == std::string_view::npos) return reply;
+      call.name = std::string(Trim(rest.substr(0, newline)));
+      json_text = Unfenced(Trim(rest.substr(newline + 1)));
+    } else {
+      // V3.1: "NAME<sep>{...}".
+      call.name = std::string(Trim(text.substr(head, sep - head)));
+      json_text = Trim(rest);
+    }
+    const Json arguments = ParseJson(json_text);
+    if (call.name.empty() || !arguments.is_object()) return reply;
+    call.arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
+    calls.push_back(std::move(call));
+    if (end == std::string_view::npos) break;
+  }
+  reply.calls = std::move(calls);
+  reply.content_end = wrapper != std::string_view::npos ? wrapper : begin;
+  return reply;
+}
+
+ParsedReply ParsePythonic(std::string_view text) {
+  ParsedReply reply;
+  reply.content_end = text.size();
+  std::string_view body = Trim(text);
+  if (body.substr(0, kPythonTag.size()) == kPythonTag) body = Trim(body.substr(kPythonTag.size()));
+  std::optional<std::vector<ParsedToolCall>> calls = ParsePythonicCalls(Unfenced(body));
+  if (!calls) return reply;
+  reply.calls = *std::move(calls);
+  reply.content_end = 0;
+  return reply;
+}
+
 // Bytes of `text` before `marker` or before a suffix that may be its beginning.
 size_t BeforeMarker(std::string_view text, std::string_view marker) {
   const size_t at = text.find(marker);
@@ -194,14 +305,23 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "llama3_json";
     case ToolCallFormat::kMistral:
       return "mistral";
+    case ToolCallFormat::kPythonic:
+      return "pythonic";
+    case ToolCallFormat::kQwen3Coder:
+      return "qwen3_coder";
+    case ToolCallFormat::kDeepSeekV3:
+      return "deepseek_v3";
   }
   return "generic";
 }
 
 ToolCallFormat ToolCallFormatOf(std::string_view source) {
   auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
+  if (has(kFunctionOpen) && has(kParameterOpen)) return ToolCallFormat::kQwen3Coder;
+  if (has(kDsCallsBegin)) return ToolCallFormat::kDeepSeekV3;
   if (has("<tool_call>")) return ToolCallFormat::kHermes;
   if (has("[TOOL_CALLS]")) return ToolCallFormat::kMistral;
+  if (has("[func_name1(")) return ToolCallFormat::kPythonic;
   if (has("<|python_tag|>") || has("ipython")) return ToolCallFormat::kLlama3Json;
   return ToolCallFormat::kGeneric;
 }
@@ -221,6 +341,12 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
       return ParseLlama3(text);
     case ToolCallFormat::kGeneric:
       return ParseGeneric(text);
+    case ToolCallFormat::kPythonic:
+      return ParsePythonic(text);
+    case ToolCallFormat::kQwen3Coder:
+      return ParseQwen3Coder(text);
+    case ToolCallFormat::kDeepSeekV3:
+      return ParseDeepSeekV3(text);
   }
   return ParseGeneric(text);
 }
@@ -231,6 +357,11 @@ size_t StreamableContent(ToolCallFormat format, std::string_view text) {
       return BeforeMarker(text, kHermesOpen);
     case ToolCallFormat::kMistral:
       return BeforeMarker(text, kMistralMarker);
+    case ToolCallFormat::kQwen3Coder:
+      return std::min(BeforeMarker(text, kHermesOpen), BeforeMarker(text, kFunctionOpen));
+    case ToolCallFormat::kDeepSeekV3:
+      return std::min(BeforeMarker(text, kDsCallsBegin), BeforeMarker(text, kDsCallBegin));
+    case ToolCallFormat::kPythonic:
     case ToolCallFormat::kLlama3Json:
     case ToolCallFormat::kGeneric: {
       // The whole reply is the call: held while it may still be one (it starts like JSON,

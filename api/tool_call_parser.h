@@ -22,14 +22,27 @@ enum class ToolCallFormat {
   kLlama3Json,
   /// Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] after optional content.
   kMistral,
+  /// Llama 3.2 / Llama 4 pythonic: the whole reply is [name(key=value, ...), ...] with
+  /// Python literals as values.
+  kPythonic,
+  /// Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
+  /// </tool_call> after optional content; a value that reads as JSON (a number, true,
+  /// an object...) is that value, anything else a string.
+  kQwen3Coder,
+  /// DeepSeek-V3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+  /// ```json {...} ```<｜tool▁call▁end｜>... after optional content; V3.1's
+  /// <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> too.
+  kDeepSeekV3,
 };
 
-/// "generic", "hermes", "llama3_json", "mistral".
+/// "generic", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3".
 const char* ToolCallFormatName(ToolCallFormat format);
 
-/// The format `template_source` (a Jinja chat template) speaks: Hermes when it writes
-/// <tool_call>, Mistral for [TOOL_CALLS], Llama 3 JSON for <|python_tag|> or an ipython
-/// role; anything else (including templates that never mention tools) is kGeneric.
+/// The format `template_source` (a Jinja chat template) speaks: Qwen3-Coder when it writes
+/// <function=, DeepSeek-V3 for <｜tool▁calls▁begin｜>, Hermes for <tool_call>, Mistral for
+/// [TOOL_CALLS], pythonic for the [func_name1(...)] example Llama's pythonic templates
+/// give, Llama 3 JSON for <|python_tag|> or an ipython role; anything else (including
+/// templates that never mention tools) is kGeneric.
 ToolCallFormat ToolCallFormatOf(std::string_view template_source);
 
 /// True when the template renders `tools` itself (it mentions them); otherwise Loom adds

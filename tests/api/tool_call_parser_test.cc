@@ -81,6 +81,78 @@ TEST(ToolCallParserTest, GenericShapes) {
   }
 }
 
+// Qwen3-Coder's XML form (its chat template's own example of a call).
+TEST(ToolCallParserTest, Qwen3CoderXmlCalls) {
+  const std::string text =
+      "I'll look it up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan "
+      "Francisco, CA\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=detailed>\n"
+      "true\n</parameter>\n<parameter=units>\n{\"temp\": \"C\"}\n</parameter>\n</function>\n"
+      "</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+  ParsedReply reply = ParseToolCalls(ToolCallFormat::kQwen3Coder, text);
+  ASSERT_EQ(reply.calls.size(), 2u);
+  EXPECT_EQ(reply.calls[0].name, "get_weather");
+  EXPECT_EQ(reply.calls[0].arguments,
+            R"({"city":"San Francisco, CA","days":3,"detailed":true,"units":{"temp":"C"}})");
+  EXPECT_EQ(reply.calls[1].name, "get_time");
+  EXPECT_EQ(reply.calls[1].arguments, "{}");
+  EXPECT_EQ(text.substr(0, reply.content_end), "I'll look it up.\n");
+  // Cut off inside a value: what was written is the call.
+  ParsedReply cut = ParseToolCalls(ToolCallFormat::kQwen3Coder,
+                                   "<tool_call>\n<function=f>\n<parameter=q>\nhello");
+  ASSERT_EQ(cut.calls.size(), 1u);
+  EXPECT_EQ(cut.calls[0].arguments, R"({"q":"hello"})");
+  // No function tag: all content.
+  EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kQwen3Coder, "<tool_call> nope").calls.empty());
+}
+
+TEST(ToolCallParserTest, DeepSeekV3AndV31Calls) {
+  const std::string v3 =
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁"
+      "sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  ParsedReply reply = ParseToolCalls(ToolCallFormat::kDeepSeekV3, v3);
+  ASSERT_EQ(reply.calls.size(), 2u);
+  EXPECT_EQ(reply.calls[0].name, "get_weather");
+  EXPECT_EQ(reply.calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(reply.calls[1].name, "get_time");
+  EXPECT_EQ(v3.substr(0, reply.content_end), "Checking.");
+  const std::string v31 =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  reply = ParseToolCalls(ToolCallFormat::kDeepSeekV3, v31);
+  ASSERT_EQ(reply.calls.size(), 1u);
+  EXPECT_EQ(reply.calls[0].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(reply.content_end, 0u);
+  EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kDeepSeekV3,
+                             "<｜tool▁call▁begin｜>f<｜tool▁sep｜>not json<｜tool▁call▁end｜>")
+                  .calls.empty());
+}
+
+TEST(ToolCallParserTest, PythonicCalls) {
+  ParsedReply reply = ParseToolCalls(
+      ToolCallFormat::kPythonic,
+      "[get_weather(city='San Francisco', days=3, metric=True, extra=None), "
+      "search(query=\"a \\\"quoted\\\" word\", tags=['x', \"y\"], opts={'k': 1.5, 'n': (1, 2)})]");
+  ASSERT_EQ(reply.calls.size(), 2u);
+  EXPECT_EQ(reply.calls[0].name, "get_weather");
+  EXPECT_EQ(reply.calls[0].arguments,
+            R"({"city":"San Francisco","days":3,"metric":true,"extra":null})");
+  EXPECT_EQ(reply.calls[1].arguments,
+            R"({"query":"a \"quoted\" word","tags":["x","y"],"opts":{"k":1.5,"n":[1,2]}})");
+  EXPECT_EQ(reply.content_end, 0u);
+  // One call without brackets, after Llama's python tag.
+  reply = ParseToolCalls(ToolCallFormat::kPythonic, "<|python_tag|>get_time(zone=\"UTC\")");
+  ASSERT_EQ(reply.calls.size(), 1u);
+  EXPECT_EQ(reply.calls[0].arguments, R"({"zone":"UTC"})");
+  // Not calls: prose, positional arguments, expressions, trailing text.
+  for (const char* content : {"The weather is nice.", "[f(1)]", "[f(x=y)]", "[f(x=1)] and more",
+                              "[f(x='open)]"}) {
+    ParsedReply plain = ParseToolCalls(ToolCallFormat::kPythonic, content);
+    EXPECT_TRUE(plain.calls.empty()) << content;
+    EXPECT_EQ(plain.content_end, std::string(content).size()) << content;
+  }
+}
+
 TEST(ToolCallParserTest, StreamableContentHoldsWhatMayBecomeACall) {
   EXPECT_EQ(StreamableContent(ToolCallFormat::kHermes, "Sure.<tool"), 5u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kHermes, "Sure.<b>"), 8u);
@@ -90,6 +162,11 @@ TEST(ToolCallParserTest, StreamableContentHoldsWhatMayBecomeACall) {
   EXPECT_EQ(StreamableContent(ToolCallFormat::kGeneric, "\n"), 0u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kGeneric, "Hello {"), 7u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kLlama3Json, "<|python_tag|>"), 0u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kPythonic, "[get_"), 0u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kPythonic, "Sure"), 4u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kQwen3Coder, "ok <tool_"), 3u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kQwen3Coder, "ok <function=f>"), 3u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kDeepSeekV3, "ok<｜tool▁calls▁begin｜>"), 2u);
 }
 
 TEST(ToolCallParserTest, FormatFromTheTemplate) {
@@ -97,6 +174,11 @@ TEST(ToolCallParserTest, FormatFromTheTemplate) {
             ToolCallFormat::kHermes);
   EXPECT_EQ(ToolCallFormatOf("{{ '[TOOL_CALLS]' }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(ToolCallFormatOf("{{- '<|python_tag|>' }}"), ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(ToolCallFormatOf("{{ '<tool_call>\\n<function=' + name + '>' }}{{ '<parameter=' }}"),
+            ToolCallFormat::kQwen3Coder);
+  EXPECT_EQ(ToolCallFormatOf("{{'<｜tool▁calls▁begin｜>'}}"), ToolCallFormat::kDeepSeekV3);
+  EXPECT_EQ(ToolCallFormatOf("respond in the format [func_name1(params_name1=params_value1)]"),
+            ToolCallFormat::kPythonic);
   EXPECT_EQ(ToolCallFormatOf("{% for m in messages %}{{ m.content }}{% endfor %}"),
             ToolCallFormat::kGeneric);
   EXPECT_NE(NewToolCallId(), NewToolCallId());
