@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/grammar/number_range_grammar.h"
 #include "common/grammar/regex_grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -53,42 +55,6 @@ void AddBaseRules(GrammarDefinition& d) {
                  Opt(Seq({Ref("json-value"),
                           RepeatExpr(Seq({Ref("ws"), Lit(","), Ref("ws"), Ref("json-value")}), 0, -1)})),
                  Ref("ws"), Lit("]")}));
-}
-
-std::string NumberDigits(uint64_t v) { return std::to_string(v); }
-
-// Decimal strings of equal length between a and b (digits after the first may be 0).
-GrammarExprPtr FixedWidthRange(const std::string& a, const std::string& b) {
-  if (a.empty()) return EmptyExpr();
-  if (a[0] == b[0]) return Seq({Lit(std::string(1, a[0])), FixedWidthRange(a.substr(1), b.substr(1))});
-  const size_t k = a.size() - 1;
-  std::vector<GrammarExprPtr> alts;
-  alts.push_back(Seq({Lit(std::string(1, a[0])), FixedWidthRange(a.substr(1), std::string(k, '9'))}));
-  if (a[0] + 1 <= b[0] - 1) {
-    alts.push_back(Seq({Digit(a[0] + 1, b[0] - 1), Digits(k, k)}));
-  }
-  alts.push_back(Seq({Lit(std::string(1, b[0])), FixedWidthRange(std::string(k, '0'), b.substr(1))}));
-  return Alt(std::move(alts));
-}
-
-// Canonical decimal integers in [lo, hi] (lo >= 0; hi < 0 means unbounded).
-GrammarExprPtr NonNegativeRange(uint64_t lo, int64_t hi) {
-  std::vector<GrammarExprPtr> alts;
-  uint64_t a = lo;
-  const std::string top = hi < 0 ? std::string(16, '9') : NumberDigits(static_cast<uint64_t>(hi));
-  while (true) {
-    const std::string as = NumberDigits(a);
-    if (as.size() > top.size()) break;
-    const std::string bs = as.size() == top.size() ? top : std::string(as.size(), '9');
-    if (as.size() == top.size() && as > bs) break;
-    alts.push_back(FixedWidthRange(as, bs));
-    if (as.size() == top.size()) break;
-    uint64_t next_power = 1;  // 10^as.size(): the first number with one more digit
-    for (size_t digit = 0; digit < as.size(); ++digit) next_power *= 10;
-    a = next_power;
-  }
-  if (alts.empty()) return nullptr;
-  return Alt(std::move(alts));
 }
 
 class SchemaCompiler {
@@ -377,7 +343,7 @@ class SchemaCompiler {
         auto label = RepeatExpr(CharClassExpr({{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {'-', '-'}}), 1, 63);
         body = Seq({local, Lit("@"), label, RepeatExpr(Seq({Lit("."), label}), 1, 4)});
       } else if (format == "ipv4") {
-        auto octet = NonNegativeRange(0, 255);
+        auto octet = NonNegativeIntegerRange(0, 255);
         body = Seq({octet, Lit("."), octet, Lit("."), octet, Lit("."), octet});
       } else {
         return Unsupported(absl::StrCat("format '", format, "'"), at);
@@ -428,48 +394,45 @@ class SchemaCompiler {
     std::vector<GrammarExprPtr> alts;
     // Non-negative part [max(lo, 0), hi].
     if (!has_hi || hi >= 0) {
-      auto e = NonNegativeRange(has_lo ? static_cast<uint64_t>(std::max<int64_t>(lo, 0)) : 0, has_hi ? hi : -1);
+      auto e = NonNegativeIntegerRange(has_lo ? static_cast<uint64_t>(std::max<int64_t>(lo, 0)) : 0, has_hi ? hi : -1);
       if (e) alts.push_back(e);
     }
     // Negative part: "-" and magnitudes [max(-hi, 1), -lo].
     if (!has_lo || lo < 0) {
       const uint64_t mag_lo = has_hi && hi < 0 ? static_cast<uint64_t>(-hi) : 1;
-      auto e = NonNegativeRange(mag_lo, has_lo ? -lo : -1);
+      auto e = NonNegativeIntegerRange(mag_lo, has_lo ? -lo : -1);
       if (e) alts.push_back(Seq({Lit("-"), e}));
     }
     return Named("int-range", Alt(std::move(alts)));
   }
 
   absl::StatusOr<GrammarExprPtr> Number(const Json& s, const std::string& at) {
-    if (!s.contains("minimum") && !s.contains("maximum") && !s.contains("exclusiveMinimum") &&
-        !s.contains("exclusiveMaximum")) {
-      return Ref("json-number");
-    }
-    for (const char* key : {"exclusiveMinimum", "exclusiveMaximum"}) {
-      if (s.contains(key)) return Unsupported(absl::StrCat(key, " on type number"), at);
-    }
-    auto integral = [&](const char* key) {
-      return !s.contains(key) || (s[key].is_number() && s[key].get<double>() >= 0 &&
-                                  s[key].get<double>() == std::floor(s[key].get<double>()) &&
-                                  s[key].get<double>() < 1e15);
+    // The tighter of each side's inclusive and exclusive bound (draft 2020-12: numbers).
+    auto bound = [&](const char* inclusive, const char* exclusive, bool lower,
+                     std::optional<DecimalBound>& out) -> absl::Status {
+      for (const char* key : {inclusive, exclusive}) {
+        if (!s.contains(key)) continue;
+        if (!s[key].is_number()) return Invalid(absl::StrCat("'", key, "' must be a number"), at);
+        const double value = s[key].get<double>();
+        const bool is_exclusive = key == exclusive;
+        if (out) {
+          const double current = std::stod(out->text);
+          const bool tighter = lower ? value > current : value < current;
+          if (!tighter && !(value == current && is_exclusive)) continue;
+        }
+        out = DecimalBound{s[key].dump(), is_exclusive};
+      }
+      return absl::OkStatus();
     };
-    if (!integral("minimum") || !integral("maximum")) {
-      return Unsupported("minimum/maximum on type number (other than non-negative integers)", at);
-    }
-    const uint64_t lo = s.contains("minimum") ? static_cast<uint64_t>(s["minimum"].get<double>()) : 0;
-    if (!s.contains("minimum")) {
-      return Unsupported("maximum on type number without a non-negative minimum", at);
-    }
-    auto fraction = Opt(Seq({Lit("."), Digits(1, 16)}));
-    if (!s.contains("maximum")) {
-      return Named("num-range", Seq({NonNegativeRange(lo, -1), fraction}));
-    }
-    const int64_t hi = static_cast<int64_t>(s["maximum"].get<double>());
-    if (static_cast<uint64_t>(hi) < lo) return Invalid("the range of values is empty", at);
-    std::vector<GrammarExprPtr> alts;
-    if (static_cast<uint64_t>(hi) > lo) alts.push_back(Seq({NonNegativeRange(lo, hi - 1), fraction}));
-    alts.push_back(Seq({Lit(std::to_string(hi)), Opt(Seq({Lit("."), RepeatExpr(Lit("0"), 1, 16)}))}));
-    return Named("num-range", Alt(std::move(alts)));
+    std::optional<DecimalBound> lo;
+    std::optional<DecimalBound> hi;
+    if (absl::Status st = bound("minimum", "exclusiveMinimum", true, lo); !st.ok()) return st;
+    if (absl::Status st = bound("maximum", "exclusiveMaximum", false, hi); !st.ok()) return st;
+    if (!lo && !hi) return Ref("json-number");
+    absl::StatusOr<GrammarExprPtr> range = DecimalRangeExpr(d_, NewRule("num"), lo, hi);
+    if (!range.ok()) return Invalid(std::string(range.status().message()), at);
+    if (*range == nullptr) return Invalid("the range of values is empty", at);
+    return Named("num-range", *range);
   }
 
   const Json& root_;

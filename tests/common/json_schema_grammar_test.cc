@@ -1,5 +1,9 @@
 #include "common/grammar/json_schema_grammar.h"
 
+#include <cstdio>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"
 
@@ -99,7 +103,9 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
       {R"({"$ref":"https://example.com/s.json"})", "local $ref"},
       {R"({"$ref":"#/$defs/missing"})", "does not resolve"},
       {R"({"type":"strange"})", "strange"},
-      {R"({"type":"number","minimum":0.5})", "minimum"},
+      {R"({"type":"number","minimum":0.0000000000000001})", "15 fraction digits"},
+      {R"({"type":"number","minimum":1e16})", "beyond 1e15"},
+      {R"({"type":"number","minimum":5,"exclusiveMaximum":5})", "empty"},
       {"[1,2", "not valid JSON"}};
   for (const auto& [schema, what] : cases) {
     auto d = JsonSchemaGrammar(schema);
@@ -107,6 +113,57 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(d.status().message().find(what), std::string::npos) << schema << ": " << d.status();
   }
+}
+
+// Fractional, negative and exclusive bounds on numbers (Pydantic's confloat / Field(gt=...)):
+// every decimal with up to 3 fraction digits in [-3, 3], with and without trailing zeros,
+// is accepted exactly when it lies in the range.
+TEST(JsonSchemaGrammarTest, NumberRangesWithRealBounds) {
+  struct Range {
+    const char* schema;
+    double lo;
+    bool lo_exclusive;
+    double hi;
+    bool hi_exclusive;
+  };
+  const double inf = 1e300;
+  const std::vector<Range> ranges = {
+      {R"({"type":"number","minimum":0.5,"maximum":2.25})", 0.5, false, 2.25, false},
+      {R"({"type":"number","exclusiveMinimum":0})", 0, true, inf, false},
+      {R"({"type":"number","minimum":-1.5,"exclusiveMaximum":0.75})", -1.5, false, 0.75, true},
+      {R"({"type":"number","exclusiveMinimum":-2.05,"exclusiveMaximum":-0.1})", -2.05, true, -0.1, true},
+      {R"({"type":"number","minimum":1.25,"maximum":1.5})", 1.25, false, 1.5, false},
+      {R"({"type":"number","exclusiveMinimum":1.2,"exclusiveMaximum":1.205})", 1.2, true, 1.205, true},
+      {R"({"type":"number","maximum":-0.5})", -inf, false, -0.5, false},
+      {R"({"type":"number","minimum":0,"maximum":1e-2})", 0, false, 0.01, false},
+      {R"({"type":"number","minimum":2,"exclusiveMinimum":1.5,"maximum":3})", 2, false, 3, false},
+  };
+  for (const Range& range : ranges) {
+    auto grammar = CompileGrammarSpec({GrammarKind::kJsonSchema, range.schema});
+    ASSERT_TRUE(grammar.ok()) << range.schema << ": " << grammar.status();
+    GrammarAutomaton automaton(*grammar, nullptr);
+    auto accepts = [&](const std::string& doc) {
+      return automaton.IsAccepting(automaton.AdvanceBytes(automaton.Initial(), doc));
+    };
+    for (int thousandths = -3000; thousandths <= 3000; thousandths += 1) {
+      const double v = thousandths / 1000.0;
+      const bool inside = (range.lo_exclusive ? v > range.lo + 1e-12 : v >= range.lo - 1e-12) &&
+                          (range.hi_exclusive ? v < range.hi - 1e-12 : v <= range.hi + 1e-12);
+      // Written canonically with 3 fraction digits, and without the trailing zeros.
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.3f", v);
+      std::string shortest = text;
+      while (shortest.back() == '0') shortest.pop_back();
+      if (shortest.back() == '.') shortest.pop_back();
+      if (shortest == "-0") continue;
+      EXPECT_EQ(accepts(shortest), inside) << range.schema << " " << shortest;
+      EXPECT_EQ(accepts(text), inside) << range.schema << " " << text;
+    }
+  }
+  // Values the grammar never writes in a range are still refused outside it.
+  EXPECT_FALSE(SchemaAccepts(R"({"type":"number","minimum":0.5})", "-0.5"));
+  EXPECT_TRUE(SchemaAccepts(R"({"type":"number","minimum":0.5})", "12345.678"));
+  EXPECT_FALSE(SchemaAccepts(R"({"type":"number","minimum":0.5})", "0.4999999"));
 }
 
 TEST(JsonSchemaGrammarTest, JsonObjectAcceptsAnyObjectOnly) {

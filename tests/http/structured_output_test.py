@@ -39,6 +39,9 @@ SCHEMAS = [
     obj({"color": {"enum": ["red", "green", "blue"]}, "shade": {"type": "integer", "minimum": 1, "maximum": 9}}),
     obj({"tags": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}),
     obj({"x": {"type": "number", "minimum": 0, "maximum": 100}, "y": {"type": "number", "minimum": 0, "maximum": 100}}),
+    # Pydantic's Field(gt=0, le=99.5) and confloat(ge=-1.5, le=1.5).
+    obj({"price": {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
+         "ratio": {"type": "number", "minimum": -1.5, "maximum": 1.5}}),
     obj({"answer": {"type": ["string", "null"], "maxLength": 8}}),
     obj({"user": obj({"first": S, "last": S}), "admin": {"type": "boolean"}}),
     obj({"id": {"type": "string", "format": "uuid"}}),
