@@ -72,6 +72,24 @@ def test_concurrent_requests_from_one_event_loop(rig, reference):
     assert all(c.text == reference for c in completions)
 
 
+def test_prompt_logprobs_from_both_clients(rig):
+    async def main():
+        async with AsyncLoomClient(rig.coordinator.address, timeout=120) as client:
+            return await client.generate(PROMPT, max_tokens=1, prompt_logprobs=2)
+
+    scored = run(main())
+    with LoomClient(rig.coordinator.address, timeout=120) as client:
+        blocking = client.generate(PROMPT, max_tokens=1, prompt_logprobs=2)
+        plain = client.generate(PROMPT, max_tokens=1)
+    assert plain.prompt_logprobs == []
+    assert len(scored.prompt_logprobs) == scored.prompt_tokens - 1
+    assert [p.token_id for p in scored.prompt_logprobs] == [p.token_id for p in blocking.prompt_logprobs]
+    for mine, theirs in zip(scored.prompt_logprobs, blocking.prompt_logprobs):
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+        assert len(mine.top) == 2 and mine.rank >= 1
+        assert (mine.rank == 1) == (mine.top[0][0] == mine.token_id)
+
+
 def test_chat_with_a_required_tool_call(rig):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     with LoomClient(rig.coordinator.address, timeout=120) as blocking:

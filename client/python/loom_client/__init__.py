@@ -19,7 +19,7 @@ from loom_client.client import LoomClient, RetryPolicy
 from loom_client.errors import LoomError
 from loom_client.stream import GenerateStream
 from loom_client.types import (Chunk, ClusterState, Completion, ModelCard, ReplicaState,
-                               TokenLogprob, ToolCall)
+                               PromptTokenLogprob, TokenLogprob, ToolCall)
 
 __all__ = ["LoomClient", "AsyncLoomClient", "AsyncGenerateStream", "RetryPolicy", "LoomError", "GenerateStream", "Chunk", "ClusterState",
-           "Completion", "ModelCard", "ReplicaState", "TokenLogprob", "ToolCall"]
+           "Completion", "ModelCard", "ReplicaState", "PromptTokenLogprob", "TokenLogprob", "ToolCall"]

@@ -122,7 +122,8 @@ class LoomClient(_ClientBase):
         0: the chosen token's, n: and the n most likely), stop, stop_token_ids, ignore_eos,
         priority, request_id, model, cache_salt, logit_bias ({token id: bias in [-100, 100]}),
         min_tokens (EOS and stop tokens masked until then), include_stop_str_in_output,
-        skip_special_tokens (default True); structured output (one of): json_schema (a
+        skip_special_tokens (default True), prompt_logprobs (each prompt token's logprob,
+        rank and the n most likely tokens, on the last chunk); structured output (one of): json_schema (a
         dict or JSON text), json_object=True, regex, choice (a list of strings), grammar (GBNF).
         """
         request = _generate_request(prompt, max_tokens, **params)
@@ -222,7 +223,8 @@ def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int
                       json_schema=None, json_object: bool = False, regex: Optional[str] = None,
                       choice=None, grammar: Optional[str] = None, logit_bias=None,
                       include_stop_str_in_output: bool = False,
-                      skip_special_tokens: Optional[bool] = None, **sampling):
+                      skip_special_tokens: Optional[bool] = None,
+                      prompt_logprobs: Optional[int] = None, **sampling):
     unknown = set(sampling) - set(_SAMPLING_FIELDS)
     if unknown:
         raise TypeError(f"unknown generate parameters: {sorted(unknown)}")
@@ -243,6 +245,8 @@ def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int
                                  include_stop_str_in_output=include_stop_str_in_output)
     if skip_special_tokens is not None:
         request.skip_special_tokens = skip_special_tokens
+    if prompt_logprobs is not None:
+        request.prompt_logprobs = prompt_logprobs
     if prompt is None:
         pass  # a chat: _set_chat fills in the messages
     elif isinstance(prompt, str):

@@ -23,6 +23,15 @@ class TokenLogprob:
 
 
 @dataclasses.dataclass
+class PromptTokenLogprob:
+    """One prompt token's score (generate(..., prompt_logprobs=n))."""
+    token_id: int
+    logprob: float  # given the prompt before it
+    rank: int       # 1 + the tokens more likely than it
+    top: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # most likely first
+
+
+@dataclasses.dataclass
 class ToolCall:
     """A function call the model made in a chat (LoomClient.chat)."""
     id: str
@@ -51,6 +60,8 @@ class Chunk:
     # reply's text outside them (`text` is the model's raw output).
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
     content: str = ""
+    # prompt_logprobs, last chunk: one per prompt token from the second on.
+    prompt_logprobs: list[PromptTokenLogprob] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_proto(cls, message) -> "Chunk":
@@ -63,7 +74,10 @@ class Chunk:
             prompt_tokens=message.prompt_tokens, completion_tokens=message.completion_tokens,
             cached_prompt_tokens=message.cached_prompt_tokens,
             tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in message.tool_calls],
-            content=message.content)
+            content=message.content,
+            prompt_logprobs=[PromptTokenLogprob(p.token_id, p.logprob, p.rank,
+                                                [(t.token_id, t.logprob) for t in p.top_logprobs])
+                             for p in message.prompt_logprobs])
 
 
 @dataclasses.dataclass
@@ -82,6 +96,7 @@ class Completion:
     attempts: int = 0  # calls made, retries of UNAVAILABLE included
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)  # chat with tools
     content: str = ""  # chat with tools: the reply's text outside the calls
+    prompt_logprobs: list[PromptTokenLogprob] = dataclasses.field(default_factory=list)
 
     def append(self, chunk: Chunk) -> None:
         self.request_id = self.request_id or chunk.request_id
@@ -97,6 +112,7 @@ class Completion:
             self.cached_prompt_tokens = chunk.cached_prompt_tokens
             self.tool_calls = list(chunk.tool_calls)
             self.content = chunk.content
+            self.prompt_logprobs = list(chunk.prompt_logprobs)
 
 
 @dataclasses.dataclass
