@@ -37,6 +37,13 @@ Json ParseJson(std::string_view text) {
   return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 
+// A reply that holds no (well-formed) call: all content.
+ParsedReply ContentOnly(std::string_view text) { return ParsedReply{text.size(), {}}; }
+
+ParsedReply WithCalls(std::vector<ParsedToolCall> calls, size_t content_end) {
+  return ParsedReply{content_end, std::move(calls)};
+}
+
 // {"name": ..., <arguments_key>: {...} or "..."} as a call; false when it is not one.
 bool CallFromJson(const Json& value, ParsedToolCall& call) {
   if (!value.is_object()) return false;
@@ -91,8 +98,7 @@ std::string_view Unfenced(std::string_view text) {
 }
 
 ParsedReply ParseHermes(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   const size_t first = text.find(kHermesOpen);
   if (first == std::string_view::npos) return reply;
   size_t at = first;
@@ -109,28 +115,22 @@ ParsedReply ParseHermes(std::string_view text) {
     if (close == std::string_view::npos) break;
     at = text.find(kHermesOpen, close + kHermesClose.size());
   }
-  reply.calls = std::move(calls);
-  reply.content_end = first;
-  return reply;
+  return WithCalls(std::move(calls), first);
 }
 
 ParsedReply ParseMistral(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   const size_t marker = text.find(kMistralMarker);
   if (marker == std::string_view::npos) return reply;
   std::vector<ParsedToolCall> calls;
   if (!CallsFromJson(ParseJson(Trim(text.substr(marker + kMistralMarker.size()))), calls)) {
     return reply;
   }
-  reply.calls = std::move(calls);
-  reply.content_end = marker;
-  return reply;
+  return WithCalls(std::move(calls), marker);
 }
 
 ParsedReply ParseLlama3(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   std::string_view body = Trim(text);
   if (body.substr(0, kPythonTag.size()) == kPythonTag) body = Trim(body.substr(kPythonTag.size()));
   body = Unfenced(body);
@@ -158,14 +158,11 @@ ParsedReply ParseLlama3(std::string_view text) {
       start = end + 1;
     }
   }
-  reply.calls = std::move(calls);
-  reply.content_end = 0;
-  return reply;
+  return WithCalls(std::move(calls), 0);
 }
 
 ParsedReply ParseGeneric(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   const Json value = ParseJson(Unfenced(Trim(text)));
   if (!value.is_object()) return reply;
   std::vector<ParsedToolCall> calls;
@@ -176,9 +173,7 @@ ParsedReply ParseGeneric(std::string_view text) {
   } else if (!CallsFromJson(value, calls)) {
     return reply;
   }
-  reply.calls = std::move(calls);
-  reply.content_end = 0;
-  return reply;
+  return WithCalls(std::move(calls), 0);
 }
 
 // Qwen3-Coder's value text as JSON: what reads as JSON is that value, anything else a
@@ -192,8 +187,7 @@ Json XmlParameterValue(std::string_view raw) {
 }
 
 ParsedReply ParseQwen3Coder(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   size_t at = text.find(kFunctionOpen);
   if (at == std::string_view::npos) return reply;
   // The content ends at the <tool_call> before the first function, when there is one.
@@ -228,14 +222,11 @@ ParsedReply ParseQwen3Coder(std::string_view text) {
     calls.push_back(std::move(call));
     at = close == std::string_view::npos ? close : text.find(kFunctionOpen, close);
   }
-  reply.calls = std::move(calls);
-  reply.content_end = first;
-  return reply;
+  return WithCalls(std::move(calls), first);
 }
 
 ParsedReply ParseDeepSeekV3(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   const size_t begin = text.find(kDsCallBegin);
   if (begin == std::string_view::npos) return reply;
   const size_t wrapper = text.rfind(kDsCallsBegin, begin);
@@ -266,21 +257,16 @@ ParsedReply ParseDeepSeekV3(std::string_view text) {
     calls.push_back(std::move(call));
     if (end == std::string_view::npos) break;
   }
-  reply.calls = std::move(calls);
-  reply.content_end = wrapper != std::string_view::npos ? wrapper : begin;
-  return reply;
+  return WithCalls(std::move(calls), wrapper != std::string_view::npos ? wrapper : begin);
 }
 
 ParsedReply ParsePythonic(std::string_view text) {
-  ParsedReply reply;
-  reply.content_end = text.size();
+  const ParsedReply reply = ContentOnly(text);
   std::string_view body = Trim(text);
   if (body.substr(0, kPythonTag.size()) == kPythonTag) body = Trim(body.substr(kPythonTag.size()));
   std::optional<std::vector<ParsedToolCall>> calls = ParsePythonicCalls(Unfenced(body));
   if (!calls) return reply;
-  reply.calls = *std::move(calls);
-  reply.content_end = 0;
-  return reply;
+  return WithCalls(*std::move(calls), 0);
 }
 
 // Bytes of `text` before `marker` or before a suffix that may be its beginning.

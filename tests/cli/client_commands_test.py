@@ -26,10 +26,7 @@ def loom(*args, stdin: str = None, timeout: float = 180):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("client_commands"), {"r0": {"threads": 1}}) as rig:
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "client_commands"), {"r0": {"threads": 1}}) as rig:
         yield rig
 
 

@@ -20,10 +20,7 @@ def FINISH(name):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("batching"), {"replica-a": {"threads": 2}},
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "batching"), {"replica-a": {"threads": 2}},
                            max_num_batched_tokens=TOKEN_BUDGET) as rig:
         yield rig
 

@@ -13,10 +13,7 @@ FREE_TIMEOUT_S = 10
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("cancellation"), {"replica-a": {"threads": 2}}) as rig:
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "cancellation"), {"replica-a": {"threads": 2}}) as rig:
         yield rig
 
 

@@ -99,6 +99,16 @@ def require_binaries(*paths: pathlib.Path) -> Optional[str]:
     return f"missing {', '.join(missing)}: build the project first" if missing else None
 
 
+def cluster_log_dir(tmp_path_factory, name: str) -> pathlib.Path:
+    """A fresh log folder for a test module's cluster; fails the test when `loom` or
+    `loom-worker` is not built."""
+    missing = require_binaries(LOOM_BIN, WORKER_BIN)
+    if missing:
+        import pytest
+        pytest.fail(missing)
+    return tmp_path_factory.mktemp(name)
+
+
 def serve_supported() -> bool:
     """Whether the built `loom` has the `serve` command."""
     if not LOOM_BIN.exists():

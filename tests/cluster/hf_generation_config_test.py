@@ -31,10 +31,7 @@ SEEDS = [1, 2, 3, 4, 5, 6]
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    root = tmp_path_factory.mktemp("hf_genconfig")
+    root = h.cluster_log_dir(tmp_path_factory, "hf_genconfig")
     gguf_path = random_model.write_model(random_model.SPECS["qwen2_mqa"], root / "model.gguf")
     return hf_checkpoint.write_hf_directory(gguf_path, root / "base", dtype="float32")
 

@@ -33,10 +33,7 @@ PROMPTS = tuple(
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("preemption"),
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "preemption"),
                            {"replica-a": {"threads": 2, "kv_cache_memory": KV_CACHE_MEMORY}}) as rig:
         yield rig
 

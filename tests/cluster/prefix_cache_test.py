@@ -35,10 +35,7 @@ def generate_last(stub, request):
 
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("cache_on"),
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "cache_on"),
                            {"replica-a": {"threads": 1}, "replica-b": {"threads": 1}},
                            prefix_caching="on", routing="prefix") as on, \
          h.running_cluster(tmp_path_factory.mktemp("cache_off"), {"replica-c": {"threads": 1}},

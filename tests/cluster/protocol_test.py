@@ -22,10 +22,7 @@ REFLECTION_METHODS = ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("protocol"), {"replica-a": {"threads": 1}}) as rig:
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "protocol"), {"replica-a": {"threads": 1}}) as rig:
         yield rig
 
 

@@ -21,10 +21,7 @@ CALL_TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("serving"),
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "serving"),
                            {replica: {"threads": 1} for replica in REPLICAS}) as rig:
         yield rig
 

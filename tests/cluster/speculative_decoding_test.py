@@ -171,10 +171,7 @@ DRAFT_KV = "64MiB"  # the target's pool; the draft's mirrors it (same block coun
 
 @pytest.fixture(scope="module")
 def draft_models(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    directory = tmp_path_factory.mktemp("drafts")
+    directory = h.cluster_log_dir(tmp_path_factory, "drafts")
     int4 = directory / "smollm2-int4.gguf"
     subprocess.run([str(h.LOOM_BIN), "quantize", "--model", str(h.MODEL_PATH), "--out", str(int4),
                     "--format", "int4", "--threads", "2"], check=True, capture_output=True)

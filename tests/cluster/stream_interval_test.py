@@ -31,10 +31,7 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("stream_interval"), {"replica-a": {"threads": 1}},
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "stream_interval"), {"replica-a": {"threads": 1}},
                            stream_interval_ms=int(INTERVAL_S * 1000)) as rig:
         yield rig
 

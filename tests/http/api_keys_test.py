@@ -51,10 +51,7 @@ def make_certificate(directory: pathlib.Path):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    directory = tmp_path_factory.mktemp("api_keys")
+    directory = h.cluster_log_dir(tmp_path_factory, "api_keys")
     cert, key = make_certificate(directory)
     key_file = directory / "keys.txt"
     key_file.write_text(f"# test keys\n{FILE_KEY}\n")

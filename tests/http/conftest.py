@@ -14,10 +14,7 @@ import cluster_harness as h  # noqa: E402
 
 @pytest.fixture(scope="module")
 def rig(request, tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    directory = tmp_path_factory.mktemp(pathlib.Path(request.module.__file__).stem)
+    directory = h.cluster_log_dir(tmp_path_factory, pathlib.Path(request.module.__file__).stem)
     with h.running_cluster(directory, {"r0": {"threads": 2}}) as rig:
         yield rig
 

@@ -110,10 +110,7 @@ def make_case(rng):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    with h.running_cluster(tmp_path_factory.mktemp("http_fuzz"), {"r0": {"threads": 1}}) as rig:
+    with h.running_cluster(h.cluster_log_dir(tmp_path_factory, "http_fuzz"), {"r0": {"threads": 1}}) as rig:
         yield rig
 
 

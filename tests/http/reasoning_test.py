@@ -32,10 +32,7 @@ SHAPE = {"guided_regex": "[a-z]{2,8}( [a-z]{2,8}){1,3}</think>[A-Z][a-z]{2,8}"}
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    directory = tmp_path_factory.mktemp("reasoning")
+    directory = h.cluster_log_dir(tmp_path_factory, "reasoning")
     template = directory / "qwen3_style.jinja"
     template.write_text(TEMPLATE)
     with h.running_cluster(directory, {"r0": {"threads": 2}}, chat_template=template,

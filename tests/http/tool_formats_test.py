@@ -39,10 +39,7 @@ MESSAGES = [{"role": "user", "content": "What will the weather be in Paris?"}]
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
 def served(request, tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    directory = tmp_path_factory.mktemp(request.param)
+    directory = h.cluster_log_dir(tmp_path_factory, request.param)
     template = directory / "template.jinja"
     template.write_text(FORMATS[request.param][0])
     with h.running_cluster(directory, {"r0": {"threads": 2}}, chat_template=template) as rig:

@@ -66,10 +66,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
-    if missing:
-        pytest.fail(missing)
-    log_dir = tmp_path_factory.mktemp("metrics")
+    log_dir = h.cluster_log_dir(tmp_path_factory, "metrics")
     with h.running_cluster(log_dir, {}) as rig:
         worker = rig.add_worker("r0", threads=2, metrics_port=0)
         worker_metrics = worker.wait_for_line(r"loom-worker: metrics on (http://\S+)", 30).group(1)
