@@ -122,10 +122,10 @@ class SchemaCompiler {
     static const absl::flat_hash_set<std::string> kKnown = {
         "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
         "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
-        "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+        "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "uniqueItems",
+        "patternProperties", "minProperties", "maxProperties"};
     for (const auto& [key, value] : s.items()) {
       if (kAnnotations.contains(key) || kKnown.contains(key)) continue;
-      if (key == "uniqueItems" && value == false) continue;
       return Unsupported(key, at);
     }
     if (s.contains("$ref")) {
@@ -192,7 +192,10 @@ class SchemaCompiler {
       }
     } else {
       // Keywords imply the type; none at all accepts any value.
-      if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) types.push_back("object");
+      if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required") ||
+          s.contains("patternProperties") || s.contains("minProperties") || s.contains("maxProperties")) {
+        types.push_back("object");
+      }
       if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types.push_back("array");
       if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) types.push_back("string");
       if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) types.push_back("number");
@@ -244,17 +247,65 @@ class SchemaCompiler {
         required.push_back(true);
       }
     }
-    GrammarExprPtr extra;
+    auto extra = ExtraMembers(s, at);
+    if (!extra.ok()) return extra.status();
+    auto lo = Count(s, "minProperties", at, 0);
+    if (!lo.ok()) return lo.status();
+    auto hi = Count(s, "maxProperties", at, -1);
+    if (!hi.ok()) return hi.status();
+    if (*hi >= 0 && *hi < *lo) return Invalid("maxProperties is below minProperties", at);
+    if (s.contains("minProperties") || s.contains("maxProperties")) {
+      return CountedMembers(props, required, *extra, *lo, *hi, at);
+    }
+    return Members(props, required, *extra);
+  }
+
+  // The members beyond `properties`: additionalProperties' schema under any key, and each
+  // patternProperties schema under keys matching its pattern. Null: none allowed.
+  absl::StatusOr<GrammarExprPtr> ExtraMembers(const Json& s, const std::string& at) {
+    std::vector<GrammarExprPtr> alts;
+    if (s.contains("patternProperties")) {
+      const Json& patterns = s["patternProperties"];
+      if (!patterns.is_object()) return Invalid("'patternProperties' must be an object", at);
+      if (s.contains("additionalProperties") && !(s["additionalProperties"].is_boolean() &&
+                                                  !s["additionalProperties"].get<bool>())) {
+        // A key the additional schema writes could match a pattern whose schema its value
+        // breaks.
+        return Unsupported("patternProperties together with additionalProperties", at);
+      }
+      for (const auto& [pattern, sub] : patterns.items()) {
+        RegexOptions options;
+        options.json_string = true;
+        options.search = true;
+        auto key = RegexToExpr(pattern, options);
+        if (!key.ok()) return Invalid(std::string(key.status().message()), at + "/patternProperties");
+        auto value = Compile(sub, absl::StrCat(at, "/patternProperties/", pattern));
+        if (!value.ok()) return value;
+        alts.push_back(Seq({Lit("\""), *key, Lit("\""), Ref("ws"), Lit(":"), Ref("ws"), *value}));
+      }
+    }
     if (s.contains("additionalProperties")) {
       const Json& ap = s["additionalProperties"];
       if (!(ap.is_boolean() && !ap.get<bool>())) {
         auto value = Compile(ap, at + "/additionalProperties");
         if (!value.ok()) return value;
-        extra = Named("extra", Seq({Ref("json-string"), Ref("ws"), Lit(":"), Ref("ws"), *value}));
+        alts.push_back(Seq({Ref("json-string"), Ref("ws"), Lit(":"), Ref("ws"), *value}));
       }
     }
+    if (alts.empty()) return GrammarExprPtr();
+    return Named("extra", alts.size() == 1 ? alts[0] : Alt(std::move(alts)));
+  }
+
+  static GrammarExprPtr Sep(GrammarExprPtr member) {
+    return Seq({Ref("ws"), Lit(","), Ref("ws"), std::move(member)});
+  }
+
+  // The object of `props` in order (required ones always, optional ones may be skipped),
+  // then any number of `extra` members.
+  GrammarExprPtr Members(const std::vector<std::pair<std::string, GrammarExprPtr>>& props,
+                         const std::vector<bool>& required, const GrammarExprPtr& extra) {
     const size_t n = props.size();
-    auto sep = [](GrammarExprPtr member) { return Seq({Ref("ws"), Lit(","), Ref("ws"), std::move(member)}); };
+    auto sep = Sep;
     // after[i]: properties i.. when something was already written; first[i]: when not.
     std::vector<GrammarExprPtr> after(n + 1), first(n + 1);
     after[n] = extra ? RepeatExpr(sep(extra), 0, -1) : EmptyExpr();
@@ -268,6 +319,49 @@ class SchemaCompiler {
       first[k] = Named("first", required[k] ? start : Alt({start, first[k + 1]}));
     }
     return Seq({Lit("{"), Ref("ws"), first[0], Ref("ws"), Lit("}")});
+  }
+
+  // Members, counting them: between lo and hi (< 0: unbounded) members in all. One rule per
+  // (next property, members written so far).
+  absl::StatusOr<GrammarExprPtr> CountedMembers(
+      const std::vector<std::pair<std::string, GrammarExprPtr>>& props,
+      const std::vector<bool>& required, const GrammarExprPtr& extra, int64_t lo, int64_t hi,
+      const std::string& at) {
+    const int64_t n = static_cast<int64_t>(props.size());
+    int64_t required_count = 0;
+    for (bool r : required) required_count += r ? 1 : 0;
+    if (hi >= 0 && required_count > hi) return Invalid("more required properties than maxProperties", at);
+    if (!extra && lo > n) return Invalid("minProperties is above the properties there can be", at);
+    const int64_t cap = hi >= 0 ? hi : std::max<int64_t>(lo, n);  // counts above are all alike
+    // state[k][c]: the members from property k on, c written so far; null: impossible.
+    std::vector<std::vector<GrammarExprPtr>> state(n + 1, std::vector<GrammarExprPtr>(cap + 1));
+    for (int64_t c = 0; c <= cap; ++c) {
+      std::vector<GrammarExprPtr> tails;
+      if (c >= lo) tails.push_back(EmptyExpr());
+      if (extra && (hi < 0 || c < hi)) {
+        const int32_t min_extra = static_cast<int32_t>(std::max<int64_t>(lo - c, 1));
+        const int32_t max_extra = hi < 0 ? -1 : static_cast<int32_t>(hi - c);
+        if (c == 0) {
+          tails.push_back(Seq({extra, RepeatExpr(Sep(extra), min_extra - 1, max_extra < 0 ? -1 : max_extra - 1)}));
+        } else {
+          tails.push_back(RepeatExpr(Sep(extra), min_extra, max_extra));
+        }
+      }
+      if (!tails.empty()) state[n][c] = Named("members", Alt(std::move(tails)));
+    }
+    for (int64_t k = n; k-- > 0;) {
+      for (int64_t c = 0; c <= cap; ++c) {
+        std::vector<GrammarExprPtr> alts;
+        const int64_t next = std::min(c + 1, cap);
+        if ((hi < 0 || c < hi) && state[k + 1][next]) {
+          alts.push_back(Seq({c == 0 ? props[k].second : Sep(props[k].second), state[k + 1][next]}));
+        }
+        if (!required[k] && state[k + 1][c]) alts.push_back(state[k + 1][c]);
+        if (!alts.empty()) state[k][c] = Named("members", Alt(std::move(alts)));
+      }
+    }
+    if (!state[0][0]) return Invalid("no object satisfies minProperties/maxProperties", at);
+    return Seq({Lit("{"), Ref("ws"), state[0][0], Ref("ws"), Lit("}")});
   }
 
   absl::StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& at, int64_t fallback) {
@@ -296,10 +390,48 @@ class SchemaCompiler {
     if (!hi.ok()) return hi.status();
     if (*hi >= 0 && *hi < *lo) return Invalid("maxItems is below minItems", at);
     if (*hi == 0) return Seq({Lit("["), Ref("ws"), Lit("]")});
+    if (s.contains("uniqueItems") && s["uniqueItems"] == true) return UniqueItems(s, *lo, *hi, at);
     auto rest = RepeatExpr(Seq({Ref("ws"), Lit(","), Ref("ws"), item}), static_cast<int32_t>(std::max<int64_t>(*lo - 1, 0)),
                            *hi < 0 ? -1 : static_cast<int32_t>(*hi - 1));
     auto items = Seq({item, rest});
     return Seq({Lit("["), Ref("ws"), *lo > 0 ? items : Opt(items), Ref("ws"), Lit("]")});
+  }
+
+  // uniqueItems over a finite set of item values (enum, const, boolean, null): the
+  // values in the schema's order, each at most once, between lo and hi (< 0: any) items.
+  absl::StatusOr<GrammarExprPtr> UniqueItems(const Json& s, int64_t lo, int64_t hi, const std::string& at) {
+    std::vector<std::string> values;
+    const Json items = s.contains("items") ? s["items"] : Json(true);
+    if (items.is_object() && items.contains("enum") && items["enum"].is_array()) {
+      for (const Json& v : items["enum"]) values.push_back(v.dump());
+    } else if (items.is_object() && items.contains("const")) {
+      values.push_back(items["const"].dump());
+    } else if (items.is_object() && items.value("type", Json()) == "boolean") {
+      values = {"true", "false"};
+    } else if (items.is_object() && items.value("type", Json()) == "null") {
+      values = {"null"};
+    } else {
+      return Unsupported("uniqueItems (on items other than enum, const, boolean or null)", at);
+    }
+    const int64_t k = static_cast<int64_t>(values.size());
+    if (k > 64) return Unsupported("uniqueItems over more than 64 values", at);
+    if (lo > k) return Invalid("minItems is above the distinct values there are", at);
+    const int64_t cap = hi >= 0 ? std::min(hi, k) : k;
+    // state[i][c]: values from i on, c written so far.
+    std::vector<std::vector<GrammarExprPtr>> state(k + 1, std::vector<GrammarExprPtr>(cap + 1));
+    for (int64_t c = lo; c <= cap; ++c) state[k][c] = EmptyExpr();
+    for (int64_t i = k; i-- > 0;) {
+      for (int64_t c = 0; c <= cap; ++c) {
+        std::vector<GrammarExprPtr> alts;
+        if (c < cap && state[i + 1][c + 1]) {
+          GrammarExprPtr value = Lit(values[i]);
+          alts.push_back(Seq({c == 0 ? value : Sep(value), state[i + 1][c + 1]}));
+        }
+        if (state[i + 1][c]) alts.push_back(state[i + 1][c]);
+        if (!alts.empty()) state[i][c] = Named("unique", Alt(std::move(alts)));
+      }
+    }
+    return Seq({Lit("["), Ref("ws"), state[0][0], Ref("ws"), Lit("]")});
   }
 
   absl::StatusOr<GrammarExprPtr> String(const Json& s, const std::string& at) {

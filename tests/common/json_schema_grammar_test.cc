@@ -94,7 +94,10 @@ TEST(JsonSchemaGrammarTest, TypeListsConstAndEmptySchema) {
 
 TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"type":"object","patternProperties":{"a":{}}})", "patternProperties"},
+      {R"({"type":"object","patternProperties":{"a":{}},"additionalProperties":{}})",
+       "patternProperties together with additionalProperties"},
+      {R"({"type":"array","items":{"type":"string"},"uniqueItems":true})", "uniqueItems"},
+      {R"({"type":"object","maxProperties":1,"required":["a","b"]})", "maxProperties"},
       {R"({"not":{"type":"string"}})", "not"},
       {R"({"type":"number","multipleOf":3})", "multipleOf"},
       {R"({"type":"array","items":[{"type":"string"}]})", "tuple"},
@@ -164,6 +167,55 @@ TEST(JsonSchemaGrammarTest, NumberRangesWithRealBounds) {
   EXPECT_FALSE(SchemaAccepts(R"({"type":"number","minimum":0.5})", "-0.5"));
   EXPECT_TRUE(SchemaAccepts(R"({"type":"number","minimum":0.5})", "12345.678"));
   EXPECT_FALSE(SchemaAccepts(R"({"type":"number","minimum":0.5})", "0.4999999"));
+}
+
+TEST(JsonSchemaGrammarTest, UniqueItemsOverAFiniteSetOfValues) {
+  const std::string schema =
+      R"({"type":"array","items":{"enum":["a","b",3]},"uniqueItems":true,"minItems":1,"maxItems":2})";
+  EXPECT_TRUE(SchemaAccepts(schema, R"(["a"])"));
+  EXPECT_TRUE(SchemaAccepts(schema, R"(["a", 3])"));
+  EXPECT_TRUE(SchemaAccepts(schema, R"(["b",3])"));
+  EXPECT_FALSE(SchemaAccepts(schema, "[]"));
+  EXPECT_FALSE(SchemaAccepts(schema, R"(["a","a"])"));
+  EXPECT_FALSE(SchemaAccepts(schema, R"(["a","b",3])"));
+  // The grammar writes the values in the schema's order (a unique array either way).
+  EXPECT_FALSE(SchemaAccepts(schema, R"([3,"a"])"));
+  const std::string flags = R"({"type":"array","items":{"type":"boolean"},"uniqueItems":true})";
+  EXPECT_TRUE(SchemaAccepts(flags, "[]"));
+  EXPECT_TRUE(SchemaAccepts(flags, "[true,false]"));
+  EXPECT_FALSE(SchemaAccepts(flags, "[true,true]"));
+  EXPECT_TRUE(SchemaAccepts(R"({"type":"array","items":{"type":"integer"},"uniqueItems":false})", "[1,1]"));
+}
+
+TEST(JsonSchemaGrammarTest, MinAndMaxProperties) {
+  const std::string fixed = R"({"type":"object","properties":{"a":{"type":"integer"},
+      "b":{"type":"integer"},"c":{"type":"integer"}},"required":["a"],"minProperties":2,"maxProperties":2})";
+  EXPECT_TRUE(SchemaAccepts(fixed, R"({"a":1,"b":2})"));
+  EXPECT_TRUE(SchemaAccepts(fixed, R"({"a":1, "c":3})"));
+  EXPECT_FALSE(SchemaAccepts(fixed, R"({"a":1})"));
+  EXPECT_FALSE(SchemaAccepts(fixed, R"({"b":1,"c":2})"));  // a is required
+  EXPECT_FALSE(SchemaAccepts(fixed, R"({"a":1,"b":2,"c":3})"));
+  const std::string map = R"({"type":"object","additionalProperties":{"type":"integer"},
+      "minProperties":1,"maxProperties":2})";
+  EXPECT_FALSE(SchemaAccepts(map, "{}"));
+  EXPECT_TRUE(SchemaAccepts(map, R"({"x":1})"));
+  EXPECT_TRUE(SchemaAccepts(map, R"({"x":1,"y":2})"));
+  EXPECT_FALSE(SchemaAccepts(map, R"({"x":1,"y":2,"z":3})"));
+  const std::string mixed = R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],
+      "additionalProperties":{"type":"boolean"},"minProperties":3})";
+  EXPECT_FALSE(SchemaAccepts(mixed, R"({"id":1,"x":true})"));
+  EXPECT_TRUE(SchemaAccepts(mixed, R"({"id":1,"x":true,"y":false})"));
+  EXPECT_TRUE(SchemaAccepts(mixed, R"({"id":1,"x":true,"y":false,"z":true})"));
+}
+
+TEST(JsonSchemaGrammarTest, PatternProperties) {
+  const std::string schema = R"({"type":"object","properties":{"name":{"type":"string"}},
+      "required":["name"],"patternProperties":{"^x_[a-z]+$":{"type":"integer"},"^is_":{"type":"boolean"}}})";
+  EXPECT_TRUE(SchemaAccepts(schema, R"({"name":"n"})"));
+  EXPECT_TRUE(SchemaAccepts(schema, R"({"name":"n","x_ab":1,"is_on":true})"));
+  EXPECT_FALSE(SchemaAccepts(schema, R"({"name":"n","x_ab":"1"})"));
+  EXPECT_FALSE(SchemaAccepts(schema, R"({"name":"n","x_":1})"));
+  EXPECT_FALSE(SchemaAccepts(schema, R"({"name":"n","y":1})"));
 }
 
 TEST(JsonSchemaGrammarTest, JsonObjectAcceptsAnyObjectOnly) {

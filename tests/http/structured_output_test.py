@@ -39,6 +39,11 @@ SCHEMAS = [
     obj({"color": {"enum": ["red", "green", "blue"]}, "shade": {"type": "integer", "minimum": 1, "maximum": 9}}),
     obj({"tags": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}),
     obj({"x": {"type": "number", "minimum": 0, "maximum": 100}, "y": {"type": "number", "minimum": 0, "maximum": 100}}),
+    # Pydantic's set[Literal[...]] (uniqueItems) and dict[constr(pattern), int] with bounds.
+    {"type": "array", "items": {"enum": ["red", "green", "blue", "black"]}, "uniqueItems": True,
+     "minItems": 2, "maxItems": 3},
+    {"type": "object", "patternProperties": {"^k[0-9]$": {"type": "integer", "minimum": 0, "maximum": 9}},
+     "minProperties": 1, "maxProperties": 3},
     # Pydantic's Field(gt=0, le=99.5) and confloat(ge=-1.5, le=1.5).
     obj({"price": {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
          "ratio": {"type": "number", "minimum": -1.5, "maximum": 1.5}}),
@@ -147,7 +152,7 @@ def test_unsatisfiable_within_max_tokens_ends_with_length(client, model):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "patternProperties": {}}}}},
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"not": {}}}}}}},
      "response_format"),
     ({"guided_json": {"type": "string", "format": "hostname"}}, "guided_json"),
     ({"guided_regex": "(a)\\1"}, "guided_regex"),

@@ -164,7 +164,7 @@ def test_tool_round_trip_renders_through_the_template(rig, client, model):
 
 @pytest.mark.parametrize("extra,param,needle", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "patternProperties": {"^a": {}}}}}], "tool_choice": "required"}, "tools", "patternProperties"),
+        "type": "object", "properties": {"a": {"not": {}}}}}}], "tool_choice": "required"}, "tools", "'not'"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
     ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "always"),
     ({"tool_choice": "required"}, "tool_choice", "tools"),
