@@ -104,8 +104,12 @@ Guard KeyGuard(const ApiKeys& api_keys) {
 }
 
 // The OpenAI-compatible routes and vLLM's tokenizer routes, all behind the key guard.
-void AddApiRoutes(httplib::Server& http, OpenAiService* openai, const Guard& guard,
-                  const std::string& model_id) {
+void AddApiRoutes(httplib::Server& http, OpenAiService* openai, ResponsesApi* responses,
+                  const Guard& guard, const std::string& model_id) {
+  http.Post("/v1/responses", guard([responses](const httplib::Request& request,
+                                               httplib::Response& response) {
+    responses->Create(request, response);
+  }));
   http.Post("/v1/completions", guard([openai](const httplib::Request& request,
                                               httplib::Response& response) {
     openai->Completions(request, response);
@@ -212,9 +216,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
       std::make_unique<OpenAiService>(cluster, model, config, tokenizer, chat_template, &metrics,
                                       options.stream_interval, options.seed);
   server->openai_->set_reasoning_format(options.reasoning);
+  server->responses_ = std::make_unique<ResponsesApi>(*server->openai_);
   httplib::Server& http = *server->server_;
   ConfigureConnections(http, options);
-  AddApiRoutes(http, server->openai_.get(), KeyGuard(options.api_keys), model.id);
+  AddApiRoutes(http, server->openai_.get(), server->responses_.get(), KeyGuard(options.api_keys),
+               model.id);
   AddProbeRoutes(http, cluster, metrics);
   AddErrorHandlers(http);
 

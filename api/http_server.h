@@ -12,6 +12,7 @@
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
 #include "api/openai_service.h"
+#include "api/responses_api.h"
 #include "api/served_model.h"
 #include "httplib.h"
 
@@ -66,6 +67,7 @@ class HttpServer {
   HttpOptions options_;
   coordinator::Cluster* cluster_ = nullptr;
   std::unique_ptr<OpenAiService> openai_;
+  std::unique_ptr<ResponsesApi> responses_;
   std::unique_ptr<httplib::Server> server_;  // an httplib::SSLServer with TLS
   std::thread listener_;
   int port_ = 0;

@@ -40,6 +40,7 @@ class OpenAiService {
   /// Chat replies split into `reasoning_content` and `content` (--reasoning-parser). Call
   /// before serving.
   void set_reasoning_format(ReasoningFormat format) { reasoning_ = format; }
+  const ServedModel& model() const { return model_; }
 
   void Completions(const httplib::Request& request, httplib::Response& response);
   void ChatCompletions(const httplib::Request& request, httplib::Response& response);

@@ -1,0 +1,335 @@
+#include "api/responses_api.h"
+
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "api/openai_request.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::api {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string NewId(const char* prefix) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  std::string id = prefix;
+  for (int i = 0; i < 32; ++i) id += kHex[generator() % 16];
+  return id;
+}
+
+// An input message's content: a string, or parts whose text is joined.
+absl::StatusOr<std::string> MessageText(const Json& content) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    return InvalidOpenAiParam("input", "a message's content must be a string or a list of parts");
+  }
+  std::string text;
+  for (const Json& part : content) {
+    const std::string type = part.is_object() ? part.value("type", "") : "";
+    if ((type != "input_text" && type != "output_text") || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return InvalidOpenAiParam(
+          "input", absl::StrFormat("content parts of type '%s' are not supported (input_text "
+                                   "and output_text are)",
+                                   type));
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// The chat completions body of a Responses request.
+absl::StatusOr<Json> ChatBody(const Json& body) {
+  for (const char* name : {"tools", "previous_response_id", "conversation", "prompt"}) {
+    const auto it = body.find(name);
+    if (it != body.end() && !it->is_null() && !(it->is_array() && it->empty())) {
+      return InvalidOpenAiParam(
+          name, absl::StrFormat("'%s' is not supported on /v1/responses (use "
+                                "/v1/chat/completions for tools)",
+                                name));
+    }
+  }
+  if (body.value("background", false) == true) {
+    return InvalidOpenAiParam("background", "'background' responses are not supported");
+  }
+  Json messages = Json::array();
+  if (auto it = body.find("instructions"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidOpenAiParam("instructions", "'instructions' must be a string");
+    messages.push_back(Json{{"role", "system"}, {"content", *it}});
+  }
+  const auto input = body.find("input");
+  if (input == body.end() || input->is_null()) {
+    return InvalidOpenAiParam("input", "'input' is required");
+  }
+  if (input->is_string()) {
+    messages.push_back(Json{{"role", "user"}, {"content", *input}});
+  } else if (input->is_array() && !input->empty()) {
+    for (const Json& item : *input) {
+      if (!item.is_object() || item.value("type", "message") != "message" ||
+          !item.contains("role") || !item["role"].is_string() || !item.contains("content")) {
+        return InvalidOpenAiParam("input",
+                                  "'input' items must be messages ({role, content}); other item "
+                                  "types are not supported");
+      }
+      absl::StatusOr<std::string> text = MessageText(item["content"]);
+      if (!text.ok()) return text.status();
+      const std::string role = item["role"].get<std::string>();
+      messages.push_back(Json{{"role", role == "developer" ? "system" : role}, {"content", *text}});
+    }
+  } else {
+    return InvalidOpenAiParam("input", "'input' must be a string or a non-empty list of messages");
+  }
+  Json chat = Json::object();
+  chat["messages"] = std::move(messages);
+  for (const char* name : {"model", "temperature", "top_p", "seed", "user", "stream", "top_k",
+                           "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                           "stop", "logit_bias", "priority", "cache_salt", "chat_template_kwargs"}) {
+    if (auto it = body.find(name); it != body.end()) chat[name] = *it;
+  }
+  if (auto it = body.find("max_output_tokens"); it != body.end()) chat["max_tokens"] = *it;
+  if (auto text = body.find("text"); text != body.end() && text->is_object()) {
+    if (auto format = text->find("format"); format != text->end() && format->is_object()) {
+      const std::string type = format->value("type", "text");
+      if (type == "json_schema") {
+        Json schema{{"name", format->value("name", "response")},
+                    {"schema", format->value("schema", Json::object())}};
+        if (format->contains("strict")) schema["strict"] = (*format)["strict"];
+        chat["response_format"] = Json{{"type", "json_schema"}, {"json_schema", std::move(schema)}};
+      } else if (type == "json_object") {
+        chat["response_format"] = Json{{"type", "json_object"}};
+      } else if (type != "text") {
+        return InvalidOpenAiParam("text", absl::StrFormat("text.format type '%s' is not supported", type));
+      }
+    }
+  }
+  if (chat.value("stream", false) == true) chat["stream_options"] = Json{{"include_usage", true}};
+  return chat;
+}
+
+// The response object around `output` (the message items), as OpenAI writes it.
+Json ResponseObject(const std::string& id, int64_t created, const Json& request, const std::string& model,
+                    const char* status, Json output, const Json& usage, const char* incomplete) {
+  Json response;
+  response["id"] = id;
+  response["object"] = "response";
+  response["created_at"] = created;
+  response["status"] = status;
+  response["error"] = nullptr;
+  response["incomplete_details"] =
+      incomplete != nullptr ? Json{{"reason", incomplete}} : Json(nullptr);
+  response["instructions"] = request.value("instructions", Json());
+  response["max_output_tokens"] = request.value("max_output_tokens", Json());
+  response["model"] = model;
+  response["output"] = std::move(output);
+  response["parallel_tool_calls"] = true;
+  response["previous_response_id"] = nullptr;
+  response["store"] = false;
+  response["temperature"] = request.value("temperature", Json(1.0));
+  response["text"] = request.value("text", Json{{"format", {{"type", "text"}}}});
+  response["tool_choice"] = "auto";
+  response["tools"] = Json::array();
+  response["top_p"] = request.value("top_p", Json(1.0));
+  response["truncation"] = "disabled";
+  response["usage"] = usage;
+  response["user"] = request.value("user", Json());
+  response["metadata"] = request.value("metadata", Json::object());
+  return response;
+}
+
+Json MessageItem(const std::string& id, const char* status, const Json& content) {
+  return Json{{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"},
+              {"content", content}};
+}
+
+Json TextPart(const std::string& text) {
+  return Json{{"type", "output_text"}, {"text", text}, {"annotations", Json::array()}};
+}
+
+// Chat completion usage as Responses usage.
+Json Usage(const Json& chat_usage) {
+  if (!chat_usage.is_object()) return nullptr;
+  const int64_t input = chat_usage.value("prompt_tokens", 0);
+  const int64_t output = chat_usage.value("completion_tokens", 0);
+  int64_t cached = 0;
+  if (auto details = chat_usage.find("prompt_tokens_details"); details != chat_usage.end()) {
+    cached = details->value("cached_tokens", 0);
+  }
+  return Json{{"input_tokens", input},
+              {"input_tokens_details", {{"cached_tokens", cached}}},
+              {"output_tokens", output},
+              {"output_tokens_details", {{"reasoning_tokens", 0}}},
+              {"total_tokens", input + output}};
+}
+
+// Turns the chat completion stream into the Responses event sequence of one text message.
+class EventTranslator {
+ public:
+  EventTranslator(Json request, std::string model)
+      : request_(std::move(request)),
+        model_(std::move(model)),
+        id_(NewId("resp_")),
+        item_id_(NewId("msg_")),
+        created_(absl::ToUnixSeconds(absl::Now())) {}
+
+  // The events before any text.
+  std::string Start() {
+    Json in_progress = ResponseObject(id_, created_, request_, model_, "in_progress", Json::array(),
+                                      nullptr, nullptr);
+    std::string out = Event("response.created", Json{{"response", in_progress}});
+    out += Event("response.in_progress", Json{{"response", in_progress}});
+    out += Event("response.output_item.added",
+                 Json{{"output_index", 0}, {"item", MessageItem(item_id_, "in_progress", Json::array())}});
+    out += Event("response.content_part.added", Json{{"item_id", item_id_}, {"output_index", 0},
+                                                     {"content_index", 0}, {"part", TextPart("")}});
+    return out;
+  }
+
+  // One chat SSE event ("data: {...}" or a comment) as Responses events.
+  std::string Translate(const std::string& event) {
+    if (event.rfind("data: ", 0) != 0) return event + "\n\n";  // keep-alive comments pass
+    const std::string data = event.substr(6);
+    if (data == "[DONE]") return Finish();
+    const Json chunk = Json::parse(data, nullptr, /*allow_exceptions=*/false);
+    if (!chunk.is_object()) return "";
+    if (chunk.contains("error")) {
+      failed_ = true;
+      Json response = ResponseObject(id_, created_, request_, model_, "failed", Json::array(),
+                                     nullptr, nullptr);
+      response["error"] = {{"code", "server_error"},
+                           {"message", chunk["error"].value("message", "the request failed")}};
+      return Event("error", Json{{"code", "server_error"},
+                                 {"message", chunk["error"].value("message", "")}, {"param", nullptr}}) +
+             Event("response.failed", Json{{"response", response}});
+    }
+    if (chunk.contains("usage") && chunk["usage"].is_object()) usage_ = Usage(chunk["usage"]);
+    std::string out;
+    for (const Json& choice : chunk.value("choices", Json::array())) {
+      const Json delta = choice.value("delta", Json::object());
+      if (delta.contains("content") && delta["content"].is_string() &&
+          !delta["content"].get<std::string>().empty()) {
+        const std::string piece = delta["content"].get<std::string>();
+        text_ += piece;
+        out += Event("response.output_text.delta", Json{{"item_id", item_id_}, {"output_index", 0},
+                                                        {"content_index", 0}, {"delta", piece},
+                                                        {"logprobs", Json::array()}});
+      }
+      if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+        finish_ = choice["finish_reason"].get<std::string>();
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::string Finish() {
+    if (failed_) return "";
+    const bool cut = finish_ == "length";
+    std::string out = Event("response.output_text.done", Json{{"item_id", item_id_}, {"output_index", 0},
+                                                             {"content_index", 0}, {"text", text_},
+                                                             {"logprobs", Json::array()}});
+    out += Event("response.content_part.done", Json{{"item_id", item_id_}, {"output_index", 0},
+                                                    {"content_index", 0}, {"part", TextPart(text_)}});
+    const Json item = MessageItem(item_id_, cut ? "incomplete" : "completed", Json::array({TextPart(text_)}));
+    out += Event("response.output_item.done", Json{{"output_index", 0}, {"item", item}});
+    const Json response = ResponseObject(id_, created_, request_, model_, cut ? "incomplete" : "completed",
+                                         Json::array({item}), usage_, cut ? "max_output_tokens" : nullptr);
+    out += Event(cut ? "response.incomplete" : "response.completed", Json{{"response", response}});
+    return out;
+  }
+
+  std::string Event(const char* type, Json fields) {
+    Json event = Json::object();
+    event["type"] = type;
+    event["sequence_number"] = sequence_++;
+    for (auto& [key, value] : fields.items()) event[key] = std::move(value);
+    return absl::StrFormat("event: %s\ndata: %s\n\n", type,
+                           event.dump(-1, ' ', false, Json::error_handler_t::replace));
+  }
+
+  const Json request_;
+  const std::string model_;
+  const std::string id_;
+  const std::string item_id_;
+  const int64_t created_;
+  int64_t sequence_ = 0;
+  std::string text_;
+  std::string finish_;
+  Json usage_;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+void ResponsesApi::Create(const httplib::Request& request, httplib::Response& response) {
+  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return OpenAiService::WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"),
+                                     response);
+  }
+  absl::StatusOr<Json> chat = ChatBody(body);
+  if (!chat.ok()) return OpenAiService::WriteError(chat.status(), response);
+  httplib::Request inner = request;
+  inner.body = chat->dump(-1, ' ', false, Json::error_handler_t::replace);
+  auto answer = std::make_shared<httplib::Response>();
+  openai_.ChatCompletions(inner, *answer);
+  if (answer->status >= 400 || (!answer->content_provider_ && answer->body.empty())) {
+    response = *answer;
+    return;
+  }
+  if (!answer->content_provider_) {
+    // Whole: the chat completion as a response.
+    const Json completion = Json::parse(answer->body, nullptr, /*allow_exceptions=*/false);
+    const Json& choice = completion["choices"][0];
+    const bool cut = choice.value("finish_reason", "") == "length";
+    const Json content = choice["message"].value("content", Json(""));
+    const Json item = MessageItem(NewId("msg_"), cut ? "incomplete" : "completed",
+                                  Json::array({TextPart(content.is_string() ? content.get<std::string>() : "")}));
+    const Json out = ResponseObject(NewId("resp_"), completion.value("created", int64_t{0}), body,
+                                    completion.value("model", ""), cut ? "incomplete" : "completed",
+                                    Json::array({item}), Usage(completion["usage"]),
+                                    cut ? "max_output_tokens" : nullptr);
+    response.set_content(out.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
+    return;
+  }
+  // Streamed: the chat stream's provider runs inside ours, its events translated.
+  auto provider = std::move(answer->content_provider_);
+  auto releaser = std::move(answer->content_provider_resource_releaser_);
+  answer->content_provider_resource_releaser_ = nullptr;
+  auto translator = std::make_shared<EventTranslator>(body, openai_.model().id);
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("X-Accel-Buffering", "no");
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [provider, translator](size_t offset, httplib::DataSink& sink) {
+        const std::string start = translator->Start();
+        if (!sink.write(start.data(), start.size())) return false;
+        std::string pending;
+        httplib::DataSink chat_sink;
+        chat_sink.is_writable = [&sink] { return !sink.is_writable || sink.is_writable(); };
+        chat_sink.done = [] {};
+        chat_sink.write = [&](const char* data, size_t size) {
+          pending.append(data, size);
+          for (size_t end = pending.find("\n\n"); end != std::string::npos; end = pending.find("\n\n")) {
+            const std::string events = translator->Translate(pending.substr(0, end));
+            pending.erase(0, end + 2);
+            if (!events.empty() && !sink.write(events.data(), events.size())) return false;
+          }
+          return true;
+        };
+        provider(offset, 0, chat_sink);
+        sink.done();
+        return true;
+      },
+      [releaser](bool success) {
+        if (releaser) releaser(success);
+      });
+}
+
+}  // namespace loom::api

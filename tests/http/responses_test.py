@@ -1,0 +1,75 @@
+"""POST /v1/responses through the official `openai` client (`client.responses.create`), on one
+`loom serve` with one CPU worker running the default model: the documented subset
+(api/responses_api.h) answers whole and streamed with the text the chat completions API gives
+the same conversation; structured output through `text.format`; max_output_tokens cut short
+is `incomplete`; what the subset does not take is a 400 naming the field.
+"""
+import json
+
+import openai
+import pytest
+
+MESSAGES = [{"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": "Name a color."}]
+
+
+def test_whole_response_equals_the_chat_completion(client, model):
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=12, temperature=0)
+    response = client.responses.create(model=model, instructions="You answer briefly.", input="Name a color.",
+                                       max_output_tokens=12, temperature=0)
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.output_text == chat.choices[0].message.content
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    assert response.usage.total_tokens == chat.usage.total_tokens
+    expected_status = "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    assert response.status == expected_status
+    # Message items as input: the same conversation.
+    items = client.responses.create(model=model, input=[
+        {"role": "developer", "content": "You answer briefly."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a color."}]}],
+        max_output_tokens=12, temperature=0)
+    assert items.output_text == response.output_text
+
+
+def test_streamed_events_join_to_the_whole_text(client, model):
+    whole = client.responses.create(model=model, input="Count to five.", max_output_tokens=16, temperature=0)
+    events = list(client.responses.create(model=model, input="Count to five.", max_output_tokens=16,
+                                          temperature=0, stream=True))
+    types = [event.type for event in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert types[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                            "response.output_item.done"]
+    assert types[-1] in ("response.completed", "response.incomplete")
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert deltas == whole.output_text
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_text_format_json_schema_and_incomplete(client, model):
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+              "required": ["color"], "additionalProperties": False}
+    response = client.responses.create(model=model, input="Pick a color.", temperature=1.0,
+                                       text={"format": {"type": "json_schema", "name": "pick", "schema": schema,
+                                                        "strict": True}}, max_output_tokens=32)
+    assert json.loads(response.output_text)["color"] in ("red", "green", "blue")
+    cut = client.responses.create(model=model, input="Tell me a long story.", max_output_tokens=2)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(input="x", tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools"),
+    (dict(input="x", previous_response_id="resp_123"), "previous_response_id"),
+    (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "{}"}]), "input"),
+    (dict(input=[]), "input"),
+    (dict(input="x", temperature=-1), "temperature"),
+    (dict(input="x", text={"format": {"type": "xml"}}), "text"),
+])
+def test_what_the_subset_does_not_take_is_400(client, model, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model=model, **kwargs)
+    assert raised.value.body["param"] == param, raised.value.body
