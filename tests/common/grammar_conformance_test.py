@@ -134,7 +134,7 @@ def test_matcher_agrees_with_jsonschema():
 
 def test_unsupported_schemas_name_the_construct():
     schemas = {
-        "patternProperties": {"type": "object", "patternProperties": {"^a": {}}},
+        "patternProperties": {"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": {}},
         "not": {"not": {"type": "null"}},
         "if": {"if": {"type": "string"}, "then": {"minLength": 1}},
         "multipleOf": {"type": "integer", "multipleOf": 2},
