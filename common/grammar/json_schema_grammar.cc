@@ -123,7 +123,7 @@ class SchemaCompiler {
         "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
         "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
         "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "uniqueItems",
-        "patternProperties", "minProperties", "maxProperties"};
+        "patternProperties", "minProperties", "maxProperties", "multipleOf"};
     for (const auto& [key, value] : s.items()) {
       if (kAnnotations.contains(key) || kKnown.contains(key)) continue;
       return Unsupported(key, at);
@@ -198,7 +198,10 @@ class SchemaCompiler {
       }
       if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types.push_back("array");
       if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) types.push_back("string");
-      if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) types.push_back("number");
+      if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+          s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
+        types.push_back("number");
+      }
       if (types.empty()) return Ref("json-value");
     }
     std::vector<GrammarExprPtr> alts;
@@ -522,6 +525,7 @@ class SchemaCompiler {
     bool has_lo, has_hi;
     int64_t lo = 0, hi = 0;
     if (absl::Status st = Bounds(s, at, has_lo, lo, has_hi, hi); !st.ok()) return st;
+    if (s.contains("multipleOf")) return MultipleOf(s, has_lo, lo, has_hi, hi, at);
     if (!has_lo && !has_hi) return Ref("json-int");
     std::vector<GrammarExprPtr> alts;
     // Non-negative part [max(lo, 0), hi].
@@ -538,7 +542,58 @@ class SchemaCompiler {
     return Named("int-range", Alt(std::move(alts)));
   }
 
+  // Integers that are multiples of multipleOf (a positive integer): within bounds of at
+  // most 4096 values, those multiples listed; unbounded, up to 16 digits whose value mod k
+  // is tracked digit by digit (one rule per digit position and remainder, k <= 100).
+  absl::StatusOr<GrammarExprPtr> MultipleOf(const Json& s, bool has_lo, int64_t lo, bool has_hi,
+                                            int64_t hi, const std::string& at) {
+    const Json& m = s["multipleOf"];
+    if (!m.is_number() || m.get<double>() <= 0 || m.get<double>() != std::floor(m.get<double>()) ||
+        m.get<double>() > 1e15) {
+      return Unsupported("multipleOf (other than a positive integer)", at);
+    }
+    const int64_t k = static_cast<int64_t>(m.get<double>());
+    if (has_lo && has_hi) {
+      if (hi - lo > 4096 * k) return Unsupported("multipleOf over a range of more than 4096 multiples", at);
+      std::vector<GrammarExprPtr> alts;
+      // The first multiple at or above lo (C++'s % rounds toward zero).
+      int64_t first = lo % k == 0 ? lo : lo + ((k - lo % k) % k);
+      for (int64_t v = first; v <= hi; v += k) alts.push_back(Lit(std::to_string(v)));
+      if (alts.empty()) return Invalid("no multiple of multipleOf lies in the range", at);
+      return Named("multiple", Alt(std::move(alts)));
+    }
+    if (has_lo || has_hi) return Unsupported("multipleOf with only one bound", at);
+    if (k > 100) return Unsupported("multipleOf above 100 without bounds", at);
+    // tail[p][r]: the digits after p digits with remainder r; 16 digits at most.
+    constexpr int kDigits = 16;
+    std::vector<std::vector<GrammarExprPtr>> tail(kDigits + 1, std::vector<GrammarExprPtr>(k));
+    const std::string prefix = NewRule("mod");
+    for (int p = kDigits; p >= 1; --p) {
+      for (int64_t r = 0; r < k; ++r) {
+        std::vector<GrammarExprPtr> alts;
+        if (r == 0) alts.push_back(EmptyExpr());
+        if (p < kDigits) {
+          for (int d = 0; d <= 9; ++d) {
+            const int64_t next = (10 * r + d) % k;
+            if (tail[p + 1][next]) alts.push_back(Seq({Lit(std::string(1, char('0' + d))), tail[p + 1][next]}));
+          }
+        }
+        if (alts.empty()) continue;
+        const std::string name = absl::StrCat(prefix, "-", p, "-", r);
+        d_.SetRule(name, Alt(std::move(alts)));
+        tail[p][r] = Ref(name);
+      }
+    }
+    std::vector<GrammarExprPtr> leading;
+    for (int d = 1; d <= 9; ++d) {
+      if (tail[1][d % k]) leading.push_back(Seq({Lit(std::string(1, char('0' + d))), tail[1][d % k]}));
+    }
+    GrammarExprPtr magnitude = Alt(std::move(leading));
+    return Named("multiple", Alt({Lit("0"), Seq({Opt(Lit("-")), magnitude})}));
+  }
+
   absl::StatusOr<GrammarExprPtr> Number(const Json& s, const std::string& at) {
+    if (s.contains("multipleOf")) return Unsupported("multipleOf on type number (use type integer)", at);
     // The tighter of each side's inclusive and exclusive bound (draft 2020-12: numbers).
     auto bound = [&](const char* inclusive, const char* exclusive, bool lower,
                      std::optional<DecimalBound>& out) -> absl::Status {

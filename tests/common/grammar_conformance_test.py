@@ -137,7 +137,7 @@ def test_unsupported_schemas_name_the_construct():
         "patternProperties": {"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": {}},
         "not": {"not": {"type": "null"}},
         "if": {"if": {"type": "string"}, "then": {"minLength": 1}},
-        "multipleOf": {"type": "integer", "multipleOf": 2},
+        "multipleOf": {"type": "number", "multipleOf": 2},
         "uniqueItems": {"type": "array", "uniqueItems": True},
         "format 'hostname'": {"type": "string", "format": "hostname"},
     }

@@ -99,7 +99,9 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
       {R"({"type":"array","items":{"type":"string"},"uniqueItems":true})", "uniqueItems"},
       {R"({"type":"object","maxProperties":1,"required":["a","b"]})", "maxProperties"},
       {R"({"not":{"type":"string"}})", "not"},
-      {R"({"type":"number","multipleOf":3})", "multipleOf"},
+      {R"({"type":"number","multipleOf":3})", "multipleOf on type number"},
+      {R"({"type":"integer","multipleOf":0.5})", "positive integer"},
+      {R"({"type":"integer","multipleOf":7,"minimum":0})", "only one bound"},
       {R"({"type":"array","items":[{"type":"string"}]})", "tuple"},
       {R"({"allOf":[{"type":"string"},{"minLength":1}]})", "allOf"},
       {R"({"type":"string","format":"hostname"})", "hostname"},
@@ -216,6 +218,23 @@ TEST(JsonSchemaGrammarTest, PatternProperties) {
   EXPECT_FALSE(SchemaAccepts(schema, R"({"name":"n","x_ab":"1"})"));
   EXPECT_FALSE(SchemaAccepts(schema, R"({"name":"n","x_":1})"));
   EXPECT_FALSE(SchemaAccepts(schema, R"({"name":"n","y":1})"));
+}
+
+TEST(JsonSchemaGrammarTest, IntegerMultiples) {
+  const std::string bounded = R"({"type":"integer","multipleOf":5,"minimum":-12,"maximum":31})";
+  for (int v = -40; v <= 40; ++v) {
+    EXPECT_EQ(SchemaAccepts(bounded, std::to_string(v)), v % 5 == 0 && v >= -12 && v <= 31) << v;
+  }
+  auto grammar = CompileGrammarSpec({GrammarKind::kJsonSchema, R"({"type":"integer","multipleOf":7})"});
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  GrammarAutomaton automaton(*grammar, nullptr);
+  for (int64_t v : {0LL, 7LL, -7LL, 13LL, 700LL, 701LL, 123456789LL, 123456786LL, -98LL, -99LL,
+                    999999999999994LL}) {
+    const std::string text = std::to_string(v);
+    EXPECT_EQ(automaton.IsAccepting(automaton.AdvanceBytes(automaton.Initial(), text)), v % 7 == 0)
+        << v;
+  }
+  EXPECT_FALSE(automaton.IsAccepting(automaton.AdvanceBytes(automaton.Initial(), "07")));
 }
 
 TEST(JsonSchemaGrammarTest, JsonObjectAcceptsAnyObjectOnly) {

@@ -39,6 +39,8 @@ SCHEMAS = [
     obj({"color": {"enum": ["red", "green", "blue"]}, "shade": {"type": "integer", "minimum": 1, "maximum": 9}}),
     obj({"tags": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}),
     obj({"x": {"type": "number", "minimum": 0, "maximum": 100}, "y": {"type": "number", "minimum": 0, "maximum": 100}}),
+    obj({"step": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100},
+         "parity": {"type": "integer", "multipleOf": 2}}),
     # Pydantic's set[Literal[...]] (uniqueItems) and dict[constr(pattern), int] with bounds.
     {"type": "array", "items": {"enum": ["red", "green", "blue", "black"]}, "uniqueItems": True,
      "minItems": 2, "maxItems": 3},
