@@ -220,12 +220,9 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
     } else {
       return InvalidOpenAiParam("stop", "'stop' must be a string or a list of strings");
     }
-    size_t bytes = 0;
-    for (const std::string& s : base.stop()) bytes += s.size();
-    if (bytes > engine::kMaxStopStringBytes) {
-      return InvalidOpenAiParam(
-          "stop", absl::StrFormat("the stop strings total %d bytes; at most %d are allowed", bytes,
-                                  engine::kMaxStopStringBytes));
+    // Checked here too so that the error names the parameter.
+    if (absl::Status checked = engine::CheckStopStrings(base.stop()); !checked.ok()) {
+      return InvalidOpenAiParam("stop", std::string(checked.message()));
     }
   }
   if (const json* ids = Field(body, "stop_token_ids")) {

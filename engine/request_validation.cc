@@ -19,6 +19,14 @@ void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,
   }
 }
 
+absl::Status CheckStopStrings(const google::protobuf::RepeatedPtrField<std::string>& stop) {
+  size_t bytes = 0;
+  for (const std::string& s : stop) bytes += s.size();
+  if (bytes <= kMaxStopStringBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the stop strings total %d bytes; at most %d are allowed", bytes, kMaxStopStringBytes));
+}
+
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
                                                       const common::Tokenizer& tokenizer,
@@ -91,15 +99,9 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     }
     params.prompt_logprobs = request.prompt_logprobs();
   }
-  size_t stop_bytes = 0;
+  LOOM_RETURN_IF_ERROR(CheckStopStrings(request.stop()));
   for (const std::string& stop : request.stop()) {
-    stop_bytes += stop.size();
     if (!stop.empty()) params.stop.push_back(stop);
-  }
-  if (stop_bytes > kMaxStopStringBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("the stop strings total %d bytes; at most %d are allowed", stop_bytes,
-                        kMaxStopStringBytes));
   }
   for (int32_t id : request.stop_token_ids()) {
     if (id < 0 || id >= config.vocab_size) {

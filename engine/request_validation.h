@@ -12,6 +12,9 @@ namespace loom::engine {
 /// bounded, as each generated token is checked against every one of them.
 inline constexpr size_t kMaxStopStringBytes = 8192;
 
+/// InvalidArgument when `stop`'s strings total more than kMaxStopStringBytes.
+absl::Status CheckStopStrings(const google::protobuf::RepeatedPtrField<std::string>& stop);
+
 /// Tokenizes the prompt and checks a client's request against the model: a non-empty
 /// prompt, token ids within the vocabulary, prompt + max_tokens within the context
 /// length (max_tokens 0 means "up to the context length"), sampling parameters in range

@@ -308,15 +308,14 @@ class SchemaCompiler {
   GrammarExprPtr Members(const std::vector<std::pair<std::string, GrammarExprPtr>>& props,
                          const std::vector<bool>& required, const GrammarExprPtr& extra) {
     const size_t n = props.size();
-    auto sep = Sep;
     // after[i]: properties i.. when something was already written; first[i]: when not.
     std::vector<GrammarExprPtr> after(n + 1), first(n + 1);
-    after[n] = extra ? RepeatExpr(sep(extra), 0, -1) : EmptyExpr();
+    after[n] = extra ? RepeatExpr(Sep(extra), 0, -1) : EmptyExpr();
     first[n] = extra ? Opt(Seq({extra, after[n]})) : EmptyExpr();
     after[n] = Named("after", after[n]);
     first[n] = Named("first", first[n]);
     for (size_t k = n; k-- > 0;) {
-      auto with = Seq({sep(props[k].second), after[k + 1]});
+      auto with = Seq({Sep(props[k].second), after[k + 1]});
       after[k] = Named("after", required[k] ? with : Alt({with, after[k + 1]}));
       auto start = Seq({props[k].second, after[k + 1]});
       first[k] = Named("first", required[k] ? start : Alt({start, first[k + 1]}));
