@@ -30,6 +30,10 @@ absl::Status CheckCache(const KvLayerView& c) {
         "KV cache: num_blocks %d, block_size %d, num_kv_heads %d, head_dim %d must be positive",
         c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim));
   }
+  if (IsQuantizedKv(c.dtype) && (c.k_scale == nullptr || c.v_scale == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache: %s needs k_scale and v_scale", KvDtypeName(c.dtype)));
+  }
   if (c.head_dim > internal::kMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrFormat("KV cache: head_dim %d exceeds %d",
                                                       c.head_dim, internal::kMaxHeadDim));
@@ -91,11 +95,20 @@ absl::Status CheckAttentionParams(const PagedAttentionParams& p) {
   return absl::OkStatus();
 }
 
-// Reads element `index` of a K or V pool as float.
-inline float LoadKv(const void* base, KvDtype dtype, int64_t index) {
-  return dtype == KvDtype::kF16 ? internal::HalfToFloat(static_cast<const uint16_t*>(base)[index])
-                                : static_cast<const float*>(base)[index];
+// Reads element `index` of a K or V pool as float (`scales`: the pool's, 8-bit dtypes).
+inline float LoadKv(const void* base, const uint16_t* scales, const KvLayerView& cache,
+                    int64_t index) {
+  switch (cache.dtype) {
+    case KvDtype::kF16:
+      return internal::HalfToFloat(static_cast<const uint16_t*>(base)[index]);
+    case KvDtype::kF32:
+      return static_cast<const float*>(base)[index];
+    default:
+      return DequantizeKv(cache.dtype, base, index, Bf16ToFloat(scales[index / cache.head_dim]));
+  }
 }
+inline float LoadK(const KvLayerView& c, int64_t index) { return LoadKv(c.k, c.k_scale, c, index); }
+inline float LoadV(const KvLayerView& c, int64_t index) { return LoadKv(c.v, c.v_scale, c, index); }
 
 bool SimdEnabled() {
   static const bool avx512 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx512);
@@ -175,7 +188,7 @@ void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& ta
       for (int64_t j = 0; j < count; ++j) {
         const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
         float dot = 0.0f;
-        for (int64_t i = 0; i < d; ++i) dot += q[i] * LoadKv(cache.k, cache.dtype, base + i);
+        for (int64_t i = 0; i < d; ++i) dot += q[i] * LoadK(cache, base + i);
         scores[j] = dot * scale;
         chunk_max = std::max(chunk_max, scores[j]);
       }
@@ -187,7 +200,7 @@ void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& ta
         const float weight = std::exp(scores[j] - new_max);
         denominator += weight;
         const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
-        for (int64_t i = 0; i < d; ++i) acc[i] += weight * LoadKv(cache.v, cache.dtype, base + i);
+        for (int64_t i = 0; i < d; ++i) acc[i] += weight * LoadV(cache, base + i);
       }
       running_max = new_max;
       pos += count;
@@ -220,7 +233,16 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
                            : FloatToHalfScalar;
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t offset = static_cast<int64_t>(slots[t]) * row;
-    if (cache.dtype == KvDtype::kF32) {
+    if (IsQuantizedKv(cache.dtype)) {
+      const int64_t d = cache.head_dim;
+      for (int64_t h = 0; h < cache.num_kv_heads; ++h) {
+        const int64_t head = static_cast<int64_t>(slots[t]) * cache.num_kv_heads + h;
+        QuantizeKvRow(cache.dtype, k + t * row + h * d, d,
+                      static_cast<uint8_t*>(cache.k) + offset + h * d, cache.k_scale + head);
+        QuantizeKvRow(cache.dtype, v + t * row + h * d, d,
+                      static_cast<uint8_t*>(cache.v) + offset + h * d, cache.v_scale + head);
+      }
+    } else if (cache.dtype == KvDtype::kF32) {
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.k) + offset);
       std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.v) + offset);
     } else {
@@ -382,7 +404,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
         double max_score = -std::numeric_limits<double>::infinity();
         for (int64_t pos = 0; pos < len; ++pos) {
           double dot = 0.0;
-          for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * LoadKv(c.k, c.dtype, bases[pos] + i);
+          for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * LoadK(c, bases[pos] + i);
           scores[pos] = dot * p.scale;
           max_score = std::max(max_score, scores[pos]);
         }
@@ -390,7 +412,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
         for (double& score : scores) total += (score = std::exp(score - max_score));
         for (int64_t i = 0; i < d; ++i) {
           double value = 0.0;
-          for (int64_t pos = 0; pos < len; ++pos) value += scores[pos] * LoadKv(c.v, c.dtype, bases[pos] + i);
+          for (int64_t pos = 0; pos < len; ++pos) value += scores[pos] * LoadV(c, bases[pos] + i);
           p.out[(t * p.num_heads + h) * d + i] = static_cast<float>(value / total);
         }
       }

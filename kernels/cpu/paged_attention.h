@@ -3,12 +3,10 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace loom::kernels::cpu {
-
-/// Element type of the KV cache.
-enum class KvDtype { kF16, kF32 };
 
 /// One layer's paged KV cache: [num_blocks, block_size, num_kv_heads, head_dim] for K and
 /// for V. Slot s (= block * block_size + offset) holds one token's K/V.
@@ -20,9 +18,12 @@ struct KvLayerView {
   int64_t block_size = 16;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  uint16_t* k_scale = nullptr;  // the 8-bit dtypes only
+  uint16_t* v_scale = nullptr;
 };
 
-/// Writes new tokens' K/V into their slots. k, v: [num_tokens, num_kv_heads, head_dim];
+/// Writes new tokens' K/V into their slots (quantized, with their scales, for the 8-bit
+/// dtypes). k, v: [num_tokens, num_kv_heads, head_dim];
 /// slots: [num_tokens]. InvalidArgument for a slot outside the pool.
 absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
                      const int32_t* slots, int64_t num_tokens);

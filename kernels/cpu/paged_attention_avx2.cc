@@ -18,13 +18,31 @@ namespace {
 
 constexpr int64_t kChunk = 32;
 
-template <bool kHalf>
+// 8 int8 codes as float (exact).
+inline __m256 Int8ToFloat8(const void* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))));
+}
+
+// 8 E4M3 codes as float, 2^-8 of their value (KvDecodeFactor): each code sign-extended to
+// 16 bits and shifted left 7 puts its exponent and mantissa where F16 keeps them and its
+// sign in bit 15 (bit 14, a copy of the sign, is cleared), exact F16 for every code but NaN.
+inline __m256 Fp8ToFloat8(const void* p) {
+  const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xbfff))));
+}
+
+// Elements [index, index + 8) of a K or V pool as float (8-bit codes unscaled).
+template <KvDtype kDtype>
 inline __m256 Load8(const void* base, int64_t index) {
-  if constexpr (kHalf) {
+  if constexpr (kDtype == KvDtype::kF16) {
     return _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + index)));
-  } else {
+  } else if constexpr (kDtype == KvDtype::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + index);
+  } else if constexpr (kDtype == KvDtype::kInt8) {
+    return Int8ToFloat8(static_cast<const int8_t*>(base) + index);
+  } else {
+    return Fp8ToFloat8(static_cast<const uint8_t*>(base) + index);
   }
 }
 
@@ -35,8 +53,12 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(sum);
 }
 
-template <bool kHalf>
+// 8-bit KV: a position's K scale multiplies its score and its V scale its weight (the
+// tiled kernel's file comment says why).
+template <KvDtype kDtype>
 void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
+  constexpr bool kQuantized = kDtype == KvDtype::kInt8 || kDtype == KvDtype::kFp8E4m3;
+  const float decode = KvDecodeFactor(kDtype);
   const int64_t d = cache.head_dim, bs = cache.block_size, vecs = d / 8;
   for (int64_t h = 0; h < task.num_heads; ++h) {
     const float* q = task.q + h * d;
@@ -55,14 +77,18 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         __m256 dot0 = _mm256_setzero_ps(), dot1 = _mm256_setzero_ps();
         int64_t v = 0;
         for (; v + 2 <= vecs; v += 2) {
-          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kHalf>(cache.k, base + v * 8), dot0);
+          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kDtype>(cache.k, base + v * 8), dot0);
           dot1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8 + 8),
-                                 Load8<kHalf>(cache.k, base + v * 8 + 8), dot1);
+                                 Load8<kDtype>(cache.k, base + v * 8 + 8), dot1);
         }
         if (v < vecs) {
-          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kHalf>(cache.k, base + v * 8), dot0);
+          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kDtype>(cache.k, base + v * 8), dot0);
         }
-        scores[j] = HorizontalSum(_mm256_add_ps(dot0, dot1)) * scale;
+        float score_scale = scale;
+        if constexpr (kQuantized) {
+          score_scale *= decode * Bf16ToFloat(cache.k_scale[base / d]);
+        }
+        scores[j] = HorizontalSum(_mm256_add_ps(dot0, dot1)) * score_scale;
         chunk_max = std::max(chunk_max, scores[j]);
       }
       const float new_max = std::max(running_max, chunk_max);
@@ -75,10 +101,11 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       for (int64_t j = 0; j < count; ++j) {
         const float weight = std::exp(scores[j] - new_max);
         denominator += weight;
-        const __m256 weight8 = _mm256_set1_ps(weight);
         const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+        const __m256 weight8 = _mm256_set1_ps(
+            kQuantized ? weight * (decode * Bf16ToFloat(cache.v_scale[base / d])) : weight);
         for (int64_t v = 0; v < vecs; ++v) {
-          _mm256_store_ps(acc + v * 8, _mm256_fmadd_ps(weight8, Load8<kHalf>(cache.v, base + v * 8),
+          _mm256_store_ps(acc + v * 8, _mm256_fmadd_ps(weight8, Load8<kDtype>(cache.v, base + v * 8),
                                                        _mm256_load_ps(acc + v * 8)));
         }
       }
@@ -155,25 +182,36 @@ struct Avx2Vectors {
   static Vec LoadHalf(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static Vec LoadInt8(const int8_t* p) { return Int8ToFloat8(p); }
+  static Vec LoadFp8(const uint8_t* p) { return Fp8ToFloat8(p); }
 };
 
 }  // namespace
 
 void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTask& tile) {
-  if (cache.dtype == KvDtype::kF16) {
-    tiled::TileKernel<Avx2Vectors, true>::Run(cache, scale, tile);
-  } else {
-    tiled::TileKernel<Avx2Vectors, false>::Run(cache, scale, tile);
+  switch (cache.dtype) {
+    case KvDtype::kF16:
+      return tiled::TileKernel<Avx2Vectors, KvDtype::kF16>::Run(cache, scale, tile);
+    case KvDtype::kF32:
+      return tiled::TileKernel<Avx2Vectors, KvDtype::kF32>::Run(cache, scale, tile);
+    case KvDtype::kInt8:
+      return tiled::TileKernel<Avx2Vectors, KvDtype::kInt8>::Run(cache, scale, tile);
+    case KvDtype::kFp8E4m3:
+      return tiled::TileKernel<Avx2Vectors, KvDtype::kFp8E4m3>::Run(cache, scale, tile);
   }
 }
 
 void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task) {
-  if (cache.head_dim % 8 != 0) {
-    AttendScalar(cache, scale, task);
-  } else if (cache.dtype == KvDtype::kF16) {
-    Attend<true>(cache, scale, task);
-  } else {
-    Attend<false>(cache, scale, task);
+  if (cache.head_dim % 8 != 0) return AttendScalar(cache, scale, task);
+  switch (cache.dtype) {
+    case KvDtype::kF16:
+      return Attend<KvDtype::kF16>(cache, scale, task);
+    case KvDtype::kF32:
+      return Attend<KvDtype::kF32>(cache, scale, task);
+    case KvDtype::kInt8:
+      return Attend<KvDtype::kInt8>(cache, scale, task);
+    case KvDtype::kFp8E4m3:
+      return Attend<KvDtype::kFp8E4m3>(cache, scale, task);
   }
 }
 

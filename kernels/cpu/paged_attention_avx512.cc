@@ -19,14 +19,30 @@ namespace {
 // bookkeeping (max, rescale, one exp per lane) is paid once per chunk.
 constexpr int64_t kChunk = 32;
 
-// Loads 16 (or the masked tail of) K/V elements as float.
-template <bool kHalf>
+// 16 E4M3 codes (sign-extended to 16 bits) as float, 2^-8 of their value: see
+// paged_attention_avx2.cc's Fp8ToFloat8.
+inline __m512 Fp8ToFloat16(__m128i codes) {
+  const __m256i wide = _mm256_cvtepi8_epi16(codes);
+  return _mm512_cvtph_ps(
+      _mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(static_cast<short>(0xbfff))));
+}
+
+template <KvDtype kDtype>
+inline constexpr bool kQuantized = kDtype == KvDtype::kInt8 || kDtype == KvDtype::kFp8E4m3;
+
+// Loads 16 (or the masked tail of) K/V elements as float (8-bit codes unscaled).
+template <KvDtype kDtype>
 inline __m512 LoadRow(const void* base, int64_t index, __mmask16 mask) {
-  if constexpr (kHalf) {
+  if constexpr (kDtype == KvDtype::kF16) {
     return _mm512_cvtph_ps(
         _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(base) + index));
-  } else {
+  } else if constexpr (kDtype == KvDtype::kF32) {
     return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(base) + index);
+  } else if constexpr (kDtype == KvDtype::kInt8) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(base) + index)));
+  } else {
+    return Fp8ToFloat16(_mm_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(base) + index));
   }
 }
 
@@ -75,7 +91,7 @@ inline __mmask16 MaskOf(int vec, __mmask16 tail) {
 // acc[h] = acc[h] * correction[h] + sum_j weights[h][j] V[rows[j]], for kHeads heads with
 // rows of kVecs vectors (the last masked by `tail`): accumulators stay in registers across
 // the chunk, and each V row is loaded and converted once for all kHeads heads.
-template <bool kHalf, int kVecs, int kHeads>
+template <KvDtype kDtype, int kVecs, int kHeads>
 void AccumulateTile(const void* v_cache, const int64_t* rows, int64_t count, __mmask16 tail,
                     const float (*weights)[kChunk], const float* correction, float* acc,
                     int64_t acc_stride) {
@@ -89,7 +105,7 @@ void AccumulateTile(const void* v_cache, const int64_t* rows, int64_t count, __m
   for (int64_t j = 0; j < count; ++j) {
     __m512 row[kVecs];
     for (int v = 0; v < kVecs; ++v) {
-      row[v] = LoadRow<kHalf>(v_cache, rows[j] + v * 16, MaskOf<kVecs>(v, tail));
+      row[v] = LoadRow<kDtype>(v_cache, rows[j] + v * 16, MaskOf<kVecs>(v, tail));
     }
     for (int h = 0; h < kHeads; ++h) {
       const __m512 w = _mm512_set1_ps(weights[h][j]);
@@ -102,23 +118,23 @@ void AccumulateTile(const void* v_cache, const int64_t* rows, int64_t count, __m
 }
 
 // AccumulateTile for a run-time head count 1 <= num_heads <= kMaxHeads.
-template <bool kHalf, int kVecs, int kMaxHeads>
+template <KvDtype kDtype, int kVecs, int kMaxHeads>
 void AccumulateHeads(int64_t num_heads, const void* v_cache, const int64_t* rows, int64_t count,
                      __mmask16 tail, const float (*weights)[kChunk], const float* correction,
                      float* acc, int64_t acc_stride) {
   if constexpr (kMaxHeads > 1) {
     if (num_heads < kMaxHeads) {
-      return AccumulateHeads<kHalf, kVecs, kMaxHeads - 1>(num_heads, v_cache, rows, count, tail,
+      return AccumulateHeads<kDtype, kVecs, kMaxHeads - 1>(num_heads, v_cache, rows, count, tail,
                                                           weights, correction, acc, acc_stride);
     }
   }
-  AccumulateTile<kHalf, kVecs, kMaxHeads>(v_cache, rows, count, tail, weights, correction, acc,
+  AccumulateTile<kDtype, kVecs, kMaxHeads>(v_cache, rows, count, tail, weights, correction, acc,
                                           acc_stride);
 }
 
 // The same for any head dim and head count, accumulators in memory: each V row is
 // converted once into `row` ([16 * shape.num_vecs], scratch), then added to every head.
-template <bool kHalf>
+template <KvDtype kDtype>
 void AccumulateAny(const void* v_cache, const int64_t* rows, int64_t count, RowShape shape,
                    int64_t num_heads, const float (*weights)[kChunk], const float* correction,
                    float* acc, int64_t acc_stride, float* row) {
@@ -131,7 +147,7 @@ void AccumulateAny(const void* v_cache, const int64_t* rows, int64_t count, RowS
   }
   for (int64_t j = 0; j < count; ++j) {
     for (int64_t v = 0; v < shape.num_vecs; ++v) {
-      _mm512_store_ps(row + v * 16, LoadRow<kHalf>(v_cache, rows[j] + v * 16, shape.MaskOf(v)));
+      _mm512_store_ps(row + v * 16, LoadRow<kDtype>(v_cache, rows[j] + v * 16, shape.MaskOf(v)));
     }
     for (int64_t h = 0; h < num_heads; ++h) {
       const __m512 w = _mm512_set1_ps(weights[h][j]);
@@ -153,7 +169,7 @@ void AccumulateAny(const void* v_cache, const int64_t* rows, int64_t count, RowS
 // one-row task (chunks of kChunk positions from position 0, its own count in the last
 // one; rows past their limit skip the chunk), whatever else shares the task: a token's
 // result is the same bits in a decode step, a prefill of any chunking, or a verify step.
-template <bool kHalf, int kVecs>
+template <KvDtype kDtype, int kVecs>
 void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   const int64_t d = cache.head_dim, bs = cache.block_size;
   const RowShape shape{(d + 15) / 16, d % 16 == 0 ? __mmask16{0xffff}
@@ -172,6 +188,10 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   alignas(64) __m512 dots[kMaxTaskQueries][16];  // [query vector][position]: unsummed dots
   alignas(64) float weights[kMaxTaskQueries][kChunk];
   int64_t rows[kChunk];  // element offset of each position's K/V row
+  // 8-bit KV: per position, the score scale x its K scale and its V scale (the tiled
+  // kernel's file comment says why the scales act there).
+  alignas(64) float k_scales[kChunk], v_scales[kChunk];
+  const float decode = KvDecodeFactor(kDtype);
   alignas(64) float k_row[kVecs > 0 ? 16 : kMaxHeadDim];  // generic path: a K or V row as float
   const auto q_of = [&](int64_t qv) {
     return task.q + (qv / num_heads) * task.token_stride + (qv % num_heads) * d;
@@ -194,8 +214,13 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   for (int64_t pos = 0; pos < last_len; pos += kChunk) {
     const int64_t count = std::min(kChunk, last_len - pos);
     for (int64_t j = 0; j < count; ++j) {
-      rows[j] =
-          (static_cast<int64_t>(task.blocks[block]) * bs + offset) * kv_row + task.kv_head * d;
+      const int64_t slot = static_cast<int64_t>(task.blocks[block]) * bs + offset;
+      rows[j] = slot * kv_row + task.kv_head * d;
+      if constexpr (kQuantized<kDtype>) {
+        const int64_t head = slot * cache.num_kv_heads + task.kv_head;
+        k_scales[j] = scale * (decode * Bf16ToFloat(cache.k_scale[head]));
+        v_scales[j] = decode * Bf16ToFloat(cache.v_scale[head]);
+      }
       if (++offset == bs) {
         offset = 0;
         ++block;
@@ -208,7 +233,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       const int64_t row =
           (static_cast<int64_t>(task.blocks[next / bs]) * bs + next % bs) * kv_row +
           task.kv_head * d;
-      constexpr int64_t kBytes = kHalf ? 2 : 4;
+      constexpr int64_t kBytes = kDtype == KvDtype::kF16 ? 2 : kDtype == KvDtype::kF32 ? 4 : 1;
       for (int64_t byte = 0; byte < d * kBytes; byte += 64) {
         __builtin_prefetch(static_cast<const char*>(cache.k) + row * kBytes + byte,
                            /*rw=*/0, /*locality=*/2);
@@ -232,7 +257,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         if constexpr (kVecs > 0) {
           __m512 k[kVecs];
           for (int v = 0; v < kVecs; ++v) {
-            k[v] = LoadRow<kHalf>(cache.k, row + v * 16, MaskOf<kVecs>(v, shape.tail));
+            k[v] = LoadRow<kDtype>(cache.k, row + v * 16, MaskOf<kVecs>(v, shape.tail));
           }
           for (int64_t qv = qv0; qv < num_q; ++qv) {
             const float* qq = q + qv * kVecs * 16;
@@ -243,7 +268,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
           }
         } else {
           for (int64_t v = 0; v < shape.num_vecs; ++v) {
-            _mm512_store_ps(k_row + v * 16, LoadRow<kHalf>(cache.k, row + v * 16, shape.MaskOf(v)));
+            _mm512_store_ps(k_row + v * 16, LoadRow<kDtype>(cache.k, row + v * 16, shape.MaskOf(v)));
           }
           for (int64_t qv = qv0; qv < num_q; ++qv) {
             __m512 dot = _mm512_setzero_ps();
@@ -259,7 +284,11 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       // do not touch its valid lanes, which the masks below keep.
       for (int64_t qv = qv0; qv < num_q; ++qv) {
         for (int64_t j = n; j < 16; ++j) dots[qv][j] = _mm512_setzero_ps();
-        scores[qv][half] = _mm512_mul_ps(TransposeSum16(dots[qv]), _mm512_set1_ps(scale));
+        const __m512 score_scale =
+            kQuantized<kDtype> ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1),
+                                                       k_scales + half * 16)
+                               : _mm512_set1_ps(scale);
+        scores[qv][half] = _mm512_mul_ps(TransposeSum16(dots[qv]), score_scale);
       }
     }
     // Online softmax per query vector: new max, rescale factor, weights for its count.
@@ -285,7 +314,12 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         const __m512 w =
             _mm512_maskz_mov_ps(valid[half], Exp512(_mm512_sub_ps(scores[qv][half], max)));
         total = _mm512_add_ps(total, w);
-        _mm512_store_ps(weights[qv] + half * 16, w);
+        if constexpr (kQuantized<kDtype>) {
+          _mm512_store_ps(weights[qv] + half * 16,
+                          _mm512_mul_ps(w, _mm512_maskz_loadu_ps(valid[half], v_scales + half * 16)));
+        } else {
+          _mm512_store_ps(weights[qv] + half * 16, w);
+        }
       }
       denominator[qv] = total;
     }
@@ -300,12 +334,12 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         // 32 registers.
         constexpr int kTile = kVecs <= 4 ? 4 : kVecs <= 6 ? 3 : 2;
         for (int64_t q0 = qv; q0 < end; q0 += kTile) {
-          AccumulateHeads<kHalf, kVecs, kTile>(std::min<int64_t>(kTile, end - q0), cache.v, rows,
+          AccumulateHeads<kDtype, kVecs, kTile>(std::min<int64_t>(kTile, end - q0), cache.v, rows,
                                                own, shape.tail, weights + q0, correction + q0,
                                                acc + q0 * acc_stride, acc_stride);
         }
       } else {
-        AccumulateAny<kHalf>(cache.v, rows, own, shape, end - qv, weights + qv, correction + qv,
+        AccumulateAny<kDtype>(cache.v, rows, own, shape, end - qv, weights + qv, correction + qv,
                              acc + qv * acc_stride, acc_stride, k_row);
       }
       qv = end;
@@ -321,19 +355,19 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
   }
 }
 
-template <bool kHalf>
+template <KvDtype kDtype>
 void AttendDispatched(const KvLayerView& cache, float scale, const AttentionTask& task) {
   switch ((cache.head_dim + 15) / 16) {
     case 4:  // head_dim 49..64
-      return Attend<kHalf, 4>(cache, scale, task);
+      return Attend<kDtype, 4>(cache, scale, task);
     case 5:  // 65..80
-      return Attend<kHalf, 5>(cache, scale, task);
+      return Attend<kDtype, 5>(cache, scale, task);
     case 6:  // 81..96
-      return Attend<kHalf, 6>(cache, scale, task);
+      return Attend<kDtype, 6>(cache, scale, task);
     case 8:  // 113..128
-      return Attend<kHalf, 8>(cache, scale, task);
+      return Attend<kDtype, 8>(cache, scale, task);
     default:
-      return Attend<kHalf, 0>(cache, scale, task);
+      return Attend<kDtype, 0>(cache, scale, task);
   }
 }
 
@@ -401,23 +435,39 @@ struct Avx512Vectors {
   static Vec LoadHalf(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  static Vec LoadInt8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Vec LoadFp8(const uint8_t* p) {
+    return Fp8ToFloat16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
 };
 
 }  // namespace
 
 void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTask& tile) {
-  if (cache.dtype == KvDtype::kF16) {
-    tiled::TileKernel<Avx512Vectors, true>::Run(cache, scale, tile);
-  } else {
-    tiled::TileKernel<Avx512Vectors, false>::Run(cache, scale, tile);
+  switch (cache.dtype) {
+    case KvDtype::kF16:
+      return tiled::TileKernel<Avx512Vectors, KvDtype::kF16>::Run(cache, scale, tile);
+    case KvDtype::kF32:
+      return tiled::TileKernel<Avx512Vectors, KvDtype::kF32>::Run(cache, scale, tile);
+    case KvDtype::kInt8:
+      return tiled::TileKernel<Avx512Vectors, KvDtype::kInt8>::Run(cache, scale, tile);
+    case KvDtype::kFp8E4m3:
+      return tiled::TileKernel<Avx512Vectors, KvDtype::kFp8E4m3>::Run(cache, scale, tile);
   }
 }
 
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task) {
-  if (cache.dtype == KvDtype::kF16) {
-    AttendDispatched<true>(cache, scale, task);
-  } else {
-    AttendDispatched<false>(cache, scale, task);
+  switch (cache.dtype) {
+    case KvDtype::kF16:
+      return AttendDispatched<KvDtype::kF16>(cache, scale, task);
+    case KvDtype::kF32:
+      return AttendDispatched<KvDtype::kF32>(cache, scale, task);
+    case KvDtype::kInt8:
+      return AttendDispatched<KvDtype::kInt8>(cache, scale, task);
+    case KvDtype::kFp8E4m3:
+      return AttendDispatched<KvDtype::kFp8E4m3>(cache, scale, task);
   }
 }
 

@@ -18,9 +18,14 @@
 // fill few lanes that way; it takes positions as lanes instead (FewScores / FewSoftmax:
 // K transposed in registers, the softmax's max and sum folded lane by lane in position
 // order), every operation the same as the query-lane path's, so the same bits. It reads
-// F16 K and V straight from the cache (converted in registers, exactly); the query-lane
-// path, which loads each V row once per register tile, converts a KV tile once into
-// scratch.
+// F16 and 8-bit K and V straight from the cache (converted in registers, exactly); the
+// query-lane path, which loads each V row once per register tile, converts a KV tile once
+// into scratch.
+//
+// 8-bit KV (kv_dtype.h) is dequantized inside the loop without a multiply per element:
+// a position's K scale joins the softmax scale (score_j = (q . code_j) x scale x s_k[j])
+// and its V scale joins its softmax weight (w_j x s_v[j]) after the weight has been added
+// to the running sum, so the codes enter the FMAs as they are (converted to float).
 //
 // Each query vector's arithmetic (the order of every sum, the KV tile boundaries at
 // absolute positions 0, kKvTile, 2 kKvTile, ...) depends only on that vector and its
@@ -36,6 +41,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/paged_attention_internal.h"
 
 namespace loom::kernels::cpu::internal::tiled {
@@ -47,26 +53,30 @@ struct Scratch {
   std::vector<float> o;     // [num_q][head_dim]: unnormalized outputs
   std::vector<float> kv;    // [2][kv_tile][head_dim]: F16 K and V rows as float
   std::vector<float> zero;  // [head_dim] zeros: the K row of a position past the tile's end
-  std::vector<uint16_t> zero_half;  // the same as F16
   std::vector<float> m, l, corr;  // [qs]: running max, running sum, this tile's rescale
   std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
   float pt[8 * 32];               // few query vectors: [qv][kv_tile] scores, then weights
+  float ks[32], vs[32];           // 8-bit KV: [kv_tile] score scale x K scale, V scale
 };
 
 /// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
-/// LoadHalf (F16 to float), Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and
+/// LoadHalf (F16 to float), LoadInt8, LoadFp8 (8-bit codes to float, see KvDecodeFactor), Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and
 /// MaskBelow(x, limit, position, fill): lanes whose limit <= position take fill.
 /// kQkVecs x kQkPositions accumulators for S, kPvQueries x kPvVecs for O.
-template <class V, bool kHalf>
+template <class V, KvDtype kDtype>
 class TileKernel {
  public:
   static constexpr int kLanes = V::kLanes;
   static constexpr int64_t kKvTile = 2 * kLanes;
-  static constexpr int64_t kElementBytes = kHalf ? 2 : 4;
+  static constexpr bool kQuantized = kDtype == KvDtype::kInt8 || kDtype == KvDtype::kFp8E4m3;
   // Tiles of up to this many query vectors take positions as lanes (FewScores): the
   // transpose of K costs about as much as kLanes / 2 query vectors' score FMAs.
   static constexpr int kMaxFew = kLanes / 2;
-  using Element = std::conditional_t<kHalf, uint16_t, float>;  // of the cache
+  using Element = std::conditional_t<
+      kDtype == KvDtype::kF16, uint16_t,
+      std::conditional_t<kDtype == KvDtype::kF32, float,
+                         std::conditional_t<kDtype == KvDtype::kInt8, int8_t, uint8_t>>>;
+  static constexpr int64_t kElementBytes = sizeof(Element);
 
   static void Run(const KvLayerView& cache, float scale, const AttentionTask& tile) {
     thread_local Scratch s;
@@ -79,7 +89,6 @@ class TileKernel {
     s.o.assign(num_q * d, 0.0f);
     s.kv.resize(2 * kKvTile * d);
     s.zero.assign(d, 0.0f);
-    s.zero_half.assign(d, 0);
     s.m.assign(qs, -std::numeric_limits<float>::infinity());
     s.l.assign(qs, 0.0f);
     s.corr.resize(qs);
@@ -106,12 +115,9 @@ class TileKernel {
     }
     const int64_t end = tile.attend_len + tile.num_rows - 1;  // the last row's limit
     const int64_t kv_row = cache.num_kv_heads * d, bs = cache.block_size;
-    const Element* zero;
-    if constexpr (kHalf) {
-      zero = s.zero_half.data();
-    } else {
-      zero = s.zero.data();
-    }
+    // Zero bytes are a zero of every element type (F16, F32, the 8-bit codes).
+    const Element* zero = reinterpret_cast<const Element*>(s.zero.data());
+    const float decode_scale = KvDecodeFactor(kDtype);
     const Element* k_src[kKvTile];  // in the cache
     const Element* v_src[kKvTile];
     const float* k_rows[kKvTile];   // as float (the query-lane path)
@@ -121,23 +127,28 @@ class TileKernel {
       for (int64_t j = 0; j < kKvTile; ++j) {
         if (j >= n) {
           k_src[j] = v_src[j] = zero;
+          if constexpr (kQuantized) s.ks[j] = s.vs[j] = 0.0f;
           continue;
         }
         const int64_t pos = kv0 + j;
-        const int64_t element =
-            (static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs) * kv_row +
-            tile.kv_head * d;
+        const int64_t slot = static_cast<int64_t>(tile.blocks[pos / bs]) * bs + pos % bs;
+        const int64_t element = slot * kv_row + tile.kv_head * d;
         k_src[j] = static_cast<const Element*>(cache.k) + element;
         v_src[j] = static_cast<const Element*>(cache.v) + element;
+        if constexpr (kQuantized) {
+          const int64_t head = slot * cache.num_kv_heads + tile.kv_head;
+          s.ks[j] = scale * (decode_scale * Bf16ToFloat(cache.k_scale[head]));
+          s.vs[j] = decode_scale * Bf16ToFloat(cache.v_scale[head]);
+        }
       }
       if (!few) {
         for (int64_t j = 0; j < kKvTile; ++j) {
-          if constexpr (kHalf) {
+          if constexpr (kDtype != KvDtype::kF32) {
             float* k = s.kv.data() + j * d;
             float* v = s.kv.data() + (kKvTile + j) * d;
             for (int64_t i = 0; i < d; i += kLanes) {
-              V::Store(k + i, V::LoadHalf(k_src[j] + i));
-              V::Store(v + i, V::LoadHalf(v_src[j] + i));
+              V::Store(k + i, LoadRow(k_src[j] + i));
+              V::Store(v + i, LoadRow(v_src[j] + i));
             }
             k_rows[j] = k;
             v_rows[j] = v;
@@ -199,6 +210,9 @@ class TileKernel {
   // A cache row's vector as float: F16 converts exactly.
   static Vec LoadRow(const float* p) { return V::Load(p); }
   static Vec LoadRow(const uint16_t* p) { return V::LoadHalf(p); }
+  // 8-bit codes: exact, the scale applied outside (see the file comment).
+  static Vec LoadRow(const int8_t* p) { return V::LoadInt8(p); }
+  static Vec LoadRow(const uint8_t* p) { return V::LoadFp8(p); }
 
   // p[j][qv] = q_qv . k_j for j < kKvTile, kVecs query vectors from `vec` and kPositions
   // positions from j0 in registers.
@@ -264,7 +278,7 @@ class TileKernel {
       const auto limit = V::LoadLimit(s.limit.data() + lane0);
       Vec tile_max = minus_inf;
       for (int64_t j = 0; j < n; ++j) {
-        Vec x = V::Mul(V::Load(s.p.data() + j * qs + lane0), scale_v);
+        Vec x = V::Mul(V::Load(s.p.data() + j * qs + lane0), kQuantized ? V::Set1(s.ks[j]) : scale_v);
         if constexpr (kMasked) x = V::MaskBelow(x, limit, kv0 + j, minus_inf);
         V::Store(s.p.data() + j * qs + lane0, x);
         tile_max = V::Max(tile_max, x);
@@ -277,7 +291,7 @@ class TileKernel {
       for (int64_t j = 0; j < n; ++j) {
         Vec w = V::Exp(V::Sub(V::Load(s.p.data() + j * qs + lane0), new_max));
         if constexpr (kMasked) w = V::MaskBelow(w, limit, kv0 + j, V::Zero());
-        V::Store(s.p.data() + j * qs + lane0, w);
+        V::Store(s.p.data() + j * qs + lane0, kQuantized ? V::Mul(w, V::Set1(s.vs[j])) : w);
         sum = V::Add(sum, w);
       }
       V::Store(s.m.data() + lane0, new_max);
@@ -328,7 +342,9 @@ class TileKernel {
     const Vec scale_v = V::Set1(scale);
     for (int64_t qv = 0; qv < num_q; ++qv) {
       float* x = s.pt + qv * kKvTile;
-      for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) V::Store(x + j0, V::Mul(V::Load(x + j0), scale_v));
+      for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) {
+        V::Store(x + j0, V::Mul(V::Load(x + j0), kQuantized ? V::Load(s.ks + j0) : scale_v));
+      }
       const int64_t limit = s.limit[qv];
       float tile_max = kMinusInf;
       for (int64_t j = 0; j < n; ++j) {
@@ -345,7 +361,7 @@ class TileKernel {
       float sum = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
         const float w = kMasked && limit <= kv0 + j ? 0.0f : x[j];
-        s.p[j * qs + qv] = w;
+        s.p[j * qs + qv] = kQuantized ? w * s.vs[j] : w;
         sum += w;
       }
       s.m[qv] = new_max;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -24,6 +25,29 @@ namespace {
 // accumulation against a double reference over the same cache:
 // |out - ref| <= 2e-5 * max|V| (+ 1e-6).
 constexpr double kTol = 2e-5;
+
+// Every KV element type the kernels take.
+constexpr KvDtype kAllDtypes[] = {KvDtype::kF16, KvDtype::kF32, KvDtype::kInt8,
+                                  KvDtype::kFp8E4m3};
+
+// A K/V pool of `dtype` (with its scales for the 8-bit types) and its view.
+struct TestPool {
+  std::vector<uint8_t> k, v;
+  std::vector<uint16_t> k_scale, v_scale;
+  KvLayerView view;
+  TestPool(KvDtype dtype, int64_t num_blocks, int64_t block_size, int64_t kv_heads,
+           int64_t head_dim, uint8_t k_fill = 0, uint8_t v_fill = 0) {
+    const int64_t heads = num_blocks * block_size * kv_heads;
+    k.assign(heads * head_dim * KvElementBytes(dtype), k_fill);
+    v.assign(k.size(), v_fill);
+    if (IsQuantizedKv(dtype)) {
+      k_scale.assign(heads, 0);
+      v_scale.assign(heads, 0);
+    }
+    view = {k.data(), v.data(), dtype, num_blocks, block_size, kv_heads, head_dim,
+            k_scale.empty() ? nullptr : k_scale.data(), v_scale.empty() ? nullptr : v_scale.data()};
+  }
+};
 
 struct Sequence {
   int32_t context_len;
@@ -67,10 +91,8 @@ class StepHarness {
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     size_t next = 0;
-    const size_t elem_bytes = dtype == KvDtype::kF16 ? 2 : 4;
-    k_.assign(pool_blocks * block_size * kv_row * elem_bytes, 0);
-    v_.assign(k_.size(), 0);
-    cache_ = {k_.data(), v_.data(), dtype, pool_blocks, block_size, kv_heads, d_};
+    pool_ = std::make_unique<TestPool>(dtype, pool_blocks, block_size, kv_heads, d_);
+    cache_ = pool_->view;
     for (int32_t len : lengths) {
       blocks_.emplace_back();
       for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
@@ -126,7 +148,7 @@ class StepHarness {
 
  private:
   int64_t d_, num_heads_;
-  std::vector<uint8_t> k_, v_;
+  std::unique_ptr<TestPool> pool_;
   KvLayerView cache_;
   std::vector<std::vector<int32_t>> blocks_;
   std::vector<std::vector<float>> queries_;
@@ -143,8 +165,7 @@ class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD
 };
 
 void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
-  SCOPED_TRACE(testing::Message() << "dtype " << (c.dtype == KvDtype::kF16 ? "F16" : "F32")
-                                  << " block " << c.block_size << " kv_heads " << c.num_kv_heads
+  SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(c.dtype) << " block " << c.block_size << " kv_heads " << c.num_kv_heads
                                   << " group " << c.group << " head_dim " << c.head_dim
                                   << " seqs " << c.seqs.size() << " slice_heads "
                                   << c.slice_heads << " head0 " << c.head0 << " threads "
@@ -173,22 +194,26 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
 
   // A pool full of unrelated values, then every sequence's tokens written through WriteKv.
   const int64_t pool_elems = pool_blocks * c.block_size * kv_row;
-  const size_t elem_bytes = c.dtype == KvDtype::kF16 ? 2 : 4;
-  std::vector<uint8_t> k_pool(pool_elems * elem_bytes), v_pool(pool_elems * elem_bytes);
+  TestPool test_pool(c.dtype, pool_blocks, c.block_size, c.num_kv_heads, d);
+  const KvLayerView cache = test_pool.view;
+  const size_t elem_bytes = KvElementBytes(c.dtype);
   for (int64_t i = 0; i < pool_elems; ++i) {
     const float kv[2] = {normal(rng) * 30, normal(rng) * 30};
     for (int which = 0; which < 2; ++which) {
-      uint8_t* dst = (which == 0 ? k_pool : v_pool).data() + i * elem_bytes;
+      uint8_t* dst = (which == 0 ? test_pool.k : test_pool.v).data() + i * elem_bytes;
       if (c.dtype == KvDtype::kF16) {
         const uint16_t h = FloatToHalf(kv[which]);
         std::memcpy(dst, &h, 2);
-      } else {
+      } else if (c.dtype == KvDtype::kF32) {
         std::memcpy(dst, &kv[which], 4);
+      } else {
+        *dst = static_cast<uint8_t>(rng() % 0x7f);  // any code but E4M3's NaNs
       }
     }
   }
-  KvLayerView cache{k_pool.data(), v_pool.data(), c.dtype, pool_blocks, c.block_size,
-                    c.num_kv_heads, d};
+  for (std::vector<uint16_t>* scales : {&test_pool.k_scale, &test_pool.v_scale}) {
+    for (uint16_t& scale : *scales) scale = 0x3e00 + rng() % 0x100;  // BF16 0.125 .. 0.25
+  }
   for (size_t s = 0; s < c.seqs.size(); ++s) {
     const int64_t ctx = c.seqs[s].context_len;
     std::vector<float> k(ctx * kv_row), v(ctx * kv_row);
@@ -203,9 +228,14 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
     const int64_t pos = ctx - 1, i = kv_row - 1;
     const int64_t index = static_cast<int64_t>(slots[pos]) * kv_row + i;
     if (c.dtype == KvDtype::kF16) {
-      EXPECT_EQ(reinterpret_cast<const uint16_t*>(k_pool.data())[index], FloatToHalf(k[pos * kv_row + i]));
+      EXPECT_EQ(reinterpret_cast<const uint16_t*>(test_pool.k.data())[index],
+                FloatToHalf(k[pos * kv_row + i]));
+    } else if (c.dtype == KvDtype::kF32) {
+      EXPECT_EQ(reinterpret_cast<const float*>(test_pool.v.data())[index], v[pos * kv_row + i]);
     } else {
-      EXPECT_EQ(reinterpret_cast<const float*>(v_pool.data())[index], v[pos * kv_row + i]);
+      const float scale = Bf16ToFloat(test_pool.v_scale[index / d]);
+      EXPECT_NEAR(DequantizeKv(c.dtype, test_pool.v.data(), index, scale), v[pos * kv_row + i],
+                  c.dtype == KvDtype::kInt8 ? scale / 2 : std::fabs(v[pos * kv_row + i]) / 16 + scale / 1024);
     }
   }
 
@@ -245,7 +275,7 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
 TEST_P(PagedAttentionTest, MatchesReferenceForDecodePrefillAndChunkedPrefill) {
   const std::vector<Sequence> mixed = {{1, 1}, {37, 1}, {16, 16}, {50, 7}, {129, 1}};
   uint32_t seed = 1;
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     RunCase({dtype, 16, 3, 3, 64, mixed}, ++seed);     // SmolLM2-135M: 9 heads, 3 KV heads
     RunCase({dtype, 5, 2, 1, 80, mixed}, ++seed);      // odd block size, tail lanes, MHA
     RunCase({dtype, 16, 1, 4, 128, {{300, 300}}}, ++seed);  // one long prefill, MQA
@@ -260,7 +290,7 @@ TEST_P(PagedAttentionTest, MatchesReferenceOverGqaRatiosAndHeadDims) {
   const std::vector<Sequence> decode = {{1, 1}, {16, 1}, {33, 1}, {100, 1}, {64, 1}};
   const std::vector<Sequence> prefill = {{40, 40}, {70, 9}};
   uint32_t seed = 100;
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     for (int64_t head_dim : {64, 128, 72, 96, 8, 200}) {
       for (const auto& [kv_heads, group] : std::vector<std::pair<int64_t, int64_t>>{
                {2, 1}, {3, 3}, {2, 4}, {2, 8}, {1, 6}, {1, 9}}) {
@@ -278,7 +308,7 @@ TEST_P(PagedAttentionTest, MatchesReferenceOverGqaRatiosAndHeadDims) {
 TEST_P(PagedAttentionTest, MatchesReferenceForSingleSequenceDecodeOnAnyThreadCount) {
   uint32_t seed = 200;
   for (int threads : {1, 2, 3, 8}) {
-    for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+    for (KvDtype dtype : kAllDtypes) {
       RunCase({dtype, 16, 3, 3, 64, {{300, 1}}}, ++seed, threads);   // SmolLM2-135M
       RunCase({dtype, 16, 1, 9, 64, {{77, 1}}}, ++seed, threads);    // MQA, 9 heads
       RunCase({dtype, 16, 2, 8, 128, {{129, 1}}}, ++seed, threads);  // GQA 8
@@ -290,7 +320,7 @@ TEST_P(PagedAttentionTest, MatchesReferenceForSingleSequenceDecodeOnAnyThreadCou
 TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
   const std::vector<Sequence> seqs = {{50, 1}, {19, 19}, {33, 4}};
   uint32_t seed = 300;
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     // Model: 12 query heads over 4 KV heads (group 3).
     RunCase({dtype, 16, 2, 3, 64, seqs, /*slice_heads=*/4, /*head0=*/4, /*kv_head0=*/1}, ++seed);
     RunCase({dtype, 16, 3, 3, 64, seqs, /*slice_heads=*/6, /*head0=*/5, /*kv_head0=*/1}, ++seed);
@@ -309,9 +339,11 @@ TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
 TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
   uint32_t seed = 400;
   for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     internal::SetTileModeForTesting(mode);
     for (int64_t block_size : {16, 32}) {
+      // The 8-bit types at one block size (the reference's time; block edges are the same code).
+      if (IsQuantizedKv(dtype) && block_size == 16) continue;
       // SmolLM2-135M's shape: 9 heads on 3 KV heads, head dim 64.
       RunCase({dtype, block_size, 3, 3, 64, {{400, 400}, {1, 1}, {3000, 21}, {77, 3}}}, ++seed);
       // Llama-3-8B's group of 8, head dim 128: a chunk at the end of a long context.
@@ -330,10 +362,10 @@ TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
 // Under the default TileMode and with tiles forced on (AVX-512's tiles included).
 TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
   for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
-      SCOPED_TRACE(testing::Message() << "dtype " << (dtype == KvDtype::kF16 ? "F16" : "F32")
+      SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(dtype)
                                       << " kv_heads " << kv_heads << " group " << group
                                       << " head_dim " << head_dim << " tiles forced "
                                       << (mode == internal::TileMode::kOn));
@@ -392,10 +424,10 @@ TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
 // and the generic one (200), for prefills that start at 0 and mid-sequence (a chunk).
 TEST_P(PagedAttentionTest, MultiRowTasksGiveTheBitsOfOneRowTasks) {
   internal::SetTileModeForTesting(internal::TileMode::kOff);
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {3, 3, 64}, {1, 8, 128}, {2, 1, 72}, {1, 2, 200}}) {
-      SCOPED_TRACE(testing::Message() << "dtype " << (dtype == KvDtype::kF16 ? "F16" : "F32")
+      SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(dtype)
                                       << " kv_heads " << kv_heads << " group " << group
                                       << " head_dim " << head_dim);
       StepHarness harness(dtype, 16, kv_heads, group, head_dim, {300, 90, 77}, 5);
@@ -488,11 +520,9 @@ TEST(WriteKvTest, SimdHalfConversionIsBitIdenticalToFloatToHalf) {
 TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (KvDtype dtype : {KvDtype::kF16, KvDtype::kF32}) {
+  for (KvDtype dtype : kAllDtypes) {
     for (int64_t head_dim : {64, 80, 7}) {
       const int64_t num_blocks = 6, block_size = 16, kv_heads = 3, row = kv_heads * head_dim;
-      const int64_t pool_elems = num_blocks * block_size * row;
-      const size_t elem_bytes = dtype == KvDtype::kF16 ? 2 : 4;
       const int64_t num_tokens = 37;
       std::vector<float> k(num_tokens * row), v(num_tokens * row);
       for (size_t i = 0; i < k.size(); ++i) {
@@ -504,26 +534,34 @@ TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
       for (int64_t t = 0; t < num_tokens; ++t) {
         slots[t] = static_cast<int32_t>((t * 7 + 3) % (num_blocks * block_size));
       }
-      std::vector<uint8_t> pools[2][2];  // [simd][k, v]
+      std::vector<std::unique_ptr<TestPool>> pools;  // [scalar, simd]
       for (int simd = 0; simd < 2; ++simd) {
         internal::SetAttentionSimdForTesting(simd == 1);
-        pools[simd][0].assign(pool_elems * elem_bytes, 0xab);
-        pools[simd][1].assign(pool_elems * elem_bytes, 0xcd);
-        KvLayerView cache{pools[simd][0].data(), pools[simd][1].data(), dtype, num_blocks,
-                          block_size, kv_heads, head_dim};
-        ASSERT_TRUE(WriteKv(cache, k.data(), v.data(), slots.data(), num_tokens).ok());
+        pools.push_back(std::make_unique<TestPool>(dtype, num_blocks, block_size, kv_heads,
+                                                   head_dim, 0xab, 0xcd));
+        ASSERT_TRUE(WriteKv(pools.back()->view, k.data(), v.data(), slots.data(), num_tokens).ok());
       }
       internal::SetAttentionSimdForTesting(true);
-      EXPECT_EQ(pools[0][0], pools[1][0]) << "K, head_dim " << head_dim;
-      EXPECT_EQ(pools[0][1], pools[1][1]) << "V, head_dim " << head_dim;
-      // And the scalar path stores FloatToHalf / the float itself.
+      SCOPED_TRACE(testing::Message() << KvDtypeName(dtype) << ", head_dim " << head_dim);
+      EXPECT_EQ(pools[0]->k, pools[1]->k);
+      EXPECT_EQ(pools[0]->v, pools[1]->v);
+      EXPECT_EQ(pools[0]->k_scale, pools[1]->k_scale);
+      EXPECT_EQ(pools[0]->v_scale, pools[1]->v_scale);
+      // And the scalar path stores FloatToHalf / the float itself / the row's codes.
       const int64_t t = num_tokens - 1, i = row - 1;
       const int64_t index = static_cast<int64_t>(slots[t]) * row + i;
       if (dtype == KvDtype::kF16) {
-        EXPECT_EQ(reinterpret_cast<const uint16_t*>(pools[0][0].data())[index],
+        EXPECT_EQ(reinterpret_cast<const uint16_t*>(pools[0]->k.data())[index],
                   FloatToHalf(k[t * row + i]));
+      } else if (dtype == KvDtype::kF32) {
+        EXPECT_EQ(reinterpret_cast<const float*>(pools[0]->v.data())[index], v[t * row + i]);
       } else {
-        EXPECT_EQ(reinterpret_cast<const float*>(pools[0][1].data())[index], v[t * row + i]);
+        std::vector<uint8_t> codes(head_dim);
+        uint16_t scale;
+        QuantizeKvRow(dtype, v.data() + t * row + (kv_heads - 1) * head_dim, head_dim, codes.data(),
+                      &scale);
+        EXPECT_EQ(pools[0]->v[index], codes[head_dim - 1]);
+        EXPECT_EQ(pools[0]->v_scale[index / head_dim], scale);
       }
     }
   }
@@ -564,6 +602,13 @@ TEST(PagedAttentionValidationTest, RejectsBadSlotsBlocksAndShapes) {
   p.num_heads = 3;  // not a multiple of 2 KV heads
   p.cache.num_kv_heads = 2;
   EXPECT_EQ(PagedAttention(p, pool).code(), absl::StatusCode::kInvalidArgument);
+  // An 8-bit cache without its scales.
+  p.num_heads = 1;
+  p.cache.num_kv_heads = 1;
+  p.cache.dtype = KvDtype::kInt8;
+  EXPECT_EQ(PagedAttention(p, pool).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteKv(p.cache, row.data(), row.data(), &good_slot, 1).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+#include "kernels/cpu/kv_dtype.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace loom::kernels::cpu {
+namespace {
+
+constexpr float kInt8Max = 127.0f;
+constexpr float kFp8Max = 448.0f;
+
+std::array<float, 256> Fp8Table() {
+  std::array<float, 256> table{};
+  for (int code = 0; code < 256; ++code) {
+    const int exponent = (code >> 3) & 15, mantissa = code & 7;
+    float magnitude;
+    if (exponent == 15 && mantissa == 7) {
+      magnitude = std::numeric_limits<float>::quiet_NaN();
+    } else if (exponent == 0) {
+      magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m x 2^-9
+    } else {
+      magnitude = std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+    }
+    table[code] = (code & 0x80) ? -magnitude : magnitude;
+  }
+  return table;
+}
+
+// max|x| / qmax rounded up to BF16 (so that |x| / scale <= qmax for every x).
+uint16_t ScaleUp(float amax, float qmax) {
+  const float exact = amax / qmax;
+  uint32_t bits;
+  std::memcpy(&bits, &exact, sizeof(bits));
+  if (!std::isfinite(exact)) return 0x7f7f;  // the largest finite BF16
+  if ((bits & 0xffffu) != 0) bits += 0x10000u;
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace
+
+const char* KvDtypeName(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF16:
+      return "f16";
+    case KvDtype::kF32:
+      return "f32";
+    case KvDtype::kInt8:
+      return "int8";
+    case KvDtype::kFp8E4m3:
+      return "fp8_e4m3";
+  }
+  return "?";
+}
+
+float Fp8E4m3ToFloat(uint8_t code) {
+  static const std::array<float, 256> table = Fp8Table();
+  return table[code];
+}
+
+uint8_t FloatToFp8E4m3(float value) {
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  if (std::isnan(value)) return sign | 0x7f;
+  const float a = std::fabs(value);
+  if (a >= kFp8Max) return sign | 0x7e;
+  if (a < 0.015625f) {  // below 2^-6: subnormal steps of 2^-9 (8 x 2^-9 is the smallest normal)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  int e;
+  const float fraction = std::frexp(a, &e);  // a = fraction x 2^e, fraction in [0.5, 1)
+  int exponent = e - 1 + 7;                  // biased: a in [2^(e-1), 2^e)
+  int mantissa = static_cast<int>(std::nearbyint(fraction * 16.0f)) - 8;  // 3 bits, rounded
+  if (mantissa == 8) {
+    mantissa = 0;
+    ++exponent;
+  }
+  const int code = (exponent << 3) | mantissa;
+  return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
+}
+
+void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float qmax = dtype == KvDtype::kInt8 ? kInt8Max : kFp8Max;
+  *scale = amax > 0.0f ? ScaleUp(amax, qmax) : 0;
+  const float s = Bf16ToFloat(*scale);
+  const float inverse = s > 0.0f ? 1.0f / s : 0.0f;
+  if (dtype == KvDtype::kInt8) {
+    int8_t* out = static_cast<int8_t*>(codes);
+    for (int64_t i = 0; i < n; ++i) {
+      const float q = std::nearbyint(x[i] * inverse);
+      out[i] = static_cast<int8_t>(q > kInt8Max ? kInt8Max : q < -kInt8Max ? -kInt8Max : q == q ? q : 0.0f);
+    }
+  } else {
+    uint8_t* out = static_cast<uint8_t*>(codes);
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToFp8E4m3(x[i] * inverse);
+  }
+}
+
+float DequantizeKv(KvDtype dtype, const void* codes, int64_t index, float scale) {
+  if (dtype == KvDtype::kInt8) return static_cast<const int8_t*>(codes)[index] * scale;
+  return Fp8E4m3ToFloat(static_cast<const uint8_t*>(codes)[index]) * scale;
+}
+
+}  // namespace loom::kernels::cpu

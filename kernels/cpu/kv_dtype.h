@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels::cpu {
+
+/// Element type of the KV cache. The 8-bit types (--kv-cache-dtype int8|fp8_e4m3) store
+/// each token's K (and V) row of one KV head as head_dim 8-bit codes and one scale, value
+/// = code x scale: int8 is symmetric (scale = max|x| / 127), fp8_e4m3 is OCP E4M3FN (scale
+/// = max|x| / 448). The scale is BF16 (2 bytes: a 64-wide head stores 66 bytes where F16
+/// stores 128), rounded up from max|x| / qmax so that no code saturates; the codes are
+/// computed against the stored scale, so its short mantissa costs nothing.
+///
+/// A scale per token and head rather than per block: a token's stored K/V is a function of
+/// that token alone, so it is the same bits whatever chunk, batch or step wrote it, and the
+/// kernels' invariance (a token's attention never depends on how its prompt was split)
+/// holds for 8-bit KV too. A block-wide scale would change earlier tokens' codes when a
+/// later token raised the block's maximum.
+enum class KvDtype { kF16, kF32, kInt8, kFp8E4m3 };
+
+inline bool IsQuantizedKv(KvDtype dtype) {
+  return dtype == KvDtype::kInt8 || dtype == KvDtype::kFp8E4m3;
+}
+
+/// Bytes of one K or V element (the code for the 8-bit types).
+inline int64_t KvElementBytes(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF16:
+      return 2;
+    case KvDtype::kF32:
+      return 4;
+    default:
+      return 1;
+  }
+}
+
+/// Bytes of the scale each token's row of one KV head carries (0 for F16/F32).
+inline int64_t KvScaleBytes(KvDtype dtype) { return IsQuantizedKv(dtype) ? 2 : 0; }
+
+/// "f16", "f32", "int8", "fp8_e4m3" (the flag values).
+const char* KvDtypeName(KvDtype dtype);
+
+/// OCP FP8 E4M3FN (bias 7, no infinities, 0x7F/0xFF NaN, max 448) to float, exactly.
+float Fp8E4m3ToFloat(uint8_t code);
+/// float to E4M3FN, round to nearest even, saturating at +-448; NaN gives NaN.
+uint8_t FloatToFp8E4m3(float value);
+
+/// BF16 bits to float (exact).
+inline float Bf16ToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  __builtin_memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+/// Quantizes `n` values to `dtype`'s codes (n bytes at `codes`) and their BF16 scale. All
+/// zeros (or max|x| = 0) give scale 0 and zero codes. Only for the 8-bit types.
+void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale);
+
+/// The value of code `index` of a row whose scale is `scale` (scalar paths, references).
+float DequantizeKv(KvDtype dtype, const void* codes, int64_t index, float scale);
+
+/// The SIMD kernels decode E4M3 through F16 bits (sign, then the 7 exponent and mantissa
+/// bits shifted into the F16 layout): exact, but 2^-8 of the code's value, a factor folded
+/// into the row's scale. 1 for int8.
+inline float KvDecodeFactor(KvDtype dtype) { return dtype == KvDtype::kFp8E4m3 ? 256.0f : 1.0f; }
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,87 @@
+#include "kernels/cpu/kv_dtype.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace loom::kernels::cpu {
+namespace {
+
+bool IsFp8Nan(uint8_t code) { return (code & 0x7f) == 0x7f; }
+
+TEST(Fp8E4m3Test, DecodesTheFormatsLandmarks) {
+  EXPECT_EQ(Fp8E4m3ToFloat(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(Fp8E4m3ToFloat(0x80)));
+  EXPECT_EQ(Fp8E4m3ToFloat(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(Fp8E4m3ToFloat(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(Fp8E4m3ToFloat(0x38), 1.0f);
+  EXPECT_EQ(Fp8E4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(Fp8E4m3ToFloat(0xfe), -448.0f);
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToFloat(0x7f)));
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToFloat(0xff)));
+}
+
+TEST(Fp8E4m3Test, EncodesEveryCodeBackAndRoundsToNearestEven) {
+  for (int code = 0; code < 256; ++code) {
+    if (IsFp8Nan(static_cast<uint8_t>(code))) continue;
+    EXPECT_EQ(FloatToFp8E4m3(Fp8E4m3ToFloat(static_cast<uint8_t>(code))), code) << code;
+  }
+  // Between each pair of adjacent positive codes: just below the midpoint goes down, just
+  // above goes up, the midpoint itself to the even code.
+  for (int code = 0; code < 0x7e; ++code) {
+    const float low = Fp8E4m3ToFloat(static_cast<uint8_t>(code));
+    const float high = Fp8E4m3ToFloat(static_cast<uint8_t>(code + 1));
+    const float mid = (low + high) / 2;
+    EXPECT_EQ(FloatToFp8E4m3(std::nextafter(mid, 0.0f)), code) << code;
+    EXPECT_EQ(FloatToFp8E4m3(std::nextafter(mid, 1e9f)), code + 1) << code;
+    EXPECT_EQ(FloatToFp8E4m3(mid), code % 2 == 0 ? code : code + 1) << code;
+    EXPECT_EQ(FloatToFp8E4m3(-mid), 0x80 | (code % 2 == 0 ? code : code + 1)) << code;
+  }
+  EXPECT_EQ(FloatToFp8E4m3(1e6f), 0x7e);  // saturates, never NaN
+  EXPECT_EQ(FloatToFp8E4m3(-500.0f), 0xfe);
+  EXPECT_EQ(FloatToFp8E4m3(INFINITY), 0x7e);
+  EXPECT_TRUE(IsFp8Nan(FloatToFp8E4m3(NAN)));
+}
+
+TEST(QuantizeKvRowTest, CodesStayInRangeAndReconstructWithinHalfAStep) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (KvDtype dtype : {KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    for (float magnitude : {1e-6f, 1e-2f, 1.0f, 30.0f, 1e5f}) {
+      std::vector<float> x(64);
+      for (float& value : x) value = normal(rng) * magnitude;
+      x[17] = 4 * magnitude;  // a clear maximum
+      std::vector<uint8_t> codes(x.size());
+      uint16_t scale_bits;
+      QuantizeKvRow(dtype, x.data(), 64, codes.data(), &scale_bits);
+      const float scale = Bf16ToFloat(scale_bits);
+      const float qmax = dtype == KvDtype::kInt8 ? 127.0f : 448.0f;
+      EXPECT_GE(scale * qmax, 4 * magnitude);            // rounded up: nothing saturates
+      EXPECT_LE(scale * qmax, 4 * magnitude * 1.0079f);  // by at most one BF16 step
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float back = DequantizeKv(dtype, codes.data(), static_cast<int64_t>(i), scale);
+        // int8: half a step; E4M3: half a step of its 3-bit mantissa (2^-4 relative), or
+        // half a subnormal step (2^-10 of the scale).
+        const float bound = dtype == KvDtype::kInt8
+                                ? scale * 0.5f
+                                : std::fabs(x[i]) / 16 + scale * std::ldexp(1.0f, -10);
+        EXPECT_LE(std::fabs(back - x[i]), bound * 1.0001f)
+            << KvDtypeName(dtype) << " magnitude " << magnitude << " i " << i;
+        if (dtype == KvDtype::kInt8) {
+          EXPECT_NE(codes[i], 0x80);  // -128 never used
+        }
+      }
+    }
+    std::vector<float> zeros(16, 0.0f);
+    std::vector<uint8_t> codes(16, 0xff);
+    uint16_t scale_bits = 1;
+    QuantizeKvRow(dtype, zeros.data(), 16, codes.data(), &scale_bits);
+    EXPECT_EQ(scale_bits, 0);
+    EXPECT_EQ(codes, std::vector<uint8_t>(16, 0));
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels::cpu
