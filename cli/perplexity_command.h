@@ -57,7 +57,7 @@ absl::StatusOr<PerplexityResult> ComputePerplexity(LocalEngine& engine,
                                                    const PerplexityOptions& options);
 
 /// `loom perplexity --model PATH --text FILE [--context N] [--stride S]
-/// [--max-tokens M] [--threads T] [--kv-dtype f16|f32] [--json]`: perplexity of the
+/// [--max-tokens M] [--threads T] [--kv-dtype f16|f32|int8|fp8_e4m3] [--json]`: perplexity of the
 /// text's tokens (the first M when given) under the model. argv[0] is "perplexity".
 /// Returns the exit code.
 int RunPerplexityCommand(int argc, char** argv);

@@ -82,10 +82,6 @@ int Refuse(const absl::Status& status) {
   return Fail(status);
 }
 
-const char* KvDtypeName(kernels::cpu::KvDtype dtype) {
-  return dtype == kernels::cpu::KvDtype::kF16 ? "f16" : "f32";
-}
-
 sigset_t ShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -197,8 +193,9 @@ absl::StatusOr<KvPool> PlanKvPool(const WorkerOptions& options, const Placement&
       pool.block, model::ShardKvBlock(
                       config, options.rank, options.world_size, options.block_size,
                       placement.cuda() ? kernels::cuda::ElementBytes(kernels::cuda::DataType::kF16)
-                                       : model::CpuKvCache::ElementBytes(options.kv_dtype),
-                      KvDtypeName(options.kv_dtype)));
+                                       : kernels::cpu::KvElementBytes(options.kv_dtype),
+                      kernels::cpu::KvDtypeName(options.kv_dtype),
+                      placement.cuda() ? 0 : kernels::cpu::KvScaleBytes(options.kv_dtype)));
   if (!placement.cuda() || options.kv_cache_bytes.has_value()) {
     LOOM_ASSIGN_OR_RETURN(const int64_t budget, KvCacheBudgetBytes(options));
     LOOM_ASSIGN_OR_RETURN(pool.num_blocks, model::KvBlocksFromBudget(budget, pool.block));
@@ -308,7 +305,7 @@ void PrintBackend(const WorkerOptions& options, const Placement& placement,
                std::string(backend.name()).c_str(),
                options.step_backend == "noop" || placement.cuda() ? 0 : options.num_threads,
                static_cast<long long>(num_blocks), static_cast<long long>(options.block_size),
-               KvDtypeName(options.kv_dtype),
+               kernels::cpu::KvDtypeName(options.kv_dtype),
                static_cast<double>(num_blocks * pool.block.bytes) / (1 << 20),
                options.step_backend == "noop" ? ", not allocated" : "");
 }
@@ -368,7 +365,7 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
   request.set_backend(std::string(backend.name()));
   request.set_num_kv_blocks(num_blocks);
   request.set_block_size(static_cast<int32_t>(options.block_size));
-  request.set_kv_dtype(placement.cuda() ? "f16" : KvDtypeName(options.kv_dtype));
+  request.set_kv_dtype(placement.cuda() ? "f16" : kernels::cpu::KvDtypeName(options.kv_dtype));
   request.set_version(LOOM_VERSION);
   return request;
 }

@@ -47,7 +47,7 @@ struct WorkerOptions {
   // this many tokens; 0: no such check.
   int64_t max_model_len = 0;
   int64_t block_size = 16;                     // --block-size, tokens per KV block
-  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype f16|f32
+  kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype / --kv-cache-dtype
   // --quantization int8|int4: the linear layers quantized at load (loom quantize's
   // round-to-nearest, default group sizes); "" serves the weights as stored.
   std::string quantization;
@@ -75,7 +75,7 @@ struct WorkerOptions {
 std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
                                         const std::set<std::string>& skip = {});
 
-/// `--kv-dtype f16|f32` and `--activations f32|int8`, one declaration each for every
+/// `--kv-dtype f16|f32|int8|fp8_e4m3` (with vLLM's `--kv-cache-dtype` beside it) and `--activations f32|int8`, one declaration each for every
 /// command that runs the engine (loom-worker, loom generate, loom perplexity).
 CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype);
 CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations);

@@ -19,13 +19,18 @@ absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const common::Mod
   cache->num_kv_heads_ = config.num_kv_heads;
   cache->head_dim_ = config.head_dim;
   cache->dtype_ = dtype;
-  const size_t layer_bytes = static_cast<size_t>(num_blocks * block_size * config.num_kv_heads *
-                                                 config.head_dim * ElementBytes(dtype));
+  const size_t heads = static_cast<size_t>(num_blocks * block_size * config.num_kv_heads);
+  const size_t layer_bytes = heads * config.head_dim * kernels::cpu::KvElementBytes(dtype);
+  const size_t layer_scales = kernels::cpu::IsQuantizedKv(dtype) ? heads : 0;
   cache->k_.resize(config.num_layers);
   cache->v_.resize(config.num_layers);
+  cache->k_scale_.resize(config.num_layers);
+  cache->v_scale_.resize(config.num_layers);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     cache->k_[l].resize(layer_bytes);
     cache->v_[l].resize(layer_bytes);
+    cache->k_scale_[l].resize(layer_scales);
+    cache->v_scale_[l].resize(layer_scales);
   }
   return cache;
 }
@@ -39,12 +44,19 @@ kernels::cpu::KvLayerView CpuKvCache::layer(int64_t index) const {
   view.block_size = block_size_;
   view.num_kv_heads = num_kv_heads_;
   view.head_dim = head_dim_;
+  if (kernels::cpu::IsQuantizedKv(dtype_)) {
+    view.k_scale = k_scale_[index].data();
+    view.v_scale = v_scale_[index].data();
+  }
   return view;
 }
 
 int64_t CpuKvCache::bytes() const {
   int64_t total = 0;
-  for (size_t l = 0; l < k_.size(); ++l) total += k_[l].size() + v_[l].size();
+  for (size_t l = 0; l < k_.size(); ++l) {
+    total += k_[l].size() + v_[l].size() +
+             sizeof(uint16_t) * (k_scale_[l].size() + v_scale_[l].size());
+  }
   return total;
 }
 

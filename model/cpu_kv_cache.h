@@ -12,8 +12,9 @@
 namespace loom::model {
 
 /// The CPU device's paged KV pool (model::KvCache in host memory): for every layer, K and
-/// V pools of `num_blocks` blocks of `block_size` token slots, F16 or F32. Block ids are
-/// chosen by the coordinator (the block table's owner). Not thread-safe.
+/// V pools of `num_blocks` blocks of `block_size` token slots, F16, F32 or 8-bit codes with
+/// a BF16 scale per token and KV head (kernels/cpu/kv_dtype.h). Block ids are chosen by the
+/// coordinator (the block table's owner). Not thread-safe.
 class CpuKvCache : public KvCache {
  public:
   /// Pool sized by block count. InvalidArgument for non-positive sizes.
@@ -21,10 +22,6 @@ class CpuKvCache : public KvCache {
                                                             int64_t num_blocks,
                                                             int64_t block_size,
                                                             kernels::cpu::KvDtype dtype);
-  /// Bytes of one element of `dtype`.
-  static int64_t ElementBytes(kernels::cpu::KvDtype dtype) {
-    return dtype == kernels::cpu::KvDtype::kF16 ? 2 : 4;
-  }
 
   /// Layer `index`'s K and V as the CPU kernels take them.
   kernels::cpu::KvLayerView layer(int64_t index) const;
@@ -46,6 +43,9 @@ class CpuKvCache : public KvCache {
   // is how the kernels both read and write the pool.
   mutable std::vector<std::vector<uint8_t>> k_;
   mutable std::vector<std::vector<uint8_t>> v_;
+  // 8-bit dtypes, per layer: [num_blocks, block_size, kv_heads] BF16 scales.
+  mutable std::vector<std::vector<uint16_t>> k_scale_;
+  mutable std::vector<std::vector<uint16_t>> v_scale_;
 };
 
 }  // namespace loom::model

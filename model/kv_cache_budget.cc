@@ -13,20 +13,21 @@
 namespace loom::model {
 
 KvBlockSpec KvBlockOf(const common::ModelConfig& local_config, int64_t block_size,
-                      int64_t element_bytes, std::string dtype_name) {
+                      int64_t element_bytes, std::string dtype_name, int64_t scale_bytes) {
   KvBlockSpec block;
   block.block_size = block_size;
-  block.bytes = KvBytesPerBlock(local_config, block_size, element_bytes);
+  block.bytes = KvBytesPerBlock(local_config, block_size, element_bytes, scale_bytes);
   block.dtype_name = std::move(dtype_name);
   return block;
 }
 
 absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config, int rank,
                                          int world_size, int64_t block_size, int64_t element_bytes,
-                                         std::string dtype_name) {
+                                         std::string dtype_name, int64_t scale_bytes) {
   absl::StatusOr<ShardPlan> shard = PlanShards(config, rank, world_size);
   if (!shard.ok()) return shard.status();
-  return KvBlockOf(LocalConfig(config, *shard), block_size, element_bytes, std::move(dtype_name));
+  return KvBlockOf(LocalConfig(config, *shard), block_size, element_bytes, std::move(dtype_name),
+                   scale_bytes);
 }
 
 int64_t MaxKvBlocks(int64_t block_size) { return INT32_MAX / block_size; }

@@ -29,16 +29,17 @@ struct KvBlockSpec {
 };
 
 /// One block of a pool over `local_config` (a tensor-parallel rank's LocalConfig: its KV
-/// heads), `block_size` tokens of `element_bytes`-byte elements named `dtype_name`.
+/// heads), `block_size` tokens of `element_bytes`-byte elements named `dtype_name`, and
+/// `scale_bytes` per token and head (8-bit KV).
 KvBlockSpec KvBlockOf(const common::ModelConfig& local_config, int64_t block_size,
-                      int64_t element_bytes, std::string dtype_name);
+                      int64_t element_bytes, std::string dtype_name, int64_t scale_bytes = 0);
 
 /// The block of rank `rank` of a tensor-parallel group of `world_size` (1: the whole model):
 /// smaller than the whole model's when the rank keeps only some KV heads. InvalidArgument
 /// from PlanShards when the model does not split over `world_size` ranks.
 absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config, int rank,
                                          int world_size, int64_t block_size, int64_t element_bytes,
-                                         std::string dtype_name);
+                                         std::string dtype_name, int64_t scale_bytes = 0);
 
 /// The most blocks a pool of `block_size`-token blocks may hold: slot ids
 /// (block * block_size + offset) are int32 on the wire and in the kernels.

@@ -79,6 +79,20 @@ uint8_t FloatToFp8E4m3(float value) {
   return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
 }
 
+void RotateKvRow(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= norm;
+}
+
 void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale) {
   float amax = 0.0f;
   for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -118,6 +119,30 @@ bool SimdEnabled() {
 void FloatToHalfScalar(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = FloatToHalf(src[i]);
 }
+
+// An 8-bit cache that stores K and V rotated (RotatesKv): the step's queries rotated into
+// that basis (params().q, per-thread scratch), and the outputs rotated back.
+class KvRotation {
+ public:
+  explicit KvRotation(const PagedAttentionParams& p) : params_(p) {
+    const int64_t d = p.cache.head_dim;
+    if (!RotatesKv(p.cache.dtype, d)) return;
+    rows_ = p.query_start[p.num_seqs] * p.num_heads;
+    thread_local std::vector<float> q;
+    q.assign(p.q, p.q + rows_ * d);
+    for (int64_t r = 0; r < rows_; ++r) RotateKvRow(q.data() + r * d, d);
+    params_.q = q.data();
+  }
+  const PagedAttentionParams& params() const { return params_; }
+  void RotateOutputBack() {
+    const int64_t d = params_.cache.head_dim;
+    for (int64_t r = 0; r < rows_; ++r) RotateKvRow(params_.out + r * d, d);
+  }
+
+ private:
+  PagedAttentionParams params_;
+  int64_t rows_ = 0;  // 0: not rotated
+};
 
 // A run of consecutive local query heads that read one KV head: one task per token.
 struct HeadRun {
@@ -235,12 +260,22 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
     const int64_t offset = static_cast<int64_t>(slots[t]) * row;
     if (IsQuantizedKv(cache.dtype)) {
       const int64_t d = cache.head_dim;
+      const bool rotate = RotatesKv(cache.dtype, d);
+      float rotated[internal::kMaxHeadDim];
       for (int64_t h = 0; h < cache.num_kv_heads; ++h) {
         const int64_t head = static_cast<int64_t>(slots[t]) * cache.num_kv_heads + h;
-        QuantizeKvRow(cache.dtype, k + t * row + h * d, d,
-                      static_cast<uint8_t*>(cache.k) + offset + h * d, cache.k_scale + head);
-        QuantizeKvRow(cache.dtype, v + t * row + h * d, d,
-                      static_cast<uint8_t*>(cache.v) + offset + h * d, cache.v_scale + head);
+        for (const auto& [src, codes, scale] :
+             {std::tuple{k + t * row + h * d, cache.k, cache.k_scale},
+              std::tuple{v + t * row + h * d, cache.v, cache.v_scale}}) {
+          const float* x = src;
+          if (rotate) {
+            std::copy(src, src + d, rotated);
+            RotateKvRow(rotated, d);
+            x = rotated;
+          }
+          QuantizeKvRow(cache.dtype, x, d, static_cast<uint8_t*>(codes) + offset + h * d,
+                        scale + head);
+        }
       }
     } else if (cache.dtype == KvDtype::kF32) {
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.k) + offset);
@@ -253,10 +288,12 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
   return absl::OkStatus();
 }
 
-absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
-  if (absl::Status status = CheckAttentionParams(p); !status.ok()) return status;
-  const int64_t num_tokens = p.query_start[p.num_seqs];
+absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool) {
+  if (absl::Status status = CheckAttentionParams(params); !status.ok()) return status;
+  const int64_t num_tokens = params.query_start[params.num_seqs];
   if (num_tokens == 0) return absl::OkStatus();
+  KvRotation rotation(params);
+  const PagedAttentionParams& p = rotation.params();
   static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
   const bool simd = attention_simd.load(std::memory_order_relaxed);
   const auto attend = SimdEnabled()   ? internal::AttendAvx512
@@ -378,11 +415,14 @@ absl::Status PagedAttention(const PagedAttentionParams& p, ThreadPool& pool) {
         },
         kChunksPerThread);
   }
+  rotation.RotateOutputBack();
   return absl::OkStatus();
 }
 
-absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
-  if (absl::Status status = CheckAttentionParams(p); !status.ok()) return status;
+absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
+  if (absl::Status status = CheckAttentionParams(params); !status.ok()) return status;
+  KvRotation rotation(params);
+  const PagedAttentionParams& p = rotation.params();
   const KvLayerView& c = p.cache;
   const int64_t d = c.head_dim;
   for (int64_t s = 0; s < p.num_seqs; ++s) {
@@ -418,6 +458,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& p) {
       }
     }
   }
+  rotation.RotateOutputBack();
   return absl::OkStatus();
 }
 

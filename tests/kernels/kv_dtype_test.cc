@@ -83,5 +83,44 @@ TEST(QuantizeKvRowTest, CodesStayInRangeAndReconstructWithinHalfAStep) {
   }
 }
 
+TEST(RotateKvRowTest, IsOrthogonalAndItsOwnInverse) {
+  EXPECT_TRUE(RotatesKv(KvDtype::kInt8, 64));
+  EXPECT_TRUE(RotatesKv(KvDtype::kFp8E4m3, 128));
+  EXPECT_FALSE(RotatesKv(KvDtype::kInt8, 80));  // not a power of two: stored as is
+  EXPECT_FALSE(RotatesKv(KvDtype::kF16, 64));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {2, 8, 64, 128}) {
+    std::vector<float> x(n), y(n);
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = normal(rng);
+      y[i] = normal(rng);
+    }
+    double dot = 0, norm = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      dot += x[i] * y[i];
+      norm += x[i] * x[i];
+    }
+    std::vector<float> hx = x, hy = y;
+    RotateKvRow(hx.data(), n);
+    RotateKvRow(hy.data(), n);
+    double hdot = 0, hnorm = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      hdot += hx[i] * hy[i];
+      hnorm += hx[i] * hx[i];
+    }
+    EXPECT_NEAR(hdot, dot, 1e-4 * n) << n;  // dot products survive
+    EXPECT_NEAR(hnorm, norm, 1e-4 * n) << n;
+    EXPECT_NE(hx, x);
+    RotateKvRow(hx.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(hx[i], x[i], 1e-5) << n;  // H H = I
+  }
+  // A one-hot row (an outlier channel) spreads over every channel equally.
+  std::vector<float> spike(64, 0.0f);
+  spike[5] = 8.0f;
+  RotateKvRow(spike.data(), 64);
+  for (float value : spike) EXPECT_EQ(std::fabs(value), 1.0f);
+}
+
 }  // namespace
 }  // namespace loom::kernels::cpu

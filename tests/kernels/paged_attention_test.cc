@@ -233,9 +233,12 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
     } else if (c.dtype == KvDtype::kF32) {
       EXPECT_EQ(reinterpret_cast<const float*>(test_pool.v.data())[index], v[pos * kv_row + i]);
     } else {
+      // The last head's row, rotated where the cache rotates (RotatesKv).
+      std::vector<float> x(v.begin() + pos * kv_row + kv_row - d, v.begin() + (pos + 1) * kv_row);
+      if (RotatesKv(c.dtype, d)) RotateKvRow(x.data(), d);
       const float scale = Bf16ToFloat(test_pool.v_scale[index / d]);
-      EXPECT_NEAR(DequantizeKv(c.dtype, test_pool.v.data(), index, scale), v[pos * kv_row + i],
-                  c.dtype == KvDtype::kInt8 ? scale / 2 : std::fabs(v[pos * kv_row + i]) / 16 + scale / 1024);
+      EXPECT_NEAR(DequantizeKv(c.dtype, test_pool.v.data(), index, scale), x[d - 1],
+                  c.dtype == KvDtype::kInt8 ? scale / 2 : std::fabs(x[d - 1]) / 16 + scale / 1024);
     }
   }
 
@@ -558,8 +561,9 @@ TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
       } else {
         std::vector<uint8_t> codes(head_dim);
         uint16_t scale;
-        QuantizeKvRow(dtype, v.data() + t * row + (kv_heads - 1) * head_dim, head_dim, codes.data(),
-                      &scale);
+        std::vector<float> x(v.begin() + t * row + (kv_heads - 1) * head_dim, v.begin() + (t + 1) * row);
+        if (RotatesKv(dtype, head_dim)) RotateKvRow(x.data(), head_dim);
+        QuantizeKvRow(dtype, x.data(), head_dim, codes.data(), &scale);
         EXPECT_EQ(pools[0]->v[index], codes[head_dim - 1]);
         EXPECT_EQ(pools[0]->v_scale[index / head_dim], scale);
       }
