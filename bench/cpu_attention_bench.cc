@@ -9,7 +9,8 @@
 // Figures: GFLOP/s (2 flops per multiply-add of q.k and p.v over the causal triangle), the
 // ratio to the FMA peak measured in the same run (bench/machine_limits.h), and each against
 // one-row. Decode steps (one query token per sequence: a one-row task, a one-row tile) are
-// timed per-token and tiled.
+// timed per-token and tiled, with F16, int8 and fp8_e4m3 KV (each 8-bit type also as a
+// ratio to F16's time for the same step).
 // Writes bench/results/cpu_attention.json (cpu_attention_<isa>.json when LOOM_CPU_ISA
 // forces the ISA).
 //
@@ -45,6 +46,7 @@ constexpr int64_t kHeads = 9, kKvHeads = 3, kHeadDim = 64, kBlockSize = 16;
 
 struct Prefill {
   std::vector<uint8_t> k, v;
+  std::vector<uint16_t> k_scale, v_scale;  // 8-bit KV
   std::vector<float> q, out;
   std::vector<int32_t> query_start, context_len, indptr, indices;
   PagedAttentionParams params;
@@ -57,20 +59,24 @@ void MakeStep(int64_t seqs, int64_t tokens, int64_t query, KvDtype dtype, Prefil
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t blocks_per_seq = (tokens + kBlockSize - 1) / kBlockSize;
   const int64_t blocks = seqs * blocks_per_seq;
-  const int64_t elems = blocks * kBlockSize * kKvHeads * kHeadDim;
-  const size_t bytes = dtype == KvDtype::kF16 ? 2 : 4;
-  p.k.resize(elems * bytes);
-  p.v.resize(elems * bytes);
-  for (int which = 0; which < 2; ++which) {
-    uint8_t* base = (which == 0 ? p.k : p.v).data();
-    for (int64_t i = 0; i < elems; ++i) {
-      const float x = normal(rng);
-      if (dtype == KvDtype::kF16) {
-        const uint16_t h = kernels::cpu::FloatToHalf(x);
-        std::memcpy(base + i * 2, &h, 2);
-      } else {
-        std::memcpy(base + i * 4, &x, 4);
-      }
+  const int64_t slots = blocks * kBlockSize;
+  const int64_t elems = slots * kKvHeads * kHeadDim;
+  p.k.resize(elems * kernels::cpu::KvElementBytes(dtype));
+  p.v.resize(p.k.size());
+  p.k_scale.assign(kernels::cpu::IsQuantizedKv(dtype) ? slots * kKvHeads : 0, 0);
+  p.v_scale.assign(p.k_scale.size(), 0);
+  KvLayerView cache{p.k.data(), p.v.data(), dtype, blocks, kBlockSize, kKvHeads, kHeadDim,
+                    p.k_scale.empty() ? nullptr : p.k_scale.data(),
+                    p.v_scale.empty() ? nullptr : p.v_scale.data()};
+  {  // every slot written as the worker writes it (F16 rounding, 8-bit codes and scales)
+    std::vector<float> k(elems), v(elems);
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    std::vector<int32_t> slot_ids(slots);
+    for (int64_t i = 0; i < slots; ++i) slot_ids[i] = static_cast<int32_t>(i);
+    if (!kernels::cpu::WriteKv(cache, k.data(), v.data(), slot_ids.data(), slots).ok()) {
+      std::fprintf(stderr, "WriteKv failed\n");
+      std::exit(1);
     }
   }
   p.q.resize(seqs * query * kHeads * kHeadDim);
@@ -90,7 +96,7 @@ void MakeStep(int64_t seqs, int64_t tokens, int64_t query, KvDtype dtype, Prefil
   PagedAttentionParams& a = p.params;
   a.q = p.q.data();
   a.out = p.out.data();
-  a.cache = KvLayerView{p.k.data(), p.v.data(), dtype, blocks, kBlockSize, kKvHeads, kHeadDim};
+  a.cache = cache;
   a.query_start = p.query_start.data();
   a.context_len = p.context_len.data();
   a.block_indptr = p.indptr.data();
@@ -194,27 +200,39 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
-  // Decode steps: one query token per sequence (the tiles take it as a one-row tile).
-  std::printf("\ndecode steps (1 query token per sequence, F16 KV)\n%-14s | %9s | %9s | %6s\n",
-              "seqs x context", "per-token ms", "tiled ms", "tiled/per-token");
+  // Decode steps: one query token per sequence (the tiles take it as a one-row tile), for
+  // each KV type; the 8-bit types also against F16's time for the same step.
+  std::printf("\ndecode steps (1 query token per sequence)\n%-8s | %-14s | %9s | %9s | %6s | %s\n",
+              "kv", "seqs x context", "per-token ms", "tiled ms", "tiled/per-token",
+              "f16/this (per-token, tiled)");
   json += "\n  ],\n  \"decode\": [\n";
   first = true;
   for (const auto& [seqs, tokens] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 512}, {1, 4096}, {16, 512}, {64, 256}}) {
-    Prefill p;
-    MakeStep(seqs, tokens, 1, KvDtype::kF16, p);
-    const int repeats = quick ? 5 : 21;
-    const double old_s = run(p, repeats, cpu::internal::TileMode::kOff, true);
-    const double new_s = run(p, repeats, cpu::internal::TileMode::kOn, true);
-    std::printf("%4lld x %-7lld | %9.3f | %9.3f | %6.2fx\n", static_cast<long long>(seqs),
-                static_cast<long long>(tokens), old_s * 1e3, new_s * 1e3, old_s / new_s);
-    absl::StrAppendFormat(&json,
-                          "%s    {\"kv_dtype\": \"f16\", \"seqs\": %d, \"context\": %d, "
-                          "\"repeats\": %d, \"per_token_ms\": %.4f, \"tiled_ms\": %.4f, "
-                          "\"speedup\": %.3f}",
-                          first ? "" : ",\n", seqs, tokens, repeats, old_s * 1e3, new_s * 1e3,
-                          old_s / new_s);
-    first = false;
+           {1, 512}, {1, 4096}, {16, 512}, {64, 256}, {64, 1024}}) {
+    double f16_old = 0, f16_new = 0;
+    for (cpu::KvDtype dtype : {cpu::KvDtype::kF16, cpu::KvDtype::kInt8, cpu::KvDtype::kFp8E4m3}) {
+      Prefill p;
+      MakeStep(seqs, tokens, 1, dtype, p);
+      const int repeats = quick ? 5 : 21;
+      const double old_s = run(p, repeats, cpu::internal::TileMode::kOff, true);
+      const double new_s = run(p, repeats, cpu::internal::TileMode::kOn, true);
+      if (dtype == cpu::KvDtype::kF16) {
+        f16_old = old_s;
+        f16_new = new_s;
+      }
+      const char* kv = cpu::KvDtypeName(dtype);
+      std::printf("%-8s | %4lld x %-7lld | %9.3f | %9.3f | %6.2fx | %.2fx, %.2fx\n", kv,
+                  static_cast<long long>(seqs), static_cast<long long>(tokens), old_s * 1e3,
+                  new_s * 1e3, old_s / new_s, f16_old / old_s, f16_new / new_s);
+      absl::StrAppendFormat(&json,
+                            "%s    {\"kv_dtype\": \"%s\", \"seqs\": %d, \"context\": %d, "
+                            "\"repeats\": %d, \"per_token_ms\": %.4f, \"tiled_ms\": %.4f, "
+                            "\"speedup\": %.3f, \"per_token_vs_f16\": %.3f, "
+                            "\"tiled_vs_f16\": %.3f}",
+                            first ? "" : ",\n", kv, seqs, tokens, repeats, old_s * 1e3,
+                            new_s * 1e3, old_s / new_s, f16_old / old_s, f16_new / new_s);
+      first = false;
+    }
   }
   json += "\n  ]\n}";
   const char* isa_env = std::getenv("LOOM_CPU_ISA");

@@ -28,6 +28,14 @@ std::array<float, 256> Fp8Table() {
   return table;
 }
 
+// x rounded to the nearest integer, ties to even, for |x| < 2^22: adding and subtracting
+// 1.5 x 2^23 leaves the integer (the addition rounds in the FPU's default mode). No libm
+// call, unlike std::nearbyint without SSE4.1.
+inline float RoundToInt(float x) {
+  constexpr float kMagic = 12582912.0f;
+  return (x + kMagic) - kMagic;
+}
+
 // max|x| / qmax rounded up to BF16 (so that |x| / scale <= qmax for every x).
 uint16_t ScaleUp(float amax, float qmax) {
   const float exact = amax / qmax;
@@ -60,22 +68,21 @@ float Fp8E4m3ToFloat(uint8_t code) {
 }
 
 uint8_t FloatToFp8E4m3(float value) {
-  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
-  if (std::isnan(value)) return sign | 0x7f;
-  const float a = std::fabs(value);
-  if (a >= kFp8Max) return sign | 0x7e;
-  if (a < 0.015625f) {  // below 2^-6: subnormal steps of 2^-9 (8 x 2^-9 is the smallest normal)
-    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7f;  // NaN
+  if (abs >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and infinity) saturates
+  if (abs < 0x3c800000u) {  // below 2^-6: subnormal steps of 2^-9 (8 x 2^-9 is the smallest normal)
+    float a;
+    std::memcpy(&a, &abs, sizeof(a));
+    return sign | static_cast<uint8_t>(RoundToInt(a * 512.0f));
   }
-  int e;
-  const float fraction = std::frexp(a, &e);  // a = fraction x 2^e, fraction in [0.5, 1)
-  int exponent = e - 1 + 7;                  // biased: a in [2^(e-1), 2^e)
-  int mantissa = static_cast<int>(std::nearbyint(fraction * 16.0f)) - 8;  // 3 bits, rounded
-  if (mantissa == 8) {
-    mantissa = 0;
-    ++exponent;
-  }
-  const int code = (exponent << 3) | mantissa;
+  // Round the 23-bit mantissa to 3 bits, to nearest even (a carry moves into the exponent),
+  // then rebias the exponent from 127 to 7.
+  const uint32_t rounded = abs + 0x7ffffu + ((abs >> 20) & 1u);
+  const uint32_t code = (rounded >> 20) - (120u << 3);
   return sign | static_cast<uint8_t>(code > 0x7e ? 0x7e : code);
 }
 
@@ -95,7 +102,10 @@ void RotateKvRow(float* x, int64_t n) {
 
 void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale) {
   float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    amax = a > amax ? a : amax;  // NaN is skipped
+  }
   const float qmax = dtype == KvDtype::kInt8 ? kInt8Max : kFp8Max;
   *scale = amax > 0.0f ? ScaleUp(amax, qmax) : 0;
   const float s = Bf16ToFloat(*scale);
@@ -103,8 +113,9 @@ void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16
   if (dtype == KvDtype::kInt8) {
     int8_t* out = static_cast<int8_t*>(codes);
     for (int64_t i = 0; i < n; ++i) {
-      const float q = std::nearbyint(x[i] * inverse);
-      out[i] = static_cast<int8_t>(q > kInt8Max ? kInt8Max : q < -kInt8Max ? -kInt8Max : q == q ? q : 0.0f);
+      float q = x[i] * inverse;
+      q = q > kInt8Max ? kInt8Max : q < -kInt8Max ? -kInt8Max : q == q ? q : 0.0f;
+      out[i] = static_cast<int8_t>(RoundToInt(q));
     }
   } else {
     uint8_t* out = static_cast<uint8_t*>(codes);

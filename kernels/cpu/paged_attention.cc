@@ -120,6 +120,15 @@ void FloatToHalfScalar(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = FloatToHalf(src[i]);
 }
 
+// RotateKvRow on `count` rows of n floats (AVX2 where the CPU has it: the same bits).
+void RotateRows(float* rows, int64_t count, int64_t n) {
+  static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
+  if (avx2 && n >= 8 && attention_simd.load(std::memory_order_relaxed)) {
+    return internal::RotateRowsAvx2(rows, count, n);
+  }
+  for (int64_t r = 0; r < count; ++r) RotateKvRow(rows + r * n, n);
+}
+
 // An 8-bit cache that stores K and V rotated (RotatesKv): the step's queries rotated into
 // that basis (params().q, per-thread scratch), and the outputs rotated back.
 class KvRotation {
@@ -130,13 +139,13 @@ class KvRotation {
     rows_ = p.query_start[p.num_seqs] * p.num_heads;
     thread_local std::vector<float> q;
     q.assign(p.q, p.q + rows_ * d);
-    for (int64_t r = 0; r < rows_; ++r) RotateKvRow(q.data() + r * d, d);
+    RotateRows(q.data(), rows_, d);
     params_.q = q.data();
   }
   const PagedAttentionParams& params() const { return params_; }
   void RotateOutputBack() {
     const int64_t d = params_.cache.head_dim;
-    for (int64_t r = 0; r < rows_; ++r) RotateKvRow(params_.out + r * d, d);
+    RotateRows(params_.out, rows_, d);
   }
 
  private:
@@ -270,7 +279,7 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
           const float* x = src;
           if (rotate) {
             std::copy(src, src + d, rotated);
-            RotateKvRow(rotated, d);
+            RotateRows(rotated, 1, d);
             x = rotated;
           }
           QuantizeKvRow(cache.dtype, x, d, static_cast<uint8_t*>(codes) + offset + h * d,

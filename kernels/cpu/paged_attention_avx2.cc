@@ -215,6 +215,38 @@ void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task
   }
 }
 
+void RotateRowsAvx2(float* rows, int64_t count, int64_t n) {
+  // In-vector stages h = 1, 2, 4: x[j] = a + b and x[j + h] = a - b as one FMA against the
+  // partner lanes, x * (+-1) + partner (exact products, so the bits of the scalar a + b,
+  // a - b).
+  const __m256 signs1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+  const __m256 signs2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+  const __m256 signs4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+  const __m256 norm = _mm256_set1_ps(1.0f / std::sqrt(static_cast<float>(n)));
+  for (int64_t r = 0; r < count; ++r) {
+    float* x = rows + r * n;
+    for (int64_t i = 0; i < n; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      v = _mm256_fmadd_ps(v, signs1, _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+      v = _mm256_fmadd_ps(v, signs2, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+      v = _mm256_fmadd_ps(v, signs4, _mm256_permute2f128_ps(v, v, 1));
+      _mm256_storeu_ps(x + i, v);
+    }
+    for (int64_t h = 8; h < n; h *= 2) {
+      for (int64_t i = 0; i < n; i += 2 * h) {
+        for (int64_t j = i; j < i + h; j += 8) {
+          const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+          _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+          _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+        }
+      }
+    }
+    for (int64_t i = 0; i < n; i += 8) {
+      _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), norm));
+    }
+  }
+}
+
 void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst) {
   constexpr int kRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   int64_t i = 0;

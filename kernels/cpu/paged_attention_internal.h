@@ -81,6 +81,10 @@ void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst);
 /// The same with AVX2's F16C conversions.
 void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst);
 
+/// RotateKvRow (kv_dtype.h) on `count` rows of n floats each, n a power of two >= 8, with
+/// AVX2 + FMA: the same additions and subtractions in the same order, so the same bits.
+void RotateRowsAvx2(float* rows, int64_t count, int64_t n);
+
 /// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
 /// AVX-512 or AVX2 is available.
 void SetAttentionSimdForTesting(bool enabled);

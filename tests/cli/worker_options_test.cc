@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda_device.h"
@@ -153,6 +154,24 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
   const auto status =
       Parse({"--model", "m", "--coordinator", "c:1", "--kv-dtype", "bf16"}).status();
   EXPECT_NE(status.message().find("--kv-dtype"), std::string::npos) << status;
+  // The 8-bit KV types under either name; vLLM's flag takes vLLM's values only, and the two
+  // flags exclude each other.
+  for (const auto& [flag, value, dtype] :
+       std::vector<std::tuple<std::string, std::string, kernels::cpu::KvDtype>>{
+           {"--kv-dtype", "int8", kernels::cpu::KvDtype::kInt8},
+           {"--kv-dtype", "fp8_e4m3", kernels::cpu::KvDtype::kFp8E4m3},
+           {"--kv-cache-dtype", "fp8", kernels::cpu::KvDtype::kFp8E4m3},
+           {"--kv-cache-dtype", "fp8_e4m3", kernels::cpu::KvDtype::kFp8E4m3},
+           {"--kv-cache-dtype", "int8", kernels::cpu::KvDtype::kInt8},
+           {"--kv-cache-dtype", "auto", kernels::cpu::KvDtype::kF16}}) {
+    auto parsed = Parse({"--model", "m", "--coordinator", "c:1", flag, value});
+    ASSERT_TRUE(parsed.ok()) << flag << " " << value << ": " << parsed.status();
+    EXPECT_EQ(parsed->kv_dtype, dtype) << flag << " " << value;
+  }
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-dtype", "f32"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m", "--coordinator", "c:1", "--kv-cache-dtype", "int8",
+                      "--kv-dtype", "f16"})
+                   .ok());
   const auto activations =
       Parse({"--model", "m", "--coordinator", "c:1", "--activations", "int4"}).status();
   EXPECT_NE(activations.message().find("--activations"), std::string::npos) << activations;
@@ -204,6 +223,12 @@ TEST(WorkerOptionsTest, ResolvesDeviceFromFlagAndMachine) {
   device = ResolveDevice("cuda", KvDtype::kF32, 1, 1);
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("--kv-dtype f32"), std::string::npos)
+      << device.status();
+  // The 8-bit KV types are CPU-only: auto picks the CPU, cuda refuses them by name.
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kInt8, 1, 1), "cpu");
+  device = ResolveDevice("cuda", KvDtype::kFp8E4m3, 1, 1);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("--kv-dtype fp8_e4m3"), std::string::npos)
       << device.status();
   // Tensor parallelism on CUDA (NCCL) is asked for explicitly; auto keeps it on the CPU.
   EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 2, 1), "cuda");

@@ -520,6 +520,21 @@ TEST(WriteKvTest, SimdHalfConversionIsBitIdenticalToFloatToHalf) {
   if (checked == 0) GTEST_SKIP() << "neither AVX-512 nor AVX2 on this CPU";
 }
 
+// The AVX2 rotation of 8-bit KV rows and queries (RotatesKv) gives RotateKvRow's bits.
+TEST(WriteKvTest, SimdRotationIsBitIdenticalToRotateKvRow) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx2)) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {8, 16, 64, 128, 1024}) {
+    std::vector<float> rows(3 * n);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = normal(rng) * (i % 7 == 0 ? 50.0f : 1.0f);
+    std::vector<float> want = rows;
+    for (int r = 0; r < 3; ++r) RotateKvRow(want.data() + r * n, n);
+    internal::RotateRowsAvx2(rows.data(), 3, n);
+    EXPECT_EQ(rows, want) << n;
+  }
+}
+
 TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -73,6 +73,17 @@ TEST(CpuDeviceTest, KvPoolSizeIsTheSharedLayoutFact) {
   EXPECT_EQ((*cache)->bytes(), 5 * KvBytesPerBlock(config, 8, 2));
   EXPECT_EQ(device->CreateKvCache(config, 0, 8).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // The 8-bit types: codes and their scales, the bytes the budget counted, and views that
+  // carry the scales.
+  for (kernels::cpu::KvDtype dtype : {kernels::cpu::KvDtype::kInt8, kernels::cpu::KvDtype::kFp8E4m3}) {
+    absl::StatusOr<std::unique_ptr<CpuKvCache>> quantized = CpuKvCache::Create(config, 5, 8, dtype);
+    ASSERT_TRUE(quantized.ok()) << quantized.status();
+    EXPECT_EQ((*quantized)->bytes(), 5 * KvBytesPerBlock(config, 8, 1, 2));
+    const kernels::cpu::KvLayerView view = (*quantized)->layer(2);
+    EXPECT_EQ(view.dtype, dtype);
+    EXPECT_NE(view.k_scale, nullptr);
+    EXPECT_NE(view.v_scale, nullptr);
+  }
 }
 
 TEST(CpuDeviceTest, AllGatherColumnsOnOneRankIsACopy) {

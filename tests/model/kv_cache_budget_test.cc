@@ -50,6 +50,13 @@ TEST(KvCacheBudgetTest, BlockBytesAreTheLayoutFactOfTheRanksKvHeads) {
   absl::StatusOr<KvBlockSpec> eighth = ShardKvBlock(Config(), 7, 8, 16, 4, "f32");
   ASSERT_TRUE(eighth.ok()) << eighth.status();
   EXPECT_EQ(eighth->bytes, 2 * 4 * 16 * 1 * 16 * 4);
+  // 8-bit KV: one byte per element and a 2-byte scale per token and KV head.
+  const KvBlockSpec int8 = KvBlockOf(Config(), 16, 1, "int8", 2);
+  EXPECT_EQ(int8.bytes, 2 * 4 * 16 * 4 * (16 * 1 + 2));
+  EXPECT_EQ(int8.bytes, KvBytesPerBlock(Config(), 16, 1, 2));
+  absl::StatusOr<KvBlockSpec> int8_half = ShardKvBlock(Config(), 1, 2, 16, 1, "int8", 2);
+  ASSERT_TRUE(int8_half.ok()) << int8_half.status();
+  EXPECT_EQ(int8_half->bytes, int8.bytes / 2);
 }
 
 TEST(KvCacheBudgetTest, AGroupTheModelDoesNotSplitIntoIsInvalid) {

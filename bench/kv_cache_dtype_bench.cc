@@ -1,0 +1,224 @@
+// The 8-bit KV cache (--kv-dtype int8 | fp8_e4m3) against F16 KV on the CPU, on a real model
+// (default: the bundled SmolLM2-135M), all in one run:
+//   capacity   sequences of --context tokens one KV memory budget holds (the worker's own
+//              sizing: model::ShardKvBlock + KvBlocksFromBudget, the pool then allocated
+//              and its bytes checked), as a ratio to F16's (the bar: >= 1.9x);
+//   decode     tokens/s of --batch sequences decoding --decode-tokens tokens each after a
+//              --prompt-tokens prompt, as a ratio to F16's in the same run (bar: >= 1.0x),
+//              median of --repeats, and the KV bytes each decode step reads against the
+//              machine's read bandwidth measured in the same run.
+// Writes bench/results/kv_cache_dtype_cpu.json (_<isa> appended when LOOM_CPU_ISA forces
+// the ISA: run it once per ISA).
+//
+// usage: kv_cache_dtype_bench [--model PATH] [--threads N] [--batch B] [--prompt-tokens P]
+//                             [--decode-tokens T] [--repeats R] [--budget-mib M]
+//                             [--context C]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "bench/machine_limits.h"
+#include "cli/local_engine.h"
+#include "common/formats/gguf_file.h"
+#include "common/formats/model_config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/kv_dtype.h"
+#include "model/cpu_kv_cache.h"
+#include "model/kv_cache_budget.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/model_step_backend.h"
+
+namespace {
+
+using loom::kernels::cpu::KvDtype;
+
+struct Flags {
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  int threads = 2;
+  int batch = 64;
+  int prompt_tokens = 192;
+  int decode_tokens = 64;
+  int repeats = 3;
+  int64_t budget_mib = 512;  // the worker's default host KV budget
+  int64_t context = 1024;
+};
+
+bool ParseFlags(int argc, char** argv, Flags& flags) {
+  if (const char* env = std::getenv("LOOM_MODEL_PATH")) flags.model_path = env;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const char* value = argv[i + 1];
+    if (flag == "--model") flags.model_path = value;
+    else if (flag == "--threads") flags.threads = std::atoi(value);
+    else if (flag == "--batch") flags.batch = std::atoi(value);
+    else if (flag == "--prompt-tokens") flags.prompt_tokens = std::atoi(value);
+    else if (flag == "--decode-tokens") flags.decode_tokens = std::atoi(value);
+    else if (flag == "--repeats") flags.repeats = std::atoi(value);
+    else if (flag == "--budget-mib") flags.budget_mib = std::atoll(value);
+    else if (flag == "--context") flags.context = std::atoll(value);
+    else return false;
+  }
+  return argc % 2 == 1 && flags.batch > 0 && flags.prompt_tokens > 0 && flags.decode_tokens > 1 &&
+         flags.repeats > 0 && flags.budget_mib > 0 && flags.context > 0;
+}
+
+struct Capacity {
+  int64_t block_bytes = 0;
+  int64_t blocks = 0;
+  int64_t sequences = 0;  // of flags.context tokens
+  int64_t allocated_bytes = 0;
+};
+
+Capacity MeasureCapacity(const loom::common::ModelConfig& config, KvDtype dtype, const Flags& flags) {
+  constexpr int64_t kBlockSize = 16;
+  auto block = loom::model::ShardKvBlock(config, 0, 1, kBlockSize,
+                                         loom::kernels::cpu::KvElementBytes(dtype),
+                                         loom::kernels::cpu::KvDtypeName(dtype),
+                                         loom::kernels::cpu::KvScaleBytes(dtype));
+  auto blocks = block.ok() ? loom::model::KvBlocksFromBudget(flags.budget_mib << 20, *block)
+                           : block.status();
+  if (!blocks.ok()) {
+    std::fprintf(stderr, "%s\n", blocks.status().ToString().c_str());
+    std::exit(1);
+  }
+  Capacity capacity;
+  capacity.block_bytes = block->bytes;
+  capacity.blocks = *blocks;
+  capacity.sequences = *blocks / ((flags.context + kBlockSize - 1) / kBlockSize);
+  // The pool the worker would allocate: its bytes are what the sizing promised.
+  auto cache = loom::model::CpuKvCache::Create(config, *blocks, kBlockSize, dtype);
+  capacity.allocated_bytes = cache.ok() ? (*cache)->bytes() : -1;
+  return capacity;
+}
+
+std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
+  std::vector<int32_t> ids(length);
+  uint32_t state = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < length; ++i) {
+    state = state * 1664525u + 1013904223u;
+    ids[i] = static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(vocab));
+  }
+  return ids;
+}
+
+// Median decode tokens/s of flags.batch sequences (the steps that computed no prompt token).
+double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokenizer& tokenizer,
+                  KvDtype dtype, const Flags& flags) {
+  loom::worker::CpuForwardPassOptions options;
+  options.num_threads = flags.threads;
+  options.kv_dtype = dtype;
+  options.num_kv_blocks =
+      flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
+  auto runner = loom::worker::CpuForwardPass::Create(gguf, options);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
+    std::exit(1);
+  }
+  loom::worker::ModelStepBackend backend(*std::move(runner));
+  loom::cli::LocalEngineOptions engine_options;
+  engine_options.enable_prefix_caching = false;  // every repeat decodes over fresh KV
+  loom::cli::LocalEngine engine(backend, tokenizer, engine_options);
+  std::vector<double> rates;
+  for (int r = 0; r < flags.repeats; ++r) {
+    std::vector<loom::cli::EngineRequest> requests;
+    for (int i = 0; i < flags.batch; ++i) {
+      loom::cli::EngineRequest request;
+      request.prompt_ids = Prompt(flags.prompt_tokens, engine.config().vocab_size, 1 + i + 1000 * r);
+      request.sampling.temperature = 0.0f;
+      request.max_tokens = flags.decode_tokens;
+      request.ignore_eos = true;
+      requests.push_back(std::move(request));
+    }
+    auto results = engine.Generate(requests);
+    if (!results.ok()) {
+      std::fprintf(stderr, "generate failed: %s\n", results.status().ToString().c_str());
+      std::exit(1);
+    }
+    double seconds = 0;
+    int64_t decoded = 0;
+    for (const auto& result : *results) {
+      seconds = std::max(seconds, result.decode_seconds);
+      decoded += static_cast<int64_t>(result.outputs.size()) - 1;  // the first came from prefill
+    }
+    rates.push_back(decoded / seconds);
+  }
+  return loom::bench::Median(rates);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, flags)) {
+    std::fputs(
+        "usage: kv_cache_dtype_bench [--model PATH] [--threads N] [--batch B] "
+        "[--prompt-tokens P] [--decode-tokens T] [--repeats R] [--budget-mib M] [--context C]\n",
+        stderr);
+    return 2;
+  }
+  auto gguf = loom::common::GgufFile::Open(flags.model_path);
+  auto config = gguf.ok() ? loom::common::ModelConfigFromGguf(**gguf) : gguf.status();
+  auto tokenizer = gguf.ok() ? loom::common::Tokenizer::FromGguf(**gguf) : gguf.status();
+  if (!config.ok() || !tokenizer.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 (config.ok() ? tokenizer.status() : config.status()).ToString().c_str());
+    return 1;
+  }
+  const double read_gbs = loom::bench::MeasureReadBandwidthGBs(flags.threads);
+  const char* isa = loom::kernels::cpu::CpuIsaName(loom::kernels::cpu::ActiveCpuIsa());
+  std::printf("kv_cache_dtype_bench: %s, ISA %s, %d threads, read bandwidth %.1f GB/s\n",
+              flags.model_path.c_str(), isa, flags.threads, read_gbs);
+  std::printf("decode: %d sequences, %d prompt + %d decoded tokens each, median of %d\n",
+              flags.batch, flags.prompt_tokens, flags.decode_tokens, flags.repeats);
+  const KvDtype dtypes[] = {KvDtype::kF16, KvDtype::kInt8, KvDtype::kFp8E4m3};
+  Capacity f16_capacity;
+  double f16_rate = 0;
+  std::string rows;
+  for (KvDtype dtype : dtypes) {
+    const Capacity capacity = MeasureCapacity(*config, dtype, flags);
+    const double rate = DecodeRate(**gguf, **tokenizer, dtype, flags);
+    if (dtype == KvDtype::kF16) {
+      f16_capacity = capacity;
+      f16_rate = rate;
+    }
+    // KV read per decode step: every sequence's context (its mean over the decode), K and V.
+    const double mean_context = flags.prompt_tokens + flags.decode_tokens / 2.0;
+    const double kv_gb_per_step =
+        flags.batch * mean_context * static_cast<double>(capacity.block_bytes) / 16 / 1e9;
+    const double kv_gbs = kv_gb_per_step * rate / flags.batch;
+    const double capacity_ratio =
+        static_cast<double>(capacity.sequences) / static_cast<double>(f16_capacity.sequences);
+    std::printf(
+        "  %-8s block %6lld B, %lld MiB hold %6lld blocks = %4lld sequences of %lld tokens "
+        "(%.3fx f16; pool allocated %.1f MiB) | decode %7.1f tokens/s = %.3fx f16, KV read "
+        "%.2f GB/s = %.3f of read bandwidth\n",
+        loom::kernels::cpu::KvDtypeName(dtype), static_cast<long long>(capacity.block_bytes),
+        static_cast<long long>(flags.budget_mib), static_cast<long long>(capacity.blocks),
+        static_cast<long long>(capacity.sequences), static_cast<long long>(flags.context),
+        capacity_ratio, capacity.allocated_bytes / 1048576.0, rate, rate / f16_rate, kv_gbs,
+        kv_gbs / read_gbs);
+    rows += absl::StrFormat(
+        "%s{\"kv_dtype\": \"%s\", \"block_bytes\": %d, \"blocks\": %d, \"sequences\": %d, "
+        "\"capacity_vs_f16\": %.4f, \"allocated_bytes\": %d, \"decode_tokens_per_s\": %.2f, "
+        "\"decode_vs_f16\": %.4f, \"kv_read_gbs\": %.3f, \"kv_read_vs_bandwidth\": %.4f}",
+        rows.empty() ? "" : ",\n  ", loom::kernels::cpu::KvDtypeName(dtype), capacity.block_bytes,
+        capacity.blocks, capacity.sequences, capacity_ratio, capacity.allocated_bytes, rate,
+        rate / f16_rate, kv_gbs, kv_gbs / read_gbs);
+  }
+  const bool forced = std::getenv("LOOM_CPU_ISA") != nullptr;
+  loom::bench::WriteResult(
+      forced ? std::string("kv_cache_dtype_cpu_") + isa : std::string("kv_cache_dtype_cpu"),
+      absl::StrFormat(
+          "{\"benchmark\": \"kv_cache_dtype_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", "
+          "\"cpu_isa\": \"%s\", \"threads\": %d, \"model\": \"%s\", \"budget_mib\": %d, "
+          "\"context\": %d, \"batch\": %d, \"prompt_tokens\": %d, \"decode_tokens\": %d, "
+          "\"repeats\": %d, \"read_gbs\": %.2f,\n \"dtypes\": [\n  %s]}",
+          loom::bench::UtcNow(), loom::bench::CpuModel(), isa, flags.threads, flags.model_path,
+          flags.budget_mib, flags.context, flags.batch, flags.prompt_tokens, flags.decode_tokens,
+          flags.repeats, read_gbs, rows));
+  return 0;
+}
