@@ -36,9 +36,11 @@ inline float RoundToInt(float x) {
   return (x + kMagic) - kMagic;
 }
 
-// max|x| / qmax rounded up to BF16 (so that |x| / scale <= qmax for every x).
-uint16_t ScaleUp(float amax, float qmax) {
-  const float exact = amax / qmax;
+}  // namespace
+
+uint16_t KvRowScale(KvDtype dtype, float amax) {
+  if (!(amax > 0.0f)) return 0;
+  const float exact = amax / (dtype == KvDtype::kInt8 ? kInt8Max : kFp8Max);
   uint32_t bits;
   std::memcpy(&bits, &exact, sizeof(bits));
   if (!std::isfinite(exact)) return 0x7f7f;  // the largest finite BF16
@@ -46,7 +48,6 @@ uint16_t ScaleUp(float amax, float qmax) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-}  // namespace
 
 const char* KvDtypeName(KvDtype dtype) {
   switch (dtype) {
@@ -106,8 +107,7 @@ void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16
     const float a = std::fabs(x[i]);
     amax = a > amax ? a : amax;  // NaN is skipped
   }
-  const float qmax = dtype == KvDtype::kInt8 ? kInt8Max : kFp8Max;
-  *scale = amax > 0.0f ? ScaleUp(amax, qmax) : 0;
+  *scale = KvRowScale(dtype, amax);
   const float s = Bf16ToFloat(*scale);
   const float inverse = s > 0.0f ? 1.0f / s : 0.0f;
   if (dtype == KvDtype::kInt8) {

@@ -70,6 +70,10 @@ inline bool RotatesKv(KvDtype dtype, int64_t head_dim) {
 /// x = H x for a power-of-two n (the normalized fast Walsh-Hadamard transform, in place).
 void RotateKvRow(float* x, int64_t n);
 
+/// The BF16 scale of a row whose largest magnitude is `amax`: amax / qmax rounded up (so
+/// that |x| / scale <= qmax for every x), 0 for amax 0; the largest finite BF16 past it.
+uint16_t KvRowScale(KvDtype dtype, float amax);
+
 /// Quantizes `n` values to `dtype`'s codes (n bytes at `codes`) and their BF16 scale. All
 /// zeros (or max|x| = 0) give scale 0 and zero codes. Only for the 8-bit types.
 void QuantizeKvRow(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale);

@@ -270,6 +270,9 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
     if (IsQuantizedKv(cache.dtype)) {
       const int64_t d = cache.head_dim;
       const bool rotate = RotatesKv(cache.dtype, d);
+      const auto quantize = avx2 && d % 8 == 0 && attention_simd.load(std::memory_order_relaxed)
+                                ? internal::QuantizeKvRowAvx2
+                                : QuantizeKvRow;
       float rotated[internal::kMaxHeadDim];
       for (int64_t h = 0; h < cache.num_kv_heads; ++h) {
         const int64_t head = static_cast<int64_t>(slots[t]) * cache.num_kv_heads + h;
@@ -282,8 +285,8 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
             RotateRows(rotated, 1, d);
             x = rotated;
           }
-          QuantizeKvRow(cache.dtype, x, d, static_cast<uint8_t*>(codes) + offset + h * d,
-                        scale + head);
+          quantize(cache.dtype, x, d, static_cast<uint8_t*>(codes) + offset + h * d,
+                   scale + head);
         }
       }
     } else if (cache.dtype == KvDtype::kF32) {

@@ -247,6 +247,55 @@ void RotateRowsAvx2(float* rows, int64_t count, int64_t n) {
   }
 }
 
+void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 amax = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    // max_ps returns its second operand when the first is NaN: NaNs are skipped.
+    amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask), amax);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, amax);
+  float m = 0.0f;
+  for (float lane : lanes) m = lane > m ? lane : m;
+  *scale = KvRowScale(dtype, m);
+  const float s = Bf16ToFloat(*scale);
+  const __m256 inverse = _mm256_set1_ps(s > 0.0f ? 1.0f / s : 0.0f);
+  uint8_t* out = static_cast<uint8_t*>(codes);
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 q = _mm256_mul_ps(_mm256_loadu_ps(x + i), inverse);
+    __m256i code;
+    if (dtype == KvDtype::kInt8) {
+      q = _mm256_and_ps(q, _mm256_cmp_ps(q, q, _CMP_ORD_Q));  // NaN -> 0
+      q = _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+      code = _mm256_cvtps_epi32(q);  // to nearest even, as RoundToInt
+    } else {  // FloatToFp8E4m3, lane by lane
+      const __m256i bits = _mm256_castps_si256(q);
+      const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+      const __m256i abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+      const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+      const __m256i big = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x43dfffff));
+      const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), abs);
+      const __m256i subnormal =
+          _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_set1_ps(512.0f)));
+      const __m256i rounded = _mm256_add_epi32(
+          _mm256_add_epi32(abs, _mm256_set1_epi32(0x7ffff)),
+          _mm256_and_si256(_mm256_srli_epi32(abs, 20), _mm256_set1_epi32(1)));
+      __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, 20), _mm256_set1_epi32(120 << 3));
+      normal = _mm256_min_epi32(normal, _mm256_set1_epi32(0x7e));
+      code = _mm256_blendv_epi8(normal, subnormal, small);
+      code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7e), big);
+      code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), nan);
+      code = _mm256_or_si256(code, sign);
+    }
+    // 8 x int32 in [-127, 255] to 8 bytes (int8 codes two's complement, E4M3 codes as is).
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    const __m128i bytes = dtype == KvDtype::kInt8 ? _mm_packs_epi16(words, words)
+                                                  : _mm_packus_epi16(words, words);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), bytes);
+  }
+}
+
 void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst) {
   constexpr int kRounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   int64_t i = 0;

@@ -85,6 +85,9 @@ void FloatToHalfAvx2(const float* src, int64_t count, uint16_t* dst);
 /// AVX2 + FMA: the same additions and subtractions in the same order, so the same bits.
 void RotateRowsAvx2(float* rows, int64_t count, int64_t n);
 
+/// QuantizeKvRow (kv_dtype.h) for n a multiple of 8, with AVX2: the same codes and scale.
+void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale);
+
 /// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
 /// AVX-512 or AVX2 is available.
 void SetAttentionSimdForTesting(bool enabled);

@@ -113,7 +113,7 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
 TEST(WorkerOptionsTest, StepBackendHasAShortFlagAndTheOldName) {
   EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1"})->step_backend, "model");
   EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--noop-engine"})->step_backend, "noop");
-  // The deprecated --backend: cpu was the model runner's name whatever its device.
+  // The deprecated --backend: cpu was the forward pass's name whatever its device.
   EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "cpu"})->step_backend,
             "model");
   EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--backend", "noop"})->step_backend,
@@ -164,7 +164,7 @@ TEST(WorkerOptionsTest, RejectsBadCommandLines) {
            {"--kv-cache-dtype", "fp8_e4m3", kernels::cpu::KvDtype::kFp8E4m3},
            {"--kv-cache-dtype", "int8", kernels::cpu::KvDtype::kInt8},
            {"--kv-cache-dtype", "auto", kernels::cpu::KvDtype::kF16}}) {
-    auto parsed = Parse({"--model", "m", "--coordinator", "c:1", flag, value});
+    auto parsed = Parse({"--model", "m", "--coordinator", "c:1", flag.c_str(), value.c_str()});
     ASSERT_TRUE(parsed.ok()) << flag << " " << value << ": " << parsed.status();
     EXPECT_EQ(parsed->kv_dtype, dtype) << flag << " " << value;
   }
@@ -211,7 +211,7 @@ TEST(WorkerOptionsTest, ResolvesDeviceFromFlagAndMachine) {
   EXPECT_EQ(*ResolveDevice("cpu", KvDtype::kF16, 1, 8), "cpu");
   EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 1, 0), "cpu");
   EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 1, 1), "cuda");
-  // auto keeps what the CUDA runner cannot do on the CPU.
+  // auto keeps what the CUDA forward pass cannot do on the CPU.
   EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF32, 1, 1), "cpu");
   EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF16, 2, 1), "cpu");
   EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 1, 1), "cuda");
@@ -308,7 +308,7 @@ TEST(WorkerCommandTest, TensorParallelCudaWithoutGpuFailsAtStartWithClearError) 
   EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
 }
 
-TEST(WorkerCommandTest, DraftModelNeedsTheCpuRunnerOnOneRank) {
+TEST(WorkerCommandTest, DraftModelNeedsTheCpuForwardPassOnOneRank) {
   // Refused before any file is opened.
   auto [code, err] = RunCommand(
       RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",

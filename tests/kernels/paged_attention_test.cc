@@ -535,6 +535,39 @@ TEST(WriteKvTest, SimdRotationIsBitIdenticalToRotateKvRow) {
   }
 }
 
+// The AVX2 quantizer of 8-bit KV rows gives QuantizeKvRow's codes and scale: rows of
+// every magnitude (E4M3 subnormals, saturation), NaNs, infinities, zeros and ties.
+TEST(WriteKvTest, SimdQuantizationIsBitIdenticalToQuantizeKvRow) {
+  if (!internal::IsaSupported(internal::MatmulIsaChoice::kAvx2)) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-40.0f, 40.0f);
+  for (KvDtype dtype : {KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    int bad = 0;
+    for (int r = 0; r < 20000; ++r) {
+      const int64_t n = 8 * (1 + r % 16);
+      std::vector<float> x(n);
+      const float magnitude = std::exp2(exponent(rng));
+      for (float& value : x) value = normal(rng) * magnitude;
+      if (r % 5 == 0) x[r % n] = 0.0f;
+      if (r % 7 == 0) x[(r / 7) % n] *= 1e-6f;  // E4M3 subnormals
+      if (r % 11 == 0) x[(r / 11) % n] = std::nanf("");
+      if (r % 13 == 0) x[(r / 13) % n] = std::round(x[0]) + 0.5f;  // ties in int8 space
+      if (r % 17 == 0) x[(r / 17) % n] = r % 2 ? INFINITY : -INFINITY;
+      if (r % 19 == 0) std::fill(x.begin(), x.end(), 0.0f);
+      std::vector<uint8_t> want(n), got(n);
+      uint16_t want_scale = 1, got_scale = 2;
+      QuantizeKvRow(dtype, x.data(), n, want.data(), &want_scale);
+      internal::QuantizeKvRowAvx2(dtype, x.data(), n, got.data(), &got_scale);
+      if ((want != got || want_scale != got_scale) && bad++ < 3) {
+        ADD_FAILURE() << KvDtypeName(dtype) << " row " << r << ": scale " << want_scale
+                      << " vs SIMD " << got_scale;
+      }
+    }
+    EXPECT_EQ(bad, 0) << KvDtypeName(dtype);
+  }
+}
+
 TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
