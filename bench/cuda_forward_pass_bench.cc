@@ -1,4 +1,4 @@
-// The CUDA model runner end to end on a Llama-3-8B-shaped model (hidden 4096, 32 layers,
+// The CUDA forward pass end to end on a Llama-3-8B-shaped model (hidden 4096, 32 layers,
 // 32 query / 8 KV heads, head dim 128, FFN 14336, vocab 128256, rope theta 500000), F16
 // weights generated on the device (CudaForwardPass::CreateRandom: no 16 GB file, never
 // zeros), against limits measured in the same run:
@@ -12,7 +12,7 @@
 //
 // Timing: wall clock over kDecodeSteps steps after kWarmupSteps (which capture the decode
 // graphs); StepAndSample waits for its tokens, so each step is complete when it returns.
-// Writes cuda_runner.json into $OUT when set, else bench/results/gpu/ under
+// Writes cuda_forward_pass_bench.json into $OUT when set, else bench/results/gpu/ under
 // LOOM_SOURCE_DIR (or the current directory). Exits 0 with a message where no GPU is.
 #include <cuda_runtime_api.h>
 
@@ -109,7 +109,7 @@ std::vector<int32_t> BlockTable(int64_t seq, int64_t tokens) {
 }
 
 // Fills the KV of sequences [0, num_seqs) with kPromptTokens random prompt tokens each.
-void Prefill(worker::CudaForwardPass& runner, int64_t num_seqs, int64_t vocab) {
+void Prefill(worker::CudaForwardPass& forward_pass, int64_t num_seqs, int64_t vocab) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
   std::vector<float> logits;
@@ -122,13 +122,13 @@ void Prefill(worker::CudaForwardPass& runner, int64_t num_seqs, int64_t vocab) {
                                      kBlockSize, true),
               "prefill batch");
     }
-    CheckOk(runner.Step(batch, logits), "prefill step");
+    CheckOk(forward_pass.Step(batch, logits), "prefill step");
   }
 }
 
 // Seconds per greedy decode step of sequences [0, batch) over kDecodeSteps steps at
 // positions kPromptTokens + kWarmupSteps onwards (after kWarmupSteps warm-up steps).
-double DecodeStepSeconds(worker::CudaForwardPass& runner, int64_t batch) {
+double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
   std::vector<int32_t> tokens(batch);
   for (int64_t s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>((s * 7919) % 128000);
   std::vector<int32_t> next;
@@ -150,14 +150,14 @@ double DecodeStepSeconds(worker::CudaForwardPass& runner, int64_t batch) {
       rows.positions.push_back(position);
       rows.penalty_indptr.push_back(0);
     }
-    CheckOk(runner.StepAndSample(step_batch, rows, next, logprobs), "decode step");
+    CheckOk(forward_pass.StepAndSample(step_batch, rows, next, logprobs), "decode step");
     tokens = next;
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   return elapsed.count() / kDecodeSteps;
 }
 
-std::unique_ptr<worker::CudaForwardPass> MakeRunner(const common::ModelConfig& config,
+std::unique_ptr<worker::CudaForwardPass> MakeForwardPass(const common::ModelConfig& config,
                                                     bool cuda_graphs, int64_t num_seqs) {
   worker::CudaForwardPassOptions options;
   options.dtype = DataType::kF16;
@@ -166,12 +166,12 @@ std::unique_ptr<worker::CudaForwardPass> MakeRunner(const common::ModelConfig& c
   options.num_kv_blocks = num_seqs * kBlocksPerSeq;
   options.max_num_tokens = kPrefillSeqsPerStep * kPromptTokens;
   options.cuda_graphs = cuda_graphs;
-  absl::StatusOr<std::unique_ptr<worker::CudaForwardPass>> runner =
+  absl::StatusOr<std::unique_ptr<worker::CudaForwardPass>> forward_pass =
       worker::CudaForwardPass::CreateRandom(config, options, kWeightSeed);
-  CheckOk(runner.status(), "CudaForwardPass::CreateRandom");
+  CheckOk(forward_pass.status(), "CudaForwardPass::CreateRandom");
   std::printf("runner (graphs %s):\n%s", cuda_graphs ? "on" : "off",
-              (*runner)->load_log().c_str());
-  return std::move(runner).value();
+              (*forward_pass)->load_log().c_str());
+  return std::move(forward_pass).value();
 }
 
 struct ThroughputRow {
@@ -184,12 +184,12 @@ struct ThroughputRow {
 
 int Run(bool quick) {
   if (kernels::CudaDeviceCount() == 0) {
-    std::printf("cuda_runner_bench: no CUDA device (%s): nothing measured\n",
+    std::printf("cuda_forward_pass_bench: no CUDA device (%s): nothing measured\n",
                 kernels::CudaDeviceDescription(0).c_str());
     return 0;
   }
   const std::string device = kernels::CudaDeviceDescription(0);
-  std::printf("cuda_runner_bench on %s\n", device.c_str());
+  std::printf("cuda_forward_pass_bench on %s\n", device.c_str());
   common::ModelConfig config = Llama3_8B();
   if (quick) config.num_layers = kQuickLayers;
   double copy = 0;
@@ -203,21 +203,21 @@ int Run(bool quick) {
   std::printf("limits: copy %.0f GB/s (read + write); weights read per step %.2f GB\n",
               copy / 1e9, weight_bytes / 1e9);
 
-  // Graphs off first (one sequence), then graphs on with the full pool: one runner at a
+  // Graphs off first (one sequence), then graphs on with the full pool: one forward pass at a
   // time, so the device holds one copy of the weights.
   double eager_b1 = 0;
   {
-    std::unique_ptr<worker::CudaForwardPass> runner = MakeRunner(config, false, 1);
-    Prefill(*runner, 1, config.vocab_size);
-    eager_b1 = DecodeStepSeconds(*runner, 1);
+    std::unique_ptr<worker::CudaForwardPass> forward_pass = MakeForwardPass(config, false, 1);
+    Prefill(*forward_pass, 1, config.vocab_size);
+    eager_b1 = DecodeStepSeconds(*forward_pass, 1);
   }
   std::vector<ThroughputRow> rows;
   {
     // --quick: batch 1 only (the graphs on/off comparison).
     const int64_t max_batch = quick ? 1 : kMaxBatch;
-    std::unique_ptr<worker::CudaForwardPass> runner = MakeRunner(config, true, max_batch);
+    std::unique_ptr<worker::CudaForwardPass> forward_pass = MakeForwardPass(config, true, max_batch);
     const auto prefill_start = std::chrono::steady_clock::now();
-    Prefill(*runner, max_batch, config.vocab_size);
+    Prefill(*forward_pass, max_batch, config.vocab_size);
     const std::chrono::duration<double> prefill = std::chrono::steady_clock::now() - prefill_start;
     std::printf("prefill: %ld sequences x %ld tokens in %.2f s (%.0f tokens/s)\n",
                 static_cast<long>(max_batch), static_cast<long>(kPromptTokens), prefill.count(),
@@ -229,13 +229,13 @@ int Run(bool quick) {
       if (batch > max_batch) break;
       ThroughputRow row;
       row.batch = batch;
-      row.step_seconds = DecodeStepSeconds(*runner, batch);
+      row.step_seconds = DecodeStepSeconds(*forward_pass, batch);
       row.kv_bytes = batch * mean_context * KvBytesPerToken(config);
       row.tokens_per_second = batch / row.step_seconds;
       row.bound_tokens_per_second = batch * copy / (weight_bytes + row.kv_bytes);
       rows.push_back(row);
     }
-    const worker::CudaForwardPass::Stats stats = runner->stats();
+    const worker::CudaForwardPass::Stats stats = forward_pass->stats();
     std::printf("graph captures %ld, replays %ld, eager steps %ld\n",
                 static_cast<long>(stats.graph_captures), static_cast<long>(stats.graph_replays),
                 static_cast<long>(stats.eager_steps));
@@ -261,7 +261,7 @@ int Run(bool quick) {
               kTargetDecodeRatio);
 
   std::string json = "{\n";
-  json += absl::StrFormat("  \"bench\": \"cuda_runner\",\n  \"date\": \"%s\",\n", UtcNow());
+  json += absl::StrFormat("  \"bench\": \"cuda_forward_pass_bench\",\n  \"date\": \"%s\",\n", UtcNow());
   json += absl::StrFormat("  \"device\": \"%s\",\n", device);
   json += absl::StrFormat(
       "  \"quick\": %s,\n"
@@ -297,7 +297,7 @@ int Run(bool quick) {
   }
   json += "  ]\n}\n";
 
-  const bool written = loom::bench::WriteGpuResult("cuda_runner", json);
+  const bool written = loom::bench::WriteGpuResult("cuda_forward_pass_bench", json);
   return written ? 0 : 1;
 }
 

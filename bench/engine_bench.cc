@@ -151,10 +151,10 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
 // --only-prefill: one prompt of `tokens` tokens (in chunks of the engine's token budget),
 // with prefill attention in the per-token kernel (multi-row tasks on AVX-512) and in tiles,
 // the median of three runs each.
-void RunOnlyPrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& runner,
+void RunOnlyPrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& forward_pass,
                     int only_prefill) {
   EngineRequest request;
-  request.prompt_ids = Prompt(only_prefill, runner.config().vocab_size, 99);
+  request.prompt_ids = Prompt(only_prefill, forward_pass.config().vocab_size, 99);
   request.sampling.temperature = 0.0f;
   request.max_tokens = 1;
   request.ignore_eos = true;
@@ -199,10 +199,10 @@ struct SingleDecode {
   double gbs = 0;           // weight bytes read per second
 };
 
-SingleDecode MeasureSingleDecode(LocalEngine& engine, const loom::worker::CpuForwardPass& runner,
+SingleDecode MeasureSingleDecode(LocalEngine& engine, const loom::worker::CpuForwardPass& forward_pass,
                                  int decode_tokens, const Limits& limits) {
   SingleDecode decode;
-  decode.bytes_per_token = static_cast<double>(runner.weights().BytesPerDecodeStep());
+  decode.bytes_per_token = static_cast<double>(forward_pass.weights().BytesPerDecodeStep());
   std::vector<double> single;
   for (int r = 0; r < 3; ++r) single.push_back(DecodeRate(engine, 1, decode_tokens));
   decode.tokens_per_s = loom::bench::Median(single);
@@ -223,9 +223,9 @@ struct Prefill {
   double vs_int8_peak = 0;
 };
 
-Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& runner,
+Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& forward_pass,
                        const Limits& limits) {
-  const auto& config = runner.config();
+  const auto& config = forward_pass.config();
   const int64_t prefill_len = 512;
   EngineRequest prefill;
   prefill.prompt_ids = Prompt(prefill_len, config.vocab_size, 99);
@@ -239,7 +239,7 @@ Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& 
   const double prefill_seconds = loom::bench::Median(prefill_times);
   const double attention_flops = 4.0 * config.num_layers * config.num_heads * config.head_dim *
                                  (prefill_len * (prefill_len + 1) / 2.0);
-  const double prefill_flops = MatmulFlopsPerToken(runner.weights()) * prefill_len + attention_flops;
+  const double prefill_flops = MatmulFlopsPerToken(forward_pass.weights()) * prefill_len + attention_flops;
   const double prefill_gflops = prefill_flops / prefill_seconds / 1e9;
   // With int8 activations the matmuls run on integer dot products: their peak is the
   // limit that applies (attention stays float).
@@ -357,15 +357,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The weights' shapes, for the FLOP and byte counts.
-  const auto& runner = dynamic_cast<const loom::worker::CpuForwardPass&>(
-      static_cast<loom::worker::ModelStepBackend&>(**backend).runner());
+  const auto& forward_pass = dynamic_cast<const loom::worker::CpuForwardPass&>(
+      static_cast<loom::worker::ModelStepBackend&>(**backend).forward_pass());
   // Every figure goes through the serving engine (scheduler, block manager, step executor).
   // The prefix cache is off: the prefill figure runs the same prompt three times.
   loom::cli::LocalEngineOptions engine_options;
   engine_options.enable_prefix_caching = false;
   LocalEngine engine(**backend, **tokenizer, engine_options);
   if (flags.only_prefill > 0) {
-    RunOnlyPrefill(engine, runner, flags.only_prefill);
+    RunOnlyPrefill(engine, forward_pass, flags.only_prefill);
     return 0;
   }
   if (flags.only_batch > 0) {
@@ -390,15 +390,15 @@ int main(int argc, char** argv) {
   figures.limits = MeasureLimits(flags.threads);
   // Multiply-adds per decoded token: every layer matrix and the LM head.
   const double macs_per_token =
-      MatmulFlopsPerToken(runner.weights()) / 2 +
-      static_cast<double>(runner.weights().lm_head().rows) * runner.weights().lm_head().cols;
+      MatmulFlopsPerToken(forward_pass.weights()) / 2 +
+      static_cast<double>(forward_pass.weights().lm_head().rows) * forward_pass.weights().lm_head().cols;
   // The matmuls' compute limit in this mode: int8 dot products, or float FMAs (2 flops).
   const bool int8_mode = *precision == loom::kernels::cpu::ActivationPrecision::kInt8;
   const double matmul_peak_gmacs =
       int8_mode ? figures.limits.peak_int8_gmacs : figures.limits.peak_gflops / 2;
   const char* peak_name = int8_mode ? "int8 dot peak" : "FMA peak";
 
-  figures.decode = MeasureSingleDecode(engine, runner, flags.decode_tokens, figures.limits);
+  figures.decode = MeasureSingleDecode(engine, forward_pass, flags.decode_tokens, figures.limits);
   // Where the weights fit in the last-level cache, decode reads them from there, not from
   // memory: single-stream decode is then compute-bound, and batching gains only what the
   // GEMM gains over the GEMV (the bandwidth ratios above can exceed 1).
@@ -407,7 +407,7 @@ int main(int argc, char** argv) {
       figures.llc_bytes > 0 && figures.decode.bytes_per_token < 0.8 * figures.llc_bytes;
   std::printf("last-level cache %.0f MiB: weights %s it\n", figures.llc_bytes / 1048576.0,
               figures.weights_in_llc ? "fit in" : "do not fit in");
-  figures.prefill = MeasurePrefill(engine, runner, figures.limits);
+  figures.prefill = MeasurePrefill(engine, forward_pass, figures.limits);
   figures.batched_json =
       MeasureBatchedDecode(engine, flags.decode_tokens, figures.decode.tokens_per_s, macs_per_token,
                            matmul_peak_gmacs, peak_name);

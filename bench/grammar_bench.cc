@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
               loom::bench::Median(warm) * 1e6, Percentile(warm, 0.99) * 1e6, mean * 1e6);
   std::printf("automaton: %lld states\n", static_cast<long long>(automaton->num_states()));
 
-  // The step it is held against: 16 sequences decoding on the CPU runner, through the
+  // The step it is held against: 16 sequences decoding on the CPU forward pass, through the
   // serving engine.
   loom::worker::StepBackendOptions options;
   options.num_threads = threads;

@@ -3,11 +3,11 @@
 
 Writes the default model (SmolLM2-135M-Instruct, Q4_1) as HF directories in float16 and bfloat16
 (tests/common/hf_checkpoint.py), then loads each form with the same binary
-(tests/tools/model_runner_tool: open, tokenizer, every weight packed for the CPU runner, KV pool)
+(tests/tools/forward_pass_tool: open, tokenizer, every weight packed for the CPU forward pass, KV pool)
 and exits; wall time and the child's peak RSS (ru_maxrss) are the median / max of --repeats runs.
 
 Each figure is printed next to the GGUF's, measured in the same run, as a ratio, and next to the
-bytes the CPU runner must hold after packing (a lower bound for the RSS): the HF files are
+bytes the CPU forward pass must hold after packing (a lower bound for the RSS): the HF files are
 mmapped, never read into a second buffer, but the CPU backend packs F16 as F16 (a copy in its
 own layout) and BF16 as F32 (kernels/cpu/weights.h), so the RSS holds the packed weights plus the
 pages of the mapping touched while packing.
@@ -66,9 +66,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "hf_load.json")
     args = parser.parse_args()
-    tool = args.build_dir / "tests" / "tools" / "model_runner_tool"
+    tool = args.build_dir / "tests" / "tools" / "forward_pass_tool"
     if not tool.exists():
-        print(f"{tool} is missing: build the model_runner_tool target", file=sys.stderr)
+        print(f"{tool} is missing: build the forward_pass_tool target", file=sys.stderr)
         return 2
 
     results = {"provenance": provenance(), "machine": platform.machine(), "model": str(args.model),

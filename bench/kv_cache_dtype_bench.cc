@@ -113,12 +113,12 @@ double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokeni
   options.kv_dtype = dtype;
   options.num_kv_blocks =
       flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
-  auto runner = loom::worker::CpuForwardPass::Create(gguf, options);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
+  auto forward_pass = loom::worker::CpuForwardPass::Create(gguf, options);
+  if (!forward_pass.ok()) {
+    std::fprintf(stderr, "%s\n", forward_pass.status().ToString().c_str());
     std::exit(1);
   }
-  loom::worker::ModelStepBackend backend(*std::move(runner));
+  loom::worker::ModelStepBackend backend(*std::move(forward_pass));
   loom::cli::LocalEngineOptions engine_options;
   engine_options.enable_prefix_caching = false;  // every repeat decodes over fresh KV
   loom::cli::LocalEngine engine(backend, tokenizer, engine_options);

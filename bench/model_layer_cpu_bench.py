@@ -1,6 +1,6 @@
 """CPU cost of the model/ layer: the same forward pass before and after, old binary vs new.
 
-Runs two builds of tests/tools/model_runner_tool side by side on the default model (the
+Runs two builds of tests/tools/forward_pass_tool side by side on the default model (the
 `--baseline` one built from a commit before the model/ layer, e.g. f279c61; the `--candidate`
 one from this checkout) and times, alternating between them so both see the same machine
 state, (a) single-stream decode: one request for greedy generation of --decode-tokens tokens
@@ -11,8 +11,8 @@ than 3%), and the ratio of the fastest samples (less sensitive to other load on 
 and writes bench/results/model_layer_cpu.json with every sample and the load average.
 
   git worktree add /tmp/old f279c61 && cmake -S /tmp/old -B /tmp/old/build -G Ninja \\
-      && cmake --build /tmp/old/build --target model_runner_tool
-  python bench/model_layer_cpu_bench.py --baseline /tmp/old/build/tests/tools/model_runner_tool
+      && cmake --build /tmp/old/build --target forward_pass_tool
+  python bench/model_layer_cpu_bench.py --baseline /tmp/old/build/tests/tools/forward_pass_tool
 """
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ class Tool:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, help="model_runner_tool built before model/")
-    parser.add_argument("--candidate", default=str(ROOT / "build/tests/tools/model_runner_tool"))
+    parser.add_argument("--baseline", required=True, help="forward_pass_tool built before model/")
+    parser.add_argument("--candidate", default=str(ROOT / "build/tests/tools/forward_pass_tool"))
     parser.add_argument("--model", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=7)

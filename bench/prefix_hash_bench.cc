@@ -82,14 +82,14 @@ int main(int argc, char** argv) {
   loom::worker::CpuForwardPassOptions options;
   options.num_threads = threads;
   options.num_kv_blocks = 64;
-  auto runner_or = loom::worker::CpuForwardPass::Create(**gguf, options);
-  if (!runner_or.ok()) {
-    std::fprintf(stderr, "%s\n", runner_or.status().ToString().c_str());
+  auto pass_or = loom::worker::CpuForwardPass::Create(**gguf, options);
+  if (!pass_or.ok()) {
+    std::fprintf(stderr, "%s\n", pass_or.status().ToString().c_str());
     return 1;
   }
-  loom::worker::CpuForwardPass& runner = **runner_or;
-  const int64_t vocab = runner.config().vocab_size;
-  const auto block_size = static_cast<int32_t>(runner.block_size());
+  loom::worker::CpuForwardPass& forward_pass = **pass_or;
+  const int64_t vocab = forward_pass.config().vocab_size;
+  const auto block_size = static_cast<int32_t>(forward_pass.block_size());
 
   // The limit: a 512-token prefill step of the model (the worker's default chunk).
   const int64_t prefill_len = 512;
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     const auto start = std::chrono::steady_clock::now();
-    if (!runner.Step(batch, logits).ok()) return 1;
+    if (!forward_pass.Step(batch, logits).ok()) return 1;
     prefill_times.push_back(Seconds(start));
   }
   const double prefill_ns_per_token =

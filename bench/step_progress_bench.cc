@@ -4,7 +4,7 @@
 //   SmolLM2 step counts (2 per layer + 2), as a share of the median single-sequence decode
 //   step measured in the same run (the smallest step, where a fixed cost shows most); held
 //   against 1%;
-// * end to end: median decode tokens/s of a runner counting progress over one that does
+// * end to end: median decode tokens/s of a forward pass counting progress over one that does
 //   not, rounds alternating (informational: on a shared machine the round-to-round noise is
 //   far larger than the effect).
 // Writes bench/results/step_progress.json.
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot load %s\n", model_path.c_str());
     return 1;
   }
-  // Each runner behind the serving engine; the executor counts the step's start and end
+  // Each forward pass behind the serving engine; the executor counts the step's start and end
   // into `progress` too, as in the worker.
   loom::worker::StepExecutorOptions counted_executor;
   counted_executor.progress = &progress;

@@ -50,7 +50,7 @@ void WithRanks(int ranks, Body&& body) {
 }
 
 // Decode step time: `sequences` sequences of 64 tokens of context each, 32 steps.
-double DecodeStepSeconds(loom::worker::CpuForwardPass& runner, int sequences) {
+double DecodeStepSeconds(loom::worker::CpuForwardPass& forward_pass, int sequences) {
   std::vector<std::vector<int32_t>> blocks(sequences);
   for (int s = 0; s < sequences; ++s) {
     for (int b = 0; b < 8; ++b) blocks[s].push_back(s * 8 + b);
@@ -63,7 +63,7 @@ double DecodeStepSeconds(loom::worker::CpuForwardPass& runner, int sequences) {
     for (int i = 0; i < 64; ++i) prompt[i] = 300 + (s * 64 + i) % 20000;
     (void)loom::worker::AppendSequence(prefill, prompt, 0, blocks[s], 16, true);
   }
-  (void)runner.Step(prefill, logits);
+  (void)forward_pass.Step(prefill, logits);
   std::vector<double> times;
   for (int step = 0; step < 32; ++step) {
     loom::worker::StepBatch batch;
@@ -72,7 +72,7 @@ double DecodeStepSeconds(loom::worker::CpuForwardPass& runner, int sequences) {
       (void)loom::worker::AppendSequence(batch, {&token, 1}, 64 + step, blocks[s], 16, true);
     }
     const auto start = Clock::now();
-    if (!runner.Step(batch, logits).ok()) std::exit(1);
+    if (!forward_pass.Step(batch, logits).ok()) std::exit(1);
     times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   return Median(times);
@@ -145,9 +145,9 @@ int main(int argc, char** argv) {
       shard.tp_rank = rank;
       shard.tp_size = 2;
       shard.communicator = &comm;
-      auto runner = loom::worker::CpuForwardPass::Create(**gguf, shard);
-      if (!runner.ok()) std::exit(1);
-      tp2[rank] = DecodeStepSeconds(**runner, sequences);
+      auto forward_pass = loom::worker::CpuForwardPass::Create(**gguf, shard);
+      if (!forward_pass.ok()) std::exit(1);
+      tp2[rank] = DecodeStepSeconds(**forward_pass, sequences);
     });
     std::printf("  %2d sequences: TP=1 %.2f ms, TP=2 %.2f ms = %.2fx the TP=1 step time\n",
                 sequences, tp1 * 1e3, tp2[0] * 1e3, tp2[0] / tp1);

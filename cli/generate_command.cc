@@ -26,7 +26,7 @@ struct Options {
   std::string prompt;
   bool chat = false;
   EngineRequest request;
-  worker::StepBackendOptions runner;
+  worker::StepBackendOptions forward_pass;
   std::string device = "auto";  // cuda | cpu | auto
   bool cuda_graphs = true;
 };
@@ -52,9 +52,9 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   cli::AddInt(app, "--top-k", sampling.top_k, 0, 1 << 30, "top-k sampling (0: off)");
   cli::AddNumber(app, "--min-p", sampling.min_p, 0, 1, "min-p sampling (0: off)");
   cli::AddUint64(app, "--seed", sampling.seed, "sampling seed");
-  cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
-  AddKvDtypeFlag(app, options.runner.kv_dtype);
-  AddActivationsFlag(app, options.runner.activations);
+  cli::AddInt(app, "--threads", options.forward_pass.num_threads, 1, 1024, "CPU threads");
+  AddKvDtypeFlag(app, options.forward_pass.kv_dtype);
+  AddActivationsFlag(app, options.forward_pass.activations);
   cli::AddString(app, "--device", options.device,
                  "where the model runs (auto: cuda when a CUDA device is present and "
                  "--kv-dtype is f16)",
@@ -77,7 +77,7 @@ int RunGenerateCommand(int argc, char** argv) {
     return 1;
   };
   // Where the model runs, decided before loading anything.
-  auto device = ResolveDevice(options.device, options.runner.kv_dtype, /*world_size=*/1,
+  auto device = ResolveDevice(options.device, options.forward_pass.kv_dtype, /*world_size=*/1,
                               kernels::CudaDeviceCount());
   if (!device.ok()) return fail(device.status());
   auto gguf = common::OpenModelFile(options.model_path);
@@ -110,12 +110,12 @@ int RunGenerateCommand(int argc, char** argv) {
       options.request.max_tokens > 0
           ? static_cast<int64_t>(options.request.prompt_ids.size()) + options.request.max_tokens
           : config->context_length;
-  options.runner.num_kv_blocks =
-      std::max<int64_t>(1, (needed + options.runner.block_size - 1) / options.runner.block_size);
-  options.runner.device = *device;
-  options.runner.cuda_graphs = options.cuda_graphs;
+  options.forward_pass.num_kv_blocks =
+      std::max<int64_t>(1, (needed + options.forward_pass.block_size - 1) / options.forward_pass.block_size);
+  options.forward_pass.device = *device;
+  options.forward_pass.cuda_graphs = options.cuda_graphs;
   std::string load_log;
-  auto backend = worker::CreateStepBackend(options.runner, **gguf, *config, &load_log);
+  auto backend = worker::CreateStepBackend(options.forward_pass, **gguf, *config, &load_log);
   if (!backend.ok()) return fail(backend.status());
   std::fprintf(stderr, "loaded %s%s: weights\n%s", options.model_path.c_str(),
                *device == "cuda" ? " on CUDA" : "", load_log.c_str());

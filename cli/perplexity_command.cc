@@ -33,7 +33,7 @@ struct Options {
   int64_t stride = 0;  // 0: context / 2
   int64_t max_tokens = 0;
   bool json = false;
-  worker::StepBackendOptions runner;
+  worker::StepBackendOptions forward_pass;
 };
 
 // Parses the command line into `options`; nullopt to go on, else the exit code.
@@ -51,9 +51,9 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
               "the tokens the previous one did not");
   cli::AddInt(app, "--max-tokens", options.max_tokens, 1, int64_t{1} << 40,
               "evaluate the first M tokens of the text only (default 0: all)");
-  cli::AddInt(app, "--threads", options.runner.num_threads, 1, 1024, "CPU threads");
-  AddKvDtypeFlag(app, options.runner.kv_dtype);
-  AddActivationsFlag(app, options.runner.activations);
+  cli::AddInt(app, "--threads", options.forward_pass.num_threads, 1, 1024, "CPU threads");
+  AddKvDtypeFlag(app, options.forward_pass.kv_dtype);
+  AddActivationsFlag(app, options.forward_pass.activations);
   cli::AddBool(app, "--json", options.json, "print the result as JSON");
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;
   if (options.model_path.empty() || options.text_path.empty()) {
@@ -177,11 +177,11 @@ int RunPerplexityCommand(int argc, char** argv) {
       options.stride > 0 ? options.stride : std::max<int64_t>(1, options.context / 2);
   auto config = common::ModelConfigFromGguf(**gguf);
   if (!config.ok()) return fail(config.status());
-  options.runner.device = "cpu";
-  options.runner.num_kv_blocks =
-      std::max<int64_t>(1, PerplexityKvBlocks(options.context, options.runner.block_size));
+  options.forward_pass.device = "cpu";
+  options.forward_pass.num_kv_blocks =
+      std::max<int64_t>(1, PerplexityKvBlocks(options.context, options.forward_pass.block_size));
   std::string load_log;
-  auto backend = worker::CreateStepBackend(options.runner, **gguf, *config, &load_log);
+  auto backend = worker::CreateStepBackend(options.forward_pass, **gguf, *config, &load_log);
   if (!backend.ok()) return fail(backend.status());
   if (!options.json) {
     std::fprintf(stderr, "loaded %s: weights\n%s", options.model_path.c_str(), load_log.c_str());

@@ -135,7 +135,7 @@ absl::StatusOr<Placement> PlaceWorker(const WorkerOptions& options) {
         "--gpu-memory-utilization sizes a CUDA device's memory; this worker runs on the cpu "
         "(use --kv-cache-memory or --kv-cache-fraction)");
   }
-  // The draft runs on the CPU model runner beside one whole copy of the target.
+  // The draft runs on the CPU forward pass beside one whole copy of the target.
   if (!options.draft_model_path.empty() &&
       (options.step_backend != "model" || placement.device != "cpu" || options.world_size > 1)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -180,7 +180,7 @@ void PrintModel(const WorkerOptions& options, const ServedModel& model) {
 // The KV pool as planned from the flags.
 struct KvPool {
   model::KvBlockSpec block;
-  int64_t num_blocks = 0;  // 0: the CUDA runner sizes the pool from free device memory
+  int64_t num_blocks = 0;  // 0: the CUDA forward pass sizes the pool from free device memory
 };
 
 // A tensor-parallel rank keeps only its KV heads: its blocks are smaller. What does not
@@ -227,25 +227,25 @@ absl::StatusOr<std::unique_ptr<model::Communicator>> JoinRanks(const WorkerOptio
   return ConnectCommunicator(communicator);
 }
 
-// The CPU runner's options from the worker's flags (threads, KV pool, activations): the
+// The CPU forward pass's options from the worker's flags (threads, KV pool, activations): the
 // target model's (which adds tensor parallelism) and the draft model's alike.
-CpuForwardPassOptions CpuRunnerOptions(const WorkerOptions& options, int64_t num_blocks,
+CpuForwardPassOptions CpuForwardPassOptionsOf(const WorkerOptions& options, int64_t num_blocks,
                                        std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
                                        StepProgress* progress) {
-  CpuForwardPassOptions runner_options;
-  runner_options.num_threads = options.num_threads;
-  runner_options.num_kv_blocks = num_blocks;
-  runner_options.block_size = options.block_size;
-  runner_options.kv_dtype = options.kv_dtype;
-  runner_options.activations = options.activations;
-  runner_options.thread_pool = std::move(thread_pool);
-  runner_options.progress = progress;
-  return runner_options;
+  CpuForwardPassOptions pass_options;
+  pass_options.num_threads = options.num_threads;
+  pass_options.num_kv_blocks = num_blocks;
+  pass_options.block_size = options.block_size;
+  pass_options.kv_dtype = options.kv_dtype;
+  pass_options.activations = options.activations;
+  pass_options.thread_pool = std::move(thread_pool);
+  pass_options.progress = progress;
+  return pass_options;
 }
 
-// The backend (CreateStepBackend) from the worker's flags: the model runner where
+// The backend (CreateStepBackend) from the worker's flags: the forward pass where
 // `placement` puts it (weights loaded, KV pool of `num_blocks` allocated; 0 on CUDA: sized
-// from free device memory) or noop; prints its load log. The CPU runner runs on
+// from free device memory) or noop; prints its load log. The CPU forward pass runs on
 // `thread_pool` when given (shared with a draft model) and counts its layers into
 // `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
@@ -320,7 +320,7 @@ absl::StatusOr<DraftModel> LoadDraft(const WorkerOptions& options, const ServedM
       DraftModel draft,
       LoadDraftModel(options.draft_model_path, *target.gguf, options.model_path,
                      target.config.vocab_size,
-                     CpuRunnerOptions(options, num_blocks, std::move(thread_pool), progress)));
+                     CpuForwardPassOptionsOf(options, num_blocks, std::move(thread_pool), progress)));
   std::fprintf(stderr,
                "loom-worker: draft model %s (%s, %lld layers, hidden %lld) from %s, KV pool "
                "%lld blocks (%.1f MiB)\n",
@@ -471,14 +471,14 @@ int RunWorkerCommand(int argc, char** argv) {
     thread_pool = std::make_shared<kernels::cpu::ThreadPool>(options.num_threads);
   }
   // Written by the step executor and the forward pass, read by the heartbeat thread. A
-  // step counts its start and end, plus two units per layer on the CPU runner.
+  // step counts its start and end, plus two units per layer on the CPU forward pass.
   StepProgress progress;
   progress.set_units_per_step(static_cast<uint32_t>(
       2 + (options.step_backend == "model" && !placement->cuda() ? 2 * served->config.num_layers : 0)));
   absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
       options, *placement, *served, pool->num_blocks, communicator->get(), thread_pool, &progress);
   if (!backend.ok()) return Fail(backend.status());
-  const int64_t num_blocks = (*backend)->num_kv_blocks();  // the CUDA runner may have sized it
+  const int64_t num_blocks = (*backend)->num_kv_blocks();  // the CUDA forward pass may have sized it
   if (absl::Status fits = CheckPoolHoldsMaxModelLen(options, num_blocks); !fits.ok()) {
     return Fail(fits);
   }

@@ -224,7 +224,7 @@ void AddExecutionFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fre
         ->envname("LOOM_NOOP_ENGINE");
   }
   if (fresh("--backend")) {
-    // Deprecated: "backend" also names the model runner's device and the bench's API.
+    // Deprecated: "backend" also names the forward pass's device and the bench's API.
     app.add_option_function<std::string>(
            "--backend",
            [&options](const std::string& value) {

@@ -101,10 +101,10 @@ using model::MemAvailableBytes;
 
 /// The device a --device value (cuda|cpu|auto) means on a machine with
 /// `cuda_device_count` CUDA devices: "cuda" or "cpu". auto is cuda when a device is present,
-/// the KV dtype is f16 (the CUDA runner has no f32 KV) and `world_size` is 1, else cpu:
+/// the KV dtype is f16 (the CUDA forward pass has no f32 KV) and `world_size` is 1, else cpu:
 /// tensor parallelism on CUDA (ranks joined by NCCL) is asked for with --device cuda.
 /// FailedPrecondition naming the reason for cuda on a machine without a usable device;
-/// InvalidArgument for cuda with options the CUDA runner does not support, or an unknown
+/// InvalidArgument for cuda with options the CUDA forward pass does not support, or an unknown
 /// value. Used by `loom-worker`, `loom up` and `loom generate`.
 absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
                                           int world_size, int cuda_device_count);

@@ -70,7 +70,7 @@ absl::StatusOr<int64_t> DeviceKvBlocks(const DeviceKvBudget& budget, const Devic
   const double free_bytes = static_cast<double>(memory.free_bytes);
   int64_t num_blocks = budget.num_blocks;
   if (num_blocks == 0 && budget.memory_utilization > 0) {
-    // This runner's share of the device's total, less what it has taken itself (weights,
+    // This forward pass's share of the device's total, less what it has taken itself (weights,
     // activations, workspaces), not less what the whole device holds: two workers that
     // split a GPU (--gpu-memory-utilization 0.45 each) then each get their share, whichever
     // starts first. Never more than the default would take of what is free.

@@ -59,11 +59,11 @@ absl::StatusOr<int64_t> HostKvBudgetBytes(std::optional<int64_t> bytes,
 /// budget and the block's size when it holds none.
 absl::StatusOr<int64_t> KvBlocksFromBudget(int64_t budget_bytes, const KvBlockSpec& block);
 
-/// A device's memory once the runner has loaded its weights and reserved its buffers.
+/// A device's memory once the forward pass has loaded its weights and reserved its buffers.
 struct DeviceMemory {
   int64_t free_bytes = 0;     // free on the device now
   int64_t total_bytes = 0;    // the device's capacity
-  int64_t free_at_start = 0;  // free when the runner began, before its own allocations
+  int64_t free_at_start = 0;  // free when the forward pass began, before its own allocations
 };
 
 /// How a device's KV pool is sized.
@@ -72,8 +72,8 @@ struct DeviceKvBudget {
   int64_t num_blocks = 0;
   // In (0, 1]: the share of the free memory the pool takes when num_blocks is 0.
   double free_fraction = kDefaultDeviceKvFraction;
-  // In (0, 1] when set (0: unset): the share of the device's total memory this runner may
-  // use in all (vLLM's --gpu-memory-utilization); the pool gets what the runner's own use
+  // In (0, 1] when set (0: unset): the share of the device's total memory this forward pass may
+  // use in all (vLLM's --gpu-memory-utilization); the pool gets what the forward pass's own use
   // leaves of it, never more than free_fraction of the free memory.
   double memory_utilization = 0;
 };

@@ -16,7 +16,7 @@ namespace loom::model {
 struct LlamaGraphOptions {
   int64_t num_kv_blocks = 1024;  // KV pool size; the coordinator sizes it from a budget
   // No pool at Create (num_kv_blocks unused): the caller sizes it once the weights are on
-  // the device (the CUDA runner, from the memory left) and calls CreateKvCache.
+  // the device (the CUDA forward pass, from the memory left) and calls CreateKvCache.
   bool defer_kv_cache = false;
   int64_t block_size = 16;       // token slots per KV block
   /// Called twice per layer of every Forward (after attention, after the FFN), so a long

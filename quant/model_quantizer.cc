@@ -84,13 +84,13 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
   const int64_t blocks_per_sequence = (longest + kCalibrationBlockSize - 1) / kCalibrationBlockSize;
   const int64_t sequences_per_step = std::max<int64_t>(1, kCalibrationStepTokens / longest);
 
-  CpuForwardPassOptions runner_options;
-  runner_options.num_threads = options.num_threads;
-  runner_options.block_size = kCalibrationBlockSize;
-  runner_options.num_kv_blocks = blocks_per_sequence * sequences_per_step;
-  runner_options.kv_dtype = cpu::KvDtype::kF32;
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForwardPass> runner,
-                        CpuForwardPass::Create(in, runner_options));
+  CpuForwardPassOptions pass_options;
+  pass_options.num_threads = options.num_threads;
+  pass_options.block_size = kCalibrationBlockSize;
+  pass_options.num_kv_blocks = blocks_per_sequence * sequences_per_step;
+  pass_options.kv_dtype = cpu::KvDtype::kF32;
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<CpuForwardPass> forward_pass,
+                        CpuForwardPass::Create(in, pass_options));
 
   std::vector<LayerStats> stats;
   stats.reserve(config.num_layers);
@@ -100,7 +100,7 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
          ActivationStats(config.hidden_size, options.awq_max_samples, sample_every),
          ActivationStats(config.intermediate_size, options.awq_max_samples, sample_every)});
   }
-  runner->SetActivationObserver(
+  forward_pass->SetActivationObserver(
       [&stats](int64_t layer, model::LinearInput input, const float* x, int64_t num_tokens) {
         switch (input) {
           case model::LinearInput::kQkv:
@@ -130,7 +130,7 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
                                           static_cast<int32_t>(kCalibrationBlockSize),
                                           /*sample_last=*/false));
     }
-    LOOM_RETURN_IF_ERROR(runner->Step(batch, logits));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(batch, logits));
   }
   return stats;
 }

@@ -27,18 +27,18 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
   device_options.communicator = options.tp_size > 1 ? options.communicator : nullptr;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CpuDevice> device,
                         model::CpuDevice::Create(device_options));
-  std::unique_ptr<CpuForwardPass> runner(new CpuForwardPass());
-  runner->device_ = device.get();
+  std::unique_ptr<CpuForwardPass> forward_pass(new CpuForwardPass());
+  forward_pass->device_ = device.get();
   model::LlamaGraphOptions graph_options;
   graph_options.num_kv_blocks = options.num_kv_blocks;
   graph_options.block_size = options.block_size;
   if (options.progress != nullptr) {
     graph_options.on_half_layer = [progress = options.progress] { progress->Advance(); };
   }
-  LOOM_ASSIGN_OR_RETURN(runner->graph_, model::LlamaGraph::Create(std::move(weights),
+  LOOM_ASSIGN_OR_RETURN(forward_pass->graph_, model::LlamaGraph::Create(std::move(weights),
                                                                   std::move(device),
                                                                   graph_options));
-  return runner;
+  return forward_pass;
 }
 
 absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {

@@ -29,13 +29,13 @@ struct CpuForwardPassOptions {
   // CPU has it; llama.cpp's CPU scheme). Float weights always use F32. Either choice is
   // applied to every step alike, so a sequence's logits never depend on its batch.
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
-  // Tensor parallelism: this runner holds rank tp_rank's slice of the model and joins
+  // Tensor parallelism: this forward pass holds rank tp_rank's slice of the model and joins
   // the others through `communicator` (not owned; required when tp_size > 1). Every
   // rank runs every step with the same batch; all of them return the full logits.
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
-  // The thread pool to run on, shared with another runner that never steps at the same
+  // The thread pool to run on, shared with another forward pass that never steps at the same
   // time (a draft model beside its target, so the two do not keep two sets of spinning
   // threads); null: a pool of its own with num_threads threads.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
@@ -65,7 +65,7 @@ class CpuForwardPass : public ForwardPass {
   int64_t block_size() const override { return graph_->kv_cache().block_size(); }
   int64_t num_kv_blocks() const override { return graph_->kv_cache().num_blocks(); }
   int num_threads() const { return device_->thread_pool()->num_threads(); }
-  /// The pool Step runs on (to share with a draft model's runner, see CpuForwardPassOptions).
+  /// The pool Step runs on (to share with a draft model's forward pass, see CpuForwardPassOptions).
   const std::shared_ptr<kernels::cpu::ThreadPool>& thread_pool() const {
     return device_->thread_pool();
   }

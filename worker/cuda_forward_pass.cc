@@ -39,7 +39,7 @@ int64_t CudaForwardPass::KvBytesPerBlock(const common::ModelConfig& config, int6
 
 CudaForwardPass::CudaForwardPass(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-// The runner calls this for decode steps only, where it maps the step to itself (up to
+// The forward pass calls this for decode steps only, where it maps the step to itself (up to
 // trailing blocks) before graph padding; steps with multi-token sequences go to the
 // prefill kernel over the batch's own CSR arrays. For multi-token batches it remains the
 // reference path (one decode-kernel sequence per query token) that tests compare against.
@@ -146,7 +146,7 @@ struct CudaForwardPass::State {
   int64_t num_blocks = 0;     // blocks the coordinator may name
   int64_t scratch_block = 0;  // == num_blocks: one more block, target of graph padding
   int64_t block_size = 0;
-  // Device memory free when this runner began (context created, nothing of its own yet):
+  // Device memory free when this forward pass began (context created, nothing of its own yet):
   // what it has taken since is its own use, whatever other processes on the GPU hold.
   size_t free_at_start = 0;
 
@@ -312,7 +312,7 @@ struct CudaForwardPass::State {
     }
     // Every path waits for the stream before returning: the step's host inputs and
     // outputs are then free to reuse. A failed wait is the error the caller sees (and the
-    // runner is marked broken).
+    // forward pass is marked broken).
     const absl::Status drained = device->Synchronize();
     if (!drained.ok()) {
       return status.ok()
@@ -329,7 +329,7 @@ CudaForwardPass::~CudaForwardPass() = default;
 namespace {
 
 // The options Create and CreateRandom both check before touching the device.
-absl::Status ValidateRunnerOptions(const CudaForwardPassOptions& options) {
+absl::Status ValidateForwardPassOptions(const CudaForwardPassOptions& options) {
   const int device_count = kernels::CudaDeviceCount();
   if (device_count == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -434,12 +434,12 @@ absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
 
 absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
     const common::GgufFile& gguf, const CudaForwardPassOptions& options) {
-  LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
+  LOOM_RETURN_IF_ERROR(ValidateForwardPassOptions(options));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaShard(config, options.tp_rank, options.tp_size));
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
-  // Weights: this rank's slice, loaded like the CPU runner's; the device keeps INT4 layer
+  // Weights: this rank's slice, loaded like the CPU forward pass's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
   // other matrix to dtype. The host copies are freed once uploaded.
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
@@ -467,7 +467,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
 
 absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
     const common::ModelConfig& config, const CudaForwardPassOptions& options, uint64_t seed) {
-  LOOM_RETURN_IF_ERROR(ValidateRunnerOptions(options));
+  LOOM_RETURN_IF_ERROR(ValidateForwardPassOptions(options));
   LOOM_RETURN_IF_ERROR(ValidateRandomModelConfig(config));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
   if (options.tp_size > 1) {
@@ -568,12 +568,12 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
       static_cast<double>(num_blocks * block.bytes) / (1 << 20),
       s.use_graphs ? "on" : (options.cuda_graphs ? "off (tensor parallel)" : "off"));
 
-  std::unique_ptr<CudaForwardPass> runner(new CudaForwardPass(std::move(state)));
-  runner->config_ = runner->state_->config;
-  runner->num_kv_blocks_ = num_blocks;
-  runner->block_size_ = options.block_size;
-  runner->load_log_ = std::move(load_log);
-  return runner;
+  std::unique_ptr<CudaForwardPass> forward_pass(new CudaForwardPass(std::move(state)));
+  forward_pass->config_ = forward_pass->state_->config;
+  forward_pass->num_kv_blocks_ = num_blocks;
+  forward_pass->block_size_ = options.block_size;
+  forward_pass->load_log_ = std::move(load_log);
+  return forward_pass;
 }
 
 absl::Status CudaForwardPass::Guarded(const StepBatch& batch,

@@ -24,7 +24,7 @@ struct CudaForwardPassOptions {
   int64_t num_kv_blocks = 0;
   double kv_memory_fraction = model::kDefaultDeviceKvFraction;  // in (0, 1]; num_kv_blocks 0
   // In (0, 1] when set: used instead of kv_memory_fraction, the pool takes what is left of
-  // this fraction of the device's TOTAL memory once this runner's own weights, activations
+  // this fraction of the device's TOTAL memory once this forward pass's own weights, activations
   // and workspaces are in (vLLM's --gpu-memory-utilization; what other processes on the
   // GPU hold does not count against it, so workers can split a GPU); 0: unset.
   double gpu_memory_utilization = 0;
@@ -44,7 +44,7 @@ struct CudaForwardPassOptions {
   // Activations are allocated for this many tokens per step before the KV pool takes its
   // share of free memory; a larger step grows them (and may then run out of memory).
   int64_t max_num_tokens = 2048;
-  // Tensor parallelism: this runner holds rank tp_rank's slice of the model (ShardPlan)
+  // Tensor parallelism: this forward pass holds rank tp_rank's slice of the model (ShardPlan)
   // and joins the others through `communicator` (not owned; required when tp_size > 1,
   // optional at 1), which goes to the CUDA device (model::CudaDeviceOptions). Every rank
   // runs every step with the same batch. CUDA graphs are off with tp_size > 1.
@@ -57,9 +57,9 @@ struct CudaForwardPassOptions {
 };
 
 /// The CUDA worker's forward pass: the model graph (model::LlamaGraph, the same code the
-/// CPU runner runs) on the CUDA device (model::CudaDevice: F16/BF16 weights in device
+/// CPU forward pass runs) on the CUDA device (model::CudaDevice: F16/BF16 weights in device
 /// memory, cuBLAS and the kernels of kernels/cuda, one stream), behind ForwardPass. What
-/// is CUDA-runner specific lives here: validation, KV pool sizing from free memory,
+/// is CUDA-forward pass specific lives here: validation, KV pool sizing from free memory,
 /// decode steps padded to batch-size buckets and replayed as CUDA graphs per (batch
 /// bucket, context bucket) (model::CudaGraphCache), on-device sampling, and the guard below.
 ///
@@ -68,7 +68,7 @@ struct CudaForwardPassOptions {
 /// sequences run eagerly, attention through the paged prefill kernel.
 ///
 /// Every CUDA error is a Status naming the call; after one (other than a rejected batch
-/// or an allocation that did not fit) the runner refuses every later step rather than
+/// or an allocation that did not fit) the forward pass refuses every later step rather than
 /// risk wrong results. Not thread-safe: one step at a time (from any thread).
 class CudaForwardPass : public ForwardPass {
  public:
@@ -79,7 +79,7 @@ class CudaForwardPass : public ForwardPass {
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Create(
       const common::GgufFile& gguf, const CudaForwardPassOptions& options);
 
-  /// A runner for `config` with random weights generated on the device (no host copy:
+  /// A forward pass for `config` with random weights generated on the device (no host copy:
   /// for benchmarks of full-size models; model::LlamaGraph::CreateRandom): every matrix
   /// dense in options.dtype (INT4 is not used), uniform in +-1/sqrt(fan_in) from a hash of
   /// (seed, element), RMSNorm weights 1. The same seed gives the same weights. Errors as
@@ -96,7 +96,7 @@ class CudaForwardPass : public ForwardPass {
 
   /// Runs one step (see ForwardPass::Step); logits come back as F32. InvalidArgument (nothing
   /// touched) for a batch ValidateStepBatch rejects; FailedPrecondition once an earlier
-  /// device error made the runner unusable.
+  /// device error made the forward pass unusable.
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
   /// Step, then the sample rows' tokens picked on the device (kernels/cuda/sampling):
   /// only token ids and their logprobs are copied back, not [rows, vocab] logits. Greedy
@@ -124,8 +124,8 @@ class CudaForwardPass : public ForwardPass {
   // left, the load log's device line.
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> Finish(
       std::unique_ptr<State> state, const CudaForwardPassOptions& options, std::string load_log);
-  // What Step and StepAndSample share around `run`: refusing once the runner is broken,
-  // validating `batch`, selecting the device, and marking the runner broken when `run`
+  // What Step and StepAndSample share around `run`: refusing once the forward pass is broken,
+  // validating `batch`, selecting the device, and marking the forward pass broken when `run`
   // fails in a way that may have left the device half-written (anything but
   // ResourceExhausted, nothing enqueued, and InvalidArgument, inputs refused).
   absl::Status Guarded(const StepBatch& batch, absl::FunctionRef<absl::Status()> run);
@@ -142,8 +142,8 @@ class CudaForwardPass : public ForwardPass {
 /// of its sequence's table, which is exactly causal attention (this step's K/V are written before
 /// attention reads them). Token ids, positions, slots and sample rows are unchanged; a batch
 /// ValidateStepBatch accepts stays accepted. A decode step maps to itself (up to trailing
-/// blocks). The runner uses it for decode steps; multi-token steps go to the prefill
-/// kernel, for which this is the reference path. Exposed for tests (the CPU runner checks
+/// blocks). The forward pass uses it for decode steps; multi-token steps go to the prefill
+/// kernel, for which this is the reference path. Exposed for tests (the CPU forward pass checks
 /// it gives the same logits).
 StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size);
 

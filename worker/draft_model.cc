@@ -9,7 +9,7 @@ namespace loom::worker {
 
 absl::StatusOr<DraftModel> LoadDraftModel(const std::string& path, const common::GgufFile& target,
                                           const std::string& target_path, int64_t vocab_size,
-                                          const CpuForwardPassOptions& runner_options) {
+                                          const CpuForwardPassOptions& pass_options) {
   DraftModel draft;
   absl::StatusOr<std::unique_ptr<common::GgufFile>> opened = common::OpenModelFile(path);
   if (!opened.ok()) return opened.status();
@@ -18,13 +18,13 @@ absl::StatusOr<DraftModel> LoadDraftModel(const std::string& path, const common:
     return absl::InvalidArgumentError(absl::StrFormat(
         "--draft-model %s cannot draft for --model %s: %s", path, target_path, same.message()));
   }
-  absl::StatusOr<std::unique_ptr<CpuForwardPass>> runner =
-      CpuForwardPass::Create(*draft.gguf, runner_options);
-  if (!runner.ok()) return runner.status();
-  draft.config = (*runner)->config();
-  draft.kv_bytes = (*runner)->kv_cache().bytes();
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass =
+      CpuForwardPass::Create(*draft.gguf, pass_options);
+  if (!forward_pass.ok()) return forward_pass.status();
+  draft.config = (*forward_pass)->config();
+  draft.kv_bytes = (*forward_pass)->kv_cache().bytes();
   absl::StatusOr<std::unique_ptr<DraftProposer>> proposer = DraftProposer::Create(
-      *std::move(runner), vocab_size, runner_options.num_kv_blocks, runner_options.block_size);
+      *std::move(forward_pass), vocab_size, pass_options.num_kv_blocks, pass_options.block_size);
   if (!proposer.ok()) return proposer.status();
   draft.proposer = *std::move(proposer);
   return draft;

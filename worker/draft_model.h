@@ -12,7 +12,7 @@
 
 namespace loom::worker {
 
-/// A draft model loaded for speculation: its file (the runner's weights may view its bytes)
+/// A draft model loaded for speculation: its file (the forward pass's weights may view its bytes)
 /// and the proposer over its CPU forward pass, destroyed before the file.
 struct DraftModel {
   std::unique_ptr<common::GgufFile> gguf;
@@ -23,11 +23,11 @@ struct DraftModel {
 
 /// Opens the draft model at `path` (a GGUF file or HF directory) for the target model
 /// `target` (at `target_path`, of `vocab_size` tokens) and loads it on the CPU forward pass
-/// with `runner_options`, whose KV pool mirrors the target's (the same block count and block
+/// with `pass_options`, whose KV pool mirrors the target's (the same block count and block
 /// size, so the coordinator's block tables address both). InvalidArgument naming both models
 /// when the vocabularies differ; the error of opening or loading the draft otherwise.
 absl::StatusOr<DraftModel> LoadDraftModel(const std::string& path, const common::GgufFile& target,
                                           const std::string& target_path, int64_t vocab_size,
-                                          const CpuForwardPassOptions& runner_options);
+                                          const CpuForwardPassOptions& pass_options);
 
 }  // namespace loom::worker

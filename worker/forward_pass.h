@@ -23,7 +23,7 @@ struct DeviceSampleRows {
   std::vector<int32_t> penalty_counts;  // how often each was generated
 };
 
-/// How a forward pass ran its steps so far (the CUDA runner's decode graphs; zeros for a
+/// How a forward pass ran its steps so far (the CUDA forward pass's decode graphs; zeros for a
 /// forward pass without graphs). The worker exports them as metrics (docs/metrics.md).
 struct ForwardPassStats {
   int64_t eager_steps = 0;              // every step not replayed from a graph
@@ -32,7 +32,7 @@ struct ForwardPassStats {
   int64_t graph_capture_failures = 0;   // captures that failed; their steps ran eagerly
 };
 
-/// A model's forward pass on one backend (the CPU CpuForwardPass, the CUDA runner): owns the
+/// A model's forward pass on one backend (the CPU CpuForwardPass, the CUDA forward pass): owns the
 /// weights and the paged KV pool, runs one flattened step and returns the logits of the
 /// step's sample rows on the host. ModelStepBackend samples from them. Not thread-safe:
 /// one step at a time.
@@ -52,7 +52,7 @@ class ForwardPass {
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   virtual absl::Status Step(const StepBatch& batch, std::vector<float>& logits) = 0;
 
-  /// Whether StepAndSample is available: the CUDA runner samples where the logits are,
+  /// Whether StepAndSample is available: the CUDA forward pass samples where the logits are,
   /// so only token ids cross to the host.
   virtual bool samples_on_device() const { return false; }
   /// Step, then one token per sample row picked on the device with the rows' parameters

@@ -34,8 +34,8 @@ SampledToken Emitted(const SequenceSampler& sampler, const float* logits, int64_
 
 }  // namespace
 
-ModelStepBackend::ModelStepBackend(std::unique_ptr<ForwardPass> runner, std::string_view name)
-    : runner_(std::move(runner)), name_(name) {}
+ModelStepBackend::ModelStepBackend(std::unique_ptr<ForwardPass> forward_pass, std::string_view name)
+    : forward_pass_(std::move(forward_pass)), name_(name) {}
 
 absl::Status ModelStepBackend::Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
                                      std::vector<SampledToken>& tokens,
@@ -61,7 +61,7 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
         "%d sample rows but the samplers cover %d and %d are scored", batch.sample_rows.size(),
         NumSampleRows(rows), score_targets.size()));
   }
-  const int64_t vocab = runner_->config().vocab_size;
+  const int64_t vocab = forward_pass_->config().vocab_size;
   for (int32_t target : score_targets) {
     if (target < 0 || target >= vocab) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -79,11 +79,11 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
           row.seq_id, row.draft_probs.size(), row.draft_tokens.size(), vocab));
     }
   }
-  if (score_targets.empty() && runner_->samples_on_device() && SamplesOnDevice(rows)) {
+  if (score_targets.empty() && forward_pass_->samples_on_device() && SamplesOnDevice(rows)) {
     return RunOnDevice(batch, rows, tokens, num_emitted, timings);
   }
   const auto start = std::chrono::steady_clock::now();
-  LOOM_RETURN_IF_ERROR(runner_->Step(batch, logits_));
+  LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits_));
   timings.execute_seconds = SecondsSince(start);
 
   const auto sample_start = std::chrono::steady_clock::now();
@@ -175,7 +175,7 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
         static_cast<int32_t>(device_rows_.penalty_tokens.size()));
   }
   const auto start = std::chrono::steady_clock::now();
-  LOOM_RETURN_IF_ERROR(runner_->StepAndSample(batch, device_rows_, device_tokens_,
+  LOOM_RETURN_IF_ERROR(forward_pass_->StepAndSample(batch, device_rows_, device_tokens_,
                                               device_logprobs_));
   timings.execute_seconds = SecondsSince(start);
   if (device_tokens_.size() != rows.size() || device_logprobs_.size() != rows.size()) {
@@ -199,7 +199,7 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
 absl::StatusOr<int32_t> ModelStepBackend::VerifyDraftDistributions(
     const StepBatch& batch, const SampleRow& row, size_t logits_row,
     std::vector<SampledToken>& tokens) {
-  const int64_t vocab = runner_->config().vocab_size;
+  const int64_t vocab = forward_pass_->config().vocab_size;
   const int32_t k = static_cast<int32_t>(row.draft_tokens.size());
   // p at each position, with the penalties counting the drafts before it (they are
   // emitted exactly when that position's p is consulted).

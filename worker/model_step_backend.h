@@ -12,7 +12,7 @@
 
 namespace loom::worker {
 
-/// The real backend: a ForwardPass (the CPU CpuForwardPass or the CUDA runner), then each
+/// The real backend: a ForwardPass (the CPU CpuForwardPass or the CUDA forward pass), then each
 /// sampled row's logits through its sequence's SequenceSampler (or, where the forward
 /// pass samples on its device and no row has drafts or wants top-n logprobs, one
 /// StepAndSample call that returns only token ids); a draft model's sampled
@@ -21,13 +21,13 @@ namespace loom::worker {
 class ModelStepBackend : public StepBackend {
  public:
   /// `name` is what the worker registers as its backend ("cpu").
-  ModelStepBackend(std::unique_ptr<ForwardPass> runner, std::string_view name = "cpu");
+  ModelStepBackend(std::unique_ptr<ForwardPass> forward_pass, std::string_view name = "cpu");
 
   std::string_view name() const override { return name_; }
-  const common::ModelConfig& config() const override { return runner_->config(); }
-  int64_t num_kv_blocks() const override { return runner_->num_kv_blocks(); }
-  int64_t block_size() const override { return runner_->block_size(); }
-  ForwardPassStats forward_pass_stats() const override { return runner_->stats(); }
+  const common::ModelConfig& config() const override { return forward_pass_->config(); }
+  int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
+  int64_t block_size() const override { return forward_pass_->block_size(); }
+  ForwardPassStats forward_pass_stats() const override { return forward_pass_->stats(); }
   bool uses_samplers() const override { return true; }
 
   /// Forward pass and sampling; every row must carry a sampler, and draft_probs, where
@@ -42,7 +42,7 @@ class ModelStepBackend : public StepBackend {
                            std::vector<int32_t>& num_emitted, PromptScores& scores,
                            BackendTimings& timings) override;
 
-  ForwardPass& runner() const { return *runner_; }
+  ForwardPass& forward_pass() const { return *forward_pass_; }
 
  private:
   // Rejection sampling of `row`'s drafts against its target rows starting at
@@ -59,7 +59,7 @@ class ModelStepBackend : public StepBackend {
                            std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
                            BackendTimings& timings);
 
-  std::unique_ptr<ForwardPass> runner_;
+  std::unique_ptr<ForwardPass> forward_pass_;
   std::string name_;
   std::vector<float> logits_;  // [sample_rows, vocab], reused across steps
   std::vector<int32_t> top_ids_;  // ScoreRow's scratch

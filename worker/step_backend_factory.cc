@@ -49,30 +49,30 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     cuda_options.communicator = options.communicator;
     cuda_options.dtype = CudaComputeDtype(gguf);
     cuda_options.kv_dtype = cuda_options.dtype;
-    absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+    absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
         CudaForwardPass::Create(gguf, cuda_options);
-    if (!runner.ok()) return runner.status();
-    if (load_log != nullptr) *load_log = (*runner)->load_log();
-    return std::make_unique<ModelStepBackend>(*std::move(runner), "cuda");
+    if (!forward_pass.ok()) return forward_pass.status();
+    if (load_log != nullptr) *load_log = (*forward_pass)->load_log();
+    return std::make_unique<ModelStepBackend>(*std::move(forward_pass), "cuda");
   }
   if (options.device != "cpu") {
     return absl::InvalidArgumentError("unknown device '" + options.device + "' (cpu or cuda)");
   }
-  CpuForwardPassOptions runner_options;
-  runner_options.num_threads = options.num_threads;
-  runner_options.num_kv_blocks = options.num_kv_blocks;
-  runner_options.block_size = options.block_size;
-  runner_options.kv_dtype = options.kv_dtype;
-  runner_options.activations = options.activations;
-  runner_options.tp_rank = options.tp_rank;
-  runner_options.tp_size = options.tp_size;
-  runner_options.communicator = options.communicator;
-  runner_options.thread_pool = options.thread_pool;
-  runner_options.progress = options.progress;
-  absl::StatusOr<std::unique_ptr<CpuForwardPass>> runner = CpuForwardPass::Create(gguf, runner_options);
-  if (!runner.ok()) return runner.status();
-  if (load_log != nullptr) *load_log = (*runner)->weights().load_log;
-  return std::make_unique<ModelStepBackend>(*std::move(runner), "cpu");
+  CpuForwardPassOptions pass_options;
+  pass_options.num_threads = options.num_threads;
+  pass_options.num_kv_blocks = options.num_kv_blocks;
+  pass_options.block_size = options.block_size;
+  pass_options.kv_dtype = options.kv_dtype;
+  pass_options.activations = options.activations;
+  pass_options.tp_rank = options.tp_rank;
+  pass_options.tp_size = options.tp_size;
+  pass_options.communicator = options.communicator;
+  pass_options.thread_pool = options.thread_pool;
+  pass_options.progress = options.progress;
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass = CpuForwardPass::Create(gguf, pass_options);
+  if (!forward_pass.ok()) return forward_pass.status();
+  if (load_log != nullptr) *load_log = (*forward_pass)->weights().load_log;
+  return std::make_unique<ModelStepBackend>(*std::move(forward_pass), "cpu");
 }
 
 }  // namespace loom::worker

@@ -32,7 +32,7 @@ struct StepBackendOptions {
   // CUDA: when > 0, the KV pool takes what brings the device's use to this fraction of its
   // total memory (vLLM's --gpu-memory-utilization) instead of kv_memory_fraction.
   double gpu_memory_utilization = 0;
-  // CPU runner: threads, KV element type, how INT8/INT4 layers take their input.
+  // CPU forward pass: threads, KV element type, how INT8/INT4 layers take their input.
   int num_threads = 2;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
@@ -43,13 +43,13 @@ struct StepBackendOptions {
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
-  // The CPU runner's thread pool when shared (with a draft model); null: its own.
+  // The CPU forward pass's thread pool when shared (with a draft model); null: its own.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
-  // Where the CPU runner counts its layers (not owned; null: nowhere).
+  // Where the CPU forward pass counts its layers (not owned; null: nowhere).
   StepProgress* progress = nullptr;
 };
 
-/// The type the CUDA runner computes in for `gguf`: BF16 when the checkpoint stores any of
+/// The type the CUDA forward pass computes in for `gguf`: BF16 when the checkpoint stores any of
 /// its matrices in BF16 (its activations may exceed F16's 65504), else F16 (F16, F32 and
 /// quantized checkpoints), as vLLM's `--dtype auto`.
 kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
@@ -57,7 +57,7 @@ kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
 /// Builds the backend `options` names over `gguf` (whose config is `config`): weights
 /// loaded and KV pool allocated, or the noop backend (config only). `load_log`, when not
 /// null, receives what loading did to the weights (one line per tensor format), for the
-/// caller to print. The error of the runner's Create otherwise.
+/// caller to print. The error of the forward pass's Create otherwise.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackendOptions& options,
                                                                const common::GgufFile& gguf,
                                                                const common::ModelConfig& config,

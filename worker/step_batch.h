@@ -8,7 +8,7 @@
 
 namespace loom::worker {
 
-/// One step of work for the model runner: the tokens of many sequences flattened into
+/// One step of work for the forward pass: the tokens of many sequences flattened into
 /// one batch (Orca's selective batching). Prefills, prefill chunks and decodes look the
 /// same: sequence s computes tokens [num_computed, num_computed + q) whose K/V go to the
 /// slots named here; attention reads its first context_len[s] tokens through its block

@@ -12,7 +12,7 @@ namespace loom::kernels::cpu {
 
 /// A fixed set of worker threads for data-parallel kernels. ParallelFor splits [0, n)
 /// into contiguous chunks, runs them on the pool's threads and the caller's thread, and
-/// returns when all are done. One ParallelFor at a time per pool (the model runner
+/// returns when all are done. One ParallelFor at a time per pool (the forward pass
 /// owns one pool); not re-entrant.
 class ThreadPool {
  public:

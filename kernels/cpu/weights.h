@@ -58,7 +58,7 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
 
 /// An INT8/INT4 weight's values in plain row-major order, for repacking into another
-/// backend's layout (the CUDA runner's quantized GEMM): value = q * scale (+ min for INT4).
+/// backend's layout (the CUDA forward pass's quantized GEMM): value = q * scale (+ min for INT4).
 struct NaturalQuantizedWeight {
   std::vector<int8_t> q;          // [rows, cols]: INT4 0..15, INT8 -128..127
   std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]

@@ -74,18 +74,18 @@ class KvCacheDtypeAccuracyTest : public ::testing::Test {
     delete gguf_;
   }
 
-  static std::unique_ptr<worker::CpuForwardPass> Runner(KvDtype dtype, int64_t num_blocks) {
+  static std::unique_ptr<worker::CpuForwardPass> NewForwardPass(KvDtype dtype, int64_t num_blocks) {
     worker::CpuForwardPassOptions options;
     options.num_kv_blocks = num_blocks;
     options.block_size = kBlockSize;
     options.kv_dtype = dtype;
-    auto runner = worker::CpuForwardPass::Create(*gguf_, options);
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    return runner.ok() ? *std::move(runner) : nullptr;
+    auto forward_pass = worker::CpuForwardPass::Create(*gguf_, options);
+    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+    return forward_pass.ok() ? *std::move(forward_pass) : nullptr;
   }
 
   // The logits of every row of `tokens`, prefilled from position 0.
-  static std::vector<float> Logits(worker::CpuForwardPass& runner,
+  static std::vector<float> Logits(worker::CpuForwardPass& forward_pass,
                                    const std::vector<int32_t>& tokens) {
     std::vector<int32_t> blocks;
     const int32_t num_blocks = static_cast<int32_t>((tokens.size() + kBlockSize - 1) / kBlockSize);
@@ -96,15 +96,15 @@ class KvCacheDtypeAccuracyTest : public ::testing::Test {
       batch.sample_rows.push_back(row);
     }
     std::vector<float> logits;
-    const absl::Status status = runner.Step(batch, logits);
+    const absl::Status status = forward_pass.Step(batch, logits);
     EXPECT_TRUE(status.ok()) << status;
     return logits;
   }
 
   // Log-softmax of every row of one window.
-  static std::vector<std::vector<float>> WindowLogProbs(worker::CpuForwardPass& runner,
+  static std::vector<std::vector<float>> WindowLogProbs(worker::CpuForwardPass& forward_pass,
                                                         const std::vector<int32_t>& tokens) {
-    const std::vector<float> logits = Logits(runner, tokens);
+    const std::vector<float> logits = Logits(forward_pass, tokens);
     const size_t vocab = logits.size() / tokens.size();
     std::vector<std::vector<float>> rows(tokens.size());
     for (size_t r = 0; r < tokens.size(); ++r) {
@@ -135,10 +135,10 @@ std::string* KvCacheDtypeAccuracyTest::text_ = nullptr;
 TEST_F(KvCacheDtypeAccuracyTest, PerplexityAndKlDivergenceStayWithinTheBars) {
   const std::vector<int32_t> tokens = tokenizer_->Encode(*text_, false, false);
   ASSERT_GE(static_cast<int64_t>(tokens.size()), kWindow * kWindows);
-  auto f16 = Runner(KvDtype::kF16, kWindow / kBlockSize);
+  auto f16 = NewForwardPass(KvDtype::kF16, kWindow / kBlockSize);
   for (const auto& [dtype, max_ratio] :
        std::vector<std::pair<KvDtype, double>>{{KvDtype::kInt8, 1.005}, {KvDtype::kFp8E4m3, 1.01}}) {
-    auto quantized = Runner(dtype, kWindow / kBlockSize);
+    auto quantized = NewForwardPass(dtype, kWindow / kBlockSize);
     double nll_f16 = 0, nll_q = 0, kl = 0;
     int64_t scored = 0;
     for (int64_t w = 0; w < kWindows; ++w) {
@@ -191,7 +191,7 @@ TEST_F(KvCacheDtypeAccuracyTest, GreedyDecodingAgreesWithF16) {
   std::vector<std::vector<int32_t>> reference;
   int64_t longest = 0;
   {
-    worker::ModelStepBackend backend(Runner(KvDtype::kF16, blocks + 8));
+    worker::ModelStepBackend backend(NewForwardPass(KvDtype::kF16, blocks + 8));
     LocalEngine engine(backend, *tokenizer_);
     auto results = engine.Generate(requests);
     ASSERT_TRUE(results.ok()) << results.status();
@@ -203,12 +203,12 @@ TEST_F(KvCacheDtypeAccuracyTest, GreedyDecodingAgreesWithF16) {
   }
   for (KvDtype dtype : {KvDtype::kInt8, KvDtype::kFp8E4m3}) {
     // Teacher-forced: the prompt and F16's continuation in one prefill, every row's argmax.
-    auto runner = Runner(dtype, (longest + kBlockSize - 1) / kBlockSize);
+    auto forward_pass = NewForwardPass(dtype, (longest + kBlockSize - 1) / kBlockSize);
     int64_t same_argmax = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::vector<int32_t> tokens = prompts[i];
       tokens.insert(tokens.end(), reference[i].begin(), reference[i].end() - 1);
-      const std::vector<float> logits = Logits(*runner, tokens);
+      const std::vector<float> logits = Logits(*forward_pass, tokens);
       const size_t vocab = logits.size() / tokens.size();
       for (size_t t = 0; t < reference[i].size(); ++t) {
         const float* row = logits.data() + (prompts[i].size() - 1 + t) * vocab;

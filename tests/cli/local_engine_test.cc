@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kBlockSize = 16;
 
-// A tiny random llama model (its tokenizer spells token i "t<i>"), on the CPU runner.
+// A tiny random llama model (its tokenizer spells token i "t<i>"), on the CPU forward pass.
 class LocalEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -37,19 +37,19 @@ class LocalEngineTest : public ::testing::Test {
     tokenizer_ = *std::move(tokenizer);
   }
 
-  std::unique_ptr<worker::CpuForwardPass> Runner(int64_t num_blocks) const {
+  std::unique_ptr<worker::CpuForwardPass> NewForwardPass(int64_t num_blocks) const {
     worker::CpuForwardPassOptions options;
     options.num_threads = 1;
     options.num_kv_blocks = num_blocks;
     options.block_size = kBlockSize;
     options.kv_dtype = kernels::cpu::KvDtype::kF32;
-    auto runner = worker::CpuForwardPass::Create(*gguf_, options);
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    return runner.ok() ? *std::move(runner) : nullptr;
+    auto forward_pass = worker::CpuForwardPass::Create(*gguf_, options);
+    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+    return forward_pass.ok() ? *std::move(forward_pass) : nullptr;
   }
 
   std::unique_ptr<worker::ModelStepBackend> Backend(int64_t num_blocks) const {
-    return std::make_unique<worker::ModelStepBackend>(Runner(num_blocks));
+    return std::make_unique<worker::ModelStepBackend>(NewForwardPass(num_blocks));
   }
 
   // Prompt `i`: `length` token ids derived from i.
@@ -238,7 +238,7 @@ TEST_F(LocalEngineTest, BadRequestsAreRefusedBeforeAnythingRuns) {
 TEST_F(LocalEngineTest, PromptScoresAreTheForwardPassLogSoftmax) {
   const std::vector<int32_t> prompt = Prompt(5, 40);
   // The reference: one step over the whole prompt, every position's logits.
-  std::unique_ptr<worker::CpuForwardPass> reference = Runner(4);
+  std::unique_ptr<worker::CpuForwardPass> reference = NewForwardPass(4);
   worker::StepBatch batch;
   ASSERT_TRUE(worker::AppendSequence(batch, prompt, 0, {0, 1, 2}, kBlockSize, false).ok());
   for (int32_t p = 0; p + 1 < static_cast<int32_t>(prompt.size()); ++p) batch.sample_rows.push_back(p);

@@ -149,7 +149,7 @@ TEST(ComputePerplexityTest, ScoresTheTokenThatFollows) {
   EXPECT_NEAR(result->mean_nll(), std::log(std::exp(3.0) + 7.0), 1e-9);
 }
 
-TEST(ComputePerplexityTest, RejectsWindowsTheRunnerCannotHold) {
+TEST(ComputePerplexityTest, RejectsWindowsTheForwardPassCannotHold) {
   CountingEngine counting(0.0f, 512, /*num_kv_blocks=*/4);
   std::vector<int32_t> tokens(100, 1);
   // 32 tokens and the one sampled after them, in blocks of 4.

@@ -3,7 +3,7 @@
 * perplexity: the sliding-window NLL of the default model on a short held-out text equals an
   independent float64 numpy computation (llama_reference.py) over the same windows. Loom runs
   float32 with a float32 KV cache (logits within ~1e-3 of the reference, see
-  model_runner_test.py), so the mean NLL may differ by float rounding only: tolerance
+  forward_pass_test.py), so the mean NLL may differ by float rounding only: tolerance
   NLL_TOLERANCE = 1e-4 nats per token (measured: 1.1e-7 on this text; an F16 KV cache would
   add ~1e-3). Scoring one position off (the usual sliding-window bug) moves the mean NLL by
   whole nats.

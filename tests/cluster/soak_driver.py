@@ -178,9 +178,9 @@ def run_http(coordinator, plan: Plan, prompt: str, max_tokens: int, timeout_s: f
 
 
 def run_one(coordinator, plan: Plan, prompt: str, max_tokens: int, timeout_s: float) -> Result:
-    runner = run_http if plan.transport == "http" else run_grpc
+    forward_pass = run_http if plan.transport == "http" else run_grpc
     try:
-        return runner(coordinator, plan, prompt, max_tokens, timeout_s)
+        return forward_pass(coordinator, plan, prompt, max_tokens, timeout_s)
     except Exception as error:  # a client bug must show as lost, not vanish with its thread
         return Result(transport=plan.transport, detail=f"client exception {error!r}")
 

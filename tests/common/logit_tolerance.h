@@ -1,7 +1,7 @@
 #ifndef LOOM_TESTS_COMMON_LOGIT_TOLERANCE_H_
 #define LOOM_TESTS_COMMON_LOGIT_TOLERANCE_H_
 
-// How far a low-precision forward pass (the CUDA runner and device: F16 or BF16 GEMM
+// How far a low-precision forward pass (the CUDA forward pass and device: F16 or BF16 GEMM
 // inputs, K/V and attention probabilities, F32 accumulation) may move a row of logits from
 // the F32 CPU reference, derived from the dtype's unit roundoff and the model's depth, and
 // the error measure the CUDA tests share (tests/worker/cuda_forward_pass_test.cc,
@@ -27,7 +27,7 @@ struct LogitTolerance {
 // relative error of at most u) and adds the result to the F32 residual stream, and the LM
 // head rounds once more: L + 1 stages whose errors add, at worst linearly with depth. The
 // H100 measured (bench/results/gpu/2026-11-26-h100*, F16, random 2- and 3-layer models of
-// MatchesCpuRunnerOnRandomModels): relative RMS 0.0005 (2 layers; 1.0u) and 0.0008
+// MatchesCpuForwardPassOnRandomModels): relative RMS 0.0005 (2 layers; 1.0u) and 0.0008
 // (3 layers; 1.6u), max/range 0.0001 (2 layers; 0.2u) and 0.0005 (3 layers; 1.0u). Growth
 // factors of 2 (RMS) and 1 (max/range) per stage put the limits at 5-6x the RMS and 4x the
 // 3-layer max measured: 2u(L + 1) and u(L + 1). For F16 and L = 2 / 3: RMS 2.9e-3 / 3.9e-3,

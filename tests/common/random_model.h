@@ -2,7 +2,7 @@
 
 // Seeded random llama-family models as GGUF images, with weights scaled like a trained
 // network's (1/sqrt(fan_in) projections, norm weights near 1) and stored in the GGUF types
-// real checkpoints use (F32, F16, Q8_0, Q4_0, Q4_1): the CUDA runner tests compare them
+// real checkpoints use (F32, F16, Q8_0, Q4_0, Q4_1): the CUDA forward pass tests compare them
 // against the CPU, and tests/tools/test_model_tool writes them to files on the GPU machine
 // (tests/gpu/quick.sh), where no real model travels.
 

@@ -61,15 +61,15 @@ declare -A LIMIT=([preflight]=10 [models]=20 [kernels]=90 [model]=20 [runner]=60
                   [serve]=75 [memcheck]=45 [racecheck]=35 [bench]=35)
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
 MODEL_FILTER='CudaDevice*'
-RUNNER_FILTER='CudaForwardPass*:*CudaDefaultModel*'
+FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
 # speculative verify, KV write.
 SANITIZER_FILTER='CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*'
 # ... and one whole CUDA runner scenario (prefill, chunked prefill, graph capture and
 # replay, device sampling), memcheck only.
-RUNNER_SANITIZER_FILTER='CudaForwardPassTest.GraphsOnAndOffGiveIdenticalLogits'
-BENCHES=(cuda_attention_bench quantized_gemm_bench cuda_runner_bench)
+FORWARD_PASS_SANITIZER_FILTER='CudaForwardPassTest.GraphsOnAndOffGiveIdenticalLogits'
+BENCHES=(cuda_attention_bench quantized_gemm_bench cuda_forward_pass_bench)
 
 if [[ ! -f "$BUNDLE" ]]; then
   echo "quick.sh: no bundle at $BUNDLE (make it with tests/gpu/bundle.sh)" >&2
@@ -163,8 +163,8 @@ if ((DRY_RUN)); then
   fi
   echo "steps (global deadline ${DEADLINE} s):"
   for step in "${STEPS[@]}"; do printf '  %-10s %4d s\n' "$step" "${LIMIT[$step]}"; done
-  echo "filters: kernels '$KERNEL_FILTER'; model '$MODEL_FILTER'; runner '$RUNNER_FILTER'; nccl '$NCCL_FILTER'"
-  echo "sanitizer subset: '$SANITIZER_FILTER'; runner (memcheck): '$RUNNER_SANITIZER_FILTER'"
+  echo "filters: kernels '$KERNEL_FILTER'; model '$MODEL_FILTER'; runner '$FORWARD_PASS_FILTER'; nccl '$NCCL_FILTER'"
+  echo "sanitizer subset: '$SANITIZER_FILTER'; runner (memcheck): '$FORWARD_PASS_SANITIZER_FILTER'"
   echo "servers: $(manifest servers); models from $(manifest models) by $(manifest tools)"
   echo "benchmarks (--quick): ${BENCHES[*]}"
   exit 0
@@ -266,7 +266,7 @@ for step in kernels model runner nccl; do
   case "$step" in
     kernels) run_gtest kernels "$limit" loom_kernels_tests "$KERNEL_FILTER" ;;
     model) run_gtest model "$limit" loom_model_tests "$MODEL_FILTER" ;;
-    runner) run_gtest runner "$limit" loom_worker_tests "$RUNNER_FILTER" ;;
+    runner) run_gtest runner "$limit" loom_worker_tests "$FORWARD_PASS_FILTER" ;;
     nccl) run_gtest nccl "$limit" loom_worker_tests "$NCCL_FILTER" ;;
   esac
   code=$?
@@ -322,7 +322,7 @@ for tool in memcheck racecheck; do
   left=$((limit - ($(date +%s) - t0)))
   if [[ "$tool" == memcheck ]] && ((code == 0 && left >= 10)); then
     timeout -k 5 "$left" "${RUN_ENV[@]}" "$SANITIZER" --tool memcheck --error-exitcode 99 \
-      --print-limit 20 "$B/bin/loom_worker_tests" --gtest_filter="$RUNNER_SANITIZER_FILTER" \
+      --print-limit 20 "$B/bin/loom_worker_tests" --gtest_filter="$FORWARD_PASS_SANITIZER_FILTER" \
       >> "$WORK/$tool.txt" 2>&1
     code=$?
   fi

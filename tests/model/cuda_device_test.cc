@@ -469,7 +469,7 @@ tol::LogitRowError WorstError(const std::vector<std::vector<float>>& reference,
 // inputs, K/V and attention probabilities to F16: tol::LowPrecisionLogitTolerance for F16
 // and its 2 layers, RMS 2.9e-3 and max/range 1.5e-3 of each step's logits (the former
 // element-wise atol = rtol = 5e-2 allowed ~4% of the range). An estimate from the H100's
-// measured error of the CUDA runner on random models of the same depth (0.0005 / 0.0001;
+// measured error of the CUDA forward pass on random models of the same depth (0.0005 / 0.0001;
 // this graph test printed no figure then): the next GPU run's log records the figures.
 const tol::LogitTolerance kGraphTolerance =
     tol::LowPrecisionLogitTolerance(tol::kF16UnitRoundoff, /*layers=*/2);

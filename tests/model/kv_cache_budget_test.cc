@@ -117,10 +117,10 @@ TEST(KvCacheBudgetTest, DeviceBlocksTakeAFractionOfFreeMemoryLessTheScratchBlock
   EXPECT_EQ(*DeviceKvBlocks(budget, memory, Block(8192)), 500 - 1);
 }
 
-TEST(KvCacheBudgetTest, MemoryUtilizationIsTheRunnersShareOfTheTotalLessItsOwnUse) {
+TEST(KvCacheBudgetTest, MemoryUtilizationIsTheWorkersShareOfTheTotalLessItsOwnUse) {
   DeviceKvBudget budget;
   budget.memory_utilization = 0.5;
-  // Total 4000 blocks' worth: the share is 2000; the runner took 1000 (3000 free at start,
+  // Total 4000 blocks' worth: the share is 2000; the forward pass took 1000 (3000 free at start,
   // 2000 now), so 1000 are left to it, under 0.9 x 2000 free.
   EXPECT_EQ(*DeviceKvBlocks(budget, {2000 * 8192, 4000 * 8192, 3000 * 8192}, Block(8192)),
             1000 - 1);
@@ -139,7 +139,7 @@ TEST(KvCacheBudgetTest, DeviceWithoutRoomForABlockIsResourceExhausted) {
   EXPECT_EQ(blocks.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(blocks.status().message(),
             "no room for a KV block of 8192 bytes (16384 bytes free on the device)");
-  // A runner whose own use already passed its share gets nothing, not a negative pool.
+  // A forward pass whose own use already passed its share gets nothing, not a negative pool.
   budget.memory_utilization = 0.1;
   blocks = DeviceKvBlocks(budget, {10 * 8192, 100 * 8192, 50 * 8192}, Block(8192));
   EXPECT_EQ(blocks.status().code(), absl::StatusCode::kResourceExhausted);

@@ -1,5 +1,5 @@
 // LlamaGraph's lifecycle on the CPU device: a KV pool created after the weights (how the
-// CUDA runner sizes it from the memory left), activations reserved up front (how it keeps
+// CUDA forward pass sizes it from the memory left), activations reserved up front (how it keeps
 // CUDA graph captures free of allocations), and random weights, which only a device that
 // generates them can make.
 #include "model/llama_graph.h"

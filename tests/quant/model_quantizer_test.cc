@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantize.h"
 #include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/runner_test_util.h"
+#include "tests/worker/forward_pass_test_util.h"
 #include "worker/gloo_communicator.h"
 #include "worker/cpu_forward_pass.h"
 #include "model/model_weights.h"
@@ -305,11 +305,11 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
   ASSERT_TRUE(tokenizer.ok());
   const std::vector<int32_t> prompt = (*tokenizer)->Encode("The capital of France is", true, true);
   constexpr int kSteps = 6;
-  CpuForwardPassOptions runner_options;
-  runner_options.num_threads = 1;
-  runner_options.num_kv_blocks = 8;
-  runner_options.kv_dtype = kernels::cpu::KvDtype::kF32;
-  auto whole = CpuForwardPass::Create(*quantized, runner_options);
+  CpuForwardPassOptions pass_options;
+  pass_options.num_threads = 1;
+  pass_options.num_kv_blocks = 8;
+  pass_options.kv_dtype = kernels::cpu::KvDtype::kF32;
+  auto whole = CpuForwardPass::Create(*quantized, pass_options);
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<test_util::EngineTrace> want =
       test_util::GreedyThroughEngine(*std::move(whole), **tokenizer, prompt, kSteps);
@@ -326,16 +326,16 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
         got[rank] = communicator.status();
         return;
       }
-      CpuForwardPassOptions shard = runner_options;
+      CpuForwardPassOptions shard = pass_options;
       shard.tp_rank = rank;
       shard.tp_size = kRanks;
       shard.communicator = communicator->get();
-      auto runner = CpuForwardPass::Create(*quantized, shard);
-      if (!runner.ok()) {
-        got[rank] = runner.status();
+      auto forward_pass = CpuForwardPass::Create(*quantized, shard);
+      if (!forward_pass.ok()) {
+        got[rank] = forward_pass.status();
         return;
       }
-      got[rank] = test_util::GreedyThroughEngine(*std::move(runner), **tokenizer, prompt, kSteps);
+      got[rank] = test_util::GreedyThroughEngine(*std::move(forward_pass), **tokenizer, prompt, kSteps);
     });
   }
   for (std::thread& thread : threads) thread.join();

@@ -1,7 +1,7 @@
-// Driver for tests/worker/model_runner_test.py: loads a model once, then answers one
+// Driver for tests/worker/forward_pass_test.py: loads a model once, then answers one
 // JSON request per stdin line with one JSON line on stdout. Errors are answered as
 // {"error": "..."} and the process keeps serving, so bad-input tests can check that the
-// runner survives them.
+// forward pass survives them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,11 +26,11 @@ using nlohmann::json;
 struct Tool {
   std::unique_ptr<loom::common::GgufFile> gguf;
   std::unique_ptr<loom::common::Tokenizer> tokenizer;
-  std::unique_ptr<loom::worker::ModelStepBackend> backend;  // owns the runner
-  loom::worker::CpuForwardPass* runner = nullptr;                // forward passes straight
+  std::unique_ptr<loom::worker::ModelStepBackend> backend;  // owns the forward pass
+  loom::worker::CpuForwardPass* forward_pass = nullptr;                // forward passes straight
 
-  int64_t vocab() const { return runner->config().vocab_size; }
-  int32_t block_size() const { return static_cast<int32_t>(runner->block_size()); }
+  int64_t vocab() const { return forward_pass->config().vocab_size; }
+  int32_t block_size() const { return static_cast<int32_t>(forward_pass->block_size()); }
 
   // Consecutive block ids for sequences laid out one after another from block `first`.
   std::vector<int32_t> Blocks(int32_t& first, int64_t tokens) const {
@@ -47,7 +47,7 @@ struct Tool {
           batch, prompt, 0, Blocks(next_block, prompt.size()), block_size(), true));
     }
     std::vector<float> logits;
-    LOOM_RETURN_IF_ERROR(runner->Step(batch, logits));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(batch, logits));
     json rows = json::array();
     for (size_t s = 0; s < prompts.size(); ++s) {
       rows.push_back(std::vector<float>(logits.begin() + s * vocab(), logits.begin() + (s + 1) * vocab()));
@@ -67,7 +67,7 @@ struct Tool {
       requests.push_back(std::move(request));
     }
     if (!tokenizer) return absl::FailedPreconditionError("generation needs the model's tokenizer");
-    // The serving engine (scheduler, block manager, step executor) over the same runner.
+    // The serving engine (scheduler, block manager, step executor) over the same forward pass.
     loom::cli::LocalEngine engine(*backend, *tokenizer);
     LOOM_ASSIGN_OR_RETURN(auto results, engine.Generate(requests, nullptr, batched));
     json tokens = json::array();
@@ -83,7 +83,7 @@ struct Tool {
     std::vector<float> logits;
     StepBatch prefill;
     LOOM_RETURN_IF_ERROR(loom::worker::AppendSequence(prefill, a, 0, a_blocks, block_size(), true));
-    LOOM_RETURN_IF_ERROR(runner->Step(prefill, logits));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(prefill, logits));
     int32_t a_next = 0;
     for (int64_t i = 1; i < vocab(); ++i) if (logits[i] > logits[a_next]) a_next = static_cast<int32_t>(i);
     const std::vector<int32_t> decode_token{a_next};
@@ -93,14 +93,14 @@ struct Tool {
     LOOM_RETURN_IF_ERROR(loom::worker::AppendSequence(mixed, decode_token, a_len, a_blocks, block_size(), true));
     LOOM_RETURN_IF_ERROR(loom::worker::AppendSequence(mixed, b, 0, b_blocks, block_size(), true));
     std::vector<float> mixed_logits;
-    LOOM_RETURN_IF_ERROR(runner->Step(mixed, mixed_logits));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(mixed, mixed_logits));
 
     StepBatch decode_only, prefill_only;
     LOOM_RETURN_IF_ERROR(loom::worker::AppendSequence(decode_only, decode_token, a_len, a_blocks, block_size(), true));
     LOOM_RETURN_IF_ERROR(loom::worker::AppendSequence(prefill_only, b, 0, b_blocks, block_size(), true));
     std::vector<float> separate, b_logits;
-    LOOM_RETURN_IF_ERROR(runner->Step(decode_only, separate));
-    LOOM_RETURN_IF_ERROR(runner->Step(prefill_only, b_logits));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(decode_only, separate));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(prefill_only, b_logits));
     separate.insert(separate.end(), b_logits.begin(), b_logits.end());
     double max_diff = 0;
     for (size_t i = 0; i < separate.size(); ++i) {
@@ -128,7 +128,7 @@ struct Tool {
     batch.block_indptr.push_back(static_cast<int32_t>(batch.block_indices.size()));
     batch.sample_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
     std::vector<float> logits;
-    LOOM_RETURN_IF_ERROR(runner->Step(batch, logits));
+    LOOM_RETURN_IF_ERROR(forward_pass->Step(batch, logits));
     return json{{"ok", true}};
   }
 
@@ -191,13 +191,13 @@ int main(int argc, char** argv) {
   tool.gguf = std::move(*gguf);
   auto tokenizer = loom::common::Tokenizer::FromGguf(*tool.gguf);
   if (tokenizer.ok()) tool.tokenizer = std::move(*tokenizer);
-  auto runner = loom::worker::CpuForwardPass::Create(*tool.gguf, options);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "%s\n", runner.status().ToString().c_str());
+  auto forward_pass = loom::worker::CpuForwardPass::Create(*tool.gguf, options);
+  if (!forward_pass.ok()) {
+    std::fprintf(stderr, "%s\n", forward_pass.status().ToString().c_str());
     return 1;
   }
-  tool.runner = runner->get();
-  tool.backend = std::make_unique<loom::worker::ModelStepBackend>(std::move(*runner));
+  tool.forward_pass = forward_pass->get();
+  tool.backend = std::make_unique<loom::worker::ModelStepBackend>(std::move(*forward_pass));
   std::string line;
   while (std::getline(std::cin, line)) {
     json reply;

@@ -204,14 +204,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<loom::common::GgufFile>> gguf =
       loom::common::OpenModelFile(model_path);
   if (!gguf.ok()) return Fail(gguf.status());
-  absl::StatusOr<std::unique_ptr<loom::worker::CpuForwardPass>> runner =
+  absl::StatusOr<std::unique_ptr<loom::worker::CpuForwardPass>> forward_pass =
       loom::worker::CpuForwardPass::Create(**gguf, options);
-  if (!runner.ok()) return Fail(runner.status());
+  if (!forward_pass.ok()) return Fail(forward_pass.status());
   LegacyCpuForward legacy;
   if (absl::Status init = legacy.Init(**gguf, options, perturb ? 2.0 : 1.0); !init.ok()) {
     return Fail(init);
   }
-  const int64_t vocab = (*runner)->config().vocab_size;
+  const int64_t vocab = (*forward_pass)->config().vocab_size;
   const int32_t block_size = static_cast<int32_t>(options.block_size);
 
   // Four sequences of 1, 17, 33 and 40 tokens (pseudo-random ids), each in its own 4 blocks.
@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
   double max_abs_diff = 0;
   std::vector<float> graph_logits, legacy_logits;
   for (const StepBatch& step : steps) {
-    if (absl::Status ran = (*runner)->Step(step, graph_logits); !ran.ok()) return Fail(ran);
+    if (absl::Status ran = (*forward_pass)->Step(step, graph_logits); !ran.ok()) return Fail(ran);
     if (absl::Status ran = legacy.Step(step, legacy_logits); !ran.ok()) return Fail(ran);
     if (graph_logits.size() != legacy_logits.size()) {
       return Fail(absl::InternalError("logit counts differ"));

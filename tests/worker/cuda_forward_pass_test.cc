@@ -1,4 +1,4 @@
-// The CUDA model runner against the CPU CpuForwardPass on the same steps (prefills, chunked
+// The CUDA forward pass against the CPU CpuForwardPass on the same steps (prefills, chunked
 // prefill over cached blocks, decodes through CUDA graphs, mixed steps), on the default
 // model and on random models built here. Skips (with the reason) without a CUDA device;
 // the checks that need no device run everywhere.
@@ -30,7 +30,7 @@
 #include "tests/common/random_model.h"
 #include "tests/worker/nccl_test_support.h"
 #include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/runner_test_util.h"
+#include "tests/worker/forward_pass_test_util.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
 #include "worker/step_batch.h"
@@ -114,7 +114,7 @@ RandomModelSpec Qwen2Int4Spec() {
   return spec;
 }
 
-// --- driving both runners through the same steps
+// --- driving both forward passes through the same steps
 
 struct TestSequence {
   std::vector<int32_t> tokens;  // prompt, then the tokens fed back
@@ -144,8 +144,8 @@ class StepDriver {
   int32_t next_block_ = 0;
 };
 
-// Tolerances of the CUDA runner (F16 or BF16 weights, activations and KV, F32
-// accumulation) against the CPU runner (F32 activations, F16 KV, weights exactly as
+// Tolerances of the CUDA forward pass (F16 or BF16 weights, activations and KV, F32
+// accumulation) against the CPU forward pass (F32 activations, F16 KV, weights exactly as
 // stored), per sampled row: tol::LowPrecisionLogitTolerance of the dtype's unit roundoff and
 // the model's depth (tests/common/logit_tolerance.h has the derivation and the H100's
 // measured F16 errors). Greedy tokens must be equal, except where the CPU's top two logits
@@ -201,35 +201,35 @@ void CompareLogits(const std::vector<float>& cpu, const std::vector<float>& gpu,
   }
 }
 
-// Runs `batch` on every runner; the first is the reference the others are compared to.
+// Runs `batch` on every forward pass; the first is the reference the others are compared to.
 // Returns the reference's logits.
-std::vector<float> RunEverywhere(const std::vector<ForwardPass*>& runners, const StepBatch& batch,
+std::vector<float> RunEverywhere(const std::vector<ForwardPass*>& passes, const StepBatch& batch,
                                  Comparison& result,
                                  std::vector<std::vector<float>>* all = nullptr) {
-  std::vector<std::vector<float>> logits(runners.size());
-  for (size_t i = 0; i < runners.size(); ++i) {
-    const absl::Status status = runners[i]->Step(batch, logits[i]);
+  std::vector<std::vector<float>> logits(passes.size());
+  for (size_t i = 0; i < passes.size(); ++i) {
+    const absl::Status status = passes[i]->Step(batch, logits[i]);
     EXPECT_TRUE(status.ok()) << "runner " << i << ": " << status;
     if (!status.ok()) return {};
-    EXPECT_EQ(logits[i].size(), batch.sample_rows.size() * runners[0]->config().vocab_size);
+    EXPECT_EQ(logits[i].size(), batch.sample_rows.size() * passes[0]->config().vocab_size);
   }
-  for (size_t i = 1; i < runners.size(); ++i) {
-    CompareLogits(logits[0], logits[i], runners[0]->config().vocab_size, result);
+  for (size_t i = 1; i < passes.size(); ++i) {
+    CompareLogits(logits[0], logits[i], passes[0]->config().vocab_size, result);
   }
   if (all != nullptr) *all = logits;
   return logits[0];
 }
 
-// Runs `batch` on every runner (RunEverywhere) and appends the CPU's greedy token to each
-// sampled sequence, so every runner sees the same tokens next; `steps_logits` (optional)
-// collects the step's logits of every runner.
-void RunAndFeedGreedy(const std::vector<ForwardPass*>& runners, const StepBatch& batch,
+// Runs `batch` on every forward pass (RunEverywhere) and appends the CPU's greedy token to each
+// sampled sequence, so every forward pass sees the same tokens next; `steps_logits` (optional)
+// collects the step's logits of every forward pass.
+void RunAndFeedGreedy(const std::vector<ForwardPass*>& passes, const StepBatch& batch,
                       const std::vector<size_t>& sampled, std::vector<TestSequence>& seqs,
                       Comparison& result,
                       std::vector<std::vector<std::vector<float>>>* steps_logits) {
-  const int64_t vocab = runners[0]->config().vocab_size;
+  const int64_t vocab = passes[0]->config().vocab_size;
   std::vector<std::vector<float>> all;
-  const std::vector<float> cpu = RunEverywhere(runners, batch, result, &all);
+  const std::vector<float> cpu = RunEverywhere(passes, batch, result, &all);
   ASSERT_EQ(cpu.size(), sampled.size() * vocab);
   for (size_t i = 0; i < sampled.size(); ++i) {
     seqs[sampled[i]].tokens.push_back(Argmax(cpu.data() + i * vocab, vocab));
@@ -240,9 +240,9 @@ void RunAndFeedGreedy(const std::vector<ForwardPass*>& runners, const StepBatch&
 // Prefill of several prompts in one step, a chunked prefill over cached blocks, decode
 // steps of 3 sequences (graph bucket 4: padded), a mixed step (a new prompt beside
 // decodes), then decode steps of 4 and 5 sequences. Each sampled sequence gets the CPU's
-// greedy token, so every runner sees the same tokens. `steps_logits` collects every step's
-// logits of every runner (for the graphs on/off comparison).
-void RunScenario(const std::vector<ForwardPass*>& runners,
+// greedy token, so every forward pass sees the same tokens. `steps_logits` collects every step's
+// logits of every forward pass (for the graphs on/off comparison).
+void RunScenario(const std::vector<ForwardPass*>& passes,
                  std::vector<std::vector<int32_t>> prompts, Comparison& result,
                  std::vector<std::vector<std::vector<float>>>* steps_logits = nullptr) {
   ASSERT_GE(prompts.size(), 5u);
@@ -251,7 +251,7 @@ void RunScenario(const std::vector<ForwardPass*>& runners,
   for (size_t i = 0; i < prompts.size(); ++i) seqs[i].tokens = prompts[i];
 
   auto run = [&](const StepBatch& batch, const std::vector<size_t>& sampled) {
-    RunAndFeedGreedy(runners, batch, sampled, seqs, result, steps_logits);
+    RunAndFeedGreedy(passes, batch, sampled, seqs, result, steps_logits);
   };
   auto decode = [&](const std::vector<size_t>& which) {
     StepBatch batch;
@@ -294,11 +294,11 @@ std::vector<std::vector<int32_t>> RandomPrompts(int64_t vocab, uint32_t seed) {
   return prompts;
 }
 
-std::unique_ptr<CpuForwardPass> CpuRunner(const common::GgufFile& gguf) {
-  return test_util::MakeCpuRunner(gguf, kNumBlocks, kBlockSize, /*num_threads=*/2);
+std::unique_ptr<CpuForwardPass> NewCpuForwardPass(const common::GgufFile& gguf) {
+  return test_util::MakeCpuForwardPass(gguf, kNumBlocks, kBlockSize, /*num_threads=*/2);
 }
 
-CudaForwardPassOptions GpuRunnerOptions(bool graphs, bool quantized_weights = true,
+CudaForwardPassOptions GpuForwardPassOptions(bool graphs, bool quantized_weights = true,
                                         kc::DataType dtype = kc::DataType::kF16) {
   CudaForwardPassOptions options;
   options.num_kv_blocks = kNumBlocks;
@@ -311,17 +311,17 @@ CudaForwardPassOptions GpuRunnerOptions(bool graphs, bool quantized_weights = tr
   return options;
 }
 
-std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf,
+std::unique_ptr<CudaForwardPass> NewGpuForwardPass(const common::GgufFile& gguf,
                                            const CudaForwardPassOptions& options) {
-  absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner = CudaForwardPass::Create(gguf, options);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return runner.ok() ? std::move(*runner) : nullptr;
+  absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass = CudaForwardPass::Create(gguf, options);
+  EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+  return forward_pass.ok() ? std::move(*forward_pass) : nullptr;
 }
 
-std::unique_ptr<CudaForwardPass> GpuRunner(const common::GgufFile& gguf, bool graphs,
+std::unique_ptr<CudaForwardPass> NewGpuForwardPass(const common::GgufFile& gguf, bool graphs,
                                            bool quantized_weights = true,
                                            kc::DataType dtype = kc::DataType::kF16) {
-  return GpuRunner(gguf, GpuRunnerOptions(graphs, quantized_weights, dtype));
+  return NewGpuForwardPass(gguf, GpuForwardPassOptions(graphs, quantized_weights, dtype));
 }
 
 const char* DtypeName(kc::DataType dtype) { return dtype == kc::DataType::kBF16 ? "BF16" : "F16"; }
@@ -339,14 +339,14 @@ void PrintComparison(const Comparison& result, kc::DataType dtype,
               static_cast<long long>(stats.graph_replays));
 }
 
-// RunScenario on the CPU runner and a CUDA runner of `dtype` with graphs: every step's
+// RunScenario on the CPU forward pass and a CUDA forward pass of `dtype` with graphs: every step's
 // logits (prefills, chunked prefill, decodes eager, captured and replayed, the mixed step)
 // against the CPU's.
 void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int32_t>> prompts,
                       bool quantized_weights = true, kc::DataType dtype = kc::DataType::kF16) {
-  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(gguf);
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(gguf);
   std::unique_ptr<CudaForwardPass> gpu =
-      GpuRunner(gguf, /*graphs=*/true, quantized_weights, dtype);
+      NewGpuForwardPass(gguf, /*graphs=*/true, quantized_weights, dtype);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
   Comparison result(GpuTolerance(cpu->config(), dtype));
@@ -365,11 +365,11 @@ TEST(CudaForwardPassTest, CreateFailsCleanlyWithoutADevice) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+  absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
       CudaForwardPass::Create(*gguf, CudaForwardPassOptions{});
-  ASSERT_FALSE(runner.ok());
-  EXPECT_EQ(runner.status().code(), absl::StatusCode::kFailedPrecondition) << runner.status();
-  EXPECT_NE(runner.status().message().find("CUDA"), std::string::npos) << runner.status();
+  ASSERT_FALSE(forward_pass.ok());
+  EXPECT_EQ(forward_pass.status().code(), absl::StatusCode::kFailedPrecondition) << forward_pass.status();
+  EXPECT_NE(forward_pass.status().message().find("CUDA"), std::string::npos) << forward_pass.status();
 }
 
 TEST(CudaForwardPassTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
@@ -381,18 +381,18 @@ TEST(CudaForwardPassTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
             2 * 30 * 16 * 3 * 64 * 2);
 }
 
-// The CUDA runner's host-side step preparation, run on the CPU runner: every step expanded
+// The CUDA forward pass's host-side step preparation, run on the CPU forward pass: every step expanded
 // to one-token sequences (how the decode kernel does prefill) and decode steps padded to
 // the next power of two with dummy sequences in a scratch block (how graphs are replayed),
 // exactly as CudaForwardPass::Step prepares them. Its logits must equal the plain CPU
-// runner's: this checks the preparation, and the GPU test's scenario, without a GPU.
+// forward pass's: this checks the preparation, and the GPU test's scenario, without a GPU.
 class EmulatedCudaStepPreparation : public ForwardPass {
  public:
-  explicit EmulatedCudaStepPreparation(std::unique_ptr<CpuForwardPass> runner)
-      : runner_(std::move(runner)) {}
-  const common::ModelConfig& config() const override { return runner_->config(); }
-  int64_t num_kv_blocks() const override { return runner_->num_kv_blocks() - 1; }
-  int64_t block_size() const override { return runner_->block_size(); }
+  explicit EmulatedCudaStepPreparation(std::unique_ptr<CpuForwardPass> forward_pass)
+      : forward_pass_(std::move(forward_pass)) {}
+  const common::ModelConfig& config() const override { return forward_pass_->config(); }
+  int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks() - 1; }
+  int64_t block_size() const override { return forward_pass_->block_size(); }
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override {
     StepBatch step = ExpandToSingleTokenSequences(batch, block_size());
     const int64_t n = batch.num_tokens();
@@ -402,23 +402,23 @@ class EmulatedCudaStepPreparation : public ForwardPass {
       PadDecodeBatch(step, bucket, bucket, static_cast<int32_t>(num_kv_blocks()), block_size());
       ++padded_steps_;
     }
-    if (absl::Status status = runner_->Step(step, logits); !status.ok()) return status;
+    if (absl::Status status = forward_pass_->Step(step, logits); !status.ok()) return status;
     logits.resize(num_sampled * config().vocab_size);  // the padding's rows are dropped
     return absl::OkStatus();
   }
   int padded_steps() const { return padded_steps_; }
 
  private:
-  std::unique_ptr<CpuForwardPass> runner_;  // with one block more than it reports (scratch)
+  std::unique_ptr<CpuForwardPass> forward_pass_;  // with one block more than it reports (scratch)
   int padded_steps_ = 0;
 };
 
-TEST(CudaForwardPassHostTest, StepPreparationGivesTheCpuRunnersLogits) {
+TEST(CudaForwardPassHostTest, StepPreparationGivesTheCpuForwardPassLogits) {
   for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec(), Qwen3QkNormSpec()}) {
     SCOPED_TRACE(spec.arch);
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
-    std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
+    std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
     CpuForwardPassOptions options;
     options.num_threads = 2;
     options.num_kv_blocks = kNumBlocks + 1;
@@ -472,7 +472,7 @@ TEST(CudaForwardPassHostTest, ExpandsTokensIntoCausalOneTokenSequencesAndPads) {
 
 // --- with a device
 
-TEST(CudaForwardPassTest, MatchesCpuRunnerOnRandomModels) {
+TEST(CudaForwardPassTest, MatchesCpuForwardPassOnRandomModels) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (const RandomModelSpec& spec :
        {LlamaGqaSpec(), Qwen2MqaSpec(), LlamaInt4Spec(), Qwen2Int4Spec()}) {
@@ -480,7 +480,7 @@ TEST(CudaForwardPassTest, MatchesCpuRunnerOnRandomModels) {
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
     if (spec.int4) {
-      std::unique_ptr<CudaForwardPass> probe = GpuRunner(*gguf, true);
+      std::unique_ptr<CudaForwardPass> probe = NewGpuForwardPass(*gguf, true);
       ASSERT_NE(probe, nullptr);
       const std::string all = absl::StrFormat("%d of %d layer matrices kept INT4",
                                               4 * spec.layers, 4 * spec.layers);
@@ -490,9 +490,9 @@ TEST(CudaForwardPassTest, MatchesCpuRunnerOnRandomModels) {
   }
 }
 
-// qwen3's QK-norm runs on CUDA (the CUDA runner is the model graph, which has it): the
-// scenario's prefills, chunked prefill and decode graphs match the CPU runner.
-TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuRunner) {
+// qwen3's QK-norm runs on CUDA (the CUDA forward pass is the model graph, which has it): the
+// scenario's prefills, chunked prefill and decode graphs match the CPU forward pass.
+TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuForwardPass) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   const RandomModelSpec spec = Qwen3QkNormSpec();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
@@ -500,9 +500,9 @@ TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuRunner) {
   ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
 }
 
-// Tensor parallelism on the CUDA runner: two ranks on one GPU (joined by gloo; each holds
-// half the heads, FFN channels and vocabulary) run the same steps as one whole runner.
-// Both ranks hold the same gathered logits, and those match the whole runner's up to the
+// Tensor parallelism on the CUDA forward pass: two ranks on one GPU (joined by gloo; each holds
+// half the heads, FFN channels and vocabulary) run the same steps as one whole forward pass.
+// Both ranks hold the same gathered logits, and those match the whole forward pass's up to the
 // order of the partial sums.
 TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
@@ -526,13 +526,13 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
       driver.Add(batches[step], seqs[s], step == 0 ? prompts[s].size() : 1, true);
     }
   }
-  auto run_all = [&](ForwardPass& runner, std::vector<std::vector<float>>& out) -> absl::Status {
+  auto run_all = [&](ForwardPass& forward_pass, std::vector<std::vector<float>>& out) -> absl::Status {
     for (const StepBatch& batch : batches) {
-      LOOM_RETURN_IF_ERROR(runner.Step(batch, out.emplace_back()));
+      LOOM_RETURN_IF_ERROR(forward_pass.Step(batch, out.emplace_back()));
     }
     return absl::OkStatus();
   };
-  std::unique_ptr<CudaForwardPass> whole = GpuRunner(*gguf, /*graphs=*/true);
+  std::unique_ptr<CudaForwardPass> whole = NewGpuForwardPass(*gguf, /*graphs=*/true);
   ASSERT_NE(whole, nullptr);
   std::vector<std::vector<float>> expected;
   ASSERT_TRUE(run_all(*whole, expected).ok());
@@ -557,13 +557,13 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
       options.tp_rank = rank;
       options.tp_size = kRanks;
       options.communicator = communicator->get();
-      absl::StatusOr<std::unique_ptr<CudaForwardPass>> runner =
+      absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
           CudaForwardPass::Create(*gguf, options);
-      if (!runner.ok()) {
-        status[rank] = runner.status();
+      if (!forward_pass.ok()) {
+        status[rank] = forward_pass.status();
         return;
       }
-      status[rank] = run_all(**runner, got[rank]);
+      status[rank] = run_all(**forward_pass, got[rank]);
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -599,18 +599,18 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
 
 // The default model's layers are Q4_1 (INT4 g32): with quantized_weights (the default) all
 // 120 layer matrices run through the W4A16 GEMM, without it through cuBLAS on F16 copies;
-// both must match the CPU runner. Its 30 layers put the F16 limits at 62u = 0.030 (RMS) and
+// both must match the CPU forward pass. Its 30 layers put the F16 limits at 62u = 0.030 (RMS) and
 // 31u = 0.015 (max/range): an estimate from the random models' per-layer growth, as no GPU
 // run has had the model (tests/gpu/quick.sh does not ship it); the test prints the figures.
 class CudaDefaultModelTest : public testing::TestWithParam<bool> {};
 
-TEST_P(CudaDefaultModelTest, MatchesCpuRunner) {
+TEST_P(CudaDefaultModelTest, MatchesCpuForwardPass) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   const bool quantized = GetParam();
   const std::string path = common::testing::ModelPath();
   if (!std::filesystem::exists(path)) {
     // The GPU verification machine gets no 98 MB model (tests/gpu/quick.sh); the random
-    // INT4 models of MatchesCpuRunnerOnRandomModels cover the W4A16 path there.
+    // INT4 models of MatchesCpuForwardPassOnRandomModels cover the W4A16 path there.
     GTEST_SKIP() << "default model " << path << " not present (set LOOM_MODEL_PATH)";
   }
   absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf = common::GgufFile::Open(path);
@@ -629,7 +629,7 @@ TEST_P(CudaDefaultModelTest, MatchesCpuRunner) {
   }
   // The chunked prefill takes 20 tokens of prompt 3 first.
   ASSERT_GT(prompts[3].size(), 20u);
-  std::unique_ptr<CudaForwardPass> probe = GpuRunner(**gguf, true, quantized);
+  std::unique_ptr<CudaForwardPass> probe = NewGpuForwardPass(**gguf, true, quantized);
   ASSERT_NE(probe, nullptr);
   EXPECT_NE(probe->load_log().find(quantized ? "120 of 120 layer matrices kept INT4"
                                              : "0 of 120 layer matrices kept INT4"),
@@ -644,9 +644,9 @@ INSTANTIATE_TEST_SUITE_P(Weights, CudaDefaultModelTest, testing::Values(true, fa
                            return info.param ? "Int4Gemm" : "Dequantized";
                          });
 
-// Steps recorded by RunScenario (or RunBuckets) with runners {cpu, graphs, eager}: both GPU
-// runners pad decode steps to the same bucket shapes, so replaying a graph runs exactly the
-// launches the eager runner makes and every step's logits are the same bits.
+// Steps recorded by RunScenario (or RunBuckets) with forward passes {cpu, graphs, eager}: both GPU
+// forward passes pad decode steps to the same bucket shapes, so replaying a graph runs exactly the
+// launches the eager forward pass makes and every step's logits are the same bits.
 void ExpectGraphsAndEagerIdentical(const std::vector<std::vector<std::vector<float>>>& steps) {
   ASSERT_FALSE(steps.empty());
   for (size_t step = 0; step < steps.size(); ++step) {
@@ -662,15 +662,15 @@ void ExpectGraphsAndEagerIdentical(const std::vector<std::vector<std::vector<flo
   }
 }
 
-// RunScenario on {cpu, graphs, eager} CUDA runners of `dtype`: both GPU runners against the
+// RunScenario on {cpu, graphs, eager} CUDA forward passes of `dtype`: both GPU forward passes against the
 // CPU at every step, and graphs against eager bit for bit.
 void ExpectGraphsAndEagerMatch(const RandomModelSpec& spec, uint32_t prompt_seed,
                                kc::DataType dtype) {
   std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
-  std::unique_ptr<CudaForwardPass> graphs = GpuRunner(*gguf, true, true, dtype);
-  std::unique_ptr<CudaForwardPass> eager = GpuRunner(*gguf, false, true, dtype);
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
+  std::unique_ptr<CudaForwardPass> graphs = NewGpuForwardPass(*gguf, true, true, dtype);
+  std::unique_ptr<CudaForwardPass> eager = NewGpuForwardPass(*gguf, false, true, dtype);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(graphs, nullptr);
   ASSERT_NE(eager, nullptr);
@@ -680,7 +680,7 @@ void ExpectGraphsAndEagerMatch(const RandomModelSpec& spec, uint32_t prompt_seed
               result, &steps);
   PrintComparison(result, dtype, graphs->stats());
   ExpectGraphsAndEagerIdentical(steps);
-  // Counted once per GPU runner, whose bits are the same: 2x allows MaxNearTies rows.
+  // Counted once per GPU forward pass, whose bits are the same: 2x allows MaxNearTies rows.
   EXPECT_LE(result.near_ties, 2 * MaxNearTies(dtype));
   EXPECT_GE(graphs->stats().graph_captures, 2);  // buckets 4 and 8
   EXPECT_GE(graphs->stats().graph_replays, 5);
@@ -694,18 +694,18 @@ TEST(CudaForwardPassTest, GraphsOnAndOffGiveIdenticalLogits) {
 }
 
 // A capture that fails (forced here; on a real device a driver or sanitizer refusal) runs
-// the step eagerly and that bucket eagerly from then on: the runner keeps serving, with
-// the eager runner's bits, and counts the failures instead of breaking.
+// the step eagerly and that bucket eagerly from then on: the forward pass keeps serving, with
+// the eager forward pass's bits, and counts the failures instead of breaking.
 TEST(CudaForwardPassTest, FailedCaptureFallsBackToEagerSteps) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   const RandomModelSpec spec = LlamaGqaSpec();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
   ASSERT_NE(gguf, nullptr);
-  CudaForwardPassOptions failing_options = GpuRunnerOptions(/*graphs=*/true);
+  CudaForwardPassOptions failing_options = GpuForwardPassOptions(/*graphs=*/true);
   failing_options.debug_fail_graph_captures = true;
-  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
-  std::unique_ptr<CudaForwardPass> failing = GpuRunner(*gguf, failing_options);
-  std::unique_ptr<CudaForwardPass> eager = GpuRunner(*gguf, /*graphs=*/false);
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
+  std::unique_ptr<CudaForwardPass> failing = NewGpuForwardPass(*gguf, failing_options);
+  std::unique_ptr<CudaForwardPass> eager = NewGpuForwardPass(*gguf, /*graphs=*/false);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(failing, nullptr);
   ASSERT_NE(eager, nullptr);
@@ -721,9 +721,9 @@ TEST(CudaForwardPassTest, FailedCaptureFallsBackToEagerSteps) {
 }
 
 #ifdef LOOM_HAVE_NCCL
-// Tensor parallelism's path on one GPU: the runner joined to an NCCL communicator of one
+// Tensor parallelism's path on one GPU: the forward pass joined to an NCCL communicator of one
 // rank, graphs on, so every decode graph captures NCCL's all-reduces and gathers on the
-// device's stream. Its logits equal those of the runner without a communicator bit for bit
+// device's stream. Its logits equal those of the forward pass without a communicator bit for bit
 // (a sum over one rank and a gather of one slice are copies) at every step, replays
 // included.
 TEST(CudaForwardPassTest, NcclWorldOfOneWithGraphsEqualsNoCommunicator) {
@@ -733,11 +733,11 @@ TEST(CudaForwardPassTest, NcclWorldOfOneWithGraphsEqualsNoCommunicator) {
   const RandomModelSpec spec = LlamaGqaSpec();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
   ASSERT_NE(gguf, nullptr);
-  CudaForwardPassOptions joined_options = GpuRunnerOptions(/*graphs=*/true);
+  CudaForwardPassOptions joined_options = GpuForwardPassOptions(/*graphs=*/true);
   joined_options.communicator = communicator.get();
-  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
-  std::unique_ptr<CudaForwardPass> joined = GpuRunner(*gguf, joined_options);
-  std::unique_ptr<CudaForwardPass> alone = GpuRunner(*gguf, /*graphs=*/true);
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
+  std::unique_ptr<CudaForwardPass> joined = NewGpuForwardPass(*gguf, joined_options);
+  std::unique_ptr<CudaForwardPass> alone = NewGpuForwardPass(*gguf, /*graphs=*/true);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(joined, nullptr);
   ASSERT_NE(alone, nullptr);
@@ -759,7 +759,7 @@ TEST(CudaForwardPassTest, RejectsBadBatchesAndKeepsWorking) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaForwardPass> gpu = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> gpu = NewGpuForwardPass(*gguf, true);
   ASSERT_NE(gpu, nullptr);
   std::vector<float> logits;
   StepBatch bad;
@@ -778,23 +778,23 @@ TEST(CudaForwardPassTest, RejectsBadBatchesAndKeepsWorking) {
 }
 
 // StepAndSample: greedy rows pick exactly the argmax of the logits Step returns for the
-// same step (two runners, the same inputs); sampled rows pick tokens the filters keep,
-// and a bad row set is refused without breaking the runner.
+// same step (two forward passes, the same inputs); sampled rows pick tokens the filters keep,
+// and a bad row set is refused without breaking the forward pass.
 TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaForwardPass> logits_runner = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaForwardPass> sampling_runner = GpuRunner(*gguf, true);
-  ASSERT_NE(logits_runner, nullptr);
-  ASSERT_NE(sampling_runner, nullptr);
-  const int64_t vocab = logits_runner->config().vocab_size;
+  std::unique_ptr<CudaForwardPass> logits_pass = NewGpuForwardPass(*gguf, true);
+  std::unique_ptr<CudaForwardPass> sampling_pass = NewGpuForwardPass(*gguf, true);
+  ASSERT_NE(logits_pass, nullptr);
+  ASSERT_NE(sampling_pass, nullptr);
+  const int64_t vocab = logits_pass->config().vocab_size;
   StepBatch batch;
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{1, 2, 3, 4}, 0, {0}, kBlockSize, true).ok());
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{9, 8}, 0, {1}, kBlockSize, true).ok());
   ASSERT_TRUE(AppendSequence(batch, std::vector<int32_t>{5, 6, 7}, 0, {2}, kBlockSize, true).ok());
   std::vector<float> logits;
-  ASSERT_TRUE(logits_runner->Step(batch, logits).ok());
+  ASSERT_TRUE(logits_pass->Step(batch, logits).ok());
   DeviceSampleRows rows;
   rows.penalty_indptr = {0};
   for (int i = 0; i < 3; ++i) {
@@ -808,7 +808,7 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
   }
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
-  const absl::Status sampled = sampling_runner->StepAndSample(batch, rows, tokens, logprobs);
+  const absl::Status sampled = sampling_pass->StepAndSample(batch, rows, tokens, logprobs);
   ASSERT_TRUE(sampled.ok()) << sampled;
   ASSERT_EQ(tokens.size(), 3u);
   for (int i = 0; i < 2; ++i) {
@@ -824,7 +824,7 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
                     [&](int32_t a, int32_t b) { return third[a] > third[b]; });
   EXPECT_NE(std::find(order.begin(), order.begin() + 5, tokens[2]), order.begin() + 5);
   rows.positions.pop_back();  // rows no longer match the step
-  EXPECT_EQ(sampling_runner->StepAndSample(batch, rows, tokens, logprobs).code(),
+  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -865,7 +865,7 @@ TEST(CudaForwardPassTest, RejectsOptionsTheKernelsCannotRun) {
 // bits (F16: 11), so its limits are 8x F16's (qwen2's 3 layers: RMS 0.031, max/range
 // 0.016). An estimate: no GPU has run this comparison at every step yet (the former test
 // compared the first prefill only, at 0.24); the printed figures record it.
-TEST(CudaForwardPassTest, BfloatRunnerMatchesCpu) {
+TEST(CudaForwardPassTest, BfloatForwardPassMatchesCpu) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   const RandomModelSpec spec = Qwen2MqaSpec();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
@@ -875,19 +875,19 @@ TEST(CudaForwardPassTest, BfloatRunnerMatchesCpu) {
 }
 
 // Decode graphs of the smallest buckets (1 and 2 sequences) and the largest (256), each
-// eager, captured, then replayed, against the CPU runner and bit for bit against an eager
-// runner.
+// eager, captured, then replayed, against the CPU forward pass and bit for bit against an eager
+// forward pass.
 TEST(CudaForwardPassTest, DecodeGraphBucketsOneTwoAndTheLargest) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CpuForwardPass> cpu = CpuRunner(*gguf);
-  std::unique_ptr<CudaForwardPass> graphs = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaForwardPass> eager = GpuRunner(*gguf, false);
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
+  std::unique_ptr<CudaForwardPass> graphs = NewGpuForwardPass(*gguf, true);
+  std::unique_ptr<CudaForwardPass> eager = NewGpuForwardPass(*gguf, false);
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(graphs, nullptr);
   ASSERT_NE(eager, nullptr);
-  const std::vector<ForwardPass*> runners = {cpu.get(), graphs.get(), eager.get()};
+  const std::vector<ForwardPass*> passes = {cpu.get(), graphs.get(), eager.get()};
   const int64_t vocab = cpu->config().vocab_size;
   constexpr size_t kLargestBucket = 256;  // one KV block each: kNumBlocks holds them all
   std::mt19937 rng(21);
@@ -904,9 +904,9 @@ TEST(CudaForwardPassTest, DecodeGraphBucketsOneTwoAndTheLargest) {
       driver.Add(batch, seqs[s], decode ? 1 : seqs[s].tokens.size(), true);
       sampled.push_back(s);
     }
-    RunAndFeedGreedy(runners, batch, sampled, seqs, result, &steps);
+    RunAndFeedGreedy(passes, batch, sampled, seqs, result, &steps);
   };
-  // Prompts in two prefill steps (the runner's max_num_tokens is 512).
+  // Prompts in two prefill steps (the forward pass's max_num_tokens is 512).
   step(0, kLargestBucket / 2, false);
   step(kLargestBucket / 2, kLargestBucket / 2, false);
   for (int i = 0; i < 3; ++i) step(0, 1, true);               // bucket 1
@@ -920,24 +920,24 @@ TEST(CudaForwardPassTest, DecodeGraphBucketsOneTwoAndTheLargest) {
 }
 
 // BF16 activations and KV through decode graphs: captured and replayed steps give the eager
-// runner's bits, and both stay within BF16's limits of the CPU runner at every step (each
-// step feeds the CPU's greedy token to all runners, so their paths cannot diverge).
+// forward pass's bits, and both stay within BF16's limits of the CPU forward pass at every step (each
+// step feeds the CPU's greedy token to all forward passes, so their paths cannot diverge).
 TEST(CudaForwardPassTest, BfloatDecodeGraphsReplayTheEagerSteps) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   ExpectGraphsAndEagerMatch(Qwen2MqaSpec(), 6, kc::DataType::kBF16);
 }
 
 // A step refused by a check after validation (device sampling rows that do not match the
-// step) leaves the runner usable: the next step's logits are the same bits as a fresh
-// runner's for the same step. Any error after a step's inputs are queued also waits for the
+// step) leaves the forward pass usable: the next step's logits are the same bits as a fresh
+// forward pass's for the same step. Any error after a step's inputs are queued also waits for the
 // stream before returning (RunStep), so the pinned input buffer is never overwritten under
 // a pending copy.
-TEST(CudaForwardPassTest, RefusedStepLeavesTheRunnerUsable) {
+TEST(CudaForwardPassTest, RefusedStepLeavesTheForwardPassUsable) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
   ASSERT_NE(gguf, nullptr);
-  std::unique_ptr<CudaForwardPass> used = GpuRunner(*gguf, true);
-  std::unique_ptr<CudaForwardPass> fresh = GpuRunner(*gguf, true);
+  std::unique_ptr<CudaForwardPass> used = NewGpuForwardPass(*gguf, true);
+  std::unique_ptr<CudaForwardPass> fresh = NewGpuForwardPass(*gguf, true);
   ASSERT_NE(used, nullptr);
   ASSERT_NE(fresh, nullptr);
   StepBatch batch;

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "tests/worker/runner_test_util.h"
+#include "tests/worker/forward_pass_test_util.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/step_backend.h"
@@ -21,25 +21,25 @@ using testing::TinyModelSpec;
 constexpr int64_t kNumBlocks = 16;
 constexpr int64_t kBlockSize = 4;  // small: drafts cross block boundaries
 
-std::unique_ptr<CpuForwardPass> Runner(const common::GgufFile& gguf, int64_t num_blocks = kNumBlocks) {
-  return test_util::MakeCpuRunner(gguf, num_blocks, kBlockSize);
+std::unique_ptr<CpuForwardPass> NewForwardPass(const common::GgufFile& gguf, int64_t num_blocks = kNumBlocks) {
+  return test_util::MakeCpuForwardPass(gguf, num_blocks, kBlockSize);
 }
 
 std::unique_ptr<DraftProposer> Proposer(const common::GgufFile& gguf) {
-  std::unique_ptr<CpuForwardPass> runner = Runner(gguf);
-  const int64_t vocab = runner->config().vocab_size;
+  std::unique_ptr<CpuForwardPass> forward_pass = NewForwardPass(gguf);
+  const int64_t vocab = forward_pass->config().vocab_size;
   absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
-      DraftProposer::Create(std::move(runner), vocab, kNumBlocks, kBlockSize);
+      DraftProposer::Create(std::move(forward_pass), vocab, kNumBlocks, kBlockSize);
   EXPECT_TRUE(proposer.ok()) << proposer.status();
   return proposer.ok() ? *std::move(proposer) : nullptr;
 }
 
-// `count` greedy tokens after `prompt`, one plain step at a time on a fresh runner.
+// `count` greedy tokens after `prompt`, one plain step at a time on a fresh forward pass.
 std::vector<int32_t> GreedyContinuation(const common::GgufFile& gguf, std::vector<int32_t> tokens,
                                         int count) {
-  std::unique_ptr<CpuForwardPass> runner = Runner(gguf);
+  std::unique_ptr<CpuForwardPass> forward_pass = NewForwardPass(gguf);
   const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
-  const int64_t vocab = runner->config().vocab_size;
+  const int64_t vocab = forward_pass->config().vocab_size;
   std::vector<int32_t> out;
   std::vector<float> logits;
   int64_t computed = 0;
@@ -49,7 +49,7 @@ std::vector<int32_t> GreedyContinuation(const common::GgufFile& gguf, std::vecto
                     batch, absl::MakeConstSpan(tokens).subspan(computed, tokens.size() - computed),
                     static_cast<int32_t>(computed), blocks, kBlockSize, true)
                     .ok());
-    EXPECT_TRUE(runner->Step(batch, logits).ok());
+    EXPECT_TRUE(forward_pass->Step(batch, logits).ok());
     computed = static_cast<int64_t>(tokens.size());
     const int32_t best = static_cast<int32_t>(
         std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
@@ -141,11 +141,11 @@ TEST(DraftProposerTest, SampledDraftsCarryTheDistributionTheyWereDrawnFrom) {
     EXPECT_GT(q[proposal.tokens[j]], 0.0f) << "draft " << j;
   }
   // The first q is the sampler's distribution over the draft model's logits.
-  std::unique_ptr<CpuForwardPass> runner = Runner(*gguf);
+  std::unique_ptr<CpuForwardPass> forward_pass = NewForwardPass(*gguf);
   StepBatch batch;
   ASSERT_TRUE(AppendSequence(batch, tokens, 0, blocks, kBlockSize, true).ok());
   std::vector<float> logits;
-  ASSERT_TRUE(runner->Step(batch, logits).ok());
+  ASSERT_TRUE(forward_pass->Step(batch, logits).ok());
   std::vector<float> q(spec.vocab);
   sampler.Distribution(logits.data(), {}, q.data());
   for (int64_t v = 0; v < spec.vocab; ++v) EXPECT_NEAR(proposal.probs[v], q[v], 1e-6);
@@ -230,11 +230,11 @@ TEST(DraftProposerTest, CreateRefusesAnotherVocabularyOrPool) {
   TinyModelSpec spec;
   std::unique_ptr<common::GgufFile> gguf = TinyModel(spec);
   absl::StatusOr<std::unique_ptr<DraftProposer>> wrong_vocab =
-      DraftProposer::Create(Runner(*gguf), spec.vocab + 1, kNumBlocks, kBlockSize);
+      DraftProposer::Create(NewForwardPass(*gguf), spec.vocab + 1, kNumBlocks, kBlockSize);
   EXPECT_EQ(wrong_vocab.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong_vocab.status().message().find("vocabulary"), std::string::npos);
   absl::StatusOr<std::unique_ptr<DraftProposer>> wrong_pool =
-      DraftProposer::Create(Runner(*gguf, kNumBlocks / 2), spec.vocab, kNumBlocks, kBlockSize);
+      DraftProposer::Create(NewForwardPass(*gguf, kNumBlocks / 2), spec.vocab, kNumBlocks, kBlockSize);
   EXPECT_EQ(wrong_pool.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong_pool.status().message().find("block"), std::string::npos);
 }

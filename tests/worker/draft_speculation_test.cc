@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "tests/worker/runner_test_util.h"
+#include "tests/worker/forward_pass_test_util.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/draft_proposer.h"
@@ -33,18 +33,18 @@ using testing::TinyModelSpec;
 
 constexpr int64_t kBlockSize = 16;
 
-std::unique_ptr<CpuForwardPass> Runner(const common::GgufFile& gguf, int64_t num_blocks) {
-  return test_util::MakeCpuRunner(gguf, num_blocks, kBlockSize);
+std::unique_ptr<CpuForwardPass> NewForwardPass(const common::GgufFile& gguf, int64_t num_blocks) {
+  return test_util::MakeCpuForwardPass(gguf, num_blocks, kBlockSize);
 }
 
 // A target backend and, when a draft model is given, a proposer beside it; one executor.
 struct Rig {
   Rig(const common::GgufFile& target, const common::GgufFile* draft, int64_t num_blocks) {
-    backend = std::make_unique<ModelStepBackend>(Runner(target, num_blocks));
+    backend = std::make_unique<ModelStepBackend>(NewForwardPass(target, num_blocks));
     StepExecutorOptions options;
     if (draft != nullptr) {
       absl::StatusOr<std::unique_ptr<DraftProposer>> created = DraftProposer::Create(
-          Runner(*draft, num_blocks), backend->config().vocab_size, num_blocks, kBlockSize);
+          NewForwardPass(*draft, num_blocks), backend->config().vocab_size, num_blocks, kBlockSize);
       EXPECT_TRUE(created.ok()) << created.status();
       proposer = *std::move(created);
       options.draft_proposer = proposer.get();
@@ -418,7 +418,7 @@ struct ExactDistributions {
 ExactDistributions Exact(const common::GgufFile& target, const std::vector<int32_t>& prompt,
                          const SamplingParams& params) {
   const int64_t vocab = common::ModelConfigFromGguf(target)->vocab_size;
-  std::unique_ptr<CpuForwardPass> runner = Runner(target, vocab * vocab + 1);
+  std::unique_ptr<CpuForwardPass> forward_pass = NewForwardPass(target, vocab * vocab + 1);
   // next[prefix] = the sampler's distribution after prompt + prefix (prefix of 0-2 tokens).
   auto distributions = [&](const std::vector<std::vector<int32_t>>& prefixes) {
     StepBatch batch;
@@ -429,7 +429,7 @@ ExactDistributions Exact(const common::GgufFile& target, const std::vector<int32
       EXPECT_TRUE(AppendSequence(batch, tokens, 0, blocks, kBlockSize, true).ok());
     }
     std::vector<float> logits;
-    EXPECT_TRUE(runner->Step(batch, logits).ok());
+    EXPECT_TRUE(forward_pass->Step(batch, logits).ok());
     std::vector<std::vector<double>> out;
     std::vector<float> probs(vocab);
     for (size_t s = 0; s < prefixes.size(); ++s) {

@@ -1,21 +1,21 @@
-"""Loom's C++ model runner (through tests/tools/model_runner_tool) against the independent numpy
+"""Loom's C++ forward pass (through tests/tools/forward_pass_tool) against the independent numpy
 reference in llama_reference.py, on SmolLM2-135M and on the small random models of
 random_model.py (GQA llama with mixed quant types, qwen2 with biases/neox RoPE/linear scaling/MQA,
 llama3 rope_freqs).
 
 Tolerances (max |Δ logit| against the float64 reference), from measurements of the reference
-run with the runner's shortcuts emulated (Numerics), over prompts of 5-120 tokens:
+run with the forward pass's shortcuts emulated (Numerics), over prompts of 5-120 tokens:
   float32 arithmetic, float32 KV cache            <= 4.2e-5 on every model
   float32 arithmetic, float16 KV cache            <= 3.0e-2
   plus int8 activations (q8_0 blocks of 32)       up to 1.6 (SmolLM2), 1.4 (random models)
   a wrong RoPE pairing / missing scaling          3.7 to 20
 TOL_F32_KV = 1e-3 (about 25x the float32 floor) and TOL_F16_KV = 0.1 (3x the measured float16-KV
-effect). They assume the runner computes activations in float32; a runner that quantizes
+effect). They assume the forward pass computes activations in float32; a forward pass that quantizes
 activations to int8 would need ~2 and could no longer be told apart from subtle bugs, so the
-tests keep the tight values and report the measured differences when they fail; the runner's
+tests keep the tight values and report the measured differences when they fail; the forward pass's
 own --activations int8 mode has per-model limits from its measured error (TOL_INT8).
 Greedy tokens are compared on prompts whose reference top-2 margins stay above DECISIVE_MARGIN at
-every step: where the margin exceeds twice the tolerance, any correct runner must pick the same
+every step: where the margin exceeds twice the tolerance, any correct forward pass must pick the same
 token.
 """
 import json
@@ -77,11 +77,11 @@ TEXT_PROMPTS = (
 # ---------------------------------------------------------------------------------------------
 # The driver process.
 
-class RunnerTool:
-    """One model_runner_tool process: a JSON request per line in, a JSON answer per line out."""
+class ForwardPassTool:
+    """One forward_pass_tool process: a JSON request per line in, a JSON answer per line out."""
 
     def __init__(self, model_path, kv_dtype="f32", num_blocks=None, threads=2, activations="f32"):
-        args = [str(tool_path("model_runner_tool")), "--model", str(model_path),
+        args = [str(tool_path("forward_pass_tool")), "--model", str(model_path),
                 "--kv-dtype", kv_dtype, "--threads", str(threads), "--activations", activations]
         if num_blocks is not None:
             args += ["--num-blocks", str(num_blocks)]
@@ -177,15 +177,15 @@ def reference(model_files):
 
 
 @pytest.fixture(scope="module")
-def runner(model_files):
-    """(name, kv_dtype, num_blocks, activations) -> a running RunnerTool, shared within the
+def forward_pass(model_files):
+    """(name, kv_dtype, num_blocks, activations) -> a running ForwardPassTool, shared within the
     module."""
     tools = {}
 
-    def get(name: str, kv_dtype: str = "f32", num_blocks=None, activations="f32") -> RunnerTool:
+    def get(name: str, kv_dtype: str = "f32", num_blocks=None, activations="f32") -> ForwardPassTool:
         key = (name, kv_dtype, num_blocks, activations)
         if key not in tools or tools[key].process.poll() is not None:
-            tools[key] = RunnerTool(model_files[name], kv_dtype=kv_dtype, num_blocks=num_blocks,
+            tools[key] = ForwardPassTool(model_files[name], kv_dtype=kv_dtype, num_blocks=num_blocks,
                                     activations=activations)
         return tools[key]
     yield get
@@ -304,13 +304,13 @@ def test_llama3_random_model_carries_scaled_rope_frequencies(reference):
 
 
 # ---------------------------------------------------------------------------------------------
-# C++ runner against the reference.
+# C++ forward pass against the reference.
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_tool_tokenizes_plain_text_like_the_reference_bpe(runner, reference, name):
+def test_tool_tokenizes_plain_text_like_the_reference_bpe(forward_pass, reference, name):
     model = reference(name)
     tokenizer = ref.hf_tokenizer(model)
-    tool = runner(name)
+    tool = forward_pass(name)
     for text in TEXT_PROMPTS:
         ids = tool.tokenize(text)
         assert ids == tokenizer.encode(text).ids, text
@@ -318,10 +318,10 @@ def test_tool_tokenizes_plain_text_like_the_reference_bpe(runner, reference, nam
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_batched_prefill_logits_match_reference_with_f32_kv_cache(runner, reference, name):
+def test_batched_prefill_logits_match_reference_with_f32_kv_cache(forward_pass, reference, name):
     model = reference(name)
     prompts = prompts_for(model, name)
-    got = runner(name, "f32").logits(prompts)  # every prompt in one step
+    got = forward_pass(name, "f32").logits(prompts)  # every prompt in one step
     want = reference_last_logits(model, prompts)
     assert got.shape == want.shape
     assert np.all(np.isfinite(got))
@@ -332,10 +332,10 @@ def test_batched_prefill_logits_match_reference_with_f32_kv_cache(runner, refere
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_batched_prefill_logits_match_reference_with_f16_kv_cache(runner, reference, name):
+def test_batched_prefill_logits_match_reference_with_f16_kv_cache(forward_pass, reference, name):
     model = reference(name)
     prompts = prompts_for(model, name)
-    got = runner(name, "f16").logits(prompts)
+    got = forward_pass(name, "f16").logits(prompts)
     want = reference_last_logits(model, prompts)
     diffs = np.abs(got - want).max(axis=1)
     print(f"{name} f16 KV max|Δlogit| per prompt: {describe(diffs)}")
@@ -346,8 +346,8 @@ def test_batched_prefill_logits_match_reference_with_f16_kv_cache(runner, refere
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_logits_of_a_prompt_do_not_depend_on_its_batch_companions(runner, reference, name):
-    tool = runner(name, "f32")
+def test_logits_of_a_prompt_do_not_depend_on_its_batch_companions(forward_pass, reference, name):
+    tool = forward_pass(name, "f32")
     prompts = prompts_for(reference(name), name)
     together = tool.logits(prompts)
     alone = np.stack([tool.logits([p])[0] for p in prompts])
@@ -356,20 +356,20 @@ def test_logits_of_a_prompt_do_not_depend_on_its_batch_companions(runner, refere
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_greedy_tokens_match_reference_exactly_with_f32_kv_cache(runner, reference, name):
+def test_greedy_tokens_match_reference_exactly_with_f32_kv_cache(forward_pass, reference, name):
     model = reference(name)
     candidates = prompts_for(model, name)
     chosen = decisive_prompts(model, candidates, GREEDY_TOKENS, want=2 if name == "smollm2" else 3)
     assert len(chosen) >= 2, "too few prompts whose reference continuation has no near-ties"
-    got = runner(name, "f32").greedy([p for p, _ in chosen], batched=True)
+    got = forward_pass(name, "f32").greedy([p for p, _ in chosen], batched=True)
     for (prompt, want), tokens in zip(chosen, got):
         assert tokens == want, f"prompt {prompt[:8]}...: first difference at step " \
             f"{next(i for i, (a, b) in enumerate(zip(tokens, want)) if a != b)}"
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_batched_and_one_at_a_time_greedy_decode_give_identical_tokens(runner, reference, name):
-    tool = runner(name, "f16")  # the default KV cache
+def test_batched_and_one_at_a_time_greedy_decode_give_identical_tokens(forward_pass, reference, name):
+    tool = forward_pass(name, "f16")  # the default KV cache
     prompts = prompts_for(reference(name), name)
     batched = tool.greedy(prompts, batched=True)
     sequential = tool.greedy(prompts, batched=False)
@@ -378,8 +378,8 @@ def test_batched_and_one_at_a_time_greedy_decode_give_identical_tokens(runner, r
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_mixed_prefill_and_decode_step_matches_separate_steps(runner, reference, name):
-    tool = runner(name, "f32")
+def test_mixed_prefill_and_decode_step_matches_separate_steps(forward_pass, reference, name):
+    tool = forward_pass(name, "f32")
     prompts = prompts_for(reference(name), name)
     for a, b in ((prompts[0], prompts[1]), (prompts[2], prompts[4]), (prompts[4], prompts[-1])):
         answer = tool.call(op="mixed_step_check", prompts=[a, b])
@@ -392,11 +392,11 @@ def test_mixed_prefill_and_decode_step_matches_separate_steps(runner, reference,
 # exact reference only loose bounds hold; batch invariance must still be exact.
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_int8_activation_logits_stay_close_to_reference(runner, reference, name):
+def test_int8_activation_logits_stay_close_to_reference(forward_pass, reference, name):
     model = reference(name)
     prompts = prompts_for(model, name)
-    got = runner(name, "f32", activations="int8").logits(prompts)
-    exact = runner(name, "f32").logits(prompts)
+    got = forward_pass(name, "f32", activations="int8").logits(prompts)
+    exact = forward_pass(name, "f32").logits(prompts)
     want = reference_last_logits(model, prompts)
     tol_max, tol_rms = TOL_INT8[name]
     diffs = np.abs(got - want).max(axis=1)
@@ -412,8 +412,8 @@ def test_int8_activation_logits_stay_close_to_reference(runner, reference, name)
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_int8_activation_decode_is_batch_invariant(runner, reference, name):
-    tool = runner(name, "f16", activations="int8")
+def test_int8_activation_decode_is_batch_invariant(forward_pass, reference, name):
+    tool = forward_pass(name, "f16", activations="int8")
     prompts = prompts_for(reference(name), name)
     together = tool.logits(prompts)
     alone = np.stack([tool.logits([p])[0] for p in prompts])
@@ -424,8 +424,8 @@ def test_int8_activation_decode_is_batch_invariant(runner, reference, name):
         assert answer["max_abs_diff"] <= TOL_F32_KV, answer
 
 
-def test_smollm2_continues_the_capital_of_france_with_paris(runner):
-    tool = runner("smollm2", "f16")
+def test_smollm2_continues_the_capital_of_france_with_paris(forward_pass):
+    tool = forward_pass("smollm2", "f16")
     ids = tool.tokenize("The capital of France is")
     [tokens] = tool.greedy([ids], max_tokens=8)
     assert "Paris" in tool.detokenize(tokens)
@@ -435,11 +435,11 @@ def test_smollm2_continues_the_capital_of_france_with_paris(runner):
     ("What is the capital of France?", "Paris"),
     ("What is 2+2?", "4"),
 ])
-def test_smollm2_answers_chat_questions(runner, reference, question, expected):
+def test_smollm2_answers_chat_questions(forward_pass, reference, question, expected):
     model = reference("smollm2")
     text = jinja2.Template(model.chat_template).render(
         messages=[{"role": "user", "content": question}], add_generation_prompt=True)
-    tool = runner("smollm2", "f16")
+    tool = forward_pass("smollm2", "f16")
     ids = tool.tokenize(text)
     assert model.tokens.index("<|im_start|>") in ids  # the template's markers became special tokens
     [tokens] = tool.greedy([ids], max_tokens=40, stop_at_eos=True)
@@ -455,9 +455,9 @@ BAD_INPUT_BLOCKS = 32
 
 
 @pytest.fixture(scope="module")
-def bad_input_tool(runner, reference):
+def bad_input_tool(forward_pass, reference):
     model = reference("llama_gqa")
-    tool = runner("llama_gqa", "f32", num_blocks=BAD_INPUT_BLOCKS)
+    tool = forward_pass("llama_gqa", "f32", num_blocks=BAD_INPUT_BLOCKS)
     probe = [[5, 77, 300, 12]]
     return tool, model, probe, tool.logits(probe)
 

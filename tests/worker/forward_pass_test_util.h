@@ -1,7 +1,7 @@
 #pragma once
 
-// CPU runners for tests, and greedy generation through the serving engine for tests that
-// compare runners (quantized vs not, one rank vs several) token for token.
+// CPU forward passes for tests, and greedy generation through the serving engine for tests that
+// compare forward passes (quantized vs not, one rank vs several) token for token.
 
 #include <algorithm>
 #include <cstdint>
@@ -22,20 +22,20 @@ namespace loom::worker::test_util {
 
 /// A CPU CpuForwardPass over `gguf` with `num_kv_blocks` blocks of `block_size` slots on
 /// `num_threads` threads; null (and a test failure) when it cannot be created.
-inline std::unique_ptr<CpuForwardPass> MakeCpuRunner(const common::GgufFile& gguf,
+inline std::unique_ptr<CpuForwardPass> MakeCpuForwardPass(const common::GgufFile& gguf,
                                                   int64_t num_kv_blocks, int64_t block_size,
                                                   int num_threads = 1) {
   CpuForwardPassOptions options;
   options.num_threads = num_threads;
   options.num_kv_blocks = num_kv_blocks;
   options.block_size = block_size;
-  absl::StatusOr<std::unique_ptr<CpuForwardPass>> runner = CpuForwardPass::Create(gguf, options);
-  EXPECT_TRUE(runner.ok()) << runner.status();
-  return runner.ok() ? *std::move(runner) : nullptr;
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass = CpuForwardPass::Create(gguf, options);
+  EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+  return forward_pass.ok() ? *std::move(forward_pass) : nullptr;
 }
 
 /// What the serving engine (cli/local_engine: scheduler, block manager, step executor)
-/// makes of one prompt on a runner: the greedy tokens and, in this order, the
+/// makes of one prompt on a forward pass: the greedy tokens and, in this order, the
 /// log-probability of every prompt token after the first (prompt scoring) and of each
 /// generated token.
 struct EngineTrace {
@@ -44,14 +44,14 @@ struct EngineTrace {
 };
 
 /// Generates `steps` greedy tokens after `prompt` (EOS ignored) through a LocalEngine over
-/// `runner` (moved into a ModelStepBackend), for tests that compare runners (quantized
+/// `forward pass` (moved into a ModelStepBackend), for tests that compare forward passes (quantized
 /// vs not, one rank vs several): every rank of a tensor-parallel group runs its own
 /// engine, whose identical plans keep the ranks in step.
-inline absl::StatusOr<EngineTrace> GreedyThroughEngine(std::unique_ptr<CpuForwardPass> runner,
+inline absl::StatusOr<EngineTrace> GreedyThroughEngine(std::unique_ptr<CpuForwardPass> forward_pass,
                                                        const common::Tokenizer& tokenizer,
                                                        const std::vector<int32_t>& prompt,
                                                        int steps) {
-  ModelStepBackend backend(std::move(runner));
+  ModelStepBackend backend(std::move(forward_pass));
   cli::LocalEngine engine(backend, tokenizer);
   cli::EngineRequest request;
   request.prompt_ids = prompt;

@@ -15,7 +15,7 @@ Tolerances (max |Δ logit|):
   SmolLM2 bfloat16 directory vs the GGUF run       <= 0.4   (measured 0.10: bf16 rounding of
       every weight, 8 bits of mantissa)
   random models' float32 directories vs the float64 numpy reference (llama_reference.py, an
-      independent implementation, fed the GGUF)   <= 1e-3 (TOL_F32_KV of model_runner_test.py)
+      independent implementation, fed the GGUF)   <= 1e-3 (TOL_F32_KV of forward_pass_test.py)
 Tensor parallelism (TP=2) of the directories is in tests/cluster/hf_tensor_parallel_test.py.
 """
 import json
@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
 from conftest import BUILD_DIR, tool_path  # noqa: E402
 import hf_checkpoint  # noqa: E402
 import llama_reference as ref  # noqa: E402
-import model_runner_test as mrt  # noqa: E402
+import forward_pass_test as mrt  # noqa: E402
 import random_model  # noqa: E402
 import tokenizer_test  # noqa: E402
 
@@ -79,9 +79,9 @@ def smollm_dirs(tmp_path_factory, model_path):
 
 
 @pytest.fixture(scope="module")
-def runners(model_path, smollm_dirs):
-    tools = {"gguf": mrt.RunnerTool(model_path)}
-    tools.update({name: mrt.RunnerTool(path) for name, path in smollm_dirs.items()})
+def passes(model_path, smollm_dirs):
+    tools = {"gguf": mrt.ForwardPassTool(model_path)}
+    tools.update({name: mrt.ForwardPassTool(path) for name, path in smollm_dirs.items()})
     yield tools
     for tool in tools.values():
         tool.close()
@@ -133,25 +133,25 @@ def test_chat_template_renders_as_from_the_gguf(model_path, smollm_dirs):
     assert from_dir[1] == from_gguf[1]
 
 
-def test_float32_directory_logits_equal_the_gguf_run(runners):
-    prompts = [runners["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS]
-    expected = runners["gguf"].logits(prompts)
-    got = runners["f32"].logits(prompts)
+def test_float32_directory_logits_equal_the_gguf_run(passes):
+    prompts = [passes["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS]
+    expected = passes["gguf"].logits(prompts)
+    got = passes["f32"].logits(prompts)
     assert np.abs(got - expected).max() <= TOL_F32_VS_GGUF, np.abs(got - expected).max()
 
 
-def test_bfloat16_directory_logits_stay_within_bf16_rounding_of_the_gguf_run(runners):
-    prompts = [runners["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS]
-    expected = runners["gguf"].logits(prompts)
-    diff = np.abs(runners["bf16"].logits(prompts) - expected)
+def test_bfloat16_directory_logits_stay_within_bf16_rounding_of_the_gguf_run(passes):
+    prompts = [passes["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS]
+    expected = passes["gguf"].logits(prompts)
+    diff = np.abs(passes["bf16"].logits(prompts) - expected)
     assert diff.max() <= TOL_BF16_VS_GGUF, diff.max()
     assert diff.max() > 0, "bf16 weights cannot give bit-identical logits: is the file bf16?"
 
 
-def test_greedy_generation_from_the_directory_equals_the_gguf_run(runners):
-    prompts = [runners["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS[:3]]
-    expected = runners["gguf"].greedy(prompts, max_tokens=GREEDY_TOKENS)
-    assert runners["f32"].greedy(prompts, max_tokens=GREEDY_TOKENS) == expected
+def test_greedy_generation_from_the_directory_equals_the_gguf_run(passes):
+    prompts = [passes["gguf"].tokenize(text) for text in mrt.TEXT_PROMPTS[:3]]
+    expected = passes["gguf"].greedy(prompts, max_tokens=GREEDY_TOKENS)
+    assert passes["f32"].greedy(prompts, max_tokens=GREEDY_TOKENS) == expected
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_random_model_directory_logits_match_the_numpy_reference(family_models, 
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, model.n_vocab, n).tolist() for n in (5, 37, 120)]
     expected = np.stack([ref.logits(model, prompt)[-1] for prompt in prompts])
-    tool = mrt.RunnerTool(directory)
+    tool = mrt.ForwardPassTool(directory)
     try:
         got = tool.logits(prompts)
     finally:
@@ -190,7 +190,7 @@ def test_qwen3_without_qk_norm_would_differ(family_models):
     plain = ref.Model(**{**model.__dict__, "layers": [
         ref.Layer(**{**layer.__dict__, "q_norm": None, "k_norm": None}) for layer in model.layers]})
     prompt = list(range(1, 40))
-    tool = mrt.RunnerTool(directory)
+    tool = mrt.ForwardPassTool(directory)
     try:
         got = tool.logits([prompt])[0]
     finally:
@@ -206,7 +206,7 @@ def test_yarn_reference_differs_from_plain_rope(family_models):
     assert yarn.rope_attention_factor > 1.1
     without_factor = ref.Model(**{**yarn.__dict__, "rope_attention_factor": 1.0})
     prompt = list(range(1, 90))
-    tool = mrt.RunnerTool(directory)
+    tool = mrt.ForwardPassTool(directory)
     try:
         got = tool.logits([prompt])[0]
     finally:
@@ -223,7 +223,7 @@ def write_config(directory, **changes):
 
 
 def load_error(directory) -> str:
-    result = subprocess.run([str(tool_path("model_runner_tool")), "--model", str(directory)],
+    result = subprocess.run([str(tool_path("forward_pass_tool")), "--model", str(directory)],
                             input="", capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     return result.stderr

@@ -1,7 +1,7 @@
 """Independent numpy reference of the Llama-family forward pass, read straight from a GGUF file.
 
 Written from the model definition (llama.cpp's graph for GGUF files), not from Loom's code, so
-the C++ model runner can be checked against it. Numerics: every weight is dequantized once with
+the C++ forward pass can be checked against it. Numerics: every weight is dequantized once with
 `gguf.quants.dequantize` and kept in float32; every matmul, norm, softmax and residual add runs in
 float64 (weights are upcast per product), so the reference's own rounding error (~1e-12 relative)
 is negligible next to any float32 / float16 / int8 implementation it is compared against.
@@ -16,9 +16,9 @@ config.json `rope_scaling` to a loaded model); llama3-style per-frequency diviso
 `rope_freqs.weight` tensor; tied output (`output.weight` absent). Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
-Optional `Numerics` emulate what a fast runner does (float32 arithmetic, float16 KV cache, int8
+Optional `Numerics` emulate what a fast forward pass does (float32 arithmetic, float16 KV cache, int8
 activations in front of quantized weights) so tests can measure how far such shortcuts move the
-logits; they are for calibrating tolerances, not a bit-exact model of any runner (a single int8
+logits; they are for calibrating tolerances, not a bit-exact model of any forward pass (a single int8
 rounding flip can move SmolLM2's logits by ~1).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import gguf
 from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox"}
-# Weight types whose matmuls a fast runner may feed int8-quantized activations.
+# Weight types whose matmuls a fast forward pass may feed int8-quantized activations.
 INTEGER_WEIGHT_TYPES = {
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
     GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K,

@@ -14,19 +14,19 @@
 namespace loom::worker {
 namespace {
 
-// A forward pass that "samples on its device" the way the CUDA runner is asked to: it
-// runs the real CPU runner and picks the greedy token of each row itself, recording what
+// A forward pass that "samples on its device" the way the CUDA forward pass is asked to: it
+// runs the real CPU forward pass and picks the greedy token of each row itself, recording what
 // ModelStepBackend handed it. Stands in for the GPU, which this machine lacks (the CUDA
-// runner's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
+// forward pass's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
 class DeviceSamplingPass : public ForwardPass {
  public:
-  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> runner) : runner_(std::move(runner)) {}
-  const common::ModelConfig& config() const override { return runner_->config(); }
-  int64_t num_kv_blocks() const override { return runner_->num_kv_blocks(); }
-  int64_t block_size() const override { return runner_->block_size(); }
+  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> forward_pass) : forward_pass_(std::move(forward_pass)) {}
+  const common::ModelConfig& config() const override { return forward_pass_->config(); }
+  int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
+  int64_t block_size() const override { return forward_pass_->block_size(); }
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override {
     ++host_steps;
-    return runner_->Step(batch, logits);
+    return forward_pass_->Step(batch, logits);
   }
   bool samples_on_device() const override { return true; }
   absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
@@ -34,7 +34,7 @@ class DeviceSamplingPass : public ForwardPass {
     ++device_steps;
     last_rows = rows;
     std::vector<float> logits;
-    LOOM_RETURN_IF_ERROR(runner_->Step(batch, logits));
+    LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits));
     const int64_t vocab = config().vocab_size;
     tokens.clear();
     logprobs.clear();
@@ -51,7 +51,7 @@ class DeviceSamplingPass : public ForwardPass {
   DeviceSampleRows last_rows;
 
  private:
-  std::unique_ptr<CpuForwardPass> runner_;
+  std::unique_ptr<CpuForwardPass> forward_pass_;
 };
 
 class ModelStepBackendTest : public ::testing::Test {
@@ -63,9 +63,9 @@ class ModelStepBackendTest : public ::testing::Test {
     options.num_threads = 1;
     options.num_kv_blocks = 16;
     options.block_size = 16;
-    auto runner = CpuForwardPass::Create(*gguf_, options);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    auto pass = std::make_unique<DeviceSamplingPass>(std::move(*runner));
+    auto forward_pass = CpuForwardPass::Create(*gguf_, options);
+    ASSERT_TRUE(forward_pass.ok()) << forward_pass.status();
+    auto pass = std::make_unique<DeviceSamplingPass>(std::move(*forward_pass));
     pass_ = pass.get();
     backend_ = std::make_unique<ModelStepBackend>(std::move(pass), "test");
   }

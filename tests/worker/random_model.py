@@ -1,4 +1,4 @@
-"""Small, seeded, randomly initialised llama-family GGUF models for the model runner tests.
+"""Small, seeded, randomly initialised llama-family GGUF models for the forward pass tests.
 
 Each `ModelSpec` describes one variant; `write_model(spec, path)` writes it with
 `gguf.GGUFWriter`, quantizing tensors with `gguf.quants.quantize`. The same spec and seed give
@@ -81,7 +81,7 @@ DRAFT_SPEC = ModelSpec(
     n_ff=128, n_ctx=2048, seed=4242, types={"token_embd": (T.Q8_0,)})
 
 # Qwen3 (QK-norm, head_dim 32 with hidden 96 != 4 heads x 32): not in SPECS, used by
-# hf_model_test.py (through a Hugging Face directory) rather than the GGUF runner tests.
+# hf_model_test.py (through a Hugging Face directory) rather than the GGUF forward pass tests.
 QWEN3_SPEC = ModelSpec(
     name="qwen3_qknorm", arch="qwen3", n_embd=96, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
     n_ff=192, rope_base=1000000.0, rms_eps=1e-6, tied_output=True, qk_norm=True, seed=31,

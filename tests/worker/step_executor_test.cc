@@ -490,12 +490,12 @@ class StepExecutorModelTest : public ::testing::Test {
     options.num_threads = 2;
     options.num_kv_blocks = kNumBlocks;
     options.block_size = kBlockSize;
-    auto runner = CpuForwardPass::Create(**gguf, options);
-    ASSERT_TRUE(runner.ok()) << runner.status();
+    auto forward_pass = CpuForwardPass::Create(**gguf, options);
+    ASSERT_TRUE(forward_pass.ok()) << forward_pass.status();
     auto tokenizer = common::Tokenizer::FromGguf(**gguf);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = tokenizer->release();
-    backend_ = new ModelStepBackend(std::move(*runner));
+    backend_ = new ModelStepBackend(std::move(*forward_pass));
   }
   static void TearDownTestSuite() {
     delete backend_;
@@ -581,10 +581,10 @@ TEST_F(StepExecutorModelTest, TheForwardPassCountsTwoUnitsPerLayer) {
   options.num_kv_blocks = 4;
   options.block_size = kBlockSize;
   options.progress = &progress;
-  auto runner = CpuForwardPass::Create(**gguf, options);
-  ASSERT_TRUE(runner.ok()) << runner.status();
-  const int64_t num_layers = (*runner)->config().num_layers;
-  ModelStepBackend backend(std::move(*runner));
+  auto forward_pass = CpuForwardPass::Create(**gguf, options);
+  ASSERT_TRUE(forward_pass.ok()) << forward_pass.status();
+  const int64_t num_layers = (*forward_pass)->config().num_layers;
+  ModelStepBackend backend(std::move(*forward_pass));
   StepExecutorOptions executor_options;
   executor_options.progress = &progress;
   StepExecutor executor(backend, executor_options);

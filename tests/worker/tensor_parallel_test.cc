@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/tokenizer_test_util.h"
-#include "tests/worker/runner_test_util.h"
+#include "tests/worker/forward_pass_test_util.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
 
@@ -109,7 +109,7 @@ TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
 // model, each through the serving engine (test_util::GreedyThroughEngine): the same
 // log-probabilities (prompt tokens and generated ones) within float tolerance and the same
 // greedy tokens.
-class TensorParallelRunnerTest : public ::testing::Test {
+class TensorParallelForwardPassTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const std::string path = common::testing::ModelPath();
@@ -123,11 +123,11 @@ class TensorParallelRunnerTest : public ::testing::Test {
   static common::Tokenizer* tokenizer_;
 };
 
-common::GgufFile* TensorParallelRunnerTest::gguf_ = nullptr;
-common::Tokenizer* TensorParallelRunnerTest::tokenizer_ = nullptr;
+common::GgufFile* TensorParallelForwardPassTest::gguf_ = nullptr;
+common::Tokenizer* TensorParallelForwardPassTest::tokenizer_ = nullptr;
 
 class TensorParallelRanksTest
-    : public TensorParallelRunnerTest,
+    : public TensorParallelForwardPassTest,
       public testing::WithParamInterface<std::tuple<int, kernels::cpu::ActivationPrecision>> {};
 
 TEST_P(TensorParallelRanksTest, MatchesOneRank) {
@@ -161,13 +161,13 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
       shard.tp_rank = rank;
       shard.tp_size = kRanks;
       shard.communicator = communicator->get();
-      auto runner = CpuForwardPass::Create(*gguf_, shard);
-      if (!runner.ok()) {
-        got[rank] = runner.status();
+      auto forward_pass = CpuForwardPass::Create(*gguf_, shard);
+      if (!forward_pass.ok()) {
+        got[rank] = forward_pass.status();
         return;
       }
-      EXPECT_EQ((*runner)->weights().shard.num_heads, kRanks == 3 ? 3 : 5 - rank);
-      got[rank] = test_util::GreedyThroughEngine(*std::move(runner), *tokenizer_, prompt, kSteps);
+      EXPECT_EQ((*forward_pass)->weights().shard.num_heads, kRanks == 3 ? 3 : 5 - rank);
+      got[rank] = test_util::GreedyThroughEngine(*std::move(forward_pass), *tokenizer_, prompt, kSteps);
     });
   }
   for (std::thread& thread : threads) thread.join();

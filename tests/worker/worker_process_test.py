@@ -230,7 +230,7 @@ def _heartbeat_after(coordinator, when: float):
 
 def test_heartbeat_reports_step_progress_and_a_stuck_step_freezes_it(coordinator, tmp_path):
     """The heartbeat thread reports the executor's progress: it advances with every step (two
-    units per layer on the CPU runner), and a step stuck inside (--debug-hang-at-step) freezes
+    units per layer on the CPU forward pass), and a step stuck inside (--debug-hang-at-step) freezes
     the count while the heartbeats go on; SIGTERM still stops the worker."""
     worker = WorkerProcess(coordinator.address, tmp_path, "--kv-cache-memory",
                            str(40 * SMOLLM2_BLOCK_BYTES + 1000), "--debug-hang-at-step", "9")
