@@ -65,7 +65,13 @@ void MakeStep(int64_t seqs, int64_t tokens, int64_t query, KvDtype dtype, Prefil
   p.v.resize(p.k.size());
   p.k_scale.assign(kernels::cpu::IsQuantizedKv(dtype) ? slots * kKvHeads : 0, 0);
   p.v_scale.assign(p.k_scale.size(), 0);
-  KvLayerView cache{p.k.data(), p.v.data(), dtype, blocks, kBlockSize, kKvHeads, kHeadDim,
+  KvLayerView cache{p.k.data(),
+                    p.v.data(),
+                    dtype,
+                    blocks,
+                    kBlockSize,
+                    kKvHeads,
+                    kHeadDim,
                     p.k_scale.empty() ? nullptr : p.k_scale.data(),
                     p.v_scale.empty() ? nullptr : p.v_scale.data()};
   {  // every slot written as the worker writes it (F16 rounding, 8-bit codes and scales)
@@ -229,8 +235,8 @@ int main(int argc, char** argv) {
                             "\"repeats\": %d, \"per_token_ms\": %.4f, \"tiled_ms\": %.4f, "
                             "\"speedup\": %.3f, \"per_token_vs_f16\": %.3f, "
                             "\"tiled_vs_f16\": %.3f}",
-                            first ? "" : ",\n", kv, seqs, tokens, repeats, old_s * 1e3,
-                            new_s * 1e3, old_s / new_s, f16_old / old_s, f16_new / new_s);
+                            first ? "" : ",\n", kv, seqs, tokens, repeats, old_s * 1e3, new_s * 1e3,
+                            old_s / new_s, f16_old / old_s, f16_new / new_s);
       first = false;
     }
   }

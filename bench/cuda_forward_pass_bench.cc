@@ -158,7 +158,7 @@ double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
 }
 
 std::unique_ptr<worker::CudaForwardPass> MakeForwardPass(const common::ModelConfig& config,
-                                                    bool cuda_graphs, int64_t num_seqs) {
+                                                         bool cuda_graphs, int64_t num_seqs) {
   worker::CudaForwardPassOptions options;
   options.dtype = DataType::kF16;
   options.kv_dtype = DataType::kF16;
@@ -215,7 +215,8 @@ int Run(bool quick) {
   {
     // --quick: batch 1 only (the graphs on/off comparison).
     const int64_t max_batch = quick ? 1 : kMaxBatch;
-    std::unique_ptr<worker::CudaForwardPass> forward_pass = MakeForwardPass(config, true, max_batch);
+    std::unique_ptr<worker::CudaForwardPass> forward_pass =
+        MakeForwardPass(config, true, max_batch);
     const auto prefill_start = std::chrono::steady_clock::now();
     Prefill(*forward_pass, max_batch, config.vocab_size);
     const std::chrono::duration<double> prefill = std::chrono::steady_clock::now() - prefill_start;
@@ -261,7 +262,8 @@ int Run(bool quick) {
               kTargetDecodeRatio);
 
   std::string json = "{\n";
-  json += absl::StrFormat("  \"bench\": \"cuda_forward_pass_bench\",\n  \"date\": \"%s\",\n", UtcNow());
+  json +=
+      absl::StrFormat("  \"bench\": \"cuda_forward_pass_bench\",\n  \"date\": \"%s\",\n", UtcNow());
   json += absl::StrFormat("  \"device\": \"%s\",\n", device);
   json += absl::StrFormat(
       "  \"quick\": %s,\n"

@@ -199,7 +199,8 @@ struct SingleDecode {
   double gbs = 0;           // weight bytes read per second
 };
 
-SingleDecode MeasureSingleDecode(LocalEngine& engine, const loom::worker::CpuForwardPass& forward_pass,
+SingleDecode MeasureSingleDecode(LocalEngine& engine,
+                                 const loom::worker::CpuForwardPass& forward_pass,
                                  int decode_tokens, const Limits& limits) {
   SingleDecode decode;
   decode.bytes_per_token = static_cast<double>(forward_pass.weights().BytesPerDecodeStep());
@@ -239,7 +240,8 @@ Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& 
   const double prefill_seconds = loom::bench::Median(prefill_times);
   const double attention_flops = 4.0 * config.num_layers * config.num_heads * config.head_dim *
                                  (prefill_len * (prefill_len + 1) / 2.0);
-  const double prefill_flops = MatmulFlopsPerToken(forward_pass.weights()) * prefill_len + attention_flops;
+  const double prefill_flops =
+      MatmulFlopsPerToken(forward_pass.weights()) * prefill_len + attention_flops;
   const double prefill_gflops = prefill_flops / prefill_seconds / 1e9;
   // With int8 activations the matmuls run on integer dot products: their peak is the
   // limit that applies (attention stays float).
@@ -389,9 +391,9 @@ int main(int argc, char** argv) {
   Figures figures;
   figures.limits = MeasureLimits(flags.threads);
   // Multiply-adds per decoded token: every layer matrix and the LM head.
-  const double macs_per_token =
-      MatmulFlopsPerToken(forward_pass.weights()) / 2 +
-      static_cast<double>(forward_pass.weights().lm_head().rows) * forward_pass.weights().lm_head().cols;
+  const double macs_per_token = MatmulFlopsPerToken(forward_pass.weights()) / 2 +
+                                static_cast<double>(forward_pass.weights().lm_head().rows) *
+                                    forward_pass.weights().lm_head().cols;
   // The matmuls' compute limit in this mode: int8 dot products, or float FMAs (2 flops).
   const bool int8_mode = *precision == loom::kernels::cpu::ActivationPrecision::kInt8;
   const double matmul_peak_gmacs =

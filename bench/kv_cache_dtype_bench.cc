@@ -52,15 +52,24 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const char* value = argv[i + 1];
-    if (flag == "--model") flags.model_path = value;
-    else if (flag == "--threads") flags.threads = std::atoi(value);
-    else if (flag == "--batch") flags.batch = std::atoi(value);
-    else if (flag == "--prompt-tokens") flags.prompt_tokens = std::atoi(value);
-    else if (flag == "--decode-tokens") flags.decode_tokens = std::atoi(value);
-    else if (flag == "--repeats") flags.repeats = std::atoi(value);
-    else if (flag == "--budget-mib") flags.budget_mib = std::atoll(value);
-    else if (flag == "--context") flags.context = std::atoll(value);
-    else return false;
+    if (flag == "--model")
+      flags.model_path = value;
+    else if (flag == "--threads")
+      flags.threads = std::atoi(value);
+    else if (flag == "--batch")
+      flags.batch = std::atoi(value);
+    else if (flag == "--prompt-tokens")
+      flags.prompt_tokens = std::atoi(value);
+    else if (flag == "--decode-tokens")
+      flags.decode_tokens = std::atoi(value);
+    else if (flag == "--repeats")
+      flags.repeats = std::atoi(value);
+    else if (flag == "--budget-mib")
+      flags.budget_mib = std::atoll(value);
+    else if (flag == "--context")
+      flags.context = std::atoll(value);
+    else
+      return false;
   }
   return argc % 2 == 1 && flags.batch > 0 && flags.prompt_tokens > 0 && flags.decode_tokens > 1 &&
          flags.repeats > 0 && flags.budget_mib > 0 && flags.context > 0;
@@ -73,14 +82,14 @@ struct Capacity {
   int64_t allocated_bytes = 0;
 };
 
-Capacity MeasureCapacity(const loom::common::ModelConfig& config, KvDtype dtype, const Flags& flags) {
+Capacity MeasureCapacity(const loom::common::ModelConfig& config, KvDtype dtype,
+                         const Flags& flags) {
   constexpr int64_t kBlockSize = 16;
-  auto block = loom::model::ShardKvBlock(config, 0, 1, kBlockSize,
-                                         loom::kernels::cpu::KvElementBytes(dtype),
-                                         loom::kernels::cpu::KvDtypeName(dtype),
-                                         loom::kernels::cpu::KvScaleBytes(dtype));
-  auto blocks = block.ok() ? loom::model::KvBlocksFromBudget(flags.budget_mib << 20, *block)
-                           : block.status();
+  auto block = loom::model::ShardKvBlock(
+      config, 0, 1, kBlockSize, loom::kernels::cpu::KvElementBytes(dtype),
+      loom::kernels::cpu::KvDtypeName(dtype), loom::kernels::cpu::KvScaleBytes(dtype));
+  auto blocks =
+      block.ok() ? loom::model::KvBlocksFromBudget(flags.budget_mib << 20, *block) : block.status();
   if (!blocks.ok()) {
     std::fprintf(stderr, "%s\n", blocks.status().ToString().c_str());
     std::exit(1);
@@ -127,7 +136,8 @@ double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokeni
     std::vector<loom::cli::EngineRequest> requests;
     for (int i = 0; i < flags.batch; ++i) {
       loom::cli::EngineRequest request;
-      request.prompt_ids = Prompt(flags.prompt_tokens, engine.config().vocab_size, 1 + i + 1000 * r);
+      request.prompt_ids =
+          Prompt(flags.prompt_tokens, engine.config().vocab_size, 1 + i + 1000 * r);
       request.sampling.temperature = 0.0f;
       request.max_tokens = flags.decode_tokens;
       request.ignore_eos = true;

@@ -110,8 +110,8 @@ int RunGenerateCommand(int argc, char** argv) {
       options.request.max_tokens > 0
           ? static_cast<int64_t>(options.request.prompt_ids.size()) + options.request.max_tokens
           : config->context_length;
-  options.forward_pass.num_kv_blocks =
-      std::max<int64_t>(1, (needed + options.forward_pass.block_size - 1) / options.forward_pass.block_size);
+  options.forward_pass.num_kv_blocks = std::max<int64_t>(
+      1, (needed + options.forward_pass.block_size - 1) / options.forward_pass.block_size);
   options.forward_pass.device = *device;
   options.forward_pass.cuda_graphs = options.cuda_graphs;
   std::string load_log;

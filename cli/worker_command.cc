@@ -230,8 +230,8 @@ absl::StatusOr<std::unique_ptr<model::Communicator>> JoinRanks(const WorkerOptio
 // The CPU forward pass's options from the worker's flags (threads, KV pool, activations): the
 // target model's (which adds tensor parallelism) and the draft model's alike.
 CpuForwardPassOptions CpuForwardPassOptionsOf(const WorkerOptions& options, int64_t num_blocks,
-                                       std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
-                                       StepProgress* progress) {
+                                              std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
+                                              StepProgress* progress) {
   CpuForwardPassOptions pass_options;
   pass_options.num_threads = options.num_threads;
   pass_options.num_kv_blocks = num_blocks;
@@ -318,9 +318,9 @@ absl::StatusOr<DraftModel> LoadDraft(const WorkerOptions& options, const ServedM
                                      StepProgress* progress) {
   LOOM_ASSIGN_OR_RETURN(
       DraftModel draft,
-      LoadDraftModel(options.draft_model_path, *target.gguf, options.model_path,
-                     target.config.vocab_size,
-                     CpuForwardPassOptionsOf(options, num_blocks, std::move(thread_pool), progress)));
+      LoadDraftModel(
+          options.draft_model_path, *target.gguf, options.model_path, target.config.vocab_size,
+          CpuForwardPassOptionsOf(options, num_blocks, std::move(thread_pool), progress)));
   std::fprintf(stderr,
                "loom-worker: draft model %s (%s, %lld layers, hidden %lld) from %s, KV pool "
                "%lld blocks (%.1f MiB)\n",
@@ -478,7 +478,8 @@ int RunWorkerCommand(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
       options, *placement, *served, pool->num_blocks, communicator->get(), thread_pool, &progress);
   if (!backend.ok()) return Fail(backend.status());
-  const int64_t num_blocks = (*backend)->num_kv_blocks();  // the CUDA forward pass may have sized it
+  const int64_t num_blocks =
+      (*backend)->num_kv_blocks();  // the CUDA forward pass may have sized it
   if (absl::Status fits = CheckPoolHoldsMaxModelLen(options, num_blocks); !fits.ok()) {
     return Fail(fits);
   }

@@ -137,7 +137,7 @@ CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
   app.add_option_function<std::string>(
          "--kv-cache-dtype",
          [&kv_dtype](const std::string& text) {
-           kv_dtype = text == "int8"                          ? KvDtype::kInt8
+           kv_dtype = text == "int8"                        ? KvDtype::kInt8
                       : text == "fp8" || text == "fp8_e4m3" ? KvDtype::kFp8E4m3
                                                             : KvDtype::kF16;
          },

@@ -75,8 +75,9 @@ struct WorkerOptions {
 std::vector<std::string> AddWorkerFlags(CLI::App& app, WorkerOptions& options,
                                         const std::set<std::string>& skip = {});
 
-/// `--kv-dtype f16|f32|int8|fp8_e4m3` (with vLLM's `--kv-cache-dtype` beside it) and `--activations f32|int8`, one declaration each for every
-/// command that runs the engine (loom-worker, loom generate, loom perplexity).
+/// `--kv-dtype f16|f32|int8|fp8_e4m3` (with vLLM's `--kv-cache-dtype` beside it) and `--activations
+/// f32|int8`, one declaration each for every command that runs the engine (loom-worker, loom
+/// generate, loom perplexity).
 CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype);
 CLI::Option* AddActivationsFlag(CLI::App& app, kernels::cpu::ActivationPrecision& activations);
 

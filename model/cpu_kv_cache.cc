@@ -54,8 +54,8 @@ kernels::cpu::KvLayerView CpuKvCache::layer(int64_t index) const {
 int64_t CpuKvCache::bytes() const {
   int64_t total = 0;
   for (size_t l = 0; l < k_.size(); ++l) {
-    total += k_[l].size() + v_[l].size() +
-             sizeof(uint16_t) * (k_scale_[l].size() + v_scale_[l].size());
+    total +=
+        k_[l].size() + v_[l].size() + sizeof(uint16_t) * (k_scale_[l].size() + v_scale_[l].size());
   }
   return total;
 }

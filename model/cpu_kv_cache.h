@@ -19,8 +19,7 @@ class CpuKvCache : public KvCache {
  public:
   /// Pool sized by block count. InvalidArgument for non-positive sizes.
   static absl::StatusOr<std::unique_ptr<CpuKvCache>> Create(const common::ModelConfig& config,
-                                                            int64_t num_blocks,
-                                                            int64_t block_size,
+                                                            int64_t num_blocks, int64_t block_size,
                                                             kernels::cpu::KvDtype dtype);
 
   /// Layer `index`'s K and V as the CPU kernels take them.

@@ -35,9 +35,9 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
   if (options.progress != nullptr) {
     graph_options.on_half_layer = [progress = options.progress] { progress->Advance(); };
   }
-  LOOM_ASSIGN_OR_RETURN(forward_pass->graph_, model::LlamaGraph::Create(std::move(weights),
-                                                                  std::move(device),
-                                                                  graph_options));
+  LOOM_ASSIGN_OR_RETURN(
+      forward_pass->graph_,
+      model::LlamaGraph::Create(std::move(weights), std::move(device), graph_options));
   return forward_pass;
 }
 

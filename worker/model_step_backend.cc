@@ -175,8 +175,8 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
         static_cast<int32_t>(device_rows_.penalty_tokens.size()));
   }
   const auto start = std::chrono::steady_clock::now();
-  LOOM_RETURN_IF_ERROR(forward_pass_->StepAndSample(batch, device_rows_, device_tokens_,
-                                              device_logprobs_));
+  LOOM_RETURN_IF_ERROR(
+      forward_pass_->StepAndSample(batch, device_rows_, device_tokens_, device_logprobs_));
   timings.execute_seconds = SecondsSince(start);
   if (device_tokens_.size() != rows.size() || device_logprobs_.size() != rows.size()) {
     return absl::InternalError(absl::StrFormat("the device sampled %d tokens for %d rows",

@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
   pass_options.communicator = options.communicator;
   pass_options.thread_pool = options.thread_pool;
   pass_options.progress = options.progress;
-  absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass = CpuForwardPass::Create(gguf, pass_options);
+  absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass =
+      CpuForwardPass::Create(gguf, pass_options);
   if (!forward_pass.ok()) return forward_pass.status();
   if (load_log != nullptr) *load_log = (*forward_pass)->weights().load_log;
   return std::make_unique<ModelStepBackend>(*std::move(forward_pass), "cpu");

@@ -48,7 +48,6 @@ uint16_t KvRowScale(KvDtype dtype, float amax) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-
 const char* KvDtypeName(KvDtype dtype) {
   switch (dtype) {
     case KvDtype::kF16:
@@ -73,7 +72,7 @@ uint8_t FloatToFp8E4m3(float value) {
   std::memcpy(&bits, &value, sizeof(bits));
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7f;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7f;   // NaN
   if (abs >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and infinity) saturates
   if (abs < 0x3c800000u) {  // below 2^-6: subnormal steps of 2^-9 (8 x 2^-9 is the smallest normal)
     float a;

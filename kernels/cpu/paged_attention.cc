@@ -285,8 +285,7 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
             RotateRows(rotated, 1, d);
             x = rotated;
           }
-          quantize(cache.dtype, x, d, static_cast<uint8_t*>(codes) + offset + h * d,
-                   scale + head);
+          quantize(cache.dtype, x, d, static_cast<uint8_t*>(codes) + offset + h * d, scale + head);
         }
       }
     } else if (cache.dtype == KvDtype::kF32) {
@@ -456,7 +455,8 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
         double max_score = -std::numeric_limits<double>::infinity();
         for (int64_t pos = 0; pos < len; ++pos) {
           double dot = 0.0;
-          for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * LoadK(c, bases[pos] + i);
+          for (int64_t i = 0; i < d; ++i)
+            dot += static_cast<double>(q[i]) * LoadK(c, bases[pos] + i);
           scores[pos] = dot * p.scale;
           max_score = std::max(max_score, scores[pos]);
         }

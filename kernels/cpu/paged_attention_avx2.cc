@@ -28,7 +28,8 @@ inline __m256 Int8ToFloat8(const void* p) {
 // sign in bit 15 (bit 14, a copy of the sign, is cleared), exact F16 for every code but NaN.
 inline __m256 Fp8ToFloat8(const void* p) {
   const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
-  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xbfff))));
+  return _mm256_cvtph_ps(
+      _mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(static_cast<short>(0xbfff))));
 }
 
 // Elements [index, index + 8) of a K or V pool as float (8-bit codes unscaled).
@@ -77,12 +78,14 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         __m256 dot0 = _mm256_setzero_ps(), dot1 = _mm256_setzero_ps();
         int64_t v = 0;
         for (; v + 2 <= vecs; v += 2) {
-          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kDtype>(cache.k, base + v * 8), dot0);
+          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kDtype>(cache.k, base + v * 8),
+                                 dot0);
           dot1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8 + 8),
                                  Load8<kDtype>(cache.k, base + v * 8 + 8), dot1);
         }
         if (v < vecs) {
-          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kDtype>(cache.k, base + v * 8), dot0);
+          dot0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * 8), Load8<kDtype>(cache.k, base + v * 8),
+                                 dot0);
         }
         float score_scale = scale;
         if constexpr (kQuantized) {
@@ -105,8 +108,9 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         const __m256 weight8 = _mm256_set1_ps(
             kQuantized ? weight * (decode * Bf16ToFloat(cache.v_scale[base / d])) : weight);
         for (int64_t v = 0; v < vecs; ++v) {
-          _mm256_store_ps(acc + v * 8, _mm256_fmadd_ps(weight8, Load8<kDtype>(cache.v, base + v * 8),
-                                                       _mm256_load_ps(acc + v * 8)));
+          _mm256_store_ps(acc + v * 8,
+                          _mm256_fmadd_ps(weight8, Load8<kDtype>(cache.v, base + v * 8),
+                                          _mm256_load_ps(acc + v * 8)));
         }
       }
       running_max = new_max;
@@ -269,7 +273,7 @@ void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, ui
       q = _mm256_and_ps(q, _mm256_cmp_ps(q, q, _CMP_ORD_Q));  // NaN -> 0
       q = _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
       code = _mm256_cvtps_epi32(q);  // to nearest even, as RoundToInt
-    } else {  // FloatToFp8E4m3, lane by lane
+    } else {                         // FloatToFp8E4m3, lane by lane
       const __m256i bits = _mm256_castps_si256(q);
       const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
       const __m256i abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
@@ -278,10 +282,11 @@ void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, ui
       const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), abs);
       const __m256i subnormal =
           _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_set1_ps(512.0f)));
-      const __m256i rounded = _mm256_add_epi32(
-          _mm256_add_epi32(abs, _mm256_set1_epi32(0x7ffff)),
-          _mm256_and_si256(_mm256_srli_epi32(abs, 20), _mm256_set1_epi32(1)));
-      __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, 20), _mm256_set1_epi32(120 << 3));
+      const __m256i rounded =
+          _mm256_add_epi32(_mm256_add_epi32(abs, _mm256_set1_epi32(0x7ffff)),
+                           _mm256_and_si256(_mm256_srli_epi32(abs, 20), _mm256_set1_epi32(1)));
+      __m256i normal =
+          _mm256_sub_epi32(_mm256_srli_epi32(rounded, 20), _mm256_set1_epi32(120 << 3));
       normal = _mm256_min_epi32(normal, _mm256_set1_epi32(0x7e));
       code = _mm256_blendv_epi8(normal, subnormal, small);
       code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7e), big);
@@ -289,9 +294,10 @@ void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, ui
       code = _mm256_or_si256(code, sign);
     }
     // 8 x int32 in [-127, 255] to 8 bytes (int8 codes two's complement, E4M3 codes as is).
-    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-    const __m128i bytes = dtype == KvDtype::kInt8 ? _mm_packs_epi16(words, words)
-                                                  : _mm_packus_epi16(words, words);
+    const __m128i words =
+        _mm_packs_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    const __m128i bytes =
+        dtype == KvDtype::kInt8 ? _mm_packs_epi16(words, words) : _mm_packus_epi16(words, words);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), bytes);
   }
 }

@@ -125,11 +125,11 @@ void AccumulateHeads(int64_t num_heads, const void* v_cache, const int64_t* rows
   if constexpr (kMaxHeads > 1) {
     if (num_heads < kMaxHeads) {
       return AccumulateHeads<kDtype, kVecs, kMaxHeads - 1>(num_heads, v_cache, rows, count, tail,
-                                                          weights, correction, acc, acc_stride);
+                                                           weights, correction, acc, acc_stride);
     }
   }
   AccumulateTile<kDtype, kVecs, kMaxHeads>(v_cache, rows, count, tail, weights, correction, acc,
-                                          acc_stride);
+                                           acc_stride);
 }
 
 // The same for any head dim and head count, accumulators in memory: each V row is
@@ -268,7 +268,8 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
           }
         } else {
           for (int64_t v = 0; v < shape.num_vecs; ++v) {
-            _mm512_store_ps(k_row + v * 16, LoadRow<kDtype>(cache.k, row + v * 16, shape.MaskOf(v)));
+            _mm512_store_ps(k_row + v * 16,
+                            LoadRow<kDtype>(cache.k, row + v * 16, shape.MaskOf(v)));
           }
           for (int64_t qv = qv0; qv < num_q; ++qv) {
             __m512 dot = _mm512_setzero_ps();
@@ -285,9 +286,9 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       for (int64_t qv = qv0; qv < num_q; ++qv) {
         for (int64_t j = n; j < 16; ++j) dots[qv][j] = _mm512_setzero_ps();
         const __m512 score_scale =
-            kQuantized<kDtype> ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1),
-                                                       k_scales + half * 16)
-                               : _mm512_set1_ps(scale);
+            kQuantized<kDtype>
+                ? _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), k_scales + half * 16)
+                : _mm512_set1_ps(scale);
         scores[qv][half] = _mm512_mul_ps(TransposeSum16(dots[qv]), score_scale);
       }
     }
@@ -315,8 +316,9 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
             _mm512_maskz_mov_ps(valid[half], Exp512(_mm512_sub_ps(scores[qv][half], max)));
         total = _mm512_add_ps(total, w);
         if constexpr (kQuantized<kDtype>) {
-          _mm512_store_ps(weights[qv] + half * 16,
-                          _mm512_mul_ps(w, _mm512_maskz_loadu_ps(valid[half], v_scales + half * 16)));
+          _mm512_store_ps(
+              weights[qv] + half * 16,
+              _mm512_mul_ps(w, _mm512_maskz_loadu_ps(valid[half], v_scales + half * 16)));
         } else {
           _mm512_store_ps(weights[qv] + half * 16, w);
         }
@@ -335,12 +337,12 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         constexpr int kTile = kVecs <= 4 ? 4 : kVecs <= 6 ? 3 : 2;
         for (int64_t q0 = qv; q0 < end; q0 += kTile) {
           AccumulateHeads<kDtype, kVecs, kTile>(std::min<int64_t>(kTile, end - q0), cache.v, rows,
-                                               own, shape.tail, weights + q0, correction + q0,
-                                               acc + q0 * acc_stride, acc_stride);
+                                                own, shape.tail, weights + q0, correction + q0,
+                                                acc + q0 * acc_stride, acc_stride);
         }
       } else {
         AccumulateAny<kDtype>(cache.v, rows, own, shape, end - qv, weights + qv, correction + qv,
-                             acc + qv * acc_stride, acc_stride, k_row);
+                              acc + qv * acc_stride, acc_stride, k_row);
       }
       qv = end;
     }
@@ -436,7 +438,8 @@ struct Avx512Vectors {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static Vec LoadInt8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static Vec LoadFp8(const uint8_t* p) {
     return Fp8ToFloat16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

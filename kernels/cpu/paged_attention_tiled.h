@@ -60,9 +60,10 @@ struct Scratch {
 };
 
 /// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
-/// LoadHalf (F16 to float), LoadInt8, LoadFp8 (8-bit codes to float, see KvDecodeFactor), Store, Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and
-/// MaskBelow(x, limit, position, fill): lanes whose limit <= position take fill.
-/// kQkVecs x kQkPositions accumulators for S, kPvQueries x kPvVecs for O.
+/// LoadHalf (F16 to float), LoadInt8, LoadFp8 (8-bit codes to float, see KvDecodeFactor), Store,
+/// Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and MaskBelow(x, limit, position,
+/// fill): lanes whose limit <= position take fill. kQkVecs x kQkPositions accumulators for S,
+/// kPvQueries x kPvVecs for O.
 template <class V, KvDtype kDtype>
 class TileKernel {
  public:
@@ -278,7 +279,8 @@ class TileKernel {
       const auto limit = V::LoadLimit(s.limit.data() + lane0);
       Vec tile_max = minus_inf;
       for (int64_t j = 0; j < n; ++j) {
-        Vec x = V::Mul(V::Load(s.p.data() + j * qs + lane0), kQuantized ? V::Set1(s.ks[j]) : scale_v);
+        Vec x =
+            V::Mul(V::Load(s.p.data() + j * qs + lane0), kQuantized ? V::Set1(s.ks[j]) : scale_v);
         if constexpr (kMasked) x = V::MaskBelow(x, limit, kv0 + j, minus_inf);
         V::Store(s.p.data() + j * qs + lane0, x);
         tile_max = V::Max(tile_max, x);

@@ -136,8 +136,8 @@ TEST_F(KvCacheDtypeAccuracyTest, PerplexityAndKlDivergenceStayWithinTheBars) {
   const std::vector<int32_t> tokens = tokenizer_->Encode(*text_, false, false);
   ASSERT_GE(static_cast<int64_t>(tokens.size()), kWindow * kWindows);
   auto f16 = NewForwardPass(KvDtype::kF16, kWindow / kBlockSize);
-  for (const auto& [dtype, max_ratio] :
-       std::vector<std::pair<KvDtype, double>>{{KvDtype::kInt8, 1.005}, {KvDtype::kFp8E4m3, 1.01}}) {
+  for (const auto& [dtype, max_ratio] : std::vector<std::pair<KvDtype, double>>{
+           {KvDtype::kInt8, 1.005}, {KvDtype::kFp8E4m3, 1.01}}) {
     auto quantized = NewForwardPass(dtype, kWindow / kBlockSize);
     double nll_f16 = 0, nll_q = 0, kl = 0;
     int64_t scored = 0;
@@ -172,7 +172,8 @@ TEST_F(KvCacheDtypeAccuracyTest, GreedyDecodingAgreesWithF16) {
   // 50 prompts: README lines of some length, each its own request.
   std::vector<std::vector<int32_t>> prompts;
   std::istringstream lines(*readme_);
-  for (std::string line; std::getline(lines, line) && static_cast<int>(prompts.size()) < kPrompts;) {
+  for (std::string line;
+       std::getline(lines, line) && static_cast<int>(prompts.size()) < kPrompts;) {
     if (line.size() < 60) continue;
     prompts.push_back(tokenizer_->Encode(line, false, false));
   }

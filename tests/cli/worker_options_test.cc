@@ -6,9 +6,9 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cuda_device.h"
 #include "cli/generate_command.h"
 #include "cli/worker_command.h"
+#include "kernels/cuda_device.h"
 
 namespace loom::cli {
 namespace {

@@ -27,8 +27,7 @@ namespace {
 constexpr double kTol = 2e-5;
 
 // Every KV element type the kernels take.
-constexpr KvDtype kAllDtypes[] = {KvDtype::kF16, KvDtype::kF32, KvDtype::kInt8,
-                                  KvDtype::kFp8E4m3};
+constexpr KvDtype kAllDtypes[] = {KvDtype::kF16, KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3};
 
 // A K/V pool of `dtype` (with its scales for the 8-bit types) and its view.
 struct TestPool {
@@ -44,8 +43,15 @@ struct TestPool {
       k_scale.assign(heads, 0);
       v_scale.assign(heads, 0);
     }
-    view = {k.data(), v.data(), dtype, num_blocks, block_size, kv_heads, head_dim,
-            k_scale.empty() ? nullptr : k_scale.data(), v_scale.empty() ? nullptr : v_scale.data()};
+    view = {k.data(),
+            v.data(),
+            dtype,
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim,
+            k_scale.empty() ? nullptr : k_scale.data(),
+            v_scale.empty() ? nullptr : v_scale.data()};
   }
 };
 
@@ -165,11 +171,11 @@ class PagedAttentionTest : public testing::TestWithParam<bool> {  // param: SIMD
 };
 
 void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
-  SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(c.dtype) << " block " << c.block_size << " kv_heads " << c.num_kv_heads
-                                  << " group " << c.group << " head_dim " << c.head_dim
-                                  << " seqs " << c.seqs.size() << " slice_heads "
-                                  << c.slice_heads << " head0 " << c.head0 << " threads "
-                                  << num_threads);
+  SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(c.dtype) << " block " << c.block_size
+                                  << " kv_heads " << c.num_kv_heads << " group " << c.group
+                                  << " head_dim " << c.head_dim << " seqs " << c.seqs.size()
+                                  << " slice_heads " << c.slice_heads << " head0 " << c.head0
+                                  << " threads " << num_threads);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t d = c.head_dim, kv_row = c.num_kv_heads * d;
@@ -342,20 +348,20 @@ TEST_P(PagedAttentionTest, MatchesReferenceForTensorParallelSlices) {
 TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
   uint32_t seed = 400;
   for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
-  for (KvDtype dtype : kAllDtypes) {
-    internal::SetTileModeForTesting(mode);
-    for (int64_t block_size : {16, 32}) {
-      // The 8-bit types at one block size (the reference's time; block edges are the same code).
-      if (IsQuantizedKv(dtype) && block_size == 16) continue;
-      // SmolLM2-135M's shape: 9 heads on 3 KV heads, head dim 64.
-      RunCase({dtype, block_size, 3, 3, 64, {{400, 400}, {1, 1}, {3000, 21}, {77, 3}}}, ++seed);
-      // Llama-3-8B's group of 8, head dim 128: a chunk at the end of a long context.
-      RunCase({dtype, block_size, 1, 8, 128, {{2999, 20}, {40, 1}, {129, 129}}}, ++seed);
-      // MQA (6 heads on one KV head), odd head dims, and every tile remainder.
-      RunCase({dtype, block_size, 1, 6, 80, {{300, 300}, {1000, 5}, {4, 4}}}, ++seed);
-      RunCase({dtype, block_size, 2, 1, 40, {{257, 257}, {1500, 33}, {9, 1}}}, ++seed);
+    for (KvDtype dtype : kAllDtypes) {
+      internal::SetTileModeForTesting(mode);
+      for (int64_t block_size : {16, 32}) {
+        // The 8-bit types at one block size (the reference's time; block edges are the same code).
+        if (IsQuantizedKv(dtype) && block_size == 16) continue;
+        // SmolLM2-135M's shape: 9 heads on 3 KV heads, head dim 64.
+        RunCase({dtype, block_size, 3, 3, 64, {{400, 400}, {1, 1}, {3000, 21}, {77, 3}}}, ++seed);
+        // Llama-3-8B's group of 8, head dim 128: a chunk at the end of a long context.
+        RunCase({dtype, block_size, 1, 8, 128, {{2999, 20}, {40, 1}, {129, 129}}}, ++seed);
+        // MQA (6 heads on one KV head), odd head dims, and every tile remainder.
+        RunCase({dtype, block_size, 1, 6, 80, {{300, 300}, {1000, 5}, {4, 4}}}, ++seed);
+        RunCase({dtype, block_size, 2, 1, 40, {{257, 257}, {1500, 33}, {9, 1}}}, ++seed);
+      }
     }
-  }
 }
 
 // A token's result does not depend on the batch around its sequence, on how its prompt
@@ -365,61 +371,62 @@ TEST_P(PagedAttentionTest, MatchesReferenceForLongPrefillsAndChunks) {
 // Under the default TileMode and with tiles forced on (AVX-512's tiles included).
 TEST_P(PagedAttentionTest, PrefillIsBatchChunkAndThreadInvariant) {
   for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn})
-  for (KvDtype dtype : kAllDtypes) {
-    for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
-      SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(dtype)
-                                      << " kv_heads " << kv_heads << " group " << group
-                                      << " head_dim " << head_dim << " tiles forced "
-                                      << (mode == internal::TileMode::kOn));
-      internal::SetTileModeForTesting(mode);
-      StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 11);
-      const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
-      // In a batch with a decode and another prefill, on 1 and 3 threads.
-      for (int threads : {1, 3}) {
-        const auto batch = harness.Run({{1, 89, 90}, {0, 0, 320}, {2, 0, 300}}, threads);
-        EXPECT_EQ(batch[1], alone) << threads << " threads";
+    for (KvDtype dtype : kAllDtypes) {
+      for (const auto& [kv_heads, group, head_dim] :
+           std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
+        SCOPED_TRACE(testing::Message()
+                     << "dtype " << KvDtypeName(dtype) << " kv_heads " << kv_heads << " group "
+                     << group << " head_dim " << head_dim << " tiles forced "
+                     << (mode == internal::TileMode::kOn));
+        internal::SetTileModeForTesting(mode);
+        StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90, 300}, 11);
+        const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
+        // In a batch with a decode and another prefill, on 1 and 3 threads.
+        for (int threads : {1, 3}) {
+          const auto batch = harness.Run({{1, 89, 90}, {0, 0, 320}, {2, 0, 300}}, threads);
+          EXPECT_EQ(batch[1], alone) << threads << " threads";
+        }
+        // Chunked: 18 + 106 + 65 + 131 tokens, and 33 + 287 beside a decode.
+        std::vector<float> chunked;
+        for (const auto& [begin, end] :
+             std::vector<std::pair<int32_t, int32_t>>{{0, 18}, {18, 124}, {124, 189}, {189, 320}}) {
+          const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
+          chunked.insert(chunked.end(), piece.begin(), piece.end());
+        }
+        EXPECT_EQ(chunked, alone);
+        std::vector<float> other = harness.Run({{0, 0, 33}}, 2)[0];
+        const auto rest = harness.Run({{1, 89, 90}, {0, 33, 320}}, 2)[1];
+        other.insert(other.end(), rest.begin(), rest.end());
+        EXPECT_EQ(other, alone);
+        // Pieces of 1, 2 and 3 tokens (decode-sized steps) among longer ones.
+        std::vector<float> short_pieces;
+        for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
+                 {0, 1}, {1, 3}, {3, 6}, {6, 318}, {318, 319}, {319, 320}}) {
+          const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
+          short_pieces.insert(short_pieces.end(), piece.begin(), piece.end());
+        }
+        EXPECT_EQ(short_pieces, alone);
+        // A verify step of 1 + kMaxSpeculativeTokens tokens against decoding them one by one.
+        const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
+        const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
+        std::vector<float> decoded;
+        for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
+          const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
+          decoded.insert(decoded.end(), one.begin(), one.end());
+        }
+        EXPECT_EQ(verify, decoded);
+        // The tiles did run: with the tiles off, the per-token kernel rounds differently.
+        const bool tiles_expected =
+            GetParam() && (internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)
+                               ? mode == internal::TileMode::kOn && head_dim % 16 == 0
+                               : internal::IsaSupported(internal::MatmulIsaChoice::kAvx2));
+        internal::SetTileModeForTesting(internal::TileMode::kOff);
+        const std::vector<float> per_token = harness.Run({{0, 0, 320}}, 2)[0];
+        internal::SetTileModeForTesting(mode);
+        EXPECT_EQ(per_token != alone, tiles_expected);
       }
-      // Chunked: 18 + 106 + 65 + 131 tokens, and 33 + 287 beside a decode.
-      std::vector<float> chunked;
-      for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-               {0, 18}, {18, 124}, {124, 189}, {189, 320}}) {
-        const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
-        chunked.insert(chunked.end(), piece.begin(), piece.end());
-      }
-      EXPECT_EQ(chunked, alone);
-      std::vector<float> other = harness.Run({{0, 0, 33}}, 2)[0];
-      const auto rest = harness.Run({{1, 89, 90}, {0, 33, 320}}, 2)[1];
-      other.insert(other.end(), rest.begin(), rest.end());
-      EXPECT_EQ(other, alone);
-      // Pieces of 1, 2 and 3 tokens (decode-sized steps) among longer ones.
-      std::vector<float> short_pieces;
-      for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
-               {0, 1}, {1, 3}, {3, 6}, {6, 318}, {318, 319}, {319, 320}}) {
-        const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
-        short_pieces.insert(short_pieces.end(), piece.begin(), piece.end());
-      }
-      EXPECT_EQ(short_pieces, alone);
-      // A verify step of 1 + kMaxSpeculativeTokens tokens against decoding them one by one.
-      const int32_t verify_len = 1 + common::kMaxSpeculativeTokens;
-      const std::vector<float> verify = harness.Run({{0, 200, 200 + verify_len}}, 2)[0];
-      std::vector<float> decoded;
-      for (int32_t pos = 200; pos < 200 + verify_len; ++pos) {
-        const std::vector<float> one = harness.Run({{2, 299, 300}, {0, pos, pos + 1}}, 2)[1];
-        decoded.insert(decoded.end(), one.begin(), one.end());
-      }
-      EXPECT_EQ(verify, decoded);
-      // The tiles did run: with the tiles off, the per-token kernel rounds differently.
-      const bool tiles_expected =
-          GetParam() && (internal::IsaSupported(internal::MatmulIsaChoice::kAvx512)
-                             ? mode == internal::TileMode::kOn && head_dim % 16 == 0
-                             : internal::IsaSupported(internal::MatmulIsaChoice::kAvx2));
-      internal::SetTileModeForTesting(internal::TileMode::kOff);
-      const std::vector<float> per_token = harness.Run({{0, 0, 320}}, 2)[0];
-      internal::SetTileModeForTesting(mode);
-      EXPECT_EQ(per_token != alone, tiles_expected);
     }
-  }
 }
 
 // AVX-512's per-token kernel gives a task several consecutive tokens (TaskRows): each
@@ -430,9 +437,8 @@ TEST_P(PagedAttentionTest, MultiRowTasksGiveTheBitsOfOneRowTasks) {
   for (KvDtype dtype : kAllDtypes) {
     for (const auto& [kv_heads, group, head_dim] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {3, 3, 64}, {1, 8, 128}, {2, 1, 72}, {1, 2, 200}}) {
-      SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(dtype)
-                                      << " kv_heads " << kv_heads << " group " << group
-                                      << " head_dim " << head_dim);
+      SCOPED_TRACE(testing::Message() << "dtype " << KvDtypeName(dtype) << " kv_heads " << kv_heads
+                                      << " group " << group << " head_dim " << head_dim);
       StepHarness harness(dtype, 16, kv_heads, group, head_dim, {300, 90, 77}, 5);
       const std::vector<StepHarness::Item> step = {{0, 0, 300}, {1, 89, 90}, {2, 29, 77}};
       internal::SetMultiRowTasksForTesting(false);
@@ -609,7 +615,8 @@ TEST(WriteKvTest, SimdAndScalarPathsStoreTheSameCache) {
       } else {
         std::vector<uint8_t> codes(head_dim);
         uint16_t scale;
-        std::vector<float> x(v.begin() + t * row + (kv_heads - 1) * head_dim, v.begin() + (t + 1) * row);
+        std::vector<float> x(v.begin() + t * row + (kv_heads - 1) * head_dim,
+                             v.begin() + (t + 1) * row);
         if (RotatesKv(dtype, head_dim)) RotateKvRow(x.data(), head_dim);
         QuantizeKvRow(dtype, x.data(), head_dim, codes.data(), &scale);
         EXPECT_EQ(pools[0]->v[index], codes[head_dim - 1]);

@@ -75,7 +75,8 @@ TEST(CpuDeviceTest, KvPoolSizeIsTheSharedLayoutFact) {
             absl::StatusCode::kInvalidArgument);
   // The 8-bit types: codes and their scales, the bytes the budget counted, and views that
   // carry the scales.
-  for (kernels::cpu::KvDtype dtype : {kernels::cpu::KvDtype::kInt8, kernels::cpu::KvDtype::kFp8E4m3}) {
+  for (kernels::cpu::KvDtype dtype :
+       {kernels::cpu::KvDtype::kInt8, kernels::cpu::KvDtype::kFp8E4m3}) {
     absl::StatusOr<std::unique_ptr<CpuKvCache>> quantized = CpuKvCache::Create(config, 5, 8, dtype);
     ASSERT_TRUE(quantized.ok()) << quantized.status();
     EXPECT_EQ((*quantized)->bytes(), 5 * KvBytesPerBlock(config, 8, 1, 2));

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/quantize_command.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/gguf_writer.h"
 #include "common/tokenizer/tokenizer.h"
@@ -14,13 +15,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantize.h"
+#include "model/model_weights.h"
+#include "model/quantized_gguf.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/forward_pass_test_util.h"
-#include "worker/gloo_communicator.h"
 #include "worker/cpu_forward_pass.h"
-#include "model/model_weights.h"
-#include "cli/quantize_command.h"
-#include "model/quantized_gguf.h"
+#include "worker/gloo_communicator.h"
 
 namespace loom::quant {
 
@@ -335,7 +335,8 @@ TEST_P(QuantizedTensorParallelTest, TwoRanksMatchOne) {
         got[rank] = forward_pass.status();
         return;
       }
-      got[rank] = test_util::GreedyThroughEngine(*std::move(forward_pass), **tokenizer, prompt, kSteps);
+      got[rank] =
+          test_util::GreedyThroughEngine(*std::move(forward_pass), **tokenizer, prompt, kSteps);
     });
   }
   for (std::thread& thread : threads) thread.join();

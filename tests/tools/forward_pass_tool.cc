@@ -27,7 +27,7 @@ struct Tool {
   std::unique_ptr<loom::common::GgufFile> gguf;
   std::unique_ptr<loom::common::Tokenizer> tokenizer;
   std::unique_ptr<loom::worker::ModelStepBackend> backend;  // owns the forward pass
-  loom::worker::CpuForwardPass* forward_pass = nullptr;                // forward passes straight
+  loom::worker::CpuForwardPass* forward_pass = nullptr;     // forward passes straight
 
   int64_t vocab() const { return forward_pass->config().vocab_size; }
   int32_t block_size() const { return static_cast<int32_t>(forward_pass->block_size()); }

@@ -28,9 +28,9 @@
 #include "kernels/cuda_device.h"
 #include "tests/common/logit_tolerance.h"
 #include "tests/common/random_model.h"
-#include "tests/worker/nccl_test_support.h"
 #include "tests/common/tokenizer_test_util.h"
 #include "tests/worker/forward_pass_test_util.h"
+#include "tests/worker/nccl_test_support.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
 #include "worker/step_batch.h"
@@ -242,8 +242,8 @@ void RunAndFeedGreedy(const std::vector<ForwardPass*>& passes, const StepBatch& 
 // decodes), then decode steps of 4 and 5 sequences. Each sampled sequence gets the CPU's
 // greedy token, so every forward pass sees the same tokens. `steps_logits` collects every step's
 // logits of every forward pass (for the graphs on/off comparison).
-void RunScenario(const std::vector<ForwardPass*>& passes,
-                 std::vector<std::vector<int32_t>> prompts, Comparison& result,
+void RunScenario(const std::vector<ForwardPass*>& passes, std::vector<std::vector<int32_t>> prompts,
+                 Comparison& result,
                  std::vector<std::vector<std::vector<float>>>* steps_logits = nullptr) {
   ASSERT_GE(prompts.size(), 5u);
   StepDriver driver;
@@ -299,7 +299,7 @@ std::unique_ptr<CpuForwardPass> NewCpuForwardPass(const common::GgufFile& gguf) 
 }
 
 CudaForwardPassOptions GpuForwardPassOptions(bool graphs, bool quantized_weights = true,
-                                        kc::DataType dtype = kc::DataType::kF16) {
+                                             kc::DataType dtype = kc::DataType::kF16) {
   CudaForwardPassOptions options;
   options.num_kv_blocks = kNumBlocks;
   options.block_size = kBlockSize;
@@ -312,15 +312,16 @@ CudaForwardPassOptions GpuForwardPassOptions(bool graphs, bool quantized_weights
 }
 
 std::unique_ptr<CudaForwardPass> NewGpuForwardPass(const common::GgufFile& gguf,
-                                           const CudaForwardPassOptions& options) {
-  absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass = CudaForwardPass::Create(gguf, options);
+                                                   const CudaForwardPassOptions& options) {
+  absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
+      CudaForwardPass::Create(gguf, options);
   EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
   return forward_pass.ok() ? std::move(*forward_pass) : nullptr;
 }
 
 std::unique_ptr<CudaForwardPass> NewGpuForwardPass(const common::GgufFile& gguf, bool graphs,
-                                           bool quantized_weights = true,
-                                           kc::DataType dtype = kc::DataType::kF16) {
+                                                   bool quantized_weights = true,
+                                                   kc::DataType dtype = kc::DataType::kF16) {
   return NewGpuForwardPass(gguf, GpuForwardPassOptions(graphs, quantized_weights, dtype));
 }
 
@@ -368,8 +369,10 @@ TEST(CudaForwardPassTest, CreateFailsCleanlyWithoutADevice) {
   absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
       CudaForwardPass::Create(*gguf, CudaForwardPassOptions{});
   ASSERT_FALSE(forward_pass.ok());
-  EXPECT_EQ(forward_pass.status().code(), absl::StatusCode::kFailedPrecondition) << forward_pass.status();
-  EXPECT_NE(forward_pass.status().message().find("CUDA"), std::string::npos) << forward_pass.status();
+  EXPECT_EQ(forward_pass.status().code(), absl::StatusCode::kFailedPrecondition)
+      << forward_pass.status();
+  EXPECT_NE(forward_pass.status().message().find("CUDA"), std::string::npos)
+      << forward_pass.status();
 }
 
 TEST(CudaForwardPassTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
@@ -381,8 +384,8 @@ TEST(CudaForwardPassTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
             2 * 30 * 16 * 3 * 64 * 2);
 }
 
-// The CUDA forward pass's host-side step preparation, run on the CPU forward pass: every step expanded
-// to one-token sequences (how the decode kernel does prefill) and decode steps padded to
+// The CUDA forward pass's host-side step preparation, run on the CPU forward pass: every step
+// expanded to one-token sequences (how the decode kernel does prefill) and decode steps padded to
 // the next power of two with dummy sequences in a scratch block (how graphs are replayed),
 // exactly as CudaForwardPass::Step prepares them. Its logits must equal the plain CPU
 // forward pass's: this checks the preparation, and the GPU test's scenario, without a GPU.
@@ -526,7 +529,8 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
       driver.Add(batches[step], seqs[s], step == 0 ? prompts[s].size() : 1, true);
     }
   }
-  auto run_all = [&](ForwardPass& forward_pass, std::vector<std::vector<float>>& out) -> absl::Status {
+  auto run_all = [&](ForwardPass& forward_pass,
+                     std::vector<std::vector<float>>& out) -> absl::Status {
     for (const StepBatch& batch : batches) {
       LOOM_RETURN_IF_ERROR(forward_pass.Step(batch, out.emplace_back()));
     }
@@ -662,8 +666,8 @@ void ExpectGraphsAndEagerIdentical(const std::vector<std::vector<std::vector<flo
   }
 }
 
-// RunScenario on {cpu, graphs, eager} CUDA forward passes of `dtype`: both GPU forward passes against the
-// CPU at every step, and graphs against eager bit for bit.
+// RunScenario on {cpu, graphs, eager} CUDA forward passes of `dtype`: both GPU forward passes
+// against the CPU at every step, and graphs against eager bit for bit.
 void ExpectGraphsAndEagerMatch(const RandomModelSpec& spec, uint32_t prompt_seed,
                                kc::DataType dtype) {
   std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
@@ -920,8 +924,8 @@ TEST(CudaForwardPassTest, DecodeGraphBucketsOneTwoAndTheLargest) {
 }
 
 // BF16 activations and KV through decode graphs: captured and replayed steps give the eager
-// forward pass's bits, and both stay within BF16's limits of the CPU forward pass at every step (each
-// step feeds the CPU's greedy token to all forward passes, so their paths cannot diverge).
+// forward pass's bits, and both stay within BF16's limits of the CPU forward pass at every step
+// (each step feeds the CPU's greedy token to all forward passes, so their paths cannot diverge).
 TEST(CudaForwardPassTest, BfloatDecodeGraphsReplayTheEagerSteps) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   ExpectGraphsAndEagerMatch(Qwen2MqaSpec(), 6, kc::DataType::kBF16);

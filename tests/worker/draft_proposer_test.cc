@@ -21,7 +21,8 @@ using testing::TinyModelSpec;
 constexpr int64_t kNumBlocks = 16;
 constexpr int64_t kBlockSize = 4;  // small: drafts cross block boundaries
 
-std::unique_ptr<CpuForwardPass> NewForwardPass(const common::GgufFile& gguf, int64_t num_blocks = kNumBlocks) {
+std::unique_ptr<CpuForwardPass> NewForwardPass(const common::GgufFile& gguf,
+                                               int64_t num_blocks = kNumBlocks) {
   return test_util::MakeCpuForwardPass(gguf, num_blocks, kBlockSize);
 }
 
@@ -233,8 +234,8 @@ TEST(DraftProposerTest, CreateRefusesAnotherVocabularyOrPool) {
       DraftProposer::Create(NewForwardPass(*gguf), spec.vocab + 1, kNumBlocks, kBlockSize);
   EXPECT_EQ(wrong_vocab.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong_vocab.status().message().find("vocabulary"), std::string::npos);
-  absl::StatusOr<std::unique_ptr<DraftProposer>> wrong_pool =
-      DraftProposer::Create(NewForwardPass(*gguf, kNumBlocks / 2), spec.vocab, kNumBlocks, kBlockSize);
+  absl::StatusOr<std::unique_ptr<DraftProposer>> wrong_pool = DraftProposer::Create(
+      NewForwardPass(*gguf, kNumBlocks / 2), spec.vocab, kNumBlocks, kBlockSize);
   EXPECT_EQ(wrong_pool.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong_pool.status().message().find("block"), std::string::npos);
 }

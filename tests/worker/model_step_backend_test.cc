@@ -20,7 +20,8 @@ namespace {
 // forward pass's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
 class DeviceSamplingPass : public ForwardPass {
  public:
-  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> forward_pass) : forward_pass_(std::move(forward_pass)) {}
+  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> forward_pass)
+      : forward_pass_(std::move(forward_pass)) {}
   const common::ModelConfig& config() const override { return forward_pass_->config(); }
   int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
   int64_t block_size() const override { return forward_pass_->block_size(); }

@@ -167,7 +167,8 @@ TEST_P(TensorParallelRanksTest, MatchesOneRank) {
         return;
       }
       EXPECT_EQ((*forward_pass)->weights().shard.num_heads, kRanks == 3 ? 3 : 5 - rank);
-      got[rank] = test_util::GreedyThroughEngine(*std::move(forward_pass), *tokenizer_, prompt, kSteps);
+      got[rank] =
+          test_util::GreedyThroughEngine(*std::move(forward_pass), *tokenizer_, prompt, kSteps);
     });
   }
   for (std::thread& thread : threads) thread.join();
