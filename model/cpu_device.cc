@@ -251,6 +251,7 @@ absl::Status CpuDevice::PagedAttention(const KvCache& cache, int64_t layer, cons
   attention.head0 = spec.head0;
   attention.kv_head0 = spec.kv_head0;
   attention.scale = spec.scale;
+  attention.window = spec.window;
   return cpu::PagedAttention(attention, *pool_);
 }
 

@@ -193,6 +193,10 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
                                         const StepTensors& step, const AttentionSpec& spec,
                                         Tensor out) {
   if (step.num_seqs == 0 || step.num_tokens == 0) return absl::OkStatus();
+  if (spec.window > 0) {
+    return absl::UnimplementedError(
+        "CUDA attention: sliding-window layers are CPU-only for now (--device cpu)");
+  }
   const kc::KvCacheView view = AsCuda(cache).layer(layer);
   // A rank's cache holds its KV heads only; its query heads are their groups, in order.
   if (spec.num_heads != view.num_kv_heads * spec.group) {

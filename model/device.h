@@ -111,6 +111,7 @@ struct AttentionSpec {
   int64_t kv_head0 = 0;      // first local KV head's global index
   int64_t head_dim = 0;
   float scale = 1.0f;        // 1 / sqrt(head_dim)
+  int64_t window = 0;        // sliding window in tokens (ModelConfig::LayerWindow); 0: none
 };
 
 /// The operations the model graph (model/llama_graph.h) runs, on one device: memory,

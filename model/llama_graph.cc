@@ -237,6 +237,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
     }
     LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, rope));
     LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, l, k, v, step.slots));
+    attention.window = c.LayerWindow(l);
     LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, l, q, step, attention, attn_.view));
     LOOM_RETURN_IF_ERROR(
         d.Linear(attn_.view, *layer.attn_output, proj, {l, LinearInput::kAttnOutput}));

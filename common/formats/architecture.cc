@@ -10,19 +10,19 @@ constexpr std::array<ArchitectureRules, 4> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
-     .sliding_window_caps_context = false},
+     .sliding_window_every_layer = false},
     {.gguf_name = "mistral",
      .hf_class_name = "MistralForCausalLM",
      .gguf_rope_neox = false,
-     .sliding_window_caps_context = true},
+     .sliding_window_every_layer = true},
     {.gguf_name = "qwen2",
      .hf_class_name = "Qwen2ForCausalLM",
      .gguf_rope_neox = true,
-     .sliding_window_caps_context = false},
+     .sliding_window_every_layer = false},
     {.gguf_name = "qwen3",
      .hf_class_name = "Qwen3ForCausalLM",
      .gguf_rope_neox = true,
-     .sliding_window_caps_context = false},
+     .sliding_window_every_layer = false},
 }};
 
 }  // namespace

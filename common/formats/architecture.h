@@ -17,9 +17,10 @@ struct ArchitectureRules {
   // rather than (2i, 2i+1): false where the GGUF converter permutes the q/k rows
   // (llama, mistral). Hugging Face checkpoints are always rotate-half.
   bool gguf_rope_neox;
-  // config.json's `sliding_window` bounds the served context: within the window full
-  // attention gives the sliding-window result (Mistral v0.1's 4096 tokens).
-  bool sliding_window_caps_context;
+  // config.json's `sliding_window` applies to every layer (Mistral v0.1's 4096 tokens);
+  // otherwise only with `use_sliding_window`, from layer `max_window_layers` on (Qwen2), or
+  // where `layer_types` says "sliding_attention".
+  bool sliding_window_every_layer;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

@@ -41,6 +41,13 @@ class GgufMetadataBuilder {
     entries_.emplace_back(
         std::move(key), GgufValue(GgufValueType::kArray, std::move(array), GgufValueType::kInt32));
   }
+  void BoolArray(std::string key, const std::vector<bool>& values) {
+    GgufValue::Array array;
+    array.reserve(values.size());
+    for (bool value : values) array.emplace_back(GgufValueType::kBool, value);
+    entries_.emplace_back(std::move(key),
+                          GgufValue(GgufValueType::kArray, std::move(array), GgufValueType::kBool));
+  }
   void FloatArray(std::string key, const std::vector<float>& values) {
     GgufValue::Array array;
     array.reserve(values.size());

@@ -183,12 +183,47 @@ absl::Status CheckSupportedFeatures(const Fields& fields) {
   }
   LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");
-  LOOM_ASSIGN_OR_RETURN(bool use_sliding_window, fields.Bool("use_sliding_window", false));
-  if (use_sliding_window) {
-    return absl::UnimplementedError(
-        "config.json: use_sliding_window true is not supported (Loom attends to the whole "
-        "context)");
+  return absl::OkStatus();
+}
+
+// Sliding windows as <arch>.attention.sliding_window and a bool per layer in
+// <arch>.attention.sliding_window_pattern (what llama.cpp reads): every layer for Mistral;
+// for the others the layers `layer_types` calls "sliding_attention", else with
+// `use_sliding_window` those from `max_window_layers` on (transformers' Qwen2 rule).
+absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
+                                 const ArchitectureRules& rules, int64_t layers,
+                                 GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(int64_t window, fields.Int("sliding_window", 0));
+  if (window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: sliding_window ", window, " must be positive or null"));
   }
+  std::vector<bool> local(static_cast<size_t>(layers),
+                          rules.sliding_window_every_layer && window > 0);
+  if (auto types = config.find("layer_types"); types != config.end() && types->is_array()) {
+    if (static_cast<int64_t>(types->size()) != layers) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types->size(),
+                                                     " entries for ", layers, " layers"));
+    }
+    for (size_t l = 0; l < types->size(); ++l) {
+      local[l] = (*types)[l].is_string() && (*types)[l].get<std::string>() == "sliding_attention";
+    }
+  } else if (!rules.sliding_window_every_layer) {
+    LOOM_ASSIGN_OR_RETURN(bool use_sliding_window, fields.Bool("use_sliding_window", false));
+    LOOM_ASSIGN_OR_RETURN(int64_t first, fields.Int("max_window_layers", layers));
+    for (int64_t l = 0; l < layers; ++l)
+      local[static_cast<size_t>(l)] = use_sliding_window && l >= first;
+  }
+  if (window == 0 || std::find(local.begin(), local.end(), true) == local.end()) {
+    if (std::find(local.begin(), local.end(), true) != local.end()) {
+      return absl::InvalidArgumentError(
+          "config.json: sliding-window layers without a sliding_window size");
+    }
+    return absl::OkStatus();
+  }
+  const std::string arch(rules.gguf_name);
+  metadata.Int(arch + ".attention.sliding_window", window);
+  metadata.BoolArray(arch + ".attention.sliding_window_pattern", local);
   return absl::OkStatus();
 }
 
@@ -201,12 +236,6 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
   LOOM_ASSIGN_OR_RETURN(int64_t kv_heads, fields.Int("num_key_value_heads", heads));
   LOOM_ASSIGN_OR_RETURN(int64_t context, fields.Int("max_position_embeddings", std::nullopt));
   const int64_t max_position_embeddings = context;
-  // Serve a sliding-window model only as far as its window, where full attention gives the
-  // same result.
-  if (rules.sliding_window_caps_context && fields.Has("sliding_window")) {
-    LOOM_ASSIGN_OR_RETURN(int64_t window, fields.Int("sliding_window", 0));
-    if (window > 0) context = std::min(context, window);
-  }
   metadata.Int(arch + ".context_length", context);
   metadata.Int(arch + ".embedding_length", hidden);
   LOOM_ASSIGN_OR_RETURN(int64_t ffn, fields.Int("intermediate_size", std::nullopt));
@@ -251,6 +280,8 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
   if (!name.empty()) metadata.String("general.name", name);
   LOOM_RETURN_IF_ERROR(HyperParametersToGguf(config, fields, *rules, metadata));
+  LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
+  LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2).

@@ -333,6 +333,38 @@ absl::Status ReadVocabulary(const ConfigReader& reader, const GgufFile& gguf, Mo
 }
 
 // What the tensors reveal: a separate LM head, attention biases, QK-norm; layer count.
+// <arch>.attention.sliding_window and its layer pattern (ModelConfig::sliding_layers).
+absl::Status ReadSlidingWindow(const ConfigReader& reader, const GgufFile& gguf,
+                               ModelConfig& config) {
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("attention.sliding_window", config.sliding_window));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "attention.sliding_window", config.sliding_window, 0, kMaxContext));
+  if (config.sliding_window == 0) return absl::OkStatus();
+  config.sliding_layers.assign(static_cast<size_t>(config.num_layers), true);
+  const std::string key = reader.Key("attention.sliding_window_pattern");
+  const GgufValue* pattern = gguf.Find(key);
+  if (pattern == nullptr) return absl::OkStatus();
+  if (absl::StatusOr<const GgufValue::Array*> flags = pattern->AsArray(); flags.ok()) {
+    if (static_cast<int64_t>((*flags)->size()) != config.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: '", key, "' has ",
+                                                     (*flags)->size(), " entries for ",
+                                                     config.num_layers, " layers"));
+    }
+    for (size_t l = 0; l < (*flags)->size(); ++l) {
+      LOOM_ASSIGN_OR_RETURN(bool local, (**flags)[l].AsBool());
+      config.sliding_layers[l] = local;
+    }
+    return absl::OkStatus();
+  }
+  LOOM_ASSIGN_OR_RETURN(int64_t period, gguf.GetInt(key));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "attention.sliding_window_pattern", period, 1, config.num_layers + 1));
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    config.sliding_layers[static_cast<size_t>(l)] = (l + 1) % period != 0;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   // Tensors that reveal the layout: a separate LM head, and qwen2's attention biases.
   const auto hidden = static_cast<uint64_t>(config.hidden_size);
@@ -381,6 +413,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(ReadVocabulary(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadLayout(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadSlidingWindow(reader, gguf, config));
   return config;
 }
 

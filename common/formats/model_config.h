@@ -50,6 +50,17 @@ struct ModelConfig {
   // with `loom.rope.neox`.
   bool rope_neox = false;
   bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
+  // Sliding-window attention: a local layer's query attends to its last `sliding_window`
+  // positions (<arch>.attention.sliding_window; 0: none). Which layers are local:
+  // <arch>.attention.sliding_window_pattern, a bool per layer or a period N (every N-th
+  // layer global, Gemma 3's 6); every layer when absent (Mistral v0.1).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // [num_layers] when sliding_window > 0
+
+  /// The window of layer `layer`: sliding_window for a local layer, else 0 (full).
+  int64_t LayerWindow(int64_t layer) const {
+    return sliding_window > 0 && sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
   // The model's own defaults for requests that leave a sampling field unset
   // (generation_config.json of a Hugging Face directory; `loom.sampling.*`).
   SamplingDefaults sampling_defaults;

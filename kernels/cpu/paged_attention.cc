@@ -66,6 +66,10 @@ absl::Status CheckAttentionParams(const PagedAttentionParams& p) {
     }
   }
   if (!std::isfinite(p.scale)) return absl::InvalidArgumentError("PagedAttention: scale not finite");
+  if (p.window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedAttention: window %d must be >= 0 (0: none)", p.window));
+  }
   if (p.query_start[0] != 0 || p.block_indptr[0] != 0) {
     return absl::InvalidArgumentError("PagedAttention: query_start[0] and block_indptr[0] must be 0");
   }
@@ -193,6 +197,7 @@ internal::AttentionTask TaskOf(const PagedAttentionParams& p, int64_t seq, int64
   task.num_heads = run.num_heads;
   task.num_rows = num_rows;
   task.attend_len = p.context_len[seq] - q_len + (first_token - p.query_start[seq]) + 1;
+  task.window = p.window;
   return task;
 }
 
@@ -214,7 +219,7 @@ void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& ta
     float denominator = 0.0f;
     constexpr int64_t kChunk = 32;
     float scores[kChunk];
-    for (int64_t pos = 0; pos < task.attend_len;) {
+    for (int64_t pos = LowerLimit(task, 0); pos < task.attend_len;) {
       const int64_t block = task.blocks[pos / bs];
       const int64_t count = std::min({kChunk, bs - pos % bs, task.attend_len - pos});
       const int64_t slot0 = block * bs + pos % bs;
@@ -442,6 +447,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t t = p.query_start[s] + j;
       const int64_t len = p.context_len[s] - q_len + j + 1;
+      const int64_t first = p.window > 0 && len > p.window ? len - p.window : 0;
       for (int64_t h = 0; h < p.num_heads; ++h) {
         const float* q = p.q + (t * p.num_heads + h) * d;
         // Gather this head's K and V rows in position order.
@@ -453,7 +459,9 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
         }
         std::vector<double> scores(len);
         double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t pos = 0; pos < len; ++pos) {
+        // Positions before the window's first get score -inf: weight 0.
+        for (int64_t pos = 0; pos < first; ++pos) scores[pos] = max_score;
+        for (int64_t pos = first; pos < len; ++pos) {
           double dot = 0.0;
           for (int64_t i = 0; i < d; ++i)
             dot += static_cast<double>(q[i]) * LoadK(c, bases[pos] + i);
@@ -464,7 +472,8 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
         for (double& score : scores) total += (score = std::exp(score - max_score));
         for (int64_t i = 0; i < d; ++i) {
           double value = 0.0;
-          for (int64_t pos = 0; pos < len; ++pos) value += scores[pos] * LoadV(c, bases[pos] + i);
+          for (int64_t pos = first; pos < len; ++pos)
+            value += scores[pos] * LoadV(c, bases[pos] + i);
           p.out[(t * p.num_heads + h) * d + i] = static_cast<float>(value / total);
         }
       }

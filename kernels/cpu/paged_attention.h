@@ -33,7 +33,9 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
 /// KV holds context_len[s] tokens (including this step's, already written), spread over
 /// blocks block_indices[block_indptr[s] .. block_indptr[s+1]). Query token j of a
 /// sequence with q tokens sits at position context_len - q + j and attends to KV
-/// positions [0, that position]. Any GQA ratio (num_heads % num_kv_heads == 0).
+/// positions [0, that position], or with a sliding window of W tokens only the last W of them
+/// ([max(0, position - W + 1), position], as Mistral's and Gemma's local layers). Any GQA
+/// ratio (num_heads % num_kv_heads == 0).
 struct PagedAttentionParams {
   const float* q = nullptr;             // [num_tokens, num_heads, head_dim]
   float* out = nullptr;                 // [num_tokens, num_heads, head_dim]
@@ -52,6 +54,9 @@ struct PagedAttentionParams {
   int64_t group = 0;
   int64_t head0 = 0;
   int64_t kv_head0 = 0;
+  // Sliding-window attention: each query attends to at most the last `window` positions
+  // (itself included); 0: the whole causal prefix.
+  int64_t window = 0;
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence

@@ -68,7 +68,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
     float running_max = -std::numeric_limits<float>::infinity();
     float denominator = 0.0f;
     float scores[kChunk];
-    for (int64_t pos = 0; pos < task.attend_len;) {
+    for (int64_t pos = LowerLimit(task, 0); pos < task.attend_len;) {
       const int64_t block = task.blocks[pos / bs];
       const int64_t count = std::min({kChunk, bs - pos % bs, task.attend_len - pos});
       const int64_t slot0 = block * bs + pos % bs;
@@ -158,10 +158,11 @@ struct Avx2Vectors {
   static __m256i LoadLimit(const int32_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-  // Lanes whose limit <= position take `fill`.
-  static Vec MaskBelow(Vec x, __m256i limit, int64_t position, Vec fill) {
+  // Lanes whose limit <= position or whose lower > position take `fill`.
+  static Vec MaskOutside(Vec x, __m256i lower, __m256i limit, int64_t position, Vec fill) {
+    const __m256i at = _mm256_set1_epi32(static_cast<int32_t>(position));
     const __m256i valid =
-        _mm256_cmpgt_epi32(limit, _mm256_set1_epi32(static_cast<int32_t>(position)));
+        _mm256_andnot_si256(_mm256_cmpgt_epi32(lower, at), _mm256_cmpgt_epi32(limit, at));
     return _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(valid));
   }
   // r[i][j] becomes r[j][i] (an 8 x 8 transpose).

@@ -210,8 +210,12 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
 
   const int64_t kv_row = cache.num_kv_heads * d;
   const int64_t last_len = task.attend_len + task.num_rows - 1;  // the last row's
-  int64_t block = 0, offset = 0;
-  for (int64_t pos = 0; pos < last_len; pos += kChunk) {
+  // Chunks sit at multiples of kChunk from position 0; with a sliding window the first is
+  // the one holding row 0's first position (each row's chunks are those a task of its own
+  // would take).
+  const int64_t start = LowerLimit(task, 0) / kChunk * kChunk;
+  int64_t block = start / bs, offset = start % bs;
+  for (int64_t pos = start; pos < last_len; pos += kChunk) {
     const int64_t count = std::min(kChunk, last_len - pos);
     for (int64_t j = 0; j < count; ++j) {
       const int64_t slot = static_cast<int64_t>(task.blocks[block]) * bs + offset;
@@ -244,9 +248,19 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
     // Rows before first_row attend to positions < pos only: they are done.
     const int64_t first_row = std::max<int64_t>(0, pos - task.attend_len + 1);
     const int64_t qv0 = first_row * num_heads;
-    // Positions of this chunk query vector qv reads (1 .. count for qv >= qv0).
+    // With a sliding window, rows from end_row on start after this chunk: not yet begun.
+    const int64_t end_row =
+        task.window > 0
+            ? std::clamp<int64_t>(pos + count - task.attend_len + task.window, 0, task.num_rows)
+            : task.num_rows;
+    const int64_t qv_end = end_row * num_heads;
+    // Positions of this chunk query vector qv reads (1 .. count for qv >= qv0): the first
+    // count_of(qv), less the first below_of(qv) (before its window).
     const auto count_of = [&](int64_t qv) {
       return std::min(count, task.attend_len + qv / num_heads - pos);
+    };
+    const auto below_of = [&](int64_t qv) {
+      return std::max<int64_t>(0, LowerLimit(task, qv / num_heads) - pos);
     };
     // Scores, 16 positions at a time: each K row is loaded once for all query vectors.
     __m512 scores[kMaxTaskQueries][kChunk / 16];
@@ -259,7 +273,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
           for (int v = 0; v < kVecs; ++v) {
             k[v] = LoadRow<kDtype>(cache.k, row + v * 16, MaskOf<kVecs>(v, shape.tail));
           }
-          for (int64_t qv = qv0; qv < num_q; ++qv) {
+          for (int64_t qv = qv0; qv < qv_end; ++qv) {
             const float* qq = q + qv * kVecs * 16;
             __m512 dot = _mm512_mul_ps(_mm512_load_ps(qq), k[0]);
             for (int v = 1; v < kVecs; ++v)
@@ -271,7 +285,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
             _mm512_store_ps(k_row + v * 16,
                             LoadRow<kDtype>(cache.k, row + v * 16, shape.MaskOf(v)));
           }
-          for (int64_t qv = qv0; qv < num_q; ++qv) {
+          for (int64_t qv = qv0; qv < qv_end; ++qv) {
             __m512 dot = _mm512_setzero_ps();
             for (int64_t v = 0; v < shape.num_vecs; ++v) {
               dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(shape.MaskOf(v), q_of(qv) + v * 16),
@@ -283,7 +297,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       }
       // Lane j of TransposeSum16 reads only dots[qv][j]: positions past a row's own count
       // do not touch its valid lanes, which the masks below keep.
-      for (int64_t qv = qv0; qv < num_q; ++qv) {
+      for (int64_t qv = qv0; qv < qv_end; ++qv) {
         for (int64_t j = n; j < 16; ++j) dots[qv][j] = _mm512_setzero_ps();
         const __m512 score_scale =
             kQuantized<kDtype>
@@ -293,14 +307,15 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       }
     }
     // Online softmax per query vector: new max, rescale factor, weights for its count.
-    for (int64_t qv = qv0; qv < num_q; ++qv) {
-      const int64_t own = count_of(qv);
+    for (int64_t qv = qv0; qv < qv_end; ++qv) {
+      const int64_t own = count_of(qv), below = below_of(qv);
       const int64_t num_halves = (own + 15) / 16;
       __mmask16 valid[kChunk / 16];
       __m512 chunk_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       for (int64_t half = 0; half < num_halves; ++half) {
         const int64_t n = std::min<int64_t>(16, own - half * 16);
-        valid[half] = n == 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1);
+        const int64_t skip = std::clamp<int64_t>(below - half * 16, 0, 16);
+        valid[half] = static_cast<__mmask16>(((1u << n) - 1) & ~((1u << skip) - 1));
         chunk_max = _mm512_mask_max_ps(chunk_max, valid[half], chunk_max, scores[qv][half]);
       }
       const float new_max = std::max(running_max[qv], _mm512_reduce_max_ps(chunk_max));
@@ -327,10 +342,10 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
     }
     // Weighted V rows, for runs of consecutive query vectors with the same count (rows
     // differ only in the chunk that holds their limits).
-    for (int64_t qv = qv0; qv < num_q;) {
+    for (int64_t qv = qv0; qv < qv_end;) {
       const int64_t own = count_of(qv);
       int64_t end = qv + 1;
-      while (end < num_q && count_of(end) == own) ++end;
+      while (end < qv_end && count_of(end) == own) ++end;
       if constexpr (kVecs > 0) {
         // Query vectors per register tile: kTile * kVecs accumulators and a row fit in the
         // 32 registers.
@@ -393,10 +408,11 @@ struct Avx512Vectors {
   static Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
   static Vec Exp(Vec x) { return Exp512(x); }
   static __m512i LoadLimit(const int32_t* p) { return _mm512_loadu_si512(p); }
-  // Lanes whose limit <= position take `fill`.
-  static Vec MaskBelow(Vec x, __m512i limit, int64_t position, Vec fill) {
-    const __mmask16 valid =
-        _mm512_cmpgt_epi32_mask(limit, _mm512_set1_epi32(static_cast<int32_t>(position)));
+  // Lanes whose limit <= position or whose lower > position take `fill`.
+  static Vec MaskOutside(Vec x, __m512i lower, __m512i limit, int64_t position, Vec fill) {
+    const __m512i at = _mm512_set1_epi32(static_cast<int32_t>(position));
+    const __mmask16 valid = static_cast<__mmask16>(_mm512_cmpgt_epi32_mask(limit, at) &
+                                                   ~_mm512_cmpgt_epi32_mask(lower, at));
     return _mm512_mask_blend_ps(valid, fill, x);
   }
   // r[i][j] becomes r[j][i] (a 16 x 16 transpose: 4x4 within 128-bit lanes, then the

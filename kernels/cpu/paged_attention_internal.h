@@ -41,7 +41,15 @@ struct AttentionTask {
   int64_t num_heads = 1;   // 1 .. MaxTaskHeads(head_dim)
   int64_t num_rows = 1;    // 1 .. TaskRows(num_heads, head_dim), or TileRows(num_heads)
   int64_t attend_len = 0;  // row 0's, >= 1
+  int64_t window = 0;      // > 0: row r attends only to [LowerLimit(r), attend_len + r)
 };
+
+/// The first position row `row` of `task` attends to: 0, or with a sliding window the
+/// window's first.
+inline int64_t LowerLimit(const AttentionTask& task, int64_t row) {
+  const int64_t lo = task.attend_len + row - task.window;
+  return task.window > 0 && lo > 0 ? lo : 0;
+}
 
 /// A multi-row task holds at most kMaxTaskQueries query vectors (rows x heads), and at
 /// most kMaxTaskFloats accumulator floats (query vectors x head_dim rounded up to 16).

@@ -13,7 +13,9 @@
 //                             lane-wise (the max over j is an element-wise max);
 //   O[qv] = O[qv] c + sum_j p[j][qv] V[j]   register tiles of query vectors x head-dim
 //                             vectors, each V row loaded once per register tile.
-// Causal masking happens only in the KV tiles that reach past the first row's limit.
+// Causal masking happens only in the KV tiles that reach past the first row's limit (and,
+// with a sliding window, in those that start before the last row's first position; tiles
+// start at the one holding row 0's first position).
 // A tile of few query vectors (a decode token: one row x the heads of one KV head) would
 // fill few lanes that way; it takes positions as lanes instead (FewScores / FewSoftmax:
 // K transposed in registers, the softmax's max and sum folded lane by lane in position
@@ -55,14 +57,16 @@ struct Scratch {
   std::vector<float> zero;  // [head_dim] zeros: the K row of a position past the tile's end
   std::vector<float> m, l, corr;  // [qs]: running max, running sum, this tile's rescale
   std::vector<int32_t> limit;     // [qs]: a query vector attends to positions < limit
+  std::vector<int32_t> lower;     // [qs]: ... and >= lower (0 without a sliding window)
   float pt[8 * 32];               // few query vectors: [qv][kv_tile] scores, then weights
   float ks[32], vs[32];           // 8-bit KV: [kv_tile] score scale x K scale, V scale
 };
 
 /// V: the ISA traits (see paged_attention_avx512.cc / _avx2.cc): kLanes, Vec, Zero, Load,
 /// LoadHalf (F16 to float), LoadInt8, LoadFp8 (8-bit codes to float, see KvDecodeFactor), Store,
-/// Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max, Exp, and MaskBelow(x, limit, position,
-/// fill): lanes whose limit <= position take fill. kQkVecs x kQkPositions accumulators for S,
+/// Set1, Broadcast (from memory), Fmadd, Mul, Add, Sub, Max (the second operand where
+/// either is NaN), Exp, and MaskOutside(x, lower, limit, position, fill): lanes whose limit <=
+/// position or whose lower > position take fill. kQkVecs x kQkPositions accumulators for S,
 /// kPvQueries x kPvVecs for O.
 template <class V, KvDtype kDtype>
 class TileKernel {
@@ -94,6 +98,7 @@ class TileKernel {
     s.l.assign(qs, 0.0f);
     s.corr.resize(qs);
     s.limit.resize(qs);
+    s.lower.resize(qs);
     // Query vector qv = row * num_heads + head; padding lanes get zero queries and no limit.
     const bool few = num_q <= kMaxFew;
     const float* q_rows[kMaxFew];
@@ -107,11 +112,13 @@ class TileKernel {
           for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = q[i];
         }
         s.limit[qv] = static_cast<int32_t>(tile.attend_len + row);
+        s.lower[qv] = static_cast<int32_t>(LowerLimit(tile, row));
       } else {
         if (!few) {
           for (int64_t i = 0; i < d; ++i) s.qt[i * qs + qv] = 0.0f;
         }
         s.limit[qv] = std::numeric_limits<int32_t>::max();
+        s.lower[qv] = 0;
       }
     }
     const int64_t end = tile.attend_len + tile.num_rows - 1;  // the last row's limit
@@ -123,7 +130,11 @@ class TileKernel {
     const Element* v_src[kKvTile];
     const float* k_rows[kKvTile];   // as float (the query-lane path)
     const float* v_rows[kKvTile];
-    for (int64_t kv0 = 0; kv0 < end; kv0 += kKvTile) {
+    // A query vector's KV tiles are those a tile of its own would take: a tile wholly
+    // before its window leaves its state as it was (Softmax's NaN guard).
+    const int64_t start = LowerLimit(tile, 0) / kKvTile * kKvTile;
+    const int64_t last_lower = LowerLimit(tile, tile.num_rows - 1);
+    for (int64_t kv0 = start; kv0 < end; kv0 += kKvTile) {
       const int64_t n = std::min(kKvTile, end - kv0);
       for (int64_t j = 0; j < kKvTile; ++j) {
         if (j >= n) {
@@ -176,7 +187,7 @@ class TileKernel {
                              /*rw=*/0, /*locality=*/2);
         }
       }
-      const bool diagonal = kv0 + kKvTile > tile.attend_len;
+      const bool diagonal = kv0 + kKvTile > tile.attend_len || kv0 < last_lower;
       if (few) {
         FewScores<kMaxFew>(num_q, d, q_rows, k_src, s.pt);
         if (diagonal) {
@@ -277,22 +288,26 @@ class TileKernel {
     for (int64_t vec = 0; vec < num_vecs; ++vec) {
       const int64_t lane0 = vec * kLanes;
       const auto limit = V::LoadLimit(s.limit.data() + lane0);
+      const auto lower = V::LoadLimit(s.lower.data() + lane0);
       Vec tile_max = minus_inf;
       for (int64_t j = 0; j < n; ++j) {
         Vec x =
             V::Mul(V::Load(s.p.data() + j * qs + lane0), kQuantized ? V::Set1(s.ks[j]) : scale_v);
-        if constexpr (kMasked) x = V::MaskBelow(x, limit, kv0 + j, minus_inf);
+        if constexpr (kMasked) x = V::MaskOutside(x, lower, limit, kv0 + j, minus_inf);
         V::Store(s.p.data() + j * qs + lane0, x);
         tile_max = V::Max(tile_max, x);
       }
       const Vec old_max = V::Load(s.m.data() + lane0);
       const Vec new_max = V::Max(old_max, tile_max);
       // exp(0) = 1 exactly where the max held; exp(-inf) = 0 on the first tile.
-      const Vec corr = V::Exp(V::Sub(old_max, new_max));
+      // A query vector with nothing seen yet and nothing in this tile (before its window) has
+      // -inf - -inf = NaN here: Max turns it into -inf, so corr is 0 and its state (all
+      // zeros) stays as it was.
+      const Vec corr = V::Exp(V::Max(V::Sub(old_max, new_max), minus_inf));
       Vec sum = V::Zero();
       for (int64_t j = 0; j < n; ++j) {
         Vec w = V::Exp(V::Sub(V::Load(s.p.data() + j * qs + lane0), new_max));
-        if constexpr (kMasked) w = V::MaskBelow(w, limit, kv0 + j, V::Zero());
+        if constexpr (kMasked) w = V::MaskOutside(w, lower, limit, kv0 + j, V::Zero());
         V::Store(s.p.data() + j * qs + lane0, kQuantized ? V::Mul(w, V::Set1(s.vs[j])) : w);
         sum = V::Add(sum, w);
       }
@@ -347,22 +362,22 @@ class TileKernel {
       for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) {
         V::Store(x + j0, V::Mul(V::Load(x + j0), kQuantized ? V::Load(s.ks + j0) : scale_v));
       }
-      const int64_t limit = s.limit[qv];
+      const int64_t limit = s.limit[qv], lower = s.lower[qv];
       float tile_max = kMinusInf;
       for (int64_t j = 0; j < n; ++j) {
-        if (kMasked && limit <= kv0 + j) x[j] = kMinusInf;
+        if (kMasked && (limit <= kv0 + j || lower > kv0 + j)) x[j] = kMinusInf;
         tile_max = MaxLikeVector(tile_max, x[j]);
       }
       const float old_max = s.m[qv];
       const float new_max = MaxLikeVector(old_max, tile_max);
       float lanes[kLanes];
-      V::Store(lanes, V::Exp(V::Set1(old_max - new_max)));
+      V::Store(lanes, V::Exp(V::Max(V::Set1(old_max - new_max), V::Set1(kMinusInf))));
       const float corr = lanes[0];
       const Vec max_v = V::Set1(new_max);
       for (int64_t j0 = 0; j0 < kKvTile; j0 += kLanes) V::Store(x + j0, V::Exp(V::Sub(V::Load(x + j0), max_v)));
       float sum = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
-        const float w = kMasked && limit <= kv0 + j ? 0.0f : x[j];
+        const float w = kMasked && (limit <= kv0 + j || lower > kv0 + j) ? 0.0f : x[j];
         s.p[j * qs + qv] = kQuantized ? w * s.vs[j] : w;
         sum += w;
       }

@@ -281,6 +281,67 @@ TEST_F(LocalEngineTest, PromptScoresAreTheForwardPassLogSoftmax) {
   }
 }
 
+// A model with sliding-window layers (an 8-token window on layers 0 and 2, layer 1 global)
+// through the whole engine: prompts several windows long give the same tokens and
+// log-probabilities unchunked, in 16-token chunks (window edges inside chunks and blocks) and
+// from the prefix cache; and not those of the same weights without windows.
+TEST_F(LocalEngineTest, SlidingWindowLayersAreChunkAndPrefixCacheInvariant) {
+  worker::testing::TinyModelSpec spec;
+  spec.vocab = 96;
+  spec.context = 256;
+  spec.layers = 3;
+  spec.sliding_window = 8;
+  spec.sliding_layers = {true, false, true};
+  worker::testing::TinyModelSpec full = spec;
+  full.sliding_window = 0;
+  const auto run = [&](const worker::testing::TinyModelSpec& model, int64_t chunk, bool cache,
+                       int rounds) {
+    std::unique_ptr<common::GgufFile> gguf = worker::testing::TinyModel(model);
+    worker::CpuForwardPassOptions options;
+    options.num_threads = 1;
+    options.num_kv_blocks = 96;
+    options.block_size = kBlockSize;
+    options.kv_dtype = kernels::cpu::KvDtype::kF32;
+    auto forward_pass = worker::CpuForwardPass::Create(*gguf, options);
+    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+    worker::ModelStepBackend backend(*std::move(forward_pass));
+    LocalEngineOptions engine_options;
+    engine_options.max_num_batched_tokens = chunk;
+    engine_options.enable_prefix_caching = cache;
+    LocalEngine engine(backend, *tokenizer_, engine_options);
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 4; ++i) requests.push_back(Request(Prompt(i, 37 + 7 * i), 10, 0.0f, 0));
+    std::vector<EngineResult> last;
+    for (int r = 0; r < rounds; ++r) {
+      auto results = engine.Generate(requests);
+      EXPECT_TRUE(results.ok()) << results.status();
+      if (results.ok()) last = *std::move(results);
+    }
+    ExpectNothingHeld(engine);
+    return last;
+  };
+  const std::vector<EngineResult> whole = run(spec, 512, false, 1);
+  const std::vector<EngineResult> chunked = run(spec, 16, false, 1);
+  const std::vector<EngineResult> cached = run(spec, 16, true, 2);  // round 2 hits the cache
+  const std::vector<EngineResult> no_window = run(full, 512, false, 1);
+  ASSERT_EQ(whole.size(), 4u);
+  ASSERT_EQ(chunked.size(), 4u);
+  ASSERT_EQ(cached.size(), 4u);
+  ASSERT_EQ(no_window.size(), 4u);
+  int differs = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(chunked[i].token_ids(), whole[i].token_ids()) << i;
+    EXPECT_EQ(cached[i].token_ids(), whole[i].token_ids()) << i;
+    EXPECT_GT(cached[i].cached_prompt_tokens, 0) << i;
+    for (size_t t = 0; t < whole[i].outputs.size(); ++t) {
+      EXPECT_EQ(chunked[i].outputs[t].logprob(), whole[i].outputs[t].logprob()) << i << " " << t;
+      EXPECT_EQ(cached[i].outputs[t].logprob(), whole[i].outputs[t].logprob()) << i << " " << t;
+      differs += no_window[i].outputs[t].logprob() != whole[i].outputs[t].logprob();
+    }
+  }
+  EXPECT_GT(differs, 0) << "the windows changed nothing: are they applied?";
+}
+
 TEST_F(LocalEngineTest, AFailedStepEndsTheCallAndReleasesEverything) {
   // The noop backend cannot score prompts: the executor rejects the step.
   common::ModelConfig config;

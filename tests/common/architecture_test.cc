@@ -34,8 +34,8 @@ TEST(ArchitectureTest, RopeLayoutFollowsTheGgufConverter) {
   EXPECT_FALSE(FindArchitecture("mistral")->gguf_rope_neox);
   EXPECT_TRUE(FindArchitecture("qwen2")->gguf_rope_neox);
   EXPECT_TRUE(FindArchitecture("qwen3")->gguf_rope_neox);
-  EXPECT_TRUE(FindArchitecture("mistral")->sliding_window_caps_context);
-  EXPECT_FALSE(FindArchitecture("qwen2")->sliding_window_caps_context);
+  EXPECT_TRUE(FindArchitecture("mistral")->sliding_window_every_layer);
+  EXPECT_FALSE(FindArchitecture("qwen2")->sliding_window_every_layer);
 }
 
 }  // namespace

@@ -119,14 +119,47 @@ TEST(HfConfigTest, YarnParametersFollowTransformers) {
                 "attention factor");
 }
 
-TEST(HfConfigTest, MistralSlidingWindowBoundsTheContext) {
+TEST(HfConfigTest, MistralSlidingWindowCoversEveryLayer) {
   absl::StatusOr<ModelConfig> config = Translate(R"({
     "architectures": ["MistralForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "max_position_embeddings": 32768, "sliding_window": 4096, "vocab_size": 100})");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->architecture, "mistral");
-  EXPECT_EQ(config->context_length, 4096);
+  EXPECT_EQ(config->context_length, 32768);  // the window is applied, not the context capped
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_EQ(config->LayerWindow(0), 4096);
+  EXPECT_EQ(config->LayerWindow(1), 4096);
+}
+
+// Qwen2: use_sliding_window from layer max_window_layers on; layer_types, where given, per
+// layer; no window without use_sliding_window; local layers need a window size.
+TEST(HfConfigTest, QwenSlidingWindowLayersFollowTheConfig) {
+  const std::string base = R"("architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 4096, "vocab_size": 100)";
+  absl::StatusOr<ModelConfig> from_layer = Translate("{" + base + R"(, "sliding_window": 512,
+    "use_sliding_window": true, "max_window_layers": 1})");
+  ASSERT_TRUE(from_layer.ok()) << from_layer.status();
+  EXPECT_EQ(from_layer->LayerWindow(0), 0);
+  EXPECT_EQ(from_layer->LayerWindow(1), 512);
+  EXPECT_EQ(from_layer->LayerWindow(2), 512);
+  absl::StatusOr<ModelConfig> types = Translate("{" + base + R"(, "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]})");
+  ASSERT_TRUE(types.ok()) << types.status();
+  EXPECT_EQ(types->LayerWindow(0), 64);
+  EXPECT_EQ(types->LayerWindow(1), 0);
+  EXPECT_EQ(types->LayerWindow(2), 64);
+  absl::StatusOr<ModelConfig> off = Translate("{" + base + R"(, "sliding_window": 512,
+    "use_sliding_window": false, "max_window_layers": 0})");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->sliding_window, 0);
+  EXPECT_EQ(off->LayerWindow(2), 0);
+  GgufMetadataBuilder metadata;
+  EXPECT_FALSE(HfConfigToGguf("{" + base + R"(, "use_sliding_window": true,
+    "max_window_layers": 0})",
+                              metadata)
+                   .ok());
 }
 
 void ExpectRefused(const std::string& json, const std::string& piece) {

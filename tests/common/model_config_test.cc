@@ -13,6 +13,7 @@
 namespace loom::common {
 namespace {
 
+using ::loom::common::testing::ArrayValue;
 using ::loom::common::testing::GgufImageBuilder;
 using ::testing::HasSubstr;
 
@@ -180,6 +181,45 @@ TEST(ModelConfigTest, Llama3ScalingWithoutFactorsNeedsTheOriginalContext) {
   GgufImageBuilder builder = Llama3();
   builder.KvString("llama.rope.scaling.type", "llama3").KvF32("llama.rope.scaling.factor", 8.0f);
   ExpectInvalid(ConfigOf(builder), {"llama.rope.scaling.original_context_length", "is 0"});
+}
+
+// <arch>.attention.sliding_window with its pattern as a bool per layer, as a period (every
+// N-th layer global), or absent (every layer local); a pattern of the wrong length refused.
+TEST(ModelConfigTest, ReadsSlidingWindowLayers) {
+  absl::StatusOr<ModelConfig> none = ConfigOf(TinyLlama());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->sliding_window, 0);
+  EXPECT_EQ(none->LayerWindow(5), 0);
+
+  GgufImageBuilder every = TinyLlama();
+  every.KvU32("llama.attention.sliding_window", 4096);
+  absl::StatusOr<ModelConfig> all = ConfigOf(every);
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int64_t l = 0; l < 22; ++l) EXPECT_EQ(all->LayerWindow(l), 4096) << l;
+
+  GgufImageBuilder period = TinyLlama();
+  period.KvU32("llama.attention.sliding_window", 512)
+      .KvU32("llama.attention.sliding_window_pattern", 6);
+  absl::StatusOr<ModelConfig> gemma3 = ConfigOf(period);
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  for (int64_t l = 0; l < 22; ++l)
+    EXPECT_EQ(gemma3->LayerWindow(l), (l + 1) % 6 == 0 ? 0 : 512) << l;
+
+  std::string flags;
+  for (int l = 0; l < 22; ++l) flags += l % 2 == 0 ? '\1' : '\0';
+  GgufImageBuilder alternating = TinyLlama();
+  alternating.KvU32("llama.attention.sliding_window", 64)
+      .Kv("llama.attention.sliding_window_pattern", GgufValueType::kArray,
+          ArrayValue(GgufValueType::kBool, 22, flags));
+  absl::StatusOr<ModelConfig> gemma2 = ConfigOf(alternating);
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status();
+  for (int64_t l = 0; l < 22; ++l) EXPECT_EQ(gemma2->LayerWindow(l), l % 2 == 0 ? 64 : 0) << l;
+
+  GgufImageBuilder short_pattern = TinyLlama();
+  short_pattern.KvU32("llama.attention.sliding_window", 64)
+      .Kv("llama.attention.sliding_window_pattern", GgufValueType::kArray,
+          ArrayValue(GgufValueType::kBool, 3, std::string("\1\0\1")));
+  EXPECT_EQ(ConfigOf(short_pattern).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ModelConfigTest, ReadsLinearRopeScaling) {

@@ -74,6 +74,7 @@ struct Case {
   int64_t slice_heads = 0;
   int64_t head0 = 0;
   int64_t kv_head0 = 0;
+  int64_t window = 0;  // sliding window (PagedAttentionParams::window)
 };
 
 // A fixed cache holding several sequences' K/V and queries, run as steps of any
@@ -85,9 +86,9 @@ class StepHarness {
   struct Item {
     int32_t seq, begin, end;
   };
-  StepHarness(KvDtype dtype, int64_t block_size, int64_t kv_heads, int64_t group,
-              int64_t head_dim, const std::vector<int32_t>& lengths, uint32_t seed)
-      : d_(head_dim), num_heads_(kv_heads * group) {
+  StepHarness(KvDtype dtype, int64_t block_size, int64_t kv_heads, int64_t group, int64_t head_dim,
+              const std::vector<int32_t>& lengths, uint32_t seed, int64_t window = 0)
+      : d_(head_dim), num_heads_(kv_heads * group), window_(window) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const int64_t kv_row = kv_heads * d_;
@@ -143,6 +144,7 @@ class StepHarness {
     p.num_seqs = static_cast<int64_t>(items.size());
     p.num_heads = num_heads_;
     p.scale = 1.0f / std::sqrt(static_cast<float>(d_));
+    p.window = window_;
     ThreadPool pool(threads);
     EXPECT_TRUE(PagedAttention(p, pool).ok());
     std::vector<std::vector<float>> outputs;
@@ -153,7 +155,7 @@ class StepHarness {
   }
 
  private:
-  int64_t d_, num_heads_;
+  int64_t d_, num_heads_, window_;
   std::unique_ptr<TestPool> pool_;
   KvLayerView cache_;
   std::vector<std::vector<int32_t>> blocks_;
@@ -175,7 +177,7 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
                                   << " kv_heads " << c.num_kv_heads << " group " << c.group
                                   << " head_dim " << c.head_dim << " seqs " << c.seqs.size()
                                   << " slice_heads " << c.slice_heads << " head0 " << c.head0
-                                  << " threads " << num_threads);
+                                  << " window " << c.window << " threads " << num_threads);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t d = c.head_dim, kv_row = c.num_kv_heads * d;
@@ -267,6 +269,7 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
     p.head0 = c.head0;
     p.kv_head0 = c.kv_head0;
   }
+  p.window = c.window;
   ThreadPool pool(num_threads);
   ASSERT_TRUE(PagedAttention(p, pool).ok());
   PagedAttentionParams ref = p;
@@ -445,6 +448,61 @@ TEST_P(PagedAttentionTest, MultiRowTasksGiveTheBitsOfOneRowTasks) {
       const auto one_row = harness.Run(step, 2);
       internal::SetMultiRowTasksForTesting(true);
       for (int threads : {1, 3}) EXPECT_EQ(harness.Run(step, threads), one_row) << threads;
+    }
+  }
+}
+
+// Sliding windows (each query attends to its last `window` positions): windows of 1, 17,
+// 64 and 100 tokens against prompts longer than them, decodes far past the window, chunks
+// whose window edge falls inside a block, a window longer than the context (no effect),
+// the register and generic head dims, MHA, GQA and MQA; per-token and tiled kernels, every
+// KV type.
+TEST_P(PagedAttentionTest, SlidingWindowMatchesReference) {
+  uint32_t seed = 600;
+  const std::vector<Sequence> seqs = {{300, 300}, {77, 1}, {1000, 5}, {40, 40}, {129, 20}};
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn}) {
+    internal::SetTileModeForTesting(mode);
+    for (KvDtype dtype : kAllDtypes) {
+      for (int64_t window : {1, 17, 64, 100, 5000}) {
+        Case c{dtype, 16, 3, 3, 64, seqs};
+        c.window = window;
+        RunCase(c, ++seed);
+      }
+      Case gqa{dtype, 32, 1, 8, 128, {{500, 100}, {65, 1}}};
+      gqa.window = 48;
+      RunCase(gqa, ++seed);
+      Case tail{dtype, 5, 2, 1, 72, {{90, 90}, {33, 2}}};
+      tail.window = 31;
+      RunCase(tail, ++seed);
+      Case generic{dtype, 16, 1, 6, 200, {{70, 70}, {50, 1}}};
+      generic.window = 20;
+      RunCase(generic, ++seed);
+    }
+  }
+}
+
+// With a sliding window a token's result is still the same bits whatever its batch, chunk
+// split (chunks that start inside and past the window of their first token) or tile.
+TEST_P(PagedAttentionTest, SlidingWindowIsBatchAndChunkInvariant) {
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn}) {
+    for (KvDtype dtype : {KvDtype::kF16, KvDtype::kInt8}) {
+      for (const auto& [kv_heads, group, head_dim] :
+           std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {3, 3, 64}, {1, 8, 128}, {2, 1, 72}}) {
+        SCOPED_TRACE(testing::Message() << KvDtypeName(dtype) << " head_dim " << head_dim
+                                        << " tiles forced " << (mode == internal::TileMode::kOn));
+        internal::SetTileModeForTesting(mode);
+        StepHarness harness(dtype, 16, kv_heads, group, head_dim, {320, 90}, 13, /*window=*/70);
+        const std::vector<float> alone = harness.Run({{0, 0, 320}}, 2)[0];
+        EXPECT_EQ(harness.Run({{1, 89, 90}, {0, 0, 320}}, 3)[1], alone);
+        std::vector<float> chunked;
+        for (const auto& [begin, end] : std::vector<std::pair<int32_t, int32_t>>{
+                 {0, 50}, {50, 71}, {71, 200}, {200, 201}, {201, 320}}) {
+          const std::vector<float> piece = harness.Run({{0, begin, end}}, 2)[0];
+          chunked.insert(chunked.end(), piece.begin(), piece.end());
+        }
+        EXPECT_EQ(chunked, alone);
+      }
     }
   }
 }

@@ -237,7 +237,8 @@ def test_unsupported_architecture_and_field_values_are_refused_by_name(family_mo
         "arch": ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
         "act": ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         "rope": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
-        "window": ({"use_sliding_window": True}, "use_sliding_window"),
+        "window": ({"use_sliding_window": True, "max_window_layers": 0, "sliding_window": None},
+                   "without a sliding_window size"),
     }
     for name, (changes, needle) in cases.items():
         directory = tmp_path / name

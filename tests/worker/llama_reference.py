@@ -92,6 +92,9 @@ class Model:
     chat_template: Optional[str]
     rope_attention_factor: float = 1.0  # multiplies cos and sin (YaRN's attention scaling)
     rope_base: float = 10000.0
+    # Sliding-window attention: a local layer's query sees its last sliding_window positions.
+    sliding_window: int = 0
+    sliding_layers: tuple = ()  # bool per layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +205,20 @@ def load(path: str | os.PathLike) -> Model:
         bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
         chat_template=_field(reader, "tokenizer.chat_template"),
-        rope_attention_factor=attention_factor, rope_base=base)
+        rope_attention_factor=attention_factor, rope_base=base,
+        sliding_window=int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0),
+        sliding_layers=_sliding_layers(reader, arch, n_layer))
+
+
+def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
+    """Which layers are local: the pattern as bools per layer or a period (every N-th layer
+    global), every layer when absent."""
+    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    if pattern is None:
+        return (True,) * n_layer
+    if isinstance(pattern, list):
+        return tuple(bool(x) for x in pattern)
+    return tuple((i + 1) % int(pattern) != 0 for i in range(n_layer))
 
 
 def yarn_parameters(base: float, n_rot: int, rope_scaling: dict,
@@ -364,7 +380,11 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         keys = np.repeat(cache.k[li], group, axis=0)  # [n_head, T, head_dim]; head h reads kv head h // group
         values = np.repeat(cache.v[li], group, axis=0)
         scores = np.einsum("nhd,htd->hnt", q, keys) * dtype(scale)
-        scores = np.where(mask[None], -np.inf, scores)
+        layer_mask = mask
+        if model.sliding_window and model.sliding_layers[li]:
+            # Keys before the window: position - key >= window.
+            layer_mask = mask | (positions[:, None] - np.arange(start + n)[None, :] >= model.sliding_window)
+        scores = np.where(layer_mask[None], -np.inf, scores)
         scores = scores - scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)

@@ -10,6 +10,8 @@ Variants (see SPECS):
                  3 layers, tied embeddings, F32/F16/Q8_0/Q4_0/Q4_1 mixed across tensors.
   qwen2_mqa      qwen2 arch (neox RoPE), Q/K/V biases, hidden 160, 5 query heads / 1 KV head
                  (MQA), head_dim 32, separate output.weight, linear RoPE scaling (factor 2).
+  llama_swa      llama arch with sliding-window attention: a 16-token window on layers 0 and 2,
+                 layer 1 global (`attention.sliding_window` and its bool-per-layer pattern).
   llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
                  `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
                  original context 64 so the divisors span 1..8 within the 256-token context.
@@ -69,6 +71,9 @@ class ModelSpec:
     rope_linear_factor: Optional[float] = None  # writes rope.scaling.type = linear
     llama3_rope: Optional[dict] = None  # factor, low_freq_factor, high_freq_factor, original_context_length
     qk_norm: bool = False  # writes attn_q_norm / attn_k_norm (qwen3's per-head RMSNorm of q, k)
+    # Sliding-window attention: the window and which layers are local (a bool per layer).
+    sliding_window: int = 0
+    sliding_pattern: Optional[tuple] = None
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -107,6 +112,16 @@ SPECS = {
             "attn_q": (T.Q4_1, T.Q8_0), "attn_k": (T.Q4_1, T.F16), "attn_v": (T.Q4_0, T.Q4_1),
             "attn_output": (T.Q8_0, T.Q4_0), "ffn_gate": (T.Q4_0, T.Q4_1),
             "ffn_up": (T.Q4_1, T.Q4_0), "ffn_down": (T.F16, T.Q8_0),
+        }),
+    # Local and global layers (Gemma 2's alternation, Mistral's window): a 16-token window,
+    # smaller than most test prompts.
+    "llama_swa": ModelSpec(
+        name="llama_swa", arch="llama", n_embd=96, n_layer=3, n_head=6, n_head_kv=2, head_dim=16,
+        n_ff=192, seed=77, sliding_window=16, sliding_pattern=(True, False, True),
+        types={
+            "token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q4_1), "attn_k": (T.Q8_0, T.F16),
+            "attn_v": (T.Q4_0, T.Q8_0), "attn_output": (T.Q4_1, T.F16),
+            "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q4_1,), "ffn_down": (T.F16,),
         }),
     "llama3_rope": ModelSpec(
         name="llama3_rope", arch="llama", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
@@ -281,6 +296,10 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         n_vocab = _copy_tokenizer(writer, vocabulary_from)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if spec.arch == "llama" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    if spec.sliding_window:
+        writer.add_uint32(f"{spec.arch}.attention.sliding_window", spec.sliding_window)
+        if spec.sliding_pattern is not None:
+            writer.add_array(f"{spec.arch}.attention.sliding_window_pattern", list(spec.sliding_pattern))
     if spec.rope_linear_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_linear_factor)

@@ -36,6 +36,9 @@ struct TinyModelSpec {
   uint64_t perturbation_seed = 0;
   // Tokenizer metadata: "t<i>" for every id (a mismatching vocabulary: another prefix).
   std::string token_prefix = "t";
+  // Sliding-window attention on the layers marked true (0: none).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
 };
 
 namespace internal {
@@ -71,6 +74,14 @@ inline std::unique_ptr<common::GgufFile> TinyModel(const TinyModelSpec& spec) {
   writer.SetUint32("llama.rope.dimension_count", static_cast<uint32_t>(spec.head_dim));
   writer.SetFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   writer.SetFloat32("llama.rope.freq_base", 10000.0f);
+  if (spec.sliding_window > 0) {
+    writer.SetUint32("llama.attention.sliding_window", static_cast<uint32_t>(spec.sliding_window));
+    common::GgufValue::Array local;
+    for (bool flag : spec.sliding_layers) local.emplace_back(common::GgufValueType::kBool, flag);
+    writer.Set("llama.attention.sliding_window_pattern",
+               common::GgufValue(common::GgufValueType::kArray, std::move(local),
+                                 common::GgufValueType::kBool));
+  }
   writer.SetString("tokenizer.ggml.model", "gpt2");
   common::GgufValue::Array tokens;
   for (int64_t i = 0; i < spec.vocab; ++i) {
