@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
+#include "bench/random_prompt.h"
 #include "cli/local_engine.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
@@ -38,16 +39,6 @@ namespace {
 using loom::cli::EngineRequest;
 using loom::cli::EngineResult;
 using loom::cli::LocalEngine;
-
-std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
-  std::vector<int32_t> ids(length);
-  uint32_t state = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < length; ++i) {
-    state = state * 1664525u + 1013904223u;
-    ids[i] = static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return ids;
-}
 
 // Runs `requests` through the engine (exits on failure).
 std::vector<EngineResult> Generate(LocalEngine& engine, const std::vector<EngineRequest>& requests) {
@@ -70,7 +61,8 @@ double DecodeRate(LocalEngine& engine, int batch, int tokens) {
   std::vector<EngineRequest> requests;
   for (int i = 0; i < batch; ++i) {
     EngineRequest request;
-    request.prompt_ids = Prompt(kDecodePromptTokens, engine.config().vocab_size, i + 1);
+    request.prompt_ids =
+        loom::bench::RandomPrompt(kDecodePromptTokens, engine.config().vocab_size, i + 1);
     request.sampling.temperature = 0.0f;
     request.max_tokens = tokens;
     request.ignore_eos = true;
@@ -154,7 +146,8 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& flags) {
 void RunOnlyPrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& forward_pass,
                     int only_prefill) {
   EngineRequest request;
-  request.prompt_ids = Prompt(only_prefill, forward_pass.config().vocab_size, 99);
+  request.prompt_ids =
+      loom::bench::RandomPrompt(only_prefill, forward_pass.config().vocab_size, 99);
   request.sampling.temperature = 0.0f;
   request.max_tokens = 1;
   request.ignore_eos = true;
@@ -229,7 +222,7 @@ Prefill MeasurePrefill(LocalEngine& engine, const loom::worker::CpuForwardPass& 
   const auto& config = forward_pass.config();
   const int64_t prefill_len = 512;
   EngineRequest prefill;
-  prefill.prompt_ids = Prompt(prefill_len, config.vocab_size, 99);
+  prefill.prompt_ids = loom::bench::RandomPrompt(prefill_len, config.vocab_size, 99);
   prefill.sampling.temperature = 0.0f;
   prefill.max_tokens = 1;
   prefill.ignore_eos = true;

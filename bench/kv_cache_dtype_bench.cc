@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
+#include "bench/random_prompt.h"
 #include "cli/local_engine.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
@@ -104,16 +105,6 @@ Capacity MeasureCapacity(const loom::common::ModelConfig& config, KvDtype dtype,
   return capacity;
 }
 
-std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
-  std::vector<int32_t> ids(length);
-  uint32_t state = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < length; ++i) {
-    state = state * 1664525u + 1013904223u;
-    ids[i] = static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return ids;
-}
-
 // Median decode tokens/s of flags.batch sequences (the steps that computed no prompt token).
 double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokenizer& tokenizer,
                   KvDtype dtype, const Flags& flags) {
@@ -136,8 +127,8 @@ double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokeni
     std::vector<loom::cli::EngineRequest> requests;
     for (int i = 0; i < flags.batch; ++i) {
       loom::cli::EngineRequest request;
-      request.prompt_ids =
-          Prompt(flags.prompt_tokens, engine.config().vocab_size, 1 + i + 1000 * r);
+      request.prompt_ids = loom::bench::RandomPrompt(flags.prompt_tokens,
+                                                     engine.config().vocab_size, 1 + i + 1000 * r);
       request.sampling.temperature = 0.0f;
       request.max_tokens = flags.decode_tokens;
       request.ignore_eos = true;

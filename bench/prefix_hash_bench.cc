@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/machine_limits.h"
+#include "bench/random_prompt.h"
 #include "common/formats/gguf_file.h"
 #include "engine/block_hash.h"
 #include "engine/block_manager.h"
@@ -30,16 +31,6 @@ using loom::engine::BlockManager;
 constexpr int kPrompts = 32;
 constexpr int64_t kPromptTokens = 8192;
 constexpr double kLimit = 0.02;  // of the prefill time per token
-
-std::vector<int32_t> Prompt(int64_t length, int64_t vocab, uint32_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(length));
-  uint32_t state = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < length; ++i) {
-    state = state * 1664525u + 1013904223u;
-    ids[static_cast<size_t>(i)] = static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(vocab));
-  }
-  return ids;
-}
 
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -93,7 +84,7 @@ int main(int argc, char** argv) {
 
   // The limit: a 512-token prefill step of the model (the worker's default chunk).
   const int64_t prefill_len = 512;
-  const std::vector<int32_t> prefill_prompt = Prompt(prefill_len, vocab, 99);
+  const std::vector<int32_t> prefill_prompt = loom::bench::RandomPrompt(prefill_len, vocab, 99);
   std::vector<int32_t> prefill_blocks;
   for (int64_t b = 0; b < prefill_len / block_size; ++b) {
     prefill_blocks.push_back(static_cast<int32_t>(b));
@@ -115,7 +106,8 @@ int main(int argc, char** argv) {
 
   // The prefix cache's work.
   std::vector<std::vector<int32_t>> prompts;
-  for (int p = 0; p < kPrompts; ++p) prompts.push_back(Prompt(kPromptTokens, vocab, 1000 + p));
+  for (int p = 0; p < kPrompts; ++p)
+    prompts.push_back(loom::bench::RandomPrompt(kPromptTokens, vocab, 1000 + p));
   const BlockHash seed = loom::engine::PrefixHashSeed(model_path, "");
   const int64_t blocks_per_prompt = kPromptTokens / block_size;
   const double tokens_per_pass = static_cast<double>(kPrompts) * kPromptTokens;
