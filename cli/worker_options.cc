@@ -143,6 +143,7 @@ CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
          },
          "vLLM's name for --kv-dtype: auto (f16), fp8 (= fp8_e4m3), fp8_e4m3 or int8")
       ->check(OneOf({"auto", "fp8", "fp8_e4m3", "int8"}))
+      ->default_str("auto")
       ->excludes(option);
   return option;
 }
