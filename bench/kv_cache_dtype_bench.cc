@@ -6,9 +6,13 @@
 //   decode     tokens/s of --batch sequences decoding --decode-tokens tokens each after a
 //              --prompt-tokens prompt, as a ratio to F16's in the same run (bar: >= 1.0x),
 //              median of --repeats, and the KV bytes each decode step reads against the
-//              machine's read bandwidth measured in the same run.
+//              machine's read bandwidth measured in the same run. The prompts are prefilled
+//              first (one token each, kept in the prefix cache), so the measured run's
+//              prompts are cache hits and every sequence decodes from the same step on: no
+//              step mixes one sequence's prefill with another's decode (the engine counts
+//              such steps as prefill time, not decode time).
 // Writes bench/results/kv_cache_dtype_cpu.json (_<isa> appended when LOOM_CPU_ISA forces
-// the ISA: run it once per ISA).
+// the ISA: run it once per ISA; _prompt<N> for another --prompt-tokens).
 //
 // usage: kv_cache_dtype_bench [--model PATH] [--threads N] [--batch B] [--prompt-tokens P]
 //                             [--decode-tokens T] [--repeats R] [--budget-mib M]
@@ -111,17 +115,16 @@ double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokeni
   loom::worker::CpuForwardPassOptions options;
   options.num_threads = flags.threads;
   options.kv_dtype = dtype;
+  // Each repeat's prompts stay cached beside the next repeat's sequences.
   options.num_kv_blocks =
-      flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
+      2 * flags.batch * ((flags.prompt_tokens + flags.decode_tokens + 15) / 16 + 1) + 8;
   auto forward_pass = loom::worker::CpuForwardPass::Create(gguf, options);
   if (!forward_pass.ok()) {
     std::fprintf(stderr, "%s\n", forward_pass.status().ToString().c_str());
     std::exit(1);
   }
   loom::worker::ModelStepBackend backend(*std::move(forward_pass));
-  loom::cli::LocalEngineOptions engine_options;
-  engine_options.enable_prefix_caching = false;  // every repeat decodes over fresh KV
-  loom::cli::LocalEngine engine(backend, tokenizer, engine_options);
+  loom::cli::LocalEngine engine(backend, tokenizer);
   std::vector<double> rates;
   for (int r = 0; r < flags.repeats; ++r) {
     std::vector<loom::cli::EngineRequest> requests;
@@ -134,7 +137,11 @@ double DecodeRate(const loom::common::GgufFile& gguf, const loom::common::Tokeni
       request.ignore_eos = true;
       requests.push_back(std::move(request));
     }
-    auto results = engine.Generate(requests);
+    // Prefill (into the prefix cache), then the measured run over the cached prompts.
+    std::vector<loom::cli::EngineRequest> prefill = requests;
+    for (auto& request : prefill) request.max_tokens = 1;
+    auto results = engine.Generate(prefill);
+    if (results.ok()) results = engine.Generate(requests);
     if (!results.ok()) {
       std::fprintf(stderr, "generate failed: %s\n", results.status().ToString().c_str());
       std::exit(1);
@@ -211,8 +218,13 @@ int main(int argc, char** argv) {
         rate / f16_rate, kv_gbs, kv_gbs / read_gbs);
   }
   const bool forced = std::getenv("LOOM_CPU_ISA") != nullptr;
+  // kv_cache_dtype_cpu[_<isa>][_prompt<N> when --prompt-tokens is not the default].
+  std::string name = forced ? std::string("kv_cache_dtype_cpu_") + isa : "kv_cache_dtype_cpu";
+  if (flags.prompt_tokens != Flags{}.prompt_tokens) {
+    name += "_prompt" + std::to_string(flags.prompt_tokens);
+  }
   loom::bench::WriteResult(
-      forced ? std::string("kv_cache_dtype_cpu_") + isa : std::string("kv_cache_dtype_cpu"),
+      name,
       absl::StrFormat(
           "{\"benchmark\": \"kv_cache_dtype_cpu\", \"date\": \"%s\", \"cpu\": \"%s\", "
           "\"cpu_isa\": \"%s\", \"threads\": %d, \"model\": \"%s\", \"budget_mib\": %d, "
