@@ -118,17 +118,24 @@ absl::StatusOr<int> ResolveGpuIndex(int gpu_index, int rank, int cuda_device_cou
   return gpu_index;
 }
 
+namespace {
+
+// The KV type named `name` (one of the flags' checked values; f16 otherwise).
+kernels::cpu::KvDtype KvDtypeOf(const std::string& name) {
+  using kernels::cpu::KvDtype;
+  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kInt8, KvDtype::kFp8E4m3}) {
+    if (name == kernels::cpu::KvDtypeName(dtype)) return dtype;
+  }
+  return KvDtype::kF16;
+}
+
+}  // namespace
+
 CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
   using kernels::cpu::KvDtype;
   CLI::Option* option =
       app.add_option_function<std::string>(
-             "--kv-dtype",
-             [&kv_dtype](const std::string& text) {
-               kv_dtype = text == "f32"        ? KvDtype::kF32
-                          : text == "int8"     ? KvDtype::kInt8
-                          : text == "fp8_e4m3" ? KvDtype::kFp8E4m3
-                                               : KvDtype::kF16;
-             },
+             "--kv-dtype", [&kv_dtype](const std::string& text) { kv_dtype = KvDtypeOf(text); },
              "the KV cache's element type: f16, f32, or int8 / fp8_e4m3 (8-bit codes and a "
              "scale per token and KV head: a block takes 52% of f16's bytes at head dim 64, "
              "so the pool holds 1.9x the tokens); f32 and the 8-bit types are CPU-only")
@@ -137,9 +144,7 @@ CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
   app.add_option_function<std::string>(
          "--kv-cache-dtype",
          [&kv_dtype](const std::string& text) {
-           kv_dtype = text == "int8"                        ? KvDtype::kInt8
-                      : text == "fp8" || text == "fp8_e4m3" ? KvDtype::kFp8E4m3
-                                                            : KvDtype::kF16;
+           kv_dtype = KvDtypeOf(text == "auto" ? "f16" : text == "fp8" ? "fp8_e4m3" : text);
          },
          "vLLM's name for --kv-dtype: auto (f16), fp8 (= fp8_e4m3), fp8_e4m3 or int8")
       ->check(OneOf({"auto", "fp8", "fp8_e4m3", "int8"}))

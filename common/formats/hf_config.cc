@@ -214,12 +214,10 @@ absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
     for (int64_t l = 0; l < layers; ++l)
       local[static_cast<size_t>(l)] = use_sliding_window && l >= first;
   }
-  if (window == 0 || std::find(local.begin(), local.end(), true) == local.end()) {
-    if (std::find(local.begin(), local.end(), true) != local.end()) {
-      return absl::InvalidArgumentError(
-          "config.json: sliding-window layers without a sliding_window size");
-    }
-    return absl::OkStatus();
+  if (std::find(local.begin(), local.end(), true) == local.end()) return absl::OkStatus();
+  if (window == 0) {
+    return absl::InvalidArgumentError(
+        "config.json: sliding-window layers without a sliding_window size");
   }
   const std::string arch(rules.gguf_name);
   metadata.Int(arch + ".attention.sliding_window", window);

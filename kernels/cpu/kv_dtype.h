@@ -18,12 +18,12 @@ namespace loom::kernels::cpu {
 /// later token raised the block's maximum.
 enum class KvDtype { kF16, kF32, kInt8, kFp8E4m3 };
 
-inline bool IsQuantizedKv(KvDtype dtype) {
+constexpr bool IsQuantizedKv(KvDtype dtype) {
   return dtype == KvDtype::kInt8 || dtype == KvDtype::kFp8E4m3;
 }
 
 /// Bytes of one K or V element (the code for the 8-bit types).
-inline int64_t KvElementBytes(KvDtype dtype) {
+constexpr int64_t KvElementBytes(KvDtype dtype) {
   switch (dtype) {
     case KvDtype::kF16:
       return 2;

@@ -58,7 +58,7 @@ inline float HorizontalSum(__m256 v) {
 // tiled kernel's file comment says why).
 template <KvDtype kDtype>
 void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
-  constexpr bool kQuantized = kDtype == KvDtype::kInt8 || kDtype == KvDtype::kFp8E4m3;
+  constexpr bool kQuantized = IsQuantizedKv(kDtype);
   const float decode = KvDecodeFactor(kDtype);
   const int64_t d = cache.head_dim, bs = cache.block_size, vecs = d / 8;
   for (int64_t h = 0; h < task.num_heads; ++h) {
@@ -74,7 +74,8 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       const int64_t slot0 = block * bs + pos % bs;
       float chunk_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < count; ++j) {
-        const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+        const int64_t head = (slot0 + j) * cache.num_kv_heads + task.kv_head;
+        const int64_t base = head * d;
         __m256 dot0 = _mm256_setzero_ps(), dot1 = _mm256_setzero_ps();
         int64_t v = 0;
         for (; v + 2 <= vecs; v += 2) {
@@ -89,7 +90,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
         }
         float score_scale = scale;
         if constexpr (kQuantized) {
-          score_scale *= decode * Bf16ToFloat(cache.k_scale[base / d]);
+          score_scale *= decode * Bf16ToFloat(cache.k_scale[head]);
         }
         scores[j] = HorizontalSum(_mm256_add_ps(dot0, dot1)) * score_scale;
         chunk_max = std::max(chunk_max, scores[j]);
@@ -104,9 +105,10 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       for (int64_t j = 0; j < count; ++j) {
         const float weight = std::exp(scores[j] - new_max);
         denominator += weight;
-        const int64_t base = ((slot0 + j) * cache.num_kv_heads + task.kv_head) * d;
+        const int64_t head = (slot0 + j) * cache.num_kv_heads + task.kv_head;
+        const int64_t base = head * d;
         const __m256 weight8 = _mm256_set1_ps(
-            kQuantized ? weight * (decode * Bf16ToFloat(cache.v_scale[base / d])) : weight);
+            kQuantized ? weight * (decode * Bf16ToFloat(cache.v_scale[head])) : weight);
         for (int64_t v = 0; v < vecs; ++v) {
           _mm256_store_ps(acc + v * 8,
                           _mm256_fmadd_ps(weight8, Load8<kDtype>(cache.v, base + v * 8),
@@ -194,30 +196,14 @@ struct Avx2Vectors {
 }  // namespace
 
 void AttendTileAvx2(const KvLayerView& cache, float scale, const AttentionTask& tile) {
-  switch (cache.dtype) {
-    case KvDtype::kF16:
-      return tiled::TileKernel<Avx2Vectors, KvDtype::kF16>::Run(cache, scale, tile);
-    case KvDtype::kF32:
-      return tiled::TileKernel<Avx2Vectors, KvDtype::kF32>::Run(cache, scale, tile);
-    case KvDtype::kInt8:
-      return tiled::TileKernel<Avx2Vectors, KvDtype::kInt8>::Run(cache, scale, tile);
-    case KvDtype::kFp8E4m3:
-      return tiled::TileKernel<Avx2Vectors, KvDtype::kFp8E4m3>::Run(cache, scale, tile);
-  }
+  WithKvDtype(cache.dtype, [&](auto dtype) {
+    tiled::TileKernel<Avx2Vectors, decltype(dtype)::value>::Run(cache, scale, tile);
+  });
 }
 
 void AttendAvx2(const KvLayerView& cache, float scale, const AttentionTask& task) {
   if (cache.head_dim % 8 != 0) return AttendScalar(cache, scale, task);
-  switch (cache.dtype) {
-    case KvDtype::kF16:
-      return Attend<KvDtype::kF16>(cache, scale, task);
-    case KvDtype::kF32:
-      return Attend<KvDtype::kF32>(cache, scale, task);
-    case KvDtype::kInt8:
-      return Attend<KvDtype::kInt8>(cache, scale, task);
-    case KvDtype::kFp8E4m3:
-      return Attend<KvDtype::kFp8E4m3>(cache, scale, task);
-  }
+  WithKvDtype(cache.dtype, [&](auto dtype) { Attend<decltype(dtype)::value>(cache, scale, task); });
 }
 
 void RotateRowsAvx2(float* rows, int64_t count, int64_t n) {

@@ -28,7 +28,7 @@ inline __m512 Fp8ToFloat16(__m128i codes) {
 }
 
 template <KvDtype kDtype>
-inline constexpr bool kQuantized = kDtype == KvDtype::kInt8 || kDtype == KvDtype::kFp8E4m3;
+inline constexpr bool kQuantized = IsQuantizedKv(kDtype);
 
 // Loads 16 (or the masked tail of) K/V elements as float (8-bit codes unscaled).
 template <KvDtype kDtype>
@@ -237,7 +237,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       const int64_t row =
           (static_cast<int64_t>(task.blocks[next / bs]) * bs + next % bs) * kv_row +
           task.kv_head * d;
-      constexpr int64_t kBytes = kDtype == KvDtype::kF16 ? 2 : kDtype == KvDtype::kF32 ? 4 : 1;
+      constexpr int64_t kBytes = KvElementBytes(kDtype);
       for (int64_t byte = 0; byte < d * kBytes; byte += 64) {
         __builtin_prefetch(static_cast<const char*>(cache.k) + row * kBytes + byte,
                            /*rw=*/0, /*locality=*/2);
@@ -465,29 +465,14 @@ struct Avx512Vectors {
 }  // namespace
 
 void AttendTileAvx512(const KvLayerView& cache, float scale, const AttentionTask& tile) {
-  switch (cache.dtype) {
-    case KvDtype::kF16:
-      return tiled::TileKernel<Avx512Vectors, KvDtype::kF16>::Run(cache, scale, tile);
-    case KvDtype::kF32:
-      return tiled::TileKernel<Avx512Vectors, KvDtype::kF32>::Run(cache, scale, tile);
-    case KvDtype::kInt8:
-      return tiled::TileKernel<Avx512Vectors, KvDtype::kInt8>::Run(cache, scale, tile);
-    case KvDtype::kFp8E4m3:
-      return tiled::TileKernel<Avx512Vectors, KvDtype::kFp8E4m3>::Run(cache, scale, tile);
-  }
+  WithKvDtype(cache.dtype, [&](auto dtype) {
+    tiled::TileKernel<Avx512Vectors, decltype(dtype)::value>::Run(cache, scale, tile);
+  });
 }
 
 void AttendAvx512(const KvLayerView& cache, float scale, const AttentionTask& task) {
-  switch (cache.dtype) {
-    case KvDtype::kF16:
-      return AttendDispatched<KvDtype::kF16>(cache, scale, task);
-    case KvDtype::kF32:
-      return AttendDispatched<KvDtype::kF32>(cache, scale, task);
-    case KvDtype::kInt8:
-      return AttendDispatched<KvDtype::kInt8>(cache, scale, task);
-    case KvDtype::kFp8E4m3:
-      return AttendDispatched<KvDtype::kFp8E4m3>(cache, scale, task);
-  }
+  WithKvDtype(cache.dtype,
+              [&](auto dtype) { AttendDispatched<decltype(dtype)::value>(cache, scale, task); });
 }
 
 void FloatToHalfAvx512(const float* src, int64_t count, uint16_t* dst) {

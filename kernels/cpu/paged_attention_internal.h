@@ -3,6 +3,7 @@
 // Internal to kernels/cpu: the per-ISA inner loops of PagedAttention and WriteKv.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/paged_attention.h"
 
@@ -95,6 +96,22 @@ void RotateRowsAvx2(float* rows, int64_t count, int64_t n);
 
 /// QuantizeKvRow (kv_dtype.h) for n a multiple of 8, with AVX2: the same codes and scale.
 void QuantizeKvRowAvx2(KvDtype dtype, const float* x, int64_t n, void* codes, uint16_t* scale);
+
+/// Calls f(std::integral_constant<KvDtype, dtype>{}): the one place a run-time KV type
+/// becomes a kernel's template argument.
+template <typename F>
+void WithKvDtype(KvDtype dtype, F&& f) {
+  switch (dtype) {
+    case KvDtype::kF16:
+      return f(std::integral_constant<KvDtype, KvDtype::kF16>{});
+    case KvDtype::kF32:
+      return f(std::integral_constant<KvDtype, KvDtype::kF32>{});
+    case KvDtype::kInt8:
+      return f(std::integral_constant<KvDtype, KvDtype::kInt8>{});
+    case KvDtype::kFp8E4m3:
+      return f(std::integral_constant<KvDtype, KvDtype::kFp8E4m3>{});
+  }
+}
 
 /// Test hook: false forces the scalar paths of WriteKv and PagedAttention even where
 /// AVX-512 or AVX2 is available.

@@ -73,7 +73,7 @@ class TileKernel {
  public:
   static constexpr int kLanes = V::kLanes;
   static constexpr int64_t kKvTile = 2 * kLanes;
-  static constexpr bool kQuantized = kDtype == KvDtype::kInt8 || kDtype == KvDtype::kFp8E4m3;
+  static constexpr bool kQuantized = IsQuantizedKv(kDtype);
   // Tiles of up to this many query vectors take positions as lanes (FewScores): the
   // transpose of K costs about as much as kLanes / 2 query vectors' score FMAs.
   static constexpr int kMaxFew = kLanes / 2;
