@@ -91,7 +91,7 @@ Capacity MeasureCapacity(const loom::common::ModelConfig& config, KvDtype dtype,
                          const Flags& flags) {
   constexpr int64_t kBlockSize = 16;
   auto block = loom::model::ShardKvBlock(
-      config, 0, 1, kBlockSize, loom::kernels::cpu::KvElementBytes(dtype),
+      config, {}, kBlockSize, loom::kernels::cpu::KvElementBytes(dtype),
       loom::kernels::cpu::KvDtypeName(dtype), loom::kernels::cpu::KvScaleBytes(dtype));
   auto blocks =
       block.ok() ? loom::model::KvBlocksFromBudget(flags.budget_mib << 20, *block) : block.status();

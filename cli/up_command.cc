@@ -88,10 +88,10 @@ void StopWorkers(std::vector<pid_t>& pids) {
 
 }  // namespace
 
-const char* const kUpOwnedWorkerFlags[] = {"model",     "coordinator",   "replica-id",
-                                            "rank",      "world-size",    "rendezvous-id",
-                                            "threads",   "drain-timeout-s", "gpu-index",
-                                            nullptr};
+const char* const kUpOwnedWorkerFlags[] = {
+    "model",         "coordinator", "replica-id",      "rank",      "world-size",
+    "rendezvous-id", "threads",     "drain-timeout-s", "gpu-index", "pipeline-parallel-size",
+    nullptr};
 
 std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options) {
   cli::CommandLine command_line(
@@ -105,6 +105,11 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
               "ranks (worker processes) per replica, joined by gloo on the CPU or NCCL on "
               "CUDA, one GPU each (also -tp)");
   command_line.AddArgumentAlias("-tp", "--tensor-parallel-size");
+  cli::AddInt(app, "--pipeline-parallel-size", options.stages, 1, 256,
+              "pipeline stages per replica (CPU), each a contiguous range of layers on "
+              "--tensor-parallel-size ranks; the residual stream passes stage to stage over "
+              "gloo (also -pp)");
+  command_line.AddArgumentAlias("-pp", "--pipeline-parallel-size");
   cli::AddInt(app, "--threads", options.threads, 0, 1024,
               "CPU threads per worker (0: cores / workers)");
   cli::AddString(app, "--worker-binary", options.worker_binary,
@@ -131,7 +136,7 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
   }
   if (options.threads == 0) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    options.threads = std::max(1, cores / (options.replicas * options.workers));
+    options.threads = std::max(1, cores / (options.replicas * options.workers * options.stages));
   }
   if (options.worker_binary.empty()) options.worker_binary = FindWorkerBinary();
   return std::nullopt;
@@ -145,8 +150,9 @@ namespace {
 
 // Whether the workers will run on CUDA: they resolve --device the same way.
 bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
-  absl::StatusOr<std::string> device = ResolveDevice(
-      options.worker.device, options.worker.kv_dtype, options.workers, cuda_device_count);
+  absl::StatusOr<std::string> device =
+      ResolveDevice(options.worker.device, options.worker.kv_dtype,
+                    options.workers * options.stages, cuda_device_count);
   return options.worker.step_backend == "model" && device.ok() && *device == "cuda";
 }
 
@@ -154,6 +160,11 @@ bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
 
 absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count) {
   if (!WorkersRunOnCuda(options, cuda_device_count)) return absl::OkStatus();
+  if (options.stages > 1) {
+    return absl::InvalidArgumentError(
+        "--pipeline-parallel-size runs on the CPU backend; CUDA stages are not built (use "
+        "--device cpu)");
+  }
   if (options.workers > cuda_device_count) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "--tensor-parallel-size %d on CUDA needs %d GPUs (NCCL runs one rank per GPU); this "
@@ -187,15 +198,20 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
   // On CUDA each worker gets its own GPU.
   const bool cuda = WorkersRunOnCuda(options, cuda_device_count);
   std::vector<std::vector<std::string>> commands;
+  // A replica's ranks stage by stage: rank = stage * T + tensor-parallel rank.
+  const int ranks = options.workers * options.stages;
   for (int r = 0; r < options.replicas; ++r) {
-    for (int rank = 0; rank < options.workers; ++rank) {
+    for (int rank = 0; rank < ranks; ++rank) {
       std::vector<std::string> args = {"--model",       options.serve.model_path,
                                        "--coordinator", coordinator,
                                        "--replica-id",  absl::StrFormat("replica-%d", r),
                                        "--threads",     std::to_string(options.threads)};
-      if (options.workers > 1) {
-        args.insert(args.end(), {"--world-size", std::to_string(options.workers), "--rank",
+      if (ranks > 1) {
+        args.insert(args.end(), {"--world-size", std::to_string(ranks), "--rank",
                                  std::to_string(rank), "--rendezvous-id", rendezvous_id});
+      }
+      if (options.stages > 1) {
+        args.insert(args.end(), {"--pipeline-parallel-size", std::to_string(options.stages)});
       }
       if (cuda) {
         args.insert(args.end(), {"--gpu-index", std::to_string(UpGpuIndex(

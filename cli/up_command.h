@@ -16,6 +16,7 @@ struct UpOptions {
   api::ServeOptions serve;
   int replicas = 1;  // --data-parallel-size, --replicas
   int workers = 1;   // --tensor-parallel-size, -tp, --tensor-parallel, --workers
+  int stages = 1;    // --pipeline-parallel-size, -pp: stages of `workers` ranks each
   int threads = 0;   // per worker; 0: cores / workers
   std::string worker_binary;
   WorkerOptions worker;  // the worker flags' values (forwarded as given, not from here)
@@ -51,7 +52,7 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
                                                      int cuda_device_count = 0);
 
 /// `loom up MODEL [--data-parallel-size R] [--tensor-parallel-size T] [serve and worker
-/// flags]`: a coordinator and its workers on this machine (R x T `loom-worker`
+/// flags]`: a coordinator and its workers on this machine (R x P x T `loom-worker`
 /// processes). Ctrl-C / SIGTERM drains, then stops the workers.
 int RunUpCommand(int argc, char** argv);
 

@@ -30,6 +30,7 @@
 #include "worker/communicator_factory.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/draft_model.h"
+#include "worker/pipeline_link.h"
 #include "worker/registration.h"
 #include "worker/step_backend_factory.h"
 #include "worker/step_executor.h"
@@ -54,6 +55,7 @@ using worker::ConnectCommunicator;
 using worker::CreateStepBackend;
 using worker::DraftModel;
 using worker::LoadDraftModel;
+using worker::PipelineLink;
 using worker::RegistrationOptions;
 using worker::StepBackend;
 using worker::StepBackendOptions;
@@ -102,10 +104,24 @@ absl::Status CheckCommandLine(WorkerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--rank %d is outside [0, %d)", options.rank, options.world_size));
   }
+  if (options.world_size % options.pipeline_parallel_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--world-size %d is not a multiple of --pipeline-parallel-size %d",
+                        options.world_size, options.pipeline_parallel_size));
+  }
+  if (options.pipeline_parallel_size > 1 && options.step_backend != "model") {
+    return absl::InvalidArgumentError("--pipeline-parallel-size needs --step-backend model");
+  }
   if (options.num_threads == 0) {
     options.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   }
   return absl::OkStatus();
+}
+
+// Where the worker sits in its replica's tensor x pipeline grid.
+model::Parallelism ParallelismOf(const WorkerOptions& options) {
+  const int tp_size = options.world_size / options.pipeline_parallel_size;
+  return {options.rank % tp_size, tp_size, options.rank / tp_size, options.pipeline_parallel_size};
 }
 
 // Where the model runs, decided before anything is loaded.
@@ -124,6 +140,11 @@ absl::StatusOr<Placement> PlaceWorker(const WorkerOptions& options) {
     LOOM_ASSIGN_OR_RETURN(placement.device,
                           ResolveDevice(options.device, options.kv_dtype, options.world_size,
                                         kernels::CudaDeviceCount()));
+  }
+  if (placement.cuda() && options.pipeline_parallel_size > 1) {
+    return absl::InvalidArgumentError(
+        "--pipeline-parallel-size runs on the CPU backend (stages joined by gloo); CUDA stages "
+        "(NCCL send/recv) are not built: use --device cpu");
   }
   if (placement.cuda()) {
     LOOM_ASSIGN_OR_RETURN(placement.gpu_index, ResolveGpuIndex(options.gpu_index, options.rank,
@@ -191,7 +212,7 @@ absl::StatusOr<KvPool> PlanKvPool(const WorkerOptions& options, const Placement&
   KvPool pool;
   LOOM_ASSIGN_OR_RETURN(
       pool.block, model::ShardKvBlock(
-                      config, options.rank, options.world_size, options.block_size,
+                      config, ParallelismOf(options), options.block_size,
                       placement.cuda() ? kernels::cuda::ElementBytes(kernels::cuda::DataType::kF16)
                                        : kernels::cpu::KvElementBytes(options.kv_dtype),
                       kernels::cpu::KvDtypeName(options.kv_dtype),
@@ -203,28 +224,54 @@ absl::StatusOr<KvPool> PlanKvPool(const WorkerOptions& options, const Placement&
   return pool;
 }
 
-// Tensor parallelism: meets the replica's other ranks through the coordinator's rendezvous
-// store, NCCL on CUDA and gloo on the CPU, the collectives' timeout --rendezvous-timeout-ms.
-// Null on a single rank.
-absl::StatusOr<std::unique_ptr<model::Communicator>> JoinRanks(const WorkerOptions& options,
-                                                               const Placement& placement) {
-  if (options.world_size == 1) return std::unique_ptr<model::Communicator>();
-  std::fprintf(
-      stderr, "loom-worker: rank %d of %d%s: meeting the other ranks through %s\n", options.rank,
-      options.world_size,
-      placement.cuda() ? absl::StrFormat(" on GPU %d (NCCL)", placement.gpu_index).c_str() : "",
-      options.coordinator_address.c_str());
+// The rendezvous fields every group of the replica shares.
+CommunicatorOptions RendezvousOf(const WorkerOptions& options) {
   CommunicatorOptions communicator;
   communicator.coordinator_address = options.coordinator_address;
   communicator.replica_id = options.replica_id;
   communicator.rendezvous_id = options.rendezvous_id;
-  communicator.rank = options.rank;
-  communicator.world_size = options.world_size;
   communicator.timeout = std::chrono::milliseconds(options.rendezvous_timeout_ms);
+  communicator.hostname = AdvertiseHost(SplitHostPort(options.listen_address)->first);
+  return communicator;
+}
+
+// Tensor parallelism: meets the other ranks of its pipeline stage through the coordinator's
+// rendezvous store, NCCL on CUDA and gloo on the CPU, the collectives' timeout
+// --rendezvous-timeout-ms. Null on a single rank.
+absl::StatusOr<std::unique_ptr<model::Communicator>> JoinRanks(const WorkerOptions& options,
+                                                               const Placement& placement) {
+  const model::Parallelism parallel = ParallelismOf(options);
+  if (parallel.tp_size == 1) return std::unique_ptr<model::Communicator>();
+  std::fprintf(
+      stderr, "loom-worker: rank %d of %d%s: meeting the other ranks through %s\n",
+      parallel.tp_rank, parallel.tp_size,
+      placement.cuda() ? absl::StrFormat(" on GPU %d (NCCL)", placement.gpu_index).c_str() : "",
+      options.coordinator_address.c_str());
+  CommunicatorOptions communicator = RendezvousOf(options);
+  // Each stage is a tensor-parallel group of its own.
+  if (parallel.pp_size > 1) {
+    communicator.replica_id = absl::StrFormat("%s/stage%d", options.replica_id, parallel.pp_stage);
+  }
+  communicator.rank = parallel.tp_rank;
+  communicator.world_size = parallel.tp_size;
   communicator.cuda = placement.cuda();
   communicator.gpu_index = placement.gpu_index;
-  communicator.hostname = AdvertiseHost(SplitHostPort(options.listen_address)->first);
   return ConnectCommunicator(communicator);
+}
+
+// Pipeline parallelism: meets the same tensor-parallel rank of the other stages. Null
+// with one stage.
+absl::StatusOr<std::unique_ptr<PipelineLink>> JoinStages(const WorkerOptions& options) {
+  const model::Parallelism parallel = ParallelismOf(options);
+  if (parallel.pp_size == 1) return std::unique_ptr<PipelineLink>();
+  std::fprintf(stderr,
+               "loom-worker: pipeline stage %d of %d: meeting the other stages through %s\n",
+               parallel.pp_stage, parallel.pp_size, options.coordinator_address.c_str());
+  CommunicatorOptions link = RendezvousOf(options);
+  link.replica_id = absl::StrFormat("%s/column%d", options.replica_id, parallel.tp_rank);
+  link.rank = parallel.pp_stage;
+  link.world_size = parallel.pp_size;
+  return ConnectPipelineLink(link);
 }
 
 // The CPU forward pass's options from the worker's flags (threads, KV pool, activations): the
@@ -250,8 +297,9 @@ CpuForwardPassOptions CpuForwardPassOptionsOf(const WorkerOptions& options, int6
 // `progress`.
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
     const WorkerOptions& options, const Placement& placement, const ServedModel& model,
-    int64_t num_blocks, model::Communicator* communicator,
+    int64_t num_blocks, model::Communicator* communicator, PipelineLink* link,
     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
+  const model::Parallelism parallel = ParallelismOf(options);
   StepBackendOptions backend_options;
   backend_options.kind = options.step_backend;
   backend_options.device = placement.device;
@@ -265,9 +313,12 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   backend_options.kv_dtype = options.kv_dtype;
   backend_options.activations = options.activations;
   backend_options.cuda_graphs = options.cuda_graphs;
-  backend_options.tp_rank = options.rank;
-  backend_options.tp_size = options.world_size;
+  backend_options.tp_rank = parallel.tp_rank;
+  backend_options.tp_size = parallel.tp_size;
   backend_options.communicator = communicator;
+  backend_options.pp_stage = parallel.pp_stage;
+  backend_options.pp_size = parallel.pp_size;
+  backend_options.link = link;
   backend_options.thread_pool = std::move(thread_pool);
   backend_options.progress = progress;
   std::string load_log;
@@ -355,6 +406,7 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
   request.set_replica_id(options.replica_id);
   request.set_rank(options.rank);
   request.set_world_size(options.world_size);
+  request.set_pipeline_parallel_size(options.pipeline_parallel_size);
   loom::v1::ModelInfo* model = request.mutable_model();
   model->set_name(served.config.name);
   model->set_path(options.model_path);
@@ -464,6 +516,8 @@ int RunWorkerCommand(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<model::Communicator>> communicator =
       JoinRanks(options, *placement);
   if (!communicator.ok()) return Fail(communicator.status());
+  absl::StatusOr<std::unique_ptr<PipelineLink>> link = JoinStages(options);
+  if (!link.ok()) return Fail(link.status());
 
   // With a draft model, the target and the draft step one after the other on one pool.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
@@ -473,10 +527,12 @@ int RunWorkerCommand(int argc, char** argv) {
   // Written by the step executor and the forward pass, read by the heartbeat thread. A
   // step counts its start and end, plus two units per layer on the CPU forward pass.
   StepProgress progress;
+  const int64_t stage_layers = served->config.num_layers / options.pipeline_parallel_size;
   progress.set_units_per_step(static_cast<uint32_t>(
-      2 + (options.step_backend == "model" && !placement->cuda() ? 2 * served->config.num_layers : 0)));
-  absl::StatusOr<std::unique_ptr<StepBackend>> backend = CreateBackend(
-      options, *placement, *served, pool->num_blocks, communicator->get(), thread_pool, &progress);
+      2 + (options.step_backend == "model" && !placement->cuda() ? 2 * stage_layers : 0)));
+  absl::StatusOr<std::unique_ptr<StepBackend>> backend =
+      CreateBackend(options, *placement, *served, pool->num_blocks, communicator->get(),
+                    link->get(), thread_pool, &progress);
   if (!backend.ok()) return Fail(backend.status());
   const int64_t num_blocks =
       (*backend)->num_kv_blocks();  // the CUDA forward pass may have sized it

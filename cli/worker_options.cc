@@ -197,12 +197,18 @@ void AddClusterFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh
   }
   if (fresh("--rank")) {
     AddInt(app, "--rank", options.rank, 0, 1 << 20,
-           "tensor parallelism: this worker is rank R of --world-size ranks of its replica");
+           "tensor/pipeline parallelism: this worker is rank R of --world-size ranks of its "
+           "replica");
   }
   if (fresh("--world-size")) {
     AddInt(app, "--world-size", options.world_size, 1, 1 << 20,
-           "tensor-parallel ranks of this replica; they meet through the coordinator and each "
-           "loads its shard");
+           "ranks of this replica (tensor x pipeline parallel); they meet through the "
+           "coordinator and each loads its shard");
+  }
+  if (fresh("--pipeline-parallel-size")) {
+    AddInt(app, "--pipeline-parallel-size", options.pipeline_parallel_size, 1, 1 << 10,
+           "pipeline stages of the replica (CPU): each holds a contiguous range of layers on "
+           "--world-size / P tensor-parallel ranks; rank R is in stage R / (world size / P)");
   }
   if (fresh("--rendezvous-id")) {
     AddString(app, "--rendezvous-id", options.rendezvous_id,

@@ -24,7 +24,10 @@ struct WorkerOptions {
   std::string advertise_address;               // --advertise-address; empty: listen host:bound port
   std::string replica_id = "replica-0";        // --replica-id
   int32_t rank = 0;                            // --rank, in [0, world_size)
-  int32_t world_size = 1;                      // --world-size: tensor-parallel ranks
+  int32_t world_size = 1;                      // --world-size: the replica's ranks
+  // --pipeline-parallel-size: stages of world_size / P tensor-parallel ranks each; rank r
+  // is tensor-parallel rank r % (world_size / P) of stage r / (world_size / P).
+  int32_t pipeline_parallel_size = 1;
   // --rendezvous-id: namespaces the ranks' rendezvous keys on the coordinator; every rank
   // of one replica incarnation passes the same id, a restarted group a new one.
   std::string rendezvous_id = "0";

@@ -52,6 +52,12 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d is outside a replica of world size %d", request.rank(), request.world_size()));
   }
+  const int stages = std::max(request.pipeline_parallel_size(), 1);
+  if (request.world_size() % stages != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a replica of %d ranks cannot form %d pipeline stages of equal size",
+                        request.world_size(), stages));
+  }
   if (request.worker_address().empty() || request.num_kv_blocks() <= 0 ||
       request.block_size() <= 0 || request.replica_id().empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -86,7 +92,14 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       endpoint.block_size = pending.ranks[0]->block_size();
       endpoint.backend = pending.ranks[0]->backend();
       endpoint.num_kv_blocks = pending.ranks[0]->num_kv_blocks();
+      endpoint.pipeline_parallel_size = stages;
       for (const auto& rank : pending.ranks) {
+        if (std::max(rank->pipeline_parallel_size(), 1) != stages) {
+          pending_ranks_.erase(request.replica_id());
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "the ranks of replica %s disagree on the pipeline parallel size (%d and %d)",
+              request.replica_id(), stages, rank->pipeline_parallel_size()));
+        }
         if (rank->block_size() != endpoint.block_size) {
           pending_ranks_.erase(request.replica_id());
           return absl::FailedPreconditionError(absl::StrFormat(

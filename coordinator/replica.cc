@@ -229,11 +229,16 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   }
   // Results (complete once every rank answered) and the failure that ends the
   // connection reach the loop through stream_events_.
+  const int stages = std::max(endpoint.pipeline_parallel_size, 1);
+  const int first_sampling_rank =
+      static_cast<int>(endpoint.addresses.size()) / stages * (stages - 1);
   absl::StatusOr<std::unique_ptr<ReplicaConnection>> connection = ReplicaConnection::Connect(
-      endpoint.addresses, absl::Seconds(5), [this](ReplicaConnection::Event event) {
+      endpoint.addresses, absl::Seconds(5),
+      [this](ReplicaConnection::Event event) {
         absl::MutexLock lock(&mu_);
         stream_events_.push_back({std::move(event.result), std::move(event.failure)});
-      });
+      },
+      first_sampling_rank);
   if (!connection.ok()) {
     std::fprintf(stderr, "loom: replica %s: %s\n", replica_id_.c_str(),
                  std::string(connection.status().message()).c_str());
@@ -248,7 +253,12 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.max_waiting = std::numeric_limits<int32_t>::max();  // bounded in Submit
   config.enable_prefix_caching = options_.enable_prefix_caching;
   config.speculation = options_.speculation;
-  config.speculation.pipelined = options_.max_plans_in_flight > 1;
+  pipelined_ = stages > 1;
+  plans_in_flight_ = std::max(options_.max_plans_in_flight, stages);
+  config.speculation.pipelined = plans_in_flight_ > 1;
+  // Pipeline stages before the last never sample: every plan names the tokens it
+  // computes, so a sequence waits for its sample before its next plan.
+  config.overlap_samples = !pipelined_;
   config.record_kv_events = kv_index_ != nullptr;
   engine::EngineCore::Hooks hooks;
   hooks.on_token = [this](engine::Request&, const loom::v1::SequenceOutput&, bool) {
@@ -263,16 +273,18 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     lost_reason_.clear();
     live_connection_ = connection_.get();
     endpoint_ = endpoint;
+    stats_.set_max_plans_in_flight(plans_in_flight_);
     liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());
     healthy_.store(true);
   }
   PublishStats();
-  std::fprintf(stderr,
-               "loom: replica %s: %s connected (%lld KV blocks of %d tokens)\n",
+  std::fprintf(stderr, "loom: replica %s: %s connected (%lld KV blocks of %d tokens)\n",
                replica_id_.c_str(),
                endpoint.addresses.size() == 1
                    ? ("worker " + endpoint.address).c_str()
-                   : absl::StrFormat("%d ranks (rank 0 at %s)", endpoint.addresses.size(),
+                   : absl::StrFormat("%d ranks%s (rank 0 at %s)", endpoint.addresses.size(),
+                                     stages > 1 ? absl::StrFormat(" in %d pipeline stages", stages)
+                                                : std::string(),
                                      endpoint.address)
                          .c_str(),
                static_cast<long long>(endpoint.num_kv_blocks), endpoint.block_size);
@@ -314,7 +326,7 @@ void Replica::DropCancelled() {
 
 bool Replica::SendPlans() {
   bool sent = false;
-  while (static_cast<int>(in_flight_.size()) < options_.max_plans_in_flight &&
+  while (static_cast<int>(in_flight_.size()) < plans_in_flight_ &&
          engine_->scheduler().has_work()) {
     const absl::Time start = absl::Now();
     engine::SchedulerOutput out;
@@ -323,7 +335,7 @@ bool Replica::SendPlans() {
     // Reused: a cleared plan keeps its sequence messages (Write serializes before it returns).
     loom::v1::StepPlan& plan = plan_scratch_;
     flight.step_id = next_step_id_++;
-    engine::BuildStepPlan(out, flight.step_id, plan);
+    engine::BuildStepPlan(out, flight.step_id, plan, /*with_input_tokens=*/pipelined_);
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;

@@ -46,6 +46,9 @@ struct WorkerEndpoint {
   int64_t num_kv_blocks = 0;
   int32_t block_size = 16;
   std::string backend;  // as the worker registered it
+  // Pipeline stages (addresses.size() / stages ranks each, stage by stage): the last
+  // stage's ranks sample; a sequence is in at most one plan in flight.
+  int pipeline_parallel_size = 1;
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
@@ -156,6 +159,10 @@ class Replica {
   std::unique_ptr<engine::EngineCore> engine_;
   std::unique_ptr<ReplicaConnection> connection_;  // the loop thread's
   std::deque<InFlightPlan> in_flight_;
+  // Plans kept in flight: max_plans_in_flight, and at least one per pipeline stage (each
+  // stage works on its own micro-batch of sequences).
+  int plans_in_flight_ = 2;
+  bool pipelined_ = false;  // the connected replica has pipeline stages
   uint64_t next_step_id_ = 1;
   uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;
   loom::v1::StepPlan plan_scratch_;     // SendPlans: the plan being built

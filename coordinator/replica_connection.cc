@@ -7,9 +7,16 @@
 namespace loom::coordinator {
 
 absl::StatusOr<std::unique_ptr<ReplicaConnection>> ReplicaConnection::Connect(
-    const std::vector<std::string>& addresses, absl::Duration connect_timeout, EventFn on_event) {
+    const std::vector<std::string>& addresses, absl::Duration connect_timeout, EventFn on_event,
+    int first_sampling_rank) {
   if (addresses.empty()) return absl::InvalidArgumentError("a replica needs at least one rank");
+  if (first_sampling_rank < 0 || first_sampling_rank >= static_cast<int>(addresses.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling rank %d is outside a replica of %d ranks", first_sampling_rank,
+                        addresses.size()));
+  }
   std::unique_ptr<ReplicaConnection> connection(new ReplicaConnection(std::move(on_event)));
+  connection->first_sampling_rank_ = first_sampling_rank;
   connection->ranks_.resize(addresses.size());
   for (size_t r = 0; r < addresses.size(); ++r) {
     Rank& rank = connection->ranks_[r];
@@ -85,16 +92,17 @@ void ReplicaConnection::Recycle(loom::v1::StepResult result) {
 void ReplicaConnection::Read(int rank) {
   loom::v1::StepResult result;
   while (ranks_[rank].stream->Read(&result)) {
-    // Only several ranks have answers to compare.
+    // Only several sampling ranks have answers to compare.
+    const bool sampling = rank >= first_sampling_rank_;
     std::vector<int32_t> tokens;
-    if (ranks_.size() > 1) {
+    if (sampling && static_cast<int>(ranks_.size()) - first_sampling_rank_ > 1) {
       for (const loom::v1::SequenceOutput& output : result.outputs()) {
         tokens.push_back(output.token_id());
       }
     }
     std::optional<Event> complete;
     std::string failure;
-    bool handed_on = false;  // `result` went into the pending step (rank 0)
+    bool handed_on = false;  // `result` went into the pending step (the sampling rank)
     {
       absl::MutexLock lock(&mu_);
       if (failed_) break;
@@ -104,14 +112,17 @@ void ReplicaConnection::Read(int rank) {
                                   result.step_id());
       } else {
         Pending& pending = it->second;
-        if (!pending.tokens) {
+        if (!sampling) {
+          // An earlier pipeline stage: it answers with no tokens (or its step's error,
+          // which the last stage reports too).
+        } else if (!pending.tokens) {
           pending.tokens = tokens;
         } else if (*pending.tokens != tokens) {
           failure = absl::StrFormat(
               "the ranks disagree on the tokens sampled in step %d (rank %d differs)",
               result.step_id(), rank);
         }
-        if (rank == 0) {
+        if (rank == first_sampling_rank_) {
           pending.rank0 = std::move(result);  // its ids are in `tokens`
           handed_on = true;
         }

@@ -17,12 +17,14 @@
 
 namespace loom::coordinator {
 
-/// The step streams to every rank of one replica (one rank without tensor parallelism).
-/// A plan goes to every rank; a step is complete when every rank answered it, and then
-/// rank 0's result stands for the replica. The ranks sample from identical logits with
-/// identical per-sequence RNGs, so their sampled tokens must agree: a disagreement is
-/// reported as a failure (it would mean the ranks diverged). The first stream that ends
-/// fails the replica. Events go to `on_event` from the reader threads, in step order.
+/// The step streams to every rank of one replica (one rank without tensor or pipeline
+/// parallelism). A plan goes to every rank; a step is complete when every rank answered
+/// it, and then the first sampling rank's result stands for the replica (rank 0, or with
+/// pipeline stages the first rank of the last stage; earlier stages answer without
+/// tokens). The sampling ranks sample from identical logits with identical per-sequence
+/// RNGs, so their tokens must agree: a disagreement is reported as a failure (it would mean
+/// the ranks diverged). The first stream that ends fails the replica. Events go to
+/// `on_event` from the reader threads, in step order.
 class ReplicaConnection {
  public:
   /// A completed step (`result`) or the failure that ends the connection
@@ -34,10 +36,11 @@ class ReplicaConnection {
   using EventFn = std::function<void(Event)>;
 
   /// Opens a Step stream to each address (rank r at addresses[r]), waiting up to
-  /// `connect_timeout` for each channel. Unavailable naming the rank that cannot be reached.
+  /// `connect_timeout` for each channel; ranks from `first_sampling_rank` on sample.
+  /// Unavailable naming the rank that cannot be reached.
   static absl::StatusOr<std::unique_ptr<ReplicaConnection>> Connect(
-      const std::vector<std::string>& addresses, absl::Duration connect_timeout,
-      EventFn on_event);
+      const std::vector<std::string>& addresses, absl::Duration connect_timeout, EventFn on_event,
+      int first_sampling_rank = 0);
   ~ReplicaConnection();  // Cancel()s and joins the readers
 
   int world_size() const { return static_cast<int>(ranks_.size()); }
@@ -59,7 +62,7 @@ class ReplicaConnection {
   };
   struct Pending {
     int answers = 0;
-    std::optional<loom::v1::StepResult> rank0;
+    std::optional<loom::v1::StepResult> rank0;   // the first sampling rank's
     std::optional<std::vector<int32_t>> tokens;  // the first answer's sampled ids
     std::string mismatch;
   };
@@ -70,6 +73,7 @@ class ReplicaConnection {
 
   EventFn on_event_;
   std::vector<Rank> ranks_;
+  int first_sampling_rank_ = 0;
   absl::Mutex mu_;
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by step id
   bool failed_ ABSL_GUARDED_BY(mu_) = false;

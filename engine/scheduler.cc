@@ -118,6 +118,7 @@ SchedulerOutput Scheduler::Schedule() {
   for (Sequence* seq : running_) {
     // A speculative step in flight: where it continues is known once its result is back.
     if (HasAllOutputs(*seq) || seq->speculative_in_flight > 0) continue;
+    if (!config_.overlap_samples && seq->samples_in_flight > 0) continue;
     const int32_t pending = PendingTokens(*seq);
     if (pending == 1) {
       decode_candidates_.push_back(seq);
@@ -181,7 +182,8 @@ void Scheduler::ChooseSpeculation(int64_t budget) {
     const Sequence& seq = *decode_candidates_[i];
     // Never draft past max_tokens: the step emits at most 1 + drafts outputs.
     const int32_t room = seq.max_tokens - seq.num_outputs_expected() - 1;
-    draft_limits_[i] = std::max(0, std::min(seq.max_speculative_tokens, room));
+    draft_limits_[i] =
+        config_.overlap_samples ? std::max(0, std::min(seq.max_speculative_tokens, room)) : 0;
     draft_stats_[i] = &seq.speculation;
     any = any || draft_limits_[i] > 0;
   }

@@ -26,6 +26,11 @@ struct SchedulerConfig {
   bool record_kv_events = false;
   // Speculative decoding's policy (each sequence carries its own cap).
   SpeculationConfig speculation;
+  // true: a decode may be planned while the sample it computes is still in flight (the
+  // worker that sampled it knows the token). false (pipeline parallelism, whose first
+  // stage never samples): a sequence waits for its sample's result, so each plan can name
+  // the tokens it computes, and nothing speculates.
+  bool overlap_samples = true;
 };
 
 /// One sequence's work in a plan.

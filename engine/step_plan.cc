@@ -1,8 +1,11 @@
 #include "engine/step_plan.h"
 
+#include <algorithm>
+
 namespace loom::engine {
 
-void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan) {
+void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan,
+                   bool with_input_tokens) {
   plan.Clear();
   plan.set_step_id(step_id);
   for (const ScheduledWork& work : out.scheduled) {
@@ -26,6 +29,15 @@ void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepP
     scheduled->set_sample(work.sample);
     if (work.num_speculative_tokens > 0) {
       scheduled->set_num_speculative_tokens(work.num_speculative_tokens);
+    }
+    if (with_input_tokens && !work.is_new) {
+      // The step computes tokens [num_computed - num_tokens, num_computed): those past the
+      // prompt are outputs, applied here before this plan was built.
+      const int64_t prompt = static_cast<int64_t>(seq.prompt_ids.size());
+      const int64_t begin = std::max<int64_t>(seq.num_computed - work.num_tokens, prompt);
+      for (int64_t p = begin; p < seq.num_computed; ++p) {
+        scheduled->add_input_token_ids(seq.output_ids.at(static_cast<size_t>(p - prompt)));
+      }
     }
   }
   plan.mutable_finished()->Add(out.finished.begin(), out.finished.end());

@@ -13,6 +13,10 @@ namespace loom::engine {
 /// then the released and preempted ids. `plan` is cleared first (its sequence messages
 /// keep their allocations). The replica's step loop and the in-process engine
 /// (cli/local_engine) both send their plans through this.
-void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan);
+/// `with_input_tokens` (pipeline parallelism): each scheduled entry also names the output
+/// tokens it computes (ScheduledSequence.input_token_ids), which the scheduler applied
+/// before planning it (SchedulerConfig::overlap_samples false).
+void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepPlan& plan,
+                   bool with_input_tokens = false);
 
 }  // namespace loom::engine

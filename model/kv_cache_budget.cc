@@ -21,10 +21,11 @@ KvBlockSpec KvBlockOf(const common::ModelConfig& local_config, int64_t block_siz
   return block;
 }
 
-absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config, int rank,
-                                         int world_size, int64_t block_size, int64_t element_bytes,
-                                         std::string dtype_name, int64_t scale_bytes) {
-  absl::StatusOr<ShardPlan> shard = PlanShards(config, rank, world_size);
+absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config,
+                                         const Parallelism& parallel, int64_t block_size,
+                                         int64_t element_bytes, std::string dtype_name,
+                                         int64_t scale_bytes) {
+  absl::StatusOr<ShardPlan> shard = PlanPartition(config, parallel);
   if (!shard.ok()) return shard.status();
   return KvBlockOf(LocalConfig(config, *shard), block_size, element_bytes, std::move(dtype_name),
                    scale_bytes);

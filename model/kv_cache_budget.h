@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/formats/model_config.h"
+#include "model/tensor_parallel.h"
 
 namespace loom::model {
 
@@ -34,12 +35,14 @@ struct KvBlockSpec {
 KvBlockSpec KvBlockOf(const common::ModelConfig& local_config, int64_t block_size,
                       int64_t element_bytes, std::string dtype_name, int64_t scale_bytes = 0);
 
-/// The block of rank `rank` of a tensor-parallel group of `world_size` (1: the whole model):
-/// smaller than the whole model's when the rank keeps only some KV heads. InvalidArgument
-/// from PlanShards when the model does not split over `world_size` ranks.
-absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config, int rank,
-                                         int world_size, int64_t block_size, int64_t element_bytes,
-                                         std::string dtype_name, int64_t scale_bytes = 0);
+/// The block of a worker placed at `parallel` (default: the whole model): smaller than the
+/// whole model's when its tensor-parallel rank keeps only some KV heads or its pipeline
+/// stage only some layers. InvalidArgument from PlanPartition when the model does not
+/// split that way.
+absl::StatusOr<KvBlockSpec> ShardKvBlock(const common::ModelConfig& config,
+                                         const Parallelism& parallel, int64_t block_size,
+                                         int64_t element_bytes, std::string dtype_name,
+                                         int64_t scale_bytes = 0);
 
 /// The most blocks a pool of `block_size`-token blocks may hold: slot ids
 /// (block * block_size + offset) are int32 on the wire and in the kernels.

@@ -20,16 +20,28 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
   std::unique_ptr<LlamaGraph> graph(new LlamaGraph());
   graph->config_ = weights->config;
   graph->shard_ = weights->shard;
+  const ShardPlan& plan = weights->shard;
+  if ((!plan.first_stage() && !options.receive) || (!plan.last_stage() && !options.send)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pipeline stage %d of %d needs the residual stream's receive and send",
+                        plan.stage, plan.num_stages));
+  }
   graph->on_half_layer_ = options.on_half_layer;
+  graph->receive_ = options.receive;
+  graph->send_ = options.send;
   graph->block_size_ = options.block_size;
   Device& d = *device;
   const ModelWeights& w = *weights;
-  LOOM_ASSIGN_OR_RETURN(graph->token_embedding_, d.UploadTable(w.token_embedding));
+  if (w.token_embedding.rows > 0) {
+    LOOM_ASSIGN_OR_RETURN(graph->token_embedding_, d.UploadTable(w.token_embedding));
+  }
   // A tied LM head is the embedding table itself (one copy on the device).
   if (w.output != nullptr) {
     LOOM_ASSIGN_OR_RETURN(graph->lm_head_, d.UploadTable(*w.output));
   }
-  LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(w.output_norm));
+  if (plan.last_stage()) {
+    LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(w.output_norm));
+  }
   LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(w.rope_inv_freq));
   for (const LayerWeights& host : w.layers) {
     Layer layer;
@@ -144,7 +156,7 @@ absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
   LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
-  if (device_->runs_collectives()) {
+  if (device_->runs_collectives() && shard_.last_stage()) {
     LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, std::max<int64_t>(shard_.vocab, 1)}));
   }
   return absl::OkStatus();
@@ -196,8 +208,12 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
 
   // Tensor parallel: a rank embeds the ids of its vocabulary slice (zeros elsewhere), and
   // the partial sums of the embedding and of the row-parallel layers add up across ranks.
-  LOOM_RETURN_IF_ERROR(d.Embedding(*token_embedding_, step.token_ids, shard_.vocab0, residual));
-  if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(residual));
+  if (shard_.first_stage()) {
+    LOOM_RETURN_IF_ERROR(d.Embedding(*token_embedding_, step.token_ids, shard_.vocab0, residual));
+    if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(residual));
+  } else {
+    LOOM_RETURN_IF_ERROR(receive_(residual, proj));
+  }
 
   RopeSpec rope;
   rope.inv_freq = Vector(*rope_inv_freq_, c.rope_dim / 2);
@@ -215,7 +231,9 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
 
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
-    const int64_t l = static_cast<int64_t>(i);
+    // The model's layer number (windows, observers); the stage's pool holds its own layers.
+    const int64_t l = shard_.layer0 + static_cast<int64_t>(i);
+    const int64_t kv_layer = static_cast<int64_t>(i);
     const Tensor attn_norm = Vector(*layer.attn_norm, H);
     if (l == 0) {
       LOOM_RETURN_IF_ERROR(d.RmsNorm(residual, attn_norm, eps, normed));
@@ -236,9 +254,9 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
       LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
     }
     LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, rope));
-    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, l, k, v, step.slots));
+    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, v, step.slots));
     attention.window = c.LayerWindow(l);
-    LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, l, q, step, attention, attn_.view));
+    LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, kv_layer, q, step, attention, attn_.view));
     LOOM_RETURN_IF_ERROR(
         d.Linear(attn_.view, *layer.attn_output, proj, {l, LinearInput::kAttnOutput}));
     if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(proj));
@@ -251,6 +269,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
     if (on_half_layer_) on_half_layer_();
   }
 
+  if (!shard_.last_stage()) return send_(residual, proj);
   // Final norm and LM head only for the rows whose logits are wanted.
   if (R == 0) return absl::OkStatus();
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));

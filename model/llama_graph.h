@@ -22,6 +22,14 @@ struct LlamaGraphOptions {
   /// Called twice per layer of every Forward (after attention, after the FFN), so a long
   /// step can be seen progressing; empty: not called.
   std::function<void()> on_half_layer;
+  /// Pipeline parallelism (a ShardPlan of a stage): the residual stream between stages is
+  /// the pair (residual, proj) [T, hidden] each, as the layer loop leaves it (the next
+  /// layer adds proj into residual). A stage after the first takes its step's pair from
+  /// `receive` before its first layer; a stage before the last hands its pair to `send`
+  /// after its last layer and computes no logits. Required where the plan needs them.
+  using StageIo = std::function<absl::Status(Tensor residual, Tensor proj)>;
+  StageIo receive;
+  StageIo send;
 };
 
 /// The llama-family forward pass (llama, mistral, qwen2, qwen3), written once over a
@@ -63,7 +71,8 @@ class LlamaGraph {
 
   /// Runs one step (validated by the caller: ids, positions, slots and the CSR batch in
   /// range): writes its K/V into the pool and `logits` [R, vocab] (device memory) <- the
-  /// logits of step.sample_rows. Every rank of a group makes the same call. Enqueues only
+  /// logits of step.sample_rows (the last pipeline stage; an earlier one sends its residual
+  /// stream on and leaves `logits` alone). Every rank of a group makes the same call. Enqueues only
   /// device calls (no host reads of device memory, no synchronization outside the
   /// device's collectives), allocating only when a scratch buffer must grow.
   absl::Status Forward(const StepTensors& step, Tensor logits);
@@ -99,13 +108,14 @@ class LlamaGraph {
   std::unique_ptr<Device> device_;
   std::unique_ptr<KvCache> kv_cache_;
   std::function<void()> on_half_layer_;
+  LlamaGraphOptions::StageIo receive_, send_;
   int64_t block_size_ = 0;  // the pool's (options.block_size)
 
-  std::unique_ptr<DeviceLinear> token_embedding_;  // [local vocab, hidden]
+  std::unique_ptr<DeviceLinear> token_embedding_;  // [local vocab, hidden]; null: not needed
   std::unique_ptr<DeviceLinear> lm_head_;          // [local vocab, hidden]; null: tied
-  std::unique_ptr<Buffer> output_norm_;            // [hidden]
+  std::unique_ptr<Buffer> output_norm_;            // [hidden]; null before the last stage
   std::unique_ptr<Buffer> rope_inv_freq_;          // [rope_dim / 2]
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // the stage's: layers_[i] is layer shard_.layer0 + i
 
   // Shapes for a step of T tokens and R sample rows:
   Scratch residual_;      // [T, hidden]

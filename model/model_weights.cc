@@ -177,7 +177,8 @@ class Loader {
 }  // namespace
 
 int64_t ModelWeights::BytesPerDecodeStep() const {
-  int64_t bytes = lm_head().bytes() + token_embedding.bytes() / token_embedding.rows;
+  int64_t bytes = lm_head().bytes();
+  if (token_embedding.rows > 0) bytes += token_embedding.bytes() / token_embedding.rows;
   for (const LayerWeights& layer : layers) {
     bytes += layer.qkv.bytes() + layer.attn_output.bytes() + layer.gate_up.bytes() +
              layer.down.bytes();
@@ -186,7 +187,7 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
-                                                              int tp_rank, int tp_size) {
+                                                               const Parallelism& parallel) {
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   if (config.rope_dim <= 0 || config.rope_dim > config.head_dim || config.rope_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -194,7 +195,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
         config.head_dim));
   }
   LOOM_RETURN_IF_ERROR(CheckQuantizationVersion(gguf));
-  LOOM_ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(config, tp_rank, tp_size));
+  LOOM_ASSIGN_OR_RETURN(ShardPlan plan, PlanPartition(config, parallel));
   auto weights = std::make_unique<ModelWeights>();
   Loader loader(gguf);
   const int64_t hidden = config.hidden_size;
@@ -208,11 +209,16 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
   const std::pair<int64_t, int64_t> ffn_range{plan.ffn0, plan.ffn};
   const std::pair<int64_t, int64_t> vocab_range{plan.vocab0, plan.vocab};
 
-  LOOM_ASSIGN_OR_RETURN(weights->token_embedding,
-                        loader.MatrixRows("token_embd.weight", config.vocab_size, hidden,
-                                          vocab_range));
-  LOOM_ASSIGN_OR_RETURN(weights->output_norm, loader.Vector("output_norm.weight", hidden));
-  if (!config.tied_embeddings) {
+  // The embedding looks tokens up on the first stage and is the LM head of a tied model.
+  if (plan.first_stage() || (plan.last_stage() && config.tied_embeddings)) {
+    LOOM_ASSIGN_OR_RETURN(
+        weights->token_embedding,
+        loader.MatrixRows("token_embd.weight", config.vocab_size, hidden, vocab_range));
+  }
+  if (plan.last_stage()) {
+    LOOM_ASSIGN_OR_RETURN(weights->output_norm, loader.Vector("output_norm.weight", hidden));
+  }
+  if (!config.tied_embeddings && plan.last_stage()) {
     LOOM_ASSIGN_OR_RETURN(PackedWeight output, loader.MatrixRows("output.weight", config.vocab_size,
                                                                  hidden, vocab_range));
     weights->output = std::make_unique<PackedWeight>(std::move(output));
@@ -223,7 +229,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
   }
   weights->rope_inv_freq = RopeInverseFrequencies(config, freq_factors);
 
-  for (int64_t l = 0; l < config.num_layers; ++l) {
+  for (int64_t l = plan.layer0; l < plan.layer0 + plan.num_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerWeights layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, loader.Vector(p + "attn_norm.weight", hidden));

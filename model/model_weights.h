@@ -48,13 +48,15 @@ struct ModelWeights {
   int64_t BytesPerDecodeStep() const;
 };
 
-/// Reads and converts every weight (of rank `tp_rank`'s slice when `tp_size` > 1: only
-/// those bytes of the file are read); InvalidArgument naming the tensor for a missing
-/// tensor or a shape that does not match the config, or naming what does not divide.
-/// Matrices in Loom's own INT8/INT4 encoding (`loom quantize`, model/quantized_gguf.h)
-/// are packed without loss.
+/// Reads and converts every weight of the slice `parallel` places the worker on (a
+/// tensor-parallel rank's rows and columns, a pipeline stage's layers, the embedding on
+/// the first stage and the LM head on the last: only those bytes of the file are read;
+/// `layers` then holds the stage's layers and `token_embedding` is empty where no stage
+/// part needs it); InvalidArgument naming the tensor for a missing tensor or a shape
+/// that does not match the config, or naming what does not divide. Matrices in Loom's
+/// own INT8/INT4 encoding (`loom quantize`, model/quantized_gguf.h) are packed without loss.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
-                                                              int tp_rank = 0, int tp_size = 1);
+                                                               const Parallelism& parallel = {});
 
 /// RoPE's inverse frequencies (linear, llama3 or yarn scaling applied) live in common/.
 using common::RopeInverseFrequencies;

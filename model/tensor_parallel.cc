@@ -43,6 +43,28 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   plan.vocab_stride = (config.vocab_size + size - 1) / size;
   plan.vocab0 = std::min<int64_t>(config.vocab_size, rank * plan.vocab_stride);
   plan.vocab = std::min<int64_t>(config.vocab_size, plan.vocab0 + plan.vocab_stride) - plan.vocab0;
+  plan.num_layers = config.num_layers;
+  return plan;
+}
+
+absl::StatusOr<ShardPlan> PlanPartition(const common::ModelConfig& config,
+                                        const Parallelism& parallel) {
+  const int stages = parallel.pp_size, stage = parallel.pp_stage;
+  if (stages < 1 || stage < 0 || stage >= stages) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("stage %d is outside a pipeline of %d stages", stage, stages));
+  }
+  if (stages > config.num_layers) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pipeline parallel size %d is more than the model's %d layers", stages, config.num_layers));
+  }
+  absl::StatusOr<ShardPlan> plan = PlanShards(config, parallel.tp_rank, parallel.tp_size);
+  if (!plan.ok()) return plan.status();
+  const int64_t base = config.num_layers / stages, extra = config.num_layers % stages;
+  plan->stage = stage;
+  plan->num_stages = stages;
+  plan->num_layers = base + (stage < extra ? 1 : 0);
+  plan->layer0 = stage * base + std::min<int64_t>(stage, extra);
   return plan;
 }
 
@@ -51,6 +73,7 @@ common::ModelConfig LocalConfig(const common::ModelConfig& config, const ShardPl
   local.num_heads = plan.num_heads;
   local.num_kv_heads = plan.num_kv_heads;
   local.intermediate_size = plan.ffn;
+  local.num_layers = plan.num_layers;
   return local;
 }
 

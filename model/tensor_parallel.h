@@ -30,16 +30,41 @@ struct ShardPlan {
   int64_t vocab = 0;
   int64_t vocab0 = 0;
   int64_t vocab_stride = 0;
+  // Pipeline parallelism: stage `stage` of `num_stages` holds layers [layer0, layer0 +
+  // num_layers) (the whole model's numbering); the first stage also the embedding, the last
+  // the final norm and the LM head (a tied one: the embedding table).
+  int stage = 0;
+  int num_stages = 1;
+  int64_t layer0 = 0;
+  int64_t num_layers = 0;
 
   bool sharded() const { return size > 1; }
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == num_stages - 1; }
+};
+
+/// Where one worker sits in its replica: tensor-parallel rank `tp_rank` of `tp_size`
+/// inside pipeline stage `pp_stage` of `pp_size`.
+struct Parallelism {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int pp_stage = 0;
+  int pp_size = 1;
 };
 
 /// The plan, or InvalidArgument naming what does not fit: more ranks than query heads,
-/// FFN channels that do not divide.
+/// FFN channels that do not divide. Every layer (one pipeline stage).
 absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank, int size);
 
-/// The configuration of one rank's slice (local head and FFN counts; vocabulary and
-/// everything else unchanged): what its KV cache and kernels see.
+/// PlanShards for `parallel.tp_rank` of `tp_size`, holding the layers of pipeline stage
+/// `pp_stage` of `pp_size`: contiguous ranges as even as possible, the earlier stages taking
+/// the extra layers (the last one also computes the LM head). InvalidArgument for more
+/// stages than layers.
+absl::StatusOr<ShardPlan> PlanPartition(const common::ModelConfig& config,
+                                        const Parallelism& parallel);
+
+/// The configuration of one rank's slice (local head and FFN counts, the stage's layer
+/// count; vocabulary and everything else unchanged): what its KV cache and kernels see.
 common::ModelConfig LocalConfig(const common::ModelConfig& config, const ShardPlan& plan);
 
 }  // namespace loom::model

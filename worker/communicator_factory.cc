@@ -31,4 +31,18 @@ absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectCommunicator(
   return std::unique_ptr<model::Communicator>(*std::move(connected));
 }
 
+absl::StatusOr<std::unique_ptr<PipelineLink>> ConnectPipelineLink(
+    const CommunicatorOptions& options) {
+  if (options.cuda) {
+    return absl::UnimplementedError("pipeline stages on CUDA devices are not built");
+  }
+  auto store = std::make_shared<CoordinatorStore>(
+      grpc::CreateChannel(options.coordinator_address, grpc::InsecureChannelCredentials()),
+      absl::StrFormat("pp/%s/%s/", options.replica_id, options.rendezvous_id), options.timeout);
+  PipelineLinkOptions link;
+  link.hostname = options.hostname;
+  link.timeout = options.timeout;
+  return PipelineLink::Connect(std::move(store), options.rank, options.world_size, link);
+}
+
 }  // namespace loom::worker

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/communicator.h"
+#include "worker/pipeline_link.h"
 
 namespace loom::worker {
 
@@ -30,6 +31,12 @@ struct CommunicatorOptions {
 /// until every rank arrived or the timeout passed (DeadlineExceeded); FailedPrecondition
 /// where NCCL is not found.
 absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectCommunicator(
+    const CommunicatorOptions& options);
+
+/// Joins pipeline stage `options.rank` of `options.world_size` to the other stages of its
+/// column through the same store (keys under `pp/`), over gloo TCP. Blocks like
+/// ConnectCommunicator; `cuda` must be false (stages exchange host memory).
+absl::StatusOr<std::unique_ptr<PipelineLink>> ConnectPipelineLink(
     const CommunicatorOptions& options);
 
 }  // namespace loom::worker

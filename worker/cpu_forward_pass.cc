@@ -17,8 +17,16 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
         "tensor parallel rank %d of %d needs a communicator of that rank and size",
         options.tp_rank, options.tp_size));
   }
+  if (options.pp_size > 1 &&
+      (options.link == nullptr || options.link->stage() != options.pp_stage ||
+       options.link->num_stages() != options.pp_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
+                        options.pp_stage, options.pp_size));
+  }
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
-                        model::LoadModelWeights(gguf, options.tp_rank, options.tp_size));
+                        model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size,
+                                                       options.pp_stage, options.pp_size}));
   model::CpuDeviceOptions device_options;
   device_options.thread_pool = options.thread_pool;
   device_options.num_threads = options.num_threads;
@@ -35,6 +43,21 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
   if (options.progress != nullptr) {
     graph_options.on_half_layer = [progress = options.progress] { progress->Advance(); };
   }
+  if (options.pp_size > 1) {
+    CpuForwardPass* pass = forward_pass.get();
+    pass->link_ = options.link;
+    auto floats = [](model::Tensor t) {
+      return absl::MakeSpan(static_cast<float*>(t.data), static_cast<size_t>(t.numel()));
+    };
+    graph_options.receive = [pass, floats](model::Tensor residual, model::Tensor proj) {
+      pass->received_ = true;
+      return pass->link_->Receive(pass->step_id_, floats(residual), floats(proj));
+    };
+    graph_options.send = [pass, floats](model::Tensor residual, model::Tensor proj) {
+      pass->sent_ = true;
+      return pass->link_->Send(pass->step_id_, floats(residual), floats(proj));
+    };
+  }
   LOOM_ASSIGN_OR_RETURN(
       forward_pass->graph_,
       model::LlamaGraph::Create(std::move(weights), std::move(device), graph_options));
@@ -42,6 +65,26 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
 }
 
 absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
+  step_id_ = batch.step_id;
+  received_ = sent_ = false;
+  absl::Status status = RunStep(batch, logits);
+  if (!status.ok()) FinishFailedStep(batch.step_id, status);
+  return status;
+}
+
+void CpuForwardPass::SkipStep(uint64_t step_id, const absl::Status& why) {
+  received_ = sent_ = false;
+  FinishFailedStep(step_id, why);
+}
+
+void CpuForwardPass::FinishFailedStep(uint64_t step_id, const absl::Status& why) {
+  if (link_ == nullptr) return;
+  // Errors here leave the link broken; the next step reports them.
+  if (link_->has_previous() && !received_) (void)link_->Discard(step_id);
+  if (link_->has_next() && !sent_) (void)link_->SendFailure(step_id, why);
+}
+
+absl::Status CpuForwardPass::RunStep(const StepBatch& batch, std::vector<float>& logits) {
   const common::ModelConfig& c = graph_->config();
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, c.vocab_size, c.context_length,
                                          num_kv_blocks(), block_size()));
@@ -50,7 +93,7 @@ absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& lo
       device_->UploadStep(batch.token_ids, batch.positions, batch.slots, batch.query_start,
                           batch.context_len, batch.block_indptr, batch.block_indices,
                           batch.sample_rows));
-  const int64_t rows = step.num_sample_rows;
+  const int64_t rows = returns_logits() ? step.num_sample_rows : 0;
   logits.resize(rows * c.vocab_size);
   // The CPU device writes the logits straight into the caller's vector.
   return graph_->Forward(step, model::Tensor::Of(logits.data(), model::DType::kF32,

@@ -14,6 +14,7 @@
 #include "model/llama_graph.h"
 #include "model/model_weights.h"
 #include "worker/forward_pass.h"
+#include "worker/pipeline_link.h"
 #include "worker/step_batch.h"
 #include "worker/step_progress.h"
 
@@ -35,6 +36,12 @@ struct CpuForwardPassOptions {
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
+  // Pipeline parallelism: this forward pass holds stage pp_stage's layers of pp_size and
+  // passes the residual stream through `link` (not owned; required when pp_size > 1). Only
+  // the last stage returns logits.
+  int pp_stage = 0;
+  int pp_size = 1;
+  PipelineLink* link = nullptr;
   // The thread pool to run on, shared with another forward pass that never steps at the same
   // time (a draft model beside its target, so the two do not keep two sets of spinning
   // threads); null: a pool of its own with num_threads threads.
@@ -57,6 +64,8 @@ class CpuForwardPass : public ForwardPass {
   /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
+  bool returns_logits() const override { return graph_->shard().last_stage(); }
+  void SkipStep(uint64_t step_id, const absl::Status& why) override;
 
   const common::ModelConfig& config() const override { return graph_->config(); }
   /// The host weights the CPU device computes on.
@@ -77,9 +86,18 @@ class CpuForwardPass : public ForwardPass {
 
  private:
   CpuForwardPass() = default;
+  absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits);
+  // A failed step of a pipeline stage: takes the predecessor's message if the step did not,
+  // and passes the failure on if it sent nothing (PipelineLink's contract).
+  void FinishFailedStep(uint64_t step_id, const absl::Status& why);
 
   std::unique_ptr<model::LlamaGraph> graph_;
   model::CpuDevice* device_ = nullptr;  // the graph's
+  PipelineLink* link_ = nullptr;        // pipeline parallelism; null: one stage
+  // The step being run, and whether it took its predecessor's message and sent its own.
+  uint64_t step_id_ = 0;
+  bool received_ = false;
+  bool sent_ = false;
 };
 
 }  // namespace loom::worker

@@ -443,7 +443,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
   // other matrix to dtype. The host copies are freed once uploaded.
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
-                        model::LoadModelWeights(gguf, options.tp_rank, options.tp_size));
+                        model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size}));
   std::string load_log = weights->load_log;
   const int64_t num_layers = static_cast<int64_t>(weights->layers.size());
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));

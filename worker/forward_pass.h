@@ -52,6 +52,14 @@ class ForwardPass {
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   virtual absl::Status Step(const StepBatch& batch, std::vector<float>& logits) = 0;
 
+  /// False on a pipeline stage before the last: Step computes the stage's layers, passes
+  /// the residual stream on and returns no logits (an empty `logits`).
+  virtual bool returns_logits() const { return true; }
+  /// A step with work that will not Step here (its plan failed on this worker): a pipeline
+  /// stage still takes its predecessor's message and passes the failure on, so the stages
+  /// stay aligned (PipelineLink). Nothing to do without pipeline parallelism.
+  virtual void SkipStep(uint64_t step_id, const absl::Status& why) { (void)step_id, (void)why; }
+
   /// Whether StepAndSample is available: the CUDA forward pass samples where the logits are,
   /// so only token ids cross to the host.
   virtual bool samples_on_device() const { return false; }

@@ -44,13 +44,8 @@ absl::Status ModelStepBackend::Run(const StepBatch& batch, absl::Span<const Samp
   return RunAndScore(batch, rows, ScoreRequest{}, tokens, num_emitted, no_scores, timings);
 }
 
-absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
-                                             absl::Span<const SampleRow> rows,
-                                             const ScoreRequest& score,
-                                             std::vector<SampledToken>& tokens,
-                                             std::vector<int32_t>& num_emitted,
-                                             PromptScores& scores, BackendTimings& timings) {
-  scores.Clear();
+absl::Status ModelStepBackend::CheckRows(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                                         const ScoreRequest& score) const {
   const absl::Span<const int32_t> score_targets = score.targets;
   if (!score.top_counts.empty() && score.top_counts.size() != score_targets.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -79,6 +74,30 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch,
           row.seq_id, row.draft_probs.size(), row.draft_tokens.size(), vocab));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                                           const ScoreRequest& score,
+                                           std::vector<SampledToken>& tokens,
+                                           std::vector<int32_t>& num_emitted, PromptScores& scores,
+                                           BackendTimings& timings) {
+  scores.Clear();
+  tokens.clear();
+  num_emitted.clear();
+  if (!forward_pass_->returns_logits()) {
+    // A pipeline stage before the last: its layers, then the residual stream moves on.
+    const auto start = std::chrono::steady_clock::now();
+    LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits_));
+    timings.execute_seconds = SecondsSince(start);
+    return absl::OkStatus();
+  }
+  if (absl::Status checked = CheckRows(batch, rows, score); !checked.ok()) {
+    forward_pass_->SkipStep(batch.step_id, checked);
+    return checked;
+  }
+  const absl::Span<const int32_t> score_targets = score.targets;
+  const int64_t vocab = forward_pass_->config().vocab_size;
   if (score_targets.empty() && forward_pass_->samples_on_device() && SamplesOnDevice(rows)) {
     return RunOnDevice(batch, rows, tokens, num_emitted, timings);
   }

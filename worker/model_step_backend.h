@@ -28,7 +28,12 @@ class ModelStepBackend : public StepBackend {
   int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
   int64_t block_size() const override { return forward_pass_->block_size(); }
   ForwardPassStats forward_pass_stats() const override { return forward_pass_->stats(); }
-  bool uses_samplers() const override { return true; }
+  // A pipeline stage before the last samples nothing: it has no samplers.
+  bool uses_samplers() const override { return forward_pass_->returns_logits(); }
+  bool samples() const override { return forward_pass_->returns_logits(); }
+  void SkipStep(uint64_t step_id, const absl::Status& why) override {
+    forward_pass_->SkipStep(step_id, why);
+  }
 
   /// Forward pass and sampling; every row must carry a sampler, and draft_probs, where
   /// given, one row of the vocabulary per draft.
@@ -52,6 +57,10 @@ class ModelStepBackend : public StepBackend {
                                                    size_t logits_row,
                                                    std::vector<SampledToken>& tokens);
 
+  // InvalidArgument unless `rows` and `score` cover the batch's sample rows, each row
+  // with a sampler and its drafts' distributions.
+  absl::Status CheckRows(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                         const ScoreRequest& score) const;
   // Whether every row can be sampled on the device (one token, no top-n logprobs).
   static bool SamplesOnDevice(absl::Span<const SampleRow> rows);
   // Run for a forward pass that samples on its device: only token ids come back.

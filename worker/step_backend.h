@@ -91,6 +91,12 @@ class StepBackend {
   virtual bool uses_samplers() const = 0;
   /// How the model's forward pass ran its steps (zeros without one).
   virtual ForwardPassStats forward_pass_stats() const { return {}; }
+  /// False on a pipeline stage before the last: Run computes the stage's layers and
+  /// passes them on, emitting no tokens (and scoring nothing); the last stage samples.
+  virtual bool samples() const { return true; }
+  /// A step with scheduled work that will not Run (its plan failed on this worker): a
+  /// pipeline stage still takes its predecessor's message and passes the failure on.
+  virtual void SkipStep(uint64_t step_id, const absl::Status& why) { (void)step_id, (void)why; }
 
   /// Runs `batch` and picks the tokens of each of `rows` (which cover batch.sample_rows
   /// in order, see SampleRow): `num_emitted[i]` tokens for rows[i] (1 + its accepted

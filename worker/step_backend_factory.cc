@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     return absl::InvalidArgumentError("unknown step backend '" + options.kind + "' (model or noop)");
   }
   if (options.device == "cuda") {
+    if (options.pp_size > 1) {
+      return absl::UnimplementedError(
+          "pipeline parallelism runs on the CPU backend; CUDA stages are not built");
+    }
     CudaForwardPassOptions cuda_options;
     cuda_options.num_kv_blocks = options.num_kv_blocks;
     cuda_options.kv_memory_fraction = options.kv_memory_fraction;
@@ -67,6 +71,9 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
   pass_options.tp_rank = options.tp_rank;
   pass_options.tp_size = options.tp_size;
   pass_options.communicator = options.communicator;
+  pass_options.pp_stage = options.pp_stage;
+  pass_options.pp_size = options.pp_size;
+  pass_options.link = options.link;
   pass_options.thread_pool = options.thread_pool;
   pass_options.progress = options.progress;
   absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass =

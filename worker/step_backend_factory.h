@@ -13,6 +13,7 @@
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
+#include "worker/pipeline_link.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
 
@@ -43,6 +44,11 @@ struct StepBackendOptions {
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
+  // Pipeline parallelism (CPU): stage pp_stage of pp_size, its residual stream through
+  // `link` (not owned; required when pp_size > 1).
+  int pp_stage = 0;
+  int pp_size = 1;
+  PipelineLink* link = nullptr;
   // The CPU forward pass's thread pool when shared (with a draft model); null: its own.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
   // Where the CPU forward pass counts its layers (not owned; null: nowhere).

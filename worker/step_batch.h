@@ -23,6 +23,7 @@ struct StepBatch {
   std::vector<int32_t> block_indptr;   // [num_seqs + 1], block_indptr[0] == 0
   std::vector<int32_t> block_indices;  // [block_indptr.back()]
   std::vector<int32_t> sample_rows;    // token rows whose logits the step returns
+  uint64_t step_id = 0;                // the plan's (labels a pipeline stage's messages)
 
   StepBatch() : query_start{0}, block_indptr{0} {}
   /// Back to the empty batch, keeping the arrays' capacity.

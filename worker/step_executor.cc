@@ -332,7 +332,31 @@ absl::Status StepExecutor::CheckScheduled(const loom::v1::ScheduledSequence& ent
   }
   const int64_t begin = sequence.num_computed;
   const int64_t end = begin + entry.num_tokens();
-  const int64_t known = static_cast<int64_t>(sequence.tokens.size());
+  int64_t known = static_cast<int64_t>(sequence.tokens.size());
+  // A pipelined replica names the step's output tokens (stages before the last did not
+  // sample them): each must be the one this worker has, or the next one it learns.
+  const int64_t num_inputs = entry.input_token_ids_size();
+  if (num_inputs > entry.num_tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sequence %d: %d input token ids for a step of %d tokens", id, num_inputs,
+                        entry.num_tokens()));
+  }
+  LOOM_RETURN_IF_ERROR(CheckTokenIds(entry.input_token_ids(), config.vocab_size, id, "input"));
+  for (int64_t i = 0; i < num_inputs; ++i) {
+    const int64_t position = end - num_inputs + i;
+    const int32_t token = entry.input_token_ids(static_cast<int>(i));
+    if (position < known && sequence.tokens[position] != token) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: input token %d at position %d, but the worker has %d there",
+                          id, token, position, sequence.tokens[position]));
+    }
+    if (position > known) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: input token at position %d, but the worker knows %d tokens",
+                          id, position, known));
+    }
+    if (position == known) ++known;
+  }
   if (end > known) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sequence %d: computing tokens [%d, %d) runs past the %d tokens the worker knows", id,
@@ -357,6 +381,14 @@ absl::Status StepExecutor::CheckScheduled(const loom::v1::ScheduledSequence& ent
 
 void StepExecutor::Schedule(const loom::v1::ScheduledSequence& entry, int index,
                             SequenceState& sequence, Prepared& prepared) {
+  // Input tokens it did not know (checked: they continue its tokens).
+  const int64_t first_input =
+      sequence.num_computed + entry.num_tokens() - entry.input_token_ids_size();
+  for (int i = 0; i < entry.input_token_ids_size(); ++i) {
+    if (first_input + i < static_cast<int64_t>(sequence.tokens.size())) continue;
+    sequence.tokens.push_back(entry.input_token_ids(i));
+    if (sequence.sampler != nullptr) sequence.sampler->RecordOutput(entry.input_token_ids(i));
+  }
   Prepared::Entry& prepared_entry = prepared.entries.emplace_back();
   prepared_entry.sequence = &sequence;
   prepared_entry.index = index;
@@ -548,7 +580,10 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   }
   Prepared& prepared = *prepared_;
   prepared.Clear();
+  prepared.batch.step_id = plan.step_id();
   if (status.ok()) status = Prepare(plan, prepared);
+  // Pipeline stages: a plan with work is one message between every pair of neighbours.
+  if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
   std::vector<SampledToken>& tokens = prepared.tokens;
   std::vector<int32_t>& num_emitted = prepared.num_emitted;
   BackendTimings timings;
@@ -561,15 +596,16 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
                                     prepared.scores, timings);
       size_t top_entries = 0;
       for (int32_t count : prepared.score_top_counts) top_entries += count;
-      if (status.ok() && (prepared.scores.logprobs.size() != prepared.score_targets.size() ||
-                          prepared.scores.ranks.size() != prepared.score_targets.size() ||
-                          prepared.scores.top.size() != top_entries)) {
+      if (status.ok() && backend_.samples() &&
+          (prepared.scores.logprobs.size() != prepared.score_targets.size() ||
+           prepared.scores.ranks.size() != prepared.score_targets.size() ||
+           prepared.scores.top.size() != top_entries)) {
         status = absl::InternalError(absl::StrFormat(
             "the %s backend scored %d rows of %d", std::string(backend_.name()),
             prepared.scores.logprobs.size(), prepared.score_targets.size()));
       }
     }
-    if (status.ok()) status = CheckEmitted(prepared, tokens, num_emitted);
+    if (status.ok() && backend_.samples()) status = CheckEmitted(prepared, tokens, num_emitted);
   }
   if (!status.ok()) {
     DropNamed(plan);
@@ -588,7 +624,10 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   }
   result.mutable_outputs()->Reserve(static_cast<int>(tokens.size()));
   size_t next_token = 0;
-  for (size_t r = 0; r < prepared.rows.size(); ++r) {
+  // A pipeline stage before the last computed its layers only: no tokens, no scores.
+  const size_t num_sampled = backend_.samples() ? prepared.rows.size() : 0;
+  if (!backend_.samples()) prepared.score_runs.clear();
+  for (size_t r = 0; r < num_sampled; ++r) {
     SequenceState& sequence = *prepared.sampled[r];
     const int32_t emitted = num_emitted[r];
     // Accepted drafts' K/V were written by this step: they count as computed. The last

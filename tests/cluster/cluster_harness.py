@@ -442,6 +442,7 @@ class Outcome:
     replica_id: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list = dataclasses.field(default_factory=list)  # SequenceOutputs, when asked for
     num_draft_tokens: int = 0          # speculative decoding, from the last message
     num_accepted_tokens: int = 0
     num_messages: int = 0
@@ -490,6 +491,7 @@ class Stream:
                         o.first_token_at = now
                     o.text += message.text
                     o.token_ids.extend(message.token_ids)
+                    o.logprobs.extend(message.logprobs)
                     if message.replica_id and not o.replica_id:
                         o.replica_id = message.replica_id
                     if message.finish_reason:
@@ -540,11 +542,12 @@ class Stream:
 
 def make_request(prompt=None, token_ids=None, max_tokens: int = 16, temperature=None, top_p=None,
                  top_k=None, seed=None, stop=(), stop_token_ids=(), ignore_eos=False, priority=0,
-                 request_id="", num_speculative_tokens=None):
+                 request_id="", num_speculative_tokens=None, num_logprobs=None):
     """A GenerateRequest; fields left None stay unset (server defaults)."""
     s = stubs()
     sampling = s.wpb.SamplingParams()
-    for field, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed)):
+    for field, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed),
+                         ("num_logprobs", num_logprobs)):
         if value is not None:
             setattr(sampling, field, value)
     request = s.pb.GenerateRequest(sampling=sampling, max_tokens=max_tokens, stop=list(stop),

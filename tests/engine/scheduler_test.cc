@@ -15,6 +15,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "engine/step_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -212,6 +213,36 @@ TEST(SchedulerTest, TwoPlansInFlightScheduleTheDecodeOfATokenStillInFlight) {
   // No sample is in flight any more: a further output is dropped.
   EXPECT_EQ(scheduler.ApplyOutput(1, 13), nullptr);
   EXPECT_EQ(seq->output_ids.size(), 3u);
+}
+
+TEST(SchedulerTest, WithoutOverlappedSamplesADecodeWaitsForItsTokenAndPlansNameIt) {
+  // Pipeline parallelism: stages before the last never know a sampled token, so a plan
+  // carries it, and a sequence sits out plans while its sample is in flight.
+  SchedulerConfig config = Config(4, 16, 64);
+  config.overlap_samples = false;
+  config.speculation.num_speculative_tokens = 3;  // never applied without overlap
+  Scheduler scheduler(config);
+  auto first = MakeSequence(1, 4, 3);
+  first->max_speculative_tokens = 3;
+  ASSERT_TRUE(scheduler.Add(std::move(first)).ok());
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 4, 3)).ok());
+  SchedulerOutput plan1 = scheduler.Schedule();
+  EXPECT_THAT(ScheduledIds(plan1), ElementsAre(1, 2));
+  // Both samples are in flight: the next plan is empty, not their decodes.
+  EXPECT_THAT(scheduler.Schedule().scheduled, IsEmpty());
+  ASSERT_NE(scheduler.ApplyOutput(1, 10), nullptr);
+  SchedulerOutput plan2 = scheduler.Schedule();
+  ASSERT_THAT(ScheduledIds(plan2), ElementsAre(1));
+  EXPECT_EQ(plan2.scheduled[0].num_speculative_tokens, 0);
+  loom::v1::StepPlan wire;
+  BuildStepPlan(plan2, 2, wire, /*with_input_tokens=*/true);
+  ASSERT_EQ(wire.scheduled_size(), 1);
+  EXPECT_THAT(wire.scheduled(0).input_token_ids(), ElementsAre(10));
+  ASSERT_NE(scheduler.ApplyOutput(2, 20), nullptr);
+  SchedulerOutput plan3 = scheduler.Schedule();
+  ASSERT_THAT(ScheduledIds(plan3), ElementsAre(2));
+  BuildStepPlan(plan3, 3, wire, /*with_input_tokens=*/false);
+  EXPECT_THAT(wire.scheduled(0).input_token_ids(), IsEmpty());
 }
 
 TEST(SchedulerTest, RunsAtMostMaxNumSeqsAndAdmitsMoreWhenOneFinishes) {

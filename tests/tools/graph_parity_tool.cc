@@ -38,7 +38,7 @@ class LegacyCpuForward {
  public:
   absl::Status Init(const loom::common::GgufFile& gguf, const loom::worker::CpuForwardPassOptions& o,
                     double eps_scale) {
-    LOOM_ASSIGN_OR_RETURN(weights_, loom::model::LoadModelWeights(gguf, 0, 1));
+    LOOM_ASSIGN_OR_RETURN(weights_, loom::model::LoadModelWeights(gguf));
     LOOM_ASSIGN_OR_RETURN(kv_cache_, loom::model::CpuKvCache::Create(weights_->config,
                                                                      o.num_kv_blocks,
                                                                      o.block_size, o.kv_dtype));

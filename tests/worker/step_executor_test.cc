@@ -1,7 +1,6 @@
 #include "worker/step_executor.h"
 
 #include <gtest/gtest.h>
-#include "tests/test_paths.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -15,7 +14,9 @@
 #include "cli/local_engine.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
+#include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
+#include "tests/test_paths.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
@@ -476,6 +477,113 @@ TEST_F(StepExecutorNoopTest, DebugHangStopsProgressUntilReleased) {
   stepping.join();
   EXPECT_EQ(result.error_code(), 0) << result.error_message();
   EXPECT_FALSE(progress.Snapshot().running());
+}
+
+// ---------------------------------------------------------------------------------------
+// Pipeline parallelism: plans that name their input tokens, and a stage that samples nothing.
+
+TEST_F(StepExecutorNoopTest, InputTokensAreCheckedWhenKnownAndLearnedWhenNew) {
+  // A prompt computed without sampling: the worker knows 3 tokens.
+  loom::v1::StepPlan prefill = Plan(step_id_);
+  *prefill.add_added() = NewSequence(4, {1, 2, 3});
+  Schedule(prefill, 4, 3, false, {0});
+  ASSERT_EQ(executor_->Execute(prefill).error_code(), 0);
+  EXPECT_EQ(executor_->NumTokens(4), 3);
+
+  // The replica sampled token 42 elsewhere: the plan names it and the worker learns it.
+  loom::v1::StepPlan decode = Plan(step_id_);
+  Schedule(decode, 4, 1, true);
+  decode.mutable_scheduled(0)->add_input_token_ids(42);
+  loom::v1::StepResult result = executor_->Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(executor_->NumTokens(4), 5);  // 42, then the token it sampled
+  ASSERT_EQ(result.outputs_size(), 1);
+  const int32_t sampled = result.outputs(0).token_id();
+
+  // A token the worker knows must be the one named.
+  loom::v1::StepPlan wrong = Plan(step_id_);
+  Schedule(wrong, 4, 1, true);
+  wrong.mutable_scheduled(0)->add_input_token_ids(sampled + 1);
+  ExpectRejected(wrong, "but the worker has");
+  // (The rejected plan dropped the sequence; a fresh one shows the gap check.)
+  loom::v1::StepPlan again = Plan(step_id_);
+  *again.add_added() = NewSequence(6, {1, 2, 3});
+  Schedule(again, 6, 2, false, {1});
+  ASSERT_EQ(executor_->Execute(again).error_code(), 0);
+  loom::v1::StepPlan gap = Plan(step_id_);
+  Schedule(gap, 6, 3, false);
+  gap.mutable_scheduled(0)->add_input_token_ids(7);  // position 4, but 3 tokens are known
+  ExpectRejected(gap, "but the worker knows 3 tokens");
+  loom::v1::StepPlan too_many = Plan(step_id_);
+  *too_many.add_added() = NewSequence(8, {1, 2});
+  Schedule(too_many, 8, 1, false, {2});
+  too_many.mutable_scheduled(0)->add_input_token_ids(1);
+  too_many.mutable_scheduled(0)->add_input_token_ids(2);
+  ExpectRejected(too_many, "2 input token ids for a step of 1 tokens");
+}
+
+// A pipeline stage before the last: computes (here: validates) and emits nothing, and
+// passes a failed plan on through SkipStep.
+class NonSamplingStage : public NoopBackend {
+ public:
+  using NoopBackend::NoopBackend;
+  bool samples() const override { return false; }
+  absl::Status Run(const StepBatch& batch, absl::Span<const SampleRow> rows,
+                   std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
+                   BackendTimings& timings) override {
+    LOOM_RETURN_IF_ERROR(NoopBackend::Run(batch, rows, tokens, num_emitted, timings));
+    step_ids.push_back(batch.step_id);
+    tokens.clear();
+    num_emitted.clear();
+    return absl::OkStatus();
+  }
+  void SkipStep(uint64_t step_id, const absl::Status& why) override {
+    skipped.emplace_back(step_id, std::string(why.message()));
+  }
+  std::vector<uint64_t> step_ids;
+  std::vector<std::pair<uint64_t, std::string>> skipped;
+};
+
+TEST(StepExecutorStageTest, AStageBeforeTheLastCommitsItsTokensWithoutOutputs) {
+  auto gguf = common::GgufFile::Open(ModelPath());
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  auto config = common::ModelConfigFromGguf(**gguf);
+  ASSERT_TRUE(config.ok()) << config.status();
+  NonSamplingStage stage(*config, kNumBlocks, kBlockSize, {});
+  StepExecutor executor(stage);
+  uint64_t step_id = 0;
+  loom::v1::StepPlan prefill = Plan(step_id);
+  *prefill.add_added() = NewSequence(1, Prompt());
+  Schedule(prefill, 1, static_cast<int32_t>(Prompt().size()), true, {0, 1});
+  loom::v1::StepResult result = executor.Execute(prefill);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.outputs_size(), 0);
+  EXPECT_EQ(result.num_tokens(), static_cast<int32_t>(Prompt().size()));
+  EXPECT_EQ(executor.NumComputed(1), static_cast<int64_t>(Prompt().size()));
+  EXPECT_EQ(executor.NumTokens(1), static_cast<int64_t>(Prompt().size()));  // sampled elsewhere
+
+  // The next decode names the token the last stage sampled.
+  loom::v1::StepPlan decode = Plan(step_id);
+  Schedule(decode, 1, 1, true);
+  decode.mutable_scheduled(0)->add_input_token_ids(77);
+  result = executor.Execute(decode);
+  ASSERT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.outputs_size(), 0);
+  EXPECT_EQ(executor.NumTokens(1), static_cast<int64_t>(Prompt().size()) + 1);
+  EXPECT_EQ(stage.step_ids, (std::vector<uint64_t>{1, 2}));
+
+  // Without the token the plan fails here, and the stage passes the failure on; a plan
+  // that schedules nothing is no message at all.
+  loom::v1::StepPlan missing = Plan(step_id);
+  Schedule(missing, 1, 1, true);
+  EXPECT_NE(executor.Execute(missing).error_code(), 0);
+  ASSERT_EQ(stage.skipped.size(), 1u);
+  EXPECT_EQ(stage.skipped[0].first, 3u);
+  EXPECT_NE(stage.skipped[0].second.find("runs past"), std::string::npos);
+  loom::v1::StepPlan empty = Plan(step_id);
+  empty.add_finished(1);
+  EXPECT_EQ(executor.Execute(empty).error_code(), 0);
+  EXPECT_EQ(stage.skipped.size(), 1u);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -50,6 +50,34 @@ TEST(PlanShardsTest, SplitsHeadsFfnAndVocabulary) {
   }
 }
 
+TEST(PlanPartitionTest, StagesTakeContiguousLayerRangesEarlierOnesTheExtra) {
+  common::ModelConfig config = SmolLm2Shape();
+  config.num_layers = 30;
+  for (int stages : {1, 2, 4, 7, 30}) {
+    int64_t next = 0;
+    for (int stage = 0; stage < stages; ++stage) {
+      absl::StatusOr<model::ShardPlan> plan = model::PlanPartition(config, {0, 1, stage, stages});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_EQ(plan->layer0, next);
+      EXPECT_EQ(plan->num_layers, 30 / stages + (stage < 30 % stages ? 1 : 0));
+      EXPECT_EQ(plan->first_stage(), stage == 0);
+      EXPECT_EQ(plan->last_stage(), stage == stages - 1);
+      EXPECT_EQ(model::LocalConfig(config, *plan).num_layers, plan->num_layers);
+      next += plan->num_layers;
+    }
+    EXPECT_EQ(next, 30);
+  }
+  // With tensor parallelism inside the stage.
+  absl::StatusOr<model::ShardPlan> both = model::PlanPartition(config, {1, 3, 1, 2});
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->rank, 1);
+  EXPECT_EQ(both->layer0, 15);
+  EXPECT_EQ(model::PlanPartition(config, {0, 1, 0, 31}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model::PlanPartition(config, {0, 1, 2, 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PlanShardsTest, ReplicatesKvHeadsWhenRanksOutnumberThem) {
   // 9 ranks, 3 KV heads: ranks 0-2 read KV head 0 (query heads 0-2), 3-5 head 1, 6-8 head 2.
   common::ModelConfig config = SmolLm2Shape();
