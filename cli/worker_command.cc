@@ -121,7 +121,8 @@ absl::Status CheckCommandLine(WorkerOptions& options) {
 // Where the worker sits in its replica's tensor x pipeline grid.
 model::Parallelism ParallelismOf(const WorkerOptions& options) {
   const int tp_size = options.world_size / options.pipeline_parallel_size;
-  return {options.rank % tp_size, tp_size, options.rank / tp_size, options.pipeline_parallel_size};
+  return {options.rank % tp_size, tp_size, options.rank / tp_size, options.pipeline_parallel_size,
+          options.pipeline_layer_partition};
 }
 
 // Where the model runs, decided before anything is loaded.
@@ -318,6 +319,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   backend_options.communicator = communicator;
   backend_options.pp_stage = parallel.pp_stage;
   backend_options.pp_size = parallel.pp_size;
+  backend_options.pp_layers = parallel.stage_layers;
   backend_options.link = link;
   backend_options.thread_pool = std::move(thread_pool);
   backend_options.progress = progress;
@@ -407,6 +409,12 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
   request.set_rank(options.rank);
   request.set_world_size(options.world_size);
   request.set_pipeline_parallel_size(options.pipeline_parallel_size);
+  if (absl::StatusOr<model::ShardPlan> plan =
+          model::PlanPartition(served.config, ParallelismOf(options));
+      plan.ok()) {
+    request.set_pipeline_first_layer(static_cast<int32_t>(plan->layer0));
+    request.set_pipeline_num_layers(static_cast<int32_t>(plan->num_layers));
+  }
   loom::v1::ModelInfo* model = request.mutable_model();
   model->set_name(served.config.name);
   model->set_path(options.model_path);

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "cli/command_line.h"
 #include "kernels/cuda_device.h"
 #include "model/kv_cache_budget.h"
@@ -209,6 +210,24 @@ void AddClusterFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh
     AddInt(app, "--pipeline-parallel-size", options.pipeline_parallel_size, 1, 1 << 10,
            "pipeline stages of the replica (CPU): each holds a contiguous range of layers on "
            "--world-size / P tensor-parallel ranks; rank R is in stage R / (world size / P)");
+  }
+  if (fresh("--pipeline-layer-partition")) {
+    app.add_option_function<std::string>(
+           "--pipeline-layer-partition",
+           [&options](const std::string& value) {
+             options.pipeline_layer_partition.clear();
+             for (absl::string_view part : absl::StrSplit(value, ',')) {
+               int64_t layers = 0;
+               if (!absl::SimpleAtoi(part, &layers)) {
+                 throw CLI::ValidationError("--pipeline-layer-partition",
+                                            "a comma-separated list of layer counts");
+               }
+               options.pipeline_layer_partition.push_back(layers);
+             }
+           },
+           "layers per pipeline stage, in order (e.g. 18,12: the last stage also computes the LM "
+           "head); the same on every stage (default: as even as possible)")
+        ->type_name("L0,L1,...");
   }
   if (fresh("--rendezvous-id")) {
     AddString(app, "--rendezvous-id", options.rendezvous_id,

@@ -28,6 +28,9 @@ struct WorkerOptions {
   // --pipeline-parallel-size: stages of world_size / P tensor-parallel ranks each; rank r
   // is tensor-parallel rank r % (world_size / P) of stage r / (world_size / P).
   int32_t pipeline_parallel_size = 1;
+  // --pipeline-layer-partition L0,L1,...: layers per stage (vLLM's VLLM_PP_LAYER_PARTITION);
+  // empty: as even as possible. Every stage of a replica must pass the same list.
+  std::vector<int64_t> pipeline_layer_partition;
   // --rendezvous-id: namespaces the ranks' rendezvous keys on the coordinator; every rank
   // of one replica incarnation passes the same id, a restarted group a new one.
   std::string rendezvous_id = "0";

@@ -18,6 +18,39 @@ absl::Duration HeartbeatInterval(const ClusterOptions& options) {
 
 namespace {
 
+// Pipeline stages must hold the model's layers in order: every rank of stage s the same
+// range, stage 0 from layer 0, each next stage from where the previous one ends (workers
+// given different --pipeline-layer-partition lists would otherwise compute some layers
+// twice and others never).
+absl::Status CheckStageLayers(const std::vector<std::optional<loom::v1::RegisterRequest>>& ranks,
+                              int stages) {
+  if (stages <= 1) return absl::OkStatus();
+  const size_t per_stage = ranks.size() / static_cast<size_t>(stages);
+  int32_t next = 0;
+  for (int s = 0; s < stages; ++s) {
+    const loom::v1::RegisterRequest& lead = *ranks[s * per_stage];
+    for (size_t k = 0; k < per_stage; ++k) {
+      const loom::v1::RegisterRequest& rank = *ranks[s * per_stage + k];
+      if (rank.pipeline_first_layer() != lead.pipeline_first_layer() ||
+          rank.pipeline_num_layers() != lead.pipeline_num_layers()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the ranks of pipeline stage %d hold different layers ([%d, +%d) and [%d, +%d))", s,
+            lead.pipeline_first_layer(), lead.pipeline_num_layers(), rank.pipeline_first_layer(),
+            rank.pipeline_num_layers()));
+      }
+    }
+    if (lead.pipeline_first_layer() != next || lead.pipeline_num_layers() < 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pipeline stage %d holds layers [%d, %d) but should start at layer %d (give every "
+          "stage the same --pipeline-layer-partition)",
+          s, lead.pipeline_first_layer(), lead.pipeline_first_layer() + lead.pipeline_num_layers(),
+          next));
+    }
+    next += lead.pipeline_num_layers();
+  }
+  return absl::OkStatus();
+}
+
 // The options with the replicas' heartbeat interval filled in.
 ClusterOptions WithHeartbeatInterval(ClusterOptions options) {
   options.replica.liveness.heartbeat_interval = HeartbeatInterval(options);
@@ -109,6 +142,11 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         endpoint.addresses.push_back(rank->worker_address());
         // The replica's pool is what every rank can hold.
         endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
+      }
+      if (absl::Status tiled = CheckStageLayers(pending.ranks, stages); !tiled.ok()) {
+        pending_ranks_.erase(request.replica_id());
+        return absl::FailedPreconditionError(
+            absl::StrFormat("replica %s: %s", request.replica_id(), tiled.message()));
       }
       pending_ranks_.erase(request.replica_id());
       // A replica scaled in and out again (the same pod name) serves again.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace loom::model {
 
@@ -60,11 +61,30 @@ absl::StatusOr<ShardPlan> PlanPartition(const common::ModelConfig& config,
   }
   absl::StatusOr<ShardPlan> plan = PlanShards(config, parallel.tp_rank, parallel.tp_size);
   if (!plan.ok()) return plan.status();
-  const int64_t base = config.num_layers / stages, extra = config.num_layers % stages;
   plan->stage = stage;
   plan->num_stages = stages;
-  plan->num_layers = base + (stage < extra ? 1 : 0);
-  plan->layer0 = stage * base + std::min<int64_t>(stage, extra);
+  const std::vector<int64_t>& partition = parallel.stage_layers;
+  if (partition.empty()) {
+    const int64_t base = config.num_layers / stages, extra = config.num_layers % stages;
+    plan->num_layers = base + (stage < extra ? 1 : 0);
+    plan->layer0 = stage * base + std::min<int64_t>(stage, extra);
+    return plan;
+  }
+  int64_t total = 0;
+  bool positive = true;
+  for (int64_t layers : partition) {
+    total += layers;
+    positive = positive && layers > 0;
+  }
+  if (static_cast<int>(partition.size()) != stages || total != config.num_layers || !positive) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the layer partition %s must give each of the %d pipeline stages at least one layer and "
+        "%d in all (the model's)",
+        absl::StrJoin(partition, ","), stages, config.num_layers));
+  }
+  plan->layer0 = 0;
+  for (int s = 0; s < stage; ++s) plan->layer0 += partition[s];
+  plan->num_layers = partition[stage];
   return plan;
 }
 

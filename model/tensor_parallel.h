@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/formats/model_config.h"
@@ -50,6 +51,9 @@ struct Parallelism {
   int tp_size = 1;
   int pp_stage = 0;
   int pp_size = 1;
+  // Layers per stage, in order (pp_size entries summing to the model's layers); empty: as
+  // even as possible (vLLM's VLLM_PP_LAYER_PARTITION).
+  std::vector<int64_t> stage_layers;
 };
 
 /// The plan, or InvalidArgument naming what does not fit: more ranks than query heads,
@@ -57,9 +61,10 @@ struct Parallelism {
 absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank, int size);
 
 /// PlanShards for `parallel.tp_rank` of `tp_size`, holding the layers of pipeline stage
-/// `pp_stage` of `pp_size`: contiguous ranges as even as possible, the earlier stages taking
-/// the extra layers (the last one also computes the LM head). InvalidArgument for more
-/// stages than layers.
+/// `pp_stage` of `pp_size`: contiguous ranges of `stage_layers`, or as even as possible,
+/// the earlier stages taking the extra layers (the last one also computes the LM head).
+/// InvalidArgument for more stages than layers or a partition that does not cover the
+/// model's layers with one or more per stage.
 absl::StatusOr<ShardPlan> PlanPartition(const common::ModelConfig& config,
                                         const Parallelism& parallel);
 

@@ -24,9 +24,10 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
         absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
                         options.pp_stage, options.pp_size));
   }
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
-                        model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size,
-                                                       options.pp_stage, options.pp_size}));
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<model::ModelWeights> weights,
+      model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size, options.pp_stage,
+                                     options.pp_size, options.pp_layers}));
   model::CpuDeviceOptions device_options;
   device_options.thread_pool = options.thread_pool;
   device_options.num_threads = options.num_threads;

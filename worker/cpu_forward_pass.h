@@ -41,6 +41,7 @@ struct CpuForwardPassOptions {
   // the last stage returns logits.
   int pp_stage = 0;
   int pp_size = 1;
+  std::vector<int64_t> pp_layers;  // layers per stage (model::Parallelism::stage_layers)
   PipelineLink* link = nullptr;
   // The thread pool to run on, shared with another forward pass that never steps at the same
   // time (a draft model beside its target, so the two do not keep two sets of spinning
@@ -66,6 +67,11 @@ class CpuForwardPass : public ForwardPass {
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
   bool returns_logits() const override { return graph_->shard().last_stage(); }
   void SkipStep(uint64_t step_id, const absl::Status& why) override;
+  ForwardPassStats stats() const override {
+    ForwardPassStats stats;
+    if (link_ != nullptr) stats.pipeline_wait_seconds = link_->wait_seconds();
+    return stats;
+  }
 
   const common::ModelConfig& config() const override { return graph_->config(); }
   /// The host weights the CPU device computes on.

@@ -442,8 +442,9 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   // Weights: this rank's slice, loaded like the CPU forward pass's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
   // other matrix to dtype. The host copies are freed once uploaded.
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
-                        model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size}));
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<model::ModelWeights> weights,
+      model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size, 0, 1, {}}));
   std::string load_log = weights->load_log;
   const int64_t num_layers = static_cast<int64_t>(weights->layers.size());
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));

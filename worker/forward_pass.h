@@ -30,6 +30,9 @@ struct ForwardPassStats {
   int64_t graph_captures = 0;           // graphs captured (a bucket's second decode step)
   int64_t graph_replays = 0;            // steps run by replaying a captured graph
   int64_t graph_capture_failures = 0;   // captures that failed; their steps ran eagerly
+  // A pipeline stage's time waiting on its neighbours inside steps: for the previous
+  // stage's activations, or for the next stage to take its own (PipelineLink).
+  double pipeline_wait_seconds = 0;
 };
 
 /// A model's forward pass on one backend (the CPU CpuForwardPass, the CUDA forward pass): owns the

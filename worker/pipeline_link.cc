@@ -1,6 +1,7 @@
 #include "worker/pipeline_link.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -28,6 +29,19 @@ absl::Status FromGlooException(const char* what, const std::exception& error) {
   }
   return absl::UnavailableError(absl::StrFormat("pipeline %s: %s", what, message));
 }
+
+// Adds the scope's duration to `total`.
+class WaitTimer {
+ public:
+  explicit WaitTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~WaitTimer() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace
 
@@ -94,6 +108,7 @@ absl::Status PipelineLink::FinishSend() {
     // One completion per part sent: the header, and with activations the two arrays.
     const auto* header = reinterpret_cast<const Header*>(send_buffer_.data());
     const int parts = header->code == 0 ? 3 : 1;
+    WaitTimer timer(wait_seconds_);
     for (int i = 0; i < parts; ++i) {
       if (!send_header_->waitSend(timeout_)) {
         return absl::AbortedError("pipeline send: aborted");
@@ -160,6 +175,7 @@ absl::Status PipelineLink::ReceiveHeader(uint64_t step_id, Header& header) {
   LOOM_RETURN_IF_ERROR(Run("receive", [&]() -> absl::Status {
     auto buffer = context_->createUnboundBuffer(receive_header_.data(), sizeof(Header));
     buffer->recv(stage_ - 1, kHeaderSlot, 0, sizeof(Header));
+    WaitTimer timer(wait_seconds_);
     if (!buffer->waitRecv(timeout_)) return absl::AbortedError("pipeline receive: aborted");
     return absl::OkStatus();
   }));

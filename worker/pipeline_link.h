@@ -66,6 +66,9 @@ class PipelineLink {
   absl::Status Receive(uint64_t step_id, absl::Span<float> residual, absl::Span<float> proj);
   /// Receives and drops step `step_id`'s message (a step that failed here before Receive).
   absl::Status Discard(uint64_t step_id);
+  /// Seconds spent so far waiting for the previous stage's messages and for the next stage
+  /// to take this one's (the pipeline's bubbles, as this stage sees them).
+  double wait_seconds() const { return wait_seconds_; }
 
  private:
   struct Header;
@@ -93,6 +96,7 @@ class PipelineLink {
   bool send_pending_ = false;
   std::vector<uint8_t> receive_header_;
   std::vector<float> discard_;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace loom::worker

@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
   pass_options.communicator = options.communicator;
   pass_options.pp_stage = options.pp_stage;
   pass_options.pp_size = options.pp_size;
+  pass_options.pp_layers = options.pp_layers;
   pass_options.link = options.link;
   pass_options.thread_pool = options.thread_pool;
   pass_options.progress = options.progress;

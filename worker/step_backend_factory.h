@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/formats/gguf_file.h"
@@ -48,6 +49,7 @@ struct StepBackendOptions {
   // `link` (not owned; required when pp_size > 1).
   int pp_stage = 0;
   int pp_size = 1;
+  std::vector<int64_t> pp_layers;  // layers per stage; empty: as even as possible
   PipelineLink* link = nullptr;
   // The CPU forward pass's thread pool when shared (with a draft model); null: its own.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;

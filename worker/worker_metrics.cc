@@ -83,6 +83,13 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
            .Help("CUDA graph captures that failed; their steps ran eagerly instead.")
            .Register(*registry_)
            .Add(labels);
+  pipeline_wait_ = &prometheus::BuildCounter()
+                        .Name("loom_worker_pipeline_wait_seconds_total")
+                        .Help(
+                            "Pipeline stage: time inside steps spent waiting for the previous "
+                            "stage's activations or for the next stage to take this one's.")
+                        .Register(*registry_)
+                        .Add(labels);
 }
 
 void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected) {
@@ -107,6 +114,10 @@ void WorkerMetrics::RecordForwardPassStats(const ForwardPassStats& stats) {
   advance(graph_replays_, stats.graph_replays, recorded_.graph_replays);
   advance(graph_capture_failures_, stats.graph_capture_failures,
           recorded_.graph_capture_failures);
+  if (stats.pipeline_wait_seconds > recorded_.pipeline_wait_seconds) {
+    pipeline_wait_->Increment(stats.pipeline_wait_seconds - recorded_.pipeline_wait_seconds);
+    recorded_.pipeline_wait_seconds = stats.pipeline_wait_seconds;
+  }
 }
 
 }  // namespace loom::worker

@@ -40,6 +40,7 @@ class WorkerMetrics {
   prometheus::Counter* rejected_steps_;
   prometheus::Gauge* sequences_;
   prometheus::Counter* eager_steps_;
+  prometheus::Counter* pipeline_wait_;
   prometheus::Counter* graph_captures_;
   prometheus::Counter* graph_replays_;
   prometheus::Counter* graph_capture_failures_;

@@ -78,6 +78,9 @@ def test_two_stages_serve_one_process_tokens_and_logprobs_on_the_default_model(b
     reference = serve(tmp_path, "pp1")
     staged = serve(tmp_path, "pp2", pipeline_parallel_size=2)
     assert_same(reference, staged, "pp2")
+    # Uneven stages (vLLM's VLLM_PP_LAYER_PARTITION), as a deployment balances the LM head.
+    uneven = serve(tmp_path, "pp2-19-11", pipeline_parallel_size=2, pipeline_layer_partition="19,11")
+    assert_same(reference, uneven, "pp2 19 + 11")
     # Each stage holds 15 of the 30 layers' KV: the same per-worker budget holds twice the blocks.
     assert 2 * reference.num_kv_blocks <= staged.num_kv_blocks <= 2 * reference.num_kv_blocks + 1, \
         (staged.num_kv_blocks, reference.num_kv_blocks)
@@ -126,6 +129,38 @@ def test_more_stages_than_layers_are_refused(binaries, tmp_path):
         assert done.returncode == 2, done.stderr
         assert "pipeline parallel size 3 is more than the model's 2 layers" in done.stderr
     finally:
+        coordinator.stop()
+
+
+def test_stages_that_disagree_on_the_partition_are_refused(binaries, tmp_path):
+    """Two workers given different --pipeline-layer-partition lists would compute layers 15-17
+    twice: the coordinator refuses the replica and names the fix."""
+    import subprocess
+    coordinator = h.Coordinator(tmp_path, http_port=-1)
+    stages = []
+    try:
+        stages = [subprocess.Popen(
+            [str(h.WORKER_BIN), "--model", str(h.MODEL_PATH), "--coordinator", coordinator.address,
+             "--world-size", "2", "--rank", str(rank), "--pipeline-parallel-size", "2",
+             "--pipeline-layer-partition", partition, "--threads", "1", "--listen", "127.0.0.1:0",
+             "--kv-cache-memory", "16MiB", "--rendezvous-timeout-ms", "20000"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for rank, partition in ((0, "18,12"), (1, "15,15"))]
+        # The rank whose registration completes the replica is refused and exits with the reason;
+        # the replica never serves (the other rank, registered first, waits for a new group).
+        deadline = time.monotonic() + 90
+        while all(stage.poll() is None for stage in stages) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        refused = [stage for stage in stages if stage.poll() is not None]
+        assert refused, "neither stage was refused"
+        _, stderr = refused[0].communicate(timeout=10)
+        assert refused[0].returncode != 0
+        assert "pipeline stage 1 holds layers [15, 30) but should start at layer 18" in stderr, stderr
+        assert not any(r.healthy for r in coordinator.replicas().values())
+    finally:
+        for stage in stages:
+            stage.kill()
+            stage.communicate()
         coordinator.stop()
 
 

@@ -39,28 +39,29 @@ TEST(KvCacheBudgetTest, BlockBytesAreTheLayoutFactOfTheRanksKvHeads) {
   EXPECT_EQ(whole.block_size, 16);
   EXPECT_EQ(whole.dtype_name, "f16");
 
-  absl::StatusOr<KvBlockSpec> one = ShardKvBlock(Config(), {0, 1}, 16, 2, "f16");
+  absl::StatusOr<KvBlockSpec> one = ShardKvBlock(Config(), {0, 1, 0, 1, {}}, 16, 2, "f16");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->bytes, whole.bytes);
   // Two ranks of 4 query heads each keep 2 KV heads: half the block.
-  absl::StatusOr<KvBlockSpec> half = ShardKvBlock(Config(), {1, 2}, 16, 2, "f16");
+  absl::StatusOr<KvBlockSpec> half = ShardKvBlock(Config(), {1, 2, 0, 1, {}}, 16, 2, "f16");
   ASSERT_TRUE(half.ok()) << half.status();
   EXPECT_EQ(half->bytes, whole.bytes / 2);
   // Eight ranks of one query head each: a KV head is held by two ranks, one per rank.
-  absl::StatusOr<KvBlockSpec> eighth = ShardKvBlock(Config(), {7, 8}, 16, 4, "f32");
+  absl::StatusOr<KvBlockSpec> eighth = ShardKvBlock(Config(), {7, 8, 0, 1, {}}, 16, 4, "f32");
   ASSERT_TRUE(eighth.ok()) << eighth.status();
   EXPECT_EQ(eighth->bytes, 2 * 4 * 16 * 1 * 16 * 4);
   // 8-bit KV: one byte per element and a 2-byte scale per token and KV head.
   const KvBlockSpec int8 = KvBlockOf(Config(), 16, 1, "int8", 2);
   EXPECT_EQ(int8.bytes, 2 * 4 * 16 * 4 * (16 * 1 + 2));
   EXPECT_EQ(int8.bytes, KvBytesPerBlock(Config(), 16, 1, 2));
-  absl::StatusOr<KvBlockSpec> int8_half = ShardKvBlock(Config(), {1, 2}, 16, 1, "int8", 2);
+  absl::StatusOr<KvBlockSpec> int8_half =
+      ShardKvBlock(Config(), {1, 2, 0, 1, {}}, 16, 1, "int8", 2);
   ASSERT_TRUE(int8_half.ok()) << int8_half.status();
   EXPECT_EQ(int8_half->bytes, int8.bytes / 2);
 }
 
 TEST(KvCacheBudgetTest, AGroupTheModelDoesNotSplitIntoIsInvalid) {
-  absl::StatusOr<KvBlockSpec> block = ShardKvBlock(Config(), {0, 16}, 16, 2, "f16");
+  absl::StatusOr<KvBlockSpec> block = ShardKvBlock(Config(), {0, 16, 0, 1, {}}, 16, 2, "f16");
   EXPECT_EQ(block.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(block.status().message().find("8 attention heads"), std::string::npos)
       << block.status();

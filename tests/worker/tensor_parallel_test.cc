@@ -56,7 +56,8 @@ TEST(PlanPartitionTest, StagesTakeContiguousLayerRangesEarlierOnesTheExtra) {
   for (int stages : {1, 2, 4, 7, 30}) {
     int64_t next = 0;
     for (int stage = 0; stage < stages; ++stage) {
-      absl::StatusOr<model::ShardPlan> plan = model::PlanPartition(config, {0, 1, stage, stages});
+      absl::StatusOr<model::ShardPlan> plan =
+          model::PlanPartition(config, {0, 1, stage, stages, {}});
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_EQ(plan->layer0, next);
       EXPECT_EQ(plan->num_layers, 30 / stages + (stage < 30 % stages ? 1 : 0));
@@ -68,13 +69,24 @@ TEST(PlanPartitionTest, StagesTakeContiguousLayerRangesEarlierOnesTheExtra) {
     EXPECT_EQ(next, 30);
   }
   // With tensor parallelism inside the stage.
-  absl::StatusOr<model::ShardPlan> both = model::PlanPartition(config, {1, 3, 1, 2});
+  absl::StatusOr<model::ShardPlan> both = model::PlanPartition(config, {1, 3, 1, 2, {}});
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->rank, 1);
   EXPECT_EQ(both->layer0, 15);
-  EXPECT_EQ(model::PlanPartition(config, {0, 1, 0, 31}).status().code(),
+  // An explicit partition: 18 + 12.
+  absl::StatusOr<model::ShardPlan> last = model::PlanPartition(config, {0, 1, 1, 2, {18, 12}});
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->layer0, 18);
+  EXPECT_EQ(last->num_layers, 12);
+  for (const std::vector<int64_t>& bad :
+       {std::vector<int64_t>{18, 11}, {30, 0}, {10, 10, 10}, {31, -1}}) {
+    absl::StatusOr<model::ShardPlan> refused = model::PlanPartition(config, {0, 1, 0, 2, bad});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("layer partition"));
+  }
+  EXPECT_EQ(model::PlanPartition(config, {0, 1, 0, 31, {}}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(model::PlanPartition(config, {0, 1, 2, 2}).status().code(),
+  EXPECT_EQ(model::PlanPartition(config, {0, 1, 2, 2, {}}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -26,12 +26,14 @@ TEST(WorkerMetricsTest, ForwardPassCountsBecomeCounters) {
   metrics.RecordForwardPassStats(stats);
   stats.graph_replays = 7;
   stats.graph_capture_failures = 1;
+  stats.pipeline_wait_seconds = 0.25;
   metrics.RecordForwardPassStats(stats);
   metrics.RecordForwardPassStats(stats);  // nothing new: nothing counted twice
   EXPECT_EQ(CounterValue(metrics, "loom_worker_eager_steps_total"), 3);
   EXPECT_EQ(CounterValue(metrics, "loom_worker_cuda_graph_captures_total"), 1);
   EXPECT_EQ(CounterValue(metrics, "loom_worker_cuda_graph_replays_total"), 7);
   EXPECT_EQ(CounterValue(metrics, "loom_worker_cuda_graph_capture_failures_total"), 1);
+  EXPECT_EQ(CounterValue(metrics, "loom_worker_pipeline_wait_seconds_total"), 0.25);
 }
 
 }  // namespace
