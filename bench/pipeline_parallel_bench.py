@@ -67,10 +67,13 @@ def scrape(url: str) -> dict:
 class Replica:
     """A coordinator and the worker processes of one replica (stages x 1 rank)."""
 
-    def __init__(self, log_dir: pathlib.Path, stages: int, threads: int, kv_cache_memory: str):
-        self.coordinator = h.Coordinator(log_dir, http_port=-1)
+    def __init__(self, log_dir: pathlib.Path, stages: int, threads: int, kv_cache_memory: str,
+                 plans_in_flight: int = 2, **worker_flags):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.coordinator = h.Coordinator(log_dir, http_port=-1, max_plans_in_flight=plans_in_flight)
         self.workers = [None] * stages
-        flags = {"threads": threads, "kv_cache_memory": kv_cache_memory, "metrics_port": 0}
+        flags = {"threads": threads, "kv_cache_memory": kv_cache_memory, "metrics_port": 0,
+                 **worker_flags}
         if stages > 1:
             flags.update(world_size=stages, pipeline_parallel_size=stages, rendezvous_id="bench")
 
@@ -133,21 +136,36 @@ def main():
     parser.add_argument("--prompt-words", type=int, default=96)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--partition", default="18,12", help="the uneven configuration's layers per stage")
     parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "pipeline_parallel.json"))
     args = parser.parse_args()
     prompts = [prompt(i, args.prompt_words) for i in range(args.batch)]
-    runs = {"pp1": [], "pp2": []}
+    configs = {
+        "pp1": dict(stages=1, threads=args.threads, kv_cache_memory="256MiB"),
+        "pp2": dict(stages=2, threads=max(1, args.threads // 2), kv_cache_memory="128MiB"),
+        # The last stage also runs the LM head (49152 x 576: about 8 layers' weights per decode
+        # row), so fewer layers there balance decode.
+        f"pp2_{args.partition.replace(',', '_')}": dict(
+            stages=2, threads=max(1, args.threads // 2), kv_cache_memory="128MiB",
+            pipeline_layer_partition=args.partition),
+        # A third plan in flight: a stage has the next micro-batch's plan before it finishes
+        # the current one (smaller micro-batches).
+        f"pp2_{args.partition.replace(',', '_')}_3plans": dict(
+            stages=2, threads=max(1, args.threads // 2), kv_cache_memory="128MiB",
+            pipeline_layer_partition=args.partition, plans_in_flight=3),
+    }
+    runs = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         replicas = {}
         try:
-            replicas["pp1"] = Replica(tmp / "pp1", 1, args.threads, "256MiB")
-            replicas["pp2"] = Replica(tmp / "pp2", 2, max(1, args.threads // 2), "128MiB")
+            for name, config in configs.items():
+                replicas[name] = Replica(tmp / name, **config)
             # One warm-up round each (first steps, page faults), not counted.
             for replica in replicas.values():
                 run_round(replica, prompts[:4], 8)
             for r in range(args.rounds):
-                order = ["pp1", "pp2"] if r % 2 == 0 else ["pp2", "pp1"]
+                order = list(configs) if r % 2 == 0 else list(reversed(configs))
                 for name in order:
                     runs[name].append(run_round(replicas[name], prompts, args.max_tokens))
                     print(name, f"{runs[name][-1]['tokens_per_s']:.1f} tok/s",
@@ -155,19 +173,25 @@ def main():
         finally:
             for replica in replicas.values():
                 replica.stop()
-    ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["pp1"], runs["pp2"])]
+    def ratio(name):
+        return statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["pp1"], runs[name]))
+
     report = {
         "benchmark": "pipeline_parallel",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "provenance": provenance(),
         "threads_total": args.threads, "batch": args.batch, "prompt_words": args.prompt_words,
         "max_tokens": args.max_tokens, "rounds": args.rounds,
-        "pp1_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["pp1"]),
-        "pp2_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs["pp2"]),
-        "pp2_over_pp1": statistics.median(ratios),
-        "pp2_bubble_fraction_per_stage": [
-            statistics.median(r["stages"][s]["bubble_fraction"] for r in runs["pp2"]) for s in range(2)],
-        "pp1_idle_fraction": statistics.median(r["stages"][0]["bubble_fraction"] for r in runs["pp1"]),
+        "configs": {name: {
+            "stages": config["stages"], "threads_per_stage": config["threads"],
+            "layer_partition": config.get("pipeline_layer_partition", "even"),
+            "plans_in_flight": config.get("plans_in_flight", 2),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[name]),
+            "ratio_to_pp1": ratio(name),
+            "bubble_fraction_per_stage": [
+                statistics.median(r["stages"][s]["bubble_fraction"] for r in runs[name])
+                for s in range(config["stages"])],
+        } for name, config in configs.items()},
         "runs": runs,
     }
     output = pathlib.Path(args.output)

@@ -79,8 +79,9 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "tokens per step");
   AddInt(app, "--max-waiting", replica.max_waiting, 0, 1 << 24,
          "waiting requests per replica before RESOURCE_EXHAUSTED");
-  AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 2,
-         "step plans sent ahead of results");
+  AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
+         "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
+         "stage)");
   AddDuration(app, "--stream-interval-ms", options.stream_interval, absl::Milliseconds(1), 0,
               10000,
               "a stream's messages go out at most once per MS (the first and the last at once); "
