@@ -43,6 +43,11 @@ CONFIGS = {
                   "autoscaling": {"enabled": True, "mode": "keda", "maxReplicas": 8},
                   "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}),
     "hpa": ([], {"autoscaling": {"enabled": True, "mode": "hpa"}}),
+    # Pipeline stages across nodes: one LeaderWorkerSet pod per stage of 2 tensor-parallel ranks.
+    "pipeline-parallel": (["values-cpu.yaml"], {
+        "worker": {"tensorParallelSize": 2, "pipelineParallelSize": 3,
+                   "leaderWorkerSet": {"enabled": True, "size": 3},
+                   "flags": {"pipeline-layer-partition": "11,10,9"}}}),
     # Tensor-parallel CUDA workers (NCCL): values-gpu.yaml, alone and across pods.
     "gpu-tensor-parallel": (["values-gpu.yaml"], {"worker": {"replicas": 2}}),
     "gpu-leader-worker-set": (["values-gpu.yaml"], {
@@ -216,6 +221,8 @@ def test_rendering_fails_loudly_on_bad_values(renderer, tmp_path):
     code, _, stderr = render(renderer, {"worker": {"tensorParallelSize": 3, "leaderWorkerSet":
                                                    {"enabled": True, "size": 2}}}, tmp_path=tmp_path)
     assert code != 0 and "must divide worker.tensorParallelSize" in stderr
+    code, _, stderr = render(renderer, {"worker": {"pipelineParallelSize": 2}}, tmp_path=tmp_path)
+    assert code != 0 and "pipelineParallelSize > 1 runs on CPU workers" in stderr
     code, _, stderr = render(renderer, {"autoscaling": {"enabled": True, "minReplicas": 5,
                                                         "maxReplicas": 2}}, tmp_path=tmp_path)
     assert code != 0 and "exceeds autoscaling.maxReplicas" in stderr
@@ -470,6 +477,21 @@ def test_leader_worker_set_spans_nodes_with_ranks_from_the_group_and_pod_index(r
     scaled = one(docs, "ScaledObject")
     assert scaled["spec"]["scaleTargetRef"] == {"apiVersion": "leaderworkerset.x-k8s.io/v1",
                                                 "kind": "LeaderWorkerSet", "name": "loom-worker"}
+
+
+def test_pipeline_stages_are_leader_worker_set_pods_of_tensor_parallel_ranks(rendered):
+    """TP inside a node, PP across nodes: a replica of 2 x 3 ranks is a group of 3 pods, pod i
+    running ranks 2i and 2i + 1 (stage i's), every rank told the stage count."""
+    docs = rendered["pipeline-parallel"]
+    lws = one(docs, "LeaderWorkerSet")
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 3
+    c = container(lws, "worker")
+    env = container_env(docs, c)
+    shared, _ = worker_args(c)
+    assert flag_value(shared, "--world-size") == "6" and env["LOOM_RANKS_PER_POD"] == "2"
+    assert flag_value(shared, "--pipeline-parallel-size") == "3"
+    assert expand(flag_value(shared, "--pipeline-layer-partition"), env) == "11,10,9"
+    assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
 
 
 def run_launcher(script, rank_program, tmp_path, ranks=2, signal_after=None, extra_env=None):

@@ -60,18 +60,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* Ranks of one replica: tensorParallelSize x pipelineParallelSize. */}}
+{{- define "loom.worker.ranksPerReplica" -}}
+{{- $tp := int .Values.worker.tensorParallelSize }}
+{{- $pp := int (default 1 .Values.worker.pipelineParallelSize) }}
+{{- if lt $tp 1 }}{{ fail "worker.tensorParallelSize must be at least 1" }}{{ end }}
+{{- if lt $pp 1 }}{{ fail "worker.pipelineParallelSize must be at least 1" }}{{ end }}
+{{- if and (gt $pp 1) .Values.worker.gpu.enabled }}
+{{- fail "worker.pipelineParallelSize > 1 runs on CPU workers (set worker.gpu.enabled: false); CUDA pipeline stages are not built" }}
+{{- end }}
+{{- mul $tp $pp }}
+{{- end }}
+
 {{/* Ranks each worker pod runs: the whole group, or its share of a LeaderWorkerSet group. */}}
 {{- define "loom.worker.ranksPerPod" -}}
-{{- $tp := int .Values.worker.tensorParallelSize }}
-{{- if lt $tp 1 }}{{ fail "worker.tensorParallelSize must be at least 1" }}{{ end }}
+{{- $ranks := int (include "loom.worker.ranksPerReplica" .) }}
 {{- if .Values.worker.leaderWorkerSet.enabled }}
 {{- $size := int .Values.worker.leaderWorkerSet.size }}
-{{- if or (lt $size 1) (ne (mod $tp $size) 0) }}
-{{- fail (printf "worker.leaderWorkerSet.size (%d) must divide worker.tensorParallelSize (%d)" $size $tp) }}
+{{- if or (lt $size 1) (ne (mod $ranks $size) 0) }}
+{{- fail (printf "worker.leaderWorkerSet.size (%d) must divide worker.tensorParallelSize x pipelineParallelSize (%d)" $size $ranks) }}
 {{- end }}
-{{- div $tp $size }}
+{{- div $ranks $size }}
 {{- else }}
-{{- $tp }}
+{{- $ranks }}
 {{- end }}
 {{- end }}
 

@@ -5,7 +5,6 @@
 {{- $lws := .lws -}}
 {{- $w := $.Values.worker -}}
 {{- $c := $.Values.coordinator -}}
-{{- $tp := int $w.tensorParallelSize -}}
 {{- $ranks := int (include "loom.worker.ranksPerPod" $) -}}
 {{- $name := include "loom.worker.name" $ -}}
 {{- $drain := 0 -}}
@@ -66,7 +65,11 @@ spec:
         - --replica-id
         - $(LOOM_REPLICA_ID)
         - --world-size
-        - {{ $tp | quote }}
+        - {{ include "loom.worker.ranksPerReplica" $ | quote }}
+        {{- if gt (int (default 1 $w.pipelineParallelSize)) 1 }}
+        - --pipeline-parallel-size
+        - {{ $w.pipelineParallelSize | quote }}
+        {{- end }}
         {{- include "loom.flagArgs" $w.flags | trim | nindent 8 }}
       envFrom:
         - configMapRef:
