@@ -3,8 +3,11 @@
 A replica of --pipeline-parallel-size 2 (two `loom-worker` processes, 15 layers each, `--threads`
 / 2 threads each, the residual stream between them over gloo on loopback) against one worker
 process with `--threads` threads, the same coordinator flags, the same batch of concurrent
-requests (--batch, default 32: random-text prompts of about --prompt-tokens tokens, --max-tokens
-outputs each, EOS ignored). Rounds alternate the two; medians.
+requests (--batch, default 32: random-text prompts of --prompt-words words, new ones every round
+so none comes from the prefix cache, --max-tokens outputs each, EOS ignored). Rounds alternate
+the configurations; medians. Beside the even split: --partition (default 18,12: the last stage
+also runs the LM head, about 8 layers' weights per decode row) and the same with a third plan in
+flight.
 
 Reported per configuration: output tokens/s (and the ratio PP=2 / PP=1 in the same round), and for
 each stage its bubble fraction over the round: 1 - busy / wall, busy being the stage's step time
@@ -139,7 +142,10 @@ def main():
     parser.add_argument("--partition", default="18,12", help="the uneven configuration's layers per stage")
     parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "pipeline_parallel.json"))
     args = parser.parse_args()
-    prompts = [prompt(i, args.prompt_words) for i in range(args.batch)]
+    # Fresh prompts every round and configuration: nothing is served from the prefix cache.
+    def prompts(seed):
+        return [prompt(seed * 10007 + i, args.prompt_words) for i in range(args.batch)]
+
     configs = {
         "pp1": dict(stages=1, threads=args.threads, kv_cache_memory="256MiB"),
         "pp2": dict(stages=2, threads=max(1, args.threads // 2), kv_cache_memory="128MiB"),
@@ -162,12 +168,13 @@ def main():
             for name, config in configs.items():
                 replicas[name] = Replica(tmp / name, **config)
             # One warm-up round each (first steps, page faults), not counted.
-            for replica in replicas.values():
-                run_round(replica, prompts[:4], 8)
+            for k, replica in enumerate(replicas.values()):
+                run_round(replica, prompts(1000 + k)[:4], 8)
             for r in range(args.rounds):
                 order = list(configs) if r % 2 == 0 else list(reversed(configs))
                 for name in order:
-                    runs[name].append(run_round(replicas[name], prompts, args.max_tokens))
+                    seed = r * len(configs) + list(configs).index(name)
+                    runs[name].append(run_round(replicas[name], prompts(seed), args.max_tokens))
                     print(name, f"{runs[name][-1]['tokens_per_s']:.1f} tok/s",
                           [round(s["bubble_fraction"], 3) for s in runs[name][-1]["stages"]], flush=True)
         finally:

@@ -259,6 +259,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   // Pipeline stages before the last never sample: every plan names the tokens it
   // computes, so a sequence waits for its sample before its next plan.
   config.overlap_samples = !pipelined_;
+  config.micro_batches = stages;
   config.record_kv_events = kv_index_ != nullptr;
   engine::EngineCore::Hooks hooks;
   hooks.on_token = [this](engine::Request&, const loom::v1::SequenceOutput&, bool) {

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <memory>
 #include <tuple>
@@ -130,14 +131,23 @@ SchedulerOutput Scheduler::Schedule() {
   // (1) Decodes, one token each (plus drafts when they speculate): they keep their
   // streams moving.
   ChooseSpeculation(budget);
+  const int64_t max_decodes =
+      config_.micro_batches > 1
+          ? (static_cast<int64_t>(running_.size()) + config_.micro_batches - 1) /
+                config_.micro_batches
+          : std::numeric_limits<int64_t>::max();
+  int64_t decodes = 0;
   for (size_t i = 0; i < decode_candidates_.size(); ++i) {
     Sequence* seq = decode_candidates_[i];
-    if (budget == 0) break;
+    if (budget == 0 || decodes == max_decodes) break;
     if (seq->status != SequenceStatus::kRunning) continue;  // preempted by this plan
     // Drafts only where the budget and the free blocks allow: never preempt for them.
     int32_t drafts = static_cast<int32_t>(std::min<int64_t>(decode_drafts_[i], budget - 1));
     while (drafts > 0 && BlocksNeeded(*seq, 1 + drafts) > block_manager_.num_free()) --drafts;
-    if (ScheduleRunning(seq, 1, drafts, out)) budget -= 1 + drafts;
+    if (ScheduleRunning(seq, 1, drafts, out)) {
+      budget -= 1 + drafts;
+      ++decodes;
+    }
   }
   // (2) The next prefill chunks of running sequences.
   for (Sequence* seq : prefill_candidates_) {

@@ -31,6 +31,11 @@ struct SchedulerConfig {
   // stage never samples): a sequence waits for its sample's result, so each plan can name
   // the tokens it computes, and nothing speculates.
   bool overlap_samples = true;
+  // Pipeline parallelism: the plans in flight are micro-batches, one per stage. A plan takes
+  // at most ceil(running / micro_batches) decodes, so the running sequences split into that
+  // many balanced groups instead of riding in one plan while the other stages idle (each
+  // group's results come back at their own time and the split persists). 1: no cap.
+  int32_t micro_batches = 1;
 };
 
 /// One sequence's work in a plan.

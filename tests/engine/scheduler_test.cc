@@ -245,6 +245,34 @@ TEST(SchedulerTest, WithoutOverlappedSamplesADecodeWaitsForItsTokenAndPlansNameI
   EXPECT_THAT(wire.scheduled(0).input_token_ids(), IsEmpty());
 }
 
+TEST(SchedulerTest, MicroBatchesSplitReadyDecodesIntoBalancedPlans) {
+  // Two pipeline stages: four sequences whose samples all came back together go out as two
+  // plans of two, and the split persists as their results return one plan at a time.
+  SchedulerConfig config = Config(4, 64, 256);
+  config.overlap_samples = false;
+  config.micro_batches = 2;
+  Scheduler scheduler(config);
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(scheduler.Add(MakeSequence(id, 4, 10)).ok());
+  SchedulerOutput prefill = scheduler.Schedule();
+  ASSERT_EQ(prefill.scheduled.size(), 4u);  // the cap is on decodes only
+  ApplySamples(scheduler, prefill);
+  SchedulerOutput first = scheduler.Schedule();
+  SchedulerOutput second = scheduler.Schedule();
+  EXPECT_THAT(ScheduledIds(first), ElementsAre(1, 2));
+  EXPECT_THAT(ScheduledIds(second), ElementsAre(3, 4));
+  EXPECT_THAT(scheduler.Schedule().scheduled, IsEmpty());
+  ApplySamples(scheduler, first);
+  EXPECT_THAT(ScheduledIds(scheduler.Schedule()), ElementsAre(1, 2));
+  // Without the cap one plan takes every ready decode.
+  SchedulerConfig one = Config(4, 64, 256);
+  one.overlap_samples = false;
+  Scheduler whole(one);
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(whole.Add(MakeSequence(id, 4, 10)).ok());
+  SchedulerOutput all = whole.Schedule();
+  ApplySamples(whole, all);
+  EXPECT_EQ(whole.Schedule().scheduled.size(), 4u);
+}
+
 TEST(SchedulerTest, RunsAtMostMaxNumSeqsAndAdmitsMoreWhenOneFinishes) {
   Scheduler scheduler(Config(4, 64, 256, /*max_num_seqs=*/2));
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(scheduler.Add(MakeSequence(id, 4, 8)).ok());
