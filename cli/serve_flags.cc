@@ -79,6 +79,10 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "tokens per step");
   AddInt(app, "--max-waiting", replica.max_waiting, 0, 1 << 24,
          "waiting requests per replica before RESOURCE_EXHAUSTED");
+  AddInt(app, "--migration-limit", replica.migration_limit, 0, 100,
+         "times a request that already streamed output may move to another replica when its "
+         "replica fails, continuing after its outputs (0: it ends with an error; requests "
+         "without output are always placed again)");
   AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
          "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
          "stage)");

@@ -420,11 +420,18 @@ void Replica::LoseWorker(const std::string& reason) {
   }
 
   std::vector<std::shared_ptr<engine::Request>> retry(inbox.begin(), inbox.end());
+  int migrated = 0;
   if (engine_ != nullptr) {
     for (std::shared_ptr<engine::Request>& request : engine_->TakeAll()) {
       if (request->cancelled()) {
         request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
       } else if (!request->produced_output()) {
+        retry.push_back(std::move(request));
+      } else if (request->num_migrations() < options_.migration_limit) {
+        // Its client keeps the stream: another replica recomputes prompt and outputs and
+        // continues (a seeded sampler replays its draws, so the tokens are the same).
+        request->CountMigration();
+        ++migrated;
         retry.push_back(std::move(request));
       } else {
         request->Finish(loom::v1::FINISH_REASON_ERROR,
@@ -432,6 +439,10 @@ void Replica::LoseWorker(const std::string& reason) {
                         replica_id_);
       }
     }
+  }
+  if (migrated > 0) {
+    std::fprintf(stderr, "loom: replica %s: %d requests with output migrate to other replicas\n",
+                 replica_id_.c_str(), migrated);
   }
   load_.store(0);
   load_tokens_.store(0);

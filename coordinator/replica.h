@@ -35,6 +35,10 @@ struct ReplicaOptions {
   // the cluster sets the heartbeat interval it tells workers.
   LivenessOptions liveness;
   int max_plans_in_flight = 2;                      // 2: build plan N+1 while N runs
+  // --migration-limit: how often a request that already streamed output may move to
+  // another replica when its replica fails, continuing after its outputs (0: it ends with
+  // an error). Requests without output are always placed again.
+  int32_t migration_limit = 0;
   bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };

@@ -16,6 +16,8 @@ absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_p
   seq->seq_id = request->seq_id();
   seq->priority = params.priority;
   seq->prompt_ids = params.prompt_ids;
+  // A request migrated from a failed replica continues after the outputs it streamed.
+  seq->output_ids = request->output_ids();
   seq->sampling = params.sampling;
   seq->max_tokens = params.max_tokens;
   seq->cache_salt = params.cache_salt;

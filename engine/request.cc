@@ -142,6 +142,7 @@ void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& r
 bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id) {
   if (finished_) return true;
   ++num_outputs_;
+  output_ids_.push_back(output.token_id());
   const auto now = std::chrono::steady_clock::now();
   using Seconds = std::chrono::duration<double>;
   // Counted as streamed: the token counter, TTFT at the first token, the gaps after it.

@@ -139,10 +139,16 @@ class Request {
   /// final event; a position scored again (after a preemption) keeps its latest score.
   void AddPromptLogprobs(const loom::v1::PromptLogprobs& scored);
 
-  /// True once any token reached the client: the request can no longer be retried on
-  /// another replica.
+  /// True once any token reached the client: placed on another replica, it continues from
+  /// its outputs (a migration) instead of starting over.
   bool produced_output() const { return num_outputs_ > 0; }
   int32_t num_outputs() const { return num_outputs_; }
+  /// The tokens that reached the client, in order: a migrated request's sequence starts
+  /// with them (its worker recomputes prompt and outputs, then samples what follows).
+  const std::vector<int32_t>& output_ids() const { return output_ids_; }
+  /// Times the request moved to another replica after producing output (replica loop).
+  int32_t num_migrations() const { return num_migrations_; }
+  void CountMigration() { ++num_migrations_; }
   bool finished() const { return finished_; }
   /// Asks the replica running it to drop it at its next step (any thread). The replica
   /// then frees its blocks and pushes the final ABORT event.
@@ -190,6 +196,8 @@ class Request {
   common::IncrementalDecoder decoder_;
   StopStringMatcher stop_matcher_;
   int32_t num_outputs_ = 0;
+  std::vector<int32_t> output_ids_;
+  int32_t num_migrations_ = 0;
   int32_t cached_prompt_tokens_ = 0;
   int32_t num_speculative_steps_ = 0;
   int32_t num_draft_tokens_ = 0;
