@@ -66,8 +66,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                    options.served_model_name);
   server->metrics_ = std::make_unique<coordinator::CoordinatorMetrics>(server->model_.id);
   server->metrics_->set_naming(options.metric_naming);
+  coordinator::ClusterOptions cluster_options = options.cluster;
+  cluster_options.replica.sliding_window = server->config_.WindowOfEveryLayer();
   server->cluster_ =
-      std::make_unique<coordinator::Cluster>(options.cluster, server->model_.info.fingerprint());
+      std::make_unique<coordinator::Cluster>(cluster_options, server->model_.info.fingerprint());
   absl::StatusOr<ApiKeys> api_keys =
       ApiKeys::Load(options.api_keys, options.api_key_files, std::getenv("LOOM_API_KEY"));
   if (!api_keys.ok()) return api_keys.status();

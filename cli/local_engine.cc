@@ -30,6 +30,7 @@ engine::SchedulerConfig SchedulerConfigFor(const worker::StepBackend& backend,
   config.enable_prefix_caching = options.enable_prefix_caching;
   config.speculation = options.speculation;
   config.speculation.pipelined = false;  // one plan in flight
+  config.sliding_window = backend.config().WindowOfEveryLayer();
   return config;
 }
 
@@ -94,7 +95,8 @@ absl::StatusOr<engine::RequestParams> LocalEngine::Validate(const EngineRequest&
   // The scheduler refuses what can never fit as the cluster does (InvalidArgument); here
   // the pool is the caller's choice, so it is a resource that ran out.
   const int64_t block_size = backend_.block_size();
-  const int64_t blocks = (prompt_len + params->max_tokens + block_size - 1) / block_size;
+  const int64_t blocks =
+      engine::MaxBlocksHeld(engine_.scheduler().config(), prompt_len + params->max_tokens);
   if (blocks > backend_.num_kv_blocks()) {
     return bad(absl::ResourceExhaustedError(absl::StrFormat(
         "the prompt (%d tokens) plus max_tokens (%d) needs %d KV blocks of %d tokens, the pool "

@@ -107,6 +107,8 @@ class LocalEngine {
   const worker::StepExecutor& executor() const { return executor_; }
   /// Engine steps run so far (plans executed).
   int64_t num_steps() const { return num_steps_; }
+  /// KV blocks freed behind the sliding window of every layer so far.
+  uint64_t num_window_freed_blocks() const { return engine_.scheduler().num_window_freed_blocks(); }
 
  private:
   struct Run;

@@ -58,7 +58,11 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request) {
   }
   const engine::RequestParams& params = request->params();
   const int64_t tokens = static_cast<int64_t>(params.prompt_ids.size()) + params.max_tokens;
-  const int64_t blocks = (tokens + endpoint_.block_size - 1) / endpoint_.block_size;
+  engine::SchedulerConfig fit;
+  fit.block_size = endpoint_.block_size;
+  fit.max_num_batched_tokens = options_.max_num_batched_tokens;
+  fit.sliding_window = options_.sliding_window;
+  const int64_t blocks = engine::MaxBlocksHeld(fit, tokens);
   if (blocks > endpoint_.num_kv_blocks) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the prompt (%d tokens) plus max_tokens (%d) needs %d KV blocks; replica %s has %d",
@@ -260,6 +264,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   // computes, so a sequence waits for its sample before its next plan.
   config.overlap_samples = !pipelined_;
   config.micro_batches = stages;
+  config.sliding_window = options_.sliding_window;
   config.record_kv_events = kv_index_ != nullptr;
   engine::EngineCore::Hooks hooks;
   hooks.on_token = [this](engine::Request&, const loom::v1::SequenceOutput&, bool) {
@@ -468,6 +473,7 @@ void Replica::PublishStats() {
     stats_.set_num_running(scheduler.num_running());
     stats_.set_num_waiting(scheduler.num_waiting());
     stats_.set_num_preemptions(scheduler.num_preemptions());
+    stats_.set_num_window_freed_blocks(scheduler.num_window_freed_blocks());
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

@@ -39,6 +39,9 @@ struct ReplicaOptions {
   // another replica when its replica fails, continuing after its outputs (0: it ends with
   // an error). Requests without output are always placed again.
   int32_t migration_limit = 0;
+  // The model's window when every layer is a sliding-window layer (ModelConfig::
+  // WindowOfEveryLayer): blocks behind it are freed (SchedulerConfig::sliding_window).
+  int64_t sliding_window = 0;
   bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };

@@ -48,6 +48,17 @@ Scheduler::Scheduler(const SchedulerConfig& config)
   LOOM_CHECK(config.max_waiting >= 0);
 }
 
+int64_t MaxBlocksHeld(const SchedulerConfig& config, int64_t tokens) {
+  const int64_t all = CeilDiv(tokens, config.block_size);
+  if (config.sliding_window <= 0) return all;
+  // The window and the read-behind margin before a step's first query, the step's tokens,
+  // a partial block at either end (the first plan, which frees nothing yet, is one step).
+  return std::min<int64_t>(
+      all, CeilDiv(config.sliding_window + kWindowReadBehind + config.max_num_batched_tokens,
+                   config.block_size) +
+               2);
+}
+
 absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   if (seq == nullptr) return absl::InvalidArgumentError("no sequence to add");
   const uint64_t id = seq->seq_id;
@@ -67,7 +78,7 @@ absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
     return absl::InvalidArgumentError(absl::StrCat("sequence id ", id, " is in use"));
   }
   const int64_t max_length = static_cast<int64_t>(seq->prompt_ids.size()) + seq->max_tokens;
-  const int64_t blocks_needed = CeilDiv(max_length, config_.block_size);
+  const int64_t blocks_needed = MaxBlocksHeld(config_, max_length);
   if (blocks_needed > block_manager_.num_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence ", id, " can never fit: prompt ", seq->prompt_ids.size(), " + max_tokens ",
@@ -266,13 +277,18 @@ void Scheduler::RegisterFullBlocks(Sequence& seq) {
   ExtendHashes(seq, full_blocks);
   const absl::Span<const int32_t> tokens = AppliedTokens(seq, full_blocks * config_.block_size);
   for (int64_t b = seq.num_registered_blocks; b < full_blocks; ++b) {
+    const int32_t block = seq.blocks[static_cast<size_t>(b)];
+    const int32_t parent =
+        b == 0 ? BlockManager::kNoParent : seq.blocks[static_cast<size_t>(b - 1)];
+    // Freed behind a sliding window before it was offered (FreeBehindWindow frees only
+    // registered blocks, so this is a guard, not a path).
+    if (block == kFreedBlock || (b > 0 && parent == kFreedBlock)) continue;
     // False when another block already holds this content (that copy stays the cached
     // one) or a collision was caught.
-    block_manager_.RegisterBlock(
-        seq.blocks[static_cast<size_t>(b)], seq.block_hashes[static_cast<size_t>(b)],
-        tokens.subspan(static_cast<size_t>(b * config_.block_size),
-                       static_cast<size_t>(config_.block_size)),
-        b == 0 ? BlockManager::kNoParent : seq.blocks[static_cast<size_t>(b - 1)], seq.cache_salt);
+    block_manager_.RegisterBlock(block, seq.block_hashes[static_cast<size_t>(b)],
+                                 tokens.subspan(static_cast<size_t>(b * config_.block_size),
+                                                static_cast<size_t>(config_.block_size)),
+                                 parent, seq.cache_salt);
   }
   seq.num_registered_blocks = static_cast<int32_t>(full_blocks);
 }
@@ -306,6 +322,8 @@ void Scheduler::Emit(Sequence* seq, int32_t num_tokens, int32_t num_drafts,
   ScheduledWork& work = out.scheduled.emplace_back();
   work.seq = seq;
   work.is_new = !seq->on_worker;
+  // A new sequence's table goes to the worker whole; it frees from its next plan on.
+  if (!work.is_new) FreeBehindWindow(*seq);
   // A new sequence's cached prefix is already computed; the worker starts there.
   if (work.is_new) work.num_cached_tokens = seq->num_computed;
   seq->on_worker = true;
@@ -370,11 +388,36 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput& out) {
 void Scheduler::ReleaseBlocks(Sequence& seq) {
   // Tail first: the least shareable blocks become the first candidates for reuse.
   for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
+    if (*it == kFreedBlock) continue;
     const absl::Status status = block_manager_.Free(absl::MakeConstSpan(&*it, 1));
     LOOM_CHECK(status.ok());  // a block table names only blocks it holds
   }
   seq.blocks.clear();
   seq.num_registered_blocks = 0;
+  seq.num_window_freed = 0;
+}
+
+void Scheduler::FreeBehindWindow(Sequence& seq) {
+  if (config_.sliding_window <= 0) return;
+  // The plan being built and every later one compute queries at num_computed or after:
+  // none reads a key before num_computed - window + 1, nor a kernel before that less
+  // kWindowReadBehind. Plans already sent ran (or run) before anything this plan
+  // allocates is written: the worker executes plans in order.
+  const int64_t first_read =
+      static_cast<int64_t>(seq.num_computed) - config_.sliding_window + 1 - kWindowReadBehind;
+  if (first_read <= 0) return;
+  const int64_t dead =
+      std::min<int64_t>(first_read / config_.block_size, static_cast<int64_t>(seq.blocks.size()));
+  // Registered blocks stay cached for other sequences, as on release; a block is freed
+  // only after its registration (at the start of the Schedule that follows its plan).
+  for (int64_t b = seq.num_window_freed; b < dead; ++b) {
+    int32_t& block = seq.blocks[static_cast<size_t>(b)];
+    const absl::Status status = block_manager_.Free(absl::MakeConstSpan(&block, 1));
+    LOOM_CHECK(status.ok());
+    block = kFreedBlock;
+    ++num_window_freed_blocks_;
+  }
+  seq.num_window_freed = static_cast<int32_t>(std::max<int64_t>(seq.num_window_freed, dead));
 }
 
 Sequence* Scheduler::ApplyOutput(uint64_t seq_id, int32_t token_id) {

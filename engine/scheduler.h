@@ -36,7 +36,25 @@ struct SchedulerConfig {
   // many balanced groups instead of riding in one plan while the other stages idle (each
   // group's results come back at their own time and the split persists). 1: no cap.
   int32_t micro_batches = 1;
+  // Sliding-window attention on every layer (Mistral 7B v0.1's 4096): a query attends to
+  // its last `sliding_window` positions at most, so a sequence's blocks that lie wholly
+  // before the window of every query it will still compute are freed as it moves on (a
+  // registered one stays in the prefix cache). 0: a layer attends to everything (a model
+  // whose global layers keep every position).
+  int64_t sliding_window = 0;
 };
+
+/// How far before a window's first position the CPU attention kernels read (masked): they
+/// start at that position rounded down to a chunk of 32 positions (AVX-512 per-token path)
+/// or a KV tile (32 on AVX-512, 16 on AVX2). Blocks are freed only behind this margin too,
+/// so no kernel reads a block another sequence reuses.
+inline constexpr int64_t kWindowReadBehind = 32;
+
+/// The most KV blocks a sequence of `tokens` tokens (prompt + max_tokens) holds at once
+/// under `config`: all of them, or with a sliding window on every layer those of the
+/// window, the read-behind margin and one step's tokens, and a partial block at either end.
+/// What a pool must hold for the sequence to ever fit.
+int64_t MaxBlocksHeld(const SchedulerConfig& config, int64_t tokens);
 
 /// One sequence's work in a plan.
 struct ScheduledWork {
@@ -139,6 +157,8 @@ class Scheduler {
   int64_t num_prompt_tokens_admitted() const { return num_prompt_tokens_admitted_; }
   int64_t num_cached_tokens_admitted() const { return num_cached_tokens_admitted_; }
   uint64_t num_preemptions() const { return num_preemptions_; }
+  /// Blocks freed because they fell behind every layer's sliding window (sliding_window).
+  uint64_t num_window_freed_blocks() const { return num_window_freed_blocks_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -173,6 +193,8 @@ class Scheduler {
   void Preempt(Sequence* seq, SchedulerOutput& out);
   // Frees the sequence's blocks, tail first, and clears its table.
   void ReleaseBlocks(Sequence& seq);
+  // Frees the blocks of `seq` that no query from num_computed on will read (sliding_window).
+  void FreeBehindWindow(Sequence& seq);
   // Extends seq.block_hashes to cover its first `num_blocks` full blocks of applied tokens.
   void ExtendHashes(Sequence& seq, int64_t num_blocks);
   // The first `num_tokens` (or more) of seq's applied tokens, prompt then outputs,
@@ -189,6 +211,7 @@ class Scheduler {
   BlockManager block_manager_;
   SpeculationPolicy speculation_policy_;
   uint64_t num_preemptions_ = 0;
+  uint64_t num_window_freed_blocks_ = 0;
 
   // Every waiting or running sequence, by id; finished ones leave at Finish().
   absl::flat_hash_map<uint64_t, Entry> sequences_;

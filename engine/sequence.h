@@ -23,6 +23,9 @@ enum class SequenceStatus {
 /// Invariants: num_computed <= num_known_tokens(); blocks cover num_computed tokens (and
 /// the drafts' slots of a speculative step in flight);
 /// samples_in_flight counts tokens sampled by plans whose results have not been applied.
+/// A block-table entry whose block was freed behind a sliding window.
+inline constexpr int32_t kFreedBlock = -1;
+
 struct Sequence {
   uint64_t seq_id = 0;
   int32_t priority = 0;        // lower runs first; FCFS (arrival) within a priority
@@ -41,6 +44,9 @@ struct Sequence {
   int32_t num_computed = 0;       // tokens whose compute was scheduled (plans sent)
   int32_t samples_in_flight = 0;  // scheduled samples whose results are not applied yet
   std::vector<int32_t> blocks;    // block table, ceil(num_computed / block_size) entries
+  // Sliding window on every layer: blocks[0, num_window_freed) were freed (kFreedBlock)
+  // once behind every later query's window; the table keeps its positions.
+  int32_t num_window_freed = 0;
   bool on_worker = false;         // the worker holds its state (NewSequence was sent)
   int32_t num_preemptions = 0;
 

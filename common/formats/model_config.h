@@ -57,6 +57,15 @@ struct ModelConfig {
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;  // [num_layers] when sliding_window > 0
 
+  /// The window every layer attends within (each one local), else 0: a sequence's KV
+  /// blocks behind it can be freed only when no layer is global.
+  int64_t WindowOfEveryLayer() const {
+    if (sliding_window <= 0 || sliding_layers.empty()) return 0;
+    for (bool local : sliding_layers) {
+      if (!local) return 0;
+    }
+    return sliding_window;
+  }
   /// The window of layer `layer`: sliding_window for a local layer, else 0 (full).
   int64_t LayerWindow(int64_t layer) const {
     return sliding_window > 0 && sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;

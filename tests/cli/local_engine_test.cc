@@ -342,6 +342,55 @@ TEST_F(LocalEngineTest, SlidingWindowLayersAreChunkAndPrefixCacheInvariant) {
   EXPECT_GT(differs, 0) << "the windows changed nothing: are they applied?";
 }
 
+// Every layer local (Mistral 7B v0.1's shape, an 8-token window): blocks behind every
+// later query's window are freed as sequences move on. Sequences longer than a 12-block pool
+// (150 outputs after prompts of 37 to 51 tokens: 12 to 13 blocks of 16 each, three at once)
+// complete in it, with the tokens and log-probabilities of a pool large enough to never reuse
+// a freed block.
+TEST_F(LocalEngineTest, BlocksBehindEveryLayersWindowAreFreedWithoutChangingATokens) {
+  worker::testing::TinyModelSpec spec;
+  spec.vocab = 96;
+  spec.context = 256;
+  spec.layers = 3;
+  spec.sliding_window = 8;
+  spec.sliding_layers = {true, true, true};
+  const auto run = [&](int64_t num_blocks, uint64_t& freed) {
+    std::unique_ptr<common::GgufFile> gguf = worker::testing::TinyModel(spec);
+    worker::CpuForwardPassOptions options;
+    options.num_threads = 1;
+    options.num_kv_blocks = num_blocks;
+    options.block_size = kBlockSize;
+    options.kv_dtype = kernels::cpu::KvDtype::kF32;
+    auto forward_pass = worker::CpuForwardPass::Create(*gguf, options);
+    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+    worker::ModelStepBackend backend(*std::move(forward_pass));
+    LocalEngineOptions engine_options;
+    engine_options.max_num_batched_tokens = 16;
+    LocalEngine engine(backend, *tokenizer_, engine_options);
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 3; ++i)
+      requests.push_back(Request(Prompt(i, 37 + 7 * i), 150, 0.7f, 3 + i));
+    auto results = engine.Generate(requests);
+    EXPECT_TRUE(results.ok()) << results.status();
+    freed = engine.num_window_freed_blocks();
+    ExpectNothingHeld(engine);
+    return results.ok() ? *std::move(results) : std::vector<EngineResult>{};
+  };
+  uint64_t freed_small = 0, freed_large = 0;
+  const std::vector<EngineResult> small = run(12, freed_small);
+  const std::vector<EngineResult> large = run(128, freed_large);
+  ASSERT_EQ(small.size(), 3u);
+  ASSERT_EQ(large.size(), 3u);
+  EXPECT_GT(freed_small, 3u * 8u);  // each sequence frees most of its 12 or 13 blocks
+  for (size_t i = 0; i < small.size(); ++i) {
+    ASSERT_EQ(small[i].outputs.size(), 150u) << i;
+    EXPECT_EQ(small[i].token_ids(), large[i].token_ids()) << i;
+    for (size_t t = 0; t < small[i].outputs.size(); ++t) {
+      EXPECT_EQ(small[i].outputs[t].logprob(), large[i].outputs[t].logprob()) << i << " " << t;
+    }
+  }
+}
+
 TEST_F(LocalEngineTest, AFailedStepEndsTheCallAndReleasesEverything) {
   // The noop backend cannot score prompts: the executor rejects the step.
   common::ModelConfig config;

@@ -273,6 +273,44 @@ TEST(SchedulerTest, MicroBatchesSplitReadyDecodesIntoBalancedPlans) {
   EXPECT_EQ(whole.Schedule().scheduled.size(), 4u);
 }
 
+TEST(SchedulerTest, BlocksBehindEveryLayersWindowAreFreedAndReused) {
+  // An 8-token window on every layer, 4-token blocks: a sequence decoding far past the
+  // window holds only the blocks its next queries can read (the window and the kernels'
+  // read-behind margin), in a pool far smaller than prompt + max_tokens needs.
+  SchedulerConfig config = Config(4, 16, 8);
+  config.sliding_window = 8;
+  Scheduler scheduler(config);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 6, 120)).ok());  // 126 tokens: 32 blocks
+  Sequence* seq = nullptr;
+  size_t most_held = 0;
+  for (int step = 0; step < 200; ++step) {
+    SchedulerOutput out = scheduler.Schedule();
+    if (out.scheduled.empty()) break;
+    seq = out.scheduled[0].seq;
+    for (const ScheduledWork& work : out.scheduled) {
+      for (int32_t block : work.new_block_ids) EXPECT_GE(block, 0);
+    }
+    size_t held = 0;
+    for (int32_t block : seq->blocks) held += block != kFreedBlock;
+    most_held = std::max(most_held, held);
+    // Every block a query from num_computed on can read is still held.
+    const int64_t first_read = seq->num_computed - 1 - 8 + 1 - kWindowReadBehind;
+    for (int64_t b = std::max<int64_t>(first_read, 0) / 4;
+         b < static_cast<int64_t>(seq->blocks.size()); ++b) {
+      EXPECT_NE(seq->blocks[static_cast<size_t>(b)], kFreedBlock) << step << " " << b;
+    }
+    ApplySamples(scheduler, out);
+    if (seq->output_ids.size() == 120u) break;
+  }
+  ASSERT_NE(seq, nullptr);
+  EXPECT_EQ(seq->output_ids.size(), 120u);
+  EXPECT_LE(most_held, 12u);  // (8 + 32 + 1) / 4 + a partial block at each end
+  EXPECT_GT(scheduler.num_window_freed_blocks(), 15u);
+  // Without the window the same sequence can never fit this pool.
+  Scheduler full(Config(4, 16, 8));
+  EXPECT_EQ(full.Add(MakeSequence(1, 6, 120)).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SchedulerTest, RunsAtMostMaxNumSeqsAndAdmitsMoreWhenOneFinishes) {
   Scheduler scheduler(Config(4, 64, 256, /*max_num_seqs=*/2));
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(scheduler.Add(MakeSequence(id, 4, 8)).ok());
