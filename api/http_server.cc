@@ -122,6 +122,10 @@ void AddApiRoutes(httplib::Server& http, OpenAiService* openai, ResponsesApi* re
                                         httplib::Response& response) {
     openai->Models(request, response);
   }));
+  http.Post("/v1/embeddings",
+            guard([openai](const httplib::Request& request, httplib::Response& response) {
+              openai->Embeddings(request, response);
+            }));
   http.Post("/tokenize", guard([openai](const httplib::Request& request,
                                         httplib::Response& response) {
     openai->Tokenize(request, response);

@@ -19,7 +19,8 @@ absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_p
   // A request migrated from a failed replica continues after the outputs it streamed.
   seq->output_ids = request->output_ids();
   seq->sampling = params.sampling;
-  seq->max_tokens = params.max_tokens;
+  seq->max_tokens = params.embed ? 1 : params.max_tokens;
+  seq->embed = params.embed;
   seq->cache_salt = params.cache_salt;
   seq->max_speculative_tokens = params.num_speculative_tokens >= 0
                                     ? params.num_speculative_tokens

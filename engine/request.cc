@@ -33,6 +33,7 @@ void MergeInto(OutputEvent& into, OutputEvent&& next) {
   into.num_draft_tokens = next.num_draft_tokens;
   into.num_accepted_tokens = next.num_accepted_tokens;
   if (!next.prompt_logprobs.empty()) into.prompt_logprobs = std::move(next.prompt_logprobs);
+  if (!next.embedding.empty()) into.embedding = std::move(next.embedding);
 }
 
 }  // namespace
@@ -141,6 +142,23 @@ void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& r
 
 bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id) {
   if (finished_) return true;
+  if (params_.embed) {
+    // The one output is the embedding: no text, no stop checks.
+    OutputEvent event;
+    event.embedding.assign(output.embedding().begin(), output.embedding().end());
+    if (event.embedding.empty()) {
+      event.finish_reason = loom::v1::FINISH_REASON_ERROR;
+      event.error_message = "the worker returned no embedding";
+    } else {
+      event.finish_reason = loom::v1::FINISH_REASON_STOP;
+    }
+    event.replica_id = replica_id;
+    event.cached_prompt_tokens = cached_prompt_tokens_;
+    finished_ = true;
+    RecordFinished(event.finish_reason, replica_id);
+    outputs_.Push(std::move(event));
+    return true;
+  }
   ++num_outputs_;
   output_ids_.push_back(output.token_id());
   const auto now = std::chrono::steady_clock::now();

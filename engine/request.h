@@ -45,6 +45,7 @@ struct OutputEvent {
   // per prompt token, the first (nothing before it) and any the worker did not score
   // (a failed request) empty.
   std::vector<std::optional<PromptTokenLogprob>> prompt_logprobs;
+  std::vector<float> embedding;  // RequestParams::embed: on the final event
   bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
 };
 
@@ -112,6 +113,9 @@ struct RequestParams {
   // its rank and the k most likely tokens at its position (OutputEvent::prompt_logprobs).
   // The prefix cache then serves none of the prompt (its logits must be computed).
   int32_t prompt_logprobs = -1;
+  // Embedding: the request's only output is the last prompt token's normalized hidden
+  // state (OutputEvent::embedding); max_tokens is 1 and nothing is sampled or detokenized.
+  bool embed = false;
 };
 
 /// One request in flight: its parameters, the client's queue, and the output processing

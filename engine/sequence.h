@@ -39,6 +39,7 @@ struct Sequence {
   // after score_prompt_from - 1.
   int32_t score_prompt_from = 0;
   int32_t score_prompt_top = 0;  // NewSequence.score_prompt_top
+  bool embed = false;            // NewSequence.embed: its one output is an embedding
 
   SequenceStatus status = SequenceStatus::kWaiting;
   int32_t num_computed = 0;       // tokens whose compute was scheduled (plans sent)

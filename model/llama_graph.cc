@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -177,6 +178,16 @@ absl::Status LlamaGraph::Ensure(Scratch& scratch, std::initializer_list<int64_t>
 }
 
 absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
+  return Forward(step, logits, Tensor{});
+}
+
+absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor hidden) {
+  if (hidden.data != nullptr &&
+      (device_->type() != DeviceType::kCpu || hidden.device != DeviceType::kCpu ||
+       hidden.numel() != step.num_sample_rows * config_.hidden_size)) {
+    return absl::UnimplementedError(
+        "hidden states (embeddings) come back from the CPU device only, one row per sample row");
+  }
   if (kv_cache_ == nullptr) {
     return absl::FailedPreconditionError("the graph has no KV pool (CreateKvCache)");
   }
@@ -276,6 +287,9 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits) {
   LOOM_RETURN_IF_ERROR(d.GatherRows(residual, proj, step.sample_rows, sampled_.view));
   LOOM_RETURN_IF_ERROR(
       d.RmsNorm(sampled_.view, Vector(*output_norm_, H), eps, sampled_.view));
+  if (hidden.data != nullptr) {
+    std::memcpy(hidden.data, sampled_.view.data, static_cast<size_t>(hidden.bytes()));
+  }
   if (!parallel) return d.Linear(sampled_.view, lm_head(), logits);
   // Vocabulary-parallel LM head: this rank's slice of the logits, gathered in order.
   LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, shard_.vocab}));

@@ -76,6 +76,9 @@ class LlamaGraph {
   /// device calls (no host reads of device memory, no synchronization outside the
   /// device's collectives), allocating only when a scratch buffer must grow.
   absl::Status Forward(const StepTensors& step, Tensor logits);
+  /// Forward, and `hidden` [R, hidden] (host memory; the CPU device only) <- the sample rows'
+  /// final hidden states after the final norm, the LM head's input (embeddings).
+  absl::Status Forward(const StepTensors& step, Tensor logits, Tensor hidden);
 
   const common::ModelConfig& config() const { return config_; }
   const ShardPlan& shard() const { return shard_; }

@@ -68,7 +68,16 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
 absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
   step_id_ = batch.step_id;
   received_ = sent_ = false;
-  absl::Status status = RunStep(batch, logits);
+  absl::Status status = RunStep(batch, logits, nullptr);
+  if (!status.ok()) FinishFailedStep(batch.step_id, status);
+  return status;
+}
+
+absl::Status CpuForwardPass::StepWithHidden(const StepBatch& batch, std::vector<float>& logits,
+                                            std::vector<float>& hidden) {
+  step_id_ = batch.step_id;
+  received_ = sent_ = false;
+  absl::Status status = RunStep(batch, logits, &hidden);
   if (!status.ok()) FinishFailedStep(batch.step_id, status);
   return status;
 }
@@ -85,7 +94,8 @@ void CpuForwardPass::FinishFailedStep(uint64_t step_id, const absl::Status& why)
   if (link_->has_next() && !sent_) (void)link_->SendFailure(step_id, why);
 }
 
-absl::Status CpuForwardPass::RunStep(const StepBatch& batch, std::vector<float>& logits) {
+absl::Status CpuForwardPass::RunStep(const StepBatch& batch, std::vector<float>& logits,
+                                     std::vector<float>* hidden) {
   const common::ModelConfig& c = graph_->config();
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, c.vocab_size, c.context_length,
                                          num_kv_blocks(), block_size()));
@@ -97,9 +107,13 @@ absl::Status CpuForwardPass::RunStep(const StepBatch& batch, std::vector<float>&
   const int64_t rows = returns_logits() ? step.num_sample_rows : 0;
   logits.resize(rows * c.vocab_size);
   // The CPU device writes the logits straight into the caller's vector.
-  return graph_->Forward(step, model::Tensor::Of(logits.data(), model::DType::kF32,
-                                                 model::DeviceType::kCpu,
-                                                 {rows, c.vocab_size}));
+  const model::Tensor logits_tensor = model::Tensor::Of(
+      logits.data(), model::DType::kF32, model::DeviceType::kCpu, {rows, c.vocab_size});
+  if (hidden == nullptr) return graph_->Forward(step, logits_tensor);
+  hidden->resize(rows * c.hidden_size);
+  return graph_->Forward(step, logits_tensor,
+                         model::Tensor::Of(hidden->data(), model::DType::kF32,
+                                           model::DeviceType::kCpu, {rows, c.hidden_size}));
 }
 
 }  // namespace loom::worker

@@ -65,6 +65,9 @@ class CpuForwardPass : public ForwardPass {
   /// `batch.sample_rows`, [sample_rows.size(), vocab] into `logits`. InvalidArgument
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
+  bool returns_hidden() const override { return true; }
+  absl::Status StepWithHidden(const StepBatch& batch, std::vector<float>& logits,
+                              std::vector<float>& hidden) override;
   bool returns_logits() const override { return graph_->shard().last_stage(); }
   void SkipStep(uint64_t step_id, const absl::Status& why) override;
   ForwardPassStats stats() const override {
@@ -92,7 +95,9 @@ class CpuForwardPass : public ForwardPass {
 
  private:
   CpuForwardPass() = default;
-  absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits);
+  // `hidden`, when not null, receives the sample rows' final hidden states.
+  absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits,
+                       std::vector<float>* hidden);
   // A failed step of a pipeline stage: takes the predecessor's message if the step did not,
   // and passes the failure on if it sent nothing (PipelineLink's contract).
   void FinishFailedStep(uint64_t step_id, const absl::Status& why);

@@ -55,6 +55,15 @@ class ForwardPass {
   /// (nothing computed, nothing written) for a batch ValidateStepBatch rejects.
   virtual absl::Status Step(const StepBatch& batch, std::vector<float>& logits) = 0;
 
+  /// Step, and `hidden` [sample rows, hidden size] <- each sample row's final hidden state
+  /// after the final norm (the LM head's input): what an embedding pools. Unimplemented
+  /// where the forward pass cannot return them.
+  virtual bool returns_hidden() const { return false; }
+  virtual absl::Status StepWithHidden(const StepBatch& batch, std::vector<float>& logits,
+                                      std::vector<float>& hidden) {
+    (void)batch, (void)logits, (void)hidden;
+    return absl::UnimplementedError("this model runner cannot return hidden states (embeddings)");
+  }
   /// False on a pipeline stage before the last: Step computes the stage's layers, passes
   /// the residual stream on and returns no logits (an empty `logits`).
   virtual bool returns_logits() const { return true; }

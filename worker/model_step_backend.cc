@@ -32,6 +32,19 @@ SampledToken Emitted(const SequenceSampler& sampler, const float* logits, int64_
   return sampled;
 }
 
+// An embedding row's answer: the hidden state, L2-normalized (in double).
+SampledToken Embedding(const float* hidden, int64_t size) {
+  double norm = 0;
+  for (int64_t i = 0; i < size; ++i) norm += static_cast<double>(hidden[i]) * hidden[i];
+  norm = std::sqrt(norm);
+  SampledToken out;
+  out.embedding.resize(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    out.embedding[static_cast<size_t>(i)] = norm > 0 ? static_cast<float>(hidden[i] / norm) : 0.0f;
+  }
+  return out;
+}
+
 }  // namespace
 
 ModelStepBackend::ModelStepBackend(std::unique_ptr<ForwardPass> forward_pass, std::string_view name)
@@ -101,9 +114,16 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
   if (score_targets.empty() && forward_pass_->samples_on_device() && SamplesOnDevice(rows)) {
     return RunOnDevice(batch, rows, tokens, num_emitted, timings);
   }
+  // A forward pass without hidden states (CUDA) answers embedding rows with no embedding:
+  // those requests end with an error, the rest of the step runs.
+  const bool any_embed =
+      forward_pass_->returns_hidden() &&
+      std::any_of(rows.begin(), rows.end(), [](const SampleRow& row) { return row.embed; });
   const auto start = std::chrono::steady_clock::now();
-  LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits_));
+  LOOM_RETURN_IF_ERROR(any_embed ? forward_pass_->StepWithHidden(batch, logits_, hidden_)
+                                 : forward_pass_->Step(batch, logits_));
   timings.execute_seconds = SecondsSince(start);
+  const int64_t hidden_size = forward_pass_->config().hidden_size;
 
   const auto sample_start = std::chrono::steady_clock::now();
   tokens.clear();
@@ -114,6 +134,13 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
   for (const SampleRow& row : rows) {
     const size_t drafts = row.draft_tokens.size();
     int32_t emitted = 0;
+    if (row.embed) {
+      tokens.push_back(any_embed ? Embedding(hidden_.data() + logits_row * hidden_size, hidden_size)
+                                 : SampledToken{});
+      num_emitted.push_back(1);
+      logits_row += drafts + 1;
+      continue;
+    }
     if (row.draft_probs.empty() || row.sampler->greedy()) {
       // Sample every position as a plain decode would (same sampler, same random draws,
       // same penalties), accepting drafts while they equal the sampled token. For one-hot
@@ -167,6 +194,7 @@ void ModelStepBackend::ScoreRow(const float* row, int64_t vocab, int32_t target,
 bool ModelStepBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
   // The device sampler picks one token per row and reports only its logprob.
   for (const SampleRow& row : rows) {
+    if (row.embed) return false;  // hidden states come back from the host path only
     if (!row.draft_tokens.empty() || row.sampler->params().num_logprobs > 0) return false;
     if (row.sampler->constrained()) return false;  // the grammar's mask is applied on the host
     if (row.sampler->adjusts_logits()) return false;  // logit_bias, min_tokens: on the host

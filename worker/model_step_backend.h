@@ -71,6 +71,7 @@ class ModelStepBackend : public StepBackend {
   std::unique_ptr<ForwardPass> forward_pass_;
   std::string name_;
   std::vector<float> logits_;  // [sample_rows, vocab], reused across steps
+  std::vector<float> hidden_;  // [sample_rows, hidden]: steps with embedding rows
   std::vector<int32_t> top_ids_;  // ScoreRow's scratch
   // One scored row's answer appended to `scores` (RunAndScore).
   void ScoreRow(const float* row, int64_t vocab, int32_t target, int32_t top,

@@ -1,5 +1,7 @@
 #include "worker/noop_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -41,6 +43,13 @@ absl::Status NoopBackend::Run(const StepBatch& batch, absl::Span<const SampleRow
     tokens[i].token_id = TokenFor(rows[i].seq_id, position);
     tokens[i].logprob = 0.0f;
     tokens[i].top_logprobs.clear();
+    // An embedding row: a unit vector that still tells sequences apart (no math).
+    tokens[i].embedding.clear();
+    if (rows[i].embed) {
+      tokens[i].embedding.assign(static_cast<size_t>(std::max<int64_t>(config_.hidden_size, 1)),
+                                 0.0f);
+      tokens[i].embedding[rows[i].seq_id % tokens[i].embedding.size()] = 1.0f;
+    }
     sample_row += 1 + rows[i].draft_tokens.size();
   }
   timings.execute_seconds = 0;

@@ -29,6 +29,7 @@ struct SampledToken {
   int32_t token_id = 0;
   float logprob = 0.0f;                     // log-softmax of the model's raw logits
   std::vector<TokenLogprob> top_logprobs;   // most likely first, num_logprobs entries
+  std::vector<float> embedding;             // an embedding row's pooled hidden state instead
 };
 
 /// Per-sequence sampler state: the RNG (seeded per sequence, so a sequence's samples do

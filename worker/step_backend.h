@@ -48,6 +48,9 @@ struct SampleRow {
   SequenceSampler* sampler = nullptr;
   absl::Span<const int32_t> draft_tokens;  // empty: a plain decode or prefill's last token
   absl::Span<const float> draft_probs;     // [draft_tokens.size(), vocab] q, or empty
+  // NewSequence.embed: the backend answers with the row's L2-normalized final hidden state
+  // (SampledToken::embedding) instead of a token; nothing is sampled.
+  bool embed = false;
 };
 
 /// SequenceSampler::PositionUniform streams of draft-model speculation: one independent

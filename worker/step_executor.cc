@@ -88,6 +88,7 @@ struct StepExecutor::SequenceState {
   // this many most likely tokens per scored position.
   int64_t score_prompt_from = 0;
   int32_t score_prompt_top = 0;
+  bool embed = false;                        // NewSequence.embed
   std::unique_ptr<SequenceSampler> sampler;  // null when the backend uses no samplers
 };
 
@@ -293,6 +294,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor::SequenceState>> StepExecutor::NewSe
   sequence->num_prompt_tokens = added.prompt_token_ids().size();
   sequence->score_prompt_from = added.score_prompt_from();
   sequence->score_prompt_top = added.score_prompt_top();
+  sequence->embed = added.embed();
   if (backend_.uses_samplers()) {
     sequence->sampler = std::make_unique<SequenceSampler>(
         params,
@@ -423,7 +425,7 @@ absl::Status StepExecutor::BuildBatch(const loom::v1::StepPlan& plan, Prepared& 
     LOOM_RETURN_IF_ERROR(AppendEntry(e, prepared));
     if (entry.sequence->score_prompt_from > 0) prepared.AddScoreRows(id, entry, first_new);
     if (entry.sample) {
-      prepared.rows.push_back({id, entry.sequence->sampler.get(), {}, {}});
+      prepared.rows.push_back({id, entry.sequence->sampler.get(), {}, {}, entry.sequence->embed});
       prepared.sampled.push_back(entry.sequence);
       prepared.speculative.push_back(plan.scheduled(entry.index).num_speculative_tokens() > 0);
       prepared.known.push_back(entry.end);
@@ -652,6 +654,7 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
       loom::v1::SequenceOutput* output = result.add_outputs();
       output->set_seq_id(prepared.rows[r].seq_id);
       output->set_token_id(token.token_id);
+      output->mutable_embedding()->Add(token.embedding.begin(), token.embedding.end());
       if (e == 0 && prepared.speculative[r]) {
         output->set_num_draft_tokens(num_drafts);
         output->set_num_accepted_tokens(emitted - 1);
