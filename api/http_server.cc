@@ -105,7 +105,7 @@ Guard KeyGuard(const ApiKeys& api_keys) {
 
 // The OpenAI-compatible routes and vLLM's tokenizer routes, all behind the key guard.
 void AddApiRoutes(httplib::Server& http, OpenAiService* openai, ResponsesApi* responses,
-                  const Guard& guard, const std::string& model_id) {
+                  PoolingService* pooling, const Guard& guard, const std::string& model_id) {
   http.Post("/v1/responses", guard([responses](const httplib::Request& request,
                                                httplib::Response& response) {
     responses->Create(request, response);
@@ -123,9 +123,19 @@ void AddApiRoutes(httplib::Server& http, OpenAiService* openai, ResponsesApi* re
     openai->Models(request, response);
   }));
   http.Post("/v1/embeddings",
-            guard([openai](const httplib::Request& request, httplib::Response& response) {
-              openai->Embeddings(request, response);
+            guard([pooling](const httplib::Request& request, httplib::Response& response) {
+              pooling->Embeddings(request, response);
             }));
+  for (const char* path : {"/v1/score", "/score"}) {
+    http.Post(path, guard([pooling](const httplib::Request& request, httplib::Response& response) {
+                pooling->Score(request, response);
+              }));
+  }
+  for (const char* path : {"/v1/rerank", "/rerank", "/v2/rerank"}) {
+    http.Post(path, guard([pooling](const httplib::Request& request, httplib::Response& response) {
+                pooling->Rerank(request, response);
+              }));
+  }
   http.Post("/tokenize", guard([openai](const httplib::Request& request,
                                         httplib::Response& response) {
     openai->Tokenize(request, response);
@@ -221,10 +231,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
                                       options.stream_interval, options.seed);
   server->openai_->set_reasoning_format(options.reasoning);
   server->responses_ = std::make_unique<ResponsesApi>(*server->openai_);
+  server->pooling_ = std::make_unique<PoolingService>(cluster, model, config, tokenizer, &metrics);
   httplib::Server& http = *server->server_;
   ConfigureConnections(http, options);
-  AddApiRoutes(http, server->openai_.get(), server->responses_.get(), KeyGuard(options.api_keys),
-               model.id);
+  AddApiRoutes(http, server->openai_.get(), server->responses_.get(), server->pooling_.get(),
+               KeyGuard(options.api_keys), model.id);
   AddProbeRoutes(http, cluster, metrics);
   AddErrorHandlers(http);
 

@@ -7,13 +7,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/jinja/chat_template.h"
 #include "api/api_keys.h"
-#include "coordinator/cluster.h"
-#include "coordinator/metrics.h"
 #include "api/openai_service.h"
+#include "api/pooling_service.h"
 #include "api/responses_api.h"
 #include "api/served_model.h"
+#include "common/jinja/chat_template.h"
+#include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
 #include "httplib.h"
 
 namespace loom::api {
@@ -68,6 +69,7 @@ class HttpServer {
   coordinator::Cluster* cluster_ = nullptr;
   std::unique_ptr<OpenAiService> openai_;
   std::unique_ptr<ResponsesApi> responses_;
+  std::unique_ptr<PoolingService> pooling_;
   std::unique_ptr<httplib::Server> server_;  // an httplib::SSLServer with TLS
   std::thread listener_;
   int port_ = 0;

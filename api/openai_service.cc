@@ -10,7 +10,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "api/chat_request.h"
-#include "api/embeddings_api.h"
 #include "api/openai_logprobs.h"
 #include "api/openai_request.h"
 #include "api/peer_connection.h"
@@ -283,63 +282,6 @@ void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response&
   out["max_model_len"] = config_.context_length;
   out["tokens"] = ids;
   response.set_content(Dump(out), "application/json");
-}
-
-void OpenAiService::Embeddings(const httplib::Request& request, httplib::Response& response) {
-  absl::StatusOr<EmbeddingsRequest> parsed =
-      ParseEmbeddingsRequest(request.body, config_.hidden_size);
-  if (!parsed.ok()) return WriteError(parsed.status(), response);
-  if (!model_.Matches(parsed->model)) {
-    return WriteError(
-        absl::NotFoundError(absl::StrFormat(
-            "the model '%s' does not exist; this server serves '%s'", parsed->model, model_.id)),
-        response);
-  }
-  // Validate every input before placing any, so a bad one leaves nothing running.
-  std::vector<engine::RequestParams> inputs;
-  int64_t prompt_tokens = 0;
-  for (const loom::v1::GenerateRequest& input : parsed->inputs) {
-    absl::StatusOr<engine::RequestParams> params =
-        engine::ValidateGenerateRequest(input, config_, tokenizer_, /*default_temperature=*/0.0f);
-    if (!params.ok()) return WriteError(params.status(), response);
-    params->embed = true;
-    params->max_tokens = 1;
-    prompt_tokens += static_cast<int64_t>(params->prompt_ids.size());
-    inputs.push_back(*std::move(params));
-  }
-  const uint64_t number = next_id_.fetch_add(1);
-  std::vector<std::shared_ptr<engine::Request>> requests;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto placed = std::make_shared<engine::Request>(
-        absl::StrFormat("embd-%016x%04x-%d", RandomSeed(), number & 0xffff, i),
-        cluster_.NextSeqId(), std::move(inputs[i]), tokenizer_, eos_ids_);
-    placed->set_metrics(metrics_);
-    if (absl::Status submitted = cluster_.Submit(placed); !submitted.ok()) {
-      if (metrics_ != nullptr) metrics_->RecordRejected(submitted);
-      for (const auto& earlier : requests) earlier->Cancel();
-      return WriteError(submitted, response);
-    }
-    requests.push_back(std::move(placed));
-  }
-  // Each ends with one final event: the embedding, or the error that ended it (a lost
-  // replica, a model runner without hidden states).
-  std::vector<std::vector<float>> embeddings;
-  for (const auto& placed : requests) {
-    std::optional<engine::OutputEvent> event;
-    while (!event.has_value() || !event->final()) {
-      std::optional<engine::OutputEvent> next = placed->outputs().Pop(absl::InfiniteDuration());
-      if (next.has_value()) event = std::move(next);
-    }
-    if (event->finish_reason != loom::v1::FINISH_REASON_STOP || event->embedding.empty()) {
-      for (const auto& other : requests) other->Cancel();
-      return WriteError(absl::UnavailableError(absl::StrFormat(
-                            "the embedding could not be computed: %s", event->error_message)),
-                        response);
-    }
-    embeddings.push_back(std::move(event->embedding));
-  }
-  response.set_content(EmbeddingsResponseJson(embeddings, parsed->base64, model_.id, prompt_tokens),
-                       "application/json");
 }
 
 void OpenAiService::Detokenize(const httplib::Request& request, httplib::Response& response) {

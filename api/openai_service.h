@@ -50,9 +50,6 @@ class OpenAiService {
   void Tokenize(const httplib::Request& request, httplib::Response& response);
   /// POST /detokenize: `tokens` (ids) -> {prompt}.
   void Detokenize(const httplib::Request& request, httplib::Response& response);
-  /// POST /v1/embeddings (api/embeddings_api): every input validated like a completion's
-  /// prompt, placed as an embedding request, answered once all are done.
-  void Embeddings(const httplib::Request& request, httplib::Response& response);
 
   /// Writes an OpenAI error body and the HTTP status for `status` (InvalidArgument 400,
   /// NotFound 404, ResourceExhausted 429 with Retry-After, Unavailable 503, ...).
