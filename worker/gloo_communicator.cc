@@ -12,19 +12,13 @@
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
+#include "worker/gloo_status.h"
 
 namespace loom::worker {
 namespace {
 
-// gloo signals timeouts as IoException whose message says "Timed out"; other I/O errors
-// (a peer's connection reset) and broken invariants are failures of the peer set.
 absl::Status FromGlooException(const char* what, const std::exception& error) {
-  const std::string message = error.what();
-  if (message.find("Timed out") != std::string::npos ||
-      message.find("timed out") != std::string::npos) {
-    return absl::DeadlineExceededError(absl::StrFormat("gloo %s: %s", what, message));
-  }
-  return absl::UnavailableError(absl::StrFormat("gloo %s: %s", what, message));
+  return GlooStatus("gloo", what, error);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "worker/gloo_status.h"
 
 namespace loom::worker {
 namespace {
@@ -22,12 +23,7 @@ constexpr uint64_t kResidualSlot = 2;
 constexpr uint64_t kProjSlot = 3;
 
 absl::Status FromGlooException(const char* what, const std::exception& error) {
-  const std::string message = error.what();
-  if (message.find("Timed out") != std::string::npos ||
-      message.find("timed out") != std::string::npos) {
-    return absl::DeadlineExceededError(absl::StrFormat("pipeline %s: %s", what, message));
-  }
-  return absl::UnavailableError(absl::StrFormat("pipeline %s: %s", what, message));
+  return GlooStatus("pipeline", what, error);
 }
 
 // Adds the scope's duration to `total`.

@@ -71,6 +71,32 @@ class LocalEngineTest : public ::testing::Test {
     return request;
   }
 
+  // A 3-layer tiny model (vocabulary 96, context 256) with an 8-token window on the layers
+  // `local` marks.
+  static worker::testing::TinyModelSpec WindowedModel(std::vector<bool> local) {
+    worker::testing::TinyModelSpec spec;
+    spec.vocab = 96;
+    spec.context = 256;
+    spec.layers = 3;
+    spec.sliding_window = 8;
+    spec.sliding_layers = std::move(local);
+    return spec;
+  }
+
+  // The CPU backend over `spec`'s tiny model: one thread, F32 KV, `num_blocks` blocks.
+  static std::unique_ptr<worker::ModelStepBackend> TinyBackend(
+      const worker::testing::TinyModelSpec& spec, int64_t num_blocks) {
+    std::unique_ptr<common::GgufFile> gguf = worker::testing::TinyModel(spec);
+    worker::CpuForwardPassOptions options;
+    options.num_threads = 1;
+    options.num_kv_blocks = num_blocks;
+    options.block_size = kBlockSize;
+    options.kv_dtype = kernels::cpu::KvDtype::kF32;
+    auto forward_pass = worker::CpuForwardPass::Create(*gguf, options);
+    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+    return std::make_unique<worker::ModelStepBackend>(*std::move(forward_pass));
+  }
+
   // Expects every block free again and no sequence left on the executor.
   static void ExpectNothingHeld(const LocalEngine& engine) {
     EXPECT_EQ(engine.block_manager().num_free(), engine.block_manager().num_blocks());
@@ -286,25 +312,13 @@ TEST_F(LocalEngineTest, PromptScoresAreTheForwardPassLogSoftmax) {
 // log-probabilities unchunked, in 16-token chunks (window edges inside chunks and blocks) and
 // from the prefix cache; and not those of the same weights without windows.
 TEST_F(LocalEngineTest, SlidingWindowLayersAreChunkAndPrefixCacheInvariant) {
-  worker::testing::TinyModelSpec spec;
-  spec.vocab = 96;
-  spec.context = 256;
-  spec.layers = 3;
-  spec.sliding_window = 8;
-  spec.sliding_layers = {true, false, true};
+  const worker::testing::TinyModelSpec spec = WindowedModel({true, false, true});
   worker::testing::TinyModelSpec full = spec;
   full.sliding_window = 0;
   const auto run = [&](const worker::testing::TinyModelSpec& model, int64_t chunk, bool cache,
                        int rounds) {
-    std::unique_ptr<common::GgufFile> gguf = worker::testing::TinyModel(model);
-    worker::CpuForwardPassOptions options;
-    options.num_threads = 1;
-    options.num_kv_blocks = 96;
-    options.block_size = kBlockSize;
-    options.kv_dtype = kernels::cpu::KvDtype::kF32;
-    auto forward_pass = worker::CpuForwardPass::Create(*gguf, options);
-    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
-    worker::ModelStepBackend backend(*std::move(forward_pass));
+    std::unique_ptr<worker::ModelStepBackend> backend_owner = TinyBackend(model, 96);
+    worker::ModelStepBackend& backend = *backend_owner;
     LocalEngineOptions engine_options;
     engine_options.max_num_batched_tokens = chunk;
     engine_options.enable_prefix_caching = cache;
@@ -348,22 +362,10 @@ TEST_F(LocalEngineTest, SlidingWindowLayersAreChunkAndPrefixCacheInvariant) {
 // complete in it, with the tokens and log-probabilities of a pool large enough to never reuse
 // a freed block.
 TEST_F(LocalEngineTest, BlocksBehindEveryLayersWindowAreFreedWithoutChangingATokens) {
-  worker::testing::TinyModelSpec spec;
-  spec.vocab = 96;
-  spec.context = 256;
-  spec.layers = 3;
-  spec.sliding_window = 8;
-  spec.sliding_layers = {true, true, true};
+  const worker::testing::TinyModelSpec spec = WindowedModel({true, true, true});
   const auto run = [&](int64_t num_blocks, uint64_t& freed) {
-    std::unique_ptr<common::GgufFile> gguf = worker::testing::TinyModel(spec);
-    worker::CpuForwardPassOptions options;
-    options.num_threads = 1;
-    options.num_kv_blocks = num_blocks;
-    options.block_size = kBlockSize;
-    options.kv_dtype = kernels::cpu::KvDtype::kF32;
-    auto forward_pass = worker::CpuForwardPass::Create(*gguf, options);
-    EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
-    worker::ModelStepBackend backend(*std::move(forward_pass));
+    std::unique_ptr<worker::ModelStepBackend> backend_owner = TinyBackend(spec, num_blocks);
+    worker::ModelStepBackend& backend = *backend_owner;
     LocalEngineOptions engine_options;
     engine_options.max_num_batched_tokens = 16;
     LocalEngine engine(backend, *tokenizer_, engine_options);
