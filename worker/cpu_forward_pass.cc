@@ -66,18 +66,19 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
 }
 
 absl::Status CpuForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
-  step_id_ = batch.step_id;
-  received_ = sent_ = false;
-  absl::Status status = RunStep(batch, logits, nullptr);
-  if (!status.ok()) FinishFailedStep(batch.step_id, status);
-  return status;
+  return TrackedStep(batch, logits, nullptr);
 }
 
 absl::Status CpuForwardPass::StepWithHidden(const StepBatch& batch, std::vector<float>& logits,
                                             std::vector<float>& hidden) {
+  return TrackedStep(batch, logits, &hidden);
+}
+
+absl::Status CpuForwardPass::TrackedStep(const StepBatch& batch, std::vector<float>& logits,
+                                         std::vector<float>* hidden) {
   step_id_ = batch.step_id;
   received_ = sent_ = false;
-  absl::Status status = RunStep(batch, logits, &hidden);
+  absl::Status status = RunStep(batch, logits, hidden);
   if (!status.ok()) FinishFailedStep(batch.step_id, status);
   return status;
 }

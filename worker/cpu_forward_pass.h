@@ -95,6 +95,9 @@ class CpuForwardPass : public ForwardPass {
 
  private:
   CpuForwardPass() = default;
+  // RunStep for the step `batch` names, a failure passed on to the pipeline's neighbours.
+  absl::Status TrackedStep(const StepBatch& batch, std::vector<float>& logits,
+                           std::vector<float>* hidden);
   // `hidden`, when not null, receives the sample rows' final hidden states.
   absl::Status RunStep(const StepBatch& batch, std::vector<float>& logits,
                        std::vector<float>* hidden);

@@ -126,9 +126,7 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
   const int64_t hidden_size = forward_pass_->config().hidden_size;
 
   const auto sample_start = std::chrono::steady_clock::now();
-  tokens.clear();
   tokens.reserve(batch.sample_rows.size());
-  num_emitted.clear();
   num_emitted.reserve(rows.size());
   size_t logits_row = 0;
   for (const SampleRow& row : rows) {

@@ -48,8 +48,6 @@ struct PipelineLink::Header {
   int64_t residual_floats = 0;
   int64_t proj_floats = 0;
   char message[224] = {};
-
-  static void CheckLayout() { static_assert(sizeof(Header) == 256, "a fixed-size message"); }
 };
 
 absl::StatusOr<std::unique_ptr<PipelineLink>> PipelineLink::Connect(
@@ -79,7 +77,9 @@ PipelineLink::PipelineLink(std::shared_ptr<gloo::Context> context, int stage, in
       stage_(stage),
       num_stages_(num_stages),
       timeout_(timeout),
-      receive_header_(sizeof(Header)) {}
+      receive_header_(sizeof(Header)) {
+  static_assert(sizeof(Header) == 256, "a fixed-size message");
+}
 
 PipelineLink::~PipelineLink() {
   // A send still in flight reads send_buffer_: let it finish (or fail) first.
