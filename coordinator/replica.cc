@@ -379,6 +379,15 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
       liveness_.OnHeadStarted(in_flight_.front().record.num_tokens, absl::Now());
     }
   }
+  const auto code = static_cast<absl::StatusCode>(result.error_code());
+  if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+    // A collective or a pipeline link broke (a rank or stage died, or stalls): the group
+    // cannot run another step. Its requests are retried or migrated as for a lost stream,
+    // not ended as if the plan had been refused; the stream's own end may come later.
+    LoseWorker(absl::StrFormat("step %d failed on the worker: %s", result.step_id(),
+                               result.error_message()));
+    return;
+  }
   if (result.error_code() != 0) {
     std::fprintf(stderr, "loom: replica %s: step %llu failed on the worker: %s\n",
                  replica_id_.c_str(), static_cast<unsigned long long>(result.step_id()),
