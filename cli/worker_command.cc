@@ -46,6 +46,7 @@ namespace loom::cli {
 
 using quant::QuantizeFormat;
 using worker::CpuForwardPassOptions;
+using worker::KvHostTier;
 using worker::StepProgress;
 
 using quant::QuantizeInMemory;
@@ -398,6 +399,28 @@ std::unique_ptr<common::GrammarMatcherFactory> LoadGrammars(const common::GgufFi
       common::TokenTrie::FromTokenizer(**tokenizer));
 }
 
+// The host KV tier of --kv-offload-memory over the backend's pool (bookkeeping only on
+// the no-op backend, whose slots are sized like an F16 pool's blocks), and the measured
+// time to load one block back.
+absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& options,
+                                                           const StepBackend& backend,
+                                                           double* load_seconds) {
+  const common::ModelConfig& config = backend.config();
+  const int64_t f16_block =
+      2 * config.num_layers * options.block_size * config.num_kv_heads * config.head_dim * 2;
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<KvHostTier> tier,
+                        KvHostTier::Create(options.kv_offload_bytes, backend.kv_pool(),
+                                           std::max<int64_t>(f16_block, 1)));
+  LOOM_ASSIGN_OR_RETURN(*load_seconds, tier->MeasureLoadSeconds());
+  std::fprintf(
+      stderr,
+      "loom-worker: KV host tier: %lld blocks of %lld bytes (%.1f MiB), %.1f us to "
+      "load a block\n",
+      static_cast<long long>(tier->num_slots()), static_cast<long long>(tier->slot_bytes()),
+      static_cast<double>(tier->num_slots() * tier->slot_bytes()) / (1 << 20), *load_seconds * 1e6);
+  return tier;
+}
+
 // What the worker registers as; worker_address is --advertise-address, or empty until the
 // server knows its port.
 loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
@@ -558,7 +581,17 @@ int RunWorkerCommand(int argc, char** argv) {
   }
   std::unique_ptr<common::GrammarMatcherFactory> grammars = LoadGrammars(*served->gguf);
 
+  std::unique_ptr<KvHostTier> host_tier;
+  double load_seconds = 0;
+  if (options.kv_offload_bytes > 0) {
+    absl::StatusOr<std::unique_ptr<KvHostTier>> created =
+        CreateHostTier(options, **backend, &load_seconds);
+    if (!created.ok()) return Fail(created.status());
+    host_tier = *std::move(created);
+  }
+
   StepExecutorOptions executor_options;
+  executor_options.host_tier = host_tier.get();
   executor_options.draft_proposer = draft.proposer.get();
   executor_options.progress = &progress;
   executor_options.debug_step_delay_ms = options.debug_step_delay_ms;
@@ -567,9 +600,14 @@ int RunWorkerCommand(int argc, char** argv) {
   StepExecutor executor(**backend, executor_options);
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);
-  return Serve(options, executor, metrics,
-               RegisterRequestFor(options, *served, **backend, num_blocks, *placement), progress,
-               signals);
+  loom::v1::RegisterRequest request =
+      RegisterRequestFor(options, *served, **backend, num_blocks, *placement);
+  if (host_tier != nullptr) {
+    request.set_num_host_kv_blocks(host_tier->num_slots());
+    request.set_kv_load_seconds_per_block(load_seconds);
+    metrics.SetHostTierCapacity(host_tier->num_slots());
+  }
+  return Serve(options, executor, metrics, request, progress, signals);
 }
 
 }  // namespace loom::cli

@@ -1,7 +1,9 @@
 #include "coordinator/cluster.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -99,6 +101,14 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         request.worker_address(), request.replica_id(), request.num_kv_blocks(),
         request.block_size()));
   }
+  if (request.num_host_kv_blocks() < 0 ||
+      request.num_host_kv_blocks() > std::numeric_limits<int32_t>::max() ||
+      !(request.kv_load_seconds_per_block() >= 0) ||
+      !std::isfinite(request.kv_load_seconds_per_block())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "registration: a host KV tier of %d blocks loading in %g s per block is not valid",
+        request.num_host_kv_blocks(), request.kv_load_seconds_per_block()));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
@@ -125,6 +135,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       endpoint.block_size = pending.ranks[0]->block_size();
       endpoint.backend = pending.ranks[0]->backend();
       endpoint.num_kv_blocks = pending.ranks[0]->num_kv_blocks();
+      endpoint.num_host_kv_blocks = pending.ranks[0]->num_host_kv_blocks();
       endpoint.pipeline_parallel_size = stages;
       for (const auto& rank : pending.ranks) {
         if (std::max(rank->pipeline_parallel_size(), 1) != stages) {
@@ -142,6 +153,10 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         endpoint.addresses.push_back(rank->worker_address());
         // The replica's pool is what every rank can hold.
         endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
+        endpoint.num_host_kv_blocks =
+            std::max<int64_t>(0, std::min(endpoint.num_host_kv_blocks, rank->num_host_kv_blocks()));
+        endpoint.kv_load_seconds_per_block =
+            std::max(endpoint.kv_load_seconds_per_block, rank->kv_load_seconds_per_block());
       }
       if (absl::Status tiled = CheckStageLayers(pending.ranks, stages); !tiled.ok()) {
         pending_ranks_.erase(request.replica_id());

@@ -265,6 +265,8 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.overlap_samples = !pipelined_;
   config.micro_batches = stages;
   config.sliding_window = options_.sliding_window;
+  config.num_host_blocks = endpoint.num_host_kv_blocks;
+  config.host_load_seconds_per_block = endpoint.kv_load_seconds_per_block;
   config.record_kv_events = kv_index_ != nullptr;
   engine::EngineCore::Hooks hooks;
   hooks.on_token = [this](engine::Request&, const loom::v1::SequenceOutput&, bool) {
@@ -284,16 +286,20 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     healthy_.store(true);
   }
   PublishStats();
-  std::fprintf(stderr, "loom: replica %s: %s connected (%lld KV blocks of %d tokens)\n",
-               replica_id_.c_str(),
-               endpoint.addresses.size() == 1
-                   ? ("worker " + endpoint.address).c_str()
-                   : absl::StrFormat("%d ranks%s (rank 0 at %s)", endpoint.addresses.size(),
-                                     stages > 1 ? absl::StrFormat(" in %d pipeline stages", stages)
-                                                : std::string(),
-                                     endpoint.address)
-                         .c_str(),
-               static_cast<long long>(endpoint.num_kv_blocks), endpoint.block_size);
+  std::fprintf(
+      stderr, "loom: replica %s: %s connected (%lld KV blocks of %d tokens%s)\n",
+      replica_id_.c_str(),
+      endpoint.addresses.size() == 1
+          ? ("worker " + endpoint.address).c_str()
+          : absl::StrFormat(
+                "%d ranks%s (rank 0 at %s)", endpoint.addresses.size(),
+                stages > 1 ? absl::StrFormat(" in %d pipeline stages", stages) : std::string(),
+                endpoint.address)
+                .c_str(),
+      static_cast<long long>(endpoint.num_kv_blocks), endpoint.block_size,
+      endpoint.num_host_kv_blocks > 0
+          ? absl::StrFormat(", a host tier of %d blocks", endpoint.num_host_kv_blocks).c_str()
+          : "");
   return true;
 }
 

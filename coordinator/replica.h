@@ -56,6 +56,10 @@ struct WorkerEndpoint {
   // Pipeline stages (addresses.size() / stages ranks each, stage by stage): the last
   // stage's ranks sample; a sequence is in at most one plan in flight.
   int pipeline_parallel_size = 1;
+  // The host KV tier every rank holds (the smallest of theirs), in blocks; 0: none. And
+  // the slowest rank's measured reload time per block.
+  int64_t num_host_kv_blocks = 0;
+  double kv_load_seconds_per_block = 0;
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives

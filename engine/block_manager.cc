@@ -82,7 +82,16 @@ int32_t BlockManager::TakeFreeBlock() {
   LOOM_CHECK(num_freed_ > 0);
   const int32_t block = free_head_;
   Unlink(block);
-  // Its old contents are about to be overwritten: it leaves the cache.
+  // Its old contents are about to be overwritten: it leaves the cache (a tier below may
+  // keep a copy).
+  const size_t b = static_cast<size_t>(block);
+  if (on_evict_ && has_hash_[b]) {
+    on_evict_(
+        EvictedBlock{block, hashes_[b],
+                     absl::MakeConstSpan(tokens_).subspan(b * static_cast<size_t>(block_size_),
+                                                          static_cast<size_t>(block_size_)),
+                     content_id_[b], parent_id_[b], salts_[b]});
+  }
   Unregister(block);
   content_id_[static_cast<size_t>(block)] = 0;  // an uncached copy's shared id, if any
   return block;
@@ -166,6 +175,7 @@ BlockManager::PrefixMatch BlockManager::MatchPrefix(absl::Span<const BlockHash> 
       break;
     }
     parent_id = content_id_[static_cast<size_t>(block)];
+    match.last_content_id = parent_id;
     ++match.num_blocks;
     if (ref_counts_[static_cast<size_t>(block)] == 0) ++match.num_free_blocks;
   }
@@ -215,6 +225,26 @@ bool BlockManager::RegisterBlock(int32_t block, const BlockHash& hash,
   hashes_[b] = hash;
   has_hash_[b] = true;
   content_id_[b] = next_content_id_++;
+  parent_id_[b] = parent_id;
+  if (parent_id == 0) salts_[b] = std::string(cache_salt);
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<std::ptrdiff_t>(b * static_cast<size_t>(block_size_)));
+  if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, hash});
+  return true;
+}
+
+bool BlockManager::RestoreBlock(int32_t block, const BlockHash& hash,
+                                absl::Span<const int32_t> tokens, uint64_t content_id,
+                                uint64_t parent_id, std::string_view cache_salt) {
+  LOOM_CHECK(block >= 0 && block < num_blocks());
+  LOOM_CHECK(tokens.size() == static_cast<size_t>(block_size_));
+  LOOM_CHECK(content_id > 0 && content_id < next_content_id_);  // named by this manager
+  const size_t b = static_cast<size_t>(block);
+  if (has_hash_[b] || ref_counts_[b] == 0) return false;
+  if (!cached_.try_emplace(hash, block).second) return false;
+  hashes_[b] = hash;
+  has_hash_[b] = true;
+  content_id_[b] = content_id;
   parent_id_[b] = parent_id;
   if (parent_id == 0) salts_[b] = std::string(cache_salt);
   std::copy(tokens.begin(), tokens.end(),

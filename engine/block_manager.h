@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,18 @@ struct KvCacheEvent {
   enum class Kind { kStored, kRemoved };
   Kind kind = Kind::kStored;
   BlockHash hash;
+};
+
+/// What a cached block held when the pool evicted it (BlockManager's eviction callback):
+/// its hash and the content identity that verifies a later hit (see BlockManager), for a
+/// tier below the pool (engine/host_kv_tier) to keep. The views live for the call only.
+struct EvictedBlock {
+  int32_t block = -1;
+  BlockHash hash;
+  absl::Span<const int32_t> tokens;
+  uint64_t content_id = 0;
+  uint64_t parent_id = 0;  // 0: a chain's first block, salted with `salt`
+  std::string_view salt;
 };
 
 /// The KV block table of one replica: which physical blocks of the workers' pools are in
@@ -63,6 +76,9 @@ class BlockManager {
   struct PrefixMatch {
     int64_t num_blocks = 0;
     int64_t num_free_blocks = 0;
+    // The content identity of the last matched block (0 when none matched): the parent a
+    // lower tier's continuation of the chain must have been computed after.
+    uint64_t last_content_id = 0;
   };
   PrefixMatch MatchPrefix(absl::Span<const BlockHash> hashes, absl::Span<const int32_t> tokens,
                           std::string_view cache_salt) const;
@@ -80,6 +96,19 @@ class BlockManager {
   /// num_verification_failures()).
   bool RegisterBlock(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
                      int32_t parent_block, std::string_view cache_salt);
+  /// Registers `block` (in use, just allocated) as holding content restored from a lower
+  /// tier: the content identity it had when it was evicted (EvictedBlock), so chains
+  /// continue across the tiers. False (nothing cached) when `block` holds a hash already or
+  /// another block holds `hash`.
+  bool RestoreBlock(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
+                    uint64_t content_id, uint64_t parent_id, std::string_view cache_salt);
+  /// Whether some block holds `hash` (in use or free).
+  bool holds_hash(const BlockHash& hash) const { return cached_.contains(hash); }
+  /// Called with each cached block the pool evicts to hand it out again, before its
+  /// contents are overwritten (a host tier demotes it). Not called by ForgetCachedBlocks.
+  void set_eviction_callback(std::function<void(const EvictedBlock&)> callback) {
+    on_evict_ = std::move(callback);
+  }
   /// Un-registers every cached block (their contents can no longer be trusted), emitting
   /// kRemoved for each. Blocks in use stay allocated.
   void ForgetCachedBlocks();
@@ -155,6 +184,7 @@ class BlockManager {
   mutable int64_t num_verification_failures_ = 0;
   bool record_events_ = false;
   std::vector<KvCacheEvent> events_;
+  std::function<void(const EvictedBlock&)> on_evict_;
 };
 
 }  // namespace loom::engine

@@ -1,9 +1,10 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -41,6 +42,11 @@ bool Scheduler::SchedulingOrder::operator()(const Sequence* a, const Sequence* b
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), block_manager_(config.num_blocks, config.block_size), speculation_policy_(config.speculation) {
   block_manager_.set_record_events(config.record_kv_events);
+  if (config.num_host_blocks > 0 && config.enable_prefix_caching) {
+    host_tier_ = std::make_unique<HostKvTier>(config.num_host_blocks, config.block_size);
+    block_manager_.set_eviction_callback(
+        [tier = host_tier_.get()](const EvictedBlock& evicted) { tier->Demote(evicted); });
+  }
   // The replica validated its configuration; nonsense here is a bug.
   LOOM_CHECK(config.block_size > 0);
   LOOM_CHECK(config.max_num_batched_tokens > 0);
@@ -190,6 +196,8 @@ SchedulerOutput Scheduler::Schedule() {
       budget -= count;
     }
   }
+  // Offloads (pool blocks this plan evicted) and reloads, in the order they happened.
+  if (host_tier_ != nullptr) out.kv_copies = host_tier_->TakeCopies();
   return out;
 }
 
@@ -235,21 +243,76 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
         absl::MakeConstSpan(seq.block_hashes).first(static_cast<size_t>(max_blocks)),
         AppliedTokens(seq, max_blocks * config_.block_size), seq.cache_salt);
   }
-  const int64_t cached_tokens = match.num_blocks * config_.block_size;
+  host_hits_.clear();
+  if (host_tier_ != nullptr && match.num_blocks < max_blocks) {
+    MatchHostPrefix(seq, match.num_blocks, max_blocks, match.last_content_id);
+  }
+  const int64_t num_host = static_cast<int64_t>(host_hits_.size());
+  const int64_t cached_tokens = (match.num_blocks + num_host) * config_.block_size;
   const int32_t count =
       static_cast<int32_t>(std::min<int64_t>(seq.num_known_tokens() - cached_tokens, budget));
-  // Reviving a free cached block uses up a free block just like allocating one.
+  // Reviving a free cached block uses up a free block just like allocating one; a reload
+  // takes a fresh block like a recompute.
   const int64_t blocks_needed =
       CeilDiv(cached_tokens + count, config_.block_size) - match.num_blocks + match.num_free_blocks;
   if (blocks_needed > block_manager_.num_free()) return 0;
   seq.blocks = block_manager_.TakeCachedPrefix(seq.block_hashes, match.num_blocks);
+  if (num_host > 0) ReloadHostPrefix(seq);
   seq.num_computed = static_cast<int32_t>(cached_tokens);
-  seq.num_registered_blocks = static_cast<int32_t>(match.num_blocks);
+  seq.num_registered_blocks = static_cast<int32_t>(match.num_blocks + num_host);
   seq.num_cached_tokens = static_cast<int32_t>(cached_tokens);
-  num_prompt_tokens_admitted_ += static_cast<int64_t>(seq.prompt_ids.size());
-  num_cached_tokens_admitted_ +=
-      std::min<int64_t>(cached_tokens, static_cast<int64_t>(seq.prompt_ids.size()));
+  const int64_t prompt = static_cast<int64_t>(seq.prompt_ids.size());
+  num_prompt_tokens_admitted_ += prompt;
+  num_cached_tokens_admitted_ += std::min<int64_t>(cached_tokens, prompt);
+  num_host_tokens_admitted_ += std::clamp<int64_t>(prompt - match.num_blocks * config_.block_size,
+                                                   0, num_host * config_.block_size);
   return count;
+}
+
+void Scheduler::MatchHostPrefix(Sequence& seq, int64_t first, int64_t max_blocks,
+                                uint64_t parent_id) {
+  const absl::Span<const int32_t> tokens = AppliedTokens(seq, max_blocks * config_.block_size);
+  for (int64_t b = first; b < max_blocks; ++b) {
+    const BlockHash& hash = seq.block_hashes[static_cast<size_t>(b)];
+    // The pool holds this hash with other content (its match stopped here): a reload
+    // could not be registered under it.
+    if (block_manager_.holds_hash(hash)) break;
+    const std::optional<HostKvTier::Hit> hit =
+        host_tier_->Find(hash,
+                         tokens.subspan(static_cast<size_t>(b * config_.block_size),
+                                        static_cast<size_t>(config_.block_size)),
+                         parent_id, seq.cache_salt);
+    if (!hit.has_value()) break;
+    host_hits_.push_back(*hit);
+    parent_id = hit->content_id;
+  }
+  if (host_hits_.empty() || config_.host_load_seconds_per_block <= 0) return;
+  // Reload only what is cheaper than recomputing, as measured: the worker's load time
+  // per block against the step cost model's time for those tokens.
+  const StepCostModel& cost = speculation_policy_.cost_model();
+  const int64_t num_hits = static_cast<int64_t>(host_hits_.size());
+  if (cost.measured() && config_.host_load_seconds_per_block * static_cast<double>(num_hits) >=
+                             cost.Estimate(num_hits * config_.block_size)) {
+    host_hits_.clear();
+  }
+}
+
+void Scheduler::ReloadHostPrefix(Sequence& seq) {
+  // Offloads that the allocations below trigger must not reuse the slots being read.
+  for (const HostKvTier::Hit& hit : host_hits_) host_tier_->Pin(hit.slot);
+  for (const HostKvTier::Hit& hit : host_hits_) {
+    absl::StatusOr<std::vector<int32_t>> block = block_manager_.Allocate(1);
+    LOOM_CHECK(block.ok());  // the caller counted the blocks
+    const HostKvTier::Content content = host_tier_->Promote(hit.slot, block->front());
+    // The chain's earlier blocks are in use, so nothing evicted them; the hash was not
+    // held (MatchHostPrefix), so the registration takes.
+    const bool restored =
+        block_manager_.RestoreBlock(block->front(), content.hash, content.tokens,
+                                    content.content_id, content.parent_id, seq.cache_salt);
+    LOOM_CHECK(restored);
+    seq.blocks.push_back(block->front());
+  }
+  host_tier_->UnpinAll();
 }
 
 absl::Span<const int32_t> Scheduler::AppliedTokens(const Sequence& seq, int64_t num_tokens) {

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "engine/block_manager.h"
+#include "engine/host_kv_tier.h"
 #include "engine/sequence.h"
 #include "engine/speculation_policy.h"
 
@@ -42,6 +43,12 @@ struct SchedulerConfig {
   // registered one stays in the prefix cache). 0: a layer attends to everything (a model
   // whose global layers keep every position).
   int64_t sliding_window = 0;
+  // The host KV tier (engine/host_kv_tier): slots of the workers' host memory that keep
+  // cached blocks the pool evicts, reloaded on a later prefix hit. 0: none.
+  int64_t num_host_blocks = 0;
+  // Seconds to reload one block, measured by the worker at start-up: a host-tier hit is
+  // reloaded when that is below the recompute time the step timings predict. 0: always.
+  double host_load_seconds_per_block = 0;
 };
 
 /// How far before a window's first position the CPU attention kernels read (masked): they
@@ -74,10 +81,13 @@ struct SchedulerOutput {
   std::vector<ScheduledWork> scheduled;  // decodes first, then prefill chunks
   std::vector<uint64_t> finished;        // released since the previous plan
   std::vector<uint64_t> preempted;       // preempted by this plan (state dropped on worker)
+  std::vector<KvCopy> kv_copies;         // host tier copies, run before the forward pass
   int64_t num_decode_tokens = 0;
   int64_t num_prefill_tokens = 0;
   int64_t num_speculative_tokens = 0;    // draft slots reserved by speculative decodes
-  bool empty() const { return scheduled.empty() && finished.empty() && preempted.empty(); }
+  bool empty() const {
+    return scheduled.empty() && finished.empty() && preempted.empty() && kv_copies.empty();
+  }
 };
 
 /// Iteration-level continuous batching for one replica (Orca, vLLM's scheduler):
@@ -152,7 +162,14 @@ class Scheduler {
   std::vector<KvCacheEvent> TakeKvEvents() { return block_manager_.TakeEvents(); }
   /// Drops every cached block from the prefix cache (a failed step may have left their
   /// K/V half written); blocks in use stay with their sequences.
-  void ForgetPrefixCache() { block_manager_.ForgetCachedBlocks(); }
+  void ForgetPrefixCache() {
+    block_manager_.ForgetCachedBlocks();
+    if (host_tier_ != nullptr) host_tier_->Forget();
+  }
+  /// The host KV tier's table; nullptr without one.
+  const HostKvTier* host_tier() const { return host_tier_.get(); }
+  /// Prompt tokens admitted from the host tier (reloaded, a subset of the cached ones).
+  int64_t num_host_tokens_admitted() const { return num_host_tokens_admitted_; }
   /// Prompt tokens admitted so far, and how many of them were served from the cache.
   int64_t num_prompt_tokens_admitted() const { return num_prompt_tokens_admitted_; }
   int64_t num_cached_tokens_admitted() const { return num_cached_tokens_admitted_; }
@@ -206,9 +223,19 @@ class Scheduler {
   // fits in the free blocks, takes its cached prefix (if caching is on), sets num_computed
   // past it and returns the chunk's token count; 0 when it does not fit (nothing changed).
   int32_t AdmitWithCachedPrefix(Sequence& seq, int64_t budget);
+  // The host tier's continuation of a prefix matched in the pool up to block `first`
+  // (whose last content is `parent_id`), up to `max_blocks`, into host_hits_ (empty when
+  // reloading would cost more than recomputing).
+  void MatchHostPrefix(Sequence& seq, int64_t first, int64_t max_blocks, uint64_t parent_id);
+  // Reloads host_hits_ after seq's table: allocates a block for each, queues its copy and
+  // registers it with its content. Every block must be free to take.
+  void ReloadHostPrefix(Sequence& seq);
 
   SchedulerConfig config_;
   BlockManager block_manager_;
+  std::unique_ptr<HostKvTier> host_tier_;  // num_host_blocks > 0 and prefix caching
+  std::vector<HostKvTier::Hit> host_hits_;
+  int64_t num_host_tokens_admitted_ = 0;
   SpeculationPolicy speculation_policy_;
   uint64_t num_preemptions_ = 0;
   uint64_t num_window_freed_blocks_ = 0;

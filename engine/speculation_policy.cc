@@ -60,6 +60,10 @@ void StepCostModel::Record(int64_t num_tokens, double seconds) {
   ++count_[bucket];
 }
 
+bool StepCostModel::measured() const {
+  return std::any_of(count_.begin(), count_.end(), [](int64_t count) { return count > 0; });
+}
+
 double StepCostModel::Estimate(int64_t num_tokens) const {
   num_tokens = std::max<int64_t>(num_tokens, 1);
   const int bucket = Bucket(num_tokens);

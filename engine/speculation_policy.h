@@ -47,6 +47,8 @@ class StepCostModel {
   /// Estimated seconds of a step of `num_tokens` tokens (arbitrary units before any
   /// measurement; only ratios matter).
   double Estimate(int64_t num_tokens) const;
+  /// Whether any step was recorded (Estimate is in seconds only then).
+  bool measured() const;
 
  private:
   static constexpr int kNumBuckets = 48;  // 1..16 tokens exactly, then 4 per octave

@@ -43,6 +43,13 @@ void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepP
   }
   plan.mutable_finished()->Add(out.finished.begin(), out.finished.end());
   plan.mutable_preempted()->Add(out.preempted.begin(), out.preempted.end());
+  for (const KvCopy& copy : out.kv_copies) {
+    loom::v1::KvBlockCopy* added = plan.add_kv_copies();
+    added->set_direction(copy.to_host ? loom::v1::KvBlockCopy::DEVICE_TO_HOST
+                                      : loom::v1::KvBlockCopy::HOST_TO_DEVICE);
+    added->set_device_block(copy.device_block);
+    added->set_host_slot(copy.host_slot);
+  }
 }
 
 }  // namespace loom::engine

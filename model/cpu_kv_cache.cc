@@ -1,5 +1,7 @@
 #include "model/cpu_kv_cache.h"
 
+#include <cstring>
+
 #include "absl/strings/str_format.h"
 
 namespace loom::model {
@@ -58,6 +60,65 @@ int64_t CpuKvCache::bytes() const {
         k_[l].size() + v_[l].size() + sizeof(uint16_t) * (k_scale_[l].size() + v_scale_[l].size());
   }
   return total;
+}
+
+int64_t CpuKvCache::block_value_bytes() const {
+  return block_size_ * num_kv_heads_ * head_dim_ *
+         static_cast<int64_t>(kernels::cpu::KvElementBytes(dtype_));
+}
+
+int64_t CpuKvCache::block_scale_bytes() const {
+  return kernels::cpu::IsQuantizedKv(dtype_)
+             ? block_size_ * num_kv_heads_ * static_cast<int64_t>(sizeof(uint16_t))
+             : 0;
+}
+
+int64_t CpuKvCache::block_bytes() const {
+  return num_layers() * 2 * (block_value_bytes() + block_scale_bytes());
+}
+
+template <typename Copy>
+void CpuKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
+  const int64_t values = block_value_bytes();
+  const int64_t scales = block_scale_bytes();
+  int64_t offset = 0;
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    copy(k_[l].data() + block * values, offset, values);
+    copy(v_[l].data() + block * values, offset + values, values);
+    offset += 2 * values;
+    if (scales > 0) {
+      copy(reinterpret_cast<uint8_t*>(k_scale_[l].data()) + block * scales, offset, scales);
+      copy(reinterpret_cast<uint8_t*>(v_scale_[l].data()) + block * scales, offset + scales,
+           scales);
+      offset += 2 * scales;
+    }
+  }
+}
+
+absl::Status CpuKvCache::SaveBlocks(absl::Span<const int32_t> blocks,
+                                    absl::Span<uint8_t* const> host) const {
+  if (blocks.size() != host.size()) {
+    return absl::InvalidArgumentError("SaveBlocks: one host slot per block");
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ForEachPiece(blocks[i], [&](const uint8_t* pool, int64_t offset, int64_t size) {
+      std::memcpy(host[i] + offset, pool, static_cast<size_t>(size));
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuKvCache::LoadBlocks(absl::Span<const uint8_t* const> host,
+                                    absl::Span<const int32_t> blocks) const {
+  if (blocks.size() != host.size()) {
+    return absl::InvalidArgumentError("LoadBlocks: one host slot per block");
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ForEachPiece(blocks[i], [&](uint8_t* pool, int64_t offset, int64_t size) {
+      std::memcpy(pool, host[i] + offset, static_cast<size_t>(size));
+    });
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loom::model

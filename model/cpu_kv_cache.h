@@ -28,10 +28,22 @@ class CpuKvCache : public KvCache {
   int64_t block_size() const override { return block_size_; }
   int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
   int64_t bytes() const override;
+  int64_t block_bytes() const override;
+  absl::Status SaveBlocks(absl::Span<const int32_t> blocks,
+                          absl::Span<uint8_t* const> host) const override;
+  absl::Status LoadBlocks(absl::Span<const uint8_t* const> host,
+                          absl::Span<const int32_t> blocks) const override;
   kernels::cpu::KvDtype dtype() const { return dtype_; }
 
  private:
   CpuKvCache() = default;
+  // Bytes of one block's K (or V) values, and of its K (or V) scales, in one layer.
+  int64_t block_value_bytes() const;
+  int64_t block_scale_bytes() const;
+  // Calls copy(pool bytes, host offset, size) for each of one block's pieces, in the
+  // host layout (per layer: K, V, K scales, V scales).
+  template <typename Copy>
+  void ForEachPiece(int32_t block, Copy&& copy) const;
 
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 0;

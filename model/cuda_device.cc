@@ -37,6 +37,14 @@ CudaDevice::~CudaDevice() = default;
 std::string CudaDevice::Describe() const { return "cuda (not compiled in)"; }
 #define LOOM_CUDA_DEVICE_STUB(signature) \
   signature { return absl::FailedPreconditionError("the CUDA device needs a build with CUDA"); }
+LOOM_CUDA_DEVICE_STUB(absl::Status cuda_detail::CudaKvCache::SaveBlocks(absl::Span<const int32_t>,
+                                                                        absl::Span<uint8_t* const>)
+                          const)
+LOOM_CUDA_DEVICE_STUB(absl::Status cuda_detail::CudaKvCache::LoadBlocks(
+    absl::Span<const uint8_t* const>, absl::Span<const int32_t>) const)
+LOOM_CUDA_DEVICE_STUB(absl::Status cuda_detail::CudaKvCache::RegisterHostMemory(void*, int64_t)
+                          const)
+void cuda_detail::CudaKvCache::UnregisterHostMemory(void*) const {}
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t))
 LOOM_CUDA_DEVICE_STUB(
     absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>&))
@@ -189,6 +197,64 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
   return std::make_unique<CudaBuffer>(std::move(buffer), bytes);
 }
 
+namespace cuda_detail {
+
+// Block b of a layer is one contiguous range of its K (and V) pool: one cudaMemcpyAsync
+// per layer, K and V, on the device's stream (ordered after the steps already enqueued,
+// before the next), then one wait. Pinned host memory (RegisterHostMemory) makes these
+// DMA copies at the link's bandwidth; pageable memory is staged by the driver.
+absl::Status CudaKvCache::SaveBlocks(absl::Span<const int32_t> blocks,
+                                     absl::Span<uint8_t* const> host) const {
+  if (blocks.size() != host.size()) {
+    return absl::InvalidArgumentError("SaveBlocks: one host slot per block");
+  }
+  const size_t piece = static_cast<size_t>(block_bytes() / std::max<int64_t>(2 * num_layers(), 1));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (size_t l = 0; l < k_.size(); ++l) {
+      const size_t at = static_cast<size_t>(blocks[i]) * piece;
+      LOOM_CUDA_CALL(cudaMemcpyAsync(host[i] + 2 * l * piece,
+                                     static_cast<const uint8_t*>(k_[l].data()) + at, piece,
+                                     cudaMemcpyDeviceToHost, stream_));
+      LOOM_CUDA_CALL(cudaMemcpyAsync(host[i] + (2 * l + 1) * piece,
+                                     static_cast<const uint8_t*>(v_[l].data()) + at, piece,
+                                     cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+  LOOM_CUDA_CALL(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvCache::LoadBlocks(absl::Span<const uint8_t* const> host,
+                                     absl::Span<const int32_t> blocks) const {
+  if (blocks.size() != host.size()) {
+    return absl::InvalidArgumentError("LoadBlocks: one host slot per block");
+  }
+  const size_t piece = static_cast<size_t>(block_bytes() / std::max<int64_t>(2 * num_layers(), 1));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (size_t l = 0; l < k_.size(); ++l) {
+      const size_t at = static_cast<size_t>(blocks[i]) * piece;
+      LOOM_CUDA_CALL(cudaMemcpyAsync(static_cast<uint8_t*>(k_[l].data()) + at,
+                                     host[i] + 2 * l * piece, piece, cudaMemcpyHostToDevice,
+                                     stream_));
+      LOOM_CUDA_CALL(cudaMemcpyAsync(static_cast<uint8_t*>(v_[l].data()) + at,
+                                     host[i] + (2 * l + 1) * piece, piece, cudaMemcpyHostToDevice,
+                                     stream_));
+    }
+  }
+  LOOM_CUDA_CALL(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvCache::RegisterHostMemory(void* host, int64_t bytes) const {
+  if (bytes <= 0) return absl::OkStatus();
+  LOOM_CUDA_CALL(cudaHostRegister(host, static_cast<size_t>(bytes), cudaHostRegisterDefault));
+  return absl::OkStatus();
+}
+
+void CudaKvCache::UnregisterHostMemory(void* host) const { (void)cudaHostUnregister(host); }
+
+}  // namespace cuda_detail
+
 absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
     const common::ModelConfig& config, int64_t num_blocks, int64_t block_size) {
   if (num_blocks <= 0 || block_size <= 0 || block_size > 1024) {
@@ -197,6 +263,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
         num_blocks, block_size));
   }
   auto cache = std::make_unique<CudaKvCache>();
+  cache->stream_ = stream_;
   cache->view_.dtype = options_.kv_dtype;
   cache->view_.num_blocks = num_blocks;
   cache->view_.block_size = block_size;

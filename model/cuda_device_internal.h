@@ -59,8 +59,21 @@ class CudaKvCache : public KvCache {
     return view;
   }
 
+  // Per layer K then V of the block, contiguous (model/cuda_device.cc; stubs without CUDA).
+  int64_t block_bytes() const override {
+    return num_layers() * 2 * view_.block_size * view_.num_kv_heads * view_.head_dim *
+           static_cast<int64_t>(kc::ElementBytes(view_.dtype));
+  }
+  absl::Status SaveBlocks(absl::Span<const int32_t> blocks,
+                          absl::Span<uint8_t* const> host) const override;
+  absl::Status LoadBlocks(absl::Span<const uint8_t* const> host,
+                          absl::Span<const int32_t> blocks) const override;
+  absl::Status RegisterHostMemory(void* host, int64_t bytes) const override;
+  void UnregisterHostMemory(void* host) const override;
+
   kc::KvCacheView view_;  // shape and dtype; k and v per layer below
   std::vector<kc::DeviceBuffer> k_, v_;
+  cudaStream_t stream_ = nullptr;  // the device's: copies are ordered with its steps
 };
 
 inline const CudaLinear& AsCuda(const DeviceLinear& w) { return static_cast<const CudaLinear&>(w); }

@@ -54,6 +54,27 @@ class KvCache {
   virtual int64_t num_layers() const = 0;
   /// Bytes of the whole pool.
   virtual int64_t bytes() const = 0;
+
+  // ---- block copies (the host tier, worker/kv_host_tier) ----
+  /// Bytes of one block across every layer: K and V (and an 8-bit pool's scales), layer by
+  /// layer, contiguous: what one host-tier slot holds.
+  virtual int64_t block_bytes() const = 0;
+  /// Copies block blocks[i] (every layer) into host[i] (block_bytes() each), then waits
+  /// for the copies. Blocks must be in range (the caller validated them).
+  virtual absl::Status SaveBlocks(absl::Span<const int32_t> blocks,
+                                  absl::Span<uint8_t* const> host) const = 0;
+  /// Overwrites block blocks[i] (every layer) with host[i], as SaveBlocks wrote it, then
+  /// waits for the copies.
+  virtual absl::Status LoadBlocks(absl::Span<const uint8_t* const> host,
+                                  absl::Span<const int32_t> blocks) const = 0;
+  /// Makes `bytes` of host memory at `host` fast to copy to and from (CUDA pins it); the
+  /// memory must stay allocated while the pool lives. Nothing to do on the CPU.
+  virtual absl::Status RegisterHostMemory(void* host, int64_t bytes) const {
+    (void)host, (void)bytes;
+    return absl::OkStatus();
+  }
+  /// Undoes RegisterHostMemory (before the memory is freed).
+  virtual void UnregisterHostMemory(void* host) const { (void)host; }
 };
 
 /// One step's flattened batch in CSR form (worker::StepBatch's fields, validated by its

@@ -80,6 +80,7 @@ class CpuForwardPass : public ForwardPass {
   /// The host weights the CPU device computes on.
   const model::ModelWeights& weights() const { return *graph_->host_weights(); }
   const model::KvCache& kv_cache() const { return graph_->kv_cache(); }
+  const model::KvCache* kv_pool() const override { return &graph_->kv_cache(); }
   int64_t block_size() const override { return graph_->kv_cache().block_size(); }
   int64_t num_kv_blocks() const override { return graph_->kv_cache().num_blocks(); }
   int num_threads() const { return device_->thread_pool()->num_threads(); }

@@ -114,6 +114,7 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch&, const DeviceSample
 }
 
 CudaForwardPass::Stats CudaForwardPass::stats() const { return {}; }
+const model::KvCache* CudaForwardPass::kv_pool() const { return nullptr; }
 
 #else  // LOOM_HAVE_CUDA
 
@@ -616,6 +617,8 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
     return state_->RunStep(batch, unused, &rows, &tokens, &logprobs);
   });
 }
+
+const model::KvCache* CudaForwardPass::kv_pool() const { return &state_->graph->kv_cache(); }
 
 CudaForwardPass::Stats CudaForwardPass::stats() const {
   const model::CudaGraphStats& graphs = state_->graph_cache->stats();

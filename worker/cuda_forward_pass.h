@@ -109,6 +109,7 @@ class CudaForwardPass : public ForwardPass {
   const common::ModelConfig& config() const override { return config_; }
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }
   int64_t block_size() const override { return block_size_; }
+  const model::KvCache* kv_pool() const override;
   /// One line per weight conversion, then the device, memory and graph settings.
   const std::string& load_log() const { return load_log_; }
 

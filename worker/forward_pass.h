@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "common/formats/model_config.h"
+#include "model/device.h"
 #include "worker/sampler.h"
 #include "worker/step_batch.h"
 
@@ -86,6 +87,9 @@ class ForwardPass {
 
   /// Counts of how steps ran so far.
   virtual ForwardPassStats stats() const { return {}; }
+  /// The paged KV pool Step runs on (the host tier copies blocks in and out of it);
+  /// nullptr where there is none to copy.
+  virtual const model::KvCache* kv_pool() const { return nullptr; }
 };
 
 }  // namespace loom::worker

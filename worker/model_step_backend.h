@@ -28,6 +28,7 @@ class ModelStepBackend : public StepBackend {
   int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
   int64_t block_size() const override { return forward_pass_->block_size(); }
   ForwardPassStats forward_pass_stats() const override { return forward_pass_->stats(); }
+  const model::KvCache* kv_pool() const override { return forward_pass_->kv_pool(); }
   // A pipeline stage before the last samples nothing: it has no samplers.
   bool uses_samplers() const override { return forward_pass_->returns_logits(); }
   bool samples() const override { return forward_pass_->returns_logits(); }

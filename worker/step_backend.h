@@ -94,6 +94,8 @@ class StepBackend {
   virtual bool uses_samplers() const = 0;
   /// How the model's forward pass ran its steps (zeros without one).
   virtual ForwardPassStats forward_pass_stats() const { return {}; }
+  /// The KV pool the steps run on (the host tier's copies); nullptr without one (noop).
+  virtual const model::KvCache* kv_pool() const { return nullptr; }
   /// False on a pipeline stage before the last: Run computes the stage's layers and
   /// passes them on, emitting no tokens (and scoring nothing); the last stage samples.
   virtual bool samples() const { return true; }

@@ -529,6 +529,20 @@ absl::Status StepExecutor::CheckEmitted(const Prepared& prepared,
   return absl::OkStatus();
 }
 
+absl::Status StepExecutor::CopyKvBlocks(const loom::v1::StepPlan& plan) {
+  if (options_.host_tier == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the plan copies %d KV blocks, but this worker has no host tier (--kv-offload-memory)",
+        plan.kv_copies_size()));
+  }
+  copies_.clear();
+  for (const loom::v1::KvBlockCopy& copy : plan.kv_copies()) {
+    copies_.push_back({copy.direction() == loom::v1::KvBlockCopy::DEVICE_TO_HOST,
+                       copy.device_block(), copy.host_slot()});
+  }
+  return options_.host_tier->Apply(copies_);
+}
+
 void StepExecutor::DropNamed(const loom::v1::StepPlan& plan) {
   for (uint64_t id : plan.finished()) sequences_.erase(id);
   for (uint64_t id : plan.preempted()) sequences_.erase(id);
@@ -584,6 +598,8 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   prepared.Clear();
   prepared.batch.step_id = plan.step_id();
   if (status.ok()) status = Prepare(plan, prepared);
+  // Blocks move between the pool and the host tier before the forward pass reads them.
+  if (status.ok() && plan.kv_copies_size() > 0) status = CopyKvBlocks(plan);
   // Pipeline stages: a plan with work is one message between every pair of neighbours.
   if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
   std::vector<SampledToken>& tokens = prepared.tokens;

@@ -13,6 +13,7 @@
 #include "common/sampling_params.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/draft_proposer.h"
+#include "worker/kv_host_tier.h"
 #include "worker/sampler.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
@@ -45,6 +46,10 @@ struct StepExecutorOptions {
   // vocabulary (not owned; must outlive the executor); null: a sequence with a grammar
   // is refused.
   common::GrammarMatcherFactory* grammars = nullptr;
+  // The worker's host KV tier (not owned; must outlive the executor): each plan's
+  // kv_copies run on it after the plan validates and before its forward pass. null: a
+  // plan with copies is refused.
+  KvHostTier* host_tier = nullptr;
 };
 
 /// The worker's side of the step protocol: owns every sequence's execution state (its
@@ -86,6 +91,8 @@ class StepExecutor {
   int64_t NumDraftComputed(uint64_t seq_id) const;
 
   const StepBackend& backend() const { return backend_; }
+  /// The host KV tier the plans' copies run on (StepExecutorOptions::host_tier).
+  const KvHostTier* host_tier() const { return options_.host_tier; }
 
  private:
   struct SequenceState;
@@ -124,6 +131,8 @@ class StepExecutor {
                             const std::vector<int32_t>& num_emitted) const;
   // Drops every sequence the plan names (after a failed plan).
   void DropNamed(const loom::v1::StepPlan& plan);
+  // Runs the plan's kv_copies on the host tier.
+  absl::Status CopyKvBlocks(const loom::v1::StepPlan& plan);
   // The test-only delay and hang of StepExecutorOptions, at the start of a step.
   void DebugHooks();
 
@@ -136,6 +145,7 @@ class StepExecutor {
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.
   std::unique_ptr<Prepared> prepared_;
+  std::vector<KvBlockCopy> copies_;  // scratch for CopyKvBlocks
   int64_t num_executed_ = 0;  // plans executed (or being executed) since construction
   std::atomic<bool> hang_released_{false};
 };

@@ -90,6 +90,54 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
                             "stage's activations or for the next stage to take this one's.")
                         .Register(*registry_)
                         .Add(labels);
+  host_tier_capacity_ = &prometheus::BuildGauge()
+                             .Name("loom_worker_kv_host_tier_blocks_capacity")
+                             .Help("Blocks the worker's host KV tier holds (--kv-offload-memory).")
+                             .Register(*registry_)
+                             .Add(labels);
+  auto& blocks = prometheus::BuildCounter()
+                     .Name("loom_worker_kv_transfer_blocks_total")
+                     .Help("KV blocks copied between the pool and the host tier, by direction.")
+                     .Register(*registry_);
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("loom_worker_kv_transfer_bytes_total")
+                    .Help("Bytes of KV copied between the pool and the host tier, by direction.")
+                    .Register(*registry_);
+  auto with = [&labels](const char* direction) {
+    prometheus::Labels out = labels;
+    out["direction"] = direction;
+    return out;
+  };
+  blocks_to_host_ = &blocks.Add(with("to_host"));
+  blocks_to_device_ = &blocks.Add(with("to_device"));
+  bytes_to_host_ = &bytes.Add(with("to_host"));
+  bytes_to_device_ = &bytes.Add(with("to_device"));
+  transfer_seconds_ = &prometheus::BuildHistogram()
+                           .Name("loom_worker_kv_transfer_seconds")
+                           .Help("Time one plan's KV copies (offloads and reloads) took.")
+                           .Register(*registry_)
+                           .Add(labels, prometheus::Histogram::BucketBoundaries{
+                                            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                            0.025, 0.05, 0.1, 0.25, 1.0});
+}
+
+void WorkerMetrics::SetHostTierCapacity(int64_t blocks) {
+  host_tier_capacity_->Set(static_cast<double>(blocks));
+}
+
+void WorkerMetrics::RecordKvTransfers(const KvTransferStats& stats) {
+  auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& recorded) {
+    if (now > recorded) counter->Increment(static_cast<double>(now - recorded));
+    recorded = now;
+  };
+  advance(blocks_to_host_, stats.blocks_to_host, recorded_transfers_.blocks_to_host);
+  advance(blocks_to_device_, stats.blocks_to_device, recorded_transfers_.blocks_to_device);
+  advance(bytes_to_host_, stats.bytes_to_host, recorded_transfers_.bytes_to_host);
+  advance(bytes_to_device_, stats.bytes_to_device, recorded_transfers_.bytes_to_device);
+  if (stats.seconds > recorded_transfers_.seconds) {
+    transfer_seconds_->Observe(stats.seconds - recorded_transfers_.seconds);
+    recorded_transfers_.seconds = stats.seconds;
+  }
 }
 
 void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected) {

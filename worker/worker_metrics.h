@@ -9,6 +9,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "worker/forward_pass.h"
+#include "worker/kv_host_tier.h"
 
 namespace loom::worker {
 
@@ -28,6 +29,11 @@ class WorkerMetrics {
   /// The forward pass's counts so far (ForwardPassStats, cumulative): the counters move
   /// by what changed since the last call.
   void RecordForwardPassStats(const ForwardPassStats& stats);
+  /// The host KV tier's size in blocks (a gauge; without a tier it stays 0).
+  void SetHostTierCapacity(int64_t blocks);
+  /// The host tier's counts so far (cumulative): the counters move by what changed, and a
+  /// change in copy time is one observation of the transfer histogram (one plan's copies).
+  void RecordKvTransfers(const KvTransferStats& stats);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
@@ -44,7 +50,14 @@ class WorkerMetrics {
   prometheus::Counter* graph_captures_;
   prometheus::Counter* graph_replays_;
   prometheus::Counter* graph_capture_failures_;
+  prometheus::Gauge* host_tier_capacity_;
+  prometheus::Counter* blocks_to_host_;
+  prometheus::Counter* blocks_to_device_;
+  prometheus::Counter* bytes_to_host_;
+  prometheus::Counter* bytes_to_device_;
+  prometheus::Histogram* transfer_seconds_;
   ForwardPassStats recorded_;  // what RecordForwardPassStats has counted
+  KvTransferStats recorded_transfers_;
 };
 
 }  // namespace loom::worker

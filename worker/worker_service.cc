@@ -72,6 +72,9 @@ grpc::Status WorkerService::Step(
                            result.error_code() != 0);
       metrics_->SetSequences(num_sequences_.load(std::memory_order_relaxed));
       metrics_->RecordForwardPassStats(executor_->backend().forward_pass_stats());
+      if (executor_->host_tier() != nullptr) {
+        metrics_->RecordKvTransfers(executor_->host_tier()->stats());
+      }
     }
     if (!stream->Write(result)) break;
   }

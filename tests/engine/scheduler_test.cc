@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -524,6 +525,30 @@ class FakeWorker {
   std::vector<Sample> Run(const SchedulerOutput& plan) {
     for (const uint64_t id : plan.finished) Drop(id);
     for (const uint64_t id : plan.preempted) Drop(id);
+    // Host tier copies, in order, before the forward pass.
+    for (const KvCopy& copy : plan.kv_copies) {
+      if (copy.to_host) {
+        auto content = contents_.find(copy.device_block);
+        if (content == contents_.end()) {
+          ADD_FAILURE() << "offloads block " << copy.device_block << " never computed";
+          continue;
+        }
+        EXPECT_FALSE(block_users_.contains(copy.device_block))
+            << "offloads block " << copy.device_block << " a live sequence still uses";
+        host_[copy.host_slot] = content->second;
+        ++num_offloads_;
+      } else {
+        auto held = host_.find(copy.host_slot);
+        if (held == host_.end()) {
+          ADD_FAILURE() << "reloads host slot " << copy.host_slot << " never written";
+          continue;
+        }
+        EXPECT_FALSE(block_users_.contains(copy.device_block))
+            << "reloads into block " << copy.device_block << " a live sequence uses";
+        contents_[copy.device_block] = held->second;
+        ++num_reloads_;
+      }
+    }
     // Cached prefixes are read against the pool as earlier plans left it: this plan's
     // writes run in the same forward pass and cannot be relied on.
     for (const ScheduledWork& work : plan.scheduled) {
@@ -620,8 +645,16 @@ class FakeWorker {
     state_.erase(it);
   }
 
+ public:
+  int64_t num_offloads() const { return num_offloads_; }
+  int64_t num_reloads() const { return num_reloads_; }
+
+ private:
   int32_t block_size_;
   absl::flat_hash_map<uint64_t, State> state_;
+  absl::flat_hash_map<int32_t, std::vector<int32_t>> host_;  // host slot -> its block's tokens
+  int64_t num_offloads_ = 0;
+  int64_t num_reloads_ = 0;
   absl::flat_hash_map<int32_t, int32_t> block_users_;  // live sequences holding the block
   // block -> the tokens [0, last written position] its K/V were computed from.
   absl::flat_hash_map<int32_t, std::vector<int32_t>> contents_;
@@ -1133,9 +1166,11 @@ TEST(SchedulerPrefixTest, APreemptedSequenceReusesItsStillCachedBlocks) {
 // block's reference count equals the number of live sequences holding it, free blocks
 // are exactly those with no reference, and the fake worker's content checks pass. At the
 // end every block is free.
-void FuzzOnce(uint32_t seed, int32_t block_size, int64_t num_blocks) {
+void FuzzOnce(uint32_t seed, int32_t block_size, int64_t num_blocks, int64_t num_host_blocks = 0,
+              FakeWorker* observed = nullptr) {
   std::mt19937 rng(seed);
   SchedulerConfig config = Config(block_size, num_blocks, 24, /*max_num_seqs=*/8);
+  config.num_host_blocks = num_host_blocks;
   Scheduler scheduler(config);
   FakeWorker worker(block_size);
   std::vector<std::vector<int32_t>> prefixes;
@@ -1187,6 +1222,7 @@ void FuzzOnce(uint32_t seed, int32_t block_size, int64_t num_blocks) {
   EXPECT_EQ(scheduler.num_waiting(), 0);
   EXPECT_EQ(scheduler.block_manager().num_free(), num_blocks);
   EXPECT_GT(scheduler.num_cached_tokens_admitted(), 0) << "seed " << seed;
+  if (observed != nullptr) *observed = worker;
 }
 
 TEST(SchedulerPrefixTest, RandomWorkloadsKeepEveryBlockInvariant) {
@@ -1195,6 +1231,108 @@ TEST(SchedulerPrefixTest, RandomWorkloadsKeepEveryBlockInvariant) {
     FuzzOnce(seed, /*block_size=*/1 + static_cast<int32_t>(seed % 4), /*num_blocks=*/24);
     if (HasFatalFailure()) return;
   }
+}
+
+// The same workloads with a host tier smaller than what the pool evicts: every reload
+// must bring back exactly the tokens' K/V the sequence would have computed (the fake
+// worker checks each cached prefix against the pool after the plan's copies).
+TEST(SchedulerHostTierTest, RandomWorkloadsReloadOnlyTheRightContent) {
+  int64_t reloads = 0;
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE(seed);
+    FakeWorker worker(1);
+    FuzzOnce(seed, /*block_size=*/1 + static_cast<int32_t>(seed % 4), /*num_blocks=*/24,
+             /*num_host_blocks=*/1 + seed % 16, &worker);
+    if (HasFatalFailure()) return;
+    reloads += worker.num_reloads();
+  }
+  EXPECT_GT(reloads, 0) << "the workloads never hit the host tier";
+}
+
+TEST(SchedulerHostTierTest, AnEvictedPrefixIsOffloadedAndReloadedInsteadOfRecomputed) {
+  SchedulerConfig config = Config(4, 6, 64);
+  config.num_host_blocks = 8;
+  Scheduler scheduler(config);
+  FakeWorker worker(4);
+  const auto run_alone = [&](uint64_t id, std::vector<int32_t> prompt) {
+    EXPECT_TRUE(scheduler.Add(SequenceWithPrompt(id, std::move(prompt), 1)).ok());
+    SchedulerOutput plan = scheduler.Schedule();
+    worker.Run(plan);
+    ApplySamples(scheduler, plan);
+    scheduler.Finish(id);
+    return plan;
+  };
+  // A's 13 tokens: three full blocks cached, then B's fill the pool and evict them.
+  run_alone(1, Tokens(100, 13));
+  const SchedulerOutput evicting = run_alone(2, Tokens(500, 21));
+  EXPECT_EQ(evicting.kv_copies.size(), 3u);
+  for (const KvCopy& copy : evicting.kv_copies) EXPECT_TRUE(copy.to_host);
+  EXPECT_EQ(scheduler.host_tier()->num_used(), 3);
+
+  // A again: its three blocks come back from the host tier, only its last token computes.
+  const SchedulerOutput again = run_alone(3, Tokens(100, 13));
+  const ScheduledWork* work = WorkFor(again, 3);
+  ASSERT_NE(work, nullptr);
+  EXPECT_EQ(work->num_cached_tokens, 12);
+  EXPECT_EQ(work->num_tokens, 1);
+  int reloads = 0;
+  for (const KvCopy& copy : again.kv_copies) reloads += copy.to_host ? 0 : 1;
+  EXPECT_EQ(reloads, 3);
+  EXPECT_EQ(worker.num_reloads(), 3);
+  EXPECT_EQ(scheduler.num_host_tokens_admitted(), 12);
+  // The reloaded blocks are cached again: a fourth run finds them in the pool and reloads
+  // nothing (its one new block evicts one of B's, which is offloaded).
+  const SchedulerOutput fourth = run_alone(4, Tokens(100, 13));
+  EXPECT_EQ(WorkFor(fourth, 4)->num_cached_tokens, 12);
+  for (const KvCopy& copy : fourth.kv_copies) EXPECT_TRUE(copy.to_host);
+  EXPECT_EQ(worker.num_reloads(), 3);
+}
+
+TEST(SchedulerHostTierTest, ADifferentSaltOrContinuationIsNotAHostHit) {
+  SchedulerConfig config = Config(4, 6, 64);
+  config.num_host_blocks = 8;
+  Scheduler scheduler(config);
+  FakeWorker worker(4);
+  const auto run_alone = [&](uint64_t id, std::vector<int32_t> prompt, std::string salt) {
+    std::unique_ptr<Sequence> seq = SequenceWithPrompt(id, std::move(prompt), 1);
+    seq->cache_salt = salt;
+    EXPECT_TRUE(scheduler.Add(std::move(seq)).ok());
+    SchedulerOutput plan = scheduler.Schedule();
+    worker.Run(plan);
+    ApplySamples(scheduler, plan);
+    scheduler.Finish(id);
+    return plan;
+  };
+  run_alone(1, Tokens(100, 13), "tenant-a");
+  run_alone(2, Tokens(500, 21), "");  // evicts A's blocks into the host tier
+  ASSERT_EQ(scheduler.host_tier()->num_used(), 3);
+  // Another tenant's salt (the same hashes here: the test roots no chain in its salt):
+  // the host tier verifies a chain's first block against the salt, nothing is reloaded.
+  const SchedulerOutput other = run_alone(3, Tokens(100, 13), "tenant-b");
+  EXPECT_EQ(WorkFor(other, 3)->num_cached_tokens, 0);
+  for (const KvCopy& copy : other.kv_copies) EXPECT_TRUE(copy.to_host);
+}
+
+TEST(SchedulerHostTierTest, AFailedStepForgetsTheHostTierToo) {
+  SchedulerConfig config = Config(4, 6, 64);
+  config.num_host_blocks = 8;
+  Scheduler scheduler(config);
+  FakeWorker worker(4);
+  for (uint64_t id : {1, 2}) {
+    ASSERT_TRUE(
+        scheduler.Add(SequenceWithPrompt(id, id == 1 ? Tokens(100, 13) : Tokens(500, 21), 1)).ok());
+    SchedulerOutput plan = scheduler.Schedule();
+    worker.Run(plan);
+    ApplySamples(scheduler, plan);
+    scheduler.Finish(id);
+  }
+  ASSERT_EQ(scheduler.host_tier()->num_used(), 3);
+  scheduler.ForgetPrefixCache();
+  EXPECT_EQ(scheduler.host_tier()->num_used(), 0);
+  ASSERT_TRUE(scheduler.Add(SequenceWithPrompt(3, Tokens(100, 13), 1)).ok());
+  const SchedulerOutput plan = scheduler.Schedule();
+  EXPECT_EQ(WorkFor(plan, 3)->num_cached_tokens, 0);
+  EXPECT_TRUE(plan.kv_copies.empty());
 }
 
 }  // namespace

@@ -1,0 +1,161 @@
+#include "engine/host_kv_tier.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <utility>
+
+#include "common/check.h"
+
+namespace loom::engine {
+
+HostKvTier::HostKvTier(int64_t num_slots, int32_t block_size)
+    : block_size_(block_size),
+      entries_(static_cast<size_t>(std::max<int64_t>(num_slots, 0))),
+      tokens_(entries_.size() * static_cast<size_t>(std::max(block_size, 1))) {
+  LOOM_CHECK(num_slots >= 0 && num_slots <= std::numeric_limits<int32_t>::max());
+  LOOM_CHECK(block_size >= 1);
+}
+
+void HostKvTier::LinkAtTail(int32_t slot) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  entry.prev = tail_;
+  entry.next = kNone;
+  if (tail_ == kNone) {
+    head_ = slot;
+  } else {
+    entries_[static_cast<size_t>(tail_)].next = slot;
+  }
+  tail_ = slot;
+}
+
+void HostKvTier::Unlink(int32_t slot) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  if (entry.prev == kNone) {
+    head_ = entry.next;
+  } else {
+    entries_[static_cast<size_t>(entry.prev)].next = entry.next;
+  }
+  if (entry.next == kNone) {
+    tail_ = entry.prev;
+  } else {
+    entries_[static_cast<size_t>(entry.next)].prev = entry.prev;
+  }
+  entry.prev = entry.next = kNone;
+}
+
+int32_t HostKvTier::TakeSlot() {
+  if (next_never_used_ < num_slots()) return next_never_used_++;
+  for (int32_t slot = head_; slot != kNone; slot = entries_[static_cast<size_t>(slot)].next) {
+    Entry& entry = entries_[static_cast<size_t>(slot)];
+    if (entry.pinned) continue;
+    Unlink(slot);
+    by_hash_.erase(entry.hash);
+    entry.used = false;
+    return slot;
+  }
+  return kNone;
+}
+
+void HostKvTier::Store(int32_t slot, const EvictedBlock& evicted) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  entry.used = true;
+  entry.hash = evicted.hash;
+  entry.content_id = evicted.content_id;
+  entry.parent_id = evicted.parent_id;
+  entry.salt = evicted.parent_id == 0 ? std::string(evicted.salt) : std::string();
+  std::copy(evicted.tokens.begin(), evicted.tokens.end(),
+            tokens_.begin() + static_cast<std::ptrdiff_t>(slot) * block_size_);
+  copies_.push_back({true, evicted.block, slot});
+  ++num_demoted_;
+}
+
+void HostKvTier::Demote(const EvictedBlock& evicted) {
+  LOOM_CHECK(evicted.tokens.size() == static_cast<size_t>(block_size_));
+  if (num_slots() == 0) return;
+  auto it = by_hash_.find(evicted.hash);
+  if (it != by_hash_.end()) {
+    const int32_t slot = it->second;
+    Entry& entry = entries_[static_cast<size_t>(slot)];
+    Unlink(slot);
+    LinkAtTail(slot);
+    // The same content (it was reloaded from here): the slot holds it already.
+    if (entry.content_id == evicted.content_id) return;
+    // Another content under the hash (recomputed, so named anew; or a collision): the
+    // newest copy replaces it, unless a reload being planned reads the slot.
+    if (entry.pinned) {
+      ++num_dropped_;
+      return;
+    }
+    Store(slot, evicted);
+    return;
+  }
+  const int32_t slot = TakeSlot();
+  if (slot == kNone) {
+    ++num_dropped_;
+    return;
+  }
+  Store(slot, evicted);
+  by_hash_[evicted.hash] = slot;
+  LinkAtTail(slot);
+}
+
+std::optional<HostKvTier::Hit> HostKvTier::Find(const BlockHash& hash,
+                                                absl::Span<const int32_t> tokens,
+                                                uint64_t parent_id,
+                                                std::string_view cache_salt) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return std::nullopt;
+  const int32_t slot = it->second;
+  const Entry& entry = entries_[static_cast<size_t>(slot)];
+  const bool holds = entry.parent_id == parent_id && (parent_id != 0 || entry.salt == cache_salt) &&
+                     std::equal(tokens.begin(), tokens.end(),
+                                tokens_.begin() + static_cast<std::ptrdiff_t>(slot) * block_size_);
+  if (!holds) {
+    ++num_verification_failures_;
+    return std::nullopt;
+  }
+  return Hit{slot, entry.content_id};
+}
+
+void HostKvTier::Pin(int32_t slot) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  LOOM_CHECK(entry.used);
+  if (!entry.pinned) pinned_.push_back(slot);
+  entry.pinned = true;
+}
+
+void HostKvTier::UnpinAll() {
+  for (int32_t slot : pinned_) entries_[static_cast<size_t>(slot)].pinned = false;
+  pinned_.clear();
+}
+
+HostKvTier::Content HostKvTier::Promote(int32_t slot, int32_t device_block) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  LOOM_CHECK(entry.used);
+  Unlink(slot);
+  LinkAtTail(slot);
+  copies_.push_back({false, device_block, slot});
+  ++num_promoted_;
+  return Content{entry.hash,
+                 absl::MakeConstSpan(tokens_).subspan(static_cast<size_t>(slot) * block_size_,
+                                                      static_cast<size_t>(block_size_)),
+                 entry.content_id, entry.parent_id, entry.salt};
+}
+
+std::vector<KvCopy> HostKvTier::TakeCopies() {
+  std::vector<KvCopy> copies;
+  copies.swap(copies_);
+  return copies;
+}
+
+void HostKvTier::Forget() {
+  by_hash_.clear();
+  for (Entry& entry : entries_) entry = Entry{};
+  next_never_used_ = 0;
+  head_ = tail_ = kNone;
+  pinned_.clear();
+  copies_.clear();
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,118 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+#include "engine/block_hash.h"
+#include "engine/block_manager.h"
+
+namespace loom::engine {
+
+/// One copy for the worker to run before a plan's forward pass (loom.v1.KvBlockCopy).
+struct KvCopy {
+  bool to_host = true;  // pool block -> host slot (offload); false: reload
+  int32_t device_block = 0;
+  int32_t host_slot = 0;
+};
+
+/// The coordinator's table of one replica's host KV tier (the workers' host memory,
+/// worker/kv_host_tier; vLLM's CPU offloading, SGLang's HiCache host layer): which cached
+/// block content sits in which of `num_slots` slots, least recently used first.
+///
+/// A cached block the device pool evicts is demoted: it takes a slot (a never-used one,
+/// else the least recently used unpinned one, whose content is dropped) and a device-to-
+/// host copy is queued; content the tier holds already is only marked used. A prefix that
+/// continues in the tier (Find, by hash, verified like BlockManager's hits: the tokens,
+/// the parent's content identity, the salt of a chain's first block) is reloaded into a
+/// freshly allocated pool block (Promote: a host-to-device copy); the slot keeps its copy
+/// (the tier is inclusive), so a block evicted again costs no second copy.
+///
+/// Copies are queued in the order the table changed and the worker runs them in that
+/// order before the plan's forward pass, so a slot reloaded and then reused, or a pool
+/// block offloaded and then overwritten by a reload, read what they held.
+/// Not thread-safe: owned by the replica's scheduler.
+class HostKvTier {
+ public:
+  HostKvTier(int64_t num_slots, int32_t block_size);
+
+  /// A verified content in the tier.
+  struct Hit {
+    int32_t slot = -1;
+    uint64_t content_id = 0;
+  };
+
+  /// BlockManager's eviction callback: keeps `evicted` in a slot (queueing its copy).
+  /// When every slot is pinned the content is dropped (num_dropped()).
+  void Demote(const EvictedBlock& evicted);
+  /// The slot holding `hash` as `tokens` (block_size of them) computed after the content
+  /// `parent_id` (0: a chain's first block, salted with `cache_salt`). A hash found with
+  /// other content is a miss (num_verification_failures()).
+  std::optional<Hit> Find(const BlockHash& hash, absl::Span<const int32_t> tokens,
+                          uint64_t parent_id, std::string_view cache_salt) const;
+  /// Keeps `slot` from being reused until UnpinAll (a reload being planned).
+  void Pin(int32_t slot);
+  void UnpinAll();
+  /// Queues the reload of `slot` into `device_block` and marks it used. What the slot
+  /// holds, for BlockManager::RestoreBlock:
+  struct Content {
+    BlockHash hash;
+    absl::Span<const int32_t> tokens;
+    uint64_t content_id = 0;
+    uint64_t parent_id = 0;
+    std::string_view salt;
+  };
+  Content Promote(int32_t slot, int32_t device_block);
+
+  /// The copies queued since the last call, in order.
+  std::vector<KvCopy> TakeCopies();
+  /// Forgets every content (a failed step: what its copies left cannot be trusted) and
+  /// drops the queued copies.
+  void Forget();
+
+  int64_t num_slots() const { return static_cast<int64_t>(entries_.size()); }
+  int64_t num_used() const { return static_cast<int64_t>(by_hash_.size()); }
+  uint64_t num_demoted() const { return num_demoted_; }
+  uint64_t num_promoted() const { return num_promoted_; }
+  uint64_t num_dropped() const { return num_dropped_; }
+  uint64_t num_verification_failures() const { return num_verification_failures_; }
+
+ private:
+  static constexpr int32_t kNone = -1;
+  struct Entry {
+    bool used = false;
+    bool pinned = false;
+    BlockHash hash;
+    uint64_t content_id = 0;
+    uint64_t parent_id = 0;
+    std::string salt;
+    int32_t prev = kNone;  // LRU list: head least recently used
+    int32_t next = kNone;
+  };
+  void LinkAtTail(int32_t slot);
+  void Unlink(int32_t slot);
+  // A slot for new content: never used, else the least recently used unpinned one
+  // (its content forgotten); kNone when every slot is pinned.
+  int32_t TakeSlot();
+  void Store(int32_t slot, const EvictedBlock& evicted);
+
+  const int32_t block_size_;
+  std::vector<Entry> entries_;   // [num_slots]
+  std::vector<int32_t> tokens_;  // [num_slots * block_size]
+  absl::flat_hash_map<BlockHash, int32_t> by_hash_;
+  int32_t next_never_used_ = 0;
+  int32_t head_ = kNone;
+  int32_t tail_ = kNone;
+  std::vector<int32_t> pinned_;
+  std::vector<KvCopy> copies_;
+  uint64_t num_demoted_ = 0;
+  uint64_t num_promoted_ = 0;
+  uint64_t num_dropped_ = 0;
+  mutable uint64_t num_verification_failures_ = 0;
+};
+
+}  // namespace loom::engine

@@ -1,0 +1,116 @@
+#include "engine/host_kv_tier.h"
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr int32_t kBlockSize = 4;
+
+// A block content as the pool evicts it: tokens [first, first + 4), named `content_id`,
+// computed after `parent_id`.
+struct Content {
+  BlockHash hash;
+  std::vector<int32_t> tokens;
+  uint64_t content_id;
+  uint64_t parent_id;
+  std::string salt;
+  EvictedBlock Evicted(int32_t block) const {
+    return EvictedBlock{block, hash, tokens, content_id, parent_id, salt};
+  }
+};
+
+Content MakeContent(uint64_t n, uint64_t parent_id = 0) {
+  Content content{BlockHash{n, n * 7}, std::vector<int32_t>(kBlockSize), n, parent_id, ""};
+  std::iota(content.tokens.begin(), content.tokens.end(), static_cast<int32_t>(100 * n));
+  return content;
+}
+
+TEST(HostKvTierTest, DemotesIntoFreeSlotsThenTheLeastRecentlyUsed) {
+  HostKvTier tier(2, kBlockSize);
+  const Content a = MakeContent(1), b = MakeContent(2), c = MakeContent(3);
+  tier.Demote(a.Evicted(10));
+  tier.Demote(b.Evicted(11));
+  std::vector<KvCopy> copies = tier.TakeCopies();
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_TRUE(copies[0].to_host);
+  EXPECT_EQ(copies[0].device_block, 10);
+  EXPECT_EQ(copies[1].device_block, 11);
+  EXPECT_NE(copies[0].host_slot, copies[1].host_slot);
+
+  // a is used (found and reloaded), so b is the least recently used when c arrives.
+  std::optional<HostKvTier::Hit> hit = tier.Find(a.hash, a.tokens, 0, "");
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->content_id, 1u);
+  const HostKvTier::Content reloaded = tier.Promote(hit->slot, 20);
+  EXPECT_EQ(reloaded.tokens, absl::MakeConstSpan(a.tokens));
+  tier.Demote(c.Evicted(12));
+  copies = tier.TakeCopies();
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_FALSE(copies[0].to_host);
+  EXPECT_EQ(copies[0].device_block, 20);
+  EXPECT_TRUE(copies[1].to_host);
+  EXPECT_EQ(copies[1].host_slot, 1 - hit->slot);  // b's slot
+  EXPECT_FALSE(tier.Find(b.hash, b.tokens, 0, "").has_value());
+  EXPECT_TRUE(tier.Find(c.hash, c.tokens, 0, "").has_value());
+  EXPECT_EQ(tier.num_used(), 2);
+}
+
+TEST(HostKvTierTest, ContentItHoldsAlreadyIsNotCopiedAgain) {
+  HostKvTier tier(4, kBlockSize);
+  const Content a = MakeContent(1);
+  tier.Demote(a.Evicted(3));
+  tier.Promote(tier.Find(a.hash, a.tokens, 0, "")->slot, 5);
+  EXPECT_EQ(tier.TakeCopies().size(), 2u);
+  tier.Demote(a.Evicted(5));  // the reloaded copy is evicted again
+  EXPECT_TRUE(tier.TakeCopies().empty());
+  EXPECT_EQ(tier.num_demoted(), 1u);
+}
+
+TEST(HostKvTierTest, AHitIsVerifiedAgainstTokensParentAndSalt) {
+  HostKvTier tier(4, kBlockSize);
+  Content first = MakeContent(1);
+  first.salt = "tenant";
+  const Content second = MakeContent(2, /*parent_id=*/1);
+  tier.Demote(first.Evicted(0));
+  tier.Demote(second.Evicted(1));
+  EXPECT_TRUE(tier.Find(first.hash, first.tokens, 0, "tenant").has_value());
+  EXPECT_FALSE(tier.Find(first.hash, first.tokens, 0, "other").has_value());
+  EXPECT_TRUE(tier.Find(second.hash, second.tokens, 1, "").has_value());
+  EXPECT_FALSE(tier.Find(second.hash, second.tokens, 9, "").has_value());
+  std::vector<int32_t> other = second.tokens;
+  other[3] += 1;
+  EXPECT_FALSE(tier.Find(second.hash, other, 1, "").has_value());
+  EXPECT_EQ(tier.num_verification_failures(), 3u);
+}
+
+TEST(HostKvTierTest, PinnedSlotsAreNotReusedUntilUnpinned) {
+  HostKvTier tier(1, kBlockSize);
+  const Content a = MakeContent(1), b = MakeContent(2);
+  tier.Demote(a.Evicted(0));
+  tier.Pin(tier.Find(a.hash, a.tokens, 0, "")->slot);
+  tier.Demote(b.Evicted(1));  // the only slot is being read: b is dropped
+  EXPECT_EQ(tier.num_dropped(), 1u);
+  EXPECT_TRUE(tier.Find(a.hash, a.tokens, 0, "").has_value());
+  tier.UnpinAll();
+  tier.Demote(b.Evicted(1));
+  EXPECT_TRUE(tier.Find(b.hash, b.tokens, 0, "").has_value());
+  EXPECT_FALSE(tier.Find(a.hash, a.tokens, 0, "").has_value());
+}
+
+TEST(HostKvTierTest, ForgetDropsContentAndQueuedCopies) {
+  HostKvTier tier(2, kBlockSize);
+  const Content a = MakeContent(1);
+  tier.Demote(a.Evicted(0));
+  tier.Forget();
+  EXPECT_TRUE(tier.TakeCopies().empty());
+  EXPECT_EQ(tier.num_used(), 0);
+  EXPECT_FALSE(tier.Find(a.hash, a.tokens, 0, "").has_value());
+}
+
+}  // namespace
+}  // namespace loom::engine

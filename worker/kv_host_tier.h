@@ -1,0 +1,86 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/device.h"
+
+namespace loom::worker {
+
+/// One entry of a plan's kv_copies (loom.v1.KvBlockCopy).
+struct KvBlockCopy {
+  bool to_host = true;  // pool block -> host slot; false: host slot -> pool block
+  int32_t device_block = 0;
+  int32_t host_slot = 0;
+};
+
+/// What a host tier moved so far (the worker's metrics).
+struct KvTransferStats {
+  int64_t blocks_to_host = 0;
+  int64_t blocks_to_device = 0;
+  int64_t bytes_to_host = 0;
+  int64_t bytes_to_device = 0;
+  double seconds = 0;  // spent copying, both ways
+};
+
+/// A worker's host-memory KV tier: `num_slots` slots, each one block of the device pool
+/// (every layer this worker holds, its tensor-parallel slice, K, V and 8-bit scales
+/// contiguous: KvCache::block_bytes()). The coordinator owns the table (which content
+/// sits in which slot, LRU: engine/host_kv_tier); a plan names copies between pool blocks
+/// and slots, which the step executor runs before the plan's forward pass, in order.
+/// On CUDA the slots are pinned (cudaHostRegister), so a copy is one DMA per layer.
+/// Debug builds checksum each slot when it is written and verify it before it is read.
+/// Not thread-safe: the step executor's thread.
+class KvHostTier {
+ public:
+  /// A tier of `bytes` (rounded down to whole slots; at least one) for blocks of `pool`.
+  /// `pool` nullptr: bookkeeping only, no memory (the no-op backend), `bytes` counted in
+  /// slots of `slot_bytes_without_pool`. InvalidArgument when not even one slot fits.
+  static absl::StatusOr<std::unique_ptr<KvHostTier>> Create(int64_t bytes,
+                                                            const model::KvCache* pool,
+                                                            int64_t slot_bytes_without_pool = 1);
+  ~KvHostTier();
+  KvHostTier(const KvHostTier&) = delete;
+  KvHostTier& operator=(const KvHostTier&) = delete;
+
+  int64_t num_slots() const { return num_slots_; }
+  int64_t slot_bytes() const { return slot_bytes_; }
+
+  /// Validates every copy, then runs them in order (runs of one direction in one call).
+  /// InvalidArgument naming the first bad copy, with nothing copied: a pool block out of
+  /// range, a slot out of range, or a slot read that no earlier copy (this plan's or a
+  /// previous one's) wrote. DataLoss (debug builds) when a slot's bytes changed since
+  /// they were written.
+  absl::Status Apply(absl::Span<const KvBlockCopy> copies);
+
+  /// Seconds one block takes to load into the pool: the median of `rounds` round trips of
+  /// block 0 through slot 0 (saved, then loaded back: the pool is unchanged). For the
+  /// coordinator's load-or-recompute decision; run before the first step.
+  absl::StatusOr<double> MeasureLoadSeconds(int rounds = 5);
+
+  const KvTransferStats& stats() const { return stats_; }
+
+ private:
+  KvHostTier() = default;
+  uint8_t* slot(int32_t index) { return memory_.get() + static_cast<int64_t>(index) * slot_bytes_; }
+  absl::Status Run(bool to_host, absl::Span<const KvBlockCopy> copies);
+  uint64_t Checksum(int32_t index);
+
+  const model::KvCache* pool_ = nullptr;
+  int64_t num_slots_ = 0;
+  int64_t slot_bytes_ = 0;
+  std::unique_ptr<uint8_t[]> memory_;
+  bool registered_ = false;
+  std::vector<bool> written_;        // [num_slots]
+  std::vector<uint64_t> checksums_;  // [num_slots], debug builds
+  KvTransferStats stats_;
+  // Scratch for one run of copies.
+  std::vector<int32_t> blocks_;
+  std::vector<uint8_t*> host_;
+};
+
+}  // namespace loom::worker
