@@ -82,6 +82,32 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                        .Name("loom_replica_step_tokens_total")
                        .Help("Tokens a replica computed (prefill and decode).")
                        .Register(*registry_)),
+      host_blocks_total_(BuildGauge()
+                             .Name("loom_kv_host_tier_blocks_capacity")
+                             .Help("KV blocks a replica's host tier holds (--kv-offload-memory).")
+                             .Register(*registry_)),
+      host_blocks_used_(BuildGauge()
+                            .Name("loom_kv_host_tier_blocks")
+                            .Help("KV blocks held in a replica's host tier.")
+                            .Register(*registry_)),
+      kv_copies_queued_(BuildGauge()
+                            .Name("loom_kv_offload_queue_blocks")
+                            .Help("Host tier copies (offloads and reloads) the last plan "
+                                  "carried.")
+                            .Register(*registry_)),
+      kv_offloaded_(BuildCounter()
+                        .Name("loom_kv_offloaded_blocks_total")
+                        .Help("Cached KV blocks evicted from the pool into the host tier.")
+                        .Register(*registry_)),
+      kv_reloaded_(BuildCounter()
+                       .Name("loom_kv_reloaded_blocks_total")
+                       .Help("KV blocks reloaded from the host tier on a prefix hit.")
+                       .Register(*registry_)),
+      host_hits_(BuildCounter()
+                     .Name("loom_kv_host_tier_hits_total")
+                     .Help("Prompt tokens served by host tier reloads (a subset of "
+                           "loom_prefix_cache_hits_total).")
+                     .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
                           .Help("Prompt tokens looked up in the prefix cache when a "
@@ -335,6 +361,17 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
            static_cast<double>(replica.num_steps()));
     mirror(step_tokens_.Add(labels), last_tokens_, replica.replica_id(),
            static_cast<double>(replica.num_tokens_computed()));
+    if (replica.num_host_kv_blocks() > 0) {
+      host_blocks_total_.Add(labels).Set(static_cast<double>(replica.num_host_kv_blocks()));
+      host_blocks_used_.Add(labels).Set(static_cast<double>(replica.num_host_kv_blocks_used()));
+      kv_copies_queued_.Add(labels).Set(replica.num_kv_copies_queued());
+      mirror(kv_offloaded_.Add(labels), last_offloaded_, replica.replica_id(),
+             static_cast<double>(replica.num_kv_blocks_offloaded()));
+      mirror(kv_reloaded_.Add(labels), last_reloaded_, replica.replica_id(),
+             static_cast<double>(replica.num_kv_blocks_reloaded()));
+      mirror(host_hits_.Add(labels), last_host_hits_, replica.replica_id(),
+             static_cast<double>(replica.num_host_hit_tokens()));
+    }
   }
 }
 

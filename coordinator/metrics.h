@@ -96,6 +96,12 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& preemptions_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Counter>& step_tokens_;
+  prometheus::Family<prometheus::Gauge>& host_blocks_total_;
+  prometheus::Family<prometheus::Gauge>& host_blocks_used_;
+  prometheus::Family<prometheus::Gauge>& kv_copies_queued_;
+  prometheus::Family<prometheus::Counter>& kv_offloaded_;
+  prometheus::Family<prometheus::Counter>& kv_reloaded_;
+  prometheus::Family<prometheus::Counter>& host_hits_;
   // As they happen.
   prometheus::Family<prometheus::Counter>& prefix_queries_;
   prometheus::Family<prometheus::Counter>& prefix_hits_;
@@ -127,6 +133,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   std::map<std::string, engine::ReplicaLatencySeries> latency_ ABSL_GUARDED_BY(latency_mu_);
   // Counters mirrored from ClusterState totals (monotonic per replica incarnation).
   std::map<std::string, double> last_preemptions_, last_steps_, last_tokens_;
+  std::map<std::string, double> last_offloaded_, last_reloaded_, last_host_hits_;
   // cache_config_info's labels per replica, to replace the series when they change.
   std::map<std::string, prometheus::Labels> cache_config_labels_;
 };

@@ -348,6 +348,7 @@ bool Replica::SendPlans() {
     loom::v1::StepPlan& plan = plan_scratch_;
     flight.step_id = next_step_id_++;
     engine::BuildStepPlan(out, flight.step_id, plan, /*with_input_tokens=*/pipelined_);
+    num_kv_copies_queued_ = static_cast<int32_t>(out.kv_copies.size());
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
     if (out.num_decode_tokens > 0 && out.num_prefill_tokens > 0) ++num_mixed_steps_;
@@ -489,6 +490,14 @@ void Replica::PublishStats() {
     stats_.set_num_waiting(scheduler.num_waiting());
     stats_.set_num_preemptions(scheduler.num_preemptions());
     stats_.set_num_window_freed_blocks(scheduler.num_window_freed_blocks());
+    if (const engine::HostKvTier* tier = scheduler.host_tier(); tier != nullptr) {
+      stats_.set_num_host_kv_blocks(tier->num_slots());
+      stats_.set_num_host_kv_blocks_used(tier->num_used());
+      stats_.set_num_kv_blocks_offloaded(tier->num_demoted());
+      stats_.set_num_kv_blocks_reloaded(tier->num_promoted());
+      stats_.set_num_host_hit_tokens(static_cast<uint64_t>(scheduler.num_host_tokens_admitted()));
+      stats_.set_num_kv_copies_queued(num_kv_copies_queued_);
+    }
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

@@ -176,6 +176,7 @@ class Replica {
   bool pipelined_ = false;  // the connected replica has pipeline stages
   uint64_t next_step_id_ = 1;
   uint64_t num_steps_ = 0, num_mixed_steps_ = 0, num_tokens_computed_ = 0;
+  int32_t num_kv_copies_queued_ = 0;    // host tier copies the last plan carried
   loom::v1::StepPlan plan_scratch_;     // SendPlans: the plan being built
   double schedule_seconds_ = 0, step_seconds_ = 0;
 
