@@ -51,6 +51,7 @@ int32_t HostKvTier::TakeSlot() {
     if (entry.pinned) continue;
     Unlink(slot);
     by_hash_.erase(entry.hash);
+    if (record_events_) events_.push_back({KvCacheEvent::Kind::kRemoved, entry.hash});
     entry.used = false;
     return slot;
   }
@@ -97,7 +98,14 @@ void HostKvTier::Demote(const EvictedBlock& evicted) {
   }
   Store(slot, evicted);
   by_hash_[evicted.hash] = slot;
+  if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, evicted.hash});
   LinkAtTail(slot);
+}
+
+std::vector<KvCacheEvent> HostKvTier::TakeEvents() {
+  std::vector<KvCacheEvent> events;
+  events.swap(events_);
+  return events;
 }
 
 std::optional<HostKvTier::Hit> HostKvTier::Find(const BlockHash& hash,
@@ -150,6 +158,10 @@ std::vector<KvCopy> HostKvTier::TakeCopies() {
 }
 
 void HostKvTier::Forget() {
+  if (record_events_) {
+    for (const auto& [hash, slot] : by_hash_)
+      events_.push_back({KvCacheEvent::Kind::kRemoved, hash});
+  }
   by_hash_.clear();
   for (Entry& entry : entries_) entry = Entry{};
   next_never_used_ = 0;

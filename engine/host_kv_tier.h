@@ -68,6 +68,13 @@ class HostKvTier {
   };
   Content Promote(int32_t slot, int32_t device_block);
 
+  /// Whether the tier holds content under `hash`.
+  bool holds_hash(const BlockHash& hash) const { return by_hash_.contains(hash); }
+  /// Records kStored / kRemoved as hashes enter and leave the tier (for the cluster's
+  /// KvIndex, merged with the pool's by Scheduler::TakeKvEvents).
+  void set_record_events(bool record) { record_events_ = record; }
+  std::vector<KvCacheEvent> TakeEvents();
+
   /// The copies queued since the last call, in order.
   std::vector<KvCopy> TakeCopies();
   /// Forgets every content (a failed step: what its copies left cannot be trusted) and
@@ -109,6 +116,8 @@ class HostKvTier {
   int32_t tail_ = kNone;
   std::vector<int32_t> pinned_;
   std::vector<KvCopy> copies_;
+  bool record_events_ = false;
+  std::vector<KvCacheEvent> events_;
   uint64_t num_demoted_ = 0;
   uint64_t num_promoted_ = 0;
   uint64_t num_dropped_ = 0;

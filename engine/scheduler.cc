@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -44,6 +45,7 @@ Scheduler::Scheduler(const SchedulerConfig& config)
   block_manager_.set_record_events(config.record_kv_events);
   if (config.num_host_blocks > 0 && config.enable_prefix_caching) {
     host_tier_ = std::make_unique<HostKvTier>(config.num_host_blocks, config.block_size);
+    host_tier_->set_record_events(config.record_kv_events);
     block_manager_.set_eviction_callback(
         [tier = host_tier_.get()](const EvictedBlock& evicted) { tier->Demote(evicted); });
   }
@@ -313,6 +315,22 @@ void Scheduler::ReloadHostPrefix(Sequence& seq) {
     seq.blocks.push_back(block->front());
   }
   host_tier_->UnpinAll();
+}
+
+std::vector<KvCacheEvent> Scheduler::TakeKvEvents() {
+  std::vector<KvCacheEvent> events = block_manager_.TakeEvents();
+  if (host_tier_ == nullptr) return events;
+  std::vector<KvCacheEvent> tier = host_tier_->TakeEvents();
+  events.insert(events.end(), tier.begin(), tier.end());
+  std::vector<KvCacheEvent> merged;
+  absl::flat_hash_set<BlockHash> seen;
+  for (const KvCacheEvent& event : events) {
+    if (!seen.insert(event.hash).second) continue;
+    const bool held = block_manager_.holds_hash(event.hash) || host_tier_->holds_hash(event.hash);
+    merged.push_back(
+        {held ? KvCacheEvent::Kind::kStored : KvCacheEvent::Kind::kRemoved, event.hash});
+  }
+  return merged;
 }
 
 absl::Span<const int32_t> Scheduler::AppliedTokens(const Sequence& seq, int64_t num_tokens) {

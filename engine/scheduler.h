@@ -158,8 +158,11 @@ class Scheduler {
   /// sequence is waiting for results in flight): check SchedulerOutput::empty().
   bool has_work() const;
   const BlockManager& block_manager() const { return block_manager_; }
-  /// The prefix-cache changes since the last call (record_kv_events), oldest first.
-  std::vector<KvCacheEvent> TakeKvEvents() { return block_manager_.TakeEvents(); }
+  /// The prefix-cache changes since the last call (record_kv_events), oldest first. With a
+  /// host tier, a hash counts as held while the pool or the tier holds it (a reload is
+  /// cheap, so routing should still prefer this replica): one event per hash that changed,
+  /// its state now.
+  std::vector<KvCacheEvent> TakeKvEvents();
   /// Drops every cached block from the prefix cache (a failed step may have left their
   /// K/V half written); blocks in use stay with their sequences.
   void ForgetPrefixCache() {

@@ -1313,6 +1313,41 @@ TEST(SchedulerHostTierTest, ADifferentSaltOrContinuationIsNotAHostHit) {
   for (const KvCopy& copy : other.kv_copies) EXPECT_TRUE(copy.to_host);
 }
 
+TEST(SchedulerHostTierTest, TheKvIndexSeesBlocksHeldInThePoolOrTheHostTier) {
+  SchedulerConfig config = Config(4, 6, 64);
+  config.num_host_blocks = 8;
+  config.record_kv_events = true;
+  Scheduler scheduler(config);
+  FakeWorker worker(4);
+  // hash -> held, as a KvIndex applying the events in order would see it.
+  absl::flat_hash_map<BlockHash, bool> index;
+  const auto apply_events = [&] {
+    for (const KvCacheEvent& event : scheduler.TakeKvEvents()) {
+      index[event.hash] = event.kind == KvCacheEvent::Kind::kStored;
+    }
+  };
+  const auto held = [&] {
+    int count = 0;
+    for (const auto& [hash, is_held] : index) count += is_held ? 1 : 0;
+    return count;
+  };
+  for (uint64_t id : {1, 2}) {
+    ASSERT_TRUE(
+        scheduler.Add(SequenceWithPrompt(id, id == 1 ? Tokens(100, 13) : Tokens(500, 21), 1)).ok());
+    SchedulerOutput plan = scheduler.Schedule();
+    worker.Run(plan);
+    ApplySamples(scheduler, plan);
+    scheduler.Finish(id);
+    apply_events();
+  }
+  // A's three blocks left the pool for the host tier: still held. B's five are in the pool.
+  EXPECT_EQ(scheduler.host_tier()->num_used(), 3);
+  EXPECT_EQ(held(), 8);
+  scheduler.ForgetPrefixCache();
+  apply_events();
+  EXPECT_EQ(held(), 0);
+}
+
 TEST(SchedulerHostTierTest, AFailedStepForgetsTheHostTierToo) {
   SchedulerConfig config = Config(4, 6, 64);
   config.num_host_blocks = 8;

@@ -111,6 +111,51 @@ class StepExecutorNoopTest : public ::testing::Test {
   uint64_t step_id_ = 0;
 };
 
+void AddCopy(loom::v1::StepPlan& plan, bool to_host, int32_t block, int32_t slot) {
+  loom::v1::KvBlockCopy* copy = plan.add_kv_copies();
+  copy->set_direction(to_host ? loom::v1::KvBlockCopy::DEVICE_TO_HOST
+                              : loom::v1::KvBlockCopy::HOST_TO_DEVICE);
+  copy->set_device_block(block);
+  copy->set_host_slot(slot);
+}
+
+TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotRun) {
+  loom::v1::StepPlan plan = Plan(step_id_);
+  *plan.add_added() = NewSequence(5, {1, 2, 3});
+  Schedule(plan, 5, 3, true, {0});
+  AddCopy(plan, true, 1, 0);
+  ExpectRejected(plan, "this worker has no host tier (--kv-offload-memory)");
+  EXPECT_FALSE(executor_->HasSequence(5));  // the plan was all or nothing
+
+  absl::StatusOr<std::unique_ptr<KvHostTier>> tier = KvHostTier::Create(4, nullptr, 1);
+  ASSERT_TRUE(tier.ok());
+  StepExecutorOptions options;
+  options.host_tier = tier->get();
+  executor_ = std::make_unique<StepExecutor>(*backend_, options);
+  loom::v1::StepPlan unwritten = Plan(step_id_);
+  *unwritten.add_added() = NewSequence(5, {1, 2, 3});
+  Schedule(unwritten, 5, 3, true, {0});
+  AddCopy(unwritten, false, 0, 2);
+  ExpectRejected(unwritten, "host slot 2 holds no block");
+  loom::v1::StepPlan out_of_range = Plan(step_id_);
+  AddCopy(out_of_range, true, 1, 4);
+  ExpectRejected(out_of_range, "host slot 4 is not in the host tier [0, 4)");
+
+  // Offloaded by one plan, reloaded by a later one: both run.
+  loom::v1::StepPlan offload = Plan(step_id_);
+  AddCopy(offload, true, 1, 3);
+  EXPECT_EQ(executor_->Execute(offload).error_code(), 0);
+  loom::v1::StepPlan reload = Plan(step_id_);
+  *reload.add_added() = NewSequence(6, {1, 2, 3});
+  Schedule(reload, 6, 3, true, {2});
+  AddCopy(reload, false, 2, 3);
+  const loom::v1::StepResult result = executor_->Execute(reload);
+  EXPECT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_EQ(result.outputs_size(), 1);
+  EXPECT_EQ((*tier)->stats().blocks_to_host, 1);
+  EXPECT_EQ((*tier)->stats().blocks_to_device, 1);
+}
+
 TEST_F(StepExecutorNoopTest, ReturnsOneOutputPerSampledSequenceInPlanOrder) {
   loom::v1::StepPlan plan = Plan(step_id_);
   *plan.add_added() = NewSequence(5, {1, 2, 3});
