@@ -4,7 +4,6 @@
 #include <chrono>
 #include <string_view>
 
-#include "absl/hash/hash.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -55,13 +54,82 @@ KvHostTier::~KvHostTier() {
   if (registered_) pool_->UnregisterHostMemory(memory_.get());
 }
 
-uint64_t KvHostTier::Checksum(int32_t index) {
-  return absl::HashOf(std::string_view(reinterpret_cast<const char*>(slot(index)),
-                                       static_cast<size_t>(slot_bytes_)));
+uint64_t KvHostTier::Checksum(int32_t index) const {
+  // FNV-1a 64: the same value in every process (a transfer's reader checks the writer's).
+  const uint8_t* bytes = memory_.get() + static_cast<int64_t>(index) * slot_bytes_;
+  uint64_t hash = 14695981039346656037ull;
+  for (int64_t i = 0; i < slot_bytes_; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
+
+uint64_t KvHostTier::TransferChecksum(int32_t slot) const {
+  if (!kChecksumSlots || pool_ == nullptr) return 0;
+  absl::MutexLock lock(&mu_);
+  return Checksum(slot);
+}
+
+absl::Status KvHostTier::ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8_t> out) const {
+  absl::MutexLock lock(&mu_);
+  if (slot < 0 || slot >= num_slots_ || !written_[static_cast<size_t>(slot)]) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "host slot %d holds no block to read (tier of %d slots)", slot, num_slots_));
+  }
+  if (offset < 0 || offset + static_cast<int64_t>(out.size()) > slot_bytes_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "read of %d bytes at %d is outside a slot of %d bytes", out.size(), offset, slot_bytes_));
+  }
+  if (pool_ != nullptr) {
+    std::copy_n(memory_.get() + static_cast<int64_t>(slot) * slot_bytes_ + offset, out.size(),
+                out.data());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data) {
+  absl::MutexLock lock(&mu_);
+  if (slot < 0 || slot >= num_slots_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));
+  }
+  if (offset < 0 || offset + static_cast<int64_t>(data.size()) > slot_bytes_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "write of %d bytes at %d is outside a slot of %d bytes", data.size(), offset, slot_bytes_));
+  }
+  written_[static_cast<size_t>(slot)] = false;
+  if (pool_ != nullptr) {
+    std::copy(data.begin(), data.end(),
+              memory_.get() + static_cast<int64_t>(slot) * slot_bytes_ + offset);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvHostTier::MarkWritten(int32_t slot, uint64_t checksum) {
+  absl::MutexLock lock(&mu_);
+  if (slot < 0 || slot >= num_slots_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("host slot %d is not in the host tier", slot));
+  }
+  const uint64_t actual =
+      pool_ != nullptr && (kChecksumSlots || checksum != 0) ? Checksum(slot) : 0;
+  if (checksum != 0 && pool_ != nullptr && actual != checksum) {
+    return absl::DataLossError(absl::StrFormat(
+        "host slot %d: the transferred block's checksum does not match the sender's", slot));
+  }
+  written_[static_cast<size_t>(slot)] = true;
+  if (kChecksumSlots) checksums_[static_cast<size_t>(slot)] = actual;
+  return absl::OkStatus();
+}
+
+void KvHostTier::RecordRemote(int64_t bytes_served, int64_t bytes_fetched, double seconds) {
+  absl::MutexLock lock(&mu_);
+  stats_.bytes_served += bytes_served;
+  stats_.bytes_fetched += bytes_fetched;
+  stats_.fetch_seconds += seconds;
 }
 
 absl::Status KvHostTier::Apply(absl::Span<const KvBlockCopy> copies) {
   if (copies.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
   const int64_t num_blocks = pool_ != nullptr ? pool_->num_blocks() : INT32_MAX;
   // Which slots hold a block once the copies before each one ran.
   std::vector<int32_t> newly_written;
@@ -139,6 +207,7 @@ absl::Status KvHostTier::Run(bool to_host, absl::Span<const KvBlockCopy> copies)
 
 absl::StatusOr<double> KvHostTier::MeasureLoadSeconds(int rounds) {
   if (pool_ == nullptr) return 0.0;
+  absl::MutexLock lock(&mu_);
   std::vector<double> seconds;
   const int32_t block = 0;
   uint8_t* host = slot(0);

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "model/device.h"
 
@@ -25,6 +26,10 @@ struct KvTransferStats {
   int64_t bytes_to_host = 0;
   int64_t bytes_to_device = 0;
   double seconds = 0;  // spent copying, both ways
+  // Worker to worker (the KV transfer: FetchKvBlocks / ReadKvBlocks).
+  int64_t bytes_served = 0;
+  int64_t bytes_fetched = 0;
+  double fetch_seconds = 0;
 };
 
 /// A worker's host-memory KV tier: `num_slots` slots, each one block of the device pool
@@ -62,22 +67,43 @@ class KvHostTier {
   /// coordinator's load-or-recompute decision; run before the first step.
   absl::StatusOr<double> MeasureLoadSeconds(int rounds = 5);
 
-  const KvTransferStats& stats() const { return stats_; }
+  KvTransferStats stats() const {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+  // ---- remote transfers (worker/worker_service: ReadKvBlocks, FetchKvBlocks) ----
+  // These run on gRPC threads beside the step executor's Apply; the coordinator keeps a
+  // slot being read or written out of every plan meanwhile, and the lock orders the bytes.
+  /// Copies `out.size()` bytes at `offset` of `slot` into `out`. InvalidArgument out of
+  /// range or for a slot that holds no block.
+  absl::Status ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8_t> out) const;
+  /// Writes `data` at `offset` of `slot`, which then holds no block until MarkWritten.
+  absl::Status WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data);
+  /// `slot` holds a block now (its bytes written whole). DataLoss when `checksum` (non-zero)
+  /// is not the slot's FNV-1a 64.
+  absl::Status MarkWritten(int32_t slot, uint64_t checksum);
+  /// FNV-1a 64 of `slot`'s bytes in debug builds, 0 in release builds (not computed).
+  uint64_t TransferChecksum(int32_t slot) const;
+  /// Counts a remote transfer's bytes (served to or fetched from another worker).
+  void RecordRemote(int64_t bytes_served, int64_t bytes_fetched, double seconds);
 
  private:
   KvHostTier() = default;
   uint8_t* slot(int32_t index) { return memory_.get() + static_cast<int64_t>(index) * slot_bytes_; }
-  absl::Status Run(bool to_host, absl::Span<const KvBlockCopy> copies);
-  uint64_t Checksum(int32_t index);
+  absl::Status Run(bool to_host, absl::Span<const KvBlockCopy> copies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t Checksum(int32_t index) const;
 
   const model::KvCache* pool_ = nullptr;
   int64_t num_slots_ = 0;
   int64_t slot_bytes_ = 0;
   std::unique_ptr<uint8_t[]> memory_;
   bool registered_ = false;
-  std::vector<bool> written_;        // [num_slots]
-  std::vector<uint64_t> checksums_;  // [num_slots], debug builds
-  KvTransferStats stats_;
+  mutable absl::Mutex mu_;
+  std::vector<bool> written_ ABSL_GUARDED_BY(mu_);        // [num_slots]
+  std::vector<uint64_t> checksums_ ABSL_GUARDED_BY(mu_);  // [num_slots], debug builds
+  KvTransferStats stats_ ABSL_GUARDED_BY(mu_);
   // Scratch for one run of copies.
   std::vector<int32_t> blocks_;
   std::vector<uint8_t*> host_;

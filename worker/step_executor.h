@@ -92,7 +92,7 @@ class StepExecutor {
 
   const StepBackend& backend() const { return backend_; }
   /// The host KV tier the plans' copies run on (StepExecutorOptions::host_tier).
-  const KvHostTier* host_tier() const { return options_.host_tier; }
+  KvHostTier* host_tier() const { return options_.host_tier; }
 
  private:
   struct SequenceState;

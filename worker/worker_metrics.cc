@@ -101,7 +101,9 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
                      .Register(*registry_);
   auto& bytes = prometheus::BuildCounter()
                     .Name("loom_worker_kv_transfer_bytes_total")
-                    .Help("Bytes of KV copied between the pool and the host tier, by direction.")
+                    .Help(
+                        "Bytes of KV copied between the pool and the host tier (to_host, "
+                        "to_device) and between workers (to_peer, from_peer).")
                     .Register(*registry_);
   auto with = [&labels](const char* direction) {
     prometheus::Labels out = labels;
@@ -112,6 +114,13 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
   blocks_to_device_ = &blocks.Add(with("to_device"));
   bytes_to_host_ = &bytes.Add(with("to_host"));
   bytes_to_device_ = &bytes.Add(with("to_device"));
+  bytes_to_peer_ = &bytes.Add(with("to_peer"));
+  bytes_from_peer_ = &bytes.Add(with("from_peer"));
+  fetch_seconds_ = &prometheus::BuildCounter()
+                        .Name("loom_worker_kv_fetch_seconds_total")
+                        .Help("Time spent fetching KV blocks from other workers' host tiers.")
+                        .Register(*registry_)
+                        .Add(labels);
   transfer_seconds_ = &prometheus::BuildHistogram()
                            .Name("loom_worker_kv_transfer_seconds")
                            .Help("Time one plan's KV copies (offloads and reloads) took.")
@@ -134,6 +143,12 @@ void WorkerMetrics::RecordKvTransfers(const KvTransferStats& stats) {
   advance(blocks_to_device_, stats.blocks_to_device, recorded_transfers_.blocks_to_device);
   advance(bytes_to_host_, stats.bytes_to_host, recorded_transfers_.bytes_to_host);
   advance(bytes_to_device_, stats.bytes_to_device, recorded_transfers_.bytes_to_device);
+  advance(bytes_to_peer_, stats.bytes_served, recorded_transfers_.bytes_served);
+  advance(bytes_from_peer_, stats.bytes_fetched, recorded_transfers_.bytes_fetched);
+  if (stats.fetch_seconds > recorded_transfers_.fetch_seconds) {
+    fetch_seconds_->Increment(stats.fetch_seconds - recorded_transfers_.fetch_seconds);
+    recorded_transfers_.fetch_seconds = stats.fetch_seconds;
+  }
   if (stats.seconds > recorded_transfers_.seconds) {
     transfer_seconds_->Observe(stats.seconds - recorded_transfers_.seconds);
     recorded_transfers_.seconds = stats.seconds;

@@ -55,6 +55,9 @@ class WorkerMetrics {
   prometheus::Counter* blocks_to_device_;
   prometheus::Counter* bytes_to_host_;
   prometheus::Counter* bytes_to_device_;
+  prometheus::Counter* bytes_to_peer_;
+  prometheus::Counter* bytes_from_peer_;
+  prometheus::Counter* fetch_seconds_;
   prometheus::Histogram* transfer_seconds_;
   ForwardPassStats recorded_;  // what RecordForwardPassStats has counted
   KvTransferStats recorded_transfers_;

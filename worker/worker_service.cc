@@ -2,6 +2,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
+
+#include "worker/kv_transfer.h"
 
 namespace loom::worker {
 
@@ -10,7 +13,36 @@ const char kShuttingDown[] = "the worker is shutting down";
 }  // namespace
 
 WorkerService::WorkerService(StepExecutor& executor, WorkerMetrics* metrics)
-    : executor_(&executor), metrics_(metrics) {}
+    : executor_(&executor), metrics_(metrics), host_tier_(executor.host_tier()) {}
+
+grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
+                                         const loom::v1::ReadKvBlocksRequest* request,
+                                         grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) {
+  const grpc::Status status =
+      ServeKvBlocks(context, host_tier_, *request, writer, [this](uint64_t step_id) {
+        return last_step_id_.load(std::memory_order_acquire) >= step_id;
+      });
+  if (status.ok() && host_tier_ != nullptr) {
+    host_tier_->RecordRemote(request->host_slots_size() * host_tier_->slot_bytes(), 0, 0);
+  }
+  return status;
+}
+
+grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext*,
+                                          const loom::v1::FetchKvBlocksRequest* request,
+                                          loom::v1::FetchKvBlocksResponse* response) {
+  absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
+      worker::FetchKvBlocks(host_tier_, *request);
+  if (!fetched.ok()) {
+    std::fprintf(stderr, "loom-worker: KV fetch from %s failed: %s\n",
+                 request->source_address().c_str(),
+                 std::string(fetched.status().message()).c_str());
+    return grpc::Status(static_cast<grpc::StatusCode>(fetched.status().code()),
+                        std::string(fetched.status().message()));
+  }
+  *response = *std::move(fetched);
+  return grpc::Status::OK;
+}
 
 void WorkerService::BeginShutdown() {
   absl::MutexLock lock(&mu_);
@@ -54,6 +86,7 @@ grpc::Status WorkerService::Step(
         break;
       }
       executor_->Execute(plan, result);
+      last_step_id_.store(plan.step_id(), std::memory_order_release);
       num_sequences_.store(executor_->num_sequences(), std::memory_order_relaxed);
     }
     num_steps_.fetch_add(1, std::memory_order_relaxed);

@@ -26,6 +26,14 @@ class WorkerService final : public loom::v1::Worker::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<loom::v1::StepResult, loom::v1::StepPlan>* stream) override;
 
+  /// The KV transfer (worker/kv_transfer): serves this worker's host-tier blocks, and
+  /// fetches another worker's into it. Neither waits for a running step.
+  grpc::Status ReadKvBlocks(grpc::ServerContext* context,
+                            const loom::v1::ReadKvBlocksRequest* request,
+                            grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) override;
+  grpc::Status FetchKvBlocks(grpc::ServerContext* context,
+                             const loom::v1::FetchKvBlocksRequest* request,
+                             loom::v1::FetchKvBlocksResponse* response) override;
   /// Ends the current stream (after the step running now, if any) and refuses new ones
   /// with UNAVAILABLE: the process is stopping.
   void BeginShutdown();
@@ -46,6 +54,10 @@ class WorkerService final : public loom::v1::Worker::Service {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> num_sequences_{0};
   std::atomic<int64_t> num_steps_{0};
+  KvHostTier* const host_tier_;  // the executor's; null without one
+  // The current stream's generation and the last step id it executed (ReadKvBlocks
+  // waits for the step that offloaded its blocks).
+  std::atomic<uint64_t> last_step_id_{0};
 };
 
 }  // namespace loom::worker

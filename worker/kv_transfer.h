@@ -1,0 +1,41 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/worker.grpc.pb.h"
+#include "worker/kv_host_tier.h"
+
+namespace loom::worker {
+
+/// The KV transfer between workers over TCP (gRPC): a worker serves blocks of its host
+/// tier to another that fetches them into its own (the same rank of another replica, so
+/// the slots hold the same layers and heads). The coordinator pins the slots on both
+/// sides for the transfer and reloads the fetched blocks into the destination's pool with
+/// an ordinary host-to-device copy (docs/ARCHITECTURE.md, "The host KV tier").
+///
+/// Chunks of at most kKvChunkBytes stream under gRPC's flow control, so neither side holds
+/// more than a few chunks beyond the tiers themselves. Debug builds checksum each slot.
+
+inline constexpr int64_t kKvChunkBytes = 256 * 1024;
+
+/// The ReadKvBlocks side: waits until `executed(after_step_id)` (the plan that offloaded
+/// the blocks ran; polled until the call's deadline), then writes every slot in chunks.
+/// FAILED_PRECONDITION for a reader whose slot size differs (another model, TP slice or KV
+/// dtype), INVALID_ARGUMENT for a slot that holds no block.
+grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
+                           const loom::v1::ReadKvBlocksRequest& request,
+                           grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
+                           const std::function<bool(uint64_t)>& executed);
+
+/// The FetchKvBlocks side: reads the slots from `request.source_address` into `tier`'s
+/// dest_slots. Every slot must arrive whole (and match its checksum where one is sent); on
+/// any failure the destination slots hold no block and the error names the cause
+/// (UNAVAILABLE / DEADLINE_EXCEEDED when the source is gone or slow).
+absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
+    KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request);
+
+}  // namespace loom::worker
