@@ -83,6 +83,10 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "times a request that already streamed output may move to another replica when its "
          "replica fails, continuing after its outputs (0: it ends with an error; requests "
          "without output are always placed again)");
+  AddInt(app, "--kv-fetch-min-blocks", options.cluster.kv_fetch_min_blocks, 0, 1 << 20,
+         "a request placed on one replica while another (same layout, both with a host KV "
+         "tier) holds at least this many more blocks of its prefix fetches them from it "
+         "instead of recomputing (0: never)");
   AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
          "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
          "stage)");

@@ -240,10 +240,38 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
                     block_size, route_candidates);
   absl::Status last;
   for (size_t index : decision.order) {
-    last = candidates[index]->Submit(request);
+    last = candidates[index]->Submit(request, FetchSource(candidates, index, matchable));
     if (last.ok() || last.code() == absl::StatusCode::kInvalidArgument) return last;
   }
   return last;
+}
+
+Replica* Cluster::FetchSource(absl::Span<Replica* const> candidates, size_t chosen,
+                              absl::Span<const engine::BlockHash> hashes) const {
+  if (options_.kv_fetch_min_blocks <= 0 || hashes.empty() ||
+      candidates[chosen]->host_tier_blocks() == 0) {
+    return nullptr;
+  }
+  // The index, whatever the routing policy: which replica holds the most of the prefix.
+  std::vector<std::string> ids;
+  for (Replica* replica : candidates) ids.push_back(replica->replica_id());
+  const std::vector<int64_t> held = kv_index_.MatchPrefix(hashes, ids);
+  size_t best = chosen;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (held[i] > held[best]) best = i;
+  }
+  if (best == chosen || held[best] - held[chosen] < options_.kv_fetch_min_blocks ||
+      candidates[best]->host_tier_blocks() == 0 ||
+      candidates[best]->kv_layout() != candidates[chosen]->kv_layout()) {
+    return nullptr;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto a = kv_dtypes_.find(candidates[chosen]->replica_id());
+    auto b = kv_dtypes_.find(candidates[best]->replica_id());
+    if (a == kv_dtypes_.end() || b == kv_dtypes_.end() || a->second != b->second) return nullptr;
+  }
+  return candidates[best];
 }
 
 void Cluster::Retry(std::shared_ptr<engine::Request> request) {

@@ -30,6 +30,10 @@ struct ClusterOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silence that marks a worker dead
   // The longest heartbeat interval told to workers at registration (HeartbeatInterval).
   int32_t heartbeat_interval_ms = 500;
+  // Cross-replica prefix fetch: a request placed on a replica while another replica of the
+  // same layout, both with host tiers, holds at least this many more blocks of its prefix
+  // fetches them from it instead of recomputing (--kv-fetch-min-blocks; 0: never).
+  int64_t kv_fetch_min_blocks = 4;
 };
 
 /// The heartbeat interval workers are told: heartbeat_interval_ms, or a quarter of the
@@ -77,6 +81,10 @@ class Cluster {
   void Stop();
 
  private:
+  // The replica to fetch the request's prefix from when it is placed on candidates[chosen]
+  // (ClusterOptions::kv_fetch_min_blocks); null: none.
+  Replica* FetchSource(absl::Span<Replica* const> candidates, size_t chosen,
+                       absl::Span<const engine::BlockHash> hashes) const;
   void Retry(std::shared_ptr<engine::Request> request);
   void Monitor();
 

@@ -108,6 +108,21 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                      .Help("Prompt tokens served by host tier reloads (a subset of "
                            "loom_prefix_cache_hits_total).")
                      .Register(*registry_)),
+      kv_fetches_(BuildCounter()
+                      .Name("loom_kv_fetches_total")
+                      .Help("Prefixes fetched from another replica's host tier instead of "
+                            "recomputed.")
+                      .Register(*registry_)),
+      kv_fetch_failures_(BuildCounter()
+                             .Name("loom_kv_fetch_failures_total")
+                             .Help("Prefix fetches from another replica that failed (the "
+                                   "source gone, a timeout, a transfer error); their requests "
+                                   "recomputed the prefix.")
+                             .Register(*registry_)),
+      kv_fetched_blocks_(BuildCounter()
+                             .Name("loom_kv_fetched_blocks_total")
+                             .Help("KV blocks fetched from other replicas into the host tier.")
+                             .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
                           .Help("Prompt tokens looked up in the prefix cache when a "
@@ -371,6 +386,12 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_kv_blocks_reloaded()));
       mirror(host_hits_.Add(labels), last_host_hits_, replica.replica_id(),
              static_cast<double>(replica.num_host_hit_tokens()));
+      mirror(kv_fetches_.Add(labels), last_fetches_, replica.replica_id(),
+             static_cast<double>(replica.num_kv_fetches()));
+      mirror(kv_fetch_failures_.Add(labels), last_fetch_failures_, replica.replica_id(),
+             static_cast<double>(replica.num_kv_fetch_failures()));
+      mirror(kv_fetched_blocks_.Add(labels), last_fetched_blocks_, replica.replica_id(),
+             static_cast<double>(replica.num_kv_fetched_blocks()));
     }
   }
 }

@@ -102,6 +102,9 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& kv_offloaded_;
   prometheus::Family<prometheus::Counter>& kv_reloaded_;
   prometheus::Family<prometheus::Counter>& host_hits_;
+  prometheus::Family<prometheus::Counter>& kv_fetches_;
+  prometheus::Family<prometheus::Counter>& kv_fetch_failures_;
+  prometheus::Family<prometheus::Counter>& kv_fetched_blocks_;
   // As they happen.
   prometheus::Family<prometheus::Counter>& prefix_queries_;
   prometheus::Family<prometheus::Counter>& prefix_hits_;
@@ -134,6 +137,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   // Counters mirrored from ClusterState totals (monotonic per replica incarnation).
   std::map<std::string, double> last_preemptions_, last_steps_, last_tokens_;
   std::map<std::string, double> last_offloaded_, last_reloaded_, last_host_hits_;
+  std::map<std::string, double> last_fetches_, last_fetch_failures_, last_fetched_blocks_;
   // cache_config_info's labels per replica, to replace the series when they change.
   std::map<std::string, prometheus::Labels> cache_config_labels_;
 };

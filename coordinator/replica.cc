@@ -109,6 +109,11 @@ void Replica::Stop() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  // Fetches still pulling blocks post their results here: wait for them (their transfers
+  // have deadlines).
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return fetch_threads_ == 0; };
+  mu_.Await(absl::Condition(&done));
 }
 
 loom::v1::ReplicaStatus Replica::Status() const {
@@ -149,6 +154,7 @@ void Replica::Loop() {
       continue;
     }
 
+    HandleKvFetches();
     AdmitInbox();
     DropCancelled();
     if (!SendPlans()) {
@@ -275,12 +281,16 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   hooks.on_end = [this](engine::Request& request) { Unload(request); };
   engine_ = std::make_unique<engine::EngineCore>(config, replica_id_, std::move(hooks));
   block_size_.store(endpoint.block_size);
+  host_tier_blocks_.store(endpoint.num_host_kv_blocks);
   in_flight_.clear();
   {
     absl::MutexLock lock(&mu_);
     lost_reason_.clear();
     live_connection_ = connection_.get();
     endpoint_ = endpoint;
+    kv_layout_ =
+        absl::StrFormat("%d ranks in %d stages, %d-token blocks", endpoint.addresses.size(),
+                        endpoint.pipeline_parallel_size, endpoint.block_size);
     stats_.set_max_plans_in_flight(plans_in_flight_);
     liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());
     healthy_.store(true);
@@ -305,22 +315,26 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
 
 void Replica::AdmitInbox() {
   std::deque<std::shared_ptr<engine::Request>> inbox;
+  std::vector<Replica*> sources;
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
     admitting_ = static_cast<int64_t>(inbox.size());
+    for (const std::shared_ptr<engine::Request>& request : inbox) {
+      auto hint = fetch_hints_.find(request.get());
+      sources.push_back(hint == fetch_hints_.end() ? nullptr : hint->second);
+      if (hint != fetch_hints_.end()) fetch_hints_.erase(hint);
+    }
   }
   if (inbox.empty()) return;
-  for (std::shared_ptr<engine::Request>& request : inbox) {
-    if (request->cancelled()) {
-      request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
-      Unload(*request);
+  for (size_t i = 0; i < inbox.size(); ++i) {
+    // A prefix another replica holds is fetched first (replica_kv_fetch.cc).
+    if (sources[i] != nullptr && !inbox[i]->cancelled() &&
+        engine_->scheduler().host_tier() != nullptr) {
+      StartFetch(std::move(inbox[i]), sources[i]);
       continue;
     }
-    if (absl::Status added = engine_->Admit(request); !added.ok()) {
-      request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
-      Unload(*request);
-    }
+    AdmitOne(inbox[i]);
   }
   // The admitted requests now count in the scheduler's waiting queue.
   PublishStats();
@@ -431,6 +445,7 @@ void Replica::LoseWorker(const std::string& reason) {
     healthy_.store(false);
     live_connection_ = nullptr;
     inbox.swap(inbox_);
+    fetch_hints_.clear();
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
   connection_.reset();  // cancels every rank's stream and joins the readers
@@ -441,6 +456,9 @@ void Replica::LoseWorker(const std::string& reason) {
   }
 
   std::vector<std::shared_ptr<engine::Request>> retry(inbox.begin(), inbox.end());
+  for (std::shared_ptr<engine::Request>& request : AbandonFetches()) {
+    retry.push_back(std::move(request));
+  }
   int migrated = 0;
   if (engine_ != nullptr) {
     for (std::shared_ptr<engine::Request>& request : engine_->TakeAll()) {
@@ -497,6 +515,10 @@ void Replica::PublishStats() {
       stats_.set_num_kv_blocks_reloaded(tier->num_promoted());
       stats_.set_num_host_hit_tokens(static_cast<uint64_t>(scheduler.num_host_tokens_admitted()));
       stats_.set_num_kv_copies_queued(num_kv_copies_queued_);
+      stats_.set_num_kv_fetches(num_kv_fetches_);
+      stats_.set_num_kv_fetch_failures(num_kv_fetch_failures_);
+      stats_.set_num_kv_fetched_blocks(num_kv_fetched_blocks_);
+      stats_.set_kv_fetch_seconds(kv_fetch_seconds_);
     }
   } else {
     stats_.set_num_running(0);

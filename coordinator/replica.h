@@ -88,6 +88,32 @@ class Replica {
   /// ResourceExhausted when its waiting queue is full; InvalidArgument when the request
   /// can never fit in its KV pool.
   absl::Status Submit(std::shared_ptr<engine::Request> request);
+  /// Submit, and before admitting `request` fetch the prefix `fetch_source` (another
+  /// replica, same layout) holds into this replica's host tier instead of recomputing it
+  /// (replica_kv_fetch.cc). A failed or slow fetch admits it as Submit does.
+  absl::Status Submit(std::shared_ptr<engine::Request> request, Replica* fetch_source);
+  /// The connected workers' host tier in blocks (0: none), and their layout: ranks, KV
+  /// dtype and block size must match for a fetch between replicas.
+  int64_t host_tier_blocks() const { return host_tier_blocks_.load(); }
+  std::string kv_layout() const;
+
+  // ---- messages between replicas' loops (cross-replica prefix fetch) ----
+  /// Asks this replica (the source) to hold `request`'s cached prefix in its host tier
+  /// for `requester` to fetch; answered through requester->DeliverExport.
+  void AskExport(Replica* requester, uint64_t fetch_id, std::shared_ptr<engine::Request> request);
+  struct ExportReply {
+    uint64_t fetch_id = 0;
+    uint64_t export_id = 0;              // for ReleaseExport; 0: nothing held
+    std::string reason;                  // empty: ok
+    std::vector<std::string> addresses;  // the source's ranks
+    std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier
+    uint64_t after_step_id = 0;          // the source step that writes them
+    Replica* source = nullptr;
+  };
+  void DeliverExport(ExportReply reply);
+  /// The requester is done reading an export: its slots may be reused.
+  void ReleaseExport(uint64_t export_id);
+
   /// Wakes the loop (a request was cancelled).
   void Wake();
   /// Declares the worker dead (heartbeat timeout): the stream is cancelled and the loop
@@ -139,6 +165,34 @@ class Replica {
   void PublishKvEvents();
   // Takes `request` off the load counters (it ended or left this replica).
   void Unload(const engine::Request& request);
+  // Cross-replica prefix fetch (replica_kv_fetch.cc), loop thread: answers export asks,
+  // starts fetches for replies, commits finished fetches and admits their requests, gives
+  // up on fetches past their deadline.
+  void HandleKvFetches();
+  void StartFetch(std::shared_ptr<engine::Request> request, Replica* source);
+  void AdmitOne(const std::shared_ptr<engine::Request>& request);
+  void EndFetch(uint64_t fetch_id, const absl::Status& status);
+  // The worker was lost: the requests waiting for a prefix, to place again.
+  std::vector<std::shared_ptr<engine::Request>> AbandonFetches();
+  struct FetchResult {
+    uint64_t fetch_id = 0;
+    absl::Status status;
+  };
+  struct ExportAsk {
+    Replica* requester = nullptr;
+    uint64_t fetch_id = 0;
+    std::shared_ptr<engine::Request> request;
+  };
+  struct PendingFetch {
+    std::shared_ptr<engine::Request> request;
+    Replica* source = nullptr;
+    uint64_t export_id = 0;
+    engine::Scheduler::HeldSlots import;
+    int64_t num_blocks = 0;
+    absl::Time deadline;
+    absl::Time started;
+    bool fetching = false;  // the workers are pulling the blocks
+  };
 
   const std::string replica_id_;
   const ReplicaOptions options_;
@@ -164,8 +218,24 @@ class Replica {
   StepLiveness liveness_ ABSL_GUARDED_BY(mu_);
   WorkerEndpoint endpoint_ ABSL_GUARDED_BY(mu_);
   loom::v1::ReplicaStatus stats_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> host_tier_blocks_{0};
+  std::string kv_layout_ ABSL_GUARDED_BY(mu_);
+  // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
+  // answers, finished fetches, exports to release.
+  absl::flat_hash_map<const engine::Request*, Replica*> fetch_hints_ ABSL_GUARDED_BY(mu_);
+  std::deque<ExportAsk> export_asks_ ABSL_GUARDED_BY(mu_);
+  std::deque<ExportReply> export_replies_ ABSL_GUARDED_BY(mu_);
+  std::deque<FetchResult> fetch_results_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> export_releases_ ABSL_GUARDED_BY(mu_);
+  int fetch_threads_ ABSL_GUARDED_BY(mu_) = 0;  // running; Stop waits for them
 
   // Loop thread only.
+  absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
+  uint64_t next_fetch_id_ = 1;
+  absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> exports_;
+  uint64_t next_export_id_ = 1;
+  uint64_t num_kv_fetches_ = 0, num_kv_fetch_failures_ = 0, num_kv_fetched_blocks_ = 0;
+  double kv_fetch_seconds_ = 0;
   // The engine core of the connected worker's KV pool: admitted requests, scheduler.
   std::unique_ptr<engine::EngineCore> engine_;
   std::unique_ptr<ReplicaConnection> connection_;  // the loop thread's

@@ -85,13 +85,7 @@ int32_t BlockManager::TakeFreeBlock() {
   // Its old contents are about to be overwritten: it leaves the cache (a tier below may
   // keep a copy).
   const size_t b = static_cast<size_t>(block);
-  if (on_evict_ && has_hash_[b]) {
-    on_evict_(
-        EvictedBlock{block, hashes_[b],
-                     absl::MakeConstSpan(tokens_).subspan(b * static_cast<size_t>(block_size_),
-                                                          static_cast<size_t>(block_size_)),
-                     content_id_[b], parent_id_[b], salts_[b]});
-  }
+  if (on_evict_ && has_hash_[b]) on_evict_(Content(block));
   Unregister(block);
   content_id_[static_cast<size_t>(block)] = 0;  // an uncached copy's shared id, if any
   return block;
@@ -231,6 +225,18 @@ bool BlockManager::RegisterBlock(int32_t block, const BlockHash& hash,
             tokens_.begin() + static_cast<std::ptrdiff_t>(b * static_cast<size_t>(block_size_)));
   if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, hash});
   return true;
+}
+
+EvictedBlock BlockManager::Content(int32_t block) const {
+  const size_t b = static_cast<size_t>(block);
+  LOOM_CHECK(block >= 0 && block < num_blocks() && has_hash_[b]);
+  return EvictedBlock{block,
+                      hashes_[b],
+                      absl::MakeConstSpan(tokens_).subspan(b * static_cast<size_t>(block_size_),
+                                                           static_cast<size_t>(block_size_)),
+                      content_id_[b],
+                      parent_id_[b],
+                      salts_[b]};
 }
 
 bool BlockManager::RestoreBlock(int32_t block, const BlockHash& hash,

@@ -102,6 +102,17 @@ class BlockManager {
   /// another block holds `hash`.
   bool RestoreBlock(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
                     uint64_t content_id, uint64_t parent_id, std::string_view cache_salt);
+  /// A content id never used before, for content that enters from outside the pool (a
+  /// block fetched from another replica into the host tier).
+  uint64_t NewContentId() { return next_content_id_++; }
+  /// The block holding `hash` (in use or free); -1 when none.
+  int32_t cached_block(const BlockHash& hash) const {
+    auto it = cached_.find(hash);
+    return it == cached_.end() ? -1 : it->second;
+  }
+  /// What cached `block` holds, as an eviction would hand it over (its views live until
+  /// the block manager changes).
+  EvictedBlock Content(int32_t block) const;
   /// Whether some block holds `hash` (in use or free).
   bool holds_hash(const BlockHash& hash) const { return cached_.contains(hash); }
   /// Called with each cached block the pool evicts to hand it out again, before its

@@ -45,10 +45,15 @@ void HostKvTier::Unlink(int32_t slot) {
 }
 
 int32_t HostKvTier::TakeSlot() {
+  if (!free_slots_.empty()) {
+    const int32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    return slot;
+  }
   if (next_never_used_ < num_slots()) return next_never_used_++;
   for (int32_t slot = head_; slot != kNone; slot = entries_[static_cast<size_t>(slot)].next) {
     Entry& entry = entries_[static_cast<size_t>(slot)];
-    if (entry.pinned) continue;
+    if (Busy(slot)) continue;
     Unlink(slot);
     by_hash_.erase(entry.hash);
     if (record_events_) events_.push_back({KvCacheEvent::Kind::kRemoved, entry.hash});
@@ -58,22 +63,26 @@ int32_t HostKvTier::TakeSlot() {
   return kNone;
 }
 
-void HostKvTier::Store(int32_t slot, const EvictedBlock& evicted) {
+void HostKvTier::Describe(int32_t slot, const EvictedBlock& content) {
   Entry& entry = entries_[static_cast<size_t>(slot)];
   entry.used = true;
-  entry.hash = evicted.hash;
-  entry.content_id = evicted.content_id;
-  entry.parent_id = evicted.parent_id;
-  entry.salt = evicted.parent_id == 0 ? std::string(evicted.salt) : std::string();
-  std::copy(evicted.tokens.begin(), evicted.tokens.end(),
+  entry.hash = content.hash;
+  entry.content_id = content.content_id;
+  entry.parent_id = content.parent_id;
+  entry.salt = content.parent_id == 0 ? std::string(content.salt) : std::string();
+  std::copy(content.tokens.begin(), content.tokens.end(),
             tokens_.begin() + static_cast<std::ptrdiff_t>(slot) * block_size_);
+}
+
+void HostKvTier::Store(int32_t slot, const EvictedBlock& evicted) {
+  Describe(slot, evicted);
   copies_.push_back({true, evicted.block, slot});
   ++num_demoted_;
 }
 
-void HostKvTier::Demote(const EvictedBlock& evicted) {
+int32_t HostKvTier::Demote(const EvictedBlock& evicted) {
   LOOM_CHECK(evicted.tokens.size() == static_cast<size_t>(block_size_));
-  if (num_slots() == 0) return;
+  if (num_slots() == 0) return kNone;
   auto it = by_hash_.find(evicted.hash);
   if (it != by_hash_.end()) {
     const int32_t slot = it->second;
@@ -81,25 +90,66 @@ void HostKvTier::Demote(const EvictedBlock& evicted) {
     Unlink(slot);
     LinkAtTail(slot);
     // The same content (it was reloaded from here): the slot holds it already.
-    if (entry.content_id == evicted.content_id) return;
+    if (entry.content_id == evicted.content_id) return slot;
     // Another content under the hash (recomputed, so named anew; or a collision): the
-    // newest copy replaces it, unless a reload being planned reads the slot.
-    if (entry.pinned) {
+    // newest copy replaces it, unless a reload or a fetch being planned reads the slot.
+    if (Busy(slot)) {
       ++num_dropped_;
-      return;
+      return kNone;
     }
     Store(slot, evicted);
-    return;
+    return slot;
   }
   const int32_t slot = TakeSlot();
   if (slot == kNone) {
     ++num_dropped_;
-    return;
+    return kNone;
   }
   Store(slot, evicted);
   by_hash_[evicted.hash] = slot;
   if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, evicted.hash});
   LinkAtTail(slot);
+  return slot;
+}
+
+void HostKvTier::Hold(int32_t slot) { ++entries_[static_cast<size_t>(slot)].holds; }
+
+void HostKvTier::Release(int32_t slot) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  if (entry.holds > 0) --entry.holds;
+}
+
+std::vector<int32_t> HostKvTier::Reserve(int64_t count) {
+  std::vector<int32_t> slots;
+  while (static_cast<int64_t>(slots.size()) < count) {
+    const int32_t slot = TakeSlot();
+    if (slot == kNone) break;
+    entries_[static_cast<size_t>(slot)].holds = 1;
+    slots.push_back(slot);
+  }
+  return slots;
+}
+
+bool HostKvTier::StoreFetched(int32_t slot, const EvictedBlock& content) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  LOOM_CHECK(!entry.used && entry.holds > 0);
+  if (by_hash_.contains(content.hash)) {
+    FreeReserved(slot);
+    return false;
+  }
+  Describe(slot, content);
+  entry.holds = 0;
+  by_hash_[content.hash] = slot;
+  if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, content.hash});
+  LinkAtTail(slot);
+  return true;
+}
+
+void HostKvTier::FreeReserved(int32_t slot) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  LOOM_CHECK(!entry.used);
+  entry.holds = 0;
+  free_slots_.push_back(slot);
 }
 
 std::vector<KvCacheEvent> HostKvTier::TakeEvents() {
@@ -165,6 +215,8 @@ void HostKvTier::Forget() {
   by_hash_.clear();
   for (Entry& entry : entries_) entry = Entry{};
   next_never_used_ = 0;
+  free_slots_.clear();
+  ++generation_;
   head_ = tail_ = kNone;
   pinned_.clear();
   copies_.clear();

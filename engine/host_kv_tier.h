@@ -47,8 +47,10 @@ class HostKvTier {
   };
 
   /// BlockManager's eviction callback: keeps `evicted` in a slot (queueing its copy).
-  /// When every slot is pinned the content is dropped (num_dropped()).
-  void Demote(const EvictedBlock& evicted);
+  /// When every slot is pinned the content is dropped (num_dropped()). Also how a block
+  /// still in the pool is copied out for another replica to fetch. Returns the slot, or
+  /// -1 when dropped.
+  int32_t Demote(const EvictedBlock& evicted);
   /// The slot holding `hash` as `tokens` (block_size of them) computed after the content
   /// `parent_id` (0: a chain's first block, salted with `cache_salt`). A hash found with
   /// other content is a miss (num_verification_failures()).
@@ -57,6 +59,30 @@ class HostKvTier {
   /// Keeps `slot` from being reused until UnpinAll (a reload being planned).
   void Pin(int32_t slot);
   void UnpinAll();
+  // ---- fetches between replicas (coordinator/replica_kv_fetch) ----
+  /// Holds `slot` (counted: several fetches may read it) so it is neither reused nor
+  /// replaced while another worker reads it, or while this one writes it.
+  void Hold(int32_t slot);
+  void Release(int32_t slot);
+  /// Up to `count` slots for blocks fetched from elsewhere, held and empty (the least
+  /// recently used contents are dropped for them).
+  std::vector<int32_t> Reserve(int64_t count);
+  /// Reserved `slot` received `content`'s bytes: the tier holds it now (no copy is
+  /// queued) and the slot is released. False (the slot is freed instead) when the tier
+  /// holds `content.hash` already.
+  bool StoreFetched(int32_t slot, const EvictedBlock& content);
+  /// Whether `slot` is reserved (held and empty).
+  bool reserved(int32_t slot) const {
+    const Entry& entry = entries_[static_cast<size_t>(slot)];
+    return !entry.used && entry.holds > 0;
+  }
+  /// Reserved `slot` received nothing usable: freed.
+  void FreeReserved(int32_t slot);
+  /// Bumped by Forget: holds and reservations of an earlier generation are void.
+  uint64_t generation() const { return generation_; }
+  /// Copies are queued for the next plan.
+  bool has_copies() const { return !copies_.empty(); }
+
   /// Queues the reload of `slot` into `device_block` and marks it used. What the slot
   /// holds, for BlockManager::RestoreBlock:
   struct Content {
@@ -93,6 +119,7 @@ class HostKvTier {
   struct Entry {
     bool used = false;
     bool pinned = false;
+    int32_t holds = 0;  // Hold() count
     BlockHash hash;
     uint64_t content_id = 0;
     uint64_t parent_id = 0;
@@ -106,12 +133,19 @@ class HostKvTier {
   // (its content forgotten); kNone when every slot is pinned.
   int32_t TakeSlot();
   void Store(int32_t slot, const EvictedBlock& evicted);
+  void Describe(int32_t slot, const EvictedBlock& content);
+  bool Busy(int32_t slot) const {
+    const Entry& entry = entries_[static_cast<size_t>(slot)];
+    return entry.pinned || entry.holds > 0;
+  }
 
   const int32_t block_size_;
   std::vector<Entry> entries_;   // [num_slots]
   std::vector<int32_t> tokens_;  // [num_slots * block_size]
   absl::flat_hash_map<BlockHash, int32_t> by_hash_;
   int32_t next_never_used_ = 0;
+  std::vector<int32_t> free_slots_;  // reserved slots given back
+  uint64_t generation_ = 0;
   int32_t head_ = kNone;
   int32_t tail_ = kNone;
   std::vector<int32_t> pinned_;

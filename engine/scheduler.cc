@@ -595,7 +595,8 @@ int32_t Scheduler::num_running() const { return static_cast<int32_t>(running_.si
 int32_t Scheduler::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
 
 bool Scheduler::has_work() const {
-  return !running_.empty() || !waiting_.empty() || !finished_ids_.empty();
+  return !running_.empty() || !waiting_.empty() || !finished_ids_.empty() ||
+         (host_tier_ != nullptr && host_tier_->has_copies());
 }
 
 }  // namespace loom::engine

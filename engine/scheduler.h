@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -169,6 +170,28 @@ class Scheduler {
     block_manager_.ForgetCachedBlocks();
     if (host_tier_ != nullptr) host_tier_->Forget();
   }
+  // ---- fetching a prefix between replicas (engine/scheduler_transfer.cc) ----
+  /// Slots of the host tier, held for a transfer, valid while the tier's generation is.
+  struct HeldSlots {
+    std::vector<int32_t> slots;
+    uint64_t generation = 0;
+  };
+  /// The source side: the longest verified chain of `hashes` (the blocks of `tokens`,
+  /// first salted with `cache_salt`) this replica holds, pool or host tier, as host slots
+  /// held until ReleaseSlots. Blocks only in the pool are copied out (queued device-to-
+  /// host copies: the next plan must run before the slots are read). Empty without a tier.
+  HeldSlots ExportPrefix(absl::Span<const BlockHash> hashes, absl::Span<const int32_t> tokens,
+                         std::string_view cache_salt);
+  /// The destination side: `count` empty slots held for a fetch (fewer when the tier is
+  /// busy). Then CommitImport once their bytes arrived, or ReleaseSlots if they did not.
+  HeldSlots ReserveImport(int64_t count);
+  /// The fetched blocks `import` holds (the first hashes.size() blocks of `tokens`, as
+  /// ExportPrefix named them) become host-tier content of this replica, chained after what
+  /// its pool and tier already hold (those slots are freed). Returns the blocks stored.
+  int64_t CommitImport(const HeldSlots& import, absl::Span<const BlockHash> hashes,
+                       absl::Span<const int32_t> tokens, std::string_view cache_salt);
+  /// Ends a hold: an export's slots can be reused, an import's are freed.
+  void ReleaseSlots(const HeldSlots& held, bool import);
   /// The host KV tier's table; nullptr without one.
   const HostKvTier* host_tier() const { return host_tier_.get(); }
   /// Prompt tokens admitted from the host tier (reloaded, a subset of the cached ones).

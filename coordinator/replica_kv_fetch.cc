@@ -1,0 +1,263 @@
+// Replica: cross-replica prefix fetch. When the cluster places a request on this replica
+// while another one (the source) holds more of its prefix, this replica asks the source to
+// hold that prefix in its host tier (ExportPrefix: blocks only in its pool are copied out by
+// its next plan), reserves host-tier slots of its own, and has each of its ranks pull the
+// blocks from the same rank of the source (Worker.FetchKvBlocks, worker/kv_transfer). Once
+// they arrived they are host-tier content here (CommitImport) and the request is admitted:
+// its prefix is reloaded like any host-tier hit. Any failure (the source gone, a timeout, a
+// transfer error) admits the request as it is, to recompute; nothing stays held.
+#include <algorithm>
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "coordinator/replica.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/worker.grpc.pb.h"
+
+namespace loom::coordinator {
+namespace {
+
+// How long a request waits for its prefix before it is admitted to recompute.
+constexpr absl::Duration kFetchTimeout = absl::Seconds(20);
+
+// Each rank of the destination pulls its slice from the same rank of the source.
+absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
+                              const Replica::ExportReply& reply,
+                              const std::vector<int32_t>& dest_slots) {
+  std::vector<std::future<absl::Status>> ranks;
+  for (size_t r = 0; r < destinations.size(); ++r) {
+    ranks.push_back(std::async(std::launch::async, [&, r]() -> absl::Status {
+      loom::v1::FetchKvBlocksRequest request;
+      request.set_source_address(reply.addresses[r]);
+      request.mutable_source_slots()->Add(
+          reply.slots.begin(), reply.slots.begin() + static_cast<ptrdiff_t>(dest_slots.size()));
+      request.mutable_dest_slots()->Add(dest_slots.begin(), dest_slots.end());
+      request.set_after_step_id(reply.after_step_id);
+      request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(kFetchTimeout)));
+      auto stub = loom::v1::Worker::NewStub(
+          grpc::CreateChannel(destinations[r], grpc::InsecureChannelCredentials()));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           absl::ToChronoMilliseconds(kFetchTimeout + absl::Seconds(5)));
+      loom::v1::FetchKvBlocksResponse response;
+      const grpc::Status status = stub->FetchKvBlocks(&context, request, &response);
+      if (status.ok()) return absl::OkStatus();
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrFormat("rank %d: %s", r, status.error_message()));
+    }));
+  }
+  absl::Status result;
+  for (std::future<absl::Status>& rank : ranks) {
+    const absl::Status status = rank.get();
+    if (result.ok()) result = status;
+  }
+  return result;
+}
+
+}  // namespace
+
+std::string Replica::kv_layout() const {
+  absl::MutexLock lock(&mu_);
+  return kv_layout_;
+}
+
+absl::Status Replica::Submit(std::shared_ptr<engine::Request> request, Replica* fetch_source) {
+  const engine::Request* key = request.get();
+  LOOM_RETURN_IF_ERROR(Submit(std::move(request)));
+  if (fetch_source != nullptr && fetch_source != this) {
+    absl::MutexLock lock(&mu_);
+    fetch_hints_[key] = fetch_source;
+  }
+  return absl::OkStatus();
+}
+
+void Replica::AskExport(Replica* requester, uint64_t fetch_id,
+                        std::shared_ptr<engine::Request> request) {
+  absl::MutexLock lock(&mu_);
+  export_asks_.push_back({requester, fetch_id, std::move(request)});
+  wake_ = true;
+}
+
+void Replica::DeliverExport(ExportReply reply) {
+  absl::MutexLock lock(&mu_);
+  export_replies_.push_back(std::move(reply));
+  wake_ = true;
+}
+
+void Replica::ReleaseExport(uint64_t export_id) {
+  absl::MutexLock lock(&mu_);
+  export_releases_.push_back(export_id);
+  wake_ = true;
+}
+
+void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* source) {
+  const uint64_t fetch_id = next_fetch_id_++;
+  PendingFetch& pending = pending_fetches_[fetch_id];
+  pending.request = request;
+  pending.source = source;
+  pending.started = absl::Now();
+  pending.deadline = pending.started + kFetchTimeout;
+  source->AskExport(this, fetch_id, std::move(request));
+}
+
+void Replica::AdmitOne(const std::shared_ptr<engine::Request>& request) {
+  if (request->cancelled()) {
+    request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
+    Unload(*request);
+    return;
+  }
+  if (absl::Status added = engine_->Admit(request); !added.ok()) {
+    request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
+    Unload(*request);
+  }
+}
+
+void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
+  auto it = pending_fetches_.find(fetch_id);
+  if (it == pending_fetches_.end()) return;
+  PendingFetch pending = std::move(it->second);
+  pending_fetches_.erase(it);
+  engine::Scheduler& scheduler = engine_->scheduler();
+  const engine::Request& request = *pending.request;
+  int64_t stored = 0;
+  if (status.ok()) {
+    const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
+    const size_t count = std::min(pending.import.slots.size(), hashes.size());
+    stored = scheduler.CommitImport(pending.import, absl::MakeConstSpan(hashes).first(count),
+                                    request.params().prompt_ids, request.params().cache_salt);
+    ++num_kv_fetches_;
+    num_kv_fetched_blocks_ += static_cast<uint64_t>(stored);
+    kv_fetch_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
+  } else {
+    scheduler.ReleaseSlots(pending.import, /*import=*/true);
+    ++num_kv_fetch_failures_;
+    std::fprintf(stderr,
+                 "loom: replica %s: fetching a prefix from replica %s failed, recomputing it: "
+                 "%s\n",
+                 replica_id_.c_str(), pending.source->replica_id().c_str(),
+                 std::string(status.message()).c_str());
+  }
+  if (pending.export_id != 0) pending.source->ReleaseExport(pending.export_id);
+  AdmitOne(pending.request);
+}
+
+void Replica::HandleKvFetches() {
+  std::deque<ExportAsk> asks;
+  std::deque<ExportReply> replies;
+  std::deque<FetchResult> results;
+  std::vector<uint64_t> releases;
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    asks.swap(export_asks_);
+    replies.swap(export_replies_);
+    results.swap(fetch_results_);
+    releases.swap(export_releases_);
+    addresses = endpoint_.addresses;
+  }
+  engine::Scheduler& scheduler = engine_->scheduler();
+  for (uint64_t export_id : releases) {
+    auto it = exports_.find(export_id);
+    if (it == exports_.end()) continue;
+    scheduler.ReleaseSlots(it->second, /*import=*/false);
+    exports_.erase(it);
+  }
+  // The source side: hold the prefix; blocks only in the pool go out with the next plan.
+  for (ExportAsk& ask : asks) {
+    ExportReply reply;
+    reply.fetch_id = ask.fetch_id;
+    reply.source = this;
+    const engine::Request& request = *ask.request;
+    const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
+    const int64_t prompt = static_cast<int64_t>(request.params().prompt_ids.size());
+    const size_t usable = std::min(
+        hashes.size(),
+        static_cast<size_t>(std::max<int64_t>(0, (prompt - 1) / std::max(block_size_.load(), 1))));
+    engine::Scheduler::HeldSlots held =
+        scheduler.ExportPrefix(absl::MakeConstSpan(hashes).first(usable),
+                               request.params().prompt_ids, request.params().cache_salt);
+    if (held.slots.empty()) {
+      reply.reason = "the source holds none of the prefix any more";
+    } else {
+      reply.export_id = next_export_id_++;
+      reply.addresses = addresses;
+      reply.slots = held.slots;
+      // The plan that carries the copies is the next one; else what is queued already ran
+      // or runs in the plans sent so far.
+      reply.after_step_id = scheduler.host_tier()->has_copies() ? next_step_id_ : next_step_id_ - 1;
+      exports_[reply.export_id] = std::move(held);
+    }
+    ask.requester->DeliverExport(std::move(reply));
+  }
+  // The destination side: reserve slots and let the workers pull the blocks.
+  for (ExportReply& reply : replies) {
+    auto it = pending_fetches_.find(reply.fetch_id);
+    if (it == pending_fetches_.end() || it->second.fetching) {
+      // Given up on already (admitted to recompute): let the source go.
+      if (reply.export_id != 0 && reply.source != nullptr)
+        reply.source->ReleaseExport(reply.export_id);
+      continue;
+    }
+    PendingFetch& pending = it->second;
+    pending.export_id = reply.export_id;
+    if (!reply.reason.empty() || reply.addresses.size() != addresses.size()) {
+      EndFetch(reply.fetch_id,
+               absl::FailedPreconditionError(reply.reason.empty() ? "the replicas' ranks differ"
+                                                                  : reply.reason));
+      continue;
+    }
+    pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
+    if (pending.import.slots.empty()) {
+      EndFetch(reply.fetch_id, absl::ResourceExhaustedError("the host tier has no free slot"));
+      continue;
+    }
+    pending.fetching = true;
+    pending.num_blocks = static_cast<int64_t>(pending.import.slots.size());
+    const uint64_t fetch_id = reply.fetch_id;
+    const std::vector<int32_t> dest = pending.import.slots;
+    {
+      absl::MutexLock lock(&mu_);
+      ++fetch_threads_;
+    }
+    // Bounded by the transfer's deadline; Stop waits for it.
+    std::thread([this, fetch_id, addresses, reply = std::move(reply), dest] {
+      const absl::Status status = FetchOnEveryRank(addresses, reply, dest);
+      absl::MutexLock lock(&mu_);
+      fetch_results_.push_back({fetch_id, status});
+      --fetch_threads_;
+      wake_ = true;
+    }).detach();
+  }
+  for (const FetchResult& result : results) EndFetch(result.fetch_id, result.status);
+  // Fetches past their deadline admit their requests to recompute. One still pulling keeps
+  // its slots reserved until its result comes back (bounded by the transfer's deadline).
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> late;
+  for (const auto& [fetch_id, pending] : pending_fetches_) {
+    if (!pending.fetching && now > pending.deadline) late.push_back(fetch_id);
+  }
+  for (uint64_t fetch_id : late) {
+    EndFetch(fetch_id, absl::DeadlineExceededError("the source did not answer in time"));
+  }
+}
+
+std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
+  // The engine is gone with the worker: the requests waiting for a prefix go elsewhere,
+  // and the sources may let their slots go.
+  std::vector<std::shared_ptr<engine::Request>> requests;
+  for (auto& [fetch_id, pending] : pending_fetches_) {
+    if (pending.export_id != 0) pending.source->ReleaseExport(pending.export_id);
+    requests.push_back(std::move(pending.request));
+  }
+  pending_fetches_.clear();
+  exports_.clear();
+  return requests;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,112 @@
+// Scheduler: fetching a prefix between replicas through the host tiers (the source's
+// slots are read by the destination's worker: worker/kv_transfer).
+#include <algorithm>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace loom::engine {
+namespace {
+
+// Whether `content` is block `tokens` after the content `parent_id` (first: salted).
+bool Verified(const EvictedBlock& content, absl::Span<const int32_t> tokens, uint64_t parent_id,
+              std::string_view cache_salt) {
+  return content.parent_id == parent_id && (parent_id != 0 || content.salt == cache_salt) &&
+         std::equal(tokens.begin(), tokens.end(), content.tokens.begin(), content.tokens.end());
+}
+
+}  // namespace
+
+Scheduler::HeldSlots Scheduler::ExportPrefix(absl::Span<const BlockHash> hashes,
+                                             absl::Span<const int32_t> tokens,
+                                             std::string_view cache_salt) {
+  HeldSlots held;
+  if (host_tier_ == nullptr) return held;
+  held.generation = host_tier_->generation();
+  const size_t block_size = static_cast<size_t>(config_.block_size);
+  uint64_t parent_id = 0;
+  for (size_t i = 0; i < hashes.size() && (i + 1) * block_size <= tokens.size(); ++i) {
+    const absl::Span<const int32_t> block_tokens = tokens.subspan(i * block_size, block_size);
+    int32_t slot = -1;
+    uint64_t content_id = 0;
+    const int32_t block = block_manager_.cached_block(hashes[i]);
+    if (block >= 0) {
+      const EvictedBlock content = block_manager_.Content(block);
+      if (!Verified(content, block_tokens, parent_id, cache_salt)) break;
+      // In the pool: copied out (or found in the tier already, the same content).
+      slot = host_tier_->Demote(content);
+      content_id = content.content_id;
+    } else if (const std::optional<HostKvTier::Hit> hit =
+                   host_tier_->Find(hashes[i], block_tokens, parent_id, cache_salt)) {
+      slot = hit->slot;
+      content_id = hit->content_id;
+    }
+    if (slot < 0) break;
+    host_tier_->Hold(slot);
+    held.slots.push_back(slot);
+    parent_id = content_id;
+  }
+  return held;
+}
+
+Scheduler::HeldSlots Scheduler::ReserveImport(int64_t count) {
+  HeldSlots held;
+  if (host_tier_ == nullptr || count <= 0) return held;
+  held.generation = host_tier_->generation();
+  held.slots = host_tier_->Reserve(count);
+  return held;
+}
+
+int64_t Scheduler::CommitImport(const HeldSlots& import, absl::Span<const BlockHash> hashes,
+                                absl::Span<const int32_t> tokens, std::string_view cache_salt) {
+  if (host_tier_ == nullptr || import.generation != host_tier_->generation()) return 0;
+  const size_t block_size = static_cast<size_t>(config_.block_size);
+  uint64_t parent_id = 0;
+  int64_t stored = 0;
+  size_t i = 0;
+  for (; i < import.slots.size() && i < hashes.size(); ++i) {
+    const int32_t slot = import.slots[i];
+    const absl::Span<const int32_t> block_tokens = tokens.subspan(i * block_size, block_size);
+    // What this replica holds already stays; the fetched copy chains after it.
+    const int32_t block = block_manager_.cached_block(hashes[i]);
+    if (block >= 0) {
+      const EvictedBlock content = block_manager_.Content(block);
+      if (!Verified(content, block_tokens, parent_id, cache_salt)) break;
+      parent_id = content.content_id;
+      host_tier_->FreeReserved(slot);
+      continue;
+    }
+    if (const std::optional<HostKvTier::Hit> hit =
+            host_tier_->Find(hashes[i], block_tokens, parent_id, cache_salt)) {
+      parent_id = hit->content_id;
+      host_tier_->FreeReserved(slot);
+      continue;
+    }
+    if (host_tier_->holds_hash(hashes[i])) break;  // other content under the hash
+    const uint64_t content_id = block_manager_.NewContentId();
+    const EvictedBlock content{-1, hashes[i], block_tokens, content_id, parent_id, cache_salt};
+    if (!host_tier_->StoreFetched(slot, content)) break;
+    parent_id = content_id;
+    ++stored;
+  }
+  // A chain broken on the way: the rest cannot be verified here, so it is dropped.
+  for (size_t rest = i; rest < import.slots.size(); ++rest) {
+    if (host_tier_->reserved(import.slots[rest])) host_tier_->FreeReserved(import.slots[rest]);
+  }
+  return stored;
+}
+
+void Scheduler::ReleaseSlots(const HeldSlots& held, bool import) {
+  if (host_tier_ == nullptr || held.generation != host_tier_->generation()) return;
+  for (const int32_t slot : held.slots) {
+    if (import) {
+      if (host_tier_->reserved(slot)) host_tier_->FreeReserved(slot);
+    } else {
+      host_tier_->Release(slot);
+    }
+  }
+}
+
+}  // namespace loom::engine
