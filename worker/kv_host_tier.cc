@@ -1,5 +1,8 @@
 #include "worker/kv_host_tier.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string_view>
@@ -38,25 +41,43 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
   if (kChecksumSlots) tier->checksums_.assign(static_cast<size_t>(tier->num_slots_), 0);
   if (pool != nullptr) {
     const int64_t total = tier->num_slots_ * slot_bytes;
-    // Uninitialised: pages are committed as slots are first written.
-    tier->memory_.reset(new (std::nothrow) uint8_t[static_cast<size_t>(total)]);
+    // Pages are committed as slots are first written. A memory file, so that a worker of
+    // another replica on this machine can map it to fetch blocks (worker/kv_transfer).
+    const int fd = memfd_create("loom-kv-host-tier", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, total) == 0) {
+      void* mapped =
+          mmap(nullptr, static_cast<size_t>(total), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (mapped != MAP_FAILED) {
+        tier->memory_ = static_cast<uint8_t*>(mapped);
+        tier->memfd_ = fd;
+      }
+    }
+    if (tier->memory_ == nullptr) {
+      if (fd >= 0) close(fd);
+      tier->heap_.reset(new (std::nothrow) uint8_t[static_cast<size_t>(total)]);
+      tier->memory_ = tier->heap_.get();
+    }
     if (tier->memory_ == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrFormat("cannot allocate the KV host tier (%d bytes)", total));
     }
-    LOOM_RETURN_IF_ERROR(pool->RegisterHostMemory(tier->memory_.get(), total));
+    LOOM_RETURN_IF_ERROR(pool->RegisterHostMemory(tier->memory_, total));
     tier->registered_ = true;
   }
   return tier;
 }
 
 KvHostTier::~KvHostTier() {
-  if (registered_) pool_->UnregisterHostMemory(memory_.get());
+  if (registered_) pool_->UnregisterHostMemory(memory_);
+  if (memfd_ >= 0) {
+    munmap(memory_, static_cast<size_t>(num_slots_ * slot_bytes_));
+    close(memfd_);
+  }
 }
 
 uint64_t KvHostTier::Checksum(int32_t index) const {
   // FNV-1a 64: the same value in every process (a transfer's reader checks the writer's).
-  const uint8_t* bytes = memory_.get() + static_cast<int64_t>(index) * slot_bytes_;
+  const uint8_t* bytes = memory_ + static_cast<int64_t>(index) * slot_bytes_;
   uint64_t hash = 14695981039346656037ull;
   for (int64_t i = 0; i < slot_bytes_; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
   return hash;
@@ -79,7 +100,7 @@ absl::Status KvHostTier::ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8
         "read of %d bytes at %d is outside a slot of %d bytes", out.size(), offset, slot_bytes_));
   }
   if (pool_ != nullptr) {
-    std::copy_n(memory_.get() + static_cast<int64_t>(slot) * slot_bytes_ + offset, out.size(),
+    std::copy_n(memory_ + static_cast<int64_t>(slot) * slot_bytes_ + offset, out.size(),
                 out.data());
   }
   return absl::OkStatus();
@@ -98,7 +119,7 @@ absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<cons
   written_[static_cast<size_t>(slot)] = false;
   if (pool_ != nullptr) {
     std::copy(data.begin(), data.end(),
-              memory_.get() + static_cast<int64_t>(slot) * slot_bytes_ + offset);
+              memory_ + static_cast<int64_t>(slot) * slot_bytes_ + offset);
   }
   return absl::OkStatus();
 }
@@ -120,8 +141,10 @@ absl::Status KvHostTier::MarkWritten(int32_t slot, uint64_t checksum) {
   return absl::OkStatus();
 }
 
-void KvHostTier::RecordRemote(int64_t bytes_served, int64_t bytes_fetched, double seconds) {
+void KvHostTier::RecordRemote(int64_t bytes_served, int64_t bytes_fetched, double seconds,
+                              bool shared) {
   absl::MutexLock lock(&mu_);
+  if (shared) stats_.bytes_fetched_shared += bytes_fetched;
   stats_.bytes_served += bytes_served;
   stats_.bytes_fetched += bytes_fetched;
   stats_.fetch_seconds += seconds;

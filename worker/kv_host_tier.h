@@ -29,6 +29,7 @@ struct KvTransferStats {
   // Worker to worker (the KV transfer: FetchKvBlocks / ReadKvBlocks).
   int64_t bytes_served = 0;
   int64_t bytes_fetched = 0;
+  int64_t bytes_fetched_shared = 0;  // of bytes_fetched, read from a shared memory map
   double fetch_seconds = 0;
 };
 
@@ -86,11 +87,17 @@ class KvHostTier {
   /// FNV-1a 64 of `slot`'s bytes in debug builds, 0 in release builds (not computed).
   uint64_t TransferChecksum(int32_t slot) const;
   /// Counts a remote transfer's bytes (served to or fetched from another worker).
-  void RecordRemote(int64_t bytes_served, int64_t bytes_fetched, double seconds);
+  void RecordRemote(int64_t bytes_served, int64_t bytes_fetched, double seconds,
+                    bool shared = false);
+  /// The tier's memory as another process on this machine can map it read-only: an
+  /// anonymous memory file (memfd) opened through /proc/PID/fd/FD. -1 when the tier lives
+  /// on the heap (memfd unavailable, or no pool).
+  int shared_fd() const { return memfd_; }
+  int64_t mapped_bytes() const { return num_slots_ * slot_bytes_; }
 
  private:
   KvHostTier() = default;
-  uint8_t* slot(int32_t index) { return memory_.get() + static_cast<int64_t>(index) * slot_bytes_; }
+  uint8_t* slot(int32_t index) { return memory_ + static_cast<int64_t>(index) * slot_bytes_; }
   absl::Status Run(bool to_host, absl::Span<const KvBlockCopy> copies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t Checksum(int32_t index) const;
@@ -98,7 +105,10 @@ class KvHostTier {
   const model::KvCache* pool_ = nullptr;
   int64_t num_slots_ = 0;
   int64_t slot_bytes_ = 0;
-  std::unique_ptr<uint8_t[]> memory_;
+  // The slots: a shared memory file mapped here (memfd_ >= 0), else heap_.
+  uint8_t* memory_ = nullptr;
+  int memfd_ = -1;
+  std::unique_ptr<uint8_t[]> heap_;
   bool registered_ = false;
   mutable absl::Mutex mu_;
   std::vector<bool> written_ ABSL_GUARDED_BY(mu_);        // [num_slots]

@@ -1,7 +1,12 @@
 #include "worker/kv_transfer.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +20,48 @@ namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// This machine's boot id: two processes that read the same one share /proc and memory.
+const std::string& BootId() {
+  static const std::string* id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    auto* text = new std::string;
+    std::getline(in, *text);
+    return text;
+  }();
+  return *id;
+}
+
+// Copies the source slots out of the serving worker's mapped tier; an error when the map
+// cannot be opened (another machine or container, other permissions): then TCP.
+absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared,
+                        const loom::v1::FetchKvBlocksRequest& request) {
+  if (shared.boot_id().empty() || shared.boot_id() != BootId()) {
+    return absl::UnavailableError("the source runs on another machine");
+  }
+  const std::string path = absl::StrFormat("/proc/%d/fd/%d", shared.pid(), shared.fd());
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrFormat("cannot open %s", path));
+  void* mapped = mmap(nullptr, static_cast<size_t>(shared.size()), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapped == MAP_FAILED) return absl::UnavailableError(absl::StrFormat("cannot map %s", path));
+  const auto* source = static_cast<const uint8_t*>(mapped);
+  absl::Status status;
+  for (int i = 0; status.ok() && i < request.source_slots_size(); ++i) {
+    const int64_t offset = static_cast<int64_t>(request.source_slots(i)) * tier->slot_bytes();
+    if (offset < 0 || offset + tier->slot_bytes() > shared.size()) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("source slot %d is outside the source's tier", request.source_slots(i)));
+      break;
+    }
+    status = tier->WriteSlot(
+        request.dest_slots(i), 0,
+        absl::MakeConstSpan(source + offset, static_cast<size_t>(tier->slot_bytes())));
+    if (status.ok()) status = tier->MarkWritten(request.dest_slots(i), 0);
+  }
+  munmap(mapped, static_cast<size_t>(shared.size()));
+  return status;
 }
 
 absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
@@ -51,6 +98,22 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   loom::v1::KvBlockChunk chunk;
+  if (request.offer_shared_memory() && tier->shared_fd() >= 0) {
+    // The same machine, perhaps: the reader maps the tier and copies the slots itself (the
+    // coordinator holds them until the reader is done).
+    for (const int32_t slot : request.host_slots()) {
+      if (absl::Status held = tier->ReadSlot(slot, 0, {}); !held.ok()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(held.message()));
+      }
+    }
+    loom::v1::SharedKvMemory* shared = chunk.mutable_shared();
+    shared->set_boot_id(BootId());
+    shared->set_pid(static_cast<int32_t>(getpid()));
+    shared->set_fd(tier->shared_fd());
+    shared->set_size(tier->mapped_bytes());
+    writer->Write(chunk);
+    return grpc::Status::OK;
+  }
   std::string& data = *chunk.mutable_data();
   for (int i = 0; i < request.host_slots_size(); ++i) {
     const int32_t slot = request.host_slots(i);
@@ -94,6 +157,46 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
   const auto start = std::chrono::steady_clock::now();
   auto channel = grpc::CreateChannel(request.source_address(), grpc::InsecureChannelCredentials());
   auto stub = loom::v1::Worker::NewStub(channel);
+  if (!request.no_shared_memory()) {
+    // The same machine: map the source's tier instead of streaming its bytes.
+    grpc::ClientContext context;
+    context.set_deadline(
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
+    loom::v1::ReadKvBlocksRequest read;
+    read.mutable_host_slots()->CopyFrom(request.source_slots());
+    read.set_after_step_id(request.after_step_id());
+    read.set_slot_bytes(tier->slot_bytes());
+    read.set_offer_shared_memory(true);
+    std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
+        stub->ReadKvBlocks(&context, read);
+    loom::v1::KvBlockChunk first;
+    const bool got = reader->Read(&first);
+    if (got && first.has_shared()) {
+      const grpc::Status finished = reader->Finish();
+      absl::Status copied = finished.ok() ? CopyShared(tier, first.shared(), request)
+                                          : FromGrpc(finished, "reading KV blocks");
+      if (copied.ok()) {
+        loom::v1::FetchKvBlocksResponse response;
+        response.set_bytes(static_cast<int64_t>(request.dest_slots_size()) * tier->slot_bytes());
+        response.set_seconds(SecondsSince(start));
+        tier->RecordRemote(0, response.bytes(), response.seconds(), /*shared=*/true);
+        return response;
+      }
+      for (const int32_t slot : request.dest_slots()) tier->WriteSlot(slot, 0, {}).IgnoreError();
+      if (copied.code() != absl::StatusCode::kUnavailable) return copied;
+      // Not mappable from here: stream the bytes (the step wait has passed already).
+    } else if (got) {
+      // A source without a shared tier started streaming bytes: ask again for the stream.
+      context.TryCancel();
+      reader->Finish().ok();
+    } else {
+      const grpc::Status finished = reader->Finish();
+      if (!finished.ok()) {
+        return FromGrpc(finished, "reading KV blocks from " + request.source_address());
+      }
+    }
+  }
   grpc::ClientContext context;
   context.set_deadline(
       std::chrono::system_clock::now() +

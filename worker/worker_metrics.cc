@@ -103,7 +103,8 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
                     .Name("loom_worker_kv_transfer_bytes_total")
                     .Help(
                         "Bytes of KV copied between the pool and the host tier (to_host, "
-                        "to_device) and between workers (to_peer, from_peer).")
+                        "to_device) and between workers (to_peer, from_peer over TCP, "
+                        "from_peer_shared_memory mapped on one machine).")
                     .Register(*registry_);
   auto with = [&labels](const char* direction) {
     prometheus::Labels out = labels;
@@ -116,6 +117,7 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
   bytes_to_device_ = &bytes.Add(with("to_device"));
   bytes_to_peer_ = &bytes.Add(with("to_peer"));
   bytes_from_peer_ = &bytes.Add(with("from_peer"));
+  bytes_from_peer_shared_ = &bytes.Add(with("from_peer_shared_memory"));
   fetch_seconds_ = &prometheus::BuildCounter()
                         .Name("loom_worker_kv_fetch_seconds_total")
                         .Help("Time spent fetching KV blocks from other workers' host tiers.")
@@ -144,7 +146,10 @@ void WorkerMetrics::RecordKvTransfers(const KvTransferStats& stats) {
   advance(bytes_to_host_, stats.bytes_to_host, recorded_transfers_.bytes_to_host);
   advance(bytes_to_device_, stats.bytes_to_device, recorded_transfers_.bytes_to_device);
   advance(bytes_to_peer_, stats.bytes_served, recorded_transfers_.bytes_served);
-  advance(bytes_from_peer_, stats.bytes_fetched, recorded_transfers_.bytes_fetched);
+  advance(bytes_from_peer_, stats.bytes_fetched - stats.bytes_fetched_shared,
+          recorded_transfers_.bytes_fetched);
+  advance(bytes_from_peer_shared_, stats.bytes_fetched_shared,
+          recorded_transfers_.bytes_fetched_shared);
   if (stats.fetch_seconds > recorded_transfers_.fetch_seconds) {
     fetch_seconds_->Increment(stats.fetch_seconds - recorded_transfers_.fetch_seconds);
     recorded_transfers_.fetch_seconds = stats.fetch_seconds;

@@ -57,6 +57,7 @@ class WorkerMetrics {
   prometheus::Counter* bytes_to_device_;
   prometheus::Counter* bytes_to_peer_;
   prometheus::Counter* bytes_from_peer_;
+  prometheus::Counter* bytes_from_peer_shared_;
   prometheus::Counter* fetch_seconds_;
   prometheus::Histogram* transfer_seconds_;
   ForwardPassStats recorded_;  // what RecordForwardPassStats has counted

@@ -79,9 +79,13 @@ class Source final : public loom::v1::Worker::Service {
   std::unique_ptr<grpc::Server> server_;
 };
 
+// Whether fetches may map the source's tier (true) or must stream it over TCP.
+bool shared_memory = true;
+
 loom::v1::FetchKvBlocksRequest Fetch(const std::string& address, std::vector<int32_t> source,
                                      std::vector<int32_t> dest) {
   loom::v1::FetchKvBlocksRequest request;
+  request.set_no_shared_memory(!shared_memory);
   request.set_source_address(address);
   request.mutable_source_slots()->Add(source.begin(), source.end());
   request.mutable_dest_slots()->Add(dest.begin(), dest.end());
@@ -89,7 +93,13 @@ loom::v1::FetchKvBlocksRequest Fetch(const std::string& address, std::vector<int
   return request;
 }
 
-TEST(KvTransferTest, BlocksFetchedFromAnotherWorkerReloadBitIdentical) {
+// Both ways: mapping the source's memory file (one machine), and streaming over TCP.
+class KvTransferTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { shared_memory = GetParam(); }
+};
+
+TEST_P(KvTransferTest, BlocksFetchedFromAnotherWorkerReloadBitIdentical) {
   std::unique_ptr<model::CpuKvCache> source_pool = Pool(), dest_pool = Pool();
   Randomize(*source_pool, 1);
   auto source_tier = *KvHostTier::Create(4 * source_pool->block_bytes(), source_pool.get());
@@ -106,9 +116,10 @@ TEST(KvTransferTest, BlocksFetchedFromAnotherWorkerReloadBitIdentical) {
   EXPECT_EQ(Saved(*dest_pool, 0), Saved(*source_pool, 5));
   EXPECT_EQ(Saved(*dest_pool, 4), Saved(*source_pool, 2));
   EXPECT_EQ(dest_tier->stats().bytes_fetched, 2 * dest_pool->block_bytes());
+  EXPECT_EQ(dest_tier->stats().bytes_fetched_shared, GetParam() ? 2 * dest_pool->block_bytes() : 0);
 }
 
-TEST(KvTransferTest, TheSourceServesOnlyAfterTheStepThatOffloadsTheBlocks) {
+TEST_P(KvTransferTest, TheSourceServesOnlyAfterTheStepThatOffloadsTheBlocks) {
   std::unique_ptr<model::CpuKvCache> pool = Pool();
   auto source_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
   auto dest_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
@@ -125,7 +136,7 @@ TEST(KvTransferTest, TheSourceServesOnlyAfterTheStepThatOffloadsTheBlocks) {
   EXPECT_TRUE(FetchKvBlocks(dest_tier.get(), request).ok());
 }
 
-TEST(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
+TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
   std::unique_ptr<model::CpuKvCache> pool = Pool(), other = Pool(/*kv_heads=*/1);
   auto source_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
   ASSERT_TRUE(source_tier->Apply({{true, 1, 0}}).ok());
@@ -152,6 +163,8 @@ TEST(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kUnavailable) << fetched.status();
   EXPECT_FALSE(dest_tier->Apply({{false, 0, 0}}).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(SharedMemoryAndTcp, KvTransferTest, ::testing::Bool());
 
 }  // namespace
 }  // namespace loom::worker

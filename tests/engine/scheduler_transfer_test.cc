@@ -1,0 +1,136 @@
+// Scheduler's side of a prefix fetched between replicas (engine/scheduler_transfer.cc): the
+// source holds a verified chain in host slots (copying pool-only blocks out), the destination
+// reserves slots, commits what arrived as host-tier content and reloads it on admission.
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "engine/block_hash.h"
+#include "engine/scheduler.h"
+#include "gtest/gtest.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr int32_t kBlockSize = 4;
+
+SchedulerConfig TierConfig(int64_t num_blocks, int64_t host_blocks) {
+  SchedulerConfig config;
+  config.block_size = kBlockSize;
+  config.num_blocks = num_blocks;
+  config.max_num_batched_tokens = 64;
+  config.num_host_blocks = host_blocks;
+  return config;
+}
+
+std::vector<int32_t> Tokens(int32_t first, int32_t count) {
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+std::vector<BlockHash> Hashes(const std::vector<int32_t>& tokens, int64_t blocks) {
+  std::vector<BlockHash> hashes;
+  ExtendBlockHashes(BlockHash{}, tokens, kBlockSize, blocks, &hashes);
+  return hashes;
+}
+
+// Runs `prompt` to its first token and releases it: its full blocks stay cached.
+void RunOnce(Scheduler& scheduler, uint64_t id, const std::vector<int32_t>& prompt) {
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = id;
+  seq->prompt_ids = prompt;
+  seq->max_tokens = 1;
+  ASSERT_TRUE(scheduler.Add(std::move(seq)).ok());
+  const SchedulerOutput out = scheduler.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  ASSERT_NE(scheduler.ApplyOutput(id, 7), nullptr);
+  scheduler.Finish(id);
+}
+
+TEST(SchedulerTransferTest, ExportHoldsTheChainAndCopiesPoolOnlyBlocksOut) {
+  Scheduler source(TierConfig(16, 8));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  RunOnce(source, 1, prompt);
+  const Scheduler::HeldSlots held = source.ExportPrefix(Hashes(prompt, 3), prompt, "");
+  ASSERT_EQ(held.slots.size(), 3u);
+  // Three device-to-host copies go out with the next plan, even with nothing to schedule.
+  EXPECT_TRUE(source.has_work());
+  const SchedulerOutput out = source.Schedule();
+  ASSERT_EQ(out.kv_copies.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(out.kv_copies[i].to_host);
+    EXPECT_EQ(out.kv_copies[i].host_slot, held.slots[i]);
+  }
+  // Exporting again finds the same content in the tier: no second copy.
+  const Scheduler::HeldSlots again = source.ExportPrefix(Hashes(prompt, 3), prompt, "");
+  EXPECT_EQ(again.slots, held.slots);
+  EXPECT_TRUE(source.Schedule().kv_copies.empty());
+  source.ReleaseSlots(held, /*import=*/false);
+  source.ReleaseSlots(again, /*import=*/false);
+  // Another salt or other tokens: nothing to export.
+  EXPECT_TRUE(source.ExportPrefix(Hashes(prompt, 3), prompt, "tenant").slots.empty());
+  EXPECT_TRUE(source.ExportPrefix(Hashes(prompt, 3), Tokens(900, 13), "").slots.empty());
+}
+
+TEST(SchedulerTransferTest, HeldSlotsAreNotReusedByOffloads) {
+  Scheduler source(TierConfig(4, 2));
+  const std::vector<int32_t> prompt = Tokens(100, 9);
+  RunOnce(source, 1, prompt);
+  const Scheduler::HeldSlots held = source.ExportPrefix(Hashes(prompt, 2), prompt, "");
+  ASSERT_EQ(held.slots.size(), 2u);
+  source.Schedule();
+  // A new prompt evicts the pool's cached blocks; the tier's two slots are held: dropped.
+  RunOnce(source, 2, Tokens(500, 13));
+  EXPECT_EQ(source.host_tier()->num_dropped(), 0u);  // the tier holds the same content already
+  const uint64_t dropped_before = source.host_tier()->num_dropped();
+  RunOnce(source, 3, Tokens(900, 13));
+  EXPECT_GT(source.host_tier()->num_dropped(), dropped_before);
+  for (int32_t slot : held.slots) EXPECT_FALSE(source.host_tier()->reserved(slot));
+  // Still the exported content.
+  EXPECT_EQ(source.ExportPrefix(Hashes(prompt, 2), prompt, "").slots, held.slots);
+}
+
+TEST(SchedulerTransferTest, ACommittedImportIsReloadedOnAdmission) {
+  Scheduler destination(TierConfig(16, 8));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  // The first block is already in the destination's pool (a shorter prompt ran there).
+  RunOnce(destination, 1, Tokens(100, 5));
+  const Scheduler::HeldSlots import = destination.ReserveImport(3);
+  ASSERT_EQ(import.slots.size(), 3u);
+  for (int32_t slot : import.slots) EXPECT_TRUE(destination.host_tier()->reserved(slot));
+  EXPECT_EQ(destination.CommitImport(import, Hashes(prompt, 3), prompt, ""), 2);
+  for (int32_t slot : import.slots) EXPECT_FALSE(destination.host_tier()->reserved(slot));
+
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = 2;
+  seq->prompt_ids = prompt;
+  seq->max_tokens = 1;
+  ASSERT_TRUE(destination.Add(std::move(seq)).ok());
+  const SchedulerOutput out = destination.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_cached_tokens, 12);  // 1 block from the pool, 2 reloaded
+  int reloads = 0;
+  for (const KvCopy& copy : out.kv_copies) reloads += copy.to_host ? 0 : 1;
+  EXPECT_EQ(reloads, 2);
+}
+
+TEST(SchedulerTransferTest, AnImportOfAForgottenTierOrAFailedFetchHoldsNothing) {
+  Scheduler destination(TierConfig(16, 4));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  const Scheduler::HeldSlots failed = destination.ReserveImport(3);
+  destination.ReleaseSlots(failed, /*import=*/true);
+  for (int32_t slot : failed.slots) EXPECT_FALSE(destination.host_tier()->reserved(slot));
+  EXPECT_EQ(destination.ReserveImport(4).slots.size(), 4u);  // every slot free again
+
+  Scheduler other(TierConfig(16, 4));
+  const Scheduler::HeldSlots import = other.ReserveImport(3);
+  other.ForgetPrefixCache();  // a failed step meanwhile
+  EXPECT_EQ(other.CommitImport(import, Hashes(prompt, 3), prompt, ""), 0);
+  other.ReleaseSlots(import, /*import=*/true);  // of an earlier generation: nothing to do
+  EXPECT_EQ(other.host_tier()->num_used(), 0);
+}
+
+}  // namespace
+}  // namespace loom::engine
