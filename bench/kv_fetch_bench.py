@@ -113,6 +113,7 @@ def main():
                 "fetched_blocks": runs["fetch"][0]["fetched_blocks"],
                 "fetch_seconds": statistics.median(x["fetch_seconds"] for x in runs["fetch"]),
                 "host_hit_tokens": runs["fetch"][0]["host_hit_tokens"],
+                "bytes_fetched_shared_memory": runs["fetch"][0]["bytes_fetched_shared_memory"],
             }
             print(length, json.dumps(report["lengths"][str(length)]), flush=True)
     pathlib.Path(args.output).write_text(json.dumps(report, indent=1) + "\n")

@@ -43,6 +43,10 @@ void Replica::Connect(const WorkerEndpoint& endpoint) {
 }
 
 absl::Status Replica::Submit(std::shared_ptr<engine::Request> request) {
+  return Submit(std::move(request), nullptr);
+}
+
+absl::Status Replica::Submit(std::shared_ptr<engine::Request> request, Replica* fetch_source) {
   absl::MutexLock lock(&mu_);
   if (stopping_ || !healthy_.load()) {
     return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
@@ -70,6 +74,8 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request) {
         endpoint_.num_kv_blocks));
   }
   load_tokens_.fetch_add(static_cast<int64_t>(params.prompt_ids.size()));
+  // A prefix another replica holds is fetched before admission (replica_kv_fetch.cc).
+  if (fetch_source != nullptr && fetch_source != this) fetch_hints_[request.get()] = fetch_source;
   inbox_.push_back(std::move(request));
   load_.fetch_add(1);
   return absl::OkStatus();

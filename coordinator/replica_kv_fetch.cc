@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "common/status_macros.h"
 #include "coordinator/replica.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/worker.grpc.pb.h"
@@ -65,16 +64,6 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
 std::string Replica::kv_layout() const {
   absl::MutexLock lock(&mu_);
   return kv_layout_;
-}
-
-absl::Status Replica::Submit(std::shared_ptr<engine::Request> request, Replica* fetch_source) {
-  const engine::Request* key = request.get();
-  LOOM_RETURN_IF_ERROR(Submit(std::move(request)));
-  if (fetch_source != nullptr && fetch_source != this) {
-    absl::MutexLock lock(&mu_);
-    fetch_hints_[key] = fetch_source;
-  }
-  return absl::OkStatus();
 }
 
 void Replica::AskExport(Replica* requester, uint64_t fetch_id,
