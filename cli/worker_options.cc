@@ -307,13 +307,14 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
            "--kv-offload-memory",
            [&options](const std::string& text) { options.kv_offload_bytes = *ParseByteSize(text); },
            "host-memory KV tier in bytes, suffixes KiB/MiB/GiB: cached blocks the pool "
-           "evicts are kept there and reloaded on a prefix hit (default 0: none)")
+           "evicts are kept there and reloaded on a prefix hit (0: none)")
         ->check(CLI::Validator(
             [](std::string& text) {
               absl::StatusOr<int64_t> bytes = ParseByteSize(text);
               return bytes.ok() ? std::string() : std::string(bytes.status().message());
             },
-            "SIZE"));
+            "SIZE"))
+        ->default_str("0");
   }
   if (fresh("--kv-offloading-size")) {
     app.add_option_function<double>(
@@ -322,7 +323,8 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
              options.kv_offload_bytes = static_cast<int64_t>(gib * 1024.0 * 1024.0 * 1024.0);
            },
            "the host KV tier in GiB (vLLM's flag; --kv-offload-memory in bytes)")
-        ->check(CLI::Range(0.0, 1048576.0));
+        ->check(CLI::Range(0.0, 1048576.0))
+        ->default_str("0");
   }
   if (fresh("--kv-cache-fraction")) {
     AddNumber(app, "--kv-cache-fraction", options.kv_cache_fraction, 1e-6, 1.0,

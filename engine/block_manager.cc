@@ -216,15 +216,21 @@ bool BlockManager::RegisterBlock(int32_t block, const BlockHash& hash,
     }
     return false;
   }
+  Record(block, hash, tokens, next_content_id_++, parent_id, cache_salt);
+  return true;
+}
+
+void BlockManager::Record(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
+                          uint64_t content_id, uint64_t parent_id, std::string_view cache_salt) {
+  const size_t b = static_cast<size_t>(block);
   hashes_[b] = hash;
   has_hash_[b] = true;
-  content_id_[b] = next_content_id_++;
+  content_id_[b] = content_id;
   parent_id_[b] = parent_id;
   if (parent_id == 0) salts_[b] = std::string(cache_salt);
   std::copy(tokens.begin(), tokens.end(),
             tokens_.begin() + static_cast<std::ptrdiff_t>(b * static_cast<size_t>(block_size_)));
   if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, hash});
-  return true;
 }
 
 EvictedBlock BlockManager::Content(int32_t block) const {
@@ -248,14 +254,7 @@ bool BlockManager::RestoreBlock(int32_t block, const BlockHash& hash,
   const size_t b = static_cast<size_t>(block);
   if (has_hash_[b] || ref_counts_[b] == 0) return false;
   if (!cached_.try_emplace(hash, block).second) return false;
-  hashes_[b] = hash;
-  has_hash_[b] = true;
-  content_id_[b] = content_id;
-  parent_id_[b] = parent_id;
-  if (parent_id == 0) salts_[b] = std::string(cache_salt);
-  std::copy(tokens.begin(), tokens.end(),
-            tokens_.begin() + static_cast<std::ptrdiff_t>(b * static_cast<size_t>(block_size_)));
-  if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, hash});
+  Record(block, hash, tokens, content_id, parent_id, cache_salt);
   return true;
 }
 

@@ -157,6 +157,10 @@ class BlockManager {
   void LinkAtTail(int32_t block);
   void Unlink(int32_t block);
   void Unregister(int32_t block);
+  // Registers `block` (whose hash slot is empty) as holding `hash` with that content
+  // identity (the cached_ entry is the caller's).
+  void Record(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
+              uint64_t content_id, uint64_t parent_id, std::string_view cache_salt);
   // Whether cached `block` holds `tokens` after the content `parent_id` (0: a chain's
   // first block, salted with `cache_salt`).
   bool HoldsContent(int32_t block, absl::Span<const int32_t> tokens, uint64_t parent_id,

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -137,6 +138,62 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
   return grpc::Status::OK;
 }
 
+namespace {
+
+// Opens a ReadKvBlocks stream for `request`'s source slots, with its deadline.
+std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> StartRead(
+    loom::v1::Worker::Stub& stub, grpc::ClientContext& context, const KvHostTier* tier,
+    const loom::v1::FetchKvBlocksRequest& request, bool offer_shared_memory) {
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
+  loom::v1::ReadKvBlocksRequest read;
+  read.mutable_host_slots()->CopyFrom(request.source_slots());
+  read.set_after_step_id(request.after_step_id());
+  read.set_slot_bytes(tier->slot_bytes());
+  read.set_offer_shared_memory(offer_shared_memory);
+  return stub.ReadKvBlocks(&context, read);
+}
+
+// The same machine: maps the source's tier instead of streaming its bytes. nullopt when
+// the bytes must be streamed instead (the source has no shared tier, or it cannot be
+// mapped from here).
+std::optional<absl::StatusOr<loom::v1::FetchKvBlocksResponse>> FetchShared(
+    loom::v1::Worker::Stub& stub, KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request,
+    std::chrono::steady_clock::time_point start) {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
+      StartRead(stub, context, tier, request, /*offer_shared_memory=*/true);
+  loom::v1::KvBlockChunk first;
+  if (!reader->Read(&first)) {
+    const grpc::Status finished = reader->Finish();
+    if (finished.ok()) return std::nullopt;
+    return FromGrpc(finished, "reading KV blocks from " + request.source_address());
+  }
+  if (!first.has_shared()) {
+    // A source without a shared tier started streaming bytes: ask again for the stream.
+    context.TryCancel();
+    reader->Finish().ok();
+    return std::nullopt;
+  }
+  const grpc::Status finished = reader->Finish();
+  const absl::Status copied = finished.ok() ? CopyShared(tier, first.shared(), request)
+                                            : FromGrpc(finished, "reading KV blocks");
+  if (copied.ok()) {
+    loom::v1::FetchKvBlocksResponse response;
+    response.set_bytes(static_cast<int64_t>(request.dest_slots_size()) * tier->slot_bytes());
+    response.set_seconds(SecondsSince(start));
+    tier->RecordRemote(0, response.bytes(), response.seconds(), /*shared=*/true);
+    return response;
+  }
+  for (const int32_t slot : request.dest_slots()) tier->WriteSlot(slot, 0, {}).IgnoreError();
+  // Not mappable from here: stream the bytes (the step wait has passed already).
+  if (copied.code() == absl::StatusCode::kUnavailable) return std::nullopt;
+  return copied;
+}
+
+}  // namespace
+
 absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
     KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request) {
   if (tier == nullptr) {
@@ -158,55 +215,13 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
   auto channel = grpc::CreateChannel(request.source_address(), grpc::InsecureChannelCredentials());
   auto stub = loom::v1::Worker::NewStub(channel);
   if (!request.no_shared_memory()) {
-    // The same machine: map the source's tier instead of streaming its bytes.
-    grpc::ClientContext context;
-    context.set_deadline(
-        std::chrono::system_clock::now() +
-        std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
-    loom::v1::ReadKvBlocksRequest read;
-    read.mutable_host_slots()->CopyFrom(request.source_slots());
-    read.set_after_step_id(request.after_step_id());
-    read.set_slot_bytes(tier->slot_bytes());
-    read.set_offer_shared_memory(true);
-    std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
-        stub->ReadKvBlocks(&context, read);
-    loom::v1::KvBlockChunk first;
-    const bool got = reader->Read(&first);
-    if (got && first.has_shared()) {
-      const grpc::Status finished = reader->Finish();
-      absl::Status copied = finished.ok() ? CopyShared(tier, first.shared(), request)
-                                          : FromGrpc(finished, "reading KV blocks");
-      if (copied.ok()) {
-        loom::v1::FetchKvBlocksResponse response;
-        response.set_bytes(static_cast<int64_t>(request.dest_slots_size()) * tier->slot_bytes());
-        response.set_seconds(SecondsSince(start));
-        tier->RecordRemote(0, response.bytes(), response.seconds(), /*shared=*/true);
-        return response;
-      }
-      for (const int32_t slot : request.dest_slots()) tier->WriteSlot(slot, 0, {}).IgnoreError();
-      if (copied.code() != absl::StatusCode::kUnavailable) return copied;
-      // Not mappable from here: stream the bytes (the step wait has passed already).
-    } else if (got) {
-      // A source without a shared tier started streaming bytes: ask again for the stream.
-      context.TryCancel();
-      reader->Finish().ok();
-    } else {
-      const grpc::Status finished = reader->Finish();
-      if (!finished.ok()) {
-        return FromGrpc(finished, "reading KV blocks from " + request.source_address());
-      }
-    }
+    std::optional<absl::StatusOr<loom::v1::FetchKvBlocksResponse>> mapped =
+        FetchShared(*stub, tier, request, start);
+    if (mapped.has_value()) return *std::move(mapped);
   }
   grpc::ClientContext context;
-  context.set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
-  loom::v1::ReadKvBlocksRequest read;
-  read.mutable_host_slots()->CopyFrom(request.source_slots());
-  read.set_after_step_id(request.after_step_id());
-  read.set_slot_bytes(tier->slot_bytes());
   std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
-      stub->ReadKvBlocks(&context, read);
+      StartRead(*stub, context, tier, request, /*offer_shared_memory=*/false);
   std::vector<int64_t> received(static_cast<size_t>(request.dest_slots_size()), 0);
   absl::Status failure;
   loom::v1::KvBlockChunk chunk;

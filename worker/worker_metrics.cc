@@ -5,6 +5,12 @@
 namespace loom::worker {
 namespace {
 
+// Moves a counter mirroring a cumulative count `now` by what it grew since `recorded`.
+void Advance(prometheus::Counter* counter, int64_t now, int64_t& recorded) {
+  if (now > recorded) counter->Increment(static_cast<double>(now - recorded));
+  recorded = now;
+}
+
 prometheus::Histogram::BucketBoundaries PowersOfTwo(double last) {
   prometheus::Histogram::BucketBoundaries buckets;
   for (double b = 1; b <= last; b *= 2) buckets.push_back(b);
@@ -137,18 +143,14 @@ void WorkerMetrics::SetHostTierCapacity(int64_t blocks) {
 }
 
 void WorkerMetrics::RecordKvTransfers(const KvTransferStats& stats) {
-  auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& recorded) {
-    if (now > recorded) counter->Increment(static_cast<double>(now - recorded));
-    recorded = now;
-  };
-  advance(blocks_to_host_, stats.blocks_to_host, recorded_transfers_.blocks_to_host);
-  advance(blocks_to_device_, stats.blocks_to_device, recorded_transfers_.blocks_to_device);
-  advance(bytes_to_host_, stats.bytes_to_host, recorded_transfers_.bytes_to_host);
-  advance(bytes_to_device_, stats.bytes_to_device, recorded_transfers_.bytes_to_device);
-  advance(bytes_to_peer_, stats.bytes_served, recorded_transfers_.bytes_served);
-  advance(bytes_from_peer_, stats.bytes_fetched - stats.bytes_fetched_shared,
+  Advance(blocks_to_host_, stats.blocks_to_host, recorded_transfers_.blocks_to_host);
+  Advance(blocks_to_device_, stats.blocks_to_device, recorded_transfers_.blocks_to_device);
+  Advance(bytes_to_host_, stats.bytes_to_host, recorded_transfers_.bytes_to_host);
+  Advance(bytes_to_device_, stats.bytes_to_device, recorded_transfers_.bytes_to_device);
+  Advance(bytes_to_peer_, stats.bytes_served, recorded_transfers_.bytes_served);
+  Advance(bytes_from_peer_, stats.bytes_fetched - stats.bytes_fetched_shared,
           recorded_transfers_.bytes_fetched);
-  advance(bytes_from_peer_shared_, stats.bytes_fetched_shared,
+  Advance(bytes_from_peer_shared_, stats.bytes_fetched_shared,
           recorded_transfers_.bytes_fetched_shared);
   if (stats.fetch_seconds > recorded_transfers_.fetch_seconds) {
     fetch_seconds_->Increment(stats.fetch_seconds - recorded_transfers_.fetch_seconds);
@@ -173,15 +175,10 @@ void WorkerMetrics::SetSequences(int64_t sequences) {
 }
 
 void WorkerMetrics::RecordForwardPassStats(const ForwardPassStats& stats) {
-  auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& recorded) {
-    if (now > recorded) counter->Increment(static_cast<double>(now - recorded));
-    recorded = now;
-  };
-  advance(eager_steps_, stats.eager_steps, recorded_.eager_steps);
-  advance(graph_captures_, stats.graph_captures, recorded_.graph_captures);
-  advance(graph_replays_, stats.graph_replays, recorded_.graph_replays);
-  advance(graph_capture_failures_, stats.graph_capture_failures,
-          recorded_.graph_capture_failures);
+  Advance(eager_steps_, stats.eager_steps, recorded_.eager_steps);
+  Advance(graph_captures_, stats.graph_captures, recorded_.graph_captures);
+  Advance(graph_replays_, stats.graph_replays, recorded_.graph_replays);
+  Advance(graph_capture_failures_, stats.graph_capture_failures, recorded_.graph_capture_failures);
   if (stats.pipeline_wait_seconds > recorded_.pipeline_wait_seconds) {
     pipeline_wait_->Increment(stats.pipeline_wait_seconds - recorded_.pipeline_wait_seconds);
     recorded_.pipeline_wait_seconds = stats.pipeline_wait_seconds;

@@ -23,6 +23,8 @@ std::string SampleValue(const CLI::Option& option) {
   if (name == "advertise-address") return "10.0.0.2:7001";
   if (name == "max-model-len") return "1024";
   if (name == "pipeline-layer-partition") return "18,12";
+  if (name == "kv-offload-memory") return "64MiB";
+  if (name == "kv-offloading-size") return "0.5";
   if (name == "backend") return "cpu";  // the deprecated --step-backend
   if (option.get_items_expected_max() == 0) return "on";  // a boolean
   return option.get_default_str();
