@@ -287,6 +287,16 @@ void AddExecutionFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fre
   }
 }
 
+// Accepts what ParseByteSize parses, naming the problem otherwise.
+CLI::Validator ByteSizeValidator() {
+  return CLI::Validator(
+      [](std::string& text) {
+        absl::StatusOr<int64_t> bytes = ParseByteSize(text);
+        return bytes.ok() ? std::string() : std::string(bytes.status().message());
+      },
+      "SIZE");
+}
+
 // The KV pool and the weights' form: budgets, block size, dtypes, quantization.
 void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
   if (fresh("--kv-cache-memory")) {
@@ -294,12 +304,7 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
            "--kv-cache-memory",
            [&options](const std::string& text) { options.kv_cache_bytes = *ParseByteSize(text); },
            "KV pool budget in bytes, suffixes KiB/MiB/GiB (default 512MiB on cpu)")
-        ->check(CLI::Validator(
-            [](std::string& text) {
-              absl::StatusOr<int64_t> bytes = ParseByteSize(text);
-              return bytes.ok() ? std::string() : std::string(bytes.status().message());
-            },
-            "SIZE"))
+        ->check(ByteSizeValidator())
         ->default_str("none");
   }
   if (fresh("--kv-offload-memory")) {
@@ -308,12 +313,7 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
            [&options](const std::string& text) { options.kv_offload_bytes = *ParseByteSize(text); },
            "host-memory KV tier in bytes, suffixes KiB/MiB/GiB: cached blocks the pool "
            "evicts are kept there and reloaded on a prefix hit (0: none)")
-        ->check(CLI::Validator(
-            [](std::string& text) {
-              absl::StatusOr<int64_t> bytes = ParseByteSize(text);
-              return bytes.ok() ? std::string() : std::string(bytes.status().message());
-            },
-            "SIZE"))
+        ->check(ByteSizeValidator())
         ->default_str("0");
   }
   if (fresh("--kv-offloading-size")) {
