@@ -123,6 +123,8 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
     ++num_kv_fetches_;
     num_kv_fetched_blocks_ += static_cast<uint64_t>(stored);
     kv_fetch_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
+  } else if (request.cancelled()) {
+    scheduler.ReleaseSlots(pending.import, /*import=*/true);  // AdmitOne ends it as aborted
   } else {
     scheduler.ReleaseSlots(pending.import, /*import=*/true);
     ++num_kv_fetch_failures_;
@@ -229,7 +231,10 @@ void Replica::HandleKvFetches() {
   const absl::Time now = absl::Now();
   std::vector<uint64_t> late;
   for (const auto& [fetch_id, pending] : pending_fetches_) {
-    if (!pending.fetching && now > pending.deadline) late.push_back(fetch_id);
+    // A client that went away does not wait for the source either.
+    if (!pending.fetching && (now > pending.deadline || pending.request->cancelled())) {
+      late.push_back(fetch_id);
+    }
   }
   for (uint64_t fetch_id : late) {
     EndFetch(fetch_id, absl::DeadlineExceededError("the source did not answer in time"));

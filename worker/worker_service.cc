@@ -65,6 +65,8 @@ grpc::Status WorkerService::Step(
     }
     active_context_ = context;
     executor_->Reset().IgnoreError();  // Reset cannot fail; it returns a Status by convention.
+    // Step ids count per stream: a fetch waits for this stream's steps, not an earlier one's.
+    last_step_id_.store(0, std::memory_order_release);
     num_sequences_.store(0, std::memory_order_relaxed);
   }
 

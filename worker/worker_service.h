@@ -55,8 +55,8 @@ class WorkerService final : public loom::v1::Worker::Service {
   std::atomic<int> num_sequences_{0};
   std::atomic<int64_t> num_steps_{0};
   KvHostTier* const host_tier_;  // the executor's; null without one
-  // The current stream's generation and the last step id it executed (ReadKvBlocks
-  // waits for the step that offloaded its blocks).
+  // The last step id the current stream executed (ReadKvBlocks waits for the step that
+  // offloaded its blocks); 0 when a stream begins.
   std::atomic<uint64_t> last_step_id_{0};
 };
 
