@@ -334,9 +334,9 @@ void Replica::AdmitInbox() {
   }
   if (inbox.empty()) return;
   for (size_t i = 0; i < inbox.size(); ++i) {
-    // A prefix another replica holds is fetched first (replica_kv_fetch.cc).
-    if (sources[i] != nullptr && !inbox[i]->cancelled() &&
-        engine_->scheduler().host_tier() != nullptr) {
+    // A prefix another replica holds is fetched first (replica_kv_fetch.cc), when fetches
+    // as measured so far beat recomputing it.
+    if (sources[i] != nullptr && !inbox[i]->cancelled() && FetchPays(*inbox[i])) {
       StartFetch(std::move(inbox[i]), sources[i]);
       continue;
     }

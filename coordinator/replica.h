@@ -170,6 +170,8 @@ class Replica {
   // up on fetches past their deadline.
   void HandleKvFetches();
   void StartFetch(std::shared_ptr<engine::Request> request, Replica* source);
+  // Whether fetching `request`'s prefix (as fetches measured so far) beats recomputing it.
+  bool FetchPays(const engine::Request& request) const;
   void AdmitOne(const std::shared_ptr<engine::Request>& request);
   void EndFetch(uint64_t fetch_id, const absl::Status& status);
   // The worker was lost: the requests waiting for a prefix, to place again.

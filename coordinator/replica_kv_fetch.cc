@@ -85,6 +85,21 @@ void Replica::ReleaseExport(uint64_t export_id) {
   wake_ = true;
 }
 
+bool Replica::FetchPays(const engine::Request& request) const {
+  const engine::Scheduler& scheduler = engine_->scheduler();
+  if (scheduler.host_tier() == nullptr) return false;
+  // The fetches so far, per block they brought (0 before the first: fetch), against the
+  // step cost model's time to recompute the prompt's blocks.
+  const double seconds_per_block =
+      num_kv_fetched_blocks_ > 0 ? kv_fetch_seconds_ / static_cast<double>(num_kv_fetched_blocks_)
+                                 : 0.0;
+  const int32_t block_size = std::max(block_size_.load(), 1);
+  const int64_t blocks =
+      (static_cast<int64_t>(request.params().prompt_ids.size()) - 1) / block_size;
+  return engine::TransferPays(seconds_per_block, blocks, block_size,
+                              scheduler.speculation_policy().cost_model());
+}
+
 void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* source) {
   const uint64_t fetch_id = next_fetch_id_++;
   PendingFetch& pending = pending_fetches_[fetch_id];

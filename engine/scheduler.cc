@@ -288,13 +288,11 @@ void Scheduler::MatchHostPrefix(Sequence& seq, int64_t first, int64_t max_blocks
     host_hits_.push_back(*hit);
     parent_id = hit->content_id;
   }
-  if (host_hits_.empty() || config_.host_load_seconds_per_block <= 0) return;
   // Reload only what is cheaper than recomputing, as measured: the worker's load time
   // per block against the step cost model's time for those tokens.
-  const StepCostModel& cost = speculation_policy_.cost_model();
-  const int64_t num_hits = static_cast<int64_t>(host_hits_.size());
-  if (cost.measured() && config_.host_load_seconds_per_block * static_cast<double>(num_hits) >=
-                             cost.Estimate(num_hits * config_.block_size)) {
+  if (!host_hits_.empty() &&
+      !TransferPays(config_.host_load_seconds_per_block, static_cast<int64_t>(host_hits_.size()),
+                    config_.block_size, speculation_policy_.cost_model())) {
     host_hits_.clear();
   }
 }

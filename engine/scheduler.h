@@ -64,6 +64,13 @@ inline constexpr int64_t kWindowReadBehind = 32;
 /// What a pool must hold for the sequence to ever fit.
 int64_t MaxBlocksHeld(const SchedulerConfig& config, int64_t tokens);
 
+/// Whether bringing `blocks` blocks of `block_size` tokens from elsewhere (a host tier, another
+/// replica) at `seconds_per_block` beats recomputing them, by `cost`'s measured time for a
+/// step of those tokens. True when either side is unmeasured (0 seconds per block, or no
+/// step recorded yet): moving KV is the optimistic default.
+bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
+                  const StepCostModel& cost);
+
 /// One sequence's work in a plan.
 struct ScheduledWork {
   Sequence* seq = nullptr;

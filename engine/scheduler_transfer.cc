@@ -19,6 +19,12 @@ bool Verified(const EvictedBlock& content, absl::Span<const int32_t> tokens, uin
 
 }  // namespace
 
+bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
+                  const StepCostModel& cost) {
+  if (seconds_per_block <= 0 || blocks <= 0 || !cost.measured()) return true;
+  return seconds_per_block * static_cast<double>(blocks) < cost.Estimate(blocks * block_size);
+}
+
 Scheduler::HeldSlots Scheduler::ExportPrefix(absl::Span<const BlockHash> hashes,
                                              absl::Span<const int32_t> tokens,
                                              std::string_view cache_salt) {

@@ -132,5 +132,16 @@ TEST(SchedulerTransferTest, AnImportOfAForgottenTierOrAFailedFetchHoldsNothing) 
   EXPECT_EQ(other.host_tier()->num_used(), 0);
 }
 
+TEST(SchedulerTransferTest, MovingKvPaysWhenItIsFasterThanTheMeasuredRecompute) {
+  StepCostModel cost;
+  // Nothing measured yet on either side: move.
+  EXPECT_TRUE(TransferPays(0.0, 8, kBlockSize, cost));
+  EXPECT_TRUE(TransferPays(1.0, 8, kBlockSize, cost));
+  cost.Record(32, 0.010);                                  // a 32-token step took 10 ms
+  EXPECT_TRUE(TransferPays(0.0001, 8, kBlockSize, cost));  // 0.8 ms to move 8 blocks
+  EXPECT_FALSE(TransferPays(0.01, 8, kBlockSize, cost));   // 80 ms: recompute instead
+  EXPECT_TRUE(TransferPays(0.01, 0, kBlockSize, cost));
+}
+
 }  // namespace
 }  // namespace loom::engine
