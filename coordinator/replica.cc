@@ -511,7 +511,8 @@ void Replica::PublishStats() {
     stats_.set_num_kv_blocks(scheduler.block_manager().num_blocks());
     stats_.set_num_free_blocks(scheduler.block_manager().num_free());
     stats_.set_num_running(scheduler.num_running());
-    stats_.set_num_waiting(scheduler.num_waiting());
+    // Requests waiting for a prefix fetch wait too, before the scheduler has them.
+    stats_.set_num_waiting(scheduler.num_waiting() + static_cast<int32_t>(pending_fetches_.size()));
     stats_.set_num_preemptions(scheduler.num_preemptions());
     stats_.set_num_window_freed_blocks(scheduler.num_window_freed_blocks());
     if (const engine::HostKvTier* tier = scheduler.host_tier(); tier != nullptr) {

@@ -254,6 +254,8 @@ void Replica::HandleKvFetches() {
   for (uint64_t fetch_id : late) {
     EndFetch(fetch_id, absl::DeadlineExceededError("the source did not answer in time"));
   }
+  // Requests admitted here (their fetches ended) count in the scheduler's queue now.
+  if (!replies.empty() || !results.empty() || !late.empty()) PublishStats();
 }
 
 std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
