@@ -176,18 +176,6 @@ std::optional<HostKvTier::Hit> HostKvTier::Find(const BlockHash& hash,
   return Hit{slot, entry.content_id};
 }
 
-void HostKvTier::Pin(int32_t slot) {
-  Entry& entry = entries_[static_cast<size_t>(slot)];
-  LOOM_CHECK(entry.used);
-  if (!entry.pinned) pinned_.push_back(slot);
-  entry.pinned = true;
-}
-
-void HostKvTier::UnpinAll() {
-  for (int32_t slot : pinned_) entries_[static_cast<size_t>(slot)].pinned = false;
-  pinned_.clear();
-}
-
 HostKvTier::Content HostKvTier::Promote(int32_t slot, int32_t device_block) {
   Entry& entry = entries_[static_cast<size_t>(slot)];
   LOOM_CHECK(entry.used);
@@ -218,7 +206,6 @@ void HostKvTier::Forget() {
   free_slots_.clear();
   ++generation_;
   head_ = tail_ = kNone;
-  pinned_.clear();
   copies_.clear();
 }
 

@@ -25,7 +25,7 @@ struct KvCopy {
 /// block content sits in which of `num_slots` slots, least recently used first.
 ///
 /// A cached block the device pool evicts is demoted: it takes a slot (a never-used one,
-/// else the least recently used unpinned one, whose content is dropped) and a device-to-
+/// else the least recently used unheld one, whose content is dropped) and a device-to-
 /// host copy is queued; content the tier holds already is only marked used. A prefix that
 /// continues in the tier (Find, by hash, verified like BlockManager's hits: the tokens,
 /// the parent's content identity, the salt of a chain's first block) is reloaded into a
@@ -47,7 +47,7 @@ class HostKvTier {
   };
 
   /// BlockManager's eviction callback: keeps `evicted` in a slot (queueing its copy).
-  /// When every slot is pinned the content is dropped (num_dropped()). Also how a block
+  /// When every slot is held the content is dropped (num_dropped()). Also how a block
   /// still in the pool is copied out for another replica to fetch. Returns the slot, or
   /// -1 when dropped.
   int32_t Demote(const EvictedBlock& evicted);
@@ -56,12 +56,9 @@ class HostKvTier {
   /// other content is a miss (num_verification_failures()).
   std::optional<Hit> Find(const BlockHash& hash, absl::Span<const int32_t> tokens,
                           uint64_t parent_id, std::string_view cache_salt) const;
-  /// Keeps `slot` from being reused until UnpinAll (a reload being planned).
-  void Pin(int32_t slot);
-  void UnpinAll();
-  // ---- fetches between replicas (coordinator/replica_kv_fetch) ----
-  /// Holds `slot` (counted: several fetches may read it) so it is neither reused nor
-  /// replaced while another worker reads it, or while this one writes it.
+  /// Holds `slot` (counted: several readers may hold it) so it is neither reused nor
+  /// replaced until Release: a reload being planned, another worker reading it, or this
+  /// one writing it (fetches between replicas, coordinator/replica_kv_fetch).
   void Hold(int32_t slot);
   void Release(int32_t slot);
   /// Up to `count` slots for blocks fetched from elsewhere, held and empty (the least
@@ -118,7 +115,6 @@ class HostKvTier {
   static constexpr int32_t kNone = -1;
   struct Entry {
     bool used = false;
-    bool pinned = false;
     int32_t holds = 0;  // Hold() count
     BlockHash hash;
     uint64_t content_id = 0;
@@ -129,14 +125,14 @@ class HostKvTier {
   };
   void LinkAtTail(int32_t slot);
   void Unlink(int32_t slot);
-  // A slot for new content: never used, else the least recently used unpinned one
-  // (its content forgotten); kNone when every slot is pinned.
+  // A slot for new content: never used, else the least recently used unheld one
+  // (its content forgotten); kNone when every slot is held.
   int32_t TakeSlot();
   void Store(int32_t slot, const EvictedBlock& evicted);
   void Describe(int32_t slot, const EvictedBlock& content);
   bool Busy(int32_t slot) const {
     const Entry& entry = entries_[static_cast<size_t>(slot)];
-    return entry.pinned || entry.holds > 0;
+    return entry.holds > 0;
   }
 
   const int32_t block_size_;
@@ -148,7 +144,6 @@ class HostKvTier {
   uint64_t generation_ = 0;
   int32_t head_ = kNone;
   int32_t tail_ = kNone;
-  std::vector<int32_t> pinned_;
   std::vector<KvCopy> copies_;
   bool record_events_ = false;
   std::vector<KvCacheEvent> events_;

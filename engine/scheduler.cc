@@ -299,7 +299,7 @@ void Scheduler::MatchHostPrefix(Sequence& seq, int64_t first, int64_t max_blocks
 
 void Scheduler::ReloadHostPrefix(Sequence& seq) {
   // Offloads that the allocations below trigger must not reuse the slots being read.
-  for (const HostKvTier::Hit& hit : host_hits_) host_tier_->Pin(hit.slot);
+  for (const HostKvTier::Hit& hit : host_hits_) host_tier_->Hold(hit.slot);
   for (const HostKvTier::Hit& hit : host_hits_) {
     absl::StatusOr<std::vector<int32_t>> block = block_manager_.Allocate(1);
     LOOM_CHECK(block.ok());  // the caller counted the blocks
@@ -312,7 +312,7 @@ void Scheduler::ReloadHostPrefix(Sequence& seq) {
     LOOM_CHECK(restored);
     seq.blocks.push_back(block->front());
   }
-  host_tier_->UnpinAll();
+  for (const HostKvTier::Hit& hit : host_hits_) host_tier_->Release(hit.slot);
 }
 
 std::vector<KvCacheEvent> Scheduler::TakeKvEvents() {

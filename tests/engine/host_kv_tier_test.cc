@@ -88,15 +88,16 @@ TEST(HostKvTierTest, AHitIsVerifiedAgainstTokensParentAndSalt) {
   EXPECT_EQ(tier.num_verification_failures(), 3u);
 }
 
-TEST(HostKvTierTest, PinnedSlotsAreNotReusedUntilUnpinned) {
+TEST(HostKvTierTest, HeldSlotsAreNotReusedUntilReleased) {
   HostKvTier tier(1, kBlockSize);
   const Content a = MakeContent(1), b = MakeContent(2);
   tier.Demote(a.Evicted(0));
-  tier.Pin(tier.Find(a.hash, a.tokens, 0, "")->slot);
+  const int32_t slot = tier.Find(a.hash, a.tokens, 0, "")->slot;
+  tier.Hold(slot);
   tier.Demote(b.Evicted(1));  // the only slot is being read: b is dropped
   EXPECT_EQ(tier.num_dropped(), 1u);
   EXPECT_TRUE(tier.Find(a.hash, a.tokens, 0, "").has_value());
-  tier.UnpinAll();
+  tier.Release(slot);
   tier.Demote(b.Evicted(1));
   EXPECT_TRUE(tier.Find(b.hash, b.tokens, 0, "").has_value());
   EXPECT_FALSE(tier.Find(a.hash, a.tokens, 0, "").has_value());
