@@ -63,7 +63,8 @@ LocalEngine::LocalEngine(worker::StepBackend& backend, const common::Tokenizer& 
       engine_(SchedulerConfigFor(backend, options), "local",
               {.on_token = [this](engine::Request& request, const loom::v1::SequenceOutput& output,
                                   bool finished) { OnToken(request, output, finished); },
-               .on_end = nullptr}),  // an ended request leaves engine_.requests()
+               .on_end = nullptr,  // an ended request leaves engine_.requests()
+               .on_handoff = nullptr}),
       executor_(backend, executor_options) {}
 
 absl::StatusOr<engine::RequestParams> LocalEngine::Validate(const EngineRequest& request,

@@ -87,6 +87,11 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "a request placed on one replica while another (same layout, both with a host KV "
          "tier) holds at least this many more blocks of its prefix fetches them from it "
          "instead of recomputing (0: never)");
+  AddInt(app, "--max-local-prefill-length", replica.max_local_prefill_length, 0, 1 << 24,
+         "disaggregated serving (workers started with --role prefill / decode): a prompt with "
+         "more uncached tokens than this is prefilled on a prefill replica and handed to a "
+         "decode replica with its KV (Dynamo's flag; 0: each decode replica's measure, the "
+         "prompt length that would double its decode step)");
   AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
          "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
          "stage)");

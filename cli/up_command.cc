@@ -91,7 +91,7 @@ void StopWorkers(std::vector<pid_t>& pids) {
 const char* const kUpOwnedWorkerFlags[] = {
     "model",         "coordinator", "replica-id",      "rank",      "world-size",
     "rendezvous-id", "threads",     "drain-timeout-s", "gpu-index", "pipeline-parallel-size",
-    nullptr};
+    "role",          nullptr};
 
 std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptions& options) {
   cli::CommandLine command_line(
@@ -101,6 +101,16 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
   cli::AddServeFlags(app, options.serve);
   cli::AddInt(app, "--data-parallel-size,--replicas", options.replicas, 1, 256,
               "data-parallel replicas, each its own worker processes");
+  cli::AddInt(app, "--prefill-replicas", options.prefill_replicas, 0, 256,
+              "disaggregated serving: replicas that prefill long prompts (loom-worker --role "
+              "prefill) and hand them to the decode replicas with their KV; with "
+              "--decode-replicas and without --replicas, no mixed replica is started");
+  cli::AddInt(app, "--decode-replicas", options.decode_replicas, 0, 256,
+              "disaggregated serving: replicas that decode (--role decode), the hand-offs and "
+              "prompts too short to hand off");
+  cli::AddInt(app, "--prefill-tensor-parallel-size", options.prefill_workers, 0, 256,
+              "ranks per prefill replica (0: --tensor-parallel-size); the KV heads are mapped "
+              "between the sizes when a request is handed to a decode replica");
   cli::AddInt(app, "--tensor-parallel-size,--tensor-parallel,--workers", options.workers, 1, 256,
               "ranks (worker processes) per replica, joined by gloo on the CPU or NCCL on "
               "CUDA, one GPU each (also -tp)");
@@ -134,16 +144,38 @@ std::optional<int> ParseUpCommandLine(int argc, const char* const* argv, UpOptio
     if (option == nullptr || option->count() == 0) continue;
     options.worker_flags.push_back("--" + name + "=" + option->as<std::string>());
   }
+  const CLI::Option* replicas = app.get_option_no_throw("--replicas");
+  if (options.prefill_replicas + options.decode_replicas > 0 && replicas != nullptr &&
+      replicas->count() == 0) {
+    options.replicas = 0;
+  }
   if (options.threads == 0) {
+    int processes = 0;
+    for (const UpReplica& replica : UpReplicas(options)) processes += replica.workers;
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    options.threads = std::max(1, cores / (options.replicas * options.workers * options.stages));
+    options.threads = std::max(1, cores / std::max(1, processes * options.stages));
   }
   if (options.worker_binary.empty()) options.worker_binary = FindWorkerBinary();
   return std::nullopt;
 }
 
-int UpGpuIndex(int replica, int rank, int ranks_per_replica, int cuda_device_count) {
-  return (replica * ranks_per_replica + rank) % cuda_device_count;
+std::vector<UpReplica> UpReplicas(const UpOptions& options) {
+  std::vector<UpReplica> replicas;
+  for (int r = 0; r < options.replicas; ++r) {
+    replicas.push_back({absl::StrFormat("replica-%d", r), "mixed", options.workers});
+  }
+  for (int r = 0; r < options.prefill_replicas; ++r) {
+    replicas.push_back({absl::StrFormat("prefill-%d", r), "prefill",
+                        options.prefill_workers > 0 ? options.prefill_workers : options.workers});
+  }
+  for (int r = 0; r < options.decode_replicas; ++r) {
+    replicas.push_back({absl::StrFormat("decode-%d", r), "decode", options.workers});
+  }
+  return replicas;
+}
+
+int UpGpuIndex(int workers_before, int rank, int cuda_device_count) {
+  return (workers_before + rank) % cuda_device_count;
 }
 
 namespace {
@@ -165,29 +197,34 @@ absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count) {
         "--pipeline-parallel-size runs on the CPU backend; CUDA stages are not built (use "
         "--device cpu)");
   }
-  if (options.workers > cuda_device_count) {
+  int total = 0;
+  int most_workers = options.workers;
+  for (const UpReplica& replica : UpReplicas(options)) {
+    total += replica.workers;
+    most_workers = std::max(most_workers, replica.workers);
+  }
+  if (most_workers > cuda_device_count) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "--tensor-parallel-size %d on CUDA needs %d GPUs (NCCL runs one rank per GPU); this "
         "machine shows %d (CUDA_VISIBLE_DEVICES counts)",
-        options.workers, options.workers, cuda_device_count));
+        most_workers, most_workers, cuda_device_count));
   }
   // Replicas beyond the GPUs share them. Each worker would otherwise size its KV pool from
   // the memory free when it starts (0.9 of it): the first takes the GPU and the next fails
   // or starves. Sharing needs the memory split explicitly.
-  const int total = options.replicas * options.workers;
   const int per_gpu = (total + cuda_device_count - 1) / cuda_device_count;
   if (per_gpu <= 1 || options.worker.kv_cache_bytes.has_value()) return absl::OkStatus();
   const std::optional<double>& share = options.worker.gpu_memory_utilization;
   if (share.has_value() && *share * per_gpu <= 1.0 + 1e-9) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
-      "%d workers (%d replicas x %d ranks) on %d GPU%s put %d on one GPU, and each would take "
+      "%d workers (%d replicas) on %d GPU%s put %d on one GPU, and each would take "
       "the memory free when it starts%s: split it with --gpu-memory-utilization %.2f or less "
       "(each worker's share of the GPU) or --kv-cache-memory, or use fewer replicas",
-      total, options.replicas, options.workers, cuda_device_count,
-      cuda_device_count == 1 ? "" : "s", per_gpu,
-      share.has_value() ? absl::StrFormat(" (--gpu-memory-utilization %.2f x %d is over 1)",
-                                          *share, per_gpu)
-                        : "",
+      total, options.total_replicas(), cuda_device_count, cuda_device_count == 1 ? "" : "s",
+      per_gpu,
+      share.has_value()
+          ? absl::StrFormat(" (--gpu-memory-utilization %.2f x %d is over 1)", *share, per_gpu)
+          : "",
       std::floor(100.0 / per_gpu) / 100.0));
 }
 
@@ -199,13 +236,15 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
   const bool cuda = WorkersRunOnCuda(options, cuda_device_count);
   std::vector<std::vector<std::string>> commands;
   // A replica's ranks stage by stage: rank = stage * T + tensor-parallel rank.
-  const int ranks = options.workers * options.stages;
-  for (int r = 0; r < options.replicas; ++r) {
+  int workers_before = 0;
+  for (const UpReplica& replica : UpReplicas(options)) {
+    const int ranks = replica.workers * options.stages;
     for (int rank = 0; rank < ranks; ++rank) {
       std::vector<std::string> args = {"--model",       options.serve.model_path,
                                        "--coordinator", coordinator,
-                                       "--replica-id",  absl::StrFormat("replica-%d", r),
+                                       "--replica-id",  replica.id,
                                        "--threads",     std::to_string(options.threads)};
+      if (replica.role != "mixed") args.insert(args.end(), {"--role", replica.role});
       if (ranks > 1) {
         args.insert(args.end(), {"--world-size", std::to_string(ranks), "--rank",
                                  std::to_string(rank), "--rendezvous-id", rendezvous_id});
@@ -214,12 +253,14 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
         args.insert(args.end(), {"--pipeline-parallel-size", std::to_string(options.stages)});
       }
       if (cuda) {
-        args.insert(args.end(), {"--gpu-index", std::to_string(UpGpuIndex(
-                                                    r, rank, options.workers, cuda_device_count))});
+        args.insert(
+            args.end(),
+            {"--gpu-index", std::to_string(UpGpuIndex(workers_before, rank, cuda_device_count))});
       }
       args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
       commands.push_back(std::move(args));
     }
+    workers_before += ranks;
   }
   return commands;
 }
@@ -265,9 +306,9 @@ int RunUpCommand(int argc, char** argv) {
   bool announced = false;
   int exited = 0;
   const int signal = (*server)->WaitForShutdownSignal([&] {
-    if (!announced && (*server)->cluster().num_healthy() == options.replicas) {
+    if (!announced && (*server)->cluster().num_healthy() == options.total_replicas()) {
       announced = true;
-      std::printf("loom: ready (%d replicas)\n", options.replicas);
+      std::printf("loom: ready (%d replicas)\n", options.total_replicas());
       std::fflush(stdout);
     }
     // Reap workers that exited on their own (the coordinator keeps serving with the rest).

@@ -402,15 +402,22 @@ std::unique_ptr<common::GrammarMatcherFactory> LoadGrammars(const common::GgufFi
 // The host KV tier of --kv-offload-memory over the backend's pool (bookkeeping only on
 // the no-op backend, whose slots are sized like an F16 pool's blocks), and the measured
 // time to load one block back.
+// A prefill or decode worker without --kv-offload-memory gets a tier of as many blocks as
+// its pool: the hand-off of a request's KV passes through both replicas' tiers.
 absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& options,
                                                            const StepBackend& backend,
+                                                           int64_t num_blocks,
                                                            double* load_seconds) {
   const common::ModelConfig& config = backend.config();
-  const int64_t f16_block =
-      2 * config.num_layers * options.block_size * config.num_kv_heads * config.head_dim * 2;
+  const int64_t f16_block = std::max<int64_t>(
+      2 * config.num_layers * options.block_size * config.num_kv_heads * config.head_dim * 2, 1);
+  const int64_t bytes =
+      options.kv_offload_bytes > 0
+          ? options.kv_offload_bytes
+          : num_blocks *
+                (backend.kv_pool() != nullptr ? backend.kv_pool()->block_bytes() : f16_block);
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<KvHostTier> tier,
-                        KvHostTier::Create(options.kv_offload_bytes, backend.kv_pool(),
-                                           std::max<int64_t>(f16_block, 1)));
+                        KvHostTier::Create(bytes, backend.kv_pool(), f16_block));
   LOOM_ASSIGN_OR_RETURN(*load_seconds, tier->MeasureLoadSeconds());
   std::fprintf(
       stderr,
@@ -429,6 +436,7 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
   loom::v1::RegisterRequest request;
   request.set_worker_address(options.advertise_address);
   request.set_replica_id(options.replica_id);
+  request.set_role(options.role);
   request.set_rank(options.rank);
   request.set_world_size(options.world_size);
   request.set_pipeline_parallel_size(options.pipeline_parallel_size);
@@ -583,9 +591,9 @@ int RunWorkerCommand(int argc, char** argv) {
 
   std::unique_ptr<KvHostTier> host_tier;
   double load_seconds = 0;
-  if (options.kv_offload_bytes > 0) {
+  if (options.kv_offload_bytes > 0 || options.role != "mixed") {
     absl::StatusOr<std::unique_ptr<KvHostTier>> created =
-        CreateHostTier(options, **backend, &load_seconds);
+        CreateHostTier(options, **backend, num_blocks, &load_seconds);
     if (!created.ok()) return Fail(created.status());
     host_tier = *std::move(created);
   }

@@ -196,6 +196,14 @@ void AddClusterFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh
     AddString(app, "--replica-id", options.replica_id, "this worker's replica")
         ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("needs a non-empty id") : std::string(); }, "ID"));
   }
+  if (fresh("--role")) {
+    AddString(app, "--role", options.role,
+              "disaggregated serving: mixed (every request), prefill (long prompts, handed to a "
+              "decode replica with their KV after the first token) or decode (the hand-offs "
+              "and short prompts); prefill and decode get a host KV tier as large as the pool "
+              "unless --kv-offload-memory says otherwise")
+        ->check(CLI::IsMember({"mixed", "prefill", "decode"}));
+  }
   if (fresh("--rank")) {
     AddInt(app, "--rank", options.rank, 0, 1 << 20,
            "tensor/pipeline parallelism: this worker is rank R of --world-size ranks of its "

@@ -23,6 +23,9 @@ struct WorkerOptions {
   std::string listen_address = "127.0.0.1:0";  // --listen HOST:PORT; port 0: any free port
   std::string advertise_address;               // --advertise-address; empty: listen host:bound port
   std::string replica_id = "replica-0";        // --replica-id
+  // --role mixed|prefill|decode: what the coordinator places on this worker's replica
+  // (disaggregated prefill and decode; every rank of a replica passes the same role).
+  std::string role = "mixed";
   int32_t rank = 0;                            // --rank, in [0, world_size)
   int32_t world_size = 1;                      // --world-size: the replica's ranks
   // --pipeline-parallel-size: stages of world_size / P tensor-parallel ranks each; rank r

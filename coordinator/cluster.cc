@@ -101,6 +101,8 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         request.worker_address(), request.replica_id(), request.num_kv_blocks(),
         request.block_size()));
   }
+  const absl::StatusOr<ReplicaRole> role = ParseReplicaRole(request.role());
+  if (!role.ok()) return role.status();
   if (request.num_host_kv_blocks() < 0 ||
       request.num_host_kv_blocks() > std::numeric_limits<int32_t>::max() ||
       !(request.kv_load_seconds_per_block() >= 0) ||
@@ -137,7 +139,14 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       endpoint.num_kv_blocks = pending.ranks[0]->num_kv_blocks();
       endpoint.num_host_kv_blocks = pending.ranks[0]->num_host_kv_blocks();
       endpoint.pipeline_parallel_size = stages;
+      endpoint.role = *role;
       for (const auto& rank : pending.ranks) {
+        if (ParseReplicaRole(rank->role()).value_or(ReplicaRole::kMixed) != *role) {
+          pending_ranks_.erase(request.replica_id());
+          return absl::FailedPreconditionError(
+              absl::StrFormat("the ranks of replica %s disagree on their role ('%s' and '%s')",
+                              request.replica_id(), request.role(), rank->role()));
+        }
         if (std::max(rank->pipeline_parallel_size(), 1) != stages) {
           pending_ranks_.erase(request.replica_id());
           return absl::FailedPreconditionError(absl::StrFormat(
@@ -171,7 +180,10 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       if (replica == nullptr) {
         replica = std::make_unique<Replica>(
             request.replica_id(), options_.replica,
-            [this](std::shared_ptr<engine::Request> r) { Retry(std::move(r)); }, &kv_index_);
+            [this](std::shared_ptr<engine::Request> r) { Retry(std::move(r)); }, &kv_index_,
+            [this](std::shared_ptr<engine::Request> r, Replica* source, Replica* target) {
+              HandOff(std::move(r), source, target);
+            });
       }
       replica->Connect(endpoint);
     } else if (auto it = replicas_.find(request.replica_id()); it != replicas_.end()) {
@@ -179,9 +191,10 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       it->second->MarkLost(absl::StrFormat("rank %d registered again", request.rank()));
     }
   }
-  std::fprintf(stderr, "loom: worker %s registered for replica %s (%s backend)\n",
-               request.worker_address().c_str(), request.replica_id().c_str(),
-               request.backend().c_str());
+  std::fprintf(
+      stderr, "loom: worker %s registered for replica %s (%s backend%s)\n",
+      request.worker_address().c_str(), request.replica_id().c_str(), request.backend().c_str(),
+      *role == ReplicaRole::kMixed ? "" : absl::StrFormat(", %s", ReplicaRoleName(*role)).c_str());
   loom::v1::RegisterResponse response;
   response.set_worker_id(absl::StrFormat("%s/%d", request.replica_id(), request.rank()));
   const absl::Duration interval = options_.replica.liveness.heartbeat_interval;
@@ -212,15 +225,7 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
   if (draining_.load()) {
     return absl::UnavailableError("the coordinator is shutting down (draining)");
   }
-  std::vector<Replica*> candidates;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, replica] : replicas_) {
-      if (replica->healthy() && !draining_replicas_.contains(id)) {
-        candidates.push_back(replica.get());
-      }
-    }
-  }
+  std::vector<Replica*> candidates = Candidates();
   if (candidates.empty()) return absl::UnavailableError("no replica is available to serve");
   // Every replica of a coordinator serves one model; their block sizes are the workers'
   // choice and normally equal. The prompt is hashed once, for the first candidate's size;
@@ -228,22 +233,46 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
   const int32_t block_size = std::max(candidates.front()->block_size(), 1);
   const std::vector<engine::BlockHash>& hashes =
       request->PromptBlockHashes(model_fingerprint_, block_size);
+  const std::vector<Replica*> prefill = SplitPrefill(candidates);
+  if (!prefill.empty()) {
+    if (std::optional<absl::Status> placed =
+            PlaceDisaggregated(request, candidates, prefill, hashes, block_size)) {
+      return *placed;
+    }
+  }
+  const absl::Span<const engine::BlockHash> matchable =
+      candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const engine::BlockHash>();
+  const RouteDecision decision = Rank(candidates, *request, matchable, block_size);
+  absl::Status last;
+  for (size_t index : decision.order) {
+    Replica::SubmitOptions options;
+    options.fetch_source = FetchSource(candidates, index, matchable);
+    last = candidates[index]->Submit(request, options);
+    if (last.ok() || last.code() == absl::StatusCode::kInvalidArgument) return last;
+  }
+  return last;
+}
+
+std::vector<Replica*> Cluster::Candidates(const Replica* excluded) const {
+  std::vector<Replica*> candidates;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, replica] : replicas_) {
+    if (replica->healthy() && !draining_replicas_.contains(id) && replica.get() != excluded) {
+      candidates.push_back(replica.get());
+    }
+  }
+  return candidates;
+}
+
+RouteDecision Cluster::Rank(absl::Span<Replica* const> candidates, const engine::Request& request,
+                            absl::Span<const engine::BlockHash> hashes, int32_t block_size) {
   std::vector<RouteCandidate> route_candidates;
   route_candidates.reserve(candidates.size());
   for (Replica* replica : candidates) {
     route_candidates.push_back({replica->replica_id(), replica->load_tokens()});
   }
-  const absl::Span<const engine::BlockHash> matchable =
-      candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const engine::BlockHash>();
-  const RouteDecision decision =
-      router_.Route(matchable, static_cast<int64_t>(request->params().prompt_ids.size()),
-                    block_size, route_candidates);
-  absl::Status last;
-  for (size_t index : decision.order) {
-    last = candidates[index]->Submit(request, FetchSource(candidates, index, matchable));
-    if (last.ok() || last.code() == absl::StatusCode::kInvalidArgument) return last;
-  }
-  return last;
+  return router_.Route(hashes, static_cast<int64_t>(request.params().prompt_ids.size()), block_size,
+                       route_candidates);
 }
 
 Replica* Cluster::FetchSource(absl::Span<Replica* const> candidates, size_t chosen,

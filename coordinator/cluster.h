@@ -30,6 +30,8 @@ struct ClusterOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);  // silence that marks a worker dead
   // The longest heartbeat interval told to workers at registration (HeartbeatInterval).
   int32_t heartbeat_interval_ms = 500;
+  // Disaggregated serving, when prefill replicas serve: see Cluster::Submit. The threshold
+  // itself is ReplicaOptions::max_local_prefill_length (the decode replica's).
   // Cross-replica prefix fetch: a request placed on a replica while another replica of the
   // same layout, both with host tiers, holds at least this many more blocks of its prefix
   // fetches them from it instead of recomputing (--kv-fetch-min-blocks; 0: never).
@@ -60,6 +62,11 @@ class Cluster {
 
   /// Places a request. Unavailable when draining or no replica is healthy;
   /// ResourceExhausted when every healthy replica's waiting queue is full.
+  /// Disaggregated serving (cluster_disaggregation.cc): while prefill replicas and others
+  /// serve, a request goes to the others (decode and mixed replicas) unless its prompt's
+  /// uncached tokens on the one chosen for it exceed that replica's local_prefill_limit():
+  /// then a prefill replica computes the prompt and its first token and hands it to that
+  /// decode replica, which fetches the KV and decodes the rest.
   absl::Status Submit(std::shared_ptr<engine::Request> request);
   uint64_t NextSeqId() { return next_seq_id_.fetch_add(1); }
 
@@ -85,6 +92,24 @@ class Cluster {
   // (ClusterOptions::kv_fetch_min_blocks); null: none.
   Replica* FetchSource(absl::Span<Replica* const> candidates, size_t chosen,
                        absl::Span<const engine::BlockHash> hashes) const;
+  // The healthy replicas placement may choose (not draining), except `excluded`.
+  std::vector<Replica*> Candidates(const Replica* excluded = nullptr) const;
+  // The router's order of `candidates` for `request` (hashed for `block_size`).
+  RouteDecision Rank(absl::Span<Replica* const> candidates, const engine::Request& request,
+                     absl::Span<const engine::BlockHash> hashes, int32_t block_size);
+  // Disaggregated serving (cluster_disaggregation.cc). Takes the prefill replicas out of
+  // `candidates` when others serve too, and returns them.
+  static std::vector<Replica*> SplitPrefill(std::vector<Replica*>& candidates);
+  // Places a long prompt on a prefill replica, to be handed to the decode replica the
+  // router picks among `serving`; nullopt: place it among `serving` as usual.
+  std::optional<absl::Status> PlaceDisaggregated(const std::shared_ptr<engine::Request>& request,
+                                                 absl::Span<Replica* const> serving,
+                                                 absl::Span<Replica* const> prefill,
+                                                 absl::Span<const engine::BlockHash> hashes,
+                                                 int32_t block_size);
+  // Replica::HandOffFn: `source` prefilled the request; `target` (or, if it refuses,
+  // another decode or mixed replica, else the source itself) fetches its KV and decodes.
+  void HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target);
   void Retry(std::shared_ptr<engine::Request> request);
   void Monitor();
 

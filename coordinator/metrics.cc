@@ -1,5 +1,6 @@
 #include "coordinator/metrics.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,18 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                              .Name("loom_kv_fetched_blocks_total")
                              .Help("KV blocks fetched from other replicas into the host tier.")
                              .Register(*registry_)),
+      handoffs_(BuildCounter()
+                    .Name("loom_disagg_handoffs_total")
+                    .Help("Disaggregated serving: requests a prefill replica handed to a decode "
+                          "replica after their first token (direction out), and those a "
+                          "decode replica took over (direction in).")
+                    .Register(*registry_)),
+      handoff_failures_(BuildCounter()
+                            .Name("loom_disagg_handoff_failures_total")
+                            .Help("Hand-offs whose KV did not reach the decode replica (the "
+                                  "prefill replica gone, a timeout, a transfer error): the "
+                                  "prompt was recomputed there.")
+                            .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
                           .Help("Prompt tokens looked up in the prefix cache when a "
@@ -222,7 +235,14 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
       params_max_tokens_(BuildHistogram()
                              .Name("loom_request_params_max_tokens")
                              .Help("The max_tokens parameter of admitted requests.")
-                             .Register(*registry_)) {
+                             .Register(*registry_)),
+      disagg_phase_(BuildHistogram()
+                        .Name("loom_disagg_phase_seconds")
+                        .Help("Disaggregated serving: the phases of handed-off requests: queue "
+                              "and prefill on the prefill replica (TTFT = queue + prefill), "
+                              "transfer (first token to the decode replica's admission with "
+                              "the KV), decode (admission to the last token).")
+                        .Register(*registry_)) {
   // Series that exist before the first request, so rate() and dashboards see zeros.
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     prometheus::Labels labels = Model();
@@ -264,6 +284,20 @@ void CoordinatorMetrics::RecordRequest(const engine::RequestRecord& record) {
   }
   if (record.inference_seconds >= 0) {
     inference_time_.Add(labels, kRequestLatencyBuckets).Observe(record.inference_seconds);
+  }
+  if (record.transfer_seconds >= 0) {
+    const auto observe = [&](const char* phase, double seconds) {
+      if (seconds < 0) return;
+      prometheus::Labels phase_labels = Model();
+      phase_labels["phase"] = phase;
+      disagg_phase_.Add(phase_labels, kRequestLatencyBuckets).Observe(seconds);
+    };
+    observe("queue", record.queue_seconds);
+    observe("prefill", record.prefill_seconds);
+    observe("transfer", record.transfer_seconds);
+    observe("decode", record.decode_seconds >= 0
+                          ? std::max(0.0, record.decode_seconds - record.transfer_seconds)
+                          : -1.0);
   }
   // vLLM observes TPOT for requests with more than one output token.
   if (record.decode_seconds >= 0 && record.generation_tokens > 1) {
@@ -392,6 +426,18 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_kv_fetch_failures()));
       mirror(kv_fetched_blocks_.Add(labels), last_fetched_blocks_, replica.replica_id(),
              static_cast<double>(replica.num_kv_fetched_blocks()));
+    }
+    if (replica.role() != "mixed" || replica.num_handoffs_in() > 0) {
+      prometheus::Labels out = labels;
+      out["direction"] = "out";
+      prometheus::Labels in = labels;
+      in["direction"] = "in";
+      mirror(handoffs_.Add(out), last_handoffs_out_, replica.replica_id(),
+             static_cast<double>(replica.num_handoffs_out()));
+      mirror(handoffs_.Add(in), last_handoffs_in_, replica.replica_id(),
+             static_cast<double>(replica.num_handoffs_in()));
+      mirror(handoff_failures_.Add(labels), last_handoff_failures_, replica.replica_id(),
+             static_cast<double>(replica.num_handoff_failures()));
     }
   }
 }

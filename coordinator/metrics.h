@@ -105,6 +105,8 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& kv_fetches_;
   prometheus::Family<prometheus::Counter>& kv_fetch_failures_;
   prometheus::Family<prometheus::Counter>& kv_fetched_blocks_;
+  prometheus::Family<prometheus::Counter>& handoffs_;
+  prometheus::Family<prometheus::Counter>& handoff_failures_;
   // As they happen.
   prometheus::Family<prometheus::Counter>& prefix_queries_;
   prometheus::Family<prometheus::Counter>& prefix_hits_;
@@ -129,6 +131,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Histogram>& max_generation_length_;
   prometheus::Family<prometheus::Histogram>& params_n_;
   prometheus::Family<prometheus::Histogram>& params_max_tokens_;
+  prometheus::Family<prometheus::Histogram>& disagg_phase_;
   prometheus::Counter* generation_tokens_model_ = nullptr;  // children looked up once
   prometheus::Counter* prompt_tokens_model_ = nullptr;
   absl::Mutex latency_mu_;
@@ -138,6 +141,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   std::map<std::string, double> last_preemptions_, last_steps_, last_tokens_;
   std::map<std::string, double> last_offloaded_, last_reloaded_, last_host_hits_;
   std::map<std::string, double> last_fetches_, last_fetch_failures_, last_fetched_blocks_;
+  std::map<std::string, double> last_handoffs_out_, last_handoffs_in_, last_handoff_failures_;
   // cache_config_info's labels per replica, to replace the series when they change.
   std::map<std::string, prometheus::Labels> cache_config_labels_;
 };

@@ -16,15 +16,20 @@ double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now()
 
 }  // namespace
 
-Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, KvIndex* kv_index)
+Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, KvIndex* kv_index,
+                 HandOffFn hand_off)
     : replica_id_(std::move(replica_id)),
       options_(options),
       retry_(std::move(retry)),
+      hand_off_(std::move(hand_off)),
       kv_index_(kv_index),
       liveness_(options.liveness) {
   {
     absl::MutexLock lock(&mu_);
     stats_.set_replica_id(replica_id_);
+    local_prefill_limit_.store(options_.max_local_prefill_length > 0
+                                   ? options_.max_local_prefill_length
+                                   : engine::LocalPrefillLimit(engine::StepCostModel(), 0));
     stats_.set_max_plans_in_flight(options_.max_plans_in_flight);
   }
   loop_ = std::thread([this] { Loop(); });
@@ -33,6 +38,7 @@ Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, 
 Replica::~Replica() { Stop(); }
 
 void Replica::Connect(const WorkerEndpoint& endpoint) {
+  role_.store(endpoint.role);
   absl::MutexLock lock(&mu_);
   pending_connect_ = endpoint;
   // A live connection to an earlier incarnation is cancelled so the loop notices at once.
@@ -43,10 +49,11 @@ void Replica::Connect(const WorkerEndpoint& endpoint) {
 }
 
 absl::Status Replica::Submit(std::shared_ptr<engine::Request> request) {
-  return Submit(std::move(request), nullptr);
+  return Submit(std::move(request), SubmitOptions{});
 }
 
-absl::Status Replica::Submit(std::shared_ptr<engine::Request> request, Replica* fetch_source) {
+absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
+                             const SubmitOptions& options) {
   absl::MutexLock lock(&mu_);
   if (stopping_ || !healthy_.load()) {
     return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
@@ -74,8 +81,12 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request, Replica* 
         endpoint_.num_kv_blocks));
   }
   load_tokens_.fetch_add(static_cast<int64_t>(params.prompt_ids.size()));
-  // A prefix another replica holds is fetched before admission (replica_kv_fetch.cc).
-  if (fetch_source != nullptr && fetch_source != this) fetch_hints_[request.get()] = fetch_source;
+  // A prefix another replica holds is fetched before admission (replica_kv_fetch.cc); a
+  // prefill replica's request is handed off after its first token.
+  if ((options.fetch_source != nullptr && options.fetch_source != this) ||
+      (options.hand_off_to != nullptr && options.hand_off_to != this)) {
+    placements_[request.get()] = options;
+  }
   inbox_.push_back(std::move(request));
   load_.fetch_add(1);
   return absl::OkStatus();
@@ -128,6 +139,7 @@ loom::v1::ReplicaStatus Replica::Status() const {
   status.set_healthy(healthy_.load());
   status.set_worker_address(endpoint_.address);
   status.set_backend(endpoint_.backend);
+  status.set_role(std::string(ReplicaRoleName(role_.load())));
   if (status.num_kv_blocks() > 0) {
     status.set_kv_cache_usage(
         1.0 - static_cast<double>(status.num_free_blocks()) / status.num_kv_blocks());
@@ -284,7 +296,14 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   hooks.on_token = [this](engine::Request&, const loom::v1::SequenceOutput&, bool) {
     load_tokens_.fetch_add(1);
   };
-  hooks.on_end = [this](engine::Request& request) { Unload(request); };
+  hooks.on_end = [this](engine::Request& request) {
+    hand_off_targets_.erase(request.seq_id());
+    Unload(request);
+  };
+  hooks.on_handoff = [this](std::shared_ptr<engine::Request> request) {
+    Unload(*request);
+    prefilled_.push_back(std::move(request));
+  };
   engine_ = std::make_unique<engine::EngineCore>(config, replica_id_, std::move(hooks));
   block_size_.store(endpoint.block_size);
   host_tier_blocks_.store(endpoint.num_host_kv_blocks);
@@ -321,26 +340,29 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
 
 void Replica::AdmitInbox() {
   std::deque<std::shared_ptr<engine::Request>> inbox;
-  std::vector<Replica*> sources;
+  std::vector<SubmitOptions> placements;
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
     admitting_ = static_cast<int64_t>(inbox.size());
     for (const std::shared_ptr<engine::Request>& request : inbox) {
-      auto hint = fetch_hints_.find(request.get());
-      sources.push_back(hint == fetch_hints_.end() ? nullptr : hint->second);
-      if (hint != fetch_hints_.end()) fetch_hints_.erase(hint);
+      auto hint = placements_.find(request.get());
+      placements.push_back(hint == placements_.end() ? SubmitOptions{} : hint->second);
+      if (hint != placements_.end()) placements_.erase(hint);
     }
   }
   if (inbox.empty()) return;
   for (size_t i = 0; i < inbox.size(); ++i) {
+    const SubmitOptions& placement = placements[i];
     // A prefix another replica holds is fetched first (replica_kv_fetch.cc), when fetches
-    // as measured so far beat recomputing it.
-    if (sources[i] != nullptr && !inbox[i]->cancelled() && FetchPays(*inbox[i])) {
-      StartFetch(std::move(inbox[i]), sources[i]);
+    // as measured so far beat recomputing it; a hand-off's KV always is.
+    if (placement.fetch_source != nullptr && !inbox[i]->cancelled() &&
+        (placement.handed_off || FetchPays(*inbox[i]))) {
+      StartFetch(std::move(inbox[i]), placement.fetch_source, placement.handed_off);
       continue;
     }
-    AdmitOne(inbox[i]);
+    if (placement.handed_off) inbox[i]->MarkHandoffDone();
+    AdmitOne(inbox[i], placement.hand_off_to);
   }
   // The admitted requests now count in the scheduler's waiting queue.
   PublishStats();
@@ -421,8 +443,31 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
                  result.error_message().c_str());
   }
   engine_->Apply(plan.record, result);
+  HandOffPrefilled();
   PublishKvEvents();
   PublishStats();
+}
+
+void Replica::HandOffPrefilled() {
+  if (prefilled_.empty()) return;
+  std::vector<std::shared_ptr<engine::Request>> prefilled;
+  prefilled.swap(prefilled_);
+  for (std::shared_ptr<engine::Request>& request : prefilled) {
+    auto target = hand_off_targets_.find(request->seq_id());
+    Replica* decode = target == hand_off_targets_.end() ? nullptr : target->second;
+    if (target != hand_off_targets_.end()) hand_off_targets_.erase(target);
+    ++num_handoffs_out_;
+    request->MarkHandedOff();
+    // Its full prompt blocks are registered in the prefix cache by now (the sequence was
+    // released): published before the decode replica asks for them.
+    PublishKvEvents();
+    if (hand_off_ == nullptr) {
+      request->Finish(loom::v1::FINISH_REASON_ERROR, "no decode replica to hand it to",
+                      replica_id_);
+      continue;
+    }
+    hand_off_(std::move(request), this, decode);
+  }
 }
 
 void Replica::EndRequest(uint64_t seq_id, loom::v1::FinishReason reason,
@@ -451,7 +496,7 @@ void Replica::LoseWorker(const std::string& reason) {
     healthy_.store(false);
     live_connection_ = nullptr;
     inbox.swap(inbox_);
-    fetch_hints_.clear();
+    placements_.clear();
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
   connection_.reset();  // cancels every rank's stream and joins the readers
@@ -462,6 +507,7 @@ void Replica::LoseWorker(const std::string& reason) {
   }
 
   std::vector<std::shared_ptr<engine::Request>> retry(inbox.begin(), inbox.end());
+  hand_off_targets_.clear();  // its prefill-only requests are placed again (no output yet)
   for (std::shared_ptr<engine::Request>& request : AbandonFetches()) {
     retry.push_back(std::move(request));
   }
@@ -527,6 +573,14 @@ void Replica::PublishStats() {
       stats_.set_num_kv_fetched_blocks(num_kv_fetched_blocks_);
       stats_.set_kv_fetch_seconds(kv_fetch_seconds_);
     }
+    stats_.set_num_handoffs_out(num_handoffs_out_);
+    stats_.set_num_handoffs_in(num_handoffs_in_);
+    stats_.set_num_handoff_failures(num_handoff_failures_);
+    local_prefill_limit_.store(
+        options_.max_local_prefill_length > 0
+            ? options_.max_local_prefill_length
+            : engine::LocalPrefillLimit(scheduler.speculation_policy().cost_model(),
+                                        scheduler.num_running()));
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

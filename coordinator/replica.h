@@ -11,17 +11,18 @@
 #include <thread>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/kv_index.h"
 #include "coordinator/replica_connection.h"
-#include "engine/request.h"
-#include "engine/engine_core.h"
+#include "coordinator/replica_role.h"
 #include "coordinator/step_liveness.h"
+#include "engine/engine_core.h"
+#include "engine/request.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.grpc.pb.h"
 
@@ -43,6 +44,10 @@ struct ReplicaOptions {
   // WindowOfEveryLayer): blocks behind it are freed (SchedulerConfig::sliding_window).
   int64_t sliding_window = 0;
   bool enable_prefix_caching = true;                // reuse cached KV blocks (--prefix-caching)
+  // Disaggregated serving: a prompt with more uncached tokens than this is prefilled on a
+  // prefill replica when one serves (--max-local-prefill-length); 0: the replica's own
+  // measure (engine::LocalPrefillLimit).
+  int64_t max_local_prefill_length = 0;
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };
 
@@ -60,6 +65,7 @@ struct WorkerEndpoint {
   // the slowest rank's measured reload time per block.
   int64_t num_host_kv_blocks = 0;
   double kv_load_seconds_per_block = 0;
+  ReplicaRole role = ReplicaRole::kMixed;  // every rank's (loom-worker --role)
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
@@ -75,10 +81,14 @@ struct WorkerEndpoint {
 class Replica {
  public:
   using RetryFn = std::function<void(std::shared_ptr<engine::Request>)>;
+  /// A prefill replica (`source`) is done with a request's prompt: place it on `target`
+  /// (the decode replica chosen at placement) or another, to fetch its KV and decode.
+  using HandOffFn = std::function<void(std::shared_ptr<engine::Request> request, Replica* source,
+                                       Replica* target)>;
 
   /// `kv_index` (may be null: nothing is published) must outlive the replica.
   Replica(std::string replica_id, ReplicaOptions options, RetryFn retry,
-          KvIndex* kv_index = nullptr);
+          KvIndex* kv_index = nullptr, HandOffFn hand_off = nullptr);
   ~Replica();  // Stop()s
 
   /// A worker registered (first time or after a restart): the loop (re)opens the step
@@ -88,10 +98,21 @@ class Replica {
   /// ResourceExhausted when its waiting queue is full; InvalidArgument when the request
   /// can never fit in its KV pool.
   absl::Status Submit(std::shared_ptr<engine::Request> request);
-  /// Submit, and before admitting `request` fetch the prefix `fetch_source` (another
-  /// replica, same layout) holds into this replica's host tier instead of recomputing it
-  /// (replica_kv_fetch.cc). A failed or slow fetch admits it as Submit does.
-  absl::Status Submit(std::shared_ptr<engine::Request> request, Replica* fetch_source);
+  /// How a request arrives besides its prompt.
+  struct SubmitOptions {
+    // Before admitting it, fetch the prefix this replica (same layout) holds into this
+    // replica's host tier instead of recomputing it (replica_kv_fetch.cc). A failed or
+    // slow fetch admits it as Submit does.
+    Replica* fetch_source = nullptr;
+    // It comes from the prefill replica fetch_source after its first token (disaggregated
+    // serving): its KV is fetched whatever fetches have cost so far, and a fetch that
+    // fails counts as a failed hand-off.
+    bool handed_off = false;
+    // This replica prefills it (a prefill replica) and hands it to `hand_off_to` after its
+    // first token (HandOffFn).
+    Replica* hand_off_to = nullptr;
+  };
+  absl::Status Submit(std::shared_ptr<engine::Request> request, const SubmitOptions& options);
   /// The connected workers' host tier in blocks (0: none), and their layout: ranks, KV
   /// dtype and block size must match for a fetch between replicas.
   int64_t host_tier_blocks() const { return host_tier_blocks_.load(); }
@@ -128,6 +149,12 @@ class Replica {
   void Stop();
 
   const std::string& replica_id() const { return replica_id_; }
+  /// The connected workers' role (mixed before one connected).
+  ReplicaRole role() const { return role_.load(); }
+  /// Disaggregated serving: prompts with more uncached tokens than this are better
+  /// prefilled elsewhere (ReplicaOptions::max_local_prefill_length, else this replica's
+  /// step timings: engine::LocalPrefillLimit), updated after every step.
+  int64_t local_prefill_limit() const { return local_prefill_limit_.load(); }
   bool healthy() const { return healthy_.load(); }
   /// Requests admitted and not finished (waiting + running + not yet admitted).
   int64_t load() const { return load_.load(); }
@@ -169,10 +196,13 @@ class Replica {
   // starts fetches for replies, commits finished fetches and admits their requests, gives
   // up on fetches past their deadline.
   void HandleKvFetches();
-  void StartFetch(std::shared_ptr<engine::Request> request, Replica* source);
+  void StartFetch(std::shared_ptr<engine::Request> request, Replica* source, bool handed_off);
   // Whether fetching `request`'s prefix (as fetches measured so far) beats recomputing it.
   bool FetchPays(const engine::Request& request) const;
-  void AdmitOne(const std::shared_ptr<engine::Request>& request);
+  // Admits into the engine (a refusal ends the request); `hand_off_to`: prefill it only.
+  void AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to = nullptr);
+  // Passes the requests the engine core handed off to the cluster (loop thread).
+  void HandOffPrefilled();
   void EndFetch(uint64_t fetch_id, const absl::Status& status);
   // The worker was lost: the requests waiting for a prefix, to place again.
   std::vector<std::shared_ptr<engine::Request>> AbandonFetches();
@@ -194,11 +224,15 @@ class Replica {
     absl::Time deadline;
     absl::Time started;
     bool fetching = false;  // the workers are pulling the blocks
+    bool handed_off = false;  // SubmitOptions::handed_off
   };
 
   const std::string replica_id_;
   const ReplicaOptions options_;
   const RetryFn retry_;
+  const HandOffFn hand_off_;
+  std::atomic<ReplicaRole> role_{ReplicaRole::kMixed};
+  std::atomic<int64_t> local_prefill_limit_{0};
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> load_{0};
   std::atomic<int64_t> load_tokens_{0};
@@ -224,7 +258,7 @@ class Replica {
   std::string kv_layout_ ABSL_GUARDED_BY(mu_);
   // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
   // answers, finished fetches, exports to release.
-  absl::flat_hash_map<const engine::Request*, Replica*> fetch_hints_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const engine::Request*, SubmitOptions> placements_ ABSL_GUARDED_BY(mu_);
   std::deque<ExportAsk> export_asks_ ABSL_GUARDED_BY(mu_);
   std::deque<ExportReply> export_replies_ ABSL_GUARDED_BY(mu_);
   std::deque<FetchResult> fetch_results_ ABSL_GUARDED_BY(mu_);
@@ -237,6 +271,11 @@ class Replica {
   absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> exports_;
   uint64_t next_export_id_ = 1;
   uint64_t num_kv_fetches_ = 0, num_kv_fetch_failures_ = 0, num_kv_fetched_blocks_ = 0;
+  // Disaggregated serving: prefill-only requests' decode replicas (by sequence id), those
+  // the engine core handed back after their first token, and the hand-offs so far.
+  absl::flat_hash_map<uint64_t, Replica*> hand_off_targets_;
+  std::vector<std::shared_ptr<engine::Request>> prefilled_;
+  uint64_t num_handoffs_out_ = 0, num_handoffs_in_ = 0, num_handoff_failures_ = 0;
   double kv_fetch_seconds_ = 0;
   // The engine core of the connected worker's KV pool: admitted requests, scheduler.
   std::unique_ptr<engine::EngineCore> engine_;

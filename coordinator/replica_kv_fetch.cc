@@ -100,26 +100,32 @@ bool Replica::FetchPays(const engine::Request& request) const {
                               scheduler.speculation_policy().cost_model());
 }
 
-void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* source) {
+void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* source,
+                         bool handed_off) {
   const uint64_t fetch_id = next_fetch_id_++;
   PendingFetch& pending = pending_fetches_[fetch_id];
   pending.request = request;
   pending.source = source;
+  pending.handed_off = handed_off;
   pending.started = absl::Now();
   pending.deadline = pending.started + kFetchTimeout;
   source->AskExport(this, fetch_id, std::move(request));
 }
 
-void Replica::AdmitOne(const std::shared_ptr<engine::Request>& request) {
+void Replica::AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to) {
   if (request->cancelled()) {
     request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
     Unload(*request);
     return;
   }
-  if (absl::Status added = engine_->Admit(request); !added.ok()) {
+  if (absl::Status added =
+          engine_->Admit(request, /*score_prompt_from=*/0, /*prefill_only=*/hand_off_to != nullptr);
+      !added.ok()) {
     request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
     Unload(*request);
+    return;
   }
+  if (hand_off_to != nullptr) hand_off_targets_[request->seq_id()] = hand_off_to;
 }
 
 void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
@@ -138,16 +144,31 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
     ++num_kv_fetches_;
     num_kv_fetched_blocks_ += static_cast<uint64_t>(stored);
     kv_fetch_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
+    if (pending.handed_off && stored == 0 && count > 0) {
+      ++num_handoff_failures_;
+      std::fprintf(stderr,
+                   "loom: replica %s: the KV hand-off from prefill replica %s arrived after this "
+                   "replica's host tier was reset, recomputing the prompt here\n",
+                   replica_id_.c_str(), pending.source->replica_id().c_str());
+    }
   } else if (request.cancelled()) {
     scheduler.ReleaseSlots(pending.import, /*import=*/true);  // AdmitOne ends it as aborted
   } else {
     scheduler.ReleaseSlots(pending.import, /*import=*/true);
     ++num_kv_fetch_failures_;
+    if (pending.handed_off) ++num_handoff_failures_;
     std::fprintf(stderr,
-                 "loom: replica %s: fetching a prefix from replica %s failed, recomputing it: "
-                 "%s\n",
+                 pending.handed_off
+                     ? "loom: replica %s: the KV hand-off from prefill replica %s failed, "
+                       "recomputing the prompt here: %s\n"
+                     : "loom: replica %s: fetching a prefix from replica %s failed, recomputing "
+                       "it: %s\n",
                  replica_id_.c_str(), pending.source->replica_id().c_str(),
                  std::string(status.message()).c_str());
+  }
+  if (pending.handed_off) {
+    ++num_handoffs_in_;
+    pending.request->MarkHandoffDone();
   }
   if (pending.export_id != 0) pending.source->ReleaseExport(pending.export_id);
   AdmitOne(pending.request);
@@ -181,10 +202,13 @@ void Replica::HandleKvFetches() {
     reply.source = this;
     const engine::Request& request = *ask.request;
     const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
-    const int64_t prompt = static_cast<int64_t>(request.params().prompt_ids.size());
+    // The requester computes at least the last known token (a hand-off's first output
+    // follows its prompt: every full prompt block is usable).
+    const int64_t known =
+        static_cast<int64_t>(request.params().prompt_ids.size()) + request.num_outputs();
     const size_t usable = std::min(
         hashes.size(),
-        static_cast<size_t>(std::max<int64_t>(0, (prompt - 1) / std::max(block_size_.load(), 1))));
+        static_cast<size_t>(std::max<int64_t>(0, (known - 1) / std::max(block_size_.load(), 1))));
     engine::Scheduler::HeldSlots held =
         scheduler.ExportPrefix(absl::MakeConstSpan(hashes).first(usable),
                                request.params().prompt_ids, request.params().cache_salt);

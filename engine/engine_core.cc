@@ -10,7 +10,8 @@ namespace loom::engine {
 EngineCore::EngineCore(const SchedulerConfig& config, std::string name, Hooks hooks)
     : scheduler_(config), name_(std::move(name)), hooks_(std::move(hooks)) {}
 
-absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_prompt_from) {
+absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_prompt_from,
+                               bool prefill_only) {
   const RequestParams& params = request->params();
   auto seq = std::make_unique<Sequence>();
   seq->seq_id = request->seq_id();
@@ -20,6 +21,10 @@ absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_p
   seq->output_ids = request->output_ids();
   seq->sampling = params.sampling;
   seq->max_tokens = params.embed ? 1 : params.max_tokens;
+  // A prefill replica's request stops after one more token: nothing is scheduled past it.
+  if (prefill_only) {
+    seq->max_tokens = std::min(seq->max_tokens, static_cast<int32_t>(seq->output_ids.size()) + 1);
+  }
   seq->embed = params.embed;
   seq->cache_salt = params.cache_salt;
   seq->max_speculative_tokens = params.num_speculative_tokens >= 0
@@ -40,6 +45,7 @@ absl::Status EngineCore::Admit(std::shared_ptr<Request> request, int32_t score_p
   const uint64_t seq_id = seq->seq_id;
   if (absl::Status added = scheduler_.Add(std::move(seq)); !added.ok()) return added;
   requests_[seq_id] = std::move(request);
+  if (prefill_only) prefill_only_.insert(seq_id);
   return absl::OkStatus();
 }
 
@@ -53,7 +59,9 @@ bool EngineCore::Plan(SchedulerOutput& out, StepRecord& record) {
     if (work.is_new && seq.num_preemptions == 0) {
       // First scheduled here: what its prompt found in the cache is what it reports.
       auto it = requests_.find(seq.seq_id);
-      if (it != requests_.end()) {
+      // A hand-off (disaggregated serving) found its prompt's KV fetched, not cached: what
+      // its prefill replica found is what it reports.
+      if (it != requests_.end() && !it->second->handed_off()) {
         it->second->MarkScheduled(name_);
         it->second->set_cached_prompt_tokens(
             std::min(seq.num_cached_tokens, static_cast<int32_t>(seq.prompt_ids.size())));
@@ -109,8 +117,18 @@ void EngineCore::Apply(const StepRecord& record, const loom::v1::StepResult& res
       if (hooks_.on_token) hooks_.on_token(request, outputs[i], finished);
       if (finished) {
         scheduler_.Finish(seq_id);
+        prefill_only_.erase(seq_id);
         if (hooks_.on_end) hooks_.on_end(request);
         requests_.erase(it);
+        break;
+      }
+      if (prefill_only_.erase(seq_id) > 0) {
+        // Its blocks go back to the pool; the full ones stay cached for the decode replica
+        // to fetch.
+        scheduler_.Finish(seq_id);
+        std::shared_ptr<Request> handed = std::move(it->second);
+        requests_.erase(it);
+        if (hooks_.on_handoff) hooks_.on_handoff(std::move(handed));
         break;
       }
     }
@@ -123,6 +141,7 @@ void EngineCore::End(uint64_t seq_id, loom::v1::FinishReason reason, const std::
   it->second->Finish(reason, message, name_);
   if (hooks_.on_end) hooks_.on_end(*it->second);
   requests_.erase(it);
+  prefill_only_.erase(seq_id);
   scheduler_.Finish(seq_id);
 }
 
@@ -137,6 +156,7 @@ std::vector<std::shared_ptr<Request>> EngineCore::TakeAll() {
   }
   for (auto& [seq_id, request] : requests_) taken.push_back(std::move(request));
   requests_.clear();
+  prefill_only_.clear();
   return taken;
 }
 

@@ -39,6 +39,10 @@ class EngineCore {
                        bool finished)>
         on_token;
     std::function<void(Request& request)> on_end;
+    /// A request admitted `prefill_only` got its first token and is not finished: the
+    /// core forgot it (its blocks freed, the full ones kept in the prefix cache) without
+    /// ending it, for the driver to hand to a decode replica.
+    std::function<void(std::shared_ptr<Request> request)> on_handoff;
   };
 
   /// `name` labels the requests' metrics and events (a replica id, or "local").
@@ -47,7 +51,10 @@ class EngineCore {
   /// Adds `request` to the scheduler's waiting queue; `score_prompt_from` > 0 asks for
   /// the prompt's log-probabilities from that index on. A refusal (the scheduler's
   /// InvalidArgument or ResourceExhausted) leaves nothing behind; the request is not ended.
-  absl::Status Admit(std::shared_ptr<Request> request, int32_t score_prompt_from = 0);
+  /// `prefill_only` (disaggregated serving, a prefill replica): the request runs until its
+  /// next token, then goes to Hooks::on_handoff unless that token finished it.
+  absl::Status Admit(std::shared_ptr<Request> request, int32_t score_prompt_from = 0,
+                     bool prefill_only = false);
 
   /// Plans the next step into `out` and `record`: false when there is nothing to run.
   /// Requests scheduled for the first time learn their prefix-cache hits.
@@ -78,6 +85,7 @@ class EngineCore {
   const Hooks hooks_;
   // Admitted and not yet ended, by sequence id.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Request>> requests_;
+  absl::flat_hash_set<uint64_t> prefill_only_;  // admitted prefill_only, not yet handed off
   std::vector<int32_t> token_scratch_;  // Apply: one sequence's tokens of a result
 };
 

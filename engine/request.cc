@@ -137,6 +137,8 @@ void Request::RecordFinished(loom::v1::FinishReason reason, const std::string& r
     record.decode_seconds = Seconds(*last_token_ - *first_token_).count();
     if (first_scheduled_) record.prefill_seconds = Seconds(*first_token_ - *first_scheduled_).count();
   }
+  if (handed_off_)
+    record.transfer_seconds = Seconds(handoff_done_.value_or(now) - *handed_off_).count();
   metrics_->RecordRequest(record);
 }
 

@@ -153,6 +153,14 @@ class Request {
   /// Times the request moved to another replica after producing output (replica loop).
   int32_t num_migrations() const { return num_migrations_; }
   void CountMigration() { ++num_migrations_; }
+  /// Disaggregated serving: the prefill replica handed the request over after its first
+  /// token (MarkHandedOff, its loop), then the decode replica admitted it, its KV fetched
+  /// or not (MarkHandoffDone, that loop, later): the transfer phase of its timeline.
+  void MarkHandedOff() { handed_off_ = std::chrono::steady_clock::now(); }
+  void MarkHandoffDone() {
+    if (handed_off_ && !handoff_done_) handoff_done_ = std::chrono::steady_clock::now();
+  }
+  bool handed_off() const { return handed_off_.has_value(); }
   bool finished() const { return finished_; }
   /// Asks the replica running it to drop it at its next step (any thread). The replica
   /// then frees its blocks and pushes the final ABORT event.
@@ -211,8 +219,8 @@ class Request {
   std::vector<BlockHash> prompt_block_hashes_;
   int32_t hashed_block_size_ = 0;
   std::chrono::steady_clock::time_point arrival_;
-  std::optional<std::chrono::steady_clock::time_point> first_scheduled_, first_token_,
-      last_token_;
+  std::optional<std::chrono::steady_clock::time_point> first_scheduled_, first_token_, last_token_,
+      handed_off_, handoff_done_;
   std::string scheduled_replica_id_;  // the replica that scheduled it last
   RequestMetrics* metrics_ = nullptr;
   // The latency series of the replica of its first token (set then, with metrics_).

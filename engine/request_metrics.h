@@ -22,6 +22,9 @@ struct RequestRecord {
   double decode_seconds = -1;   // first token to last token
   double inference_seconds = -1;  // first scheduled to finish
   double e2e_seconds = -1;      // arrival to finish
+  // Disaggregated prefill and decode: the hand-off, from the prefill replica's first token
+  // to the decode replica's admission with the KV fetched (or not); -1: not handed off.
+  double transfer_seconds = -1;
 };
 
 /// The latency series of one replica, looked up once per request; defined by the

@@ -71,6 +71,13 @@ int64_t MaxBlocksHeld(const SchedulerConfig& config, int64_t tokens);
 bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
                   const StepCostModel& cost);
 
+/// Disaggregated serving: the uncached prompt tokens past which a prompt is better
+/// prefilled on another replica than here. Run here, a prefill of n tokens beside the
+/// replica's `num_decodes` running decodes makes their step take cost(b + n) instead of
+/// cost(b); the limit is the smallest n (a power of two from 16) that at least doubles it,
+/// by `cost`'s measured step times; 512 before any step was measured.
+int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes);
+
 /// One sequence's work in a plan.
 struct ScheduledWork {
   Sequence* seq = nullptr;

@@ -89,6 +89,42 @@ TEST(UpCommandTest, SetsTheFlagsItOwnsPerWorker) {
   EXPECT_EQ(ParseUp({"m.gguf", "--rank", "1"}, refused), 2);
 }
 
+TEST(UpCommandTest, StartsPrefillAndDecodeReplicasWithTheirRoles) {
+  // Disaggregated: one prefill replica of two ranks, two decode replicas of one, no mixed one.
+  UpOptions options;
+  ASSERT_EQ(ParseUp({"m.gguf", "--prefill-replicas", "1", "--decode-replicas", "2",
+                     "--prefill-tensor-parallel-size", "2", "--threads", "1"},
+                    options),
+            std::nullopt);
+  EXPECT_EQ(options.total_replicas(), 3);
+  const auto commands = WorkerCommands(options, "127.0.0.1:1", "r");
+  ASSERT_EQ(commands.size(), 4u);
+  auto value_of = [](const std::vector<std::string>& command, const std::string& flag) {
+    const auto it = std::find(command.begin(), command.end(), flag);
+    return it == command.end() || it + 1 == command.end() ? std::string() : *(it + 1);
+  };
+  const std::vector<std::pair<std::string, std::string>> expected = {{"prefill-0", "prefill"},
+                                                                     {"prefill-0", "prefill"},
+                                                                     {"decode-0", "decode"},
+                                                                     {"decode-1", "decode"}};
+  for (size_t i = 0; i < commands.size(); ++i) {
+    EXPECT_EQ(value_of(commands[i], "--replica-id"), expected[i].first) << i;
+    EXPECT_EQ(value_of(commands[i], "--role"), expected[i].second) << i;
+  }
+  EXPECT_EQ(value_of(commands[1], "--world-size"), "2");
+  EXPECT_EQ(value_of(commands[2], "--world-size"), "");
+  // --replicas given too: mixed replicas beside them, without a --role.
+  UpOptions mixed;
+  ASSERT_EQ(ParseUp({"m.gguf", "--replicas", "1", "--decode-replicas", "1"}, mixed), std::nullopt);
+  const auto both = WorkerCommands(mixed, "127.0.0.1:1", "r");
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(value_of(both[0], "--role"), "");
+  EXPECT_EQ(value_of(both[1], "--role"), "decode");
+  // The role is up's to set per replica.
+  UpOptions refused;
+  EXPECT_EQ(ParseUp({"m.gguf", "--role", "prefill"}, refused), 2);
+}
+
 TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
   // Two replicas of tensor parallelism 2 on a machine with four GPUs: GPUs 0, 1, 2, 3.
   UpOptions options;
@@ -114,8 +150,8 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(value_of(commands[i], "--gpu-index"), std::to_string(i % 2)) << i;
   }
-  EXPECT_EQ(UpGpuIndex(/*replica=*/1, /*rank=*/3, /*ranks_per_replica=*/4, 8), 7);
-  EXPECT_EQ(UpGpuIndex(2, 1, 4, 8), 1);
+  EXPECT_EQ(UpGpuIndex(/*workers_before=*/4, /*rank=*/3, 8), 7);
+  EXPECT_EQ(UpGpuIndex(8, 1, 8), 1);
 
   // Workers that run on the CPU get no GPU: --device cpu, no GPU on the machine, or auto
   // with tensor parallelism (auto takes CUDA for one rank only).

@@ -440,6 +440,7 @@ class Outcome:
     code: Optional[grpc.StatusCode] = None  # OK, or the call's error status
     details: str = ""
     replica_id: str = ""
+    last_replica_id: str = ""          # the replica of its last message (a hand-off or migration moves it)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list = dataclasses.field(default_factory=list)  # SequenceOutputs, when asked for
@@ -494,6 +495,8 @@ class Stream:
                     o.logprobs.extend(message.logprobs)
                     if message.replica_id and not o.replica_id:
                         o.replica_id = message.replica_id
+                    if message.replica_id:
+                        o.last_replica_id = message.replica_id
                     if message.finish_reason:
                         o.finish_reason = message.finish_reason
                         o.error_message = message.error_message

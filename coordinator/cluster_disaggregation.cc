@@ -1,0 +1,100 @@
+// Cluster: disaggregated prefill and decode. A request whose prompt would stall the
+// decodes of the replica chosen for it is prefilled on a prefill replica instead, which
+// computes the prompt and the first token (streamed to the client at once) and then hands
+// the request to that decode replica. The decode replica fetches the prompt's KV from the
+// prefill replica's host tier through the KV transfer between workers
+// (replica_kv_fetch.cc, worker/kv_transfer) and decodes the rest; a transfer that fails
+// or times out recomputes the prompt there. The same request object moves between the
+// replicas' loops, so its client stream, stop checks and timeline continue.
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "coordinator/cluster.h"
+
+namespace loom::coordinator {
+
+std::vector<Replica*> Cluster::SplitPrefill(std::vector<Replica*>& candidates) {
+  std::vector<Replica*> prefill;
+  std::vector<Replica*> serving;
+  for (Replica* replica : candidates) {
+    (replica->role() == ReplicaRole::kPrefill ? prefill : serving).push_back(replica);
+  }
+  // Prefill replicas alone serve everything, as mixed ones.
+  if (serving.empty()) return {};
+  candidates = std::move(serving);
+  return prefill;
+}
+
+std::optional<absl::Status> Cluster::PlaceDisaggregated(
+    const std::shared_ptr<engine::Request>& request, absl::Span<Replica* const> serving,
+    absl::Span<Replica* const> prefill, absl::Span<const engine::BlockHash> hashes,
+    int32_t block_size) {
+  const engine::RequestParams& params = request->params();
+  // Embeddings and prompt scores come from the prompt's pass itself; a request that already
+  // streamed output (placed again after a failure) continues where it is placed.
+  if (params.embed || params.prompt_logprobs >= 0 || request->produced_output()) {
+    return std::nullopt;
+  }
+  // The decode replica first: where the request would run if it stayed, by the router.
+  const RouteDecision decode = Rank(serving, *request, hashes, block_size);
+  Replica* target = serving[decode.order.front()];
+  const int64_t prompt = static_cast<int64_t>(params.prompt_ids.size());
+  const int64_t cached = std::min(
+      kv_index_.MatchPrefix(hashes, {target->replica_id()}).front() * block_size, prompt - 1);
+  if (prompt - cached <= target->local_prefill_limit()) return std::nullopt;
+  const RouteDecision order = Rank(prefill, *request, hashes, block_size);
+  for (size_t index : order.order) {
+    Replica::SubmitOptions options;
+    // A request of one token has nothing to decode: the prefill replica answers it.
+    if (params.max_tokens > 1) options.hand_off_to = target;
+    const absl::Status placed = prefill[index]->Submit(request, options);
+    if (placed.ok()) return placed;
+    if (placed.code() == absl::StatusCode::kInvalidArgument) break;
+  }
+  return std::nullopt;  // every prefill replica is full or gone: run it locally
+}
+
+void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target) {
+  Replica::SubmitOptions options;
+  options.fetch_source = source;
+  options.handed_off = true;
+  absl::Status placed = absl::UnavailableError("no decode replica was chosen");
+  if (target != nullptr) placed = target->Submit(request, options);
+  if (placed.ok()) return;
+  // The decode replica chosen at placement is gone, draining or full: the router's best of
+  // the others that decode, and last the prefill replica itself (its cache holds the
+  // prompt's blocks).
+  const std::string first_refusal(placed.message());
+  std::vector<Replica*> candidates = Candidates(target);
+  std::erase_if(candidates,
+                [](Replica* replica) { return replica->role() == ReplicaRole::kPrefill; });
+  const int32_t block_size = std::max(request->hashed_block_size(), 1);
+  const RouteDecision decision =
+      Rank(candidates, *request, request->prompt_block_hashes(), block_size);
+  for (size_t index : decision.order) {
+    placed = candidates[index]->Submit(request, options);
+    if (placed.ok()) break;
+  }
+  if (!placed.ok()) {
+    request->MarkHandoffDone();  // nothing to transfer
+    placed = source->Submit(request);
+  }
+  if (!placed.ok()) {
+    request->Finish(
+        loom::v1::FINISH_REASON_ERROR,
+        absl::StrFormat("no replica could take it after its prefill: %s", placed.message()),
+        source->replica_id());
+    return;
+  }
+  std::fprintf(stderr,
+               "loom: request %s: its decode replica %s refused the hand-off (%s); placed "
+               "elsewhere\n",
+               request->request_id().c_str(),
+               target != nullptr ? target->replica_id().c_str() : "(none)", first_refusal.c_str());
+}
+
+}  // namespace loom::coordinator
