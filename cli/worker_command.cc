@@ -405,7 +405,8 @@ std::unique_ptr<common::GrammarMatcherFactory> LoadGrammars(const common::GgufFi
 // A prefill or decode worker without --kv-offload-memory gets a tier of as many blocks as
 // its pool: the hand-off of a request's KV passes through both replicas' tiers.
 absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& options,
-                                                           const StepBackend& backend,
+                                                           const common::ModelConfig& served_config,
+                                                           bool cuda, const StepBackend& backend,
                                                            int64_t num_blocks,
                                                            double* load_seconds) {
   const common::ModelConfig& config = backend.config();
@@ -419,6 +420,22 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<KvHostTier> tier,
                         KvHostTier::Create(bytes, backend.kv_pool(), f16_block));
   LOOM_ASSIGN_OR_RETURN(*load_seconds, tier->MeasureLoadSeconds());
+  // The slot layout, for transfers that map KV heads between tensor-parallel sizes: the
+  // pool's block as SaveBlocks writes it (unset when the sizes disagree, e.g. a backend
+  // with another layout: such transfers are then refused).
+  if (absl::StatusOr<model::ShardPlan> plan =
+          model::PlanPartition(served_config, ParallelismOf(options));
+      plan.ok()) {
+    worker::KvSlotLayout layout;
+    layout.num_layers = plan->num_layers;
+    layout.block_size = options.block_size;
+    layout.head_dim = served_config.head_dim;
+    layout.element_bytes = cuda ? 2 : kernels::cpu::KvElementBytes(options.kv_dtype);
+    layout.scale_bytes = cuda ? 0 : kernels::cpu::KvScaleBytes(options.kv_dtype);
+    layout.kv_head_begin = plan->kv_head0;
+    layout.num_kv_heads = plan->num_kv_heads;
+    if (layout.slot_bytes() == tier->slot_bytes()) tier->set_layout(layout);
+  }
   std::fprintf(
       stderr,
       "loom-worker: KV host tier: %lld blocks of %lld bytes (%.1f MiB), %.1f us to "
@@ -445,6 +462,8 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
       plan.ok()) {
     request.set_pipeline_first_layer(static_cast<int32_t>(plan->layer0));
     request.set_pipeline_num_layers(static_cast<int32_t>(plan->num_layers));
+    request.set_kv_head_begin(static_cast<int32_t>(plan->kv_head0));
+    request.set_num_kv_heads(static_cast<int32_t>(plan->num_kv_heads));
   }
   loom::v1::ModelInfo* model = request.mutable_model();
   model->set_name(served.config.name);
@@ -592,8 +611,8 @@ int RunWorkerCommand(int argc, char** argv) {
   std::unique_ptr<KvHostTier> host_tier;
   double load_seconds = 0;
   if (options.kv_offload_bytes > 0 || options.role != "mixed") {
-    absl::StatusOr<std::unique_ptr<KvHostTier>> created =
-        CreateHostTier(options, **backend, num_blocks, &load_seconds);
+    absl::StatusOr<std::unique_ptr<KvHostTier>> created = CreateHostTier(
+        options, served->config, placement->cuda(), **backend, num_blocks, &load_seconds);
     if (!created.ok()) return Fail(created.status());
     host_tier = *std::move(created);
   }

@@ -140,6 +140,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       endpoint.num_host_kv_blocks = pending.ranks[0]->num_host_kv_blocks();
       endpoint.pipeline_parallel_size = stages;
       endpoint.role = *role;
+      endpoint.kv_dtype = request.kv_dtype();
       for (const auto& rank : pending.ranks) {
         if (ParseReplicaRole(rank->role()).value_or(ReplicaRole::kMixed) != *role) {
           pending_ranks_.erase(request.replica_id());
@@ -160,6 +161,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
               request.replica_id(), endpoint.block_size, rank->block_size()));
         }
         endpoint.addresses.push_back(rank->worker_address());
+        endpoint.kv_heads.push_back({rank->kv_head_begin(), rank->num_kv_heads()});
         // The replica's pool is what every rank can hold.
         endpoint.num_kv_blocks = std::min(endpoint.num_kv_blocks, rank->num_kv_blocks());
         endpoint.num_host_kv_blocks =

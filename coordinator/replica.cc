@@ -313,9 +313,17 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     lost_reason_.clear();
     live_connection_ = connection_.get();
     endpoint_ = endpoint;
-    kv_layout_ =
-        absl::StrFormat("%d ranks in %d stages, %d-token blocks", endpoint.addresses.size(),
-                        endpoint.pipeline_parallel_size, endpoint.block_size);
+    // Tensor-parallel sizes may differ (heads are mapped) where every rank reports its KV
+    // heads; pipeline stages hold layer ranges, so their ranks must match one to one.
+    const bool heads_known = !endpoint.kv_heads.empty() &&
+                             std::all_of(endpoint.kv_heads.begin(), endpoint.kv_heads.end(),
+                                         [](const KvHeadRange& heads) { return heads.count > 0; });
+    kv_layout_ = absl::StrFormat(
+        "%s%d-token blocks of %s KV",
+        stages > 1 || !heads_known
+            ? absl::StrFormat("%d ranks in %d stages, ", endpoint.addresses.size(), stages)
+            : "",
+        endpoint.block_size, endpoint.kv_dtype);
     stats_.set_max_plans_in_flight(plans_in_flight_);
     liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());
     healthy_.store(true);

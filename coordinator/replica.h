@@ -51,6 +51,12 @@ struct ReplicaOptions {
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };
 
+/// The model's KV heads one rank's pool holds, [begin, + count); count 0: not reported.
+struct KvHeadRange {
+  int32_t begin = 0;
+  int32_t count = 0;
+};
+
 /// Where a registered worker serves its step stream, and its KV pool.
 struct WorkerEndpoint {
   std::string address;                 // rank 0's
@@ -66,6 +72,8 @@ struct WorkerEndpoint {
   int64_t num_host_kv_blocks = 0;
   double kv_load_seconds_per_block = 0;
   ReplicaRole role = ReplicaRole::kMixed;  // every rank's (loom-worker --role)
+  std::vector<KvHeadRange> kv_heads;       // per rank, in rank order
+  std::string kv_dtype;                    // as registered
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
@@ -113,8 +121,9 @@ class Replica {
     Replica* hand_off_to = nullptr;
   };
   absl::Status Submit(std::shared_ptr<engine::Request> request, const SubmitOptions& options);
-  /// The connected workers' host tier in blocks (0: none), and their layout: ranks, KV
-  /// dtype and block size must match for a fetch between replicas.
+  /// The connected workers' host tier in blocks (0: none), and their KV layout: block size,
+  /// KV dtype and pipeline stages must match for a transfer between replicas (tensor-
+  /// parallel sizes may differ: ranks read the KV heads they hold).
   int64_t host_tier_blocks() const { return host_tier_blocks_.load(); }
   std::string kv_layout() const;
 
@@ -127,6 +136,8 @@ class Replica {
     uint64_t export_id = 0;              // for ReleaseExport; 0: nothing held
     std::string reason;                  // empty: ok
     std::vector<std::string> addresses;  // the source's ranks
+    std::vector<KvHeadRange> kv_heads;   // and the KV heads each holds
+    std::string kv_layout;               // the source's kv_layout()
     std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier
     uint64_t after_step_id = 0;          // the source step that writes them
     Replica* source = nullptr;

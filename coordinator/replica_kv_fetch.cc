@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,27 +26,69 @@ namespace {
 // How long a request waits for its prefix before it is admitted to recompute.
 constexpr absl::Duration kFetchTimeout = absl::Seconds(20);
 
-// Each rank of the destination pulls its slice from the same rank of the source.
+// The source ranks destination rank `rank` reads: the same rank when both replicas hold
+// the same slices, else the fewest ranks covering its KV heads (tensor-parallel sizes
+// differ). Empty when no set of them covers the heads.
+std::vector<size_t> SourceRanks(const std::vector<KvHeadRange>& dest,
+                                const std::vector<KvHeadRange>& source, size_t rank) {
+  const bool same = dest.size() == source.size() &&
+                    (dest[rank].count == 0 || (source[rank].begin == dest[rank].begin &&
+                                               source[rank].count == dest[rank].count));
+  if (same) return {rank};
+  std::vector<size_t> ranks;
+  if (dest[rank].count == 0) return ranks;
+  const int32_t end = dest[rank].begin + dest[rank].count;
+  for (int32_t head = dest[rank].begin; head < end;) {
+    std::optional<size_t> best;
+    for (size_t r = 0; r < source.size(); ++r) {
+      const KvHeadRange& range = source[r];
+      if (range.count > 0 && range.begin <= head && head < range.begin + range.count &&
+          (!best || range.begin + range.count > source[*best].begin + source[*best].count)) {
+        best = r;
+      }
+    }
+    if (!best) return {};
+    ranks.push_back(*best);
+    head = source[*best].begin + source[*best].count;
+  }
+  return ranks;
+}
+
+// Each rank of the destination pulls its KV heads from the source ranks holding them.
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
+                              const std::vector<KvHeadRange>& dest_heads,
                               const Replica::ExportReply& reply,
                               const std::vector<int32_t>& dest_slots) {
+  std::vector<loom::v1::FetchKvBlocksRequest> requests(destinations.size());
+  for (size_t r = 0; r < destinations.size(); ++r) {
+    const std::vector<size_t> sources = SourceRanks(dest_heads, reply.kv_heads, r);
+    if (sources.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("no rank of the source holds the KV heads of rank %d", r));
+    }
+    loom::v1::FetchKvBlocksRequest& request = requests[r];
+    for (size_t s : sources) {
+      loom::v1::KvBlockSource* source = request.add_sources();
+      source->set_address(reply.addresses[s]);
+      source->mutable_slots()->Add(reply.slots.begin(),
+                                   reply.slots.begin() + static_cast<ptrdiff_t>(dest_slots.size()));
+      source->set_kv_head_begin(reply.kv_heads[s].begin);
+      source->set_num_kv_heads(reply.kv_heads[s].count);
+    }
+    request.mutable_dest_slots()->Add(dest_slots.begin(), dest_slots.end());
+    request.set_after_step_id(reply.after_step_id);
+    request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(kFetchTimeout)));
+  }
   std::vector<std::future<absl::Status>> ranks;
   for (size_t r = 0; r < destinations.size(); ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r]() -> absl::Status {
-      loom::v1::FetchKvBlocksRequest request;
-      request.set_source_address(reply.addresses[r]);
-      request.mutable_source_slots()->Add(
-          reply.slots.begin(), reply.slots.begin() + static_cast<ptrdiff_t>(dest_slots.size()));
-      request.mutable_dest_slots()->Add(dest_slots.begin(), dest_slots.end());
-      request.set_after_step_id(reply.after_step_id);
-      request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(kFetchTimeout)));
       auto stub = loom::v1::Worker::NewStub(
           grpc::CreateChannel(destinations[r], grpc::InsecureChannelCredentials()));
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
                            absl::ToChronoMilliseconds(kFetchTimeout + absl::Seconds(5)));
       loom::v1::FetchKvBlocksResponse response;
-      const grpc::Status status = stub->FetchKvBlocks(&context, request, &response);
+      const grpc::Status status = stub->FetchKvBlocks(&context, requests[r], &response);
       if (status.ok()) return absl::OkStatus();
       return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                           absl::StrFormat("rank %d: %s", r, status.error_message()));
@@ -180,6 +223,8 @@ void Replica::HandleKvFetches() {
   std::deque<FetchResult> results;
   std::vector<uint64_t> releases;
   std::vector<std::string> addresses;
+  std::vector<KvHeadRange> kv_heads;
+  std::string kv_layout;
   {
     absl::MutexLock lock(&mu_);
     asks.swap(export_asks_);
@@ -187,6 +232,8 @@ void Replica::HandleKvFetches() {
     results.swap(fetch_results_);
     releases.swap(export_releases_);
     addresses = endpoint_.addresses;
+    kv_heads = endpoint_.kv_heads;
+    kv_layout = kv_layout_;
   }
   engine::Scheduler& scheduler = engine_->scheduler();
   for (uint64_t export_id : releases) {
@@ -217,6 +264,8 @@ void Replica::HandleKvFetches() {
     } else {
       reply.export_id = next_export_id_++;
       reply.addresses = addresses;
+      reply.kv_heads = kv_heads;
+      reply.kv_layout = kv_layout;
       reply.slots = held.slots;
       // The plan that carries the copies is the next one; else what is queued already ran
       // or runs in the plans sent so far.
@@ -236,10 +285,13 @@ void Replica::HandleKvFetches() {
     }
     PendingFetch& pending = it->second;
     pending.export_id = reply.export_id;
-    if (!reply.reason.empty() || reply.addresses.size() != addresses.size()) {
+    if (!reply.reason.empty() || reply.kv_layout != kv_layout) {
       EndFetch(reply.fetch_id,
-               absl::FailedPreconditionError(reply.reason.empty() ? "the replicas' ranks differ"
-                                                                  : reply.reason));
+               absl::FailedPreconditionError(
+                   reply.reason.empty()
+                       ? absl::StrFormat("the replicas' KV layouts differ (%s here, %s there)",
+                                         kv_layout, reply.kv_layout)
+                       : reply.reason));
       continue;
     }
     pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
@@ -256,8 +308,8 @@ void Replica::HandleKvFetches() {
       ++fetch_threads_;
     }
     // Bounded by the transfer's deadline; Stop waits for it.
-    std::thread([this, fetch_id, addresses, reply = std::move(reply), dest] {
-      const absl::Status status = FetchOnEveryRank(addresses, reply, dest);
+    std::thread([this, fetch_id, addresses, kv_heads, reply = std::move(reply), dest] {
+      const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest);
       absl::MutexLock lock(&mu_);
       fetch_results_.push_back({fetch_id, status});
       --fetch_threads_;

@@ -77,10 +77,8 @@ KvHostTier::~KvHostTier() {
 
 uint64_t KvHostTier::Checksum(int32_t index) const {
   // FNV-1a 64: the same value in every process (a transfer's reader checks the writer's).
-  const uint8_t* bytes = memory_ + static_cast<int64_t>(index) * slot_bytes_;
-  uint64_t hash = 14695981039346656037ull;
-  for (int64_t i = 0; i < slot_bytes_; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
-  return hash;
+  return KvSlotChecksum(absl::MakeConstSpan(memory_ + static_cast<int64_t>(index) * slot_bytes_,
+                                            static_cast<size_t>(slot_bytes_)));
 }
 
 uint64_t KvHostTier::TransferChecksum(int32_t slot) const {
@@ -120,6 +118,21 @@ absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<cons
   if (pool_ != nullptr) {
     std::copy(data.begin(), data.end(),
               memory_ + static_cast<int64_t>(slot) * slot_bytes_ + offset);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvHostTier::WriteSlotWith(int32_t slot,
+                                       const std::function<void(absl::Span<uint8_t>)>& write) {
+  absl::MutexLock lock(&mu_);
+  if (slot < 0 || slot >= num_slots_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));
+  }
+  written_[static_cast<size_t>(slot)] = false;
+  if (pool_ != nullptr) {
+    write(absl::MakeSpan(memory_ + static_cast<int64_t>(slot) * slot_bytes_,
+                         static_cast<size_t>(slot_bytes_)));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "model/device.h"
+#include "worker/kv_slot_layout.h"
 
 namespace loom::worker {
 
@@ -55,6 +57,10 @@ class KvHostTier {
 
   int64_t num_slots() const { return num_slots_; }
   int64_t slot_bytes() const { return slot_bytes_; }
+  /// How a slot lays out its block, when the worker knows it (it must describe
+  /// slot_bytes()): a fetch from a replica of another tensor-parallel size maps heads.
+  const KvSlotLayout& layout() const { return layout_; }
+  void set_layout(const KvSlotLayout& layout) { layout_ = layout; }
 
   /// Validates every copy, then runs them in order (runs of one direction in one call).
   /// InvalidArgument naming the first bad copy, with nothing copied: a pool block out of
@@ -81,6 +87,9 @@ class KvHostTier {
   absl::Status ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8_t> out) const;
   /// Writes `data` at `offset` of `slot`, which then holds no block until MarkWritten.
   absl::Status WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data);
+  /// Lets `write` change `slot`'s bytes in place (the whole slot; empty without memory),
+  /// which then holds no block until MarkWritten.
+  absl::Status WriteSlotWith(int32_t slot, const std::function<void(absl::Span<uint8_t>)>& write);
   /// `slot` holds a block now (its bytes written whole). DataLoss when `checksum` (non-zero)
   /// is not the slot's FNV-1a 64.
   absl::Status MarkWritten(int32_t slot, uint64_t checksum);
@@ -103,6 +112,7 @@ class KvHostTier {
   uint64_t Checksum(int32_t index) const;
 
   const model::KvCache* pool_ = nullptr;
+  KvSlotLayout layout_;
   int64_t num_slots_ = 0;
   int64_t slot_bytes_ = 0;
   // The slots: a shared memory file mapped here (memfd_ >= 0), else heap_.

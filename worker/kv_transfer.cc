@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace loom::worker {
 namespace {
@@ -32,37 +33,6 @@ const std::string& BootId() {
     return text;
   }();
   return *id;
-}
-
-// Copies the source slots out of the serving worker's mapped tier; an error when the map
-// cannot be opened (another machine or container, other permissions): then TCP.
-absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared,
-                        const loom::v1::FetchKvBlocksRequest& request) {
-  if (shared.boot_id().empty() || shared.boot_id() != BootId()) {
-    return absl::UnavailableError("the source runs on another machine");
-  }
-  const std::string path = absl::StrFormat("/proc/%d/fd/%d", shared.pid(), shared.fd());
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(absl::StrFormat("cannot open %s", path));
-  void* mapped = mmap(nullptr, static_cast<size_t>(shared.size()), PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  if (mapped == MAP_FAILED) return absl::UnavailableError(absl::StrFormat("cannot map %s", path));
-  const auto* source = static_cast<const uint8_t*>(mapped);
-  absl::Status status;
-  for (int i = 0; status.ok() && i < request.source_slots_size(); ++i) {
-    const int64_t offset = static_cast<int64_t>(request.source_slots(i)) * tier->slot_bytes();
-    if (offset < 0 || offset + tier->slot_bytes() > shared.size()) {
-      status = absl::InvalidArgumentError(
-          absl::StrFormat("source slot %d is outside the source's tier", request.source_slots(i)));
-      break;
-    }
-    status = tier->WriteSlot(
-        request.dest_slots(i), 0,
-        absl::MakeConstSpan(source + offset, static_cast<size_t>(tier->slot_bytes())));
-    if (status.ok()) status = tier->MarkWritten(request.dest_slots(i), 0);
-  }
-  munmap(mapped, static_cast<size_t>(shared.size()));
-  return status;
 }
 
 absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
@@ -140,35 +110,141 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
 
 namespace {
 
-// Opens a ReadKvBlocks stream for `request`'s source slots, with its deadline.
+// What one source brings: its slots whole (the reader's heads), or the heads it provides
+// of the reader's, mapped from its layout.
+struct SourcePlan {
+  const loom::v1::KvBlockSource* source = nullptr;
+  bool whole = true;
+  KvSlotLayout layout;         // the source's (mapped)
+  std::vector<int64_t> heads;  // mapped: the reader's heads taken from this source
+  int64_t slot_bytes = 0;      // of the source's slots
+};
+
+// Each source's part: one source with the reader's heads (or unstated ones) is copied
+// whole; otherwise every head of the reader's comes from the first source that holds it.
+absl::StatusOr<std::vector<SourcePlan>> PlanSources(const KvHostTier& tier,
+                                                    const loom::v1::FetchKvBlocksRequest& request) {
+  const KvSlotLayout& mine = tier.layout();
+  std::vector<SourcePlan> plans(static_cast<size_t>(request.sources_size()));
+  for (int s = 0; s < request.sources_size(); ++s) {
+    const loom::v1::KvBlockSource& source = request.sources(s);
+    if (source.slots_size() != request.dest_slots_size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a fetch needs one destination slot per source slot, got %d and %d from %s",
+          source.slots_size(), request.dest_slots_size(), source.address()));
+    }
+    plans[s].source = &source;
+    plans[s].slot_bytes = tier.slot_bytes();
+  }
+  const loom::v1::KvBlockSource& first = request.sources(0);
+  if (request.sources_size() == 1 &&
+      (first.num_kv_heads() == 0 || (first.kv_head_begin() == mine.kv_head_begin &&
+                                     first.num_kv_heads() == mine.num_kv_heads))) {
+    return plans;
+  }
+  if (!mine.known()) {
+    return absl::FailedPreconditionError(
+        "this worker's KV slot layout is unknown, so it cannot map KV heads from other "
+        "tensor-parallel slices");
+  }
+  for (SourcePlan& plan : plans) {
+    if (plan.source->num_kv_heads() <= 0 || plan.source->kv_head_begin() < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "source %s names no KV heads; with several sources or another slice each must",
+          plan.source->address()));
+    }
+    plan.whole = false;
+    plan.layout = mine.WithHeads(plan.source->kv_head_begin(), plan.source->num_kv_heads());
+    plan.slot_bytes = plan.layout.slot_bytes();
+  }
+  for (int64_t head = mine.kv_head_begin; head < mine.kv_head_begin + mine.num_kv_heads; ++head) {
+    auto holder = std::find_if(plans.begin(), plans.end(),
+                               [head](const SourcePlan& plan) { return plan.layout.holds(head); });
+    if (holder == plans.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("no source holds KV head %d of this worker's [%d, %d)", head,
+                          mine.kv_head_begin, mine.kv_head_begin + mine.num_kv_heads));
+    }
+    holder->heads.push_back(head);
+  }
+  return plans;
+}
+
+// One complete source slot arrived (`checksum`: the sender's, 0 when not computed).
+absl::Status Deliver(KvHostTier* tier, const SourcePlan& plan, int32_t dest_slot,
+                     absl::Span<const uint8_t> bytes, uint64_t checksum) {
+  if (plan.whole) {
+    LOOM_RETURN_IF_ERROR(tier->WriteSlot(dest_slot, 0, bytes));
+    return tier->MarkWritten(dest_slot, checksum);
+  }
+  if (checksum != 0 && KvSlotChecksum(bytes) != checksum) {
+    return absl::DataLossError(absl::StrFormat(
+        "a block for host slot %d: its checksum does not match the sender's", dest_slot));
+  }
+  return tier->WriteSlotWith(dest_slot, [&](absl::Span<uint8_t> to) {
+    CopyKvHeads(plan.layout, bytes, tier->layout(), to, plan.heads);
+  });
+}
+
+// Opens a ReadKvBlocks stream for the source's slots, with the transfer's deadline.
 std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> StartRead(
-    loom::v1::Worker::Stub& stub, grpc::ClientContext& context, const KvHostTier* tier,
+    loom::v1::Worker::Stub& stub, grpc::ClientContext& context, const SourcePlan& plan,
     const loom::v1::FetchKvBlocksRequest& request, bool offer_shared_memory) {
   context.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(request.timeout_ms() > 0 ? request.timeout_ms() : 30000));
   loom::v1::ReadKvBlocksRequest read;
-  read.mutable_host_slots()->CopyFrom(request.source_slots());
+  read.mutable_host_slots()->CopyFrom(plan.source->slots());
   read.set_after_step_id(request.after_step_id());
-  read.set_slot_bytes(tier->slot_bytes());
+  read.set_slot_bytes(plan.slot_bytes);
   read.set_offer_shared_memory(offer_shared_memory);
   return stub.ReadKvBlocks(&context, read);
+}
+
+// Copies the source's slots out of its mapped tier; Unavailable when the map cannot be
+// opened (another machine or container, other permissions): then TCP.
+absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared,
+                        const SourcePlan& plan, const loom::v1::FetchKvBlocksRequest& request) {
+  if (shared.boot_id().empty() || shared.boot_id() != BootId()) {
+    return absl::UnavailableError("the source runs on another machine");
+  }
+  const std::string path = absl::StrFormat("/proc/%d/fd/%d", shared.pid(), shared.fd());
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrFormat("cannot open %s", path));
+  void* mapped = mmap(nullptr, static_cast<size_t>(shared.size()), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapped == MAP_FAILED) return absl::UnavailableError(absl::StrFormat("cannot map %s", path));
+  const auto* source = static_cast<const uint8_t*>(mapped);
+  absl::Status status;
+  for (int i = 0; status.ok() && i < plan.source->slots_size(); ++i) {
+    const int64_t offset = static_cast<int64_t>(plan.source->slots(i)) * plan.slot_bytes;
+    if (offset < 0 || offset + plan.slot_bytes > shared.size()) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("source slot %d is outside the source's tier", plan.source->slots(i)));
+      break;
+    }
+    status = Deliver(tier, plan, request.dest_slots(i),
+                     absl::MakeConstSpan(source + offset, static_cast<size_t>(plan.slot_bytes)),
+                     /*checksum=*/0);
+  }
+  munmap(mapped, static_cast<size_t>(shared.size()));
+  return status;
 }
 
 // The same machine: maps the source's tier instead of streaming its bytes. nullopt when
 // the bytes must be streamed instead (the source has no shared tier, or it cannot be
 // mapped from here).
-std::optional<absl::StatusOr<loom::v1::FetchKvBlocksResponse>> FetchShared(
-    loom::v1::Worker::Stub& stub, KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request,
-    std::chrono::steady_clock::time_point start) {
+std::optional<absl::Status> FetchShared(loom::v1::Worker::Stub& stub, KvHostTier* tier,
+                                        const SourcePlan& plan,
+                                        const loom::v1::FetchKvBlocksRequest& request) {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
-      StartRead(stub, context, tier, request, /*offer_shared_memory=*/true);
+      StartRead(stub, context, plan, request, /*offer_shared_memory=*/true);
   loom::v1::KvBlockChunk first;
   if (!reader->Read(&first)) {
     const grpc::Status finished = reader->Finish();
     if (finished.ok()) return std::nullopt;
-    return FromGrpc(finished, "reading KV blocks from " + request.source_address());
+    return FromGrpc(finished, "reading KV blocks from " + plan.source->address());
   }
   if (!first.has_shared()) {
     // A source without a shared tier started streaming bytes: ask again for the stream.
@@ -177,19 +253,60 @@ std::optional<absl::StatusOr<loom::v1::FetchKvBlocksResponse>> FetchShared(
     return std::nullopt;
   }
   const grpc::Status finished = reader->Finish();
-  const absl::Status copied = finished.ok() ? CopyShared(tier, first.shared(), request)
+  const absl::Status copied = finished.ok() ? CopyShared(tier, first.shared(), plan, request)
                                             : FromGrpc(finished, "reading KV blocks");
-  if (copied.ok()) {
-    loom::v1::FetchKvBlocksResponse response;
-    response.set_bytes(static_cast<int64_t>(request.dest_slots_size()) * tier->slot_bytes());
-    response.set_seconds(SecondsSince(start));
-    tier->RecordRemote(0, response.bytes(), response.seconds(), /*shared=*/true);
-    return response;
-  }
-  for (const int32_t slot : request.dest_slots()) tier->WriteSlot(slot, 0, {}).IgnoreError();
   // Not mappable from here: stream the bytes (the step wait has passed already).
-  if (copied.code() == absl::StatusCode::kUnavailable) return std::nullopt;
+  if (copied.code() == absl::StatusCode::kUnavailable && finished.ok()) return std::nullopt;
   return copied;
+}
+
+// Streams the source's slots over TCP: chunks of a slot in order, slot after slot.
+absl::Status FetchStreamed(loom::v1::Worker::Stub& stub, KvHostTier* tier, const SourcePlan& plan,
+                           const loom::v1::FetchKvBlocksRequest& request) {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
+      StartRead(stub, context, plan, request, /*offer_shared_memory=*/false);
+  std::vector<int64_t> received(static_cast<size_t>(request.dest_slots_size()), 0);
+  std::vector<uint8_t> slot_bytes;  // mapped: the source slot being received
+  if (!plan.whole) slot_bytes.resize(static_cast<size_t>(plan.slot_bytes));
+  absl::Status failure;
+  loom::v1::KvBlockChunk chunk;
+  while (failure.ok() && reader->Read(&chunk)) {
+    const size_t index = static_cast<size_t>(chunk.index());
+    if (chunk.index() < 0 || chunk.index() >= request.dest_slots_size() ||
+        chunk.offset() != received[index] ||
+        received[index] + static_cast<int64_t>(chunk.data().size()) > plan.slot_bytes) {
+      failure = absl::DataLossError(absl::StrFormat(
+          "the source sent chunk %d at offset %d out of order", chunk.index(), chunk.offset()));
+      break;
+    }
+    const int32_t slot = request.dest_slots(chunk.index());
+    const auto data = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(chunk.data().data()),
+                                          chunk.data().size());
+    if (plan.whole) {
+      failure = tier->WriteSlot(slot, chunk.offset(), data);
+    } else {
+      std::copy(data.begin(), data.end(), slot_bytes.begin() + chunk.offset());
+    }
+    received[index] += static_cast<int64_t>(data.size());
+    if (failure.ok() && received[index] == plan.slot_bytes) {
+      failure = plan.whole ? tier->MarkWritten(slot, chunk.checksum())
+                           : Deliver(tier, plan, slot, slot_bytes, chunk.checksum());
+    }
+  }
+  if (!failure.ok()) context.TryCancel();
+  const grpc::Status finished = reader->Finish();
+  if (failure.ok() && !finished.ok()) {
+    failure = FromGrpc(finished, "reading KV blocks from " + plan.source->address());
+  }
+  for (size_t i = 0; failure.ok() && i < received.size(); ++i) {
+    if (received[i] != plan.slot_bytes) {
+      failure =
+          absl::DataLossError(absl::StrFormat("the source sent %d of slot %d's %d bytes",
+                                              received[i], plan.source->slots(i), plan.slot_bytes));
+    }
+  }
+  return failure;
 }
 
 }  // namespace
@@ -199,10 +316,11 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
   if (tier == nullptr) {
     return absl::FailedPreconditionError("this worker has no host tier (--kv-offload-memory)");
   }
-  if (request.source_slots_size() != request.dest_slots_size() || request.dest_slots_size() == 0) {
+  if (request.sources_size() == 0 || request.dest_slots_size() == 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("a fetch needs one destination slot per source slot, got %d and %d",
-                        request.source_slots_size(), request.dest_slots_size()));
+        absl::StrFormat("a fetch needs a source and destination slots, got %d sources and %d "
+                        "slots",
+                        request.sources_size(), request.dest_slots_size()));
   }
   absl::flat_hash_set<int32_t> distinct;
   for (const int32_t slot : request.dest_slots()) {
@@ -211,48 +329,25 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
           "destination host slot %d is out of [0, %d) or named twice", slot, tier->num_slots()));
     }
   }
+  LOOM_ASSIGN_OR_RETURN(const std::vector<SourcePlan> plans, PlanSources(*tier, request));
   const auto start = std::chrono::steady_clock::now();
-  auto channel = grpc::CreateChannel(request.source_address(), grpc::InsecureChannelCredentials());
-  auto stub = loom::v1::Worker::NewStub(channel);
-  if (!request.no_shared_memory()) {
-    std::optional<absl::StatusOr<loom::v1::FetchKvBlocksResponse>> mapped =
-        FetchShared(*stub, tier, request, start);
-    if (mapped.has_value()) return *std::move(mapped);
-  }
-  grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
-      StartRead(*stub, context, tier, request, /*offer_shared_memory=*/false);
-  std::vector<int64_t> received(static_cast<size_t>(request.dest_slots_size()), 0);
   absl::Status failure;
-  loom::v1::KvBlockChunk chunk;
-  while (failure.ok() && reader->Read(&chunk)) {
-    if (chunk.index() < 0 || chunk.index() >= request.dest_slots_size() ||
-        chunk.offset() != received[static_cast<size_t>(chunk.index())]) {
-      failure = absl::DataLossError(absl::StrFormat(
-          "the source sent chunk %d at offset %d out of order", chunk.index(), chunk.offset()));
-      break;
-    }
-    const int32_t slot = request.dest_slots(chunk.index());
-    failure =
-        tier->WriteSlot(slot, chunk.offset(),
-                        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(chunk.data().data()),
-                                            chunk.data().size()));
-    received[static_cast<size_t>(chunk.index())] += static_cast<int64_t>(chunk.data().size());
-    if (failure.ok() && received[static_cast<size_t>(chunk.index())] == tier->slot_bytes()) {
-      failure = tier->MarkWritten(slot, chunk.checksum());
-    }
+  int64_t bytes = 0, shared_bytes = 0;
+  for (const SourcePlan& plan : plans) {
+    if (plan.heads.empty() && !plan.whole) continue;  // another source brings its heads
+    auto channel = grpc::CreateChannel(plan.source->address(), grpc::InsecureChannelCredentials());
+    auto stub = loom::v1::Worker::NewStub(channel);
+    std::optional<absl::Status> mapped;
+    if (!request.no_shared_memory()) mapped = FetchShared(*stub, tier, plan, request);
+    failure = mapped.has_value() ? *mapped : FetchStreamed(*stub, tier, plan, request);
+    if (!failure.ok()) break;
+    const int64_t moved = static_cast<int64_t>(request.dest_slots_size()) * plan.slot_bytes;
+    bytes += moved;
+    if (mapped.has_value()) shared_bytes += moved;
   }
-  if (!failure.ok()) context.TryCancel();
-  const grpc::Status finished = reader->Finish();
-  if (failure.ok() && !finished.ok()) {
-    failure = FromGrpc(finished, "reading KV blocks from " + request.source_address());
-  }
-  for (size_t i = 0; failure.ok() && i < received.size(); ++i) {
-    if (received[i] != tier->slot_bytes()) {
-      failure = absl::DataLossError(absl::StrFormat("the source sent %d of slot %d's %d bytes",
-                                                    received[i], request.source_slots(i),
-                                                    tier->slot_bytes()));
-    }
+  // Mapped heads: the slots are whole once every source wrote its part.
+  for (int i = 0; failure.ok() && i < request.dest_slots_size() && !plans.front().whole; ++i) {
+    failure = tier->MarkWritten(request.dest_slots(i), 0);
   }
   if (!failure.ok()) {
     // Nothing half-written may be read back as a block.
@@ -260,9 +355,10 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
     return failure;
   }
   loom::v1::FetchKvBlocksResponse response;
-  response.set_bytes(static_cast<int64_t>(request.dest_slots_size()) * tier->slot_bytes());
+  response.set_bytes(bytes);
   response.set_seconds(SecondsSince(start));
-  tier->RecordRemote(0, response.bytes(), response.seconds());
+  if (shared_bytes > 0) tier->RecordRemote(0, shared_bytes, 0, /*shared=*/true);
+  tier->RecordRemote(0, bytes - shared_bytes, response.seconds());
   return response;
 }
 

@@ -11,14 +11,17 @@
 
 namespace loom::worker {
 
-/// The KV transfer between workers over TCP (gRPC): a worker serves blocks of its host
-/// tier to another that fetches them into its own (the same rank of another replica, so
-/// the slots hold the same layers and heads). The coordinator pins the slots on both
-/// sides for the transfer and reloads the fetched blocks into the destination's pool with
-/// an ordinary host-to-device copy (docs/ARCHITECTURE.md, "The host KV tier").
+/// The KV transfer between workers: a worker serves blocks of its host tier to another
+/// that fetches them into its own, by mapping the tier's memory when both run on one
+/// machine, else over TCP (gRPC). The coordinator pins the slots on both sides for the
+/// transfer and reloads the fetched blocks into the destination's pool with an ordinary
+/// host-to-device copy (docs/ARCHITECTURE.md, "The host KV tier"). Between replicas of one
+/// layout a rank reads the same rank's slots whole; between tensor-parallel sizes it reads
+/// the ranks holding its KV heads and maps them (KvSlotLayout).
 ///
 /// Chunks of at most kKvChunkBytes stream under gRPC's flow control, so neither side holds
-/// more than a few chunks beyond the tiers themselves. Debug builds checksum each slot.
+/// more than a few chunks (and, mapping heads, one source slot) beyond the tiers
+/// themselves. Debug builds checksum each slot.
 
 inline constexpr int64_t kKvChunkBytes = 256 * 1024;
 
@@ -31,10 +34,11 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
                            grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
                            const std::function<bool(uint64_t)>& executed);
 
-/// The FetchKvBlocks side: reads the slots from `request.source_address` into `tier`'s
-/// dest_slots. Every slot must arrive whole (and match its checksum where one is sent); on
-/// any failure the destination slots hold no block and the error names the cause
-/// (UNAVAILABLE / DEADLINE_EXCEEDED when the source is gone or slow).
+/// The FetchKvBlocks side: reads the slots of `request.sources` into `tier`'s dest_slots
+/// (one source's slots whole, or the heads each source holds mapped into them). Every slot must
+/// arrive whole (and match its checksum where one is sent); on any failure the destination slots
+/// hold no block and the error names the cause (UNAVAILABLE / DEADLINE_EXCEEDED when the source is
+/// gone or slow).
 absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
     KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request);
 

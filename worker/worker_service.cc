@@ -35,7 +35,7 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext*,
       worker::FetchKvBlocks(host_tier_, *request);
   if (!fetched.ok()) {
     std::fprintf(stderr, "loom-worker: KV fetch from %s failed: %s\n",
-                 request->source_address().c_str(),
+                 request->sources_size() > 0 ? request->sources(0).address().c_str() : "nowhere",
                  std::string(fetched.status().message()).c_str());
     return grpc::Status(static_cast<grpc::StatusCode>(fetched.status().code()),
                         std::string(fetched.status().message()));

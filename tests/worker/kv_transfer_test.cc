@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -86,8 +87,9 @@ loom::v1::FetchKvBlocksRequest Fetch(const std::string& address, std::vector<int
                                      std::vector<int32_t> dest) {
   loom::v1::FetchKvBlocksRequest request;
   request.set_no_shared_memory(!shared_memory);
-  request.set_source_address(address);
-  request.mutable_source_slots()->Add(source.begin(), source.end());
+  loom::v1::KvBlockSource* from = request.add_sources();
+  from->set_address(address);
+  from->mutable_slots()->Add(source.begin(), source.end());
   request.mutable_dest_slots()->Add(dest.begin(), dest.end());
   request.set_timeout_ms(20000);
   return request;
@@ -162,6 +164,135 @@ TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
   fetched = FetchKvBlocks(dest_tier.get(), Fetch(source.address(), {0}, {0}));
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kUnavailable) << fetched.status();
   EXPECT_FALSE(dest_tier->Apply({{false, 0, 0}}).ok());
+}
+
+// The model's KV heads [begin, + count) of `full`'s blocks, as a tensor-parallel rank
+// holding that slice would have computed them.
+std::unique_ptr<model::CpuKvCache> Slice(const model::CpuKvCache& full, int64_t begin,
+                                         int64_t count, kernels::cpu::KvDtype dtype) {
+  auto pool = *model::CpuKvCache::Create(Config(count), 6, 16, dtype);
+  const int64_t element = kernels::cpu::KvElementBytes(dtype);
+  for (int64_t l = 0; l < pool->num_layers(); ++l) {
+    const kernels::cpu::KvLayerView from = full.layer(l), to = pool->layer(l);
+    const int64_t head_bytes = from.head_dim * element;
+    for (int64_t token = 0; token < from.num_blocks * from.block_size; ++token) {
+      for (int64_t h = 0; h < count; ++h) {
+        const int64_t s = token * from.num_kv_heads + begin + h, d = token * count + h;
+        std::memcpy(static_cast<uint8_t*>(to.k) + d * head_bytes,
+                    static_cast<uint8_t*>(from.k) + s * head_bytes, head_bytes);
+        std::memcpy(static_cast<uint8_t*>(to.v) + d * head_bytes,
+                    static_cast<uint8_t*>(from.v) + s * head_bytes, head_bytes);
+        if (from.k_scale != nullptr) {
+          to.k_scale[d] = from.k_scale[s];
+          to.v_scale[d] = from.v_scale[s];
+        }
+      }
+    }
+  }
+  return pool;
+}
+
+// Random bytes in every K/V value and scale of the pool.
+void RandomizeAll(const model::CpuKvCache& pool, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int64_t l = 0; l < pool.num_layers(); ++l) {
+    const kernels::cpu::KvLayerView view = pool.layer(l);
+    const int64_t values = view.num_blocks * view.block_size * view.num_kv_heads;
+    const int64_t bytes = values * view.head_dim * kernels::cpu::KvElementBytes(view.dtype);
+    for (int64_t i = 0; i < bytes; ++i) {
+      static_cast<uint8_t*>(view.k)[i] = static_cast<uint8_t>(rng());
+      static_cast<uint8_t*>(view.v)[i] = static_cast<uint8_t>(rng());
+    }
+    for (int64_t i = 0; view.k_scale != nullptr && i < values; ++i) {
+      view.k_scale[i] = static_cast<uint16_t>(rng());
+      view.v_scale[i] = static_cast<uint16_t>(rng());
+    }
+  }
+}
+
+// A host tier over `pool` that knows its slots hold the model's heads [begin, + count).
+std::unique_ptr<KvHostTier> SlicedTier(const model::CpuKvCache& pool, int64_t begin, int64_t count,
+                                       kernels::cpu::KvDtype dtype) {
+  auto tier = *KvHostTier::Create(2 * pool.block_bytes(), &pool);
+  KvSlotLayout layout;
+  layout.num_layers = pool.num_layers();
+  layout.block_size = 16;
+  layout.head_dim = 64;
+  layout.element_bytes = kernels::cpu::KvElementBytes(dtype);
+  layout.scale_bytes = kernels::cpu::KvScaleBytes(dtype);
+  layout.kv_head_begin = begin;
+  layout.num_kv_heads = count;
+  EXPECT_EQ(layout.slot_bytes(), tier->slot_bytes());
+  tier->set_layout(layout);
+  return tier;
+}
+
+void AddSource(loom::v1::FetchKvBlocksRequest& request, const std::string& address, int32_t slot,
+               int32_t begin, int32_t count) {
+  loom::v1::KvBlockSource* source = request.add_sources();
+  source->set_address(address);
+  source->add_slots(slot);
+  source->set_kv_head_begin(begin);
+  source->set_num_kv_heads(count);
+}
+
+TEST_P(KvTransferTest, MapsKvHeadsBetweenTensorParallelSizes) {
+  for (const kernels::cpu::KvDtype dtype :
+       {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
+    SCOPED_TRACE(kernels::cpu::KvDtypeName(dtype));
+    // Three KV heads on two ranks (as SmolLM2's at -tp 2): head 1 on both.
+    auto full = *model::CpuKvCache::Create(Config(3), 6, 16, dtype);
+    RandomizeAll(*full, 3);
+    std::unique_ptr<model::CpuKvCache> rank0 = Slice(*full, 0, 2, dtype);
+    std::unique_ptr<model::CpuKvCache> rank1 = Slice(*full, 1, 2, dtype);
+    auto tier0 = SlicedTier(*rank0, 0, 2, dtype), tier1 = SlicedTier(*rank1, 1, 2, dtype);
+    auto full_tier = SlicedTier(*full, 0, 3, dtype);
+    ASSERT_TRUE(tier0->Apply({{true, 4, 1}}).ok());
+    ASSERT_TRUE(tier1->Apply({{true, 4, 1}}).ok());
+    ASSERT_TRUE(full_tier->Apply({{true, 4, 0}}).ok());
+    Source source0(tier0.get()), source1(tier1.get()), source_full(full_tier.get());
+
+    // Two ranks to one: every head, bit for bit the whole model's block.
+    auto dest = *model::CpuKvCache::Create(Config(3), 6, 16, dtype);
+    auto dest_tier = SlicedTier(*dest, 0, 3, dtype);
+    loom::v1::FetchKvBlocksRequest request = Fetch(source0.address(), {1}, {0});
+    request.clear_sources();
+    AddSource(request, source0.address(), 1, 0, 2);
+    AddSource(request, source1.address(), 1, 1, 2);
+    absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
+        FetchKvBlocks(dest_tier.get(), request);
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    ASSERT_TRUE(dest_tier->Apply({{false, 2, 0}}).ok());
+    EXPECT_EQ(Saved(*dest, 2), Saved(*full, 4));
+
+    // One rank to two: rank 1's heads out of the whole model's slots.
+    auto half = *model::CpuKvCache::Create(Config(2), 6, 16, dtype);
+    auto half_tier = SlicedTier(*half, 1, 2, dtype);
+    request.clear_sources();
+    AddSource(request, source_full.address(), 0, 0, 3);
+    fetched = FetchKvBlocks(half_tier.get(), request);
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    ASSERT_TRUE(half_tier->Apply({{false, 5, 0}}).ok());
+    EXPECT_EQ(Saved(*half, 5), Saved(*rank1, 4));
+
+    // A head no source holds, and a source that names no heads beside another: refused
+    // by name, nothing left behind.
+    request.clear_sources();
+    AddSource(request, source0.address(), 1, 0, 2);
+    fetched = FetchKvBlocks(dest_tier.get(), request);
+    EXPECT_EQ(fetched.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(fetched.status().message(), HasSubstr("no source holds KV head 2"));
+    AddSource(request, source1.address(), 1, 0, 0);
+    fetched = FetchKvBlocks(dest_tier.get(), request);
+    EXPECT_THAT(fetched.status().message(), HasSubstr("names no KV heads"));
+    // A tier that does not know its layout cannot map heads.
+    auto unknown = *KvHostTier::Create(2 * dest->block_bytes(), dest.get());
+    request.clear_sources();
+    AddSource(request, source0.address(), 1, 0, 2);
+    AddSource(request, source1.address(), 1, 1, 2);
+    fetched = FetchKvBlocks(unknown.get(), request);
+    EXPECT_EQ(fetched.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(SharedMemoryAndTcp, KvTransferTest, ::testing::Bool());
