@@ -92,6 +92,10 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "more uncached tokens than this is prefilled on a prefill replica and handed to a "
          "decode replica with its KV (Dynamo's flag; 0: each decode replica's measure, the "
          "prompt length that would double its decode step)");
+  AddDuration(app, "--kv-transfer-timeout-ms", replica.kv_transfer_timeout, absl::Milliseconds(1),
+              100, 600000,
+              "how long a request waits for KV from another replica (a prefix fetch or a "
+              "prefill-to-decode hand-off) before it is recomputed where it is");
   AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
          "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
          "stage)");

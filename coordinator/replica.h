@@ -48,6 +48,10 @@ struct ReplicaOptions {
   // prefill replica when one serves (--max-local-prefill-length); 0: the replica's own
   // measure (engine::LocalPrefillLimit).
   int64_t max_local_prefill_length = 0;
+  // How long a request waits for KV from another replica (a prefix fetch, a hand-off: the
+  // source's answer and the transfer, each) before it is admitted to recompute
+  // (--kv-transfer-timeout-ms).
+  absl::Duration kv_transfer_timeout = absl::Seconds(20);
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };
 

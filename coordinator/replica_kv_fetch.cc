@@ -23,9 +23,6 @@
 namespace loom::coordinator {
 namespace {
 
-// How long a request waits for its prefix before it is admitted to recompute.
-constexpr absl::Duration kFetchTimeout = absl::Seconds(20);
-
 // The source ranks destination rank `rank` reads: the same rank when both replicas hold
 // the same slices, else the fewest ranks covering its KV heads (tensor-parallel sizes
 // differ). Empty when no set of them covers the heads.
@@ -58,7 +55,7 @@ std::vector<size_t> SourceRanks(const std::vector<KvHeadRange>& dest,
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
                               const std::vector<KvHeadRange>& dest_heads,
                               const Replica::ExportReply& reply,
-                              const std::vector<int32_t>& dest_slots) {
+                              const std::vector<int32_t>& dest_slots, absl::Duration timeout) {
   std::vector<loom::v1::FetchKvBlocksRequest> requests(destinations.size());
   for (size_t r = 0; r < destinations.size(); ++r) {
     const std::vector<size_t> sources = SourceRanks(dest_heads, reply.kv_heads, r);
@@ -77,7 +74,7 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
     }
     request.mutable_dest_slots()->Add(dest_slots.begin(), dest_slots.end());
     request.set_after_step_id(reply.after_step_id);
-    request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(kFetchTimeout)));
+    request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
   }
   std::vector<std::future<absl::Status>> ranks;
   for (size_t r = 0; r < destinations.size(); ++r) {
@@ -86,7 +83,7 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
           grpc::CreateChannel(destinations[r], grpc::InsecureChannelCredentials()));
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
-                           absl::ToChronoMilliseconds(kFetchTimeout + absl::Seconds(5)));
+                           absl::ToChronoMilliseconds(timeout + absl::Seconds(5)));
       loom::v1::FetchKvBlocksResponse response;
       const grpc::Status status = stub->FetchKvBlocks(&context, requests[r], &response);
       if (status.ok()) return absl::OkStatus();
@@ -151,7 +148,7 @@ void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* sour
   pending.source = source;
   pending.handed_off = handed_off;
   pending.started = absl::Now();
-  pending.deadline = pending.started + kFetchTimeout;
+  pending.deadline = pending.started + options_.kv_transfer_timeout;
   source->AskExport(this, fetch_id, std::move(request));
 }
 
@@ -309,7 +306,8 @@ void Replica::HandleKvFetches() {
     }
     // Bounded by the transfer's deadline; Stop waits for it.
     std::thread([this, fetch_id, addresses, kv_heads, reply = std::move(reply), dest] {
-      const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest);
+      const absl::Status status =
+          FetchOnEveryRank(addresses, kv_heads, reply, dest, options_.kv_transfer_timeout);
       absl::MutexLock lock(&mu_);
       fetch_results_.push_back({fetch_id, status});
       --fetch_threads_;

@@ -181,7 +181,12 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
   OutputEvent event;
   event.token_ids.push_back(id);
   if (params_.sampling.num_logprobs() >= 0) event.logprobs.push_back(output);
-  if (num_outputs_ == 1) event.replica_id = replica_id;
+  // Named on the first output and again whenever the request moved (a prefill replica's
+  // hand-off to a decode replica, a migration).
+  if (replica_id != reported_replica_id_) {
+    event.replica_id = replica_id;
+    reported_replica_id_ = replica_id;
+  }
 
   const bool is_eos = !params_.ignore_eos &&
                       std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end();

@@ -222,6 +222,7 @@ class Request {
   std::optional<std::chrono::steady_clock::time_point> first_scheduled_, first_token_, last_token_,
       handed_off_, handoff_done_;
   std::string scheduled_replica_id_;  // the replica that scheduled it last
+  std::string reported_replica_id_;   // the replica its output events named last
   RequestMetrics* metrics_ = nullptr;
   // The latency series of the replica of its first token (set then, with metrics_).
   const ReplicaLatencySeries* latency_series_ = nullptr;

@@ -1,0 +1,190 @@
+"""Disaggregated prefill and decode over real processes (`loom up --prefill-replicas 1
+--decode-replicas 1`, and a prefill replica of two tensor-parallel ranks). A prompt with more
+uncached tokens than --max-local-prefill-length is prefilled on the prefill replica, which
+streams its first token and hands the request to the decode replica; that replica fetches the
+prompt's KV from the prefill worker's host tier (mapping KV heads when the tensor-parallel sizes
+differ) and decodes the rest. Shorter prompts run on the decode replica alone. 100 greedy
+prompts give the tokens of one mixed replica, every hand-off counted on both sides, every block
+free afterwards.
+
+The failure cases run on separately started workers, the prefill one slowed
+(--debug-step-delay-ms) so each fault lands where it is meant to: the prefill worker killed
+while it computes (the request is placed again: the decode replica computes it), killed after the
+hand-off while the decode replica waits for its KV (the transfer fails, counted and logged, and
+the prompt is recomputed there), the decode worker killed while it waits for the KV (the request
+completes on the prefill replica), and a transfer slower than --kv-transfer-timeout-ms
+(recomputed). Each request finishes with the reference tokens and no replica holds a block.
+"""
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+
+import cluster_harness as h
+from cluster_harness import make_request
+
+MAX_TOKENS = 8
+THRESHOLD = 24  # --max-local-prefill-length
+WORDS = ("river stone garden lantern harbor meadow copper violet signal orchard canyon willow "
+         "thunder paper marble falcon ember glacier cobalt saffron").split()
+
+
+def prompt(i: int) -> str:
+    """Prompt i of 100: every fifth one short (runs on the decode replica), the others 50 to 160
+    tokens (more than THRESHOLD + a block), none sharing a prefix with another."""
+    if i % 5 == 0:
+        return f"Say hello to friend number {i}."
+    words = [WORDS[(i * 7 + k * (i % 11 + 1)) % len(WORDS)] for k in range(24 + (i * 13) % 100)]
+    return f"Note {i}: " + " ".join(words) + "\nOne line about it:"
+
+
+PROMPTS = [prompt(i) for i in range(100)]
+# f32 activations: two ranks' partial sums round differently from one process's, and only f32
+# keeps that below the greedy choice (tests/cluster/tensor_parallel_test.py).
+COMMON = {"threads": 1, "kv_cache_memory": "64MiB", "activations": "f32"}
+
+
+@pytest.fixture(scope="module")
+def binaries():
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+
+
+def run_all(stub, prompts=PROMPTS):
+    outcomes = h.generate_all(stub, [make_request(p, max_tokens=MAX_TOKENS, ignore_eos=True) for p in prompts],
+                              timeout=600)
+    for outcome in outcomes:
+        assert outcome.finished, outcome.describe()
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def reference(binaries, tmp_path_factory):
+    """The prompts' tokens on one mixed replica."""
+    up = h.Up(tmp_path_factory.mktemp("mixed"), http_port=-1, **COMMON)
+    try:
+        up.wait_healthy(["replica-0"])
+        return [o.token_ids for o in run_all(up.stub)]
+    finally:
+        up.stop()
+
+
+@pytest.mark.parametrize("prefill_tp", [1, 2], ids=["tp1-to-tp1", "tp2-to-tp1"])
+def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, reference, tmp_path, prefill_tp):
+    up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
+              max_local_prefill_length=THRESHOLD, **COMMON)
+    try:
+        status = up.wait_healthy(["prefill-0", "decode-0"])
+        assert status["prefill-0"].role == "prefill" and status["decode-0"].role == "decode"
+        outcomes = run_all(up.stub)
+        mismatched = [(PROMPTS[i], o.token_ids, reference[i]) for i, o in enumerate(outcomes)
+                      if o.token_ids != reference[i]]
+        assert not mismatched, mismatched[:3]
+        long_prompts = [o for i, o in enumerate(outcomes) if i % 5 != 0]
+        for i, outcome in enumerate(outcomes):
+            if i % 5 == 0:  # short: the decode replica alone
+                assert outcome.replica_id == outcome.last_replica_id == "decode-0", outcome.describe()
+            else:  # the first token from the prefill replica, the rest from the decode replica
+                assert (outcome.replica_id, outcome.last_replica_id) == ("prefill-0", "decode-0"), \
+                    outcome.describe()
+        status = up.wait_idle()
+        prefill, decode = status["prefill-0"], status["decode-0"]
+        assert prefill.num_handoffs_out == len(long_prompts) == decode.num_handoffs_in, (prefill, decode)
+        assert decode.num_handoff_failures == 0 and decode.num_kv_fetch_failures == 0
+        assert decode.num_kv_fetched_blocks >= sum(1 for i in range(100) if i % 5 != 0), decode
+        assert decode.num_kv_blocks_reloaded >= decode.num_kv_fetched_blocks
+        metrics = urllib.request.urlopen(up.http_url + "/metrics", timeout=10).read().decode()
+        for line in (f'loom_disagg_handoffs_total{{direction="out",model_name="SmolLM2-135M-Instruct.Q4_1",'
+                     f'replica="prefill-0"}} {len(long_prompts)}',
+                     f'loom_disagg_handoffs_total{{direction="in",model_name="SmolLM2-135M-Instruct.Q4_1",'
+                     f'replica="decode-0"}} {len(long_prompts)}',
+                     f'loom_disagg_phase_seconds_count{{model_name="SmolLM2-135M-Instruct.Q4_1",'
+                     f'phase="transfer"}} {len(long_prompts)}'):
+            assert line in metrics, [m for m in metrics.splitlines() if "disagg" in m][:20]
+    finally:
+        up.stop()
+
+
+# ---- failures: separately started workers, the prefill one slowed ----
+
+LONG = PROMPTS[1]
+
+
+def disaggregated(tmp_path, prefill_delay_ms, **coordinator_flags):
+    return h.running_cluster(
+        tmp_path,
+        {"prefill-0": {**COMMON, "role": "prefill", "debug_step_delay_ms": prefill_delay_ms},
+         "decode-0": {**COMMON, "role": "decode"}},
+        max_local_prefill_length=THRESHOLD, **coordinator_flags)
+
+
+def start(rig):
+    return h.Stream(rig.coordinator.stub, make_request(LONG, max_tokens=MAX_TOKENS, ignore_eos=True), timeout=180)
+
+
+def wait_for(rig, predicate, what, timeout=60):
+    return rig.coordinator.wait_replicas(predicate, timeout, what)
+
+
+def finishes_with_reference(stream, reference, where):
+    outcome = stream.join(180)
+    assert outcome.finished, outcome.describe()
+    assert outcome.token_ids == reference[1], (outcome.text, reference[1])
+    assert outcome.last_replica_id == where, outcome.describe()
+
+
+def no_block_held(rig, replica_ids):
+    status = rig.coordinator.wait_replicas(
+        lambda r: all(r[i].healthy and r[i].num_running == 0 and r[i].num_waiting == 0 and
+                      r[i].num_free_blocks == r[i].num_kv_blocks for i in replica_ids),
+        30, f"{replica_ids} idle with every block free")
+    return status
+
+
+def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_decode_replica(
+        binaries, reference, tmp_path):
+    with disaggregated(tmp_path, prefill_delay_ms=3000) as rig:
+        stream = start(rig)
+        wait_for(rig, lambda r: r["prefill-0"].num_running == 1, "the prompt running on prefill-0")
+        rig.workers["prefill-0"].kill()
+        finishes_with_reference(stream, reference, "decode-0")
+        status = no_block_held(rig, ["decode-0"])
+        assert status["decode-0"].num_handoffs_in == 0
+        assert not status["prefill-0"].healthy
+
+
+def test_a_prefill_worker_killed_during_the_transfer_makes_the_decode_replica_recompute(
+        binaries, reference, tmp_path):
+    # The hand-off's KV leaves the prefill worker with its next step (3 s): it dies before.
+    with disaggregated(tmp_path, prefill_delay_ms=3000) as rig:
+        stream = start(rig)
+        wait_for(rig, lambda r: r["prefill-0"].num_handoffs_out == 1, "the hand-off", timeout=120)
+        rig.workers["prefill-0"].kill()
+        finishes_with_reference(stream, reference, "decode-0")
+        status = no_block_held(rig, ["decode-0"])
+        assert status["decode-0"].num_handoffs_in == 1
+        assert status["decode-0"].num_handoff_failures == 1, status["decode-0"]
+        assert re.search(r"the KV hand-off from prefill replica prefill-0 failed, recomputing the prompt here",
+                         rig.coordinator.log_tail(20000)), rig.coordinator.log_tail()
+
+
+def test_a_decode_worker_killed_while_it_waits_for_the_kv_leaves_the_request_to_the_prefill_replica(
+        binaries, reference, tmp_path):
+    with disaggregated(tmp_path, prefill_delay_ms=3000) as rig:
+        stream = start(rig)
+        wait_for(rig, lambda r: r["prefill-0"].num_handoffs_out == 1, "the hand-off", timeout=120)
+        rig.workers["decode-0"].kill()
+        finishes_with_reference(stream, reference, "prefill-0")
+        no_block_held(rig, ["prefill-0"])
+
+
+def test_a_transfer_slower_than_the_timeout_is_recomputed(binaries, reference, tmp_path):
+    with disaggregated(tmp_path, prefill_delay_ms=2500, kv_transfer_timeout_ms=800) as rig:
+        stream = start(rig)
+        finishes_with_reference(stream, reference, "decode-0")
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["decode-0"].num_handoff_failures == 1, status["decode-0"]
+        assert status["prefill-0"].num_handoffs_out == 1
