@@ -414,6 +414,7 @@ bool Replica::SendPlans() {
     sent = true;
   }
   if (sent) {
+    ReleaseImportHolds();
     PublishKvEvents();
     PublishStats();
   }

@@ -219,6 +219,8 @@ class Replica {
   // Passes the requests the engine core handed off to the cluster (loop thread).
   void HandOffPrefilled();
   void EndFetch(uint64_t fetch_id, const absl::Status& status);
+  // Lets the fetched slots of requests admitted into the pool (or ended) go.
+  void ReleaseImportHolds();
   // The worker was lost: the requests waiting for a prefix, to place again.
   std::vector<std::shared_ptr<engine::Request>> AbandonFetches();
   struct FetchResult {
@@ -284,6 +286,8 @@ class Replica {
   absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
   uint64_t next_fetch_id_ = 1;
   absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> exports_;
+  // Fetched prefixes held for their requests (by sequence id) until they are admitted.
+  absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> import_holds_;
   uint64_t next_export_id_ = 1;
   uint64_t num_kv_fetches_ = 0, num_kv_fetch_failures_ = 0, num_kv_fetched_blocks_ = 0;
   // Disaggregated serving: prefill-only requests' decode replicas (by sequence id), those

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "coordinator/replica.h"
+#include "engine/sequence.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/worker.grpc.pb.h"
 
@@ -179,8 +180,13 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
   if (status.ok()) {
     const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
     const size_t count = std::min(pending.import.slots.size(), hashes.size());
-    stored = scheduler.CommitImport(pending.import, absl::MakeConstSpan(hashes).first(count),
-                                    request.params().prompt_ids, request.params().cache_salt);
+    engine::Scheduler::HeldSlots kept;
+    stored =
+        scheduler.CommitImport(pending.import, absl::MakeConstSpan(hashes).first(count),
+                               request.params().prompt_ids, request.params().cache_salt, &kept);
+    // Held until the request is admitted into the pool: a burst of imports must not evict
+    // what an earlier one brought before its request reloads it.
+    if (!kept.slots.empty()) import_holds_[request.seq_id()] = std::move(kept);
     ++num_kv_fetches_;
     num_kv_fetched_blocks_ += static_cast<uint64_t>(stored);
     kv_fetch_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
@@ -332,6 +338,19 @@ void Replica::HandleKvFetches() {
   if (!replies.empty() || !results.empty() || !late.empty()) PublishStats();
 }
 
+void Replica::ReleaseImportHolds() {
+  engine::Scheduler& scheduler = engine_->scheduler();
+  for (auto it = import_holds_.begin(); it != import_holds_.end();) {
+    const engine::Sequence* seq = scheduler.Find(it->first);
+    if (seq != nullptr && seq->status == engine::SequenceStatus::kWaiting) {
+      ++it;
+      continue;
+    }
+    scheduler.ReleaseSlots(it->second, /*import=*/false);
+    import_holds_.erase(it++);
+  }
+}
+
 std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
   // The engine is gone with the worker: the requests waiting for a prefix go elsewhere,
   // and the sources may let their slots go.
@@ -342,6 +361,7 @@ std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
   }
   pending_fetches_.clear();
   exports_.clear();
+  import_holds_.clear();
   return requests;
 }
 

@@ -202,8 +202,11 @@ class Scheduler {
   /// The fetched blocks `import` holds (the first hashes.size() blocks of `tokens`, as
   /// ExportPrefix named them) become host-tier content of this replica, chained after what
   /// its pool and tier already hold (those slots are freed). Returns the blocks stored.
+  /// `keep`: the stored slots stay held there (not evicted by later imports and offloads
+  /// before the request they came for is admitted) until ReleaseSlots(*keep, false).
   int64_t CommitImport(const HeldSlots& import, absl::Span<const BlockHash> hashes,
-                       absl::Span<const int32_t> tokens, std::string_view cache_salt);
+                       absl::Span<const int32_t> tokens, std::string_view cache_salt,
+                       HeldSlots* keep = nullptr);
   /// Ends a hold: an export's slots can be reused, an import's are freed.
   void ReleaseSlots(const HeldSlots& held, bool import);
   /// The host KV tier's table; nullptr without one.

@@ -78,8 +78,10 @@ Scheduler::HeldSlots Scheduler::ReserveImport(int64_t count) {
 }
 
 int64_t Scheduler::CommitImport(const HeldSlots& import, absl::Span<const BlockHash> hashes,
-                                absl::Span<const int32_t> tokens, std::string_view cache_salt) {
+                                absl::Span<const int32_t> tokens, std::string_view cache_salt,
+                                HeldSlots* keep) {
   if (host_tier_ == nullptr || import.generation != host_tier_->generation()) return 0;
+  if (keep != nullptr) keep->generation = host_tier_->generation();
   const size_t block_size = static_cast<size_t>(config_.block_size);
   uint64_t parent_id = 0;
   int64_t stored = 0;
@@ -106,6 +108,10 @@ int64_t Scheduler::CommitImport(const HeldSlots& import, absl::Span<const BlockH
     const uint64_t content_id = block_manager_.NewContentId();
     const EvictedBlock content{-1, hashes[i], block_tokens, content_id, parent_id, cache_salt};
     if (!host_tier_->StoreFetched(slot, content)) break;
+    if (keep != nullptr) {
+      host_tier_->Hold(slot);
+      keep->slots.push_back(slot);
+    }
     parent_id = content_id;
     ++stored;
   }

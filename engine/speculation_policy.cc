@@ -75,7 +75,9 @@ double StepCostModel::Estimate(int64_t num_tokens) const {
       break;
     }
   }
-  for (int b = bucket + (below == bucket ? 0 : 1); b < kNumBuckets; ++b) {
+  // A bucket's mean is the cost at its representative size (the smallest of the bucket):
+  // past it, interpolate toward the next measured bucket.
+  for (int b = bucket + 1; b < kNumBuckets; ++b) {
     if (count_[b] > 0) {
       above = b;
       break;

@@ -35,6 +35,9 @@ class EngineCoreTest : public ::testing::Test {
       if (finished) finished_by_token_.push_back(request.seq_id());
     };
     hooks.on_end = [this](Request& request) { ended_.push_back(request.seq_id()); };
+    hooks.on_handoff = [this](std::shared_ptr<Request> request) {
+      handed_off_.push_back(std::move(request));
+    };
     engine_ = std::make_unique<EngineCore>(config, "r0", std::move(hooks));
   }
 
@@ -65,6 +68,7 @@ class EngineCoreTest : public ::testing::Test {
   std::unique_ptr<EngineCore> engine_;
   std::map<uint64_t, std::vector<int32_t>> tokens_;
   std::vector<uint64_t> finished_by_token_, ended_;
+  std::vector<std::shared_ptr<Request>> handed_off_;
 };
 
 common::Tokenizer* EngineCoreTest::tokenizer_ = nullptr;
@@ -123,6 +127,50 @@ TEST_F(EngineCoreTest, AFailedStepEndsItsSequencesWithAnErrorAndFreesTheirBlocks
   // The scheduler tells the worker to release the sequence, then holds nothing.
   while (engine_->Plan(out, record)) engine_->Apply(record, Answer(out, 30));
   EXPECT_EQ(engine_->scheduler().block_manager().num_free(), free_before);
+}
+
+TEST_F(EngineCoreTest, APrefillOnlyRequestIsHandedOffAfterItsFirstTokenWithItsPromptCached) {
+  // Disaggregated serving's prefill side: the prompt (two chunked steps) and one token, then
+  // the request leaves the core unfinished, its blocks free and its full prompt blocks
+  // cached for the decode replica to fetch.
+  auto request = MakeRequest(1, 6);
+  auto one_token = MakeRequest(2, 1);  // finished by its first token: ended, not handed off
+  ASSERT_TRUE(engine_->Admit(request, 0, /*prefill_only=*/true).ok());
+  ASSERT_TRUE(engine_->Admit(one_token, 0, /*prefill_only=*/true).ok());
+  const int64_t free_before = engine_->scheduler().block_manager().num_free();
+  SchedulerOutput out;
+  StepRecord record;
+  int steps = 0;
+  while (engine_->Plan(out, record)) {
+    ASSERT_LT(++steps, 20);
+    for (const ScheduledWork& work : out.scheduled) {
+      // Nothing past the first token is ever scheduled.
+      EXPECT_LE(work.seq->num_computed, 10) << "step " << steps;
+    }
+    engine_->Apply(record, Answer(out, 40));
+  }
+  ASSERT_EQ(handed_off_.size(), 1u);
+  EXPECT_EQ(handed_off_[0], request);
+  EXPECT_FALSE(request->finished());
+  EXPECT_EQ(request->output_ids(), (std::vector<int32_t>{40}));
+  EXPECT_EQ(ended_, (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(one_token->finished());
+  EXPECT_TRUE(engine_->requests().empty());
+  EXPECT_EQ(engine_->scheduler().block_manager().num_free(), free_before);
+  // Both prompts' two full blocks are in the prefix cache.
+  EXPECT_EQ(engine_->scheduler().block_manager().num_cached(), 4);
+  // The client saw the first token, and no end.
+  std::optional<OutputEvent> event = request->outputs().Pop(absl::Milliseconds(5));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->token_ids, (std::vector<int32_t>{40}));
+  EXPECT_FALSE(event->final());
+
+  // The decode side: admitted again (with its output), it continues to max_tokens.
+  ASSERT_TRUE(engine_->Admit(request).ok());
+  while (engine_->Plan(out, record)) engine_->Apply(record, Answer(out, 41));
+  EXPECT_TRUE(request->finished());
+  EXPECT_EQ(request->output_ids().size(), 6u);
+  EXPECT_EQ(handed_off_.size(), 1u);
 }
 
 TEST_F(EngineCoreTest, TakeAllHandsBackRequestsWithoutEndingThem) {

@@ -116,6 +116,23 @@ TEST(SchedulerTransferTest, ACommittedImportIsReloadedOnAdmission) {
   EXPECT_EQ(reloads, 2);
 }
 
+TEST(SchedulerTransferTest, AKeptImportIsNotEvictedByTheImportsAfterIt) {
+  // A tier of 4 slots: the first import (2 blocks) is kept for its request; the next one
+  // (3 blocks) gets only the 2 slots left, and after the keep is released all 4 are free
+  // to take again.
+  Scheduler destination(TierConfig(16, 4));
+  const std::vector<int32_t> first = Tokens(100, 9), second = Tokens(200, 13);
+  Scheduler::HeldSlots kept;
+  ASSERT_EQ(
+      destination.CommitImport(destination.ReserveImport(2), Hashes(first, 2), first, "", &kept),
+      2);
+  ASSERT_EQ(kept.slots.size(), 2u);
+  EXPECT_EQ(destination.ReserveImport(3).slots.size(), 2u);
+  destination.ReleaseSlots(kept, /*import=*/false);
+  // The kept content stays cached (reloadable) but may be replaced now.
+  EXPECT_EQ(destination.host_tier()->num_used(), 2);
+}
+
 TEST(SchedulerTransferTest, AnImportOfAForgottenTierOrAFailedFetchHoldsNothing) {
   Scheduler destination(TierConfig(16, 4));
   const std::vector<int32_t> prompt = Tokens(100, 13);
@@ -141,6 +158,19 @@ TEST(SchedulerTransferTest, MovingKvPaysWhenItIsFasterThanTheMeasuredRecompute) 
   EXPECT_TRUE(TransferPays(0.0001, 8, kBlockSize, cost));  // 0.8 ms to move 8 blocks
   EXPECT_FALSE(TransferPays(0.01, 8, kBlockSize, cost));   // 80 ms: recompute instead
   EXPECT_TRUE(TransferPays(0.01, 0, kBlockSize, cost));
+}
+
+TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItWouldDoubleTheDecodeStep) {
+  StepCostModel cost;
+  EXPECT_EQ(LocalPrefillLimit(cost, 8), 512);  // nothing measured: a fixed guess
+  // Steps cost 10 ms plus 0.1 ms per token: a decode step of 8 sequences 10.8 ms; 8 + n
+  // tokens cost twice that from n = 100 on: the limit is the next power of two, 128.
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
+  }
+  EXPECT_EQ(LocalPrefillLimit(cost, 8), 128);
+  // A batch of 256 decodes takes 35.6 ms: a prefill doubles it from 356 tokens on.
+  EXPECT_EQ(LocalPrefillLimit(cost, 256), 512);
 }
 
 }  // namespace
