@@ -29,7 +29,7 @@ Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, 
     stats_.set_replica_id(replica_id_);
     local_prefill_limit_.store(options_.max_local_prefill_length > 0
                                    ? options_.max_local_prefill_length
-                                   : engine::LocalPrefillLimit(engine::StepCostModel(), 0));
+                                   : engine::LocalPrefillLimit(engine::StepCostModel(), 0, 0));
     stats_.set_max_plans_in_flight(options_.max_plans_in_flight);
   }
   loop_ = std::thread([this] { Loop(); });
@@ -588,8 +588,11 @@ void Replica::PublishStats() {
     local_prefill_limit_.store(
         options_.max_local_prefill_length > 0
             ? options_.max_local_prefill_length
-            : engine::LocalPrefillLimit(scheduler.speculation_policy().cost_model(),
-                                        scheduler.num_running()));
+            : engine::LocalPrefillLimit(
+                  scheduler.speculation_policy().cost_model(), scheduler.num_running(),
+                  num_handoffs_measured_ > 0
+                      ? handoff_seconds_ / static_cast<double>(num_handoffs_measured_)
+                      : 0.0));
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

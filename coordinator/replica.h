@@ -295,6 +295,9 @@ class Replica {
   absl::flat_hash_map<uint64_t, Replica*> hand_off_targets_;
   std::vector<std::shared_ptr<engine::Request>> prefilled_;
   uint64_t num_handoffs_out_ = 0, num_handoffs_in_ = 0, num_handoff_failures_ = 0;
+  // Hand-offs received whose KV arrived, and the seconds they took (asked to admitted).
+  uint64_t num_handoffs_measured_ = 0;
+  double handoff_seconds_ = 0;
   double kv_fetch_seconds_ = 0;
   // The engine core of the connected worker's KV pool: admitted requests, scheduler.
   std::unique_ptr<engine::EngineCore> engine_;

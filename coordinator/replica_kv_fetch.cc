@@ -190,6 +190,10 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
     ++num_kv_fetches_;
     num_kv_fetched_blocks_ += static_cast<uint64_t>(stored);
     kv_fetch_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
+    if (pending.handed_off && stored > 0) {
+      ++num_handoffs_measured_;
+      handoff_seconds_ += absl::ToDoubleSeconds(absl::Now() - pending.started);
+    }
     if (pending.handed_off && stored == 0 && count > 0) {
       ++num_handoff_failures_;
       std::fprintf(stderr,

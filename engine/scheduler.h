@@ -74,9 +74,11 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 /// Disaggregated serving: the uncached prompt tokens past which a prompt is better
 /// prefilled on another replica than here. Run here, a prefill of n tokens beside the
 /// replica's `num_decodes` running decodes makes their step take cost(b + n) instead of
-/// cost(b); the limit is the smallest n (a power of two from 16) that at least doubles it,
-/// by `cost`'s measured step times; 512 before any step was measured.
-int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes);
+/// cost(b): a stall of cost(b + n) - cost(b). Sent away, it costs a hand-off of
+/// `handoff_seconds` (measured so far; 0: none yet) and frees nothing here below one
+/// decode step. The limit is the smallest n (a power of two from 16) whose stall exceeds
+/// both, by `cost`'s measured step times; 512 before any step was measured.
+int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds);
 
 /// One sequence's work in a plan.
 struct ScheduledWork {

@@ -25,14 +25,15 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
   return seconds_per_block * static_cast<double>(blocks) < cost.Estimate(blocks * block_size);
 }
 
-int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes) {
+int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds) {
   constexpr int64_t kUnmeasured = 512;
   constexpr int64_t kLargest = int64_t{1} << 20;
   if (!cost.measured()) return kUnmeasured;
   const int64_t batch = std::max<int64_t>(num_decodes, 1);
   const double step = cost.Estimate(batch);
+  const double worth = std::max(step, handoff_seconds);
   for (int64_t n = 16; n < kLargest; n *= 2) {
-    if (cost.Estimate(batch + n) >= 2 * step) return n;
+    if (cost.Estimate(batch + n) - step >= worth) return n;
   }
   return kLargest;
 }

@@ -192,6 +192,7 @@ absl::Status StepExecutor::Reset() {
   sequences_.clear();
   has_last_step_id_ = false;
   last_step_id_ = 0;
+  kv_copied_step_id_.store(0, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -600,6 +601,10 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   if (status.ok()) status = Prepare(plan, prepared);
   // Blocks move between the pool and the host tier before the forward pass reads them.
   if (status.ok() && plan.kv_copies_size() > 0) status = CopyKvBlocks(plan);
+  // Another worker waiting to read slots this plan wrote need not wait for its forward pass.
+  if (status.ok() && plan.kv_copies_size() > 0) {
+    kv_copied_step_id_.store(plan.step_id(), std::memory_order_release);
+  }
   // Pipeline stages: a plan with work is one message between every pair of neighbours.
   if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
   std::vector<SampledToken>& tokens = prepared.tokens;

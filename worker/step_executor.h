@@ -81,6 +81,9 @@ class StepExecutor {
 
   /// Sequences whose state the executor holds.
   int num_sequences() const { return static_cast<int>(sequences_.size()); }
+  /// The last plan whose host-tier copies ran (before its forward pass); any thread. The
+  /// slots it wrote can be read by another worker from then on. 0 after Reset.
+  uint64_t kv_copied_step_id() const { return kv_copied_step_id_.load(std::memory_order_acquire); }
   /// True when the executor holds state for `seq_id`.
   bool HasSequence(uint64_t seq_id) const { return sequences_.contains(seq_id); }
   /// Tokens of `seq_id` computed so far (its KV length), or -1 when unknown.
@@ -142,6 +145,7 @@ class StepExecutor {
   // covers num_computed tokens.
   absl::flat_hash_map<uint64_t, std::unique_ptr<SequenceState>> sequences_;
   bool has_last_step_id_ = false;
+  std::atomic<uint64_t> kv_copied_step_id_{0};
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.
   std::unique_ptr<Prepared> prepared_;

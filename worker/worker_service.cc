@@ -20,7 +20,9 @@ grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
                                          grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) {
   const grpc::Status status =
       ServeKvBlocks(context, host_tier_, *request, writer, [this](uint64_t step_id) {
-        return last_step_id_.load(std::memory_order_acquire) >= step_id;
+        // The plan that offloads the blocks ran, or at least its copies did.
+        return last_step_id_.load(std::memory_order_acquire) >= step_id ||
+               executor_->kv_copied_step_id() >= step_id;
       });
   if (status.ok() && host_tier_ != nullptr) {
     host_tier_->RecordRemote(request->host_slots_size() * host_tier_->slot_bytes(), 0, 0);

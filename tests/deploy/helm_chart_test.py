@@ -43,6 +43,13 @@ CONFIGS = {
                   "autoscaling": {"enabled": True, "mode": "keda", "maxReplicas": 8},
                   "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}),
     "hpa": ([], {"autoscaling": {"enabled": True, "mode": "hpa"}}),
+    # Disaggregated prefill and decode: a prefill pool of two-rank replicas beside the decode
+    # pool, each with its own autoscaler.
+    "disaggregated": (["values-cpu.yaml"], {
+        "prefill": {"enabled": True, "replicas": 2, "tensorParallelSize": 2,
+                    "flags": {"threads": 8}, "autoscaling": {"enabled": True, "maxReplicas": 6}},
+        "autoscaling": {"enabled": True, "mode": "keda"},
+        "coordinator": {"flags": {"max-local-prefill-length": 1024}}}),
     # Pipeline stages across nodes: one LeaderWorkerSet pod per stage of 2 tensor-parallel ranks.
     "pipeline-parallel": (["values-cpu.yaml"], {
         "worker": {"tensorParallelSize": 2, "pipelineParallelSize": 3,
@@ -240,7 +247,8 @@ def test_manifests_pass_kubernetes_schemas(rendered, config):
     docs = rendered[config]
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "Service", "ConfigMap", "ServiceAccount"} <= kinds
-    assert len(workers(docs)) == 1
+    # One worker workload; with disaggregated serving a prefill pool beside it.
+    assert len(workers(docs)) == (2 if config == "disaggregated" else 1)
     for doc in docs:
         if doc["kind"] in CUSTOM_KINDS:
             schema = json.loads((CRD_SCHEMAS / CUSTOM_KINDS[doc["kind"]]).read_text())
@@ -930,6 +938,43 @@ def test_keda_scales_the_statefulset_on_waiting_requests_and_kv_usage(rendered):
     assert policy["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
     assert not of_kind(rendered["default"], "ScaledObject")
     assert not of_kind(rendered["default"], "HorizontalPodAutoscaler")
+
+
+def test_prefill_and_decode_pools_run_their_roles_and_scale_on_their_own_metrics(rendered):
+    docs = rendered["disaggregated"]
+    decode, prefill = one(docs, "StatefulSet", "loom-worker"), one(docs, "StatefulSet", "loom-worker-prefill")
+    (decode_args, _), (prefill_args, _) = (worker_args(pod_spec(w)["containers"][0]) for w in (decode, prefill))
+    assert decode_args[decode_args.index("--role") + 1] == "decode"
+    assert prefill_args[prefill_args.index("--role") + 1] == "prefill"
+    # The prefill pool's own tensor-parallel size and flags, over the workers'.
+    assert prefill_args[prefill_args.index("--world-size") + 1] == "2"
+    assert decode_args[decode_args.index("--world-size") + 1] == "1"
+    configs = {c["metadata"]["name"]: c["data"] for c in of_kind(docs, "ConfigMap")}
+    assert pod_spec(prefill)["containers"][0]["envFrom"][0]["configMapRef"]["name"] == "loom-worker-prefill"
+    assert configs["loom-worker-prefill"]["LOOM_THREADS"] == "8"
+    assert configs["loom-worker"].get("LOOM_THREADS") != "8"
+    # Both pools' pods: the workers' Service (stable names), their own selectors.
+    assert prefill["spec"]["serviceName"] == decode["spec"]["serviceName"] == "loom-worker"
+    labels = prefill["spec"]["template"]["metadata"]["labels"]
+    assert prefill["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels["loom.dev/role"] == "prefill"
+    assert decode["spec"]["template"]["metadata"]["labels"]["loom.dev/role"] == "decode"
+    assert "replicas" not in prefill["spec"], "its autoscaler owns the count"
+    # Each pool scales on its own replicas' series.
+    scaled = {s["metadata"]["name"]: s["spec"] for s in of_kind(docs, "ScaledObject")}
+    assert scaled["loom-worker-prefill"]["scaleTargetRef"]["name"] == "loom-worker-prefill"
+    assert scaled["loom-worker-prefill"]["maxReplicaCount"] == 6
+    [prefill_trigger] = scaled["loom-worker-prefill"]["triggers"]
+    assert 'replica=~"loom-worker-prefill-.*"' in prefill_trigger["metadata"]["query"]
+    for trigger in scaled["loom-worker"]["triggers"]:
+        assert 'replica!~"loom-worker-prefill-.*"' in trigger["metadata"]["query"], trigger
+    coordinator_args = pod_spec(one(docs, "Deployment"))["containers"][0]["args"]
+    assert any("max-local-prefill-length" in a for a in coordinator_args), coordinator_args
+    # A plain chart has no role and no prefill pool.
+    default = rendered["default"]
+    assert len(of_kind(default, "StatefulSet")) == 1
+    args, _ = worker_args(pod_spec(one(default, "StatefulSet"))["containers"][0])
+    assert "--role" not in args
 
 
 def test_hpa_scales_on_per_replica_pods_metrics(rendered):

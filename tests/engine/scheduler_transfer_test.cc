@@ -160,17 +160,20 @@ TEST(SchedulerTransferTest, MovingKvPaysWhenItIsFasterThanTheMeasuredRecompute) 
   EXPECT_TRUE(TransferPays(0.01, 0, kBlockSize, cost));
 }
 
-TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItWouldDoubleTheDecodeStep) {
+TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAndTheHandOff) {
   StepCostModel cost;
-  EXPECT_EQ(LocalPrefillLimit(cost, 8), 512);  // nothing measured: a fixed guess
-  // Steps cost 10 ms plus 0.1 ms per token: a decode step of 8 sequences 10.8 ms; 8 + n
-  // tokens cost twice that from n = 100 on: the limit is the next power of two, 128.
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 512);  // nothing measured: a fixed guess
+  // Steps cost 10 ms plus 0.1 ms per token: a decode step of 8 sequences 10.8 ms; a prefill
+  // of n tokens beside it stalls it 0.1 n ms, more than the step from n = 108 on: the
+  // limit is the next power of two, 128.
   for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
     cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
   }
-  EXPECT_EQ(LocalPrefillLimit(cost, 8), 128);
-  // A batch of 256 decodes takes 35.6 ms: a prefill doubles it from 356 tokens on.
-  EXPECT_EQ(LocalPrefillLimit(cost, 256), 512);
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 128);
+  // A batch of 256 decodes takes 35.6 ms: the stall exceeds it from 356 tokens on.
+  EXPECT_EQ(LocalPrefillLimit(cost, 256, 0), 512);
+  // Hand-offs measured at 100 ms: only prompts stalling the decodes longer are sent away.
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.1), 1024);
 }
 
 }  // namespace

@@ -424,3 +424,21 @@ name: {{ include "loom.worker.name" . }}
 {{- define "loom.httpScheme" -}}
 {{ ternary "HTTPS" "HTTP" (ne .Values.tls.existingSecret "") }}
 {{- end -}}
+
+{{/* Disaggregated serving: the prefill pool's StatefulSet. */}}
+{{- define "loom.prefill.name" -}}
+{{- printf "%s-prefill" (include "loom.worker.name" .) }}
+{{- end }}
+
+{{/* The values the prefill pool's pods render with: `worker` with `prefill`'s overrides
+     and role prefill (as YAML; the pod template takes it as .Values). */}}
+{{- define "loom.prefill.root" -}}
+{{- $values := deepCopy .Values -}}
+{{- $w := $values.worker -}}
+{{- $p := .Values.prefill -}}
+{{- $_ := set $w "role" "prefill" -}}
+{{- $_ := set $w "flags" (merge (deepCopy (default dict $p.flags)) $w.flags) -}}
+{{- with $p.tensorParallelSize }}{{ $_ := set $w "tensorParallelSize" . }}{{ end -}}
+{{- with $p.resources }}{{ $_ := set $w "resources" (deepCopy .) }}{{ end -}}
+{{- toYaml $values }}
+{{- end }}

@@ -14,9 +14,15 @@
 {{- $grace = add (max $drain $c.drainTimeoutSeconds) $c.preStopSleepSeconds $c.terminationGraceExtraSeconds -}}
 {{- end -}}
 {{- $selector := merge (fromYaml (include "loom.selectorLabels" $)) (dict "app.kubernetes.io/component" "worker") -}}
+{{- /* Disaggregated serving: the `prefill` pool's pods prefill, `worker`'s decode. */ -}}
+{{- $role := "" -}}
+{{- if $.Values.prefill.enabled }}{{ $role = default "decode" $w.role }}{{ end -}}
 metadata:
   labels:
     {{- toYaml $selector | nindent 4 }}
+    {{- with $role }}
+    loom.dev/role: {{ . }}
+    {{- end }}
     {{- with $w.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -71,9 +77,13 @@ spec:
         - {{ $w.pipelineParallelSize | quote }}
         {{- end }}
         {{- include "loom.flagArgs" $w.flags | trim | nindent 8 }}
+        {{- with $role }}
+        - --role
+        - {{ . }}
+        {{- end }}
       envFrom:
         - configMapRef:
-            name: {{ include "loom.fullname" $ }}-worker
+            name: {{ include "loom.fullname" $ }}-worker{{ if eq $role "prefill" }}-prefill{{ end }}
       env:
         - name: POD_NAME
           valueFrom:

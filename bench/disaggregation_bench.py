@@ -1,0 +1,207 @@
+"""Disaggregated prefill and decode against two mixed replicas (issue 36's benchmark), end to end
+on the default model: two CPU worker processes on this machine (`--threads` each), either two
+mixed replicas (`loom up --replicas 2`, prefix-aware routing) or one prefill and one decode
+replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-prefill-length: the
+decode replica's own measure). The same open-loop workload drives both, at the same request rate:
+Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
+(a ~30-token prompt, 48 output tokens), every prompt new.
+
+Reported per configuration (medians over rounds, the configurations alternated):
+  * decode ITL p50/p99: the gaps between a request's consecutive streamed tokens after its first,
+    over every request (a hand-off's gap from the prefill replica's token to the decode replica's
+    next one included);
+  * TTFT p50/p99 of the long prompts, and of the short ones;
+  * P/D: the hand-off (transfer phase: the prefill replica's first token to the decode replica's
+    admission with the KV, from loom_disagg_phase_seconds) of a 2k-token prompt, against the
+    shared-memory copy limit: one memcpy of that prompt's KV bytes on this machine, measured in
+    the same run (the hand-off copies them three times: pool to host tier, tier to tier, tier to
+    pool, plus the coordination).
+Ratios: ITL p99 mixed / P/D (the target: >= 2), long-prompt TTFT p50 P/D / mixed (<= 1.2), copy
+limit / hand-off.
+
+Writes bench/results/disaggregation.json.
+
+usage: .venv/bin/python bench/disaggregation_bench.py [--rounds 2] [--seconds 60] [--rate 1.5]
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+SOURCE_DIR = pathlib.Path(os.environ.get("LOOM_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(SOURCE_DIR / "tests" / "cluster"))
+sys.path.insert(0, str(SOURCE_DIR / "bench"))
+import cluster_harness as h  # noqa: E402
+from provenance import provenance  # noqa: E402
+
+WORDS = ("the river runs past old stone walls where people sell bread fish and cloth while "
+         "children chase birds across the square and the bell rings every hour").split()
+LONG_TOKENS = 2048
+# The default model's KV per token: 30 layers x K and V x 3 heads x 64 x 2 bytes (f16).
+KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
+
+
+def workload(seconds: float, rate: float, seed: int, tokenize) -> list:
+    """(arrival offset, prompt token ids, max_tokens, is_long), Poisson arrivals."""
+    rng = random.Random(seed)
+    requests, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t > seconds:
+            return requests
+        long = rng.random() < 0.1
+        words = [rng.choice(WORDS) for _ in range(LONG_TOKENS if long else 24)]
+        ids = tokenize(f"Request {len(requests)} ({rng.random():.6f}): " + " ".join(words))
+        if long:
+            ids = ids[:LONG_TOKENS]
+        requests.append((t, ids, 16 if long else 48, long))
+
+
+def run_one(stub, ids, max_tokens, record):
+    """Streams one request, recording each message's time and token count."""
+    request = h.make_request(token_ids=ids, max_tokens=max_tokens, ignore_eos=True)
+    start = time.monotonic()
+    times = []
+    try:
+        for message in stub.Generate(request, timeout=600):
+            if message.token_ids:
+                times.append((time.monotonic(), len(message.token_ids)))
+    except Exception as error:  # noqa: BLE001 - counted as a failed request
+        record["error"] = repr(error)
+    record["start"], record["times"] = start, times
+
+
+def drive(stub, requests) -> list:
+    records = [dict() for _ in requests]
+    threads = []
+    origin = time.monotonic()
+    for (offset, ids, max_tokens, _), record in zip(requests, records):
+        delay = origin + offset - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        thread = threading.Thread(target=run_one, args=(stub, ids, max_tokens, record))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return records
+
+
+def percentile(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(requests, records) -> dict:
+    gaps, ttft_long, ttft_short, failed = [], [], [], 0
+    for (_, _, max_tokens, long), record in zip(requests, records):
+        times = record.get("times", [])
+        if "error" in record or sum(n for _, n in times) != max_tokens:
+            failed += 1
+            continue
+        (ttft_long if long else ttft_short).append(times[0][0] - record["start"])
+        for (previous, _), (now, n) in zip(times, times[1:]):
+            gaps.extend([(now - previous) / n] * n)  # a message of n tokens: n gaps
+    return {"requests": len(records), "failed": failed, "itl_p50_s": percentile(gaps, 50),
+            "itl_p99_s": percentile(gaps, 99), "ttft_long_p50_s": percentile(ttft_long, 50),
+            "ttft_long_p99_s": percentile(ttft_long, 99), "ttft_short_p50_s": percentile(ttft_short, 50),
+            "ttft_short_p99_s": percentile(ttft_short, 99), "num_long": len(ttft_long)}
+
+
+def transfer_phase(http_url: str) -> tuple:
+    """(count, seconds summed) of loom_disagg_phase_seconds{phase="transfer"}."""
+    text = urllib.request.urlopen(http_url + "/metrics", timeout=10).read().decode()
+    values = {}
+    for kind in ("count", "sum"):
+        match = re.search(rf'loom_disagg_phase_seconds_{kind}\{{[^}}]*phase="transfer"[^}}]*\}} (\S+)', text)
+        values[kind] = float(match.group(1)) if match else 0.0
+    return int(values["count"]), values["sum"]
+
+
+def measure(tmp: pathlib.Path, name: str, requests, threads: int, disaggregated: bool) -> dict:
+    flags = {"threads": threads, "kv_cache_memory": "512MiB", "stream_interval_ms": 0}
+    if disaggregated:
+        flags.update(prefill_replicas=1, decode_replicas=1)
+        replicas = ["prefill-0", "decode-0"]
+    else:
+        flags.update(replicas=2)
+        replicas = ["replica-0", "replica-1"]
+    up = h.Up(tmp / name, **flags)
+    try:
+        up.wait_healthy(replicas)
+        records = drive(up.stub, requests)
+        result = summarize(requests, records)
+        status = up.wait_idle(timeout=120)
+        if disaggregated:
+            result["handoffs"] = status["decode-0"].num_handoffs_in
+            result["handoff_failures"] = status["decode-0"].num_handoff_failures
+            result["transfers"], seconds = transfer_phase(up.http_url)
+            result["handoff_mean_s"] = seconds / max(result["transfers"], 1)
+        return result
+    finally:
+        up.stop()
+
+
+def copy_limit_seconds(nbytes: int) -> float:
+    """One memcpy of `nbytes` (pages touched first), median of 7."""
+    source = np.ones(nbytes, dtype=np.uint8)
+    dest = np.zeros(nbytes, dtype=np.uint8)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        np.copyto(dest, source)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=60.0, help="arrivals per round")
+    parser.add_argument("--rate", type=float, default=1.5, help="requests per second")
+    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
+    parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "disaggregation.json"))
+    args = parser.parse_args()
+    report = {"benchmark": "disaggregation", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "threads_per_worker": args.threads, "rounds": args.rounds, "seconds": args.seconds,
+              "rate_per_s": args.rate, "long_tokens": LONG_TOKENS, "long_fraction": 0.1}
+    runs = {"mixed": [], "disaggregated": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        for r in range(args.rounds):
+            requests = workload(args.seconds, args.rate, r, lambda text: h.tokenize(text))
+            order = ["mixed", "disaggregated"] if r % 2 == 0 else ["disaggregated", "mixed"]
+            for mode in order:
+                result = measure(tmp, f"{mode}-{r}", requests, args.threads, mode == "disaggregated")
+                runs[mode].append(result)
+                print(mode, r, json.dumps(result), flush=True)
+    for mode, results in runs.items():
+        report[mode] = {key: statistics.median(x[key] for x in results)
+                        for key in results[0] if isinstance(results[0][key], (int, float))}
+        report[mode]["rounds"] = results
+    limit = copy_limit_seconds(LONG_TOKENS * KV_BYTES_PER_TOKEN)
+    mixed, pd = report["mixed"], report["disaggregated"]
+    report["copy_limit_s"] = limit
+    report["kv_bytes_2k"] = LONG_TOKENS * KV_BYTES_PER_TOKEN
+    report["ratios"] = {
+        "itl_p99_mixed_over_pd": mixed["itl_p99_s"] / pd["itl_p99_s"],
+        "ttft_long_p50_pd_over_mixed": pd["ttft_long_p50_s"] / mixed["ttft_long_p50_s"],
+        "copy_limit_over_handoff": limit / pd["handoff_mean_s"],
+    }
+    report["provenance"] = provenance()
+    print(json.dumps({k: report[k] for k in ("ratios", "copy_limit_s")}, indent=1), flush=True)
+    pathlib.Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
