@@ -183,8 +183,9 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         replica = std::make_unique<Replica>(
             request.replica_id(), options_.replica,
             [this](std::shared_ptr<engine::Request> r) { Retry(std::move(r)); }, &kv_index_,
-            [this](std::shared_ptr<engine::Request> r, Replica* source, Replica* target) {
-              HandOff(std::move(r), source, target);
+            [this](std::shared_ptr<engine::Request> r, Replica* source, Replica* target,
+                   KvExport exported) {
+              HandOff(std::move(r), source, target, std::move(exported));
             });
       }
       replica->Connect(endpoint);

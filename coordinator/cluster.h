@@ -109,7 +109,8 @@ class Cluster {
                                                  int32_t block_size);
   // Replica::HandOffFn: `source` prefilled the request; `target` (or, if it refuses,
   // another decode or mixed replica, else the source itself) fetches its KV and decodes.
-  void HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target);
+  void HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target,
+               KvExport exported);
   void Retry(std::shared_ptr<engine::Request> request);
   void Monitor();
 

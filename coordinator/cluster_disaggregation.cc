@@ -58,10 +58,13 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   return std::nullopt;  // every prefill replica is full or gone: run it locally
 }
 
-void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target) {
+void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target,
+                      KvExport exported) {
+  const uint64_t export_id = exported.export_id;
   Replica::SubmitOptions options;
   options.fetch_source = source;
   options.handed_off = true;
+  options.export_reply = std::move(exported);
   absl::Status placed = absl::UnavailableError("no decode replica was chosen");
   if (target != nullptr) placed = target->Submit(request, options);
   if (placed.ok()) return;
@@ -81,6 +84,7 @@ void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source,
   }
   if (!placed.ok()) {
     request->MarkHandoffDone();  // nothing to transfer
+    if (export_id != 0) source->ReleaseExport(export_id);
     placed = source->Submit(request);
   }
   if (!placed.ok()) {

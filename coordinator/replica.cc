@@ -282,7 +282,11 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
   config.enable_prefix_caching = options_.enable_prefix_caching;
   config.speculation = options_.speculation;
   pipelined_ = stages > 1;
-  plans_in_flight_ = std::max(options_.max_plans_in_flight, stages);
+  // A prefill replica runs one plan at a time: its steps are long, and what it hands off
+  // leaves with the plan right after the step that computed it (not after another prompt's).
+  plans_in_flight_ = endpoint.role == ReplicaRole::kPrefill
+                         ? stages
+                         : std::max(options_.max_plans_in_flight, stages);
   config.speculation.pipelined = plans_in_flight_ > 1;
   // Pipeline stages before the last never sample: every plan names the tokens it
   // computes, so a sequence waits for its sample before its next plan.
@@ -366,8 +370,18 @@ void Replica::AdmitInbox() {
     // as measured so far beat recomputing it; a hand-off's KV always is.
     if (placement.fetch_source != nullptr && !inbox[i]->cancelled() &&
         (placement.handed_off || FetchPays(*inbox[i]))) {
-      StartFetch(std::move(inbox[i]), placement.fetch_source, placement.handed_off);
+      const bool exported = placement.export_reply.has_value();
+      const uint64_t fetch_id = StartFetch(std::move(inbox[i]), placement.fetch_source,
+                                           placement.handed_off, /*ask=*/!exported);
+      if (exported) {
+        KvExport reply = *placement.export_reply;
+        reply.fetch_id = fetch_id;
+        DeliverExport(std::move(reply));
+      }
       continue;
+    }
+    if (placement.export_reply.has_value() && placement.export_reply->export_id != 0) {
+      placement.fetch_source->ReleaseExport(placement.export_reply->export_id);
     }
     if (placement.handed_off) inbox[i]->MarkHandoffDone();
     AdmitOne(inbox[i], placement.hand_off_to);
@@ -468,14 +482,16 @@ void Replica::HandOffPrefilled() {
     ++num_handoffs_out_;
     request->MarkHandedOff();
     // Its full prompt blocks are registered in the prefix cache by now (the sequence was
-    // released): published before the decode replica asks for them.
+    // released): held for the decode replica, their copies to the host tier in the very
+    // next plan.
+    KvExport exported = Export(*request, /*fetch_id=*/0);
     PublishKvEvents();
     if (hand_off_ == nullptr) {
       request->Finish(loom::v1::FINISH_REASON_ERROR, "no decode replica to hand it to",
                       replica_id_);
       continue;
     }
-    hand_off_(std::move(request), this, decode);
+    hand_off_(std::move(request), this, decode, std::move(exported));
   }
 }
 
@@ -505,6 +521,12 @@ void Replica::LoseWorker(const std::string& reason) {
     healthy_.store(false);
     live_connection_ = nullptr;
     inbox.swap(inbox_);
+    // Hand-offs not admitted yet: the prefill replicas may let their exports go.
+    for (const auto& [request, placement] : placements_) {
+      if (placement.export_reply.has_value() && placement.export_reply->export_id != 0) {
+        placement.fetch_source->ReleaseExport(placement.export_reply->export_id);
+      }
+    }
     placements_.clear();
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());

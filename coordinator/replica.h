@@ -80,6 +80,23 @@ struct WorkerEndpoint {
   std::string kv_dtype;                    // as registered
 };
 
+class Replica;
+
+/// A source replica's answer to an export (a cross-replica prefix fetch asked for it, or a
+/// prefill replica made it when it handed a request over): where the prefix's blocks are
+/// held for the requester to read.
+struct KvExport {
+  uint64_t fetch_id = 0;
+  uint64_t export_id = 0;              // for ReleaseExport; 0: nothing held
+  std::string reason;                  // empty: ok
+  std::vector<std::string> addresses;  // the source's ranks
+  std::vector<KvHeadRange> kv_heads;   // and the KV heads each holds
+  std::string kv_layout;               // the source's kv_layout()
+  std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier
+  uint64_t after_step_id = 0;          // the source step that writes them
+  Replica* source = nullptr;
+};
+
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
 /// it: a thread that admits requests into the replica's Scheduler, turns each
 /// SchedulerOutput into a StepPlan on the worker's step stream (two in flight), applies
@@ -96,7 +113,7 @@ class Replica {
   /// A prefill replica (`source`) is done with a request's prompt: place it on `target`
   /// (the decode replica chosen at placement) or another, to fetch its KV and decode.
   using HandOffFn = std::function<void(std::shared_ptr<engine::Request> request, Replica* source,
-                                       Replica* target)>;
+                                       Replica* target, KvExport exported)>;
 
   /// `kv_index` (may be null: nothing is published) must outlive the replica.
   Replica(std::string replica_id, ReplicaOptions options, RetryFn retry,
@@ -123,6 +140,9 @@ class Replica {
     // This replica prefills it (a prefill replica) and hands it to `hand_off_to` after its
     // first token (HandOffFn).
     Replica* hand_off_to = nullptr;
+    // A hand-off: the prefill replica exported the prompt's blocks when it handed the
+    // request over (no AskExport round trip); released by whoever reads them.
+    std::optional<KvExport> export_reply;
   };
   absl::Status Submit(std::shared_ptr<engine::Request> request, const SubmitOptions& options);
   /// The connected workers' host tier in blocks (0: none), and their KV layout: block size,
@@ -135,17 +155,7 @@ class Replica {
   /// Asks this replica (the source) to hold `request`'s cached prefix in its host tier
   /// for `requester` to fetch; answered through requester->DeliverExport.
   void AskExport(Replica* requester, uint64_t fetch_id, std::shared_ptr<engine::Request> request);
-  struct ExportReply {
-    uint64_t fetch_id = 0;
-    uint64_t export_id = 0;              // for ReleaseExport; 0: nothing held
-    std::string reason;                  // empty: ok
-    std::vector<std::string> addresses;  // the source's ranks
-    std::vector<KvHeadRange> kv_heads;   // and the KV heads each holds
-    std::string kv_layout;               // the source's kv_layout()
-    std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier
-    uint64_t after_step_id = 0;          // the source step that writes them
-    Replica* source = nullptr;
-  };
+  using ExportReply = KvExport;
   void DeliverExport(ExportReply reply);
   /// The requester is done reading an export: its slots may be reused.
   void ReleaseExport(uint64_t export_id);
@@ -211,7 +221,12 @@ class Replica {
   // starts fetches for replies, commits finished fetches and admits their requests, gives
   // up on fetches past their deadline.
   void HandleKvFetches();
-  void StartFetch(std::shared_ptr<engine::Request> request, Replica* source, bool handed_off);
+  // Returns the fetch's id; `ask`: ask the source for an export (else one comes with it).
+  uint64_t StartFetch(std::shared_ptr<engine::Request> request, Replica* source, bool handed_off,
+                      bool ask = true);
+  // The source side of an export: holds `request`'s cached prefix in the host tier (blocks
+  // only in the pool are copied out by the next plan) and says where (reason set: nothing).
+  KvExport Export(const engine::Request& request, uint64_t fetch_id);
   // Whether fetching `request`'s prefix (as fetches measured so far) beats recomputing it.
   bool FetchPays(const engine::Request& request) const;
   // Admits into the engine (a refusal ends the request); `hand_off_to`: prefill it only.

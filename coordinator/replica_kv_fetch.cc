@@ -141,8 +141,8 @@ bool Replica::FetchPays(const engine::Request& request) const {
                               scheduler.speculation_policy().cost_model());
 }
 
-void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* source,
-                         bool handed_off) {
+uint64_t Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* source,
+                             bool handed_off, bool ask) {
   const uint64_t fetch_id = next_fetch_id_++;
   PendingFetch& pending = pending_fetches_[fetch_id];
   pending.request = request;
@@ -150,7 +150,43 @@ void Replica::StartFetch(std::shared_ptr<engine::Request> request, Replica* sour
   pending.handed_off = handed_off;
   pending.started = absl::Now();
   pending.deadline = pending.started + options_.kv_transfer_timeout;
-  source->AskExport(this, fetch_id, std::move(request));
+  if (ask) source->AskExport(this, fetch_id, std::move(request));
+  return fetch_id;
+}
+
+KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id) {
+  engine::Scheduler& scheduler = engine_->scheduler();
+  KvExport reply;
+  reply.fetch_id = fetch_id;
+  reply.source = this;
+  const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
+  // The requester computes at least the last known token (a hand-off's first output
+  // follows its prompt: every full prompt block is usable).
+  const int64_t known =
+      static_cast<int64_t>(request.params().prompt_ids.size()) + request.num_outputs();
+  const size_t usable = std::min(
+      hashes.size(),
+      static_cast<size_t>(std::max<int64_t>(0, (known - 1) / std::max(block_size_.load(), 1))));
+  engine::Scheduler::HeldSlots held =
+      scheduler.ExportPrefix(absl::MakeConstSpan(hashes).first(usable), request.params().prompt_ids,
+                             request.params().cache_salt);
+  if (held.slots.empty()) {
+    reply.reason = "the source holds none of the prefix any more";
+    return reply;
+  }
+  reply.export_id = next_export_id_++;
+  {
+    absl::MutexLock lock(&mu_);
+    reply.addresses = endpoint_.addresses;
+    reply.kv_heads = endpoint_.kv_heads;
+    reply.kv_layout = kv_layout_;
+  }
+  reply.slots = held.slots;
+  // The plan that carries the copies is the next one; else what is queued already ran or
+  // runs in the plans sent so far.
+  reply.after_step_id = scheduler.host_tier()->has_copies() ? next_step_id_ : next_step_id_ - 1;
+  exports_[reply.export_id] = std::move(held);
+  return reply;
 }
 
 void Replica::AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to) {
@@ -235,7 +271,6 @@ void Replica::HandleKvFetches() {
   {
     absl::MutexLock lock(&mu_);
     asks.swap(export_asks_);
-    replies.swap(export_replies_);
     results.swap(fetch_results_);
     releases.swap(export_releases_);
     addresses = endpoint_.addresses;
@@ -251,35 +286,11 @@ void Replica::HandleKvFetches() {
   }
   // The source side: hold the prefix; blocks only in the pool go out with the next plan.
   for (ExportAsk& ask : asks) {
-    ExportReply reply;
-    reply.fetch_id = ask.fetch_id;
-    reply.source = this;
-    const engine::Request& request = *ask.request;
-    const std::vector<engine::BlockHash>& hashes = request.prompt_block_hashes();
-    // The requester computes at least the last known token (a hand-off's first output
-    // follows its prompt: every full prompt block is usable).
-    const int64_t known =
-        static_cast<int64_t>(request.params().prompt_ids.size()) + request.num_outputs();
-    const size_t usable = std::min(
-        hashes.size(),
-        static_cast<size_t>(std::max<int64_t>(0, (known - 1) / std::max(block_size_.load(), 1))));
-    engine::Scheduler::HeldSlots held =
-        scheduler.ExportPrefix(absl::MakeConstSpan(hashes).first(usable),
-                               request.params().prompt_ids, request.params().cache_salt);
-    if (held.slots.empty()) {
-      reply.reason = "the source holds none of the prefix any more";
-    } else {
-      reply.export_id = next_export_id_++;
-      reply.addresses = addresses;
-      reply.kv_heads = kv_heads;
-      reply.kv_layout = kv_layout;
-      reply.slots = held.slots;
-      // The plan that carries the copies is the next one; else what is queued already ran
-      // or runs in the plans sent so far.
-      reply.after_step_id = scheduler.host_tier()->has_copies() ? next_step_id_ : next_step_id_ - 1;
-      exports_[reply.export_id] = std::move(held);
-    }
-    ask.requester->DeliverExport(std::move(reply));
+    ask.requester->DeliverExport(Export(*ask.request, ask.fetch_id));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    replies.swap(export_replies_);
   }
   // The destination side: reserve slots and let the workers pull the blocks.
   for (ExportReply& reply : replies) {

@@ -77,7 +77,8 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 /// cost(b): a stall of cost(b + n) - cost(b). Sent away, it costs a hand-off of
 /// `handoff_seconds` (measured so far; 0: none yet) and frees nothing here below one
 /// decode step. The limit is the smallest n (a power of two from 16) whose stall exceeds
-/// both, by `cost`'s measured step times; 512 before any step was measured.
+/// both, by `cost`'s measured step times; 512 before any step was measured, and at least
+/// 512 before a hand-off was.
 int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds);
 
 /// One sequence's work in a plan.

@@ -32,7 +32,9 @@ int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double
   const int64_t batch = std::max<int64_t>(num_decodes, 1);
   const double step = cost.Estimate(batch);
   const double worth = std::max(step, handoff_seconds);
-  for (int64_t n = 16; n < kLargest; n *= 2) {
+  // Before a hand-off was measured, no shorter prompt than the fixed guess is sent away.
+  int64_t n = handoff_seconds > 0 ? 16 : kUnmeasured;
+  for (; n < kLargest; n *= 2) {
     if (cost.Estimate(batch + n) - step >= worth) return n;
   }
   return kLargest;

@@ -164,16 +164,18 @@ TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAn
   StepCostModel cost;
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 512);  // nothing measured: a fixed guess
   // Steps cost 10 ms plus 0.1 ms per token: a decode step of 8 sequences 10.8 ms; a prefill
-  // of n tokens beside it stalls it 0.1 n ms, more than the step from n = 108 on: the
-  // limit is the next power of two, 128.
+  // of n tokens beside it stalls it 0.1 n ms, more than the step from n = 108 on: with a
+  // quick hand-off (1 ms) the limit is the next power of two, 128.
   for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
     cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
   }
-  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 128);
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.001), 128);
   // A batch of 256 decodes takes 35.6 ms: the stall exceeds it from 356 tokens on.
-  EXPECT_EQ(LocalPrefillLimit(cost, 256, 0), 512);
+  EXPECT_EQ(LocalPrefillLimit(cost, 256, 0.001), 512);
   // Hand-offs measured at 100 ms: only prompts stalling the decodes longer are sent away.
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.1), 1024);
+  // None measured yet: nothing under the fixed guess is sent away.
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 512);
 }
 
 }  // namespace
