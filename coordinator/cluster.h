@@ -31,7 +31,10 @@ struct ClusterOptions {
   // The longest heartbeat interval told to workers at registration (HeartbeatInterval).
   int32_t heartbeat_interval_ms = 500;
   // Disaggregated serving, when prefill replicas serve: see Cluster::Submit. The threshold
-  // itself is ReplicaOptions::max_local_prefill_length (the decode replica's).
+  // itself is ReplicaOptions::max_local_prefill_length (the decode replica's). A prefill
+  // replica holding this many requests already is passed over; when every one is, the
+  // prompt is prefilled locally (--max-prefill-queue-size, Dynamo's name; 0: no limit).
+  int64_t max_prefill_queue_size = 2;
   // Cross-replica prefix fetch: a request placed on a replica while another replica of the
   // same layout, both with host tiers, holds at least this many more blocks of its prefix
   // fetches them from it instead of recomputing (--kv-fetch-min-blocks; 0: never).
@@ -64,9 +67,10 @@ class Cluster {
   /// ResourceExhausted when every healthy replica's waiting queue is full.
   /// Disaggregated serving (cluster_disaggregation.cc): while prefill replicas and others
   /// serve, a request goes to the others (decode and mixed replicas) unless its prompt's
-  /// uncached tokens on the one chosen for it exceed that replica's local_prefill_limit():
-  /// then a prefill replica computes the prompt and its first token and hands it to that
-  /// decode replica, which fetches the KV and decodes the rest.
+  /// uncached tokens on the one chosen for it exceed that replica's local_prefill_limit()
+  /// and a prefill replica's queue is below max_prefill_queue_size: then that prefill
+  /// replica computes the prompt and its first token and hands it to that decode replica,
+  /// which fetches the KV and decodes the rest.
   absl::Status Submit(std::shared_ptr<engine::Request> request);
   uint64_t NextSeqId() { return next_seq_id_.fetch_add(1); }
 

@@ -48,6 +48,12 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   if (prompt - cached <= target->local_prefill_limit()) return std::nullopt;
   const RouteDecision order = Rank(prefill, *request, hashes, block_size);
   for (size_t index : order.order) {
+    // A prefill replica whose queue is long would delay the first token more than a local
+    // prefill stalls the decodes (Dynamo's conditional disaggregation).
+    if (options_.max_prefill_queue_size > 0 &&
+        prefill[index]->load() >= options_.max_prefill_queue_size) {
+      continue;
+    }
     Replica::SubmitOptions options;
     // A request of one token has nothing to decode: the prefill replica answers it.
     if (params.max_tokens > 1) options.hand_off_to = target;

@@ -484,13 +484,13 @@ void Replica::HandOffPrefilled() {
     // Its full prompt blocks are registered in the prefix cache by now (the sequence was
     // released): held for the decode replica, their copies to the host tier in the very
     // next plan.
-    KvExport exported = Export(*request, /*fetch_id=*/0);
-    PublishKvEvents();
     if (hand_off_ == nullptr) {
       request->Finish(loom::v1::FINISH_REASON_ERROR, "no decode replica to hand it to",
                       replica_id_);
       continue;
     }
+    KvExport exported = Export(*request, /*fetch_id=*/0);
+    PublishKvEvents();
     hand_off_(std::move(request), this, decode, std::move(exported));
   }
 }

@@ -1,7 +1,7 @@
 """The worker protocol's registration rules and the standard gRPC services, checked by talking to
 a running coordinator and worker directly: a worker of another protocol version or another model
 is refused at registration (FAILED_PRECONDITION with a message naming the mismatch) and never
-becomes a replica; a heartbeat from a worker the coordinator does not know is NOT_FOUND (the
+becomes a replica, and so is an unknown role or ranks of one replica with different roles; a heartbeat from a worker the coordinator does not know is NOT_FOUND (the
 worker's cue to register again); grpc.health.v1 answers SERVING and server reflection lists the
 Loom services on both processes.
 """
@@ -71,6 +71,17 @@ def test_worker_of_another_protocol_version_is_refused(rig, coordinator_stub):
 def test_worker_serving_another_model_is_refused(rig, coordinator_stub):
     request = register_request(rig, fingerprint="0123456789abcdef0123456789abcdef")
     assert_refused_and_absent(rig, coordinator_stub, request, "0123456789abcdef0123456789abcdef")
+
+
+def test_a_role_the_coordinator_does_not_know_and_ranks_of_different_roles_are_refused(rig, coordinator_stub):
+    with pytest.raises(grpc.RpcError) as refused:
+        coordinator_stub.Register(register_request(rig, role="verify"), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "unknown replica role 'verify'" in (refused.value.details() or "")
+    # Two ranks of one replica, one prefill and one decode: the second is refused by name.
+    coordinator_stub.Register(register_request(rig, world_size=2, rank=0, role="prefill"), timeout=10)
+    request = register_request(rig, world_size=2, rank=1, role="decode", worker_address="127.0.0.1:10")
+    assert_refused_and_absent(rig, coordinator_stub, request, "disagree on their role", "prefill", "decode")
 
 
 def test_heartbeat_from_an_unknown_worker_is_not_found(rig, coordinator_stub):
