@@ -2,7 +2,7 @@
 on the default model: two CPU worker processes on this machine (`--threads` each), either two
 mixed replicas (`loom up --replicas 2`, prefix-aware routing) or one prefill and one decode
 replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-prefill-length: the
-decode replica's own measure). The same open-loop workload drives both, at the same request rate:
+decode replica's own measure), and the latter with `--max-prefill-queue-size 2`. The same open-loop workload drives both, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
 (a ~30-token prompt, 48 output tokens), every prompt new.
 
@@ -50,6 +50,9 @@ WORDS = ("the river runs past old stone walls where people sell bread fish and c
 LONG_TOKENS = 2048
 # The default model's KV per token: 30 layers x K and V x 3 heads x 64 x 2 bytes (f16).
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
+# Two mixed replicas; one prefill and one decode replica; the same with
+# --max-prefill-queue-size 2 (a busy prefill replica leaves the prompt to the decode one).
+MODES = ["mixed", "disaggregated", "disaggregated_queue_limit_2"]
 
 
 def workload(seconds: float, rate: float, seed: int, tokenize) -> list:
@@ -128,10 +131,13 @@ def transfer_phase(http_url: str) -> tuple:
     return int(values["count"]), values["sum"]
 
 
-def measure(tmp: pathlib.Path, name: str, requests, threads: int, disaggregated: bool) -> dict:
+def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> dict:
     flags = {"threads": threads, "kv_cache_memory": "512MiB", "stream_interval_ms": 0}
+    disaggregated = mode != "mixed"
     if disaggregated:
         flags.update(prefill_replicas=1, decode_replicas=1)
+        if mode == "disaggregated_queue_limit_2":
+            flags["max_prefill_queue_size"] = 2
         replicas = ["prefill-0", "decode-0"]
     else:
         flags.update(replicas=2)
@@ -175,14 +181,14 @@ def main():
     report = {"benchmark": "disaggregation", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "threads_per_worker": args.threads, "rounds": args.rounds, "seconds": args.seconds,
               "rate_per_s": args.rate, "long_tokens": LONG_TOKENS, "long_fraction": 0.1}
-    runs = {"mixed": [], "disaggregated": []}
+    runs = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for r in range(args.rounds):
             requests = workload(args.seconds, args.rate, r, lambda text: h.tokenize(text))
-            order = ["mixed", "disaggregated"] if r % 2 == 0 else ["disaggregated", "mixed"]
+            order = MODES if r % 2 == 0 else MODES[::-1]
             for mode in order:
-                result = measure(tmp, f"{mode}-{r}", requests, args.threads, mode == "disaggregated")
+                result = measure(tmp, f"{mode}-{r}", requests, args.threads, mode)
                 runs[mode].append(result)
                 print(mode, r, json.dumps(result), flush=True)
     for mode, results in runs.items():
@@ -190,13 +196,16 @@ def main():
                         for key in results[0] if isinstance(results[0][key], (int, float))}
         report[mode]["rounds"] = results
     limit = copy_limit_seconds(LONG_TOKENS * KV_BYTES_PER_TOKEN)
-    mixed, pd = report["mixed"], report["disaggregated"]
+    mixed, pd, limited = report["mixed"], report["disaggregated"], report["disaggregated_queue_limit_2"]
     report["copy_limit_s"] = limit
     report["kv_bytes_2k"] = LONG_TOKENS * KV_BYTES_PER_TOKEN
     report["ratios"] = {
         "itl_p99_mixed_over_pd": mixed["itl_p99_s"] / pd["itl_p99_s"],
         "ttft_long_p50_pd_over_mixed": pd["ttft_long_p50_s"] / mixed["ttft_long_p50_s"],
         "copy_limit_over_handoff": limit / pd["handoff_mean_s"],
+        "queue_limit_2": {"itl_p99_mixed_over_pd": mixed["itl_p99_s"] / limited["itl_p99_s"],
+                          "ttft_long_p50_pd_over_mixed": limited["ttft_long_p50_s"] / mixed["ttft_long_p50_s"]},
+        "ttft_short_p99_mixed_over_pd": mixed["ttft_short_p99_s"] / pd["ttft_short_p99_s"],
     }
     report["provenance"] = provenance()
     print(json.dumps({k: report[k] for k in ("ratios", "copy_limit_s")}, indent=1), flush=True)

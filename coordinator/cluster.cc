@@ -141,24 +141,26 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       endpoint.pipeline_parallel_size = stages;
       endpoint.role = *role;
       endpoint.kv_dtype = request.kv_dtype();
+      // The ranks must agree; the refusal is written before the pending ranks it names go.
+      absl::Status disagree;
       for (const auto& rank : pending.ranks) {
         if (ParseReplicaRole(rank->role()).value_or(ReplicaRole::kMixed) != *role) {
-          pending_ranks_.erase(request.replica_id());
-          return absl::FailedPreconditionError(
+          disagree = absl::FailedPreconditionError(
               absl::StrFormat("the ranks of replica %s disagree on their role ('%s' and '%s')",
                               request.replica_id(), request.role(), rank->role()));
+          break;
         }
         if (std::max(rank->pipeline_parallel_size(), 1) != stages) {
-          pending_ranks_.erase(request.replica_id());
-          return absl::FailedPreconditionError(absl::StrFormat(
+          disagree = absl::FailedPreconditionError(absl::StrFormat(
               "the ranks of replica %s disagree on the pipeline parallel size (%d and %d)",
               request.replica_id(), stages, rank->pipeline_parallel_size()));
+          break;
         }
         if (rank->block_size() != endpoint.block_size) {
-          pending_ranks_.erase(request.replica_id());
-          return absl::FailedPreconditionError(absl::StrFormat(
+          disagree = absl::FailedPreconditionError(absl::StrFormat(
               "the ranks of replica %s disagree on the KV block size (%d and %d tokens)",
               request.replica_id(), endpoint.block_size, rank->block_size()));
+          break;
         }
         endpoint.addresses.push_back(rank->worker_address());
         endpoint.kv_heads.push_back({rank->kv_head_begin(), rank->num_kv_heads()});
@@ -168,6 +170,10 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
             std::max<int64_t>(0, std::min(endpoint.num_host_kv_blocks, rank->num_host_kv_blocks()));
         endpoint.kv_load_seconds_per_block =
             std::max(endpoint.kv_load_seconds_per_block, rank->kv_load_seconds_per_block());
+      }
+      if (!disagree.ok()) {
+        pending_ranks_.erase(request.replica_id());
+        return disagree;
       }
       if (absl::Status tiled = CheckStageLayers(pending.ranks, stages); !tiled.ok()) {
         pending_ranks_.erase(request.replica_id());

@@ -33,8 +33,9 @@ struct ClusterOptions {
   // Disaggregated serving, when prefill replicas serve: see Cluster::Submit. The threshold
   // itself is ReplicaOptions::max_local_prefill_length (the decode replica's). A prefill
   // replica holding this many requests already is passed over; when every one is, the
-  // prompt is prefilled locally (--max-prefill-queue-size, Dynamo's name; 0: no limit).
-  int64_t max_prefill_queue_size = 2;
+  // prompt is prefilled locally (--max-prefill-queue-size, Dynamo's name; 0, the default:
+  // no limit, the decodes are never stalled by a long prompt).
+  int64_t max_prefill_queue_size = 0;
   // Cross-replica prefix fetch: a request placed on a replica while another replica of the
   // same layout, both with host tiers, holds at least this many more blocks of its prefix
   // fetches them from it instead of recomputing (--kv-fetch-min-blocks; 0: never).

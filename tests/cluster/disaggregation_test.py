@@ -75,7 +75,7 @@ def reference(binaries, tmp_path_factory):
 @pytest.mark.parametrize("prefill_tp", [1, 2], ids=["tp1-to-tp1", "tp2-to-tp1"])
 def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, reference, tmp_path, prefill_tp):
     up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
-              max_local_prefill_length=THRESHOLD, **COMMON)
+              max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0, **COMMON)
     try:
         status = up.wait_healthy(["prefill-0", "decode-0"])
         assert status["prefill-0"].role == "prefill" and status["decode-0"].role == "decode"
