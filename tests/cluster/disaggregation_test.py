@@ -32,11 +32,11 @@ WORDS = ("river stone garden lantern harbor meadow copper violet signal orchard 
 
 
 def prompt(i: int) -> str:
-    """Prompt i of 100: every fifth one short (runs on the decode replica), the others 50 to 160
+    """Prompt i of 100: every fifth one short (runs on the decode replica), the others 40 to 110
     tokens (more than THRESHOLD + a block), none sharing a prefix with another."""
     if i % 5 == 0:
         return f"Say hello to friend number {i}."
-    words = [WORDS[(i * 7 + k * (i % 11 + 1)) % len(WORDS)] for k in range(24 + (i * 13) % 100)]
+    words = [WORDS[(i * 7 + k * (i % 11 + 1)) % len(WORDS)] for k in range(24 + (i * 13) % 60)]
     return f"Note {i}: " + " ".join(words) + "\nOne line about it:"
 
 
