@@ -547,7 +547,9 @@ void Replica::LoseWorker(const std::string& reason) {
     for (std::shared_ptr<engine::Request>& request : engine_->TakeAll()) {
       if (request->cancelled()) {
         request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
-      } else if (!request->produced_output()) {
+      } else if (!request->produced_output() || request->handoff_undecoded()) {
+        // Nothing streamed from here yet (a hand-off's first token came from its prefill
+        // replica): placed again without counting a migration.
         retry.push_back(std::move(request));
       } else if (request->num_migrations() < options_.migration_limit) {
         // Its client keeps the stream: another replica recomputes prompt and outputs and

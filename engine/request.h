@@ -156,11 +156,17 @@ class Request {
   /// Disaggregated serving: the prefill replica handed the request over after its first
   /// token (MarkHandedOff, its loop), then the decode replica admitted it, its KV fetched
   /// or not (MarkHandoffDone, that loop, later): the transfer phase of its timeline.
-  void MarkHandedOff() { handed_off_ = std::chrono::steady_clock::now(); }
+  void MarkHandedOff() {
+    handed_off_ = std::chrono::steady_clock::now();
+    outputs_at_handoff_ = num_outputs_;
+  }
   void MarkHandoffDone() {
     if (handed_off_ && !handoff_done_) handoff_done_ = std::chrono::steady_clock::now();
   }
   bool handed_off() const { return handed_off_.has_value(); }
+  /// Handed off and no token produced since: a decode replica lost before it produced one
+  /// places it again (as a request without output) rather than counting a migration.
+  bool handoff_undecoded() const { return handed_off_ && num_outputs_ <= outputs_at_handoff_; }
   bool finished() const { return finished_; }
   /// Asks the replica running it to drop it at its next step (any thread). The replica
   /// then frees its blocks and pushes the final ABORT event.
@@ -210,6 +216,7 @@ class Request {
   int32_t num_outputs_ = 0;
   std::vector<int32_t> output_ids_;
   int32_t num_migrations_ = 0;
+  int32_t outputs_at_handoff_ = 0;
   int32_t cached_prompt_tokens_ = 0;
   int32_t num_speculative_steps_ = 0;
   int32_t num_draft_tokens_ = 0;
