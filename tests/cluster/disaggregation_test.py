@@ -13,7 +13,9 @@ while it computes (the request is placed again: the decode replica computes it),
 hand-off while the decode replica waits for its KV (the transfer fails, counted and logged, and
 the prompt is recomputed there), the decode worker killed while it waits for the KV (the request
 completes on the prefill replica), and a transfer slower than --kv-transfer-timeout-ms
-(recomputed). Each request finishes with the reference tokens and no replica holds a block.
+(recomputed). And with --max-prefill-queue-size 1 a busy prefill replica leaves the next long
+prompts to the decode replica. Each request finishes with the reference tokens and no replica
+holds a block.
 """
 import re
 import signal
@@ -199,3 +201,24 @@ def test_a_transfer_slower_than_the_timeout_is_recomputed(binaries, reference, t
         status = no_block_held(rig, ["decode-0", "prefill-0"])
         assert status["decode-0"].num_handoff_failures == 1, status["decode-0"]
         assert status["prefill-0"].num_handoffs_out == 1
+
+
+def test_a_busy_prefill_replica_leaves_long_prompts_to_the_decode_replica(binaries, reference, tmp_path):
+    # --max-prefill-queue-size 1: while the (slowed) prefill replica holds a request, the next
+    # long prompts are prefilled on the decode replica itself, with the same tokens.
+    indices = [1, 2, 4]
+    with disaggregated(tmp_path, prefill_delay_ms=2000, max_prefill_queue_size=1) as rig:
+        first = h.Stream(rig.coordinator.stub, make_request(PROMPTS[1], max_tokens=FAILURE_TOKENS, ignore_eos=True),
+                         timeout=180)
+        wait_for(rig, lambda r: r["prefill-0"].num_running + r["prefill-0"].num_waiting == 1, "the first on prefill-0")
+        others = h.generate_all(rig.coordinator.stub, [
+            make_request(PROMPTS[i], max_tokens=FAILURE_TOKENS, ignore_eos=True) for i in indices[1:]], timeout=180)
+        outcomes = [first.join(180)] + others
+        for i, outcome in zip(indices, outcomes):
+            assert outcome.finished, outcome.describe()
+            assert outcome.token_ids == reference[i][:FAILURE_TOKENS], (i, outcome.text)
+        assert outcomes[0].replica_id == "prefill-0"
+        assert [o.replica_id for o in others] == ["decode-0", "decode-0"]
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["prefill-0"].num_handoffs_out == 1 == status["decode-0"].num_handoffs_in
+
