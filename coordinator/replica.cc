@@ -195,8 +195,11 @@ void Replica::Loop() {
       } else {
         // A step may take as long as it needs while it progresses: wait until the head
         // step would count as stuck, then look again (progress may have come meanwhile).
+        // KV transfers between replicas (export asks and replies, finished fetches, released
+        // exports) are handled at once too, not after the step: a hand-off waits for them.
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || !stream_events_.empty();
+          return stopping_ || !stream_events_.empty() || !export_asks_.empty() ||
+                 !export_replies_.empty() || !fetch_results_.empty() || !export_releases_.empty();
         };
         if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.NextCheck(absl::Now())) &&
             liveness_.Stuck(absl::Now())) {
