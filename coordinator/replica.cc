@@ -27,9 +27,7 @@ Replica::Replica(std::string replica_id, ReplicaOptions options, RetryFn retry, 
   {
     absl::MutexLock lock(&mu_);
     stats_.set_replica_id(replica_id_);
-    local_prefill_limit_.store(options_.max_local_prefill_length > 0
-                                   ? options_.max_local_prefill_length
-                                   : engine::LocalPrefillLimit(engine::StepCostModel(), 0, 0));
+    local_prefill_limit_.store(LocalPrefillLimitNow(engine::StepCostModel(), 0));
     stats_.set_max_plans_in_flight(options_.max_plans_in_flight);
   }
   loop_ = std::thread([this] { Loop(); });
@@ -484,16 +482,15 @@ void Replica::HandOffPrefilled() {
     if (target != hand_off_targets_.end()) hand_off_targets_.erase(target);
     ++num_handoffs_out_;
     request->MarkHandedOff();
-    // Its full prompt blocks are registered in the prefix cache by now (the sequence was
-    // released): held for the decode replica, their copies to the host tier in the very
-    // next plan.
     if (hand_off_ == nullptr) {
       request->Finish(loom::v1::FINISH_REASON_ERROR, "no decode replica to hand it to",
                       replica_id_);
       continue;
     }
+    // Its full prompt blocks are registered in the prefix cache by now (the sequence was
+    // released): held for the decode replica, their copies to the host tier in the very
+    // next plan.
     KvExport exported = Export(*request, /*fetch_id=*/0);
-    PublishKvEvents();
     hand_off_(std::move(request), this, decode, std::move(exported));
   }
 }
@@ -518,19 +515,21 @@ void Replica::PublishKvEvents() {
 void Replica::LoseWorker(const std::string& reason) {
   std::string why = reason;
   std::deque<std::shared_ptr<engine::Request>> inbox;
+  absl::flat_hash_map<const engine::Request*, SubmitOptions> placements;
   {
     absl::MutexLock lock(&mu_);
     if (!lost_reason_.empty()) why = lost_reason_;
     healthy_.store(false);
     live_connection_ = nullptr;
     inbox.swap(inbox_);
-    // Hand-offs not admitted yet: the prefill replicas may let their exports go.
-    for (const auto& [request, placement] : placements_) {
-      if (placement.export_reply.has_value() && placement.export_reply->export_id != 0) {
-        placement.fetch_source->ReleaseExport(placement.export_reply->export_id);
-      }
+    placements.swap(placements_);
+  }
+  // Hand-offs not admitted yet: the prefill replicas may let their exports go (outside this
+  // replica's lock: ReleaseExport takes theirs).
+  for (const auto& [request, placement] : placements) {
+    if (placement.export_reply.has_value() && placement.export_reply->export_id != 0) {
+      placement.fetch_source->ReleaseExport(placement.export_reply->export_id);
     }
-    placements_.clear();
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
   connection_.reset();  // cancels every rank's stream and joins the readers
@@ -580,6 +579,15 @@ void Replica::LoseWorker(const std::string& reason) {
   for (std::shared_ptr<engine::Request>& request : retry) retry_(std::move(request));
 }
 
+int64_t Replica::LocalPrefillLimitNow(const engine::StepCostModel& cost,
+                                      int64_t num_running) const {
+  if (options_.max_local_prefill_length > 0) return options_.max_local_prefill_length;
+  const double handoff_seconds =
+      num_handoffs_measured_ > 0 ? handoff_seconds_ / static_cast<double>(num_handoffs_measured_)
+                                 : 0.0;
+  return engine::LocalPrefillLimit(cost, num_running, handoff_seconds);
+}
+
 void Replica::PublishStats() {
   absl::MutexLock lock(&mu_);
   admitting_ = 0;
@@ -613,13 +621,7 @@ void Replica::PublishStats() {
     stats_.set_num_handoffs_in(num_handoffs_in_);
     stats_.set_num_handoff_failures(num_handoff_failures_);
     local_prefill_limit_.store(
-        options_.max_local_prefill_length > 0
-            ? options_.max_local_prefill_length
-            : engine::LocalPrefillLimit(
-                  scheduler.speculation_policy().cost_model(), scheduler.num_running(),
-                  num_handoffs_measured_ > 0
-                      ? handoff_seconds_ / static_cast<double>(num_handoffs_measured_)
-                      : 0.0));
+        LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running()));
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

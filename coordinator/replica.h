@@ -231,6 +231,8 @@ class Replica {
   bool FetchPays(const engine::Request& request) const;
   // Admits into the engine (a refusal ends the request); `hand_off_to`: prefill it only.
   void AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to = nullptr);
+  // local_prefill_limit() by the options, `cost` and the hand-offs measured so far.
+  int64_t LocalPrefillLimitNow(const engine::StepCostModel& cost, int64_t num_running) const;
   // Passes the requests the engine core handed off to the cluster (loop thread).
   void HandOffPrefilled();
   void EndFetch(uint64_t fetch_id, const absl::Status& status);
