@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
 #include "model/cpu_kv_cache.h"
@@ -63,6 +67,10 @@ const CpuKvCache& AsCpu(const KvCache& c) { return static_cast<const CpuKvCache&
 // floats of it per chunk: below that a thread wake-up costs more than it saves. A row's
 // result never depends on the split.
 constexpr int64_t kMinRowFloatsPerChunk = int64_t{16} << 10;
+
+// MoeFeedForward runs experts side by side (one thread each) while none has more rows
+// than this: decode steps, where each expert's GEMM is too small to split across threads.
+constexpr int64_t kMaxRowsPerExpertSideBySide = 8;
 
 Tensor HostI32(absl::Span<const int32_t> values) {
   return Tensor::Of(const_cast<int32_t*>(values.data()), DType::kI32, DeviceType::kCpu,
@@ -134,7 +142,7 @@ absl::Status CpuDevice::DownloadF32(const Tensor& x, float* host) {
 }
 
 absl::Status CpuDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
-                                  int64_t vocab0, Tensor out) {
+                                  int64_t vocab0, float scale, Tensor out) {
   const cpu::PackedWeight& weight = AsCpu(table).weight();
   const int64_t hidden = out.cols();
   const int32_t* ids = token_ids.as<const int32_t>();
@@ -143,7 +151,11 @@ absl::Status CpuDevice::Embedding(const DeviceLinear& table, const Tensor& token
     // A rank holds the embedding rows of its vocabulary slice; the others add zeros.
     const int64_t id = ids[t] - vocab0;
     if (id >= 0 && id < weight.rows) {
-      cpu::DequantizeRows(weight, id, id + 1, rows + t * hidden);
+      float* row = rows + t * hidden;
+      cpu::DequantizeRows(weight, id, id + 1, row);
+      if (scale != 1.0f) {
+        for (int64_t h = 0; h < hidden; ++h) row[h] *= scale;
+      }
     } else {
       std::fill_n(rows + t * hidden, hidden, 0.0f);
     }
@@ -260,6 +272,11 @@ absl::Status CpuDevice::SiluMul(const Tensor& gate_up, Tensor out) {
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::GeluMul(const Tensor& gate_up, Tensor out) {
+  cpu::GeluTanhMul(gate_up.as<const float>(), gate_up.rows(), out.cols(), out.as<float>(), *pool_);
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                    Tensor out) {
   const int64_t width = x.cols();
@@ -276,6 +293,110 @@ absl::Status CpuDevice::GatherRows(const Tensor& x, const Tensor& y, const Tenso
       const float* src_b = b + index[i] * width;
       for (int64_t h = 0; h < width; ++h) row[h] = src_a[h] + src_b[h];
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::MoeFeedForward(const Tensor& x, const Tensor& router_logits,
+                                       absl::Span<const DeviceLinear* const> gate_up,
+                                       absl::Span<const DeviceLinear* const> down,
+                                       const MoeSpec& spec, Tensor out) {
+  const int64_t tokens = x.rows(), hidden = x.cols(), experts = router_logits.cols();
+  const int64_t top_k = spec.top_k;
+  if (top_k < 1 || top_k > experts || static_cast<int64_t>(gate_up.size()) != experts ||
+      static_cast<int64_t>(down.size()) != experts) {
+    return absl::InvalidArgumentError(absl::StrCat("mixture of experts: top ", top_k, " of ",
+                                                   experts, " router outputs over ", gate_up.size(),
+                                                   " experts"));
+  }
+  std::vector<int32_t> chosen(tokens * top_k);
+  std::vector<float> weights(tokens * top_k);
+  cpu::MoeRoute(router_logits.as<const float>(), tokens, experts, top_k, spec.normalize,
+                chosen.data(), weights.data());
+  // The experts some token chose, each with its (token, weight) rows in token order.
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(experts);
+  for (int64_t i = 0; i < tokens * top_k; ++i) {
+    routed[chosen[i]].emplace_back(i / top_k, weights[i]);
+  }
+  std::vector<int64_t> active;
+  size_t most_rows = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (routed[e].empty()) continue;
+    active.push_back(e);
+    most_rows = std::max(most_rows, routed[e].size());
+  }
+  // Few rows per expert (decode): the experts run side by side, one thread each (a
+  // grouped GEMM: one pool dispatch for all of them); many rows (prefill): one expert at a
+  // time, each GEMM split across the pool. Either way a row's result is the same bits.
+  const bool side_by_side = pool_->num_threads() > 1 && active.size() > 1 &&
+                            most_rows <= static_cast<size_t>(kMaxRowsPerExpertSideBySide);
+  const int64_t ffn = gate_up[active.empty() ? 0 : active[0]]->rows() / 2;
+  // Rows of expert active[i] start at row_begin[i] of the scratch when side by side, at 0
+  // (one expert at a time) otherwise.
+  std::vector<int64_t> row_begin(active.size(), 0);
+  int64_t scratch_rows = static_cast<int64_t>(most_rows);
+  if (side_by_side) {
+    scratch_rows = 0;
+    for (size_t i = 0; i < active.size(); ++i) {
+      row_begin[i] = scratch_rows;
+      scratch_rows += static_cast<int64_t>(routed[active[i]].size());
+    }
+  }
+  moe_x_.resize(scratch_rows * hidden);
+  moe_gate_up_.resize(scratch_rows * 2 * ffn);
+  moe_act_.resize(scratch_rows * ffn);
+  moe_out_.resize(scratch_rows * hidden);
+  const float* input = x.as<const float>();
+  float* y = out.as<float>();
+  std::fill(y, y + tokens * hidden, 0.0f);
+  // Expert active[i] over its rows: gather, gate/up, SiLU·up, down.
+  auto run_expert = [&](size_t i, cpu::ThreadPool& pool) -> absl::Status {
+    const auto& rows = routed[active[i]];
+    const int64_t n = static_cast<int64_t>(rows.size()), r0 = row_begin[i];
+    float* xs = moe_x_.data() + r0 * hidden;
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(xs + j * hidden, input + rows[j].first * hidden, hidden * sizeof(float));
+    }
+    float* gu = moe_gate_up_.data() + r0 * 2 * ffn;
+    float* act = moe_act_.data() + r0 * ffn;
+    LOOM_RETURN_IF_ERROR(cpu::Matmul(
+        {xs, &AsCpu(*gate_up[active[i]]).weight(), nullptr, gu, n, activations_}, pool));
+    cpu::SiluMul(gu, n, ffn, act, pool);
+    return cpu::Matmul({act, &AsCpu(*down[active[i]]).weight(), nullptr,
+                        moe_out_.data() + r0 * hidden, n, activations_},
+                       pool);
+  };
+  // Adds expert active[i]'s weighted outputs into its tokens' rows (in expert order, so
+  // a token's sum does not depend on its batch).
+  auto add_expert = [&](size_t i) {
+    const auto& rows = routed[active[i]];
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const auto [token, weight] = rows[j];
+      float* row = y + token * hidden;
+      const float* expert_row = moe_out_.data() + (row_begin[i] + static_cast<int64_t>(j)) * hidden;
+      for (int64_t h = 0; h < hidden; ++h) row[h] += weight * expert_row[h];
+    }
+  };
+  if (!side_by_side) {
+    for (size_t i = 0; i < active.size(); ++i) {
+      LOOM_RETURN_IF_ERROR(run_expert(i, *pool_));
+      add_expert(i);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<absl::Status> status(active.size());
+  pool_->ParallelFor(
+      static_cast<int64_t>(active.size()), 1,
+      [&](int64_t begin, int64_t end) {
+        // Each pool thread runs whole experts on itself (a one-thread pool runs inline).
+        thread_local cpu::ThreadPool inline_pool(1);
+        for (int64_t i = begin; i < end; ++i)
+          status[i] = run_expert(static_cast<size_t>(i), inline_pool);
+      },
+      /*chunks_per_thread=*/4);
+  for (size_t i = 0; i < active.size(); ++i) {
+    LOOM_RETURN_IF_ERROR(status[i]);
+    add_expert(i);
   }
   return absl::OkStatus();
 }

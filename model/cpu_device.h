@@ -69,7 +69,7 @@ class CpuDevice : public Device {
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
   absl::Status Embedding(const DeviceLinear& table, const Tensor& token_ids, int64_t vocab0,
-                         Tensor out) override;
+                         float scale, Tensor out) override;
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) override;
   absl::Status AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight, float eps,
                           Tensor out) override;
@@ -83,8 +83,13 @@ class CpuDevice : public Device {
                               const StepTensors& step, const AttentionSpec& spec,
                               Tensor out) override;
   absl::Status SiluMul(const Tensor& gate_up, Tensor out) override;
+  absl::Status GeluMul(const Tensor& gate_up, Tensor out) override;
   absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                           Tensor out) override;
+  absl::Status MoeFeedForward(const Tensor& x, const Tensor& router_logits,
+                              absl::Span<const DeviceLinear* const> gate_up,
+                              absl::Span<const DeviceLinear* const> down, const MoeSpec& spec,
+                              Tensor out) override;
 
   int world_size() const override {
     return communicator_ == nullptr ? 1 : communicator_->world_size();
@@ -106,6 +111,8 @@ class CpuDevice : public Device {
   Communicator* communicator_ = nullptr;
   ActivationObserver observer_;      // empty unless calibrating
   std::vector<float> gathered_;      // AllGatherColumns scratch: [world, R, stride]
+  // MoeFeedForward scratch for one expert's tokens: inputs, gate/up, SiLU·up, outputs.
+  std::vector<float> moe_x_, moe_gate_up_, moe_act_, moe_out_;
 };
 
 }  // namespace loom::model

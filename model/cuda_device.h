@@ -145,7 +145,7 @@ class CudaDevice : public Device {
   /// The table must be dense (uploaded with keep_quantized off or not 4-bit);
   /// Unimplemented for a 4-bit one.
   absl::Status Embedding(const DeviceLinear& table, const Tensor& token_ids, int64_t vocab0,
-                         Tensor out) override;
+                         float scale, Tensor out) override;
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) override;
   absl::Status AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight, float eps,
                           Tensor out) override;

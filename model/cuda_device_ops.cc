@@ -51,8 +51,11 @@ absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* d
 }
 
 absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
-                                   int64_t vocab0, Tensor out) {
+                                   int64_t vocab0, float scale, Tensor out) {
   const CudaLinear& linear = AsCuda(table);
+  if (scale != 1.0f) {
+    return absl::UnimplementedError("the CUDA device gathers unscaled embeddings only");
+  }
   if (linear.quantized()) {
     return absl::UnimplementedError("the CUDA device gathers embeddings from dense tables only");
   }

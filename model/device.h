@@ -135,6 +135,12 @@ struct AttentionSpec {
   int64_t window = 0;        // sliding window in tokens (ModelConfig::LayerWindow); 0: none
 };
 
+/// How a mixture-of-experts layer weighs its experts (ModelConfig's expert fields).
+struct MoeSpec {
+  int64_t top_k = 1;      // experts per token (num_experts_used)
+  bool normalize = true;  // the chosen probabilities renormalized to sum to 1
+};
+
 /// The operations the model graph (model/llama_graph.h) runs, on one device: memory,
 /// uploads, and one call per operation over tensors in the device's memory. Calls are
 /// enqueued in order (a device with a stream may return before the work is done:
@@ -192,9 +198,10 @@ class Device {
 
   // ---- operations (shapes for a step of T tokens) ----
   /// out[t] <- row token_ids[t] - vocab0 of `table` (a rank's vocabulary rows
-  /// [vocab0, vocab0 + table.rows())), zeros where the id is outside them. out: [T, cols].
-  virtual absl::Status Embedding(const DeviceLinear& table, const Tensor& token_ids,
-                                 int64_t vocab0, Tensor out) = 0;
+  /// [vocab0, vocab0 + table.rows())) times `scale` (1, or Gemma's sqrt(hidden)), zeros where
+  /// the id is outside them. out: [T, cols].
+  virtual absl::Status Embedding(const DeviceLinear& table, const Tensor& token_ids, int64_t vocab0,
+                                 float scale, Tensor out) = 0;
   /// out <- x / rms(x) * weight, per row of x [rows, n] (in place allowed).
   virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) = 0;
   /// residual += x, then out <- RmsNorm(residual) (the fused residual add).
@@ -221,9 +228,30 @@ class Device {
                                       Tensor out) = 0;
   /// out [T, ffn] <- SiLU(gate) * up of gate_up [T, 2 * ffn] (gate columns first).
   virtual absl::Status SiluMul(const Tensor& gate_up, Tensor out) = 0;
+  /// out [T, ffn] <- GELU(gate) * up of gate_up [T, 2 * ffn] (gate columns first), GELU
+  /// with the tanh approximation (Gemma's GeGLU). Unimplemented on a device without it.
+  virtual absl::Status GeluMul(const Tensor& gate_up, Tensor out) {
+    (void)gate_up, (void)out;
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no GELU kernel"));
+  }
   /// out[i] <- x[rows[i]] + y[rows[i]] for rows [R] (y may be empty: x's rows alone).
   virtual absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                   Tensor out) = 0;
+  /// A mixture-of-experts FFN: token t's router probabilities are softmax(router_logits[t])
+  /// over E experts ([T, E]); its spec.top_k most probable experts (ties to the lower
+  /// index) are weighed by their probabilities (renormalized with spec.normalize), and
+  /// out [T, hidden] <- the weighted sum, in expert order, of down_e(SiLU(gate) * up of
+  /// gate_up_e · x[t]) over them. x [T, hidden]; gate_up / down: E experts as Linear and
+  /// SiluMul take them (a rank's slice: the partial sums add up across ranks like a dense
+  /// down projection's). A token's result does not depend on the rest of its batch.
+  /// Unimplemented on a device without it.
+  virtual absl::Status MoeFeedForward(const Tensor& x, const Tensor& router_logits,
+                                      absl::Span<const DeviceLinear* const> gate_up,
+                                      absl::Span<const DeviceLinear* const> down,
+                                      const MoeSpec& spec, Tensor out) {
+    (void)x, (void)router_logits, (void)gate_up, (void)down, (void)spec, (void)out;
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no mixture-of-experts kernels"));
+  }
 
   // ---- tensor parallelism (every rank makes the same calls in the same order) ----
   /// Ranks in the device's group (1: no collectives are needed).

@@ -9,6 +9,27 @@
 #include "common/status_macros.h"
 
 namespace loom::model {
+namespace {
+
+// Refuses a model whose layers `device` has no kernels for, before anything is uploaded.
+absl::Status CheckDeviceRuns(const common::ModelConfig& config, const Device& device) {
+  if (device.type() == DeviceType::kCpu) return absl::OkStatus();
+  if (config.num_experts > 0) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s: mixture-of-experts models (%d experts) run on the CPU device only; the CUDA "
+        "expert kernels are not written yet",
+        device.Describe(), config.num_experts));
+  }
+  if (config.gelu || config.embedding_scale != 1.0f) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s: Gemma models run on the CPU device only; the CUDA GELU and scaled-embedding "
+        "kernels are not written yet",
+        device.Describe()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
     std::unique_ptr<ModelWeights> weights, std::unique_ptr<Device> device,
@@ -27,6 +48,7 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
         absl::StrFormat("pipeline stage %d of %d needs the residual stream's receive and send",
                         plan.stage, plan.num_stages));
   }
+  LOOM_RETURN_IF_ERROR(CheckDeviceRuns(weights->config, *device));
   graph->on_half_layer_ = options.on_half_layer;
   graph->receive_ = options.receive;
   graph->send_ = options.send;
@@ -44,6 +66,9 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
     LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(w.output_norm));
   }
   LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(w.rope_inv_freq));
+  if (!w.local_rope_inv_freq.empty()) {
+    LOOM_ASSIGN_OR_RETURN(graph->local_rope_inv_freq_, d.UploadF32(w.local_rope_inv_freq));
+  }
   for (const LayerWeights& host : w.layers) {
     Layer layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(host.attn_norm));
@@ -54,8 +79,21 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
     }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, d.UploadLinear(host.attn_output, nullptr));
     LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
-    LOOM_ASSIGN_OR_RETURN(layer.gate_up, d.UploadLinear(host.gate_up, nullptr));
-    LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
+    if (!host.post_attention_norm.empty()) {
+      LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(host.post_attention_norm));
+      LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(host.post_ffw_norm));
+    }
+    if (host.expert_gate_up.empty()) {
+      LOOM_ASSIGN_OR_RETURN(layer.gate_up, d.UploadLinear(host.gate_up, nullptr));
+      LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
+    } else {
+      LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadLinear(host.router, nullptr));
+      for (size_t e = 0; e < host.expert_gate_up.size(); ++e) {
+        LOOM_ASSIGN_OR_RETURN(auto gate_up, d.UploadLinear(host.expert_gate_up[e], nullptr));
+        LOOM_ASSIGN_OR_RETURN(auto down, d.UploadLinear(host.expert_down[e], nullptr));
+        layer.AddExpert(std::move(gate_up), std::move(down));
+      }
+    }
     graph->layers_.push_back(std::move(layer));
   }
   // The CPU computes on the host weights in place; other devices hold copies.
@@ -71,6 +109,7 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
   if (device->world_size() != 1) {
     return absl::InvalidArgumentError("a random model runs on one rank only");
   }
+  LOOM_RETURN_IF_ERROR(CheckDeviceRuns(config, *device));
   std::unique_ptr<LlamaGraph> graph(new LlamaGraph());
   graph->config_ = config;
   LOOM_ASSIGN_OR_RETURN(graph->shard_, PlanShards(config, 0, 1));
@@ -98,6 +137,14 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
   }
   LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(hidden_ones));
   LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(RopeInverseFrequencies(config, {})));
+  if (config.local_rope_theta > 0.0) {
+    common::ModelConfig local = config;
+    local.rope_theta = config.local_rope_theta;
+    local.rope_scaling = common::RopeScalingType::kNone;
+    local.rope_attention_factor = 1.0;
+    LOOM_ASSIGN_OR_RETURN(graph->local_rope_inv_freq_,
+                          d.UploadF32(RopeInverseFrequencies(local, {})));
+  }
   for (int64_t l = 0; l < config.num_layers; ++l) {
     Layer layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(hidden_ones));
@@ -123,8 +170,21 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
     }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, matrix(hidden, q_dim));
     LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(hidden_ones));
-    LOOM_ASSIGN_OR_RETURN(layer.gate_up, matrix(2 * ffn, hidden));
-    LOOM_ASSIGN_OR_RETURN(layer.down, matrix(hidden, ffn));
+    if (config.post_norms) {
+      LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(hidden_ones));
+      LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(hidden_ones));
+    }
+    if (config.num_experts == 0) {
+      LOOM_ASSIGN_OR_RETURN(layer.gate_up, matrix(2 * ffn, hidden));
+      LOOM_ASSIGN_OR_RETURN(layer.down, matrix(hidden, ffn));
+    } else {
+      LOOM_ASSIGN_OR_RETURN(layer.router, matrix(config.num_experts, hidden));
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        LOOM_ASSIGN_OR_RETURN(auto gate_up, matrix(2 * ffn, hidden));
+        LOOM_ASSIGN_OR_RETURN(auto down, matrix(hidden, ffn));
+        layer.AddExpert(std::move(gate_up), std::move(down));
+      }
+    }
     graph->layers_.push_back(std::move(layer));
   }
   graph->device_ = std::move(device);
@@ -156,6 +216,8 @@ absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
   LOOM_RETURN_IF_ERROR(Ensure(proj_, {T, H}));
   LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
+  if (config_.num_experts > 0)
+    LOOM_RETURN_IF_ERROR(Ensure(router_logits_, {T, config_.num_experts}));
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
   if (device_->runs_collectives() && shard_.last_stage()) {
     LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, std::max<int64_t>(shard_.vocab, 1)}));
@@ -214,13 +276,16 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   LOOM_RETURN_IF_ERROR(Ensure(proj_, {T, H}));
   LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
+  if (c.num_experts > 0) LOOM_RETURN_IF_ERROR(Ensure(router_logits_, {T, c.num_experts}));
+  const MoeSpec moe{.top_k = c.num_experts_used, .normalize = c.expert_weights_norm};
   const Tensor residual = residual_.view, normed = normed_.view, proj = proj_.view;
   const Tensor q = q_.view, k = k_.view, v = v_.view;
 
   // Tensor parallel: a rank embeds the ids of its vocabulary slice (zeros elsewhere), and
   // the partial sums of the embedding and of the row-parallel layers add up across ranks.
   if (shard_.first_stage()) {
-    LOOM_RETURN_IF_ERROR(d.Embedding(*token_embedding_, step.token_ids, shard_.vocab0, residual));
+    LOOM_RETURN_IF_ERROR(
+        d.Embedding(*token_embedding_, step.token_ids, shard_.vocab0, c.embedding_scale, residual));
     if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(residual));
   } else {
     LOOM_RETURN_IF_ERROR(receive_(residual, proj));
@@ -232,13 +297,19 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   rope.rope_dim = c.rope_dim;
   rope.neox = c.rope_neox;
   rope.attention_factor = static_cast<float>(c.rope_attention_factor);
+  RopeSpec local_rope = rope;  // local layers' (Gemma 3: their own base, no scaling)
+  if (local_rope_inv_freq_ != nullptr) {
+    local_rope.inv_freq = Vector(*local_rope_inv_freq_, c.rope_dim / 2);
+    local_rope.attention_factor = 1.0f;
+  }
   AttentionSpec attention;
   attention.num_heads = heads;
   attention.group = c.num_heads / c.num_kv_heads;
   attention.head0 = shard_.head0;
   attention.kv_head0 = shard_.kv_head0;
   attention.head_dim = hd;
-  attention.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  attention.scale = c.attention_scale > 0.0 ? static_cast<float>(c.attention_scale)
+                                            : 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
@@ -264,19 +335,35 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
       LOOM_RETURN_IF_ERROR(d.RmsNorm(q_heads, Vector(*layer.q_norm, hd), eps, q_heads));
       LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
     }
-    LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, rope));
-    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, v, step.slots));
     attention.window = c.LayerWindow(l);
+    LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, attention.window > 0 ? local_rope : rope));
+    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, v, step.slots));
     LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, kv_layer, q, step, attention, attn_.view));
     LOOM_RETURN_IF_ERROR(
         d.Linear(attn_.view, *layer.attn_output, proj, {l, LinearInput::kAttnOutput}));
     if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(proj));
+    // Gemma normalizes each sub-layer's whole output before it joins the residual stream.
+    if (layer.post_attention_norm != nullptr) {
+      LOOM_RETURN_IF_ERROR(d.RmsNorm(proj, Vector(*layer.post_attention_norm, H), eps, proj));
+    }
     if (on_half_layer_) on_half_layer_();
     LOOM_RETURN_IF_ERROR(d.AddRmsNorm(residual, proj, Vector(*layer.ffn_norm, H), eps, normed));
-    LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up_.view, {l, LinearInput::kGateUp}));
-    LOOM_RETURN_IF_ERROR(d.SiluMul(gate_up_.view, act_.view));
-    LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, proj, {l, LinearInput::kDown}));
+    if (layer.router != nullptr) {
+      // Mixture of experts: every rank routes alike (the router is whole on each).
+      LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.router, router_logits_.view));
+      LOOM_RETURN_IF_ERROR(d.MoeFeedForward(normed, router_logits_.view, layer.expert_gate_up,
+                                            layer.expert_down, moe, proj));
+    } else {
+      LOOM_RETURN_IF_ERROR(
+          d.Linear(normed, *layer.gate_up, gate_up_.view, {l, LinearInput::kGateUp}));
+      LOOM_RETURN_IF_ERROR(c.gelu ? d.GeluMul(gate_up_.view, act_.view)
+                                  : d.SiluMul(gate_up_.view, act_.view));
+      LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, proj, {l, LinearInput::kDown}));
+    }
     if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(proj));
+    if (layer.post_ffw_norm != nullptr) {
+      LOOM_RETURN_IF_ERROR(d.RmsNorm(proj, Vector(*layer.post_ffw_norm, H), eps, proj));
+    }
     if (on_half_layer_) on_half_layer_();
   }
 

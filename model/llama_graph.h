@@ -32,7 +32,8 @@ struct LlamaGraphOptions {
   StageIo send;
 };
 
-/// The llama-family forward pass (llama, mistral, qwen2, qwen3), written once over a
+/// The llama-family forward pass (llama, mistral, qwen2, qwen3, and the mixtures of experts
+/// Mixtral and Qwen3-MoE: a router and top-k experts in place of the FFN), written once over a
 /// model::Device: embedding → [RMSNorm → QKV(+bias) → (QK-norm) → RoPE → paged-KV write →
 /// paged attention → O → all-reduce → RMSNorm(+residual) → gate/up → SiLU·mul → down →
 /// all-reduce] × L → final norm → LM head for the sample rows only (vocabulary-parallel,
@@ -91,7 +92,20 @@ class LlamaGraph {
  private:
   struct Layer {
     std::unique_ptr<Buffer> attn_norm, q_norm, k_norm, ffn_norm;  // q/k_norm: qwen3 only
-    std::unique_ptr<DeviceLinear> qkv, attn_output, gate_up, down;
+    std::unique_ptr<Buffer> post_attention_norm, post_ffw_norm;   // Gemma only
+    std::unique_ptr<DeviceLinear> qkv, attn_output, gate_up, down;  // gate_up/down: dense
+    // A mixture of experts: the router and every expert's gate/up and down (views of the
+    // owners below, as MoeFeedForward takes them).
+    std::unique_ptr<DeviceLinear> router;
+    std::vector<std::unique_ptr<DeviceLinear>> expert_weights;
+    std::vector<const DeviceLinear*> expert_gate_up, expert_down;
+
+    void AddExpert(std::unique_ptr<DeviceLinear> gate_up, std::unique_ptr<DeviceLinear> down) {
+      expert_gate_up.push_back(gate_up.get());
+      expert_down.push_back(down.get());
+      expert_weights.push_back(std::move(gate_up));
+      expert_weights.push_back(std::move(down));
+    }
   };
   // An activation buffer, grown to the largest step seen.
   struct Scratch {
@@ -118,6 +132,7 @@ class LlamaGraph {
   std::unique_ptr<DeviceLinear> lm_head_;          // [local vocab, hidden]; null: tied
   std::unique_ptr<Buffer> output_norm_;            // [hidden]; null before the last stage
   std::unique_ptr<Buffer> rope_inv_freq_;          // [rope_dim / 2]
+  std::unique_ptr<Buffer> local_rope_inv_freq_;    // local layers' (Gemma 3), or null
   std::vector<Layer> layers_;  // the stage's: layers_[i] is layer shard_.layer0 + i
 
   // Shapes for a step of T tokens and R sample rows:
@@ -128,6 +143,7 @@ class LlamaGraph {
   Scratch attn_;          // [T, heads * head_dim]
   Scratch proj_;          // [T, hidden]
   Scratch gate_up_;       // [T, 2 * ffn]
+  Scratch router_logits_;  // mixture of experts: [T, experts]
   Scratch act_;           // [T, ffn]
   Scratch sampled_;       // [R, hidden]
   Scratch local_logits_;  // tensor parallel: [R, local vocab]

@@ -50,33 +50,66 @@ class Loader {
     return gguf_.DequantizeTensor(*tensor);
   }
 
-  absl::StatusOr<PackedWeight> Matrix(const std::string& name, int64_t rows, int64_t cols) {
-    return MatrixRows(name, rows, cols, {0, rows});
+  // An RMSNorm weight, plus the config's offset (1 for Gemma read from Hugging Face).
+  absl::StatusOr<std::vector<float>> Norm(const std::string& name, int64_t size, float offset) {
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> weight, Vector(name, size));
+    if (offset != 0.0f) {
+      for (float& w : weight) w += offset;
+    }
+    return weight;
   }
 
-  // Rows [range.first, range.first + range.second) of a [rows, cols] matrix: a
-  // contiguous byte range of the file, so a tensor-parallel rank reads only its part.
+  absl::StatusOr<PackedWeight> Matrix(const std::string& name, int64_t rows, int64_t cols,
+                                      int64_t matrix = -1) {
+    return MatrixRows(name, rows, cols, {0, rows}, matrix);
+  }
+
+  // The bytes of a [rows, cols] matrix: tensor `name` itself, or with matrix >= 0 the
+  // matrix-th of the stacked ones a 3-D tensor {cols, rows, count} holds (the experts of
+  // a mixture of experts). Checks the shape.
+  absl::StatusOr<std::pair<const common::GgufTensorInfo*, const uint8_t*>> MatrixData(
+      const std::string& name, int64_t rows, int64_t cols, int64_t matrix) {
+    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
+    const uint8_t* data = gguf_.TensorData(*tensor).data();
+    if (matrix < 0) {
+      LOOM_RETURN_IF_ERROR(
+          CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
+      return std::make_pair(tensor, data);
+    }
+    if (tensor->shape.size() != 3 || tensor->shape[2] <= static_cast<uint64_t>(matrix)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor %s has no matrix %d (a stack of [%d, %d] matrices expected)",
+                          name, matrix, rows, cols));
+    }
+    LOOM_RETURN_IF_ERROR(CheckShape(
+        *tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), tensor->shape[2]}));
+    LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(tensor->type, cols));
+    return std::make_pair(tensor, data + matrix * rows * row_bytes);
+  }
+
+  // Rows [range.first, range.first + range.second) of a [rows, cols] matrix (see
+  // MatrixData for `matrix`): a contiguous byte range of the file, so a tensor-parallel
+  // rank reads only its part.
   absl::StatusOr<PackedWeight> MatrixRows(const std::string& name, int64_t rows, int64_t cols,
-                                          std::pair<int64_t, int64_t> range) {
-    if (IsLoomQuantized(gguf_, name)) {
+                                          std::pair<int64_t, int64_t> range, int64_t matrix = -1) {
+    if (matrix < 0 && IsLoomQuantized(gguf_, name)) {
       LOOM_ASSIGN_OR_RETURN(kernels::cpu::QuantizedMatrix matrix,
                             ReadQuantizedRows(gguf_, name, rows, cols, range.first, range.second));
       return PackLoom(name, matrix);
     }
-    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
-    LOOM_RETURN_IF_ERROR(
-        CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
-    LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(tensor->type, cols));
-    const uint8_t* data = gguf_.TensorData(*tensor).data() + range.first * row_bytes;
-    return Pack(name, tensor->type, data, range.second, cols);
+    LOOM_ASSIGN_OR_RETURN(auto tensor_data, MatrixData(name, rows, cols, matrix));
+    const common::GgmlType type = tensor_data.first->type;
+    LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(type, cols));
+    return Pack(name, type, tensor_data.second + range.first * row_bytes, range.second, cols);
   }
 
   // Columns [range.first, range.first + range.second) of every row of a [rows, cols]
   // matrix (row-parallel layers). The range must fall on the type's quantization blocks.
   absl::StatusOr<PackedWeight> MatrixColumns(const std::string& name, int64_t rows, int64_t cols,
-                                             std::pair<int64_t, int64_t> range) {
-    if (range.first == 0 && range.second == cols) return Matrix(name, rows, cols);
-    if (IsLoomQuantized(gguf_, name)) {
+                                             std::pair<int64_t, int64_t> range,
+                                             int64_t matrix = -1) {
+    if (range.first == 0 && range.second == cols) return Matrix(name, rows, cols, matrix);
+    if (matrix < 0 && IsLoomQuantized(gguf_, name)) {
       LOOM_ASSIGN_OR_RETURN(kernels::cpu::QuantizedMatrix matrix,
                             ReadQuantizedRows(gguf_, name, rows, cols, 0, rows));
       absl::StatusOr<kernels::cpu::QuantizedMatrix> slice =
@@ -88,9 +121,8 @@ class Loader {
       }
       return PackLoom(name, *slice);
     }
-    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
-    LOOM_RETURN_IF_ERROR(
-        CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
+    LOOM_ASSIGN_OR_RETURN(auto tensor_data, MatrixData(name, rows, cols, matrix));
+    const common::GgufTensorInfo* tensor = tensor_data.first;
     LOOM_ASSIGN_OR_RETURN(common::GgmlTypeTraits traits,
                           common::GetGgmlTypeTraits(static_cast<uint32_t>(tensor->type)));
     if (range.first % traits.block_size != 0 || range.second % traits.block_size != 0) {
@@ -103,7 +135,7 @@ class Loader {
     const uint64_t begin = range.first / traits.block_size * traits.type_size;
     const uint64_t bytes = range.second / traits.block_size * traits.type_size;
     std::vector<uint8_t> slice(bytes * rows);
-    const uint8_t* data = gguf_.TensorData(*tensor).data();
+    const uint8_t* data = tensor_data.second;
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(slice.data() + r * bytes, data + r * row_bytes + begin, bytes);
     }
@@ -111,13 +143,14 @@ class Loader {
   }
 
   // Several GGUF matrices (row ranges of them) stacked by rows into one backend matrix:
-  // (name, rows of the whole tensor, (first row, row count)).
+  // (name, rows of the whole matrix, (first row, row count)); `matrix` as in MatrixData,
+  // for every part.
   absl::StatusOr<PackedWeight> Fused(
       const std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>>& parts,
-      int64_t cols) {
+      int64_t cols, int64_t matrix = -1) {
     std::vector<PackedWeight> packed;
     for (const auto& [name, rows, range] : parts) {
-      LOOM_ASSIGN_OR_RETURN(PackedWeight weight, MatrixRows(name, rows, cols, range));
+      LOOM_ASSIGN_OR_RETURN(PackedWeight weight, MatrixRows(name, rows, cols, range, matrix));
       packed.push_back(std::move(weight));
     }
     std::vector<const PackedWeight*> pointers;
@@ -174,6 +207,35 @@ class Loader {
   std::map<std::string, int> conversions_;
 };
 
+// A mixture-of-experts layer `p` ("blk.L."): the router (whole, on every rank) and each
+// expert's gate/up and down, this rank's `ffn_range` of them like a dense layer's. Experts
+// come stacked (llama.cpp's ffn_{gate,up,down}_exps, one 3-D tensor each) or one matrix
+// per expert (ffn_gate.E.weight: older Mixtral files, and Hugging Face checkpoints).
+absl::Status LoadExperts(Loader& loader, const common::ModelConfig& config, const std::string& p,
+                         std::pair<int64_t, int64_t> ffn_range, LayerWeights& layer) {
+  const int64_t hidden = config.hidden_size, ffn = config.intermediate_size;
+  LOOM_ASSIGN_OR_RETURN(layer.router,
+                        loader.Matrix(p + "ffn_gate_inp.weight", config.num_experts, hidden));
+  const bool stacked = loader.Find(p + "ffn_gate_exps.weight") != nullptr;
+  for (int64_t e = 0; e < config.num_experts; ++e) {
+    // (tensor name, matrix index within it) of matrix `what` of expert e.
+    auto expert = [&](const char* what) {
+      return stacked ? std::make_pair(absl::StrCat(p, what, "_exps.weight"), e)
+                     : std::make_pair(absl::StrCat(p, what, ".", e, ".weight"), int64_t{-1});
+    };
+    const auto [gate, matrix] = expert("ffn_gate");
+    LOOM_ASSIGN_OR_RETURN(
+        PackedWeight gate_up,
+        loader.Fused({{gate, ffn, ffn_range}, {expert("ffn_up").first, ffn, ffn_range}}, hidden,
+                     matrix));
+    LOOM_ASSIGN_OR_RETURN(PackedWeight down, loader.MatrixColumns(expert("ffn_down").first, hidden,
+                                                                  ffn, ffn_range, matrix));
+    layer.expert_gate_up.push_back(std::move(gate_up));
+    layer.expert_down.push_back(std::move(down));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t ModelWeights::BytesPerDecodeStep() const {
@@ -181,7 +243,16 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
   if (token_embedding.rows > 0) bytes += token_embedding.bytes() / token_embedding.rows;
   for (const LayerWeights& layer : layers) {
     bytes += layer.qkv.bytes() + layer.attn_output.bytes() + layer.gate_up.bytes() +
-             layer.down.bytes();
+             layer.down.bytes() + layer.router.bytes();
+    // A token reads its chosen experts only.
+    int64_t experts = 0;
+    for (size_t e = 0; e < layer.expert_gate_up.size(); ++e) {
+      experts += layer.expert_gate_up[e].bytes() + layer.expert_down[e].bytes();
+    }
+    if (!layer.expert_gate_up.empty()) {
+      bytes +=
+          experts * config.num_experts_used / static_cast<int64_t>(layer.expert_gate_up.size());
+    }
   }
   return bytes;
 }
@@ -208,6 +279,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
   const std::pair<int64_t, int64_t> kv_range{plan.kv_head0 * hd, plan.num_kv_heads * hd};
   const std::pair<int64_t, int64_t> ffn_range{plan.ffn0, plan.ffn};
   const std::pair<int64_t, int64_t> vocab_range{plan.vocab0, plan.vocab};
+  const float norm_offset = config.norm_weight_offset;
 
   // The embedding looks tokens up on the first stage and is the LM head of a tied model.
   if (plan.first_stage() || (plan.last_stage() && config.tied_embeddings)) {
@@ -216,7 +288,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
         loader.MatrixRows("token_embd.weight", config.vocab_size, hidden, vocab_range));
   }
   if (plan.last_stage()) {
-    LOOM_ASSIGN_OR_RETURN(weights->output_norm, loader.Vector("output_norm.weight", hidden));
+    LOOM_ASSIGN_OR_RETURN(weights->output_norm,
+                          loader.Norm("output_norm.weight", hidden, norm_offset));
   }
   if (!config.tied_embeddings && plan.last_stage()) {
     LOOM_ASSIGN_OR_RETURN(PackedWeight output, loader.MatrixRows("output.weight", config.vocab_size,
@@ -228,11 +301,20 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     LOOM_ASSIGN_OR_RETURN(freq_factors, loader.Vector("rope_freqs.weight", config.rope_dim / 2));
   }
   weights->rope_inv_freq = RopeInverseFrequencies(config, freq_factors);
+  if (config.local_rope_theta > 0.0) {
+    // Local layers rotate with their own base and no scaling (Gemma 3).
+    common::ModelConfig local = config;
+    local.rope_theta = config.local_rope_theta;
+    local.rope_scaling = common::RopeScalingType::kNone;
+    local.rope_attention_factor = 1.0;
+    weights->local_rope_inv_freq = RopeInverseFrequencies(local, {});
+  }
 
   for (int64_t l = plan.layer0; l < plan.layer0 + plan.num_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerWeights layer;
-    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, loader.Vector(p + "attn_norm.weight", hidden));
+    LOOM_ASSIGN_OR_RETURN(layer.attn_norm,
+                          loader.Norm(p + "attn_norm.weight", hidden, norm_offset));
     LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows, q_range},
                                                    {p + "attn_k.weight", kv_rows, kv_range},
                                                    {p + "attn_v.weight", kv_rows, kv_range}},
@@ -249,17 +331,27 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
       }
     }
     if (config.qk_norm) {
-      LOOM_ASSIGN_OR_RETURN(layer.q_norm, loader.Vector(p + "attn_q_norm.weight", hd));
-      LOOM_ASSIGN_OR_RETURN(layer.k_norm, loader.Vector(p + "attn_k_norm.weight", hd));
+      LOOM_ASSIGN_OR_RETURN(layer.q_norm, loader.Norm(p + "attn_q_norm.weight", hd, norm_offset));
+      LOOM_ASSIGN_OR_RETURN(layer.k_norm, loader.Norm(p + "attn_k_norm.weight", hd, norm_offset));
     }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.MatrixColumns(p + "attn_output.weight", hidden,
                                                                   q_rows, q_range));
-    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, loader.Vector(p + "ffn_norm.weight", hidden));
-    LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate.weight", ffn, ffn_range},
-                                                       {p + "ffn_up.weight", ffn, ffn_range}},
-                                                      hidden));
-    LOOM_ASSIGN_OR_RETURN(layer.down,
-                          loader.MatrixColumns(p + "ffn_down.weight", hidden, ffn, ffn_range));
+    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, loader.Norm(p + "ffn_norm.weight", hidden, norm_offset));
+    if (config.post_norms) {
+      LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm,
+                            loader.Norm(p + "post_attention_norm.weight", hidden, norm_offset));
+      LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm,
+                            loader.Norm(p + "post_ffw_norm.weight", hidden, norm_offset));
+    }
+    if (config.num_experts > 0) {
+      LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, layer));
+    } else {
+      LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate.weight", ffn, ffn_range},
+                                                         {p + "ffn_up.weight", ffn, ffn_range}},
+                                                        hidden));
+      LOOM_ASSIGN_OR_RETURN(layer.down,
+                            loader.MatrixColumns(p + "ffn_down.weight", hidden, ffn, ffn_range));
+    }
     weights->layers.push_back(std::move(layer));
   }
   weights->load_log = loader.Log();

@@ -23,8 +23,17 @@ struct LayerWeights {
   std::vector<float> k_norm;          // [head_dim] per-head RMSNorm of k, empty iff q_norm is
   kernels::cpu::PackedWeight attn_output;  // [hidden, num_heads * head_dim]
   std::vector<float> ffn_norm;        // [hidden]
+  // Gemma: RMSNorm of the attention output and of the FFN output ([hidden] each), or empty.
+  std::vector<float> post_attention_norm;
+  std::vector<float> post_ffw_norm;
   kernels::cpu::PackedWeight gate_up;      // [2 * intermediate, hidden]: gate rows, then up
   kernels::cpu::PackedWeight down;         // [hidden, intermediate]
+  // A mixture of experts (config.num_experts > 0; gate_up and down are then empty): the
+  // router [num_experts, hidden], whole on every rank, and each expert's gate/up and down,
+  // shaped and sliced as a dense layer's (intermediate = the expert's width).
+  kernels::cpu::PackedWeight router;
+  std::vector<kernels::cpu::PackedWeight> expert_gate_up;  // [num_experts]
+  std::vector<kernels::cpu::PackedWeight> expert_down;     // [num_experts]
 };
 
 /// All weights of a llama-family model (or one tensor-parallel rank's slice of them: the
@@ -39,6 +48,7 @@ struct ModelWeights {
   /// [vocab, hidden]; nullptr-equivalent when tied: lm_head() returns the embedding.
   std::unique_ptr<kernels::cpu::PackedWeight> output;
   std::vector<float> rope_inv_freq;            // [rope_dim / 2], scaling applied
+  std::vector<float> local_rope_inv_freq;      // local layers' (Gemma 3), or empty: as above
   std::string load_log;                        // one line per distinct conversion
 
   const kernels::cpu::PackedWeight& lm_head() const {

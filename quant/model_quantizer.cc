@@ -401,6 +401,12 @@ absl::StatusOr<QuantizerReport> QuantizeModel(const common::GgufFile& in,
                                               common::GgufWriter& out) {
   LOOM_RETURN_IF_ERROR(model::CheckQuantizationVersion(in));
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(in));
+  if (config.num_experts > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "loom quantize: mixture-of-experts models (", config.num_experts,
+        " experts) are not supported; serve the file as it is (its experts load in their "
+        "own formats)"));
+  }
   const bool integer = IsInteger(options.format);
   const bool awq = options.method == QuantizeMethod::kAwq;
   if (awq && !integer) {

@@ -5,24 +5,62 @@
 namespace loom::common {
 namespace {
 
-// Mistral's and Qwen's layouts are llama's (same tensor names and hyper-parameters).
-constexpr std::array<ArchitectureRules, 4> kArchitectures = {{
+// Mistral's and Qwen's layouts are llama's (same tensor names and hyper-parameters); the
+// mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
+// files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
+// looked up first match first).
+constexpr std::array<ArchitectureRules, 7> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
-     .sliding_window_every_layer = false},
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
     {.gguf_name = "mistral",
      .hf_class_name = "MistralForCausalLM",
      .gguf_rope_neox = false,
-     .sliding_window_every_layer = true},
+     .sliding_window_every_layer = true,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
     {.gguf_name = "qwen2",
      .hf_class_name = "Qwen2ForCausalLM",
      .gguf_rope_neox = true,
-     .sliding_window_every_layer = false},
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
     {.gguf_name = "qwen3",
      .hf_class_name = "Qwen3ForCausalLM",
      .gguf_rope_neox = true,
-     .sliding_window_every_layer = false},
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
+    {.gguf_name = "qwen3moe",
+     .hf_class_name = "Qwen3MoeForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
+    {.gguf_name = "llama",
+     .hf_class_name = "MixtralForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = true,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
+    // Gemma 3's text model (llama.cpp's gemma3; Hugging Face's Gemma3ForCausalLM, the 1B
+    // checkpoint: the larger ones are multimodal Gemma3ForConditionalGeneration).
+    {.gguf_name = "gemma3",
+     .hf_class_name = "Gemma3ForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = true,
+     .default_sliding_period = 6,
+     .local_rope_theta = 10000.0},
 }};
 
 }  // namespace

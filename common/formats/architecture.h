@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "absl/types/span.h"
@@ -21,6 +22,16 @@ struct ArchitectureRules {
   // otherwise only with `use_sliding_window`, from layer `max_window_layers` on (Qwen2), or
   // where `layer_types` says "sliding_attention".
   bool sliding_window_every_layer;
+  // Gemma: embeddings multiplied by sqrt(hidden) on the way in, a GELU (tanh) gate instead
+  // of SiLU, and Hugging Face RMSNorm weights stored as w where the model scales by 1 + w
+  // (llama.cpp's converter writes 1 + w into GGUFs).
+  bool gemma = false;
+  // Every N-th layer is global when a file with a sliding window names no layer pattern
+  // (llama.cpp's rule for Gemma 3: 6); 0: every layer local then.
+  int64_t default_sliding_period = 0;
+  // The RoPE base of local (sliding-window) layers, which also take no RoPE scaling
+  // (Gemma 3's rope_local_base_freq, 10,000); 0: every layer rotates alike.
+  double local_rope_theta = 0.0;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

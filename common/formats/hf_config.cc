@@ -174,15 +174,41 @@ absl::StatusOr<const ArchitectureRules*> ReadArchitecture(const json& config) {
                    "' is not supported (supported: ", absl::StrJoin(known, ", "), ")"));
 }
 
-// Rejects what the graph does not run: another activation, MLP biases, sliding windows.
-absl::Status CheckSupportedFeatures(const Fields& fields) {
-  LOOM_ASSIGN_OR_RETURN(std::string activation, fields.String("hidden_act", "silu"));
-  if (activation != "silu") {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: hidden_act '", activation, "' is not supported (only 'silu')"));
+// Rejects what the graph does not run: another activation, MLP biases, soft-capping.
+absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRules& rules) {
+  // Gemma says hidden_activation (older configs hidden_act); its GELU is the tanh one.
+  const char* expected = rules.gemma ? "gelu_pytorch_tanh" : "silu";
+  const char* field =
+      rules.gemma && fields.Has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  LOOM_ASSIGN_OR_RETURN(std::string activation, fields.String(field, expected));
+  if (activation != expected) {
+    return absl::UnimplementedError(absl::StrCat("config.json: ", field, " '", activation,
+                                                 "' is not supported (only '", expected, "')"));
+  }
+  for (const char* softcap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (fields.Has(softcap)) {
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: ", softcap, " is not supported (Gemma 2's soft-capping)"));
+    }
   }
   LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");
+  return absl::OkStatus();
+}
+
+// Gemma's facts as loom.* keys: the query scale, the local layers' RoPE base, RMSNorm
+// weights stored as w for a scale of 1 + w; the layer norms named as Gemma names them.
+absl::Status GemmaToGguf(const Fields& fields, GgufMetadataBuilder& metadata, HfConfigInfo& info) {
+  if (fields.Has("query_pre_attn_scalar")) {
+    LOOM_ASSIGN_OR_RETURN(double scalar, fields.Number("query_pre_attn_scalar", 0.0));
+    metadata.Float("loom.attention.query_pre_attn_scalar", scalar);
+  }
+  if (fields.Has("rope_local_base_freq")) {
+    LOOM_ASSIGN_OR_RETURN(double base, fields.Number("rope_local_base_freq", 0.0));
+    metadata.Float("loom.rope.local_freq_base", base);
+  }
+  metadata.Float("loom.norm_weight_offset", 1.0);
+  info.sandwich_norms = true;
   return absl::OkStatus();
 }
 
@@ -208,6 +234,16 @@ absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
     for (size_t l = 0; l < types->size(); ++l) {
       local[l] = (*types)[l].is_string() && (*types)[l].get<std::string>() == "sliding_attention";
     }
+  } else if (rules.default_sliding_period > 0) {
+    // Gemma 3: every sliding_window_pattern-th layer global (6 when absent).
+    LOOM_ASSIGN_OR_RETURN(int64_t period,
+                          fields.Int("sliding_window_pattern", rules.default_sliding_period));
+    if (period < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: sliding_window_pattern ", period, " must be positive"));
+    }
+    for (int64_t l = 0; l < layers; ++l)
+      local[static_cast<size_t>(l)] = window > 0 && (l + 1) % period != 0;
   } else if (!rules.sliding_window_every_layer) {
     LOOM_ASSIGN_OR_RETURN(bool use_sliding_window, fields.Bool("use_sliding_window", false));
     LOOM_ASSIGN_OR_RETURN(int64_t first, fields.Int("max_window_layers", layers));
@@ -222,6 +258,38 @@ absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
   const std::string arch(rules.gguf_name);
   metadata.Int(arch + ".attention.sliding_window", window);
   metadata.BoolArray(arch + ".attention.sliding_window_pattern", local);
+  return absl::OkStatus();
+}
+
+// A mixture of experts as `<arch>.expert_*` keys: Mixtral's num_local_experts, Qwen3-MoE's
+// num_experts and moe_intermediate_size; the chosen experts' weights renormalized unless
+// norm_topk_prob says otherwise. Dense layers between sparse ones are refused.
+absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::string& arch,
+                           GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(int64_t experts, fields.Int("num_local_experts", 0));
+  if (experts == 0) {
+    LOOM_ASSIGN_OR_RETURN(experts, fields.Int("num_experts", 0));
+  }
+  if (experts == 0) return absl::OkStatus();
+  metadata.Int(arch + ".expert_count", experts);
+  LOOM_ASSIGN_OR_RETURN(int64_t used, fields.Int("num_experts_per_tok", std::nullopt));
+  metadata.Int(arch + ".expert_used_count", used);
+  if (fields.Has("moe_intermediate_size")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("moe_intermediate_size", 0));
+    metadata.Int(arch + ".expert_feed_forward_length", width);
+  }
+  LOOM_ASSIGN_OR_RETURN(bool normalize, fields.Bool("norm_topk_prob", true));
+  metadata.Bool(arch + ".expert_weights_norm", normalize);
+  LOOM_ASSIGN_OR_RETURN(int64_t sparse_step, fields.Int("decoder_sparse_step", 1));
+  auto dense = config.find("mlp_only_layers");
+  if (sparse_step != 1 || (dense != config.end() && dense->is_array() && !dense->empty())) {
+    return absl::UnimplementedError(
+        "config.json: dense layers between mixture-of-experts layers (decoder_sparse_step, "
+        "mlp_only_layers) are not supported");
+  }
+  if (fields.Has("shared_expert_intermediate_size")) {
+    return absl::UnimplementedError("config.json: shared experts are not supported");
+  }
   return absl::OkStatus();
 }
 
@@ -240,6 +308,7 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
   metadata.Int(arch + ".feed_forward_length", ffn);
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   metadata.Int(arch + ".block_count", layers);
+  LOOM_RETURN_IF_ERROR(ExpertsToGguf(config, fields, arch, metadata));
   metadata.Int(arch + ".attention.head_count", heads);
   metadata.Int(arch + ".attention.head_count_kv", kv_heads);
   if (fields.Has("head_dim")) {
@@ -271,7 +340,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   }
   const Fields fields(config);
   LOOM_ASSIGN_OR_RETURN(const ArchitectureRules* rules, ReadArchitecture(config));
-  LOOM_RETURN_IF_ERROR(CheckSupportedFeatures(fields));
+  LOOM_RETURN_IF_ERROR(CheckSupportedFeatures(fields, *rules));
   HfConfigInfo info;
   info.architecture = std::string(rules->gguf_name);
   metadata.String("general.architecture", info.architecture);
@@ -280,7 +349,9 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_RETURN_IF_ERROR(HyperParametersToGguf(config, fields, *rules, metadata));
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
-  LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
+  // Gemma's configs leave tie_word_embeddings at its default, true.
+  LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
+  if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata, info));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2).
   metadata.Bool("loom.rope.neox", true);

@@ -11,6 +11,9 @@ namespace loom::common {
 struct HfConfigInfo {
   std::string architecture;          // the GGUF architecture: "llama", "mistral", "qwen2", "qwen3"
   bool tie_word_embeddings = false;  // the LM head reuses model.embed_tokens.weight
+  // Gemma's layer norm names: post_attention_layernorm is the attention output's norm
+  // (GGUF post_attention_norm), pre_feedforward_layernorm the FFN's input norm.
+  bool sandwich_norms = false;
 };
 
 /// Translates `config.json` (its text) of LlamaForCausalLM, MistralForCausalLM,

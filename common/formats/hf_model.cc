@@ -40,6 +40,20 @@ constexpr std::pair<std::string_view, std::string_view> kLayerTensors[] = {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
+// Gemma's four norms per layer (input_layernorm as everywhere).
+constexpr std::pair<std::string_view, std::string_view> kSandwichNorms[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
+
+// An expert's HF suffix (Mixtral's w1/w3/w2, Qwen3-MoE's MLP names) -> GGUF matrix name.
+constexpr std::pair<std::string_view, std::string_view> kExpertTensors[] = {
+    {"w1.weight", "ffn_gate"},    {"w3.weight", "ffn_up"},
+    {"w2.weight", "ffn_down"},    {"gate_proj.weight", "ffn_gate"},
+    {"up_proj.weight", "ffn_up"}, {"down_proj.weight", "ffn_down"},
+};
+
 // A file of the directory as text; "" when it does not exist.
 absl::StatusOr<std::string> ReadOptional(const fs::path& path) {
   std::error_code error;
@@ -65,7 +79,7 @@ GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
 
 }  // namespace
 
-std::string GgufTensorName(std::string_view hf_name) {
+std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf_name == "model.norm.weight") return "output_norm.weight";
   if (hf_name == "lm_head.weight") return "output.weight";
@@ -75,9 +89,38 @@ std::string GgufTensorName(std::string_view hf_name) {
   uint32_t layer = 0;
   if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) return "";
   rest.remove_prefix(dot + 1);
+  if (sandwich_norms) {
+    for (const auto& [hf, gguf] : kSandwichNorms) {
+      if (rest == absl::string_view(hf.data(), hf.size())) {
+        return absl::StrCat("blk.", layer, ".", absl::string_view(gguf.data(), gguf.size()));
+      }
+    }
+  }
   for (const auto& [hf, gguf] : kLayerTensors) {
     if (rest == absl::string_view(hf.data(), hf.size())) {
       return absl::StrCat("blk.", layer, ".", absl::string_view(gguf.data(), gguf.size()));
+    }
+  }
+  // Mixture of experts: the router, and expert E's matrices under llama.cpp's per-expert
+  // names (blk.L.ffn_gate.E.weight; the loader also reads the stacked *_exps tensors).
+  if (rest == "block_sparse_moe.gate.weight" || rest == "mlp.gate.weight") {
+    return absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
+  }
+  if (!absl::ConsumePrefix(&rest, "block_sparse_moe.experts.") &&
+      !absl::ConsumePrefix(&rest, "mlp.experts.")) {
+    return "";
+  }
+  const size_t expert_dot = rest.find('.');
+  uint32_t expert = 0;
+  if (expert_dot == absl::string_view::npos ||
+      !absl::SimpleAtoi(rest.substr(0, expert_dot), &expert)) {
+    return "";
+  }
+  rest.remove_prefix(expert_dot + 1);
+  for (const auto& [hf, gguf] : kExpertTensors) {
+    if (rest == absl::string_view(hf.data(), hf.size())) {
+      return absl::StrCat("blk.", layer, ".", absl::string_view(gguf.data(), gguf.size()), ".",
+                          expert, ".weight");
     }
   }
   return "";
@@ -127,7 +170,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
     // A tied LM head may still be saved; HF ignores it then, and so does Loom.
     if (tensor.name == "lm_head.weight" && info->tie_word_embeddings) continue;
-    std::string name = GgufTensorName(tensor.name);
+    std::string name = GgufTensorName(tensor.name, info->sandwich_norms);
     if (name.empty()) {
       return absl::UnimplementedError(absl::StrCat(entry.file->path(), ": tensor '", tensor.name,
                                                    "' has no place in the ", info->architecture,

@@ -11,8 +11,9 @@ namespace loom::common {
 
 /// The GGUF tensor name of a Hugging Face llama-family tensor name
 /// (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`), or "" for a name
-/// with no GGUF counterpart.
-std::string GgufTensorName(std::string_view hf_name);
+/// with no GGUF counterpart. With `sandwich_norms` (Gemma), post_attention_layernorm is the
+/// attention output's norm and pre/post_feedforward_layernorm the FFN's two.
+std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms = false);
 
 /// Opens a Hugging Face model directory (config.json, model.safetensors or sharded
 /// checkpoint, tokenizer.json, tokenizer_config.json, generation_config.json) as a GGUF

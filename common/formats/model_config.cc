@@ -18,6 +18,7 @@ namespace {
 // (hidden * heads, context * layers, ...) cannot overflow int64.
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
 constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxExperts = 1024;
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxContext = int64_t{1} << 26;
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
@@ -52,6 +53,13 @@ class ConfigReader {
     const std::string key = Key(suffix);
     if (gguf_.Find(key) == nullptr) return absl::OkStatus();
     LOOM_ASSIGN_OR_RETURN(value, gguf_.GetDouble(key));
+    return absl::OkStatus();
+  }
+
+  absl::Status OptionalBool(absl::string_view suffix, bool& value) const {
+    const std::string key = Key(suffix);
+    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
+    LOOM_ASSIGN_OR_RETURN(value, gguf_.GetBool(key));
     return absl::OkStatus();
   }
 
@@ -124,7 +132,11 @@ absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
   config.architecture = std::string(architecture);
   if (FindArchitecture(architecture) == nullptr) {
     std::vector<std::string> names;
-    for (const ArchitectureRules& rules : Architectures()) names.emplace_back(rules.gguf_name);
+    for (const ArchitectureRules& rules : Architectures()) {
+      if (std::find(names.begin(), names.end(), rules.gguf_name) == names.end()) {
+        names.emplace_back(rules.gguf_name);
+      }
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("model config: unsupported architecture '", AbslView(architecture),
                      "' (supported: ", absl::StrJoin(names, ", "), ")"));
@@ -185,6 +197,31 @@ absl::Status ReadShapes(const ConfigReader& reader, const GgufFile& gguf, ModelC
         " differs from the key length ", config.head_dim, " (unsupported)"));
   }
 
+  return absl::OkStatus();
+}
+
+// Mixture of experts: how many experts, how many a token uses, their width.
+absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_count", config.num_experts));
+  if (config.num_experts == 0) return absl::OkStatus();
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_count", config.num_experts, 2, kMaxExperts));
+  LOOM_ASSIGN_OR_RETURN(config.num_experts_used, reader.RequiredInt("expert_used_count"));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "expert_used_count", config.num_experts_used, 1, config.num_experts));
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_feed_forward_length", config.intermediate_size));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "expert_feed_forward_length", config.intermediate_size, 1, kMaxDimension));
+  LOOM_RETURN_IF_ERROR(reader.OptionalBool("expert_weights_norm", config.expert_weights_norm));
+  // Shared experts (Qwen2-MoE, DeepSeek) and dense layers between sparse ones are not run.
+  for (const char* unsupported : {"expert_shared_count", "leading_dense_block_count"}) {
+    int64_t count = 0;
+    LOOM_RETURN_IF_ERROR(reader.OptionalInt(unsupported, count));
+    if (count != 0) {
+      return absl::UnimplementedError(absl::StrCat("model config: '", reader.Key(unsupported),
+                                                   "' is ", count, " (unsupported: every layer ",
+                                                   "must be a mixture of routed experts)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -332,6 +369,37 @@ absl::Status ReadVocabulary(const ConfigReader& reader, const GgufFile& gguf, Mo
   return absl::OkStatus();
 }
 
+// Gemma's rules (ArchitectureRules::gemma): scaled embeddings, GELU, the query scale (a
+// Hugging Face directory's query_pre_attn_scalar as `loom.attention.query_pre_attn_scalar`;
+// in a GGUF, which has no key for it, llama.cpp's rule: the head dim, except hidden / heads
+// for Gemma 3 27B, the 62-layer model), and the local layers' RoPE base.
+absl::Status ReadGemma(const GgufFile& gguf, ModelConfig& config) {
+  const ArchitectureRules& rules = *FindArchitecture(config.architecture);
+  config.local_rope_theta = rules.local_rope_theta;
+  if (gguf.Find("loom.rope.local_freq_base") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(config.local_rope_theta, gguf.GetDouble("loom.rope.local_freq_base"));
+  }
+  if (gguf.Find("loom.norm_weight_offset") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(double offset, gguf.GetDouble("loom.norm_weight_offset"));
+    config.norm_weight_offset = static_cast<float>(offset);
+  }
+  if (!rules.gemma) return absl::OkStatus();
+  config.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size)));
+  config.gelu = true;
+  double query_pre_attn_scalar = static_cast<double>(
+      config.num_layers == 62 ? config.hidden_size / config.num_heads : config.head_dim);
+  if (gguf.Find("loom.attention.query_pre_attn_scalar") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(query_pre_attn_scalar,
+                          gguf.GetDouble("loom.attention.query_pre_attn_scalar"));
+  }
+  if (!std::isfinite(query_pre_attn_scalar) || query_pre_attn_scalar <= 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: query_pre_attn_scalar ",
+                                                   query_pre_attn_scalar, " is not positive"));
+  }
+  config.attention_scale = 1.0 / std::sqrt(query_pre_attn_scalar);
+  return absl::OkStatus();
+}
+
 // What the tensors reveal: a separate LM head, attention biases, QK-norm; layer count.
 // <arch>.attention.sliding_window and its layer pattern (ModelConfig::sliding_layers).
 absl::Status ReadSlidingWindow(const ConfigReader& reader, const GgufFile& gguf,
@@ -343,6 +411,12 @@ absl::Status ReadSlidingWindow(const ConfigReader& reader, const GgufFile& gguf,
   config.sliding_layers.assign(static_cast<size_t>(config.num_layers), true);
   const std::string key = reader.Key("attention.sliding_window_pattern");
   const GgufValue* pattern = gguf.Find(key);
+  const int64_t default_period = FindArchitecture(config.architecture)->default_sliding_period;
+  if (pattern == nullptr && default_period > 0) {
+    for (int64_t l = 0; l < config.num_layers; ++l) {
+      config.sliding_layers[static_cast<size_t>(l)] = (l + 1) % default_period != 0;
+    }
+  }
   if (pattern == nullptr) return absl::OkStatus();
   if (absl::StatusOr<const GgufValue::Array*> flags = pattern->AsArray(); flags.ok()) {
     if (static_cast<int64_t>((*flags)->size()) != config.num_layers) {
@@ -375,6 +449,7 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "output.weight", {hidden, vocab}));
   config.attention_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
   config.qk_norm = gguf.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  config.post_norms = gguf.FindTensor("blk.0.post_attention_norm.weight") != nullptr;
   const auto head_dim = static_cast<uint64_t>(config.head_dim);
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q_norm.weight", {head_dim}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k_norm.weight", {head_dim}));
@@ -384,8 +459,16 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q.bias", {q_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.bias", {kv_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.bias", {kv_rows}));
-  LOOM_RETURN_IF_ERROR(CheckTensorShape(
-      gguf, "blk.0.ffn_up.weight", {hidden, static_cast<uint64_t>(config.intermediate_size)}));
+  const auto ffn = static_cast<uint64_t>(config.intermediate_size);
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_up.weight", {hidden, ffn}));
+  if (config.num_experts > 0) {
+    const auto experts = static_cast<uint64_t>(config.num_experts);
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_gate_inp.weight", {hidden, experts}));
+    LOOM_RETURN_IF_ERROR(
+        CheckTensorShape(gguf, "blk.0.ffn_up_exps.weight", {hidden, ffn, experts}));
+    LOOM_RETURN_IF_ERROR(
+        CheckTensorShape(gguf, "blk.0.ffn_down_exps.weight", {ffn, hidden, experts}));
+  }
   // A file with per-layer tensors must hold exactly block_count layers.
   if (gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
     const std::string last = absl::StrCat("blk.", config.num_layers - 1, ".attn_norm.weight");
@@ -408,12 +491,14 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadArchitecture(gguf, config));
   const ConfigReader reader(gguf, config.architecture);
   LOOM_RETURN_IF_ERROR(ReadShapes(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadExperts(reader, config));
   LOOM_RETURN_IF_ERROR(ReadRope(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadRopeScaling(reader, gguf, config));
   LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(ReadVocabulary(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadLayout(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadSlidingWindow(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadGemma(gguf, config));
   return config;
 }
 

@@ -56,6 +56,28 @@ struct ModelConfig {
   // layer global, Gemma 3's 6); every layer when absent (Mistral v0.1).
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;  // [num_layers] when sliding_window > 0
+  // Gemma (ArchitectureRules::gemma): embeddings times `embedding_scale`, a GELU (tanh
+  // approximation) gate, RMSNorm of the attention and FFN outputs before each joins the
+  // residual stream (blk.0.post_attention_norm.weight present), queries scaled by
+  // `attention_scale` (0: 1 / sqrt(head_dim)), and local layers rotating with their own base
+  // `local_rope_theta` without scaling (0: as the global ones).
+  float embedding_scale = 1.0f;
+  bool gelu = false;
+  // Added to every RMSNorm weight at load: 1 for a Gemma checkpoint read from a Hugging Face
+  // directory (`loom.norm_weight_offset`), whose norms scale by 1 + w; GGUFs store 1 + w.
+  float norm_weight_offset = 0.0f;
+  bool post_norms = false;
+  double attention_scale = 0.0;
+  double local_rope_theta = 0.0;
+  // Mixture of experts (Mixtral, Qwen3-MoE): every layer's FFN is `num_experts` experts of
+  // `intermediate_size` channels each (<arch>.expert_feed_forward_length where the file has
+  // it, else feed_forward_length), of which a router picks `num_experts_used` per token
+  // (<arch>.expert_count, <arch>.expert_used_count); 0: a dense FFN.
+  int64_t num_experts = 0;
+  int64_t num_experts_used = 0;
+  // The chosen experts' router probabilities are renormalized to sum to 1
+  // (<arch>.expert_weights_norm; Mixtral's and Qwen3-MoE's rule, llama.cpp's default).
+  bool expert_weights_norm = true;
 
   /// The window every layer attends within (each one local), else 0: a sequence's KV
   /// blocks behind it can be freed only when no layer is global.

@@ -82,4 +82,25 @@ void SiluMulReference(const float* gate_up, int64_t num_tokens, int64_t ffn, flo
   }
 }
 
+void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out,
+                 ThreadPool& pool) {
+  if (num_tokens <= 0 || ffn <= 0) return;
+  // Element e of the [num_tokens, ffn] output: row e / ffn, channel e % ffn.
+  auto range = [&](int64_t begin, int64_t end) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    for (int64_t e = begin; e < end; ++e) {
+      const int64_t t = e / ffn, i = e % ffn;
+      const float g = gate_up[t * 2 * ffn + i];
+      const float gelu = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+      out[e] = gelu * gate_up[t * 2 * ffn + ffn + i];
+    }
+  };
+  const int64_t total = num_tokens * ffn;
+  if (total < kMinParallelElements || pool.num_threads() == 1) {
+    range(0, total);
+    return;
+  }
+  pool.ParallelFor(total, kMinParallelElements / 2, range);
+}
+
 }  // namespace loom::kernels::cpu

@@ -15,4 +15,10 @@ void SiluMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out);
 void SiluMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out, ThreadPool& pool);
 void SiluMulReference(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out);
 
+/// GeGLU (Gemma): out[t, i] = gelu(gate_up[t, i]) * gate_up[t, ffn + i] with GELU's tanh
+/// approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). Scalar, split over
+/// `pool` like SiluMul; a row's result does not depend on the split.
+void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out,
+                 ThreadPool& pool);
+
 }  // namespace loom::kernels::cpu

@@ -148,11 +148,13 @@ def FINISH(name):
     return h.stubs().pb.FinishReason.Value(name)
 
 
-@pytest.mark.parametrize("spec, ranks", [("llama3_rope", 2), ("qwen2_mqa", 3)])
+@pytest.mark.parametrize("spec, ranks", [("llama3_rope", 2), ("qwen2_mqa", 3), ("mixtral_top2", 2)])
 def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
     Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every
-    rank. Greedy text through `loom up` equals the single-process engine's."""
+    rank; mixtral_top2 (4 experts, top 2) slices every expert's channels over 2 ranks, each rank
+    routing alike with the whole router. Greedy text through `loom up` equals the single-process
+    engine's."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
     import random_model  # noqa: E402
 

@@ -40,7 +40,43 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+            "gemma3": "Gemma3ForCausalLM"}
+# Gemma's norms: GGUF name -> HF name (the GGUF stores 1 + w, HF w).
+_GEMMA_NORMS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+# Mixture-of-experts names: (router, expert E's gate, up, down) per HF architecture.
+_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight"),
+    "qwen3moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                 "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+}
+
+
+def _expert_tensors(hf_arch: str, gguf_name: str, values: np.ndarray) -> dict:
+    """HF tensors of a GGUF mixture-of-experts tensor (blk.L.ffn_gate_inp, a stacked
+    blk.L.ffn_gate_exps or a per-expert blk.L.ffn_gate.E), or {} for another tensor."""
+    parts = gguf_name.split(".")
+    if hf_arch not in _MOE_NAMES or parts[0] != "blk":
+        return {}
+    router, *expert_names = _MOE_NAMES[hf_arch]
+    prefix = f"model.layers.{parts[1]}."
+    if parts[2] == "ffn_gate_inp":
+        return {prefix + router: values}
+    roles = ("ffn_gate", "ffn_up", "ffn_down")
+    role = parts[2].removesuffix("_exps")
+    if role not in roles:
+        return {}
+    template = expert_names[roles.index(role)]
+    if parts[2].endswith("_exps"):
+        return {prefix + template.format(e=e): values[e] for e in range(values.shape[0])}
+    return {prefix + template.format(e=int(parts[3])): values}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -85,9 +121,19 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
 
+    hf_arch = architecture or arch
+    gemma = hf_arch == "gemma3"
     tensors = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
+        suffix = tensor.name.split(".", 2)[-1]
+        if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
+            name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
+        experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
+        if experts:
+            for expert_name, values in experts.items():
+                tensors[expert_name] = values.astype(np.float32 if dtype == "float32" else np.float16)
+            continue
         if name is None:
             continue
         values = dequantize(tensor)
@@ -95,6 +141,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             values = unpermute(values, n_head)
         elif arch in ("llama", "mistral") and tensor.name.endswith("attn_k.weight"):
             values = unpermute(values, n_head_kv)
+        if gemma and tensor.name.endswith("norm.weight"):
+            values = values - 1.0  # Gemma's RMSNorm scales by 1 + w
         keep_f32 = values.ndim == 1 or dtype == "float32"
         if dtype == "bfloat16" and not keep_f32:
             # numpy has no bfloat16: round to nearest even in the top 16 bits of float32.
@@ -125,6 +173,22 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
         "torch_dtype": dtype,
     }
+    if gemma:
+        config.pop("hidden_act")
+        config.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": head_dim,
+                       "rope_local_base_freq": 10000.0,
+                       "sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
+                       "sliding_window_pattern": 6})
+    n_expert = _field(reader, f"{arch}.expert_count")
+    if n_expert:
+        config["num_local_experts" if hf_arch == "mixtral" else "num_experts"] = int(n_expert)
+        config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
+        if _field(reader, f"{arch}.expert_feed_forward_length") is not None:
+            config["moe_intermediate_size"] = int(_field(reader, f"{arch}.expert_feed_forward_length"))
+        if hf_arch == "qwen3moe":
+            config["norm_topk_prob"] = bool(_field(reader, f"{arch}.expert_weights_norm", True))
+            config["decoder_sparse_step"] = 1
+            config["mlp_only_layers"] = []
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling

@@ -47,6 +47,79 @@ TEST(HfConfigTest, TranslatesQwen3WithItsOwnHeadDim) {
   EXPECT_TRUE(config->rope_neox);
 }
 
+// Qwen3-30B-A3B's and Mixtral-8x7B's config.json expert fields (shapes shrunk).
+TEST(HfConfigTest, TranslatesMixturesOfExperts) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> qwen = Translate(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
+    "moe_intermediate_size": 96, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+    "max_position_embeddings": 4096, "vocab_size": 1000})",
+                                               &info);
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(info.architecture, "qwen3moe");
+  EXPECT_EQ(qwen->num_experts, 128);
+  EXPECT_EQ(qwen->num_experts_used, 8);
+  EXPECT_EQ(qwen->intermediate_size, 96);
+  EXPECT_TRUE(qwen->expert_weights_norm);
+
+  absl::StatusOr<ModelConfig> mixtral = Translate(R"({
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+    "vocab_size": 1000, "sliding_window": null})",
+                                                  &info);
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(info.architecture, "llama");
+  EXPECT_EQ(mixtral->num_experts, 8);
+  EXPECT_EQ(mixtral->num_experts_used, 2);
+  EXPECT_EQ(mixtral->intermediate_size, 512);
+  EXPECT_TRUE(mixtral->rope_neox);  // HF checkpoints are rotate-half
+
+  absl::StatusOr<ModelConfig> plain = Translate(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
+    "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
+    "num_hidden_layers": 2, "num_attention_heads": 8, "max_position_embeddings": 4096,
+    "vocab_size": 1000})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->expert_weights_norm);
+}
+
+// Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as
+// loom keys, norms offset by 1, tied embeddings by default, every 6th layer global.
+TEST(HfConfigTest, TranslatesGemma3) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["Gemma3ForCausalLM"], "hidden_size": 128, "intermediate_size": 512,
+    "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 64, "max_position_embeddings": 32768, "vocab_size": 1000,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 64,
+    "rope_theta": 1000000, "rope_local_base_freq": 10000, "sliding_window": 512,
+    "sliding_window_pattern": 6, "attn_logit_softcapping": null,
+    "final_logit_softcapping": null, "rope_scaling": null})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "gemma3");
+  EXPECT_TRUE(info.tie_word_embeddings);
+  EXPECT_TRUE(info.sandwich_norms);
+  EXPECT_TRUE(config->gelu);
+  EXPECT_FLOAT_EQ(config->embedding_scale, std::sqrt(128.0f));
+  EXPECT_DOUBLE_EQ(config->attention_scale, 1.0 / 8.0);
+  EXPECT_DOUBLE_EQ(config->local_rope_theta, 10000.0);
+  EXPECT_FLOAT_EQ(config->norm_weight_offset, 1.0f);
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(config->LayerWindow(l), l == 5 ? 0 : 512) << l;
+
+  ExpectRefused(R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 128,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 4096, "final_logit_softcapping": 30.0})",
+                "final_logit_softcapping");
+  ExpectRefused(R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 128,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 4096, "hidden_activation": "silu"})",
+                "hidden_activation 'silu'");
+}
+
 TEST(HfConfigTest, LlamaCheckpointsUseRotateHalfRope) {
   absl::StatusOr<ModelConfig> config = Translate(R"({
     "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,

@@ -26,6 +26,25 @@ TEST(HfModelTest, MapsHuggingFaceTensorNamesToGgufNames) {
   EXPECT_EQ(GgufTensorName("vision_tower.weight"), "");
 }
 
+// Mixtral's block_sparse_moe and Qwen3-MoE's mlp experts, one GGUF matrix per expert.
+TEST(HfModelTest, MapsExpertTensorNames) {
+  EXPECT_EQ(GgufTensorName("model.layers.2.block_sparse_moe.gate.weight"),
+            "blk.2.ffn_gate_inp.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.2.block_sparse_moe.experts.7.w1.weight"),
+            "blk.2.ffn_gate.7.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.2.block_sparse_moe.experts.7.w3.weight"),
+            "blk.2.ffn_up.7.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.2.block_sparse_moe.experts.7.w2.weight"),
+            "blk.2.ffn_down.7.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.gate.weight"), "blk.0.ffn_gate_inp.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.experts.127.gate_proj.weight"),
+            "blk.0.ffn_gate.127.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.experts.127.down_proj.weight"),
+            "blk.0.ffn_down.127.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.experts.x.down_proj.weight"), "");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.shared_expert.down_proj.weight"), "");
+}
+
 TEST(HfModelTest, ADirectoryWithoutConfigSaysSo) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "hf_empty";
   std::filesystem::create_directories(dir);

@@ -222,6 +222,68 @@ TEST(ModelConfigTest, ReadsSlidingWindowLayers) {
   EXPECT_EQ(ConfigOf(short_pattern).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Qwen3-30B-A3B's experts: 128 of 768 channels beside a dense width of 6144, 8 per token;
+// Mixtral's: llama keys with expert_count, the dense width being the experts'.
+TEST(ModelConfigTest, ReadsMixtureOfExpertsKeys) {
+  GgufImageBuilder qwen3moe;
+  qwen3moe.KvString("general.architecture", "qwen3moe")
+      .KvU32("qwen3moe.context_length", 40960)
+      .KvU32("qwen3moe.embedding_length", 2048)
+      .KvU32("qwen3moe.feed_forward_length", 6144)
+      .KvU32("qwen3moe.expert_feed_forward_length", 768)
+      .KvU32("qwen3moe.expert_count", 128)
+      .KvU32("qwen3moe.expert_used_count", 8)
+      .KvU32("qwen3moe.block_count", 48)
+      .KvU32("qwen3moe.attention.head_count", 32)
+      .KvU32("qwen3moe.attention.head_count_kv", 4)
+      .KvU32("qwen3moe.attention.key_length", 128)
+      .KvU32("qwen3moe.vocab_size", 151936);
+  absl::StatusOr<ModelConfig> config = ConfigOf(qwen3moe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_experts, 128);
+  EXPECT_EQ(config->num_experts_used, 8);
+  EXPECT_EQ(config->intermediate_size, 768);
+  EXPECT_TRUE(config->expert_weights_norm);
+  EXPECT_TRUE(config->rope_neox);
+
+  GgufImageBuilder mixtral = TinyLlama();
+  mixtral.KvU32("llama.expert_count", 8).KvU32("llama.expert_used_count", 2);
+  config = ConfigOf(mixtral);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_experts, 8);
+  EXPECT_EQ(config->intermediate_size, 5632);
+
+  GgufImageBuilder unnormalized = TinyLlama();
+  unnormalized.KvU32("llama.expert_count", 8)
+      .KvU32("llama.expert_used_count", 1)
+      .KvBool("llama.expert_weights_norm", false);
+  config = ConfigOf(unnormalized);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->expert_weights_norm);
+
+  GgufImageBuilder dense = TinyLlama();
+  EXPECT_EQ(ConfigOf(dense)->num_experts, 0);
+}
+
+TEST(ModelConfigTest, RefusesExpertCountsOutOfRangeAndSharedExperts) {
+  GgufImageBuilder too_many = TinyLlama();
+  too_many.KvU32("llama.expert_count", 8).KvU32("llama.expert_used_count", 9);
+  ExpectInvalid(ConfigOf(too_many), {"llama.expert_used_count", "9"});
+  GgufImageBuilder missing = TinyLlama();
+  missing.KvU32("llama.expert_count", 8);
+  ExpectInvalid(ConfigOf(missing), {"llama.expert_used_count", "missing"});
+  GgufImageBuilder one = TinyLlama();
+  one.KvU32("llama.expert_count", 1).KvU32("llama.expert_used_count", 1);
+  ExpectInvalid(ConfigOf(one), {"llama.expert_count"});
+  GgufImageBuilder shared = TinyLlama();
+  shared.KvU32("llama.expert_count", 8)
+      .KvU32("llama.expert_used_count", 2)
+      .KvU32("llama.expert_shared_count", 1);
+  absl::StatusOr<ModelConfig> config = ConfigOf(shared);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_shared_count"));
+}
+
 TEST(ModelConfigTest, ReadsLinearRopeScaling) {
   GgufImageBuilder builder = Llama3();
   builder.KvString("llama.rope.scaling.type", "linear").KvF32("llama.rope.scaling.factor", 4.0f);

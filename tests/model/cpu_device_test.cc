@@ -35,9 +35,14 @@ TEST(CpuDeviceTest, EmbeddingGathersTheSliceRowsAndZeroesTheOthers) {
   std::vector<float> out(8, -1.0f);
   ASSERT_TRUE(device
                   ->Embedding(**weight, Tensor::Of(ids.data(), DType::kI32, DeviceType::kCpu, {4}),
-                              10, F32(out, {4, 2}))
+                              10, 1.0f, F32(out, {4, 2}))
                   .ok());
   EXPECT_EQ(out, (std::vector<float>{3, 4, 0, 0, 5, 6, 0, 0}));
+  ASSERT_TRUE(device
+                  ->Embedding(**weight, Tensor::Of(ids.data(), DType::kI32, DeviceType::kCpu, {4}),
+                              10, 0.5f, F32(out, {4, 2}))
+                  .ok());
+  EXPECT_EQ(out, (std::vector<float>{1.5f, 2, 0, 0, 2.5f, 3, 0, 0}));
 }
 
 TEST(CpuDeviceTest, SplitColumnsAndGatherRowsKeepOrder) {

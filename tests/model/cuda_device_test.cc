@@ -177,7 +177,7 @@ TEST(CudaDeviceTest, EmbeddingSplitColumnsGatherRowsSiluMulMatchCpu) {
         s.device->UploadStep(ids, none, none, none, none, none, none, sample);
     ASSERT_TRUE(step.ok()) << step.status();
     const Tensor e = s.Zeros({rows, hidden});
-    ASSERT_TRUE(s.device->Embedding(**w, step->token_ids, 100, e).ok());
+    ASSERT_TRUE(s.device->Embedding(**w, step->token_ids, 100, 1.0f, e).ok());
     embedded[i] = s.Get(e);
     const Tensor tx = s.Put(x, {rows, hidden}), ty = s.Put(y, {rows, hidden});
     const Tensor parts[] = {s.Zeros({rows, 5}), s.Zeros({rows, 11})};

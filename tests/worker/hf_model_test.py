@@ -5,7 +5,8 @@ The directories are written in a test step by tests/common/hf_checkpoint.py from
 the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and to bfloat16) and
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
-scaling, Qwen3 with QK-norm and head_dim != hidden / heads; Qwen2 and Llama with YaRN
+scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
+experts, Gemma 3; Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
 
@@ -57,6 +58,13 @@ RANDOM_FAMILIES = {
     "qwen2_yarn": (random_model.SPECS["qwen2_mqa"], None, YARN_SCALING),
     "llama_yarn": (random_model.SPECS["llama_gqa"], None, {**YARN_SCALING, "beta_fast": 8.0,
                                                            "attention_factor": 1.3}),
+    # Mixtures of experts: Qwen3MoeForCausalLM (mlp.experts.E.*_proj, norm_topk_prob) and
+    # MixtralForCausalLM (block_sparse_moe.experts.E.w1/w3/w2), one tensor per expert.
+    "qwen3moe": (random_model.SPECS["qwen3moe_top8"], None, None),
+    "mixtral": (random_model.SPECS["mixtral_top2"], "mixtral", None),
+    # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
+    # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
+    "gemma3": (random_model.SPECS["gemma3_swa"], None, None),
 }
 
 
@@ -214,6 +222,36 @@ def test_yarn_reference_differs_from_plain_rope(family_models):
     assert np.abs(got - ref.logits(yarn, prompt)[-1]).max() <= TOL_REFERENCE
     for other in (ref.load(gguf_path), without_factor):
         assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE
+
+
+def test_mixture_of_experts_routing_is_checked(family_models):
+    """The routing check can fail: Loom's Mixtral logits are far from the reference routing to
+    one expert, or to both without renormalizing their weights."""
+    gguf_path, directory = family_models["mixtral"]
+    model = ref.load(gguf_path)
+    prompt = list(range(3, 60))
+    tool = mrt.ForwardPassTool(directory)
+    try:
+        got = tool.logits([prompt])[0]
+    finally:
+        tool.close()
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    for changes in ({"n_expert_used": 1}, {"expert_norm": False}):
+        other = ref.Model(**{**model.__dict__, **changes})
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, changes
+
+
+def test_dense_layers_between_expert_layers_are_refused(family_models, tmp_path):
+    import shutil
+
+    _, source = family_models["qwen3moe"]
+    for name, changes in {"dense": {"mlp_only_layers": [1]}, "step": {"decoder_sparse_step": 2},
+                          "shared": {"shared_expert_intermediate_size": 64}}.items():
+        directory = tmp_path / name
+        shutil.copytree(source, directory)
+        write_config(directory, **changes)
+        error = load_error(directory)
+        assert "not supported" in error and ("experts" in error or "expert" in error), (name, error)
 
 
 def write_config(directory, **changes):

@@ -13,7 +13,12 @@ Q/K/V biases); GQA/MQA with any ratio; partial rotary (`rope.dimension_count` < 
 the YaRN paper's ramp between interpolated and extrapolated frequencies and its attention
 factor on cos/sin, with transformers' `rope_scaling` defaults; `with_hf_rope_scaling` applies a
 config.json `rope_scaling` to a loaded model); llama3-style per-frequency divisors from the
-`rope_freqs.weight` tensor; tied output (`output.weight` absent). Other scaling types raise
+`rope_freqs.weight` tensor; tied output (`output.weight` absent); mixtures of experts (Mixtral
+as `llama` with `expert_count`, `qwen3moe`: softmax router, top-k, renormalized unless
+`expert_weights_norm` is false; stacked `*_exps` or per-expert tensors); `gemma3` (embeddings
+scaled by sqrt(n_embd), GELU-tanh gate, post-attention and post-FFN norms, QK-norm, every 6th layer
+global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores them, 1 + w). Other
+scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
 Optional `Numerics` emulate what a fast forward pass does (float32 arithmetic, float16 KV cache, int8
@@ -31,7 +36,13 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType
 
-SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox"}
+SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
+                   "qwen3moe": "neox", "gemma3": "neox"}
+# Gemma 3 (llama.cpp's and transformers' definition): every 6th layer global, local layers'
+# RoPE base 10,000 without scaling, queries scaled by query_pre_attn_scalar^-1/2 (the head dim;
+# hidden / heads for the 62-layer 27B model, whose GGUF says neither).
+GEMMA3_SLIDING_PERIOD = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # Weight types whose matmuls a fast forward pass may feed int8-quantized activations.
 INTEGER_WEIGHT_TYPES = {
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
@@ -56,11 +67,19 @@ class Layer:
     v: Linear  # [n_head_kv * head_dim, n_embd]
     o: Linear  # [n_embd, n_head * head_dim]
     ffn_norm: np.ndarray  # [n_embd]
-    gate: Linear  # [n_ff, n_embd]
-    up: Linear  # [n_ff, n_embd]
-    down: Linear  # [n_embd, n_ff]
+    gate: Optional[Linear]  # [n_ff, n_embd]; None in a mixture of experts
+    up: Optional[Linear]  # [n_ff, n_embd]
+    down: Optional[Linear]  # [n_embd, n_ff]
     q_norm: Optional[np.ndarray] = None  # [head_dim]: qwen3's per-head RMSNorm of q before RoPE
     k_norm: Optional[np.ndarray] = None  # [head_dim]
+    # Mixture of experts (gate/up/down then unused): the router [n_expert, n_embd] and each
+    # expert's (gate, up, down).
+    router: Optional[Linear] = None
+    experts: Optional[list] = None
+    # Gemma's sandwich norms: RMSNorm of the attention output and of the FFN output before
+    # each joins the residual stream.
+    post_attn_norm: Optional[np.ndarray] = None
+    post_ffw_norm: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -95,6 +114,15 @@ class Model:
     # Sliding-window attention: a local layer's query sees its last sliding_window positions.
     sliding_window: int = 0
     sliding_layers: tuple = ()  # bool per layer
+    # Mixture of experts: experts per token and whether their weights are renormalized.
+    n_expert_used: int = 0
+    expert_norm: bool = True
+    # Gemma: embeddings times sqrt(n_embd), a GELU (tanh) gate, the query scale, and the RoPE of
+    # local layers (inverse frequencies without scaling).
+    embedding_scale: float = 1.0
+    activation: str = "silu"
+    attention_scale: Optional[float] = None  # None: 1 / sqrt(head_dim)
+    local_rope_inv_freq: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,17 +203,37 @@ def load(path: str | os.PathLike) -> Model:
             raise ValueError(f"rope_freqs has {freq_factors.shape[0]} entries, expected {inv_freq.shape[0]}")
         inv_freq = inv_freq / freq_factors
 
+    n_expert = int(_field(reader, f"{arch}.expert_count", 0) or 0)
+
+    def optional(name: str) -> Optional[np.ndarray]:
+        return weight(name) if name in tensors else None
+
+    def experts(p: str) -> list:
+        """Each expert's (gate, up, down): stacked 3-D tensors or one tensor per expert."""
+        if p + ".ffn_gate_exps.weight" in tensors:
+            stacks = [(weight(f"{p}.{role}_exps.weight"), tensors[f"{p}.{role}_exps.weight"].tensor_type)
+                      for role in ("ffn_gate", "ffn_up", "ffn_down")]
+            return [tuple(Linear(values[e], None, kind) for values, kind in stacks) for e in range(n_expert)]
+        return [tuple(linear(f"{p}.{role}.{e}") for role in ("ffn_gate", "ffn_up", "ffn_down"))
+                for e in range(n_expert)]
+
     layers = []
     for i in range(n_layer):
         p = f"blk.{i}"
+        moe = n_expert > 0
         layers.append(Layer(
             attn_norm=weight(p + ".attn_norm.weight"),
             q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
             o=linear(p + ".attn_output"),
             ffn_norm=weight(p + ".ffn_norm.weight"),
-            gate=linear(p + ".ffn_gate"), up=linear(p + ".ffn_up"), down=linear(p + ".ffn_down"),
+            gate=None if moe else linear(p + ".ffn_gate"), up=None if moe else linear(p + ".ffn_up"),
+            down=None if moe else linear(p + ".ffn_down"),
             q_norm=weight(p + ".attn_q_norm.weight") if p + ".attn_q_norm.weight" in tensors else None,
-            k_norm=weight(p + ".attn_k_norm.weight") if p + ".attn_k_norm.weight" in tensors else None))
+            k_norm=weight(p + ".attn_k_norm.weight") if p + ".attn_k_norm.weight" in tensors else None,
+            router=linear(p + ".ffn_gate_inp") if moe else None,
+            experts=experts(p) if moe else None,
+            post_attn_norm=optional(p + ".post_attention_norm.weight"),
+            post_ffw_norm=optional(p + ".post_ffw_norm.weight")))
 
     token_embd = weight("token_embd.weight")
     tied = "output.weight" not in tensors
@@ -194,7 +242,8 @@ def load(path: str | os.PathLike) -> Model:
     tokens = _field(reader, "tokenizer.ggml.tokens", []) or []
     return Model(
         arch=arch, n_vocab=token_embd.shape[0], n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, n_rot=n_rot, n_ff=layers[0].gate.weight.shape[0] if layers else 0,
+        head_dim=head_dim, n_rot=n_rot,
+        n_ff=(layers[0].experts[0][0] if n_expert else layers[0].gate).weight.shape[0] if layers else 0,
         n_ctx=int(_field(reader, f"{arch}.context_length", 0)),
         rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_mode=SUPPORTED_ARCHS[arch], rope_inv_freq=inv_freq, rope_position_scale=position_scale,
@@ -207,13 +256,26 @@ def load(path: str | os.PathLike) -> Model:
         chat_template=_field(reader, "tokenizer.chat_template"),
         rope_attention_factor=attention_factor, rope_base=base,
         sliding_window=int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0),
-        sliding_layers=_sliding_layers(reader, arch, n_layer))
+        sliding_layers=_sliding_layers(reader, arch, n_layer),
+        n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
+        expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", True)),
+        **(_gemma3(reader, n_embd, n_head, head_dim, n_layer, n_rot) if arch == "gemma3" else {}))
+
+
+def _gemma3(reader: gguf.GGUFReader, n_embd: int, n_head: int, head_dim: int, n_layer: int,
+            n_rot: int) -> dict:
+    query_pre_attn_scalar = n_embd // n_head if n_layer == 62 else head_dim
+    return {"embedding_scale": float(np.sqrt(n_embd)), "activation": "gelu_tanh",
+            "attention_scale": query_pre_attn_scalar ** -0.5,
+            "local_rope_inv_freq": GEMMA3_LOCAL_ROPE_BASE ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)}
 
 
 def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
     """Which layers are local: the pattern as bools per layer or a period (every N-th layer
     global), every layer when absent."""
     pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    if pattern is None and arch == "gemma3":
+        pattern = GEMMA3_SLIDING_PERIOD
     if pattern is None:
         return (True,) * n_layer
     if isinstance(pattern, list):
@@ -310,12 +372,43 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def rope(model: Model, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Rotates x [tokens, heads, head_dim] at the given positions (model's mode and scaling)."""
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU with the tanh approximation (PyTorch's approximate="tanh", Gemma's hidden_act)."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _mixture_of_experts(model: Model, layer: Layer, h: np.ndarray, numerics: Numerics) -> np.ndarray:
+    """Mixtral's / Qwen3-MoE's sparse FFN (HF's definition): softmax over the router's
+    logits, the top n_expert_used experts per token (renormalized when expert_norm), each
+    a SwiGLU MLP, summed with those weights."""
+    router_logits = _linear(h, layer.router, numerics)
+    probs = np.exp(router_logits - router_logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        # Largest first; equal probabilities: the lower index first.
+        chosen = sorted(range(len(probs[t])), key=lambda e: (-probs[t][e], e))[:model.n_expert_used]
+        weights = probs[t][chosen]
+        if model.expert_norm:
+            weights = weights / weights.sum()
+        for e, w in zip(chosen, weights):
+            gate, up, down = layer.experts[e]
+            x = h[t:t + 1]
+            ff = _silu(_linear(x, gate, numerics)) * _linear(x, up, numerics)
+            out[t] += w * _linear(ff, down, numerics)[0]
+    return out
+
+
+def rope(model: Model, x: np.ndarray, positions: np.ndarray, local: bool = False) -> np.ndarray:
+    """Rotates x [tokens, heads, head_dim] at the given positions (model's mode and scaling; a
+    local layer of a model with local_rope_inv_freq takes those frequencies, unscaled)."""
     half = model.n_rot // 2
-    theta = (positions.astype(np.float64) * model.rope_position_scale)[:, None] * model.rope_inv_freq[None, :]
-    cos = (np.cos(theta) * model.rope_attention_factor)[:, None, :].astype(x.dtype)  # [tokens, 1, half]
-    sin = (np.sin(theta) * model.rope_attention_factor)[:, None, :].astype(x.dtype)
+    inv_freq, position_scale, factor = model.rope_inv_freq, model.rope_position_scale, model.rope_attention_factor
+    if local and model.local_rope_inv_freq is not None:
+        inv_freq, position_scale, factor = model.local_rope_inv_freq, 1.0, 1.0
+    theta = (positions.astype(np.float64) * position_scale)[:, None] * inv_freq[None, :]
+    cos = (np.cos(theta) * factor)[:, None, :].astype(x.dtype)  # [tokens, 1, half]
+    sin = (np.sin(theta) * factor)[:, None, :].astype(x.dtype)
     out = x.copy()
     if model.rope_mode == "normal":
         x0, x1 = x[..., 0:model.n_rot:2], x[..., 1:model.n_rot:2]
@@ -356,13 +449,14 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
     n = len(ids)
     positions = np.arange(start, start + n)
     group = model.n_head // model.n_head_kv
-    scale = 1.0 / np.sqrt(model.head_dim)
+    scale = model.attention_scale or 1.0 / np.sqrt(model.head_dim)
     # Causal mask over [new tokens, all cached + new keys].
     mask = np.arange(start + n)[None, :] > positions[:, None]
 
     dtype = np.float32 if numerics.float32 else np.float64
-    x = model.token_embd[ids].astype(dtype)  # [n, n_embd]
+    x = model.token_embd[ids].astype(dtype) * dtype(model.embedding_scale)  # [n, n_embd]
     for li, layer in enumerate(model.layers):
+        local = bool(model.sliding_window and model.sliding_layers[li])
         h = _rms_norm(x, layer.attn_norm, model.rms_eps)
         q = _linear(h, layer.q, numerics).reshape(n, model.n_head, model.head_dim)
         k = _linear(h, layer.k, numerics).reshape(n, model.n_head_kv, model.head_dim)
@@ -370,8 +464,8 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         if layer.q_norm is not None:
             q = _rms_norm(q, layer.q_norm, model.rms_eps)
             k = _rms_norm(k, layer.k_norm, model.rms_eps)
-        q = rope(model, q, positions)
-        k = rope(model, k, positions)
+        q = rope(model, q, positions, local)
+        k = rope(model, k, positions, local)
         if numerics.kv_f16:
             k = k.astype(np.float16).astype(dtype)
             v = v.astype(np.float16).astype(dtype)
@@ -381,7 +475,7 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         values = np.repeat(cache.v[li], group, axis=0)
         scores = np.einsum("nhd,htd->hnt", q, keys) * dtype(scale)
         layer_mask = mask
-        if model.sliding_window and model.sliding_layers[li]:
+        if local:
             # Keys before the window: position - key >= window.
             layer_mask = mask | (positions[:, None] - np.arange(start + n)[None, :] >= model.sliding_window)
         scores = np.where(layer_mask[None], -np.inf, scores)
@@ -389,11 +483,21 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
         attn = np.einsum("hnt,htd->nhd", probs, values).reshape(n, model.n_head * model.head_dim)
-        x = x + _linear(attn, layer.o, numerics)
+        out = _linear(attn, layer.o, numerics)
+        if layer.post_attn_norm is not None:
+            out = _rms_norm(out, layer.post_attn_norm, model.rms_eps)
+        x = x + out
 
         h = _rms_norm(x, layer.ffn_norm, model.rms_eps)
-        ff = _silu(_linear(h, layer.gate, numerics)) * _linear(h, layer.up, numerics)
-        x = x + _linear(ff, layer.down, numerics)
+        if layer.router is not None:
+            x = x + _mixture_of_experts(model, layer, h, numerics)
+            continue
+        act = _gelu_tanh if model.activation == "gelu_tanh" else _silu
+        ff = act(_linear(h, layer.gate, numerics)) * _linear(h, layer.up, numerics)
+        out = _linear(ff, layer.down, numerics)
+        if layer.post_ffw_norm is not None:
+            out = _rms_norm(out, layer.post_ffw_norm, model.rms_eps)
+        x = x + out
 
     x = _rms_norm(x, model.output_norm, model.rms_eps)
     return _linear(x, model.output, numerics)

@@ -12,6 +12,11 @@ Variants (see SPECS):
                  (MQA), head_dim 32, separate output.weight, linear RoPE scaling (factor 2).
   llama_swa      llama arch with sliding-window attention: a 16-token window on layers 0 and 2,
                  layer 1 global (`attention.sliding_window` and its bool-per-layer pattern).
+  qwen3moe_top8  qwen3moe arch (mixture of experts): 16 experts of 32 channels, top 8, QK-norm.
+  mixtral_top2   llama arch with 4 experts of 64 channels, top 2, one tensor per expert.
+  moe_top1       llama arch with 4 experts, top 1, weights not renormalized.
+  gemma3_swa     gemma3 arch: 5 local layers (16-token window) and a global one, GELU, sandwich
+                 norms, QK-norm, scaled embeddings, RoPE scaling on the global layer.
   llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
                  `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
                  original context 64 so the divisors span 1..8 within the 256-token context.
@@ -74,6 +79,14 @@ class ModelSpec:
     # Sliding-window attention: the window and which layers are local (a bool per layer).
     sliding_window: int = 0
     sliding_pattern: Optional[tuple] = None
+    # Mixture of experts: n_expert experts of n_ff channels, n_expert_used per token; the
+    # dense feed_forward_length key then says dense_ff (Qwen3-MoE files carry both widths).
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_norm: Optional[bool] = None  # writes <arch>.expert_weights_norm when set
+    per_expert_tensors: bool = False  # blk.L.ffn_gate.E.weight (older Mixtral files), else *_exps
+    dense_ff: int = 0
+    post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -123,6 +136,40 @@ SPECS = {
             "attn_v": (T.Q4_0, T.Q8_0), "attn_output": (T.Q4_1, T.F16),
             "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q4_1,), "ffn_down": (T.F16,),
         }),
+    # Mixtures of experts: Qwen3-MoE (16 experts, top 8, QK-norm, stacked expert tensors, a
+    # dense width beside the experts'), Mixtral (llama arch, 4 experts, top 2, one tensor per
+    # expert as older Mixtral files hold them) and top 1 without renormalization.
+    "qwen3moe_top8": ModelSpec(
+        name="qwen3moe_top8", arch="qwen3moe", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=32, dense_ff=96, n_expert=16, n_expert_used=8, qk_norm=True,
+        rope_base=1000000.0, rms_eps=1e-6, seed=808,
+        types={"token_embd": (T.F16,), "attn_q": (T.Q8_0, T.F16), "attn_k": (T.F16,),
+               "attn_v": (T.Q8_0,), "attn_output": (T.F16,), "ffn_gate": (T.Q8_0, T.F16),
+               "ffn_up": (T.Q4_1, T.Q8_0), "ffn_down": (T.F16, T.Q8_0)}),
+    "mixtral_top2": ModelSpec(
+        name="mixtral_top2", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=64, n_expert=4, n_expert_used=2, per_expert_tensors=True, seed=8,
+        types={"token_embd": (T.Q8_0,), "attn_q": (T.Q4_1,), "attn_k": (T.Q8_0,),
+               "attn_v": (T.F16,), "attn_output": (T.Q4_0,), "ffn_gate": (T.Q4_0, T.Q8_0, T.F16),
+               "ffn_up": (T.Q8_0, T.Q4_1), "ffn_down": (T.Q4_1, T.F16, T.Q8_0)}),
+    "moe_top1": ModelSpec(
+        name="moe_top1", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
+        head_dim=16, n_ff=64, n_expert=4, n_expert_used=1, expert_norm=False, seed=81,
+        types={"token_embd": (T.F16,), "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q8_0,),
+               "ffn_down": (T.Q4_1,)}),
+    # Gemma 3: 6 layers of which the last is global (the architecture's default period, no
+    # pattern key), a 16-token window, head_dim 32 over hidden 64, QK-norm, sandwich norms,
+    # GELU, embeddings scaled by sqrt(64), linear RoPE scaling on the global layer only. A
+    # separate LM head (Gemma ties it): with the scaled embedding as its head, a model this
+    # small mostly repeats its last token, which would test little.
+    "gemma3_swa": ModelSpec(
+        name="gemma3_swa", arch="gemma3", n_embd=64, n_layer=6, n_head=4, n_head_kv=2,
+        head_dim=32, n_ff=128, rope_base=1000000.0, rms_eps=1e-6, qk_norm=True, post_norms=True,
+        tied_output=False,
+        sliding_window=16, rope_linear_factor=2.0, seed=3,
+        types={"token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0,),
+               "attn_v": (T.F16,), "attn_output": (T.Q4_1, T.F16), "ffn_gate": (T.Q8_0,),
+               "ffn_up": (T.Q4_0, T.F16), "ffn_down": (T.F16, T.Q8_0)}),
     "llama3_rope": ModelSpec(
         name="llama3_rope", arch="llama", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
         n_ff=256, rope_base=500000.0, seed=7,
@@ -283,7 +330,14 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(d)
     writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_feed_forward_length(spec.dense_ff or spec.n_ff)
+    if spec.n_expert:
+        writer.add_expert_count(spec.n_expert)
+        writer.add_expert_used_count(spec.n_expert_used)
+        if spec.dense_ff:
+            writer.add_expert_feed_forward_length(spec.n_ff)
+        if spec.expert_norm is not None:
+            writer.add_bool(f"{spec.arch}.expert_weights_norm", spec.expert_norm)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     if spec.n_embd != spec.n_head * hd:
@@ -318,7 +372,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
 
     # Embedding rows are small next to what each block adds, so a token's own embedding does not
     # dominate the final state (with tied output that would make the model echo its input).
-    token_embd = rng.normal(0.0, 0.4, size=(n_vocab, d))
+    # Gemma scales embeddings by sqrt(n_embd) on the way in: smaller rows keep the same balance.
+    token_embd = rng.normal(0.0, 0.4 if spec.arch != "gemma3" else 0.1, size=(n_vocab, d))
     _add(writer, "token_embd.weight", token_embd, type_of("token_embd"))
     if spec.llama3_rope is not None:
         factors = llama3_rope_factors(hd, spec.rope_base, **spec.llama3_rope)
@@ -338,7 +393,13 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             _add(writer, f"{p}.attn_q_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
             _add(writer, f"{p}.attn_k_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
         _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * hd), type_of("attn_output", i))
+        if spec.post_norms:
+            _add(writer, f"{p}.post_attention_norm.weight", norm_weight(), T.F32)
+            _add(writer, f"{p}.post_ffw_norm.weight", norm_weight(), T.F32)
         _add(writer, f"{p}.ffn_norm.weight", norm_weight(), T.F32)
+        if spec.n_expert:
+            _add_experts(writer, spec, p, i, matrix, type_of)
+            continue
         _add(writer, f"{p}.ffn_gate.weight", matrix(spec.n_ff, d), type_of("ffn_gate", i))
         _add(writer, f"{p}.ffn_up.weight", matrix(spec.n_ff, d), type_of("ffn_up", i))
         _add(writer, f"{p}.ffn_down.weight", matrix(d, spec.n_ff, 1.5), type_of("ffn_down", i))
@@ -351,6 +412,23 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     writer.write_tensors_to_file()
     writer.close()
     return str(path)
+
+
+def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, matrix, type_of) -> None:
+    """A mixture-of-experts layer: the router (gain 4, so the top-k choice is rarely a near
+    tie that float rounding could flip) and each expert's gate, up and down, stacked into
+    3-D tensors as llama.cpp writes them or one matrix per expert."""
+    d, e = spec.n_embd, spec.n_expert
+    _add(writer, f"{p}.ffn_gate_inp.weight", matrix(e, d, 4.0), T.F32)
+    experts = {"ffn_gate": [matrix(spec.n_ff, d) for _ in range(e)],
+               "ffn_up": [matrix(spec.n_ff, d) for _ in range(e)],
+               "ffn_down": [matrix(d, spec.n_ff, 1.5 * math.sqrt(spec.n_expert_used)) for _ in range(e)]}
+    for role, matrices in experts.items():
+        if spec.per_expert_tensors:
+            for index, values in enumerate(matrices):
+                _add(writer, f"{p}.{role}.{index}.weight", values, type_of(role, layer + index))
+        else:
+            _add(writer, f"{p}.{role}_exps.weight", np.stack(matrices), type_of(role, layer))
 
 
 def write_all(directory: str | os.PathLike) -> dict[str, str]:
