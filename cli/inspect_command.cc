@@ -25,6 +25,8 @@ const char* RopeScalingName(common::RopeScalingType type) {
     case common::RopeScalingType::kLinear: return "linear";
     case common::RopeScalingType::kLlama3: return "llama3";
     case common::RopeScalingType::kYarn: return "yarn";
+    case common::RopeScalingType::kLongRope:
+      return "longrope";
   }
   return "?";
 }
@@ -34,6 +36,12 @@ void PrintConfig(const common::ModelConfig& config) {
   std::printf("layers          %lld\n", static_cast<long long>(config.num_layers));
   std::printf("hidden          %lld (ffn %lld)\n", static_cast<long long>(config.hidden_size),
               static_cast<long long>(config.intermediate_size));
+  if (config.num_experts > 0) {
+    std::printf("experts         %lld, %lld per token%s\n",
+                static_cast<long long>(config.num_experts),
+                static_cast<long long>(config.num_experts_used),
+                config.expert_weights_norm ? " (weights renormalized)" : "");
+  }
   std::printf("heads           %lld query, %lld kv, head dim %lld\n",
               static_cast<long long>(config.num_heads), static_cast<long long>(config.num_kv_heads),
               static_cast<long long>(config.head_dim));

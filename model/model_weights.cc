@@ -297,8 +297,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     weights->output = std::make_unique<PackedWeight>(std::move(output));
   }
   std::vector<float> freq_factors;
-  if (loader.Find("rope_freqs.weight") != nullptr) {
-    LOOM_ASSIGN_OR_RETURN(freq_factors, loader.Vector("rope_freqs.weight", config.rope_dim / 2));
+  if (!config.rope_factors_tensor.empty()) {
+    LOOM_ASSIGN_OR_RETURN(freq_factors,
+                          loader.Vector(config.rope_factors_tensor, config.rope_dim / 2));
   }
   weights->rope_inv_freq = RopeInverseFrequencies(config, freq_factors);
   if (config.local_rope_theta > 0.0) {
@@ -315,10 +316,22 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     LayerWeights layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm,
                           loader.Norm(p + "attn_norm.weight", hidden, norm_offset));
-    LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows, q_range},
-                                                   {p + "attn_k.weight", kv_rows, kv_range},
-                                                   {p + "attn_v.weight", kv_rows, kv_range}},
-                                                  hidden));
+    if (loader.Find(p + "attn_qkv.weight") != nullptr) {
+      // Phi-3: one [q + 2 kv, hidden] tensor; this rank's rows of each part.
+      const std::string qkv = p + "attn_qkv.weight";
+      const int64_t rows = q_rows + 2 * kv_rows;
+      LOOM_ASSIGN_OR_RETURN(
+          layer.qkv,
+          loader.Fused({{qkv, rows, q_range},
+                        {qkv, rows, {q_rows + kv_range.first, kv_range.second}},
+                        {qkv, rows, {q_rows + kv_rows + kv_range.first, kv_range.second}}},
+                       hidden));
+    } else {
+      LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows, q_range},
+                                                     {p + "attn_k.weight", kv_rows, kv_range},
+                                                     {p + "attn_v.weight", kv_rows, kv_range}},
+                                                    hidden));
+    }
     if (loader.Find(p + "attn_q.bias") != nullptr) {
       for (const auto& [name, rows, range] :
            std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>>{
@@ -345,10 +358,20 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     }
     if (config.num_experts > 0) {
       LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, layer));
+    } else if (loader.Find(p + "ffn_gate.weight") == nullptr) {
+      // Phi-3: ffn_up holds the gate rows, then the up rows.
+      const std::string gate_up = p + "ffn_up.weight";
+      LOOM_ASSIGN_OR_RETURN(
+          layer.gate_up,
+          loader.Fused({{gate_up, 2 * ffn, ffn_range},
+                        {gate_up, 2 * ffn, {ffn + ffn_range.first, ffn_range.second}}},
+                       hidden));
     } else {
       LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate.weight", ffn, ffn_range},
                                                          {p + "ffn_up.weight", ffn, ffn_range}},
                                                         hidden));
+    }
+    if (config.num_experts == 0) {
       LOOM_ASSIGN_OR_RETURN(layer.down,
                             loader.MatrixColumns(p + "ffn_down.weight", hidden, ffn, ffn_range));
     }

@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 7> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 8> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -48,6 +48,15 @@ constexpr std::array<ArchitectureRules, 7> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "MixtralForCausalLM",
      .gguf_rope_neox = false,
+     .sliding_window_every_layer = true,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
+    // Phi-3 and Phi-4 (fused QKV and gate/up; longrope factors; a sliding window on every
+    // layer where the config gives one).
+    {.gguf_name = "phi3",
+     .hf_class_name = "Phi3ForCausalLM",
+     .gguf_rope_neox = true,
      .sliding_window_every_layer = true,
      .gemma = false,
      .default_sliding_period = 0,

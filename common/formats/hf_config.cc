@@ -115,8 +115,45 @@ absl::Status YarnToGguf(const Fields& fields, double factor, int64_t max_positio
   return absl::OkStatus();
 }
 
-absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
-                               int64_t max_position_embeddings, GgufMetadataBuilder& metadata) {
+// Phi-3's longrope: the long and short per-frequency factors (served as tensors), the
+// pre-training context (rope_scaling's or config.json's original_max_position_embeddings)
+// and, when given, the attention factor.
+absl::Status LongRopeToGguf(const json& config, const json& scaling, const std::string& arch,
+                            GgufMetadataBuilder& metadata, HfConfigInfo& info) {
+  for (auto [key, out] : {std::pair{"long_factor", &info.rope_factors_long},
+                          std::pair{"short_factor", &info.rope_factors_short}}) {
+    auto list = scaling.find(key);
+    if (list == scaling.end() || !list->is_array() || list->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: rope_scaling longrope needs a '", key, "' list"));
+    }
+    for (const json& factor : *list) {
+      if (!factor.is_number() || !(factor.get<double>() > 0.0)) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: rope_scaling ", key, " holds ",
+                                                       factor.dump(),
+                                                       ", expected positive numbers"));
+      }
+      out->push_back(factor.get<float>());
+    }
+  }
+  const Fields top(config), fields(scaling);
+  LOOM_ASSIGN_OR_RETURN(int64_t original, top.Int("original_max_position_embeddings", 0));
+  LOOM_ASSIGN_OR_RETURN(original, fields.Int("original_max_position_embeddings", original));
+  if (original <= 0) {
+    return absl::InvalidArgumentError(
+        "config.json: rope_scaling longrope needs original_max_position_embeddings");
+  }
+  metadata.Int(arch + ".rope.scaling.original_context_length", original);
+  if (fields.Has("attention_factor")) {
+    LOOM_ASSIGN_OR_RETURN(double factor, fields.Number("attention_factor", 1.0));
+    metadata.Float("loom.rope.scaling.attention_factor", factor);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RopeScalingToGguf(const json& config, const json& scaling, const std::string& arch,
+                               int64_t max_position_embeddings, GgufMetadataBuilder& metadata,
+                               HfConfigInfo& info) {
   if (scaling.is_null()) return absl::OkStatus();
   if (!scaling.is_object()) {
     return absl::InvalidArgumentError(
@@ -129,10 +166,14 @@ absl::Status RopeScalingToGguf(const json& scaling, const std::string& arch,
     LOOM_ASSIGN_OR_RETURN(type, fields.String("type", "default"));
   }
   if (type == "default") return absl::OkStatus();
+  // Phi-3 configs say "longrope" (older ones "su"), with per-frequency factors and no factor.
+  if (type == "longrope" || type == "su") {
+    return LongRopeToGguf(config, scaling, arch, metadata, info);
+  }
   if (type != "linear" && type != "llama3" && type != "yarn") {
     return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type '", type,
                                                  "' is not supported (supported: linear, "
-                                                 "llama3, yarn)"));
+                                                 "llama3, yarn, longrope)"));
   }
   metadata.String(arch + ".rope.scaling.type", type);
   LOOM_ASSIGN_OR_RETURN(double factor, fields.Number("factor", 0.0));
@@ -295,7 +336,8 @@ absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::
 
 // The shapes, norm epsilon, RoPE base and scaling as `<arch>.*` keys.
 absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
-                                   const ArchitectureRules& rules, GgufMetadataBuilder& metadata) {
+                                   const ArchitectureRules& rules, GgufMetadataBuilder& metadata,
+                                   HfConfigInfo& info) {
   const std::string arch(rules.gguf_name);
   LOOM_ASSIGN_OR_RETURN(int64_t hidden, fields.Int("hidden_size", std::nullopt));
   LOOM_ASSIGN_OR_RETURN(int64_t heads, fields.Int("num_attention_heads", std::nullopt));
@@ -311,10 +353,21 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
   LOOM_RETURN_IF_ERROR(ExpertsToGguf(config, fields, arch, metadata));
   metadata.Int(arch + ".attention.head_count", heads);
   metadata.Int(arch + ".attention.head_count_kv", kv_heads);
+  int64_t head_dim = heads > 0 ? hidden / heads : 0;
   if (fields.Has("head_dim")) {
-    LOOM_ASSIGN_OR_RETURN(int64_t head_dim, fields.Int("head_dim", 0));
+    LOOM_ASSIGN_OR_RETURN(head_dim, fields.Int("head_dim", 0));
     metadata.Int(arch + ".attention.key_length", head_dim);
     metadata.Int(arch + ".attention.value_length", head_dim);
+  }
+  // Partial rotary embedding (Phi-4-mini: 0.75 of each head rotates).
+  LOOM_ASSIGN_OR_RETURN(double rotary, fields.Number("partial_rotary_factor", 1.0));
+  if (!(rotary > 0.0 && rotary <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: partial_rotary_factor ", rotary, " is not in (0, 1]"));
+  }
+  if (rotary < 1.0) {
+    metadata.Int(arch + ".rope.dimension_count",
+                 static_cast<int64_t>(static_cast<double>(head_dim) * rotary));
   }
   LOOM_ASSIGN_OR_RETURN(double eps, fields.Number("rms_norm_eps", 1e-6));
   metadata.Float(arch + ".attention.layer_norm_rms_epsilon", eps);
@@ -325,7 +378,8 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
     metadata.Int(arch + ".vocab_size", vocab);
   }
   if (auto scaling = config.find("rope_scaling"); scaling != config.end()) {
-    LOOM_RETURN_IF_ERROR(RopeScalingToGguf(*scaling, arch, max_position_embeddings, metadata));
+    LOOM_RETURN_IF_ERROR(
+        RopeScalingToGguf(config, *scaling, arch, max_position_embeddings, metadata, info));
   }
   return absl::OkStatus();
 }
@@ -346,7 +400,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   metadata.String("general.architecture", info.architecture);
   LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
   if (!name.empty()) metadata.String("general.name", name);
-  LOOM_RETURN_IF_ERROR(HyperParametersToGguf(config, fields, *rules, metadata));
+  LOOM_RETURN_IF_ERROR(HyperParametersToGguf(config, fields, *rules, metadata, info));
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.

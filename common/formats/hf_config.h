@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/formats/gguf_metadata_builder.h"
@@ -14,6 +15,10 @@ struct HfConfigInfo {
   // Gemma's layer norm names: post_attention_layernorm is the attention output's norm
   // (GGUF post_attention_norm), pre_feedforward_layernorm the FFN's input norm.
   bool sandwich_norms = false;
+  // Phi-3's longrope factors (rope_scaling long_factor / short_factor, [rope_dim / 2] each),
+  // served as the tensors rope_factors_long.weight / rope_factors_short.weight; empty
+  // without longrope.
+  std::vector<float> rope_factors_long, rope_factors_short;
 };
 
 /// Translates `config.json` (its text) of LlamaForCausalLM, MistralForCausalLM,

@@ -38,6 +38,9 @@ constexpr std::pair<std::string_view, std::string_view> kLayerTensors[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    // Phi-3: fused projections (gate rows first in gate_up_proj, as in GGUF's ffn_up).
+    {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+    {"mlp.gate_up_proj.weight", "ffn_up.weight"},
 };
 
 // Gemma's four norms per layer (input_layernorm as everywhere).
@@ -191,12 +194,53 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": config.json says tie_word_embeddings false but there is no lm_head.weight"));
   }
-  std::shared_ptr<const SafetensorsCheckpoint> backing(std::move(checkpoint));
+  // What the view's tensors point into: the mapped files, and tensors config.json holds
+  // (Phi-3's longrope factors).
+  struct Backing {
+    std::unique_ptr<SafetensorsCheckpoint> checkpoint;
+    std::vector<float> rope_factors_long, rope_factors_short;
+  };
+  auto backing = std::make_shared<Backing>();
+  backing->checkpoint = std::move(checkpoint);
+  backing->rope_factors_long = std::move(info->rope_factors_long);
+  backing->rope_factors_short = std::move(info->rope_factors_short);
+  for (const auto& [name, factors] :
+       {std::pair<const char*, const std::vector<float>*>{"rope_factors_long.weight",
+                                                          &backing->rope_factors_long},
+        std::pair<const char*, const std::vector<float>*>{"rope_factors_short.weight",
+                                                          &backing->rope_factors_short}}) {
+    if (factors->empty()) continue;
+    const uint64_t bytes = factors->size() * sizeof(float);
+    GgufTensorInfo gguf;
+    gguf.name = name;
+    gguf.shape = {factors->size()};
+    gguf.type = GgmlType::kF32;
+    gguf.num_elements = factors->size();
+    gguf.num_bytes = bytes;
+    tensors.push_back(std::move(gguf));
+    data.emplace_back(reinterpret_cast<const uint8_t*>(factors->data()), bytes);
+  }
   return GgufFile::FromParts(std::move(metadata.entries()), std::move(tensors), std::move(data),
-                             std::move(backing));
+                             std::shared_ptr<const void>(backing, backing.get()));
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path) {
+namespace {
+ModelLocator& Locator() {
+  static ModelLocator* locator = new ModelLocator();
+  return *locator;
+}
+}  // namespace
+
+void SetModelLocator(ModelLocator locator) { Locator() = std::move(locator); }
+
+absl::StatusOr<std::string> LocateModel(const std::string& model) {
+  std::error_code error;
+  if (fs::exists(model, error) || !Locator()) return model;
+  return Locator()(model);
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& model) {
+  LOOM_ASSIGN_OR_RETURN(const std::string path, LocateModel(model));
   std::error_code error;
   if (fs::is_directory(path, error)) return OpenHfDirectory(path);
   return GgufFile::Open(path);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -25,7 +26,16 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms = false
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir);
 
 /// `path` as a model: a directory is a Hugging Face model directory, anything else a GGUF
-/// file.
+/// file. A path that does not exist goes through the model locator first (a Hugging Face
+/// Hub id, fetched into the local cache: cli/hf_hub).
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& path);
+
+/// Maps a model name that is not a local path to one (or returns it unchanged).
+using ModelLocator = std::function<absl::StatusOr<std::string>(const std::string& model)>;
+/// Installs the locator OpenModelFile and LocateModel use (the commands' main() installs the
+/// Hub's); none by default. Not thread-safe against concurrent opens: call at start-up.
+void SetModelLocator(ModelLocator locator);
+/// `model` itself when it exists on disk, else what the locator makes of it.
+absl::StatusOr<std::string> LocateModel(const std::string& model);
 
 }  // namespace loom::common

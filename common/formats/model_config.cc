@@ -114,8 +114,10 @@ absl::StatusOr<RopeScalingType> ParseRopeScaling(absl::string_view type) {
   if (type == "linear") return RopeScalingType::kLinear;
   if (type == "llama3") return RopeScalingType::kLlama3;
   if (type == "yarn") return RopeScalingType::kYarn;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model config: unknown rope scaling type '", type, "' (known: none, linear, llama3, yarn)"));
+  if (type == "longrope") return RopeScalingType::kLongRope;
+  return absl::InvalidArgumentError(
+      absl::StrCat("model config: unknown rope scaling type '", type,
+                   "' (known: none, linear, llama3, yarn, longrope)"));
 }
 
 }  // namespace
@@ -249,6 +251,32 @@ absl::Status ReadRope(const ConfigReader& reader, const GgufFile& gguf, ModelCon
   return absl::OkStatus();
 }
 
+// Phi-3's longrope: the long factors when the context exceeds the pre-training one (as
+// llama.cpp chooses, once), else the short ones; cos and sin scaled by
+// rope.scaling.attn_factor, else sqrt(1 + ln(s) / ln(original)) for s = context / original.
+absl::Status ReadLongRope(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
+  config.rope_scaling = RopeScalingType::kLongRope;
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "rope.scaling.original_context_length",
+                                  config.rope_original_context_length, 1, kMaxContext));
+  const double original = static_cast<double>(config.rope_original_context_length);
+  const double stretch = static_cast<double>(config.context_length) / original;
+  const bool use_long = stretch > 1.0 && gguf.FindTensor("rope_factors_long.weight") != nullptr;
+  config.rope_factors_tensor = use_long || gguf.FindTensor("rope_factors_short.weight") == nullptr
+                                   ? "rope_factors_long.weight"
+                                   : "rope_factors_short.weight";
+  config.rope_attention_factor =
+      stretch > 1.0 ? std::sqrt(1.0 + std::log(stretch) / std::log(original)) : 1.0;
+  LOOM_RETURN_IF_ERROR(
+      reader.OptionalDouble("rope.scaling.attn_factor", config.rope_attention_factor));
+  if (gguf.Find("loom.rope.scaling.attention_factor") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(config.rope_attention_factor,
+                          gguf.GetDouble("loom.rope.scaling.attention_factor"));
+  }
+  LOOM_RETURN_IF_ERROR(
+      CheckPositiveFinite(reader, "rope.scaling.attn_factor", config.rope_attention_factor));
+  return absl::OkStatus();
+}
+
 // RoPE scaling: linear, llama3 (parameters or per-frequency factors) or YaRN.
 absl::Status ReadRopeScaling(const ConfigReader& reader, const GgufFile& gguf,
                              ModelConfig& config) {
@@ -257,16 +285,22 @@ absl::Status ReadRopeScaling(const ConfigReader& reader, const GgufFile& gguf,
   std::string scaling_type;
   LOOM_RETURN_IF_ERROR(reader.OptionalString("rope.scaling.type", scaling_type));
   LOOM_ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(scaling_type));
-  const GgufTensorInfo* rope_freqs = gguf.FindTensor("rope_freqs.weight");
-  config.rope_freq_factors = rope_freqs != nullptr;
-  if (rope_freqs != nullptr) {
-    LOOM_RETURN_IF_ERROR(CheckTensorShape(
-        gguf, "rope_freqs.weight", {static_cast<uint64_t>(config.rope_dim / 2)}));
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("rope.scaling.original_context_length",
+                                          config.rope_original_context_length));
+  const bool longrope = gguf.FindTensor("rope_factors_long.weight") != nullptr ||
+                        gguf.FindTensor("rope_factors_short.weight") != nullptr;
+  if (longrope) {
+    LOOM_RETURN_IF_ERROR(ReadLongRope(reader, gguf, config));
+  } else if (gguf.FindTensor("rope_freqs.weight") != nullptr) {
+    config.rope_factors_tensor = "rope_freqs.weight";
     if (config.rope_scaling == RopeScalingType::kNone) config.rope_scaling = RopeScalingType::kLlama3;
   }
+  config.rope_freq_factors = !config.rope_factors_tensor.empty();
+  if (config.rope_freq_factors) {
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, config.rope_factors_tensor,
+                                          {static_cast<uint64_t>(config.rope_dim / 2)}));
+  }
   LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.factor", config.rope_scaling_factor));
-  LOOM_RETURN_IF_ERROR(
-      reader.OptionalInt("rope.scaling.original_context_length", config.rope_original_context_length));
   LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.low_freq_factor", config.rope_low_freq_factor));
   LOOM_RETURN_IF_ERROR(
       reader.OptionalDouble("rope.scaling.high_freq_factor", config.rope_high_freq_factor));
@@ -460,7 +494,12 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.bias", {kv_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.bias", {kv_rows}));
   const auto ffn = static_cast<uint64_t>(config.intermediate_size);
-  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_up.weight", {hidden, ffn}));
+  // Phi-3 fuses gate and up into ffn_up (gate rows first) and Q, K, V into attn_qkv.
+  const bool fused_gate_up = gguf.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  LOOM_RETURN_IF_ERROR(
+      CheckTensorShape(gguf, "blk.0.ffn_up.weight", {hidden, fused_gate_up ? 2 * ffn : ffn}));
+  LOOM_RETURN_IF_ERROR(
+      CheckTensorShape(gguf, "blk.0.attn_qkv.weight", {hidden, q_rows + 2 * kv_rows}));
   if (config.num_experts > 0) {
     const auto experts = static_cast<uint64_t>(config.num_experts);
     LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_gate_inp.weight", {hidden, experts}));

@@ -10,7 +10,9 @@
 namespace loom::common {
 
 /// RoPE frequency scaling found in GGUF metadata.
-enum class RopeScalingType { kNone, kLinear, kLlama3, kYarn };
+/// RoPE frequency scaling found in GGUF metadata (kLongRope: Phi-3's per-frequency factors,
+/// long or short, with an attention factor).
+enum class RopeScalingType { kNone, kLinear, kLlama3, kYarn, kLongRope };
 
 /// Hyper-parameters of a llama-family model (llama, qwen2, qwen3, mistral, ... use
 /// `<arch>.*` keys; SmolLM2 and TinyLlama are `llama`).
@@ -42,6 +44,11 @@ struct ModelConfig {
   double rope_attention_factor = 1.0;
   // rope_freqs.weight present: per-frequency factors [rope_dim / 2] (Llama 3.1 GGUFs).
   bool rope_freq_factors = false;
+  // The tensor of those per-frequency divisors: rope_freqs.weight, or for longrope (Phi-3)
+  // rope_factors_long.weight when the context exceeds rope.scaling.original_context_length
+  // (llama.cpp's choice, made once for the served context), else rope_factors_short.weight;
+  // empty when there is none.
+  std::string rope_factors_tensor;
   bool tied_embeddings = false;  // no output.weight tensor: LM head reuses token_embd
   bool attention_bias = false;   // blk.0.attn_q.bias present (qwen2)
   // RoPE rotates (i, i + rope_dim/2) (NeoX, HF's rotate_half) rather than (2i, 2i+1):

@@ -24,7 +24,7 @@ MAX_TOKENS = 10
 
 
 @pytest.mark.parametrize("family", ["llama3_rope", "qwen2_mqa", "qwen3_qknorm", "qwen2_yarn",
-                                    "qwen3moe_top8"])
+                                    "qwen3moe_top8", "phi3_longrope"])
 def test_tensor_parallel_ranks_serve_the_single_process_text(tmp_path, family):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:

@@ -38,11 +38,12 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
 }
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
-            "gemma3": "Gemma3ForCausalLM"}
+            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 # Gemma's norms: GGUF name -> HF name (the GGUF stores 1 + w, HF w).
 _GEMMA_NORMS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -127,6 +128,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         suffix = tensor.name.split(".", 2)[-1]
+        if hf_arch == "phi3" and suffix == "ffn_up.weight":
+            name = f"model.layers.{tensor.name.split('.')[1]}.mlp.gate_up_proj.weight"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
         experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
@@ -179,6 +182,12 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                        "rope_local_base_freq": 10000.0,
                        "sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
                        "sliding_window_pattern": 6})
+    if any(t.name == "rope_factors_long.weight" for t in reader.tensors):
+        factors = {t.name: dequantize(t).tolist() for t in reader.tensors if t.name.startswith("rope_factors")}
+        config["original_max_position_embeddings"] = int(
+            _field(reader, f"{arch}.rope.scaling.original_context_length"))
+        config["rope_scaling"] = {"type": "longrope", "long_factor": factors["rope_factors_long.weight"],
+                                  "short_factor": factors["rope_factors_short.weight"]}
     n_expert = _field(reader, f"{arch}.expert_count")
     if n_expert:
         config["num_local_experts" if hf_arch == "mixtral" else "num_experts"] = int(n_expert)

@@ -120,6 +120,35 @@ TEST(HfConfigTest, TranslatesGemma3) {
                 "hidden_activation 'silu'");
 }
 
+// Phi-4-mini-shaped: longrope factors (served as tensors), the top-level
+// original_max_position_embeddings, a partial rotary embedding.
+TEST(HfConfigTest, TranslatesPhi3LongRopeAndPartialRotary) {
+  GgufMetadataBuilder metadata;
+  absl::StatusOr<HfConfigInfo> info = HfConfigToGguf(R"({
+    "architectures": ["Phi3ForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.75, "vocab_size": 1000, "sliding_window": 262144,
+    "rope_scaling": {"type": "longrope", "long_factor": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+      13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], "short_factor": [1, 1, 1, 1, 1, 1, 1, 1,
+      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}})",
+                                                     metadata);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->architecture, "phi3");
+  EXPECT_EQ(info->rope_factors_long.size(), 24u);
+  EXPECT_EQ(info->rope_factors_long[23], 24.0f);
+  EXPECT_EQ(info->rope_factors_short.size(), 24u);
+  auto view = GgufFile::FromParts(std::move(metadata.entries()), {}, {}, nullptr);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(*(*view)->GetInt("phi3.rope.dimension_count"), 48);  // 0.75 x 64
+  EXPECT_EQ(*(*view)->GetInt("phi3.rope.scaling.original_context_length"), 4096);
+
+  ExpectRefused(R"({"architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 8192, "rope_scaling": {"type": "longrope", "short_factor": [1]}})",
+                "long_factor");
+}
+
 TEST(HfConfigTest, LlamaCheckpointsUseRotateHalfRope) {
   absl::StatusOr<ModelConfig> config = Translate(R"({
     "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
@@ -251,9 +280,9 @@ TEST(HfConfigTest, RefusesWhatLoomCannotServeByName) {
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "mlp_bias": true, )" + base + "}",
                 "mlp_bias");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type":
-                "longrope", "factor": 2.0}, )" +
+                "dynamic", "factor": 2.0}, )" +
                     base + "}",
-                "'longrope'");
+                "'dynamic'");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": "64"})", "'hidden_size'");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"]})", "'hidden_size' is missing");
   ExpectRefused("[1]", "not a JSON object");

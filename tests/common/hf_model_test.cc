@@ -21,6 +21,8 @@ TEST(HfModelTest, MapsHuggingFaceTensorNamesToGgufNames) {
   EXPECT_EQ(GgufTensorName("model.layers.3.post_attention_layernorm.weight"),
             "blk.3.ffn_norm.weight");
   EXPECT_EQ(GgufTensorName("model.layers.7.mlp.down_proj.weight"), "blk.7.ffn_down.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.2.self_attn.qkv_proj.weight"), "blk.2.attn_qkv.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.2.mlp.gate_up_proj.weight"), "blk.2.ffn_up.weight");
   EXPECT_EQ(GgufTensorName("model.layers.x.mlp.down_proj.weight"), "");
   EXPECT_EQ(GgufTensorName("model.layers.1.mlp.experts.0.weight"), "");
   EXPECT_EQ(GgufTensorName("vision_tower.weight"), "");

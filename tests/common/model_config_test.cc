@@ -284,6 +284,51 @@ TEST(ModelConfigTest, RefusesExpertCountsOutOfRangeAndSharedExperts) {
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_shared_count"));
 }
 
+// Phi-3-mini-128k-shaped: fused attn_qkv and gate/up, longrope factors as tensors. The long
+// factors serve a context beyond the pre-training one (llama.cpp's choice), with the
+// attention factor of the file or sqrt(1 + ln(s) / ln(original)).
+GgufImageBuilder Phi3(uint32_t context) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "phi3")
+      .KvU32("phi3.context_length", context)
+      .KvU32("phi3.embedding_length", 3072)
+      .KvU32("phi3.feed_forward_length", 8192)
+      .KvU32("phi3.block_count", 32)
+      .KvU32("phi3.attention.head_count", 32)
+      .KvU32("phi3.attention.head_count_kv", 32)
+      .KvU32("phi3.rope.dimension_count", 96)
+      .KvU32("phi3.rope.scaling.original_context_length", 4096)
+      .KvU32("phi3.vocab_size", 32064)
+      .Tensor("rope_factors_long.weight", {48}, kF32)
+      .Tensor("rope_factors_short.weight", {48}, kF32)
+      .Tensor("blk.0.attn_qkv.weight", {3072, 9216}, kF32)
+      .Tensor("blk.0.ffn_up.weight", {3072, 16384}, kF32);
+  return builder;
+}
+
+TEST(ModelConfigTest, ReadsPhi3FusedTensorsAndLongRope) {
+  absl::StatusOr<ModelConfig> long_context = ConfigOf(Phi3(131072));
+  ASSERT_TRUE(long_context.ok()) << long_context.status();
+  EXPECT_EQ(long_context->rope_scaling, RopeScalingType::kLongRope);
+  EXPECT_EQ(long_context->rope_factors_tensor, "rope_factors_long.weight");
+  EXPECT_TRUE(long_context->rope_neox);
+  EXPECT_NEAR(long_context->rope_attention_factor,
+              std::sqrt(1.0 + std::log(32.0) / std::log(4096.0)), 1e-12);
+
+  GgufImageBuilder with_factor = Phi3(131072);
+  with_factor.KvF32("phi3.rope.scaling.attn_factor", 1.25f);
+  EXPECT_DOUBLE_EQ(ConfigOf(with_factor)->rope_attention_factor, 1.25);
+
+  absl::StatusOr<ModelConfig> short_context = ConfigOf(Phi3(4096));
+  ASSERT_TRUE(short_context.ok()) << short_context.status();
+  EXPECT_EQ(short_context->rope_factors_tensor, "rope_factors_short.weight");
+  EXPECT_DOUBLE_EQ(short_context->rope_attention_factor, 1.0);
+
+  GgufImageBuilder wrong = Phi3(4096);
+  wrong.Tensor("blk.0.ffn_gate.weight", {3072, 8192}, kF32);  // then ffn_up is not fused
+  ExpectInvalid(ConfigOf(wrong), {"blk.0.ffn_up.weight"});
+}
+
 TEST(ModelConfigTest, ReadsLinearRopeScaling) {
   GgufImageBuilder builder = Llama3();
   builder.KvString("llama.rope.scaling.type", "linear").KvF32("llama.rope.scaling.factor", 4.0f);

@@ -2,7 +2,7 @@
 reference in llama_reference.py, on SmolLM2-135M and on the small random models of
 random_model.py (GQA llama with mixed quant types, qwen2 with biases/neox RoPE/linear scaling/MQA,
 llama3 rope_freqs, sliding-window layers beside a global one, mixtures of experts with top-8/2/1
-routing, Gemma 3).
+routing, Gemma 3, Phi-3 with longrope).
 
 Tolerances (max |Δ logit| against the float64 reference), from measurements of the reference
 run with the forward pass's shortcuts emulated (Numerics), over prompts of 5-120 tokens:
@@ -54,6 +54,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   mixtral_top2 max 0.207 (every ISA)        RMS 0.0482
 #   moe_top1     max 0.291 (every ISA)        RMS 0.0541
 #   gemma3_swa   max 0.162 (every ISA)        RMS 0.0426
+#   phi3_longrope max 0.690 (every ISA)       RMS 0.141 (untied Q8_0 head with gain 4: large logits)
 # Mutation check: the activation scale made 1% too large (amax / 127 * 1.01 in
 # QuantizeActivationRows) measured max 0.908 / 0.849 / 0.838 and RMS 0.158 / 0.163 / 0.161 on
 # the three random models, inside the former single bound (max 1.5, mean 0.25) but outside
@@ -68,6 +69,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "mixtral_top2": (0.31, 0.072),
     "moe_top1": (0.44, 0.081),
     "gemma3_swa": (0.24, 0.064),
+    "phi3_longrope": (1.04, 0.21),
 }
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600

@@ -6,7 +6,7 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Gemma 3; Qwen2 and Llama with YaRN
+experts, Gemma 3, Phi-3 with longrope; Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
 
@@ -65,6 +65,8 @@ RANDOM_FAMILIES = {
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),
+    # Phi3ForCausalLM: qkv_proj and gate_up_proj fused, longrope factors in rope_scaling.
+    "phi3": (random_model.SPECS["phi3_longrope"], None, None),
 }
 
 
@@ -222,6 +224,26 @@ def test_yarn_reference_differs_from_plain_rope(family_models):
     assert np.abs(got - ref.logits(yarn, prompt)[-1]).max() <= TOL_REFERENCE
     for other in (ref.load(gguf_path), without_factor):
         assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE
+
+
+def test_longrope_is_checked(family_models):
+    """The longrope check can fail: Loom's Phi-3 logits are far from the reference with the short
+    factors, or without the attention factor."""
+    gguf_path, directory = family_models["phi3"]
+    model = ref.load(gguf_path)
+    assert model.rope_attention_factor > 1.1
+    prompt = list(range(3, 90))
+    tool = mrt.ForwardPassTool(directory)
+    try:
+        got = tool.logits([prompt])[0]
+    finally:
+        tool.close()
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    short = np.asarray(random_model.SPECS["phi3_longrope"].longrope["short"], dtype=np.float64)
+    plain = model.rope_base ** (-np.arange(0, model.n_rot, 2, dtype=np.float64) / model.n_rot)
+    for changes in ({"rope_inv_freq": plain / short}, {"rope_attention_factor": 1.0}):
+        other = ref.Model(**{**model.__dict__, **changes})
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, list(changes)
 
 
 def test_mixture_of_experts_routing_is_checked(family_models):

@@ -37,7 +37,7 @@ import gguf
 from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
-                   "qwen3moe": "neox", "gemma3": "neox"}
+                   "qwen3moe": "neox", "gemma3": "neox", "phi3": "neox"}
 # Gemma 3 (llama.cpp's and transformers' definition): every 6th layer global, local layers'
 # RoPE base 10,000 without scaling, queries scaled by query_pre_attn_scalar^-1/2 (the head dim;
 # hidden / heads for the 62-layer 27B model, whose GGUF says neither).
@@ -161,8 +161,33 @@ def load(path: str | os.PathLike) -> Model:
         return _dequantize(tensors[name])
 
     def linear(prefix: str) -> Linear:
+        if prefix not in linear_parts and prefix + ".weight" not in tensors:
+            _split_fused(prefix)
+        if prefix in linear_parts:
+            return linear_parts[prefix]
         bias = weight(prefix + ".bias") if prefix + ".bias" in tensors else None
         return Linear(weight(prefix + ".weight"), bias, tensors[prefix + ".weight"].tensor_type)
+
+    # Phi-3's fused tensors, split into the parts the graph uses: attn_qkv into Q, K, V rows and
+    # ffn_up (without ffn_gate) into gate rows, then up rows.
+    linear_parts: dict = {}
+
+    def _split_fused(prefix: str) -> None:
+        block, role = prefix.rsplit(".", 1)
+        if role in ("attn_q", "attn_k", "attn_v") and block + ".attn_qkv.weight" in tensors:
+            fused = tensors[block + ".attn_qkv.weight"]
+            values = _dequantize(fused)
+            q_rows = n_head * head_dim
+            kv_rows = n_head_kv * head_dim
+            for name, rows in (("attn_q", slice(0, q_rows)), ("attn_k", slice(q_rows, q_rows + kv_rows)),
+                               ("attn_v", slice(q_rows + kv_rows, q_rows + 2 * kv_rows))):
+                linear_parts[f"{block}.{name}"] = Linear(values[rows], None, fused.tensor_type)
+        elif role in ("ffn_gate", "ffn_up") and block + ".ffn_gate.weight" not in tensors:
+            fused = tensors[block + ".ffn_up.weight"]
+            values = _dequantize(fused)
+            half = values.shape[0] // 2
+            linear_parts[block + ".ffn_gate"] = Linear(values[:half], None, fused.tensor_type)
+            linear_parts[block + ".ffn_up"] = Linear(values[half:], None, fused.tensor_type)
 
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     n_layer = int(_field(reader, f"{arch}.block_count"))
@@ -197,8 +222,17 @@ def load(path: str | os.PathLike) -> Model:
     inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if scaling_type == "yarn":
         inv_freq = yarn_inv_freq
-    if "rope_freqs.weight" in tensors:
-        freq_factors = weight("rope_freqs.weight").astype(np.float64).reshape(-1)
+    factors_name = "rope_freqs.weight"
+    if "rope_factors_long.weight" in tensors:
+        # Phi-3's longrope: the long factors when the context exceeds the original one (llama.cpp's
+        # choice), cos and sin scaled by sqrt(1 + ln(s) / ln(original)) unless the file says.
+        original = int(_field(reader, f"{arch}.rope.scaling.original_context_length"))
+        stretch = int(_field(reader, f"{arch}.context_length")) / original
+        factors_name = "rope_factors_long.weight" if stretch > 1 else "rope_factors_short.weight"
+        attention_factor = _field(reader, f"{arch}.rope.scaling.attn_factor",
+                                  np.sqrt(1 + np.log(stretch) / np.log(original)) if stretch > 1 else 1.0)
+    if factors_name in tensors:
+        freq_factors = weight(factors_name).astype(np.float64).reshape(-1)
         if freq_factors.shape != inv_freq.shape:
             raise ValueError(f"rope_freqs has {freq_factors.shape[0]} entries, expected {inv_freq.shape[0]}")
         inv_freq = inv_freq / freq_factors

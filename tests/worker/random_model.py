@@ -17,6 +17,7 @@ Variants (see SPECS):
   moe_top1       llama arch with 4 experts, top 1, weights not renormalized.
   gemma3_swa     gemma3 arch: 5 local layers (16-token window) and a global one, GELU, sandwich
                  norms, QK-norm, scaled embeddings, RoPE scaling on the global layer.
+  phi3_longrope  phi3 arch: fused QKV and gate/up, longrope factors (64-token original context).
   llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
                  `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
                  original context 64 so the divisors span 1..8 within the 256-token context.
@@ -87,6 +88,10 @@ class ModelSpec:
     per_expert_tensors: bool = False  # blk.L.ffn_gate.E.weight (older Mixtral files), else *_exps
     dense_ff: int = 0
     post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
+    # Phi-3: attn_qkv (Q, K, V rows) and ffn_up (gate rows, then up rows) fused; longrope's
+    # per-frequency factors: {"original": context, "long": [...], "short": [...]}.
+    fused: bool = False
+    longrope: Optional[dict] = None
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -170,6 +175,16 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0,),
                "attn_v": (T.F16,), "attn_output": (T.Q4_1, T.F16), "ffn_gate": (T.Q8_0,),
                "ffn_up": (T.Q4_0, T.F16), "ffn_down": (T.F16, T.Q8_0)}),
+    # Phi-3: fused QKV and gate/up, a separate LM head, longrope factors for a 64-token
+    # pre-training context stretched to 256 (so the long factors and sqrt(1 + ln 4 / ln 64)).
+    "phi3_longrope": ModelSpec(
+        name="phi3_longrope", arch="phi3", n_embd=96, n_layer=2, n_head=6, n_head_kv=2,
+        head_dim=16, n_ff=160, tied_output=False, fused=True, seed=33,
+        longrope={"original": 64, "long": [1.0, 1.3, 1.8, 2.5, 3.2, 4.0, 4.0, 4.0],
+                  "short": [1.0, 1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5]},
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_qkv": (T.Q8_0, T.F16),
+               "attn_output": (T.Q4_1, T.F16), "ffn_up": (T.Q8_0, T.Q4_0),
+               "ffn_down": (T.F16, T.Q8_0)}),
     "llama3_rope": ModelSpec(
         name="llama3_rope", arch="llama", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
         n_ff=256, rope_base=500000.0, seed=7,
@@ -354,6 +369,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         writer.add_uint32(f"{spec.arch}.attention.sliding_window", spec.sliding_window)
         if spec.sliding_pattern is not None:
             writer.add_array(f"{spec.arch}.attention.sliding_window_pattern", list(spec.sliding_pattern))
+    if spec.longrope is not None:
+        writer.add_uint32(f"{spec.arch}.rope.scaling.original_context_length", spec.longrope["original"])
     if spec.rope_linear_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_linear_factor)
@@ -378,13 +395,22 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     if spec.llama3_rope is not None:
         factors = llama3_rope_factors(hd, spec.rope_base, **spec.llama3_rope)
         _add(writer, "rope_freqs.weight", factors, T.F32)
+    if spec.longrope is not None:
+        _add(writer, "rope_factors_long.weight", np.asarray(spec.longrope["long"]), T.F32)
+        _add(writer, "rope_factors_short.weight", np.asarray(spec.longrope["short"]), T.F32)
     for i in range(spec.n_layer):
         p = f"blk.{i}"
         _add(writer, f"{p}.attn_norm.weight", norm_weight(), T.F32)
         # gain 2 on Q and K so attention is neither uniform nor one-hot (scores ~ N(0, 1-4)).
-        _add(writer, f"{p}.attn_q.weight", matrix(spec.n_head * hd, d, 2.0), type_of("attn_q", i))
-        _add(writer, f"{p}.attn_k.weight", matrix(spec.n_head_kv * hd, d, 2.0), type_of("attn_k", i))
-        _add(writer, f"{p}.attn_v.weight", matrix(spec.n_head_kv * hd, d), type_of("attn_v", i))
+        q = matrix(spec.n_head * hd, d, 2.0)
+        k = matrix(spec.n_head_kv * hd, d, 2.0)
+        v = matrix(spec.n_head_kv * hd, d)
+        if spec.fused:
+            _add(writer, f"{p}.attn_qkv.weight", np.concatenate([q, k, v]), type_of("attn_qkv", i))
+        else:
+            _add(writer, f"{p}.attn_q.weight", q, type_of("attn_q", i))
+            _add(writer, f"{p}.attn_k.weight", k, type_of("attn_k", i))
+            _add(writer, f"{p}.attn_v.weight", v, type_of("attn_v", i))
         if spec.qkv_bias:
             _add(writer, f"{p}.attn_q.bias", rng.normal(0.0, 0.3, size=spec.n_head * hd), T.F32)
             _add(writer, f"{p}.attn_k.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
@@ -400,8 +426,12 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         if spec.n_expert:
             _add_experts(writer, spec, p, i, matrix, type_of)
             continue
-        _add(writer, f"{p}.ffn_gate.weight", matrix(spec.n_ff, d), type_of("ffn_gate", i))
-        _add(writer, f"{p}.ffn_up.weight", matrix(spec.n_ff, d), type_of("ffn_up", i))
+        gate, up = matrix(spec.n_ff, d), matrix(spec.n_ff, d)
+        if spec.fused:
+            _add(writer, f"{p}.ffn_up.weight", np.concatenate([gate, up]), type_of("ffn_up", i))
+        else:
+            _add(writer, f"{p}.ffn_gate.weight", gate, type_of("ffn_gate", i))
+            _add(writer, f"{p}.ffn_up.weight", up, type_of("ffn_up", i))
         _add(writer, f"{p}.ffn_down.weight", matrix(d, spec.n_ff, 1.5), type_of("ffn_down", i))
     _add(writer, "output_norm.weight", norm_weight(), T.F32)
     if not spec.tied_output:
