@@ -6,15 +6,16 @@
 #include "cli/bench_command.h"
 #include "cli/chat_command.h"
 #include "cli/complete_command.h"
+#include "cli/generate_command.h"
+#include "cli/hf_hub.h"
 #include "cli/inspect_command.h"
 #include "cli/models_command.h"
+#include "cli/perplexity_command.h"
+#include "cli/quantize_command.h"
 #include "cli/serve_command.h"
 #include "cli/status_command.h"
 #include "cli/tokenize_command.h"
 #include "cli/up_command.h"
-#include "cli/generate_command.h"
-#include "cli/perplexity_command.h"
-#include "cli/quantize_command.h"
 
 namespace {
 
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
   // every lock then updates a process-wide lock graph under one global spin lock, a
   // measurable share of the coordinator's step loop. The unit tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // --model org/name: a Hugging Face Hub id, fetched into the local cache.
+  loom::cli::InstallHubModelLocator();
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     PrintUsage();
     return argc < 2 ? 2 : 0;
