@@ -32,6 +32,11 @@ class Loader {
  public:
   explicit Loader(const common::GgufFile& gguf) : gguf_(gguf) {}
 
+  // Whether matrix `name` is in the file, as a tensor or in Loom's own encoding.
+  bool HasMatrix(const std::string& name) const {
+    return gguf_.FindTensor(name) != nullptr || IsLoomQuantized(gguf_, name);
+  }
+
   const common::GgufTensorInfo* Find(const std::string& name) const {
     return gguf_.FindTensor(name);
   }
@@ -316,7 +321,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     LayerWeights layer;
     LOOM_ASSIGN_OR_RETURN(layer.attn_norm,
                           loader.Norm(p + "attn_norm.weight", hidden, norm_offset));
-    if (loader.Find(p + "attn_qkv.weight") != nullptr) {
+    if (loader.HasMatrix(p + "attn_qkv.weight")) {
       // Phi-3: one [q + 2 kv, hidden] tensor; this rank's rows of each part.
       const std::string qkv = p + "attn_qkv.weight";
       const int64_t rows = q_rows + 2 * kv_rows;
@@ -358,7 +363,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
     }
     if (config.num_experts > 0) {
       LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, layer));
-    } else if (loader.Find(p + "ffn_gate.weight") == nullptr) {
+    } else if (!loader.HasMatrix(p + "ffn_gate.weight")) {
       // Phi-3: ffn_up holds the gate rows, then the up rows.
       const std::string gate_up = p + "ffn_up.weight";
       LOOM_ASSIGN_OR_RETURN(

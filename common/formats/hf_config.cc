@@ -401,6 +401,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
   if (!name.empty()) metadata.String("general.name", name);
   LOOM_RETURN_IF_ERROR(HyperParametersToGguf(config, fields, *rules, metadata, info));
+  LOOM_ASSIGN_OR_RETURN(info.quantization, ParseHfQuantization(config));
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.

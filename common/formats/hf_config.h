@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/formats/gguf_metadata_builder.h"
+#include "common/formats/hf_quantization.h"
 
 namespace loom::common {
 
@@ -19,6 +20,8 @@ struct HfConfigInfo {
   // served as the tensors rope_factors_long.weight / rope_factors_short.weight; empty
   // without longrope.
   std::vector<float> rope_factors_long, rope_factors_short;
+  // quantization_config: AWQ or GPTQ weights (common/formats/hf_quantization), or none.
+  HfQuantization quantization;
 };
 
 /// Translates `config.json` (its text) of LlamaForCausalLM, MistralForCausalLM,

@@ -1,8 +1,10 @@
 #include "common/formats/hf_model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -12,10 +14,10 @@
 #include "absl/strings/strip.h"
 #include "common/formats/gguf_metadata_builder.h"
 #include "common/formats/hf_config.h"
-#include "common/tokenizer/hf_tokenizer.h"
 #include "common/formats/safetensors_file.h"
 #include "common/sampling_defaults.h"
 #include "common/status_macros.h"
+#include "common/tokenizer/hf_tokenizer.h"
 
 namespace loom::common {
 namespace {
@@ -57,6 +59,39 @@ constexpr std::pair<std::string_view, std::string_view> kExpertTensors[] = {
     {"up_proj.weight", "ffn_up"}, {"down_proj.weight", "ffn_down"},
 };
 
+// One AWQ/GPTQ linear layer's packed tensors (prefix.qweight, .qzeros, .scales, .g_idx).
+struct QuantizedParts {
+  const SafetensorsTensorInfo* qweight = nullptr;
+  const SafetensorsTensorInfo* qzeros = nullptr;
+  const SafetensorsTensorInfo* scales = nullptr;
+  absl::Span<const uint8_t> qweight_data, qzeros_data, scales_data, g_idx_data;
+};
+
+// Files `entry` under its layer in `parts` when it is one of a quantized layer's tensors.
+bool AddQuantizedPart(const SafetensorsCheckpoint::Entry& entry,
+                      std::map<std::string, QuantizedParts>& parts) {
+  const std::string& name = entry.tensor->name;
+  for (const char* suffix : {".qweight", ".qzeros", ".scales", ".g_idx"}) {
+    if (!absl::EndsWith(name, suffix)) continue;
+    QuantizedParts& layer = parts[name.substr(0, name.size() - std::strlen(suffix))];
+    const absl::Span<const uint8_t> bytes = entry.file->TensorData(*entry.tensor);
+    if (std::strcmp(suffix, ".qweight") == 0) {
+      layer.qweight = entry.tensor;
+      layer.qweight_data = bytes;
+    } else if (std::strcmp(suffix, ".qzeros") == 0) {
+      layer.qzeros = entry.tensor;
+      layer.qzeros_data = bytes;
+    } else if (std::strcmp(suffix, ".scales") == 0) {
+      layer.scales = entry.tensor;
+      layer.scales_data = bytes;
+    } else {
+      layer.g_idx_data = bytes;
+    }
+    return true;
+  }
+  return false;
+}
+
 // A file of the directory as text; "" when it does not exist.
 absl::StatusOr<std::string> ReadOptional(const fs::path& path) {
   std::error_code error;
@@ -76,6 +111,8 @@ GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
       return GgmlType::kF16;
     case SafetensorsDtype::kBF16:
       return GgmlType::kBF16;
+    case SafetensorsDtype::kI32:
+      return GgmlType::kI32;
   }
   return GgmlType::kF32;
 }
@@ -168,9 +205,12 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
                         SafetensorsCheckpoint::Open(dir));
   std::vector<GgufTensorInfo> tensors;
   std::vector<absl::Span<const uint8_t>> data;
+  // AWQ/GPTQ layers: prefix -> its packed tensors, converted below.
+  std::map<std::string, QuantizedParts> quantized;
   for (const SafetensorsCheckpoint::Entry& entry : checkpoint->entries()) {
     const SafetensorsTensorInfo& tensor = *entry.tensor;
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
+    if (AddQuantizedPart(entry, quantized)) continue;
     // A tied LM head may still be saved; HF ignores it then, and so does Loom.
     if (tensor.name == "lm_head.weight" && info->tie_word_embeddings) continue;
     std::string name = GgufTensorName(tensor.name, info->sandwich_norms);
@@ -194,13 +234,54 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": config.json says tie_word_embeddings false but there is no lm_head.weight"));
   }
-  // What the view's tensors point into: the mapped files, and tensors config.json holds
-  // (Phi-3's longrope factors).
+  // What the view's tensors point into: the mapped files, tensors config.json holds
+  // (Phi-3's longrope factors) and quantized layers converted to Loom's encoding.
   struct Backing {
     std::unique_ptr<SafetensorsCheckpoint> checkpoint;
     std::vector<float> rope_factors_long, rope_factors_short;
+    std::vector<OwnedTensor> converted;
   };
   auto backing = std::make_shared<Backing>();
+  if (!quantized.empty() && info->quantization.method == HfQuantization::Method::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": tensors such as ", quantized.begin()->first,
+                     ".qweight are quantized but config.json has no quantization_config"));
+  }
+  for (const auto& [prefix, parts] : quantized) {
+    const std::string name = GgufTensorName(prefix + ".weight", info->sandwich_norms);
+    if (name.empty() || parts.qweight == nullptr || parts.qzeros == nullptr ||
+        parts.scales == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": quantized layer ", prefix,
+          name.empty() ? " has no place in the graph" : " lacks qweight, qzeros or scales"));
+    }
+    QuantizedLinearTensors packed;
+    packed.qweight = parts.qweight_data;
+    packed.qzeros = parts.qzeros_data;
+    packed.scales = parts.scales_data;
+    packed.g_idx = parts.g_idx_data;
+    packed.qweight_shape = parts.qweight->shape;
+    packed.qzeros_shape = parts.qzeros->shape;
+    packed.scales_shape = parts.scales->shape;
+    absl::StatusOr<std::vector<OwnedTensor>> converted =
+        ConvertQuantizedLinear(info->quantization, name, packed);
+    if (!converted.ok()) {
+      return absl::Status(converted.status().code(),
+                          absl::StrCat(dir, ": ", converted.status().message()));
+    }
+    for (OwnedTensor& tensor : *converted) backing->converted.push_back(std::move(tensor));
+  }
+  for (const OwnedTensor& tensor : backing->converted) {
+    GgufTensorInfo gguf;
+    gguf.name = tensor.name;
+    gguf.shape = tensor.shape;
+    gguf.type = tensor.type;
+    gguf.num_elements = 1;
+    for (uint64_t d : tensor.shape) gguf.num_elements *= d;
+    gguf.num_bytes = tensor.bytes.size();
+    tensors.push_back(std::move(gguf));
+    data.emplace_back(tensor.bytes.data(), tensor.bytes.size());
+  }
   backing->checkpoint = std::move(checkpoint);
   backing->rope_factors_long = std::move(info->rope_factors_long);
   backing->rope_factors_short = std::move(info->rope_factors_short);

@@ -16,9 +16,10 @@ namespace loom::common {
 
 /// Element types Loom reads from safetensors files. Other dtypes of the format (F64, I64,
 /// I32, I16, I8, U8, BOOL, F8_*) are refused by name when a file is opened.
-enum class SafetensorsDtype { kF32, kF16, kBF16 };
+/// kI32: the packed integers of AWQ/GPTQ checkpoints (common/formats/hf_quantization).
+enum class SafetensorsDtype { kF32, kF16, kBF16, kI32 };
 
-/// "F32", "F16" or "BF16".
+/// "F32", "F16", "BF16" or "I32".
 std::string_view SafetensorsDtypeName(SafetensorsDtype dtype);
 /// Bytes of one element: 4 or 2.
 uint64_t SafetensorsDtypeSize(SafetensorsDtype dtype);

@@ -1,0 +1,285 @@
+#include "common/formats/hf_quantization.h"
+
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::common {
+namespace {
+
+using nlohmann::json;
+
+// Loom's encoding of quantized matrices in GGUF (model/quantized_gguf.h, which owns the
+// layout; these are its tensor suffixes).
+constexpr char kQ4[] = ".q4";
+constexpr char kQ8[] = ".q8";
+constexpr char kScale[] = ".scale";
+constexpr char kMin[] = ".min";
+// Loom's INT4/INT8 groups are whole multiples of the activation group.
+constexpr int64_t kLoomGroupMultiple = 32;
+// AutoAWQ's GEMM layout puts output column 8c + kAwqOrder[k] into nibble k of word c.
+constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+float HalfBitsToFloat(uint16_t bits) {
+  _Float16 half;
+  std::memcpy(&half, &bits, sizeof(half));
+  return static_cast<float>(half);
+}
+
+uint16_t FloatToHalfBits(float value) {
+  const _Float16 half = static_cast<_Float16>(value);  // round to nearest even
+  uint16_t bits;
+  std::memcpy(&bits, &half, sizeof(bits));
+  return bits;
+}
+
+template <typename T>
+T Load(absl::Span<const uint8_t> bytes, uint64_t index) {
+  T value;
+  std::memcpy(&value, bytes.data() + index * sizeof(T), sizeof(T));
+  return value;
+}
+
+// The checkpoint's values as plain arrays: q [out][in], zeros [groups][out], scales
+// [groups][out], and each input column's group.
+struct Unpacked {
+  int64_t in = 0, out = 0, groups = 0;
+  std::vector<uint8_t> q;
+  std::vector<int32_t> zeros;
+  std::vector<float> scales;
+  std::vector<uint16_t> scale_bits;
+  std::vector<int32_t> group_of;  // [in]
+};
+
+absl::Status CheckShape(const std::string& name, const char* what,
+                        const std::vector<uint64_t>& shape, uint64_t rows, uint64_t cols,
+                        absl::Span<const uint8_t> bytes, uint64_t element) {
+  if (shape.size() != 2 || shape[0] != rows || shape[1] != cols ||
+      bytes.size() != rows * cols * element) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", what, " has shape [",
+                                                   absl::StrJoin(shape, ", "), "], expected [",
+                                                   rows, ", ", cols, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Unpacked> Unpack(const HfQuantization& quantization, const std::string& name,
+                                const QuantizedLinearTensors& t) {
+  Unpacked u;
+  const bool awq = quantization.method == HfQuantization::Method::kAwq;
+  const int bits = quantization.bits;
+  const int pack = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  if (t.qweight_shape.size() != 2 || t.scales_shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": qweight and scales must be 2-D"));
+  }
+  // AWQ: qweight [in, out / 8]; GPTQ: qweight [in / pack, out].
+  u.in = static_cast<int64_t>(awq ? t.qweight_shape[0] : t.qweight_shape[0] * pack);
+  u.out = static_cast<int64_t>(awq ? t.qweight_shape[1] * pack : t.qweight_shape[1]);
+  u.groups = static_cast<int64_t>(t.scales_shape[0]);
+  if (u.groups <= 0 || u.in % u.groups != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", u.groups, " scale groups over ", u.in, " input columns"));
+  }
+  LOOM_RETURN_IF_ERROR(CheckShape(name, "qweight", t.qweight_shape, t.qweight_shape[0],
+                                  t.qweight_shape[1], t.qweight, 4));
+  LOOM_RETURN_IF_ERROR(CheckShape(name, "scales", t.scales_shape, u.groups, u.out, t.scales, 2));
+  LOOM_RETURN_IF_ERROR(
+      CheckShape(name, "qzeros", t.qzeros_shape, u.groups, u.out / pack, t.qzeros, 4));
+  const int64_t group = u.in / u.groups;
+  u.q.resize(u.in * u.out);
+  for (int64_t i = 0; i < static_cast<int64_t>(t.qweight_shape[0]); ++i) {
+    for (int64_t c = 0; c < static_cast<int64_t>(t.qweight_shape[1]); ++c) {
+      const uint32_t word = Load<uint32_t>(t.qweight, i * t.qweight_shape[1] + c);
+      for (int k = 0; k < pack; ++k) {
+        const uint8_t value = static_cast<uint8_t>((word >> (bits * k)) & mask);
+        if (awq) {
+          u.q[(c * pack + kAwqOrder[k]) * u.in + i] = value;
+        } else {
+          u.q[c * u.in + i * pack + k] = value;
+        }
+      }
+    }
+  }
+  u.zeros.resize(u.groups * u.out);
+  for (int64_t g = 0; g < u.groups; ++g) {
+    for (int64_t c = 0; c < u.out / pack; ++c) {
+      const uint32_t word = Load<uint32_t>(t.qzeros, g * (u.out / pack) + c);
+      for (int k = 0; k < pack; ++k) {
+        const int64_t o = c * pack + (awq ? kAwqOrder[k] : k);
+        u.zeros[g * u.out + o] = static_cast<int32_t>((word >> (bits * k)) & mask) +
+                                 (quantization.zeros_plus_one ? 1 : 0);
+      }
+    }
+  }
+  u.scale_bits.resize(u.groups * u.out);
+  u.scales.resize(u.groups * u.out);
+  for (int64_t i = 0; i < u.groups * u.out; ++i) {
+    u.scale_bits[i] = Load<uint16_t>(t.scales, i);
+    u.scales[i] = HalfBitsToFloat(u.scale_bits[i]);
+  }
+  u.group_of.resize(u.in);
+  for (int64_t i = 0; i < u.in; ++i) u.group_of[i] = static_cast<int32_t>(i / group);
+  if (!t.g_idx.empty()) {
+    if (t.g_idx.size() != static_cast<size_t>(u.in) * 4) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": g_idx has ", t.g_idx.size() / 4,
+                                                     " entries for ", u.in, " input columns"));
+    }
+    for (int64_t i = 0; i < u.in; ++i) {
+      const int32_t g = Load<int32_t>(t.g_idx, i);
+      if (g < 0 || g >= u.groups) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": g_idx[", i, "] = ", g, " is not one of ", u.groups, " groups"));
+      }
+      u.group_of[i] = g;
+    }
+  }
+  return u;
+}
+
+OwnedTensor Tensor(std::string name, std::vector<uint64_t> shape, GgmlType type,
+                   std::vector<uint8_t> bytes) {
+  return OwnedTensor{std::move(name), std::move(shape), type, std::move(bytes)};
+}
+
+// [out][groups] F16 bits of `values` [groups][out].
+std::vector<uint8_t> Transposed(const std::vector<uint16_t>& values, int64_t groups, int64_t out) {
+  std::vector<uint8_t> bytes(groups * out * 2);
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t g = 0; g < groups; ++g) {
+      std::memcpy(bytes.data() + (o * groups + g) * 2, &values[g * out + o], 2);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<HfQuantization> ParseHfQuantization(const json& config) {
+  HfQuantization result;
+  auto it = config.find("quantization_config");
+  if (it == config.end() || it->is_null()) return result;
+  if (!it->is_object()) {
+    return absl::InvalidArgumentError("config.json: 'quantization_config' is not an object");
+  }
+  const json& q = *it;
+  auto text = [&](const char* key, const char* fallback) {
+    auto field = q.find(key);
+    return absl::AsciiStrToLower(field != q.end() && field->is_string() ? field->get<std::string>()
+                                                                        : fallback);
+  };
+  auto integer = [&](std::initializer_list<const char*> keys, int64_t fallback) {
+    for (const char* key : keys) {
+      if (auto field = q.find(key); field != q.end() && field->is_number_integer()) {
+        return field->get<int64_t>();
+      }
+    }
+    return fallback;
+  };
+  auto flag = [&](const char* key, bool fallback) {
+    auto field = q.find(key);
+    return field != q.end() && field->is_boolean() ? field->get<bool>() : fallback;
+  };
+  const std::string method = text("quant_method", "");
+  if (method == "awq") {
+    result.method = HfQuantization::Method::kAwq;
+    const std::string version = text("version", "gemm");
+    if (version != "gemm") {
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: AWQ version '", version,
+                       "' is not supported (Loom reads AutoAWQ's GEMM layout)"));
+    }
+    if (!flag("zero_point", true)) {
+      return absl::UnimplementedError("config.json: AWQ without zero points is not supported");
+    }
+    result.bits = static_cast<int>(integer({"bits", "w_bit"}, 4));
+    result.group_size = integer({"group_size", "q_group_size"}, 128);
+    if (result.bits != 4) {
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: AWQ with ", result.bits, " bits is not supported (4 only)"));
+    }
+  } else if (method == "gptq") {
+    result.method = HfQuantization::Method::kGptq;
+    result.bits = static_cast<int>(integer({"bits"}, 4));
+    result.group_size = integer({"group_size"}, 128);
+    result.desc_act = flag("desc_act", false);
+    const std::string format = text("checkpoint_format", "gptq");
+    if (format != "gptq" && format != "gptq_v2") {
+      return absl::UnimplementedError(absl::StrCat("config.json: GPTQ checkpoint_format '", format,
+                                                   "' is not supported (gptq, gptq_v2)"));
+    }
+    result.zeros_plus_one = format == "gptq";
+    if (result.bits != 4 && result.bits != 8) {
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: GPTQ with ", result.bits, " bits is not supported (4 or 8)"));
+    }
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: quantization_config quant_method '", method,
+                     "' is not supported (supported: awq, gptq; or an unquantized checkpoint)"));
+  }
+  return result;
+}
+
+absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
+    const HfQuantization& quantization, const std::string& name,
+    const QuantizedLinearTensors& tensors) {
+  LOOM_ASSIGN_OR_RETURN(Unpacked u, Unpack(quantization, name, tensors));
+  const int64_t group = u.in / u.groups;
+  bool contiguous = group % kLoomGroupMultiple == 0;
+  for (int64_t i = 0; contiguous && i < u.in; ++i) contiguous = u.group_of[i] == i / group;
+  bool symmetric8 = quantization.bits == 8;
+  for (int32_t z : u.zeros) symmetric8 = symmetric8 && z == 128;
+  const auto out = static_cast<uint64_t>(u.out), in = static_cast<uint64_t>(u.in);
+  const auto groups = static_cast<uint64_t>(u.groups);
+  std::vector<OwnedTensor> result;
+  if (contiguous && quantization.bits == 4) {
+    // INT4: value = q * s + min with min = -z * s (F16, as Loom's INT4 keeps it).
+    std::vector<uint8_t> q4(out * in / 2);
+    for (int64_t o = 0; o < u.out; ++o) {
+      for (int64_t i = 0; i < u.in; i += 2) {
+        q4[(o * u.in + i) / 2] =
+            static_cast<uint8_t>(u.q[o * u.in + i] | (u.q[o * u.in + i + 1] << 4));
+      }
+    }
+    std::vector<uint16_t> mins(u.groups * u.out);
+    for (int64_t k = 0; k < u.groups * u.out; ++k) {
+      mins[k] = FloatToHalfBits(-static_cast<float>(u.zeros[k]) * u.scales[k]);
+    }
+    result.push_back(Tensor(name + kQ4, {in / 2, out}, GgmlType::kI8, std::move(q4)));
+    result.push_back(Tensor(name + kScale, {groups, out}, GgmlType::kF16,
+                            Transposed(u.scale_bits, u.groups, u.out)));
+    result.push_back(
+        Tensor(name + kMin, {groups, out}, GgmlType::kF16, Transposed(mins, u.groups, u.out)));
+    return result;
+  }
+  if (contiguous && symmetric8) {
+    // INT8: value = (q - 128) * s exactly.
+    std::vector<uint8_t> q8(out * in);
+    for (size_t k = 0; k < q8.size(); ++k) {
+      q8[k] = static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(u.q[k]) - 128));
+    }
+    result.push_back(Tensor(name + kQ8, {in, out}, GgmlType::kI8, std::move(q8)));
+    result.push_back(Tensor(name + kScale, {groups, out}, GgmlType::kF16,
+                            Transposed(u.scale_bits, u.groups, u.out)));
+    return result;
+  }
+  // Act-order, asymmetric 8-bit or odd groups: the dequantized weight in F16.
+  std::vector<uint8_t> dense(out * in * 2);
+  for (int64_t o = 0; o < u.out; ++o) {
+    for (int64_t i = 0; i < u.in; ++i) {
+      const int64_t k = u.group_of[i] * u.out + o;
+      const uint16_t bits =
+          FloatToHalfBits((static_cast<float>(u.q[o * u.in + i]) - u.zeros[k]) * u.scales[k]);
+      std::memcpy(dense.data() + (o * u.in + i) * 2, &bits, 2);
+    }
+  }
+  result.push_back(Tensor(name, {in, out}, GgmlType::kF16, std::move(dense)));
+  return result;
+}
+
+}  // namespace loom::common

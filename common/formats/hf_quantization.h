@@ -1,0 +1,56 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/formats/ggml_type.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace loom::common {
+
+/// A Hugging Face checkpoint's `quantization_config` that Loom serves: AWQ (AutoAWQ's GEMM
+/// layout, 4-bit, zero points) and GPTQ (AutoGPTQ's layout, 4 or 8 bits, symmetric or not,
+/// with or without act-order, checkpoint_format gptq or gptq_v2).
+struct HfQuantization {
+  enum class Method { kNone, kAwq, kGptq };
+  Method method = Method::kNone;
+  int bits = 0;
+  int64_t group_size = 0;       // -1: one group per output channel
+  bool desc_act = false;        // GPTQ act-order (groups by g_idx, not by position)
+  bool zeros_plus_one = false;  // GPTQ's v1 format stores each zero point minus one
+};
+
+/// `quantization_config` of config.json (null or absent: Method::kNone). Unimplemented naming
+/// the method or field value Loom does not serve (bitsandbytes, AWQ GEMV/Marlin/ExLlama
+/// layouts, other bit widths, ...).
+absl::StatusOr<HfQuantization> ParseHfQuantization(const nlohmann::json& config);
+
+/// One linear layer's packed tensors, as the checkpoint stores them (row-major, little-endian).
+struct QuantizedLinearTensors {
+  absl::Span<const uint8_t> qweight, qzeros, scales, g_idx;         // g_idx may be empty
+  std::vector<uint64_t> qweight_shape, qzeros_shape, scales_shape;  // safetensors order
+};
+
+/// A tensor the converted checkpoint serves, with its bytes.
+struct OwnedTensor {
+  std::string name;
+  std::vector<uint64_t> shape;  // ggml order
+  GgmlType type = GgmlType::kF32;
+  std::vector<uint8_t> bytes;
+};
+
+/// The GGUF tensors of the linear layer `name` (e.g. "blk.0.attn_q.weight", W [out, in]) of a
+/// quantized checkpoint, without loss where Loom's own encoding holds the values
+/// (model/quantized_gguf.h: name.q4 / .q8, .scale, .min): 4-bit groups along the input as
+/// INT4 (scale s, min -z s, rounded to F16 as Loom's INT4 stores it), symmetric 8-bit GPTQ as
+/// INT8 (q - 128, scale s); what that encoding cannot group (act-order, asymmetric 8-bit,
+/// groups not a multiple of 32 columns) dequantized to F16 as `name`. InvalidArgument naming
+/// the tensor for shapes that do not agree.
+absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
+    const HfQuantization& quantization, const std::string& name,
+    const QuantizedLinearTensors& tensors);
+
+}  // namespace loom::common

@@ -1,0 +1,138 @@
+#include "common/formats/hf_quantization.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::common {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<HfQuantization> Parse(const std::string& text) {
+  return ParseHfQuantization(nlohmann::json::parse(text));
+}
+
+TEST(HfQuantizationTest, ParsesAwqAndGptqConfigs) {
+  EXPECT_EQ(Parse("{}")->method, HfQuantization::Method::kNone);
+  EXPECT_EQ(Parse(R"({"quantization_config": null})")->method, HfQuantization::Method::kNone);
+  absl::StatusOr<HfQuantization> awq = Parse(
+      R"({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128,
+          "zero_point": true, "version": "GEMM"}})");
+  ASSERT_TRUE(awq.ok()) << awq.status();
+  EXPECT_EQ(awq->method, HfQuantization::Method::kAwq);
+  EXPECT_EQ(awq->group_size, 128);
+  absl::StatusOr<HfQuantization> gptq = Parse(
+      R"({"quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": -1,
+          "desc_act": true, "sym": true}})");
+  ASSERT_TRUE(gptq.ok()) << gptq.status();
+  EXPECT_EQ(gptq->bits, 8);
+  EXPECT_TRUE(gptq->desc_act);
+  EXPECT_TRUE(gptq->zeros_plus_one);  // checkpoint_format "gptq" (v1) by default
+  EXPECT_FALSE(Parse(R"({"quantization_config": {"quant_method": "gptq",
+                         "checkpoint_format": "gptq_v2"}})")
+                   ->zeros_plus_one);
+}
+
+TEST(HfQuantizationTest, RefusesWhatItDoesNotServeByName) {
+  for (const auto& [config, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"quant_method": "bitsandbytes"})", "'bitsandbytes'"},
+           {R"({"quant_method": "awq", "version": "gemv"})", "'gemv'"},
+           {R"({"quant_method": "awq", "bits": 8})", "8 bits"},
+           {R"({"quant_method": "awq", "zero_point": false})", "zero points"},
+           {R"({"quant_method": "gptq", "bits": 3})", "3 bits"},
+           {R"({"quant_method": "gptq", "checkpoint_format": "marlin"})", "'marlin'"}}) {
+    absl::StatusOr<HfQuantization> parsed = Parse(R"({"quantization_config": )" + config + "}");
+    ASSERT_FALSE(parsed.ok()) << config;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kUnimplemented) << config;
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(needle)) << config;
+  }
+}
+
+// Little-endian bytes of `values`.
+template <typename T>
+std::vector<uint8_t> Bytes(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+// One AWQ word per (input row, 8 output columns): nibble k holds output column kOrder[k].
+TEST(HfQuantizationTest, AwqNibblesLandInTheirOutputColumns) {
+  const int64_t in = 32, out = 8;
+  std::vector<uint32_t> qweight(in);  // [in, out / 8]
+  for (int64_t i = 0; i < in; ++i) {
+    uint32_t word = 0;
+    for (uint32_t k = 0; k < 8; ++k) word |= ((k + i) & 15u) << (4 * k);
+    qweight[i] = word;
+  }
+  const std::vector<uint32_t> qzeros = {0};         // [1, 1]: every zero point 0
+  const std::vector<uint16_t> scales(out, 0x3c00);  // [1, 8]: 1.0
+  const std::vector<uint8_t> qw = Bytes(qweight), qz = Bytes(qzeros), sc = Bytes(scales);
+  QuantizedLinearTensors tensors{qw, qz, sc, {}, {32, 1}, {1, 1}, {1, 8}};
+  HfQuantization awq{HfQuantization::Method::kAwq, 4, 32, false, false};
+  absl::StatusOr<std::vector<OwnedTensor>> converted = ConvertQuantizedLinear(awq, "w", tensors);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  ASSERT_EQ(converted->size(), 3u);
+  const OwnedTensor& q4 = (*converted)[0];
+  EXPECT_EQ(q4.name, "w.q4");
+  EXPECT_EQ(q4.shape, (std::vector<uint64_t>{16, 8}));
+  const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  for (int k = 0; k < 8; ++k) {
+    const int64_t o = order[k];
+    for (int64_t i = 0; i < in; ++i) {
+      const uint8_t byte = q4.bytes[(o * in + i) / 2];
+      EXPECT_EQ(i % 2 == 0 ? byte & 15 : byte >> 4, (k + i) & 15) << o << "," << i;
+    }
+  }
+}
+
+// Symmetric 8-bit GPTQ (stored zero 127, +1 in the v1 format) packs into INT8 q - 128 with the
+// scales transposed to [out][groups]; a zero point other than 128 is served as F16 values.
+TEST(HfQuantizationTest, SymmetricGptq8IsInt8AndAsymmetricIsF16) {
+  const int64_t in = 32, out = 4;
+  std::vector<uint32_t> qweight(in / 4 * out);  // [in / 4, out]
+  for (int64_t r = 0; r < in / 4; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      uint32_t word = 0;
+      for (uint32_t k = 0; k < 4; ++k)
+        word |= static_cast<uint32_t>(100 + o + 4 * r + k) << (8 * k);
+      qweight[r * out + o] = word;
+    }
+  }
+  const std::vector<uint32_t> qzeros = {0x7f7f7f7fu};                     // [1, 1]
+  const std::vector<uint16_t> scales = {0x3c00, 0x4000, 0x3800, 0x3c00};  // 1, 2, 0.5, 1
+  const std::vector<uint8_t> qw = Bytes(qweight), qz = Bytes(qzeros), sc = Bytes(scales);
+  QuantizedLinearTensors tensors{qw, qz, sc, {}, {8, 4}, {1, 1}, {1, 4}};
+  HfQuantization gptq{HfQuantization::Method::kGptq, 8, -1, false, true};
+  absl::StatusOr<std::vector<OwnedTensor>> converted = ConvertQuantizedLinear(gptq, "w", tensors);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  ASSERT_EQ(converted->size(), 2u);
+  EXPECT_EQ((*converted)[0].name, "w.q8");
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      EXPECT_EQ(static_cast<int8_t>((*converted)[0].bytes[o * in + i]), 100 + o + i - 128);
+    }
+  }
+  EXPECT_EQ((*converted)[1].bytes, sc);  // one group: [out][1] is the same bytes
+
+  const std::vector<uint32_t> asymmetric = {0x7f7f7f70u};  // output 0's zero point is 113
+  const std::vector<uint8_t> qa = Bytes(asymmetric);
+  tensors.qzeros = qa;
+  converted = ConvertQuantizedLinear(gptq, "w", tensors);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  ASSERT_EQ(converted->size(), 1u);
+  EXPECT_EQ((*converted)[0].name, "w");
+  EXPECT_EQ((*converted)[0].type, GgmlType::kF16);
+
+  tensors.qzeros_shape = {2, 1};
+  EXPECT_EQ(ConvertQuantizedLinear(gptq, "w", tensors).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loom::common
