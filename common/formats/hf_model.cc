@@ -92,6 +92,36 @@ bool AddQuantizedPart(const SafetensorsCheckpoint::Entry& entry,
   return false;
 }
 
+// One FP8 linear layer: prefix.weight (F8_E4M3) and its prefix.weight_scale(_inv).
+struct Fp8Parts {
+  const SafetensorsTensorInfo* weight = nullptr;
+  const SafetensorsTensorInfo* scale = nullptr;
+  absl::Span<const uint8_t> weight_data, scale_data;
+};
+
+// Files `entry` under its layer in `parts` when it is an FP8 weight or one of its scales
+// (an activation's input_scale is dropped: Loom multiplies in F32 on the CPU).
+bool AddFp8Part(const SafetensorsCheckpoint::Entry& entry, std::map<std::string, Fp8Parts>& parts) {
+  const std::string& name = entry.tensor->name;
+  const absl::Span<const uint8_t> bytes = entry.file->TensorData(*entry.tensor);
+  if (entry.tensor->dtype == SafetensorsDtype::kF8E4M3 && absl::EndsWith(name, ".weight")) {
+    Fp8Parts& layer = parts[name.substr(0, name.size() - std::strlen(".weight"))];
+    layer.weight = entry.tensor;
+    layer.weight_data = bytes;
+    return true;
+  }
+  for (const char* suffix : {".weight_scale_inv", ".weight_scale", ".input_scale"}) {
+    if (!absl::EndsWith(name, suffix)) continue;
+    Fp8Parts& layer = parts[name.substr(0, name.size() - std::strlen(suffix))];
+    if (std::strcmp(suffix, ".input_scale") != 0) {
+      layer.scale = entry.tensor;
+      layer.scale_data = bytes;
+    }
+    return true;
+  }
+  return false;
+}
+
 // A file of the directory as text; "" when it does not exist.
 absl::StatusOr<std::string> ReadOptional(const fs::path& path) {
   std::error_code error;
@@ -113,8 +143,65 @@ GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
       return GgmlType::kBF16;
     case SafetensorsDtype::kI32:
       return GgmlType::kI32;
+    case SafetensorsDtype::kF8E4M3:
+      return GgmlType::kI8;  // never served as such: FP8 layers are converted (hf_quantization)
   }
   return GgmlType::kF32;
+}
+
+// The tensors the view makes rather than maps: Phi-3's longrope factors from config.json,
+// AWQ/GPTQ layers in Loom's encoding, FP8 layers as F16 (errors name the layer).
+absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
+    const HfConfigInfo& info, const std::map<std::string, QuantizedParts>& quantized,
+    const std::map<std::string, Fp8Parts>& fp8) {
+  std::vector<OwnedTensor> owned;
+  for (const auto& [name, factors] :
+       {std::pair{"rope_factors_long.weight", &info.rope_factors_long},
+        std::pair{"rope_factors_short.weight", &info.rope_factors_short}}) {
+    if (factors->empty()) continue;
+    std::vector<uint8_t> bytes(factors->size() * sizeof(float));
+    std::memcpy(bytes.data(), factors->data(), bytes.size());
+    owned.push_back({name, {factors->size()}, GgmlType::kF32, std::move(bytes)});
+  }
+  if (!quantized.empty() && info.quantization.method == HfQuantization::Method::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensors such as ", quantized.begin()->first,
+                     ".qweight are quantized but config.json has no quantization_config"));
+  }
+  for (const auto& [prefix, parts] : quantized) {
+    const std::string name = GgufTensorName(prefix + ".weight", info.sandwich_norms);
+    if (name.empty() || parts.qweight == nullptr || parts.qzeros == nullptr ||
+        parts.scales == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quantized layer ", prefix,
+          name.empty() ? " has no place in the graph" : " lacks qweight, qzeros or scales"));
+    }
+    const QuantizedLinearTensors packed{
+        parts.qweight_data,   parts.qzeros_data,   parts.scales_data,  parts.g_idx_data,
+        parts.qweight->shape, parts.qzeros->shape, parts.scales->shape};
+    LOOM_ASSIGN_OR_RETURN(std::vector<OwnedTensor> converted,
+                          ConvertQuantizedLinear(info.quantization, name, packed));
+    for (OwnedTensor& tensor : converted) owned.push_back(std::move(tensor));
+  }
+  if (!fp8.empty() && info.quantization.method != HfQuantization::Method::kFp8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fp8.begin()->first, " holds FP8 values but config.json's quantization_config is not FP8"));
+  }
+  for (const auto& [prefix, parts] : fp8) {
+    if (parts.weight == nullptr) continue;  // an input_scale alone: activations, unused here
+    const std::string name = GgufTensorName(prefix + ".weight", info.sandwich_norms);
+    if (name.empty() || parts.scale == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FP8 layer ", prefix,
+                       name.empty() ? " has no place in the graph"
+                                    : " has no weight_scale or weight_scale_inv"));
+    }
+    const Fp8LinearTensors tensors{parts.weight_data, parts.scale_data, parts.weight->shape,
+                                   parts.scale->shape, GgmlTypeOf(parts.scale->dtype)};
+    LOOM_ASSIGN_OR_RETURN(OwnedTensor converted, DequantizeFp8Linear(name, tensors));
+    owned.push_back(std::move(converted));
+  }
+  return owned;
 }
 
 }  // namespace
@@ -205,12 +292,14 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
                         SafetensorsCheckpoint::Open(dir));
   std::vector<GgufTensorInfo> tensors;
   std::vector<absl::Span<const uint8_t>> data;
-  // AWQ/GPTQ layers: prefix -> its packed tensors, converted below.
+  // AWQ/GPTQ and FP8 layers: prefix -> its tensors, converted below.
   std::map<std::string, QuantizedParts> quantized;
+  std::map<std::string, Fp8Parts> fp8;
   for (const SafetensorsCheckpoint::Entry& entry : checkpoint->entries()) {
     const SafetensorsTensorInfo& tensor = *entry.tensor;
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
     if (AddQuantizedPart(entry, quantized)) continue;
+    if (AddFp8Part(entry, fp8)) continue;
     // A tied LM head may still be saved; HF ignores it then, and so does Loom.
     if (tensor.name == "lm_head.weight" && info->tie_word_embeddings) continue;
     std::string name = GgufTensorName(tensor.name, info->sandwich_norms);
@@ -234,44 +323,19 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": config.json says tie_word_embeddings false but there is no lm_head.weight"));
   }
-  // What the view's tensors point into: the mapped files, tensors config.json holds
-  // (Phi-3's longrope factors) and quantized layers converted to Loom's encoding.
+  absl::StatusOr<std::vector<OwnedTensor>> owned = OwnedTensors(*info, quantized, fp8);
+  if (!owned.ok()) {
+    return absl::Status(owned.status().code(), absl::StrCat(dir, ": ", owned.status().message()));
+  }
+  // What the view's tensors point into: the mapped files and the tensors made here.
   struct Backing {
     std::unique_ptr<SafetensorsCheckpoint> checkpoint;
-    std::vector<float> rope_factors_long, rope_factors_short;
-    std::vector<OwnedTensor> converted;
+    std::vector<OwnedTensor> owned;
   };
   auto backing = std::make_shared<Backing>();
-  if (!quantized.empty() && info->quantization.method == HfQuantization::Method::kNone) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, ": tensors such as ", quantized.begin()->first,
-                     ".qweight are quantized but config.json has no quantization_config"));
-  }
-  for (const auto& [prefix, parts] : quantized) {
-    const std::string name = GgufTensorName(prefix + ".weight", info->sandwich_norms);
-    if (name.empty() || parts.qweight == nullptr || parts.qzeros == nullptr ||
-        parts.scales == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir, ": quantized layer ", prefix,
-          name.empty() ? " has no place in the graph" : " lacks qweight, qzeros or scales"));
-    }
-    QuantizedLinearTensors packed;
-    packed.qweight = parts.qweight_data;
-    packed.qzeros = parts.qzeros_data;
-    packed.scales = parts.scales_data;
-    packed.g_idx = parts.g_idx_data;
-    packed.qweight_shape = parts.qweight->shape;
-    packed.qzeros_shape = parts.qzeros->shape;
-    packed.scales_shape = parts.scales->shape;
-    absl::StatusOr<std::vector<OwnedTensor>> converted =
-        ConvertQuantizedLinear(info->quantization, name, packed);
-    if (!converted.ok()) {
-      return absl::Status(converted.status().code(),
-                          absl::StrCat(dir, ": ", converted.status().message()));
-    }
-    for (OwnedTensor& tensor : *converted) backing->converted.push_back(std::move(tensor));
-  }
-  for (const OwnedTensor& tensor : backing->converted) {
+  backing->checkpoint = std::move(checkpoint);
+  backing->owned = *std::move(owned);
+  for (const OwnedTensor& tensor : backing->owned) {
     GgufTensorInfo gguf;
     gguf.name = tensor.name;
     gguf.shape = tensor.shape;
@@ -281,25 +345,6 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     gguf.num_bytes = tensor.bytes.size();
     tensors.push_back(std::move(gguf));
     data.emplace_back(tensor.bytes.data(), tensor.bytes.size());
-  }
-  backing->checkpoint = std::move(checkpoint);
-  backing->rope_factors_long = std::move(info->rope_factors_long);
-  backing->rope_factors_short = std::move(info->rope_factors_short);
-  for (const auto& [name, factors] :
-       {std::pair<const char*, const std::vector<float>*>{"rope_factors_long.weight",
-                                                          &backing->rope_factors_long},
-        std::pair<const char*, const std::vector<float>*>{"rope_factors_short.weight",
-                                                          &backing->rope_factors_short}}) {
-    if (factors->empty()) continue;
-    const uint64_t bytes = factors->size() * sizeof(float);
-    GgufTensorInfo gguf;
-    gguf.name = name;
-    gguf.shape = {factors->size()};
-    gguf.type = GgmlType::kF32;
-    gguf.num_elements = factors->size();
-    gguf.num_bytes = bytes;
-    tensors.push_back(std::move(gguf));
-    data.emplace_back(reinterpret_cast<const uint8_t*>(factors->data()), bytes);
   }
   return GgufFile::FromParts(std::move(metadata.entries()), std::move(tensors), std::move(data),
                              std::shared_ptr<const void>(backing, backing.get()));

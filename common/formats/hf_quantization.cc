@@ -1,6 +1,8 @@
 #include "common/formats/hf_quantization.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,42 @@ uint16_t FloatToHalfBits(float value) {
   uint16_t bits;
   std::memcpy(&bits, &half, sizeof(bits));
   return bits;
+}
+
+// OCP FP8 E4M3 ("fn": no infinities; 0x7f and 0xff are NaN): bias 7, 3 mantissa bits.
+float E4M3ToFloat(uint8_t code) {
+  const int exponent = (code >> 3) & 15, mantissa = code & 7;
+  if (exponent == 15 && mantissa == 7) return std::numeric_limits<float>::quiet_NaN();
+  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                        : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  return code & 0x80 ? -magnitude : magnitude;
+}
+
+// compressed-tensors: FP8 (float, 8 bits) weights in every config group; the activations'
+// scheme does not matter on the CPU (Loom multiplies in F32).
+absl::Status ParseCompressedTensors(const json& q) {
+  const auto format = q.find("format");
+  const std::string name =
+      format != q.end() && format->is_string() ? format->get<std::string>() : "";
+  if (name != "float-quantized" && name != "naive-quantized") {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: compressed-tensors format '", name,
+                     "' is not supported (FP8 weights: float-quantized)"));
+  }
+  const auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->empty()) {
+    return absl::InvalidArgumentError("config.json: compressed-tensors without config_groups");
+  }
+  for (const auto& [group, scheme] : groups->items()) {
+    const json weights = scheme.is_object() ? scheme.value("weights", json()) : json();
+    if (!weights.is_object() || weights.value("type", "") != "float" ||
+        weights.value("num_bits", 0) != 8) {
+      return absl::UnimplementedError(absl::StrCat(
+          "config.json: compressed-tensors group '", group,
+          "' does not quantize weights to 8-bit floats (only FP8 weights are supported)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 template <typename T>
@@ -217,10 +255,70 @@ absl::StatusOr<HfQuantization> ParseHfQuantization(const json& config) {
       return absl::UnimplementedError(
           absl::StrCat("config.json: GPTQ with ", result.bits, " bits is not supported (4 or 8)"));
     }
+  } else if (method == "fp8") {
+    result.method = HfQuantization::Method::kFp8;
+    result.bits = 8;
+  } else if (method == "compressed-tensors") {
+    LOOM_RETURN_IF_ERROR(ParseCompressedTensors(q));
+    result.method = HfQuantization::Method::kFp8;
+    result.bits = 8;
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: quantization_config quant_method '", method,
-                     "' is not supported (supported: awq, gptq; or an unquantized checkpoint)"));
+                     "' is not supported (supported: awq, gptq, fp8, compressed-tensors FP8; or an "
+                     "unquantized checkpoint)"));
+  }
+  return result;
+}
+
+absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
+                                                const Fp8LinearTensors& t) {
+  if (t.weight_shape.size() != 2 || t.weight.size() != t.weight_shape[0] * t.weight_shape[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": an FP8 weight must be 2-D"));
+  }
+  const uint64_t out = t.weight_shape[0], in = t.weight_shape[1];
+  const uint64_t scale_size = t.scale_type == GgmlType::kF32 ? 4 : 2;
+  const uint64_t count = t.scale.size() / scale_size;
+  // Which scale applies to (o, i): one, one per row, or one per block of a grid.
+  uint64_t block_rows = 0, block_cols = in, grid_cols = 1;
+  const std::vector<uint64_t>& shape = t.scale_shape;
+  if (count == 1) {
+    block_rows = out;
+  } else if ((shape.size() == 1 && shape[0] == out) ||
+             (shape.size() == 2 && shape[0] == out && shape[1] == 1)) {
+    block_rows = 1;
+  } else if (shape.size() == 2 && shape[0] > 0 && shape[1] > 0) {
+    grid_cols = shape[1];
+    block_rows = (out + shape[0] - 1) / shape[0];
+    block_cols = (in + grid_cols - 1) / grid_cols;
+    if ((out + block_rows - 1) / block_rows != shape[0] ||
+        (in + block_cols - 1) / block_cols != grid_cols) {
+      block_rows = 0;
+    }
+  }
+  if (block_rows == 0 || count * scale_size != t.scale.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": scale of shape [", absl::StrJoin(shape, ", "),
+        "] is neither per tensor, per output channel nor per block of [", out, ", ", in, "]"));
+  }
+  std::vector<float> scales(count);
+  for (uint64_t k = 0; k < count; ++k) {
+    if (t.scale_type == GgmlType::kF32) {
+      scales[k] = Load<float>(t.scale, k);
+    } else if (t.scale_type == GgmlType::kBF16) {
+      const uint32_t bits = static_cast<uint32_t>(Load<uint16_t>(t.scale, k)) << 16;
+      std::memcpy(&scales[k], &bits, sizeof(float));
+    } else {
+      scales[k] = HalfBitsToFloat(Load<uint16_t>(t.scale, k));
+    }
+  }
+  OwnedTensor result{name, {in, out}, GgmlType::kF16, std::vector<uint8_t>(out * in * 2)};
+  for (uint64_t o = 0; o < out; ++o) {
+    for (uint64_t i = 0; i < in; ++i) {
+      const float scale = scales[(o / block_rows) * grid_cols + i / block_cols];
+      const uint16_t bits = FloatToHalfBits(E4M3ToFloat(t.weight[o * in + i]) * scale);
+      std::memcpy(result.bytes.data() + (o * in + i) * 2, &bits, 2);
+    }
   }
   return result;
 }

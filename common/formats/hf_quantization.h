@@ -12,10 +12,12 @@
 namespace loom::common {
 
 /// A Hugging Face checkpoint's `quantization_config` that Loom serves: AWQ (AutoAWQ's GEMM
-/// layout, 4-bit, zero points) and GPTQ (AutoGPTQ's layout, 4 or 8 bits, symmetric or not,
-/// with or without act-order, checkpoint_format gptq or gptq_v2).
+/// layout, 4-bit, zero points), GPTQ (AutoGPTQ's layout, 4 or 8 bits, symmetric or not, with
+/// or without act-order, checkpoint_format gptq or gptq_v2) and FP8 E4M3 weights (the `fp8`
+/// method: per-tensor `weight_scale` or block-wise `weight_scale_inv`; `compressed-tensors`
+/// float-quantized 8-bit weights with per-tensor, per-channel or block `weight_scale`).
 struct HfQuantization {
-  enum class Method { kNone, kAwq, kGptq };
+  enum class Method { kNone, kAwq, kGptq, kFp8 };
   Method method = Method::kNone;
   int bits = 0;
   int64_t group_size = 0;       // -1: one group per output channel
@@ -32,6 +34,15 @@ absl::StatusOr<HfQuantization> ParseHfQuantization(const nlohmann::json& config)
 struct QuantizedLinearTensors {
   absl::Span<const uint8_t> qweight, qzeros, scales, g_idx;         // g_idx may be empty
   std::vector<uint64_t> qweight_shape, qzeros_shape, scales_shape;  // safetensors order
+};
+
+/// One FP8 linear layer: weight E4M3 [out, in] and its scale (F32, BF16 or F16; one value,
+/// one per output row ([out] or [out, 1]), or one per block of a [ceil(out / bn),
+/// ceil(in / bk)] grid), as the checkpoint stores them.
+struct Fp8LinearTensors {
+  absl::Span<const uint8_t> weight, scale;
+  std::vector<uint64_t> weight_shape, scale_shape;
+  GgmlType scale_type = GgmlType::kF32;  // kF32, kBF16 or kF16
 };
 
 /// A tensor the converted checkpoint serves, with its bytes.
@@ -52,5 +63,11 @@ struct OwnedTensor {
 absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
     const HfQuantization& quantization, const std::string& name,
     const QuantizedLinearTensors& tensors);
+
+/// The F16 tensor `name` [out, in] of an FP8 layer: each E4M3 value times its scale, rounded
+/// once to F16 (Loom has no FP8 weight format on the CPU). InvalidArgument naming the tensor
+/// for a scale whose shape is none of the three.
+absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
+                                                const Fp8LinearTensors& tensors);
 
 }  // namespace loom::common

@@ -16,12 +16,13 @@ namespace loom::common {
 
 /// Element types Loom reads from safetensors files. Other dtypes of the format (F64, I64,
 /// I32, I16, I8, U8, BOOL, F8_*) are refused by name when a file is opened.
-/// kI32: the packed integers of AWQ/GPTQ checkpoints (common/formats/hf_quantization).
-enum class SafetensorsDtype { kF32, kF16, kBF16, kI32 };
+/// kI32: the packed integers of AWQ/GPTQ checkpoints; kF8E4M3: FP8 checkpoints' weights
+/// (common/formats/hf_quantization).
+enum class SafetensorsDtype { kF32, kF16, kBF16, kI32, kF8E4M3 };
 
-/// "F32", "F16", "BF16" or "I32".
+/// "F32", "F16", "BF16", "I32" or "F8_E4M3".
 std::string_view SafetensorsDtypeName(SafetensorsDtype dtype);
-/// Bytes of one element: 4 or 2.
+/// Bytes of one element: 4, 2 or 1.
 uint64_t SafetensorsDtypeSize(SafetensorsDtype dtype);
 
 /// Where one tensor lives in a safetensors file.

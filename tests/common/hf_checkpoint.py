@@ -248,7 +248,8 @@ def write_safetensors(path: pathlib.Path, tensors: dict, bf16: bool = False):
     `bf16`, uint16 arrays hold bfloat16 bit patterns. The tests read the files back with the
     `safetensors` package as a check of this writer."""
     names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-             np.dtype(np.uint16): "BF16" if bf16 else "U16", np.dtype(np.int32): "I32"}
+             np.dtype(np.uint16): "BF16" if bf16 else "U16", np.dtype(np.int32): "I32",
+             np.dtype(np.uint8): "F8_E4M3"}
     header = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, array in tensors.items():

@@ -134,5 +134,53 @@ TEST(HfQuantizationTest, SymmetricGptq8IsInt8AndAsymmetricIsF16) {
             absl::StatusCode::kInvalidArgument);
 }
 
+float HalfAt(const OwnedTensor& tensor, size_t index) {
+  _Float16 half;
+  std::memcpy(&half, tensor.bytes.data() + index * 2, 2);
+  return static_cast<float>(half);
+}
+
+// E4M3 codes times a per-tensor, per-row or per-block scale, rounded once to F16.
+TEST(HfQuantizationTest, Fp8WeightsDequantizeWithEachScaleLayout) {
+  // Codes: 0x38 = 1.0, 0x40 = 2.0, 0xb8 = -1.0, 0x01 = 2^-9 (smallest subnormal), 0x7e = 448.
+  const std::vector<uint8_t> weight = {0x38, 0x40, 0xb8, 0x01, 0x7e, 0x38, 0x38, 0x40};  // [2, 4]
+  const std::vector<float> one = {0.5f};
+  const std::vector<uint8_t> tensor_scale = Bytes(one);
+  Fp8LinearTensors t{weight, tensor_scale, {2, 4}, {1}, GgmlType::kF32};
+  absl::StatusOr<OwnedTensor> dense = DequantizeFp8Linear("w", t);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(dense->type, GgmlType::kF16);
+  EXPECT_EQ(dense->shape, (std::vector<uint64_t>{4, 2}));
+  const float want[8] = {0.5f, 1.0f, -0.5f, 0.0009765625f, 224.0f, 0.5f, 0.5f, 1.0f};
+  for (size_t k = 0; k < 8; ++k) EXPECT_EQ(HalfAt(*dense, k), want[k]) << k;
+
+  const std::vector<float> rows = {1.0f, 4.0f};  // per output channel, [2, 1]
+  const std::vector<uint8_t> row_scale = Bytes(rows);
+  t.scale = row_scale;
+  t.scale_shape = {2, 1};
+  dense = DequantizeFp8Linear("w", t);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(HalfAt(*dense, 1), 2.0f);
+  EXPECT_EQ(HalfAt(*dense, 5), 4.0f);
+
+  const std::vector<uint16_t> blocks = {0x3f80, 0x4000};  // BF16 1.0, 2.0: blocks of [2, 2]
+  const std::vector<uint8_t> block_scale = Bytes(blocks);
+  t.scale = block_scale;
+  t.scale_shape = {1, 2};
+  t.scale_type = GgmlType::kBF16;
+  dense = DequantizeFp8Linear("w", t);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(HalfAt(*dense, 0), 1.0f);
+  EXPECT_EQ(HalfAt(*dense, 2), -2.0f);
+  EXPECT_EQ(HalfAt(*dense, 7), 4.0f);
+
+  const std::vector<float> three = {1.0f, 1.0f, 1.0f};
+  const std::vector<uint8_t> bad_scale = Bytes(three);
+  t.scale = bad_scale;
+  t.scale_shape = {3};
+  t.scale_type = GgmlType::kF32;
+  EXPECT_EQ(DequantizeFp8Linear("w", t).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace loom::common

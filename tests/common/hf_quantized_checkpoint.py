@@ -15,6 +15,11 @@ search AWQ or GPTQ run to choose the values), and stored as:
   each input column (act-order, desc_act: groups follow a permutation of the columns);
   W = (q - z[g_idx]) * s[g_idx].
 
+* FP8 (E4M3) weights with float32 scales: `fp8` (quant_method "fp8" with weight_block_size:
+  weight_scale_inv [ceil(out / 32), ceil(in / 32)], DeepSeek-V3's and Qwen3-FP8's layout) and
+  compressed-tensors float-quantized ("channel": weight_scale [out, 1]; "tensor": weight_scale
+  [1] beside an input_scale); W = e4m3(w / s) * s, rounded to nearest even over E4M3's values.
+
 The "_dequantized" directory holds the float32 weights those tensors stand for, computed in
 float64 from the stored integers and float16 scales: the model a faithful loader serves. The
 "_as_stored" one holds them as Loom's encodings keep them (model/quantized_gguf.h): INT4 as
@@ -92,9 +97,53 @@ def _pack_columns(values: np.ndarray, bits: int, order=None) -> np.ndarray:
     return packed.view(np.int32)
 
 
+def _e4m3_table() -> np.ndarray:
+    """The value of every E4M3 code (NaN for 0x7f and 0xff)."""
+    codes = np.arange(256)
+    exponent, mantissa = (codes >> 3) & 15, codes & 7
+    magnitude = np.where(exponent == 0, mantissa * 2.0 ** -9, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    values = np.where(codes & 0x80, -magnitude, magnitude)
+    values[(exponent == 15) & (mantissa == 7)] = np.nan
+    return values
+
+
+def _to_e4m3(x: np.ndarray) -> np.ndarray:
+    """Codes of the E4M3 values nearest x (ties to the even code), saturating at +-448."""
+    table = _e4m3_table()
+    finite = np.nonzero(~np.isnan(table))[0]
+    order = finite[np.argsort(table[finite], kind="stable")]
+    values = table[order]
+    x = np.clip(x, values[0], values[-1])
+    hi = np.clip(np.searchsorted(values, x), 1, len(values) - 1)
+    lo = hi - 1
+    pick_hi = (values[hi] - x < x - values[lo]) | ((values[hi] - x == x - values[lo]) & (order[hi] % 2 == 0))
+    return np.where(pick_hi, order[hi], order[lo]).astype(np.uint8)
+
+
+def _fp8_layer(w: np.ndarray, scheme: str):
+    """(codes, float32 scale tensor, scale per element) of w in `scheme`."""
+    out, columns = w.shape
+    if scheme == "tensor":
+        scale = np.array([np.abs(w).max() / 448.0], dtype=np.float32)
+        per = np.full(w.shape, scale[0], dtype=np.float64)
+    elif scheme == "channel":
+        scale = (np.abs(w).max(axis=1, keepdims=True) / 448.0).astype(np.float32)
+        per = np.broadcast_to(scale.astype(np.float64), w.shape)
+    else:  # 32 x 32 blocks
+        rows, cols = -(-out // 32), -(-columns // 32)
+        scale = np.zeros((rows, cols), dtype=np.float32)
+        for r in range(rows):
+            for c in range(cols):
+                scale[r, c] = np.abs(w[32 * r:32 * r + 32, 32 * c:32 * c + 32]).max() / 448.0
+        per = np.repeat(np.repeat(scale.astype(np.float64), 32, 0), 32, 1)[:out, :columns]
+    codes = _to_e4m3(w / per)
+    return codes, scale, per
+
+
 def write_quantized_directory(source: pathlib.Path, out: pathlib.Path, method: str, bits: int = 4,
                               group_size: int = 32, symmetric: bool = False, act_order: bool = False,
-                              v2: bool = False, awq_order=AWQ_ORDER, seed: int = 0):
+                              v2: bool = False, awq_order=AWQ_ORDER, seed: int = 0,
+                              fp8_scheme: str = "block"):
     """Writes `source` (a float32 HF directory) quantized with `method` ("awq" or "gptq") into
     `out`, the float32 weights it stands for into `out`.parent / (out.name + "_dequantized") and
     the weights as Loom stores them into (out.name + "_as_stored"). Returns (quantized,
@@ -117,6 +166,17 @@ def write_quantized_directory(source: pathlib.Path, out: pathlib.Path, method: s
             quantized[name] = plain[name] = as_stored[name] = values
             continue
         out_features, in_features = values.shape
+        if method == "fp8":
+            codes, scale, per = _fp8_layer(values, fp8_scheme)
+            exact = _e4m3_table()[codes] * per
+            plain[name] = exact.astype(np.float32)
+            as_stored[name] = (_e4m3_table()[codes].astype(np.float32) * per.astype(np.float32)
+                               ).astype(np.float16).astype(np.float32)
+            quantized[name] = codes
+            quantized[layer + (".weight_scale_inv" if fp8_scheme == "block" else ".weight_scale")] = scale
+            if fp8_scheme == "tensor":
+                quantized[layer + ".input_scale"] = np.array([0.05], dtype=np.float32)
+            continue
         group = in_features if group_size == -1 else group_size
         groups = in_features // group
         g_idx = _groups_of(in_features, group, act_order, rng)
@@ -146,7 +206,19 @@ def write_quantized_directory(source: pathlib.Path, out: pathlib.Path, method: s
     write_safetensors(dequantized_dir / "model.safetensors", plain)
     write_safetensors(stored_dir / "model.safetensors", as_stored)
     config = json.loads((out / "config.json").read_text())
-    if method == "awq":
+    if method == "fp8" and fp8_scheme == "block":
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                         "fmt": "e4m3", "weight_block_size": [32, 32]}
+    elif method == "fp8":
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": fp8_scheme, "symmetric": True},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                      "dynamic": fp8_scheme != "tensor"}}},
+            "ignore": ["lm_head"]}
+    elif method == "awq":
         config["quantization_config"] = {"quant_method": "awq", "bits": bits, "group_size": group_size,
                                          "zero_point": True, "version": "gemm"}
     else:

@@ -193,6 +193,15 @@ def test_random_model_directory_logits_match_the_numpy_reference(family_models, 
     assert diff <= TOL_REFERENCE, f"{family}: max |Δ logit| {diff}"
 
 
+def directory_logits(directory, prompt):
+    """Loom's last-position logits of `prompt` on a model directory."""
+    tool = mrt.ForwardPassTool(directory)
+    try:
+        return tool.logits([prompt])[0]
+    finally:
+        tool.close()
+
+
 def test_qwen3_without_qk_norm_would_differ(family_models):
     """The QK-norm check can fail: the reference without it is far from Loom's logits."""
     gguf_path, directory = family_models["qwen3"]
@@ -200,11 +209,7 @@ def test_qwen3_without_qk_norm_would_differ(family_models):
     plain = ref.Model(**{**model.__dict__, "layers": [
         ref.Layer(**{**layer.__dict__, "q_norm": None, "k_norm": None}) for layer in model.layers]})
     prompt = list(range(1, 40))
-    tool = mrt.ForwardPassTool(directory)
-    try:
-        got = tool.logits([prompt])[0]
-    finally:
-        tool.close()
+    got = directory_logits(directory, prompt)
     assert np.abs(got - ref.logits(plain, prompt)[-1]).max() > 100 * TOL_REFERENCE
 
 
@@ -216,11 +221,7 @@ def test_yarn_reference_differs_from_plain_rope(family_models):
     assert yarn.rope_attention_factor > 1.1
     without_factor = ref.Model(**{**yarn.__dict__, "rope_attention_factor": 1.0})
     prompt = list(range(1, 90))
-    tool = mrt.ForwardPassTool(directory)
-    try:
-        got = tool.logits([prompt])[0]
-    finally:
-        tool.close()
+    got = directory_logits(directory, prompt)
     assert np.abs(got - ref.logits(yarn, prompt)[-1]).max() <= TOL_REFERENCE
     for other in (ref.load(gguf_path), without_factor):
         assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE
@@ -233,11 +234,7 @@ def test_longrope_is_checked(family_models):
     model = ref.load(gguf_path)
     assert model.rope_attention_factor > 1.1
     prompt = list(range(3, 90))
-    tool = mrt.ForwardPassTool(directory)
-    try:
-        got = tool.logits([prompt])[0]
-    finally:
-        tool.close()
+    got = directory_logits(directory, prompt)
     assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
     short = np.asarray(random_model.SPECS["phi3_longrope"].longrope["short"], dtype=np.float64)
     plain = model.rope_base ** (-np.arange(0, model.n_rot, 2, dtype=np.float64) / model.n_rot)
@@ -252,11 +249,7 @@ def test_mixture_of_experts_routing_is_checked(family_models):
     gguf_path, directory = family_models["mixtral"]
     model = ref.load(gguf_path)
     prompt = list(range(3, 60))
-    tool = mrt.ForwardPassTool(directory)
-    try:
-        got = tool.logits([prompt])[0]
-    finally:
-        tool.close()
+    got = directory_logits(directory, prompt)
     assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
     for changes in ({"n_expert_used": 1}, {"expert_norm": False}):
         other = ref.Model(**{**model.__dict__, **changes})

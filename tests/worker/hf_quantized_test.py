@@ -1,5 +1,6 @@
-"""AWQ and GPTQ checkpoints (Hugging Face directories with a quantization_config) served through
-Loom's INT4/INT8 weights (common/formats/hf_quantization.cc).
+"""AWQ, GPTQ and FP8 checkpoints (Hugging Face directories with a quantization_config) served
+through Loom's INT4/INT8 weights, or F16 where those cannot hold them
+(common/formats/hf_quantization.cc).
 
 The checkpoints are written by tests/common/hf_quantized_checkpoint.py in AutoAWQ's GEMM layout
 and AutoGPTQ's layout from the llama3_rope random model (hidden 128, FFN 256: every input width
@@ -11,7 +12,8 @@ float32 directories of
     same floats the F32 path multiplies);
   * the weights the checkpoint stands for (float64 dequantization): TOL_FORMAT = 0.1, the effect
     of those float16 roundings (measured 0.044 for asymmetric INT4, 0.021 for float16 act-order,
-    0 for symmetric 4 and 8 bits, whose min -8 s is exact).
+    0.020-0.023 for FP8 (block `weight_scale_inv`, compressed-tensors per channel and per
+    tensor) dequantized to float16, 0 for symmetric 4 and 8 bits, whose min -8 s is exact).
 A layout read wrong (AWQ's nibble order taken as sequential) moves the logits by whole units:
 checked.
 """
@@ -44,10 +46,14 @@ VARIANTS = {
     "gptq4_asym_v2": dict(method="gptq", v2=True),
     "gptq4_act_order": dict(method="gptq", act_order=True, seed=5),
     "gptq8_per_channel": dict(method="gptq", bits=8, group_size=-1, symmetric=True),
+    "fp8_block": dict(method="fp8", fp8_scheme="block"),
+    "fp8_ct_channel": dict(method="fp8", fp8_scheme="channel"),
+    "fp8_ct_tensor": dict(method="fp8", fp8_scheme="tensor"),
 }
 # What each variant loads as (the load log's conversion lines).
 EXPECTED_FORMAT = {"awq4": "INT4 g32", "gptq4": "INT4 g32", "gptq4_asym_v2": "INT4 g32",
-                   "gptq4_act_order": "F16", "gptq8_per_channel": "INT8"}
+                   "gptq4_act_order": "F16", "gptq8_per_channel": "INT8", "fp8_block": "F16",
+                   "fp8_ct_channel": "F16", "fp8_ct_tensor": "F16"}
 LOOM_BIN = BUILD_DIR / "coordinator" / "loom"
 
 
@@ -108,6 +114,7 @@ def test_a_layout_read_wrong_would_be_seen(source, tmp_path):
     ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes'"),
     ({"version": "gemv"}, "AWQ version 'gemv'"),
     ({"bits": 3}, "3 bits"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "'pack-quantized'"),
 ])
 def test_unsupported_quantization_configs_are_refused_by_name(source, tmp_path, changes, needle):
     import json
