@@ -156,6 +156,50 @@ void DequantizeQ4_1(const uint8_t* src, uint64_t num_blocks, float* dst) {
   }
 }
 
+// The 5-bit values of a Q5_0/Q5_1 block: low nibbles of qs (elements 0..15, then the high
+// nibbles for 16..31) with bit i of the little-endian qh as element i's fifth bit.
+void Unpack5Bit(const uint8_t* qh_bytes, const uint8_t* qs, int q[32]) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  for (int i = 0; i < 16; ++i) {
+    q[i] = (qs[i] & 0x0f) | static_cast<int>(((qh >> i) & 1u) << 4);
+    q[i + 16] = (qs[i] >> 4) | static_cast<int>(((qh >> (i + 16)) & 1u) << 4);
+  }
+}
+
+// Q5_0 block (22 bytes): f16 d, u32 qh, 16 bytes of nibbles; x = d * (q - 16).
+void DequantizeQ5_0(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  int q[32];
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 22, dst += 32) {
+    const float d = LoadHalf(src);
+    Unpack5Bit(src + 2, src + 6, q);
+    for (int i = 0; i < 32; ++i) dst[i] = d * static_cast<float>(q[i] - 16);
+  }
+}
+
+// Q5_1 block (24 bytes): f16 d, f16 m, u32 qh, 16 bytes of nibbles; x = (d * q) + m.
+void DequantizeQ5_1(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  int q[32];
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 24, dst += 32) {
+    const float d = LoadHalf(src);
+    const float m = LoadHalf(src + 2);
+    Unpack5Bit(src + 4, src + 8, q);
+    for (int i = 0; i < 32; ++i) dst[i] = d * static_cast<float>(q[i]) + m;
+  }
+}
+
+// IQ4_NL block (18 bytes): f16 d, 16 bytes of nibbles indexing a non-linear table (low
+// nibbles are elements 0..15); x = d * kIq4NlValues[q].
+void DequantizeIQ4_NL(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 18, dst += 32) {
+    const float d = LoadHalf(src);
+    for (int i = 0; i < 16; ++i) {
+      dst[i] = d * static_cast<float>(kIq4NlValues[src[2 + i] & 0x0f]);
+      dst[i + 16] = d * static_cast<float>(kIq4NlValues[src[2 + i] >> 4]);
+    }
+  }
+}
+
 // The 12 packed bytes of Q4_K/Q5_K hold 8 six-bit scales and 8 six-bit mins.
 void UnpackKScaleMin(const uint8_t* scales, uint8_t sc[8], uint8_t mn[8]) {
   for (int j = 0; j < 4; ++j) {
@@ -284,6 +328,9 @@ bool CanDequantize(GgmlType type) {
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kIQ4_NL:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
@@ -316,6 +363,15 @@ absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elemen
       return absl::OkStatus();
     case GgmlType::kQ4_1:
       DequantizeQ4_1(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ5_0:
+      DequantizeQ5_0(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kQ5_1:
+      DequantizeQ5_1(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kIQ4_NL:
+      DequantizeIQ4_NL(bytes, num_elements / 32, dst);
       return absl::OkStatus();
     case GgmlType::kQ4_K:
       DequantizeQ4_K(bytes, num_elements / 256, dst);

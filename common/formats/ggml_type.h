@@ -26,6 +26,7 @@ enum class GgmlType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ4_NL = 20,
   kI8 = 24,
   kI16 = 25,
   kI32 = 26,
@@ -33,6 +34,11 @@ enum class GgmlType : uint32_t {
   kF64 = 28,
   kBF16 = 30,
 };
+
+/// IQ4_NL's 16 levels (the format's non-linear table): a nibble q stands for
+/// d * kIq4NlValues[q].
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
 
 /// Storage layout of one type: `block_size` elements occupy `type_size` bytes.
 struct GgmlTypeTraits {
@@ -57,7 +63,7 @@ bool CanDequantize(GgmlType type);
 /// Dequantizes `num_elements` elements of `type` from `src` (exactly
 /// GgmlRowBytes(type, num_elements) bytes) into `dst` as F32. Bit-identical to the
 /// PyPI `gguf` package's `gguf.quants.dequantize`. Supported: F32, F16, BF16, Q8_0,
-/// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K. Thread-safe.
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K. Thread-safe.
 absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elements,
                              float* dst);
 

@@ -237,6 +237,46 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
   return w;
 }
 
+// Q5_0 (d * (q - 16), q 5 bits) and IQ4_NL (d * kIq4NlValues[q]) blocks of 32 as INT8 g32
+// without loss: the int8 value times the block's F16 scale d, which INT8 keeps as is.
+absl::StatusOr<PackedWeight> PackInt8Blocks(common::GgmlType type, const uint8_t* src, int64_t rows,
+                                            int64_t cols) {
+  using common::GgmlType;
+  const std::string type_name = common::RawGgmlTypeName(static_cast<uint32_t>(type));
+  if (cols % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s tensor: cols %d is not a multiple of 32", type_name, cols));
+  }
+  LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kInt8, rows, cols, 32));
+  const int64_t block_bytes = type == GgmlType::kQ5_0 ? 22 : 18;
+  const int64_t groups = cols / 32;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* block = src + (row * groups + g) * block_bytes;
+      w.scales[GroupIndex(w, row, g)] = LoadU16(block);
+      const int64_t c0 = g * 32;
+      if (type == GgmlType::kQ5_0) {
+        uint32_t qh;
+        std::memcpy(&qh, block + 2, sizeof(qh));
+        const uint8_t* qs = block + 6;
+        for (int j = 0; j < 16; ++j) {
+          SetQ(w, row, c0 + j,
+               static_cast<int8_t>(((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4)) - 16));
+          SetQ(w, row, c0 + 16 + j,
+               static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16));
+        }
+      } else {
+        for (int j = 0; j < 16; ++j) {
+          SetQ(w, row, c0 + j, common::kIq4NlValues[block[2 + j] & 0x0f]);
+          SetQ(w, row, c0 + 16 + j, common::kIq4NlValues[block[2 + j] >> 4]);
+        }
+      }
+    }
+  }
+  w.source = absl::StrFormat("%s -> INT8 g32 (lossless)", type_name);
+  return w;
+}
+
 absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,
                                         int64_t cols) {
   using common::GgmlType;
@@ -251,6 +291,9 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kQ4_1:
     case GgmlType::kQ8_0:
       return PackGgufBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
+    case GgmlType::kQ5_0:
+    case GgmlType::kIQ4_NL:
+      return PackInt8Blocks(type, static_cast<const uint8_t*>(data), rows, cols);
     case GgmlType::kF16: {
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
@@ -264,6 +307,7 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     }
     case GgmlType::kF32:
     case GgmlType::kBF16:
+    case GgmlType::kQ5_1:  // d * q + m with 5-bit q: no Loom integer format holds it
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: {
@@ -292,7 +336,7 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     default:
       return absl::InvalidArgumentError(absl::StrFormat(
           "PackWeight: unsupported tensor type %s (supported: F32, F16, BF16, Q4_0, Q4_1, "
-          "Q8_0, Q4_K, Q5_K, Q6_K)",
+          "Q8_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K)",
           type_name));
   }
 }

@@ -41,8 +41,9 @@ struct PackedWeight {
 };
 
 /// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
-/// backend format: F32 -> F32, F16 -> F16, BF16 -> F32, Q4_0/Q4_1 -> INT4 g32 and
-/// Q8_0 -> INT8 g32 without loss; K-quants (Q4_K, Q5_K, Q6_K) are dequantized and
+/// backend format: F32 -> F32, F16 -> F16, BF16 -> F32, Q4_0/Q4_1 -> INT4 g32, Q8_0, Q5_0
+/// and IQ4_NL -> INT8 g32 and Q5_1 -> F32, all without loss; K-quants (Q4_K, Q5_K, Q6_K)
+/// are dequantized and
 /// re-quantized (Q4_K/Q5_K -> INT4 g32, Q6_K -> INT8 g32), which `source` says.
 /// InvalidArgument for unsupported types or sizes.
 absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,

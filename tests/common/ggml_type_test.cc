@@ -93,6 +93,7 @@ TEST(GgmlTypeTest, RowBytesCountsWholeBlocksAndRejectsPartialOrOverflowingSizes)
 TEST(GgmlTypeTest, CanDequantizeExactlyTheSupportedTypes) {
   const std::vector<GgmlType> supported = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
                                            GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                           GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
                                            GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
   for (uint32_t raw = 0; raw < 64; ++raw) {
     const auto type = static_cast<GgmlType>(raw);
@@ -103,11 +104,11 @@ TEST(GgmlTypeTest, CanDequantizeExactlyTheSupportedTypes) {
 }
 
 TEST(GgmlTypeTest, DequantizingAnUnsupportedTypeIsUnimplementedNamingIt) {
-  std::vector<uint8_t> block(22, 0);
-  std::vector<float> out(32);
-  absl::Status status = DequantizeToF32(GgmlType::kQ5_0, block.data(), 32, out.data());
+  std::vector<uint8_t> block(110, 0);
+  std::vector<float> out(256);
+  absl::Status status = DequantizeToF32(GgmlType::kQ3_K, block.data(), 256, out.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("Q5_0"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Q3_K"));
   status = DequantizeToF32(GgmlType::kQ2_K, block.data(), 256, out.data());
   EXPECT_THAT(std::string(status.message()), HasSubstr("Q2_K"));
 }

@@ -20,11 +20,15 @@ F16_SCALE_OFFSETS = {
     Q.Q8_0: [0],
     Q.Q4_0: [0],
     Q.Q4_1: [0, 2],
+    Q.Q5_0: [0],
+    Q.Q5_1: [0, 2],
+    Q.IQ4_NL: [0],
     Q.Q4_K: [0, 2],
     Q.Q5_K: [0, 2],
     Q.Q6_K: [208],
 }
-SUPPORTED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+SUPPORTED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K,
+             Q.Q5_K, Q.Q6_K]
 
 
 def random_finite_f16_bits(rng: np.random.Generator, count: int) -> np.ndarray:
@@ -133,14 +137,14 @@ def test_model_tensors_dequantize_bit_identical_to_gguf(model_path: pathlib.Path
 
 def test_unsupported_type_is_reported_not_crashed(tmp_path: pathlib.Path) -> None:
     rng = np.random.default_rng(7)
-    data = random_rows(rng, Q.Q5_0, 2, 2)
-    writer = gguf.GGUFWriter(tmp_path / "q5_0.gguf", "llama")
-    writer.add_tensor("q5_0", data, raw_dtype=Q.Q5_0)
+    data = random_rows(rng, Q.Q3_K, 2, 1)
+    writer = gguf.GGUFWriter(tmp_path / "q3_k.gguf", "llama")
+    writer.add_tensor("q3_k", data, raw_dtype=Q.Q3_K)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    result = subprocess.run([str(tool_path("gguf_dequant_tool")), str(tmp_path / "q5_0.gguf"),
+    result = subprocess.run([str(tool_path("gguf_dequant_tool")), str(tmp_path / "q3_k.gguf"),
                              str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert "Q5_0" in result.stderr and "not implemented" in result.stderr
+    assert "Q3_K" in result.stderr and "not implemented" in result.stderr

@@ -15,13 +15,16 @@ namespace {
 
 using common::GgmlType;
 
-// Random GGUF Q4_0 / Q4_1 / Q8_0 blocks (scales of both signs, random payload bytes).
+// Random GGUF blocks of 32 (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL): F16 scales (and mins) of
+// both signs, random payload bytes.
 std::vector<uint8_t> RandomGgufBlocks(GgmlType type, int64_t num_elements, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> scale(-0.5f, 0.5f);
   std::uniform_int_distribution<int> byte(0, 255);
-  const int64_t block_bytes = type == GgmlType::kQ8_0 ? 34 : type == GgmlType::kQ4_0 ? 18 : 20;
-  const int header = type == GgmlType::kQ4_1 ? 4 : 2;
+  const absl::StatusOr<common::GgmlTypeTraits> traits =
+      common::GetGgmlTypeTraits(static_cast<uint32_t>(type));
+  const int64_t block_bytes = traits->type_size;
+  const int header = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 ? 4 : 2;
   std::vector<uint8_t> out((num_elements / 32) * block_bytes);
   for (size_t b = 0; b < out.size(); b += block_bytes) {
     for (int h = 0; h < header; h += 2) {
@@ -58,8 +61,12 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
     ASSERT_TRUE(common::DequantizeToF32(type, blocks.data(), rows * cols, expected.data()).ok());
     absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
     ASSERT_TRUE(packed.ok()) << packed.status();
-    EXPECT_EQ(packed->group_size, 32);
-    EXPECT_EQ(packed->format, type == GgmlType::kQ8_0 ? WeightFormat::kInt8 : WeightFormat::kInt4);
+    const WeightFormat format = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1
+                                    ? WeightFormat::kInt4
+                                : type == GgmlType::kQ5_1 ? WeightFormat::kF32
+                                                          : WeightFormat::kInt8;
+    EXPECT_EQ(packed->format, format);
+    EXPECT_EQ(packed->group_size, format == WeightFormat::kF32 ? 0 : 32);
     EXPECT_NE(packed->source.find("lossless"), std::string::npos) << packed->source;
     const std::vector<float> got = Unpack(*packed);
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
@@ -72,7 +79,8 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gguf, LosslessPackTest,
-                         testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0));
+                         testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0,
+                                         GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL));
 
 TEST(WeightsTest, F16AndF32PackWithoutLoss) {
   const int64_t rows = 19, cols = 40;
@@ -204,7 +212,7 @@ TEST(WeightsTest, UnpackQuantizedGivesTheValuesDequantizeRowsReads) {
 
 TEST(WeightsTest, RejectsUnsupportedTypesAndShapes) {
   const std::vector<uint8_t> bytes(1024, 1);
-  EXPECT_EQ(PackWeight(GgmlType::kQ5_0, bytes.data(), 2, 32).status().code(),
+  EXPECT_EQ(PackWeight(GgmlType::kQ3_K, bytes.data(), 2, 256).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PackWeight(GgmlType::kQ4_0, bytes.data(), 2, 48).status().code(),
             absl::StatusCode::kInvalidArgument);

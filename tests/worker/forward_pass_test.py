@@ -55,6 +55,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   moe_top1     max 0.291 (every ISA)        RMS 0.0541
 #   gemma3_swa   max 0.162 (every ISA)        RMS 0.0426
 #   phi3_longrope max 0.690 (every ISA)       RMS 0.141 (untied Q8_0 head with gain 4: large logits)
+#   llama_q5     max 0.152 (every ISA)        RMS 0.0395
 # Mutation check: the activation scale made 1% too large (amax / 127 * 1.01 in
 # QuantizeActivationRows) measured max 0.908 / 0.849 / 0.838 and RMS 0.158 / 0.163 / 0.161 on
 # the three random models, inside the former single bound (max 1.5, mean 0.25) but outside
@@ -70,6 +71,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "moe_top1": (0.44, 0.081),
     "gemma3_swa": (0.24, 0.064),
     "phi3_longrope": (1.04, 0.21),
+    "llama_q5": (0.23, 0.06),
 }
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600

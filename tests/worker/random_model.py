@@ -18,6 +18,7 @@ Variants (see SPECS):
   gemma3_swa     gemma3 arch: 5 local layers (16-token window) and a global one, GELU, sandwich
                  norms, QK-norm, scaled embeddings, RoPE scaling on the global layer.
   phi3_longrope  phi3 arch: fused QKV and gate/up, longrope factors (64-token original context).
+  llama_q5       llama arch with Q5_0 and Q5_1 tensors (the fallbacks inside K-quant files).
   llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
                  `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
                  original context 64 so the divisors span 1..8 within the 256-token context.
@@ -185,6 +186,15 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_qkv": (T.Q8_0, T.F16),
                "attn_output": (T.Q4_1, T.F16), "ffn_up": (T.Q8_0, T.Q4_0),
                "ffn_down": (T.F16, T.Q8_0)}),
+    # The legacy 5-bit formats llama.cpp puts into K-quant files where a row is not a multiple
+    # of 256 (Q5_0 in Q4_K_M, Q5_1 in Q5_K_M): Loom packs Q5_0 into INT8 exactly and keeps
+    # Q5_1 as F32.
+    "llama_q5": ModelSpec(
+        name="llama_q5", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16,
+        n_ff=128, seed=55,
+        types={"token_embd": (T.Q5_0,), "attn_q": (T.Q5_0, T.Q5_1), "attn_k": (T.Q5_1, T.Q5_0),
+               "attn_v": (T.Q5_0,), "attn_output": (T.Q5_1, T.Q8_0), "ffn_gate": (T.Q5_0,),
+               "ffn_up": (T.Q5_1,), "ffn_down": (T.Q5_0, T.Q4_1)}),
     "llama3_rope": ModelSpec(
         name="llama3_rope", arch="llama", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
         n_ff=256, rope_base=500000.0, seed=7,
