@@ -305,8 +305,12 @@ bool LooksLikeHubId(const std::string& model) {
       }
     }
   }
+  // A local path mistyped is not sent to the Hub: its first part is a directory here, or it
+  // is dir/FILE.gguf.
+  std::error_code error;
+  if (fs::is_directory(parts[0], error)) return false;
   // More than two parts name a file of the repository: a GGUF.
-  return parts.size() == 2 || absl::EndsWith(model, ".gguf");
+  return parts.size() == 2 ? !absl::EndsWith(model, ".gguf") : absl::EndsWith(model, ".gguf");
 }
 
 absl::StatusOr<std::string> ResolveHubModel(const std::string& model, const HubOptions& options) {

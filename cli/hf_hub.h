@@ -26,7 +26,9 @@ HubOptions HubOptionsFromEnvironment();
 
 /// True for "org/name" (a repository: a Hugging Face model directory) and
 /// "org/name/path/to/file.gguf" (one GGUF file of a repository): two or more
-/// '/'-separated parts of letters, digits, '-', '_' and '.', not starting with '.' or '/'.
+/// '/'-separated parts of letters, digits, '-', '_' and '.', not starting with '.' or '/';
+/// false when the first part is a local directory or the name is "x/FILE.gguf" (local
+/// paths that do not exist, which then fail as such).
 bool LooksLikeHubId(const std::string& model);
 
 /// The local path of Hub model `model` (LooksLikeHubId): the snapshot directory

@@ -196,6 +196,16 @@ def test_gated_unknown_and_gguf_repositories(hub, tmp_path):
 def test_a_name_that_is_neither_a_path_nor_a_hub_id_is_refused(tmp_path):
     result = generate(tmp_path / "missing.gguf", {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)})
     assert result.returncode != 0 and "missing.gguf" in result.stderr
+    # A mistyped relative path is a missing file, not a Hub repository (nothing is asked of
+    # the endpoint, which here cannot answer).
+    (tmp_path / "models").mkdir()
+    for name in ("models/typo.gguf", "models/sub/typo.gguf", "elsewhere/typo.gguf"):
+        env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path / "cache")}
+        result = subprocess.run([str(LOOM_BIN), "generate", "--model", name, "--prompt", "x"],
+                                capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                                env={**{k: v for k, v in os.environ.items() if not k.startswith("HF_")}, **env})
+        assert result.returncode != 0 and "typo.gguf" in result.stderr, (name, result.stderr)
+        assert "cannot reach" not in result.stderr, (name, result.stderr)
 
 
 def test_loom_up_serves_a_hub_id_downloaded_once(hub, tmp_path, monkeypatch):
