@@ -67,4 +67,12 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& config,
   return inv_freq;
 }
 
+std::vector<float> LocalRopeInverseFrequencies(const ModelConfig& config) {
+  if (config.local_rope_theta <= 0.0) return {};
+  ModelConfig local = config;
+  local.rope_theta = config.local_rope_theta;
+  local.rope_scaling = RopeScalingType::kNone;
+  return RopeInverseFrequencies(local, {});
+}
+
 }  // namespace loom::common

@@ -17,4 +17,8 @@ namespace loom::common {
 std::vector<float> RopeInverseFrequencies(const ModelConfig& config,
                                           const std::vector<float>& freq_factors);
 
+/// The inverse frequencies of local (sliding-window) layers that rotate with their own base
+/// `config.local_rope_theta` and no scaling (Gemma 3); empty when every layer rotates alike.
+std::vector<float> LocalRopeInverseFrequencies(const ModelConfig& config);
+
 }  // namespace loom::common

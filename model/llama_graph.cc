@@ -138,12 +138,8 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
   LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(hidden_ones));
   LOOM_ASSIGN_OR_RETURN(graph->rope_inv_freq_, d.UploadF32(RopeInverseFrequencies(config, {})));
   if (config.local_rope_theta > 0.0) {
-    common::ModelConfig local = config;
-    local.rope_theta = config.local_rope_theta;
-    local.rope_scaling = common::RopeScalingType::kNone;
-    local.rope_attention_factor = 1.0;
     LOOM_ASSIGN_OR_RETURN(graph->local_rope_inv_freq_,
-                          d.UploadF32(RopeInverseFrequencies(local, {})));
+                          d.UploadF32(common::LocalRopeInverseFrequencies(config)));
   }
   for (int64_t l = 0; l < config.num_layers; ++l) {
     Layer layer;

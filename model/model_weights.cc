@@ -307,14 +307,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
                           loader.Vector(config.rope_factors_tensor, config.rope_dim / 2));
   }
   weights->rope_inv_freq = RopeInverseFrequencies(config, freq_factors);
-  if (config.local_rope_theta > 0.0) {
-    // Local layers rotate with their own base and no scaling (Gemma 3).
-    common::ModelConfig local = config;
-    local.rope_theta = config.local_rope_theta;
-    local.rope_scaling = common::RopeScalingType::kNone;
-    local.rope_attention_factor = 1.0;
-    weights->local_rope_inv_freq = RopeInverseFrequencies(local, {});
-  }
+  weights->local_rope_inv_freq = common::LocalRopeInverseFrequencies(config);
 
   for (int64_t l = plan.layer0; l < plan.layer0 + plan.num_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");

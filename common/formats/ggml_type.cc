@@ -14,6 +14,33 @@
 #endif
 
 namespace loom::common {
+
+float HalfToFloat(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
+  const uint32_t exponent = (half >> 10) & 0x1fu;
+  uint32_t mantissa = half & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // Inf or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // 112 = 127 - 15
+  } else if (mantissa == 0) {
+    bits = sign;  // signed zero
+  } else {
+    // Subnormal half: normalise the mantissa.
+    int shift = 0;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      ++shift;
+    }
+    mantissa &= 0x3ffu;
+    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
 namespace {
 
 struct TypeEntry {
@@ -71,33 +98,6 @@ const GgmlTypeTraits* FindTraits(uint32_t type) {
 // The kernels below reproduce `gguf.quants.dequantize` bit for bit: every product and
 // difference is rounded to float32 separately, in numpy's order (so no FMA contraction),
 // and float16 scales are widened exactly.
-
-// IEEE binary16 bits to float, exact; NaN payloads are kept (numpy's software path).
-float HalfToFloat(uint16_t half) {
-  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
-  const uint32_t exponent = (half >> 10) & 0x1fu;
-  uint32_t mantissa = half & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // Inf or NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // 112 = 127 - 15
-  } else if (mantissa == 0) {
-    bits = sign;  // signed zero
-  } else {
-    // Subnormal half: normalise the mantissa.
-    int shift = 0;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    mantissa &= 0x3ffu;
-    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
-  }
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
 
 float LoadHalf(const uint8_t* bytes) {
   uint16_t half;

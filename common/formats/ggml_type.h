@@ -35,6 +35,9 @@ enum class GgmlType : uint32_t {
   kBF16 = 30,
 };
 
+/// IEEE binary16 bits to float, exact; NaN payloads are kept (numpy's software path).
+float HalfToFloat(uint16_t half);
+
 /// IQ4_NL's 16 levels (the format's non-linear table): a nibble q stands for
 /// d * kIq4NlValues[q].
 inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -26,12 +26,6 @@ constexpr int64_t kLoomGroupMultiple = 32;
 // AutoAWQ's GEMM layout puts output column 8c + kAwqOrder[k] into nibble k of word c.
 constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-float HalfBitsToFloat(uint16_t bits) {
-  _Float16 half;
-  std::memcpy(&half, &bits, sizeof(half));
-  return static_cast<float>(half);
-}
-
 uint16_t FloatToHalfBits(float value) {
   const _Float16 half = static_cast<_Float16>(value);  // round to nearest even
   uint16_t bits;
@@ -158,7 +152,7 @@ absl::StatusOr<Unpacked> Unpack(const HfQuantization& quantization, const std::s
   u.scales.resize(u.groups * u.out);
   for (int64_t i = 0; i < u.groups * u.out; ++i) {
     u.scale_bits[i] = Load<uint16_t>(t.scales, i);
-    u.scales[i] = HalfBitsToFloat(u.scale_bits[i]);
+    u.scales[i] = HalfToFloat(u.scale_bits[i]);
   }
   u.group_of.resize(u.in);
   for (int64_t i = 0; i < u.in; ++i) u.group_of[i] = static_cast<int32_t>(i / group);
@@ -309,7 +303,7 @@ absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
       const uint32_t bits = static_cast<uint32_t>(Load<uint16_t>(t.scale, k)) << 16;
       std::memcpy(&scales[k], &bits, sizeof(float));
     } else {
-      scales[k] = HalfBitsToFloat(Load<uint16_t>(t.scale, k));
+      scales[k] = HalfToFloat(Load<uint16_t>(t.scale, k));
     }
   }
   OwnedTensor result{name, {in, out}, GgmlType::kF16, std::vector<uint8_t>(out * in * 2)};
