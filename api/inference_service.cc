@@ -242,7 +242,8 @@ InferenceService::InferenceService(coordinator::Cluster& cluster, const ServedMo
       eos_ids_(tokenizer.EndOfGenerationIds()),
       metrics_(metrics),
       stream_interval_(stream_interval),
-      api_keys_(std::move(api_keys)) {}
+      api_keys_(std::move(api_keys)),
+      embedder_(cluster, config, tokenizer, metrics) {}
 
 InferenceService::~InferenceService() = default;
 
@@ -322,6 +323,45 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                                      request->parse_special());
   response->mutable_token_ids()->Add(ids.begin(), ids.end());
   response->set_max_model_len(static_cast<int32_t>(config_.context_length));
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::Embed(grpc::ServerContext* context,
+                                     const loom::v1::EmbedRequest* request,
+                                     loom::v1::EmbedResponse* response) {
+  if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
+    return coordinator::ToGrpcStatus(allowed);
+  if (cluster_.draining()) {
+    return coordinator::ToGrpcStatus(
+        absl::UnavailableError("the coordinator is shutting down (draining)"));
+  }
+  if (absl::Status known = CheckModel(request->model()); !known.ok())
+    return coordinator::ToGrpcStatus(known);
+  std::vector<loom::v1::GenerateRequest> inputs(request->inputs_size());
+  for (int i = 0; i < request->inputs_size(); ++i) {
+    const loom::v1::EmbedInput& input = request->inputs(i);
+    if (input.has_token_ids()) {
+      *inputs[i].mutable_token_ids() = input.token_ids();
+    } else {
+      inputs[i].set_text(input.text());
+    }
+  }
+  absl::StatusOr<EmbeddingBatch> batch =
+      embedder_.Embed(inputs, [context] { return context->IsCancelled(); });
+  if (!batch.ok()) {
+    if (batch.status().code() == absl::StatusCode::kCancelled &&
+        std::chrono::system_clock::now() >= context->deadline()) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          "the embeddings were not done before the call's deadline");
+    }
+    return coordinator::ToGrpcStatus(batch.status());
+  }
+  for (size_t i = 0; i < batch->vectors.size(); ++i) {
+    loom::v1::Embedding* embedding = response->add_embeddings();
+    embedding->mutable_values()->Add(batch->vectors[i].begin(), batch->vectors[i].end());
+    embedding->set_prompt_tokens(static_cast<int32_t>(batch->input_tokens[i]));
+  }
+  response->set_prompt_tokens(batch->prompt_tokens);
   return grpc::Status::OK;
 }
 

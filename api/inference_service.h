@@ -5,14 +5,15 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/jinja/chat_template.h"
-#include "common/formats/model_config.h"
-#include "common/tokenizer/tokenizer.h"
 #include "api/api_keys.h"
-#include "coordinator/cluster.h"
-#include "coordinator/metrics.h"
+#include "api/embedder.h"
 #include "api/served_model.h"
 #include "api/stream_pump.h"
+#include "common/formats/model_config.h"
+#include "common/jinja/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/cluster.h"
+#include "coordinator/metrics.h"
 #include "loom/v1/inference.grpc.pb.h"
 
 namespace loom::api {
@@ -44,6 +45,8 @@ class InferenceService final
       grpc::CallbackServerContext* context, const loom::v1::GenerateRequest* request) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const loom::v1::TokenizeRequest* request,
                         loom::v1::TokenizeResponse* response) override;
+  grpc::Status Embed(grpc::ServerContext* context, const loom::v1::EmbedRequest* request,
+                     loom::v1::EmbedResponse* response) override;
   grpc::Status Detokenize(grpc::ServerContext* context,
                           const loom::v1::DetokenizeRequest* request,
                           loom::v1::DetokenizeResponse* response) override;
@@ -67,6 +70,7 @@ class InferenceService final
   coordinator::CoordinatorMetrics* metrics_;
   const absl::Duration stream_interval_;  // >= 0: the least time between two messages
   const ApiKeys api_keys_;
+  Embedder embedder_;
   std::atomic<uint64_t> next_request_number_{1};
   class GenerateStream;
   StreamPump pump_;  // drives every GenerateStream

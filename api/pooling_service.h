@@ -1,12 +1,12 @@
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "api/embedder.h"
 #include "api/served_model.h"
 #include "common/formats/model_config.h"
 #include "common/tokenizer/tokenizer.h"
@@ -19,8 +19,7 @@ namespace loom::api {
 
 /// The pooling endpoints: POST /v1/embeddings (api/embeddings_api: an input's last token's
 /// final hidden state, L2-normalized), and /v1/score and /v1/rerank over them (api/score_api:
-/// cosine similarities). Every input is validated like a completion's prompt and placed as
-/// an embedding request (RequestParams::embed); the answer comes once all are done. Errors
+/// cosine similarities), computed by an Embedder; the answer comes once all are done. Errors
 /// are OpenAI error bodies (OpenAiService::WriteError). Thread-safe.
 class PoolingService {
  public:
@@ -33,20 +32,12 @@ class PoolingService {
   void Rerank(const httplib::Request& request, httplib::Response& response);
 
  private:
-  // Places one embedding request per input (validated first, all or none placed) and waits
-  // for their embeddings; `prompt_tokens` receives the inputs' token count.
-  absl::StatusOr<std::vector<std::vector<float>>> Embed(
-      const std::vector<loom::v1::GenerateRequest>& inputs, int64_t& prompt_tokens);
   // NotFound unless `model` names the served model.
   absl::Status CheckModel(const std::string& model) const;
 
-  coordinator::Cluster& cluster_;
   const ServedModel& model_;
   const common::ModelConfig& config_;
-  const common::Tokenizer& tokenizer_;
-  const std::vector<int32_t> eos_ids_;
-  coordinator::CoordinatorMetrics* metrics_;
-  std::atomic<uint64_t> next_id_{1};
+  Embedder embedder_;
 };
 
 }  // namespace loom::api

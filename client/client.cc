@@ -178,6 +178,31 @@ absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& text,
   return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
 }
 
+absl::StatusOr<Embeddings> Client::Embed(const std::vector<EmbedInput>& inputs,
+                                         const CallOptions& call) {
+  loom::v1::EmbedRequest request;
+  for (const EmbedInput& input : inputs) {
+    loom::v1::EmbedInput* one = request.add_inputs();
+    if (!input.token_ids.empty()) {
+      one->mutable_token_ids()->mutable_ids()->Add(input.token_ids.begin(), input.token_ids.end());
+    } else {
+      one->set_text(input.text);
+    }
+  }
+  loom::v1::EmbedResponse response;
+  absl::Status status = CallWithRetry(options_, call, [&](grpc::ClientContext* context) {
+    return impl_->stub->Embed(context, request, &response);
+  });
+  if (!status.ok()) return status;
+  Embeddings out;
+  out.prompt_tokens = response.prompt_tokens();
+  for (const loom::v1::Embedding& embedding : response.embeddings()) {
+    out.vectors.emplace_back(embedding.values().begin(), embedding.values().end());
+    out.input_tokens.push_back(embedding.prompt_tokens());
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> Client::Detokenize(const std::vector<int32_t>& token_ids,
                                                bool skip_special_tokens, const CallOptions& call) {
   loom::v1::DetokenizeRequest request;

@@ -11,6 +11,7 @@
 #include "client/client_options.h"
 #include "client/cluster_info.h"
 #include "client/completion.h"
+#include "client/embeddings.h"
 #include "client/generate_request.h"
 #include "client/generate_stream.h"
 
@@ -63,6 +64,11 @@ class Client {
                                                 bool add_special_tokens = true,
                                                 bool parse_special = true,
                                                 const CallOptions& call = {});
+
+  /// Embeddings of `inputs` (at least one; INVALID_ARGUMENT names a bad input, and none
+  /// of them runs then).
+  absl::StatusOr<Embeddings> Embed(const std::vector<EmbedInput>& inputs,
+                                   const CallOptions& call = {});
 
   /// Text of `token_ids` (INVALID_ARGUMENT for an id outside the vocabulary).
   absl::StatusOr<std::string> Detokenize(const std::vector<int32_t>& token_ids,

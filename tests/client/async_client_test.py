@@ -62,6 +62,17 @@ def test_generate_and_stream_equal_the_blocking_client(rig, reference):
     assert all(c.finish_reason is None for c in chunks[:-1])
 
 
+def test_embed_equals_the_blocking_client(rig):
+    async def main():
+        async with AsyncLoomClient(rig.coordinator.address, timeout=120) as client:
+            return await client.embed(["Hello there.", [1, 2, 3]])
+
+    got = run(main())
+    with LoomClient(rig.coordinator.address, timeout=120) as blocking:
+        want = blocking.embed(["Hello there.", [1, 2, 3]])
+    assert got == want and len(got.vectors) == 2
+
+
 def test_concurrent_requests_from_one_event_loop(rig, reference):
     async def main():
         async with AsyncLoomClient(rig.coordinator.address, timeout=120) as client:

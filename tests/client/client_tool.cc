@@ -237,6 +237,16 @@ int RunInfo(Client& client, const Args& args) {
     out["detokenize"] = StatusJson(text.status());
     if (text.ok()) out["text"] = *text;
   }
+  absl::StatusOr<loom::client::Embeddings> embeddings =
+      client.Embed({loom::client::EmbedInput::Text(args.text),
+                    loom::client::EmbedInput::Tokens(ids.ok() ? *ids : std::vector<int32_t>{})});
+  out["embed"] = StatusJson(embeddings.status());
+  if (embeddings.ok()) {
+    out["embeddings"] = embeddings->vectors;
+    out["embed_prompt_tokens"] = embeddings->prompt_tokens;
+  }
+  out["embed_invalid"] =
+      StatusJson(client.Embed({loom::client::EmbedInput::Tokens({1 << 30})}).status());
   absl::StatusOr<std::string> invalid = client.Detokenize({1 << 30});
   out["detokenize_invalid"] = StatusJson(invalid.status());
   absl::StatusOr<std::vector<loom::client::ModelDescription>> models = client.ListModels();

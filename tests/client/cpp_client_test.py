@@ -5,7 +5,7 @@ and the example program client/examples/generate.cc:
 * cancelling a stream mid-generation ends it CANCELLED and frees every KV block;
 * a deadline that expires gives DEADLINE_EXCEEDED and frees every KV block;
 * UNAVAILABLE before any token is retried until a worker registers;
-* Tokenize/Detokenize round trip, ListModels, GetClusterState.
+* Tokenize/Detokenize round trip, Embed, ListModels, GetClusterState.
 """
 import json
 import subprocess
@@ -96,6 +96,13 @@ def test_tokenize_detokenize_models_and_state(rig):
     assert out["token_ids"] == h.tokenize(text)
     assert out["text"] == text
     assert out["detokenize_invalid"]["code"] == "INVALID_ARGUMENT", out
+    # Embed: the text and its token ids give one unit vector, bit for bit.
+    assert out["embed"]["code"] == "OK", out
+    first, second = out["embeddings"]
+    assert first == second and len(first) == 576
+    assert abs(sum(v * v for v in first) - 1.0) < 1e-4
+    assert out["embed_prompt_tokens"] == 2 * len(out["token_ids"])
+    assert out["embed_invalid"]["code"] == "INVALID_ARGUMENT", out
     assert [m["id"] for m in out["models"]] == [h.MODEL_PATH.stem]
     assert out["models"][0]["vocab_size"] == 49152
     assert out["model"] == h.MODEL_PATH.stem

@@ -7,11 +7,17 @@
 * UNAVAILABLE is retried before the first token (a client that starts before any worker
   registered succeeds once one does) and never after (a coordinator killed mid-stream).
 * tokenize/detokenize round trip, list_models, cluster_state; client errors are not retried.
+* embed: the vectors of POST /v1/embeddings bit for bit (text and token ids); bad inputs
+  are INVALID_ARGUMENT with nothing placed; an expired deadline frees every block.
 """
+import base64
+import math
 import threading
 import time
 
 import grpc
+import numpy as np
+import openai
 import pytest
 
 from client_test_util import LONG_RUN_TOKENS, PROMPT, blocks_in_use, h, require_cluster_binaries
@@ -114,6 +120,40 @@ def test_detokenize_of_an_id_outside_the_vocabulary_is_invalid_argument(client):
     with pytest.raises(LoomError) as error:
         client.detokenize([1 << 30])
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_embed_gives_the_http_apis_vectors(rig, client):
+    ids = client.tokenize(PROMPT)
+    embeddings = client.embed([PROMPT, ids, "A different sentence."])
+    assert len(embeddings.vectors) == 3 and all(len(v) == 576 for v in embeddings.vectors)
+    assert embeddings.vectors[0] == embeddings.vectors[1]
+    assert embeddings.vectors[0] != embeddings.vectors[2]
+    assert all(math.isclose(sum(x * x for x in v), 1.0, rel_tol=1e-4) for v in embeddings.vectors)
+    assert embeddings.input_tokens[:2] == [len(ids), len(ids)]
+    assert embeddings.prompt_tokens == sum(embeddings.input_tokens)
+    assert client.embed(PROMPT).vectors == embeddings.vectors[:1]
+    assert client.embed(ids).vectors == embeddings.vectors[:1]
+    http = openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused", max_retries=0)
+    over_http = http.embeddings.create(model=h.MODEL_PATH.stem, input=[PROMPT, "A different sentence."],
+                                       encoding_format="base64")
+    for got, want in zip(over_http.data, [embeddings.vectors[0], embeddings.vectors[2]]):
+        values = got.embedding if isinstance(got.embedding, list) else \
+            np.frombuffer(base64.b64decode(got.embedding), dtype="<f4").tolist()
+        assert np.array_equal(np.asarray(values, dtype=np.float32), np.asarray(want, dtype=np.float32))
+
+
+def test_embed_refuses_bad_inputs_and_frees_blocks_past_its_deadline(rig, client):
+    for inputs, words in (([], "at least one input"), ([PROMPT, [1 << 30]], "input 1")):
+        with pytest.raises(LoomError) as error:
+            client.embed(inputs)
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in error.value.details, error.value.details
+        assert error.value.attempts == 1
+    with pytest.raises(LoomError) as error:
+        client.embed([PROMPT * 40] * 4, timeout=0.05)
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    rig.coordinator.wait_idle(timeout=30)
+    assert blocks_in_use(rig.coordinator) == 0
 
 
 def test_list_models_and_cluster_state(client):

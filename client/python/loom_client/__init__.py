@@ -18,8 +18,8 @@ from loom_client.aio import AsyncGenerateStream, AsyncLoomClient
 from loom_client.client import LoomClient, RetryPolicy
 from loom_client.errors import LoomError
 from loom_client.stream import GenerateStream
-from loom_client.types import (Chunk, ClusterState, Completion, ModelCard, ReplicaState,
+from loom_client.types import (Chunk, ClusterState, Completion, Embeddings, ModelCard, ReplicaState,
                                PromptTokenLogprob, TokenLogprob, ToolCall)
 
 __all__ = ["LoomClient", "AsyncLoomClient", "AsyncGenerateStream", "RetryPolicy", "LoomError", "GenerateStream", "Chunk", "ClusterState",
-           "Completion", "ModelCard", "ReplicaState", "PromptTokenLogprob", "TokenLogprob", "ToolCall"]
+           "Completion", "Embeddings", "ModelCard", "ReplicaState", "PromptTokenLogprob", "TokenLogprob", "ToolCall"]

@@ -9,9 +9,10 @@ import grpc
 import grpc.aio
 
 from loom_client._proto.loom.v1 import inference_pb2 as pb
-from loom_client.client import Prompt, RetryPolicy, _ClientBase, _generate_request, _set_chat
+from loom_client.client import (Prompt, RetryPolicy, _ClientBase, _embed_request, _generate_request,
+                                _set_chat)
 from loom_client.errors import LoomError
-from loom_client.types import Chunk, ClusterState, Completion, ModelCard
+from loom_client.types import Chunk, ClusterState, Completion, Embeddings, ModelCard
 
 
 class AsyncGenerateStream:
@@ -164,6 +165,11 @@ class AsyncLoomClient(_ClientBase):
         request = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens,
                                      parse_special=parse_special)
         return list((await self._unary(self._stub.Tokenize, request, timeout)).token_ids)
+
+    async def embed(self, inputs, *, timeout: Optional[float] = None) -> Embeddings:
+        """Embeddings of a text, a token-id list, or a list of either (one vector each)."""
+        return Embeddings.from_proto(
+            await self._unary(self._stub.Embed, _embed_request(inputs), timeout))
 
     async def detokenize(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False,
                          timeout: Optional[float] = None) -> str:

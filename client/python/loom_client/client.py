@@ -14,7 +14,7 @@ from loom_client._proto.loom.v1 import inference_pb2_grpc as pb_grpc
 from loom_client._proto.loom.v1 import worker_pb2 as wpb
 from loom_client.errors import LoomError
 from loom_client.stream import GenerateStream
-from loom_client.types import Chunk, ClusterState, Completion, ModelCard
+from loom_client.types import Chunk, ClusterState, Completion, Embeddings, ModelCard
 
 Prompt = Union[str, Sequence[int]]
 
@@ -166,6 +166,11 @@ class LoomClient(_ClientBase):
                                      parse_special=parse_special)
         return list(self._unary(self._stub.Tokenize, request, timeout).token_ids)
 
+    def embed(self, inputs: Union[Prompt, Sequence[Prompt]], *,
+              timeout: Optional[float] = None) -> Embeddings:
+        """Embeddings of a text, a token-id list, or a list of either (one vector each)."""
+        return Embeddings.from_proto(self._unary(self._stub.Embed, _embed_request(inputs), timeout))
+
     def detokenize(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False,
                    timeout: Optional[float] = None) -> str:
         request = pb.DetokenizeRequest(token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -254,6 +259,20 @@ def _generate_request(prompt: Prompt, max_tokens: int, *, logprobs: Optional[int
     else:
         request.token_ids.SetInParent()  # an empty list still selects the token-id prompt
         request.token_ids.ids.extend(prompt)
+    return request
+
+
+def _embed_request(inputs) -> "pb.EmbedRequest":
+    """A str or a list of ints is one input; any other sequence is a list of inputs."""
+    if isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
+                                   and all(isinstance(i, int) for i in inputs)):
+        inputs = [inputs]
+    request = pb.EmbedRequest()
+    for one in inputs:
+        if isinstance(one, str):
+            request.inputs.add(text=one)
+        else:
+            request.inputs.add(token_ids=pb.TokenIds(ids=list(one)))
     return request
 
 

@@ -116,6 +116,21 @@ class Completion:
 
 
 @dataclasses.dataclass
+class Embeddings:
+    """Embed's answer: one vector per input, in input order (each the input's last token's
+    final hidden state, L2-normalized, as POST /v1/embeddings computes it)."""
+    vectors: list[list[float]]
+    input_tokens: list[int]   # each input's token count
+    prompt_tokens: int        # their sum
+
+    @classmethod
+    def from_proto(cls, response) -> "Embeddings":
+        return cls(vectors=[list(e.values) for e in response.embeddings],
+                   input_tokens=[e.prompt_tokens for e in response.embeddings],
+                   prompt_tokens=response.prompt_tokens)
+
+
+@dataclasses.dataclass
 class ModelCard:
     id: str               # the name requests pass as `model`
     name: str             # general.name of the GGUF
