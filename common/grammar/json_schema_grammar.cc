@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/grammar/json_schema_merge.h"
 #include "common/grammar/number_range_grammar.h"
 #include "common/grammar/regex_grammar.h"
 #include "nlohmann/json.hpp"
@@ -115,31 +116,36 @@ class SchemaCompiler {
       return Invalid("the schema false accepts nothing", at);
     }
     if (!s.is_object()) return Invalid("a schema must be an object or a boolean", at);
-    static const absl::flat_hash_set<std::string> kAnnotations = {
-        "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-        "readOnly", "writeOnly", "$defs", "definitions", "contentMediaType", "contentEncoding",
-        "strict", "name", "uniqueItems_", "discriminator", "nullable_"};
     static const absl::flat_hash_set<std::string> kKnown = {
         "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
         "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
         "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "uniqueItems",
         "patternProperties", "minProperties", "maxProperties", "multipleOf"};
     for (const auto& [key, value] : s.items()) {
-      if (kAnnotations.contains(key) || kKnown.contains(key)) continue;
+      if (IsSchemaAnnotation(key) || kKnown.contains(key)) continue;
       return Unsupported(key, at);
     }
     if (s.contains("$ref")) {
-      if (s.size() > 1) {
-        for (const auto& [key, value] : s.items()) {
-          if (key != "$ref" && !kAnnotations.contains(key)) {
-            return Invalid(absl::StrCat("'$ref' with sibling keyword '", key, "' is not supported"), at);
-          }
-        }
-      }
       if (!s["$ref"].is_string()) return Invalid("'$ref' must be a string", at);
       const std::string pointer = s["$ref"].get<std::string>();
       if (pointer.empty() || pointer[0] != '#') {
         return Invalid(absl::StrCat("only local $ref ('#...') is supported, not '", pointer, "'"), at);
+      }
+      for (const auto& [key, value] : s.items()) {
+        if (key == "$ref" || IsSchemaAnnotation(key)) continue;
+        // Keywords beside $ref apply too: one schema for both, when they merge.
+        const Json* target = Resolve(pointer);
+        if (target == nullptr)
+          return Invalid(absl::StrCat("$ref '", pointer, "' does not resolve"), at);
+        Json siblings = s;
+        siblings.erase("$ref");
+        std::optional<Json> merged = IntersectSchemas(siblings, *target);
+        if (++merges_ > kMaxMerges) return Unsupported("schemas merging more than 1000 times", at);
+        if (!merged) {
+          return Invalid(absl::StrCat("'$ref' with sibling keyword '", key, "' is not supported"),
+                         at);
+        }
+        return Compile(*merged, at);
       }
       if (pointer == "#") return Ref("schema");
       auto it = ref_rules_.find(pointer);
@@ -159,23 +165,7 @@ class SchemaCompiler {
     }
     for (const char* combinator : {"anyOf", "oneOf", "allOf"}) {
       if (!s.contains(combinator)) continue;
-      const Json& list = s[combinator];
-      if (!list.is_array() || list.empty()) return Invalid(absl::StrCat("'", combinator, "' must be a non-empty array"), at);
-      for (const auto& [key, value] : s.items()) {
-        if (key != combinator && !kAnnotations.contains(key)) {
-          return Invalid(absl::StrCat("'", combinator, "' with sibling keyword '", key, "' is not supported"), at);
-        }
-      }
-      if (std::string(combinator) == "allOf" && list.size() != 1) {
-        return Unsupported("allOf (with more than one schema)", at);
-      }
-      std::vector<GrammarExprPtr> alts;
-      for (size_t i = 0; i < list.size(); ++i) {
-        auto e = Compile(list[i], absl::StrCat(at, "/", combinator, "/", i));
-        if (!e.ok()) return e;
-        alts.push_back(*e);
-      }
-      return Alt(std::move(alts));
+      return Combinator(s, combinator, at);
     }
     std::vector<std::string> types;
     if (s.contains("type")) {
@@ -221,6 +211,80 @@ class SchemaCompiler {
     return Alt(std::move(alts));
   }
 
+  // anyOf / oneOf / allOf, with the keywords beside them merged into each branch (anyOf,
+  // oneOf) or into the one schema all members merge to (allOf). `false` branches are
+  // dropped. oneOf is compiled as anyOf (vLLM's and xgrammar's reading): a value may match
+  // more than one branch, except where branches that accept everything make that certain
+  // (refused).
+  absl::StatusOr<GrammarExprPtr> Combinator(const Json& s, const std::string& combinator,
+                                            const std::string& at) {
+    const Json& list = s[combinator];
+    if (!list.is_array() || list.empty())
+      return Invalid(absl::StrCat("'", combinator, "' must be a non-empty array"), at);
+    Json siblings = Json::object();
+    std::string sibling_key;
+    for (const auto& [key, value] : s.items()) {
+      if (key == combinator || IsSchemaAnnotation(key)) continue;
+      siblings[key] = value;
+      if (sibling_key.empty()) sibling_key = key;
+    }
+    const auto refused = [&] {
+      return Invalid(absl::StrCat("'", combinator, "' with sibling keyword '", sibling_key,
+                                  "' is not supported"),
+                     at);
+    };
+    if ((!siblings.empty() || combinator == "allOf") && ++merges_ > kMaxMerges) {
+      return Unsupported("schemas merging more than 1000 times", at);
+    }
+    if (combinator == "allOf") {
+      std::optional<Json> merged =
+          siblings.empty() ? std::optional<Json>(Json(true)) : std::optional<Json>(siblings);
+      for (const Json& member : list) {
+        const Json* resolved = &member;
+        if (member.is_object() && member.contains("$ref") && member["$ref"].is_string()) {
+          resolved = Resolve(member["$ref"].get<std::string>());
+          if (resolved == nullptr || member.size() > 1) resolved = &member;
+        }
+        merged = IntersectSchemas(*merged, *resolved);
+        if (!merged)
+          return Unsupported("allOf (of schemas that set the same keyword differently)", at);
+      }
+      if (merged->is_boolean() && !merged->get<bool>())
+        return Invalid("the schemas of 'allOf' accept nothing together", at);
+      return Compile(*merged, at);
+    }
+    std::vector<Json> branches;
+    for (const Json& branch : list) {
+      if (branch.is_boolean() && !branch.get<bool>()) continue;  // matches nothing
+      std::optional<Json> merged =
+          siblings.empty() ? std::optional<Json>(branch) : IntersectSchemas(siblings, branch);
+      if (!merged) return refused();
+      if (merged->is_boolean() && !merged->get<bool>()) continue;
+      branches.push_back(*merged);
+    }
+    if (branches.empty())
+      return Invalid(absl::StrCat("no branch of '", combinator, "' accepts anything"), at);
+    if (combinator == "oneOf" && branches.size() > 1) {
+      for (size_t i = 0; i < branches.size(); ++i) {
+        for (size_t j = i + 1; j < branches.size(); ++j) {
+          if (AcceptsEverything(branches[i]) || AcceptsEverything(branches[j]) ||
+              branches[i] == branches[j]) {
+            return Invalid(absl::StrCat("'oneOf' branches ", i, " and ", j,
+                                        " accept the same values: no value matches exactly one"),
+                           at);
+          }
+        }
+      }
+    }
+    std::vector<GrammarExprPtr> alts;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      auto e = Compile(branches[i], absl::StrCat(at, "/", combinator, "/", i));
+      if (!e.ok()) return e;
+      alts.push_back(*e);
+    }
+    return Alt(std::move(alts));
+  }
+
   absl::StatusOr<GrammarExprPtr> Object(const Json& s, const std::string& at) {
     std::vector<std::pair<std::string, GrammarExprPtr>> props;  // key literal, member expr
     std::vector<bool> required;
@@ -236,6 +300,13 @@ class SchemaCompiler {
     if (s.contains("properties")) {
       if (!s["properties"].is_object()) return Invalid("'properties' must be an object", at);
       for (const auto& [name, sub] : s["properties"].items()) {
+        if (sub.is_boolean() && !sub.get<bool>()) {  // the property must be absent
+          if (required_names.contains(name)) {
+            return Invalid(absl::StrCat("required property '", name, "' has the schema false"), at);
+          }
+          declared.insert(name);
+          continue;
+        }
         auto value = Compile(sub, absl::StrCat(at, "/properties/", name));
         if (!value.ok()) return value;
         props.emplace_back(name, Seq({Lit(Json(name).dump()), Ref("ws"), Lit(":"), Ref("ws"), *value}));
@@ -369,17 +440,28 @@ class SchemaCompiler {
   absl::StatusOr<int64_t> Count(const Json& s, const char* key, const std::string& at, int64_t fallback) {
     if (!s.contains(key)) return fallback;
     const Json& v = s[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    // 2.0 is an integer in JSON Schema.
+    const bool integral = v.is_number_integer() ||
+                          (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+                           std::abs(v.get<double>()) < 1e15);
+    if (!integral || v.get<double>() < 0) {
       return Invalid(absl::StrCat("'", key, "' must be a non-negative integer"), at);
     }
-    if (v.get<int64_t>() > 1000) {
-      return Invalid(absl::StrCat("'", key, "' of ", v.get<int64_t>(), " is above the supported 1000"), at);
+    const int64_t count = static_cast<int64_t>(v.get<double>());
+    if (count > 1000) {
+      return Invalid(absl::StrCat("'", key, "' of ", count, " is above the supported 1000"), at);
     }
-    return v.get<int64_t>();
+    return count;
   }
 
   absl::StatusOr<GrammarExprPtr> Array(const Json& s, const std::string& at) {
     GrammarExprPtr item = Ref("json-value");
+    if (s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>()) {
+      auto lo = Count(s, "minItems", at, 0);
+      if (!lo.ok()) return lo.status();
+      if (*lo > 0) return Invalid("'items' false allows no item but minItems asks for some", at);
+      return Seq({Lit("["), Ref("ws"), Lit("]")});
+    }
     if (s.contains("items")) {
       if (s["items"].is_array()) return Unsupported("items (as an array: tuple validation)", at);
       auto e = Compile(s["items"], at + "/items");
@@ -625,6 +707,10 @@ class SchemaCompiler {
   GrammarDefinition d_;
   std::string root_rule_;
   int next_rule_ = 0;
+  // Schemas merged so far (allOf, keywords beside anyOf/oneOf/$ref): bounds the work a
+  // schema of $refs merging into each other can ask for.
+  static constexpr int kMaxMerges = 1000;
+  int merges_ = 0;
   absl::flat_hash_map<std::string, std::string> ref_rules_;
   std::vector<std::pair<std::string, std::string>> pending_refs_;
 };

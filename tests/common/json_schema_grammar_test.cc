@@ -103,7 +103,13 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
       {R"({"type":"integer","multipleOf":0.5})", "positive integer"},
       {R"({"type":"integer","multipleOf":7,"minimum":0})", "only one bound"},
       {R"({"type":"array","items":[{"type":"string"}]})", "tuple"},
-      {R"({"allOf":[{"type":"string"},{"minLength":1}]})", "allOf"},
+      {R"({"allOf":[{"pattern":"a"},{"pattern":"b"}]})", "allOf"},
+      {R"({"oneOf":[true,{"type":"string"}]})", "no value matches exactly one"},
+      {R"({"anyOf":[false,false]})", "no branch"},
+      {R"({"type":"object","properties":{"a":false},"required":["a"]})", "schema false"},
+      {R"({"type":"array","items":false,"minItems":1})", "allows no item"},
+      {R"({"$ref":"#/$defs/a","pattern":"x","$defs":{"a":{"pattern":"y"}}})",
+       "sibling keyword 'pattern'"},
       {R"({"type":"string","format":"hostname"})", "hostname"},
       {R"({"$ref":"https://example.com/s.json"})", "local $ref"},
       {R"({"$ref":"#/$defs/missing"})", "does not resolve"},
@@ -235,6 +241,47 @@ TEST(JsonSchemaGrammarTest, IntegerMultiples) {
         << v;
   }
   EXPECT_FALSE(automaton.IsAccepting(automaton.AdvanceBytes(automaton.Initial(), "07")));
+}
+
+// allOf, and keywords beside anyOf/oneOf/$ref, merge into one schema (Pydantic writes
+// {"allOf": [{"$ref": ...}], "description": ...} and models extending others as allOf);
+// false subschemas fold away.
+TEST(JsonSchemaGrammarTest, MergedSchemasAndFalseSubschemas) {
+  const std::string all_of =
+      R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer","maximum":99}},
+      "required":["a"]},{"properties":{"b":{"type":"string"}},"required":["b"]},
+      {"properties":{"a":{"minimum":3}}}]})";
+  EXPECT_TRUE(SchemaAccepts(all_of, R"({"a":3,"b":"x"})"));
+  EXPECT_FALSE(SchemaAccepts(all_of, R"({"a":2,"b":"x"})"));  // minimum from the third
+  EXPECT_FALSE(SchemaAccepts(all_of, R"({"a":3})"));          // b required by the second
+  EXPECT_FALSE(SchemaAccepts(all_of, R"({"a":3.5,"b":"x"})"));
+  const std::string closed = R"({"allOf":[{"properties":{"a":{}},"additionalProperties":false},
+      {"properties":{"a":{"type":"integer"},"b":{}}}]})";
+  EXPECT_TRUE(SchemaAccepts(closed, R"({"a":1})"));
+  EXPECT_FALSE(SchemaAccepts(closed, R"({"a":1,"b":2})"));  // b is additional in the first
+  const std::string beside_any_of =
+      R"({"type":"integer","anyOf":[{"minimum":10,"maximum":99},{"maximum":-10,"minimum":-99}]})";
+  EXPECT_TRUE(SchemaAccepts(beside_any_of, "12"));
+  EXPECT_TRUE(SchemaAccepts(beside_any_of, "-10"));
+  EXPECT_FALSE(SchemaAccepts(beside_any_of, "0"));
+  EXPECT_FALSE(SchemaAccepts(beside_any_of, "12.5"));
+  const std::string beside_ref =
+      R"({"$defs":{"n":{"type":"integer","minimum":0}},"$ref":"#/$defs/n","maximum":5,"description":"d"})";
+  EXPECT_TRUE(SchemaAccepts(beside_ref, "5"));
+  EXPECT_FALSE(SchemaAccepts(beside_ref, "6"));
+  const std::string enums = R"({"allOf":[{"enum":["a","b","c"]},{"enum":["c","b","d"]}]})";
+  EXPECT_TRUE(SchemaAccepts(enums, R"("b")"));
+  EXPECT_FALSE(SchemaAccepts(enums, R"("a")"));
+  EXPECT_FALSE(SchemaAccepts(enums, R"("d")"));
+  const std::string falses = R"({"type":"object","properties":{"a":{"type":"integer"},"b":false},
+      "additionalProperties":false,"anyOf":[false,{"required":["a"]}]})";
+  EXPECT_TRUE(SchemaAccepts(falses, R"({"a":1})"));
+  EXPECT_FALSE(SchemaAccepts(falses, R"({"a":1,"b":1})"));
+  EXPECT_FALSE(SchemaAccepts(falses, "{}"));
+  EXPECT_TRUE(SchemaAccepts(R"({"items":false})", "[]"));
+  EXPECT_FALSE(SchemaAccepts(R"({"items":false})", "[1]"));
+  EXPECT_TRUE(SchemaAccepts(R"({"type":"string","maxLength":2.0})", R"("ab")"));
+  EXPECT_FALSE(SchemaAccepts(R"({"type":"string","maxLength":2.0})", R"("abc")"));
 }
 
 TEST(JsonSchemaGrammarTest, JsonObjectAcceptsAnyObjectOnly) {
