@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grammar/json_schema_merge.h"
+#include "common/grammar/json_schema_not.h"
 #include "common/grammar/number_range_grammar.h"
 #include "common/grammar/regex_grammar.h"
 #include "nlohmann/json.hpp"
@@ -116,11 +117,33 @@ class SchemaCompiler {
       return Invalid("the schema false accepts nothing", at);
     }
     if (!s.is_object()) return Invalid("a schema must be an object or a boolean", at);
-    static const absl::flat_hash_set<std::string> kKnown = {
-        "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-        "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
-        "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "uniqueItems",
-        "patternProperties", "minProperties", "maxProperties", "multipleOf"};
+    static const absl::flat_hash_set<std::string> kKnown = {"type",
+                                                            "properties",
+                                                            "required",
+                                                            "additionalProperties",
+                                                            "items",
+                                                            "minItems",
+                                                            "maxItems",
+                                                            "enum",
+                                                            "const",
+                                                            "anyOf",
+                                                            "oneOf",
+                                                            "allOf",
+                                                            "$ref",
+                                                            "minLength",
+                                                            "maxLength",
+                                                            "pattern",
+                                                            "format",
+                                                            "minimum",
+                                                            "maximum",
+                                                            "exclusiveMinimum",
+                                                            "exclusiveMaximum",
+                                                            "uniqueItems",
+                                                            "patternProperties",
+                                                            "minProperties",
+                                                            "maxProperties",
+                                                            "multipleOf",
+                                                            "not"};
     for (const auto& [key, value] : s.items()) {
       if (IsSchemaAnnotation(key) || kKnown.contains(key)) continue;
       return Unsupported(key, at);
@@ -155,6 +178,11 @@ class SchemaCompiler {
         pending_refs_.emplace_back(it->second, pointer);
       }
       return Ref(it->second);
+    }
+    if (s.contains("not")) {
+      absl::StatusOr<Json> rewritten = RewriteNot(s);
+      if (!rewritten.ok()) return Invalid(std::string(rewritten.status().message()), at);
+      return Compile(*rewritten, at);
     }
     if (s.contains("const")) return Lit(s["const"].dump());
     if (s.contains("enum")) {

@@ -98,7 +98,11 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
        "patternProperties together with additionalProperties"},
       {R"({"type":"array","items":{"type":"string"},"uniqueItems":true})", "uniqueItems"},
       {R"({"type":"object","maxProperties":1,"required":["a","b"]})", "maxProperties"},
-      {R"({"not":{"type":"string"}})", "not"},
+      {R"({"not":{"pattern":"a"}})", "'not' (other than"},
+      {R"({"type":"string","pattern":"b","not":{"const":"a"}})", "beside 'pattern'"},
+      {R"({"not":{"enum":[[1]]}})", "array values"},
+      {R"({"type":"boolean","not":{"enum":[true,false]}})", "leaves no value"},
+      {R"({"not":{}})", "accepts everything"},
       {R"({"type":"number","multipleOf":3})", "multipleOf on type number"},
       {R"({"type":"integer","multipleOf":0.5})", "positive integer"},
       {R"({"type":"integer","multipleOf":7,"minimum":0})", "only one bound"},
@@ -282,6 +286,41 @@ TEST(JsonSchemaGrammarTest, MergedSchemasAndFalseSubschemas) {
   EXPECT_FALSE(SchemaAccepts(R"({"items":false})", "[1]"));
   EXPECT_TRUE(SchemaAccepts(R"({"type":"string","maxLength":2.0})", R"("ab")"));
   EXPECT_FALSE(SchemaAccepts(R"({"type":"string","maxLength":2.0})", R"("abc")"));
+}
+
+// `not` of types or of a finite set of values.
+TEST(JsonSchemaGrammarTest, NotAsAFiniteExclusion) {
+  const std::string not_string = R"({"not":{"type":"string"}})";
+  EXPECT_TRUE(SchemaAccepts(not_string, "1"));
+  EXPECT_TRUE(SchemaAccepts(not_string, R"({"a": [null]})"));
+  EXPECT_FALSE(SchemaAccepts(not_string, R"("x")"));
+  const std::string words = R"({"type":"string","not":{"enum":["ab","a","b\"c"]}})";
+  for (const char* ok :
+       {R"("")", R"("abc")", R"("b")", R"("aa")", R"("x")", R"("ba")", R"("b\"")"}) {
+    EXPECT_TRUE(SchemaAccepts(words, ok)) << ok;
+  }
+  for (const char* excluded : {R"("ab")", R"("a")", R"("b\"c")"})
+    EXPECT_FALSE(SchemaAccepts(words, excluded)) << excluded;
+  const std::string ints =
+      R"({"type":"integer","minimum":0,"maximum":9,"not":{"enum":[0,4,5,"x"]}})";
+  for (int v = -1; v <= 10; ++v) {
+    const bool valid = v >= 0 && v <= 9 && v != 0 && v != 4 && v != 5;
+    EXPECT_EQ(SchemaAccepts(ints, std::to_string(v)), valid) << v;
+  }
+  const std::string numbers = R"({"type":"number","minimum":0,"maximum":2,"not":{"const":1}})";
+  EXPECT_TRUE(SchemaAccepts(numbers, "0.5"));
+  EXPECT_TRUE(SchemaAccepts(numbers, "1.5"));
+  EXPECT_TRUE(SchemaAccepts(numbers, "2"));
+  EXPECT_FALSE(SchemaAccepts(numbers, "1"));
+  EXPECT_FALSE(SchemaAccepts(numbers, "2.5"));
+  const std::string mixed = R"({"type":["boolean","null","string"],"not":{"enum":[true,null,""]}})";
+  EXPECT_TRUE(SchemaAccepts(mixed, "false"));
+  EXPECT_TRUE(SchemaAccepts(mixed, R"("s")"));
+  for (const char* excluded : {"true", "null", R"("")"})
+    EXPECT_FALSE(SchemaAccepts(mixed, excluded)) << excluded;
+  const std::string listed = R"({"enum":["a","b","c"],"not":{"const":"b"}})";
+  EXPECT_TRUE(SchemaAccepts(listed, R"("a")"));
+  EXPECT_FALSE(SchemaAccepts(listed, R"("b")"));
 }
 
 TEST(JsonSchemaGrammarTest, JsonObjectAcceptsAnyObjectOnly) {
