@@ -134,6 +134,11 @@ std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
 absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_param,
                                  const char* choice_param, loom::v1::GenerateRequest& request) {
   std::optional<common::GrammarSpec> constraint = ToolCallConstraint(tools);
+  // tool_choice "auto" beside a response format: the format governs the reply.
+  if (constraint && tools.choice == ToolChoice::kAuto &&
+      !request.sampling().grammar().kind().empty()) {
+    constraint.reset();
+  }
   if (constraint) {
     if (!request.sampling().grammar().kind().empty()) {
       return InvalidOpenAiParam(choice_param,

@@ -315,8 +315,33 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
 }
 
 std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools) {
-  if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed)
+  const bool automatic = tools.choice == ToolChoice::kAuto && tools.active();
+  if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed && !automatic)
     return std::nullopt;
+  // "auto": the reply is free until it starts a call in the template's own format, which
+  // is then held to the tools' schemas (the trigger approach). Formats whose calls are not
+  // JSON documents (pythonic, Qwen3-Coder, DeepSeek-V3) stay unconstrained.
+  const char* trigger = nullptr;
+  const char* trigger_at = "anywhere";
+  if (automatic) {
+    switch (tools.format) {
+      case ToolCallFormat::kHermes:
+        trigger = "<tool_call>";
+        break;
+      case ToolCallFormat::kMistral:
+        trigger = "[TOOL_CALLS]";
+        break;
+      case ToolCallFormat::kGeneric:
+      case ToolCallFormat::kLlama3Json:
+        trigger = "{";  // these replies are a call when they are a JSON object
+        trigger_at = "start";
+        break;
+      case ToolCallFormat::kPythonic:
+      case ToolCallFormat::kQwen3Coder:
+      case ToolCallFormat::kDeepSeekV3:
+        return std::nullopt;
+    }
+  }
   const char* arguments_key =
       tools.format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
   Json alternatives = Json::array();
@@ -343,20 +368,32 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
                         {"properties", Json{{"tool_calls", list}}},
                         {"required", Json::array({"tool_calls"})},
                         {"additionalProperties", false}};
+      if (automatic) {
+        return common::GrammarSpec{
+            common::GrammarKind::kToolCalls,
+            Dump(Json{{"schema", schema}, {"trigger", trigger}, {"trigger_at", trigger_at}})};
+      }
       return common::GrammarSpec{common::GrammarKind::kJsonSchema, Dump(schema)};
     }
     case ToolCallFormat::kLlama3Json:
+      if (automatic) {
+        return common::GrammarSpec{
+            common::GrammarKind::kToolCalls,
+            Dump(Json{{"schema", call}, {"trigger", trigger}, {"trigger_at", trigger_at}})};
+      }
       return common::GrammarSpec{common::GrammarKind::kJsonSchema, Dump(call)};
     case ToolCallFormat::kHermes: {
-      const Json spec{{"schema", call},
-                      {"begin", "<tool_call>\n"},
-                      {"end", "\n</tool_call>"},
-                      {"separator", "\n"},
-                      {"repeat", tools.parallel}};
+      Json spec{{"schema", call},
+                {"begin", "<tool_call>\n"},
+                {"end", "\n</tool_call>"},
+                {"separator", "\n"},
+                {"repeat", tools.parallel}};
+      if (automatic) spec["trigger"] = trigger, spec["trigger_at"] = trigger_at;
       return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
     }
     case ToolCallFormat::kMistral: {
-      const Json spec{{"schema", list}, {"begin", "[TOOL_CALLS]"}};
+      Json spec{{"schema", list}, {"begin", "[TOOL_CALLS]"}};
+      if (automatic) spec["trigger"] = trigger, spec["trigger_at"] = trigger_at;
       return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
     }
   }

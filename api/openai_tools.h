@@ -53,7 +53,10 @@ std::string GenericToolPrompt(const nlohmann::ordered_json& tools);
 
 /// The grammar that makes the reply a valid call (tool_choice `required` or a named
 /// function) in the request's format: a JSON Schema of the calls (generic, Llama 3) or
-/// framed calls (Hermes, Mistral). nullopt for `auto` and `none`.
+/// framed calls (Hermes, Mistral). For `auto`, free text until the reply starts a call in
+/// that format (Hermes' <tool_call>, Mistral's [TOOL_CALLS], a generic or Llama 3 reply
+/// that starts with '{'), the call then held to the schemas (kToolCalls with a trigger);
+/// nullopt for `auto` in the pythonic, Qwen3-Coder and DeepSeek-V3 formats and for `none`.
 std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools);
 
 }  // namespace loom::api

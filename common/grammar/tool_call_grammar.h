@@ -8,7 +8,14 @@
 //   {"schema": <JSON Schema of one framed document>,
 //    "begin": "<tool_call>\n", "end": "\n</tool_call>",   // framing, may be ""
 //    "separator": "\n",                                   // between framed documents
-//    "repeat": true}                                      // one or more documents
+//    "repeat": true,                                      // one or more documents
+//    "trigger": "<tool_call>",                            // optional: tool_choice auto
+//    "trigger_at": "anywhere"}                            //   or "start"
+// With a trigger the reply is free text until the trigger occurs (anywhere, or only as
+// the reply's first characters after blanks: "start"), and from there the framed
+// documents (each must start with the trigger), then blanks: a model that starts a call
+// is held to the schema, one that does not writes what it likes. Every text that avoids
+// the trigger stays possible.
 // Formats whose call is plain JSON (Llama 3.1, the generic fallback) need no framing and
 // use kJsonSchema directly.
 

@@ -126,9 +126,34 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
     EXPECT_TRUE(common::testing::Accepts(*spec, c.valid)) << ToolCallFormatName(c.format);
     EXPECT_FALSE(common::testing::Accepts(*spec, c.invalid)) << ToolCallFormatName(c.format);
   }
-  absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
-  ASSERT_TRUE(automatic.ok());
-  EXPECT_FALSE(ToolCallConstraint(*automatic).has_value());
+  // "auto": the same calls, or text that does not start one; a started call that breaks
+  // the schema is refused. Formats whose calls are not JSON documents stay free.
+  for (const Case& c : cases) {
+    absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
+    ASSERT_TRUE(automatic.ok());
+    automatic->format = c.format;
+    std::optional<common::GrammarSpec> spec = ToolCallConstraint(*automatic);
+    ASSERT_TRUE(spec.has_value()) << ToolCallFormatName(c.format);
+    const char* name = ToolCallFormatName(c.format);
+    EXPECT_TRUE(common::testing::Accepts(*spec, c.valid)) << name;
+    EXPECT_TRUE(common::testing::Accepts(*spec, "It is sunny in Paris today.")) << name;
+    EXPECT_TRUE(common::testing::Accepts(*spec, "")) << name;
+  }
+  for (const Case& c : {cases[0], cases[1], cases[3]}) {  // Hermes' "invalid" is content
+    absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
+    automatic->format = c.format;
+    EXPECT_FALSE(common::testing::Accepts(*ToolCallConstraint(*automatic), c.invalid))
+        << ToolCallFormatName(c.format);
+  }
+  for (ToolCallFormat free :
+       {ToolCallFormat::kPythonic, ToolCallFormat::kQwen3Coder, ToolCallFormat::kDeepSeekV3}) {
+    absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
+    automatic->format = free;
+    EXPECT_FALSE(ToolCallConstraint(*automatic).has_value()) << ToolCallFormatName(free);
+  }
+  absl::StatusOr<ToolsRequest> none = ParseToolsRequest(Body("none"), "");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(ToolCallConstraint(*none).has_value());
 }
 
 TEST(OpenAiToolsTest, NamedChoiceAndParallelCallsShapeTheConstraint) {

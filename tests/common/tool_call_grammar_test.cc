@@ -40,6 +40,42 @@ TEST(ToolCallGrammarTest, HermesFramesEachCall) {
   EXPECT_FALSE(Accepts(many, call + call));  // the separator is required
 }
 
+// tool_choice "auto": free text until the trigger, then calls held to the schema.
+TEST(ToolCallGrammarTest, TriggeredCallsAfterFreeText) {
+  std::string spec = HermesSpec(true);
+  spec.insert(spec.size() - 1, R"(,"trigger":"<tool_call>","trigger_at":"anywhere")");
+  const GrammarSpec anywhere{GrammarKind::kToolCalls, spec};
+  const std::string call =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>";
+  for (const std::string& text :
+       {std::string(), std::string("Sure, I can help."), std::string("a <tool b <tool_cal x é😀"),
+        std::string("Let me check.\n") + call, call + "\n" + call + "\n",
+        std::string("<tool_cal")}) {
+    EXPECT_TRUE(Accepts(anywhere, text)) << text;
+  }
+  for (const std::string& text :
+       {std::string("<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"),
+        std::string("<tool_call>{\"city\": 1}"), call + " and more text",
+        std::string("x<<tool_call>\n{}")}) {
+    EXPECT_FALSE(Accepts(anywhere, text)) << text;
+  }
+  const std::string generic =
+      std::string(R"({"schema":)") + kCall + R"(,"trigger":"{","trigger_at":"start"})";
+  const GrammarSpec start{GrammarKind::kToolCalls, generic};
+  for (const std::string& text :
+       {std::string(), std::string("Plain text with {braces}."),
+        std::string("\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}\n")}) {
+    EXPECT_TRUE(Accepts(start, text)) << text;
+  }
+  for (const std::string& text : {std::string("{\"answer\": 42}"), std::string("{not json")}) {
+    EXPECT_FALSE(Accepts(start, text)) << text;
+  }
+  const GrammarSpec bad_at{GrammarKind::kToolCalls, std::string(R"({"schema":)") + kCall +
+                                                        R"(,"trigger":"{","trigger_at":"end"})"};
+  EXPECT_FALSE(CompileGrammarSpec(bad_at).ok());
+}
+
 TEST(ToolCallGrammarTest, MistralMarkerBeforeTheArray) {
   const GrammarSpec spec{GrammarKind::kToolCalls,
                          std::string(R"({"schema":{"type":"array","items":)") + kCall +
