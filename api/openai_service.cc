@@ -15,6 +15,7 @@
 #include "api/peer_connection.h"
 #include "api/reasoning_parser.h"
 #include "api/tool_call_parser.h"
+#include "api/tool_call_stream.h"
 #include "engine/request_validation.h"
 #include "nlohmann/json.hpp"
 
@@ -59,6 +60,8 @@ struct Choice {
   bool started = false;      // streaming: the first chunk (role, echo) went out
   std::string reply;         // streaming with tools: the whole reply so far
   size_t streamed = 0;       // streaming with tools: bytes of `reply` sent as content
+  std::vector<std::string> call_ids;             // streaming with tools: calls sent so far
+  std::vector<std::string> call_arguments_sent;  //   and their arguments sent
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
   // Chat with --reasoning-parser: splits the streamed reply (whole replies are split at
   // the end, SplitReasoning). Null otherwise.
@@ -406,11 +409,13 @@ bool Pump(Run& run, OnEvent&& on_event, absl::Duration keep_alive,
   return true;
 }
 
-// Streaming with tools: content is sent as soon as it cannot be part of a call; the
-// rest is held until the reply ends and then sent as content or as delta.tool_calls
-// (per call: one chunk with its index, id, type and name and empty arguments, then one
-// with the arguments), with finish_reason "tool_calls". False: the client is gone or the
-// request failed.
+// Streaming with tools: content is sent as soon as it cannot be part of a call; a call
+// goes out as it is generated (api/tool_call_stream): one chunk with its index, id, type,
+// name and empty arguments once its name is known, then its arguments as they grow (the
+// formats whose calls are JSON; the others send each call's arguments whole when the
+// reply ends). What the whole reply parses to decides the rest: content held back, the
+// calls' remaining arguments, finish_reason "tool_calls". False: the client is gone or
+// the request failed.
 template <typename Send, typename MakeChunk>
 bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delta_logprobs,
                     bool failed, Send&& send, MakeChunk&& chunk) {
@@ -424,21 +429,51 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
     out["finish_reason"] = std::move(finish);
     return send(chunk(Json::array({std::move(out)})));
   };
+  // Call i's head (when not sent yet) and its arguments beyond what was sent.
+  auto call_chunks = [&](size_t i, const std::string& name, const std::string& arguments) {
+    if (i >= choice.call_ids.size()) {
+      choice.call_ids.push_back(NewToolCallId());
+      choice.call_arguments_sent.emplace_back();
+      Json head;
+      head["index"] = static_cast<int>(i);
+      head["id"] = choice.call_ids[i];
+      head["type"] = "function";
+      head["function"] = {{"name", name}, {"arguments", ""}};
+      if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(head)})}}, nullptr)) return false;
+    }
+    std::string& sent = choice.call_arguments_sent[i];
+    // Deltas only extend what went out (the final parse of a cut-short or malformed call
+    // may disagree with what streamed; what went out stands).
+    if (arguments.size() <= sent.size() || arguments.compare(0, sent.size(), sent) != 0)
+      return true;
+    Json more;
+    more["index"] = static_cast<int>(i);
+    more["function"] = {{"arguments", arguments.substr(sent.size())}};
+    sent = arguments;
+    return delta_chunk(Json{{"tool_calls", Json::array({std::move(more)})}}, nullptr);
+  };
   Json delta = Json::object();
   if (!choice.started) {
     delta["role"] = "assistant";
     delta["content"] = "";
     choice.started = true;
   }
+  const ToolsRequest& tools = run.parsed.tools;
   const bool final = choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED;
   if (!final || failed) {
-    const size_t safe = StreamableContent(run.parsed.tools.format, choice.reply);
+    const size_t safe = StreamableContent(tools.format, choice.reply);
     if (safe > choice.streamed) {
       delta["content"] = choice.reply.substr(choice.streamed, safe - choice.streamed);
       choice.streamed = safe;
     }
-    if (delta.empty() && delta_logprobs.is_null()) return true;
-    if (!delta_chunk(std::move(delta), nullptr)) return false;
+    if (!delta.empty() || !delta_logprobs.is_null()) {
+      if (!delta_chunk(std::move(delta), nullptr)) return false;
+    }
+    std::vector<PartialToolCall> calls = PartialToolCalls(tools.format, choice.reply);
+    if (!tools.parallel && calls.size() > 1) calls.resize(1);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (!call_chunks(i, calls[i].name, calls[i].arguments)) return false;
+    }
     if (failed) {
       const absl::Status error = absl::UnavailableError(
           absl::StrFormat("the request could not be completed: %s", choice.error));
@@ -447,9 +482,12 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
     }
     return true;
   }
-  ToolReply reply = ParseReply(run.parsed.tools, choice.reply);
+  ToolReply reply = ParseReply(tools, choice.reply);
+  const bool streamed_calls = !choice.call_ids.empty();
+  // Content: all of it without calls (unless calls already went out: the rest is theirs,
+  // cut short), else what precedes the first call.
   const size_t content_end =
-      reply.calls.empty() ? choice.reply.size()
+      reply.calls.empty() ? (streamed_calls ? choice.streamed : choice.reply.size())
                           : (reply.content.is_null() ? 0 : reply.content.get<std::string>().size());
   if (content_end > choice.streamed) {
     delta["content"] = choice.reply.substr(choice.streamed, content_end - choice.streamed);
@@ -459,16 +497,7 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
     if (!delta_chunk(std::move(delta), nullptr)) return false;
   }
   for (size_t i = 0; i < reply.calls.size(); ++i) {
-    Json head;
-    head["index"] = static_cast<int>(i);
-    head["id"] = NewToolCallId();
-    head["type"] = "function";
-    head["function"] = {{"name", reply.calls[i].name}, {"arguments", ""}};
-    if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(head)})}}, nullptr)) return false;
-    Json arguments;
-    arguments["index"] = static_cast<int>(i);
-    arguments["function"] = {{"arguments", reply.calls[i].arguments}};
-    if (!delta_chunk(Json{{"tool_calls", Json::array({std::move(arguments)})}}, nullptr)) return false;
+    if (!call_chunks(i, reply.calls[i].name, reply.calls[i].arguments)) return false;
   }
   return delta_chunk(Json::object(), reply.calls.empty()
                                          ? Json(engine::FinishReasonName(choice.finish))

@@ -4,7 +4,7 @@ generic format, tools in a system prompt, calls as {"tool_calls": [...]}).
 
 tool_choice "required" and a named function make the reply a valid call of the tool's
 schema (the grammar engine enforces it, sampled at temperature 1.0), non-streaming and
-streaming (delta.tool_calls as OpenAI streams them); "auto" parses a call the model wrote
+streaming (delta.tool_calls as OpenAI streams them, the arguments as they are generated); "auto" parses a call the model wrote
 and holds a call the model starts to the schemas (the generic format's trigger: a reply
 that starts with '{');
 an assistant tool call and the tool's answer render through the chat template; tool
@@ -62,7 +62,7 @@ def test_named_function_streams_delta_tool_calls(client, model):
         stream = client.chat.completions.create(
             model=model, messages=ASK, tools=TOOLS, tool_choice=named, temperature=1.0, seed=seed,
             max_tokens=MAX_TOKENS, stream=True, parallel_tool_calls=False)
-        calls, finish, content = {}, None, ""
+        calls, finish, content, pieces = {}, None, "", 0
         for chunk in stream:
             if not chunk.choices:
                 continue
@@ -76,6 +76,7 @@ def test_named_function_streams_delta_tool_calls(client, model):
                     call["name"] += part.function.name
                 if part.function and part.function.arguments:
                     call["arguments"] += part.function.arguments
+                    pieces += 1
             finish = chunk.choices[0].finish_reason or finish
         assert finish == "tool_calls"
         assert content == ""
@@ -83,6 +84,13 @@ def test_named_function_streams_delta_tool_calls(client, model):
         for call in calls.values():
             assert call["name"] == "get_time" and call["id"].startswith("call_")
             check_call(call["name"], call["arguments"])
+        # The arguments arrive as they are generated, not whole at the end, and join to
+        # what the same request answers whole.
+        assert pieces > 1, calls
+        whole = client.chat.completions.create(
+            model=model, messages=ASK, tools=TOOLS, tool_choice=named, temperature=1.0, seed=seed,
+            max_tokens=MAX_TOKENS, parallel_tool_calls=False).choices[0].message.tool_calls
+        assert [c.function.arguments for c in whole] == [calls[i]["arguments"] for i in sorted(calls)]
 
 
 # The generic format's call, written by a structured-output constraint, for `auto` to parse.

@@ -1,0 +1,28 @@
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/tool_call_parser.h"
+
+namespace loom::api {
+
+/// A tool call as far as a reply still being generated shows it.
+struct PartialToolCall {
+  std::string name;       // complete: a call is reported once its name is
+  std::string arguments;  // the arguments so far, a prefix of what ParseToolCalls returns
+  bool complete = false;  // the arguments are closed (what ParseToolCalls returns, whole)
+};
+
+/// The calls visible in `text`, a reply so far, for the formats whose calls are JSON
+/// (generic, Hermes, Mistral, Llama 3 JSON), in order. Object arguments come in the
+/// compact form ParseToolCalls gives them (whitespace outside strings dropped, each
+/// string and number written as nlohmann's dump writes it: only what is final so far), so
+/// the arguments of a call only grow as the reply does and end equal to the parsed
+/// call's. Arguments sent as a JSON string are reported when the string is complete.
+/// Empty for the other formats (their calls arrive whole when the reply ends) and for a
+/// reply that is not (yet) a call.
+std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text);
+
+}  // namespace loom::api

@@ -1,0 +1,103 @@
+#include "api/tool_call_stream.h"
+
+#include <string>
+#include <vector>
+
+#include "api/tool_call_parser.h"
+#include "gtest/gtest.h"
+
+namespace loom::api {
+namespace {
+
+struct Reply {
+  ToolCallFormat format;
+  std::string text;
+};
+
+// Replies in each JSON format, with what makes compacting hard: spaces, escapes (\/, \u
+// with a surrogate pair, control characters), non-ASCII text, numbers nlohmann rewrites
+// (1.50, 1e2, -0), nested values, string arguments, arguments before the name.
+std::vector<Reply> Replies() {
+  return {
+      {ToolCallFormat::kGeneric,
+       R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Saint-\u00c9tienne \ud83d\ude00",)"
+       R"( "unit" : "celsius", "days": [1.50, 1e2, -0, true, null], "x": {"a\/b": "t\tab\u0001"}}},)"
+       "\n {\"arguments\": {\"tz\": \"CET\"}, \"name\": \"get_time\"}]}"},
+      {ToolCallFormat::kGeneric,
+       "```json\n{\"name\": \"f\", \"arguments\": {\"q\": \"é€ 😀\"}}\n```"},
+      {ToolCallFormat::kHermes,
+       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+       "\"Paris\", "
+       "\"n\": 3}}\n</tool_call>\n<tool_call>\n{\"function\": {\"name\": \"get_time\", "
+       "\"arguments\": "
+       "\"{\\\"tz\\\": \\\"UTC\\\"}\"}}\n</tool_call>"},
+      {ToolCallFormat::kMistral,
+       R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "noop", "arguments": null}])"},
+      {ToolCallFormat::kLlama3Json,
+       R"(<|python_tag|>{"name": "search", "parameters": {"query": "a;b", "k": 10}}; {"name": "other", "parameters": {}})"},
+  };
+}
+
+// Every prefix of every reply: the calls seen so far have the final names, in order, and
+// arguments that are a prefix of the final arguments (so deltas concatenate to them); the
+// whole reply gives exactly the parsed calls.
+TEST(ToolCallStreamTest, ArgumentsOnlyGrowAndEndAsTheParsedCalls) {
+  for (const Reply& reply : Replies()) {
+    const ParsedReply parsed = ParseToolCalls(reply.format, reply.text);
+    ASSERT_FALSE(parsed.calls.empty()) << reply.text;
+    std::vector<size_t> seen(parsed.calls.size(), 0);
+    for (size_t cut = 0; cut <= reply.text.size(); ++cut) {
+      const std::vector<PartialToolCall> calls =
+          PartialToolCalls(reply.format, std::string_view(reply.text).substr(0, cut));
+      ASSERT_LE(calls.size(), parsed.calls.size()) << cut;
+      for (size_t i = 0; i < calls.size(); ++i) {
+        ASSERT_EQ(calls[i].name, parsed.calls[i].name) << cut;
+        const std::string& whole = parsed.calls[i].arguments;
+        ASSERT_EQ(whole.compare(0, calls[i].arguments.size(), calls[i].arguments), 0)
+            << "cut " << cut << ": '" << calls[i].arguments << "' is not a prefix of '" << whole
+            << "'";
+        ASSERT_GE(calls[i].arguments.size(), seen[i]) << cut;  // never shrinks
+        seen[i] = calls[i].arguments.size();
+        if (calls[i].complete) {
+          ASSERT_EQ(calls[i].arguments, whole) << cut;
+        }
+      }
+    }
+    const std::vector<PartialToolCall> final_calls = PartialToolCalls(reply.format, reply.text);
+    ASSERT_EQ(final_calls.size(), parsed.calls.size()) << reply.text;
+    for (size_t i = 0; i < final_calls.size(); ++i) {
+      EXPECT_TRUE(final_calls[i].complete) << reply.text;
+      EXPECT_EQ(final_calls[i].arguments, parsed.calls[i].arguments);
+    }
+  }
+}
+
+TEST(ToolCallStreamTest, ArgumentsStreamBeforeTheCallEnds) {
+  const std::string text =
+      R"({"tool_calls": [{"name": "write", "arguments": {"body": "a long text)";
+  const std::vector<PartialToolCall> calls = PartialToolCalls(ToolCallFormat::kGeneric, text);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].name, "write");
+  EXPECT_EQ(calls[0].arguments, R"({"body":"a long text)");
+  EXPECT_FALSE(calls[0].complete);
+  // A number is held until it ends; an escape until it is whole.
+  EXPECT_EQ(PartialToolCalls(ToolCallFormat::kGeneric, R"({"name": "f", "arguments": {"n": 12)")[0]
+                .arguments,
+            R"({"n":)");
+  EXPECT_EQ(
+      PartialToolCalls(ToolCallFormat::kGeneric, R"({"name": "f", "arguments": {"s": "x\u00)")[0]
+          .arguments,
+      R"({"s":"x)");
+}
+
+TEST(ToolCallStreamTest, TextAndOtherFormatsHaveNoPartialCalls) {
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kGeneric, "It is sunny.").empty());
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kGeneric, R"({"tool_calls": [{"arguments": {"a": 1)")
+                  .empty());
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kHermes, "No call here <tool_").empty());
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kPythonic, "[f(a=1)]").empty());
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f>").empty());
+}
+
+}  // namespace
+}  // namespace loom::api
