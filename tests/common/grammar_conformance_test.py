@@ -29,6 +29,16 @@ PERSON = {
 
 # (schema, [documents]); every document's expected verdict comes from jsonschema.
 CORPUS = [
+    # not of types and of values; allOf and keywords beside anyOf merged into one schema.
+    ({"not": {"type": "string"}}, ['1', '"x"', 'null', '{}', '{"k": [1]}', '[1, "a"]']),
+    ({"type": "string", "not": {"enum": ["ab", "a"]}}, ['"ab"', '"a"', '"abc"', '""', '"b"', '"a\\"']),
+    ({"type": "integer", "minimum": 0, "maximum": 9, "not": {"enum": [0, 4]}}, ['0', '4', '5', '9', '10', '-1']),
+    ({"type": "number", "not": {"const": 1}}, ['1', '1.5', '0.999', '-1']),
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                 "additionalProperties": True},
+                {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
+     ['{"a": 1, "b": "x"}', '{"a": 1}', '{"b": "x"}', '{"a": 1, "b": "x", "c": 2}', '{"a": "1", "b": "x"}']),
+    ({"type": "integer", "anyOf": [{"minimum": 10}, {"maximum": -10}]}, ['12', '-10', '0', '12.5', '-9']),
     (PERSON, ['{"name": "Ada", "age": 36}', '{"name":"Ada","age":36,"email":"ada@example.com"}',
               '{"name": "", "age": 36}', '{"name": "Ada", "age": -1}', '{"name": "Ada", "age": 151}',
               '{"name": "Ada"}', '{"name": "Ada", "age": 36, "x": 1}', '{"name": "Ada", "age": 3.5}',
@@ -135,7 +145,7 @@ def test_matcher_agrees_with_jsonschema():
 def test_unsupported_schemas_name_the_construct():
     schemas = {
         "patternProperties": {"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": {}},
-        "not": {"not": {"type": "null"}},
+        "'not' (other than": {"not": {"minLength": 2}},
         "if": {"if": {"type": "string"}, "then": {"minLength": 1}},
         "multipleOf": {"type": "number", "multipleOf": 2},
         "uniqueItems": {"type": "array", "uniqueItems": True},
