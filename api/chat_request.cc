@@ -157,8 +157,10 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
         common::GrammarKindName(constraint->kind));
     request.mutable_sampling()->mutable_grammar()->set_text(constraint->text);
   }
-  // Mistral's [TOOL_CALLS] is a special token: the parser needs it in the text.
-  if (tools.active() && tools.format == ToolCallFormat::kMistral &&
+  // Mistral's [TOOL_CALLS] and gpt-oss's channels are special tokens: the parser needs
+  // them in the text.
+  if (((tools.active() && tools.format == ToolCallFormat::kMistral) ||
+       tools.format == ToolCallFormat::kGptOss) &&
       !request.has_skip_special_tokens()) {
     request.set_skip_special_tokens(false);
   }
@@ -202,8 +204,10 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
 ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text) {
   ChatReply out;
   ParsedReply parsed = ParseToolCalls(tools.format, text);
+  if (!tools.active()) parsed.calls.clear();  // gpt-oss without tools: channels only
   if (!tools.parallel && parsed.calls.size() > 1) parsed.calls.resize(1);
-  out.content = std::string(text.substr(0, parsed.content_end));
+  out.content = parsed.content ? *parsed.content : std::string(text.substr(0, parsed.content_end));
+  out.reasoning = std::move(parsed.reasoning);
   if (!parsed.calls.empty()) {
     while (!out.content.empty() && std::isspace(static_cast<unsigned char>(out.content.back()))) {
       out.content.pop_back();

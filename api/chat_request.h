@@ -5,16 +5,17 @@
 // with the model's chat template, constrain required / named tool calls with the grammar
 // engine, and parse the model's reply back into tool calls.
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/jinja/chat_template.h"
-#include "common/tokenizer/tokenizer.h"
 #include "api/openai_tools.h"
 #include "api/tool_call_parser.h"
+#include "common/jinja/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
 #include "loom/v1/inference.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -58,6 +59,7 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
 struct ChatReply {
   std::string content;
   std::vector<ParsedToolCall> calls;
+  std::optional<std::string> reasoning;  // gpt-oss: the analysis channel
 };
 ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text);
 

@@ -140,7 +140,7 @@ class InferenceService::GenerateStream final
     completion_tokens_ += static_cast<int32_t>(event.token_ids.size());
     response_.Clear();
     response_.set_request_id(request_->request_id());
-    if (tools_.active()) reply_ += event.text;
+    if (tools_.parses_reply()) reply_ += event.text;
     response_.set_text(std::move(event.text));
     response_.mutable_token_ids()->Add(event.token_ids.begin(), event.token_ids.end());
     for (loom::v1::SequenceOutput& logprob : event.logprobs) {
@@ -166,7 +166,7 @@ class InferenceService::GenerateStream final
       out->mutable_top_logprobs()->Add(event.prompt_logprobs[i]->top.begin(),
                                        event.prompt_logprobs[i]->top.end());
     }
-    if (tools_.active() && event.finish_reason != loom::v1::FINISH_REASON_ERROR &&
+    if (tools_.parses_reply() && event.finish_reason != loom::v1::FINISH_REASON_ERROR &&
         event.finish_reason != loom::v1::FINISH_REASON_ABORT) {
       // The calls in the whole reply, as /v1/chat/completions parses them.
       ChatReply reply = ParseChatReply(tools_, reply_);

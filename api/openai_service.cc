@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "api/chat_request.h"
+#include "api/harmony_reply.h"
 #include "api/openai_logprobs.h"
 #include "api/openai_request.h"
 #include "api/peer_connection.h"
@@ -60,6 +61,7 @@ struct Choice {
   bool started = false;      // streaming: the first chunk (role, echo) went out
   std::string reply;         // streaming with tools: the whole reply so far
   size_t streamed = 0;       // streaming with tools: bytes of `reply` sent as content
+  size_t reasoning_streamed = 0;                 // gpt-oss: bytes of its reasoning sent
   std::vector<std::string> call_ids;             // streaming with tools: calls sent so far
   std::vector<std::string> call_arguments_sent;  //   and their arguments sent
   int64_t text_offset = 0;   // completions logprobs: where the next token's text starts
@@ -247,77 +249,6 @@ void OpenAiService::Models(const httplib::Request&, httplib::Response& response)
   response.set_content(Dump(list), "application/json");
 }
 
-void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response& response) {
-  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"), response);
-    return;
-  }
-  bool add_special = true;
-  if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) {
-      WriteError(InvalidOpenAiParam("add_special_tokens", "'add_special_tokens' must be a boolean"),
-                 response);
-      return;
-    }
-    add_special = it->get<bool>();
-  }
-  std::vector<int32_t> ids;
-  if (body.contains("messages")) {
-    // Rendered exactly as /v1/chat/completions renders them.
-    absl::StatusOr<OpenAiRequest> parsed =
-        ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, request.body, tokenizer_, chat_template_);
-    if (!parsed.ok()) {
-      WriteError(parsed.status(), response);
-      return;
-    }
-    const auto& prompt_ids = parsed->prompts[0].token_ids().ids();
-    ids.assign(prompt_ids.begin(), prompt_ids.end());
-  } else if (auto it = body.find("prompt"); it != body.end() && it->is_string()) {
-    ids = tokenizer_.Encode(it->get<std::string>(), add_special, /*parse_special=*/true);
-  } else {
-    WriteError(InvalidOpenAiParam("prompt", "'prompt' (a string) or 'messages' is required"),
-               response);
-    return;
-  }
-  Json out;
-  out["count"] = ids.size();
-  out["max_model_len"] = config_.context_length;
-  out["tokens"] = ids;
-  response.set_content(Dump(out), "application/json");
-}
-
-void OpenAiService::Detokenize(const httplib::Request& request, httplib::Response& response) {
-  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"), response);
-    return;
-  }
-  auto it = body.find("tokens");
-  if (it == body.end() || !it->is_array()) {
-    WriteError(InvalidOpenAiParam("tokens", "'tokens' must be a list of token ids"), response);
-    return;
-  }
-  std::vector<int32_t> ids;
-  for (const Json& id : *it) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config_.vocab_size) {
-      WriteError(InvalidOpenAiParam("tokens", absl::StrFormat("'tokens' must hold ids in [0, %d)",
-                                                              config_.vocab_size)),
-                 response);
-      return;
-    }
-    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-  }
-  absl::StatusOr<std::string> text = tokenizer_.Decode(ids, /*skip_special=*/false);
-  if (!text.ok()) {
-    WriteError(InvalidOpenAiParam("tokens", std::string(text.status().message())), response);
-    return;
-  }
-  Json out;
-  out["prompt"] = *text;
-  response.set_content(Dump(out), "application/json");
-}
-
 namespace {
 
 // The reply of a finished choice with tools: its content (null when empty) and calls,
@@ -325,6 +256,7 @@ namespace {
 struct ToolReply {
   Json content;
   std::vector<ParsedToolCall> calls;
+  std::optional<std::string> reasoning;  // gpt-oss's analysis channel
 };
 
 ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
@@ -332,6 +264,7 @@ ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
   ToolReply out;
   out.content = parsed.content.empty() && !parsed.calls.empty() ? Json(nullptr) : Json(parsed.content);
   out.calls = std::move(parsed.calls);
+  out.reasoning = std::move(parsed.reasoning);
   return out;
 }
 
@@ -460,9 +393,23 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
   }
   const ToolsRequest& tools = run.parsed.tools;
   const bool final = choice.finish != loom::v1::FINISH_REASON_UNSPECIFIED;
+  // gpt-oss: content and reasoning are channels, not a prefix of the reply.
+  auto channel_deltas = [&](const std::string& content, const std::string& reasoning) {
+    if (reasoning.size() > choice.reasoning_streamed) {
+      delta["reasoning_content"] = reasoning.substr(choice.reasoning_streamed);
+      choice.reasoning_streamed = reasoning.size();
+    }
+    if (content.size() > choice.streamed) {
+      delta["content"] = content.substr(choice.streamed);
+      choice.streamed = content.size();
+    }
+  };
   if (!final || failed) {
-    const size_t safe = StreamableContent(tools.format, choice.reply);
-    if (safe > choice.streamed) {
+    if (tools.format == ToolCallFormat::kGptOss) {
+      HarmonyText so_far = HarmonySoFar(choice.reply);
+      channel_deltas(so_far.content, so_far.reasoning);
+    } else if (const size_t safe = StreamableContent(tools.format, choice.reply);
+               safe > choice.streamed) {
       delta["content"] = choice.reply.substr(choice.streamed, safe - choice.streamed);
       choice.streamed = safe;
     }
@@ -489,7 +436,10 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
   const size_t content_end =
       reply.calls.empty() ? (streamed_calls ? choice.streamed : choice.reply.size())
                           : (reply.content.is_null() ? 0 : reply.content.get<std::string>().size());
-  if (content_end > choice.streamed) {
+  if (tools.format == ToolCallFormat::kGptOss) {
+    channel_deltas(reply.content.is_string() ? reply.content.get<std::string>() : std::string(),
+                   reply.reasoning.value_or(""));
+  } else if (content_end > choice.streamed) {
     delta["content"] = choice.reply.substr(choice.streamed, content_end - choice.streamed);
     choice.streamed = content_end;
   }
@@ -542,12 +492,15 @@ void AnswerWhole(bool chat, Run& run, const common::Tokenizer& tokenizer,
       if (split.reasoning) reasoning = *split.reasoning;
       text = std::move(split.content);
     }
-    if (chat && options.tools.active()) {
+    if (chat && options.tools.parses_reply()) {
       ToolReply reply = ParseReply(options.tools, text);
       Json message;
       message["role"] = "assistant";
       message["content"] = reply.content;
-      if (run.reasoning_starts_inside.has_value()) message["reasoning_content"] = reasoning;
+      if (reply.reasoning) reasoning = *reply.reasoning;
+      if (run.reasoning_starts_inside.has_value() || reply.reasoning) {
+        message["reasoning_content"] = reasoning;
+      }
       if (!reply.calls.empty()) {
         if (options.tools.legacy) {
           message["function_call"] = {{"name", reply.calls[0].name},
@@ -637,7 +590,7 @@ void AnswerStream(bool chat, std::shared_ptr<Run> run, const common::Tokenizer& 
                 reasoning = std::move(split.reasoning);
                 text = std::move(split.content);
               }
-              if (chat && run->parsed.tools.active()) {
+              if (chat && run->parsed.tools.parses_reply()) {
                 if (!reasoning.empty()) {
                   Json head = Json::object();
                   if (!choice.started) head["role"] = "assistant";

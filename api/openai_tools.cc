@@ -205,9 +205,9 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   // A forced call in a format the grammar engine cannot write (not JSON, or its function
   // name outside the JSON) is constrained to, and parsed as, the generic JSON form.
   const bool forced = out.choice == ToolChoice::kRequired || out.choice == ToolChoice::kNamed;
-  if (forced && (out.format == ToolCallFormat::kPythonic ||
-                 out.format == ToolCallFormat::kQwen3Coder ||
-                 out.format == ToolCallFormat::kDeepSeekV3)) {
+  if (forced &&
+      (out.format == ToolCallFormat::kPythonic || out.format == ToolCallFormat::kQwen3Coder ||
+       out.format == ToolCallFormat::kDeepSeekV3 || out.format == ToolCallFormat::kGptOss)) {
     out.format = ToolCallFormat::kGeneric;
   }
   return out;
@@ -339,6 +339,7 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
       case ToolCallFormat::kPythonic:
       case ToolCallFormat::kQwen3Coder:
       case ToolCallFormat::kDeepSeekV3:
+      case ToolCallFormat::kGptOss:
         return std::nullopt;
     }
   }
@@ -363,6 +364,7 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
     case ToolCallFormat::kPythonic:  // forced calls in these are generic (ParseToolsRequest)
     case ToolCallFormat::kQwen3Coder:
     case ToolCallFormat::kDeepSeekV3:
+    case ToolCallFormat::kGptOss:
     case ToolCallFormat::kGeneric: {
       const Json schema{{"type", "object"},
                         {"properties", Json{{"tool_calls", list}}},

@@ -28,6 +28,9 @@ struct ToolsRequest {
 
   /// Tool calls are looked for in the reply (tools given and tool_choice not "none").
   bool active() const { return !tools.empty() && choice != ToolChoice::kNone; }
+  /// The reply goes through the format's parser: tools are active, or the format splits
+  /// every reply (gpt-oss's channels: reasoning, content and calls).
+  bool parses_reply() const { return active() || format == ToolCallFormat::kGptOss; }
 };
 
 /// Parses the tool fields of `body` for a model whose chat template has `template_source`

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "api/harmony_reply.h"
 #include "api/pythonic_calls.h"
 #include "nlohmann/json.hpp"
 
@@ -38,10 +39,10 @@ Json ParseJson(std::string_view text) {
 }
 
 // A reply that holds no (well-formed) call: all content.
-ParsedReply ContentOnly(std::string_view text) { return ParsedReply{text.size(), {}}; }
+ParsedReply ContentOnly(std::string_view text) { return ParsedReply{text.size(), {}, {}, {}}; }
 
 ParsedReply WithCalls(std::vector<ParsedToolCall> calls, size_t content_end) {
-  return ParsedReply{content_end, std::move(calls)};
+  return ParsedReply{content_end, std::move(calls), {}, {}};
 }
 
 // {"name": ..., <arguments_key>: {...} or "..."} as a call; false when it is not one.
@@ -297,12 +298,15 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "qwen3_coder";
     case ToolCallFormat::kDeepSeekV3:
       return "deepseek_v3";
+    case ToolCallFormat::kGptOss:
+      return "gpt_oss";
   }
   return "generic";
 }
 
 ToolCallFormat ToolCallFormatOf(std::string_view source) {
   auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
+  if (has("<|channel|>") && has("<|message|>")) return ToolCallFormat::kGptOss;
   if (has(kFunctionOpen) && has(kParameterOpen)) return ToolCallFormat::kQwen3Coder;
   if (has(kDsCallsBegin)) return ToolCallFormat::kDeepSeekV3;
   if (has("<tool_call>")) return ToolCallFormat::kHermes;
@@ -327,6 +331,8 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
       return ParseLlama3(text);
     case ToolCallFormat::kGeneric:
       return ParseGeneric(text);
+    case ToolCallFormat::kGptOss:
+      return ParseHarmony(text);
     case ToolCallFormat::kPythonic:
       return ParsePythonic(text);
     case ToolCallFormat::kQwen3Coder:
@@ -347,6 +353,8 @@ size_t StreamableContent(ToolCallFormat format, std::string_view text) {
       return std::min(BeforeMarker(text, kHermesOpen), BeforeMarker(text, kFunctionOpen));
     case ToolCallFormat::kDeepSeekV3:
       return std::min(BeforeMarker(text, kDsCallsBegin), BeforeMarker(text, kDsCallBegin));
+    case ToolCallFormat::kGptOss:
+      return 0;  // its content is no prefix of the reply: HarmonySoFar streams it
     case ToolCallFormat::kPythonic:
     case ToolCallFormat::kLlama3Json:
     case ToolCallFormat::kGeneric: {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,9 +34,13 @@ enum class ToolCallFormat {
   /// ```json {...} ```<｜tool▁call▁end｜>... after optional content; V3.1's
   /// <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> too.
   kDeepSeekV3,
+  /// gpt-oss (OpenAI harmony): channels in special tokens; a message to functions.NAME is
+  /// a call, "analysis" is reasoning, "final" the answer (api/harmony_reply.h).
+  kGptOss,
 };
 
-/// "generic", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3".
+/// "generic", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3",
+/// "gpt_oss".
 const char* ToolCallFormatName(ToolCallFormat format);
 
 /// The format `template_source` (a Jinja chat template) speaks: Qwen3-Coder when it writes
@@ -57,9 +62,12 @@ struct ParsedToolCall {
 
 /// The model's reply split into content and calls.
 struct ParsedReply {
-  /// The content is text[0, content_end) (all of it when there are no calls).
+  /// The content is text[0, content_end) (all of it when there are no calls), unless
+  /// `content` is set (gpt-oss: the final channel, not a prefix of the text).
   size_t content_end = 0;
   std::vector<ParsedToolCall> calls;
+  std::optional<std::string> content;
+  std::optional<std::string> reasoning;  // gpt-oss: the analysis channel
 };
 
 /// Parses the complete reply `text` in `format`. Text that is not a well-formed call of

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "api/harmony_reply.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -393,6 +394,14 @@ std::vector<PartialToolCall> Llama3(std::string_view text) {
 
 }  // namespace
 
+std::string CompactJsonPrefix(std::string_view text) {
+  size_t pos = 0;
+  SkipSpace(text, pos);
+  std::string out;
+  if (pos < text.size() && text[pos] == '{') Value(text, pos, &out);
+  return out;
+}
+
 std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text) {
   switch (format) {
     case ToolCallFormat::kGeneric:
@@ -403,6 +412,8 @@ std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string
       return Mistral(text);
     case ToolCallFormat::kLlama3Json:
       return Llama3(text);
+    case ToolCallFormat::kGptOss:
+      return HarmonyPartialCalls(text);
     case ToolCallFormat::kPythonic:
     case ToolCallFormat::kQwen3Coder:
     case ToolCallFormat::kDeepSeekV3:

@@ -25,4 +25,8 @@ struct PartialToolCall {
 /// reply that is not (yet) a call.
 std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text);
 
+/// The compact form (as ParseToolCalls writes object arguments) of the JSON object `text`
+/// starts with (after blanks), as far as it is final; empty when it does not start one.
+std::string CompactJsonPrefix(std::string_view text);
+
 }  // namespace loom::api

@@ -1,6 +1,6 @@
 """Tool-call formats beyond Hermes, Llama 3 JSON and Mistral, end to end with the official
-`openai` client: `loom serve --chat-template` with a template in Qwen3-Coder's XML style
-and one in Llama's pythonic style, on the default model.
+`openai` client: `loom serve --chat-template` with a template in Qwen3-Coder's XML style,
+one in Llama's pythonic style and one in gpt-oss's harmony channels, on the default model.
 
 The format is chosen from the template, as for a model that ships it. The default model
 does not call tools, so a regex constraint makes it write a call in the template's format;
@@ -29,6 +29,15 @@ FORMATS = {
         "{%- if tools %}<|im_start|>system\nYou may call these tools: {{ tools | tojson }}\n"
         "Reply with [func_name1(params_name1=params_value1), func_name2(params)]<|im_end|>\n{% endif %}" + CHATML,
         '\\[get_weather\\(city="[A-Z][a-z]{2,8}", days=[1-9]\\)\\]'),
+    # gpt-oss (harmony): reasoning in the analysis channel, then a message to the function.
+    "gpt_oss": (
+        "{%- if tools %}<|start|>developer<|message|># Tools\n{{ tools | tojson }}\nCall one as "
+        "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGUMENTS<|call|><|end|>{% endif %}"
+        "{%- for message in messages %}<|start|>{{ message.role }}<|message|>{{ message.content }}<|end|>"
+        "{% endfor %}<|start|>assistant",
+        r"<\|channel\|>analysis<\|message\|>[a-z ]{3,20}<\|end\|><\|start\|>assistant<\|channel\|>commentary "
+        r'to=functions\.get_weather <\|constrain\|>json<\|message\|>\{"city": "[A-Z][a-z]{2,8}", "days": [1-9]\}'
+        r"<\|call\|>"),
 }
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather forecast of a city",
@@ -68,7 +77,7 @@ def test_a_call_in_the_templates_format_is_tool_calls(served):
     name, _, client, model = served
     regex = FORMATS[name][1]
     response = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, temperature=0,
-                                              max_tokens=80, extra_body={"guided_regex": regex})
+                                              max_tokens=160, extra_body={"guided_regex": regex})
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert choice.message.content is None
@@ -78,7 +87,7 @@ def test_a_call_in_the_templates_format_is_tool_calls(served):
 
     names, arguments, finish, content = [], {}, None, ""
     for chunk in client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, temperature=0,
-                                                max_tokens=80, stream=True, extra_body={"guided_regex": regex}):
+                                                max_tokens=160, stream=True, extra_body={"guided_regex": regex}):
         for streamed in chunk.choices:
             content += streamed.delta.content or ""
             for delta in streamed.delta.tool_calls or []:
@@ -94,10 +103,33 @@ def test_a_forced_call_parses(served):
     _, _, client, model = served
     response = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required",
                                               parallel_tool_calls=False,
-                                              temperature=0, max_tokens=80)
+                                              temperature=0, max_tokens=160)
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     parsed = json.loads(call.function.arguments)
     assert isinstance(parsed["city"], str) and isinstance(parsed["days"], int), parsed
+
+
+def test_gpt_oss_channels_are_reasoning_and_content(served):
+    name, _, client, model = served
+    if name != "gpt_oss":
+        pytest.skip("harmony channels are gpt-oss's")
+    regex = (r"<\|channel\|>analysis<\|message\|>[a-z ]{3,20}<\|end\|><\|start\|>assistant"
+             r"<\|channel\|>final<\|message\|>It is [a-z]{3,8}\.")
+    kwargs = dict(model=model, messages=MESSAGES, temperature=0, max_tokens=160, extra_body={"guided_regex": regex})
+    for tools in ({}, {"tools": TOOLS}):  # the channels are split with and without tools
+        message = client.chat.completions.create(**kwargs, **tools).choices[0].message
+        assert message.content.startswith("It is ") and "<|" not in message.content, message
+        reasoning = message.model_extra["reasoning_content"]
+        assert reasoning and "<|" not in reasoning and not message.tool_calls, message
+        content, streamed_reasoning, pieces = "", "", 0
+        for chunk in client.chat.completions.create(stream=True, **kwargs, **tools):
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                part = (choice.delta.model_extra or {}).get("reasoning_content") or ""
+                streamed_reasoning += part
+                pieces += bool(part)
+        assert (content, streamed_reasoning) == (message.content, reasoning)
+        assert pieces > 1  # the reasoning streams as it is generated
