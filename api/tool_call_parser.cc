@@ -282,6 +282,10 @@ size_t BeforeMarker(std::string_view text, std::string_view marker) {
 
 }  // namespace
 
+std::string XmlParameterJson(std::string_view raw) {
+  return XmlParameterValue(raw).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
     case ToolCallFormat::kGeneric:

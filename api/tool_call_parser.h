@@ -79,6 +79,10 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text);
 /// until more text or the end decides. Monotonic in `text`'s growth.
 size_t StreamableContent(ToolCallFormat format, std::string_view text);
 
+/// Qwen3-Coder: a <parameter=...> value's text as the JSON ParseToolCalls puts in the
+/// arguments (what reads as JSON is that value, anything else a string), compact.
+std::string XmlParameterJson(std::string_view raw);
+
 /// A fresh call id: "call_" and 24 random letters and digits. Thread-safe.
 std::string NewToolCallId();
 

@@ -14,6 +14,13 @@ using Json = nlohmann::ordered_json;
 constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
+constexpr std::string_view kFunctionClose = "</function>";
+constexpr std::string_view kParameterOpen = "<parameter=";
+constexpr std::string_view kParameterClose = "</parameter>";
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";  // DeepSeek-V3
+constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 
 // How far a scan got: the value is whole, the text ends inside it, or it is not JSON.
 enum class Scan { kDone, kMore, kBad };
@@ -392,6 +399,86 @@ std::vector<PartialToolCall> Llama3(std::string_view text) {
   return out;
 }
 
+std::string_view Trimmed(std::string_view text) {
+  while (!text.empty() && IsSpace(text.front())) text.remove_prefix(1);
+  while (!text.empty() && IsSpace(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+// Qwen3-Coder: a call once <function=NAME> is whole; its arguments grow by each closed
+// <parameter=KEY>VALUE</parameter> (the value converted as the whole parse converts it).
+std::vector<PartialToolCall> Qwen3Coder(std::string_view text) {
+  std::vector<PartialToolCall> out;
+  for (size_t at = text.find(kFunctionOpen); at != std::string_view::npos;) {
+    const size_t name_end = text.find('>', at);
+    if (name_end == std::string_view::npos) break;
+    PartialToolCall call;
+    call.name = std::string(
+        Trimmed(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
+    if (call.name.empty()) break;
+    const size_t close = text.find(kFunctionClose, name_end);
+    const std::string_view body =
+        text.substr(name_end + 1, close == std::string_view::npos ? std::string_view::npos
+                                                                  : close - name_end - 1);
+    call.arguments = "{";
+    for (size_t p = body.find(kParameterOpen); p != std::string_view::npos;
+         p = body.find(kParameterOpen, p + 1)) {
+      const size_t key_end = body.find('>', p);
+      if (key_end == std::string_view::npos) break;
+      size_t value_end = body.find(kParameterClose, key_end);
+      if (value_end == std::string_view::npos) {
+        if (close == std::string_view::npos) break;  // the value may still grow
+        value_end = body.size();
+      }
+      const std::string key(
+          Trimmed(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
+      if (call.arguments.size() > 1) call.arguments += ',';
+      call.arguments += Json(key).dump(-1, ' ', false, Json::error_handler_t::replace) + ":" +
+                        XmlParameterJson(body.substr(key_end + 1, value_end - key_end - 1));
+    }
+    call.complete = close != std::string_view::npos;
+    if (call.complete) call.arguments += '}';
+    out.push_back(std::move(call));
+    if (!out.back().complete) break;
+    at = text.find(kFunctionOpen, close);
+  }
+  return out;
+}
+
+// DeepSeek-V3: "function<sep>NAME\n```json\n{...}" (V3) or "NAME<sep>{...}" (V3.1).
+std::vector<PartialToolCall> DeepSeekV3(std::string_view text) {
+  std::vector<PartialToolCall> out;
+  for (size_t at = text.find(kDsCallBegin); at != std::string_view::npos;
+       at = text.find(kDsCallBegin, at + 1)) {
+    const size_t head = at + kDsCallBegin.size();
+    const size_t sep = text.find(kDsSep, head);
+    if (sep == std::string_view::npos) break;
+    const size_t end = text.find(kDsCallEnd, sep);
+    std::string_view rest =
+        text.substr(sep + kDsSep.size(), end == std::string_view::npos ? std::string_view::npos
+                                                                       : end - sep - kDsSep.size());
+    PartialToolCall call;
+    if (Trimmed(text.substr(head, sep - head)) == "function") {
+      const size_t newline = rest.find('\n');
+      if (newline == std::string_view::npos) break;
+      call.name = std::string(Trimmed(rest.substr(0, newline)));
+      rest = rest.substr(newline + 1);
+      size_t pos = 0;
+      SkipSpace(rest, pos);
+      SkipFence(rest, pos);
+      rest = rest.substr(pos);
+    } else {
+      call.name = std::string(Trimmed(text.substr(head, sep - head)));
+    }
+    if (call.name.empty()) break;
+    call.arguments = CompactJsonPrefix(rest);
+    call.complete = end != std::string_view::npos;
+    out.push_back(std::move(call));
+    if (end == std::string_view::npos) break;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string CompactJsonPrefix(std::string_view text) {
@@ -414,9 +501,11 @@ std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string
       return Llama3(text);
     case ToolCallFormat::kGptOss:
       return HarmonyPartialCalls(text);
-    case ToolCallFormat::kPythonic:
     case ToolCallFormat::kQwen3Coder:
+      return Qwen3Coder(text);
     case ToolCallFormat::kDeepSeekV3:
+      return DeepSeekV3(text);
+    case ToolCallFormat::kPythonic:
       return {};
   }
   return {};

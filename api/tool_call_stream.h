@@ -15,14 +15,13 @@ struct PartialToolCall {
   bool complete = false;  // the arguments are closed (what ParseToolCalls returns, whole)
 };
 
-/// The calls visible in `text`, a reply so far, for the formats whose calls are JSON
-/// (generic, Hermes, Mistral, Llama 3 JSON), in order. Object arguments come in the
-/// compact form ParseToolCalls gives them (whitespace outside strings dropped, each
-/// string and number written as nlohmann's dump writes it: only what is final so far), so
-/// the arguments of a call only grow as the reply does and end equal to the parsed
-/// call's. Arguments sent as a JSON string are reported when the string is complete.
-/// Empty for the other formats (their calls arrive whole when the reply ends) and for a
-/// reply that is not (yet) a call.
+/// The calls visible in `text`, a reply so far (every format but pythonic), in order. Object
+/// arguments come in the compact form ParseToolCalls gives them (whitespace outside strings
+/// dropped, each string and number written as nlohmann's dump writes it: only what is final so
+/// far), so the arguments of a call only grow as the reply does and end equal to the parsed call's.
+/// Arguments sent as a JSON string are reported when the string is complete. Qwen3-Coder's
+/// arguments grow by whole parameters, DeepSeek-V3's like JSON ones. Empty for pythonic replies
+/// (their calls arrive whole when the reply ends) and for a reply that is not (yet) a call.
 std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text);
 
 /// The compact form (as ParseToolCalls writes object arguments) of the JSON object `text`

@@ -33,6 +33,16 @@ std::vector<Reply> Replies() {
        "\"{\\\"tz\\\": \\\"UTC\\\"}\"}}\n</tool_call>"},
       {ToolCallFormat::kMistral,
        R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "noop", "arguments": null}])"},
+      {ToolCallFormat::kQwen3Coder,
+       "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco, "
+       "CA\n</parameter>\n"
+       "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"a\": [1, "
+       "2]}\n</parameter>\n</function>\n"
+       "</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>"},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+       "{\"city\": \"Paris\", \"n\": 2.50}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
+       "<｜tool▁sep｜>{\"tz\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
       {ToolCallFormat::kLlama3Json,
        R"(<|python_tag|>{"name": "search", "parameters": {"query": "a;b", "k": 10}}; {"name": "other", "parameters": {}})"},
   };
@@ -96,7 +106,7 @@ TEST(ToolCallStreamTest, TextAndOtherFormatsHaveNoPartialCalls) {
                   .empty());
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kHermes, "No call here <tool_").empty());
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kPythonic, "[f(a=1)]").empty());
-  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f>").empty());
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f").empty());
 }
 
 }  // namespace
