@@ -204,7 +204,8 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
 ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text) {
   ChatReply out;
   ParsedReply parsed = ParseToolCalls(tools.format, text);
-  if (!tools.active()) parsed.calls.clear();  // gpt-oss without tools: channels only
+  // gpt-oss without tools: its channels are split, no call is taken.
+  if (tools.format == ToolCallFormat::kGptOss && !tools.active()) parsed.calls.clear();
   if (!tools.parallel && parsed.calls.size() > 1) parsed.calls.resize(1);
   out.content = parsed.content ? *parsed.content : std::string(text.substr(0, parsed.content_end));
   out.reasoning = std::move(parsed.reasoning);

@@ -4,6 +4,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
@@ -45,15 +46,80 @@ absl::StatusOr<std::string> MessageText(const Json& content) {
   return text;
 }
 
+// A function_call input item (the model's earlier call) or function_call_output (its
+// result) as the chat messages a template renders: calls in one assistant message.
+absl::Status AddToolItem(const Json& item, Json& messages) {
+  const auto text = [&](const char* key) -> absl::StatusOr<std::string> {
+    if (!item.contains(key) || !item[key].is_string()) {
+      return InvalidOpenAiParam(
+          "input", absl::StrFormat("a %s item needs a string '%s'", item.value("type", ""), key));
+    }
+    return item[key].get<std::string>();
+  };
+  absl::StatusOr<std::string> call_id = text("call_id");
+  if (!call_id.ok()) return call_id.status();
+  if (item.value("type", "") == "function_call_output") {
+    absl::StatusOr<std::string> output = text("output");
+    if (!output.ok()) return output.status();
+    messages.push_back(Json{{"role", "tool"}, {"tool_call_id", *call_id}, {"content", *output}});
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> name = text("name");
+  if (!name.ok()) return name.status();
+  absl::StatusOr<std::string> arguments = text("arguments");
+  if (!arguments.ok()) return arguments.status();
+  const Json call{{"id", *call_id},
+                  {"type", "function"},
+                  {"function", {{"name", *name}, {"arguments", *arguments}}}};
+  if (messages.empty() || messages.back().value("role", "") != "assistant" ||
+      !messages.back().contains("tool_calls")) {
+    messages.push_back(
+        Json{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", Json::array()}});
+  }
+  messages.back()["tool_calls"].push_back(call);
+  return absl::OkStatus();
+}
+
+// Responses' flat function tools ({type, name, description, parameters}) and tool_choice
+// as the chat completions fields.
+absl::Status ChatTools(const Json& body, Json& chat) {
+  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return InvalidOpenAiParam("tools", "'tools' must be a list");
+    Json out = Json::array();
+    for (const Json& tool : *tools) {
+      if (!tool.is_object() || tool.value("type", "") != "function") {
+        return InvalidOpenAiParam("tools", "only function tools are supported on /v1/responses");
+      }
+      Json function = Json::object();
+      for (const char* key : {"name", "description", "parameters", "strict"}) {
+        if (tool.contains(key)) function[key] = tool[key];
+      }
+      out.push_back(Json{{"type", "function"}, {"function", std::move(function)}});
+    }
+    if (!out.empty()) chat["tools"] = std::move(out);
+  }
+  if (auto choice = body.find("tool_choice"); choice != body.end() && !choice->is_null()) {
+    if (choice->is_object() && choice->value("type", "") == "function" &&
+        choice->contains("name")) {
+      chat["tool_choice"] = Json{{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
+    } else {
+      chat["tool_choice"] = *choice;
+    }
+  }
+  if (auto parallel = body.find("parallel_tool_calls"); parallel != body.end()) {
+    chat["parallel_tool_calls"] = *parallel;
+  }
+  return absl::OkStatus();
+}
+
 // The chat completions body of a Responses request.
 absl::StatusOr<Json> ChatBody(const Json& body) {
-  for (const char* name : {"tools", "previous_response_id", "conversation", "prompt"}) {
+  for (const char* name : {"previous_response_id", "conversation", "prompt"}) {
     const auto it = body.find(name);
     if (it != body.end() && !it->is_null() && !(it->is_array() && it->empty())) {
       return InvalidOpenAiParam(
-          name, absl::StrFormat("'%s' is not supported on /v1/responses (use "
-                                "/v1/chat/completions for tools)",
-                                name));
+          name,
+          absl::StrFormat("'%s' is not supported on /v1/responses (nothing is stored)", name));
     }
   }
   if (body.value("background", false) == true) {
@@ -72,11 +138,17 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
     messages.push_back(Json{{"role", "user"}, {"content", *input}});
   } else if (input->is_array() && !input->empty()) {
     for (const Json& item : *input) {
-      if (!item.is_object() || item.value("type", "message") != "message" ||
-          !item.contains("role") || !item["role"].is_string() || !item.contains("content")) {
+      const std::string type = item.is_object() ? item.value("type", "message") : "";
+      if (type == "function_call" || type == "function_call_output") {
+        absl::Status added = AddToolItem(item, messages);
+        if (!added.ok()) return added;
+        continue;
+      }
+      if (type != "message" || !item.contains("role") || !item["role"].is_string() ||
+          !item.contains("content")) {
         return InvalidOpenAiParam("input",
-                                  "'input' items must be messages ({role, content}); other item "
-                                  "types are not supported");
+                                  "'input' items must be messages ({role, content}), "
+                                  "function_call or function_call_output items");
       }
       absl::StatusOr<std::string> text = MessageText(item["content"]);
       if (!text.ok()) return text.status();
@@ -94,6 +166,7 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
     if (auto it = body.find(name); it != body.end()) chat[name] = *it;
   }
   if (auto it = body.find("max_output_tokens"); it != body.end()) chat["max_tokens"] = *it;
+  if (absl::Status tools = ChatTools(body, chat); !tools.ok()) return tools;
   if (auto text = body.find("text"); text != body.end() && text->is_object()) {
     if (auto format = text->find("format"); format != text->end() && format->is_object()) {
       const std::string type = format->value("type", "text");
@@ -128,13 +201,13 @@ Json ResponseObject(const std::string& id, int64_t created, const Json& request,
   response["max_output_tokens"] = request.value("max_output_tokens", Json());
   response["model"] = model;
   response["output"] = std::move(output);
-  response["parallel_tool_calls"] = true;
+  response["parallel_tool_calls"] = request.value("parallel_tool_calls", Json(true));
   response["previous_response_id"] = nullptr;
   response["store"] = false;
   response["temperature"] = request.value("temperature", Json(1.0));
   response["text"] = request.value("text", Json{{"format", {{"type", "text"}}}});
-  response["tool_choice"] = "auto";
-  response["tools"] = Json::array();
+  response["tool_choice"] = request.value("tool_choice", Json("auto"));
+  response["tools"] = request.value("tools", Json::array());
   response["top_p"] = request.value("top_p", Json(1.0));
   response["truncation"] = "disabled";
   response["usage"] = usage;
@@ -146,6 +219,12 @@ Json ResponseObject(const std::string& id, int64_t created, const Json& request,
 Json MessageItem(const std::string& id, const char* status, const Json& content) {
   return Json{{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"},
               {"content", content}};
+}
+
+Json FunctionCallItem(const std::string& id, const std::string& call_id, const std::string& name,
+                      const std::string& arguments, const char* status) {
+  return Json{{"type", "function_call"}, {"id", id},        {"call_id", call_id}, {"name", name},
+              {"arguments", arguments},  {"status", status}};
 }
 
 Json TextPart(const std::string& text) {
@@ -220,6 +299,7 @@ class EventTranslator {
                                                         {"content_index", 0}, {"delta", piece},
                                                         {"logprobs", Json::array()}});
       }
+      for (const Json& part : delta.value("tool_calls", Json::array())) out += CallDelta(part);
       if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
         finish_ = choice["finish_reason"].get<std::string>();
       }
@@ -228,6 +308,37 @@ class EventTranslator {
   }
 
  private:
+  // A call's first delta (its id and name) opens a function_call item after the message;
+  // argument deltas follow as response.function_call_arguments.delta.
+  struct Call {
+    std::string item_id, call_id, name, arguments;
+  };
+
+  std::string CallDelta(const Json& part) {
+    const size_t index = part.value("index", size_t{0});
+    std::string out;
+    const Json function = part.value("function", Json::object());
+    if (index >= calls_.size()) {
+      calls_.resize(index + 1);
+      Call& call = calls_[index];
+      call.item_id = NewId("fc_");
+      call.call_id = part.value("id", "");
+      call.name = function.value("name", "");
+      out += Event("response.output_item.added",
+                   Json{{"output_index", index + 1},
+                        {"item", FunctionCallItem(call.item_id, call.call_id, call.name, "",
+                                                  "in_progress")}});
+    }
+    Call& call = calls_[index];
+    const std::string piece = function.value("arguments", "");
+    if (!piece.empty()) {
+      call.arguments += piece;
+      out += Event("response.function_call_arguments.delta",
+                   Json{{"item_id", call.item_id}, {"output_index", index + 1}, {"delta", piece}});
+    }
+    return out;
+  }
+
   std::string Finish() {
     if (failed_) return "";
     const bool cut = finish_ == "length";
@@ -238,8 +349,20 @@ class EventTranslator {
                                                     {"content_index", 0}, {"part", TextPart(text_)}});
     const Json item = MessageItem(item_id_, cut ? "incomplete" : "completed", Json::array({TextPart(text_)}));
     out += Event("response.output_item.done", Json{{"output_index", 0}, {"item", item}});
-    const Json response = ResponseObject(id_, created_, request_, model_, cut ? "incomplete" : "completed",
-                                         Json::array({item}), usage_, cut ? "max_output_tokens" : nullptr);
+    Json output = Json::array({item});
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      const Call& call = calls_[i];
+      out += Event(
+          "response.function_call_arguments.done",
+          Json{{"item_id", call.item_id}, {"output_index", i + 1}, {"arguments", call.arguments}});
+      const Json done =
+          FunctionCallItem(call.item_id, call.call_id, call.name, call.arguments, "completed");
+      out += Event("response.output_item.done", Json{{"output_index", i + 1}, {"item", done}});
+      output.push_back(done);
+    }
+    const Json response =
+        ResponseObject(id_, created_, request_, model_, cut ? "incomplete" : "completed",
+                       std::move(output), usage_, cut ? "max_output_tokens" : nullptr);
     out += Event(cut ? "response.incomplete" : "response.completed", Json{{"response", response}});
     return out;
   }
@@ -263,6 +386,7 @@ class EventTranslator {
   std::string finish_;
   Json usage_;
   bool failed_ = false;
+  std::vector<Call> calls_;
 };
 
 }  // namespace
@@ -289,11 +413,21 @@ void ResponsesApi::Create(const httplib::Request& request, httplib::Response& re
     const Json& choice = completion["choices"][0];
     const bool cut = choice.value("finish_reason", "") == "length";
     const Json content = choice["message"].value("content", Json(""));
-    const Json item = MessageItem(NewId("msg_"), cut ? "incomplete" : "completed",
-                                  Json::array({TextPart(content.is_string() ? content.get<std::string>() : "")}));
+    const Json calls = choice["message"].value("tool_calls", Json::array());
+    Json output = Json::array();
+    if (calls.empty() || (content.is_string() && !content.get<std::string>().empty())) {
+      output.push_back(MessageItem(
+          NewId("msg_"), cut ? "incomplete" : "completed",
+          Json::array({TextPart(content.is_string() ? content.get<std::string>() : "")})));
+    }
+    for (const Json& call : calls) {
+      output.push_back(FunctionCallItem(NewId("fc_"), call.value("id", ""),
+                                        call["function"].value("name", ""),
+                                        call["function"].value("arguments", ""), "completed"));
+    }
     const Json out = ResponseObject(NewId("resp_"), completion.value("created", int64_t{0}), body,
                                     completion.value("model", ""), cut ? "incomplete" : "completed",
-                                    Json::array({item}), Usage(completion["usage"]),
+                                    std::move(output), Usage(completion["usage"]),
                                     cut ? "max_output_tokens" : nullptr);
     response.set_content(out.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
     return;

@@ -5,6 +5,7 @@
 
 #include "api/harmony_reply.h"
 #include "api/pythonic_calls.h"
+#include "api/tool_call_markers.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -13,18 +14,18 @@ namespace {
 // Ordered: arguments keep the model's key order in the JSON text handed back.
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kHermesOpen = "<tool_call>";
-constexpr std::string_view kHermesClose = "</tool_call>";
-constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
-constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
-constexpr std::string_view kFunctionClose = "</function>";
-constexpr std::string_view kParameterOpen = "<parameter=";
-constexpr std::string_view kParameterClose = "</parameter>";
-constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";  // DeepSeek-V3
-constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
-constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
-constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
+using markers::kDsCallBegin;
+using markers::kDsCallEnd;
+using markers::kDsCallsBegin;
+using markers::kDsSep;
+using markers::kFunctionClose;
+using markers::kFunctionOpen;
+using markers::kHermesClose;
+using markers::kHermesOpen;
+using markers::kParameterClose;
+using markers::kParameterOpen;
+using markers::kPythonTag;
+constexpr std::string_view kMistralMarker = markers::kMistral;
 
 bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 

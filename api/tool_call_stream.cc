@@ -4,6 +4,8 @@
 #include <cstdio>
 
 #include "api/harmony_reply.h"
+#include "api/tool_call_markers.h"
+#include "common/unicode.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -11,16 +13,16 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kHermesOpen = "<tool_call>";
-constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
-constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
-constexpr std::string_view kFunctionClose = "</function>";
-constexpr std::string_view kParameterOpen = "<parameter=";
-constexpr std::string_view kParameterClose = "</parameter>";
-constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";  // DeepSeek-V3
-constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
-constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
+using markers::kDsCallBegin;
+using markers::kDsCallEnd;
+using markers::kDsSep;
+using markers::kFunctionClose;
+using markers::kFunctionOpen;
+using markers::kHermesOpen;
+using markers::kParameterClose;
+using markers::kParameterOpen;
+using markers::kPythonTag;
+constexpr std::string_view kMistralMarker = markers::kMistral;
 
 // How far a scan got: the value is whole, the text ends inside it, or it is not JSON.
 enum class Scan { kDone, kMore, kBad };
@@ -29,24 +31,6 @@ bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 void SkipSpace(std::string_view text, size_t& pos) {
   while (pos < text.size() && IsSpace(text[pos])) ++pos;
-}
-
-void AppendUtf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
 }
 
 // A decoded character as nlohmann's dump writes it inside a string (ensure_ascii off).
@@ -79,7 +63,7 @@ void AppendEscaped(uint32_t cp, std::string& out) {
         std::snprintf(buffer, sizeof(buffer), "\\u%04x", static_cast<unsigned>(cp));
         out += buffer;
       } else {
-        AppendUtf8(cp, out);
+        common::AppendUtf8(cp, out);
       }
   }
 }
@@ -167,7 +151,7 @@ Scan String(std::string_view text, size_t& pos, std::string* decoded, std::strin
       default:
         return Scan::kBad;
     }
-    if (decoded != nullptr) AppendUtf8(cp, *decoded);
+    if (decoded != nullptr) common::AppendUtf8(cp, *decoded);
     if (compact != nullptr) AppendEscaped(cp, *compact);
     pos += length;
   }
@@ -183,15 +167,17 @@ Scan Value(std::string_view text, size_t& pos, std::string* compact) {
   if (c == '"') return String(text, pos, nullptr, compact);
   if (c == '{' || c == '[') {
     const char close = c == '{' ? '}' : ']';
+    const auto closes = [&] {
+      if (text[pos] != close) return false;
+      ++pos;
+      if (compact != nullptr) *compact += close;
+      return true;
+    };
     ++pos;
     if (compact != nullptr) *compact += c;
     SkipSpace(text, pos);
     if (pos >= text.size()) return Scan::kMore;
-    if (text[pos] == close) {
-      ++pos;
-      if (compact != nullptr) *compact += close;
-      return Scan::kDone;
-    }
+    if (closes()) return Scan::kDone;
     while (true) {
       if (c == '{') {
         SkipSpace(text, pos);
@@ -206,11 +192,7 @@ Scan Value(std::string_view text, size_t& pos, std::string* compact) {
       if (Scan item = Value(text, pos, compact); item != Scan::kDone) return item;
       SkipSpace(text, pos);
       if (pos >= text.size()) return Scan::kMore;
-      if (text[pos] == close) {
-        ++pos;
-        if (compact != nullptr) *compact += close;
-        return Scan::kDone;
-      }
+      if (closes()) return Scan::kDone;
       if (text[pos] != ',') return Scan::kBad;
       ++pos;
       if (compact != nullptr) *compact += ',';

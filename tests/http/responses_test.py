@@ -2,10 +2,13 @@
 `loom serve` with one CPU worker running the default model: the documented subset
 (api/responses_api.h) answers whole and streamed with the text the chat completions API gives
 the same conversation; structured output through `text.format`; max_output_tokens cut short
-is `incomplete`; what the subset does not take is a 400 naming the field.
+is `incomplete`; function tools (a forced call as a function_call item, whole and with its
+arguments streamed, and a call and its output as input); what the subset does not take is a
+400 naming the field.
 """
 import json
 
+import jsonschema
 import openai
 import pytest
 
@@ -62,9 +65,10 @@ def test_text_format_json_schema_and_incomplete(client, model):
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    (dict(input="x", tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools"),
+    (dict(input="x", tools=[{"type": "web_search"}]), "tools"),
     (dict(input="x", previous_response_id="resp_123"), "previous_response_id"),
-    (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "{}"}]), "input"),
+    (dict(input=[{"type": "function_call_output", "call_id": "c"}]), "input"),
+    (dict(input=[{"type": "reasoning", "summary": []}]), "input"),
     (dict(input=[]), "input"),
     (dict(input="x", temperature=-1), "temperature"),
     (dict(input="x", text={"format": {"type": "xml"}}), "text"),
@@ -73,3 +77,34 @@ def test_what_the_subset_does_not_take_is_400(client, model, kwargs, param):
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(model=model, **kwargs)
     assert raised.value.body["param"] == param, raised.value.body
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                          "required": ["city"]}}
+
+
+def test_function_tools_whole_streamed_and_as_input(client, model):
+    kwargs = dict(model=model, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+                  parallel_tool_calls=False, temperature=1.0, max_output_tokens=120)
+    response = client.responses.create(extra_body={"seed": 1}, **kwargs)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_"), response
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+    assert response.tools[0].name == "get_weather"
+
+    events = list(client.responses.create(extra_body={"seed": 1}, stream=True, **kwargs))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(deltas) > 1 and "".join(deltas) == done.arguments == calls[0].arguments
+    final = [e for e in events if e.type == "response.completed"][0].response
+    assert [item.arguments for item in final.output if item.type == "function_call"] == [done.arguments]
+
+    # The call and its result as input: the conversation goes on in text.
+    follow = client.responses.create(model=model, tools=[WEATHER], max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+         "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C and sunny"}],
+        tool_choice="none")
+    assert follow.output[0].type == "message" and follow.output_text

@@ -1,0 +1,23 @@
+#pragma once
+
+// The literal markers of the tool-call formats (api/tool_call_parser.h), shared by the
+// whole-reply parser and the streaming scanner.
+
+#include <string_view>
+
+namespace loom::api::markers {
+
+inline constexpr std::string_view kHermesOpen = "<tool_call>";
+inline constexpr std::string_view kHermesClose = "</tool_call>";
+inline constexpr std::string_view kMistral = "[TOOL_CALLS]";
+inline constexpr std::string_view kPythonTag = "<|python_tag|>";
+inline constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
+inline constexpr std::string_view kFunctionClose = "</function>";
+inline constexpr std::string_view kParameterOpen = "<parameter=";
+inline constexpr std::string_view kParameterClose = "</parameter>";
+inline constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";  // DeepSeek-V3
+inline constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
+inline constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+inline constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
+
+}  // namespace loom::api::markers
