@@ -11,8 +11,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/grammar/json_array_grammar.h"
 #include "common/grammar/json_schema_merge.h"
 #include "common/grammar/json_schema_not.h"
+#include "common/grammar/json_schema_refs.h"
 #include "common/grammar/number_range_grammar.h"
 #include "common/grammar/regex_grammar.h"
 #include "nlohmann/json.hpp"
@@ -92,15 +94,7 @@ class SchemaCompiler {
     return absl::InvalidArgumentError(absl::StrCat("JSON Schema at ", at, ": ", what));
   }
 
-  const Json* Resolve(const std::string& pointer) const {
-    if (pointer == "#") return &root_;
-    try {
-      const Json& target = root_.at(Json::json_pointer(pointer.substr(1)));
-      return &target;
-    } catch (const Json::exception&) {
-      return nullptr;
-    }
-  }
+  const Json* Resolve(const std::string& pointer) const { return ResolveLocalRef(root_, pointer); }
 
   std::string NewRule(const std::string& hint) { return absl::StrCat("s", next_rule_++, "-", hint); }
 
@@ -143,7 +137,8 @@ class SchemaCompiler {
                                                             "minProperties",
                                                             "maxProperties",
                                                             "multipleOf",
-                                                            "not"};
+                                                            "not",
+                                                            "prefixItems"};
     for (const auto& [key, value] : s.items()) {
       if (IsSchemaAnnotation(key) || kKnown.contains(key)) continue;
       return Unsupported(key, at);
@@ -214,7 +209,10 @@ class SchemaCompiler {
           s.contains("patternProperties") || s.contains("minProperties") || s.contains("maxProperties")) {
         types.push_back("object");
       }
-      if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) types.push_back("array");
+      if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
+          s.contains("maxItems")) {
+        types.push_back("array");
+      }
       if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) types.push_back("string");
       if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
           s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
@@ -484,6 +482,7 @@ class SchemaCompiler {
 
   absl::StatusOr<GrammarExprPtr> Array(const Json& s, const std::string& at) {
     GrammarExprPtr item = Ref("json-value");
+    if (s.contains("prefixItems")) return Tuple(s, at);
     if (s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>()) {
       auto lo = Count(s, "minItems", at, 0);
       if (!lo.ok()) return lo.status();
@@ -507,6 +506,37 @@ class SchemaCompiler {
                            *hi < 0 ? -1 : static_cast<int32_t>(*hi - 1));
     auto items = Seq({item, rest});
     return Seq({Lit("["), Ref("ws"), *lo > 0 ? items : Opt(items), Ref("ws"), Lit("]")});
+  }
+
+  // prefixItems: each leading item its own schema, then `items` (false: nothing more).
+  absl::StatusOr<GrammarExprPtr> Tuple(const Json& s, const std::string& at) {
+    const Json& list = s["prefixItems"];
+    if (!list.is_array() || list.empty())
+      return Invalid("'prefixItems' must be a non-empty array", at);
+    if (s.contains("uniqueItems") && s["uniqueItems"] == true)
+      return Unsupported("uniqueItems with prefixItems", at);
+    std::vector<GrammarExprPtr> prefix;
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto e = Compile(list[i], absl::StrCat(at, "/prefixItems/", i));
+      if (!e.ok()) return e;
+      prefix.push_back(*e);
+    }
+    GrammarExprPtr rest = Ref("json-value");
+    if (s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>()) {
+      rest = nullptr;
+    } else if (s.contains("items")) {
+      auto e = Compile(s["items"], at + "/items");
+      if (!e.ok()) return e;
+      rest = Named("item", *e);
+    }
+    auto lo = Count(s, "minItems", at, 0);
+    if (!lo.ok()) return lo.status();
+    auto hi = Count(s, "maxItems", at, -1);
+    if (!hi.ok()) return hi.status();
+    GrammarExprPtr tuple = TupleArrayExpr(prefix, rest, *lo, *hi);
+    if (tuple == nullptr)
+      return Invalid("minItems is above the items prefixItems and 'items: false' allow", at);
+    return Named("tuple", tuple);
   }
 
   // uniqueItems over a finite set of item values (enum, const, boolean, null): the

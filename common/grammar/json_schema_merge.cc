@@ -60,7 +60,7 @@ bool IsSchemaAnnotation(const std::string& key) {
       "title", "description",  "default",          "examples",        "$schema",
       "$id",   "$comment",     "deprecated",       "readOnly",        "writeOnly",
       "$defs", "definitions",  "contentMediaType", "contentEncoding", "strict",
-      "name",  "uniqueItems_", "discriminator",    "nullable_"};
+      "name",  "uniqueItems_", "discriminator",    "nullable_",       "$anchor"};
   return kAnnotations.contains(key);
 }
 

@@ -56,7 +56,7 @@ std::vector<std::string> BaseTypes(const Json& schema) {
                "minProperties", "maxProperties"})) {
     types.push_back("object");
   }
-  if (has_any({"items", "minItems", "maxItems"})) types.push_back("array");
+  if (has_any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
   if (has_any({"pattern", "format", "minLength", "maxLength"})) types.push_back("string");
   if (has_any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) {
     types.push_back("number");

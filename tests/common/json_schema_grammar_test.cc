@@ -107,6 +107,8 @@ TEST(JsonSchemaGrammarTest, UnsupportedKeywordsAreNamed) {
       {R"({"type":"integer","multipleOf":0.5})", "positive integer"},
       {R"({"type":"integer","multipleOf":7,"minimum":0})", "only one bound"},
       {R"({"type":"array","items":[{"type":"string"}]})", "tuple"},
+      {R"({"prefixItems":[{"type":"string"}],"items":false,"minItems":2})", "prefixItems"},
+      {R"({"prefixItems":[{"const":1}],"uniqueItems":true})", "uniqueItems with prefixItems"},
       {R"({"allOf":[{"pattern":"a"},{"pattern":"b"}]})", "allOf"},
       {R"({"oneOf":[true,{"type":"string"}]})", "no value matches exactly one"},
       {R"({"anyOf":[false,false]})", "no branch"},
@@ -321,6 +323,30 @@ TEST(JsonSchemaGrammarTest, NotAsAFiniteExclusion) {
   const std::string listed = R"({"enum":["a","b","c"],"not":{"const":"b"}})";
   EXPECT_TRUE(SchemaAccepts(listed, R"("a")"));
   EXPECT_FALSE(SchemaAccepts(listed, R"("b")"));
+}
+
+// prefixItems (Pydantic's tuple[int, str]) and $ref by $anchor or an escaped pointer.
+TEST(JsonSchemaGrammarTest, TuplesAndAnchors) {
+  const std::string pair =
+      R"({"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"minItems":2,"maxItems":2})";
+  EXPECT_TRUE(SchemaAccepts(pair, R"([1, "a"])"));
+  EXPECT_FALSE(SchemaAccepts(pair, R"([1])"));
+  EXPECT_FALSE(SchemaAccepts(pair, R"(["a", 1])"));
+  EXPECT_FALSE(SchemaAccepts(pair, R"([1, "a", 2])"));
+  const std::string open = R"({"prefixItems":[{"type":"integer"}],"items":{"type":"boolean"}})";
+  for (const char* ok : {"[]", "[1]", "[1, true, false]"})
+    EXPECT_TRUE(SchemaAccepts(open, ok)) << ok;
+  for (const char* bad : {"[true]", "[1, 2]"}) EXPECT_FALSE(SchemaAccepts(open, bad)) << bad;
+  const std::string closed =
+      R"({"prefixItems":[{"type":"integer"},{"type":"integer"}],"items":false})";
+  for (const char* ok : {"[]", "[1]", "[1,2]"}) EXPECT_TRUE(SchemaAccepts(closed, ok)) << ok;
+  EXPECT_FALSE(SchemaAccepts(closed, "[1,2,3]"));
+  const std::string anchored =
+      R"({"$defs":{"a":{"$anchor":"num","type":"integer"},"b~c/d%":{"type":"string"}},
+      "properties":{"x":{"$ref":"#num"},"y":{"$ref":"#/$defs/b~0c~1d%25"}},"additionalProperties":false})";
+  EXPECT_TRUE(SchemaAccepts(anchored, R"({"x": 1, "y": "s"})"));
+  EXPECT_FALSE(SchemaAccepts(anchored, R"({"x": "1"})"));
+  EXPECT_FALSE(SchemaAccepts(anchored, R"({"y": 2})"));
 }
 
 TEST(JsonSchemaGrammarTest, JsonObjectAcceptsAnyObjectOnly) {
