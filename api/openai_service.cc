@@ -416,7 +416,8 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
     if (!delta.empty() || !delta_logprobs.is_null()) {
       if (!delta_chunk(std::move(delta), nullptr)) return false;
     }
-    std::vector<PartialToolCall> calls = PartialToolCalls(tools.format, choice.reply);
+    std::vector<PartialToolCall> calls;
+    if (tools.active()) calls = PartialToolCalls(tools.format, choice.reply);
     if (!tools.parallel && calls.size() > 1) calls.resize(1);
     for (size_t i = 0; i < calls.size(); ++i) {
       if (!call_chunks(i, calls[i].name, calls[i].arguments)) return false;
