@@ -138,7 +138,9 @@ class SchemaCompiler {
                                                             "maxProperties",
                                                             "multipleOf",
                                                             "not",
-                                                            "prefixItems"};
+                                                            "prefixItems",
+                                                            "unevaluatedProperties",
+                                                            "unevaluatedItems"};
     for (const auto& [key, value] : s.items()) {
       if (IsSchemaAnnotation(key) || kKnown.contains(key)) continue;
       return Unsupported(key, at);
@@ -157,7 +159,7 @@ class SchemaCompiler {
           return Invalid(absl::StrCat("$ref '", pointer, "' does not resolve"), at);
         Json siblings = s;
         siblings.erase("$ref");
-        std::optional<Json> merged = IntersectSchemas(siblings, *target);
+        std::optional<Json> merged = MergeIntoApplicator(siblings, *target);
         if (++merges_ > kMaxMerges) return Unsupported("schemas merging more than 1000 times", at);
         if (!merged) {
           return Invalid(absl::StrCat("'$ref' with sibling keyword '", key, "' is not supported"),
@@ -189,6 +191,9 @@ class SchemaCompiler {
     for (const char* combinator : {"anyOf", "oneOf", "allOf"}) {
       if (!s.contains(combinator)) continue;
       return Combinator(s, combinator, at);
+    }
+    if (s.contains("unevaluatedProperties") || s.contains("unevaluatedItems")) {
+      return Compile(WithoutUnevaluated(s), at);  // every subschema is merged by now
     }
     std::vector<std::string> types;
     if (s.contains("type")) {
@@ -263,8 +268,7 @@ class SchemaCompiler {
       return Unsupported("schemas merging more than 1000 times", at);
     }
     if (combinator == "allOf") {
-      std::optional<Json> merged =
-          siblings.empty() ? std::optional<Json>(Json(true)) : std::optional<Json>(siblings);
+      std::optional<Json> merged = Json(true);
       for (const Json& member : list) {
         const Json* resolved = &member;
         if (member.is_object() && member.contains("$ref") && member["$ref"].is_string()) {
@@ -275,6 +279,9 @@ class SchemaCompiler {
         if (!merged)
           return Unsupported("allOf (of schemas that set the same keyword differently)", at);
       }
+      if (!siblings.empty()) merged = MergeIntoApplicator(siblings, *merged);
+      if (!merged)
+        return Unsupported("allOf (of schemas that set the same keyword differently)", at);
       if (merged->is_boolean() && !merged->get<bool>())
         return Invalid("the schemas of 'allOf' accept nothing together", at);
       return Compile(*merged, at);
@@ -283,7 +290,7 @@ class SchemaCompiler {
     for (const Json& branch : list) {
       if (branch.is_boolean() && !branch.get<bool>()) continue;  // matches nothing
       std::optional<Json> merged =
-          siblings.empty() ? std::optional<Json>(branch) : IntersectSchemas(siblings, branch);
+          siblings.empty() ? std::optional<Json>(branch) : MergeIntoApplicator(siblings, branch);
       if (!merged) return refused();
       if (merged->is_boolean() && !merged->get<bool>()) continue;
       branches.push_back(*merged);

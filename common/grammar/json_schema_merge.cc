@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -64,6 +65,36 @@ bool IsSchemaAnnotation(const std::string& key) {
   return kAnnotations.contains(key);
 }
 
+std::optional<Json> MergeIntoApplicator(const Json& outer, const Json& inner) {
+  if (!outer.is_object()) return IntersectSchemas(outer, inner);
+  Json stripped = outer;
+  Json deferred = Json::object();
+  for (const char* key : {"unevaluatedProperties", "unevaluatedItems"}) {
+    if (!stripped.contains(key)) continue;
+    deferred[key] = stripped[key];
+    stripped.erase(key);
+  }
+  std::optional<Json> merged = IntersectSchemas(stripped, inner);
+  if (!merged || !merged->is_object()) return merged;
+  for (const auto& [key, value] : deferred.items()) {
+    if (merged->contains(key) && (*merged)[key] != value) return std::nullopt;
+    (*merged)[key] = value;
+  }
+  return merged;
+}
+
+Json WithoutUnevaluated(const Json& schema) {
+  Json out = schema;
+  for (const auto& [unevaluated, evaluating] :
+       {std::pair<const char*, const char*>{"unevaluatedProperties", "additionalProperties"},
+        std::pair<const char*, const char*>{"unevaluatedItems", "items"}}) {
+    if (!out.is_object() || !out.contains(unevaluated)) continue;
+    if (!out.contains(evaluating)) out[evaluating] = out[unevaluated];
+    out.erase(unevaluated);
+  }
+  return out;
+}
+
 bool AcceptsEverything(const Json& schema) {
   if (schema.is_boolean()) return schema.get<bool>();
   if (!schema.is_object()) return false;
@@ -97,8 +128,11 @@ std::optional<Json> IntersectSchemas(const Json& a, const Json& b) {
     if (!self["properties"].is_object()) return std::nullopt;
     for (const auto& [name, schema] : self["properties"].items()) {
       if (declared(other, name)) continue;
-      const Json extra =
-          other.contains("additionalProperties") ? other["additionalProperties"] : Json(true);
+      // Members the other side does not declare meet its additionalProperties, or its
+      // unevaluatedProperties (nothing of this side is evaluated in the other's scope).
+      const Json extra = other.contains("additionalProperties")    ? other["additionalProperties"]
+                         : other.contains("unevaluatedProperties") ? other["unevaluatedProperties"]
+                                                                   : Json(true);
       std::optional<Json> merged = IntersectSchemas(schema, extra);
       if (!merged) return std::nullopt;
       if (merged->is_boolean() && !merged->get<bool>()) {

@@ -24,6 +24,20 @@ namespace loom::common {
 std::optional<nlohmann::ordered_json> IntersectSchemas(const nlohmann::ordered_json& a,
                                                        const nlohmann::ordered_json& b);
 
+/// IntersectSchemas of `outer` (the keywords beside an applicator: allOf, anyOf, oneOf,
+/// $ref) and `inner` (what the applicator applies), except that `outer`'s
+/// unevaluatedProperties / unevaluatedItems see what `inner` evaluates: they apply to the
+/// merged schema instead of restricting `inner`'s members (as a side's do in
+/// IntersectSchemas, where nothing of one side is evaluated in the other's scope).
+std::optional<nlohmann::ordered_json> MergeIntoApplicator(const nlohmann::ordered_json& outer,
+                                                          const nlohmann::ordered_json& inner);
+
+/// `unevaluatedProperties` / `unevaluatedItems` of a schema whose subschemas were merged
+/// into it (allOf, $ref and anyOf/oneOf siblings: nothing else evaluates its members) as
+/// `additionalProperties` / `items` where those are absent; dropped where they are present
+/// (they evaluate every remaining member). Other schemas come back unchanged.
+nlohmann::ordered_json WithoutUnevaluated(const nlohmann::ordered_json& schema);
+
 /// Keywords that describe and never constrain (title, description, $defs, ...).
 bool IsSchemaAnnotation(const std::string& key);
 

@@ -39,6 +39,12 @@ CORPUS = [
                 {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
      ['{"a": 1, "b": "x"}', '{"a": 1}', '{"b": "x"}', '{"a": 1, "b": "x", "c": 2}', '{"a": "1", "b": "x"}']),
     ({"type": "integer", "anyOf": [{"minimum": 10}, {"maximum": -10}]}, ['12', '-10', '0', '12.5', '-9']),
+    # unevaluated*: beside an applicator they see what it evaluates; inside a member, not.
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}}], "properties": {"b": {"type": "integer"}},
+      "unevaluatedProperties": False}, ['{"b": 2, "a": 1}', '{"b": 2}', '{"b": 2, "a": 1, "c": 3}', '{"a": "x"}']),
+    ({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}, "unevaluatedProperties": False}]},
+     ['{"b": 1}', '{"a": 1, "b": 1}', '{}', '{"c": 1}']),
+    ({"prefixItems": [{"type": "integer"}], "unevaluatedItems": False}, ['[1]', '[]', '[1, 2]', '["a"]']),
     ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"},
       "minItems": 1, "maxItems": 3}, ['[1]', '[1, "a"]', '[1, "a", true]', '[]', '["a"]', '[1, "a", true, false]',
                                        '[1, 2]']),
