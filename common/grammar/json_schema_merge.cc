@@ -118,6 +118,19 @@ std::optional<Json> IntersectSchemas(const Json& a, const Json& b) {
       (b.contains("patternProperties") && a.contains("properties"))) {
     return std::nullopt;
   }
+  // A side's unevaluated* sees nothing the other side evaluates: where that is more than
+  // `properties` (applicators not merged yet, items), the merge cannot say it; refused.
+  for (const auto& [self, other] : {std::pair<const Json&, const Json&>{a, b}, {b, a}}) {
+    if (!self.contains("unevaluatedProperties") && !self.contains("unevaluatedItems")) continue;
+    for (const char* key : {"allOf", "anyOf", "oneOf", "$ref", "not", "if", "dependentSchemas",
+                            "patternProperties"}) {
+      if (other.contains(key)) return std::nullopt;
+    }
+    if (self.contains("unevaluatedItems") &&
+        (other.contains("items") || other.contains("prefixItems"))) {
+      return std::nullopt;
+    }
+  }
   Json properties = a.contains("properties") ? a["properties"] : Json::object();
   if (!properties.is_object()) return std::nullopt;
   std::vector<std::string> forbidden;
