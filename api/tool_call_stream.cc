@@ -158,9 +158,14 @@ Scan String(std::string_view text, size_t& pos, std::string* decoded, std::strin
   return Scan::kMore;
 }
 
+// Nesting beyond this is not scanned (a reply of 10,000 '[' must not exhaust the stack):
+// such a call streams nothing more and arrives with the whole parse.
+constexpr int kMaxDepth = 128;
+
 // Any JSON value at text[pos]; `compact` (when given) receives it as nlohmann's compact
 // dump writes it, as far as it is final (numbers and literals once whole).
-Scan Value(std::string_view text, size_t& pos, std::string* compact) {
+Scan Value(std::string_view text, size_t& pos, std::string* compact, int depth = 0) {
+  if (depth > kMaxDepth) return Scan::kBad;
   SkipSpace(text, pos);
   if (pos >= text.size()) return Scan::kMore;
   const char c = text[pos];
@@ -189,7 +194,7 @@ Scan Value(std::string_view text, size_t& pos, std::string* compact) {
         ++pos;
         if (compact != nullptr) *compact += ':';
       }
-      if (Scan item = Value(text, pos, compact); item != Scan::kDone) return item;
+      if (Scan item = Value(text, pos, compact, depth + 1); item != Scan::kDone) return item;
       SkipSpace(text, pos);
       if (pos >= text.size()) return Scan::kMore;
       if (closes()) return Scan::kDone;

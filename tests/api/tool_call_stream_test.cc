@@ -100,6 +100,14 @@ TEST(ToolCallStreamTest, ArgumentsStreamBeforeTheCallEnds) {
       R"({"s":"x)");
 }
 
+TEST(ToolCallStreamTest, DeepNestingStopsTheScanNotTheProcess) {
+  const std::string deep = R"({"name": "f", "arguments": {"a": )" + std::string(100000, '[');
+  const std::vector<PartialToolCall> calls = PartialToolCalls(ToolCallFormat::kGeneric, deep);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_FALSE(calls[0].complete);
+  EXPECT_LT(calls[0].arguments.size(), 200u);
+}
+
 TEST(ToolCallStreamTest, TextAndOtherFormatsHaveNoPartialCalls) {
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kGeneric, "It is sunny.").empty());
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kGeneric, R"({"tool_calls": [{"arguments": {"a": 1)")
