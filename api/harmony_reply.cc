@@ -92,6 +92,13 @@ std::string_view Settled(std::string_view body) {
   return body;
 }
 
+// A call body that is a JSON object, compacted as ParseToolCalls gives arguments.
+std::optional<std::string> ObjectArguments(std::string_view body) {
+  const Json arguments = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!arguments.is_object()) return std::nullopt;
+  return arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 }  // namespace
 
 ParsedReply ParseHarmony(std::string_view text) {
@@ -102,13 +109,11 @@ ParsedReply ParseHarmony(std::string_view text) {
     if (IsCall(message)) {
       ParsedToolCall call;
       call.name = message.recipient.substr(kFunctions.size());
-      const Json arguments = Json::parse(message.body, nullptr, /*allow_exceptions=*/false);
+      std::optional<std::string> object = ObjectArguments(message.body);
       // The reply may end right after the arguments (<|call|> is an end-of-generation
       // token, not in the text); a body cut short of them is no call.
-      if (!message.closed && !arguments.is_object()) continue;
-      call.arguments = arguments.is_object()
-                           ? arguments.dump(-1, ' ', false, Json::error_handler_t::replace)
-                           : std::string(message.body);
+      if (!message.closed && !object) continue;
+      call.arguments = object.value_or(std::string(message.body));
       out.calls.push_back(std::move(call));
     } else if (message.channel == "analysis") {
       reasoning += message.body;
@@ -143,10 +148,7 @@ std::vector<PartialToolCall> HarmonyPartialCalls(std::string_view text) {
     PartialToolCall call;
     call.name = message.recipient.substr(kFunctions.size());
     if (message.closed) {
-      const Json arguments = Json::parse(message.body, nullptr, /*allow_exceptions=*/false);
-      call.arguments = arguments.is_object()
-                           ? arguments.dump(-1, ' ', false, Json::error_handler_t::replace)
-                           : std::string(message.body);
+      call.arguments = ObjectArguments(message.body).value_or(std::string(message.body));
       call.complete = true;
     } else {
       call.arguments = CompactJsonPrefix(message.body);

@@ -5,7 +5,7 @@
 
 #include "api/harmony_reply.h"
 #include "api/pythonic_calls.h"
-#include "api/tool_call_markers.h"
+#include "api/tool_call_text.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -26,14 +26,6 @@ using markers::kParameterClose;
 using markers::kParameterOpen;
 using markers::kPythonTag;
 constexpr std::string_view kMistralMarker = markers::kMistral;
-
-bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && IsSpace(text.front())) text.remove_prefix(1);
-  while (!text.empty() && IsSpace(text.back())) text.remove_suffix(1);
-  return text;
-}
 
 Json ParseJson(std::string_view text) {
   return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
@@ -96,7 +88,7 @@ std::string_view Unfenced(std::string_view text) {
   std::string_view inside = text.substr(line_end + 1);
   const size_t close = inside.rfind("```");
   if (close != std::string_view::npos) inside = inside.substr(0, close);
-  return Trim(inside);
+  return TrimBlanks(inside);
 }
 
 ParsedReply ParseHermes(std::string_view text) {
@@ -109,7 +101,7 @@ ParsedReply ParseHermes(std::string_view text) {
     const size_t body = at + kHermesOpen.size();
     size_t close = text.find(kHermesClose, body);
     // The last call may be cut short of its closing tag (EOS right after the JSON).
-    const std::string_view inner = Trim(
+    const std::string_view inner = TrimBlanks(
         text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body));
     ParsedToolCall call;
     if (!CallFromJson(ParseJson(inner), call)) return reply;  // not a call: all content
@@ -125,7 +117,7 @@ ParsedReply ParseMistral(std::string_view text) {
   const size_t marker = text.find(kMistralMarker);
   if (marker == std::string_view::npos) return reply;
   std::vector<ParsedToolCall> calls;
-  if (!CallsFromJson(ParseJson(Trim(text.substr(marker + kMistralMarker.size()))), calls)) {
+  if (!CallsFromJson(ParseJson(TrimBlanks(text.substr(marker + kMistralMarker.size()))), calls)) {
     return reply;
   }
   return WithCalls(std::move(calls), marker);
@@ -133,8 +125,9 @@ ParsedReply ParseMistral(std::string_view text) {
 
 ParsedReply ParseLlama3(std::string_view text) {
   const ParsedReply reply = ContentOnly(text);
-  std::string_view body = Trim(text);
-  if (body.substr(0, kPythonTag.size()) == kPythonTag) body = Trim(body.substr(kPythonTag.size()));
+  std::string_view body = TrimBlanks(text);
+  if (body.substr(0, kPythonTag.size()) == kPythonTag)
+    body = TrimBlanks(body.substr(kPythonTag.size()));
   body = Unfenced(body);
   std::vector<ParsedToolCall> calls;
   Json whole = ParseJson(body);
@@ -148,7 +141,7 @@ ParsedReply ParseLlama3(std::string_view text) {
       // A ';' inside a string value: extend until the piece parses.
       Json piece;
       while (true) {
-        piece = ParseJson(Trim(body.substr(
+        piece = ParseJson(TrimBlanks(body.substr(
             start, end == std::string_view::npos ? std::string_view::npos : end - start)));
         if (!piece.is_discarded() || end == std::string_view::npos) break;
         end = body.find(';', end + 1);
@@ -165,7 +158,7 @@ ParsedReply ParseLlama3(std::string_view text) {
 
 ParsedReply ParseGeneric(std::string_view text) {
   const ParsedReply reply = ContentOnly(text);
-  const Json value = ParseJson(Unfenced(Trim(text)));
+  const Json value = ParseJson(Unfenced(TrimBlanks(text)));
   if (!value.is_object()) return reply;
   std::vector<ParsedToolCall> calls;
   if (auto list = value.find("tool_calls"); list != value.end()) {
@@ -183,7 +176,7 @@ ParsedReply ParseGeneric(std::string_view text) {
 Json XmlParameterValue(std::string_view raw) {
   if (!raw.empty() && raw.front() == '\n') raw.remove_prefix(1);
   if (!raw.empty() && raw.back() == '\n') raw.remove_suffix(1);
-  const Json parsed = ParseJson(Trim(raw));
+  const Json parsed = ParseJson(TrimBlanks(raw));
   if (!parsed.is_discarded() && !parsed.is_string()) return parsed;
   return Json(std::string(raw));
 }
@@ -194,18 +187,19 @@ ParsedReply ParseQwen3Coder(std::string_view text) {
   if (at == std::string_view::npos) return reply;
   // The content ends at the <tool_call> before the first function, when there is one.
   const size_t wrapper = text.rfind(kHermesOpen, at);
-  const size_t first =
-      wrapper != std::string_view::npos && Trim(text.substr(wrapper + kHermesOpen.size(),
-                                                            at - wrapper - kHermesOpen.size()))
-                                                   .empty()
-          ? wrapper
-          : at;
+  const size_t first = wrapper != std::string_view::npos &&
+                               TrimBlanks(text.substr(wrapper + kHermesOpen.size(),
+                                                      at - wrapper - kHermesOpen.size()))
+                                   .empty()
+                           ? wrapper
+                           : at;
   std::vector<ParsedToolCall> calls;
   while (at != std::string_view::npos) {
     const size_t name_end = text.find('>', at);
     if (name_end == std::string_view::npos) return reply;
     ParsedToolCall call;
-    call.name = std::string(Trim(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
+    call.name = std::string(
+        TrimBlanks(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
     if (call.name.empty()) return reply;
     const size_t close = text.find(kFunctionClose, name_end);
     const std::string_view body = text.substr(
@@ -215,7 +209,8 @@ ParsedReply ParseQwen3Coder(std::string_view text) {
          p = body.find(kParameterOpen, p + 1)) {
       const size_t key_end = body.find('>', p);
       if (key_end == std::string_view::npos) return reply;
-      const std::string key(Trim(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
+      const std::string key(
+          TrimBlanks(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
       size_t value_end = body.find(kParameterClose, key_end);
       if (value_end == std::string_view::npos) value_end = body.size();
       arguments[key] = XmlParameterValue(body.substr(key_end + 1, value_end - key_end - 1));
@@ -242,16 +237,16 @@ ParsedReply ParseDeepSeekV3(std::string_view text) {
         sep + kDsSep.size(), end == std::string_view::npos ? std::string_view::npos : end - sep - kDsSep.size());
     ParsedToolCall call;
     std::string_view json_text;
-    if (Trim(text.substr(head, sep - head)) == "function") {
+    if (TrimBlanks(text.substr(head, sep - head)) == "function") {
       // V3: "function<sep>NAME\n```json\n{...}\n```".
       const size_t newline = rest.find('\n');
       if (newline == std::string_view::npos) return reply;
-      call.name = std::string(Trim(rest.substr(0, newline)));
-      json_text = Unfenced(Trim(rest.substr(newline + 1)));
+      call.name = std::string(TrimBlanks(rest.substr(0, newline)));
+      json_text = Unfenced(TrimBlanks(rest.substr(newline + 1)));
     } else {
       // V3.1: "NAME<sep>{...}".
-      call.name = std::string(Trim(text.substr(head, sep - head)));
-      json_text = Trim(rest);
+      call.name = std::string(TrimBlanks(text.substr(head, sep - head)));
+      json_text = TrimBlanks(rest);
     }
     const Json arguments = ParseJson(json_text);
     if (call.name.empty() || !arguments.is_object()) return reply;
@@ -264,8 +259,9 @@ ParsedReply ParseDeepSeekV3(std::string_view text) {
 
 ParsedReply ParsePythonic(std::string_view text) {
   const ParsedReply reply = ContentOnly(text);
-  std::string_view body = Trim(text);
-  if (body.substr(0, kPythonTag.size()) == kPythonTag) body = Trim(body.substr(kPythonTag.size()));
+  std::string_view body = TrimBlanks(text);
+  if (body.substr(0, kPythonTag.size()) == kPythonTag)
+    body = TrimBlanks(body.substr(kPythonTag.size()));
   std::optional<std::vector<ParsedToolCall>> calls = ParsePythonicCalls(Unfenced(body));
   if (!calls) return reply;
   return WithCalls(*std::move(calls), 0);
@@ -365,7 +361,7 @@ size_t StreamableContent(ToolCallFormat format, std::string_view text) {
     case ToolCallFormat::kGeneric: {
       // The whole reply is the call: held while it may still be one (it starts like JSON,
       // a code fence or the python tag), streamed at once when it cannot.
-      const std::string_view body = Trim(text);
+      const std::string_view body = TrimBlanks(text);
       if (body.empty()) return 0;
       const char first = body.front();
       if (first == '{' || first == '[' || first == '`' || first == '<') return 0;

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "api/harmony_reply.h"
-#include "api/tool_call_markers.h"
+#include "api/tool_call_text.h"
 #include "common/unicode.h"
 #include "nlohmann/json.hpp"
 
@@ -27,10 +27,8 @@ constexpr std::string_view kMistralMarker = markers::kMistral;
 // How far a scan got: the value is whole, the text ends inside it, or it is not JSON.
 enum class Scan { kDone, kMore, kBad };
 
-bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
 void SkipSpace(std::string_view text, size_t& pos) {
-  while (pos < text.size() && IsSpace(text[pos])) ++pos;
+  while (pos < text.size() && IsBlank(text[pos])) ++pos;
 }
 
 // A decoded character as nlohmann's dump writes it inside a string (ensure_ascii off).
@@ -386,12 +384,6 @@ std::vector<PartialToolCall> Llama3(std::string_view text) {
   return out;
 }
 
-std::string_view Trimmed(std::string_view text) {
-  while (!text.empty() && IsSpace(text.front())) text.remove_prefix(1);
-  while (!text.empty() && IsSpace(text.back())) text.remove_suffix(1);
-  return text;
-}
-
 // Qwen3-Coder: a call once <function=NAME> is whole; its arguments grow by each closed
 // <parameter=KEY>VALUE</parameter> (the value converted as the whole parse converts it).
 std::vector<PartialToolCall> Qwen3Coder(std::string_view text) {
@@ -401,7 +393,7 @@ std::vector<PartialToolCall> Qwen3Coder(std::string_view text) {
     if (name_end == std::string_view::npos) break;
     PartialToolCall call;
     call.name = std::string(
-        Trimmed(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
+        TrimBlanks(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
     if (call.name.empty()) break;
     const size_t close = text.find(kFunctionClose, name_end);
     const std::string_view body =
@@ -418,7 +410,7 @@ std::vector<PartialToolCall> Qwen3Coder(std::string_view text) {
         value_end = body.size();
       }
       const std::string key(
-          Trimmed(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
+          TrimBlanks(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
       if (call.arguments.size() > 1) call.arguments += ',';
       call.arguments += Json(key).dump(-1, ' ', false, Json::error_handler_t::replace) + ":" +
                         XmlParameterJson(body.substr(key_end + 1, value_end - key_end - 1));
@@ -445,17 +437,17 @@ std::vector<PartialToolCall> DeepSeekV3(std::string_view text) {
         text.substr(sep + kDsSep.size(), end == std::string_view::npos ? std::string_view::npos
                                                                        : end - sep - kDsSep.size());
     PartialToolCall call;
-    if (Trimmed(text.substr(head, sep - head)) == "function") {
+    if (TrimBlanks(text.substr(head, sep - head)) == "function") {
       const size_t newline = rest.find('\n');
       if (newline == std::string_view::npos) break;
-      call.name = std::string(Trimmed(rest.substr(0, newline)));
+      call.name = std::string(TrimBlanks(rest.substr(0, newline)));
       rest = rest.substr(newline + 1);
       size_t pos = 0;
       SkipSpace(rest, pos);
       SkipFence(rest, pos);
       rest = rest.substr(pos);
     } else {
-      call.name = std::string(Trimmed(text.substr(head, sep - head)));
+      call.name = std::string(TrimBlanks(text.substr(head, sep - head)));
     }
     if (call.name.empty()) break;
     call.arguments = CompactJsonPrefix(rest);

@@ -41,6 +41,15 @@ float HalfToFloat(uint16_t half) {
   return value;
 }
 
+void Unpack5Bit(const uint8_t* qh_bytes, const uint8_t* qs, int q[32]) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  for (int i = 0; i < 16; ++i) {
+    q[i] = (qs[i] & 0x0f) | static_cast<int>(((qh >> i) & 1u) << 4);
+    q[i + 16] = (qs[i] >> 4) | static_cast<int>(((qh >> (i + 16)) & 1u) << 4);
+  }
+}
+
 namespace {
 
 struct TypeEntry {
@@ -153,17 +162,6 @@ void DequantizeQ4_1(const uint8_t* src, uint64_t num_blocks, float* dst) {
       dst[i] = low + m;
       dst[i + 16] = high + m;
     }
-  }
-}
-
-// The 5-bit values of a Q5_0/Q5_1 block: low nibbles of qs (elements 0..15, then the high
-// nibbles for 16..31) with bit i of the little-endian qh as element i's fifth bit.
-void Unpack5Bit(const uint8_t* qh_bytes, const uint8_t* qs, int q[32]) {
-  uint32_t qh;
-  std::memcpy(&qh, qh_bytes, sizeof(qh));
-  for (int i = 0; i < 16; ++i) {
-    q[i] = (qs[i] & 0x0f) | static_cast<int>(((qh >> i) & 1u) << 4);
-    q[i + 16] = (qs[i] >> 4) | static_cast<int>(((qh >> (i + 16)) & 1u) << 4);
   }
 }
 

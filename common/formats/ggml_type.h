@@ -38,6 +38,11 @@ enum class GgmlType : uint32_t {
 /// IEEE binary16 bits to float, exact; NaN payloads are kept (numpy's software path).
 float HalfToFloat(uint16_t half);
 
+/// The 5-bit values of a Q5_0/Q5_1 block: low nibbles of `qs` (elements 0..15, then the
+/// high nibbles for 16..31) with bit i of the little-endian u32 at `qh_bytes` as element
+/// i's fifth bit; q in [0, 31].
+void Unpack5Bit(const uint8_t* qh_bytes, const uint8_t* qs, int q[32]);
+
 /// IQ4_NL's 16 levels (the format's non-linear table): a nibble q stands for
 /// d * kIq4NlValues[q].
 inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

@@ -210,19 +210,7 @@ class SchemaCompiler {
       }
     } else {
       // Keywords imply the type; none at all accepts any value.
-      if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required") ||
-          s.contains("patternProperties") || s.contains("minProperties") || s.contains("maxProperties")) {
-        types.push_back("object");
-      }
-      if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
-          s.contains("maxItems")) {
-        types.push_back("array");
-      }
-      if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength")) types.push_back("string");
-      if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
-          s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
-        types.push_back("number");
-      }
+      types = ImpliedTypes(s);
       if (types.empty()) return Ref("json-value");
     }
     std::vector<GrammarExprPtr> alts;

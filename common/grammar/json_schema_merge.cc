@@ -13,20 +13,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::vector<std::string> TypeList(const Json& type) {
-  std::vector<std::string> out;
-  if (type.is_string()) out.push_back(type.get<std::string>());
-  if (type.is_array()) {
-    for (const Json& t : type) {
-      if (t.is_string()) out.push_back(t.get<std::string>());
-    }
-  }
-  return out;
-}
-
 // The types both allow ("integer" is within "number").
 std::optional<Json> IntersectTypes(const Json& a, const Json& b) {
-  const std::vector<std::string> left = TypeList(a), right = TypeList(b);
+  const std::vector<std::string> left = TypeNames(a), right = TypeNames(b);
   if (left.empty() || right.empty()) return std::nullopt;
   Json out = Json::array();
   auto has = [](const std::vector<std::string>& list, const std::string& t) {
@@ -81,6 +70,34 @@ std::optional<Json> MergeIntoApplicator(const Json& outer, const Json& inner) {
     (*merged)[key] = value;
   }
   return merged;
+}
+
+std::vector<std::string> TypeNames(const Json& type) {
+  std::vector<std::string> out;
+  if (type.is_string()) out.push_back(type.get<std::string>());
+  if (type.is_array()) {
+    for (const Json& t : type) {
+      if (t.is_string()) out.push_back(t.get<std::string>());
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> ImpliedTypes(const Json& schema) {
+  const auto has_any = [&](std::initializer_list<const char*> keys) {
+    return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return schema.contains(k); });
+  };
+  std::vector<std::string> types;
+  if (has_any({"properties", "additionalProperties", "required", "patternProperties",
+               "minProperties", "maxProperties"})) {
+    types.push_back("object");
+  }
+  if (has_any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
+  if (has_any({"pattern", "format", "minLength", "maxLength"})) types.push_back("string");
+  if (has_any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) {
+    types.push_back("number");
+  }
+  return types;
 }
 
 Json WithoutUnevaluated(const Json& schema) {

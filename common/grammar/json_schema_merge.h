@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 
@@ -37,6 +38,14 @@ std::optional<nlohmann::ordered_json> MergeIntoApplicator(const nlohmann::ordere
 /// `additionalProperties` / `items` where those are absent; dropped where they are present
 /// (they evaluate every remaining member). Other schemas come back unchanged.
 nlohmann::ordered_json WithoutUnevaluated(const nlohmann::ordered_json& schema);
+
+/// The type names of a `type` value (a string, or a list of them; other entries skipped).
+std::vector<std::string> TypeNames(const nlohmann::ordered_json& type);
+
+/// The types the keywords of a schema without `type` imply (properties, required... ->
+/// object; items, prefixItems... -> array; pattern, format, min/maxLength -> string; bounds
+/// and multipleOf -> number), in that order; empty when none does.
+std::vector<std::string> ImpliedTypes(const nlohmann::ordered_json& schema);
 
 /// Keywords that describe and never constrain (title, description, $defs, ...).
 bool IsSchemaAnnotation(const std::string& key);

@@ -38,29 +38,8 @@ Json Typed(const Json& schema, const std::string& type) {
 // The types `schema` allows, as the compiler reads them: its `type`, or those its keywords
 // imply, or every type.
 std::vector<std::string> BaseTypes(const Json& schema) {
-  std::vector<std::string> types;
-  if (schema.contains("type")) {
-    const Json& t = schema["type"];
-    if (t.is_string()) types.push_back(t.get<std::string>());
-    if (t.is_array()) {
-      for (const Json& v : t) {
-        if (v.is_string()) types.push_back(v.get<std::string>());
-      }
-    }
-    return types;
-  }
-  auto has_any = [&](std::initializer_list<const char*> keys) {
-    return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return schema.contains(k); });
-  };
-  if (has_any({"properties", "additionalProperties", "required", "patternProperties",
-               "minProperties", "maxProperties"})) {
-    types.push_back("object");
-  }
-  if (has_any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
-  if (has_any({"pattern", "format", "minLength", "maxLength"})) types.push_back("string");
-  if (has_any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})) {
-    types.push_back("number");
-  }
+  if (schema.contains("type")) return TypeNames(schema["type"]);
+  std::vector<std::string> types = ImpliedTypes(schema);
   return types.empty() ? AllTypes() : types;
 }
 

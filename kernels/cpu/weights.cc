@@ -256,15 +256,9 @@ absl::StatusOr<PackedWeight> PackInt8Blocks(common::GgmlType type, const uint8_t
       w.scales[GroupIndex(w, row, g)] = LoadU16(block);
       const int64_t c0 = g * 32;
       if (type == GgmlType::kQ5_0) {
-        uint32_t qh;
-        std::memcpy(&qh, block + 2, sizeof(qh));
-        const uint8_t* qs = block + 6;
-        for (int j = 0; j < 16; ++j) {
-          SetQ(w, row, c0 + j,
-               static_cast<int8_t>(((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4)) - 16));
-          SetQ(w, row, c0 + 16 + j,
-               static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16));
-        }
+        int q[32];
+        common::Unpack5Bit(block + 2, block + 6, q);
+        for (int j = 0; j < 32; ++j) SetQ(w, row, c0 + j, static_cast<int8_t>(q[j] - 16));
       } else {
         for (int j = 0; j < 16; ++j) {
           SetQ(w, row, c0 + j, common::kIq4NlValues[block[2 + j] & 0x0f]);

@@ -1,7 +1,7 @@
 #pragma once
 
-// The literal markers of the tool-call formats (api/tool_call_parser.h), shared by the
-// whole-reply parser and the streaming scanner.
+// The text of the tool-call formats (api/tool_call_parser.h) that the whole-reply parser
+// and the streaming scanner share: the formats' literal markers and JSON's blanks.
 
 #include <string_view>
 
@@ -21,3 +21,17 @@ inline constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 inline constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 
 }  // namespace loom::api::markers
+
+namespace loom::api {
+
+/// JSON's insignificant whitespace.
+inline bool IsBlank(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/// `text` without leading and trailing blanks.
+inline std::string_view TrimBlanks(std::string_view text) {
+  while (!text.empty() && IsBlank(text.front())) text.remove_prefix(1);
+  while (!text.empty() && IsBlank(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+}  // namespace loom::api
