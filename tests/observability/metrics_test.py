@@ -101,9 +101,28 @@ def test_coordinator_counters_match_the_workload(served):
     assert sample(text, "loom_replica_up", replica="r0") == 1
 
 
+def settled(url: str) -> str:
+    """The worker's exposition once two reads 0.2 s apart show the same step counts: a step
+    still being recorded (one after the last request ends) can fall between two series'
+    updates (seen under load: loom_worker_step_seconds_count 36 against steps_total 35)."""
+    def counts(text):
+        return (sample(text, "loom_worker_steps_total", replica="r0"),
+                sample(text, "loom_worker_step_seconds_count", replica="r0"))
+
+    text = fetch(url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = fetch(url)
+        if counts(again) == counts(text):
+            return again
+        text = again
+    return text
+
+
 def test_worker_metrics_moved(served):
     _, worker_metrics, _, _ = served
-    text = fetch(worker_metrics)
+    text = settled(worker_metrics)
     steps = sample(text, "loom_worker_steps_total", replica="r0")
     assert steps >= NUM_REQUESTS * MAX_TOKENS / 2
     assert sample(text, "loom_worker_step_seconds_count", replica="r0") == steps
