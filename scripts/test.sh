@@ -10,9 +10,10 @@ bash scripts/fetch-model.sh
 bash scripts/build.sh
 # The archive a lent GPU machine runs (docs/gpu_verification.md): built and size-checked on
 # every run, so it can never silently outgrow the GPU window; tests/gpu/quick_test.py
-# dry-runs it.
+# dry-runs it. Packed from build/ (--from) rather than compiled a second time: a lent
+# window's session runs bundle.sh alone for the sm_90-only Release build.
 if command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  PATH="$PATH:/usr/local/cuda/bin" bash tests/gpu/bundle.sh
+  PATH="$PATH:/usr/local/cuda/bin" bash tests/gpu/bundle.sh --from build
   export LOOM_REQUIRE_GPU_BUNDLE=1
 fi
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"

@@ -2,7 +2,7 @@
 # Builds, on a machine with the CUDA toolkit and Loom's Debian dependencies (no GPU needed),
 # the archive that tests/gpu/quick.sh runs on a bare GPU machine (docs/gpu_verification.md):
 #
-#   tests/gpu/bundle.sh [ARCHIVE]     default build-gpu-bundle/loom-gpu-bundle.tar.xz
+#   tests/gpu/bundle.sh [--from BUILD_DIR] [ARCHIVE]   default build-gpu-bundle/loom-gpu-bundle.tar.xz
 #
 # Inside: the CUDA test binaries (loom_kernels_tests, loom_model_tests, loom_worker_tests), the GPU
 # benchmarks (quantized_gemm_bench, cuda_attention_bench, cuda_forward_pass_bench), the server itself
@@ -17,13 +17,25 @@
 # dlopens both). Fails when the archive is over LOOM_BUNDLE_MAX_MIB (default 56 MiB): the
 # checkout plus the archive must travel in one 64 MiB copy.
 #
+# --from BUILD_DIR packs an existing CUDA build instead (CI: scripts/test.sh reuses build/,
+# RelWithDebInfo at -O2 for sm_80 and sm_90a, which H100/H200 run too; stripped, it differs
+# from the dedicated build only by the sm_80 code, so its size check is the stricter one)
+# rather than compiling everything a second time.
+#
 # Environment: LOOM_GPU_BUILD_DIR (default build-gpu), LOOM_BUNDLE_MAX_MIB,
 # LOOM_CUDA_ARCHITECTURES (default 90-real).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-ARCHIVE="${1:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
 BUILD_DIR="${LOOM_GPU_BUILD_DIR:-$ROOT/build-gpu}"
+REUSE=false
+if [[ "${1:-}" == --from ]]; then
+  [[ -n "${2:-}" ]] || { echo "bundle.sh: --from needs a build directory" >&2; exit 2; }
+  BUILD_DIR="$(cd "$2" && pwd)"
+  REUSE=true
+  shift 2
+fi
+ARCHIVE="${1:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
 MAX_MIB="${LOOM_BUNDLE_MAX_MIB:-56}"
 ARCHS="${LOOM_CUDA_ARCHITECTURES:-90-real}"
 TESTS=(loom_kernels_tests loom_model_tests loom_worker_tests)
@@ -46,6 +58,13 @@ if ! command -v nvcc > /dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   exit 3
 fi
 
+if $REUSE; then
+  ARCHS="$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")"
+  if [[ -z "$ARCHS" ]]; then
+    echo "bundle.sh: $BUILD_DIR is not a CUDA build (no CMAKE_CUDA_ARCHITECTURES)" >&2
+    exit 1
+  fi
+fi
 launcher=()
 if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache
@@ -53,7 +72,7 @@ if command -v ccache > /dev/null; then
 fi
 # Release at -O2, as the main build compiles (GCC 12 warns falsely at -O3, e.g. -Wrestrict
 # on std::string concatenation, and warnings are errors).
-cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
+$REUSE || cmake -S . -B "$BUILD_DIR" -G Ninja -DLOOM_CUDA=ON -DLOOM_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" -DLOOM_BUILD_BENCH=ON -DLOOM_BUILD_TESTS=ON \
   "${launcher[@]}" > /dev/null
