@@ -161,8 +161,20 @@ class Loader {
     std::vector<const PackedWeight*> pointers;
     for (const PackedWeight& weight : packed) pointers.push_back(&weight);
     absl::StatusOr<PackedWeight> fused = kernels::cpu::ConcatRows(pointers);
+    if (fused.ok() && packed.size() > 1) {
+      // Integer parts of different formats (a Q6_K V beside Q4_K Q/K) were widened.
+      for (const PackedWeight& weight : packed) {
+        if (weight.format != fused->format || weight.group_size != fused->group_size) {
+          conversions_[absl::StrFormat(
+              "mixed formats fused -> %s g%d%s (lossless)",
+              fused->format == kernels::cpu::WeightFormat::kInt8 ? "INT8" : "INT4",
+              fused->group_size, fused->f32_scaled() ? ", F32 scales" : "")]++;
+          break;
+        }
+      }
+    }
     if (!fused.ok() && packed.size() > 1) {
-      // Mixed formats (e.g. a Q6_K V beside Q4_K Q/K): fall back to F32 for the group.
+      // Float parts beside others (an F16 V beside Q8_0 Q/K): F32 for the group.
       std::vector<float> values;
       for (const PackedWeight& weight : packed) {
         const size_t offset = values.size();

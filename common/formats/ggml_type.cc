@@ -1,5 +1,7 @@
 #include "common/formats/ggml_type.h"
 
+#include "common/formats/kquant_block.h"
+
 #include <array>
 #include <cstring>
 #include <limits>
@@ -198,85 +200,17 @@ void DequantizeIQ4_NL(const uint8_t* src, uint64_t num_blocks, float* dst) {
   }
 }
 
-// The 12 packed bytes of Q4_K/Q5_K hold 8 six-bit scales and 8 six-bit mins.
-void UnpackKScaleMin(const uint8_t* scales, uint8_t sc[8], uint8_t mn[8]) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = scales[j] & 0x3f;
-    mn[j] = scales[4 + j] & 0x3f;
-    sc[4 + j] = (scales[8 + j] & 0x0f) | ((scales[j] >> 2) & 0x30);
-    mn[4 + j] = (scales[8 + j] >> 4) | ((scales[4 + j] >> 2) & 0x30);
-  }
-}
-
-// Q4_K block (144 bytes): f16 d, f16 dmin, 12 bytes of scales/mins, 128 bytes of
-// nibbles. Sub-block s (32 elements) = nibble s%2 of bytes 32*(s/2)..+31;
-// x = (d * sc[s]) * q - (dmin * m[s]).
-void DequantizeQ4_K(const uint8_t* src, uint64_t num_blocks, float* dst) {
-  for (uint64_t b = 0; b < num_blocks; ++b, src += 144, dst += 256) {
-    const float d = LoadHalf(src);
-    const float dmin = LoadHalf(src + 2);
-    uint8_t sc[8], mn[8];
-    UnpackKScaleMin(src + 4, sc, mn);
-    const uint8_t* qs = src + 16;
-    for (int s = 0; s < 8; ++s) {
-      const float scale = d * static_cast<float>(sc[s]);
-      const float min = dmin * static_cast<float>(mn[s]);
-      const uint8_t* q = qs + 32 * (s / 2);
-      const int shift = 4 * (s % 2);
-      for (int i = 0; i < 32; ++i) {
-        const float scaled = scale * static_cast<float>((q[i] >> shift) & 0x0f);
-        dst[32 * s + i] = scaled - min;
-      }
-    }
-  }
-}
-
-// Q5_K block (176 bytes): f16 d, f16 dmin, 12 bytes of scales/mins, 32 bytes of high
-// bits (bit s of byte i is the 5th bit of element i of sub-block s), 128 bytes of
-// nibbles laid out as in Q4_K.
-void DequantizeQ5_K(const uint8_t* src, uint64_t num_blocks, float* dst) {
-  for (uint64_t b = 0; b < num_blocks; ++b, src += 176, dst += 256) {
-    const float d = LoadHalf(src);
-    const float dmin = LoadHalf(src + 2);
-    uint8_t sc[8], mn[8];
-    UnpackKScaleMin(src + 4, sc, mn);
-    const uint8_t* qh = src + 16;
-    const uint8_t* qs = src + 48;
-    for (int s = 0; s < 8; ++s) {
-      const float scale = d * static_cast<float>(sc[s]);
-      const float min = dmin * static_cast<float>(mn[s]);
-      const uint8_t* q = qs + 32 * (s / 2);
-      const int shift = 4 * (s % 2);
-      for (int i = 0; i < 32; ++i) {
-        const int value = ((q[i] >> shift) & 0x0f) | (((qh[i] >> s) & 1) << 4);
-        const float scaled = scale * static_cast<float>(value);
-        dst[32 * s + i] = scaled - min;
-      }
-    }
-  }
-}
-
-// Q6_K block (210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8
-// scales, f16 d. Each half h (128 elements) takes element r from nibble r/64 of
-// ql[64h + r%64] and bits 2*(r/32) of qh[32h + r%32]; x = (d * scale[idx/16]) * (q - 32).
-void DequantizeQ6_K(const uint8_t* src, uint64_t num_blocks, float* dst) {
-  for (uint64_t b = 0; b < num_blocks; ++b, src += 210, dst += 256) {
-    const uint8_t* ql = src;
-    const uint8_t* qh = src + 128;
-    const uint8_t* scales = src + 192;
-    const float d = LoadHalf(src + 208);
-    float group_scale[16];
-    for (int g = 0; g < 16; ++g) {
-      group_scale[g] = d * static_cast<float>(static_cast<int8_t>(scales[g]));
-    }
-    for (int h = 0; h < 2; ++h) {
-      for (int r = 0; r < 128; ++r) {
-        const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0f;
-        const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
-        const int q = (low | (high << 4)) - 32;
-        const int index = 128 * h + r;
-        dst[index] = group_scale[index / 16] * static_cast<float>(q);
-      }
+// The K-quants through their shared block decoder (kquant_block.h): value = q * scale +
+// min, which rounds as gguf does.
+void DequantizeKQuant(GgmlType type, const uint8_t* src, uint64_t num_blocks, float* dst) {
+  const uint64_t block_bytes = FindTraits(static_cast<uint32_t>(type))->type_size;
+  KQuantBlock block;
+  for (uint64_t b = 0; b < num_blocks; ++b, src += block_bytes, dst += kKQuantBlockSize) {
+    DecodeKQuantBlock(type, src, block);
+    for (int i = 0; i < kKQuantBlockSize; ++i) {
+      const int s = i / block.sub_block;
+      const float scaled = static_cast<float>(block.q[i]) * block.scale[s];
+      dst[i] = scaled + block.min[s];
     }
   }
 }
@@ -329,6 +263,8 @@ bool CanDequantize(GgmlType type) {
     case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
     case GgmlType::kIQ4_NL:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
@@ -371,14 +307,12 @@ absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elemen
     case GgmlType::kIQ4_NL:
       DequantizeIQ4_NL(bytes, num_elements / 32, dst);
       return absl::OkStatus();
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
-      DequantizeQ4_K(bytes, num_elements / 256, dst);
-      return absl::OkStatus();
     case GgmlType::kQ5_K:
-      DequantizeQ5_K(bytes, num_elements / 256, dst);
-      return absl::OkStatus();
     case GgmlType::kQ6_K:
-      DequantizeQ6_K(bytes, num_elements / 256, dst);
+      DequantizeKQuant(type, bytes, num_elements / kKQuantBlockSize, dst);
       return absl::OkStatus();
     default:
       return absl::UnimplementedError(absl::StrCat(

@@ -71,7 +71,7 @@ bool CanDequantize(GgmlType type);
 /// Dequantizes `num_elements` elements of `type` from `src` (exactly
 /// GgmlRowBytes(type, num_elements) bytes) into `dst` as F32. Bit-identical to the
 /// PyPI `gguf` package's `gguf.quants.dequantize`. Supported: F32, F16, BF16, Q8_0,
-/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K. Thread-safe.
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Thread-safe.
 absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elements,
                              float* dst);
 

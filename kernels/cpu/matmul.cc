@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/weights_internal.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -65,14 +66,19 @@ absl::Status CheckParams(const MatmulParams& p) {
         "Matmul: unknown activation precision %d", static_cast<int>(p.activations)));
   }
   if (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4) {
-    if (w.group_size <= 0 || w.group_size % kActGroup != 0 || w.cols % w.group_size != 0) {
+    const int64_t unit = w.f32_scaled() ? internal::kF32ScaledGroupUnit : kActGroup;
+    if (w.group_size <= 0 || w.group_size % unit != 0 || w.cols % w.group_size != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "Matmul: group size %d must be a positive multiple of %d dividing cols %d",
-          w.group_size, kActGroup, w.cols));
+          w.group_size, unit, w.cols));
     }
     const size_t groups = static_cast<size_t>(blocks * (w.cols / w.group_size) * kRowBlock);
-    if (w.scales.size() != groups ||
-        (w.format == WeightFormat::kInt4 && w.mins.size() != groups)) {
+    const bool sizes_match =
+        w.f32_scaled()
+            ? w.scales_f32.size() == groups && w.mins_f32.size() == groups && w.scales.empty()
+            : w.scales.size() == groups &&
+                  (w.format != WeightFormat::kInt4 || w.mins.size() == groups);
+    if (!sizes_match) {
       return absl::InvalidArgumentError("Matmul: weight scales/mins do not match its shape");
     }
   }
@@ -237,9 +243,14 @@ void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t 
         }
         const int64_t scale_index = (b * scale_groups + sg) * kRowBlock;
         for (int r = 0; r < kRowBlock; ++r) {
-          const float scale = HalfToFloat(w.scales[scale_index + r]);
+          const float scale = w.f32_scaled() ? w.scales_f32[scale_index + r]
+                                             : HalfToFloat(w.scales[scale_index + r]);
           acc[r] += group_acc[r] * scale;
-          if (!int8) {
+          if (w.f32_scaled()) {
+            // INT8 may carry a min here; -0 (none) adds nothing.
+            const float min = w.mins_f32[scale_index + r] + (int8 ? 0.0f : 8.0f * scale);
+            acc[r] += min * a.x_group_sum[t * scale_groups + sg];
+          } else if (!int8) {
             const float centred_min = HalfToFloat(w.mins[scale_index + r]) + 8.0f * scale;
             acc[r] += centred_min * a.x_group_sum[t * scale_groups + sg];
           }
@@ -264,13 +275,17 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
 
   const int64_t k = w.cols;
   const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4;
-  const bool int8_activations = integer && params.activations == ActivationPrecision::kInt8;
+  // F32-scaled weights (K-quants) always meet float activations, through the GEMM kernels
+  // on AVX2/AVX-512 (whatever the threshold) and the scalar kernel otherwise: the
+  // int8-activation and tile kernels read F16 scales in groups of 32.
+  const bool int8_activations =
+      integer && !w.f32_scaled() && params.activations == ActivationPrecision::kInt8;
   // Batches of tokens with float activations: dequantize each weight panel once and run
   // a float GEMM over it (no group sums of x needed).
   const bool f32act_gemm = integer && !int8_activations &&
                            (ActiveIsa() == MatmulIsaChoice::kAvx512 ||
                             ActiveIsa() == MatmulIsaChoice::kAvx2) &&
-                           params.m >= internal::F32ActGemmMinTokens();
+                           (w.f32_scaled() || params.m >= internal::F32ActGemmMinTokens());
   // Per-call buffers, reused (thread_local: one pool per thread calls Matmul).
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> x_scale;
@@ -301,7 +316,7 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
       quantize(0, params.m);
     }
     args.xq = {xq.data(), x_scale.data(), x_sum.data()};
-  } else if (w.format == WeightFormat::kInt4 && !f32act_gemm) {
+  } else if ((w.format == WeightFormat::kInt4 || w.f32_scaled()) && !f32act_gemm) {
     // The group sums of x apply each group's min once (summed in double: k adds per
     // token, negligible next to the matmul).
     const int64_t groups = k / w.group_size;

@@ -119,8 +119,9 @@ struct Int8Decoder {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32)),
                             _mm256_set1_epi8(static_cast<char>(0x80)));
   }
+  // Column kCol as q * 2^24, exactly.
   template <int kCol>
-  __m256 Column(__m256i bytes, const Group& group, int h) const {
+  __m256 Shifted(__m256i bytes) const {
     __m256i field;
     if constexpr (kCol == 0) {
       field = _mm256_slli_epi32(bytes, 24);
@@ -131,7 +132,43 @@ struct Int8Decoder {
     } else {
       field = _mm256_and_si256(bytes, top_byte);
     }
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(field), group.scale[h]);
+    return _mm256_cvtepi32_ps(field);
+  }
+  template <int kCol>
+  __m256 Column(__m256i bytes, const Group& group, int h) const {
+    return _mm256_mul_ps(Shifted<kCol>(bytes), group.scale[h]);
+  }
+};
+
+// F32-scaled weights (K-quants, weights.h): the same columns with F32 scales and mins, the
+// weight one rounding of q * scale + min (INT8 too: Q5_K has mins, the others -0), lane
+// for lane the AVX-512 kernel's.
+inline int64_t GroupOffset(const PackedWeight& w, int64_t block, int64_t g) {
+  return (block * (w.cols / w.group_size) + g) * kRowBlock;
+}
+struct Int4F32Decoder : Int4Decoder {
+  static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
+    const float* scales = w.scales_f32.data() + GroupOffset(w, block, g);
+    const float* mins = w.mins_f32.data() + GroupOffset(w, block, g);
+    return {{_mm256_loadu_ps(scales), _mm256_loadu_ps(scales + 8)},
+            {_mm256_loadu_ps(mins), _mm256_loadu_ps(mins + 8)}};
+  }
+};
+struct Int8F32Decoder : Int8Decoder {
+  struct Group {
+    __m256 scale[2], min[2];
+  };
+  static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
+    const float* scales = w.scales_f32.data() + GroupOffset(w, block, g);
+    const float* mins = w.mins_f32.data() + GroupOffset(w, block, g);
+    const __m256 unit = _mm256_set1_ps(1.0f / 16777216.0f);
+    return {{_mm256_mul_ps(_mm256_loadu_ps(scales), unit),
+             _mm256_mul_ps(_mm256_loadu_ps(scales + 8), unit)},
+            {_mm256_loadu_ps(mins), _mm256_loadu_ps(mins + 8)}};
+  }
+  template <int kCol>
+  __m256 Column(__m256i bytes, const Group& group, int h) const {
+    return _mm256_fmadd_ps(Shifted<kCol>(bytes), group.scale[h], group.min[h]);
   }
 };
 
@@ -276,11 +313,11 @@ void PanelTile(const MatmulArgs& a, const float* panel, const TileCall& call) {
 
 // The scales (and INT4 mins) of group g of a row block; past the last group this is the
 // next block's, which the next GemvTile reads. Prefetching never faults.
-inline void PrefetchGroup(const PackedWeight& w, int64_t block, int64_t g) {
-  const int64_t index = (block * (w.cols / w.group_size) + g) * kRowBlock;
-  _mm_prefetch(reinterpret_cast<const char*>(w.scales.data() + index), _MM_HINT_T0);
-  if (w.format == WeightFormat::kInt4)
-    _mm_prefetch(reinterpret_cast<const char*>(w.mins.data() + index), _MM_HINT_T0);
+inline void PrefetchGroup(const GroupArrays& arrays, const PackedWeight& w, int64_t block,
+                          int64_t g) {
+  const int64_t offset = (block * (w.cols / w.group_size) + g) * kRowBlock * arrays.element_bytes;
+  _mm_prefetch(arrays.scales + offset, _MM_HINT_T0);
+  if (arrays.mins != nullptr) _mm_prefetch(arrays.mins + offset, _MM_HINT_T0);
 }
 
 // m = 1: Nb row blocks in lockstep over all of k. Each output is still one FMA chain over k
@@ -297,6 +334,7 @@ void GemvTile(const MatmulArgs& a, int64_t block0) {
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const uint8_t* data = w.data.data() + block0 * block_bytes;
   const Decoder decoder;
+  const GroupArrays arrays(w);
   // Every index into acc and grp is a compile-time constant (Unrolled over the blocks
   // too): with a loop index GCC keeps the sums on the stack, a store-forwarding round
   // trip per FMA, slower than the one-block kernel.
@@ -306,7 +344,8 @@ void GemvTile(const MatmulArgs& a, int64_t block0) {
   for (int64_t g = 0; g < k / group; ++g) {
     typename Decoder::Group grp[Nb];
     Unrolled([&](auto j) { grp[j] = Decoder::LoadGroup(w, block0 + j, g); }, kBlocks);
-    Unrolled([&](auto j) { PrefetchGroup(w, block0 + j, g + kGemvPrefetchGroups); }, kBlocks);
+    Unrolled([&](auto j) { PrefetchGroup(arrays, w, block0 + j, g + kGemvPrefetchGroups); },
+             kBlocks);
     for (int64_t line = g * group / kCols; line < (g + 1) * group / kCols; ++line) {
       const float* x = a.x + line * kCols;
       Unrolled(
@@ -399,16 +438,12 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
       const uint8_t* prefetch = nullptr;
       if (b + 1 < block_end) {
         prefetch = w.data.data() + (b + 1) * block_bytes;
-        const int64_t bytes = scale_groups * kRowBlock * 2;
-        const char* scales =
-            reinterpret_cast<const char*>(w.scales.data() + (b + 1) * scale_groups * kRowBlock);
-        for (int64_t offset = 0; offset < bytes; offset += 64)
-          _mm_prefetch(scales + offset, _MM_HINT_T1);
-        if (w.format == WeightFormat::kInt4) {
-          const char* mins =
-              reinterpret_cast<const char*>(w.mins.data() + (b + 1) * scale_groups * kRowBlock);
-          for (int64_t offset = 0; offset < bytes; offset += 64)
-            _mm_prefetch(mins + offset, _MM_HINT_T1);
+        const GroupArrays arrays(w);
+        const int64_t bytes = scale_groups * kRowBlock * arrays.element_bytes;
+        const int64_t first = (b + 1) * bytes;
+        for (int64_t offset = 0; offset < bytes; offset += 64) {
+          _mm_prefetch(arrays.scales + first + offset, _MM_HINT_T1);
+          if (arrays.mins != nullptr) _mm_prefetch(arrays.mins + first + offset, _MM_HINT_T1);
         }
       }
       for (int64_t c0 = 0; c0 < k; c0 += chunk_cols) {
@@ -428,10 +463,13 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt4) {
-    RunGemm<Int4Decoder>(a, block_begin, block_end);
+  const bool int4 = a.weight->format == WeightFormat::kInt4;
+  if (a.weight->f32_scaled()) {
+    int4 ? RunGemm<Int4F32Decoder>(a, block_begin, block_end)
+         : RunGemm<Int8F32Decoder>(a, block_begin, block_end);
   } else {
-    RunGemm<Int8Decoder>(a, block_begin, block_end);
+    int4 ? RunGemm<Int4Decoder>(a, block_begin, block_end)
+         : RunGemm<Int8Decoder>(a, block_begin, block_end);
   }
 }
 

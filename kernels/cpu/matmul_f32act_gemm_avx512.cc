@@ -111,8 +111,9 @@ struct Int8Decoder {
   static __m512i LoadLine(const uint8_t* line) {
     return _mm512_xor_si512(_mm512_loadu_si512(line), _mm512_set1_epi8(static_cast<char>(0x80)));
   }
+  // Column kCol as q * 2^24, exactly.
   template <int kCol>
-  __m512 Column(__m512i bytes, const Group& group) const {
+  __m512 Shifted(__m512i bytes) const {
     __m512i field;
     if constexpr (kCol == 0) {
       field = _mm512_slli_epi32(bytes, 24);
@@ -123,7 +124,38 @@ struct Int8Decoder {
     } else {
       field = _mm512_and_si512(bytes, top_byte);
     }
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(field), group.scale);
+    return _mm512_cvtepi32_ps(field);
+  }
+  template <int kCol>
+  __m512 Column(__m512i bytes, const Group& group) const {
+    return _mm512_mul_ps(Shifted<kCol>(bytes), group.scale);
+  }
+};
+
+// F32-scaled weights (K-quants, weights.h): the same columns with F32 scales and mins, the
+// weight one rounding of q * scale + min (INT8 too: Q5_K has mins, the others -0).
+inline int64_t GroupOffset(const PackedWeight& w, int64_t block, int64_t g) {
+  return (block * (w.cols / w.group_size) + g) * kRowBlock;
+}
+struct Int4F32Decoder : Int4Decoder {
+  static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
+    const int64_t index = GroupOffset(w, block, g);
+    return {_mm512_loadu_ps(w.scales_f32.data() + index), _mm512_loadu_ps(w.mins_f32.data() + index)};
+  }
+};
+struct Int8F32Decoder : Int8Decoder {
+  struct Group {
+    __m512 scale, min;
+  };
+  static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
+    const int64_t index = GroupOffset(w, block, g);
+    return {_mm512_mul_ps(_mm512_loadu_ps(w.scales_f32.data() + index),
+                          _mm512_set1_ps(1.0f / 16777216.0f)),
+            _mm512_loadu_ps(w.mins_f32.data() + index)};
+  }
+  template <int kCol>
+  __m512 Column(__m512i bytes, const Group& group) const {
+    return _mm512_fmadd_ps(Shifted<kCol>(bytes), group.scale, group.min);
   }
 };
 
@@ -310,18 +342,12 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
         prefetch = w.data.data() + ahead * block_bytes;
         // The next panel's scales (and mins): its weight bytes are prefetched line by
         // line as this panel decodes; these would otherwise miss once per group.
-        const int64_t bytes = nb * scale_groups * kRowBlock * 2;
-        const char* scales =
-            reinterpret_cast<const char*>(w.scales.data() + ahead * scale_groups * kRowBlock);
+        const GroupArrays arrays(w);
+        const int64_t bytes = nb * scale_groups * kRowBlock * arrays.element_bytes;
+        const int64_t first = ahead * scale_groups * kRowBlock * arrays.element_bytes;
         for (int64_t offset = 0; offset < bytes; offset += 64) {
-          _mm_prefetch(scales + offset, _MM_HINT_T1);
-        }
-        if (w.format == WeightFormat::kInt4) {
-          const char* mins =
-              reinterpret_cast<const char*>(w.mins.data() + ahead * scale_groups * kRowBlock);
-          for (int64_t offset = 0; offset < bytes; offset += 64) {
-            _mm_prefetch(mins + offset, _MM_HINT_T1);
-          }
+          _mm_prefetch(arrays.scales + first + offset, _MM_HINT_T1);
+          if (arrays.mins != nullptr) _mm_prefetch(arrays.mins + first + offset, _MM_HINT_T1);
         }
       }
       for (int64_t c0 = 0; c0 < k; c0 += chunk_cols) {
@@ -341,10 +367,13 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt4) {
-    RunGemm<Int4Decoder>(a, block_begin, block_end);
+  const bool int4 = a.weight->format == WeightFormat::kInt4;
+  if (a.weight->f32_scaled()) {
+    int4 ? RunGemm<Int4F32Decoder>(a, block_begin, block_end)
+         : RunGemm<Int8F32Decoder>(a, block_begin, block_end);
   } else {
-    RunGemm<Int8Decoder>(a, block_begin, block_end);
+    int4 ? RunGemm<Int4Decoder>(a, block_begin, block_end)
+         : RunGemm<Int8Decoder>(a, block_begin, block_end);
   }
 }
 

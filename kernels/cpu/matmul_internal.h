@@ -211,6 +211,20 @@ MatmulIsaChoice LastMatmulIsa();
 /// Not thread-safe against concurrent Matmul calls.
 void SetMatmulIsaForTesting(MatmulIsaChoice isa);
 
+/// A weight's scale and min arrays as bytes, whichever precision it stores (for prefetching).
+struct GroupArrays {
+  const char* scales;
+  const char* mins;  // nullptr for an F16-scaled INT8 weight
+  int64_t element_bytes;
+  explicit GroupArrays(const PackedWeight& w)
+      : scales(w.f32_scaled() ? reinterpret_cast<const char*>(w.scales_f32.data())
+                              : reinterpret_cast<const char*>(w.scales.data())),
+        mins(w.f32_scaled()                    ? reinterpret_cast<const char*>(w.mins_f32.data())
+             : w.format == WeightFormat::kInt4 ? reinterpret_cast<const char*>(w.mins.data())
+                                               : nullptr),
+        element_bytes(w.f32_scaled() ? 4 : 2) {}
+};
+
 /// Stores the 16 lanes of one output block, only the `valid` first ones, adding bias.
 inline void StoreBlockOutput(const float* lanes, const float* bias, int64_t valid, float* y) {
   if (bias != nullptr) {

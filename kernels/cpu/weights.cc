@@ -1,25 +1,19 @@
 #include "kernels/cpu/weights.h"
 
-#include "kernels/cpu/quantize.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/quantize.h"
+#include "kernels/cpu/weights_internal.h"
 
 namespace loom::kernels::cpu {
-namespace {
-
-using internal::BlockDataBytes;
-using internal::HalfToFloat;
-using internal::IntByteOffset;
-using internal::kRowBlock;
-using internal::NumRowBlocks;
+namespace internal {
 
 const char* FormatName(WeightFormat format) {
   switch (format) {
@@ -39,21 +33,22 @@ bool IsInteger(WeightFormat format) {
   return format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
 }
 
-// An empty (zero-filled) weight of the given shape in the packed layout.
 absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t cols,
-                                      int64_t group_size) {
+                                      int64_t group_size, bool f32_scales) {
   if (rows <= 0 || cols <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("weight shape [%d, %d] must be positive", rows, cols));
   }
   if (IsInteger(format)) {
-    if (group_size <= 0 || group_size % internal::kActGroup != 0 || cols % group_size != 0) {
+    const int64_t unit = f32_scales ? kF32ScaledGroupUnit : kActGroup;
+    if (group_size <= 0 || group_size % unit != 0 || cols % group_size != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s weight: group size %d must be a positive multiple of %d dividing cols %d",
-          FormatName(format), group_size, internal::kActGroup, cols));
+          FormatName(format), group_size, unit, cols));
     }
   } else {
     group_size = 0;
+    f32_scales = false;
   }
   PackedWeight weight;
   weight.format = format;
@@ -65,13 +60,18 @@ absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t
   weight.data.assign(blocks * BlockDataBytes(format, cols),
                      format == WeightFormat::kInt8 ? uint8_t{128} : uint8_t{0});
   if (IsInteger(format)) {
-    weight.scales.assign(blocks * (cols / group_size) * kRowBlock, 0);
-    if (format == WeightFormat::kInt4) weight.mins.assign(weight.scales.size(), 0);
+    const size_t groups = static_cast<size_t>(blocks * (cols / group_size) * kRowBlock);
+    if (f32_scales) {
+      weight.scales_f32.assign(groups, 0.0f);
+      weight.mins_f32.assign(groups, -0.0f);  // no min: -0 adds nothing (GroupMin)
+    } else {
+      weight.scales.assign(groups, 0);
+      if (format == WeightFormat::kInt4) weight.mins.assign(groups, 0);
+    }
   }
   return weight;
 }
 
-// Index of (row, group) in scales / mins.
 int64_t GroupIndex(const PackedWeight& w, int64_t row, int64_t group) {
   return ((row / kRowBlock) * (w.cols / w.group_size) + group) * kRowBlock + row % kRowBlock;
 }
@@ -83,8 +83,6 @@ const uint8_t* BlockData(const PackedWeight& w, int64_t row) {
   return w.data.data() + (row / kRowBlock) * BlockDataBytes(w.format, w.cols);
 }
 
-// Raw per-element accessors for the integer formats: q as stored (INT8: signed q,
-// INT4: 0..15).
 void SetQ(PackedWeight& w, int64_t row, int64_t col, int q) {
   uint8_t* byte = BlockData(w, row) + IntByteOffset(w.format, row % kRowBlock, col);
   if (w.format == WeightFormat::kInt8) {
@@ -101,6 +99,32 @@ int GetQ(const PackedWeight& w, int64_t row, int64_t col) {
   if (w.format == WeightFormat::kInt8) return static_cast<int>(byte) - 128;
   return col % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
 }
+
+float GroupScale(const PackedWeight& w, int64_t index) {
+  return w.f32_scaled() ? w.scales_f32[index] : HalfToFloat(w.scales[index]);
+}
+
+float GroupMin(const PackedWeight& w, int64_t index) {
+  if (w.f32_scaled()) return w.mins_f32[index];
+  return w.format == WeightFormat::kInt4 ? HalfToFloat(w.mins[index]) : -0.0f;
+}
+
+}  // namespace internal
+namespace {
+
+using internal::Allocate;
+using internal::BlockData;
+using internal::BlockDataBytes;
+using internal::FormatName;
+using internal::GetQ;
+using internal::GroupIndex;
+using internal::GroupMin;
+using internal::GroupScale;
+using internal::HalfToFloat;
+using internal::IsInteger;
+using internal::kRowBlock;
+using internal::NumRowBlocks;
+using internal::SetQ;
 
 // Quantizes one group of F32 values with round-to-nearest (QuantizeGroupRtn) into row
 // `row`, group `g`.
@@ -157,10 +181,14 @@ void CopyRow(const PackedWeight& src, int64_t src_row, PackedWeight& dst, int64_
     case WeightFormat::kInt4: {
       for (int64_t c = 0; c < src.cols; ++c) SetQ(dst, dst_row, c, GetQ(src, src_row, c));
       for (int64_t g = 0; g < src.cols / src.group_size; ++g) {
-        dst.scales[GroupIndex(dst, dst_row, g)] = src.scales[GroupIndex(src, src_row, g)];
-        if (src.format == WeightFormat::kInt4) {
-          dst.mins[GroupIndex(dst, dst_row, g)] = src.mins[GroupIndex(src, src_row, g)];
+        const int64_t to = GroupIndex(dst, dst_row, g), from = GroupIndex(src, src_row, g);
+        if (src.f32_scaled()) {
+          dst.scales_f32[to] = src.scales_f32[from];
+          dst.mins_f32[to] = src.mins_f32[from];
+          continue;
         }
+        dst.scales[to] = src.scales[from];
+        if (src.format == WeightFormat::kInt4) dst.mins[to] = src.mins[from];
       }
       return;
     }
@@ -221,6 +249,98 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
                              common::RawGgmlTypeName(static_cast<uint32_t>(type)),
                              FormatName(format));
   return w;
+}
+
+// Stacks parts of one format, group size and scale type.
+absl::StatusOr<PackedWeight> ConcatSameFormat(const std::vector<const PackedWeight*>& parts) {
+  const PackedWeight& first = *parts[0];
+  int64_t rows = 0;
+  for (const PackedWeight* part : parts) {
+    if (part->cols != first.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ConcatRows: parts differ in columns (%d vs %d)", first.cols, part->cols));
+    }
+    rows += part->rows;
+  }
+  LOOM_ASSIGN_OR_RETURN(PackedWeight out, Allocate(first.format, rows, first.cols,
+                                                   first.group_size, first.f32_scaled()));
+  // Copies a part's per-group array into the output's at row `offset` (a block boundary).
+  auto copy_groups = [](const auto& from, auto& to, int64_t offset, int64_t part_rows) {
+    if (from.empty()) return;
+    const size_t per_block = from.size() / std::max<int64_t>(1, NumRowBlocks(part_rows));
+    std::copy(from.begin(), from.end(), to.begin() + (offset / kRowBlock) * per_block);
+  };
+  int64_t offset = 0;
+  for (const PackedWeight* part : parts) {
+    if (offset % kRowBlock == 0) {
+      // Aligned: whole row blocks copy as bytes (the padding rows are overwritten next).
+      std::memcpy(BlockData(out, offset), part->data.data(), part->data.size());
+      copy_groups(part->scales, out.scales, offset, part->rows);
+      copy_groups(part->mins, out.mins, offset, part->rows);
+      copy_groups(part->scales_f32, out.scales_f32, offset, part->rows);
+      copy_groups(part->mins_f32, out.mins_f32, offset, part->rows);
+    } else {
+      for (int64_t row = 0; row < part->rows; ++row) CopyRow(*part, row, out, offset + row);
+    }
+    offset += part->rows;
+  }
+  out.source = first.source;
+  for (const PackedWeight* part : parts) {
+    if (part->source != out.source) absl::StrAppend(&out.source, " + ", part->source);
+  }
+  return out;
+}
+
+// Integer parts of different formats, group sizes or scale types, each converted without
+// loss to the widest: INT8 if any part is INT8 (an INT4 q in [0, 15] is an INT8 q, its min
+// kept), the smallest group if every group is a multiple of it (a group's scale and min
+// repeat over its parts), F32 scales and mins when any part has them or an INT4 min must
+// go into INT8 (F16 -> F32 is exact). InvalidArgument for float parts or groups that do
+// not nest.
+absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
+    const std::vector<const PackedWeight*>& parts) {
+  bool int8 = false, f32_scales = false, int4 = false;
+  int64_t group = 0;
+  for (const PackedWeight* part : parts) {
+    if (!IsInteger(part->format)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ConcatRows: parts differ (%s and %s) and are not all INT8/INT4",
+          FormatName(parts[0]->format), FormatName(part->format)));
+    }
+    int8 = int8 || part->format == WeightFormat::kInt8;
+    int4 = int4 || part->format == WeightFormat::kInt4;
+    f32_scales = f32_scales || part->f32_scaled();
+    group = group == 0 ? part->group_size : std::min(group, part->group_size);
+  }
+  f32_scales = f32_scales || (int8 && int4);
+  const WeightFormat format = int8 ? WeightFormat::kInt8 : WeightFormat::kInt4;
+  std::vector<PackedWeight> out;
+  for (const PackedWeight* part : parts) {
+    if (part->group_size % group != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ConcatRows: group sizes %d and %d do not nest", part->group_size, group));
+    }
+    LOOM_ASSIGN_OR_RETURN(PackedWeight wide,
+                          Allocate(format, part->rows, part->cols, group, f32_scales));
+    const int64_t ratio = part->group_size / group;
+    for (int64_t row = 0; row < part->rows; ++row) {
+      for (int64_t c = 0; c < part->cols; ++c) SetQ(wide, row, c, GetQ(*part, row, c));
+      for (int64_t g = 0; g < part->cols / group; ++g) {
+        const int64_t from = GroupIndex(*part, row, g / ratio), to = GroupIndex(wide, row, g);
+        if (f32_scales) {
+          wide.scales_f32[to] = GroupScale(*part, from);
+          wide.mins_f32[to] = GroupMin(*part, from);
+        } else {
+          wide.scales[to] = part->scales[from];
+          if (format == WeightFormat::kInt4) wide.mins[to] = part->mins[from];
+        }
+      }
+    }
+    wide.source = absl::StrFormat("%s, as %s g%d%s", part->source, FormatName(format), group,
+                                  f32_scales ? " (F32 scales)" : "");
+    out.push_back(std::move(wide));
+  }
+  return out;
 }
 
 }  // namespace
@@ -299,38 +419,28 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
       w.source = "F16 -> F16";
       return w;
     }
-    case GgmlType::kF32:
-    case GgmlType::kBF16:
-    case GgmlType::kQ5_1:  // d * q + m with 5-bit q: no Loom integer format holds it
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: {
+    case GgmlType::kQ6_K:
+      return internal::PackKQuantBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
+    case GgmlType::kF32:
+    case GgmlType::kBF16:
+    case GgmlType::kQ5_1: {  // d * q + m with 5-bit q and an F16 min: kept in F32
       std::vector<float> values(static_cast<size_t>(rows * cols));
       LOOM_RETURN_IF_ERROR(common::DequantizeToF32(type, data,
                                                    static_cast<uint64_t>(rows * cols),
                                                    values.data()));
-      WeightFormat format = WeightFormat::kF32;
-      int64_t group = 0;
-      std::string how = "(lossless)";
-      if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K) {
-        format = WeightFormat::kInt4;
-        group = 32;
-        how = "(re-quantized, lossy)";
-      } else if (type == GgmlType::kQ6_K) {
-        format = WeightFormat::kInt8;
-        group = 32;
-        how = "(re-quantized, lossy)";
-      }
       LOOM_ASSIGN_OR_RETURN(PackedWeight w,
-                            PackFromF32(values.data(), rows, cols, format, group));
-      w.source = absl::StrFormat("%s -> %s%s %s", type_name, FormatName(format),
-                                 group ? absl::StrFormat(" g%d", group) : "", how);
+                            PackFromF32(values.data(), rows, cols, WeightFormat::kF32, 0));
+      w.source = absl::StrFormat("%s -> F32 (lossless)", type_name);
       return w;
     }
     default:
       return absl::InvalidArgumentError(absl::StrFormat(
           "PackWeight: unsupported tensor type %s (supported: F32, F16, BF16, Q4_0, Q4_1, "
-          "Q8_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K)",
+          "Q8_0, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
           type_name));
   }
 }
@@ -338,6 +448,10 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
   if (!IsInteger(w.format)) {
     return absl::InvalidArgumentError("UnpackQuantized: the weight is not INT8/INT4");
+  }
+  if (w.format == WeightFormat::kInt8 && w.f32_scaled() &&
+      std::any_of(w.mins_f32.begin(), w.mins_f32.end(), [](float m) { return m != 0.0f; })) {
+    return absl::InvalidArgumentError("UnpackQuantized: an INT8 weight with mins (Q5_K)");
   }
   const int64_t groups = w.cols / w.group_size;
   NaturalQuantizedWeight out;
@@ -347,8 +461,12 @@ absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t c = 0; c < w.cols; ++c) out.q[r * w.cols + c] = static_cast<int8_t>(GetQ(w, r, c));
     for (int64_t g = 0; g < groups; ++g) {
-      out.scales[r * groups + g] = w.scales[GroupIndex(w, r, g)];
-      if (!out.mins.empty()) out.mins[r * groups + g] = w.mins[GroupIndex(w, r, g)];
+      const int64_t index = GroupIndex(w, r, g);
+      out.scales[r * groups + g] =
+          w.f32_scaled() ? FloatToHalf(w.scales_f32[index]) : w.scales[index];
+      if (!out.mins.empty()) {
+        out.mins[r * groups + g] = w.f32_scaled() ? FloatToHalf(w.mins_f32[index]) : w.mins[index];
+      }
     }
   }
   return out;
@@ -356,42 +474,22 @@ absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
 
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts) {
   if (parts.empty()) return absl::InvalidArgumentError("ConcatRows: no parts");
-  const PackedWeight& first = *parts[0];
-  int64_t rows = 0;
   for (const PackedWeight* part : parts) {
     if (part == nullptr) return absl::InvalidArgumentError("ConcatRows: null part");
-    if (part->format != first.format || part->cols != first.cols ||
-        part->group_size != first.group_size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "ConcatRows: parts differ (%s [%d, %d] g%d vs %s [%d, %d] g%d)",
-          FormatName(first.format), first.rows, first.cols, first.group_size,
-          FormatName(part->format), part->rows, part->cols, part->group_size));
-    }
-    rows += part->rows;
   }
-  LOOM_ASSIGN_OR_RETURN(PackedWeight out,
-                        Allocate(first.format, rows, first.cols, first.group_size));
-  int64_t offset = 0;
+  const PackedWeight& first = *parts[0];
+  bool same = true;
   for (const PackedWeight* part : parts) {
-    if (offset % kRowBlock == 0) {
-      // Aligned: whole row blocks copy as bytes (the padding rows are overwritten next).
-      std::memcpy(BlockData(out, offset), part->data.data(), part->data.size());
-      const size_t per_block = part->scales.size() / std::max<int64_t>(1, NumRowBlocks(part->rows));
-      if (!part->scales.empty()) {
-        std::memcpy(out.scales.data() + (offset / kRowBlock) * per_block, part->scales.data(),
-                    part->scales.size() * 2);
-      }
-      if (!part->mins.empty()) {
-        std::memcpy(out.mins.data() + (offset / kRowBlock) * per_block, part->mins.data(),
-                    part->mins.size() * 2);
-      }
-    } else {
-      for (int64_t row = 0; row < part->rows; ++row) CopyRow(*part, row, out, offset + row);
-    }
-    offset += part->rows;
+    same = same && part->format == first.format && part->group_size == first.group_size &&
+           part->f32_scaled() == first.f32_scaled();
   }
-  out.source = first.source;
-  return out;
+  std::vector<PackedWeight> widened;
+  std::vector<const PackedWeight*> same_parts = parts;
+  if (!same) {
+    LOOM_ASSIGN_OR_RETURN(widened, WidenToCommonFormat(parts));
+    for (size_t i = 0; i < parts.size(); ++i) same_parts[i] = &widened[i];
+  }
+  return ConcatSameFormat(same_parts);
 }
 
 void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, float* out) {
@@ -414,8 +512,18 @@ void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, f
       case WeightFormat::kInt4: {
         for (int64_t g = 0; g < cols / w.group_size; ++g) {
           const int64_t index = GroupIndex(w, row, g);
-          const float scale = HalfToFloat(w.scales[index]);
+          const float scale = GroupScale(w, index);
           const int64_t c0 = g * w.group_size;
+          if (w.f32_scaled()) {
+            // q * scale is exact (8-bit q by an F16 scale times an 8-bit integer), so this
+            // rounds once, as llama.cpp's and gguf's K-quant dequantization does.
+            // No min is stored as -0, which adds nothing, not even to a zero's sign.
+            const float min = w.mins_f32[index];
+            for (int64_t j = 0; j < w.group_size; ++j) {
+              dst[c0 + j] = static_cast<float>(GetQ(w, row, c0 + j)) * scale + min;
+            }
+            continue;
+          }
           if (w.format == WeightFormat::kInt8) {
             for (int64_t j = 0; j < w.group_size; ++j) {
               dst[c0 + j] = static_cast<float>(GetQ(w, row, c0 + j)) * scale;

@@ -18,6 +18,12 @@ enum class WeightFormat {
   kInt4,  // 4-bit q in [0, 15], value = q * scale + min; one (scale, min) per group
           //   (group 32: GGUF Q4_0 (min = -8 * scale) and Q4_1 exactly)
 };
+// INT8/INT4 weights come with F16 scales (`scales`, `mins`: the formats above) or, for the
+// K-quants, with F32 ones (`scales_f32`, `mins_f32`): a K-quant sub-block's scale is an F16
+// super-block scale times a 6- or 8-bit integer, exact in F32 but not in F16. F32-scaled
+// weights allow groups of 16 (Q6_K, Q3_K, Q2_K) and carry a min for INT8 too (Q5_K:
+// value = q * scale + min, q in [0, 31]); the value is one rounding of q * scale + min,
+// which is exactly what llama.cpp and `gguf` dequantize.
 
 /// A weight matrix W [rows = out_features, cols = in_features] in a backend format.
 /// Owns its storage; the layout inside `data` is private to kernels/cpu (it may be
@@ -32,20 +38,27 @@ struct PackedWeight {
   std::vector<uint8_t> data;
   std::vector<uint16_t> scales;    // kInt8 / kInt4: F16, one per (row, group), same blocking
   std::vector<uint16_t> mins;      // kInt4: F16, one per (row, group), same blocking
+  // F32-scaled INT8/INT4 (K-quants) instead of `scales` / `mins`: both always present,
+  // same blocking; an INT8 group without a min holds -0.0f.
+  std::vector<float> scales_f32;
+  std::vector<float> mins_f32;
   std::string source;              // e.g. "Q4_1 -> INT4 g32 (lossless)"
 
+  /// True for an INT8/INT4 weight with F32 scales and mins.
+  bool f32_scaled() const { return !scales_f32.empty(); }
   /// Bytes a matmul reads from this weight (for bandwidth accounting).
   int64_t bytes() const {
-    return static_cast<int64_t>(data.size() + 2 * scales.size() + 2 * mins.size());
+    return static_cast<int64_t>(data.size() + 2 * scales.size() + 2 * mins.size() +
+                                4 * scales_f32.size() + 4 * mins_f32.size());
   }
 };
 
 /// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
-/// backend format: F32 -> F32, F16 -> F16, BF16 -> F32, Q4_0/Q4_1 -> INT4 g32, Q8_0, Q5_0
-/// and IQ4_NL -> INT8 g32 and Q5_1 -> F32, all without loss; K-quants (Q4_K, Q5_K, Q6_K)
-/// are dequantized and
-/// re-quantized (Q4_K/Q5_K -> INT4 g32, Q6_K -> INT8 g32), which `source` says.
-/// InvalidArgument for unsupported types or sizes.
+/// backend format, every one without loss: F32 -> F32, F16 -> F16, BF16 -> F32,
+/// Q4_0/Q4_1 -> INT4 g32, Q8_0, Q5_0 and IQ4_NL -> INT8 g32, Q5_1 -> F32, and the
+/// K-quants into F32-scaled INT4/INT8 (kernels/cpu/kquant_weights.cc): Q4_K -> INT4 g32,
+/// Q5_K -> INT8 g32 with mins, Q6_K -> INT8 g16, Q3_K and Q2_K -> INT4 g16. `source` says
+/// which. InvalidArgument for unsupported types or sizes.
 absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,
                                         int64_t cols);
 
@@ -54,18 +67,23 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
 absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int64_t cols,
                                          WeightFormat format, int64_t group_size);
 
-/// Stacks weights with equal format, cols and group size into one [sum rows, cols]
-/// matrix (fused QKV and gate/up projections: one matmul instead of several).
+/// Stacks weights with equal cols into one [sum rows, cols] matrix (fused QKV and gate/up
+/// projections: one matmul instead of several). Integer parts that differ in format,
+/// group size or scale type are first converted, without loss, to the widest of them
+/// (INT4 -> INT8, a group into halves, F16 -> F32 scales), as a Q4_K_M file's Q6_K V
+/// beside its Q4_K Q and K needs; other mixes are InvalidArgument.
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
 
 /// An INT8/INT4 weight's values in plain row-major order, for repacking into another
-/// backend's layout (the CUDA forward pass's quantized GEMM): value = q * scale (+ min for INT4).
+/// backend's layout (the CUDA forward pass's quantized GEMM): value = q * scale (+ min for
+/// INT4). F32 scales and mins (K-quants) are rounded to F16 here: the CUDA kernels keep
+/// F16 scales.
 struct NaturalQuantizedWeight {
   std::vector<int8_t> q;          // [rows, cols]: INT4 0..15, INT8 -128..127
   std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]
   std::vector<uint16_t> mins;     // INT4: F16 [rows, cols / group_size]; INT8: empty
 };
-/// InvalidArgument for F32/F16 weights.
+/// InvalidArgument for F32/F16 weights and for INT8 weights with mins (Q5_K).
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& weight);
 
 /// Dequantizes rows [row_begin, row_end) to F32, [row_end - row_begin, cols] into `out`

@@ -26,9 +26,11 @@ F16_SCALE_OFFSETS = {
     Q.Q4_K: [0, 2],
     Q.Q5_K: [0, 2],
     Q.Q6_K: [208],
+    Q.Q3_K: [108],
+    Q.Q2_K: [80, 82],
 }
-SUPPORTED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K,
-             Q.Q5_K, Q.Q6_K]
+SUPPORTED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K,
+             Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 def random_finite_f16_bits(rng: np.random.Generator, count: int) -> np.ndarray:
@@ -137,14 +139,33 @@ def test_model_tensors_dequantize_bit_identical_to_gguf(model_path: pathlib.Path
 
 def test_unsupported_type_is_reported_not_crashed(tmp_path: pathlib.Path) -> None:
     rng = np.random.default_rng(7)
-    data = random_rows(rng, Q.Q3_K, 2, 1)
-    writer = gguf.GGUFWriter(tmp_path / "q3_k.gguf", "llama")
-    writer.add_tensor("q3_k", data, raw_dtype=Q.Q3_K)
+    data = random_rows(rng, Q.IQ4_XS, 2, 1)
+    writer = gguf.GGUFWriter(tmp_path / "iq4_xs.gguf", "llama")
+    writer.add_tensor("iq4_xs", data, raw_dtype=Q.IQ4_XS)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    result = subprocess.run([str(tool_path("gguf_dequant_tool")), str(tmp_path / "q3_k.gguf"),
+    result = subprocess.run([str(tool_path("gguf_dequant_tool")), str(tmp_path / "iq4_xs.gguf"),
                              str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert "Q3_K" in result.stderr and "not implemented" in result.stderr
+    assert "IQ4_XS" in result.stderr and "not implemented" in result.stderr
+
+
+def test_kquant_writer_round_trips_through_gguf_dequantization() -> None:
+    """The test models' K-quant blocks (tests/worker/kquant_writer.py) hold what they were
+    given, to within each format's step: the blocks the forward-pass tests load are sane."""
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
+    import kquant_writer
+
+    rng = np.random.default_rng(3)
+    values = rng.normal(0.0, 0.05, size=(8, 512)).astype(np.float32)
+    # Worst case per format: half a step of the sub-block grid plus the 6-bit (4-bit for
+    # Q2_K) rounding of the sub-block scale, relative to the sub-block's range.
+    bound = {Q.Q2_K: 0.5, Q.Q3_K: 0.35, Q.Q4_K: 0.1, Q.Q5_K: 0.05, Q.Q6_K: 0.03}
+    for qtype in kquant_writer.K_QUANTS:
+        blocks = kquant_writer.quantize(values, qtype)
+        back = gguf.quants.dequantize(blocks, qtype).reshape(values.shape)
+        err = np.abs(back - values).max() / np.abs(values).max()
+        assert err < bound[qtype], (qtype.name, err)

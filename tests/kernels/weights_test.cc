@@ -164,12 +164,14 @@ TEST(WeightsTest, ConcatRowsStacksPartsForAlignedAndUnalignedRowCounts) {
   }
 }
 
-TEST(WeightsTest, ConcatRowsRejectsMixedFormats) {
+TEST(WeightsTest, ConcatRowsRejectsFloatBesideOtherFormats) {
   const std::vector<float> values = RandomValues(16 * 64, 3);
   absl::StatusOr<PackedWeight> a = PackFromF32(values.data(), 16, 64, WeightFormat::kInt4, 32);
-  absl::StatusOr<PackedWeight> b = PackFromF32(values.data(), 16, 64, WeightFormat::kInt8, 32);
-  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<PackedWeight> b = PackFromF32(values.data(), 16, 64, WeightFormat::kF16, 0);
+  absl::StatusOr<PackedWeight> c = PackFromF32(values.data(), 16, 64, WeightFormat::kF32, 0);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(ConcatRows({&*a, &*b}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConcatRows({&*b, &*c}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The natural row-major values of an INT8/INT4 weight dequantize to what DequantizeRows
@@ -212,7 +214,8 @@ TEST(WeightsTest, UnpackQuantizedGivesTheValuesDequantizeRowsReads) {
 
 TEST(WeightsTest, RejectsUnsupportedTypesAndShapes) {
   const std::vector<uint8_t> bytes(1024, 1);
-  EXPECT_EQ(PackWeight(GgmlType::kQ3_K, bytes.data(), 2, 256).status().code(),
+  EXPECT_EQ(PackWeight(static_cast<GgmlType>(23), bytes.data(), 2, 256)  // IQ4_XS
+                       .status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PackWeight(GgmlType::kQ4_0, bytes.data(), 2, 48).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -43,11 +43,12 @@ SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwe
 # hidden / heads for the 62-layer 27B model, whose GGUF says neither).
 GEMMA3_SLIDING_PERIOD = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
-# Weight types whose matmuls a fast forward pass may feed int8-quantized activations.
+# Weight types whose matmuls a fast forward pass may feed int8-quantized activations. The
+# K-quants are not among them: Loom keeps their F32 sub-block scales and multiplies them with
+# float activations whatever --activations says (kernels/cpu/matmul.h).
 INTEGER_WEIGHT_TYPES = {
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
-    GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K,
-    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0,
 }
 
 

@@ -19,6 +19,8 @@ Variants (see SPECS):
                  norms, QK-norm, scaled embeddings, RoPE scaling on the global layer.
   phi3_longrope  phi3 arch: fused QKV and gate/up, longrope factors (64-token original context).
   llama_q5       llama arch with Q5_0 and Q5_1 tensors (the fallbacks inside K-quant files).
+  llama_k        llama arch with the K-quants (Q2_K .. Q6_K), hidden 256: fused QKV and
+                 gate/up matrices mixing them (Q4_K Q/K beside a Q6_K V, as Q4_K_M files do).
   llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
                  `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
                  original context 64 so the divisors span 1..8 within the 256-token context.
@@ -41,6 +43,8 @@ from typing import Optional
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
+
+import kquant_writer
 
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -195,6 +199,16 @@ SPECS = {
         types={"token_embd": (T.Q5_0,), "attn_q": (T.Q5_0, T.Q5_1), "attn_k": (T.Q5_1, T.Q5_0),
                "attn_v": (T.Q5_0,), "attn_output": (T.Q5_1, T.Q8_0), "ffn_gate": (T.Q5_0,),
                "ffn_up": (T.Q5_1,), "ffn_down": (T.Q5_0, T.Q4_1)}),
+    # The K-quants as llama.cpp's mixes place them (Q4_K_M: Q4_K with Q6_K for V, the FFN
+    # down projection and the output; Q3_K_M/Q2_K: Q3_K, Q2_K, Q5_K), each packed without loss;
+    # mixed fused matrices widen to INT8 g16 with F32 scales. Blocks from kquant_writer.
+    "llama_k": ModelSpec(
+        name="llama_k", arch="llama", n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+        n_ff=512, tied_output=False, seed=61,
+        types={"token_embd": (T.Q4_K, ), "output": (T.Q6_K, ), "attn_q": (T.Q4_K, T.Q3_K),
+               "attn_k": (T.Q4_K, T.Q3_K), "attn_v": (T.Q6_K, T.Q5_K),
+               "attn_output": (T.Q4_K, T.Q2_K), "ffn_gate": (T.Q4_K, T.Q5_K),
+               "ffn_up": (T.Q4_K, T.Q3_K), "ffn_down": (T.Q6_K, T.Q2_K)}),
     "llama3_rope": ModelSpec(
         name="llama3_rope", arch="llama", n_embd=128, n_layer=2, n_head=4, n_head_kv=2, head_dim=32,
         n_ff=256, rope_base=500000.0, seed=7,
@@ -307,6 +321,8 @@ def _add(writer: gguf.GGUFWriter, name: str, values: np.ndarray, ggml_type: T) -
         writer.add_tensor(name, values)
     elif ggml_type == T.F16:
         writer.add_tensor(name, values.astype(np.float16))
+    elif ggml_type in kquant_writer.K_QUANTS:
+        writer.add_tensor(name, kquant_writer.quantize(values, ggml_type), raw_dtype=ggml_type)
     else:
         writer.add_tensor(name, gguf.quants.quantize(values, ggml_type), raw_dtype=ggml_type)
 

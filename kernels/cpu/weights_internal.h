@@ -1,0 +1,50 @@
+#pragma once
+
+// Internal to kernels/cpu: element access to packed weights, shared by weights.cc (the
+// plain formats, concatenation, dequantization) and kquant_weights.cc (the K-quants).
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/formats/ggml_type.h"
+#include "kernels/cpu/weights.h"
+
+namespace loom::kernels::cpu::internal {
+
+/// Group sizes of F32-scaled weights are multiples of this (the K-quants' sub-blocks of 16
+/// and 32); F16-scaled ones of kActGroup (32).
+inline constexpr int64_t kF32ScaledGroupUnit = 16;
+
+/// "F32", "F16", "INT8", "INT4".
+const char* FormatName(WeightFormat format);
+bool IsInteger(WeightFormat format);
+
+/// An empty (zero-filled) weight of the given shape in the packed layout; integer formats
+/// get F16 or (`f32_scales`) F32 scales and mins. InvalidArgument for bad shapes or groups.
+absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t cols,
+                                      int64_t group_size, bool f32_scales = false);
+
+/// Index of (row, group) in the scale and min arrays.
+int64_t GroupIndex(const PackedWeight& w, int64_t row, int64_t group);
+/// The row block holding `row`.
+uint8_t* BlockData(PackedWeight& w, int64_t row);
+const uint8_t* BlockData(const PackedWeight& w, int64_t row);
+
+/// Raw per-element access for the integer formats: q as stored (INT8: signed q, INT4:
+/// 0..15).
+void SetQ(PackedWeight& w, int64_t row, int64_t col, int q);
+int GetQ(const PackedWeight& w, int64_t row, int64_t col);
+
+/// Scale and min of group `index` (GroupIndex) as floats, whichever precision is stored.
+/// "No min" (INT8 without one) is -0.0f: q * scale + -0 is q * scale exactly, zero's sign
+/// included, so F32-scaled kernels add the min unconditionally.
+float GroupScale(const PackedWeight& w, int64_t index);
+float GroupMin(const PackedWeight& w, int64_t index);
+
+/// The K-quants (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) packed into F32-scaled INT4/INT8 without
+/// loss (kquant_weights.cc). InvalidArgument for other types or widths that are not a
+/// multiple of 256.
+absl::StatusOr<PackedWeight> PackKQuantBlocks(common::GgmlType type, const uint8_t* src,
+                                              int64_t rows, int64_t cols);
+
+}  // namespace loom::kernels::cpu::internal

@@ -1,0 +1,231 @@
+// The K-quants packed natively (kernels/cpu/kquant_weights.cc): no value changes, the fused
+// matrices of a Q4_K_M file widen without loss, and Matmul over them matches the reference
+// on every ISA, AVX2 and AVX-512 to the bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/weights.h"
+#include "tests/kernels/kquant_test_util.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using common::GgmlType;
+using internal::MatmulIsaChoice;
+using testing_util::RandomKQuantBlocks;
+
+std::vector<float> Unpack(const PackedWeight& w) {
+  std::vector<float> out(w.rows * w.cols, std::nanf(""));
+  DequantizeRows(w, 0, w.rows, out.data());
+  return out;
+}
+
+PackedWeight PackOrDie(GgmlType type, const std::vector<uint8_t>& blocks, int64_t rows,
+                       int64_t cols) {
+  absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
+  EXPECT_TRUE(packed.ok()) << packed.status();
+  return packed.ok() ? *std::move(packed) : PackedWeight{};
+}
+
+std::vector<float> GgufValues(GgmlType type, const std::vector<uint8_t>& blocks, int64_t n) {
+  std::vector<float> values(n);
+  EXPECT_TRUE(common::DequantizeToF32(type, blocks.data(), n, values.data()).ok());
+  return values;
+}
+
+class KQuantPackTest : public testing::TestWithParam<GgmlType> {};
+
+// Every value is the one `gguf` dequantizes (bit for bit; Q3_K's d * (q - 4) as
+// (q + 4) * scale - 4 * scale gives +0 where gguf's product of a negative scale and 0 is -0,
+// the same value).
+TEST_P(KQuantPackTest, PacksWithoutChangingAnyValue) {
+  const GgmlType type = GetParam();
+  uint32_t seed = 40;
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 256}, {37, 512}, {64, 768}}) {
+    const std::vector<uint8_t> blocks = RandomKQuantBlocks(type, rows * cols, ++seed);
+    const std::vector<float> expected = GgufValues(type, blocks, rows * cols);
+    const PackedWeight packed = PackOrDie(type, blocks, rows, cols);
+    ASSERT_TRUE(packed.f32_scaled());
+    const bool int8 = type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+    EXPECT_EQ(packed.format, int8 ? WeightFormat::kInt8 : WeightFormat::kInt4);
+    EXPECT_EQ(packed.group_size, type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ? 32 : 16);
+    EXPECT_NE(packed.source.find("lossless"), std::string::npos) << packed.source;
+    const std::vector<float> got = Unpack(packed);
+    if (type == GgmlType::kQ3_K) {
+      int differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != expected[i];
+      EXPECT_EQ(differ, 0) << "rows " << rows << " cols " << cols;
+    } else {
+      EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+          << "rows " << rows << " cols " << cols;
+    }
+    // q in 4 or 8 bits, an F32 scale and min per group, rows padded to 16.
+    const int64_t padded = (rows + 15) / 16 * 16;
+    EXPECT_EQ(packed.bytes(), padded * cols / (int8 ? 1 : 2) + padded * cols / packed.group_size * 8);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(KQuants, KQuantPackTest,
+                         testing::Values(GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                                         GgmlType::kQ5_K, GgmlType::kQ6_K),
+                         [](const testing::TestParamInfo<GgmlType>& info) {
+                           return common::RawGgmlTypeName(static_cast<uint32_t>(info.param));
+                         });
+
+// A Q4_K_M file fuses Q4_K Q/K with a Q6_K V (and Q4_0/Q8_0 beside K-quants elsewhere):
+// ConcatRows widens every part to INT8 g16 with F32 scales, no value changed.
+TEST(KQuantWeightsTest, ConcatRowsWidensMixedIntegerPartsWithoutLoss) {
+  const int64_t cols = 512;
+  const std::vector<uint8_t> q = RandomKQuantBlocks(GgmlType::kQ4_K, 40 * cols, 1);
+  const std::vector<uint8_t> k = RandomKQuantBlocks(GgmlType::kQ4_K, 8 * cols, 2);
+  const std::vector<uint8_t> v = RandomKQuantBlocks(GgmlType::kQ6_K, 8 * cols, 3);
+  const PackedWeight pq = PackOrDie(GgmlType::kQ4_K, q, 40, cols);
+  const PackedWeight pk = PackOrDie(GgmlType::kQ4_K, k, 8, cols);
+  const PackedWeight pv = PackOrDie(GgmlType::kQ6_K, v, 8, cols);
+  std::vector<float> values = Unpack(pq);
+  for (const PackedWeight* part : {&pk, &pv}) {
+    const std::vector<float> more = Unpack(*part);
+    values.insert(values.end(), more.begin(), more.end());
+  }
+  absl::StatusOr<PackedWeight> fused = ConcatRows({&pq, &pk, &pv});
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(fused->format, WeightFormat::kInt8);
+  EXPECT_EQ(fused->group_size, 16);
+  EXPECT_TRUE(fused->f32_scaled());
+  EXPECT_EQ(Unpack(*fused), values);
+  EXPECT_NE(fused->source.find("Q6_K"), std::string::npos) << fused->source;
+
+  // F16-scaled INT4 (Q4_0-style) and INT8 beside each other: INT8 with F32 mins.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> dense(24 * 64);
+  for (float& x : dense) x = normal(rng);
+  absl::StatusOr<PackedWeight> a = PackFromF32(dense.data(), 8, 64, WeightFormat::kInt4, 32);
+  absl::StatusOr<PackedWeight> b =
+      PackFromF32(dense.data() + 8 * 64, 16, 64, WeightFormat::kInt8, 64);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<float> want = Unpack(*a);
+  const std::vector<float> more = Unpack(*b);
+  want.insert(want.end(), more.begin(), more.end());
+  absl::StatusOr<PackedWeight> mixed = ConcatRows({&*a, &*b});
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ(mixed->format, WeightFormat::kInt8);
+  EXPECT_EQ(mixed->group_size, 32);
+  EXPECT_EQ(Unpack(*mixed), want);
+
+  // Float beside integer parts stays refused (the model loader falls back to F32 there).
+  absl::StatusOr<PackedWeight> f16 = PackFromF32(dense.data(), 8, 512, WeightFormat::kF16, 0);
+  ASSERT_TRUE(f16.ok());
+  EXPECT_EQ(ConcatRows({&pq, &*f16}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The CUDA repack reads F16 scales: F32 ones round there; an INT8 weight with mins (Q5_K)
+// has no such form and is refused.
+TEST(KQuantWeightsTest, UnpackQuantizedRoundsScalesAndRefusesInt8Mins) {
+  const std::vector<uint8_t> q4 = RandomKQuantBlocks(GgmlType::kQ4_K, 16 * 256, 7);
+  const PackedWeight packed = PackOrDie(GgmlType::kQ4_K, q4, 16, 256);
+  absl::StatusOr<NaturalQuantizedWeight> natural = UnpackQuantized(packed);
+  ASSERT_TRUE(natural.ok()) << natural.status();
+  const std::vector<float> exact = Unpack(packed);
+  for (int64_t i = 0; i < 16 * 256; ++i) {
+    const int64_t g = i / 32;
+    const float scale = internal::HalfToFloat(natural->scales[g]);
+    const float min = internal::HalfToFloat(natural->mins[g]);
+    // Each of scale and min rounds to F16 by at most half a unit in the 11th bit.
+    ASSERT_NEAR(natural->q[i] * scale + min, exact[i],
+                std::ldexp(std::fabs(natural->q[i] * scale) + std::fabs(min), -11) + 1e-12)
+        << i;
+  }
+  const std::vector<uint8_t> q5 = RandomKQuantBlocks(GgmlType::kQ5_K, 16 * 256, 8);
+  EXPECT_EQ(UnpackQuantized(PackOrDie(GgmlType::kQ5_K, q5, 16, 256)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackWeight(GgmlType::kQ4_K, q4.data(), 32, 128).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 128 columns: not whole super-blocks
+}
+
+class IsaGuard {
+ public:
+  explicit IsaGuard(MatmulIsaChoice isa) { internal::SetMatmulIsaForTesting(isa); }
+  ~IsaGuard() { internal::SetMatmulIsaForTesting(MatmulIsaChoice::kAuto); }
+};
+
+std::vector<float> RunMatmul(MatmulIsaChoice isa, const PackedWeight& w, const std::vector<float>& x,
+                             const float* bias, int64_t m, ActivationPrecision activations,
+                             int threads) {
+  std::vector<float> y(m * w.rows, std::nanf(""));
+  IsaGuard guard(isa);
+  ThreadPool pool(threads);
+  const absl::Status status = Matmul({x.data(), &w, bias, y.data(), m, activations}, pool);
+  EXPECT_TRUE(status.ok()) << status;
+  return y;
+}
+
+class KQuantMatmulTest : public testing::TestWithParam<GgmlType> {};
+
+// Against the double reference over the packed (= gguf's) values, on every ISA the CPU
+// allows, over token counts that take the GEMV, decode and panel tiles and partial row
+// blocks; AVX2 and AVX-512 give the same bits; int8 activations, which these weights do not
+// take, give the float-activation result.
+TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
+  const GgmlType type = GetParam();
+  uint32_t seed = 70;
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{40, 256}, {200, 768}}) {
+    const std::vector<uint8_t> blocks = RandomKQuantBlocks(type, rows * cols, ++seed);
+    const PackedWeight w = PackOrDie(type, blocks, rows, cols);
+    const std::vector<float> values = Unpack(w);
+    std::vector<float> bias(rows);
+    for (int64_t i = 0; i < rows; ++i) bias[i] = 0.01f * static_cast<float>(i % 5);
+    for (int64_t m : {1, 3, 8, 17}) {
+      std::mt19937 rng(++seed);
+      std::normal_distribution<float> normal;
+      std::vector<float> x(m * cols);
+      for (float& v : x) v = normal(rng);
+      std::vector<float> reference(m * rows);
+      ASSERT_TRUE(
+          MatmulReference({x.data(), &w, bias.data(), reference.data(), m}).ok());
+      std::vector<std::vector<float>> simd;
+      for (MatmulIsaChoice isa :
+           {MatmulIsaChoice::kScalar, MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
+        if (!internal::IsaSupported(isa)) continue;
+        SCOPED_TRACE(testing::Message() << "isa " << static_cast<int>(isa) << " rows " << rows
+                                        << " cols " << cols << " m " << m);
+        const std::vector<float> y =
+            RunMatmul(isa, w, x, bias.data(), m, ActivationPrecision::kF32, 1 + m % 3);
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t j = 0; j < rows; ++j) {
+            double magnitude = 0.0;
+            for (int64_t c = 0; c < cols; ++c) {
+              magnitude += std::fabs(values[j * cols + c] * x[t * cols + c]);
+            }
+            ASSERT_NEAR(y[t * rows + j], reference[t * rows + j], 3e-5 * magnitude + 1e-6)
+                << "token " << t << " row " << j;
+          }
+        }
+        const std::vector<float> int8 =
+            RunMatmul(isa, w, x, bias.data(), m, ActivationPrecision::kInt8, 2);
+        EXPECT_EQ(int8, y);
+        if (isa != MatmulIsaChoice::kScalar) simd.push_back(y);
+      }
+      if (simd.size() == 2) {
+        EXPECT_EQ(simd[0], simd[1]) << "AVX2 and AVX-512 differ, m " << m;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(KQuants, KQuantMatmulTest,
+                         testing::Values(GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                                         GgmlType::kQ5_K, GgmlType::kQ6_K),
+                         [](const testing::TestParamInfo<GgmlType>& info) {
+                           return common::RawGgmlTypeName(static_cast<uint32_t>(info.param));
+                         });
+
+}  // namespace
+}  // namespace loom::kernels::cpu
