@@ -127,16 +127,21 @@ void SetInt8ActGemmMinTokensForTesting(int64_t min_tokens) {
 
 void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
                             float* scale, int32_t* qsum) {
-  const int64_t groups = k / kActGroup;
+  QuantizeActivationRowsInGroups(x, num_rows, k, kActGroup, q, scale, qsum);
+}
+
+void QuantizeActivationRowsInGroups(const float* x, int64_t num_rows, int64_t k, int64_t group,
+                                    int8_t* q, float* scale, int32_t* qsum) {
+  const int64_t groups = k / group;
   for (int64_t row = 0; row < num_rows; ++row) {
     for (int64_t g = 0; g < groups; ++g) {
-      const float* src = x + row * k + g * kActGroup;
-      int8_t* dst = q + row * k + g * kActGroup;
+      const float* src = x + row * k + g * group;
+      int8_t* dst = q + row * k + g * group;
       float amax = 0.0f;
-      for (int64_t j = 0; j < kActGroup; ++j) amax = std::max(amax, std::fabs(src[j]));
+      for (int64_t j = 0; j < group; ++j) amax = std::max(amax, std::fabs(src[j]));
       const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t sum = 0;
-      for (int64_t j = 0; j < kActGroup; ++j) {
+      for (int64_t j = 0; j < group; ++j) {
         // Round to nearest even without a libm call: adding and subtracting 1.5 * 2^23
         // rounds any |v| < 2^22 to an integer in the current (default) rounding mode.
         // |src * inverse| <= 127 up to one rounding, so the value stays within int8.
@@ -275,11 +280,12 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
 
   const int64_t k = w.cols;
   const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4;
-  // F32-scaled weights (K-quants) always meet float activations, through the GEMM kernels
-  // on AVX2/AVX-512 (whatever the threshold) and the scalar kernel otherwise: the
-  // int8-activation and tile kernels read F16 scales in groups of 32.
-  const bool int8_activations =
-      integer && !w.f32_scaled() && params.activations == ActivationPrecision::kInt8;
+  // F32-scaled weights (K-quants) take float activations through the GEMM kernels on
+  // AVX2/AVX-512 (whatever the threshold) and the scalar kernel otherwise, and int8 ones
+  // through their own kernels (matmul_kquant_int8act*.cc): the other int8-activation and
+  // tile kernels read F16 scales in groups of 32.
+  const bool int8_activations = integer && params.activations == ActivationPrecision::kInt8;
+  const bool kquant_int8 = int8_activations && w.f32_scaled();
   // Batches of tokens with float activations: dequantize each weight panel once and run
   // a float GEMM over it (no group sums of x needed).
   const bool f32act_gemm = integer && !int8_activations &&
@@ -291,7 +297,26 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   thread_local std::vector<float> x_scale;
   thread_local std::vector<int32_t> x_sum;
   thread_local std::vector<float> x_group_sum;
-  if (int8_activations) {
+  thread_local std::vector<int32_t> x_sum16;
+  // K-quant weights meet llama.cpp's Q8_K arithmetic: one activation scale per 256 columns
+  // (per 32 where a widened legacy matrix is not a multiple of 256 wide).
+  const int64_t act_group = kquant_int8 && k % 256 == 0 ? 256 : kActGroup;
+  if (kquant_int8) {
+    xq.resize(params.m * k);
+    x_scale.resize(params.m * (k / act_group));
+    x_sum.resize(params.m * (k / act_group));
+    internal::QuantizeActivationRowsInGroups(params.x, params.m, k, act_group, xq.data(),
+                                             x_scale.data(), x_sum.data());
+    x_sum16.resize(params.m * (k / 16));
+    for (size_t j = 0; j < x_sum16.size(); ++j) {
+      int32_t sum = 0;
+      for (int64_t c = 0; c < 16; ++c) sum += xq[j * 16 + c];
+      x_sum16[j] = sum;
+    }
+    args.xq = {xq.data(), x_scale.data(), x_sum.data()};
+    args.xq_group = act_group;
+    args.xq_sum16 = x_sum16.data();
+  } else if (int8_activations) {
     // Quantize the activations once per call.
     xq.resize(params.m * k);
     x_scale.resize(params.m * (k / kActGroup));
@@ -332,27 +357,30 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
     args.x_group_sum = x_group_sum.data();
   }
 
-  internal::MatmulBlocksFn kernel = integer && !int8_activations
-                                        ? internal::MatmulF32ActBlocksScalar
-                                        : internal::MatmulBlocksScalar;
+  internal::MatmulBlocksFn kernel = kquant_int8 ? internal::MatmulKQuantInt8ActBlocksScalar
+                                     : integer && !int8_activations
+                                         ? internal::MatmulF32ActBlocksScalar
+                                         : internal::MatmulBlocksScalar;
   const MatmulIsaChoice isa = ActiveIsa();
   last_isa.store(isa, std::memory_order_relaxed);
   // Int8 activations: the GEMM and the tile kernel give the same bits (matmul_internal.h),
   // so the choice is by speed: AVX2 INT8 stays on the tile kernel unless a test/bench
   // moved the threshold.
   const bool int8act_gemm =
-      int8_activations && params.m >= internal::Int8ActGemmMinTokens() &&
+      int8_activations && !kquant_int8 && params.m >= internal::Int8ActGemmMinTokens() &&
       (int8act_gemm_moved.load(std::memory_order_relaxed) ||
        !(ActiveIsa() == MatmulIsaChoice::kAvx2 && w.format == WeightFormat::kInt8));
   switch (isa) {
     case MatmulIsaChoice::kAvx512:
-      kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx512
+      kernel = kquant_int8                      ? internal::MatmulKQuantInt8ActBlocksAvx512
+               : f32act_gemm                    ? internal::MatmulF32ActGemmBlocksAvx512
                : int8act_gemm                   ? internal::MatmulInt8ActGemmBlocksAvx512
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx512
                                               : internal::MatmulBlocksAvx512;
       break;
     case MatmulIsaChoice::kAvx2:
-      kernel = f32act_gemm                      ? internal::MatmulF32ActGemmBlocksAvx2
+      kernel = kquant_int8                      ? internal::MatmulKQuantInt8ActBlocksAvx2
+               : f32act_gemm                    ? internal::MatmulF32ActGemmBlocksAvx2
                : int8act_gemm                   ? internal::MatmulInt8ActGemmBlocksAvx2
                : integer && !int8_activations ? internal::MatmulF32ActBlocksAvx2
                                               : internal::MatmulBlocksAvx2;

@@ -105,6 +105,9 @@ struct QuantizedActivations {
 /// on every ISA (the tests rebuild the kernels' input with it).
 void QuantizeActivationRows(const float* x, int64_t num_rows, int64_t k, int8_t* q,
                             float* scale, int32_t* qsum);
+/// The same with `group` columns per scale (k % group == 0): the K-quant int8 path.
+void QuantizeActivationRowsInGroups(const float* x, int64_t num_rows, int64_t k, int64_t group,
+                                    int8_t* q, float* scale, int32_t* qsum);
 void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, int8_t* q,
                                   float* scale, int32_t* qsum);
 
@@ -118,6 +121,11 @@ struct MatmulArgs {
   // INT4 float-activation kernels only: sum of x over each weight group (applies the
   // group's min once per group), [m, k / group_size].
   const float* x_group_sum = nullptr;
+  // F32-scaled weights with int8 activations: columns per activation scale (xq.scale is
+  // [m, k / xq_group]; 256 as llama.cpp's Q8_K where k allows) and the sums of xq over each
+  // 16 columns, [m, k / 16].
+  int64_t xq_group = kActGroup;
+  const int32_t* xq_sum16 = nullptr;
   const float* bias = nullptr;  // [n] or nullptr
   float* y = nullptr;         // [m, n]
   int64_t m = 0;
@@ -128,6 +136,24 @@ using MatmulBlocksFn = void (*)(const MatmulArgs& args, int64_t block_begin, int
 void MatmulBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
+
+/// Token t's integer activation sum over columns [c0, c0 + count) (multiples of 16).
+inline int32_t GroupActivationSum(const MatmulArgs& a, int64_t t, int64_t c0, int64_t count) {
+  const int64_t per_token = a.weight->cols / 16;
+  int32_t sum = 0;
+  for (int64_t j = c0 / 16; j < (c0 + count) / 16; ++j) sum += a.xq_sum16[t * per_token + j];
+  return sum;
+}
+
+/// F32-scaled INT8/INT4 weights (K-quants) against int8 activations
+/// (matmul_kquant_int8act.cc): exact integer dot products per weight group, the same bits
+/// on every ISA.
+void MatmulKQuantInt8ActBlocksScalar(const MatmulArgs& args, int64_t block_begin,
+                                     int64_t block_end);
+void MatmulKQuantInt8ActBlocksAvx2(const MatmulArgs& args, int64_t block_begin,
+                                   int64_t block_end);
+void MatmulKQuantInt8ActBlocksAvx512(const MatmulArgs& args, int64_t block_begin,
+                                     int64_t block_end);
 
 /// INT8/INT4 weights against float activations: each group of a weight row contributes
 ///   INT8: scale * sum_c q_c x_c

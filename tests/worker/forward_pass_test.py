@@ -56,6 +56,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   gemma3_swa   max 0.162 (every ISA)        RMS 0.0426
 #   phi3_longrope max 0.690 (every ISA)       RMS 0.141 (untied Q8_0 head with gain 4: large logits)
 #   llama_q5     max 0.152 (every ISA)        RMS 0.0395
+#   llama_k      max 0.864 (every ISA)        RMS 0.1659 / 0.1659 / 0.1680 (Q8_K: a scale per 256)
 # Mutation check: the activation scale made 1% too large (amax / 127 * 1.01 in
 # QuantizeActivationRows) measured max 0.908 / 0.849 / 0.838 and RMS 0.158 / 0.163 / 0.161 on
 # the three random models, inside the former single bound (max 1.5, mean 0.25) but outside
@@ -72,11 +73,8 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "gemma3_swa": (0.24, 0.064),
     "phi3_longrope": (1.04, 0.21),
     "llama_q5": (0.23, 0.06),
+    "llama_k": (1.3, 0.252),
 }
-# Models whose every projection is a K-quant: Loom multiplies those with float activations
-# whatever --activations says (their F32 sub-block scales; kernels/cpu/matmul.h), so int8
-# activations must give the float-activation logits exactly.
-K_QUANT_MODELS = ("llama_k",)
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600
 RANDOM_MODELS = tuple(random_model.SPECS)
@@ -416,9 +414,6 @@ def test_int8_activation_logits_stay_close_to_reference(forward_pass, reference,
     prompts = prompts_for(model, name)
     got = forward_pass(name, "f32", activations="int8").logits(prompts)
     exact = forward_pass(name, "f32").logits(prompts)
-    if name in K_QUANT_MODELS:
-        assert np.array_equal(got, exact), np.abs(got - exact).max()
-        return
     want = reference_last_logits(model, prompts)
     tol_max, tol_rms = TOL_INT8[name]
     diffs = np.abs(got - want).max(axis=1)

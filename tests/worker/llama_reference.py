@@ -43,12 +43,17 @@ SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwe
 # hidden / heads for the 62-layer 27B model, whose GGUF says neither).
 GEMMA3_SLIDING_PERIOD = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
-# Weight types whose matmuls a fast forward pass may feed int8-quantized activations. The
-# K-quants are not among them: Loom keeps their F32 sub-block scales and multiplies them with
-# float activations whatever --activations says (kernels/cpu/matmul.h).
+# Weight types whose matmuls a fast forward pass may feed int8-quantized activations.
 INTEGER_WEIGHT_TYPES = {
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
-    GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+}
+# Their int8 activations are llama.cpp's Q8_K: one float scale per 256 values.
+K_QUANT_TYPES = {
+    GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
 }
 
 
@@ -377,9 +382,10 @@ def with_hf_rope_scaling(model: Model, rope_scaling: dict, max_position_embeddin
 # ---------------------------------------------------------------------------------------------
 # Building blocks (float64 unless Numerics.float32).
 
-def _quantize_activations_int8(x: np.ndarray, block: int) -> np.ndarray:
+def _quantize_activations_int8(x: np.ndarray, block: int, f16_scale: bool = True) -> np.ndarray:
     """Rounds each block of `block` values (0: a whole row) to int8 as ggml's quantize_row_q8_0
-    does: d = max|x| / 127, q = round(x / d), value = q * float16(d)."""
+    does: d = max|x| / 127, q = round(x / d), value = q * float16(d) (q8_K: d kept in float,
+    f16_scale False)."""
     rows, cols = x.shape
     block = block or cols
     if cols % block:
@@ -387,11 +393,15 @@ def _quantize_activations_int8(x: np.ndarray, block: int) -> np.ndarray:
     blocks = x.reshape(rows, cols // block, block)
     d = np.abs(blocks).max(axis=-1, keepdims=True) / 127.0
     q = np.round(blocks / np.where(d == 0, 1.0, d)).clip(-127, 127)
-    return (q * d.astype(np.float16).astype(x.dtype)).reshape(rows, cols).astype(x.dtype)
+    if f16_scale:
+        d = d.astype(np.float16)
+    return (q * d.astype(x.dtype)).reshape(rows, cols).astype(x.dtype)
 
 
 def _linear(x: np.ndarray, layer: Linear, numerics: Numerics) -> np.ndarray:
-    if numerics.int8_activations and layer.ggml_type in INTEGER_WEIGHT_TYPES:
+    if numerics.int8_activations and layer.ggml_type in K_QUANT_TYPES:
+        x = _quantize_activations_int8(x, 256, f16_scale=False)
+    elif numerics.int8_activations and layer.ggml_type in INTEGER_WEIGHT_TYPES:
         x = _quantize_activations_int8(x, numerics.int8_block)
     y = x @ layer.weight.T.astype(x.dtype)
     if layer.bias is not None:
