@@ -59,9 +59,8 @@ def llama_quantize(source: str, out: str, threads: int) -> None:
 
 def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threads: int) -> dict:
     """Runs inside the llama.cpp build's PYTHONPATH: loom perplexity's windows."""
-    import ctypes
-
     import llama_cpp.llama_cpp as L
+    import numpy as np
 
     L.llama_backend_init()
     mdl = L.llama_model_load_from_file(model.encode(), L.llama_model_default_params())
@@ -97,9 +96,9 @@ def llama_perplexity(model: str, text: str, context: int, max_tokens: int, threa
             raise SystemExit("llama_decode failed")
         for t in range(score_begin, end):
             row = L.llama_get_logits_ith(ctx, t - 1 - begin)
-            logits = [row[j] for j in range(n_vocab)]
-            top = max(logits)
-            log_z = top + math.log(sum(math.exp(v - top) for v in logits))
+            logits = np.ctypeslib.as_array(row, shape=(n_vocab,)).astype(np.float64)
+            top = logits.max()
+            log_z = top + math.log(np.exp(logits - top).sum())
             nll += log_z - logits[tokens[t]]
             scored += 1
         if end == len(tokens):
@@ -207,7 +206,7 @@ def main() -> None:
     print(f"llama.cpp's Q4_K_M: {unchanged['tensor_types']}; Loom: {unchanged['loom_packings']}; "
           f"matrices changed: {len(unchanged['matrices_changed'])}", flush=True)
 
-    def loom_perplexity(model, activations):
+    def run_loom_perplexity(model, activations):
         return json.loads(subprocess.run(
             [str(BUILD_DIR / "coordinator" / "loom"), "perplexity", "--model", str(model), "--text",
              str(ROOT / "docs" / "ARCHITECTURE.md"), "--context", str(args.context), "--json",
@@ -216,7 +215,7 @@ def main() -> None:
             env=dict(os.environ, LOOM_CPU_ISA=args.isa), capture_output=True, text=True,
             check=True).stdout)
 
-    def llama_perplexity(model):
+    def run_llama_perplexity(model):
         return json.loads(in_llama(["--llama-perplexity", str(model), "--context", str(args.context),
                                     "--ppl-tokens", str(args.ppl_tokens), "--threads",
                                     str(args.threads)], build=build).stdout.strip().splitlines()[-1])
@@ -226,10 +225,10 @@ def main() -> None:
     # original Q4_1 file beside, where both engines run the same formats.
     perplexity = {}
     for label, model in (("q4_k_m", q4km), ("q4_1_original", pathlib.Path(args.model))):
-        llama = llama_perplexity(model)
+        llama = run_llama_perplexity(model)
         entry = {"llamacpp": llama}
         for activations in ("int8", "f32"):
-            loom = loom_perplexity(model, activations)
+            loom = run_loom_perplexity(model, activations)
             entry[f"loom_{activations}"] = loom
             entry[f"loom_{activations}_over_llamacpp"] = loom["perplexity"] / llama["perplexity"]
             print(f"{label} perplexity: loom --activations {activations} {loom['perplexity']:.4f} "

@@ -264,7 +264,13 @@ absl::Status CpuDevice::PagedAttention(const KvCache& cache, int64_t layer, cons
   attention.kv_head0 = spec.kv_head0;
   attention.scale = spec.scale;
   attention.window = spec.window;
+  attention.softcap = spec.softcap;
   return cpu::PagedAttention(attention, *pool_);
+}
+
+absl::Status CpuDevice::SoftCap(Tensor x, float cap) {
+  cpu::SoftCap(x.as<float>(), x.numel(), cap);
+  return absl::OkStatus();
 }
 
 absl::Status CpuDevice::SiluMul(const Tensor& gate_up, Tensor out) {

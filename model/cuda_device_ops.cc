@@ -200,6 +200,10 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
     return absl::UnimplementedError(
         "CUDA attention: sliding-window layers are CPU-only for now (--device cpu)");
   }
+  if (spec.softcap > 0.0f) {
+    return absl::UnimplementedError(
+        "CUDA attention: soft-capped scores (Gemma 2) are CPU-only for now (--device cpu)");
+  }
   const kc::KvCacheView view = AsCuda(cache).layer(layer);
   // A rank's cache holds its KV heads only; its query heads are their groups, in order.
   if (spec.num_heads != view.num_kv_heads * spec.group) {

@@ -133,6 +133,7 @@ struct AttentionSpec {
   int64_t head_dim = 0;
   float scale = 1.0f;        // 1 / sqrt(head_dim)
   int64_t window = 0;        // sliding window in tokens (ModelConfig::LayerWindow); 0: none
+  float softcap = 0.0f;      // scores soft-capped: c * tanh(s / c) (Gemma 2); 0: none
 };
 
 /// How a mixture-of-experts layer weighs its experts (ModelConfig's expert fields).
@@ -233,6 +234,12 @@ class Device {
   virtual absl::Status GeluMul(const Tensor& gate_up, Tensor out) {
     (void)gate_up, (void)out;
     return absl::UnimplementedError(absl::StrCat(Describe(), " has no GELU kernel"));
+  }
+  /// x <- cap * tanh(x / cap) elementwise, in place (Gemma 2's final logit soft-capping).
+  /// Unimplemented on a device without it.
+  virtual absl::Status SoftCap(Tensor x, float cap) {
+    (void)x, (void)cap;
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no soft-capping kernel"));
   }
   /// out[i] <- x[rows[i]] + y[rows[i]] for rows [R] (y may be empty: x's rows alone).
   virtual absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,

@@ -306,6 +306,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   attention.head_dim = hd;
   attention.scale = c.attention_scale > 0.0 ? static_cast<float>(c.attention_scale)
                                             : 1.0f / std::sqrt(static_cast<float>(hd));
+  attention.softcap = c.attn_logit_softcap;
 
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
@@ -373,13 +374,18 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   if (hidden.data != nullptr) {
     std::memcpy(hidden.data, sampled_.view.data, static_cast<size_t>(hidden.bytes()));
   }
-  if (!parallel) return d.Linear(sampled_.view, lm_head(), logits);
-  // Vocabulary-parallel LM head: this rank's slice of the logits, gathered in order.
-  LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, shard_.vocab}));
-  if (shard_.vocab > 0) {
-    LOOM_RETURN_IF_ERROR(d.Linear(sampled_.view, lm_head(), local_logits_.view));
+  if (!parallel) {
+    LOOM_RETURN_IF_ERROR(d.Linear(sampled_.view, lm_head(), logits));
+  } else {
+    // Vocabulary-parallel LM head: this rank's slice of the logits, gathered in order.
+    LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, shard_.vocab}));
+    if (shard_.vocab > 0) {
+      LOOM_RETURN_IF_ERROR(d.Linear(sampled_.view, lm_head(), local_logits_.view));
+    }
+    LOOM_RETURN_IF_ERROR(d.AllGatherColumns(local_logits_.view, logits));
   }
-  return d.AllGatherColumns(local_logits_.view, logits);
+  if (c.final_logit_softcap > 0.0f) return d.SoftCap(logits, c.final_logit_softcap);
+  return absl::OkStatus();
 }
 
 }  // namespace loom::model

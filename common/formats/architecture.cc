@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 8> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 9> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -70,6 +70,17 @@ constexpr std::array<ArchitectureRules, 8> kArchitectures = {{
      .gemma = true,
      .default_sliding_period = 6,
      .local_rope_theta = 10000.0},
+    // Gemma 2 (llama.cpp's gemma2, Hugging Face's Gemma2ForCausalLM): Gemma 3's layout
+    // without QK-norm, every other layer local (even ones), one RoPE base, and soft-capped
+    // attention scores and final logits (<arch>.attn_logit_softcapping,
+    // <arch>.final_logit_softcapping).
+    {.gguf_name = "gemma2",
+     .hf_class_name = "Gemma2ForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = true,
+     .default_sliding_period = 2,
+     .local_rope_theta = 0.0},
 }};
 
 }  // namespace

@@ -215,7 +215,7 @@ absl::StatusOr<const ArchitectureRules*> ReadArchitecture(const json& config) {
                    "' is not supported (supported: ", absl::StrJoin(known, ", "), ")"));
 }
 
-// Rejects what the graph does not run: another activation, MLP biases, soft-capping.
+// Rejects what the graph does not run: another activation, MLP biases.
 absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRules& rules) {
   // Gemma says hidden_activation (older configs hidden_act); its GELU is the tanh one.
   const char* expected = rules.gemma ? "gelu_pytorch_tanh" : "silu";
@@ -225,12 +225,6 @@ absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRule
   if (activation != expected) {
     return absl::UnimplementedError(absl::StrCat("config.json: ", field, " '", activation,
                                                  "' is not supported (only '", expected, "')"));
-  }
-  for (const char* softcap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (fields.Has(softcap)) {
-      return absl::UnimplementedError(
-          absl::StrCat("config.json: ", softcap, " is not supported (Gemma 2's soft-capping)"));
-    }
   }
   LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");
@@ -250,6 +244,21 @@ absl::Status GemmaToGguf(const Fields& fields, GgufMetadataBuilder& metadata, Hf
   }
   metadata.Float("loom.norm_weight_offset", 1.0);
   info.sandwich_norms = true;
+  return absl::OkStatus();
+}
+
+// Gemma 2's soft-capping as llama.cpp's keys (<arch>.attn_logit_softcapping, ...).
+absl::Status SoftcapsToGguf(const Fields& fields, const ArchitectureRules& rules,
+                            GgufMetadataBuilder& metadata) {
+  for (const char* softcap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (!fields.Has(softcap)) continue;
+    LOOM_ASSIGN_OR_RETURN(double cap, fields.Number(softcap, 0.0));
+    if (!(cap > 0.0) || !std::isfinite(cap)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", softcap, " ", cap, " must be positive or null"));
+    }
+    metadata.Float(std::string(rules.gguf_name) + "." + softcap, cap);
+  }
   return absl::OkStatus();
 }
 
@@ -407,6 +416,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   // Gemma's configs leave tie_word_embeddings at its default, true.
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
   if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata, info));
+  LOOM_RETURN_IF_ERROR(SoftcapsToGguf(fields, *rules, metadata));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2).
   metadata.Bool("loom.rope.neox", true);

@@ -403,10 +403,25 @@ absl::Status ReadVocabulary(const ConfigReader& reader, const GgufFile& gguf, Mo
   return absl::OkStatus();
 }
 
+// Soft-capping of attention scores and final logits (Gemma 2), any architecture that has it.
+absl::Status ReadSoftcaps(const ConfigReader& reader, ModelConfig& config) {
+  for (auto [suffix, cap] : {std::pair{"attn_logit_softcapping", &config.attn_logit_softcap},
+                             std::pair{"final_logit_softcapping", &config.final_logit_softcap}}) {
+    double value = 0.0;
+    LOOM_RETURN_IF_ERROR(reader.OptionalDouble(suffix, value));
+    if (!std::isfinite(value) || value < 0.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: '", reader.Key(suffix), "' ", value, " is not >= 0"));
+    }
+    *cap = static_cast<float>(value);
+  }
+  return absl::OkStatus();
+}
+
 // Gemma's rules (ArchitectureRules::gemma): scaled embeddings, GELU, the query scale (a
 // Hugging Face directory's query_pre_attn_scalar as `loom.attention.query_pre_attn_scalar`;
 // in a GGUF, which has no key for it, llama.cpp's rule: the head dim, except hidden / heads
-// for Gemma 3 27B, the 62-layer model), and the local layers' RoPE base.
+// for the 27B models, Gemma 3's 62 layers and Gemma 2's 46), and the local layers' RoPE base.
 absl::Status ReadGemma(const GgufFile& gguf, ModelConfig& config) {
   const ArchitectureRules& rules = *FindArchitecture(config.architecture);
   config.local_rope_theta = rules.local_rope_theta;
@@ -420,8 +435,10 @@ absl::Status ReadGemma(const GgufFile& gguf, ModelConfig& config) {
   if (!rules.gemma) return absl::OkStatus();
   config.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size)));
   config.gelu = true;
-  double query_pre_attn_scalar = static_cast<double>(
-      config.num_layers == 62 ? config.hidden_size / config.num_heads : config.head_dim);
+  const bool large = (config.architecture == "gemma3" && config.num_layers == 62) ||
+                     (config.architecture == "gemma2" && config.num_layers == 46);
+  double query_pre_attn_scalar =
+      static_cast<double>(large ? config.hidden_size / config.num_heads : config.head_dim);
   if (gguf.Find("loom.attention.query_pre_attn_scalar") != nullptr) {
     LOOM_ASSIGN_OR_RETURN(query_pre_attn_scalar,
                           gguf.GetDouble("loom.attention.query_pre_attn_scalar"));
@@ -538,6 +555,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadLayout(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadSlidingWindow(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadGemma(gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadSoftcaps(reader, config));
   return config;
 }
 

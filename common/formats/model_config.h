@@ -76,6 +76,11 @@ struct ModelConfig {
   bool post_norms = false;
   double attention_scale = 0.0;
   double local_rope_theta = 0.0;
+  // Soft-capping (Gemma 2): attention scores become c * tanh(score / c) with c
+  // `attn_logit_softcap`, the final logits likewise with `final_logit_softcap`
+  // (<arch>.attn_logit_softcapping, <arch>.final_logit_softcapping); 0: none.
+  float attn_logit_softcap = 0.0f;
+  float final_logit_softcap = 0.0f;
   // Mixture of experts (Mixtral, Qwen3-MoE): every layer's FFN is `num_experts` experts of
   // `intermediate_size` channels each (<arch>.expert_feed_forward_length where the file has
   // it, else feed_forward_length), of which a router picks `num_experts_used` per token

@@ -103,4 +103,9 @@ void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* o
   pool.ParallelFor(total, kMinParallelElements / 2, range);
 }
 
+void SoftCap(float* x, int64_t n, float cap) {
+  if (!(cap > 0.0f)) return;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 }  // namespace loom::kernels::cpu

@@ -21,4 +21,8 @@ void SiluMulReference(const float* gate_up, int64_t num_tokens, int64_t ffn, flo
 void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out,
                  ThreadPool& pool);
 
+/// Soft-capping (Gemma 2's final logits): x[i] = cap * tanh(x[i] / cap), in place, for
+/// cap > 0 (cap <= 0 leaves x as it is). Scalar, on the calling thread.
+void SoftCap(float* x, int64_t n, float cap);
+
 }  // namespace loom::kernels::cpu

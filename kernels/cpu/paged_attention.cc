@@ -66,6 +66,10 @@ absl::Status CheckAttentionParams(const PagedAttentionParams& p) {
     }
   }
   if (!std::isfinite(p.scale)) return absl::InvalidArgumentError("PagedAttention: scale not finite");
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedAttention: softcap %g must be >= 0 (0: none)", p.softcap));
+  }
   if (p.window < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedAttention: window %d must be >= 0 (0: none)", p.window));
@@ -198,6 +202,7 @@ internal::AttentionTask TaskOf(const PagedAttentionParams& p, int64_t seq, int64
   task.num_rows = num_rows;
   task.attend_len = p.context_len[seq] - q_len + (first_token - p.query_start[seq]) + 1;
   task.window = p.window;
+  task.softcap = p.softcap;
   return task;
 }
 
@@ -229,6 +234,7 @@ void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& ta
         float dot = 0.0f;
         for (int64_t i = 0; i < d; ++i) dot += q[i] * LoadK(cache, base + i);
         scores[j] = dot * scale;
+        if (task.softcap > 0.0f) scores[j] = task.softcap * std::tanh(scores[j] / task.softcap);
         chunk_max = std::max(chunk_max, scores[j]);
       }
       const float new_max = std::max(running_max, chunk_max);
@@ -312,9 +318,12 @@ absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool
   const PagedAttentionParams& p = rotation.params();
   static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
   const bool simd = attention_simd.load(std::memory_order_relaxed);
-  const auto attend = SimdEnabled()   ? internal::AttendAvx512
-                      : avx2 && simd ? internal::AttendAvx2
-                                     : internal::AttendScalar;
+  // Soft-capped scores (Gemma 2) have the scalar kernel only.
+  const bool softcap = p.softcap > 0.0f;
+  const auto attend = softcap         ? internal::AttendScalar
+                      : SimdEnabled() ? internal::AttendAvx512
+                      : avx2 && simd  ? internal::AttendAvx2
+                                      : internal::AttendScalar;
   const int64_t d = p.cache.head_dim;
   // Where tiles are on (TileMode) and the ISA has a tile kernel for this head dim, every
   // sequence runs as FlashAttention-style tiles (a decode token is a one-row tile);
@@ -323,7 +332,9 @@ absl::Status PagedAttention(const PagedAttentionParams& params, ThreadPool& pool
   // chunk split, the prefix-cache hit or the speculative step it is computed in.
   void (*attend_tile)(const KvLayerView&, float, const internal::AttentionTask&) = nullptr;
   const internal::TileMode mode = tile_mode.load(std::memory_order_relaxed);
-  if (mode == internal::TileMode::kOn && SimdEnabled() && d % 16 == 0) {
+  if (softcap) {
+    // per-token tasks only
+  } else if (mode == internal::TileMode::kOn && SimdEnabled() && d % 16 == 0) {
     attend_tile = internal::AttendTileAvx512;
   } else if (mode != internal::TileMode::kOff && avx2 && simd && !SimdEnabled() && d % 8 == 0) {
     attend_tile = internal::AttendTileAvx2;
@@ -466,6 +477,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
           for (int64_t i = 0; i < d; ++i)
             dot += static_cast<double>(q[i]) * LoadK(c, bases[pos] + i);
           scores[pos] = dot * p.scale;
+          if (p.softcap > 0.0f) scores[pos] = p.softcap * std::tanh(scores[pos] / p.softcap);
           max_score = std::max(max_score, scores[pos]);
         }
         double total = 0.0;

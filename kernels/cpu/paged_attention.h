@@ -57,6 +57,9 @@ struct PagedAttentionParams {
   // Sliding-window attention: each query attends to at most the last `window` positions
   // (itself included); 0: the whole causal prefix.
   int64_t window = 0;
+  // Soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before
+  // the softmax; 0: none. Soft-capped attention runs the scalar per-token kernel.
+  float softcap = 0.0f;
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence

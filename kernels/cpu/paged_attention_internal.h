@@ -43,6 +43,7 @@ struct AttentionTask {
   int64_t num_rows = 1;    // 1 .. TaskRows(num_heads, head_dim), or TileRows(num_heads)
   int64_t attend_len = 0;  // row 0's, >= 1
   int64_t window = 0;      // > 0: row r attends only to [LowerLimit(r), attend_len + r)
+  float softcap = 0.0f;    // > 0: scores soft-capped (PagedAttentionParams::softcap)
 };
 
 /// The first position row `row` of `task` attends to: 0, or with a sliding window the

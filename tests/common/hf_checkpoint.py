@@ -43,7 +43,8 @@ _LAYER_NAMES = {
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
-            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+            "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+            "phi3": "Phi3ForCausalLM"}
 # Gemma's norms: GGUF name -> HF name (the GGUF stores 1 + w, HF w).
 _GEMMA_NORMS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -123,7 +124,7 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
 
     hf_arch = architecture or arch
-    gemma = hf_arch == "gemma3"
+    gemma = hf_arch in ("gemma2", "gemma3")
     tensors = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
@@ -179,9 +180,14 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     if gemma:
         config.pop("hidden_act")
         config.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": head_dim,
-                       "rope_local_base_freq": 10000.0,
-                       "sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
-                       "sliding_window_pattern": 6})
+                       "sliding_window": int(_field(reader, f"{arch}.attention.sliding_window"))})
+    if hf_arch == "gemma3":
+        config.update({"rope_local_base_freq": 10000.0, "sliding_window_pattern": 6})
+    if hf_arch == "gemma2":
+        # Gemma 2's config.json has no layer pattern (every other layer local) and says its caps.
+        config.update({"attn_logit_softcapping": float(_field(reader, f"{arch}.attn_logit_softcapping")),
+                       "final_logit_softcapping": float(_field(reader, f"{arch}.final_logit_softcapping")),
+                       "cache_implementation": "hybrid"})
     if any(t.name == "rope_factors_long.weight" for t in reader.tensors):
         factors = {t.name: dequantize(t).tolist() for t in reader.tensors if t.name.startswith("rope_factors")}
         config["original_max_position_embeddings"] = int(

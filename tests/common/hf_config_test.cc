@@ -110,14 +110,42 @@ TEST(HfConfigTest, TranslatesGemma3) {
   EXPECT_FLOAT_EQ(config->norm_weight_offset, 1.0f);
   for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(config->LayerWindow(l), l == 5 ? 0 : 512) << l;
 
-  ExpectRefused(R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 128,
-    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "max_position_embeddings": 4096, "final_logit_softcapping": 30.0})",
-                "final_logit_softcapping");
+  EXPECT_EQ(config->attn_logit_softcap, 0.0f);
+  EXPECT_EQ(config->final_logit_softcap, 0.0f);
   ExpectRefused(R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 128,
     "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
     "max_position_embeddings": 4096, "hidden_activation": "silu"})",
                 "hidden_activation 'silu'");
+}
+
+// Gemma-2-2b-it's config.json (shapes shrunk): soft-capping as llama.cpp's keys, every
+// other layer local (the even ones), one RoPE base, the query scale; a non-positive cap
+// refused.
+TEST(HfConfigTest, TranslatesGemma2) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["Gemma2ForCausalLM"], "hidden_size": 128, "intermediate_size": 512,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "max_position_embeddings": 8192, "vocab_size": 1000,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+    "rope_theta": 10000.0, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0, "cache_implementation": "hybrid"})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "gemma2");
+  EXPECT_TRUE(info.tie_word_embeddings);
+  EXPECT_TRUE(info.sandwich_norms);
+  EXPECT_TRUE(config->gelu);
+  EXPECT_FLOAT_EQ(config->attn_logit_softcap, 50.0f);
+  EXPECT_FLOAT_EQ(config->final_logit_softcap, 30.0f);
+  EXPECT_DOUBLE_EQ(config->attention_scale, 1.0 / 16.0);
+  EXPECT_DOUBLE_EQ(config->local_rope_theta, 0.0);
+  for (int64_t l = 0; l < 6; ++l) EXPECT_EQ(config->LayerWindow(l), l % 2 == 0 ? 4096 : 0) << l;
+
+  ExpectRefused(R"({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 128,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 4096, "final_logit_softcapping": -1.0})",
+                "final_logit_softcapping");
 }
 
 // Phi-4-mini-shaped: longrope factors (served as tensors), the top-level

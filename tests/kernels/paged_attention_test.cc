@@ -75,6 +75,7 @@ struct Case {
   int64_t head0 = 0;
   int64_t kv_head0 = 0;
   int64_t window = 0;  // sliding window (PagedAttentionParams::window)
+  float softcap = 0.0f;  // PagedAttentionParams::softcap
 };
 
 // A fixed cache holding several sequences' K/V and queries, run as steps of any
@@ -270,11 +271,24 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
     p.kv_head0 = c.kv_head0;
   }
   p.window = c.window;
+  p.softcap = c.softcap;
   ThreadPool pool(num_threads);
   ASSERT_TRUE(PagedAttention(p, pool).ok());
   PagedAttentionParams ref = p;
   ref.out = want.data();
   ASSERT_TRUE(PagedAttentionReference(ref).ok());
+  if (c.softcap > 0.0f) {
+    // The cap must bend these scores (|q.k| / sqrt(d) reaches several units): uncapped
+    // attention differs by far more than the tolerance.
+    std::vector<float> uncapped(q.size());
+    ref.out = uncapped.data();
+    ref.softcap = 0.0f;
+    ASSERT_TRUE(PagedAttentionReference(ref).ok());
+    double largest = 0.0;
+    for (size_t i = 0; i < out.size(); ++i)
+      largest = std::max(largest, double{std::fabs(uncapped[i] - want[i])});
+    EXPECT_GT(largest, 100 * kTol);
+  }
   int bad = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     if (!(std::fabs(out[i] - want[i]) <= kTol * 4.0 + 1e-6) && bad++ < 5) {  // max|V| ~ 4
@@ -477,6 +491,25 @@ TEST_P(PagedAttentionTest, SlidingWindowMatchesReference) {
       Case generic{dtype, 16, 1, 6, 200, {{70, 70}, {50, 1}}};
       generic.window = 20;
       RunCase(generic, ++seed);
+    }
+  }
+}
+
+// Soft-capped scores (Gemma 2: cap * tanh(score / cap)) on the per-token scalar kernel,
+// whatever the ISA and tile mode: decode, prefill and chunks, with and without a window,
+// every KV type, against the reference (which also checks that the cap matters here).
+TEST_P(PagedAttentionTest, SoftCappedScoresMatchReference) {
+  uint32_t seed = 900;
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn}) {
+    internal::SetTileModeForTesting(mode);
+    for (KvDtype dtype : kAllDtypes) {
+      for (float cap : {0.5f, 3.0f}) {
+        Case c{dtype, 16, 2, 3, 64, {{120, 120}, {77, 1}, {200, 9}}};
+        c.softcap = cap;
+        RunCase(c, ++seed);
+        c.window = 32;
+        RunCase(c, ++seed);
+      }
     }
   }
 }
@@ -712,6 +745,11 @@ TEST(PagedAttentionValidationTest, RejectsBadSlotsBlocksAndShapes) {
   EXPECT_EQ(PagedAttention(p, pool).code(), absl::StatusCode::kInvalidArgument);
   blocks[1] = 2;
   EXPECT_TRUE(PagedAttention(p, pool).ok());
+  for (float cap : {-1.0f, std::nanf("")}) {
+    p.softcap = cap;
+    EXPECT_EQ(PagedAttention(p, pool).code(), absl::StatusCode::kInvalidArgument) << cap;
+  }
+  p.softcap = 0.0f;
   const int32_t too_long[] = {33};  // two blocks of 16 cannot hold 33 tokens
   p.context_len = too_long;
   EXPECT_EQ(PagedAttention(p, pool).code(), absl::StatusCode::kInvalidArgument);

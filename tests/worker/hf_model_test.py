@@ -65,6 +65,9 @@ RANDOM_FAMILIES = {
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),
+    # Gemma2ForCausalLM: the same layout, soft-capped scores and logits, every other layer
+    # global with no pattern key.
+    "gemma2": (random_model.SPECS["gemma2_softcap"], None, None),
     # Phi3ForCausalLM: qkv_proj and gate_up_proj fused, longrope factors in rope_scaling.
     "phi3": (random_model.SPECS["phi3_longrope"], None, None),
 }

@@ -37,7 +37,7 @@ import gguf
 from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
-                   "qwen3moe": "neox", "gemma3": "neox", "phi3": "neox"}
+                   "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox"}
 # Gemma 3 (llama.cpp's and transformers' definition): every 6th layer global, local layers'
 # RoPE base 10,000 without scaling, queries scaled by query_pre_attn_scalar^-1/2 (the head dim;
 # hidden / heads for the 62-layer 27B model, whose GGUF says neither).
@@ -126,6 +126,9 @@ class Model:
     # Gemma: embeddings times sqrt(n_embd), a GELU (tanh) gate, the query scale, and the RoPE of
     # local layers (inverse frequencies without scaling).
     embedding_scale: float = 1.0
+    # Gemma 2's soft-capping of attention scores and final logits (0: none).
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
     activation: str = "silu"
     attention_scale: Optional[float] = None  # None: 1 / sqrt(head_dim)
     local_rope_inv_freq: Optional[np.ndarray] = None
@@ -299,15 +302,23 @@ def load(path: str | os.PathLike) -> Model:
         sliding_layers=_sliding_layers(reader, arch, n_layer),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
         expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", True)),
-        **(_gemma3(reader, n_embd, n_head, head_dim, n_layer, n_rot) if arch == "gemma3" else {}))
+        attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
+        final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+        **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
+           if arch in ("gemma2", "gemma3") else {}))
 
 
-def _gemma3(reader: gguf.GGUFReader, n_embd: int, n_head: int, head_dim: int, n_layer: int,
-            n_rot: int) -> dict:
-    query_pre_attn_scalar = n_embd // n_head if n_layer == 62 else head_dim
+def _gemma(arch: str, n_embd: int, n_head: int, head_dim: int, n_layer: int, n_rot: int) -> dict:
+    """Gemma 2 and 3: scaled embeddings, GELU, the query scale (llama.cpp's rule: the head dim,
+    hidden / heads for the 27B models), Gemma 3's local RoPE base."""
+    large = (arch, n_layer) in (("gemma3", 62), ("gemma2", 46))
+    query_pre_attn_scalar = n_embd // n_head if large else head_dim
+    extra = {}
+    if arch == "gemma3":
+        extra["local_rope_inv_freq"] = GEMMA3_LOCAL_ROPE_BASE ** (
+            -np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     return {"embedding_scale": float(np.sqrt(n_embd)), "activation": "gelu_tanh",
-            "attention_scale": query_pre_attn_scalar ** -0.5,
-            "local_rope_inv_freq": GEMMA3_LOCAL_ROPE_BASE ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)}
+            "attention_scale": query_pre_attn_scalar ** -0.5, **extra}
 
 
 def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
@@ -316,6 +327,8 @@ def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
     pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
     if pattern is None and arch == "gemma3":
         pattern = GEMMA3_SLIDING_PERIOD
+    if pattern is None and arch == "gemma2":
+        pattern = 2  # every other layer global: the even ones local
     if pattern is None:
         return (True,) * n_layer
     if isinstance(pattern, list):
@@ -519,6 +532,8 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         keys = np.repeat(cache.k[li], group, axis=0)  # [n_head, T, head_dim]; head h reads kv head h // group
         values = np.repeat(cache.v[li], group, axis=0)
         scores = np.einsum("nhd,htd->hnt", q, keys) * dtype(scale)
+        if model.attn_softcap:
+            scores = dtype(model.attn_softcap) * np.tanh(scores / dtype(model.attn_softcap))
         layer_mask = mask
         if local:
             # Keys before the window: position - key >= window.
@@ -545,7 +560,10 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         x = x + out
 
     x = _rms_norm(x, model.output_norm, model.rms_eps)
-    return _linear(x, model.output, numerics)
+    out = _linear(x, model.output, numerics)
+    if model.final_softcap:
+        out = out.dtype.type(model.final_softcap) * np.tanh(out / out.dtype.type(model.final_softcap))
+    return out
 
 
 def logits(model: Model, token_ids: Sequence[int], numerics: Numerics = EXACT) -> np.ndarray:

@@ -17,6 +17,8 @@ Variants (see SPECS):
   moe_top1       llama arch with 4 experts, top 1, weights not renormalized.
   gemma3_swa     gemma3 arch: 5 local layers (16-token window) and a global one, GELU, sandwich
                  norms, QK-norm, scaled embeddings, RoPE scaling on the global layer.
+  gemma2_softcap gemma2 arch: even layers local (16-token window), GELU, sandwich norms,
+                 attention scores and final logits soft-capped (caps small enough to bend them).
   phi3_longrope  phi3 arch: fused QKV and gate/up, longrope factors (64-token original context).
   llama_q5       llama arch with Q5_0 and Q5_1 tensors (the fallbacks inside K-quant files).
   llama_k        llama arch with the K-quants (Q2_K .. Q6_K), hidden 256: fused QKV and
@@ -93,6 +95,9 @@ class ModelSpec:
     per_expert_tensors: bool = False  # blk.L.ffn_gate.E.weight (older Mixtral files), else *_exps
     dense_ff: int = 0
     post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
+    # Gemma 2's soft-capping: <arch>.attn_logit_softcapping / final_logit_softcapping.
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
     # Phi-3: attn_qkv (Q, K, V rows) and ffn_up (gate rows, then up rows) fused; longrope's
     # per-frequency factors: {"original": context, "long": [...], "short": [...]}.
     fused: bool = False
@@ -172,6 +177,17 @@ SPECS = {
     # GELU, embeddings scaled by sqrt(64), linear RoPE scaling on the global layer only. A
     # separate LM head (Gemma ties it): with the scaled embedding as its head, a model this
     # small mostly repeats its last token, which would test little.
+    # Gemma 2: no QK-norm, one RoPE base, every other layer local (llama.cpp's and
+    # transformers. rule: even layers), and soft-capping. Caps of 1.5 (scores) and 10 (logits),
+    # far below Gemma 2's 50 and 30, so that tanh bends this small model's values: a kernel
+    # that skipped either would miss the reference by far more than the tolerance.
+    "gemma2_softcap": ModelSpec(
+        name="gemma2_softcap", arch="gemma2", n_embd=64, n_layer=4, n_head=4, n_head_kv=2,
+        head_dim=32, n_ff=128, rms_eps=1e-6, post_norms=True, tied_output=False,
+        sliding_window=16, attn_softcap=1.5, final_softcap=10.0, seed=5,
+        types={"token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0,),
+               "attn_v": (T.Q8_0, T.F16), "attn_output": (T.Q4_1,), "ffn_gate": (T.Q8_0,),
+               "ffn_up": (T.Q4_0, T.Q8_0), "ffn_down": (T.Q8_0,), "output": (T.Q8_0,)}),
     "gemma3_swa": ModelSpec(
         name="gemma3_swa", arch="gemma3", n_embd=64, n_layer=6, n_head=4, n_head_kv=2,
         head_dim=32, n_ff=128, rope_base=1000000.0, rms_eps=1e-6, qk_norm=True, post_norms=True,
@@ -391,6 +407,10 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         n_vocab = _copy_tokenizer(writer, vocabulary_from)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if spec.arch == "llama" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    if spec.attn_softcap:
+        writer.add_float32(f"{spec.arch}.attn_logit_softcapping", spec.attn_softcap)
+    if spec.final_softcap:
+        writer.add_float32(f"{spec.arch}.final_logit_softcapping", spec.final_softcap)
     if spec.sliding_window:
         writer.add_uint32(f"{spec.arch}.attention.sliding_window", spec.sliding_window)
         if spec.sliding_pattern is not None:
@@ -416,7 +436,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     # Embedding rows are small next to what each block adds, so a token's own embedding does not
     # dominate the final state (with tied output that would make the model echo its input).
     # Gemma scales embeddings by sqrt(n_embd) on the way in: smaller rows keep the same balance.
-    token_embd = rng.normal(0.0, 0.4 if spec.arch != "gemma3" else 0.1, size=(n_vocab, d))
+    token_embd = rng.normal(0.0, 0.1 if spec.arch in ("gemma2", "gemma3") else 0.4, size=(n_vocab, d))
     _add(writer, "token_embd.weight", token_embd, type_of("token_embd"))
     if spec.llama3_rope is not None:
         factors = llama3_rope_factors(hd, spec.rope_base, **spec.llama3_rope)
