@@ -193,15 +193,7 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
           const int8_t* xq = a.xq.q + t * k;
           for (int64_t g = 0; g < x_groups; ++g) {
             int32_t dot[kRowBlock] = {};
-            for (int64_t c = g * kActGroup; c < (g + 1) * kActGroup; ++c) {
-              const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
-              const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
-              for (int r = 0; r < kRowBlock; ++r) {
-                const int q = int8 ? static_cast<int>(data[base + r * 4]) - 128
-                                   : (data[base + r * 4] >> shift) & 0x0f;
-                dot[r] += q * xq[c];
-              }
-            }
+            AddScalarIntegerDots(data, int8, xq, g * kActGroup, (g + 1) * kActGroup, dot);
             const float x_scale = a.xq.scale[t * x_groups + g];
             const int32_t x_sum = a.xq.qsum[t * x_groups + g];
             const int64_t scale_index =

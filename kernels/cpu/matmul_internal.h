@@ -137,6 +137,22 @@ void MatmulBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64_t blo
 void MatmulBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 
+/// The scalar kernels' exact integer dot products of a row block's 16 rows (`data`, INT8 or
+/// INT4 in the packed layout) with int8 activations `xq` over columns [c0, c1), added to
+/// dot[r].
+inline void AddScalarIntegerDots(const uint8_t* data, bool int8, const int8_t* xq, int64_t c0,
+                                 int64_t c1, int32_t* dot) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
+    const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
+    for (int r = 0; r < kRowBlock; ++r) {
+      const int q =
+          int8 ? static_cast<int>(data[base + r * 4]) - 128 : (data[base + r * 4] >> shift) & 0x0f;
+      dot[r] += q * xq[c];
+    }
+  }
+}
+
 /// Token t's integer activation sum over columns [c0, c0 + count) (multiples of 16).
 inline int32_t GroupActivationSum(const MatmulArgs& a, int64_t t, int64_t c0, int64_t count) {
   const int64_t per_token = a.weight->cols / 16;

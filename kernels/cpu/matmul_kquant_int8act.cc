@@ -30,15 +30,7 @@ void MatmulKQuantInt8ActBlocksScalar(const MatmulArgs& a, int64_t block_begin,
       float acc[kRowBlock] = {};
       for (int64_t g = 0; g < groups; ++g) {
         int32_t dot[kRowBlock] = {};
-        for (int64_t c = g * group; c < (g + 1) * group; ++c) {
-          const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
-          const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
-          for (int r = 0; r < kRowBlock; ++r) {
-            const int q = int8 ? static_cast<int>(data[base + r * 4]) - 128
-                               : (data[base + r * 4] >> shift) & 0x0f;
-            dot[r] += q * xq[c];
-          }
-        }
+        AddScalarIntegerDots(data, int8, xq, g * group, (g + 1) * group, dot);
         const float xsum = static_cast<float>(GroupActivationSum(a, t, g * group, group));
         const float x_scale = a.xq.scale[t * (k / a.xq_group) + g * group / a.xq_group];
         const int64_t index = (b * groups + g) * kRowBlock;

@@ -36,7 +36,7 @@ TEST(ArchitectureTest, MixtureOfExpertsClassesMapToTheirGgufArchitectures) {
 }
 
 TEST(ArchitectureTest, UnknownNamesAndTheOtherNamespaceAreNotFound) {
-  EXPECT_EQ(FindArchitecture("gemma2"), nullptr);
+  EXPECT_EQ(FindArchitecture("gemma"), nullptr);
   EXPECT_EQ(FindArchitecture("LlamaForCausalLM"), nullptr);  // an HF name is not a GGUF one
   EXPECT_EQ(FindHfArchitecture("llama"), nullptr);
   EXPECT_EQ(FindHfArchitecture(""), nullptr);

@@ -91,10 +91,10 @@ TEST(GgmlTypeTest, RowBytesCountsWholeBlocksAndRejectsPartialOrOverflowingSizes)
 }
 
 TEST(GgmlTypeTest, CanDequantizeExactlyTheSupportedTypes) {
-  const std::vector<GgmlType> supported = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
-                                           GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                           GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
-                                           GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+  const std::vector<GgmlType> supported = {
+      GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
+      GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K,
+      GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
   for (uint32_t raw = 0; raw < 64; ++raw) {
     const auto type = static_cast<GgmlType>(raw);
     const bool expected =
@@ -104,13 +104,14 @@ TEST(GgmlTypeTest, CanDequantizeExactlyTheSupportedTypes) {
 }
 
 TEST(GgmlTypeTest, DequantizingAnUnsupportedTypeIsUnimplementedNamingIt) {
-  std::vector<uint8_t> block(110, 0);
+  std::vector<uint8_t> block(136, 0);
   std::vector<float> out(256);
-  absl::Status status = DequantizeToF32(GgmlType::kQ3_K, block.data(), 256, out.data());
+  // IQ4_XS (23) and IQ2_XXS (16): i-quants Loom does not read.
+  absl::Status status = DequantizeToF32(static_cast<GgmlType>(23), block.data(), 256, out.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("Q3_K"));
-  status = DequantizeToF32(GgmlType::kQ2_K, block.data(), 256, out.data());
-  EXPECT_THAT(std::string(status.message()), HasSubstr("Q2_K"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("IQ4_XS"));
+  status = DequantizeToF32(static_cast<GgmlType>(16), block.data(), 256, out.data());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("IQ2_XXS"));
 }
 
 TEST(GgmlTypeTest, DequantizingAPartialBlockIsAnError) {

@@ -252,13 +252,12 @@ TEST(GgufFileTest, ReadsTensorInfosDataAndDequantizes) {
 }
 
 TEST(GgufFileTest, DequantizeTensorOfUnsupportedTypeIsUnimplementedNamingTheType) {
-  const std::string image =
-      GgufImageBuilder().Tensor("q3", {256}, static_cast<uint32_t>(GgmlType::kQ3_K)).Build();
+  const std::string image = GgufImageBuilder().Tensor("q3", {256}, 23).Build();  // IQ4_XS
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::FromBytes(image);
   ASSERT_TRUE(file.ok()) << file.status();
   absl::StatusOr<std::vector<float>> values = (*file)->DequantizeTensor((*file)->tensors()[0]);
   EXPECT_EQ(values.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(values.status().message()), HasSubstr("Q3_K"));
+  EXPECT_THAT(std::string(values.status().message()), HasSubstr("IQ4_XS"));
   EXPECT_THAT(std::string(values.status().message()), HasSubstr("'q3'"));
 }
 

@@ -202,6 +202,20 @@ TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
       std::vector<float> int8_reference(m * rows);
       ASSERT_TRUE(
           MatmulReference({x_hat.data(), &w, bias.data(), int8_reference.data(), m}).ok());
+      // Every output within float accumulation of the reference over activations `xs`.
+      auto expect_close = [&](const std::vector<float>& got, const std::vector<float>& want,
+                              const std::vector<float>& xs, const char* what) {
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t j = 0; j < rows; ++j) {
+            double magnitude = 0.0;
+            for (int64_t c = 0; c < cols; ++c) {
+              magnitude += std::fabs(values[j * cols + c] * xs[t * cols + c]);
+            }
+            ASSERT_NEAR(got[t * rows + j], want[t * rows + j], 3e-5 * magnitude + 1e-6)
+                << what << ", token " << t << " row " << j;
+          }
+        }
+      };
       std::vector<std::vector<float>> simd, int8_results;
       for (MatmulIsaChoice isa :
            {MatmulIsaChoice::kScalar, MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
@@ -210,28 +224,10 @@ TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
                                         << " cols " << cols << " m " << m);
         const std::vector<float> y =
             RunMatmul(isa, w, x, bias.data(), m, ActivationPrecision::kF32, 1 + m % 3);
-        for (int64_t t = 0; t < m; ++t) {
-          for (int64_t j = 0; j < rows; ++j) {
-            double magnitude = 0.0;
-            for (int64_t c = 0; c < cols; ++c) {
-              magnitude += std::fabs(values[j * cols + c] * x[t * cols + c]);
-            }
-            ASSERT_NEAR(y[t * rows + j], reference[t * rows + j], 3e-5 * magnitude + 1e-6)
-                << "token " << t << " row " << j;
-          }
-        }
+        expect_close(y, reference, x, "float activations");
         const std::vector<float> int8 =
             RunMatmul(isa, w, x, bias.data(), m, ActivationPrecision::kInt8, 2);
-        for (int64_t t = 0; t < m; ++t) {
-          for (int64_t j = 0; j < rows; ++j) {
-            double magnitude = 0.0;
-            for (int64_t c = 0; c < cols; ++c) {
-              magnitude += std::fabs(values[j * cols + c] * x_hat[t * cols + c]);
-            }
-            ASSERT_NEAR(int8[t * rows + j], int8_reference[t * rows + j], 3e-5 * magnitude + 1e-6)
-                << "int8 activations, token " << t << " row " << j;
-          }
-        }
+        expect_close(int8, int8_reference, x_hat, "int8 activations");
         int8_results.push_back(int8);
         if (isa != MatmulIsaChoice::kScalar) simd.push_back(y);
       }
@@ -242,6 +238,53 @@ TEST_P(KQuantMatmulTest, MatchesReferenceOnEveryIsa) {
         EXPECT_EQ(int8_results[i], int8_results[0]) << "int8 activations: ISA " << i << " differs";
       }
     }
+  }
+}
+
+// A fused matrix of legacy parts widened to F32-scaled INT8 (Q4_0-, Q4_1- and Q8_0-like parts,
+// 96 columns: activation scales per 32) with int8 activations: the reference over the
+// activations as quantized per 32, the same bits on every ISA.
+TEST(KQuantWeightsTest, WidenedLegacyMatrixWithInt8ActivationsMatchesReference) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const int64_t cols = 96;
+  std::vector<float> dense(40 * cols);
+  for (float& v : dense) v = normal(rng);
+  absl::StatusOr<PackedWeight> a = PackFromF32(dense.data(), 24, cols, WeightFormat::kInt4, 32);
+  absl::StatusOr<PackedWeight> b =
+      PackFromF32(dense.data() + 24 * cols, 16, cols, WeightFormat::kInt8, 32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<PackedWeight> w = ConcatRows({&*a, &*b});
+  ASSERT_TRUE(w.ok() && w->f32_scaled()) << w.status();
+  const std::vector<float> values = Unpack(*w);
+  for (int64_t m : {1, 5}) {
+    std::vector<float> x(m * cols);
+    for (float& v : x) v = normal(rng);
+    std::vector<int8_t> xq(m * cols);
+    std::vector<float> x_scale(m * cols / 32);
+    std::vector<int32_t> x_sum(m * cols / 32);
+    internal::QuantizeActivationRows(x.data(), m, cols, xq.data(), x_scale.data(), x_sum.data());
+    std::vector<float> x_hat(m * cols);
+    for (int64_t i = 0; i < m * cols; ++i) x_hat[i] = xq[i] * x_scale[i / 32];
+    std::vector<float> want(m * 40);
+    ASSERT_TRUE(MatmulReference({x_hat.data(), &*w, nullptr, want.data(), m}).ok());
+    std::vector<std::vector<float>> results;
+    for (MatmulIsaChoice isa :
+         {MatmulIsaChoice::kScalar, MatmulIsaChoice::kAvx2, MatmulIsaChoice::kAvx512}) {
+      if (!internal::IsaSupported(isa)) continue;
+      const std::vector<float> y = RunMatmul(isa, *w, x, nullptr, m, ActivationPrecision::kInt8, 2);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t j = 0; j < 40; ++j) {
+          double magnitude = 0.0;
+          for (int64_t c = 0; c < cols; ++c)
+            magnitude += std::fabs(values[j * cols + c] * x_hat[t * cols + c]);
+          ASSERT_NEAR(y[t * 40 + j], want[t * 40 + j], 3e-5 * magnitude + 1e-6)
+              << "isa " << static_cast<int>(isa) << " token " << t << " row " << j;
+        }
+      }
+      results.push_back(y);
+    }
+    for (size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[i], results[0]);
   }
 }
 

@@ -46,30 +46,36 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 # thread count fixed, so a given ISA gives the same figures every run; the ISAs differ by up
 # to 1.3x on SmolLM2 and < 2% on the random models). Measured (avx512 / avx2 / scalar):
 #   smollm2      max 0.949 / 0.981 / 1.005   RMS 0.245 / 0.291 / 0.317
-#   llama_gqa    max 0.282 / 0.282 / 0.282   RMS 0.0736 / 0.0736 / 0.0733
+#   llama_gqa    max 0.800 / 0.782 / 0.787   RMS 0.1586 / 0.1586 / 0.1589
 #   qwen2_mqa    max 0.514 / 0.514 / 0.514   RMS 0.105 / 0.105 / 0.105
-#   llama3_rope  max 0.273 / 0.273 / 0.273   RMS 0.0830 / 0.0835 / 0.0830
-#   llama_swa    max 0.254 / 0.254 / 0.254   RMS 0.0495 / 0.0495 / 0.0495
-#   qwen3moe_top8 max 0.138 (every ISA)       RMS 0.0248
-#   mixtral_top2 max 0.207 (every ISA)        RMS 0.0482
+#   llama3_rope  max 0.306 (every ISA)        RMS 0.0851 / 0.0859 / 0.0842
+#   llama_swa    max 0.276 (every ISA)        RMS 0.0710
+#   qwen3moe_top8 max 0.278 (every ISA)       RMS 0.0477
+#   mixtral_top2 max 0.383 (every ISA)        RMS 0.0608
 #   moe_top1     max 0.291 (every ISA)        RMS 0.0541
 #   gemma3_swa   max 0.162 (every ISA)        RMS 0.0426
 #   phi3_longrope max 0.690 (every ISA)       RMS 0.141 (untied Q8_0 head with gain 4: large logits)
 #   llama_q5     max 0.152 (every ISA)        RMS 0.0395
 #   gemma2_softcap max 0.283 (every ISA)     RMS 0.0645
 #   llama_k      max 0.864 (every ISA)        RMS 0.1659 / 0.1659 / 0.1680 (Q8_K: a scale per 256)
+# llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
+# formats (Q4_0 Q beside a Q8_0 V, ...) stopped falling back to F32 weights: they are widened
+# without loss to INT8 and now take int8 activations like their parts (were 0.28, 0.25, 0.27,
+# 0.14 and 0.21 with those layers in float).
 # Mutation check: the activation scale made 1% too large (amax / 127 * 1.01 in
 # QuantizeActivationRows) measured max 0.908 / 0.849 / 0.838 and RMS 0.158 / 0.163 / 0.161 on
 # the three random models, inside the former single bound (max 1.5, mean 0.25) but outside
 # these; 2% too large gives SmolLM2 max 1.56-1.78, RMS 0.52-0.59. A wrong RoPE gives max 3.7-20.
+# Rerun after the widening (AVX2): qwen2_mqa 0.849, llama_swa 0.562, mixtral_top2 0.833,
+# moe_top1 0.516 and llama3_rope 0.678 fail their bounds; llama_gqa (1.11) no longer does.
 TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "smollm2": (1.5, 0.48),
-    "llama_gqa": (0.42, 0.11),
+    "llama_gqa": (1.2, 0.24),
     "qwen2_mqa": (0.77, 0.16),
     "llama3_rope": (0.41, 0.125),
-    "llama_swa": (0.38, 0.075),
-    "qwen3moe_top8": (0.21, 0.037),
-    "mixtral_top2": (0.31, 0.072),
+    "llama_swa": (0.42, 0.107),
+    "qwen3moe_top8": (0.42, 0.072),
+    "mixtral_top2": (0.58, 0.092),
     "moe_top1": (0.44, 0.081),
     "gemma3_swa": (0.24, 0.064),
     "phi3_longrope": (1.04, 0.21),
