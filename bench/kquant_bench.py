@@ -125,15 +125,12 @@ def write_f32(source: pathlib.Path, out: pathlib.Path) -> None:
     import gguf
     import numpy as np
 
+    sys.path.insert(0, str(ROOT / "tests" / "worker"))
+    from kquant_writer import copy_metadata
+
     reader = gguf.GGUFReader(str(source))
     writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1])
-        else:
-            writer.add_key_value(name, field.contents(), field.types[0])
+    copy_metadata(reader, writer)
     for tensor in reader.tensors:
         values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
         writer.add_tensor(tensor.name, np.ascontiguousarray(values, dtype=np.float32))

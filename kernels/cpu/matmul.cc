@@ -293,38 +293,37 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   // K-quant weights meet llama.cpp's Q8_K arithmetic: one activation scale per 256 columns
   // (per 32 where a widened legacy matrix is not a multiple of 256 wide).
   const int64_t act_group = kquant_int8 && k % 256 == 0 ? 256 : kActGroup;
-  if (kquant_int8) {
+  if (int8_activations) {
+    // Quantize the activations once per call (K-quant weights also take each 16 columns'
+    // integer sum, for their mins).
     xq.resize(params.m * k);
     x_scale.resize(params.m * (k / act_group));
     x_sum.resize(params.m * (k / act_group));
-    internal::QuantizeActivationRowsInGroups(params.x, params.m, k, act_group, xq.data(),
-                                             x_scale.data(), x_sum.data());
-    x_sum16.resize(params.m * (k / 16));
-    for (size_t j = 0; j < x_sum16.size(); ++j) {
-      int32_t sum = 0;
-      for (int64_t c = 0; c < 16; ++c) sum += xq[j * 16 + c];
-      x_sum16[j] = sum;
-    }
-    args.xq = {xq.data(), x_scale.data(), x_sum.data()};
-    args.xq_group = act_group;
-    args.xq_sum16 = x_sum16.data();
-  } else if (int8_activations) {
-    // Quantize the activations once per call.
-    xq.resize(params.m * k);
-    x_scale.resize(params.m * (k / kActGroup));
-    x_sum.resize(params.m * (k / kActGroup));
-    const int64_t groups = k / kActGroup;
+    if (kquant_int8) x_sum16.resize(params.m * (k / 16));
+    const int64_t groups = k / act_group;
     // Raw pointers: inside the lambda the thread_local names would mean the worker's own.
     int8_t* q_out = xq.data();
     float* scale_out = x_scale.data();
     int32_t* sum_out = x_sum.data();
+    int32_t* sum16_out = kquant_int8 ? x_sum16.data() : nullptr;
     const float* x = params.x;
-    const auto quantize_rows = ActiveIsa() == MatmulIsaChoice::kAvx512
-                                   ? internal::QuantizeActivationRowsAvx512
-                                   : internal::QuantizeActivationRows;
+    const bool avx512 = ActiveIsa() == MatmulIsaChoice::kAvx512 && act_group == kActGroup;
     auto quantize = [=](int64_t begin, int64_t end) {
-      quantize_rows(x + begin * k, end - begin, k, q_out + begin * k,
-                                       scale_out + begin * groups, sum_out + begin * groups);
+      if (avx512) {
+        internal::QuantizeActivationRowsAvx512(x + begin * k, end - begin, k, q_out + begin * k,
+                                               scale_out + begin * groups,
+                                               sum_out + begin * groups);
+      } else {
+        internal::QuantizeActivationRowsInGroups(x + begin * k, end - begin, k, act_group,
+                                                 q_out + begin * k, scale_out + begin * groups,
+                                                 sum_out + begin * groups);
+      }
+      if (sum16_out == nullptr) return;
+      for (int64_t j = begin * (k / 16); j < end * (k / 16); ++j) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < 16; ++c) sum += q_out[j * 16 + c];
+        sum16_out[j] = sum;
+      }
     };
     // ~0.3 us per row: below a few dozen rows a thread wake-up costs more than it saves.
     if (params.m >= 64) {
@@ -333,6 +332,8 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
       quantize(0, params.m);
     }
     args.xq = {xq.data(), x_scale.data(), x_sum.data()};
+    args.xq_group = act_group;
+    args.xq_sum16 = sum16_out;
   } else if ((w.format == WeightFormat::kInt4 || w.f32_scaled()) && !f32act_gemm) {
     // The group sums of x apply each group's min once (summed in double: k adds per
     // token, negligible next to the matmul).

@@ -429,6 +429,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t panel_tokens =
       std::max<int64_t>(kMaxMr, TokenPanelBytes() / (k * static_cast<int64_t>(sizeof(float))));
   const int64_t num_token_panels = (a.m + panel_tokens - 1) / panel_tokens;
+  const GroupArrays arrays(w);
   for (int64_t p = 0; p < num_token_panels; ++p) {
     const int64_t t0 = a.m * p / num_token_panels, t1 = a.m * (p + 1) / num_token_panels;
     const int64_t decode_tokens = std::min<int64_t>(kDecodeMr, t1 - t0);
@@ -438,7 +439,6 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
       const uint8_t* prefetch = nullptr;
       if (b + 1 < block_end) {
         prefetch = w.data.data() + (b + 1) * block_bytes;
-        const GroupArrays arrays(w);
         const int64_t bytes = scale_groups * kRowBlock * arrays.element_bytes;
         const int64_t first = (b + 1) * bytes;
         for (int64_t offset = 0; offset < bytes; offset += 64) {

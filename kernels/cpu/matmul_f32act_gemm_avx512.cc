@@ -329,6 +329,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t panel_tokens =
       std::max<int64_t>(kMaxMr, kTokenPanelBytes / (k * static_cast<int64_t>(sizeof(float))));
   const int64_t num_token_panels = (a.m + panel_tokens - 1) / panel_tokens;
+  const GroupArrays arrays(w);
   for (int64_t p = 0; p < num_token_panels; ++p) {
     const int64_t t0 = a.m * p / num_token_panels, t1 = a.m * (p + 1) / num_token_panels;
     const int64_t decode_tokens = std::min<int64_t>(kDecodeMr, t1 - t0);
@@ -342,7 +343,6 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
         prefetch = w.data.data() + ahead * block_bytes;
         // The next panel's scales (and mins): its weight bytes are prefetched line by
         // line as this panel decodes; these would otherwise miss once per group.
-        const GroupArrays arrays(w);
         const int64_t bytes = nb * scale_groups * kRowBlock * arrays.element_bytes;
         const int64_t first = ahead * scale_groups * kRowBlock * arrays.element_bytes;
         for (int64_t offset = 0; offset < bytes; offset += 64) {

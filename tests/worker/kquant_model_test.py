@@ -48,15 +48,7 @@ def write_q4_k_m(source: pathlib.Path, path: pathlib.Path) -> dict[str, T]:
     arch = reader.fields["general.architecture"].contents()
     n_layer = int(reader.fields[f"{arch}.block_count"].contents())
     writer = gguf.GGUFWriter(str(path), arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if name == "general.file_type":
-            writer.add_key_value(name, 15, field.types[0])  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-        elif field.types[0] == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1])
-        else:
-            writer.add_key_value(name, field.contents(), field.types[0])
+    kquant_writer.copy_metadata(reader, writer, file_type=15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     types = {}
     for tensor in reader.tensors:
         values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)

@@ -134,6 +134,22 @@ def _q3_k(x: np.ndarray) -> np.ndarray:
 _QUANTIZERS = {T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
 
 
+def copy_metadata(reader, writer, file_type=None) -> None:
+    """Every key of a GGUF (gguf.GGUFReader) into a new one (gguf.GGUFWriter, which writes the
+    architecture itself), general.file_type replaced by `file_type` (None: left out)."""
+    import gguf
+
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, field.contents(), field.types[0])
+    if file_type is not None:
+        writer.add_file_type(file_type)
+
+
 def quantize(values: np.ndarray, qtype: T) -> np.ndarray:
     """Float rows [rows, cols] (cols a multiple of 256) as uint8 [rows, cols / 256 * block
     bytes] of `qtype` blocks, ready for GGUFWriter.add_tensor(..., raw_dtype=qtype)."""
