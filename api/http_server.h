@@ -1,29 +1,33 @@
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "api/api_keys.h"
+#include "api/http_router.h"
 #include "api/openai_service.h"
 #include "api/pooling_service.h"
 #include "api/responses_api.h"
 #include "api/served_model.h"
+#include "api/stream_pump.h"
 #include "common/jinja/chat_template.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
-#include "httplib.h"
 
 namespace loom::api {
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port; -1: no HTTP server
-  // Each open request (a stream holds one for its whole life) takes a thread.
-  int threads = 512;
+  // Threads that run handlers (parse, tokenize, place) and render streamed output; open
+  // streams and idle connections take none. Plus `io_threads` for the sockets, and as many
+  // again for the embedding routes, which wait for their results.
+  int threads = 4;
+  int io_threads = 2;
   size_t max_body_bytes = size_t{32} << 20;  // 413 beyond
   // A choice's output goes out at most once per interval (the first and the final
   // pieces at once); tokens that come sooner share the next chunk. 0: every batch.
@@ -40,8 +44,10 @@ struct HttpOptions {
   ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
 
-/// The coordinator's HTTP server (cpp-httplib, a thread pool of blocking handlers: SSE
-/// streams are long blocking writes, which its thread-per-request model serves simply):
+/// The coordinator's HTTP server, event-driven (Boost.Beast over Boost.Asio, api/
+/// http_connection): a fixed set of threads serves every connection, and an open stream
+/// holds a connection and its request's state, never a thread, so thousands of streams
+/// and a burst of new requests cost no threads and admission answers 429 at once. Serves
 /// the OpenAI-compatible API plus GET /health (200 only while a replica can serve),
 /// GET /ready, GET /version and GET /metrics (Prometheus). Every error is an
 /// OpenAI-style JSON body. With API keys, every other route answers 401 (OpenAI's
@@ -59,19 +65,27 @@ class HttpServer {
   /// "https" with TLS, else "http".
   const char* scheme() const { return options_.ssl_certfile.empty() ? "http" : "https"; }
   std::string address() const;
-  /// Stops accepting and waits for the listener thread. Idempotent.
+  /// Open client connections (idle, reading, answering or streaming).
+  int open_connections() const { return open_connections_.load(); }
+  /// Stops accepting, closes every connection and joins the threads. Idempotent.
   void Stop();
 
  private:
+  struct Io;  // the sockets' event loop (Boost.Asio), kept out of this header
+
   HttpServer() = default;
+  void Accept();
 
   HttpOptions options_;
   coordinator::Cluster* cluster_ = nullptr;
+  std::unique_ptr<StreamPump> pump_;      // handlers and streamed output (`threads`)
+  std::unique_ptr<StreamPump> blocking_;  // the embedding routes, which wait
   std::unique_ptr<OpenAiService> openai_;
   std::unique_ptr<ResponsesApi> responses_;
   std::unique_ptr<PoolingService> pooling_;
-  std::unique_ptr<httplib::Server> server_;  // an httplib::SSLServer with TLS
-  std::thread listener_;
+  HttpRouter router_;
+  std::unique_ptr<Io> io_;
+  std::atomic<int> open_connections_{0};
   int port_ = 0;
 };
 

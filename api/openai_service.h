@@ -1,23 +1,28 @@
 #pragma once
 
 #include <atomic>
-#include <optional>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/jinja/chat_template.h"
+#include "api/http_message.h"
+#include "api/http_responder.h"
+#include "api/reasoning_parser.h"
+#include "api/served_model.h"
+#include "api/stream_pump.h"
 #include "common/formats/model_config.h"
+#include "common/jinja/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/metrics.h"
-#include "api/reasoning_parser.h"
-#include "api/served_model.h"
-#include "httplib.h"
 
 namespace loom::api {
+
+class OpenAiAnswers;  // api/openai_answer
 
 /// The OpenAI-compatible endpoints: POST /v1/completions and /v1/chat/completions
 /// (streaming as Server-Sent Events or one JSON body) and GET /v1/models. A request runs
@@ -42,23 +47,31 @@ class OpenAiService {
   void set_reasoning_format(ReasoningFormat format) { reasoning_ = format; }
   const ServedModel& model() const { return model_; }
 
-  void Completions(const httplib::Request& request, httplib::Response& response);
-  void ChatCompletions(const httplib::Request& request, httplib::Response& response);
-  void Models(const httplib::Request& request, httplib::Response& response);
+  ~OpenAiService();  // Shutdown()s
+
+  /// Where answers are rendered (the HTTP server's threads). Call before serving.
+  void set_pump(StreamPump* pump) { pump_ = pump; }
+  /// Detaches the answers still open from their requests (cancelled) and from the pump,
+  /// which may then go. Call once serving ended.
+  void Shutdown();
+
+  void Completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void ChatCompletions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
+  void Models(const HttpRequest& request, HttpResponse& response);
   /// POST /tokenize (vLLM's shape): `prompt` (string) or `messages` (rendered by the chat
   /// template), `add_special_tokens` (default true) -> {count, max_model_len, tokens}.
-  void Tokenize(const httplib::Request& request, httplib::Response& response);
+  void Tokenize(const HttpRequest& request, HttpResponse& response);
   /// POST /detokenize: `tokens` (ids) -> {prompt}.
-  void Detokenize(const httplib::Request& request, httplib::Response& response);
+  void Detokenize(const HttpRequest& request, HttpResponse& response);
 
   /// Writes an OpenAI error body and the HTTP status for `status` (InvalidArgument 400,
   /// NotFound 404, ResourceExhausted 429 with Retry-After, Unavailable 503, ...).
-  static void WriteError(const absl::Status& status, httplib::Response& response);
+  static void WriteError(const absl::Status& status, HttpResponse& response);
   /// The HTTP status an absl status becomes.
   static int HttpStatusOf(const absl::Status& status);
 
  private:
-  void Handle(bool chat, const httplib::Request& request, httplib::Response& response);
+  void Handle(bool chat, const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
 
   coordinator::Cluster& cluster_;
   const ServedModel& model_;
@@ -74,6 +87,8 @@ class OpenAiService {
   uint64_t UnseededSeed();
   const std::optional<uint64_t> seed_;
   ReasoningFormat reasoning_ = ReasoningFormat::kNone;
+  StreamPump* pump_ = nullptr;
+  const std::unique_ptr<OpenAiAnswers> answers_;  // the answers in progress
   std::atomic<uint64_t> unseeded_count_{0};
 };
 

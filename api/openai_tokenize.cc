@@ -16,7 +16,7 @@ using Json = nlohmann::ordered_json;
 
 }  // namespace
 
-void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response& response) {
+void OpenAiService::Tokenize(const HttpRequest& request, HttpResponse& response) {
   const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"), response);
@@ -57,7 +57,7 @@ void OpenAiService::Tokenize(const httplib::Request& request, httplib::Response&
                        "application/json");
 }
 
-void OpenAiService::Detokenize(const httplib::Request& request, httplib::Response& response) {
+void OpenAiService::Detokenize(const HttpRequest& request, HttpResponse& response) {
   const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"), response);

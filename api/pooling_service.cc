@@ -31,14 +31,15 @@ absl::Status PoolingService::CheckModel(const std::string& model) const {
       absl::StrFormat("the model '%s' does not exist; this server serves '%s'", model, model_.id));
 }
 
-void PoolingService::Embeddings(const httplib::Request& request, httplib::Response& response) {
+void PoolingService::Embeddings(const HttpRequest& request, HttpResponse& response,
+                                const std::function<bool()>& cancelled) {
   absl::StatusOr<EmbeddingsRequest> parsed =
       ParseEmbeddingsRequest(request.body, config_.hidden_size);
   if (!parsed.ok()) return OpenAiService::WriteError(parsed.status(), response);
   if (absl::Status model = CheckModel(parsed->model); !model.ok()) {
     return OpenAiService::WriteError(model, response);
   }
-  absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(parsed->inputs);
+  absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(parsed->inputs, cancelled);
   if (!embeddings.ok()) return OpenAiService::WriteError(embeddings.status(), response);
   response.set_content(EmbeddingsResponseJson(embeddings->vectors, parsed->base64, model_.id,
                                               embeddings->prompt_tokens),
@@ -59,13 +60,15 @@ std::vector<loom::v1::GenerateRequest> TextPrompts(const std::vector<std::string
 
 }  // namespace
 
-void PoolingService::Score(const httplib::Request& request, httplib::Response& response) {
+void PoolingService::Score(const HttpRequest& request, HttpResponse& response,
+                           const std::function<bool()>& cancelled) {
   absl::StatusOr<ScoreRequest> parsed = ParseScoreRequest(request.body);
   if (!parsed.ok()) return OpenAiService::WriteError(parsed.status(), response);
   if (absl::Status model = CheckModel(parsed->model); !model.ok()) {
     return OpenAiService::WriteError(model, response);
   }
-  absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(TextPrompts(parsed->texts));
+  absl::StatusOr<EmbeddingBatch> embeddings =
+      embedder_.Embed(TextPrompts(parsed->texts), cancelled);
   if (!embeddings.ok()) return OpenAiService::WriteError(embeddings.status(), response);
   std::vector<double> scores;
   for (const auto& [a, b] : parsed->pairs)
@@ -76,7 +79,8 @@ void PoolingService::Score(const httplib::Request& request, httplib::Response& r
                        "application/json");
 }
 
-void PoolingService::Rerank(const httplib::Request& request, httplib::Response& response) {
+void PoolingService::Rerank(const HttpRequest& request, HttpResponse& response,
+                            const std::function<bool()>& cancelled) {
   absl::StatusOr<RerankRequest> parsed = ParseRerankRequest(request.body);
   if (!parsed.ok()) return OpenAiService::WriteError(parsed.status(), response);
   if (absl::Status model = CheckModel(parsed->model); !model.ok()) {
@@ -84,7 +88,7 @@ void PoolingService::Rerank(const httplib::Request& request, httplib::Response& 
   }
   std::vector<std::string> texts = {parsed->query};
   texts.insert(texts.end(), parsed->documents.begin(), parsed->documents.end());
-  absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(TextPrompts(texts));
+  absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(TextPrompts(texts), cancelled);
   if (!embeddings.ok()) return OpenAiService::WriteError(embeddings.status(), response);
   std::vector<double> scores;
   for (size_t d = 1; d < embeddings->vectors.size(); ++d) {

@@ -389,27 +389,17 @@ class EventTranslator {
   std::vector<Call> calls_;
 };
 
-}  // namespace
+// The chat completion's answer, translated into the Responses API's as it goes out:
+// errors unchanged, a whole completion as one response object, a stream's chunks as the
+// Responses events.
+class ResponsesResponder final : public HttpResponder {
+ public:
+  ResponsesResponder(std::shared_ptr<HttpResponder> outer, Json request, const std::string& model)
+      : outer_(std::move(outer)), request_(std::move(request)), translator_(request_, model) {}
 
-void ResponsesApi::Create(const httplib::Request& request, httplib::Response& response) {
-  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    return OpenAiService::WriteError(InvalidOpenAiParam("", "the request body must be a JSON object"),
-                                     response);
-  }
-  absl::StatusOr<Json> chat = ChatBody(body);
-  if (!chat.ok()) return OpenAiService::WriteError(chat.status(), response);
-  httplib::Request inner = request;
-  inner.body = chat->dump(-1, ' ', false, Json::error_handler_t::replace);
-  auto answer = std::make_shared<httplib::Response>();
-  openai_.ChatCompletions(inner, *answer);
-  if (answer->status >= 400 || (!answer->content_provider_ && answer->body.empty())) {
-    response = *answer;
-    return;
-  }
-  if (!answer->content_provider_) {
-    // Whole: the chat completion as a response.
-    const Json completion = Json::parse(answer->body, nullptr, /*allow_exceptions=*/false);
+  void Respond(HttpResponse answer) override {
+    if (answer.status >= 400 || answer.body.empty()) return outer_->Respond(std::move(answer));
+    const Json completion = Json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
     const Json& choice = completion["choices"][0];
     const bool cut = choice.value("finish_reason", "") == "length";
     const Json content = choice["message"].value("content", Json(""));
@@ -425,45 +415,64 @@ void ResponsesApi::Create(const httplib::Request& request, httplib::Response& re
                                         call["function"].value("name", ""),
                                         call["function"].value("arguments", ""), "completed"));
     }
-    const Json out = ResponseObject(NewId("resp_"), completion.value("created", int64_t{0}), body,
-                                    completion.value("model", ""), cut ? "incomplete" : "completed",
-                                    std::move(output), Usage(completion["usage"]),
-                                    cut ? "max_output_tokens" : nullptr);
-    response.set_content(out.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
-    return;
+    const Json out = ResponseObject(
+        NewId("resp_"), completion.value("created", int64_t{0}), request_,
+        completion.value("model", ""), cut ? "incomplete" : "completed", std::move(output),
+        Usage(completion["usage"]), cut ? "max_output_tokens" : nullptr);
+    HttpResponse response;
+    response.set_content(out.dump(-1, ' ', false, Json::error_handler_t::replace),
+                         "application/json");
+    outer_->Respond(std::move(response));
   }
-  // Streamed: the chat stream's provider runs inside ours, its events translated.
-  auto provider = std::move(answer->content_provider_);
-  auto releaser = std::move(answer->content_provider_resource_releaser_);
-  answer->content_provider_resource_releaser_ = nullptr;
-  auto translator = std::make_shared<EventTranslator>(body, openai_.model().id);
-  response.set_header("Cache-Control", "no-cache");
-  response.set_header("X-Accel-Buffering", "no");
-  response.set_chunked_content_provider(
-      "text/event-stream",
-      [provider, translator](size_t offset, httplib::DataSink& sink) {
-        const std::string start = translator->Start();
-        if (!sink.write(start.data(), start.size())) return false;
-        std::string pending;
-        httplib::DataSink chat_sink;
-        chat_sink.is_writable = [&sink] { return !sink.is_writable || sink.is_writable(); };
-        chat_sink.done = [] {};
-        chat_sink.write = [&](const char* data, size_t size) {
-          pending.append(data, size);
-          for (size_t end = pending.find("\n\n"); end != std::string::npos; end = pending.find("\n\n")) {
-            const std::string events = translator->Translate(pending.substr(0, end));
-            pending.erase(0, end + 2);
-            if (!events.empty() && !sink.write(events.data(), events.size())) return false;
-          }
-          return true;
-        };
-        provider(offset, 0, chat_sink);
-        sink.done();
-        return true;
-      },
-      [releaser](bool success) {
-        if (releaser) releaser(success);
-      });
+
+  void StartStream(HttpResponse head) override {
+    outer_->StartStream(std::move(head));
+    outer_->Write(translator_.Start());
+  }
+
+  // The chat stream's events, each translated once whole (writes come from one thread at
+  // a time: the answer's).
+  bool Write(std::string data) override {
+    pending_ += data;
+    std::string events;
+    for (size_t end = pending_.find("\n\n"); end != std::string::npos;
+         end = pending_.find("\n\n")) {
+      events += translator_.Translate(pending_.substr(0, end));
+      pending_.erase(0, end + 2);
+    }
+    return events.empty() ? !outer_->Closed() : outer_->Write(std::move(events));
+  }
+
+  void End() override { outer_->End(); }
+  bool Busy() const override { return outer_->Busy(); }
+  bool Closed() const override { return outer_->Closed(); }
+  void SetWakeup(std::function<void()> wakeup) override { outer_->SetWakeup(std::move(wakeup)); }
+
+ private:
+  const std::shared_ptr<HttpResponder> outer_;
+  const Json request_;
+  EventTranslator translator_;
+  std::string pending_;
+};
+
+}  // namespace
+
+void ResponsesApi::Create(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+  auto refuse = [&responder](const absl::Status& status) {
+    HttpResponse response;
+    OpenAiService::WriteError(status, response);
+    responder->Respond(std::move(response));
+  };
+  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return refuse(InvalidOpenAiParam("", "the request body must be a JSON object"));
+  }
+  absl::StatusOr<Json> chat = ChatBody(body);
+  if (!chat.ok()) return refuse(chat.status());
+  HttpRequest inner = request;
+  inner.body = chat->dump(-1, ' ', false, Json::error_handler_t::replace);
+  openai_.ChatCompletions(
+      inner, std::make_shared<ResponsesResponder>(std::move(responder), body, openai_.model().id));
 }
 
 }  // namespace loom::api

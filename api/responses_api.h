@@ -14,8 +14,9 @@
 // the field: `previous_response_id`, `conversation`, `background`, `prompt`, tools other
 // than functions, and other input item types. Nothing is stored: `store` is answered false.
 
+#include "api/http_message.h"
+#include "api/http_responder.h"
 #include "api/openai_service.h"
-#include "httplib.h"
 
 namespace loom::api {
 
@@ -23,7 +24,7 @@ class ResponsesApi {
  public:
   explicit ResponsesApi(OpenAiService& openai) : openai_(openai) {}
 
-  void Create(const httplib::Request& request, httplib::Response& response);
+  void Create(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
 
  private:
   OpenAiService& openai_;

@@ -1,13 +1,31 @@
 #include "api/stream_pump.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <functional>
 #include <utility>
 
 namespace loom::api {
 
-StreamPump::StreamPump(absl::Duration tick)
-    : tick_(tick > absl::ZeroDuration() ? tick : absl::Nanoseconds(1)) {
-  thread_ = std::thread([this] { Run(); });
+namespace {
+
+// A one-off task as a stream.
+class Task final : public StreamPump::Stream {
+ public:
+  explicit Task(std::function<void()> task) : task_(std::move(task)) {}
+  void Pump() override { task_(); }
+
+ private:
+  std::function<void()> task_;
+};
+
+}  // namespace
+
+StreamPump::StreamPump(absl::Duration tick, int threads)
+    : tick_(tick > absl::ZeroDuration() ? tick : absl::Nanoseconds(1)),
+      num_threads_(static_cast<size_t>(std::max(1, threads))) {
+  threads_.reserve(num_threads_);
+  for (size_t i = 0; i < num_threads_; ++i) threads_.emplace_back([this] { Run(); });
 }
 
 StreamPump::~StreamPump() {
@@ -15,13 +33,15 @@ StreamPump::~StreamPump() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  for (std::thread& thread : threads_) thread.join();
 }
 
 void StreamPump::Wake(std::shared_ptr<Stream> stream) {
   absl::MutexLock lock(&mu_);
   ready_.push_back(std::move(stream));
 }
+
+void StreamPump::Post(std::function<void()> task) { Wake(std::make_shared<Task>(std::move(task))); }
 
 void StreamPump::WakeAt(std::shared_ptr<Stream> stream, absl::Time when) {
   // Round up to the tick (on the Unix clock): due times a fraction of a tick apart share
@@ -37,19 +57,26 @@ void StreamPump::Run() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      wait_until_ = timers_.empty() ? absl::InfiniteFuture() : timers_.top().when;
+      const absl::Time wait_until = timers_.empty() ? absl::InfiniteFuture() : timers_.top().when;
       // A timer added during the wait that is due sooner ends it too.
-      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto work = [this, wait_until]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !ready_.empty() ||
-               (!timers_.empty() && timers_.top().when < wait_until_);
+               (!timers_.empty() && timers_.top().when < wait_until);
       };
-      mu_.AwaitWithDeadline(absl::Condition(&work), wait_until_);
+      mu_.AwaitWithDeadline(absl::Condition(&work), wait_until);
       if (stopping_) return;
-      batch.swap(ready_);
       const absl::Time now = absl::Now();
       while (!timers_.empty() && timers_.top().when <= now) {
-        batch.push_back(timers_.top().stream);
+        ready_.push_back(timers_.top().stream);
         timers_.pop();
+      }
+      // This thread's share; the others wake for the rest.
+      const size_t share = (ready_.size() + num_threads_ - 1) / num_threads_;
+      if (share >= ready_.size()) {
+        batch.swap(ready_);
+      } else {
+        batch.assign(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(share));
+        ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(share));
       }
     }
     for (const std::shared_ptr<Stream>& stream : batch) stream->Pump();

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <queue>
 #include <thread>
@@ -12,10 +13,12 @@
 
 namespace loom::api {
 
-/// One thread that runs the next step of many output streams when they become ready:
-/// at once (Wake, from a producer that queued output) or at a time (WakeAt, when a
-/// stream's flush interval ends). Wake times are rounded up to `tick`, so the streams due
-/// at about the same time are served in one wakeup instead of one thread switch each.
+/// A fixed set of threads (one by default) that runs the next step of many output streams
+/// when they become ready: at once (Wake, from a producer that queued output) or at a
+/// time (WakeAt, when a stream's flush interval ends), and one-off tasks (Post). Wake
+/// times are rounded up to `tick`, so the streams due at about the same time are served in
+/// one wakeup instead of one thread switch each. With several threads, one stream's Pump
+/// may run on two of them at once if it was woken twice: a stream guards its own state.
 /// Thread-safe.
 class StreamPump {
  public:
@@ -27,7 +30,7 @@ class StreamPump {
     virtual void Pump() = 0;
   };
 
-  explicit StreamPump(absl::Duration tick = absl::Milliseconds(1));
+  explicit StreamPump(absl::Duration tick = absl::Milliseconds(1), int threads = 1);
   ~StreamPump();  // runs nothing more (pending wakeups are dropped) and joins
 
   /// Runs `stream->Pump()` on the pump thread soon. Cheap; callable under other locks
@@ -35,6 +38,8 @@ class StreamPump {
   void Wake(std::shared_ptr<Stream> stream);
   /// Runs `stream->Pump()` on the pump thread at `when` (rounded up to the tick).
   void WakeAt(std::shared_ptr<Stream> stream, absl::Time when);
+  /// Runs `task` once on a pump thread soon.
+  void Post(std::function<void()> task);
 
  private:
   struct Timer {
@@ -55,8 +60,8 @@ class StreamPump {
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time wait_until_ ABSL_GUARDED_BY(mu_);  // the earliest timer when the wait began
-  std::thread thread_;
+  const size_t num_threads_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace loom::api

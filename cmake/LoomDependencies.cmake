@@ -7,7 +7,7 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # Unicode normalization (NFC/NFD/NFKC/NFKD) of tokenizer.json normalizers (libutf8proc-dev).
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 pkg_check_modules(GRPCPP REQUIRED IMPORTED_TARGET grpc++ protobuf)
-# HTTP for the OpenAI-compatible API (Debian libcpp-httplib-dev).
+# HTTP clients (Debian libcpp-httplib-dev): cli/hf_hub and the OpenAI load generator.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 find_program(LOOM_PROTOC protoc REQUIRED)
 find_program(LOOM_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)

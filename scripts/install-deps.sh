@@ -10,6 +10,9 @@ apt_packages=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  # The HTTP front end (Boost.Beast and Boost.Asio, header-only); cpp-httplib stays for
+  # the HTTP clients (cli/hf_hub, the OpenAI load generator).
+  libboost-dev
   # API keys' digests and HTTPS (cpp-httplib's OpenSSL build); the openssl CLI makes the
   # self-signed certificate of tests/http/api_keys_test.py.
   libssl-dev openssl

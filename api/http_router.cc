@@ -1,0 +1,47 @@
+#include "api/http_router.h"
+
+#include <exception>
+
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::api {
+
+void HttpRouter::Add(std::string method, std::string path, HttpHandler handler) {
+  routes_[{std::move(path), std::move(method)}] = std::move(handler);
+}
+
+void HttpRouter::Dispatch(const HttpRequest& request,
+                          std::shared_ptr<HttpResponder> responder) const {
+  auto route = routes_.find({request.path, request.method});
+  if (route == routes_.end()) {
+    auto same_path = routes_.lower_bound({request.path, ""});
+    const bool known = same_path != routes_.end() && same_path->first.first == request.path;
+    responder->Respond(
+        known ? Error(405, absl::StrFormat("%s is not allowed on %s", request.method, request.path))
+              : Error(404, absl::StrFormat("no route for %s %s", request.method, request.path)));
+    return;
+  }
+  try {
+    route->second(request, responder);
+  } catch (const std::exception& error) {
+    // Ignored by the responder when the handler answered before throwing.
+    responder->Respond(Error(500, error.what()));
+  }
+}
+
+HttpResponse HttpRouter::Error(int status, const std::string& message) {
+  const char* type = status == 404   ? "not_found_error"
+                     : status < 500  ? "invalid_request_error"
+                     : status == 503 ? "service_unavailable_error"
+                                     : "internal_server_error";
+  nlohmann::json body = {
+      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+  HttpResponse response;
+  response.status = status;
+  response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                       "application/json");
+  return response;
+}
+
+}  // namespace loom::api

@@ -1,0 +1,34 @@
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "api/http_message.h"
+#include "api/http_responder.h"
+
+namespace loom::api {
+
+/// A handler answers through its responder, at once or later (from any thread).
+using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<HttpResponder>)>;
+
+/// The HTTP routes: a handler per method and exact path. Immutable once serving starts.
+class HttpRouter {
+ public:
+  void Add(std::string method, std::string path, HttpHandler handler);
+
+  /// Runs the route of `request`'s method and path. What no route answers gets an
+  /// OpenAI-style JSON error: 404 for an unknown path, 405 for a known path with another
+  /// method; a handler that throws (a bug) answers 500 unless it answered already.
+  void Dispatch(const HttpRequest& request, std::shared_ptr<HttpResponder> responder) const;
+
+  /// An OpenAI-style JSON error response with `status` and `message`.
+  static HttpResponse Error(int status, const std::string& message);
+
+ private:
+  std::map<std::pair<std::string, std::string>, HttpHandler> routes_;  // (path, method)
+};
+
+}  // namespace loom::api
