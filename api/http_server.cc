@@ -279,7 +279,7 @@ void HttpServer::Stop() {
     absl::SleepFor(absl::Milliseconds(10));
   }
   // The answers still open end here: nothing they hold wakes them again.
-  openai_->Shutdown();
+  if (openai_ != nullptr) openai_->Shutdown();
   io_->work.reset();
   io_->context.stop();
   for (std::thread& thread : io_->threads) thread.join();

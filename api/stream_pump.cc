@@ -53,7 +53,7 @@ void StreamPump::WakeAt(std::shared_ptr<Stream> stream, absl::Time when) {
 }
 
 void StreamPump::Run() {
-  std::vector<std::shared_ptr<Stream>> batch;
+  std::deque<std::shared_ptr<Stream>> batch;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -70,13 +70,13 @@ void StreamPump::Run() {
         ready_.push_back(timers_.top().stream);
         timers_.pop();
       }
-      // This thread's share; the others wake for the rest.
-      const size_t share = (ready_.size() + num_threads_ - 1) / num_threads_;
-      if (share >= ready_.size()) {
+      // One thread takes everything ready; of several, each takes one at a time (a long
+      // step must not hold back the ones queued behind it while another thread idles).
+      if (num_threads_ == 1) {
         batch.swap(ready_);
-      } else {
-        batch.assign(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(share));
-        ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(share));
+      } else if (!ready_.empty()) {
+        batch.push_back(std::move(ready_.front()));
+        ready_.pop_front();
       }
     }
     for (const std::shared_ptr<Stream>& stream : batch) stream->Pump();

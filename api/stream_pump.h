@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <queue>
@@ -17,8 +18,9 @@ namespace loom::api {
 /// when they become ready: at once (Wake, from a producer that queued output) or at a
 /// time (WakeAt, when a stream's flush interval ends), and one-off tasks (Post). Wake
 /// times are rounded up to `tick`, so the streams due at about the same time are served in
-/// one wakeup instead of one thread switch each. With several threads, one stream's Pump
-/// may run on two of them at once if it was woken twice: a stream guards its own state.
+/// one wakeup instead of one thread switch each. With several threads, each takes one ready
+/// stream at a time, and one stream's Pump may run on two of them at once if it was woken
+/// twice: a stream guards its own state.
 /// Thread-safe.
 class StreamPump {
  public:
@@ -56,7 +58,7 @@ class StreamPump {
   const absl::Duration tick_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::shared_ptr<Stream>> ready_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Stream>> ready_ ABSL_GUARDED_BY(mu_);
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;

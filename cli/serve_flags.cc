@@ -68,8 +68,9 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
   AddInt(app, "--port,--http-port", options.http.port, -1, 65535,
          "the OpenAI-compatible HTTP port (0: any free port; -1: off)");
   AddInt(app, "--grpc-port", options.grpc_port, 0, 65535, "the gRPC port (0: any free port)");
-  AddInt(app, "--http-threads", options.http.threads, 1, 1 << 16,
-         "HTTP handler threads: open requests served at once");
+  AddInt(app, "--http-threads", options.http.threads, 1, 1024,
+         "HTTP threads that parse requests and render answers (open streams and idle "
+         "connections hold none)");
   AddInt(app, "--max-model-len", options.max_model_len, 0, int64_t{1} << 30,
          "the context length served: prompt + generated tokens per sequence (0: the model's "
          "own); larger than the model's is refused");

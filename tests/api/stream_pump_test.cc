@@ -95,5 +95,28 @@ TEST(StreamPumpTest, DestructionDropsPendingTimersAndReleasesTheStreams) {
   EXPECT_TRUE(stream->times().empty());
 }
 
+TEST(StreamPumpTest, SeveralThreadsShareTheReadyStreamsAndRunPostedTasks) {
+  constexpr int kThreads = 3;
+  auto pump = std::make_unique<StreamPump>(absl::Milliseconds(1), kThreads);
+  // Each task blocks until all of them run at once: only distinct threads get there.
+  absl::Mutex mu;
+  int running = 0;
+  std::atomic<int> met{0};
+  for (int i = 0; i < kThreads; ++i) {
+    pump->Post([&] {
+      absl::MutexLock lock(&mu);
+      ++running;
+      auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return running == kThreads; };
+      if (mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(30))) met.fetch_add(1);
+    });
+  }
+  // Queued behind the tasks: runs once a thread is free.
+  auto stream = std::make_shared<RecordingStream>();
+  pump->Wake(stream);
+  ASSERT_TRUE(stream->WaitForPumps(1, absl::Seconds(60)));
+  pump.reset();  // joins: every task has returned
+  EXPECT_EQ(met.load(), kThreads);
+}
+
 }  // namespace
 }  // namespace loom::api

@@ -92,7 +92,7 @@ def binary_flags(binary: pathlib.Path, *args: str) -> set[str]:
 
 def http_routes(source: pathlib.Path) -> set[str]:
     """The GET routes the coordinator's HTTP server registers."""
-    return set(re.findall(r'http\.Get\("(/[^"]*)"', source.read_text()))
+    return set(re.findall(r'(?:router\.Add|add)\(\s*"GET", "(/[^"]*)"', source.read_text()))
 
 
 def exported_metrics(sources=METRIC_SOURCES) -> dict[str, str]:

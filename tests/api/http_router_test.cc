@@ -1,0 +1,119 @@
+#include "api/http_router.h"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::api {
+namespace {
+
+// Keeps what a handler answered (the first answer only, like the server's responder).
+class RecordingResponder : public HttpResponder {
+ public:
+  void Respond(HttpResponse response) override {
+    if (!answered) answer = std::move(response);
+    answered = true;
+  }
+  void StartStream(HttpResponse head) override { Respond(std::move(head)); }
+  bool Write(std::string data) override {
+    written += data;
+    return true;
+  }
+  void End() override {}
+  bool Busy() const override { return false; }
+  bool Closed() const override { return false; }
+  void SetWakeup(std::function<void()>) override {}
+
+  bool answered = false;
+  HttpResponse answer;
+  std::string written;
+};
+
+HttpRequest Request(std::string method, std::string path) {
+  HttpRequest request;
+  request.method = std::move(method);
+  request.path = std::move(path);
+  return request;
+}
+
+nlohmann::json Error(const HttpResponse& response) {
+  EXPECT_EQ(response.content_type, "application/json");
+  return nlohmann::json::parse(response.body).at("error");
+}
+
+TEST(HttpRouterTest, RunsTheRouteOfTheMethodAndPath) {
+  HttpRouter router;
+  router.Add("GET", "/a", [](const HttpRequest&, std::shared_ptr<HttpResponder> responder) {
+    HttpResponse response;
+    response.set_content("get a", "text/plain");
+    responder->Respond(std::move(response));
+  });
+  router.Add("POST", "/a", [](const HttpRequest& request, std::shared_ptr<HttpResponder> r) {
+    HttpResponse response;
+    response.set_content("post " + request.body, "text/plain");
+    r->Respond(std::move(response));
+  });
+  auto get = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("GET", "/a"), get);
+  EXPECT_EQ(get->answer.body, "get a");
+  auto post = std::make_shared<RecordingResponder>();
+  HttpRequest request = Request("POST", "/a");
+  request.body = "x";
+  router.Dispatch(request, post);
+  EXPECT_EQ(post->answer.status, 200);
+  EXPECT_EQ(post->answer.body, "post x");
+}
+
+TEST(HttpRouterTest, UnknownPathsAre404AndOtherMethods405WithJsonErrors) {
+  HttpRouter router;
+  router.Add("POST", "/v1/completions", [](const HttpRequest&, std::shared_ptr<HttpResponder>) {
+    FAIL() << "not this route";
+  });
+  auto missing = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("GET", "/v1/nothing"), missing);
+  EXPECT_EQ(missing->answer.status, 404);
+  EXPECT_EQ(Error(missing->answer).at("type"), "not_found_error");
+  EXPECT_NE(Error(missing->answer).at("message").get<std::string>().find("/v1/nothing"),
+            std::string::npos);
+  auto wrong = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("GET", "/v1/completions"), wrong);
+  EXPECT_EQ(wrong->answer.status, 405);
+  EXPECT_EQ(Error(wrong->answer).at("type"), "invalid_request_error");
+  // A path that sorts right after a known one is still unknown.
+  auto longer = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("GET", "/v1/completions2"), longer);
+  EXPECT_EQ(longer->answer.status, 404);
+}
+
+TEST(HttpRouterTest, AHandlerThatThrowsAnswers500UnlessItAnswered) {
+  HttpRouter router;
+  router.Add("GET", "/bug", [](const HttpRequest&, std::shared_ptr<HttpResponder>) {
+    throw std::runtime_error("a bug");
+  });
+  router.Add("GET", "/late", [](const HttpRequest&, std::shared_ptr<HttpResponder> responder) {
+    responder->Respond(HttpResponse());
+    throw std::runtime_error("after the answer");
+  });
+  auto bug = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("GET", "/bug"), bug);
+  EXPECT_EQ(bug->answer.status, 500);
+  EXPECT_EQ(Error(bug->answer).at("message"), "a bug");
+  auto late = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("GET", "/late"), late);
+  EXPECT_EQ(late->answer.status, 200);
+}
+
+TEST(HttpRouterTest, HeadersAreFoundWhateverTheirCase) {
+  HttpRequest request;
+  request.headers = {{"content-type", "application/json"}, {"X-Twice", "1"}, {"x-twice", "2"}};
+  EXPECT_EQ(request.Header("Content-Type"), "application/json");
+  EXPECT_EQ(request.Header("X-TWICE"), "1");
+  EXPECT_EQ(request.Header("Authorization"), "");
+}
+
+}  // namespace
+}  // namespace loom::api
