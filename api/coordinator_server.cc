@@ -131,8 +131,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
   }
+  if (!options.leader_lock.empty()) {
+    const std::string advertise = options.advertise_address.empty()
+                                      ? absl::StrFormat("%s:%d", options.host, server->port_)
+                                      : options.advertise_address;
+    auto lock = coordinator::LeaderLock::Open(options.leader_lock, advertise);
+    if (!lock.ok()) return lock.status();
+    server->leader_lock_ = *std::move(lock);
+    server->coordinator_service_->set_leader_lock(server->leader_lock_.get());
+    std::printf("loom: leader election through %s: following until the lock is ours\n",
+                options.leader_lock.c_str());
+    std::fflush(stdout);
+    server->leader_lock_->Start([advertise] {
+      std::printf("loom: leading (workers register at %s)\n", advertise.c_str());
+      std::fflush(stdout);
+    });
+  }
   if (options.http.port >= 0) {
     HttpOptions http = options.http;
+    http.leader_lock = server->leader_lock_.get();
     http.host = options.host;
     http.stream_interval = options.stream_interval;
     http.api_keys = *api_keys;

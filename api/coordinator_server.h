@@ -50,6 +50,12 @@ struct ServeOptions {
   int64_t max_model_len = 0;
   // --metrics-naming loom|vllm|both: the names /metrics serves (coordinator/metric_naming.h).
   coordinator::MetricNaming metric_naming = coordinator::MetricNaming::kBoth;
+  // --leader-lock PATH: high availability: coordinators sharing PATH elect one leader
+  // (coordinator/leader_lock.h); the others follow until it goes. Empty: standalone.
+  std::string leader_lock;
+  // --advertise-address HOST:PORT: where workers reach this coordinator's gRPC port when it
+  // leads (written into the lock for followers' redirects). Empty: host:port as bound.
+  std::string advertise_address;
 };
 
 /// The coordinator's command-line flags are declared in cli/serve_flags.h.
@@ -92,6 +98,7 @@ class CoordinatorServer {
   ServedModel model_;
   std::unique_ptr<common::Tokenizer> tokenizer_;
   std::unique_ptr<coordinator::Cluster> cluster_;
+  std::unique_ptr<coordinator::LeaderLock> leader_lock_;  // null: standalone
   std::unique_ptr<coordinator::CoordinatorService> coordinator_service_;
   std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<common::ChatTemplate> chat_template_;  // null: the model has none

@@ -20,7 +20,7 @@ Writes bench/results/soak.json (exit status 1 when a limit is missed).
 
 usage: .venv/bin/python bench/soak_bench.py [--duration-s 600] [--calibration-s 60]
        [--step-backend noop|model] [--max-tokens 2000] [--max-num-seqs 4] [--max-waiting 8] [--seed 1]
-       [--http-threads 32]
+       [--http-threads 4]
 """
 import argparse
 import datetime
@@ -61,9 +61,8 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--max-waiting", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--http-threads", type=int, default=32,
-                        help="the coordinator's HTTP handler threads (enough for the accepted requests; "
-                             "each touches its stack once, so fewer reach a steady RSS sooner)")
+    parser.add_argument("--http-threads", type=int, default=4,
+                        help="the coordinator's HTTP threads (open requests hold none)")
     parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "soak.json"))
     args = parser.parse_args()
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)

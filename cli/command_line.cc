@@ -201,18 +201,33 @@ CLI::Validator OneOf(const std::vector<std::string>& choices) {
       absl::StrJoin(choices, "|"));
 }
 
+namespace {
+
+std::string CheckHostPort(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::StrFormat("'%s' is not HOST:PORT (port in [0, 65535])", text);
+  }
+  return "";
+}
+
+}  // namespace
+
 CLI::Validator HostPort() {
+  return CLI::Validator([](std::string& text) { return CheckHostPort(text); }, "HOST:PORT");
+}
+
+CLI::Validator HostPortList() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        const size_t colon = text.rfind(':');
-        int port = 0;
-        if (colon == std::string::npos || colon == 0 ||
-            !absl::SimpleAtoi(text.substr(colon + 1), &port) || port < 0 || port > 65535) {
-          return absl::StrFormat("'%s' is not HOST:PORT (port in [0, 65535])", text);
+        for (absl::string_view one : absl::StrSplit(text, ',')) {
+          if (std::string error = CheckHostPort(std::string(one)); !error.empty()) return error;
         }
         return "";
       },
-      "HOST:PORT");
+      "HOST:PORT[,HOST:PORT...]");
 }
 
 CLI::Option* AddBool(CLI::App& app, const std::string& name, bool& value,

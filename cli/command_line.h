@@ -102,5 +102,7 @@ CLI::Validator NumberIn(double min, double max);
 CLI::Validator OneOf(const std::vector<std::string>& choices);
 /// HOST:PORT ("[v6]:port" too), port in [0, 65535].
 CLI::Validator HostPort();
+/// One HOST:PORT or several, comma-separated.
+CLI::Validator HostPortList();
 
 }  // namespace loom::cli

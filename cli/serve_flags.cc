@@ -48,6 +48,14 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "dashboards and autoscaler queries work unchanged) or both")
       ->check(OneOf({"loom", "vllm", "both"}))
       ->default_str("both");
+  AddString(app, "--leader-lock", options.leader_lock,
+            "high availability: coordinators started with the same lock file elect one leader "
+            "(workers register with it); the others follow and take over when it exits or "
+            "dies (default: none, standalone)");
+  AddString(app, "--advertise-address", options.advertise_address,
+            "with --leader-lock: HOST:PORT where workers reach this coordinator's gRPC port "
+            "(default: --host and the bound port)")
+      ->check(HostPort());
   AddString(app, "--chat-template", options.chat_template,
             "a Jinja chat template (a file, or the template itself) used instead of the "
             "model's (default: the model's)");

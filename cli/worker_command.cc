@@ -229,7 +229,9 @@ absl::StatusOr<KvPool> PlanKvPool(const WorkerOptions& options, const Placement&
 // The rendezvous fields every group of the replica shares.
 CommunicatorOptions RendezvousOf(const WorkerOptions& options) {
   CommunicatorOptions communicator;
-  communicator.coordinator_address = options.coordinator_address;
+  // Tensor-parallel ranks meet once, at start, through the first coordinator named.
+  communicator.coordinator_address =
+      options.coordinator_address.substr(0, options.coordinator_address.find(','));
   communicator.replica_id = options.replica_id;
   communicator.rendezvous_id = options.rendezvous_id;
   communicator.timeout = std::chrono::milliseconds(options.rendezvous_timeout_ms);

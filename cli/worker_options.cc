@@ -178,8 +178,10 @@ void AddClusterFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh
   if (fresh("--model")) AddString(app, "--model", options.model_path, "the model (GGUF file or HF directory); required");
   if (fresh("--coordinator")) {
     AddString(app, "--coordinator", options.coordinator_address,
-              "the coordinator's gRPC endpoint HOST:PORT; required")
-        ->check(HostPort());
+              "the coordinator's gRPC endpoint HOST:PORT, or several (HOST:PORT,HOST:PORT: "
+              "coordinators sharing a --leader-lock; the worker registers with the leader and "
+              "follows it when another takes over); required")
+        ->check(HostPortList());
   }
   if (fresh("--listen")) {
     AddString(app, "--listen", options.listen_address,

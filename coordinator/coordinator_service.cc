@@ -2,23 +2,37 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
+#include "absl/strings/str_format.h"
 #include "coordinator/grpc_status.h"
 
 namespace loom::coordinator {
 
-grpc::Status CoordinatorService::Register(grpc::ServerContext*,
+grpc::Status CoordinatorService::Following(grpc::ServerContext* context) const {
+  if (leader_lock_ == nullptr || leader_lock_->leading()) return grpc::Status::OK;
+  const std::string leader = leader_lock_->LeaderAddress();
+  if (!leader.empty()) context->AddTrailingMetadata("loom-leader", leader);
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrFormat("this coordinator follows (--leader-lock %s); the leader is "
+                                      "at %s",
+                                      leader_lock_->path(), leader.empty() ? "?" : leader));
+}
+
+grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
                                           const loom::v1::RegisterRequest* request,
                                           loom::v1::RegisterResponse* response) {
+  if (grpc::Status following = Following(context); !following.ok()) return following;
   absl::StatusOr<loom::v1::RegisterResponse> registered = cluster_.Register(*request);
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   *response = *std::move(registered);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const loom::v1::HeartbeatRequest* request,
                                            loom::v1::HeartbeatResponse*) {
+  if (grpc::Status following = Following(context); !following.ok()) return following;
   return ToGrpcStatus(cluster_.Heartbeat(*request));
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "coordinator/cluster.h"
+#include "coordinator/leader_lock.h"
 #include "coordinator/rendezvous_store.h"
 #include "loom/v1/worker.grpc.pb.h"
 
@@ -11,6 +12,11 @@ namespace loom::coordinator {
 class CoordinatorService final : public loom::v1::Coordinator::Service {
  public:
   explicit CoordinatorService(Cluster& cluster) : cluster_(cluster) {}
+
+  /// With a leader lock, workers register and heartbeat only while this coordinator
+  /// leads; a follower answers UNAVAILABLE naming the leader (trailing metadata
+  /// `loom-leader: HOST:PORT`, where the worker goes next). Call before serving.
+  void set_leader_lock(const LeaderLock* lock) { leader_lock_ = lock; }
 
   grpc::Status Register(grpc::ServerContext* context, const loom::v1::RegisterRequest* request,
                         loom::v1::RegisterResponse* response) override;
@@ -25,7 +31,11 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
                      loom::v1::DrainResponse* response) override;
 
  private:
+  // UNAVAILABLE with the leader's address while following; OK otherwise.
+  grpc::Status Following(grpc::ServerContext* context) const;
+
   Cluster& cluster_;
+  const LeaderLock* leader_lock_ = nullptr;
   RendezvousStore store_;
 };
 

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_split.h"
 
 namespace loom::worker {
 namespace {
@@ -40,9 +43,15 @@ const char* CodeName(grpc::StatusCode code) {
 
 }  // namespace
 
-WorkerRegistration::WorkerRegistration(RegistrationOptions options,
-                                       DescribeFn describe)
-    : options_(std::move(options)), describe_(std::move(describe)) {
+WorkerRegistration::WorkerRegistration(RegistrationOptions options, DescribeFn describe)
+    : options_(std::move(options)),
+      describe_(std::move(describe)),
+      addresses_(absl::StrSplit(options_.coordinator_address, ',', absl::SkipEmpty())) {
+  next_ = addresses_.size() > 1 ? 1 : 0;
+  Connect(addresses_.empty() ? options_.coordinator_address : addresses_.front());
+}
+
+void WorkerRegistration::Connect(const std::string& address) {
   grpc::ChannelArguments args;
   // Reconnect quickly after the coordinator comes (back) up: gRPC's default backoff
   // grows to two minutes, far slower than our own retry schedule.
@@ -52,8 +61,54 @@ WorkerRegistration::WorkerRegistration(RegistrationOptions options,
               static_cast<int>(absl::ToInt64Milliseconds(options_.initial_backoff)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options_.max_backoff)));
-  stub_ = loom::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-      options_.coordinator_address, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<loom::v1::Coordinator::Stub> stub = loom::v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  absl::MutexLock lock(&mu_);
+  stub_ = std::move(stub);
+  target_ = address;
+}
+
+std::shared_ptr<loom::v1::Coordinator::Stub> WorkerRegistration::stub() const {
+  absl::MutexLock lock(&mu_);
+  return stub_;
+}
+
+std::string WorkerRegistration::target() const {
+  absl::MutexLock lock(&mu_);
+  return target_;
+}
+
+void WorkerRegistration::NoteLeader(const grpc::ClientContext& context,
+                                    const grpc::Status& status) {
+  if (status.ok()) return;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto leader = trailers.find("loom-leader");
+  if (leader != trailers.end()) leader_hint_.assign(leader->second.data(), leader->second.size());
+}
+
+bool WorkerRegistration::SwitchCoordinator(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+      status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return false;
+  }
+  const std::string current = target();
+  std::string next;
+  if (!leader_hint_.empty() && leader_hint_ != current) {
+    next = std::exchange(leader_hint_, std::string());
+  } else if (addresses_.size() > 1) {
+    next = addresses_[next_];
+    next_ = (next_ + 1) % addresses_.size();
+    if (next == current) {
+      next = addresses_[next_];
+      next_ = (next_ + 1) % addresses_.size();
+    }
+  }
+  leader_hint_.clear();
+  if (next.empty() || next == current) return false;
+  std::fprintf(stderr, "loom-worker: coordinator %s: %s; turning to %s\n", current.c_str(),
+               status.error_message().c_str(), next.c_str());
+  Connect(next);
+  return true;
 }
 
 WorkerRegistration::~WorkerRegistration() { Stop(); }
@@ -109,7 +164,7 @@ absl::StatusOr<int64_t> WorkerRegistration::Drain(absl::Duration timeout) {
   grpc::ClientContext context;
   // The coordinator answers at `timeout`; the slack carries its answer back.
   context.set_deadline(DeadlineAfter(timeout + options_.rpc_timeout));
-  const grpc::Status status = stub_->Drain(&context, request, &response);
+  const grpc::Status status = stub()->Drain(&context, request, &response);
   if (!status.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                         status.error_message());
@@ -133,7 +188,8 @@ grpc::Status WorkerRegistration::Register(loom::v1::RegisterResponse& response) 
     if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");
     call_ = &context;
   }
-  grpc::Status status = stub_->Register(&context, request, &response);
+  grpc::Status status = stub()->Register(&context, request, &response);
+  NoteLeader(context, status);
   absl::MutexLock lock(&mu_);
   call_ = nullptr;
   return status;
@@ -152,14 +208,15 @@ grpc::Status WorkerRegistration::Heartbeat(const std::string& worker_id) {
     if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "stopping");
     call_ = &context;
   }
-  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  grpc::Status status = stub()->Heartbeat(&context, request, &response);
+  NoteLeader(context, status);
   absl::MutexLock lock(&mu_);
   call_ = nullptr;
   return status;
 }
 
 void WorkerRegistration::Run() {
-  const std::string& coordinator = options_.coordinator_address;
+  std::string coordinator = target();
   absl::Duration backoff = options_.initial_backoff;
   grpc::StatusCode last_logged = grpc::StatusCode::OK;
   absl::Time last_log_time = absl::InfinitePast();
@@ -190,6 +247,12 @@ void WorkerRegistration::Run() {
       return;
     }
     if (!status.ok()) {
+      if (SwitchCoordinator(status)) {
+        coordinator = target();
+        // Not at once: coordinators that all refuse would be called in a tight loop.
+        if (!Sleep(options_.initial_backoff)) return;
+        continue;
+      }
       log_failure("registration", status);
       if (!Sleep(backoff)) return;
       backoff = std::min(backoff * 2, options_.max_backoff);
@@ -218,6 +281,10 @@ void WorkerRegistration::Run() {
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
         std::fprintf(stderr, "loom-worker: the coordinator at %s forgot %s; registering again\n",
                      coordinator.c_str(), response.worker_id().c_str());
+        break;
+      }
+      if (SwitchCoordinator(status)) {
+        coordinator = target();
         break;
       }
       log_failure("heartbeat", status);

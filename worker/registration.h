@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -16,7 +17,9 @@
 namespace loom::worker {
 
 struct RegistrationOptions {
-  std::string coordinator_address;    // host:port of the Coordinator service
+  // host:port of the Coordinator service, or several comma-separated (coordinators that
+  // share a leader lock: the worker registers with the one that leads).
+  std::string coordinator_address;
   loom::v1::RegisterRequest request;  // sent as is, but protocol_version is always ours
   absl::Duration initial_backoff = absl::Milliseconds(100);  // doubles after each failure
   absl::Duration max_backoff = absl::Seconds(2);
@@ -28,7 +31,10 @@ struct RegistrationOptions {
 /// coordinator asked for. NOT_FOUND on a heartbeat (the coordinator forgot this worker,
 /// e.g. it restarted) registers again; other heartbeat errors are retried at the same
 /// interval. FAILED_PRECONDITION on Register (wrong protocol version or model) is
-/// fatal: the thread stops and fatal_status() says why. Thread-safe.
+/// fatal: the thread stops and fatal_status() says why. High availability: when a call
+/// fails UNAVAILABLE or DEADLINE_EXCEEDED, the worker turns to the leader a follower named
+/// (trailing metadata `loom-leader`), else to the next coordinator of the list, and
+/// registers there (the new leader's step stream then replaces the old one's). Thread-safe.
 class WorkerRegistration {
  public:
   /// Fills a heartbeat's worker state (num_sequences, progress) on the background thread
@@ -68,13 +74,25 @@ class WorkerRegistration {
   // One RPC with the stop-cancellable context.
   grpc::Status Register(loom::v1::RegisterResponse& response);
   grpc::Status Heartbeat(const std::string& worker_id);
+  // After a failed call: the leader a follower named, if any.
+  void NoteLeader(const grpc::ClientContext& context, const grpc::Status& status);
+  // Turns to another coordinator after `status` (the named leader, else the next of the
+  // list); false when there is none to turn to.
+  bool SwitchCoordinator(const grpc::Status& status);
+  void Connect(const std::string& address);
+  std::shared_ptr<loom::v1::Coordinator::Stub> stub() const;
+  std::string target() const;
 
   const RegistrationOptions options_;
   const DescribeFn describe_;
-  std::unique_ptr<loom::v1::Coordinator::Stub> stub_;
+  const std::vector<std::string> addresses_;  // the list given
+  size_t next_ = 0;                           // registration thread: the next to try
+  std::string leader_hint_;                   // registration thread: from a follower
   std::thread thread_;
 
   mutable absl::Mutex mu_;
+  std::shared_ptr<loom::v1::Coordinator::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::string target_ ABSL_GUARDED_BY(mu_);  // the coordinator stub_ calls
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the RPC in flight
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);

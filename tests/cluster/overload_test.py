@@ -138,9 +138,6 @@ def test_a_full_queue_rejects_at_once_without_waiting_for_a_step(stopped_worker_
 SOAK_MAX_NUM_SEQS = 4
 SOAK_MAX_WAITING = 8
 SOAK_MAX_TOKENS = 2000
-# Each open HTTP request holds a handler thread; 32 are plenty for the 12 accepted, and the
-# coordinator's RSS is steady once each has served a request (each touches its stack).
-SOAK_HTTP_THREADS = 32
 CALIBRATION_S = 15
 OVERLOAD_S = 60
 WARMUP_FRACTION = 1 / 3
@@ -163,7 +160,7 @@ def test_soak_at_twice_the_sustainable_rate_loses_nothing_and_leaks_nothing(tmp_
     # slowing). bench/soak_bench.py runs 10 minutes with the default allocator.
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     with h.running_cluster(tmp_path, {"replica-a": noop_worker()}, max_num_seqs=SOAK_MAX_NUM_SEQS,
-                           max_waiting=SOAK_MAX_WAITING, http_threads=SOAK_HTTP_THREADS) as rig:
+                           max_waiting=SOAK_MAX_WAITING) as rig:
         coordinator = rig.coordinator
         calibration = soak_driver.measure_sustainable_rate(
             coordinator, SOAK_MAX_NUM_SEQS, CALIBRATION_S, SOAK_MAX_TOKENS, OUTCOME_TIMEOUT_S)
