@@ -110,6 +110,14 @@ TEST(WorkerOptionsTest, ParsesEveryFlagAndAppliesDefaults) {
   EXPECT_TRUE(options->draft_model_path.empty());  // n-gram lookup by default
 }
 
+TEST(WorkerOptionsTest, CoordinatorTakesSeveralAddressesForFailover) {
+  auto options = Parse({"--model", "m.gguf", "--coordinator", "a:7000,10.0.0.2:7000"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->coordinator_address, "a:7000,10.0.0.2:7000");
+  EXPECT_FALSE(Parse({"--model", "m.gguf", "--coordinator", "a:7000,b"}).ok());
+  EXPECT_FALSE(Parse({"--model", "m.gguf", "--coordinator", "a:7000,"}).ok());
+}
+
 TEST(WorkerOptionsTest, StepBackendHasAShortFlagAndTheOldName) {
   EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1"})->step_backend, "model");
   EXPECT_EQ(Parse({"--model", "m", "--coordinator", "c:1", "--noop-engine"})->step_backend, "noop");
