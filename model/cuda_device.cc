@@ -3,7 +3,6 @@
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "model/cuda_device_internal.h"
 #include "model/cuda_status.h"
 #endif
 
@@ -16,6 +15,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/paged_attention.h"
+#include "model/cuda_device_internal.h"
 
 namespace loom::model {
 
@@ -59,7 +59,7 @@ LOOM_CUDA_DEVICE_STUB(absl::StatusOr<StepTensors> CudaDevice::UploadStep(
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::DownloadF32(const Tensor&, float*))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Synchronize())
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Embedding(const DeviceLinear&, const Tensor&,
-                                                         int64_t, Tensor))
+                                                         int64_t, float, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::RmsNorm(const Tensor&, const Tensor&, float,
                                                        Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AddRmsNorm(Tensor, const Tensor&, const Tensor&,
