@@ -14,6 +14,8 @@
 #include "common/formats/hf_model.h"
 #include "common/formats/model_fingerprint.h"
 #include "common/sampling_params.h"
+#include "coordinator/kubernetes_lease.h"
+#include "coordinator/leader_lock.h"
 #include "engine/block_hash.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -131,25 +133,35 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
   }
-  if (!options.leader_lock.empty()) {
+  if (!options.leader_lock.empty() && !options.leader_lease.empty()) {
+    return absl::InvalidArgumentError("--leader-lock and --leader-lease: give one or neither");
+  }
+  if (!options.leader_lock.empty() || !options.leader_lease.empty()) {
     const std::string advertise = options.advertise_address.empty()
                                       ? absl::StrFormat("%s:%d", options.host, server->port_)
                                       : options.advertise_address;
-    auto lock = coordinator::LeaderLock::Open(options.leader_lock, advertise);
-    if (!lock.ok()) return lock.status();
-    server->leader_lock_ = *std::move(lock);
-    server->coordinator_service_->set_leader_lock(server->leader_lock_.get());
-    std::printf("loom: leader election through %s: following until the lock is ours\n",
-                options.leader_lock.c_str());
+    if (!options.leader_lock.empty()) {
+      auto lock = coordinator::LeaderLock::Open(options.leader_lock, advertise);
+      if (!lock.ok()) return lock.status();
+      server->leader_election_ = *std::move(lock);
+    } else {
+      auto lease =
+          coordinator::KubernetesLeaseOptions::FromEnvironment(options.leader_lease, advertise);
+      if (!lease.ok()) return lease.status();
+      server->leader_election_ = std::make_unique<coordinator::KubernetesLease>(*lease);
+    }
+    server->coordinator_service_->set_leader_election(server->leader_election_.get());
+    std::printf("loom: leader election through %s: following until elected\n",
+                server->leader_election_->Describe().c_str());
     std::fflush(stdout);
-    server->leader_lock_->Start([advertise] {
+    server->leader_election_->Start([advertise] {
       std::printf("loom: leading (workers register at %s)\n", advertise.c_str());
       std::fflush(stdout);
     });
   }
   if (options.http.port >= 0) {
     HttpOptions http = options.http;
-    http.leader_lock = server->leader_lock_.get();
+    http.leader_election = server->leader_election_.get();
     http.host = options.host;
     http.stream_interval = options.stream_interval;
     http.api_keys = *api_keys;

@@ -8,14 +8,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/http_server.h"
+#include "api/inference_service.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/leader_election.h"
 #include "coordinator/metric_naming.h"
-#include "api/http_server.h"
-#include "api/inference_service.h"
 #include "grpcpp/grpcpp.h"
 
 namespace loom::api {
@@ -53,8 +54,12 @@ struct ServeOptions {
   // --leader-lock PATH: high availability: coordinators sharing PATH elect one leader
   // (coordinator/leader_lock.h); the others follow until it goes. Empty: standalone.
   std::string leader_lock;
+  // --leader-lease NAME: the same through a Kubernetes Lease in the pod's namespace
+  // (coordinator/kubernetes_lease.h). Exclusive with leader_lock.
+  std::string leader_lease;
   // --advertise-address HOST:PORT: where workers reach this coordinator's gRPC port when it
-  // leads (written into the lock for followers' redirects). Empty: host:port as bound.
+  // leads (written into the lock or Lease for followers' redirects). Empty: host:port as
+  // bound.
   std::string advertise_address;
 };
 
@@ -98,7 +103,7 @@ class CoordinatorServer {
   ServedModel model_;
   std::unique_ptr<common::Tokenizer> tokenizer_;
   std::unique_ptr<coordinator::Cluster> cluster_;
-  std::unique_ptr<coordinator::LeaderLock> leader_lock_;  // null: standalone
+  std::unique_ptr<coordinator::LeaderElection> leader_election_;  // null: standalone
   std::unique_ptr<coordinator::CoordinatorService> coordinator_service_;
   std::unique_ptr<InferenceService> inference_service_;
   std::unique_ptr<common::ChatTemplate> chat_template_;  // null: the model has none

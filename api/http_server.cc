@@ -158,11 +158,11 @@ void AddApiRoutes(HttpRouter& router, OpenAiService* openai, ResponsesApi* respo
 // The open routes: health, readiness and liveness probes, and the metrics.
 void AddProbeRoutes(HttpRouter& router, coordinator::Cluster& cluster,
                     coordinator::CoordinatorMetrics& metrics,
-                    const coordinator::LeaderLock* leader_lock) {
-  auto serving_state = [&cluster, leader_lock](const HttpRequest&, HttpResponse& response) {
-    if (leader_lock != nullptr && !leader_lock->leading()) {
+                    const coordinator::LeaderElection* election) {
+  auto serving_state = [&cluster, election](const HttpRequest&, HttpResponse& response) {
+    if (election != nullptr && !election->leading()) {
       response.status = 503;
-      nlohmann::json body = {{"status", "follower"}, {"leader", leader_lock->LeaderAddress()}};
+      nlohmann::json body = {{"status", "follower"}, {"leader", election->LeaderAddress()}};
       response.set_content(body.dump(), "application/json");
       return;
     }
@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   server->pooling_ = std::make_unique<PoolingService>(cluster, model, config, tokenizer, &metrics);
   AddApiRoutes(server->router_, server->openai_.get(), server->responses_.get(),
                server->pooling_.get(), server->blocking_.get(), options.api_keys, model.id);
-  AddProbeRoutes(server->router_, cluster, metrics, options.leader_lock);
+  AddProbeRoutes(server->router_, cluster, metrics, options.leader_election);
 
   io.connection.max_body_bytes = options.max_body_bytes;
   io.connection.pending_answers = &io.pending_answers;

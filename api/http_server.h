@@ -16,7 +16,7 @@
 #include "api/stream_pump.h"
 #include "common/jinja/chat_template.h"
 #include "coordinator/cluster.h"
-#include "coordinator/leader_lock.h"
+#include "coordinator/leader_election.h"
 #include "coordinator/metrics.h"
 
 namespace loom::api {
@@ -45,7 +45,7 @@ struct HttpOptions {
   ReasoningFormat reasoning = ReasoningFormat::kNone;
   // High availability: while this coordinator follows, /health and /ready answer 503
   // with status "follower" and the leader's address. Null: standalone.
-  const coordinator::LeaderLock* leader_lock = nullptr;
+  const coordinator::LeaderElection* leader_election = nullptr;
 };
 
 /// The coordinator's HTTP server, event-driven (Boost.Beast over Boost.Asio, api/

@@ -97,13 +97,15 @@ def run_pass(server: str, binary: str, log_dir: pathlib.Path, args) -> dict:
         report = log_dir / f"bench-{server}-{time.monotonic_ns()}.json"
         command = [str(SOURCE_DIR / "build" / "coordinator" / "loom"), "bench", "--api", "openai",
                    "--base-url", base_url, "--dataset", "random",
-                   "--input-len", "16", "--output-len", "16", "--concurrency", str(args.concurrency),
+                   "--vocab-size", "49152", "--input-len", "16", "--output-len", "16",
+                   "--concurrency", str(args.concurrency),
                    "--num-requests", str(args.num_requests), "--warmup", str(args.concurrency),
                    "--output", str(report)]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, timeout=OUTCOME_TIMEOUT_S * 4)
-        levels = json.loads(report.read_text())
-        level = (levels.get("levels") or levels.get("results") or [levels])[0] \
-            if isinstance(levels, dict) else levels[0]
+        run = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             timeout=OUTCOME_TIMEOUT_S * 4)
+        if run.returncode != 0:
+            raise RuntimeError(f"loom bench failed ({run.returncode}): {run.stderr[-2000:]}")
+        level = json.loads(report.read_text())["runs"][0]
         out["requests_per_s"] = level["request_throughput"]
         out["e2e_p99_ms"] = level["e2e_ms"]["p99"]
         out["failed"] = level.get("failed", 0)
@@ -182,7 +184,6 @@ def main() -> int:
         "medians": medians,
         "ratios_new_over_old": ratios,
     })
-    print(f"wrote {args.output}")
     return 0
 
 

@@ -52,9 +52,13 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
             "high availability: coordinators started with the same lock file elect one leader "
             "(workers register with it); the others follow and take over when it exits or "
             "dies (default: none, standalone)");
+  AddString(app, "--leader-lease", options.leader_lease,
+            "high availability on Kubernetes: coordinators with the same Lease name elect one "
+            "leader through the API server (the pod's service account needs get/create/update "
+            "on leases); exclusive with --leader-lock (default: none)");
   AddString(app, "--advertise-address", options.advertise_address,
-            "with --leader-lock: HOST:PORT where workers reach this coordinator's gRPC port "
-            "(default: --host and the bound port)")
+            "with --leader-lock or --leader-lease: HOST:PORT where workers reach this "
+            "coordinator's gRPC port (default: --host and the bound port)")
       ->check(HostPort());
   AddString(app, "--chat-template", options.chat_template,
             "a Jinja chat template (a file, or the template itself) used instead of the "

@@ -10,13 +10,12 @@
 namespace loom::coordinator {
 
 grpc::Status CoordinatorService::Following(grpc::ServerContext* context) const {
-  if (leader_lock_ == nullptr || leader_lock_->leading()) return grpc::Status::OK;
-  const std::string leader = leader_lock_->LeaderAddress();
+  if (election_ == nullptr || election_->leading()) return grpc::Status::OK;
+  const std::string leader = election_->LeaderAddress();
   if (!leader.empty()) context->AddTrailingMetadata("loom-leader", leader);
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrFormat("this coordinator follows (--leader-lock %s); the leader is "
-                                      "at %s",
-                                      leader_lock_->path(), leader.empty() ? "?" : leader));
+                      absl::StrFormat("this coordinator follows (%s); the leader is at %s",
+                                      election_->Describe(), leader.empty() ? "?" : leader));
 }
 
 grpc::Status CoordinatorService::Register(grpc::ServerContext* context,

@@ -1,7 +1,7 @@
 #pragma once
 
 #include "coordinator/cluster.h"
-#include "coordinator/leader_lock.h"
+#include "coordinator/leader_election.h"
 #include "coordinator/rendezvous_store.h"
 #include "loom/v1/worker.grpc.pb.h"
 
@@ -13,10 +13,10 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
  public:
   explicit CoordinatorService(Cluster& cluster) : cluster_(cluster) {}
 
-  /// With a leader lock, workers register and heartbeat only while this coordinator
+  /// With a leader election, workers register and heartbeat only while this coordinator
   /// leads; a follower answers UNAVAILABLE naming the leader (trailing metadata
   /// `loom-leader: HOST:PORT`, where the worker goes next). Call before serving.
-  void set_leader_lock(const LeaderLock* lock) { leader_lock_ = lock; }
+  void set_leader_election(const LeaderElection* election) { election_ = election; }
 
   grpc::Status Register(grpc::ServerContext* context, const loom::v1::RegisterRequest* request,
                         loom::v1::RegisterResponse* response) override;
@@ -35,7 +35,7 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
   grpc::Status Following(grpc::ServerContext* context) const;
 
   Cluster& cluster_;
-  const LeaderLock* leader_lock_ = nullptr;
+  const LeaderElection* election_ = nullptr;
   RendezvousStore store_;
 };
 

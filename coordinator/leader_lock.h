@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/leader_election.h"
 
 namespace loom::coordinator {
 
@@ -21,22 +22,20 @@ namespace loom::coordinator {
 /// workers. PATH must be on storage every coordinator sees with working locks (one
 /// machine's disk, a shared volume); on Kubernetes a Lease is the equivalent (not built
 /// yet). Thread-safe.
-class LeaderLock {
+class LeaderLock final : public LeaderElection {
  public:
   /// Opens (creating) `path`. `advertise` is this coordinator's gRPC address for workers.
   static absl::StatusOr<std::unique_ptr<LeaderLock>> Open(
       const std::string& path, std::string advertise,
       absl::Duration poll = absl::Milliseconds(100));
-  ~LeaderLock();  // stops trying; a leader's lock goes with the process's descriptor
+  ~LeaderLock() override;  // stops trying; a leader's lock goes with its descriptor
 
-  /// Tries for the lock in the background; `on_elected` runs once, on that thread, when
-  /// this coordinator becomes the leader.
-  void Start(std::function<void()> on_elected);
-
-  bool leading() const { return leading_.load(std::memory_order_acquire); }
-  /// The current leader's advertised address as the file says (empty when unknown).
-  std::string LeaderAddress() const;
-  const std::string& path() const { return path_; }
+  /// Tries for the lock every `poll`; `on_elected` runs on that thread.
+  void Start(std::function<void()> on_elected) override;
+  bool leading() const override { return leading_.load(std::memory_order_acquire); }
+  /// What the file says.
+  std::string LeaderAddress() const override;
+  std::string Describe() const override { return "--leader-lock " + path_; }
 
  private:
   LeaderLock(std::string path, std::string advertise, int fd, absl::Duration poll);

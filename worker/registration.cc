@@ -105,8 +105,12 @@ bool WorkerRegistration::SwitchCoordinator(const grpc::Status& status) {
   }
   leader_hint_.clear();
   if (next.empty() || next == current) return false;
-  std::fprintf(stderr, "loom-worker: coordinator %s: %s; turning to %s\n", current.c_str(),
-               status.error_message().c_str(), next.c_str());
+  // While no coordinator leads, this cycles every backoff: logged at most every 2 s.
+  if (const absl::Time now = absl::Now(); now - last_switch_log_ >= absl::Seconds(2)) {
+    last_switch_log_ = now;
+    std::fprintf(stderr, "loom-worker: coordinator %s: %s; turning to %s\n", current.c_str(),
+                 status.error_message().c_str(), next.c_str());
+  }
   Connect(next);
   return true;
 }

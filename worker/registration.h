@@ -88,6 +88,7 @@ class WorkerRegistration {
   const std::vector<std::string> addresses_;  // the list given
   size_t next_ = 0;                           // registration thread: the next to try
   std::string leader_hint_;                   // registration thread: from a follower
+  absl::Time last_switch_log_ = absl::InfinitePast();  // registration thread
   std::thread thread_;
 
   mutable absl::Mutex mu_;

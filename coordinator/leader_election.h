@@ -1,0 +1,24 @@
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace loom::coordinator {
+
+/// How coordinators that stand in for one another pick the one that leads (workers
+/// register with it; the others follow until it goes): a lock file (LeaderLock,
+/// --leader-lock) or a Kubernetes Lease (KubernetesLease, --leader-lease). Thread-safe.
+class LeaderElection {
+ public:
+  virtual ~LeaderElection() = default;
+
+  /// Campaigns in the background; `on_elected` runs once, when this coordinator leads.
+  virtual void Start(std::function<void()> on_elected) = 0;
+  virtual bool leading() const = 0;
+  /// The leader's advertised gRPC address as last known (empty when unknown).
+  virtual std::string LeaderAddress() const = 0;
+  /// The flag that configured it, for messages ("--leader-lock /run/loom.lock").
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace loom::coordinator
