@@ -67,6 +67,7 @@ absl::StatusOr<KubernetesLeaseOptions> KubernetesLeaseOptions::FromEnvironment(
   if (options.ns.empty()) options.ns = "default";
   if (const char* pod = std::getenv("POD_NAME"); pod != nullptr && *pod != '\0') {
     options.identity = pod;
+    options.pod_name = pod;
   } else {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
@@ -97,10 +98,12 @@ Response Call(const KubernetesLeaseOptions& options, const std::string& method,
   if (!options.token_file.empty()) {
     headers.emplace("Authorization", "Bearer " + ReadFile(options.token_file));
   }
-  httplib::Result result = method == "GET" ? client.Get(path, headers)
-                           : method == "POST"
-                               ? client.Post(path, headers, body->dump(), "application/json")
-                               : client.Put(path, headers, body->dump(), "application/json");
+  httplib::Result result =
+      method == "GET"    ? client.Get(path, headers)
+      : method == "POST" ? client.Post(path, headers, body->dump(), "application/json")
+      : method == "PATCH"
+          ? client.Patch(path, headers, body->dump(), "application/merge-patch+json")
+          : client.Put(path, headers, body->dump(), "application/json");
   Response response;
   if (!result) return response;
   response.status = result->status;
@@ -224,7 +227,21 @@ void KubernetesLease::Release() {
   Call(options_, "PUT", LeasesPath(options_) + "/" + options_.name, &lease);
 }
 
+bool KubernetesLease::LabelPod(const char* role) {
+  if (options_.pod_name.empty()) return true;
+  const Json patch = {{"metadata", {{"labels", {{"loom.dev/role", role}}}}}};
+  const Response patched = Call(
+      options_, "PATCH",
+      absl::StrFormat("/api/v1/namespaces/%s/pods/%s", options_.ns, options_.pod_name), &patch);
+  if (patched.status == 200) return true;
+  std::fprintf(stderr, "loom: cannot label pod %s/%s loom.dev/role=%s (HTTP %d)\n",
+               options_.ns.c_str(), options_.pod_name.c_str(), role, patched.status);
+  return false;
+}
+
 void KubernetesLease::Run(std::function<void()> on_elected) {
+  // A restarted container keeps its pod's labels: say "follower" before anything else.
+  LabelPod("follower");
   while (!TryAcquire()) {
     if (!Sleep(options_.retry_every)) return;
   }
@@ -233,9 +250,11 @@ void KubernetesLease::Run(std::function<void()> on_elected) {
     leader_address_ = options_.advertise;
   }
   leading_.store(true, std::memory_order_release);
+  bool labelled = LabelPod("leader");
   on_elected();
   absl::Time renewed_at = absl::Now();
   while (Sleep(options_.renew_every)) {
+    if (!labelled) labelled = LabelPod("leader");
     if (Renew()) {
       renewed_at = absl::Now();
       continue;

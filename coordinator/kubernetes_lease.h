@@ -18,6 +18,9 @@ struct KubernetesLeaseOptions {
   std::string name;       // the Lease object (coordination.k8s.io/v1) in `ns`
   std::string ns;         // namespace
   std::string identity;   // holderIdentity: the pod's name
+  // The pod to label `loom.dev/role: leader|follower` (the Service that clients use selects
+  // the leader by it); empty: no label.
+  std::string pod_name;
   std::string advertise;  // this coordinator's gRPC address for workers (an annotation)
   // The API server: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT in a pod,
   // or LOOM_KUBERNETES_API_SERVER (e.g. `kubectl proxy`'s http://127.0.0.1:8001).
@@ -48,7 +51,9 @@ struct KubernetesLeaseOptions {
 /// at once for longer than that; Kubernetes restarts it as a follower. A leader that stops
 /// (SIGTERM: a rolling update) releases the Lease, and a follower takes over within
 /// `retry_every`. The leader's advertised address rides on the Lease as the annotation
-/// `loom.dev/leader-address`. Thread-safe.
+/// `loom.dev/leader-address`. In a pod, the coordinator labels its pod
+/// `loom.dev/role: follower` at start and `leader` once elected (a merge patch), so that a
+/// Service can send clients to the leader alone. Thread-safe.
 class KubernetesLease final : public LeaderElection {
  public:
   explicit KubernetesLease(KubernetesLeaseOptions options);
@@ -67,6 +72,8 @@ class KubernetesLease final : public LeaderElection {
   // The leader's renewal: false when the Lease is someone else's now.
   bool Renew();
   void Release();
+  // Labels this pod with `role`; false when the API server refused.
+  bool LabelPod(const char* role);
   // Sleeps `duration` or until stopping; false when stopping.
   bool Sleep(absl::Duration duration);
 

@@ -13,6 +13,8 @@ would `kubectl proxy`) and read the token and namespace from a service-account d
   lists the follower first, is sent to the leader.
 * A leader stopped with SIGTERM (a rolling update) releases the Lease: the follower takes it
   at its next look, well within the lease duration, and the worker follows it there.
+* Each coordinator labels its pod `loom.dev/role: follower`, and the leader `leader` (a merge
+  patch), so that the clients' Service selects the leader alone.
 * A leader that dies (SIGKILL) stops renewing: a follower takes the Lease once it has not
   changed for the lease duration (4 s) on the follower's own clock, and never before.
 """
@@ -47,6 +49,7 @@ class FakeLeaseApi(http.server.ThreadingHTTPServer):
         self.leases = {}
         self.version = 0
         self.writes = []  # (time, holderIdentity) of every successful write
+        self.pod_roles = {}  # pod name -> its loom.dev/role label
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -71,7 +74,7 @@ class LeaseHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def route(self):
-        """(namespace, name or None), or None for another path; False when unauthorized."""
+        """The Lease's name (None: the collection); False when answered already."""
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             self.reply(401, {"kind": "Status", "code": 401})
             return False
@@ -112,6 +115,20 @@ class LeaseHandler(http.server.BaseHTTPRequestHandler):
                 return self.reply(409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"})
             stored = self.store(name, lease)
         self.reply(201, stored)
+
+    def do_PATCH(self):
+        """A merge patch of a pod's labels (the only pod change the coordinators make)."""
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self.reply(401, {"kind": "Status", "code": 401})
+        parts = self.path.strip("/").split("/")
+        if parts[:4] != ["api", "v1", "namespaces", NAMESPACE] or len(parts) != 6 or \
+                parts[4] != "pods" or \
+                self.headers.get("Content-Type") != "application/merge-patch+json":
+            return self.reply(404, {"kind": "Status", "code": 404})
+        labels = self.body()["metadata"]["labels"]
+        with self.server.lock:
+            self.server.pod_roles[parts[5]] = labels["loom.dev/role"]
+        self.reply(200, {"kind": "Pod", "metadata": {"name": parts[5], "labels": labels}})
 
     def do_PUT(self):
         name = self.route()
@@ -186,6 +203,8 @@ def test_one_leads_a_released_lease_passes_at_once_a_dead_leaders_after_its_dura
         for follower in followers.values():
             status, body = ready(follower)
             assert status == 503 and body == {"status": "follower", "leader": a.address}, body
+        # The clients' Service selects the leader's pod by its label.
+        assert api.pod_roles == {"a": "leader", "b": "follower", "c": "follower"}
         time.sleep(2.5)  # renewals go on: no follower takes over
         assert holder(api) == "a"
 
@@ -199,6 +218,7 @@ def test_one_leads_a_released_lease_passes_at_once_a_dead_leaders_after_its_dura
         handover_s = time.monotonic() - stopped_at
         print(f"released lease: {second} leads and serves {handover_s:.2f} s after SIGTERM")
         assert handover_s < LEASE_DURATION_S
+        assert h.wait_until(lambda: api.pod_roles[second] == "leader", TIMEOUT_S)
         assert h.generate(leader.stub, h.make_request("Hello", max_tokens=4),
                           timeout=TIMEOUT_S).finished
 

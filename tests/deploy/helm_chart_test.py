@@ -379,6 +379,52 @@ def test_flag_change_rolls_pods(renderer, tmp_path):
 
 # ------------------------------------------------------------------ probes and ports
 
+def test_one_coordinator_by_default_and_a_lease_elected_leader_with_several(rendered, renderer,
+                                                                            tmp_path):
+    docs = rendered["default"]
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-lease" not in container(deployment, "coordinator")["args"]
+    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+
+    code, docs, stderr = render(renderer, {"coordinator": {"replicas": 2}}, tmp_path=tmp_path)
+    assert code == 0, stderr
+    deployment = one(docs, "Deployment")
+    name = deployment["metadata"]["name"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"]["loom.dev/role"] == "follower"
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    c = container(deployment, "coordinator")
+    assert flag_value(c["args"], "--leader-lease") == name
+    grpc_port = int(flag_value(c["args"], "--grpc-port"))
+    assert flag_value(c["args"], "--advertise-address") == f"$(POD_IP):{grpc_port}"
+    env = {v["name"]: v["valueFrom"]["fieldRef"]["fieldPath"] for v in c["env"] if "valueFrom" in v}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+                   "POD_IP": "status.podIP"}
+    # Followers are not /ready: a rolling update waits on /live, clients go to the leader.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/live"
+    services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
+    assert services[name]["spec"]["selector"]["loom.dev/role"] == "leader"
+    internal = [s for s in services.values() if s["spec"].get("publishNotReadyAddresses")]
+    assert internal and all("loom.dev/role" not in s["spec"]["selector"] for s in internal)
+    # The pods may touch their Lease and label pods, nothing else.
+    role = one(docs, "Role")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ())),
+              tuple(r["verbs"])) for r in role["rules"]}
+    assert rules == {(("coordination.k8s.io",), ("leases",), (), ("create",)),
+                     (("coordination.k8s.io",), ("leases",), (name,), ("get", "update")),
+                     (("",), ("pods",), (), ("patch",))}
+    binding = one(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = pod["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                    "namespace": binding["subjects"][0]["namespace"]}]
+
+
 def test_coordinator_ports_and_probes_match_what_it_serves(rendered):
     routes = http_routes(SOURCE_DIR / "api" / "http_server.cc")
     assert {"/health", "/ready", "/version", "/metrics"} <= routes
