@@ -80,6 +80,7 @@ class ConnectionResponder final : public HttpResponder {
       state_ = State::kComplete;
       queued_ = Head(response, keep_alive_, http10_, /*chunked=*/false, response.body.size());
       queued_ += response.body;
+      if (!KickNeededLocked()) return;
     }
     connection_->Kick();
   }
@@ -90,6 +91,7 @@ class ConnectionResponder final : public HttpResponder {
       if (state_ != State::kWaiting || closed_) return;
       state_ = State::kStreaming;
       queued_ = Head(head, keep_alive_, http10_, /*chunked=*/true, 0);
+      if (!KickNeededLocked()) return;
     }
     connection_->Kick();
   }
@@ -100,6 +102,7 @@ class ConnectionResponder final : public HttpResponder {
       if (closed_) return false;
       if (state_ != State::kStreaming || data.empty()) return true;
       absl::StrAppend(&queued_, absl::Hex(data.size()), "\r\n", data, "\r\n");
+      if (!KickNeededLocked()) return true;
     }
     connection_->Kick();
     return true;
@@ -111,6 +114,7 @@ class ConnectionResponder final : public HttpResponder {
       if (state_ != State::kStreaming || closed_) return;
       state_ = State::kComplete;
       queued_ += "0\r\n\r\n";
+      if (!KickNeededLocked()) return;
     }
     connection_->Kick();
   }
@@ -132,6 +136,7 @@ class ConnectionResponder final : public HttpResponder {
   // they end the answer.
   std::string Take(bool& complete) {
     absl::MutexLock lock(&mu_);
+    kick_pending_ = false;
     complete = state_ == State::kComplete;
     if (!queued_.empty()) in_flight_ = true;
     return std::exchange(queued_, std::string());
@@ -169,6 +174,14 @@ class ConnectionResponder final : public HttpResponder {
  private:
   enum class State { kWaiting, kStreaming, kComplete };
 
+  // Whether the connection must be told that bytes wait: not while a write is in flight
+  // (its completion takes them) or a flush is already on its way.
+  bool KickNeededLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (in_flight_ || kick_pending_) return false;
+    kick_pending_ = true;
+    return true;
+  }
+
   const std::shared_ptr<ConnectionBase> connection_;
   const bool keep_alive_;
   const bool http10_;
@@ -176,6 +189,7 @@ class ConnectionResponder final : public HttpResponder {
   State state_ ABSL_GUARDED_BY(mu_) = State::kWaiting;
   std::string queued_ ABSL_GUARDED_BY(mu_);
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool kick_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> wakeup_ ABSL_GUARDED_BY(mu_);
 };

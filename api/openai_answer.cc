@@ -67,6 +67,13 @@ std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const engine::
   return event.text;
 }
 
+// The error event of a streamed choice that failed.
+std::string FailureEvent(const Choice& choice) {
+  const absl::Status error = absl::UnavailableError(
+      absl::StrFormat("the request could not be completed: %s", choice.error));
+  return "data: " + Dump(OpenAiErrorJson(error, 503)) + "\n\n";
+}
+
 // Streaming with tools: content is sent as soon as it cannot be part of a call; a call
 // goes out as it is generated (api/tool_call_stream): one chunk with its index, id, type,
 // name and empty arguments once its name is known, then its arguments as they grow (the
@@ -148,9 +155,7 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
       if (!call_chunks(i, calls[i].name, calls[i].arguments)) return false;
     }
     if (failed) {
-      const absl::Status error = absl::UnavailableError(
-          absl::StrFormat("the request could not be completed: %s", choice.error));
-      send("data: " + Dump(OpenAiErrorJson(error, 503)) + "\n\n");
+      send(FailureEvent(choice));
       return false;
     }
     return true;
@@ -418,7 +423,7 @@ bool OpenAiAnswer::Step() {
   return took && !(stream && responder_->Busy());
 }
 
-std::string OpenAiAnswer::Chunk(Json choices) const {
+Json OpenAiAnswer::ChunkBody(Json choices) const {
   Json body;
   body["id"] = run_->id;
   body["object"] = chat_ ? "chat.completion.chunk" : "text_completion";
@@ -426,7 +431,11 @@ std::string OpenAiAnswer::Chunk(Json choices) const {
   body["model"] = run_->model;
   body["choices"] = std::move(choices);
   if (run_->parsed.include_usage) body["usage"] = nullptr;
-  return "data: " + Dump(body) + "\n\n";
+  return body;
+}
+
+std::string OpenAiAnswer::Chunk(Json choices) const {
+  return "data: " + Dump(ChunkBody(std::move(choices))) + "\n\n";
 }
 
 bool OpenAiAnswer::StreamEvent(Choice& choice, const engine::OutputEvent& event) {
@@ -488,9 +497,7 @@ bool OpenAiAnswer::StreamEvent(Choice& choice, const engine::OutputEvent& event)
   if (!send(chunk(Json::array({std::move(out)})))) return false;
   if (failed) {
     // Streaming already began: the error is an event, then the stream ends.
-    const absl::Status error = absl::UnavailableError(
-        absl::StrFormat("the request could not be completed: %s", choice.error));
-    send("data: " + Dump(OpenAiErrorJson(error, 503)) + "\n\n");
+    send(FailureEvent(choice));
     return false;
   }
   return true;
@@ -501,12 +508,7 @@ void OpenAiAnswer::End(bool finished) {
   const Run& run = *run_;
   if (run.parsed.stream) {
     if (finished && run.parsed.include_usage) {
-      Json body;
-      body["id"] = run.id;
-      body["object"] = chat_ ? "chat.completion.chunk" : "text_completion";
-      body["created"] = run.created;
-      body["model"] = run.model;
-      body["choices"] = Json::array();
+      Json body = ChunkBody(Json::array());
       body["usage"] = run.Usage();
       responder_->Write("data: " + Dump(body) + "\n\n");
     }

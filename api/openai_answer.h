@@ -64,7 +64,8 @@ class OpenAiAnswer final : public StreamPump::Stream,
   bool Step();
   // A streamed event's chunks (false: stop, the client is gone or the choice failed).
   bool StreamEvent(Choice& choice, const engine::OutputEvent& event);
-  std::string Chunk(Json choices) const;
+  Json ChunkBody(Json choices) const;     // a chunk's object (usage null when asked for)
+  std::string Chunk(Json choices) const;  // ... as an event
   // The answer is over: its end goes out (`finished`: every choice finished; else the
   // client is gone or a streamed choice failed) and it lets go of everything.
   void End(bool finished);

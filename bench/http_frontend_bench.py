@@ -43,18 +43,6 @@ def proc_status(pid: int, field: str) -> int:
         return int(next(line for line in status if line.startswith(field + ":")).split()[1])
 
 
-def wait_stopped(pid: int):
-    deadline = time.monotonic() + OUTCOME_TIMEOUT_S
-    while True:
-        with open(f"/proc/{pid}/status") as status:
-            state = next(line for line in status if line.startswith("State:"))
-        if "T" in state.split()[1]:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"worker {pid} did not stop: {state}")
-        time.sleep(0.01)
-
-
 async def hold_idle_streams(host: str, port: int, count: int, measure):
     """Opens `count` streamed requests (their heads read), calls measure(), closes them."""
     payload = json.dumps({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": True,
@@ -118,7 +106,7 @@ def run_pass(server: str, binary: str, log_dir: pathlib.Path, args) -> dict:
         w = rig.workers["replica-a"]
         w.signal(signal.SIGSTOP)
         try:
-            wait_stopped(w.pid)
+            h.wait_stopped(w.pid, OUTCOME_TIMEOUT_S)
             host, port = base_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
             rss_held, threads_held = asyncio.run(hold_idle_streams(
                 host, int(port), args.idle_streams,

@@ -20,6 +20,22 @@ CLI::Option* AddDuration(CLI::App& app, const std::string& names, absl::Duration
                                    absl::ToInt64Nanoseconds(unit)));
 }
 
+// Standby coordinators: the leader election and where workers reach the leader.
+void AddHighAvailabilityFlags(CLI::App& app, api::ServeOptions& options) {
+  AddString(app, "--leader-lock", options.leader_lock,
+            "high availability: coordinators started with the same lock file elect one leader "
+            "(workers register with it); the others follow and take over when it exits or "
+            "dies (default: none, standalone)");
+  AddString(app, "--leader-lease", options.leader_lease,
+            "high availability on Kubernetes: coordinators with the same Lease name elect one "
+            "leader through the API server (the pod's service account needs get/create/update "
+            "on leases); exclusive with --leader-lock (default: none)");
+  AddString(app, "--advertise-address", options.advertise_address,
+            "with --leader-lock or --leader-lease: HOST:PORT where workers reach this "
+            "coordinator's gRPC port (default: --host and the bound port)")
+      ->check(HostPort());
+}
+
 }  // namespace
 
 void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
@@ -48,18 +64,7 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "dashboards and autoscaler queries work unchanged) or both")
       ->check(OneOf({"loom", "vllm", "both"}))
       ->default_str("both");
-  AddString(app, "--leader-lock", options.leader_lock,
-            "high availability: coordinators started with the same lock file elect one leader "
-            "(workers register with it); the others follow and take over when it exits or "
-            "dies (default: none, standalone)");
-  AddString(app, "--leader-lease", options.leader_lease,
-            "high availability on Kubernetes: coordinators with the same Lease name elect one "
-            "leader through the API server (the pod's service account needs get/create/update "
-            "on leases); exclusive with --leader-lock (default: none)");
-  AddString(app, "--advertise-address", options.advertise_address,
-            "with --leader-lock or --leader-lease: HOST:PORT where workers reach this "
-            "coordinator's gRPC port (default: --host and the bound port)")
-      ->check(HostPort());
+  AddHighAvailabilityFlags(app, options);
   AddString(app, "--chat-template", options.chat_template,
             "a Jinja chat template (a file, or the template itself) used instead of the "
             "model's (default: the model's)");

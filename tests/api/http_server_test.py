@@ -18,7 +18,6 @@ import pathlib
 import resource
 import signal
 import sys
-import time
 
 import pytest
 
@@ -40,17 +39,6 @@ THREAD_SLACK = 8
 def threads_of(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         return int(next(line for line in status if line.startswith("Threads:")).split()[1])
-
-
-def wait_stopped(pid: int):
-    deadline = time.monotonic() + OUTCOME_TIMEOUT_S
-    while True:
-        with open(f"/proc/{pid}/status") as status:
-            state = next(line for line in status if line.startswith("State:"))
-        if "T" in state.split()[1]:
-            return
-        assert time.monotonic() < deadline, state
-        time.sleep(0.01)
 
 
 def request_bytes(host: str, body: dict) -> bytes:
@@ -108,7 +96,7 @@ def test_thousands_of_idle_streams_hold_no_threads_and_overload_is_429_at_once(r
         baseline = threads_of(coordinator.pid)
 
         worker.signal(signal.SIGSTOP)
-        wait_stopped(worker.pid)
+        h.wait_stopped(worker.pid, OUTCOME_TIMEOUT_S)
         stream_body = {"prompt": "Hello", "max_tokens": 4000, "ignore_eos": True, "stream": True}
         streams = await asyncio.gather(
             *[open_request(host, port, stream_body) for _ in range(STREAMS)])

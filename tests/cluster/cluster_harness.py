@@ -586,6 +586,27 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         time.sleep(interval)
 
 
+def wait_stopped(pid: int, timeout: float = 120):
+    """Until the kernel reports `pid` stopped (SIGSTOP's effect is not synchronous);
+    HarnessError past `timeout`."""
+    def stopped():
+        with open(f"/proc/{pid}/status") as status:
+            state = next(line for line in status if line.startswith("State:"))
+        return "T" in state.split()[1]
+    if not wait_until(stopped, timeout, interval=0.01):
+        raise HarnessError(f"process {pid} did not stop within {timeout} s")
+
+
+def http_ready(coordinator) -> tuple[int, dict]:
+    """GET /ready of a coordinator's HTTP API: (status, JSON body), 503 included."""
+    base = coordinator.http_url.split("/v1")[0]
+    try:
+        with urllib.request.urlopen(f"{base}/ready", timeout=RPC_TIMEOUT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 # ---------------------------------------------------------------------------------------------
 # The in-process reference.
 

@@ -14,7 +14,6 @@ coordinators share a lock file and one `loom-worker --step-backend noop` lists b
 import json
 import signal
 import time
-import urllib.error
 import urllib.request
 
 import grpc
@@ -23,15 +22,6 @@ import pytest
 import cluster_harness as h
 
 TIMEOUT_S = 60
-
-
-def ready(coordinator) -> tuple[int, dict]:
-    base = coordinator.http_url.split("/v1")[0]
-    try:
-        with urllib.request.urlopen(f"{base}/ready", timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def completion(coordinator) -> dict:
@@ -60,10 +50,10 @@ def test_a_follower_takes_over_when_the_leader_dies(tmp_path):
                           threads=1, kv_cache_memory="4GiB")
         processes.append(worker)
         a.wait_healthy(["replica-a"], timeout=TIMEOUT_S)
-        status, body = ready(b)
+        status, body = h.http_ready(b)
         assert status == 503 and body["status"] == "follower", body
         assert body["leader"] == a.address, body
-        assert ready(a)[0] == 200
+        assert h.http_ready(a)[0] == 200
         assert completion(a)["usage"]["completion_tokens"] == 4
         refused = b.stub.Generate(h.make_request("Hello", max_tokens=4), timeout=TIMEOUT_S)
         with pytest.raises(Exception):
@@ -94,7 +84,7 @@ def test_a_follower_takes_over_when_the_leader_dies(tmp_path):
         client.close()
 
         assert worker.alive() and worker.pid == worker_pid
-        assert ready(b) == (200, {"status": "ok", "healthy_replicas": 1, "draining": False})
+        assert h.http_ready(b) == (200, {"status": "ok", "healthy_replicas": 1, "draining": False})
         assert completion(b)["usage"]["completion_tokens"] == 4
         assert h.generate(b.stub, h.make_request("Hello", max_tokens=4),
                           timeout=TIMEOUT_S).finished

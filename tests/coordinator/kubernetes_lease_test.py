@@ -25,8 +25,6 @@ import pathlib
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -145,15 +143,6 @@ class LeaseHandler(http.server.BaseHTTPRequestHandler):
         self.reply(200, stored)
 
 
-def ready(coordinator):
-    base = coordinator.http_url.split("/v1")[0]
-    try:
-        with urllib.request.urlopen(f"{base}/ready", timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 def holder(api):
     lease = api.lease(LEASE)
     return lease["spec"]["holderIdentity"] if lease else None
@@ -201,7 +190,7 @@ def test_one_leads_a_released_lease_passes_at_once_a_dead_leaders_after_its_dura
         worker_pid = worker.pid
         a.wait_healthy(["replica-a"], timeout=TIMEOUT_S)
         for follower in followers.values():
-            status, body = ready(follower)
+            status, body = h.http_ready(follower)
             assert status == 503 and body == {"status": "follower", "leader": a.address}, body
         # The clients' Service selects the leader's pod by its label.
         assert api.pod_roles == {"a": "leader", "b": "follower", "c": "follower"}

@@ -35,7 +35,8 @@ def _blank(match: re.Match) -> str:
 def sources():
     for folder in FOLDERS:
         for pattern in SOURCES:
-            yield from sorted((ROOT / folder).rglob(pattern))
+            # bench/.cache holds downloads and other checkouts (setup_http_baseline.sh's).
+            yield from sorted(p for p in (ROOT / folder).rglob(pattern) if ".cache" not in p.parts)
 
 
 def functions(text: str):
