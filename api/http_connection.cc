@@ -199,17 +199,11 @@ template <class Stream>
 class Connection final : public ConnectionBase,
                          public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(Stream stream, const HttpConnectionOptions& options, const HttpDispatch& dispatch,
-             std::function<void()> on_close)
+  Connection(Stream stream, const HttpConnectionOptions& options, const HttpDispatch& dispatch)
       : stream_(std::move(stream)),
         options_(options),
         dispatch_(dispatch),
-        on_close_(std::move(on_close)),
         watch_timer_(stream_.get_executor()) {}
-
-  ~Connection() override {
-    if (on_close_) on_close_();
-  }
 
   void Start() {
     if constexpr (kTls) {
@@ -292,9 +286,7 @@ class Connection final : public ConnectionBase,
     HttpRequest request;
     request.method = std::string(message.method_string());
     const std::string target(message.target());
-    const size_t question = target.find('?');
-    request.path = target.substr(0, question);
-    if (question != std::string::npos) request.query = target.substr(question + 1);
+    request.path = target.substr(0, target.find('?'));
     for (const auto& field : message) {
       request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
     }
@@ -433,7 +425,6 @@ class Connection final : public ConnectionBase,
   Stream stream_;
   const HttpConnectionOptions& options_;
   const HttpDispatch& dispatch_;
-  std::function<void()> on_close_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<ConnectionResponder> responder_;  // the pending answer's
@@ -451,17 +442,15 @@ class Connection final : public ConnectionBase,
 }  // namespace
 
 void ServeHttpConnection(tcp::socket socket, net::ssl::context* tls,
-                         const HttpConnectionOptions& options, const HttpDispatch& dispatch,
-                         std::function<void()> on_close) {
+                         const HttpConnectionOptions& options, const HttpDispatch& dispatch) {
   if (tls == nullptr) {
     std::make_shared<Connection<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), options,
-                                                    dispatch, std::move(on_close))
+                                                    dispatch)
         ->Start();
     return;
   }
   using TlsStream = beast::ssl_stream<beast::tcp_stream>;
-  std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), *tls), options, dispatch,
-                                          std::move(on_close))
+  std::make_shared<Connection<TlsStream>>(TlsStream(std::move(socket), *tls), options, dispatch)
       ->Start();
 }
 

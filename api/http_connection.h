@@ -35,10 +35,9 @@ using HttpDispatch = std::function<void(HttpRequest, std::shared_ptr<HttpRespond
 /// over the limit answered 413 and malformed requests 400 (OpenAI-style JSON), streamed
 /// answers sent chunked. While an answer is pending the connection watches for the client
 /// leaving (its FIN or RST), so the work for a request nobody waits for stops at once.
-/// With `tls`, the connection is HTTPS (handshake first). `dispatch` and `tls` outlive
-/// the connection; `on_close` runs when it ends.
+/// With `tls`, the connection is HTTPS (handshake first). `options`, `dispatch` and `tls`
+/// outlive the connection.
 void ServeHttpConnection(boost::asio::ip::tcp::socket socket, boost::asio::ssl::context* tls,
-                         const HttpConnectionOptions& options, const HttpDispatch& dispatch,
-                         std::function<void()> on_close);
+                         const HttpConnectionOptions& options, const HttpDispatch& dispatch);
 
 }  // namespace loom::api

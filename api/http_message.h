@@ -13,7 +13,6 @@ namespace loom::api {
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query: "/v1/completions"
-  std::string query;   // after '?', undecoded; empty without one
   std::vector<std::pair<std::string, std::string>> headers;  // as received, in order
   std::string body;
 
@@ -35,8 +34,6 @@ struct HttpResponse {
     body = std::move(content);
     content_type = std::move(type);
   }
-  /// The first header named `name` (case-insensitive); empty when absent.
-  std::string Header(absl::string_view name) const;
 };
 
 }  // namespace loom::api

@@ -262,9 +262,8 @@ void HttpServer::Accept() {
           return;
         }
         socket.set_option(tcp::no_delay(true), error);
-        open_connections_.fetch_add(1);
         ServeHttpConnection(std::move(socket), io_->tls ? &*io_->tls : nullptr, io_->connection,
-                            io_->dispatch, [this] { open_connections_.fetch_sub(1); });
+                            io_->dispatch);
         Accept();
       });
 }

@@ -69,8 +69,6 @@ class HttpServer {
   /// "https" with TLS, else "http".
   const char* scheme() const { return options_.ssl_certfile.empty() ? "http" : "https"; }
   std::string address() const;
-  /// Open client connections (idle, reading, answering or streaming).
-  int open_connections() const { return open_connections_.load(); }
   /// Stops accepting, closes every connection and joins the threads. Idempotent.
   void Stop();
 
@@ -89,7 +87,6 @@ class HttpServer {
   std::unique_ptr<PoolingService> pooling_;
   HttpRouter router_;
   std::unique_ptr<Io> io_;
-  std::atomic<int> open_connections_{0};
   int port_ = 0;
 };
 

@@ -58,24 +58,12 @@ def post_completion(coordinator, max_tokens=4):
         connection.close()
 
 
-def wait_stopped(pid: int):
-    """Until the kernel reports `pid` stopped (a signal's effect is not synchronous)."""
-    deadline = time.monotonic() + OUTCOME_TIMEOUT_S
-    while True:
-        with open(f"/proc/{pid}/status") as status:
-            state = next(line for line in status if line.startswith("State:"))
-        if "T" in state.split()[1]:
-            return
-        assert time.monotonic() < deadline, state
-        time.sleep(0.01)
-
-
 def test_a_full_queue_rejects_at_once_without_waiting_for_a_step(stopped_worker_cluster):
     rig = stopped_worker_cluster
     coordinator, worker = rig.coordinator, rig.workers["replica-a"]
     worker.signal(signal.SIGSTOP)
     try:
-        wait_stopped(worker.pid)
+        h.wait_stopped(worker.pid, OUTCOME_TIMEOUT_S)
         total = MAX_NUM_SEQS + MAX_WAITING + 4
         first = [h.Stream(coordinator.stub, h.make_request("Hello", max_tokens=8, ignore_eos=True),
                           timeout=OUTCOME_TIMEOUT_S) for _ in range(total)]

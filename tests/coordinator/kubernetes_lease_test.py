@@ -206,7 +206,10 @@ def test_one_leads_a_released_lease_passes_at_once_a_dead_leaders_after_its_dura
         leader.wait_healthy(["replica-a"], timeout=TIMEOUT_S)
         handover_s = time.monotonic() - stopped_at
         print(f"released lease: {second} leads and serves {handover_s:.2f} s after SIGTERM")
-        assert handover_s < LEASE_DURATION_S
+        # Released, not expired: a's last write gave the Lease up, and the next one took it.
+        holders = [who for _, who in api.writes]
+        released = len(holders) - 1 - holders[::-1].index("")
+        assert holders[released - 1] == "a" and holders[released + 1] == second, holders
         assert h.wait_until(lambda: api.pod_roles[second] == "leader", TIMEOUT_S)
         assert h.generate(leader.stub, h.make_request("Hello", max_tokens=4),
                           timeout=TIMEOUT_S).finished
