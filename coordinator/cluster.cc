@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/kv_cache_report.h"
 
 namespace loom::coordinator {
 
@@ -175,6 +176,10 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         pending_ranks_.erase(request.replica_id());
         return disagree;
       }
+      std::vector<const loom::v1::RegisterRequest*> reports;
+      for (const auto& rank : pending.ranks) reports.push_back(&*rank);
+      endpoint.cached_blocks = std::make_shared<const std::vector<engine::AdoptedBlock>>(
+          AdoptableBlocks(reports, model_fingerprint_, endpoint.block_size));
       if (absl::Status tiled = CheckStageLayers(pending.ranks, stages); !tiled.ok()) {
         pending_ranks_.erase(request.replica_id());
         return absl::FailedPreconditionError(

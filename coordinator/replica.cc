@@ -310,6 +310,12 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     prefilled_.push_back(std::move(request));
   };
   engine_ = std::make_unique<engine::EngineCore>(config, replica_id_, std::move(hooks));
+  if (endpoint.cached_blocks != nullptr && !endpoint.cached_blocks->empty()) {
+    const int64_t adopted = engine_->scheduler().AdoptPrefixCache(*endpoint.cached_blocks);
+    std::fprintf(
+        stderr, "loom: replica %s: adopted %lld of the %zu cached KV blocks the workers hold\n",
+        replica_id_.c_str(), static_cast<long long>(adopted), endpoint.cached_blocks->size());
+  }
   block_size_.store(endpoint.block_size);
   host_tier_blocks_.store(endpoint.num_host_kv_blocks);
   in_flight_.clear();

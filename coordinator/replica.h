@@ -78,6 +78,9 @@ struct WorkerEndpoint {
   ReplicaRole role = ReplicaRole::kMixed;  // every rank's (loom-worker --role)
   std::vector<KvHeadRange> kv_heads;       // per rank, in rank order
   std::string kv_dtype;                    // as registered
+  // The KV blocks the workers still hold (coordinator/kv_cache_report), for the new block
+  // table to adopt; null or empty: it starts cold.
+  std::shared_ptr<const std::vector<engine::AdoptedBlock>> cached_blocks;
 };
 
 class Replica;

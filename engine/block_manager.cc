@@ -258,6 +258,38 @@ bool BlockManager::RestoreBlock(int32_t block, const BlockHash& hash,
   return true;
 }
 
+int64_t BlockManager::AdoptCachedBlocks(absl::Span<const AdoptedBlock> blocks) {
+  if (next_never_used_ != 0 || num_freed_ != 0 || !cached_.empty()) return 0;
+  std::vector<int32_t> adopted;
+  for (const AdoptedBlock& report : blocks) {
+    const int32_t block = report.block;
+    if (block < 0 || block >= num_blocks() || has_hash_[static_cast<size_t>(block)] ||
+        report.tokens.size() != static_cast<size_t>(block_size_)) {
+      continue;
+    }
+    uint64_t parent_id = 0;
+    if (report.parent_block != kNoParent) {
+      if (report.parent_block < 0 || report.parent_block >= num_blocks() ||
+          !has_hash_[static_cast<size_t>(report.parent_block)]) {
+        continue;
+      }
+      parent_id = content_id_[static_cast<size_t>(report.parent_block)];
+    }
+    if (!cached_.try_emplace(report.hash, block).second) continue;
+    Record(block, report.hash, report.tokens, next_content_id_++, parent_id, report.salt);
+    adopted.push_back(block);
+  }
+  if (adopted.empty()) return 0;
+  // Every block has been used now: the unadopted ones first (lowest id first), then the
+  // adopted ones, the first listed (the worker's most recently used) last.
+  next_never_used_ = num_blocks();
+  for (int32_t block = 0; block < num_blocks(); ++block) {
+    if (!has_hash_[static_cast<size_t>(block)]) LinkAtTail(block);
+  }
+  for (auto it = adopted.rbegin(); it != adopted.rend(); ++it) LinkAtTail(*it);
+  return static_cast<int64_t>(adopted.size());
+}
+
 void BlockManager::ForgetCachedBlocks() {
   for (int32_t block = 0; block < num_blocks(); ++block) {
     Unregister(block);

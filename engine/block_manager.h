@@ -33,6 +33,17 @@ struct EvictedBlock {
   std::string_view salt;
 };
 
+/// A cached block a worker still holds when a coordinator takes it over (a failover or a
+/// reconnect), for BlockManager::AdoptCachedBlocks: its content and the block before it
+/// in its chain (kNoParent: the chain's first, computed with `salt`).
+struct AdoptedBlock {
+  int32_t block = -1;
+  int32_t parent_block = -1;
+  BlockHash hash;  // hashed by this process from the chain's tokens and salt
+  std::vector<int32_t> tokens;
+  std::string salt;
+};
+
 /// The KV block table of one replica: which physical blocks of the workers' pools are in
 /// use, with reference counts so that sequences can share blocks, and the prefix cache:
 /// full blocks whose K/V are computed can be registered under their BlockHash, and a
@@ -102,6 +113,14 @@ class BlockManager {
   /// another block holds `hash`.
   bool RestoreBlock(int32_t block, const BlockHash& hash, absl::Span<const int32_t> tokens,
                     uint64_t content_id, uint64_t parent_id, std::string_view cache_salt);
+  /// On a pool that has handed out no block yet: registers each block as cached and free
+  /// (the blocks a worker reports holding, parents before children). A block out of
+  /// range, reported twice, with the wrong number of tokens, whose parent was not adopted
+  /// before it, or whose hash is held already is skipped. Every other block becomes free
+  /// and uncached, handed out before the adopted ones; the adopted ones are evicted last
+  /// first-listed last. Returns how many were adopted (kStored events for each); 0 and
+  /// nothing changed when the pool has been used.
+  int64_t AdoptCachedBlocks(absl::Span<const AdoptedBlock> blocks);
   /// A content id never used before, for content that enters from outside the pool (a
   /// block fetched from another replica into the host tier).
   uint64_t NewContentId() { return next_content_id_++; }

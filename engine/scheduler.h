@@ -187,6 +187,11 @@ class Scheduler {
     block_manager_.ForgetCachedBlocks();
     if (host_tier_ != nullptr) host_tier_->Forget();
   }
+  /// Before the first step: takes the blocks the workers still hold into the prefix cache
+  /// (BlockManager::AdoptCachedBlocks); nothing with prefix caching off. Returns how many.
+  int64_t AdoptPrefixCache(absl::Span<const AdoptedBlock> blocks) {
+    return config_.enable_prefix_caching ? block_manager_.AdoptCachedBlocks(blocks) : 0;
+  }
   // ---- fetching a prefix between replicas (engine/scheduler_transfer.cc) ----
   /// Slots of the host tier, held for a transfer, valid while the tier's generation is.
   struct HeldSlots {

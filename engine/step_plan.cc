@@ -18,6 +18,7 @@ void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepP
       *added->mutable_sampling() = seq.sampling;
       added->set_num_cached_tokens(work.num_cached_tokens);
       if (seq.embed) added->set_embed(true);
+      if (!seq.cache_salt.empty()) added->set_cache_salt(seq.cache_salt);
       if (seq.score_prompt_from > 0) {
         added->set_score_prompt_from(seq.score_prompt_from);
         added->set_score_prompt_top(seq.score_prompt_top);

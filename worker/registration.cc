@@ -185,6 +185,7 @@ bool WorkerRegistration::Sleep(absl::Duration duration) {
 grpc::Status WorkerRegistration::Register(loom::v1::RegisterResponse& response) {
   loom::v1::RegisterRequest request = options_.request;
   request.set_protocol_version(loom::v1::PROTOCOL_VERSION_CURRENT);
+  if (options_.prepare) options_.prepare(request);
   grpc::ClientContext context;
   context.set_deadline(DeadlineAfter(options_.rpc_timeout));
   {

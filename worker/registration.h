@@ -24,6 +24,9 @@ struct RegistrationOptions {
   absl::Duration initial_backoff = absl::Milliseconds(100);  // doubles after each failure
   absl::Duration max_backoff = absl::Seconds(2);
   absl::Duration rpc_timeout = absl::Seconds(5);  // per Register / Heartbeat call
+  // Called with each registration's request before it is sent (the worker ends its step
+  // stream and reports the KV blocks it holds); may be empty.
+  std::function<void(loom::v1::RegisterRequest&)> prepare;
 };
 
 /// The worker's side of the Coordinator service, on a background thread: Register

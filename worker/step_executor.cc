@@ -89,6 +89,9 @@ struct StepExecutor::SequenceState {
   int64_t score_prompt_from = 0;
   int32_t score_prompt_top = 0;
   bool embed = false;                        // NewSequence.embed
+  std::string cache_salt;                    // NewSequence.cache_salt
+  // Leading blocks of block_table the KV ledger has recorded.
+  int64_t num_ledgered_blocks = 0;
   std::unique_ptr<SequenceSampler> sampler;  // null when the backend uses no samplers
 };
 
@@ -169,7 +172,10 @@ struct StepExecutor::Prepared {
 };
 
 StepExecutor::StepExecutor(StepBackend& backend, StepExecutorOptions options)
-    : backend_(backend), options_(options), prepared_(std::make_unique<Prepared>()) {}
+    : backend_(backend),
+      options_(options),
+      prepared_(std::make_unique<Prepared>()),
+      ledger_(backend.num_kv_blocks(), static_cast<int32_t>(backend.block_size())) {}
 
 StepExecutor::~StepExecutor() = default;
 
@@ -296,6 +302,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor::SequenceState>> StepExecutor::NewSe
   sequence->score_prompt_from = added.score_prompt_from();
   sequence->score_prompt_top = added.score_prompt_top();
   sequence->embed = added.embed();
+  sequence->cache_salt = added.cache_salt();
   if (backend_.uses_samplers()) {
     sequence->sampler = std::make_unique<SequenceSampler>(
         params,
@@ -544,6 +551,45 @@ absl::Status StepExecutor::CopyKvBlocks(const loom::v1::StepPlan& plan) {
   return options_.host_tier->Apply(copies_);
 }
 
+void StepExecutor::ForgetWrittenBlocks(const loom::v1::StepPlan& plan, const Prepared& prepared) {
+  for (const loom::v1::KvBlockCopy& copy : plan.kv_copies()) {
+    if (copy.direction() == loom::v1::KvBlockCopy::HOST_TO_DEVICE && copy.device_block() >= 0 &&
+        copy.device_block() < ledger_.num_blocks()) {
+      ledger_.Invalidate(copy.device_block());
+    }
+  }
+  const int64_t block_size = backend_.block_size();
+  for (const Prepared::Entry& entry : prepared.entries) {
+    const std::vector<int32_t>& table = entry.sequence->block_table;
+    const int64_t last = std::min<int64_t>((entry.end + entry.max_drafts - 1) / block_size,
+                                           static_cast<int64_t>(table.size()) - 1);
+    for (int64_t b = entry.begin / block_size; b <= last; ++b) {
+      ledger_.Invalidate(table[static_cast<size_t>(b)]);
+    }
+  }
+}
+
+void StepExecutor::RecordCompletedBlocks(const Prepared& prepared) {
+  const int64_t block_size = backend_.block_size();
+  for (const Prepared::Entry& entry : prepared.entries) {
+    SequenceState& sequence = *entry.sequence;
+    if (sequence.embed) continue;
+    const int64_t full = std::min<int64_t>(
+        std::min<int64_t>(sequence.num_computed, static_cast<int64_t>(sequence.tokens.size())) /
+            block_size,
+        static_cast<int64_t>(sequence.block_table.size()));
+    for (int64_t b = sequence.num_ledgered_blocks; b < full; ++b) {
+      ledger_.Record(
+          sequence.block_table[static_cast<size_t>(b)],
+          absl::MakeConstSpan(sequence.tokens)
+              .subspan(static_cast<size_t>(b * block_size), static_cast<size_t>(block_size)),
+          b == 0 ? KvBlockLedger::kNoParent : sequence.block_table[static_cast<size_t>(b - 1)],
+          sequence.cache_salt);
+    }
+    sequence.num_ledgered_blocks = std::max(sequence.num_ledgered_blocks, full);
+  }
+}
+
 void StepExecutor::DropNamed(const loom::v1::StepPlan& plan) {
   for (uint64_t id : plan.finished()) sequences_.erase(id);
   for (uint64_t id : plan.preempted()) sequences_.erase(id);
@@ -599,6 +645,7 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   prepared.Clear();
   prepared.batch.step_id = plan.step_id();
   if (status.ok()) status = Prepare(plan, prepared);
+  if (status.ok()) ForgetWrittenBlocks(plan, prepared);
   // Blocks move between the pool and the host tier before the forward pass reads them.
   if (status.ok() && plan.kv_copies_size() > 0) status = CopyKvBlocks(plan);
   // Another worker waiting to read slots this plan wrote need not wait for its forward pass.
@@ -690,6 +737,7 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
       }
     }
   }
+  RecordCompletedBlocks(prepared);
   size_t next_score = 0;
   size_t next_top = 0;
   const PromptScores& scores = prepared.scores;

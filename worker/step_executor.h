@@ -13,6 +13,7 @@
 #include "common/sampling_params.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/draft_proposer.h"
+#include "worker/kv_block_ledger.h"
 #include "worker/kv_host_tier.h"
 #include "worker/sampler.h"
 #include "worker/step_backend.h"
@@ -94,6 +95,8 @@ class StepExecutor {
   int64_t NumDraftComputed(uint64_t seq_id) const;
 
   const StepBackend& backend() const { return backend_; }
+  /// What the pool's full blocks hold (kept across Reset: the K/V stay in the pool).
+  const KvBlockLedger& kv_ledger() const { return ledger_; }
   /// The host KV tier the plans' copies run on (StepExecutorOptions::host_tier).
   KvHostTier* host_tier() const { return options_.host_tier; }
 
@@ -134,6 +137,12 @@ class StepExecutor {
                             const std::vector<int32_t>& num_emitted) const;
   // Drops every sequence the plan names (after a failed plan).
   void DropNamed(const loom::v1::StepPlan& plan);
+  // The ledger forgets the blocks the prepared plan may write (its computed positions and
+  // drafts, the blocks its copies load), before anything is written.
+  void ForgetWrittenBlocks(const loom::v1::StepPlan& plan, const Prepared& prepared);
+  // The ledger records the full blocks the committed step completed (or that a sequence
+  // starts with as its cached prefix).
+  void RecordCompletedBlocks(const Prepared& prepared);
   // Runs the plan's kv_copies on the host tier.
   absl::Status CopyKvBlocks(const loom::v1::StepPlan& plan);
   // The test-only delay and hang of StepExecutorOptions, at the start of a step.
@@ -149,6 +158,7 @@ class StepExecutor {
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.
   std::unique_ptr<Prepared> prepared_;
+  KvBlockLedger ledger_;
   std::vector<KvBlockCopy> copies_;  // scratch for CopyKvBlocks
   int64_t num_executed_ = 0;  // plans executed (or being executed) since construction
   std::atomic<bool> hang_released_{false};

@@ -16,6 +16,9 @@ namespace {
 constexpr int kShutdownGraceMs = 2000;
 // A plan that adds many long prompts at once can pass gRPC's 4 MiB default.
 constexpr int kMaxPlanBytes = 256 << 20;
+// The KV blocks reported at registration stay under the coordinator's 4 MiB message limit
+// (about 40,000 blocks of 16 tokens; the most recently used chains go first).
+constexpr int64_t kMaxKvReportBytes = 3 << 20;
 
 }  // namespace
 
@@ -68,6 +71,10 @@ absl::StatusOr<int> WorkerServer::ServeMetrics(const std::string& host, int port
 void WorkerServer::StartRegistration(RegistrationOptions options, const StepProgress* progress) {
   // The heartbeat thread reads the service's sequence count and the executor's progress
   // without ever waiting for the step that runs.
+  // A coordinator taking this worker over adopts the KV blocks its pool still holds.
+  options.prepare = [this](loom::v1::RegisterRequest& request) {
+    service_.PrepareRegistration(request, kMaxKvReportBytes);
+  };
   registration_ = std::make_unique<WorkerRegistration>(
       std::move(options), [this, progress](loom::v1::HeartbeatRequest& heartbeat) {
         heartbeat.set_num_sequences(service_.num_sequences());

@@ -46,6 +46,23 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+void WorkerService::PrepareRegistration(loom::v1::RegisterRequest& request,
+                                        int64_t max_report_bytes) {
+  absl::MutexLock lock(&mu_);
+  // The stream running now belongs to a coordinator this worker is leaving (or that lost
+  // it): stopped here, so no plan of it changes the blocks reported below.
+  ++generation_;
+  if (active_context_ != nullptr) {
+    std::fprintf(stderr, "loom-worker: registering again: the current step stream ends\n");
+    active_context_->TryCancel();
+    active_context_ = nullptr;
+  }
+  executor_->Reset().IgnoreError();  // Reset cannot fail; it returns a Status by convention.
+  num_sequences_.store(0, std::memory_order_relaxed);
+  request.clear_cached_kv_blocks();
+  executor_->kv_ledger().Report(max_report_bytes, request.mutable_cached_kv_blocks());
+}
+
 void WorkerService::BeginShutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;

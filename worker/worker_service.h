@@ -38,6 +38,12 @@ class WorkerService final : public loom::v1::Worker::Service {
   /// with UNAVAILABLE: the process is stopping.
   void BeginShutdown();
 
+  /// Before registering with a coordinator: ends the current stream (after the step running
+  /// now, if any; no plan of it runs afterwards) and fills `request`'s cached_kv_blocks
+  /// with what the pool holds (at most `max_report_bytes` of them), so the coordinator can
+  /// adopt them. A new stream starts from no sequences.
+  void PrepareRegistration(loom::v1::RegisterRequest& request, int64_t max_report_bytes);
+
   /// Sequences the executor holds after the last step; never waits for a running step.
   int num_sequences() const { return num_sequences_.load(std::memory_order_relaxed); }
   /// Steps executed since start (all streams).

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -493,6 +494,76 @@ TEST(BlockManagerTest, RandomOperationsKeepEveryInvariant) {
   check();
   EXPECT_EQ(manager.num_free(), kNumBlocks);
   EXPECT_GT(reused, 0);
+}
+
+// Blocks a worker still holds, as a new coordinator adopts them: chain `first` of
+// `count` blocks in `blocks`, parents first.
+std::vector<AdoptedBlock> Adopted(const std::vector<int32_t>& blocks, uint64_t first = 0,
+                                  std::string_view salt = "") {
+  const int count = static_cast<int>(blocks.size());
+  const std::vector<BlockHash> hashes = Chain(count, first, salt);
+  const std::vector<int32_t> tokens = Tokens(count, first);
+  std::vector<AdoptedBlock> adopted;
+  for (int i = 0; i < count; ++i) {
+    AdoptedBlock& block = adopted.emplace_back();
+    block.block = blocks[static_cast<size_t>(i)];
+    block.parent_block = i == 0 ? BlockManager::kNoParent : blocks[static_cast<size_t>(i - 1)];
+    block.hash = hashes[static_cast<size_t>(i)];
+    block.tokens.assign(tokens.begin() + i * kBlockSize, tokens.begin() + (i + 1) * kBlockSize);
+    if (i == 0) block.salt = std::string(salt);
+  }
+  return adopted;
+}
+
+TEST(BlockManagerTest, AdoptedBlocksAreCachedFreeAndHandedOutLast) {
+  BlockManager manager(8, kBlockSize);
+  manager.set_record_events(true);
+  std::vector<AdoptedBlock> adopted = Adopted({6, 2, 5});
+  const std::vector<AdoptedBlock> salted = Adopted({3}, 0, "tenant");
+  adopted.insert(adopted.end(), salted.begin(), salted.end());
+  EXPECT_EQ(manager.AdoptCachedBlocks(adopted), 4);
+  EXPECT_EQ(manager.num_free(), 8);
+  EXPECT_EQ(manager.num_cached(), 4);
+  EXPECT_EQ(manager.TakeEvents().size(), 4u);
+  const BlockManager::PrefixMatch match = Match(manager, 3);
+  EXPECT_EQ(match.num_blocks, 3);
+  EXPECT_EQ(match.num_free_blocks, 3);
+  EXPECT_THAT(manager.TakeCachedPrefix(Chain(3), 3), ElementsAre(6, 2, 5));
+  // The salt stays part of the key: the unsalted chain's first block is not tenant's.
+  EXPECT_EQ(Match(manager, 1, 0, "tenant").num_blocks, 1);
+  EXPECT_EQ(Match(manager, 1, 0, "other").num_blocks, 0);
+  // The unadopted blocks go first, lowest id first; the adopted ones after, the first
+  // listed (the worker's most recently used) last.
+  EXPECT_THAT(manager.FreeListForTesting(), ElementsAre(0, 1, 4, 7, 3));
+  absl::StatusOr<std::vector<int32_t>> taken = manager.Allocate(4);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_THAT(*taken, ElementsAre(0, 1, 4, 7));
+  EXPECT_EQ(manager.num_cached(), 4);
+}
+
+TEST(BlockManagerTest, AdoptionSkipsWhatItCannotTrustAndOnlyAFreshPoolAdopts) {
+  BlockManager manager(8, kBlockSize);
+  std::vector<AdoptedBlock> adopted = Adopted({1, 2, 3});
+  // Out of range, twice, a child before its parent, a wrong length, a hash held already.
+  AdoptedBlock out_of_range = adopted[0];
+  out_of_range.block = 8;
+  AdoptedBlock twice = adopted[0];
+  AdoptedBlock orphan = Adopted({4, 5}, 9)[1];
+  AdoptedBlock short_block = Adopted({6}, 20)[0];
+  short_block.tokens.pop_back();
+  AdoptedBlock same_hash = adopted[0];
+  same_hash.block = 7;
+  adopted.insert(adopted.begin() + 1, {out_of_range, twice, orphan, short_block, same_hash});
+  EXPECT_EQ(manager.AdoptCachedBlocks(adopted), 3);
+  EXPECT_EQ(Match(manager, 3).num_blocks, 3);
+  EXPECT_FALSE(manager.is_cached(7));
+  EXPECT_FALSE(manager.is_cached(5));
+  EXPECT_FALSE(manager.is_cached(6));
+  // A pool already in use adopts nothing.
+  BlockManager used(8, kBlockSize);
+  ASSERT_TRUE(used.Allocate(1).ok());
+  EXPECT_EQ(used.AdoptCachedBlocks(Adopted({1, 2})), 0);
+  EXPECT_EQ(used.num_cached(), 0);
 }
 
 }  // namespace
