@@ -270,12 +270,21 @@ int64_t BlockManager::AdoptCachedBlocks(absl::Span<const AdoptedBlock> blocks) {
     uint64_t parent_id = 0;
     if (report.parent_block != kNoParent) {
       if (report.parent_block < 0 || report.parent_block >= num_blocks() ||
-          !has_hash_[static_cast<size_t>(report.parent_block)]) {
+          content_id_[static_cast<size_t>(report.parent_block)] == 0) {
         continue;
       }
       parent_id = content_id_[static_cast<size_t>(report.parent_block)];
     }
-    if (!cached_.try_emplace(report.hash, block).second) continue;
+    if (auto [it, inserted] = cached_.try_emplace(report.hash, block); !inserted) {
+      // A second copy of cached content (a sequence recomputed a block it could not take
+      // from the cache): it stays uncached but can be its children's parent, as in
+      // RegisterBlock.
+      if (content_id_[static_cast<size_t>(block)] == 0 &&
+          HoldsContent(it->second, report.tokens, parent_id, report.salt)) {
+        content_id_[static_cast<size_t>(block)] = content_id_[static_cast<size_t>(it->second)];
+      }
+      continue;
+    }
     Record(block, report.hash, report.tokens, next_content_id_++, parent_id, report.salt);
     adopted.push_back(block);
   }

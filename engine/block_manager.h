@@ -116,8 +116,9 @@ class BlockManager {
   /// On a pool that has handed out no block yet: registers each block as cached and free
   /// (the blocks a worker reports holding, parents before children). A block out of
   /// range, reported twice, with the wrong number of tokens, whose parent was not adopted
-  /// before it, or whose hash is held already is skipped. Every other block becomes free
-  /// and uncached, handed out before the adopted ones; the adopted ones are evicted last
+  /// before it, or whose hash is held already is skipped (a second copy of the same
+  /// content still counts as its children's parent, as in RegisterBlock). Every other block becomes
+  /// free and uncached, handed out before the adopted ones; the adopted ones are evicted last
   /// first-listed last. Returns how many were adopted (kStored events for each); 0 and
   /// nothing changed when the pool has been used.
   int64_t AdoptCachedBlocks(absl::Span<const AdoptedBlock> blocks);

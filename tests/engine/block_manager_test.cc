@@ -541,6 +541,27 @@ TEST(BlockManagerTest, AdoptedBlocksAreCachedFreeAndHandedOutLast) {
   EXPECT_EQ(manager.num_cached(), 4);
 }
 
+TEST(BlockManagerTest, ASecondCopyOfAdoptedContentStaysUncachedButParentsItsChildren) {
+  BlockManager manager(8, kBlockSize);
+  std::vector<AdoptedBlock> adopted = Adopted({1, 2});
+  // Block 5 holds block 1's content again; block 6 was computed after it with tokens 7, 7.
+  AdoptedBlock copy = adopted[0];
+  copy.block = 5;
+  AdoptedBlock child;
+  child.block = 6;
+  child.parent_block = 5;
+  child.tokens = {7, 7};
+  child.hash = HashBlock(adopted[0].hash, child.tokens);
+  adopted.push_back(copy);
+  adopted.push_back(child);
+  EXPECT_EQ(manager.AdoptCachedBlocks(adopted), 3);
+  EXPECT_FALSE(manager.is_cached(5));
+  EXPECT_TRUE(manager.is_cached(6));
+  const std::vector<BlockHash> hashes = {adopted[0].hash, child.hash};
+  EXPECT_EQ(manager.MatchPrefix(hashes, {0, 0, 7, 7}, "").num_blocks, 2);
+  EXPECT_THAT(manager.TakeCachedPrefix(hashes, 2), ElementsAre(1, 6));
+}
+
 TEST(BlockManagerTest, AdoptionSkipsWhatItCannotTrustAndOnlyAFreshPoolAdopts) {
   BlockManager manager(8, kBlockSize);
   std::vector<AdoptedBlock> adopted = Adopted({1, 2, 3});
