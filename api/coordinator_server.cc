@@ -151,6 +151,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->leader_election_ = std::make_unique<coordinator::KubernetesLease>(*lease);
     }
     server->coordinator_service_->set_leader_election(server->leader_election_.get());
+    server->inference_service_->set_leader_election(server->leader_election_.get());
     std::printf("loom: leader election through %s: following until elected\n",
                 server->leader_election_->Describe().c_str());
     std::fflush(stdout);

@@ -252,6 +252,10 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) {
     return new FinishedReactor(coordinator::ToGrpcStatus(allowed));
   }
+  if (grpc::Status following = coordinator::FollowingStatus(election_.load(), *context);
+      !following.ok()) {
+    return new FinishedReactor(std::move(following));
+  }
   if (cluster_.draining()) {
     return new FinishedReactor(coordinator::ToGrpcStatus(
         absl::UnavailableError("the coordinator is shutting down (draining)")));
@@ -331,6 +335,10 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context,
                                      loom::v1::EmbedResponse* response) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
     return coordinator::ToGrpcStatus(allowed);
+  if (grpc::Status following = coordinator::FollowingStatus(election_.load(), *context);
+      !following.ok()) {
+    return following;
+  }
   if (cluster_.draining()) {
     return coordinator::ToGrpcStatus(
         absl::UnavailableError("the coordinator is shutting down (draining)"));

@@ -13,6 +13,7 @@
 #include "common/jinja/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/cluster.h"
+#include "coordinator/leader_election.h"
 #include "coordinator/metrics.h"
 #include "loom/v1/inference.grpc.pb.h"
 
@@ -38,6 +39,11 @@ class InferenceService final
   /// Chat requests (GenerateRequest.messages) are rendered with `chat_template` (null:
   /// the model has none, and they fail with FAILED_PRECONDITION). Call before serving.
   void set_chat_template(const common::ChatTemplate* chat_template) { chat_template_ = chat_template; }
+  /// With a leader election, a follower refuses Generate and Embed with UNAVAILABLE and
+  /// the leader's address (`loom-leader` metadata: the SDK turns there). Call before serving.
+  void set_leader_election(const coordinator::LeaderElection* election) {
+    election_.store(election);
+  }
   /// Call after the gRPC server stopped (every stream is done by then).
   ~InferenceService() override;
 
@@ -66,6 +72,7 @@ class InferenceService final
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
   const common::ChatTemplate* chat_template_ = nullptr;
+  std::atomic<const coordinator::LeaderElection*> election_{nullptr};  // set after start
   const std::vector<int32_t> eos_ids_;
   coordinator::CoordinatorMetrics* metrics_;
   const absl::Duration stream_interval_;  // >= 0: the least time between two messages

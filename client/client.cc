@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/backoff.h"
+#include "client/endpoints.h"
 #include "client/generate_call.h"
 #include "client/wire.h"
 #include "grpcpp/client_context.h"
@@ -55,8 +56,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeCredentials(const 
 }  // namespace
 
 struct Client::Impl {
-  std::shared_ptr<grpc::Channel> channel;
-  std::shared_ptr<loom::v1::Inference::Stub> stub;
+  std::shared_ptr<Endpoints> endpoints;
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
@@ -80,8 +80,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   // attempts are counted and bounded by the call's deadline; gRPC's would add more.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   auto impl = std::make_unique<Impl>();
-  impl->channel = grpc::CreateCustomChannel(options.address, *credentials, args);
-  impl->stub = loom::v1::Inference::NewStub(impl->channel);
+  impl->endpoints = std::make_shared<Endpoints>(options.address, *credentials, args);
   return std::unique_ptr<Client>(new Client(options, std::move(impl)));
 }
 
@@ -98,21 +97,24 @@ absl::Time DeadlineOf(const ClientOptions& options, const CallOptions& call) {
   return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
 }
 
-// One unary call with the retry policy: `invoke(context)` makes the call.
+// One unary call with the retry policy: `invoke(context, stub)` makes the call on the
+// endpoints' current coordinator.
 template <typename Invoke>
-absl::Status CallWithRetry(const ClientOptions& options, const CallOptions& call,
-                           const Invoke& invoke) {
+absl::Status CallWithRetry(const ClientOptions& options, Endpoints& endpoints,
+                           const CallOptions& call, const Invoke& invoke) {
   const absl::Time deadline = DeadlineOf(options, call);
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
     if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
     if (!options.api_key.empty()) context.AddMetadata("authorization", "Bearer " + options.api_key);
-    absl::Status status = FromGrpcStatus(invoke(&context));
+    const grpc::Status answer = invoke(&context, *endpoints.Stub());
+    absl::Status status = FromGrpcStatus(answer);
     if (status.ok() || !IsRetryable(status) || attempt >= options.retry.max_attempts) {
       return status;
     }
     const absl::Duration backoff = BackoffBefore(options.retry, attempt);
     if (absl::Now() + backoff >= deadline) return status;
+    endpoints.Turn(context, answer);
     absl::SleepFor(backoff);
   }
 }
@@ -121,7 +123,7 @@ absl::Status CallWithRetry(const ClientOptions& options, const CallOptions& call
 
 std::unique_ptr<GenerateStream> Client::StartGenerate(const GenerateRequest& request,
                                                       const CallOptions& call) {
-  return StartGenerateCall(impl_->stub, ToWire(request), DeadlineOf(options_, call),
+  return StartGenerateCall(impl_->endpoints, ToWire(request), DeadlineOf(options_, call),
                            options_.retry, options_.api_key);
 }
 
@@ -171,9 +173,11 @@ absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& text,
   request.set_add_special_tokens(add_special_tokens);
   request.set_parse_special(parse_special);
   loom::v1::TokenizeResponse response;
-  absl::Status status = CallWithRetry(options_, call, [&](grpc::ClientContext* context) {
-    return impl_->stub->Tokenize(context, request, &response);
-  });
+  absl::Status status =
+      CallWithRetry(options_, *impl_->endpoints, call,
+                    [&](grpc::ClientContext* context, loom::v1::Inference::Stub& stub) {
+                      return stub.Tokenize(context, request, &response);
+                    });
   if (!status.ok()) return status;
   return std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end());
 }
@@ -190,9 +194,11 @@ absl::StatusOr<Embeddings> Client::Embed(const std::vector<EmbedInput>& inputs,
     }
   }
   loom::v1::EmbedResponse response;
-  absl::Status status = CallWithRetry(options_, call, [&](grpc::ClientContext* context) {
-    return impl_->stub->Embed(context, request, &response);
-  });
+  absl::Status status =
+      CallWithRetry(options_, *impl_->endpoints, call,
+                    [&](grpc::ClientContext* context, loom::v1::Inference::Stub& stub) {
+                      return stub.Embed(context, request, &response);
+                    });
   if (!status.ok()) return status;
   Embeddings out;
   out.prompt_tokens = response.prompt_tokens();
@@ -209,18 +215,22 @@ absl::StatusOr<std::string> Client::Detokenize(const std::vector<int32_t>& token
   request.mutable_token_ids()->Add(token_ids.begin(), token_ids.end());
   request.set_skip_special_tokens(skip_special_tokens);
   loom::v1::DetokenizeResponse response;
-  absl::Status status = CallWithRetry(options_, call, [&](grpc::ClientContext* context) {
-    return impl_->stub->Detokenize(context, request, &response);
-  });
+  absl::Status status =
+      CallWithRetry(options_, *impl_->endpoints, call,
+                    [&](grpc::ClientContext* context, loom::v1::Inference::Stub& stub) {
+                      return stub.Detokenize(context, request, &response);
+                    });
   if (!status.ok()) return status;
   return response.text();
 }
 
 absl::StatusOr<std::vector<ModelDescription>> Client::ListModels(const CallOptions& call) {
   loom::v1::ListModelsResponse response;
-  absl::Status status = CallWithRetry(options_, call, [&](grpc::ClientContext* context) {
-    return impl_->stub->ListModels(context, loom::v1::ListModelsRequest(), &response);
-  });
+  absl::Status status =
+      CallWithRetry(options_, *impl_->endpoints, call,
+                    [&](grpc::ClientContext* context, loom::v1::Inference::Stub& stub) {
+                      return stub.ListModels(context, loom::v1::ListModelsRequest(), &response);
+                    });
   if (!status.ok()) return status;
   std::vector<ModelDescription> models;
   for (const loom::v1::ServedModel& model : response.models()) models.push_back(FromWire(model));
@@ -229,9 +239,11 @@ absl::StatusOr<std::vector<ModelDescription>> Client::ListModels(const CallOptio
 
 absl::StatusOr<ClusterState> Client::GetClusterState(const CallOptions& call) {
   loom::v1::ClusterState response;
-  absl::Status status = CallWithRetry(options_, call, [&](grpc::ClientContext* context) {
-    return impl_->stub->GetClusterState(context, loom::v1::GetClusterStateRequest(), &response);
-  });
+  absl::Status status = CallWithRetry(
+      options_, *impl_->endpoints, call,
+      [&](grpc::ClientContext* context, loom::v1::Inference::Stub& stub) {
+        return stub.GetClusterState(context, loom::v1::GetClusterStateRequest(), &response);
+      });
   if (!status.ok()) return status;
   return FromWire(response);
 }

@@ -34,7 +34,10 @@ struct TlsOptions {
 };
 
 struct ClientOptions {
-  /// host:port of a coordinator's gRPC endpoint (`loom serve --grpc-port`).
+  /// host:port of a coordinator's gRPC endpoint (`loom serve --grpc-port`), or several
+  /// separated by commas (a leader and its standby coordinators: a call refused by a
+  /// standby, or whose coordinator went away before it started, is retried on the leader
+  /// the standby named, else on the next address).
   std::string address = "127.0.0.1:50051";
   TlsOptions tls;
   /// The coordinator's API key (`loom serve --api-key`), sent with every call as metadata

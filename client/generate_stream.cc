@@ -13,7 +13,8 @@
 namespace loom::client {
 
 struct GenerateStream::Impl {
-  std::shared_ptr<loom::v1::Inference::Stub> stub;
+  std::shared_ptr<Endpoints> endpoints;
+  std::shared_ptr<loom::v1::Inference::Stub> stub;  // of the attempt in flight
   loom::v1::GenerateRequest request;
   absl::Time deadline;
   std::string api_key;  // empty: no authorization metadata
@@ -47,6 +48,7 @@ struct GenerateStream::Impl {
       ++attempts;
       call_context = context.get();
     }
+    stub = endpoints->Stub();
     reader = stub->Generate(call_context, request);
     return absl::OkStatus();
   }
@@ -63,8 +65,15 @@ struct GenerateStream::Impl {
   absl::Status FinishCall() {
     const grpc::Status status = reader->Finish();
     reader.reset();
+    last_status = status;
     return FromGrpcStatus(status);
   }
+  // The attempt that failed will be retried: the next goes where Endpoints::Turn says.
+  void Turn() {
+    absl::MutexLock lock(&mu);
+    if (context != nullptr) endpoints->Turn(*context, last_status);
+  }
+  grpc::Status last_status;  // of the last attempt that finished
 
   void End(absl::Status status) {
     ended = true;
@@ -76,13 +85,13 @@ std::unique_ptr<GenerateStream> MakeGenerateStream(std::unique_ptr<GenerateStrea
   return std::unique_ptr<GenerateStream>(new GenerateStream(std::move(impl)));
 }
 
-std::unique_ptr<GenerateStream> StartGenerateCall(std::shared_ptr<loom::v1::Inference::Stub> stub,
+std::unique_ptr<GenerateStream> StartGenerateCall(std::shared_ptr<Endpoints> endpoints,
                                                   loom::v1::GenerateRequest request,
                                                   absl::Time deadline, RetryPolicy retry,
                                                   std::string api_key) {
   auto impl = std::make_unique<GenerateStream::Impl>();
   impl->api_key = std::move(api_key);
-  impl->stub = std::move(stub);
+  impl->endpoints = std::move(endpoints);
   impl->request = std::move(request);
   impl->deadline = deadline;
   impl->retry = retry;
@@ -146,6 +155,7 @@ absl::StatusOr<std::optional<GenerateChunk>> GenerateStream::Next() {
       s.End(absl::CancelledError("the client cancelled the call"));
       break;
     }
+    s.Turn();
   }
   if (!s.outcome.ok()) return s.outcome;
   return std::optional<GenerateChunk>();

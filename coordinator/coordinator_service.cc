@@ -9,19 +9,12 @@
 
 namespace loom::coordinator {
 
-grpc::Status CoordinatorService::Following(grpc::ServerContext* context) const {
-  if (election_ == nullptr || election_->leading()) return grpc::Status::OK;
-  const std::string leader = election_->LeaderAddress();
-  if (!leader.empty()) context->AddTrailingMetadata("loom-leader", leader);
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrFormat("this coordinator follows (%s); the leader is at %s",
-                                      election_->Describe(), leader.empty() ? "?" : leader));
-}
-
 grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
                                           const loom::v1::RegisterRequest* request,
                                           loom::v1::RegisterResponse* response) {
-  if (grpc::Status following = Following(context); !following.ok()) return following;
+  if (grpc::Status following = FollowingStatus(election_.load(), *context); !following.ok()) {
+    return following;
+  }
   absl::StatusOr<loom::v1::RegisterResponse> registered = cluster_.Register(*request);
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   *response = *std::move(registered);
@@ -31,7 +24,9 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const loom::v1::HeartbeatRequest* request,
                                            loom::v1::HeartbeatResponse*) {
-  if (grpc::Status following = Following(context); !following.ok()) return following;
+  if (grpc::Status following = FollowingStatus(election_.load(), *context); !following.ok()) {
+    return following;
+  }
   return ToGrpcStatus(cluster_.Heartbeat(*request));
 }
 

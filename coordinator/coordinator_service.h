@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+
 #include "coordinator/cluster.h"
 #include "coordinator/leader_election.h"
 #include "coordinator/rendezvous_store.h"
@@ -16,7 +18,7 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
   /// With a leader election, workers register and heartbeat only while this coordinator
   /// leads; a follower answers UNAVAILABLE naming the leader (trailing metadata
   /// `loom-leader: HOST:PORT`, where the worker goes next). Call before serving.
-  void set_leader_election(const LeaderElection* election) { election_ = election; }
+  void set_leader_election(const LeaderElection* election) { election_.store(election); }
 
   grpc::Status Register(grpc::ServerContext* context, const loom::v1::RegisterRequest* request,
                         loom::v1::RegisterResponse* response) override;
@@ -31,11 +33,8 @@ class CoordinatorService final : public loom::v1::Coordinator::Service {
                      loom::v1::DrainResponse* response) override;
 
  private:
-  // UNAVAILABLE with the leader's address while following; OK otherwise.
-  grpc::Status Following(grpc::ServerContext* context) const;
-
   Cluster& cluster_;
-  const LeaderElection* election_ = nullptr;
+  std::atomic<const LeaderElection*> election_{nullptr};  // set after the server started
   RendezvousStore store_;
 };
 

@@ -3,6 +3,8 @@
 #include <functional>
 #include <string>
 
+#include "grpcpp/server_context.h"
+
 namespace loom::coordinator {
 
 /// How coordinators that stand in for one another pick the one that leads (workers
@@ -20,5 +22,10 @@ class LeaderElection {
   /// The flag that configured it, for messages ("--leader-lock /run/loom.lock").
   virtual std::string Describe() const = 0;
 };
+
+/// OK while `election` is null or this coordinator leads; else UNAVAILABLE naming the
+/// leader, with its address as trailing metadata `loom-leader` (workers and the SDK turn
+/// there). For the calls a follower refuses: registration, heartbeats, generation.
+grpc::Status FollowingStatus(const LeaderElection* election, grpc::ServerContextBase& context);
 
 }  // namespace loom::coordinator

@@ -23,9 +23,9 @@ class AsyncGenerateStream:
     an `async with` block) cancels the call, which frees its KV blocks on the server.
     """
 
-    def __init__(self, stub, request, deadline: Optional[float], retry: RetryPolicy,
+    def __init__(self, endpoints, request, deadline: Optional[float], retry: RetryPolicy,
                  metadata: tuple = ()):
-        self._stub = stub
+        self._endpoints = endpoints  # the coordinators (loom_client.endpoints)
         self._request = request
         self._deadline = deadline  # time.monotonic() value, None for no deadline
         self._retry = retry
@@ -57,6 +57,7 @@ class AsyncGenerateStream:
             except grpc.RpcError as error:
                 self._call = None
                 if self._may_retry(error) and await self._backoff():
+                    self._endpoints.turn(error)  # a standby names the leader
                     continue
                 self._done = True
                 raise LoomError.from_rpc_error(error, self.attempts) from None
@@ -78,7 +79,7 @@ class AsyncGenerateStream:
             self._done = True
             raise LoomError(grpc.StatusCode.CANCELLED, "the client closed the stream", self.attempts)
         timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
-        self._call = self._stub.Generate(self._request, timeout=timeout, metadata=self._metadata)
+        self._call = self._endpoints.stub().Generate(self._request, timeout=timeout, metadata=self._metadata)
         self.attempts += 1
 
     def _may_retry(self, error: grpc.RpcError) -> bool:
@@ -118,7 +119,8 @@ class AsyncLoomClient(_ClientBase):
         super().__init__(grpc.aio, address, **options)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._endpoints.channels():
+            await channel.close()
 
     async def __aenter__(self) -> "AsyncLoomClient":
         return self
@@ -133,7 +135,7 @@ class AsyncLoomClient(_ClientBase):
         """Starts a Generate call (LoomClient.generate_stream's arguments); its chunks come
         from `async for`."""
         request = _generate_request(prompt, max_tokens, **params)
-        return AsyncGenerateStream(self._stub, request, self._deadline(timeout), self.retry,
+        return AsyncGenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                                    self._metadata)
 
     async def generate(self, prompt: Prompt, *, max_tokens: int = 0,
@@ -150,7 +152,7 @@ class AsyncLoomClient(_ClientBase):
         """A chat, streamed (LoomClient.chat_stream's arguments)."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
-        return AsyncGenerateStream(self._stub, request, self._deadline(timeout), self.retry,
+        return AsyncGenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                                    self._metadata)
 
     async def chat(self, messages: Sequence[dict], *, timeout: Optional[float] = None,
@@ -164,26 +166,26 @@ class AsyncLoomClient(_ClientBase):
                        parse_special: bool = True, timeout: Optional[float] = None) -> list[int]:
         request = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens,
                                      parse_special=parse_special)
-        return list((await self._unary(self._stub.Tokenize, request, timeout)).token_ids)
+        return list((await self._unary("Tokenize", request, timeout)).token_ids)
 
     async def embed(self, inputs, *, timeout: Optional[float] = None) -> Embeddings:
         """Embeddings of a text, a token-id list, or a list of either (one vector each)."""
         return Embeddings.from_proto(
-            await self._unary(self._stub.Embed, _embed_request(inputs), timeout))
+            await self._unary("Embed", _embed_request(inputs), timeout))
 
     async def detokenize(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False,
                          timeout: Optional[float] = None) -> str:
         request = pb.DetokenizeRequest(token_ids=list(token_ids),
                                        skip_special_tokens=skip_special_tokens)
-        return (await self._unary(self._stub.Detokenize, request, timeout)).text
+        return (await self._unary("Detokenize", request, timeout)).text
 
     async def list_models(self, *, timeout: Optional[float] = None) -> list[ModelCard]:
-        response = await self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        response = await self._unary("ListModels", pb.ListModelsRequest(), timeout)
         return [ModelCard.from_proto(m) for m in response.models]
 
     async def cluster_state(self, *, timeout: Optional[float] = None) -> ClusterState:
         return ClusterState.from_proto(
-            await self._unary(self._stub.GetClusterState, pb.GetClusterStateRequest(), timeout))
+            await self._unary("GetClusterState", pb.GetClusterStateRequest(), timeout))
 
     async def _unary(self, method, request, timeout: Optional[float]):
         deadline = self._deadline(timeout)
@@ -192,7 +194,8 @@ class AsyncLoomClient(_ClientBase):
             attempt += 1
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return await method(request, timeout=left, metadata=self._metadata)
+                return await getattr(self._endpoints.stub(), method)(request, timeout=left,
+                                                                     metadata=self._metadata)
             except grpc.RpcError as error:
                 await asyncio.sleep(self._retry_wait(error, attempt, deadline))
 

@@ -10,8 +10,8 @@ from typing import Callable, Optional, Sequence, Union
 import grpc
 
 from loom_client._proto.loom.v1 import inference_pb2 as pb
-from loom_client._proto.loom.v1 import inference_pb2_grpc as pb_grpc
 from loom_client._proto.loom.v1 import worker_pb2 as wpb
+from loom_client.endpoints import Endpoints
 from loom_client.errors import LoomError
 from loom_client.stream import GenerateStream
 from loom_client.types import Chunk, ClusterState, Completion, Embeddings, ModelCard
@@ -36,19 +36,21 @@ class RetryPolicy:
 
 def _connect(grpc_module, address: str, tls: bool, root_certs_path: Optional[str],
              channel_options: Sequence[tuple], api_key: Optional[str]):
-    """(channel, call metadata) of a client: `grpc_module` is grpc or grpc.aio. The API key
+    """(endpoints, call metadata) of a client: `grpc_module` is grpc or grpc.aio. The API key
     (LOOM_API_KEY when None) goes with every call as `authorization: Bearer <key>`."""
     # Retries are the client's own (before the first message only, counted, within the
     # deadline); gRPC's built-in ones would add more.
     options = [("grpc.enable_retries", 0), *channel_options]
-    if tls:
-        roots = open(root_certs_path, "rb").read() if root_certs_path else None
-        channel = grpc_module.secure_channel(address, grpc.ssl_channel_credentials(roots), options)
-    else:
-        channel = grpc_module.insecure_channel(address, options)
+    roots = open(root_certs_path, "rb").read() if tls and root_certs_path else None
+
+    def channel(target: str):
+        if tls:
+            return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(roots), options)
+        return grpc_module.insecure_channel(target, options)
+
     if api_key is None:
         api_key = os.environ.get("LOOM_API_KEY") or None
-    return channel, (("authorization", f"Bearer {api_key}"),) if api_key else ()
+    return Endpoints(address, channel), (("authorization", f"Bearer {api_key}"),) if api_key else ()
 
 
 class _ClientBase:
@@ -61,9 +63,8 @@ class _ClientBase:
                  api_key: Optional[str] = None):
         if retry.max_attempts < 1:
             raise ValueError(f"retry.max_attempts must be >= 1, not {retry.max_attempts}")
-        self._channel, self._metadata = _connect(grpc_module, address, tls, root_certs_path,
-                                                 channel_options, api_key)
-        self._stub = pb_grpc.InferenceStub(self._channel)
+        self._endpoints, self._metadata = _connect(grpc_module, address, tls, root_certs_path,
+                                                   channel_options, api_key)
         self.address = address
         self.timeout = timeout
         self.retry = retry
@@ -80,6 +81,7 @@ class _ClientBase:
         if (error.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.retry.max_attempts
                 or (deadline is not None and time.monotonic() + wait >= deadline)):
             raise LoomError.from_rpc_error(error, attempt) from None
+        self._endpoints.turn(error)
         return wait
 
 
@@ -90,7 +92,10 @@ _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalt
 class LoomClient(_ClientBase):
     """A connection to a Loom coordinator (`loom up` / `loom serve`). Thread-safe.
 
-    address: host:port of the gRPC endpoint. tls: use TLS, with the CA certificates of
+    address: host:port of the gRPC endpoint, or several separated by commas (a leader and
+    its standby coordinators: a call refused by a standby, or whose coordinator went away
+    before it started, is retried on the leader the standby names, else on the next one).
+    tls: use TLS, with the CA certificates of
     `root_certs_path` (PEM) or gRPC's default roots. timeout: the default deadline of every
     call in seconds (None: none). api_key: the coordinator's key (`loom serve --api-key`),
     sent with every call as metadata `authorization: Bearer <api_key>` (None: the
@@ -102,7 +107,8 @@ class LoomClient(_ClientBase):
         super().__init__(grpc, address, **options)
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._endpoints.channels():
+            channel.close()
 
     def __enter__(self) -> "LoomClient":
         return self
@@ -127,7 +133,7 @@ class LoomClient(_ClientBase):
         dict or JSON text), json_object=True, regex, choice (a list of strings), grammar (GBNF).
         """
         request = _generate_request(prompt, max_tokens, **params)
-        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry, self._metadata)
+        return GenerateStream(self._endpoints, request, self._deadline(timeout), self.retry, self._metadata)
 
     def generate(self, prompt: Prompt, *, max_tokens: int = 0, timeout: Optional[float] = None,
                  on_chunk: Optional[Callable[[Chunk], None]] = None, **params) -> Completion:
@@ -149,7 +155,7 @@ class LoomClient(_ClientBase):
         generate_stream."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
-        return GenerateStream(self._stub, request, self._deadline(timeout), self.retry,
+        return GenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                               self._metadata)
 
     def chat(self, messages: Sequence[dict], *, timeout: Optional[float] = None,
@@ -164,24 +170,24 @@ class LoomClient(_ClientBase):
                  timeout: Optional[float] = None) -> list[int]:
         request = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens,
                                      parse_special=parse_special)
-        return list(self._unary(self._stub.Tokenize, request, timeout).token_ids)
+        return list(self._unary("Tokenize", request, timeout).token_ids)
 
     def embed(self, inputs: Union[Prompt, Sequence[Prompt]], *,
               timeout: Optional[float] = None) -> Embeddings:
         """Embeddings of a text, a token-id list, or a list of either (one vector each)."""
-        return Embeddings.from_proto(self._unary(self._stub.Embed, _embed_request(inputs), timeout))
+        return Embeddings.from_proto(self._unary("Embed", _embed_request(inputs), timeout))
 
     def detokenize(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False,
                    timeout: Optional[float] = None) -> str:
         request = pb.DetokenizeRequest(token_ids=list(token_ids), skip_special_tokens=skip_special_tokens)
-        return self._unary(self._stub.Detokenize, request, timeout).text
+        return self._unary("Detokenize", request, timeout).text
 
     def list_models(self, *, timeout: Optional[float] = None) -> list[ModelCard]:
-        response = self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
+        response = self._unary("ListModels", pb.ListModelsRequest(), timeout)
         return [ModelCard.from_proto(m) for m in response.models]
 
     def cluster_state(self, *, timeout: Optional[float] = None) -> ClusterState:
-        return ClusterState.from_proto(self._unary(self._stub.GetClusterState, pb.GetClusterStateRequest(), timeout))
+        return ClusterState.from_proto(self._unary("GetClusterState", pb.GetClusterStateRequest(), timeout))
 
     def _unary(self, method, request, timeout: Optional[float]):
         deadline = self._deadline(timeout)
@@ -190,7 +196,8 @@ class LoomClient(_ClientBase):
             attempt += 1
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return method(request, timeout=left, metadata=self._metadata)
+                return getattr(self._endpoints.stub(), method)(request, timeout=left,
+                                                              metadata=self._metadata)
             except grpc.RpcError as error:
                 time.sleep(self._retry_wait(error, attempt, deadline))
 

@@ -15,13 +15,14 @@ class GenerateStream:
     """Iterates over the chunks of one Generate call; the last has `finish_reason` set.
 
     Until the first chunk arrives, a call that fails with UNAVAILABLE is made again after a
-    backoff (within the deadline); once a chunk arrived, every error is raised as LoomError.
+    backoff (within the deadline), on the leader a standby coordinator named or the client's
+    next address; once a chunk arrived, every error is raised as LoomError.
     close() (or leaving a `with` block, or garbage collection) cancels the call, which frees
     its KV blocks on the server. close() may be called from any thread.
     """
 
-    def __init__(self, stub, request, deadline: Optional[float], retry, metadata: tuple = ()):
-        self._stub = stub
+    def __init__(self, endpoints, request, deadline: Optional[float], retry, metadata: tuple = ()):
+        self._endpoints = endpoints  # the coordinators (loom_client.endpoints)
         self._metadata = metadata  # sent with every attempt (the API key)
         self._request = request
         self._deadline = deadline  # time.monotonic() value, None for no deadline
@@ -51,6 +52,7 @@ class GenerateStream:
             except grpc.RpcError as error:
                 self._call = None
                 if self._may_retry(error) and self._backoff():
+                    self._endpoints.turn(error)  # a standby names the leader
                     continue
                 self._done = True
                 raise LoomError.from_rpc_error(error, self.attempts) from None
@@ -66,7 +68,7 @@ class GenerateStream:
                 self._done = True
                 raise LoomError(grpc.StatusCode.CANCELLED, "the client closed the stream", self.attempts)
             timeout = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
-            self._call = self._stub.Generate(self._request, timeout=timeout, metadata=self._metadata)
+            self._call = self._endpoints.stub().Generate(self._request, timeout=timeout, metadata=self._metadata)
             self.attempts += 1
             return self._call
 
