@@ -172,8 +172,60 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     if (!started.ok()) return started.status();
     server->http_ = *std::move(started);
   }
+  if (options.endpoint_picker_port >= 0) {
+    if (absl::Status started = server->StartEndpointPicker(); !started.ok()) return started;
+  }
   server->UpdateHealth();
   return server;
+}
+
+absl::Status CoordinatorServer::StartEndpointPicker() {
+  if (http_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "--endpoint-picker-port needs the HTTP API (the endpoint it picks); --http-port is off");
+  }
+  // The pool's endpoints name this coordinator by the address it advertises.
+  std::string self_host = options_.host;
+  if (!options_.advertise_address.empty()) {
+    self_host = options_.advertise_address.substr(0, options_.advertise_address.rfind(':'));
+  }
+  if (self_host == "0.0.0.0" || self_host == "::" || self_host.empty()) {
+    return absl::InvalidArgumentError(
+        "--endpoint-picker-port: give --advertise-address HOST:PORT (the address the "
+        "InferencePool's endpoints have); --host binds every address");
+  }
+  endpoint_picker_ = std::make_unique<EndpointPicker>(*cluster_, model_, config_, *tokenizer_,
+                                                      chat_template_.get(), leader_election_.get(),
+                                                      self_host, http_->port());
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options_.http.ssl_certfile.empty()) {
+    // The gateway reaches the picker over TLS with the HTTP API's certificate.
+    auto read = [](const std::string& path) -> absl::StatusOr<std::string> {
+      std::ifstream file(path, std::ios::binary);
+      if (!file) return absl::NotFoundError(absl::StrFormat("cannot read '%s'", path));
+      return std::string(std::istreambuf_iterator<char>(file), {});
+    };
+    absl::StatusOr<std::string> cert = read(options_.http.ssl_certfile);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = read(options_.http.ssl_keyfile);
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  grpc::ServerBuilder builder;
+  const std::string address =
+      absl::StrFormat("%s:%d", options_.host, options_.endpoint_picker_port);
+  builder.AddListeningPort(address, credentials, &endpoint_picker_port_);
+  builder.RegisterService(endpoint_picker_.get());
+  endpoint_picker_server_ = builder.BuildAndStart();
+  if (endpoint_picker_server_ == nullptr || endpoint_picker_port_ == 0) {
+    return absl::UnavailableError(absl::StrFormat("cannot listen on %s", address));
+  }
+  std::printf("loom: endpoint picker (Envoy ext_proc) on %s:%d, picking %s:%d\n",
+              options_.host.c_str(), endpoint_picker_port_, self_host.c_str(), http_->port());
+  std::fflush(stdout);
+  return absl::OkStatus();
 }
 
 CoordinatorServer::~CoordinatorServer() { DrainAndStop(); }
@@ -224,6 +276,10 @@ void CoordinatorServer::DrainAndStop() {
     std::fprintf(stderr, "loom: drain timeout: aborting the requests still running\n");
   }
   cluster_->Stop();
+  if (endpoint_picker_server_ != nullptr) {
+    endpoint_picker_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    endpoint_picker_server_->Wait();
+  }
   if (http_ != nullptr) http_->Stop();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();

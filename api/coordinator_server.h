@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/endpoint_picker.h"
 #include "api/http_server.h"
 #include "api/inference_service.h"
 #include "common/formats/gguf_file.h"
@@ -61,6 +62,9 @@ struct ServeOptions {
   // leads (written into the lock or Lease for followers' redirects). Empty: host:port as
   // bound.
   std::string advertise_address;
+  // --endpoint-picker-port: the Gateway API Inference Extension's endpoint picker (Envoy
+  // ext_proc, api/endpoint_picker) on this port; -1: off, 0: any free port.
+  int endpoint_picker_port = -1;
 };
 
 /// The coordinator's command-line flags are declared in cli/serve_flags.h.
@@ -76,6 +80,8 @@ class CoordinatorServer {
 
   /// The port the gRPC server listens on.
   int port() const { return port_; }
+  /// The endpoint picker's port, 0 when it is off.
+  int endpoint_picker_port() const { return endpoint_picker_port_; }
   /// The HTTP server's port, 0 when it is off.
   int http_port() const { return http_ != nullptr ? http_->port() : 0; }
   std::string address() const;
@@ -97,6 +103,9 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   void UpdateHealth();
 
+  // The endpoint picker's own gRPC server (options_.endpoint_picker_port).
+  absl::Status StartEndpointPicker();
+
   ServeOptions options_;
   std::unique_ptr<common::GgufFile> gguf_;
   common::ModelConfig config_;
@@ -110,6 +119,9 @@ class CoordinatorServer {
   std::unique_ptr<coordinator::CoordinatorMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<EndpointPicker> endpoint_picker_;
+  std::unique_ptr<grpc::Server> endpoint_picker_server_;
+  int endpoint_picker_port_ = 0;
   int port_ = 0;
   bool serving_ = false;
   bool health_known_ = false;  // the health service was told `serving_`

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "api/chat_request.h"
+#include "api/endpoint_picker.h"
 #include "api/harmony_reply.h"
 #include "api/openai_answer.h"
 #include "api/openai_logprobs.h"
@@ -175,6 +176,7 @@ void OpenAiService::Handle(bool chat, const HttpRequest& request,
     run->reasoning_starts_inside = ReasoningStartsInside(run->parsed.echo_texts.front());
   }
 
+  const std::string preferred_replica = request.Header(kReplicaHeader);
   // Validate every prompt before placing any, so a bad one leaves nothing running.
   std::vector<engine::RequestParams> prompts;
   for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {
@@ -198,6 +200,8 @@ void OpenAiService::Handle(bool chat, const HttpRequest& request,
           absl::StrFormat("%s-%d", run->id, choice.index), cluster_.NextSeqId(), std::move(params),
           tokenizer_, eos_ids_);
       choice.request->set_metrics(metrics_);
+      // An endpoint picker in front (api/endpoint_picker) chose the replica.
+      choice.request->set_preferred_replica(preferred_replica);
       if (run->reasoning_starts_inside.has_value() && run->parsed.stream) {
         choice.reasoning = std::make_shared<ReasoningStream>(*run->reasoning_starts_inside);
       }

@@ -34,6 +34,11 @@ void AddHighAvailabilityFlags(CLI::App& app, api::ServeOptions& options) {
             "with --leader-lock or --leader-lease: HOST:PORT where workers reach this "
             "coordinator's gRPC port (default: --host and the bound port)")
       ->check(HostPort());
+  AddInt(app, "--endpoint-picker-port", options.endpoint_picker_port, -1, 65535,
+         "serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc gRPC) on "
+         "this port, for an InferencePool of coordinators: it sends each request to the leader's "
+         "HTTP API and picks its replica by prefix cache and load; TLS with --ssl-certfile; "
+         "0: any free port, -1: off (default: -1)");
 }
 
 }  // namespace

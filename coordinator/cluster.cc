@@ -256,7 +256,8 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
   }
   const absl::Span<const engine::BlockHash> matchable =
       candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const engine::BlockHash>();
-  const RouteDecision decision = Rank(candidates, *request, matchable, block_size);
+  RouteDecision decision = Rank(candidates, *request, matchable, block_size);
+  PreferFirst(candidates, request->preferred_replica(), decision.order);
   absl::Status last;
   for (size_t index : decision.order) {
     Replica::SubmitOptions options;
@@ -265,6 +266,42 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
     if (last.ok() || last.code() == absl::StatusCode::kInvalidArgument) return last;
   }
   return last;
+}
+
+void Cluster::PreferFirst(absl::Span<Replica* const> candidates, const std::string& replica_id,
+                          std::vector<size_t>& order) {
+  if (replica_id.empty()) return;
+  auto it = std::find_if(order.begin(), order.end(), [&](size_t index) {
+    return candidates[index]->replica_id() == replica_id;
+  });
+  if (it != order.end()) std::rotate(order.begin(), it, it + 1);
+}
+
+absl::StatusOr<Cluster::Placement> Cluster::Pick(absl::Span<const int32_t> prompt_ids,
+                                                 std::string_view cache_salt) {
+  if (draining_.load()) {
+    return absl::UnavailableError("the coordinator is shutting down (draining)");
+  }
+  std::vector<Replica*> candidates = Candidates();
+  if (candidates.empty()) return absl::UnavailableError("no replica is available to serve");
+  SplitPrefill(candidates);  // a prompt starts on a serving replica; prefill ones assist
+  const int64_t room = options_.replica.max_num_seqs + options_.replica.max_waiting;
+  std::erase_if(candidates, [room](Replica* replica) { return replica->load() >= room; });
+  if (candidates.empty()) {
+    return absl::ResourceExhaustedError("every replica's waiting queue is full");
+  }
+  const int32_t block_size = std::max(candidates.front()->block_size(), 1);
+  const std::vector<engine::BlockHash> hashes = engine::HashFullBlocks(
+      engine::PrefixHashSeed(model_fingerprint_, cache_salt), prompt_ids, block_size);
+  std::vector<RouteCandidate> route_candidates;
+  for (Replica* replica : candidates) {
+    route_candidates.push_back({replica->replica_id(), replica->load_tokens()});
+  }
+  const RouteDecision decision =
+      router_.Route(hashes, static_cast<int64_t>(prompt_ids.size()), block_size, route_candidates);
+  const size_t best = decision.order.front();
+  return Placement{candidates[best]->replica_id(),
+                   best < decision.cached_tokens.size() ? decision.cached_tokens[best] : 0};
 }
 
 std::vector<Replica*> Cluster::Candidates(const Replica* excluded) const {

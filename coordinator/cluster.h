@@ -3,12 +3,13 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
-#include <vector>
-#include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -17,8 +18,8 @@
 #include "absl/time/time.h"
 #include "coordinator/kv_index.h"
 #include "coordinator/replica.h"
-#include "engine/request.h"
 #include "coordinator/router.h"
+#include "engine/request.h"
 #include "loom/v1/inference.pb.h"
 #include "loom/v1/worker.pb.h"
 
@@ -73,6 +74,15 @@ class Cluster {
   /// replica computes the prompt and its first token and hands it to that decode replica,
   /// which fetches the KV and decodes the rest.
   absl::Status Submit(std::shared_ptr<engine::Request> request);
+  /// Where Submit would place a prompt now, without placing it (the endpoint picker):
+  /// the router's first choice among the healthy serving replicas with room (running plus
+  /// waiting below max_num_seqs + max_waiting), and the prompt tokens it holds cached.
+  /// Unavailable when draining or none is healthy; ResourceExhausted when none has room.
+  struct Placement {
+    std::string replica_id;
+    int64_t cached_tokens = 0;
+  };
+  absl::StatusOr<Placement> Pick(absl::Span<const int32_t> prompt_ids, std::string_view cache_salt);
   uint64_t NextSeqId() { return next_seq_id_.fetch_add(1); }
 
   /// A worker of `worker_id`'s replica is shutting down: no request is placed on the
@@ -97,6 +107,9 @@ class Cluster {
   // (ClusterOptions::kv_fetch_min_blocks); null: none.
   Replica* FetchSource(absl::Span<Replica* const> candidates, size_t chosen,
                        absl::Span<const engine::BlockHash> hashes) const;
+  // Moves the candidate named `replica_id` (when `order` holds it) to the front of `order`.
+  static void PreferFirst(absl::Span<Replica* const> candidates, const std::string& replica_id,
+                          std::vector<size_t>& order);
   // The healthy replicas placement may choose (not draining), except `excluded`.
   std::vector<Replica*> Candidates(const Replica* excluded = nullptr) const;
   // The router's order of `candidates` for `request` (hashed for `block_size`).

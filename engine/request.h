@@ -188,6 +188,10 @@ class Request {
   /// speculative steps) and its timeline when it finishes; null: nowhere. Set before
   /// the request is placed.
   void set_metrics(RequestMetrics* metrics) { metrics_ = metrics; }
+  /// The replica an endpoint picker chose for it (the HTTP header `x-loom-replica`):
+  /// placement tries it first while it is healthy and has room. Empty: the router decides.
+  void set_preferred_replica(std::string replica_id) { preferred_replica_ = std::move(replica_id); }
+  const std::string& preferred_replica() const { return preferred_replica_; }
   /// `replica_id` scheduled it (replica loop only): the first call ends its queue time.
   void MarkScheduled(const std::string& replica_id);
 
@@ -223,6 +227,7 @@ class Request {
   int32_t num_accepted_tokens_ = 0;
   bool finished_ = false;
   BlockHash hash_seed_;
+  std::string preferred_replica_;
   std::vector<BlockHash> prompt_block_hashes_;
   int32_t hashed_block_size_ = 0;
   std::chrono::steady_clock::time_point arrival_;

@@ -86,6 +86,10 @@ CONFIGS = {
                                       "tls": {"existingSecret": "loom-tls"},
                                       "serviceMonitor": {"enabled": True}}),
     "secured-existing-key": ([], {"apiKey": {"existingSecret": "my-keys", "secretKey": "keys"}}),
+    "endpoint-picker": ([], {"endpointPicker": {"enabled": True},
+                             "coordinator": {"replicas": 2},
+                             "networkPolicy": {"enabled": True},
+                             "httpRoute": {"enabled": True, "parentRefs": [{"name": "inference-gateway"}]}}),
     "ingress": ([], {"ingress": {"enabled": True, "className": "nginx",
                                  "hosts": ["llm.example.com"],
                                  "tls": [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]},
@@ -95,7 +99,7 @@ CONFIGS = {
 CRD_SCHEMAS = pathlib.Path(__file__).resolve().parent / "crd_schemas"
 CUSTOM_KINDS = {"LeaderWorkerSet": "leaderworkerset.json", "ServiceMonitor": "servicemonitor.json",
                 "PrometheusRule": "prometheusrule.json", "ScaledObject": "scaledobject.json",
-                "HTTPRoute": "httproute.json"}
+                "HTTPRoute": "httproute.json", "InferencePool": "inferencepool.json"}
 
 
 @pytest.fixture(scope="session")
@@ -801,6 +805,36 @@ def test_ingress_and_http_route_reach_the_coordinators_http_port(rendered):
     assert (ref["name"], ref["port"]) == ("loom-coordinator", http_port)
     # Off by default.
     assert not of_kind(rendered["default"], "Ingress") and not of_kind(rendered["default"], "HTTPRoute")
+
+
+def test_the_endpoint_picker_serves_an_inference_pool_of_the_coordinators(rendered):
+    docs = rendered["endpoint-picker"]
+    deployment = one(docs, "Deployment", "loom-coordinator")
+    c = container(deployment, "coordinator")
+    assert flag_value(c["args"], "--endpoint-picker-port") == "9002"
+    # The pool's endpoints name pods by IP: the picker names the leader the same way.
+    assert flag_value(c["args"], "--advertise-address") == "$(POD_IP):50051"
+    assert any(e["name"] == "POD_IP" for e in c["env"])
+    assert {"name": "epp", "containerPort": 9002, "protocol": "TCP"} in c["ports"]
+    service = one(docs, "Service", "loom-coordinator-epp")
+    assert service["spec"]["ports"] == [{"name": "epp", "port": 9002, "targetPort": "epp",
+                                         "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}]
+    # Only the leader scores replicas.
+    assert service["spec"]["selector"]["loom.dev/role"] == "leader"
+    pool = one(docs, "InferencePool")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {"name": "loom-coordinator-epp", "port": {"number": 9002},
+                                                 "failureMode": "FailClose"}
+    (ref,) = one(docs, "HTTPRoute")["spec"]["rules"][0]["backendRefs"]
+    assert ref == {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "loom-coordinator"}
+    policy = one(docs, "NetworkPolicy", "loom-coordinator")
+    assert {"port": 9002, "protocol": "TCP"} in policy["spec"]["ingress"][0]["ports"]
+    # Off by default: no picker flag, Service or pool.
+    default = container(one(rendered["default"], "Deployment"), "coordinator")
+    assert "--endpoint-picker-port" not in default["args"]
+    assert not of_kind(rendered["default"], "InferencePool")
 
 
 def test_an_existing_api_key_secret_is_mounted_not_written(rendered):
