@@ -248,10 +248,14 @@ def test_no_replica_is_a_503_and_full_queues_a_429(tmp_path):
                           kv_cache_memory="1GiB")
         picker.coordinator.wait_healthy(["r0"], timeout=TIMEOUT_S)
         worker.signal(signal.SIGSTOP)  # what is admitted stays
-        streams = [h.Stream(picker.coordinator.stub, h.make_request("Hold", max_tokens=64),
-                            timeout=TIMEOUT_S) for _ in range(2)]
-        assert h.wait_until(lambda: picker.coordinator.replicas()["r0"].num_running +
-                            picker.coordinator.replicas()["r0"].num_waiting == 2, TIMEOUT_S)
+        # One running, one waiting (one at a time: admission counts a request not yet
+        # taken in by the replica's loop as waiting).
+        streams = []
+        for held in (1, 2):
+            streams.append(h.Stream(picker.coordinator.stub, h.make_request("Hold", max_tokens=64),
+                                    timeout=TIMEOUT_S))
+            assert h.wait_until(lambda: picker.coordinator.replicas()["r0"].num_running +
+                                picker.coordinator.replicas()["r0"].num_waiting == held, TIMEOUT_S)
         status, error, headers = immediate(picker.process([request_headers("/v1/completions"),
                                                            *body_messages(completion_body("Hi"))]))
         assert status == 429 and headers["retry-after"] == "1", error
