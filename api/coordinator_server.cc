@@ -196,7 +196,7 @@ absl::Status CoordinatorServer::StartEndpointPicker() {
   }
   endpoint_picker_ = std::make_unique<EndpointPicker>(*cluster_, model_, config_, *tokenizer_,
                                                       chat_template_.get(), leader_election_.get(),
-                                                      self_host, http_->port());
+                                                      self_host, http_->port(), metrics_.get());
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (!options_.http.ssl_certfile.empty()) {
     // The gateway reaches the picker over TLS with the HTTP API's certificate.

@@ -78,7 +78,7 @@ EndpointPicker::EndpointPicker(coordinator::Cluster& cluster, const ServedModel&
                                const common::Tokenizer& tokenizer,
                                const common::ChatTemplate* chat_template,
                                const coordinator::LeaderElection* election, std::string self_host,
-                               int http_port)
+                               int http_port, coordinator::CoordinatorMetrics* metrics)
     : cluster_(cluster),
       model_(model),
       config_(config),
@@ -86,7 +86,8 @@ EndpointPicker::EndpointPicker(coordinator::Cluster& cluster, const ServedModel&
       chat_template_(chat_template),
       election_(election),
       self_host_(std::move(self_host)),
-      http_port_(http_port) {}
+      http_port_(http_port),
+      metrics_(metrics) {}
 
 std::string EndpointPicker::LeaderEndpoint() const {
   if (election_ == nullptr || election_->leading()) {
@@ -318,6 +319,13 @@ class EndpointPicker::Stream final
     decided_ = true;
     const EndpointPicker::Decision decision =
         picker_.Decide(path_, body_, subset_.has_value() ? &*subset_ : nullptr);
+    if (picker_.metrics_ != nullptr) {
+      picker_.metrics_->RecordEndpointPick(decision.status == 404        ? "not_found"
+                                           : decision.status == 429      ? "queue_full"
+                                           : decision.status != 0        ? "unavailable"
+                                           : decision.replica_id.empty() ? "unscored"
+                                                                         : "scored");
+    }
     if (decision.status != 0) {
       SendRefusal(decision.status, decision.message);
       return;

@@ -11,6 +11,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/cluster.h"
 #include "coordinator/leader_election.h"
+#include "coordinator/metrics.h"
 #include "envoy_ext_proc/external_processor.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -53,7 +54,8 @@ class EndpointPicker final
   EndpointPicker(coordinator::Cluster& cluster, const ServedModel& model,
                  const common::ModelConfig& config, const common::Tokenizer& tokenizer,
                  const common::ChatTemplate* chat_template,
-                 const coordinator::LeaderElection* election, std::string self_host, int http_port);
+                 const coordinator::LeaderElection* election, std::string self_host, int http_port,
+                 coordinator::CoordinatorMetrics* metrics = nullptr);
 
   grpc::ServerBidiReactor<envoy::service::ext_proc::v3::ProcessingRequest,
                           envoy::service::ext_proc::v3::ProcessingResponse>*
@@ -86,6 +88,7 @@ class EndpointPicker final
   const coordinator::LeaderElection* election_;
   const std::string self_host_;
   const int http_port_;
+  coordinator::CoordinatorMetrics* const metrics_;  // null: not counted
 };
 
 }  // namespace loom::api

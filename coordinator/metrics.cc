@@ -164,6 +164,13 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                     .Help("Requests refused at admission, by reason: queue_full (HTTP 429, "
                           "gRPC RESOURCE_EXHAUSTED) or unavailable (503, UNAVAILABLE).")
                     .Register(*registry_)),
+      endpoint_picks_(BuildCounter()
+                          .Name("loom_endpoint_picker_decisions_total")
+                          .Help("The endpoint picker's answers (Gateway API Inference Extension), "
+                                "by outcome: scored (a replica picked), unscored (sent to the "
+                                "leader without one), not_found (404), queue_full (429), "
+                                "unavailable (503).")
+                          .Register(*registry_)),
       spec_drafts_(BuildCounter()
                        .Name("loom_spec_decode_num_drafts_total")
                        .Help("Speculative steps (each verifies one sequence's drafts).")
@@ -253,6 +260,11 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
     prometheus::Labels labels = Model();
     labels["reason"] = reason;
     rejected_.Add(labels);
+  }
+  for (const char* outcome : kEndpointPickOutcomes) {
+    prometheus::Labels labels = Model();
+    labels["outcome"] = outcome;
+    endpoint_picks_.Add(labels);
   }
   prompt_tokens_model_ = &prompt_tokens_.Add(Model());
   generation_tokens_model_ = &generation_tokens_.Add(Model());
@@ -355,6 +367,12 @@ void CoordinatorMetrics::RecordRejected(const absl::Status& status) {
   prometheus::Labels labels = Model();
   labels["reason"] = reason;
   rejected_.Add(labels).Increment();
+}
+
+void CoordinatorMetrics::RecordEndpointPick(std::string_view outcome) {
+  prometheus::Labels labels = Model();
+  labels["outcome"] = std::string(outcome);
+  endpoint_picks_.Add(labels).Increment();
 }
 
 void CoordinatorMetrics::RecordRequestParams(int64_t n, int64_t max_tokens) {

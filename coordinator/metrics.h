@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -60,6 +61,11 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   /// A request refused at admission: ResourceExhausted (429, queue full) or Unavailable
   /// (503, no replica or draining); other codes are not counted.
   void RecordRejected(const absl::Status& status);
+  /// The endpoint picker's answer for one request (api/endpoint_picker): `outcome` is one of
+  /// kEndpointPickOutcomes.
+  void RecordEndpointPick(std::string_view outcome);
+  static constexpr const char* kEndpointPickOutcomes[] = {"scored", "unscored", "not_found",
+                                                          "queue_full", "unavailable"};
   /// An API request's sampling parameters at admission: `n` samples of up to
   /// `max_tokens` each.
   void RecordRequestParams(int64_t n, int64_t max_tokens);
@@ -114,6 +120,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& generation_tokens_;
   prometheus::Family<prometheus::Counter>& request_success_;
   prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& endpoint_picks_;
   prometheus::Family<prometheus::Counter>& spec_drafts_;
   prometheus::Family<prometheus::Counter>& spec_drafted_;
   prometheus::Family<prometheus::Counter>& spec_accepted_;

@@ -20,6 +20,7 @@ because that replica holds its prefix.
 """
 import json
 import pathlib
+import re
 import signal
 import sys
 import urllib.request
@@ -232,6 +233,27 @@ def test_a_malformed_stream_is_refused_with_a_status(cluster):
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # And the picker still serves.
     assert pick(cluster, completion_body("Hello"))[1] == cluster.endpoint
+
+
+def picks(coordinator) -> dict:
+    """loom_endpoint_picker_decisions_total by outcome, from /metrics."""
+    url = coordinator.http_url.split("/v1")[0] + "/metrics"
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+        text = response.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^loom_endpoint_picker_decisions_total\{[^}]*outcome="(\w+)"[^}]*\} (\S+)$', text, re.M)}
+
+
+def test_each_answer_is_counted_by_outcome(cluster):
+    before = picks(cluster.coordinator)
+    assert set(before) == {"scored", "unscored", "not_found", "queue_full", "unavailable"}, before
+    pick(cluster, completion_body("Hello"))
+    immediate(cluster.process([request_headers("/v1/completions"),
+                               *body_messages(completion_body("Hi", model="gpt-9"))]))
+    cluster.process([request_headers("/v1/models", end_of_stream=True, method="GET")])
+    after = picks(cluster.coordinator)
+    assert {k: after[k] - before[k] for k in after} == {
+        "scored": 1, "unscored": 1, "not_found": 1, "queue_full": 0, "unavailable": 0}
 
 
 def test_no_replica_is_a_503_and_full_queues_a_429(tmp_path):
