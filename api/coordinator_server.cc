@@ -270,6 +270,14 @@ void CoordinatorServer::UpdateHealth() {
 
 void CoordinatorServer::DrainAndStop() {
   if (server_ == nullptr) return;
+  if (leader_election_ != nullptr && leader_election_->leading()) {
+    // Standby coordinators: hand over first, so that the cluster serves on while this one
+    // stops (draining while still leading would refuse every new request until it exits).
+    // The workers follow the new leader; what runs here then ends with a retryable error.
+    std::fprintf(stderr, "loom: handing leadership over (%s) before stopping\n",
+                 leader_election_->Describe().c_str());
+    leader_election_->Resign();
+  }
   cluster_->StartDrain();
   UpdateHealth();
   if (!cluster_->WaitIdle(options_.drain_timeout)) {

@@ -147,6 +147,15 @@ class InferenceService::GenerateStream final
       *response_.add_logprobs() = std::move(logprob);
     }
     response_.set_replica_id(event.replica_id);
+    if (event.retryable && !wrote_any_) {
+      // Nothing reached the client: end the call UNAVAILABLE, which clients retry.
+      finish_status_ = grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          absl::StrFormat("the request could not be completed: %s", event.error_message));
+      final_written_ = true;
+      return FinishLocked();
+    }
+    wrote_any_ = true;
     write_in_flight_ = true;
     if (!event.final()) return Action::kWrite;
     response_.set_finish_reason(event.finish_reason);
@@ -209,6 +218,7 @@ class InferenceService::GenerateStream final
   grpc::CallbackServerContext* const context_;
   const std::shared_ptr<engine::Request> request_;
   const int32_t prompt_tokens_;
+  bool wrote_any_ ABSL_GUARDED_BY(mu_) = false;  // a message went to the client
   const ToolsRequest tools_;  // a chat's tools: the final message carries the parsed calls
   StreamPump& pump_;
   const absl::Duration interval_;

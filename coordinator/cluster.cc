@@ -357,10 +357,11 @@ Replica* Cluster::FetchSource(absl::Span<Replica* const> candidates, size_t chos
 void Cluster::Retry(std::shared_ptr<engine::Request> request) {
   absl::Status placed = Submit(request);
   if (!placed.ok()) {
+    // Nothing was generated for it: a client may retry (on the coordinator that leads now).
     request->Finish(loom::v1::FINISH_REASON_ERROR,
                     absl::StrFormat("its replica failed and it could not be placed again: %s",
                                     placed.message()),
-                    "");
+                    "", /*retryable=*/placed.code() == absl::StatusCode::kUnavailable);
   }
 }
 

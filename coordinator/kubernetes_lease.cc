@@ -120,12 +120,17 @@ std::string LeasesPath(const KubernetesLeaseOptions& options) {
 KubernetesLease::KubernetesLease(KubernetesLeaseOptions options)
     : options_(std::move(options)), observed_(std::make_unique<Observed>()) {}
 
-KubernetesLease::~KubernetesLease() {
+KubernetesLease::~KubernetesLease() { Resign(); }
+
+void KubernetesLease::Resign() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) thread_.join();  // a leader's loop releases the Lease as it ends
+  leading_.store(false, std::memory_order_release);
+  absl::MutexLock lock(&mu_);
+  leader_address_.clear();
 }
 
 void KubernetesLease::Start(std::function<void()> on_elected) {
@@ -271,6 +276,8 @@ void KubernetesLease::Run(std::function<void()> on_elected) {
     }
   }
   Release();  // stopping: a follower takes over at its next look
+  leading_.store(false, std::memory_order_release);
+  LabelPod("follower");  // the clients' Service turns to the next leader
 }
 
 }  // namespace loom::coordinator

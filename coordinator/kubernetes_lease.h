@@ -61,6 +61,8 @@ class KubernetesLease final : public LeaderElection {
 
   void Start(std::function<void()> on_elected) override;
   bool leading() const override { return leading_.load(std::memory_order_acquire); }
+  /// Releases the Lease (holder emptied) and labels the pod a follower.
+  void Resign() override;
   std::string LeaderAddress() const override;
   std::string Describe() const override { return "--leader-lease " + options_.name; }
 

@@ -17,6 +17,10 @@ class LeaderElection {
   /// Campaigns in the background; `on_elected` runs once, when this coordinator leads.
   virtual void Start(std::function<void()> on_elected) = 0;
   virtual bool leading() const = 0;
+  /// Stops leading (and campaigning) now: a follower takes over while this coordinator
+  /// finishes (SIGTERM; the workers follow the new leader at their next heartbeat). Then
+  /// leading() is false and LeaderAddress() no longer names this coordinator. Idempotent.
+  virtual void Resign() = 0;
   /// The leader's advertised gRPC address as last known (empty when unknown).
   virtual std::string LeaderAddress() const = 0;
   /// The flag that configured it, for messages ("--leader-lock /run/loom.lock").

@@ -31,12 +31,23 @@ LeaderLock::LeaderLock(std::string path, std::string advertise, int fd, absl::Du
     : path_(std::move(path)), advertise_(std::move(advertise)), fd_(fd), poll_(poll) {}
 
 LeaderLock::~LeaderLock() {
+  Resign();
+  ::close(fd_);
+}
+
+void LeaderLock::Resign() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  ::close(fd_);  // releases the lock
+  if (!leading_.exchange(false)) return;
+  // The address goes before the lock: a follower that reads the file from now on finds no
+  // one until the next leader writes itself there.
+  if (::ftruncate(fd_, 0) != 0) {
+    std::fprintf(stderr, "loom: cannot clear %s: %s\n", path_.c_str(), std::strerror(errno));
+  }
+  ::flock(fd_, LOCK_UN);
 }
 
 void LeaderLock::Start(std::function<void()> on_elected) {

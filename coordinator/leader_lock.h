@@ -33,6 +33,8 @@ class LeaderLock final : public LeaderElection {
   /// Tries for the lock every `poll`; `on_elected` runs on that thread.
   void Start(std::function<void()> on_elected) override;
   bool leading() const override { return leading_.load(std::memory_order_acquire); }
+  /// Empties the file (no one is sent here), then releases the lock.
+  void Resign() override;
   /// What the file says.
   std::string LeaderAddress() const override;
   std::string Describe() const override { return "--leader-lock " + path_; }

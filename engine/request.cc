@@ -249,10 +249,11 @@ void Request::AddPromptLogprobs(const loom::v1::PromptLogprobs& scored) {
 }
 
 void Request::Finish(loom::v1::FinishReason reason, std::string error_message,
-                     const std::string& replica_id) {
+                     const std::string& replica_id, bool retryable) {
   if (finished_) return;
   finished_ = true;
   OutputEvent event;
+  event.retryable = retryable && num_outputs_ == 0 && reason == loom::v1::FINISH_REASON_ERROR;
   if (reason != loom::v1::FINISH_REASON_ERROR) {
     event.text = stop_matcher_.Append(decoder_.Flush()).text + stop_matcher_.Flush();
   }

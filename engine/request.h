@@ -46,6 +46,11 @@ struct OutputEvent {
   // (a failed request) empty.
   std::vector<std::optional<PromptTokenLogprob>> prompt_logprobs;
   std::vector<float> embedding;  // RequestParams::embed: on the final event
+  // On a final ERROR event of a request that produced nothing: another attempt may succeed
+  // where this one could not be placed (no replica: its coordinator lost its workers or
+  // handed over to another leader). The gRPC API ends such a call UNAVAILABLE, which the
+  // SDKs retry; the HTTP API answers 503 as for every error.
+  bool retryable = false;
   bool final() const { return finish_reason != loom::v1::FINISH_REASON_UNSPECIFIED; }
 };
 
@@ -138,7 +143,7 @@ class Request {
   bool OnToken(const loom::v1::SequenceOutput& output, const std::string& replica_id);
   /// Ends the request without more tokens (abort or error): pushes the final event.
   void Finish(loom::v1::FinishReason reason, std::string error_message,
-              const std::string& replica_id);
+              const std::string& replica_id, bool retryable = false);
   /// Keeps a step's scores of this request's prompt tokens (replica loop only) for the
   /// final event; a position scored again (after a preemption) keeps its latest score.
   void AddPromptLogprobs(const loom::v1::PromptLogprobs& scored);

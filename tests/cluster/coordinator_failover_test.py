@@ -19,6 +19,7 @@ coordinators share a lock file and one `loom-worker --step-backend noop` lists b
 import asyncio
 import concurrent.futures
 import json
+import signal
 import subprocess
 import time
 import urllib.request
@@ -141,6 +142,65 @@ def test_a_follower_takes_over_when_the_leader_dies(tmp_path):
         b.wait_idle(timeout=TIMEOUT_S)
         replica = b.replicas()["replica-a"]
         assert replica.num_kv_blocks - replica.num_free_blocks == 0
+    finally:
+        for process in reversed(processes):
+            process.stop(timeout=5)
+        for process in processes:
+            print(process.log_tail())
+
+
+def test_a_stopped_leader_hands_over_before_it_drains(tmp_path):
+    """SIGTERM (a rolling update) with standbys: the leader resigns first, so the cluster serves
+    on through the standby at once instead of refusing new requests for the whole drain; its
+    streams in flight end with an error (over HTTP, a 503-type error event and [DONE]) once
+    the worker follows the new leader, and its queued requests, never started, end
+    UNAVAILABLE and are made again by the SDK on the new leader. The drain timeout (120 s)
+    is far longer than anything here takes: a leader that drained first would hold all of it."""
+    missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
+    if missing:
+        pytest.fail(missing)
+    lock = tmp_path / "leader.lock"
+    processes = []
+    try:
+        a = h.Coordinator(tmp_path, name="coordinator-a", leader_lock=lock, max_num_seqs=4,
+                          drain_timeout_s=120)
+        processes.append(a)
+        a.wait_for_line(r"loom: leading", TIMEOUT_S)
+        b = h.Coordinator(tmp_path, name="coordinator-b", leader_lock=lock, max_num_seqs=4)
+        processes.append(b)
+        worker = h.Worker(tmp_path, f"{a.address},{b.address}", "replica-a", step_backend="noop",
+                          threads=1, kv_cache_memory="1GiB", debug_step_delay_ms=20)
+        processes.append(worker)
+        a.wait_healthy(["replica-a"], timeout=TIMEOUT_S)
+        client = grpc.insecure_channel(a.address)
+        stub = h.stubs().grpc_pb.InferenceStub(client)
+        streams = [h.Stream(stub, h.make_request(f"Stream {i}", max_tokens=4000, ignore_eos=True),
+                            timeout=TIMEOUT_S * 2) for i in range(4)]
+        assert all(stream.wait_tokens(1, TIMEOUT_S) for stream in streams)
+        sdk = LoomClient(f"{a.address},{b.address}", timeout=TIMEOUT_S * 2,
+                         retry=RetryPolicy(max_attempts=40, max_backoff=0.5))
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            queued = [pool.submit(sdk.generate, f"Queued {i}", max_tokens=8, ignore_eos=True)
+                      for i in range(4)]
+            assert h.wait_until(lambda: a.replicas()["replica-a"].num_waiting == 4, TIMEOUT_S)
+            a.signal(signal.SIGTERM)
+            b.wait_for_line(r"loom: leading", TIMEOUT_S)
+            b.wait_healthy(["replica-a"], timeout=TIMEOUT_S)
+            for stream in streams:
+                outcome = stream.join(TIMEOUT_S)
+                assert outcome.reason_name() == "FINISH_REASON_ERROR", outcome.describe()
+                assert "lost its worker" in outcome.error_message and outcome.token_ids
+                assert len(outcome.token_ids) < 4000
+            completions = [future.result(timeout=TIMEOUT_S) for future in queued]
+        assert all(c.completion_tokens == 8 for c in completions), completions[0]
+        assert min(c.attempts for c in completions) > 1
+        # The old leader drained nothing it still led, and exited long before its timeout.
+        assert a.wait(TIMEOUT_S) == 0
+        assert "handing leadership over" in a.log_path.read_text()
+        assert completion(b)["usage"]["completion_tokens"] == 4
+        client.close()
+        sdk.close()
+        b.wait_idle(timeout=TIMEOUT_S)
     finally:
         for process in reversed(processes):
             process.stop(timeout=5)

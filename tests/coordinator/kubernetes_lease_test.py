@@ -211,6 +211,9 @@ def test_one_leads_a_released_lease_passes_at_once_a_dead_leaders_after_its_dura
         released = len(holders) - 1 - holders[::-1].index("")
         assert holders[released - 1] == "a" and holders[released + 1] == second, holders
         assert h.wait_until(lambda: api.pod_roles[second] == "leader", TIMEOUT_S)
+        # The old leader resigned before it drained: its pod left the clients' Service.
+        assert api.pod_roles["a"] == "follower"
+        assert "handing leadership over" in a.log_path.read_text()
         assert h.generate(leader.stub, h.make_request("Hello", max_tokens=4),
                           timeout=TIMEOUT_S).finished
 

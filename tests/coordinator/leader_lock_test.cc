@@ -47,6 +47,28 @@ TEST(LeaderLockTest, OneLeadsTheOtherFollowsAndTakesOverWhenItGoes) {
   std::filesystem::remove(path);
 }
 
+TEST(LeaderLockTest, AResigningLeaderNamesNoOneUntilTheNextTakesOver) {
+  const std::string path = LockPath() + ".resign";
+  auto first = LeaderLock::Open(path, "10.0.0.1:50051", absl::Milliseconds(10));
+  ASSERT_TRUE(first.ok());
+  std::atomic<bool> first_elected{false}, second_elected{false};
+  (*first)->Start([&] { first_elected = true; });
+  ASSERT_TRUE(WaitFor(first_elected, absl::Seconds(30)));
+  (*first)->Resign();  // still open: the process goes on (draining) without leading
+  EXPECT_FALSE((*first)->leading());
+  EXPECT_EQ((*first)->LeaderAddress(), "");  // no one is sent to it any more
+  auto second = LeaderLock::Open(path, "10.0.0.2:50051", absl::Milliseconds(10));
+  ASSERT_TRUE(second.ok());
+  (*second)->Start([&] { second_elected = true; });
+  ASSERT_TRUE(WaitFor(second_elected, absl::Seconds(30)));
+  EXPECT_EQ((*first)->LeaderAddress(), "10.0.0.2:50051");
+  (*first)->Resign();  // idempotent; and a follower's resignation changes nothing
+  EXPECT_TRUE((*second)->leading());
+  first->reset();
+  second->reset();
+  std::filesystem::remove(path);
+}
+
 TEST(LeaderLockTest, AnUnopenableLockIsAnErrorNamingTheFlag) {
   auto lock = LeaderLock::Open("/nonexistent-dir/leader.lock", "a:1");
   ASSERT_FALSE(lock.ok());
