@@ -315,6 +315,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     std::fprintf(
         stderr, "loom: replica %s: adopted %lld of the %zu cached KV blocks the workers hold\n",
         replica_id_.c_str(), static_cast<long long>(adopted), endpoint.cached_blocks->size());
+    PublishKvEvents();  // routing sees the adopted prefixes before the first step
   }
   block_size_.store(endpoint.block_size);
   host_tier_blocks_.store(endpoint.num_host_kv_blocks);
