@@ -586,6 +586,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         time.sleep(interval)
 
 
+def leader_and_standby(log_dir: pathlib.Path, processes: list, timeout: float = 60,
+                       leader_flags: Optional[dict] = None, standby_flags: Optional[dict] = None):
+    """Two coordinators sharing the lock file log_dir/leader.lock (`--leader-lock`): the first
+    leads (waited for), the second follows. Both are appended to `processes`, for the caller's
+    `stop_all` (a failed start leaves the ones started there too)."""
+    lock = log_dir / "leader.lock"
+    leader = Coordinator(log_dir, name="coordinator-a", leader_lock=lock, **(leader_flags or {}))
+    processes.append(leader)
+    leader.wait_for_line(r"loom: leading", timeout)
+    standby = Coordinator(log_dir, name="coordinator-b", leader_lock=lock, **(standby_flags or {}))
+    processes.append(standby)
+    return leader, standby
+
+
+def stop_all(processes: list, timeout: float = 5):
+    """Stops `processes` last started first, then prints each one's log tail."""
+    for process in reversed(processes):
+        process.stop(timeout=timeout)
+    for process in processes:
+        print(process.log_tail())
+
+
 def wait_stopped(pid: int, timeout: float = 120):
     """Until the kernel reports `pid` stopped (SIGSTOP's effect is not synchronous);
     HarnessError past `timeout`."""

@@ -57,14 +57,10 @@ def test_a_follower_takes_over_when_the_leader_dies(tmp_path):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN, CLIENT_TOOL)
     if missing:
         pytest.fail(missing)
-    lock = tmp_path / "leader.lock"
     processes = []
     try:
-        a = h.Coordinator(tmp_path, name="coordinator-a", leader_lock=lock, max_num_seqs=RUNNING)
-        processes.append(a)
-        a.wait_for_line(r"loom: leading", TIMEOUT_S)
-        b = h.Coordinator(tmp_path, name="coordinator-b", leader_lock=lock, max_num_seqs=RUNNING)
-        processes.append(b)
+        a, b = h.leader_and_standby(tmp_path, processes, TIMEOUT_S, {"max_num_seqs": RUNNING},
+                                    {"max_num_seqs": RUNNING})
         # B is listed first: as a follower it refuses and names A, where the worker turns.
         worker = h.Worker(tmp_path, f"{b.address},{a.address}", "replica-a", step_backend="noop",
                           threads=1, kv_cache_memory="4GiB", debug_step_delay_ms=20)
@@ -143,10 +139,7 @@ def test_a_follower_takes_over_when_the_leader_dies(tmp_path):
         replica = b.replicas()["replica-a"]
         assert replica.num_kv_blocks - replica.num_free_blocks == 0
     finally:
-        for process in reversed(processes):
-            process.stop(timeout=5)
-        for process in processes:
-            print(process.log_tail())
+        h.stop_all(processes)
 
 
 def test_a_stopped_leader_hands_over_before_it_drains(tmp_path):
@@ -159,15 +152,10 @@ def test_a_stopped_leader_hands_over_before_it_drains(tmp_path):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    lock = tmp_path / "leader.lock"
     processes = []
     try:
-        a = h.Coordinator(tmp_path, name="coordinator-a", leader_lock=lock, max_num_seqs=4,
-                          drain_timeout_s=120)
-        processes.append(a)
-        a.wait_for_line(r"loom: leading", TIMEOUT_S)
-        b = h.Coordinator(tmp_path, name="coordinator-b", leader_lock=lock, max_num_seqs=4)
-        processes.append(b)
+        a, b = h.leader_and_standby(tmp_path, processes, TIMEOUT_S,
+                                    {"max_num_seqs": 4, "drain_timeout_s": 120}, {"max_num_seqs": 4})
         worker = h.Worker(tmp_path, f"{a.address},{b.address}", "replica-a", step_backend="noop",
                           threads=1, kv_cache_memory="1GiB", debug_step_delay_ms=20)
         processes.append(worker)
@@ -202,7 +190,4 @@ def test_a_stopped_leader_hands_over_before_it_drains(tmp_path):
         sdk.close()
         b.wait_idle(timeout=TIMEOUT_S)
     finally:
-        for process in reversed(processes):
-            process.stop(timeout=5)
-        for process in processes:
-            print(process.log_tail())
+        h.stop_all(processes)

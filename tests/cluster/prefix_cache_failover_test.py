@@ -50,14 +50,9 @@ def test_cached_prefixes_still_hit_after_the_leader_dies(tmp_path):
     missing = h.require_binaries(h.LOOM_BIN, h.WORKER_BIN)
     if missing:
         pytest.fail(missing)
-    lock = tmp_path / "leader.lock"
     processes = []
     try:
-        a = h.Coordinator(tmp_path, name="coordinator-a", leader_lock=lock)
-        processes.append(a)
-        a.wait_for_line(r"loom: leading", TIMEOUT_S)
-        b = h.Coordinator(tmp_path, name="coordinator-b", leader_lock=lock)
-        processes.append(b)
+        a, b = h.leader_and_standby(tmp_path, processes, TIMEOUT_S)
         worker = h.Worker(tmp_path, f"{a.address},{b.address}", "replica-a",
                           kv_cache_memory="256MiB")
         processes.append(worker)
@@ -100,7 +95,4 @@ def test_cached_prefixes_still_hit_after_the_leader_dies(tmp_path):
         assert replica.num_kv_blocks - replica.num_free_blocks == 0
         assert not re.search(r"Check failed|Segmentation", worker.log_tail(20000))
     finally:
-        for process in reversed(processes):
-            process.stop(timeout=5)
-        for process in processes:
-            print(process.log_tail())
+        h.stop_all(processes)
