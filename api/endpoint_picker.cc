@@ -153,10 +153,20 @@ EndpointPicker::Decision EndpointPicker::Decide(std::string_view path, const std
 class EndpointPicker::Stream final
     : public grpc::ServerBidiReactor<ext_proc::ProcessingRequest, ext_proc::ProcessingResponse> {
  public:
-  explicit Stream(const EndpointPicker& picker) : picker_(picker) { StartRead(&request_); }
+  explicit Stream(const EndpointPicker& picker) : picker_(picker) {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = true;
+    }
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the proxy is done with this request
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+    }
+    if (!ok) {  // the proxy is done with this request (or gone)
       FinishWhenWritten(grpc::Status::OK);
       return;
     }
@@ -169,23 +179,25 @@ class EndpointPicker::Stream final
     {
       absl::MutexLock lock(&mu_);
       if (finish_status_.has_value() || finished_) return;  // refused: nothing more to read
+      reading_ = true;  // before the read starts: a failed write then leaves the finish to it
     }
     StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      outbox_.clear();
-      if (!finished_) {
-        finished_ = true;
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the proxy went away"));
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (ok) {
+        outbox_.pop_front();
+      } else {
+        outbox_.clear();
+        if (!finish_status_.has_value()) {
+          finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the proxy went away");
+        }
       }
-      return;
     }
-    outbox_.pop_front();
-    WriteNextLocked();
+    Pump();
   }
 
   void OnDone() override { delete this; }
@@ -193,27 +205,45 @@ class EndpointPicker::Stream final
  private:
   // Queues `response` for writing.
   void Send(ext_proc::ProcessingResponse response) {
-    absl::MutexLock lock(&mu_);
-    if (finished_ || finish_status_.has_value()) return;
-    outbox_.push_back(std::move(response));
-    WriteNextLocked();
-  }
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || finished_) return;
-    if (!outbox_.empty()) {
-      writing_ = true;
-      StartWrite(&outbox_.front());
-      return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || finish_status_.has_value()) return;
+      outbox_.push_back(std::move(response));
     }
-    if (finish_status_.has_value()) {
-      finished_ = true;
-      Finish(*finish_status_);
-    }
+    Pump();
   }
+  // Ends the stream once what is queued has been written.
   void FinishWhenWritten(grpc::Status status) {
-    absl::MutexLock lock(&mu_);
-    if (!finish_status_.has_value()) finish_status_ = std::move(status);
-    WriteNextLocked();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finish_status_.has_value()) finish_status_ = std::move(status);
+    }
+    Pump();
+  }
+  // Starts the next write, or the finish once nothing is queued and no read is pending (a
+  // pending read completes, failing, when the stream breaks, and finishes then). Decided
+  // under mu_, started outside it: gRPC may run a reaction inline.
+  void Pump() {
+    const ext_proc::ProcessingResponse* write = nullptr;
+    grpc::Status finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!outbox_.empty()) {
+        writing_ = true;
+        write = &outbox_.front();  // a deque keeps it in place while others are queued
+      } else if (finish_status_.has_value() && !reading_) {
+        finished_ = true;
+        finish = *finish_status_;
+      } else {
+        return;
+      }
+    }
+    if (write != nullptr) {
+      StartWrite(write);
+    } else {
+      Finish(std::move(finish));
+    }
   }
 
   grpc::Status Handle(const ext_proc::ProcessingRequest& request) {
@@ -401,6 +431,7 @@ class EndpointPicker::Stream final
   absl::Mutex mu_;
   std::deque<ext_proc::ProcessingResponse> outbox_ ABSL_GUARDED_BY(mu_);  // front: writing
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a read is pending
   std::optional<grpc::Status> finish_status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
