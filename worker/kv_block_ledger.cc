@@ -34,11 +34,6 @@ void KvBlockLedger::Invalidate(int32_t block) {
   salt_[b] = -1;
 }
 
-void KvBlockLedger::Touch(int32_t block) {
-  LOOM_CHECK(block >= 0 && block < num_blocks());
-  if (recorded(block)) last_use_[static_cast<size_t>(block)] = ++clock_;
-}
-
 void KvBlockLedger::Record(int32_t block, absl::Span<const int32_t> tokens, int32_t parent,
                            std::string_view cache_salt) {
   LOOM_CHECK(block >= 0 && block < num_blocks());

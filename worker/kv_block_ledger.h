@@ -35,8 +35,6 @@ class KvBlockLedger {
   /// what a block already holds only marks it used.
   void Record(int32_t block, absl::Span<const int32_t> tokens, int32_t parent,
               std::string_view cache_salt);
-  /// Marks `block` used (a sequence took it as a cached prefix) if it is recorded.
-  void Touch(int32_t block);
 
   /// Appends the blocks whose whole chain is intact, parents before children, most
   /// recently used chains first, until about `max_bytes` of messages.

@@ -80,7 +80,6 @@ TEST(KvBlockLedgerTest, RecordingOtherContentOrphansTheOldChildren) {
   // Recording the same content again only marks it used: block 2's parent stays valid.
   ledger.Record(2, Tokens(54), 0, "");
   ledger.Record(0, Tokens(50), kNoParent, "");
-  ledger.Touch(6);  // unrecorded: nothing
   EXPECT_EQ(Report(ledger).links, (Links{{0, kNoParent}, {2, 0}}));
 }
 
