@@ -176,15 +176,16 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         pending_ranks_.erase(request.replica_id());
         return disagree;
       }
-      std::vector<const loom::v1::RegisterRequest*> reports;
-      for (const auto& rank : pending.ranks) reports.push_back(&*rank);
-      endpoint.cached_blocks = std::make_shared<const std::vector<engine::AdoptedBlock>>(
-          AdoptableBlocks(reports, model_fingerprint_, endpoint.block_size));
       if (absl::Status tiled = CheckStageLayers(pending.ranks, stages); !tiled.ok()) {
         pending_ranks_.erase(request.replica_id());
         return absl::FailedPreconditionError(
             absl::StrFormat("replica %s: %s", request.replica_id(), tiled.message()));
       }
+      // Only for a replica that connects: the blocks its ranks still hold.
+      std::vector<const loom::v1::RegisterRequest*> reports;
+      for (const auto& rank : pending.ranks) reports.push_back(&*rank);
+      endpoint.cached_blocks = std::make_shared<const std::vector<engine::AdoptedBlock>>(
+          AdoptableBlocks(reports, model_fingerprint_, endpoint.block_size));
       pending_ranks_.erase(request.replica_id());
       // A replica scaled in and out again (the same pod name) serves again.
       draining_replicas_.erase(request.replica_id());
@@ -256,7 +257,7 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
   }
   const absl::Span<const engine::BlockHash> matchable =
       candidates.size() > 1 ? absl::MakeConstSpan(hashes) : absl::Span<const engine::BlockHash>();
-  RouteDecision decision = Rank(candidates, *request, matchable, block_size);
+  RouteDecision decision = Rank(candidates, PromptTokens(*request), matchable, block_size);
   PreferFirst(candidates, request->preferred_replica(), decision.order);
   absl::Status last;
   for (size_t index : decision.order) {
@@ -293,12 +294,8 @@ absl::StatusOr<Cluster::Placement> Cluster::Pick(absl::Span<const int32_t> promp
   const int32_t block_size = std::max(candidates.front()->block_size(), 1);
   const std::vector<engine::BlockHash> hashes = engine::HashFullBlocks(
       engine::PrefixHashSeed(model_fingerprint_, cache_salt), prompt_ids, block_size);
-  std::vector<RouteCandidate> route_candidates;
-  for (Replica* replica : candidates) {
-    route_candidates.push_back({replica->replica_id(), replica->load_tokens()});
-  }
   const RouteDecision decision =
-      router_.Route(hashes, static_cast<int64_t>(prompt_ids.size()), block_size, route_candidates);
+      Rank(candidates, static_cast<int64_t>(prompt_ids.size()), hashes, block_size);
   const size_t best = decision.order.front();
   return Placement{candidates[best]->replica_id(),
                    best < decision.cached_tokens.size() ? decision.cached_tokens[best] : 0};
@@ -315,15 +312,14 @@ std::vector<Replica*> Cluster::Candidates(const Replica* excluded) const {
   return candidates;
 }
 
-RouteDecision Cluster::Rank(absl::Span<Replica* const> candidates, const engine::Request& request,
+RouteDecision Cluster::Rank(absl::Span<Replica* const> candidates, int64_t prompt_tokens,
                             absl::Span<const engine::BlockHash> hashes, int32_t block_size) {
   std::vector<RouteCandidate> route_candidates;
   route_candidates.reserve(candidates.size());
   for (Replica* replica : candidates) {
     route_candidates.push_back({replica->replica_id(), replica->load_tokens()});
   }
-  return router_.Route(hashes, static_cast<int64_t>(request.params().prompt_ids.size()), block_size,
-                       route_candidates);
+  return router_.Route(hashes, prompt_tokens, block_size, route_candidates);
 }
 
 Replica* Cluster::FetchSource(absl::Span<Replica* const> candidates, size_t chosen,

@@ -112,9 +112,13 @@ class Cluster {
                           std::vector<size_t>& order);
   // The healthy replicas placement may choose (not draining), except `excluded`.
   std::vector<Replica*> Candidates(const Replica* excluded = nullptr) const;
-  // The router's order of `candidates` for `request` (hashed for `block_size`).
-  RouteDecision Rank(absl::Span<Replica* const> candidates, const engine::Request& request,
+  // The router's order of `candidates` for a prompt of `prompt_tokens` tokens whose full
+  // blocks (of `block_size`) have `hashes`.
+  RouteDecision Rank(absl::Span<Replica* const> candidates, int64_t prompt_tokens,
                      absl::Span<const engine::BlockHash> hashes, int32_t block_size);
+  static int64_t PromptTokens(const engine::Request& request) {
+    return static_cast<int64_t>(request.params().prompt_ids.size());
+  }
   // Disaggregated serving (cluster_disaggregation.cc). Takes the prefill replicas out of
   // `candidates` when others serve too, and returns them.
   static std::vector<Replica*> SplitPrefill(std::vector<Replica*>& candidates);

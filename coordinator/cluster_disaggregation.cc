@@ -40,13 +40,13 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     return std::nullopt;
   }
   // The decode replica first: where the request would run if it stayed, by the router.
-  const RouteDecision decode = Rank(serving, *request, hashes, block_size);
+  const RouteDecision decode = Rank(serving, PromptTokens(*request), hashes, block_size);
   Replica* target = serving[decode.order.front()];
   const int64_t prompt = static_cast<int64_t>(params.prompt_ids.size());
   const int64_t cached = std::min(
       kv_index_.MatchPrefix(hashes, {target->replica_id()}).front() * block_size, prompt - 1);
   if (prompt - cached <= target->local_prefill_limit()) return std::nullopt;
-  const RouteDecision order = Rank(prefill, *request, hashes, block_size);
+  const RouteDecision order = Rank(prefill, PromptTokens(*request), hashes, block_size);
   for (size_t index : order.order) {
     // A prefill replica whose queue is long would delay the first token more than a local
     // prefill stalls the decodes (Dynamo's conditional disaggregation).
@@ -83,7 +83,7 @@ void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source,
                 [](Replica* replica) { return replica->role() == ReplicaRole::kPrefill; });
   const int32_t block_size = std::max(request->hashed_block_size(), 1);
   const RouteDecision decision =
-      Rank(candidates, *request, request->prompt_block_hashes(), block_size);
+      Rank(candidates, PromptTokens(*request), request->prompt_block_hashes(), block_size);
   for (size_t index : decision.order) {
     placed = candidates[index]->Submit(request, options);
     if (placed.ok()) break;
