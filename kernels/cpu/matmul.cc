@@ -65,7 +65,7 @@ absl::Status CheckParams(const MatmulParams& p) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Matmul: unknown activation precision %d", static_cast<int>(p.activations)));
   }
-  if (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4) {
+  if (internal::IsInteger(w.format)) {
     const int64_t unit = w.f32_scaled() ? internal::kF32ScaledGroupUnit : kActGroup;
     if (w.group_size <= 0 || w.group_size % unit != 0 || w.cols % w.group_size != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -77,7 +77,7 @@ absl::Status CheckParams(const MatmulParams& p) {
         w.f32_scaled()
             ? w.scales_f32.size() == groups && w.mins_f32.size() == groups && w.scales.empty()
             : w.scales.size() == groups &&
-                  (w.format != WeightFormat::kInt4 || w.mins.size() == groups);
+                  w.mins.size() == (w.format == WeightFormat::kInt8 ? 0 : groups);
     if (!sizes_match) {
       return absl::InvalidArgumentError("Matmul: weight scales/mins do not match its shape");
     }
@@ -186,14 +186,15 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
           break;
         }
         case WeightFormat::kInt8:
-        case WeightFormat::kInt4: {
+        case WeightFormat::kInt4:
+        case WeightFormat::kInt5: {
           const bool int8 = w.format == WeightFormat::kInt8;
           const int64_t groups_per_scale = w.group_size / kActGroup;
           const int64_t x_groups = k / kActGroup;
           const int8_t* xq = a.xq.q + t * k;
           for (int64_t g = 0; g < x_groups; ++g) {
             int32_t dot[kRowBlock] = {};
-            AddScalarIntegerDots(data, int8, xq, g * kActGroup, (g + 1) * kActGroup, dot);
+            AddScalarIntegerDots(data, w.format, k, xq, g * kActGroup, (g + 1) * kActGroup, dot);
             const float x_scale = a.xq.scale[t * x_groups + g];
             const int32_t x_sum = a.xq.qsum[t * x_groups + g];
             const int64_t scale_index =
@@ -213,11 +214,13 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
   }
 }
 
-// Scalar float-activation kernel: the same grouping and centring as the SIMD ones.
+// Scalar float-activation kernel: the tile kernels' grouping and centring.
 void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, n = w.rows;
   const bool int8 = w.format == WeightFormat::kInt8;
+  // INT4/INT5 q are centred on their middle (8, 16); the min takes it back.
+  const int centre = int8 ? 0 : w.format == WeightFormat::kInt5 ? 16 : 8;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t scale_groups = k / w.group_size;
   for (int64_t b = block_begin; b < block_end; ++b) {
@@ -230,11 +233,8 @@ void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t 
       for (int64_t sg = 0; sg < scale_groups; ++sg) {
         float group_acc[kRowBlock] = {};
         for (int64_t c = sg * w.group_size; c < (sg + 1) * w.group_size; ++c) {
-          const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
-          const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
           for (int r = 0; r < kRowBlock; ++r) {
-            const int q = int8 ? static_cast<int>(data[base + r * 4]) - 128
-                               : ((data[base + r * 4] >> shift) & 0x0f) - 8;
+            const int q = BlockQ(data, w.format, k, r, c) - centre;
             group_acc[r] += static_cast<float>(q) * x[c];
           }
         }
@@ -245,10 +245,11 @@ void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t 
           acc[r] += group_acc[r] * scale;
           if (w.f32_scaled()) {
             // INT8 may carry a min here; -0 (none) adds nothing.
-            const float min = w.mins_f32[scale_index + r] + (int8 ? 0.0f : 8.0f * scale);
+            const float min = w.mins_f32[scale_index + r] + static_cast<float>(centre) * scale;
             acc[r] += min * a.x_group_sum[t * scale_groups + sg];
           } else if (!int8) {
-            const float centred_min = HalfToFloat(w.mins[scale_index + r]) + 8.0f * scale;
+            const float centred_min =
+                HalfToFloat(w.mins[scale_index + r]) + static_cast<float>(centre) * scale;
             acc[r] += centred_min * a.x_group_sum[t * scale_groups + sg];
           }
         }
@@ -271,7 +272,9 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   args.m = params.m;
 
   const int64_t k = w.cols;
-  const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4;
+  const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4 ||
+                       w.format == WeightFormat::kInt5;
+  const bool int5 = w.format == WeightFormat::kInt5;
   // F32-scaled weights (K-quants) take float activations through the GEMM kernels on
   // AVX2/AVX-512 (whatever the threshold) and the scalar kernel otherwise, and int8 ones
   // through their own kernels (matmul_kquant_int8act*.cc): the other int8-activation and
@@ -279,11 +282,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   const bool int8_activations = integer && params.activations == ActivationPrecision::kInt8;
   const bool kquant_int8 = int8_activations && w.f32_scaled();
   // Batches of tokens with float activations: dequantize each weight panel once and run
-  // a float GEMM over it (no group sums of x needed).
-  const bool f32act_gemm = integer && !int8_activations &&
-                           (ActiveIsa() == MatmulIsaChoice::kAvx512 ||
-                            ActiveIsa() == MatmulIsaChoice::kAvx2) &&
-                           (w.f32_scaled() || params.m >= internal::F32ActGemmMinTokens());
+  // a float GEMM over it (no group sums of x needed). INT5 has no float tile kernel.
+  const bool f32act_gemm =
+      integer && !int8_activations &&
+      (ActiveIsa() == MatmulIsaChoice::kAvx512 || ActiveIsa() == MatmulIsaChoice::kAvx2) &&
+      (w.f32_scaled() || int5 || params.m >= internal::F32ActGemmMinTokens());
   // Per-call buffers, reused (thread_local: one pool per thread calls Matmul).
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> x_scale;
@@ -334,7 +337,7 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
     args.xq = {xq.data(), x_scale.data(), x_sum.data()};
     args.xq_group = act_group;
     args.xq_sum16 = sum16_out;
-  } else if ((w.format == WeightFormat::kInt4 || w.f32_scaled()) && !f32act_gemm) {
+  } else if ((w.format == WeightFormat::kInt4 || int5 || w.f32_scaled()) && !f32act_gemm) {
     // The group sums of x apply each group's min once (summed in double: k adds per
     // token, negligible next to the matmul).
     const int64_t groups = k / w.group_size;
@@ -358,9 +361,9 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   last_isa.store(isa, std::memory_order_relaxed);
   // Int8 activations: the GEMM and the tile kernel give the same bits (matmul_internal.h),
   // so the choice is by speed: AVX2 INT8 stays on the tile kernel unless a test/bench
-  // moved the threshold.
+  // moved the threshold. INT5 has only the tile kernels.
   const bool int8act_gemm =
-      int8_activations && !kquant_int8 && params.m >= internal::Int8ActGemmMinTokens() &&
+      int8_activations && !kquant_int8 && !int5 && params.m >= internal::Int8ActGemmMinTokens() &&
       (int8act_gemm_moved.load(std::memory_order_relaxed) ||
        !(ActiveIsa() == MatmulIsaChoice::kAvx2 && w.format == WeightFormat::kInt8));
   switch (isa) {

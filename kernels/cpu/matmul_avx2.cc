@@ -89,9 +89,13 @@ inline __m256i Dot4(__m256i unsigned_bytes, __m256i signed_bytes, __m256i ones16
 }
 
 // Same arithmetic as the AVX-512 kernel; INT8 weights use |q| and sign(x, q) instead of
-// the offset form (no VNNI: maddubs would saturate on q + 128).
-template <bool kInt4, int Mr, int Nb>
+// the offset form (no VNNI: maddubs would saturate on q + 128). kFormat is INT8, INT4 or
+// INT5 (INT4 with each line's fifth bits ORed into its nibbles; q <= 31 keeps maddubs
+// exact).
+template <WeightFormat kFormat, int Mr, int Nb>
 void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
+  constexpr bool kInt4 = kFormat != WeightFormat::kInt8;
+  constexpr bool kInt5 = kFormat == WeightFormat::kInt5;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
@@ -111,6 +115,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const float* x_scale = a.xq.scale + token0 * x_groups;
   const int32_t* x_sum = a.xq.qsum + token0 * x_groups;
   const __m256i low_mask = _mm256_set1_epi8(0x0f);
+  const __m256i fifth_bit = _mm256_set1_epi8(0x10);
   const __m256i sign_flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 acc[Mr][Nb][2];
@@ -128,8 +133,16 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
         for (int h = 0; h < 2; ++h) {
           const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
           if constexpr (kInt4) {
-            const __m256i lo = _mm256_and_si256(bytes, low_mask);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_mask);
+            __m256i lo = _mm256_and_si256(bytes, low_mask);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_mask);
+            if constexpr (kInt5) {
+              const __m256i high = _mm256_srl_epi32(
+                  _mm256_loadu_si256(
+                      reinterpret_cast<const __m256i*>(base[j] + Int5HighOffset(k, h * 8, g))),
+                  _mm_cvtsi32_si128(2 * line));
+              lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(high, 4), fifth_bit));
+              hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32(high, 3), fifth_bit));
+            }
             for (int r = 0; r < Mr; ++r) {
               const int8_t* xr = xq + r * k + g * kActGroup + line * 8;
               const __m256i x_lo = _mm256_set1_epi32(LoadI32(xr));
@@ -206,12 +219,12 @@ void RunFloat(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   }
 }
 
-template <bool kInt4>
+template <WeightFormat kFormat>
 void RunInt(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   for (int64_t b = block_begin; b < block_end; ++b) {
     int64_t t = 0;
-    for (; t + kIntMr <= a.m; t += kIntMr) IntTile<kInt4, kIntMr, 1>(a, b, t);
-    if (t < a.m) IntTile<kInt4, 1, 1>(a, b, t);
+    for (; t + kIntMr <= a.m; t += kIntMr) IntTile<kFormat, kIntMr, 1>(a, b, t);
+    if (t < a.m) IntTile<kFormat, 1, 1>(a, b, t);
   }
 }
 
@@ -226,10 +239,13 @@ void MatmulBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_en
       RunFloat<true>(a, block_begin, block_end);
       return;
     case WeightFormat::kInt8:
-      RunInt<false>(a, block_begin, block_end);
+      RunInt<WeightFormat::kInt8>(a, block_begin, block_end);
       return;
     case WeightFormat::kInt4:
-      RunInt<true>(a, block_begin, block_end);
+      RunInt<WeightFormat::kInt4>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kInt5:
+      RunInt<WeightFormat::kInt5>(a, block_begin, block_end);
       return;
   }
 }

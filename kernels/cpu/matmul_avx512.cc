@@ -87,8 +87,12 @@ inline int32_t LoadI32(const int8_t* p) {
 // of 16 rows x 4 columns per instruction into int32, then one float scaling per group:
 //   INT4: y += x_scale * (w_scale * dot(q, xq) + w_min * sum(xq))
 //   INT8: y += x_scale * w_scale * (dot(q + 128, xq) - 128 * sum(xq))
-template <bool kInt4, int Mr, int Nb>
+// INT5 is INT4 with each line's fifth bits ORed into its nibbles. kFormat is a
+// WeightFormat (an int for TileTable).
+template <int kFormat, int Mr, int Nb>
 void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
+  constexpr bool kInt4 = kFormat != static_cast<int>(WeightFormat::kInt8);
+  constexpr bool kInt5 = kFormat == static_cast<int>(WeightFormat::kInt5);
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
@@ -108,6 +112,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const float* x_scale = a.xq.scale + token0 * x_groups;
   const int32_t* x_sum = a.xq.qsum + token0 * x_groups;
   const __m512i low_mask = _mm512_set1_epi8(0x0f);
+  const __m512i fifth_bit = _mm512_set1_epi8(0x10);
   __m512 acc[Mr][Nb];
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -136,6 +141,14 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
             const __m512i bytes = _mm512_loadu_si512(lines[j] + line * 64);
             lo[j] = _mm512_and_si512(bytes, low_mask);
             hi[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_mask);
+            if constexpr (kInt5) {
+              // lo | (high << 4 & 0x10) per byte, one ternary-logic op each (A | B & C).
+              const __m512i high =
+                  _mm512_srl_epi32(_mm512_loadu_si512(base[j] + Int5HighOffset(k, 0, g)),
+                                   _mm_cvtsi32_si128(2 * line));
+              lo[j] = _mm512_ternarylogic_epi32(lo[j], _mm512_slli_epi32(high, 4), fifth_bit, 0xf8);
+              hi[j] = _mm512_ternarylogic_epi32(hi[j], _mm512_slli_epi32(high, 3), fifth_bit, 0xf8);
+            }
           }
           for (int r = 0; r < Mr; ++r) {
             const int8_t* xr = xq + r * k + g * kActGroup + line * 8;
@@ -183,7 +196,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
 using TileFn = void (*)(const MatmulArgs&, int64_t, int64_t);
 
 // Runtime (rows, blocks) -> compile-time tile, for tile edges.
-template <template <bool, int, int> class Kernel, bool kFlag, int MaxMr, int MaxNb>
+template <template <int, int, int> class Kernel, int kFlag, int MaxMr, int MaxNb>
 struct TileTable {
   TileFn fns[MaxMr + 1][MaxNb + 1] = {};
   constexpr TileTable() { Fill<1>(); }
@@ -203,24 +216,27 @@ struct TileTable {
   }
 };
 
-template <bool kHalf, int Mr, int Nb>
+template <int kHalf, int Mr, int Nb>
 struct FloatKernel {
   static void Run(const MatmulArgs& a, int64_t block0, int64_t token0) {
-    FloatTile<kHalf, Mr, Nb>(a, block0, token0);
+    FloatTile<kHalf != 0, Mr, Nb>(a, block0, token0);
   }
 };
-template <bool kInt4, int Mr, int Nb>
+template <int kFormat, int Mr, int Nb>
 struct IntKernel {
   static void Run(const MatmulArgs& a, int64_t block0, int64_t token0) {
-    IntTile<kInt4, Mr, Nb>(a, block0, token0);
+    IntTile<kFormat, Mr, Nb>(a, block0, token0);
   }
 };
+constexpr int kInt8Kernel = static_cast<int>(WeightFormat::kInt8);
+constexpr int kInt4Kernel = static_cast<int>(WeightFormat::kInt4);
+constexpr int kInt5Kernel = static_cast<int>(WeightFormat::kInt5);
 
 constexpr int kMaxMr = kFloatMr > kIntMr ? kFloatMr : kIntMr;
 constexpr int kMaxNb = kGemvBlocks;
 
 // Tokens [t0, t1) (all of them by default) over row blocks [block_begin, block_end).
-template <template <bool, int, int> class Kernel, bool kFlag>
+template <template <int, int, int> class Kernel, int kFlag>
 void RunTiles(const MatmulArgs& a, int64_t block_begin, int64_t block_end, int mr, int nb,
               int64_t t0 = 0, int64_t t1 = -1) {
   static constexpr TileTable<Kernel, kFlag, kMaxMr, kMaxNb> table;
@@ -256,14 +272,14 @@ int64_t TokenPanelBytes() {
 // The int8-activation GEMM: token panels that stay in L2 while the thread's row blocks
 // pass over them, kGemmIntMr x kIntNb VNNI tiles inside (IntTile: the same bits as the
 // tile path, whatever the tiling).
-template <bool kInt4>
+template <int kFormat>
 void RunIntGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const int64_t k = a.weight->cols;
   const int64_t panel_tokens = std::max<int64_t>(kGemmIntMr, TokenPanelBytes() / k);
   const int64_t num_panels = (a.m + panel_tokens - 1) / panel_tokens;
   for (int64_t p = 0; p < num_panels; ++p) {
-    RunTiles<IntKernel, kInt4>(a, block_begin, block_end, kGemmIntMr, kIntNb,
-                               a.m * p / num_panels, a.m * (p + 1) / num_panels);
+    RunTiles<IntKernel, kFormat>(a, block_begin, block_end, kGemmIntMr, kIntNb,
+                                 a.m * p / num_panels, a.m * (p + 1) / num_panels);
   }
 }
 
@@ -296,25 +312,28 @@ void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, i
 void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin,
                                    int64_t block_end) {
   if (a.weight->format == WeightFormat::kInt4) {
-    RunIntGemm<true>(a, block_begin, block_end);
+    RunIntGemm<kInt4Kernel>(a, block_begin, block_end);
   } else {
-    RunIntGemm<false>(a, block_begin, block_end);
+    RunIntGemm<kInt8Kernel>(a, block_begin, block_end);
   }
 }
 
 void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   switch (a.weight->format) {
     case WeightFormat::kF32:
-      RunTiles<FloatKernel, false>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      RunTiles<FloatKernel, 0>(a, block_begin, block_end, kFloatMr, kFloatNb);
       return;
     case WeightFormat::kF16:
-      RunTiles<FloatKernel, true>(a, block_begin, block_end, kFloatMr, kFloatNb);
+      RunTiles<FloatKernel, 1>(a, block_begin, block_end, kFloatMr, kFloatNb);
       return;
     case WeightFormat::kInt8:
-      RunTiles<IntKernel, false>(a, block_begin, block_end, kIntMr, kIntNb);
+      RunTiles<IntKernel, kInt8Kernel>(a, block_begin, block_end, kIntMr, kIntNb);
       return;
     case WeightFormat::kInt4:
-      RunTiles<IntKernel, true>(a, block_begin, block_end, kIntMr, kIntNb);
+      RunTiles<IntKernel, kInt4Kernel>(a, block_begin, block_end, kIntMr, kIntNb);
+      return;
+    case WeightFormat::kInt5:
+      RunTiles<IntKernel, kInt5Kernel>(a, block_begin, block_end, kIntMr, kIntNb);
       return;
   }
 }

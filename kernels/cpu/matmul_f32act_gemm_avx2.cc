@@ -1,4 +1,4 @@
-// AVX2 GEMM for INT8/INT4 weights against float activations, for every batch size (one
+// AVX2 GEMM for INT8/INT4/INT5 weights against float activations, for every batch size (one
 // kernel for every m keeps a token's result independent of its batch). Compiled with
 // -mavx2 -mfma -mf16c (kernels/CMakeLists.txt) and only called after a run-time CPU
 // check. The AVX-512 kernel (matmul_f32act_gemm_avx512.cc) explains the scheme; here with
@@ -58,12 +58,16 @@ inline __m256 LoadHalf8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Every decoder: LoadLine(block's data, line) gives a line's packed bits for both 8-row
+// halves (Line), Column<kCol>(line, group, half) column kCol of one half as 8 floats.
+
 // INT4: column j of a line sits at bits 8 * (j % 4) + 4 * (j / 4) of every row's dword;
 // shifted down and masked it converts exactly, and one FMA gives scale * q + min.
 struct Int4Decoder {
   static constexpr int kColsPerLine = 8;
   // Row blocks GemvTile runs in lockstep at m = 1 (2, 3 and 4 measured within 5%).
   static constexpr int kGemvBlocks = 3;
+  explicit Int4Decoder(const PackedWeight& /*w*/) {}
   __m256i low_nibble = _mm256_set1_epi32(0x0f);
   struct Group {
     __m256 scale[2], min[2];
@@ -73,11 +77,17 @@ struct Int4Decoder {
     return {{LoadHalf8(w.scales.data() + index), LoadHalf8(w.scales.data() + index + 8)},
             {LoadHalf8(w.mins.data() + index), LoadHalf8(w.mins.data() + index + 8)}};
   }
-  static __m256i LoadHalfLine(const uint8_t* line, int h) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32));
+  struct Line {
+    __m256i half[2];
+  };
+  Line LoadLine(const uint8_t* block, int64_t line) const {
+    const uint8_t* p = block + line * 64;
+    return {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))}};
   }
   template <int kCol>
-  __m256 Column(__m256i bytes, const Group& group, int h) const {
+  __m256 Column(const Line& line, const Group& group, int h) const {
+    const __m256i bytes = line.half[h];
     constexpr int kShift = 8 * (kCol % 4) + 4 * (kCol / 4);
     __m256i q;
     if constexpr (kShift == 28) {
@@ -97,6 +107,7 @@ struct Int4Decoder {
 struct Int8Decoder {
   static constexpr int kColsPerLine = 4;
   static constexpr int kGemvBlocks = 4;  // as in Int4Decoder
+  explicit Int8Decoder(const PackedWeight& /*w*/) {}
   __m256i top_byte = _mm256_set1_epi32(static_cast<int>(0xff000000u));
   __m256i byte1_to_top = ByteToTop(1);
   __m256i byte2_to_top = ByteToTop(2);
@@ -115,9 +126,14 @@ struct Int8Decoder {
     return {{_mm256_mul_ps(LoadHalf8(w.scales.data() + index), unit),
              _mm256_mul_ps(LoadHalf8(w.scales.data() + index + 8), unit)}};
   }
-  static __m256i LoadHalfLine(const uint8_t* line, int h) {
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + h * 32)),
-                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  struct Line {
+    __m256i half[2];
+  };
+  Line LoadLine(const uint8_t* block, int64_t line) const {
+    const uint8_t* p = block + line * 64;
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    return {{_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip),
+             _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip)}};
   }
   // Column kCol as q * 2^24, exactly.
   template <int kCol>
@@ -135,8 +151,56 @@ struct Int8Decoder {
     return _mm256_cvtepi32_ps(field);
   }
   template <int kCol>
-  __m256 Column(__m256i bytes, const Group& group, int h) const {
-    return _mm256_mul_ps(Shifted<kCol>(bytes), group.scale[h]);
+  __m256 Column(const Line& line, const Group& group, int h) const {
+    return _mm256_mul_ps(Shifted<kCol>(line.half[h]), group.scale[h]);
+  }
+};
+
+// INT5: each half of a line becomes two registers with one q (0..31) per byte, columns
+// 0-3 and 4-7 (the nibbles with their fifth bits ORed in, matmul_internal.h); Int8Decoder's
+// byte moves then give q * 2^24 exactly, and one FMA scale * q + min.
+struct Int5Decoder : Int8Decoder {
+  static constexpr int kColsPerLine = 8;
+  static constexpr int kGemvBlocks = 3;  // as INT4's
+  __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  __m256i fifth_bit = _mm256_set1_epi8(0x10);
+  int64_t high_offset;  // of the fifth bits in a block's data
+  explicit Int5Decoder(const PackedWeight& w)
+      : Int8Decoder(w), high_offset(Int5HighOffset(w.cols, 0, 0)) {}
+  struct Group {
+    __m256 scale[2], min[2];
+  };
+  static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
+    const int64_t index = (block * (w.cols / w.group_size) + g) * kRowBlock;
+    const __m256 unit = _mm256_set1_ps(1.0f / 16777216.0f);
+    return {{_mm256_mul_ps(LoadHalf8(w.scales.data() + index), unit),
+             _mm256_mul_ps(LoadHalf8(w.scales.data() + index + 8), unit)},
+            {LoadHalf8(w.mins.data() + index), LoadHalf8(w.mins.data() + index + 8)}};
+  }
+  struct Line {
+    __m256i columns[2][2];  // [half][columns 0-3, 4-7]
+  };
+  Line LoadLine(const uint8_t* block, int64_t line) const {
+    const uint8_t* p = block + line * 64;
+    const uint8_t* high_words = block + high_offset + (line / 4) * 64;
+    const __m128i shift = _mm_cvtsi32_si128(2 * static_cast<int>(line % 4));
+    Line out;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
+      const __m256i high = _mm256_srl_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high_words + h * 32)), shift);
+      out.columns[h][0] = _mm256_or_si256(_mm256_and_si256(bytes, low_nibbles),
+                                          _mm256_and_si256(_mm256_slli_epi32(high, 4), fifth_bit));
+      out.columns[h][1] =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bytes, 4), low_nibbles),
+                          _mm256_and_si256(_mm256_slli_epi32(high, 3), fifth_bit));
+    }
+    return out;
+  }
+  template <int kCol>
+  __m256 Column(const Line& line, const Group& group, int h) const {
+    return _mm256_fmadd_ps(Shifted<kCol % 4>(line.columns[h][kCol / 4]), group.scale[h],
+                           group.min[h]);
   }
 };
 
@@ -147,6 +211,7 @@ inline int64_t GroupOffset(const PackedWeight& w, int64_t block, int64_t g) {
   return (block * (w.cols / w.group_size) + g) * kRowBlock;
 }
 struct Int4F32Decoder : Int4Decoder {
+  using Int4Decoder::Int4Decoder;
   static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
     const float* scales = w.scales_f32.data() + GroupOffset(w, block, g);
     const float* mins = w.mins_f32.data() + GroupOffset(w, block, g);
@@ -155,6 +220,7 @@ struct Int4F32Decoder : Int4Decoder {
   }
 };
 struct Int8F32Decoder : Int8Decoder {
+  using Int8Decoder::Int8Decoder;
   struct Group {
     __m256 scale[2], min[2];
   };
@@ -167,8 +233,8 @@ struct Int8F32Decoder : Int8Decoder {
             {_mm256_loadu_ps(mins), _mm256_loadu_ps(mins + 8)}};
   }
   template <int kCol>
-  __m256 Column(__m256i bytes, const Group& group, int h) const {
-    return _mm256_fmadd_ps(Shifted<kCol>(bytes), group.scale[h], group.min[h]);
+  __m256 Column(const Line& line, const Group& group, int h) const {
+    return _mm256_fmadd_ps(Shifted<kCol>(line.half[h]), group.scale[h], group.min[h]);
   }
 };
 
@@ -241,7 +307,7 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
   const int64_t k = w.cols, group = w.group_size;
   const uint8_t* data = w.data.data() + call.block * BlockDataBytes(w.format, k);
   const float* x = a.x + call.token0 * k;
-  const Decoder decoder;
+  const Decoder decoder(w);
   Accumulators<Mr> out(a, call);
   __m256 acc[Mr][2];  // local copies, as in PanelTile
 #pragma GCC unroll 8
@@ -255,15 +321,14 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
       if (prefetch != nullptr) {
         _mm_prefetch(reinterpret_cast<const char*>(prefetch + line * 64), _MM_HINT_T1);
       }
-      const __m256i bytes[2] = {Decoder::LoadHalfLine(data + line * 64, 0),
-                                Decoder::LoadHalfLine(data + line * 64, 1)};
+      const typename Decoder::Line bytes = decoder.LoadLine(data, line);
       const int64_t col0 = line * kCols;
       float* dst = panel + (col0 - call.c0) * kRowBlock;
       Unrolled(
           [&](auto col_constant) {
             constexpr int kCol = decltype(col_constant)::value;
-            const __m256 lo = decoder.template Column<kCol>(bytes[0], grp, 0);
-            const __m256 hi = decoder.template Column<kCol>(bytes[1], grp, 1);
+            const __m256 lo = decoder.template Column<kCol>(bytes, grp, 0);
+            const __m256 hi = decoder.template Column<kCol>(bytes, grp, 1);
             if constexpr (kStore) {
               _mm256_store_ps(dst + kCol * kRowBlock, lo);
               _mm256_store_ps(dst + kCol * kRowBlock + 8, hi);
@@ -333,7 +398,7 @@ void GemvTile(const MatmulArgs& a, int64_t block0) {
   const int64_t k = w.cols, group = w.group_size, n = w.rows;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const uint8_t* data = w.data.data() + block0 * block_bytes;
-  const Decoder decoder;
+  const Decoder decoder(w);
   const GroupArrays arrays(w);
   // Every index into acc and grp is a compile-time constant (Unrolled over the blocks
   // too): with a loop index GCC keeps the sums on the stack, a store-forwarding round
@@ -350,17 +415,18 @@ void GemvTile(const MatmulArgs& a, int64_t block0) {
       const float* x = a.x + line * kCols;
       Unrolled(
           [&](auto j) {
-            const uint8_t* p = data + j * block_bytes + line * 64;
-            _mm_prefetch(reinterpret_cast<const char*>(p + kGemvPrefetchLines * 64), _MM_HINT_T0);
-            const __m256i bytes[2] = {Decoder::LoadHalfLine(p, 0), Decoder::LoadHalfLine(p, 1)};
+            const uint8_t* block = data + j * block_bytes;
+            _mm_prefetch(reinterpret_cast<const char*>(block + (line + kGemvPrefetchLines) * 64),
+                         _MM_HINT_T0);
+            const typename Decoder::Line bytes = decoder.LoadLine(block, line);
             Unrolled(
                 [&](auto col_constant) {
                   constexpr int kCol = decltype(col_constant)::value;
                   const __m256 xv = _mm256_broadcast_ss(x + kCol);
-                  acc[j][0] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes[0], grp[j], 0),
-                                              xv, acc[j][0]);
-                  acc[j][1] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes[1], grp[j], 1),
-                                              xv, acc[j][1]);
+                  acc[j][0] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes, grp[j], 0), xv,
+                                              acc[j][0]);
+                  acc[j][1] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes, grp[j], 1), xv,
+                                              acc[j][1]);
                 },
                 std::make_integer_sequence<int, kCols>{});
           },
@@ -463,6 +529,10 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  if (a.weight->format == WeightFormat::kInt5) {
+    RunGemm<Int5Decoder>(a, block_begin, block_end);
+    return;
+  }
   const bool int4 = a.weight->format == WeightFormat::kInt4;
   if (a.weight->f32_scaled()) {
     int4 ? RunGemm<Int4F32Decoder>(a, block_begin, block_end)

@@ -1,4 +1,4 @@
-// AVX-512 GEMM for INT8/INT4 weights against float activations, for batches of tokens
+// AVX-512 GEMM for INT8/INT4/INT5 weights against float activations, for batches of tokens
 // (batched decode, prefill). Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c
 // (kernels/CMakeLists.txt) and only called after a run-time CPU check.
 //
@@ -64,9 +64,14 @@ inline __m512 LoadHalf16(const uint16_t* p) {
 // 8 * (j % 4) + 4 * (j / 4) of every row's dword. vpermps reads only bits 3:0 of each
 // index, so a shift and one permute of {0, ..., 15} give q as a float, and one FMA
 // scale * q + min the weight.
+//
+// Every decoder: LoadLine(block's data, line) gives a line's packed bits (Line),
+// Column<kCol>(line, group) column kCol of it as 16 floats, Prefetch(block's data, line)
+// asks for a line of a later block.
 struct Int4Decoder {
   static constexpr int kColsPerLine = 8;
   __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  explicit Int4Decoder(const PackedWeight& /*w*/) {}
   struct Group {
     __m512 scale, min;
   };
@@ -74,12 +79,58 @@ struct Int4Decoder {
     const int64_t index = (block * (w.cols / w.group_size) + g) * kRowBlock;
     return {LoadHalf16(w.scales.data() + index), LoadHalf16(w.mins.data() + index)};
   }
-  static __m512i LoadLine(const uint8_t* line) { return _mm512_loadu_si512(line); }
+  using Line = __m512i;
+  Line LoadLine(const uint8_t* block, int64_t line) const {
+    return _mm512_loadu_si512(block + line * 64);
+  }
+  void Prefetch(const uint8_t* block, int64_t line) const {
+    _mm_prefetch(reinterpret_cast<const char*>(block + line * 64), _MM_HINT_T1);
+  }
   template <int kCol>
   __m512 Column(__m512i bytes, const Group& group) const {
     constexpr int kShift = 8 * (kCol % 4) + 4 * (kCol / 4);
     const __m512i index = kShift == 0 ? bytes : _mm512_srli_epi32(bytes, kShift);
     return _mm512_fmadd_ps(_mm512_permutexvar_ps(index, values), group.scale, group.min);
+  }
+};
+
+// INT5: the line's nibbles with their fifth bits (matmul_internal.h) become two registers
+// of one q per byte, columns 0-3 and 4-7 (bits 7:5 of each byte are don't-care); shifted,
+// column j's byte indexes {0, ..., 31} with one two-table permute (vpermt2ps reads bits
+// 4:0), and one FMA gives scale * q + min.
+struct Int5Decoder : Int4Decoder {
+  __m512 upper_values =
+      _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  int64_t high_offset;  // of the fifth bits in a block's data
+  explicit Int5Decoder(const PackedWeight& w)
+      : Int4Decoder(w), high_offset(Int5HighOffset(w.cols, 0, 0)) {}
+  struct Line {
+    __m512i columns[2];  // columns 0-3, 4-7: q in byte j of every row's dword
+  };
+  Line LoadLine(const uint8_t* block, int64_t line) const {
+    const __m512i bytes = _mm512_loadu_si512(block + line * 64);
+    const __m512i high = _mm512_srl_epi32(_mm512_loadu_si512(block + high_offset + (line / 4) * 64),
+                                          _mm_cvtsi32_si128(2 * (line % 4)));
+    // Bits 3:0 from the nibbles, 7:4 from the shifted fifth bits (C ? A : B, imm 0xe4).
+    return {{_mm512_ternarylogic_epi32(bytes, _mm512_slli_epi32(high, 4), low_nibbles, 0xe4),
+             _mm512_ternarylogic_epi32(_mm512_srli_epi32(bytes, 4), _mm512_slli_epi32(high, 3),
+                                       low_nibbles, 0xe4)}};
+  }
+  void Prefetch(const uint8_t* block, int64_t line) const {
+    Int4Decoder::Prefetch(block, line);
+    if (line % 4 == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(block + high_offset + (line / 4) * 64),
+                   _MM_HINT_T1);
+    }
+  }
+  template <int kCol>
+  __m512 Column(const Line& line, const Group& group) const {
+    constexpr int kShift = 8 * (kCol % 4);
+    const __m512i bytes = line.columns[kCol / 4];
+    const __m512i index = kShift == 0 ? bytes : _mm512_srli_epi32(bytes, kShift);
+    return _mm512_fmadd_ps(_mm512_permutex2var_ps(values, index, upper_values), group.scale,
+                           group.min);
   }
 };
 
@@ -89,6 +140,7 @@ struct Int4Decoder {
 // the group scale carries the 2^-24.
 struct Int8Decoder {
   static constexpr int kColsPerLine = 4;
+  explicit Int8Decoder(const PackedWeight& /*w*/) {}
   __m512i top_byte = _mm512_set1_epi32(static_cast<int>(0xff000000u));
   // vpshufb controls (indices within each 16-byte lane) moving byte j of every dword to
   // its byte 3, zeroing the others (0x80).
@@ -108,8 +160,13 @@ struct Int8Decoder {
     const int64_t index = (block * (w.cols / w.group_size) + g) * kRowBlock;
     return {_mm512_mul_ps(LoadHalf16(w.scales.data() + index), _mm512_set1_ps(1.0f / 16777216.0f))};
   }
-  static __m512i LoadLine(const uint8_t* line) {
-    return _mm512_xor_si512(_mm512_loadu_si512(line), _mm512_set1_epi8(static_cast<char>(0x80)));
+  using Line = __m512i;
+  Line LoadLine(const uint8_t* block, int64_t line) const {
+    return _mm512_xor_si512(_mm512_loadu_si512(block + line * 64),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  void Prefetch(const uint8_t* block, int64_t line) const {
+    _mm_prefetch(reinterpret_cast<const char*>(block + line * 64), _MM_HINT_T1);
   }
   // Column kCol as q * 2^24, exactly.
   template <int kCol>
@@ -138,12 +195,14 @@ inline int64_t GroupOffset(const PackedWeight& w, int64_t block, int64_t g) {
   return (block * (w.cols / w.group_size) + g) * kRowBlock;
 }
 struct Int4F32Decoder : Int4Decoder {
+  using Int4Decoder::Int4Decoder;
   static Group LoadGroup(const PackedWeight& w, int64_t block, int64_t g) {
     const int64_t index = GroupOffset(w, block, g);
     return {_mm512_loadu_ps(w.scales_f32.data() + index), _mm512_loadu_ps(w.mins_f32.data() + index)};
   }
 };
 struct Int8F32Decoder : Int8Decoder {
+  using Int8Decoder::Int8Decoder;
   struct Group {
     __m512 scale, min;
   };
@@ -220,7 +279,7 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const uint8_t* data = w.data.data() + call.block0 * block_bytes;
   const float* x = a.x + call.token0 * k;
-  const Decoder decoder;
+  const Decoder decoder(w);
   Accumulators<Mr, Nb> out(a, call);
   const int64_t c1 = call.c0 + call.cols;
   for (int64_t c = call.c0; c < c1;) {
@@ -229,13 +288,10 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
     typename Decoder::Group groups[Nb];
     for (int j = 0; j < Nb; ++j) groups[j] = Decoder::LoadGroup(w, call.block0 + j, g);
     for (int64_t line = c / kCols; line < group_end / kCols; ++line) {
-      __m512i bytes[Nb];
+      typename Decoder::Line bytes[Nb];
       for (int j = 0; j < Nb; ++j) {
-        if (prefetch != nullptr) {
-          _mm_prefetch(reinterpret_cast<const char*>(prefetch + j * block_bytes + line * 64),
-                       _MM_HINT_T1);
-        }
-        bytes[j] = Decoder::LoadLine(data + j * block_bytes + line * 64);
+        if (prefetch != nullptr) decoder.Prefetch(prefetch + j * block_bytes, line);
+        bytes[j] = decoder.LoadLine(data + j * block_bytes, line);
       }
       const int64_t col0 = line * kCols;
       float* dst = panel + (col0 - call.c0) * Nb * kRowBlock;
@@ -320,8 +376,8 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   // One panel chunk per thread, kept between calls.
   float* const panel = ThreadScratch(kPanelBlocks * kRowBlock * kChunkCols);
 
-  // Balanced column chunks of at most kChunkCols, multiples of 32 (whole INT4 and INT8
-  // lines; k is a multiple of 32): k = 576 runs as 3 x 192, k = 1536 as 8 x 192.
+  // Balanced column chunks of at most kChunkCols, multiples of 32 (whole lines and INT5
+  // fifth-bit words; k is a multiple of 32): k = 576 runs as 3 x 192, k = 1536 as 8 x 192.
   const int64_t num_chunks = (k + kChunkCols - 1) / kChunkCols;
   const int64_t chunk_cols = ((k + num_chunks - 1) / num_chunks + 31) / 32 * 32;
   // Balanced token panels; in each, the decoding tile takes up to kDecodeMr tokens and
@@ -367,6 +423,10 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
+  if (a.weight->format == WeightFormat::kInt5) {
+    RunGemm<Int5Decoder>(a, block_begin, block_end);
+    return;
+  }
   const bool int4 = a.weight->format == WeightFormat::kInt4;
   if (a.weight->f32_scaled()) {
     int4 ? RunGemm<Int4F32Decoder>(a, block_begin, block_end)

@@ -20,6 +20,11 @@ namespace loom::kernels::cpu::internal {
 ///              holding q + 128 (offset binary, so VNNI's unsigned operand is the weight)
 ///   INT4:      [cols / 8][16][4] uint8    byte  (r, c) at (c / 8) * 64 + r * 4 + c % 4,
 ///              low nibble for c % 8 < 4, high nibble for c % 8 >= 4
+///   INT5:      INT4's layout for the low 4 bits of q, then the fifth bits at byte
+///              cols * 8 of the block: [cols / 32][16] uint32, one dword per row and 32
+///              columns; column 32 G + 8 L + 4 s + j (line L of the group, nibble s,
+///              byte j) is bit 8 j + 2 L + s of dword (G, r). Shifted right by 2 L and
+///              masked per byte, a line's fifth bits sit under its two nibble halves.
 ///   scales / mins (F16): [cols / group_size][16] per block.
 /// One 64-byte line thus feeds one VNNI dot product of 16 rows x 4 columns.
 inline constexpr int64_t kRowBlock = 16;
@@ -58,11 +63,24 @@ inline int64_t BlockDataBytes(WeightFormat format, int64_t cols) {
       return cols * kRowBlock;
     case WeightFormat::kInt4:
       return cols * kRowBlock / 2;
+    case WeightFormat::kInt5:
+      return cols * kRowBlock / 2 + cols * kRowBlock / 8;
   }
   return 0;
 }
 
-/// Byte offset of element (r, c) inside its row block (r < 16) for the integer formats.
+/// Byte offset of the INT5 high-bit dword of (row r of a block, 32-column group G).
+inline int64_t Int5HighOffset(int64_t cols, int64_t r, int64_t group32) {
+  return cols * kRowBlock / 2 + (group32 * kRowBlock + r) * 4;
+}
+/// Bit of column c inside its INT5 high-bit dword.
+inline int Int5HighBit(int64_t c) {
+  const int64_t j = c % 4, s = (c / 4) % 2, line = (c / 8) % 4;
+  return static_cast<int>(8 * j + 2 * line + s);
+}
+
+/// Byte offset of element (r, c) inside its row block (r < 16) for the integer formats
+/// (INT5: of its low 4 bits).
 inline int64_t IntByteOffset(WeightFormat format, int64_t r, int64_t c) {
   return format == WeightFormat::kInt8 ? (c / 4) * 64 + r * 4 + c % 4
                                        : (c / 8) * 64 + r * 4 + c % 4;
@@ -137,19 +155,27 @@ void MatmulBlocksScalar(const MatmulArgs& args, int64_t block_begin, int64_t blo
 void MatmulBlocksAvx2(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 void MatmulBlocksAvx512(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 
-/// The scalar kernels' exact integer dot products of a row block's 16 rows (`data`, INT8 or
-/// INT4 in the packed layout) with int8 activations `xq` over columns [c0, c1), added to
-/// dot[r].
-inline void AddScalarIntegerDots(const uint8_t* data, bool int8, const int8_t* xq, int64_t c0,
-                                 int64_t c1, int32_t* dot) {
+/// q of (row r < 16, column c) in a row block's `data` of an integer format, `cols` wide:
+/// INT8 signed, INT4 0..15, INT5 0..31. The scalar kernels read weights through it.
+inline int BlockQ(const uint8_t* data, WeightFormat format, int64_t cols, int64_t r, int64_t c) {
+  const uint8_t byte = data[IntByteOffset(format, r, c)];
+  if (format == WeightFormat::kInt8) return static_cast<int>(byte) - 128;
+  int q = c % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
+  if (format == WeightFormat::kInt5) {
+    uint32_t high;
+    std::memcpy(&high, data + Int5HighOffset(cols, r, c / 32), sizeof(high));
+    q |= static_cast<int>((high >> Int5HighBit(c)) & 1u) << 4;
+  }
+  return q;
+}
+
+/// The scalar kernels' exact integer dot products of a row block's 16 rows (`data` in the
+/// packed layout of `format`, `cols` wide) with int8 activations `xq` over columns
+/// [c0, c1), added to dot[r].
+inline void AddScalarIntegerDots(const uint8_t* data, WeightFormat format, int64_t cols,
+                                 const int8_t* xq, int64_t c0, int64_t c1, int32_t* dot) {
   for (int64_t c = c0; c < c1; ++c) {
-    const int64_t base = int8 ? (c / 4) * 64 + c % 4 : (c / 8) * 64 + c % 4;
-    const int shift = (!int8 && c % 8 >= 4) ? 4 : 0;
-    for (int r = 0; r < kRowBlock; ++r) {
-      const int q =
-          int8 ? static_cast<int>(data[base + r * 4]) - 128 : (data[base + r * 4] >> shift) & 0x0f;
-      dot[r] += q * xq[c];
-    }
+    for (int r = 0; r < kRowBlock; ++r) dot[r] += BlockQ(data, format, cols, r, c) * xq[c];
   }
 }
 
@@ -261,9 +287,9 @@ struct GroupArrays {
   explicit GroupArrays(const PackedWeight& w)
       : scales(w.f32_scaled() ? reinterpret_cast<const char*>(w.scales_f32.data())
                               : reinterpret_cast<const char*>(w.scales.data())),
-        mins(w.f32_scaled()                    ? reinterpret_cast<const char*>(w.mins_f32.data())
-             : w.format == WeightFormat::kInt4 ? reinterpret_cast<const char*>(w.mins.data())
-                                               : nullptr),
+        mins(w.f32_scaled()    ? reinterpret_cast<const char*>(w.mins_f32.data())
+             : !w.mins.empty() ? reinterpret_cast<const char*>(w.mins.data())
+                               : nullptr),
         element_bytes(w.f32_scaled() ? 4 : 2) {}
 };
 

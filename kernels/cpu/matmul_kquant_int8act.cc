@@ -19,7 +19,6 @@ void MatmulKQuantInt8ActBlocksScalar(const MatmulArgs& a, int64_t block_begin,
                                      int64_t block_end) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, n = w.rows, group = w.group_size;
-  const bool int8 = w.format == WeightFormat::kInt8;
   const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t groups = k / group;
   for (int64_t b = block_begin; b < block_end; ++b) {
@@ -30,7 +29,7 @@ void MatmulKQuantInt8ActBlocksScalar(const MatmulArgs& a, int64_t block_begin,
       float acc[kRowBlock] = {};
       for (int64_t g = 0; g < groups; ++g) {
         int32_t dot[kRowBlock] = {};
-        AddScalarIntegerDots(data, int8, xq, g * group, (g + 1) * group, dot);
+        AddScalarIntegerDots(data, w.format, k, xq, g * group, (g + 1) * group, dot);
         const float xsum = static_cast<float>(GroupActivationSum(a, t, g * group, group));
         const float x_scale = a.xq.scale[t * (k / a.xq_group) + g * group / a.xq_group];
         const int64_t index = (b * groups + g) * kRowBlock;

@@ -61,13 +61,14 @@ void QuantizeGroupRtn(const float* w, int64_t count, WeightFormat format, int8_t
   }
   const uint16_t min_h = FloatToHalf(lo);
   const float min = HalfToFloat(min_h);
-  const uint16_t scale_h = FloatToHalf((hi - min) / 15.0f);
+  const float top = format == WeightFormat::kInt5 ? 31.0f : 15.0f;
+  const uint16_t scale_h = FloatToHalf((hi - min) / top);
   const float scale = HalfToFloat(scale_h);
   *scale_out = scale_h;
   *min_out = min_h;
   for (int64_t j = 0; j < count; ++j) {
     const float v = scale > 0.0f ? std::nearbyint((w[j] - min) / scale) : 0.0f;
-    q[j] = static_cast<int8_t>(std::clamp(v, 0.0f, 15.0f));
+    q[j] = static_cast<int8_t>(std::clamp(v, 0.0f, top));
   }
 }
 

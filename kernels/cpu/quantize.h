@@ -28,7 +28,8 @@ struct QuantizedMatrix {
 /// Round-to-nearest of one group of `count` values, the rule every Loom quantizer uses:
 /// INT8 symmetric (scale = F16(max|w| / 127), q = round(w / scale) in [-127, 127]); INT4
 /// asymmetric (min = F16(min w), scale = F16((max w - min) / 15), q = round((w - min) /
-/// scale) in [0, 15]). Writes q[count], *scale and (INT4) *min. Thread-safe.
+/// scale) in [0, 15]); INT5 as INT4 over [0, 31]. Writes q[count], *scale and (INT4,
+/// INT5) *min. Thread-safe.
 void QuantizeGroupRtn(const float* values, int64_t count, WeightFormat format, int8_t* q,
                       uint16_t* scale, uint16_t* min);
 

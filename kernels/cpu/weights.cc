@@ -25,12 +25,15 @@ const char* FormatName(WeightFormat format) {
       return "INT8";
     case WeightFormat::kInt4:
       return "INT4";
+    case WeightFormat::kInt5:
+      return "INT5";
   }
   return "?";
 }
 
 bool IsInteger(WeightFormat format) {
-  return format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
+  return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 ||
+         format == WeightFormat::kInt5;
 }
 
 absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t cols,
@@ -45,6 +48,9 @@ absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s weight: group size %d must be a positive multiple of %d dividing cols %d",
           FormatName(format), group_size, unit, cols));
+    }
+    if (format == WeightFormat::kInt5 && f32_scales) {
+      return absl::InvalidArgumentError("INT5 weight: F32 scales are not supported");
     }
   } else {
     group_size = 0;
@@ -66,7 +72,7 @@ absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t
       weight.mins_f32.assign(groups, -0.0f);  // no min: -0 adds nothing (GroupMin)
     } else {
       weight.scales.assign(groups, 0);
-      if (format == WeightFormat::kInt4) weight.mins.assign(groups, 0);
+      if (format != WeightFormat::kInt8) weight.mins.assign(groups, 0);
     }
   }
   return weight;
@@ -92,12 +98,18 @@ void SetQ(PackedWeight& w, int64_t row, int64_t col, int q) {
   } else {
     *byte = static_cast<uint8_t>((*byte & 0x0f) | ((q & 0x0f) << 4));
   }
+  if (w.format == WeightFormat::kInt5) {
+    uint8_t* word = BlockData(w, row) + Int5HighOffset(w.cols, row % kRowBlock, col / 32);
+    uint32_t high;
+    std::memcpy(&high, word, sizeof(high));
+    const uint32_t bit = uint32_t{1} << Int5HighBit(col);
+    high = (q & 0x10) != 0 ? (high | bit) : (high & ~bit);
+    std::memcpy(word, &high, sizeof(high));
+  }
 }
 
 int GetQ(const PackedWeight& w, int64_t row, int64_t col) {
-  const uint8_t byte = BlockData(w, row)[IntByteOffset(w.format, row % kRowBlock, col)];
-  if (w.format == WeightFormat::kInt8) return static_cast<int>(byte) - 128;
-  return col % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
+  return BlockQ(BlockData(w, row), w.format, w.cols, row % kRowBlock, col);
 }
 
 float GroupScale(const PackedWeight& w, int64_t index) {
@@ -106,7 +118,7 @@ float GroupScale(const PackedWeight& w, int64_t index) {
 
 float GroupMin(const PackedWeight& w, int64_t index) {
   if (w.f32_scaled()) return w.mins_f32[index];
-  return w.format == WeightFormat::kInt4 ? HalfToFloat(w.mins[index]) : -0.0f;
+  return w.format != WeightFormat::kInt8 ? HalfToFloat(w.mins[index]) : -0.0f;
 }
 
 }  // namespace internal
@@ -134,7 +146,7 @@ void QuantizeGroup(const float* values, PackedWeight& w, int64_t row, int64_t g)
   std::vector<int8_t> q(static_cast<size_t>(gs));
   uint16_t min = 0;
   QuantizeGroupRtn(values, gs, w.format, q.data(), &w.scales[index], &min);
-  if (w.format == WeightFormat::kInt4) w.mins[index] = min;
+  if (w.format != WeightFormat::kInt8) w.mins[index] = min;
   for (int64_t j = 0; j < gs; ++j) SetQ(w, row, g * gs + j, q[static_cast<size_t>(j)]);
 }
 
@@ -154,6 +166,7 @@ void SetRowFromF32(PackedWeight& w, int64_t row, const float* values) {
     }
     case WeightFormat::kInt8:
     case WeightFormat::kInt4:
+    case WeightFormat::kInt5:
       for (int64_t g = 0; g < w.cols / w.group_size; ++g) {
         QuantizeGroup(values + g * w.group_size, w, row, g);
       }
@@ -178,7 +191,8 @@ void CopyRow(const PackedWeight& src, int64_t src_row, PackedWeight& dst, int64_
       return;
     }
     case WeightFormat::kInt8:
-    case WeightFormat::kInt4: {
+    case WeightFormat::kInt4:
+    case WeightFormat::kInt5: {
       for (int64_t c = 0; c < src.cols; ++c) SetQ(dst, dst_row, c, GetQ(src, src_row, c));
       for (int64_t g = 0; g < src.cols / src.group_size; ++g) {
         const int64_t to = GroupIndex(dst, dst_row, g), from = GroupIndex(src, src_row, g);
@@ -188,7 +202,7 @@ void CopyRow(const PackedWeight& src, int64_t src_row, PackedWeight& dst, int64_
           continue;
         }
         dst.scales[to] = src.scales[from];
-        if (src.format == WeightFormat::kInt4) dst.mins[to] = src.mins[from];
+        if (!src.mins.empty()) dst.mins[to] = src.mins[from];
       }
       return;
     }
@@ -201,18 +215,23 @@ uint16_t LoadU16(const uint8_t* p) {
   return value;
 }
 
-// GGUF Q4_0 / Q4_1 / Q8_0 rows into INT4 / INT8 g32 without loss.
+// GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 rows into INT4 / INT5 / INT8 g32 without loss.
 absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t* src,
                                             int64_t rows, int64_t cols) {
   using common::GgmlType;
+  const std::string type_name = common::RawGgmlTypeName(static_cast<uint32_t>(type));
   if (cols % 32 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s tensor: cols %d is not a multiple of 32",
-                        common::RawGgmlTypeName(static_cast<uint32_t>(type)), cols));
+        absl::StrFormat("%s tensor: cols %d is not a multiple of 32", type_name, cols));
   }
-  const WeightFormat format = type == GgmlType::kQ8_0 ? WeightFormat::kInt8 : WeightFormat::kInt4;
+  const bool five_bit = type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
+  const WeightFormat format = type == GgmlType::kQ8_0 ? WeightFormat::kInt8
+                              : five_bit              ? WeightFormat::kInt5
+                                                      : WeightFormat::kInt4;
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, 32));
-  const int64_t block_bytes = type == GgmlType::kQ8_0 ? 34 : type == GgmlType::kQ4_0 ? 18 : 20;
+  LOOM_ASSIGN_OR_RETURN(const common::GgmlTypeTraits traits,
+                        common::GetGgmlTypeTraits(static_cast<uint32_t>(type)));
+  const int64_t block_bytes = traits.type_size;
   const int64_t groups = cols / 32;
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t g = 0; g < groups; ++g) {
@@ -225,29 +244,35 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
         for (int j = 0; j < 32; ++j) SetQ(w, row, c0 + j, static_cast<int8_t>(block[2 + j]));
         continue;
       }
-      if (type == GgmlType::kQ4_0) {
-        // d * (q - 8) == q * d + (-8 d) exactly when -8 d is a finite half.
-        const float min = -8.0f * HalfToFloat(d);
+      const bool symmetric = type == GgmlType::kQ4_0 || type == GgmlType::kQ5_0;
+      if (symmetric) {
+        // d * (q - z) == q * d + (-z d) exactly when -z d is a finite half (z = 8, 16).
+        const float zero_point = type == GgmlType::kQ4_0 ? 8.0f : 16.0f;
+        const float min = -zero_point * HalfToFloat(d);
         const uint16_t min_h = FloatToHalf(min);
         if (HalfToFloat(min_h) != min) {
           return absl::InvalidArgumentError(absl::StrFormat(
-              "Q4_0 tensor: block scale %g at row %d overflows INT4's F16 min (-8 * scale)",
-              HalfToFloat(d), row));
+              "%s tensor: block scale %g at row %d overflows %s's F16 min (-%g * scale)", type_name,
+              HalfToFloat(d), row, FormatName(format), zero_point));
         }
         w.mins[index] = min_h;
       } else {
         w.mins[index] = LoadU16(block + 2);
       }
-      const uint8_t* qs = block + (type == GgmlType::kQ4_0 ? 2 : 4);
+      const uint8_t* after_scales = block + (symmetric ? 2 : 4);
+      if (five_bit) {
+        int q[32];
+        common::Unpack5Bit(after_scales, after_scales + 4, q);
+        for (int j = 0; j < 32; ++j) SetQ(w, row, c0 + j, q[j]);
+        continue;
+      }
       for (int j = 0; j < 16; ++j) {
-        SetQ(w, row, c0 + j, qs[j] & 0x0f);
-        SetQ(w, row, c0 + 16 + j, qs[j] >> 4);
+        SetQ(w, row, c0 + j, after_scales[j] & 0x0f);
+        SetQ(w, row, c0 + 16 + j, after_scales[j] >> 4);
       }
     }
   }
-  w.source = absl::StrFormat("%s -> %s g32 (lossless)",
-                             common::RawGgmlTypeName(static_cast<uint32_t>(type)),
-                             FormatName(format));
+  w.source = absl::StrFormat("%s -> %s g32 (lossless)", type_name, FormatName(format));
   return w;
 }
 
@@ -291,29 +316,49 @@ absl::StatusOr<PackedWeight> ConcatSameFormat(const std::vector<const PackedWeig
   return out;
 }
 
+// The zero point of a symmetric INT4/INT5 weight with F16 scales (every min is -8 or -16
+// times its scale, as Q4_0 and Q5_0 store them), else 0.
+int SymmetricZeroPoint(const PackedWeight& w) {
+  if (w.f32_scaled() || w.format == WeightFormat::kInt8 || !IsInteger(w.format)) return 0;
+  const int zero_point = w.format == WeightFormat::kInt4 ? 8 : 16;
+  for (size_t i = 0; i < w.scales.size(); ++i) {
+    if (HalfToFloat(w.mins[i]) != -static_cast<float>(zero_point) * HalfToFloat(w.scales[i])) {
+      return 0;
+    }
+  }
+  return zero_point;
+}
+
 // Integer parts of different formats, group sizes or scale types, each converted without
-// loss to the widest: INT8 if any part is INT8 (an INT4 q in [0, 15] is an INT8 q, its min
-// kept), the smallest group if every group is a multiple of it (a group's scale and min
-// repeat over its parts), F32 scales and mins when any part has them or an INT4 min must
-// go into INT8 (F16 -> F32 is exact). InvalidArgument for float parts or groups that do
-// not nest.
+// loss to the widest: INT8 if any part is INT8, else INT5 if any is INT5 (a narrower q is
+// a wider one, its min kept), the smallest group if every group is a multiple of it (a
+// group's scale and min repeat over its parts), F32 scales and mins when any part has them
+// or an INT4/INT5 min must go into INT8 (F16 -> F32 is exact) - unless that part is
+// symmetric, whose q - 8 / q - 16 is an INT8 q under the same F16 scale. InvalidArgument
+// for float parts or groups that do not nest.
 absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
     const std::vector<const PackedWeight*>& parts) {
-  bool int8 = false, f32_scales = false, int4 = false;
+  bool int8 = false, int5 = false, f32_scales = false, narrow_with_mins = false;
   int64_t group = 0;
   for (const PackedWeight* part : parts) {
     if (!IsInteger(part->format)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "ConcatRows: parts differ (%s and %s) and are not all INT8/INT4",
-          FormatName(parts[0]->format), FormatName(part->format)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ConcatRows: parts differ (%s and %s) and are not all integer formats",
+                          FormatName(parts[0]->format), FormatName(part->format)));
     }
     int8 = int8 || part->format == WeightFormat::kInt8;
-    int4 = int4 || part->format == WeightFormat::kInt4;
+    int5 = int5 || part->format == WeightFormat::kInt5;
     f32_scales = f32_scales || part->f32_scaled();
+    narrow_with_mins =
+        narrow_with_mins || (part->format != WeightFormat::kInt8 && SymmetricZeroPoint(*part) == 0);
     group = group == 0 ? part->group_size : std::min(group, part->group_size);
   }
-  f32_scales = f32_scales || (int8 && int4);
-  const WeightFormat format = int8 ? WeightFormat::kInt8 : WeightFormat::kInt4;
+  // The kernels take INT5 with F16 scales only: with F32 ones it widens to INT8.
+  int8 = int8 || (int5 && f32_scales);
+  f32_scales = f32_scales || (int8 && narrow_with_mins);
+  const WeightFormat format = int8   ? WeightFormat::kInt8
+                              : int5 ? WeightFormat::kInt5
+                                     : WeightFormat::kInt4;
   std::vector<PackedWeight> out;
   for (const PackedWeight* part : parts) {
     if (part->group_size % group != 0) {
@@ -323,8 +368,10 @@ absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
     LOOM_ASSIGN_OR_RETURN(PackedWeight wide,
                           Allocate(format, part->rows, part->cols, group, f32_scales));
     const int64_t ratio = part->group_size / group;
+    // Into INT8 with F16 scales: a symmetric part's q loses its zero point.
+    const int shift = format == WeightFormat::kInt8 && !f32_scales ? SymmetricZeroPoint(*part) : 0;
     for (int64_t row = 0; row < part->rows; ++row) {
-      for (int64_t c = 0; c < part->cols; ++c) SetQ(wide, row, c, GetQ(*part, row, c));
+      for (int64_t c = 0; c < part->cols; ++c) SetQ(wide, row, c, GetQ(*part, row, c) - shift);
       for (int64_t g = 0; g < part->cols / group; ++g) {
         const int64_t from = GroupIndex(*part, row, g / ratio), to = GroupIndex(wide, row, g);
         if (f32_scales) {
@@ -332,7 +379,7 @@ absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
           wide.mins_f32[to] = GroupMin(*part, from);
         } else {
           wide.scales[to] = part->scales[from];
-          if (format == WeightFormat::kInt4) wide.mins[to] = part->mins[from];
+          if (format != WeightFormat::kInt8) wide.mins[to] = part->mins[from];
         }
       }
     }
@@ -357,37 +404,27 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
   return w;
 }
 
-// Q5_0 (d * (q - 16), q 5 bits) and IQ4_NL (d * kIq4NlValues[q]) blocks of 32 as INT8 g32
-// without loss: the int8 value times the block's F16 scale d, which INT8 keeps as is.
-absl::StatusOr<PackedWeight> PackInt8Blocks(common::GgmlType type, const uint8_t* src, int64_t rows,
-                                            int64_t cols) {
-  using common::GgmlType;
-  const std::string type_name = common::RawGgmlTypeName(static_cast<uint32_t>(type));
+// IQ4_NL (d * kIq4NlValues[q]) blocks of 32 as INT8 g32 without loss: the int8 value times
+// the block's F16 scale d, which INT8 keeps as is.
+absl::StatusOr<PackedWeight> PackIq4NlBlocks(const uint8_t* src, int64_t rows, int64_t cols) {
   if (cols % 32 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s tensor: cols %d is not a multiple of 32", type_name, cols));
+        absl::StrFormat("IQ4_NL tensor: cols %d is not a multiple of 32", cols));
   }
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kInt8, rows, cols, 32));
-  const int64_t block_bytes = type == GgmlType::kQ5_0 ? 22 : 18;
   const int64_t groups = cols / 32;
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = src + (row * groups + g) * block_bytes;
+      const uint8_t* block = src + (row * groups + g) * 18;
       w.scales[GroupIndex(w, row, g)] = LoadU16(block);
       const int64_t c0 = g * 32;
-      if (type == GgmlType::kQ5_0) {
-        int q[32];
-        common::Unpack5Bit(block + 2, block + 6, q);
-        for (int j = 0; j < 32; ++j) SetQ(w, row, c0 + j, static_cast<int8_t>(q[j] - 16));
-      } else {
-        for (int j = 0; j < 16; ++j) {
-          SetQ(w, row, c0 + j, common::kIq4NlValues[block[2 + j] & 0x0f]);
-          SetQ(w, row, c0 + 16 + j, common::kIq4NlValues[block[2 + j] >> 4]);
-        }
+      for (int j = 0; j < 16; ++j) {
+        SetQ(w, row, c0 + j, common::kIq4NlValues[block[2 + j] & 0x0f]);
+        SetQ(w, row, c0 + 16 + j, common::kIq4NlValues[block[2 + j] >> 4]);
       }
     }
   }
-  w.source = absl::StrFormat("%s -> INT8 g32 (lossless)", type_name);
+  w.source = "IQ4_NL -> INT8 g32 (lossless)";
   return w;
 }
 
@@ -403,11 +440,12 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
   switch (type) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
       return PackGgufBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
-    case GgmlType::kQ5_0:
     case GgmlType::kIQ4_NL:
-      return PackInt8Blocks(type, static_cast<const uint8_t*>(data), rows, cols);
+      return PackIq4NlBlocks(static_cast<const uint8_t*>(data), rows, cols);
     case GgmlType::kF16: {
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
@@ -426,8 +464,7 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kQ6_K:
       return internal::PackKQuantBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
     case GgmlType::kF32:
-    case GgmlType::kBF16:
-    case GgmlType::kQ5_1: {  // d * q + m with 5-bit q and an F16 min: kept in F32
+    case GgmlType::kBF16: {
       std::vector<float> values(static_cast<size_t>(rows * cols));
       LOOM_RETURN_IF_ERROR(common::DequantizeToF32(type, data,
                                                    static_cast<uint64_t>(rows * cols),
@@ -446,8 +483,9 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
 }
 
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
-  if (!IsInteger(w.format)) {
-    return absl::InvalidArgumentError("UnpackQuantized: the weight is not INT8/INT4");
+  if (w.format != WeightFormat::kInt8 && w.format != WeightFormat::kInt4) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("UnpackQuantized: the weight is %s, not INT8/INT4", FormatName(w.format)));
   }
   if (w.format == WeightFormat::kInt8 && w.f32_scaled() &&
       std::any_of(w.mins_f32.begin(), w.mins_f32.end(), [](float m) { return m != 0.0f; })) {
@@ -509,7 +547,8 @@ void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, f
         break;
       }
       case WeightFormat::kInt8:
-      case WeightFormat::kInt4: {
+      case WeightFormat::kInt4:
+      case WeightFormat::kInt5: {
         for (int64_t g = 0; g < cols / w.group_size; ++g) {
           const int64_t index = GroupIndex(w, row, g);
           const float scale = GroupScale(w, index);
@@ -531,15 +570,17 @@ void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, f
             continue;
           }
           const float min = HalfToFloat(w.mins[index]);
-          if (min == -8.0f * scale) {
-            // Q4_0's symmetric form: d * (q - 8), which also keeps GGUF's sign of zero.
+          const int zero_point = w.format == WeightFormat::kInt4 ? 8 : 16;
+          if (min == -static_cast<float>(zero_point) * scale) {
+            // Q4_0's and Q5_0's symmetric form: d * (q - 8) / d * (q - 16), which also
+            // keeps GGUF's sign of zero.
             for (int64_t j = 0; j < w.group_size; ++j) {
-              dst[c0 + j] = static_cast<float>(GetQ(w, row, c0 + j) - 8) * scale;
+              dst[c0 + j] = static_cast<float>(GetQ(w, row, c0 + j) - zero_point) * scale;
             }
             continue;
           }
-          // q * scale is exact (4-bit by 11-bit mantissas), so this rounds once, as
-          // GGUF's Q4_1 d * q + m does.
+          // q * scale is exact (5-bit by 11-bit mantissas), so this rounds once, as
+          // GGUF's Q4_1 and Q5_1 d * q + m do.
           for (int64_t j = 0; j < w.group_size; ++j) {
             dst[c0 + j] = static_cast<float>(GetQ(w, row, c0 + j)) * scale + min;
           }

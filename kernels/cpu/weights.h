@@ -17,6 +17,8 @@ enum class WeightFormat {
           //   (group_size == cols: per output channel; 32: GGUF Q8_0 exactly)
   kInt4,  // 4-bit q in [0, 15], value = q * scale + min; one (scale, min) per group
           //   (group 32: GGUF Q4_0 (min = -8 * scale) and Q4_1 exactly)
+  kInt5,  // 5-bit q in [0, 31], value = q * scale + min, as kInt4 with a fifth bit
+          //   (group 32: GGUF Q5_0 (min = -16 * scale) and Q5_1 exactly)
 };
 // INT8/INT4 weights come with F16 scales (`scales`, `mins`: the formats above) or, for the
 // K-quants, with F32 ones (`scales_f32`, `mins_f32`): a K-quant sub-block's scale is an F16
@@ -37,7 +39,7 @@ struct PackedWeight {
   // see kernels/cpu/matmul_internal.h. Read rows through DequantizeRows.
   std::vector<uint8_t> data;
   std::vector<uint16_t> scales;    // kInt8 / kInt4: F16, one per (row, group), same blocking
-  std::vector<uint16_t> mins;      // kInt4: F16, one per (row, group), same blocking
+  std::vector<uint16_t> mins;      // kInt4 / kInt5: F16, one per (row, group), same blocking
   // F32-scaled INT8/INT4 (K-quants) instead of `scales` / `mins`: both always present,
   // same blocking; an INT8 group without a min holds -0.0f.
   std::vector<float> scales_f32;
@@ -55,7 +57,7 @@ struct PackedWeight {
 
 /// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
 /// backend format, every one without loss: F32 -> F32, F16 -> F16, BF16 -> F32,
-/// Q4_0/Q4_1 -> INT4 g32, Q8_0, Q5_0 and IQ4_NL -> INT8 g32, Q5_1 -> F32, and the
+/// Q4_0/Q4_1 -> INT4 g32, Q5_0/Q5_1 -> INT5 g32, Q8_0 and IQ4_NL -> INT8 g32, and the
 /// K-quants into F32-scaled INT4/INT8 (kernels/cpu/kquant_weights.cc): Q4_K -> INT4 g32,
 /// Q5_K -> INT8 g32 with mins, Q6_K -> INT8 g16, Q3_K and Q2_K -> INT4 g16. `source` says
 /// which. InvalidArgument for unsupported types or sizes.
@@ -70,8 +72,10 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
 /// Stacks weights with equal cols into one [sum rows, cols] matrix (fused QKV and gate/up
 /// projections: one matmul instead of several). Integer parts that differ in format,
 /// group size or scale type are first converted, without loss, to the widest of them
-/// (INT4 -> INT8, a group into halves, F16 -> F32 scales), as a Q4_K_M file's Q6_K V
-/// beside its Q4_K Q and K needs; other mixes are InvalidArgument.
+/// (INT4 -> INT5 -> INT8, a group into halves, F16 -> F32 scales), as a Q4_K_M file's Q6_K V
+/// beside its Q4_K Q and K needs; symmetric INT4/INT5 parts (Q4_0, Q5_0: min = -8 or -16
+/// times the scale) become INT8 q - 8 / q - 16 with their F16 scales, so a Q8_0 V beside
+/// Q5_0 Q and K stays one byte per weight. Other mixes are InvalidArgument.
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
 
 /// An INT8/INT4 weight's values in plain row-major order, for repacking into another
@@ -83,7 +87,7 @@ struct NaturalQuantizedWeight {
   std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]
   std::vector<uint16_t> mins;     // INT4: F16 [rows, cols / group_size]; INT8: empty
 };
-/// InvalidArgument for F32/F16 weights and for INT8 weights with mins (Q5_K).
+/// InvalidArgument for F32/F16 and INT5 weights and for INT8 weights with mins (Q5_K).
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& weight);
 
 /// Dequantizes rows [row_begin, row_end) to F32, [row_end - row_begin, cols] into `out`

@@ -83,6 +83,8 @@ const char* FormatName(WeightFormat f) {
       return "INT8";
     case WeightFormat::kInt4:
       return "INT4";
+    case WeightFormat::kInt5:
+      return "INT5";
   }
   return "?";
 }
@@ -135,7 +137,7 @@ void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, Precision precis
     ASSERT_TRUE(Matmul(params, pool).ok());
   }
 
-  const bool integer = format == WeightFormat::kInt8 || format == WeightFormat::kInt4;
+  const bool integer = format != WeightFormat::kF32 && format != WeightFormat::kF16;
   // The activations the kernels actually multiply, and their quantization step (zero,
   // and x_hat == x, for float activations).
   std::vector<float> x_hat = x;
@@ -189,7 +191,7 @@ class MatmulFormatTest : public testing::TestWithParam<std::tuple<WeightFormat, 
 // F32/F16 weights (float activations) and the int8-activation path of INT8/INT4.
 TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
   const auto [format, group] = GetParam();
-  const Precision precision = format == WeightFormat::kInt8 || format == WeightFormat::kInt4
+  const Precision precision = format != WeightFormat::kF32 && format != WeightFormat::kF16
                                   ? Precision::kInt8
                                   : Precision::kF32;
   const std::vector<Shape> shapes = {{37, 96}, {576, 576}, {1536, 576}, {576, 1536}, {3, 2048}};
@@ -217,17 +219,18 @@ std::string FormatAndGroupName(
          (g == 0 ? "" : g < 0 ? "_per_channel" : "_g" + std::to_string(g));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, MatmulFormatTest,
-    testing::Values(std::make_tuple(WeightFormat::kF32, int64_t{0}),
-                    std::make_tuple(WeightFormat::kF16, int64_t{0}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{-1}),  // per output channel
-                    std::make_tuple(WeightFormat::kInt4, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt4, int64_t{64})),
-    FormatAndGroupName);
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulFormatTest,
+                         testing::Values(std::make_tuple(WeightFormat::kF32, int64_t{0}),
+                                         std::make_tuple(WeightFormat::kF16, int64_t{0}),
+                                         std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt8,
+                                                         int64_t{-1}),  // per output channel
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{32})),
+                         FormatAndGroupName);
 
-// INT8/INT4 weights with float activations (the default): dequantized in registers,
+// INT8/INT4/INT5 weights with float activations (the default): dequantized in registers,
 // float accumulation, so the float tolerance holds. n = 1000 leaves a partial row block;
 // per-channel INT8 has one group over all of k.
 class MatmulFloatActivationTest
@@ -252,13 +255,14 @@ TEST_P(MatmulFloatActivationTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, MatmulFloatActivationTest,
-    testing::Values(std::make_tuple(WeightFormat::kInt8, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{-1}),  // per output channel
-                    std::make_tuple(WeightFormat::kInt4, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt4, int64_t{64})),
-    FormatAndGroupName);
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulFloatActivationTest,
+                         testing::Values(std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt8,
+                                                         int64_t{-1}),  // per output channel
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{64})),
+                         FormatAndGroupName);
 
 // The GEMM kernel for INT8/INT4 weights with float activations (AVX-512: each 32-row
 // panel dequantized once per call into a float scratch, then a float microkernel over
@@ -304,23 +308,25 @@ TEST_P(MatmulF32ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, MatmulF32ActGemmTest,
-    testing::Values(std::make_tuple(WeightFormat::kInt4, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt4, int64_t{64}),
-                    std::make_tuple(WeightFormat::kInt4, int64_t{128}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{64}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{128}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{-1})),  // per output channel
-    FormatAndGroupName);
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulF32ActGemmTest,
+                         testing::Values(std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{128}),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{128}),
+                                         std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt8, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kInt8, int64_t{128}),
+                                         std::make_tuple(WeightFormat::kInt8,
+                                                         int64_t{-1})),  // per output channel
+                         FormatAndGroupName);
 
 // The AVX2 and AVX-512 GEMM kernels compute each output as one FMA chain over k of the
 // same dequantized floats: the same bits, on every shape and batch size.
 TEST(MatmulTest, F32ActGemmIsBitIdenticalOnAvx2AndAvx512) {
   if (!internal::IsaSupported(MatmulIsaChoice::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
   uint32_t seed = 900;
-  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt5, WeightFormat::kInt8}) {
     for (Shape shape : {Shape{40, 128}, Shape{1000, 768}}) {
       const TestWeight weight = MakeTestWeight(format, 64, shape, ++seed);
       for (int64_t m : {1, 5, 9, 40}) {
@@ -406,7 +412,7 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
   }
   if (isas.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 here";
   uint32_t seed = 1900;
-  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+  for (WeightFormat format : {WeightFormat::kInt4, WeightFormat::kInt5, WeightFormat::kInt8}) {
     for (Shape shape : {Shape{40, 128}, Shape{1000, 768}}) {
       const TestWeight weight = MakeTestWeight(format, 64, shape, ++seed);
       for (int64_t m : {1, 5, 9, 40}) {
@@ -452,7 +458,8 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
 TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
   for (MatmulIsaChoice isa : AvailableIsas()) {
     IsaGuard isa_guard(isa);
-    for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kF16}) {
+    for (WeightFormat format :
+         {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kInt5, WeightFormat::kF16}) {
       const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
       const int64_t m = 13;
       const std::vector<float> x = RandomActivations(m, 576, 22);

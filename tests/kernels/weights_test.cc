@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
+#include "kernels/cpu/weights_internal.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -61,12 +62,12 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
     ASSERT_TRUE(common::DequantizeToF32(type, blocks.data(), rows * cols, expected.data()).ok());
     absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
     ASSERT_TRUE(packed.ok()) << packed.status();
-    const WeightFormat format = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1
-                                    ? WeightFormat::kInt4
-                                : type == GgmlType::kQ5_1 ? WeightFormat::kF32
-                                                          : WeightFormat::kInt8;
+    const WeightFormat format =
+        type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1   ? WeightFormat::kInt4
+        : type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ? WeightFormat::kInt5
+                                                             : WeightFormat::kInt8;
     EXPECT_EQ(packed->format, format);
-    EXPECT_EQ(packed->group_size, format == WeightFormat::kF32 ? 0 : 32);
+    EXPECT_EQ(packed->group_size, 32);
     EXPECT_NE(packed->source.find("lossless"), std::string::npos) << packed->source;
     const std::vector<float> got = Unpack(*packed);
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
@@ -81,6 +82,74 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
 INSTANTIATE_TEST_SUITE_P(Gguf, LosslessPackTest,
                          testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0,
                                          GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL));
+
+// The legacy 5-bit formats keep their 5 bits: a Q5_0/Q5_1 weight reads 0.75 bytes per weight
+// (nibbles, fifth bits, F16 scale and min per 32), not INT8's 1.06; every q survives.
+TEST(WeightsTest, Int5KeepsEveryQAndReadsThreeQuartersOfAByte) {
+  const int64_t rows = 37, cols = 96;
+  const std::vector<uint8_t> blocks = RandomGgufBlocks(GgmlType::kQ5_0, rows * cols, 3);
+  absl::StatusOr<PackedWeight> packed = PackWeight(GgmlType::kQ5_0, blocks.data(), rows, cols);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const int64_t padded_rows = internal::NumRowBlocks(rows) * internal::kRowBlock;
+  EXPECT_EQ(packed->bytes(), padded_rows * cols * 3 / 4);
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t g = 0; g < cols / 32; ++g) {
+      int q[32];
+      const uint8_t* block = blocks.data() + (row * (cols / 32) + g) * 22;
+      common::Unpack5Bit(block + 2, block + 6, q);
+      for (int j = 0; j < 32; ++j) ASSERT_EQ(internal::GetQ(*packed, row, g * 32 + j), q[j]);
+    }
+  }
+}
+
+// Fused matrices with INT5 parts widen without loss: INT4 beside INT5 -> INT5; symmetric
+// INT5 (Q5_0) beside INT8 (Q8_0, as a Q4_K_M file's Q/K beside its V) -> INT8 q - 16 under
+// the same F16 scales, one byte per weight; asymmetric INT5 (Q5_1) beside INT8 -> INT8
+// with F32 scales and mins.
+TEST(WeightsTest, ConcatRowsWidensInt5PartsWithoutLoss) {
+  const int64_t cols = 64;
+  const std::vector<uint8_t> q5_0 = RandomGgufBlocks(GgmlType::kQ5_0, 24 * cols, 4);
+  const std::vector<uint8_t> q5_1 = RandomGgufBlocks(GgmlType::kQ5_1, 8 * cols, 5);
+  const std::vector<uint8_t> q8_0 = RandomGgufBlocks(GgmlType::kQ8_0, 8 * cols, 6);
+  const std::vector<uint8_t> q4_1 = RandomGgufBlocks(GgmlType::kQ4_1, 8 * cols, 7);
+  const PackedWeight a = *PackWeight(GgmlType::kQ5_0, q5_0.data(), 24, cols);
+  const PackedWeight b = *PackWeight(GgmlType::kQ5_1, q5_1.data(), 8, cols);
+  const PackedWeight c = *PackWeight(GgmlType::kQ8_0, q8_0.data(), 8, cols);
+  const PackedWeight d = *PackWeight(GgmlType::kQ4_1, q4_1.data(), 8, cols);
+  auto stacked = [](std::vector<const PackedWeight*> parts) {
+    std::vector<float> values;
+    for (const PackedWeight* part : parts) {
+      const std::vector<float> more = Unpack(*part);
+      values.insert(values.end(), more.begin(), more.end());
+    }
+    return values;
+  };
+  auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  absl::StatusOr<PackedWeight> q5_q4 = ConcatRows({&a, &d});
+  ASSERT_TRUE(q5_q4.ok()) << q5_q4.status();
+  EXPECT_EQ(q5_q4->format, WeightFormat::kInt5);
+  EXPECT_TRUE(same_bits(Unpack(*q5_q4), stacked({&a, &d})));
+
+  absl::StatusOr<PackedWeight> symmetric = ConcatRows({&a, &c});
+  ASSERT_TRUE(symmetric.ok()) << symmetric.status();
+  EXPECT_EQ(symmetric->format, WeightFormat::kInt8);
+  EXPECT_FALSE(symmetric->f32_scaled());
+  // Values equal; Q5_0's d * (q - 16) and INT8's q' * d agree up to the sign of a zero.
+  EXPECT_EQ(Unpack(*symmetric), stacked({&a, &c}));
+
+  absl::StatusOr<PackedWeight> asymmetric = ConcatRows({&a, &b, &c});
+  ASSERT_TRUE(asymmetric.ok()) << asymmetric.status();
+  EXPECT_EQ(asymmetric->format, WeightFormat::kInt8);
+  EXPECT_TRUE(asymmetric->f32_scaled());
+  EXPECT_EQ(Unpack(*asymmetric), stacked({&a, &b, &c}));
+
+  // The CUDA repack has no INT5 form: refused by name (the CUDA device uploads it dense).
+  absl::StatusOr<NaturalQuantizedWeight> natural = UnpackQuantized(a);
+  EXPECT_EQ(natural.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(natural.status().message().find("INT5"), std::string::npos);
+}
 
 TEST(WeightsTest, F16AndF32PackWithoutLoss) {
   const int64_t rows = 19, cols = 40;

@@ -55,7 +55,8 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   moe_top1     max 0.291 (every ISA)        RMS 0.0541
 #   gemma3_swa   max 0.162 (every ISA)        RMS 0.0426
 #   phi3_longrope max 0.690 (every ISA)       RMS 0.141 (untied Q8_0 head with gain 4: large logits)
-#   llama_q5     max 0.152 (every ISA)        RMS 0.0395
+#   llama_q5     max 0.485 (every ISA)        RMS 0.0910 (Q5_1 layers now INT5 with int8
+#                activations, as llama.cpp's Q8_1 arithmetic; 0.152 / 0.0395 with them in F32)
 #   gemma2_softcap max 0.283 (every ISA)     RMS 0.0645
 #   llama_k      max 0.864 (every ISA)        RMS 0.1659 / 0.1659 / 0.1680 (Q8_K: a scale per 256)
 # llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
@@ -79,7 +80,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "moe_top1": (0.44, 0.081),
     "gemma3_swa": (0.24, 0.064),
     "phi3_longrope": (1.04, 0.21),
-    "llama_q5": (0.23, 0.06),
+    "llama_q5": (0.73, 0.137),
     "llama_k": (1.3, 0.252),
     "gemma2_softcap": (0.43, 0.097),
 }

@@ -207,8 +207,7 @@ SPECS = {
                "attn_output": (T.Q4_1, T.F16), "ffn_up": (T.Q8_0, T.Q4_0),
                "ffn_down": (T.F16, T.Q8_0)}),
     # The legacy 5-bit formats llama.cpp puts into K-quant files where a row is not a multiple
-    # of 256 (Q5_0 in Q4_K_M, Q5_1 in Q5_K_M): Loom packs Q5_0 into INT8 exactly and keeps
-    # Q5_1 as F32.
+    # of 256 (Q5_0 in Q4_K_M, Q5_1 in Q5_K_M): Loom keeps both as 5-bit INT5, exactly.
     "llama_q5": ModelSpec(
         name="llama_q5", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=2, head_dim=16,
         n_ff=128, seed=55,
