@@ -9,7 +9,7 @@
 //
 //   build/bench/cpu_kernels_bench [--quick] [--footprint-mib N]
 //                                 [--section gemv|sweep|a8gemm|gemm]
-//   LOOM_BENCH_FORMAT=INT4 restricts the run to one weight format.
+//   LOOM_BENCH_FORMAT=INT4 (or INT8,INT5) restricts the run to those weight formats.
 
 #include <time.h>
 
@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "bench/machine_limits.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
@@ -49,13 +51,14 @@ struct Format {
   const char* activation_name;  // "f32" or "int8"
 };
 
-const Format kFormats[] = {
-    {"F32", WeightFormat::kF32, 0, ActivationPrecision::kF32, "f32"},
-    {"F16", WeightFormat::kF16, 0, ActivationPrecision::kF32, "f32"},
-    {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kF32, "f32"},
-    {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kInt8, "int8"},
-    {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kF32, "f32"},
-    {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kInt8, "int8"}};
+const Format kFormats[] = {{"F32", WeightFormat::kF32, 0, ActivationPrecision::kF32, "f32"},
+                           {"F16", WeightFormat::kF16, 0, ActivationPrecision::kF32, "f32"},
+                           {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kF32, "f32"},
+                           {"INT8", WeightFormat::kInt8, 32, ActivationPrecision::kInt8, "int8"},
+                           {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kF32, "f32"},
+                           {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kInt8, "int8"},
+                           {"INT5", WeightFormat::kInt5, 32, ActivationPrecision::kF32, "f32"},
+                           {"INT5", WeightFormat::kInt5, 32, ActivationPrecision::kInt8, "int8"}};
 
 // "INT4/a32": format and activation precision, as the tables print it.
 std::string Label(const Format& f) {
@@ -160,7 +163,14 @@ struct Options {
   std::string section;                     // empty: every table
   int64_t footprint = int64_t{256} << 20;  // 8x a 32 MiB L3
   int repeats = 7;                         // 3 with --quick
-  const char* only = nullptr;              // LOOM_BENCH_FORMAT, e.g. INT4: one format only
+  const char* only = nullptr;  // LOOM_BENCH_FORMAT, e.g. INT4 or INT8,INT5: those formats only
+  bool Includes(const char* format) const {
+    if (only == nullptr) return true;
+    for (absl::string_view name : absl::StrSplit(only, ',')) {
+      if (name == format) return true;
+    }
+    return false;
+  }
   // Whether the table `name` runs (--section).
   bool Runs(const char* name) const { return section.empty() || section == name; }
 };
@@ -215,7 +225,7 @@ void RunGemv(const Options& options, const Limits& limits, std::string& json) {
               "ratio", "2T GB/s", "ratio", "m16 speedup");
   bool first = true;
   for (const Format& f : kFormats) {
-    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (!options.Includes(f.name)) continue;
     if (!options.Runs("gemv")) break;
     for (const Shape& s : kShapes) {
       const PackedWeight w = MakeWeight(f, s);
@@ -267,7 +277,7 @@ void RunSweep(const Options& options, std::string& json) {
   ThreadPool pool(2);
   bool first = true;
   for (const Format& f : kFormats) {
-    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (!options.Includes(f.name)) continue;
     if (f.format != WeightFormat::kInt8 && f.format != WeightFormat::kInt4) continue;
     if (f.activations != ActivationPrecision::kF32) continue;
     for (const Shape& s : {kShapes[1], kShapes[3]}) {
@@ -324,8 +334,9 @@ void RunA8Gemm(const Options& options, const Limits& limits, std::string& json) 
   ThreadPool pool(1);
   bool first = true;
   for (const Format& f : kFormats) {
-    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
-    if (f.activations != ActivationPrecision::kInt8) continue;
+    if (!options.Includes(f.name)) continue;
+    // INT5 has the tile kernels only.
+    if (f.activations != ActivationPrecision::kInt8 || f.format == WeightFormat::kInt5) continue;
     for (const Shape& s : {kShapes[1], kShapes[2]}) {
       const std::vector<PackedWeight> one = {MakeWeight(f, s)};
       // The two kernels alternate, round by round (this machine may be shared): medians
@@ -380,7 +391,7 @@ void RunGemm(const Options& options, const Limits& limits, std::string& json) {
   bool first = true;
   ThreadPool pool(2);
   for (const Format& f : kFormats) {
-    if (options.only != nullptr && std::strcmp(options.only, f.name) != 0) continue;
+    if (!options.Includes(f.name)) continue;
     if (!options.Runs("gemm")) break;
     for (const Shape& s : kShapes) {
       const std::vector<PackedWeight> one = {MakeWeight(f, s)};

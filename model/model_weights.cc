@@ -30,7 +30,8 @@ absl::Status CheckShape(const common::GgufTensorInfo& tensor, std::vector<uint64
 
 class Loader {
  public:
-  explicit Loader(const common::GgufFile& gguf) : gguf_(gguf) {}
+  Loader(const common::GgufFile& gguf, const kernels::cpu::PackOptions& pack)
+      : gguf_(gguf), pack_(pack) {}
 
   // Whether matrix `name` is in the file, as a tensor or in Loom's own encoding.
   bool HasMatrix(const std::string& name) const {
@@ -165,10 +166,10 @@ class Loader {
       // Integer parts of different formats (a Q6_K V beside Q4_K Q/K) were widened.
       for (const PackedWeight& weight : packed) {
         if (weight.format != fused->format || weight.group_size != fused->group_size) {
-          conversions_[absl::StrFormat(
-              "mixed formats fused -> %s g%d%s (lossless)",
-              fused->format == kernels::cpu::WeightFormat::kInt8 ? "INT8" : "INT4",
-              fused->group_size, fused->f32_scaled() ? ", F32 scales" : "")]++;
+          conversions_[absl::StrFormat("mixed formats fused -> %s g%d%s (lossless)",
+                                       kernels::cpu::WeightFormatName(fused->format),
+                                       fused->group_size,
+                                       fused->f32_scaled() ? ", F32 scales" : "")]++;
           break;
         }
       }
@@ -190,7 +191,7 @@ class Loader {
 
   absl::StatusOr<PackedWeight> Pack(const std::string& name, common::GgmlType type,
                                     const uint8_t* data, int64_t rows, int64_t cols) {
-    absl::StatusOr<PackedWeight> packed = kernels::cpu::PackWeight(type, data, rows, cols);
+    absl::StatusOr<PackedWeight> packed = kernels::cpu::PackWeight(type, data, rows, cols, pack_);
     if (!packed.ok()) {
       return absl::Status(packed.status().code(),
                           absl::StrCat("tensor ", name, ": ", packed.status().message()));
@@ -221,6 +222,7 @@ class Loader {
 
  private:
   const common::GgufFile& gguf_;
+  const kernels::cpu::PackOptions pack_;
   std::map<std::string, int> conversions_;
 };
 
@@ -274,8 +276,9 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
   return bytes;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
-                                                               const Parallelism& parallel) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
+    const common::GgufFile& gguf, const Parallelism& parallel,
+    const kernels::cpu::PackOptions& pack) {
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   if (config.rope_dim <= 0 || config.rope_dim > config.head_dim || config.rope_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -285,7 +288,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::Ggu
   LOOM_RETURN_IF_ERROR(CheckQuantizationVersion(gguf));
   LOOM_ASSIGN_OR_RETURN(ShardPlan plan, PlanPartition(config, parallel));
   auto weights = std::make_unique<ModelWeights>();
-  Loader loader(gguf);
+  Loader loader(gguf, pack);
   const int64_t hidden = config.hidden_size;
   const int64_t hd = config.head_dim;
   const int64_t q_rows = config.num_heads * hd;

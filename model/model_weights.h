@@ -64,9 +64,11 @@ struct ModelWeights {
 /// `layers` then holds the stage's layers and `token_embedding` is empty where no stage
 /// part needs it); InvalidArgument naming the tensor for a missing tensor or a shape
 /// that does not match the config, or naming what does not divide. Matrices in Loom's
-/// own INT8/INT4 encoding (`loom quantize`, model/quantized_gguf.h) are packed without loss.
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const common::GgufFile& gguf,
-                                                               const Parallelism& parallel = {});
+/// own INT8/INT4 encoding (`loom quantize`, model/quantized_gguf.h) are packed without loss;
+/// `pack` chooses between packings of the same values (kernels/cpu/weights.h).
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
+    const common::GgufFile& gguf, const Parallelism& parallel = {},
+    const kernels::cpu::PackOptions& pack = {});
 
 /// RoPE's inverse frequencies (linear, llama3 or yarn scaling applied) live in common/.
 using common::RopeInverseFrequencies;

@@ -24,10 +24,15 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
         absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
                         options.pp_stage, options.pp_size));
   }
-  LOOM_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::ModelWeights> weights,
-      model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size, options.pp_stage,
-                                     options.pp_size, options.pp_layers}));
+  // Q5_0 as INT8 under float activations, INT5 under int8 ones: the faster form of the same
+  // values for each (kernels/cpu/weights.h).
+  kernels::cpu::PackOptions pack;
+  pack.q5_0_as_int8 = options.activations == kernels::cpu::ActivationPrecision::kF32;
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
+                        model::LoadModelWeights(gguf,
+                                                {options.tp_rank, options.tp_size, options.pp_stage,
+                                                 options.pp_size, options.pp_layers},
+                                                pack));
   model::CpuDeviceOptions device_options;
   device_options.thread_pool = options.thread_pool;
   device_options.num_threads = options.num_threads;

@@ -50,7 +50,7 @@ absl::StatusOr<PackedWeight> PackKQuantBlocks(common::GgmlType type, const uint8
     }
   }
   w.source = absl::StrFormat("%s -> %s g%d, F32 scales (lossless)", type_name,
-                             FormatName(format), group);
+                             WeightFormatName(format), group);
   return w;
 }
 

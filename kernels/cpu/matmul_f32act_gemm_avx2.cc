@@ -60,6 +60,9 @@ inline __m256 LoadHalf8(const uint16_t* p) {
 
 // Every decoder: LoadLine(block's data, line) gives a line's packed bits for both 8-row
 // halves (Line), Column<kCol>(line, group, half) column kCol of one half as 8 floats.
+// GemvTile walks kLinesPerStep lines at a time: LoadBits once per step, then
+// LoadLineAt<kL> for each line of the step (a compile-time position in it).
+struct NoBits {};
 
 // INT4: column j of a line sits at bits 8 * (j % 4) + 4 * (j / 4) of every row's dword;
 // shifted down and masked it converts exactly, and one FMA gives scale * q + min.
@@ -67,6 +70,7 @@ struct Int4Decoder {
   static constexpr int kColsPerLine = 8;
   // Row blocks GemvTile runs in lockstep at m = 1 (2, 3 and 4 measured within 5%).
   static constexpr int kGemvBlocks = 3;
+  static constexpr int kLinesPerStep = 1;
   explicit Int4Decoder(const PackedWeight& /*w*/) {}
   __m256i low_nibble = _mm256_set1_epi32(0x0f);
   struct Group {
@@ -84,6 +88,12 @@ struct Int4Decoder {
     const uint8_t* p = block + line * 64;
     return {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))}};
+  }
+  using Bits = NoBits;
+  Bits LoadBits(const uint8_t* /*block*/, int64_t /*line*/) const { return {}; }
+  template <int kL>
+  Line LoadLineAt(const uint8_t* block, int64_t line, const Bits& /*bits*/) const {
+    return LoadLine(block, line);
   }
   template <int kCol>
   __m256 Column(const Line& line, const Group& group, int h) const {
@@ -107,6 +117,7 @@ struct Int4Decoder {
 struct Int8Decoder {
   static constexpr int kColsPerLine = 4;
   static constexpr int kGemvBlocks = 4;  // as in Int4Decoder
+  static constexpr int kLinesPerStep = 1;
   explicit Int8Decoder(const PackedWeight& /*w*/) {}
   __m256i top_byte = _mm256_set1_epi32(static_cast<int>(0xff000000u));
   __m256i byte1_to_top = ByteToTop(1);
@@ -135,6 +146,12 @@ struct Int8Decoder {
     return {{_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip),
              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip)}};
   }
+  using Bits = NoBits;
+  Bits LoadBits(const uint8_t* /*block*/, int64_t /*line*/) const { return {}; }
+  template <int kL>
+  Line LoadLineAt(const uint8_t* block, int64_t line, const Bits& /*bits*/) const {
+    return LoadLine(block, line);
+  }
   // Column kCol as q * 2^24, exactly.
   template <int kCol>
   __m256 Shifted(__m256i bytes) const {
@@ -162,6 +179,9 @@ struct Int8Decoder {
 struct Int5Decoder : Int8Decoder {
   static constexpr int kColsPerLine = 8;
   static constexpr int kGemvBlocks = 3;  // as INT4's
+  // The 4 lines of a 32-column group share their fifth-bit words: loaded once, shifted
+  // by immediates.
+  static constexpr int kLinesPerStep = 4;
   __m256i low_nibbles = _mm256_set1_epi8(0x0f);
   __m256i fifth_bit = _mm256_set1_epi8(0x10);
   int64_t high_offset;  // of the fifth bits in a block's data
@@ -196,6 +216,37 @@ struct Int5Decoder : Int8Decoder {
                           _mm256_and_si256(_mm256_slli_epi32(high, 3), fifth_bit));
     }
     return out;
+  }
+  struct Bits {
+    __m256i high[2];  // per half: the fifth-bit words of the step's 4 lines
+  };
+  Bits LoadBits(const uint8_t* block, int64_t line) const {
+    const uint8_t* words = block + high_offset + (line / 4) * 64;
+    return {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)),
+             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 32))}};
+  }
+  // Line kL of the step (line % 4 == kL): its fifth bits sit at bits 8 j + 2 kL (columns
+  // 0-3) and 8 j + 2 kL + 1 (columns 4-7) of each word; moved to bit 4 of byte j.
+  template <int kL>
+  Line LoadLineAt(const uint8_t* block, int64_t line, const Bits& bits) const {
+    const uint8_t* p = block + line * 64;
+    Line out;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
+      out.columns[h][0] =
+          _mm256_or_si256(_mm256_and_si256(bytes, low_nibbles),
+                          _mm256_and_si256(Shift<4 - 2 * kL>(bits.high[h]), fifth_bit));
+      out.columns[h][1] =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bytes, 4), low_nibbles),
+                          _mm256_and_si256(Shift<3 - 2 * kL>(bits.high[h]), fifth_bit));
+    }
+    return out;
+  }
+  template <int kLeft>
+  static __m256i Shift(__m256i v) {
+    if constexpr (kLeft > 0) return _mm256_slli_epi32(v, kLeft);
+    if constexpr (kLeft < 0) return _mm256_srli_epi32(v, -kLeft);
+    return v;
   }
   template <int kCol>
   __m256 Column(const Line& line, const Group& group, int h) const {
@@ -391,8 +442,10 @@ inline void PrefetchGroup(const GroupArrays& arrays, const PackedWeight& w, int6
 // per column). Measured (Zen 4, 1 thread, CPU time, 1536x576 in cache): INT4 14.0 -> 17.7,
 // INT8 14.0 -> 20.5 GMAC per CPU-second; the tile kernel runs 22.9 / 24.0 (it applies the
 // scale once per group, where exact dequantization costs one more FMA per weight).
+// flatten: every decoder call and Unrolled lambda inlined (with INT5's 4 lines x 3 blocks x
+// 8 columns unrolled GCC otherwise left some out of line, each a call per line).
 template <typename Decoder, int Nb>
-void GemvTile(const MatmulArgs& a, int64_t block0) {
+__attribute__((flatten)) void GemvTile(const MatmulArgs& a, int64_t block0) {
   constexpr int kCols = Decoder::kColsPerLine;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, group = w.group_size, n = w.rows;
@@ -411,26 +464,37 @@ void GemvTile(const MatmulArgs& a, int64_t block0) {
     Unrolled([&](auto j) { grp[j] = Decoder::LoadGroup(w, block0 + j, g); }, kBlocks);
     Unrolled([&](auto j) { PrefetchGroup(arrays, w, block0 + j, g + kGemvPrefetchGroups); },
              kBlocks);
-    for (int64_t line = g * group / kCols; line < (g + 1) * group / kCols; ++line) {
-      const float* x = a.x + line * kCols;
+    constexpr int kStep = Decoder::kLinesPerStep;  // divides a group's lines (k % 32 == 0)
+    for (int64_t step = g * group / kCols; step < (g + 1) * group / kCols; step += kStep) {
+      typename Decoder::Bits bits[Nb];
+      Unrolled([&](auto j) { bits[j] = decoder.LoadBits(data + j * block_bytes, step); }, kBlocks);
       Unrolled(
-          [&](auto j) {
-            const uint8_t* block = data + j * block_bytes;
-            _mm_prefetch(reinterpret_cast<const char*>(block + (line + kGemvPrefetchLines) * 64),
-                         _MM_HINT_T0);
-            const typename Decoder::Line bytes = decoder.LoadLine(block, line);
+          [&](auto line_constant) {
+            constexpr int kL = decltype(line_constant)::value;
+            const int64_t line = step + kL;
+            const float* x = a.x + line * kCols;
             Unrolled(
-                [&](auto col_constant) {
-                  constexpr int kCol = decltype(col_constant)::value;
-                  const __m256 xv = _mm256_broadcast_ss(x + kCol);
-                  acc[j][0] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes, grp[j], 0), xv,
-                                              acc[j][0]);
-                  acc[j][1] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes, grp[j], 1), xv,
-                                              acc[j][1]);
+                [&](auto j) {
+                  const uint8_t* block = data + j * block_bytes;
+                  _mm_prefetch(
+                      reinterpret_cast<const char*>(block + (line + kGemvPrefetchLines) * 64),
+                      _MM_HINT_T0);
+                  const typename Decoder::Line bytes =
+                      decoder.template LoadLineAt<kL>(block, line, bits[j]);
+                  Unrolled(
+                      [&](auto col_constant) {
+                        constexpr int kCol = decltype(col_constant)::value;
+                        const __m256 xv = _mm256_broadcast_ss(x + kCol);
+                        acc[j][0] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes, grp[j], 0),
+                                                    xv, acc[j][0]);
+                        acc[j][1] = _mm256_fmadd_ps(decoder.template Column<kCol>(bytes, grp[j], 1),
+                                                    xv, acc[j][1]);
+                      },
+                      std::make_integer_sequence<int, kCols>{});
                 },
-                std::make_integer_sequence<int, kCols>{});
+                kBlocks);
           },
-          kBlocks);
+          std::make_integer_sequence<int, kStep>{});
     }
   }
   Unrolled(

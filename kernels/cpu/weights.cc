@@ -13,9 +13,8 @@
 #include "kernels/cpu/weights_internal.h"
 
 namespace loom::kernels::cpu {
-namespace internal {
 
-const char* FormatName(WeightFormat format) {
+const char* WeightFormatName(WeightFormat format) {
   switch (format) {
     case WeightFormat::kF32:
       return "F32";
@@ -30,6 +29,8 @@ const char* FormatName(WeightFormat format) {
   }
   return "?";
 }
+
+namespace internal {
 
 bool IsInteger(WeightFormat format) {
   return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 ||
@@ -47,7 +48,7 @@ absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t
     if (group_size <= 0 || group_size % unit != 0 || cols % group_size != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s weight: group size %d must be a positive multiple of %d dividing cols %d",
-          FormatName(format), group_size, unit, cols));
+          WeightFormatName(format), group_size, unit, cols));
     }
     if (format == WeightFormat::kInt5 && f32_scales) {
       return absl::InvalidArgumentError("INT5 weight: F32 scales are not supported");
@@ -127,7 +128,6 @@ namespace {
 using internal::Allocate;
 using internal::BlockData;
 using internal::BlockDataBytes;
-using internal::FormatName;
 using internal::GetQ;
 using internal::GroupIndex;
 using internal::GroupMin;
@@ -216,8 +216,8 @@ uint16_t LoadU16(const uint8_t* p) {
 }
 
 // GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 rows into INT4 / INT5 / INT8 g32 without loss.
-absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t* src,
-                                            int64_t rows, int64_t cols) {
+absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t* src, int64_t rows,
+                                            int64_t cols, const PackOptions& options) {
   using common::GgmlType;
   const std::string type_name = common::RawGgmlTypeName(static_cast<uint32_t>(type));
   if (cols % 32 != 0) {
@@ -225,9 +225,11 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
         absl::StrFormat("%s tensor: cols %d is not a multiple of 32", type_name, cols));
   }
   const bool five_bit = type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1;
-  const WeightFormat format = type == GgmlType::kQ8_0 ? WeightFormat::kInt8
-                              : five_bit              ? WeightFormat::kInt5
-                                                      : WeightFormat::kInt4;
+  // Q5_0 as INT8: q - 16 under its scale d, no min.
+  const bool signed_q5 = type == GgmlType::kQ5_0 && options.q5_0_as_int8;
+  const WeightFormat format = type == GgmlType::kQ8_0 || signed_q5 ? WeightFormat::kInt8
+                              : five_bit                           ? WeightFormat::kInt5
+                                                                   : WeightFormat::kInt4;
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, 32));
   LOOM_ASSIGN_OR_RETURN(const common::GgmlTypeTraits traits,
                         common::GetGgmlTypeTraits(static_cast<uint32_t>(type)));
@@ -245,6 +247,12 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
         continue;
       }
       const bool symmetric = type == GgmlType::kQ4_0 || type == GgmlType::kQ5_0;
+      if (signed_q5) {
+        int q[32];
+        common::Unpack5Bit(block + 2, block + 6, q);
+        for (int j = 0; j < 32; ++j) SetQ(w, row, c0 + j, q[j] - 16);
+        continue;
+      }
       if (symmetric) {
         // d * (q - z) == q * d + (-z d) exactly when -z d is a finite half (z = 8, 16).
         const float zero_point = type == GgmlType::kQ4_0 ? 8.0f : 16.0f;
@@ -253,7 +261,7 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
         if (HalfToFloat(min_h) != min) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "%s tensor: block scale %g at row %d overflows %s's F16 min (-%g * scale)", type_name,
-              HalfToFloat(d), row, FormatName(format), zero_point));
+              HalfToFloat(d), row, WeightFormatName(format), zero_point));
         }
         w.mins[index] = min_h;
       } else {
@@ -272,7 +280,7 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
       }
     }
   }
-  w.source = absl::StrFormat("%s -> %s g32 (lossless)", type_name, FormatName(format));
+  w.source = absl::StrFormat("%s -> %s g32 (lossless)", type_name, WeightFormatName(format));
   return w;
 }
 
@@ -344,7 +352,7 @@ absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
     if (!IsInteger(part->format)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("ConcatRows: parts differ (%s and %s) and are not all integer formats",
-                          FormatName(parts[0]->format), FormatName(part->format)));
+                          WeightFormatName(parts[0]->format), WeightFormatName(part->format)));
     }
     int8 = int8 || part->format == WeightFormat::kInt8;
     int5 = int5 || part->format == WeightFormat::kInt5;
@@ -383,7 +391,7 @@ absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
         }
       }
     }
-    wide.source = absl::StrFormat("%s, as %s g%d%s", part->source, FormatName(format), group,
+    wide.source = absl::StrFormat("%s, as %s g%d%s", part->source, WeightFormatName(format), group,
                                   f32_scales ? " (F32 scales)" : "");
     out.push_back(std::move(wide));
   }
@@ -397,10 +405,9 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
   if (values == nullptr) return absl::InvalidArgumentError("PackFromF32: null values");
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, group_size));
   for (int64_t row = 0; row < rows; ++row) SetRowFromF32(w, row, values + row * cols);
-  w.source = IsInteger(format)
-                 ? absl::StrFormat("F32 -> %s g%d (round to nearest)", FormatName(format),
-                                   w.group_size)
-                 : absl::StrFormat("F32 -> %s", FormatName(format));
+  w.source = IsInteger(format) ? absl::StrFormat("F32 -> %s g%d (round to nearest)",
+                                                 WeightFormatName(format), w.group_size)
+                               : absl::StrFormat("F32 -> %s", WeightFormatName(format));
   return w;
 }
 
@@ -429,7 +436,7 @@ absl::StatusOr<PackedWeight> PackIq4NlBlocks(const uint8_t* src, int64_t rows, i
 }
 
 absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,
-                                        int64_t cols) {
+                                        int64_t cols, const PackOptions& options) {
   using common::GgmlType;
   if (data == nullptr) return absl::InvalidArgumentError("PackWeight: null data");
   if (rows <= 0 || cols <= 0) {
@@ -443,7 +450,7 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
-      return PackGgufBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
+      return PackGgufBlocks(type, static_cast<const uint8_t*>(data), rows, cols, options);
     case GgmlType::kIQ4_NL:
       return PackIq4NlBlocks(static_cast<const uint8_t*>(data), rows, cols);
     case GgmlType::kF16: {
@@ -484,8 +491,8 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
 
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
   if (w.format != WeightFormat::kInt8 && w.format != WeightFormat::kInt4) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("UnpackQuantized: the weight is %s, not INT8/INT4", FormatName(w.format)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "UnpackQuantized: the weight is %s, not INT8/INT4", WeightFormatName(w.format)));
   }
   if (w.format == WeightFormat::kInt8 && w.f32_scaled() &&
       std::any_of(w.mins_f32.begin(), w.mins_f32.end(), [](float m) { return m != 0.0f; })) {

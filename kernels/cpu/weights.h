@@ -27,6 +27,9 @@ enum class WeightFormat {
 // value = q * scale + min, q in [0, 31]); the value is one rounding of q * scale + min,
 // which is exactly what llama.cpp and `gguf` dequantize.
 
+/// "F32", "F16", "INT8", "INT4", "INT5".
+const char* WeightFormatName(WeightFormat format);
+
 /// A weight matrix W [rows = out_features, cols = in_features] in a backend format.
 /// Owns its storage; the layout inside `data` is private to kernels/cpu (it may be
 /// interleaved for the matmul kernels). Immutable after packing; thread-safe to read.
@@ -55,14 +58,26 @@ struct PackedWeight {
   }
 };
 
+/// Choices between packings that hold the same values.
+struct PackOptions {
+  // Q5_0 (d * (q - 16)) as INT8 q - 16 instead of INT5. Both are exact; which runs faster
+  // depends on the activations: with float ones every weight is converted to float per
+  // use and INT5's fifth bits cost more instructions than they save in bytes (single-stream
+  // decode on AVX2 ran ~15% slower, AVX-512 even), with int8 ones INT5 ran faster
+  // (matmul_f32act_gemm_avx2.cc, bench/cpu_kernels_bench). The CPU forward pass sets it
+  // for float activations.
+  bool q5_0_as_int8 = false;
+};
+
 /// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
 /// backend format, every one without loss: F32 -> F32, F16 -> F16, BF16 -> F32,
-/// Q4_0/Q4_1 -> INT4 g32, Q5_0/Q5_1 -> INT5 g32, Q8_0 and IQ4_NL -> INT8 g32, and the
-/// K-quants into F32-scaled INT4/INT8 (kernels/cpu/kquant_weights.cc): Q4_K -> INT4 g32,
-/// Q5_K -> INT8 g32 with mins, Q6_K -> INT8 g16, Q3_K and Q2_K -> INT4 g16. `source` says
-/// which. InvalidArgument for unsupported types or sizes.
+/// Q4_0/Q4_1 -> INT4 g32, Q5_0/Q5_1 -> INT5 g32 (Q5_0 as INT8 g32 if `options` say),
+/// Q8_0 and IQ4_NL -> INT8 g32, and the K-quants into F32-scaled INT4/INT8
+/// (kernels/cpu/kquant_weights.cc): Q4_K -> INT4 g32, Q5_K -> INT8 g32 with mins, Q6_K ->
+/// INT8 g16, Q3_K and Q2_K -> INT4 g16. `source` says which. InvalidArgument for
+/// unsupported types or sizes.
 absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data, int64_t rows,
-                                        int64_t cols);
+                                        int64_t cols, const PackOptions& options = {});
 
 /// Packs F32 values [rows, cols] into `format` (quantizing with round-to-nearest for
 /// kInt8 / kInt4 with the given group size). Used by tests and re-quantization.

@@ -15,8 +15,6 @@ namespace loom::kernels::cpu::internal {
 /// and 32); F16-scaled ones of kActGroup (32).
 inline constexpr int64_t kF32ScaledGroupUnit = 16;
 
-/// "F32", "F16", "INT8", "INT4".
-const char* FormatName(WeightFormat format);
 bool IsInteger(WeightFormat format);
 
 /// An empty (zero-filled) weight of the given shape in the packed layout; integer formats

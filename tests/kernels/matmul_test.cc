@@ -73,22 +73,6 @@ const char* IsaName(MatmulIsaChoice isa) {
   }
 }
 
-const char* FormatName(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kF32:
-      return "F32";
-    case WeightFormat::kF16:
-      return "F16";
-    case WeightFormat::kInt8:
-      return "INT8";
-    case WeightFormat::kInt4:
-      return "INT4";
-    case WeightFormat::kInt5:
-      return "INT5";
-  }
-  return "?";
-}
-
 class IsaGuard {
  public:
   explicit IsaGuard(MatmulIsaChoice isa) { internal::SetMatmulIsaForTesting(isa); }
@@ -115,7 +99,7 @@ void CheckMatmul(MatmulIsaChoice isa, const TestWeight& weight, Precision precis
                  bool with_bias, int threads, uint32_t seed) {
   const PackedWeight& packed = weight.packed;
   const WeightFormat format = packed.format;
-  SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << FormatName(format) << " g"
+  SCOPED_TRACE(testing::Message() << IsaName(isa) << " " << WeightFormatName(format) << " g"
                                   << packed.group_size << " n=" << packed.rows
                                   << " k=" << packed.cols << " m=" << m << " bias=" << with_bias
                                   << " threads=" << threads << " activations="
@@ -215,8 +199,10 @@ TEST_P(MatmulFormatTest, MatchesReferenceOnEveryIsaOverShapeSweep) {
 std::string FormatAndGroupName(
     const testing::TestParamInfo<std::tuple<WeightFormat, int64_t>>& info) {
   const int64_t g = std::get<1>(info.param);
-  return std::string(FormatName(std::get<0>(info.param))) +
-         (g == 0 ? "" : g < 0 ? "_per_channel" : "_g" + std::to_string(g));
+  return std::string(WeightFormatName(std::get<0>(info.param))) + (g == 0 ? ""
+                                                                   : g < 0
+                                                                       ? "_per_channel"
+                                                                       : "_g" + std::to_string(g));
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, MatmulFormatTest,
@@ -344,8 +330,8 @@ TEST(MatmulTest, F32ActGemmIsBitIdenticalOnAvx2AndAvx512) {
           ASSERT_TRUE(Matmul({x.data(), &weight.packed, bias.data(), y512.data(), m}, pool).ok());
         }
         for (int64_t i = 0; i < m * shape.rows; ++i) {
-          ASSERT_EQ(y2[i], y512[i]) << FormatName(format) << " n=" << shape.rows << " m=" << m
-                                    << " at " << i;
+          ASSERT_EQ(y2[i], y512[i])
+              << WeightFormatName(format) << " n=" << shape.rows << " m=" << m << " at " << i;
         }
       }
     }
@@ -440,9 +426,9 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
                 continue;
               }
               for (int64_t i = 0; i < m * shape.rows; ++i) {
-                ASSERT_EQ(y[i], first[i]) << FormatName(format) << " n=" << shape.rows
-                                          << " m=" << m << " at " << i << ": " << name
-                                          << " against " << first_name;
+                ASSERT_EQ(y[i], first[i])
+                    << WeightFormatName(format) << " n=" << shape.rows << " m=" << m << " at " << i
+                    << ": " << name << " against " << first_name;
               }
             }
           }
@@ -481,7 +467,7 @@ TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
                             .ok());
             for (int64_t i = 0; i < 200; ++i) {
               ASSERT_EQ(alone[i], batched[t * 200 + i])
-                  << IsaName(isa) << " " << FormatName(format) << " token " << t << " row "
+                  << IsaName(isa) << " " << WeightFormatName(format) << " token " << t << " row "
                   << i << " batch " << subset << " activations "
                   << ActivationPrecisionName(precision);
             }

@@ -100,6 +100,17 @@ TEST(WeightsTest, Int5KeepsEveryQAndReadsThreeQuartersOfAByte) {
       for (int j = 0; j < 32; ++j) ASSERT_EQ(internal::GetQ(*packed, row, g * 32 + j), q[j]);
     }
   }
+  // The same values as INT8 q - 16 when asked (the CPU forward pass under float
+  // activations), bit for bit what gguf dequantizes.
+  absl::StatusOr<PackedWeight> as_int8 =
+      PackWeight(GgmlType::kQ5_0, blocks.data(), rows, cols, {.q5_0_as_int8 = true});
+  ASSERT_TRUE(as_int8.ok()) << as_int8.status();
+  EXPECT_EQ(as_int8->format, WeightFormat::kInt8);
+  std::vector<float> expected(rows * cols);
+  ASSERT_TRUE(
+      common::DequantizeToF32(GgmlType::kQ5_0, blocks.data(), rows * cols, expected.data()).ok());
+  const std::vector<float> got = Unpack(*as_int8);
+  EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
 }
 
 // Fused matrices with INT5 parts widen without loss: INT4 beside INT5 -> INT5; symmetric
