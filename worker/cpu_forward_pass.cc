@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/weights.h"
 
 namespace loom::worker {
 
@@ -24,10 +26,11 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
         absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
                         options.pp_stage, options.pp_size));
   }
-  // Q5_0 as INT8 under float activations, INT5 under int8 ones: the faster form of the same
-  // values for each (kernels/cpu/weights.h).
+  // Q5_0 as INT8 under float activations on AVX2, INT5 otherwise: the faster form of the
+  // same values for each (kernels/cpu/weights.h).
   kernels::cpu::PackOptions pack;
-  pack.q5_0_as_int8 = options.activations == kernels::cpu::ActivationPrecision::kF32;
+  pack.q5_0_as_int8 = options.activations == kernels::cpu::ActivationPrecision::kF32 &&
+                      kernels::cpu::ActiveCpuIsa() < kernels::cpu::CpuIsa::kAvx512;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
                         model::LoadModelWeights(gguf,
                                                 {options.tp_rank, options.tp_size, options.pp_stage,
