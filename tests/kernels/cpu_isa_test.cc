@@ -82,7 +82,8 @@ TEST(CpuIsaTest, ForcedIsaIsTheOneTheKernelsRun) {
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>((i * 7) % 13) - 6.0f;
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 5) % 11) - 5.0f;
   for (WeightFormat format :
-       {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4}) {
+       {WeightFormat::kF32, WeightFormat::kF16, WeightFormat::kInt8, WeightFormat::kInt4,
+        WeightFormat::kInt5}) {
     absl::StatusOr<PackedWeight> packed = PackFromF32(w.data(), n, k, format, 32);
     ASSERT_TRUE(packed.ok()) << packed.status();
     for (ActivationPrecision precision : {ActivationPrecision::kF32, ActivationPrecision::kInt8}) {
