@@ -26,11 +26,16 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
         absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
                         options.pp_stage, options.pp_size));
   }
-  // Q5_0 as INT8 under float activations on AVX2, INT5 otherwise: the faster form of the
-  // same values for each (kernels/cpu/weights.h).
+  // Q5_0 as INT8 or INT5, the faster form of the same values for these kernels
+  // (bench/results/cpu_kernels_{avx2,avx512}_{gemv,gemm}.json, 2 threads): INT8 for float
+  // activations on AVX2 (GEMV 15.4 against INT5's 12.4 G weights/s) and for int8 ones on
+  // AVX-512 (VNNI takes INT8 bytes as they are: prefill GEMM ~1.3x INT5's, GEMV even);
+  // INT5 for float activations on AVX-512 (GEMV 18.4 against 16.5) and int8 ones on AVX2
+  // (GEMV 18.7 against 13.9), prefill even.
+  const bool avx512 = kernels::cpu::ActiveCpuIsa() >= kernels::cpu::CpuIsa::kAvx512;
+  const bool int8_activations = options.activations == kernels::cpu::ActivationPrecision::kInt8;
   kernels::cpu::PackOptions pack;
-  pack.q5_0_as_int8 = options.activations == kernels::cpu::ActivationPrecision::kF32 &&
-                      kernels::cpu::ActiveCpuIsa() < kernels::cpu::CpuIsa::kAvx512;
+  pack.q5_0_as_int8 = avx512 == int8_activations;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelWeights> weights,
                         model::LoadModelWeights(gguf,
                                                 {options.tp_rank, options.tp_size, options.pp_stage,

@@ -361,9 +361,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   last_isa.store(isa, std::memory_order_relaxed);
   // Int8 activations: the GEMM and the tile kernel give the same bits (matmul_internal.h),
   // so the choice is by speed: AVX2 INT8 stays on the tile kernel unless a test/bench
-  // moved the threshold. INT5 has only the tile kernels.
+  // moved the threshold. INT5's GEMM is AVX-512's (its tiles are the tile kernel's); AVX2
+  // runs it on the tile kernel.
   const bool int8act_gemm =
-      int8_activations && !kquant_int8 && !int5 && params.m >= internal::Int8ActGemmMinTokens() &&
+      int8_activations && !kquant_int8 && !(int5 && isa != MatmulIsaChoice::kAvx512) &&
+      params.m >= internal::Int8ActGemmMinTokens() &&
       (int8act_gemm_moved.load(std::memory_order_relaxed) ||
        !(ActiveIsa() == MatmulIsaChoice::kAvx2 && w.format == WeightFormat::kInt8));
   switch (isa) {

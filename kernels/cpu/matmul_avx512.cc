@@ -311,10 +311,16 @@ void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, i
 
 void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin,
                                    int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt4) {
-    RunIntGemm<kInt4Kernel>(a, block_begin, block_end);
-  } else {
-    RunIntGemm<kInt8Kernel>(a, block_begin, block_end);
+  switch (a.weight->format) {
+    case WeightFormat::kInt4:
+      RunIntGemm<kInt4Kernel>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kInt5:
+      RunIntGemm<kInt5Kernel>(a, block_begin, block_end);
+      return;
+    default:
+      RunIntGemm<kInt8Kernel>(a, block_begin, block_end);
+      return;
   }
 }
 

@@ -63,10 +63,9 @@ struct PackOptions {
   // Q5_0 (d * (q - 16)) as INT8 q - 16 instead of INT5. Both are exact; which runs faster
   // depends on the kernels: with float activations on AVX2 every weight is converted to
   // float per use and INT5's fifth bits cost more instructions than they save in bytes
-  // (GEMV 12.4 against INT8's 15.4 G weights/s, 2 threads; single-stream decode of a
-  // Q4_K_M file ~15% slower); on AVX-512 (18.4 against 16.5) and with int8 activations
-  // (AVX2 18.7 against 13.9) INT5 ran faster (bench/results/cpu_kernels_*_gemv.json). The
-  // CPU forward pass sets it for float activations below AVX-512.
+  // (single-stream decode of a Q4_K_M file ~15% slower), and AVX-512's VNNI takes INT8
+  // bytes as they are; elsewhere INT5 ran faster. The CPU forward pass chooses
+  // (worker/cpu_forward_pass.cc, with the measurements).
   bool q5_0_as_int8 = false;
 };
 

@@ -378,14 +378,15 @@ TEST_P(MatmulInt8ActGemmTest, MatchesReferenceOverTokenAndShapeSweep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, MatmulInt8ActGemmTest,
-    testing::Values(std::make_tuple(WeightFormat::kInt4, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt4, int64_t{128}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{32}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{64}),
-                    std::make_tuple(WeightFormat::kInt8, int64_t{-1})),  // per output channel
-    FormatAndGroupName);
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulInt8ActGemmTest,
+                         testing::Values(std::make_tuple(WeightFormat::kInt4, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt4, int64_t{128}),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kInt8, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kInt8, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kInt8,
+                                                         int64_t{-1})),  // per output channel
+                         FormatAndGroupName);
 
 // With int8 activations every kernel applies the same exact integer group dot products
 // with the same float operations: the GEMM and the tile kernels, on AVX2 and AVX-512, for
