@@ -60,8 +60,8 @@ inline __m256 LoadHalf8(const uint16_t* p) {
 
 // Every decoder: LoadLine(block's data, line) gives a line's packed bits for both 8-row
 // halves (Line), Column<kCol>(line, group, half) column kCol of one half as 8 floats.
-// GemvTile walks kLinesPerStep lines at a time: LoadBits once per step, then
-// LoadLineAt<kL> for each line of the step (a compile-time position in it).
+// GemvTile walks kLinesPerStep lines at a time; with more than one (INT5) it calls
+// LoadBits once per step, then LoadLineAt<kL> for each line (its compile-time position).
 struct NoBits {};
 
 // INT4: column j of a line sits at bits 8 * (j % 4) + 4 * (j / 4) of every row's dword;
@@ -89,12 +89,7 @@ struct Int4Decoder {
     return {{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))}};
   }
-  using Bits = NoBits;
-  Bits LoadBits(const uint8_t* /*block*/, int64_t /*line*/) const { return {}; }
-  template <int kL>
-  Line LoadLineAt(const uint8_t* block, int64_t line, const Bits& /*bits*/) const {
-    return LoadLine(block, line);
-  }
+  using Bits = NoBits;  // one line per step: GemvTile calls LoadLine
   template <int kCol>
   __m256 Column(const Line& line, const Group& group, int h) const {
     const __m256i bytes = line.half[h];
@@ -146,12 +141,7 @@ struct Int8Decoder {
     return {{_mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), flip),
              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), flip)}};
   }
-  using Bits = NoBits;
-  Bits LoadBits(const uint8_t* /*block*/, int64_t /*line*/) const { return {}; }
-  template <int kL>
-  Line LoadLineAt(const uint8_t* block, int64_t line, const Bits& /*bits*/) const {
-    return LoadLine(block, line);
-  }
+  using Bits = NoBits;  // one line per step: GemvTile calls LoadLine
   // Column kCol as q * 2^24, exactly.
   template <int kCol>
   __m256 Shifted(__m256i bytes) const {
@@ -200,20 +190,14 @@ struct Int5Decoder : Int8Decoder {
   struct Line {
     __m256i columns[2][2];  // [half][columns 0-3, 4-7]
   };
+  // Any line, its position in the step at run time (DecodeTile).
   Line LoadLine(const uint8_t* block, int64_t line) const {
-    const uint8_t* p = block + line * 64;
-    const uint8_t* high_words = block + high_offset + (line / 4) * 64;
+    const Bits bits = LoadBits(block, line);
     const __m128i shift = _mm_cvtsi32_si128(2 * static_cast<int>(line % 4));
     Line out;
     for (int h = 0; h < 2; ++h) {
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
-      const __m256i high = _mm256_srl_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high_words + h * 32)), shift);
-      out.columns[h][0] = _mm256_or_si256(_mm256_and_si256(bytes, low_nibbles),
-                                          _mm256_and_si256(_mm256_slli_epi32(high, 4), fifth_bit));
-      out.columns[h][1] =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bytes, 4), low_nibbles),
-                          _mm256_and_si256(_mm256_slli_epi32(high, 3), fifth_bit));
+      const __m256i high = _mm256_srl_epi32(bits.high[h], shift);
+      Merge(block + line * 64, h, _mm256_slli_epi32(high, 4), _mm256_slli_epi32(high, 3), out);
     }
     return out;
   }
@@ -229,18 +213,21 @@ struct Int5Decoder : Int8Decoder {
   // 0-3) and 8 j + 2 kL + 1 (columns 4-7) of each word; moved to bit 4 of byte j.
   template <int kL>
   Line LoadLineAt(const uint8_t* block, int64_t line, const Bits& bits) const {
-    const uint8_t* p = block + line * 64;
     Line out;
     for (int h = 0; h < 2; ++h) {
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
-      out.columns[h][0] =
-          _mm256_or_si256(_mm256_and_si256(bytes, low_nibbles),
-                          _mm256_and_si256(Shift<4 - 2 * kL>(bits.high[h]), fifth_bit));
-      out.columns[h][1] =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bytes, 4), low_nibbles),
-                          _mm256_and_si256(Shift<3 - 2 * kL>(bits.high[h]), fifth_bit));
+      Merge(block + line * 64, h, Shift<4 - 2 * kL>(bits.high[h]), Shift<3 - 2 * kL>(bits.high[h]),
+            out);
     }
     return out;
+  }
+  // Half h of a line: its nibbles ORed with the fifth bits, which `low` / `high` hold at
+  // bit 4 of each byte for columns 0-3 / 4-7 (other bits are masked off).
+  void Merge(const uint8_t* p, int h, __m256i low, __m256i high, Line& out) const {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
+    out.columns[h][0] =
+        _mm256_or_si256(_mm256_and_si256(bytes, low_nibbles), _mm256_and_si256(low, fifth_bit));
+    out.columns[h][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bytes, 4), low_nibbles),
+                                        _mm256_and_si256(high, fifth_bit));
   }
   template <int kLeft>
   static __m256i Shift(__m256i v) {
@@ -467,7 +454,10 @@ __attribute__((flatten)) void GemvTile(const MatmulArgs& a, int64_t block0) {
     constexpr int kStep = Decoder::kLinesPerStep;  // divides a group's lines (k % 32 == 0)
     for (int64_t step = g * group / kCols; step < (g + 1) * group / kCols; step += kStep) {
       typename Decoder::Bits bits[Nb];
-      Unrolled([&](auto j) { bits[j] = decoder.LoadBits(data + j * block_bytes, step); }, kBlocks);
+      if constexpr (kStep > 1) {
+        Unrolled([&](auto j) { bits[j] = decoder.LoadBits(data + j * block_bytes, step); },
+                 kBlocks);
+      }
       Unrolled(
           [&](auto line_constant) {
             constexpr int kL = decltype(line_constant)::value;
@@ -479,8 +469,12 @@ __attribute__((flatten)) void GemvTile(const MatmulArgs& a, int64_t block0) {
                   _mm_prefetch(
                       reinterpret_cast<const char*>(block + (line + kGemvPrefetchLines) * 64),
                       _MM_HINT_T0);
-                  const typename Decoder::Line bytes =
-                      decoder.template LoadLineAt<kL>(block, line, bits[j]);
+                  typename Decoder::Line bytes;
+                  if constexpr (kStep > 1) {
+                    bytes = decoder.template LoadLineAt<kL>(block, line, bits[j]);
+                  } else {
+                    bytes = decoder.LoadLine(block, line);
+                  }
                   Unrolled(
                       [&](auto col_constant) {
                         constexpr int kCol = decltype(col_constant)::value;
