@@ -1,8 +1,9 @@
 // Cluster: disaggregated prefill and decode. A request whose prompt would stall the
 // decodes of the replica chosen for it is prefilled on a prefill replica instead, which
 // computes the prompt and the first token (streamed to the client at once) and then hands
-// the request to that decode replica. The decode replica fetches the prompt's KV from the
-// prefill replica's host tier through the KV transfer between workers
+// the request to that decode replica, which holds room for it from placement on (its
+// reservation: other admissions leave those KV blocks free). The decode replica fetches the
+// prompt's KV from the prefill replica's host tier through the KV transfer between workers
 // (replica_kv_fetch.cc, worker/kv_transfer) and decodes the rest; a transfer that fails
 // or times out recomputes the prompt there. The same request object moves between the
 // replicas' loops, so its client stream, stop checks and timeline continue.
@@ -46,6 +47,20 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   const int64_t cached = std::min(
       kv_index_.MatchPrefix(hashes, {target->replica_id()}).front() * block_size, prompt - 1);
   if (prompt - cached <= target->local_prefill_limit()) return std::nullopt;
+  // Its blocks are reserved there now (the prompt and its first token), or on the next in
+  // the router's order that has them free; when none has, the hand-off waits for room where
+  // the router placed it.
+  Replica* reserved = nullptr;
+  if (params.max_tokens > 1) {
+    for (size_t index : decode.order) {
+      Replica* candidate = serving[index];
+      const int32_t size = std::max(candidate->block_size(), 1);
+      if (candidate->ReserveForHandOff(request, (prompt + size) / size).ok()) {
+        reserved = target = candidate;
+        break;
+      }
+    }
+  }
   const RouteDecision order = Rank(prefill, PromptTokens(*request), hashes, block_size);
   for (size_t index : order.order) {
     // A prefill replica whose queue is long would delay the first token more than a local
@@ -61,7 +76,9 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     if (placed.ok()) return placed;
     if (placed.code() == absl::StatusCode::kInvalidArgument) break;
   }
-  return std::nullopt;  // every prefill replica is full or gone: run it locally
+  // Every prefill replica is full or gone: run it locally.
+  if (reserved != nullptr) reserved->ReleaseReservation(request->seq_id());
+  return std::nullopt;
 }
 
 void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target,
@@ -74,6 +91,7 @@ void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source,
   absl::Status placed = absl::UnavailableError("no decode replica was chosen");
   if (target != nullptr) placed = target->Submit(request, options);
   if (placed.ok()) return;
+  if (target != nullptr) target->ReleaseReservation(request->seq_id());
   // The decode replica chosen at placement is gone, draining or full: the router's best of
   // the others that decode, and last the prefill replica itself (its cache holds the
   // prompt's blocks).

@@ -136,6 +136,11 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                                   "prefill replica gone, a timeout, a transfer error): the "
                                   "prompt was recomputed there.")
                             .Register(*registry_)),
+      reserved_blocks_(BuildGauge()
+                           .Name("loom_disagg_reserved_blocks")
+                           .Help("KV blocks a decode replica holds free for hand-offs placed on "
+                                 "it whose prompts are being prefilled elsewhere.")
+                           .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
                           .Help("Prompt tokens looked up in the prefix cache when a "
@@ -456,6 +461,7 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_handoffs_in()));
       mirror(handoff_failures_.Add(labels), last_handoff_failures_, replica.replica_id(),
              static_cast<double>(replica.num_handoff_failures()));
+      reserved_blocks_.Add(labels).Set(static_cast<double>(replica.num_reserved_blocks()));
     }
   }
 }

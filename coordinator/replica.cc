@@ -90,6 +90,59 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
   return absl::OkStatus();
 }
 
+absl::Status Replica::ReserveForHandOff(const std::shared_ptr<engine::Request>& request,
+                                        int64_t blocks) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || !healthy_.load()) {
+    return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
+  }
+  auto [it, added] = reservations_.try_emplace(request->seq_id());
+  const int64_t before = it->second.blocks;
+  const int64_t unheld = stats_.num_free_blocks() - (reserved_blocks_ - before) - held_for_waiting_;
+  if (blocks > unheld) {
+    if (added) reservations_.erase(it);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "replica %s has %d free KV blocks not held for other hand-offs; this one needs %d",
+        replica_id_, std::max<int64_t>(unheld, 0), blocks));
+  }
+  it->second = {request, blocks};
+  reserved_blocks_ += blocks - before;
+  return absl::OkStatus();
+}
+
+int64_t Replica::ReleaseReservation(uint64_t seq_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = reservations_.find(seq_id);
+  if (it == reservations_.end()) return 0;
+  const int64_t blocks = it->second.blocks;
+  reserved_blocks_ -= blocks;
+  reservations_.erase(it);
+  return blocks;
+}
+
+void Replica::SyncReservations() {
+  int64_t arrivals = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // A request dropped everywhere (its client gone, every replica done with it) that no
+    // path released: its hold must not outlive it.
+    absl::erase_if(reservations_, [this](const auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!entry.second.request.expired()) return false;
+      reserved_blocks_ -= entry.second.blocks;
+      return true;
+    });
+    arrivals = reserved_blocks_;
+  }
+  engine_->scheduler().set_blocks_held_for_arrivals(arrivals);
+}
+
+void Replica::ReleaseHandOffTarget(uint64_t seq_id) {
+  auto target = hand_off_targets_.find(seq_id);
+  if (target == hand_off_targets_.end()) return;
+  target->second->ReleaseReservation(seq_id);
+  hand_off_targets_.erase(target);
+}
+
 void Replica::Wake() {
   absl::MutexLock lock(&mu_);
   wake_ = true;
@@ -143,6 +196,7 @@ loom::v1::ReplicaStatus Replica::Status() const {
         1.0 - static_cast<double>(status.num_free_blocks()) / status.num_kv_blocks());
   }
   status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(admitting_ + inbox_.size()));
+  status.set_num_reserved_blocks(reserved_blocks_ + held_for_waiting_);
   return status;
 }
 
@@ -173,6 +227,7 @@ void Replica::Loop() {
     HandleKvFetches();
     AdmitInbox();
     DropCancelled();
+    SyncReservations();
     if (!SendPlans()) {
       LoseWorker("writing a plan to the worker failed");
       continue;
@@ -302,7 +357,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     load_tokens_.fetch_add(1);
   };
   hooks.on_end = [this](engine::Request& request) {
-    hand_off_targets_.erase(request.seq_id());
+    ReleaseHandOffTarget(request.seq_id());
     Unload(request);
   };
   hooks.on_handoff = [this](std::shared_ptr<engine::Request> request) {
@@ -530,12 +585,21 @@ void Replica::LoseWorker(const std::string& reason) {
     live_connection_ = nullptr;
     inbox.swap(inbox_);
     placements.swap(placements_);
+    // Holds for hand-offs end with the pool they were in: a hand-off that still comes is
+    // admitted (or refused) as any request.
+    reservations_.clear();
+    reserved_blocks_ = 0;
+    held_for_waiting_ = 0;
   }
   // Hand-offs not admitted yet: the prefill replicas may let their exports go (outside this
-  // replica's lock: ReleaseExport takes theirs).
+  // replica's lock: ReleaseExport takes theirs). Prompts not admitted to prefill here: their
+  // decode replicas' holds end (they are placed again).
   for (const auto& [request, placement] : placements) {
     if (placement.export_reply.has_value() && placement.export_reply->export_id != 0) {
       placement.fetch_source->ReleaseExport(placement.export_reply->export_id);
+    }
+    if (placement.hand_off_to != nullptr) {
+      placement.hand_off_to->ReleaseReservation(request->seq_id());
     }
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
@@ -547,7 +611,8 @@ void Replica::LoseWorker(const std::string& reason) {
   }
 
   std::vector<std::shared_ptr<engine::Request>> retry(inbox.begin(), inbox.end());
-  hand_off_targets_.clear();  // its prefill-only requests are placed again (no output yet)
+  // Its prefill-only requests are placed again (no output yet): their holds end.
+  while (!hand_off_targets_.empty()) ReleaseHandOffTarget(hand_off_targets_.begin()->first);
   for (std::shared_ptr<engine::Request>& request : AbandonFetches()) {
     retry.push_back(std::move(request));
   }
@@ -627,6 +692,7 @@ void Replica::PublishStats() {
     stats_.set_num_handoffs_out(num_handoffs_out_);
     stats_.set_num_handoffs_in(num_handoffs_in_);
     stats_.set_num_handoff_failures(num_handoff_failures_);
+    held_for_waiting_ = scheduler.num_blocks_held_for_waiting();
     local_prefill_limit_.store(
         LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running()));
   } else {

@@ -148,6 +148,15 @@ class Replica {
     std::optional<KvExport> export_reply;
   };
   absl::Status Submit(std::shared_ptr<engine::Request> request, const SubmitOptions& options);
+  /// Disaggregated serving: holds `blocks` KV blocks of this (decode) replica free for
+  /// `request`, whose prompt a prefill replica computes before handing it over: other
+  /// admissions leave them free until it is admitted here (it then goes ahead of the
+  /// queue when they fit it) or the hold is released. ResourceExhausted when fewer free
+  /// blocks are not held already; Unavailable without a live worker.
+  absl::Status ReserveForHandOff(const std::shared_ptr<engine::Request>& request, int64_t blocks);
+  /// Ends the hold for the request `seq_id` (it finished, or goes elsewhere) and returns
+  /// its blocks (0: none held). Idempotent.
+  int64_t ReleaseReservation(uint64_t seq_id);
   /// The connected workers' host tier in blocks (0: none), and their KV layout: block size,
   /// KV dtype and pipeline stages must match for a transfer between replicas (tensor-
   /// parallel sizes may differ: ranks read the KV heads they hold).
@@ -211,6 +220,12 @@ class Replica {
                    grpc::ClientContext* context);
   void AdmitInbox();
   void DropCancelled();
+  // Tells the scheduler the blocks held for hand-offs not admitted yet (before each plan);
+  // drops holds whose request is gone.
+  void SyncReservations();
+  // A prefill replica is done with `seq_id` before its hand-off (it ended, or its worker
+  // was lost): the decode replica's hold for it ends.
+  void ReleaseHandOffTarget(uint64_t seq_id);
   bool SendPlans();  // false: the stream failed
   void ApplyResult(const loom::v1::StepResult& result);
   void LoseWorker(const std::string& reason);
@@ -292,6 +307,16 @@ class Replica {
   WorkerEndpoint endpoint_ ABSL_GUARDED_BY(mu_);
   loom::v1::ReplicaStatus stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> host_tier_blocks_{0};
+  // Disaggregated serving: blocks held for hand-offs placed here, by sequence id, until the
+  // request is admitted (then the scheduler holds them for it while it waits); their sum;
+  // and the blocks the scheduler holds for waiting hand-offs (as last published).
+  struct Reservation {
+    std::weak_ptr<engine::Request> request;
+    int64_t blocks = 0;
+  };
+  absl::flat_hash_map<uint64_t, Reservation> reservations_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t held_for_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::string kv_layout_ ABSL_GUARDED_BY(mu_);
   // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
   // answers, finished fetches, exports to release.

@@ -190,18 +190,26 @@ KvExport Replica::Export(const engine::Request& request, uint64_t fetch_id) {
 }
 
 void Replica::AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to) {
+  // A hand-off this (decode) replica reserved blocks for: the scheduler holds them for it.
+  const int64_t held = ReleaseReservation(request->seq_id());
+  absl::Status added;
   if (request->cancelled()) {
     request->Finish(loom::v1::FINISH_REASON_ABORT, "cancelled", replica_id_);
+    added = absl::CancelledError();
+  } else {
+    added =
+        engine_->Admit(request, /*score_prompt_from=*/0, /*prefill_only=*/hand_off_to != nullptr);
+    if (!added.ok()) {
+      request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
+    }
+  }
+  if (!added.ok()) {
     Unload(*request);
+    // Its decode replica's hold ends with it.
+    if (hand_off_to != nullptr) hand_off_to->ReleaseReservation(request->seq_id());
     return;
   }
-  if (absl::Status added =
-          engine_->Admit(request, /*score_prompt_from=*/0, /*prefill_only=*/hand_off_to != nullptr);
-      !added.ok()) {
-    request->Finish(loom::v1::FINISH_REASON_ERROR, std::string(added.message()), replica_id_);
-    Unload(*request);
-    return;
-  }
+  if (held > 0) engine_->scheduler().HoldBlocksFor(request->seq_id(), held);
   if (hand_off_to != nullptr) hand_off_targets_[request->seq_id()] = hand_off_to;
 }
 

@@ -108,6 +108,7 @@ absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   seq->num_registered_blocks = 0;
   seq->num_cached_tokens = 0;
   seq->on_worker = false;
+  seq->held_blocks = 0;
   seq->arrival = ++next_arrival_;
   Sequence* raw = seq.get();
   sequences_.emplace(id, Entry{std::move(seq), 0});
@@ -179,23 +180,29 @@ SchedulerOutput Scheduler::Schedule() {
   // (3) Admit waiting sequences. Not after a preemption: blocks are short, and a
   // sequence preempted by this plan must not come back in it.
   if (!preempted_this_step_) {
+    auto room = [&] {
+      return budget > 0 && static_cast<int64_t>(running_.size()) < config_.max_num_seqs;
+    };
+    // Preempted with a sample in flight: its recompute must include that token.
+    auto blocked = [this](const Sequence& seq) {
+      return seq.samples_in_flight > 0 || HasAllOutputs(seq);
+    };
+    // Hand-offs with blocks held for them first: their decode replica promised them room
+    // when it sent their prompts to be prefilled elsewhere, not a place in this queue.
+    for (auto it = waiting_.begin(); held_for_waiting_ > 0 && it != waiting_.end() && room();) {
+      Sequence* seq = *it++;
+      if (seq->held_blocks > 0 && !blocked(*seq)) TryAdmit(seq, budget, out);
+    }
     auto it = waiting_.begin();
-    while (it != waiting_.end() && budget > 0 &&
-           static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    while (it != waiting_.end() && room()) {
       Sequence* seq = *it;
-      // Preempted with a sample in flight: its recompute must include that token.
-      if (seq->samples_in_flight > 0 || HasAllOutputs(*seq)) {
+      if (blocked(*seq)) {
         ++it;
         continue;
       }
       // Strict order: when the head does not fit, nothing behind it jumps the queue.
-      const int32_t count = AdmitWithCachedPrefix(*seq, budget);
-      if (count == 0) break;
-      it = waiting_.erase(it);
-      seq->status = SequenceStatus::kRunning;
-      running_.insert(seq);
-      Emit(seq, count, 0, out);
-      budget -= count;
+      ++it;
+      if (!TryAdmit(seq, budget, out)) break;
     }
   }
   // Offloads (pool blocks this plan evicted) and reloads, in the order they happened.
@@ -227,7 +234,27 @@ void Scheduler::ChooseSpeculation(int64_t budget) {
   speculation_policy_.Choose(draft_limits_, draft_stats_, other, other_work, decode_drafts_);
 }
 
-int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
+bool Scheduler::TryAdmit(Sequence* seq, int64_t& budget, SchedulerOutput& out) {
+  const int32_t count = AdmitWithCachedPrefix(*seq, budget, num_held_blocks() - seq->held_blocks);
+  if (count == 0) return false;
+  waiting_.erase(seq);
+  held_for_waiting_ -= seq->held_blocks;
+  seq->held_blocks = 0;
+  seq->status = SequenceStatus::kRunning;
+  running_.insert(seq);
+  Emit(seq, count, 0, out);
+  budget -= count;
+  return true;
+}
+
+void Scheduler::HoldBlocksFor(uint64_t seq_id, int64_t blocks) {
+  Sequence* seq = Find(seq_id);
+  if (seq == nullptr || seq->status != SequenceStatus::kWaiting || blocks <= 0) return;
+  held_for_waiting_ += blocks - seq->held_blocks;
+  seq->held_blocks = static_cast<int32_t>(blocks);
+}
+
+int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget, int64_t held_for_others) {
   LOOM_CHECK(seq.blocks.empty() && seq.num_computed == 0);
   BlockManager::PrefixMatch match;
   int64_t max_blocks = 0;
@@ -257,7 +284,7 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget) {
   // takes a fresh block like a recompute.
   const int64_t blocks_needed =
       CeilDiv(cached_tokens + count, config_.block_size) - match.num_blocks + match.num_free_blocks;
-  if (blocks_needed > block_manager_.num_free()) return 0;
+  if (blocks_needed > block_manager_.num_free() - held_for_others) return 0;
   seq.blocks = block_manager_.TakeCachedPrefix(seq.block_hashes, match.num_blocks);
   if (num_host > 0) ReloadHostPrefix(seq);
   seq.num_computed = static_cast<int32_t>(cached_tokens);
@@ -550,6 +577,8 @@ void Scheduler::Finish(uint64_t seq_id) {
     running_.erase(seq.get());
   } else {
     waiting_.erase(seq.get());
+    held_for_waiting_ -= seq->held_blocks;
+    seq->held_blocks = 0;
   }
   if (config_.enable_prefix_caching) RegisterFullBlocks(*seq);
   ReleaseBlocks(*seq);
@@ -569,6 +598,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
       seq->samples_in_flight = 0;
       seq->speculative_in_flight = 0;
       seq->on_worker = false;
+      seq->held_blocks = 0;
       seq->status = SequenceStatus::kWaiting;
       auto entry = sequences_.find(seq->seq_id);
       LOOM_CHECK(entry != sequences_.end());
@@ -578,6 +608,8 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
   running_.clear();
   waiting_.clear();
   sequences_.clear();
+  held_for_waiting_ = 0;
+  held_for_arrivals_ = 0;
   // Nothing is left on the worker to release.
   finished_ids_.clear();
   return taken;

@@ -229,6 +229,19 @@ class Scheduler {
   uint64_t num_window_freed_blocks() const { return num_window_freed_blocks_; }
   const SchedulerConfig& config() const { return config_; }
 
+  // ---- disaggregated serving: free blocks held for hand-offs ----
+  /// Blocks held for hand-offs placed on this replica that have not arrived (their prompts
+  /// are computed on a prefill replica): admissions leave them free. Set before each plan.
+  void set_blocks_held_for_arrivals(int64_t blocks) { held_for_arrivals_ = blocks; }
+  /// Holds `blocks` free blocks for the waiting sequence `seq_id` (a hand-off whose
+  /// reservation arrived with it): other admissions leave them free, and it is admitted
+  /// ahead of the queue's strict order when it fits in them. The hold ends when it is
+  /// admitted or finished. Ignored for an unknown or running sequence.
+  void HoldBlocksFor(uint64_t seq_id, int64_t blocks);
+  /// Blocks held now: for arrivals and for waiting sequences.
+  int64_t num_held_blocks() const { return held_for_arrivals_ + held_for_waiting_; }
+  int64_t num_blocks_held_for_waiting() const { return held_for_waiting_; }
+
  private:
   // The scheduling order: (priority, arrival, seq_id) ascending, so the front runs first
   // and the back is the first preemption victim. priority and arrival must not change
@@ -273,7 +286,11 @@ class Scheduler {
   // Admission of a waiting `seq` (empty table): when its first chunk (within `budget`)
   // fits in the free blocks, takes its cached prefix (if caching is on), sets num_computed
   // past it and returns the chunk's token count; 0 when it does not fit (nothing changed).
-  int32_t AdmitWithCachedPrefix(Sequence& seq, int64_t budget);
+  // `held_for_others`: free blocks it must leave (held for other hand-offs).
+  int32_t AdmitWithCachedPrefix(Sequence& seq, int64_t budget, int64_t held_for_others);
+  // Admits the waiting `seq` when its first chunk fits (AdmitWithCachedPrefix, leaving the
+  // blocks held for others) and emits it; false when it does not fit.
+  bool TryAdmit(Sequence* seq, int64_t& budget, SchedulerOutput& out);
   // The host tier's continuation of a prefix matched in the pool up to block `first`
   // (whose last content is `parent_id`), up to `max_blocks`, into host_hits_ (empty when
   // reloading would cost more than recomputing).
@@ -290,6 +307,8 @@ class Scheduler {
   SpeculationPolicy speculation_policy_;
   uint64_t num_preemptions_ = 0;
   uint64_t num_window_freed_blocks_ = 0;
+  int64_t held_for_arrivals_ = 0;  // set_blocks_held_for_arrivals
+  int64_t held_for_waiting_ = 0;   // the held_blocks of waiting sequences
 
   // Every waiting or running sequence, by id; finished ones leave at Finish().
   absl::flat_hash_map<uint64_t, Entry> sequences_;

@@ -49,6 +49,9 @@ struct Sequence {
   // once behind every later query's window; the table keeps its positions.
   int32_t num_window_freed = 0;
   bool on_worker = false;         // the worker holds its state (NewSequence was sent)
+  // Free blocks held for it while it waits (Scheduler::HoldBlocksFor: a hand-off whose
+  // decode replica reserved room at placement); 0 once admitted.
+  int32_t held_blocks = 0;
   int32_t num_preemptions = 0;
 
   // Prefix caching. block_hashes[i] is the chained hash of full block i of the known,

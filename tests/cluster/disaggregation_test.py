@@ -104,6 +104,7 @@ def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, refer
         status = up.wait_idle()
         prefill, decode = status["prefill-0"], status["decode-0"]
         assert prefill.num_handoffs_out == len(long_prompts) == decode.num_handoffs_in, (prefill, decode)
+        assert decode.num_reserved_blocks == 0, decode
         assert decode.num_handoff_failures == 0 and decode.num_kv_fetch_failures == 0
         assert decode.num_kv_fetched_blocks >= sum(1 for i in range(100) if i % 5 != 0), decode
         assert decode.num_kv_blocks_reloaded >= decode.num_kv_fetched_blocks
@@ -133,6 +134,13 @@ def disaggregated(tmp_path, prefill_delay_ms, **coordinator_flags):
         max_local_prefill_length=THRESHOLD, **coordinator_flags)
 
 
+def long_prompt_blocks(rig):
+    """The blocks LONG and its first token take on the decode replica: what placement reserves."""
+    request = h.stubs().pb.TokenizeRequest(text=LONG, add_special_tokens=True, parse_special=True)
+    tokens = len(rig.coordinator.stub.Tokenize(request).token_ids)
+    return (tokens + 16) // 16
+
+
 def start(rig):
     return h.Stream(rig.coordinator.stub, make_request(LONG, max_tokens=FAILURE_TOKENS, ignore_eos=True),
                     timeout=180)
@@ -152,8 +160,9 @@ def finishes_with_reference(stream, reference, where):
 def no_block_held(rig, replica_ids):
     status = rig.coordinator.wait_replicas(
         lambda r: all(r[i].healthy and r[i].num_running == 0 and r[i].num_waiting == 0 and
-                      r[i].num_free_blocks == r[i].num_kv_blocks for i in replica_ids),
-        30, f"{replica_ids} idle with every block free")
+                      r[i].num_free_blocks == r[i].num_kv_blocks and r[i].num_reserved_blocks == 0
+                      for i in replica_ids),
+        30, f"{replica_ids} idle with every block free and none reserved")
     return status
 
 
@@ -161,7 +170,11 @@ def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_deco
         binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:
         stream = start(rig)
-        wait_for(rig, lambda r: r["prefill-0"].num_running == 1, "the prompt running on prefill-0")
+        # Placement reserved the prompt's blocks on the decode replica; the prefill replica's
+        # loss releases them.
+        blocks = long_prompt_blocks(rig)
+        wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_reserved_blocks == blocks,
+                 f"the prompt running on prefill-0, {blocks} blocks reserved on decode-0")
         rig.workers["prefill-0"].kill()
         finishes_with_reference(stream, reference, "decode-0")
         status = no_block_held(rig, ["decode-0"])

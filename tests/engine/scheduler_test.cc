@@ -363,6 +363,46 @@ TEST(SchedulerTest, AWaitingSequenceThatDoesNotFitHoldsBackLaterArrivals) {
   EXPECT_THAT(ScheduledIds(admitted), ElementsAre(2u, 3u));
 }
 
+// Disaggregated serving: a decode replica holds blocks for a hand-off from placement on.
+TEST(SchedulerTest, BlocksHeldForAnArrivalAreLeftFreeByOtherAdmissions) {
+  Scheduler scheduler(NoCacheConfig(4, 8, 64));
+  scheduler.set_blocks_held_for_arrivals(5);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 11, 4)).ok());  // 3 blocks: fit beside the 5
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 4, 4)).ok());   // 1 more: does not
+  EXPECT_THAT(ScheduledIds(scheduler.Schedule()), ElementsAre(1u));
+  EXPECT_EQ(scheduler.num_waiting(), 1);
+  EXPECT_EQ(scheduler.num_held_blocks(), 5);
+  // The hand-off arrives behind sequence 2 and takes its held blocks ahead of it.
+  ASSERT_TRUE(scheduler.Add(MakeSequence(3, 19, 4)).ok());  // 5 blocks with its first token
+  scheduler.HoldBlocksFor(3, 5);
+  scheduler.set_blocks_held_for_arrivals(0);
+  EXPECT_EQ(scheduler.num_blocks_held_for_waiting(), 5);
+  SchedulerOutput arrived = scheduler.Schedule();
+  EXPECT_THAT(ScheduledIds(arrived), ElementsAre(1u, 3u));
+  EXPECT_EQ(scheduler.num_held_blocks(), 0);
+  EXPECT_EQ(scheduler.Find(3)->held_blocks, 0);
+  EXPECT_EQ(scheduler.num_waiting(), 1);  // 2: the pool is full now
+  scheduler.Finish(3);
+  EXPECT_THAT(ScheduledIds(scheduler.Schedule()), ElementsAre(1u, 2u));
+}
+
+TEST(SchedulerTest, AHeldSequenceFinishedWhileWaitingReleasesItsHold) {
+  Scheduler scheduler(NoCacheConfig(4, 6, 64));
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 12, 4)).ok());  // 3 blocks, running
+  scheduler.Schedule();
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 20, 4)).ok());  // 6 blocks: waits
+  scheduler.HoldBlocksFor(2, 6);
+  scheduler.HoldBlocksFor(1, 2);                           // running: ignored
+  ASSERT_TRUE(scheduler.Add(MakeSequence(3, 4, 4)).ok());  // 1 block, free but held
+  EXPECT_THAT(ScheduledIds(scheduler.Schedule()), ElementsAre(1u));
+  EXPECT_EQ(scheduler.num_held_blocks(), 6);
+  scheduler.Finish(2);  // cancelled while it waited
+  EXPECT_EQ(scheduler.num_held_blocks(), 0);
+  EXPECT_THAT(ScheduledIds(scheduler.Schedule()), ElementsAre(1u, 3u));
+  scheduler.HoldBlocksFor(4, 1);  // unknown: ignored
+  EXPECT_EQ(scheduler.num_held_blocks(), 0);
+}
+
 // Three 8-token prompts fill a 6-block pool (block size 4); their first decodes need a
 // block each.
 class PreemptionTest : public ::testing::Test {
