@@ -693,8 +693,15 @@ void Replica::PublishStats() {
     stats_.set_num_handoffs_in(num_handoffs_in_);
     stats_.set_num_handoff_failures(num_handoff_failures_);
     held_for_waiting_ = scheduler.num_blocks_held_for_waiting();
-    local_prefill_limit_.store(
-        LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running()));
+    const int64_t limit =
+        LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running());
+    local_prefill_limit_.store(limit);
+    // A decode replica prefills what it takes itself (short prompts, and long ones when the
+    // prefill replicas are busy or gone) in chunks of that size beside its decodes: a longer
+    // chunk would stall them more than handing it off costs.
+    if (role_.load() == ReplicaRole::kDecode) {
+      engine_->scheduler().set_max_prefill_tokens_beside_decodes(limit);
+    }
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);

@@ -169,7 +169,11 @@ SchedulerOutput Scheduler::Schedule() {
       ++decodes;
     }
   }
-  // (2) The next prefill chunks of running sequences.
+  // (2) The next prefill chunks of running sequences, then (3) admissions: beside decodes
+  // max_prefill_tokens_beside_decodes tokens at most.
+  if (const int64_t cap = config_.max_prefill_tokens_beside_decodes; decodes > 0 && cap > 0) {
+    budget = std::min(budget, cap);
+  }
   for (Sequence* seq : prefill_candidates_) {
     if (budget == 0) break;
     if (seq->status != SequenceStatus::kRunning) continue;

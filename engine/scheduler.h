@@ -19,6 +19,11 @@ struct SchedulerConfig {
   int32_t block_size = 16;
   int64_t num_blocks = 0;                 // the replica's KV pool
   int64_t max_num_batched_tokens = 512;   // tokens per step (decodes + prefill chunks)
+  // Prefill tokens a step that carries decodes takes at most (0: the step's budget): each
+  // prefill chunk beside decodes stalls them, so a replica whose decodes' inter-token
+  // latency comes first (a decode replica of disaggregated serving) prefills in smaller
+  // chunks. A step without decodes uses its whole budget.
+  int64_t max_prefill_tokens_beside_decodes = 0;
   int32_t max_num_seqs = 256;             // running sequences at most
   int64_t max_waiting = 1024;             // waiting queue bound (Add answers past it)
   // Reuse cached full blocks of earlier sequences (same tokens, same hash seed) instead of
@@ -233,6 +238,10 @@ class Scheduler {
   /// Blocks held for hand-offs placed on this replica that have not arrived (their prompts
   /// are computed on a prefill replica): admissions leave them free. Set before each plan.
   void set_blocks_held_for_arrivals(int64_t blocks) { held_for_arrivals_ = blocks; }
+  /// SchedulerConfig::max_prefill_tokens_beside_decodes, from the next plan on.
+  void set_max_prefill_tokens_beside_decodes(int64_t tokens) {
+    config_.max_prefill_tokens_beside_decodes = tokens;
+  }
   /// Holds `blocks` free blocks for the waiting sequence `seq_id` (a hand-off whose
   /// reservation arrived with it): other admissions leave them free, and it is admitted
   /// ahead of the queue's strict order when it fits in them. The hold ends when it is

@@ -178,6 +178,32 @@ TEST(SchedulerTest, ChunkedPrefillRespectsTheTokenBudgetAndSamplesOnlyTheLastChu
   EXPECT_EQ(scheduler.Find(1)->samples_in_flight, 1);
 }
 
+TEST(SchedulerTest, BesideDecodesAPrefillTakesAtMostItsCapAndAloneTheWholeBudget) {
+  SchedulerConfig config = Config(4, 64, 32);
+  config.max_prefill_tokens_beside_decodes = 6;
+  Scheduler scheduler(config);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 40, 8)).ok());
+  // Alone: the whole budget.
+  SchedulerOutput alone = scheduler.Schedule();
+  EXPECT_EQ(WorkFor(alone, 1)->num_tokens, 32);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 3, 8)).ok());
+  SchedulerOutput rest = scheduler.Schedule();  // 1's last 8 tokens and 2's prompt
+  EXPECT_THAT(ScheduledIds(rest), ElementsAre(1u, 2u));
+  ApplySamples(scheduler, rest);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(3, 20, 8)).ok());
+  // Beside two decodes: 6 prefill tokens a step, admissions included.
+  for (int32_t step = 0; step < 3; ++step) {
+    SchedulerOutput beside = scheduler.Schedule();
+    EXPECT_EQ(beside.num_decode_tokens, 2);
+    EXPECT_EQ(beside.num_prefill_tokens, 6) << "step " << step;
+    ApplySamples(scheduler, beside);
+  }
+  scheduler.set_max_prefill_tokens_beside_decodes(0);
+  SchedulerOutput uncapped = scheduler.Schedule();
+  EXPECT_EQ(uncapped.num_prefill_tokens, 2);  // the last 2 of 3's 20
+  EXPECT_EQ(WorkFor(uncapped, 3)->num_tokens, 2);
+}
+
 TEST(SchedulerTest, TwoPlansInFlightScheduleTheDecodeOfATokenStillInFlight) {
   Scheduler scheduler(Config(4, 16, 64));
   ASSERT_TRUE(scheduler.Add(MakeSequence(1, 4, 3)).ok());
