@@ -159,6 +159,9 @@ class Cluster {
   std::set<std::string> draining_replicas_ ABSL_GUARDED_BY(mu_);
   // The KV element type each replica's workers registered with (for the metrics).
   std::map<std::string, std::string> kv_dtypes_ ABSL_GUARDED_BY(mu_);
+  // Prefill and decode replicas whose KV layouts differ (their prompts stay on the decode
+  // replica), as "prefill>decode": logged once each.
+  std::set<std::string> unmatched_layouts_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };

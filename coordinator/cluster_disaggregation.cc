@@ -63,6 +63,22 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   }
   const RouteDecision order = Rank(prefill, PromptTokens(*request), hashes, block_size);
   for (size_t index : order.order) {
+    // Its KV could not reach the decode replica (block size, KV dtype or pipeline stages
+    // differ): it would be computed twice.
+    if (const std::string layout = prefill[index]->kv_layout(); layout != target->kv_layout()) {
+      absl::MutexLock lock(&mu_);
+      if (unmatched_layouts_.insert(prefill[index]->replica_id() + ">" + target->replica_id())
+              .second) {
+        std::fprintf(stderr,
+                     "loom: prefill replica %s (%s) cannot hand KV to decode replica %s (%s): "
+                     "long prompts placed on %s are prefilled there (start both pools with "
+                     "the same --kv-dtype and block size)\n",
+                     prefill[index]->replica_id().c_str(), layout.c_str(),
+                     target->replica_id().c_str(), target->kv_layout().c_str(),
+                     target->replica_id().c_str());
+      }
+      continue;
+    }
     // A prefill replica whose queue is long would delay the first token more than a local
     // prefill stalls the decodes (Dynamo's conditional disaggregation).
     if (options_.max_prefill_queue_size > 0 &&

@@ -235,3 +235,22 @@ def test_a_busy_prefill_replica_leaves_long_prompts_to_the_decode_replica(binari
         status = no_block_held(rig, ["decode-0", "prefill-0"])
         assert status["prefill-0"].num_handoffs_out == 1 == status["decode-0"].num_handoffs_in
 
+
+
+def test_a_prefill_replica_whose_kv_the_decode_replica_cannot_read_is_passed_over(binaries, reference, tmp_path):
+    # f32 KV on the prefill worker, f16 on the decode one: a hand-off's KV could not be read, so
+    # long prompts are prefilled on the decode replica (not computed twice), logged once.
+    workers = {"prefill-0": {**COMMON, "role": "prefill", "kv_dtype": "f32"},
+               "decode-0": {**COMMON, "role": "decode"}}
+    with h.running_cluster(tmp_path, workers, max_local_prefill_length=THRESHOLD) as rig:
+        outcomes = h.generate_all(rig.coordinator.stub, [
+            make_request(PROMPTS[i], max_tokens=FAILURE_TOKENS, ignore_eos=True) for i in (1, 2)], timeout=180)
+        for i, outcome in zip((1, 2), outcomes):
+            assert outcome.finished, outcome.describe()
+            assert outcome.token_ids == reference[i][:FAILURE_TOKENS], (i, outcome.text)
+            assert outcome.replica_id == outcome.last_replica_id == "decode-0", outcome.describe()
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["prefill-0"].num_handoffs_out == 0 == status["decode-0"].num_handoffs_in
+        log = rig.coordinator.log_tail(20000)
+        assert len(re.findall(r"prefill replica prefill-0 \(.*f32 KV\) cannot hand KV to decode replica "
+                              r"decode-0 \(.*f16 KV\)", log)) == 1, log[-3000:]
