@@ -17,7 +17,8 @@ Reported per configuration (medians over rounds, the configurations alternated):
     the same run (the hand-off copies them three times: pool to host tier, tier to tier, tier to
     pool, plus the coordination).
 Ratios: ITL p99 mixed / P/D (the target: >= 2), long-prompt TTFT p50 P/D / mixed (<= 1.2), copy
-limit / hand-off.
+limit / hand-off; as ratios of the medians, and as the median of each round's ratios (the
+configurations of a round run back to back, so a neighbour's load shared by them cancels).
 
 Writes bench/results/disaggregation.json.
 
@@ -170,6 +171,25 @@ def copy_limit_seconds(nbytes: int) -> float:
     return statistics.median(times)
 
 
+def ratios(report: dict, copy_limit_s: float) -> dict:
+    """The targets' ratios, of the medians and (median_of_rounds) the median of each round's."""
+    def pair(mixed: dict, pd: dict) -> dict:
+        return {"itl_p99_mixed_over_pd": mixed["itl_p99_s"] / pd["itl_p99_s"],
+                "ttft_long_p50_pd_over_mixed": pd["ttft_long_p50_s"] / mixed["ttft_long_p50_s"],
+                "ttft_short_p99_mixed_over_pd": mixed["ttft_short_p99_s"] / pd["ttft_short_p99_s"]}
+
+    def per_round(mode: str) -> dict:
+        rounds = [pair(m, p) for m, p in zip(report["mixed"]["rounds"], report[mode]["rounds"])]
+        return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+    result = pair(report["mixed"], report["disaggregated"])
+    result["copy_limit_over_handoff"] = copy_limit_s / report["disaggregated"]["handoff_mean_s"]
+    result["median_of_rounds"] = per_round("disaggregated")
+    result["queue_limit_2"] = pair(report["mixed"], report["disaggregated_queue_limit_2"])
+    result["queue_limit_2"]["median_of_rounds"] = per_round("disaggregated_queue_limit_2")
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
@@ -196,17 +216,9 @@ def main():
                         for key in results[0] if isinstance(results[0][key], (int, float))}
         report[mode]["rounds"] = results
     limit = copy_limit_seconds(LONG_TOKENS * KV_BYTES_PER_TOKEN)
-    mixed, pd, limited = report["mixed"], report["disaggregated"], report["disaggregated_queue_limit_2"]
     report["copy_limit_s"] = limit
     report["kv_bytes_2k"] = LONG_TOKENS * KV_BYTES_PER_TOKEN
-    report["ratios"] = {
-        "itl_p99_mixed_over_pd": mixed["itl_p99_s"] / pd["itl_p99_s"],
-        "ttft_long_p50_pd_over_mixed": pd["ttft_long_p50_s"] / mixed["ttft_long_p50_s"],
-        "copy_limit_over_handoff": limit / pd["handoff_mean_s"],
-        "queue_limit_2": {"itl_p99_mixed_over_pd": mixed["itl_p99_s"] / limited["itl_p99_s"],
-                          "ttft_long_p50_pd_over_mixed": limited["ttft_long_p50_s"] / mixed["ttft_long_p50_s"]},
-        "ttft_short_p99_mixed_over_pd": mixed["ttft_short_p99_s"] / pd["ttft_short_p99_s"],
-    }
+    report["ratios"] = ratios(report, limit)
     report["provenance"] = provenance()
     print(json.dumps({k: report[k] for k in ("ratios", "copy_limit_s")}, indent=1), flush=True)
     pathlib.Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
