@@ -254,3 +254,23 @@ def test_a_prefill_replica_whose_kv_the_decode_replica_cannot_read_is_passed_ove
         log = rig.coordinator.log_tail(20000)
         assert len(re.findall(r"prefill replica prefill-0 \(.*f32 KV\) cannot hand KV to decode replica "
                               r"decode-0 \(.*f16 KV\)", log)) == 1, log[-3000:]
+
+
+def test_reservations_on_a_small_decode_pool_neither_hang_nor_leak(binaries, reference, tmp_path):
+    # A decode pool of a few prompts' blocks and 24 long prompts at once: placement reserves
+    # where blocks are free and proceeds without a reservation where none are (the hand-off then
+    # waits for room, or goes to the prefill replica); every request finishes with its tokens and
+    # every hold ends.
+    indices = [i for i in range(1, 40) if i % 5 != 0 and not seeded(i)][:24]
+    workers = {"prefill-0": {**COMMON, "role": "prefill"},
+               "decode-0": {**COMMON, "role": "decode", "kv_cache_memory": "6MiB"}}
+    with h.running_cluster(tmp_path, workers, max_local_prefill_length=THRESHOLD) as rig:
+        status = wait_for(rig, lambda r: r["decode-0"].num_kv_blocks > 0, "decode-0's pool")
+        assert status["decode-0"].num_kv_blocks < 24, status["decode-0"]  # smaller than the burst
+        outcomes = h.generate_all(rig.coordinator.stub, [
+            make_request(PROMPTS[i], max_tokens=FAILURE_TOKENS, ignore_eos=True) for i in indices], timeout=300)
+        for i, outcome in zip(indices, outcomes):
+            assert outcome.finished, outcome.describe()
+            assert outcome.token_ids == reference[i][:FAILURE_TOKENS], (i, outcome.text)
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["prefill-0"].num_handoffs_out > 0, status["prefill-0"]
