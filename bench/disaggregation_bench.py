@@ -132,6 +132,15 @@ def transfer_phase(http_url: str) -> tuple:
     return int(values["count"]), values["sum"]
 
 
+def sample_limit(up, replica_id: str, stop: threading.Event, samples: list):
+    """Appends the replica's local prefill limit (ReplicaStatus) every 0.5 s until `stop`."""
+    while not stop.wait(0.5):
+        try:
+            samples.append(up.replicas()[replica_id].local_prefill_limit)
+        except Exception:  # noqa: BLE001 - a missed sample
+            pass
+
+
 def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> dict:
     flags = {"threads": threads, "kv_cache_memory": "512MiB", "stream_interval_ms": 0}
     disaggregated = mode != "mixed"
@@ -146,11 +155,24 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
     up = h.Up(tmp / name, **flags)
     try:
         up.wait_healthy(replicas)
-        records = drive(up.stub, requests)
+        stop, limits = threading.Event(), []
+        sampler = threading.Thread(target=sample_limit, args=(up, replicas[-1], stop, limits))
+        sampler.start()
+        try:
+            records = drive(up.stub, requests)
+        finally:
+            stop.set()
+            sampler.join()
         result = summarize(requests, records)
+        if disaggregated and limits:
+            # The decode replica's threshold (and prefill chunk beside decodes) while it served.
+            result["local_prefill_limit_min"] = min(limits)
+            result["local_prefill_limit_p50"] = float(np.percentile(limits, 50))
+            result["local_prefill_limit_max"] = max(limits)
         status = up.wait_idle(timeout=120)
         if disaggregated:
             result["handoffs"] = status["decode-0"].num_handoffs_in
+            result["short_handoffs"] = result["handoffs"] - sum(1 for r in requests if r[3])
             result["handoff_failures"] = status["decode-0"].num_handoff_failures
             result["transfers"], seconds = transfer_phase(up.http_url)
             result["handoff_mean_s"] = seconds / max(result["transfers"], 1)

@@ -141,6 +141,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                            .Help("KV blocks a decode replica holds free for hand-offs placed on "
                                  "it whose prompts are being prefilled elsewhere.")
                            .Register(*registry_)),
+      local_prefill_limit_(BuildGauge()
+                               .Name("loom_disagg_local_prefill_limit_tokens")
+                               .Help("Uncached prompt tokens past which a prompt placed on "
+                                     "this replica is prefilled on a prefill replica "
+                                     "(measured unless --max-local-prefill-length is set).")
+                               .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
                           .Help("Prompt tokens looked up in the prefix cache when a "
@@ -462,6 +468,7 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
       mirror(handoff_failures_.Add(labels), last_handoff_failures_, replica.replica_id(),
              static_cast<double>(replica.num_handoff_failures()));
       reserved_blocks_.Add(labels).Set(static_cast<double>(replica.num_reserved_blocks()));
+      local_prefill_limit_.Add(labels).Set(static_cast<double>(replica.local_prefill_limit()));
     }
   }
 }

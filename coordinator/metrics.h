@@ -114,6 +114,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& handoffs_;
   prometheus::Family<prometheus::Counter>& handoff_failures_;
   prometheus::Family<prometheus::Gauge>& reserved_blocks_;
+  prometheus::Family<prometheus::Gauge>& local_prefill_limit_;
   // As they happen.
   prometheus::Family<prometheus::Counter>& prefix_queries_;
   prometheus::Family<prometheus::Counter>& prefix_hits_;

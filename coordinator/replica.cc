@@ -197,6 +197,7 @@ loom::v1::ReplicaStatus Replica::Status() const {
   }
   status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(admitting_ + inbox_.size()));
   status.set_num_reserved_blocks(reserved_blocks_ + held_for_waiting_);
+  status.set_local_prefill_limit(local_prefill_limit_.load());
   return status;
 }
 
