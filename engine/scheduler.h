@@ -78,12 +78,12 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 
 /// Disaggregated serving: the uncached prompt tokens past which a prompt is better
 /// prefilled on another replica than here. Run here, a prefill of n tokens beside the
-/// replica's `num_decodes` running decodes makes their step take cost(b + n) instead of
-/// cost(b): a stall of cost(b + n) - cost(b). Sent away, it costs a hand-off of
-/// `handoff_seconds` (measured so far; 0: none yet) and frees nothing here below one
-/// decode step. The limit is the smallest n (a power of two from 16) whose stall exceeds
-/// both, by `cost`'s measured step times; 512 before any step was measured, and at least
-/// 512 before a hand-off was.
+/// replica's `num_decodes` running decodes stalls their step by n times the per-token cost
+/// (StepCostModel::SecondsPerToken, a line fitted to the measured steps). Sent away, it
+/// costs a hand-off of `handoff_seconds` (measured so far; 0: none yet) and frees nothing
+/// here below one decode step (cost(b)). The limit is the smallest n (a power of two from
+/// 16) whose stall exceeds both; 512 before two step sizes were measured, and at least 512
+/// before a hand-off was.
 int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds);
 
 /// One sequence's work in a plan.

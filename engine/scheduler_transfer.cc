@@ -28,14 +28,17 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds) {
   constexpr int64_t kUnmeasured = 512;
   constexpr int64_t kLargest = int64_t{1} << 20;
-  if (!cost.measured()) return kUnmeasured;
+  // The stall of n more tokens is n times the fitted per-token cost: the buckets' own
+  // means, a few steps each, swing with a neighbour's load and would throw the limit
+  // between 16 and "never" from one step to the next.
+  const double per_token = cost.SecondsPerToken();
+  if (!cost.measured() || per_token <= 0) return kUnmeasured;
   const int64_t batch = std::max<int64_t>(num_decodes, 1);
-  const double step = cost.Estimate(batch);
-  const double worth = std::max(step, handoff_seconds);
+  const double worth = std::max(cost.Estimate(batch), handoff_seconds);
   // Before a hand-off was measured, no shorter prompt than the fixed guess is sent away.
   int64_t n = handoff_seconds > 0 ? 16 : kUnmeasured;
   for (; n < kLargest; n *= 2) {
-    if (cost.Estimate(batch + n) - step >= worth) return n;
+    if (per_token * static_cast<double>(n) >= worth) return n;
   }
   return kLargest;
 }

@@ -64,6 +64,23 @@ bool StepCostModel::measured() const {
   return std::any_of(count_.begin(), count_.end(), [](int64_t count) { return count > 0; });
 }
 
+double StepCostModel::SecondsPerToken() const {
+  double n = 0, sum_x = 0, sum_y = 0, sum_xx = 0, sum_xy = 0;
+  for (int b = 0; b < kNumBuckets; ++b) {
+    if (count_[b] == 0) continue;
+    const double x = static_cast<double>(BucketTokens(b));
+    const double y = mean_seconds_[b];
+    n += 1;
+    sum_x += x;
+    sum_y += y;
+    sum_xx += x * x;
+    sum_xy += x * y;
+  }
+  const double variance = n * sum_xx - sum_x * sum_x;
+  if (n < 2 || variance <= 0) return 0;
+  return std::max(0.0, (n * sum_xy - sum_x * sum_y) / variance);
+}
+
 double StepCostModel::Estimate(int64_t num_tokens) const {
   num_tokens = std::max<int64_t>(num_tokens, 1);
   const int bucket = Bucket(num_tokens);

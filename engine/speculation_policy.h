@@ -49,6 +49,11 @@ class StepCostModel {
   double Estimate(int64_t num_tokens) const;
   /// Whether any step was recorded (Estimate is in seconds only then).
   bool measured() const;
+  /// What one more token adds to a step: the slope of a least-squares line through the
+  /// measured buckets (each one point: a burst of one size weighs no more than the rest),
+  /// steady where neighbouring buckets' means are noisy. 0 with fewer than two buckets
+  /// measured or a line that does not rise.
+  double SecondsPerToken() const;
 
  private:
   static constexpr int kNumBuckets = 48;  // 1..16 tokens exactly, then 4 per octave

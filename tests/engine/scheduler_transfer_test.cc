@@ -178,5 +178,25 @@ TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAn
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 512);
 }
 
+TEST(SchedulerTransferTest, TheLocalPrefillLimitHoldsStillWhenSomeStepSizesMeasureNoisily) {
+  StepCostModel cost;
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
+  }
+  const int64_t clean = LocalPrefillLimit(cost, 8, 0.001);
+  // A neighbour's burst makes the 24-token steps 5x slower, and the 1,024-token ones cost no
+  // more than the 512-token ones: bucket by bucket the stall of 16 tokens would exceed the
+  // step, and no prompt would stall it enough between 512 and 1,024 tokens.
+  for (int i = 0; i < 50; ++i) {
+    cost.Record(24, 5 * (0.010 + 0.0024));
+    cost.Record(1024, 0.010 + 0.0512);
+  }
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.001), clean);
+  // One step size measured: no line yet.
+  StepCostModel one;
+  one.Record(8, 0.010);
+  EXPECT_EQ(LocalPrefillLimit(one, 8, 0.001), 512);
+}
+
 }  // namespace
 }  // namespace loom::engine
