@@ -116,10 +116,11 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "decode replica with its KV (Dynamo's flag; 0: each decode replica's measure, the "
          "prompt length that would double its decode step)");
   AddInt(app, "--max-prefill-queue-size", options.cluster.max_prefill_queue_size, 0, 1 << 20,
-         "disaggregated serving: a prefill replica holding this many requests is passed over, "
-         "and when every one is, the prompt is prefilled on its decode replica instead "
-         "(Dynamo's flag; trades the decodes' inter-token latency for the long prompts' TTFT "
-         "when prefill replicas are busy; 0: no limit)");
+         "disaggregated serving: a prefill replica holding this many requests, or more queued "
+         "prompt tokens than the prompt's own, is passed over, and when every one is, the "
+         "prompt is prefilled on its decode replica instead, in chunks beside its decodes "
+         "(Dynamo's flag; trades the decodes' inter-token latency for the prompts' TTFT when "
+         "prefill replicas are busy; 0: no limit)");
   AddDuration(app, "--kv-transfer-timeout-ms", replica.kv_transfer_timeout, absl::Milliseconds(1),
               100, 600000,
               "how long a request waits for KV from another replica (a prefix fetch or a "

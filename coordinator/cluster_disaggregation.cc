@@ -80,9 +80,12 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
       continue;
     }
     // A prefill replica whose queue is long would delay the first token more than a local
-    // prefill stalls the decodes (Dynamo's conditional disaggregation).
+    // prefill stalls the decodes (Dynamo's conditional disaggregation); and with that limit
+    // set, a prompt does not wait there behind more prompt tokens than its own (a short
+    // prompt queued behind a long one would wait out the long one's whole prefill).
     if (options_.max_prefill_queue_size > 0 &&
-        prefill[index]->load() >= options_.max_prefill_queue_size) {
+        (prefill[index]->load() >= options_.max_prefill_queue_size ||
+         prefill[index]->load_tokens() > prompt - cached)) {
       continue;
     }
     Replica::SubmitOptions options;
