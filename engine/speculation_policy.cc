@@ -65,10 +65,14 @@ bool StepCostModel::measured() const {
 }
 
 double StepCostModel::SecondsPerToken() const {
+  constexpr double kMinSpread = 16;
   double n = 0, sum_x = 0, sum_y = 0, sum_xx = 0, sum_xy = 0;
+  double smallest = 0, largest = 0;
   for (int b = 0; b < kNumBuckets; ++b) {
     if (count_[b] == 0) continue;
     const double x = static_cast<double>(BucketTokens(b));
+    if (n == 0) smallest = x;
+    largest = x;
     const double y = mean_seconds_[b];
     n += 1;
     sum_x += x;
@@ -77,7 +81,7 @@ double StepCostModel::SecondsPerToken() const {
     sum_xy += x * y;
   }
   const double variance = n * sum_xx - sum_x * sum_x;
-  if (n < 2 || variance <= 0) return 0;
+  if (largest - smallest < kMinSpread || variance <= 0) return 0;
   return std::max(0.0, (n * sum_xy - sum_x * sum_y) / variance);
 }
 

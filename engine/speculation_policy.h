@@ -51,8 +51,9 @@ class StepCostModel {
   bool measured() const;
   /// What one more token adds to a step: the slope of a least-squares line through the
   /// measured buckets (each one point: a burst of one size weighs no more than the rest),
-  /// steady where neighbouring buckets' means are noisy. 0 with fewer than two buckets
-  /// measured or a line that does not rise.
+  /// steady where neighbouring buckets' means are noisy. 0 before the measured sizes span
+  /// 16 tokens (a few decodes' steps differ by noise, not by their tokens) or when the line
+  /// does not rise.
   double SecondsPerToken() const;
 
  private:

@@ -192,10 +192,16 @@ TEST(SchedulerTransferTest, TheLocalPrefillLimitHoldsStillWhenSomeStepSizesMeasu
     cost.Record(1024, 0.010 + 0.0512);
   }
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.001), clean);
-  // One step size measured: no line yet.
-  StepCostModel one;
-  one.Record(8, 0.010);
-  EXPECT_EQ(LocalPrefillLimit(one, 8, 0.001), 512);
+  // Steps of a few decodes only: their times differ by noise, not by their tokens (here
+  // the 3-token steps happened to be faster): no line yet, the fixed guess.
+  StepCostModel decodes;
+  decodes.Record(1, 0.0100);
+  decodes.Record(2, 0.0101);
+  decodes.Record(3, 0.0099);
+  EXPECT_EQ(decodes.SecondsPerToken(), 0);
+  EXPECT_EQ(LocalPrefillLimit(decodes, 2, 0.001), 512);
+  decodes.Record(40, 0.0140);  // a short prompt's step: 0.1 ms per token
+  EXPECT_NEAR(decodes.SecondsPerToken(), 0.0001, 0.00002);
 }
 
 }  // namespace
