@@ -80,6 +80,8 @@ def run_one(stub, ids, max_tokens, record):
     try:
         for message in stub.Generate(request, timeout=600):
             if message.token_ids:
+                if not times:
+                    record["first_replica"] = message.replica_id
                 times.append((time.monotonic(), len(message.token_ids)))
     except Exception as error:  # noqa: BLE001 - counted as a failed request
         record["error"] = repr(error)
@@ -172,7 +174,9 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
         status = up.wait_idle(timeout=120)
         if disaggregated:
             result["handoffs"] = status["decode-0"].num_handoffs_in
-            result["short_handoffs"] = result["handoffs"] - sum(1 for r in requests if r[3])
+            # Short prompts whose first token came from the prefill replica.
+            result["short_handoffs"] = sum(1 for r, record in zip(requests, records)
+                                           if not r[3] and record.get("first_replica") == "prefill-0")
             result["handoff_failures"] = status["decode-0"].num_handoff_failures
             result["transfers"], seconds = transfer_phase(up.http_url)
             result["handoff_mean_s"] = seconds / max(result["transfers"], 1)
