@@ -62,10 +62,11 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     }
   }
   const RouteDecision order = Rank(prefill, PromptTokens(*request), hashes, block_size);
+  const std::string target_layout = target->kv_layout();
   for (size_t index : order.order) {
     // Its KV could not reach the decode replica (block size, KV dtype or pipeline stages
     // differ): it would be computed twice.
-    if (const std::string layout = prefill[index]->kv_layout(); layout != target->kv_layout()) {
+    if (const std::string layout = prefill[index]->kv_layout(); layout != target_layout) {
       absl::MutexLock lock(&mu_);
       if (unmatched_layouts_.insert(prefill[index]->replica_id() + ">" + target->replica_id())
               .second) {
@@ -74,7 +75,7 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
                      "long prompts placed on %s are prefilled there (start both pools with "
                      "the same --kv-dtype and block size)\n",
                      prefill[index]->replica_id().c_str(), layout.c_str(),
-                     target->replica_id().c_str(), target->kv_layout().c_str(),
+                     target->replica_id().c_str(), target_layout.c_str(),
                      target->replica_id().c_str());
       }
       continue;
