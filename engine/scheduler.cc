@@ -170,16 +170,23 @@ SchedulerOutput Scheduler::Schedule() {
     }
   }
   // (2) The next prefill chunks of running sequences, then (3) admissions: beside decodes
-  // max_prefill_tokens_beside_decodes tokens at most.
+  // max_prefill_tokens_beside_decodes tokens at most, and while sequences wait the running
+  // chunks take half of that: a short prompt that arrives behind a long prefill starts in
+  // the next step, not after the long prompt's last chunk.
+  int64_t chunk_budget = budget;
   if (const int64_t cap = config_.max_prefill_tokens_beside_decodes; decodes > 0 && cap > 0) {
     budget = std::min(budget, cap);
+    chunk_budget = waiting_.empty() ? budget : std::max<int64_t>(budget / 2, 1);
   }
   for (Sequence* seq : prefill_candidates_) {
-    if (budget == 0) break;
+    if (budget == 0 || chunk_budget == 0) break;
     if (seq->status != SequenceStatus::kRunning) continue;
-    const int32_t count =
-        static_cast<int32_t>(std::min<int64_t>(PendingTokens(*seq), budget));
-    if (ScheduleRunning(seq, count, 0, out)) budget -= count;
+    const int32_t count = static_cast<int32_t>(
+        std::min<int64_t>(PendingTokens(*seq), std::min(budget, chunk_budget)));
+    if (ScheduleRunning(seq, count, 0, out)) {
+      budget -= count;
+      chunk_budget -= count;
+    }
   }
   // (3) Admit waiting sequences. Not after a preemption: blocks are short, and a
   // sequence preempted by this plan must not come back in it.

@@ -22,7 +22,8 @@ struct SchedulerConfig {
   // Prefill tokens a step that carries decodes takes at most (0: the step's budget): each
   // prefill chunk beside decodes stalls them, so a replica whose decodes' inter-token
   // latency comes first (a decode replica of disaggregated serving) prefills in smaller
-  // chunks. A step without decodes uses its whole budget.
+  // chunks; while sequences wait, running prefills take half of it (the rest admits). A
+  // step without decodes uses its whole budget.
   int64_t max_prefill_tokens_beside_decodes = 0;
   int32_t max_num_seqs = 256;             // running sequences at most
   int64_t max_waiting = 1024;             // waiting queue bound (Add answers past it)

@@ -204,6 +204,25 @@ TEST(SchedulerTest, BesideDecodesAPrefillTakesAtMostItsCapAndAloneTheWholeBudget
   EXPECT_EQ(WorkFor(uncapped, 3)->num_tokens, 2);
 }
 
+TEST(SchedulerTest, BesideDecodesAWaitingPromptGetsHalfTheCapFromALongPrefill) {
+  SchedulerConfig config = Config(4, 64, 32);
+  config.max_prefill_tokens_beside_decodes = 6;
+  Scheduler scheduler(config);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 3, 8)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());  // 1 decodes from now on
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 40, 8)).ok());
+  SchedulerOutput alone = scheduler.Schedule();  // nothing waits behind 2: the whole cap
+  EXPECT_EQ(WorkFor(alone, 2)->num_tokens, 6);
+  ApplySamples(scheduler, alone);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(3, 3, 8)).ok());  // a short prompt arrives
+  SchedulerOutput shared = scheduler.Schedule();
+  EXPECT_EQ(shared.num_decode_tokens, 1);
+  EXPECT_EQ(WorkFor(shared, 2)->num_tokens, 3);  // half the cap
+  ASSERT_NE(WorkFor(shared, 3), nullptr);        // admitted at once, 3 tokens
+  EXPECT_EQ(WorkFor(shared, 3)->num_tokens, 3);
+  EXPECT_TRUE(WorkFor(shared, 3)->sample);
+}
+
 TEST(SchedulerTest, TwoPlansInFlightScheduleTheDecodeOfATokenStillInFlight) {
   Scheduler scheduler(Config(4, 16, 64));
   ASSERT_TRUE(scheduler.Add(MakeSequence(1, 4, 3)).ok());
