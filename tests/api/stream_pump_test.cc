@@ -73,7 +73,12 @@ TEST(StreamPumpTest, AnEarlierTimerAddedWhileThePumpWaitsForALaterOneRunsFirst) 
 TEST(StreamPumpTest, TimersDueWithinOneTickShareAWakeup) {
   StreamPump pump(absl::Milliseconds(50));
   std::vector<std::shared_ptr<RecordingStream>> streams;
-  const absl::Time base = absl::Now() + absl::Milliseconds(100);
+  // Just past a 50 ms boundary of the Unix clock, where the pump rounds: a spread that
+  // straddled one (1 time in 50 from an arbitrary start) would split the wakeups.
+  const absl::Time base = absl::UnixEpoch() +
+                          absl::Ceil(absl::Now() - absl::UnixEpoch() + absl::Milliseconds(100),
+                                     absl::Milliseconds(50)) +
+                          absl::Milliseconds(1);
   for (int i = 0; i < 8; ++i) {
     streams.push_back(std::make_shared<RecordingStream>());
     // Spread over 1 ms: all round up to the same 50 ms boundary.
