@@ -2,7 +2,9 @@
 on the default model: two CPU worker processes on this machine (`--threads` each), either two
 mixed replicas (`loom up --replicas 2`, prefix-aware routing) or one prefill and one decode
 replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-prefill-length: the
-decode replica's own measure), and the latter with `--max-prefill-queue-size 2`. The same open-loop workload drives both, at the same request rate:
+decode replica's own measure, a prompt past it staying on the decode replica when the prefill
+replica's queue would give its first token later), and the latter with
+`--max-prefill-queue-size 2`. The same open-loop workload drives both, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
 (a ~30-token prompt, 48 output tokens), every prompt new.
 
@@ -178,6 +180,11 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
             result["short_handoffs"] = sum(1 for r, record in zip(requests, records)
                                            if not r[3] and record.get("first_replica") == "prefill-0")
             result["handoff_failures"] = status["decode-0"].num_handoff_failures
+            # Long prompts the decode replica prefilled itself, and of those how many because
+            # the prefill replica's expected first token was later (the measured threshold).
+            result["long_local"] = sum(1 for r, record in zip(requests, records)
+                                       if r[3] and record.get("first_replica") == "decode-0")
+            result["kept_local"] = status["decode-0"].num_prefills_kept_local
             result["transfers"], seconds = transfer_phase(up.http_url)
             result["handoff_mean_s"] = seconds / max(result["transfers"], 1)
         return result

@@ -35,7 +35,8 @@ struct ClusterOptions {
   // itself is ReplicaOptions::max_local_prefill_length (the decode replica's). A prefill
   // replica holding this many requests already is passed over; when every one is, the
   // prompt is prefilled locally (--max-prefill-queue-size, Dynamo's name; 0, the default:
-  // no limit, the decodes are never stalled by a long prompt).
+  // no limit). With the threshold measured, a prefill replica whose expected first token
+  // comes later than the decode replica's own is passed over too.
   int64_t max_prefill_queue_size = 0;
   // Cross-replica prefix fetch: a request placed on a replica while another replica of the
   // same layout, both with host tiers, holds at least this many more blocks of its prefix

@@ -63,6 +63,13 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   }
   const RouteDecision order = Rank(prefill, PromptTokens(*request), hashes, block_size);
   const std::string target_layout = target->kv_layout();
+  // Prefilled here, in chunks beside the decodes (each within the local limit: the stall
+  // stays bounded), the first token would come after this long. A fixed threshold
+  // (--max-local-prefill-length) is the operator's: no comparison then.
+  const double local_seconds =
+      target->prefill_limit_measured() ? target->FirstTokenSeconds(prompt - cached) : 0;
+  const double handoff_seconds = target->mean_handoff_seconds();
+  int kept_local = 0;
   for (size_t index : order.order) {
     // Its KV could not reach the decode replica (block size, KV dtype or pipeline stages
     // differ): it would be computed twice.
@@ -89,6 +96,20 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
          prefill[index]->load_tokens() > prompt - cached)) {
       continue;
     }
+    // Sent away, it must not wait longer for its first token than it would here: behind
+    // a backlog of long prompts a saturated prefill pool would delay it without bound,
+    // while a decode replica with room prefills it in bounded chunks (placement by
+    // expected first-token time, as DistServe's and Splitwise's schedulers do). Unmeasured
+    // either side: send it.
+    const int64_t prefill_cached =
+        std::min(kv_index_.MatchPrefix(hashes, {prefill[index]->replica_id()}).front() * block_size,
+                 prompt - 1);
+    const double remote_seconds = prefill[index]->FirstTokenSeconds(prompt - prefill_cached);
+    if (local_seconds > 0 && remote_seconds > 0 &&
+        local_seconds <= remote_seconds + handoff_seconds) {
+      ++kept_local;
+      continue;
+    }
     Replica::SubmitOptions options;
     // A request of one token has nothing to decode: the prefill replica answers it.
     if (params.max_tokens > 1) options.hand_off_to = target;
@@ -96,8 +117,9 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     if (placed.ok()) return placed;
     if (placed.code() == absl::StatusCode::kInvalidArgument) break;
   }
-  // Every prefill replica is full or gone: run it locally.
+  // Every prefill replica is full, gone or slower: run it locally.
   if (reserved != nullptr) reserved->ReleaseReservation(request->seq_id());
+  if (kept_local > 0) target->CountKeptLocal();
   return std::nullopt;
 }
 

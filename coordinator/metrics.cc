@@ -136,6 +136,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                                   "prefill replica gone, a timeout, a transfer error): the "
                                   "prompt was recomputed there.")
                             .Register(*registry_)),
+      prefills_kept_local_(BuildCounter()
+                               .Name("loom_disagg_prefills_kept_local_total")
+                               .Help("Prompts past a replica's local prefill limit that it "
+                                     "prefilled itself: every prefill replica would have "
+                                     "given the first token later.")
+                               .Register(*registry_)),
       reserved_blocks_(BuildGauge()
                            .Name("loom_disagg_reserved_blocks")
                            .Help("KV blocks a decode replica holds free for hand-offs placed on "
@@ -467,6 +473,8 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_handoffs_in()));
       mirror(handoff_failures_.Add(labels), last_handoff_failures_, replica.replica_id(),
              static_cast<double>(replica.num_handoff_failures()));
+      mirror(prefills_kept_local_.Add(labels), last_prefills_kept_local_, replica.replica_id(),
+             static_cast<double>(replica.num_prefills_kept_local()));
       reserved_blocks_.Add(labels).Set(static_cast<double>(replica.num_reserved_blocks()));
       local_prefill_limit_.Add(labels).Set(static_cast<double>(replica.local_prefill_limit()));
     }

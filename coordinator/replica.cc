@@ -79,6 +79,10 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
         endpoint_.num_kv_blocks));
   }
   load_tokens_.fetch_add(static_cast<int64_t>(params.prompt_ids.size()));
+  // A hand-off brings its prompt's KV: nothing to prefill here.
+  if (!options.handed_off) {
+    prefill_rate_.queued_tokens += static_cast<int64_t>(params.prompt_ids.size());
+  }
   // A prefix another replica holds is fetched before admission (replica_kv_fetch.cc); a
   // prefill replica's request is handed off after its first token.
   if ((options.fetch_source != nullptr && options.fetch_source != this) ||
@@ -198,6 +202,7 @@ loom::v1::ReplicaStatus Replica::Status() const {
   status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(admitting_ + inbox_.size()));
   status.set_num_reserved_blocks(reserved_blocks_ + held_for_waiting_);
   status.set_local_prefill_limit(local_prefill_limit_.load());
+  status.set_num_prefills_kept_local(num_prefills_kept_local_.load());
   return status;
 }
 
@@ -655,10 +660,22 @@ void Replica::LoseWorker(const std::string& reason) {
 int64_t Replica::LocalPrefillLimitNow(const engine::StepCostModel& cost,
                                       int64_t num_running) const {
   if (options_.max_local_prefill_length > 0) return options_.max_local_prefill_length;
-  const double handoff_seconds =
-      num_handoffs_measured_ > 0 ? handoff_seconds_ / static_cast<double>(num_handoffs_measured_)
-                                 : 0.0;
-  return engine::LocalPrefillLimit(cost, num_running, handoff_seconds);
+  return engine::LocalPrefillLimit(cost, num_running, MeasuredHandOffSeconds());
+}
+
+double Replica::MeasuredHandOffSeconds() const {
+  return num_handoffs_measured_ > 0 ? handoff_seconds_ / static_cast<double>(num_handoffs_measured_)
+                                    : 0.0;
+}
+
+double Replica::FirstTokenSeconds(int64_t tokens) const {
+  absl::MutexLock lock(&mu_);
+  return engine::FirstTokenSeconds(prefill_rate_, tokens);
+}
+
+double Replica::mean_handoff_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return mean_handoff_seconds_;
 }
 
 void Replica::PublishStats() {
@@ -697,6 +714,22 @@ void Replica::PublishStats() {
     const int64_t limit =
         LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running());
     local_prefill_limit_.store(limit);
+    const engine::SchedulerConfig& config = scheduler.config();
+    const bool beside_decodes = role_.load() == ReplicaRole::kDecode && scheduler.num_running() > 0;
+    // What waits in the inbox is not the scheduler's yet (hand-offs bring their KV).
+    int64_t queued = scheduler.num_prompt_tokens_pending();
+    for (const std::shared_ptr<engine::Request>& request : inbox_) {
+      const auto placed = placements_.find(request.get());
+      if (placed == placements_.end() || !placed->second.handed_off) {
+        queued += static_cast<int64_t>(request->params().prompt_ids.size());
+      }
+    }
+    prefill_rate_ = engine::MeasurePrefillRate(
+        scheduler.speculation_policy().cost_model(), scheduler.num_running(),
+        beside_decodes ? std::min<int64_t>(limit, config.max_num_batched_tokens)
+                       : config.max_num_batched_tokens,
+        queued);
+    mean_handoff_seconds_ = MeasuredHandOffSeconds();
     // A decode replica prefills what it takes itself (short prompts, and long ones when the
     // prefill replicas are busy or gone) in chunks of that size beside its decodes: a longer
     // chunk would stall them more than handing it off costs.
@@ -706,6 +739,7 @@ void Replica::PublishStats() {
   } else {
     stats_.set_num_running(0);
     stats_.set_num_waiting(0);
+    prefill_rate_ = engine::PrefillRate();
   }
 }
 

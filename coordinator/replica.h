@@ -192,6 +192,18 @@ class Replica {
   /// prefilled elsewhere (ReplicaOptions::max_local_prefill_length, else this replica's
   /// step timings: engine::LocalPrefillLimit), updated after every step.
   int64_t local_prefill_limit() const { return local_prefill_limit_.load(); }
+  /// Disaggregated serving: the expected seconds until this replica gives the first token
+  /// of a prompt of `tokens` uncached tokens submitted now (engine::FirstTokenSeconds from
+  /// its measured steps and the prompt tokens queued here; a decode replica prefills in
+  /// chunks of local_prefill_limit() beside its decodes). 0 before its steps were measured.
+  double FirstTokenSeconds(int64_t tokens) const;
+  /// Whether local_prefill_limit() is measured (no --max-local-prefill-length): placement
+  /// then also compares the expected first-token times (Cluster::PlaceDisaggregated).
+  bool prefill_limit_measured() const { return options_.max_local_prefill_length <= 0; }
+  /// The mean time of the KV hand-offs this replica received (0: none measured yet).
+  double mean_handoff_seconds() const;
+  /// Counts a prompt past the local limit that stays here (the prefill replicas are slower).
+  void CountKeptLocal() { num_prefills_kept_local_.fetch_add(1); }
   bool healthy() const { return healthy_.load(); }
   /// Requests admitted and not finished (waiting + running + not yet admitted).
   int64_t load() const { return load_.load(); }
@@ -251,6 +263,8 @@ class Replica {
   void AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to = nullptr);
   // local_prefill_limit() by the options, `cost` and the hand-offs measured so far.
   int64_t LocalPrefillLimitNow(const engine::StepCostModel& cost, int64_t num_running) const;
+  // The mean time of the hand-offs received so far (0: none).
+  double MeasuredHandOffSeconds() const;
   // Passes the requests the engine core handed off to the cluster (loop thread).
   void HandOffPrefilled();
   void EndFetch(uint64_t fetch_id, const absl::Status& status);
@@ -285,6 +299,7 @@ class Replica {
   const HandOffFn hand_off_;
   std::atomic<ReplicaRole> role_{ReplicaRole::kMixed};
   std::atomic<int64_t> local_prefill_limit_{0};
+  std::atomic<uint64_t> num_prefills_kept_local_{0};
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> load_{0};
   std::atomic<int64_t> load_tokens_{0};
@@ -321,6 +336,9 @@ class Replica {
   // Cross-replica prefix fetch: requests to fetch for, asks from other replicas, their
   // answers, finished fetches, exports to release.
   absl::flat_hash_map<const engine::Request*, SubmitOptions> placements_ ABSL_GUARDED_BY(mu_);
+  // FirstTokenSeconds' inputs: set by PublishStats, queued tokens raised by every Submit.
+  engine::PrefillRate prefill_rate_ ABSL_GUARDED_BY(mu_);
+  double mean_handoff_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<ExportAsk> export_asks_ ABSL_GUARDED_BY(mu_);
   std::deque<ExportReply> export_replies_ ABSL_GUARDED_BY(mu_);
   std::deque<FetchResult> fetch_results_ ABSL_GUARDED_BY(mu_);

@@ -635,6 +635,16 @@ int32_t Scheduler::num_running() const { return static_cast<int32_t>(running_.si
 
 int32_t Scheduler::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
 
+int64_t Scheduler::num_prompt_tokens_pending() const {
+  int64_t tokens = 0;
+  for (const Sequence* seq : waiting_) tokens += seq->num_known_tokens() - seq->num_computed;
+  for (const Sequence* seq : running_) {
+    tokens +=
+        std::max<int64_t>(static_cast<int64_t>(seq->prompt_ids.size()) - seq->num_computed, 0);
+  }
+  return tokens;
+}
+
 bool Scheduler::has_work() const {
   return !running_.empty() || !waiting_.empty() || !finished_ids_.empty() ||
          (host_tier_ != nullptr && host_tier_->has_copies());

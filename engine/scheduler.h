@@ -87,6 +87,25 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 /// before a hand-off was.
 int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds);
 
+/// How fast a replica gets through prompts, from its measured steps: what placement needs
+/// to tell when a prompt put there now would have its first token.
+struct PrefillRate {
+  double seconds_per_token = 0;  // StepCostModel::SecondsPerToken (0: not measured yet)
+  double step_seconds = 0;       // what a step costs besides its prompt tokens (its decodes)
+  int64_t chunk = 0;             // prompt tokens per step at most (0: any)
+  int64_t queued_tokens = 0;     // prompt tokens still to compute ahead of a new arrival
+};
+
+/// The PrefillRate of a replica measured by `cost` that runs `num_decodes` decodes beside
+/// its prefill chunks of at most `chunk` tokens, with `queued_tokens` ahead.
+PrefillRate MeasurePrefillRate(const StepCostModel& cost, int64_t num_decodes, int64_t chunk,
+                               int64_t queued_tokens);
+
+/// Seconds until the first token of a prompt of `tokens` uncached tokens submitted to a
+/// replica of `rate`: the tokens ahead and its own at the measured slope, plus the fixed
+/// cost of every step their chunks take. 0 when the rate is not measured.
+double FirstTokenSeconds(const PrefillRate& rate, int64_t tokens);
+
 /// One sequence's work in a plan.
 struct ScheduledWork {
   Sequence* seq = nullptr;
@@ -178,6 +197,9 @@ class Scheduler {
   int32_t num_running() const;
   /// Sequences queued for admission, new or preempted.
   int32_t num_waiting() const;
+  /// Prompt tokens (and a preempted sequence's outputs) still to compute, waiting and
+  /// running: the prefill work queued here.
+  int64_t num_prompt_tokens_pending() const;
   /// Something to schedule or to release. A plan may still come out empty (every
   /// sequence is waiting for results in flight): check SchedulerOutput::empty().
   bool has_work() const;

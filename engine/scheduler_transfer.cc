@@ -43,6 +43,25 @@ int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double
   return kLargest;
 }
 
+PrefillRate MeasurePrefillRate(const StepCostModel& cost, int64_t num_decodes, int64_t chunk,
+                               int64_t queued_tokens) {
+  PrefillRate rate;
+  rate.seconds_per_token = cost.measured() ? cost.SecondsPerToken() : 0;
+  // A step of the decodes alone (or of one token, without decodes) is the fixed part.
+  rate.step_seconds = cost.measured() ? cost.Estimate(std::max<int64_t>(num_decodes, 1)) : 0;
+  rate.chunk = std::max<int64_t>(chunk, 0);
+  rate.queued_tokens = std::max<int64_t>(queued_tokens, 0);
+  return rate;
+}
+
+double FirstTokenSeconds(const PrefillRate& rate, int64_t tokens) {
+  if (rate.seconds_per_token <= 0) return 0;
+  const int64_t total = rate.queued_tokens + std::max<int64_t>(tokens, 1);
+  const int64_t steps = rate.chunk > 0 ? (total + rate.chunk - 1) / rate.chunk : 1;
+  return rate.seconds_per_token * static_cast<double>(total) +
+         rate.step_seconds * static_cast<double>(steps);
+}
+
 Scheduler::HeldSlots Scheduler::ExportPrefix(absl::Span<const BlockHash> hashes,
                                              absl::Span<const int32_t> tokens,
                                              std::string_view cache_salt) {

@@ -14,8 +14,9 @@ hand-off while the decode replica waits for its KV (the transfer fails, counted 
 the prompt is recomputed there), the decode worker killed while it waits for the KV (the request
 completes on the prefill replica), and a transfer slower than --kv-transfer-timeout-ms
 (recomputed). And with --max-prefill-queue-size 1 a busy prefill replica leaves the next long
-prompts to the decode replica. Each request finishes with the reference tokens and no replica
-holds a block.
+prompts to the decode replica; with the threshold measured, so does a prefill replica whose
+queued prompts would give the first token later than the decode replica itself. Each request
+finishes with the reference tokens and no replica holds a block.
 """
 import re
 import signal
@@ -274,3 +275,56 @@ def test_reservations_on_a_small_decode_pool_neither_hang_nor_leak(binaries, ref
             assert outcome.token_ids == reference[i][:FAILURE_TOKENS], (i, outcome.text)
         status = no_block_held(rig, ["decode-0", "prefill-0"])
         assert status["prefill-0"].num_handoffs_out > 0, status["prefill-0"]
+
+
+def long_prompt(i: int) -> str:
+    """Prompt i of the long ones: 600 to 900 tokens, no prefix shared with another."""
+    words = [WORDS[(i * 3 + k * (i % 7 + 2)) % len(WORDS)] for k in range(500 + 40 * i)]
+    return f"Chapter {i} of the long notes: " + " ".join(words) + "\nIn one line:"
+
+
+LONG_PROMPTS = [long_prompt(i) for i in range(8)]
+LONG_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def long_reference(binaries, tmp_path_factory):
+    """The long prompts' tokens on one mixed replica."""
+    up = h.Up(tmp_path_factory.mktemp("mixed-long"), http_port=-1, **COMMON)
+    try:
+        up.wait_healthy(["replica-0"])
+        outcomes = h.generate_all(up.stub, [make_request(p, max_tokens=LONG_TOKENS, ignore_eos=True)
+                                            for p in LONG_PROMPTS], timeout=600)
+        for outcome in outcomes:
+            assert outcome.finished, outcome.describe()
+        return [o.token_ids for o in outcomes]
+    finally:
+        up.stop()
+
+
+def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(binaries, long_reference, tmp_path):
+    # The threshold measured (no --max-local-prefill-length). Short prompts time the decode
+    # replica's steps; the first long prompt goes to the prefill replica (nothing timed there
+    # yet: sending is the default). Then a burst of long prompts queues on the prefill replica,
+    # and those whose first token its queue would delay past the decode replica's own prefill
+    # stay there, counted; each gives the mixed replica's tokens.
+    workers = {"prefill-0": {**COMMON, "role": "prefill"}, "decode-0": {**COMMON, "role": "decode"}}
+    with h.running_cluster(tmp_path, workers) as rig:
+        stub = rig.coordinator.stub
+        for outcome in h.generate_all(stub, [make_request(PROMPTS[i], max_tokens=FAILURE_TOKENS, ignore_eos=True)
+                                             for i in range(5)], timeout=180):
+            assert outcome.finished and outcome.replica_id == "decode-0", outcome.describe()
+        first = h.generate_all(stub, [make_request(LONG_PROMPTS[0], max_tokens=LONG_TOKENS, ignore_eos=True)],
+                               timeout=300)
+        burst = h.generate_all(stub, [make_request(p, max_tokens=LONG_TOKENS, ignore_eos=True)
+                                      for p in LONG_PROMPTS[1:]], timeout=600)
+        for i, outcome in enumerate(first + burst):
+            assert outcome.finished, outcome.describe()
+            assert outcome.token_ids == long_reference[i], (i, outcome.text)
+        assert first[0].replica_id == "prefill-0", first[0].describe()
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        decode = status["decode-0"]
+        kept = [o for o in burst if o.replica_id == "decode-0"]
+        assert decode.num_prefills_kept_local >= 1, decode
+        assert len(kept) >= decode.num_prefills_kept_local, [o.replica_id for o in burst]
+        assert status["prefill-0"].num_handoffs_out == decode.num_handoffs_in >= 1

@@ -204,5 +204,55 @@ TEST(SchedulerTransferTest, TheLocalPrefillLimitHoldsStillWhenSomeStepSizesMeasu
   EXPECT_NEAR(decodes.SecondsPerToken(), 0.0001, 0.00002);
 }
 
+TEST(SchedulerTransferTest, TheFirstTokenComesAfterTheQueuedPromptsAndEveryChunksStep) {
+  StepCostModel cost;
+  EXPECT_EQ(FirstTokenSeconds(MeasurePrefillRate(cost, 0, 512, 0), 2048), 0);  // unmeasured
+  // Steps cost 10 ms plus 0.1 ms per token (as the model fits it from its size buckets:
+  // within a few percent).
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
+  }
+  // An idle prefill replica, 512-token chunks: 2,048 tokens at 0.1 ms and 4 steps' fixed part
+  // (each a step of one token: 10.1 ms).
+  const PrefillRate idle = MeasurePrefillRate(cost, 0, 512, 0);
+  EXPECT_NEAR(FirstTokenSeconds(idle, 2048), 0.2048 + 4 * 0.0101, 0.03 * 0.245);
+  // Two such prompts queued ahead: they come first.
+  const PrefillRate busy = MeasurePrefillRate(cost, 0, 512, 4096);
+  EXPECT_NEAR(FirstTokenSeconds(busy, 2048), 0.6144 + 12 * 0.0101, 0.03 * 0.736);
+  // A decode replica with 32 decodes prefilling in chunks of 128 beside them: 16 steps, each
+  // paying the decode step (13.2 ms). Slower than the idle prefill replica, faster than the
+  // busy one: where the prompt goes depends on the queue, not on its length alone.
+  const PrefillRate beside = MeasurePrefillRate(cost, 32, 128, 0);
+  const double local = FirstTokenSeconds(beside, 2048);
+  EXPECT_NEAR(local, 0.2048 + 16 * 0.0132, 0.03 * 0.416);
+  EXPECT_GT(local, FirstTokenSeconds(idle, 2048));
+  EXPECT_LT(local, FirstTokenSeconds(busy, 2048));
+  // Without a chunk limit the whole backlog is one step.
+  EXPECT_NEAR(FirstTokenSeconds(MeasurePrefillRate(cost, 0, 0, 100), 28), 0.0128 + 0.0101,
+              0.03 * 0.0229);
+}
+
+TEST(SchedulerTransferTest, PendingPromptTokensAreThoseNotComputedYet) {
+  SchedulerConfig config = TierConfig(64, 0);
+  config.max_num_batched_tokens = 16;
+  Scheduler scheduler(config);
+  EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 0);
+  for (uint64_t id : {1u, 2u}) {
+    auto seq = std::make_unique<Sequence>();
+    seq->seq_id = id;
+    seq->prompt_ids = Tokens(static_cast<int32_t>(id) * 100, 40);
+    seq->max_tokens = 4;
+    ASSERT_TRUE(scheduler.Add(std::move(seq)).ok());
+  }
+  EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 80);
+  scheduler.Schedule();  // 16 tokens of the first prompt
+  EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 64);
+  scheduler.Schedule();
+  scheduler.Schedule();  // the first prompt's last 8 and 8 of the second
+  EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 32);
+  scheduler.Finish(2);
+  EXPECT_EQ(scheduler.num_prompt_tokens_pending(), 0);
+}
+
 }  // namespace
 }  // namespace loom::engine
