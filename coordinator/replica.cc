@@ -91,6 +91,8 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
   }
   inbox_.push_back(std::move(request));
   load_.fetch_add(1);
+  // A hand-off's transfer starts from the loop: it need not wait out the step in flight.
+  if (options.handed_off) ++inbox_handoffs_;
   return absl::OkStatus();
 }
 
@@ -254,11 +256,13 @@ void Replica::Loop() {
       } else {
         // A step may take as long as it needs while it progresses: wait until the head
         // step would count as stuck, then look again (progress may have come meanwhile).
-        // KV transfers between replicas (export asks and replies, finished fetches, released
-        // exports) are handled at once too, not after the step: a hand-off waits for them.
+        // KV transfers between replicas (hand-offs arriving, export asks and replies,
+        // finished fetches, released exports) are handled at once too, not after the step:
+        // a hand-off waits for them.
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || !stream_events_.empty() || !export_asks_.empty() ||
-                 !export_replies_.empty() || !fetch_results_.empty() || !export_releases_.empty();
+          return stopping_ || !stream_events_.empty() || inbox_handoffs_ > 0 ||
+                 !export_asks_.empty() || !export_replies_.empty() || !fetch_results_.empty() ||
+                 !export_releases_.empty();
         };
         if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.NextCheck(absl::Now())) &&
             liveness_.Stuck(absl::Now())) {
@@ -294,6 +298,7 @@ void Replica::Loop() {
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
+    inbox_handoffs_ = 0;
     healthy_.store(false);
     live_connection_ = nullptr;
   }
@@ -425,6 +430,7 @@ void Replica::AdmitInbox() {
   {
     absl::MutexLock lock(&mu_);
     inbox.swap(inbox_);
+    inbox_handoffs_ = 0;
     admitting_ = static_cast<int64_t>(inbox.size());
     for (const std::shared_ptr<engine::Request>& request : inbox) {
       auto hint = placements_.find(request.get());
@@ -590,6 +596,7 @@ void Replica::LoseWorker(const std::string& reason) {
     healthy_.store(false);
     live_connection_ = nullptr;
     inbox.swap(inbox_);
+    inbox_handoffs_ = 0;
     placements.swap(placements_);
     // Holds for hand-offs end with the pool they were in: a hand-off that still comes is
     // admitted (or refused) as any request.

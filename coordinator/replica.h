@@ -310,6 +310,7 @@ class Replica {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<WorkerEndpoint> pending_connect_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<engine::Request>> inbox_ ABSL_GUARDED_BY(mu_);
+  int64_t inbox_handoffs_ ABSL_GUARDED_BY(mu_) = 0;  // hand-offs among them
   // Requests the loop took from inbox_ and has not yet counted in stats_ (Submit's bound).
   int64_t admitting_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<StreamEvent> stream_events_ ABSL_GUARDED_BY(mu_);
