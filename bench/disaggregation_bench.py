@@ -6,10 +6,13 @@ decode replica's own measure, a prompt past it staying on the decode replica whe
 replica's queue would give its first token later), and the latter with
 `--max-prefill-queue-size 2`. The same open-loop workload drives both, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
-(a ~30-token prompt, 48 output tokens), every prompt new.
+(a ~30-token prompt, 128 output tokens), every prompt new. The rate is relative to the machine: a
+calibration on one replica times a 2k-token prefill, and the rate puts the long prompts' prefill
+work at --utilization (0.7) of one worker's time (at a fixed rate a fast machine sat nearly idle,
+where P/D has nothing to win, and a slow one was driven past saturation).
 
 Reported per configuration (medians over rounds, the configurations alternated):
-  * decode ITL p50/p99: the gaps between a request's consecutive streamed tokens after its first,
+  * decode ITL p50/p99/p99.9/max: the gaps between a request's consecutive streamed tokens after its first,
     over every request (a hand-off's gap from the prefill replica's token to the decode replica's
     next one included);
   * TTFT p50/p99 of the long prompts, and of the short ones;
@@ -24,7 +27,7 @@ configurations of a round run back to back, so a neighbour's load shared by them
 
 Writes bench/results/disaggregation.json.
 
-usage: .venv/bin/python bench/disaggregation_bench.py [--rounds 2] [--seconds 60] [--rate 1.5]
+usage: .venv/bin/python bench/disaggregation_bench.py [--rounds 2] [--seconds 60] [--utilization 0.7]
 """
 import argparse
 import datetime
@@ -56,6 +59,33 @@ KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 # Two mixed replicas; one prefill and one decode replica; the same with
 # --max-prefill-queue-size 2 (a busy prefill replica leaves the prompt to the decode one).
 MODES = ["mixed", "disaggregated", "disaggregated_queue_limit_2"]
+# A short chat's output tokens: enough that decodes overlap the long prompts' prefills (with 48
+# a fast machine finished most chats between two long prompts).
+SHORT_OUTPUT = 128
+
+
+def calibrate(tmp: pathlib.Path, threads: int) -> dict:
+    """The machine's speed, on one mixed replica: the first token of a 2k-token prompt (the
+    median of 3) and the gaps of a short chat's decode. The request rate derives from it, so
+    every machine serves the same load relative to its speed (a fixed rate left a fast
+    machine nearly idle and drove a slow one past saturation)."""
+    up = h.Up(tmp / "calibrate", threads=threads, kv_cache_memory="512MiB", stream_interval_ms=0, replicas=1)
+    try:
+        up.wait_healthy(["replica-0"])
+        rng = random.Random(99)
+        firsts = []
+        for i in range(3):
+            words = " ".join(rng.choice(WORDS) for _ in range(LONG_TOKENS))
+            ids = h.tokenize(f"Calibration {i}: {words}")[:LONG_TOKENS]
+            record = {}
+            run_one(up.stub, ids, 1, record)
+            firsts.append(record["times"][0][0] - record["start"])
+        record = {}
+        run_one(up.stub, h.tokenize("Calibration chat: " + " ".join(WORDS[:24])), 64, record)
+        gaps = [b[0] - a[0] for a, b in zip(record["times"], record["times"][1:])]
+        return {"long_prefill_s": statistics.median(firsts), "decode_itl_s": statistics.median(gaps)}
+    finally:
+        up.stop()
 
 
 def workload(seconds: float, rate: float, seed: int, tokenize) -> list:
@@ -71,7 +101,7 @@ def workload(seconds: float, rate: float, seed: int, tokenize) -> list:
         ids = tokenize(f"Request {len(requests)} ({rng.random():.6f}): " + " ".join(words))
         if long:
             ids = ids[:LONG_TOKENS]
-        requests.append((t, ids, 16 if long else 48, long))
+        requests.append((t, ids, 16 if long else SHORT_OUTPUT, long))
 
 
 def run_one(stub, ids, max_tokens, record):
@@ -121,7 +151,8 @@ def summarize(requests, records) -> dict:
         for (previous, _), (now, n) in zip(times, times[1:]):
             gaps.extend([(now - previous) / n] * n)  # a message of n tokens: n gaps
     return {"requests": len(records), "failed": failed, "itl_p50_s": percentile(gaps, 50),
-            "itl_p99_s": percentile(gaps, 99), "ttft_long_p50_s": percentile(ttft_long, 50),
+            "itl_p99_s": percentile(gaps, 99), "itl_p999_s": percentile(gaps, 99.9),
+            "itl_max_s": max(gaps) if gaps else float("nan"), "ttft_long_p50_s": percentile(ttft_long, 50),
             "ttft_long_p99_s": percentile(ttft_long, 99), "ttft_short_p50_s": percentile(ttft_short, 50),
             "ttft_short_p99_s": percentile(ttft_short, 99), "num_long": len(ttft_long)}
 
@@ -208,6 +239,7 @@ def ratios(report: dict, copy_limit_s: float) -> dict:
     """The targets' ratios, of the medians and (median_of_rounds) the median of each round's."""
     def pair(mixed: dict, pd: dict) -> dict:
         return {"itl_p99_mixed_over_pd": mixed["itl_p99_s"] / pd["itl_p99_s"],
+                "itl_p999_mixed_over_pd": mixed["itl_p999_s"] / pd["itl_p999_s"],
                 "ttft_long_p50_pd_over_mixed": pd["ttft_long_p50_s"] / mixed["ttft_long_p50_s"],
                 "ttft_short_p99_mixed_over_pd": mixed["ttft_short_p99_s"] / pd["ttft_short_p99_s"]}
 
@@ -227,18 +259,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=60.0, help="arrivals per round")
-    parser.add_argument("--rate", type=float, default=1.5, help="requests per second")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="requests per second (0: from the calibration and --utilization)")
+    parser.add_argument("--utilization", type=float, default=0.7,
+                        help="the long prompts' prefill work as a fraction of one worker's time: "
+                             "rate = utilization / (0.1 x the measured 2k-token prefill)")
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "disaggregation.json"))
     args = parser.parse_args()
-    report = {"benchmark": "disaggregation", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "threads_per_worker": args.threads, "rounds": args.rounds, "seconds": args.seconds,
-              "rate_per_s": args.rate, "long_tokens": LONG_TOKENS, "long_fraction": 0.1}
     runs = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
+        calibration = calibrate(tmp, args.threads)
+        rate = args.rate or args.utilization / (0.1 * calibration["long_prefill_s"])
+        print("calibration", json.dumps(calibration), "rate", rate, flush=True)
+        report = {"benchmark": "disaggregation",
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  "threads_per_worker": args.threads, "rounds": args.rounds, "seconds": args.seconds,
+                  "calibration": calibration, "utilization": args.utilization if not args.rate else None,
+                  "rate_per_s": rate, "long_tokens": LONG_TOKENS, "long_fraction": 0.1,
+                  "short_output_tokens": SHORT_OUTPUT}
         for r in range(args.rounds):
-            requests = workload(args.seconds, args.rate, r, lambda text: h.tokenize(text))
+            requests = workload(args.seconds, rate, r, lambda text: h.tokenize(text))
             order = MODES if r % 2 == 0 else MODES[::-1]
             for mode in order:
                 result = measure(tmp, f"{mode}-{r}", requests, args.threads, mode)
