@@ -97,7 +97,9 @@ struct PrefillRate {
 };
 
 /// The PrefillRate of a replica measured by `cost` that runs `num_decodes` decodes beside
-/// its prefill chunks of at most `chunk` tokens, with `queued_tokens` ahead.
+/// its prefill chunks of at most `chunk` tokens, with `queued_tokens` ahead: the fitted
+/// slope and a decode step's cost, or where the measured step sizes give no slope (all
+/// one size) a full chunk's measured step spread over its tokens.
 PrefillRate MeasurePrefillRate(const StepCostModel& cost, int64_t num_decodes, int64_t chunk,
                                int64_t queued_tokens);
 

@@ -46,11 +46,19 @@ int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double
 PrefillRate MeasurePrefillRate(const StepCostModel& cost, int64_t num_decodes, int64_t chunk,
                                int64_t queued_tokens) {
   PrefillRate rate;
-  rate.seconds_per_token = cost.measured() ? cost.SecondsPerToken() : 0;
-  // A step of the decodes alone (or of one token, without decodes) is the fixed part.
-  rate.step_seconds = cost.measured() ? cost.Estimate(std::max<int64_t>(num_decodes, 1)) : 0;
   rate.chunk = std::max<int64_t>(chunk, 0);
   rate.queued_tokens = std::max<int64_t>(queued_tokens, 0);
+  if (!cost.measured()) return rate;
+  rate.seconds_per_token = cost.SecondsPerToken();
+  if (rate.seconds_per_token > 0) {
+    // A step of the decodes alone (or of one token, without decodes) is the fixed part.
+    rate.step_seconds = cost.Estimate(std::max<int64_t>(num_decodes, 1));
+  } else if (rate.chunk > 0) {
+    // No line through the step sizes: a prefill replica whose prompts all come in full
+    // chunks times one size only. A full chunk's measured step, per token.
+    rate.seconds_per_token = cost.Estimate(rate.chunk + std::max<int64_t>(num_decodes, 0)) /
+                             static_cast<double>(rate.chunk);
+  }
   return rate;
 }
 

@@ -227,6 +227,12 @@ TEST(SchedulerTransferTest, TheFirstTokenComesAfterTheQueuedPromptsAndEveryChunk
   EXPECT_NEAR(local, 0.2048 + 16 * 0.0132, 0.03 * 0.416);
   EXPECT_GT(local, FirstTokenSeconds(idle, 2048));
   EXPECT_LT(local, FirstTokenSeconds(busy, 2048));
+  // A prefill replica that only ever ran full 512-token chunks (60 ms each): no slope, a
+  // chunk's time per token. Two queued prompts of 2,048 and one more: 12 chunks.
+  StepCostModel chunks;
+  chunks.Record(512, 0.060);
+  EXPECT_EQ(chunks.SecondsPerToken(), 0);
+  EXPECT_NEAR(FirstTokenSeconds(MeasurePrefillRate(chunks, 0, 512, 4096), 2048), 12 * 0.060, 1e-9);
   // Without a chunk limit the whole backlog is one step.
   EXPECT_NEAR(FirstTokenSeconds(MeasurePrefillRate(cost, 0, 0, 100), 28), 0.0128 + 0.0101,
               0.03 * 0.0229);
