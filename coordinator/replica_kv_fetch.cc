@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/replica.h"
 #include "engine/sequence.h"
 #include "grpcpp/grpcpp.h"
@@ -52,6 +54,24 @@ std::vector<size_t> SourceRanks(const std::vector<KvHeadRange>& dest,
   return ranks;
 }
 
+// Channels to workers, kept for the next transfers (a new one costs a connection, several
+// ms of a hand-off). One that failed to reach its worker is dropped (`forget`): a worker
+// restarted at the same address is then reached at once, not after gRPC's backoff.
+std::shared_ptr<grpc::Channel> WorkerChannel(const std::string& address, bool forget = false) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* channels = new absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>>();
+  absl::MutexLock lock(&mu);
+  if (forget) {
+    channels->erase(address);
+    return nullptr;
+  }
+  std::shared_ptr<grpc::Channel>& channel = (*channels)[address];
+  if (channel == nullptr) {
+    channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  }
+  return channel;
+}
+
 // Each rank of the destination pulls its KV heads from the source ranks holding them.
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
                               const std::vector<KvHeadRange>& dest_heads,
@@ -80,14 +100,16 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
   std::vector<std::future<absl::Status>> ranks;
   for (size_t r = 0; r < destinations.size(); ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r]() -> absl::Status {
-      auto stub = loom::v1::Worker::NewStub(
-          grpc::CreateChannel(destinations[r], grpc::InsecureChannelCredentials()));
+      auto stub = loom::v1::Worker::NewStub(WorkerChannel(destinations[r]));
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
                            absl::ToChronoMilliseconds(timeout + absl::Seconds(5)));
       loom::v1::FetchKvBlocksResponse response;
       const grpc::Status status = stub->FetchKvBlocks(&context, requests[r], &response);
       if (status.ok()) return absl::OkStatus();
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        WorkerChannel(destinations[r], /*forget=*/true);
+      }
       return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                           absl::StrFormat("rank %d: %s", r, status.error_message()));
     }));

@@ -41,8 +41,8 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
   if (kChecksumSlots) tier->checksums_.assign(static_cast<size_t>(tier->num_slots_), 0);
   if (pool != nullptr) {
     const int64_t total = tier->num_slots_ * slot_bytes;
-    // Pages are committed as slots are first written. A memory file, so that a worker of
-    // another replica on this machine can map it to fetch blocks (worker/kv_transfer).
+    // A memory file, so that a worker of another replica on this machine can map it to
+    // fetch blocks (worker/kv_transfer); its pages committed in the background (Populate).
     const int fd = memfd_create("loom-kv-host-tier", MFD_CLOEXEC);
     if (fd >= 0 && ftruncate(fd, total) == 0) {
       void* mapped =
@@ -63,11 +63,28 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
     }
     LOOM_RETURN_IF_ERROR(pool->RegisterHostMemory(tier->memory_, total));
     tier->registered_ = true;
+    KvHostTier* populated = tier.get();
+    tier->populating_ = std::thread([populated, total] { populated->Populate(total); });
   }
   return tier;
 }
 
+void KvHostTier::Populate(int64_t total) {
+  // Page tables only (MADV_POPULATE_WRITE keeps the bytes): safe beside the slots' copies.
+  // Chunks, so that a tier dropped at once stops soon; a kernel without it (before 5.14)
+  // leaves the pages to their first writes.
+  constexpr int64_t kChunk = int64_t{64} << 20;
+  for (int64_t offset = 0; offset < total && !stop_populating_.load(); offset += kChunk) {
+    const size_t length = static_cast<size_t>(std::min(kChunk, total - offset));
+    if (madvise(memory_ + offset, length, MADV_POPULATE_WRITE) != 0) return;
+  }
+}
+
 KvHostTier::~KvHostTier() {
+  if (populating_.joinable()) {
+    stop_populating_.store(true);
+    populating_.join();
+  }
   if (registered_) pool_->UnregisterHostMemory(memory_);
   if (memfd_ >= 0) {
     munmap(memory_, static_cast<size_t>(num_slots_ * slot_bytes_));

@@ -1,7 +1,5 @@
 #include "worker/kv_transfer.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "worker/shared_kv_mappings.h"
 
 namespace loom::worker {
 namespace {
@@ -208,13 +207,10 @@ absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared
   if (shared.boot_id().empty() || shared.boot_id() != BootId()) {
     return absl::UnavailableError("the source runs on another machine");
   }
-  const std::string path = absl::StrFormat("/proc/%d/fd/%d", shared.pid(), shared.fd());
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(absl::StrFormat("cannot open %s", path));
-  void* mapped = mmap(nullptr, static_cast<size_t>(shared.size()), PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  if (mapped == MAP_FAILED) return absl::UnavailableError(absl::StrFormat("cannot map %s", path));
-  const auto* source = static_cast<const uint8_t*>(mapped);
+  // Kept mapped between fetches: a fresh mapping faults in every page it reads.
+  LOOM_ASSIGN_OR_RETURN(const std::shared_ptr<const SharedKvMapping> mapping,
+                        SharedKvMappings::Get().Map(shared.pid(), shared.fd(), shared.size()));
+  const uint8_t* source = mapping->data();
   absl::Status status;
   for (int i = 0; status.ok() && i < plan.source->slots_size(); ++i) {
     const int64_t offset = static_cast<int64_t>(plan.source->slots(i)) * plan.slot_bytes;
@@ -227,7 +223,6 @@ absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared
                      absl::MakeConstSpan(source + offset, static_cast<size_t>(plan.slot_bytes)),
                      /*checksum=*/0);
   }
-  munmap(mapped, static_cast<size_t>(shared.size()));
   return status;
 }
 
