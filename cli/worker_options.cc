@@ -322,7 +322,8 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
            "--kv-offload-memory",
            [&options](const std::string& text) { options.kv_offload_bytes = *ParseByteSize(text); },
            "host-memory KV tier in bytes, suffixes KiB/MiB/GiB: cached blocks the pool "
-           "evicts are kept there and reloaded on a prefix hit (0: none)")
+           "evicts are kept there and reloaded on a prefix hit (0: none; the memory is "
+           "committed from start-up on, in the background)")
         ->check(ByteSizeValidator())
         ->default_str("0");
   }
