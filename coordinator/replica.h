@@ -291,6 +291,11 @@ class Replica {
     absl::Time started;
     bool fetching = false;  // the workers are pulling the blocks
     bool handed_off = false;  // SubmitOptions::handed_off
+    // Slots reserved, the pull not started: plans up to this step (sent before the slots
+    // were reserved, or carrying copies queued then) may still copy into or out of them,
+    // so the workers write them only once those plans' results came back.
+    std::optional<KvExport> reserved_reply;
+    uint64_t start_after_step_id = 0;
   };
 
   const std::string replica_id_;

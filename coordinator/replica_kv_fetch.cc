@@ -325,7 +325,8 @@ void Replica::HandleKvFetches() {
   // The destination side: reserve slots and let the workers pull the blocks.
   for (ExportReply& reply : replies) {
     auto it = pending_fetches_.find(reply.fetch_id);
-    if (it == pending_fetches_.end() || it->second.fetching) {
+    if (it == pending_fetches_.end() || it->second.fetching ||
+        it->second.reserved_reply.has_value()) {
       // Given up on already (admitted to recompute): let the source go.
       if (reply.export_id != 0 && reply.source != nullptr)
         reply.source->ReleaseExport(reply.export_id);
@@ -347,23 +348,38 @@ void Replica::HandleKvFetches() {
       EndFetch(reply.fetch_id, absl::ResourceExhaustedError("the host tier has no free slot"));
       continue;
     }
-    pending.fetching = true;
     pending.num_blocks = static_cast<int64_t>(pending.import.slots.size());
-    const uint64_t fetch_id = reply.fetch_id;
+    // A slot taken from the tier's LRU may still be the target of an offload or the
+    // source of a reload in a plan not yet run (or queued for the next one): written by
+    // the fetch before that copy ran, its bytes would be overwritten or read as the old
+    // block's (wrong tokens under a small tier).
+    pending.start_after_step_id =
+        scheduler.host_tier()->has_copies() ? next_step_id_ : next_step_id_ - 1;
+    pending.reserved_reply = std::move(reply);
+  }
+  // Pulls whose slots no earlier plan touches any more: the workers write them now.
+  for (auto& [fetch_id, pending] : pending_fetches_) {
+    if (!pending.reserved_reply.has_value() || next_step_id_ <= pending.start_after_step_id ||
+        (!in_flight_.empty() && in_flight_.front().step_id <= pending.start_after_step_id)) {
+      continue;
+    }
+    pending.fetching = true;
+    const uint64_t id = fetch_id;
     const std::vector<int32_t> dest = pending.import.slots;
     {
       absl::MutexLock lock(&mu_);
       ++fetch_threads_;
     }
     // Bounded by the transfer's deadline; Stop waits for it.
-    std::thread([this, fetch_id, addresses, kv_heads, reply = std::move(reply), dest] {
+    std::thread([this, id, addresses, kv_heads, reply = *std::move(pending.reserved_reply), dest] {
       const absl::Status status =
           FetchOnEveryRank(addresses, kv_heads, reply, dest, options_.kv_transfer_timeout);
       absl::MutexLock lock(&mu_);
-      fetch_results_.push_back({fetch_id, status});
+      fetch_results_.push_back({id, status});
       --fetch_threads_;
       wake_ = true;
     }).detach();
+    pending.reserved_reply.reset();
   }
   for (const FetchResult& result : results) EndFetch(result.fetch_id, result.status);
   // Fetches past their deadline admit their requests to recompute. One still pulling keeps
