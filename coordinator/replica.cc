@@ -722,7 +722,8 @@ void Replica::PublishStats() {
         LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running());
     local_prefill_limit_.store(limit);
     const engine::SchedulerConfig& config = scheduler.config();
-    const bool beside_decodes = role_.load() == ReplicaRole::kDecode && scheduler.num_running() > 0;
+    // A decode replica prefills in chunks of the limit even without decodes running.
+    const bool capped = role_.load() == ReplicaRole::kDecode;
     // What waits in the inbox is not the scheduler's yet (hand-offs bring their KV).
     int64_t queued = scheduler.num_prompt_tokens_pending();
     for (const std::shared_ptr<engine::Request>& request : inbox_) {
@@ -733,15 +734,16 @@ void Replica::PublishStats() {
     }
     prefill_rate_ = engine::MeasurePrefillRate(
         scheduler.speculation_policy().cost_model(), scheduler.num_running(),
-        beside_decodes ? std::min<int64_t>(limit, config.max_num_batched_tokens)
-                       : config.max_num_batched_tokens,
+        capped ? std::min<int64_t>(limit, config.max_num_batched_tokens)
+               : config.max_num_batched_tokens,
         queued);
     mean_handoff_seconds_ = MeasuredHandOffSeconds();
     // A decode replica prefills what it takes itself (short prompts, and long ones when the
     // prefill replicas are busy or gone) in chunks of that size beside its decodes: a longer
-    // chunk would stall them more than handing it off costs.
-    if (role_.load() == ReplicaRole::kDecode) {
-      engine_->scheduler().set_max_prefill_tokens_beside_decodes(limit);
+    // chunk would stall them more than handing it off costs. Without decodes too: a
+    // hand-off arriving mid-step waits out the chunks of the plans in flight.
+    if (capped) {
+      engine_->scheduler().set_max_prefill_tokens_beside_decodes(limit, /*without_decodes=*/true);
     }
   } else {
     stats_.set_num_running(0);

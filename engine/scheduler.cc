@@ -174,7 +174,8 @@ SchedulerOutput Scheduler::Schedule() {
   // chunks take half of that: a short prompt that arrives behind a long prefill starts in
   // the next step, not after the long prompt's last chunk.
   int64_t chunk_budget = budget;
-  if (const int64_t cap = config_.max_prefill_tokens_beside_decodes; decodes > 0 && cap > 0) {
+  if (const int64_t cap = config_.max_prefill_tokens_beside_decodes;
+      (decodes > 0 || config_.cap_prefill_without_decodes) && cap > 0) {
     budget = std::min(budget, cap);
     chunk_budget = waiting_.empty() ? budget : std::max<int64_t>(budget / 2, 1);
   }

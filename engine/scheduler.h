@@ -23,8 +23,12 @@ struct SchedulerConfig {
   // prefill chunk beside decodes stalls them, so a replica whose decodes' inter-token
   // latency comes first (a decode replica of disaggregated serving) prefills in smaller
   // chunks; while sequences wait, running prefills take half of it (the rest admits). A
-  // step without decodes uses its whole budget.
+  // step without decodes uses its whole budget, unless cap_prefill_without_decodes.
   int64_t max_prefill_tokens_beside_decodes = 0;
+  // The cap holds in steps without decodes too: on a decode replica hand-offs and short
+  // prompts arrive while a step runs, and each would wait out the plans in flight (two
+  // 512-token chunks: over a second on a CPU core) before its first decode.
+  bool cap_prefill_without_decodes = false;
   int32_t max_num_seqs = 256;             // running sequences at most
   int64_t max_waiting = 1024;             // waiting queue bound (Add answers past it)
   // Reuse cached full blocks of earlier sequences (same tokens, same hash seed) instead of
@@ -264,8 +268,9 @@ class Scheduler {
   /// are computed on a prefill replica): admissions leave them free. Set before each plan.
   void set_blocks_held_for_arrivals(int64_t blocks) { held_for_arrivals_ = blocks; }
   /// SchedulerConfig::max_prefill_tokens_beside_decodes, from the next plan on.
-  void set_max_prefill_tokens_beside_decodes(int64_t tokens) {
+  void set_max_prefill_tokens_beside_decodes(int64_t tokens, bool without_decodes = false) {
     config_.max_prefill_tokens_beside_decodes = tokens;
+    config_.cap_prefill_without_decodes = without_decodes;
   }
   /// Holds `blocks` free blocks for the waiting sequence `seq_id` (a hand-off whose
   /// reservation arrived with it): other admissions leave them free, and it is admitted

@@ -204,6 +204,22 @@ TEST(SchedulerTest, BesideDecodesAPrefillTakesAtMostItsCapAndAloneTheWholeBudget
   EXPECT_EQ(WorkFor(uncapped, 3)->num_tokens, 2);
 }
 
+TEST(SchedulerTest, ADecodeReplicasCapHoldsInStepsWithoutDecodesToo) {
+  SchedulerConfig config = Config(4, 64, 32);
+  config.max_prefill_tokens_beside_decodes = 6;
+  config.cap_prefill_without_decodes = true;
+  Scheduler scheduler(config);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 40, 8)).ok());
+  // Alone, still 6 a step: a hand-off arriving now waits out 6 tokens' steps, not 32's.
+  for (int32_t step = 0; step < 3; ++step) {
+    SchedulerOutput alone = scheduler.Schedule();
+    EXPECT_EQ(alone.num_decode_tokens, 0);
+    EXPECT_EQ(WorkFor(alone, 1)->num_tokens, 6) << "step " << step;
+  }
+  scheduler.set_max_prefill_tokens_beside_decodes(6, /*without_decodes=*/false);
+  EXPECT_EQ(WorkFor(scheduler.Schedule(), 1)->num_tokens, 22);  // the rest, uncapped
+}
+
 TEST(SchedulerTest, BesideDecodesAWaitingPromptGetsHalfTheCapFromALongPrefill) {
   SchedulerConfig config = Config(4, 64, 32);
   config.max_prefill_tokens_beside_decodes = 6;
