@@ -352,9 +352,10 @@ void Replica::HandleKvFetches() {
     // A slot taken from the tier's LRU may still be the target of an offload or the
     // source of a reload in a plan not yet run (or queued for the next one): written by
     // the fetch before that copy ran, its bytes would be overwritten or read as the old
-    // block's (wrong tokens under a small tier).
-    pending.start_after_step_id =
-        scheduler.host_tier()->has_copies() ? next_step_id_ : next_step_id_ - 1;
+    // block's (wrong tokens under a small tier). Free and never-used slots are in none.
+    pending.start_after_step_id = !pending.import.evicted               ? 0
+                                  : scheduler.host_tier()->has_copies() ? next_step_id_
+                                                                        : next_step_id_ - 1;
     pending.reserved_reply = std::move(reply);
   }
   // Pulls whose slots no earlier plan touches any more: the workers write them now.

@@ -119,9 +119,13 @@ void HostKvTier::Release(int32_t slot) {
   if (entry.holds > 0) --entry.holds;
 }
 
-std::vector<int32_t> HostKvTier::Reserve(int64_t count) {
+std::vector<int32_t> HostKvTier::Reserve(int64_t count, bool* evicted) {
   std::vector<int32_t> slots;
   while (static_cast<int64_t>(slots.size()) < count) {
+    // Free (a failed import's) and never-used slots are in no plan's copies.
+    if (evicted != nullptr && free_slots_.empty() && next_never_used_ >= num_slots()) {
+      *evicted = true;
+    }
     const int32_t slot = TakeSlot();
     if (slot == kNone) break;
     entries_[static_cast<size_t>(slot)].holds = 1;

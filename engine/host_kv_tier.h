@@ -62,8 +62,9 @@ class HostKvTier {
   void Hold(int32_t slot);
   void Release(int32_t slot);
   /// Up to `count` slots for blocks fetched from elsewhere, held and empty (the least
-  /// recently used contents are dropped for them).
-  std::vector<int32_t> Reserve(int64_t count);
+  /// recently used contents are dropped for them: then `*evicted`, if given, is set, as
+  /// copies into or out of such a slot may still be in plans not yet run).
+  std::vector<int32_t> Reserve(int64_t count, bool* evicted = nullptr);
   /// Reserved `slot` received `content`'s bytes: the tier holds it now (no copy is
   /// queued) and the slot is released. False (the slot is freed instead) when the tier
   /// holds `content.hash` already.

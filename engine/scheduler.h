@@ -231,6 +231,8 @@ class Scheduler {
   struct HeldSlots {
     std::vector<int32_t> slots;
     uint64_t generation = 0;
+    // ReserveImport: some slot's old content was evicted for it (HostKvTier::Reserve).
+    bool evicted = false;
   };
   /// The source side: the longest verified chain of `hashes` (the blocks of `tokens`,
   /// first salted with `cache_salt`) this replica holds, pool or host tier, as host slots

@@ -60,6 +60,22 @@ TEST(HostKvTierTest, DemotesIntoFreeSlotsThenTheLeastRecentlyUsed) {
   EXPECT_EQ(tier.num_used(), 2);
 }
 
+TEST(HostKvTierTest, AReservationSaysWhenItEvictedContentThatPlansMayStillCopy) {
+  HostKvTier tier(3, kBlockSize);
+  tier.Demote(MakeContent(1).Evicted(10));  // slot 0, its copy queued
+  bool evicted = false;
+  std::vector<int32_t> slots = tier.Reserve(2, &evicted);  // the two never used
+  EXPECT_EQ(slots.size(), 2u);
+  EXPECT_FALSE(evicted);
+  tier.FreeReserved(slots[0]);
+  slots = tier.Reserve(1, &evicted);  // the one a failed import freed
+  EXPECT_FALSE(evicted);
+  slots = tier.Reserve(1, &evicted);  // slot 0: its content, and its queued copy, dropped
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_EQ(slots[0], 0);
+  EXPECT_TRUE(evicted);
+}
+
 TEST(HostKvTierTest, ContentItHoldsAlreadyIsNotCopiedAgain) {
   HostKvTier tier(4, kBlockSize);
   const Content a = MakeContent(1);
