@@ -79,8 +79,11 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
         endpoint_.num_kv_blocks));
   }
   load_tokens_.fetch_add(static_cast<int64_t>(params.prompt_ids.size()));
-  // A hand-off brings its prompt's KV: nothing to prefill here.
-  if (!options.handed_off) {
+  if (options.handed_off) {
+    // Its transfer starts from the loop: it need not wait out the step in flight.
+    ++inbox_handoffs_;
+  } else {
+    // A hand-off brings its prompt's KV; anything else is prefill queued here.
     prefill_rate_.queued_tokens += static_cast<int64_t>(params.prompt_ids.size());
   }
   // A prefix another replica holds is fetched before admission (replica_kv_fetch.cc); a
@@ -91,8 +94,6 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
   }
   inbox_.push_back(std::move(request));
   load_.fetch_add(1);
-  // A hand-off's transfer starts from the loop: it need not wait out the step in flight.
-  if (options.handed_off) ++inbox_handoffs_;
   return absl::OkStatus();
 }
 

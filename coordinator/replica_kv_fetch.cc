@@ -55,22 +55,29 @@ std::vector<size_t> SourceRanks(const std::vector<KvHeadRange>& dest,
 }
 
 // Channels to workers, kept for the next transfers (a new one costs a connection, several
-// ms of a hand-off). One that failed to reach its worker is dropped (`forget`): a worker
-// restarted at the same address is then reached at once, not after gRPC's backoff.
-std::shared_ptr<grpc::Channel> WorkerChannel(const std::string& address, bool forget = false) {
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* channels = new absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>>();
-  absl::MutexLock lock(&mu);
-  if (forget) {
-    channels->erase(address);
-    return nullptr;
+// ms of a hand-off). One that failed to reach its worker is forgotten: a worker restarted
+// at the same address is then reached at once, not after gRPC's backoff.
+struct WorkerChannels {
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> by_address ABSL_GUARDED_BY(mu);
+
+  static WorkerChannels& Get() {
+    static WorkerChannels* const channels = new WorkerChannels();
+    return *channels;
   }
-  std::shared_ptr<grpc::Channel>& channel = (*channels)[address];
-  if (channel == nullptr) {
-    channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::Channel> For(const std::string& address) {
+    absl::MutexLock lock(&mu);
+    std::shared_ptr<grpc::Channel>& channel = by_address[address];
+    if (channel == nullptr) {
+      channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    }
+    return channel;
   }
-  return channel;
-}
+  void Forget(const std::string& address) {
+    absl::MutexLock lock(&mu);
+    by_address.erase(address);
+  }
+};
 
 // Each rank of the destination pulls its KV heads from the source ranks holding them.
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
@@ -100,7 +107,7 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
   std::vector<std::future<absl::Status>> ranks;
   for (size_t r = 0; r < destinations.size(); ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r]() -> absl::Status {
-      auto stub = loom::v1::Worker::NewStub(WorkerChannel(destinations[r]));
+      auto stub = loom::v1::Worker::NewStub(WorkerChannels::Get().For(destinations[r]));
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
                            absl::ToChronoMilliseconds(timeout + absl::Seconds(5)));
@@ -108,7 +115,7 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
       const grpc::Status status = stub->FetchKvBlocks(&context, requests[r], &response);
       if (status.ok()) return absl::OkStatus();
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-        WorkerChannel(destinations[r], /*forget=*/true);
+        WorkerChannels::Get().Forget(destinations[r]);
       }
       return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                           absl::StrFormat("rank %d: %s", r, status.error_message()));

@@ -44,7 +44,7 @@ void HostKvTier::Unlink(int32_t slot) {
   entry.prev = entry.next = kNone;
 }
 
-int32_t HostKvTier::TakeSlot() {
+int32_t HostKvTier::TakeSlot(bool* evicted) {
   if (!free_slots_.empty()) {
     const int32_t slot = free_slots_.back();
     free_slots_.pop_back();
@@ -58,6 +58,7 @@ int32_t HostKvTier::TakeSlot() {
     by_hash_.erase(entry.hash);
     if (record_events_) events_.push_back({KvCacheEvent::Kind::kRemoved, entry.hash});
     entry.used = false;
+    if (evicted != nullptr) *evicted = true;
     return slot;
   }
   return kNone;
@@ -123,10 +124,7 @@ std::vector<int32_t> HostKvTier::Reserve(int64_t count, bool* evicted) {
   std::vector<int32_t> slots;
   while (static_cast<int64_t>(slots.size()) < count) {
     // Free (a failed import's) and never-used slots are in no plan's copies.
-    if (evicted != nullptr && free_slots_.empty() && next_never_used_ >= num_slots()) {
-      *evicted = true;
-    }
-    const int32_t slot = TakeSlot();
+    const int32_t slot = TakeSlot(evicted);
     if (slot == kNone) break;
     entries_[static_cast<size_t>(slot)].holds = 1;
     slots.push_back(slot);

@@ -127,8 +127,9 @@ class HostKvTier {
   void LinkAtTail(int32_t slot);
   void Unlink(int32_t slot);
   // A slot for new content: never used, else the least recently used unheld one
-  // (its content forgotten); kNone when every slot is held.
-  int32_t TakeSlot();
+  // (its content forgotten: then `*evicted`, if given, is set); kNone when every slot is
+  // held.
+  int32_t TakeSlot(bool* evicted = nullptr);
   void Store(int32_t slot, const EvictedBlock& evicted);
   void Describe(int32_t slot, const EvictedBlock& content);
   bool Busy(int32_t slot) const {
