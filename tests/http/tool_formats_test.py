@@ -51,7 +51,10 @@ def served(request, tmp_path_factory):
     directory = h.cluster_log_dir(tmp_path_factory, request.param)
     template = directory / "template.jinja"
     template.write_text(FORMATS[request.param][0])
-    with h.running_cluster(directory, {"r0": {"threads": 2}}, chat_template=template) as rig:
+    # Every token its own message (--stream-interval-ms 0): with the default interval a fast
+    # machine (or a slow one under load) could batch the whole reasoning into one chunk.
+    with h.running_cluster(directory, {"r0": {"threads": 2}}, chat_template=template,
+                           stream_interval_ms=0) as rig:
         import openai
         client = openai.OpenAI(base_url=rig.coordinator.http_url + "/v1", api_key="unused",
                                max_retries=0, timeout=600.0)
