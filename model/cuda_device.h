@@ -161,6 +161,8 @@ class CudaDevice : public Device {
                               const StepTensors& step, const AttentionSpec& spec,
                               Tensor out) override;
   absl::Status SiluMul(const Tensor& gate_up, Tensor out) override;
+  absl::Status GeluMul(const Tensor& gate_up, Tensor out) override;
+  absl::Status SoftCap(Tensor x, float cap) override;
   absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                           Tensor out) override;
 

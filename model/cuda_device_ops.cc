@@ -196,14 +196,6 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
                                         const StepTensors& step, const AttentionSpec& spec,
                                         Tensor out) {
   if (step.num_seqs == 0 || step.num_tokens == 0) return absl::OkStatus();
-  if (spec.window > 0) {
-    return absl::UnimplementedError(
-        "CUDA attention: sliding-window layers are CPU-only for now (--device cpu)");
-  }
-  if (spec.softcap > 0.0f) {
-    return absl::UnimplementedError(
-        "CUDA attention: soft-capped scores (Gemma 2) are CPU-only for now (--device cpu)");
-  }
   const kc::KvCacheView view = AsCuda(cache).layer(layer);
   // A rank's cache holds its KV heads only; its query heads are their groups, in order.
   if (spec.num_heads != view.num_kv_heads * spec.group) {
@@ -227,6 +219,8 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
       p.block_indices = step.block_indices.as<const int32_t>();
       p.num_heads = spec.num_heads;
       p.scale = spec.scale;
+      p.window = spec.window;
+      p.softcap = spec.softcap;
       p.max_context_len = std::max<int64_t>(step.max_context_len, 1);
       const size_t workspace = kc::PagedDecodeWorkspaceBytes(p);
       LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
@@ -256,6 +250,8 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
     p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
     p.num_heads = spec.num_heads;
     p.scale = spec.scale;
+    p.window = spec.window;
+    p.softcap = spec.softcap;
     p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
     LOOM_RETURN_IF_ERROR(kc::LaunchPagedPrefill(p, stream_));
   }
@@ -270,6 +266,26 @@ absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {
   p.num_tokens = gate_up.rows();
   p.ffn = out.cols();
   return kc::LaunchSiluMul(p, stream_);
+}
+
+absl::Status CudaDevice::GeluMul(const Tensor& gate_up, Tensor out) {
+  kc::SiluMulParams p;
+  p.gate_up = gate_up.data;
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.num_tokens = gate_up.rows();
+  p.ffn = out.cols();
+  p.activation = kc::GateActivation::kGeluTanh;
+  return kc::LaunchSiluMul(p, stream_);
+}
+
+absl::Status CudaDevice::SoftCap(Tensor x, float cap) {
+  kc::SoftCapParams p;
+  p.x = x.data;
+  p.dtype = kc::DataType::kF32;
+  p.num_elements = x.numel();
+  p.cap = cap;
+  return kc::LaunchSoftCap(p, stream_);
 }
 
 absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,

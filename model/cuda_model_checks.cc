@@ -18,12 +18,6 @@ absl::Status ValidateCudaModelConfig(const common::ModelConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA runner: hidden size %d above 65536", config.hidden_size));
   }
-  if (config.sliding_window > 0) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "CUDA runner: sliding-window attention (a %d-token window) is CPU-only for now: use "
-        "--device cpu",
-        config.sliding_window));
-  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/cuda/activation.h"
 
+#include <cmath>
+
 #include "absl/strings/str_format.h"
 
 namespace loom::kernels::cuda {
@@ -15,10 +17,28 @@ absl::Status CheckSiluMulParams(const SiluMulParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CheckSoftCapParams(const SoftCapParams& p) {
+  if (p.num_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SoftCap: num_elements %d must be >= 0", p.num_elements));
+  }
+  if (!std::isfinite(p.cap) || p.cap <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SoftCap: cap %g must be finite and > 0", p.cap));
+  }
+  if (p.num_elements > 0 && p.x == nullptr) return absl::InvalidArgumentError("SoftCap: null x");
+  return absl::OkStatus();
+}
+
 #if !LOOM_HAVE_CUDA
 absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
   if (absl::Status status = CheckSiluMulParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("SiluMul: Loom was built without CUDA");
+}
+
+absl::Status LaunchSoftCap(const SoftCapParams& params, cudaStream_t) {
+  if (absl::Status status = CheckSoftCapParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("SoftCap: Loom was built without CUDA");
 }
 #endif
 

@@ -1,4 +1,4 @@
-// SiLU·mul: element-wise, a grid-stride loop over [num_tokens, ffn].
+// Gated activations and soft-capping: element-wise, grid-stride loops.
 #include "common/status_macros.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/launch_internal.cuh"
@@ -9,31 +9,67 @@ namespace {
 using internal::FromFloat;
 using internal::ToFloat;
 
-template <typename T>
-__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out,
-                              int64_t num_elements, int64_t ffn) {
+template <typename T, GateActivation kActivation>
+__global__ void GatedKernel(const T* __restrict__ gate_up, T* __restrict__ out,
+                            int64_t num_elements, int64_t ffn) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        index < num_elements; index += stride) {
     const int64_t token = index / ffn, i = index % ffn;
     const T* row = gate_up + token * 2 * ffn;
     const float gate = ToFloat(row[i]);
-    out[index] = FromFloat<T>(gate / (1.0f + expf(-gate)) * ToFloat(row[ffn + i]));
+    float activated;
+    if constexpr (kActivation == GateActivation::kSilu) {
+      activated = gate / (1.0f + expf(-gate));
+    } else {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f;
+      const float cube = gate * gate * gate;
+      activated = 0.5f * gate * (1.0f + tanhf(kSqrt2OverPi * (gate + 0.044715f * cube)));
+    }
+    out[index] = FromFloat<T>(activated * ToFloat(row[ffn + i]));
   }
 }
+
+template <typename T>
+__global__ void SoftCapKernel(T* __restrict__ x, int64_t num_elements, float cap) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       index < num_elements; index += stride) {
+    x[index] = FromFloat<T>(cap * tanhf(ToFloat(x[index]) / cap));
+  }
+}
+
+constexpr int kThreads = 256;
 
 }  // namespace
 
 absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(CheckSiluMulParams(p));
   if (p.num_tokens == 0) return absl::OkStatus();
-  constexpr int kThreads = 256;
   const int64_t num_elements = p.num_tokens * p.ffn;
   internal::DispatchDataType(p.dtype, [&]<typename T>() {
-    SiluMulKernel<T><<<internal::GridFor(num_elements, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(p.gate_up), static_cast<T*>(p.out), num_elements, p.ffn);
+    const auto* gate_up = static_cast<const T*>(p.gate_up);
+    auto* out = static_cast<T*>(p.out);
+    const int grid = internal::GridFor(num_elements, kThreads);
+    if (p.activation == GateActivation::kSilu) {
+      GatedKernel<T, GateActivation::kSilu>
+          <<<grid, kThreads, 0, stream>>>(gate_up, out, num_elements, p.ffn);
+    } else {
+      GatedKernel<T, GateActivation::kGeluTanh>
+          <<<grid, kThreads, 0, stream>>>(gate_up, out, num_elements, p.ffn);
+    }
   });
   return internal::CheckLaunch("SiluMul");
+}
+
+absl::Status LaunchSoftCap(const SoftCapParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckSoftCapParams(p));
+  if (p.num_elements == 0) return absl::OkStatus();
+  internal::DispatchDataType(p.dtype, [&]<typename T>() {
+    SoftCapKernel<T><<<internal::GridFor(p.num_elements, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(p.x), p.num_elements, p.cap);
+  });
+  return internal::CheckLaunch("SoftCap");
 }
 
 }  // namespace loom::kernels::cuda

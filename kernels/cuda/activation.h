@@ -8,14 +8,21 @@
 
 namespace loom::kernels::cuda {
 
-/// SwiGLU on the device, as cpu::SiluMul: out[t, i] = silu(gate_up[t, i]) * gate_up[t, ffn + i],
-/// computed in float (expf, no fast-math) and rounded once to dtype.
+/// The gate's activation of a gated feed-forward layer.
+enum class GateActivation {
+  kSilu,      // SwiGLU (Llama, Qwen, Mistral): as cpu::SiluMul
+  kGeluTanh,  // GeGLU with the tanh approximation (Gemma): as cpu::GeluTanhMul
+};
+
+/// A gated activation on the device: out[t, i] = act(gate_up[t, i]) * gate_up[t, ffn + i],
+/// computed in float (expf/tanhf, no fast-math) and rounded once to dtype.
 struct SiluMulParams {
   const void* gate_up = nullptr;  // [num_tokens, 2 * ffn] of dtype (gate, then up)
   void* out = nullptr;            // [num_tokens, ffn] of dtype
   DataType dtype = DataType::kF32;
   int64_t num_tokens = 0;  // >= 0
   int64_t ffn = 0;         // >= 1
+  GateActivation activation = GateActivation::kSilu;
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
@@ -23,5 +30,20 @@ absl::Status CheckSiluMulParams(const SiluMulParams& params);
 
 /// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
 absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t stream);
+
+/// Soft-capping in place, as cpu::SoftCap: x[i] = cap * tanh(x[i] / cap) (Gemma 2's final
+/// logits), computed in float.
+struct SoftCapParams {
+  void* x = nullptr;  // [num_elements] of dtype
+  DataType dtype = DataType::kF32;
+  int64_t num_elements = 0;  // >= 0
+  float cap = 0.0f;          // finite, > 0
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
+absl::Status CheckSoftCapParams(const SoftCapParams& params);
+
+/// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
+absl::Status LaunchSoftCap(const SoftCapParams& params, cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda

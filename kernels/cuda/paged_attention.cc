@@ -20,11 +20,15 @@ int64_t MaxSplits(const PagedDecodeParams& p) {
   const int64_t blocks_per_split =
       p.num_seqs * p.cache.num_kv_heads *
       internal::DecodeHeadChunks(p.num_heads / p.cache.num_kv_heads);
-  return ChoosePagedDecodeSplits(blocks_per_split, p.max_context_len,
+  return ChoosePagedDecodeSplits(blocks_per_split, PagedDecodeAttendedLength(p),
                                  internal::kMaxSmsForWorkspace);
 }
 
 }  // namespace
+
+int64_t PagedDecodeAttendedLength(const PagedDecodeParams& p) {
+  return p.window > 0 ? std::min(p.max_context_len, p.window) : p.max_context_len;
+}
 
 int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms) {
   const int64_t by_length =
@@ -77,6 +81,14 @@ absl::Status CheckPagedDecodeParams(const PagedDecodeParams& p) {
   if (p.max_context_len < 1 || p.max_context_len > 0x7fffffff) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedDecode: max_context_len %d must be in [1, 2^31)", p.max_context_len));
+  }
+  if (p.window < 0 || p.window > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedDecode: window %d must be in [0, 2^31) (0: none)", p.window));
+  }
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedDecode: softcap %g must be finite and >= 0 (0: none)", p.softcap));
   }
   if (p.num_splits < 0 || p.num_splits > kPagedDecodeMaxSplits) {
     return absl::InvalidArgumentError(

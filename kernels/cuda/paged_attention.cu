@@ -64,7 +64,9 @@ struct DecodeArgs {
   int block_size;
   int num_blocks;
   int partition;  // tokens per split (the last split runs to context_len)
+  int window;     // > 0: attend to the last `window` positions only
   float scale;
+  float softcap;  // > 0: scores become softcap * tanh(score / softcap)
 };
 
 template <typename Q, typename Kv, int kHeadDim, int kGroup>
@@ -89,7 +91,10 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
   const int subgroup = threadIdx.x / kLanes, sub_lane = threadIdx.x % kLanes;
 
   const int context = args.context_len[seq];
-  const int begin = split * args.partition;
+  // The splits cut the attended positions [first, context): with a window the positions
+  // before it are never read (their blocks may be freed).
+  const int first = args.window > 0 ? max(0, context - args.window) : 0;
+  const int begin = first + split * args.partition;
   const int end = split == num_splits - 1 ? context : min(context, begin + args.partition);
   const int table_begin = args.block_indptr[seq];
   const int table_len = args.block_indptr[seq + 1] - table_begin;
@@ -152,6 +157,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
         for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
           dot += __shfl_xor_sync(0xffffffffu, dot, offset);
         }
+        if (args.softcap > 0.0f) dot = args.softcap * tanhf(dot / args.softcap);
         if (active && sub_lane == 0) p_shared[g][t] = slot >= 0 ? dot : -INFINITY;
       }
       if (active && sub_lane == 0) slot_shared[t] = slot;
@@ -323,7 +329,7 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   if (num_splits == 0) {
     LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
     num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads * head_chunks,
-                                         p.max_context_len, num_sms);
+                                         PagedDecodeAttendedLength(p), num_sms);
   }
   const int64_t needed =
       internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
@@ -354,8 +360,11 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   args.head_chunks = head_chunks;
   args.block_size = static_cast<int>(p.cache.block_size);
   args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
-  args.partition = static_cast<int>((p.max_context_len + num_splits - 1) / num_splits);
+  args.partition =
+      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
+  args.window = static_cast<int>(p.window);
   args.scale = p.scale;
+  args.softcap = p.softcap;
   auto by_kv = [&]<typename Kv>() {
     if (p.q_dtype == DataType::kF32) {
       DispatchShape<float, Kv>(p, args, group_tile, num_splits, stream);

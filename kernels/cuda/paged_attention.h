@@ -17,7 +17,9 @@ inline constexpr int64_t kPagedDecodeMinPartition = 256;
 
 /// Decode attention: one query token per sequence over its paged K/V, the same semantics as
 /// cpu::PagedAttention with one query token per sequence (the query sits at position
-/// context_len - 1 and attends to all context_len tokens, this step's already written).
+/// context_len - 1 and attends to all context_len tokens, this step's already written, or
+/// with a sliding window of W tokens to the last W of them; positions before the window
+/// are never read, so their blocks may have been freed and reused).
 /// Each (sequence, KV head, context split) is one block handling every query head of the
 /// KV head's group (any GQA ratio); with more than one split, a second kernel merges the
 /// partial softmax results from `workspace`.
@@ -37,6 +39,12 @@ struct PagedDecodeParams {
   int64_t num_heads = 0;                   // a positive multiple of cache.num_kv_heads
   int64_t q_stride = 0;  // elements between sequences' q rows; 0: num_heads * head_dim
   float scale = 0.0f;    // finite, usually 1 / sqrt(head_dim)
+  /// Sliding window (Mistral's and Gemma's local layers): the query attends to positions
+  /// [max(0, context_len - window), context_len); 0: the whole context.
+  int64_t window = 0;  // in [0, 2^31)
+  /// Soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap)
+  /// before the softmax; 0: none.
+  float softcap = 0.0f;  // finite, >= 0
   /// An upper bound of context_len over the batch (known on the host); it sizes the
   /// splits. A longer sequence is still attended in full (its last split runs longer).
   int64_t max_context_len = 0;  // >= 1
@@ -50,6 +58,10 @@ struct PagedDecodeParams {
 /// never partitions shorter than kPagedDecodeMinPartition tokens, at most
 /// kPagedDecodeMaxSplits. `blocks_per_split` = num_seqs * num_kv_heads * head chunks.
 int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms);
+
+/// Tokens one sequence's query attends to at most: max_context_len, or the window when it
+/// is shorter. The splits cut this length.
+int64_t PagedDecodeAttendedLength(const PagedDecodeParams& params);
 
 /// Workspace bytes a launch with these params may need: for num_splits when set, else for
 /// the most splits the heuristic picks on a GPU of up to 256 multiprocessors (a batch that

@@ -53,6 +53,14 @@ absl::Status CheckPagedPrefillParams(const PagedPrefillParams& p) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedPrefill: max_query_len %d must be in [1, 2^31)", p.max_query_len));
   }
+  if (p.window < 0 || p.window > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedPrefill: window %d must be in [0, 2^31) (0: none)", p.window));
+  }
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PagedPrefill: softcap %g must be finite and >= 0 (0: none)", p.softcap));
+  }
   if (p.num_seqs > 0 &&
       (p.q == nullptr || p.out == nullptr || p.query_start == nullptr || p.context_len == nullptr ||
        p.block_indptr == nullptr || p.block_indices == nullptr)) {

@@ -3,12 +3,13 @@
 // Block (q tile, kv_head, seq), 128 threads = 4 warps. A sequence's query rows for one KV
 // head are the packed pairs (token, head of the group): row r is token r / group, query
 // head kv_head * group + r % group. A block owns kBlockM = 64 rows (warp w: rows 16w ..
-// 16w + 15) and walks the KV positions [0, last row's position] in tiles of kBlockN = 64
-// tokens. Each tile's K and V rows are gathered through the block table with cp.async
-// into shared memory, double-buffered (tile j + 1 loads while tile j computes). Per tile
-// a warp computes S = Q K^T (16 x 64) with mma.sync m16n8k16, applies the causal mask,
-// updates the online softmax in registers and adds P V (16 x head_dim) with P taken
-// straight from the S accumulators.
+// 16w + 15) and walks the KV positions [0, last row's position] (with a sliding window
+// from the first row's window start) in tiles of kBlockN = 64 tokens. Each tile's K and V
+// rows are gathered through the block table with cp.async into shared memory,
+// double-buffered (tile j + 1 loads while tile j computes). Per tile a warp computes
+// S = Q K^T (16 x 64) with mma.sync m16n8k16, soft-caps it when asked, applies the causal
+// (and window) mask, updates the online softmax in registers and adds P V (16 x head_dim)
+// with P taken straight from the S accumulators.
 //
 // Fragment layouts relied on (PTX ISA, "Warp Level Matrix Multiply-Accumulate
 // Instructions" > mma.m16n8k16 > "Matrix Fragments for mma.m16n8k16 with floating point
@@ -143,7 +144,12 @@ struct PrefillArgs {
   int group;  // num_heads / num_kv_heads
   int block_size;
   int num_blocks;
+  int window;        // > 0: a query attends to its last `window` positions only
   float scale_log2;  // scale * log2(e): the softmax runs in base 2
+  // > 0: soft-capped scores, softcap * tanh(scale * s / softcap), in base 2 as
+  // softcap_log2 * tanh(s * scale_over_softcap).
+  float softcap_log2;
+  float scale_over_softcap;
 };
 
 template <typename T, typename Out, int kHeadDim>
@@ -183,7 +189,10 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
     const int64_t row0 = tile * kBlockM;
     const int64_t last_row = min(row0 + kBlockM, rows) - 1;
     const int first_pos = past + static_cast<int>(row0 / args.group);
-    const int kv_end = past + static_cast<int>(last_row / args.group) + 1;  // KV read: [0, kv_end)
+    const int kv_end = past + static_cast<int>(last_row / args.group) + 1;
+    // KV read: [kv_begin, kv_end); with a window nothing before the first row's window
+    // (freed blocks may sit there). Tile j covers [kv_begin + j kBlockN, + kBlockN).
+    const int kv_begin = args.window > 0 ? max(0, first_pos - args.window + 1) : 0;
     bool bad = past < 0;  // context shorter than the query: no valid position
 
     for (int c = threadIdx.x; c < kBlockM * kChunks; c += kThreads) {
@@ -209,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
       T* v_dst = v_shared + buffer * kBlockN * kStride;
       for (int c = threadIdx.x; c < kBlockN * kChunks; c += kThreads) {
         const int r = c / kChunks, chunk = c % kChunks;
-        const int position = kv_tile * kBlockN + r;
+        const int position = kv_begin + kv_tile * kBlockN + r;
         int64_t offset = -1;
         if (position < kv_end) {
           const int index = position / args.block_size;
@@ -229,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
                     found ? 16 : 0);
       }
     };
-    const int num_kv_tiles = bad ? 0 : (kv_end + kBlockN - 1) / kBlockN;
+    const int num_kv_tiles = bad ? 0 : (kv_end - kv_begin + kBlockN - 1) / kBlockN;
     if (num_kv_tiles > 0) load_kv(0, 0);
     CopyAsyncCommit();
 
@@ -292,17 +301,25 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
         }
       }
 
-      // Scale into base 2, then the causal mask (after scaling, so a negative scale
-      // cannot turn -inf into +inf). Only tiles reaching past the block's first row's
-      // position need it; that includes every tile with zero-filled positions.
-      const int kv0 = j * kBlockN;
-      const bool needs_mask = kv0 + kBlockN - 1 > first_pos;
+      // Scale into base 2 (soft-capped first when asked), then the causal mask (after
+      // scaling, so a negative scale cannot turn -inf into +inf). Only tiles reaching past
+      // the block's first row's position need it (that includes every tile with
+      // zero-filled positions), and with a window every tile (rows' windows differ).
+      const int kv0 = kv_begin + j * kBlockN;
+      const bool needs_mask = args.window > 0 || kv0 + kBlockN - 1 > first_pos;
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] *= args.scale_log2;
-          if (needs_mask && kv0 + n * 8 + 2 * t + (e & 1) > row_pos[e / 2]) s[n][e] = -INFINITY;
+          s[n][e] = args.softcap_log2 > 0.0f
+                        ? args.softcap_log2 * tanhf(s[n][e] * args.scale_over_softcap)
+                        : s[n][e] * args.scale_log2;
+          const int position = kv0 + n * 8 + 2 * t + (e & 1);
+          const int row = row_pos[e / 2];
+          if (needs_mask &&
+              (position > row || (args.window > 0 && position <= row - args.window))) {
+            s[n][e] = -INFINITY;
+          }
         }
       }
 
@@ -436,7 +453,13 @@ absl::Status LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream
   args.group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
   args.block_size = static_cast<int>(std::min<int64_t>(p.cache.block_size, 0x7fffffff));
   args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
-  args.scale_log2 = p.scale * 1.4426950408889634f;
+  constexpr float kLog2E = 1.4426950408889634f;
+  args.window = static_cast<int>(p.window);
+  args.scale_log2 = p.scale * kLog2E;
+  if (p.softcap > 0.0f) {
+    args.softcap_log2 = p.softcap * kLog2E;
+    args.scale_over_softcap = p.scale / p.softcap;
+  }
   if (p.cache.dtype == DataType::kF16) return DispatchShape<__half>(p, args, stream);
   return DispatchShape<__nv_bfloat16>(p, args, stream);
 }

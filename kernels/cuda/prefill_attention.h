@@ -18,9 +18,11 @@ inline constexpr int kPagedPrefillKvTile = 64;
 /// Causal prefill attention over paged K/V, the semantics of cpu::PagedAttention: sequence
 /// s owns query tokens [query_start[s], query_start[s + 1]); query token j of a sequence
 /// with q_len tokens sits at position context_len[s] - q_len + j and attends to KV
-/// positions [0, that position]. This covers a whole prompt (context_len == q_len), a
-/// prompt whose first blocks were cached earlier and chunked prefill (context_len >
-/// q_len) alike; decode (q_len 1) works too, but LaunchPagedDecode is faster for it.
+/// positions [0, that position], or with a sliding window of W tokens to
+/// [max(0, position - W + 1), position]; positions before the first query's window are
+/// never read (their blocks may have been freed and reused). This covers a whole prompt
+/// (context_len == q_len), a prompt whose first blocks were cached earlier and chunked prefill
+/// (context_len > q_len) alike; decode (q_len 1) works too, but LaunchPagedDecode is faster for it.
 /// Any GQA ratio: a block takes one KV head and packs its group's query heads with the
 /// tokens into kPagedPrefillRowsPerBlock rows (row r = token r / group, head r % group),
 /// so each K/V tile is read once for the whole group.
@@ -49,6 +51,11 @@ struct PagedPrefillParams {
   /// A multiple of 8, so that every row starts 16-byte aligned.
   int64_t q_stride = 0;
   float scale = 0.0f;  // finite, usually 1 / sqrt(head_dim)
+  /// Sliding window (Mistral's and Gemma's local layers) in tokens; 0: the causal prefix.
+  int64_t window = 0;  // in [0, 2^31)
+  /// Soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap)
+  /// before the softmax; 0: none.
+  float softcap = 0.0f;  // finite, >= 0
   /// An upper bound of the query tokens of any sequence (known on the host); it sizes the
   /// grid. A longer sequence is still computed in full (its blocks loop over more tiles).
   int64_t max_query_len = 0;  // in [1, 2^31)

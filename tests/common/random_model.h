@@ -41,6 +41,11 @@ struct RandomModelSpec {
   // when int4, else F16, Q8_0 and F32 (so every conversion path is exercised).
   std::vector<uint32_t> matrix_types;
   uint32_t embedding_type = kGgmlF16;  // F16 or Q8_0
+  // Local layers (<arch>.attention.sliding_window): 0 none; with sliding_period N every
+  // N-th layer is global (<arch>.attention.sliding_window_pattern), 0: every layer local.
+  int64_t sliding_window = 0;
+  int64_t sliding_period = 0;
+  float attn_logit_softcap = 0.0f;  // <arch>.attn_logit_softcapping (Gemma 2); 0: none
 };
 
 inline std::string F32Bytes(const std::vector<float>& values) {
@@ -137,6 +142,16 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
       .KvU32(a + ".attention.value_length", static_cast<uint32_t>(spec.head_dim))
       .KvF32(a + ".attention.layer_norm_rms_epsilon", 1e-5f)
       .KvF32(a + ".rope.freq_base", 10000.0f);
+  if (spec.sliding_window > 0) {
+    builder.KvU32(a + ".attention.sliding_window", static_cast<uint32_t>(spec.sliding_window));
+    if (spec.sliding_period > 0) {
+      builder.KvU32(a + ".attention.sliding_window_pattern",
+                    static_cast<uint32_t>(spec.sliding_period));
+    }
+  }
+  if (spec.attn_logit_softcap > 0.0f) {
+    builder.KvF32(a + ".attn_logit_softcapping", spec.attn_logit_softcap);
+  }
   const uint64_t h = spec.hidden, q_rows = spec.heads * spec.head_dim,
                  kv_rows = spec.kv_heads * spec.head_dim, ffn = spec.ffn, vocab = spec.vocab;
   const std::vector<uint32_t> types =

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/activation.h"
 #include "tests/kernels/cuda_test_util.h"
 
@@ -42,6 +43,81 @@ TEST(CudaSiluMulTest, MatchesCpuReference) {
       LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
                                 testing_util::Download(d_out, dtype, tokens * ffn));
       const double tol = testing_util::RoundingTolerance(dtype);
+      EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
+    }
+  }
+}
+
+// Gemma's GeGLU (tanh approximation), as cpu::GeluTanhMul.
+TEST(CudaSiluMulTest, GeluTanhGateMatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  cpu::ThreadPool pool(1);
+  uint32_t seed = 40;
+  for (DataType dtype : {DataType::kF32, DataType::kF16, DataType::kBF16}) {
+    for (auto [tokens, ffn] : {std::pair<int64_t, int64_t>{1, 1}, {3, 37}, {5, 9216}}) {
+      SCOPED_TRACE(testing::Message()
+                   << DataTypeName(dtype) << " tokens=" << tokens << " ffn=" << ffn);
+      std::vector<float> gate_up =
+          testing_util::RoundTo(dtype, testing_util::RandomFloats(tokens * 2 * ffn, ++seed, -8, 8));
+      std::vector<float> expected(tokens * ffn);
+      cpu::GeluTanhMul(gate_up.data(), tokens, ffn, expected.data(), pool);
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_in, testing_util::Upload(dtype, gate_up));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dtype, tokens * ffn));
+      SiluMulParams p;
+      p.gate_up = d_in.data();
+      p.out = d_out.data();
+      p.dtype = dtype;
+      p.num_tokens = tokens;
+      p.ffn = ffn;
+      p.activation = GateActivation::kGeluTanh;
+      ASSERT_TRUE(LaunchSiluMul(p, nullptr).ok());
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                testing_util::Download(d_out, dtype, tokens * ffn));
+      // The CPU's float tanh against the device's tanhf: a few float ulps, then one rounding.
+      const double tol = std::max(testing_util::RoundingTolerance(dtype), 1e-5);
+      EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
+    }
+  }
+}
+
+TEST(CudaSoftCapTest, RejectsBadCapsBeforeLaunch) {
+  float buffer[4] = {};
+  SoftCapParams p;
+  p.x = buffer;
+  p.num_elements = 4;
+  p.cap = 0.0f;
+  EXPECT_NE(CheckSoftCapParams(p).message().find("cap 0"), std::string::npos);
+  p.cap = NAN;
+  EXPECT_EQ(LaunchSoftCap(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.cap = 30.0f;
+  p.x = nullptr;
+  EXPECT_EQ(CheckSoftCapParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p.num_elements = 0;
+  EXPECT_TRUE(CheckSoftCapParams(p).ok());
+}
+
+// Gemma 2's final logit soft-capping, as cpu::SoftCap, in place.
+TEST(CudaSoftCapTest, MatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (DataType dtype : {DataType::kF32, DataType::kBF16}) {
+    for (const float cap : {1.0f, 30.0f}) {
+      SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " cap=" << cap);
+      std::vector<float> x =
+          testing_util::RoundTo(dtype, testing_util::RandomFloats(100003, 77, -100, 100));
+      std::vector<float> expected = x;
+      cpu::SoftCap(expected.data(), static_cast<int64_t>(expected.size()), cap);
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(dtype, x));
+      SoftCapParams p;
+      p.x = d_x.data();
+      p.dtype = dtype;
+      p.num_elements = static_cast<int64_t>(x.size());
+      p.cap = cap;
+      ASSERT_TRUE(LaunchSoftCap(p, nullptr).ok());
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                testing_util::Download(d_x, dtype, x.size()));
+      const double tol = std::max(testing_util::RoundingTolerance(dtype), 1e-5);
       EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
     }
   }

@@ -111,6 +111,8 @@ struct DecodeCheck {
   DataType kv = DataType::kF16, q_type = DataType::kF16;
   int64_t num_kv_heads = 1, group = 1, head_dim = 64, block_size = 16;
   int num_splits = 0;  // 0: heuristic
+  int64_t window = 0;  // sliding window; 0: none
+  float softcap = 0.0f;
   std::vector<int32_t> context_lens, indptr;
   std::vector<float> q;  // [num_seqs, num_heads * head_dim], already rounded to q_type
   const testing_util::HostCache* host_cache = nullptr;
@@ -143,6 +145,8 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   ref.num_seqs = num_seqs;
   ref.num_heads = num_heads;
   ref.scale = scale;
+  ref.window = c.window;
+  ref.softcap = c.softcap;
   ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
 
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(c.q_type, c.q));
@@ -162,6 +166,8 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   p.num_seqs = num_seqs;
   p.num_heads = num_heads;
   p.scale = scale;
+  p.window = c.window;
+  p.softcap = c.softcap;
   p.max_context_len = *std::max_element(c.context_lens.begin(), c.context_lens.end());
   p.num_splits = c.num_splits;
   DeviceBuffer workspace;
@@ -186,8 +192,12 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
 }
 
 // One decode step over a pool of shuffled blocks, with spare table entries past the needed
-// ones.
-void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed) {
+// ones. With a window, the device table names blocks outside the pool for every block
+// wholly before the window (as freed ones, whose ids the worker may still hold): reading
+// one would make that sequence's output NaN.
+void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed,
+                   int64_t window = 0, float softcap = 0.0f) {
+  SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap);
   SCOPED_TRACE(testing::Message() << "kv=" << DataTypeName(kv) << " q=" << DataTypeName(q_type)
                                   << " kv_heads=" << c.num_kv_heads << " group=" << c.group
                                   << " head_dim=" << c.head_dim << " block=" << c.block_size
@@ -201,6 +211,8 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
   check.head_dim = c.head_dim;
   check.block_size = c.block_size;
   check.num_splits = c.num_splits;
+  check.window = window;
+  check.softcap = softcap;
   check.context_lens = c.context_lens;
   check.indptr = {0};
   int64_t total_blocks = 0;
@@ -216,6 +228,13 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
     check.indptr.push_back(static_cast<int32_t>(check.host_indices.size()));
   }
   check.device_indices = check.host_indices;
+  for (size_t s = 0; window > 0 && s < c.context_lens.size(); ++s) {
+    const int64_t window_start = std::max<int64_t>(0, c.context_lens[s] - window);
+    for (int64_t b = 0; (b + 1) * c.block_size <= window_start; ++b) {
+      check.device_indices[static_cast<size_t>(check.indptr[s] + b)] =
+          static_cast<int32_t>(num_blocks + 1000);
+    }
+  }
   const int64_t pool = num_blocks * c.block_size * c.num_kv_heads * c.head_dim;
   const testing_util::HostCache cache = testing_util::RandomCache(kv, pool, seed + 1);
   check.host_cache = &cache;
@@ -270,6 +289,51 @@ TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
       }
     }
   }
+}
+
+// Mistral's and Gemma's local layers: windows shorter and longer than the context, not
+// multiples of the block or tile, with forced and heuristic splits (the splits cut the
+// window, not the context); Gemma 2's soft-capped scores, alone and with a window.
+TEST(CudaPagedDecodeTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<DecodeCase> cases = {
+      {2, 4, 128, 16, {1, 17, 129, 300, 1000}, 0},
+      {8, 2, 128, 16, {4096, 33}, 3},
+      {1, 8, 64, 16, {2049, 700}, 5},
+      {3, 3, 64, 16, {1, 200, 1025}, 0},
+      {2, 2, 64, 5, {77, 500}, 2},
+  };
+  uint32_t seed = 500;
+  for (DataType kv : {DataType::kF16, DataType::kBF16}) {
+    for (const DecodeCase& c : cases) {
+      for (int64_t window : {1, 31, 100, 256, 4000}) {
+        RunDecodeCase(c, kv, DataType::kF32, seed += 7, window);
+      }
+      RunDecodeCase(c, kv, kv, seed += 7, 0, 1.5f);  // caps scores (|q.k| reaches ~3)
+      RunDecodeCase(c, kv, DataType::kF32, seed += 7, 0, 50.0f);
+      RunDecodeCase(c, kv, DataType::kF32, seed += 7, 129, 2.0f);
+    }
+  }
+}
+
+TEST(CudaPagedDecodeTest, RejectsBadWindowsAndSoftCaps) {
+  alignas(16) int32_t storage[64] = {};
+  PagedDecodeParams p = ValidParams(storage);
+  p.window = -1;
+  EXPECT_NE(CheckPagedDecodeParams(p).message().find("window -1"), std::string::npos);
+  p = ValidParams(storage);
+  p.softcap = -2.0f;
+  EXPECT_NE(CheckPagedDecodeParams(p).message().find("softcap -2"), std::string::npos);
+  p.softcap = NAN;
+  EXPECT_EQ(CheckPagedDecodeParams(p).code(), absl::StatusCode::kInvalidArgument);
+  // A window shorter than the context cuts the splits (and the workspace) to the window.
+  p = ValidParams(storage);
+  p.max_context_len = 5000;
+  p.window = 300;
+  EXPECT_EQ(PagedDecodeAttendedLength(p), 300);
+  EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 1u * 8 * 2 * (128 + 2) * sizeof(float));  // 2 splits
+  p.window = 8000;
+  EXPECT_EQ(PagedDecodeAttendedLength(p), 5000);
 }
 
 // A KV pool of more than 2^31 elements per K and V (a large model's real pool): slot and

@@ -87,6 +87,14 @@ TEST(CudaPagedPrefillTest, RejectsUnsupportedShapesBeforeLaunch) {
   p = ValidParams(storage);
   p.cache.num_blocks = 0;
   expect_invalid(p, "num_blocks 0");
+  p = ValidParams(storage);
+  p.window = -3;
+  expect_invalid(p, "window -3");
+  p = ValidParams(storage);
+  p.softcap = -1.0f;
+  expect_invalid(p, "softcap -1");
+  p.softcap = INFINITY;
+  expect_invalid(p, "softcap inf");
   // A fused QKV row (q_stride a multiple of 8, longer than the q row) is fine, and an
   // empty batch needs no pointers.
   p = ValidParams(storage);
@@ -114,8 +122,12 @@ struct PrefillCase {
 // Builds a batch (shuffled pool blocks with a spare entry per table), runs the reference
 // once and the kernel for both output dtypes. The reference is
 // cpu::PagedAttentionReference (double) over an F32 view of the exact cache values and
-// the queries rounded to the cache dtype.
-void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed) {
+// the queries rounded to the cache dtype. With a window, the device table names blocks
+// outside the pool for every block wholly before the sequence's first query's window (as
+// freed ones): reading one would make that sequence's outputs NaN.
+void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t window = 0,
+                    float softcap = 0.0f) {
+  SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap);
   SCOPED_TRACE(testing::Message() << "dtype=" << DataTypeName(dtype)
                                   << " kv_heads=" << c.num_kv_heads << " group=" << c.group
                                   << " head_dim=" << c.head_dim << " block=" << c.block_size
@@ -174,15 +186,25 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed) {
   ref.num_seqs = num_seqs;
   ref.num_heads = num_heads;
   ref.scale = scale;
+  ref.window = window;
+  ref.softcap = softcap;
   ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
 
+  std::vector<int32_t> device_indices = indices;
+  for (size_t s = 0; window > 0 && s < c.seqs.size(); ++s) {
+    const int64_t first_query = c.seqs[s].context_len - c.seqs[s].q_len;
+    const int64_t window_start = std::max<int64_t>(0, first_query - window + 1);
+    for (int64_t b = 0; (b + 1) * c.block_size <= window_start; ++b) {
+      device_indices[static_cast<size_t>(indptr[s] + b)] = static_cast<int32_t>(num_blocks + 1000);
+    }
+  }
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_k, testing_util::UploadRaw(cache.k_bytes));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_v, testing_util::UploadRaw(cache.v_bytes));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(dtype, q_strided));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_query_start, testing_util::UploadRaw(query_start));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(device_indices));
   for (DataType out_dtype : {DataType::kF32, dtype}) {
     SCOPED_TRACE(testing::Message() << "out=" << DataTypeName(out_dtype));
     // One poisoned token row past the end catches writes out of bounds.
@@ -202,6 +224,8 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed) {
     p.num_heads = num_heads;
     p.q_stride = c.extra_q_heads > 0 ? q_stride : 0;
     p.scale = scale;
+    p.window = window;
+    p.softcap = softcap;
     p.max_query_len = c.small_grid ? 1 : max_q;
     const absl::Status launched = LaunchPagedPrefill(p, nullptr);
     ASSERT_TRUE(launched.ok()) << launched;
@@ -252,6 +276,33 @@ TEST(CudaPagedPrefillTest, MatchesCpuReferenceAcrossShapes) {
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
     for (const PrefillCase& c : cases) {
       RunPrefillCase(c, dtype, seed += 11);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Mistral's and Gemma's local layers: windows of 1 token, shorter than a block, a KV tile
+// or a query tile, and longer than every context; chunked prefill across the window's edge
+// (context > query); Gemma 2's soft-capped scores, alone and with a window.
+TEST(CudaPagedPrefillTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<PrefillCase> cases = {
+      {2, 1, 64, 16, MixedBatch()},
+      {2, 4, 128, 16, MixedBatch()},
+      {1, 8, 64, 5, MixedBatch()},
+      {2, 3, 128, 16, {{1, 1}, {7, 40}, {64, 64}, {200, 333}}},
+      {2, 4, 64, 16, {{200, 250}, {64, 64}, {1, 9}}, 0, /*small_grid=*/true},
+  };
+  uint32_t seed = 900;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (const PrefillCase& c : cases) {
+      for (int64_t window : {1, 13, 64, 100, 4096}) {
+        RunPrefillCase(c, dtype, seed += 11, window);
+        if (HasFatalFailure()) return;
+      }
+      RunPrefillCase(c, dtype, seed += 11, 0, 1.5f);
+      RunPrefillCase(c, dtype, seed += 11, 0, 50.0f);
+      RunPrefillCase(c, dtype, seed += 11, 129, 2.0f);
       if (HasFatalFailure()) return;
     }
   }

@@ -503,6 +503,29 @@ TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuForwardPass) {
   ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
 }
 
+// Sliding windows and soft-capped scores on CUDA: every layer local (Mistral 7B v0.1's
+// shape), local and global layers alternating (every other layer global, as Gemma 2) with
+// soft-capped scores. The windows (24 and 37 tokens) are shorter than the scenario's
+// prompts (40 to 300 tokens), so prefill, the chunked prefill across the window's edge and
+// the decode graphs (split contexts included) all mask by window.
+TEST(CudaForwardPassTest, SlidingWindowsAndSoftCapMatchCpuForwardPass) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  RandomModelSpec every_layer = LlamaGqaSpec();
+  every_layer.sliding_window = 24;
+  every_layer.seed = 71;
+  RandomModelSpec alternating = Qwen2MqaSpec();
+  alternating.sliding_window = 37;
+  alternating.sliding_period = 2;
+  alternating.attn_logit_softcap = 3.0f;
+  alternating.seed = 72;
+  for (const RandomModelSpec& spec : {every_layer, alternating}) {
+    SCOPED_TRACE(spec.arch + " window " + std::to_string(spec.sliding_window));
+    std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+    ASSERT_NE(gguf, nullptr);
+    ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  }
+}
+
 // Tensor parallelism on the CUDA forward pass: two ranks on one GPU (joined by gloo; each holds
 // half the heads, FFN channels and vocabulary) run the same steps as one whole forward pass.
 // Both ranks hold the same gathered logits, and those match the whole forward pass's up to the
