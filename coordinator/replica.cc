@@ -184,8 +184,9 @@ void Replica::Stop() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
-  // Fetches still pulling blocks post their results here: wait for them (their transfers
-  // have deadlines).
+  // Fetches still pulling blocks post their results here: cancel them (the loop is gone,
+  // so nobody else touches pending_fetches_) and wait for them.
+  for (auto& [fetch_id, pending] : pending_fetches_) pending.calls->Cancel();
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return fetch_threads_ == 0; };
   mu_.Await(absl::Condition(&done));

@@ -172,6 +172,23 @@ class Replica {
   /// The requester is done reading an export: its slots may be reused.
   void ReleaseExport(uint64_t export_id);
 
+  // The worker calls of one fetch in flight (one per rank), cancellable from the loop (the
+  // client went away), AbandonFetches and Stop: each worker's reads from the source are
+  // children of its call, so they end too and the slots come back at once.
+  class FetchCalls {
+   public:
+    /// Cancels every call running and any started later.
+    void Cancel();
+    /// Registers a call about to start; false when the fetch was cancelled already.
+    bool Add(grpc::ClientContext* context);
+    void Remove(grpc::ClientContext* context);
+
+   private:
+    absl::Mutex mu_;
+    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+    std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  };
+
   /// Wakes the loop (a request was cancelled).
   void Wake();
   /// Declares the worker dead (heartbeat timeout): the stream is cancelled and the loop
@@ -283,6 +300,7 @@ class Replica {
   };
   struct PendingFetch {
     std::shared_ptr<engine::Request> request;
+    std::shared_ptr<FetchCalls> calls = std::make_shared<FetchCalls>();
     Replica* source = nullptr;
     uint64_t export_id = 0;
     engine::Scheduler::HeldSlots import;

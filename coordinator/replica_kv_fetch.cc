@@ -79,11 +79,34 @@ struct WorkerChannels {
   }
 };
 
+}  // namespace
+
+void Replica::FetchCalls::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : contexts_) context->TryCancel();
+}
+
+bool Replica::FetchCalls::Add(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  contexts_.push_back(context);
+  return true;
+}
+
+void Replica::FetchCalls::Remove(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  std::erase(contexts_, context);
+}
+
+namespace {
+
 // Each rank of the destination pulls its KV heads from the source ranks holding them.
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
                               const std::vector<KvHeadRange>& dest_heads,
                               const Replica::ExportReply& reply,
-                              const std::vector<int32_t>& dest_slots, absl::Duration timeout) {
+                              const std::vector<int32_t>& dest_slots, absl::Duration timeout,
+                              Replica::FetchCalls& calls) {
   std::vector<loom::v1::FetchKvBlocksRequest> requests(destinations.size());
   for (size_t r = 0; r < destinations.size(); ++r) {
     const std::vector<size_t> sources = SourceRanks(dest_heads, reply.kv_heads, r);
@@ -111,8 +134,10 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() +
                            absl::ToChronoMilliseconds(timeout + absl::Seconds(5)));
+      if (!calls.Add(&context)) return absl::CancelledError("the fetch was cancelled");
       loom::v1::FetchKvBlocksResponse response;
       const grpc::Status status = stub->FetchKvBlocks(&context, requests[r], &response);
+      calls.Remove(&context);
       if (status.ok()) return absl::OkStatus();
       if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
         WorkerChannels::Get().Forget(destinations[r]);
@@ -379,9 +404,10 @@ void Replica::HandleKvFetches() {
       ++fetch_threads_;
     }
     // Bounded by the transfer's deadline; Stop waits for it.
-    std::thread([this, id, addresses, kv_heads, reply = *std::move(pending.reserved_reply), dest] {
+    std::thread([this, id, addresses, kv_heads, reply = *std::move(pending.reserved_reply), dest,
+                 calls = pending.calls] {
       const absl::Status status =
-          FetchOnEveryRank(addresses, kv_heads, reply, dest, options_.kv_transfer_timeout);
+          FetchOnEveryRank(addresses, kv_heads, reply, dest, options_.kv_transfer_timeout, *calls);
       absl::MutexLock lock(&mu_);
       fetch_results_.push_back({id, status});
       --fetch_threads_;
@@ -395,7 +421,9 @@ void Replica::HandleKvFetches() {
   const absl::Time now = absl::Now();
   std::vector<uint64_t> late;
   for (const auto& [fetch_id, pending] : pending_fetches_) {
-    // A client that went away does not wait for the source either.
+    // A client that went away does not wait for the source either; a pull under way is
+    // cancelled (its result, CANCELLED, frees the slots).
+    if (pending.fetching && pending.request->cancelled()) pending.calls->Cancel();
     if (!pending.fetching && (now > pending.deadline || pending.request->cancelled())) {
       late.push_back(fetch_id);
     }
@@ -425,6 +453,7 @@ std::vector<std::shared_ptr<engine::Request>> Replica::AbandonFetches() {
   // and the sources may let their slots go.
   std::vector<std::shared_ptr<engine::Request>> requests;
   for (auto& [fetch_id, pending] : pending_fetches_) {
+    pending.calls->Cancel();
     if (pending.export_id != 0) pending.source->ReleaseExport(pending.export_id);
     requests.push_back(std::move(pending.request));
   }

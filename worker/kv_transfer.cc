@@ -185,6 +185,17 @@ absl::Status Deliver(KvHostTier* tier, const SourcePlan& plan, int32_t dest_slot
   });
 }
 
+// A context for one read from a source: a child of the FetchKvBlocks call being served
+// (when there is one), so cancelling that call cancels the read.
+std::unique_ptr<grpc::ClientContext> NewReadContext(const grpc::ServerContext* caller) {
+  if (caller == nullptr) return std::make_unique<grpc::ClientContext>();
+  return grpc::ClientContext::FromServerContext(*caller);
+}
+
+absl::Status CallerCancelled() {
+  return absl::CancelledError("the fetch was cancelled by its caller");
+}
+
 // Opens a ReadKvBlocks stream for the source's slots, with the transfer's deadline.
 std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> StartRead(
     loom::v1::Worker::Stub& stub, grpc::ClientContext& context, const SourcePlan& plan,
@@ -203,7 +214,8 @@ std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> StartRead(
 // Copies the source's slots out of its mapped tier; Unavailable when the map cannot be
 // opened (another machine or container, other permissions): then TCP.
 absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared,
-                        const SourcePlan& plan, const loom::v1::FetchKvBlocksRequest& request) {
+                        const SourcePlan& plan, const loom::v1::FetchKvBlocksRequest& request,
+                        const grpc::ServerContext* caller) {
   if (shared.boot_id().empty() || shared.boot_id() != BootId()) {
     return absl::UnavailableError("the source runs on another machine");
   }
@@ -213,6 +225,7 @@ absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared
   const uint8_t* source = mapping->data();
   absl::Status status;
   for (int i = 0; status.ok() && i < plan.source->slots_size(); ++i) {
+    if (caller != nullptr && caller->IsCancelled()) return CallerCancelled();
     const int64_t offset = static_cast<int64_t>(plan.source->slots(i)) * plan.slot_bytes;
     if (offset < 0 || offset + plan.slot_bytes > shared.size()) {
       status = absl::InvalidArgumentError(
@@ -231,8 +244,10 @@ absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared
 // mapped from here).
 std::optional<absl::Status> FetchShared(loom::v1::Worker::Stub& stub, KvHostTier* tier,
                                         const SourcePlan& plan,
-                                        const loom::v1::FetchKvBlocksRequest& request) {
-  grpc::ClientContext context;
+                                        const loom::v1::FetchKvBlocksRequest& request,
+                                        const grpc::ServerContext* caller) {
+  const std::unique_ptr<grpc::ClientContext> context_owner = NewReadContext(caller);
+  grpc::ClientContext& context = *context_owner;
   std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
       StartRead(stub, context, plan, request, /*offer_shared_memory=*/true);
   loom::v1::KvBlockChunk first;
@@ -248,8 +263,9 @@ std::optional<absl::Status> FetchShared(loom::v1::Worker::Stub& stub, KvHostTier
     return std::nullopt;
   }
   const grpc::Status finished = reader->Finish();
-  const absl::Status copied = finished.ok() ? CopyShared(tier, first.shared(), plan, request)
-                                            : FromGrpc(finished, "reading KV blocks");
+  const absl::Status copied = finished.ok()
+                                  ? CopyShared(tier, first.shared(), plan, request, caller)
+                                  : FromGrpc(finished, "reading KV blocks");
   // Not mappable from here: stream the bytes (the step wait has passed already).
   if (copied.code() == absl::StatusCode::kUnavailable && finished.ok()) return std::nullopt;
   return copied;
@@ -257,8 +273,10 @@ std::optional<absl::Status> FetchShared(loom::v1::Worker::Stub& stub, KvHostTier
 
 // Streams the source's slots over TCP: chunks of a slot in order, slot after slot.
 absl::Status FetchStreamed(loom::v1::Worker::Stub& stub, KvHostTier* tier, const SourcePlan& plan,
-                           const loom::v1::FetchKvBlocksRequest& request) {
-  grpc::ClientContext context;
+                           const loom::v1::FetchKvBlocksRequest& request,
+                           const grpc::ServerContext* caller) {
+  const std::unique_ptr<grpc::ClientContext> context_owner = NewReadContext(caller);
+  grpc::ClientContext& context = *context_owner;
   std::unique_ptr<grpc::ClientReader<loom::v1::KvBlockChunk>> reader =
       StartRead(stub, context, plan, request, /*offer_shared_memory=*/false);
   std::vector<int64_t> received(static_cast<size_t>(request.dest_slots_size()), 0);
@@ -307,7 +325,8 @@ absl::Status FetchStreamed(loom::v1::Worker::Stub& stub, KvHostTier* tier, const
 }  // namespace
 
 absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
-    KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request) {
+    KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request,
+    const grpc::ServerContext* caller) {
   if (tier == nullptr) {
     return absl::FailedPreconditionError("this worker has no host tier (--kv-offload-memory)");
   }
@@ -333,8 +352,10 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
     auto channel = grpc::CreateChannel(plan.source->address(), grpc::InsecureChannelCredentials());
     auto stub = loom::v1::Worker::NewStub(channel);
     std::optional<absl::Status> mapped;
-    if (!request.no_shared_memory()) mapped = FetchShared(*stub, tier, plan, request);
-    failure = mapped.has_value() ? *mapped : FetchStreamed(*stub, tier, plan, request);
+    if (!request.no_shared_memory()) mapped = FetchShared(*stub, tier, plan, request, caller);
+    failure = mapped.has_value() ? *mapped : FetchStreamed(*stub, tier, plan, request, caller);
+    // A read cut by the caller's cancellation reports it as such.
+    if (!failure.ok() && caller != nullptr && caller->IsCancelled()) failure = CallerCancelled();
     if (!failure.ok()) break;
     const int64_t moved = static_cast<int64_t>(request.dest_slots_size()) * plan.slot_bytes;
     bytes += moved;

@@ -38,8 +38,12 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
 /// (one source's slots whole, or the heads each source holds mapped into them). Every slot must
 /// arrive whole (and match its checksum where one is sent); on any failure the destination slots
 /// hold no block and the error names the cause (UNAVAILABLE / DEADLINE_EXCEEDED when the source is
-/// gone or slow).
+/// gone or slow). `caller` (optional) is the FetchKvBlocks call being served: the reads from
+/// the sources are its children, so a caller that cancels (its request went away) or
+/// passes its deadline cancels them (CANCELLED), also while a source still waits for its
+/// step, and a mapped copy stops at the next slot.
 absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
-    KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request);
+    KvHostTier* tier, const loom::v1::FetchKvBlocksRequest& request,
+    const grpc::ServerContext* caller = nullptr);
 
 }  // namespace loom::worker

@@ -30,11 +30,11 @@ grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
   return status;
 }
 
-grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext*,
+grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
                                           const loom::v1::FetchKvBlocksRequest* request,
                                           loom::v1::FetchKvBlocksResponse* response) {
   absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
-      worker::FetchKvBlocks(host_tier_, *request);
+      worker::FetchKvBlocks(host_tier_, *request, context);
   if (!fetched.ok()) {
     std::fprintf(stderr, "loom-worker: KV fetch from %s failed: %s\n",
                  request->sources_size() > 0 ? request->sources(0).address().c_str() : "nowhere",

@@ -23,6 +23,7 @@ import signal
 import time
 import urllib.request
 
+import grpc
 import pytest
 
 import cluster_harness as h
@@ -206,6 +207,29 @@ def test_a_decode_worker_killed_while_it_waits_for_the_kv_leaves_the_request_to_
         rig.workers["decode-0"].kill()
         finishes_with_reference(stream, reference, "prefill-0")
         no_block_held(rig, ["prefill-0"])
+
+
+def test_a_client_gone_during_the_transfer_cancels_it_and_leaks_nothing(binaries, reference, tmp_path):
+    # The hand-off's KV leaves the prefill worker with its next step (5 s away), so the decode
+    # worker's pull waits at the source. The client goes away meanwhile: the coordinator cancels
+    # the pull (the decode worker's reads from the source are children of its call), which ends
+    # without bringing a block, and every reservation and export hold ends with the request.
+    with disaggregated(tmp_path, prefill_delay_ms=5000) as rig:
+        stream = start(rig)
+        assert stream.wait_tokens(1, 120), stream.outcome.describe()
+        wait_for(rig, lambda r: r["prefill-0"].num_handoffs_out == 1, "the hand-off", timeout=60)
+        time.sleep(0.5)  # the decode replica starts its pull at once: both workers are idle
+        stream.cancel()
+        outcome = stream.join(30)
+        assert outcome.code == grpc.StatusCode.CANCELLED, outcome.describe()
+        # Past the source's step: an uncancelled pull would have completed by now.
+        time.sleep(6)
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["decode-0"].num_kv_fetches == 0, status["decode-0"]
+        assert status["decode-0"].num_kv_fetch_failures == 0, status["decode-0"]
+        assert status["decode-0"].num_handoff_failures == 0, status["decode-0"]
+        # The replicas serve on: a request after it gets its tokens.
+        finishes_with_reference(start(rig), reference, "decode-0")
 
 
 def test_a_transfer_slower_than_the_timeout_is_recomputed(binaries, reference, tmp_path):

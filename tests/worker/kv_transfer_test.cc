@@ -6,9 +6,12 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -80,6 +83,43 @@ class Source final : public loom::v1::Worker::Service {
   std::unique_ptr<grpc::Server> server_;
 };
 
+// A worker that serves only FetchKvBlocks into `tier`, as WorkerService does (the call's
+// context is the fetch's caller), on a real local gRPC server.
+class Destination final : public loom::v1::Worker::Service {
+ public:
+  explicit Destination(KvHostTier* tier) : tier_(tier) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~Destination() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::Status FetchKvBlocks(grpc::ServerContext* context,
+                             const loom::v1::FetchKvBlocksRequest* request,
+                             loom::v1::FetchKvBlocksResponse* response) override {
+    absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
+        worker::FetchKvBlocks(tier_, *request, context);
+    result = fetched.status();
+    done.Notify();
+    if (!fetched.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(fetched.status().code()),
+                          std::string(fetched.status().message()));
+    }
+    *response = *std::move(fetched);
+    return grpc::Status::OK;
+  }
+  // The first fetch's own outcome, once its handler returned.
+  absl::Notification done;
+  absl::Status result;
+
+ private:
+  KvHostTier* tier_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
 // Whether fetches may map the source's tier (true) or must stream it over TCP.
 bool shared_memory = true;
 
@@ -136,6 +176,42 @@ TEST_P(KvTransferTest, TheSourceServesOnlyAfterTheStepThatOffloadsTheBlocks) {
   source.executed = 7;
   request.set_timeout_ms(20000);
   EXPECT_TRUE(FetchKvBlocks(dest_tier.get(), request).ok());
+}
+
+// The coordinator cancels a fetch whose request went away: the destination's reads from
+// the source are children of its call, so the fetch ends at once (not at its 20 s
+// deadline) while the source still waits for its step, and leaves no block behind.
+TEST_P(KvTransferTest, ACancelledFetchEndsWhileTheSourceWaitsAndLeavesNothing) {
+  std::unique_ptr<model::CpuKvCache> pool = Pool();
+  auto source_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
+  auto dest_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
+  ASSERT_TRUE(source_tier->Apply({{true, 1, 0}}).ok());
+  Source source(source_tier.get());
+  Destination destination(dest_tier.get());
+  loom::v1::FetchKvBlocksRequest request = Fetch(source.address(), {0}, {1});
+  request.set_after_step_id(7);  // never executed: the source waits out the deadline
+  auto stub = loom::v1::Worker::NewStub(
+      grpc::CreateChannel(destination.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  std::thread cancel([&context] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    context.TryCancel();
+  });
+  loom::v1::FetchKvBlocksResponse response;
+  const absl::Time start = absl::Now();
+  const grpc::Status status = stub->FetchKvBlocks(&context, request, &response);
+  cancel.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  // The destination worker itself gave up too, well before the 20 s the source would have
+  // waited (the caller's answer comes at once; the worker's handler is what holds slots).
+  ASSERT_TRUE(destination.done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "the destination still waits for the source after its caller cancelled";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(destination.result.code(), absl::StatusCode::kCancelled) << destination.result;
+  EXPECT_FALSE(dest_tier->Apply({{false, 0, 1}}).ok()) << "a cancelled fetch left a block";
+  // The worker serves fetches after it: the source's step ran, the slot arrives.
+  source.executed = 7;
+  EXPECT_TRUE(worker::FetchKvBlocks(dest_tier.get(), Fetch(source.address(), {0}, {1})).ok());
 }
 
 TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
