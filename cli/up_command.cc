@@ -192,15 +192,12 @@ bool WorkersRunOnCuda(const UpOptions& options, int cuda_device_count) {
 
 absl::Status CheckUpGpus(const UpOptions& options, int cuda_device_count) {
   if (!WorkersRunOnCuda(options, cuda_device_count)) return absl::OkStatus();
-  if (options.stages > 1) {
-    return absl::InvalidArgumentError(
-        "--pipeline-parallel-size runs on the CPU backend; CUDA stages are not built (use "
-        "--device cpu)");
-  }
+  // Every stage's ranks count for the memory split; a tensor-parallel group (one stage's
+  // ranks, consecutive GPU indices) needs as many GPUs.
   int total = 0;
   int most_workers = options.workers;
   for (const UpReplica& replica : UpReplicas(options)) {
-    total += replica.workers;
+    total += replica.workers * options.stages;
     most_workers = std::max(most_workers, replica.workers);
   }
   if (most_workers > cuda_device_count) {

@@ -143,11 +143,6 @@ absl::StatusOr<Placement> PlaceWorker(const WorkerOptions& options) {
                           ResolveDevice(options.device, options.kv_dtype, options.world_size,
                                         kernels::CudaDeviceCount()));
   }
-  if (placement.cuda() && options.pipeline_parallel_size > 1) {
-    return absl::InvalidArgumentError(
-        "--pipeline-parallel-size runs on the CPU backend (stages joined by gloo); CUDA stages "
-        "(NCCL send/recv) are not built: use --device cpu");
-  }
   if (placement.cuda()) {
     LOOM_ASSIGN_OR_RETURN(placement.gpu_index, ResolveGpuIndex(options.gpu_index, options.rank,
                                                                kernels::CudaDeviceCount()));

@@ -108,6 +108,9 @@ absl::Status CudaForwardPass::Step(const StepBatch&, std::vector<float>&) {
   return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
 }
 
+bool CudaForwardPass::returns_logits() const { return true; }
+void CudaForwardPass::SkipStep(uint64_t, const absl::Status&) {}
+
 absl::Status CudaForwardPass::StepAndSample(const StepBatch&, const DeviceSampleRows&,
                                              std::vector<int32_t>&, std::vector<float>&) {
   return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
@@ -169,6 +172,51 @@ struct CudaForwardPass::State {
   // created by Finish (CudaForwardPassOptions::debug_fail_graph_captures goes to it).
   std::unique_ptr<model::CudaGraphCache> graph_cache;
   absl::Status broken;  // the first device error; every later step fails with it
+
+  // Pipeline parallelism (CudaForwardPassOptions::link): the step being run, whether it
+  // took its predecessor's message and passed one on, and the host copies of the
+  // residual stream the link moves.
+  PipelineLink* link = nullptr;
+  uint64_t step_id = 0;
+  bool received = false, sent = false;
+  std::vector<float> stage_residual, stage_proj;
+
+  // The graph's receive: the predecessor's pair into host memory, then onto the device.
+  absl::Status ReceiveStage(model::Tensor residual, model::Tensor proj) {
+    received = true;
+    const size_t count = static_cast<size_t>(residual.numel());
+    stage_residual.resize(count);
+    stage_proj.resize(count);
+    LOOM_RETURN_IF_ERROR(
+        link->Receive(step_id, absl::MakeSpan(stage_residual), absl::MakeSpan(stage_proj)));
+    // From pageable memory: the copy has read the host buffer when the call returns.
+    LOOM_CUDA_CALL(cudaMemcpyAsync(residual.data, stage_residual.data(), count * sizeof(float),
+                                   cudaMemcpyHostToDevice, device->stream()));
+    LOOM_CUDA_CALL(cudaMemcpyAsync(proj.data, stage_proj.data(), count * sizeof(float),
+                                   cudaMemcpyHostToDevice, device->stream()));
+    return absl::OkStatus();
+  }
+
+  // The graph's send: the stage's pair to the host once its layers ran, then to the next.
+  absl::Status SendStage(model::Tensor residual, model::Tensor proj) {
+    sent = true;
+    const size_t count = static_cast<size_t>(residual.numel());
+    stage_residual.resize(count);
+    stage_proj.resize(count);
+    LOOM_CUDA_CALL(cudaMemcpyAsync(stage_residual.data(), residual.data, count * sizeof(float),
+                                   cudaMemcpyDeviceToHost, device->stream()));
+    LOOM_CUDA_CALL(cudaMemcpyAsync(stage_proj.data(), proj.data, count * sizeof(float),
+                                   cudaMemcpyDeviceToHost, device->stream()));
+    LOOM_RETURN_IF_ERROR(device->Synchronize());
+    return link->Send(step_id, stage_residual, stage_proj);
+  }
+
+  // A step that failed (or will not run) here: the stages stay aligned, as on the CPU.
+  void FinishFailedStep(uint64_t id, const absl::Status& why) {
+    if (link == nullptr) return;
+    if (link->has_previous() && !received) (void)link->Discard(id);
+    if (link->has_next() && !sent) (void)link->SendFailure(id, why);
+  }
 
   ~State() {
     cudaSetDevice(device_index);
@@ -299,7 +347,9 @@ struct CudaForwardPass::State {
     absl::Status status = graph_cache->Run([&] { return graph->Forward(tensors, out); }, graphed,
                                            {bucket, tensors.max_context_len});
     if (status.ok()) {
-      if (sampling != nullptr) {
+      if (!graph->shard().last_stage()) {
+        logits_out.clear();  // the residual stream went on to the next stage
+      } else if (sampling != nullptr) {
         status = EnqueueSampling(*sampling, *sampled, *sampled_logprob);
       } else {
         logits_out.resize(num_sampled * config.vocab_size);
@@ -348,6 +398,13 @@ absl::Status ValidateForwardPassOptions(const CudaForwardPassOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrFormat("tensor parallel rank %d of %d needs a communicator of that rank and size",
                         options.tp_rank, options.tp_size));
+  }
+  if (options.pp_size > 1 &&
+      (options.link == nullptr || options.link->stage() != options.pp_stage ||
+       options.link->num_stages() != options.pp_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
+                        options.pp_stage, options.pp_size));
   }
   if (options.dtype != DataType::kF16 && options.dtype != DataType::kBF16) {
     return absl::InvalidArgumentError(
@@ -445,7 +502,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   // other matrix to dtype. The host copies are freed once uploaded.
   LOOM_ASSIGN_OR_RETURN(
       std::unique_ptr<model::ModelWeights> weights,
-      model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size, 0, 1, {}}));
+      model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size, options.pp_stage,
+                                     options.pp_size, options.pp_layers}));
   std::string load_log = weights->load_log;
   const int64_t num_layers = static_cast<int64_t>(weights->layers.size());
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
@@ -456,6 +514,16 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   auto state = std::make_unique<State>();
   state->device_index = options.device;
   state->free_at_start = free_at_start;
+  if (options.pp_size > 1) {
+    State* s = state.get();
+    s->link = options.link;
+    graph_options.receive = [s](model::Tensor residual, model::Tensor proj) {
+      return s->ReceiveStage(residual, proj);
+    };
+    graph_options.send = [s](model::Tensor residual, model::Tensor proj) {
+      return s->SendStage(residual, proj);
+    };
+  }
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::Create(std::move(weights),
                                                                 std::move(device), graph_options));
   state->device = cuda;
@@ -472,7 +540,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
   LOOM_RETURN_IF_ERROR(ValidateForwardPassOptions(options));
   LOOM_RETURN_IF_ERROR(ValidateRandomModelConfig(config));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
-  if (options.tp_size > 1) {
+  if (options.tp_size > 1 || options.pp_size > 1) {
     return absl::InvalidArgumentError("CUDA runner: random models run on one rank only");
   }
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
@@ -503,8 +571,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   s.block_size = options.block_size;
   // A tensor-parallel group's collectives must be enqueued on the stream (NCCL) for a CUDA
   // graph to capture them; host-staged ones (gloo) synchronize, so graphs are off then.
-  s.use_graphs =
-      options.cuda_graphs && (device.world_size() == 1 || device.collectives_on_stream());
+  s.use_graphs = options.cuda_graphs && options.pp_size == 1 &&
+                 (device.world_size() == 1 || device.collectives_on_stream());
   s.graph_cache =
       std::make_unique<model::CudaGraphCache>(s.device, options.debug_fail_graph_captures);
   const common::ModelConfig& c = s.config;
@@ -568,7 +636,10 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
       graph.shard().size, static_cast<double>(device.weight_bytes()) / (1 << 20), num_blocks,
       s.block_size, kc::DataTypeName(options.kv_dtype),
       static_cast<double>(num_blocks * block.bytes) / (1 << 20),
-      s.use_graphs ? "on" : (options.cuda_graphs ? "off (tensor parallel)" : "off"));
+      s.use_graphs           ? "on"
+      : !options.cuda_graphs ? "off"
+      : options.pp_size > 1  ? "off (pipeline stage)"
+                             : "off (tensor parallel)");
 
   std::unique_ptr<CudaForwardPass> forward_pass(new CudaForwardPass(std::move(state)));
   forward_pass->config_ = forward_pass->state_->config;
@@ -597,13 +668,28 @@ absl::Status CudaForwardPass::Guarded(const StepBatch& batch,
 }
 
 absl::Status CudaForwardPass::Step(const StepBatch& batch, std::vector<float>& logits) {
-  return Guarded(batch, [&] { return state_->RunStep(batch, logits); });
+  State& s = *state_;
+  s.step_id = batch.step_id;
+  s.received = s.sent = false;
+  const absl::Status status = Guarded(batch, [&] { return s.RunStep(batch, logits); });
+  if (!status.ok()) s.FinishFailedStep(batch.step_id, status);
+  return status;
+}
+
+bool CudaForwardPass::returns_logits() const { return state_->graph->shard().last_stage(); }
+
+void CudaForwardPass::SkipStep(uint64_t step_id, const absl::Status& why) {
+  state_->received = state_->sent = false;
+  state_->FinishFailedStep(step_id, why);
 }
 
 absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
                                              std::vector<int32_t>& tokens,
                                              std::vector<float>& logprobs) {
-  return Guarded(batch, [&]() -> absl::Status {
+  State& s = *state_;
+  s.step_id = batch.step_id;
+  s.received = s.sent = false;
+  const absl::Status status = Guarded(batch, [&]() -> absl::Status {
     if (rows.params.size() != batch.sample_rows.size() ||
         rows.positions.size() != rows.params.size() ||
         rows.penalty_indptr.size() != rows.params.size() + 1 ||
@@ -614,8 +700,10 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
           batch.sample_rows.size()));
     }
     std::vector<float> unused;
-    return state_->RunStep(batch, unused, &rows, &tokens, &logprobs);
+    return s.RunStep(batch, unused, &rows, &tokens, &logprobs);
   });
+  if (!status.ok()) s.FinishFailedStep(batch.step_id, status);
+  return status;
 }
 
 const model::KvCache* CudaForwardPass::kv_pool() const { return &state_->graph->kv_cache(); }
@@ -627,6 +715,7 @@ CudaForwardPass::Stats CudaForwardPass::stats() const {
   stats.graph_captures = graphs.graph_captures;
   stats.graph_replays = graphs.graph_replays;
   stats.graph_capture_failures = graphs.graph_capture_failures;
+  if (state_->link != nullptr) stats.pipeline_wait_seconds = state_->link->wait_seconds();
   return stats;
 }
 

@@ -13,6 +13,7 @@
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
 #include "worker/forward_pass.h"
+#include "worker/pipeline_link.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
@@ -51,6 +52,15 @@ struct CudaForwardPassOptions {
   int tp_rank = 0;
   int tp_size = 1;
   model::Communicator* communicator = nullptr;
+  // Pipeline parallelism: this forward pass holds stage pp_stage's layers of pp_size and
+  // passes the residual stream through `link` (not owned; required when pp_size > 1),
+  // staged through host memory (the link is gloo over TCP, as between CPU stages); only
+  // the last stage returns logits. CUDA graphs are off on stages (a step waits for its
+  // neighbours on the host).
+  int pp_stage = 0;
+  int pp_size = 1;
+  std::vector<int64_t> pp_layers;  // layers per stage (model::Parallelism::stage_layers)
+  PipelineLink* link = nullptr;
   // Tests only: every CUDA graph capture fails, as a driver refusal would (the eager
   // fallback's path).
   bool debug_fail_graph_captures = false;
@@ -98,6 +108,8 @@ class CudaForwardPass : public ForwardPass {
   /// touched) for a batch ValidateStepBatch rejects; FailedPrecondition once an earlier
   /// device error made the forward pass unusable.
   absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override;
+  bool returns_logits() const override;
+  void SkipStep(uint64_t step_id, const absl::Status& why) override;
   /// Step, then the sample rows' tokens picked on the device (kernels/cuda/sampling):
   /// only token ids and their logprobs are copied back, not [rows, vocab] logits. Greedy
   /// rows pick exactly the CPU sampler's argmax; sampled rows draw from the same

@@ -37,10 +37,6 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     return absl::InvalidArgumentError("unknown step backend '" + options.kind + "' (model or noop)");
   }
   if (options.device == "cuda") {
-    if (options.pp_size > 1) {
-      return absl::UnimplementedError(
-          "pipeline parallelism runs on the CPU backend; CUDA stages are not built");
-    }
     CudaForwardPassOptions cuda_options;
     cuda_options.num_kv_blocks = options.num_kv_blocks;
     cuda_options.kv_memory_fraction = options.kv_memory_fraction;
@@ -51,6 +47,10 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     cuda_options.tp_rank = options.tp_rank;
     cuda_options.tp_size = options.tp_size;
     cuda_options.communicator = options.communicator;
+    cuda_options.pp_stage = options.pp_stage;
+    cuda_options.pp_size = options.pp_size;
+    cuda_options.pp_layers = options.pp_layers;
+    cuda_options.link = options.link;
     cuda_options.dtype = CudaComputeDtype(gguf);
     cuda_options.kv_dtype = cuda_options.dtype;
     absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =

@@ -206,6 +206,17 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
   UpOptions on_cpu;
   ASSERT_EQ(ParseUp({"m.gguf", "-tp", "4", "--device", "cpu"}, on_cpu), std::nullopt);
   EXPECT_TRUE(CheckUpGpus(on_cpu, 1).ok());
+  // Pipeline stages on CUDA: every stage's ranks get a GPU of their own (stage-major
+  // indices); fewer GPUs need the memory split, as replicas do.
+  UpOptions staged;
+  ASSERT_EQ(ParseUp({"m.gguf", "-pp", "2", "-tp", "2", "--device", "cuda"}, staged), std::nullopt);
+  EXPECT_TRUE(CheckUpGpus(staged, 4).ok());
+  commands = WorkerCommands(staged, "127.0.0.1:1", "r", 4);
+  ASSERT_EQ(commands.size(), 4u);
+  for (size_t rank = 0; rank < commands.size(); ++rank) {
+    EXPECT_EQ(value_of(commands[rank], "--gpu-index"), std::to_string(rank));
+  }
+  EXPECT_NE(CheckUpGpus(staged, 2).message().find("put 2 on one GPU"), std::string::npos);
   // loom up sets --gpu-index itself.
   UpOptions refused;
   EXPECT_EQ(ParseUp({"m.gguf", "--gpu-index", "1"}, refused), 2);

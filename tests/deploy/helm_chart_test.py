@@ -59,6 +59,10 @@ CONFIGS = {
     "gpu-tensor-parallel": (["values-gpu.yaml"], {"worker": {"replicas": 2}}),
     "gpu-leader-worker-set": (["values-gpu.yaml"], {
         "worker": {"tensorParallelSize": 8, "leaderWorkerSet": {"enabled": True, "size": 2}}}),
+    # CUDA pipeline stages: one LeaderWorkerSet pod (and its 2 GPUs) per stage.
+    "gpu-pipeline-parallel": (["values-gpu.yaml"], {
+        "worker": {"tensorParallelSize": 2, "pipelineParallelSize": 2,
+                   "leaderWorkerSet": {"enabled": True, "size": 2}}}),
     "huggingFace": ([], {"model": {"source": "huggingFace", "file": "smol.gguf",
                                    "huggingFace": {"repo": "org/smol-GGUF", "revision": "v1",
                                                    "tokenSecret": {"name": "hf-token"}}}}),
@@ -232,8 +236,6 @@ def test_rendering_fails_loudly_on_bad_values(renderer, tmp_path):
     code, _, stderr = render(renderer, {"worker": {"tensorParallelSize": 3, "leaderWorkerSet":
                                                    {"enabled": True, "size": 2}}}, tmp_path=tmp_path)
     assert code != 0 and "must divide worker.tensorParallelSize" in stderr
-    code, _, stderr = render(renderer, {"worker": {"pipelineParallelSize": 2}}, tmp_path=tmp_path)
-    assert code != 0 and "pipelineParallelSize > 1 runs on CPU workers" in stderr
     code, _, stderr = render(renderer, {"autoscaling": {"enabled": True, "minReplicas": 5,
                                                         "maxReplicas": 2}}, tmp_path=tmp_path)
     assert code != 0 and "exceeds autoscaling.maxReplicas" in stderr
@@ -676,6 +678,15 @@ def test_gpu_tensor_parallel_values_give_every_rank_its_own_gpu(rendered, tmp_pa
     pairs = sorted((int(line.split("--rank ")[1].split()[0]),
                     int(line.split("--gpu-index ")[1].split()[0])) for line in lines)
     assert pairs == [(4, 0), (5, 1), (6, 2), (7, 3)], lines
+    # CUDA pipeline stages: a pod per stage, each with its tensor-parallel ranks' GPUs.
+    pp_docs = rendered["gpu-pipeline-parallel"]
+    pp = one(pp_docs, "LeaderWorkerSet")
+    c = container(pp, "worker")
+    env = container_env(pp_docs, c)
+    shared, _ = worker_args(c)
+    assert flag_value(shared, "--world-size") == "4" and env["LOOM_RANKS_PER_POD"] == "2"
+    assert flag_value(shared, "--pipeline-parallel-size") == "2", shared
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2 and env["LOOM_GPUS_PER_POD"] == "2"
     # CPU pods get no GPU index.
     cpu = container(one(rendered["cpu"], "StatefulSet", "loom-worker"), "worker")
     assert "LOOM_GPUS_PER_POD" not in container_env(rendered["cpu"], cpu)

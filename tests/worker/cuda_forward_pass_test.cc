@@ -33,6 +33,7 @@
 #include "tests/worker/nccl_test_support.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/gloo_communicator.h"
+#include "worker/pipeline_link.h"
 #include "worker/step_batch.h"
 
 namespace loom::worker {
@@ -622,6 +623,105 @@ TEST(CudaForwardPassTest, TwoTensorParallelRanksOnOneGpuMatchOneRank) {
   }
   std::printf("2 ranks vs 1: worst relative RMS %.4f (limit %.4f)\n", worst_rel_rms,
               limit.rel_rms);
+}
+
+// Pipeline parallelism on CUDA: two stages on one GPU (3 + 1 layers of a 4-layer model,
+// the residual stream staged through host memory over a gloo PipelineLink) run the same
+// steps as one whole forward pass. The last stage's logits equal the whole pass's bit for
+// bit (the same kernels on the same rows; stages run eagerly, which equals graph replay),
+// the first returns none. A batch both stages refuse (a block outside the pool) fails on
+// both without misaligning them: the next step runs.
+TEST(CudaForwardPassTest, TwoPipelineStagesOnOneGpuEqualOneForwardPass) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  RandomModelSpec spec = LlamaGqaSpec();
+  spec.layers = 4;
+  spec.seed = 31;
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  std::vector<std::vector<int32_t>> prompts = RandomPrompts(spec.vocab, 13);
+  std::vector<TestSequence> seqs(2);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    seqs[s].tokens = prompts[s];
+    for (int64_t t = 0; t < 4; ++t) {
+      seqs[s].tokens.push_back(
+          static_cast<int32_t>((t * 17 + 5 + static_cast<int64_t>(s)) % spec.vocab));
+    }
+  }
+  StepDriver driver;
+  std::vector<StepBatch> batches(5);
+  for (size_t step = 0; step < batches.size(); ++step) {
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      driver.Add(batches[step], seqs[s], step == 0 ? prompts[s].size() : 1, true);
+    }
+    batches[step].step_id = step + 1;
+  }
+  StepBatch refused = batches[2];
+  refused.step_id = 100;
+  refused.block_indices[0] = static_cast<int32_t>(kNumBlocks + 7);
+  batches.insert(batches.begin() + 2, refused);
+  auto run_all = [&](ForwardPass& forward_pass, std::vector<std::vector<float>>& out) {
+    for (const StepBatch& batch : batches) {
+      const absl::Status status = forward_pass.Step(batch, out.emplace_back());
+      if (batch.step_id == 100) {
+        EXPECT_FALSE(status.ok()) << "a block outside the pool";
+        continue;
+      }
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  };
+  std::unique_ptr<CudaForwardPass> whole = NewGpuForwardPass(*gguf, /*graphs=*/true);
+  ASSERT_NE(whole, nullptr);
+  std::vector<std::vector<float>> expected;
+  ASSERT_TRUE(run_all(*whole, expected).ok());
+
+  constexpr int kStages = 2;
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<absl::Status> status(kStages);
+  std::vector<std::vector<std::vector<float>>> got(kStages);
+  std::vector<bool> returns_logits(kStages);
+  std::vector<std::thread> threads;
+  for (int stage = 0; stage < kStages; ++stage) {
+    threads.emplace_back([&, stage] {
+      PipelineLinkOptions link_options;
+      link_options.timeout = std::chrono::milliseconds(60000);
+      absl::StatusOr<std::unique_ptr<PipelineLink>> link =
+          PipelineLink::Connect(store, stage, kStages, link_options);
+      if (!link.ok()) {
+        status[stage] = link.status();
+        return;
+      }
+      CudaForwardPassOptions options = GpuForwardPassOptions(/*graphs=*/true);
+      options.pp_stage = stage;
+      options.pp_size = kStages;
+      options.pp_layers = {3, 1};
+      options.link = link->get();
+      absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
+          CudaForwardPass::Create(*gguf, options);
+      if (!forward_pass.ok()) {
+        status[stage] = forward_pass.status();
+        return;
+      }
+      returns_logits[stage] = (*forward_pass)->returns_logits();
+      status[stage] = run_all(**forward_pass, got[stage]);
+      EXPECT_EQ((*forward_pass)->stats().graph_replays, 0) << "stages run eagerly";
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int stage = 0; stage < kStages; ++stage) {
+    ASSERT_TRUE(status[stage].ok()) << "stage " << stage << ": " << status[stage];
+    ASSERT_EQ(got[stage].size(), expected.size());
+  }
+  EXPECT_FALSE(returns_logits[0]);
+  EXPECT_TRUE(returns_logits[1]);
+  for (size_t step = 0; step < expected.size(); ++step) {
+    SCOPED_TRACE(step);
+    EXPECT_TRUE(got[0][step].empty());
+    ASSERT_EQ(got[1][step].size(), expected[step].size());
+    EXPECT_EQ(std::memcmp(got[1][step].data(), expected[step].data(),
+                          expected[step].size() * sizeof(float)),
+              0);
+  }
 }
 
 // The default model's layers are Q4_1 (INT4 g32): with quantized_weights (the default) all

@@ -66,9 +66,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $pp := int (default 1 .Values.worker.pipelineParallelSize) }}
 {{- if lt $tp 1 }}{{ fail "worker.tensorParallelSize must be at least 1" }}{{ end }}
 {{- if lt $pp 1 }}{{ fail "worker.pipelineParallelSize must be at least 1" }}{{ end }}
-{{- if and (gt $pp 1) .Values.worker.gpu.enabled }}
-{{- fail "worker.pipelineParallelSize > 1 runs on CPU workers (set worker.gpu.enabled: false); CUDA pipeline stages are not built" }}
-{{- end }}
 {{- mul $tp $pp }}
 {{- end }}
 
