@@ -76,6 +76,12 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::PagedAttention(const KvCache&, in
                                                               const Tensor&, const StepTensors&,
                                                               const AttentionSpec&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SiluMul(const Tensor&, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::GeluMul(const Tensor&, Tensor))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SoftCap(Tensor, float))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::MoeFeedForward(const Tensor&, const Tensor&,
+                                                              absl::Span<const DeviceLinear* const>,
+                                                              absl::Span<const DeviceLinear* const>,
+                                                              const MoeSpec&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::GatherRows(const Tensor&, const Tensor&,
                                                           const Tensor&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllReduceSum(Tensor))

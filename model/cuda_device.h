@@ -165,6 +165,13 @@ class CudaDevice : public Device {
   absl::Status SoftCap(Tensor x, float cap) override;
   absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                           Tensor out) override;
+  /// Routed on the host (the router's logits come back: a stream wait, so a step with a
+  /// mixture-of-experts layer cannot be captured), then one GEMM pair per chosen expert
+  /// over its tokens' rows (model/cuda_device_moe.cc).
+  absl::Status MoeFeedForward(const Tensor& x, const Tensor& router_logits,
+                              absl::Span<const DeviceLinear* const> gate_up,
+                              absl::Span<const DeviceLinear* const> down, const MoeSpec& spec,
+                              Tensor out) override;
 
   int world_size() const override {
     return options_.communicator == nullptr ? 1 : options_.communicator->world_size();
@@ -221,6 +228,11 @@ class CudaDevice : public Device {
   std::vector<float> host_, host_gathered_;  // collective staging
   kernels::cuda::DeviceBuffer gather_local_;  // AllGatherColumns on the device: the padded
   kernels::cuda::DeviceBuffer gather_all_;    // local slice, and every rank's, rank-major
+  // MoeFeedForward: the routing (rows and weights, expert after expert) and one expert's
+  // gathered input, gate/up, activation and output rows; the router logits on the host.
+  kernels::cuda::DeviceBuffer moe_rows_, moe_weights_;
+  kernels::cuda::DeviceBuffer moe_x_, moe_gate_up_, moe_act_, moe_out_;
+  std::vector<float> moe_logits_;
 };
 
 }  // namespace loom::model

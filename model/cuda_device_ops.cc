@@ -53,9 +53,6 @@ absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* d
 absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
                                    int64_t vocab0, float scale, Tensor out) {
   const CudaLinear& linear = AsCuda(table);
-  if (scale != 1.0f) {
-    return absl::UnimplementedError("the CUDA device gathers unscaled embeddings only");
-  }
   if (linear.quantized()) {
     return absl::UnimplementedError("the CUDA device gathers embeddings from dense tables only");
   }
@@ -70,6 +67,7 @@ absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& toke
   p.row_size = linear.k;
   p.num_indices = token_ids.numel();
   p.index_offset = vocab0;
+  p.scale = scale;  // Gemma: sqrt(hidden), on the dequantized row as the CPU applies it
   return kc::LaunchGatherRows(p, stream_);
 }
 

@@ -570,8 +570,10 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   s.config = graph.config();
   s.block_size = options.block_size;
   // A tensor-parallel group's collectives must be enqueued on the stream (NCCL) for a CUDA
-  // graph to capture them; host-staged ones (gloo) synchronize, so graphs are off then.
-  s.use_graphs = options.cuda_graphs && options.pp_size == 1 &&
+  // graph to capture them; host-staged ones (gloo) synchronize, so graphs are off then, as
+  // on pipeline stages and with mixture-of-experts layers (routed on the host).
+  const bool moe = graph.config().num_experts > 0;
+  s.use_graphs = options.cuda_graphs && options.pp_size == 1 && !moe &&
                  (device.world_size() == 1 || device.collectives_on_stream());
   s.graph_cache =
       std::make_unique<model::CudaGraphCache>(s.device, options.debug_fail_graph_captures);
@@ -639,6 +641,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
       s.use_graphs           ? "on"
       : !options.cuda_graphs ? "off"
       : options.pp_size > 1  ? "off (pipeline stage)"
+      : moe                  ? "off (mixture of experts: routed on the host)"
                              : "off (tensor parallel)");
 
   std::unique_ptr<CudaForwardPass> forward_pass(new CudaForwardPass(std::move(state)));

@@ -1,5 +1,7 @@
 #include "kernels/cuda/gather.h"
 
+#include <cmath>
+
 #include "absl/strings/str_format.h"
 
 namespace loom::kernels::cuda {
@@ -13,6 +15,23 @@ absl::Status CheckGatherRowsParams(const GatherRowsParams& p) {
   if (p.num_indices > 0 && (p.table == nullptr || p.indices == nullptr || p.out == nullptr)) {
     return absl::InvalidArgumentError("GatherRows: null table, indices or out");
   }
+  if (!std::isfinite(p.scale)) {
+    return absl::InvalidArgumentError(absl::StrFormat("GatherRows: scale %g not finite", p.scale));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckScatterAddRowsParams(const ScatterAddRowsParams& p) {
+  if (p.num_out_rows < 1 || p.row_size < 1 || p.num_indices < 0 || p.num_indices > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ScatterAddRows: num_out_rows %d and row_size %d must be positive, num_indices %d in "
+        "[0, 2^31)",
+        p.num_out_rows, p.row_size, p.num_indices));
+  }
+  if (p.num_indices > 0 &&
+      (p.rows == nullptr || p.indices == nullptr || p.weights == nullptr || p.out == nullptr)) {
+    return absl::InvalidArgumentError("ScatterAddRows: null rows, indices, weights or out");
+  }
   return absl::OkStatus();
 }
 
@@ -20,6 +39,11 @@ absl::Status CheckGatherRowsParams(const GatherRowsParams& p) {
 absl::Status LaunchGatherRows(const GatherRowsParams& params, cudaStream_t) {
   if (absl::Status status = CheckGatherRowsParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("GatherRows: Loom was built without CUDA");
+}
+
+absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& params, cudaStream_t) {
+  if (absl::Status status = CheckScatterAddRowsParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("ScatterAddRows: Loom was built without CUDA");
 }
 #endif
 

@@ -1,4 +1,4 @@
-// Row gather: one block per output row, threads stride over the row.
+// Row gather and weighted scatter-add: one block per row, threads stride over the row.
 #include "common/status_macros.h"
 #include "kernels/cuda/gather.h"
 #include "kernels/cuda/launch_internal.cuh"
@@ -12,7 +12,7 @@ using internal::ToFloat;
 template <typename Src, typename Dst>
 __global__ void GatherRowsKernel(const Src* __restrict__ table, const int32_t* __restrict__ indices,
                                  Dst* __restrict__ out, int64_t num_rows, int64_t row_size,
-                                 int64_t index_offset) {
+                                 int64_t index_offset, float scale) {
   const int64_t row = static_cast<int64_t>(indices[blockIdx.x]) - index_offset;
   Dst* dst = out + blockIdx.x * row_size;
   if (row < 0 || row >= num_rows) {
@@ -20,21 +20,51 @@ __global__ void GatherRowsKernel(const Src* __restrict__ table, const int32_t* _
     return;
   }
   const Src* src = table + row * row_size;
+  if (scale == 1.0f) {
+    for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x)
+      dst[i] = FromFloat<Dst>(ToFloat(src[i]));
+    return;
+  }
   for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x)
-    dst[i] = FromFloat<Dst>(ToFloat(src[i]));
+    dst[i] = FromFloat<Dst>(ToFloat(src[i]) * scale);
+}
+
+__global__ void ScatterAddRowsKernel(const float* __restrict__ rows,
+                                     const int32_t* __restrict__ indices,
+                                     const float* __restrict__ weights, float* __restrict__ out,
+                                     int64_t num_out_rows, int64_t row_size) {
+  const int64_t row = indices[blockIdx.x];
+  if (row < 0 || row >= num_out_rows) return;
+  const float weight = weights[blockIdx.x];
+  const float* src = rows + static_cast<int64_t>(blockIdx.x) * row_size;
+  float* dst = out + row * row_size;
+  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) dst[i] += weight * src[i];
+}
+
+int ThreadsFor(int64_t row_size) {
+  return row_size >= 256 ? 256 : static_cast<int>((row_size + 31) / 32) * 32;
 }
 
 }  // namespace
 
+absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckScatterAddRowsParams(p));
+  if (p.num_indices == 0) return absl::OkStatus();
+  ScatterAddRowsKernel<<<static_cast<unsigned>(p.num_indices), ThreadsFor(p.row_size), 0,
+                         stream>>>(p.rows, p.indices, p.weights, p.out, p.num_out_rows,
+                                   p.row_size);
+  return internal::CheckLaunch("ScatterAddRows");
+}
+
 absl::Status LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(CheckGatherRowsParams(p));
   if (p.num_indices == 0) return absl::OkStatus();
-  const int threads = p.row_size >= 256 ? 256 : static_cast<int>((p.row_size + 31) / 32) * 32;
+  const int threads = ThreadsFor(p.row_size);
   internal::DispatchDataType(p.src_dtype, [&]<typename Src>() {
     internal::DispatchDataType(p.dst_dtype, [&]<typename Dst>() {
       GatherRowsKernel<Src, Dst><<<static_cast<unsigned>(p.num_indices), threads, 0, stream>>>(
           static_cast<const Src*>(p.table), p.indices, static_cast<Dst*>(p.out), p.num_rows,
-          p.row_size, p.index_offset);
+          p.row_size, p.index_offset, p.scale);
     });
   });
   return internal::CheckLaunch("GatherRows");

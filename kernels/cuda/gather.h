@@ -23,6 +23,7 @@ struct GatherRowsParams {
   int64_t row_size = 0;      // >= 1
   int64_t num_indices = 0;   // >= 0, <= 2^31 - 1
   int64_t index_offset = 0;  // subtracted from every index (vocab0 of a rank's slice)
+  float scale = 1.0f;        // every gathered value is multiplied by it (Gemma's embedding)
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
@@ -31,5 +32,25 @@ absl::Status CheckGatherRowsParams(const GatherRowsParams& params);
 /// Asynchronous on `stream`, one block per output row; thread-safe (no state).
 /// FailedPrecondition without CUDA.
 absl::Status LaunchGatherRows(const GatherRowsParams& params, cudaStream_t stream);
+
+/// The inverse of a gather, weighted (a mixture-of-experts layer adding one expert's
+/// outputs into its tokens' rows): out[indices[i]] += weights[i] * rows[i], in F32. The
+/// indices must be distinct within a launch (each output row is updated once, no atomics).
+struct ScatterAddRowsParams {
+  const float* rows = nullptr;       // [num_indices, row_size]
+  const int32_t* indices = nullptr;  // [num_indices], device, each in [0, num_out_rows)
+  const float* weights = nullptr;    // [num_indices], device
+  float* out = nullptr;              // [num_out_rows, row_size]
+  int64_t num_out_rows = 0;          // >= 1
+  int64_t row_size = 0;              // >= 1
+  int64_t num_indices = 0;           // >= 0, <= 2^31 - 1
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
+absl::Status CheckScatterAddRowsParams(const ScatterAddRowsParams& params);
+
+/// Asynchronous on `stream`, one block per input row; an index outside [0, num_out_rows)
+/// is skipped. Thread-safe (no state). FailedPrecondition without CUDA.
+absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& params, cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda

@@ -46,6 +46,11 @@ struct RandomModelSpec {
   int64_t sliding_window = 0;
   int64_t sliding_period = 0;
   float attn_logit_softcap = 0.0f;  // <arch>.attn_logit_softcapping (Gemma 2); 0: none
+  // A mixture of experts in place of the dense FFN (<arch>.expert_count experts of width
+  // ffn, expert_used_count per token; a router and one matrix per expert, as older Mixtral
+  // files store them); 0: dense.
+  int64_t experts = 0;
+  int64_t experts_used = 2;
 };
 
 inline std::string F32Bytes(const std::vector<float>& values) {
@@ -152,6 +157,10 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
   if (spec.attn_logit_softcap > 0.0f) {
     builder.KvF32(a + ".attn_logit_softcapping", spec.attn_logit_softcap);
   }
+  if (spec.experts > 0) {
+    builder.KvU32(a + ".expert_count", static_cast<uint32_t>(spec.experts))
+        .KvU32(a + ".expert_used_count", static_cast<uint32_t>(spec.experts_used));
+  }
   const uint64_t h = spec.hidden, q_rows = spec.heads * spec.head_dim,
                  kv_rows = spec.kv_heads * spec.head_dim, ffn = spec.ffn, vocab = spec.vocab;
   const std::vector<uint32_t> types =
@@ -190,6 +199,16 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
     }
     matrix(p + "attn_output.weight", h, q_rows);
     vector(p + "ffn_norm.weight", h, 0.1f, 1.0f);
+    if (spec.experts > 0) {
+      matrix(p + "ffn_gate_inp.weight", static_cast<uint64_t>(spec.experts), h);
+      for (int64_t e = 0; e < spec.experts; ++e) {
+        const std::string suffix = "." + std::to_string(e) + ".weight";
+        matrix(p + "ffn_gate" + suffix, ffn, h);
+        matrix(p + "ffn_up" + suffix, ffn, h);
+        matrix(p + "ffn_down" + suffix, h, ffn);
+      }
+      continue;
+    }
     matrix(p + "ffn_gate.weight", ffn, h);
     matrix(p + "ffn_up.weight", ffn, h);
     matrix(p + "ffn_down.weight", h, ffn);

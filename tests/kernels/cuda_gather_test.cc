@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "kernels/cuda/gather.h"
@@ -70,8 +73,76 @@ TEST(CudaGatherRowsTest, GathersConvertedRowsAndZerosOutsideTheTable) {
         LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
                                   testing_util::Download(d_out, dst, expected.size()));
         EXPECT_TRUE(testing_util::AllClose(out, expected, 0.0, 0.0));
+        // Gemma's scaled embedding: every value times the scale, in float, then rounded.
+        if (dst != DataType::kF32) continue;
+        constexpr float kScale = 24.0f;  // sqrt(576)
+        p.scale = kScale;
+        ASSERT_TRUE(LaunchGatherRows(p, nullptr).ok());
+        ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+        LOOM_ASSERT_OK_AND_ASSIGN(out, testing_util::Download(d_out, dst, expected.size()));
+        for (float& value : expected_f) value *= kScale;
+        EXPECT_TRUE(testing_util::AllClose(out, testing_util::ToDouble(expected_f), 0.0, 0.0));
       }
     }
+  }
+}
+
+TEST(CudaScatterAddRowsTest, RejectsBadShapesBeforeLaunch) {
+  float buffer[4] = {};
+  int32_t index = 0;
+  ScatterAddRowsParams p{buffer, &index, buffer, buffer, 0, 4, 1};
+  const absl::Status status = CheckScatterAddRowsParams(p);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("num_out_rows 0"), std::string::npos) << status;
+  p.num_out_rows = 1;
+  p.weights = nullptr;
+  EXPECT_EQ(LaunchScatterAddRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.num_indices = 0;  // nothing to add: no pointers needed
+  EXPECT_TRUE(CheckScatterAddRowsParams(p).ok());
+}
+
+// A mixture-of-experts layer's add: each input row, weighted, into a distinct output row
+// (in any order; an index outside the output is skipped), onto what the rows held.
+TEST(CudaScatterAddRowsTest, AddsWeightedRowsIntoTheirOutputRows) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 5;
+  for (auto [out_rows, row_size] : {std::pair<int64_t, int64_t>{1, 1}, {40, 33}, {300, 4096}}) {
+    SCOPED_TRACE(testing::Message() << "out_rows=" << out_rows << " row_size=" << row_size);
+    std::vector<int32_t> indices(static_cast<size_t>(out_rows));
+    std::iota(indices.begin(), indices.end(), 0);
+    std::shuffle(indices.begin(), indices.end(), std::mt19937(++seed));
+    indices.resize(static_cast<size_t>((out_rows + 1) / 2));
+    indices.push_back(static_cast<int32_t>(out_rows + 3));  // outside: skipped
+    const int64_t n = static_cast<int64_t>(indices.size());
+    const std::vector<float> rows = testing_util::RandomFloats(n * row_size, ++seed, -2, 2);
+    const std::vector<float> weights = testing_util::RandomFloats(n, ++seed, 0, 1);
+    const std::vector<float> before =
+        testing_util::RandomFloats(out_rows * row_size, ++seed, -1, 1);
+    std::vector<double> expected(before.begin(), before.end());
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      for (int64_t c = 0; c < row_size; ++c) {
+        expected[indices[i] * row_size + c] +=
+            static_cast<double>(weights[i]) * rows[i * row_size + c];
+      }
+    }
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_rows, testing_util::UploadRaw(rows));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_weights, testing_util::UploadRaw(weights));
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::UploadRaw(before));
+    ScatterAddRowsParams p;
+    p.rows = static_cast<const float*>(d_rows.data());
+    p.indices = static_cast<const int32_t*>(d_indices.data());
+    p.weights = static_cast<const float*>(d_weights.data());
+    p.out = static_cast<float*>(d_out.data());
+    p.num_out_rows = out_rows;
+    p.row_size = row_size;
+    p.num_indices = n;
+    ASSERT_TRUE(LaunchScatterAddRows(p, nullptr).ok());
+    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                              testing_util::Download(d_out, DataType::kF32, before.size()));
+    // One FMA or multiply-add per element: within a float rounding of the host's.
+    EXPECT_TRUE(testing_util::AllClose(out, expected, 1e-6, 1e-6));
   }
 }
 

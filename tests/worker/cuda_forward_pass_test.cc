@@ -345,7 +345,8 @@ void PrintComparison(const Comparison& result, kc::DataType dtype,
 // logits (prefills, chunked prefill, decodes eager, captured and replayed, the mixed step)
 // against the CPU's.
 void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int32_t>> prompts,
-                      bool quantized_weights = true, kc::DataType dtype = kc::DataType::kF16) {
+                      bool quantized_weights = true, kc::DataType dtype = kc::DataType::kF16,
+                      bool graphs_expected = true) {
   std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(gguf);
   std::unique_ptr<CudaForwardPass> gpu =
       NewGpuForwardPass(gguf, /*graphs=*/true, quantized_weights, dtype);
@@ -357,6 +358,10 @@ void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int3
   PrintComparison(result, dtype, stats);
   EXPECT_GT(result.rows, 30);
   EXPECT_LE(result.near_ties, MaxNearTies(dtype));
+  if (!graphs_expected) {
+    EXPECT_EQ(stats.graph_replays, 0);
+    return;
+  }
   EXPECT_GE(stats.graph_captures, 2);  // buckets 4 and 8
   EXPECT_GE(stats.graph_replays, 5);
 }
@@ -524,6 +529,24 @@ TEST(CudaForwardPassTest, SlidingWindowsAndSoftCapMatchCpuForwardPass) {
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
     ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  }
+}
+
+// Mixtral-style mixture of experts on CUDA (4 experts, top 2; F16/Q8_0/F32 and INT4
+// experts): routed on the host as the CPU routes, one GEMM pair per chosen expert, steps
+// eager (no graphs), every step's logits against the CPU forward pass.
+TEST(CudaForwardPassTest, MixtureOfExpertsMatchesCpuForwardPass) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (const bool int4 : {false, true}) {
+    RandomModelSpec spec = int4 ? LlamaInt4Spec() : LlamaGqaSpec();
+    spec.experts = 4;
+    spec.experts_used = 2;
+    spec.seed = int4 ? 82 : 81;
+    SCOPED_TRACE(int4 ? "int4 experts" : "F16/Q8_0/F32 experts");
+    std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+    ASSERT_NE(gguf, nullptr);
+    ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed), /*quantized_weights=*/true,
+                     kc::DataType::kF16, /*graphs_expected=*/false);
   }
 }
 
