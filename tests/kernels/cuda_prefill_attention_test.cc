@@ -286,8 +286,8 @@ TEST(CudaPagedPrefillTest, MatchesCpuReferenceAcrossShapes) {
 // (context > query); Gemma 2's soft-capped scores, alone and with a window.
 TEST(CudaPagedPrefillTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheReference) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  // The CPU reference (double) dominates the time: few cases, each window where it cuts.
   const std::vector<PrefillCase> cases = {
-      {2, 1, 64, 16, MixedBatch()},
       {2, 4, 128, 16, MixedBatch()},
       {1, 8, 64, 5, MixedBatch()},
       {2, 3, 128, 16, {{1, 1}, {7, 40}, {64, 64}, {200, 333}}},
@@ -295,14 +295,12 @@ TEST(CudaPagedPrefillTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheRefe
   };
   uint32_t seed = 900;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
-    for (const PrefillCase& c : cases) {
-      for (int64_t window : {1, 13, 64, 100, 4096}) {
-        RunPrefillCase(c, dtype, seed += 11, window);
-        if (HasFatalFailure()) return;
-      }
-      RunPrefillCase(c, dtype, seed += 11, 0, 1.5f);
-      RunPrefillCase(c, dtype, seed += 11, 0, 50.0f);
-      RunPrefillCase(c, dtype, seed += 11, 129, 2.0f);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      // Windows of 1 token, shorter than a block, than a KV tile, and than a query tile.
+      const int64_t window = i % 2 == 0 ? 13 : (i == 1 ? 1 : 100);
+      RunPrefillCase(cases[i], dtype, seed += 11, window);
+      RunPrefillCase(cases[i], dtype, seed += 11, 0, i % 2 == 0 ? 1.5f : 50.0f);
+      RunPrefillCase(cases[i], dtype, seed += 11, 129, 2.0f);
       if (HasFatalFailure()) return;
     }
   }
