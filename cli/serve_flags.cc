@@ -127,6 +127,12 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
               100, 600000,
               "how long a request waits for KV from another replica (a prefix fetch or a "
               "prefill-to-decode hand-off) before it is recomputed where it is");
+  app.add_flag("--kv-push,!--no-kv-push", replica.kv_push,
+               std::string("disaggregated serving: prefill workers write a hand-off's KV into "
+                           "the decode workers' host tiers layer by layer as they compute it "
+                           "(workers of one machine; elsewhere, or off, the decode replica "
+                           "pulls it after the first token; default: ") +
+                   (replica.kv_push ? "on)" : "off)"));
   AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
          "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
          "stage)");

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +31,7 @@
 #include "worker/communicator_factory.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/draft_model.h"
+#include "worker/kv_transfer.h"
 #include "worker/pipeline_link.h"
 #include "worker/registration.h"
 #include "worker/step_backend_factory.h"
@@ -630,6 +632,14 @@ int RunWorkerCommand(int argc, char** argv) {
     request.set_num_host_kv_blocks(host_tier->num_slots());
     request.set_kv_load_seconds_per_block(load_seconds);
     metrics.SetHostTierCapacity(host_tier->num_slots());
+    if (host_tier->shared_fd() >= 0) {
+      // Where a prefill worker of this machine pushes hand-offs into this tier.
+      loom::v1::SharedKvMemory* shared = request.mutable_host_kv_shared();
+      shared->set_boot_id(worker::BootId());
+      shared->set_pid(static_cast<int32_t>(getpid()));
+      shared->set_fd(host_tier->shared_fd());
+      shared->set_size(host_tier->mapped_bytes());
+    }
   }
   return Serve(options, executor, metrics, request, progress, signals);
 }

@@ -114,7 +114,11 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     // A request of one token has nothing to decode: the prefill replica answers it.
     if (params.max_tokens > 1) options.hand_off_to = target;
     const absl::Status placed = prefill[index]->Submit(request, options);
-    if (placed.ok()) return placed;
+    if (placed.ok()) {
+      // Slots for the prefill workers to push the prompt's KV into as they compute it.
+      if (reserved != nullptr) reserved->AskPushTarget(request, prefill[index]);
+      return placed;
+    }
     if (placed.code() == absl::StatusCode::kInvalidArgument) break;
   }
   // Every prefill replica is full, gone or slower: run it locally.
@@ -125,7 +129,6 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
 
 void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source, Replica* target,
                       KvExport exported) {
-  const uint64_t export_id = exported.export_id;
   Replica::SubmitOptions options;
   options.fetch_source = source;
   options.handed_off = true;
@@ -134,6 +137,13 @@ void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source,
   if (target != nullptr) placed = target->Submit(request, options);
   if (placed.ok()) return;
   if (target != nullptr) target->ReleaseReservation(request->seq_id());
+  if (options.export_reply->pushed) {
+    // Pushed into the refusing replica's tier: another one pulls from the prefill replica
+    // (its cache holds the prompt; this runs on its loop).
+    target->ReleasePushHold(request->seq_id());
+    options.export_reply = source->ExportForHandOff(*request);
+  }
+  const uint64_t export_id = options.export_reply->export_id;
   // The decode replica chosen at placement is gone, draining or full: the router's best of
   // the others that decode, and last the prefill replica itself (its cache holds the
   // prompt's blocks).

@@ -142,6 +142,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                                      "prefilled itself: every prefill replica would have "
                                      "given the first token later.")
                                .Register(*registry_)),
+      handoffs_pushed_(BuildCounter()
+                           .Name("loom_disagg_handoffs_pushed_total")
+                           .Help("Hand-offs a decode replica received whose KV the prefill "
+                                 "workers pushed into its host tier as they computed it (no "
+                                 "transfer after the first token); the others were pulled.")
+                           .Register(*registry_)),
       reserved_blocks_(BuildGauge()
                            .Name("loom_disagg_reserved_blocks")
                            .Help("KV blocks a decode replica holds free for hand-offs placed on "
@@ -475,6 +481,8 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_handoff_failures()));
       mirror(prefills_kept_local_.Add(labels), last_prefills_kept_local_, replica.replica_id(),
              static_cast<double>(replica.num_prefills_kept_local()));
+      mirror(handoffs_pushed_.Add(labels), last_handoffs_pushed_, replica.replica_id(),
+             static_cast<double>(replica.num_handoffs_pushed()));
       reserved_blocks_.Add(labels).Set(static_cast<double>(replica.num_reserved_blocks()));
       local_prefill_limit_.Add(labels).Set(static_cast<double>(replica.local_prefill_limit()));
     }

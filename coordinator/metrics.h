@@ -114,6 +114,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& handoffs_;
   prometheus::Family<prometheus::Counter>& handoff_failures_;
   prometheus::Family<prometheus::Counter>& prefills_kept_local_;
+  prometheus::Family<prometheus::Counter>& handoffs_pushed_;
   prometheus::Family<prometheus::Gauge>& reserved_blocks_;
   prometheus::Family<prometheus::Gauge>& local_prefill_limit_;
   // As they happen.
@@ -152,7 +153,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   std::map<std::string, double> last_offloaded_, last_reloaded_, last_host_hits_;
   std::map<std::string, double> last_fetches_, last_fetch_failures_, last_fetched_blocks_;
   std::map<std::string, double> last_handoffs_out_, last_handoffs_in_, last_handoff_failures_,
-      last_prefills_kept_local_;
+      last_prefills_kept_local_, last_handoffs_pushed_;
   // cache_config_info's labels per replica, to replace the series when they change.
   std::map<std::string, prometheus::Labels> cache_config_labels_;
 };

@@ -235,6 +235,7 @@ void Replica::Loop() {
     }
 
     HandleKvFetches();
+    HandleKvPushes();
     AdmitInbox();
     DropCancelled();
     SyncReservations();
@@ -264,7 +265,7 @@ void Replica::Loop() {
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stopping_ || !stream_events_.empty() || inbox_handoffs_ > 0 ||
                  !export_asks_.empty() || !export_replies_.empty() || !fetch_results_.empty() ||
-                 !export_releases_.empty();
+                 !export_releases_.empty() || !push_asks_.empty() || !push_deliveries_.empty();
         };
         if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.NextCheck(absl::Now())) &&
             liveness_.Stuck(absl::Now())) {
@@ -441,8 +442,26 @@ void Replica::AdmitInbox() {
     }
   }
   if (inbox.empty()) return;
+  // A request back on the replica that just finished its sequence (a prefill replica takes
+  // back a hand-off no decode replica took) waits for the plan that releases the old one.
+  std::vector<std::pair<std::shared_ptr<engine::Request>, SubmitOptions>> deferred;
   for (size_t i = 0; i < inbox.size(); ++i) {
     const SubmitOptions& placement = placements[i];
+    if (engine_->scheduler().releasing(inbox[i]->seq_id())) {
+      deferred.emplace_back(std::move(inbox[i]), placement);
+      continue;
+    }
+    if (placement.handed_off && placement.export_reply.has_value() &&
+        placement.export_reply->pushed) {
+      AdmitPushed(inbox[i]);
+      continue;
+    }
+    // A hand-off that pulls (its push failed, or it was placed elsewhere first): no slots
+    // wait for a push any more.
+    if (placement.handed_off && push_holds_.contains(inbox[i]->seq_id())) {
+      engine_->scheduler().ReleaseSlots(push_holds_[inbox[i]->seq_id()].slots, /*import=*/true);
+      push_holds_.erase(inbox[i]->seq_id());
+    }
     // A prefix another replica holds is fetched first (replica_kv_fetch.cc), when fetches
     // as measured so far beat recomputing it; a hand-off's KV always is.
     if (placement.fetch_source != nullptr && !inbox[i]->cancelled() &&
@@ -462,6 +481,15 @@ void Replica::AdmitInbox() {
     }
     if (placement.handed_off) inbox[i]->MarkHandoffDone();
     AdmitOne(inbox[i], placement.hand_off_to);
+  }
+  if (!deferred.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (auto& [request, placement] : deferred) {
+      if (placement.fetch_source != nullptr || placement.hand_off_to != nullptr) {
+        placements_[request.get()] = placement;
+      }
+      inbox_.push_front(std::move(request));
+    }
   }
   // The admitted requests now count in the scheduler's waiting queue.
   PublishStats();
@@ -489,6 +517,7 @@ bool Replica::SendPlans() {
     loom::v1::StepPlan& plan = plan_scratch_;
     flight.step_id = next_step_id_++;
     engine::BuildStepPlan(out, flight.step_id, plan, /*with_input_tokens=*/pipelined_);
+    AddKvPushes(plan, flight);
     num_kv_copies_queued_ = static_cast<int32_t>(out.kv_copies.size());
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
@@ -542,6 +571,7 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
                  replica_id_.c_str(), static_cast<unsigned long long>(result.step_id()),
                  result.error_message().c_str());
   }
+  ConfirmKvPushes(plan, result);
   engine_->Apply(plan.record, result);
   HandOffPrefilled();
   PublishKvEvents();
@@ -563,10 +593,16 @@ void Replica::HandOffPrefilled() {
                       replica_id_);
       continue;
     }
-    // Its full prompt blocks are registered in the prefix cache by now (the sequence was
-    // released): held for the decode replica, their copies to the host tier in the very
-    // next plan.
-    KvExport exported = Export(*request, /*fetch_id=*/0);
+    // Pushed into the decode replica's tier as it was computed; else its full prompt blocks
+    // are registered in the prefix cache by now (the sequence was released): held for the
+    // decode replica to pull, their copies to the host tier in the very next plan.
+    KvExport exported;
+    if (TakePushedHandOff(*request, decode)) {
+      exported.pushed = true;
+      exported.source = this;
+    } else {
+      exported = Export(*request, /*fetch_id=*/0);
+    }
     hand_off_(std::move(request), this, decode, std::move(exported));
   }
 }
@@ -627,6 +663,7 @@ void Replica::LoseWorker(const std::string& reason) {
 
   std::vector<std::shared_ptr<engine::Request>> retry(inbox.begin(), inbox.end());
   // Its prefill-only requests are placed again (no output yet): their holds end.
+  AbandonPushes();
   while (!hand_off_targets_.empty()) ReleaseHandOffTarget(hand_off_targets_.begin()->first);
   for (std::shared_ptr<engine::Request>& request : AbandonFetches()) {
     retry.push_back(std::move(request));
@@ -717,6 +754,7 @@ void Replica::PublishStats() {
       stats_.set_kv_fetch_seconds(kv_fetch_seconds_);
     }
     stats_.set_num_handoffs_out(num_handoffs_out_);
+    stats_.set_num_handoffs_pushed(num_handoffs_pushed_);
     stats_.set_num_handoffs_in(num_handoffs_in_);
     stats_.set_num_handoff_failures(num_handoff_failures_);
     held_for_waiting_ = scheduler.num_blocks_held_for_waiting();

@@ -52,6 +52,10 @@ struct ReplicaOptions {
   // source's answer and the transfer, each) before it is admitted to recompute
   // (--kv-transfer-timeout-ms).
   absl::Duration kv_transfer_timeout = absl::Seconds(20);
+  // Disaggregated serving: prefill workers push a hand-off's KV into the decode replica's
+  // host tier layer by layer as they compute it (replica_kv_push.cc; one machine), instead
+  // of the decode replica pulling it after the first token (--kv-push).
+  bool kv_push = true;
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };
 
@@ -77,6 +81,9 @@ struct WorkerEndpoint {
   double kv_load_seconds_per_block = 0;
   ReplicaRole role = ReplicaRole::kMixed;  // every rank's (loom-worker --role)
   std::vector<KvHeadRange> kv_heads;       // per rank, in rank order
+  // Per rank: its host tier as another worker of its machine maps it (a KV push's
+  // destination); boot_id empty where it has none.
+  std::vector<loom::v1::SharedKvMemory> host_kv_shared;
   std::string kv_dtype;                    // as registered
   // The KV blocks the workers still hold (coordinator/kv_cache_report), for the new block
   // table to adopt; null or empty: it starts cold.
@@ -98,6 +105,20 @@ struct KvExport {
   std::vector<int32_t> slots;          // the prefix's blocks in the source's host tier
   uint64_t after_step_id = 0;          // the source step that writes them
   Replica* source = nullptr;
+  // A hand-off whose KV the prefill workers pushed into this decode replica's tier as they
+  // computed it (replica_kv_push.cc): nothing to fetch, the slots are committed.
+  bool pushed = false;
+};
+
+/// Where a prefill replica pushes one request's prompt blocks (replica_kv_push.cc): host
+/// slots of its decode replica's tier, held there, one per full prompt block, and that
+/// replica's ranks.
+struct KvPushTarget {
+  uint64_t seq_id = 0;
+  std::weak_ptr<engine::Request> request;
+  Replica* decode = nullptr;
+  std::vector<int32_t> slots;
+  std::vector<loom::v1::KvPushDest> dests;
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
@@ -172,6 +193,20 @@ class Replica {
   /// The requester is done reading an export: its slots may be reused.
   void ReleaseExport(uint64_t export_id);
 
+  // ---- KV pushes between replicas' loops (disaggregated serving, replica_kv_push.cc) ----
+  /// Decode side: `request`, placed on the prefill replica `prefill` with this replica as
+  /// its decode replica, gets host slots here for its prompt blocks, handed to `prefill`
+  /// (DeliverPushTarget) once no plan in flight may still copy into or out of them. No
+  /// push where this replica's tiers cannot be mapped by other workers (then it pulls).
+  void AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill);
+  /// Prefill side: where the blocks of `target.seq_id` go.
+  void DeliverPushTarget(KvPushTarget target);
+  /// Decode side: the slots held for `seq_id`'s push are freed (it went elsewhere).
+  void ReleasePushHold(uint64_t seq_id);
+  /// Prefill side, on this replica's loop thread (Cluster::HandOff): the prompt's blocks
+  /// held for a decode replica to pull (Export), when its push went nowhere.
+  KvExport ExportForHandOff(const engine::Request& request) { return Export(request, 0); }
+
   // The worker calls of one fetch in flight (one per rank), cancellable from the loop (the
   // client went away), AbandonFetches and Stop: each worker's reads from the source are
   // children of its call, so they end too and the slots come back at once.
@@ -236,6 +271,8 @@ class Replica {
     uint64_t step_id = 0;
     engine::StepRecord record;  // what it scheduled, for the engine core to apply its result
     absl::Time sent;
+    // KV pushes it carries: (sequence, its blocks pushed once this plan ran).
+    std::vector<std::pair<uint64_t, int64_t>> pushes;
   };
   // What the reader thread hands to the loop: a result, or the end of the stream.
   struct StreamEvent {
@@ -289,6 +326,22 @@ class Replica {
   void ReleaseImportHolds();
   // The worker was lost: the requests waiting for a prefix, to place again.
   std::vector<std::shared_ptr<engine::Request>> AbandonFetches();
+  // KV pushes (replica_kv_push.cc), loop thread: holds slots for asks, hands them to the
+  // prefill replicas once plans in flight are clear of them, frees released ones; takes
+  // delivered targets.
+  void HandleKvPushes();
+  // Prefill side: the pushes `plan` carries (blocks of sequences with a target that are
+  // whole once it ran), recorded in `flight`; decode side: the slots pushes filled.
+  void AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight);
+  // Prefill side: a plan's result confirms its pushes (or marks them failed).
+  void ConfirmKvPushes(const InFlightPlan& flight, const loom::v1::StepResult& result);
+  // Prefill side, at hand-off: whether every block of `request` reached `decode` (the
+  // target then ends here; a decode replica holding slots in vain is told).
+  bool TakePushedHandOff(const engine::Request& request, Replica* decode);
+  // Decode side: a hand-off whose KV was pushed: commits the slots and admits it.
+  void AdmitPushed(const std::shared_ptr<engine::Request>& request);
+  // The worker was lost: holds and targets end (the requests are placed again).
+  void AbandonPushes();
   struct FetchResult {
     uint64_t fetch_id = 0;
     absl::Status status;
@@ -368,6 +421,11 @@ class Replica {
   std::deque<FetchResult> fetch_results_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> export_releases_ ABSL_GUARDED_BY(mu_);
   int fetch_threads_ ABSL_GUARDED_BY(mu_) = 0;  // running; Stop waits for them
+  // KV pushes: asks for slots (decode side), targets delivered (prefill side), holds to end.
+  std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> push_asks_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<KvPushTarget> push_deliveries_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> push_releases_ ABSL_GUARDED_BY(mu_);
 
   // Loop thread only.
   absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
@@ -375,6 +433,25 @@ class Replica {
   absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> exports_;
   // Fetched prefixes held for their requests (by sequence id) until they are admitted.
   absl::flat_hash_map<uint64_t, engine::Scheduler::HeldSlots> import_holds_;
+  // KV pushes, decode side: slots held per sequence for its prefill replica to push into,
+  // and pushed slots the next plan tells the workers about; prefill side: the targets.
+  struct PushHold {
+    std::weak_ptr<engine::Request> request;
+    Replica* prefill = nullptr;
+    engine::Scheduler::HeldSlots slots;
+    uint64_t start_after_step_id = 0;  // as PendingFetch's
+    bool delivered = false;
+  };
+  absl::flat_hash_map<uint64_t, PushHold> push_holds_;
+  std::vector<int32_t> pushed_slots_to_adopt_;
+  struct PushState {
+    KvPushTarget target;
+    int64_t planned = 0;    // blocks in plans sent
+    int64_t confirmed = 0;  // blocks whose plans came back without a push error
+    bool failed = false;
+  };
+  absl::flat_hash_map<uint64_t, PushState> push_targets_;
+  uint64_t num_handoffs_pushed_ = 0;
   uint64_t next_export_id_ = 1;
   uint64_t num_kv_fetches_ = 0, num_kv_fetch_failures_ = 0, num_kv_fetched_blocks_ = 0;
   // Disaggregated serving: prefill-only requests' decode replicas (by sequence id), those

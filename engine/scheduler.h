@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "engine/block_manager.h"
@@ -253,6 +254,9 @@ class Scheduler {
                        HeldSlots* keep = nullptr);
   /// Ends a hold: an export's slots can be reused, an import's are freed.
   void ReleaseSlots(const HeldSlots& held, bool import);
+  /// Whether `seq_id` finished and the plan telling the worker has not been built yet: the
+  /// id cannot be added again until then (results of plans in flight may still name it).
+  bool releasing(uint64_t seq_id) const { return absl::c_linear_search(finished_ids_, seq_id); }
   /// The host KV tier's table; nullptr without one.
   const HostKvTier* host_tier() const { return host_tier_.get(); }
   /// Prompt tokens admitted from the host tier (reloaded, a subset of the cached ones).

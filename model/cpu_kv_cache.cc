@@ -108,6 +108,21 @@ absl::Status CpuKvCache::SaveBlocks(absl::Span<const int32_t> blocks,
   return absl::OkStatus();
 }
 
+absl::Status CpuKvCache::SaveBlockLayer(int32_t block, int64_t layer, uint8_t* host) const {
+  if (block < 0 || block >= num_blocks_ || layer < 0 || layer >= num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SaveBlockLayer: block %d or layer %d outside the pool", block, layer));
+  }
+  const int64_t layer_bytes = block_bytes() / num_layers();
+  const int64_t begin = layer * layer_bytes, end = begin + layer_bytes;
+  ForEachPiece(block, [&](const uint8_t* pool, int64_t offset, int64_t size) {
+    if (offset >= begin && offset < end) {
+      std::memcpy(host + (offset - begin), pool, static_cast<size_t>(size));
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status CpuKvCache::LoadBlocks(absl::Span<const uint8_t* const> host,
                                     absl::Span<const int32_t> blocks) const {
   if (blocks.size() != host.size()) {

@@ -33,6 +33,7 @@ class CpuKvCache : public KvCache {
                           absl::Span<uint8_t* const> host) const override;
   absl::Status LoadBlocks(absl::Span<const uint8_t* const> host,
                           absl::Span<const int32_t> blocks) const override;
+  absl::Status SaveBlockLayer(int32_t block, int64_t layer, uint8_t* host) const override;
   kernels::cpu::KvDtype dtype() const { return dtype_; }
 
  private:

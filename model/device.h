@@ -67,6 +67,14 @@ class KvCache {
   /// waits for the copies.
   virtual absl::Status LoadBlocks(absl::Span<const uint8_t* const> host,
                                   absl::Span<const int32_t> blocks) const = 0;
+  /// Copies layer `layer` of `block` into `host` as SaveBlocks lays out that layer (K,
+  /// V, then the 8-bit dtypes' scales: block_bytes() / num_layers() bytes), on the calling
+  /// thread: a KV push copies a layer as soon as the forward pass wrote it. Unimplemented
+  /// where the pool is not host memory (CUDA).
+  virtual absl::Status SaveBlockLayer(int32_t block, int64_t layer, uint8_t* host) const {
+    (void)block, (void)layer, (void)host;
+    return absl::UnimplementedError("this KV pool cannot copy a single layer out");
+  }
   /// Makes `bytes` of host memory at `host` fast to copy to and from (CUDA pins it); the
   /// memory must stay allocated while the pool lives. Nothing to do on the CPU.
   virtual absl::Status RegisterHostMemory(void* host, int64_t bytes) const {

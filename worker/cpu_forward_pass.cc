@@ -54,8 +54,12 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
   model::LlamaGraphOptions graph_options;
   graph_options.num_kv_blocks = options.num_kv_blocks;
   graph_options.block_size = options.block_size;
-  if (options.progress != nullptr) {
-    graph_options.on_half_layer = [progress = options.progress] { progress->Advance(); };
+  {
+    CpuForwardPass* pass = forward_pass.get();
+    graph_options.on_half_layer = [pass, progress = options.progress] {
+      if (progress != nullptr) progress->Advance();
+      if (pass->half_layer_observer_) pass->half_layer_observer_();
+    };
   }
   if (options.pp_size > 1) {
     CpuForwardPass* pass = forward_pass.get();

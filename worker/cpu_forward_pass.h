@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -70,6 +71,10 @@ class CpuForwardPass : public ForwardPass {
                               std::vector<float>& hidden) override;
   bool returns_logits() const override { return graph_->shard().last_stage(); }
   void SkipStep(uint64_t step_id, const absl::Status& why) override;
+  bool SetHalfLayerObserver(std::function<void()> observer) override {
+    half_layer_observer_ = std::move(observer);
+    return true;
+  }
   ForwardPassStats stats() const override {
     ForwardPassStats stats;
     if (link_ != nullptr) stats.pipeline_wait_seconds = link_->wait_seconds();
@@ -107,6 +112,7 @@ class CpuForwardPass : public ForwardPass {
   void FinishFailedStep(uint64_t step_id, const absl::Status& why);
 
   std::unique_ptr<model::LlamaGraph> graph_;
+  std::function<void()> half_layer_observer_;  // SetHalfLayerObserver's; empty: none
   model::CpuDevice* device_ = nullptr;  // the graph's
   PipelineLink* link_ = nullptr;        // pipeline parallelism; null: one stage
   // The step being run, and whether it took its predecessor's message and sent its own.

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,6 +73,12 @@ class ForwardPass {
   /// stage still takes its predecessor's message and passes the failure on, so the stages
   /// stay aligned (PipelineLink). Nothing to do without pipeline parallelism.
   virtual void SkipStep(uint64_t step_id, const absl::Status& why) { (void)step_id, (void)why; }
+  /// StepBackend::SetHalfLayerObserver. False where not supported (CUDA: a graph cannot
+  /// call back to the host between layers).
+  virtual bool SetHalfLayerObserver(std::function<void()> observer) {
+    (void)observer;
+    return false;
+  }
 
   /// Whether StepAndSample is available: the CUDA forward pass samples where the logits are,
   /// so only token ids cross to the host.

@@ -17,13 +17,6 @@
 #include "worker/shared_kv_mappings.h"
 
 namespace loom::worker {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// This machine's boot id: two processes that read the same one share /proc and memory.
 const std::string& BootId() {
   static const std::string* id = [] {
     std::ifstream in("/proc/sys/kernel/random/boot_id");
@@ -32,6 +25,12 @@ const std::string& BootId() {
     return text;
   }();
   return *id;
+}
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {

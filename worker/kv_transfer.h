@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,6 +25,10 @@ namespace loom::worker {
 /// themselves. Debug builds checksum each slot.
 
 inline constexpr int64_t kKvChunkBytes = 256 * 1024;
+
+/// This machine's boot id (/proc/sys/kernel/random/boot_id): two processes that read the
+/// same one share /proc and memory, so one can map the other's tier.
+const std::string& BootId();
 
 /// The ReadKvBlocks side: waits until `executed(after_step_id)` (the plan that offloaded
 /// the blocks ran; polled until the call's deadline), then writes every slot in chunks.

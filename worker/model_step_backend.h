@@ -1,12 +1,13 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
-
 #include "worker/forward_pass.h"
 #include "worker/step_backend.h"
 
@@ -32,6 +33,9 @@ class ModelStepBackend : public StepBackend {
   // A pipeline stage before the last samples nothing: it has no samplers.
   bool uses_samplers() const override { return forward_pass_->returns_logits(); }
   bool samples() const override { return forward_pass_->returns_logits(); }
+  bool SetHalfLayerObserver(std::function<void()> observer) override {
+    return forward_pass_->SetHalfLayerObserver(std::move(observer));
+  }
   void SkipStep(uint64_t step_id, const absl::Status& why) override {
     forward_pass_->SkipStep(step_id, why);
   }

@@ -11,9 +11,7 @@
 
 namespace loom::worker {
 
-SharedKvMapping::~SharedKvMapping() {
-  munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
-}
+SharedKvMapping::~SharedKvMapping() { munmap(data_, static_cast<size_t>(size_)); }
 
 SharedKvMappings& SharedKvMappings::Get() {
   static SharedKvMappings* const mappings = new SharedKvMappings();
@@ -21,9 +19,10 @@ SharedKvMappings& SharedKvMappings::Get() {
 }
 
 absl::StatusOr<std::shared_ptr<const SharedKvMapping>> SharedKvMappings::Map(int pid, int fd,
-                                                                             int64_t size) {
+                                                                             int64_t size,
+                                                                             bool writable) {
   const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, fd);
-  const int opened = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int opened = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (opened < 0) return absl::UnavailableError(absl::StrFormat("cannot open %s", path));
   struct stat file;
   if (fstat(opened, &file) != 0 || file.st_size < size || size <= 0) {
@@ -38,7 +37,8 @@ absl::StatusOr<std::shared_ptr<const SharedKvMapping>> SharedKvMappings::Map(int
     return stat(entry.path.c_str(), &now) != 0 || !entry.mapping->Is(now.st_dev, now.st_ino);
   });
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->path == path && it->size == size && it->mapping->Is(file.st_dev, file.st_ino)) {
+    if (it->path == path && it->writable == writable && it->size == size &&
+        it->mapping->Is(file.st_dev, file.st_ino)) {
       close(opened);
       Entry used = std::move(*it);
       entries_.erase(it);
@@ -46,14 +46,17 @@ absl::StatusOr<std::shared_ptr<const SharedKvMapping>> SharedKvMappings::Map(int
       return entries_.back().mapping;
     }
   }
-  void* mapped = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, opened, 0);
+  void* mapped = mmap(nullptr, static_cast<size_t>(size),
+                      writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, opened, 0);
   close(opened);
   if (mapped == MAP_FAILED) return absl::UnavailableError(absl::StrFormat("cannot map %s", path));
-  auto mapping = std::make_shared<const SharedKvMapping>(static_cast<const uint8_t*>(mapped), size,
-                                                         file.st_dev, file.st_ino);
-  std::erase_if(entries_, [&path](const Entry& entry) { return entry.path == path; });
+  auto mapping = std::make_shared<const SharedKvMapping>(static_cast<uint8_t*>(mapped), size,
+                                                         file.st_dev, file.st_ino, writable);
+  std::erase_if(entries_, [&path, writable](const Entry& entry) {
+    return entry.path == path && entry.writable == writable;
+  });
   if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
-  entries_.push_back({path, size, mapping});
+  entries_.push_back({path, writable, size, mapping});
   return mapping;
 }
 

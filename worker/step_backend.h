@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -102,6 +103,13 @@ class StepBackend {
   /// A step with scheduled work that will not Run (its plan failed on this worker): a
   /// pipeline stage still takes its predecessor's message and passes the failure on.
   virtual void SkipStep(uint64_t step_id, const absl::Status& why) { (void)step_id, (void)why; }
+  /// Calls `observer` (empty: none) twice per layer of every later step, after the layer's
+  /// attention (its K/V are in the pool then) and after its FFN, on the computing thread:
+  /// what KV pushes copy a layer after. False where the forward pass cannot.
+  virtual bool SetHalfLayerObserver(std::function<void()> observer) {
+    (void)observer;
+    return false;
+  }
 
   /// Runs `batch` and picks the tokens of each of `rows` (which cover batch.sample_rows
   /// in order, see SampleRow): `num_emitted[i]` tokens for rows[i] (1 + its accepted

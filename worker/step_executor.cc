@@ -175,6 +175,7 @@ StepExecutor::StepExecutor(StepBackend& backend, StepExecutorOptions options)
     : backend_(backend),
       options_(options),
       prepared_(std::make_unique<Prepared>()),
+      pusher_(std::make_unique<KvPusher>(backend, options.host_tier)),
       ledger_(backend.num_kv_blocks(), static_cast<int32_t>(backend.block_size())) {}
 
 StepExecutor::~StepExecutor() = default;
@@ -646,6 +647,8 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   prepared.batch.step_id = plan.step_id();
   if (status.ok()) status = Prepare(plan, prepared);
   if (status.ok()) ForgetWrittenBlocks(plan, prepared);
+  // Slots a prefill worker pushed into hold blocks before copies reload them.
+  if (status.ok()) status = AdoptPushedSlots(options_.host_tier, plan);
   // Blocks move between the pool and the host tier before the forward pass reads them.
   if (status.ok() && plan.kv_copies_size() > 0) status = CopyKvBlocks(plan);
   // Another worker waiting to read slots this plan wrote need not wait for its forward pass.
@@ -654,6 +657,14 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   }
   // Pipeline stages: a plan with work is one message between every pair of neighbours.
   if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
+  // Pushes go out layer by layer inside the forward pass; their outcome joins the result
+  // on every way out.
+  if (status.ok()) pusher_->Begin(plan);
+  struct PushScope {
+    KvPusher& pusher;
+    loom::v1::StepResult& result;
+    ~PushScope() { pusher.End(result); }
+  } push_scope{*pusher_, result};
   std::vector<SampledToken>& tokens = prepared.tokens;
   std::vector<int32_t>& num_emitted = prepared.num_emitted;
   BackendTimings timings;

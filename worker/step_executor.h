@@ -15,6 +15,7 @@
 #include "worker/draft_proposer.h"
 #include "worker/kv_block_ledger.h"
 #include "worker/kv_host_tier.h"
+#include "worker/kv_push.h"
 #include "worker/sampler.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
@@ -158,6 +159,7 @@ class StepExecutor {
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.
   std::unique_ptr<Prepared> prepared_;
+  std::unique_ptr<KvPusher> pusher_;  // StepPlan.kv_pushes (worker/kv_push)
   KvBlockLedger ledger_;
   std::vector<KvBlockCopy> copies_;  // scratch for CopyKvBlocks
   int64_t num_executed_ = 0;  // plans executed (or being executed) since construction

@@ -83,10 +83,16 @@ def reference(binaries, tmp_path_factory):
         up.stop()
 
 
-@pytest.mark.parametrize("prefill_tp", [1, 2], ids=["tp1-to-tp1", "tp2-to-tp1"])
-def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, reference, tmp_path, prefill_tp):
+@pytest.mark.parametrize("prefill_tp,push", [(1, True), (2, True), (1, False)],
+                         ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp1-to-tp1-pulled"])
+def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, reference, tmp_path, prefill_tp,
+                                                                 push):
+    # Pushed: the prefill workers write each prompt's KV into the decode workers' host tiers
+    # layer by layer while computing it (KV heads mapped from 2 ranks to 1); pulled
+    # (--no-kv-push): the decode replica fetches it after the first token.
     up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
-              max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0, **COMMON)
+              max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0,
+              kv_push=None if push else "off", **COMMON)
     try:
         status = up.wait_healthy(["prefill-0", "decode-0"])
         assert status["prefill-0"].role == "prefill" and status["decode-0"].role == "decode"
@@ -108,8 +114,18 @@ def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, refer
         assert prefill.num_handoffs_out == len(long_prompts) == decode.num_handoffs_in, (prefill, decode)
         assert decode.num_reserved_blocks == 0, decode
         assert decode.num_handoff_failures == 0 and decode.num_kv_fetch_failures == 0
-        assert decode.num_kv_fetched_blocks >= sum(1 for i in range(100) if i % 5 != 0), decode
-        assert decode.num_kv_blocks_reloaded >= decode.num_kv_fetched_blocks
+        long_blocks = sum(1 for i in range(100) if i % 5 != 0)  # at least one full block each
+        if push:
+            # A prompt whose only plan was sent before its decode replica named the slots (or
+            # whose slots that replica's tier could not hold beside the burst's others) is
+            # pulled: every hand-off one or the other.
+            assert decode.num_handoffs_pushed > 0, decode
+            assert decode.num_kv_fetches == decode.num_handoffs_in - decode.num_handoffs_pushed, decode
+            assert decode.num_kv_blocks_reloaded >= long_blocks, decode
+        else:
+            assert decode.num_handoffs_pushed == 0, decode
+            assert decode.num_kv_fetched_blocks >= long_blocks, decode
+            assert decode.num_kv_blocks_reloaded >= decode.num_kv_fetched_blocks
         metrics = urllib.request.urlopen(up.http_url + "/metrics", timeout=10).read().decode()
         for line in (f'loom_disagg_handoffs_total{{direction="out",model_name="SmolLM2-135M-Instruct.Q4_1",'
                      f'replica="prefill-0"}} {len(long_prompts)}',
@@ -168,6 +184,25 @@ def no_block_held(rig, replica_ids):
     return status
 
 
+def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(binaries, reference, tmp_path):
+    # 32-token plans on a slowed prefill worker: the decode replica names its slots during the
+    # first plan, the next plans carry the blocks completed so far (earlier chunks' too), and
+    # when the first token comes every block is in the decode worker's tier: nothing is
+    # fetched, the tokens are the mixed replica's, every hold ends.
+    with disaggregated(tmp_path, prefill_delay_ms=300, max_num_batched_tokens=32) as rig:
+        finishes_with_reference(start(rig), reference, "decode-0")
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["prefill-0"].num_handoffs_out == 1, status["prefill-0"]
+        assert status["decode-0"].num_handoffs_in == 1 == status["decode-0"].num_handoffs_pushed, \
+            status["decode-0"]
+        assert status["decode-0"].num_kv_fetches == 0, status["decode-0"]
+        assert status["decode-0"].num_handoff_failures == 0
+        assert status["decode-0"].num_kv_blocks_reloaded >= long_prompt_blocks(rig) - 1, status["decode-0"]
+        metrics = urllib.request.urlopen(rig.coordinator.http_url + "/metrics", timeout=10).read().decode()
+        assert re.search(r'loom_disagg_handoffs_pushed_total\{[^}]*replica="decode-0"\} 1\b', metrics), \
+            [m for m in metrics.splitlines() if "pushed" in m]
+
+
 def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_decode_replica(
         binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:
@@ -187,7 +222,8 @@ def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_deco
 def test_a_prefill_worker_killed_during_the_transfer_makes_the_decode_replica_recompute(
         binaries, reference, tmp_path):
     # The hand-off's KV leaves the prefill worker with its next step (2 s away): it dies before.
-    with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:
+    # (Pulled: a pushed hand-off has nothing left to transfer then.)
+    with disaggregated(tmp_path, prefill_delay_ms=2000, kv_push="off") as rig:
         stream = start(rig)
         wait_for(rig, lambda r: r["prefill-0"].num_handoffs_out == 1, "the hand-off", timeout=120)
         rig.workers["prefill-0"].kill()
@@ -201,9 +237,24 @@ def test_a_prefill_worker_killed_during_the_transfer_makes_the_decode_replica_re
 
 def test_a_decode_worker_killed_while_it_waits_for_the_kv_leaves_the_request_to_the_prefill_replica(
         binaries, reference, tmp_path):
-    with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:
+    with disaggregated(tmp_path, prefill_delay_ms=2000, kv_push="off") as rig:
         stream = start(rig)
         wait_for(rig, lambda r: r["prefill-0"].num_handoffs_out == 1, "the hand-off", timeout=120)
+        rig.workers["decode-0"].kill()
+        finishes_with_reference(stream, reference, "prefill-0")
+        no_block_held(rig, ["prefill-0"])
+
+
+def test_a_decode_worker_killed_while_the_kv_is_pushed_to_it_leaves_the_request_to_the_prefill_replica(
+        binaries, reference, tmp_path):
+    # The prefill worker pushes into the decode worker's tier, 32-token plans 1 s apart; the
+    # decode worker dies meanwhile. The hand-off finds it gone: the prefill replica holds the
+    # prompt for a pull instead and, with no decode replica left, decodes it itself.
+    with disaggregated(tmp_path, prefill_delay_ms=1000, max_num_batched_tokens=32) as rig:
+        stream = start(rig)
+        wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_reserved_blocks > 0,
+                 "the prompt prefilling with blocks reserved on decode-0", timeout=60)
+        time.sleep(1.5)  # a push or two under way
         rig.workers["decode-0"].kill()
         finishes_with_reference(stream, reference, "prefill-0")
         no_block_held(rig, ["prefill-0"])
@@ -233,7 +284,7 @@ def test_a_client_gone_during_the_transfer_cancels_it_and_leaks_nothing(binaries
 
 
 def test_a_transfer_slower_than_the_timeout_is_recomputed(binaries, reference, tmp_path):
-    with disaggregated(tmp_path, prefill_delay_ms=2500, kv_transfer_timeout_ms=800) as rig:
+    with disaggregated(tmp_path, prefill_delay_ms=2500, kv_transfer_timeout_ms=800, kv_push="off") as rig:
         stream = start(rig)
         finishes_with_reference(stream, reference, "decode-0")
         status = no_block_held(rig, ["decode-0", "prefill-0"])

@@ -1,0 +1,252 @@
+// Replica: KV pushes in disaggregated serving. At placement the decode replica holds host
+// slots for the prompt's full blocks (AskPushTarget) and, once no plan it sent before may
+// still copy into or out of them (a slot taken from the tier's LRU may be an offload's
+// target or a reload's source in one), names them to the prefill replica
+// (DeliverPushTarget). From then on every plan of the prefill replica carries the blocks
+// that are whole once it ran (StepPlan.kv_pushes; blocks of earlier chunks in the next
+// plan), and its workers write them straight into the decode workers' tiers, each layer as
+// the forward pass computes it (worker/kv_push). When the prompt's last plan comes back
+// every block has arrived: the hand-off carries no transfer, the decode replica commits the
+// slots as host-tier content (the next plan tells its workers: kv_pushed_slots) and admits
+// the request, which reloads them. A push that fails (a worker's error, slots not delivered
+// in time, the decode replica gone) falls back to the pull (replica_kv_fetch.cc).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "coordinator/replica.h"
+#include "engine/sequence.h"
+
+namespace loom::coordinator {
+
+void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill) {
+  absl::MutexLock lock(&mu_);
+  push_asks_.emplace_back(request, prefill);
+  wake_ = true;
+}
+
+void Replica::DeliverPushTarget(KvPushTarget target) {
+  absl::MutexLock lock(&mu_);
+  push_deliveries_.push_back(std::move(target));
+  wake_ = true;
+}
+
+void Replica::ReleasePushHold(uint64_t seq_id) {
+  absl::MutexLock lock(&mu_);
+  push_releases_.push_back(seq_id);
+  wake_ = true;
+}
+
+void Replica::HandleKvPushes() {
+  std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> asks;
+  std::vector<KvPushTarget> deliveries;
+  std::vector<uint64_t> releases;
+  WorkerEndpoint endpoint;
+  std::string layout;
+  {
+    absl::MutexLock lock(&mu_);
+    if (push_asks_.empty() && push_deliveries_.empty() && push_releases_.empty() &&
+        push_holds_.empty() && push_targets_.empty()) {
+      return;
+    }
+    asks.swap(push_asks_);
+    deliveries.swap(push_deliveries_);
+    releases.swap(push_releases_);
+    endpoint = endpoint_;
+    layout = kv_layout_;
+  }
+  engine::Scheduler& scheduler = engine_->scheduler();
+  auto release = [&](uint64_t seq_id) {
+    auto hold = push_holds_.find(seq_id);
+    if (hold == push_holds_.end()) return;
+    scheduler.ReleaseSlots(hold->second.slots, /*import=*/true);
+    push_holds_.erase(hold);
+  };
+  for (uint64_t seq_id : releases) release(seq_id);
+  // Decode side: slots for the asks, where every rank's tier can be mapped by a worker of
+  // its machine and the layout is one a push can fill (no pipeline stages).
+  const bool pushable =
+      options_.kv_push && scheduler.host_tier() != nullptr &&
+      endpoint.pipeline_parallel_size <= 1 && !endpoint.host_kv_shared.empty() &&
+      std::all_of(endpoint.host_kv_shared.begin(), endpoint.host_kv_shared.end(),
+                  [](const loom::v1::SharedKvMemory& shared) { return !shared.boot_id().empty(); });
+  for (auto& [request, prefill] : asks) {
+    release(request->seq_id());  // placed again: a new hold replaces the old
+    const int32_t block_size = std::max(block_size_.load(), 1);
+    const int64_t blocks = static_cast<int64_t>(request->params().prompt_ids.size()) / block_size;
+    if (!pushable || blocks == 0 || request->finished() || prefill->kv_layout() != layout) {
+      continue;
+    }
+    PushHold hold;
+    hold.slots = scheduler.ReserveImport(blocks);
+    if (static_cast<int64_t>(hold.slots.slots.size()) < blocks) {
+      scheduler.ReleaseSlots(hold.slots, /*import=*/true);
+      continue;  // the tier is busy: the hand-off pulls
+    }
+    hold.request = request;
+    hold.prefill = prefill;
+    hold.start_after_step_id = !hold.slots.evicted                   ? 0
+                               : scheduler.host_tier()->has_copies() ? next_step_id_
+                                                                     : next_step_id_ - 1;
+    push_holds_[request->seq_id()] = std::move(hold);
+  }
+  // Holds whose slots no plan in flight touches any more go to their prefill replicas;
+  // holds whose request is gone end.
+  std::vector<uint64_t> ended;
+  for (auto& [seq_id, hold] : push_holds_) {
+    const std::shared_ptr<engine::Request> request = hold.request.lock();
+    if (request == nullptr || request->finished()) {
+      ended.push_back(seq_id);
+      continue;
+    }
+    if (hold.delivered || next_step_id_ <= hold.start_after_step_id ||
+        (!in_flight_.empty() && in_flight_.front().step_id <= hold.start_after_step_id)) {
+      continue;
+    }
+    KvPushTarget target;
+    target.seq_id = seq_id;
+    target.request = request;
+    target.decode = this;
+    target.slots = hold.slots.slots;
+    for (size_t r = 0; r < endpoint.addresses.size(); ++r) {
+      loom::v1::KvPushDest& dest = target.dests.emplace_back();
+      *dest.mutable_shared() = endpoint.host_kv_shared[r];
+      dest.set_kv_head_begin(endpoint.kv_heads[r].begin);
+      dest.set_num_kv_heads(endpoint.kv_heads[r].count);
+    }
+    hold.delivered = true;
+    hold.prefill->DeliverPushTarget(std::move(target));
+  }
+  for (uint64_t seq_id : ended) release(seq_id);
+  // Prefill side: the targets (a request may still wait in the inbox); those whose request
+  // ended or left let their slots go.
+  for (KvPushTarget& target : deliveries) {
+    PushState& state = push_targets_[target.seq_id];
+    state = PushState{};
+    state.target = std::move(target);
+  }
+  std::vector<uint64_t> gone;
+  for (const auto& [seq_id, state] : push_targets_) {
+    const std::shared_ptr<engine::Request> request = state.target.request.lock();
+    if (request == nullptr || request->finished() || request->handed_off()) gone.push_back(seq_id);
+  }
+  for (uint64_t seq_id : gone) {
+    push_targets_[seq_id].target.decode->ReleasePushHold(seq_id);
+    push_targets_.erase(seq_id);
+  }
+}
+
+void Replica::AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight) {
+  for (const int32_t slot : pushed_slots_to_adopt_) plan.add_kv_pushed_slots(slot);
+  pushed_slots_to_adopt_.clear();
+  engine::Scheduler& scheduler = engine_->scheduler();
+  const int64_t block_size = std::max(block_size_.load(), 1);
+  for (auto& [seq_id, state] : push_targets_) {
+    const engine::Sequence* seq = scheduler.Find(seq_id);
+    if (state.failed || seq == nullptr) continue;
+    const int64_t whole = std::min<int64_t>(seq->num_computed / block_size,
+                                            static_cast<int64_t>(state.target.slots.size()));
+    if (whole <= state.planned) continue;
+    loom::v1::KvPush* push = plan.add_kv_pushes();
+    for (int64_t b = state.planned; b < whole; ++b) {
+      const int32_t block = b < static_cast<int64_t>(seq->blocks.size()) ? seq->blocks[b] : -1;
+      if (block < 0) {  // freed behind a sliding window: nothing to push
+        state.failed = true;
+        break;
+      }
+      push->add_device_blocks(block);
+      push->add_dest_slots(state.target.slots[static_cast<size_t>(b)]);
+    }
+    if (state.failed) {
+      plan.mutable_kv_pushes()->RemoveLast();
+      continue;
+    }
+    for (const loom::v1::KvPushDest& dest : state.target.dests) *push->add_dests() = dest;
+    flight.pushes.emplace_back(seq_id, whole);
+    state.planned = whole;
+  }
+}
+
+void Replica::ConfirmKvPushes(const InFlightPlan& flight, const loom::v1::StepResult& result) {
+  for (const auto& [seq_id, whole] : flight.pushes) {
+    auto state = push_targets_.find(seq_id);
+    if (state == push_targets_.end()) continue;
+    if (result.error_code() != 0 || !result.kv_push_error().empty()) {
+      if (!state->second.failed && !result.kv_push_error().empty()) {
+        std::fprintf(stderr,
+                     "loom: replica %s: pushing KV to decode replica %s failed, it pulls "
+                     "instead: %s\n",
+                     replica_id_.c_str(), state->second.target.decode->replica_id().c_str(),
+                     result.kv_push_error().c_str());
+      }
+      state->second.failed = true;
+      continue;
+    }
+    state->second.confirmed = std::max(state->second.confirmed, whole);
+  }
+}
+
+bool Replica::TakePushedHandOff(const engine::Request& request, Replica* decode) {
+  auto state = push_targets_.find(request.seq_id());
+  if (state == push_targets_.end()) return false;
+  const PushState& push = state->second;
+  const bool pushed = !push.failed && push.target.decode == decode &&
+                      push.confirmed == static_cast<int64_t>(push.target.slots.size());
+  if (!pushed) push.target.decode->ReleasePushHold(request.seq_id());
+  push_targets_.erase(state);
+  return pushed;
+}
+
+void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
+  auto hold = push_holds_.find(request->seq_id());
+  ++num_handoffs_in_;
+  request->MarkHandoffDone();
+  if (hold == push_holds_.end() || !hold->second.delivered) {
+    // Cannot happen while the prefill replica only says "pushed" for delivered slots; a
+    // hand-off without its KV recomputes the prompt here.
+    ++num_handoff_failures_;
+    std::fprintf(stderr,
+                 "loom: replica %s: a pushed hand-off (request %s) found no slots held here, "
+                 "recomputing the prompt\n",
+                 replica_id_.c_str(), request->request_id().c_str());
+    AdmitOne(request);
+    return;
+  }
+  engine::Scheduler& scheduler = engine_->scheduler();
+  const engine::Scheduler::HeldSlots slots = std::move(hold->second.slots);
+  push_holds_.erase(hold);
+  const std::vector<engine::BlockHash>& hashes = request->prompt_block_hashes();
+  const size_t count = std::min(slots.slots.size(), hashes.size());
+  engine::Scheduler::HeldSlots kept;
+  const int64_t stored =
+      scheduler.CommitImport(slots, absl::MakeConstSpan(hashes).first(count),
+                             request->params().prompt_ids, request->params().cache_salt, &kept);
+  // Whatever the pushes wrote holds a block on the workers now (slots the tier held
+  // already are free again in its table: marking them costs nothing).
+  pushed_slots_to_adopt_.insert(pushed_slots_to_adopt_.end(), slots.slots.begin(),
+                                slots.slots.end());
+  if (!kept.slots.empty()) import_holds_[request->seq_id()] = std::move(kept);
+  ++num_handoffs_pushed_;
+  if (stored > 0) {
+    ++num_handoffs_measured_;  // arrived with the first token: no wait of its own
+  } else if (count > 0) {
+    ++num_handoff_failures_;
+    std::fprintf(stderr,
+                 "loom: replica %s: the KV pushed for request %s arrived after this replica's "
+                 "host tier was reset, recomputing the prompt here\n",
+                 replica_id_.c_str(), request->request_id().c_str());
+  }
+  AdmitOne(request);
+}
+
+void Replica::AbandonPushes() {
+  for (auto& [seq_id, state] : push_targets_) state.target.decode->ReleasePushHold(seq_id);
+  push_targets_.clear();
+  push_holds_.clear();  // the engine, and its tier's table, are gone with the worker
+  pushed_slots_to_adopt_.clear();
+}
+
+}  // namespace loom::coordinator

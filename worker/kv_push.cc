@@ -1,0 +1,152 @@
+#include "worker/kv_push.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/kv_transfer.h"
+
+namespace loom::worker {
+
+KvPusher::~KvPusher() {
+  if (observing_) backend_.SetHalfLayerObserver({});
+}
+
+absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
+  if (tier_ == nullptr || !tier_->layout().known()) {
+    return absl::FailedPreconditionError("this worker's host tier does not know its slot layout");
+  }
+  const model::KvCache* pool = backend_.kv_pool();
+  if (pool == nullptr) return absl::FailedPreconditionError("this backend has no KV pool");
+  const KvSlotLayout& mine = tier_->layout();
+  for (const loom::v1::KvPush& message : plan.kv_pushes()) {
+    if (message.device_blocks_size() != message.dest_slots_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("a push names %d blocks and %d destination slots",
+                          message.device_blocks_size(), message.dest_slots_size()));
+    }
+    Push push;
+    for (const int32_t block : message.device_blocks()) {
+      if (block < 0 || block >= pool->num_blocks()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "pushed block %d is outside the pool of %d", block, pool->num_blocks()));
+      }
+      push.blocks.push_back(block);
+    }
+    push.dest_slots.assign(message.dest_slots().begin(), message.dest_slots().end());
+    for (const loom::v1::KvPushDest& to : message.dests()) {
+      Destination dest;
+      for (int64_t head = mine.kv_head_begin; head < mine.kv_head_begin + mine.num_kv_heads;
+           ++head) {
+        if (head >= to.kv_head_begin() && head < to.kv_head_begin() + to.num_kv_heads()) {
+          dest.heads.push_back(head);
+        }
+      }
+      if (dest.heads.empty()) continue;  // another rank of this replica holds its heads
+      if (to.shared().boot_id().empty() || to.shared().boot_id() != BootId()) {
+        return absl::UnavailableError("the decode worker runs on another machine");
+      }
+      LOOM_ASSIGN_OR_RETURN(dest.mapping,
+                            SharedKvMappings::Get().Map(to.shared().pid(), to.shared().fd(),
+                                                        to.shared().size(), /*writable=*/true));
+      dest.layout = mine.WithHeads(to.kv_head_begin(), to.num_kv_heads());
+      for (const int32_t slot : push.dest_slots) {
+        if (slot < 0 ||
+            (static_cast<int64_t>(slot) + 1) * dest.layout.slot_bytes() > dest.mapping->size()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("destination slot %d is outside the decode worker's tier", slot));
+        }
+      }
+      push.dests.push_back(std::move(dest));
+    }
+    pushes_.push_back(std::move(push));
+  }
+  if (!backend_.SetHalfLayerObserver([this] {
+        if (half_layers_++ % 2 == 0) CopyLayer(half_layers_ / 2);
+      })) {
+    return absl::UnimplementedError(
+        "this backend cannot push KV layer by layer (the decode replica pulls it)");
+  }
+  observing_ = true;
+  return absl::OkStatus();
+}
+
+void KvPusher::Begin(const loom::v1::StepPlan& plan) {
+  pushes_.clear();
+  half_layers_ = layers_copied_ = 0;
+  failure_ = absl::OkStatus();
+  if (plan.kv_pushes_size() == 0) return;
+  failure_ = Prepare(plan);
+  if (!failure_.ok()) pushes_.clear();
+}
+
+void KvPusher::CopyLayer(int64_t layer) {
+  if (!failure_.ok()) return;
+  const model::KvCache& pool = *backend_.kv_pool();
+  const KvSlotLayout& mine = tier_->layout();
+  const int64_t num_layers = mine.num_layers;
+  KvSlotLayout source_layer = mine;
+  source_layer.num_layers = 1;
+  const int64_t layer_bytes = source_layer.slot_bytes();
+  source_bytes_.resize(static_cast<size_t>(layer_bytes));
+  for (const Push& push : pushes_) {
+    for (size_t i = 0; i < push.blocks.size(); ++i) {
+      if (absl::Status saved = pool.SaveBlockLayer(push.blocks[i], layer, source_bytes_.data());
+          !saved.ok()) {
+        failure_ = saved;
+        return;
+      }
+      for (const Destination& dest : push.dests) {
+        KvSlotLayout dest_layer = dest.layout;
+        dest_layer.num_layers = 1;
+        const int64_t dest_layer_bytes = dest_layer.slot_bytes();
+        uint8_t* to = dest.mapping->writable_data() +
+                      static_cast<int64_t>(push.dest_slots[i]) * dest.layout.slot_bytes() +
+                      layer * dest_layer_bytes;
+        if (dest_layer.kv_head_begin == mine.kv_head_begin &&
+            dest_layer.num_kv_heads == mine.num_kv_heads) {
+          std::memcpy(to, source_bytes_.data(), static_cast<size_t>(layer_bytes));
+        } else {
+          CopyKvHeads(source_layer, source_bytes_, dest_layer,
+                      absl::MakeSpan(to, static_cast<size_t>(dest_layer_bytes)), dest.heads);
+        }
+      }
+    }
+  }
+  layers_copied_ = std::max(layers_copied_, std::min(layer + 1, num_layers));
+}
+
+void KvPusher::End(loom::v1::StepResult& result) {
+  if (observing_) {
+    backend_.SetHalfLayerObserver({});
+    observing_ = false;
+  }
+  if (failure_.ok() && !pushes_.empty() && layers_copied_ < tier_->layout().num_layers) {
+    failure_ = absl::AbortedError(absl::StrFormat("the forward pass stopped after %d of %d layers",
+                                                  layers_copied_, tier_->layout().num_layers));
+  }
+  if (!failure_.ok()) result.set_kv_push_error(std::string(failure_.message()));
+  pushes_.clear();
+  failure_ = absl::OkStatus();
+}
+
+absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan) {
+  if (plan.kv_pushed_slots_size() == 0) return absl::OkStatus();
+  if (tier == nullptr) {
+    return absl::FailedPreconditionError("pushed slots named, but this worker has no host tier");
+  }
+  for (const int32_t slot : plan.kv_pushed_slots()) {
+    if (slot < 0 || slot >= tier->num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pushed host slot %d is out of [0, %d)", slot, tier->num_slots()));
+    }
+  }
+  for (const int32_t slot : plan.kv_pushed_slots()) {
+    LOOM_RETURN_IF_ERROR(tier->MarkWritten(slot, /*checksum=*/0));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::worker
