@@ -3,8 +3,8 @@ on the default model: two CPU worker processes on this machine (`--threads` each
 mixed replicas (`loom up --replicas 2`, prefix-aware routing) or one prefill and one decode
 replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-prefill-length: the
 decode replica's own measure, a prompt past it staying on the decode replica when the prefill
-replica's queue would give its first token later), and the latter with
-`--max-prefill-queue-size 2`. The same open-loop workload drives both, at the same request rate:
+replica's queue would give its first token later), and the latter with the KV pulled after the
+first token (`--no-kv-push`) instead of pushed while the prefill worker computes it. The same open-loop workload drives both, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
 (a ~30-token prompt, 128 output tokens), every prompt new. The rate is relative to the machine: a
 calibration on one replica times a 2k-token prefill, and the rate puts the long prompts' prefill
@@ -19,8 +19,9 @@ Reported per configuration (medians over rounds, the configurations alternated):
   * P/D: the hand-off (transfer phase: the prefill replica's first token to the decode replica's
     admission with the KV, from loom_disagg_phase_seconds) of a 2k-token prompt, against the
     shared-memory copy limit: one memcpy of that prompt's KV bytes on this machine, measured in
-    the same run (the hand-off copies them three times: pool to host tier, tier to tier, tier to
-    pool, plus the coordination).
+    the same run. Pushed (the default): the prefill worker copied each layer into the decode
+    tier while computing, so the hand-off only commits the slots; pulled (--no-kv-push, the
+    third configuration): pool to host tier, tier to tier, tier to pool after the first token.
 Ratios: ITL p99 mixed / P/D (the target: >= 2), long-prompt TTFT p50 P/D / mixed (<= 1.2), copy
 limit / hand-off; as ratios of the medians, and as the median of each round's ratios (the
 configurations of a round run back to back, so a neighbour's load shared by them cancels).
@@ -58,7 +59,7 @@ LONG_TOKENS = 2048
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 # Two mixed replicas; one prefill and one decode replica; the same with
 # --max-prefill-queue-size 2 (a busy prefill replica leaves the prompt to the decode one).
-MODES = ["mixed", "disaggregated", "disaggregated_queue_limit_2"]
+MODES = ["mixed", "disaggregated", "disaggregated_pulled"]
 # A short chat's output tokens: enough that decodes overlap the long prompts' prefills (with 48
 # a fast machine finished most chats between two long prompts).
 SHORT_OUTPUT = 128
@@ -181,8 +182,8 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
     disaggregated = mode != "mixed"
     if disaggregated:
         flags.update(prefill_replicas=1, decode_replicas=1)
-        if mode == "disaggregated_queue_limit_2":
-            flags["max_prefill_queue_size"] = 2
+        if mode == "disaggregated_pulled":
+            flags["kv_push"] = "off"  # the decode replica pulls the KV after the first token
         replicas = ["prefill-0", "decode-0"]
     else:
         flags.update(replicas=2)
@@ -207,6 +208,8 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
         status = up.wait_idle(timeout=120)
         if disaggregated:
             result["handoffs"] = status["decode-0"].num_handoffs_in
+            # Those whose KV the prefill worker pushed while computing (the rest were pulled).
+            result["pushed"] = status["decode-0"].num_handoffs_pushed
             # Short prompts whose first token came from the prefill replica.
             result["short_handoffs"] = sum(1 for r, record in zip(requests, records)
                                            if not r[3] and record.get("first_replica") == "prefill-0")
@@ -250,8 +253,10 @@ def ratios(report: dict, copy_limit_s: float) -> dict:
     result = pair(report["mixed"], report["disaggregated"])
     result["copy_limit_over_handoff"] = copy_limit_s / report["disaggregated"]["handoff_mean_s"]
     result["median_of_rounds"] = per_round("disaggregated")
-    result["queue_limit_2"] = pair(report["mixed"], report["disaggregated_queue_limit_2"])
-    result["queue_limit_2"]["median_of_rounds"] = per_round("disaggregated_queue_limit_2")
+    result["pulled"] = pair(report["mixed"], report["disaggregated_pulled"])
+    result["pulled"]["median_of_rounds"] = per_round("disaggregated_pulled")
+    result["pulled"]["copy_limit_over_handoff"] = (
+        copy_limit_s / report["disaggregated_pulled"]["handoff_mean_s"])
     return result
 
 

@@ -41,6 +41,38 @@ void AddHighAvailabilityFlags(CLI::App& app, api::ServeOptions& options) {
          "0: any free port, -1: off (default: -1)");
 }
 
+// Moving KV between replicas: prefix fetches and disaggregated serving's hand-offs.
+void AddKvTransferFlags(CLI::App& app, api::ServeOptions& options) {
+  coordinator::ReplicaOptions& replica = options.cluster.replica;
+  AddInt(app, "--kv-fetch-min-blocks", options.cluster.kv_fetch_min_blocks, 0, 1 << 20,
+         "a request placed on one replica while another (same layout, both with a host KV "
+         "tier) holds at least this many more blocks of its prefix fetches them from it "
+         "instead of recomputing (0: never)");
+  AddInt(app, "--max-local-prefill-length", replica.max_local_prefill_length, 0, 1 << 24,
+         "disaggregated serving (workers started with --role prefill / decode): a prompt with "
+         "more uncached tokens than this is prefilled on a prefill replica and handed to a "
+         "decode replica with its KV (Dynamo's flag; 0: each decode replica's measure, the "
+         "prompt length that would double its decode step, and a prompt stays on its decode "
+         "replica when every prefill replica's expected first token, by its queued prompt "
+         "tokens, comes later)");
+  AddInt(app, "--max-prefill-queue-size", options.cluster.max_prefill_queue_size, 0, 1 << 20,
+         "disaggregated serving: a prefill replica holding this many requests, or more queued "
+         "prompt tokens than the prompt's own, is passed over, and when every one is, the "
+         "prompt is prefilled on its decode replica instead, in chunks beside its decodes "
+         "(Dynamo's flag; trades the decodes' inter-token latency for the prompts' TTFT when "
+         "prefill replicas are busy; 0: no limit)");
+  AddDuration(app, "--kv-transfer-timeout-ms", replica.kv_transfer_timeout, absl::Milliseconds(1),
+              100, 600000,
+              "how long a request waits for KV from another replica (a prefix fetch or a "
+              "prefill-to-decode hand-off) before it is recomputed where it is");
+  app.add_flag("--kv-push,!--no-kv-push", replica.kv_push,
+               std::string("disaggregated serving: prefill workers write a hand-off's KV into "
+                           "the decode workers' host tiers layer by layer as they compute it "
+                           "(workers of one machine; elsewhere, or off, the decode replica "
+                           "pulls it after the first token) (default: ") +
+                   (replica.kv_push ? "on)" : "off)"));
+}
+
 }  // namespace
 
 void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
@@ -106,33 +138,7 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
          "times a request that already streamed output may move to another replica when its "
          "replica fails, continuing after its outputs (0: it ends with an error; requests "
          "without output are always placed again)");
-  AddInt(app, "--kv-fetch-min-blocks", options.cluster.kv_fetch_min_blocks, 0, 1 << 20,
-         "a request placed on one replica while another (same layout, both with a host KV "
-         "tier) holds at least this many more blocks of its prefix fetches them from it "
-         "instead of recomputing (0: never)");
-  AddInt(app, "--max-local-prefill-length", replica.max_local_prefill_length, 0, 1 << 24,
-         "disaggregated serving (workers started with --role prefill / decode): a prompt with "
-         "more uncached tokens than this is prefilled on a prefill replica and handed to a "
-         "decode replica with its KV (Dynamo's flag; 0: each decode replica's measure, the "
-         "prompt length that would double its decode step, and a prompt stays on its decode "
-         "replica when every prefill replica's expected first token, by its queued prompt "
-         "tokens, comes later)");
-  AddInt(app, "--max-prefill-queue-size", options.cluster.max_prefill_queue_size, 0, 1 << 20,
-         "disaggregated serving: a prefill replica holding this many requests, or more queued "
-         "prompt tokens than the prompt's own, is passed over, and when every one is, the "
-         "prompt is prefilled on its decode replica instead, in chunks beside its decodes "
-         "(Dynamo's flag; trades the decodes' inter-token latency for the prompts' TTFT when "
-         "prefill replicas are busy; 0: no limit)");
-  AddDuration(app, "--kv-transfer-timeout-ms", replica.kv_transfer_timeout, absl::Milliseconds(1),
-              100, 600000,
-              "how long a request waits for KV from another replica (a prefix fetch or a "
-              "prefill-to-decode hand-off) before it is recomputed where it is");
-  app.add_flag("--kv-push,!--no-kv-push", replica.kv_push,
-               std::string("disaggregated serving: prefill workers write a hand-off's KV into "
-                           "the decode workers' host tiers layer by layer as they compute it "
-                           "(workers of one machine; elsewhere, or off, the decode replica "
-                           "pulls it after the first token; default: ") +
-                   (replica.kv_push ? "on)" : "off)"));
+  AddKvTransferFlags(app, options);
   AddInt(app, "--max-plans-in-flight", replica.max_plans_in_flight, 1, 8,
          "step plans sent ahead of results (a pipeline-parallel replica keeps at least one per "
          "stage)");

@@ -65,6 +65,24 @@ class KvPusher {
   bool observing_ = false;
 };
 
+/// Begins a plan's pushes (when `run`: the plan validated) and ends them into `result` on
+/// every way out of the step.
+class KvPushScope {
+ public:
+  KvPushScope(KvPusher& pusher, const loom::v1::StepPlan& plan, loom::v1::StepResult& result,
+              bool run)
+      : pusher_(pusher), result_(result) {
+    if (run) pusher_.Begin(plan);
+  }
+  ~KvPushScope() { pusher_.End(result_); }
+  KvPushScope(const KvPushScope&) = delete;
+  KvPushScope& operator=(const KvPushScope&) = delete;
+
+ private:
+  KvPusher& pusher_;
+  loom::v1::StepResult& result_;
+};
+
 /// The decode side: the slots StepPlan.kv_pushed_slots names (pushes wrote them whole)
 /// hold blocks from now on. InvalidArgument for a slot outside the tier.
 absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan);

@@ -618,6 +618,17 @@ void StepExecutor::DebugHooks() {
   }
 }
 
+absl::Status StepExecutor::MoveKvBlocks(const loom::v1::StepPlan& plan) {
+  // Slots a prefill worker pushed into hold blocks before copies reload them.
+  LOOM_RETURN_IF_ERROR(AdoptPushedSlots(options_.host_tier, plan));
+  // Blocks move between the pool and the host tier before the forward pass reads them.
+  if (plan.kv_copies_size() == 0) return absl::OkStatus();
+  LOOM_RETURN_IF_ERROR(CopyKvBlocks(plan));
+  // Another worker waiting to read slots this plan wrote need not wait for its forward pass.
+  kv_copied_step_id_.store(plan.step_id(), std::memory_order_release);
+  return absl::OkStatus();
+}
+
 void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result) {
   const auto start = std::chrono::steady_clock::now();
   // The step counts as started and, on every way out, as ended.
@@ -647,24 +658,11 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   prepared.batch.step_id = plan.step_id();
   if (status.ok()) status = Prepare(plan, prepared);
   if (status.ok()) ForgetWrittenBlocks(plan, prepared);
-  // Slots a prefill worker pushed into hold blocks before copies reload them.
-  if (status.ok()) status = AdoptPushedSlots(options_.host_tier, plan);
-  // Blocks move between the pool and the host tier before the forward pass reads them.
-  if (status.ok() && plan.kv_copies_size() > 0) status = CopyKvBlocks(plan);
-  // Another worker waiting to read slots this plan wrote need not wait for its forward pass.
-  if (status.ok() && plan.kv_copies_size() > 0) {
-    kv_copied_step_id_.store(plan.step_id(), std::memory_order_release);
-  }
+  if (status.ok()) status = MoveKvBlocks(plan);
   // Pipeline stages: a plan with work is one message between every pair of neighbours.
   if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
-  // Pushes go out layer by layer inside the forward pass; their outcome joins the result
-  // on every way out.
-  if (status.ok()) pusher_->Begin(plan);
-  struct PushScope {
-    KvPusher& pusher;
-    loom::v1::StepResult& result;
-    ~PushScope() { pusher.End(result); }
-  } push_scope{*pusher_, result};
+  // Pushes go out layer by layer inside the forward pass; their outcome joins the result.
+  const KvPushScope pushes(*pusher_, plan, result, status.ok());
   std::vector<SampledToken>& tokens = prepared.tokens;
   std::vector<int32_t>& num_emitted = prepared.num_emitted;
   BackendTimings timings;

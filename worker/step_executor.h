@@ -146,6 +146,8 @@ class StepExecutor {
   void RecordCompletedBlocks(const Prepared& prepared);
   // Runs the plan's kv_copies on the host tier.
   absl::Status CopyKvBlocks(const loom::v1::StepPlan& plan);
+  // Before the forward pass: pushed slots adopted, then the kv_copies.
+  absl::Status MoveKvBlocks(const loom::v1::StepPlan& plan);
   // The test-only delay and hang of StepExecutorOptions, at the start of a step.
   void DebugHooks();
 

@@ -1,0 +1,263 @@
+#include "worker/kv_push.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/cpu_kv_cache.h"
+#include "worker/kv_transfer.h"
+
+namespace loom::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kLayers = 3, kBlocks = 6, kBlockSize = 16, kHeadDim = 64;
+
+std::unique_ptr<model::CpuKvCache> Pool(int64_t kv_heads, kernels::cpu::KvDtype dtype) {
+  common::ModelConfig config;
+  config.num_layers = kLayers;
+  config.num_kv_heads = kv_heads;
+  config.head_dim = kHeadDim;
+  return *model::CpuKvCache::Create(config, kBlocks, kBlockSize, dtype);
+}
+
+// Random bytes in every K/V value and scale.
+void Randomize(const model::CpuKvCache& pool, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int64_t l = 0; l < pool.num_layers(); ++l) {
+    const kernels::cpu::KvLayerView view = pool.layer(l);
+    const int64_t values = view.num_blocks * view.block_size * view.num_kv_heads;
+    const int64_t bytes = values * view.head_dim * kernels::cpu::KvElementBytes(view.dtype);
+    for (int64_t i = 0; i < bytes; ++i) {
+      static_cast<uint8_t*>(view.k)[i] = static_cast<uint8_t>(rng());
+      static_cast<uint8_t*>(view.v)[i] = static_cast<uint8_t>(rng());
+    }
+    for (int64_t i = 0; view.k_scale != nullptr && i < values; ++i) {
+      view.k_scale[i] = static_cast<uint16_t>(rng());
+      view.v_scale[i] = static_cast<uint16_t>(rng());
+    }
+  }
+}
+
+// Heads [begin, + count) of `full`'s blocks: what a tensor-parallel rank holding them has.
+std::unique_ptr<model::CpuKvCache> Slice(const model::CpuKvCache& full, int64_t begin,
+                                         int64_t count, kernels::cpu::KvDtype dtype) {
+  auto pool = Pool(count, dtype);
+  const int64_t element = kernels::cpu::KvElementBytes(dtype);
+  for (int64_t l = 0; l < pool->num_layers(); ++l) {
+    const kernels::cpu::KvLayerView from = full.layer(l), to = pool->layer(l);
+    const int64_t head_bytes = from.head_dim * element;
+    for (int64_t token = 0; token < from.num_blocks * from.block_size; ++token) {
+      for (int64_t h = 0; h < count; ++h) {
+        const int64_t s = token * from.num_kv_heads + begin + h, d = token * count + h;
+        std::memcpy(static_cast<uint8_t*>(to.k) + d * head_bytes,
+                    static_cast<uint8_t*>(from.k) + s * head_bytes, head_bytes);
+        std::memcpy(static_cast<uint8_t*>(to.v) + d * head_bytes,
+                    static_cast<uint8_t*>(from.v) + s * head_bytes, head_bytes);
+        if (from.k_scale != nullptr) {
+          to.k_scale[d] = from.k_scale[s];
+          to.v_scale[d] = from.v_scale[s];
+        }
+      }
+    }
+  }
+  return pool;
+}
+
+// A host tier over `pool` knowing it holds the model's heads [begin, + count).
+std::unique_ptr<KvHostTier> Tier(const model::CpuKvCache& pool, int64_t begin, int64_t count,
+                                 kernels::cpu::KvDtype dtype) {
+  auto tier = *KvHostTier::Create(4 * pool.block_bytes(), &pool);
+  KvSlotLayout layout;
+  layout.num_layers = kLayers;
+  layout.block_size = kBlockSize;
+  layout.head_dim = kHeadDim;
+  layout.element_bytes = kernels::cpu::KvElementBytes(dtype);
+  layout.scale_bytes = kernels::cpu::KvScaleBytes(dtype);
+  layout.kv_head_begin = begin;
+  layout.num_kv_heads = count;
+  EXPECT_EQ(layout.slot_bytes(), tier->slot_bytes());
+  tier->set_layout(layout);
+  return tier;
+}
+
+std::vector<uint8_t> Saved(const model::CpuKvCache& pool, int32_t block) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(pool.block_bytes()));
+  uint8_t* out = bytes.data();
+  EXPECT_TRUE(pool.SaveBlocks(absl::MakeConstSpan(&block, 1), absl::MakeConstSpan(&out, 1)).ok());
+  return bytes;
+}
+
+// The prefill worker's side without a model: its pool, and the forward pass's half-layer
+// calls made by the test (RunLayers), as the CPU forward pass makes them.
+class PoolBackend final : public StepBackend {
+ public:
+  explicit PoolBackend(const model::CpuKvCache* pool) : pool_(pool) {}
+  std::string_view name() const override { return "pool"; }
+  const common::ModelConfig& config() const override { return config_; }
+  int64_t num_kv_blocks() const override { return pool_->num_blocks(); }
+  int64_t block_size() const override { return pool_->block_size(); }
+  bool uses_samplers() const override { return false; }
+  const model::KvCache* kv_pool() const override { return pool_; }
+  bool SetHalfLayerObserver(std::function<void()> observer) override {
+    observer_ = std::move(observer);
+    return true;
+  }
+  absl::Status Run(const StepBatch&, absl::Span<const SampleRow>, std::vector<SampledToken>&,
+                   std::vector<int32_t>&, BackendTimings&) override {
+    return absl::OkStatus();
+  }
+  void RunLayers(int64_t layers) {
+    for (int64_t i = 0; i < 2 * layers; ++i) {
+      if (observer_) observer_();
+    }
+  }
+  bool observed() const { return static_cast<bool>(observer_); }
+
+ private:
+  const model::CpuKvCache* pool_;
+  common::ModelConfig config_;
+  std::function<void()> observer_;
+};
+
+loom::v1::KvPushDest Dest(const KvHostTier& tier, int32_t begin, int32_t count) {
+  loom::v1::KvPushDest dest;
+  dest.mutable_shared()->set_boot_id(BootId());
+  dest.mutable_shared()->set_pid(static_cast<int32_t>(getpid()));
+  dest.mutable_shared()->set_fd(tier.shared_fd());
+  dest.mutable_shared()->set_size(tier.mapped_bytes());
+  dest.set_kv_head_begin(begin);
+  dest.set_num_kv_heads(count);
+  return dest;
+}
+
+loom::v1::StepPlan PushPlan(std::vector<int32_t> blocks, std::vector<int32_t> slots,
+                            std::vector<loom::v1::KvPushDest> dests) {
+  loom::v1::StepPlan plan;
+  loom::v1::KvPush* push = plan.add_kv_pushes();
+  push->mutable_device_blocks()->Add(blocks.begin(), blocks.end());
+  push->mutable_dest_slots()->Add(slots.begin(), slots.end());
+  for (loom::v1::KvPushDest& dest : dests) *push->add_dests() = std::move(dest);
+  return plan;
+}
+
+// Pushed layer by layer, adopted, reloaded: the decode pool holds the prefill pool's blocks
+// bit for bit, K, V and 8-bit scales, with the same slices on both sides and from two
+// tensor-parallel ranks (one KV head each) into one rank holding both.
+TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
+  for (const kernels::cpu::KvDtype dtype :
+       {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
+    SCOPED_TRACE(kernels::cpu::KvDtypeName(dtype));
+    std::unique_ptr<model::CpuKvCache> full = Pool(2, dtype), decode_pool = Pool(2, dtype);
+    Randomize(*full, 7);
+    auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+    // One rank with both heads.
+    {
+      auto tier = Tier(*full, 0, 2, dtype);
+      PoolBackend backend(full.get());
+      KvPusher pusher(backend, tier.get());
+      pusher.Begin(PushPlan({2, 5}, {1, 3}, {Dest(*decode_tier, 0, 2)}));
+      ASSERT_TRUE(backend.observed());
+      backend.RunLayers(kLayers);
+      loom::v1::StepResult result;
+      pusher.End(result);
+      EXPECT_EQ(result.kv_push_error(), "");
+      EXPECT_FALSE(backend.observed()) << "the observer outlived its step";
+    }
+    loom::v1::StepPlan adopt;
+    adopt.add_kv_pushed_slots(1);
+    adopt.add_kv_pushed_slots(3);
+    ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
+    ASSERT_TRUE(decode_tier->Apply({{false, 0, 1}, {false, 4, 3}}).ok());
+    EXPECT_EQ(Saved(*decode_pool, 0), Saved(*full, 2));
+    EXPECT_EQ(Saved(*decode_pool, 4), Saved(*full, 5));
+    // Two ranks of one head each push their heads into the same slot.
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      auto slice = Slice(*full, rank, 1, dtype);
+      auto tier = Tier(*slice, rank, 1, dtype);
+      PoolBackend backend(slice.get());
+      KvPusher pusher(backend, tier.get());
+      pusher.Begin(PushPlan({1}, {2}, {Dest(*decode_tier, 0, 2)}));
+      backend.RunLayers(kLayers);
+      loom::v1::StepResult result;
+      pusher.End(result);
+      EXPECT_EQ(result.kv_push_error(), "") << "rank " << rank;
+    }
+    adopt.Clear();
+    adopt.add_kv_pushed_slots(2);
+    ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
+    ASSERT_TRUE(decode_tier->Apply({{false, 5, 2}}).ok());
+    EXPECT_EQ(Saved(*decode_pool, 5), Saved(*full, 1));
+  }
+}
+
+// What cannot be pushed is said, never a failed step: a forward pass that stopped early, a
+// destination on another machine, slots or blocks out of range, a backend without the
+// per-layer observer. Bad adoptions are refused.
+TEST(KvPushTest, APushThatCannotCompleteSaysWhy) {
+  const auto dtype = kernels::cpu::KvDtype::kF16;
+  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
+  auto tier = Tier(*pool, 0, 2, dtype);
+  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+  PoolBackend backend(pool.get());
+  auto push_error = [&](const loom::v1::StepPlan& plan, int64_t layers) {
+    KvPusher pusher(backend, tier.get());
+    pusher.Begin(plan);
+    backend.RunLayers(layers);
+    loom::v1::StepResult result;
+    pusher.End(result);
+    return result.kv_push_error();
+  };
+  EXPECT_THAT(push_error(PushPlan({1}, {0}, {Dest(*decode_tier, 0, 2)}), 2),
+              HasSubstr("stopped after 2 of 3 layers"));
+  loom::v1::KvPushDest elsewhere = Dest(*decode_tier, 0, 2);
+  elsewhere.mutable_shared()->set_boot_id("another-machine");
+  EXPECT_THAT(push_error(PushPlan({1}, {0}, {elsewhere}), kLayers), HasSubstr("another machine"));
+  EXPECT_THAT(push_error(PushPlan({1}, {9}, {Dest(*decode_tier, 0, 2)}), kLayers),
+              HasSubstr("outside the decode worker's tier"));
+  EXPECT_THAT(push_error(PushPlan({kBlocks}, {0}, {Dest(*decode_tier, 0, 2)}), kLayers),
+              HasSubstr("outside the pool"));
+  EXPECT_EQ(push_error(loom::v1::StepPlan(), 0), "");  // nothing to push
+  EXPECT_FALSE(backend.observed());
+
+  class NoObserver final : public StepBackend {
+   public:
+    explicit NoObserver(const model::KvCache* pool) : pool_(pool) {}
+    std::string_view name() const override { return "cuda-like"; }
+    const common::ModelConfig& config() const override { return config_; }
+    int64_t num_kv_blocks() const override { return kBlocks; }
+    int64_t block_size() const override { return kBlockSize; }
+    bool uses_samplers() const override { return false; }
+    const model::KvCache* kv_pool() const override { return pool_; }
+    absl::Status Run(const StepBatch&, absl::Span<const SampleRow>, std::vector<SampledToken>&,
+                     std::vector<int32_t>&, BackendTimings&) override {
+      return absl::OkStatus();
+    }
+
+   private:
+    const model::KvCache* pool_;
+    common::ModelConfig config_;
+  } no_observer(pool.get());
+  KvPusher pusher(no_observer, tier.get());
+  pusher.Begin(PushPlan({1}, {0}, {Dest(*decode_tier, 0, 2)}));
+  loom::v1::StepResult result;
+  pusher.End(result);
+  EXPECT_THAT(result.kv_push_error(), HasSubstr("cannot push KV layer by layer"));
+
+  loom::v1::StepPlan adopt;
+  adopt.add_kv_pushed_slots(4);
+  EXPECT_EQ(AdoptPushedSlots(decode_tier.get(), adopt).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AdoptPushedSlots(nullptr, adopt).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace loom::worker
