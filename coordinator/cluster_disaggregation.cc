@@ -112,11 +112,14 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     }
     Replica::SubmitOptions options;
     // A request of one token has nothing to decode: the prefill replica answers it.
-    if (params.max_tokens > 1) options.hand_off_to = target;
+    if (params.max_tokens > 1) {
+      options.hand_off_to = target;
+      options.await_push_target = reserved != nullptr;
+    }
     const absl::Status placed = prefill[index]->Submit(request, options);
     if (placed.ok()) {
       // Slots for the prefill workers to push the prompt's KV into as they compute it.
-      if (reserved != nullptr) reserved->AskPushTarget(request, prefill[index]);
+      if (options.await_push_target) reserved->AskPushTarget(request, prefill[index]);
       return placed;
     }
     if (placed.code() == absl::StatusCode::kInvalidArgument) break;

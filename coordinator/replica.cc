@@ -59,8 +59,8 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
   // The queue bound is enforced here, at admission, and only here: once accepted, a
   // request is never dropped for a full queue (the scheduler's own bound is off, since
   // preempted sequences also wait). Requests being admitted by the loop still count.
-  const int64_t waiting =
-      stats_.num_waiting() + admitting_ + static_cast<int64_t>(inbox_.size());
+  const int64_t waiting = stats_.num_waiting() + admitting_ + static_cast<int64_t>(inbox_.size()) +
+                          awaiting_push_count_.load();
   if (waiting >= options_.max_waiting) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "replica %s has %d requests waiting (the limit, --max-waiting)", replica_id_, waiting));
@@ -95,59 +95,6 @@ absl::Status Replica::Submit(std::shared_ptr<engine::Request> request,
   inbox_.push_back(std::move(request));
   load_.fetch_add(1);
   return absl::OkStatus();
-}
-
-absl::Status Replica::ReserveForHandOff(const std::shared_ptr<engine::Request>& request,
-                                        int64_t blocks) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_ || !healthy_.load()) {
-    return absl::UnavailableError(absl::StrFormat("replica %s has no live worker", replica_id_));
-  }
-  auto [it, added] = reservations_.try_emplace(request->seq_id());
-  const int64_t before = it->second.blocks;
-  const int64_t unheld = stats_.num_free_blocks() - (reserved_blocks_ - before) - held_for_waiting_;
-  if (blocks > unheld) {
-    if (added) reservations_.erase(it);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "replica %s has %d free KV blocks not held for other hand-offs; this one needs %d",
-        replica_id_, std::max<int64_t>(unheld, 0), blocks));
-  }
-  it->second = {request, blocks};
-  reserved_blocks_ += blocks - before;
-  return absl::OkStatus();
-}
-
-int64_t Replica::ReleaseReservation(uint64_t seq_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = reservations_.find(seq_id);
-  if (it == reservations_.end()) return 0;
-  const int64_t blocks = it->second.blocks;
-  reserved_blocks_ -= blocks;
-  reservations_.erase(it);
-  return blocks;
-}
-
-void Replica::SyncReservations() {
-  int64_t arrivals = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    // A request dropped everywhere (its client gone, every replica done with it) that no
-    // path released: its hold must not outlive it.
-    absl::erase_if(reservations_, [this](const auto& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (!entry.second.request.expired()) return false;
-      reserved_blocks_ -= entry.second.blocks;
-      return true;
-    });
-    arrivals = reserved_blocks_;
-  }
-  engine_->scheduler().set_blocks_held_for_arrivals(arrivals);
-}
-
-void Replica::ReleaseHandOffTarget(uint64_t seq_id) {
-  auto target = hand_off_targets_.find(seq_id);
-  if (target == hand_off_targets_.end()) return;
-  target->second->ReleaseReservation(seq_id);
-  hand_off_targets_.erase(target);
 }
 
 void Replica::Wake() {
@@ -203,7 +150,9 @@ loom::v1::ReplicaStatus Replica::Status() const {
     status.set_kv_cache_usage(
         1.0 - static_cast<double>(status.num_free_blocks()) / status.num_kv_blocks());
   }
-  status.set_num_waiting(status.num_waiting() + static_cast<int32_t>(admitting_ + inbox_.size()));
+  status.set_num_waiting(status.num_waiting() +
+                         static_cast<int32_t>(admitting_ + static_cast<int64_t>(inbox_.size()) +
+                                              awaiting_push_count_.load()));
   status.set_num_reserved_blocks(reserved_blocks_ + held_for_waiting_);
   status.set_local_prefill_limit(local_prefill_limit_.load());
   status.set_num_prefills_kept_local(num_prefills_kept_local_.load());
@@ -254,7 +203,9 @@ void Replica::Loop() {
           return stopping_ || wake_ || !inbox_.empty() || pending_connect_.has_value() ||
                  !stream_events_.empty();
         };
-        mu_.AwaitWithTimeout(absl::Condition(&wakeup), absl::Milliseconds(50));
+        mu_.AwaitWithDeadline(
+            absl::Condition(&wakeup),
+            std::min(absl::Now() + absl::Milliseconds(50), NextPushWaitDeadline()));
         wake_ = false;
       } else {
         // A step may take as long as it needs while it progresses: wait until the head
@@ -267,7 +218,8 @@ void Replica::Loop() {
                  !export_asks_.empty() || !export_replies_.empty() || !fetch_results_.empty() ||
                  !export_releases_.empty() || !push_asks_.empty() || !push_deliveries_.empty();
         };
-        if (!mu_.AwaitWithDeadline(absl::Condition(&ready), liveness_.NextCheck(absl::Now())) &&
+        const absl::Time until = std::min(liveness_.NextCheck(absl::Now()), NextPushWaitDeadline());
+        if (!mu_.AwaitWithDeadline(absl::Condition(&ready), until) &&
             liveness_.Stuck(absl::Now())) {
           stuck = absl::StrFormat(
               "step %d made no progress for %d ms (worker stuck; the limit is %d ms: "
@@ -300,6 +252,7 @@ void Replica::Loop() {
   std::deque<std::shared_ptr<engine::Request>> inbox;
   {
     absl::MutexLock lock(&mu_);
+    ReturnPushWaitsToInbox();
     inbox.swap(inbox_);
     inbox_handoffs_ = 0;
     healthy_.store(false);
@@ -441,6 +394,7 @@ void Replica::AdmitInbox() {
       if (hint != placements_.end()) placements_.erase(hint);
     }
   }
+  TakeAnsweredPushWaits(inbox, placements);
   if (inbox.empty()) return;
   // A request back on the replica that just finished its sequence (a prefill replica takes
   // back a hand-off no decode replica took) waits for the plan that releases the old one.
@@ -456,6 +410,7 @@ void Replica::AdmitInbox() {
       AdmitPushed(inbox[i]);
       continue;
     }
+    if (AwaitPushTarget(inbox[i], placement)) continue;
     // A hand-off that pulls (its push failed, or it was placed elsewhere first): no slots
     // wait for a push any more.
     if (placement.handed_off && push_holds_.contains(inbox[i]->seq_id())) {
@@ -495,6 +450,14 @@ void Replica::AdmitInbox() {
   PublishStats();
 }
 
+bool Replica::CopiesRan(uint64_t last_copy_plan) const {
+  if (last_copy_plan == 0) return true;
+  const engine::HostKvTier* tier = engine_->scheduler().host_tier();
+  // Still queued: the next plan carries them.
+  if (tier == nullptr || tier->copy_plans_taken() < last_copy_plan) return false;
+  return in_flight_.empty() || in_flight_.front().copy_plan > last_copy_plan;
+}
+
 void Replica::DropCancelled() {
   std::vector<uint64_t> cancelled;
   for (const auto& [seq_id, request] : engine_->requests()) {
@@ -516,6 +479,8 @@ bool Replica::SendPlans() {
     // Reused: a cleared plan keeps its sequence messages (Write serializes before it returns).
     loom::v1::StepPlan& plan = plan_scratch_;
     flight.step_id = next_step_id_++;
+    const engine::HostKvTier* tier = engine_->scheduler().host_tier();
+    flight.copy_plan = tier != nullptr ? tier->copy_plans_taken() : 0;
     engine::BuildStepPlan(out, flight.step_id, plan, /*with_input_tokens=*/pipelined_);
     AddKvPushes(plan, flight);
     num_kv_copies_queued_ = static_cast<int32_t>(out.kv_copies.size());
@@ -578,35 +543,6 @@ void Replica::ApplyResult(const loom::v1::StepResult& result) {
   PublishStats();
 }
 
-void Replica::HandOffPrefilled() {
-  if (prefilled_.empty()) return;
-  std::vector<std::shared_ptr<engine::Request>> prefilled;
-  prefilled.swap(prefilled_);
-  for (std::shared_ptr<engine::Request>& request : prefilled) {
-    auto target = hand_off_targets_.find(request->seq_id());
-    Replica* decode = target == hand_off_targets_.end() ? nullptr : target->second;
-    if (target != hand_off_targets_.end()) hand_off_targets_.erase(target);
-    ++num_handoffs_out_;
-    request->MarkHandedOff();
-    if (hand_off_ == nullptr) {
-      request->Finish(loom::v1::FINISH_REASON_ERROR, "no decode replica to hand it to",
-                      replica_id_);
-      continue;
-    }
-    // Pushed into the decode replica's tier as it was computed; else its full prompt blocks
-    // are registered in the prefix cache by now (the sequence was released): held for the
-    // decode replica to pull, their copies to the host tier in the very next plan.
-    KvExport exported;
-    if (TakePushedHandOff(*request, decode)) {
-      exported.pushed = true;
-      exported.source = this;
-    } else {
-      exported = Export(*request, /*fetch_id=*/0);
-    }
-    hand_off_(std::move(request), this, decode, std::move(exported));
-  }
-}
-
 void Replica::EndRequest(uint64_t seq_id, loom::v1::FinishReason reason,
                          const std::string& message) {
   engine_->End(seq_id, reason, message);
@@ -633,6 +569,7 @@ void Replica::LoseWorker(const std::string& reason) {
     if (!lost_reason_.empty()) why = lost_reason_;
     healthy_.store(false);
     live_connection_ = nullptr;
+    ReturnPushWaitsToInbox();
     inbox.swap(inbox_);
     inbox_handoffs_ = 0;
     placements.swap(placements_);
@@ -771,6 +708,9 @@ void Replica::PublishStats() {
       if (placed == placements_.end() || !placed->second.handed_off) {
         queued += static_cast<int64_t>(request->params().prompt_ids.size());
       }
+    }
+    for (const PushWait& wait : awaiting_push_) {
+      queued += static_cast<int64_t>(wait.request->params().prompt_ids.size());
     }
     prefill_rate_ = engine::MeasurePrefillRate(
         scheduler.speculation_policy().cost_model(), scheduler.num_running(),

@@ -167,6 +167,10 @@ class Replica {
     // A hand-off: the prefill replica exported the prompt's blocks when it handed the
     // request over (no AskExport round trip); released by whoever reads them.
     std::optional<KvExport> export_reply;
+    // With hand_off_to: its decode replica was asked for slots to push the prompt's KV
+    // into (AskPushTarget); its first plan waits briefly for the answer, so that every
+    // layer it computes is pushed (replica_kv_push.cc).
+    bool await_push_target = false;
   };
   absl::Status Submit(std::shared_ptr<engine::Request> request, const SubmitOptions& options);
   /// Disaggregated serving: holds `blocks` KV blocks of this (decode) replica free for
@@ -269,6 +273,7 @@ class Replica {
  private:
   struct InFlightPlan {
     uint64_t step_id = 0;
+    uint64_t copy_plan = 0;     // the host tier's copy_plans_taken() once it was built
     engine::StepRecord record;  // what it scheduled, for the engine core to apply its result
     absl::Time sent;
     // KV pushes it carries: (sequence, its blocks pushed once this plan ran).
@@ -293,6 +298,9 @@ class Replica {
   // was lost): the decode replica's hold for it ends.
   void ReleaseHandOffTarget(uint64_t seq_id);
   bool SendPlans();  // false: the stream failed
+  // Whether the plan that took the host tier's copies number `last_copy_plan` (and every
+  // one before it) came back: slots those copies touched may be written (true for 0).
+  bool CopiesRan(uint64_t last_copy_plan) const;
   void ApplyResult(const loom::v1::StepResult& result);
   void LoseWorker(const std::string& reason);
   void EndRequest(uint64_t seq_id, loom::v1::FinishReason reason, const std::string& message);
@@ -330,6 +338,15 @@ class Replica {
   // prefill replicas once plans in flight are clear of them, frees released ones; takes
   // delivered targets.
   void HandleKvPushes();
+  // Prefill side, admitting: a prompt placed with await_push_target and no answer yet
+  // waits (awaiting_push_; moved from `request`: true) until TakeAnsweredPushWaits adds
+  // it back to the requests being admitted, answered or kPushTargetWait later.
+  bool AwaitPushTarget(std::shared_ptr<engine::Request>& request, const SubmitOptions& placement);
+  void TakeAnsweredPushWaits(std::deque<std::shared_ptr<engine::Request>>& inbox,
+                             std::vector<SubmitOptions>& placements);
+  absl::Time NextPushWaitDeadline() const;  // InfiniteFuture when none waits
+  // Worker lost or stopping: the waiting prompts go back to the inbox (mu_ held).
+  void ReturnPushWaitsToInbox() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prefill side: the pushes `plan` carries (blocks of sequences with a target that are
   // whole once it ran), recorded in `flight`; decode side: the slots pushes filled.
   void AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight);
@@ -362,11 +379,10 @@ class Replica {
     absl::Time started;
     bool fetching = false;  // the workers are pulling the blocks
     bool handed_off = false;  // SubmitOptions::handed_off
-    // Slots reserved, the pull not started: plans up to this step (sent before the slots
-    // were reserved, or carrying copies queued then) may still copy into or out of them,
-    // so the workers write them only once those plans' results came back.
+    // Slots reserved, the pull not started: a plan sent (or to be sent) may still copy
+    // into or out of them (import.last_copy_plan), so the workers write them only once
+    // its result came back (CopiesRan).
     std::optional<KvExport> reserved_reply;
-    uint64_t start_after_step_id = 0;
   };
 
   const std::string replica_id_;
@@ -438,8 +454,7 @@ class Replica {
   struct PushHold {
     std::weak_ptr<engine::Request> request;
     Replica* prefill = nullptr;
-    engine::Scheduler::HeldSlots slots;
-    uint64_t start_after_step_id = 0;  // as PendingFetch's
+    engine::Scheduler::HeldSlots slots;  // delivered once CopiesRan(slots.last_copy_plan)
     bool delivered = false;
   };
   absl::flat_hash_map<uint64_t, PushHold> push_holds_;
@@ -451,6 +466,13 @@ class Replica {
     bool failed = false;
   };
   absl::flat_hash_map<uint64_t, PushState> push_targets_;
+  struct PushWait {
+    std::shared_ptr<engine::Request> request;
+    SubmitOptions placement;
+    absl::Time deadline;
+  };
+  std::vector<PushWait> awaiting_push_;
+  std::atomic<int64_t> awaiting_push_count_{0};  // read by Submit and Status
   uint64_t num_handoffs_pushed_ = 0;
   uint64_t next_export_id_ = 1;
   uint64_t num_kv_fetches_ = 0, num_kv_fetch_failures_ = 0, num_kv_fetched_blocks_ = 0;

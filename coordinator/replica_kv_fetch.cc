@@ -385,15 +385,11 @@ void Replica::HandleKvFetches() {
     // source of a reload in a plan not yet run (or queued for the next one): written by
     // the fetch before that copy ran, its bytes would be overwritten or read as the old
     // block's (wrong tokens under a small tier). Free and never-used slots are in none.
-    pending.start_after_step_id = !pending.import.evicted               ? 0
-                                  : scheduler.host_tier()->has_copies() ? next_step_id_
-                                                                        : next_step_id_ - 1;
     pending.reserved_reply = std::move(reply);
   }
   // Pulls whose slots no earlier plan touches any more: the workers write them now.
   for (auto& [fetch_id, pending] : pending_fetches_) {
-    if (!pending.reserved_reply.has_value() || next_step_id_ <= pending.start_after_step_id ||
-        (!in_flight_.empty() && in_flight_.front().step_id <= pending.start_after_step_id)) {
+    if (!pending.reserved_reply.has_value() || !CopiesRan(pending.import.last_copy_plan)) {
       continue;
     }
     pending.fetching = true;

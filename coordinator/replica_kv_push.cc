@@ -21,6 +21,15 @@
 #include "engine/sequence.h"
 
 namespace loom::coordinator {
+namespace {
+
+// How long a prompt placed on a prefill replica waits for its decode replica to name the
+// slots its KV goes to (or to decline) before its first plan. The decode replica answers
+// from its loop at once (it wakes mid-step) unless its slots are still in a plan's copies:
+// past this the prompt starts anyway, its later chunks are pushed and the rest pulled.
+constexpr absl::Duration kPushTargetWait = absl::Milliseconds(20);
+
+}  // namespace
 
 void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill) {
   absl::MutexLock lock(&mu_);
@@ -66,6 +75,8 @@ void Replica::HandleKvPushes() {
     push_holds_.erase(hold);
   };
   for (uint64_t seq_id : releases) release(seq_id);
+  // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
+  std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> declined;
   // Decode side: slots for the asks, where every rank's tier can be mapped by a worker of
   // its machine and the layout is one a push can fill (no pipeline stages).
   const bool pushable =
@@ -78,19 +89,18 @@ void Replica::HandleKvPushes() {
     const int32_t block_size = std::max(block_size_.load(), 1);
     const int64_t blocks = static_cast<int64_t>(request->params().prompt_ids.size()) / block_size;
     if (!pushable || blocks == 0 || request->finished() || prefill->kv_layout() != layout) {
+      declined.push_back({request, prefill});
       continue;
     }
     PushHold hold;
     hold.slots = scheduler.ReserveImport(blocks);
     if (static_cast<int64_t>(hold.slots.slots.size()) < blocks) {
       scheduler.ReleaseSlots(hold.slots, /*import=*/true);
-      continue;  // the tier is busy: the hand-off pulls
+      declined.push_back({request, prefill});  // the tier is busy: the hand-off pulls
+      continue;
     }
     hold.request = request;
     hold.prefill = prefill;
-    hold.start_after_step_id = !hold.slots.evicted                   ? 0
-                               : scheduler.host_tier()->has_copies() ? next_step_id_
-                                                                     : next_step_id_ - 1;
     push_holds_[request->seq_id()] = std::move(hold);
   }
   // Holds whose slots no plan in flight touches any more go to their prefill replicas;
@@ -102,10 +112,7 @@ void Replica::HandleKvPushes() {
       ended.push_back(seq_id);
       continue;
     }
-    if (hold.delivered || next_step_id_ <= hold.start_after_step_id ||
-        (!in_flight_.empty() && in_flight_.front().step_id <= hold.start_after_step_id)) {
-      continue;
-    }
+    if (hold.delivered || !CopiesRan(hold.slots.last_copy_plan)) continue;
     KvPushTarget target;
     target.seq_id = seq_id;
     target.request = request;
@@ -121,11 +128,19 @@ void Replica::HandleKvPushes() {
     hold.prefill->DeliverPushTarget(std::move(target));
   }
   for (uint64_t seq_id : ended) release(seq_id);
+  for (auto& [request, prefill] : declined) {
+    KvPushTarget answer;  // no slots: a push that failed from the start
+    answer.seq_id = request->seq_id();
+    answer.request = request;
+    answer.decode = this;
+    prefill->DeliverPushTarget(std::move(answer));
+  }
   // Prefill side: the targets (a request may still wait in the inbox); those whose request
   // ended or left let their slots go.
   for (KvPushTarget& target : deliveries) {
     PushState& state = push_targets_[target.seq_id];
     state = PushState{};
+    state.failed = target.slots.empty();
     state.target = std::move(target);
   }
   std::vector<uint64_t> gone;
@@ -137,6 +152,52 @@ void Replica::HandleKvPushes() {
     push_targets_[seq_id].target.decode->ReleasePushHold(seq_id);
     push_targets_.erase(seq_id);
   }
+}
+
+bool Replica::AwaitPushTarget(std::shared_ptr<engine::Request>& request,
+                              const SubmitOptions& placement) {
+  if (!placement.await_push_target || request->cancelled() ||
+      push_targets_.contains(request->seq_id())) {
+    return false;
+  }
+  SubmitOptions waiting = placement;
+  waiting.await_push_target = false;  // admitted as any prompt once answered
+  awaiting_push_.push_back({std::move(request), std::move(waiting), absl::Now() + kPushTargetWait});
+  awaiting_push_count_.store(static_cast<int64_t>(awaiting_push_.size()));
+  return true;
+}
+
+void Replica::TakeAnsweredPushWaits(std::deque<std::shared_ptr<engine::Request>>& inbox,
+                                    std::vector<SubmitOptions>& placements) {
+  if (awaiting_push_.empty()) return;
+  const absl::Time now = absl::Now();
+  std::vector<PushWait> still;
+  for (PushWait& wait : awaiting_push_) {
+    if (push_targets_.contains(wait.request->seq_id()) || wait.request->cancelled() ||
+        now >= wait.deadline) {
+      inbox.push_back(std::move(wait.request));
+      placements.push_back(std::move(wait.placement));
+    } else {
+      still.push_back(std::move(wait));
+    }
+  }
+  awaiting_push_.swap(still);
+  awaiting_push_count_.store(static_cast<int64_t>(awaiting_push_.size()));
+}
+
+absl::Time Replica::NextPushWaitDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const PushWait& wait : awaiting_push_) next = std::min(next, wait.deadline);
+  return next;
+}
+
+void Replica::ReturnPushWaitsToInbox() {
+  for (PushWait& wait : awaiting_push_) {
+    placements_[wait.request.get()] = std::move(wait.placement);
+    inbox_.push_front(std::move(wait.request));
+  }
+  awaiting_push_.clear();
+  awaiting_push_count_.store(0);
 }
 
 void Replica::AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight) {

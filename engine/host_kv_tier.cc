@@ -44,7 +44,7 @@ void HostKvTier::Unlink(int32_t slot) {
   entry.prev = entry.next = kNone;
 }
 
-int32_t HostKvTier::TakeSlot(bool* evicted) {
+int32_t HostKvTier::TakeSlot() {
   if (!free_slots_.empty()) {
     const int32_t slot = free_slots_.back();
     free_slots_.pop_back();
@@ -58,7 +58,6 @@ int32_t HostKvTier::TakeSlot(bool* evicted) {
     by_hash_.erase(entry.hash);
     if (record_events_) events_.push_back({KvCacheEvent::Kind::kRemoved, entry.hash});
     entry.used = false;
-    if (evicted != nullptr) *evicted = true;
     return slot;
   }
   return kNone;
@@ -78,6 +77,7 @@ void HostKvTier::Describe(int32_t slot, const EvictedBlock& content) {
 void HostKvTier::Store(int32_t slot, const EvictedBlock& evicted) {
   Describe(slot, evicted);
   copies_.push_back({true, evicted.block, slot});
+  entries_[static_cast<size_t>(slot)].copy_plan = copy_plans_taken_ + 1;
   ++num_demoted_;
 }
 
@@ -120,13 +120,16 @@ void HostKvTier::Release(int32_t slot) {
   if (entry.holds > 0) --entry.holds;
 }
 
-std::vector<int32_t> HostKvTier::Reserve(int64_t count, bool* evicted) {
+std::vector<int32_t> HostKvTier::Reserve(int64_t count, uint64_t* last_copy_plan) {
   std::vector<int32_t> slots;
+  if (last_copy_plan != nullptr) *last_copy_plan = 0;
   while (static_cast<int64_t>(slots.size()) < count) {
-    // Free (a failed import's) and never-used slots are in no plan's copies.
-    const int32_t slot = TakeSlot(evicted);
+    const int32_t slot = TakeSlot();
     if (slot == kNone) break;
-    entries_[static_cast<size_t>(slot)].holds = 1;
+    Entry& entry = entries_[static_cast<size_t>(slot)];
+    entry.holds = 1;
+    // Least recently used slots were mostly copied long ago: plans since have run.
+    if (last_copy_plan != nullptr) *last_copy_plan = std::max(*last_copy_plan, entry.copy_plan);
     slots.push_back(slot);
   }
   return slots;
@@ -184,6 +187,7 @@ HostKvTier::Content HostKvTier::Promote(int32_t slot, int32_t device_block) {
   Unlink(slot);
   LinkAtTail(slot);
   copies_.push_back({false, device_block, slot});
+  entry.copy_plan = copy_plans_taken_ + 1;
   ++num_promoted_;
   return Content{entry.hash,
                  absl::MakeConstSpan(tokens_).subspan(static_cast<size_t>(slot) * block_size_,
@@ -194,6 +198,7 @@ HostKvTier::Content HostKvTier::Promote(int32_t slot, int32_t device_block) {
 std::vector<KvCopy> HostKvTier::TakeCopies() {
   std::vector<KvCopy> copies;
   copies.swap(copies_);
+  ++copy_plans_taken_;
   return copies;
 }
 
@@ -203,7 +208,11 @@ void HostKvTier::Forget() {
       events_.push_back({KvCacheEvent::Kind::kRemoved, hash});
   }
   by_hash_.clear();
-  for (Entry& entry : entries_) entry = Entry{};
+  for (Entry& entry : entries_) {
+    const uint64_t copy_plan = entry.copy_plan;  // plans in flight may still copy
+    entry = Entry{};
+    entry.copy_plan = copy_plan;
+  }
   next_never_used_ = 0;
   free_slots_.clear();
   ++generation_;

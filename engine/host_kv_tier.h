@@ -62,9 +62,11 @@ class HostKvTier {
   void Hold(int32_t slot);
   void Release(int32_t slot);
   /// Up to `count` slots for blocks fetched from elsewhere, held and empty (the least
-  /// recently used contents are dropped for them: then `*evicted`, if given, is set, as
-  /// copies into or out of such a slot may still be in plans not yet run).
-  std::vector<int32_t> Reserve(int64_t count, bool* evicted = nullptr);
+  /// recently used contents are dropped for them). `*last_copy_plan`, if given, is the
+  /// latest copy_plans_taken() number (0: none) whose copies touch one of them: an
+  /// offload into or a reload out of such a slot may still be in that plan, or queued for
+  /// it, so the slots may be written only once it ran.
+  std::vector<int32_t> Reserve(int64_t count, uint64_t* last_copy_plan = nullptr);
   /// Reserved `slot` received `content`'s bytes: the tier holds it now (no copy is
   /// queued) and the slot is released. False (the slot is freed instead) when the tier
   /// holds `content.hash` already.
@@ -80,6 +82,8 @@ class HostKvTier {
   uint64_t generation() const { return generation_; }
   /// Copies are queued for the next plan.
   bool has_copies() const { return !copies_.empty(); }
+  /// TakeCopies calls so far: the copies queued now go to plan copy_plans_taken() + 1.
+  uint64_t copy_plans_taken() const { return copy_plans_taken_; }
 
   /// Queues the reload of `slot` into `device_block` and marks it used. What the slot
   /// holds, for BlockManager::RestoreBlock:
@@ -121,15 +125,15 @@ class HostKvTier {
     uint64_t content_id = 0;
     uint64_t parent_id = 0;
     std::string salt;
+    uint64_t copy_plan = 0;  // the TakeCopies number of the slot's latest copy (0: none)
     int32_t prev = kNone;  // LRU list: head least recently used
     int32_t next = kNone;
   };
   void LinkAtTail(int32_t slot);
   void Unlink(int32_t slot);
-  // A slot for new content: never used, else the least recently used unheld one
-  // (its content forgotten: then `*evicted`, if given, is set); kNone when every slot is
-  // held.
-  int32_t TakeSlot(bool* evicted = nullptr);
+  // A slot for new content: never used, else the least recently used unheld one (its
+  // content forgotten); kNone when every slot is held.
+  int32_t TakeSlot();
   void Store(int32_t slot, const EvictedBlock& evicted);
   void Describe(int32_t slot, const EvictedBlock& content);
   bool Busy(int32_t slot) const {
@@ -152,6 +156,7 @@ class HostKvTier {
   uint64_t num_demoted_ = 0;
   uint64_t num_promoted_ = 0;
   uint64_t num_dropped_ = 0;
+  uint64_t copy_plans_taken_ = 0;
   mutable uint64_t num_verification_failures_ = 0;
 };
 

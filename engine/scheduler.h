@@ -232,8 +232,9 @@ class Scheduler {
   struct HeldSlots {
     std::vector<int32_t> slots;
     uint64_t generation = 0;
-    // ReserveImport: some slot's old content was evicted for it (HostKvTier::Reserve).
-    bool evicted = false;
+    // ReserveImport: the tier's copy plan that last touched one of them (0: none;
+    // HostKvTier::Reserve): the slots may be written once that plan ran.
+    uint64_t last_copy_plan = 0;
   };
   /// The source side: the longest verified chain of `hashes` (the blocks of `tokens`,
   /// first salted with `cache_salt`) this replica holds, pool or host tier, as host slots

@@ -106,7 +106,7 @@ Scheduler::HeldSlots Scheduler::ReserveImport(int64_t count) {
   HeldSlots held;
   if (host_tier_ == nullptr || count <= 0) return held;
   held.generation = host_tier_->generation();
-  held.slots = host_tier_->Reserve(count, &held.evicted);
+  held.slots = host_tier_->Reserve(count, &held.last_copy_plan);
   return held;
 }
 

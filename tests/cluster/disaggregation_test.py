@@ -203,6 +203,24 @@ def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(bin
             [m for m in metrics.splitlines() if "pushed" in m]
 
 
+def test_prompts_computed_in_one_plan_have_their_kv_pushed_too(binaries, reference, tmp_path):
+    # An idle prefill replica would send a prompt's only plan at once; it waits (briefly) for
+    # the decode replica to name its slots, so that plan pushes every layer as it computes it:
+    # each hand-off pushed, nothing fetched, the mixed replica's tokens.
+    with disaggregated(tmp_path, prefill_delay_ms=0) as rig:
+        chosen = [i for i in range(1, 30) if i % 5 != 0 and not seeded(i)][:8]
+        for i in chosen:
+            outcome = h.Stream(rig.coordinator.stub, make_request(PROMPTS[i], max_tokens=MAX_TOKENS, ignore_eos=True),
+                               timeout=180).join(180)
+            assert outcome.finished, outcome.describe()
+            assert outcome.token_ids == reference[i], (PROMPTS[i], outcome.token_ids, reference[i])
+            assert (outcome.replica_id, outcome.last_replica_id) == ("prefill-0", "decode-0"), outcome.describe()
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        decode = status["decode-0"]
+        assert decode.num_handoffs_in == len(chosen) == decode.num_handoffs_pushed, decode
+        assert decode.num_kv_fetches == 0 and decode.num_handoff_failures == 0, decode
+
+
 def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_decode_replica(
         binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:
@@ -265,7 +283,8 @@ def test_a_client_gone_during_the_transfer_cancels_it_and_leaks_nothing(binaries
     # worker's pull waits at the source. The client goes away meanwhile: the coordinator cancels
     # the pull (the decode worker's reads from the source are children of its call), which ends
     # without bringing a block, and every reservation and export hold ends with the request.
-    with disaggregated(tmp_path, prefill_delay_ms=5000) as rig:
+    # (Pulled: a pushed hand-off has nothing left to transfer.)
+    with disaggregated(tmp_path, prefill_delay_ms=5000, kv_push="off") as rig:
         stream = start(rig)
         assert stream.wait_tokens(1, 120), stream.outcome.describe()
         wait_for(rig, lambda r: r["prefill-0"].num_handoffs_out == 1, "the hand-off", timeout=60)

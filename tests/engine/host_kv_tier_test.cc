@@ -60,20 +60,37 @@ TEST(HostKvTierTest, DemotesIntoFreeSlotsThenTheLeastRecentlyUsed) {
   EXPECT_EQ(tier.num_used(), 2);
 }
 
-TEST(HostKvTierTest, AReservationSaysWhenItEvictedContentThatPlansMayStillCopy) {
+TEST(HostKvTierTest, AReservationNamesTheLatestPlanWhoseCopiesTouchItsSlots) {
   HostKvTier tier(3, kBlockSize);
-  tier.Demote(MakeContent(1).Evicted(10));  // slot 0, its copy queued
-  bool evicted = false;
-  std::vector<int32_t> slots = tier.Reserve(2, &evicted);  // the two never used
+  tier.Demote(MakeContent(1).Evicted(10));  // slot 0, its copy queued for plan 1
+  uint64_t last_copy_plan = 99;
+  std::vector<int32_t> slots = tier.Reserve(2, &last_copy_plan);  // the two never used
   EXPECT_EQ(slots.size(), 2u);
-  EXPECT_FALSE(evicted);
+  EXPECT_EQ(last_copy_plan, 0u);
   tier.FreeReserved(slots[0]);
-  slots = tier.Reserve(1, &evicted);  // the one a failed import freed
-  EXPECT_FALSE(evicted);
-  slots = tier.Reserve(1, &evicted);  // slot 0: its content, and its queued copy, dropped
+  slots = tier.Reserve(1, &last_copy_plan);  // the one a failed import freed
+  EXPECT_EQ(last_copy_plan, 0u);
+  slots = tier.Reserve(1, &last_copy_plan);  // slot 0: its content dropped, its copy queued
   ASSERT_EQ(slots.size(), 1u);
   EXPECT_EQ(slots[0], 0);
-  EXPECT_TRUE(evicted);
+  EXPECT_EQ(last_copy_plan, 1u);
+  EXPECT_EQ(tier.copy_plans_taken(), 0u);
+  EXPECT_EQ(tier.TakeCopies().size(), 1u);  // plan 1 carries it
+  EXPECT_EQ(tier.copy_plans_taken(), 1u);
+
+  // A content copied in plan 2 and reloaded in plan 3, evicted after plan 5 was built:
+  // only plans up to 3 may still touch its slot.
+  HostKvTier lru(1, kBlockSize);
+  const Content a = MakeContent(2);
+  lru.TakeCopies();
+  lru.Demote(a.Evicted(4));
+  lru.TakeCopies();
+  lru.Promote(lru.Find(a.hash, a.tokens, 0, "")->slot, 6);
+  for (int plan = 3; plan <= 5; ++plan) lru.TakeCopies();
+  slots = lru.Reserve(1, &last_copy_plan);
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_EQ(last_copy_plan, 3u);
+  EXPECT_EQ(lru.copy_plans_taken(), 5u);
 }
 
 TEST(HostKvTierTest, ContentItHoldsAlreadyIsNotCopiedAgain) {
