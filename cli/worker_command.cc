@@ -209,13 +209,11 @@ struct KvPool {
 absl::StatusOr<KvPool> PlanKvPool(const WorkerOptions& options, const Placement& placement,
                                   const common::ModelConfig& config) {
   KvPool pool;
-  LOOM_ASSIGN_OR_RETURN(
-      pool.block, model::ShardKvBlock(
-                      config, ParallelismOf(options), options.block_size,
-                      placement.cuda() ? kernels::cuda::ElementBytes(kernels::cuda::DataType::kF16)
-                                       : kernels::cpu::KvElementBytes(options.kv_dtype),
-                      kernels::cpu::KvDtypeName(options.kv_dtype),
-                      placement.cuda() ? 0 : kernels::cpu::KvScaleBytes(options.kv_dtype)));
+  LOOM_ASSIGN_OR_RETURN(pool.block,
+                        model::ShardKvBlock(config, ParallelismOf(options), options.block_size,
+                                            kernels::cpu::KvElementBytes(options.kv_dtype),
+                                            kernels::cpu::KvDtypeName(options.kv_dtype),
+                                            kernels::cpu::KvScaleBytes(options.kv_dtype)));
   if (!placement.cuda() || options.kv_cache_bytes.has_value()) {
     LOOM_ASSIGN_OR_RETURN(const int64_t budget, KvCacheBudgetBytes(options));
     LOOM_ASSIGN_OR_RETURN(pool.num_blocks, model::KvBlocksFromBudget(budget, pool.block));
@@ -405,7 +403,7 @@ std::unique_ptr<common::GrammarMatcherFactory> LoadGrammars(const common::GgufFi
 // its pool: the hand-off of a request's KV passes through both replicas' tiers.
 absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& options,
                                                            const common::ModelConfig& served_config,
-                                                           bool cuda, const StepBackend& backend,
+                                                           const StepBackend& backend,
                                                            int64_t num_blocks,
                                                            double* load_seconds) {
   const common::ModelConfig& config = backend.config();
@@ -429,8 +427,9 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
     layout.num_layers = plan->num_layers;
     layout.block_size = options.block_size;
     layout.head_dim = served_config.head_dim;
-    layout.element_bytes = cuda ? 2 : kernels::cpu::KvElementBytes(options.kv_dtype);
-    layout.scale_bytes = cuda ? 0 : kernels::cpu::KvScaleBytes(options.kv_dtype);
+    // CUDA pools hold F16 or BF16 (2 bytes, as the CPU's f16) or the same 8-bit rows.
+    layout.element_bytes = kernels::cpu::KvElementBytes(options.kv_dtype);
+    layout.scale_bytes = kernels::cpu::KvScaleBytes(options.kv_dtype);
     layout.kv_head_begin = plan->kv_head0;
     layout.num_kv_heads = plan->num_kv_heads;
     if (layout.slot_bytes() == tier->slot_bytes()) tier->set_layout(layout);
@@ -448,7 +447,7 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
 // server knows its port.
 loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
                                              const ServedModel& served, const StepBackend& backend,
-                                             int64_t num_blocks, const Placement& placement) {
+                                             int64_t num_blocks) {
   loom::v1::RegisterRequest request;
   request.set_worker_address(options.advertise_address);
   request.set_replica_id(options.replica_id);
@@ -474,7 +473,7 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
   request.set_backend(std::string(backend.name()));
   request.set_num_kv_blocks(num_blocks);
   request.set_block_size(static_cast<int32_t>(options.block_size));
-  request.set_kv_dtype(placement.cuda() ? "f16" : kernels::cpu::KvDtypeName(options.kv_dtype));
+  request.set_kv_dtype(kernels::cpu::KvDtypeName(options.kv_dtype));
   request.set_version(LOOM_VERSION);
   return request;
 }
@@ -610,8 +609,8 @@ int RunWorkerCommand(int argc, char** argv) {
   std::unique_ptr<KvHostTier> host_tier;
   double load_seconds = 0;
   if (options.kv_offload_bytes > 0 || options.role != "mixed") {
-    absl::StatusOr<std::unique_ptr<KvHostTier>> created = CreateHostTier(
-        options, served->config, placement->cuda(), **backend, num_blocks, &load_seconds);
+    absl::StatusOr<std::unique_ptr<KvHostTier>> created =
+        CreateHostTier(options, served->config, **backend, num_blocks, &load_seconds);
     if (!created.ok()) return Fail(created.status());
     host_tier = *std::move(created);
   }
@@ -626,8 +625,7 @@ int RunWorkerCommand(int argc, char** argv) {
   StepExecutor executor(**backend, executor_options);
   WorkerMetrics metrics(options.replica_id, options.rank, std::string((*backend)->name()),
                         num_blocks);
-  loom::v1::RegisterRequest request =
-      RegisterRequestFor(options, *served, **backend, num_blocks, *placement);
+  loom::v1::RegisterRequest request = RegisterRequestFor(options, *served, **backend, num_blocks);
   if (host_tier != nullptr) {
     request.set_num_host_kv_blocks(host_tier->num_slots());
     request.set_kv_load_seconds_per_block(load_seconds);

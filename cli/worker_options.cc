@@ -82,7 +82,7 @@ absl::StatusOr<int64_t> KvCacheBudgetBytes(const WorkerOptions& options) {
 absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu::KvDtype kv_dtype,
                                           int world_size, int cuda_device_count) {
   if (device == "cpu") return std::string("cpu");
-  const bool cpu_only_kv = kv_dtype != kernels::cpu::KvDtype::kF16;
+  const bool cpu_only_kv = kv_dtype == kernels::cpu::KvDtype::kF32;
   if (device == "auto") {
     return std::string(cuda_device_count > 0 && !cpu_only_kv && world_size == 1 ? "cuda" : "cpu");
   }
@@ -97,8 +97,8 @@ absl::StatusOr<std::string> ResolveDevice(absl::string_view device, kernels::cpu
   }
   if (cpu_only_kv) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--device cuda: --kv-dtype %s is CPU-only (the CUDA kernels read f16 "
-                        "KV; use f16)",
+        absl::StrFormat("--device cuda: --kv-dtype %s is CPU-only (the CUDA kernels read f16, "
+                        "int8 or fp8_e4m3 KV)",
                         kernels::cpu::KvDtypeName(kv_dtype)));
   }
   return std::string("cuda");

@@ -205,26 +205,42 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
 
 namespace cuda_detail {
 
-// Block b of a layer is one contiguous range of its K (and V) pool: one cudaMemcpyAsync
-// per layer, K and V, on the device's stream (ordered after the steps already enqueued,
-// before the next), then one wait. Pinned host memory (RegisterHostMemory) makes these
-// DMA copies at the link's bandwidth; pageable memory is staged by the driver.
+// Block b of a layer is one contiguous range of its K (and V, and their scales') pools:
+// one cudaMemcpyAsync per piece (the CPU pool's host layout, CudaKvCache::block_bytes) on
+// the device's stream (ordered after the steps already enqueued, before the next), then
+// one wait. Pinned host memory (RegisterHostMemory) makes these DMA copies at the link's
+// bandwidth; pageable memory is staged by the driver.
+template <typename Copy>
+absl::Status CudaKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
+  const int64_t values = block_value_bytes();
+  const int64_t scales = block_scale_bytes();
+  int64_t offset = 0;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    LOOM_RETURN_IF_ERROR(copy(k_[l].data(), block * values, offset, values));
+    LOOM_RETURN_IF_ERROR(copy(v_[l].data(), block * values, offset + values, values));
+    offset += 2 * values;
+    if (scales > 0) {
+      LOOM_RETURN_IF_ERROR(copy(k_scale_[l].data(), block * scales, offset, scales));
+      LOOM_RETURN_IF_ERROR(copy(v_scale_[l].data(), block * scales, offset + scales, scales));
+      offset += 2 * scales;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaKvCache::SaveBlocks(absl::Span<const int32_t> blocks,
                                      absl::Span<uint8_t* const> host) const {
   if (blocks.size() != host.size()) {
     return absl::InvalidArgumentError("SaveBlocks: one host slot per block");
   }
-  const size_t piece = static_cast<size_t>(block_bytes() / std::max<int64_t>(2 * num_layers(), 1));
   for (size_t i = 0; i < blocks.size(); ++i) {
-    for (size_t l = 0; l < k_.size(); ++l) {
-      const size_t at = static_cast<size_t>(blocks[i]) * piece;
-      LOOM_CUDA_CALL(cudaMemcpyAsync(host[i] + 2 * l * piece,
-                                     static_cast<const uint8_t*>(k_[l].data()) + at, piece,
-                                     cudaMemcpyDeviceToHost, stream_));
-      LOOM_CUDA_CALL(cudaMemcpyAsync(host[i] + (2 * l + 1) * piece,
-                                     static_cast<const uint8_t*>(v_[l].data()) + at, piece,
-                                     cudaMemcpyDeviceToHost, stream_));
-    }
+    LOOM_RETURN_IF_ERROR(ForEachPiece(
+        blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) -> absl::Status {
+          LOOM_CUDA_CALL(cudaMemcpyAsync(host[i] + offset, static_cast<const uint8_t*>(pool) + at,
+                                         static_cast<size_t>(size), cudaMemcpyDeviceToHost,
+                                         stream_));
+          return absl::OkStatus();
+        }));
   }
   LOOM_CUDA_CALL(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
@@ -235,17 +251,14 @@ absl::Status CudaKvCache::LoadBlocks(absl::Span<const uint8_t* const> host,
   if (blocks.size() != host.size()) {
     return absl::InvalidArgumentError("LoadBlocks: one host slot per block");
   }
-  const size_t piece = static_cast<size_t>(block_bytes() / std::max<int64_t>(2 * num_layers(), 1));
   for (size_t i = 0; i < blocks.size(); ++i) {
-    for (size_t l = 0; l < k_.size(); ++l) {
-      const size_t at = static_cast<size_t>(blocks[i]) * piece;
-      LOOM_CUDA_CALL(cudaMemcpyAsync(static_cast<uint8_t*>(k_[l].data()) + at,
-                                     host[i] + 2 * l * piece, piece, cudaMemcpyHostToDevice,
-                                     stream_));
-      LOOM_CUDA_CALL(cudaMemcpyAsync(static_cast<uint8_t*>(v_[l].data()) + at,
-                                     host[i] + (2 * l + 1) * piece, piece, cudaMemcpyHostToDevice,
-                                     stream_));
-    }
+    LOOM_RETURN_IF_ERROR(ForEachPiece(
+        blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) -> absl::Status {
+          LOOM_CUDA_CALL(cudaMemcpyAsync(static_cast<uint8_t*>(pool) + at, host[i] + offset,
+                                         static_cast<size_t>(size), cudaMemcpyHostToDevice,
+                                         stream_));
+          return absl::OkStatus();
+        }));
   }
   LOOM_CUDA_CALL(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
@@ -271,20 +284,29 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
   auto cache = std::make_unique<CudaKvCache>();
   cache->stream_ = stream_;
   cache->view_.dtype = options_.kv_dtype;
+  cache->view_.quant = options_.kv_quant;
   cache->view_.num_blocks = num_blocks;
   cache->view_.block_size = block_size;
   cache->view_.num_kv_heads = config.num_kv_heads;
   cache->view_.head_dim = config.head_dim;
-  const size_t layer_bytes = static_cast<size_t>(num_blocks * block_size * config.num_kv_heads *
-                                                 config.head_dim *
-                                                 kc::ElementBytes(options_.kv_dtype));
+  const size_t layer_bytes = static_cast<size_t>(num_blocks * cache->block_value_bytes());
+  const size_t scale_bytes = static_cast<size_t>(num_blocks * cache->block_scale_bytes());
+  auto zeroed = [&](size_t bytes) -> absl::StatusOr<kc::DeviceBuffer> {
+    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, kc::DeviceBuffer::Allocate(bytes));
+    LOOM_CUDA_CALL(cudaMemsetAsync(buffer.data(), 0, bytes, stream_));
+    return buffer;
+  };
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer k, kc::DeviceBuffer::Allocate(layer_bytes));
-    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer v, kc::DeviceBuffer::Allocate(layer_bytes));
-    LOOM_CUDA_CALL(cudaMemsetAsync(k.data(), 0, layer_bytes, stream_));
-    LOOM_CUDA_CALL(cudaMemsetAsync(v.data(), 0, layer_bytes, stream_));
+    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer k, zeroed(layer_bytes));
+    LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer v, zeroed(layer_bytes));
     cache->k_.push_back(std::move(k));
     cache->v_.push_back(std::move(v));
+    if (scale_bytes > 0) {
+      LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer k_scale, zeroed(scale_bytes));
+      LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer v_scale, zeroed(scale_bytes));
+      cache->k_scale_.push_back(std::move(k_scale));
+      cache->v_scale_.push_back(std::move(v_scale));
+    }
   }
   if (config.num_layers > 0) LOOM_RETURN_IF_ERROR(kc::CheckKvCacheView(cache->layer(0)));
   return std::unique_ptr<KvCache>(std::move(cache));
@@ -355,7 +377,10 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
 
 absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   const int64_t elem = kc::ElementBytes(options_.dtype);
-  const int64_t kv_elem = kc::ElementBytes(options_.kv_dtype);
+  // An 8-bit cache's decode rotates the query into gemm_input_ in F32.
+  const int64_t kv_elem = options_.kv_quant != kc::KvQuant::kNone
+                              ? kc::ElementBytes(kc::DataType::kF32)
+                              : kc::ElementBytes(options_.kv_dtype);
   const int64_t tokens = std::max<int64_t>(capacity.tokens, 1);
   const int64_t q_cols = capacity.num_heads * capacity.head_dim;
   // The GEMM input in dtype (any linear's), which prefill attention's Q in the KV dtype

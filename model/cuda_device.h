@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/types.h"
 #include "kernels/cuda_device.h"
 #include "model/communicator.h"
@@ -20,8 +21,12 @@ struct CudaDeviceOptions {
   /// The element type of weights on the device and of the GEMMs' inputs (F16 or BF16);
   /// activations between operations stay F32, as on the CPU.
   kernels::cuda::DataType dtype = kernels::cuda::DataType::kF16;
-  /// The KV pool's element type (F16 or BF16).
+  /// The KV pool's element type (F16 or BF16); with kv_quant the type its codes
+  /// dequantize to in the attention kernels.
   kernels::cuda::DataType kv_dtype = kernels::cuda::DataType::kF16;
+  /// 8-bit KV (--kv-cache-dtype int8|fp8_e4m3): codes and a BF16 scale per token and KV
+  /// head, rows rotated (kernels/cuda/kv_cache.h); the attention rotates query and output.
+  kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone;
   /// INT4 weights the W4A16 GEMM takes stay 4-bit (a quarter of the bytes a decode step
   /// reads); else (and for every other format) they are dequantized to `dtype`. An
   /// embedding table kept 4-bit cannot be gathered: the graph's tables are uploaded with

@@ -50,19 +50,33 @@ class CudaKvCache : public KvCache {
   int64_t bytes() const override {
     int64_t total = 0;
     for (size_t l = 0; l < k_.size(); ++l) total += k_[l].bytes() + v_[l].bytes();
+    for (size_t l = 0; l < k_scale_.size(); ++l) total += k_scale_[l].bytes() + v_scale_[l].bytes();
     return total;
   }
   kc::KvCacheView layer(int64_t index) const {
     kc::KvCacheView view = view_;
     view.k = k_[index].data();
     view.v = v_[index].data();
+    if (!k_scale_.empty()) {
+      view.k_scale = static_cast<uint16_t*>(k_scale_[index].data());
+      view.v_scale = static_cast<uint16_t*>(v_scale_[index].data());
+    }
     return view;
   }
 
-  // Per layer K then V of the block, contiguous (model/cuda_device.cc; stubs without CUDA).
+  // One block's K (or V) values, and its K (or V) scales (8-bit KV), in one layer.
+  int64_t block_value_bytes() const {
+    return view_.block_size * view_.num_kv_heads * view_.head_dim * kc::KvCodeBytes(view_);
+  }
+  int64_t block_scale_bytes() const {
+    return view_.quant == kc::KvQuant::kNone
+               ? 0
+               : view_.block_size * view_.num_kv_heads * static_cast<int64_t>(sizeof(uint16_t));
+  }
+  // Per layer K, V, then (8-bit KV) K scales and V scales of the block, contiguous: the
+  // CPU pool's host layout (model/cuda_device.cc; stubs without CUDA).
   int64_t block_bytes() const override {
-    return num_layers() * 2 * view_.block_size * view_.num_kv_heads * view_.head_dim *
-           static_cast<int64_t>(kc::ElementBytes(view_.dtype));
+    return num_layers() * 2 * (block_value_bytes() + block_scale_bytes());
   }
   absl::Status SaveBlocks(absl::Span<const int32_t> blocks,
                           absl::Span<uint8_t* const> host) const override;
@@ -70,9 +84,14 @@ class CudaKvCache : public KvCache {
                           absl::Span<const int32_t> blocks) const override;
   absl::Status RegisterHostMemory(void* host, int64_t bytes) const override;
   void UnregisterHostMemory(void* host) const override;
+  // Calls copy(pool, byte offset in it, byte offset in the host slot, bytes) for each
+  // contiguous piece of `block` in host-layout order; stops at the first error.
+  template <typename Copy>
+  absl::Status ForEachPiece(int32_t block, Copy&& copy) const;
 
-  kc::KvCacheView view_;  // shape and dtype; k and v per layer below
+  kc::KvCacheView view_;  // shape and dtype; k and v (and scales) per layer below
   std::vector<kc::DeviceBuffer> k_, v_;
+  std::vector<kc::DeviceBuffer> k_scale_, v_scale_;  // 8-bit KV only
   cudaStream_t stream_ = nullptr;  // the device's: copies are ordered with its steps
 };
 

@@ -202,13 +202,40 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
                         spec.num_heads, view.num_kv_heads, spec.group));
   }
   const int64_t q_cols = spec.num_heads * spec.head_dim;
+  // An 8-bit cache holds rotated rows (kernels/cuda/kv_cache.h): the query is rotated into
+  // gemm_input_ (in F32 for decode, in the cache dtype for prefill's tensor cores) and the
+  // output back in place, as cpu::PagedAttention does.
+  const bool rotated = view.quant != kc::KvQuant::kNone;
+  auto rotate_query = [&](kc::DataType dtype) -> absl::Status {
+    LOOM_RETURN_IF_ERROR(Ensure(
+        gemm_input_, static_cast<size_t>(step.num_tokens * q_cols * kc::ElementBytes(dtype))));
+    kc::RotateHeadsParams r;
+    r.src = q.as<const float>();
+    r.dst = gemm_input_.data();
+    r.dst_dtype = dtype;
+    r.rows = step.num_tokens * spec.num_heads;
+    r.head_dim = spec.head_dim;
+    return kc::LaunchRotateHeads(r, stream_);
+  };
+  auto rotate_output = [&]() -> absl::Status {
+    if (!rotated) return absl::OkStatus();
+    kc::RotateHeadsParams r;
+    r.src = out.as<const float>();
+    r.dst = out.data;
+    r.rows = step.num_tokens * spec.num_heads;
+    r.head_dim = spec.head_dim;
+    return kc::LaunchRotateHeads(r, stream_);
+  };
   if (step.num_tokens == step.num_seqs) {
+    if (rotated) LOOM_RETURN_IF_ERROR(rotate_query(kc::DataType::kF32));
+    const float* decode_q =
+        rotated ? static_cast<const float*>(gemm_input_.data()) : q.as<const float>();
     // Launches of at most kMaxAttentionSeqsPerLaunch sequences; block_indptr values index
     // the whole block_indices array, so a chunk offsets only the per-sequence arrays.
     for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
       kc::PagedDecodeParams p;
       p.num_seqs = std::min(kMaxAttentionSeqsPerLaunch, step.num_seqs - first);
-      p.q = q.as<const float>() + first * q_cols;
+      p.q = decode_q + first * q_cols;
       p.out = out.as<float>() + first * q_cols;
       p.q_dtype = kc::DataType::kF32;
       p.cache = view;
@@ -226,13 +253,17 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
       p.workspace_bytes = workspace_.bytes();
       LOOM_RETURN_IF_ERROR(kc::LaunchPagedDecode(p, stream_));
     }
-    return absl::OkStatus();
+    return rotate_output();
   }
   // Prefill reads Q in the cache dtype (the tensor cores' input).
-  LOOM_RETURN_IF_ERROR(Ensure(
-      gemm_input_, static_cast<size_t>(step.num_tokens * q_cols * kc::ElementBytes(view.dtype))));
-  LOOM_RETURN_IF_ERROR(
-      Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype, step.num_tokens, q_cols));
+  if (rotated) {
+    LOOM_RETURN_IF_ERROR(rotate_query(view.dtype));
+  } else {
+    LOOM_RETURN_IF_ERROR(Ensure(
+        gemm_input_, static_cast<size_t>(step.num_tokens * q_cols * kc::ElementBytes(view.dtype))));
+    LOOM_RETURN_IF_ERROR(Convert(q.data, kc::DataType::kF32, gemm_input_.data(), view.dtype,
+                                 step.num_tokens, q_cols));
+  }
   for (int64_t first = 0; first < step.num_seqs; first += kMaxAttentionSeqsPerLaunch) {
     // query_start values index the whole step's rows: q and out stay whole.
     kc::PagedPrefillParams p;
@@ -253,7 +284,7 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
     p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
     LOOM_RETURN_IF_ERROR(kc::LaunchPagedPrefill(p, stream_));
   }
-  return absl::OkStatus();
+  return rotate_output();
 }
 
 absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {

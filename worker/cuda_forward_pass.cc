@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,9 +33,30 @@ namespace loom::worker {
 
 namespace kc = kernels::cuda;
 
+namespace {
+
+// The KV pool's element bytes, scale bytes (per token and KV head) and name.
+int64_t KvElementBytes(kc::DataType kv_dtype, kc::KvQuant kv_quant) {
+  return kv_quant == kc::KvQuant::kNone ? kc::ElementBytes(kv_dtype) : 1;
+}
+int64_t KvScaleBytes(kc::KvQuant kv_quant) { return kv_quant == kc::KvQuant::kNone ? 0 : 2; }
+std::string KvDtypeName(kc::DataType kv_dtype, kc::KvQuant kv_quant) {
+  switch (kv_quant) {
+    case kc::KvQuant::kInt8:
+      return "int8";
+    case kc::KvQuant::kFp8E4m3:
+      return "fp8_e4m3";
+    default:
+      return std::string(kc::DataTypeName(kv_dtype));
+  }
+}
+
+}  // namespace
+
 int64_t CudaForwardPass::KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
-                                         kc::DataType kv_dtype) {
-  return model::KvBytesPerBlock(config, block_size, kc::ElementBytes(kv_dtype));
+                                         kc::DataType kv_dtype, kc::KvQuant kv_quant) {
+  return model::KvBytesPerBlock(config, block_size, KvElementBytes(kv_dtype, kv_quant),
+                                KvScaleBytes(kv_quant));
 }
 
 CudaForwardPass::CudaForwardPass(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -483,6 +505,7 @@ absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
   model::CudaDeviceOptions device_options;
   device_options.dtype = options.dtype;
   device_options.kv_dtype = options.kv_dtype;
+  device_options.kv_quant = options.kv_quant;
   device_options.keep_quantized = options.quantized_weights;
   device_options.communicator = options.communicator;
   return model::CudaDevice::Create(device_options);
@@ -605,9 +628,9 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   LOOM_RETURN_IF_ERROR(s.EnsureLogits(kMaxGraphBatch));
 
   // The KV pool: one extra block (the scratch block graph padding writes to and reads).
-  const model::KvBlockSpec block =
-      model::KvBlockOf(local, s.block_size, kc::ElementBytes(options.kv_dtype),
-                       std::string(kc::DataTypeName(options.kv_dtype)));
+  const model::KvBlockSpec block = model::KvBlockOf(
+      local, s.block_size, KvElementBytes(options.kv_dtype, options.kv_quant),
+      KvDtypeName(options.kv_dtype, options.kv_quant), KvScaleBytes(options.kv_quant));
   size_t free_bytes = 0, total_bytes = 0;
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   model::DeviceKvBudget budget;
@@ -636,8 +659,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
       "CUDA graphs %s\n",
       options.device, kernels::CudaDeviceDescription(options.device), graph.shard().rank,
       graph.shard().size, static_cast<double>(device.weight_bytes()) / (1 << 20), num_blocks,
-      s.block_size, kc::DataTypeName(options.kv_dtype),
-      static_cast<double>(num_blocks * block.bytes) / (1 << 20),
+      s.block_size, block.dtype_name, static_cast<double>(num_blocks * block.bytes) / (1 << 20),
       s.use_graphs           ? "on"
       : !options.cuda_graphs ? "off"
       : options.pp_size > 1  ? "off (pipeline stage)"

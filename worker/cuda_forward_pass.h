@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
+#include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
@@ -33,8 +34,11 @@ struct CudaForwardPassOptions {
   // Weights and GEMM inputs: F16 or BF16 (activations between operations are F32, F32
   // accumulation in every GEMM and kernel).
   kernels::cuda::DataType dtype = kernels::cuda::DataType::kF16;
-  // KV pool: F16 or BF16, equal to dtype.
+  // KV pool: F16 or BF16, equal to dtype (with kv_quant the type its codes dequantize to).
   kernels::cuda::DataType kv_dtype = kernels::cuda::DataType::kF16;
+  // 8-bit KV (--kv-cache-dtype int8|fp8_e4m3): codes and a BF16 scale per token and KV
+  // head, as the CPU pool stores them (kernels/cuda/kv_cache.h); head_dim 64 or 128.
+  kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone;
   // INT4 layer weights (GGUF Q4_0/Q4_1, `loom quantize --format int4`) stay 4-bit in device
   // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm); false, or weights
   // it cannot take (INT8 in groups, odd shapes): dequantized to dtype at load for cuBLAS.
@@ -100,7 +104,8 @@ class CudaForwardPass : public ForwardPass {
   /// Bytes one KV block takes in the pool (K and V of every layer; for a tensor-parallel
   /// rank pass its model::LocalConfig).
   static int64_t KvBytesPerBlock(const common::ModelConfig& config, int64_t block_size,
-                                 kernels::cuda::DataType kv_dtype);
+                                 kernels::cuda::DataType kv_dtype,
+                                 kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone);
 
   ~CudaForwardPass() override;
 

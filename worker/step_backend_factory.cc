@@ -53,6 +53,19 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     cuda_options.link = options.link;
     cuda_options.dtype = CudaComputeDtype(gguf);
     cuda_options.kv_dtype = cuda_options.dtype;
+    switch (options.kv_dtype) {
+      case kernels::cpu::KvDtype::kInt8:
+        cuda_options.kv_quant = kernels::cuda::KvQuant::kInt8;
+        break;
+      case kernels::cpu::KvDtype::kFp8E4m3:
+        cuda_options.kv_quant = kernels::cuda::KvQuant::kFp8E4m3;
+        break;
+      case kernels::cpu::KvDtype::kF32:
+        return absl::InvalidArgumentError(
+            "--kv-dtype f32 is CPU-only (the CUDA kernels read f16, int8 or fp8_e4m3 KV)");
+      default:
+        break;
+    }
     absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
         CudaForwardPass::Create(gguf, cuda_options);
     if (!forward_pass.ok()) return forward_pass.status();

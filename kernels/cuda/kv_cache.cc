@@ -4,6 +4,18 @@
 
 namespace loom::kernels::cuda {
 
+namespace {
+
+bool PowerOfTwoHeadDim(int64_t head_dim) {
+  return head_dim >= 32 && head_dim <= 256 && (head_dim & (head_dim - 1)) == 0;
+}
+
+}  // namespace
+
+int64_t KvCodeBytes(const KvCacheView& cache) {
+  return cache.quant == KvQuant::kNone ? ElementBytes(cache.dtype) : 1;
+}
+
 absl::Status CheckKvCacheView(const KvCacheView& c) {
   if (c.dtype != DataType::kF16 && c.dtype != DataType::kBF16) {
     return absl::InvalidArgumentError(
@@ -15,6 +27,32 @@ absl::Status CheckKvCacheView(const KvCacheView& c) {
         c.num_blocks, c.block_size, c.num_kv_heads, c.head_dim));
   }
   if (c.k == nullptr || c.v == nullptr) return absl::InvalidArgumentError("KV cache: null k or v");
+  if (c.quant != KvQuant::kNone) {
+    if (!PowerOfTwoHeadDim(c.head_dim)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "KV cache: 8-bit KV needs a power-of-two head_dim in [32, 256], got %d", c.head_dim));
+    }
+    if (c.k_scale == nullptr || c.v_scale == nullptr) {
+      return absl::InvalidArgumentError("KV cache: 8-bit KV without k_scale or v_scale");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRotateHeadsParams(const RotateHeadsParams& p) {
+  if (!PowerOfTwoHeadDim(p.head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("RotateHeads: head_dim %d is not a power of two in [32, 256]", p.head_dim));
+  }
+  if (p.rows < 0 || p.rows > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrFormat("RotateHeads: rows %d out of range", p.rows));
+  }
+  if (p.rows > 0 && (p.src == nullptr || p.dst == nullptr)) {
+    return absl::InvalidArgumentError("RotateHeads: null src or dst");
+  }
+  if (p.dst == p.src && p.dst_dtype != DataType::kF32) {
+    return absl::InvalidArgumentError("RotateHeads: in place only with an F32 destination");
+  }
   return absl::OkStatus();
 }
 
@@ -40,6 +78,11 @@ absl::Status CheckWriteKvParams(const WriteKvParams& p) {
 absl::Status LaunchWriteKv(const WriteKvParams& params, cudaStream_t) {
   if (absl::Status status = CheckWriteKvParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("WriteKv: Loom was built without CUDA");
+}
+
+absl::Status LaunchRotateHeads(const RotateHeadsParams& params, cudaStream_t) {
+  if (absl::Status status = CheckRotateHeadsParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("RotateHeads: Loom was built without CUDA");
 }
 #endif
 

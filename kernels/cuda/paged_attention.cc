@@ -57,6 +57,9 @@ absl::Status CheckPagedDecodeParams(const PagedDecodeParams& p) {
         absl::StrFormat("PagedDecode: q dtype %s must be F32 or the cache's %s",
                         DataTypeName(p.q_dtype), DataTypeName(p.cache.dtype)));
   }
+  if (p.cache.quant != KvQuant::kNone && p.q_dtype != DataType::kF32) {
+    return absl::InvalidArgumentError("PagedDecode: an 8-bit cache takes an F32 query");
+  }
   if (reinterpret_cast<uintptr_t>(p.cache.k) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.cache.v) % 16 != 0) {
     return absl::InvalidArgumentError("PagedDecode: K/V pools must be 16-byte aligned");

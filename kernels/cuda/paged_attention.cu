@@ -7,11 +7,14 @@
 // tiles of kTile: scores into shared memory, an online-softmax update per head, then the
 // V accumulation in registers. Subgroups are merged at the end; with several splits each
 // block leaves (unnormalized sums, max, denominator) in the workspace and
-// PagedDecodeReduceKernel merges them.
+// PagedDecodeReduceKernel merges them. An 8-bit cache (int8_t or uint8_t codes as Kv) is
+// read 8 codes (8 bytes) per lane; a token's K scale multiplies its score, its V scale its
+// probability (the caller rotates query and output, kv_cache.h).
 #include <cmath>
 
 #include "common/status_macros.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/kv_quant.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_internal.h"
@@ -26,9 +29,14 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 128;
 
-// Eight consecutive F16/BF16 values from a 16-byte aligned address, as floats.
+// Eight consecutive F16/BF16 values from a 16-byte aligned address (8-bit codes: 8-byte
+// aligned), as floats.
 template <typename Kv>
 __device__ __forceinline__ void Load8(const Kv* address, float (&values)[8]) {
+  if constexpr (internal::kIsKvCode<Kv>) {
+    internal::LoadCodes8(address, values);
+    return;
+  }
   const uint4 raw = __ldg(reinterpret_cast<const uint4*>(address));
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -53,6 +61,8 @@ struct DecodeArgs {
   const int32_t* context_len;
   const int32_t* block_indptr;
   const int32_t* block_indices;
+  const uint16_t* k_scale;  // 8-bit caches: [slots, num_kv_heads] BF16 bits
+  const uint16_t* v_scale;
   float* partial_acc;  // [num_seqs, num_heads, num_splits, head_dim]
   float* partial_max;  // [num_seqs, num_heads, num_splits]
   float* partial_sum;  // [num_seqs, num_heads, num_splits]
@@ -112,6 +122,16 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
   if (threadIdx.x == 0) bad_table = 0;
   __syncthreads();
 
+  constexpr bool kQuantized = internal::kIsKvCode<Kv>;
+  // A token's scale, times the codes' decode factor (1 without quantization).
+  auto row_scale = [&](const uint16_t* scales, int64_t slot) {
+    if constexpr (kQuantized) {
+      return internal::Bf16BitsToFloat(scales[slot * args.num_kv_heads + kv_head]) *
+             internal::kKvDecodeFactor<Kv>;
+    } else {
+      return 1.0f;
+    }
+  };
   const Kv* k_cache = static_cast<const Kv*>(args.k_cache);
   const Kv* v_cache = static_cast<const Kv*>(args.v_cache);
   const int64_t head_offset = static_cast<int64_t>(kv_head) * kHeadDim + sub_lane * 8;
@@ -147,7 +167,11 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
         }
       }
       float k_values[8] = {};
-      if (slot >= 0) Load8(k_cache + slot * args.num_kv_heads * kHeadDim + head_offset, k_values);
+      float k_scale = 0.0f;
+      if (slot >= 0) {
+        Load8(k_cache + slot * args.num_kv_heads * kHeadDim + head_offset, k_values);
+        k_scale = row_scale(args.k_scale, slot);
+      }
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         float dot = 0.0f;
@@ -157,6 +181,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
         for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
           dot += __shfl_xor_sync(0xffffffffu, dot, offset);
         }
+        if constexpr (kQuantized) dot *= k_scale;
         if (args.softcap > 0.0f) dot = args.softcap * tanhf(dot / args.softcap);
         if (active && sub_lane == 0) p_shared[g][t] = slot >= 0 ? dot : -INFINITY;
       }
@@ -198,9 +223,10 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
       if (slot < 0) continue;
       float v_values[8];
       Load8(v_cache + slot * args.num_kv_heads * kHeadDim + head_offset, v_values);
+      const float v_scale = row_scale(args.v_scale, slot);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
-        const float p = p_shared[g][t];
+        const float p = kQuantized ? p_shared[g][t] * v_scale : p_shared[g][t];
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[g][i] += p * v_values[i];
       }
@@ -347,6 +373,8 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   args.context_len = p.context_len;
   args.block_indptr = p.block_indptr;
   args.block_indices = p.block_indices;
+  args.k_scale = p.cache.k_scale;
+  args.v_scale = p.cache.v_scale;
   if (num_splits > 1) {
     const int64_t partials = p.num_seqs * p.num_heads * num_splits;
     args.partial_acc = static_cast<float*>(p.workspace);
@@ -372,7 +400,12 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
       DispatchShape<Kv, Kv>(p, args, group_tile, num_splits, stream);
     }
   };
-  if (p.cache.dtype == DataType::kF16) {
+  // 8-bit caches take an F32 query (the rotated one, kv_cache.h).
+  if (p.cache.quant == KvQuant::kInt8) {
+    DispatchShape<float, int8_t>(p, args, group_tile, num_splits, stream);
+  } else if (p.cache.quant == KvQuant::kFp8E4m3) {
+    DispatchShape<float, uint8_t>(p, args, group_tile, num_splits, stream);
+  } else if (p.cache.dtype == DataType::kF16) {
     by_kv.template operator()<__half>();
   } else {
     by_kv.template operator()<__nv_bfloat16>();

@@ -30,12 +30,18 @@
 //
 // Shared rows are padded by 8 elements (16 bytes), so the eight rows one ldmatrix matrix
 // reads fall into eight different 16-byte bank groups (no bank conflicts).
+//
+// An 8-bit cache (Code int8_t or uint8_t) is read with plain loads instead of cp.async:
+// each thread decodes 8 codes times the row's scale into T and stores them, so the tile
+// in shared memory is what an F16/BF16 cache would hold (the next tile's loads do not
+// overlap this tile's math then). The caller rotates query and output (kv_cache.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "common/status_macros.h"
+#include "kernels/cuda/kv_quant.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/prefill_attention.h"
 
@@ -138,6 +144,8 @@ struct PrefillArgs {
   const int32_t* context_len;
   const int32_t* block_indptr;
   const int32_t* block_indices;
+  const uint16_t* k_scale;  // 8-bit caches: [slots, num_kv_heads] BF16 bits
+  const uint16_t* v_scale;
   int64_t q_stride;  // elements between tokens' q rows
   int num_heads;
   int num_kv_heads;
@@ -152,7 +160,19 @@ struct PrefillArgs {
   float scale_over_softcap;
 };
 
-template <typename T, typename Out, int kHeadDim>
+// Eight codes of one row times its scale (and the codes' decode factor), as 8 T in 16 bytes.
+template <typename T, typename Code>
+__device__ __forceinline__ uint4 DequantizeChunk(const Code* codes, float scale) {
+  float values[8];
+  internal::LoadCodes8(codes, values);
+  const float factor = scale * internal::kKvDecodeFactor<Code>;
+  return make_uint4(PackPair<T>(values[0] * factor, values[1] * factor),
+                    PackPair<T>(values[2] * factor, values[3] * factor),
+                    PackPair<T>(values[4] * factor, values[5] * factor),
+                    PackPair<T>(values[6] * factor, values[7] * factor));
+}
+
+template <typename T, typename Out, int kHeadDim, typename Code>
 __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args) {
   constexpr int kStride = kHeadDim + 8;   // elements per shared row (16 bytes of padding)
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
@@ -178,8 +198,8 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   const int table_begin = args.block_indptr[seq];
   const int table_len = args.block_indptr[seq + 1] - table_begin;
   const T* q = static_cast<const T*>(args.q);
-  const T* k_cache = static_cast<const T*>(args.k_cache);
-  const T* v_cache = static_cast<const T*>(args.v_cache);
+  const Code* k_cache = static_cast<const Code*>(args.k_cache);
+  const Code* v_cache = static_cast<const Code*>(args.v_cache);
   const int64_t slot_elements = static_cast<int64_t>(args.num_kv_heads) * kHeadDim;
 
   // Every shared read of one tile ends before the next tile's writes: the KV loop ends
@@ -220,22 +240,35 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
         const int r = c / kChunks, chunk = c % kChunks;
         const int position = kv_begin + kv_tile * kBlockN + r;
         int64_t offset = -1;
+        int64_t slot = -1;
         if (position < kv_end) {
           const int index = position / args.block_size;
           const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
           if (block >= 0 && block < args.num_blocks) {
-            const int64_t slot =
-                static_cast<int64_t>(block) * args.block_size + position % args.block_size;
+            slot = static_cast<int64_t>(block) * args.block_size + position % args.block_size;
             offset = slot * slot_elements + static_cast<int64_t>(kv_head) * kHeadDim + chunk * 8;
           } else {
             bad = true;  // a table the host failed to validate
           }
         }
         const bool found = offset >= 0;
-        CopyAsync16(k_dst + r * kStride + chunk * 8, found ? k_cache + offset : k_cache,
-                    found ? 16 : 0);
-        CopyAsync16(v_dst + r * kStride + chunk * 8, found ? v_cache + offset : v_cache,
-                    found ? 16 : 0);
+        if constexpr (internal::kIsKvCode<Code>) {
+          uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);
+          if (found) {
+            const int64_t row = slot * args.num_kv_heads + kv_head;
+            k_chunk = DequantizeChunk<T>(k_cache + offset,
+                                         internal::Bf16BitsToFloat(args.k_scale[row]));
+            v_chunk = DequantizeChunk<T>(v_cache + offset,
+                                         internal::Bf16BitsToFloat(args.v_scale[row]));
+          }
+          *reinterpret_cast<uint4*>(k_dst + r * kStride + chunk * 8) = k_chunk;
+          *reinterpret_cast<uint4*>(v_dst + r * kStride + chunk * 8) = v_chunk;
+        } else {
+          CopyAsync16(k_dst + r * kStride + chunk * 8, found ? k_cache + offset : k_cache,
+                      found ? 16 : 0);
+          CopyAsync16(v_dst + r * kStride + chunk * 8, found ? v_cache + offset : v_cache,
+                      found ? 16 : 0);
+        }
       }
     };
     const int num_kv_tiles = bad ? 0 : (kv_end - kv_begin + kBlockN - 1) / kBlockN;
@@ -400,11 +433,11 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   }
 }
 
-template <typename T, typename Out, int kHeadDim>
+template <typename T, typename Out, int kHeadDim, typename Code>
 absl::Status LaunchKernel(const PagedPrefillParams& p, const PrefillArgs& args,
                           cudaStream_t stream) {
   constexpr size_t kShared = SharedBytes<kHeadDim>();
-  auto* kernel = &PagedPrefillKernel<T, Out, kHeadDim>;
+  auto* kernel = &PagedPrefillKernel<T, Out, kHeadDim, Code>;
   // Above 48 KiB a kernel must opt in; per launch, since the attribute is per device.
   const cudaError_t attribute = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
@@ -420,17 +453,31 @@ absl::Status LaunchKernel(const PagedPrefillParams& p, const PrefillArgs& args,
   return internal::CheckLaunch("PagedPrefill");
 }
 
-// The one place runtime shapes become template arguments: dtype x output dtype x head dim.
+// The one place runtime shapes become template arguments: dtype x output dtype x head dim
+// x stored codes.
+template <typename T, typename Code>
+absl::Status DispatchHeadDim(const PagedPrefillParams& p, const PrefillArgs& args,
+                             cudaStream_t stream) {
+  const bool f32_out = p.out_dtype == DataType::kF32;
+  if (p.cache.head_dim == 64) {
+    return f32_out ? LaunchKernel<T, float, 64, Code>(p, args, stream)
+                   : LaunchKernel<T, T, 64, Code>(p, args, stream);
+  }
+  return f32_out ? LaunchKernel<T, float, 128, Code>(p, args, stream)
+                 : LaunchKernel<T, T, 128, Code>(p, args, stream);
+}
+
 template <typename T>
 absl::Status DispatchShape(const PagedPrefillParams& p, const PrefillArgs& args,
                            cudaStream_t stream) {
-  const bool f32_out = p.out_dtype == DataType::kF32;
-  if (p.cache.head_dim == 64) {
-    return f32_out ? LaunchKernel<T, float, 64>(p, args, stream)
-                   : LaunchKernel<T, T, 64>(p, args, stream);
+  switch (p.cache.quant) {
+    case KvQuant::kInt8:
+      return DispatchHeadDim<T, int8_t>(p, args, stream);
+    case KvQuant::kFp8E4m3:
+      return DispatchHeadDim<T, uint8_t>(p, args, stream);
+    default:
+      return DispatchHeadDim<T, T>(p, args, stream);
   }
-  return f32_out ? LaunchKernel<T, float, 128>(p, args, stream)
-                 : LaunchKernel<T, T, 128>(p, args, stream);
 }
 
 }  // namespace
@@ -447,6 +494,8 @@ absl::Status LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream
   args.context_len = p.context_len;
   args.block_indptr = p.block_indptr;
   args.block_indices = p.block_indices;
+  args.k_scale = p.cache.k_scale;
+  args.v_scale = p.cache.v_scale;
   args.q_stride = p.q_stride != 0 ? p.q_stride : p.num_heads * p.cache.head_dim;
   args.num_heads = static_cast<int>(p.num_heads);
   args.num_kv_heads = static_cast<int>(p.cache.num_kv_heads);

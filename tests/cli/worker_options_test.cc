@@ -232,12 +232,12 @@ TEST(WorkerOptionsTest, ResolvesDeviceFromFlagAndMachine) {
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("--kv-dtype f32"), std::string::npos)
       << device.status();
-  // The 8-bit KV types are CPU-only: auto picks the CPU, cuda refuses them by name.
-  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kInt8, 1, 1), "cpu");
-  device = ResolveDevice("cuda", KvDtype::kFp8E4m3, 1, 1);
-  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(device.status().message().find("--kv-dtype fp8_e4m3"), std::string::npos)
-      << device.status();
+  // The 8-bit KV types run on both: auto picks the GPU where there is one.
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kInt8, 1, 1), "cuda");
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kInt8, 1, 0), "cpu");
+  EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kFp8E4m3, 1, 1), "cuda");
+  // f32 KV is CPU-only: auto picks the CPU.
+  EXPECT_EQ(*ResolveDevice("auto", KvDtype::kF32, 1, 1), "cpu");
   // Tensor parallelism on CUDA (NCCL) is asked for explicitly; auto keeps it on the CPU.
   EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 2, 1), "cuda");
   EXPECT_EQ(*ResolveDevice("cuda", KvDtype::kF16, 4, 8), "cuda");

@@ -388,6 +388,9 @@ TEST(CudaForwardPassTest, KvBytesPerBlockCountsKAndVOfEveryLayer) {
   config.head_dim = 64;
   EXPECT_EQ(CudaForwardPass::KvBytesPerBlock(config, 16, kc::DataType::kF16),
             2 * 30 * 16 * 3 * 64 * 2);
+  // 8-bit KV: a byte per element and a BF16 scale per token and KV head, as on the CPU.
+  EXPECT_EQ(CudaForwardPass::KvBytesPerBlock(config, 16, kc::DataType::kF16, kc::KvQuant::kInt8),
+            2 * 30 * 16 * 3 * (64 + 2));
 }
 
 // The CUDA forward pass's host-side step preparation, run on the CPU forward pass: every step
@@ -529,6 +532,51 @@ TEST(CudaForwardPassTest, SlidingWindowsAndSoftCapMatchCpuForwardPass) {
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
     ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  }
+}
+
+// 8-bit KV on CUDA (int8 and fp8_e4m3; head dims 64 and 128): rows rotated, quantized and
+// scaled by the write kernel as the CPU does, dequantized inside the decode (graphs
+// included) and prefill kernels, query and output rotated around them. Against the CPU
+// forward pass with the same KV dtype: the two quantize nearly equal K/V (the GPU's are
+// F16-rounded), so a code may land one step apart where a value sits on a rounding
+// boundary. The limit is the F16 tolerance plus what 8-bit KV itself moves the CPU's
+// logits from F16 KV, measured first on the same tokens.
+TEST(CudaForwardPassTest, EightBitKvMatchesCpuForwardPassWithTheSameKv) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  using kernels::cpu::KvDtype;
+  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
+    std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+    ASSERT_NE(gguf, nullptr);
+    for (const auto& [cpu_dtype, quant] : {std::pair{KvDtype::kInt8, kc::KvQuant::kInt8},
+                                           std::pair{KvDtype::kFp8E4m3, kc::KvQuant::kFp8E4m3}}) {
+      SCOPED_TRACE(spec.arch + " " + kernels::cpu::KvDtypeName(cpu_dtype));
+      const std::vector<std::vector<int32_t>> prompts = RandomPrompts(spec.vocab, spec.seed);
+      std::unique_ptr<CpuForwardPass> cpu8 =
+          test_util::MakeCpuForwardPass(*gguf, kNumBlocks, kBlockSize, 2, cpu_dtype);
+      std::unique_ptr<CpuForwardPass> cpu16 = NewCpuForwardPass(*gguf);
+      ASSERT_NE(cpu8, nullptr);
+      ASSERT_NE(cpu16, nullptr);
+      Comparison quantization(tol::LogitTolerance{1e9, 1e9});
+      RunScenario({cpu8.get(), cpu16.get()}, prompts, quantization);
+      CudaForwardPassOptions options = GpuForwardPassOptions(/*graphs=*/true);
+      options.kv_quant = quant;
+      std::unique_ptr<CudaForwardPass> gpu = NewGpuForwardPass(*gguf, options);
+      ASSERT_NE(gpu, nullptr);
+      EXPECT_NE(gpu->load_log().find(kernels::cpu::KvDtypeName(cpu_dtype)), std::string::npos)
+          << gpu->load_log();
+      cpu8 = test_util::MakeCpuForwardPass(*gguf, kNumBlocks, kBlockSize, 2, cpu_dtype);
+      const tol::LogitTolerance f16 = GpuTolerance(cpu8->config(), kc::DataType::kF16);
+      Comparison result(tol::LogitTolerance{f16.rel_rms + quantization.worst_rel_rms,
+                                            f16.rel_max + quantization.worst_rel_max});
+      RunScenario({cpu8.get(), gpu.get()}, prompts, result);
+      std::printf("8-bit KV %s: CPU %s vs F16 KV worst relative RMS %.4f; ", spec.arch.c_str(),
+                  kernels::cpu::KvDtypeName(cpu_dtype), quantization.worst_rel_rms);
+      PrintComparison(result, kc::DataType::kF16, gpu->stats());
+      EXPECT_GT(result.rows, 30);
+      EXPECT_LE(result.near_ties, 3);
+      EXPECT_GE(gpu->stats().graph_replays, 5);
+    }
   }
 }
 

@@ -22,13 +22,14 @@ namespace loom::worker::test_util {
 
 /// A CPU CpuForwardPass over `gguf` with `num_kv_blocks` blocks of `block_size` slots on
 /// `num_threads` threads; null (and a test failure) when it cannot be created.
-inline std::unique_ptr<CpuForwardPass> MakeCpuForwardPass(const common::GgufFile& gguf,
-                                                          int64_t num_kv_blocks, int64_t block_size,
-                                                          int num_threads = 1) {
+inline std::unique_ptr<CpuForwardPass> MakeCpuForwardPass(
+    const common::GgufFile& gguf, int64_t num_kv_blocks, int64_t block_size, int num_threads = 1,
+    kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16) {
   CpuForwardPassOptions options;
   options.num_threads = num_threads;
   options.num_kv_blocks = num_kv_blocks;
   options.block_size = block_size;
+  options.kv_dtype = kv_dtype;
   absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass =
       CpuForwardPass::Create(gguf, options);
   EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
