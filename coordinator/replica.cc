@@ -646,9 +646,9 @@ int64_t Replica::LocalPrefillLimitNow(const engine::StepCostModel& cost,
   return engine::LocalPrefillLimit(cost, num_running, MeasuredHandOffSeconds());
 }
 
-double Replica::MeasuredHandOffSeconds() const {
-  return num_handoffs_measured_ > 0 ? handoff_seconds_ / static_cast<double>(num_handoffs_measured_)
-                                    : 0.0;
+std::optional<double> Replica::MeasuredHandOffSeconds() const {
+  if (num_handoffs_measured_ == 0) return std::nullopt;
+  return handoff_seconds_ / static_cast<double>(num_handoffs_measured_);
 }
 
 double Replica::FirstTokenSeconds(int64_t tokens) const {
@@ -717,7 +717,7 @@ void Replica::PublishStats() {
         capped ? std::min<int64_t>(limit, config.max_num_batched_tokens)
                : config.max_num_batched_tokens,
         queued);
-    mean_handoff_seconds_ = MeasuredHandOffSeconds();
+    mean_handoff_seconds_ = MeasuredHandOffSeconds().value_or(0.0);
     // A decode replica prefills what it takes itself (short prompts, and long ones when the
     // prefill replicas are busy or gone) in chunks of that size beside its decodes: a longer
     // chunk would stall them more than handing it off costs. Without decodes too: a

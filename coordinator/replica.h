@@ -326,7 +326,8 @@ class Replica {
   // local_prefill_limit() by the options, `cost` and the hand-offs measured so far.
   int64_t LocalPrefillLimitNow(const engine::StepCostModel& cost, int64_t num_running) const;
   // The mean time of the hand-offs received so far (0: none).
-  double MeasuredHandOffSeconds() const;
+  // The mean hand-off so far (0 for pushed ones); nullopt before the first.
+  std::optional<double> MeasuredHandOffSeconds() const;
   // Passes the requests the engine core handed off to the cluster (loop thread).
   void HandOffPrefilled();
   void EndFetch(uint64_t fetch_id, const absl::Status& status);

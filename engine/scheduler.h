@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -86,11 +87,13 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 /// prefilled on another replica than here. Run here, a prefill of n tokens beside the
 /// replica's `num_decodes` running decodes stalls their step by n times the per-token cost
 /// (StepCostModel::SecondsPerToken, a line fitted to the measured steps). Sent away, it
-/// costs a hand-off of `handoff_seconds` (measured so far; 0: none yet) and frees nothing
-/// here below one decode step (cost(b)). The limit is the smallest n (a power of two from
-/// 16) whose stall exceeds both; 512 before two step sizes were measured, and at least 512
-/// before a hand-off was.
-int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds);
+/// costs a hand-off of `handoff_seconds` (the mean measured so far, 0 for hand-offs whose
+/// KV was pushed as it was computed; nullopt: none yet) and frees nothing here below one
+/// decode step (cost(b)). The limit is the smallest n (a power of two from 16) whose stall
+/// exceeds both; 512 before two step sizes were measured, and at least 512 before a
+/// hand-off was.
+int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes,
+                          std::optional<double> handoff_seconds);
 
 /// How fast a replica gets through prompts, from its measured steps: what placement needs
 /// to tell when a prompt put there now would have its first token.

@@ -25,7 +25,8 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
   return seconds_per_block * static_cast<double>(blocks) < cost.Estimate(blocks * block_size);
 }
 
-int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double handoff_seconds) {
+int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes,
+                          std::optional<double> handoff_seconds) {
   constexpr int64_t kUnmeasured = 512;
   constexpr int64_t kLargest = int64_t{1} << 20;
   // The stall of n more tokens is n times the fitted per-token cost: the buckets' own
@@ -34,9 +35,9 @@ int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes, double
   const double per_token = cost.SecondsPerToken();
   if (!cost.measured() || per_token <= 0) return kUnmeasured;
   const int64_t batch = std::max<int64_t>(num_decodes, 1);
-  const double worth = std::max(cost.Estimate(batch), handoff_seconds);
+  const double worth = std::max(cost.Estimate(batch), handoff_seconds.value_or(0.0));
   // Before a hand-off was measured, no shorter prompt than the fixed guess is sent away.
-  int64_t n = handoff_seconds > 0 ? 16 : kUnmeasured;
+  int64_t n = handoff_seconds.has_value() ? 16 : kUnmeasured;
   for (; n < kLargest; n *= 2) {
     if (per_token * static_cast<double>(n) >= worth) return n;
   }

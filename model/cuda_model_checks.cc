@@ -9,10 +9,10 @@
 namespace loom::model {
 
 absl::Status ValidateCudaModelConfig(const common::ModelConfig& config) {
-  if (config.head_dim != 64 && config.head_dim != 128) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CUDA runner: head dim %d unsupported by the attention kernels (64, 128)",
-                        config.head_dim));
+  if (config.head_dim != 64 && config.head_dim != 128 && config.head_dim != 256) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: head dim %d unsupported by the attention kernels (64, 128, 256)",
+        config.head_dim));
   }
   if (config.hidden_size > 65536) {
     return absl::InvalidArgumentError(

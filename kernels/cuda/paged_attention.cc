@@ -48,9 +48,9 @@ size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p) {
 
 absl::Status CheckPagedDecodeParams(const PagedDecodeParams& p) {
   if (absl::Status status = CheckKvCacheView(p.cache); !status.ok()) return status;
-  if (p.cache.head_dim != 64 && p.cache.head_dim != 128) {
+  if (p.cache.head_dim != 64 && p.cache.head_dim != 128 && p.cache.head_dim != 256) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("PagedDecode: head_dim %d unsupported (64, 128)", p.cache.head_dim));
+        absl::StrFormat("PagedDecode: head_dim %d unsupported (64, 128, 256)", p.cache.head_dim));
   }
   if (p.q_dtype != DataType::kF32 && p.q_dtype != p.cache.dtype) {
     return absl::InvalidArgumentError(

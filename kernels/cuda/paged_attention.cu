@@ -335,8 +335,10 @@ void DispatchShape(const PagedDecodeParams& p, const DecodeArgs& args, int group
   };
   if (p.cache.head_dim == 64) {
     by_group.template operator()<64>();
-  } else {
+  } else if (p.cache.head_dim == 128) {
     by_group.template operator()<128>();
+  } else {
+    by_group.template operator()<256>();
   }
 }
 

@@ -31,7 +31,7 @@ struct PagedDecodeParams {
   const void* q = nullptr;  // [num_seqs] rows of [num_heads, head_dim] of q_dtype, q_stride apart
   void* out = nullptr;      // [num_seqs, num_heads, head_dim] of q_dtype
   DataType q_dtype = DataType::kF16;       // F32 or cache.dtype; F32 for an 8-bit cache
-  KvCacheView cache;                       // head_dim 64 or 128; k and v 16-byte aligned
+  KvCacheView cache;                       // head_dim 64, 128 or 256; k and v 16-byte aligned
   const int32_t* context_len = nullptr;    // [num_seqs], device: KV tokens, this step's included
   const int32_t* block_indptr = nullptr;   // [num_seqs + 1], device: CSR offsets into block_indices
   const int32_t* block_indices = nullptr;  // [block_indptr[num_seqs]], device: block ids in order

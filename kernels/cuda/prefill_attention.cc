@@ -9,9 +9,9 @@ namespace loom::kernels::cuda {
 
 absl::Status CheckPagedPrefillParams(const PagedPrefillParams& p) {
   if (absl::Status status = CheckKvCacheView(p.cache); !status.ok()) return status;
-  if (p.cache.head_dim != 64 && p.cache.head_dim != 128) {
+  if (p.cache.head_dim != 64 && p.cache.head_dim != 128 && p.cache.head_dim != 256) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("PagedPrefill: head_dim %d unsupported (64, 128)", p.cache.head_dim));
+        absl::StrFormat("PagedPrefill: head_dim %d unsupported (64, 128, 256)", p.cache.head_dim));
   }
   if (p.q_dtype != p.cache.dtype) {
     return absl::InvalidArgumentError(

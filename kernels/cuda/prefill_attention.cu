@@ -4,7 +4,7 @@
 // head are the packed pairs (token, head of the group): row r is token r / group, query
 // head kv_head * group + r % group. A block owns kBlockM = 64 rows (warp w: rows 16w ..
 // 16w + 15) and walks the KV positions [0, last row's position] (with a sliding window
-// from the first row's window start) in tiles of kBlockN = 64 tokens. Each tile's K and V
+// from the first row's window start) in tiles of kBlockN = 64 tokens (32 at head dim 256). Each tile's K and V
 // rows are gathered through the block table with cp.async into shared memory,
 // double-buffered (tile j + 1 loads while tile j computes). Per tile a warp computes
 // S = Q K^T (16 x 64) with mma.sync m16n8k16, soft-caps it when asked, applies the causal
@@ -54,16 +54,20 @@ using internal::RoundThrough;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBlockM = kPagedPrefillRowsPerBlock;
-constexpr int kBlockN = kPagedPrefillKvTile;
 static_assert(kBlockM == kWarps * 16, "one warp per 16 query rows (the mma's M)");
-static_assert(kBlockN % 16 == 0, "KV tiles are whole mma k-steps");
+
+// KV tokens per tile: half at head dim 256, so that the tiles fit in shared memory (101
+// KiB instead of 165: sm_80 allows 163) and the score registers make room for the larger
+// output accumulators.
+template <int kHeadDim>
+inline constexpr int kKvTile = kHeadDim > 128 ? kPagedPrefillKvTile / 2 : kPagedPrefillKvTile;
 // The most blocks per (KV head, sequence) along the query tiles; more tiles loop.
 constexpr int64_t kMaxTileBlocks = 1 << 20;
 
 // Shared memory per block: Q tile + two K and two V tiles, rows of kHeadDim + 8 elements.
 template <int kHeadDim>
 constexpr size_t SharedBytes() {
-  return static_cast<size_t>(kBlockM + 4 * kBlockN) * (kHeadDim + 8) * 2;
+  return static_cast<size_t>(kBlockM + 4 * kKvTile<kHeadDim>) * (kHeadDim + 8) * 2;
 }
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
@@ -178,6 +182,8 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T over the head dim
   constexpr int kDTiles = kHeadDim / 8;   // n-tiles of the output
+  constexpr int kBlockN = kKvTile<kHeadDim>;
+  static_assert(kBlockN % 16 == 0, "KV tiles are whole mma k-steps");
   constexpr int kNTiles = kBlockN / 8;    // n-tiles of the scores
   extern __shared__ __align__(16) unsigned char shared_raw[];
   T* q_shared = reinterpret_cast<T*>(shared_raw);  // [kBlockM][kStride]
@@ -459,12 +465,17 @@ template <typename T, typename Code>
 absl::Status DispatchHeadDim(const PagedPrefillParams& p, const PrefillArgs& args,
                              cudaStream_t stream) {
   const bool f32_out = p.out_dtype == DataType::kF32;
-  if (p.cache.head_dim == 64) {
-    return f32_out ? LaunchKernel<T, float, 64, Code>(p, args, stream)
-                   : LaunchKernel<T, T, 64, Code>(p, args, stream);
+  switch (p.cache.head_dim) {
+    case 64:
+      return f32_out ? LaunchKernel<T, float, 64, Code>(p, args, stream)
+                     : LaunchKernel<T, T, 64, Code>(p, args, stream);
+    case 128:
+      return f32_out ? LaunchKernel<T, float, 128, Code>(p, args, stream)
+                     : LaunchKernel<T, T, 128, Code>(p, args, stream);
+    default:
+      return f32_out ? LaunchKernel<T, float, 256, Code>(p, args, stream)
+                     : LaunchKernel<T, T, 256, Code>(p, args, stream);
   }
-  return f32_out ? LaunchKernel<T, float, 128, Code>(p, args, stream)
-                 : LaunchKernel<T, T, 128, Code>(p, args, stream);
 }
 
 template <typename T>

@@ -12,7 +12,7 @@ namespace loom::kernels::cuda {
 
 /// Query rows (packed (token, head-of-group) pairs) one prefill block computes.
 inline constexpr int kPagedPrefillRowsPerBlock = 64;
-/// KV tokens one prefill block stages in shared memory per step.
+/// KV tokens one prefill block stages in shared memory per step (half at head dim 256).
 inline constexpr int kPagedPrefillKvTile = 64;
 
 /// Causal prefill attention over paged K/V, the semantics of cpu::PagedAttention: sequence
@@ -40,7 +40,7 @@ struct PagedPrefillParams {
   void* out = nullptr;      // [num_tokens, num_heads, head_dim] of out_dtype
   DataType q_dtype = DataType::kF16;       // must equal cache.dtype (the tensor cores' input)
   DataType out_dtype = DataType::kF16;     // F32 or cache.dtype
-  KvCacheView cache;                       // head_dim 64 or 128; k and v 16-byte aligned
+  KvCacheView cache;                       // head_dim 64, 128 or 256; k and v 16-byte aligned
   const int32_t* query_start = nullptr;    // [num_seqs + 1], device: CSR offsets of query tokens
   const int32_t* context_len = nullptr;    // [num_seqs], device: KV tokens, this step's included
   const int32_t* block_indptr = nullptr;   // [num_seqs + 1], device: CSR offsets into block_indices

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "engine/block_hash.h"
@@ -162,7 +163,7 @@ TEST(SchedulerTransferTest, MovingKvPaysWhenItIsFasterThanTheMeasuredRecompute) 
 
 TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAndTheHandOff) {
   StepCostModel cost;
-  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 512);  // nothing measured: a fixed guess
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, std::nullopt), 512);  // nothing measured: a fixed guess
   // Steps cost 10 ms plus 0.1 ms per token: a decode step of 8 sequences 10.8 ms; a prefill
   // of n tokens beside it stalls it 0.1 n ms, more than the step from n = 108 on: with a
   // quick hand-off (1 ms) the limit is the next power of two, 128.
@@ -175,7 +176,9 @@ TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAn
   // Hand-offs measured at 100 ms: only prompts stalling the decodes longer are sent away.
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.1), 1024);
   // None measured yet: nothing under the fixed guess is sent away.
-  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0), 512);
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, std::nullopt), 512);
+  // Hand-offs whose KV was pushed cost the decode replica no wait: the step alone decides.
+  EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.0), 128);
 }
 
 TEST(SchedulerTransferTest, TheLocalPrefillLimitHoldsStillWhenSomeStepSizesMeasureNoisily) {

@@ -278,6 +278,9 @@ TEST(CudaPagedDecodeTest, MatchesCpuReferenceAcrossShapesAndSplits) {
       {3, 3, 64, 16, {1, 200, 1025}, 0},
       {2, 2, 64, 16, {33, 300}, 2},
       {4, 1, 128, 16, {1, 130, 700}, 0},
+      // Head dim 256 (Gemma 2 and 3: 32 lanes a token), GQA 4 and 8 with splits.
+      {2, 4, 256, 16, {1, 129, 1030}, 0},
+      {1, 8, 256, 16, {700, 3}, 3},
   };
   uint32_t seed = 10;
   for (DataType kv : {DataType::kF16, DataType::kBF16}) {
@@ -302,6 +305,7 @@ TEST(CudaPagedDecodeTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheRefer
       {1, 8, 64, 16, {2049, 700}, 5},
       {3, 3, 64, 16, {1, 200, 1025}, 0},
       {2, 2, 64, 5, {77, 500}, 2},
+      {2, 2, 256, 16, {300, 40}, 0},
   };
   uint32_t seed = 500;
   for (DataType kv : {DataType::kF16, DataType::kBF16}) {
@@ -438,6 +442,101 @@ TEST(CudaPagedDecodeTest, BadBlockTableYieldsNanForThatSequenceOnly) {
     const int64_t row = group * d;
     for (int64_t i = 0; i < row; ++i) ASSERT_FALSE(std::isnan(out[i])) << i;
     for (int64_t i = row; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+  }
+}
+
+// 8-bit caches (int8, fp8): the codes and scales cpu::WriteKv stored, read by the kernel as
+// they are; the query rotated by LaunchRotateHeads, the output rotated back in place (what
+// CudaDevice does). Against cpu::PagedAttentionReference over the same codes (it rotates
+// the same way): only float summation order differs.
+TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  struct Case {
+    int64_t num_kv_heads, group, head_dim;
+    std::vector<int32_t> context_lens;
+    int num_splits;
+  };
+  const std::vector<Case> cases = {{2, 4, 128, {1, 17, 300}, 0},
+                                   {3, 3, 64, {200, 1025}, 3},
+                                   {1, 8, 64, {2049}, 0},
+                                   {1, 4, 256, {90, 513}, 2}};
+  constexpr int64_t kBlock = 16;
+  uint32_t seed = 900;
+  for (cpu::KvDtype dtype : {cpu::KvDtype::kInt8, cpu::KvDtype::kFp8E4m3}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(testing::Message() << cpu::KvDtypeName(dtype) << " head_dim=" << c.head_dim
+                                      << " group=" << c.group << " splits=" << c.num_splits);
+      const int64_t num_seqs = static_cast<int64_t>(c.context_lens.size());
+      const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
+      std::vector<int32_t> indptr = {0}, indices;
+      for (int32_t len : c.context_lens) {
+        for (int64_t b = 0; b < (len + kBlock - 1) / kBlock; ++b) {
+          indices.push_back(static_cast<int32_t>(indices.size()));
+        }
+        indptr.push_back(static_cast<int32_t>(indices.size()));
+      }
+      std::reverse(indices.begin(), indices.end());  // blocks out of order
+      const int64_t num_blocks = static_cast<int64_t>(indices.size());
+      testing_util::EightBitCache cache;
+      ASSERT_TRUE(testing_util::MakeEightBitCache(dtype, num_blocks, kBlock, c.num_kv_heads, d,
+                                                  seed += 3, cache)
+                      .ok());
+      const std::vector<float> q =
+          testing_util::RandomFloats(num_seqs * num_heads * d, seed + 2, -2, 2);
+      std::vector<int32_t> query_start(num_seqs + 1);
+      std::iota(query_start.begin(), query_start.end(), 0);
+      std::vector<float> expected(q.size());
+      cpu::PagedAttentionParams ref;
+      ref.q = q.data();
+      ref.out = expected.data();
+      ref.cache = cache.cpu;
+      ref.query_start = query_start.data();
+      ref.context_len = c.context_lens.data();
+      ref.block_indptr = indptr.data();
+      ref.block_indices = indices.data();
+      ref.num_seqs = num_seqs;
+      ref.num_heads = num_heads;
+      ref.scale = 1.0f / std::sqrt(static_cast<float>(d));
+      ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
+
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
+                                testing_util::Poisoned(DataType::kF32, q.size()));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(c.context_lens));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+      ASSERT_TRUE(
+          testing_util::RotateRows(d_q.data(), d_q.data(), DataType::kF32, num_seqs * num_heads, d)
+              .ok());
+      PagedDecodeParams p;
+      p.q = d_q.data();
+      p.out = d_out.data();
+      p.q_dtype = DataType::kF32;
+      p.cache = cache.View(DataType::kF16);
+      p.context_len = static_cast<const int32_t*>(d_len.data());
+      p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+      p.block_indices = static_cast<const int32_t*>(d_indices.data());
+      p.num_seqs = num_seqs;
+      p.num_heads = num_heads;
+      p.scale = ref.scale;
+      p.max_context_len = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+      p.num_splits = c.num_splits;
+      DeviceBuffer workspace;
+      if (const size_t bytes = PagedDecodeWorkspaceBytes(p); bytes > 0) {
+        LOOM_ASSERT_OK_AND_ASSIGN(workspace, DeviceBuffer::Allocate(bytes));
+        p.workspace = workspace.data();
+        p.workspace_bytes = bytes;
+      }
+      const absl::Status launched = LaunchPagedDecode(p, nullptr);
+      ASSERT_TRUE(launched.ok()) << launched;
+      ASSERT_TRUE(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
+                                           num_seqs * num_heads, d)
+                      .ok());
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                testing_util::Download(d_out, DataType::kF32, q.size()));
+      EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-4, 1e-4));
+    }
   }
 }
 

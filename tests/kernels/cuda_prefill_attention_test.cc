@@ -271,6 +271,9 @@ TEST(CudaPagedPrefillTest, MatchesCpuReferenceAcrossShapes) {
       {2, 4, 128, 16, {{7, 7}, {64, 100}, {200, 200}}, /*extra_q_heads=*/4},
       // A max_query_len hint below the truth: blocks loop over the remaining tiles.
       {2, 4, 64, 16, {{200, 250}, {64, 64}, {1, 9}}, 0, /*small_grid=*/true},
+      // Head dim 256 (Gemma 2 and 3): 32-token KV tiles.
+      {2, 4, 256, 16, MixedBatch()},
+      {1, 1, 256, 16, {{1, 1}, {7, 40}, {64, 64}, {100, 170}}},
   };
   uint32_t seed = 100;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
@@ -292,6 +295,7 @@ TEST(CudaPagedPrefillTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheRefe
       {1, 8, 64, 5, MixedBatch()},
       {2, 3, 128, 16, {{1, 1}, {7, 40}, {64, 64}, {200, 333}}},
       {2, 4, 64, 16, {{200, 250}, {64, 64}, {1, 9}}, 0, /*small_grid=*/true},
+      {2, 2, 256, 16, {{1, 1}, {7, 40}, {64, 64}, {100, 170}}},
   };
   uint32_t seed = 900;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
@@ -361,6 +365,107 @@ TEST(CudaPagedPrefillTest, BadBlockTableYieldsNanForThatSequenceOnly) {
   // token of sequence 3 has no valid position.
   for (int64_t t : {39, 59, 60, 64}) {
     for (int64_t i = t * row; i < (t + 1) * row; ++i) ASSERT_TRUE(std::isnan(out[i])) << t;
+  }
+}
+
+// 8-bit caches (int8, fp8) on both compute dtypes: the codes and scales cpu::WriteKv stored,
+// dequantized into the tiles; the query rotated into the compute dtype by
+// LaunchRotateHeads, the output rotated back in place (what CudaDevice does). Against
+// cpu::PagedAttentionReference over the same codes with the unrounded query: besides the
+// tolerance of F16/BF16 caches, the rotated query and the dequantized K/V are rounded to
+// the compute dtype once each.
+TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  struct Case {
+    int64_t num_kv_heads, group, head_dim;
+    std::vector<std::pair<int32_t, int32_t>> seqs;  // (query tokens, context tokens)
+  };
+  const std::vector<Case> cases = {{2, 4, 128, {{40, 40}, {17, 100}}},
+                                   {3, 3, 64, {{130, 200}, {1, 65}}},
+                                   {1, 2, 256, {{33, 90}}}};
+  constexpr int64_t kBlock = 16;
+  uint32_t seed = 950;
+  for (cpu::KvDtype dtype : {cpu::KvDtype::kInt8, cpu::KvDtype::kFp8E4m3}) {
+    for (DataType compute : {DataType::kF16, DataType::kBF16}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << cpu::KvDtypeName(dtype) << " " << DataTypeName(compute)
+                                        << " head_dim=" << c.head_dim);
+        const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
+        const int64_t num_heads = c.num_kv_heads * c.group, d = c.head_dim;
+        std::vector<int32_t> query_start = {0}, context_lens, indptr = {0}, indices;
+        int32_t max_q = 0;
+        for (const auto& [q_len, context] : c.seqs) {
+          query_start.push_back(query_start.back() + q_len);
+          context_lens.push_back(context);
+          max_q = std::max(max_q, q_len);
+          for (int64_t b = 0; b < (context + kBlock - 1) / kBlock; ++b) {
+            indices.push_back(static_cast<int32_t>(indices.size()));
+          }
+          indptr.push_back(static_cast<int32_t>(indices.size()));
+        }
+        std::reverse(indices.begin(), indices.end());
+        const int64_t num_blocks = static_cast<int64_t>(indices.size());
+        const int64_t num_tokens = query_start.back();
+        testing_util::EightBitCache cache;
+        ASSERT_TRUE(testing_util::MakeEightBitCache(dtype, num_blocks, kBlock, c.num_kv_heads, d,
+                                                    seed += 3, cache)
+                        .ok());
+        const std::vector<float> q =
+            testing_util::RandomFloats(num_tokens * num_heads * d, seed + 2, -2, 2);
+        std::vector<float> expected(q.size());
+        cpu::PagedAttentionParams ref;
+        ref.q = q.data();
+        ref.out = expected.data();
+        ref.cache = cache.cpu;
+        ref.query_start = query_start.data();
+        ref.context_len = context_lens.data();
+        ref.block_indptr = indptr.data();
+        ref.block_indices = indices.data();
+        ref.num_seqs = num_seqs;
+        ref.num_heads = num_heads;
+        ref.scale = 1.0f / std::sqrt(static_cast<float>(d));
+        ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
+
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q_rotated,
+                                  testing_util::Poisoned(compute, q.size()));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
+                                  testing_util::Poisoned(DataType::kF32, q.size()));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_query_start, testing_util::UploadRaw(query_start));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+        ASSERT_TRUE(testing_util::RotateRows(d_q.data(), d_q_rotated.data(), compute,
+                                             num_tokens * num_heads, d)
+                        .ok());
+        PagedPrefillParams p;
+        p.q = d_q_rotated.data();
+        p.out = d_out.data();
+        p.q_dtype = compute;
+        p.out_dtype = DataType::kF32;
+        p.cache = cache.View(compute);
+        p.query_start = static_cast<const int32_t*>(d_query_start.data());
+        p.context_len = static_cast<const int32_t*>(d_len.data());
+        p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+        p.block_indices = static_cast<const int32_t*>(d_indices.data());
+        p.num_seqs = num_seqs;
+        p.num_heads = num_heads;
+        p.scale = ref.scale;
+        p.max_query_len = max_q;
+        const absl::Status launched = LaunchPagedPrefill(p, nullptr);
+        ASSERT_TRUE(launched.ok()) << launched;
+        ASSERT_TRUE(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
+                                             num_tokens * num_heads, d)
+                        .ok());
+        ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                  testing_util::Download(d_out, DataType::kF32, q.size()));
+        // The F16/BF16 caches' bound (probabilities rounded for P V), 3x for the rounded
+        // query and K/V.
+        const double atol = compute == DataType::kBF16 ? 2.4e-2 : 3e-3;
+        EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), atol, 1e-5));
+      }
+    }
   }
 }
 

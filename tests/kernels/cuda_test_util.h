@@ -6,14 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/types.h"
 #include "kernels/cuda_device.h"
 
@@ -151,6 +155,71 @@ inline HostCache RandomCache(DataType dtype, int64_t elements, uint32_t seed) {
   ConvertFromFloat(dtype, c.k.data(), elements, c.k_bytes.data());
   ConvertFromFloat(dtype, c.v.data(), elements, c.v_bytes.data());
   return c;
+}
+
+/// An 8-bit cache of `slots` token slots x `row` values, K and V random in [-1, 1] written
+/// by cpu::WriteKv (rotated, one BF16 scale per row and KV head), on the host (`cpu`, for
+/// cpu::PagedAttentionReference) and as the same bytes on the device (`View`).
+struct EightBitCache {
+  std::vector<uint8_t> k, v;
+  std::vector<uint16_t> k_scale, v_scale;
+  cpu::KvLayerView cpu;
+  DeviceBuffer d_k, d_v, d_k_scale, d_v_scale;
+  KvQuant quant = KvQuant::kNone;
+
+  KvCacheView View(DataType compute) const {
+    KvCacheView view{d_k.data(),     d_v.data(),       compute,     cpu.num_blocks,
+                     cpu.block_size, cpu.num_kv_heads, cpu.head_dim};
+    view.quant = quant;
+    view.k_scale = static_cast<uint16_t*>(d_k_scale.data());
+    view.v_scale = static_cast<uint16_t*>(d_v_scale.data());
+    return view;
+  }
+};
+
+inline absl::Status MakeEightBitCache(cpu::KvDtype dtype, int64_t num_blocks, int64_t block_size,
+                                      int64_t num_kv_heads, int64_t head_dim, uint32_t seed,
+                                      EightBitCache& c) {
+  const int64_t slots = num_blocks * block_size, row = num_kv_heads * head_dim;
+  c.quant = dtype == cpu::KvDtype::kInt8 ? KvQuant::kInt8 : KvQuant::kFp8E4m3;
+  c.k.assign(slots * row, 0);
+  c.v.assign(slots * row, 0);
+  c.k_scale.assign(slots * num_kv_heads, 0);
+  c.v_scale.assign(slots * num_kv_heads, 0);
+  c.cpu = {c.k.data(), c.v.data(),       dtype,           num_blocks, block_size, num_kv_heads,
+           head_dim,   c.k_scale.data(), c.v_scale.data()};
+  const std::vector<float> k = RandomFloats(slots * row, seed, -1, 1);
+  const std::vector<float> v = RandomFloats(slots * row, seed + 1, -1, 1);
+  std::vector<int32_t> all(slots);
+  for (int64_t s = 0; s < slots; ++s) all[s] = static_cast<int32_t>(s);
+  if (absl::Status status = cpu::WriteKv(c.cpu, k.data(), v.data(), all.data(), slots);
+      !status.ok()) {
+    return status;
+  }
+  for (auto [buffer, bytes, size] :
+       {std::tuple{&c.d_k, static_cast<const void*>(c.k.data()), c.k.size()},
+        std::tuple{&c.d_v, static_cast<const void*>(c.v.data()), c.v.size()},
+        std::tuple{&c.d_k_scale, static_cast<const void*>(c.k_scale.data()), 2 * c.k_scale.size()},
+        std::tuple{&c.d_v_scale, static_cast<const void*>(c.v_scale.data()),
+                   2 * c.v_scale.size()}}) {
+    absl::StatusOr<DeviceBuffer> allocated = DeviceBuffer::Allocate(size);
+    if (!allocated.ok()) return allocated.status();
+    *buffer = std::move(*allocated);
+    if (absl::Status status = buffer->CopyFromHost(bytes, size); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+/// LaunchRotateHeads of `rows` head_dim-long F32 rows at `src` into `dst` (of dst_dtype).
+inline absl::Status RotateRows(const void* src, void* dst, DataType dst_dtype, int64_t rows,
+                               int64_t head_dim) {
+  RotateHeadsParams p;
+  p.src = static_cast<const float*>(src);
+  p.dst = dst;
+  p.dst_dtype = dst_dtype;
+  p.rows = rows;
+  p.head_dim = head_dim;
+  return LaunchRotateHeads(p, nullptr);
 }
 
 }  // namespace loom::kernels::cuda::testing_util

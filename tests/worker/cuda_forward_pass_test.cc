@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -545,11 +546,13 @@ TEST(CudaForwardPassTest, SlidingWindowsAndSoftCapMatchCpuForwardPass) {
 TEST(CudaForwardPassTest, EightBitKvMatchesCpuForwardPassWithTheSameKv) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   using kernels::cpu::KvDtype;
-  for (const RandomModelSpec& spec : {LlamaGqaSpec(), Qwen2MqaSpec()}) {
+  // int8 at head dim 64 (GQA), fp8 at head dim 128 (MQA).
+  for (const auto& [spec, cpu_dtype, quant] :
+       {std::tuple{LlamaGqaSpec(), KvDtype::kInt8, kc::KvQuant::kInt8},
+        std::tuple{Qwen2MqaSpec(), KvDtype::kFp8E4m3, kc::KvQuant::kFp8E4m3}}) {
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
-    for (const auto& [cpu_dtype, quant] : {std::pair{KvDtype::kInt8, kc::KvQuant::kInt8},
-                                           std::pair{KvDtype::kFp8E4m3, kc::KvQuant::kFp8E4m3}}) {
+    {
       SCOPED_TRACE(spec.arch + " " + kernels::cpu::KvDtypeName(cpu_dtype));
       const std::vector<std::vector<int32_t>> prompts = RandomPrompts(spec.vocab, spec.seed);
       std::unique_ptr<CpuForwardPass> cpu8 =
@@ -578,6 +581,25 @@ TEST(CudaForwardPassTest, EightBitKvMatchesCpuForwardPassWithTheSameKv) {
       EXPECT_GE(gpu->stats().graph_replays, 5);
     }
   }
+}
+
+// Head dim 256 (Gemma 2 and 3 up to 12B/9B): the decode kernel's 32-lane tokens and the
+// prefill kernel's 32-token KV tiles through the whole scenario, local layers with
+// soft-capped scores alternating with global ones as Gemma 2's.
+TEST(CudaForwardPassTest, HeadDim256MatchesCpuForwardPass) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  RandomModelSpec spec = LlamaGqaSpec();
+  spec.hidden = 512;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.head_dim = 256;
+  spec.sliding_window = 37;
+  spec.sliding_period = 2;
+  spec.attn_logit_softcap = 3.0f;
+  spec.seed = 73;
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
 }
 
 // Mixtral-style mixture of experts on CUDA (4 experts, top 2; F16/Q8_0/F32 and INT4
