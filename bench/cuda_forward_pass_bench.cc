@@ -157,11 +157,13 @@ double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
   return elapsed.count() / kDecodeSteps;
 }
 
-std::unique_ptr<worker::CudaForwardPass> MakeForwardPass(const common::ModelConfig& config,
-                                                         bool cuda_graphs, int64_t num_seqs) {
+std::unique_ptr<worker::CudaForwardPass> MakeForwardPass(
+    const common::ModelConfig& config, bool cuda_graphs, int64_t num_seqs,
+    kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone) {
   worker::CudaForwardPassOptions options;
   options.dtype = DataType::kF16;
   options.kv_dtype = DataType::kF16;
+  options.kv_quant = kv_quant;
   options.block_size = kBlockSize;
   options.num_kv_blocks = num_seqs * kBlocksPerSeq;
   options.max_num_tokens = kPrefillSeqsPerStep * kPromptTokens;
@@ -172,6 +174,34 @@ std::unique_ptr<worker::CudaForwardPass> MakeForwardPass(const common::ModelConf
   std::printf("runner (graphs %s):\n%s", cuda_graphs ? "on" : "off",
               (*forward_pass)->load_log().c_str());
   return std::move(forward_pass).value();
+}
+
+// Section 3: the sequences the F16 pool of kKvBudgetSeqs sequences holds in 8-bit KV, and
+// greedy decode of all of them against F16 KV at the same budget.
+constexpr int64_t kKvBudgetSeqs = 128;
+
+struct KvDtypeRow {
+  const char* name = "";
+  int64_t seqs = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+};
+
+KvDtypeRow EightBitKvRow(const common::ModelConfig& config, const char* name,
+                         kernels::cuda::KvQuant quant) {
+  const int64_t f16_block =
+      worker::CudaForwardPass::KvBytesPerBlock(config, kBlockSize, DataType::kF16);
+  const int64_t block =
+      worker::CudaForwardPass::KvBytesPerBlock(config, kBlockSize, DataType::kF16, quant);
+  KvDtypeRow row;
+  row.name = name;
+  row.seqs = kKvBudgetSeqs * kBlocksPerSeq * f16_block / block / kBlocksPerSeq;
+  std::unique_ptr<worker::CudaForwardPass> forward_pass =
+      MakeForwardPass(config, true, row.seqs, quant);
+  Prefill(*forward_pass, row.seqs, config.vocab_size);
+  row.step_seconds = DecodeStepSeconds(*forward_pass, row.seqs);
+  row.tokens_per_second = row.seqs / row.step_seconds;
+  return row;
 }
 
 struct ThroughputRow {
@@ -212,6 +242,7 @@ int Run(bool quick) {
     eager_b1 = DecodeStepSeconds(*forward_pass, 1);
   }
   std::vector<ThroughputRow> rows;
+  std::vector<KvDtypeRow> kv_rows;  // F16 first; not in --quick
   {
     // --quick: batch 1 only (the graphs on/off comparison).
     const int64_t max_batch = quick ? 1 : kMaxBatch;
@@ -236,12 +267,23 @@ int Run(bool quick) {
       row.bound_tokens_per_second = batch * copy / (weight_bytes + row.kv_bytes);
       rows.push_back(row);
     }
+    if (!quick) {
+      KvDtypeRow& f16 = kv_rows.emplace_back();
+      f16.name = "f16";
+      f16.seqs = kKvBudgetSeqs;
+      f16.step_seconds = DecodeStepSeconds(*forward_pass, kKvBudgetSeqs);
+      f16.tokens_per_second = kKvBudgetSeqs / f16.step_seconds;
+    }
     const worker::CudaForwardPass::Stats stats = forward_pass->stats();
     std::printf("graph captures %ld, replays %ld, eager steps %ld\n",
                 static_cast<long>(stats.graph_captures), static_cast<long>(stats.graph_replays),
                 static_cast<long>(stats.eager_steps));
   }
   const double graph_b1 = rows.front().step_seconds;
+  if (!quick) {
+    kv_rows.push_back(EightBitKvRow(config, "int8", kernels::cuda::KvQuant::kInt8));
+    kv_rows.push_back(EightBitKvRow(config, "fp8_e4m3", kernels::cuda::KvQuant::kFp8E4m3));
+  }
 
   std::printf("\n1. decode step at batch 1 (context %ld): weight bytes/s against copy\n",
               static_cast<long>(kPromptTokens + kWarmupSteps + kDecodeSteps / 2));
@@ -260,6 +302,18 @@ int Run(bool quick) {
   }
   std::printf("target: batch-1 decode weight bytes/s >= %.2f of copy (graphs on)\n",
               kTargetDecodeRatio);
+  if (!kv_rows.empty()) {
+    std::printf(
+        "\n3. KV dtype at the memory of %ld F16 sequences: all of them decoding, output "
+        "tokens/s against F16 KV (target >= 1.3x for 8-bit)\n",
+        static_cast<long>(kKvBudgetSeqs));
+    std::printf("%10s %6s %10s %12s %8s\n", "kv dtype", "seqs", "step us", "tokens/s", "/f16");
+    for (const KvDtypeRow& r : kv_rows) {
+      std::printf("%10s %6ld %10.1f %12.0f %8.3f\n", r.name, static_cast<long>(r.seqs),
+                  r.step_seconds * 1e6, r.tokens_per_second,
+                  r.tokens_per_second / kv_rows.front().tokens_per_second);
+    }
+  }
 
   std::string json = "{\n";
   json +=
@@ -296,6 +350,15 @@ int Run(bool quick) {
         r.batch, r.step_seconds * 1e6, r.kv_bytes, r.tokens_per_second,
         r.bound_tokens_per_second, r.tokens_per_second / r.bound_tokens_per_second,
         i + 1 < rows.size() ? "," : "");
+  }
+  json += "  ],\n  \"kv_dtypes_at_one_budget\": [\n";
+  for (size_t i = 0; i < kv_rows.size(); ++i) {
+    const KvDtypeRow& r = kv_rows[i];
+    json += absl::StrFormat(
+        "    {\"kv_dtype\": \"%s\", \"seqs\": %d, \"step_us\": %.2f, \"tokens_per_s\": %.1f, "
+        "\"over_f16\": %.3f}%s\n",
+        r.name, r.seqs, r.step_seconds * 1e6, r.tokens_per_second,
+        r.tokens_per_second / kv_rows.front().tokens_per_second, i + 1 < kv_rows.size() ? "," : "");
   }
   json += "  ]\n}\n";
 

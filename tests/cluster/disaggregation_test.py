@@ -410,6 +410,13 @@ def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(bin
             assert outcome.finished and outcome.replica_id == "decode-0", outcome.describe()
         first = h.generate_all(stub, [make_request(LONG_PROMPTS[0], max_tokens=LONG_TOKENS, ignore_eos=True)],
                                timeout=300)
+        # Its KV was pushed: the hand-off cost the decode replica no wait, which counts as measured
+        # (0 s), so its local limit follows its measured steps alone (it stayed at the unmeasured
+        # 512 tokens, and the decode replica kept long prompts it should have sent away).
+        status = rig.coordinator.wait_replicas(lambda r: r["decode-0"].num_handoffs_in == 1, 30,
+                                               "the first hand-off admitted")
+        assert status["decode-0"].num_handoffs_pushed == 1, status["decode-0"]
+        assert 0 < status["decode-0"].local_prefill_limit < 512, status["decode-0"]
         burst = h.generate_all(stub, [make_request(p, max_tokens=LONG_TOKENS, ignore_eos=True)
                                       for p in LONG_PROMPTS[1:]], timeout=600)
         for i, outcome in enumerate(first + burst):
