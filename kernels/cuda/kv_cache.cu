@@ -146,10 +146,11 @@ absl::Status LaunchWriteKvQuantized(const WriteKvParams& p, int64_t k_stride, in
   a.norm = HadamardNorm(p.cache.head_dim);
   internal::DispatchDataType(p.src_dtype, [&]<typename Src>() {
     DispatchRowElements(p.cache.head_dim, [&]<int E>() {
+      const unsigned blocks = RowBlocks(a.num_rows);
       if (p.cache.quant == KvQuant::kInt8) {
-        WriteKvQuantizedKernel<Src, int8_t, E><<<RowBlocks(a.num_rows), kRowThreads, 0, stream>>>(a);
+        WriteKvQuantizedKernel<Src, int8_t, E><<<blocks, kRowThreads, 0, stream>>>(a);
       } else {
-        WriteKvQuantizedKernel<Src, uint8_t, E><<<RowBlocks(a.num_rows), kRowThreads, 0, stream>>>(a);
+        WriteKvQuantizedKernel<Src, uint8_t, E><<<blocks, kRowThreads, 0, stream>>>(a);
       }
     });
   });

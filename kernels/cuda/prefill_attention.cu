@@ -4,8 +4,9 @@
 // head are the packed pairs (token, head of the group): row r is token r / group, query
 // head kv_head * group + r % group. A block owns kBlockM = 64 rows (warp w: rows 16w ..
 // 16w + 15) and walks the KV positions [0, last row's position] (with a sliding window
-// from the first row's window start) in tiles of kBlockN = 64 tokens (32 at head dim 256). Each tile's K and V
-// rows are gathered through the block table with cp.async into shared memory,
+// from the first row's window start) in tiles of kBlockN = 64 tokens (32 at head dim
+// 256). Each tile's K and V rows are gathered through the block table with cp.async into
+// shared memory,
 // double-buffered (tile j + 1 loads while tile j computes). Per tile a warp computes
 // S = Q K^T (16 x 64) with mma.sync m16n8k16, soft-caps it when asked, applies the causal
 // (and window) mask, updates the online softmax in registers and adds P V (16 x head_dim)
