@@ -114,7 +114,7 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
     // A request of one token has nothing to decode: the prefill replica answers it.
     if (params.max_tokens > 1) {
       options.hand_off_to = target;
-      options.await_push_target = reserved != nullptr;
+      options.await_push_target = reserved != nullptr && reserved->kv_push_enabled();
     }
     const absl::Status placed = prefill[index]->Submit(request, options);
     if (placed.ok()) {

@@ -186,6 +186,8 @@ class Replica {
   /// KV dtype and pipeline stages must match for a transfer between replicas (tensor-
   /// parallel sizes may differ: ranks read the KV heads they hold).
   int64_t host_tier_blocks() const { return host_tier_blocks_.load(); }
+  /// Whether prefill replicas may push hand-offs' KV into this one's host tier (--kv-push).
+  bool kv_push_enabled() const { return options_.kv_push; }
   std::string kv_layout() const;
 
   // ---- messages between replicas' loops (cross-replica prefix fetch) ----
