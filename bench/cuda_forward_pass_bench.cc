@@ -204,6 +204,34 @@ KvDtypeRow EightBitKvRow(const common::ModelConfig& config, const char* name,
   return row;
 }
 
+// Section 3's table (F16 first), and its member of the result JSON.
+void PrintKvRows(const std::vector<KvDtypeRow>& kv_rows) {
+  if (kv_rows.empty()) return;
+  std::printf(
+      "\n3. KV dtype at the memory of %ld F16 sequences: all of them decoding, output "
+      "tokens/s against F16 KV (target >= 1.3x for 8-bit)\n",
+      static_cast<long>(kKvBudgetSeqs));
+  std::printf("%10s %6s %10s %12s %8s\n", "kv dtype", "seqs", "step us", "tokens/s", "/f16");
+  for (const KvDtypeRow& r : kv_rows) {
+    std::printf("%10s %6ld %10.1f %12.0f %8.3f\n", r.name, static_cast<long>(r.seqs),
+                r.step_seconds * 1e6, r.tokens_per_second,
+                r.tokens_per_second / kv_rows.front().tokens_per_second);
+  }
+}
+
+std::string KvRowsJson(const std::vector<KvDtypeRow>& kv_rows) {
+  std::string json = "  \"kv_dtypes_at_one_budget\": [\n";
+  for (size_t i = 0; i < kv_rows.size(); ++i) {
+    const KvDtypeRow& r = kv_rows[i];
+    json += absl::StrFormat(
+        "    {\"kv_dtype\": \"%s\", \"seqs\": %d, \"step_us\": %.2f, \"tokens_per_s\": %.1f, "
+        "\"over_f16\": %.3f}%s\n",
+        r.name, r.seqs, r.step_seconds * 1e6, r.tokens_per_second,
+        r.tokens_per_second / kv_rows.front().tokens_per_second, i + 1 < kv_rows.size() ? "," : "");
+  }
+  return json + "  ]\n";
+}
+
 struct ThroughputRow {
   int64_t batch = 0;
   double step_seconds = 0;
@@ -302,18 +330,7 @@ int Run(bool quick) {
   }
   std::printf("target: batch-1 decode weight bytes/s >= %.2f of copy (graphs on)\n",
               kTargetDecodeRatio);
-  if (!kv_rows.empty()) {
-    std::printf(
-        "\n3. KV dtype at the memory of %ld F16 sequences: all of them decoding, output "
-        "tokens/s against F16 KV (target >= 1.3x for 8-bit)\n",
-        static_cast<long>(kKvBudgetSeqs));
-    std::printf("%10s %6s %10s %12s %8s\n", "kv dtype", "seqs", "step us", "tokens/s", "/f16");
-    for (const KvDtypeRow& r : kv_rows) {
-      std::printf("%10s %6ld %10.1f %12.0f %8.3f\n", r.name, static_cast<long>(r.seqs),
-                  r.step_seconds * 1e6, r.tokens_per_second,
-                  r.tokens_per_second / kv_rows.front().tokens_per_second);
-    }
-  }
+  PrintKvRows(kv_rows);
 
   std::string json = "{\n";
   json +=
@@ -351,16 +368,7 @@ int Run(bool quick) {
         r.bound_tokens_per_second, r.tokens_per_second / r.bound_tokens_per_second,
         i + 1 < rows.size() ? "," : "");
   }
-  json += "  ],\n  \"kv_dtypes_at_one_budget\": [\n";
-  for (size_t i = 0; i < kv_rows.size(); ++i) {
-    const KvDtypeRow& r = kv_rows[i];
-    json += absl::StrFormat(
-        "    {\"kv_dtype\": \"%s\", \"seqs\": %d, \"step_us\": %.2f, \"tokens_per_s\": %.1f, "
-        "\"over_f16\": %.3f}%s\n",
-        r.name, r.seqs, r.step_seconds * 1e6, r.tokens_per_second,
-        r.tokens_per_second / kv_rows.front().tokens_per_second, i + 1 < kv_rows.size() ? "," : "");
-  }
-  json += "  ]\n}\n";
+  json += "  ],\n" + KvRowsJson(kv_rows) + "}\n";
 
   const bool written = loom::bench::WriteGpuResult("cuda_forward_pass_bench", json);
   return written ? 0 : 1;

@@ -309,11 +309,9 @@ absl::Status CpuDevice::MoeFeedForward(const Tensor& x, const Tensor& router_log
                                        const MoeSpec& spec, Tensor out) {
   const int64_t tokens = x.rows(), hidden = x.cols(), experts = router_logits.cols();
   const int64_t top_k = spec.top_k;
-  if (top_k < 1 || top_k > experts || static_cast<int64_t>(gate_up.size()) != experts ||
-      static_cast<int64_t>(down.size()) != experts) {
-    return absl::InvalidArgumentError(absl::StrCat("mixture of experts: top ", top_k, " of ",
-                                                   experts, " router outputs over ", gate_up.size(),
-                                                   " experts"));
+  if (absl::Status status = CheckMoeShapes(spec, experts, gate_up.size(), down.size());
+      !status.ok()) {
+    return status;
   }
   std::vector<int32_t> chosen(tokens * top_k);
   std::vector<float> weights(tokens * top_k);

@@ -31,11 +31,9 @@ absl::Status CudaDevice::MoeFeedForward(const Tensor& x, const Tensor& router_lo
                                         const MoeSpec& spec, Tensor out) {
   const int64_t tokens = x.rows(), hidden = x.cols(), experts = router_logits.cols();
   const int64_t top_k = spec.top_k;
-  if (top_k < 1 || top_k > experts || static_cast<int64_t>(gate_up.size()) != experts ||
-      static_cast<int64_t>(down.size()) != experts) {
-    return absl::InvalidArgumentError(absl::StrCat("mixture of experts: top ", top_k, " of ",
-                                                   experts, " router outputs over ", gate_up.size(),
-                                                   " experts"));
+  if (absl::Status status = CheckMoeShapes(spec, experts, gate_up.size(), down.size());
+      !status.ok()) {
+    return status;
   }
   if (capturing_) {
     return absl::FailedPreconditionError(

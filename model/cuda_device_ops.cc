@@ -32,6 +32,19 @@ using cuda_detail::CudaLinear;
 using cuda_detail::GrowingWhileCapturing;
 using cuda_detail::kMaxAttentionSeqsPerLaunch;
 
+// The gated activations (SiLU and GELU(tanh) times the up half) of F32 [tokens, 2 ffn] rows.
+absl::Status LaunchGated(const Tensor& gate_up, Tensor out, kc::GateActivation activation,
+                         cudaStream_t stream) {
+  kc::SiluMulParams p;
+  p.gate_up = gate_up.data;
+  p.out = out.data;
+  p.dtype = kc::DataType::kF32;
+  p.num_tokens = gate_up.rows();
+  p.ffn = out.cols();
+  p.activation = activation;
+  return kc::LaunchSiluMul(p, stream);
+}
+
 }  // namespace
 
 absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* dst,
@@ -288,24 +301,11 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
 }
 
 absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {
-  kc::SiluMulParams p;
-  p.gate_up = gate_up.data;
-  p.out = out.data;
-  p.dtype = kc::DataType::kF32;
-  p.num_tokens = gate_up.rows();
-  p.ffn = out.cols();
-  return kc::LaunchSiluMul(p, stream_);
+  return LaunchGated(gate_up, out, kc::GateActivation::kSilu, stream_);
 }
 
 absl::Status CudaDevice::GeluMul(const Tensor& gate_up, Tensor out) {
-  kc::SiluMulParams p;
-  p.gate_up = gate_up.data;
-  p.out = out.data;
-  p.dtype = kc::DataType::kF32;
-  p.num_tokens = gate_up.rows();
-  p.ffn = out.cols();
-  p.activation = kc::GateActivation::kGeluTanh;
-  return kc::LaunchSiluMul(p, stream_);
+  return LaunchGated(gate_up, out, kc::GateActivation::kGeluTanh, stream_);
 }
 
 absl::Status CudaDevice::SoftCap(Tensor x, float cap) {

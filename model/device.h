@@ -150,6 +150,19 @@ struct MoeSpec {
   bool normalize = true;  // the chosen probabilities renormalized to sum to 1
 };
 
+/// InvalidArgument unless `spec` chooses from `experts` router outputs, one gate/up and one
+/// down matrix each (Device::MoeFeedForward's arguments).
+inline absl::Status CheckMoeShapes(const MoeSpec& spec, int64_t experts, size_t num_gate_up,
+                                   size_t num_down) {
+  if (spec.top_k < 1 || spec.top_k > experts || static_cast<int64_t>(num_gate_up) != experts ||
+      static_cast<int64_t>(num_down) != experts) {
+    return absl::InvalidArgumentError(absl::StrCat("mixture of experts: top ", spec.top_k, " of ",
+                                                   experts, " router outputs over ", num_gate_up,
+                                                   " experts"));
+  }
+  return absl::OkStatus();
+}
+
 /// The operations the model graph (model/llama_graph.h) runs, on one device: memory,
 /// uploads, and one call per operation over tensors in the device's memory. Calls are
 /// enqueued in order (a device with a stream may return before the work is done:

@@ -19,13 +19,7 @@ absl::StatusOr<std::unique_ptr<CpuForwardPass>> CpuForwardPass::Create(
         "tensor parallel rank %d of %d needs a communicator of that rank and size",
         options.tp_rank, options.tp_size));
   }
-  if (options.pp_size > 1 &&
-      (options.link == nullptr || options.link->stage() != options.pp_stage ||
-       options.link->num_stages() != options.pp_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
-                        options.pp_stage, options.pp_size));
-  }
+  LOOM_RETURN_IF_ERROR(PipelineLink::CheckStage(options.link, options.pp_stage, options.pp_size));
   // Q5_0 as INT8 or INT5, the faster form of the same values for these kernels
   // (bench/results/cpu_kernels_{avx2,avx512}_{gemv,gemm}.json, 2 threads): INT8 for float
   // activations on AVX2 (GEMV 15.4 against INT5's 12.4 G weights/s) and for int8 ones on

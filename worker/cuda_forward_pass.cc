@@ -421,13 +421,7 @@ absl::Status ValidateForwardPassOptions(const CudaForwardPassOptions& options) {
         absl::StrFormat("tensor parallel rank %d of %d needs a communicator of that rank and size",
                         options.tp_rank, options.tp_size));
   }
-  if (options.pp_size > 1 &&
-      (options.link == nullptr || options.link->stage() != options.pp_stage ||
-       options.link->num_stages() != options.pp_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("pipeline stage %d of %d needs a link of that stage and size",
-                        options.pp_stage, options.pp_size));
-  }
+  LOOM_RETURN_IF_ERROR(PipelineLink::CheckStage(options.link, options.pp_stage, options.pp_size));
   if (options.dtype != DataType::kF16 && options.dtype != DataType::kBF16) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA runner: activation dtype %s unsupported (F16, BF16)",

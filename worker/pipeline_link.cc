@@ -229,4 +229,13 @@ absl::Status PipelineLink::Discard(uint64_t step_id) {
   return ReceiveFloats(discard_.data(), header.proj_floats, kProjSlot);
 }
 
+absl::Status PipelineLink::CheckStage(const PipelineLink* link, int stage, int num_stages) {
+  if (num_stages > 1 &&
+      (link == nullptr || link->stage() != stage || link->num_stages() != num_stages)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pipeline stage %d of %d needs a link of that stage and size", stage, num_stages));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace loom::worker

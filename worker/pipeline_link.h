@@ -41,6 +41,10 @@ struct PipelineLinkOptions {
 /// silent one after the timeout. Not thread-safe: the worker's step thread uses it.
 class PipelineLink {
  public:
+  /// InvalidArgument unless a forward pass of pipeline stage `stage` of `num_stages` got
+  /// a link of that stage and size (none needed for a single stage).
+  static absl::Status CheckStage(const PipelineLink* link, int stage, int num_stages);
+
   /// Connects stage `stage` of `num_stages` (> 1) to the others of its column through
   /// `store` (every stage passes a store with the same prefix).
   static absl::StatusOr<std::unique_ptr<PipelineLink>> Connect(

@@ -412,19 +412,10 @@ TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
                         .ok());
         const std::vector<float> q =
             testing_util::RandomFloats(num_tokens * num_heads * d, seed + 2, -2, 2);
-        std::vector<float> expected(q.size());
-        cpu::PagedAttentionParams ref;
-        ref.q = q.data();
-        ref.out = expected.data();
-        ref.cache = cache.cpu;
-        ref.query_start = query_start.data();
-        ref.context_len = context_lens.data();
-        ref.block_indptr = indptr.data();
-        ref.block_indices = indices.data();
-        ref.num_seqs = num_seqs;
-        ref.num_heads = num_heads;
-        ref.scale = 1.0f / std::sqrt(static_cast<float>(d));
-        ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
+        LOOM_ASSERT_OK_AND_ASSIGN(
+            std::vector<float> expected,
+            testing_util::EightBitReference(cache, q, query_start, context_lens, indptr, indices,
+                                            num_heads));
 
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q_rotated,
@@ -450,7 +441,7 @@ TEST(CudaPagedPrefillTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
         p.block_indices = static_cast<const int32_t*>(d_indices.data());
         p.num_seqs = num_seqs;
         p.num_heads = num_heads;
-        p.scale = ref.scale;
+        p.scale = 1.0f / std::sqrt(static_cast<float>(d));
         p.max_query_len = max_q;
         const absl::Status launched = LaunchPagedPrefill(p, nullptr);
         ASSERT_TRUE(launched.ok()) << launched;

@@ -210,6 +210,28 @@ inline absl::Status MakeEightBitCache(cpu::KvDtype dtype, int64_t num_blocks, in
   return absl::OkStatus();
 }
 
+/// cpu::PagedAttentionReference of `q` (rows of num_heads x head_dim) over `cache`'s codes
+/// (it rotates query and output as the CUDA path does), at scale 1 / sqrt(head_dim).
+inline absl::StatusOr<std::vector<float>> EightBitReference(
+    const EightBitCache& cache, const std::vector<float>& q,
+    const std::vector<int32_t>& query_start, const std::vector<int32_t>& context_lens,
+    const std::vector<int32_t>& indptr, const std::vector<int32_t>& indices, int64_t num_heads) {
+  std::vector<float> expected(q.size());
+  cpu::PagedAttentionParams ref;
+  ref.q = q.data();
+  ref.out = expected.data();
+  ref.cache = cache.cpu;
+  ref.query_start = query_start.data();
+  ref.context_len = context_lens.data();
+  ref.block_indptr = indptr.data();
+  ref.block_indices = indices.data();
+  ref.num_seqs = static_cast<int64_t>(context_lens.size());
+  ref.num_heads = num_heads;
+  ref.scale = 1.0f / std::sqrt(static_cast<float>(cache.cpu.head_dim));
+  if (absl::Status status = cpu::PagedAttentionReference(ref); !status.ok()) return status;
+  return expected;
+}
+
 /// LaunchRotateHeads of `rows` head_dim-long F32 rows at `src` into `dst` (of dst_dtype).
 inline absl::Status RotateRows(const void* src, void* dst, DataType dst_dtype, int64_t rows,
                                int64_t head_dim) {

@@ -6,13 +6,13 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/cpu_kv_cache.h"
+#include "tests/worker/kv_pool_test_util.h"
 #include "worker/kv_transfer.h"
 
 namespace loom::worker {
@@ -30,46 +30,11 @@ std::unique_ptr<model::CpuKvCache> Pool(int64_t kv_heads, kernels::cpu::KvDtype 
   return *model::CpuKvCache::Create(config, kBlocks, kBlockSize, dtype);
 }
 
-// Random bytes in every K/V value and scale.
-void Randomize(const model::CpuKvCache& pool, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (int64_t l = 0; l < pool.num_layers(); ++l) {
-    const kernels::cpu::KvLayerView view = pool.layer(l);
-    const int64_t values = view.num_blocks * view.block_size * view.num_kv_heads;
-    const int64_t bytes = values * view.head_dim * kernels::cpu::KvElementBytes(view.dtype);
-    for (int64_t i = 0; i < bytes; ++i) {
-      static_cast<uint8_t*>(view.k)[i] = static_cast<uint8_t>(rng());
-      static_cast<uint8_t*>(view.v)[i] = static_cast<uint8_t>(rng());
-    }
-    for (int64_t i = 0; view.k_scale != nullptr && i < values; ++i) {
-      view.k_scale[i] = static_cast<uint16_t>(rng());
-      view.v_scale[i] = static_cast<uint16_t>(rng());
-    }
-  }
-}
-
 // Heads [begin, + count) of `full`'s blocks: what a tensor-parallel rank holding them has.
 std::unique_ptr<model::CpuKvCache> Slice(const model::CpuKvCache& full, int64_t begin,
                                          int64_t count, kernels::cpu::KvDtype dtype) {
   auto pool = Pool(count, dtype);
-  const int64_t element = kernels::cpu::KvElementBytes(dtype);
-  for (int64_t l = 0; l < pool->num_layers(); ++l) {
-    const kernels::cpu::KvLayerView from = full.layer(l), to = pool->layer(l);
-    const int64_t head_bytes = from.head_dim * element;
-    for (int64_t token = 0; token < from.num_blocks * from.block_size; ++token) {
-      for (int64_t h = 0; h < count; ++h) {
-        const int64_t s = token * from.num_kv_heads + begin + h, d = token * count + h;
-        std::memcpy(static_cast<uint8_t*>(to.k) + d * head_bytes,
-                    static_cast<uint8_t*>(from.k) + s * head_bytes, head_bytes);
-        std::memcpy(static_cast<uint8_t*>(to.v) + d * head_bytes,
-                    static_cast<uint8_t*>(from.v) + s * head_bytes, head_bytes);
-        if (from.k_scale != nullptr) {
-          to.k_scale[d] = from.k_scale[s];
-          to.v_scale[d] = from.v_scale[s];
-        }
-      }
-    }
-  }
+  test_util::CopyKvHeads(full, begin, count, *pool);
   return pool;
 }
 
@@ -158,7 +123,7 @@ TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
        {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
     SCOPED_TRACE(kernels::cpu::KvDtypeName(dtype));
     std::unique_ptr<model::CpuKvCache> full = Pool(2, dtype), decode_pool = Pool(2, dtype);
-    Randomize(*full, 7);
+    test_util::RandomizeKvPool(*full, 7);
     auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
     // One rank with both heads.
     {

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "model/cpu_kv_cache.h"
+#include "tests/worker/kv_pool_test_util.h"
 
 namespace loom::worker {
 namespace {
@@ -40,18 +40,6 @@ std::vector<uint8_t> Saved(const model::CpuKvCache& pool, int32_t block) {
   uint8_t* out = bytes.data();
   EXPECT_TRUE(pool.SaveBlocks(absl::MakeConstSpan(&block, 1), absl::MakeConstSpan(&out, 1)).ok());
   return bytes;
-}
-
-void Randomize(const model::CpuKvCache& pool, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (int64_t l = 0; l < pool.num_layers(); ++l) {
-    const kernels::cpu::KvLayerView view = pool.layer(l);
-    const int64_t bytes = view.num_blocks * view.block_size * view.num_kv_heads * view.head_dim * 2;
-    for (int64_t i = 0; i < bytes; ++i) {
-      static_cast<uint8_t*>(view.k)[i] = static_cast<uint8_t>(rng());
-      static_cast<uint8_t*>(view.v)[i] = static_cast<uint8_t>(rng());
-    }
-  }
 }
 
 // A worker that serves only ReadKvBlocks from `tier`, on a real local gRPC server.
@@ -143,7 +131,7 @@ class KvTransferTest : public ::testing::TestWithParam<bool> {
 
 TEST_P(KvTransferTest, BlocksFetchedFromAnotherWorkerReloadBitIdentical) {
   std::unique_ptr<model::CpuKvCache> source_pool = Pool(), dest_pool = Pool();
-  Randomize(*source_pool, 1);
+  test_util::RandomizeKvPool(*source_pool, 1);
   auto source_tier = *KvHostTier::Create(4 * source_pool->block_bytes(), source_pool.get());
   auto dest_tier = *KvHostTier::Create(4 * dest_pool->block_bytes(), dest_pool.get());
   ASSERT_TRUE(source_tier->Apply({{true, 2, 0}, {true, 5, 3}}).ok());
@@ -247,43 +235,8 @@ TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
 std::unique_ptr<model::CpuKvCache> Slice(const model::CpuKvCache& full, int64_t begin,
                                          int64_t count, kernels::cpu::KvDtype dtype) {
   auto pool = *model::CpuKvCache::Create(Config(count), 6, 16, dtype);
-  const int64_t element = kernels::cpu::KvElementBytes(dtype);
-  for (int64_t l = 0; l < pool->num_layers(); ++l) {
-    const kernels::cpu::KvLayerView from = full.layer(l), to = pool->layer(l);
-    const int64_t head_bytes = from.head_dim * element;
-    for (int64_t token = 0; token < from.num_blocks * from.block_size; ++token) {
-      for (int64_t h = 0; h < count; ++h) {
-        const int64_t s = token * from.num_kv_heads + begin + h, d = token * count + h;
-        std::memcpy(static_cast<uint8_t*>(to.k) + d * head_bytes,
-                    static_cast<uint8_t*>(from.k) + s * head_bytes, head_bytes);
-        std::memcpy(static_cast<uint8_t*>(to.v) + d * head_bytes,
-                    static_cast<uint8_t*>(from.v) + s * head_bytes, head_bytes);
-        if (from.k_scale != nullptr) {
-          to.k_scale[d] = from.k_scale[s];
-          to.v_scale[d] = from.v_scale[s];
-        }
-      }
-    }
-  }
+  test_util::CopyKvHeads(full, begin, count, *pool);
   return pool;
-}
-
-// Random bytes in every K/V value and scale of the pool.
-void RandomizeAll(const model::CpuKvCache& pool, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (int64_t l = 0; l < pool.num_layers(); ++l) {
-    const kernels::cpu::KvLayerView view = pool.layer(l);
-    const int64_t values = view.num_blocks * view.block_size * view.num_kv_heads;
-    const int64_t bytes = values * view.head_dim * kernels::cpu::KvElementBytes(view.dtype);
-    for (int64_t i = 0; i < bytes; ++i) {
-      static_cast<uint8_t*>(view.k)[i] = static_cast<uint8_t>(rng());
-      static_cast<uint8_t*>(view.v)[i] = static_cast<uint8_t>(rng());
-    }
-    for (int64_t i = 0; view.k_scale != nullptr && i < values; ++i) {
-      view.k_scale[i] = static_cast<uint16_t>(rng());
-      view.v_scale[i] = static_cast<uint16_t>(rng());
-    }
-  }
 }
 
 // A host tier over `pool` that knows its slots hold the model's heads [begin, + count).
@@ -318,7 +271,7 @@ TEST_P(KvTransferTest, MapsKvHeadsBetweenTensorParallelSizes) {
     SCOPED_TRACE(kernels::cpu::KvDtypeName(dtype));
     // Three KV heads on two ranks (as SmolLM2's at -tp 2): head 1 on both.
     auto full = *model::CpuKvCache::Create(Config(3), 6, 16, dtype);
-    RandomizeAll(*full, 3);
+    test_util::RandomizeKvPool(*full, 3);
     std::unique_ptr<model::CpuKvCache> rank0 = Slice(*full, 0, 2, dtype);
     std::unique_ptr<model::CpuKvCache> rank1 = Slice(*full, 1, 2, dtype);
     auto tier0 = SlicedTier(*rank0, 0, 2, dtype), tier1 = SlicedTier(*rank1, 1, 2, dtype);
