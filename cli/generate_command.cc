@@ -57,7 +57,7 @@ std::optional<int> ParseOptions(int argc, char** argv, Options& options) {
   AddActivationsFlag(app, options.forward_pass.activations);
   cli::AddString(app, "--device", options.device,
                  "where the model runs (auto: cuda when a CUDA device is present and "
-                 "--kv-dtype is f16)",
+                 "--kv-dtype is not f32)",
                  {"cuda", "cpu", "auto"});
   cli::AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return exit_code;

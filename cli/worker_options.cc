@@ -139,7 +139,7 @@ CLI::Option* AddKvDtypeFlag(CLI::App& app, kernels::cpu::KvDtype& kv_dtype) {
              "--kv-dtype", [&kv_dtype](const std::string& text) { kv_dtype = KvDtypeOf(text); },
              "the KV cache's element type: f16, f32, or int8 / fp8_e4m3 (8-bit codes and a "
              "scale per token and KV head: a block takes 52% of f16's bytes at head dim 64, "
-             "so the pool holds 1.9x the tokens); f32 and the 8-bit types are CPU-only")
+             "so the pool holds 1.9x the tokens; CPU and CUDA); f32 is CPU-only")
           ->check(OneOf({"f16", "f32", "int8", "fp8_e4m3"}))
           ->default_str(kernels::cpu::KvDtypeName(kv_dtype));
   app.add_option_function<std::string>(
@@ -279,7 +279,7 @@ void AddExecutionFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fre
   if (fresh("--device")) {
     AddString(app, "--device", options.device,
               "where the model runner runs: cuda, cpu or auto (cuda when a CUDA device is "
-              "present, --kv-dtype is f16 and --world-size is 1; tensor parallelism on "
+              "present, --kv-dtype is not f32 and --world-size is 1; tensor parallelism on "
               "CUDA, over NCCL, needs --device cuda)",
               {"cuda", "cpu", "auto"});
   }
