@@ -91,6 +91,17 @@ TEST(HostKvTierTest, AReservationNamesTheLatestPlanWhoseCopiesTouchItsSlots) {
   ASSERT_EQ(slots.size(), 1u);
   EXPECT_EQ(last_copy_plan, 3u);
   EXPECT_EQ(lru.copy_plans_taken(), 5u);
+
+  // A failed step forgets every content, but plans still in flight may copy: a slot copied
+  // in plan 6 still names it after Forget.
+  HostKvTier forgetful(1, kBlockSize);
+  for (int plan = 1; plan <= 5; ++plan) forgetful.TakeCopies();
+  forgetful.Demote(MakeContent(3).Evicted(2));
+  forgetful.TakeCopies();
+  forgetful.Forget();
+  slots = forgetful.Reserve(1, &last_copy_plan);
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_EQ(last_copy_plan, 6u);
 }
 
 TEST(HostKvTierTest, ContentItHoldsAlreadyIsNotCopiedAgain) {
