@@ -327,8 +327,8 @@ class Replica {
   void AdmitOne(const std::shared_ptr<engine::Request>& request, Replica* hand_off_to = nullptr);
   // local_prefill_limit() by the options, `cost` and the hand-offs measured so far.
   int64_t LocalPrefillLimitNow(const engine::StepCostModel& cost, int64_t num_running) const;
-  // The mean time of the hand-offs received so far (0: none).
-  // The mean hand-off so far (0 for pushed ones); nullopt before the first.
+  // The mean time of the hand-offs received so far (0 for pushed ones); nullopt before the
+  // first.
   std::optional<double> MeasuredHandOffSeconds() const;
   // Passes the requests the engine core handed off to the cluster (loop thread).
   void HandOffPrefilled();
