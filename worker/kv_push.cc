@@ -1,6 +1,7 @@
 #include "worker/kv_push.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -12,6 +13,31 @@ namespace loom::worker {
 
 KvPusher::~KvPusher() {
   if (observing_) backend_.SetHalfLayerObserver({});
+}
+
+void KvStagingDeleter::operator()(uint8_t* bytes) const {
+  if (pool != nullptr) pool->UnregisterHostMemory(bytes);
+  std::free(bytes);
+}
+
+absl::StatusOr<uint8_t*> KvPusher::Staging(int64_t bytes) {
+  if (bytes <= staging_bytes_) return staging_.get();
+  constexpr int64_t kPage = 4096;
+  const int64_t size = (bytes + kPage - 1) / kPage * kPage;
+  staging_.reset();
+  staging_bytes_ = 0;
+  auto* memory = static_cast<uint8_t*>(std::aligned_alloc(kPage, static_cast<size_t>(size)));
+  if (memory == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("cannot allocate %d bytes to stage pushed KV", size));
+  }
+  const model::KvCache* pool = backend_.kv_pool();
+  // Unpinned memory still copies (the driver stages it): a failed registration only slows.
+  const bool pinned = pool->RegisterHostMemory(memory, size).ok();
+  staging_ =
+      std::unique_ptr<uint8_t, KvStagingDeleter>(memory, KvStagingDeleter{pinned ? pool : nullptr});
+  staging_bytes_ = size;
+  return memory;
 }
 
 absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
@@ -63,13 +89,10 @@ absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
     }
     pushes_.push_back(std::move(push));
   }
-  if (!backend_.SetHalfLayerObserver([this] {
-        if (half_layers_++ % 2 == 0) CopyLayer(half_layers_ / 2);
-      })) {
-    return absl::UnimplementedError(
-        "this backend cannot push KV layer by layer (the decode replica pulls it)");
-  }
-  observing_ = true;
+  observing_ = backend_.SetHalfLayerObserver([this] {
+    if (half_layers_++ % 2 == 0) CopyLayer(half_layers_ / 2);
+  });
+  after_pass_ = !observing_;
   return absl::OkStatus();
 }
 
@@ -77,6 +100,7 @@ void KvPusher::Begin(const loom::v1::StepPlan& plan) {
   pushes_.clear();
   half_layers_ = layers_copied_ = 0;
   failure_ = absl::OkStatus();
+  after_pass_ = false;
   if (plan.kv_pushes_size() == 0) return;
   failure_ = Prepare(plan);
   if (!failure_.ok()) pushes_.clear();
@@ -98,24 +122,61 @@ void KvPusher::CopyLayer(int64_t layer) {
         failure_ = saved;
         return;
       }
-      for (const Destination& dest : push.dests) {
-        KvSlotLayout dest_layer = dest.layout;
-        dest_layer.num_layers = 1;
-        const int64_t dest_layer_bytes = dest_layer.slot_bytes();
-        uint8_t* to = dest.mapping->writable_data() +
-                      static_cast<int64_t>(push.dest_slots[i]) * dest.layout.slot_bytes() +
-                      layer * dest_layer_bytes;
-        if (dest_layer.kv_head_begin == mine.kv_head_begin &&
-            dest_layer.num_kv_heads == mine.num_kv_heads) {
-          std::memcpy(to, source_bytes_.data(), static_cast<size_t>(layer_bytes));
-        } else {
-          CopyKvHeads(source_layer, source_bytes_, dest_layer,
-                      absl::MakeSpan(to, static_cast<size_t>(dest_layer_bytes)), dest.heads);
+      Deliver(push, i, layer, source_bytes_.data());
+    }
+  }
+  layers_copied_ = std::max(layers_copied_, std::min(layer + 1, num_layers));
+}
+
+void KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes) {
+  const KvSlotLayout& mine = tier_->layout();
+  KvSlotLayout source_layer = mine;
+  source_layer.num_layers = 1;
+  const int64_t layer_bytes = source_layer.slot_bytes();
+  for (const Destination& dest : push.dests) {
+    KvSlotLayout dest_layer = dest.layout;
+    dest_layer.num_layers = 1;
+    const int64_t dest_layer_bytes = dest_layer.slot_bytes();
+    uint8_t* to = dest.mapping->writable_data() +
+                  static_cast<int64_t>(push.dest_slots[i]) * dest.layout.slot_bytes() +
+                  layer * dest_layer_bytes;
+    if (dest_layer.kv_head_begin == mine.kv_head_begin &&
+        dest_layer.num_kv_heads == mine.num_kv_heads) {
+      std::memcpy(to, bytes, static_cast<size_t>(layer_bytes));
+    } else {
+      CopyKvHeads(source_layer, absl::MakeConstSpan(bytes, static_cast<size_t>(layer_bytes)),
+                  dest_layer, absl::MakeSpan(to, static_cast<size_t>(dest_layer_bytes)),
+                  dest.heads);
+    }
+  }
+}
+
+absl::Status KvPusher::CopyBlocks() {
+  const model::KvCache& pool = *backend_.kv_pool();
+  const int64_t block_bytes = pool.block_bytes();
+  const int64_t num_layers = tier_->layout().num_layers;
+  if (block_bytes != tier_->layout().slot_bytes()) {
+    return absl::InternalError(absl::StrFormat("the pool's blocks are %d bytes, its slots %d",
+                                               block_bytes, tier_->layout().slot_bytes()));
+  }
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(1, max_staging_bytes_ / block_bytes));
+  for (const Push& push : pushes_) {
+    for (size_t first = 0; first < push.blocks.size(); first += batch) {
+      const size_t count = std::min(batch, push.blocks.size() - first);
+      LOOM_ASSIGN_OR_RETURN(uint8_t * staging, Staging(static_cast<int64_t>(count) * block_bytes));
+      std::vector<uint8_t*> host(count);
+      for (size_t b = 0; b < count; ++b) host[b] = staging + static_cast<int64_t>(b) * block_bytes;
+      LOOM_RETURN_IF_ERROR(pool.SaveBlocks(absl::MakeConstSpan(push.blocks).subspan(first, count),
+                                           absl::MakeConstSpan(host)));
+      for (size_t b = 0; b < count; ++b) {
+        for (int64_t layer = 0; layer < num_layers; ++layer) {
+          Deliver(push, first + b, layer, host[b] + layer * (block_bytes / num_layers));
         }
       }
     }
   }
-  layers_copied_ = std::max(layers_copied_, std::min(layer + 1, num_layers));
+  layers_copied_ = num_layers;
+  return absl::OkStatus();
 }
 
 void KvPusher::End(loom::v1::StepResult& result) {
@@ -123,6 +184,12 @@ void KvPusher::End(loom::v1::StepResult& result) {
     backend_.SetHalfLayerObserver({});
     observing_ = false;
   }
+  if (after_pass_ && failure_.ok() && !pushes_.empty()) {
+    failure_ = result.error_code() != 0
+                   ? absl::AbortedError("the forward pass failed before its KV could be pushed")
+                   : CopyBlocks();
+  }
+  after_pass_ = false;
   if (failure_.ok() && !pushes_.empty() && layers_copied_ < tier_->layout().num_layers) {
     failure_ = absl::AbortedError(absl::StrFormat("the forward pass stopped after %d of %d layers",
                                                   layers_copied_, tier_->layout().num_layers));

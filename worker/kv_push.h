@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/kv_host_tier.h"
 #include "worker/kv_slot_layout.h"
@@ -14,29 +15,46 @@
 
 namespace loom::worker {
 
+/// Frees KvPusher's staging buffer, unregistering it from `pool` first (null: never
+/// registered).
+struct KvStagingDeleter {
+  const model::KvCache* pool = nullptr;
+  void operator()(uint8_t* bytes) const;
+};
+
 /// Disaggregated serving, the prefill side of a KV push (StepPlan.kv_pushes): the blocks a
 /// plan names go straight into slots of the decode replica's host tiers, each layer right
 /// after the forward pass wrote it (the backend's half-layer observer), so the hand-off's
-/// KV has arrived when the step that samples the first token ends. The decode tiers are
-/// memory files of this machine (RegisterRequest.host_kv_shared), mapped writable here;
-/// each decode rank gets the heads it holds of this worker's (tensor-parallel sizes may
-/// differ), K, V and 8-bit scales alike, in the slot layout a pull would write.
+/// KV has arrived when the step that samples the first token ends. A backend without the
+/// observer (CUDA: a captured graph cannot stop between layers) has its blocks copied
+/// whole once the forward pass succeeded, in batches through a bounded staging buffer
+/// (pinned where the pool is device memory), before the step's result goes back: the same
+/// guarantee, without the overlap. The decode tiers are memory files of this machine
+/// (RegisterRequest.host_kv_shared), mapped writable here; each decode rank gets the heads
+/// it holds of this worker's (tensor-parallel sizes may differ), K, V and 8-bit scales
+/// alike, in the slot layout a pull would write.
 ///
-/// A push that cannot run (a destination not mappable from here, a backend without the
-/// observer: CUDA) never fails the step: StepResult.kv_push_error says why and the
-/// coordinator falls back to the pull (worker/kv_transfer). Owned by the step executor;
-/// not thread-safe.
+/// A push that cannot run (a destination not mappable from here, a failed forward pass)
+/// never fails the step: StepResult.kv_push_error says why and the coordinator falls back
+/// to the pull (worker/kv_transfer). Owned by the step executor; not thread-safe.
 class KvPusher {
  public:
+  static constexpr int64_t kDefaultStagingBytes = int64_t{16} << 20;
+
   /// `tier`: this worker's host tier (its layout() names the heads and sizes the slots);
   /// null or without a known layout, every push is refused.
-  KvPusher(StepBackend& backend, const KvHostTier* tier) : backend_(backend), tier_(tier) {}
+  /// `staging_bytes`: what the staging buffer of whole-block copies holds at most (one
+  /// block at least).
+  KvPusher(StepBackend& backend, const KvHostTier* tier,
+           int64_t staging_bytes = kDefaultStagingBytes)
+      : backend_(backend), tier_(tier), max_staging_bytes_(staging_bytes) {}
   ~KvPusher();
 
   /// Starts `plan`'s pushes (nothing without any): checks and maps them, and installs the
   /// per-layer copy. A failure drops them all and is kept for End.
   void Begin(const loom::v1::StepPlan& plan);
-  /// Ends the plan's pushes, whether its forward pass ran or failed: sets
+  /// Ends the plan's pushes, whether its forward pass ran or failed (`result.error_code`
+  /// set): copies the blocks of a backend without the observer if it ran, and sets
   /// `result.kv_push_error` unless every layer of every block went out.
   void End(loom::v1::StepResult& result);
 
@@ -54,15 +72,25 @@ class KvPusher {
   absl::Status Prepare(const loom::v1::StepPlan& plan);
   // Layer `layer` of every block of every push into its destinations.
   void CopyLayer(int64_t layer);
+  // Every layer of every block of every push, once the forward pass ran (no observer).
+  absl::Status CopyBlocks();
+  // `bytes`, layer `layer` of push.blocks[i] as a slot lays it out, into its destinations.
+  void Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes);
+  // A staging buffer of at least `bytes` (page-aligned, registered with the pool).
+  absl::StatusOr<uint8_t*> Staging(int64_t bytes);
 
   StepBackend& backend_;
   const KvHostTier* tier_;
+  int64_t max_staging_bytes_;
   std::vector<Push> pushes_;
   std::vector<uint8_t> source_bytes_;  // one block's layer, as a slot lays it out
-  int64_t half_layers_ = 0;            // observer calls in this step
-  int64_t layers_copied_ = 0;          // layers every push has written
+  std::unique_ptr<uint8_t, KvStagingDeleter> staging_;  // whole blocks (CopyBlocks)
+  int64_t staging_bytes_ = 0;
+  int64_t half_layers_ = 0;    // observer calls in this step
+  int64_t layers_copied_ = 0;  // layers every push has written
   absl::Status failure_;
   bool observing_ = false;
+  bool after_pass_ = false;  // the backend has no observer: CopyBlocks at End
 };
 
 /// Begins a plan's pushes (when `run`: the plan validated) and ends them into `result` on

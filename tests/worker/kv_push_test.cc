@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/cpu_kv_cache.h"
@@ -63,17 +64,20 @@ std::vector<uint8_t> Saved(const model::CpuKvCache& pool, int32_t block) {
 }
 
 // The prefill worker's side without a model: its pool, and the forward pass's half-layer
-// calls made by the test (RunLayers), as the CPU forward pass makes them.
+// calls made by the test (RunLayers), as the CPU forward pass makes them. `observes`
+// false: a backend without the observer, as CUDA's (its pushes go whole after the pass).
 class PoolBackend final : public StepBackend {
  public:
-  explicit PoolBackend(const model::CpuKvCache* pool) : pool_(pool) {}
-  std::string_view name() const override { return "pool"; }
+  explicit PoolBackend(const model::CpuKvCache* pool, bool observes = true)
+      : pool_(pool), observes_(observes) {}
+  std::string_view name() const override { return observes_ ? "pool" : "cuda-like"; }
   const common::ModelConfig& config() const override { return config_; }
   int64_t num_kv_blocks() const override { return pool_->num_blocks(); }
   int64_t block_size() const override { return pool_->block_size(); }
   bool uses_samplers() const override { return false; }
   const model::KvCache* kv_pool() const override { return pool_; }
   bool SetHalfLayerObserver(std::function<void()> observer) override {
+    if (!observes_) return false;
     observer_ = std::move(observer);
     return true;
   }
@@ -90,6 +94,7 @@ class PoolBackend final : public StepBackend {
 
  private:
   const model::CpuKvCache* pool_;
+  bool observes_;
   common::ModelConfig config_;
   std::function<void()> observer_;
 };
@@ -115,59 +120,63 @@ loom::v1::StepPlan PushPlan(std::vector<int32_t> blocks, std::vector<int32_t> sl
   return plan;
 }
 
-// Pushed layer by layer, adopted, reloaded: the decode pool holds the prefill pool's blocks
-// bit for bit, K, V and 8-bit scales, with the same slices on both sides and from two
-// tensor-parallel ranks (one KV head each) into one rank holding both.
+// Pushed layer by layer (or whole after the pass, by a backend without the observer),
+// adopted, reloaded: the decode pool holds the prefill pool's blocks bit for bit, K, V and
+// 8-bit scales, with the same slices on both sides and from two tensor-parallel ranks (one
+// KV head each) into one rank holding both.
 TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
-  for (const kernels::cpu::KvDtype dtype :
-       {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
-    SCOPED_TRACE(kernels::cpu::KvDtypeName(dtype));
-    std::unique_ptr<model::CpuKvCache> full = Pool(2, dtype), decode_pool = Pool(2, dtype);
-    test_util::RandomizeKvPool(*full, 7);
-    auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
-    // One rank with both heads.
-    {
-      auto tier = Tier(*full, 0, 2, dtype);
-      PoolBackend backend(full.get());
-      KvPusher pusher(backend, tier.get());
-      pusher.Begin(PushPlan({2, 5}, {1, 3}, {Dest(*decode_tier, 0, 2)}));
-      ASSERT_TRUE(backend.observed());
-      backend.RunLayers(kLayers);
-      loom::v1::StepResult result;
-      pusher.End(result);
-      EXPECT_EQ(result.kv_push_error(), "");
-      EXPECT_FALSE(backend.observed()) << "the observer outlived its step";
+  for (const bool observes : {true, false})
+    for (const kernels::cpu::KvDtype dtype :
+         {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
+      SCOPED_TRACE(absl::StrCat(kernels::cpu::KvDtypeName(dtype),
+                                observes ? " layer by layer" : " after the pass"));
+      std::unique_ptr<model::CpuKvCache> full = Pool(2, dtype), decode_pool = Pool(2, dtype);
+      test_util::RandomizeKvPool(*full, 7);
+      auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+      // One rank with both heads.
+      {
+        auto tier = Tier(*full, 0, 2, dtype);
+        PoolBackend backend(full.get(), observes);
+        // Staging of one block: the whole-block copies go one by one.
+        KvPusher pusher(backend, tier.get(), /*staging_bytes=*/1);
+        pusher.Begin(PushPlan({2, 5}, {1, 3}, {Dest(*decode_tier, 0, 2)}));
+        ASSERT_EQ(backend.observed(), observes);
+        backend.RunLayers(kLayers);
+        loom::v1::StepResult result;
+        pusher.End(result);
+        EXPECT_EQ(result.kv_push_error(), "");
+        EXPECT_FALSE(backend.observed()) << "the observer outlived its step";
+      }
+      loom::v1::StepPlan adopt;
+      adopt.add_kv_pushed_slots(1);
+      adopt.add_kv_pushed_slots(3);
+      ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
+      ASSERT_TRUE(decode_tier->Apply({{false, 0, 1}, {false, 4, 3}}).ok());
+      EXPECT_EQ(Saved(*decode_pool, 0), Saved(*full, 2));
+      EXPECT_EQ(Saved(*decode_pool, 4), Saved(*full, 5));
+      // Two ranks of one head each push their heads into the same slot.
+      for (int64_t rank = 0; rank < 2; ++rank) {
+        auto slice = Slice(*full, rank, 1, dtype);
+        auto tier = Tier(*slice, rank, 1, dtype);
+        PoolBackend backend(slice.get(), observes);
+        KvPusher pusher(backend, tier.get());
+        pusher.Begin(PushPlan({1}, {2}, {Dest(*decode_tier, 0, 2)}));
+        backend.RunLayers(kLayers);
+        loom::v1::StepResult result;
+        pusher.End(result);
+        EXPECT_EQ(result.kv_push_error(), "") << "rank " << rank;
+      }
+      adopt.Clear();
+      adopt.add_kv_pushed_slots(2);
+      ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
+      ASSERT_TRUE(decode_tier->Apply({{false, 5, 2}}).ok());
+      EXPECT_EQ(Saved(*decode_pool, 5), Saved(*full, 1));
     }
-    loom::v1::StepPlan adopt;
-    adopt.add_kv_pushed_slots(1);
-    adopt.add_kv_pushed_slots(3);
-    ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
-    ASSERT_TRUE(decode_tier->Apply({{false, 0, 1}, {false, 4, 3}}).ok());
-    EXPECT_EQ(Saved(*decode_pool, 0), Saved(*full, 2));
-    EXPECT_EQ(Saved(*decode_pool, 4), Saved(*full, 5));
-    // Two ranks of one head each push their heads into the same slot.
-    for (int64_t rank = 0; rank < 2; ++rank) {
-      auto slice = Slice(*full, rank, 1, dtype);
-      auto tier = Tier(*slice, rank, 1, dtype);
-      PoolBackend backend(slice.get());
-      KvPusher pusher(backend, tier.get());
-      pusher.Begin(PushPlan({1}, {2}, {Dest(*decode_tier, 0, 2)}));
-      backend.RunLayers(kLayers);
-      loom::v1::StepResult result;
-      pusher.End(result);
-      EXPECT_EQ(result.kv_push_error(), "") << "rank " << rank;
-    }
-    adopt.Clear();
-    adopt.add_kv_pushed_slots(2);
-    ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
-    ASSERT_TRUE(decode_tier->Apply({{false, 5, 2}}).ok());
-    EXPECT_EQ(Saved(*decode_pool, 5), Saved(*full, 1));
-  }
 }
 
-// What cannot be pushed is said, never a failed step: a forward pass that stopped early, a
-// destination on another machine, slots or blocks out of range, a backend without the
-// per-layer observer. Bad adoptions are refused.
+// What cannot be pushed is said, never a failed step: a forward pass that stopped early or
+// failed, a destination on another machine, slots or blocks out of range. Bad adoptions are
+// refused.
 TEST(KvPushTest, APushThatCannotCompleteSaysWhy) {
   const auto dtype = kernels::cpu::KvDtype::kF16;
   std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
@@ -194,29 +203,14 @@ TEST(KvPushTest, APushThatCannotCompleteSaysWhy) {
   EXPECT_EQ(push_error(loom::v1::StepPlan(), 0), "");  // nothing to push
   EXPECT_FALSE(backend.observed());
 
-  class NoObserver final : public StepBackend {
-   public:
-    explicit NoObserver(const model::KvCache* pool) : pool_(pool) {}
-    std::string_view name() const override { return "cuda-like"; }
-    const common::ModelConfig& config() const override { return config_; }
-    int64_t num_kv_blocks() const override { return kBlocks; }
-    int64_t block_size() const override { return kBlockSize; }
-    bool uses_samplers() const override { return false; }
-    const model::KvCache* kv_pool() const override { return pool_; }
-    absl::Status Run(const StepBatch&, absl::Span<const SampleRow>, std::vector<SampledToken>&,
-                     std::vector<int32_t>&, BackendTimings&) override {
-      return absl::OkStatus();
-    }
-
-   private:
-    const model::KvCache* pool_;
-    common::ModelConfig config_;
-  } no_observer(pool.get());
+  // A backend without the observer copies after the pass, and not after a failed one.
+  PoolBackend no_observer(pool.get(), /*observes=*/false);
   KvPusher pusher(no_observer, tier.get());
   pusher.Begin(PushPlan({1}, {0}, {Dest(*decode_tier, 0, 2)}));
   loom::v1::StepResult result;
+  result.set_error_code(static_cast<int32_t>(absl::StatusCode::kInternal));
   pusher.End(result);
-  EXPECT_THAT(result.kv_push_error(), HasSubstr("cannot push KV layer by layer"));
+  EXPECT_THAT(result.kv_push_error(), HasSubstr("forward pass failed"));
 
   loom::v1::StepPlan adopt;
   adopt.add_kv_pushed_slots(4);
