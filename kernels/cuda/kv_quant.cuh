@@ -42,15 +42,20 @@ __device__ __forceinline__ float DecodeKvCode(uint32_t byte) {
   }
 }
 
-// Eight consecutive codes from an 8-byte aligned address, decoded.
+// Eight consecutive codes (8 bytes, the first in the low byte of raw.x), decoded.
 template <typename Code>
-__device__ __forceinline__ void LoadCodes8(const Code* address, float (&values)[8]) {
-  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(address));
+__device__ __forceinline__ void DecodeCodes8(const uint2& raw, float (&values)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     values[i] = DecodeKvCode<Code>(raw.x >> (8 * i));
     values[4 + i] = DecodeKvCode<Code>(raw.y >> (8 * i));
   }
+}
+
+// Eight consecutive codes from an 8-byte aligned global address, decoded.
+template <typename Code>
+__device__ __forceinline__ void LoadCodes8(const Code* address, float (&values)[8]) {
+  DecodeCodes8<Code>(__ldg(reinterpret_cast<const uint2*>(address)), values);
 }
 
 // x = H x over a row of 32 * E elements spread over a warp, lane l holding elements

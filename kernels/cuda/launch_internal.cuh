@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -99,6 +100,49 @@ inline absl::Status CheckLaunch(const char* kernel) {
   if (error == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(
       absl::StrFormat("%s: kernel launch failed: %s", kernel, cudaGetErrorString(error)));
+}
+
+/// Lets `kKernel` use `bytes` of dynamic shared memory (above 48 KiB a kernel must opt
+/// in). The attribute is per device: set once per (kernel, device), so a process that
+/// drives several devices (tests, a TP group in one process) opts in on each. Internal
+/// naming `name` when the device refuses.
+template <auto kKernel>
+absl::Status OptInSharedMemory(int bytes, const char* name) {
+  static std::atomic<uint64_t> opted_devices{0};  // bit d: done on device d (d < 64)
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (error == cudaSuccess && (bit == 0 || (opted_devices.load() & bit) == 0)) {
+    error = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (error == cudaSuccess) opted_devices.fetch_or(bit);
+  }
+  if (error == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  return absl::InternalError(absl::StrFormat("%s: %d bytes of shared memory: %s", name, bytes,
+                                             cudaGetErrorString(error)));
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+/// 16 bytes global -> shared, asynchronously (PTX cp.async, bypassing L1). With src_bytes
+/// 0 nothing is read and the 16 bytes are zero-filled. Both addresses 16-byte aligned.
+__device__ __forceinline__ void CopyAsync16(void* shared, const void* global, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(shared)),
+               "l"(global), "r"(src_bytes)
+               : "memory");
+}
+
+/// Closes this thread's group of cp.async copies (CopyAsyncWait counts groups).
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 /// Blocks of `threads` covering `work` items, capped for grid-stride loops.

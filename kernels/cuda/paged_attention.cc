@@ -21,7 +21,7 @@ int64_t MaxSplits(const PagedDecodeParams& p) {
       p.num_seqs * p.cache.num_kv_heads *
       internal::DecodeHeadChunks(p.num_heads / p.cache.num_kv_heads);
   return ChoosePagedDecodeSplits(blocks_per_split, PagedDecodeAttendedLength(p),
-                                 internal::kMaxSmsForWorkspace);
+                                 internal::kMaxSmsForWorkspace, internal::kMaxResidentDecodeBlocks);
 }
 
 }  // namespace
@@ -30,12 +30,15 @@ int64_t PagedDecodeAttendedLength(const PagedDecodeParams& p) {
   return p.window > 0 ? std::min(p.max_context_len, p.window) : p.max_context_len;
 }
 
-int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms) {
+int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms,
+                            int resident_blocks_per_sm) {
   const int64_t by_length =
       std::min<int64_t>(CeilDiv(std::max<int64_t>(max_context_len, 1), kPagedDecodeMinPartition),
                         kPagedDecodeMaxSplits);
   if (by_length <= 1 || blocks_per_split <= 0) return 1;
-  const int64_t wanted_blocks = 2 * static_cast<int64_t>(std::max(num_sms, 1));
+  const int64_t wanted_blocks =
+      static_cast<int64_t>(std::max(num_sms, 1)) *
+      std::clamp(resident_blocks_per_sm, 1, internal::kMaxResidentDecodeBlocks);
   return static_cast<int>(
       std::clamp<int64_t>(CeilDiv(wanted_blocks, blocks_per_split), 1, by_length));
 }

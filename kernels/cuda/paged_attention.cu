@@ -1,15 +1,25 @@
-// Paged decode attention, FlashDecoding style.
+// Paged decode attention, FlashDecoding style, with the K/V stream pipelined.
 //
 // Block (split, kv_head * head_chunks + chunk, seq), 128 threads. A block computes up to
 // kGroup query heads that share one KV head, so each K/V row is read once for the group.
-// Threads form subgroups of kHeadDim / 8 lanes; a subgroup owns one token at a time and
-// each lane 8 consecutive dims (one 16-byte load of K or V). The split's tokens go in
-// tiles of kTile: scores into shared memory, an online-softmax update per head, then the
-// V accumulation in registers. Subgroups are merged at the end; with several splits each
-// block leaves (unnormalized sums, max, denominator) in the workspace and
+// The split's tokens go in tiles of kPasses tokens per subgroup; the tiles stream into
+// shared memory through a kStages-deep cp.async ring (each thread copies 16-byte chunks of
+// K and V rows; rows past the split or the table are zero-filled), so several stages of
+// loads are in flight per block while it computes another. The block-table entries a
+// thread's rows need are loaded one ring step ahead of their copies, and each tile's slots
+// are staged once in shared memory for the compute (validity and the 8-bit scales).
+//
+// Compute: threads form subgroups of kHeadDim / 8 lanes; a subgroup owns kPasses tokens
+// of a tile and each lane 8 consecutive dims of them. A subgroup keeps its own online
+// softmax (max, sum and the V accumulators in registers): one rescale per tile and no
+// block-wide barrier but the ring's one per tile. Subgroups are merged at the end
+// (shuffles within a warp, shared memory across warps); with several splits each block
+// leaves (unnormalized sums, max, denominator) in the workspace and
 // PagedDecodeReduceKernel merges them. An 8-bit cache (int8_t or uint8_t codes as Kv) is
-// read 8 codes (8 bytes) per lane; a token's K scale multiplies its score, its V scale its
-// probability (the caller rotates query and output, kv_cache.h).
+// copied as codes; a token's K scale multiplies its score, its V scale its probability
+// (the caller rotates query and output, kv_cache.h), both loaded one tile ahead.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "common/status_macros.h"
@@ -22,33 +32,58 @@
 namespace loom::kernels::cuda {
 namespace {
 
+using internal::CopyAsync16;
+using internal::CopyAsyncCommit;
+using internal::CopyAsyncWait;
 using internal::FromFloat;
 using internal::ToFloat;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 128;
+constexpr int kStages = 4;  // >= 3: a tile's slots are read one tile ahead (the 8-bit scales)
+constexpr int kPasses = 4;  // tokens per subgroup per tile
 
-// Eight consecutive F16/BF16 values from a 16-byte aligned address (8-bit codes: 8-byte
-// aligned), as floats.
+// The tiling of one instantiation: each thread reads kPasses rows' 8 values of a tile, so
+// a tile's K rows take kPasses * kThreads * 8 elements: 8 KiB for F16/BF16, 4 KiB for 8-bit
+// codes, whatever the head dim; K and V of kStages tiles take 64 (32) KiB.
+template <typename Kv, int kHeadDim, int kGroup>
+struct DecodeShape {
+  static constexpr int kLanes = kHeadDim / 8;           // lanes per token
+  static constexpr int kSubgroups = kThreads / kLanes;  // tokens per pass
+  static constexpr int kTile = kPasses * kSubgroups;    // tokens per tile
+  static constexpr int kRowBytes = kHeadDim * static_cast<int>(sizeof(Kv));
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kChunksPerThread = kTile * kChunksPerRow / kThreads;  // of K (and V)
+  static constexpr int kTileBytes = kTile * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  // After the ring drains its memory holds the warps' accumulators for the final merge.
+  static constexpr int kMergeBytes = kWarps * kGroup * kHeadDim * 4;
+  static constexpr int kSharedBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  static_assert(kTile * kChunksPerRow % kThreads == 0, "whole chunks per thread");
+  static_assert(kChunksPerRow <= kThreads, "a thread's chunks lie in distinct rows");
+};
+
+// Eight consecutive F16/BF16 values (16 bytes) or 8-bit codes (8 bytes) from shared
+// memory, as floats (codes decoded, not yet scaled).
 template <typename Kv>
-__device__ __forceinline__ void Load8(const Kv* address, float (&values)[8]) {
+__device__ __forceinline__ void LoadShared8(const Kv* address, float (&values)[8]) {
   if constexpr (internal::kIsKvCode<Kv>) {
-    internal::LoadCodes8(address, values);
-    return;
-  }
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(address));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    internal::DecodeCodes8<Kv>(*reinterpret_cast<const uint2*>(address), values);
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(address);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<Kv, __half>) {
-      values[2 * i] =
-          __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] & 0xffffu)));
-      values[2 * i + 1] =
-          __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] >> 16)));
-    } else {
-      values[2 * i] = __uint_as_float(words[i] << 16);
-      values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<Kv, __half>) {
+        values[2 * i] =
+            __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] & 0xffffu)));
+        values[2 * i + 1] =
+            __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] >> 16)));
+      } else {
+        values[2 * i] = __uint_as_float(words[i] << 16);
+        values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+      }
     }
   }
 }
@@ -79,16 +114,18 @@ struct DecodeArgs {
   float softcap;  // > 0: scores become softcap * tanh(score / softcap)
 };
 
+// exp(x - base) where base is -inf when nothing was attended yet (then 0, not NaN).
+__device__ __forceinline__ float ExpFrom(float x, float max) {
+  return expf(x - (max == -INFINITY ? 0.0f : max));
+}
+
 template <typename Q, typename Kv, int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
-  constexpr int kLanes = kHeadDim / 8;           // lanes per token
-  constexpr int kSubgroups = kThreads / kLanes;  // tokens in flight per block
-  __shared__ float q_shared[kGroup][kHeadDim];   // pre-scaled queries
-  __shared__ float p_shared[kGroup][kTile];      // scores, then probabilities
-  __shared__ int64_t slot_shared[kTile];         // the tile's slots, -1 when invalid
-  __shared__ float max_shared[kGroup], sum_shared[kGroup], alpha_shared[kGroup];
-  __shared__ float merge_shared[kWarps][kGroup][kHeadDim];
-  __shared__ int bad_table;
+  using S = DecodeShape<Kv, kHeadDim, kGroup>;
+  constexpr bool kQuantized = internal::kIsKvCode<Kv>;
+  extern __shared__ __align__(16) uint8_t ring[];  // S::kSharedBytes
+  __shared__ int64_t slot_ring[kStages][S::kTile];  // each tile's slots, -1 when none
+  __shared__ float warp_max[kWarps][kGroup], warp_sum[kWarps][kGroup];
 
   const int seq = blockIdx.z;
   const int split = blockIdx.x;
@@ -98,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
   const int head0 = kv_head * args.group + chunk * kGroup;
   const int heads_here = min(kGroup, args.group - chunk * kGroup);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int subgroup = threadIdx.x / kLanes, sub_lane = threadIdx.x % kLanes;
+  const int subgroup = threadIdx.x / S::kLanes, sub_lane = threadIdx.x % S::kLanes;
 
   const int context = args.context_len[seq];
   // The splits cut the attended positions [first, context): with a window the positions
@@ -106,171 +143,229 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
   const int first = args.window > 0 ? max(0, context - args.window) : 0;
   const int begin = first + split * args.partition;
   const int end = split == num_splits - 1 ? context : min(context, begin + args.partition);
+  const int num_tiles = end > begin ? (end - begin + S::kTile - 1) / S::kTile : 0;
   const int table_begin = args.block_indptr[seq];
   const int table_len = args.block_indptr[seq + 1] - table_begin;
 
+  // This lane's 8 dims of every query head, pre-scaled, in registers for the whole split.
   const Q* q =
       static_cast<const Q*>(args.q) + seq * args.q_stride + static_cast<int64_t>(head0) * kHeadDim;
-  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
-    const int g = i / kHeadDim;
-    q_shared[g][i % kHeadDim] = g < heads_here ? ToFloat(q[i]) * args.scale : 0.0f;
-  }
-  if (threadIdx.x < kGroup) {
-    max_shared[threadIdx.x] = -INFINITY;
-    sum_shared[threadIdx.x] = 0.0f;
-  }
-  if (threadIdx.x == 0) bad_table = 0;
-  __syncthreads();
-
-  constexpr bool kQuantized = internal::kIsKvCode<Kv>;
-  // A token's scale, times the codes' decode factor (1 without quantization).
-  auto row_scale = [&](const uint16_t* scales, int64_t slot) {
-    if constexpr (kQuantized) {
-      return internal::Bf16BitsToFloat(scales[slot * args.num_kv_heads + kv_head]) *
-             internal::kKvDecodeFactor<Kv>;
-    } else {
-      return 1.0f;
-    }
-  };
-  const Kv* k_cache = static_cast<const Kv*>(args.k_cache);
-  const Kv* v_cache = static_cast<const Kv*>(args.v_cache);
-  const int64_t head_offset = static_cast<int64_t>(kv_head) * kHeadDim + sub_lane * 8;
-  // This lane's 8 dims of every query head stay in registers for the whole split.
   float q_lane[kGroup][8];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q_lane[g][i] = q_shared[g][sub_lane * 8 + i];
+    for (int i = 0; i < 8; ++i) {
+      q_lane[g][i] = g < heads_here ? ToFloat(q[g * kHeadDim + sub_lane * 8 + i]) * args.scale
+                                    : 0.0f;
+    }
   }
-  float acc[kGroup][8];
+
+  // ---- the ring: block-table entries one step ahead, then the rows' 16-byte chunks.
+  const uint8_t* k_bytes = static_cast<const uint8_t*>(args.k_cache);
+  const uint8_t* v_bytes = static_cast<const uint8_t*>(args.v_cache);
+  bool bad = false;  // a table the host failed to validate
+  int blocks[S::kChunksPerThread];  // the pool blocks of this thread's rows of one tile
+  auto fetch = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < S::kChunksPerThread; ++i) {
+      const int row = (i * kThreads + threadIdx.x) / S::kChunksPerRow;
+      const int position = begin + tile * S::kTile + row;
+      const int index = position / args.block_size;
+      blocks[i] = tile < num_tiles && position < end && index < table_len
+                      ? args.block_indices[table_begin + index]
+                      : -1;
+    }
+  };
+  auto issue = [&](int tile) {
+    if (tile < num_tiles) {
+      const int stage = tile % kStages;
+      uint8_t* k_stage = ring + stage * S::kStageBytes;
+#pragma unroll
+      for (int i = 0; i < S::kChunksPerThread; ++i) {
+        const int c = i * kThreads + threadIdx.x;
+        const int row = c / S::kChunksPerRow, column = c % S::kChunksPerRow;
+        const int position = begin + tile * S::kTile + row;
+        int64_t slot = -1;
+        if (position < end) {
+          if (blocks[i] >= 0 && blocks[i] < args.num_blocks) {
+            slot = static_cast<int64_t>(blocks[i]) * args.block_size + position % args.block_size;
+          } else {
+            bad = true;
+          }
+        }
+        const int64_t at =
+            slot >= 0 ? (slot * args.num_kv_heads + kv_head) * S::kRowBytes + column * 16 : 0;
+        CopyAsync16(k_stage + c * 16, k_bytes + at, slot >= 0 ? 16 : 0);
+        CopyAsync16(k_stage + S::kTileBytes + c * 16, v_bytes + at, slot >= 0 ? 16 : 0);
+        if (column == 0) slot_ring[stage][row] = slot;
+      }
+    }
+    CopyAsyncCommit();  // an empty group past the last tile keeps the wait counts uniform
+  };
+
+  // ---- 8-bit scales of this subgroup's tokens: the current tile's and the next's.
+  float k_scale[kPasses] = {}, v_scale[kPasses] = {};
+  float next_k_scale[kPasses] = {}, next_v_scale[kPasses] = {};
+  auto load_scales = [&](int tile, float (&ks)[kPasses], float (&vs)[kPasses]) {
+    if constexpr (kQuantized) {
+      if (tile >= num_tiles) return;
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int64_t slot = slot_ring[tile % kStages][p * S::kSubgroups + subgroup];
+        const int64_t row = slot * args.num_kv_heads + kv_head;
+        constexpr float kFactor = internal::kKvDecodeFactor<Kv>;
+        ks[p] = slot >= 0 ? internal::Bf16BitsToFloat(args.k_scale[row]) * kFactor : 0.0f;
+        vs[p] = slot >= 0 ? internal::Bf16BitsToFloat(args.v_scale[row]) * kFactor : 0.0f;
+      }
+    } else {
+      (void)tile, (void)ks, (void)vs;
+    }
+  };
+
+  // ---- this subgroup's online softmax.
+  float row_max[kGroup], row_sum[kGroup], acc[kGroup][8];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
+    row_max[g] = -INFINITY;
+    row_sum[g] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
   }
-
-  for (int tile = begin; tile < end; tile += kTile) {
-    const int count = min(kTile, end - tile);
-    // Scores. The loop bound is uniform across the block, so whole warps shuffle together.
-    for (int base = 0; base < count; base += kSubgroups) {
-      const int t = base + subgroup;
-      const bool active = t < count;
-      int64_t slot = -1;
-      if (active) {
-        const int position = tile + t;
-        const int index = position / args.block_size;
-        const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
-        if (block >= 0 && block < args.num_blocks) {
-          slot = static_cast<int64_t>(block) * args.block_size + position % args.block_size;
-        } else {
-          atomicOr(&bad_table, 1);  // a table the host failed to validate
-        }
-      }
-      float k_values[8] = {};
-      float k_scale = 0.0f;
-      if (slot >= 0) {
-        Load8(k_cache + slot * args.num_kv_heads * kHeadDim + head_offset, k_values);
-        k_scale = row_scale(args.k_scale, slot);
-      }
+  auto compute = [&](int tile) {
+    const int stage = tile % kStages;
+    const Kv* k_tile = reinterpret_cast<const Kv*>(ring + stage * S::kStageBytes);
+    const Kv* v_tile = reinterpret_cast<const Kv*>(ring + stage * S::kStageBytes + S::kTileBytes);
+    float score[kPasses][kGroup];
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int t = p * S::kSubgroups + subgroup;
+      const bool valid = slot_ring[stage][t] >= 0;
+      float k[8];
+      LoadShared8(k_tile + t * kHeadDim + sub_lane * 8, k);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot += q_lane[g][i] * k_values[i];
+        for (int i = 0; i < 8; ++i) dot += q_lane[g][i] * k[i];
 #pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+        for (int offset = S::kLanes / 2; offset > 0; offset >>= 1) {
           dot += __shfl_xor_sync(0xffffffffu, dot, offset);
         }
-        if constexpr (kQuantized) dot *= k_scale;
+        if constexpr (kQuantized) dot *= k_scale[p];
         if (args.softcap > 0.0f) dot = args.softcap * tanhf(dot / args.softcap);
-        if (active && sub_lane == 0) p_shared[g][t] = slot >= 0 ? dot : -INFINITY;
-      }
-      if (active && sub_lane == 0) slot_shared[t] = slot;
-    }
-    __syncthreads();
-    // Online softmax: one warp per head.
-    for (int g = warp; g < kGroup; g += kWarps) {
-      float tile_max = -INFINITY;
-      for (int t = lane; t < count; t += 32) tile_max = fmaxf(tile_max, p_shared[g][t]);
-      tile_max = internal::WarpMax(tile_max);
-      const float old_max = max_shared[g];
-      const float new_max = fmaxf(old_max, tile_max);
-      float tile_sum = 0.0f;
-      for (int t = lane; t < count; t += 32) {
-        const float p = new_max == -INFINITY ? 0.0f : expf(p_shared[g][t] - new_max);
-        p_shared[g][t] = p;
-        tile_sum += p;
-      }
-      tile_sum = internal::WarpSum(tile_sum);
-      __syncwarp();
-      if (lane == 0) {
-        const float alpha = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
-        alpha_shared[g] = alpha;
-        sum_shared[g] = sum_shared[g] * alpha + tile_sum;
-        max_shared[g] = new_max;
+        score[p][g] = valid ? dot : -INFINITY;
       }
     }
-    __syncthreads();
-    // V accumulation in registers.
+    // One rescale per tile; scores become probabilities relative to the new max.
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const float alpha = alpha_shared[g];
+      float new_max = row_max[g];
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) new_max = fmaxf(new_max, score[p][g]);
+      const float alpha = ExpFrom(row_max[g], new_max);
+      row_max[g] = new_max;
+      row_sum[g] *= alpha;
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        score[p][g] = ExpFrom(score[p][g], new_max);
+        row_sum[g] += score[p][g];
+      }
     }
-    for (int t = subgroup; t < count; t += kSubgroups) {
-      const int64_t slot = slot_shared[t];
-      if (slot < 0) continue;
-      float v_values[8];
-      Load8(v_cache + slot * args.num_kv_heads * kHeadDim + head_offset, v_values);
-      const float v_scale = row_scale(args.v_scale, slot);
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int t = p * S::kSubgroups + subgroup;
+      float v[8];
+      LoadShared8(v_tile + t * kHeadDim + sub_lane * 8, v);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
-        const float p = kQuantized ? p_shared[g][t] * v_scale : p_shared[g][t];
+        const float probability = kQuantized ? score[p][g] * v_scale[p] : score[p][g];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] += p * v_values[i];
+        for (int i = 0; i < 8; ++i) acc[g][i] += probability * v[i];
       }
     }
-    __syncthreads();  // the next tile overwrites p_shared and slot_shared
-  }
+  };
 
-  // Merge the subgroups: first those sharing a warp (shuffles), then the warps.
+  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed.
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
+  for (int tile = 0; tile < kStages - 1; ++tile) {
+    fetch(tile);
+    issue(tile);
+  }
+  fetch(kStages - 1);
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    CopyAsyncWait<kStages - 2>();  // this thread's copies of `tile` landed
+    __syncthreads();  // everyone's have, and everyone finished tile - 1 (its stage is free)
+    issue(tile + kStages - 1);
+    fetch(tile + kStages);
+    if (tile == 0) load_scales(0, k_scale, v_scale);
+    load_scales(tile + 1, next_k_scale, next_v_scale);
+    compute(tile);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int p = 0; p < kPasses; ++p) {
+      k_scale[p] = next_k_scale[p];
+      v_scale[p] = next_v_scale[p];
+    }
+  }
+  CopyAsyncWait<0>();
+
+  // ---- merge: the subgroups of a warp by shuffles, then the warps through shared memory.
 #pragma unroll
-      for (int offset = kLanes; offset < 32; offset <<= 1) {
-        acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], offset);
+  for (int offset = S::kLanes; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const float other_max = __shfl_xor_sync(0xffffffffu, row_max[g], offset);
+      const float other_sum = __shfl_xor_sync(0xffffffffu, row_sum[g], offset);
+      const float new_max = fmaxf(row_max[g], other_max);
+      const float mine = ExpFrom(row_max[g], new_max), theirs = ExpFrom(other_max, new_max);
+      row_sum[g] = row_sum[g] * mine + other_sum * theirs;
+      row_max[g] = new_max;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        acc[g][i] = acc[g][i] * mine + __shfl_xor_sync(0xffffffffu, acc[g][i], offset) * theirs;
       }
     }
   }
-  if (lane < kLanes) {
+  const bool bad_table = __syncthreads_or(bad) != 0;  // also: the ring is free for the merge
+  float* merge = reinterpret_cast<float*>(ring);    // [kWarps][kGroup][kHeadDim]
+  if (lane < S::kLanes) {
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) merge_shared[warp][g][lane * 8 + i] = acc[g][i];
+      for (int i = 0; i < 8; ++i) {
+        merge[(warp * kGroup + g) * kHeadDim + lane * 8 + i] = acc[g][i];
+      }
+      if (lane == 0) {
+        warp_max[warp][g] = row_max[g];
+        warp_sum[warp][g] = row_sum[g];
+      }
     }
   }
   __syncthreads();
-  const bool bad = bad_table != 0;
   for (int i = threadIdx.x; i < heads_here * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
-    float total = 0.0f;
+    float block_max = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += merge_shared[w][g][d];
-    if (bad) total = NAN;
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w][g]);
+    float total = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = ExpFrom(warp_max[w][g], block_max);
+      total += merge[(w * kGroup + g) * kHeadDim + d] * weight;
+      sum += warp_sum[w][g] * weight;
+    }
+    if (bad_table) total = NAN;
     const int64_t row = static_cast<int64_t>(seq) * args.num_heads + head0 + g;
     if (num_splits == 1) {
-      const float sum = sum_shared[g];
       static_cast<Q*>(args.out)[row * kHeadDim + d] =
           FromFloat<Q>(sum != 0.0f ? total / sum : 0.0f);
     } else {
       const int64_t partial = row * num_splits + split;
       args.partial_acc[partial * kHeadDim + d] = total;
       if (d == 0) {
-        args.partial_max[partial] = max_shared[g];
-        args.partial_sum[partial] = bad ? NAN : sum_shared[g];
+        args.partial_max[partial] = block_max;
+        args.partial_sum[partial] = bad_table ? NAN : sum;
       }
     }
   }
@@ -298,48 +393,87 @@ __global__ void PagedDecodeReduceKernel(const float* __restrict__ partial_acc,
   out[row * head_dim + d] = FromFloat<Q>(denominator != 0.0f ? numerator / denominator : 0.0f);
 }
 
+// Blocks of `kernel` (with kShared bytes of dynamic shared memory) one multiprocessor of
+// the current device holds at once; asked once per instantiation.
+template <auto kKernel, int kShared>
+absl::StatusOr<int> ResidentBlocksPerSm() {
+  static std::atomic<int> resident{0};
+  if (const int known = resident.load(); known > 0) return known;
+  int blocks = 0;
+  const cudaError_t error =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, kShared);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrFormat("PagedDecode: occupancy query failed: %s", cudaGetErrorString(error)));
+  }
+  blocks = std::clamp(blocks, 1, internal::kMaxResidentDecodeBlocks);
+  resident.store(blocks);
+  return blocks;
+}
+
+// Splits (the heuristic's when p.num_splits is 0: one wave of resident blocks), their
+// workspace and partition, then the kernels.
 template <typename Q, typename Kv, int kHeadDim, int kGroup>
-void LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, int num_splits,
-                   cudaStream_t stream) {
+absl::Status LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, cudaStream_t stream) {
+  constexpr int kShared = DecodeShape<Kv, kHeadDim, kGroup>::kSharedBytes;
+  constexpr auto kernel = &PagedDecodeKernel<Q, Kv, kHeadDim, kGroup>;
+  LOOM_RETURN_IF_ERROR(internal::OptInSharedMemory<kernel>(kShared, "PagedDecode"));
+  int num_splits = p.num_splits;
+  if (num_splits == 0) {
+    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
+    LOOM_ASSIGN_OR_RETURN(const int resident, (ResidentBlocksPerSm<kernel, kShared>()));
+    num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads * args.head_chunks,
+                                         PagedDecodeAttendedLength(p), num_sms, resident);
+  }
+  const int64_t needed =
+      internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
+  if (needed > 0 && (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < needed)) {
+    // Only on a GPU of more than kMaxSmsForWorkspace multiprocessors.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedDecode: %d splits need a workspace of %d bytes, got %d", num_splits, needed,
+        p.workspace_bytes));
+  }
+  if (num_splits > 1) {
+    const int64_t partials = p.num_seqs * p.num_heads * num_splits;
+    args.partial_acc = static_cast<float*>(p.workspace);
+    args.partial_max = args.partial_acc + partials * p.cache.head_dim;
+    args.partial_sum = args.partial_max + partials;
+  }
+  args.partition =
+      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads * args.head_chunks),
                   static_cast<unsigned>(p.num_seqs));
-  PagedDecodeKernel<Q, Kv, kHeadDim, kGroup><<<grid, kThreads, 0, stream>>>(args);
+  kernel<<<grid, kThreads, kShared, stream>>>(args);
   if (num_splits > 1) {
     PagedDecodeReduceKernel<Q>
         <<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs)), kHeadDim, 0,
            stream>>>(args.partial_acc, args.partial_max, args.partial_sum, static_cast<Q*>(p.out),
                      num_splits, kHeadDim);
   }
+  return internal::CheckLaunch("PagedDecode");
 }
 
 // The one place runtime shapes become template arguments: q dtype x KV dtype x head dim x
 // heads per block.
 template <typename Q, typename Kv>
-void DispatchShape(const PagedDecodeParams& p, const DecodeArgs& args, int group_tile,
-                   int num_splits, cudaStream_t stream) {
+absl::Status DispatchShape(const PagedDecodeParams& p, const DecodeArgs& args, int group_tile,
+                           cudaStream_t stream) {
   auto by_group = [&]<int kHeadDim>() {
     switch (group_tile) {
       case 1:
-        LaunchKernels<Q, Kv, kHeadDim, 1>(p, args, num_splits, stream);
-        break;
+        return LaunchKernels<Q, Kv, kHeadDim, 1>(p, args, stream);
       case 2:
-        LaunchKernels<Q, Kv, kHeadDim, 2>(p, args, num_splits, stream);
-        break;
+        return LaunchKernels<Q, Kv, kHeadDim, 2>(p, args, stream);
       case 4:
-        LaunchKernels<Q, Kv, kHeadDim, 4>(p, args, num_splits, stream);
-        break;
+        return LaunchKernels<Q, Kv, kHeadDim, 4>(p, args, stream);
       default:
-        LaunchKernels<Q, Kv, kHeadDim, 8>(p, args, num_splits, stream);
-        break;
+        return LaunchKernels<Q, Kv, kHeadDim, 8>(p, args, stream);
     }
   };
-  if (p.cache.head_dim == 64) {
-    by_group.template operator()<64>();
-  } else if (p.cache.head_dim == 128) {
-    by_group.template operator()<128>();
-  } else {
-    by_group.template operator()<256>();
-  }
+  if (p.cache.head_dim == 64) return by_group.template operator()<64>();
+  if (p.cache.head_dim == 128) return by_group.template operator()<128>();
+  return by_group.template operator()<256>();
 }
 
 }  // namespace
@@ -353,20 +487,6 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   if (p.cache.num_kv_heads * head_chunks > 65535) {
     return absl::InvalidArgumentError("PagedDecode: too many KV heads for one grid dimension");
   }
-  int num_splits = p.num_splits;
-  if (num_splits == 0) {
-    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads * head_chunks,
-                                         PagedDecodeAttendedLength(p), num_sms);
-  }
-  const int64_t needed =
-      internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
-  if (needed > 0 && (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < needed)) {
-    // Only on a GPU of more than kMaxSmsForWorkspace multiprocessors.
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedDecode: %d splits need a workspace of %d bytes, got %d", num_splits, needed,
-        p.workspace_bytes));
-  }
   DecodeArgs args{};
   args.q = p.q;
   args.out = p.out;
@@ -377,12 +497,6 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   args.block_indices = p.block_indices;
   args.k_scale = p.cache.k_scale;
   args.v_scale = p.cache.v_scale;
-  if (num_splits > 1) {
-    const int64_t partials = p.num_seqs * p.num_heads * num_splits;
-    args.partial_acc = static_cast<float*>(p.workspace);
-    args.partial_max = args.partial_acc + partials * p.cache.head_dim;
-    args.partial_sum = args.partial_max + partials;
-  }
   args.q_stride = p.q_stride != 0 ? p.q_stride : p.num_heads * p.cache.head_dim;
   args.num_heads = static_cast<int>(p.num_heads);
   args.num_kv_heads = static_cast<int>(p.cache.num_kv_heads);
@@ -390,29 +504,23 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   args.head_chunks = head_chunks;
   args.block_size = static_cast<int>(p.cache.block_size);
   args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
-  args.partition =
-      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
   args.window = static_cast<int>(p.window);
   args.scale = p.scale;
   args.softcap = p.softcap;
   auto by_kv = [&]<typename Kv>() {
-    if (p.q_dtype == DataType::kF32) {
-      DispatchShape<float, Kv>(p, args, group_tile, num_splits, stream);
-    } else {
-      DispatchShape<Kv, Kv>(p, args, group_tile, num_splits, stream);
-    }
+    return p.q_dtype == DataType::kF32
+               ? DispatchShape<float, Kv>(p, args, group_tile, stream)
+               : DispatchShape<Kv, Kv>(p, args, group_tile, stream);
   };
   // 8-bit caches take an F32 query (the rotated one, kv_cache.h).
   if (p.cache.quant == KvQuant::kInt8) {
-    DispatchShape<float, int8_t>(p, args, group_tile, num_splits, stream);
-  } else if (p.cache.quant == KvQuant::kFp8E4m3) {
-    DispatchShape<float, uint8_t>(p, args, group_tile, num_splits, stream);
-  } else if (p.cache.dtype == DataType::kF16) {
-    by_kv.template operator()<__half>();
-  } else {
-    by_kv.template operator()<__nv_bfloat16>();
+    return DispatchShape<float, int8_t>(p, args, group_tile, stream);
   }
-  return internal::CheckLaunch("PagedDecode");
+  if (p.cache.quant == KvQuant::kFp8E4m3) {
+    return DispatchShape<float, uint8_t>(p, args, group_tile, stream);
+  }
+  if (p.cache.dtype == DataType::kF16) return by_kv.template operator()<__half>();
+  return by_kv.template operator()<__nv_bfloat16>();
 }
 
 }  // namespace loom::kernels::cuda

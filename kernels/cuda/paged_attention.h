@@ -53,11 +53,14 @@ struct PagedDecodeParams {
   size_t workspace_bytes = 0;
 };
 
-/// Splits of the context that keep about two waves of blocks on `num_sms` multiprocessors:
-/// 1 when there are already enough (sequence, KV head) blocks or the context is short,
-/// never partitions shorter than kPagedDecodeMinPartition tokens, at most
-/// kPagedDecodeMaxSplits. `blocks_per_split` = num_seqs * num_kv_heads * head chunks.
-int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms);
+/// Splits of the context that make one full wave of blocks: `num_sms` multiprocessors
+/// holding `resident_blocks_per_sm` each (the occupancy of the kernel instantiation that
+/// runs, asked of the device; clamped to [1, 4]). 1 when there are already enough
+/// (sequence, KV head) blocks or the context is short, never partitions shorter than
+/// kPagedDecodeMinPartition tokens, at most kPagedDecodeMaxSplits. `blocks_per_split` =
+/// num_seqs * num_kv_heads * head chunks.
+int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms,
+                            int resident_blocks_per_sm);
 
 /// Tokens one sequence's query attends to at most: max_context_len, or the window when it
 /// is shorter. The splits cut this length.

@@ -28,5 +28,9 @@ inline int64_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t
 
 /// The most multiprocessors PagedDecodeWorkspaceBytes provisions for (H100: 132, B200: 148).
 inline constexpr int kMaxSmsForWorkspace = 256;
+/// The most decode blocks the split heuristic counts resident on one multiprocessor (the
+/// kernels' shared memory and registers allow 2-3 on Hopper); the workspace provisions
+/// for it.
+inline constexpr int kMaxResidentDecodeBlocks = 4;
 
 }  // namespace loom::kernels::cuda::internal

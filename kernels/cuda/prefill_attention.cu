@@ -50,7 +50,11 @@ namespace loom::kernels::cuda {
 namespace {
 
 using internal::FromFloat;
+using internal::CopyAsync16;
+using internal::CopyAsyncCommit;
+using internal::CopyAsyncWait;
 using internal::RoundThrough;
+using internal::SharedAddress;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -69,28 +73,6 @@ constexpr int64_t kMaxTileBlocks = 1 << 20;
 template <int kHeadDim>
 constexpr size_t SharedBytes() {
   return static_cast<size_t>(kBlockM + 4 * kKvTile<kHeadDim>) * (kHeadDim + 8) * 2;
-}
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// 16 bytes global -> shared, asynchronously (PTX cp.async). With src_bytes 0 nothing is
-// read and the 16 bytes are zero-filled.
-__device__ __forceinline__ void CopyAsync16(void* shared, const void* global, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(shared)),
-               "l"(global), "r"(src_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void CopyAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Waits until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void CopyAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* shared) {
@@ -444,15 +426,9 @@ template <typename T, typename Out, int kHeadDim, typename Code>
 absl::Status LaunchKernel(const PagedPrefillParams& p, const PrefillArgs& args,
                           cudaStream_t stream) {
   constexpr size_t kShared = SharedBytes<kHeadDim>();
-  auto* kernel = &PagedPrefillKernel<T, Out, kHeadDim, Code>;
-  // Above 48 KiB a kernel must opt in; per launch, since the attribute is per device.
-  const cudaError_t attribute = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
-  if (attribute != cudaSuccess) {
-    cudaGetLastError();
-    return absl::InternalError(absl::StrFormat("PagedPrefill: %d bytes of shared memory: %s",
-                                               kShared, cudaGetErrorString(attribute)));
-  }
+  constexpr auto kernel = &PagedPrefillKernel<T, Out, kHeadDim, Code>;
+  LOOM_RETURN_IF_ERROR(
+      internal::OptInSharedMemory<kernel>(static_cast<int>(kShared), "PagedPrefill"));
   const int64_t tiles = (p.max_query_len * args.group + kBlockM - 1) / kBlockM;
   const dim3 grid(static_cast<unsigned>(std::min(tiles, kMaxTileBlocks)),
                   static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_seqs));

@@ -33,23 +33,8 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
   using S = qgemm::Shape<kInt4, kGroup, kConfig>;
   constexpr auto kernel = qgemm::QuantGemmKernel<T, kInt4, kGroup, kConfig>;
   if constexpr (S::kSmemBytes > 48 * 1024) {
-    // The opt-in to > 48 KiB is a per-device attribute: once per (kernel, device), so a
-    // process that drives several devices (tests, a TP group in one process) opts in on each.
-    static std::atomic<uint64_t> opted_devices{0};  // bit d: done on device d (d < 64)
-    int device = 0;
-    cudaError_t opted_in = cudaGetDevice(&device);
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (opted_in == cudaSuccess && (bit == 0 || (opted_devices.load() & bit) == 0)) {
-      opted_in = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      S::kSmemBytes);
-      if (opted_in == cudaSuccess) opted_devices.fetch_or(bit);
-    }
-    if (opted_in != cudaSuccess) {
-      cudaGetLastError();
-      return absl::InternalError(absl::StrFormat("QuantGemm: %d bytes of shared memory for %s: %s",
-                                                 S::kSmemBytes, S::kC.name,
-                                                 cudaGetErrorString(opted_in)));
-    }
+    LOOM_RETURN_IF_ERROR(internal::OptInSharedMemory<kernel>(
+        S::kSmemBytes, absl::StrFormat("QuantGemm (%s)", S::kC.name).c_str()));
   }
   qgemm::Args args{};
   args.x = p.x;

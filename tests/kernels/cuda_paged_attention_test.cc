@@ -84,16 +84,20 @@ TEST(CudaPagedDecodeTest, RejectsUnsupportedShapesBeforeLaunch) {
 
 TEST(CudaPagedDecodeTest, SplitHeuristicFillsTheGpuWithoutShortPartitions) {
   // Short contexts never split.
-  EXPECT_EQ(ChoosePagedDecodeSplits(8, 200, 132), 1);
-  // Batch 1, 8 KV heads, 32k context: ~2 waves of 132 SMs.
-  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132), 33);
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 200, 132, 2), 1);
+  // Batch 1, 8 KV heads, 32k context: one wave of 132 SMs holding 2 (3) blocks each.
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 2), 33);
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 3), 50);
+  // Residency is clamped to [1, 4].
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 0), 17);
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 9), 64);
   // Batch 32 x 8 KV heads = 256 blocks already: at most 2 splits.
-  EXPECT_EQ(ChoosePagedDecodeSplits(256, 4096, 132), 2);
-  EXPECT_EQ(ChoosePagedDecodeSplits(2048, 4096, 132), 1);
+  EXPECT_EQ(ChoosePagedDecodeSplits(256, 4096, 132, 3), 2);
+  EXPECT_EQ(ChoosePagedDecodeSplits(2048, 4096, 132, 3), 1);
   // Limited by the minimum partition: 1000 tokens -> at most 4 splits.
-  EXPECT_EQ(ChoosePagedDecodeSplits(1, 1000, 132), 4);
+  EXPECT_EQ(ChoosePagedDecodeSplits(1, 1000, 132, 3), 4);
   // And by the cap.
-  EXPECT_EQ(ChoosePagedDecodeSplits(1, 1 << 20, 132), kPagedDecodeMaxSplits);
+  EXPECT_EQ(ChoosePagedDecodeSplits(1, 1 << 20, 132, 3), kPagedDecodeMaxSplits);
 }
 
 // ---------------------------------------------------------------- GPU
