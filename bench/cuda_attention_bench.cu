@@ -1,11 +1,14 @@
 // Paged attention on the GPU against limits measured in the same run (issue 7's targets):
-//  - decode (LaunchPagedDecode): K/V bytes read per second at batch 32 x context 4,096 and
-//    batch 1 x context 32,768 (the split-K case), as a ratio of the device-to-device copy
-//    bandwidth (bytes read + bytes written per second of a 1 GiB cudaMemcpy); target >= 0.8
-//    at batch 32;
+//  - decode (LaunchPagedDecode): K/V bytes read per second, as a ratio of the device-to-
+//    device copy bandwidth (bytes read + bytes written per second of a 1 GiB cudaMemcpy);
+//    issue 34's target >= 0.8 at batch 1-64 x context 1k-32k, BF16 and F16 KV. --quick:
+//    batch 32 x 4,096 and batch 1 x 32,768 (the split case), BF16; full: batch 1, 8, 32, 64
+//    x context 1,024, 4,096, 32,768 in BF16 and F16;
 //  - prefill (LaunchPagedPrefill): FLOP/s of one causal 4,096-token prompt, head dim 128
 //    (4 * head_dim * num_heads * sum of attended lengths: Q K^T and P V), as a ratio of a
-//    cuBLAS GEMM (cublasGemmEx, 8192^3, F32 accumulation) in the same dtype; target >= 0.5.
+//    cuBLAS GEMM (cublasGemmEx, 8192^3, F32 accumulation) in the same dtype; issue 34's
+//    targets >= 0.45, and >= 1.0x PyTorch's flash SDPA on the same shape
+//    (tests/gpu/torch_peer.py, same window).
 // Llama-3-8B attention shape: 32 query heads, 8 KV heads, head dim 128, blocks of 16 tokens
 // in a shuffled pool, random values generated on the device (never zeros).
 //
@@ -142,12 +145,12 @@ Pool MakePool(DataType dtype, int64_t num_seqs, int64_t context, uint32_t seed) 
 }
 
 struct DecodeRow {
+  DataType dtype;
   int64_t batch, context;
   double seconds, bytes_per_second;
 };
 
-DecodeRow BenchDecode(cudaStream_t stream, int64_t batch, int64_t context) {
-  const DataType dtype = DataType::kBF16;
+DecodeRow BenchDecode(cudaStream_t stream, DataType dtype, int64_t batch, int64_t context) {
   Pool pool = MakePool(dtype, batch, context, 10);
   DeviceBuffer q = Random(dtype, batch * kNumHeads * kHeadDim, 20);
   DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 2);
@@ -172,7 +175,7 @@ DecodeRow BenchDecode(cudaStream_t stream, int64_t batch, int64_t context) {
   const double seconds =
       TimeSeconds(stream, [&] { return kernels::cuda::LaunchPagedDecode(p, stream); });
   const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * 2;  // K and V
-  return {batch, context, seconds, kv_bytes / seconds};
+  return {dtype, batch, context, seconds, kv_bytes / seconds};
 }
 
 struct PrefillRow {
@@ -231,16 +234,27 @@ int Run(bool quick) {
       "limits: copy %.0f GB/s (read + write), cuBLAS GEMM F16 %.1f TFLOP/s, BF16 %.1f TFLOP/s\n",
       copy / 1e9, gemm_f16 / 1e12, gemm_bf16 / 1e12);
 
-  // --quick: the two rows the targets are read from (decode batch 32 x 4096, BF16 prefill
-  // of 4096 tokens).
-  std::vector<DecodeRow> decode = {BenchDecode(stream, 32, 4096)};
-  if (!quick) decode.push_back(BenchDecode(stream, 1, 32768));
-  std::printf("\ndecode (BF16 KV, 32/8 heads, d 128)\n%6s %8s %10s %10s %8s\n", "batch", "context",
-              "us", "GB/s", "/copy");
+  // --quick: decode batch 32 x 4096 and the split case batch 1 x 32k, BF16 prefill of 4096
+  // tokens.
+  std::vector<DecodeRow> decode;
+  if (quick) {
+    decode = {BenchDecode(stream, DataType::kBF16, 32, 4096),
+              BenchDecode(stream, DataType::kBF16, 1, 32768)};
+  } else {
+    for (const DataType dtype : {DataType::kBF16, DataType::kF16}) {
+      for (const int64_t batch : {1, 8, 32, 64}) {
+        for (const int64_t context : {1024, 4096, 32768}) {
+          decode.push_back(BenchDecode(stream, dtype, batch, context));
+        }
+      }
+    }
+  }
+  std::printf("\ndecode (32/8 heads, d 128)\n%6s %6s %8s %10s %10s %8s\n", "dtype", "batch",
+              "context", "us", "GB/s", "/copy");
   for (const DecodeRow& r : decode) {
-    std::printf("%6ld %8ld %10.1f %10.0f %8.3f\n", static_cast<long>(r.batch),
-                static_cast<long>(r.context), r.seconds * 1e6, r.bytes_per_second / 1e9,
-                r.bytes_per_second / copy);
+    std::printf("%6s %6ld %8ld %10.1f %10.0f %8.3f\n", std::string(DataTypeName(r.dtype)).c_str(),
+                static_cast<long>(r.batch), static_cast<long>(r.context), r.seconds * 1e6,
+                r.bytes_per_second / 1e9, r.bytes_per_second / copy);
   }
   std::vector<PrefillRow> prefill = {BenchPrefill(stream, DataType::kBF16, 4096)};
   if (!quick) prefill.push_back(BenchPrefill(stream, DataType::kF16, 4096));
@@ -252,7 +266,7 @@ int Run(bool quick) {
                 static_cast<long>(r.tokens), r.seconds * 1e6, r.flops_per_second / 1e12,
                 r.flops_per_second / gemm);
   }
-  std::printf("targets: decode batch 32 x 4096 >= 0.8 of copy; prefill 4096 >= 0.5 of GEMM\n");
+  std::printf("targets: decode >= 0.8 of copy; prefill 4096 >= 0.45 of GEMM\n");
 
   std::string json = "{\n";
   json += absl::StrFormat("  \"bench\": \"cuda_attention\",\n  \"date\": \"%s\",\n", UtcNow());
@@ -267,15 +281,14 @@ int Run(bool quick) {
       "  \"gemm_bf16_tflops\": %.2f,\n",
       copy / 1e9, gemm_f16 / 1e12, gemm_bf16 / 1e12);
   json +=
-      "  \"targets\": {\"decode_b32_c4096_copy_ratio\": 0.8, "
-      "\"prefill_4096_gemm_ratio\": 0.5},\n";
+      "  \"targets\": {\"decode_copy_ratio\": 0.8, \"prefill_4096_gemm_ratio\": 0.45},\n";
   json += "  \"decode\": [\n";
   for (size_t i = 0; i < decode.size(); ++i) {
     const DecodeRow& r = decode[i];
     json += absl::StrFormat(
-        "    {\"batch\": %d, \"context\": %d, \"dtype\": \"BF16\", \"us\": %.2f, "
+        "    {\"batch\": %d, \"context\": %d, \"dtype\": \"%s\", \"us\": %.2f, "
         "\"kv_gbs\": %.1f, \"copy_ratio\": %.3f}%s\n",
-        r.batch, r.context, r.seconds * 1e6, r.bytes_per_second / 1e9, r.bytes_per_second / copy,
+        r.batch, r.context, DataTypeName(r.dtype), r.seconds * 1e6, r.bytes_per_second / 1e9, r.bytes_per_second / copy,
         i + 1 < decode.size() ? "," : "");
   }
   json += "  ],\n  \"prefill\": [\n";

@@ -53,12 +53,13 @@ while [[ $# -gt 0 ]]; do
 done
 [[ "$DEADLINE" =~ ^[0-9]+$ ]] || { echo "quick.sh: --deadline takes whole seconds" >&2; exit 2; }
 
-# Steps, their own limits (seconds, adding up to the 420 s deadline) and what they run. The
-# global deadline caps each. The H100 run of 2026-11-26 took 56 s for the kernels, 13 s and
+# Steps, their own limits (seconds; those before bench add up to 385, so no step starves a
+# later test step; bench, the last, takes at most 60 s of what the 420 s deadline leaves)
+# and what they run. The global deadline caps each. The H100 run of 2026-11-26 took 56 s for the kernels, 13 s and
 # 29 s for memcheck and racecheck.
 STEPS=(preflight models kernels model runner nccl serve memcheck racecheck bench)
 declare -A LIMIT=([preflight]=10 [models]=20 [kernels]=90 [model]=20 [runner]=60 [nccl]=30
-                  [serve]=75 [memcheck]=45 [racecheck]=35 [bench]=35)
+                  [serve]=75 [memcheck]=45 [racecheck]=35 [bench]=60)
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
 MODEL_FILTER='CudaDevice*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
@@ -351,6 +352,18 @@ for bench in "${BENCHES[@]}"; do
     done_benches+=("$bench:failed")
   fi
 done
+# PyTorch as the kernels' peer (flash SDPA, matmul) on the same shapes, beside Loom's figures
+# of this run, in one JSON (bench/torch_peer.json); at most 25 s.
+left=$((limit - ($(date +%s) - t0)))
+if ((left >= 15)); then
+  ((left > 25)) && left=25
+  if timeout -k 5 "$left" python3 "$ROOT/tests/gpu/torch_peer.py" --quick --loom "$WORK/bench" \
+      --out "$WORK/bench/torch_peer.json" >> "$LOG" 2>&1; then
+    done_benches+=(torch_peer)
+  else
+    done_benches+=(torch_peer:failed)
+  fi
+fi
 # Serving on the GPU: loom bench against loom up on the default model's random twin (INT4),
 # 1 / 32 / 128 streams, beside the copy bandwidth of the same run.
 left=$((limit - ($(date +%s) - t0)))

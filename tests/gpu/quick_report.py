@@ -127,6 +127,12 @@ def build(work, out, final):
         if isinstance(data, dict):
             ratios = {k: v for k, v in data.items() if isinstance(v, (int, float))}
             lines.append(f"bench {name}: {json.dumps(ratios)[:400]}")
+            if data.get("reason"):
+                lines.append(f"  {data['reason']}")
+            for row in data.get("comparisons", []):
+                lines.append(f"  {row['kernel']} {row.get('dtype', '')} {row['shape']}: "
+                             f"Loom / PyTorch {row['loom_over_torch']:.3f}"
+                             + (f" (target {row['target']})" if "target" in row else ""))
     with open(os.path.join(out, "report.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 1 if verdict == "failed" else 0
