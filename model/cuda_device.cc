@@ -395,9 +395,10 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   LOOM_RETURN_IF_ERROR(EnsureIota(tokens));
   // One workspace serves the W4A16 split-K and the decode attention's context splits.
   size_t workspace = quant_workspace_bytes_;
-  // Fewer sequences may take more context splits: every power of two up to decode_seqs.
-  for (int64_t seqs = 1; capacity.num_kv_heads > 0 && seqs <= capacity.decode_seqs;
-       seqs = seqs < capacity.decode_seqs ? std::min(2 * seqs, capacity.decode_seqs) : seqs + 1) {
+  // The splits round per batch size, so a batch between two others may need more than
+  // either (3 sequences x 8 KV heads at 11k tokens: 129 partials per head, 128 at 2 or 4):
+  // every batch size up to decode_seqs (cheap arithmetic, no launch).
+  for (int64_t seqs = 1; capacity.num_kv_heads > 0 && seqs <= capacity.decode_seqs; ++seqs) {
     kc::PagedDecodeParams p;
     p.num_seqs = std::min(seqs, kMaxAttentionSeqsPerLaunch);
     p.num_heads = capacity.num_heads;

@@ -358,8 +358,9 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
     if (bad_table) total = NAN;
     const int64_t row = static_cast<int64_t>(seq) * args.num_heads + head0 + g;
     if (num_splits == 1) {
+      // A bad table is NaN even when nothing was attended (sum 0).
       static_cast<Q*>(args.out)[row * kHeadDim + d] =
-          FromFloat<Q>(sum != 0.0f ? total / sum : 0.0f);
+          FromFloat<Q>(bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f));
     } else {
       const int64_t partial = row * num_splits + split;
       args.partial_acc[partial * kHeadDim + d] = total;

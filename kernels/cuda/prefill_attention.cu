@@ -2,15 +2,19 @@
 //
 // Block (q tile, kv_head, seq), 128 threads = 4 warps. A sequence's query rows for one KV
 // head are the packed pairs (token, head of the group): row r is token r / group, query
-// head kv_head * group + r % group. A block owns kBlockM = 64 rows (warp w: rows 16w ..
-// 16w + 15) and walks the KV positions [0, last row's position] (with a sliding window
-// from the first row's window start) in tiles of kBlockN = 64 tokens (32 at head dim
-// 256). Each tile's K and V rows are gathered through the block table with cp.async into
-// shared memory,
-// double-buffered (tile j + 1 loads while tile j computes). Per tile a warp computes
-// S = Q K^T (16 x 64) with mma.sync m16n8k16, soft-caps it when asked, applies the causal
-// (and window) mask, updates the online softmax in registers and adds P V (16 x head_dim)
-// with P taken straight from the S accumulators.
+// head kv_head * group + r % group. A block owns kBlockM rows: 128 at head dims 64 and 128,
+// where each warp computes two M-tiles of 16 rows (warp w: rows 16w .. 16w + 15 and
+// 64 + 16w .. 64 + 16w + 15), so every K and V fragment it loads from shared memory feeds
+// two MMAs; 64 at head dim 256 (one M-tile per warp). The block walks the KV positions
+// [0, last row's position] (with a sliding window from the first row's window start) in
+// tiles of kBlockN tokens (64 at head dim 64, 32 from 128 on). Each tile's rows are
+// resolved through the block table once (one thread per row, the entry loaded two tiles
+// ahead and turned into a slot while the tile before computes) and gathered with cp.async
+// into shared memory, double-buffered (tile j + 1 loads while tile j computes). Per tile a
+// warp computes S = Q K^T with mma.sync m16n8k16 (Q's fragments from shared memory at
+// each k-step), soft-caps it when asked, applies the causal (and window) mask, updates the
+// online softmax in registers and adds P V (head_dim columns) with P taken straight from
+// the S accumulators.
 //
 // Fragment layouts relied on (PTX ISA, "Warp Level Matrix Multiply-Accumulate
 // Instructions" > mma.m16n8k16 > "Matrix Fragments for mma.m16n8k16 with floating point
@@ -58,21 +62,29 @@ using internal::SharedAddress;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBlockM = kPagedPrefillRowsPerBlock;
-static_assert(kBlockM == kWarps * 16, "one warp per 16 query rows (the mma's M)");
-
-// KV tokens per tile: half at head dim 256, so that the tiles fit in shared memory (101
-// KiB instead of 165: sm_80 allows 163) and the score registers make room for the larger
-// output accumulators.
+// M-tiles (16 query rows each) per warp: two at head dims 64 and 128, so that every K and V
+// fragment a warp loads from shared memory feeds two MMAs; one at 256, where two tiles'
+// output accumulators would not fit in registers.
 template <int kHeadDim>
-inline constexpr int kKvTile = kHeadDim > 128 ? kPagedPrefillKvTile / 2 : kPagedPrefillKvTile;
+inline constexpr int kMTiles = kHeadDim > 128 ? 1 : 2;
+// Query rows per block: kWarps warps x kMTiles x 16.
+template <int kHeadDim>
+inline constexpr int kBlockM = kWarps * 16 * kMTiles<kHeadDim>;
+static_assert(kPagedPrefillRowsPerBlock == kWarps * 16 * 2, "the header's rows per block");
+
+// KV tokens per tile: half from head dim 128 on, so that the score registers make room for
+// the output accumulators (two M-tiles at 128: 64 tokens spilled 152 bytes on sm_90a; one
+// at 256) and the tiles fit in shared memory (at 256: 99 KiB instead of 165).
+template <int kHeadDim>
+inline constexpr int kKvTile = kHeadDim >= 128 ? kPagedPrefillKvTile / 2 : kPagedPrefillKvTile;
 // The most blocks per (KV head, sequence) along the query tiles; more tiles loop.
 constexpr int64_t kMaxTileBlocks = 1 << 20;
 
 // Shared memory per block: Q tile + two K and two V tiles, rows of kHeadDim + 8 elements.
+// Head dim 128: 68 KiB (three blocks per Hopper SM); 64: 54 KiB; 256: 99 KiB.
 template <int kHeadDim>
 constexpr size_t SharedBytes() {
-  return static_cast<size_t>(kBlockM + 4 * kKvTile<kHeadDim>) * (kHeadDim + 8) * 2;
+  return static_cast<size_t>(kBlockM<kHeadDim> + 4 * kKvTile<kHeadDim>) * (kHeadDim + 8) * 2;
 }
 
 __device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* shared) {
@@ -165,13 +177,20 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T over the head dim
   constexpr int kDTiles = kHeadDim / 8;   // n-tiles of the output
+  constexpr int kM = kMTiles<kHeadDim>;
+  constexpr int kRows = kBlockM<kHeadDim>;
   constexpr int kBlockN = kKvTile<kHeadDim>;
   static_assert(kBlockN % 16 == 0, "KV tiles are whole mma k-steps");
-  constexpr int kNTiles = kBlockN / 8;    // n-tiles of the scores
+  static_assert(kBlockN <= kThreads, "one thread resolves each KV row's slot");
+  static_assert(kBlockN * kChunks % kThreads == 0, "whole chunks per thread");
+  constexpr int kNTiles = kBlockN / 8;  // n-tiles of the scores
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  T* q_shared = reinterpret_cast<T*>(shared_raw);  // [kBlockM][kStride]
-  T* k_shared = q_shared + kBlockM * kStride;      // [2][kBlockN][kStride]
+  T* q_shared = reinterpret_cast<T*>(shared_raw);  // [kRows][kStride]
+  T* k_shared = q_shared + kRows * kStride;        // [2][kBlockN][kStride]
   T* v_shared = k_shared + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
+  // Each KV tile's slots, resolved through the block table once per row: -1 for a row
+  // past the tile's positions or one the table cannot resolve (zero-filled).
+  __shared__ int64_t slot_shared[2][kBlockN];
 
   const int seq = blockIdx.z;
   const int kv_head = blockIdx.y;
@@ -183,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   if (q_len <= 0) return;                          // uniform over the block
   const int past = args.context_len[seq] - q_len;  // position of the sequence's first query
   const int64_t rows = static_cast<int64_t>(q_len) * args.group;
-  const int64_t num_tiles = (rows + kBlockM - 1) / kBlockM;
+  const int64_t num_tiles = (rows + kRows - 1) / kRows;
   const int table_begin = args.block_indptr[seq];
   const int table_len = args.block_indptr[seq + 1] - table_begin;
   const T* q = static_cast<const T*>(args.q);
@@ -195,16 +214,17 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   // with __syncthreads and the epilogue starts with __syncthreads_or.
   for (int64_t step = blockIdx.x; step < num_tiles; step += gridDim.x) {
     const int64_t tile = num_tiles - 1 - step;  // the longest (latest) tiles first
-    const int64_t row0 = tile * kBlockM;
-    const int64_t last_row = min(row0 + kBlockM, rows) - 1;
+    const int64_t row0 = tile * kRows;
+    const int64_t last_row = min(row0 + kRows, rows) - 1;
     const int first_pos = past + static_cast<int>(row0 / args.group);
     const int kv_end = past + static_cast<int>(last_row / args.group) + 1;
     // KV read: [kv_begin, kv_end); with a window nothing before the first row's window
     // (freed blocks may sit there). Tile j covers [kv_begin + j kBlockN, + kBlockN).
     const int kv_begin = args.window > 0 ? max(0, first_pos - args.window + 1) : 0;
     bool bad = past < 0;  // context shorter than the query: no valid position
+    const int num_kv_tiles = bad ? 0 : (kv_end - kv_begin + kBlockN - 1) / kBlockN;
 
-    for (int c = threadIdx.x; c < kBlockM * kChunks; c += kThreads) {
+    for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
       const int r = c / kChunks, chunk = c % kChunks;
       const int64_t row = row0 + r;
       const T* src = q;
@@ -219,28 +239,41 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
     }
     CopyAsyncCommit();
 
-    // One KV tile's K and V rows into buffer `buffer`; positions past kv_end, and any
-    // the table cannot resolve, are zero-filled (their scores are masked or the tile is
-    // marked bad, so garbage never meets a probability).
-    auto load_kv = [&](int kv_tile, int buffer) {
+    // The block-table entry of row threadIdx.x of KV tile `kv_tile` (-1: none), loaded
+    // early; ResolveSlot turns it into the slot once it arrived.
+    auto table_entry = [&](int kv_tile) {
+      const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
+      if (threadIdx.x >= kBlockN || kv_tile >= num_kv_tiles || position >= kv_end) return -2;
+      const int index = position / args.block_size;
+      return index < table_len ? args.block_indices[table_begin + index] : -1;
+    };
+    auto resolve_slot = [&](int kv_tile, int entry) {
+      if (threadIdx.x >= kBlockN) return;
+      int64_t slot = -1;
+      if (entry != -2) {
+        if (entry >= 0 && entry < args.num_blocks) {
+          const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
+          slot = static_cast<int64_t>(entry) * args.block_size + position % args.block_size;
+        } else {
+          bad = true;  // a table the host failed to validate
+        }
+      }
+      slot_shared[kv_tile & 1][threadIdx.x] = slot;
+    };
+    // One KV tile's K and V rows into buffer kv_tile & 1 from its resolved slots.
+    auto load_kv = [&](int kv_tile) {
+      const int buffer = kv_tile & 1;
       T* k_dst = k_shared + buffer * kBlockN * kStride;
       T* v_dst = v_shared + buffer * kBlockN * kStride;
-      for (int c = threadIdx.x; c < kBlockN * kChunks; c += kThreads) {
+#pragma unroll
+      for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
+        const int c = i * kThreads + static_cast<int>(threadIdx.x);
         const int r = c / kChunks, chunk = c % kChunks;
-        const int position = kv_begin + kv_tile * kBlockN + r;
-        int64_t offset = -1;
-        int64_t slot = -1;
-        if (position < kv_end) {
-          const int index = position / args.block_size;
-          const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
-          if (block >= 0 && block < args.num_blocks) {
-            slot = static_cast<int64_t>(block) * args.block_size + position % args.block_size;
-            offset = slot * slot_elements + static_cast<int64_t>(kv_head) * kHeadDim + chunk * 8;
-          } else {
-            bad = true;  // a table the host failed to validate
-          }
-        }
-        const bool found = offset >= 0;
+        const int64_t slot = slot_shared[buffer][r];
+        const bool found = slot >= 0;
+        const int64_t offset =
+            found ? slot * slot_elements + static_cast<int64_t>(kv_head) * kHeadDim + chunk * 8
+                  : 0;
         if constexpr (internal::kIsKvCode<Code>) {
           uint4 k_chunk = make_uint4(0, 0, 0, 0), v_chunk = make_uint4(0, 0, 0, 0);
           if (found) {
@@ -253,73 +286,88 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
           *reinterpret_cast<uint4*>(k_dst + r * kStride + chunk * 8) = k_chunk;
           *reinterpret_cast<uint4*>(v_dst + r * kStride + chunk * 8) = v_chunk;
         } else {
-          CopyAsync16(k_dst + r * kStride + chunk * 8, found ? k_cache + offset : k_cache,
-                      found ? 16 : 0);
-          CopyAsync16(v_dst + r * kStride + chunk * 8, found ? v_cache + offset : v_cache,
-                      found ? 16 : 0);
+          CopyAsync16(k_dst + r * kStride + chunk * 8, k_cache + offset, found ? 16 : 0);
+          CopyAsync16(v_dst + r * kStride + chunk * 8, v_cache + offset, found ? 16 : 0);
         }
       }
     };
-    const int num_kv_tiles = bad ? 0 : (kv_end - kv_begin + kBlockN - 1) / kBlockN;
-    if (num_kv_tiles > 0) load_kv(0, 0);
+    // Slots of tiles 0 and 1, then tile 0's rows; tile j + 2's slots are resolved while
+    // tile j computes (its table entry loaded before the MMAs, stored after them).
+    resolve_slot(0, table_entry(0));
+    resolve_slot(1, table_entry(1));
+    __syncthreads();
+    if (num_kv_tiles > 0) load_kv(0);
     CopyAsyncCommit();
 
-    // This thread's two rows (g and g + 8 of its warp's 16) and their query positions; a
-    // row past the sequence gets -1 (fully masked, never stored).
-    int row_pos[2];
+    // This thread's rows: of M-tile m, rows g and g + 8 of the 16 at 64 m + 16 warp, and
+    // their query positions; a row past the sequence gets -1 (fully masked, never stored).
+    int row_pos[kM][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row0 + warp * 16 + g + 8 * h;
-      row_pos[h] = row < rows ? past + static_cast<int>(row / args.group) : -1;
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = row0 + m * kWarps * 16 + warp * 16 + g + 8 * h;
+        row_pos[m][h] = row < rows ? past + static_cast<int>(row / args.group) : -1;
+      }
     }
-    float o[kDTiles][4];
+    float o[kM][kDTiles][4];
+    float row_max[kM][2], row_sum[kM][2];  // row_sum: this thread's share (4 lanes per row)
 #pragma unroll
-    for (int d = 0; d < kDTiles; ++d) {
+    for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
+      for (int d = 0; d < kDTiles; ++d) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[m][d][e] = 0.0f;
+      }
+      row_max[m][0] = row_max[m][1] = -INFINITY;
+      row_sum[m][0] = row_sum[m][1] = 0.0f;
     }
-    float row_max[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.0f, 0.0f};  // this thread's share; the 4 lanes of a row add up at the end
-    uint32_t q_frag[kKSteps][4];
 
     for (int j = 0; j < num_kv_tiles; ++j) {
       if (j + 1 < num_kv_tiles) {
-        load_kv(j + 1, (j + 1) & 1);
+        load_kv(j + 1);
         CopyAsyncCommit();
         CopyAsyncWait<1>();  // the Q tile and KV tile j have landed (this thread's copies)
       } else {
         CopyAsyncWait<0>();
       }
       __syncthreads();  // ... and everyone's
-      if (j == 0) {
-        // A fragments of the warp's 16 rows: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15).
-#pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          LoadMatrixX4(q_frag[kk],
-                       q_shared + (warp * 16 + lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
-        }
-      }
+      const int next_entry = table_entry(j + 2);
       const T* k_tile = k_shared + (j & 1) * kBlockN * kStride;
       const T* v_tile = v_shared + (j & 1) * kBlockN * kStride;
 
-      // S = Q K^T. One ldmatrix.x4 covers tokens n0 .. n0+15 x dims k0 .. k0+15: matrix i
-      // = tokens n0 + 8 (i / 2), dims k0 + 8 (i % 2), i.e. (b0, b1) of n-tile n0 then of
-      // n-tile n0 + 8.
-      float s[kNTiles][4];
+      // S = Q K^T. The A fragments of the warp's M-tiles come from shared memory at each
+      // k-step: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15). One ldmatrix.x4 of K covers
+      // tokens n0 .. n0+15 x dims k0 .. k0+15: matrix i = tokens n0 + 8 (i / 2), dims
+      // k0 + 8 (i % 2), i.e. (b0, b1) of n-tile n0 then of n-tile n0 + 8; each feeds the
+      // MMAs of every M-tile.
+      float s[kM][kNTiles][4];
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[m][n][e] = 0.0f;
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a[kM][4];
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          LoadMatrixX4(a[m], q_shared + (m * kWarps * 16 + warp * 16 + lane % 16) * kStride +
+                                 kk * 16 + (lane / 16) * 8);
+        }
 #pragma unroll
         for (int nn = 0; nn < kBlockN / 16; ++nn) {
           uint32_t b[4];
           LoadMatrixX4(b, k_tile + (nn * 16 + lane % 8 + (lane / 16) * 8) * kStride + kk * 16 +
                               ((lane / 8) % 2) * 8);
-          Mma<T>(s[2 * nn], q_frag[kk], b[0], b[1]);
-          Mma<T>(s[2 * nn + 1], q_frag[kk], b[2], b[3]);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            Mma<T>(s[m][2 * nn], a[m], b[0], b[1]);
+            Mma<T>(s[m][2 * nn + 1], a[m], b[2], b[3]);
+          }
         }
       }
 
@@ -330,93 +378,110 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
       const int kv0 = kv_begin + j * kBlockN;
       const bool needs_mask = args.window > 0 || kv0 + kBlockN - 1 > first_pos;
 #pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] = args.softcap_log2 > 0.0f
-                        ? args.softcap_log2 * tanhf(s[n][e] * args.scale_over_softcap)
-                        : s[n][e] * args.scale_log2;
-          const int position = kv0 + n * 8 + 2 * t + (e & 1);
-          const int row = row_pos[e / 2];
-          if (needs_mask &&
-              (position > row || (args.window > 0 && position <= row - args.window))) {
-            s[n][e] = -INFINITY;
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[m][n][e] = args.softcap_log2 > 0.0f
+                             ? args.softcap_log2 * tanhf(s[m][n][e] * args.scale_over_softcap)
+                             : s[m][n][e] * args.scale_log2;
+            const int position = kv0 + n * 8 + 2 * t + (e & 1);
+            const int row = row_pos[m][e / 2];
+            if (needs_mask &&
+                (position > row || (args.window > 0 && position <= row - args.window))) {
+              s[m][n][e] = -INFINITY;
+            }
           }
         }
       }
 
-      // Online softmax per row; a row's 64 scores sit in the 4 lanes sharing g.
+      // Online softmax per row; a row's kBlockN scores sit in the 4 lanes sharing g.
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float tile_max = -INFINITY;
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[h], tile_max);
-        // A row with nothing unmasked yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0).
-        const float base = new_max == -INFINITY ? 0.0f : new_max;
-        const float alpha = exp2f(row_max[h] - base);  // 0 while row_max is -inf
-        row_max[h] = new_max;
-        row_sum[h] *= alpha;
+        for (int h = 0; h < 2; ++h) {
+          float tile_max = -INFINITY;
 #pragma unroll
-        for (int d = 0; d < kDTiles; ++d) {
-          o[d][2 * h] *= alpha;
-          o[d][2 * h + 1] *= alpha;
-        }
+          for (int n = 0; n < kNTiles; ++n) {
+            tile_max = fmaxf(tile_max, fmaxf(s[m][n][2 * h], s[m][n][2 * h + 1]));
+          }
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[m][h], tile_max);
+          // A row with nothing unmasked yet keeps max -inf: subtract 0 (exp2(-inf) = 0).
+          const float base = new_max == -INFINITY ? 0.0f : new_max;
+          const float alpha = exp2f(row_max[m][h] - base);  // 0 while row_max is -inf
+          row_max[m][h] = new_max;
+          row_sum[m][h] *= alpha;
 #pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
+          for (int d = 0; d < kDTiles; ++d) {
+            o[m][d][2 * h] *= alpha;
+            o[m][d][2 * h + 1] *= alpha;
+          }
 #pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            // Rounded to T here, so the denominator sums exactly the weights P V uses.
-            s[n][e] = RoundThrough<T>(exp2f(s[n][e] - base));
-            row_sum[h] += s[n][e];
+          for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+              // Rounded to T here, so the denominator sums exactly the weights P V uses.
+              s[m][n][e] = RoundThrough<T>(exp2f(s[m][n][e] - base));
+              row_sum[m][h] += s[m][n][e];
+            }
           }
         }
       }
 
-      // O += P V. One ldmatrix.x4.trans covers tokens k0 .. k0+15 x dims n0 .. n0+15:
-      // matrix i = tokens k0 + 8 (i % 2), dims n0 + 8 (i / 2), i.e. (b0, b1) of d-tile n0
-      // then of d-tile n0 + 8.
+      // O += P V. The S accumulators of n-tiles 2k and 2k + 1, packed in pairs, are the A
+      // fragment of k-step k. One ldmatrix.x4.trans covers tokens k0 .. k0+15 x dims
+      // n0 .. n0+15: matrix i = tokens k0 + 8 (i % 2), dims n0 + 8 (i / 2), i.e. (b0, b1) of
+      // d-tile n0 then of d-tile n0 + 8; each feeds the MMAs of every M-tile.
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        const uint32_t a[4] = {PackPair<T>(s[2 * kk][0], s[2 * kk][1]),
-                               PackPair<T>(s[2 * kk][2], s[2 * kk][3]),
-                               PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t a[kM][4];
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          a[m][0] = PackPair<T>(s[m][2 * kk][0], s[m][2 * kk][1]);
+          a[m][1] = PackPair<T>(s[m][2 * kk][2], s[m][2 * kk][3]);
+          a[m][2] = PackPair<T>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+          a[m][3] = PackPair<T>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dn = 0; dn < kHeadDim / 16; ++dn) {
           uint32_t b[4];
           LoadMatrixX4Trans(b, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride +
                                    dn * 16 + (lane / 16) * 8);
-          Mma<T>(o[2 * dn], a, b[0], b[1]);
-          Mma<T>(o[2 * dn + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            Mma<T>(o[m][2 * dn], a[m], b[0], b[1]);
+            Mma<T>(o[m][2 * dn + 1], a[m], b[2], b[3]);
+          }
         }
       }
+      // Tile j + 2's slots go where tile j's were (load_kv(j) ran last iteration).
+      resolve_slot(j + 2, next_entry);
       __syncthreads();  // buffer j & 1 is refilled by the next iteration (tile j + 2)
     }
     CopyAsyncWait<0>();  // without KV tiles the Q group may still be in flight
     bad = __syncthreads_or(bad) != 0;
 
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-    }
+    for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row0 + warp * 16 + g + 8 * h;
-      if (row >= rows) continue;
-      const int64_t token = q_begin + row / args.group;
-      const int64_t head = static_cast<int64_t>(kv_head) * args.group + row % args.group;
-      Out* dst = static_cast<Out*>(args.out) + (token * args.num_heads + head) * kHeadDim;
-      const float inverse = bad ? NAN : (row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f);
+      for (int h = 0; h < 2; ++h) {
+        float sum = row_sum[m][h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int64_t row = row0 + m * kWarps * 16 + warp * 16 + g + 8 * h;
+        if (row >= rows) continue;
+        const int64_t token = q_begin + row / args.group;
+        const int64_t head = static_cast<int64_t>(kv_head) * args.group + row % args.group;
+        Out* dst = static_cast<Out*>(args.out) + (token * args.num_heads + head) * kHeadDim;
+        const float inverse = bad ? NAN : (sum > 0.0f ? 1.0f / sum : 0.0f);
 #pragma unroll
-      for (int d = 0; d < kDTiles; ++d) {
-        dst[d * 8 + 2 * t] = FromFloat<Out>(o[d][2 * h] * inverse);
-        dst[d * 8 + 2 * t + 1] = FromFloat<Out>(o[d][2 * h + 1] * inverse);
+        for (int d = 0; d < kDTiles; ++d) {
+          dst[d * 8 + 2 * t] = FromFloat<Out>(o[m][d][2 * h] * inverse);
+          dst[d * 8 + 2 * t + 1] = FromFloat<Out>(o[m][d][2 * h + 1] * inverse);
+        }
       }
     }
   }
@@ -429,7 +494,8 @@ absl::Status LaunchKernel(const PagedPrefillParams& p, const PrefillArgs& args,
   constexpr auto kernel = &PagedPrefillKernel<T, Out, kHeadDim, Code>;
   LOOM_RETURN_IF_ERROR(
       internal::OptInSharedMemory<kernel>(static_cast<int>(kShared), "PagedPrefill"));
-  const int64_t tiles = (p.max_query_len * args.group + kBlockM - 1) / kBlockM;
+  const int64_t tiles =
+      (p.max_query_len * args.group + kBlockM<kHeadDim> - 1) / kBlockM<kHeadDim>;
   const dim3 grid(static_cast<unsigned>(std::min(tiles, kMaxTileBlocks)),
                   static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   kernel<<<grid, kThreads, kShared, stream>>>(args);

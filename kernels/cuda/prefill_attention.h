@@ -10,8 +10,9 @@
 
 namespace loom::kernels::cuda {
 
-/// Query rows (packed (token, head-of-group) pairs) one prefill block computes.
-inline constexpr int kPagedPrefillRowsPerBlock = 64;
+/// Query rows (packed (token, head-of-group) pairs) one prefill block computes (half at
+/// head dim 256: 64).
+inline constexpr int kPagedPrefillRowsPerBlock = 128;
 /// KV tokens one prefill block stages in shared memory per step (half at head dim 256).
 inline constexpr int kPagedPrefillKvTile = 64;
 
