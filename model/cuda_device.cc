@@ -88,6 +88,7 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllReduceSum(Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllGatherColumns(const Tensor&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Ensure(kernels::cuda::DeviceBuffer&, size_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureGemmCounters(size_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Convert(const void*, kernels::cuda::DataType,
                                                        void*, kernels::cuda::DataType, int64_t,
                                                        int64_t))
@@ -179,6 +180,14 @@ absl::Status CudaDevice::Ensure(kc::DeviceBuffer& buffer, size_t bytes) {
   ++memory_generation_;
   buffer = kc::DeviceBuffer();  // free first: the old and new sizes may not fit together
   LOOM_ASSIGN_OR_RETURN(buffer, kc::DeviceBuffer::Allocate(std::max<size_t>(bytes, 256)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::EnsureGemmCounters(size_t words) {
+  const size_t bytes = words * sizeof(uint32_t);
+  if (gemm_counters_.bytes() >= bytes) return absl::OkStatus();
+  LOOM_RETURN_IF_ERROR(Ensure(gemm_counters_, bytes));
+  LOOM_CUDA_CALL(cudaMemsetAsync(gemm_counters_.data(), 0, gemm_counters_.bytes(), stream_));
   return absl::OkStatus();
 }
 
@@ -408,6 +417,7 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
     workspace = std::max(workspace, kc::PagedDecodeWorkspaceBytes(p));
   }
   if (workspace > 0) LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
+  if (quant_counter_words_ > 0) LOOM_RETURN_IF_ERROR(EnsureGemmCounters(quant_counter_words_));
   if (capacity.sample_rows > 0 && capacity.width > 0) {
     LOOM_RETURN_IF_ERROR(Ensure(
         gathered_, static_cast<size_t>(capacity.sample_rows * capacity.width) * sizeof(float)));

@@ -204,6 +204,9 @@ class CudaDevice : public Device {
   absl::StatusOr<kernels::cuda::DeviceBuffer> UploadBytes(const void* host, size_t bytes);
   // iota_ holds 0, 1, ..., n - 1 (at least n of them).
   absl::Status EnsureIota(int64_t n);
+  // The W4A16 split-K counters (QuantGemmParams::counters): at least `words`, zeroed on the
+  // stream when (re)allocated; the kernels leave them zero.
+  absl::Status EnsureGemmCounters(size_t words);
   // `rows` x `cols` F32 at `src` -> `dst` of `type` (the gather kernel over iota_).
   absl::Status Convert(const void* src, kernels::cuda::DataType src_type, void* dst,
                        kernels::cuda::DataType dst_type, int64_t rows, int64_t cols);
@@ -219,6 +222,7 @@ class CudaDevice : public Device {
   kernels::cuda::DeviceBuffer gemm_input_;  // a GEMM's input in dtype
   kernels::cuda::DeviceBuffer gemm_output_; // the W4A16 GEMM's output in dtype
   kernels::cuda::DeviceBuffer workspace_;   // split-K / split-context partial sums
+  kernels::cuda::DeviceBuffer gemm_counters_;  // W4A16 split-K tile counters, zero between GEMMs
   kernels::cuda::DeviceBuffer gathered_;    // GatherRows' second operand
   kernels::cuda::DeviceBuffer step_;        // UploadStep's arrays
   int32_t* step_host_ = nullptr;            // pinned mirror of step_ (cudaMallocHost), owned
@@ -230,6 +234,7 @@ class CudaDevice : public Device {
   int64_t widest_input_ = 0;                 // the most columns of any uploaded linear
   int64_t widest_quantized_output_ = 0;      // the most rows of any 4-bit linear
   size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs
+  size_t quant_counter_words_ = 0;           // ... and the most split-K tile counters
   std::vector<float> host_, host_gathered_;  // collective staging
   kernels::cuda::DeviceBuffer gather_local_;  // AllGatherColumns on the device: the padded
   kernels::cuda::DeviceBuffer gather_all_;    // local slice, and every rank's, rank-major

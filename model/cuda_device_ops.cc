@@ -152,6 +152,11 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
     p.workspace = workspace_.data();
     p.workspace_bytes = workspace_.bytes();
+    // The splits' sum inside the kernel: one launch per GEMM.
+    if (const size_t words = kc::QuantGemmCounterCount(p); words > 0) {
+      LOOM_RETURN_IF_ERROR(EnsureGemmCounters(words));
+      p.counters = static_cast<uint32_t*>(gemm_counters_.data());
+    }
     LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream_));
   }
   return Convert(gemm_output_.data(), dtype, out.data, kc::DataType::kF32, m, n);

@@ -147,7 +147,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
   }
   // What Reserve sizes the W4A16 path's buffers by: the widest output, and the split-K
-  // workspace at every power-of-two m up to the GEMM's largest.
+  // workspace and tile counters at every power-of-two m up to the GEMM's largest.
   ++quantized_linears_;
   widest_input_ = std::max(widest_input_, linear->k);
   widest_quantized_output_ = std::max(widest_quantized_output_, linear->n);
@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     p.group_size = linear->group_size;
     p.num_splits = kc::ChooseQuantGemmSplits(m, p.n, p.k, num_sms_);
     quant_workspace_bytes_ = std::max(quant_workspace_bytes_, kc::QuantGemmWorkspaceBytes(p));
+    quant_counter_words_ = std::max(quant_counter_words_, kc::QuantGemmCounterCount(p));
   }
   return std::unique_ptr<DeviceLinear>(std::move(linear));
 }

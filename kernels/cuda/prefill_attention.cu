@@ -81,7 +81,8 @@ inline constexpr int kKvTile = kHeadDim >= 128 ? kPagedPrefillKvTile / 2 : kPage
 constexpr int64_t kMaxTileBlocks = 1 << 20;
 
 // Shared memory per block: Q tile + two K and two V tiles, rows of kHeadDim + 8 elements.
-// Head dim 128: 68 KiB (three blocks per Hopper SM); 64: 54 KiB; 256: 99 KiB.
+// Head dim 128: 68 KiB; 64: 54 KiB; 256: 99 KiB (the most sm_86 and sm_89 allow a block).
+// At 255 registers (head dim 128) two blocks fit a multiprocessor.
 template <int kHeadDim>
 constexpr size_t SharedBytes() {
   return static_cast<size_t>(kBlockM<kHeadDim> + 4 * kKvTile<kHeadDim>) * (kHeadDim + 8) * 2;
@@ -189,8 +190,13 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
   T* k_shared = q_shared + kRows * kStride;        // [2][kBlockN][kStride]
   T* v_shared = k_shared + 2 * kBlockN * kStride;  // [2][kBlockN][kStride]
   // Each KV tile's slots, resolved through the block table once per row: -1 for a row
-  // past the tile's positions or one the table cannot resolve (zero-filled).
-  __shared__ int64_t slot_shared[2][kBlockN];
+  // past the tile's positions or one the table cannot resolve (zero-filled). A row's slot
+  // sits in its K row's padding (columns kHeadDim .., which no copy or ldmatrix touches),
+  // so the slots take no shared memory of their own (head dim 256 fills the 99 KiB that
+  // sm_86 and sm_89 allow a block).
+  auto slot_of = [&](int buffer, int row) -> int64_t& {
+    return *reinterpret_cast<int64_t*>(k_shared + (buffer * kBlockN + row) * kStride + kHeadDim);
+  };
 
   const int seq = blockIdx.z;
   const int kv_head = blockIdx.y;
@@ -239,26 +245,30 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
     }
     CopyAsyncCommit();
 
-    // The block-table entry of row threadIdx.x of KV tile `kv_tile` (-1: none), loaded
-    // early; ResolveSlot turns it into the slot once it arrived.
-    auto table_entry = [&](int kv_tile) {
+    // Row threadIdx.x of KV tile `kv_tile`: is it one to read, and its block-table entry
+    // (-1 past the table), loaded early; resolve_slot turns it into the slot once arrived.
+    auto in_tile = [&](int kv_tile) {
       const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
-      if (threadIdx.x >= kBlockN || kv_tile >= num_kv_tiles || position >= kv_end) return -2;
+      return threadIdx.x < kBlockN && kv_tile < num_kv_tiles && position < kv_end;
+    };
+    auto table_entry = [&](int kv_tile) {
+      if (!in_tile(kv_tile)) return -1;
+      const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
       const int index = position / args.block_size;
       return index < table_len ? args.block_indices[table_begin + index] : -1;
     };
     auto resolve_slot = [&](int kv_tile, int entry) {
       if (threadIdx.x >= kBlockN) return;
       int64_t slot = -1;
-      if (entry != -2) {
+      if (in_tile(kv_tile)) {
         if (entry >= 0 && entry < args.num_blocks) {
           const int position = kv_begin + kv_tile * kBlockN + static_cast<int>(threadIdx.x);
           slot = static_cast<int64_t>(entry) * args.block_size + position % args.block_size;
         } else {
-          bad = true;  // a table the host failed to validate
+          bad = true;  // a table the host failed to validate (any entry outside the pool)
         }
       }
-      slot_shared[kv_tile & 1][threadIdx.x] = slot;
+      slot_of(kv_tile & 1, threadIdx.x) = slot;
     };
     // One KV tile's K and V rows into buffer kv_tile & 1 from its resolved slots.
     auto load_kv = [&](int kv_tile) {
@@ -269,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
       for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
         const int c = i * kThreads + static_cast<int>(threadIdx.x);
         const int r = c / kChunks, chunk = c % kChunks;
-        const int64_t slot = slot_shared[buffer][r];
+        const int64_t slot = slot_of(buffer, r);
         const bool found = slot >= 0;
         const int64_t offset =
             found ? slot * slot_elements + static_cast<int64_t>(kv_head) * kHeadDim + chunk * 8

@@ -13,7 +13,7 @@ namespace loom::kernels::cuda {
 /// Query rows (packed (token, head-of-group) pairs) one prefill block computes (half at
 /// head dim 256: 64).
 inline constexpr int kPagedPrefillRowsPerBlock = 128;
-/// KV tokens one prefill block stages in shared memory per step (half at head dim 256).
+/// KV tokens one prefill block stages in shared memory per step (half from head dim 128 on).
 inline constexpr int kPagedPrefillKvTile = 64;
 
 /// Causal prefill attention over paged K/V, the semantics of cpu::PagedAttention: sequence

@@ -223,6 +223,12 @@ size_t QuantGemmWorkspaceBytes(const QuantGemmParams& p) {
          sizeof(float);
 }
 
+size_t QuantGemmCounterCount(const QuantGemmParams& p) {
+  if (QuantGemmWorkspaceBytes(p) == 0) return 0;
+  const internal::QuantGemmConfig& c = kQuantGemmConfigs[internal::QuantGemmConfigIndex(p.m)];
+  return static_cast<size_t>(CeilDiv(CeilDiv(p.n, 16), c.row_tiles()) * CeilDiv(p.m, c.block_m()));
+}
+
 absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
   if (p.act_dtype != DataType::kF16 && p.act_dtype != DataType::kBF16) {
     return absl::InvalidArgumentError(absl::StrFormat(

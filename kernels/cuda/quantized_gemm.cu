@@ -43,6 +43,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
   args.weight = static_cast<const uint8_t*>(p.weight);
   args.scales = p.scales;
   args.partial = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
+  args.counters = splits > 1 ? p.counters : nullptr;
   args.m = static_cast<int>(p.m);
   args.n = static_cast<int>(p.n);
   args.k = static_cast<int>(p.k);
@@ -53,7 +54,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
                   (args.m + S::kBlockM - 1) / S::kBlockM, splits);
   kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(args);
   LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm"));
-  if (splits > 1) {
+  if (splits > 1 && args.counters == nullptr) {
     const int64_t count = p.m * p.n;
     qgemm::SplitKReduceKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
         args.partial, static_cast<const T*>(p.bias), static_cast<T*>(p.y), splits, count, args.n);

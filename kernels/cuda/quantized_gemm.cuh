@@ -236,6 +236,7 @@ struct Args {
   const uint8_t* weight;  // device layout
   const void* scales;     // INT4: scale/min layout; INT8: F16 [n]
   float* partial;         // [gridDim.z, m, n] when gridDim.z > 1
+  uint32_t* counters;     // [gridDim.y * gridDim.x] zeroed words: the last split reduces
   int m, n, k;
   int num_steps;        // ceil(k / kStepK)
   int steps_per_split;  // steps of block step each split covers (the last may
@@ -298,6 +299,38 @@ struct Block {
                   : scales;
         CpAsync16(scale_stage + i * 16, source, valid);
       }
+    }
+  }
+
+  // Split-K inside the kernel: once this block's partials are stored, the tile's counter
+  // counts it; the last split of the tile to arrive sums every split's partials of the tile
+  // in split order (the order SplitKReduceKernel adds in: the same bits whichever split is
+  // last), adds the bias, writes y and sets the counter back to 0 for the next launch.
+  static __device__ __forceinline__ void ReduceSplits(const Args& args, int row_tile0, int m0) {
+    __shared__ bool last;
+    __threadfence();  // this thread's partials are visible device-wide before the count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t* counter = args.counters + blockIdx.y * gridDim.x + blockIdx.x;
+      last = atomicAdd(counter, 1u) == gridDim.z - 1;
+      if (last) *counter = 0;  // every split of the tile has counted
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other splits' partials, seen after their counts
+    const int64_t count = static_cast<int64_t>(args.m) * args.n;
+    const int n0 = row_tile0 * 16;
+    const int width = min(S::kRowTiles * 16, args.n - n0);
+    const int rows = min(S::kBlockM, args.m - m0);
+    const T* bias = static_cast<const T*>(args.bias);
+    for (int i = threadIdx.x; i < rows * width; i += S::kThreads) {
+      const int64_t at = static_cast<int64_t>(m0 + i / width) * args.n + n0 + i % width;
+      float sum = 0.0f;
+      for (int s = 0; s < static_cast<int>(gridDim.z); ++s) {
+        sum += __ldcg(args.partial + s * count + at);
+      }
+      if (bias != nullptr) sum += ToFloat(bias[n0 + i % width]);
+      static_cast<T*>(args.y)[at] = FromFloat<T>(sum);
     }
   }
 
@@ -438,9 +471,8 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
       }
     }
     __syncthreads();
-    if (wk > 0) return;
 #pragma unroll
-    for (int other = 1; other < S::kWarpsK; ++other) {
+    for (int other = 1; other < S::kWarpsK && wk == 0; ++other) {
       const float* theirs =
           reduce + ((other - 1) * S::kWarpsM * S::kWarpsN + warp_mn) * S::kAccPerWarp * 32;
 #pragma unroll
@@ -455,13 +487,14 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
     }
   }
 
-  // Epilogue: c0, c1 = (feature row g, tokens 2t, 2t + 1), c2, c3 = (row g + 8, same).
+  // Epilogue: c0, c1 = (feature row g, tokens 2t, 2t + 1), c2, c3 = (row g + 8, same). The
+  // warps of wk > 0 added theirs into wk = 0's above; they stay for the split reduction.
   const bool split = gridDim.z > 1;
   T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
 #pragma unroll
   for (int f = 0; f < S::kFragsN; ++f) {
-    if (!frag_valid[f]) continue;
+    if (!frag_valid[f] || wk > 0) continue;
     const int n_lo = (row_tile0 + wn * S::kFragsN + f) * 16 + g, n_hi = n_lo + 8;
     float scale_lo = 1.0f, scale_hi = 1.0f;
     if constexpr (!kInt4) {
@@ -493,6 +526,7 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
       }
     }
   }
+  if (split && args.counters != nullptr) B::ReduceSplits(args, row_tile0, m0);
 }
 
 /// y[i] = T(sum over splits of partial[split, i] + bias[i % n]).

@@ -89,6 +89,12 @@ struct QuantGemmParams {
   int num_splits = 0;         // 0: ChooseQuantGemmSplits; else in [1, kQuantGemmMaxSplits]
   void* workspace = nullptr;  // device scratch of >= QuantGemmWorkspaceBytes(*this) bytes
   size_t workspace_bytes = 0;
+  /// With split-K: >= QuantGemmCounterCount(*this) device words, zero before the first
+  /// launch. Then the last split of each output tile to finish sums the tile's partials in
+  /// the kernel (in split order, the reduce kernel's sum bit for bit) and sets its word back
+  /// to 0, so the words stay reusable by any later launch on the same stream (and in
+  /// graphs). Null: a second kernel sums the partials.
+  uint32_t* counters = nullptr;
 };
 
 /// The tile configuration LaunchQuantGemm uses for m tokens (the dispatch table).
@@ -110,6 +116,10 @@ int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms);
 /// num_splits when set, else for the most splits the heuristic picks on a GPU of up to 256
 /// multiprocessors. 0 when no split is possible.
 size_t QuantGemmWorkspaceBytes(const QuantGemmParams& params);
+
+/// Counter words (QuantGemmParams::counters) a split launch with these params uses: one per
+/// output tile of the dispatched config; 0 when no split is possible (as the workspace).
+size_t QuantGemmCounterCount(const QuantGemmParams& params);
 
 /// InvalidArgument (naming the field and value) for a shape the kernels cannot run: checked before
 /// any CUDA call.

@@ -1,8 +1,10 @@
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -391,6 +393,18 @@ TEST(CudaQuantGemmTest, DispatchTableAndSplitHeuristic) {
   EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 256, 132), 1);
   // Never more than the cap.
   EXPECT_LE(ChooseQuantGemmSplits(1, 16, 1 << 20, 256), kQuantGemmMaxSplits);
+  // Split-K tile counters: one per output tile of the dispatched config, none without splits.
+  QuantGemmParams p;
+  p.m = 1;
+  p.n = 4096;
+  p.k = 14336;
+  p.group_size = 128;
+  EXPECT_EQ(QuantGemmCounterCount(p), 32u);  // 4096 / 128 features per gemv block
+  p.m = 200;                                 // tile_m128: 2 m blocks x 4096 / 64 features
+  p.num_splits = 2;
+  EXPECT_EQ(QuantGemmCounterCount(p), 128u);
+  p.num_splits = 1;
+  EXPECT_EQ(QuantGemmCounterCount(p), 0u);
 }
 
 TEST(CudaQuantGemmTest, Fp8RejectsUnsupportedShapesBeforeLaunch) {
@@ -442,6 +456,9 @@ struct GemmCase {
   int64_t m, n, k, group;
   bool bias;
   int num_splits = 0;  // 0: heuristic
+  // Also launch with QuantGemmParams::counters (the splits summed inside the kernel), twice:
+  // both y bit-identical to the reduce kernel's, and every counter back at zero.
+  bool in_kernel_reduction = false;
 };
 
 std::string Describe(const GemmCase& c) {
@@ -522,6 +539,32 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   ASSERT_TRUE(synced.ok()) << synced;
   LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y, testing_util::Download(d_y, c.dtype, c.m * c.n));
   EXPECT_TRUE(WithinTolerance(y, ref.y, ref.tolerance));
+  if (!c.in_kernel_reduction) return;
+  const size_t words = QuantGemmCounterCount(p);
+  ASSERT_GT(words, 0u) << "no split: nothing to reduce in the kernel";
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer counters,
+                            testing_util::UploadRaw(std::vector<uint32_t>(words, 0)));
+  p.counters = static_cast<uint32_t*>(counters.data());
+  for (int launch = 0; launch < 2; ++launch) {
+    SCOPED_TRACE(absl::StrFormat("in-kernel reduction, launch %d", launch));
+    ASSERT_TRUE(d_y.Fill(0xff).ok());
+    ASSERT_TRUE(workspace.Fill(0xff).ok());
+    const absl::Status again = LaunchQuantGemm(p, nullptr);
+    ASSERT_TRUE(again.ok()) << again;
+    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y_in_kernel,
+                              testing_util::Download(d_y, c.dtype, c.m * c.n));
+    ASSERT_EQ(y_in_kernel.size(), y.size());
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&y_in_kernel[i], &y[i], sizeof(float)), 0)
+          << "element " << i << ": " << y_in_kernel[i] << " vs the reduce kernel's " << y[i];
+    }
+    std::vector<uint32_t> left(words, 1);
+    ASSERT_EQ(
+        cudaMemcpy(left.data(), counters.data(), words * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    EXPECT_EQ(left, std::vector<uint32_t>(words, 0)) << "a counter was not set back to zero";
+  }
 }
 
 TEST(CudaQuantGemmTest, Int4MatchesReferenceOverShapeSweep) {
@@ -582,6 +625,30 @@ TEST(CudaQuantGemmTest, ForcedSplitsIncludingEmptyOnesMatchReference) {
                 seed++);
     if (HasFatalFailure()) return;
   }
+}
+
+// The splits summed inside the kernel by the last split of each tile: the reduce kernel's
+// bits, over every config (gemv with warps_k 2, the tile configs with several m blocks),
+// forced splits including empty ones and the heuristic's; launched twice on the same
+// counters (they are zero again after each launch).
+TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 800;
+  for (int splits : {2, 3, 16}) {
+    GemmCase c{QuantWeightFormat::kInt4, DataType::kF16, 1, 96, 256, 32, true, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
+    c = {QuantWeightFormat::kInt8, DataType::kBF16, 13, 160, 1024, 0, true, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
+    c = {QuantWeightFormat::kInt4, DataType::kBF16, 200, 64, 640, 64, false, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
+    if (HasFatalFailure()) return;
+  }
+  GemmCase heuristic{QuantWeightFormat::kInt4, DataType::kF16, 1, 4096, 14336, 128, false};
+  heuristic.in_kernel_reduction = true;
+  RunGemmCase(heuristic, seed++);
 }
 
 TEST(CudaQuantGemmTest, LlamaSizedShapesMatchReference) {
