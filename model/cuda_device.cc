@@ -393,14 +393,10 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   const int64_t tokens = std::max<int64_t>(capacity.tokens, 1);
   const int64_t q_cols = capacity.num_heads * capacity.head_dim;
   // The GEMM input in dtype (any linear's), which prefill attention's Q in the KV dtype
-  // shares; the W4A16 GEMM's output in dtype.
+  // shares (the W4A16 GEMM writes its F32 output in place).
   LOOM_RETURN_IF_ERROR(Ensure(
       gemm_input_,
       static_cast<size_t>(std::max(tokens * widest_input_ * elem, tokens * q_cols * kv_elem))));
-  if (widest_quantized_output_ > 0) {
-    LOOM_RETURN_IF_ERROR(
-        Ensure(gemm_output_, static_cast<size_t>(tokens * widest_quantized_output_ * elem)));
-  }
   LOOM_RETURN_IF_ERROR(EnsureIota(tokens));
   // One workspace serves the W4A16 split-K and the decode attention's context splits.
   size_t workspace = quant_workspace_bytes_;

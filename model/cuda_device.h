@@ -220,7 +220,6 @@ class CudaDevice : public Device {
   int64_t iota_size_ = 0;
   kernels::cuda::DeviceBuffer ones_;        // F32 ones (GatherRows' sum through AddRmsNorm)
   kernels::cuda::DeviceBuffer gemm_input_;  // a GEMM's input in dtype
-  kernels::cuda::DeviceBuffer gemm_output_; // the W4A16 GEMM's output in dtype
   kernels::cuda::DeviceBuffer workspace_;   // split-K / split-context partial sums
   kernels::cuda::DeviceBuffer gemm_counters_;  // W4A16 split-K tile counters, zero between GEMMs
   kernels::cuda::DeviceBuffer gathered_;    // GatherRows' second operand
@@ -232,7 +231,6 @@ class CudaDevice : public Device {
   int64_t quantized_linears_ = 0;
   int64_t weight_bytes_ = 0;
   int64_t widest_input_ = 0;                 // the most columns of any uploaded linear
-  int64_t widest_quantized_output_ = 0;      // the most rows of any 4-bit linear
   size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs
   size_t quant_counter_words_ = 0;           // ... and the most split-K tile counters
   std::vector<float> host_, host_gathered_;  // collective staging

@@ -132,12 +132,13 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     p.k = k;
     return kc::LaunchGemm(p, *gemm_);
   }
-  // W4A16: output in dtype, in chunks of the kernel's largest m, then widened to F32.
-  LOOM_RETURN_IF_ERROR(Ensure(gemm_output_, static_cast<size_t>(m * n * elem)));
+  // W4A16, in chunks of the kernel's largest m, writing F32 straight into `out` (the sums
+  // and bias unrounded: no conversion launch after the GEMM).
   for (int64_t row = 0; row < m; row += kc::kQuantGemmMaxM) {
     kc::QuantGemmParams p;
     p.x = static_cast<const uint8_t*>(gemm_input_.data()) + row * k * elem;
-    p.y = static_cast<uint8_t*>(gemm_output_.data()) + row * n * elem;
+    p.y = static_cast<float*>(out.data) + row * n;
+    p.f32_out = true;
     p.bias = linear.bias.data();
     p.act_dtype = dtype;
     p.format = kc::QuantWeightFormat::kInt4;
@@ -159,7 +160,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     }
     LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream_));
   }
-  return Convert(gemm_output_.data(), dtype, out.data, kc::DataType::kF32, m, n);
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {

@@ -146,11 +146,10 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()), converted.data());
     LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
   }
-  // What Reserve sizes the W4A16 path's buffers by: the widest output, and the split-K
-  // workspace and tile counters at every power-of-two m up to the GEMM's largest.
+  // What Reserve sizes the W4A16 path's buffers by: the split-K workspace and tile counters
+  // at every power-of-two m up to the GEMM's largest.
   ++quantized_linears_;
   widest_input_ = std::max(widest_input_, linear->k);
-  widest_quantized_output_ = std::max(widest_quantized_output_, linear->n);
   for (int64_t m = 1; m <= kc::kQuantGemmMaxM; m *= 2) {
     kc::QuantGemmParams p;
     p.act_dtype = dtype;

@@ -281,8 +281,9 @@ absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
     return absl::InvalidArgumentError(
         "QuantGemm: x, weight and INT4 scale_min must be 16-byte aligned");
   }
-  if (!Aligned(p.y, 2) || !Aligned(p.bias, 2) || !Aligned(p.scales, 2)) {
-    return absl::InvalidArgumentError("QuantGemm: y, bias and scales must be 2-byte aligned");
+  if (!Aligned(p.y, p.f32_out ? 4 : 2) || !Aligned(p.bias, 2) || !Aligned(p.scales, 2)) {
+    return absl::InvalidArgumentError(
+        "QuantGemm: y (4-byte aligned with f32_out), bias and scales must be 2-byte aligned");
   }
   const size_t needed = QuantGemmWorkspaceBytes(p);
   if (needed > 0 &&

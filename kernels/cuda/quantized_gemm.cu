@@ -44,6 +44,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
   args.scales = p.scales;
   args.partial = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
   args.counters = splits > 1 ? p.counters : nullptr;
+  args.y_f32 = p.f32_out;
   args.m = static_cast<int>(p.m);
   args.n = static_cast<int>(p.n);
   args.k = static_cast<int>(p.k);
@@ -57,7 +58,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
   if (splits > 1 && args.counters == nullptr) {
     const int64_t count = p.m * p.n;
     qgemm::SplitKReduceKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
-        args.partial, static_cast<const T*>(p.bias), static_cast<T*>(p.y), splits, count, args.n);
+        args.partial, static_cast<const T*>(p.bias), p.y, p.f32_out, splits, count, args.n);
     LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm split-K reduce"));
   }
   return absl::OkStatus();

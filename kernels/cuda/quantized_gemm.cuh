@@ -237,11 +237,22 @@ struct Args {
   const void* scales;     // INT4: scale/min layout; INT8: F16 [n]
   float* partial;         // [gridDim.z, m, n] when gridDim.z > 1
   uint32_t* counters;     // [gridDim.y * gridDim.x] zeroed words: the last split reduces
+  bool y_f32;             // y holds floats instead of T
   int m, n, k;
   int num_steps;        // ceil(k / kStepK)
   int steps_per_split;  // steps of block step each split covers (the last may
                         // have fewer)
 };
+
+/// y[at] = value, as T or (y_f32) as the float itself.
+template <typename T>
+__device__ __forceinline__ void StoreY(void* y, bool y_f32, int64_t at, float value) {
+  if (y_f32) {
+    static_cast<float*>(y)[at] = value;
+  } else {
+    static_cast<T*>(y)[at] = FromFloat<T>(value);
+  }
+}
 
 template <typename T, bool kInt4, int kGroup, int kConfig>
 struct Block {
@@ -330,7 +341,7 @@ struct Block {
         sum += __ldcg(args.partial + s * count + at);
       }
       if (bias != nullptr) sum += ToFloat(bias[n0 + i % width]);
-      static_cast<T*>(args.y)[at] = FromFloat<T>(sum);
+      StoreY<T>(args.y, args.y_f32, at, sum);
     }
   }
 
@@ -490,7 +501,6 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
   // Epilogue: c0, c1 = (feature row g, tokens 2t, 2t + 1), c2, c3 = (row g + 8, same). The
   // warps of wk > 0 added theirs into wk = 0's above; they stay for the split reduction.
   const bool split = gridDim.z > 1;
-  T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
 #pragma unroll
   for (int f = 0; f < S::kFragsN; ++f) {
@@ -520,8 +530,8 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
           partial[row + n_lo] = lo;
           partial[row + n_hi] = hi;
         } else {
-          y[row + n_lo] = FromFloat<T>(lo + bias_lo);
-          y[row + n_hi] = FromFloat<T>(hi + bias_hi);
+          StoreY<T>(args.y, args.y_f32, row + n_lo, lo + bias_lo);
+          StoreY<T>(args.y, args.y_f32, row + n_hi, hi + bias_hi);
         }
       }
     }
@@ -529,17 +539,18 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
   if (split && args.counters != nullptr) B::ReduceSplits(args, row_tile0, m0);
 }
 
-/// y[i] = T(sum over splits of partial[split, i] + bias[i % n]).
+/// y[i] = T(sum over splits of partial[split, i] + bias[i % n]) (the float itself with y_f32).
 template <typename T>
 __global__ void SplitKReduceKernel(const float* __restrict__ partial, const T* __restrict__ bias,
-                                   T* __restrict__ y, int splits, int64_t count, int n) {
+                                   void* __restrict__ y, bool y_f32, int splits, int64_t count,
+                                   int n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += stride) {
     float sum = 0.0f;
     for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
     if (bias != nullptr) sum += ToFloat(bias[i % n]);
-    y[i] = FromFloat<T>(sum);
+    StoreY<T>(y, y_f32, i, sum);
   }
 }
 

@@ -75,7 +75,7 @@ absl::StatusOr<std::vector<int8_t>> UnpackInt8FromGpu(const std::vector<uint8_t>
 /// * scale + min); INT8 values are exact in F16/BF16 and the row scale multiplies the F32 sum.
 struct QuantGemmParams {
   const void* x = nullptr;              // [m, k] of act_dtype, rows contiguous, 16-byte aligned
-  void* y = nullptr;                    // [m, n] of act_dtype
+  void* y = nullptr;                    // [m, n] of act_dtype, or F32 with f32_out
   const void* bias = nullptr;           // [n] of act_dtype, or null for none
   DataType act_dtype = DataType::kF16;  // F16 or BF16
   QuantWeightFormat format = QuantWeightFormat::kInt4;
@@ -95,6 +95,9 @@ struct QuantGemmParams {
   /// to 0, so the words stay reusable by any later launch on the same stream (and in
   /// graphs). Null: a second kernel sums the partials.
   uint32_t* counters = nullptr;
+  /// y in F32 (the F32 sums plus the bias, never rounded to act_dtype): what a forward pass
+  /// that keeps F32 activations reads, without a conversion launch after the GEMM.
+  bool f32_out = false;
 };
 
 /// The tile configuration LaunchQuantGemm uses for m tokens (the dispatch table).

@@ -459,6 +459,8 @@ struct GemmCase {
   // Also launch with QuantGemmParams::counters (the splits summed inside the kernel), twice:
   // both y bit-identical to the reduce kernel's, and every counter back at zero.
   bool in_kernel_reduction = false;
+  // Also launch with f32_out: the F32 y rounds to the act_dtype y bit for bit.
+  bool f32_out_too = false;
 };
 
 std::string Describe(const GemmCase& c) {
@@ -539,6 +541,27 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   ASSERT_TRUE(synced.ok()) << synced;
   LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y, testing_util::Download(d_y, c.dtype, c.m * c.n));
   EXPECT_TRUE(WithinTolerance(y, ref.y, ref.tolerance));
+  if (c.f32_out_too) {
+    LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y32,
+                              testing_util::Poisoned(DataType::kF32, c.m * c.n));
+    QuantGemmParams wide = p;
+    wide.y = d_y32.data();
+    wide.f32_out = true;
+    if (workspace.bytes() > 0) {
+      ASSERT_TRUE(workspace.Fill(0xff).ok());
+    }
+    const absl::Status wide_launched = LaunchQuantGemm(wide, nullptr);
+    ASSERT_TRUE(wide_launched.ok()) << wide_launched;
+    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y32,
+                              testing_util::Download(d_y32, DataType::kF32, c.m * c.n));
+    const std::vector<float> rounded = testing_util::RoundTo(c.dtype, y32);
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&rounded[i], &y[i], sizeof(float)), 0)
+          << "f32_out element " << i << ": " << y32[i] << " rounds to " << rounded[i]
+          << ", the act_dtype output is " << y[i];
+    }
+  }
   if (!c.in_kernel_reduction) return;
   const size_t words = QuantGemmCounterCount(p);
   ASSERT_GT(words, 0u) << "no split: nothing to reduce in the kernel";
@@ -649,6 +672,27 @@ TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
   GemmCase heuristic{QuantWeightFormat::kInt4, DataType::kF16, 1, 4096, 14336, 128, false};
   heuristic.in_kernel_reduction = true;
   RunGemmCase(heuristic, seed++);
+}
+
+// f32_out (what CudaDevice::Linear asks for): the F32 sums plus the bias, which round to the
+// act_dtype output bit for bit, without splits, through the reduce kernel and in every
+// config.
+TEST(CudaQuantGemmTest, F32OutputRoundsToTheActivationOutput) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 850;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (int64_t m : {1, 13, 37, 130}) {
+      for (int splits : {1, 3}) {
+        GemmCase c{QuantWeightFormat::kInt4, dtype, m, 160, 384, 64, true, splits};
+        c.f32_out_too = true;
+        RunGemmCase(c, seed++);
+        c = {QuantWeightFormat::kInt8, dtype, m, 96, 512, 0, m % 2 == 1, splits};
+        c.f32_out_too = true;
+        RunGemmCase(c, seed++);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
 }
 
 TEST(CudaQuantGemmTest, LlamaSizedShapesMatchReference) {
