@@ -12,6 +12,10 @@ absl::Status CheckGatherRowsParams(const GatherRowsParams& p) {
         "GatherRows: num_rows %d and row_size %d must be positive, num_indices %d in [0, 2^31)",
         p.num_rows, p.row_size, p.num_indices));
   }
+  if (p.row_size > int64_t{65535} * 2048) {  // the grid's column chunks
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GatherRows: row_size %d over 65535 * 2048", p.row_size));
+  }
   if (p.num_indices > 0 && (p.table == nullptr || p.indices == nullptr || p.out == nullptr)) {
     return absl::InvalidArgumentError("GatherRows: null table, indices or out");
   }

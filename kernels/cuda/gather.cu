@@ -1,4 +1,6 @@
-// Row gather and weighted scatter-add: one block per row, threads stride over the row.
+// Row gather and weighted scatter-add. The gather takes one block per (row, 2048-column
+// chunk), so a single wide row (a 14,336-wide activation converted before a GEMM at m = 1)
+// spreads over several multiprocessors; the scatter-add one block per row.
 #include "common/status_macros.h"
 #include "kernels/cuda/gather.h"
 #include "kernels/cuda/launch_internal.cuh"
@@ -9,23 +11,28 @@ namespace {
 using internal::FromFloat;
 using internal::ToFloat;
 
+// Columns one gather block covers.
+constexpr int64_t kGatherChunk = 2048;
+
 template <typename Src, typename Dst>
 __global__ void GatherRowsKernel(const Src* __restrict__ table, const int32_t* __restrict__ indices,
                                  Dst* __restrict__ out, int64_t num_rows, int64_t row_size,
                                  int64_t index_offset, float scale) {
   const int64_t row = static_cast<int64_t>(indices[blockIdx.x]) - index_offset;
   Dst* dst = out + blockIdx.x * row_size;
+  const int64_t begin = blockIdx.y * kGatherChunk;
+  const int64_t end = min(row_size, begin + kGatherChunk);
   if (row < 0 || row >= num_rows) {
-    for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) dst[i] = FromFloat<Dst>(0.0f);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = FromFloat<Dst>(0.0f);
     return;
   }
   const Src* src = table + row * row_size;
   if (scale == 1.0f) {
-    for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x)
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
       dst[i] = FromFloat<Dst>(ToFloat(src[i]));
     return;
   }
-  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x)
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
     dst[i] = FromFloat<Dst>(ToFloat(src[i]) * scale);
 }
 
@@ -62,7 +69,9 @@ absl::Status LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream) {
   const int threads = ThreadsFor(p.row_size);
   internal::DispatchDataType(p.src_dtype, [&]<typename Src>() {
     internal::DispatchDataType(p.dst_dtype, [&]<typename Dst>() {
-      GatherRowsKernel<Src, Dst><<<static_cast<unsigned>(p.num_indices), threads, 0, stream>>>(
+      const dim3 grid(static_cast<unsigned>(p.num_indices),
+                      static_cast<unsigned>((p.row_size + kGatherChunk - 1) / kGatherChunk));
+      GatherRowsKernel<Src, Dst><<<grid, threads, 0, stream>>>(
           static_cast<const Src*>(p.table), p.indices, static_cast<Dst*>(p.out), p.num_rows,
           p.row_size, p.index_offset, p.scale);
     });

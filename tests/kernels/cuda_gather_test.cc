@@ -21,6 +21,10 @@ TEST(CudaGatherRowsTest, RejectsBadShapesBeforeLaunch) {
   p.num_rows = 1;
   p.indices = nullptr;
   EXPECT_EQ(LaunchGatherRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.indices = &index;
+  p.row_size = int64_t{65535} * 2048 + 1;  // more column chunks than a grid dimension holds
+  status = CheckGatherRowsParams(p);
+  EXPECT_NE(status.message().find("over 65535 * 2048"), std::string::npos) << status;
 }
 
 // A conversion only: the result is bit-exact. Indices repeat, come in any order, and some
@@ -33,7 +37,8 @@ TEST(CudaGatherRowsTest, GathersConvertedRowsAndZerosOutsideTheTable) {
       for (auto [rows, row_size, offset] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 0},
                                             {50, 33, 0},
                                             {1000, 576, 7},
-                                            {300, 4096, 100}}) {
+                                            {300, 4096, 100},
+                                            {3, 14341, 0}}) {  // 8 column chunks, the last partial
         SCOPED_TRACE(testing::Message()
                      << DataTypeName(src) << "->" << DataTypeName(dst) << " rows=" << rows
                      << " row_size=" << row_size << " offset=" << offset);
