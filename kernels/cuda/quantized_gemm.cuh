@@ -317,17 +317,18 @@ struct Block {
   // counts it; the last split of the tile to arrive sums every split's partials of the tile
   // in split order (the order SplitKReduceKernel adds in: the same bits whichever split is
   // last), adds the bias, writes y and sets the counter back to 0 for the next launch.
+  // No shared variable carries the verdict: two configs use exactly the 48 KiB a kernel
+  // gets without opting in, so even one static byte would fail their launches.
   static __device__ __forceinline__ void ReduceSplits(const Args& args, int row_tile0, int m0) {
-    __shared__ bool last;
     __threadfence();  // this thread's partials are visible device-wide before the count
     __syncthreads();
+    int last = 0;
     if (threadIdx.x == 0) {
       uint32_t* counter = args.counters + blockIdx.y * gridDim.x + blockIdx.x;
       last = atomicAdd(counter, 1u) == gridDim.z - 1;
       if (last) *counter = 0;  // every split of the tile has counted
     }
-    __syncthreads();
-    if (!last) return;
+    if (!__syncthreads_or(last)) return;
     __threadfence();  // the other splits' partials, seen after their counts
     const int64_t count = static_cast<int64_t>(args.m) * args.n;
     const int n0 = row_tile0 * 16;

@@ -568,13 +568,31 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer counters,
                             testing_util::UploadRaw(std::vector<uint32_t>(words, 0)));
   p.counters = static_cast<uint32_t*>(counters.data());
-  for (int launch = 0; launch < 2; ++launch) {
+  // Launch 0 directly; then captured into a graph, which must hold the GEMM alone (no reduce
+  // kernel: the in-kernel path ran), replayed twice on the same counters.
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = LaunchQuantGemm(p, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  size_t nodes = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 1u) << "the splits were not summed inside the GEMM's kernel";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int launch = 0; launch < 3; ++launch) {
     SCOPED_TRACE(absl::StrFormat("in-kernel reduction, launch %d", launch));
     ASSERT_TRUE(d_y.Fill(0xff).ok());
     ASSERT_TRUE(workspace.Fill(0xff).ok());
-    const absl::Status again = LaunchQuantGemm(p, nullptr);
-    ASSERT_TRUE(again.ok()) << again;
-    ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+    if (launch == 0) {
+      const absl::Status again = LaunchQuantGemm(p, stream);
+      ASSERT_TRUE(again.ok()) << again;
+    } else {
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    }
+    ASSERT_TRUE(SynchronizeStream(stream).ok());
     LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y_in_kernel,
                               testing_util::Download(d_y, c.dtype, c.m * c.n));
     ASSERT_EQ(y_in_kernel.size(), y.size());
@@ -588,6 +606,9 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
         cudaSuccess);
     EXPECT_EQ(left, std::vector<uint32_t>(words, 0)) << "a counter was not set back to zero";
   }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 TEST(CudaQuantGemmTest, Int4MatchesReferenceOverShapeSweep) {
@@ -667,8 +688,19 @@ TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
     c = {QuantWeightFormat::kInt4, DataType::kBF16, 200, 64, 640, 64, false, splits};
     c.in_kernel_reduction = true;
     RunGemmCase(c, seed++);
+    // Tiles along both n and m.
+    c = {QuantWeightFormat::kInt4, DataType::kBF16, 200, 320, 640, 64, true, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
     if (HasFatalFailure()) return;
   }
+  // Many waves of blocks (2,048 of them), so splits of one tile run far apart in time.
+  GemmCase waves{QuantWeightFormat::kInt4, DataType::kF16, 1, 16384, 4096, 128, true, 16};
+  waves.in_kernel_reduction = true;
+  RunGemmCase(waves, seed++);
+  // The heuristic's own splits on this GPU.
+  LOOM_ASSERT_OK_AND_ASSIGN(const int sms, CurrentDeviceSmCount());
+  ASSERT_GT(ChooseQuantGemmSplits(1, 4096, 14336, sms), 1) << sms << " SMs";
   GemmCase heuristic{QuantWeightFormat::kInt4, DataType::kF16, 1, 4096, 14336, 128, false};
   heuristic.in_kernel_reduction = true;
   RunGemmCase(heuristic, seed++);
