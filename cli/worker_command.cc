@@ -180,7 +180,8 @@ absl::StatusOr<ServedModel> LoadModel(const WorkerOptions& options) {
   LOOM_ASSIGN_OR_RETURN(model.gguf, common::OpenModelFile(options.model_path));
   LOOM_ASSIGN_OR_RETURN(model.config, common::ModelConfigFromGguf(*model.gguf));
   model.fingerprint = common::ModelFingerprint(*model.gguf);
-  if (!options.quantization.empty()) {
+  // fp8 quantizes on the GPU's upload (StepBackendOptions::fp8_weights), not here.
+  if (!options.quantization.empty() && options.quantization != "fp8") {
     LOOM_ASSIGN_OR_RETURN(model.gguf, QuantizeInMemory(*model.gguf, options.quantization == "int8"
                                                                         ? QuantizeFormat::kInt8
                                                                         : QuantizeFormat::kInt4));
@@ -311,6 +312,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   backend_options.num_threads = options.num_threads;
   backend_options.kv_dtype = options.kv_dtype;
   backend_options.activations = options.activations;
+  backend_options.fp8_weights = options.quantization == "fp8";
   backend_options.cuda_graphs = options.cuda_graphs;
   backend_options.tp_rank = parallel.tp_rank;
   backend_options.tp_size = parallel.tp_size;

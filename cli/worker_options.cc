@@ -360,8 +360,10 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
   fresh("--kv-cache-dtype");  // declared with --kv-dtype; recorded so that loom up forwards it
   if (fresh("--quantization")) {
     AddString(app, "--quantization", options.quantization,
-              "quantize the linear layers at load (round-to-nearest; \"\": as stored)",
-              {"", "int8", "int4"});
+              "quantize the linear layers at load (round-to-nearest; int8/int4 in Loom's "
+              "group-wise formats; fp8: E4M3 with a scale per output channel on FP8 tensor "
+              "cores, CUDA compute capability 8.9+ only; \"\": as stored)",
+              {"", "int8", "int4", "fp8"});
   }
   if (fresh("--activations")) {
     AddActivationsFlag(app, options.activations);

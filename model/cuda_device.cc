@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/quantized_gemm.h"
 #include "model/cuda_device_internal.h"
 
 namespace loom::model {
@@ -89,6 +90,10 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllGatherColumns(const Tensor&, T
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Ensure(kernels::cuda::DeviceBuffer&, size_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureGemmCounters(size_t))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
+    const kernels::cpu::PackedWeight&, const std::vector<float>*))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Fp8Linear(const Tensor&, const DeviceLinear&,
+                                                         Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Convert(const void*, kernels::cuda::DataType,
                                                        void*, kernels::cuda::DataType, int64_t,
                                                        int64_t))
@@ -147,6 +152,12 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceO
   }
   if (options.dtype == kc::DataType::kF32 || options.kv_dtype == kc::DataType::kF32) {
     return absl::InvalidArgumentError("the CUDA device's weights and KV pool are F16 or BF16");
+  }
+  if (options.fp8_weights && !kc::Fp8GemmSupported()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--quantization fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, "
+        "Hopper); this GPU is ",
+        kernels::CudaDeviceDescription(0), ". Use int8 or int4"));
   }
   std::unique_ptr<CudaDevice> device(new CudaDevice());
   device->options_ = options;
@@ -414,6 +425,15 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   }
   if (workspace > 0) LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
   if (quant_counter_words_ > 0) LOOM_RETURN_IF_ERROR(EnsureGemmCounters(quant_counter_words_));
+  if (widest_fp8_output_ > 0) {
+    // The FP8 GEMM: its E4M3 input, scale, and F32 results plus cuBLASLt's scratch.
+    LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(tokens * widest_input_)));
+    LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, sizeof(float)));
+    kc::Fp8GemmParams p;
+    p.m = tokens;
+    p.n = widest_fp8_output_;
+    LOOM_RETURN_IF_ERROR(Ensure(workspace_, kc::Fp8GemmWorkspaceBytes(p)));
+  }
   if (capacity.sample_rows > 0 && capacity.width > 0) {
     LOOM_RETURN_IF_ERROR(Ensure(
         gathered_, static_cast<size_t>(capacity.sample_rows * capacity.width) * sizeof(float)));

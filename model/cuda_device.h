@@ -32,6 +32,12 @@ struct CudaDeviceOptions {
   /// embedding table kept 4-bit cannot be gathered: the graph's tables are uploaded with
   /// this off (see UploadLinear).
   bool keep_quantized = false;
+  /// --quantization fp8: every linear layer whose sizes are multiples of 16 is quantized at
+  /// load to FP8 E4M3 with one scale per output channel (amax / 448) and runs as W8A8 on
+  /// the FP8 tensor cores (cuBLASLt), its input quantized per tensor on the fly (dynamic
+  /// amax). Needs compute capability 8.9 or newer (Ada, Hopper): Create refuses it below.
+  /// Applies before keep_quantized (a 4-bit layer is dequantized, then quantized to FP8).
+  bool fp8_weights = false;
   /// Tensor parallelism: the group's collectives; null for a single rank. Not owned.
   /// A communicator with device collectives (NCCL) runs them on the device's stream, in
   /// stream order and capture-safe, even in a world of one, and Synchronize (and with it
@@ -200,6 +206,11 @@ class CudaDevice : public Device {
   // `weight` dequantized to dense dtype rows (in chunks, bounded host scratch), and `bias`.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadDense(
       const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias);
+  // `weight` as FP8 E4M3 rows with a per-row scale (fp8_weights), and `bias` in F32.
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadFp8(const kernels::cpu::PackedWeight& weight,
+                                                          const std::vector<float>* bias);
+  // out = x W^T (+ bias) through the FP8 GEMM: x (F32) quantized per tensor first.
+  absl::Status Fp8Linear(const Tensor& x, const DeviceLinear& w, Tensor out);
   // `bytes` at `host` into a fresh device buffer, copied on the stream (waits).
   absl::StatusOr<kernels::cuda::DeviceBuffer> UploadBytes(const void* host, size_t bytes);
   // iota_ holds 0, 1, ..., n - 1 (at least n of them).
@@ -222,6 +233,8 @@ class CudaDevice : public Device {
   kernels::cuda::DeviceBuffer gemm_input_;  // a GEMM's input in dtype
   kernels::cuda::DeviceBuffer workspace_;   // split-K / split-context partial sums
   kernels::cuda::DeviceBuffer gemm_counters_;  // W4A16 split-K tile counters, zero between GEMMs
+  kernels::cuda::DeviceBuffer fp8_input_;      // an FP8 GEMM's input in E4M3 ...
+  kernels::cuda::DeviceBuffer fp8_x_scale_;    // ... and its per-tensor scale (one float)
   kernels::cuda::DeviceBuffer gathered_;    // GatherRows' second operand
   kernels::cuda::DeviceBuffer step_;        // UploadStep's arrays
   int32_t* step_host_ = nullptr;            // pinned mirror of step_ (cudaMallocHost), owned
@@ -233,6 +246,7 @@ class CudaDevice : public Device {
   int64_t widest_input_ = 0;                 // the most columns of any uploaded linear
   size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs
   size_t quant_counter_words_ = 0;           // ... and the most split-K tile counters
+  int64_t widest_fp8_output_ = 0;            // the most rows of any FP8 linear
   std::vector<float> host_, host_gathered_;  // collective staging
   kernels::cuda::DeviceBuffer gather_local_;  // AllGatherColumns on the device: the padded
   kernels::cuda::DeviceBuffer gather_all_;    // local slice, and every rank's, rank-major

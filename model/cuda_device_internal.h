@@ -37,8 +37,10 @@ class CudaLinear : public DeviceLinear {
   int64_t rows() const override { return n; }
   int64_t cols() const override { return k; }
   bool quantized() const { return q.data() != nullptr; }
+  bool fp8() const { return fp8_weight.data() != nullptr; }
 
   kc::DeviceBuffer dense, q, scale_min, bias;
+  kc::DeviceBuffer fp8_weight, fp8_scale;  // E4M3 [n, k] and F32 [n] (fp8_weights)
   int64_t n = 0, k = 0, group_size = 0;
 };
 

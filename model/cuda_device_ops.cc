@@ -119,6 +119,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
   // The GEMMs read their input in the weights' dtype.
   LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(m * k * elem)));
   LOOM_RETURN_IF_ERROR(Convert(x.data, kc::DataType::kF32, gemm_input_.data(), dtype, m, k));
+  if (linear.fp8()) return Fp8Linear(x, w, out);
   if (!linear.quantized()) {
     kc::GemmParams p;
     p.x = gemm_input_.data();
@@ -161,6 +162,38 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream_));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Fp8Linear(const Tensor& x, const DeviceLinear& w, Tensor out) {
+  const CudaLinear& linear = AsCuda(w);
+  const int64_t m = x.rows(), n = linear.n, k = linear.k;
+  // gemm_input_ holds x in dtype (Linear converted it): quantized per tensor, dynamic amax.
+  LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(m * k)));
+  LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, sizeof(float)));
+  kc::QuantizeFp8Params q;
+  q.x = gemm_input_.data();
+  q.out = fp8_input_.data();
+  q.scale = static_cast<float*>(fp8_x_scale_.data());
+  q.dynamic_scale = true;
+  q.in_dtype = options_.dtype;
+  q.count = m * k;
+  LOOM_RETURN_IF_ERROR(kc::LaunchQuantizeFp8(q, stream_));
+  kc::Fp8GemmParams p;
+  p.x = fp8_input_.data();
+  p.x_scale = q.scale;
+  p.weight = linear.fp8_weight.data();
+  p.w_scale = static_cast<const float*>(linear.fp8_scale.data());
+  p.per_channel = true;
+  p.bias = linear.bias.data();
+  p.y = out.data;
+  p.out_dtype = kc::DataType::kF32;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  LOOM_RETURN_IF_ERROR(Ensure(workspace_, kc::Fp8GemmWorkspaceBytes(p)));
+  p.workspace = workspace_.data();
+  p.workspace_bytes = workspace_.bytes();
+  return kc::LaunchFp8Gemm(p, stream_);
 }
 
 absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {

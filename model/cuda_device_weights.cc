@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -118,8 +119,49 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
   return result;
 }
 
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
+    const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  auto linear = std::make_unique<CudaLinear>();
+  linear->n = weight.rows;
+  linear->k = weight.cols;
+  std::vector<uint8_t> codes(static_cast<size_t>(weight.rows * weight.cols));
+  std::vector<float> scales(static_cast<size_t>(weight.rows));
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, kUploadChunkElements / std::max<int64_t>(weight.cols, 1));
+  std::vector<float> values;
+  for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, weight.rows - row);
+    values.resize(rows * weight.cols);
+    kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* in = values.data() + r * weight.cols;
+      float amax = 0.0f;
+      for (int64_t c = 0; c < weight.cols; ++c) amax = std::max(amax, std::abs(in[c]));
+      // One scale per output channel: the row's largest magnitude lands on E4M3's largest.
+      const float scale = amax > 0.0f && std::isfinite(amax) ? amax / kc::kE4m3Max : 1.0f;
+      scales[row + r] = scale;
+      uint8_t* out = codes.data() + (row + r) * weight.cols;
+      for (int64_t c = 0; c < weight.cols; ++c) out[c] = kc::FloatToE4m3(in[c] / scale);
+    }
+  }
+  LOOM_ASSIGN_OR_RETURN(linear->fp8_weight, UploadBytes(codes.data(), codes.size()));
+  LOOM_ASSIGN_OR_RETURN(linear->fp8_scale,
+                        UploadBytes(scales.data(), scales.size() * sizeof(float)));
+  weight_bytes_ += static_cast<int64_t>(codes.size() + scales.size() * sizeof(float));
+  if (bias != nullptr && !bias->empty()) {
+    LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
+  }
+  widest_input_ = std::max(widest_input_, linear->k);
+  widest_fp8_output_ = std::max(widest_fp8_output_, linear->n);
+  return std::unique_ptr<DeviceLinear>(std::move(linear));
+}
+
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  if (options_.fp8_weights && weight.rows % 16 == 0 && weight.cols % 16 == 0) {
+    return UploadFp8(weight, bias);
+  }
   if (!options_.keep_quantized || !QuantGemmTakes(weight)) return UploadDense(weight, bias);
   auto linear = std::make_unique<CudaLinear>();
   linear->n = weight.rows;

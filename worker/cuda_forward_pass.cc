@@ -501,6 +501,7 @@ absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
   device_options.kv_dtype = options.kv_dtype;
   device_options.kv_quant = options.kv_quant;
   device_options.keep_quantized = options.quantized_weights;
+  device_options.fp8_weights = options.fp8_weights;
   device_options.communicator = options.communicator;
   return model::CudaDevice::Create(device_options);
 }

@@ -43,6 +43,10 @@ struct CudaForwardPassOptions {
   // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm); false, or weights
   // it cannot take (INT8 in groups, odd shapes): dequantized to dtype at load for cuBLAS.
   bool quantized_weights = true;
+  // --quantization fp8: linear layers quantized at load to FP8 E4M3 with per-channel scales
+  // and run on the FP8 tensor cores (model::CudaDeviceOptions::fp8_weights; compute
+  // capability 8.9+, refused below).
+  bool fp8_weights = false;
   // Capture decode steps (every sequence one query token, at most 256 sequences) as CUDA
   // graphs per batch-size bucket and replay them; off: every step runs eagerly.
   bool cuda_graphs = true;

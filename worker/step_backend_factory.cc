@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
       default:
         break;
     }
+    cuda_options.fp8_weights = options.fp8_weights;
     absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
         CudaForwardPass::Create(gguf, cuda_options);
     if (!forward_pass.ok()) return forward_pass.status();
@@ -74,6 +75,11 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
   }
   if (options.device != "cpu") {
     return absl::InvalidArgumentError("unknown device '" + options.device + "' (cpu or cuda)");
+  }
+  if (options.fp8_weights) {
+    return absl::InvalidArgumentError(
+        "--quantization fp8 runs on CUDA devices with FP8 tensor cores (compute capability "
+        "8.9 or newer); the CPU has no FP8 GEMM: use int8 or int4, or --device cuda");
   }
   CpuForwardPassOptions pass_options;
   pass_options.num_threads = options.num_threads;

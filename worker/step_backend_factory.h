@@ -38,6 +38,9 @@ struct StepBackendOptions {
   int num_threads = 2;
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;
+  // --quantization fp8: FP8 E4M3 weights on the GPU's FP8 tensor cores (CUDA only: the CPU
+  // refuses it).
+  bool fp8_weights = false;
   bool cuda_graphs = true;  // CUDA: capture decode steps as graphs
   int gpu_index = 0;        // CUDA: the device (an index after CUDA_VISIBLE_DEVICES)
   // Tensor parallelism: this rank of tp_size, joined through `communicator` (not owned;

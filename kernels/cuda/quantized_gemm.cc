@@ -348,9 +348,10 @@ size_t Fp8GemmWorkspaceBytes(const Fp8GemmParams& p) {
 }
 
 absl::Status CheckFp8GemmParams(const Fp8GemmParams& p) {
-  if (p.out_dtype != DataType::kF16 && p.out_dtype != DataType::kBF16) {
+  if (p.out_dtype != DataType::kF16 && p.out_dtype != DataType::kBF16 &&
+      p.out_dtype != DataType::kF32) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "Fp8Gemm: out_dtype %s unsupported (F16, BF16)", DataTypeName(p.out_dtype)));
+        "Fp8Gemm: out_dtype %s unsupported (F16, BF16, F32)", DataTypeName(p.out_dtype)));
   }
   if (p.m < 0 || p.m > 65536) {
     return absl::InvalidArgumentError(absl::StrFormat("Fp8Gemm: m %d must be in [0, 65536]", p.m));
@@ -371,8 +372,10 @@ absl::Status CheckFp8GemmParams(const Fp8GemmParams& p) {
   if (!Aligned(p.x, 16) || !Aligned(p.weight, 16)) {
     return absl::InvalidArgumentError("Fp8Gemm: x and weight must be 16-byte aligned");
   }
-  if (!Aligned(p.y, 2) || !Aligned(p.bias, 2)) {
-    return absl::InvalidArgumentError("Fp8Gemm: y and bias must be 2-byte aligned");
+  const size_t out_bytes = p.out_dtype == DataType::kF32 ? 4 : 2;
+  if (!Aligned(p.y, out_bytes) || !Aligned(p.bias, out_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Fp8Gemm: y and bias must be %d-byte aligned", out_bytes));
   }
   const size_t needed = Fp8GemmWorkspaceBytes(p);
   if (p.workspace == nullptr || p.workspace_bytes < needed || !Aligned(p.workspace, 256)) {

@@ -315,11 +315,7 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
         results, p.x_scale, p.w_scale, p.per_channel, static_cast<const T*>(p.bias),
         static_cast<T*>(p.y), count, static_cast<int>(p.n));
   };
-  if (p.out_dtype == DataType::kF16) {
-    epilogue.template operator()<__half>();
-  } else {
-    epilogue.template operator()<__nv_bfloat16>();
-  }
+  internal::DispatchDataType(p.out_dtype, epilogue);
   return CheckLaunch("Fp8Gemm epilogue");
 }
 

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/weights.h"
+#include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/types.h"
 #include "kernels/cuda_device.h"
 #include "model/cpu_device.h"
@@ -73,13 +74,14 @@ struct Pair {
   Side* side(int i) { return i == 0 ? &cpu : &gpu; }
 };
 
-Pair MakePair(bool keep_quantized = false) {
+Pair MakePair(bool keep_quantized = false, bool fp8_weights = false) {
   Pair pair;
   absl::StatusOr<std::unique_ptr<CpuDevice>> cpu = CpuDevice::Create({});
   EXPECT_TRUE(cpu.ok()) << cpu.status();
   pair.cpu.device = std::move(*cpu);
   CudaDeviceOptions options;
   options.keep_quantized = keep_quantized;
+  options.fp8_weights = fp8_weights;
   absl::StatusOr<std::unique_ptr<CudaDevice>> gpu = CudaDevice::Create(options);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   if (gpu.ok()) pair.gpu.device = std::move(*gpu);
@@ -154,6 +156,62 @@ TEST(CudaDeviceTest, DenseLinearMatchesCpu) {
 TEST(CudaDeviceTest, Int4LinearThroughTheQuantizedGemmMatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (int64_t m : {1, 5, 300}) LinearMatchesCpu(kernels::cpu::WeightFormat::kInt4, true, m);
+}
+
+// --quantization fp8: per-channel E4M3 weights and a per-tensor E4M3 input on the FP8
+// tensor cores, against the CPU's F32 product of the unquantized values. E4M3 keeps 3
+// mantissa bits (each operand within 2^-4 relative), so the outputs' relative RMS error is
+// a few percent: at most 8% overall, and at least 0.1% (F16 weights would stay below that:
+// the FP8 path ran). Rows span 2^-8 .. 2^8: with one scale for the whole tensor the small
+// rows would fall into E4M3's subnormals, so every output feature is checked on its own.
+TEST(CudaDeviceTest, Fp8LinearStaysWithinE4m3RoundingOfCpu) {
+  SKIP_WITHOUT_GPU();
+  if (!kernels::cuda::Fp8GemmSupported()) GTEST_SKIP() << "no FP8 tensor cores (sm < 89)";
+  Pair pair = MakePair(/*keep_quantized=*/false, /*fp8_weights=*/true);
+  const int64_t n = 64, k = 256;
+  std::vector<float> values = Random(n * k, 41, 0.5f);
+  std::vector<float> bias = Random(n, 42);
+  for (int64_t r = 0; r < n; ++r) {
+    const float magnitude = std::ldexp(1.0f, static_cast<int>(r % 17) - 8);  // 2^-8 .. 2^8
+    for (int64_t c = 0; c < k; ++c) values[r * k + c] *= magnitude;
+    bias[r] *= 0.01f * magnitude;
+  }
+  absl::StatusOr<kernels::cpu::PackedWeight> packed =
+      kernels::cpu::PackFromF32(values.data(), n, k, kernels::cpu::WeightFormat::kF32, 0);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  for (const int64_t m : {1, 7, 300}) {
+    SCOPED_TRACE(testing::Message() << "m=" << m);
+    const std::vector<float> x = Random(m * k, 43 + static_cast<uint32_t>(m));
+    std::vector<float> out[2];
+    for (int i = 0; i < 2; ++i) {
+      Side& s = *pair.side(i);
+      absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, &bias);
+      ASSERT_TRUE(w.ok()) << w.status();
+      const Tensor y = s.Zeros({m, n});
+      const absl::Status ran = s.device->Linear(s.Put(x, {m, k}), **w, y, {});
+      ASSERT_TRUE(ran.ok()) << ran;
+      out[i] = s.Get(y);
+    }
+    double error = 0, norm = 0;
+    for (size_t j = 0; j < out[0].size(); ++j) {
+      const double d = static_cast<double>(out[1][j]) - out[0][j];
+      error += d * d;
+      norm += static_cast<double>(out[0][j]) * out[0][j];
+    }
+    const double relative = std::sqrt(error / norm);
+    EXPECT_LE(relative, 0.08);
+    EXPECT_GE(relative, 1e-3) << "as close as F16: were the weights quantized to FP8?";
+    if (m < 300) continue;
+    for (int64_t f = 0; f < n; ++f) {  // per output feature, over the 300 rows
+      double feature_error = 0, feature_norm = 0;
+      for (int64_t row = 0; row < m; ++row) {
+        const double want = out[0][row * n + f], d = out[1][row * n + f] - want;
+        feature_error += d * d;
+        feature_norm += want * want;
+      }
+      EXPECT_LE(std::sqrt(feature_error / feature_norm), 0.12) << "output feature " << f;
+    }
+  }
 }
 
 TEST(CudaDeviceTest, EmbeddingSplitColumnsGatherRowsSiluMulMatchCpu) {

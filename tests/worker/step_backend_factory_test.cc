@@ -40,5 +40,20 @@ TEST(CudaComputeDtypeTest, F16F32AndQuantizedCheckpointsComputeInF16) {
   EXPECT_EQ(CudaComputeDtype(*Checkpoint(kQ4_1, kBF16)), kernels::cuda::DataType::kF16);
 }
 
+// --quantization fp8 needs FP8 tensor cores: the CPU refuses it by name, before loading.
+TEST(CreateStepBackendTest, Fp8WeightsOnTheCpuAreRefusedWithTheReason) {
+  StepBackendOptions options;
+  options.device = "cpu";
+  options.fp8_weights = true;
+  const auto checkpoint = Checkpoint(kF16, kF32);
+  absl::StatusOr<std::unique_ptr<StepBackend>> backend =
+      CreateStepBackend(options, *checkpoint, common::ModelConfig(), nullptr);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(backend.status().message().find("--quantization fp8"), std::string::npos)
+      << backend.status();
+  EXPECT_NE(backend.status().message().find("int8 or int4"), std::string::npos) << backend.status();
+}
+
 }  // namespace
 }  // namespace loom::worker
