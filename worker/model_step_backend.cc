@@ -190,15 +190,47 @@ void ModelStepBackend::ScoreRow(const float* row, int64_t vocab, int32_t target,
 }
 
 bool ModelStepBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
-  // The device sampler picks one token per row and reports only its logprob.
+  // The device sampler picks one token per row and reports only its logprob. Drafts verify
+  // there when the host would sample each position as a plain decode does (one-hot
+  // proposals, or a greedy sampler): every position sampled on the device, the drafts
+  // accepted on the host while they equal the samples. Draft distributions (a draft
+  // model's q with a non-greedy sampler) take the host's rejection sampling.
   for (const SampleRow& row : rows) {
     if (row.embed) return false;  // hidden states come back from the host path only
-    if (!row.draft_tokens.empty() || row.sampler->params().num_logprobs > 0) return false;
+    if (!row.draft_probs.empty() && !row.sampler->greedy()) return false;
+    if (row.sampler->params().num_logprobs > 0) return false;
     if (row.sampler->constrained()) return false;  // the grammar's mask is applied on the host
     if (row.sampler->adjusts_logits()) return false;  // logit_bias, min_tokens: on the host
   }
   return true;
 }
+
+namespace {
+
+// The penalty entries (SequenceSampler::PenaltyEntries) a sampler would list after it
+// recorded `drafts` as outputs: each draft counts once more, and one not listed yet joins
+// when a penalty is on (the repetition penalty then lists it as seen).
+void AppendPenaltyEntriesAfter(const SequenceSampler& sampler, absl::Span<const int32_t> drafts,
+                               std::vector<int32_t>& tokens, std::vector<int32_t>& counts) {
+  const size_t first = tokens.size();
+  sampler.PenaltyEntries(tokens, counts);
+  const SamplingParams& params = sampler.params();
+  const bool penalized = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
+                         params.frequency_penalty != 0.0f;
+  if (!penalized) return;
+  for (const int32_t draft : drafts) {
+    const auto listed =
+        std::find(tokens.begin() + static_cast<std::ptrdiff_t>(first), tokens.end(), draft);
+    if (listed != tokens.end()) {
+      ++counts[listed - tokens.begin()];
+    } else {
+      tokens.push_back(draft);
+      counts.push_back(1);
+    }
+  }
+}
+
+}  // namespace
 
 absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
                                              absl::Span<const SampleRow> rows,
@@ -210,32 +242,50 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
   device_rows_.penalty_indptr.assign(1, 0);
   device_rows_.penalty_tokens.clear();
   device_rows_.penalty_counts.clear();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const SequenceSampler& sampler = *rows[i].sampler;
-    device_rows_.params.push_back(sampler.params());
-    // The token this row decides comes after the sampled row's position.
-    device_rows_.positions.push_back(int64_t{batch.positions[batch.sample_rows[i]]} + 1);
-    sampler.PenaltyEntries(device_rows_.penalty_tokens, device_rows_.penalty_counts);
-    device_rows_.penalty_indptr.push_back(
-        static_cast<int32_t>(device_rows_.penalty_tokens.size()));
+  size_t sample_row = 0;
+  for (const SampleRow& row : rows) {
+    // One device row per position the host would sample: the computed token's and each
+    // draft's, the draft rows with the drafts before them counted in their penalties.
+    for (size_t i = 0; i <= row.draft_tokens.size(); ++i, ++sample_row) {
+      device_rows_.params.push_back(row.sampler->params());
+      // The token this row decides comes after the sampled row's position.
+      device_rows_.positions.push_back(int64_t{batch.positions[batch.sample_rows[sample_row]]} + 1);
+      AppendPenaltyEntriesAfter(*row.sampler, row.draft_tokens.first(i),
+                                device_rows_.penalty_tokens, device_rows_.penalty_counts);
+      device_rows_.penalty_indptr.push_back(
+          static_cast<int32_t>(device_rows_.penalty_tokens.size()));
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   LOOM_RETURN_IF_ERROR(
       forward_pass_->StepAndSample(batch, device_rows_, device_tokens_, device_logprobs_));
   timings.execute_seconds = SecondsSince(start);
-  if (device_tokens_.size() != rows.size() || device_logprobs_.size() != rows.size()) {
+  if (device_tokens_.size() != device_rows_.params.size() ||
+      device_logprobs_.size() != device_rows_.params.size()) {
     return absl::InternalError(absl::StrFormat("the device sampled %d tokens for %d rows",
-                                               device_tokens_.size(), rows.size()));
+                                               device_tokens_.size(), device_rows_.params.size()));
   }
   tokens.clear();
-  num_emitted.assign(rows.size(), 1);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    // Recorded for the penalties (and the CPU RNG advanced, as a host sample would).
-    rows[i].sampler->RecordOutput(device_tokens_[i]);
-    SampledToken sampled;
-    sampled.token_id = device_tokens_[i];
-    if (rows[i].sampler->params().num_logprobs >= 0) sampled.logprob = device_logprobs_[i];
-    tokens.push_back(std::move(sampled));
+  num_emitted.clear();
+  size_t next = 0;
+  for (const SampleRow& row : rows) {
+    // Emitted as the host's loop emits them: each sample in order, the drafts accepted
+    // while they equal it; the first differing sample is the correction, the rest unused.
+    const size_t drafts = row.draft_tokens.size();
+    int32_t emitted = 0;
+    for (size_t i = 0; i <= drafts; ++i) {
+      const int32_t token = device_tokens_[next + i];
+      // Recorded for the penalties (and the CPU RNG advanced, as a host sample would).
+      row.sampler->RecordOutput(token);
+      SampledToken sampled;
+      sampled.token_id = token;
+      if (row.sampler->params().num_logprobs >= 0) sampled.logprob = device_logprobs_[next + i];
+      tokens.push_back(std::move(sampled));
+      ++emitted;
+      if (i < drafts && token != row.draft_tokens[i]) break;
+    }
+    num_emitted.push_back(emitted);
+    next += drafts + 1;
   }
   timings.sample_seconds = 0;  // inside the device step
   return absl::OkStatus();

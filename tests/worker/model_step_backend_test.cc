@@ -122,7 +122,7 @@ TEST_F(ModelStepBackendTest, PlainRowsAreSampledOnTheDeviceWithTheirPenaltiesAnd
   EXPECT_EQ(counts[found - ids.begin()], 1);
 }
 
-TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsOrWithDraftsStayOnTheHost) {
+TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsStayOnTheHost) {
   SamplingParams top;
   top.temperature = 0.0f;
   top.num_logprobs = 3;  // top-n alternatives: the device sampler reports only the chosen
@@ -139,6 +139,101 @@ TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsOrWithDraftsStayOnTheHost) {
   EXPECT_EQ(pass_->host_steps, 1);
   ASSERT_EQ(tokens.size(), 2u);
   EXPECT_EQ(tokens[0].top_logprobs.size(), 3u);
+}
+
+// A prompt followed by its drafts in one prefill, with a sample row at the prompt's last
+// token and at each draft (as StepExecutor lays out a speculative step).
+StepBatch PromptWithDrafts(const std::vector<int32_t>& prompt, const std::vector<int32_t>& drafts,
+                           int32_t block) {
+  StepBatch batch;
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+  EXPECT_TRUE(AppendSequence(batch, tokens, 0, {block}, 16, /*sample_last=*/false).ok());
+  for (size_t d = 0; d <= drafts.size(); ++d) {
+    batch.sample_rows.push_back(static_cast<int32_t>(prompt.size() - 1 + d));
+  }
+  return batch;
+}
+
+// One-hot drafts (n-gram proposals) are verified on the device: every position sampled
+// there (positions and penalties as a plain decode at that position would have them, the
+// drafts before it counted), the drafts accepted on the host while they equal the samples:
+// the same tokens and counts as the host path gives. A draft model's q with a non-greedy
+// sampler still takes the host's rejection sampling.
+TEST_F(ModelStepBackendTest, OneHotDraftsAreVerifiedOnTheDeviceAsTheHostVerifiesThem) {
+  CpuForwardPassOptions options;
+  options.num_threads = 1;
+  options.num_kv_blocks = 16;
+  options.block_size = 16;
+  auto host_pass = CpuForwardPass::Create(*gguf_, options);
+  ASSERT_TRUE(host_pass.ok()) << host_pass.status();
+  ModelStepBackend host(std::move(*host_pass), "host");
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.num_logprobs = 0;
+  const std::vector<int32_t> prompt = {4, 5, 6};
+  // The greedy continuation of the prompt, so the first draft is accepted.
+  int32_t next = 0;
+  {
+    SequenceSampler sampler(greedy, prompt, 24);
+    std::vector<SampleRow> rows = {{1, &sampler, {}, {}}};
+    std::vector<SampledToken> tokens;
+    std::vector<int32_t> emitted;
+    BackendTimings timings;
+    StepBatch batch;
+    ASSERT_TRUE(AppendSequence(batch, prompt, 0, {2}, 16, true).ok());
+    ASSERT_TRUE(host.Run(batch, rows, tokens, emitted, timings).ok());
+    next = tokens[0].token_id;
+  }
+  for (const std::vector<int32_t>& drafts :
+       {std::vector<int32_t>{next, 9, 9}, std::vector<int32_t>{(next + 1) % 24, 3}}) {
+    std::vector<int32_t> emitted[2];
+    std::vector<int32_t> picked[2];
+    for (int side = 0; side < 2; ++side) {
+      SequenceSampler sampler(greedy, prompt, 24);
+      std::vector<SampleRow> rows = {{1, &sampler, drafts, {}}};
+      std::vector<SampledToken> tokens;
+      BackendTimings timings;
+      ModelStepBackend& backend = side == 0 ? host : *backend_;
+      ASSERT_TRUE(
+          backend.Run(PromptWithDrafts(prompt, drafts, 3), rows, tokens, emitted[side], timings)
+              .ok());
+      for (const SampledToken& token : tokens) picked[side].push_back(token.token_id);
+    }
+    EXPECT_EQ(picked[1], picked[0]);
+    EXPECT_EQ(emitted[1], emitted[0]);
+    EXPECT_EQ(emitted[0][0], drafts[0] == next ? 2 : 1);  // next, then 9 is (almost) never
+  }
+  EXPECT_EQ(pass_->device_steps, 2);
+  EXPECT_EQ(pass_->host_steps, 0);
+
+  // A penalized sampler: the draft rows' penalties count the drafts before them.
+  SamplingParams penalized;
+  penalized.temperature = 0.7f;
+  penalized.seed = 11;
+  penalized.frequency_penalty = 0.5f;
+  SequenceSampler sampler(penalized, prompt, 24);
+  const std::vector<int32_t> drafts = {7, 7};
+  std::vector<SampleRow> rows = {{1, &sampler, drafts, {}}};
+  std::vector<SampledToken> tokens;
+  std::vector<int32_t> emitted;
+  BackendTimings timings;
+  ASSERT_TRUE(
+      backend_->Run(PromptWithDrafts(prompt, drafts, 4), rows, tokens, emitted, timings).ok());
+  const DeviceSampleRows& sent = pass_->last_rows;
+  EXPECT_EQ(sent.positions, (std::vector<int64_t>{3, 4, 5}));
+  // No outputs yet: nothing for the first row, 7 once for the second, twice for the third.
+  EXPECT_EQ(sent.penalty_indptr, (std::vector<int32_t>{0, 0, 1, 2}));
+  EXPECT_EQ(sent.penalty_tokens, (std::vector<int32_t>{7, 7}));
+  EXPECT_EQ(sent.penalty_counts, (std::vector<int32_t>{1, 2}));
+
+  // A draft distribution with a non-greedy sampler: the host verifies.
+  std::vector<float> q(2 * 24, 1.0f / 24);
+  SequenceSampler other(penalized, prompt, 24);
+  rows = {{1, &other, drafts, q}};
+  ASSERT_TRUE(
+      backend_->Run(PromptWithDrafts(prompt, drafts, 5), rows, tokens, emitted, timings).ok());
+  EXPECT_EQ(pass_->host_steps, 1);
 }
 
 }  // namespace
