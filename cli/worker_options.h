@@ -59,7 +59,9 @@ struct WorkerOptions {
   int64_t block_size = 16;                     // --block-size, tokens per KV block
   kernels::cpu::KvDtype kv_dtype = kernels::cpu::KvDtype::kF16;  // --kv-dtype / --kv-cache-dtype
   // --quantization int8|int4: the linear layers quantized at load (loom quantize's
-  // round-to-nearest, default group sizes); "" serves the weights as stored.
+  // round-to-nearest, default group sizes); fp8: quantized to FP8 E4M3 on upload to a CUDA
+  // device with FP8 tensor cores (StepBackendOptions::fp8_weights); "" serves the weights
+  // as stored.
   std::string quantization;
   // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;

@@ -154,10 +154,12 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceO
     return absl::InvalidArgumentError("the CUDA device's weights and KV pool are F16 or BF16");
   }
   if (options.fp8_weights && !kc::Fp8GemmSupported()) {
+    int index = 0;
+    (void)cudaGetDevice(&index);
     return absl::FailedPreconditionError(absl::StrCat(
         "--quantization fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, "
         "Hopper); this GPU is ",
-        kernels::CudaDeviceDescription(0), ". Use int8 or int4"));
+        kernels::CudaDeviceDescription(index), ". Use int8 or int4"));
   }
   std::unique_ptr<CudaDevice> device(new CudaDevice());
   device->options_ = options;
@@ -426,12 +428,15 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
   if (workspace > 0) LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
   if (quant_counter_words_ > 0) LOOM_RETURN_IF_ERROR(EnsureGemmCounters(quant_counter_words_));
   if (widest_fp8_output_ > 0) {
-    // The FP8 GEMM: its E4M3 input, scale, and F32 results plus cuBLASLt's scratch.
-    LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(tokens * widest_input_)));
+    // The FP8 GEMM: its E4M3 input and scale, and cuBLASLt's scratch (the F32 sums go
+    // into the output itself).
+    const int64_t rows = std::min(tokens, cuda_detail::kFp8ChunkRows);
+    LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(rows * widest_input_)));
     LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, sizeof(float)));
     kc::Fp8GemmParams p;
-    p.m = tokens;
+    p.m = rows;
     p.n = widest_fp8_output_;
+    p.out_dtype = kc::DataType::kF32;
     LOOM_RETURN_IF_ERROR(Ensure(workspace_, kc::Fp8GemmWorkspaceBytes(p)));
   }
   if (capacity.sample_rows > 0 && capacity.width > 0) {

@@ -100,6 +100,9 @@ class CudaKvCache : public KvCache {
 inline const CudaLinear& AsCuda(const DeviceLinear& w) { return static_cast<const CudaLinear&>(w); }
 inline const CudaKvCache& AsCuda(const KvCache& c) { return static_cast<const CudaKvCache&>(c); }
 
+// The FP8 GEMM's largest m (CheckFp8GemmParams): larger steps go in chunks.
+inline constexpr int64_t kFp8ChunkRows = 65536;
+
 // The attention kernels' grids hold at most this many sequences per launch.
 inline constexpr int64_t kMaxAttentionSeqsPerLaunch = 65535;
 

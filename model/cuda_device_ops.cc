@@ -66,7 +66,7 @@ absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* d
 absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
                                    int64_t vocab0, float scale, Tensor out) {
   const CudaLinear& linear = AsCuda(table);
-  if (linear.quantized()) {
+  if (linear.quantized() || linear.fp8()) {
     return absl::UnimplementedError("the CUDA device gathers embeddings from dense tables only");
   }
   if (token_ids.numel() == 0) return absl::OkStatus();
@@ -167,33 +167,40 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
 absl::Status CudaDevice::Fp8Linear(const Tensor& x, const DeviceLinear& w, Tensor out) {
   const CudaLinear& linear = AsCuda(w);
   const int64_t m = x.rows(), n = linear.n, k = linear.k;
-  // gemm_input_ holds x in dtype (Linear converted it): quantized per tensor, dynamic amax.
-  LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(m * k)));
+  const int64_t elem = kc::ElementBytes(options_.dtype);
+  // gemm_input_ holds x in dtype (Linear converted it). In chunks of the GEMM's largest m,
+  // each quantized per tensor (dynamic amax), the F32 sums landing in `out` in place.
+  LOOM_RETURN_IF_ERROR(
+      Ensure(fp8_input_, static_cast<size_t>(std::min(m, cuda_detail::kFp8ChunkRows) * k)));
   LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, sizeof(float)));
-  kc::QuantizeFp8Params q;
-  q.x = gemm_input_.data();
-  q.out = fp8_input_.data();
-  q.scale = static_cast<float*>(fp8_x_scale_.data());
-  q.dynamic_scale = true;
-  q.in_dtype = options_.dtype;
-  q.count = m * k;
-  LOOM_RETURN_IF_ERROR(kc::LaunchQuantizeFp8(q, stream_));
-  kc::Fp8GemmParams p;
-  p.x = fp8_input_.data();
-  p.x_scale = q.scale;
-  p.weight = linear.fp8_weight.data();
-  p.w_scale = static_cast<const float*>(linear.fp8_scale.data());
-  p.per_channel = true;
-  p.bias = linear.bias.data();
-  p.y = out.data;
-  p.out_dtype = kc::DataType::kF32;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  LOOM_RETURN_IF_ERROR(Ensure(workspace_, kc::Fp8GemmWorkspaceBytes(p)));
-  p.workspace = workspace_.data();
-  p.workspace_bytes = workspace_.bytes();
-  return kc::LaunchFp8Gemm(p, stream_);
+  for (int64_t row = 0; row < m; row += cuda_detail::kFp8ChunkRows) {
+    const int64_t rows = std::min(cuda_detail::kFp8ChunkRows, m - row);
+    kc::QuantizeFp8Params q;
+    q.x = static_cast<const uint8_t*>(gemm_input_.data()) + row * k * elem;
+    q.out = fp8_input_.data();
+    q.scale = static_cast<float*>(fp8_x_scale_.data());
+    q.dynamic_scale = true;
+    q.in_dtype = options_.dtype;
+    q.count = rows * k;
+    LOOM_RETURN_IF_ERROR(kc::LaunchQuantizeFp8(q, stream_));
+    kc::Fp8GemmParams p;
+    p.x = fp8_input_.data();
+    p.x_scale = q.scale;
+    p.weight = linear.fp8_weight.data();
+    p.w_scale = static_cast<const float*>(linear.fp8_scale.data());
+    p.per_channel = true;
+    p.bias = linear.bias.data();
+    p.y = static_cast<float*>(out.data) + row * n;
+    p.out_dtype = kc::DataType::kF32;
+    p.m = rows;
+    p.n = n;
+    p.k = k;
+    LOOM_RETURN_IF_ERROR(Ensure(workspace_, kc::Fp8GemmWorkspaceBytes(p)));
+    p.workspace = workspace_.data();
+    p.workspace_bytes = workspace_.bytes();
+    LOOM_RETURN_IF_ERROR(kc::LaunchFp8Gemm(p, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/weights.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/random_fill.h"
@@ -141,7 +142,11 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
       const float scale = amax > 0.0f && std::isfinite(amax) ? amax / kc::kE4m3Max : 1.0f;
       scales[row + r] = scale;
       uint8_t* out = codes.data() + (row + r) * weight.cols;
-      for (int64_t c = 0; c < weight.cols; ++c) out[c] = kc::FloatToE4m3(in[c] / scale);
+      // The CPU KV cache's encoder (bit operations, round to nearest even, saturating): the
+      // kernels' exhaustive FloatToE4m3 would take about an hour for an 8B model.
+      for (int64_t c = 0; c < weight.cols; ++c) {
+        out[c] = kernels::cpu::FloatToFp8E4m3(in[c] / scale);
+      }
     }
   }
   LOOM_ASSIGN_OR_RETURN(linear->fp8_weight, UploadBytes(codes.data(), codes.size()));

@@ -187,8 +187,9 @@ class Device {
   /// it views `weight` and `bias` (which must outlive it).
   virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLinear(
       const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) = 0;
-  /// A weight the device keeps in a form its Embedding can gather rows of (the token
-  /// embedding; the LM head beside it): by default what UploadLinear makes.
+  /// A weight the device keeps in a form its Embedding can gather rows of, never in a lossier
+  /// format than stored (the token embedding and the LM head beside it; an MoE router,
+  /// whose top-k choice a coarser format could change): by default what UploadLinear makes.
   virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
       const kernels::cpu::PackedWeight& table) {
     return UploadLinear(table, nullptr);

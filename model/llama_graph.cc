@@ -65,7 +65,8 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
       LOOM_ASSIGN_OR_RETURN(layer.gate_up, d.UploadLinear(host.gate_up, nullptr));
       LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
     } else {
-      LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadLinear(host.router, nullptr));
+      // The router as stored (never FP8): its top-k picks the experts.
+      LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router));
       for (size_t e = 0; e < host.expert_gate_up.size(); ++e) {
         LOOM_ASSIGN_OR_RETURN(auto gate_up, d.UploadLinear(host.expert_gate_up[e], nullptr));
         LOOM_ASSIGN_OR_RETURN(auto down, d.UploadLinear(host.expert_down[e], nullptr));

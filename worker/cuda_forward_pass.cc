@@ -545,11 +545,18 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::Create(std::move(weights),
                                                                 std::move(device), graph_options));
   state->device = cuda;
-  absl::StrAppendFormat(
-      &load_log,
-      "  %d of %d layer matrices kept INT4 for the W4A16 GEMM, the rest (and the embedding / LM "
-      "head) dequantized to %s on the host\n",
-      cuda->quantized_linears(), 4 * num_layers, kc::DataTypeName(options.dtype));
+  if (options.fp8_weights) {
+    absl::StrAppendFormat(&load_log,
+                          "  layer matrices quantized to FP8 E4M3 (a scale per output channel) "
+                          "for the FP8 GEMM; the embedding / LM head and routers as %s\n",
+                          kc::DataTypeName(options.dtype));
+  } else {
+    absl::StrAppendFormat(
+        &load_log,
+        "  %d of %d layer matrices kept INT4 for the W4A16 GEMM, the rest (and the embedding / "
+        "LM head) dequantized to %s on the host\n",
+        cuda->quantized_linears(), 4 * num_layers, kc::DataTypeName(options.dtype));
+  }
   return Finish(std::move(state), options, std::move(load_log));
 }
 

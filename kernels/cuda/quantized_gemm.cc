@@ -343,7 +343,10 @@ absl::Status CheckQuantizeFp8Params(const QuantizeFp8Params& p) {
 
 size_t Fp8GemmWorkspaceBytes(const Fp8GemmParams& p) {
   if (p.m <= 0 || p.n <= 0) return 0;
-  const size_t results = static_cast<size_t>(p.m) * static_cast<size_t>(p.n) * sizeof(float);
+  // An F32 output takes cuBLASLt's sums in place.
+  const size_t results = p.out_dtype == DataType::kF32
+                             ? 0
+                             : static_cast<size_t>(p.m) * static_cast<size_t>(p.n) * sizeof(float);
   return (results + 255) / 256 * 256 + internal::kFp8LtWorkspaceBytes;
 }
 
@@ -372,10 +375,12 @@ absl::Status CheckFp8GemmParams(const Fp8GemmParams& p) {
   if (!Aligned(p.x, 16) || !Aligned(p.weight, 16)) {
     return absl::InvalidArgumentError("Fp8Gemm: x and weight must be 16-byte aligned");
   }
-  const size_t out_bytes = p.out_dtype == DataType::kF32 ? 4 : 2;
-  if (!Aligned(p.y, out_bytes) || !Aligned(p.bias, out_bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Fp8Gemm: y and bias must be %d-byte aligned", out_bytes));
+  // An F32 y is cuBLASLt's output matrix too: 16-byte aligned.
+  const size_t y_align = p.out_dtype == DataType::kF32 ? 16 : 2;
+  const size_t bias_align = p.out_dtype == DataType::kF32 ? 4 : 2;
+  if (!Aligned(p.y, y_align) || !Aligned(p.bias, bias_align)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Fp8Gemm: y and bias must be %d- and %d-byte aligned", y_align, bias_align));
   }
   const size_t needed = Fp8GemmWorkspaceBytes(p);
   if (p.workspace == nullptr || p.workspace_bytes < needed || !Aligned(p.workspace, 256)) {

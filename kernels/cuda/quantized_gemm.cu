@@ -136,10 +136,10 @@ __global__ void QuantizeFp8Kernel(const T* __restrict__ x, uint8_t* __restrict__
 }
 
 template <typename T>
-__global__ void Fp8EpilogueKernel(const float* __restrict__ results, const float* x_scale,
+// `results` and `y` may be the same floats (an F32 output scaled in place).
+__global__ void Fp8EpilogueKernel(const float* results, const float* x_scale,
                                   const float* __restrict__ w_scale, bool per_channel,
-                                  const T* __restrict__ bias, T* __restrict__ y, int64_t count,
-                                  int n) {
+                                  const T* __restrict__ bias, T* y, int64_t count, int n) {
   const float scale = *x_scale;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
@@ -299,8 +299,11 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
     return absl::InternalError(absl::StrFormat(
         "Fp8Gemm: cuBLASLt has no FP8 algorithm for m %d, n %d, k %d", p.m, p.n, p.k));
   }
-  const size_t results_bytes = (static_cast<size_t>(p.m) * p.n * sizeof(float) + 255) / 256 * 256;
-  float* results = static_cast<float*>(p.workspace);
+  // An F32 output holds cuBLASLt's sums itself and is scaled in place: no results buffer.
+  const bool in_place = p.out_dtype == DataType::kF32;
+  const size_t results_bytes =
+      in_place ? 0 : (static_cast<size_t>(p.m) * p.n * sizeof(float) + 255) / 256 * 256;
+  float* results = in_place ? static_cast<float*>(p.y) : static_cast<float*>(p.workspace);
   void* lt_workspace = static_cast<uint8_t*>(p.workspace) + results_bytes;
   const float alpha = 1.0f, beta = 0.0f;
   LOOM_RETURN_IF_ERROR(

@@ -168,7 +168,9 @@ struct Fp8GemmParams {
   bool per_channel = false;
   const void* bias = nullptr;            // [n] of out_dtype, or null
   void* y = nullptr;                     // [m, n] of out_dtype
-  DataType out_dtype = DataType::kBF16;  // F16, BF16 or F32 (the epilogue's floats unrounded)
+  // F16, BF16 or F32 (then y, 16-byte aligned, takes cuBLASLt's sums and is scaled in place:
+  // the workspace needs no results buffer).
+  DataType out_dtype = DataType::kBF16;
   int64_t m = 0;                         // in [0, 65536]; 0 is a no-op
   int64_t n = 0;                         // a positive multiple of 16
   int64_t k = 0;                         // a positive multiple of 16

@@ -431,8 +431,9 @@ TEST(CudaQuantGemmTest, Fp8RejectsUnsupportedShapesBeforeLaunch) {
   bad.n = 24;
   expect_invalid(bad, "n 24");
   bad = p;
-  bad.out_dtype = DataType::kF32;
-  expect_invalid(bad, "out_dtype F32");
+  bad.out_dtype = DataType::kF32;  // accepted (the sums in place), with a 16-byte aligned y
+  bad.y = storage + 2;
+  expect_invalid(bad, "16- and 4-byte aligned");
   bad = p;
   bad.workspace_bytes = 16;
   expect_invalid(bad, "workspace of 16 bytes");

@@ -201,6 +201,15 @@ TEST(CudaDeviceTest, Fp8LinearStaysWithinE4m3RoundingOfCpu) {
     const double relative = std::sqrt(error / norm);
     EXPECT_LE(relative, 0.08);
     EXPECT_GE(relative, 1e-3) << "as close as F16: were the weights quantized to FP8?";
+    if (m == 1) {
+      // A zero input: its codes are 0 whatever its scale, so the output is the bias exactly.
+      Side& s = pair.gpu;
+      absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, &bias);
+      ASSERT_TRUE(w.ok()) << w.status();
+      const Tensor y = s.Zeros({1, n});
+      ASSERT_TRUE(s.device->Linear(s.Zeros({1, k}), **w, y, {}).ok());
+      EXPECT_EQ(s.Get(y), bias);
+    }
     if (m < 300) continue;
     for (int64_t f = 0; f < n; ++f) {  // per output feature, over the 300 rows
       double feature_error = 0, feature_norm = 0;
