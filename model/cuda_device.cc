@@ -432,7 +432,7 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
     // into the output itself).
     const int64_t rows = std::min(tokens, cuda_detail::kFp8ChunkRows);
     LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(rows * widest_input_)));
-    LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, sizeof(float)));
+    LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, static_cast<size_t>(rows) * sizeof(float)));
     kc::Fp8GemmParams p;
     p.m = rows;
     p.n = widest_fp8_output_;

@@ -34,9 +34,9 @@ struct CudaDeviceOptions {
   bool keep_quantized = false;
   /// --quantization fp8: every linear layer whose sizes are multiples of 16 is quantized at
   /// load to FP8 E4M3 with one scale per output channel (amax / 448) and runs as W8A8 on
-  /// the FP8 tensor cores (cuBLASLt), its input quantized per tensor on the fly (dynamic
-  /// amax). Needs compute capability 8.9 or newer (Ada, Hopper): Create refuses it below.
-  /// Applies before keep_quantized (a 4-bit layer is dequantized, then quantized to FP8).
+  /// the FP8 tensor cores (cuBLASLt), its input quantized per token on the fly (dynamic
+  /// amax of each row). Needs compute capability 8.9 or newer (Ada, Hopper): Create refuses it
+  /// below. Applies before keep_quantized (a 4-bit layer is dequantized, then quantized to FP8).
   bool fp8_weights = false;
   /// Tensor parallelism: the group's collectives; null for a single rank. Not owned.
   /// A communicator with device collectives (NCCL) runs them on the device's stream, in
@@ -209,7 +209,7 @@ class CudaDevice : public Device {
   // `weight` as FP8 E4M3 rows with a per-row scale (fp8_weights), and `bias` in F32.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadFp8(const kernels::cpu::PackedWeight& weight,
                                                           const std::vector<float>* bias);
-  // out = x W^T (+ bias) through the FP8 GEMM: x (F32) quantized per tensor first.
+  // out = x W^T (+ bias) through the FP8 GEMM: x quantized per row (token) first.
   absl::Status Fp8Linear(const Tensor& x, const DeviceLinear& w, Tensor out);
   // `bytes` at `host` into a fresh device buffer, copied on the stream (waits).
   absl::StatusOr<kernels::cuda::DeviceBuffer> UploadBytes(const void* host, size_t bytes);
@@ -234,7 +234,7 @@ class CudaDevice : public Device {
   kernels::cuda::DeviceBuffer workspace_;   // split-K / split-context partial sums
   kernels::cuda::DeviceBuffer gemm_counters_;  // W4A16 split-K tile counters, zero between GEMMs
   kernels::cuda::DeviceBuffer fp8_input_;      // an FP8 GEMM's input in E4M3 ...
-  kernels::cuda::DeviceBuffer fp8_x_scale_;    // ... and its per-tensor scale (one float)
+  kernels::cuda::DeviceBuffer fp8_x_scale_;    // ... and its scales (one float per row)
   kernels::cuda::DeviceBuffer gathered_;    // GatherRows' second operand
   kernels::cuda::DeviceBuffer step_;        // UploadStep's arrays
   int32_t* step_host_ = nullptr;            // pinned mirror of step_ (cudaMallocHost), owned

@@ -169,10 +169,11 @@ absl::Status CudaDevice::Fp8Linear(const Tensor& x, const DeviceLinear& w, Tenso
   const int64_t m = x.rows(), n = linear.n, k = linear.k;
   const int64_t elem = kc::ElementBytes(options_.dtype);
   // gemm_input_ holds x in dtype (Linear converted it). In chunks of the GEMM's largest m,
-  // each quantized per tensor (dynamic amax), the F32 sums landing in `out` in place.
-  LOOM_RETURN_IF_ERROR(
-      Ensure(fp8_input_, static_cast<size_t>(std::min(m, cuda_detail::kFp8ChunkRows) * k)));
-  LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, sizeof(float)));
+  // each row quantized with its own dynamic scale (a token's result never depends on the
+  // rest of the batch, padding rows included), the F32 sums landing in `out` in place.
+  const int64_t chunk = std::min(m, cuda_detail::kFp8ChunkRows);
+  LOOM_RETURN_IF_ERROR(Ensure(fp8_input_, static_cast<size_t>(chunk * k)));
+  LOOM_RETURN_IF_ERROR(Ensure(fp8_x_scale_, static_cast<size_t>(chunk) * sizeof(float)));
   for (int64_t row = 0; row < m; row += cuda_detail::kFp8ChunkRows) {
     const int64_t rows = std::min(cuda_detail::kFp8ChunkRows, m - row);
     kc::QuantizeFp8Params q;
@@ -182,10 +183,12 @@ absl::Status CudaDevice::Fp8Linear(const Tensor& x, const DeviceLinear& w, Tenso
     q.dynamic_scale = true;
     q.in_dtype = options_.dtype;
     q.count = rows * k;
+    q.row_size = k;
     LOOM_RETURN_IF_ERROR(kc::LaunchQuantizeFp8(q, stream_));
     kc::Fp8GemmParams p;
     p.x = fp8_input_.data();
     p.x_scale = q.scale;
+    p.x_scale_per_row = true;
     p.weight = linear.fp8_weight.data();
     p.w_scale = static_cast<const float*>(linear.fp8_scale.data());
     p.per_channel = true;

@@ -338,6 +338,14 @@ absl::Status CheckQuantizeFp8Params(const QuantizeFp8Params& p) {
   if (!Aligned(p.x, 2) || !Aligned(p.scale, 4)) {
     return absl::InvalidArgumentError("QuantizeFp8: x must be 2-byte, scale 4-byte aligned");
   }
+  if (p.row_size < 0 || (p.row_size > 0 && p.count % p.row_size != 0) ||
+      (p.row_size > 0 && !p.dynamic_scale) ||
+      p.count / std::max<int64_t>(p.row_size, 1) > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "QuantizeFp8: row_size %d must be 0 or divide count %d into < 2^31 rows (dynamic "
+        "scales only)",
+        p.row_size, p.count));
+  }
   return absl::OkStatus();
 }
 

@@ -124,6 +124,30 @@ __global__ void ScaleFromAbsMaxKernel(float* scale) {
   *scale = amax > 0.0f ? amax / kE4m3Max : 1.0f / kE4m3Max;
 }
 
+// One block per row: the row's max |x|, its scale (as ScaleFromAbsMaxKernel's), its codes.
+template <typename T>
+__global__ void QuantizeFp8RowsKernel(const T* __restrict__ x, uint8_t* __restrict__ out,
+                                      float* __restrict__ scales, int64_t row_size) {
+  __shared__ float scratch[32];
+  const T* row = x + blockIdx.x * row_size;
+  uint8_t* codes = out + blockIdx.x * row_size;
+  float local = 0.0f;
+  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) {
+    local = fmaxf(local, fabsf(ToFloat(row[i])));
+  }
+  local = internal::WarpMax(local);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = local;
+  __syncthreads();
+  float amax = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) amax = fmaxf(amax, scratch[w]);
+  const float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f / kE4m3Max;
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  const float inverse = 1.0f / scale;
+  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) {
+    codes[i] = __nv_cvt_float_to_fp8(ToFloat(row[i]) * inverse, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
 template <typename T>
 __global__ void QuantizeFp8Kernel(const T* __restrict__ x, uint8_t* __restrict__ out,
                                   const float* __restrict__ scale, int64_t count) {
@@ -135,16 +159,17 @@ __global__ void QuantizeFp8Kernel(const T* __restrict__ x, uint8_t* __restrict__
   }
 }
 
+// `results` and `y` may be the same floats (an F32 output scaled in place). x_scale is one
+// value, or one per row with x_per_row.
 template <typename T>
-// `results` and `y` may be the same floats (an F32 output scaled in place).
-__global__ void Fp8EpilogueKernel(const float* results, const float* x_scale,
+__global__ void Fp8EpilogueKernel(const float* results, const float* x_scale, bool x_per_row,
                                   const float* __restrict__ w_scale, bool per_channel,
                                   const T* __restrict__ bias, T* y, int64_t count, int n) {
-  const float scale = *x_scale;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += stride) {
     const int column = static_cast<int>(i % n);
+    const float scale = x_scale[x_per_row ? i / n : 0];
     float value = results[i] * scale * w_scale[per_channel ? column : 0];
     if (bias != nullptr) value += ToFloat(bias[column]);
     y[i] = FromFloat<T>(value);
@@ -215,6 +240,11 @@ absl::Status LaunchQuantizeFp8(const QuantizeFp8Params& p, cudaStream_t stream) 
   if (p.count == 0) return absl::OkStatus();
   auto run = [&]<typename T>() -> absl::Status {
     const T* x = static_cast<const T*>(p.x);
+    if (p.row_size > 0) {
+      QuantizeFp8RowsKernel<T><<<static_cast<unsigned>(p.count / p.row_size), 256, 0, stream>>>(
+          x, static_cast<uint8_t*>(p.out), p.scale, p.row_size);
+      return CheckLaunch("QuantizeFp8 rows");
+    }
     if (p.dynamic_scale) {
       const cudaError_t cleared = cudaMemsetAsync(p.scale, 0, sizeof(float), stream);
       if (cleared != cudaSuccess) {
@@ -315,7 +345,8 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   const int64_t count = p.m * p.n;
   auto epilogue = [&]<typename T>() {
     Fp8EpilogueKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
-        results, p.x_scale, p.w_scale, p.per_channel, static_cast<const T*>(p.bias),
+        results, p.x_scale, p.x_scale_per_row, p.w_scale, p.per_channel,
+        static_cast<const T*>(p.bias),
         static_cast<T*>(p.y), count, static_cast<int>(p.n));
   };
   internal::DispatchDataType(p.out_dtype, epilogue);

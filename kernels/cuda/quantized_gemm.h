@@ -141,14 +141,18 @@ uint8_t FloatToE4m3(float value);
 /// Largest finite E4M3 value.
 inline constexpr float kE4m3Max = 448.0f;
 
-/// Activations -> E4M3 with one per-tensor scale: out = e4m3(x / scale), x ~= out * scale.
+/// Activations -> E4M3 with one per-tensor scale: out = e4m3(x / scale), x ~= out * scale;
+/// or, with row_size, one dynamic scale per row of row_size values (per token: a row's codes
+/// and scale do not depend on the other rows of the batch), in one launch.
 struct QuantizeFp8Params {
   const void* x = nullptr;    // [count] of in_dtype
   void* out = nullptr;        // [count] E4M3 bytes
-  float* scale = nullptr;     // [1], device: written when dynamic_scale, else read (> 0)
+  float* scale = nullptr;     // [1] (per row: [count / row_size]), device: written when
+                              // dynamic_scale (always per row), else read (> 0)
   bool dynamic_scale = true;  // scale = max|x| / 448 (1 / 448 for all-zero x), computed first
   DataType in_dtype = DataType::kF16;  // F16 or BF16
   int64_t count = 0;                   // >= 0
+  int64_t row_size = 0;  // 0: one scale for all; else a divisor of count: a scale per row
 };
 
 /// InvalidArgument for a shape or type the quantizer cannot run; before any CUDA call.
@@ -162,7 +166,8 @@ absl::Status LaunchQuantizeFp8(const QuantizeFp8Params& params, cudaStream_t str
 /// through cuBLASLt, then one epilogue kernel applying the scales and bias.
 struct Fp8GemmParams {
   const void* x = nullptr;         // [m, k] E4M3, 16-byte aligned (LaunchQuantizeFp8's out)
-  const float* x_scale = nullptr;  // [1], device
+  const float* x_scale = nullptr;  // [1], device ([m] with x_scale_per_row)
+  bool x_scale_per_row = false;    // QuantizeFp8Params::row_size = k's per-row scales
   const void* weight = nullptr;    // [n, k] E4M3 row-major, 16-byte aligned
   const float* w_scale = nullptr;  // device: [1] per tensor, [n] per channel
   bool per_channel = false;

@@ -32,7 +32,9 @@ double RoundToType(double value, DataType type) {
 }
 
 /// Unit roundoff of `type`: the relative error bound of one rounding.
-double UnitRoundoff(DataType type) { return type == DataType::kF16 ? 0x1p-11 : 0x1p-8; }
+double UnitRoundoff(DataType type) {
+  return type == DataType::kF16 ? 0x1p-11 : type == DataType::kBF16 ? 0x1p-8 : 0x1p-24;
+}
 
 uint16_t ToF16Bits(float value) {
   uint16_t bits = 0;
@@ -788,23 +790,32 @@ struct Fp8Case {
   DataType dtype;
   int64_t m, n, k;
   bool per_channel, bias;
+  // The input quantized per row (QuantizeFp8Params::row_size, x_scale_per_row), and the
+  // output (and bias) in F32, as CudaDevice's FP8 linear layers run.
+  bool per_row_x = false;
+  bool f32_out = false;
 };
 
 void RunFp8Case(const Fp8Case& c, uint32_t seed) {
-  SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d per_channel=%d bias=%d", DataTypeName(c.dtype),
-                               c.m, c.n, c.k, c.per_channel, c.bias));
+  SCOPED_TRACE(absl::StrFormat("%s m=%d n=%d k=%d per_channel=%d bias=%d per_row_x=%d f32_out=%d",
+                               DataTypeName(c.dtype), c.m, c.n, c.k, c.per_channel, c.bias,
+                               c.per_row_x, c.f32_out));
+  const DataType out_dtype = c.f32_out ? DataType::kF32 : c.dtype;
+  const int64_t x_scales = c.per_row_x ? c.m : 1;
   // Activations through the GPU quantizer; the reference reads back what it produced.
   const std::vector<float> x =
       testing_util::RoundTo(c.dtype, testing_util::RandomFloats(c.m * c.k, seed, -2.0f, 2.0f));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(c.dtype, x));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_xq, DeviceBuffer::Allocate(c.m * c.k));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x_scale, DeviceBuffer::Allocate(sizeof(float)));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x_scale,
+                            DeviceBuffer::Allocate(x_scales * sizeof(float)));
   QuantizeFp8Params qp;
   qp.x = d_x.data();
   qp.out = d_xq.data();
   qp.scale = static_cast<float*>(d_x_scale.data());
   qp.in_dtype = c.dtype;
   qp.count = c.m * c.k;
+  qp.row_size = c.per_row_x ? c.k : 0;
   ASSERT_TRUE(LaunchQuantizeFp8(qp, nullptr).ok());
   // Weights quantized on the host with their own per-row (or one) scale.
   const std::vector<float> w = testing_util::RandomFloats(c.n * c.k, seed + 1, -1.0f, 1.0f);
@@ -821,24 +832,25 @@ void RunFp8Case(const Fp8Case& c, uint32_t seed) {
   }
   std::vector<float> bias;
   if (c.bias) {
-    bias = testing_util::RoundTo(c.dtype, testing_util::RandomFloats(c.n, seed + 2, -0.5f, 0.5f));
+    bias = testing_util::RoundTo(out_dtype, testing_util::RandomFloats(c.n, seed + 2, -0.5f, 0.5f));
   }
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w, testing_util::UploadRaw(wq));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_w_scale, testing_util::UploadRaw(w_scale));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y, testing_util::Poisoned(c.dtype, c.m * c.n));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y, testing_util::Poisoned(out_dtype, c.m * c.n));
   DeviceBuffer d_bias;
   if (c.bias) {
-    LOOM_ASSERT_OK_AND_ASSIGN(d_bias, testing_util::Upload(c.dtype, bias));
+    LOOM_ASSERT_OK_AND_ASSIGN(d_bias, testing_util::Upload(out_dtype, bias));
   }
   Fp8GemmParams p;
   p.x = d_xq.data();
   p.x_scale = static_cast<const float*>(d_x_scale.data());
+  p.x_scale_per_row = c.per_row_x;
   p.weight = d_w.data();
   p.w_scale = static_cast<const float*>(d_w_scale.data());
   p.per_channel = c.per_channel;
   p.bias = c.bias ? d_bias.data() : nullptr;
   p.y = d_y.data();
-  p.out_dtype = c.dtype;
+  p.out_dtype = out_dtype;
   p.m = c.m;
   p.n = c.n;
   p.k = c.k;
@@ -852,12 +864,26 @@ void RunFp8Case(const Fp8Case& c, uint32_t seed) {
   ASSERT_TRUE(SynchronizeStream(nullptr).ok());
 
   std::vector<uint8_t> xq(c.m * c.k);
-  float x_scale = 0.0f;
+  std::vector<float> x_scale(x_scales, 0.0f);
   ASSERT_TRUE(d_xq.CopyToHost(xq.data(), xq.size()).ok());
-  ASSERT_TRUE(d_x_scale.CopyToHost(&x_scale, sizeof(x_scale)).ok());
+  ASSERT_TRUE(d_x_scale.CopyToHost(x_scale.data(), x_scale.size() * sizeof(float)).ok());
+  if (c.per_row_x) {
+    // Each row's scale is its own max |x| / 448 (1 / 448 for a zero row).
+    for (int64_t i = 0; i < c.m; ++i) {
+      float amax = 0.0f;
+      for (int64_t l = 0; l < c.k; ++l) amax = std::max(amax, std::abs(x[i * c.k + l]));
+      ASSERT_EQ(x_scale[i], amax > 0.0f ? amax / kE4m3Max : 1.0f / kE4m3Max) << "row " << i;
+      for (int64_t l = 0; l < c.k; ++l) {  // and its codes the nearest to x / scale
+        const double target = static_cast<double>(x[i * c.k + l]) / x_scale[i];
+        ASSERT_LE(std::abs(E4m3ToFloat(xq[i * c.k + l]) - std::clamp(target, -448.0, 448.0)),
+                  0.5 * E4m3Ulp(target) * (1 + 1e-5))
+            << "row " << i << " column " << l;
+      }
+    }
+  }
   // Reference over the exact E4M3 values; tolerance 2^-10 * sum |x||w| (F32 accumulation inside
   // cuBLASLt's FP8 kernels, promoted periodically) + u * |y|.
-  const double u = UnitRoundoff(c.dtype);
+  const double u = UnitRoundoff(out_dtype);
   std::vector<double> expected(c.m * c.n), tolerance(c.m * c.n);
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < c.n; ++j) {
@@ -868,7 +894,8 @@ void RunFp8Case(const Fp8Case& c, uint32_t seed) {
         sum += product;
         magnitude += std::abs(product);
       }
-      const double scale = static_cast<double>(x_scale) * w_scale[c.per_channel ? j : 0];
+      const double scale =
+          static_cast<double>(x_scale[c.per_row_x ? i : 0]) * w_scale[c.per_channel ? j : 0];
       double value = sum * scale;
       magnitude *= scale;
       if (c.bias) {
@@ -879,7 +906,8 @@ void RunFp8Case(const Fp8Case& c, uint32_t seed) {
       tolerance[i * c.n + j] = 0x1p-10 * magnitude + u * std::abs(value) + 1e-30;
     }
   }
-  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y, testing_util::Download(d_y, c.dtype, c.m * c.n));
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y,
+                            testing_util::Download(d_y, out_dtype, c.m * c.n));
   EXPECT_TRUE(WithinTolerance(y, expected, tolerance));
 }
 
@@ -908,6 +936,13 @@ TEST(CudaQuantGemmTest, Fp8GemmMatchesReferenceOnSm89Plus) {
     }
   }
   RunFp8Case({DataType::kBF16, 16, 4096, 4096, true, true}, seed++);
+  // As CudaDevice runs it: per-row input scales, per-channel weights, F32 output and bias.
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (int64_t m : {1, 7, 256}) {
+      RunFp8Case({dtype, m, 96, 256, true, m != 7, /*per_row_x=*/true, /*f32_out=*/true}, seed++);
+      if (HasFatalFailure()) return;
+    }
+  }
 }
 
 }  // namespace
