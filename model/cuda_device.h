@@ -28,9 +28,10 @@ struct CudaDeviceOptions {
   /// head, rows rotated (kernels/cuda/kv_cache.h); the attention rotates query and output.
   kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone;
   /// INT4 weights the W4A16 GEMM takes stay 4-bit (a quarter of the bytes a decode step
-  /// reads); else (and for every other format) they are dequantized to `dtype`. An
-  /// embedding table kept 4-bit cannot be gathered: the graph's tables are uploaded with
-  /// this off (see UploadLinear).
+  /// reads), and INT8 ones with F16 scales per channel or in groups of 32/64/128 (GGUF Q8_0,
+  /// IQ4_NL) stay 8-bit for the W8A16 GEMM (half the bytes); other formats are dequantized
+  /// to `dtype`. An embedding table kept quantized cannot be gathered: the graph's tables
+  /// are uploaded dense (see UploadTable).
   bool keep_quantized = false;
   /// --quantization fp8: every linear layer whose sizes are multiples of 16 is quantized at
   /// load to FP8 E4M3 with one scale per output channel (amax / 448) and runs as W8A8 on
@@ -81,7 +82,7 @@ class CudaDevice : public Device {
   /// The stream every call enqueues on (for CUDA graph capture and on-device sampling).
   cudaStream_t stream() const { return stream_; }
   kernels::cuda::DataType dtype() const { return options_.dtype; }
-  /// Linear layers UploadLinear kept 4-bit for the W4A16 GEMM so far.
+  /// Linear layers UploadLinear kept quantized (INT4 or INT8) for the W4A16/W8A16 GEMM so far.
   int64_t quantized_linears() const { return quantized_linears_; }
   /// Bytes of weights (UploadF32, UploadLinear, UploadTable, RandomLinear) on the device.
   int64_t weight_bytes() const { return weight_bytes_; }

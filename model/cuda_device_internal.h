@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/quantized_gemm.h"
 #include "model/device.h"
 
 namespace loom::model::cuda_detail {
@@ -40,6 +41,7 @@ class CudaLinear : public DeviceLinear {
   bool fp8() const { return fp8_weight.data() != nullptr; }
 
   kc::DeviceBuffer dense, q, scale_min, bias;
+  kc::QuantWeightFormat format = kc::QuantWeightFormat::kInt4;  // of q (quantized())
   kc::DeviceBuffer fp8_weight, fp8_scale;  // E4M3 [n, k] and F32 [n] (fp8_weights)
   int64_t n = 0, k = 0, group_size = 0;
 };

@@ -142,7 +142,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     p.f32_out = true;
     p.bias = linear.bias.data();
     p.act_dtype = dtype;
-    p.format = kc::QuantWeightFormat::kInt4;
+    p.format = linear.format;
     p.weight = linear.q.data();
     p.scales = linear.scale_min.data();
     p.m = std::min<int64_t>(kc::kQuantGemmMaxM, m - row);

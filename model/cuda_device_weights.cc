@@ -31,10 +31,15 @@ using cuda_detail::CudaLinear;
 // Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
 constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
 
+// The quantized GEMM's weights: INT4 in groups of 32/64/128, and INT8 with F16 scales per
+// output channel or in groups of 32/64/128 (GGUF Q8_0 and IQ4_NL as Loom holds them).
 bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
-  return weight.format == kernels::cpu::WeightFormat::kInt4 && weight.rows % 16 == 0 &&
-         weight.cols % 64 == 0 &&
-         (weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128);
+  const bool grouped =
+      weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128;
+  if (weight.rows % 16 != 0 || weight.cols % 64 != 0) return false;
+  if (weight.format == kernels::cpu::WeightFormat::kInt4) return grouped;
+  return weight.format == kernels::cpu::WeightFormat::kInt8 && !weight.f32_scaled() &&
+         (grouped || weight.group_size == weight.cols);
 }
 
 }  // namespace
@@ -175,14 +180,28 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   const kc::DataType dtype = options_.dtype;
   LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
                         kernels::cpu::UnpackQuantized(weight));
-  std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
-  for (size_t i = 0; i < nibbles.size(); ++i) {
-    nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
+  kc::Int4GpuWeight packed;  // q and scale_min (INT8: its scales' device form)
+  if (weight.format == kernels::cpu::WeightFormat::kInt4) {
+    linear->format = kc::QuantWeightFormat::kInt4;
+    std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
+    for (size_t i = 0; i < nibbles.size(); ++i) {
+      nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
+    }
+    LOOM_ASSIGN_OR_RETURN(
+        packed, kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(), natural.mins.data(),
+                                   weight.rows, weight.cols, weight.group_size));
+  } else {
+    // W8A16: per-channel scales as they are, group-wise ones in the kernel's layout.
+    linear->format = kc::QuantWeightFormat::kInt8;
+    LOOM_ASSIGN_OR_RETURN(packed.q, kc::PackInt8ForGpu(natural.q.data(), weight.rows, weight.cols));
+    if (weight.group_size == weight.cols) {
+      packed.scale_min = natural.scales;
+    } else {
+      LOOM_ASSIGN_OR_RETURN(packed.scale_min,
+                            kc::PackInt8GroupScalesForGpu(natural.scales.data(), weight.rows,
+                                                          weight.cols, weight.group_size));
+    }
   }
-  LOOM_ASSIGN_OR_RETURN(
-      kc::Int4GpuWeight packed,
-      kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(), natural.mins.data(), weight.rows,
-                         weight.cols, weight.group_size));
   LOOM_ASSIGN_OR_RETURN(linear->q, UploadBytes(packed.q.data(), packed.q.size()));
   LOOM_ASSIGN_OR_RETURN(linear->scale_min, UploadBytes(packed.scale_min.data(),
                                                        packed.scale_min.size() * sizeof(uint16_t)));
@@ -200,7 +219,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   for (int64_t m = 1; m <= kc::kQuantGemmMaxM; m *= 2) {
     kc::QuantGemmParams p;
     p.act_dtype = dtype;
-    p.format = kc::QuantWeightFormat::kInt4;
+    p.format = linear->format;
     p.m = m;
     p.n = linear->n;
     p.k = linear->k;

@@ -553,8 +553,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   } else {
     absl::StrAppendFormat(
         &load_log,
-        "  %d of %d layer matrices kept INT4 for the W4A16 GEMM, the rest (and the embedding / "
-        "LM head) dequantized to %s on the host\n",
+        "  %d of %d layer matrices kept INT4/INT8 for the W4A16/W8A16 GEMM, the rest (and the "
+        "embedding / LM head) dequantized to %s on the host\n",
         cuda->quantized_linears(), 4 * num_layers, kc::DataTypeName(options.dtype));
   }
   return Finish(std::move(state), options, std::move(load_log));

@@ -40,8 +40,10 @@ struct CudaForwardPassOptions {
   // head, as the CPU pool stores them (kernels/cuda/kv_cache.h); head_dim 64 or 128.
   kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone;
   // INT4 layer weights (GGUF Q4_0/Q4_1, `loom quantize --format int4`) stay 4-bit in device
-  // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm); false, or weights
-  // it cannot take (INT8 in groups, odd shapes): dequantized to dtype at load for cuBLAS.
+  // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm), INT8 ones with F16
+  // scales (GGUF Q8_0, IQ4_NL; per channel) 8-bit through the W8A16 GEMM; false, or weights
+  // it cannot take (K-quants' F32 scales, INT5, odd shapes): dequantized to dtype at load
+  // for cuBLAS.
   bool quantized_weights = true;
   // --quantization fp8: linear layers quantized at load to FP8 E4M3 with per-channel scales
   // and run on the FP8 tensor cores (model::CudaDeviceOptions::fp8_weights; compute
@@ -81,9 +83,9 @@ struct CudaForwardPassOptions {
 /// decode steps padded to batch-size buckets and replayed as CUDA graphs per (batch
 /// bucket, context bucket) (model::CudaGraphCache), on-device sampling, and the guard below.
 ///
-/// INT4 layer weights stay 4-bit for the W4A16 GEMM (options.quantized_weights); other
-/// quantized weights are dequantized on the host at load. Steps with multi-token
-/// sequences run eagerly, attention through the paged prefill kernel.
+/// INT4 and F16-scaled INT8 layer weights stay quantized for the W4A16/W8A16 GEMM
+/// (options.quantized_weights); other quantized weights are dequantized on the host at load. Steps
+/// with multi-token sequences run eagerly, attention through the paged prefill kernel.
 ///
 /// Every CUDA error is a Status naming the call; after one (other than a rejected batch
 /// or an allocation that did not fit) the forward pass refuses every later step rather than

@@ -173,6 +173,24 @@ absl::StatusOr<std::vector<uint8_t>> PackInt8ForGpu(const int8_t* q, int64_t n, 
   return out;
 }
 
+absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* scales, int64_t n,
+                                                                int64_t k, int64_t group_size) {
+  if (absl::Status status = CheckInt4Shape(n, k, group_size, "PackInt8GroupScalesForGpu");
+      !status.ok()) {
+    return status;
+  }
+  if (scales == nullptr)
+    return absl::InvalidArgumentError("PackInt8GroupScalesForGpu: null scales");
+  const int64_t num_groups = k / group_size;
+  std::vector<uint16_t> out(n * num_groups * 2, 0);  // mins stay +0
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t group = 0; group < num_groups; ++group) {
+      out[ScaleMinPosition(row, group, num_groups, 0)] = scales[row * num_groups + group];
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<int8_t>> UnpackInt8FromGpu(const std::vector<uint8_t>& packed, int64_t n,
                                                       int64_t k) {
   if (absl::Status status = CheckInt8Shape(n, k, "UnpackInt8FromGpu"); !status.ok()) {
@@ -223,6 +241,10 @@ size_t QuantGemmWorkspaceBytes(const QuantGemmParams& p) {
          sizeof(float);
 }
 
+bool QuantGemmGrouped(const QuantGemmParams& p) {
+  return p.format == QuantWeightFormat::kInt4 || (p.group_size != 0 && p.group_size != p.k);
+}
+
 size_t QuantGemmCounterCount(const QuantGemmParams& p) {
   if (QuantGemmWorkspaceBytes(p) == 0) return 0;
   const internal::QuantGemmConfig& c = kQuantGemmConfigs[internal::QuantGemmConfigIndex(p.m)];
@@ -252,20 +274,17 @@ absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
                         "the kernel's k step (<= 2^24)",
                         p.k));
   }
-  if (p.format == QuantWeightFormat::kInt4) {
+  if (p.format == QuantWeightFormat::kInt4 || QuantGemmGrouped(p)) {
     if (p.group_size != 32 && p.group_size != 64 && p.group_size != 128) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("QuantGemm: INT4 group_size %d unsupported (32, 64, 128)", p.group_size));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "QuantGemm: %s group_size %d unsupported (groups of 32, 64, 128%s)",
+          QuantWeightFormatName(p.format), p.group_size,
+          p.format == QuantWeightFormat::kInt8 ? "; per output channel: 0 or k" : ""));
     }
     if (p.k % p.group_size != 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("QuantGemm: k %d is not a multiple of group_size %d", p.k, p.group_size));
     }
-  } else if (p.group_size != 0 && p.group_size != p.k) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("QuantGemm: INT8 group_size %d unsupported (per output "
-                        "channel: 0 or k = %d)",
-                        p.group_size, p.k));
   }
   if (p.num_splits < 0 || p.num_splits > kQuantGemmMaxSplits) {
     return absl::InvalidArgumentError(
@@ -277,9 +296,9 @@ absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
     return absl::InvalidArgumentError("QuantGemm: null x, y, weight or scales");
   }
   if (!Aligned(p.x, 16) || !Aligned(p.weight, 16) ||
-      (p.format == QuantWeightFormat::kInt4 && !Aligned(p.scales, 16))) {
+      (QuantGemmGrouped(p) && !Aligned(p.scales, 16))) {
     return absl::InvalidArgumentError(
-        "QuantGemm: x, weight and INT4 scale_min must be 16-byte aligned");
+        "QuantGemm: x, weight and group-wise scales must be 16-byte aligned");
   }
   if (!Aligned(p.y, p.f32_out ? 4 : 2) || !Aligned(p.bias, 2) || !Aligned(p.scales, 2)) {
     return absl::InvalidArgumentError(

@@ -83,16 +83,18 @@ absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cu
 
 template <typename T>
 absl::Status DispatchFormat(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
-  if (p.format == QuantWeightFormat::kInt8) {
-    return DispatchConfig<T, false, 0>(p, config, splits, stream);
-  }
+  const bool int4 = p.format == QuantWeightFormat::kInt4;
+  if (!QuantGemmGrouped(p)) return DispatchConfig<T, false, 0>(p, config, splits, stream);
   switch (p.group_size) {
     case 32:
-      return DispatchConfig<T, true, 32>(p, config, splits, stream);
+      return int4 ? DispatchConfig<T, true, 32>(p, config, splits, stream)
+                  : DispatchConfig<T, false, 32>(p, config, splits, stream);
     case 64:
-      return DispatchConfig<T, true, 64>(p, config, splits, stream);
+      return int4 ? DispatchConfig<T, true, 64>(p, config, splits, stream)
+                  : DispatchConfig<T, false, 64>(p, config, splits, stream);
     case 128:
-      return DispatchConfig<T, true, 128>(p, config, splits, stream);
+      return int4 ? DispatchConfig<T, true, 128>(p, config, splits, stream)
+                  : DispatchConfig<T, false, 128>(p, config, splits, stream);
   }
   return absl::InternalError("QuantGemm: dispatch out of sync with the check");
 }

@@ -124,6 +124,28 @@ __device__ __forceinline__ void DequantInt4(uint32_t word, uint32_t scales, uint
   }
 }
 
+/// An INT8 A fragment's values times their rows' group scales: `scales` = (scale of row g,
+/// scale of row g + 8) as F16 bits; a0, a2 hold row g, a1, a3 row g + 8. One rounding to T
+/// (for F16 the dequantized weight's exact value rounded once, as a dense F16 copy holds it;
+/// BF16 rounds the scale to BF16 first, as the INT4 path does).
+template <typename T>
+__device__ __forceinline__ void ScaleRows(uint32_t scales, uint32_t (&a)[4]) {
+  using T2 = typename PairOf<T>::Type;
+  T2 scale_lo, scale_hi;
+  if constexpr (std::is_same_v<T, __half>) {
+    scale_lo = BitCast<T2>(__byte_perm(scales, 0, 0x1010));
+    scale_hi = BitCast<T2>(__byte_perm(scales, 0, 0x3232));
+  } else {
+    const float2 s = __half22float2(BitCast<__half2>(scales));
+    scale_lo = __float2bfloat162_rn(s.x);
+    scale_hi = __float2bfloat162_rn(s.y);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a[i] = BitCast<uint32_t>(__hmul2(BitCast<T2>(a[i]), i % 2 == 0 ? scale_lo : scale_hi));
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -204,7 +226,10 @@ struct Shape {
   static constexpr int kStages = kQuantGemmStages;
   // Bytes of one row tile x one 64-column chunk (a warp's share of a step).
   static constexpr int kChunkBytes = kInt4 ? 512 : 1024;
-  static constexpr int kScaleGroups = kInt4 ? (kStepK >= kGroup ? kStepK / kGroup : 1) : 0;
+  // Group-wise scales (INT4; INT8 with kGroup > 0) are staged per step; per-channel INT8
+  // scales multiply the sums in the epilogue.
+  static constexpr bool kGrouped = kInt4 || kGroup > 0;
+  static constexpr int kScaleGroups = kGrouped ? (kStepK >= kGroup ? kStepK / kGroup : 1) : 0;
   static constexpr int kUnitsPerRow = kStepK / 8;  // 16-byte units of an activation row
   static constexpr int kWeightBytes = kRowTiles * kWarpsK * kChunkBytes;
   static constexpr int kActBytes = kBlockM * kStepK * 2;
@@ -215,12 +240,13 @@ struct Shape {
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kReduceBytes ? kStages* kStageBytes : kReduceBytes;
 
-  static_assert(!kInt4 || kGroup == 32 || kGroup == 64 || kGroup == 128);
-  static_assert(kInt4 || kGroup == 0);
+  static_assert(kGroup == 0 || kGroup == 32 || kGroup == 64 || kGroup == 128);
+  static_assert(!kInt4 || kGroup > 0);
   static_assert(kUnitsPerRow % 8 == 0, "the XOR swizzle needs rows of >= 8 16-byte units");
   static_assert(kStageBytes % 16 == 0);
   // A step holds whole groups, or lies inside one.
-  static_assert(!kInt4 || kStepK % (kInt4 ? kGroup : 1) == 0 || (kInt4 ? kGroup : 1) % kStepK == 0);
+  static_assert(!kGrouped || kStepK % (kGrouped ? kGroup : 1) == 0 ||
+                (kGrouped ? kGroup : 1) % kStepK == 0);
 };
 
 /// Byte offset of activation 16-byte unit `unit` of row `row` inside a stage's block.
@@ -293,7 +319,7 @@ struct Block {
       const T* source = valid ? x + static_cast<int64_t>(m) * args.k + col : x;
       CpAsync16(act + ActOffset<S::kUnitsPerRow>(row, unit), source, valid);
     }
-    if constexpr (kInt4) {
+    if constexpr (S::kGrouped) {
       // Scale/min: per row tile, the kScaleGroups groups from the step's first (contiguous).
       const int num_groups = args.k / kGroup;
       const int group0 = step * S::kStepK / kGroup;
@@ -389,6 +415,16 @@ struct Block {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             ConvertInt8<T>(words[f][4 * half + 2 * j], words[f][4 * half + 2 * j + 1], a[f][j]);
+          }
+          if constexpr (S::kGrouped) {
+            // The half's 32 columns lie in one group: its rows' scales, before the MMA.
+            const int local_group = (k_sub + 32 * half) / kGroup - step * S::kStepK / kGroup;
+            const int tile = wn * S::kFragsN + f;
+            const uint2 scale_min = *reinterpret_cast<const uint2*>(
+                stage + S::kWeightBytes + S::kActBytes +
+                ((tile * S::kScaleGroups + local_group) * 8 + g) * 8);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) ScaleRows<T>(scale_min.x, a[f][j]);
           }
         }
       }
@@ -508,7 +544,7 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
     if (!frag_valid[f] || wk > 0) continue;
     const int n_lo = (row_tile0 + wn * S::kFragsN + f) * 16 + g, n_hi = n_lo + 8;
     float scale_lo = 1.0f, scale_hi = 1.0f;
-    if constexpr (!kInt4) {
+    if constexpr (!S::kGrouped) {
       const __half* scales = static_cast<const __half*>(args.scales);
       scale_lo = __half2float(scales[n_lo]);
       scale_hi = __half2float(scales[n_hi]);

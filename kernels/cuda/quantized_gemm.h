@@ -70,6 +70,13 @@ absl::StatusOr<std::vector<uint8_t>> PackInt8ForGpu(const int8_t* q, int64_t n, 
 absl::StatusOr<std::vector<int8_t>> UnpackInt8FromGpu(const std::vector<uint8_t>& packed, int64_t n,
                                                       int64_t k);
 
+/// Group-wise INT8 (GGUF Q8_0 and IQ4_NL as Loom holds them: F16 scales [n, k / group_size],
+/// value = q * scale) in the INT4 scale/min layout with zero mins, for QuantGemmParams::scales
+/// of a grouped INT8 weight. InvalidArgument unless n % 16 == 0, k % 64 == 0 and group_size
+/// is 32, 64 or 128 dividing k. Pure host function.
+absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* scales, int64_t n,
+                                                                int64_t k, int64_t group_size);
+
 /// One quantized GEMM. Activations are dequantization-free: INT4 weights are dequantized in
 /// registers to the activation type with one rounding (a fused q
 /// * scale + min); INT8 values are exact in F16/BF16 and the row scale multiplies the F32 sum.
@@ -80,12 +87,14 @@ struct QuantGemmParams {
   DataType act_dtype = DataType::kF16;  // F16 or BF16
   QuantWeightFormat format = QuantWeightFormat::kInt4;
   const void* weight = nullptr;  // Int4GpuWeight::q or PackInt8ForGpu's bytes, 16-byte aligned
-  // kInt4: Int4GpuWeight::scale_min (16-byte aligned); kInt8: F16 [n] per-row scales.
+  // kInt4: Int4GpuWeight::scale_min (16-byte aligned); kInt8: F16 [n] per-row scales, or with
+  // group_size 32/64/128 PackInt8GroupScalesForGpu's (16-byte aligned).
   const void* scales = nullptr;
   int64_t m = 0;              // tokens, in [0, kQuantGemmMaxM]; 0 is a no-op
   int64_t n = 0;              // output features, a positive multiple of 16
   int64_t k = 0;              // input features, a positive multiple of 64 (and of group_size)
-  int64_t group_size = 0;     // kInt4: 32, 64 or 128; kInt8: 0 or k (per output channel)
+  int64_t group_size = 0;     // kInt4: 32, 64 or 128; kInt8: 0 or k (per output channel), or
+                              // 32, 64, 128 (scales per group, applied before the MMA)
   int num_splits = 0;         // 0: ChooseQuantGemmSplits; else in [1, kQuantGemmMaxSplits]
   void* workspace = nullptr;  // device scratch of >= QuantGemmWorkspaceBytes(*this) bytes
   size_t workspace_bytes = 0;
@@ -119,6 +128,10 @@ int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms);
 /// num_splits when set, else for the most splits the heuristic picks on a GPU of up to 256
 /// multiprocessors. 0 when no split is possible.
 size_t QuantGemmWorkspaceBytes(const QuantGemmParams& params);
+
+/// Whether the weight's scales are group-wise (INT4; INT8 with group_size 32/64/128 below k)
+/// rather than one per output channel (INT8 with group_size 0 or k).
+bool QuantGemmGrouped(const QuantGemmParams& params);
 
 /// Counter words (QuantGemmParams::counters) a split launch with these params uses: one per
 /// output tile of the dispatched config; 0 when no split is possible (as the workspace).

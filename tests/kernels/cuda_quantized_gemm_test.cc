@@ -248,6 +248,30 @@ TEST(QuantGemmPackTest, Int8UnpackOfPackIsIdentityAndBytesLandInTheirSlots) {
             q[16 * k]);  // next row tile
 }
 
+// Group-wise INT8 scales sit where INT4's scale/min put their scales, with zero mins.
+TEST(QuantGemmPackTest, Int8GroupScalesFollowTheInt4ScaleLayout) {
+  constexpr int64_t n = 32, k = 256;
+  for (const int64_t group : {32, 64, 128}) {
+    SCOPED_TRACE(group);
+    const int64_t count = n * (k / group);
+    std::vector<uint16_t> scales(count), zeros(count, 0);
+    for (int64_t i = 0; i < count; ++i) scales[i] = static_cast<uint16_t>(0x3000 + i);
+    const std::vector<uint8_t> q(n * k / 2, 0);
+    absl::StatusOr<Int4GpuWeight> int4 =
+        PackInt4ForGpu(q.data(), scales.data(), zeros.data(), n, k, group);
+    ASSERT_TRUE(int4.ok()) << int4.status();
+    absl::StatusOr<std::vector<uint16_t>> int8 =
+        PackInt8GroupScalesForGpu(scales.data(), n, k, group);
+    ASSERT_TRUE(int8.ok()) << int8.status();
+    EXPECT_EQ(*int8, int4->scale_min);
+  }
+  const uint16_t one = 0x3c00;
+  EXPECT_EQ(PackInt8GroupScalesForGpu(&one, 16, 64, 48).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackInt8GroupScalesForGpu(&one, 10, 64, 32).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(QuantGemmPackTest, PackRejectsUnsupportedShapes) {
   const std::vector<uint8_t> q(64 * 256);
   const std::vector<uint16_t> s(64 * 256);
@@ -338,8 +362,13 @@ TEST(CudaQuantGemmTest, RejectsUnsupportedShapesBeforeLaunch) {
   expect_invalid(p, "k 192 is not a multiple of group_size 128");
   p = ValidParams(storage);
   p.format = QuantWeightFormat::kInt8;
-  p.group_size = 32;  // INT8 is per output channel only
-  expect_invalid(p, "INT8 group_size 32");
+  p.group_size = 16;  // INT8: per output channel (0 or k) or groups of 32, 64, 128
+  expect_invalid(p, "INT8 group_size 16");
+  p.group_size = 32;
+  EXPECT_TRUE(CheckQuantGemmParams(p).ok()) << CheckQuantGemmParams(p);
+  EXPECT_TRUE(QuantGemmGrouped(p));
+  p.group_size = p.k;  // one group per row is the per-channel form
+  EXPECT_FALSE(QuantGemmGrouped(p));
   p = ValidParams(storage);
   p.num_splits = kQuantGemmMaxSplits + 1;
   expect_invalid(p, "num_splits 17");
@@ -492,7 +521,7 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
     ASSERT_TRUE(packed.ok()) << packed.status();
     LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(packed->q));
     LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(packed->scale_min));
-  } else {
+  } else if (c.group == 0) {
     std::mt19937 rng(seed + 2);
     std::uniform_int_distribution<int> value(-128, 127);
     std::uniform_real_distribution<float> scale(0.001f, 0.004f);
@@ -509,6 +538,33 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
     ASSERT_TRUE(packed.ok()) << packed.status();
     LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(*packed));
     LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(scales));
+  } else {
+    // Group-wise INT8 (GGUF Q8_0's form): value = q * scale of its (row, group), scales over
+    // a wide range so that a scale applied to the wrong group or row shows.
+    std::mt19937 rng(seed + 2);
+    std::uniform_int_distribution<int> value(-127, 127);
+    std::uniform_real_distribution<float> exponent(-12.0f, -4.0f);
+    std::vector<int8_t> q(c.n * c.k);
+    for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
+    const int64_t groups = c.k / c.group;
+    std::vector<uint16_t> scales(c.n * groups);
+    for (uint16_t& s : scales) s = ToF16Bits(std::exp2(exponent(rng)));
+    w.resize(c.n * c.k);
+    for (int64_t r = 0; r < c.n; ++r) {
+      for (int64_t col = 0; col < c.k; ++col) {
+        // One rounding of q times the scale as T holds it (BF16 rounds the scale first).
+        const double scale =
+            RoundToType(F16BitsToFloat(scales[r * groups + col / c.group]), c.dtype);
+        w[r * c.k + col] = RoundToType(q[r * c.k + col] * scale, c.dtype);
+      }
+    }
+    absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), c.n, c.k);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    absl::StatusOr<std::vector<uint16_t>> packed_scales =
+        PackInt8GroupScalesForGpu(scales.data(), c.n, c.k, c.group);
+    ASSERT_TRUE(packed_scales.ok()) << packed_scales.status();
+    LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(*packed));
+    LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(*packed_scales));
   }
   const Reference ref = ReferenceGemm(x, w, row_scale, bias, c.m, c.n, c.k, c.dtype);
 
@@ -529,7 +585,7 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   p.m = c.m;
   p.n = c.n;
   p.k = c.k;
-  p.group_size = c.format == QuantWeightFormat::kInt4 ? c.group : 0;
+  p.group_size = c.group;  // INT8: 0 per output channel, else groups
   p.num_splits = c.num_splits;
   DeviceBuffer workspace;
   if (const size_t bytes = QuantGemmWorkspaceBytes(p); bytes > 0) {
@@ -646,6 +702,25 @@ TEST(CudaQuantGemmTest, Int8MatchesReferenceOverShapeSweep) {
       }
     }
   }
+}
+
+// GGUF Q8_0 on the W8A16 path: group-wise INT8 scales applied before the MMA, in every config
+// (m 1 .. 256), every group size, with forced splits and the in-kernel reduction.
+TEST(CudaQuantGemmTest, GroupWiseInt8MatchesReferenceInEveryConfig) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 1300;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (int64_t group : {32, 64, 128}) {
+      for (int64_t m : {1, 13, 37, 130}) {
+        RunGemmCase({QuantWeightFormat::kInt8, dtype, m, 160, 512, group, m % 2 == 1}, seed++);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  GemmCase split{QuantWeightFormat::kInt8, DataType::kF16, 1, 4096, 4096, 32, true, 4};
+  split.in_kernel_reduction = true;
+  split.f32_out_too = true;
+  RunGemmCase(split, seed++);
 }
 
 TEST(CudaQuantGemmTest, BiasAndOddTokenCountsInEveryConfig) {

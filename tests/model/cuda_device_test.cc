@@ -158,6 +158,12 @@ TEST(CudaDeviceTest, Int4LinearThroughTheQuantizedGemmMatchesCpu) {
   for (int64_t m : {1, 5, 300}) LinearMatchesCpu(kernels::cpu::WeightFormat::kInt4, true, m);
 }
 
+// GGUF Q8_0's form (INT8, F16 scales per 32 columns) stays 8-bit for the W8A16 GEMM.
+TEST(CudaDeviceTest, GroupWiseInt8LinearThroughTheW8A16GemmMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t m : {1, 5, 300}) LinearMatchesCpu(kernels::cpu::WeightFormat::kInt8, true, m);
+}
+
 // --quantization fp8: per-channel E4M3 weights and a per-tensor E4M3 input on the FP8
 // tensor cores, against the CPU's F32 product of the unquantized values. E4M3 keeps 3
 // mantissa bits (each operand within 2^-4 relative), so the outputs' relative RMS error is
