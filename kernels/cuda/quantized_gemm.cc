@@ -179,8 +179,15 @@ absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* 
       !status.ok()) {
     return status;
   }
-  if (scales == nullptr)
+  if (scales == nullptr) {
     return absl::InvalidArgumentError("PackInt8GroupScalesForGpu: null scales");
+  }
+  if (group_size == k) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PackInt8GroupScalesForGpu: group_size %d is all of k: the per-channel form (pass the "
+        "F16 [n] scales as they are)",
+        group_size));
+  }
   const int64_t num_groups = k / group_size;
   std::vector<uint16_t> out(n * num_groups * 2, 0);  // mins stay +0
   for (int64_t row = 0; row < n; ++row) {

@@ -46,13 +46,14 @@
 // (0x6400) or the BF16 128.0 (0x4300) gives 1024 + q (128 + q) exactly; subtracting the
 // magic is exact; one fused q * scale + min (hfma2) rounds once to the activation type.
 // INT8: the biased byte goes into the mantissa of the F32 2^23 (exact), minus 2^23 + 128
-// is q exactly, converted to F16/BF16 exactly (|q| <= 128); the row scale multiplies the
-// F32 sum in the epilogue.
+// is q exactly, converted to F16/BF16 exactly (|q| <= 128); a per-channel row scale
+// multiplies the F32 sum in the epilogue, group-wise scales (GGUF Q8_0) multiply the A
+// fragments before the MMA (ScaleRows: one rounding to the activation type).
 //
 // Pipeline. Each block step covers kStepK = 64 * warps_k input features: the weights (row
 // tiles x 64-column chunks, copied verbatim), the activations [block_m, kStepK] (16-byte
 // units, XOR-swizzled by row parity so that a quarter warp's 16-byte loads of rows g and
-// g + 1 fall in different banks) and the INT4 scale/min of the step's groups go into
+// g + 1 fall in different banks) and the group-wise scale/min of the step's groups go into
 // shared memory with cp.async, kStages deep (one __syncthreads per step). Rows past m and
 // row tiles past n are zero-filled (cp.async with src-size 0) and their results dropped.
 // With warps_k > 1 the warps' partial sums meet in shared memory at the end; with split-K
@@ -260,7 +261,7 @@ struct Args {
   void* y;                // [m, n] of T
   const void* bias;       // [n] of T or null
   const uint8_t* weight;  // device layout
-  const void* scales;     // INT4: scale/min layout; INT8: F16 [n]
+  const void* scales;     // grouped (INT4, INT8 g32/64/128): scale/min layout; INT8: F16 [n]
   float* partial;         // [gridDim.z, m, n] when gridDim.z > 1
   uint32_t* counters;     // [gridDim.y * gridDim.x] zeroed words: the last split reduces
   bool y_f32;             // y holds floats instead of T

@@ -73,13 +73,15 @@ absl::StatusOr<std::vector<int8_t>> UnpackInt8FromGpu(const std::vector<uint8_t>
 /// Group-wise INT8 (GGUF Q8_0 and IQ4_NL as Loom holds them: F16 scales [n, k / group_size],
 /// value = q * scale) in the INT4 scale/min layout with zero mins, for QuantGemmParams::scales
 /// of a grouped INT8 weight. InvalidArgument unless n % 16 == 0, k % 64 == 0 and group_size
-/// is 32, 64 or 128 dividing k. Pure host function.
+/// is 32, 64 or 128 dividing k and below it (one group per row is the per-channel form,
+/// whose F16 [n] scales the GEMM takes as they are). Pure host function.
 absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* scales, int64_t n,
                                                                 int64_t k, int64_t group_size);
 
 /// One quantized GEMM. Activations are dequantization-free: INT4 weights are dequantized in
-/// registers to the activation type with one rounding (a fused q
-/// * scale + min); INT8 values are exact in F16/BF16 and the row scale multiplies the F32 sum.
+/// registers to the activation type with one rounding (a fused q * scale + min); INT8 values
+/// are exact in F16/BF16 and a per-channel row scale multiplies the F32 sum, while group-wise
+/// INT8 scales multiply the values before the MMA (one rounding).
 struct QuantGemmParams {
   const void* x = nullptr;              // [m, k] of act_dtype, rows contiguous, 16-byte aligned
   void* y = nullptr;                    // [m, n] of act_dtype, or F32 with f32_out

@@ -126,8 +126,9 @@ TEST(CudaDeviceTest, RmsNormAndAddRmsNormMatchCpu) {
   ExpectNear(residual[0], residual[1], 0.0f, 0.0f);  // x + y in float on both
 }
 
-// Dense F16 weights (the CPU packs the same F16 values) with a bias, and 4-bit weights
-// through the W4A16 GEMM; the CUDA device rounds the input (and the W4A16 output) to F16.
+// Dense F16 weights (the CPU packs the same F16 values) with a bias, and 4-bit (8-bit)
+// weights through the W4A16 (W8A16) GEMM, kept quantized on the device (counted); the CUDA
+// device rounds the input to F16.
 void LinearMatchesCpu(kernels::cpu::WeightFormat format, bool keep_quantized, int64_t m) {
   Pair pair = MakePair(keep_quantized);
   const int64_t n = 48, k = 128;
@@ -145,6 +146,7 @@ void LinearMatchesCpu(kernels::cpu::WeightFormat format, bool keep_quantized, in
     ASSERT_TRUE(s.device->Linear(s.Put(x, {m, k}), **w, y, {}).ok());
     out[i] = s.Get(y);
   }
+  EXPECT_EQ(static_cast<CudaDevice&>(*pair.gpu.device).quantized_linears(), keep_quantized ? 1 : 0);
   ExpectNear(out[0], out[1], 3e-2f, 1e-2f);
 }
 
