@@ -8,7 +8,13 @@
 //     and off;
 //  2. output tokens/s of greedy decode steps (StepAndSample, the sampled token fed back)
 //     at batch 1, 16, 64, 256 after a 512-token prompt per sequence, each next to its
-//     bound: batch / ((weight bytes + KV bytes read per step) / copy bandwidth).
+//     bound: batch / ((weight bytes + KV bytes read per step) / copy bandwidth);
+//  3. (full only) 8-bit KV at the F16 pool's memory budget (KvDtypeRow);
+//  4. the host KV tier (issue 35): the pool's SaveBlocks / LoadBlocks of an 8,192-token
+//     prompt's 512 blocks into pinned host slots, GB/s against one pinned cudaMemcpy of the
+//     same bytes each way (this machine's PCIe / C2C limit), and the TTFT of that prompt
+//     recomputed (one prefill step) against a host-tier hit (its blocks loaded back, the
+//     last token computed over them).
 //
 // Timing: wall clock over kDecodeSteps steps after kWarmupSteps (which capture the decode
 // graphs); StepAndSample waits for its tokens, so each step is complete when it returns.
@@ -232,6 +238,103 @@ std::string KvRowsJson(const std::vector<KvDtypeRow>& kv_rows) {
   return json + "  ]\n";
 }
 
+// Section 4's figures.
+struct HostTierRow {
+  int64_t blocks = 0;
+  double bytes = 0;
+  double save_gbs = 0, load_gbs = 0;  // the pool's block copies
+  double d2h_gbs = 0, h2d_gbs = 0;    // one pinned cudaMemcpy of the same bytes
+  double recompute_seconds = 0, reload_seconds = 0;
+};
+
+constexpr int64_t kTierPromptTokens = 8192;
+
+HostTierRow MeasureHostTier(const common::ModelConfig& model) {
+  common::ModelConfig config = model;
+  config.context_length = std::max<int64_t>(config.context_length, kTierPromptTokens);
+  const int64_t blocks = kTierPromptTokens / kBlockSize;
+  worker::CudaForwardPassOptions options;
+  options.dtype = DataType::kF16;
+  options.kv_dtype = DataType::kF16;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = 2 * blocks;  // the prompt, and where its reload lands
+  options.max_num_tokens = kTierPromptTokens;
+  options.cuda_graphs = false;
+  absl::StatusOr<std::unique_ptr<worker::CudaForwardPass>> created =
+      worker::CudaForwardPass::CreateRandom(config, options, kWeightSeed);
+  CheckOk(created.status(), "CudaForwardPass::CreateRandom (host tier)");
+  worker::CudaForwardPass& forward_pass = **created;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> prompt(kTierPromptTokens);
+  for (int32_t& id : prompt) id = token(rng);
+  auto table = [&](int64_t first) {
+    std::vector<int32_t> ids(blocks);
+    for (int64_t b = 0; b < blocks; ++b) ids[b] = static_cast<int32_t>(first + b);
+    return ids;
+  };
+  std::vector<float> logits;
+  auto prefill = [&] {
+    worker::StepBatch batch;
+    CheckOk(worker::AppendSequence(batch, prompt, 0, table(0), kBlockSize, true), "tier prefill");
+    const auto start = std::chrono::steady_clock::now();
+    CheckOk(forward_pass.Step(batch, logits), "tier prefill step");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  prefill();  // warm-up
+  HostTierRow row;
+  row.blocks = blocks;
+  row.recompute_seconds = prefill();
+  const model::KvCache& pool = *forward_pass.kv_pool();
+  const int64_t block_bytes = pool.block_bytes();
+  row.bytes = static_cast<double>(blocks * block_bytes);
+  uint8_t* host = nullptr;
+  BENCH_CHECK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&host), blocks * block_bytes));
+  std::vector<uint8_t*> slots(blocks);
+  std::vector<const uint8_t*> const_slots(blocks);
+  for (int64_t b = 0; b < blocks; ++b) {
+    slots[b] = host + b * block_bytes;
+    const_slots[b] = slots[b];
+  }
+  const std::vector<int32_t> source = table(0), dest = table(blocks);
+  auto seconds = [](auto&& work) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  CheckOk(pool.SaveBlocks(source, slots), "SaveBlocks warm-up");
+  row.save_gbs =
+      row.bytes / seconds([&] { CheckOk(pool.SaveBlocks(source, slots), "SaveBlocks"); }) / 1e9;
+  row.load_gbs =
+      row.bytes / seconds([&] { CheckOk(pool.LoadBlocks(const_slots, dest), "LoadBlocks"); }) / 1e9;
+  {
+    DeviceBuffer device = AllocateOrExit(blocks * block_bytes);
+    const size_t bytes = static_cast<size_t>(blocks * block_bytes);
+    BENCH_CHECK_CUDA(cudaMemcpy(host, device.data(), bytes, cudaMemcpyDeviceToHost));
+    row.d2h_gbs =
+        row.bytes / seconds([&] {
+          BENCH_CHECK_CUDA(cudaMemcpy(host, device.data(), bytes, cudaMemcpyDeviceToHost));
+        }) /
+        1e9;
+    row.h2d_gbs =
+        row.bytes / seconds([&] {
+          BENCH_CHECK_CUDA(cudaMemcpy(device.data(), host, bytes, cudaMemcpyHostToDevice));
+        }) /
+        1e9;
+  }
+  // The hit: the prompt's blocks back from the host tier, then its last token over them.
+  row.reload_seconds = seconds([&] {
+    CheckOk(pool.LoadBlocks(const_slots, dest), "LoadBlocks (hit)");
+    worker::StepBatch batch;
+    CheckOk(worker::AppendSequence(batch, {prompt.back()}, kTierPromptTokens - 1, table(blocks),
+                                   kBlockSize, true),
+            "tier hit batch");
+    CheckOk(forward_pass.Step(batch, logits), "tier hit step");
+  });
+  BENCH_CHECK_CUDA(cudaFreeHost(host));
+  return row;
+}
+
 struct ThroughputRow {
   int64_t batch = 0;
   double step_seconds = 0;
@@ -368,7 +471,29 @@ int Run(bool quick) {
         r.bound_tokens_per_second, r.tokens_per_second / r.bound_tokens_per_second,
         i + 1 < rows.size() ? "," : "");
   }
-  json += "  ],\n" + KvRowsJson(kv_rows) + "}\n";
+  json += "  ],\n" + KvRowsJson(kv_rows);
+  // Written now and again with section 4: a window that runs out of time mid-section keeps
+  // sections 1-3.
+  if (!loom::bench::WriteGpuResult("cuda_forward_pass_bench", json + "}\n")) return 1;
+
+  const HostTierRow tier = MeasureHostTier(config);
+  std::printf(
+      "\n4. host KV tier, %ld blocks (%.2f GB): SaveBlocks %.1f GB/s (%.3f of pinned D2H %.1f), "
+      "LoadBlocks %.1f GB/s (%.3f of pinned H2D %.1f); %ld-token prompt: recompute %.1f ms, "
+      "host-tier hit %.1f ms (%.2fx faster)\n",
+      static_cast<long>(tier.blocks), tier.bytes / 1e9, tier.save_gbs, tier.save_gbs / tier.d2h_gbs,
+      tier.d2h_gbs, tier.load_gbs, tier.load_gbs / tier.h2d_gbs, tier.h2d_gbs,
+      static_cast<long>(kTierPromptTokens), tier.recompute_seconds * 1e3, tier.reload_seconds * 1e3,
+      tier.recompute_seconds / tier.reload_seconds);
+  json += absl::StrFormat(
+      "  ,\"host_tier\": {\"blocks\": %d, \"bytes\": %.0f, \"save_gbs\": %.2f, "
+      "\"pinned_d2h_gbs\": %.2f, \"save_ratio\": %.3f, \"load_gbs\": %.2f, "
+      "\"pinned_h2d_gbs\": %.2f, \"load_ratio\": %.3f, \"prompt_tokens\": %d, "
+      "\"recompute_ms\": %.2f, \"host_hit_ms\": %.2f, \"hit_speedup\": %.2f}\n}\n",
+      tier.blocks, tier.bytes, tier.save_gbs, tier.d2h_gbs, tier.save_gbs / tier.d2h_gbs,
+      tier.load_gbs, tier.h2d_gbs, tier.load_gbs / tier.h2d_gbs, kTierPromptTokens,
+      tier.recompute_seconds * 1e3, tier.reload_seconds * 1e3,
+      tier.recompute_seconds / tier.reload_seconds);
 
   const bool written = loom::bench::WriteGpuResult("cuda_forward_pass_bench", json);
   return written ? 0 : 1;
