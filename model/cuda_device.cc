@@ -90,6 +90,9 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AllGatherColumns(const Tensor&, T
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Ensure(kernels::cuda::DeviceBuffer&, size_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureGemmCounters(size_t))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Gated(const Tensor&, Tensor,
+                                                     kernels::cuda::GateActivation))
+void* CudaDevice::ConvertedTarget(int64_t, int64_t) const { return nullptr; }
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
     const kernels::cpu::PackedWeight&, const std::vector<float>*))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Fp8Linear(const Tensor&, const DeviceLinear&,
@@ -339,6 +342,7 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
     absl::Span<const int32_t> slots, absl::Span<const int32_t> query_start,
     absl::Span<const int32_t> context_len, absl::Span<const int32_t> block_indptr,
     absl::Span<const int32_t> block_indices, absl::Span<const int32_t> sample_rows) {
+  ForgetConverted();
   // The block indices last: the other arrays' offsets then depend only on T, S and R, so a
   // graph captured for a padded decode shape reads each later step's arrays where it
   // read its own.
@@ -466,6 +470,7 @@ absl::Status CudaDevice::Reserve(const Capacity& capacity) {
 
 absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Capture(
     absl::FunctionRef<absl::Status()> enqueue) {
+  ForgetConverted();
   // Thread-local mode: only this thread's unsafe calls (a cudaMalloc) break the capture;
   // Ensure and Allocate refuse before making one (capturing_).
   LOOM_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -491,6 +496,7 @@ absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Capture(
 }
 
 absl::Status CudaDevice::Replay(const CudaGraph& graph) {
+  ForgetConverted();
   if (graph.generation_ != memory_generation_) {
     return absl::FailedPreconditionError(
         "CUDA device: a graph captured before device memory moved cannot be replayed");

@@ -7,6 +7,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_cache.h"
@@ -212,6 +213,21 @@ class CudaDevice : public Device {
                                                           const std::vector<float>* bias);
   // out = x W^T (+ bias) through the FP8 GEMM: x quantized per row (token) first.
   absl::Status Fp8Linear(const Tensor& x, const DeviceLinear& w, Tensor out);
+  // Linear's input already in dtype in gemm_input_: an op whose output a GEMM reads next
+  // (RmsNorm, AddRmsNorm, SiluMul, GeluMul) also writes it there rounded to dtype (its
+  // kernel's second output, no conversion launch) and names it here; Linear skips its own
+  // conversion for exactly that tensor, and every other op forgets it first, so the copy is
+  // only ever used by the op right after its producer (also inside captured graphs).
+  struct ConvertedInput {
+    const void* data = nullptr;
+    int64_t rows = 0, cols = 0;
+  };
+  void ForgetConverted() { converted_ = {}; }
+  // Where a producer of `rows` x `cols` writes its dtype copy (gemm_input_), or nullptr when
+  // gemm_input_ is smaller (then Linear converts as before).
+  void* ConvertedTarget(int64_t rows, int64_t cols) const;
+  // SiluMul and GeluMul: the gated activation, with its dtype copy for the down projection.
+  absl::Status Gated(const Tensor& gate_up, Tensor out, kernels::cuda::GateActivation activation);
   // `bytes` at `host` into a fresh device buffer, copied on the stream (waits).
   absl::StatusOr<kernels::cuda::DeviceBuffer> UploadBytes(const void* host, size_t bytes);
   // iota_ holds 0, 1, ..., n - 1 (at least n of them).
@@ -233,6 +249,7 @@ class CudaDevice : public Device {
   kernels::cuda::DeviceBuffer ones_;        // F32 ones (GatherRows' sum through AddRmsNorm)
   kernels::cuda::DeviceBuffer gemm_input_;  // a GEMM's input in dtype
   kernels::cuda::DeviceBuffer workspace_;   // split-K / split-context partial sums
+  ConvertedInput converted_;                // see ForgetConverted
   kernels::cuda::DeviceBuffer gemm_counters_;  // W4A16 split-K tile counters, zero between GEMMs
   kernels::cuda::DeviceBuffer fp8_input_;      // an FP8 GEMM's input in E4M3 ...
   kernels::cuda::DeviceBuffer fp8_x_scale_;    // ... and its scales (one float per row)

@@ -23,6 +23,7 @@ namespace kc = kernels::cuda;
 }  // namespace
 
 absl::Status CudaDevice::AllReduceSum(Tensor x) {
+  ForgetConverted();
   Communicator* comm = options_.communicator;
   if (comm == nullptr || x.numel() == 0) return absl::OkStatus();
   if (x.dtype != DType::kF32) {
@@ -43,6 +44,7 @@ absl::Status CudaDevice::AllReduceSum(Tensor x) {
 }
 
 absl::Status CudaDevice::AllGatherColumns(const Tensor& local, Tensor out) {
+  ForgetConverted();
   const int64_t rows = out.rows(), vocab = out.cols(), n = local.cols();
   const int world = world_size();
   Communicator* comm = options_.communicator;

@@ -29,6 +29,7 @@ absl::Status CudaDevice::MoeFeedForward(const Tensor& x, const Tensor& router_lo
                                         absl::Span<const DeviceLinear* const> gate_up,
                                         absl::Span<const DeviceLinear* const> down,
                                         const MoeSpec& spec, Tensor out) {
+  ForgetConverted();
   const int64_t tokens = x.rows(), hidden = x.cols(), experts = router_logits.cols();
   const int64_t top_k = spec.top_k;
   if (absl::Status status = CheckMoeShapes(spec, experts, gate_up.size(), down.size());

@@ -33,8 +33,10 @@ using cuda_detail::GrowingWhileCapturing;
 using cuda_detail::kMaxAttentionSeqsPerLaunch;
 
 // The gated activations (SiLU and GELU(tanh) times the up half) of F32 [tokens, 2 ffn] rows.
+// `low`: also the output in low_dtype there (nullptr: none).
 absl::Status LaunchGated(const Tensor& gate_up, Tensor out, kc::GateActivation activation,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, void* low = nullptr,
+                         kc::DataType low_dtype = kc::DataType::kF16) {
   kc::SiluMulParams p;
   p.gate_up = gate_up.data;
   p.out = out.data;
@@ -42,6 +44,8 @@ absl::Status LaunchGated(const Tensor& gate_up, Tensor out, kc::GateActivation a
   p.num_tokens = gate_up.rows();
   p.ffn = out.cols();
   p.activation = activation;
+  p.out_low = low;
+  p.low_dtype = low_dtype;
   return kc::LaunchSiluMul(p, stream);
 }
 
@@ -65,6 +69,7 @@ absl::Status CudaDevice::Convert(const void* src, kc::DataType src_type, void* d
 
 absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& token_ids,
                                    int64_t vocab0, float scale, Tensor out) {
+  ForgetConverted();
   const CudaLinear& linear = AsCuda(table);
   if (linear.quantized() || linear.fp8()) {
     return absl::UnimplementedError("the CUDA device gathers embeddings from dense tables only");
@@ -84,7 +89,13 @@ absl::Status CudaDevice::Embedding(const DeviceLinear& table, const Tensor& toke
   return kc::LaunchGatherRows(p, stream_);
 }
 
+void* CudaDevice::ConvertedTarget(int64_t rows, int64_t cols) const {
+  const size_t bytes = static_cast<size_t>(rows * cols * kc::ElementBytes(options_.dtype));
+  return gemm_input_.bytes() >= bytes && bytes > 0 ? gemm_input_.data() : nullptr;
+}
+
 absl::Status CudaDevice::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor out) {
+  ForgetConverted();
   kc::RmsNormParams p;
   p.x = x.data;
   p.weight = weight.as<const float>();
@@ -93,11 +104,16 @@ absl::Status CudaDevice::RmsNorm(const Tensor& x, const Tensor& weight, float ep
   p.eps = eps;
   p.num_tokens = x.rows();
   p.hidden = x.cols();
-  return kc::LaunchRmsNorm(p, stream_);
+  p.out_low = ConvertedTarget(p.num_tokens, p.hidden);
+  p.low_dtype = options_.dtype;
+  LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(p, stream_));
+  if (p.out_low != nullptr) converted_ = {out.data, p.num_tokens, p.hidden};
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::AddRmsNorm(Tensor residual, const Tensor& x, const Tensor& weight,
                                     float eps, Tensor out) {
+  ForgetConverted();
   kc::RmsNormParams p;
   p.x = x.data;
   p.residual = residual.data;
@@ -107,7 +123,11 @@ absl::Status CudaDevice::AddRmsNorm(Tensor residual, const Tensor& x, const Tens
   p.eps = eps;
   p.num_tokens = residual.rows();
   p.hidden = residual.cols();
-  return kc::LaunchRmsNorm(p, stream_);
+  p.out_low = ConvertedTarget(p.num_tokens, p.hidden);
+  p.low_dtype = options_.dtype;
+  LOOM_RETURN_IF_ERROR(kc::LaunchRmsNorm(p, stream_));
+  if (p.out_low != nullptr) converted_ = {out.data, p.num_tokens, p.hidden};
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor out, LinearSite) {
@@ -116,9 +136,14 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
   const int64_t m = x.rows(), n = linear.n, k = linear.k;
   if (m == 0) return absl::OkStatus();
   const int64_t elem = kc::ElementBytes(dtype);
-  // The GEMMs read their input in the weights' dtype.
-  LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(m * k * elem)));
-  LOOM_RETURN_IF_ERROR(Convert(x.data, kc::DataType::kF32, gemm_input_.data(), dtype, m, k));
+  // The GEMMs read their input in the weights' dtype: converted here, unless the op that
+  // wrote x just left that copy in gemm_input_ (ForgetConverted).
+  const bool converted = converted_.data == x.data && converted_.rows == m && converted_.cols == k;
+  ForgetConverted();
+  if (!converted) {
+    LOOM_RETURN_IF_ERROR(Ensure(gemm_input_, static_cast<size_t>(m * k * elem)));
+    LOOM_RETURN_IF_ERROR(Convert(x.data, kc::DataType::kF32, gemm_input_.data(), dtype, m, k));
+  }
   if (linear.fp8()) return Fp8Linear(x, w, out);
   if (!linear.quantized()) {
     kc::GemmParams p;
@@ -207,6 +232,7 @@ absl::Status CudaDevice::Fp8Linear(const Tensor& x, const DeviceLinear& w, Tenso
 }
 
 absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {
+  ForgetConverted();
   const int64_t rows = x.rows(), width = x.cols();
   if (rows == 0) return absl::OkStatus();
   int64_t col = 0;
@@ -221,6 +247,7 @@ absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> 
 }
 
 absl::Status CudaDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) {
+  ForgetConverted();
   const int64_t tokens = positions.numel();
   if (tokens == 0) return absl::OkStatus();
   kc::RopeParams p;
@@ -241,6 +268,7 @@ absl::Status CudaDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const
 
 absl::Status CudaDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
                                  const Tensor& slots) {
+  ForgetConverted();
   if (slots.numel() == 0) return absl::OkStatus();
   kc::WriteKvParams p;
   p.cache = AsCuda(cache).layer(layer);
@@ -255,6 +283,7 @@ absl::Status CudaDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k,
 absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
                                         const StepTensors& step, const AttentionSpec& spec,
                                         Tensor out) {
+  ForgetConverted();
   if (step.num_seqs == 0 || step.num_tokens == 0) return absl::OkStatus();
   const kc::KvCacheView view = AsCuda(cache).layer(layer);
   // A rank's cache holds its KV heads only; its query heads are their groups, in order.
@@ -350,14 +379,24 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
 }
 
 absl::Status CudaDevice::SiluMul(const Tensor& gate_up, Tensor out) {
-  return LaunchGated(gate_up, out, kc::GateActivation::kSilu, stream_);
+  return Gated(gate_up, out, kc::GateActivation::kSilu);
 }
 
 absl::Status CudaDevice::GeluMul(const Tensor& gate_up, Tensor out) {
-  return LaunchGated(gate_up, out, kc::GateActivation::kGeluTanh, stream_);
+  return Gated(gate_up, out, kc::GateActivation::kGeluTanh);
+}
+
+absl::Status CudaDevice::Gated(const Tensor& gate_up, Tensor out,
+                               kernels::cuda::GateActivation activation) {
+  ForgetConverted();
+  void* low = ConvertedTarget(out.rows(), out.cols());
+  LOOM_RETURN_IF_ERROR(LaunchGated(gate_up, out, activation, stream_, low, options_.dtype));
+  if (low != nullptr) converted_ = {out.data, out.rows(), out.cols()};
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::SoftCap(Tensor x, float cap) {
+  ForgetConverted();
   kc::SoftCapParams p;
   p.x = x.data;
   p.dtype = kc::DataType::kF32;
@@ -368,6 +407,7 @@ absl::Status CudaDevice::SoftCap(Tensor x, float cap) {
 
 absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                     Tensor out) {
+  ForgetConverted();
   const int64_t count = rows.numel(), width = x.cols();
   if (count == 0) return absl::OkStatus();
   kc::GatherRowsParams p;

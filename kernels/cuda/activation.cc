@@ -14,6 +14,10 @@ absl::Status CheckSiluMulParams(const SiluMulParams& p) {
   if (p.num_tokens > 0 && (p.gate_up == nullptr || p.out == nullptr)) {
     return absl::InvalidArgumentError("SiluMul: null gate_up or out");
   }
+  if (p.out_low != nullptr && p.low_dtype != DataType::kF16 && p.low_dtype != DataType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SiluMul: low_dtype %s must be F16 or BF16", DataTypeName(p.low_dtype)));
+  }
   return absl::OkStatus();
 }
 

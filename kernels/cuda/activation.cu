@@ -11,7 +11,7 @@ using internal::ToFloat;
 
 template <typename T, GateActivation kActivation>
 __global__ void GatedKernel(const T* __restrict__ gate_up, T* __restrict__ out,
-                            int64_t num_elements, int64_t ffn) {
+                            int64_t num_elements, int64_t ffn, void* out_low, bool low_bf16) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        index < num_elements; index += stride) {
@@ -26,7 +26,9 @@ __global__ void GatedKernel(const T* __restrict__ gate_up, T* __restrict__ out,
       const float cube = gate * gate * gate;
       activated = 0.5f * gate * (1.0f + tanhf(kSqrt2OverPi * (gate + 0.044715f * cube)));
     }
-    out[index] = FromFloat<T>(activated * ToFloat(row[ffn + i]));
+    const T value = FromFloat<T>(activated * ToFloat(row[ffn + i]));
+    out[index] = value;
+    if (out_low != nullptr) internal::StoreLow(out_low, low_bf16, index, ToFloat(value));
   }
 }
 
@@ -52,11 +54,11 @@ absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
     auto* out = static_cast<T*>(p.out);
     const int grid = internal::GridFor(num_elements, kThreads);
     if (p.activation == GateActivation::kSilu) {
-      GatedKernel<T, GateActivation::kSilu>
-          <<<grid, kThreads, 0, stream>>>(gate_up, out, num_elements, p.ffn);
+      GatedKernel<T, GateActivation::kSilu><<<grid, kThreads, 0, stream>>>(
+          gate_up, out, num_elements, p.ffn, p.out_low, p.low_dtype == DataType::kBF16);
     } else {
-      GatedKernel<T, GateActivation::kGeluTanh>
-          <<<grid, kThreads, 0, stream>>>(gate_up, out, num_elements, p.ffn);
+      GatedKernel<T, GateActivation::kGeluTanh><<<grid, kThreads, 0, stream>>>(
+          gate_up, out, num_elements, p.ffn, p.out_low, p.low_dtype == DataType::kBF16);
     }
   });
   return internal::CheckLaunch("SiluMul");

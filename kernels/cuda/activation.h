@@ -23,6 +23,10 @@ struct SiluMulParams {
   int64_t num_tokens = 0;  // >= 0
   int64_t ffn = 0;         // >= 1
   GateActivation activation = GateActivation::kSilu;
+  /// Also `out` rounded to low_dtype (F16 or BF16) here, or nullptr: the down projection's
+  /// input without a conversion launch of its own.
+  void* out_low = nullptr;  // [num_tokens, ffn] of low_dtype
+  DataType low_dtype = DataType::kF16;
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run.

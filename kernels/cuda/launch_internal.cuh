@@ -46,6 +46,16 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float value) {
   return __float2bfloat16_rn(value);
 }
 
+/// out[i] = value rounded to F16 (or, with bf16, BF16): a kernel's second output in the type
+/// a following GEMM reads (the caller checked the type is one of the two).
+__device__ __forceinline__ void StoreLow(void* out, bool bf16, int64_t i, float value) {
+  if (bf16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(value);
+  } else {
+    static_cast<__half*>(out)[i] = __float2half_rn(value);
+  }
+}
+
 /// Rounds through T and back: the value a tensor of T would hold.
 template <typename T>
 __device__ __forceinline__ float RoundThrough(float value) {

@@ -18,6 +18,10 @@ absl::Status CheckRmsNormParams(const RmsNormParams& p) {
   if (p.num_tokens > 0 && (p.x == nullptr || p.weight == nullptr || p.out == nullptr)) {
     return absl::InvalidArgumentError("RmsNorm: null x, weight or out");
   }
+  if (p.out_low != nullptr && p.low_dtype != DataType::kF16 && p.low_dtype != DataType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("RmsNorm: low_dtype %s must be F16 or BF16", DataTypeName(p.low_dtype)));
+  }
   return absl::OkStatus();
 }
 

@@ -12,7 +12,8 @@ using internal::ToFloat;
 
 template <typename T, bool kAddResidual>
 __global__ void RmsNormKernel(const T* __restrict__ x, T* residual,
-                              const float* __restrict__ weight, T* out, float eps, int hidden) {
+                              const float* __restrict__ weight, T* out, float eps, int hidden,
+                              void* out_low, bool low_bf16) {
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * hidden;
   float sum_squares = 0.0f;
@@ -30,7 +31,9 @@ __global__ void RmsNormKernel(const T* __restrict__ x, T* residual,
   // Each thread re-reads only the elements it wrote, so out may alias x.
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
     const float value = kAddResidual ? ToFloat(residual[row + i]) : ToFloat(x[row + i]);
-    out[row + i] = FromFloat<T>(value * inverse_rms * weight[i]);
+    const T normed = FromFloat<T>(value * inverse_rms * weight[i]);
+    out[row + i] = normed;
+    if (out_low != nullptr) internal::StoreLow(out_low, low_bf16, row + i, ToFloat(normed));
   }
 }
 
@@ -42,14 +45,16 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_tokens > 0x7fffffff) return absl::InvalidArgumentError("RmsNorm: too many tokens");
   const int threads = p.hidden >= 1024 ? 1024 : ((static_cast<int>(p.hidden) + 31) / 32) * 32;
   const int hidden = static_cast<int>(p.hidden);
+  const bool low_bf16 = p.low_dtype == DataType::kBF16;
   internal::DispatchDataType(p.dtype, [&]<typename T>() {
     if (p.residual != nullptr) {
       RmsNormKernel<T, true><<<static_cast<unsigned>(p.num_tokens), threads, 0, stream>>>(
           static_cast<const T*>(p.x), static_cast<T*>(p.residual), p.weight, static_cast<T*>(p.out),
-          p.eps, hidden);
+          p.eps, hidden, p.out_low, low_bf16);
     } else {
       RmsNormKernel<T, false><<<static_cast<unsigned>(p.num_tokens), threads, 0, stream>>>(
-          static_cast<const T*>(p.x), nullptr, p.weight, static_cast<T*>(p.out), p.eps, hidden);
+          static_cast<const T*>(p.x), nullptr, p.weight, static_cast<T*>(p.out), p.eps, hidden,
+          p.out_low, low_bf16);
     }
   });
   return internal::CheckLaunch("RmsNorm");

@@ -21,6 +21,10 @@ struct RmsNormParams {
   float eps = 1e-5f;       // finite, >= 0
   int64_t num_tokens = 0;  // >= 0 (0 launches nothing)
   int64_t hidden = 0;      // in [1, 65536]
+  /// Also `out` rounded to low_dtype (F16 or BF16) here, or nullptr: the input of a GEMM that
+  /// follows the norm, without a conversion launch of its own.
+  void* out_low = nullptr;  // [num_tokens, hidden] of low_dtype
+  DataType low_dtype = DataType::kF16;
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run.

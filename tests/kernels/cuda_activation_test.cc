@@ -38,12 +38,22 @@ TEST(CudaSiluMulTest, MatchesCpuReference) {
       cpu::SiluMulReference(gate_up.data(), tokens, ffn, expected.data());
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_in, testing_util::Upload(dtype, gate_up));
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dtype, tokens * ffn));
-      ASSERT_TRUE(LaunchSiluMul({d_in.data(), d_out.data(), dtype, tokens, ffn}, nullptr).ok());
+      // The second output (the down projection's input), in the other half-precision type.
+      const DataType low = dtype == DataType::kF16 ? DataType::kBF16 : DataType::kF16;
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_low, testing_util::Poisoned(low, tokens * ffn));
+      SiluMulParams p{d_in.data(), d_out.data(), dtype, tokens, ffn};
+      p.out_low = d_low.data();
+      p.low_dtype = low;
+      ASSERT_TRUE(LaunchSiluMul(p, nullptr).ok());
       ASSERT_TRUE(SynchronizeStream(nullptr).ok());
       LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
                                 testing_util::Download(d_out, dtype, tokens * ffn));
       const double tol = testing_util::RoundingTolerance(dtype);
       EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out_low,
+                                testing_util::Download(d_low, low, tokens * ffn));
+      EXPECT_TRUE(
+          AllClose(out_low, testing_util::ToDouble(testing_util::RoundTo(low, out)), 0.0, 0.0));
     }
   }
 }

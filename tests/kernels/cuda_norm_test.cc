@@ -12,6 +12,19 @@ namespace {
 
 using testing_util::AllClose;
 
+TEST(CudaRmsNormTest, RejectsASecondOutputOfAFullPrecisionType) {
+  float buffer[4] = {};
+  RmsNormParams p;
+  p.x = p.out = p.out_low = buffer;
+  p.weight = buffer;
+  p.num_tokens = 1;
+  p.hidden = 4;
+  p.low_dtype = DataType::kF32;
+  const absl::Status status = CheckRmsNormParams(p);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("low_dtype F32"), std::string::npos) << status;
+}
+
 TEST(CudaRmsNormTest, RejectsBadShapesBeforeLaunch) {
   float dummy[4] = {};
   RmsNormParams p{dummy, nullptr, dummy, dummy, DataType::kF32, 1e-5f, 1, 0};
@@ -66,6 +79,9 @@ TEST(CudaRmsNormTest, MatchesCpuReferenceOverShapesAndTypes) {
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_weight,
                                   testing_util::Upload(DataType::kF32, weight));
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dtype, n));
+        // The second output, in the other half-precision type where dtype is one of them.
+        const DataType low = dtype == DataType::kF16 ? DataType::kBF16 : DataType::kF16;
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_low, testing_util::Poisoned(low, n));
         RmsNormParams p;
         p.x = d_x.data();
         p.residual = fused ? d_residual.data() : nullptr;
@@ -75,9 +91,16 @@ TEST(CudaRmsNormTest, MatchesCpuReferenceOverShapesAndTypes) {
         p.eps = eps;
         p.num_tokens = tokens;
         p.hidden = hidden;
+        p.out_low = d_low.data();
+        p.low_dtype = low;
         ASSERT_TRUE(LaunchRmsNorm(p, nullptr).ok());
         ASSERT_TRUE(SynchronizeStream(nullptr).ok());
         LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out, testing_util::Download(d_out, dtype, n));
+        // out_low is out rounded once more, bit for bit.
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out_low,
+                                  testing_util::Download(d_low, low, n));
+        EXPECT_TRUE(
+            AllClose(out_low, testing_util::ToDouble(testing_util::RoundTo(low, out)), 0.0, 0.0));
         const double tol = testing_util::RoundingTolerance(dtype);
         EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
         if (fused) {

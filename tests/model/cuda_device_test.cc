@@ -231,6 +231,42 @@ TEST(CudaDeviceTest, Fp8LinearStaysWithinE4m3RoundingOfCpu) {
   }
 }
 
+// A norm (or gated activation) leaves its output's F16 copy for the GEMM right after it, so
+// that Linear skips its conversion: used when the Linear reads that very tensor next, and
+// forgotten when another op comes between (here SoftCap rewrites the norm's output in
+// place: a Linear using the stale copy would miss the cap).
+TEST(CudaDeviceTest, LinearUsesTheProducersCopyOnlyRightAfterIt) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  const int64_t m = 5, n = 48, k = 128;
+  const std::vector<float> values = Random(n * k, 51, 0.5f), x = Random(m * k, 52, 3.0f);
+  const std::vector<float> norm_weight = Random(k, 53, 1.0f), gate_up = Random(m * 2 * k, 54, 2.0f);
+  absl::StatusOr<kernels::cpu::PackedWeight> packed =
+      kernels::cpu::PackFromF32(values.data(), n, k, kernels::cpu::WeightFormat::kF16, 32);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  std::vector<float> direct[2], capped[2], gated[2];
+  for (int i = 0; i < 2; ++i) {
+    Side& s = *pair.side(i);
+    absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const Tensor normed = s.Zeros({m, k}), y = s.Zeros({m, n});
+    ASSERT_TRUE(s.device->RmsNorm(s.Put(x, {m, k}), s.Put(norm_weight, {k}), 1e-5f, normed).ok());
+    ASSERT_TRUE(s.device->Linear(normed, **w, y, {}).ok());
+    direct[i] = s.Get(y);
+    ASSERT_TRUE(s.device->RmsNorm(s.Put(x, {m, k}), s.Put(norm_weight, {k}), 1e-5f, normed).ok());
+    ASSERT_TRUE(s.device->SoftCap(normed, 0.5f).ok());
+    ASSERT_TRUE(s.device->Linear(normed, **w, y, {}).ok());
+    capped[i] = s.Get(y);
+    const Tensor activated = s.Zeros({m, k});
+    ASSERT_TRUE(s.device->SiluMul(s.Put(gate_up, {m, 2 * k}), activated).ok());
+    ASSERT_TRUE(s.device->Linear(activated, **w, y, {}).ok());
+    gated[i] = s.Get(y);
+  }
+  ExpectNear(direct[0], direct[1], 3e-2f, 1e-2f);
+  ExpectNear(capped[0], capped[1], 3e-2f, 1e-2f);
+  ExpectNear(gated[0], gated[1], 3e-2f, 1e-2f);
+}
+
 TEST(CudaDeviceTest, EmbeddingSplitColumnsGatherRowsSiluMulMatchCpu) {
   SKIP_WITHOUT_GPU();
   Pair pair = MakePair();
