@@ -194,21 +194,7 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], 
 
 /// 16 bytes global -> shared, asynchronous; zero-fills (reads nothing) when !valid.
 __device__ __forceinline__ void CpAsync16(void* shared, const void* global, bool valid) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  const int source_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global),
-               "r"(source_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/// Waits until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  CopyAsync16(shared, global, valid ? 16 : 0);
 }
 
 /// Compile-time sizes of one kernel instantiation.
@@ -483,24 +469,24 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; ++s) {
     if (s < num_steps) B::LoadStage(args, smem + s * S::kStageBytes, step_begin + s, row_tile0, m0);
-    CpAsyncCommit();
+    CopyAsyncCommit();
   }
   for (int s = 0; s < num_steps; ++s) {
     // Groups committed so far: kStages - 1 + s; step s is group s: done once at most kStages - 2
     // remain. The barrier publishes every thread's copies and guarantees all warps finished
     // computing step s - 1, whose slot the next load reuses.
-    CpAsyncWait<S::kStages - 2>();
+    CopyAsyncWait<S::kStages - 2>();
     __syncthreads();
     const int next = s + S::kStages - 1;
     if (next < num_steps) {
       B::LoadStage(args, smem + (next % S::kStages) * S::kStageBytes, step_begin + next, row_tile0,
                    m0);
     }
-    CpAsyncCommit();
+    CopyAsyncCommit();
     B::ComputeStage(args, smem + (s % S::kStages) * S::kStageBytes, step_begin + s, wn, wm, wk,
                     frag_valid, acc);
   }
-  CpAsyncWait<0>();
+  CopyAsyncWait<0>();
   __syncthreads();  // the stages are free: the reduction below reuses shared
                     // memory
 

@@ -126,6 +126,19 @@ TEST(CudaDeviceTest, RmsNormAndAddRmsNormMatchCpu) {
   ExpectNear(residual[0], residual[1], 0.0f, 0.0f);  // x + y in float on both
 }
 
+// x [m, k] through `packed` (and `bias`) uploaded to `s`'s device: y [m, n].
+std::vector<float> UploadAndRunLinear(Side& s, const kernels::cpu::PackedWeight& packed,
+                                      const std::vector<float>* bias, const std::vector<float>& x,
+                                      int64_t m) {
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(packed, bias);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return {};
+  const Tensor y = s.Zeros({m, packed.rows});
+  const absl::Status ran = s.device->Linear(s.Put(x, {m, packed.cols}), **w, y, {});
+  EXPECT_TRUE(ran.ok()) << ran;
+  return s.Get(y);
+}
+
 // Dense F16 weights (the CPU packs the same F16 values) with a bias, and 4-bit (8-bit)
 // weights through the W4A16 (W8A16) GEMM, kept quantized on the device (counted); the CUDA
 // device rounds the input to F16.
@@ -138,14 +151,7 @@ void LinearMatchesCpu(kernels::cpu::WeightFormat format, bool keep_quantized, in
       kernels::cpu::PackFromF32(values.data(), n, k, format, 32);
   ASSERT_TRUE(packed.ok()) << packed.status();
   std::vector<float> out[2];
-  for (int i = 0; i < 2; ++i) {
-    Side& s = *pair.side(i);
-    absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, &bias);
-    ASSERT_TRUE(w.ok()) << w.status();
-    const Tensor y = s.Zeros({m, n});
-    ASSERT_TRUE(s.device->Linear(s.Put(x, {m, k}), **w, y, {}).ok());
-    out[i] = s.Get(y);
-  }
+  for (int i = 0; i < 2; ++i) out[i] = UploadAndRunLinear(*pair.side(i), *packed, &bias, x, m);
   EXPECT_EQ(static_cast<CudaDevice&>(*pair.gpu.device).quantized_linears(), keep_quantized ? 1 : 0);
   ExpectNear(out[0], out[1], 3e-2f, 1e-2f);
 }
@@ -191,15 +197,8 @@ TEST(CudaDeviceTest, Fp8LinearStaysWithinE4m3RoundingOfCpu) {
     SCOPED_TRACE(testing::Message() << "m=" << m);
     const std::vector<float> x = Random(m * k, 43 + static_cast<uint32_t>(m));
     std::vector<float> out[2];
-    for (int i = 0; i < 2; ++i) {
-      Side& s = *pair.side(i);
-      absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, &bias);
-      ASSERT_TRUE(w.ok()) << w.status();
-      const Tensor y = s.Zeros({m, n});
-      const absl::Status ran = s.device->Linear(s.Put(x, {m, k}), **w, y, {});
-      ASSERT_TRUE(ran.ok()) << ran;
-      out[i] = s.Get(y);
-    }
+    for (int i = 0; i < 2; ++i) out[i] = UploadAndRunLinear(*pair.side(i), *packed, &bias, x, m);
+    ASSERT_FALSE(HasFailure());
     double error = 0, norm = 0;
     for (size_t j = 0; j < out[0].size(); ++j) {
       const double d = static_cast<double>(out[1][j]) - out[0][j];

@@ -55,18 +55,25 @@ class DeviceSamplingPass : public ForwardPass {
   std::unique_ptr<CpuForwardPass> forward_pass_;
 };
 
+// The CPU forward pass of `gguf` on one thread with 16 blocks of 16 tokens.
+std::unique_ptr<CpuForwardPass> SmallCpuPass(const common::GgufFile& gguf) {
+  CpuForwardPassOptions options;
+  options.num_threads = 1;
+  options.num_kv_blocks = 16;
+  options.block_size = 16;
+  auto forward_pass = CpuForwardPass::Create(gguf, options);
+  EXPECT_TRUE(forward_pass.ok()) << forward_pass.status();
+  return forward_pass.ok() ? std::move(*forward_pass) : nullptr;
+}
+
 class ModelStepBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     gguf_ = testing::TinyModel(testing::TinyModelSpec{});
     ASSERT_NE(gguf_, nullptr);
-    CpuForwardPassOptions options;
-    options.num_threads = 1;
-    options.num_kv_blocks = 16;
-    options.block_size = 16;
-    auto forward_pass = CpuForwardPass::Create(*gguf_, options);
-    ASSERT_TRUE(forward_pass.ok()) << forward_pass.status();
-    auto pass = std::make_unique<DeviceSamplingPass>(std::move(*forward_pass));
+    std::unique_ptr<CpuForwardPass> forward_pass = SmallCpuPass(*gguf_);
+    ASSERT_NE(forward_pass, nullptr);
+    auto pass = std::make_unique<DeviceSamplingPass>(std::move(forward_pass));
     pass_ = pass.get();
     backend_ = std::make_unique<ModelStepBackend>(std::move(pass), "test");
   }
@@ -161,13 +168,9 @@ StepBatch PromptWithDrafts(const std::vector<int32_t>& prompt, const std::vector
 // the same tokens and counts as the host path gives. A draft model's q with a non-greedy
 // sampler still takes the host's rejection sampling.
 TEST_F(ModelStepBackendTest, OneHotDraftsAreVerifiedOnTheDeviceAsTheHostVerifiesThem) {
-  CpuForwardPassOptions options;
-  options.num_threads = 1;
-  options.num_kv_blocks = 16;
-  options.block_size = 16;
-  auto host_pass = CpuForwardPass::Create(*gguf_, options);
-  ASSERT_TRUE(host_pass.ok()) << host_pass.status();
-  ModelStepBackend host(std::move(*host_pass), "host");
+  std::unique_ptr<CpuForwardPass> host_pass = SmallCpuPass(*gguf_);
+  ASSERT_NE(host_pass, nullptr);
+  ModelStepBackend host(std::move(host_pass), "host");
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.num_logprobs = 0;
