@@ -235,15 +235,28 @@ absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> 
   ForgetConverted();
   const int64_t rows = x.rows(), width = x.cols();
   if (rows == 0) return absl::OkStatus();
-  int64_t col = 0;
-  for (const Tensor& part : parts) {
-    const int64_t cols = part.cols();
-    LOOM_CUDA_CALL(cudaMemcpy2DAsync(part.data, cols * sizeof(float), x.as<const float>() + col,
-                                     width * sizeof(float), cols * sizeof(float), rows,
-                                     cudaMemcpyDeviceToDevice, stream_));
-    col += cols;
+  if (parts.size() > static_cast<size_t>(kc::kSplitColumnsMaxParts)) {
+    // More parts than one launch takes: a copy each.
+    int64_t col = 0;
+    for (const Tensor& part : parts) {
+      const int64_t cols = part.cols();
+      LOOM_CUDA_CALL(cudaMemcpy2DAsync(part.data, cols * sizeof(float), x.as<const float>() + col,
+                                       width * sizeof(float), cols * sizeof(float), rows,
+                                       cudaMemcpyDeviceToDevice, stream_));
+      col += cols;
+    }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  kc::SplitColumnsParams p;
+  p.x = x.as<const float>();
+  p.x_stride = width;
+  p.rows = rows;
+  p.num_parts = static_cast<int>(parts.size());
+  for (size_t j = 0; j < parts.size(); ++j) {
+    p.parts[j] = static_cast<float*>(parts[j].data);
+    p.cols[j] = parts[j].cols();
+  }
+  return kc::LaunchSplitColumns(p, stream_);
 }
 
 absl::Status CudaDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) {

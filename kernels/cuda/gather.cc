@@ -39,7 +39,40 @@ absl::Status CheckScatterAddRowsParams(const ScatterAddRowsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CheckSplitColumnsParams(const SplitColumnsParams& p) {
+  if (p.num_parts < 1 || p.num_parts > kSplitColumnsMaxParts || p.rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SplitColumns: num_parts %d must be in [1, %d] and rows %d >= 0",
+                        p.num_parts, kSplitColumnsMaxParts, p.rows));
+  }
+  int64_t width = 0;
+  for (int j = 0; j < p.num_parts; ++j) {
+    if (p.cols[j] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("SplitColumns: part %d has %d columns (>= 1)", j, p.cols[j]));
+    }
+    if (p.rows > 0 && p.parts[j] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("SplitColumns: null part %d", j));
+    }
+    width += p.cols[j];
+  }
+  if (p.rows > 0 && p.x == nullptr) return absl::InvalidArgumentError("SplitColumns: null x");
+  if (p.x_stride != 0 && p.x_stride < width) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "SplitColumns: x_stride %d shorter than the parts' %d columns", p.x_stride, width));
+  }
+  if (p.rows * width > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("SplitColumns: more than 2^40 elements");
+  }
+  return absl::OkStatus();
+}
+
 #if !LOOM_HAVE_CUDA
+absl::Status LaunchSplitColumns(const SplitColumnsParams& params, cudaStream_t) {
+  if (absl::Status status = CheckSplitColumnsParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("SplitColumns: Loom was built without CUDA");
+}
+
 absl::Status LaunchGatherRows(const GatherRowsParams& params, cudaStream_t) {
   if (absl::Status status = CheckGatherRowsParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("GatherRows: Loom was built without CUDA");

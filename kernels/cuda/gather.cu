@@ -48,6 +48,34 @@ __global__ void ScatterAddRowsKernel(const float* __restrict__ rows,
   for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) dst[i] += weight * src[i];
 }
 
+// One element a thread (grid-stride): its row and column of x, the part holding that column.
+struct SplitArgs {
+  const float* x;
+  float* parts[kSplitColumnsMaxParts];
+  int64_t ends[kSplitColumnsMaxParts];  // part j holds columns [ends[j - 1], ends[j])
+  int num_parts;
+  int64_t width;     // the parts' columns together
+  int64_t x_stride;  // x's row length
+  int64_t count;     // rows * width
+};
+
+__global__ void SplitColumnsKernel(SplitArgs args) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < args.count;
+       i += stride) {
+    const int64_t row = i / args.width, col = i % args.width;
+    int64_t begin = 0;
+#pragma unroll
+    for (int j = 0; j < kSplitColumnsMaxParts; ++j) {
+      if (j < args.num_parts && col >= begin && col < args.ends[j]) {
+        args.parts[j][row * (args.ends[j] - begin) + (col - begin)] =
+            args.x[row * args.x_stride + col];
+      }
+      if (j < args.num_parts) begin = args.ends[j];
+    }
+  }
+}
+
 int ThreadsFor(int64_t row_size) {
   return row_size >= 256 ? 256 : static_cast<int>((row_size + 31) / 32) * 32;
 }
@@ -61,6 +89,25 @@ absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t st
                          stream>>>(p.rows, p.indices, p.weights, p.out, p.num_out_rows,
                                    p.row_size);
   return internal::CheckLaunch("ScatterAddRows");
+}
+
+absl::Status LaunchSplitColumns(const SplitColumnsParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckSplitColumnsParams(p));
+  if (p.rows == 0) return absl::OkStatus();
+  SplitArgs args{};
+  args.x = p.x;
+  args.num_parts = p.num_parts;
+  int64_t end = 0;
+  for (int j = 0; j < p.num_parts; ++j) {
+    args.parts[j] = p.parts[j];
+    end += p.cols[j];
+    args.ends[j] = end;
+  }
+  args.width = end;
+  args.x_stride = p.x_stride != 0 ? p.x_stride : end;
+  args.count = p.rows * end;
+  SplitColumnsKernel<<<internal::GridFor(args.count, 256), 256, 0, stream>>>(args);
+  return internal::CheckLaunch("SplitColumns");
 }
 
 absl::Status LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream) {

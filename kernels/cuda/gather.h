@@ -53,4 +53,25 @@ absl::Status CheckScatterAddRowsParams(const ScatterAddRowsParams& params);
 /// is skipped. Thread-safe (no state). FailedPrecondition without CUDA.
 absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& params, cudaStream_t stream);
 
+/// Most parts SplitColumns writes in one launch (fused QKV: 3; gate/up: 2).
+inline constexpr int kSplitColumnsMaxParts = 4;
+
+/// x's columns, left to right, into the parts (F32): part j gets columns [offset_j,
+/// offset_j + cols[j]) of every row, where offset_j sums the cols before it. One launch
+/// where a copy per part would be one each (the fused QKV row split every layer).
+struct SplitColumnsParams {
+  const float* x = nullptr;  // [rows, x_stride]
+  int64_t x_stride = 0;      // elements between x's rows; 0: the sum of cols (>= that sum)
+  float* parts[kSplitColumnsMaxParts] = {};  // part j: [rows, cols[j]]
+  int64_t cols[kSplitColumnsMaxParts] = {};
+  int num_parts = 0;  // in [1, kSplitColumnsMaxParts]
+  int64_t rows = 0;   // >= 0
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
+absl::Status CheckSplitColumnsParams(const SplitColumnsParams& params);
+
+/// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
+absl::Status LaunchSplitColumns(const SplitColumnsParams& params, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

@@ -151,5 +151,67 @@ TEST(CudaScatterAddRowsTest, AddsWeightedRowsIntoTheirOutputRows) {
   }
 }
 
+TEST(CudaSplitColumnsTest, RejectsBadShapesBeforeLaunch) {
+  float buffer[8] = {};
+  SplitColumnsParams p;
+  p.x = buffer;
+  p.parts[0] = buffer;
+  p.cols[0] = 4;
+  p.num_parts = 1;
+  p.rows = 1;
+  EXPECT_TRUE(CheckSplitColumnsParams(p).ok()) << CheckSplitColumnsParams(p);
+  p.num_parts = kSplitColumnsMaxParts + 1;
+  EXPECT_EQ(LaunchSplitColumns(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.num_parts = 2;  // part 1 has no columns
+  EXPECT_NE(CheckSplitColumnsParams(p).message().find("part 1 has 0 columns"), std::string::npos);
+  p.num_parts = 1;
+  p.x_stride = 3;
+  EXPECT_NE(CheckSplitColumnsParams(p).message().find("x_stride 3"), std::string::npos);
+}
+
+// Every part holds its columns of every row exactly, with x's rows longer than the parts.
+TEST(CudaSplitColumnsTest, CopiesEachPartsColumns) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (const std::vector<int64_t>& cols :
+       {std::vector<int64_t>{1}, {576, 192, 192}, {7, 1, 3, 9}, {4096, 1024, 1024}}) {
+    for (const int64_t rows : {1, 5, 300}) {
+      int64_t width = 0;
+      for (int64_t c : cols) width += c;
+      const int64_t stride = width + 3;
+      SCOPED_TRACE(testing::Message()
+                   << "parts " << cols.size() << " width " << width << " rows " << rows);
+      const std::vector<float> x = testing_util::RandomFloats(rows * stride, 77, -1, 1);
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(DataType::kF32, x));
+      std::vector<DeviceBuffer> parts;
+      SplitColumnsParams p;
+      p.x = static_cast<const float*>(d_x.data());
+      p.x_stride = stride;
+      p.rows = rows;
+      p.num_parts = static_cast<int>(cols.size());
+      for (size_t j = 0; j < cols.size(); ++j) {
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer part,
+                                  testing_util::Poisoned(DataType::kF32, rows * cols[j]));
+        p.parts[j] = static_cast<float*>(part.data());
+        p.cols[j] = cols[j];
+        parts.push_back(std::move(part));
+      }
+      ASSERT_TRUE(LaunchSplitColumns(p, nullptr).ok());
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      int64_t offset = 0;
+      for (size_t j = 0; j < cols.size(); ++j) {
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> got,
+                                  testing_util::Download(parts[j], DataType::kF32, rows * cols[j]));
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols[j]; ++c) {
+            ASSERT_EQ(got[r * cols[j] + c], x[r * stride + offset + c])
+                << "part " << j << " row " << r << " column " << c;
+          }
+        }
+        offset += cols[j];
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::kernels::cuda
