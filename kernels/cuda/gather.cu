@@ -1,6 +1,7 @@
-// Row gather and weighted scatter-add. The gather takes one block per (row, 2048-column
-// chunk), so a single wide row (a 14,336-wide activation converted before a GEMM at m = 1)
-// spreads over several multiprocessors; the scatter-add one block per row.
+// Row gather, weighted scatter-add and the column split. The gather takes one block per
+// (row, 2048-column chunk), so a single wide row (a 14,336-wide activation converted before a
+// GEMM at m = 1) spreads over several multiprocessors; the scatter-add one block per row; the
+// split one thread per element, every part in one launch.
 #include "common/status_macros.h"
 #include "kernels/cuda/gather.h"
 #include "kernels/cuda/launch_internal.cuh"
