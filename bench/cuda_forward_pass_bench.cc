@@ -335,6 +335,30 @@ HostTierRow MeasureHostTier(const common::ModelConfig& model) {
   return row;
 }
 
+void PrintHostTier(const HostTierRow& tier) {
+  std::printf(
+      "\n4. host KV tier, %ld blocks (%.2f GB): SaveBlocks %.1f GB/s (%.3f of pinned D2H %.1f), "
+      "LoadBlocks %.1f GB/s (%.3f of pinned H2D %.1f); %ld-token prompt: recompute %.1f ms, "
+      "host-tier hit %.1f ms (%.2fx faster)\n",
+      static_cast<long>(tier.blocks), tier.bytes / 1e9, tier.save_gbs, tier.save_gbs / tier.d2h_gbs,
+      tier.d2h_gbs, tier.load_gbs, tier.load_gbs / tier.h2d_gbs, tier.h2d_gbs,
+      static_cast<long>(kTierPromptTokens), tier.recompute_seconds * 1e3, tier.reload_seconds * 1e3,
+      tier.recompute_seconds / tier.reload_seconds);
+}
+
+// Section 4's member of the result JSON (after the others), and the JSON's end.
+std::string HostTierJson(const HostTierRow& tier) {
+  return absl::StrFormat(
+      "  ,\"host_tier\": {\"blocks\": %d, \"bytes\": %.0f, \"save_gbs\": %.2f, "
+      "\"pinned_d2h_gbs\": %.2f, \"save_ratio\": %.3f, \"load_gbs\": %.2f, "
+      "\"pinned_h2d_gbs\": %.2f, \"load_ratio\": %.3f, \"prompt_tokens\": %d, "
+      "\"recompute_ms\": %.2f, \"host_hit_ms\": %.2f, \"hit_speedup\": %.2f}\n}\n",
+      tier.blocks, tier.bytes, tier.save_gbs, tier.d2h_gbs, tier.save_gbs / tier.d2h_gbs,
+      tier.load_gbs, tier.h2d_gbs, tier.load_gbs / tier.h2d_gbs, kTierPromptTokens,
+      tier.recompute_seconds * 1e3, tier.reload_seconds * 1e3,
+      tier.recompute_seconds / tier.reload_seconds);
+}
+
 struct ThroughputRow {
   int64_t batch = 0;
   double step_seconds = 0;
@@ -477,23 +501,8 @@ int Run(bool quick) {
   if (!loom::bench::WriteGpuResult("cuda_forward_pass_bench", json + "}\n")) return 1;
 
   const HostTierRow tier = MeasureHostTier(config);
-  std::printf(
-      "\n4. host KV tier, %ld blocks (%.2f GB): SaveBlocks %.1f GB/s (%.3f of pinned D2H %.1f), "
-      "LoadBlocks %.1f GB/s (%.3f of pinned H2D %.1f); %ld-token prompt: recompute %.1f ms, "
-      "host-tier hit %.1f ms (%.2fx faster)\n",
-      static_cast<long>(tier.blocks), tier.bytes / 1e9, tier.save_gbs, tier.save_gbs / tier.d2h_gbs,
-      tier.d2h_gbs, tier.load_gbs, tier.load_gbs / tier.h2d_gbs, tier.h2d_gbs,
-      static_cast<long>(kTierPromptTokens), tier.recompute_seconds * 1e3, tier.reload_seconds * 1e3,
-      tier.recompute_seconds / tier.reload_seconds);
-  json += absl::StrFormat(
-      "  ,\"host_tier\": {\"blocks\": %d, \"bytes\": %.0f, \"save_gbs\": %.2f, "
-      "\"pinned_d2h_gbs\": %.2f, \"save_ratio\": %.3f, \"load_gbs\": %.2f, "
-      "\"pinned_h2d_gbs\": %.2f, \"load_ratio\": %.3f, \"prompt_tokens\": %d, "
-      "\"recompute_ms\": %.2f, \"host_hit_ms\": %.2f, \"hit_speedup\": %.2f}\n}\n",
-      tier.blocks, tier.bytes, tier.save_gbs, tier.d2h_gbs, tier.save_gbs / tier.d2h_gbs,
-      tier.load_gbs, tier.h2d_gbs, tier.load_gbs / tier.h2d_gbs, kTierPromptTokens,
-      tier.recompute_seconds * 1e3, tier.reload_seconds * 1e3,
-      tier.recompute_seconds / tier.reload_seconds);
+  PrintHostTier(tier);
+  json += HostTierJson(tier);
 
   const bool written = loom::bench::WriteGpuResult("cuda_forward_pass_bench", json);
   return written ? 0 : 1;
