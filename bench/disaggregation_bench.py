@@ -3,8 +3,11 @@ on the default model: two CPU worker processes on this machine (`--threads` each
 mixed replicas (`loom up --replicas 2`, prefix-aware routing) or one prefill and one decode
 replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-prefill-length: the
 decode replica's own measure, a prompt past it staying on the decode replica when the prefill
-replica's queue would give its first token later), and the latter with the KV pulled after the
-first token (`--no-kv-push`) instead of pushed while the prefill worker computes it. The same open-loop workload drives both, at the same request rate:
+replica's queue would give its first token later), the latter with the KV pulled after the
+first token (`--no-kv-push`) instead of pushed while the prefill worker computes it, and with a
+fixed --max-local-prefill-length of 512 (every prompt past it to the prefill replica, however
+long its queue: the other end of the ITL / TTFT trade-off). The same open-loop workload drives
+all four, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
 (a ~30-token prompt, 128 output tokens), every prompt new. The rate is relative to the machine: a
 calibration on one replica times a 2k-token prefill, and the rate puts the long prompts' prefill
@@ -59,7 +62,11 @@ LONG_TOKENS = 2048
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 # Two mixed replicas; one prefill and one decode replica; the same with
 # --max-prefill-queue-size 2 (a busy prefill replica leaves the prompt to the decode one).
-MODES = ["mixed", "disaggregated", "disaggregated_pulled"]
+MODES = ["mixed", "disaggregated", "disaggregated_pulled", "disaggregated_fixed"]
+# disaggregated_fixed: --max-local-prefill-length FIXED_LOCAL_LIMIT, the operator's threshold:
+# every prompt past it goes to the prefill replica (no first-token comparison), the other end
+# of the ITL / TTFT trade-off from the measured default.
+FIXED_LOCAL_LIMIT = 512
 # A short chat's output tokens: enough that decodes overlap the long prompts' prefills (with 48
 # a fast machine finished most chats between two long prompts).
 SHORT_OUTPUT = 128
@@ -184,6 +191,8 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
         flags.update(prefill_replicas=1, decode_replicas=1)
         if mode == "disaggregated_pulled":
             flags["kv_push"] = "off"  # the decode replica pulls the KV after the first token
+        if mode == "disaggregated_fixed":
+            flags["max_local_prefill_length"] = FIXED_LOCAL_LIMIT
         replicas = ["prefill-0", "decode-0"]
     else:
         flags.update(replicas=2)
@@ -257,6 +266,8 @@ def ratios(report: dict, copy_limit_s: float) -> dict:
     result["pulled"]["median_of_rounds"] = per_round("disaggregated_pulled")
     result["pulled"]["copy_limit_over_handoff"] = (
         copy_limit_s / report["disaggregated_pulled"]["handoff_mean_s"])
+    result["fixed_threshold"] = pair(report["mixed"], report["disaggregated_fixed"])
+    result["fixed_threshold"]["median_of_rounds"] = per_round("disaggregated_fixed")
     return result
 
 
