@@ -183,6 +183,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     if (const size_t words = kc::QuantGemmCounterCount(p); words > 0) {
       LOOM_RETURN_IF_ERROR(EnsureGemmCounters(words));
       p.counters = static_cast<uint32_t*>(gemm_counters_.data());
+      p.counter_words = gemm_counters_.bytes() / sizeof(uint32_t);
     }
     LOOM_RETURN_IF_ERROR(kc::LaunchQuantGemm(p, stream_));
   }

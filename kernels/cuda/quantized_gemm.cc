@@ -311,6 +311,12 @@ absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
     return absl::InvalidArgumentError(
         "QuantGemm: y (4-byte aligned with f32_out), bias and scales must be 2-byte aligned");
   }
+  if (p.counters != nullptr &&
+      (!Aligned(p.counters, 4) || p.counter_words < QuantGemmCounterCount(p))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("QuantGemm: %d counter words, %d needed (4-byte aligned)", p.counter_words,
+                        QuantGemmCounterCount(p)));
+  }
   const size_t needed = QuantGemmWorkspaceBytes(p);
   if (needed > 0 &&
       (p.workspace == nullptr || p.workspace_bytes < needed || !Aligned(p.workspace, 16))) {

@@ -106,6 +106,7 @@ struct QuantGemmParams {
   /// to 0, so the words stay reusable by any later launch on the same stream (and in
   /// graphs). Null: a second kernel sums the partials.
   uint32_t* counters = nullptr;
+  size_t counter_words = 0;  // words at `counters` (checked against QuantGemmCounterCount)
   /// y in F32 (the F32 sums plus the bias, never rounded to act_dtype): what a forward pass
   /// that keeps F32 activations reads, without a conversion launch after the GEMM.
   bool f32_out = false;

@@ -396,6 +396,13 @@ TEST(CudaQuantGemmTest, RejectsUnsupportedShapesBeforeLaunch) {
   p.workspace = storage;
   p.workspace_bytes = QuantGemmWorkspaceBytes(p);
   EXPECT_TRUE(CheckQuantGemmParams(p).ok());
+  // Tile counters, when given, must cover every output tile.
+  p.counters = reinterpret_cast<uint32_t*>(storage);
+  p.counter_words = QuantGemmCounterCount(p) - 1;
+  expect_invalid(p, "counter words");
+  p.counter_words = QuantGemmCounterCount(p);
+  EXPECT_TRUE(CheckQuantGemmParams(p).ok()) << CheckQuantGemmParams(p);
+  p.counters = nullptr;
   // Forced splits are provisioned as asked.
   p.num_splits = 3;
   EXPECT_EQ(QuantGemmWorkspaceBytes(p), 3u * 1 * 14336 * sizeof(float));
@@ -631,6 +638,9 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer counters,
                             testing_util::UploadRaw(std::vector<uint32_t>(words, 0)));
   p.counters = static_cast<uint32_t*>(counters.data());
+  p.counter_words = words - 1;  // one short: refused before launch
+  EXPECT_EQ(LaunchQuantGemm(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.counter_words = words;
   // Launch 0 directly; then captured into a graph, which must hold the GEMM alone (no reduce
   // kernel: the in-kernel path ran), replayed twice on the same counters.
   cudaStream_t stream = nullptr;
