@@ -63,11 +63,18 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   }
   const RouteDecision order = Rank(prefill, PromptTokens(*request), hashes, block_size);
   const std::string target_layout = target->kv_layout();
-  // Prefilled here, in chunks beside the decodes (each within the local limit: the stall
-  // stays bounded), the first token would come after this long. A fixed threshold
-  // (--max-local-prefill-length) is the operator's: no comparison then.
-  const double local_seconds =
-      target->prefill_limit_measured() ? target->FirstTokenSeconds(prompt - cached) : 0;
+  // Prefilled here, in chunks beside the decodes (each at most doubling their step), the
+  // first token would come after this long. A fixed threshold (--max-local-prefill-length)
+  // is the operator's: no comparison then. Nor for a prompt longer than a few chunks: kept
+  // here it would double the decodes' inter-token latency for hundreds of steps, which a
+  // decode replica exists to prevent (measured: 2.5x the step beside 10 decodes on a CPU,
+  // every prompt token attending to 2k others); it waits for the prefill pool, unless
+  // --max-prefill-queue-size says the pool is too busy (below).
+  constexpr int64_t kKeptLocalChunks = 4;
+  const bool comparable =
+      target->prefill_limit_measured() &&
+      prompt - cached <= kKeptLocalChunks * std::max<int64_t>(target->local_prefill_chunk(), 1);
+  const double local_seconds = comparable ? target->FirstTokenSeconds(prompt - cached) : 0;
   const double handoff_seconds = target->mean_handoff_seconds();
   int kept_local = 0;
   for (size_t index : order.order) {

@@ -699,8 +699,15 @@ void Replica::PublishStats() {
         LocalPrefillLimitNow(scheduler.speculation_policy().cost_model(), scheduler.num_running());
     local_prefill_limit_.store(limit);
     const engine::SchedulerConfig& config = scheduler.config();
-    // A decode replica prefills in chunks of the limit even without decodes running.
+    // A decode replica prefills in chunks that at most double its decodes' step, and in
+    // chunks of the limit without decodes running.
     const bool capped = role_.load() == ReplicaRole::kDecode;
+    const int64_t chunk =
+        capped ? engine::PrefillChunkBesideDecodes(scheduler.speculation_policy().cost_model(),
+                                                   scheduler.num_decoding(),
+                                                   std::min(limit, config.max_num_batched_tokens))
+               : config.max_num_batched_tokens;
+    local_prefill_chunk_.store(chunk);
     // What waits in the inbox is not the scheduler's yet (hand-offs bring their KV).
     int64_t queued = scheduler.num_prompt_tokens_pending();
     for (const std::shared_ptr<engine::Request>& request : inbox_) {
@@ -712,18 +719,15 @@ void Replica::PublishStats() {
     for (const PushWait& wait : awaiting_push_) {
       queued += static_cast<int64_t>(wait.request->params().prompt_ids.size());
     }
-    prefill_rate_ = engine::MeasurePrefillRate(
-        scheduler.speculation_policy().cost_model(), scheduler.num_running(),
-        capped ? std::min<int64_t>(limit, config.max_num_batched_tokens)
-               : config.max_num_batched_tokens,
-        queued);
+    prefill_rate_ = engine::MeasurePrefillRate(scheduler.speculation_policy().cost_model(),
+                                               scheduler.num_decoding(), chunk, queued);
     mean_handoff_seconds_ = MeasuredHandOffSeconds().value_or(0.0);
     // A decode replica prefills what it takes itself (short prompts, and long ones when the
-    // prefill replicas are busy or gone) in chunks of that size beside its decodes: a longer
-    // chunk would stall them more than handing it off costs. Without decodes too: a
-    // hand-off arriving mid-step waits out the chunks of the plans in flight.
+    // prefill replicas are busy or gone) in those chunks beside its decodes. Without decodes
+    // in chunks of the limit: a hand-off arriving mid-step waits out the chunks of the plans
+    // in flight.
     if (capped) {
-      engine_->scheduler().set_max_prefill_tokens_beside_decodes(limit, /*without_decodes=*/true);
+      engine_->scheduler().set_max_prefill_tokens_beside_decodes(chunk, /*without_decodes=*/true);
     }
   } else {
     stats_.set_num_running(0);

@@ -71,6 +71,7 @@ bool EngineCore::Plan(SchedulerOutput& out, StepRecord& record) {
     record.seq_ids.push_back(seq.seq_id);
   }
   record.num_tokens = out.num_decode_tokens + out.num_prefill_tokens;
+  record.num_decode_tokens = out.num_decode_tokens;
   return true;
 }
 
@@ -85,7 +86,8 @@ void EngineCore::Apply(const StepRecord& record, const loom::v1::StepResult& res
     scheduler_.ForgetPrefixCache();
     return;
   }
-  scheduler_.RecordStep(result.num_tokens(), result.timings().execute_seconds());
+  scheduler_.RecordStep(result.num_tokens(), result.timings().execute_seconds(),
+                        std::min<int64_t>(record.num_decode_tokens, result.num_tokens()));
   for (const loom::v1::PromptLogprobs& scored : result.prompt_logprobs()) {
     auto it = requests_.find(scored.seq_id());
     if (it != requests_.end()) it->second->AddPromptLogprobs(scored);

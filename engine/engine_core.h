@@ -20,6 +20,7 @@ struct StepRecord {
   std::vector<uint64_t> seq_ids;              // every sequence the step scheduled
   absl::flat_hash_set<uint64_t> speculative;  // those it asked to speculate
   int64_t num_tokens = 0;                     // tokens it computes (decodes + prefill)
+  int64_t num_decode_tokens = 0;              // of which decodes (and their drafts)
 };
 
 /// The engine core, written once: admits requests into the scheduler, plans steps, and

@@ -172,13 +172,20 @@ SchedulerOutput Scheduler::Schedule() {
   // (2) The next prefill chunks of running sequences, then (3) admissions: beside decodes
   // max_prefill_tokens_beside_decodes tokens at most, and while sequences wait the running
   // chunks take half of that: a short prompt that arrives behind a long prefill starts in
-  // the next step, not after the long prompt's last chunk.
+  // the next step, not after the long prompt's last chunk. A cap of one token goes to a
+  // waiting hand-off, whose room is held (its admission cannot fail for blocks).
   int64_t chunk_budget = budget;
   if (const int64_t cap = config_.max_prefill_tokens_beside_decodes;
       (decodes > 0 || config_.cap_prefill_without_decodes) && cap > 0) {
     budget = std::min(budget, cap);
-    chunk_budget = waiting_.empty() ? budget : std::max<int64_t>(budget / 2, 1);
+    chunk_budget =
+        waiting_.empty() ? budget : std::max<int64_t>(budget / 2, held_for_waiting_ > 0 ? 0 : 1);
   }
+  // Sequences whose stream has started (handed off after their first token elsewhere, or
+  // preempted) recompute ahead of prompts: their wait is a gap between tokens, and with a
+  // small cap a long prompt first in line would hold theirs for its whole prefill.
+  std::stable_partition(prefill_candidates_.begin(), prefill_candidates_.end(),
+                        [](const Sequence* seq) { return !seq->output_ids.empty(); });
   for (Sequence* seq : prefill_candidates_) {
     if (budget == 0 || chunk_budget == 0) break;
     if (seq->status != SequenceStatus::kRunning) continue;
@@ -633,6 +640,13 @@ Sequence* Scheduler::Find(uint64_t seq_id) {
 }
 
 int32_t Scheduler::num_running() const { return static_cast<int32_t>(running_.size()); }
+
+int32_t Scheduler::num_decoding() const {
+  return static_cast<int32_t>(
+      std::count_if(running_.begin(), running_.end(), [](const Sequence* seq) {
+        return seq->num_computed >= static_cast<int64_t>(seq->prompt_ids.size());
+      }));
+}
 
 int32_t Scheduler::num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
 

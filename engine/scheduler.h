@@ -95,6 +95,16 @@ bool TransferPays(double seconds_per_block, int64_t blocks, int32_t block_size,
 int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes,
                           std::optional<double> handoff_seconds);
 
+/// A decode replica's prefill chunk beside `num_decodes` running decodes: the most prompt
+/// tokens whose cost (StepCostModel::PrefillSecondsPerToken) stays within one decode step
+/// (cost(b)), so a step with a chunk takes at most twice a step of the decodes alone and
+/// their inter-token latency at most doubles (Sarathi-Serve's token budget, set from the
+/// stall the decodes can take). At least 1 and at most `largest`, which it is without
+/// decodes; 16 at most before a prompt token's cost is measured. LocalPrefillLimit rounds
+/// up to a power of two from 16, a threshold for where a prompt runs; as a chunk it stalled
+/// the decodes up to four times a step on a slow CPU.
+int64_t PrefillChunkBesideDecodes(const StepCostModel& cost, int64_t num_decodes, int64_t largest);
+
 /// How fast a replica gets through prompts, from its measured steps: what placement needs
 /// to tell when a prompt put there now would have its first token.
 struct PrefillRate {
@@ -185,9 +195,10 @@ class Scheduler {
   Sequence* ApplyOutputs(uint64_t seq_id, absl::Span<const int32_t> token_ids, bool speculative,
                          int32_t num_draft_tokens, int32_t num_accepted);
 
-  /// Records a finished step's size and forward time for the speculation policy.
-  void RecordStep(int64_t num_tokens, double seconds) {
-    speculation_policy_.RecordStep(num_tokens, seconds);
+  /// Records a finished step's size (`num_decode_tokens` of its `num_tokens` decodes, the
+  /// rest prompt tokens) and forward time for the speculation policy and placement.
+  void RecordStep(int64_t num_tokens, double seconds, int64_t num_decode_tokens = 0) {
+    speculation_policy_.RecordStep(num_tokens, seconds, num_decode_tokens);
   }
   const SpeculationPolicy& speculation_policy() const { return speculation_policy_; }
 
@@ -205,6 +216,8 @@ class Scheduler {
   Sequence* Find(uint64_t seq_id);
   /// Sequences holding blocks (status kRunning), at most max_num_seqs.
   int32_t num_running() const;
+  /// Running sequences past their prompt: the decodes a prefill chunk would stall.
+  int32_t num_decoding() const;
   /// Sequences queued for admission, new or preempted.
   int32_t num_waiting() const;
   /// Prompt tokens (and a preempted sequence's outputs) still to compute, waiting and

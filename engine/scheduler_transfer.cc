@@ -44,6 +44,18 @@ int64_t LocalPrefillLimit(const StepCostModel& cost, int64_t num_decodes,
   return kLargest;
 }
 
+int64_t PrefillChunkBesideDecodes(const StepCostModel& cost, int64_t num_decodes, int64_t largest) {
+  // Before a prompt token's cost is measured: a chunk whose step measures it.
+  constexpr int64_t kUnmeasured = 16;
+  largest = std::max<int64_t>(largest, 1);
+  if (!cost.PrefillCostMeasured()) return std::min(largest, kUnmeasured);
+  const double per_token = cost.PrefillSecondsPerToken();
+  if (num_decodes <= 0 || per_token <= 0) return largest;
+  const double tokens = cost.Estimate(num_decodes) / per_token;
+  if (!(tokens < static_cast<double>(largest))) return largest;
+  return std::max<int64_t>(static_cast<int64_t>(tokens), 1);
+}
+
 PrefillRate MeasurePrefillRate(const StepCostModel& cost, int64_t num_decodes, int64_t chunk,
                                int64_t queued_tokens) {
   PrefillRate rate;

@@ -60,11 +60,34 @@ void StepCostModel::Record(int64_t num_tokens, double seconds) {
   ++count_[bucket];
 }
 
+void StepCostModel::RecordPrefillBesideDecodes(int64_t decode_tokens, int64_t prefill_tokens,
+                                               double seconds) {
+  if (decode_tokens < 1 || prefill_tokens < 1 || !(seconds > 0) || !measured()) return;
+  // Steps of the decodes alone measured at this size (or interpolated between sizes that
+  // were): the rest of the step is the prompt tokens'.
+  const double stall = std::max(0.0, seconds - Estimate(decode_tokens));
+  const double per_token = stall / static_cast<double>(prefill_tokens);
+  prefill_seconds_per_token_ =
+      num_prefill_stalls_++ == 0
+          ? per_token
+          : prefill_seconds_per_token_ + kCostDecay * (per_token - prefill_seconds_per_token_);
+}
+
+double StepCostModel::PrefillSecondsPerToken() const {
+  return std::max(SecondsPerToken(), prefill_seconds_per_token_);
+}
+
 bool StepCostModel::measured() const {
   return std::any_of(count_.begin(), count_.end(), [](int64_t count) { return count > 0; });
 }
 
-double StepCostModel::SecondsPerToken() const {
+double StepCostModel::SecondsPerToken() const { return Slope().value_or(0.0); }
+
+bool StepCostModel::PrefillCostMeasured() const {
+  return num_prefill_stalls_ > 0 || Slope().has_value();
+}
+
+std::optional<double> StepCostModel::Slope() const {
   constexpr double kMinSpread = 16;
   double n = 0, sum_x = 0, sum_y = 0, sum_xx = 0, sum_xy = 0;
   double smallest = 0, largest = 0;
@@ -81,7 +104,7 @@ double StepCostModel::SecondsPerToken() const {
     sum_xy += x * y;
   }
   const double variance = n * sum_xx - sum_x * sum_x;
-  if (largest - smallest < kMinSpread || variance <= 0) return 0;
+  if (largest - smallest < kMinSpread || variance <= 0) return std::nullopt;
   return std::max(0.0, (n * sum_xy - sum_x * sum_y) / variance);
 }
 

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -55,6 +56,18 @@ class StepCostModel {
   /// 16 tokens (a few decodes' steps differ by noise, not by their tokens) or when the line
   /// does not rise.
   double SecondsPerToken() const;
+  /// Records a step of `decode_tokens` decodes beside `prefill_tokens` prompt tokens: what
+  /// the prompt tokens added to the step, per token, over Estimate(decode_tokens) (a
+  /// decay-weighted mean). Call before Record for the same step.
+  void RecordPrefillBesideDecodes(int64_t decode_tokens, int64_t prefill_tokens, double seconds);
+  /// What a prompt token beside decodes costs: the larger of the fitted slope and the
+  /// stall measured by RecordPrefillBesideDecodes (a prompt token attends to its whole
+  /// prompt so far, which the slope, fitted to step sizes alone, does not see: a chunk of
+  /// a 2k-token prompt costs 1.5x the slope on a small model). 0 when neither is measured.
+  double PrefillSecondsPerToken() const;
+  /// Whether PrefillSecondsPerToken is measured: a stall recorded, or step sizes spanning
+  /// enough for the slope (a fast device's 0 is a measurement).
+  bool PrefillCostMeasured() const;
 
  private:
   static constexpr int kNumBuckets = 48;  // 1..16 tokens exactly, then 4 per octave
@@ -62,6 +75,11 @@ class StepCostModel {
   static int64_t BucketTokens(int bucket);
   std::array<double, kNumBuckets> mean_seconds_{};
   std::array<int64_t, kNumBuckets> count_{};
+  // The slope, nullopt before the measured sizes span 16 tokens.
+  std::optional<double> Slope() const;
+
+  double prefill_seconds_per_token_ = 0;  // RecordPrefillBesideDecodes's mean
+  int64_t num_prefill_stalls_ = 0;        // steps it has seen
 };
 
 /// Adaptive speculative decoding (the policy, not the mechanism): every step it picks the
@@ -77,7 +95,10 @@ class SpeculationPolicy {
   explicit SpeculationPolicy(const SpeculationConfig& config) : config_(config) {}
 
   /// Records a finished step (its computed tokens and the worker's forward time).
-  void RecordStep(int64_t num_tokens, double seconds) { cost_.Record(num_tokens, seconds); }
+  void RecordStep(int64_t num_tokens, double seconds, int64_t num_decode_tokens = 0) {
+    cost_.RecordPrefillBesideDecodes(num_decode_tokens, num_tokens - num_decode_tokens, seconds);
+    cost_.Record(num_tokens, seconds);
+  }
 
   /// The draft tokens for each of `limits.size()` decoding sequences this step:
   /// `limits[i]` is sequence i's cap (0: it does not speculate), `stats[i]` its history,

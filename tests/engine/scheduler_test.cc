@@ -128,6 +128,9 @@ TEST(SchedulerTest, SchedulesRunningDecodesBeforePrefillChunks) {
   EXPECT_EQ(second.scheduled[1].num_tokens, 9);
   EXPECT_FALSE(second.scheduled[1].sample);
   ApplySamples(scheduler, second);
+  // Two running, one of them past its prompt: the decode a prefill chunk stalls.
+  EXPECT_EQ(scheduler.num_running(), 2);
+  EXPECT_EQ(scheduler.num_decoding(), 1);
 
   SchedulerOutput third = scheduler.Schedule();
   ASSERT_THAT(ScheduledIds(third), ElementsAre(1u, 2u));
@@ -237,6 +240,40 @@ TEST(SchedulerTest, BesideDecodesAWaitingPromptGetsHalfTheCapFromALongPrefill) {
   ASSERT_NE(WorkFor(shared, 3), nullptr);        // admitted at once, 3 tokens
   EXPECT_EQ(WorkFor(shared, 3)->num_tokens, 3);
   EXPECT_TRUE(WorkFor(shared, 3)->sample);
+}
+
+TEST(SchedulerTest, AHandOffIsNotHeldBehindALongPrefillByATinyCap) {
+  // A decode replica on a slow CPU: one prompt token a step beside its decodes.
+  SchedulerConfig config = Config(4, 64, 32);
+  config.max_prefill_tokens_beside_decodes = 1;
+  config.cap_prefill_without_decodes = true;
+  Scheduler scheduler(config);
+  ASSERT_TRUE(scheduler.Add(MakeSequence(1, 1, 64)).ok());
+  ApplySamples(scheduler, scheduler.Schedule());            // 1 decodes from now on
+  ASSERT_TRUE(scheduler.Add(MakeSequence(2, 40, 8)).ok());  // a long prompt kept here
+  ApplySamples(scheduler, scheduler.Schedule());
+  ASSERT_EQ(scheduler.Find(2)->num_computed, 1);
+  // A hand-off: its first token came from the prefill replica, its room is held.
+  auto handed = MakeSequence(3, 6, 8);
+  handed->output_ids = {7};
+  ASSERT_TRUE(scheduler.Add(std::move(handed)).ok());
+  scheduler.HoldBlocksFor(3, 2);
+  SchedulerOutput admitted = scheduler.Schedule();
+  ASSERT_NE(WorkFor(admitted, 3), nullptr) << "the long prompt took the one token";
+  EXPECT_EQ(WorkFor(admitted, 3)->num_tokens, 1);
+  EXPECT_EQ(WorkFor(admitted, 2), nullptr);
+  ApplySamples(scheduler, admitted);
+  // Its stream has started: it recomputes ahead of the long prompt, a token a step, until
+  // its last known token, which is a decode's (the long prompt's chunk goes on beside it).
+  for (int32_t step = 2; step <= 7; ++step) {
+    SchedulerOutput out = scheduler.Schedule();
+    ASSERT_NE(WorkFor(out, 3), nullptr) << "step " << step;
+    EXPECT_EQ(WorkFor(out, 2) != nullptr, step == 7) << "step " << step;
+    EXPECT_EQ(WorkFor(out, 3)->sample, step == 7);
+    ApplySamples(scheduler, out);
+  }
+  EXPECT_EQ(scheduler.Find(3)->output_ids.size(), 2u);
+  EXPECT_EQ(scheduler.Find(2)->num_computed, 2);
 }
 
 TEST(SchedulerTest, TwoPlansInFlightScheduleTheDecodeOfATokenStillInFlight) {

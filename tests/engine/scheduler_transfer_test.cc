@@ -181,6 +181,45 @@ TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAn
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.0), 128);
 }
 
+TEST(SchedulerTransferTest, ADecodeReplicasChunkStallsItsDecodesByAtMostOneStep) {
+  StepCostModel cost;
+  EXPECT_EQ(PrefillChunkBesideDecodes(cost, 8, 128), 16);  // nothing measured: a small chunk
+  EXPECT_EQ(PrefillChunkBesideDecodes(cost, 0, 128), 16);
+  EXPECT_EQ(PrefillChunkBesideDecodes(cost, 8, 4), 4);
+  // Steps cost 10 ms plus 1 ms per token (a slow CPU): beside 8 decodes (18 ms) a chunk of
+  // 18 tokens at most, where the local prefill limit would stall them 16 ms or more.
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    cost.Record(tokens, 0.010 + 0.001 * static_cast<double>(tokens));
+  }
+  // (The fitted slope is 1 ms up to rounding: 17.99... tokens are 17.)
+  EXPECT_NEAR(PrefillChunkBesideDecodes(cost, 8, 128), 18, 1);
+  EXPECT_NEAR(PrefillChunkBesideDecodes(cost, 64, 128), 74, 1);
+  EXPECT_EQ(PrefillChunkBesideDecodes(cost, 512, 128), 128);  // never past the limit
+  EXPECT_EQ(PrefillChunkBesideDecodes(cost, 0, 128), 128);    // no decodes to stall
+  EXPECT_EQ(PrefillChunkBesideDecodes(cost, 8, 0), 1);
+  // A fast device: a token costs next to nothing beside the step, the limit decides.
+  StepCostModel fast;
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    fast.Record(tokens, 0.010 + 1e-7 * static_cast<double>(tokens));
+  }
+  EXPECT_EQ(PrefillChunkBesideDecodes(fast, 8, 512), 512);
+  // Measured and free: a chunk beside decodes costs them nothing measurable.
+  fast.RecordPrefillBesideDecodes(8, 64, fast.Estimate(8));
+  EXPECT_TRUE(fast.PrefillCostMeasured());
+  EXPECT_EQ(PrefillChunkBesideDecodes(fast, 8, 512), 512);
+  // A step a chunk's token outweighs: still one token a step, the prompt moves on.
+  StepCostModel slow_tokens;
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    slow_tokens.Record(tokens, 0.001 + 0.01 * static_cast<double>(tokens));
+  }
+  EXPECT_EQ(PrefillChunkBesideDecodes(slow_tokens, 1, 128), 1);
+  // Chunks of a long prompt measured at 2 ms a token beside 8 decodes (its tokens attend
+  // to 2k others), where the slope says 1: the chunk halves.
+  for (int i = 0; i < 100; ++i) cost.RecordPrefillBesideDecodes(8, 9, 0.018 + 9 * 0.002);
+  EXPECT_NEAR(cost.PrefillSecondsPerToken(), 0.002, 1e-6);
+  EXPECT_NEAR(PrefillChunkBesideDecodes(cost, 8, 128), 9, 1);
+}
+
 TEST(SchedulerTransferTest, TheLocalPrefillLimitHoldsStillWhenSomeStepSizesMeasureNoisily) {
   StepCostModel cost;
   for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
