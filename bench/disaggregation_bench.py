@@ -2,11 +2,11 @@
 on the default model: two CPU worker processes on this machine (`--threads` each), either two
 mixed replicas (`loom up --replicas 2`, prefix-aware routing) or one prefill and one decode
 replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-prefill-length: the
-decode replica's own measure, a prompt past it staying on the decode replica when the prefill
-replica's queue would give its first token later), the latter with the KV pulled after the
-first token (`--no-kv-push`) instead of pushed while the prefill worker computes it, and with a
-fixed --max-local-prefill-length of 512 (every prompt past it to the prefill replica, however
-long its queue: the other end of the ITL / TTFT trade-off). The same open-loop workload drives
+decode replica's own measure, a prompt past it of at most --max-num-batched-tokens staying on
+the decode replica when the prefill replica's queue would give its first token later), the
+latter with the KV pulled after the first token (`--no-kv-push`) instead of pushed while the
+prefill worker computes it, and with a fixed --max-local-prefill-length of 512 (every prompt
+past it to the prefill replica, none shorter: no first-token comparison). --modes picks some. The same open-loop workload drives
 all four, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
 (a ~30-token prompt, 128 output tokens), every prompt new. The rate is relative to the machine: a
@@ -17,7 +17,8 @@ where P/D has nothing to win, and a slow one was driven past saturation).
 Reported per configuration (medians over rounds, the configurations alternated):
   * decode ITL p50/p99/p99.9/max: the gaps between a request's consecutive streamed tokens after its first,
     over every request (a hand-off's gap from the prefill replica's token to the decode replica's
-    next one included);
+    next one included); that first gap's p50/p99 and the later gaps' p99 apart, and each round's
+    five longest gaps (which request, after which message, when);
   * TTFT p50/p99 of the long prompts, and of the short ones;
   * P/D: the hand-off (transfer phase: the prefill replica's first token to the decode replica's
     admission with the KV, from loom_disagg_phase_seconds) of a 2k-token prompt, against the
@@ -60,8 +61,8 @@ WORDS = ("the river runs past old stone walls where people sell bread fish and c
 LONG_TOKENS = 2048
 # The default model's KV per token: 30 layers x K and V x 3 heads x 64 x 2 bytes (f16).
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
-# Two mixed replicas; one prefill and one decode replica; the same with
-# --max-prefill-queue-size 2 (a busy prefill replica leaves the prompt to the decode one).
+# Two mixed replicas; one prefill and one decode replica (KV pushed; pulled); the same with a
+# fixed threshold.
 MODES = ["mixed", "disaggregated", "disaggregated_pulled", "disaggregated_fixed"]
 # disaggregated_fixed: --max-local-prefill-length FIXED_LOCAL_LIMIT, the operator's threshold:
 # every prompt past it goes to the prefill replica (no first-token comparison), the other end
@@ -149,20 +150,29 @@ def percentile(values, q):
 
 
 def summarize(requests, records) -> dict:
-    gaps, ttft_long, ttft_short, failed = [], [], [], 0
-    for (_, _, max_tokens, long), record in zip(requests, records):
+    gaps, ttft_long, ttft_short, failed, worst = [], [], [], 0, []
+    second_gaps, later_gaps = [], []  # the gap after the first token (a hand-off's), the rest
+    for index, ((_, _, max_tokens, long), record) in enumerate(zip(requests, records)):
         times = record.get("times", [])
         if "error" in record or sum(n for _, n in times) != max_tokens:
             failed += 1
             continue
         (ttft_long if long else ttft_short).append(times[0][0] - record["start"])
-        for (previous, _), (now, n) in zip(times, times[1:]):
+        for position, ((previous, _), (now, n)) in enumerate(zip(times, times[1:]), start=1):
             gaps.extend([(now - previous) / n] * n)  # a message of n tokens: n gaps
+            (second_gaps if position == 1 else later_gaps).extend([(now - previous) / n] * n)
+            worst.append((now - previous, index, long, position, previous - record["start"]))
+    # Where the tail comes from: the longest gaps, with their request (long or short), the
+    # message after which each came (1: the first token's, where a hand-off sits) and when.
+    worst = [{"gap_s": g, "request": i, "long": lg, "after_message": p, "at_s": t}
+             for g, i, lg, p, t in sorted(worst, reverse=True)[:5]]
     return {"requests": len(records), "failed": failed, "itl_p50_s": percentile(gaps, 50),
             "itl_p99_s": percentile(gaps, 99), "itl_p999_s": percentile(gaps, 99.9),
             "itl_max_s": max(gaps) if gaps else float("nan"), "ttft_long_p50_s": percentile(ttft_long, 50),
             "ttft_long_p99_s": percentile(ttft_long, 99), "ttft_short_p50_s": percentile(ttft_short, 50),
-            "ttft_short_p99_s": percentile(ttft_short, 99), "num_long": len(ttft_long)}
+            "ttft_short_p99_s": percentile(ttft_short, 99), "num_long": len(ttft_long),
+            "first_gap_p50_s": percentile(second_gaps, 50), "first_gap_p99_s": percentile(second_gaps, 99),
+            "later_itl_p99_s": percentile(later_gaps, 99), "worst_gaps": worst}
 
 
 def transfer_phase(http_url: str) -> tuple:
@@ -259,15 +269,17 @@ def ratios(report: dict, copy_limit_s: float) -> dict:
         rounds = [pair(m, p) for m, p in zip(report["mixed"]["rounds"], report[mode]["rounds"])]
         return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
-    result = pair(report["mixed"], report["disaggregated"])
-    result["copy_limit_over_handoff"] = copy_limit_s / report["disaggregated"]["handoff_mean_s"]
-    result["median_of_rounds"] = per_round("disaggregated")
-    result["pulled"] = pair(report["mixed"], report["disaggregated_pulled"])
-    result["pulled"]["median_of_rounds"] = per_round("disaggregated_pulled")
-    result["pulled"]["copy_limit_over_handoff"] = (
-        copy_limit_s / report["disaggregated_pulled"]["handoff_mean_s"])
-    result["fixed_threshold"] = pair(report["mixed"], report["disaggregated_fixed"])
-    result["fixed_threshold"]["median_of_rounds"] = per_round("disaggregated_fixed")
+    def of(mode: str) -> dict:
+        ratio = pair(report["mixed"], report[mode])
+        ratio["median_of_rounds"] = per_round(mode)
+        if report[mode].get("handoff_mean_s"):
+            ratio["copy_limit_over_handoff"] = copy_limit_s / report[mode]["handoff_mean_s"]
+        return ratio
+
+    result = of("disaggregated") if "disaggregated" in report else {}
+    for mode, key in (("disaggregated_pulled", "pulled"), ("disaggregated_fixed", "fixed_threshold")):
+        if mode in report:
+            result[key] = of(mode)
     return result
 
 
@@ -281,9 +293,12 @@ def main():
                         help="the long prompts' prefill work as a fraction of one worker's time: "
                              "rate = utilization / (0.1 x the measured 2k-token prefill)")
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated configurations to run (mixed always runs: the baseline)")
     parser.add_argument("--output", default=str(SOURCE_DIR / "bench" / "results" / "disaggregation.json"))
     args = parser.parse_args()
-    runs = {mode: [] for mode in MODES}
+    modes = [mode for mode in MODES if mode == "mixed" or mode in args.modes.split(",")]
+    runs = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         calibration = calibrate(tmp, args.threads)
@@ -297,7 +312,7 @@ def main():
                   "short_output_tokens": SHORT_OUTPUT}
         for r in range(args.rounds):
             requests = workload(args.seconds, rate, r, lambda text: h.tokenize(text))
-            order = MODES if r % 2 == 0 else MODES[::-1]
+            order = modes if r % 2 == 0 else modes[::-1]
             for mode in order:
                 result = measure(tmp, f"{mode}-{r}", requests, args.threads, mode)
                 runs[mode].append(result)

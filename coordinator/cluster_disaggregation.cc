@@ -65,15 +65,13 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
   const std::string target_layout = target->kv_layout();
   // Prefilled here, in chunks beside the decodes (each at most doubling their step), the
   // first token would come after this long. A fixed threshold (--max-local-prefill-length)
-  // is the operator's: no comparison then. Nor for a prompt longer than a few chunks: kept
-  // here it would double the decodes' inter-token latency for hundreds of steps, which a
-  // decode replica exists to prevent (measured: 2.5x the step beside 10 decodes on a CPU,
-  // every prompt token attending to 2k others); it waits for the prefill pool, unless
-  // --max-prefill-queue-size says the pool is too busy (below).
-  constexpr int64_t kKeptLocalChunks = 4;
+  // is the operator's: no comparison then. Nor for a prompt longer than one full step
+  // (--max-num-batched-tokens): kept here, it would double the decodes' inter-token latency
+  // for hundreds of steps on a CPU (a 2k-token prompt: ~200 chunks beside 10 decodes),
+  // which a decode replica exists to prevent; it waits for the prefill pool, unless
+  // --max-prefill-queue-size passes the pool over (below).
   const bool comparable =
-      target->prefill_limit_measured() &&
-      prompt - cached <= kKeptLocalChunks * std::max<int64_t>(target->local_prefill_chunk(), 1);
+      target->prefill_limit_measured() && prompt - cached <= target->max_num_batched_tokens();
   const double local_seconds = comparable ? target->FirstTokenSeconds(prompt - cached) : 0;
   const double handoff_seconds = target->mean_handoff_seconds();
   int kept_local = 0;

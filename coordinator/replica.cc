@@ -707,7 +707,6 @@ void Replica::PublishStats() {
                                                    scheduler.num_decoding(),
                                                    std::min(limit, config.max_num_batched_tokens))
                : config.max_num_batched_tokens;
-    local_prefill_chunk_.store(chunk);
     // What waits in the inbox is not the scheduler's yet (hand-offs bring their KV).
     int64_t queued = scheduler.num_prompt_tokens_pending();
     for (const std::shared_ptr<engine::Request>& request : inbox_) {

@@ -250,14 +250,13 @@ class Replica {
   /// prefilled elsewhere (ReplicaOptions::max_local_prefill_length, else this replica's
   /// step timings: engine::LocalPrefillLimit), updated after every step.
   int64_t local_prefill_limit() const { return local_prefill_limit_.load(); }
-  /// The prompt tokens a step of this replica computes beside its decodes at most: a
-  /// decode replica's chunk that at most doubles their step (engine::PrefillChunkBesideDecodes),
-  /// else max_num_batched_tokens; updated after every step.
-  int64_t local_prefill_chunk() const { return local_prefill_chunk_.load(); }
+  /// ReplicaOptions::max_num_batched_tokens: the prompt tokens of one full step.
+  int64_t max_num_batched_tokens() const { return options_.max_num_batched_tokens; }
   /// Disaggregated serving: the expected seconds until this replica gives the first token
   /// of a prompt of `tokens` uncached tokens submitted now (engine::FirstTokenSeconds from
   /// its measured steps and the prompt tokens queued here; a decode replica prefills in
-  /// chunks of local_prefill_chunk() beside its decodes). 0 before its steps were measured.
+  /// chunks beside its decodes that at most double their step:
+  /// engine::PrefillChunkBesideDecodes). 0 before its steps were measured.
   double FirstTokenSeconds(int64_t tokens) const;
   /// Whether local_prefill_limit() is measured (no --max-local-prefill-length): placement
   /// then also compares the expected first-token times (Cluster::PlaceDisaggregated).
@@ -398,7 +397,6 @@ class Replica {
   const HandOffFn hand_off_;
   std::atomic<ReplicaRole> role_{ReplicaRole::kMixed};
   std::atomic<int64_t> local_prefill_limit_{0};
-  std::atomic<int64_t> local_prefill_chunk_{0};
   std::atomic<uint64_t> num_prefills_kept_local_{0};
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> load_{0};
