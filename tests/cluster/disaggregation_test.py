@@ -396,14 +396,19 @@ def long_reference(binaries, tmp_path_factory):
         up.stop()
 
 
-def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(binaries, long_reference, tmp_path):
+@pytest.mark.parametrize("step_tokens", [1024, 512])
+def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(binaries, long_reference, tmp_path,
+                                                                             step_tokens):
     # The threshold measured (no --max-local-prefill-length). Short prompts time the decode
     # replica's steps; the first long prompt goes to the prefill replica (nothing timed there
     # yet: sending is the default). Then a burst of long prompts queues on the prefill replica,
-    # and those whose first token its queue would delay past the decode replica's own prefill
-    # stay there, counted; each gives the mixed replica's tokens.
+    # and with steps of 1,024 tokens those whose first token its queue would delay past the
+    # decode replica's own prefill stay there, counted; with steps of 512 the long prompts
+    # (600-900 tokens) are past one full step: kept local they would double the decodes' step
+    # for hundreds of steps, so every one waits for the prefill replica. Each gives the mixed
+    # replica's tokens.
     workers = {"prefill-0": {**COMMON, "role": "prefill"}, "decode-0": {**COMMON, "role": "decode"}}
-    with h.running_cluster(tmp_path, workers) as rig:
+    with h.running_cluster(tmp_path, workers, max_num_batched_tokens=step_tokens) as rig:
         stub = rig.coordinator.stub
         for outcome in h.generate_all(stub, [make_request(PROMPTS[i], max_tokens=FAILURE_TOKENS, ignore_eos=True)
                                              for i in range(5)], timeout=180):
@@ -426,6 +431,10 @@ def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(bin
         status = no_block_held(rig, ["decode-0", "prefill-0"])
         decode = status["decode-0"]
         kept = [o for o in burst if o.replica_id == "decode-0"]
-        assert decode.num_prefills_kept_local >= 1, decode
+        if step_tokens == 512:
+            assert decode.num_prefills_kept_local == 0, decode
+            assert status["prefill-0"].num_handoffs_out == len(LONG_PROMPTS), status["prefill-0"]
+        else:
+            assert decode.num_prefills_kept_local >= 1, decode
         assert len(kept) >= decode.num_prefills_kept_local, [o.replica_id for o in burst]
         assert status["prefill-0"].num_handoffs_out == decode.num_handoffs_in >= 1

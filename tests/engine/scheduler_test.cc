@@ -207,11 +207,16 @@ TEST(SchedulerTest, BesideDecodesAPrefillTakesAtMostItsCapAndAloneTheWholeBudget
   EXPECT_EQ(WorkFor(uncapped, 3)->num_tokens, 2);
 }
 
-TEST(SchedulerTest, ADecodeReplicasCapHoldsInStepsWithoutDecodesToo) {
+// A decode replica's: `cap` prompt tokens a step, with or without decodes.
+SchedulerConfig DecodeReplicaConfig(int64_t cap) {
   SchedulerConfig config = Config(4, 64, 32);
-  config.max_prefill_tokens_beside_decodes = 6;
+  config.max_prefill_tokens_beside_decodes = cap;
   config.cap_prefill_without_decodes = true;
-  Scheduler scheduler(config);
+  return config;
+}
+
+TEST(SchedulerTest, ADecodeReplicasCapHoldsInStepsWithoutDecodesToo) {
+  Scheduler scheduler(DecodeReplicaConfig(6));
   ASSERT_TRUE(scheduler.Add(MakeSequence(1, 40, 8)).ok());
   // Alone, still 6 a step: a hand-off arriving now waits out 6 tokens' steps, not 32's.
   for (int32_t step = 0; step < 3; ++step) {
@@ -244,10 +249,7 @@ TEST(SchedulerTest, BesideDecodesAWaitingPromptGetsHalfTheCapFromALongPrefill) {
 
 TEST(SchedulerTest, AHandOffIsNotHeldBehindALongPrefillByATinyCap) {
   // A decode replica on a slow CPU: one prompt token a step beside its decodes.
-  SchedulerConfig config = Config(4, 64, 32);
-  config.max_prefill_tokens_beside_decodes = 1;
-  config.cap_prefill_without_decodes = true;
-  Scheduler scheduler(config);
+  Scheduler scheduler(DecodeReplicaConfig(1));
   ASSERT_TRUE(scheduler.Add(MakeSequence(1, 1, 64)).ok());
   ApplySamples(scheduler, scheduler.Schedule());            // 1 decodes from now on
   ASSERT_TRUE(scheduler.Add(MakeSequence(2, 40, 8)).ok());  // a long prompt kept here
