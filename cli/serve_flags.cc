@@ -52,9 +52,9 @@ void AddKvTransferFlags(CLI::App& app, api::ServeOptions& options) {
          "disaggregated serving (workers started with --role prefill / decode): a prompt with "
          "more uncached tokens than this is prefilled on a prefill replica and handed to a "
          "decode replica with its KV (Dynamo's flag; 0: each decode replica's measure, the "
-         "prompt length that would double its decode step, and a prompt stays on its decode "
-         "replica when every prefill replica's expected first token, by its queued prompt "
-         "tokens, comes later)");
+         "prompt length that would double its decode step, and a prompt of at most "
+         "--max-num-batched-tokens stays on its decode replica when every prefill replica's "
+         "expected first token, by its queued prompt tokens, comes later)");
   AddInt(app, "--max-prefill-queue-size", options.cluster.max_prefill_queue_size, 0, 1 << 20,
          "disaggregated serving: a prefill replica holding this many requests, or more queued "
          "prompt tokens than the prompt's own, is passed over, and when every one is, the "
