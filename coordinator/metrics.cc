@@ -159,6 +159,12 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                                      "this replica is prefilled on a prefill replica "
                                      "(measured unless --max-local-prefill-length is set).")
                                .Register(*registry_)),
+      prefill_chunk_(BuildGauge()
+                         .Name("loom_disagg_prefill_chunk_tokens")
+                         .Help("Prompt tokens a step of this replica computes at most: on a "
+                               "decode replica the chunk that at most doubles its decodes' "
+                               "step.")
+                         .Register(*registry_)),
       prefix_queries_(BuildCounter()
                           .Name("loom_prefix_cache_queries_total")
                           .Help("Prompt tokens looked up in the prefix cache when a "
@@ -485,6 +491,7 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
              static_cast<double>(replica.num_handoffs_pushed()));
       reserved_blocks_.Add(labels).Set(static_cast<double>(replica.num_reserved_blocks()));
       local_prefill_limit_.Add(labels).Set(static_cast<double>(replica.local_prefill_limit()));
+      prefill_chunk_.Add(labels).Set(static_cast<double>(replica.prefill_chunk_tokens()));
     }
   }
 }

@@ -117,6 +117,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& handoffs_pushed_;
   prometheus::Family<prometheus::Gauge>& reserved_blocks_;
   prometheus::Family<prometheus::Gauge>& local_prefill_limit_;
+  prometheus::Family<prometheus::Gauge>& prefill_chunk_;
   // As they happen.
   prometheus::Family<prometheus::Counter>& prefix_queries_;
   prometheus::Family<prometheus::Counter>& prefix_hits_;

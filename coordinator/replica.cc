@@ -155,6 +155,7 @@ loom::v1::ReplicaStatus Replica::Status() const {
                                               awaiting_push_count_.load()));
   status.set_num_reserved_blocks(reserved_blocks_ + held_for_waiting_);
   status.set_local_prefill_limit(local_prefill_limit_.load());
+  status.set_prefill_chunk_tokens(prefill_chunk_.load());
   status.set_num_prefills_kept_local(num_prefills_kept_local_.load());
   return status;
 }
@@ -707,6 +708,7 @@ void Replica::PublishStats() {
                                                    scheduler.num_decoding(),
                                                    std::min(limit, config.max_num_batched_tokens))
                : config.max_num_batched_tokens;
+    prefill_chunk_.store(chunk);
     // What waits in the inbox is not the scheduler's yet (hand-offs bring their KV).
     int64_t queued = scheduler.num_prompt_tokens_pending();
     for (const std::shared_ptr<engine::Request>& request : inbox_) {

@@ -397,6 +397,7 @@ class Replica {
   const HandOffFn hand_off_;
   std::atomic<ReplicaRole> role_{ReplicaRole::kMixed};
   std::atomic<int64_t> local_prefill_limit_{0};
+  std::atomic<int64_t> prefill_chunk_{0};  // ReplicaStatus.prefill_chunk_tokens
   std::atomic<uint64_t> num_prefills_kept_local_{0};
   std::atomic<bool> healthy_{false};
   std::atomic<int64_t> load_{0};

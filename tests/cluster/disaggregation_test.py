@@ -422,6 +422,9 @@ def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(bin
                                                "the first hand-off admitted")
         assert status["decode-0"].num_handoffs_pushed == 1, status["decode-0"]
         assert 0 < status["decode-0"].local_prefill_limit < 512, status["decode-0"]
+        # Its chunk beside decodes is never past that limit; the prefill replica's is a full step.
+        assert 0 < status["decode-0"].prefill_chunk_tokens <= status["decode-0"].local_prefill_limit
+        assert status["prefill-0"].prefill_chunk_tokens == step_tokens, status["prefill-0"]
         burst = h.generate_all(stub, [make_request(p, max_tokens=LONG_TOKENS, ignore_eos=True)
                                       for p in LONG_PROMPTS[1:]], timeout=600)
         for i, outcome in enumerate(first + burst):
