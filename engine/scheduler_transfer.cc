@@ -48,10 +48,10 @@ int64_t PrefillChunkBesideDecodes(const StepCostModel& cost, int64_t num_decodes
   // Before a prompt token's cost is measured: a chunk whose step measures it.
   constexpr int64_t kUnmeasured = 16;
   largest = std::max<int64_t>(largest, 1);
-  if (!cost.PrefillCostMeasured()) return std::min(largest, kUnmeasured);
-  const double per_token = cost.PrefillSecondsPerToken();
-  if (num_decodes <= 0 || per_token <= 0) return largest;
-  const double tokens = cost.Estimate(num_decodes) / per_token;
+  const std::optional<double> per_token = cost.PrefillSecondsPerToken();
+  if (!per_token.has_value()) return std::min(largest, kUnmeasured);
+  if (num_decodes <= 0 || *per_token <= 0) return largest;
+  const double tokens = cost.Estimate(num_decodes) / *per_token;
   if (!(tokens < static_cast<double>(largest))) return largest;
   return std::max<int64_t>(static_cast<int64_t>(tokens), 1);
 }

@@ -73,8 +73,10 @@ void StepCostModel::RecordPrefillBesideDecodes(int64_t decode_tokens, int64_t pr
           : prefill_seconds_per_token_ + kCostDecay * (per_token - prefill_seconds_per_token_);
 }
 
-double StepCostModel::PrefillSecondsPerToken() const {
-  return std::max(SecondsPerToken(), prefill_seconds_per_token_);
+std::optional<double> StepCostModel::PrefillSecondsPerToken() const {
+  const std::optional<double> slope = Slope();
+  if (num_prefill_stalls_ == 0) return slope;
+  return std::max(slope.value_or(0.0), prefill_seconds_per_token_);
 }
 
 bool StepCostModel::measured() const {
@@ -82,10 +84,6 @@ bool StepCostModel::measured() const {
 }
 
 double StepCostModel::SecondsPerToken() const { return Slope().value_or(0.0); }
-
-bool StepCostModel::PrefillCostMeasured() const {
-  return num_prefill_stalls_ > 0 || Slope().has_value();
-}
 
 std::optional<double> StepCostModel::Slope() const {
   constexpr double kMinSpread = 16;

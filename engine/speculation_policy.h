@@ -63,11 +63,9 @@ class StepCostModel {
   /// What a prompt token beside decodes costs: the larger of the fitted slope and the
   /// stall measured by RecordPrefillBesideDecodes (a prompt token attends to its whole
   /// prompt so far, which the slope, fitted to step sizes alone, does not see: a chunk of
-  /// a 2k-token prompt costs 1.5x the slope on a small model). 0 when neither is measured.
-  double PrefillSecondsPerToken() const;
-  /// Whether PrefillSecondsPerToken is measured: a stall recorded, or step sizes spanning
-  /// enough for the slope (a fast device's 0 is a measurement).
-  bool PrefillCostMeasured() const;
+  /// a 2k-token prompt costs 1.5x the slope on a small model). nullopt before either is
+  /// measured (a fast device's 0 is a measurement).
+  std::optional<double> PrefillSecondsPerToken() const;
 
  private:
   static constexpr int kNumBuckets = 48;  // 1..16 tokens exactly, then 4 per octave

@@ -50,6 +50,13 @@ void RunOnce(Scheduler& scheduler, uint64_t id, const std::vector<int32_t>& prom
   scheduler.Finish(id);
 }
 
+// Steps of 1 to 4,096 tokens, each costing `fixed` plus `per_token` a token.
+void RecordLinearSteps(StepCostModel& cost, double fixed, double per_token) {
+  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
+    cost.Record(tokens, fixed + per_token * static_cast<double>(tokens));
+  }
+}
+
 TEST(SchedulerTransferTest, ExportHoldsTheChainAndCopiesPoolOnlyBlocksOut) {
   Scheduler source(TierConfig(16, 8));
   const std::vector<int32_t> prompt = Tokens(100, 13);
@@ -167,9 +174,7 @@ TEST(SchedulerTransferTest, ALocalPrefillIsTooLongWhenItsStallOutweighsTheStepAn
   // Steps cost 10 ms plus 0.1 ms per token: a decode step of 8 sequences 10.8 ms; a prefill
   // of n tokens beside it stalls it 0.1 n ms, more than the step from n = 108 on: with a
   // quick hand-off (1 ms) the limit is the next power of two, 128.
-  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
-    cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
-  }
+  RecordLinearSteps(cost, 0.010, 0.0001);
   EXPECT_EQ(LocalPrefillLimit(cost, 8, 0.001), 128);
   // A batch of 256 decodes takes 35.6 ms: the stall exceeds it from 356 tokens on.
   EXPECT_EQ(LocalPrefillLimit(cost, 256, 0.001), 512);
@@ -188,9 +193,7 @@ TEST(SchedulerTransferTest, ADecodeReplicasChunkStallsItsDecodesByAtMostOneStep)
   EXPECT_EQ(PrefillChunkBesideDecodes(cost, 8, 4), 4);
   // Steps cost 10 ms plus 1 ms per token (a slow CPU): beside 8 decodes (18 ms) a chunk of
   // 18 tokens at most, where the local prefill limit would stall them 16 ms or more.
-  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
-    cost.Record(tokens, 0.010 + 0.001 * static_cast<double>(tokens));
-  }
+  RecordLinearSteps(cost, 0.010, 0.001);
   // (The fitted slope is 1 ms up to rounding: 17.99... tokens are 17.)
   EXPECT_NEAR(PrefillChunkBesideDecodes(cost, 8, 128), 18, 1);
   EXPECT_NEAR(PrefillChunkBesideDecodes(cost, 64, 128), 74, 1);
@@ -199,32 +202,26 @@ TEST(SchedulerTransferTest, ADecodeReplicasChunkStallsItsDecodesByAtMostOneStep)
   EXPECT_EQ(PrefillChunkBesideDecodes(cost, 8, 0), 1);
   // A fast device: a token costs next to nothing beside the step, the limit decides.
   StepCostModel fast;
-  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
-    fast.Record(tokens, 0.010 + 1e-7 * static_cast<double>(tokens));
-  }
+  RecordLinearSteps(fast, 0.010, 1e-7);
   EXPECT_EQ(PrefillChunkBesideDecodes(fast, 8, 512), 512);
   // Measured and free: a chunk beside decodes costs them nothing measurable.
   fast.RecordPrefillBesideDecodes(8, 64, fast.Estimate(8));
-  EXPECT_TRUE(fast.PrefillCostMeasured());
+  EXPECT_TRUE(fast.PrefillSecondsPerToken().has_value());
   EXPECT_EQ(PrefillChunkBesideDecodes(fast, 8, 512), 512);
   // A step a chunk's token outweighs: still one token a step, the prompt moves on.
   StepCostModel slow_tokens;
-  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
-    slow_tokens.Record(tokens, 0.001 + 0.01 * static_cast<double>(tokens));
-  }
+  RecordLinearSteps(slow_tokens, 0.001, 0.01);
   EXPECT_EQ(PrefillChunkBesideDecodes(slow_tokens, 1, 128), 1);
   // Chunks of a long prompt measured at 2 ms a token beside 8 decodes (its tokens attend
   // to 2k others), where the slope says 1: the chunk halves.
   for (int i = 0; i < 100; ++i) cost.RecordPrefillBesideDecodes(8, 9, 0.018 + 9 * 0.002);
-  EXPECT_NEAR(cost.PrefillSecondsPerToken(), 0.002, 1e-6);
+  EXPECT_NEAR(cost.PrefillSecondsPerToken().value_or(-1), 0.002, 1e-6);
   EXPECT_NEAR(PrefillChunkBesideDecodes(cost, 8, 128), 9, 1);
 }
 
 TEST(SchedulerTransferTest, TheLocalPrefillLimitHoldsStillWhenSomeStepSizesMeasureNoisily) {
   StepCostModel cost;
-  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
-    cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
-  }
+  RecordLinearSteps(cost, 0.010, 0.0001);
   const int64_t clean = LocalPrefillLimit(cost, 8, 0.001);
   // A neighbour's burst makes the 24-token steps 5x slower, and the 1,024-token ones cost no
   // more than the 512-token ones: bucket by bucket the stall of 16 tokens would exceed the
@@ -251,9 +248,7 @@ TEST(SchedulerTransferTest, TheFirstTokenComesAfterTheQueuedPromptsAndEveryChunk
   EXPECT_EQ(FirstTokenSeconds(MeasurePrefillRate(cost, 0, 512, 0), 2048), 0);  // unmeasured
   // Steps cost 10 ms plus 0.1 ms per token (as the model fits it from its size buckets:
   // within a few percent).
-  for (int64_t tokens = 1; tokens <= 4096; ++tokens) {
-    cost.Record(tokens, 0.010 + 0.0001 * static_cast<double>(tokens));
-  }
+  RecordLinearSteps(cost, 0.010, 0.0001);
   // An idle prefill replica, 512-token chunks: 2,048 tokens at 0.1 ms and 4 steps' fixed part
   // (each a step of one token: 10.1 ms).
   const PrefillRate idle = MeasurePrefillRate(cost, 0, 512, 0);

@@ -65,23 +65,22 @@ TEST(StepCostModelTest, InterpolatesMeasuredSizesAndIsOptimisticElsewhere) {
 TEST(StepCostModelTest, APromptTokenBesideDecodesCostsWhatItAddsToTheirStep) {
   StepCostModel model;
   model.RecordPrefillBesideDecodes(4, 8, 0.05);  // nothing to compare with yet: ignored
-  EXPECT_EQ(model.PrefillSecondsPerToken(), 0);
-  EXPECT_FALSE(model.PrefillCostMeasured());
+  EXPECT_FALSE(model.PrefillSecondsPerToken().has_value());
   model.Record(4, 0.010);  // 4 decodes alone: 10 ms
-  EXPECT_FALSE(model.PrefillCostMeasured());
+  EXPECT_FALSE(model.PrefillSecondsPerToken().has_value());
   // 4 decodes and 8 prompt tokens: 26 ms, 2 ms a prompt token; then 34 ms, 3 ms.
   model.RecordPrefillBesideDecodes(4, 8, 0.026);
-  EXPECT_NEAR(model.PrefillSecondsPerToken(), 0.002, 1e-12);
-  EXPECT_TRUE(model.PrefillCostMeasured());
+  EXPECT_NEAR(model.PrefillSecondsPerToken().value_or(-1), 0.002, 1e-12);
   model.RecordPrefillBesideDecodes(4, 8, 0.034);
-  EXPECT_NEAR(model.PrefillSecondsPerToken(), 0.002 + 0.1 * 0.001, 1e-12);  // decay-weighted
+  EXPECT_NEAR(model.PrefillSecondsPerToken().value_or(-1), 0.002 + 0.1 * 0.001,
+              1e-12);                           // decay-weighted
   model.RecordPrefillBesideDecodes(0, 8, 1.0);  // no decodes beside: not this measure
   model.RecordPrefillBesideDecodes(4, 0, 1.0);
-  EXPECT_NEAR(model.PrefillSecondsPerToken(), 0.0021, 1e-12);
+  EXPECT_NEAR(model.PrefillSecondsPerToken().value_or(-1), 0.0021, 1e-12);
   // The fitted slope, where it is larger, wins.
   model.Record(1, 0.010);
   model.Record(101, 1.010);  // 10 ms a token between 1 and 101 tokens
-  EXPECT_NEAR(model.PrefillSecondsPerToken(), model.SecondsPerToken(), 1e-12);
+  EXPECT_NEAR(model.PrefillSecondsPerToken().value_or(-1), model.SecondsPerToken(), 1e-12);
   EXPECT_GT(model.SecondsPerToken(), 0.0021);
 }
 
