@@ -1,14 +1,15 @@
 // Replica: KV pushes in disaggregated serving. At placement the decode replica holds host
-// slots for the prompt's full blocks (AskPushTarget) and, once no plan it sent before may
-// still copy into or out of them (a slot taken from the tier's LRU may be an offload's
-// target or a reload's source in one), names them to the prefill replica
+// slots for the prompt's blocks, a partial last one included (AskPushTarget) and, once no plan it
+// sent before may still copy into or out of them (a slot taken from the tier's LRU may be an
+// offload's target or a reload's source in one), names them to the prefill replica
 // (DeliverPushTarget). From then on every plan of the prefill replica carries the blocks
 // that are whole once it ran (StepPlan.kv_pushes; blocks of earlier chunks in the next
 // plan), and its workers write them straight into the decode workers' tiers, each layer as
 // the forward pass computes it (worker/kv_push). When the prompt's last plan comes back
 // every block has arrived: the hand-off carries no transfer, the decode replica commits the
 // slots as host-tier content (the next plan tells its workers: kv_pushed_slots) and admits
-// the request, which reloads them. A push that fails (a worker's error, slots not delivered
+// the request, which reloads them (the partial block into its own table: it starts at
+// its first output). A push that fails (a worker's error, slots not delivered
 // in time, the decode replica gone) falls back to the pull (replica_kv_fetch.cc).
 #include <algorithm>
 #include <cstdio>
@@ -86,8 +87,11 @@ void Replica::HandleKvPushes() {
                   [](const loom::v1::SharedKvMemory& shared) { return !shared.boot_id().empty(); });
   for (auto& [request, prefill] : asks) {
     release(request->seq_id());  // placed again: a new hold replaces the old
-    const int32_t block_size = std::max(block_size_.load(), 1);
-    const int64_t blocks = static_cast<int64_t>(request->params().prompt_ids.size()) / block_size;
+    // The prompt's blocks, its partial last one too: the hand-off then computes no prompt
+    // token here.
+    const int64_t block_size = std::max(block_size_.load(), 1);
+    const int64_t prompt = static_cast<int64_t>(request->params().prompt_ids.size());
+    const int64_t blocks = (prompt + block_size - 1) / block_size;
     if (!pushable || blocks == 0 || request->finished() || prefill->kv_layout() != layout) {
       declined.push_back({request, prefill});
       continue;
@@ -208,8 +212,12 @@ void Replica::AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight) {
   for (auto& [seq_id, state] : push_targets_) {
     const engine::Sequence* seq = scheduler.Find(seq_id);
     if (state.failed || seq == nullptr) continue;
-    const int64_t whole = std::min<int64_t>(seq->num_computed / block_size,
-                                            static_cast<int64_t>(state.target.slots.size()));
+    // Whole blocks, and the partial last one with the prompt's last chunk.
+    const int64_t prompt = static_cast<int64_t>(seq->prompt_ids.size());
+    const int64_t computed =
+        seq->num_computed >= prompt ? prompt + block_size - 1 : seq->num_computed;
+    const int64_t whole =
+        std::min<int64_t>(computed / block_size, static_cast<int64_t>(state.target.slots.size()));
     if (whole <= state.planned) continue;
     loom::v1::KvPush* push = plan.add_kv_pushes();
     for (int64_t b = state.planned; b < whole; ++b) {
@@ -280,10 +288,16 @@ void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
   const engine::Scheduler::HeldSlots slots = std::move(hold->second.slots);
   push_holds_.erase(hold);
   const std::vector<engine::BlockHash>& hashes = request->prompt_block_hashes();
-  const size_t count = std::min(slots.slots.size(), hashes.size());
+  // The full blocks become host-tier content; a partial last block, which no hash names,
+  // goes to the sequence itself (SetHostTail, below).
+  const size_t whole =
+      request->params().prompt_ids.size() / static_cast<size_t>(std::max(block_size_.load(), 1));
+  engine::Scheduler::HeldSlots full = slots;
+  full.slots.resize(std::min(full.slots.size(), whole));
+  const size_t count = std::min(full.slots.size(), hashes.size());
   engine::Scheduler::HeldSlots kept;
   const int64_t stored =
-      scheduler.CommitImport(slots, absl::MakeConstSpan(hashes).first(count),
+      scheduler.CommitImport(full, absl::MakeConstSpan(hashes).first(count),
                              request->params().prompt_ids, request->params().cache_salt, &kept);
   // Whatever the pushes wrote holds a block on the workers now (slots the tier held
   // already are free again in its table: marking them costs nothing).
@@ -291,7 +305,7 @@ void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
                                 slots.slots.end());
   if (!kept.slots.empty()) import_holds_[request->seq_id()] = std::move(kept);
   ++num_handoffs_pushed_;
-  if (stored > 0) {
+  if (stored > 0 || whole == 0) {
     ++num_handoffs_measured_;  // arrived with the first token: no wait of its own
   } else if (count > 0) {
     ++num_handoff_failures_;
@@ -301,6 +315,9 @@ void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
                  replica_id_.c_str(), request->request_id().c_str());
   }
   AdmitOne(request);
+  if (slots.slots.size() > whole) {
+    scheduler.SetHostTail(request->seq_id(), slots.slots[whole], slots.generation);
+  }
 }
 
 void Replica::AbandonPushes() {

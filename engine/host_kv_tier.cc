@@ -157,6 +157,14 @@ void HostKvTier::FreeReserved(int32_t slot) {
   free_slots_.push_back(slot);
 }
 
+void HostKvTier::LoadReserved(int32_t slot, int32_t device_block) {
+  LOOM_CHECK(reserved(slot));
+  copies_.push_back({false, device_block, slot});
+  entries_[static_cast<size_t>(slot)].copy_plan = copy_plans_taken_ + 1;
+  ++num_promoted_;
+  FreeReserved(slot);
+}
+
 std::vector<KvCacheEvent> HostKvTier::TakeEvents() {
   std::vector<KvCacheEvent> events;
   events.swap(events_);

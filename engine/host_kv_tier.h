@@ -76,6 +76,10 @@ class HostKvTier {
     const Entry& entry = entries_[static_cast<size_t>(slot)];
     return !entry.used && entry.holds > 0;
   }
+  /// Reserved `slot` received a block no hash names (a hand-off's partial last block,
+  /// written by another worker): queues its copy into `device_block` and frees the slot (a
+  /// later Reserve of it waits for the plan that carries this copy).
+  void LoadReserved(int32_t slot, int32_t device_block);
   /// Reserved `slot` received nothing usable: freed.
   void FreeReserved(int32_t slot);
   /// Bumped by Forget: holds and reservations of an earlier generation are void.

@@ -109,6 +109,7 @@ absl::Status Scheduler::Add(std::unique_ptr<Sequence> seq) {
   seq->num_cached_tokens = 0;
   seq->on_worker = false;
   seq->held_blocks = 0;
+  seq->host_tail_slot = -1;
   seq->arrival = ++next_arrival_;
   Sequence* raw = seq.get();
   sequences_.emplace(id, Entry{std::move(seq), 0});
@@ -296,7 +297,11 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget, int64_t 
     MatchHostPrefix(seq, match.num_blocks, max_blocks, match.last_content_id);
   }
   const int64_t num_host = static_cast<int64_t>(host_hits_.size());
-  const int64_t cached_tokens = (match.num_blocks + num_host) * config_.block_size;
+  const int64_t prompt = static_cast<int64_t>(seq.prompt_ids.size());
+  // A hand-off whose prefill replica pushed its partial last block too: the prompt is whole.
+  const bool tail = seq.host_tail_slot >= 0 && HostTailFits(seq, match.num_blocks + num_host);
+  if (seq.host_tail_slot >= 0 && !tail) DropHostTail(seq);
+  const int64_t cached_tokens = tail ? prompt : (match.num_blocks + num_host) * config_.block_size;
   const int32_t count =
       static_cast<int32_t>(std::min<int64_t>(seq.num_known_tokens() - cached_tokens, budget));
   // Reviving a free cached block uses up a free block just like allocating one; a reload
@@ -306,14 +311,15 @@ int32_t Scheduler::AdmitWithCachedPrefix(Sequence& seq, int64_t budget, int64_t 
   if (blocks_needed > block_manager_.num_free() - held_for_others) return 0;
   seq.blocks = block_manager_.TakeCachedPrefix(seq.block_hashes, match.num_blocks);
   if (num_host > 0) ReloadHostPrefix(seq);
+  if (tail) ReloadHostTail(seq);
   seq.num_computed = static_cast<int32_t>(cached_tokens);
   seq.num_registered_blocks = static_cast<int32_t>(match.num_blocks + num_host);
   seq.num_cached_tokens = static_cast<int32_t>(cached_tokens);
-  const int64_t prompt = static_cast<int64_t>(seq.prompt_ids.size());
   num_prompt_tokens_admitted_ += prompt;
   num_cached_tokens_admitted_ += std::min<int64_t>(cached_tokens, prompt);
-  num_host_tokens_admitted_ += std::clamp<int64_t>(prompt - match.num_blocks * config_.block_size,
-                                                   0, num_host * config_.block_size);
+  num_host_tokens_admitted_ +=
+      std::clamp<int64_t>(prompt - match.num_blocks * config_.block_size, 0,
+                          cached_tokens - match.num_blocks * config_.block_size);
   return count;
 }
 
@@ -598,6 +604,7 @@ void Scheduler::Finish(uint64_t seq_id) {
     waiting_.erase(seq.get());
     held_for_waiting_ -= seq->held_blocks;
     seq->held_blocks = 0;
+    DropHostTail(*seq);
   }
   if (config_.enable_prefix_caching) RegisterFullBlocks(*seq);
   ReleaseBlocks(*seq);
@@ -618,6 +625,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::TakeAll() {
       seq->speculative_in_flight = 0;
       seq->on_worker = false;
       seq->held_blocks = 0;
+      DropHostTail(*seq);
       seq->status = SequenceStatus::kWaiting;
       auto entry = sequences_.find(seq->seq_id);
       LOOM_CHECK(entry != sequences_.end());

@@ -300,6 +300,12 @@ class Scheduler {
   /// ahead of the queue's strict order when it fits in them. The hold ends when it is
   /// admitted or finished. Ignored for an unknown or running sequence.
   void HoldBlocksFor(uint64_t seq_id, int64_t blocks);
+  /// A hand-off's last partial prompt block arrived in the reserved host slot `slot` (of
+  /// the tier's generation `generation`): the waiting sequence `seq_id` reloads it with the
+  /// prompt's full blocks at admission and starts at its first output, computing no prompt
+  /// token; when those blocks are not all cached then, or it ends before, the slot is
+  /// freed. Freed at once when `seq_id` is not waiting (engine/scheduler_transfer.cc).
+  void SetHostTail(uint64_t seq_id, int32_t slot, uint64_t generation);
   /// Blocks held now: for arrivals and for waiting sequences.
   int64_t num_held_blocks() const { return held_for_arrivals_ + held_for_waiting_; }
   int64_t num_blocks_held_for_waiting() const { return held_for_waiting_; }
@@ -360,6 +366,13 @@ class Scheduler {
   // Reloads host_hits_ after seq's table: allocates a block for each, queues its copy and
   // registers it with its content. Every block must be free to take.
   void ReloadHostPrefix(Sequence& seq);
+  // Whether seq's host tail (SetHostTail) completes its prompt after `cached_blocks` full
+  // blocks found in the pool and the tier.
+  bool HostTailFits(const Sequence& seq, int64_t cached_blocks) const;
+  // Takes a block for seq's host tail and queues its reload (after ReloadHostPrefix).
+  void ReloadHostTail(Sequence& seq);
+  // Frees seq's host tail slot, if any (stale generations are void already).
+  void DropHostTail(Sequence& seq);
 
   SchedulerConfig config_;
   BlockManager block_manager_;

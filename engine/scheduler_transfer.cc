@@ -1,10 +1,12 @@
 // Scheduler: fetching a prefix between replicas through the host tiers (the source's
-// slots are read by the destination's worker: worker/kv_transfer).
+// slots are read by the destination's worker: worker/kv_transfer), and a hand-off's
+// partial last block, pushed there by its prefill replica's workers (worker/kv_push).
 #include <algorithm>
 #include <optional>
 #include <string_view>
 #include <vector>
 
+#include "common/check.h"
 #include "engine/scheduler.h"
 
 namespace loom::engine {
@@ -166,6 +168,40 @@ int64_t Scheduler::CommitImport(const HeldSlots& import, absl::Span<const BlockH
     if (host_tier_->reserved(import.slots[rest])) host_tier_->FreeReserved(import.slots[rest]);
   }
   return stored;
+}
+
+void Scheduler::SetHostTail(uint64_t seq_id, int32_t slot, uint64_t generation) {
+  Sequence* seq = Find(seq_id);
+  if (seq == nullptr || seq->status != SequenceStatus::kWaiting) {
+    ReleaseSlots(HeldSlots{{slot}, generation}, /*import=*/true);
+    return;
+  }
+  DropHostTail(*seq);
+  seq->host_tail_slot = slot;
+  seq->host_tail_generation = generation;
+}
+
+bool Scheduler::HostTailFits(const Sequence& seq, int64_t cached_blocks) const {
+  const int64_t prompt = static_cast<int64_t>(seq.prompt_ids.size());
+  // Its first output is the next token to compute: the tail holds the rest of the prompt.
+  return host_tier_ != nullptr && seq.host_tail_generation == host_tier_->generation() &&
+         host_tier_->reserved(seq.host_tail_slot) && prompt % config_.block_size != 0 &&
+         cached_blocks == prompt / config_.block_size && seq.num_known_tokens() == prompt + 1 &&
+         seq.score_prompt_from == 0;
+}
+
+void Scheduler::ReloadHostTail(Sequence& seq) {
+  absl::StatusOr<std::vector<int32_t>> block = block_manager_.Allocate(1);
+  LOOM_CHECK(block.ok());  // the caller counted the blocks
+  host_tier_->LoadReserved(seq.host_tail_slot, block->front());
+  seq.blocks.push_back(block->front());
+  seq.host_tail_slot = -1;
+}
+
+void Scheduler::DropHostTail(Sequence& seq) {
+  if (seq.host_tail_slot < 0) return;
+  ReleaseSlots(HeldSlots{{seq.host_tail_slot}, seq.host_tail_generation}, /*import=*/true);
+  seq.host_tail_slot = -1;
 }
 
 void Scheduler::ReleaseSlots(const HeldSlots& held, bool import) {

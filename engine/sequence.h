@@ -62,6 +62,12 @@ struct Sequence {
   std::vector<BlockHash> block_hashes;
   int32_t num_registered_blocks = 0;  // leading blocks offered to the prefix cache
   int32_t num_cached_tokens = 0;      // tokens found cached at its latest admission
+  // Disaggregated serving: a hand-off's last partial prompt block, pushed by its prefill
+  // replica into a reserved slot of this replica's host tier of generation
+  // host_tail_generation (Scheduler::SetHostTail). Reloaded at admission when every full
+  // prompt block before it is cached, else freed (and recomputed). -1: none.
+  int32_t host_tail_slot = -1;
+  uint64_t host_tail_generation = 0;
 
   // Speculative decoding. While a speculative step is in flight the sequence is not
   // scheduled again (its next position depends on how many drafts are accepted); its

@@ -152,11 +152,14 @@ def disaggregated(tmp_path, prefill_delay_ms, **coordinator_flags):
         max_local_prefill_length=THRESHOLD, **coordinator_flags)
 
 
+def long_prompt_tokens(rig):
+    request = h.stubs().pb.TokenizeRequest(text=LONG, add_special_tokens=True, parse_special=True)
+    return len(rig.coordinator.stub.Tokenize(request).token_ids)
+
+
 def long_prompt_blocks(rig):
     """The blocks LONG and its first token take on the decode replica: what placement reserves."""
-    request = h.stubs().pb.TokenizeRequest(text=LONG, add_special_tokens=True, parse_special=True)
-    tokens = len(rig.coordinator.stub.Tokenize(request).token_ids)
-    return (tokens + 16) // 16
+    return (long_prompt_tokens(rig) + 16) // 16
 
 
 def start(rig):
@@ -187,8 +190,9 @@ def no_block_held(rig, replica_ids):
 def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(binaries, reference, tmp_path):
     # 32-token plans on a slowed prefill worker: the decode replica names its slots during the
     # first plan, the next plans carry the blocks completed so far (earlier chunks' too), and
-    # when the first token comes every block is in the decode worker's tier: nothing is
-    # fetched, the tokens are the mixed replica's, every hold ends.
+    # when the first token comes every block is in the decode worker's tier, the partial last
+    # one too: nothing is fetched or recomputed, the tokens are the mixed replica's, every
+    # hold ends.
     with disaggregated(tmp_path, prefill_delay_ms=300, max_num_batched_tokens=32) as rig:
         finishes_with_reference(start(rig), reference, "decode-0")
         status = no_block_held(rig, ["decode-0", "prefill-0"])
@@ -197,7 +201,10 @@ def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(bin
             status["decode-0"]
         assert status["decode-0"].num_kv_fetches == 0, status["decode-0"]
         assert status["decode-0"].num_handoff_failures == 0
-        assert status["decode-0"].num_kv_blocks_reloaded >= long_prompt_blocks(rig) - 1, status["decode-0"]
+        tokens = long_prompt_tokens(rig)
+        assert tokens % 16 != 0, tokens  # a partial last block
+        assert status["decode-0"].num_kv_blocks_reloaded == (tokens + 15) // 16, status["decode-0"]
+        assert status["decode-0"].num_host_hit_tokens == tokens, status["decode-0"]
         metrics = urllib.request.urlopen(rig.coordinator.http_url + "/metrics", timeout=10).read().decode()
         assert re.search(r'loom_disagg_handoffs_pushed_total\{[^}]*replica="decode-0"\} 1\b', metrics), \
             [m for m in metrics.splitlines() if "pushed" in m]

@@ -104,6 +104,26 @@ TEST(HostKvTierTest, AReservationNamesTheLatestPlanWhoseCopiesTouchItsSlots) {
   EXPECT_EQ(last_copy_plan, 6u);
 }
 
+TEST(HostKvTierTest, AReservedSlotLoadedIntoThePoolIsFreedAndItsCopyNamed) {
+  // A hand-off's partial block pushed into a reserved slot: reloaded by plan 2, the slot
+  // free at once and a reservation of it waits for plan 2.
+  HostKvTier tier(1, kBlockSize);
+  tier.TakeCopies();
+  uint64_t last_copy_plan = 99;
+  const std::vector<int32_t> slots = tier.Reserve(1, &last_copy_plan);
+  ASSERT_EQ(slots.size(), 1u);
+  tier.LoadReserved(slots[0], 5);
+  EXPECT_FALSE(tier.reserved(slots[0]));
+  EXPECT_EQ(tier.num_used(), 0);  // no hash names it
+  const std::vector<KvCopy> copies = tier.TakeCopies();
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_FALSE(copies[0].to_host);
+  EXPECT_EQ(copies[0].device_block, 5);
+  EXPECT_EQ(copies[0].host_slot, slots[0]);
+  EXPECT_EQ(tier.Reserve(1, &last_copy_plan), slots);
+  EXPECT_EQ(last_copy_plan, 2u);
+}
+
 TEST(HostKvTierTest, ContentItHoldsAlreadyIsNotCopiedAgain) {
   HostKvTier tier(4, kBlockSize);
   const Content a = MakeContent(1);

@@ -124,6 +124,89 @@ TEST(SchedulerTransferTest, ACommittedImportIsReloadedOnAdmission) {
   EXPECT_EQ(reloads, 2);
 }
 
+// A hand-off of `prompt` with its first output: 4 more tokens at most.
+std::unique_ptr<Sequence> HandOff(uint64_t id, const std::vector<int32_t>& prompt) {
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = id;
+  seq->prompt_ids = prompt;
+  seq->output_ids = {7};
+  seq->max_tokens = 5;
+  return seq;
+}
+
+TEST(SchedulerTransferTest, AHandOffsPushedTailStartsItAtItsFirstOutput) {
+  // 13 prompt tokens: 3 full blocks committed to the tier, the last (partial) block pushed
+  // into a slot of its own.
+  Scheduler destination(TierConfig(16, 8));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  Scheduler::HeldSlots pushed = destination.ReserveImport(4);
+  ASSERT_EQ(pushed.slots.size(), 4u);
+  const int32_t tail = pushed.slots[3];
+  pushed.slots.pop_back();
+  ASSERT_EQ(destination.CommitImport(pushed, Hashes(prompt, 3), prompt, ""), 3);
+  ASSERT_TRUE(destination.Add(HandOff(1, prompt)).ok());
+  destination.SetHostTail(1, tail, pushed.generation);
+  EXPECT_TRUE(destination.host_tier()->reserved(tail));
+
+  const SchedulerOutput out = destination.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  const ScheduledWork& work = out.scheduled[0];
+  // No prompt token is computed: the step decodes the first output.
+  EXPECT_EQ(work.num_cached_tokens, 13);
+  EXPECT_EQ(work.num_tokens, 1);
+  EXPECT_TRUE(work.sample);
+  EXPECT_EQ(out.num_prefill_tokens, 0);
+  EXPECT_EQ(out.num_decode_tokens, 1);
+  ASSERT_EQ(work.new_block_ids.size(), 4u);
+  ASSERT_EQ(out.kv_copies.size(), 4u);
+  for (const KvCopy& copy : out.kv_copies) EXPECT_FALSE(copy.to_host);
+  EXPECT_EQ(out.kv_copies[3].host_slot, tail);
+  EXPECT_EQ(out.kv_copies[3].device_block, work.new_block_ids[3]);
+  EXPECT_EQ(destination.num_host_tokens_admitted(), 13);
+  // The slot is free again; the tier names no content by the partial block.
+  EXPECT_FALSE(destination.host_tier()->reserved(tail));
+  EXPECT_EQ(destination.host_tier()->num_used(), 3);
+}
+
+TEST(SchedulerTransferTest, AHostTailWhosePromptIsNotCachedIsFreedAndThePromptRecomputed) {
+  Scheduler destination(TierConfig(16, 8));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  // The full blocks' pushes failed: only the tail arrived.
+  const Scheduler::HeldSlots pushed = destination.ReserveImport(4);
+  destination.ReleaseSlots(
+      Scheduler::HeldSlots{{pushed.slots[0], pushed.slots[1], pushed.slots[2]}, pushed.generation},
+      /*import=*/true);
+  ASSERT_TRUE(destination.Add(HandOff(1, prompt)).ok());
+  destination.SetHostTail(1, pushed.slots[3], pushed.generation);
+  const SchedulerOutput out = destination.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_cached_tokens, 0);
+  EXPECT_EQ(out.scheduled[0].num_tokens, 14);  // the prompt and the first output
+  EXPECT_TRUE(out.kv_copies.empty());
+  EXPECT_FALSE(destination.host_tier()->reserved(pushed.slots[3]));
+  EXPECT_EQ(destination.ReserveImport(8).slots.size(), 8u);
+}
+
+TEST(SchedulerTransferTest, AHostTailIsFreedWhenItsSequenceEndsOrIsNotWaiting) {
+  Scheduler destination(TierConfig(16, 8));
+  const std::vector<int32_t> prompt = Tokens(100, 13);
+  const Scheduler::HeldSlots pushed = destination.ReserveImport(3);
+  ASSERT_TRUE(destination.Add(HandOff(1, prompt)).ok());
+  destination.SetHostTail(1, pushed.slots[0], pushed.generation);
+  destination.Finish(1);  // cancelled while it waited
+  EXPECT_FALSE(destination.host_tier()->reserved(pushed.slots[0]));
+  destination.SetHostTail(2, pushed.slots[1], pushed.generation);  // unknown: freed at once
+  EXPECT_FALSE(destination.host_tier()->reserved(pushed.slots[1]));
+  // The worker died: the waiting hand-off goes elsewhere, without the slot.
+  ASSERT_TRUE(destination.Add(HandOff(3, prompt)).ok());
+  destination.SetHostTail(3, pushed.slots[2], pushed.generation);
+  const std::vector<std::unique_ptr<Sequence>> taken = destination.TakeAll();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0]->host_tail_slot, -1);
+  EXPECT_FALSE(destination.host_tier()->reserved(pushed.slots[2]));
+  EXPECT_EQ(destination.ReserveImport(8).slots.size(), 8u);
+}
+
 TEST(SchedulerTransferTest, AKeptImportIsNotEvictedByTheImportsAfterIt) {
   // A tier of 4 slots: the first import (2 blocks) is kept for its request; the next one
   // (3 blocks) gets only the 2 slots left, and after the keep is released all 4 are free
