@@ -295,7 +295,11 @@ absl::Status CudaKvCache::RegisterHostMemory(void* host, int64_t bytes) const {
   return absl::OkStatus();
 }
 
-void CudaKvCache::UnregisterHostMemory(void* host) const { (void)cudaHostUnregister(host); }
+void CudaKvCache::UnregisterHostMemory(void* host) const {
+  // A failure here must not stay the thread's last error: the next kernel launch's check
+  // would report it as its own.
+  if (cudaHostUnregister(host) != cudaSuccess) (void)cudaGetLastError();
+}
 
 }  // namespace cuda_detail
 

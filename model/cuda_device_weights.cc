@@ -213,10 +213,12 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
   }
   // What Reserve sizes the W4A16 path's buffers by: the split-K workspace and tile counters
-  // at every power-of-two m up to the GEMM's largest.
+  // at every m up to the GEMM's largest (not only powers of two: the splits round up per m,
+  // and a prefill remainder that outgrew them would reallocate mid-step, dropping every
+  // captured graph).
   ++quantized_linears_;
   widest_input_ = std::max(widest_input_, linear->k);
-  for (int64_t m = 1; m <= kc::kQuantGemmMaxM; m *= 2) {
+  for (int64_t m = 1; m <= kc::kQuantGemmMaxM; ++m) {
     kc::QuantGemmParams p;
     p.act_dtype = dtype;
     p.format = linear->format;

@@ -686,6 +686,10 @@ absl::Status CudaForwardPass::Guarded(const StepBatch& batch,
   LOOM_RETURN_IF_ERROR(ValidateStepBatch(batch, config_.vocab_size, config_.context_length,
                                          num_kv_blocks_, block_size_));
   absl::Status status = CudaStatus(cudaSetDevice(s.device_index), "cudaSetDevice");
+  // A non-sticky error left by a call outside the step (a library's query, an unregister)
+  // must not be blamed on the step's first kernel launch; a real fault is sticky and the
+  // step's synchronization still reports it.
+  (void)cudaGetLastError();
   if (status.ok()) status = run();
   if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted &&
       status.code() != absl::StatusCode::kInvalidArgument) {

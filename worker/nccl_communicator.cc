@@ -89,6 +89,9 @@ struct NcclCommunicator::Impl {
     while (true) {
       const cudaError_t done = cudaStreamQuery(on);
       if (done == cudaSuccess) return absl::OkStatus();
+      // "Not ready" is also left as the thread's last error, which the next kernel launch's
+      // check (cudaGetLastError) would report as its own failure.
+      if (done == cudaErrorNotReady) (void)cudaGetLastError();
       ncclResult_t async = ncclSuccess;
       nccl->CommGetAsyncError(comm, &async);
       if (done != cudaErrorNotReady || (async != ncclSuccess && async != ncclInProgress)) {

@@ -30,14 +30,17 @@ __device__ __forceinline__ float Bf16BitsToFloat(uint16_t bits) {
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);
 }
 
-// One code as a float, times 1 / kKvDecodeFactor for fp8.
+// One code as a float, times 1 / kKvDecodeFactor for fp8. E4M3's NaN codes (0x7f, 0xff:
+// what the write kernel stores for a NaN element) decode to NaN, as the CPU table does;
+// shifted into F16 they would read as a finite 1.875 * 2^-8.
 template <typename Code>
 __device__ __forceinline__ float DecodeKvCode(uint32_t byte) {
   if constexpr (std::is_same_v<Code, int8_t>) {
     return static_cast<float>(static_cast<int8_t>(byte & 0xffu));
   } else {
-    const unsigned short half_bits =
-        static_cast<unsigned short>(((byte & 0x80u) << 8) | ((byte & 0x7fu) << 7));
+    const bool nan = (byte & 0x7fu) == 0x7fu;
+    const unsigned short half_bits = static_cast<unsigned short>(
+        nan ? 0x7e00u : ((byte & 0x80u) << 8) | ((byte & 0x7fu) << 7));
     return __half2float(__ushort_as_half(half_bits));
   }
 }

@@ -535,5 +535,67 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
   }
 }
 
+// A NaN element written to an fp8 cache is stored as E4M3's NaN code; decoded, it is NaN on
+// the GPU as in the CPU table (shifted into F16 it read as a finite 1.875 * 2^-8, so the GPU
+// answered a number where the CPU answers NaN).
+TEST(CudaPagedDecodeTest, AnFp8NanCodeDecodesToNanAsOnTheCpu) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  constexpr int64_t kBlock = 16, kKvHeads = 2, kGroup = 2, kHeadDim = 64;
+  const std::vector<int32_t> context_lens = {20, 20};
+  const std::vector<int32_t> indptr = {0, 2, 4}, indices = {0, 1, 2, 3};
+  testing_util::EightBitCache cache;
+  // Slot 5 of sequence 0, KV head 1: its rotated V row is NaN, so are its codes.
+  const int64_t nan_at = 5 * kKvHeads * kHeadDim + kHeadDim + 3;
+  ASSERT_TRUE(testing_util::MakeEightBitCache(cpu::KvDtype::kFp8E4m3, 4, kBlock, kKvHeads, kHeadDim,
+                                              77, cache, nan_at)
+                  .ok());
+  const int64_t num_heads = kKvHeads * kGroup, num_seqs = 2;
+  const std::vector<float> q =
+      testing_util::RandomFloats(num_seqs * num_heads * kHeadDim, 78, -2, 2);
+  const std::vector<int32_t> query_start = {0, 1, 2};
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> expected,
+                            testing_util::EightBitReference(cache, q, query_start, context_lens,
+                                                            indptr, indices, num_heads));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  ASSERT_TRUE(testing_util::RotateRows(d_q.data(), d_q.data(), DataType::kF32, num_seqs * num_heads,
+                                       kHeadDim)
+                  .ok());
+  PagedDecodeParams p;
+  p.q = d_q.data();
+  p.out = d_out.data();
+  p.q_dtype = DataType::kF32;
+  p.cache = cache.View(DataType::kF16);
+  p.context_len = static_cast<const int32_t*>(d_len.data());
+  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  p.block_indices = static_cast<const int32_t*>(d_indices.data());
+  p.num_seqs = num_seqs;
+  p.num_heads = num_heads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  p.max_context_len = 20;
+  p.num_splits = 1;
+  ASSERT_TRUE(LaunchPagedDecode(p, nullptr).ok());
+  ASSERT_TRUE(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
+                                       num_seqs * num_heads, kHeadDim)
+                  .ok());
+  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                            testing_util::Download(d_out, DataType::kF32, q.size()));
+  int64_t nans = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(std::isnan(out[i]), std::isnan(expected[i])) << i;
+    if (std::isnan(expected[i])) {
+      ++nans;
+    } else {
+      EXPECT_NEAR(out[i], expected[i], 1e-4 + 1e-4 * std::abs(expected[i])) << i;
+    }
+  }
+  // Sequence 0's two query heads of KV head 1, whole rows; nothing of sequence 1.
+  EXPECT_EQ(nans, kGroup * kHeadDim);
+}
+
 }  // namespace
 }  // namespace loom::kernels::cuda

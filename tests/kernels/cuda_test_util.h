@@ -179,7 +179,7 @@ struct EightBitCache {
 
 inline absl::Status MakeEightBitCache(cpu::KvDtype dtype, int64_t num_blocks, int64_t block_size,
                                       int64_t num_kv_heads, int64_t head_dim, uint32_t seed,
-                                      EightBitCache& c) {
+                                      EightBitCache& c, int64_t v_nan_at = -1) {
   const int64_t slots = num_blocks * block_size, row = num_kv_heads * head_dim;
   c.quant = dtype == cpu::KvDtype::kInt8 ? KvQuant::kInt8 : KvQuant::kFp8E4m3;
   c.k.assign(slots * row, 0);
@@ -189,7 +189,8 @@ inline absl::Status MakeEightBitCache(cpu::KvDtype dtype, int64_t num_blocks, in
   c.cpu = {c.k.data(), c.v.data(),       dtype,           num_blocks, block_size, num_kv_heads,
            head_dim,   c.k_scale.data(), c.v_scale.data()};
   const std::vector<float> k = RandomFloats(slots * row, seed, -1, 1);
-  const std::vector<float> v = RandomFloats(slots * row, seed + 1, -1, 1);
+  std::vector<float> v = RandomFloats(slots * row, seed + 1, -1, 1);
+  if (v_nan_at >= 0) v[static_cast<size_t>(v_nan_at)] = std::nanf("");
   std::vector<int32_t> all(slots);
   for (int64_t s = 0; s < slots; ++s) all[s] = static_cast<int32_t>(s);
   if (absl::Status status = cpu::WriteKv(c.cpu, k.data(), v.data(), all.data(), slots);
