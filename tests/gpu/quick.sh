@@ -7,6 +7,10 @@
 #   1b. models     test_model_tool makes, from the bundle's default-metadata.gguf, a tiny
 #                  random model with the real tokenizer (for serving) and a random twin of
 #                  the default model (30 layers, Q4_1), which the runner step compares
+#   1c. serve      tests/gpu/serve_smoke.py: `loom up --device cuda` on the tiny model,
+#                  every HTTP answer checked, 32 concurrent streams, CUDA graph replays in
+#                  the worker's metrics, a SIGTERM drain that finishes a running stream
+#                  (first: the product serving on the GPU is what a window verifies first)
 #   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
 #   2b. model      each model::CudaDevice operation against CpuDevice's on random inputs
 #   3. runner      the CUDA model runner against the CPU runner: random llama/qwen2 models
@@ -17,19 +21,21 @@
 #                  collectives, one captured in a CUDA graph; a missing peer times out;
 #                  two ranks on one GPU where NCCL allows it) and the llama graph on
 #                  CudaDevice over NCCL vs without ("NCCL not found" is not a failure)
-#   4b. serve      tests/gpu/serve_smoke.py: `loom up --device cuda` on the tiny model,
-#                  every HTTP answer checked, 32 concurrent streams, CUDA graph replays in
-#                  the worker's metrics, a SIGTERM drain that finishes a running stream
 #   5. memcheck    compute-sanitizer on a named subset of kernel tests and one CUDA runner
 #   6. racecheck     scenario (memcheck only); "Device not supported", as under gVisor, is
 #                    reported as unavailable
-#   7. bench       the GPU benchmarks' --quick forms, then tests/gpu/serve_bench.py (loom
-#                  bench at 1/32/128 streams against loom up on the default model's
-#                  random twin), while time is left
+#   7. bench       tests/gpu/serve_bench.py (loom bench at 1/32/128 streams against loom
+#                  up on the default model's random twin), then the GPU benchmarks' --quick
+#                  forms and PyTorch as their peer, while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
-# after every step, so a run cut off at any point still leaves its report.
+# after every step, so a run cut off at any point still leaves its report; the serving
+# steps' own logs come back as serve.log and serve_bench.log (their last MB). A test step
+# killed by its limit still reports each test that finished, and the one it was running.
 #
-#   tests/gpu/quick.sh [--bundle ARCHIVE] [--deadline SECONDS] [--dry-run]
+#   tests/gpu/quick.sh [--bundle ARCHIVE] [--deadline SECONDS] [--steps LIST] [--dry-run]
+#
+# --steps (a rerun after a fix): only these of serve, kernels, model, runner, nccl,
+# memcheck, racecheck, bench, comma-separated (preflight and models always run).
 #
 # --dry-run (any machine, CI): unpacks the bundle, checks ldd (only the driver, cuBLAS and
 # NCCL may be missing), lists the steps with their time limits, runs nothing.
@@ -42,12 +48,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUNDLE="${LOOM_GPU_BUNDLE:-$ROOT/build-gpu-bundle/loom-gpu-bundle.tar.xz}"
 DEADLINE=420
 DRY_RUN=0
+ONLY=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bundle) BUNDLE="$2"; shift 2 ;;
     --deadline) DEADLINE="$2"; shift 2 ;;
+    --steps) ONLY=",$2,"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,41p "$0"; exit 0 ;;
     *) echo "quick.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -55,11 +63,16 @@ done
 
 # Steps, their own limits (seconds; those before bench add up to 385, so no step starves a
 # later test step; bench, the last, takes at most 60 s of what the 420 s deadline leaves)
-# and what they run. The global deadline caps each. The H100 run of 2026-11-26 took 56 s for the kernels, 13 s and
-# 29 s for memcheck and racecheck.
-STEPS=(preflight models kernels model runner nccl serve memcheck racecheck bench)
-declare -A LIMIT=([preflight]=10 [models]=20 [kernels]=90 [model]=20 [runner]=60 [nccl]=30
-                  [serve]=75 [memcheck]=45 [racecheck]=35 [bench]=60)
+# and what they run. The global deadline caps each. The H100 run of 2026-11-26 took 56 s
+# for the kernels, 13 s and 29 s for memcheck and racecheck (with fewer tests than now).
+STEPS=(preflight models serve kernels model runner nccl memcheck racecheck bench)
+declare -A LIMIT=([preflight]=10 [models]=20 [serve]=75 [kernels]=90 [model]=20 [runner]=55
+                  [nccl]=20 [memcheck]=45 [racecheck]=50 [bench]=60)
+for step in ${ONLY//,/ }; do
+  [[ -n "${LIMIT[$step]:-}" && "$step" != preflight && "$step" != models ]] ||
+    { echo "quick.sh: --steps: unknown step $step" >&2; exit 2; }
+done
+wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
 KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*'
 MODEL_FILTER='CudaDevice*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
@@ -77,7 +90,17 @@ if [[ ! -f "$BUNDLE" ]]; then
   exit 2
 fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/loom-gpu.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+# `loom up` runs in a session of its own (its workers with it): a serving step killed by its
+# limit must not leave it holding the GPU's memory for the steps after it.
+kill_servers() {
+  local file
+  for file in "$WORK"/*.pgid; do
+    [[ -f "$file" ]] && kill -KILL -- "-$(cat "$file")" 2> /dev/null
+    rm -f "$file"
+  done
+  return 0
+}
+trap 'kill_servers; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/b" "$WORK/xml" "$WORK/bench"
 if ! tar -C "$WORK/b" -xJf "$BUNDLE"; then
   echo "quick.sh: cannot unpack $BUNDLE" >&2
@@ -145,7 +168,7 @@ check_ldd() {  # prints problems; returns 1 when a library other than the allowe
 
 # A GPU machine whose libstdc++ is older than the builder's: use the bundle's own.
 if LD_LIBRARY_PATH="$LIB_PATH" ldd "$B/bin/loom_worker_tests" 2>&1 | grep -q "version .GLIBCXX\|version .GCC_"; then
-  LIB_PATH="$LIB_PATH:$B/fallback"
+  LIB_PATH="$B/fallback:$LIB_PATH"
   RUN_ENV[1]="LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   STDCXX_NOTE="the bundle's libstdc++ (the machine's is older)"
 fi
@@ -153,6 +176,10 @@ fi
 if ((DRY_RUN)); then
   echo "quick.sh --dry-run: bundle $BUNDLE ($(du -h "$BUNDLE" | cut -f1)), commit $(manifest commit)," \
     "built for $(manifest cuda_architectures), glibc $(manifest glibc) or newer needed"
+  head="$(git -C "$ROOT" rev-parse HEAD 2> /dev/null)"
+  if [[ -n "$head" && ( "$head" != "$(manifest commit)" || "$(manifest dirty)" == true ) ]]; then
+    echo "warning: the bundle is not of this checkout (HEAD $head): rebuild it with tests/gpu/bundle.sh"
+  fi
   echo "binaries: $(ls "$B/bin" | tr '\n' ' ')"
   echo "libraries: $(ls "$B/lib" | wc -l) in lib/"
   echo "cuBLAS ($CUBLAS_SONAME): ${CUBLAS_PATH:-not found}; NCCL: ${NCCL_PATH:-not found};" \
@@ -163,7 +190,10 @@ if ((DRY_RUN)); then
     exit 1
   fi
   echo "steps (global deadline ${DEADLINE} s):"
-  for step in "${STEPS[@]}"; do printf '  %-10s %4d s\n' "$step" "${LIMIT[$step]}"; done
+  for step in "${STEPS[@]}"; do
+    wanted "$step" || [[ "$step" == preflight || "$step" == models ]] || continue
+    printf '  %-10s %4d s\n' "$step" "${LIMIT[$step]}"
+  done
   echo "filters: kernels '$KERNEL_FILTER'; model '$MODEL_FILTER'; runner '$FORWARD_PASS_FILTER'; nccl '$NCCL_FILTER'"
   echo "sanitizer subset: '$SANITIZER_FILTER'; runner (memcheck): '$FORWARD_PASS_SANITIZER_FILTER'"
   echo "servers: $(manifest servers); models from $(manifest models) by $(manifest tools)"
@@ -194,9 +224,13 @@ record() {  # record STEP STATUS STARTED LIMIT DETAIL
 run_gtest() {  # run_gtest STEP LIMIT BINARY FILTER [PREFIX...]
   local step="$1" limit="$2" bin="$3" filter="$4"
   shift 4
+  # Its output also goes to xml/STEP.log: killed before GoogleTest writes its XML, the
+  # report reads the tests that finished (and the one that hung) from there.
   timeout -k 5 "$limit" "${RUN_ENV[@]}" "$@" "$B/bin/$bin" --gtest_filter="$filter" \
-    --gtest_output="xml:$WORK/xml/$step.xml" >> "$LOG" 2>&1
+    --gtest_output="xml:$WORK/xml/$step.xml" 2>&1 | tee "$WORK/xml/$step.log" >> "$LOG"
 }
+# A serving script's log, its last MB, in $OUT (after its step, and again at the end).
+keep_log() { [[ -f "$WORK/$1" ]] && tail -c 1000000 "$WORK/$1" > "$OUT/$1"; return 0; }
 status_of() {  # status_of EXIT_CODE: passed / failed / timed out
   case "$1" in
     0) echo passed ;;
@@ -247,8 +281,10 @@ t0=$(date +%s)
 limit=$(budget models)
 mkdir -p "$MODELS"
 make_model() {  # make_model SHAPE FILE
+  # Written aside and renamed: a write cut off by the limit leaves no truncated model.
   timeout -k 5 "$limit" "${RUN_ENV[@]}" "$B/bin/test_model_tool" random --shape "$1" \
-    --metadata "$B/models/$(manifest models)" "$MODELS/$2" >> "$LOG" 2>&1
+    --metadata "$B/models/$(manifest models)" "$MODELS/$2.tmp" >> "$LOG" 2>&1 &&
+    mv "$MODELS/$2.tmp" "$MODELS/$2"
 }
 if make_model tiny tiny.gguf && make_model default default-shape.gguf; then
   record models passed "$t0" "$limit" "$(cd "$MODELS" && du -h tiny.gguf default-shape.gguf | xargs)"
@@ -256,8 +292,39 @@ else
   record models failed "$t0" "$limit" "test_model_tool failed (log.txt)"
 fi
 
+# 1c. serving: loom up --device cuda on the tiny model, every answer checked
+CHILD_ENV=("LOOM_CHILD_LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+           "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
+t0=$(date +%s)
+limit=$(budget serve)
+if ! wanted serve; then
+  :
+elif ((limit < 20)); then
+  record serve "not run (deadline)" "$t0" 0 ""
+elif [[ ! -f "$MODELS/tiny.gguf" ]]; then
+  record serve "not run" "$t0" 0 "no tiny model (the models step failed)"
+else
+  timeout -k 5 "$limit" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
+    --loom "$B/bin/loom" --model "$MODELS/tiny.gguf" --device cuda --expect-graph-replays \
+    --concurrency 32 --start-timeout $((limit / 2)) --timeout 20 --pgid-file "$WORK/serve.pgid" \
+    --out "$WORK/bench/serve_smoke.json" --log "$WORK/serve.log" >> "$LOG" 2>&1
+  code=$?
+  kill_servers
+  tail -n 40 "$WORK/serve.log" >> "$LOG" 2> /dev/null
+  keep_log serve.log
+  detail="$(python3 - "$WORK/bench/serve_smoke.json" << 'PY' 2> /dev/null
+import json, sys
+steps = json.load(open(sys.argv[1]))["steps"]
+print("; ".join(f"{name} {step['status']}" + (f": {step['reason'][:160]}" if "reason" in step else "")
+                for name, step in steps.items()))
+PY
+)"
+  record serve "$(status_of "$code")" "$t0" "$limit" "${detail:-no summary (log.txt)}"
+fi
+
 # 2-4. the tests
 for step in kernels model runner nccl; do
+  wanted "$step" || continue
   t0=$(date +%s)
   limit=$(budget "$step")
   if ((limit < 10)); then
@@ -280,33 +347,9 @@ for step in kernels model runner nccl; do
   record "$step" "$status" "$t0" "$limit" "$detail"
 done
 
-# 4b. serving: loom up --device cuda on the tiny model, every answer checked
-t0=$(date +%s)
-limit=$(budget serve)
-if ((limit < 20)); then
-  record serve "not run (deadline)" "$t0" 0 ""
-elif [[ ! -f "$MODELS/tiny.gguf" ]]; then
-  record serve "not run" "$t0" 0 "no tiny model (the models step failed)"
-else
-  timeout -k 5 "$limit" "${RUN_ENV[@]}" "LOOM_CHILD_LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
-    --loom "$B/bin/loom" --model "$MODELS/tiny.gguf" --device cuda --expect-graph-replays \
-    --concurrency 32 --start-timeout $((limit / 2)) --timeout 20 \
-    --out "$WORK/bench/serve_smoke.json" --log "$WORK/serve.log" >> "$LOG" 2>&1
-  code=$?
-  tail -n 40 "$WORK/serve.log" >> "$LOG" 2> /dev/null
-  detail="$(python3 - "$WORK/bench/serve_smoke.json" << 'PY' 2> /dev/null
-import json, sys
-steps = json.load(open(sys.argv[1]))["steps"]
-print("; ".join(f"{name} {step['status']}" + (f": {step['reason'][:160]}" if "reason" in step else "")
-                for name, step in steps.items()))
-PY
-)"
-  record serve "$(status_of "$code")" "$t0" "$limit" "${detail:-no summary (log.txt)}"
-fi
-
 # 5-6. compute-sanitizer
 for tool in memcheck racecheck; do
+  wanted "$tool" || continue
   t0=$(date +%s)
   limit=$(budget "$tool")
   if [[ -z "$SANITIZER" ]]; then
@@ -321,11 +364,13 @@ for tool in memcheck racecheck; do
     > "$WORK/$tool.txt" 2>&1
   code=$?
   left=$((limit - ($(date +%s) - t0)))
-  if [[ "$tool" == memcheck ]] && ((code == 0 && left >= 10)); then
+  # The runner scenario is checked whatever the kernels' subset found, while time is left.
+  if [[ "$tool" == memcheck ]] && ((left >= 10)); then
     timeout -k 5 "$left" "${RUN_ENV[@]}" "$SANITIZER" --tool memcheck --error-exitcode 99 \
       --print-limit 20 "$B/bin/loom_worker_tests" --gtest_filter="$FORWARD_PASS_SANITIZER_FILTER" \
       >> "$WORK/$tool.txt" 2>&1
-    code=$?
+    runner_code=$?
+    ((code == 0)) && code=$runner_code
   fi
   tail -n 60 "$WORK/$tool.txt" >> "$LOG"
   status="$(status_of "$code")"
@@ -343,9 +388,32 @@ done
 t0=$(date +%s)
 limit=$(budget bench)
 done_benches=()
+left_in_bench() {  # the seconds the bench step has left, at most $1
+  local left=$((limit - ($(date +%s) - t0)))
+  ((left > $1)) && left=$1
+  echo "$left"
+}
+# Serving on the GPU first: loom bench against loom up on the default model's random twin
+# (INT4), 1 / 32 / 128 streams of 32 requests each, beside the copy bandwidth of the same run.
+left=$(left_in_bench 30)
+if wanted bench && ((left >= 15)) && [[ -f "$MODELS/default-shape.gguf" ]]; then
+  if timeout -k 5 "$left" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py" \
+      --loom "$B/bin/loom" --model "$MODELS/default-shape.gguf" --device cuda \
+      --concurrency 1,32,128 --num-requests 32 --input-len 128 --output-len 64 \
+      --start-timeout $((left / 2)) --pgid-file "$WORK/serve_bench.pgid" \
+      --out "$WORK/bench/serve_bench.json" --log "$WORK/serve_bench.log" >> "$LOG" 2>&1; then
+    done_benches+=(serve_bench)
+  else
+    done_benches+=(serve_bench:failed)
+  fi
+  kill_servers
+  keep_log serve_bench.log
+fi
+# The kernels' benchmarks, 20 s each at most.
 for bench in "${BENCHES[@]}"; do
-  left=$((limit - ($(date +%s) - t0)))
-  ((left < 15)) && break
+  wanted bench || break
+  left=$(left_in_bench 20)
+  ((left < 10)) && break
   if OUT="$WORK/bench" timeout -k 5 "$left" "${RUN_ENV[@]}" "$B/bin/$bench" --quick >> "$LOG" 2>&1; then
     done_benches+=("$bench")
   else
@@ -354,9 +422,8 @@ for bench in "${BENCHES[@]}"; do
 done
 # PyTorch as the kernels' peer (flash SDPA, matmul) on the same shapes, beside Loom's figures
 # of this run, in one JSON (bench/torch_peer.json); at most 25 s.
-left=$((limit - ($(date +%s) - t0)))
-if ((left >= 15)); then
-  ((left > 25)) && left=25
+left=$(left_in_bench 25)
+if wanted bench && ((left >= 15)); then
   if timeout -k 5 "$left" python3 "$ROOT/tests/gpu/torch_peer.py" --quick --loom "$WORK/bench" \
       --out "$WORK/bench/torch_peer.json" >> "$LOG" 2>&1; then
     done_benches+=(torch_peer)
@@ -364,22 +431,7 @@ if ((left >= 15)); then
     done_benches+=(torch_peer:failed)
   fi
 fi
-# Serving on the GPU: loom bench against loom up on the default model's random twin (INT4),
-# 1 / 32 / 128 streams, beside the copy bandwidth of the same run.
-left=$((limit - ($(date +%s) - t0)))
-if ((left >= 15)) && [[ -f "$MODELS/default-shape.gguf" ]]; then
-  if timeout -k 5 "$left" "${RUN_ENV[@]}" "LOOM_CHILD_LD_LIBRARY_PATH=$LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" python3 "$ROOT/tests/gpu/serve_bench.py" \
-      --loom "$B/bin/loom" --model "$MODELS/default-shape.gguf" --device cuda \
-      --concurrency 1,32,128 --num-requests 128 --input-len 128 --output-len 64 \
-      --start-timeout $((left / 2)) --out "$WORK/bench/serve_bench.json" \
-      --log "$WORK/serve_bench.log" >> "$LOG" 2>&1; then
-    done_benches+=(serve_bench)
-  else
-    done_benches+=(serve_bench:failed)
-  fi
-fi
-record bench "ran" "$t0" "$limit" "${done_benches[*]:-none (deadline)}"
+wanted bench && record bench "ran" "$t0" "$limit" "${done_benches[*]:-none (deadline)}"
 
 report --final
 code=$?

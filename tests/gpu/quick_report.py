@@ -7,7 +7,8 @@ quick.sh calls this after every step, so a run killed at any point still leaves 
                   [--detail TEXT]] [--meta KEY=VALUE ...] [--final]
 
 The work folder holds steps.json (one record per finished step, appended here), meta.json
-(facts from the preflight), xml/*.xml (GoogleTest results of each test step) and
+(facts from the preflight), xml/*.xml (GoogleTest results of each test step; its console
+output xml/*.log stands in for a step killed before the XML was written) and
 bench/*.json (the benchmarks' results). The report is report.json and report.txt in --out.
 
 A test counts as failed when GoogleTest says so. A skipped test is reported with its reason;
@@ -43,8 +44,44 @@ def summary(text):
     return lines[0][:300] if lines else ""
 
 
+RESULT_LINE = re.compile(r"^\[\s*(RUN|OK|FAILED|SKIPPED)\s*\] ([^\s,]+)(.*?)(\((\d+) ms\))?\s*$")
+
+
+def read_log(step, path):
+    """The tests of a step killed before GoogleTest wrote its XML, from its console output:
+    each finished test's result, and the one running when it was killed as failed."""
+    tests, running, said = [], None, []
+    with open(path, errors="replace") as f:
+        for line in f:
+            match = RESULT_LINE.match(line)
+            if not match:
+                # What a test printed: its failure or skip message follows a "file:line:
+                # Failure" (or "Skipped") line.
+                if running is not None and not re.match(r"^\S+:\d+: (Failure|Skipped)$", line.strip()):
+                    said.append(line.strip())
+                continue
+            tag, name, _, timed, ms = match.groups()
+            if tag == "RUN":
+                running, said = name, []
+            elif name == running and (timed or tag == "SKIPPED"):
+                result = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[tag]
+                message = next((text for text in said if text), "") if result != "passed" else ""
+                tests.append({"step": step, "name": name, "result": result,
+                              "time": int(ms) / 1000 if ms else 0.0, "message": message[:300]})
+                running = None
+    if running is not None:
+        tests.append({"step": step, "name": running, "result": "failed", "time": None,
+                      "message": "still running when the step was killed (its time limit)"})
+    return tests
+
+
 def read_tests(work):
     tests = []
+    logs = {os.path.splitext(os.path.basename(path))[0]: path
+            for path in glob.glob(os.path.join(work, "xml", "*.log"))}
+    for step, path in sorted(logs.items()):
+        if not os.path.exists(os.path.join(work, "xml", f"{step}.xml")):
+            tests.extend(read_log(step, path))
     for path in sorted(glob.glob(os.path.join(work, "xml", "*.xml"))):
         step = os.path.splitext(os.path.basename(path))[0]
         try:
@@ -52,6 +89,8 @@ def read_tests(work):
         except (ET.ParseError, OSError) as error:
             tests.append({"step": step, "name": f"<{os.path.basename(path)}>", "result": "failed",
                           "time": None, "message": f"unreadable GoogleTest output: {error}"})
+            if step in logs:
+                tests.extend(read_log(step, logs[step]))
             continue
         for case in root.iter("testcase"):
             name = f"{case.get('classname')}.{case.get('name')}"

@@ -89,6 +89,46 @@ def test_skips_by_design_and_passes_are_a_pass(tmp_path):
     assert report(work, out, "--final").returncode == 1
 
 
+CONSOLE = """[==========] Running 4 tests from 1 test suite.
+[ RUN      ] CudaX.Passes
+[       OK ] CudaX.Passes (12 ms)
+[ RUN      ] CudaX.Param/1
+x.cc:3: Failure
+Expected equality of these values:
+[  FAILED  ] CudaX.Param/1, where GetParam() = 1 (3 ms)
+[ RUN      ] CudaX.Blind
+x.cc:20: Skipped
+no CUDA device: none
+
+[  SKIPPED ] CudaX.Blind (0 ms)
+[ RUN      ] CudaX.Hangs
+"""
+
+
+def test_a_step_killed_before_its_xml_reports_its_tests_from_the_console(tmp_path):
+    # GoogleTest writes its XML at exit: a step killed by its limit leaves only the console
+    # output, from which the finished tests and the one that hung are reported.
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "xml").mkdir(parents=True)
+    (work / "xml" / "kernels.log").write_text(CONSOLE)
+    report(work, out, "--meta", "device=NVIDIA H200", "--step", "kernels", "--status", "timed out")
+    assert report(work, out, "--final").returncode == 1
+    data = json.loads((out / "report.json").read_text())
+    results = {t["name"]: (t["result"], t["message"]) for t in data["tests"]}
+    assert results == {
+        "CudaX.Passes": ("passed", ""),
+        "CudaX.Param/1": ("failed", "Expected equality of these values:"),
+        "CudaX.Blind": ("skipped", "no CUDA device: none"),
+        "CudaX.Hangs": ("failed", "still running when the step was killed (its time limit)"),
+    }
+    assert data["unexpected_skips"] == ["CudaX.Blind"]
+    # With the XML written, the console output is not read again.
+    write_xml(work, "kernels", XML)
+    report(work, out, "--final")
+    assert json.loads((out / "report.json").read_text())["test_counts"] == {
+        "passed": 1, "failed": 1, "skipped": 2}
+
+
 def test_unreadable_gtest_output_is_a_failure(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     write_xml(work, "runner", "<testsuites><testsuite")  # killed mid-write
@@ -119,7 +159,8 @@ def test_dry_run_unpacks_checks_libraries_and_lists_the_steps():
         parts = line.split()
         if len(parts) == 3 and parts[2] == "s":
             limits[parts[0]] = int(parts[1])
-    assert list(limits) == ["preflight", "models", "kernels", "model", "runner", "nccl", "serve",
+    # Serving on the GPU right after the models: a rerun with little time left reaches it.
+    assert list(limits) == ["preflight", "models", "serve", "kernels", "model", "runner", "nccl",
                             "memcheck", "racecheck", "bench"]
     assert limits["preflight"] == 10
     # The test steps' own limits add up to 385 s, so none is starved by an earlier one; bench,
@@ -148,10 +189,21 @@ def test_without_a_gpu_the_run_stops_at_preflight_and_reports_why(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt", "report.json", "report.txt"]
 
 
+def test_a_rerun_lists_only_the_steps_it_names():
+    bundle_or_skip()
+    run = subprocess.run(["bash", str(QUICK), "--dry-run", "--bundle", str(BUNDLE), "--steps", "serve,runner"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    steps = [line.split()[0] for line in run.stdout.splitlines() if line.endswith(" s") and line.startswith("  ")]
+    assert steps == ["preflight", "models", "serve", "runner"]
+
+
 def test_bad_arguments_and_a_missing_bundle_exit_2(tmp_path):
     bad = subprocess.run(["bash", str(QUICK), "--deadline", "soon"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "whole seconds" in bad.stderr
+    unknown = subprocess.run(["bash", str(QUICK), "--steps", "serve,warp"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "unknown step warp" in unknown.stderr
     missing = subprocess.run(["bash", str(QUICK), "--bundle", str(tmp_path / "none.tar.xz")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no bundle" in missing.stderr

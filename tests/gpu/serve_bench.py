@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from serve_smoke import CheckFailed, Server, child_environment  # noqa: E402
+from serve_smoke import CheckFailed, Server, child_environment, exit_on_sigterm  # noqa: E402
 
 
 def copy_bandwidth_gbs(device):
@@ -70,8 +70,10 @@ def main():
     parser.add_argument("--start-timeout", type=float, default=120)
     parser.add_argument("--log", default="serve_bench.log")
     parser.add_argument("--out", default="serve_bench.json")
+    parser.add_argument("--pgid-file", help="where to write the process group of `loom up`")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
     args = parser.parse_args()
+    exit_on_sigterm()
 
     bandwidth = copy_bandwidth_gbs(args.device)
     model_bytes = os.path.getsize(args.model)
@@ -79,10 +81,11 @@ def main():
                "--port", "-1", "--grpc-port", "0", *args.extra]
     summary = {"model": os.path.basename(args.model), "model_bytes": model_bytes,
                "device": args.device, "copy_bandwidth_gbs": bandwidth, "command": command}
-    server = Server(command, args.log)
+    server = Server(command, args.log, args.pgid_file)
     try:
+        deadline = time.monotonic() + args.start_timeout
         address = server.wait_for(r"coordinator listening on (\S+)", args.start_timeout).group(1)
-        server.wait_for(r"loom: ready", args.start_timeout)
+        server.wait_for(r"loom: ready", deadline - time.monotonic())
         results = pathlib.Path(args.out).with_suffix(".levels.json")
         bench = subprocess.run(
             [args.loom, "bench", "--address", address, "--concurrency", args.concurrency,

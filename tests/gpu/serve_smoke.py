@@ -40,6 +40,12 @@ class CheckFailed(Exception):
     pass
 
 
+def exit_on_sigterm():
+    """SIGTERM (`timeout` at a step's limit) raises SystemExit, so that `finally` blocks stop
+    the server and write the summary; Python's default would end the process at once."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def check(condition, message):
     if not condition:
         raise CheckFailed(message)
@@ -59,12 +65,17 @@ class Server:
     """`loom up` with its output collected; the HTTP URL and the worker's metrics URL
     come from its startup lines."""
 
-    def __init__(self, args, log_path):
+    def __init__(self, args, log_path, pgid_file=None):
         self.log = open(log_path, "w")
         self.lines = []
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True,
                                         env=child_environment())
+        # Its session's process group, for a caller that must kill it should this script be
+        # killed first (quick.sh after a step's time limit).
+        if pgid_file:
+            with open(pgid_file, "w") as f:
+                f.write(str(self.process.pid))
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
 
@@ -294,15 +305,23 @@ def main():
     parser.add_argument("--timeout", type=float, default=60, help="per request")
     parser.add_argument("--log", default="serve_smoke.log")
     parser.add_argument("--out", default="serve_smoke.json")
+    parser.add_argument("--pgid-file", help="where to write the process group of `loom up`")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
     args = parser.parse_args()
+    exit_on_sigterm()
 
     command = [args.loom, "up", args.model, "--device", args.device, "--host", "127.0.0.1",
                "--port", "0", "--grpc-port", "0", "--metrics-port", "0",
                "--served-model-name", "smoke", "--drain-timeout-s", "60", *args.extra]
     summary = {"command": command, "steps": {}}
-    server = Server(command, args.log)
+    server = Server(command, args.log, args.pgid_file)
     steps = summary["steps"]
+
+    def save():  # after every step: a run killed later keeps what it found
+        summary["passed"] = all(step["status"] == "passed" for step in steps.values())
+        with open(args.out + ".tmp", "w") as out:
+            json.dump(summary, out, indent=2)
+        os.replace(args.out + ".tmp", args.out)
 
     def run(name, function, *function_args):
         started = time.monotonic()
@@ -313,15 +332,18 @@ def main():
         steps[name]["seconds"] = round(time.monotonic() - started, 3)
         print(f"serve_smoke: {name}: {steps[name]['status']} "
               f"{steps[name].get('reason', '')}".rstrip(), flush=True)
+        save()
         return steps[name]["status"] == "passed"
 
     urls = {}
 
     def start():
-        urls["http"] = server.wait_for(r"OpenAI-compatible HTTP API on (\S+)",
-                                       args.start_timeout).group(1).rstrip("/") + "/v1"
-        urls["metrics"] = server.wait_for(r"loom-worker: metrics on (\S+)", args.start_timeout).group(1)
+        # One deadline for the whole start, not one per line awaited.
         deadline = time.monotonic() + args.start_timeout
+        urls["http"] = server.wait_for(r"OpenAI-compatible HTTP API on (\S+)",
+                                       deadline - time.monotonic()).group(1).rstrip("/") + "/v1"
+        urls["metrics"] = server.wait_for(r"loom-worker: metrics on (\S+)",
+                                          deadline - time.monotonic()).group(1)
         while True:  # ready: a replica registered and healthy
             try:
                 with urllib.request.urlopen(urls["http"][:-3] + "/ready", timeout=5) as response:
@@ -343,9 +365,7 @@ def main():
             run("drain", step_drain, server, urls["http"], "smoke", args.timeout)
     finally:
         server.stop()
-        summary["passed"] = all(step["status"] == "passed" for step in steps.values())
-        with open(args.out, "w") as out:
-            json.dump(summary, out, indent=2)
+        save()
     return 0 if summary["passed"] else 1
 
 

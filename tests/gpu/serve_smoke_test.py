@@ -9,11 +9,15 @@ run and the window never runs them for the first time:
 * the random default-shape model has the default model's tensors (names, shapes, storage
   types) and runs;
 * serve_smoke.py fails, naming the step, when the server cannot do what it checks: here a
-  40-token context refuses the drain step's long stream.
+  40-token context refuses the drain step's long stream;
+* killed by its step's limit (SIGTERM), it stops the server and keeps what it found.
 """
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import gguf
 import pytest
@@ -107,3 +111,42 @@ def test_serve_smoke_fails_on_a_wrong_answer(models, tmp_path):
     assert steps["start"]["status"] == "passed"
     assert steps["drain"]["status"] == "failed", steps["drain"]
     assert summary["passed"] is False
+
+
+def test_a_smoke_test_killed_by_its_limit_stops_the_server_and_keeps_its_findings(models, tmp_path):
+    # quick.sh's `timeout` sends SIGTERM to the script only: the server, in a session of its
+    # own, must be stopped by the script (and its process group, written to --pgid-file, is
+    # killed by quick.sh besides), and the steps that ran so far are in the summary.
+    out, pgid_file = tmp_path / "smoke.json", tmp_path / "serve.pgid"
+    smoke = subprocess.Popen(
+        [sys.executable, SMOKE, "--loom", LOOM, "--model", models / "tiny.gguf", "--device", "cpu",
+         "--concurrency", "8", "--out", out, "--log", tmp_path / "smoke.log", "--pgid-file", pgid_file,
+         "--", "--threads", "1"],
+        stdout=subprocess.PIPE, text=True)
+    for line in smoke.stdout:
+        if line.startswith("serve_smoke: start: passed"):
+            break
+    else:
+        pytest.fail(f"serve_smoke.py never started the server: {(tmp_path / 'smoke.log').read_text()[-3000:]}")
+    pgid = int(pgid_file.read_text())
+    smoke.send_signal(signal.SIGTERM)
+    assert smoke.wait(timeout=60) == 143
+    assert json.loads(out.read_text())["steps"]["start"]["status"] == "passed"
+    # No process of the server's group is left running (killed, a worker may stay a zombie
+    # until it is reaped).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running_in_group(pgid):
+        time.sleep(0.1)
+    assert not running_in_group(pgid)
+
+
+def running_in_group(pgid):
+    running = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            running.append(int(entry))
+    return running
