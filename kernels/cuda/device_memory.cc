@@ -45,9 +45,13 @@ absl::Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes, size_t of
     return absl::InvalidArgumentError(absl::StrFormat(
         "DeviceBuffer: copy of %d bytes at offset %d into %d", bytes, offset, bytes_));
   }
-  return FromCuda(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes,
-                             cudaMemcpyHostToDevice),
-                  "cudaMemcpy to device");
+  absl::Status status =
+      FromCuda(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice),
+               "cudaMemcpy to device");
+  // From pageable memory the copy may still be in flight on the legacy stream when
+  // cudaMemcpy returns, unordered with a non-blocking stream's next kernel: wait for it.
+  if (status.ok()) status = FromCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return status;
 }
 
 absl::Status DeviceBuffer::CopyToHost(void* dst, size_t bytes) const {
@@ -60,7 +64,11 @@ absl::Status DeviceBuffer::CopyToHost(void* dst, size_t bytes) const {
 
 absl::Status DeviceBuffer::Fill(uint8_t byte) {
   if (bytes_ == 0) return absl::OkStatus();
-  return FromCuda(cudaMemset(data_, byte, bytes_), "cudaMemset");
+  absl::Status status = FromCuda(cudaMemset(data_, byte, bytes_), "cudaMemset");
+  // cudaMemset is asynchronous to the host for device memory (and unordered with a
+  // non-blocking stream): the fill is done when this returns.
+  if (status.ok()) status = FromCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return status;
 }
 
 absl::Status SynchronizeStream(cudaStream_t stream) {

@@ -46,7 +46,10 @@ __global__ void ScatterAddRowsKernel(const float* __restrict__ rows,
   const float weight = weights[blockIdx.x];
   const float* src = rows + static_cast<int64_t>(blockIdx.x) * row_size;
   float* dst = out + row * row_size;
-  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) dst[i] += weight * src[i];
+  // Rounded product, then sum (no fused multiply-add): the CPU's order and rounding.
+  for (int64_t i = threadIdx.x; i < row_size; i += blockDim.x) {
+    dst[i] = __fadd_rn(dst[i], __fmul_rn(weight, src[i]));
+  }
 }
 
 // One element a thread (grid-stride): its row and column of x, the part holding that column.

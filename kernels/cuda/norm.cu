@@ -10,8 +10,10 @@ namespace {
 using internal::FromFloat;
 using internal::ToFloat;
 
+// Launched with up to 1024 threads: the bound keeps the compiler's register use within what
+// a block that size may have. `x` is not __restrict__: `out` may alias it.
 template <typename T, bool kAddResidual>
-__global__ void RmsNormKernel(const T* __restrict__ x, T* residual,
+__global__ void __launch_bounds__(1024) RmsNormKernel(const T* x, T* residual,
                               const float* __restrict__ weight, T* out, float eps, int hidden,
                               void* out_low, bool low_bf16) {
   __shared__ float scratch[32];

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 
 #include "common/status_macros.h"
 #include "kernels/cuda/device_memory.h"
@@ -185,15 +187,27 @@ absl::Status FromLt(cublasStatus_t status, const char* what) {
                                              static_cast<int>(status)));
 }
 
-// The process-wide cuBLASLt handle (cuBLASLt handles may be shared between threads).
+// The current device's cuBLASLt handle, made on first use (a handle belongs to the device
+// current when it was created; it may be shared between threads). A failed creation is
+// not kept: the next call tries again.
 absl::StatusOr<cublasLtHandle_t> LtHandle() {
   if (detail::OpenCublasLibrary(detail::CublasLibrary::kCublasLt) == nullptr ||
       detail::OpenCublasLibrary(detail::CublasLibrary::kCublas) == nullptr) {
     return absl::FailedPreconditionError("Fp8Gemm: cannot load libcublasLt / libcublas");
   }
-  static cublasLtHandle_t handle = nullptr;
-  static const cublasStatus_t created = LOOM_CUBLAS_LT(cublasLtCreate)(&handle);
-  LOOM_RETURN_IF_ERROR(FromLt(created, "cublasLtCreate"));
+  int device = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrFormat("Fp8Gemm: cudaGetDevice: %s", cudaGetErrorString(error)));
+  }
+  static std::mutex mu;
+  static auto* handles = new std::unordered_map<int, cublasLtHandle_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = handles->find(device); it != handles->end()) return it->second;
+  cublasLtHandle_t handle = nullptr;
+  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtCreate)(&handle), "cublasLtCreate"));
+  (*handles)[device] = handle;
   return handle;
 }
 

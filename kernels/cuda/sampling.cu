@@ -329,10 +329,12 @@ __global__ void __launch_bounds__(kThreads) SampleTokensKernel(SampleArgs args) 
     }
   }
 
-  // 3. Argmax, lowest id on ties.
+  // 3. Argmax, lowest id on ties, as the CPU's: NaNs never win (a -inf does), and a row of
+  // NaNs answers token 0.
   float best = -INFINITY;
   int best_index = -1;
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    if (isnan(values[i])) continue;
     const float x = Canonical(values[i]);
     if (best_index < 0 || x > best) {
       best = x;
@@ -341,12 +343,9 @@ __global__ void __launch_bounds__(kThreads) SampleTokensKernel(SampleArgs args) 
   }
   BlockArgmax(best, best_index, shared);
 
-  int token = best_index;
+  int token = best_index < 0 ? 0 : best_index;
   const bool greedy = !(params.temperature > 0.0f) || params.top_k == 1 || !isfinite(best);
-  if (greedy) {
-    // The CPU's scan never moves off a NaN at index 0.
-    if (isnan(values[0])) token = 0;
-  } else {
+  if (!greedy) {
     const int sampled = SampleFiltered(values, vocab, params, best, shared);
     if (sampled >= 0) token = sampled;
   }

@@ -37,7 +37,8 @@ static_assert(sizeof(SamplingRowParams) == 48, "the device reads this layout");
 ///     on every listed token, then presence + frequency * count subtracted from those with
 ///     count > 0 (float arithmetic, no fused multiply-add, as the CPU).
 ///  2. temperature 0 or top_k 1: the argmax of the penalized logits, lowest id on ties
-///     (bit-exact with the CPU's Argmax; a NaN logit is never chosen unless it is token 0).
+///     (bit-exact with the CPU's Argmax: NaN logits are never chosen; a row of NaNs only
+///     gives token 0).
 ///  3. Otherwise, in the order (logit descending, id ascending): keep the top_k first;
 ///     weights exp((logit - max) / temperature); drop those below min_p (the max's weight
 ///     is 1); keep the shortest prefix whose weight reaches top_p of the kept sum; draw one

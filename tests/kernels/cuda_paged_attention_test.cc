@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/paged_attention.h"
@@ -449,10 +450,51 @@ TEST(CudaPagedDecodeTest, BadBlockTableYieldsNanForThatSequenceOnly) {
   }
 }
 
+// Decode attention over an 8-bit cache, as CudaDevice runs it: the query rotated by
+// LaunchRotateHeads, the output rotated back in place. One query row per sequence.
+absl::StatusOr<std::vector<float>> DecodeEightBit(const testing_util::EightBitCache& cache,
+                                                  const std::vector<float>& q,
+                                                  const std::vector<int32_t>& context_lens,
+                                                  const std::vector<int32_t>& indptr,
+                                                  const std::vector<int32_t>& indices,
+                                                  int64_t num_heads, int num_splits) {
+  const int64_t num_seqs = static_cast<int64_t>(context_lens.size()), d = cache.cpu.head_dim;
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_q, testing_util::UploadRaw(q));
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
+  LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
+  LOOM_RETURN_IF_ERROR(
+      testing_util::RotateRows(d_q.data(), d_q.data(), DataType::kF32, num_seqs * num_heads, d));
+  PagedDecodeParams p;
+  p.q = d_q.data();
+  p.out = d_out.data();
+  p.q_dtype = DataType::kF32;
+  p.cache = cache.View(DataType::kF16);
+  p.context_len = static_cast<const int32_t*>(d_len.data());
+  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
+  p.block_indices = static_cast<const int32_t*>(d_indices.data());
+  p.num_seqs = num_seqs;
+  p.num_heads = num_heads;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.max_context_len = *std::max_element(context_lens.begin(), context_lens.end());
+  p.num_splits = num_splits;
+  DeviceBuffer workspace;
+  if (const size_t bytes = PagedDecodeWorkspaceBytes(p); bytes > 0) {
+    LOOM_ASSIGN_OR_RETURN(workspace, DeviceBuffer::Allocate(bytes));
+    p.workspace = workspace.data();
+    p.workspace_bytes = bytes;
+  }
+  LOOM_RETURN_IF_ERROR(LaunchPagedDecode(p, nullptr));
+  LOOM_RETURN_IF_ERROR(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
+                                                num_seqs * num_heads, d));
+  LOOM_RETURN_IF_ERROR(SynchronizeStream(nullptr));
+  return testing_util::Download(d_out, DataType::kF32, q.size());
+}
+
 // 8-bit caches (int8, fp8): the codes and scales cpu::WriteKv stored, read by the kernel as
-// they are; the query rotated by LaunchRotateHeads, the output rotated back in place (what
-// CudaDevice does). Against cpu::PagedAttentionReference over the same codes (it rotates
-// the same way): only float summation order differs.
+// they are. Against cpu::PagedAttentionReference over the same codes (it rotates the same
+// way): only float summation order differs.
 TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   struct Case {
@@ -493,43 +535,9 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
           std::vector<float> expected,
           testing_util::EightBitReference(cache, q, query_start, c.context_lens, indptr, indices,
                                           num_heads));
-
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out,
-                                testing_util::Poisoned(DataType::kF32, q.size()));
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(c.context_lens));
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
-      ASSERT_TRUE(
-          testing_util::RotateRows(d_q.data(), d_q.data(), DataType::kF32, num_seqs * num_heads, d)
-              .ok());
-      PagedDecodeParams p;
-      p.q = d_q.data();
-      p.out = d_out.data();
-      p.q_dtype = DataType::kF32;
-      p.cache = cache.View(DataType::kF16);
-      p.context_len = static_cast<const int32_t*>(d_len.data());
-      p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
-      p.block_indices = static_cast<const int32_t*>(d_indices.data());
-      p.num_seqs = num_seqs;
-      p.num_heads = num_heads;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-      p.max_context_len = *std::max_element(c.context_lens.begin(), c.context_lens.end());
-      p.num_splits = c.num_splits;
-      DeviceBuffer workspace;
-      if (const size_t bytes = PagedDecodeWorkspaceBytes(p); bytes > 0) {
-        LOOM_ASSERT_OK_AND_ASSIGN(workspace, DeviceBuffer::Allocate(bytes));
-        p.workspace = workspace.data();
-        p.workspace_bytes = bytes;
-      }
-      const absl::Status launched = LaunchPagedDecode(p, nullptr);
-      ASSERT_TRUE(launched.ok()) << launched;
-      ASSERT_TRUE(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
-                                           num_seqs * num_heads, d)
-                      .ok());
-      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
-      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                                testing_util::Download(d_out, DataType::kF32, q.size()));
+      LOOM_ASSERT_OK_AND_ASSIGN(
+          std::vector<float> out,
+          DecodeEightBit(cache, q, c.context_lens, indptr, indices, num_heads, c.num_splits));
       EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-4, 1e-4));
     }
   }
@@ -549,41 +557,14 @@ TEST(CudaPagedDecodeTest, AnFp8NanCodeDecodesToNanAsOnTheCpu) {
   ASSERT_TRUE(testing_util::MakeEightBitCache(cpu::KvDtype::kFp8E4m3, 4, kBlock, kKvHeads, kHeadDim,
                                               77, cache, nan_at)
                   .ok());
-  const int64_t num_heads = kKvHeads * kGroup, num_seqs = 2;
-  const std::vector<float> q =
-      testing_util::RandomFloats(num_seqs * num_heads * kHeadDim, 78, -2, 2);
-  const std::vector<int32_t> query_start = {0, 1, 2};
+  const int64_t num_heads = kKvHeads * kGroup;
+  const std::vector<float> q = testing_util::RandomFloats(2 * num_heads * kHeadDim, 78, -2, 2);
   LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> expected,
-                            testing_util::EightBitReference(cache, q, query_start, context_lens,
+                            testing_util::EightBitReference(cache, q, {0, 1, 2}, context_lens,
                                                             indptr, indices, num_heads));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::UploadRaw(q));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
-  LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(indices));
-  ASSERT_TRUE(testing_util::RotateRows(d_q.data(), d_q.data(), DataType::kF32, num_seqs * num_heads,
-                                       kHeadDim)
-                  .ok());
-  PagedDecodeParams p;
-  p.q = d_q.data();
-  p.out = d_out.data();
-  p.q_dtype = DataType::kF32;
-  p.cache = cache.View(DataType::kF16);
-  p.context_len = static_cast<const int32_t*>(d_len.data());
-  p.block_indptr = static_cast<const int32_t*>(d_indptr.data());
-  p.block_indices = static_cast<const int32_t*>(d_indices.data());
-  p.num_seqs = num_seqs;
-  p.num_heads = num_heads;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  p.max_context_len = 20;
-  p.num_splits = 1;
-  ASSERT_TRUE(LaunchPagedDecode(p, nullptr).ok());
-  ASSERT_TRUE(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
-                                       num_seqs * num_heads, kHeadDim)
-                  .ok());
-  ASSERT_TRUE(SynchronizeStream(nullptr).ok());
-  LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                            testing_util::Download(d_out, DataType::kF32, q.size()));
+  LOOM_ASSERT_OK_AND_ASSIGN(
+      std::vector<float> out,
+      DecodeEightBit(cache, q, context_lens, indptr, indices, num_heads, /*num_splits=*/1));
   int64_t nans = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     ASSERT_EQ(std::isnan(out[i]), std::isnan(expected[i])) << i;

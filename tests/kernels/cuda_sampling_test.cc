@@ -22,12 +22,14 @@ namespace {
 // Transcribed from worker/sampler.cc (loom_kernels_tests does not link loom::worker):
 // Argmax, SequenceSampler::ApplyPenalties and the filters of PickFromDistribution.
 
+// The first index of the largest logit; NaNs never win (a -inf does); a row of NaNs: 0.
 int32_t CpuArgmax(const float* logits, int64_t n) {
-  int32_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (int64_t k = 0; k < n; ++k) {
+    if (logits[k] == best) return static_cast<int32_t>(k);
   }
-  return best;
+  return 0;
 }
 
 // One row's penalty list: distinct tokens with their output counts (0: prompt only).
@@ -312,13 +314,18 @@ TEST(CudaSamplingTest, GreedyEqualsCpuArgmaxExactly) {
         row[a] = row[b] = 11.0f;
       }
       if (r % 8 == 3 && vocab > 2) {
-        // NaN (never chosen after index 0), and -0 tying +0 at the max.
+        // NaN (never chosen, at index 0 either), and -0 tying +0 at the max.
         std::fill(row, row + vocab, -1.0f);
-        row[1] = NAN;
+        row[r % 16 == 3 ? 0 : 1] = NAN;
         row[vocab - 1] = 0.0f;
         row[vocab / 2] = -0.0f;
       }
       if (r == 5) std::fill(row, row + vocab, -INFINITY);  // all -inf: token 0
+      if (r == 9) {  // NaN first, then -inf: the first -inf (the CPU's choice)
+        std::fill(row, row + vocab, -INFINITY);
+        row[0] = NAN;
+      }
+      if (r == 13) std::fill(row, row + vocab, NAN);  // all NaN: token 0
       batch.rows.push_back(params);
     }
     std::vector<int32_t> tokens;
@@ -327,7 +334,8 @@ TEST(CudaSamplingTest, GreedyEqualsCpuArgmaxExactly) {
     for (int64_t r = 0; r < num_rows; ++r) {
       const float* row = batch.logits.data() + r * vocab;
       ASSERT_EQ(tokens[r], CpuArgmax(row, vocab)) << "row " << r;
-      if (r == 5 || (r % 8 == 3 && vocab > 2)) continue;  // NaN / -inf rows: no logprob check
+      // NaN / -inf rows: no logprob check.
+      if (r == 5 || r == 9 || r == 13 || (r % 8 == 3 && vocab > 2)) continue;
       EXPECT_NEAR(logprobs[r], CpuLogprob(row, vocab, tokens[r]),
                   1e-4 + 1e-5 * std::abs(logprobs[r]))
           << "row " << r;
