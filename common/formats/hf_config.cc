@@ -312,8 +312,9 @@ absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
 }
 
 // A mixture of experts as `<arch>.expert_*` keys: Mixtral's num_local_experts, Qwen3-MoE's
-// num_experts and moe_intermediate_size; the chosen experts' weights renormalized unless
-// norm_topk_prob says otherwise. Dense layers between sparse ones are refused.
+// num_experts and moe_intermediate_size; the chosen experts' weights renormalized as
+// norm_topk_prob says (Transformers' default: false for Qwen3-MoE; Mixtral, which has no
+// such field, always renormalizes). Dense layers between sparse ones are refused.
 absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::string& arch,
                            GgufMetadataBuilder& metadata) {
   LOOM_ASSIGN_OR_RETURN(int64_t experts, fields.Int("num_local_experts", 0));
@@ -328,7 +329,8 @@ absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::
     LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("moe_intermediate_size", 0));
     metadata.Int(arch + ".expert_feed_forward_length", width);
   }
-  LOOM_ASSIGN_OR_RETURN(bool normalize, fields.Bool("norm_topk_prob", true));
+  const bool mixtral = fields.Has("num_local_experts");
+  LOOM_ASSIGN_OR_RETURN(bool normalize, fields.Bool("norm_topk_prob", mixtral));
   metadata.Bool(arch + ".expert_weights_norm", normalize);
   LOOM_ASSIGN_OR_RETURN(int64_t sparse_step, fields.Int("decoder_sparse_step", 1));
   auto dense = config.find("mlp_only_layers");

@@ -84,6 +84,16 @@ TEST(HfConfigTest, TranslatesMixturesOfExperts) {
     "vocab_size": 1000})");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->expert_weights_norm);
+  EXPECT_TRUE(mixtral->expert_weights_norm);  // Mixtral has no such field: it renormalizes
+
+  // Without the field Qwen3-MoE does not renormalize (Transformers' Qwen3MoeConfig default).
+  absl::StatusOr<ModelConfig> unsaid = Translate(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 256, "intermediate_size": 768,
+    "num_experts": 8, "num_experts_per_tok": 2,
+    "num_hidden_layers": 2, "num_attention_heads": 8, "max_position_embeddings": 4096,
+    "vocab_size": 1000})");
+  ASSERT_TRUE(unsaid.ok()) << unsaid.status();
+  EXPECT_FALSE(unsaid->expert_weights_norm);
 }
 
 // Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as
