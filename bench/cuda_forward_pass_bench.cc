@@ -138,7 +138,7 @@ double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
   std::vector<int32_t> tokens(batch);
   for (int64_t s = 0; s < batch; ++s) tokens[s] = static_cast<int32_t>((s * 7919) % 128000);
   std::vector<int32_t> next;
-  std::vector<float> logprobs;
+  std::vector<float> logprobs, host_logits;
   std::chrono::steady_clock::time_point start;
   for (int64_t step = 0; step < kWarmupSteps + kDecodeSteps; ++step) {
     if (step == kWarmupSteps) start = std::chrono::steady_clock::now();
@@ -156,7 +156,8 @@ double DecodeStepSeconds(worker::CudaForwardPass& forward_pass, int64_t batch) {
       rows.positions.push_back(position);
       rows.penalty_indptr.push_back(0);
     }
-    CheckOk(forward_pass.StepAndSample(step_batch, rows, next, logprobs), "decode step");
+    CheckOk(forward_pass.StepAndSample(step_batch, rows, next, logprobs, host_logits),
+            "decode step");
     tokens = next;
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;

@@ -134,7 +134,8 @@ bool CudaForwardPass::returns_logits() const { return true; }
 void CudaForwardPass::SkipStep(uint64_t, const absl::Status&) {}
 
 absl::Status CudaForwardPass::StepAndSample(const StepBatch&, const DeviceSampleRows&,
-                                             std::vector<int32_t>&, std::vector<float>&) {
+                                            std::vector<int32_t>&, std::vector<float>&,
+                                            std::vector<float>&) {
   return absl::FailedPreconditionError("the CUDA runner is unavailable: built without CUDA");
 }
 
@@ -373,6 +374,17 @@ struct CudaForwardPass::State {
         logits_out.clear();  // the residual stream went on to the next stage
       } else if (sampling != nullptr) {
         status = EnqueueSampling(*sampling, *sampled, *sampled_logprob);
+        // The rows the host samples: their raw logits (the sampler penalized a copy).
+        const size_t vocab = static_cast<size_t>(config.vocab_size);
+        logits_out.resize(sampling->logits_rows.size() * vocab);
+        for (size_t i = 0; i < sampling->logits_rows.size() && status.ok(); ++i) {
+          status = CudaStatus(
+              cudaMemcpyAsync(logits_out.data() + i * vocab,
+                              static_cast<const float*>(logits->data()) +
+                                  static_cast<size_t>(sampling->logits_rows[i]) * vocab,
+                              vocab * sizeof(float), cudaMemcpyDeviceToHost, device->stream()),
+              "cudaMemcpyAsync of a host-sampled row's logits");
+        }
       } else {
         logits_out.resize(num_sampled * config.vocab_size);
         if (num_sampled > 0) {
@@ -715,8 +727,9 @@ void CudaForwardPass::SkipStep(uint64_t step_id, const absl::Status& why) {
 }
 
 absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
-                                             std::vector<int32_t>& tokens,
-                                             std::vector<float>& logprobs) {
+                                            std::vector<int32_t>& tokens,
+                                            std::vector<float>& logprobs,
+                                            std::vector<float>& logits) {
   State& s = *state_;
   s.step_id = batch.step_id;
   s.received = s.sent = false;
@@ -725,13 +738,15 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
         rows.positions.size() != rows.params.size() ||
         rows.penalty_indptr.size() != rows.params.size() + 1 ||
         rows.penalty_tokens.size() != rows.penalty_counts.size() ||
-        static_cast<size_t>(rows.penalty_indptr.back()) != rows.penalty_tokens.size()) {
+        static_cast<size_t>(rows.penalty_indptr.back()) != rows.penalty_tokens.size() ||
+        !std::all_of(rows.logits_rows.begin(), rows.logits_rows.end(), [&](int32_t row) {
+          return row >= 0 && static_cast<size_t>(row) < batch.sample_rows.size();
+        })) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "device sampling rows do not match the step's %d sample rows",
           batch.sample_rows.size()));
     }
-    std::vector<float> unused;
-    return s.RunStep(batch, unused, &rows, &tokens, &logprobs);
+    return s.RunStep(batch, logits, &rows, &tokens, &logprobs);
   });
   if (!status.ok()) s.FinishFailedStep(batch.step_id, status);
   return status;

@@ -122,12 +122,14 @@ class CudaForwardPass : public ForwardPass {
   bool returns_logits() const override;
   void SkipStep(uint64_t step_id, const absl::Status& why) override;
   /// Step, then the sample rows' tokens picked on the device (kernels/cuda/sampling):
-  /// only token ids and their logprobs are copied back, not [rows, vocab] logits. Greedy
-  /// rows pick exactly the CPU sampler's argmax; sampled rows draw from the same
-  /// distribution with the device's own random stream keyed by (seed, position).
+  /// only token ids and their logprobs are copied back, not [rows, vocab] logits (except
+  /// the rows.logits_rows the host samples). Greedy rows pick exactly the CPU sampler's
+  /// argmax; sampled rows draw from the same distribution with the device's own random
+  /// stream keyed by (seed, position).
   bool samples_on_device() const override { return true; }
   absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
-                             std::vector<int32_t>& tokens, std::vector<float>& logprobs) override;
+                             std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                             std::vector<float>& logits) override;
 
   const common::ModelConfig& config() const override { return config_; }
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }

@@ -23,6 +23,10 @@ struct DeviceSampleRows {
   std::vector<int32_t> penalty_indptr;  // [rows + 1]
   std::vector<int32_t> penalty_tokens;  // every token a row's penalties touch
   std::vector<int32_t> penalty_counts;  // how often each was generated
+  // Sample rows whose logits come back too, in this order: the rows the host samples (top-n
+  // logprobs, a grammar, logit_bias, a draft model's distributions) in a step whose other
+  // rows the device samples. Their device tokens are not used.
+  std::vector<int32_t> logits_rows;
 };
 
 /// How a forward pass ran its steps so far (the CUDA forward pass's decode graphs; zeros for a
@@ -85,10 +89,12 @@ class ForwardPass {
   virtual bool samples_on_device() const { return false; }
   /// Step, then one token per sample row picked on the device with the rows' parameters
   /// (kernels/cuda/sampling's semantics: the CPU sampler's filters, its own random
-  /// stream): tokens[i] and the raw log-softmax of each in logprobs[i].
+  /// stream): tokens[i] and the raw log-softmax of each in logprobs[i]; `logits` gets the
+  /// rows.logits_rows' logits ([logits_rows, vocab]).
   virtual absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
-                                     std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
-    (void)batch, (void)rows, (void)tokens, (void)logprobs;
+                                     std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                                     std::vector<float>& logits) {
+    (void)batch, (void)rows, (void)tokens, (void)logprobs, (void)logits;
     return absl::UnimplementedError("this forward pass does not sample on its device");
   }
 

@@ -111,7 +111,12 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
   }
   const absl::Span<const int32_t> score_targets = score.targets;
   const int64_t vocab = forward_pass_->config().vocab_size;
-  if (score_targets.empty() && forward_pass_->samples_on_device() && SamplesOnDevice(rows)) {
+  // On a device that samples, a step goes there unless it scores prompts, returns hidden
+  // states, or no row samples there.
+  if (score_targets.empty() && forward_pass_->samples_on_device() &&
+      std::none_of(rows.begin(), rows.end(), [](const SampleRow& row) { return row.embed; }) &&
+      std::any_of(rows.begin(), rows.end(),
+                  [](const SampleRow& row) { return SamplesOnDevice(row); })) {
     return RunOnDevice(batch, rows, tokens, num_emitted, timings);
   }
   // A forward pass without hidden states (CUDA) answers embedding rows with no embedding:
@@ -131,7 +136,6 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
   size_t logits_row = 0;
   for (const SampleRow& row : rows) {
     const size_t drafts = row.draft_tokens.size();
-    int32_t emitted = 0;
     if (row.embed) {
       tokens.push_back(any_embed ? Embedding(hidden_.data() + logits_row * hidden_size, hidden_size)
                                  : SampledToken{});
@@ -139,20 +143,9 @@ absl::Status ModelStepBackend::RunAndScore(const StepBatch& batch, absl::Span<co
       logits_row += drafts + 1;
       continue;
     }
-    if (row.draft_probs.empty() || row.sampler->greedy()) {
-      // Sample every position as a plain decode would (same sampler, same random draws,
-      // same penalties), accepting drafts while they equal the sampled token. For one-hot
-      // proposals this is exactly rejection sampling (accept x with probability p(x), else
-      // draw from p without x), and the output is token for token what the sequence
-      // would produce without speculation; greedy stays the argmax at every position.
-      for (size_t i = 0; i <= drafts; ++i) {
-        tokens.push_back(row.sampler->Sample(logits_.data() + (logits_row + i) * vocab));
-        ++emitted;
-        if (i < drafts && tokens.back().token_id != row.draft_tokens[i]) break;
-      }
-    } else {
-      LOOM_ASSIGN_OR_RETURN(emitted, VerifyDraftDistributions(batch, row, logits_row, tokens));
-    }
+    LOOM_ASSIGN_OR_RETURN(
+        const int32_t emitted,
+        SampleOnHost(batch, row, logits_.data() + logits_row * vocab, logits_row, tokens));
     num_emitted.push_back(emitted);
     logits_row += drafts + 1;
   }
@@ -189,19 +182,39 @@ void ModelStepBackend::ScoreRow(const float* row, int64_t vocab, int32_t target,
   }
 }
 
-bool ModelStepBackend::SamplesOnDevice(absl::Span<const SampleRow> rows) {
+absl::StatusOr<int32_t> ModelStepBackend::SampleOnHost(const StepBatch& batch, const SampleRow& row,
+                                                       const float* logits, size_t sample_row,
+                                                       std::vector<SampledToken>& tokens) {
+  const size_t drafts = row.draft_tokens.size();
+  if (!row.draft_probs.empty() && !row.sampler->greedy()) {
+    return VerifyDraftDistributions(batch, row, logits, sample_row, tokens);
+  }
+  // Sample every position as a plain decode would (same sampler, same random draws, same
+  // penalties), accepting drafts while they equal the sampled token. For one-hot proposals
+  // this is exactly rejection sampling (accept x with probability p(x), else draw from p
+  // without x), and the output is token for token what the sequence would produce without
+  // speculation; greedy stays the argmax at every position.
+  const int64_t vocab = forward_pass_->config().vocab_size;
+  int32_t emitted = 0;
+  for (size_t i = 0; i <= drafts; ++i) {
+    tokens.push_back(row.sampler->Sample(logits + i * vocab));
+    ++emitted;
+    if (i < drafts && tokens.back().token_id != row.draft_tokens[i]) break;
+  }
+  return emitted;
+}
+
+bool ModelStepBackend::SamplesOnDevice(const SampleRow& row) {
   // The device sampler picks one token per row and reports only its logprob. Drafts verify
   // there when the host would sample each position as a plain decode does (one-hot
   // proposals, or a greedy sampler): every position sampled on the device, the drafts
   // accepted on the host while they equal the samples. Draft distributions (a draft
   // model's q with a non-greedy sampler) take the host's rejection sampling.
-  for (const SampleRow& row : rows) {
-    if (row.embed) return false;  // hidden states come back from the host path only
-    if (!row.draft_probs.empty() && !row.sampler->greedy()) return false;
-    if (row.sampler->params().num_logprobs > 0) return false;
-    if (row.sampler->constrained()) return false;  // the grammar's mask is applied on the host
-    if (row.sampler->adjusts_logits()) return false;  // logit_bias, min_tokens: on the host
-  }
+  if (row.embed) return false;  // hidden states come back from the host path only
+  if (!row.draft_probs.empty() && !row.sampler->greedy()) return false;
+  if (row.sampler->params().num_logprobs > 0) return false;
+  if (row.sampler->constrained()) return false;     // the grammar's mask is applied on the host
+  if (row.sampler->adjusts_logits()) return false;  // logit_bias, min_tokens: on the host
   return true;
 }
 
@@ -244,8 +257,22 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
   device_rows_.penalty_indptr.assign(1, 0);
   device_rows_.penalty_tokens.clear();
   device_rows_.penalty_counts.clear();
+  device_rows_.logits_rows.clear();
   size_t sample_row = 0;
   for (const SampleRow& row : rows) {
+    if (!SamplesOnDevice(row)) {
+      // Sampled on the host from its logits; the device's greedy pick of its rows unused.
+      for (size_t i = 0; i <= row.draft_tokens.size(); ++i, ++sample_row) {
+        SamplingParams unused;
+        unused.temperature = 0.0f;
+        device_rows_.params.push_back(unused);
+        device_rows_.positions.push_back(int64_t{batch.positions[batch.sample_rows[sample_row]]} +
+                                         1);
+        device_rows_.penalty_indptr.push_back(device_rows_.penalty_indptr.back());
+        device_rows_.logits_rows.push_back(static_cast<int32_t>(sample_row));
+      }
+      continue;
+    }
     // One device row per position the host would sample: the computed token's and each
     // draft's, the draft rows with the drafts before them counted in their penalties.
     for (size_t i = 0; i <= row.draft_tokens.size(); ++i, ++sample_row) {
@@ -266,21 +293,35 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  LOOM_RETURN_IF_ERROR(
-      forward_pass_->StepAndSample(batch, device_rows_, device_tokens_, device_logprobs_));
+  LOOM_RETURN_IF_ERROR(forward_pass_->StepAndSample(batch, device_rows_, device_tokens_,
+                                                    device_logprobs_, host_logits_));
   timings.execute_seconds = SecondsSince(start);
+  const int64_t vocab = forward_pass_->config().vocab_size;
   if (device_tokens_.size() != device_rows_.params.size() ||
-      device_logprobs_.size() != device_rows_.params.size()) {
-    return absl::InternalError(absl::StrFormat("the device sampled %d tokens for %d rows",
-                                               device_tokens_.size(), device_rows_.params.size()));
+      device_logprobs_.size() != device_rows_.params.size() ||
+      host_logits_.size() != device_rows_.logits_rows.size() * static_cast<size_t>(vocab)) {
+    return absl::InternalError(absl::StrFormat(
+        "the device sampled %d tokens for %d rows and returned %d logits for %d rows",
+        device_tokens_.size(), device_rows_.params.size(), host_logits_.size(),
+        device_rows_.logits_rows.size()));
   }
   tokens.clear();
   num_emitted.clear();
-  size_t next = 0;
+  const auto sample_start = std::chrono::steady_clock::now();
+  size_t next = 0, host_row = 0;
   for (const SampleRow& row : rows) {
+    const size_t drafts = row.draft_tokens.size();
+    if (!SamplesOnDevice(row)) {
+      LOOM_ASSIGN_OR_RETURN(
+          const int32_t emitted,
+          SampleOnHost(batch, row, host_logits_.data() + host_row * vocab, next, tokens));
+      num_emitted.push_back(emitted);
+      host_row += drafts + 1;
+      next += drafts + 1;
+      continue;
+    }
     // Emitted as the host's loop emits them: each sample in order, the drafts accepted
     // while they equal it; the first differing sample is the correction, the rest unused.
-    const size_t drafts = row.draft_tokens.size();
     int32_t emitted = 0;
     for (size_t i = 0; i <= drafts; ++i) {
       const int32_t token = device_tokens_[next + i];
@@ -296,12 +337,13 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
     num_emitted.push_back(emitted);
     next += drafts + 1;
   }
-  timings.sample_seconds = 0;  // inside the device step
+  // The device's sampling is inside its step; this is the host's share.
+  timings.sample_seconds = SecondsSince(sample_start);
   return absl::OkStatus();
 }
 
 absl::StatusOr<int32_t> ModelStepBackend::VerifyDraftDistributions(
-    const StepBatch& batch, const SampleRow& row, size_t logits_row,
+    const StepBatch& batch, const SampleRow& row, const float* logits, size_t sample_row,
     std::vector<SampledToken>& tokens) {
   const int64_t vocab = forward_pass_->config().vocab_size;
   const int32_t k = static_cast<int32_t>(row.draft_tokens.size());
@@ -309,11 +351,11 @@ absl::StatusOr<int32_t> ModelStepBackend::VerifyDraftDistributions(
   // emitted exactly when that position's p is consulted).
   target_probs_.resize(static_cast<size_t>(k + 1) * vocab);
   for (int32_t i = 0; i <= k; ++i) {
-    row.sampler->Distribution(logits_.data() + (logits_row + i) * vocab,
-                              row.draft_tokens.first(i), target_probs_.data() + i * vocab);
+    row.sampler->Distribution(logits + i * vocab, row.draft_tokens.first(i),
+                              target_probs_.data() + i * vocab);
   }
   // The position of the first token this row decides: after the computed token.
-  const int64_t position = int64_t{batch.positions[batch.sample_rows[logits_row]]} + 1;
+  const int64_t position = int64_t{batch.positions[batch.sample_rows[sample_row]]} + 1;
   accept_uniforms_.resize(k + 1);
   sample_uniforms_.resize(k + 1);
   for (int32_t i = 0; i <= k; ++i) {
@@ -340,8 +382,7 @@ absl::StatusOr<int32_t> ModelStepBackend::VerifyDraftDistributions(
   LOOM_RETURN_IF_ERROR(kernels::cpu::SpeculativeVerify(params));
   for (int32_t i = 0; i <= accepted; ++i) {
     const int32_t token = i < accepted ? row.draft_tokens[i] : next;
-    tokens.push_back(
-        Emitted(*row.sampler, logits_.data() + (logits_row + i) * vocab, vocab, token));
+    tokens.push_back(Emitted(*row.sampler, logits + i * vocab, vocab, token));
     // Counts it for the penalties; the RNG advances one draw per output token as after a
     // plain sample, so a preempted and resumed sequence finds it where it was.
     row.sampler->RecordOutput(token);

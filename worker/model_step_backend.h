@@ -55,20 +55,27 @@ class ModelStepBackend : public StepBackend {
   ForwardPass& forward_pass() const { return *forward_pass_; }
 
  private:
-  // Rejection sampling of `row`'s drafts against its target rows starting at
-  // `logits_row`: appends the emitted tokens (recorded in the sampler) and returns their
-  // count.
+  // Samples `row` on the host from `logits` (its drafts + 1 rows of the vocabulary), the
+  // row's first sample row being batch.sample_rows[sample_row]: appends the emitted tokens
+  // (recorded in the sampler) and returns their count.
+  absl::StatusOr<int32_t> SampleOnHost(const StepBatch& batch, const SampleRow& row,
+                                       const float* logits, size_t sample_row,
+                                       std::vector<SampledToken>& tokens);
+  // Rejection sampling of `row`'s drafts against its target rows `logits`: as SampleOnHost.
   absl::StatusOr<int32_t> VerifyDraftDistributions(const StepBatch& batch, const SampleRow& row,
-                                                   size_t logits_row,
+                                                   const float* logits, size_t sample_row,
                                                    std::vector<SampledToken>& tokens);
 
   // InvalidArgument unless `rows` and `score` cover the batch's sample rows, each row
   // with a sampler and its drafts' distributions.
   absl::Status CheckRows(const StepBatch& batch, absl::Span<const SampleRow> rows,
                          const ScoreRequest& score) const;
-  // Whether every row can be sampled on the device (one token, no top-n logprobs).
-  static bool SamplesOnDevice(absl::Span<const SampleRow> rows);
-  // Run for a forward pass that samples on its device: only token ids come back.
+  // Whether `row` can be sampled on the device (one token a position, no top-n logprobs,
+  // no grammar or logit adjustments, no draft distributions with a non-greedy sampler).
+  static bool SamplesOnDevice(const SampleRow& row);
+  // Run for a forward pass that samples on its device: only token ids come back, and the
+  // logits of the rows the host samples. Each row is sampled where it would be alone, so
+  // a seeded request's tokens never depend on what else its step carries.
   absl::Status RunOnDevice(const StepBatch& batch, absl::Span<const SampleRow> rows,
                            std::vector<SampledToken>& tokens, std::vector<int32_t>& num_emitted,
                            BackendTimings& timings);
@@ -84,6 +91,7 @@ class ModelStepBackend : public StepBackend {
   DeviceSampleRows device_rows_;         // RunOnDevice's inputs, reused
   std::vector<int32_t> device_tokens_;   // RunOnDevice's outputs
   std::vector<float> device_logprobs_;
+  std::vector<float> host_logits_;  // RunOnDevice: the host-sampled rows' logits
   // Scratch of VerifyDraftDistributions, for one row of k drafts:
   std::vector<float> target_probs_;     // [k + 1, vocab]
   std::vector<float> accept_uniforms_;  // [k + 1]

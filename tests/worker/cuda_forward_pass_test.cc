@@ -1026,11 +1026,18 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
     rows.positions.push_back(batch.positions[batch.sample_rows[i]] + 1);
     rows.penalty_indptr.push_back(0);
   }
+  // The second row is also one the host samples: its logits come back.
+  rows.logits_rows = {1};
   std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  const absl::Status sampled = sampling_pass->StepAndSample(batch, rows, tokens, logprobs);
+  std::vector<float> logprobs, host_logits;
+  const absl::Status sampled =
+      sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits);
   ASSERT_TRUE(sampled.ok()) << sampled;
   ASSERT_EQ(tokens.size(), 3u);
+  ASSERT_EQ(host_logits.size(), static_cast<size_t>(vocab));
+  for (int64_t v = 0; v < vocab; ++v) {
+    ASSERT_NEAR(host_logits[v], logits[vocab + v], 1e-5 + 1e-5 * std::abs(logits[vocab + v])) << v;
+  }
   for (int i = 0; i < 2; ++i) {
     const float* row = logits.data() + i * vocab;
     EXPECT_EQ(tokens[i], std::max_element(row, row + vocab) - row) << "row " << i;
@@ -1043,8 +1050,12 @@ TEST(CudaForwardPassTest, DeviceSamplingPicksTheArgmaxOfStepsLogits) {
   std::partial_sort(order.begin(), order.begin() + 5, order.end(),
                     [&](int32_t a, int32_t b) { return third[a] > third[b]; });
   EXPECT_NE(std::find(order.begin(), order.begin() + 5, tokens[2]), order.begin() + 5);
+  rows.logits_rows = {3};  // no such sample row
+  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  rows.logits_rows.clear();
   rows.positions.pop_back();  // rows no longer match the step
-  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs).code(),
+  EXPECT_EQ(sampling_pass->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -1168,8 +1179,8 @@ TEST(CudaForwardPassTest, RefusedStepLeavesTheForwardPassUsable) {
   rows.positions.push_back(4);
   rows.penalty_indptr = {0, 0};
   std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  EXPECT_EQ(used->StepAndSample(batch, rows, tokens, logprobs).code(),
+  std::vector<float> logprobs, host_logits;
+  EXPECT_EQ(used->StepAndSample(batch, rows, tokens, logprobs, host_logits).code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<float> after_refusal, from_fresh;
   const absl::Status ok = used->Step(batch, after_refusal);

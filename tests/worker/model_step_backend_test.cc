@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -31,7 +33,8 @@ class DeviceSamplingPass : public ForwardPass {
   }
   bool samples_on_device() const override { return true; }
   absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
-                             std::vector<int32_t>& tokens, std::vector<float>& logprobs) override {
+                             std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                             std::vector<float>& host_logits) override {
     ++device_steps;
     last_rows = rows;
     std::vector<float> logits;
@@ -43,6 +46,11 @@ class DeviceSamplingPass : public ForwardPass {
       const float* row = logits.data() + i * vocab;
       tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
       logprobs.push_back(-0.5f);
+    }
+    host_logits.clear();
+    for (int32_t row : rows.logits_rows) {
+      host_logits.insert(host_logits.end(), logits.begin() + row * vocab,
+                         logits.begin() + (row + 1) * vocab);
     }
     return absl::OkStatus();
   }
@@ -71,11 +79,17 @@ class ModelStepBackendTest : public ::testing::Test {
   void SetUp() override {
     gguf_ = testing::TinyModel(testing::TinyModelSpec{});
     ASSERT_NE(gguf_, nullptr);
+    std::tie(pass_, backend_) = FreshBackend();
+    ASSERT_NE(backend_, nullptr);
+  }
+
+  // A backend over a device-sampling pass of its own (fresh KV pool).
+  std::pair<DeviceSamplingPass*, std::unique_ptr<ModelStepBackend>> FreshBackend() {
     std::unique_ptr<CpuForwardPass> forward_pass = SmallCpuPass(*gguf_);
-    ASSERT_NE(forward_pass, nullptr);
+    if (forward_pass == nullptr) return {nullptr, nullptr};
     auto pass = std::make_unique<DeviceSamplingPass>(std::move(forward_pass));
-    pass_ = pass.get();
-    backend_ = std::make_unique<ModelStepBackend>(std::move(pass), "test");
+    DeviceSamplingPass* raw = pass.get();
+    return {raw, std::make_unique<ModelStepBackend>(std::move(pass), "test")};
   }
 
   // A two-sequence prefill step (prompts of 3 and 5 tokens, blocks 0 and 1).
@@ -129,14 +143,55 @@ TEST_F(ModelStepBackendTest, PlainRowsAreSampledOnTheDeviceWithTheirPenaltiesAnd
   EXPECT_EQ(counts[found - ids.begin()], 1);
 }
 
-TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsStayOnTheHost) {
+// Each row is sampled where it would be alone: a row wanting top-n logprobs (which the device
+// sampler does not report) on the host from its logits, the other on the device, so a
+// seeded request's tokens never depend on what else its step carries.
+TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsAreSampledOnTheHostBesideDeviceRows) {
   SamplingParams top;
   top.temperature = 0.0f;
   top.num_logprobs = 3;  // top-n alternatives: the device sampler reports only the chosen
-  SamplingParams plain;
-  plain.temperature = 0.0f;
+  SamplingParams seeded;
+  seeded.temperature = 0.9f;
+  seeded.seed = 11;
+  seeded.num_logprobs = 0;  // the chosen token's, which the device reports
   SequenceSampler a(top, std::vector<int32_t>{1, 2, 3}, 24);
-  SequenceSampler b(plain, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
+  SequenceSampler b(seeded, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
+  std::vector<SampleRow> rows = {{1, &a, {}, {}}, {2, &b, {}, {}}};
+  std::vector<SampledToken> tokens;
+  std::vector<int32_t> emitted;
+  BackendTimings timings;
+  ASSERT_TRUE(backend_->Run(TwoPrompts(), rows, tokens, emitted, timings).ok());
+  EXPECT_EQ(pass_->device_steps, 1);
+  EXPECT_EQ(pass_->host_steps, 0);
+  ASSERT_EQ(tokens.size(), 2u);
+  EXPECT_EQ(emitted, (std::vector<int32_t>{1, 1}));
+  // Row a's logits came back and the host sampled it: its top logprobs, the greedy token.
+  EXPECT_EQ(pass_->last_rows.logits_rows, (std::vector<int32_t>{0}));
+  ASSERT_EQ(tokens[0].top_logprobs.size(), 3u);
+  EXPECT_EQ(tokens[0].token_id, tokens[0].top_logprobs[0].token_id);
+  // Row b went to the device with its own parameters, as it would in a step of its own.
+  EXPECT_EQ(pass_->last_rows.params[1].seed, 11u);
+  EXPECT_FLOAT_EQ(tokens[1].logprob, -0.5f);
+
+  // Alone, the seeded row is sampled the same way: on the device, with the same parameters
+  // and position (its token the same there).
+  auto [pass, backend] = FreshBackend();
+  SequenceSampler alone(seeded, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
+  std::vector<SampleRow> single = {{2, &alone, {}, {}}};
+  StepBatch batch;
+  ASSERT_TRUE(AppendSequence(batch, {4, 5, 6, 7, 8}, 0, {1}, 16, true).ok());
+  ASSERT_TRUE(backend->Run(batch, single, tokens, emitted, timings).ok());
+  EXPECT_EQ(pass->device_steps, 1);
+  EXPECT_EQ(pass->last_rows.positions, (std::vector<int64_t>{5}));
+  EXPECT_TRUE(pass->last_rows.logits_rows.empty());
+}
+
+TEST_F(ModelStepBackendTest, AStepWithoutARowTheDeviceSamplesRunsOnTheHost) {
+  SamplingParams top;
+  top.temperature = 0.0f;
+  top.num_logprobs = 2;
+  SequenceSampler a(top, std::vector<int32_t>{1, 2, 3}, 24);
+  SequenceSampler b(top, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
   std::vector<SampleRow> rows = {{1, &a, {}, {}}, {2, &b, {}, {}}};
   std::vector<SampledToken> tokens;
   std::vector<int32_t> emitted;
@@ -145,7 +200,7 @@ TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsStayOnTheHost) {
   EXPECT_EQ(pass_->device_steps, 0);
   EXPECT_EQ(pass_->host_steps, 1);
   ASSERT_EQ(tokens.size(), 2u);
-  EXPECT_EQ(tokens[0].top_logprobs.size(), 3u);
+  EXPECT_EQ(tokens[1].top_logprobs.size(), 2u);
 }
 
 // A prompt followed by its drafts in one prefill, with a sample row at the prompt's last
