@@ -3,16 +3,17 @@
 // GEMM through cuBLASLt.
 #include <cublasLt.h>
 #include <cublas_v2.h>
-
-#include "kernels/cuda/cublas_library.h"
 #include <cuda_fp8.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "common/status_macros.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/quantized_gemm.cuh"
@@ -212,21 +213,111 @@ absl::StatusOr<cublasLtHandle_t> LtHandle() {
 }
 
 struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { LOOM_CUBLAS_LT(cublasLtMatmulDescDestroy)(d); }
+  void operator()(cublasLtMatmulDescOpaque_t* d) const {
+    LOOM_CUBLAS_LT(cublasLtMatmulDescDestroy)(d);
+  }
 };
 struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { LOOM_CUBLAS_LT(cublasLtMatrixLayoutDestroy)(l); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* l) const {
+    LOOM_CUBLAS_LT(cublasLtMatrixLayoutDestroy)(l);
+  }
 };
 struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { LOOM_CUBLAS_LT(cublasLtMatmulPreferenceDestroy)(p); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const {
+    LOOM_CUBLAS_LT(cublasLtMatmulPreferenceDestroy)(p);
+  }
 };
 
 absl::StatusOr<std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>> Layout(
     cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatrixLayoutCreate)(&layout, type, rows, cols, ld),
-                              "cublasLtMatrixLayoutCreate"));
+  LOOM_RETURN_IF_ERROR(
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatrixLayoutCreate)(&layout, type, rows, cols, ld),
+             "cublasLtMatrixLayoutCreate"));
   return std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>(layout);
+}
+
+// What one FP8 GEMM shape needs from cuBLASLt, found once: the matmul description, the
+// three layouts and the heuristic's algorithm (each call building them cost ~20-50 us of
+// host time per linear layer in eager steps).
+struct Fp8Plan {
+  std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter> desc;
+  std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter> a, b, d;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+absl::StatusOr<std::unique_ptr<Fp8Plan>> MakeFp8Plan(cublasLtHandle_t handle, int64_t m, int64_t n,
+                                                     int64_t k) {
+  auto plan = std::make_unique<Fp8Plan>();
+  // Row-major Y[m, n] = X[m, k] · W[n, k]^T is column-major Y^T[n, m] = op(A) · B with A = W as a
+  // column-major [k, n] matrix, transposed (FP8 on cuBLASLt wants "TN"), and B = X as a
+  // column-major [k, m] matrix.
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  LOOM_RETURN_IF_ERROR(
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescCreate)(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescCreate"));
+  plan->desc.reset(raw_desc);
+  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  LOOM_RETURN_IF_ERROR(
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescSetAttribute)(
+                 plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)),
+             "set TRANSA"));
+  LOOM_RETURN_IF_ERROR(FromLt(
+      LOOM_CUBLAS_LT(cublasLtMatmulDescSetAttribute)(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &no_transpose, sizeof(no_transpose)),
+      "set TRANSB"));
+  LOOM_ASSIGN_OR_RETURN(plan->a, Layout(CUDA_R_8F_E4M3, k, n, k));
+  LOOM_ASSIGN_OR_RETURN(plan->b, Layout(CUDA_R_8F_E4M3, k, m, k));
+  LOOM_ASSIGN_OR_RETURN(plan->d, Layout(CUDA_R_32F, n, m, n));
+
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatmulPreferenceCreate)(&raw_preference),
+                              "cublasLtMatmulPreferenceCreate"));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference(raw_preference);
+  const uint64_t lt_workspace_bytes = internal::kFp8LtWorkspaceBytes;
+  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatmulPreferenceSetAttribute)(
+                                  preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                  &lt_workspace_bytes, sizeof(lt_workspace_bytes)),
+                              "set MAX_WORKSPACE_BYTES"));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  LOOM_RETURN_IF_ERROR(FromLt(
+      LOOM_CUBLAS_LT(cublasLtMatmulAlgoGetHeuristic)(handle, plan->desc.get(), plan->a.get(),
+                                                     plan->b.get(), plan->d.get(), plan->d.get(),
+                                                     preference.get(), 1, &heuristic, &found),
+      "cublasLtMatmulAlgoGetHeuristic"));
+  if (found == 0) {
+    return absl::InternalError(
+        absl::StrFormat("Fp8Gemm: cuBLASLt has no FP8 algorithm for m %d, n %d, k %d", m, n, k));
+  }
+  plan->algo = heuristic.algo;
+  return plan;
+}
+
+// The plan of (the current device, m, n, k), made on first use; at most kMaxFp8Plans are
+// kept (eager prefill steps see many m), the oldest set dropped whole when full.
+absl::StatusOr<std::shared_ptr<const Fp8Plan>> CachedFp8Plan(cublasLtHandle_t handle, int64_t m,
+                                                             int64_t n, int64_t k) {
+  constexpr size_t kMaxFp8Plans = 4096;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError("Fp8Gemm: cudaGetDevice failed");
+  }
+  using Key = std::tuple<int, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static auto* plans = new std::map<Key, std::shared_ptr<const Fp8Plan>>();
+  const Key key{device, m, n, k};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = plans->find(key); it != plans->end()) return it->second;
+  }
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Fp8Plan> made, MakeFp8Plan(handle, m, n, k));
+  std::shared_ptr<const Fp8Plan> plan(std::move(made));
+  std::lock_guard<std::mutex> lock(mu);
+  if (plans->size() >= kMaxFp8Plans) plans->clear();
+  plans->emplace(key, plan);
+  return plan;
 }
 
 }  // namespace
@@ -305,46 +396,7 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   }
   LOOM_ASSIGN_OR_RETURN(cublasLtHandle_t handle, LtHandle());
 
-  // Row-major Y[m, n] = X[m, k] · W[n, k]^T is column-major Y^T[n, m] = op(A) · B with A = W as a
-  // column-major [k, n] matrix, transposed (FP8 on cuBLASLt wants "TN"), and B = X as a
-  // column-major [k, m] matrix.
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescCreate)(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                              "cublasLtMatmulDescCreate"));
-  std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter> desc(raw_desc);
-  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
-  LOOM_RETURN_IF_ERROR(
-      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescSetAttribute)(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                            sizeof(transpose)),
-             "set TRANSA"));
-  LOOM_RETURN_IF_ERROR(
-      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulDescSetAttribute)(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
-                                            sizeof(no_transpose)),
-             "set TRANSB"));
-  LOOM_ASSIGN_OR_RETURN(auto a_layout, Layout(CUDA_R_8F_E4M3, p.k, p.n, p.k));
-  LOOM_ASSIGN_OR_RETURN(auto b_layout, Layout(CUDA_R_8F_E4M3, p.k, p.m, p.k));
-  LOOM_ASSIGN_OR_RETURN(auto d_layout, Layout(CUDA_R_32F, p.n, p.m, p.n));
-
-  cublasLtMatmulPreference_t raw_preference = nullptr;
-  LOOM_RETURN_IF_ERROR(
-      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulPreferenceCreate)(&raw_preference), "cublasLtMatmulPreferenceCreate"));
-  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference(raw_preference);
-  const uint64_t lt_workspace_bytes = internal::kFp8LtWorkspaceBytes;
-  LOOM_RETURN_IF_ERROR(FromLt(LOOM_CUBLAS_LT(cublasLtMatmulPreferenceSetAttribute)(
-                                  preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                  &lt_workspace_bytes, sizeof(lt_workspace_bytes)),
-                              "set MAX_WORKSPACE_BYTES"));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  LOOM_RETURN_IF_ERROR(
-      FromLt(LOOM_CUBLAS_LT(cublasLtMatmulAlgoGetHeuristic)(handle, desc.get(), a_layout.get(), b_layout.get(),
-                                            d_layout.get(), d_layout.get(), preference.get(), 1,
-                                            &heuristic, &found),
-             "cublasLtMatmulAlgoGetHeuristic"));
-  if (found == 0) {
-    return absl::InternalError(absl::StrFormat(
-        "Fp8Gemm: cuBLASLt has no FP8 algorithm for m %d, n %d, k %d", p.m, p.n, p.k));
-  }
+  LOOM_ASSIGN_OR_RETURN(std::shared_ptr<const Fp8Plan> plan, CachedFp8Plan(handle, p.m, p.n, p.k));
   // An F32 output holds cuBLASLt's sums itself and is scaled in place: no results buffer.
   const bool in_place = p.out_dtype == DataType::kF32;
   const size_t results_bytes =
@@ -353,9 +405,10 @@ absl::Status LaunchFp8Gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   void* lt_workspace = static_cast<uint8_t*>(p.workspace) + results_bytes;
   const float alpha = 1.0f, beta = 0.0f;
   LOOM_RETURN_IF_ERROR(
-      FromLt(LOOM_CUBLAS_LT(cublasLtMatmul)(handle, desc.get(), &alpha, p.weight, a_layout.get(), p.x,
-                            b_layout.get(), &beta, results, d_layout.get(), results, d_layout.get(),
-                            &heuristic.algo, lt_workspace, lt_workspace_bytes, stream),
+      FromLt(LOOM_CUBLAS_LT(cublasLtMatmul)(handle, plan->desc.get(), &alpha, p.weight,
+                                            plan->a.get(), p.x, plan->b.get(), &beta, results,
+                                            plan->d.get(), results, plan->d.get(), &plan->algo,
+                                            lt_workspace, internal::kFp8LtWorkspaceBytes, stream),
              "cublasLtMatmul"));
 
   const int64_t count = p.m * p.n;
