@@ -263,6 +263,9 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
 }
 
 int RunUpCommand(int argc, char** argv) {
+  // Before anything may start a thread (the CUDA driver's first call, e.g. counting GPUs
+  // below, may): every thread inherits the mask, and only the server's wait sees SIGTERM.
+  api::CoordinatorServer::BlockShutdownSignals();
   UpOptions options;
   if (std::optional<int> exit_code = ParseUpCommandLine(argc, argv, options)) return *exit_code;
   if (options.print_worker_commands) {
@@ -276,7 +279,6 @@ int RunUpCommand(int argc, char** argv) {
     std::fprintf(stderr, "loom up: %s\n", std::string(gpus.message()).c_str());
     return 1;
   }
-  api::CoordinatorServer::BlockShutdownSignals();
   auto server = api::CoordinatorServer::Start(options.serve);
   if (!server.ok()) {
     std::fprintf(stderr, "loom up: %s\n", server.status().ToString().c_str());

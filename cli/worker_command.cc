@@ -558,13 +558,13 @@ int RunWorkerCommand(int argc, char** argv) {
   AddWorkerFlags(command_line.app(), options);
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
   if (absl::Status status = CheckCommandLine(options); !status.ok()) return Refuse(status);
-  absl::StatusOr<Placement> placement = PlaceWorker(options);
-  if (!placement.ok()) return Refuse(placement.status());
-
-  // Before any thread starts, so every thread inherits the mask and only sigtimedwait
-  // (WaitForShutdown) sees these signals.
+  // Before any thread starts (PlaceWorker's first CUDA call may start the driver's), so
+  // every thread inherits the mask and only sigtimedwait (WaitForShutdown) sees these
+  // signals.
   const sigset_t signals = ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  absl::StatusOr<Placement> placement = PlaceWorker(options);
+  if (!placement.ok()) return Refuse(placement.status());
 
   absl::StatusOr<ServedModel> served = LoadModel(options);
   if (!served.ok()) return Fail(served.status());
