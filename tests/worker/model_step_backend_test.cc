@@ -100,6 +100,19 @@ class ModelStepBackendTest : public ::testing::Test {
     return batch;
   }
 
+  // Runs TwoPrompts() with `a` and `b` sampling its two rows: the tokens; every row must
+  // emit one.
+  std::vector<SampledToken> RunTwoPrompts(SequenceSampler& a, SequenceSampler& b) {
+    std::vector<SampleRow> rows = {{1, &a, {}, {}}, {2, &b, {}, {}}};
+    std::vector<SampledToken> tokens;
+    std::vector<int32_t> emitted;
+    BackendTimings timings;
+    EXPECT_TRUE(backend_->Run(TwoPrompts(), rows, tokens, emitted, timings).ok());
+    EXPECT_EQ(tokens.size(), 2u);
+    EXPECT_EQ(emitted, (std::vector<int32_t>{1, 1}));
+    return tokens;
+  }
+
   std::unique_ptr<common::GgufFile> gguf_;
   DeviceSamplingPass* pass_ = nullptr;
   std::unique_ptr<ModelStepBackend> backend_;
@@ -115,15 +128,10 @@ TEST_F(ModelStepBackendTest, PlainRowsAreSampledOnTheDeviceWithTheirPenaltiesAnd
   penalized.repetition_penalty = 1.3f;
   SequenceSampler a(greedy, std::vector<int32_t>{1, 2, 3}, 24);
   SequenceSampler b(penalized, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
-  std::vector<SampleRow> rows = {{1, &a, {}, {}}, {2, &b, {}, {}}};
-  std::vector<SampledToken> tokens;
-  std::vector<int32_t> emitted;
-  BackendTimings timings;
-  ASSERT_TRUE(backend_->Run(TwoPrompts(), rows, tokens, emitted, timings).ok());
+  const std::vector<SampledToken> tokens = RunTwoPrompts(a, b);
+  ASSERT_EQ(tokens.size(), 2u);
   EXPECT_EQ(pass_->device_steps, 1);
   EXPECT_EQ(pass_->host_steps, 0);
-  ASSERT_EQ(tokens.size(), 2u);
-  EXPECT_EQ(emitted, (std::vector<int32_t>{1, 1}));
   EXPECT_FLOAT_EQ(tokens[0].logprob, -0.5f);  // asked for (num_logprobs 0)
   const DeviceSampleRows& sent = pass_->last_rows;
   ASSERT_EQ(sent.params.size(), 2u);
@@ -156,15 +164,10 @@ TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsAreSampledOnTheHostBesideDevi
   seeded.num_logprobs = 0;  // the chosen token's, which the device reports
   SequenceSampler a(top, std::vector<int32_t>{1, 2, 3}, 24);
   SequenceSampler b(seeded, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
-  std::vector<SampleRow> rows = {{1, &a, {}, {}}, {2, &b, {}, {}}};
-  std::vector<SampledToken> tokens;
-  std::vector<int32_t> emitted;
-  BackendTimings timings;
-  ASSERT_TRUE(backend_->Run(TwoPrompts(), rows, tokens, emitted, timings).ok());
+  std::vector<SampledToken> tokens = RunTwoPrompts(a, b);
+  ASSERT_EQ(tokens.size(), 2u);
   EXPECT_EQ(pass_->device_steps, 1);
   EXPECT_EQ(pass_->host_steps, 0);
-  ASSERT_EQ(tokens.size(), 2u);
-  EXPECT_EQ(emitted, (std::vector<int32_t>{1, 1}));
   // Row a's logits came back and the host sampled it: its top logprobs, the greedy token.
   EXPECT_EQ(pass_->last_rows.logits_rows, (std::vector<int32_t>{0}));
   ASSERT_EQ(tokens[0].top_logprobs.size(), 3u);
@@ -180,6 +183,8 @@ TEST_F(ModelStepBackendTest, RowsWantingTopLogprobsAreSampledOnTheHostBesideDevi
   std::vector<SampleRow> single = {{2, &alone, {}, {}}};
   StepBatch batch;
   ASSERT_TRUE(AppendSequence(batch, {4, 5, 6, 7, 8}, 0, {1}, 16, true).ok());
+  std::vector<int32_t> emitted;
+  BackendTimings timings;
   ASSERT_TRUE(backend->Run(batch, single, tokens, emitted, timings).ok());
   EXPECT_EQ(pass->device_steps, 1);
   EXPECT_EQ(pass->last_rows.positions, (std::vector<int64_t>{5}));
@@ -192,14 +197,10 @@ TEST_F(ModelStepBackendTest, AStepWithoutARowTheDeviceSamplesRunsOnTheHost) {
   top.num_logprobs = 2;
   SequenceSampler a(top, std::vector<int32_t>{1, 2, 3}, 24);
   SequenceSampler b(top, std::vector<int32_t>{4, 5, 6, 7, 8}, 24);
-  std::vector<SampleRow> rows = {{1, &a, {}, {}}, {2, &b, {}, {}}};
-  std::vector<SampledToken> tokens;
-  std::vector<int32_t> emitted;
-  BackendTimings timings;
-  ASSERT_TRUE(backend_->Run(TwoPrompts(), rows, tokens, emitted, timings).ok());
+  const std::vector<SampledToken> tokens = RunTwoPrompts(a, b);
+  ASSERT_EQ(tokens.size(), 2u);
   EXPECT_EQ(pass_->device_steps, 0);
   EXPECT_EQ(pass_->host_steps, 1);
-  ASSERT_EQ(tokens.size(), 2u);
   EXPECT_EQ(tokens[1].top_logprobs.size(), 2u);
 }
 
