@@ -402,7 +402,9 @@ std::unique_ptr<common::GrammarMatcherFactory> LoadGrammars(const common::GgufFi
 // the no-op backend, whose slots are sized like an F16 pool's blocks), and the measured
 // time to load one block back.
 // A prefill or decode worker without --kv-offload-memory gets a tier of as many blocks as
-// its pool: the hand-off of a request's KV passes through both replicas' tiers.
+// its pool: the hand-off of a request's KV passes through both replicas' tiers. A GPU's
+// pool may be far larger than the host can pin: there, at most a quarter of the host's
+// available memory, shared by the replica's ranks.
 absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& options,
                                                            const common::ModelConfig& served_config,
                                                            const StepBackend& backend,
@@ -411,11 +413,25 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
   const common::ModelConfig& config = backend.config();
   const int64_t f16_block = std::max<int64_t>(
       2 * config.num_layers * options.block_size * config.num_kv_heads * config.head_dim * 2, 1);
-  const int64_t bytes =
+  int64_t bytes =
       options.kv_offload_bytes > 0
           ? options.kv_offload_bytes
           : num_blocks *
                 (backend.kv_pool() != nullptr ? backend.kv_pool()->block_bytes() : f16_block);
+  if (options.kv_offload_bytes <= 0 && backend.name() == "cuda") {
+    if (absl::StatusOr<int64_t> available = model::MemAvailableBytes(); available.ok()) {
+      const int64_t share = *available / 4 / std::max(options.world_size, 1);
+      if (share < bytes) {
+        std::fprintf(stderr,
+                     "loom-worker: the hand-off tier is %.1f GiB (a quarter of the host's "
+                     "available memory per rank), not the pool's %.1f GiB: "
+                     "--kv-offload-memory sets it\n",
+                     static_cast<double>(share) / (1 << 30),
+                     static_cast<double>(bytes) / (1 << 30));
+        bytes = share;
+      }
+    }
+  }
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<KvHostTier> tier,
                         KvHostTier::Create(bytes, backend.kv_pool(), f16_block));
   LOOM_ASSIGN_OR_RETURN(*load_seconds, tier->MeasureLoadSeconds());
@@ -475,7 +491,7 @@ loom::v1::RegisterRequest RegisterRequestFor(const WorkerOptions& options,
   request.set_backend(std::string(backend.name()));
   request.set_num_kv_blocks(num_blocks);
   request.set_block_size(static_cast<int32_t>(options.block_size));
-  request.set_kv_dtype(kernels::cpu::KvDtypeName(options.kv_dtype));
+  request.set_kv_dtype(worker::KvPoolDtypeName(backend.name(), options.kv_dtype, *served.gguf));
   request.set_version(LOOM_VERSION);
   return request;
 }

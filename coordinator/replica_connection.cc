@@ -122,11 +122,17 @@ void ReplicaConnection::Read(int rank) {
               "the ranks disagree on the tokens sampled in step %d (rank %d differs)",
               result.step_id(), rank);
         }
+        if (pending.kv_push_error.empty() && !result.kv_push_error().empty()) {
+          pending.kv_push_error = absl::StrFormat("rank %d: %s", rank, result.kv_push_error());
+        }
         if (rank == first_sampling_rank_) {
           pending.rank0 = std::move(result);  // its ids are in `tokens`
           handed_on = true;
         }
         if (failure.empty() && ++pending.answers == static_cast<int>(ranks_.size())) {
+          if (pending.rank0 && !pending.kv_push_error.empty()) {
+            pending.rank0->set_kv_push_error(pending.kv_push_error);
+          }
           complete = Event{std::move(pending.rank0), ""};
           pending_.erase(it);
         }

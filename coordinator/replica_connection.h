@@ -63,6 +63,9 @@ class ReplicaConnection {
   struct Pending {
     int answers = 0;
     std::optional<loom::v1::StepResult> rank0;   // the first sampling rank's
+    // The first KV push error any rank answered: each rank pushes its own KV heads (or
+    // layers), so one rank's failure fails the push, whichever rank it is.
+    std::string kv_push_error;
     std::optional<std::vector<int32_t>> tokens;  // the first answer's sampled ids
     std::string mismatch;
   };

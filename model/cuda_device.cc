@@ -253,22 +253,29 @@ absl::Status CudaKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
   return absl::OkStatus();
 }
 
+template <typename Copy>
+absl::Status CudaKvCache::CopyBlocks(absl::Span<const int32_t> blocks, Copy&& copy) const {
+  LOOM_CUDA_CALL(cudaSetDevice(device_index_));
+  absl::Status status;
+  for (size_t i = 0; i < blocks.size() && status.ok(); ++i) {
+    status = ForEachPiece(blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) {
+      return copy(i, static_cast<uint8_t*>(pool) + at, offset, static_cast<size_t>(size));
+    });
+  }
+  const absl::Status drained = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  return status.ok() ? drained : status;
+}
+
 absl::Status CudaKvCache::SaveBlocks(absl::Span<const int32_t> blocks,
                                      absl::Span<uint8_t* const> host) const {
   if (blocks.size() != host.size()) {
     return absl::InvalidArgumentError("SaveBlocks: one host slot per block");
   }
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    LOOM_RETURN_IF_ERROR(ForEachPiece(
-        blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) -> absl::Status {
-          LOOM_CUDA_CALL(cudaMemcpyAsync(host[i] + offset, static_cast<const uint8_t*>(pool) + at,
-                                         static_cast<size_t>(size), cudaMemcpyDeviceToHost,
-                                         stream_));
-          return absl::OkStatus();
-        }));
-  }
-  LOOM_CUDA_CALL(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return CopyBlocks(blocks, [&](size_t i, uint8_t* pool, int64_t offset, size_t size) {
+    return CudaStatus(
+        cudaMemcpyAsync(host[i] + offset, pool, size, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync of a KV block to the host");
+  });
 }
 
 absl::Status CudaKvCache::LoadBlocks(absl::Span<const uint8_t* const> host,
@@ -276,29 +283,27 @@ absl::Status CudaKvCache::LoadBlocks(absl::Span<const uint8_t* const> host,
   if (blocks.size() != host.size()) {
     return absl::InvalidArgumentError("LoadBlocks: one host slot per block");
   }
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    LOOM_RETURN_IF_ERROR(ForEachPiece(
-        blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) -> absl::Status {
-          LOOM_CUDA_CALL(cudaMemcpyAsync(static_cast<uint8_t*>(pool) + at, host[i] + offset,
-                                         static_cast<size_t>(size), cudaMemcpyHostToDevice,
-                                         stream_));
-          return absl::OkStatus();
-        }));
-  }
-  LOOM_CUDA_CALL(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return CopyBlocks(blocks, [&](size_t i, uint8_t* pool, int64_t offset, size_t size) {
+    return CudaStatus(
+        cudaMemcpyAsync(pool, host[i] + offset, size, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync of a KV block to the device");
+  });
 }
 
 absl::Status CudaKvCache::RegisterHostMemory(void* host, int64_t bytes) const {
   if (bytes <= 0) return absl::OkStatus();
-  LOOM_CUDA_CALL(cudaHostRegister(host, static_cast<size_t>(bytes), cudaHostRegisterDefault));
+  LOOM_CUDA_CALL(cudaSetDevice(device_index_));
+  // Portable: pinned for every context, whichever thread's registers it.
+  LOOM_CUDA_CALL(cudaHostRegister(host, static_cast<size_t>(bytes), cudaHostRegisterPortable));
   return absl::OkStatus();
 }
 
 void CudaKvCache::UnregisterHostMemory(void* host) const {
   // A failure here must not stay the thread's last error: the next kernel launch's check
   // would report it as its own.
-  if (cudaHostUnregister(host) != cudaSuccess) (void)cudaGetLastError();
+  if (cudaSetDevice(device_index_) != cudaSuccess || cudaHostUnregister(host) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
 }
 
 }  // namespace cuda_detail
@@ -312,6 +317,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
   }
   auto cache = std::make_unique<CudaKvCache>();
   cache->stream_ = stream_;
+  cache->device_index_ = device_index_;
   cache->view_.dtype = options_.kv_dtype;
   cache->view_.quant = options_.kv_quant;
   cache->view_.num_blocks = num_blocks;

@@ -93,10 +93,17 @@ class CudaKvCache : public KvCache {
   template <typename Copy>
   absl::Status ForEachPiece(int32_t block, Copy&& copy) const;
 
+  // Copies every block's pieces with `copy` (cudaMemcpyAsync on stream_), then waits for
+  // them, on this pool's device (the calling thread, a gRPC stream's, may have none set).
+  // On an error the copies already queued are still waited for: none outlives the call.
+  template <typename Copy>
+  absl::Status CopyBlocks(absl::Span<const int32_t> blocks, Copy&& copy) const;
+
   kc::KvCacheView view_;  // shape and dtype; k and v (and scales) per layer below
   std::vector<kc::DeviceBuffer> k_, v_;
   std::vector<kc::DeviceBuffer> k_scale_, v_scale_;  // 8-bit KV only
   cudaStream_t stream_ = nullptr;  // the device's: copies are ordered with its steps
+  int device_index_ = 0;           // the device the pool is on
 };
 
 inline const CudaLinear& AsCuda(const DeviceLinear& w) { return static_cast<const CudaLinear&>(w); }

@@ -1,5 +1,7 @@
 #include "worker/kv_push.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +24,8 @@ void KvStagingDeleter::operator()(uint8_t* bytes) const {
 
 absl::StatusOr<uint8_t*> KvPusher::Staging(int64_t bytes) {
   if (bytes <= staging_bytes_) return staging_.get();
-  constexpr int64_t kPage = 4096;
+  // Whole pages (pinning registers pages; 64 KiB on some aarch64 kernels).
+  static const int64_t kPage = std::max<int64_t>(sysconf(_SC_PAGESIZE), 4096);
   const int64_t size = (bytes + kPage - 1) / kPage * kPage;
   staging_.reset();
   staging_bytes_ = 0;

@@ -20,6 +20,15 @@ kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf) {
   return kernels::cuda::DataType::kF16;
 }
 
+std::string KvPoolDtypeName(std::string_view backend_name, kernels::cpu::KvDtype kv_dtype,
+                            const common::GgufFile& gguf) {
+  if (backend_name == "cuda" && kv_dtype == kernels::cpu::KvDtype::kF16 &&
+      CudaComputeDtype(gguf) == kernels::cuda::DataType::kBF16) {
+    return "bf16";
+  }
+  return kernels::cpu::KvDtypeName(kv_dtype);
+}
+
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackendOptions& options,
                                                                const common::GgufFile& gguf,
                                                                const common::ModelConfig& config,

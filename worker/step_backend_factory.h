@@ -3,11 +3,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
+#include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/thread_pool.h"
@@ -64,6 +66,13 @@ struct StepBackendOptions {
 /// its matrices in BF16 (its activations may exceed F16's 65504), else F16 (F16, F32 and
 /// quantized checkpoints), as vLLM's `--dtype auto`.
 kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
+
+/// What the KV pool of `backend_name` ("cuda", "cpu", "noop") over `gguf` holds, by name
+/// (RegisterRequest.kv_dtype: replicas move KV between each other only when it agrees):
+/// kv_dtype's name, except that a CUDA pool of 16-bit rows is BF16 where the model computes
+/// in BF16 (the CPU's 16-bit pool is F16: the same size, other bits).
+std::string KvPoolDtypeName(std::string_view backend_name, kernels::cpu::KvDtype kv_dtype,
+                            const common::GgufFile& gguf);
 
 /// Builds the backend `options` names over `gguf` (whose config is `config`): weights
 /// loaded and KV pool allocated, or the noop backend (config only). `load_log`, when not

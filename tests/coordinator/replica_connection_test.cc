@@ -55,6 +55,39 @@ struct RankServer {
   int port = 0;
 };
 
+// A rank whose answers are scripted: each plan's step id, no outputs, and `push_error` as
+// its KV push error (a push of its KV heads that failed while its forward pass succeeded).
+class ScriptedRank final : public loom::v1::Worker::Service {
+ public:
+  explicit ScriptedRank(std::string push_error) : push_error_(std::move(push_error)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~ScriptedRank() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  }
+  grpc::Status Step(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<loom::v1::StepResult, loom::v1::StepPlan>* stream) override {
+    loom::v1::StepPlan plan;
+    while (stream->Read(&plan)) {
+      loom::v1::StepResult result;
+      result.set_step_id(plan.step_id());
+      result.set_kv_push_error(push_error_);
+      if (!stream->Write(result)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  std::string push_error_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
 loom::v1::StepPlan AddAndPrefill(uint64_t step_id, uint64_t seq_id) {
   loom::v1::StepPlan plan;
   plan.set_step_id(step_id);
@@ -138,6 +171,24 @@ TEST(ReplicaConnectionTest, RanksThatSampleDifferentTokensFailTheReplica) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_FALSE(got[0].result.has_value());
   EXPECT_THAT(got[0].failure, HasSubstr("disagree"));
+}
+
+// Each rank pushes only its own KV heads: a push that failed on any rank fails the step's
+// push (the coordinator then pulls instead), not only one on the rank whose result is used.
+TEST(ReplicaConnectionTest, AKvPushErrorOfAnyRankReachesTheStepsResult) {
+  ScriptedRank rank0(""), rank1("cannot map the decode worker's tier");
+  Events events;
+  auto connection =
+      ReplicaConnection::Connect({rank0.address(), rank1.address()}, absl::Seconds(5),
+                                 [&](ReplicaConnection::Event e) { events.Add(std::move(e)); });
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  loom::v1::StepPlan plan;
+  plan.set_step_id(1);
+  ASSERT_TRUE((*connection)->Write(plan));
+  std::vector<ReplicaConnection::Event> got = events.WaitFor(1);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0].result.has_value()) << got[0].failure;
+  EXPECT_EQ(got[0].result->kv_push_error(), "rank 1: cannot map the decode worker's tier");
 }
 
 TEST(ReplicaConnectionTest, AnUnreachableRankIsUnavailable) {

@@ -32,6 +32,16 @@ TEST(CudaComputeDtypeTest, Bf16CheckpointsComputeInBf16) {
   EXPECT_EQ(CudaComputeDtype(*Checkpoint(kBF16, kBF16)), kernels::cuda::DataType::kBF16);
 }
 
+// A CUDA pool of a BF16 model holds BF16 rows where the CPU's holds F16 of the same size:
+// registered as such, no replica moves KV between the two.
+TEST(KvPoolDtypeNameTest, ACudaPoolOfABf16ModelIsBf16) {
+  using kernels::cpu::KvDtype;
+  EXPECT_EQ(KvPoolDtypeName("cuda", KvDtype::kF16, *Checkpoint(kBF16, kF32)), "bf16");
+  EXPECT_EQ(KvPoolDtypeName("cpu", KvDtype::kF16, *Checkpoint(kBF16, kF32)), "f16");
+  EXPECT_EQ(KvPoolDtypeName("cuda", KvDtype::kF16, *Checkpoint(kF16, kF32)), "f16");
+  EXPECT_EQ(KvPoolDtypeName("cuda", KvDtype::kInt8, *Checkpoint(kBF16, kF32)), "int8");
+}
+
 TEST(CudaComputeDtypeTest, F16F32AndQuantizedCheckpointsComputeInF16) {
   EXPECT_EQ(CudaComputeDtype(*Checkpoint(kF16, kF32)), kernels::cuda::DataType::kF16);
   EXPECT_EQ(CudaComputeDtype(*Checkpoint(kF32, kF32)), kernels::cuda::DataType::kF16);
