@@ -703,8 +703,12 @@ absl::Status CudaForwardPass::Guarded(const StepBatch& batch,
   // step's synchronization still reports it.
   (void)cudaGetLastError();
   if (status.ok()) status = run();
+  // Out of memory and refused inputs enqueue nothing harmful; a pipeline neighbour's
+  // failure or timeout (Aborted, from the link) leaves this stage's GPU as it was: the
+  // next step may run. Anything else is a device error, and the runner stops.
   if (!status.ok() && status.code() != absl::StatusCode::kResourceExhausted &&
-      status.code() != absl::StatusCode::kInvalidArgument) {
+      status.code() != absl::StatusCode::kInvalidArgument &&
+      status.code() != absl::StatusCode::kAborted) {
     s.broken = status;
   }
   return status;

@@ -1,17 +1,24 @@
 #include "worker/step_backend_factory.h"
 
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "common/tokenizer/tokenizer.h"
-#include "worker/cuda_forward_pass.h"
 #include "worker/cpu_forward_pass.h"
+#include "worker/cuda_forward_pass.h"
 #include "worker/model_step_backend.h"
 #include "worker/noop_backend.h"
 
 namespace loom::worker {
 
 kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf) {
+  // Gemma's activations pass F16's range whatever its weights are stored in (as for
+  // Transformers, BF16 is its dtype).
+  if (absl::StatusOr<std::string_view> architecture = gguf.GetString("general.architecture");
+      architecture.ok() && architecture->substr(0, 5) == "gemma") {
+    return kernels::cuda::DataType::kBF16;
+  }
   for (const common::GgufTensorInfo& tensor : gguf.tensors()) {
     if (tensor.type == common::GgmlType::kBF16 && tensor.shape.size() >= 2) {
       return kernels::cuda::DataType::kBF16;

@@ -63,8 +63,9 @@ struct StepBackendOptions {
 };
 
 /// The type the CUDA forward pass computes in for `gguf`: BF16 when the checkpoint stores any of
-/// its matrices in BF16 (its activations may exceed F16's 65504), else F16 (F16, F32 and
-/// quantized checkpoints), as vLLM's `--dtype auto`.
+/// its matrices in BF16 (its activations may exceed F16's 65504) or is a Gemma model (whose
+/// activations do, whatever its weights' format), else F16 (F16, F32 and quantized
+/// checkpoints), as vLLM's `--dtype auto`.
 kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
 
 /// What the KV pool of `backend_name` ("cuda", "cpu", "noop") over `gguf` holds, by name

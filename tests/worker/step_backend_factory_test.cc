@@ -14,9 +14,10 @@ namespace {
 constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_1 = 3, kBF16 = 30;  // ggml type ids
 
 // A GGUF holding one [32, 32] matrix of `matrix_type` and one 32-vector of `vector_type`.
-std::unique_ptr<common::GgufFile> Checkpoint(uint32_t matrix_type, uint32_t vector_type) {
+std::unique_ptr<common::GgufFile> Checkpoint(uint32_t matrix_type, uint32_t vector_type,
+                                             const std::string& architecture = "llama") {
   common::testing::GgufImageBuilder builder;
-  builder.KvString("general.architecture", "llama")
+  builder.KvString("general.architecture", architecture)
       .Tensor("blk.0.attn_q.weight", {32, 32}, matrix_type)
       .Tensor("blk.0.attn_norm.weight", {32}, vector_type);
   absl::StatusOr<std::unique_ptr<common::GgufFile>> gguf =
@@ -30,6 +31,14 @@ std::unique_ptr<common::GgufFile> Checkpoint(uint32_t matrix_type, uint32_t vect
 TEST(CudaComputeDtypeTest, Bf16CheckpointsComputeInBf16) {
   EXPECT_EQ(CudaComputeDtype(*Checkpoint(kBF16, kF32)), kernels::cuda::DataType::kBF16);
   EXPECT_EQ(CudaComputeDtype(*Checkpoint(kBF16, kBF16)), kernels::cuda::DataType::kBF16);
+}
+
+// Gemma 2 and 3 activations pass F16's range (inf, then NaN in the residual stream): BF16
+// whatever the weights are stored in.
+TEST(CudaComputeDtypeTest, GemmaComputesInBf16) {
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kQ4_1, kF32, "gemma3")), kernels::cuda::DataType::kBF16);
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kF16, kF32, "gemma2")), kernels::cuda::DataType::kBF16);
+  EXPECT_EQ(CudaComputeDtype(*Checkpoint(kF16, kF32, "qwen3")), kernels::cuda::DataType::kF16);
 }
 
 // A CUDA pool of a BF16 model holds BF16 rows where the CPU's holds F16 of the same size:
