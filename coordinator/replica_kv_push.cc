@@ -212,12 +212,12 @@ void Replica::AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight) {
   for (auto& [seq_id, state] : push_targets_) {
     const engine::Sequence* seq = scheduler.Find(seq_id);
     if (state.failed || seq == nullptr) continue;
-    // Whole blocks, and the partial last one with the prompt's last chunk.
+    // Whole blocks; once the prompt's last chunk is planned, its partial last block too.
     const int64_t prompt = static_cast<int64_t>(seq->prompt_ids.size());
-    const int64_t computed =
-        seq->num_computed >= prompt ? prompt + block_size - 1 : seq->num_computed;
+    const int64_t covered = seq->num_computed >= prompt ? (prompt + block_size - 1) / block_size
+                                                        : seq->num_computed / block_size;
     const int64_t whole =
-        std::min<int64_t>(computed / block_size, static_cast<int64_t>(state.target.slots.size()));
+        std::min<int64_t>(covered, static_cast<int64_t>(state.target.slots.size()));
     if (whole <= state.planned) continue;
     loom::v1::KvPush* push = plan.add_kv_pushes();
     for (int64_t b = state.planned; b < whole; ++b) {
