@@ -68,8 +68,8 @@ void AddKvTransferFlags(CLI::App& app, api::ServeOptions& options) {
   app.add_flag("--kv-push,!--no-kv-push", replica.kv_push,
                std::string("disaggregated serving: prefill workers write a hand-off's KV into "
                            "the decode workers' host tiers layer by layer as they compute it "
-                           "(workers of one machine; elsewhere, or off, the decode replica "
-                           "pulls it after the first token) (default: ") +
+                           "(through shared memory on one machine, else over TCP; off: the "
+                           "decode replica pulls it after the first token) (default: ") +
                    (replica.kv_push ? "on)" : "off)"));
 }
 

@@ -648,6 +648,7 @@ int RunWorkerCommand(int argc, char** argv) {
     request.set_num_host_kv_blocks(host_tier->num_slots());
     request.set_kv_load_seconds_per_block(load_seconds);
     metrics.SetHostTierCapacity(host_tier->num_slots());
+    if (!options.kv_shared_memory) host_tier->StopSharing();
     if (host_tier->shared_fd() >= 0) {
       // Where a prefill worker of this machine pushes hand-offs into this tier.
       loom::v1::SharedKvMemory* shared = request.mutable_host_kv_shared();

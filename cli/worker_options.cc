@@ -337,6 +337,12 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
         ->check(CLI::Range(0.0, 1048576.0))
         ->default_str("0");
   }
+  if (fresh("--kv-shared-memory")) {
+    AddBool(app, "--kv-shared-memory", options.kv_shared_memory,
+            "other workers of this machine map the host KV tier: disaggregated hand-offs are "
+            "pushed into it and pulled from it through shared memory; off: over TCP, as "
+            "between machines");
+  }
   if (fresh("--kv-cache-fraction")) {
     AddNumber(app, "--kv-cache-fraction", options.kv_cache_fraction, 1e-6, 1.0,
               "KV pool budget as a fraction of MemAvailable (cpu) or of the GPU memory free "

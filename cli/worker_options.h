@@ -50,6 +50,9 @@ struct WorkerOptions {
   std::optional<int64_t> kv_cache_bytes;       // --kv-cache-memory SIZE
   std::optional<double> kv_cache_fraction;     // --kv-cache-fraction F, of MemAvailable
   int64_t kv_offload_bytes = 0;                // --kv-offload-memory SIZE: the host KV tier
+  // --[no-]kv-shared-memory: other workers of this machine may map the host tier (KV
+  // hand-offs pushed into it or pulled from it); off: they go over TCP.
+  bool kv_shared_memory = true;
   // --gpu-memory-utilization U (cuda): the share of the device's total memory the worker
   // may use, weights included (vLLM's meaning); the KV pool gets what is left of it.
   std::optional<double> gpu_memory_utilization;

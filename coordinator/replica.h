@@ -53,8 +53,9 @@ struct ReplicaOptions {
   // (--kv-transfer-timeout-ms).
   absl::Duration kv_transfer_timeout = absl::Seconds(20);
   // Disaggregated serving: prefill workers push a hand-off's KV into the decode replica's
-  // host tier layer by layer as they compute it (replica_kv_push.cc; one machine), instead
-  // of the decode replica pulling it after the first token (--kv-push).
+  // host tier layer by layer as they compute it (replica_kv_push.cc; through shared memory
+  // on one machine, else over TCP), instead of the decode replica pulling it after the
+  // first token (--kv-push).
   bool kv_push = true;
   engine::SpeculationConfig speculation;            // --speculative-tokens, --speculative-adaptive
 };

@@ -5,7 +5,8 @@
 // (DeliverPushTarget). From then on every plan of the prefill replica carries the blocks
 // that are whole once it ran (StepPlan.kv_pushes; blocks of earlier chunks in the next
 // plan), and its workers write them straight into the decode workers' tiers, each layer as
-// the forward pass computes it (worker/kv_push). When the prompt's last plan comes back
+// the forward pass computes it (worker/kv_push): into the tier's memory where they can map
+// it (one machine), else over TCP (worker/kv_push_stream). When the prompt's last plan comes back
 // every block has arrived: the hand-off carries no transfer, the decode replica commits the
 // slots as host-tier content (the next plan tells its workers: kv_pushed_slots) and admits
 // the request, which reloads them (the partial block into its own table: it starts at
@@ -78,13 +79,12 @@ void Replica::HandleKvPushes() {
   for (uint64_t seq_id : releases) release(seq_id);
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
   std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> declined;
-  // Decode side: slots for the asks, where every rank's tier can be mapped by a worker of
-  // its machine and the layout is one a push can fill (no pipeline stages).
-  const bool pushable =
-      options_.kv_push && scheduler.host_tier() != nullptr &&
-      endpoint.pipeline_parallel_size <= 1 && !endpoint.host_kv_shared.empty() &&
-      std::all_of(endpoint.host_kv_shared.begin(), endpoint.host_kv_shared.end(),
-                  [](const loom::v1::SharedKvMemory& shared) { return !shared.boot_id().empty(); });
+  // Decode side: slots for the asks, where the layout is one a push can fill (no pipeline
+  // stages). A prefill worker maps a rank's tier where it can (one machine), else writes
+  // it over TCP (WriteKvBlocks at the rank's address).
+  const bool pushable = options_.kv_push && scheduler.host_tier() != nullptr &&
+                        endpoint.pipeline_parallel_size <= 1 && !endpoint.addresses.empty() &&
+                        endpoint.host_kv_shared.size() == endpoint.addresses.size();
   for (auto& [request, prefill] : asks) {
     release(request->seq_id());  // placed again: a new hold replaces the old
     // The prompt's blocks, its partial last one too: the hand-off then computes no prompt
@@ -124,7 +124,10 @@ void Replica::HandleKvPushes() {
     target.slots = hold.slots.slots;
     for (size_t r = 0; r < endpoint.addresses.size(); ++r) {
       loom::v1::KvPushDest& dest = target.dests.emplace_back();
-      *dest.mutable_shared() = endpoint.host_kv_shared[r];
+      if (!endpoint.host_kv_shared[r].boot_id().empty()) {
+        *dest.mutable_shared() = endpoint.host_kv_shared[r];
+      }
+      dest.set_address(endpoint.addresses[r]);
       dest.set_kv_head_begin(endpoint.kv_heads[r].begin);
       dest.set_num_kv_heads(endpoint.kv_heads[r].count);
     }

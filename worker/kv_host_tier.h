@@ -102,8 +102,11 @@ class KvHostTier {
                     bool shared = false);
   /// The tier's memory as another process on this machine can map it read-only: an
   /// anonymous memory file (memfd) opened through /proc/PID/fd/FD. -1 when the tier lives
-  /// on the heap (memfd unavailable, or no pool).
-  int shared_fd() const { return memfd_; }
+  /// on the heap (memfd unavailable, or no pool) or after StopSharing.
+  int shared_fd() const { return sharing_ ? memfd_ : -1; }
+  /// From now on shared_fd() is -1: the tier is not offered to other processes (the
+  /// memory stays where it is).
+  void StopSharing() { sharing_ = false; }
   int64_t mapped_bytes() const { return num_slots_ * slot_bytes_; }
 
  private:
@@ -121,6 +124,7 @@ class KvHostTier {
   // The slots: a shared memory file mapped here (memfd_ >= 0), else heap_.
   uint8_t* memory_ = nullptr;
   int memfd_ = -1;
+  bool sharing_ = true;  // shared_fd() offers memfd_
   std::unique_ptr<uint8_t[]> heap_;
   bool registered_ = false;
   // Commits the slots' pages in the background from creation on (Populate): a slot's

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "worker/kv_transfer.h"
 
@@ -74,16 +76,13 @@ absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
         }
       }
       if (dest.heads.empty()) continue;  // another rank of this replica holds its heads
-      if (to.shared().boot_id().empty() || to.shared().boot_id() != BootId()) {
-        return absl::UnavailableError("the decode worker runs on another machine");
-      }
-      LOOM_ASSIGN_OR_RETURN(dest.mapping,
-                            SharedKvMappings::Get().Map(to.shared().pid(), to.shared().fd(),
-                                                        to.shared().size(), /*writable=*/true));
       dest.layout = mine.WithHeads(to.kv_head_begin(), to.num_kv_heads());
+      LOOM_RETURN_IF_ERROR(Connect(to, dest));
       for (const int32_t slot : push.dest_slots) {
-        if (slot < 0 ||
-            (static_cast<int64_t>(slot) + 1) * dest.layout.slot_bytes() > dest.mapping->size()) {
+        // A stream's receiver checks its own tier's bounds.
+        const int64_t size =
+            dest.mapping != nullptr ? dest.mapping->size() : std::numeric_limits<int64_t>::max();
+        if (slot < 0 || (static_cast<int64_t>(slot) + 1) * dest.layout.slot_bytes() > size) {
           return absl::InvalidArgumentError(
               absl::StrFormat("destination slot %d is outside the decode worker's tier", slot));
         }
@@ -99,14 +98,49 @@ absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
   return absl::OkStatus();
 }
 
+absl::Status KvPusher::Connect(const loom::v1::KvPushDest& to, Destination& dest) {
+  absl::Status mapped = absl::UnavailableError("the decode worker shares no memory");
+  if (!to.shared().boot_id().empty()) {
+    if (to.shared().boot_id() != BootId()) {
+      mapped = absl::UnavailableError("the decode worker runs on another machine");
+    } else if (absl::StatusOr<std::shared_ptr<const SharedKvMapping>> mapping =
+                   SharedKvMappings::Get().Map(to.shared().pid(), to.shared().fd(),
+                                               to.shared().size(), /*writable=*/true);
+               mapping.ok()) {
+      dest.mapping = *std::move(mapping);
+      return absl::OkStatus();
+    } else {
+      mapped = mapping.status();  // another container of this machine, perhaps
+    }
+  }
+  if (to.address().empty()) return mapped;
+  std::shared_ptr<KvPushStream>& stream = streams_[to.address()];
+  if (stream == nullptr) {
+    // The deadline covers a long step; a decode worker that stops reading fails the stream
+    // after KvPushStream's stall timeout.
+    const KvSlotLayout& mine = tier_->layout();
+    const bool same_heads = dest.layout.kv_head_begin == mine.kv_head_begin &&
+                            dest.layout.num_kv_heads == mine.num_kv_heads;
+    stream = std::make_shared<KvPushStream>(to.address(), dest.layout.slot_bytes(),
+                                            absl::Now() + absl::Minutes(5),
+                                            same_heads ? KvSlotLayout{} : mine);
+  }
+  dest.stream = stream;
+  return absl::OkStatus();
+}
+
 void KvPusher::Begin(const loom::v1::StepPlan& plan) {
   pushes_.clear();
+  streams_.clear();
   half_layers_ = layers_copied_ = 0;
   failure_ = absl::OkStatus();
   after_pass_ = false;
   if (plan.kv_pushes_size() == 0) return;
   failure_ = Prepare(plan);
-  if (!failure_.ok()) pushes_.clear();
+  if (!failure_.ok()) {
+    pushes_.clear();
+    streams_.clear();  // cancelled
+  }
 }
 
 void KvPusher::CopyLayer(int64_t layer) {
@@ -125,13 +159,16 @@ void KvPusher::CopyLayer(int64_t layer) {
         failure_ = saved;
         return;
       }
-      Deliver(push, i, layer, source_bytes_.data());
+      if (absl::Status delivered = Deliver(push, i, layer, source_bytes_.data()); !delivered.ok()) {
+        failure_ = delivered;
+        return;
+      }
     }
   }
   layers_copied_ = std::max(layers_copied_, std::min(layer + 1, num_layers));
 }
 
-void KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes) {
+absl::Status KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes) {
   const KvSlotLayout& mine = tier_->layout();
   KvSlotLayout source_layer = mine;
   source_layer.num_layers = 1;
@@ -140,11 +177,20 @@ void KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const uint8_t*
     KvSlotLayout dest_layer = dest.layout;
     dest_layer.num_layers = 1;
     const int64_t dest_layer_bytes = dest_layer.slot_bytes();
+    const bool same_heads = dest_layer.kv_head_begin == mine.kv_head_begin &&
+                            dest_layer.num_kv_heads == mine.num_kv_heads;
+    if (dest.stream != nullptr) {
+      // This worker's layer as it is (with other heads than the rank's, the receiver maps
+      // the ones it holds: another rank of this replica writes the others).
+      LOOM_RETURN_IF_ERROR(
+          dest.stream->Send(push.dest_slots[i], layer * dest_layer_bytes,
+                            absl::MakeConstSpan(bytes, static_cast<size_t>(layer_bytes))));
+      continue;
+    }
     uint8_t* to = dest.mapping->writable_data() +
                   static_cast<int64_t>(push.dest_slots[i]) * dest.layout.slot_bytes() +
                   layer * dest_layer_bytes;
-    if (dest_layer.kv_head_begin == mine.kv_head_begin &&
-        dest_layer.num_kv_heads == mine.num_kv_heads) {
+    if (same_heads) {
       std::memcpy(to, bytes, static_cast<size_t>(layer_bytes));
     } else {
       CopyKvHeads(source_layer, absl::MakeConstSpan(bytes, static_cast<size_t>(layer_bytes)),
@@ -152,6 +198,16 @@ void KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const uint8_t*
                   dest.heads);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status KvPusher::FinishStreams() {
+  absl::Status first;
+  for (auto& [address, stream] : streams_) {
+    if (absl::Status finished = stream->Finish(); first.ok()) first = finished;
+  }
+  streams_.clear();
+  return first;
 }
 
 absl::Status KvPusher::CopyBlocks() {
@@ -173,7 +229,8 @@ absl::Status KvPusher::CopyBlocks() {
                                            absl::MakeConstSpan(host)));
       for (size_t b = 0; b < count; ++b) {
         for (int64_t layer = 0; layer < num_layers; ++layer) {
-          Deliver(push, first + b, layer, host[b] + layer * (block_bytes / num_layers));
+          LOOM_RETURN_IF_ERROR(
+              Deliver(push, first + b, layer, host[b] + layer * (block_bytes / num_layers)));
         }
       }
     }
@@ -197,8 +254,12 @@ void KvPusher::End(loom::v1::StepResult& result) {
     failure_ = absl::AbortedError(absl::StrFormat("the forward pass stopped after %d of %d layers",
                                                   layers_copied_, tier_->layout().num_layers));
   }
+  if (failure_.ok()) {
+    failure_ = FinishStreams();  // the step's result waits for the bytes to have arrived
+  }
   if (!failure_.ok()) result.set_kv_push_error(std::string(failure_.message()));
   pushes_.clear();
+  streams_.clear();  // cancelled, if not finished
   failure_ = absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "loom/v1/worker.pb.h"
 #include "worker/kv_host_tier.h"
+#include "worker/kv_push_stream.h"
 #include "worker/kv_slot_layout.h"
 #include "worker/shared_kv_mappings.h"
 #include "worker/step_backend.h"
@@ -29,10 +31,13 @@ struct KvStagingDeleter {
 /// observer (CUDA: a captured graph cannot stop between layers) has its blocks copied
 /// whole once the forward pass succeeded, in batches through a bounded staging buffer
 /// (pinned where the pool is device memory), before the step's result goes back: the same
-/// guarantee, without the overlap. The decode tiers are memory files of this machine
-/// (RegisterRequest.host_kv_shared), mapped writable here; each decode rank gets the heads
-/// it holds of this worker's (tensor-parallel sizes may differ), K, V and 8-bit scales
-/// alike, in the slot layout a pull would write.
+/// guarantee, without the overlap. A decode tier that is a memory file of this machine
+/// (RegisterRequest.host_kv_shared) is mapped writable here and written directly; one that
+/// cannot be mapped (another machine or container) is written over TCP, one WriteKvBlocks
+/// stream per decode rank and step (worker/kv_push_stream), whose bytes travel while the
+/// forward pass goes on and which End waits for. Each decode rank gets the heads it holds
+/// of this worker's (tensor-parallel sizes may differ), K, V and 8-bit scales alike, in the
+/// slot layout a pull would write.
 ///
 /// A push that cannot run (a destination not mappable from here, a failed forward pass)
 /// never fails the step: StepResult.kv_push_error says why and the coordinator falls back
@@ -60,7 +65,8 @@ class KvPusher {
 
  private:
   struct Destination {
-    std::shared_ptr<const SharedKvMapping> mapping;
+    std::shared_ptr<const SharedKvMapping> mapping;  // or, not mappable:
+    std::shared_ptr<KvPushStream> stream;            // its WriteKvBlocks stream
     KvSlotLayout layout;         // the decode rank's slots
     std::vector<int64_t> heads;  // of this worker's heads, those the rank holds
   };
@@ -70,12 +76,16 @@ class KvPusher {
     std::vector<Destination> dests;
   };
   absl::Status Prepare(const loom::v1::StepPlan& plan);
+  // Where `dest` writes to `to`: its tier mapped, else a stream to its address.
+  absl::Status Connect(const loom::v1::KvPushDest& to, Destination& dest);
   // Layer `layer` of every block of every push into its destinations.
   void CopyLayer(int64_t layer);
   // Every layer of every block of every push, once the forward pass ran (no observer).
   absl::Status CopyBlocks();
   // `bytes`, layer `layer` of push.blocks[i] as a slot lays it out, into its destinations.
-  void Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes);
+  absl::Status Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes);
+  // Waits for every stream to have delivered its bytes (the first failure).
+  absl::Status FinishStreams();
   // A staging buffer of at least `bytes` (page-aligned, registered with the pool).
   absl::StatusOr<uint8_t*> Staging(int64_t bytes);
 
@@ -84,6 +94,7 @@ class KvPusher {
   int64_t max_staging_bytes_;
   std::vector<Push> pushes_;
   std::vector<uint8_t> source_bytes_;  // one block's layer, as a slot lays it out
+  std::map<std::string, std::shared_ptr<KvPushStream>> streams_;  // this step's, by address
   std::unique_ptr<uint8_t, KvStagingDeleter> staging_;  // whole blocks (CopyBlocks)
   int64_t staging_bytes_ = 0;
   int64_t half_layers_ = 0;    // observer calls in this step

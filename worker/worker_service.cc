@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "worker/kv_push_stream.h"
 #include "worker/kv_transfer.h"
 
 namespace loom::worker {
@@ -44,6 +45,17 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
   }
   *response = *std::move(fetched);
   return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::WriteKvBlocks(grpc::ServerContext* context,
+                                          grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
+                                          loom::v1::WriteKvBlocksResponse* response) {
+  const grpc::Status status = ReceiveKvBlocks(host_tier_, reader, response);
+  if (!status.ok()) {
+    std::fprintf(stderr, "loom-worker: KV pushed from %s refused: %s\n", context->peer().c_str(),
+                 status.error_message().c_str());
+  }
+  return status;
 }
 
 void WorkerService::PrepareRegistration(loom::v1::RegisterRequest& request,

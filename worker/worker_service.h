@@ -34,6 +34,10 @@ class WorkerService final : public loom::v1::Worker::Service {
   grpc::Status FetchKvBlocks(grpc::ServerContext* context,
                              const loom::v1::FetchKvBlocksRequest* request,
                              loom::v1::FetchKvBlocksResponse* response) override;
+  /// A prefill worker's KV push over TCP into this worker's host tier (worker/kv_push_stream).
+  grpc::Status WriteKvBlocks(grpc::ServerContext* context,
+                             grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
+                             loom::v1::WriteKvBlocksResponse* response) override;
   /// Ends the current stream (after the step running now, if any) and refuses new ones
   /// with UNAVAILABLE: the process is stopping.
   void BeginShutdown();

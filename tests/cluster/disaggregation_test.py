@@ -144,12 +144,28 @@ LONG = PROMPTS[1]
 FAILURE_TOKENS = 4  # a request may decode on the slowed prefill replica: fewer steps
 
 
-def disaggregated(tmp_path, prefill_delay_ms, **coordinator_flags):
+def disaggregated(tmp_path, prefill_delay_ms, decode_flags=None, **coordinator_flags):
     return h.running_cluster(
         tmp_path,
         {"prefill-0": {**COMMON, "role": "prefill", "debug_step_delay_ms": prefill_delay_ms},
-         "decode-0": {**COMMON, "role": "decode"}},
+         "decode-0": {**COMMON, "role": "decode", **(decode_flags or {})}},
         max_local_prefill_length=THRESHOLD, **coordinator_flags)
+
+
+# Pushes through the decode worker's memory (one machine), or over TCP as between machines
+# (the decode worker started with --no-kv-shared-memory: its tier cannot be mapped).
+TRANSPORTS = pytest.mark.parametrize("decode_flags", [None, {"kv_shared_memory": "off", "metrics_port": 0}],
+                                     ids=["shared-memory", "tcp"])
+
+
+def bytes_pushed_over_tcp(rig, replica_id="decode-0"):
+    """What the worker's /metrics count of KV bytes it received from peers over TCP."""
+    match = re.search(r"metrics on (http://\S+/metrics)", "\n".join(rig.workers[replica_id].stdout_lines()))
+    assert match, rig.workers[replica_id].log_tail()
+    metrics = urllib.request.urlopen(match.group(1), timeout=10).read().decode()
+    found = re.search(r'loom_worker_kv_transfer_bytes_total\{[^}]*direction="from_peer"[^}]*\} (\S+)', metrics)
+    assert found, [m for m in metrics.splitlines() if "transfer" in m]
+    return float(found.group(1))
 
 
 def long_prompt_tokens(rig):
@@ -187,13 +203,16 @@ def no_block_held(rig, replica_ids):
     return status
 
 
-def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(binaries, reference, tmp_path):
+@TRANSPORTS
+def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(binaries, reference, tmp_path,
+                                                                             decode_flags):
     # 32-token plans on a slowed prefill worker: the decode replica names its slots during the
     # first plan, the next plans carry the blocks completed so far (earlier chunks' too), and
     # when the first token comes every block is in the decode worker's tier, the partial last
     # one too: nothing is fetched or recomputed, the tokens are the mixed replica's, every
     # hold ends.
-    with disaggregated(tmp_path, prefill_delay_ms=300, max_num_batched_tokens=32) as rig:
+    with disaggregated(tmp_path, prefill_delay_ms=300, decode_flags=decode_flags,
+                       max_num_batched_tokens=32) as rig:
         finishes_with_reference(start(rig), reference, "decode-0")
         status = no_block_held(rig, ["decode-0", "prefill-0"])
         assert status["prefill-0"].num_handoffs_out == 1, status["prefill-0"]
@@ -205,16 +224,19 @@ def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(bin
         assert tokens % 16 != 0, tokens  # a partial last block
         assert status["decode-0"].num_kv_blocks_reloaded == (tokens + 15) // 16, status["decode-0"]
         assert status["decode-0"].num_host_hit_tokens == tokens, status["decode-0"]
+        if decode_flags:  # every block went over TCP, each byte once
+            assert bytes_pushed_over_tcp(rig) > 0
         metrics = urllib.request.urlopen(rig.coordinator.http_url + "/metrics", timeout=10).read().decode()
         assert re.search(r'loom_disagg_handoffs_pushed_total\{[^}]*replica="decode-0"\} 1\b', metrics), \
             [m for m in metrics.splitlines() if "pushed" in m]
 
 
-def test_prompts_computed_in_one_plan_have_their_kv_pushed_too(binaries, reference, tmp_path):
+@TRANSPORTS
+def test_prompts_computed_in_one_plan_have_their_kv_pushed_too(binaries, reference, tmp_path, decode_flags):
     # An idle prefill replica would send a prompt's only plan at once; it waits (briefly) for
     # the decode replica to name its slots, so that plan pushes every layer as it computes it:
     # each hand-off pushed, nothing fetched, the mixed replica's tokens.
-    with disaggregated(tmp_path, prefill_delay_ms=0) as rig:
+    with disaggregated(tmp_path, prefill_delay_ms=0, decode_flags=decode_flags) as rig:
         chosen = [i for i in range(1, 30) if i % 5 != 0 and not seeded(i)][:8]
         for i in chosen:
             outcome = h.Stream(rig.coordinator.stub, make_request(PROMPTS[i], max_tokens=MAX_TOKENS, ignore_eos=True),

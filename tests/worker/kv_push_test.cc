@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -10,10 +11,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "model/cpu_kv_cache.h"
 #include "tests/worker/kv_pool_test_util.h"
+#include "worker/kv_push_stream.h"
 #include "worker/kv_transfer.h"
 
 namespace loom::worker {
@@ -110,6 +114,42 @@ loom::v1::KvPushDest Dest(const KvHostTier& tier, int32_t begin, int32_t count) 
   return dest;
 }
 
+// A decode worker serving only WriteKvBlocks into `tier`, on a real local gRPC server: a
+// push's destination over TCP. `stalled`: a receiver that never reads (until cancelled).
+class Receiver final : public loom::v1::Worker::Service {
+ public:
+  explicit Receiver(KvHostTier* tier, bool stalled = false) : tier_(tier), stalled_(stalled) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~Receiver() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::Status WriteKvBlocks(grpc::ServerContext* context,
+                             grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
+                             loom::v1::WriteKvBlocksResponse* response) override {
+    while (stalled_ && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return ReceiveKvBlocks(tier_, reader, response);
+  }
+
+ private:
+  KvHostTier* tier_;
+  bool stalled_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// The same rank reached over TCP: no memory to map, its address.
+loom::v1::KvPushDest TcpDest(const std::string& address, int32_t begin, int32_t count) {
+  loom::v1::KvPushDest dest;
+  dest.set_address(address);
+  dest.set_kv_head_begin(begin);
+  dest.set_num_kv_heads(count);
+  return dest;
+}
+
 loom::v1::StepPlan PushPlan(std::vector<int32_t> blocks, std::vector<int32_t> slots,
                             std::vector<loom::v1::KvPushDest> dests) {
   loom::v1::StepPlan plan;
@@ -120,11 +160,15 @@ loom::v1::StepPlan PushPlan(std::vector<int32_t> blocks, std::vector<int32_t> sl
   return plan;
 }
 
+// Through the decode tier's memory (false), or over TCP (true).
+class KvPushTransportTest : public ::testing::TestWithParam<bool> {};
+
 // Pushed layer by layer (or whole after the pass, by a backend without the observer),
 // adopted, reloaded: the decode pool holds the prefill pool's blocks bit for bit, K, V and
 // 8-bit scales, with the same slices on both sides and from two tensor-parallel ranks (one
-// KV head each) into one rank holding both.
-TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
+// KV head each) into one rank holding both (over TCP the receiver maps the heads).
+TEST_P(KvPushTransportTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
+  const bool tcp = GetParam();
   for (const bool observes : {true, false})
     for (const kernels::cpu::KvDtype dtype :
          {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
@@ -133,13 +177,18 @@ TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
       std::unique_ptr<model::CpuKvCache> full = Pool(2, dtype), decode_pool = Pool(2, dtype);
       test_util::RandomizeKvPool(*full, 7);
       auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+      std::unique_ptr<Receiver> receiver =
+          tcp ? std::make_unique<Receiver>(decode_tier.get()) : nullptr;
+      auto to_decode = [&] {
+        return tcp ? TcpDest(receiver->address(), 0, 2) : Dest(*decode_tier, 0, 2);
+      };
       // One rank with both heads.
       {
         auto tier = Tier(*full, 0, 2, dtype);
         PoolBackend backend(full.get(), observes);
         // Staging of one block: the whole-block copies go one by one.
         KvPusher pusher(backend, tier.get(), /*staging_bytes=*/1);
-        pusher.Begin(PushPlan({2, 5}, {1, 3}, {Dest(*decode_tier, 0, 2)}));
+        pusher.Begin(PushPlan({2, 5}, {1, 3}, {to_decode()}));
         ASSERT_EQ(backend.observed(), observes);
         backend.RunLayers(kLayers);
         loom::v1::StepResult result;
@@ -160,7 +209,7 @@ TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
         auto tier = Tier(*slice, rank, 1, dtype);
         PoolBackend backend(slice.get(), observes);
         KvPusher pusher(backend, tier.get());
-        pusher.Begin(PushPlan({1}, {2}, {Dest(*decode_tier, 0, 2)}));
+        pusher.Begin(PushPlan({1}, {2}, {to_decode()}));
         backend.RunLayers(kLayers);
         loom::v1::StepResult result;
         pusher.End(result);
@@ -171,7 +220,116 @@ TEST(KvPushTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSizes) {
       ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
       ASSERT_TRUE(decode_tier->Apply({{false, 5, 2}}).ok());
       EXPECT_EQ(Saved(*decode_pool, 5), Saved(*full, 1));
+      if (tcp) {
+        EXPECT_EQ(decode_tier->stats().bytes_fetched, 3 * decode_tier->slot_bytes());
+      }
     }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KvPushTransportTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Tcp" : "SharedMemory";
+                         });
+
+// A decode tier another container's worker cannot map (its memory file is not reachable
+// from here) is written over TCP at its address; without an address the push says why.
+TEST(KvPushTest, AnUnmappableTierIsWrittenOverTcp) {
+  const auto dtype = kernels::cpu::KvDtype::kF16;
+  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
+  test_util::RandomizeKvPool(*pool, 3);
+  auto tier = Tier(*pool, 0, 2, dtype);
+  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+  Receiver receiver(decode_tier.get());
+  PoolBackend backend(pool.get());
+  loom::v1::KvPushDest dest = Dest(*decode_tier, 0, 2);
+  dest.mutable_shared()->set_pid(0);  // /proc/0/fd/...: nothing to map
+  for (const bool with_address : {false, true}) {
+    if (with_address) dest.set_address(receiver.address());
+    KvPusher pusher(backend, tier.get());
+    pusher.Begin(PushPlan({4}, {0}, {dest}));
+    backend.RunLayers(kLayers);
+    loom::v1::StepResult result;
+    pusher.End(result);
+    if (!with_address) {
+      EXPECT_NE(result.kv_push_error(), "");
+      continue;
+    }
+    EXPECT_EQ(result.kv_push_error(), "");
+  }
+  loom::v1::StepPlan adopt;
+  adopt.add_kv_pushed_slots(0);
+  ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
+  ASSERT_TRUE(decode_tier->Apply({{false, 1, 0}}).ok());
+  EXPECT_EQ(Saved(*decode_pool, 1), Saved(*pool, 4));
+}
+
+// Over TCP, what cannot be written is said: a slot outside the decode tier, a decode tier
+// of another layout, heads it does not hold, a decode worker that is gone, one that stops
+// reading (the sender gives up after its stall timeout, not at the deadline), and a worker
+// without a tier.
+TEST(KvPushTest, APushOverTcpThatCannotCompleteSaysWhy) {
+  const auto dtype = kernels::cpu::KvDtype::kF16;
+  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
+  auto tier = Tier(*pool, 0, 2, dtype);
+  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+  auto int8_pool = Pool(2, kernels::cpu::KvDtype::kInt8);
+  auto int8_tier = Tier(*int8_pool, 0, 2, kernels::cpu::KvDtype::kInt8);
+  Receiver receiver(decode_tier.get()), int8_receiver(int8_tier.get());
+  PoolBackend backend(pool.get());
+  auto push_error = [&](const loom::v1::StepPlan& plan) {
+    KvPusher pusher(backend, tier.get());
+    pusher.Begin(plan);
+    backend.RunLayers(kLayers);
+    loom::v1::StepResult result;
+    pusher.End(result);
+    return result.kv_push_error();
+  };
+  EXPECT_THAT(push_error(PushPlan({1}, {9}, {TcpDest(receiver.address(), 0, 2)})),
+              HasSubstr("not in the host tier"));
+  EXPECT_THAT(push_error(PushPlan({1}, {0}, {TcpDest(int8_receiver.address(), 0, 2)})),
+              HasSubstr("pushed slots of"));
+  std::string gone;
+  {
+    Receiver stopped(decode_tier.get());
+    gone = stopped.address();
+  }
+  EXPECT_THAT(push_error(PushPlan({1}, {0}, {TcpDest(gone, 0, 2)})), HasSubstr(gone));
+
+  // The receiver maps heads: a writer holding none of its heads is refused.
+  auto other = Pool(1, dtype);
+  auto other_tier = Tier(*other, 1, 1, dtype);
+  Receiver other_receiver(other_tier.get());
+  {
+    KvPushStream stream(other_receiver.address(), other_tier->slot_bytes(),
+                        absl::Now() + absl::Seconds(20), decode_tier->layout().WithHeads(0, 1));
+    KvSlotLayout layer = decode_tier->layout().WithHeads(0, 1);
+    layer.num_layers = 1;
+    std::vector<uint8_t> bytes(static_cast<size_t>(layer.slot_bytes()));
+    ASSERT_TRUE(stream.Send(0, 0, bytes).ok());
+    EXPECT_THAT(stream.Finish().message(), HasSubstr("none of this worker's"));
+  }
+
+  // A decode worker that stops reading: the sender stops waiting after the stall timeout.
+  Receiver stalled(decode_tier.get(), /*stalled=*/true);
+  {
+    KvPushStream stream(stalled.address(), decode_tier->slot_bytes(),
+                        absl::Now() + absl::Seconds(60), {}, absl::Milliseconds(300),
+                        /*max_queued_bytes=*/0);
+    std::vector<uint8_t> piece(static_cast<size_t>(decode_tier->slot_bytes()));
+    const absl::Time start = absl::Now();
+    absl::Status sent;
+    for (int i = 0; i < 4096 && sent.ok(); ++i) sent = stream.Send(0, 0, piece);
+    EXPECT_EQ(sent.code(), absl::StatusCode::kDeadlineExceeded) << sent;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+    EXPECT_FALSE(stream.Finish().ok());
+  }
+
+  Receiver no_tier(nullptr);
+  {
+    KvPushStream stream(no_tier.address(), decode_tier->slot_bytes(),
+                        absl::Now() + absl::Seconds(20));
+    EXPECT_THAT(stream.Finish().message(), HasSubstr("no host KV tier"));
+  }
 }
 
 // What cannot be pushed is said, never a failed step: a forward pass that stopped early or

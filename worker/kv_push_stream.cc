@@ -1,0 +1,251 @@
+#include "worker/kv_push_stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "worker/kv_transfer.h"
+
+namespace loom::worker {
+namespace {
+
+// One channel per decode worker, kept between steps: a step's stream then reuses the
+// connection instead of opening one (a handshake per step and rank).
+std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* channels = new std::map<std::string, std::shared_ptr<grpc::Channel>>();
+  constexpr size_t kMaxChannels = 64;
+  absl::MutexLock lock(&mu);
+  auto found = channels->find(address);
+  if (found != channels->end()) return found->second;
+  if (channels->size() >= kMaxChannels) channels->clear();  // decode workers come and go
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments);
+  channels->emplace(address, channel);
+  return channel;
+}
+
+// The pieces of `message`, each the slot's own bytes.
+absl::Status WriteSlotBytes(KvHostTier* tier, const loom::v1::KvBlockWrite& message) {
+  for (const loom::v1::KvSlotWrite& piece : message.writes()) {
+    LOOM_RETURN_IF_ERROR(
+        tier->WriteSlot(piece.slot(), piece.offset(),
+                        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
+                                            piece.data().size())));
+  }
+  return absl::OkStatus();
+}
+
+// The pieces of `message`, each one layer of the writer's heads: the heads the tier holds
+// too are copied into their places.
+absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& message) {
+  KvSlotLayout mine = tier->layout();
+  if (!mine.known()) {
+    return absl::FailedPreconditionError("this worker's host tier does not know its KV heads");
+  }
+  mine.num_layers = 1;
+  const KvSlotLayout writer = mine.WithHeads(message.kv_head_begin(), message.num_kv_heads());
+  std::vector<int64_t> heads;
+  for (int64_t head = writer.kv_head_begin; head < writer.kv_head_begin + writer.num_kv_heads;
+       ++head) {
+    if (mine.holds(head)) heads.push_back(head);
+  }
+  if (heads.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the writer's KV heads [%d, +%d) are none of this worker's [%d, +%d)", writer.kv_head_begin,
+        writer.num_kv_heads, mine.kv_head_begin, mine.num_kv_heads));
+  }
+  const int64_t layer_bytes = mine.slot_bytes();
+  for (const loom::v1::KvSlotWrite& piece : message.writes()) {
+    if (static_cast<int64_t>(piece.data().size()) != writer.slot_bytes() || piece.offset() < 0 ||
+        piece.offset() % layer_bytes != 0 || piece.offset() + layer_bytes > tier->slot_bytes()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a piece of %d bytes at %d is not one layer of the writer's heads (%d bytes) at a "
+          "layer of a %d-byte slot",
+          piece.data().size(), piece.offset(), writer.slot_bytes(), tier->slot_bytes()));
+    }
+    const auto from = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
+                                          piece.data().size());
+    LOOM_RETURN_IF_ERROR(tier->WriteSlotWith(piece.slot(), [&](absl::Span<uint8_t> slot) {
+      if (slot.empty()) return;  // bookkeeping only
+      CopyKvHeads(
+          writer, from, mine,
+          slot.subspan(static_cast<size_t>(piece.offset()), static_cast<size_t>(layer_bytes)),
+          heads);
+    }));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+}  // namespace
+
+KvPushStream::KvPushStream(const std::string& address, int64_t slot_bytes, absl::Time deadline,
+                           const KvSlotLayout& writer_heads, absl::Duration stall_timeout,
+                           int64_t max_queued_bytes)
+    : address_(address),
+      slot_bytes_(slot_bytes),
+      stall_timeout_(stall_timeout),
+      max_queued_bytes_(std::max(max_queued_bytes, kKvChunkBytes)),
+      channel_(ChannelTo(address)),
+      stub_(loom::v1::Worker::NewStub(channel_)) {
+  context_.set_deadline(absl::ToChronoTime(deadline));
+  empty_.set_slot_bytes(slot_bytes_);
+  if (writer_heads.num_kv_heads > 0) {
+    empty_.set_kv_head_begin(static_cast<int32_t>(writer_heads.kv_head_begin));
+    empty_.set_num_kv_heads(static_cast<int32_t>(writer_heads.num_kv_heads));
+  }
+  building_ = empty_;
+  thread_ = std::thread([this] { WriteLoop(); });
+}
+
+KvPushStream::~KvPushStream() {
+  if (!finished_) {
+    context_.TryCancel();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+    }
+    changed_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status KvPushStream::Failed(const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrFormat("pushing KV to the decode worker at %s: %s",
+                                                     address_, status.message()));
+}
+
+void KvPushStream::WriteLoop() {
+  // The call starts here, not on the step's thread: connecting may take a while.
+  std::unique_ptr<grpc::ClientWriter<loom::v1::KvBlockWrite>> writer =
+      stub_->WriteKvBlocks(&context_, &response_);
+  bool broken = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    changed_.wait(lock, [this] { return closing_ || !queue_.empty(); });
+    if (queue_.empty()) break;  // closing, everything written
+    loom::v1::KvBlockWrite message = std::move(queue_.front());
+    queue_.pop_front();
+    const int64_t bytes = static_cast<int64_t>(message.ByteSizeLong());
+    lock.unlock();
+    const bool written = writer->Write(message);
+    lock.lock();
+    queued_bytes_ -= bytes;
+    changed_.notify_all();
+    if (!written) {
+      broken = true;
+      break;
+    }
+  }
+  lock.unlock();
+  if (!broken) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  lock.lock();
+  if (!status.ok() && failure_.ok()) {
+    failure_ = broken && status.error_code() == grpc::StatusCode::OK
+                   ? absl::UnavailableError("the stream broke")
+                   : FromGrpc(status);
+  }
+  if (status.ok() && failure_.ok() && response_.bytes_written() != bytes_sent_) {
+    failure_ = absl::DataLossError(
+        absl::StrFormat("%d of %d bytes arrived", response_.bytes_written(), bytes_sent_));
+  }
+  queue_.clear();
+  queued_bytes_ = 0;
+  writer_done_ = true;
+  changed_.notify_all();
+}
+
+void KvPushStream::Flush(std::unique_lock<std::mutex>& lock) {
+  if (building_.writes_size() == 0) return;
+  const int64_t bytes = static_cast<int64_t>(building_.ByteSizeLong());
+  const bool room = changed_.wait_for(lock, absl::ToChronoNanoseconds(stall_timeout_), [&] {
+    return !failure_.ok() || writer_done_ || queued_bytes_ + bytes <= max_queued_bytes_ ||
+           queued_bytes_ == 0;
+  });
+  if (!failure_.ok() || writer_done_) return;
+  if (!room) {
+    failure_ = absl::DeadlineExceededError(
+        absl::StrFormat("%d bytes waited more than %s to be accepted", queued_bytes_,
+                        absl::FormatDuration(stall_timeout_)));
+    context_.TryCancel();
+    return;
+  }
+  queued_bytes_ += bytes;
+  queue_.push_back(std::move(building_));
+  building_ = empty_;
+  building_bytes_ = 0;
+  changed_.notify_all();
+}
+
+absl::Status KvPushStream::Send(int32_t slot, int64_t offset, absl::Span<const uint8_t> bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!failure_.ok()) return Failed(failure_);
+  if (writer_done_ || closing_) return Failed(absl::FailedPreconditionError("the stream ended"));
+  loom::v1::KvSlotWrite* piece = building_.add_writes();
+  piece->set_slot(slot);
+  piece->set_offset(offset);
+  piece->set_data(bytes.data(), bytes.size());
+  building_bytes_ += static_cast<int64_t>(bytes.size());
+  bytes_sent_ += static_cast<int64_t>(bytes.size());
+  if (building_bytes_ >= kKvChunkBytes) Flush(lock);
+  return failure_.ok() ? absl::OkStatus() : Failed(failure_);
+}
+
+absl::Status KvPushStream::Finish() {
+  if (finished_) return absl::FailedPreconditionError("the push stream was finished already");
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failure_.ok() && !writer_done_) Flush(lock);
+    closing_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+  finished_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_.ok() ? absl::OkStatus() : Failed(failure_);
+}
+
+grpc::Status ReceiveKvBlocks(KvHostTier* tier, grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
+                             loom::v1::WriteKvBlocksResponse* response) {
+  if (tier == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no host KV tier");
+  }
+  const absl::Time start = absl::Now();
+  int64_t bytes = 0;
+  loom::v1::KvBlockWrite message;
+  while (reader->Read(&message)) {
+    if (message.slot_bytes() != tier->slot_bytes()) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrFormat("pushed slots of %d bytes into a tier of %d-byte slots (another model, "
+                          "tensor-parallel slice or KV dtype)",
+                          message.slot_bytes(), tier->slot_bytes()));
+    }
+    absl::Status written = message.num_kv_heads() > 0 ? WriteMappedHeads(tier, message)
+                                                      : WriteSlotBytes(tier, message);
+    if (!written.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(written.message()));
+    }
+    for (const loom::v1::KvSlotWrite& piece : message.writes()) {
+      bytes += static_cast<int64_t>(piece.data().size());
+    }
+  }
+  tier->RecordRemote(/*bytes_served=*/0, /*bytes_fetched=*/bytes,
+                     absl::ToDoubleSeconds(absl::Now() - start));
+  response->set_bytes_written(bytes);
+  return grpc::Status::OK;
+}
+
+}  // namespace loom::worker
