@@ -5,9 +5,10 @@ replica (`--prefill-replicas 1 --decode-replicas 1`, the default --max-local-pre
 decode replica's own measure, a prompt past it of at most --max-num-batched-tokens staying on
 the decode replica when the prefill replica's queue would give its first token later), the
 latter with the KV pulled after the first token (`--no-kv-push`) instead of pushed while the
-prefill worker computes it, and with a fixed --max-local-prefill-length of 512 (every prompt
-past it to the prefill replica, none shorter: no first-token comparison). --modes picks some. The same open-loop workload drives
-all four, at the same request rate:
+prefill worker computes it, with a fixed --max-local-prefill-length of 512 (every prompt
+past it to the prefill replica, none shorter: no first-token comparison), and pushed over TCP
+(`--no-kv-shared-memory`: no tier mapped, as between machines). --modes picks some. The same
+open-loop workload drives all five, at the same request rate:
 Poisson arrivals, 10% of requests carrying a 2k-token prompt (16 output tokens) among short chats
 (a ~30-token prompt, 128 output tokens), every prompt new. The rate is relative to the machine: a
 calibration on one replica times a 2k-token prefill, and the rate puts the long prompts' prefill
@@ -62,8 +63,8 @@ LONG_TOKENS = 2048
 # The default model's KV per token: 30 layers x K and V x 3 heads x 64 x 2 bytes (f16).
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 # Two mixed replicas; one prefill and one decode replica (KV pushed; pulled); the same with a
-# fixed threshold.
-MODES = ["mixed", "disaggregated", "disaggregated_pulled", "disaggregated_fixed"]
+# fixed threshold; pushed over TCP (--no-kv-shared-memory: as between machines).
+MODES = ["mixed", "disaggregated", "disaggregated_pulled", "disaggregated_fixed", "disaggregated_tcp"]
 # disaggregated_fixed: --max-local-prefill-length FIXED_LOCAL_LIMIT, the operator's threshold:
 # every prompt past it goes to the prefill replica (no first-token comparison), the other end
 # of the ITL / TTFT trade-off from the measured default.
@@ -203,6 +204,9 @@ def measure(tmp: pathlib.Path, name: str, requests, threads: int, mode: str) -> 
             flags["kv_push"] = "off"  # the decode replica pulls the KV after the first token
         if mode == "disaggregated_fixed":
             flags["max_local_prefill_length"] = FIXED_LOCAL_LIMIT
+        if mode == "disaggregated_tcp":
+            # Pushed over TCP as between machines: no worker's tier can be mapped.
+            flags["kv_shared_memory"] = "off"
         replicas = ["prefill-0", "decode-0"]
     else:
         flags.update(replicas=2)
@@ -277,7 +281,8 @@ def ratios(report: dict, copy_limit_s: float) -> dict:
         return ratio
 
     result = of("disaggregated") if "disaggregated" in report else {}
-    for mode, key in (("disaggregated_pulled", "pulled"), ("disaggregated_fixed", "fixed_threshold")):
+    for mode, key in (("disaggregated_pulled", "pulled"), ("disaggregated_fixed", "fixed_threshold"),
+                      ("disaggregated_tcp", "tcp")):
         if mode in report:
             result[key] = of(mode)
     return result

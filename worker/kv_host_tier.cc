@@ -121,13 +121,16 @@ absl::Status KvHostTier::ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8
   return absl::OkStatus();
 }
 
-absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data) {
+absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data,
+                                   const std::function<bool()>& wanted) {
   absl::MutexLock lock(&mu_);
+  if (wanted && !wanted()) return absl::CancelledError("the write is no longer wanted");
   if (slot < 0 || slot >= num_slots_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));
   }
-  if (offset < 0 || offset + static_cast<int64_t>(data.size()) > slot_bytes_) {
+  const int64_t size = static_cast<int64_t>(data.size());
+  if (offset < 0 || size > slot_bytes_ || offset > slot_bytes_ - size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "write of %d bytes at %d is outside a slot of %d bytes", data.size(), offset, slot_bytes_));
   }
@@ -140,8 +143,10 @@ absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<cons
 }
 
 absl::Status KvHostTier::WriteSlotWith(int32_t slot,
-                                       const std::function<void(absl::Span<uint8_t>)>& write) {
+                                       const std::function<void(absl::Span<uint8_t>)>& write,
+                                       const std::function<bool()>& wanted) {
   absl::MutexLock lock(&mu_);
+  if (wanted && !wanted()) return absl::CancelledError("the write is no longer wanted");
   if (slot < 0 || slot >= num_slots_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));

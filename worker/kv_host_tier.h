@@ -88,10 +88,14 @@ class KvHostTier {
   /// range or for a slot that holds no block.
   absl::Status ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8_t> out) const;
   /// Writes `data` at `offset` of `slot`, which then holds no block until MarkWritten.
-  absl::Status WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data);
-  /// Lets `write` change `slot`'s bytes in place (the whole slot; empty without memory),
-  /// which then holds no block until MarkWritten.
-  absl::Status WriteSlotWith(int32_t slot, const std::function<void(absl::Span<uint8_t>)>& write);
+  /// `wanted` (optional), asked under the tier's lock first: false leaves the slot alone
+  /// (Cancelled), e.g. a push its writer gave up on.
+  absl::Status WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data,
+                         const std::function<bool()>& wanted = nullptr);
+  /// Lets `write` change `slot`'s bytes in place (the whole slot; not called without
+  /// memory), which then holds no block until MarkWritten. `wanted` as for WriteSlot.
+  absl::Status WriteSlotWith(int32_t slot, const std::function<void(absl::Span<uint8_t>)>& write,
+                             const std::function<bool()>& wanted = nullptr);
   /// `slot` holds a block now (its bytes written whole). DataLoss when `checksum` (non-zero)
   /// is not the slot's FNV-1a 64.
   absl::Status MarkWritten(int32_t slot, uint64_t checksum);

@@ -117,13 +117,14 @@ absl::Status KvPusher::Connect(const loom::v1::KvPushDest& to, Destination& dest
   std::shared_ptr<KvPushStream>& stream = streams_[to.address()];
   if (stream == nullptr) {
     // The deadline covers a long step; a decode worker that stops reading fails the stream
-    // after KvPushStream's stall timeout.
-    const KvSlotLayout& mine = tier_->layout();
-    const bool same_heads = dest.layout.kv_head_begin == mine.kv_head_begin &&
-                            dest.layout.num_kv_heads == mine.num_kv_heads;
-    stream = std::make_shared<KvPushStream>(to.address(), dest.layout.slot_bytes(),
-                                            absl::Now() + absl::Minutes(5),
-                                            same_heads ? KvSlotLayout{} : mine);
+    // after KvPushStream's stall timeout. The heads both hold go (one run of them): the
+    // rank's own slot bytes when they are all its heads, else mapped by the receiver.
+    const int64_t begin = dest.heads.front();
+    const int64_t count = static_cast<int64_t>(dest.heads.size());
+    const bool whole = begin == dest.layout.kv_head_begin && count == dest.layout.num_kv_heads;
+    stream = std::make_shared<KvPushStream>(
+        to.address(), dest.layout.slot_bytes(), absl::Now() + absl::Minutes(5),
+        whole ? KvSlotLayout{} : tier_->layout().WithHeads(begin, count));
   }
   dest.stream = stream;
   return absl::OkStatus();
@@ -132,7 +133,7 @@ absl::Status KvPusher::Connect(const loom::v1::KvPushDest& to, Destination& dest
 void KvPusher::Begin(const loom::v1::StepPlan& plan) {
   pushes_.clear();
   streams_.clear();
-  half_layers_ = layers_copied_ = 0;
+  half_layers_ = layers_copied_ = bytes_pushed_ = 0;
   failure_ = absl::OkStatus();
   after_pass_ = false;
   if (plan.kv_pushes_size() == 0) return;
@@ -180,11 +181,24 @@ absl::Status KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const 
     const bool same_heads = dest_layer.kv_head_begin == mine.kv_head_begin &&
                             dest_layer.num_kv_heads == mine.num_kv_heads;
     if (dest.stream != nullptr) {
-      // This worker's layer as it is (with other heads than the rank's, the receiver maps
-      // the ones it holds: another rank of this replica writes the others).
+      // The layer's heads the rank holds (those of this worker's it does not hold are not
+      // sent; where the rank holds more, the receiver maps these into place and another
+      // rank of this replica sends the others).
+      const uint8_t* out = bytes;
+      int64_t out_bytes = layer_bytes;
+      if (static_cast<int64_t>(dest.heads.size()) != mine.num_kv_heads) {
+        const KvSlotLayout part =
+            source_layer.WithHeads(dest.heads.front(), static_cast<int64_t>(dest.heads.size()));
+        stream_bytes_.resize(static_cast<size_t>(part.slot_bytes()));
+        CopyKvHeads(source_layer, absl::MakeConstSpan(bytes, static_cast<size_t>(layer_bytes)),
+                    part, absl::MakeSpan(stream_bytes_), dest.heads);
+        out = stream_bytes_.data();
+        out_bytes = part.slot_bytes();
+      }
       LOOM_RETURN_IF_ERROR(
           dest.stream->Send(push.dest_slots[i], layer * dest_layer_bytes,
-                            absl::MakeConstSpan(bytes, static_cast<size_t>(layer_bytes))));
+                            absl::MakeConstSpan(out, static_cast<size_t>(out_bytes))));
+      bytes_pushed_ += out_bytes;
       continue;
     }
     uint8_t* to = dest.mapping->writable_data() +
@@ -197,6 +211,7 @@ absl::Status KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const 
                   dest_layer, absl::MakeSpan(to, static_cast<size_t>(dest_layer_bytes)),
                   dest.heads);
     }
+    bytes_pushed_ += layer_bytes / mine.num_kv_heads * static_cast<int64_t>(dest.heads.size());
   }
   return absl::OkStatus();
 }
@@ -257,7 +272,11 @@ void KvPusher::End(loom::v1::StepResult& result) {
   if (failure_.ok()) {
     failure_ = FinishStreams();  // the step's result waits for the bytes to have arrived
   }
-  if (!failure_.ok()) result.set_kv_push_error(std::string(failure_.message()));
+  if (!failure_.ok()) {
+    result.set_kv_push_error(std::string(failure_.message()));
+  } else if (bytes_pushed_ > 0) {
+    tier_->RecordRemote(/*bytes_served=*/bytes_pushed_, /*bytes_fetched=*/0, /*seconds=*/0);
+  }
   pushes_.clear();
   streams_.clear();  // cancelled, if not finished
   failure_ = absl::OkStatus();

@@ -46,12 +46,12 @@ class KvPusher {
  public:
   static constexpr int64_t kDefaultStagingBytes = int64_t{16} << 20;
 
-  /// `tier`: this worker's host tier (its layout() names the heads and sizes the slots);
-  /// null or without a known layout, every push is refused.
+  /// `tier`: this worker's host tier (its layout() names the heads and sizes the slots;
+  /// its stats count the bytes pushed); null or without a known layout, every push is
+  /// refused.
   /// `staging_bytes`: what the staging buffer of whole-block copies holds at most (one
   /// block at least).
-  KvPusher(StepBackend& backend, const KvHostTier* tier,
-           int64_t staging_bytes = kDefaultStagingBytes)
+  KvPusher(StepBackend& backend, KvHostTier* tier, int64_t staging_bytes = kDefaultStagingBytes)
       : backend_(backend), tier_(tier), max_staging_bytes_(staging_bytes) {}
   ~KvPusher();
 
@@ -90,15 +90,17 @@ class KvPusher {
   absl::StatusOr<uint8_t*> Staging(int64_t bytes);
 
   StepBackend& backend_;
-  const KvHostTier* tier_;
+  KvHostTier* tier_;  // counts the bytes pushed (to_peer)
   int64_t max_staging_bytes_;
   std::vector<Push> pushes_;
   std::vector<uint8_t> source_bytes_;  // one block's layer, as a slot lays it out
+  std::vector<uint8_t> stream_bytes_;  // the heads of it a stream's rank holds
   std::map<std::string, std::shared_ptr<KvPushStream>> streams_;  // this step's, by address
   std::unique_ptr<uint8_t, KvStagingDeleter> staging_;  // whole blocks (CopyBlocks)
   int64_t staging_bytes_ = 0;
   int64_t half_layers_ = 0;    // observer calls in this step
   int64_t layers_copied_ = 0;  // layers every push has written
+  int64_t bytes_pushed_ = 0;   // into every destination, this step
   absl::Status failure_;
   bool observing_ = false;
   bool after_pass_ = false;  // the backend has no observer: CopyBlocks at End

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -32,20 +33,23 @@ std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) {
   return channel;
 }
 
-// The pieces of `message`, each the slot's own bytes.
-absl::Status WriteSlotBytes(KvHostTier* tier, const loom::v1::KvBlockWrite& message) {
+// The pieces of `message`, each the slot's own bytes, while `wanted`.
+absl::Status WriteSlotBytes(KvHostTier* tier, const loom::v1::KvBlockWrite& message,
+                            const std::function<bool()>& wanted) {
   for (const loom::v1::KvSlotWrite& piece : message.writes()) {
     LOOM_RETURN_IF_ERROR(
         tier->WriteSlot(piece.slot(), piece.offset(),
                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
-                                            piece.data().size())));
+                                            piece.data().size()),
+                        wanted));
   }
   return absl::OkStatus();
 }
 
 // The pieces of `message`, each one layer of the writer's heads: the heads the tier holds
-// too are copied into their places.
-absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& message) {
+// too are copied into their places, while `wanted`.
+absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& message,
+                              const std::function<bool()>& wanted) {
   KvSlotLayout mine = tier->layout();
   if (!mine.known()) {
     return absl::FailedPreconditionError("this worker's host tier does not know its KV heads");
@@ -53,9 +57,13 @@ absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& me
   mine.num_layers = 1;
   const KvSlotLayout writer = mine.WithHeads(message.kv_head_begin(), message.num_kv_heads());
   std::vector<int64_t> heads;
-  for (int64_t head = writer.kv_head_begin; head < writer.kv_head_begin + writer.num_kv_heads;
-       ++head) {
-    if (mine.holds(head)) heads.push_back(head);
+  if (writer.kv_head_begin >= 0) {
+    for (int64_t head = std::max(writer.kv_head_begin, mine.kv_head_begin);
+         head < std::min(writer.kv_head_begin + writer.num_kv_heads,
+                         mine.kv_head_begin + mine.num_kv_heads);
+         ++head) {
+      heads.push_back(head);
+    }
   }
   if (heads.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -65,7 +73,7 @@ absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& me
   const int64_t layer_bytes = mine.slot_bytes();
   for (const loom::v1::KvSlotWrite& piece : message.writes()) {
     if (static_cast<int64_t>(piece.data().size()) != writer.slot_bytes() || piece.offset() < 0 ||
-        piece.offset() % layer_bytes != 0 || piece.offset() + layer_bytes > tier->slot_bytes()) {
+        piece.offset() % layer_bytes != 0 || piece.offset() > tier->slot_bytes() - layer_bytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "a piece of %d bytes at %d is not one layer of the writer's heads (%d bytes) at a "
           "layer of a %d-byte slot",
@@ -73,13 +81,16 @@ absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& me
     }
     const auto from = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
                                           piece.data().size());
-    LOOM_RETURN_IF_ERROR(tier->WriteSlotWith(piece.slot(), [&](absl::Span<uint8_t> slot) {
-      if (slot.empty()) return;  // bookkeeping only
-      CopyKvHeads(
-          writer, from, mine,
-          slot.subspan(static_cast<size_t>(piece.offset()), static_cast<size_t>(layer_bytes)),
-          heads);
-    }));
+    LOOM_RETURN_IF_ERROR(tier->WriteSlotWith(
+        piece.slot(),
+        [&](absl::Span<uint8_t> slot) {
+          if (slot.empty()) return;  // bookkeeping only
+          CopyKvHeads(
+              writer, from, mine,
+              slot.subspan(static_cast<size_t>(piece.offset()), static_cast<size_t>(layer_bytes)),
+              heads);
+        },
+        wanted));
   }
   return absl::OkStatus();
 }
@@ -95,7 +106,7 @@ KvPushStream::KvPushStream(const std::string& address, int64_t slot_bytes, absl:
                            int64_t max_queued_bytes)
     : address_(address),
       slot_bytes_(slot_bytes),
-      stall_timeout_(stall_timeout),
+      stall_timeout_(std::min(stall_timeout, absl::Hours(1))),
       max_queued_bytes_(std::max(max_queued_bytes, kKvChunkBytes)),
       channel_(ChannelTo(address)),
       stub_(loom::v1::Worker::NewStub(channel_)) {
@@ -142,6 +153,7 @@ void KvPushStream::WriteLoop() {
     const bool written = writer->Write(message);
     lock.lock();
     queued_bytes_ -= bytes;
+    ++progress_;
     changed_.notify_all();
     if (!written) {
       broken = true;
@@ -150,16 +162,21 @@ void KvPushStream::WriteLoop() {
   }
   lock.unlock();
   if (!broken) writer->WritesDone();
+  lock.lock();
+  ++progress_;  // Finish waits for the answer from here
+  changed_.notify_all();
+  lock.unlock();
   grpc::Status status = writer->Finish();
   lock.lock();
-  if (!status.ok() && failure_.ok()) {
-    failure_ = broken && status.error_code() == grpc::StatusCode::OK
-                   ? absl::UnavailableError("the stream broke")
-                   : FromGrpc(status);
-  }
-  if (status.ok() && failure_.ok() && response_.bytes_written() != bytes_sent_) {
-    failure_ = absl::DataLossError(
-        absl::StrFormat("%d of %d bytes arrived", response_.bytes_written(), bytes_sent_));
+  if (failure_.ok()) {
+    if (!status.ok()) {
+      failure_ = FromGrpc(status);
+    } else if (broken) {
+      failure_ = absl::UnavailableError("the stream broke");
+    } else if (response_.bytes_written() != bytes_sent_) {
+      failure_ = absl::DataLossError(
+          absl::StrFormat("%d of %d bytes arrived", response_.bytes_written(), bytes_sent_));
+    }
   }
   queue_.clear();
   queued_bytes_ = 0;
@@ -209,23 +226,44 @@ absl::Status KvPushStream::Finish() {
     std::unique_lock<std::mutex> lock(mu_);
     if (failure_.ok() && !writer_done_) Flush(lock);
     closing_ = true;
+    changed_.notify_all();
+    // The writer may block in a write, in connecting or in waiting for the answer (a decode
+    // worker stopped, or a link gone quiet): each step of it must come within the stall
+    // timeout, else the stream is cancelled, not waited for until its deadline.
+    uint64_t seen = progress_;
+    while (!writer_done_) {
+      if (!changed_.wait_for(lock, absl::ToChronoNanoseconds(stall_timeout_),
+                             [&] { return writer_done_ || progress_ != seen; })) {
+        if (failure_.ok()) {
+          failure_ = absl::DeadlineExceededError(
+              absl::StrFormat("no progress for %s (%d bytes waiting)",
+                              absl::FormatDuration(stall_timeout_), queued_bytes_));
+        }
+        context_.TryCancel();
+        break;
+      }
+      seen = progress_;
+    }
   }
-  changed_.notify_all();
   thread_.join();
   finished_ = true;
   std::lock_guard<std::mutex> lock(mu_);
   return failure_.ok() ? absl::OkStatus() : Failed(failure_);
 }
 
-grpc::Status ReceiveKvBlocks(KvHostTier* tier, grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
+grpc::Status ReceiveKvBlocks(grpc::ServerContext* context, KvHostTier* tier,
+                             grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
                              loom::v1::WriteKvBlocksResponse* response) {
   if (tier == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no host KV tier");
   }
-  const absl::Time start = absl::Now();
+  // A writer that gave up (its step failed the push) may have the slots named to another
+  // transfer soon: nothing of its stream is written once it cancelled.
+  const std::function<bool()> wanted = [context] { return !context->IsCancelled(); };
   int64_t bytes = 0;
   loom::v1::KvBlockWrite message;
   while (reader->Read(&message)) {
+    if (context->IsCancelled()) break;
     if (message.slot_bytes() != tier->slot_bytes()) {
       return grpc::Status(
           grpc::StatusCode::FAILED_PRECONDITION,
@@ -233,17 +271,20 @@ grpc::Status ReceiveKvBlocks(KvHostTier* tier, grpc::ServerReader<loom::v1::KvBl
                           "tensor-parallel slice or KV dtype)",
                           message.slot_bytes(), tier->slot_bytes()));
     }
-    absl::Status written = message.num_kv_heads() > 0 ? WriteMappedHeads(tier, message)
-                                                      : WriteSlotBytes(tier, message);
+    absl::Status written = message.num_kv_heads() > 0 ? WriteMappedHeads(tier, message, wanted)
+                                                      : WriteSlotBytes(tier, message, wanted);
     if (!written.ok()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(written.message()));
+      return grpc::Status(static_cast<grpc::StatusCode>(written.code()),
+                          std::string(written.message()));
     }
     for (const loom::v1::KvSlotWrite& piece : message.writes()) {
       bytes += static_cast<int64_t>(piece.data().size());
     }
   }
-  tier->RecordRemote(/*bytes_served=*/0, /*bytes_fetched=*/bytes,
-                     absl::ToDoubleSeconds(absl::Now() - start));
+  if (context->IsCancelled())
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the writer gave up");
+  // No time counted: the stream lasts the writer's step, mostly waiting for its compute.
+  tier->RecordRemote(/*bytes_served=*/0, /*bytes_fetched=*/bytes, /*seconds=*/0);
   response->set_bytes_written(bytes);
   return grpc::Status::OK;
 }

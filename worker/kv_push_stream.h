@@ -23,9 +23,11 @@ namespace loom::worker {
 /// layers of blocks (Send copies them into the next message), and a thread of its own
 /// writes the messages under gRPC's flow control, so the compute goes on while the bytes
 /// travel. What waits to be written is bounded (`max_queued_bytes`): Send blocks while it
-/// is full, at most `stall_timeout`, after which the stream fails (a decode worker that
-/// stopped reading costs the step that long once, not a hang). Finish waits until the
-/// decode worker answered that every byte is in its slots.
+/// is full. Finish waits until the decode worker answered that every byte is in its slots.
+/// Neither waits longer than `stall_timeout` (at most an hour) without the writer moving
+/// on (a message written, the stream closed): then the stream is cancelled and fails, so
+/// a decode worker that stopped reading or a link gone quiet costs the step that long
+/// once, not a hang until the deadline.
 ///
 /// Any failure (the decode worker gone or refusing, the deadline) is kept: Send and Finish
 /// return it, and the destructor cancels a stream not finished. Used by one thread (the
@@ -69,7 +71,6 @@ class KvPushStream {
   std::unique_ptr<loom::v1::Worker::Stub> stub_;
   grpc::ClientContext context_;
   loom::v1::WriteKvBlocksResponse response_;
-  std::unique_ptr<grpc::ClientWriter<loom::v1::KvBlockWrite>> writer_;
 
   std::mutex mu_;
   std::condition_variable changed_;
@@ -81,7 +82,8 @@ class KvPushStream {
   bool closing_ = false;                      // guarded by mu_: no more messages
   bool writer_done_ = false;                  // guarded by mu_: WriteLoop returned
   absl::Status failure_;                      // guarded by mu_
-  int64_t bytes_sent_ = 0;
+  uint64_t progress_ = 0;   // guarded by mu_: messages written, then the stream closed
+  int64_t bytes_sent_ = 0;  // guarded by mu_
   bool finished_ = false;
   std::thread thread_;
 };
@@ -91,7 +93,9 @@ class KvPushStream {
 /// hold where the writer's differ. FAILED_PRECONDITION for a writer whose slot size
 /// differs from the tier's (or no tier at all), INVALID_ARGUMENT for a piece outside the
 /// tier or not one layer of the writer's heads.
-grpc::Status ReceiveKvBlocks(KvHostTier* tier, grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
+/// Once the writer cancelled (`context`), nothing more is written (CANCELLED).
+grpc::Status ReceiveKvBlocks(grpc::ServerContext* context, KvHostTier* tier,
+                             grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
                              loom::v1::WriteKvBlocksResponse* response);
 
 }  // namespace loom::worker

@@ -109,8 +109,9 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
                     .Name("loom_worker_kv_transfer_bytes_total")
                     .Help(
                         "Bytes of KV copied between the pool and the host tier (to_host, "
-                        "to_device) and between workers (to_peer, from_peer over TCP, "
-                        "from_peer_shared_memory mapped on one machine).")
+                        "to_device) and between workers (to_peer: served to a fetch or pushed; "
+                        "from_peer: fetched or pushed here over TCP; from_peer_shared_memory: "
+                        "fetched by mapping a tier of this machine).")
                     .Register(*registry_);
   auto with = [&labels](const char* direction) {
     prometheus::Labels out = labels;

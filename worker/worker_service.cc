@@ -50,7 +50,7 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
 grpc::Status WorkerService::WriteKvBlocks(grpc::ServerContext* context,
                                           grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
                                           loom::v1::WriteKvBlocksResponse* response) {
-  const grpc::Status status = ReceiveKvBlocks(host_tier_, reader, response);
+  const grpc::Status status = ReceiveKvBlocks(context, host_tier_, reader, response);
   if (!status.ok()) {
     std::fprintf(stderr, "loom-worker: KV pushed from %s refused: %s\n", context->peer().c_str(),
                  status.error_message().c_str());

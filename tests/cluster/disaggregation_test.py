@@ -154,8 +154,11 @@ def disaggregated(tmp_path, prefill_delay_ms, decode_flags=None, **coordinator_f
 
 # Pushes through the decode worker's memory (one machine), or over TCP as between machines
 # (the decode worker started with --no-kv-shared-memory: its tier cannot be mapped).
-TRANSPORTS = pytest.mark.parametrize("decode_flags", [None, {"kv_shared_memory": "off", "metrics_port": 0}],
+TRANSPORTS = pytest.mark.parametrize("decode_flags", [{"metrics_port": 0},
+                                                     {"kv_shared_memory": "off", "metrics_port": 0}],
                                      ids=["shared-memory", "tcp"])
+# A host-tier slot of the default model: 30 layers x K and V x 16 tokens x 3 heads x 64 x 2 bytes.
+SLOT_BYTES = 30 * 2 * 16 * 3 * 64 * 2
 
 
 def bytes_pushed_over_tcp(rig, replica_id="decode-0"):
@@ -224,8 +227,9 @@ def test_a_prompt_computed_in_several_plans_has_its_kv_pushed_layer_by_layer(bin
         assert tokens % 16 != 0, tokens  # a partial last block
         assert status["decode-0"].num_kv_blocks_reloaded == (tokens + 15) // 16, status["decode-0"]
         assert status["decode-0"].num_host_hit_tokens == tokens, status["decode-0"]
-        if decode_flags:  # every block went over TCP, each byte once
-            assert bytes_pushed_over_tcp(rig) > 0
+        # Every block over TCP, each byte once; through shared memory nothing crosses TCP.
+        over_tcp = decode_flags.get("kv_shared_memory") == "off"
+        assert bytes_pushed_over_tcp(rig) == ((tokens + 15) // 16 * SLOT_BYTES if over_tcp else 0)
         metrics = urllib.request.urlopen(rig.coordinator.http_url + "/metrics", timeout=10).read().decode()
         assert re.search(r'loom_disagg_handoffs_pushed_total\{[^}]*replica="decode-0"\} 1\b', metrics), \
             [m for m in metrics.splitlines() if "pushed" in m]
@@ -292,12 +296,14 @@ def test_a_decode_worker_killed_while_it_waits_for_the_kv_leaves_the_request_to_
         no_block_held(rig, ["prefill-0"])
 
 
+@TRANSPORTS
 def test_a_decode_worker_killed_while_the_kv_is_pushed_to_it_leaves_the_request_to_the_prefill_replica(
-        binaries, reference, tmp_path):
+        binaries, reference, tmp_path, decode_flags):
     # The prefill worker pushes into the decode worker's tier, 32-token plans 1 s apart; the
     # decode worker dies meanwhile. The hand-off finds it gone: the prefill replica holds the
     # prompt for a pull instead and, with no decode replica left, decodes it itself.
-    with disaggregated(tmp_path, prefill_delay_ms=1000, max_num_batched_tokens=32) as rig:
+    with disaggregated(tmp_path, prefill_delay_ms=1000, decode_flags=decode_flags,
+                       max_num_batched_tokens=32) as rig:
         stream = start(rig)
         wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_reserved_blocks > 0,
                  "the prompt prefilling with blocks reserved on decode-0", timeout=60)

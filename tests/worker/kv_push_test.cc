@@ -131,7 +131,7 @@ class Receiver final : public loom::v1::Worker::Service {
                              grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
                              loom::v1::WriteKvBlocksResponse* response) override {
     while (stalled_ && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
-    return ReceiveKvBlocks(tier_, reader, response);
+    return ReceiveKvBlocks(context, tier_, reader, response);
   }
 
  private:
@@ -195,6 +195,7 @@ TEST_P(KvPushTransportTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSi
         pusher.End(result);
         EXPECT_EQ(result.kv_push_error(), "");
         EXPECT_FALSE(backend.observed()) << "the observer outlived its step";
+        EXPECT_EQ(tier->stats().bytes_served, 2 * tier->slot_bytes());  // counted as to_peer
       }
       loom::v1::StepPlan adopt;
       adopt.add_kv_pushed_slots(1);
@@ -214,6 +215,7 @@ TEST_P(KvPushTransportTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSi
         loom::v1::StepResult result;
         pusher.End(result);
         EXPECT_EQ(result.kv_push_error(), "") << "rank " << rank;
+        EXPECT_EQ(tier->stats().bytes_served, tier->slot_bytes()) << "rank " << rank;
       }
       adopt.Clear();
       adopt.add_kv_pushed_slots(2);
@@ -222,6 +224,44 @@ TEST_P(KvPushTransportTest, PushedBlocksReloadBitIdenticalAcrossTensorParallelSi
       EXPECT_EQ(Saved(*decode_pool, 5), Saved(*full, 1));
       if (tcp) {
         EXPECT_EQ(decode_tier->stats().bytes_fetched, 3 * decode_tier->slot_bytes());
+      }
+      // One rank with both heads into two ranks of one head each: each gets its own head
+      // (over TCP only that head's bytes travel).
+      {
+        auto tier = Tier(*full, 0, 2, dtype);
+        PoolBackend backend(full.get(), observes);
+        std::vector<std::unique_ptr<model::CpuKvCache>> rank_pools;
+        std::vector<std::unique_ptr<KvHostTier>> rank_tiers;
+        std::vector<std::unique_ptr<Receiver>> rank_receivers;
+        std::vector<loom::v1::KvPushDest> dests;
+        for (int32_t rank = 0; rank < 2; ++rank) {
+          rank_pools.push_back(Pool(1, dtype));
+          rank_tiers.push_back(Tier(*rank_pools.back(), rank, 1, dtype));
+          if (tcp) {
+            rank_receivers.push_back(std::make_unique<Receiver>(rank_tiers.back().get()));
+            dests.push_back(TcpDest(rank_receivers.back()->address(), rank, 1));
+          } else {
+            dests.push_back(Dest(*rank_tiers.back(), rank, 1));
+          }
+        }
+        KvPusher pusher(backend, tier.get());
+        pusher.Begin(PushPlan({3}, {1}, dests));
+        backend.RunLayers(kLayers);
+        loom::v1::StepResult result;
+        pusher.End(result);
+        EXPECT_EQ(result.kv_push_error(), "");
+        EXPECT_EQ(tier->stats().bytes_served, tier->slot_bytes());  // each head once
+        for (int32_t rank = 0; rank < 2; ++rank) {
+          loom::v1::StepPlan adopt_one;
+          adopt_one.add_kv_pushed_slots(1);
+          ASSERT_TRUE(AdoptPushedSlots(rank_tiers[rank].get(), adopt_one).ok());
+          ASSERT_TRUE(rank_tiers[rank]->Apply({{false, 0, 1}}).ok());
+          EXPECT_EQ(Saved(*rank_pools[rank], 0), Saved(*Slice(*full, rank, 1, dtype), 3))
+              << "rank " << rank;
+          if (tcp) {
+            EXPECT_EQ(rank_tiers[rank]->stats().bytes_fetched, rank_tiers[rank]->slot_bytes());
+          }
+        }
       }
     }
 }
@@ -322,6 +362,19 @@ TEST(KvPushTest, APushOverTcpThatCannotCompleteSaysWhy) {
     EXPECT_EQ(sent.code(), absl::StatusCode::kDeadlineExceeded) << sent;
     EXPECT_LT(absl::Now() - start, absl::Seconds(30));
     EXPECT_FALSE(stream.Finish().ok());
+  }
+  // A small push to it queues at once; Finish then waits for an answer that never comes and
+  // gives up after the stall timeout, not at the deadline a minute away.
+  {
+    KvPushStream stream(stalled.address(), decode_tier->slot_bytes(),
+                        absl::Now() + absl::Seconds(60), {}, absl::Milliseconds(300));
+    std::vector<uint8_t> piece(static_cast<size_t>(decode_tier->slot_bytes()));
+    ASSERT_TRUE(stream.Send(0, 0, piece).ok());
+    const absl::Time start = absl::Now();
+    const absl::Status finished = stream.Finish();
+    EXPECT_EQ(finished.code(), absl::StatusCode::kDeadlineExceeded) << finished;
+    EXPECT_THAT(finished.message(), HasSubstr("no progress"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   }
 
   Receiver no_tier(nullptr);
