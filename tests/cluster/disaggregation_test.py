@@ -83,16 +83,19 @@ def reference(binaries, tmp_path_factory):
         up.stop()
 
 
-@pytest.mark.parametrize("prefill_tp,push", [(1, True), (2, True), (1, False)],
-                         ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp1-to-tp1-pulled"])
+@pytest.mark.parametrize("prefill_tp,push", [(1, "shared"), (2, "shared"), (2, "tcp"), (1, None)],
+                         ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp2-to-tp1-pushed-over-tcp",
+                              "tp1-to-tp1-pulled"])
 def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, reference, tmp_path, prefill_tp,
                                                                  push):
     # Pushed: the prefill workers write each prompt's KV into the decode workers' host tiers
-    # layer by layer while computing it (KV heads mapped from 2 ranks to 1); pulled
-    # (--no-kv-push): the decode replica fetches it after the first token.
+    # layer by layer while computing it (KV heads mapped from 2 ranks to 1), through shared
+    # memory or over TCP (--no-kv-shared-memory: the decode worker's tier cannot be mapped, as
+    # between machines); pulled (--no-kv-push): the decode replica fetches it after the first
+    # token.
     up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
               max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0,
-              kv_push=None if push else "off", **COMMON)
+              kv_push=None if push else "off", kv_shared_memory="off" if push == "tcp" else None, **COMMON)
     try:
         status = up.wait_healthy(["prefill-0", "decode-0"])
         assert status["prefill-0"].role == "prefill" and status["decode-0"].role == "decode"
