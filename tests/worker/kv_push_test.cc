@@ -160,6 +160,18 @@ loom::v1::StepPlan PushPlan(std::vector<int32_t> blocks, std::vector<int32_t> sl
   return plan;
 }
 
+// What one step of `plan`'s pushes, its forward pass stopping after `layers`, says went
+// wrong ("" when nothing did).
+std::string PushError(PoolBackend& backend, KvHostTier* tier, const loom::v1::StepPlan& plan,
+                      int64_t layers) {
+  KvPusher pusher(backend, tier);
+  pusher.Begin(plan);
+  backend.RunLayers(layers);
+  loom::v1::StepResult result;
+  pusher.End(result);
+  return result.kv_push_error();
+}
+
 // Through the decode tier's memory (false), or over TCP (true).
 class KvPushTransportTest : public ::testing::TestWithParam<bool> {};
 
@@ -283,19 +295,9 @@ TEST(KvPushTest, AnUnmappableTierIsWrittenOverTcp) {
   PoolBackend backend(pool.get());
   loom::v1::KvPushDest dest = Dest(*decode_tier, 0, 2);
   dest.mutable_shared()->set_pid(0);  // /proc/0/fd/...: nothing to map
-  for (const bool with_address : {false, true}) {
-    if (with_address) dest.set_address(receiver.address());
-    KvPusher pusher(backend, tier.get());
-    pusher.Begin(PushPlan({4}, {0}, {dest}));
-    backend.RunLayers(kLayers);
-    loom::v1::StepResult result;
-    pusher.End(result);
-    if (!with_address) {
-      EXPECT_NE(result.kv_push_error(), "");
-      continue;
-    }
-    EXPECT_EQ(result.kv_push_error(), "");
-  }
+  EXPECT_NE(PushError(backend, tier.get(), PushPlan({4}, {0}, {dest}), kLayers), "");
+  dest.set_address(receiver.address());
+  EXPECT_EQ(PushError(backend, tier.get(), PushPlan({4}, {0}, {dest}), kLayers), "");
   loom::v1::StepPlan adopt;
   adopt.add_kv_pushed_slots(0);
   ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
@@ -317,12 +319,7 @@ TEST(KvPushTest, APushOverTcpThatCannotCompleteSaysWhy) {
   Receiver receiver(decode_tier.get()), int8_receiver(int8_tier.get());
   PoolBackend backend(pool.get());
   auto push_error = [&](const loom::v1::StepPlan& plan) {
-    KvPusher pusher(backend, tier.get());
-    pusher.Begin(plan);
-    backend.RunLayers(kLayers);
-    loom::v1::StepResult result;
-    pusher.End(result);
-    return result.kv_push_error();
+    return PushError(backend, tier.get(), plan, kLayers);
   };
   EXPECT_THAT(push_error(PushPlan({1}, {9}, {TcpDest(receiver.address(), 0, 2)})),
               HasSubstr("not in the host tier"));
@@ -395,12 +392,7 @@ TEST(KvPushTest, APushThatCannotCompleteSaysWhy) {
   auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
   PoolBackend backend(pool.get());
   auto push_error = [&](const loom::v1::StepPlan& plan, int64_t layers) {
-    KvPusher pusher(backend, tier.get());
-    pusher.Begin(plan);
-    backend.RunLayers(layers);
-    loom::v1::StepResult result;
-    pusher.End(result);
-    return result.kv_push_error();
+    return PushError(backend, tier.get(), plan, layers);
   };
   EXPECT_THAT(push_error(PushPlan({1}, {0}, {Dest(*decode_tier, 0, 2)}), 2),
               HasSubstr("stopped after 2 of 3 layers"));
