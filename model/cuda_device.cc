@@ -222,6 +222,7 @@ absl::Status CudaDevice::EnsureIota(int64_t n) {
 
 absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
   if (capturing_) return GrowingWhileCapturing(static_cast<size_t>(bytes));
+  ForgetConverted();  // the new buffer may sit where the converted tensor was
   ++memory_generation_;
   LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer,
                         kc::DeviceBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
@@ -412,6 +413,7 @@ absl::StatusOr<StepTensors> CudaDevice::UploadStep(
 }
 
 absl::Status CudaDevice::Reserve(const Capacity& capacity) {
+  ForgetConverted();
   const int64_t elem = kc::ElementBytes(options_.dtype);
   // An 8-bit cache's decode rotates the query into gemm_input_ in F32.
   const int64_t kv_elem = options_.kv_quant != kc::KvQuant::kNone
@@ -487,6 +489,8 @@ absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Capture(
   capturing_ = true;
   const absl::Status enqueued = enqueue();
   capturing_ = false;
+  // The captured ops ran nothing: a copy they left named in gemm_input_ was never written.
+  ForgetConverted();
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   if (!enqueued.ok()) {

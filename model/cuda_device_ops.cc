@@ -166,6 +166,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     p.y = static_cast<float*>(out.data) + row * n;
     p.f32_out = true;
     p.bias = linear.bias.data();
+    p.bias_f32 = true;
     p.act_dtype = dtype;
     p.format = linear.format;
     p.weight = linear.q.data();

@@ -45,6 +45,7 @@ bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>& host) {
+  ForgetConverted();
   const size_t bytes = host.size() * sizeof(float);
   LOOM_ASSIGN_OR_RETURN(kc::DeviceBuffer buffer, UploadBytes(host.data(), bytes));
   weight_bytes_ += static_cast<int64_t>(bytes);
@@ -208,9 +209,10 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   weight_bytes_ +=
       static_cast<int64_t>(packed.q.size() + packed.scale_min.size() * sizeof(uint16_t));
   if (bias != nullptr && !bias->empty()) {
-    std::vector<uint8_t> converted(bias->size() * kc::ElementBytes(dtype));
-    kc::ConvertFromFloat(dtype, bias->data(), static_cast<int64_t>(bias->size()), converted.data());
-    LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(converted.data(), converted.size()));
+    // F32, added to the F32 sums unrounded as the dense and FP8 layers and the CPU do (a
+    // Qwen2 QKV bias in the hundreds would lose ~0.4 in BF16).
+    LOOM_ASSIGN_OR_RETURN(linear->bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
+    weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
   }
   // What Reserve sizes the W4A16 path's buffers by: the split-K workspace and tile counters
   // at every m up to the GEMM's largest (not only powers of two: the splits round up per m,

@@ -307,9 +307,10 @@ absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
     return absl::InvalidArgumentError(
         "QuantGemm: x, weight and group-wise scales must be 16-byte aligned");
   }
-  if (!Aligned(p.y, p.f32_out ? 4 : 2) || !Aligned(p.bias, 2) || !Aligned(p.scales, 2)) {
+  if (!Aligned(p.y, p.f32_out ? 4 : 2) || !Aligned(p.bias, p.bias_f32 ? 4 : 2) ||
+      !Aligned(p.scales, 2)) {
     return absl::InvalidArgumentError(
-        "QuantGemm: y (4-byte aligned with f32_out), bias and scales must be 2-byte aligned");
+        "QuantGemm: y and bias (4-byte aligned when F32), and scales must be 2-byte aligned");
   }
   if (p.counters != nullptr &&
       (!Aligned(p.counters, 4) || p.counter_words < QuantGemmCounterCount(p))) {

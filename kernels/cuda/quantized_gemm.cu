@@ -43,6 +43,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
   args.x = p.x;
   args.y = p.y;
   args.bias = p.bias;
+  args.bias_f32 = p.bias_f32;
   args.weight = static_cast<const uint8_t*>(p.weight);
   args.scales = p.scales;
   args.partial = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
@@ -61,7 +62,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
   if (splits > 1 && args.counters == nullptr) {
     const int64_t count = p.m * p.n;
     qgemm::SplitKReduceKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
-        args.partial, static_cast<const T*>(p.bias), p.y, p.f32_out, splits, count, args.n);
+        args.partial, p.bias, p.bias_f32, p.y, p.f32_out, splits, count, args.n);
     LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm split-K reduce"));
   }
   return absl::OkStatus();
@@ -337,6 +338,17 @@ absl::Status LaunchQuantGemm(const QuantGemmParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         absl::StrFormat("QuantGemm: %d splits need a workspace of %d bytes, got %d", splits, needed,
                         p.workspace_bytes));
+  }
+  if (splits > 1 && p.counters != nullptr) {
+    // CheckQuantGemmParams counted for the heuristic's GPU when num_splits is 0: count again
+    // for the splits chosen here.
+    QuantGemmParams chosen = p;
+    chosen.num_splits = splits;
+    if (p.counter_words < QuantGemmCounterCount(chosen)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("QuantGemm: %d splits need %d counter words, got %d", splits,
+                          QuantGemmCounterCount(chosen), p.counter_words));
+    }
   }
   if (p.act_dtype == DataType::kF16) return DispatchFormat<__half>(p, config, splits, stream);
   return DispatchFormat<__nv_bfloat16>(p, config, splits, stream);

@@ -245,7 +245,8 @@ __device__ __forceinline__ int ActOffset(int row, int unit) {
 struct Args {
   const void* x;          // [m, k] of T
   void* y;                // [m, n] of T
-  const void* bias;       // [n] of T or null
+  const void* bias;       // [n] of T (float with bias_f32) or null
+  bool bias_f32;
   const uint8_t* weight;  // device layout
   const void* scales;     // grouped (INT4, INT8 g32/64/128): scale/min layout; INT8: F16 [n]
   float* partial;         // [gridDim.z, m, n] when gridDim.z > 1
@@ -256,6 +257,13 @@ struct Args {
   int steps_per_split;  // steps of block step each split covers (the last may
                         // have fewer)
 };
+
+/// bias[i] as a float: of T, or (f32) the float itself. 0 without a bias.
+template <typename T>
+__device__ __forceinline__ float BiasAt(const void* bias, bool f32, int i) {
+  if (bias == nullptr) return 0.0f;
+  return f32 ? static_cast<const float*>(bias)[i] : ToFloat(static_cast<const T*>(bias)[i]);
+}
 
 /// y[at] = value, as T or (y_f32) as the float itself.
 template <typename T>
@@ -347,14 +355,13 @@ struct Block {
     const int n0 = row_tile0 * 16;
     const int width = min(S::kRowTiles * 16, args.n - n0);
     const int rows = min(S::kBlockM, args.m - m0);
-    const T* bias = static_cast<const T*>(args.bias);
     for (int i = threadIdx.x; i < rows * width; i += S::kThreads) {
       const int64_t at = static_cast<int64_t>(m0 + i / width) * args.n + n0 + i % width;
       float sum = 0.0f;
       for (int s = 0; s < static_cast<int>(gridDim.z); ++s) {
         sum += __ldcg(args.partial + s * count + at);
       }
-      if (bias != nullptr) sum += ToFloat(bias[n0 + i % width]);
+      sum += BiasAt<T>(args.bias, args.bias_f32, n0 + i % width);
       StoreY<T>(args.y, args.y_f32, at, sum);
     }
   }
@@ -525,7 +532,6 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
   // Epilogue: c0, c1 = (feature row g, tokens 2t, 2t + 1), c2, c3 = (row g + 8, same). The
   // warps of wk > 0 added theirs into wk = 0's above; they stay for the split reduction.
   const bool split = gridDim.z > 1;
-  const T* bias = static_cast<const T*>(args.bias);
 #pragma unroll
   for (int f = 0; f < S::kFragsN; ++f) {
     if (!frag_valid[f] || wk > 0) continue;
@@ -537,9 +543,9 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
       scale_hi = __half2float(scales[n_hi]);
     }
     float bias_lo = 0.0f, bias_hi = 0.0f;
-    if (bias != nullptr && !split) {
-      bias_lo = ToFloat(bias[n_lo]);
-      bias_hi = ToFloat(bias[n_hi]);
+    if (!split) {
+      bias_lo = BiasAt<T>(args.bias, args.bias_f32, n_lo);
+      bias_hi = BiasAt<T>(args.bias, args.bias_f32, n_hi);
     }
 #pragma unroll
     for (int tm = 0; tm < S::kTilesM; ++tm) {
@@ -563,17 +569,18 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
   if (split && args.counters != nullptr) B::ReduceSplits(args, row_tile0, m0);
 }
 
-/// y[i] = T(sum over splits of partial[split, i] + bias[i % n]) (the float itself with y_f32).
+/// y[i] = T(sum over splits of partial[split, i] + bias[i % n]) (the float itself with y_f32;
+/// a bias of floats with bias_f32).
 template <typename T>
-__global__ void SplitKReduceKernel(const float* __restrict__ partial, const T* __restrict__ bias,
-                                   void* __restrict__ y, bool y_f32, int splits, int64_t count,
-                                   int n) {
+__global__ void SplitKReduceKernel(const float* __restrict__ partial, const void* bias,
+                                   bool bias_f32, void* __restrict__ y, bool y_f32, int splits,
+                                   int64_t count, int n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += stride) {
     float sum = 0.0f;
     for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
-    if (bias != nullptr) sum += ToFloat(bias[i % n]);
+    sum += BiasAt<T>(bias, bias_f32, static_cast<int>(i % n));
     StoreY<T>(y, y_f32, i, sum);
   }
 }

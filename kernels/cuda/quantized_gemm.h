@@ -85,8 +85,9 @@ absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* 
 struct QuantGemmParams {
   const void* x = nullptr;              // [m, k] of act_dtype, rows contiguous, 16-byte aligned
   void* y = nullptr;                    // [m, n] of act_dtype, or F32 with f32_out
-  const void* bias = nullptr;           // [n] of act_dtype, or null for none
+  const void* bias = nullptr;           // [n] of act_dtype (F32 with bias_f32), or null
   DataType act_dtype = DataType::kF16;  // F16 or BF16
+  bool bias_f32 = false;                // the bias is F32 (4-byte aligned), added unrounded
   QuantWeightFormat format = QuantWeightFormat::kInt4;
   const void* weight = nullptr;  // Int4GpuWeight::q or PackInt8ForGpu's bytes, 16-byte aligned
   // kInt4: Int4GpuWeight::scale_min (16-byte aligned); kInt8: F16 [n] per-row scales, or with

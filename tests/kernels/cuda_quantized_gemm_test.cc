@@ -631,6 +631,26 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
           << "f32_out element " << i << ": " << y32[i] << " rounds to " << rounded[i]
           << ", the act_dtype output is " << y[i];
     }
+    if (c.bias) {
+      // The same bias as F32 (bias_f32, what CudaDevice uploads): its values are the
+      // act_dtype's, so the F32 output is the same bit for bit.
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_bias32, testing_util::Upload(DataType::kF32, bias));
+      wide.bias = d_bias32.data();
+      wide.bias_f32 = true;
+      if (workspace.bytes() > 0) {
+        ASSERT_TRUE(workspace.Fill(0xff).ok());
+      }
+      ASSERT_TRUE(d_y32.Fill(0xff).ok());
+      const absl::Status f32_bias_launched = LaunchQuantGemm(wide, nullptr);
+      ASSERT_TRUE(f32_bias_launched.ok()) << f32_bias_launched;
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> with_f32_bias,
+                                testing_util::Download(d_y32, DataType::kF32, c.m * c.n));
+      for (size_t i = 0; i < y32.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&with_f32_bias[i], &y32[i], sizeof(float)), 0)
+            << "F32 bias, element " << i << ": " << with_f32_bias[i] << " against " << y32[i];
+      }
+    }
   }
   if (!c.in_kernel_reduction) return;
   const size_t words = QuantGemmCounterCount(p);
@@ -809,7 +829,7 @@ TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
 
 // f32_out (what CudaDevice::Linear asks for): the F32 sums plus the bias, which round to the
 // act_dtype output bit for bit, without splits, through the reduce kernel and in every
-// config.
+// config; a bias given as F32 (bias_f32) adds the same.
 TEST(CudaQuantGemmTest, F32OutputRoundsToTheActivationOutput) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 850;

@@ -249,7 +249,10 @@ TEST(CudaDeviceTest, LinearUsesTheProducersCopyOnlyRightAfterIt) {
     absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLinear(*packed, nullptr);
     ASSERT_TRUE(w.ok()) << w.status();
     const Tensor normed = s.Zeros({m, k}), y = s.Zeros({m, n});
-    ASSERT_TRUE(s.device->RmsNorm(s.Put(x, {m, k}), s.Put(norm_weight, {k}), 1e-5f, normed).ok());
+    // Sizes gemm_input_ first: a norm leaves its copy there only when it fits.
+    ASSERT_TRUE(s.device->Linear(normed, **w, y, {}).ok());
+    const Tensor input = s.Put(x, {m, k}), weight = s.Put(norm_weight, {k});
+    ASSERT_TRUE(s.device->RmsNorm(input, weight, 1e-5f, normed).ok());
     ASSERT_TRUE(s.device->Linear(normed, **w, y, {}).ok());
     direct[i] = s.Get(y);
     ASSERT_TRUE(s.device->RmsNorm(s.Put(x, {m, k}), s.Put(norm_weight, {k}), 1e-5f, normed).ok());
