@@ -5,10 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <string>
@@ -18,10 +19,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "api/coordinator_server.h"
 #include "cli/command_line.h"
 #include "cli/serve_command.h"
 #include "cli/serve_flags.h"
-#include "api/coordinator_server.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::cli {
@@ -49,6 +50,14 @@ pid_t SpawnWorker(const std::string& binary, const std::vector<std::string>& arg
   argv.push_back(const_cast<char*>(binary.c_str()));
   for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
+  // `loom up` read the config file and passes its worker flags on the command line; the
+  // file's other keys (serve flags) are no worker flags: the worker's environment goes
+  // without LOOM_CONFIG, made here (the child of a threaded process may only exec).
+  std::vector<char*> envp;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::strncmp(*entry, "LOOM_CONFIG=", 12) != 0) envp.push_back(*entry);
+  }
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
@@ -58,11 +67,8 @@ pid_t SpawnWorker(const std::string& binary, const std::vector<std::string>& arg
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    // `loom up` read the config file and passes its worker flags on the command line; the
-    // file's other keys (serve flags) are no worker flags.
-    unsetenv("LOOM_CONFIG");
     if (getppid() != parent) _exit(1);
-    execvp(argv[0], argv.data());
+    execvpe(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   return pid;

@@ -351,14 +351,15 @@ absl::Status CheckPoolHoldsMaxModelLen(const WorkerOptions& options, int64_t num
 }
 
 void PrintBackend(const WorkerOptions& options, const Placement& placement,
-                  const StepBackend& backend, const KvPool& pool, int64_t num_blocks) {
+                  const StepBackend& backend, const KvPool& pool, int64_t num_blocks,
+                  const common::GgufFile& gguf) {
   std::fprintf(stderr,
                "loom-worker: backend %s, %d threads, KV pool %lld blocks x %lld tokens "
                "(%s, %.1f MiB%s)\n",
                std::string(backend.name()).c_str(),
                options.step_backend == "noop" || placement.cuda() ? 0 : options.num_threads,
                static_cast<long long>(num_blocks), static_cast<long long>(options.block_size),
-               kernels::cpu::KvDtypeName(options.kv_dtype),
+               worker::KvPoolDtypeName(backend.name(), options.kv_dtype, gguf).c_str(),
                static_cast<double>(num_blocks * pool.block.bytes) / (1 << 20),
                options.step_backend == "noop" ? ", not allocated" : "");
 }
@@ -613,7 +614,7 @@ int RunWorkerCommand(int argc, char** argv) {
   if (absl::Status fits = CheckPoolHoldsMaxModelLen(options, num_blocks); !fits.ok()) {
     return Fail(fits);
   }
-  PrintBackend(options, *placement, **backend, *pool, num_blocks);
+  PrintBackend(options, *placement, **backend, *pool, num_blocks, *served->gguf);
 
   DraftModel draft;  // none without --draft-model: n-gram prompt lookup
   if (!options.draft_model_path.empty()) {

@@ -37,6 +37,14 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
     context->setTimeout(options.timeout);
     context->connectFullMesh(*store, device);
+    if (world_size > 1) {
+      // Every rank's pairs connected before any rank goes on: one that fails right after
+      // (its shard cannot be loaded) would otherwise close a pair another rank is still
+      // connecting, which then reports a broken rendezvous instead of its own error.
+      gloo::BarrierOptions meet(context);
+      meet.setTimeout(options.timeout);
+      gloo::barrier(meet);
+    }
     return std::unique_ptr<GlooCommunicator>(
         new GlooCommunicator(std::move(context), rank, world_size, options.timeout));
   } catch (const std::exception& error) {

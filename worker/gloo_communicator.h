@@ -26,8 +26,9 @@ struct GlooOptions {
 class GlooCommunicator final : public model::Communicator {
  public:
   /// Connects rank `rank` of `world_size` to all others (a full mesh). Every rank calls it
-  /// with the same store (a prefix per replica and incarnation keeps stores apart).
-  /// DeadlineExceeded when the others do not all show up within the timeout.
+  /// with the same store (a prefix per replica and incarnation keeps stores apart), and it
+  /// returns once every rank connected (a barrier ends it). DeadlineExceeded when the
+  /// others do not all show up within the timeout.
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(
       std::shared_ptr<gloo::rendezvous::Store> store, int rank, int world_size,
       const GlooOptions& options);
