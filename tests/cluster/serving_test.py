@@ -198,3 +198,20 @@ def test_every_call_of_mixed_traffic_ends_with_tokens_or_a_status(rig):
     end = coordinator.wait_idle()
     for replica in REPLICAS:
         assert end[replica].num_free_blocks == start[replica].num_free_blocks, end[replica]
+
+
+def test_loom_up_reads_its_config_file_and_its_workers_do_not(tmp_path, monkeypatch):
+    # LOOM_CONFIG names a file of serve and worker flags: `loom up` takes both and passes the
+    # worker flags on its workers' command lines; the workers must not read the file
+    # themselves (a serve flag there is no worker flag: they would refuse to start).
+    config = tmp_path / "up.yaml"
+    config.write_text("max-num-seqs: 3\nblock-size: 32\n")
+    monkeypatch.setenv("LOOM_CONFIG", str(config))
+    up = h.Up(tmp_path, threads=1, kv_cache_memory="64MiB", http_port=-1)
+    try:
+        up.wait_healthy(["replica-0"])
+        outcome = h.generate_all(up.stub, [make_request("Hello", max_tokens=4, ignore_eos=True)], timeout=60)[0]
+        assert outcome.finished and len(outcome.token_ids) == 4, outcome.describe()
+        assert up.replicas()["replica-0"].block_size == 32  # the file's worker flag arrived
+    finally:
+        up.stop()
