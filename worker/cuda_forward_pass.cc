@@ -632,7 +632,10 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   capacity.sample_rows = kMaxGraphBatch;
   capacity.width = c.hidden_size;
   capacity.step_elements = model::CudaDevice::StepElements(max_tokens, block_entries);
-  capacity.decode_seqs = kMaxGraphBatch;
+  // Every decode batch a step can hold, eager ones past the graphs' largest too: with few
+  // KV heads per rank a batch above it may want more context splits' partials than any
+  // graph batch, and growing the workspace then would drop every captured graph.
+  capacity.decode_seqs = max_tokens;
   capacity.max_context_len = ContextBucket(c.context_length);
   capacity.num_heads = graph.shard().num_heads;
   capacity.num_kv_heads = graph.shard().num_kv_heads;
