@@ -16,6 +16,23 @@
 namespace loom::worker {
 namespace {
 
+#ifdef NDEBUG
+constexpr bool kChecksumPieces = false;
+#else
+constexpr bool kChecksumPieces = true;  // each piece's bytes, checked by the receiver
+#endif
+
+// DataLoss unless `piece` (its checksum set) arrived as sent.
+absl::Status CheckPiece(const loom::v1::KvSlotWrite& piece) {
+  if (piece.checksum() == 0) return absl::OkStatus();
+  const auto data = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
+                                        piece.data().size());
+  if (KvSlotChecksum(data) == piece.checksum()) return absl::OkStatus();
+  return absl::DataLossError(
+      absl::StrFormat("the %d bytes pushed for slot %d at %d do not match their checksum",
+                      piece.data().size(), piece.slot(), piece.offset()));
+}
+
 // One channel per decode worker, kept between steps: a step's stream then reuses the
 // connection instead of opening one (a handshake per step and rank).
 std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) {
@@ -37,6 +54,7 @@ std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) {
 absl::Status WriteSlotBytes(KvHostTier* tier, const loom::v1::KvBlockWrite& message,
                             const std::function<bool()>& wanted) {
   for (const loom::v1::KvSlotWrite& piece : message.writes()) {
+    LOOM_RETURN_IF_ERROR(CheckPiece(piece));
     LOOM_RETURN_IF_ERROR(
         tier->WriteSlot(piece.slot(), piece.offset(),
                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
@@ -79,6 +97,7 @@ absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& me
           "layer of a %d-byte slot",
           piece.data().size(), piece.offset(), writer.slot_bytes(), tier->slot_bytes()));
     }
+    LOOM_RETURN_IF_ERROR(CheckPiece(piece));
     const auto from = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
                                           piece.data().size());
     LOOM_RETURN_IF_ERROR(tier->WriteSlotWith(
@@ -214,6 +233,7 @@ absl::Status KvPushStream::Send(int32_t slot, int64_t offset, absl::Span<const u
   piece->set_slot(slot);
   piece->set_offset(offset);
   piece->set_data(bytes.data(), bytes.size());
+  if (kChecksumPieces) piece->set_checksum(KvSlotChecksum(bytes));
   building_bytes_ += static_cast<int64_t>(bytes.size());
   bytes_sent_ += static_cast<int64_t>(bytes.size());
   if (building_bytes_ >= kKvChunkBytes) Flush(lock);

@@ -374,6 +374,28 @@ TEST(KvPushTest, APushOverTcpThatCannotCompleteSaysWhy) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   }
 
+  // A piece whose bytes do not match its checksum (debug builds send one) is refused.
+  {
+    auto stub = loom::v1::Worker::NewStub(
+        grpc::CreateChannel(receiver.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    loom::v1::WriteKvBlocksResponse response;
+    auto writer = stub->WriteKvBlocks(&context, &response);
+    loom::v1::KvBlockWrite message;
+    message.set_slot_bytes(decode_tier->slot_bytes());
+    loom::v1::KvSlotWrite* piece = message.add_writes();
+    piece->set_slot(0);
+    piece->set_data(std::string(64, 'x'));
+    piece->set_checksum(KvSlotChecksum(absl::MakeConstSpan(
+                            reinterpret_cast<const uint8_t*>(piece->data().data()), 64)) ^
+                        1);
+    writer->Write(message);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("checksum"));
+  }
+
   Receiver no_tier(nullptr);
   {
     KvPushStream stream(no_tier.address(), decode_tier->slot_bytes(),
