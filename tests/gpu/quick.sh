@@ -9,7 +9,9 @@
 #                  the default model (30 layers, Q4_1), which the runner step compares
 #   1c. serve      tests/gpu/serve_smoke.py: `loom up --device cuda` on the tiny model,
 #                  every HTTP answer checked, 32 concurrent streams, CUDA graph replays in
-#                  the worker's metrics, a SIGTERM drain that finishes a running stream
+#                  the worker's metrics, a SIGTERM drain that finishes a running stream,
+#                  then (when 30 s of its limit are left) one prefill and one decode
+#                  replica on the GPU: a long prompt handed off with its KV pushed
 #                  (first: the product serving on the GPU is what a window verifies first)
 #   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
 #   2b. model      each model::CudaDevice operation against CpuDevice's on random inputs
@@ -29,7 +31,7 @@
 #                  forms and PyTorch as their peer, while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
 # after every step, so a run cut off at any point still leaves its report; the serving
-# steps' own logs come back as serve.log and serve_bench.log (their last MB). A test step
+# steps' own logs come back as serve.log, serve_pd.log and serve_bench.log (their last MB). A test step
 # killed by its limit still reports each test that finished, and the one it was running.
 #
 #   tests/gpu/quick.sh [--bundle ARCHIVE] [--deadline SECONDS] [--steps LIST] [--dry-run]
@@ -66,8 +68,8 @@ done
 # and what they run. The global deadline caps each. The H100 run of 2026-11-26 took 56 s
 # for the kernels, 13 s and 29 s for memcheck and racecheck (with fewer tests than now).
 STEPS=(preflight models serve kernels model runner nccl memcheck racecheck bench)
-declare -A LIMIT=([preflight]=10 [models]=20 [serve]=75 [kernels]=90 [model]=20 [runner]=55
-                  [nccl]=20 [memcheck]=45 [racecheck]=50 [bench]=60)
+declare -A LIMIT=([preflight]=10 [models]=20 [serve]=100 [kernels]=85 [model]=20 [runner]=55
+                  [nccl]=20 [memcheck]=35 [racecheck]=40 [bench]=60)
 for step in ${ONLY//,/ }; do
   [[ -n "${LIMIT[$step]:-}" && "$step" != preflight && "$step" != models ]] ||
     { echo "quick.sh: --steps: unknown step $step" >&2; exit 2; }
@@ -306,12 +308,15 @@ elif [[ ! -f "$MODELS/tiny.gguf" ]]; then
 else
   timeout -k 5 "$limit" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
     --loom "$B/bin/loom" --model "$MODELS/tiny.gguf" --device cuda --expect-graph-replays \
-    --concurrency 32 --start-timeout $((limit / 2)) --timeout 20 --pgid-file "$WORK/serve.pgid" \
+    --concurrency 32 --start-timeout $((limit / 3)) --timeout 20 --pgid-file "$WORK/serve.pgid" \
+    --pd --budget-s "$limit" \
     --out "$WORK/bench/serve_smoke.json" --log "$WORK/serve.log" >> "$LOG" 2>&1
   code=$?
   kill_servers
   tail -n 40 "$WORK/serve.log" >> "$LOG" 2> /dev/null
+  tail -n 40 "$WORK/serve_pd.log" >> "$LOG" 2> /dev/null
   keep_log serve.log
+  keep_log serve_pd.log
   detail="$(python3 - "$WORK/bench/serve_smoke.json" << 'PY' 2> /dev/null
 import json, sys
 steps = json.load(open(sys.argv[1]))["steps"]

@@ -13,11 +13,16 @@ tested on every CI run. Steps, each a check:
 3. /v1/chat/completions (openai client if importable, else raw HTTP);
 4. --concurrency streams at once, each complete ([DONE], max_tokens tokens, one id);
 5. the worker's CUDA graph replays (--expect-graph-replays: more than zero);
-6. SIGTERM while a long stream runs: the stream finishes with all its tokens and `loom up`
-   exits 0.
+6. a ~90-token greedy prompt, whose text step 7 compares;
+7. SIGTERM while a long stream runs: the stream finishes with all its tokens and `loom up`
+   exits 0;
+8. (--pd, when --budget-s leaves 30 s) disaggregated serving: `loom up --prefill-replicas 1
+   --decode-replicas 1` on the same device (each worker its share of it), the long prompt
+   prefilled on the prefill replica, its KV pushed into the decode replica's host tier and
+   decoded there: the text of step 6, the hand-off counted as pushed.
 
-Writes a JSON summary to --out (one entry per step: passed / failed with the reason) and
-exits 1 when any step failed.
+Writes a JSON summary to --out (one entry per step: passed / failed with the reason /
+skipped) and exits 1 when any step failed.
 """
 import argparse
 import http.client
@@ -34,6 +39,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
+# Past --max-local-prefill-length 16 of the disaggregated run: prefilled on its prefill replica.
+LONG_PROMPT = " ".join(f"{PROMPT} (part {i})." for i in range(6))
 
 
 class CheckFailed(Exception):
@@ -259,6 +266,70 @@ def step_graphs(metrics_url, timeout, expect):
     return found
 
 
+def step_long_prompt(base_url, model, timeout, found):
+    body = {"model": model, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}
+    found["long"] = check_completion(post(base_url + "/completions", body, timeout), 8,
+                                     "long prompt")
+    return {"text": found["long"]}
+
+
+def pd_flags(device):
+    """One prefill and one decode replica on one device: on a GPU each worker takes its share
+    (loom up refuses two workers on one GPU otherwise), and the hand-off tier stays small."""
+    flags = ["--prefill-replicas", "1", "--decode-replicas", "1", "--max-local-prefill-length",
+             "16", "--kv-offload-memory", "256MiB"]
+    return flags + (["--gpu-memory-utilization", "0.3"] if device == "cuda"
+                    else ["--kv-cache-memory", "64MiB"])
+
+
+def metric_value(text, name, **labels):
+    """The first sample of `name` whose labels include `labels`, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.split()[-1])
+    return None
+
+
+def step_pd(command, log_path, pgid_file, model, timeout, start_timeout, reference):
+    """`command` with one prefill and one decode replica: the long prompt is handed off with
+    its KV pushed, and gives the text the mixed server gave (`reference`)."""
+    server = Server(command, log_path, pgid_file)
+    try:
+        deadline = time.monotonic() + start_timeout
+        base_url = server.wait_for(r"OpenAI-compatible HTTP API on (\S+)",
+                                   deadline - time.monotonic()).group(1).rstrip("/")
+        while True:  # both replicas registered and healthy
+            try:
+                with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                if all(metric_value(text, "loom_replica_up", replica=r) == 1
+                       for r in ("prefill-0", "decode-0")):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            check(time.monotonic() < deadline,
+                  f"prefill-0 and decode-0 not both up within {start_timeout} s: "
+                  f"{''.join(server.lines[-10:])}")
+            time.sleep(0.2)
+        body = {"model": model, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True}
+        text = check_completion(post(base_url + "/v1/completions", body, timeout), 8,
+                                "disaggregated long prompt")
+        with urllib.request.urlopen(base_url + "/metrics", timeout=timeout) as response:
+            metrics = response.read().decode()
+        handoffs = metric_value(metrics, "loom_disagg_handoffs_total", direction="out",
+                                replica="prefill-0")
+        pushed = metric_value(metrics, "loom_disagg_handoffs_pushed_total", replica="decode-0")
+        check(handoffs == 1, f"{handoffs} hand-offs out of prefill-0 for the long prompt")
+        check(pushed == 1, f"the hand-off's KV was not pushed ({pushed} pushed): see the log")
+        check(reference is None or text == reference,
+              f"disaggregated text {text!r} differs from the mixed server's {reference!r}")
+        return {"text": text, "handoffs": handoffs, "pushed": pushed}
+    finally:
+        server.stop()
+
+
 def step_drain(server, base_url, model, timeout):
     """SIGTERM to `loom up` while a long stream runs: the stream must finish whole, and
     `loom up` exit 0 once it has."""
@@ -306,6 +377,10 @@ def main():
     parser.add_argument("--log", default="serve_smoke.log")
     parser.add_argument("--out", default="serve_smoke.json")
     parser.add_argument("--pgid-file", help="where to write the process group of `loom up`")
+    parser.add_argument("--pd", action="store_true",
+                        help="then serve disaggregated (prefill and decode replicas)")
+    parser.add_argument("--budget-s", type=float, default=0,
+                        help="the script's whole time (0: none): --pd runs if 30 s are left")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
     args = parser.parse_args()
     exit_on_sigterm()
@@ -317,8 +392,10 @@ def main():
     server = Server(command, args.log, args.pgid_file)
     steps = summary["steps"]
 
+    began = time.monotonic()
+
     def save():  # after every step: a run killed later keeps what it found
-        summary["passed"] = all(step["status"] == "passed" for step in steps.values())
+        summary["passed"] = all(step["status"] in ("passed", "skipped") for step in steps.values())
         with open(args.out + ".tmp", "w") as out:
             json.dump(summary, out, indent=2)
         os.replace(args.out + ".tmp", args.out)
@@ -335,7 +412,7 @@ def main():
         save()
         return steps[name]["status"] == "passed"
 
-    urls = {}
+    urls, found = {}, {}
 
     def start():
         # One deadline for the whole start, not one per line awaited.
@@ -362,7 +439,17 @@ def main():
             run("chat", step_chat, urls["http"], "smoke", args.timeout)
             run("concurrent", step_concurrent, urls["http"], "smoke", args.timeout, args.concurrency)
             run("graphs", step_graphs, urls["metrics"], args.timeout, args.expect_graph_replays)
+            run("long_prompt", step_long_prompt, urls["http"], "smoke", args.timeout, found)
             run("drain", step_drain, server, urls["http"], "smoke", args.timeout)
+        server.stop()
+        if args.pd:
+            left = args.budget_s - (time.monotonic() - began) if args.budget_s > 0 else None
+            if left is not None and left < 30:
+                steps["pd"] = {"status": "skipped", "reason": f"{left:.0f} s of the budget left"}
+            else:
+                pd_log = os.path.splitext(args.log)[0] + "_pd.log"
+                run("pd", step_pd, command + pd_flags(args.device), pd_log, args.pgid_file, "smoke",
+                    args.timeout, min(args.start_timeout, (left or 1e9) - 15), found.get("long"))
     finally:
         server.stop()
         save()

@@ -82,24 +82,36 @@ def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path
         summary["batch1_decode_tokens_per_s"] / summary["batch1_tokens_per_s_limit"])
 
 
-def run_smoke(models, tmp_path, *extra):
+def run_smoke(models, tmp_path, *extra, options=()):
     out = tmp_path / "smoke.json"
     result = subprocess.run(
         [sys.executable, SMOKE, "--loom", LOOM, "--model", models / "tiny.gguf", "--device", "cpu",
-         "--concurrency", "8", "--out", out, "--log", tmp_path / "smoke.log", "--", "--threads",
-         "1", *extra],
+         "--concurrency", "8", "--out", out, "--log", tmp_path / "smoke.log", *options, "--",
+         "--threads", "1", *extra],
         capture_output=True, text=True, timeout=600)
     return result, json.loads(out.read_text())
 
 
 def test_serve_smoke_passes_on_the_cpu(models, tmp_path):
-    result, summary = run_smoke(models, tmp_path)
-    assert result.returncode == 0, result.stdout + (tmp_path / "smoke.log").read_text()[-3000:]
+    result, summary = run_smoke(models, tmp_path, options=["--pd"])
+    logs = (tmp_path / "smoke.log").read_text()[-3000:]
+    if (tmp_path / "smoke_pd.log").exists():
+        logs += (tmp_path / "smoke_pd.log").read_text()[-3000:]
+    assert result.returncode == 0, result.stdout + logs
     steps = summary["steps"]
-    assert list(steps) == ["start", "completions", "chat", "concurrent", "graphs", "drain"]
+    assert list(steps) == ["start", "completions", "chat", "concurrent", "graphs", "long_prompt",
+                           "drain", "pd"]
     assert all(step["status"] == "passed" for step in steps.values()), steps
     assert steps["concurrent"]["streams"] == 8
     assert steps["graphs"]["loom_worker_steps_total"] > 0
+    # Disaggregated: the long prompt handed off with its KV pushed, the mixed server's text.
+    assert steps["pd"]["pushed"] == 1 and steps["pd"]["text"] == steps["long_prompt"]["text"]
+
+
+def test_the_disaggregated_step_is_skipped_without_the_time_for_it(models, tmp_path):
+    result, summary = run_smoke(models, tmp_path, options=["--pd", "--budget-s", "1"])
+    assert result.returncode == 0, result.stdout
+    assert summary["steps"]["pd"]["status"] == "skipped"
 
 
 def test_serve_smoke_fails_on_a_wrong_answer(models, tmp_path):
