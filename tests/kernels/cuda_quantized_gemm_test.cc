@@ -147,7 +147,11 @@ Reference ReferenceGemm(const std::vector<float>& x, const std::vector<double>& 
 
 TEST(QuantGemmPackTest, Int4UnpackOfPackIsIdentity) {
   for (const auto& [n, k, group] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {16, 64, 32}, {96, 256, 64}, {48, 384, 128}, {32, 128, 32}}) {
+           {16, 64, 32},
+           {96, 256, 64},
+           {48, 384, 128},
+           {32, 128, 32},
+           {1024, 4096, 128}}) {  // the last packed by several threads
     SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k << " group=" << group);
     const HostInt4 w = RandomInt4(n, k, group, static_cast<uint32_t>(n * 7 + k + group));
     absl::StatusOr<Int4GpuWeight> packed =
@@ -246,6 +250,15 @@ TEST(QuantGemmPackTest, Int8UnpackOfPackIsIdentityAndBytesLandInTheirSlots) {
             q[0 * k + 32]);  // next 32 columns
   EXPECT_EQ(static_cast<int8_t>((*packed)[(k / 32) * 512]),
             q[16 * k]);  // next row tile
+  // A layer large enough to be packed by several threads.
+  constexpr int64_t big_n = 1024, big_k = 2048;
+  std::vector<int8_t> big(big_n * big_k);
+  for (int8_t& v : big) v = static_cast<int8_t>(value(rng));
+  absl::StatusOr<std::vector<uint8_t>> big_packed = PackInt8ForGpu(big.data(), big_n, big_k);
+  ASSERT_TRUE(big_packed.ok()) << big_packed.status();
+  absl::StatusOr<std::vector<int8_t>> big_unpacked = UnpackInt8FromGpu(*big_packed, big_n, big_k);
+  ASSERT_TRUE(big_unpacked.ok()) << big_unpacked.status();
+  EXPECT_EQ(*big_unpacked, big);
 }
 
 // Group-wise INT8 scales sit where INT4's scale/min put their scales, with zero mins.
