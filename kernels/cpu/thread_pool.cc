@@ -116,4 +116,20 @@ void ThreadPool::WorkerLoop(int index) {
   }
 }
 
+void ParallelForOnce(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const int64_t hardware = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t chunks = std::min(hardware, std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+  if (chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(chunks - 1));
+  for (int64_t c = 1; c < chunks; ++c)
+    threads.emplace_back(fn, n * c / chunks, n * (c + 1) / chunks);
+  fn(0, n / chunks);
+  for (std::thread& thread : threads) thread.join();
+}
+
 }  // namespace loom::kernels::cpu

@@ -10,6 +10,7 @@
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/quantize.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weights_internal.h"
 
 namespace loom::kernels::cpu {
@@ -503,17 +504,24 @@ absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
   out.q.resize(static_cast<size_t>(w.rows * w.cols));
   out.scales.resize(static_cast<size_t>(w.rows * groups));
   if (w.format == WeightFormat::kInt4) out.mins.resize(out.scales.size());
-  for (int64_t r = 0; r < w.rows; ++r) {
-    for (int64_t c = 0; c < w.cols; ++c) out.q[r * w.cols + c] = static_cast<int8_t>(GetQ(w, r, c));
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t index = GroupIndex(w, r, g);
-      out.scales[r * groups + g] =
-          w.f32_scaled() ? FloatToHalf(w.scales_f32[index]) : w.scales[index];
-      if (!out.mins.empty()) {
-        out.mins[r * groups + g] = w.f32_scaled() ? FloatToHalf(w.mins_f32[index]) : w.mins[index];
-      }
-    }
-  }
+  // Rows split across threads (a load-time pass over every weight of the layer).
+  ParallelForOnce(w.rows, std::max<int64_t>(1, (int64_t{1} << 18) / w.cols),
+                  [&](int64_t first, int64_t end) {
+                    for (int64_t r = first; r < end; ++r) {
+                      for (int64_t c = 0; c < w.cols; ++c) {
+                        out.q[r * w.cols + c] = static_cast<int8_t>(GetQ(w, r, c));
+                      }
+                      for (int64_t g = 0; g < groups; ++g) {
+                        const int64_t index = GroupIndex(w, r, g);
+                        out.scales[r * groups + g] =
+                            w.f32_scaled() ? FloatToHalf(w.scales_f32[index]) : w.scales[index];
+                        if (!out.mins.empty()) {
+                          out.mins[r * groups + g] =
+                              w.f32_scaled() ? FloatToHalf(w.mins_f32[index]) : w.mins[index];
+                        }
+                      }
+                    }
+                  });
   return out;
 }
 

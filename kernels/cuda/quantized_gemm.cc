@@ -6,10 +6,10 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/quantized_gemm_internal.h"
 
 namespace loom::kernels::cuda {
@@ -96,20 +96,10 @@ const TileMaps& Tiles() {
   return *maps;
 }
 
-// fn(first, end) over [0, count) row blocks, split across threads for a large layer (each
-// block writes its own bytes).
-void ForRowBlocks(int64_t count, int64_t weights, const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t threads = std::min<int64_t>(
-      {count, std::max<int64_t>(1, std::thread::hardware_concurrency()), weights >> 20});
-  if (threads <= 1) {
-    fn(0, count);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int64_t t = 0; t < threads; ++t) {
-    pool.emplace_back(fn, count * t / threads, count * (t + 1) / threads);
-  }
-  for (std::thread& thread : pool) thread.join();
+// fn(first, end) over [0, blocks) row blocks of k weights each (16 rows), split across
+// threads for a large layer (each block writes its own bytes).
+void ForRowBlocks(int64_t blocks, int64_t k, const std::function<void(int64_t, int64_t)>& fn) {
+  cpu::ParallelForOnce(blocks, std::max<int64_t>(1, (int64_t{1} << 20) / (16 * k)), fn);
 }
 
 absl::Status CheckInt4Shape(int64_t n, int64_t k, int64_t group_size, const char* who) {
@@ -159,7 +149,7 @@ absl::StatusOr<Int4GpuWeight> PackInt4ForGpu(const uint8_t* q, const uint16_t* s
   out.scale_min.assign(n * num_groups * 2, 0);
   const TileMaps& tiles = Tiles();
   const int64_t col_tiles = k / 64;
-  ForRowBlocks(n / 16, n * k, [&](int64_t first, int64_t end) {
+  ForRowBlocks(n / 16, k, [&](int64_t first, int64_t end) {
     for (int64_t block = first; block < end; ++block) {
       for (int64_t tile = 0; tile < col_tiles; ++tile) {
         uint8_t* packed = out.q.data() + (block * col_tiles + tile) * 512;
@@ -227,7 +217,7 @@ absl::StatusOr<std::vector<uint8_t>> PackInt8ForGpu(const int8_t* q, int64_t n, 
   std::vector<uint8_t> out(n * k);
   const TileMaps& tiles = Tiles();
   const int64_t col_tiles = k / 32;
-  ForRowBlocks(n / 16, n * k, [&](int64_t first, int64_t end) {
+  ForRowBlocks(n / 16, k, [&](int64_t first, int64_t end) {
     for (int64_t block = first; block < end; ++block) {
       for (int64_t tile = 0; tile < col_tiles; ++tile) {
         uint8_t* packed = out.data() + (block * col_tiles + tile) * 512;
