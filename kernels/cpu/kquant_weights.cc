@@ -34,21 +34,24 @@ absl::StatusOr<PackedWeight> PackKQuantBlocks(common::GgmlType type, const uint8
                         common::GetGgmlTypeTraits(static_cast<uint32_t>(type)));
   const int64_t blocks_per_row = cols / common::kKQuantBlockSize;
   const int64_t sub_blocks = common::kKQuantBlockSize / group;
-  common::KQuantBlock block;
-  for (int64_t row = 0; row < rows; ++row) {
-    for (int64_t b = 0; b < blocks_per_row; ++b) {
-      common::DecodeKQuantBlock(type, src + (row * blocks_per_row + b) * traits.type_size, block);
-      const int64_t c0 = b * common::kKQuantBlockSize;
-      const int offset = type == GgmlType::kQ3_K ? 4 : 0;
-      for (int64_t s = 0; s < sub_blocks; ++s) {
-        const int64_t index = GroupIndex(w, row, b * sub_blocks + s);
-        w.scales_f32[index] = block.scale[s];
-        w.mins_f32[index] =
-            type == GgmlType::kQ3_K ? -4.0f * block.scale[s] : block.min[s];
+  ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+    common::KQuantBlock block;
+    for (int64_t row = first; row < end; ++row) {
+      for (int64_t b = 0; b < blocks_per_row; ++b) {
+        common::DecodeKQuantBlock(type, src + (row * blocks_per_row + b) * traits.type_size, block);
+        const int64_t c0 = b * common::kKQuantBlockSize;
+        const int offset = type == GgmlType::kQ3_K ? 4 : 0;
+        for (int64_t s = 0; s < sub_blocks; ++s) {
+          const int64_t index = GroupIndex(w, row, b * sub_blocks + s);
+          w.scales_f32[index] = block.scale[s];
+          w.mins_f32[index] = type == GgmlType::kQ3_K ? -4.0f * block.scale[s] : block.min[s];
+        }
+        for (int i = 0; i < common::kKQuantBlockSize; ++i) {
+          SetQ(w, row, c0 + i, block.q[i] + offset);
+        }
       }
-      for (int i = 0; i < common::kKQuantBlockSize; ++i) SetQ(w, row, c0 + i, block.q[i] + offset);
     }
-  }
+  });
   w.source = absl::StrFormat("%s -> %s g%d, F32 scales (lossless)", type_name,
                              WeightFormatName(format), group);
   return w;

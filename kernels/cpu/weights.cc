@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
@@ -123,6 +124,13 @@ float GroupMin(const PackedWeight& w, int64_t index) {
   return w.format != WeightFormat::kInt8 ? HalfToFloat(w.mins[index]) : -0.0f;
 }
 
+void ForEachRowRun(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  ParallelForOnce(
+      blocks, std::max<int64_t>(1, (int64_t{1} << 20) / (kRowBlock * cols)),
+      [&](int64_t first, int64_t end) { fn(first * kRowBlock, std::min(rows, end * kRowBlock)); });
+}
+
 }  // namespace internal
 namespace {
 
@@ -236,7 +244,8 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
                         common::GetGgmlTypeTraits(static_cast<uint32_t>(type)));
   const int64_t block_bytes = traits.type_size;
   const int64_t groups = cols / 32;
-  for (int64_t row = 0; row < rows; ++row) {
+  // One row's groups; an error only for a Q4_0/Q5_0 scale whose min overflows F16.
+  auto pack_row = [&](int64_t row) -> absl::Status {
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* block = src + (row * groups + g) * block_bytes;
       const uint16_t d = LoadU16(block);
@@ -280,7 +289,20 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
         SetQ(w, row, c0 + 16 + j, after_scales[j] >> 4);
       }
     }
-  }
+    return absl::OkStatus();
+  };
+  absl::Mutex mu;
+  absl::Status failure;  // the first row's that failed, of the runs that saw one
+  internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+    for (int64_t row = first; row < end; ++row) {
+      if (absl::Status packed = pack_row(row); !packed.ok()) {
+        absl::MutexLock lock(&mu);
+        if (failure.ok()) failure = packed;
+        return;
+      }
+    }
+  });
+  LOOM_RETURN_IF_ERROR(failure);
   w.source = absl::StrFormat("%s -> %s g32 (lossless)", type_name, WeightFormatName(format));
   return w;
 }
@@ -405,7 +427,9 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
                                          WeightFormat format, int64_t group_size) {
   if (values == nullptr) return absl::InvalidArgumentError("PackFromF32: null values");
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, group_size));
-  for (int64_t row = 0; row < rows; ++row) SetRowFromF32(w, row, values + row * cols);
+  internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+    for (int64_t row = first; row < end; ++row) SetRowFromF32(w, row, values + row * cols);
+  });
   w.source = IsInteger(format) ? absl::StrFormat("F32 -> %s g%d (round to nearest)",
                                                  WeightFormatName(format), w.group_size)
                                : absl::StrFormat("F32 -> %s", WeightFormatName(format));
@@ -457,11 +481,13 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kF16: {
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
-      for (int64_t row = 0; row < rows; ++row) {
-        uint16_t* block = reinterpret_cast<uint16_t*>(BlockData(w, row));
-        const int64_t r = row % kRowBlock;
-        for (int64_t c = 0; c < cols; ++c) block[c * kRowBlock + r] = src[row * cols + c];
-      }
+      internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+        for (int64_t row = first; row < end; ++row) {
+          uint16_t* block = reinterpret_cast<uint16_t*>(BlockData(w, row));
+          const int64_t r = row % kRowBlock;
+          for (int64_t c = 0; c < cols; ++c) block[c * kRowBlock + r] = src[row * cols + c];
+        }
+      });
       w.source = "F16 -> F16";
       return w;
     }
@@ -474,9 +500,17 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kF32:
     case GgmlType::kBF16: {
       std::vector<float> values(static_cast<size_t>(rows * cols));
-      LOOM_RETURN_IF_ERROR(common::DequantizeToF32(type, data,
-                                                   static_cast<uint64_t>(rows * cols),
-                                                   values.data()));
+      const int64_t element_bytes = type == GgmlType::kF32 ? 4 : 2;
+      absl::Mutex mu;
+      absl::Status failure;
+      internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+        absl::Status converted = common::DequantizeToF32(
+            type, static_cast<const uint8_t*>(data) + first * cols * element_bytes,
+            static_cast<uint64_t>((end - first) * cols), values.data() + first * cols);
+        absl::MutexLock lock(&mu);
+        if (failure.ok()) failure = converted;
+      });
+      LOOM_RETURN_IF_ERROR(failure);
       LOOM_ASSIGN_OR_RETURN(PackedWeight w,
                             PackFromF32(values.data(), rows, cols, WeightFormat::kF32, 0));
       w.source = absl::StrFormat("%s -> F32 (lossless)", type_name);
