@@ -43,7 +43,7 @@ class KvPushStream {
   /// the receiver.
   KvPushStream(const std::string& address, int64_t slot_bytes, absl::Time deadline,
                const KvSlotLayout& writer_heads = {},
-               absl::Duration stall_timeout = absl::Seconds(2),
+               absl::Duration stall_timeout = absl::Seconds(5),
                int64_t max_queued_bytes = kDefaultMaxQueuedBytes);
   ~KvPushStream();
   KvPushStream(const KvPushStream&) = delete;
