@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -45,6 +46,40 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnceInChunksOfAtLeastGrain) {
       }
     }
   }
+}
+
+// The load-time form: every index once, chunks of at least `grain`, at most one per hardware
+// thread, inline on the caller when one chunk will do, nothing for nothing.
+TEST(ParallelForOnceTest, CoversEveryIndexOnceInChunksOfAtLeastGrain) {
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int64_t n : {1, 2, 7, 100, 1001, 1 << 16}) {
+    for (int64_t grain : {1, 3, 64}) {
+      std::vector<std::atomic<int>> hits(n);
+      std::mutex mu;
+      std::vector<std::pair<int64_t, int64_t>> chunks;
+      std::set<std::thread::id> threads;
+      ParallelForOnce(n, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) hits[i]++;
+        std::lock_guard<std::mutex> lock(mu);
+        chunks.emplace_back(begin, end);
+        threads.insert(std::this_thread::get_id());
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << " i " << i;
+      for (auto [begin, end] : chunks) {
+        if (end != n) {
+          EXPECT_GE(end - begin, grain);
+        }
+      }
+      EXPECT_LE(static_cast<int>(chunks.size()), hardware);
+      if (n < 2 * grain) {
+        EXPECT_EQ(chunks.size(), 1u);
+        EXPECT_EQ(*threads.begin(), std::this_thread::get_id()) << "one chunk runs inline";
+      }
+    }
+  }
+  bool called = false;
+  ParallelForOnce(0, 1, [&](int64_t, int64_t) { called = true; });
+  EXPECT_FALSE(called);
 }
 
 TEST(ThreadPoolTest, UsesTheWorkerThreadsAndTheCaller) {
