@@ -1,7 +1,10 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
+#include <system_error>
 
 #include "common/check.h"
 
@@ -118,16 +121,29 @@ void ThreadPool::WorkerLoop(int index) {
 
 void ParallelForOnce(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int64_t hardware = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const int64_t chunks = std::min(hardware, std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+  // The CPUs this process may run on (its affinity: a container's or taskset's share),
+  // not every CPU of the machine.
+  int64_t cpus = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    cpus = std::max<int64_t>(1, CPU_COUNT(&allowed));
+  }
+  const int64_t chunks = std::min(cpus, std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
   if (chunks <= 1) {
     fn(0, n);
     return;
   }
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(chunks - 1));
-  for (int64_t c = 1; c < chunks; ++c)
-    threads.emplace_back(fn, n * c / chunks, n * (c + 1) / chunks);
+  int64_t started = 1;  // chunk 0 is the caller's
+  try {
+    for (; started < chunks; ++started) {
+      threads.emplace_back(fn, n * started / chunks, n * (started + 1) / chunks);
+    }
+  } catch (const std::system_error&) {
+    // No thread to be had (a process limit): the chunks not started run here.
+  }
+  for (int64_t c = started; c < chunks; ++c) fn(n * c / chunks, n * (c + 1) / chunks);
   fn(0, n / chunks);
   for (std::thread& thread : threads) thread.join();
 }

@@ -53,9 +53,10 @@ class ThreadPool {
 };
 
 /// For work done once, such as preparing weights at load: fn(begin, end) over disjoint
-/// chunks covering [0, n), each at least `grain` long (except the last), on up to the
-/// machine's hardware threads started for the call (the caller's thread runs one chunk);
-/// inline when one chunk would do. Returns when all are done.
+/// chunks covering [0, n), each at least `grain` long (except the last), on up to one
+/// thread per CPU this process may use, started for the call (the caller's thread runs
+/// one chunk; chunks whose thread cannot be started run there too); inline when one chunk
+/// would do. Returns when all are done.
 void ParallelForOnce(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace loom::kernels::cpu

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -292,12 +293,16 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
     return absl::OkStatus();
   };
   absl::Mutex mu;
-  absl::Status failure;  // the first row's that failed, of the runs that saw one
+  absl::Status failure;  // of the lowest row that failed, whatever the threads' order
+  int64_t failed_row = rows;
   internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
     for (int64_t row = first; row < end; ++row) {
       if (absl::Status packed = pack_row(row); !packed.ok()) {
         absl::MutexLock lock(&mu);
-        if (failure.ok()) failure = packed;
+        if (row < failed_row) {
+          failed_row = row;
+          failure = std::move(packed);
+        }
         return;
       }
     }

@@ -10,7 +10,7 @@
 #   1c. serve      tests/gpu/serve_smoke.py: `loom up --device cuda` on the tiny model,
 #                  every HTTP answer checked, 32 concurrent streams, CUDA graph replays in
 #                  the worker's metrics, a SIGTERM drain that finishes a running stream,
-#                  then (when 30 s of its limit are left) one prefill and one decode
+#                  then (when 55 s of its limit are left) one prefill and one decode
 #                  replica on the GPU: a long prompt handed off with its KV pushed
 #                  (first: the product serving on the GPU is what a window verifies first)
 #   2. kernels     every CUDA kernel test against its CPU reference (LOOM_GPU_TEST_SIZE=small)
@@ -31,8 +31,9 @@
 #                  forms and PyTorch as their peer, while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
 # after every step, so a run cut off at any point still leaves its report; the serving
-# steps' own logs come back as serve.log, serve_pd.log and serve_bench.log (their last MB). A test step
-# killed by its limit still reports each test that finished, and the one it was running.
+# steps' own logs come back as serve.log, serve_pd.log and serve_bench.log (their last
+# MB). A test step killed by its limit still reports each test that finished, and the one
+# it was running.
 #
 #   tests/gpu/quick.sh [--bundle ARCHIVE] [--deadline SECONDS] [--steps LIST] [--dry-run]
 #

@@ -16,7 +16,8 @@ tested on every CI run. Steps, each a check:
 6. a ~90-token greedy prompt, whose text step 7 compares;
 7. SIGTERM while a long stream runs: the stream finishes with all its tokens and `loom up`
    exits 0;
-8. (--pd, when --budget-s leaves 30 s) disaggregated serving: `loom up --prefill-replicas 1
+8. (--pd, after a start that passed, when --budget-s leaves 15 s + two request timeouts)
+   disaggregated serving: `loom up --prefill-replicas 1
    --decode-replicas 1` on the same device (each worker its share of it), the long prompt
    prefilled on the prefill replica, its KV pushed into the decode replica's host tier and
    decoded there: the text of step 6, the hand-off counted as pushed.
@@ -380,7 +381,7 @@ def main():
     parser.add_argument("--pd", action="store_true",
                         help="then serve disaggregated (prefill and decode replicas)")
     parser.add_argument("--budget-s", type=float, default=0,
-                        help="the script's whole time (0: none): --pd runs if 30 s are left")
+                        help="the script's whole time (0: none): --pd runs if 15 s + two --timeout are left")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
     args = parser.parse_args()
     exit_on_sigterm()
@@ -406,6 +407,12 @@ def main():
             steps[name] = {"status": "passed", **(function(*function_args) or {})}
         except Exception as error:  # every failure is reported, the next step still runs
             steps[name] = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
+        except BaseException as error:  # killed at the step's limit: say where, then go
+            steps[name] = {"status": "failed",
+                           "reason": f"killed while running ({type(error).__name__})",
+                           "seconds": round(time.monotonic() - started, 3)}
+            save()
+            raise
         steps[name]["seconds"] = round(time.monotonic() - started, 3)
         print(f"serve_smoke: {name}: {steps[name]['status']} "
               f"{steps[name].get('reason', '')}".rstrip(), flush=True)
@@ -442,14 +449,16 @@ def main():
             run("long_prompt", step_long_prompt, urls["http"], "smoke", args.timeout, found)
             run("drain", step_drain, server, urls["http"], "smoke", args.timeout)
         server.stop()
-        if args.pd:
+        if args.pd and steps.get("start", {}).get("status") == "passed":
             left = args.budget_s - (time.monotonic() - began) if args.budget_s > 0 else None
-            if left is not None and left < 30:
+            # A start, one request and the metrics read must fit what is left.
+            if left is not None and left < 15 + 2 * args.timeout:
                 steps["pd"] = {"status": "skipped", "reason": f"{left:.0f} s of the budget left"}
             else:
                 pd_log = os.path.splitext(args.log)[0] + "_pd.log"
                 run("pd", step_pd, command + pd_flags(args.device), pd_log, args.pgid_file, "smoke",
-                    args.timeout, min(args.start_timeout, (left or 1e9) - 15), found.get("long"))
+                    args.timeout, min(args.start_timeout, (left or 1e9) - 2 * args.timeout - 5),
+                    found.get("long"))
     finally:
         server.stop()
         save()

@@ -162,6 +162,24 @@ TEST(WeightsTest, ConcatRowsWidensInt5PartsWithoutLoss) {
   EXPECT_NE(natural.status().message().find("INT5"), std::string::npos);
 }
 
+// A Q4_0 scale whose min (-8 * scale) overflows F16 refuses the tensor, naming the lowest
+// such row even when row runs are packed on several threads at once.
+TEST(WeightsTest, AnOverflowingQ4_0ScaleNamesItsLowestRow) {
+  constexpr int64_t rows = 1 << 17, cols = 32;  // enough row blocks for several threads
+  std::vector<uint8_t> blocks = RandomGgufBlocks(GgmlType::kQ4_0, rows * cols, 11);
+  for (const int64_t row : {int64_t{100}, rows - 5}) {
+    const uint16_t largest_half = 0x7bff;  // 65504: -8 x it is no half
+    std::memcpy(blocks.data() + row * 18, &largest_half, 2);
+  }
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    absl::StatusOr<PackedWeight> packed = PackWeight(GgmlType::kQ4_0, blocks.data(), rows, cols);
+    ASSERT_FALSE(packed.ok());
+    EXPECT_EQ(packed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(packed.status().message().find("at row 100 "), absl::string_view::npos)
+        << packed.status();
+  }
+}
+
 TEST(WeightsTest, F16AndF32PackWithoutLoss) {
   const int64_t rows = 19, cols = 40;
   const std::vector<float> values = RandomValues(rows * cols, 5);
