@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "api/chat_request.h"
-#include "coordinator/grpc_status.h"
+#include "common/grpc_status.h"
 #include "engine/request_validation.h"
 
 namespace loom::api {
@@ -260,18 +260,18 @@ InferenceService::~InferenceService() = default;
 grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const loom::v1::GenerateRequest* request) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok()) {
-    return new FinishedReactor(coordinator::ToGrpcStatus(allowed));
+    return new FinishedReactor(common::ToGrpcStatus(allowed));
   }
   if (grpc::Status following = coordinator::FollowingStatus(election_.load(), *context);
       !following.ok()) {
     return new FinishedReactor(std::move(following));
   }
   if (cluster_.draining()) {
-    return new FinishedReactor(coordinator::ToGrpcStatus(
+    return new FinishedReactor(common::ToGrpcStatus(
         absl::UnavailableError("the coordinator is shutting down (draining)")));
   }
   if (absl::Status known = CheckModel(request->model()); !known.ok()) {
-    return new FinishedReactor(coordinator::ToGrpcStatus(known));
+    return new FinishedReactor(common::ToGrpcStatus(known));
   }
   // A chat (messages) becomes a token-id prompt here, rendered and constrained as the
   // OpenAI chat endpoint does.
@@ -281,13 +281,13 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
       !request->tool_choice_function().empty() || request->has_parallel_tool_calls()) {
     chat = *request;
     absl::StatusOr<ToolsRequest> prepared = PrepareChatRequest(*chat, tokenizer_, chat_template_);
-    if (!prepared.ok()) return new FinishedReactor(coordinator::ToGrpcStatus(prepared.status()));
+    if (!prepared.ok()) return new FinishedReactor(common::ToGrpcStatus(prepared.status()));
     tools = *std::move(prepared);
     request = &*chat;
   }
   absl::StatusOr<engine::RequestParams> params =
       engine::ValidateGenerateRequest(*request, config_, tokenizer_);
-  if (!params.ok()) return new FinishedReactor(coordinator::ToGrpcStatus(params.status()));
+  if (!params.ok()) return new FinishedReactor(common::ToGrpcStatus(params.status()));
   const int32_t prompt_tokens = static_cast<int32_t>(params->prompt_ids.size());
   const std::string request_id =
       request->request_id().empty()
@@ -303,7 +303,7 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
       context->AddTrailingMetadata("retry-after", "1");
     }
     if (metrics_ != nullptr) metrics_->RecordRejected(placed);
-    return new FinishedReactor(coordinator::ToGrpcStatus(placed));
+    return new FinishedReactor(common::ToGrpcStatus(placed));
   }
   if (metrics_ != nullptr) metrics_->RecordRequestParams(1, live->params().max_tokens);
   return GenerateStream::Start(std::make_shared<GenerateStream>(
@@ -330,9 +330,9 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                         const loom::v1::TokenizeRequest* request,
                                         loom::v1::TokenizeResponse* response) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
-    return coordinator::ToGrpcStatus(allowed);
+    return common::ToGrpcStatus(allowed);
   if (absl::Status known = CheckModel(request->model()); !known.ok())
-    return coordinator::ToGrpcStatus(known);
+    return common::ToGrpcStatus(known);
   const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->add_special_tokens(),
                                                      request->parse_special());
   response->mutable_token_ids()->Add(ids.begin(), ids.end());
@@ -344,17 +344,17 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context,
                                      const loom::v1::EmbedRequest* request,
                                      loom::v1::EmbedResponse* response) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
-    return coordinator::ToGrpcStatus(allowed);
+    return common::ToGrpcStatus(allowed);
   if (grpc::Status following = coordinator::FollowingStatus(election_.load(), *context);
       !following.ok()) {
     return following;
   }
   if (cluster_.draining()) {
-    return coordinator::ToGrpcStatus(
+    return common::ToGrpcStatus(
         absl::UnavailableError("the coordinator is shutting down (draining)"));
   }
   if (absl::Status known = CheckModel(request->model()); !known.ok())
-    return coordinator::ToGrpcStatus(known);
+    return common::ToGrpcStatus(known);
   std::vector<loom::v1::GenerateRequest> inputs(request->inputs_size());
   for (int i = 0; i < request->inputs_size(); ++i) {
     const loom::v1::EmbedInput& input = request->inputs(i);
@@ -372,7 +372,7 @@ grpc::Status InferenceService::Embed(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           "the embeddings were not done before the call's deadline");
     }
-    return coordinator::ToGrpcStatus(batch.status());
+    return common::ToGrpcStatus(batch.status());
   }
   for (size_t i = 0; i < batch->vectors.size(); ++i) {
     loom::v1::Embedding* embedding = response->add_embeddings();
@@ -387,12 +387,12 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext* context,
                                           const loom::v1::DetokenizeRequest* request,
                                           loom::v1::DetokenizeResponse* response) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
-    return coordinator::ToGrpcStatus(allowed);
+    return common::ToGrpcStatus(allowed);
   if (absl::Status known = CheckModel(request->model()); !known.ok())
-    return coordinator::ToGrpcStatus(known);
+    return common::ToGrpcStatus(known);
   const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   absl::StatusOr<std::string> text = tokenizer_.Decode(ids, request->skip_special_tokens());
-  if (!text.ok()) return coordinator::ToGrpcStatus(text.status());
+  if (!text.ok()) return common::ToGrpcStatus(text.status());
   response->set_text(*std::move(text));
   return grpc::Status::OK;
 }
@@ -401,7 +401,7 @@ grpc::Status InferenceService::ListModels(grpc::ServerContext* context,
                                           const loom::v1::ListModelsRequest*,
                                           loom::v1::ListModelsResponse* response) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
-    return coordinator::ToGrpcStatus(allowed);
+    return common::ToGrpcStatus(allowed);
   *response->add_models() = model_.ToProto();
   return grpc::Status::OK;
 }
@@ -410,7 +410,7 @@ grpc::Status InferenceService::GetClusterState(grpc::ServerContext* context,
                                                const loom::v1::GetClusterStateRequest*,
                                                loom::v1::ClusterState* response) {
   if (absl::Status allowed = CheckApiKey(*context); !allowed.ok())
-    return coordinator::ToGrpcStatus(allowed);
+    return common::ToGrpcStatus(allowed);
   *response = cluster_.Status();
   response->set_model(model_.id);
   return grpc::Status::OK;

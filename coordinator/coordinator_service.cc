@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "coordinator/grpc_status.h"
+#include "common/grpc_status.h"
 
 namespace loom::coordinator {
 
@@ -16,7 +16,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
     return following;
   }
   absl::StatusOr<loom::v1::RegisterResponse> registered = cluster_.Register(*request);
-  if (!registered.ok()) return ToGrpcStatus(registered.status());
+  if (!registered.ok()) return common::ToGrpcStatus(registered.status());
   *response = *std::move(registered);
   return grpc::Status::OK;
 }
@@ -27,7 +27,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   if (grpc::Status following = FollowingStatus(election_.load(), *context); !following.ok()) {
     return following;
   }
-  return ToGrpcStatus(cluster_.Heartbeat(*request));
+  return common::ToGrpcStatus(cluster_.Heartbeat(*request));
 }
 
 grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
@@ -42,7 +42,7 @@ grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
         timeout, absl::FromChrono(context->deadline() - std::chrono::system_clock::now()));
   }
   absl::StatusOr<int64_t> left = cluster_.DrainReplica(request->worker_id(), timeout);
-  if (!left.ok()) return ToGrpcStatus(left.status());
+  if (!left.ok()) return common::ToGrpcStatus(left.status());
   response->set_num_requests_left(static_cast<int32_t>(*left));
   return grpc::Status::OK;
 }
@@ -50,7 +50,7 @@ grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
 grpc::Status CoordinatorService::StoreSet(grpc::ServerContext*,
                                           const loom::v1::StoreSetRequest* request,
                                           loom::v1::StoreSetResponse*) {
-  return ToGrpcStatus(store_.Set(request->key(), request->value()));
+  return common::ToGrpcStatus(store_.Set(request->key(), request->value()));
 }
 
 grpc::Status CoordinatorService::StoreGet(grpc::ServerContext* context,
@@ -62,7 +62,7 @@ grpc::Status CoordinatorService::StoreGet(grpc::ServerContext* context,
   timeout = std::min(timeout, absl::FromChrono(context->deadline() - std::chrono::system_clock::now()));
   const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   absl::StatusOr<std::vector<std::string>> values = store_.Get(keys, timeout);
-  if (!values.ok()) return ToGrpcStatus(values.status());
+  if (!values.ok()) return common::ToGrpcStatus(values.status());
   for (std::string& value : *values) response->add_values(std::move(value));
   return grpc::Status::OK;
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "worker/kv_transfer.h"
 
@@ -114,10 +115,6 @@ absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& me
   return absl::OkStatus();
 }
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 }  // namespace
 
 KvPushStream::KvPushStream(const std::string& address, int64_t slot_bytes, absl::Time deadline,
@@ -189,7 +186,7 @@ void KvPushStream::WriteLoop() {
   lock.lock();
   if (failure_.ok()) {
     if (!status.ok()) {
-      failure_ = FromGrpc(status);
+      failure_ = common::FromGrpcStatus(status);
     } else if (broken) {
       failure_ = absl::UnavailableError("the stream broke");
     } else if (response_.bytes_written() != bytes_sent_) {
@@ -294,8 +291,7 @@ grpc::Status ReceiveKvBlocks(grpc::ServerContext* context, KvHostTier* tier,
     absl::Status written = message.num_kv_heads() > 0 ? WriteMappedHeads(tier, message, wanted)
                                                       : WriteSlotBytes(tier, message, wanted);
     if (!written.ok()) {
-      return grpc::Status(static_cast<grpc::StatusCode>(written.code()),
-                          std::string(written.message()));
+      return common::ToGrpcStatus(written);
     }
     for (const loom::v1::KvSlotWrite& piece : message.writes()) {
       bytes += static_cast<int64_t>(piece.data().size());

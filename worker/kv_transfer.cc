@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "worker/shared_kv_mappings.h"
 
@@ -92,8 +93,7 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
       absl::Status read = tier->ReadSlot(
           slot, offset, absl::MakeSpan(reinterpret_cast<uint8_t*>(data.data()), data.size()));
       if (!read.ok()) {
-        return grpc::Status(static_cast<grpc::StatusCode>(read.code()),
-                            std::string(read.message()));
+        return common::ToGrpcStatus(read);
       }
       chunk.set_index(i);
       chunk.set_offset(offset);

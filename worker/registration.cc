@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_split.h"
+#include "common/grpc_status.h"
 
 namespace loom::worker {
 namespace {
@@ -169,10 +170,7 @@ absl::StatusOr<int64_t> WorkerRegistration::Drain(absl::Duration timeout) {
   // The coordinator answers at `timeout`; the slack carries its answer back.
   context.set_deadline(DeadlineAfter(timeout + options_.rpc_timeout));
   const grpc::Status status = stub()->Drain(&context, request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
-  }
+  if (!status.ok()) return common::FromGrpcStatus(status);
   return response.num_requests_left();
 }
 

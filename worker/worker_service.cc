@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/grpc_status.h"
 #include "worker/kv_push_stream.h"
 #include "worker/kv_transfer.h"
 
@@ -40,8 +41,7 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
     std::fprintf(stderr, "loom-worker: KV fetch from %s failed: %s\n",
                  request->sources_size() > 0 ? request->sources(0).address().c_str() : "nowhere",
                  std::string(fetched.status().message()).c_str());
-    return grpc::Status(static_cast<grpc::StatusCode>(fetched.status().code()),
-                        std::string(fetched.status().message()));
+    return common::ToGrpcStatus(fetched.status());
   }
   *response = *std::move(fetched);
   return grpc::Status::OK;
