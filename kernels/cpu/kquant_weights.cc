@@ -34,7 +34,7 @@ absl::StatusOr<PackedWeight> PackKQuantBlocks(common::GgmlType type, const uint8
                         common::GetGgmlTypeTraits(static_cast<uint32_t>(type)));
   const int64_t blocks_per_row = cols / common::kKQuantBlockSize;
   const int64_t sub_blocks = common::kKQuantBlockSize / group;
-  ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+  LOOM_RETURN_IF_ERROR(ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
     common::KQuantBlock block;
     for (int64_t row = first; row < end; ++row) {
       for (int64_t b = 0; b < blocks_per_row; ++b) {
@@ -51,7 +51,8 @@ absl::StatusOr<PackedWeight> PackKQuantBlocks(common::GgmlType type, const uint8
         }
       }
     }
-  });
+    return absl::OkStatus();
+  }));
   w.source = absl::StrFormat("%s -> %s g%d, F32 scales (lossless)", type_name,
                              WeightFormatName(format), group);
   return w;

@@ -125,11 +125,23 @@ float GroupMin(const PackedWeight& w, int64_t index) {
   return w.format != WeightFormat::kInt8 ? HalfToFloat(w.mins[index]) : -0.0f;
 }
 
-void ForEachRowRun(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn) {
+absl::Status ForEachRowRun(int64_t rows, int64_t cols,
+                           const std::function<absl::Status(int64_t, int64_t)>& fn) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  ParallelForOnce(
-      blocks, std::max<int64_t>(1, (int64_t{1} << 20) / (kRowBlock * cols)),
-      [&](int64_t first, int64_t end) { fn(first * kRowBlock, std::min(rows, end * kRowBlock)); });
+  absl::Mutex mu;
+  absl::Status failure;     // of the lowest run that failed, whatever the threads' order
+  int64_t failed = blocks;  // that run's first block
+  ParallelForOnce(blocks, std::max<int64_t>(1, (int64_t{1} << 20) / (kRowBlock * cols)),
+                  [&](int64_t first, int64_t end) {
+                    absl::Status status = fn(first * kRowBlock, std::min(rows, end * kRowBlock));
+                    if (status.ok()) return;
+                    absl::MutexLock lock(&mu);
+                    if (first < failed) {
+                      failed = first;
+                      failure = std::move(status);
+                    }
+                  });
+  return failure;
 }
 
 }  // namespace internal
@@ -292,22 +304,11 @@ absl::StatusOr<PackedWeight> PackGgufBlocks(common::GgmlType type, const uint8_t
     }
     return absl::OkStatus();
   };
-  absl::Mutex mu;
-  absl::Status failure;  // of the lowest row that failed, whatever the threads' order
-  int64_t failed_row = rows;
-  internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
-    for (int64_t row = first; row < end; ++row) {
-      if (absl::Status packed = pack_row(row); !packed.ok()) {
-        absl::MutexLock lock(&mu);
-        if (row < failed_row) {
-          failed_row = row;
-          failure = std::move(packed);
-        }
-        return;
-      }
-    }
-  });
-  LOOM_RETURN_IF_ERROR(failure);
+  // A run stops at its first failing row; the lowest run's error is the lowest row's.
+  LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+    for (int64_t row = first; row < end; ++row) LOOM_RETURN_IF_ERROR(pack_row(row));
+    return absl::OkStatus();
+  }));
   w.source = absl::StrFormat("%s -> %s g32 (lossless)", type_name, WeightFormatName(format));
   return w;
 }
@@ -432,9 +433,10 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
                                          WeightFormat format, int64_t group_size) {
   if (values == nullptr) return absl::InvalidArgumentError("PackFromF32: null values");
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, group_size));
-  internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+  LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
     for (int64_t row = first; row < end; ++row) SetRowFromF32(w, row, values + row * cols);
-  });
+    return absl::OkStatus();
+  }));
   w.source = IsInteger(format) ? absl::StrFormat("F32 -> %s g%d (round to nearest)",
                                                  WeightFormatName(format), w.group_size)
                                : absl::StrFormat("F32 -> %s", WeightFormatName(format));
@@ -486,13 +488,14 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kF16: {
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
-      internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+      LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
         for (int64_t row = first; row < end; ++row) {
           uint16_t* block = reinterpret_cast<uint16_t*>(BlockData(w, row));
           const int64_t r = row % kRowBlock;
           for (int64_t c = 0; c < cols; ++c) block[c * kRowBlock + r] = src[row * cols + c];
         }
-      });
+        return absl::OkStatus();
+      }));
       w.source = "F16 -> F16";
       return w;
     }
@@ -506,16 +509,11 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kBF16: {
       std::vector<float> values(static_cast<size_t>(rows * cols));
       const int64_t element_bytes = type == GgmlType::kF32 ? 4 : 2;
-      absl::Mutex mu;
-      absl::Status failure;
-      internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
-        absl::Status converted = common::DequantizeToF32(
+      LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
+        return common::DequantizeToF32(
             type, static_cast<const uint8_t*>(data) + first * cols * element_bytes,
             static_cast<uint64_t>((end - first) * cols), values.data() + first * cols);
-        absl::MutexLock lock(&mu);
-        if (failure.ok()) failure = converted;
-      });
-      LOOM_RETURN_IF_ERROR(failure);
+      }));
       LOOM_ASSIGN_OR_RETURN(PackedWeight w,
                             PackFromF32(values.data(), rows, cols, WeightFormat::kF32, 0));
       w.source = absl::StrFormat("%s -> F32 (lossless)", type_name);

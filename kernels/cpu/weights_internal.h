@@ -29,8 +29,10 @@ int64_t GroupIndex(const PackedWeight& w, int64_t row, int64_t group);
 uint8_t* BlockData(PackedWeight& w, int64_t row);
 /// fn(first_row, end_row) over [0, rows) in runs of whole row blocks (rows that share a
 /// block's bytes stay in one call), split across the host's threads when the weight is
-/// large (packing a layer at load). fn may run on several threads at once.
-void ForEachRowRun(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn);
+/// large (packing a layer at load). fn may run on several threads at once. The error of
+/// the lowest run that failed, whatever the threads' order; OK when none did.
+absl::Status ForEachRowRun(int64_t rows, int64_t cols,
+                           const std::function<absl::Status(int64_t, int64_t)>& fn);
 const uint8_t* BlockData(const PackedWeight& w, int64_t row);
 
 /// Raw per-element access for the integer formats: q as stored (INT8: signed q, INT4:
