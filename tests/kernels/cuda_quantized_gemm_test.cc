@@ -225,17 +225,34 @@ TEST(QuantGemmPackTest, Int4NibblesLandInTheirFragmentSlots) {
   EXPECT_EQ(packed->scale_min[((1 * groups + 0) * 8 + 4) * 4 + 2], mins[20 * groups + 0]);
 }
 
+// `count` random INT8 values.
+std::vector<int8_t> RandomInt8(int64_t count, std::mt19937& rng) {
+  std::uniform_int_distribution<int> value(-128, 127);
+  std::vector<int8_t> q(count);
+  for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
+  return q;
+}
+
+// q [n, k] packed for the GPU, checked to unpack to q (empty when packing failed).
+std::vector<uint8_t> PackInt8RoundTrip(const std::vector<int8_t>& q, int64_t n, int64_t k) {
+  absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), n, k);
+  EXPECT_TRUE(packed.ok()) << packed.status();
+  if (!packed.ok()) return {};
+  absl::StatusOr<std::vector<int8_t>> unpacked = UnpackInt8FromGpu(*packed, n, k);
+  EXPECT_TRUE(unpacked.ok()) << unpacked.status();
+  if (unpacked.ok()) {
+    EXPECT_EQ(*unpacked, q);
+  }
+  return *std::move(packed);
+}
+
 TEST(QuantGemmPackTest, Int8UnpackOfPackIsIdentityAndBytesLandInTheirSlots) {
   constexpr int64_t n = 48, k = 192;
   std::mt19937 rng(5);
-  std::uniform_int_distribution<int> value(-128, 127);
-  std::vector<int8_t> q(n * k);
-  for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
-  absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), n, k);
-  ASSERT_TRUE(packed.ok()) << packed.status();
-  absl::StatusOr<std::vector<int8_t>> unpacked = UnpackInt8FromGpu(*packed, n, k);
-  ASSERT_TRUE(unpacked.ok()) << unpacked.status();
-  EXPECT_EQ(*unpacked, q);
+  const std::vector<int8_t> q = RandomInt8(n * k, rng);
+  const std::vector<uint8_t> bytes = PackInt8RoundTrip(q, n, k);
+  ASSERT_EQ(bytes.size(), static_cast<size_t>(n * k));
+  const std::vector<uint8_t>* packed = &bytes;
   // Lane (g, t), word 2j + h, byte 2 * (row / 8 % 2) + col % 2; 32-column chunks of 512 bytes.
   EXPECT_EQ(static_cast<int8_t>((*packed)[0]), q[0 * k + 0]);  // a0.lo
   EXPECT_EQ(static_cast<int8_t>((*packed)[1]), q[0 * k + 1]);  // a0.hi
@@ -252,13 +269,7 @@ TEST(QuantGemmPackTest, Int8UnpackOfPackIsIdentityAndBytesLandInTheirSlots) {
             q[16 * k]);  // next row tile
   // A layer large enough to be packed by several threads.
   constexpr int64_t big_n = 1024, big_k = 2048;
-  std::vector<int8_t> big(big_n * big_k);
-  for (int8_t& v : big) v = static_cast<int8_t>(value(rng));
-  absl::StatusOr<std::vector<uint8_t>> big_packed = PackInt8ForGpu(big.data(), big_n, big_k);
-  ASSERT_TRUE(big_packed.ok()) << big_packed.status();
-  absl::StatusOr<std::vector<int8_t>> big_unpacked = UnpackInt8FromGpu(*big_packed, big_n, big_k);
-  ASSERT_TRUE(big_unpacked.ok()) << big_unpacked.status();
-  EXPECT_EQ(*big_unpacked, big);
+  PackInt8RoundTrip(RandomInt8(big_n * big_k, rng), big_n, big_k);
 }
 
 // Group-wise INT8 scales sit where INT4's scale/min put their scales, with zero mins.
