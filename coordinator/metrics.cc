@@ -91,6 +91,11 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                             .Name("loom_kv_host_tier_blocks")
                             .Help("KV blocks held in a replica's host tier.")
                             .Register(*registry_)),
+      host_blocks_held_(BuildGauge()
+                            .Name("loom_kv_host_tier_slots_held")
+                            .Help("Host tier slots held for KV transfers in flight (fetches, "
+                                  "pushes from prefill workers, reads by other workers).")
+                            .Register(*registry_)),
       kv_copies_queued_(BuildGauge()
                             .Name("loom_kv_offload_queue_blocks")
                             .Help("Host tier copies (offloads and reloads) the last plan "
@@ -460,6 +465,7 @@ void CoordinatorMetrics::UpdateFromClusterState(const loom::v1::ClusterState& st
     if (replica.num_host_kv_blocks() > 0) {
       host_blocks_total_.Add(labels).Set(static_cast<double>(replica.num_host_kv_blocks()));
       host_blocks_used_.Add(labels).Set(static_cast<double>(replica.num_host_kv_blocks_used()));
+      host_blocks_held_.Add(labels).Set(static_cast<double>(replica.num_host_kv_blocks_held()));
       kv_copies_queued_.Add(labels).Set(replica.num_kv_copies_queued());
       mirror(kv_offloaded_.Add(labels), last_offloaded_, replica.replica_id(),
              static_cast<double>(replica.num_kv_blocks_offloaded()));

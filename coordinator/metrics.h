@@ -104,6 +104,7 @@ class CoordinatorMetrics : public engine::RequestMetrics {
   prometheus::Family<prometheus::Counter>& step_tokens_;
   prometheus::Family<prometheus::Gauge>& host_blocks_total_;
   prometheus::Family<prometheus::Gauge>& host_blocks_used_;
+  prometheus::Family<prometheus::Gauge>& host_blocks_held_;
   prometheus::Family<prometheus::Gauge>& kv_copies_queued_;
   prometheus::Family<prometheus::Counter>& kv_offloaded_;
   prometheus::Family<prometheus::Counter>& kv_reloaded_;

@@ -682,6 +682,7 @@ void Replica::PublishStats() {
     if (const engine::HostKvTier* tier = scheduler.host_tier(); tier != nullptr) {
       stats_.set_num_host_kv_blocks(tier->num_slots());
       stats_.set_num_host_kv_blocks_used(tier->num_used());
+      stats_.set_num_host_kv_blocks_held(tier->num_held());
       stats_.set_num_kv_blocks_offloaded(tier->num_demoted());
       stats_.set_num_kv_blocks_reloaded(tier->num_promoted());
       stats_.set_num_host_hit_tokens(static_cast<uint64_t>(scheduler.num_host_tokens_admitted()));

@@ -208,8 +208,12 @@ class Replica {
   void AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill);
   /// Prefill side: where the blocks of `target.seq_id` go.
   void DeliverPushTarget(KvPushTarget target);
-  /// Decode side: the slots held for `seq_id`'s push are freed (it went elsewhere).
+  /// Decode side: the slots held for `seq_id`'s push are freed (it went elsewhere). The
+  /// prefill replica calls it once no plan of its own that pushes into them is in flight.
   void ReleasePushHold(uint64_t seq_id);
+  /// Decode side: no plan of the prefill replica writes into the slots held for `seq_id`'s
+  /// push any more; they stay held for its hand-off, and go if its request ends first.
+  void SettlePushHold(uint64_t seq_id);
   /// Prefill side, on this replica's loop thread (Cluster::HandOff): the prompt's blocks
   /// held for a decode replica to pull (Export), when its push went nowhere.
   KvExport ExportForHandOff(const engine::Request& request) { return Export(request, 0); }
@@ -362,6 +366,9 @@ class Replica {
   // Prefill side, at hand-off: whether every block of `request` reached `decode` (the
   // target then ends here; a decode replica holding slots in vain is told).
   bool TakePushedHandOff(const engine::Request& request, Replica* decode);
+  // Prefill side: the push of a sequence ends; its slots are released once no plan in flight
+  // pushes into them.
+  void EndPush(uint64_t seq_id);
   // Decode side: a hand-off whose KV was pushed: commits the slots and admits it.
   void AdmitPushed(const std::shared_ptr<engine::Request>& request);
   // The worker was lost: holds and targets end (the requests are placed again).
@@ -450,6 +457,7 @@ class Replica {
       ABSL_GUARDED_BY(mu_);
   std::vector<KvPushTarget> push_deliveries_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> push_releases_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> push_settles_ ABSL_GUARDED_BY(mu_);
 
   // Loop thread only.
   absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
@@ -464,14 +472,24 @@ class Replica {
     Replica* prefill = nullptr;
     engine::Scheduler::HeldSlots slots;  // delivered once CopiesRan(slots.last_copy_plan)
     bool delivered = false;
+    uint64_t id = 0;  // named to the workers (KvPushDest.hold_id), unique to this replica
+    // No plan of the prefill replica writes into the slots any more (SettlePushHold).
+    // Until then a delivered hold whose request ended stays held: its slots go back to the
+    // tier only when the prefill replica releases them (or its worker is lost).
+    bool settled = false;
   };
   absl::flat_hash_map<uint64_t, PushHold> push_holds_;
+  // From the clock at start-up: a worker that outlived an earlier coordinator has not
+  // closed the ids this one names.
+  uint64_t next_push_hold_id_ = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   std::vector<int32_t> pushed_slots_to_adopt_;
   struct PushState {
     KvPushTarget target;
     int64_t planned = 0;    // blocks in plans sent
     int64_t confirmed = 0;  // blocks whose plans came back without a push error
+    int in_flight = 0;      // plans sent that push its blocks and have not come back
     bool failed = false;
+    bool ended = false;  // its request went: released once in_flight is 0
   };
   absl::flat_hash_map<uint64_t, PushState> push_targets_;
   struct PushWait {

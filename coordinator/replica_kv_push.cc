@@ -11,7 +11,10 @@
 // slots as host-tier content (the next plan tells its workers: kv_pushed_slots) and admits
 // the request, which reloads them (the partial block into its own table: it starts at
 // its first output). A push that fails (a worker's error, slots not delivered
-// in time, the decode replica gone) falls back to the pull (replica_kv_fetch.cc).
+// in time, the decode replica gone) falls back to the pull (replica_kv_fetch.cc). Slots go
+// back to the decode replica's tier only once no plan of the prefill replica that pushes
+// into them is in flight (a request cancelled mid-prompt: EndPush, SettlePushHold): else a
+// layer still on its way could land in a slot the tier gave to an offload meanwhile.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -51,31 +54,51 @@ void Replica::ReleasePushHold(uint64_t seq_id) {
   wake_ = true;
 }
 
+void Replica::SettlePushHold(uint64_t seq_id) {
+  absl::MutexLock lock(&mu_);
+  push_settles_.push_back(seq_id);
+  wake_ = true;
+}
+
 void Replica::HandleKvPushes() {
   std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> asks;
   std::vector<KvPushTarget> deliveries;
-  std::vector<uint64_t> releases;
+  std::vector<uint64_t> releases, settles;
   WorkerEndpoint endpoint;
   std::string layout;
   {
     absl::MutexLock lock(&mu_);
     if (push_asks_.empty() && push_deliveries_.empty() && push_releases_.empty() &&
-        push_holds_.empty() && push_targets_.empty()) {
+        push_settles_.empty() && push_holds_.empty() && push_targets_.empty()) {
       return;
     }
     asks.swap(push_asks_);
     deliveries.swap(push_deliveries_);
     releases.swap(push_releases_);
+    settles.swap(push_settles_);
     endpoint = endpoint_;
     layout = kv_layout_;
   }
   engine::Scheduler& scheduler = engine_->scheduler();
+  bool slots_changed = !asks.empty();  // the status counts the tier's held slots
   auto release = [&](uint64_t seq_id) {
     auto hold = push_holds_.find(seq_id);
     if (hold == push_holds_.end()) return;
-    scheduler.ReleaseSlots(hold->second.slots, /*import=*/true);
+    if (hold->second.delivered && !hold->second.settled) {
+      // A write may still come (the prefill worker lost its coordinator; a stream whose
+      // writer gave up still delivering): the workers refuse it from the next plan on.
+      scheduler.ReleaseClosedImport(hold->second.slots, hold->second.id);
+    } else {
+      scheduler.ReleaseSlots(hold->second.slots, /*import=*/true);
+    }
     push_holds_.erase(hold);
+    slots_changed = true;
   };
+  for (uint64_t seq_id : settles) {
+    if (auto hold = push_holds_.find(seq_id); hold != push_holds_.end()) {
+      hold->second.settled = true;
+    }
+  }
   for (uint64_t seq_id : releases) release(seq_id);
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
   std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> declined;
@@ -105,15 +128,18 @@ void Replica::HandleKvPushes() {
     }
     hold.request = request;
     hold.prefill = prefill;
+    hold.id = next_push_hold_id_++;
     push_holds_[request->seq_id()] = std::move(hold);
   }
   // Holds whose slots no plan in flight touches any more go to their prefill replicas;
-  // holds whose request is gone end.
+  // holds whose request is gone end, unless a plan of the prefill replica may still write
+  // into their slots: those wait for its release (a slot back in the tier can be the
+  // target of this replica's next offload), or end with its worker.
   std::vector<uint64_t> ended;
   for (auto& [seq_id, hold] : push_holds_) {
     const std::shared_ptr<engine::Request> request = hold.request.lock();
     if (request == nullptr || request->finished()) {
-      ended.push_back(seq_id);
+      if (!hold.delivered || hold.settled || !hold.prefill->healthy()) ended.push_back(seq_id);
       continue;
     }
     if (hold.delivered || !CopiesRan(hold.slots.last_copy_plan)) continue;
@@ -130,11 +156,13 @@ void Replica::HandleKvPushes() {
       dest.set_address(endpoint.addresses[r]);
       dest.set_kv_head_begin(endpoint.kv_heads[r].begin);
       dest.set_num_kv_heads(endpoint.kv_heads[r].count);
+      dest.set_hold_id(hold.id);
     }
     hold.delivered = true;
     hold.prefill->DeliverPushTarget(std::move(target));
   }
   for (uint64_t seq_id : ended) release(seq_id);
+  if (slots_changed) PublishStats();
   for (auto& [request, prefill] : declined) {
     KvPushTarget answer;  // no slots: a push that failed from the start
     answer.seq_id = request->seq_id();
@@ -155,10 +183,21 @@ void Replica::HandleKvPushes() {
     const std::shared_ptr<engine::Request> request = state.target.request.lock();
     if (request == nullptr || request->finished() || request->handed_off()) gone.push_back(seq_id);
   }
-  for (uint64_t seq_id : gone) {
-    push_targets_[seq_id].target.decode->ReleasePushHold(seq_id);
-    push_targets_.erase(seq_id);
+  for (uint64_t seq_id : gone) EndPush(seq_id);
+}
+
+void Replica::EndPush(uint64_t seq_id) {
+  auto state = push_targets_.find(seq_id);
+  if (state == push_targets_.end()) return;
+  if (state->second.in_flight > 0) {
+    // A plan in flight may still write into the slots: they stay held until it came back
+    // (ConfirmKvPushes), and nothing more is pushed meanwhile.
+    state->second.failed = true;
+    state->second.ended = true;
+    return;
   }
+  state->second.target.decode->ReleasePushHold(state->first);
+  push_targets_.erase(state);
 }
 
 bool Replica::AwaitPushTarget(std::shared_ptr<engine::Request>& request,
@@ -239,6 +278,7 @@ void Replica::AddKvPushes(loom::v1::StepPlan& plan, InFlightPlan& flight) {
     for (const loom::v1::KvPushDest& dest : state.target.dests) *push->add_dests() = dest;
     flight.pushes.emplace_back(seq_id, whole);
     state.planned = whole;
+    ++state.in_flight;
   }
 }
 
@@ -246,6 +286,11 @@ void Replica::ConfirmKvPushes(const InFlightPlan& flight, const loom::v1::StepRe
   for (const auto& [seq_id, whole] : flight.pushes) {
     auto state = push_targets_.find(seq_id);
     if (state == push_targets_.end()) continue;
+    --state->second.in_flight;
+    if (state->second.ended) {
+      if (state->second.in_flight <= 0) EndPush(seq_id);
+      continue;
+    }
     if (result.error_code() != 0 || !result.kv_push_error().empty()) {
       if (!state->second.failed && !result.kv_push_error().empty()) {
         std::fprintf(stderr,
@@ -267,8 +312,12 @@ bool Replica::TakePushedHandOff(const engine::Request& request, Replica* decode)
   const PushState& push = state->second;
   const bool pushed = !push.failed && push.target.decode == decode &&
                       push.confirmed == static_cast<int64_t>(push.target.slots.size());
-  if (!pushed) push.target.decode->ReleasePushHold(request.seq_id());
-  push_targets_.erase(state);
+  if (pushed) {
+    push.target.decode->SettlePushHold(request.seq_id());  // kept for the hand-off
+    push_targets_.erase(state);
+  } else {
+    EndPush(request.seq_id());
+  }
   return pushed;
 }
 

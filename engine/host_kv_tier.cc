@@ -113,11 +113,19 @@ int32_t HostKvTier::Demote(const EvictedBlock& evicted) {
   return slot;
 }
 
-void HostKvTier::Hold(int32_t slot) { ++entries_[static_cast<size_t>(slot)].holds; }
+void HostKvTier::SetHolds(Entry& entry, int32_t holds) {
+  num_held_ += (holds > 0 ? 1 : 0) - (entry.holds > 0 ? 1 : 0);
+  entry.holds = holds;
+}
+
+void HostKvTier::Hold(int32_t slot) {
+  Entry& entry = entries_[static_cast<size_t>(slot)];
+  SetHolds(entry, entry.holds + 1);
+}
 
 void HostKvTier::Release(int32_t slot) {
   Entry& entry = entries_[static_cast<size_t>(slot)];
-  if (entry.holds > 0) --entry.holds;
+  if (entry.holds > 0) SetHolds(entry, entry.holds - 1);
 }
 
 std::vector<int32_t> HostKvTier::Reserve(int64_t count, uint64_t* last_copy_plan) {
@@ -127,7 +135,7 @@ std::vector<int32_t> HostKvTier::Reserve(int64_t count, uint64_t* last_copy_plan
     const int32_t slot = TakeSlot();
     if (slot == kNone) break;
     Entry& entry = entries_[static_cast<size_t>(slot)];
-    entry.holds = 1;
+    SetHolds(entry, 1);
     // Least recently used slots were mostly copied long ago: plans since have run.
     if (last_copy_plan != nullptr) *last_copy_plan = std::max(*last_copy_plan, entry.copy_plan);
     slots.push_back(slot);
@@ -143,7 +151,7 @@ bool HostKvTier::StoreFetched(int32_t slot, const EvictedBlock& content) {
     return false;
   }
   Describe(slot, content);
-  entry.holds = 0;
+  SetHolds(entry, 0);
   by_hash_[content.hash] = slot;
   if (record_events_) events_.push_back({KvCacheEvent::Kind::kStored, content.hash});
   LinkAtTail(slot);
@@ -153,7 +161,7 @@ bool HostKvTier::StoreFetched(int32_t slot, const EvictedBlock& content) {
 void HostKvTier::FreeReserved(int32_t slot) {
   Entry& entry = entries_[static_cast<size_t>(slot)];
   LOOM_CHECK(!entry.used);
-  entry.holds = 0;
+  SetHolds(entry, 0);
   free_slots_.push_back(slot);
 }
 
@@ -203,6 +211,19 @@ HostKvTier::Content HostKvTier::Promote(int32_t slot, int32_t device_block) {
                  entry.content_id, entry.parent_id, entry.salt};
 }
 
+void HostKvTier::CloseHold(uint64_t hold_id, absl::Span<const int32_t> slots) {
+  closed_holds_.push_back(hold_id);
+  for (const int32_t slot : slots) {
+    entries_[static_cast<size_t>(slot)].copy_plan = copy_plans_taken_ + 1;
+  }
+}
+
+std::vector<uint64_t> HostKvTier::TakeClosedHolds() {
+  std::vector<uint64_t> closed;
+  closed.swap(closed_holds_);
+  return closed;
+}
+
 std::vector<KvCopy> HostKvTier::TakeCopies() {
   std::vector<KvCopy> copies;
   copies.swap(copies_);
@@ -223,6 +244,7 @@ void HostKvTier::Forget() {
   }
   next_never_used_ = 0;
   free_slots_.clear();
+  num_held_ = 0;
   ++generation_;
   head_ = tail_ = kNone;
   copies_.clear();

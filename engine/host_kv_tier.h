@@ -82,6 +82,16 @@ class HostKvTier {
   void LoadReserved(int32_t slot, int32_t device_block);
   /// Reserved `slot` received nothing usable: freed.
   void FreeReserved(int32_t slot);
+  /// A push hold (reserved slots other workers write into, named `hold_id` to them) ended
+  /// while a writer may still send into its `slots` (a stream its writer gave up on, a
+  /// prefill worker that lost its coordinator). The next plan closes `hold_id` on the
+  /// workers before its copies (TakeClosedHolds), and a reservation of any of the slots
+  /// waits for that plan to have run (Reserve's last_copy_plan), so no late write lands
+  /// in a slot given to other content. Call it when the slots are given back.
+  void CloseHold(uint64_t hold_id, absl::Span<const int32_t> slots);
+  /// The holds closed since the last call, for the plan TakeCopies was just called for.
+  std::vector<uint64_t> TakeClosedHolds();
+  bool has_closed_holds() const { return !closed_holds_.empty(); }
   /// Bumped by Forget: holds and reservations of an earlier generation are void.
   uint64_t generation() const { return generation_; }
   /// Copies are queued for the next plan.
@@ -115,6 +125,8 @@ class HostKvTier {
 
   int64_t num_slots() const { return static_cast<int64_t>(entries_.size()); }
   int64_t num_used() const { return static_cast<int64_t>(by_hash_.size()); }
+  /// Slots held now (Hold, Reserve): read by other workers, or waiting for a transfer.
+  int64_t num_held() const { return num_held_; }
   uint64_t num_demoted() const { return num_demoted_; }
   uint64_t num_promoted() const { return num_promoted_; }
   uint64_t num_dropped() const { return num_dropped_; }
@@ -122,6 +134,8 @@ class HostKvTier {
 
  private:
   static constexpr int32_t kNone = -1;
+  struct Entry;
+  void SetHolds(Entry& entry, int32_t holds);  // keeps num_held_
   struct Entry {
     bool used = false;
     int32_t holds = 0;  // Hold() count
@@ -160,6 +174,8 @@ class HostKvTier {
   uint64_t num_demoted_ = 0;
   uint64_t num_promoted_ = 0;
   uint64_t num_dropped_ = 0;
+  int64_t num_held_ = 0;
+  std::vector<uint64_t> closed_holds_;  // for the next plan
   uint64_t copy_plans_taken_ = 0;
   mutable uint64_t num_verification_failures_ = 0;
 };

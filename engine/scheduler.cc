@@ -226,7 +226,10 @@ SchedulerOutput Scheduler::Schedule() {
     }
   }
   // Offloads (pool blocks this plan evicted) and reloads, in the order they happened.
-  if (host_tier_ != nullptr) out.kv_copies = host_tier_->TakeCopies();
+  if (host_tier_ != nullptr) {
+    out.kv_copies = host_tier_->TakeCopies();
+    out.kv_push_holds_closed = host_tier_->TakeClosedHolds();
+  }
   return out;
 }
 
@@ -670,7 +673,7 @@ int64_t Scheduler::num_prompt_tokens_pending() const {
 
 bool Scheduler::has_work() const {
   return !running_.empty() || !waiting_.empty() || !finished_ids_.empty() ||
-         (host_tier_ != nullptr && host_tier_->has_copies());
+         (host_tier_ != nullptr && (host_tier_->has_copies() || host_tier_->has_closed_holds()));
 }
 
 }  // namespace loom::engine

@@ -145,11 +145,14 @@ struct SchedulerOutput {
   std::vector<uint64_t> finished;        // released since the previous plan
   std::vector<uint64_t> preempted;       // preempted by this plan (state dropped on worker)
   std::vector<KvCopy> kv_copies;         // host tier copies, run before the forward pass
+  // Push holds that ended (HostKvTier::CloseHold): closed on the workers before the copies.
+  std::vector<uint64_t> kv_push_holds_closed;
   int64_t num_decode_tokens = 0;
   int64_t num_prefill_tokens = 0;
   int64_t num_speculative_tokens = 0;    // draft slots reserved by speculative decodes
   bool empty() const {
-    return scheduled.empty() && finished.empty() && preempted.empty() && kv_copies.empty();
+    return scheduled.empty() && finished.empty() && preempted.empty() && kv_copies.empty() &&
+           kv_push_holds_closed.empty();
   }
 };
 
@@ -271,6 +274,10 @@ class Scheduler {
                        HeldSlots* keep = nullptr);
   /// Ends a hold: an export's slots can be reused, an import's are freed.
   void ReleaseSlots(const HeldSlots& held, bool import);
+  /// Ends an import hold that other workers were told to write into as `hold_id`, any of
+  /// whose writes may still come: freed, and closed on the workers by the next plan
+  /// before any copy reuses its slots (HostKvTier::CloseHold).
+  void ReleaseClosedImport(const HeldSlots& held, uint64_t hold_id);
   /// Whether `seq_id` finished and the plan telling the worker has not been built yet: the
   /// id cannot be added again until then (results of plans in flight may still name it).
   bool releasing(uint64_t seq_id) const { return absl::c_linear_search(finished_ids_, seq_id); }

@@ -204,6 +204,13 @@ void Scheduler::DropHostTail(Sequence& seq) {
   seq.host_tail_slot = -1;
 }
 
+void Scheduler::ReleaseClosedImport(const HeldSlots& held, uint64_t hold_id) {
+  if (host_tier_ == nullptr) return;
+  ReleaseSlots(held, /*import=*/true);
+  // Whatever the tier's generation: the workers' slots are the same memory.
+  host_tier_->CloseHold(hold_id, held.slots);
+}
+
 void Scheduler::ReleaseSlots(const HeldSlots& held, bool import) {
   if (host_tier_ == nullptr || held.generation != host_tier_->generation()) return;
   for (const int32_t slot : held.slots) {

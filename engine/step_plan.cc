@@ -51,6 +51,8 @@ void BuildStepPlan(const SchedulerOutput& out, uint64_t step_id, loom::v1::StepP
     added->set_device_block(copy.device_block);
     added->set_host_slot(copy.host_slot);
   }
+  plan.mutable_kv_push_holds_closed()->Add(out.kv_push_holds_closed.begin(),
+                                           out.kv_push_holds_closed.end());
 }
 
 }  // namespace loom::engine

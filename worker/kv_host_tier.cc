@@ -121,10 +121,31 @@ absl::Status KvHostTier::ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8
   return absl::OkStatus();
 }
 
-absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data,
-                                   const std::function<bool()>& wanted) {
+absl::Status KvHostTier::Admit(const KvWriteGuard& guard) const {
+  if (guard.hold_id != 0 && closed_holds_.contains(guard.hold_id)) {
+    return absl::CancelledError(absl::StrFormat(
+        "push hold %d has ended: its slots may hold other blocks now", guard.hold_id));
+  }
+  if (guard.wanted && !guard.wanted()) return absl::CancelledError("the write is no longer wanted");
+  return absl::OkStatus();
+}
+
+void KvHostTier::CloseHolds(absl::Span<const uint64_t> hold_ids) {
   absl::MutexLock lock(&mu_);
-  if (wanted && !wanted()) return absl::CancelledError("the write is no longer wanted");
+  for (const uint64_t id : hold_ids) {
+    if (id == 0 || !closed_holds_.insert(id).second) continue;
+    closed_order_.push_back(id);
+    if (closed_order_.size() > kMaxClosedHolds) {
+      closed_holds_.erase(closed_order_.front());
+      closed_order_.pop_front();
+    }
+  }
+}
+
+absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data,
+                                   const KvWriteGuard& guard) {
+  absl::MutexLock lock(&mu_);
+  LOOM_RETURN_IF_ERROR(Admit(guard));
   if (slot < 0 || slot >= num_slots_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));
@@ -144,9 +165,9 @@ absl::Status KvHostTier::WriteSlot(int32_t slot, int64_t offset, absl::Span<cons
 
 absl::Status KvHostTier::WriteSlotWith(int32_t slot,
                                        const std::function<void(absl::Span<uint8_t>)>& write,
-                                       const std::function<bool()>& wanted) {
+                                       const KvWriteGuard& guard) {
   absl::MutexLock lock(&mu_);
-  if (wanted && !wanted()) return absl::CancelledError("the write is no longer wanted");
+  LOOM_RETURN_IF_ERROR(Admit(guard));
   if (slot < 0 || slot >= num_slots_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("host slot %d is not in the host tier [0, %d)", slot, num_slots_));

@@ -2,11 +2,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -35,6 +37,15 @@ struct KvTransferStats {
   int64_t bytes_fetched = 0;
   int64_t bytes_fetched_shared = 0;  // of bytes_fetched, read from a shared memory map
   double fetch_seconds = 0;
+};
+
+/// Whom a remote write into a host tier slot is for, asked under the tier's lock before
+/// it: a write that `wanted` (optional) no longer wants (a push its writer gave up on), or
+/// for a hold (`hold_id`, 0: none) closed by now (KvHostTier::CloseHolds), leaves the slot
+/// alone (Cancelled).
+struct KvWriteGuard {
+  uint64_t hold_id = 0;
+  std::function<bool()> wanted;
 };
 
 /// A worker's host-memory KV tier: `num_slots` slots, each one block of the device pool
@@ -88,14 +99,17 @@ class KvHostTier {
   /// range or for a slot that holds no block.
   absl::Status ReadSlot(int32_t slot, int64_t offset, absl::Span<uint8_t> out) const;
   /// Writes `data` at `offset` of `slot`, which then holds no block until MarkWritten.
-  /// `wanted` (optional), asked under the tier's lock first: false leaves the slot alone
-  /// (Cancelled), e.g. a push its writer gave up on.
   absl::Status WriteSlot(int32_t slot, int64_t offset, absl::Span<const uint8_t> data,
-                         const std::function<bool()>& wanted = nullptr);
+                         const KvWriteGuard& guard = {});
   /// Lets `write` change `slot`'s bytes in place (the whole slot; not called without
-  /// memory), which then holds no block until MarkWritten. `wanted` as for WriteSlot.
+  /// memory), which then holds no block until MarkWritten.
   absl::Status WriteSlotWith(int32_t slot, const std::function<void(absl::Span<uint8_t>)>& write,
-                             const std::function<bool()>& wanted = nullptr);
+                             const KvWriteGuard& guard = {});
+  /// The coordinator's push holds that ended (StepPlan.kv_push_holds_closed): their slots
+  /// may be given to other content now, and writes that name them are refused from here
+  /// on. The last kMaxClosedHolds are remembered.
+  void CloseHolds(absl::Span<const uint64_t> hold_ids);
+  static constexpr size_t kMaxClosedHolds = 1 << 16;
   /// `slot` holds a block now (its bytes written whole). DataLoss when `checksum` (non-zero)
   /// is not the slot's FNV-1a 64.
   absl::Status MarkWritten(int32_t slot, uint64_t checksum);
@@ -119,6 +133,8 @@ class KvHostTier {
   absl::Status Run(bool to_host, absl::Span<const KvBlockCopy> copies)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t Checksum(int32_t index) const;
+  // Whether `guard` lets a write through now (Cancelled if not).
+  absl::Status Admit(const KvWriteGuard& guard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Populate(int64_t total);
 
   const model::KvCache* pool_ = nullptr;
@@ -139,6 +155,8 @@ class KvHostTier {
   std::vector<bool> written_ ABSL_GUARDED_BY(mu_);        // [num_slots]
   std::vector<uint64_t> checksums_ ABSL_GUARDED_BY(mu_);  // [num_slots], debug builds
   KvTransferStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> closed_holds_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> closed_order_ ABSL_GUARDED_BY(mu_);  // oldest first, for the bound
   // Scratch for one run of copies.
   std::vector<int32_t> blocks_;
   std::vector<uint8_t*> host_;

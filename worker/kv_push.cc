@@ -77,6 +77,7 @@ absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
       }
       if (dest.heads.empty()) continue;  // another rank of this replica holds its heads
       dest.layout = mine.WithHeads(to.kv_head_begin(), to.num_kv_heads());
+      dest.hold_id = to.hold_id();
       LOOM_RETURN_IF_ERROR(Connect(to, dest));
       for (const int32_t slot : push.dest_slots) {
         // A stream's receiver checks its own tier's bounds.
@@ -195,9 +196,9 @@ absl::Status KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const 
         out = stream_bytes_.data();
         out_bytes = part.slot_bytes();
       }
-      LOOM_RETURN_IF_ERROR(
-          dest.stream->Send(push.dest_slots[i], layer * dest_layer_bytes,
-                            absl::MakeConstSpan(out, static_cast<size_t>(out_bytes))));
+      LOOM_RETURN_IF_ERROR(dest.stream->Send(
+          push.dest_slots[i], layer * dest_layer_bytes,
+          absl::MakeConstSpan(out, static_cast<size_t>(out_bytes)), dest.hold_id));
       bytes_pushed_ += out_bytes;
       continue;
     }
@@ -283,10 +284,14 @@ void KvPusher::End(loom::v1::StepResult& result) {
 }
 
 absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan) {
-  if (plan.kv_pushed_slots_size() == 0) return absl::OkStatus();
-  if (tier == nullptr) {
-    return absl::FailedPreconditionError("pushed slots named, but this worker has no host tier");
+  if (plan.kv_pushed_slots_size() == 0 && plan.kv_push_holds_closed_size() == 0) {
+    return absl::OkStatus();
   }
+  if (tier == nullptr) {
+    return absl::FailedPreconditionError(
+        "pushed slots or push holds named, but this worker has no host tier");
+  }
+  tier->CloseHolds(plan.kv_push_holds_closed());
   for (const int32_t slot : plan.kv_pushed_slots()) {
     if (slot < 0 || slot >= tier->num_slots()) {
       return absl::InvalidArgumentError(

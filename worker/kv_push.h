@@ -69,6 +69,7 @@ class KvPusher {
     std::shared_ptr<KvPushStream> stream;            // its WriteKvBlocks stream
     KvSlotLayout layout;         // the decode rank's slots
     std::vector<int64_t> heads;  // of this worker's heads, those the rank holds
+    uint64_t hold_id = 0;        // the decode replica's hold on the slots (streams name it)
   };
   struct Push {
     std::vector<int32_t> blocks;      // this worker's pool blocks
@@ -124,8 +125,10 @@ class KvPushScope {
   loom::v1::StepResult& result_;
 };
 
-/// The decode side: the slots StepPlan.kv_pushed_slots names (pushes wrote them whole)
-/// hold blocks from now on. InvalidArgument for a slot outside the tier.
+/// The decode side, before the plan's copies: the push holds StepPlan.kv_push_holds_closed
+/// names are closed (writes naming them refused from now on), and the slots
+/// kv_pushed_slots names (pushes wrote them whole) hold blocks. InvalidArgument for a slot
+/// outside the tier.
 absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan);
 
 }  // namespace loom::worker

@@ -51,7 +51,8 @@ std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) {
   return channel;
 }
 
-// The pieces of `message`, each the slot's own bytes, while `wanted`.
+// The pieces of `message`, each the slot's own bytes, while `wanted` and each piece's hold
+// is open.
 absl::Status WriteSlotBytes(KvHostTier* tier, const loom::v1::KvBlockWrite& message,
                             const std::function<bool()>& wanted) {
   for (const loom::v1::KvSlotWrite& piece : message.writes()) {
@@ -60,13 +61,13 @@ absl::Status WriteSlotBytes(KvHostTier* tier, const loom::v1::KvBlockWrite& mess
         tier->WriteSlot(piece.slot(), piece.offset(),
                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(piece.data().data()),
                                             piece.data().size()),
-                        wanted));
+                        {piece.hold_id(), wanted}));
   }
   return absl::OkStatus();
 }
 
 // The pieces of `message`, each one layer of the writer's heads: the heads the tier holds
-// too are copied into their places, while `wanted`.
+// too are copied into their places, while `wanted` and each piece's hold is open.
 absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& message,
                               const std::function<bool()>& wanted) {
   KvSlotLayout mine = tier->layout();
@@ -110,7 +111,7 @@ absl::Status WriteMappedHeads(KvHostTier* tier, const loom::v1::KvBlockWrite& me
               slot.subspan(static_cast<size_t>(piece.offset()), static_cast<size_t>(layer_bytes)),
               heads);
         },
-        wanted));
+        {piece.hold_id(), wanted}));
   }
   return absl::OkStatus();
 }
@@ -222,7 +223,8 @@ void KvPushStream::Flush(std::unique_lock<std::mutex>& lock) {
   changed_.notify_all();
 }
 
-absl::Status KvPushStream::Send(int32_t slot, int64_t offset, absl::Span<const uint8_t> bytes) {
+absl::Status KvPushStream::Send(int32_t slot, int64_t offset, absl::Span<const uint8_t> bytes,
+                                uint64_t hold_id) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.ok()) return Failed(failure_);
   if (writer_done_ || closing_) return Failed(absl::FailedPreconditionError("the stream ended"));
@@ -230,6 +232,7 @@ absl::Status KvPushStream::Send(int32_t slot, int64_t offset, absl::Span<const u
   piece->set_slot(slot);
   piece->set_offset(offset);
   piece->set_data(bytes.data(), bytes.size());
+  piece->set_hold_id(hold_id);
   if (kChecksumPieces) piece->set_checksum(KvSlotChecksum(bytes));
   building_bytes_ += static_cast<int64_t>(bytes.size());
   bytes_sent_ += static_cast<int64_t>(bytes.size());
@@ -275,7 +278,8 @@ grpc::Status ReceiveKvBlocks(grpc::ServerContext* context, KvHostTier* tier,
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no host KV tier");
   }
   // A writer that gave up (its step failed the push) may have the slots named to another
-  // transfer soon: nothing of its stream is written once it cancelled.
+  // transfer soon: nothing of its stream is written once it cancelled, or once a plan
+  // closed the hold the slots were held under (the coordinator gave them back).
   const std::function<bool()> wanted = [context] { return !context->IsCancelled(); };
   int64_t bytes = 0;
   loom::v1::KvBlockWrite message;

@@ -49,8 +49,10 @@ class KvPushStream {
   KvPushStream(const KvPushStream&) = delete;
   KvPushStream& operator=(const KvPushStream&) = delete;
 
-  /// Queues `bytes` for `offset` of host slot `slot` of the decode worker's tier.
-  absl::Status Send(int32_t slot, int64_t offset, absl::Span<const uint8_t> bytes);
+  /// Queues `bytes` for `offset` of host slot `slot` of the decode worker's tier, held there
+  /// under `hold_id` (0: none named): the receiver drops them once that hold closed.
+  absl::Status Send(int32_t slot, int64_t offset, absl::Span<const uint8_t> bytes,
+                    uint64_t hold_id = 0);
   /// Writes what is queued, closes the stream and waits for the answer: OK once every byte
   /// sent is in the decode worker's slots.
   absl::Status Finish();
@@ -93,7 +95,8 @@ class KvPushStream {
 /// hold where the writer's differ. FAILED_PRECONDITION for a writer whose slot size
 /// differs from the tier's (or no tier at all), INVALID_ARGUMENT for a piece outside the
 /// tier or not one layer of the writer's heads.
-/// Once the writer cancelled (`context`), nothing more is written (CANCELLED).
+/// Once the writer cancelled (`context`), or once a plan closed the hold a piece names
+/// (KvHostTier::CloseHolds), nothing more is written (CANCELLED).
 grpc::Status ReceiveKvBlocks(grpc::ServerContext* context, KvHostTier* tier,
                              grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
                              loom::v1::WriteKvBlocksResponse* response);

@@ -257,6 +257,34 @@ def test_prompts_computed_in_one_plan_have_their_kv_pushed_too(binaries, referen
         assert decode.num_kv_fetches == 0 and decode.num_handoff_failures == 0, decode
 
 
+@TRANSPORTS
+def test_a_request_cancelled_while_its_kv_is_pushed_keeps_the_slots_until_the_plan_came_back(
+        binaries, reference, tmp_path, decode_flags):
+    # 32-token plans on a prefill worker slowed to 4 s a step: the client goes away while the
+    # first plan runs, pushing the prompt's first blocks into the decode worker's tier. The
+    # slots held for the push stay held until that plan has come back (given back at once,
+    # one could be the target of the decode replica's next offload while a layer of the
+    # cancelled prompt is still on its way into it); then every one goes.
+    with disaggregated(tmp_path, prefill_delay_ms=4000, decode_flags=decode_flags,
+                       max_num_batched_tokens=32) as rig:
+        blocks = (long_prompt_tokens(rig) + 15) // 16
+        stream = start(rig)
+        wait_for(rig, lambda r: r["decode-0"].num_host_kv_blocks_held == blocks, "the push's slots held")
+        time.sleep(0.5)  # the prefill worker is in its first plan's delay
+        stream.cancel()
+        assert stream.join(30).code == grpc.StatusCode.CANCELLED
+        wait_for(rig, lambda r: r["prefill-0"].num_running == 0 and r["prefill-0"].num_waiting == 0,
+                 "the cancelled request ended", timeout=10)
+        # The first plan is still out (it ends about 4 s after it started).
+        assert rig.coordinator.replicas()["decode-0"].num_host_kv_blocks_held == blocks
+        time.sleep(1.0)
+        assert rig.coordinator.replicas()["decode-0"].num_host_kv_blocks_held == blocks
+        wait_for(rig, lambda r: r["decode-0"].num_host_kv_blocks_held == 0, "the slots released", timeout=30)
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["decode-0"].num_handoffs_in == 0, status["decode-0"]
+        finishes_with_reference(start(rig), reference, "decode-0")
+
+
 def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_decode_replica(
         binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:

@@ -158,13 +158,50 @@ TEST(HostKvTierTest, HeldSlotsAreNotReusedUntilReleased) {
   tier.Demote(a.Evicted(0));
   const int32_t slot = tier.Find(a.hash, a.tokens, 0, "")->slot;
   tier.Hold(slot);
+  tier.Hold(slot);  // two readers: one slot held
+  EXPECT_EQ(tier.num_held(), 1);
   tier.Demote(b.Evicted(1));  // the only slot is being read: b is dropped
   EXPECT_EQ(tier.num_dropped(), 1u);
   EXPECT_TRUE(tier.Find(a.hash, a.tokens, 0, "").has_value());
   tier.Release(slot);
+  EXPECT_EQ(tier.num_held(), 1);
+  tier.Release(slot);
+  EXPECT_EQ(tier.num_held(), 0);
   tier.Demote(b.Evicted(1));
   EXPECT_TRUE(tier.Find(b.hash, b.tokens, 0, "").has_value());
   EXPECT_FALSE(tier.Find(a.hash, a.tokens, 0, "").has_value());
+}
+
+TEST(HostKvTierTest, ReservedSlotsCountAsHeldUntilStoredOrFreed) {
+  HostKvTier tier(4, kBlockSize);
+  const std::vector<int32_t> slots = tier.Reserve(3);
+  ASSERT_EQ(slots.size(), 3u);
+  EXPECT_EQ(tier.num_held(), 3);
+  EXPECT_TRUE(tier.StoreFetched(slots[0], MakeContent(1).Evicted(-1)));
+  tier.FreeReserved(slots[1]);
+  EXPECT_EQ(tier.num_held(), 1);
+  tier.LoadReserved(slots[2], 0);
+  EXPECT_EQ(tier.num_held(), 0);
+  tier.Reserve(2);
+  tier.Forget();
+  EXPECT_EQ(tier.num_held(), 0);
+}
+
+TEST(HostKvTierTest, AClosedHoldGoesToTheNextPlanAndFencesItsSlots) {
+  HostKvTier tier(2, kBlockSize);
+  tier.TakeCopies();  // plan 1
+  const std::vector<int32_t> slots = tier.Reserve(2);
+  for (const int32_t slot : slots) tier.FreeReserved(slot);
+  EXPECT_FALSE(tier.has_closed_holds());
+  tier.CloseHold(42, slots);
+  EXPECT_TRUE(tier.has_closed_holds());
+  tier.Forget();  // the workers' slots are the same memory: the hold still closes
+  EXPECT_TRUE(tier.TakeCopies().empty());  // plan 2 carries it
+  EXPECT_EQ(tier.TakeClosedHolds(), std::vector<uint64_t>{42});
+  EXPECT_FALSE(tier.has_closed_holds());
+  uint64_t last_copy_plan = 0;
+  EXPECT_EQ(tier.Reserve(2, &last_copy_plan).size(), 2u);
+  EXPECT_EQ(last_copy_plan, 2u);
 }
 
 TEST(HostKvTierTest, ForgetDropsContentAndQueuedCopies) {

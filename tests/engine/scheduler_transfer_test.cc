@@ -9,6 +9,7 @@
 
 #include "engine/block_hash.h"
 #include "engine/scheduler.h"
+#include "engine/step_plan.h"
 #include "gtest/gtest.h"
 
 namespace loom::engine {
@@ -238,6 +239,31 @@ TEST(SchedulerTransferTest, AnImportOfAForgottenTierOrAFailedFetchHoldsNothing) 
   EXPECT_EQ(other.CommitImport(import, Hashes(prompt, 3), prompt, ""), 0);
   other.ReleaseSlots(import, /*import=*/true);  // of an earlier generation: nothing to do
   EXPECT_EQ(other.host_tier()->num_used(), 0);
+}
+
+TEST(SchedulerTransferTest, AClosedImportIsFreedAndClosedByAPlanBeforeItsSlotsAreReservedAgain) {
+  // A push hold whose writers may still send: an otherwise idle replica has work (the plan
+  // that closes it), which carries the hold; a reservation of its slots waits for that plan.
+  Scheduler destination(TierConfig(16, 4));
+  const Scheduler::HeldSlots pushed = destination.ReserveImport(4);
+  ASSERT_EQ(pushed.slots.size(), 4u);
+  EXPECT_FALSE(destination.has_work());
+  destination.ReleaseClosedImport(pushed, 77);
+  EXPECT_EQ(destination.host_tier()->num_held(), 0);
+  EXPECT_TRUE(destination.has_work());
+  const uint64_t closing_plan = destination.host_tier()->copy_plans_taken() + 1;
+  const SchedulerOutput out = destination.Schedule();
+  EXPECT_FALSE(out.empty());
+  EXPECT_EQ(out.kv_push_holds_closed, std::vector<uint64_t>{77});
+  loom::v1::StepPlan plan;
+  BuildStepPlan(out, 1, plan, /*with_input_tokens=*/false);
+  ASSERT_EQ(plan.kv_push_holds_closed_size(), 1);
+  EXPECT_EQ(plan.kv_push_holds_closed(0), 77u);
+  EXPECT_EQ(destination.host_tier()->copy_plans_taken(), closing_plan);
+  EXPECT_FALSE(destination.has_work());
+  const Scheduler::HeldSlots again = destination.ReserveImport(4);
+  EXPECT_EQ(again.slots.size(), 4u);
+  EXPECT_EQ(again.last_copy_plan, closing_plan);
 }
 
 TEST(SchedulerTransferTest, MovingKvPaysWhenItIsFasterThanTheMeasuredRecompute) {

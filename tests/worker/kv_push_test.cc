@@ -305,6 +305,39 @@ TEST(KvPushTest, AnUnmappableTierIsWrittenOverTcp) {
   EXPECT_EQ(Saved(*decode_pool, 1), Saved(*pool, 4));
 }
 
+// Once a plan closed the decode replica's hold on the slots (the coordinator gave them back,
+// and an offload reused one), a push over TCP that names the hold writes nothing: the slot
+// keeps the offloaded block. A push under another hold goes on.
+TEST(KvPushTest, APushOverTcpForAClosedHoldWritesNothing) {
+  const auto dtype = kernels::cpu::KvDtype::kF16;
+  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
+  test_util::RandomizeKvPool(*pool, 3);
+  test_util::RandomizeKvPool(*decode_pool, 4);
+  auto tier = Tier(*pool, 0, 2, dtype);
+  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+  Receiver receiver(decode_tier.get());
+  PoolBackend backend(pool.get());
+  loom::v1::StepPlan closing;
+  closing.add_kv_push_holds_closed(7);
+  ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), closing).ok());
+  ASSERT_TRUE(decode_tier->Apply({{true, 1, 0}}).ok());  // the plan's offload into slot 0
+  loom::v1::KvPushDest dest = TcpDest(receiver.address(), 0, 2);
+  dest.set_hold_id(7);
+  EXPECT_THAT(PushError(backend, tier.get(), PushPlan({4}, {0}, {dest}), kLayers),
+              HasSubstr("push hold 7 has ended"));
+  ASSERT_TRUE(decode_tier->Apply({{false, 2, 0}}).ok());
+  EXPECT_EQ(Saved(*decode_pool, 2), Saved(*decode_pool, 1));
+  EXPECT_NE(Saved(*decode_pool, 2), Saved(*pool, 4));
+
+  dest.set_hold_id(8);
+  EXPECT_EQ(PushError(backend, tier.get(), PushPlan({4}, {1}, {dest}), kLayers), "");
+  loom::v1::StepPlan adopt;
+  adopt.add_kv_pushed_slots(1);
+  ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
+  ASSERT_TRUE(decode_tier->Apply({{false, 3, 1}}).ok());
+  EXPECT_EQ(Saved(*decode_pool, 3), Saved(*pool, 4));
+}
+
 // Over TCP, what cannot be written is said: a slot outside the decode tier, a decode tier
 // of another layout, heads it does not hold, a decode worker that is gone, one that stops
 // reading (the sender gives up after its stall timeout, not at the deadline), and a worker
