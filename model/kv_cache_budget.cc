@@ -74,7 +74,8 @@ absl::StatusOr<int64_t> DeviceKvBlocks(const DeviceKvBudget& budget, const Devic
     // This forward pass's share of the device's total, less what it has taken itself (weights,
     // activations, workspaces), not less what the whole device holds: two workers that
     // split a GPU (--gpu-memory-utilization 0.45 each) then each get their share, whichever
-    // starts first. Never more than the default would take of what is free.
+    // starts first (their start-ups take turns: worker/device_startup_lock). Never more
+    // than the default would take of what is free.
     const double allowed = static_cast<double>(memory.total_bytes) * budget.memory_utilization;
     const double own = static_cast<double>(
         memory.free_at_start > memory.free_bytes ? memory.free_at_start - memory.free_bytes : 0);

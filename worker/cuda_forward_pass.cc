@@ -13,6 +13,7 @@
 #include "kernels/cuda_device.h"
 #include "model/kv_cache_budget.h"
 #include "model/kv_layout.h"
+#include "worker/device_startup_lock.h"
 
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -174,8 +175,10 @@ struct CudaForwardPass::State {
   int64_t scratch_block = 0;  // == num_blocks: one more block, target of graph padding
   int64_t block_size = 0;
   // Device memory free when this forward pass began (context created, nothing of its own yet):
-  // what it has taken since is its own use, whatever other processes on the GPU hold.
+  // what it has taken since is its own use, whatever other processes on the GPU hold. Other
+  // workers on the GPU wait meanwhile (startup_lock, released once the KV pool is in).
   size_t free_at_start = 0;
+  std::unique_ptr<DeviceStartupLock> startup_lock;
 
   std::unique_ptr<model::LlamaGraph> graph;  // the model on the device
   model::CudaDevice* device = nullptr;       // graph's; every launch goes to its stream
@@ -496,6 +499,15 @@ absl::Status ValidateRandomModelConfig(const common::ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// The device by PCI bus id (the same GPU whatever CUDA_VISIBLE_DEVICES numbers it), else
+// its index.
+std::string DeviceKey(int device) {
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) == cudaSuccess) return bus_id;
+  cudaGetLastError();
+  return std::to_string(device);
+}
+
 // Selects the device (creating its context) and returns the memory free on it then.
 absl::StatusOr<size_t> SelectDevice(const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"));
@@ -526,6 +538,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaShard(config, options.tp_rank, options.tp_size));
+  std::unique_ptr<DeviceStartupLock> startup_lock =
+      DeviceStartupLock::Acquire(DeviceKey(options.device));
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   // Weights: this rank's slice, loaded like the CPU forward pass's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
@@ -544,6 +558,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   auto state = std::make_unique<State>();
   state->device_index = options.device;
   state->free_at_start = free_at_start;
+  state->startup_lock = std::move(startup_lock);
   if (options.pp_size > 1) {
     State* s = state.get();
     s->link = options.link;
@@ -580,6 +595,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
   if (options.tp_size > 1 || options.pp_size > 1) {
     return absl::InvalidArgumentError("CUDA runner: random models run on one rank only");
   }
+  std::unique_ptr<DeviceStartupLock> startup_lock =
+      DeviceStartupLock::Acquire(DeviceKey(options.device));
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
   model::CudaDevice* cuda = device.get();
@@ -589,6 +606,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
   auto state = std::make_unique<State>();
   state->device_index = options.device;
   state->free_at_start = free_at_start;
+  state->startup_lock = std::move(startup_lock);
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::CreateRandom(config, std::move(device),
                                                                       graph_options, seed));
   state->device = cuda;
@@ -668,6 +686,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   s.scratch_block = num_blocks;
   LOOM_RETURN_IF_ERROR(graph.CreateKvCache(num_blocks + 1));  // zeroed on the stream
   LOOM_RETURN_IF_ERROR(device.Synchronize());
+  s.startup_lock.reset();  // the next worker on this GPU may measure now
 
   absl::StrAppendFormat(
       &load_log,
