@@ -148,7 +148,7 @@ void Cluster::HandOff(std::shared_ptr<engine::Request> request, Replica* source,
   if (options.export_reply->pushed) {
     // Pushed into the refusing replica's tier: another one pulls from the prefill replica
     // (its cache holds the prompt; this runs on its loop).
-    target->ReleasePushHold(request->seq_id());
+    target->ReleasePushHold(request->seq_id(), /*hold_id=*/0);  // its current one
     options.export_reply = source->ExportForHandOff(*request);
   }
   const uint64_t export_id = options.export_reply->export_id;

@@ -93,8 +93,9 @@ CoordinatorMetrics::CoordinatorMetrics(std::string model_name)
                             .Register(*registry_)),
       host_blocks_held_(BuildGauge()
                             .Name("loom_kv_host_tier_slots_held")
-                            .Help("Host tier slots held for KV transfers in flight (fetches, "
-                                  "pushes from prefill workers, reads by other workers).")
+                            .Help("Host tier slots held now: reserved for blocks on their way "
+                                  "in (fetches, pushes from prefill workers), read by another "
+                                  "worker, or kept for requests about to reload them.")
                             .Register(*registry_)),
       kv_copies_queued_(BuildGauge()
                             .Name("loom_kv_offload_queue_blocks")

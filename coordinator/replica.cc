@@ -414,10 +414,7 @@ void Replica::AdmitInbox() {
     if (AwaitPushTarget(inbox[i], placement)) continue;
     // A hand-off that pulls (its push failed, or it was placed elsewhere first): no slots
     // wait for a push any more.
-    if (placement.handed_off && push_holds_.contains(inbox[i]->seq_id())) {
-      engine_->scheduler().ReleaseSlots(push_holds_[inbox[i]->seq_id()].slots, /*import=*/true);
-      push_holds_.erase(inbox[i]->seq_id());
-    }
+    if (placement.handed_off) EndPushHold(inbox[i]->seq_id());
     // A prefix another replica holds is fetched first (replica_kv_fetch.cc), when fetches
     // as measured so far beat recomputing it; a hand-off's KV always is.
     if (placement.fetch_source != nullptr && !inbox[i]->cancelled() &&
@@ -569,6 +566,7 @@ void Replica::LoseWorker(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (!lost_reason_.empty()) why = lost_reason_;
     healthy_.store(false);
+    connection_epoch_.fetch_add(1);  // answers to asks made before now are stale
     live_connection_ = nullptr;
     ReturnPushWaitsToInbox();
     inbox.swap(inbox_);

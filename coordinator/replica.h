@@ -120,6 +120,10 @@ struct KvPushTarget {
   Replica* decode = nullptr;
   std::vector<int32_t> slots;
   std::vector<loom::v1::KvPushDest> dests;
+  uint64_t hold_id = 0;  // the decode replica's hold (0: declined, no slots)
+  // The prefill replica's connection_epoch() when it was asked: an answer to an ask made
+  // before its worker was lost is stale (the request was placed again since).
+  uint64_t prefill_epoch = 0;
 };
 
 /// One replica (a tensor-parallel group; one worker today) and the step loop that drives
@@ -208,12 +212,17 @@ class Replica {
   void AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill);
   /// Prefill side: where the blocks of `target.seq_id` go.
   void DeliverPushTarget(KvPushTarget target);
-  /// Decode side: the slots held for `seq_id`'s push are freed (it went elsewhere). The
-  /// prefill replica calls it once no plan of its own that pushes into them is in flight.
-  void ReleasePushHold(uint64_t seq_id);
+  /// Decode side: the slots held for `seq_id`'s push are freed (it went elsewhere). Called
+  /// by the prefill replica once no plan of its own pushes into them (or its worker was
+  /// lost), and by the cluster when the decode replica refused the pushed hand-off.
+  /// `hold_id` (KvPushTarget::hold_id; 0: whichever): a hold that replaced it stays.
+  void ReleasePushHold(uint64_t seq_id, uint64_t hold_id);
   /// Decode side: no plan of the prefill replica writes into the slots held for `seq_id`'s
   /// push any more; they stay held for its hand-off, and go if its request ends first.
-  void SettlePushHold(uint64_t seq_id);
+  void SettlePushHold(uint64_t seq_id, uint64_t hold_id);
+  /// Bumped each time this replica loses its worker: what was asked of other replicas
+  /// before then is answered for requests placed again since.
+  uint64_t connection_epoch() const { return connection_epoch_.load(); }
   /// Prefill side, on this replica's loop thread (Cluster::HandOff): the prompt's blocks
   /// held for a decode replica to pull (Export), when its push went nowhere.
   KvExport ExportForHandOff(const engine::Request& request) { return Export(request, 0); }
@@ -366,6 +375,9 @@ class Replica {
   // Prefill side, at hand-off: whether every block of `request` reached `decode` (the
   // target then ends here; a decode replica holding slots in vain is told).
   bool TakePushedHandOff(const engine::Request& request, Replica* decode);
+  // Decode side: the hold for `seq_id`'s push ends (false: none); its slots are freed, and
+  // closed on the workers where a write may still come.
+  bool EndPushHold(uint64_t seq_id);
   // Prefill side: the push of a sequence ends; its slots are released once no plan in flight
   // pushes into them.
   void EndPush(uint64_t seq_id);
@@ -392,6 +404,7 @@ class Replica {
     absl::Time deadline;
     absl::Time started;
     bool fetching = false;  // the workers are pulling the blocks
+    uint64_t hold_id = 0;   // named to them (FetchKvBlocksRequest.hold_id)
     bool handed_off = false;  // SubmitOptions::handed_off
     // Slots reserved, the pull not started: a plan sent (or to be sent) may still copy
     // into or out of them (import.last_copy_plan), so the workers write them only once
@@ -408,6 +421,7 @@ class Replica {
   std::atomic<int64_t> prefill_chunk_{0};  // ReplicaStatus.prefill_chunk_tokens
   std::atomic<uint64_t> num_prefills_kept_local_{0};
   std::atomic<bool> healthy_{false};
+  std::atomic<uint64_t> connection_epoch_{0};
   std::atomic<int64_t> load_{0};
   std::atomic<int64_t> load_tokens_{0};
   std::atomic<int32_t> block_size_{0};
@@ -453,11 +467,15 @@ class Replica {
   std::vector<uint64_t> export_releases_ ABSL_GUARDED_BY(mu_);
   int fetch_threads_ ABSL_GUARDED_BY(mu_) = 0;  // running; Stop waits for them
   // KV pushes: asks for slots (decode side), targets delivered (prefill side), holds to end.
-  std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> push_asks_
-      ABSL_GUARDED_BY(mu_);
+  struct PushAsk {
+    std::shared_ptr<engine::Request> request;
+    Replica* prefill = nullptr;
+    uint64_t prefill_epoch = 0;
+  };
+  std::vector<PushAsk> push_asks_ ABSL_GUARDED_BY(mu_);
   std::vector<KvPushTarget> push_deliveries_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> push_releases_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> push_settles_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> push_releases_ ABSL_GUARDED_BY(mu_);  // seq, hold
+  std::vector<std::pair<uint64_t, uint64_t>> push_settles_ ABSL_GUARDED_BY(mu_);
 
   // Loop thread only.
   absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
@@ -473,15 +491,18 @@ class Replica {
     engine::Scheduler::HeldSlots slots;  // delivered once CopiesRan(slots.last_copy_plan)
     bool delivered = false;
     uint64_t id = 0;  // named to the workers (KvPushDest.hold_id), unique to this replica
+    uint64_t prefill_epoch = 0;  // the prefill replica's when asked (KvPushTarget)
     // No plan of the prefill replica writes into the slots any more (SettlePushHold).
     // Until then a delivered hold whose request ended stays held: its slots go back to the
     // tier only when the prefill replica releases them (or its worker is lost).
     bool settled = false;
   };
   absl::flat_hash_map<uint64_t, PushHold> push_holds_;
-  // From the clock at start-up: a worker that outlived an earlier coordinator has not
-  // closed the ids this one names.
-  uint64_t next_push_hold_id_ = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  // Holds on this replica's host slots named to the workers that write them (pushes,
+  // fetches), closed by a plan when given back while a write may still come. From the
+  // clock at start-up: a worker that outlived an earlier coordinator has not closed the ids
+  // this one names.
+  uint64_t next_hold_id_ = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   std::vector<int32_t> pushed_slots_to_adopt_;
   struct PushState {
     KvPushTarget target;

@@ -105,8 +105,8 @@ namespace {
 absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
                               const std::vector<KvHeadRange>& dest_heads,
                               const Replica::ExportReply& reply,
-                              const std::vector<int32_t>& dest_slots, absl::Duration timeout,
-                              Replica::FetchCalls& calls) {
+                              const std::vector<int32_t>& dest_slots, uint64_t hold_id,
+                              absl::Duration timeout, Replica::FetchCalls& calls) {
   std::vector<loom::v1::FetchKvBlocksRequest> requests(destinations.size());
   for (size_t r = 0; r < destinations.size(); ++r) {
     const std::vector<size_t> sources = SourceRanks(dest_heads, reply.kv_heads, r);
@@ -125,6 +125,7 @@ absl::Status FetchOnEveryRank(const std::vector<std::string>& destinations,
     }
     request.mutable_dest_slots()->Add(dest_slots.begin(), dest_slots.end());
     request.set_after_step_id(reply.after_step_id);
+    request.set_hold_id(hold_id);
     request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
   }
   std::vector<std::future<absl::Status>> ranks;
@@ -299,10 +300,17 @@ void Replica::EndFetch(uint64_t fetch_id, const absl::Status& status) {
                    "replica's host tier was reset, recomputing the prompt here\n",
                    replica_id_.c_str(), pending.source->replica_id().c_str());
     }
-  } else if (request.cancelled()) {
-    scheduler.ReleaseSlots(pending.import, /*import=*/true);  // AdmitOne ends it as aborted
   } else {
-    scheduler.ReleaseSlots(pending.import, /*import=*/true);
+    // A pull that ended here may still write on a worker (the call gave up: cancelled,
+    // past its deadline, the worker unreachable): its hold closes there before any plan
+    // reuses the slots.
+    if (pending.fetching) {
+      scheduler.ReleaseClosedImport(pending.import, pending.hold_id);
+    } else {
+      scheduler.ReleaseSlots(pending.import, /*import=*/true);
+    }
+  }
+  if (!status.ok() && !request.cancelled()) {  // a cancelled one: AdmitOne ends it as aborted
     ++num_kv_fetch_failures_;
     if (pending.handed_off) ++num_handoff_failures_;
     std::fprintf(stderr,
@@ -376,6 +384,7 @@ void Replica::HandleKvFetches() {
       continue;
     }
     pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
+    pending.hold_id = next_hold_id_++;
     if (pending.import.slots.empty()) {
       EndFetch(reply.fetch_id, absl::ResourceExhaustedError("the host tier has no free slot"));
       continue;
@@ -401,9 +410,9 @@ void Replica::HandleKvFetches() {
     }
     // Bounded by the transfer's deadline; Stop waits for it.
     std::thread([this, id, addresses, kv_heads, reply = *std::move(pending.reserved_reply), dest,
-                 calls = pending.calls] {
-      const absl::Status status =
-          FetchOnEveryRank(addresses, kv_heads, reply, dest, options_.kv_transfer_timeout, *calls);
+                 hold_id = pending.hold_id, calls = pending.calls] {
+      const absl::Status status = FetchOnEveryRank(addresses, kv_heads, reply, dest, hold_id,
+                                                   options_.kv_transfer_timeout, *calls);
       absl::MutexLock lock(&mu_);
       fetch_results_.push_back({id, status});
       --fetch_threads_;

@@ -37,8 +37,9 @@ constexpr absl::Duration kPushTargetWait = absl::Milliseconds(20);
 }  // namespace
 
 void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill) {
+  const uint64_t epoch = prefill->connection_epoch();
   absl::MutexLock lock(&mu_);
-  push_asks_.emplace_back(request, prefill);
+  push_asks_.push_back({request, prefill, epoch});
   wake_ = true;
 }
 
@@ -48,22 +49,37 @@ void Replica::DeliverPushTarget(KvPushTarget target) {
   wake_ = true;
 }
 
-void Replica::ReleasePushHold(uint64_t seq_id) {
+void Replica::ReleasePushHold(uint64_t seq_id, uint64_t hold_id) {
   absl::MutexLock lock(&mu_);
-  push_releases_.push_back(seq_id);
+  push_releases_.emplace_back(seq_id, hold_id);
   wake_ = true;
 }
 
-void Replica::SettlePushHold(uint64_t seq_id) {
+bool Replica::EndPushHold(uint64_t seq_id) {
+  auto hold = push_holds_.find(seq_id);
+  if (hold == push_holds_.end()) return false;
+  engine::Scheduler& scheduler = engine_->scheduler();
+  if (hold->second.delivered && !hold->second.settled) {
+    // A write may still come (the prefill worker lost its coordinator; a stream whose
+    // writer gave up still delivering): the workers refuse it from the next plan on.
+    scheduler.ReleaseClosedImport(hold->second.slots, hold->second.id);
+  } else {
+    scheduler.ReleaseSlots(hold->second.slots, /*import=*/true);
+  }
+  push_holds_.erase(hold);
+  return true;
+}
+
+void Replica::SettlePushHold(uint64_t seq_id, uint64_t hold_id) {
   absl::MutexLock lock(&mu_);
-  push_settles_.push_back(seq_id);
+  push_settles_.emplace_back(seq_id, hold_id);
   wake_ = true;
 }
 
 void Replica::HandleKvPushes() {
-  std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> asks;
+  std::vector<PushAsk> asks;
   std::vector<KvPushTarget> deliveries;
-  std::vector<uint64_t> releases, settles;
+  std::vector<std::pair<uint64_t, uint64_t>> releases, settles;
   WorkerEndpoint endpoint;
   std::string layout;
   {
@@ -81,34 +97,29 @@ void Replica::HandleKvPushes() {
   }
   engine::Scheduler& scheduler = engine_->scheduler();
   bool slots_changed = !asks.empty();  // the status counts the tier's held slots
-  auto release = [&](uint64_t seq_id) {
+  auto release = [&](uint64_t seq_id) { slots_changed |= EndPushHold(seq_id); };
+  // Messages about a hold that a later one replaced (the request placed again) are void.
+  auto current = [&](uint64_t seq_id, uint64_t hold_id) {
     auto hold = push_holds_.find(seq_id);
-    if (hold == push_holds_.end()) return;
-    if (hold->second.delivered && !hold->second.settled) {
-      // A write may still come (the prefill worker lost its coordinator; a stream whose
-      // writer gave up still delivering): the workers refuse it from the next plan on.
-      scheduler.ReleaseClosedImport(hold->second.slots, hold->second.id);
-    } else {
-      scheduler.ReleaseSlots(hold->second.slots, /*import=*/true);
-    }
-    push_holds_.erase(hold);
-    slots_changed = true;
+    return hold != push_holds_.end() && (hold_id == 0 || hold->second.id == hold_id);
   };
-  for (uint64_t seq_id : settles) {
-    if (auto hold = push_holds_.find(seq_id); hold != push_holds_.end()) {
-      hold->second.settled = true;
-    }
+  for (const auto& [seq_id, hold_id] : settles) {
+    if (current(seq_id, hold_id)) push_holds_[seq_id].settled = true;
   }
-  for (uint64_t seq_id : releases) release(seq_id);
+  for (const auto& [seq_id, hold_id] : releases) {
+    if (current(seq_id, hold_id)) release(seq_id);
+  }
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
-  std::vector<std::pair<std::shared_ptr<engine::Request>, Replica*>> declined;
+  std::vector<PushAsk> declined;
   // Decode side: slots for the asks, where the layout is one a push can fill (no pipeline
   // stages). A prefill worker maps a rank's tier where it can (one machine), else writes
   // it over TCP (WriteKvBlocks at the rank's address).
   const bool pushable = options_.kv_push && scheduler.host_tier() != nullptr &&
                         endpoint.pipeline_parallel_size <= 1 && !endpoint.addresses.empty() &&
                         endpoint.host_kv_shared.size() == endpoint.addresses.size();
-  for (auto& [request, prefill] : asks) {
+  for (PushAsk& ask : asks) {
+    const std::shared_ptr<engine::Request>& request = ask.request;
+    Replica* prefill = ask.prefill;
     release(request->seq_id());  // placed again: a new hold replaces the old
     // The prompt's blocks, its partial last one too: the hand-off then computes no prompt
     // token here.
@@ -116,19 +127,20 @@ void Replica::HandleKvPushes() {
     const int64_t prompt = static_cast<int64_t>(request->params().prompt_ids.size());
     const int64_t blocks = (prompt + block_size - 1) / block_size;
     if (!pushable || blocks == 0 || request->finished() || prefill->kv_layout() != layout) {
-      declined.push_back({request, prefill});
+      declined.push_back(std::move(ask));
       continue;
     }
     PushHold hold;
     hold.slots = scheduler.ReserveImport(blocks);
     if (static_cast<int64_t>(hold.slots.slots.size()) < blocks) {
       scheduler.ReleaseSlots(hold.slots, /*import=*/true);
-      declined.push_back({request, prefill});  // the tier is busy: the hand-off pulls
+      declined.push_back(std::move(ask));  // the tier is busy: the hand-off pulls
       continue;
     }
     hold.request = request;
     hold.prefill = prefill;
-    hold.id = next_push_hold_id_++;
+    hold.id = next_hold_id_++;
+    hold.prefill_epoch = ask.prefill_epoch;
     push_holds_[request->seq_id()] = std::move(hold);
   }
   // Holds whose slots no plan in flight touches any more go to their prefill replicas;
@@ -148,6 +160,8 @@ void Replica::HandleKvPushes() {
     target.request = request;
     target.decode = this;
     target.slots = hold.slots.slots;
+    target.hold_id = hold.id;
+    target.prefill_epoch = hold.prefill_epoch;
     for (size_t r = 0; r < endpoint.addresses.size(); ++r) {
       loom::v1::KvPushDest& dest = target.dests.emplace_back();
       if (!endpoint.host_kv_shared[r].boot_id().empty()) {
@@ -163,16 +177,27 @@ void Replica::HandleKvPushes() {
   }
   for (uint64_t seq_id : ended) release(seq_id);
   if (slots_changed) PublishStats();
-  for (auto& [request, prefill] : declined) {
+  for (PushAsk& ask : declined) {
     KvPushTarget answer;  // no slots: a push that failed from the start
-    answer.seq_id = request->seq_id();
-    answer.request = request;
+    answer.seq_id = ask.request->seq_id();
+    answer.request = ask.request;
     answer.decode = this;
-    prefill->DeliverPushTarget(std::move(answer));
+    answer.prefill_epoch = ask.prefill_epoch;
+    ask.prefill->DeliverPushTarget(std::move(answer));
   }
   // Prefill side: the targets (a request may still wait in the inbox); those whose request
   // ended or left let their slots go.
   for (KvPushTarget& target : deliveries) {
+    auto existing = push_targets_.find(target.seq_id);
+    const bool stale = target.prefill_epoch != connection_epoch_.load();
+    if (stale || (existing != push_targets_.end() && existing->second.in_flight > 0)) {
+      // Asked before this replica lost its worker (the request was placed again since:
+      // its new ask is answered on its own), or plans pushing to an earlier target are
+      // out (that push goes on): this one goes back.
+      if (target.hold_id != 0) target.decode->ReleasePushHold(target.seq_id, target.hold_id);
+      continue;
+    }
+    if (existing != push_targets_.end()) EndPush(target.seq_id);  // replaced: let it go
     PushState& state = push_targets_[target.seq_id];
     state = PushState{};
     state.failed = target.slots.empty();
@@ -196,7 +221,8 @@ void Replica::EndPush(uint64_t seq_id) {
     state->second.ended = true;
     return;
   }
-  state->second.target.decode->ReleasePushHold(state->first);
+  const KvPushTarget& target = state->second.target;
+  if (target.hold_id != 0) target.decode->ReleasePushHold(state->first, target.hold_id);
   push_targets_.erase(state);
 }
 
@@ -313,7 +339,7 @@ bool Replica::TakePushedHandOff(const engine::Request& request, Replica* decode)
   const bool pushed = !push.failed && push.target.decode == decode &&
                       push.confirmed == static_cast<int64_t>(push.target.slots.size());
   if (pushed) {
-    push.target.decode->SettlePushHold(request.seq_id());  // kept for the hand-off
+    push.target.decode->SettlePushHold(request.seq_id(), push.target.hold_id);  // for the hand-off
     push_targets_.erase(state);
   } else {
     EndPush(request.seq_id());
@@ -325,6 +351,10 @@ void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
   auto hold = push_holds_.find(request->seq_id());
   ++num_handoffs_in_;
   request->MarkHandoffDone();
+  if ((hold == push_holds_.end() || !hold->second.delivered) && request->cancelled()) {
+    AdmitOne(request);  // cancelled on its way here (its hold ended with it): ends it
+    return;
+  }
   if (hold == push_holds_.end() || !hold->second.delivered) {
     // Cannot happen while the prefill replica only says "pushed" for delivered slots; a
     // hand-off without its KV recomputes the prompt here.
@@ -373,7 +403,10 @@ void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
 }
 
 void Replica::AbandonPushes() {
-  for (auto& [seq_id, state] : push_targets_) state.target.decode->ReleasePushHold(seq_id);
+  for (auto& [seq_id, state] : push_targets_) {
+    const KvPushTarget& target = state.target;
+    if (target.hold_id != 0) target.decode->ReleasePushHold(seq_id, target.hold_id);
+  }
   push_targets_.clear();
   push_holds_.clear();  // the engine, and its tier's table, are gone with the worker
   pushed_slots_to_adopt_.clear();

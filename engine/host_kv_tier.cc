@@ -50,6 +50,8 @@ int32_t HostKvTier::TakeSlot() {
     free_slots_.pop_back();
     return slot;
   }
+  // Slots still held across a Forget are passed over (freed later, they join free_slots_).
+  while (next_never_used_ < num_slots() && Busy(next_never_used_)) ++next_never_used_;
   if (next_never_used_ < num_slots()) return next_never_used_++;
   for (int32_t slot = head_; slot != kNone; slot = entries_[static_cast<size_t>(slot)].next) {
     Entry& entry = entries_[static_cast<size_t>(slot)];
@@ -125,7 +127,16 @@ void HostKvTier::Hold(int32_t slot) {
 
 void HostKvTier::Release(int32_t slot) {
   Entry& entry = entries_[static_cast<size_t>(slot)];
-  if (entry.holds > 0) SetHolds(entry, entry.holds - 1);
+  if (entry.holds == 0) return;
+  SetHolds(entry, entry.holds - 1);
+  // A slot whose content a Forget dropped while it was held: free now.
+  if (entry.holds == 0 && !entry.used) Free(slot);
+}
+
+void HostKvTier::Free(int32_t slot) {
+  // Slots at or past next_never_used_ are still ahead of TakeSlot's scan: listing them
+  // would hand them out twice.
+  if (slot < next_never_used_) free_slots_.push_back(slot);
 }
 
 std::vector<int32_t> HostKvTier::Reserve(int64_t count, uint64_t* last_copy_plan) {
@@ -162,7 +173,7 @@ void HostKvTier::FreeReserved(int32_t slot) {
   Entry& entry = entries_[static_cast<size_t>(slot)];
   LOOM_CHECK(!entry.used);
   SetHolds(entry, 0);
-  free_slots_.push_back(slot);
+  Free(slot);
 }
 
 void HostKvTier::LoadReserved(int32_t slot, int32_t device_block) {
@@ -238,13 +249,16 @@ void HostKvTier::Forget() {
   }
   by_hash_.clear();
   for (Entry& entry : entries_) {
-    const uint64_t copy_plan = entry.copy_plan;  // plans in flight may still copy
+    // Plans in flight may still copy; a held slot may still be read by another worker or
+    // written by a transfer: it stays held (without content) until its holder lets it go.
+    const uint64_t copy_plan = entry.copy_plan;
+    const int32_t holds = entry.holds;
     entry = Entry{};
     entry.copy_plan = copy_plan;
+    entry.holds = holds;
   }
   next_never_used_ = 0;
   free_slots_.clear();
-  num_held_ = 0;
   ++generation_;
   head_ = tail_ = kNone;
   copies_.clear();

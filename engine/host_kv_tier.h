@@ -92,7 +92,8 @@ class HostKvTier {
   /// The holds closed since the last call, for the plan TakeCopies was just called for.
   std::vector<uint64_t> TakeClosedHolds();
   bool has_closed_holds() const { return !closed_holds_.empty(); }
-  /// Bumped by Forget: holds and reservations of an earlier generation are void.
+  /// Bumped by Forget: what a hold or reservation of an earlier generation expected in its
+  /// slots is gone (nothing is committed from it); the slots stay held until released.
   uint64_t generation() const { return generation_; }
   /// Copies are queued for the next plan.
   bool has_copies() const { return !copies_.empty(); }
@@ -120,7 +121,8 @@ class HostKvTier {
   /// The copies queued since the last call, in order.
   std::vector<KvCopy> TakeCopies();
   /// Forgets every content (a failed step: what its copies left cannot be trusted) and
-  /// drops the queued copies.
+  /// drops the queued copies. Held slots stay held, without content, until released: a
+  /// transfer into or out of one (another worker's read, a fetch, a push) may still run.
   void Forget();
 
   int64_t num_slots() const { return static_cast<int64_t>(entries_.size()); }
@@ -154,6 +156,7 @@ class HostKvTier {
   int32_t TakeSlot();
   void Store(int32_t slot, const EvictedBlock& evicted);
   void Describe(int32_t slot, const EvictedBlock& content);
+  void Free(int32_t slot);  // unheld and without content: to free_slots_ if TakeSlot passed it
   bool Busy(int32_t slot) const {
     const Entry& entry = entries_[static_cast<size_t>(slot)];
     return entry.holds > 0;

@@ -128,7 +128,12 @@ Scheduler::HeldSlots Scheduler::ReserveImport(int64_t count) {
 int64_t Scheduler::CommitImport(const HeldSlots& import, absl::Span<const BlockHash> hashes,
                                 absl::Span<const int32_t> tokens, std::string_view cache_salt,
                                 HeldSlots* keep) {
-  if (host_tier_ == nullptr || import.generation != host_tier_->generation()) return 0;
+  if (host_tier_ == nullptr) return 0;
+  if (import.generation != host_tier_->generation()) {
+    // The tier was reset meanwhile (its slots stayed reserved): nothing to commit.
+    ReleaseSlots(import, /*import=*/true);
+    return 0;
+  }
   if (keep != nullptr) keep->generation = host_tier_->generation();
   const size_t block_size = static_cast<size_t>(config_.block_size);
   uint64_t parent_id = 0;
@@ -207,12 +212,13 @@ void Scheduler::DropHostTail(Sequence& seq) {
 void Scheduler::ReleaseClosedImport(const HeldSlots& held, uint64_t hold_id) {
   if (host_tier_ == nullptr) return;
   ReleaseSlots(held, /*import=*/true);
-  // Whatever the tier's generation: the workers' slots are the same memory.
   host_tier_->CloseHold(hold_id, held.slots);
 }
 
 void Scheduler::ReleaseSlots(const HeldSlots& held, bool import) {
-  if (host_tier_ == nullptr || held.generation != host_tier_->generation()) return;
+  // Whatever the tier's generation: a Forget keeps held slots held (the workers' slots
+  // are the same memory, and transfers may still use them) until this.
+  if (host_tier_ == nullptr) return;
   for (const int32_t slot : held.slots) {
     if (import) {
       if (host_tier_->reserved(slot)) host_tier_->FreeReserved(slot);

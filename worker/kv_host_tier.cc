@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <string>
 #include <string_view>
 
 #include "absl/strings/str_format.h"
@@ -61,8 +63,16 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
       return absl::ResourceExhaustedError(
           absl::StrFormat("cannot allocate the KV host tier (%d bytes)", total));
     }
-    LOOM_RETURN_IF_ERROR(pool->RegisterHostMemory(tier->memory_, total));
-    tier->registered_ = true;
+    // Pinning only speeds the copies up (a device copies pageable memory through its own
+    // staging): a driver or sandbox that refuses it leaves a slower tier, not none.
+    if (absl::Status pinned = pool->RegisterHostMemory(tier->memory_, total); pinned.ok()) {
+      tier->registered_ = true;
+    } else {
+      std::fprintf(stderr,
+                   "loom-worker: the KV host tier (%lld bytes) is not pinned, its copies run "
+                   "through the driver's staging: %s\n",
+                   static_cast<long long>(total), std::string(pinned.message()).c_str());
+    }
     KvHostTier* populated = tier.get();
     tier->populating_ = std::thread([populated, total] { populated->Populate(total); });
   }
@@ -180,8 +190,9 @@ absl::Status KvHostTier::WriteSlotWith(int32_t slot,
   return absl::OkStatus();
 }
 
-absl::Status KvHostTier::MarkWritten(int32_t slot, uint64_t checksum) {
+absl::Status KvHostTier::MarkWritten(int32_t slot, uint64_t checksum, const KvWriteGuard& guard) {
   absl::MutexLock lock(&mu_);
+  LOOM_RETURN_IF_ERROR(Admit(guard));
   if (slot < 0 || slot >= num_slots_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("host slot %d is not in the host tier", slot));

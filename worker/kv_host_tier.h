@@ -112,7 +112,7 @@ class KvHostTier {
   static constexpr size_t kMaxClosedHolds = 1 << 16;
   /// `slot` holds a block now (its bytes written whole). DataLoss when `checksum` (non-zero)
   /// is not the slot's FNV-1a 64.
-  absl::Status MarkWritten(int32_t slot, uint64_t checksum);
+  absl::Status MarkWritten(int32_t slot, uint64_t checksum, const KvWriteGuard& guard = {});
   /// FNV-1a 64 of `slot`'s bytes in debug builds, 0 in release builds (not computed).
   uint64_t TransferChecksum(int32_t slot) const;
   /// Counts a remote transfer's bytes (served to or fetched from another worker).

@@ -131,7 +131,8 @@ absl::Status KvPusher::Connect(const loom::v1::KvPushDest& to, Destination& dest
   return absl::OkStatus();
 }
 
-void KvPusher::Begin(const loom::v1::StepPlan& plan) {
+void KvPusher::Begin(const loom::v1::StepPlan& plan, std::function<bool()> abandoned) {
+  abandoned_ = std::move(abandoned);
   pushes_.clear();
   streams_.clear();
   half_layers_ = layers_copied_ = bytes_pushed_ = 0;
@@ -171,6 +172,9 @@ void KvPusher::CopyLayer(int64_t layer) {
 }
 
 absl::Status KvPusher::Deliver(const Push& push, size_t i, int64_t layer, const uint8_t* bytes) {
+  if (abandoned_ && abandoned_()) {
+    return absl::AbortedError("the coordinator gave this step up: no more KV is pushed");
+  }
   const KvSlotLayout& mine = tier_->layout();
   KvSlotLayout source_layer = mine;
   source_layer.num_layers = 1;
@@ -284,14 +288,10 @@ void KvPusher::End(loom::v1::StepResult& result) {
 }
 
 absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan) {
-  if (plan.kv_pushed_slots_size() == 0 && plan.kv_push_holds_closed_size() == 0) {
-    return absl::OkStatus();
-  }
+  if (plan.kv_pushed_slots_size() == 0) return absl::OkStatus();
   if (tier == nullptr) {
-    return absl::FailedPreconditionError(
-        "pushed slots or push holds named, but this worker has no host tier");
+    return absl::FailedPreconditionError("pushed slots named, but this worker has no host tier");
   }
-  tier->CloseHolds(plan.kv_push_holds_closed());
   for (const int32_t slot : plan.kv_pushed_slots()) {
     if (slot < 0 || slot >= tier->num_slots()) {
       return absl::InvalidArgumentError(

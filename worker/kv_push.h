@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,7 +58,10 @@ class KvPusher {
 
   /// Starts `plan`'s pushes (nothing without any): checks and maps them, and installs the
   /// per-layer copy. A failure drops them all and is kept for End.
-  void Begin(const loom::v1::StepPlan& plan);
+  /// `abandoned` (optional): asked before each layer goes out; true once the coordinator
+  /// gave the step up (its stream to this worker was cancelled: it lost this worker and
+  /// gives the slots back), and nothing more is written.
+  void Begin(const loom::v1::StepPlan& plan, std::function<bool()> abandoned = nullptr);
   /// Ends the plan's pushes, whether its forward pass ran or failed (`result.error_code`
   /// set): copies the blocks of a backend without the observer if it ran, and sets
   /// `result.kv_push_error` unless every layer of every block went out.
@@ -103,6 +107,7 @@ class KvPusher {
   int64_t layers_copied_ = 0;  // layers every push has written
   int64_t bytes_pushed_ = 0;   // into every destination, this step
   absl::Status failure_;
+  std::function<bool()> abandoned_;  // Begin's
   bool observing_ = false;
   bool after_pass_ = false;  // the backend has no observer: CopyBlocks at End
 };
@@ -112,9 +117,9 @@ class KvPusher {
 class KvPushScope {
  public:
   KvPushScope(KvPusher& pusher, const loom::v1::StepPlan& plan, loom::v1::StepResult& result,
-              bool run)
+              bool run, std::function<bool()> abandoned = nullptr)
       : pusher_(pusher), result_(result) {
-    if (run) pusher_.Begin(plan);
+    if (run) pusher_.Begin(plan, std::move(abandoned));
   }
   ~KvPushScope() { pusher_.End(result_); }
   KvPushScope(const KvPushScope&) = delete;
@@ -125,10 +130,8 @@ class KvPushScope {
   loom::v1::StepResult& result_;
 };
 
-/// The decode side, before the plan's copies: the push holds StepPlan.kv_push_holds_closed
-/// names are closed (writes naming them refused from now on), and the slots
-/// kv_pushed_slots names (pushes wrote them whole) hold blocks. InvalidArgument for a slot
-/// outside the tier.
+/// The decode side: the slots StepPlan.kv_pushed_slots names (pushes wrote them whole)
+/// hold blocks from now on. InvalidArgument for a slot outside the tier.
 absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan);
 
 }  // namespace loom::worker

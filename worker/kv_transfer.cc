@@ -168,20 +168,35 @@ absl::StatusOr<std::vector<SourcePlan>> PlanSources(const KvHostTier& tier,
   return plans;
 }
 
+// What a fetch writes is written only while its caller waits and its hold is open (a
+// coordinator that gave up may have given the slots to other content), checked under the
+// tier's lock with each write.
+KvWriteGuard FetchGuard(const loom::v1::FetchKvBlocksRequest& request,
+                        const grpc::ServerContext* caller) {
+  KvWriteGuard guard;
+  guard.hold_id = request.hold_id();
+  if (caller != nullptr) guard.wanted = [caller] { return !caller->IsCancelled(); };
+  return guard;
+}
+
 // One complete source slot arrived (`checksum`: the sender's, 0 when not computed).
 absl::Status Deliver(KvHostTier* tier, const SourcePlan& plan, int32_t dest_slot,
-                     absl::Span<const uint8_t> bytes, uint64_t checksum) {
+                     absl::Span<const uint8_t> bytes, uint64_t checksum,
+                     const KvWriteGuard& guard) {
   if (plan.whole) {
-    LOOM_RETURN_IF_ERROR(tier->WriteSlot(dest_slot, 0, bytes));
-    return tier->MarkWritten(dest_slot, checksum);
+    LOOM_RETURN_IF_ERROR(tier->WriteSlot(dest_slot, 0, bytes, guard));
+    return tier->MarkWritten(dest_slot, checksum, guard);
   }
   if (checksum != 0 && KvSlotChecksum(bytes) != checksum) {
     return absl::DataLossError(absl::StrFormat(
         "a block for host slot %d: its checksum does not match the sender's", dest_slot));
   }
-  return tier->WriteSlotWith(dest_slot, [&](absl::Span<uint8_t> to) {
-    CopyKvHeads(plan.layout, bytes, tier->layout(), to, plan.heads);
-  });
+  return tier->WriteSlotWith(
+      dest_slot,
+      [&](absl::Span<uint8_t> to) {
+        CopyKvHeads(plan.layout, bytes, tier->layout(), to, plan.heads);
+      },
+      guard);
 }
 
 // A context for one read from a source: a child of the FetchKvBlocks call being served
@@ -233,7 +248,7 @@ absl::Status CopyShared(KvHostTier* tier, const loom::v1::SharedKvMemory& shared
     }
     status = Deliver(tier, plan, request.dest_slots(i),
                      absl::MakeConstSpan(source + offset, static_cast<size_t>(plan.slot_bytes)),
-                     /*checksum=*/0);
+                     /*checksum=*/0, FetchGuard(request, caller));
   }
   return status;
 }
@@ -281,6 +296,7 @@ absl::Status FetchStreamed(loom::v1::Worker::Stub& stub, KvHostTier* tier, const
   std::vector<int64_t> received(static_cast<size_t>(request.dest_slots_size()), 0);
   std::vector<uint8_t> slot_bytes;  // mapped: the source slot being received
   if (!plan.whole) slot_bytes.resize(static_cast<size_t>(plan.slot_bytes));
+  const KvWriteGuard guard = FetchGuard(request, caller);
   absl::Status failure;
   loom::v1::KvBlockChunk chunk;
   while (failure.ok() && reader->Read(&chunk)) {
@@ -296,14 +312,14 @@ absl::Status FetchStreamed(loom::v1::Worker::Stub& stub, KvHostTier* tier, const
     const auto data = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(chunk.data().data()),
                                           chunk.data().size());
     if (plan.whole) {
-      failure = tier->WriteSlot(slot, chunk.offset(), data);
+      failure = tier->WriteSlot(slot, chunk.offset(), data, guard);
     } else {
       std::copy(data.begin(), data.end(), slot_bytes.begin() + chunk.offset());
     }
     received[index] += static_cast<int64_t>(data.size());
     if (failure.ok() && received[index] == plan.slot_bytes) {
-      failure = plan.whole ? tier->MarkWritten(slot, chunk.checksum())
-                           : Deliver(tier, plan, slot, slot_bytes, chunk.checksum());
+      failure = plan.whole ? tier->MarkWritten(slot, chunk.checksum(), guard)
+                           : Deliver(tier, plan, slot, slot_bytes, chunk.checksum(), guard);
     }
   }
   if (!failure.ok()) context.TryCancel();
@@ -361,12 +377,16 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
     if (mapped.has_value()) shared_bytes += moved;
   }
   // Mapped heads: the slots are whole once every source wrote its part.
+  const KvWriteGuard guard = FetchGuard(request, caller);
   for (int i = 0; failure.ok() && i < request.dest_slots_size() && !plans.front().whole; ++i) {
-    failure = tier->MarkWritten(request.dest_slots(i), 0);
+    failure = tier->MarkWritten(request.dest_slots(i), 0, guard);
   }
   if (!failure.ok()) {
-    // Nothing half-written may be read back as a block.
-    for (const int32_t slot : request.dest_slots()) tier->WriteSlot(slot, 0, {}).IgnoreError();
+    // Nothing half-written may be read back as a block (unless the slots are no longer
+    // this fetch's: the guard leaves other content alone).
+    for (const int32_t slot : request.dest_slots()) {
+      tier->WriteSlot(slot, 0, {}, guard).IgnoreError();
+    }
     return failure;
   }
   loom::v1::FetchKvBlocksResponse response;

@@ -629,7 +629,8 @@ absl::Status StepExecutor::MoveKvBlocks(const loom::v1::StepPlan& plan) {
   return absl::OkStatus();
 }
 
-void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result) {
+void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result,
+                           const std::function<bool()>& abandoned) {
   const auto start = std::chrono::steady_clock::now();
   // The step counts as started and, on every way out, as ended.
   struct ProgressScope {
@@ -653,6 +654,9 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
     has_last_step_id_ = true;
     last_step_id_ = plan.step_id();
   }
+  // Push holds that ended close whatever becomes of the plan: the coordinator may give
+  // their slots to other content once it came back.
+  if (options_.host_tier != nullptr) options_.host_tier->CloseHolds(plan.kv_push_holds_closed());
   Prepared& prepared = *prepared_;
   prepared.Clear();
   prepared.batch.step_id = plan.step_id();
@@ -662,7 +666,7 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   // Pipeline stages: a plan with work is one message between every pair of neighbours.
   if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
   // Pushes go out layer by layer inside the forward pass; their outcome joins the result.
-  const KvPushScope pushes(*pusher_, plan, result, status.ok());
+  const KvPushScope pushes(*pusher_, plan, result, status.ok(), abandoned);
   std::vector<SampledToken>& tokens = prepared.tokens;
   std::vector<int32_t>& num_emitted = prepared.num_emitted;
   BackendTimings timings;

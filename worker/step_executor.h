@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -74,7 +75,10 @@ class StepExecutor {
   loom::v1::StepResult Execute(const loom::v1::StepPlan& plan);
   /// The same into `result`, cleared first: a result reused step after step keeps its
   /// output messages allocated.
-  void Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result);
+  /// `abandoned` (optional): true once the coordinator gave the step up (its stream was
+  /// cancelled); the plan's KV pushes stop writing then (KvPusher::Begin).
+  void Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result,
+               const std::function<bool()>& abandoned = nullptr);
 
   /// Drops every sequence and forgets the last step id (a new step stream).
   absl::Status Reset();

@@ -118,7 +118,9 @@ grpc::Status WorkerService::Step(
         status = grpc::Status(grpc::StatusCode::ABORTED, "replaced by a newer step stream");
         break;
       }
-      executor_->Execute(plan, result);
+      // A coordinator that cancelled the stream lost this worker and gives the slots of
+      // its pushes back: nothing more is written into them.
+      executor_->Execute(plan, result, [context] { return context->IsCancelled(); });
       last_step_id_.store(plan.step_id(), std::memory_order_release);
       num_sequences_.store(executor_->num_sequences(), std::memory_order_relaxed);
     }

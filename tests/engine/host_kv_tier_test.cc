@@ -1,5 +1,6 @@
 #include "engine/host_kv_tier.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -182,8 +183,10 @@ TEST(HostKvTierTest, ReservedSlotsCountAsHeldUntilStoredOrFreed) {
   EXPECT_EQ(tier.num_held(), 1);
   tier.LoadReserved(slots[2], 0);
   EXPECT_EQ(tier.num_held(), 0);
-  tier.Reserve(2);
+  const std::vector<int32_t> more = tier.Reserve(2);
   tier.Forget();
+  EXPECT_EQ(tier.num_held(), 2);  // reservations outlive a reset table
+  for (const int32_t slot : more) tier.FreeReserved(slot);
   EXPECT_EQ(tier.num_held(), 0);
 }
 
@@ -202,6 +205,36 @@ TEST(HostKvTierTest, AClosedHoldGoesToTheNextPlanAndFencesItsSlots) {
   uint64_t last_copy_plan = 0;
   EXPECT_EQ(tier.Reserve(2, &last_copy_plan).size(), 2u);
   EXPECT_EQ(last_copy_plan, 2u);
+}
+
+TEST(HostKvTierTest, HeldSlotsStayHeldAcrossForgetUntilReleasedAndAreNeverHandedOutTwice) {
+  // A failed step resets the table while another worker still reads an exported slot and
+  // a fetch still writes a reserved one: neither slot is given to new content until its
+  // holder lets it go, and then each slot is handed out once.
+  HostKvTier tier(4, kBlockSize);
+  const Content a = MakeContent(1);
+  const int32_t exported = tier.Demote(a.Evicted(0));
+  tier.Hold(exported);
+  const std::vector<int32_t> reserved = tier.Reserve(1);
+  ASSERT_EQ(reserved.size(), 1u);
+  tier.Forget();
+  EXPECT_EQ(tier.num_held(), 2);
+  EXPECT_EQ(tier.num_used(), 0);
+  EXPECT_TRUE(tier.reserved(reserved[0]));
+  std::vector<int32_t> taken = tier.Reserve(4);
+  ASSERT_EQ(taken.size(), 2u);  // only the two unheld slots
+  for (const int32_t slot : taken) {
+    EXPECT_NE(slot, exported);
+    EXPECT_NE(slot, reserved[0]);
+  }
+  tier.Release(exported);
+  tier.FreeReserved(reserved[0]);
+  EXPECT_EQ(tier.num_held(), 2);  // the two just taken
+  const std::vector<int32_t> rest = tier.Reserve(4);
+  ASSERT_EQ(rest.size(), 2u);
+  taken.insert(taken.end(), rest.begin(), rest.end());
+  std::sort(taken.begin(), taken.end());
+  EXPECT_EQ(taken, (std::vector<int32_t>{0, 1, 2, 3}));
 }
 
 TEST(HostKvTierTest, ForgetDropsContentAndQueuedCopies) {

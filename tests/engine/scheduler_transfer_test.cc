@@ -236,9 +236,12 @@ TEST(SchedulerTransferTest, AnImportOfAForgottenTierOrAFailedFetchHoldsNothing) 
   Scheduler other(TierConfig(16, 4));
   const Scheduler::HeldSlots import = other.ReserveImport(3);
   other.ForgetPrefixCache();  // a failed step meanwhile
+  EXPECT_TRUE(other.host_tier()->reserved(import.slots[0]));  // a fetch may still write it
   EXPECT_EQ(other.CommitImport(import, Hashes(prompt, 3), prompt, ""), 0);
-  other.ReleaseSlots(import, /*import=*/true);  // of an earlier generation: nothing to do
   EXPECT_EQ(other.host_tier()->num_used(), 0);
+  EXPECT_EQ(other.host_tier()->num_held(), 0);  // nothing committed, every slot freed
+  other.ReleaseSlots(import, /*import=*/true);  // and a release after it frees nothing more
+  EXPECT_EQ(other.ReserveImport(4).slots.size(), 4u);
 }
 
 TEST(SchedulerTransferTest, AClosedImportIsFreedAndClosedByAPlanBeforeItsSlotsAreReservedAgain) {

@@ -317,9 +317,8 @@ TEST(KvPushTest, APushOverTcpForAClosedHoldWritesNothing) {
   auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
   Receiver receiver(decode_tier.get());
   PoolBackend backend(pool.get());
-  loom::v1::StepPlan closing;
-  closing.add_kv_push_holds_closed(7);
-  ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), closing).ok());
+  const uint64_t closed[] = {7};
+  decode_tier->CloseHolds(closed);                       // by a plan (StepExecutor::Execute)
   ASSERT_TRUE(decode_tier->Apply({{true, 1, 0}}).ok());  // the plan's offload into slot 0
   loom::v1::KvPushDest dest = TcpDest(receiver.address(), 0, 2);
   dest.set_hold_id(7);
@@ -336,6 +335,32 @@ TEST(KvPushTest, APushOverTcpForAClosedHoldWritesNothing) {
   ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
   ASSERT_TRUE(decode_tier->Apply({{false, 3, 1}}).ok());
   EXPECT_EQ(Saved(*decode_pool, 3), Saved(*pool, 4));
+}
+
+// A step the coordinator gave up (it lost this worker and gives the push's slots back)
+// writes no layer, through shared memory or over TCP: the slot keeps what it held.
+TEST_P(KvPushTransportTest, AnAbandonedStepPushesNothing) {
+  const auto dtype = kernels::cpu::KvDtype::kF16;
+  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
+  test_util::RandomizeKvPool(*pool, 3);
+  test_util::RandomizeKvPool(*decode_pool, 4);
+  auto tier = Tier(*pool, 0, 2, dtype);
+  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
+  Receiver receiver(decode_tier.get());
+  ASSERT_TRUE(decode_tier->Apply({{true, 1, 0}}).ok());  // slot 0 holds the decode's block 1
+  PoolBackend backend(pool.get());
+  const loom::v1::KvPushDest dest =
+      GetParam() ? TcpDest(receiver.address(), 0, 2) : Dest(*decode_tier, 0, 2);
+  KvPusher pusher(backend, tier.get());
+  bool abandoned = false;
+  pusher.Begin(PushPlan({4}, {0}, {dest}), [&abandoned] { return abandoned; });
+  abandoned = true;  // the coordinator cancelled the step stream before the first layer
+  backend.RunLayers(kLayers);
+  loom::v1::StepResult result;
+  pusher.End(result);
+  EXPECT_THAT(result.kv_push_error(), HasSubstr("gave this step up"));
+  ASSERT_TRUE(decode_tier->Apply({{false, 2, 0}}).ok());
+  EXPECT_EQ(Saved(*decode_pool, 2), Saved(*decode_pool, 1));
 }
 
 // Over TCP, what cannot be written is said: a slot outside the decode tier, a decode tier

@@ -202,6 +202,34 @@ TEST_P(KvTransferTest, ACancelledFetchEndsWhileTheSourceWaitsAndLeavesNothing) {
   EXPECT_TRUE(worker::FetchKvBlocks(dest_tier.get(), Fetch(source.address(), {0}, {1})).ok());
 }
 
+// The coordinator gave a fetch up and a plan closed its hold, then offloaded another block
+// into the slot: a fetch still naming that hold writes nothing there (not even the
+// "half-written" mark of a failed fetch), and the offloaded block reloads intact.
+TEST_P(KvTransferTest, AFetchWhoseHoldClosedWritesNothing) {
+  std::unique_ptr<model::CpuKvCache> source_pool = Pool(), dest_pool = Pool();
+  test_util::RandomizeKvPool(*source_pool, 1);
+  test_util::RandomizeKvPool(*dest_pool, 2);
+  auto source_tier = *KvHostTier::Create(2 * source_pool->block_bytes(), source_pool.get());
+  auto dest_tier = *KvHostTier::Create(2 * dest_pool->block_bytes(), dest_pool.get());
+  ASSERT_TRUE(source_tier->Apply({{true, 2, 0}}).ok());
+  Source source(source_tier.get());
+  source.executed = 1;
+  const uint64_t closed[] = {9};
+  dest_tier->CloseHolds(closed);
+  ASSERT_TRUE(dest_tier->Apply({{true, 3, 1}}).ok());
+  loom::v1::FetchKvBlocksRequest request = Fetch(source.address(), {0}, {1});
+  request.set_hold_id(9);
+  const absl::StatusOr<loom::v1::FetchKvBlocksResponse> late =
+      FetchKvBlocks(dest_tier.get(), request);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kCancelled) << late.status();
+  ASSERT_TRUE(dest_tier->Apply({{false, 0, 1}}).ok());
+  EXPECT_EQ(Saved(*dest_pool, 0), Saved(*dest_pool, 3));
+  request.set_hold_id(10);
+  ASSERT_TRUE(FetchKvBlocks(dest_tier.get(), request).ok());
+  ASSERT_TRUE(dest_tier->Apply({{false, 0, 1}}).ok());
+  EXPECT_EQ(Saved(*dest_pool, 0), Saved(*source_pool, 2));
+}
+
 TEST_P(KvTransferTest, RefusesMismatchedLayoutsUnknownSlotsAndAGoneSource) {
   std::unique_ptr<model::CpuKvCache> pool = Pool(), other = Pool(/*kv_heads=*/1);
   auto source_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());

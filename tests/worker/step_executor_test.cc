@@ -156,6 +156,23 @@ TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotR
   EXPECT_EQ((*tier)->stats().blocks_to_device, 1);
 }
 
+TEST_F(StepExecutorNoopTest, APlanClosesItsPushHoldsEvenWhenItIsRefused) {
+  // The coordinator may give a closed hold's slots to other content once the plan came
+  // back, refused or not: from then on a write naming the hold writes nothing.
+  absl::StatusOr<std::unique_ptr<KvHostTier>> tier = KvHostTier::Create(4, nullptr, 1);
+  ASSERT_TRUE(tier.ok());
+  StepExecutorOptions options;
+  options.host_tier = tier->get();
+  executor_ = std::make_unique<StepExecutor>(*backend_, options);
+  loom::v1::StepPlan plan = Plan(step_id_);
+  plan.add_kv_push_holds_closed(41);
+  AddCopy(plan, true, 1, 9);
+  ExpectRejected(plan, "host slot 9 is not in the host tier");
+  const absl::Status late = (*tier)->WriteSlot(0, 0, {}, {41, nullptr});
+  EXPECT_EQ(late.code(), absl::StatusCode::kCancelled) << late;
+  EXPECT_TRUE((*tier)->WriteSlot(0, 0, {}, {42, nullptr}).ok());
+}
+
 TEST_F(StepExecutorNoopTest, ReturnsOneOutputPerSampledSequenceInPlanOrder) {
   loom::v1::StepPlan plan = Plan(step_id_);
   *plan.add_added() = NewSequence(5, {1, 2, 3});
