@@ -44,7 +44,7 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
 grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
                            const loom::v1::ReadKvBlocksRequest& request,
                            grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
-                           const std::function<bool(uint64_t)>& executed) {
+                           const std::function<KvStepState(uint64_t)>& step_state) {
   if (tier == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this worker has no host tier (--kv-offload-memory)");
@@ -56,7 +56,16 @@ grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
                         "tensor-parallel slice or KV dtype)",
                         request.slot_bytes(), tier->slot_bytes()));
   }
-  while (request.after_step_id() > 0 && !executed(request.after_step_id())) {
+  while (request.after_step_id() > 0) {
+    const KvStepState state = step_state(request.after_step_id());
+    if (state == KvStepState::kRan) break;
+    if (state == KvStepState::kGone) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrFormat("step %d, which offloads the blocks, will not run here (its copies "
+                          "failed, or it was planned before this worker's step stream began)",
+                          request.after_step_id()));
+    }
     if (context->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
     }

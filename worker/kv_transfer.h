@@ -30,14 +30,23 @@ inline constexpr int64_t kKvChunkBytes = 256 * 1024;
 /// same one share /proc and memory, so one can map the other's tier.
 const std::string& BootId();
 
-/// The ReadKvBlocks side: waits until `executed(after_step_id)` (the plan that offloaded
-/// the blocks ran; polled until the call's deadline), then writes every slot in chunks.
-/// FAILED_PRECONDITION for a reader whose slot size differs (another model, TP slice or KV
-/// dtype), INVALID_ARGUMENT for a slot that holds no block.
+/// Where a step stands on this worker, for a reader waiting for the copies it carries.
+enum class KvStepState {
+  kPending,  // not run yet
+  kRan,      // its copies ran
+  kGone,     // its copies never will: they failed, or it was a plan of an earlier step
+             // stream (the coordinator lost this worker since; the slots may hold other data)
+};
+
+/// The ReadKvBlocks side: waits until `step_state(after_step_id)` is kRan (the plan that
+/// offloaded the blocks ran; polled until the call's deadline), then writes every slot in
+/// chunks. FAILED_PRECONDITION for a step that is kGone, or a reader whose slot size
+/// differs (another model, TP slice or KV dtype), INVALID_ARGUMENT for a slot that holds no
+/// block.
 grpc::Status ServeKvBlocks(grpc::ServerContext* context, const KvHostTier* tier,
                            const loom::v1::ReadKvBlocksRequest& request,
                            grpc::ServerWriter<loom::v1::KvBlockChunk>* writer,
-                           const std::function<bool(uint64_t)>& executed);
+                           const std::function<KvStepState(uint64_t)>& step_state);
 
 /// The FetchKvBlocks side: reads the slots of `request.sources` into `tier`'s dest_slots
 /// (one source's slots whole, or the heads each source holds mapped into them). Every slot must

@@ -629,6 +629,12 @@ absl::Status StepExecutor::MoveKvBlocks(const loom::v1::StepPlan& plan) {
   return absl::OkStatus();
 }
 
+bool StepExecutor::kv_copies_failed(uint64_t step_id) const {
+  absl::MutexLock lock(&failed_copies_mu_);
+  return std::find(failed_copy_steps_.begin(), failed_copy_steps_.end(), step_id) !=
+         failed_copy_steps_.end();
+}
+
 void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result,
                            const std::function<bool()>& abandoned) {
   const auto start = std::chrono::steady_clock::now();
@@ -663,6 +669,11 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   if (status.ok()) status = Prepare(plan, prepared);
   if (status.ok()) ForgetWrittenBlocks(plan, prepared);
   if (status.ok()) status = MoveKvBlocks(plan);
+  if (!status.ok() && plan.kv_copies_size() > 0) {
+    absl::MutexLock lock(&failed_copies_mu_);
+    failed_copy_steps_.push_back(plan.step_id());
+    if (failed_copy_steps_.size() > kMaxFailedCopySteps) failed_copy_steps_.pop_front();
+  }
   // Pipeline stages: a plan with work is one message between every pair of neighbours.
   if (!status.ok() && plan.scheduled_size() > 0) backend_.SkipStep(plan.step_id(), status);
   // Pushes go out layer by layer inside the forward pass; their outcome joins the result.

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grammar/grammar_matcher_factory.h"
 #include "common/sampling_params.h"
 #include "loom/v1/worker.pb.h"
@@ -90,6 +92,11 @@ class StepExecutor {
   /// The last plan whose host-tier copies ran (before its forward pass); any thread. The
   /// slots it wrote can be read by another worker from then on. 0 after Reset.
   uint64_t kv_copied_step_id() const { return kv_copied_step_id_.load(std::memory_order_acquire); }
+  /// Whether plan `step_id` carried host-tier copies that did not run (it was refused before
+  /// them, or they failed): a reader waiting for them must not read the slots. The last
+  /// kMaxFailedCopySteps such plans are remembered; any thread.
+  bool kv_copies_failed(uint64_t step_id) const;
+  static constexpr size_t kMaxFailedCopySteps = 64;
   /// True when the executor holds state for `seq_id`.
   bool HasSequence(uint64_t seq_id) const { return sequences_.contains(seq_id); }
   /// Tokens of `seq_id` computed so far (its KV length), or -1 when unknown.
@@ -162,6 +169,8 @@ class StepExecutor {
   absl::flat_hash_map<uint64_t, std::unique_ptr<SequenceState>> sequences_;
   bool has_last_step_id_ = false;
   std::atomic<uint64_t> kv_copied_step_id_{0};
+  mutable absl::Mutex failed_copies_mu_;
+  std::deque<uint64_t> failed_copy_steps_ ABSL_GUARDED_BY(failed_copies_mu_);
   uint64_t last_step_id_ = 0;
   // The step being executed; kept between steps so its arrays keep their capacity.
   std::unique_ptr<Prepared> prepared_;

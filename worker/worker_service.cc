@@ -22,9 +22,16 @@ grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
                                          grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) {
   const grpc::Status status =
       ServeKvBlocks(context, host_tier_, *request, writer, [this](uint64_t step_id) {
+        // Step ids rise across the coordinator's streams: one below this stream's first
+        // was planned for an earlier stream, whose later plans never ran here.
+        const uint64_t first = first_step_id_.load(std::memory_order_acquire);
+        if (first != 0 && step_id < first) return KvStepState::kGone;
+        if (executor_->kv_copies_failed(step_id)) return KvStepState::kGone;
         // The plan that offloads the blocks ran, or at least its copies did.
         return last_step_id_.load(std::memory_order_acquire) >= step_id ||
-               executor_->kv_copied_step_id() >= step_id;
+                       executor_->kv_copied_step_id() >= step_id
+                   ? KvStepState::kRan
+                   : KvStepState::kPending;
       });
   if (status.ok() && host_tier_ != nullptr) {
     host_tier_->RecordRemote(request->host_slots_size() * host_tier_->slot_bytes(), 0, 0);
@@ -98,6 +105,7 @@ grpc::Status WorkerService::Step(
     executor_->Reset().IgnoreError();  // Reset cannot fail; it returns a Status by convention.
     // Step ids count per stream: a fetch waits for this stream's steps, not an earlier one's.
     last_step_id_.store(0, std::memory_order_release);
+    first_step_id_.store(0, std::memory_order_release);
     num_sequences_.store(0, std::memory_order_relaxed);
   }
 
@@ -120,6 +128,9 @@ grpc::Status WorkerService::Step(
       }
       // A coordinator that cancelled the stream lost this worker and gives the slots of
       // its pushes back: nothing more is written into them.
+      if (first_step_id_.load(std::memory_order_relaxed) == 0) {
+        first_step_id_.store(plan.step_id(), std::memory_order_release);
+      }
       executor_->Execute(plan, result, [context] { return context->IsCancelled(); });
       last_step_id_.store(plan.step_id(), std::memory_order_release);
       num_sequences_.store(executor_->num_sequences(), std::memory_order_relaxed);

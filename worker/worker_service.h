@@ -68,6 +68,7 @@ class WorkerService final : public loom::v1::Worker::Service {
   // The last step id the current stream executed (ReadKvBlocks waits for the step that
   // offloaded its blocks); 0 when a stream begins.
   std::atomic<uint64_t> last_step_id_{0};
+  std::atomic<uint64_t> first_step_id_{0};  // the current step stream's first plan (0: none)
 };
 
 }  // namespace loom::worker

@@ -57,12 +57,15 @@ class Source final : public loom::v1::Worker::Service {
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::atomic<uint64_t> executed{0};
+  std::atomic<uint64_t> gone{0};  // a step whose copies will never run
 
   grpc::Status ReadKvBlocks(grpc::ServerContext* context,
                             const loom::v1::ReadKvBlocksRequest* request,
                             grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) override {
-    return ServeKvBlocks(context, tier_, *request, writer,
-                         [this](uint64_t step) { return executed.load() >= step; });
+    return ServeKvBlocks(context, tier_, *request, writer, [this](uint64_t step) {
+      if (step == gone.load()) return KvStepState::kGone;
+      return executed.load() >= step ? KvStepState::kRan : KvStepState::kPending;
+    });
   }
 
  private:
@@ -164,6 +167,27 @@ TEST_P(KvTransferTest, TheSourceServesOnlyAfterTheStepThatOffloadsTheBlocks) {
   source.executed = 7;
   request.set_timeout_ms(20000);
   EXPECT_TRUE(FetchKvBlocks(dest_tier.get(), request).ok());
+}
+
+// The step that was to offload the blocks will not run on the source (its copies failed,
+// or the coordinator lost the source worker and its new stream began after that step):
+// the fetch fails at once with the reason, not at its deadline, and leaves nothing.
+TEST_P(KvTransferTest, AFetchWhoseSourceStepWillNotRunFailsAtOnce) {
+  std::unique_ptr<model::CpuKvCache> pool = Pool();
+  auto source_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
+  auto dest_tier = *KvHostTier::Create(2 * pool->block_bytes(), pool.get());
+  ASSERT_TRUE(source_tier->Apply({{true, 1, 0}}).ok());
+  Source source(source_tier.get());
+  source.gone = 7;
+  loom::v1::FetchKvBlocksRequest request = Fetch(source.address(), {0}, {1});
+  request.set_after_step_id(7);
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
+      FetchKvBlocks(dest_tier.get(), request);
+  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kFailedPrecondition) << fetched.status();
+  EXPECT_THAT(std::string(fetched.status().message()), HasSubstr("will not run here"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_FALSE(dest_tier->Apply({{false, 0, 1}}).ok()) << "a failed fetch left a block behind";
 }
 
 // The coordinator cancels a fetch whose request went away: the destination's reads from

@@ -154,6 +154,8 @@ TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotR
   EXPECT_EQ(result.outputs_size(), 1);
   EXPECT_EQ((*tier)->stats().blocks_to_host, 1);
   EXPECT_EQ((*tier)->stats().blocks_to_device, 1);
+  EXPECT_FALSE(executor_->kv_copies_failed(offload.step_id()));
+  EXPECT_TRUE(executor_->kv_copies_failed(out_of_range.step_id()));
 }
 
 TEST_F(StepExecutorNoopTest, APlanClosesItsPushHoldsEvenWhenItIsRefused) {
@@ -168,6 +170,8 @@ TEST_F(StepExecutorNoopTest, APlanClosesItsPushHoldsEvenWhenItIsRefused) {
   plan.add_kv_push_holds_closed(41);
   AddCopy(plan, true, 1, 9);
   ExpectRejected(plan, "host slot 9 is not in the host tier");
+  // Its copies never ran: a reader waiting for them is told so.
+  EXPECT_TRUE(executor_->kv_copies_failed(plan.step_id()));
   const absl::Status late = (*tier)->WriteSlot(0, 0, {}, {41, nullptr});
   EXPECT_EQ(late.code(), absl::StatusCode::kCancelled) << late;
   EXPECT_TRUE((*tier)->WriteSlot(0, 0, {}, {42, nullptr}).ok());
