@@ -216,7 +216,10 @@ class Replica {
   /// by the prefill replica once no plan of its own pushes into them (or its worker was
   /// lost), and by the cluster when the decode replica refused the pushed hand-off.
   /// `hold_id` (KvPushTarget::hold_id; 0: whichever): a hold that replaced it stays.
-  void ReleasePushHold(uint64_t seq_id, uint64_t hold_id);
+  /// `writer_lost`: the prefill replica lost its worker, which may still be running and
+  /// writing through shared memory (no hold id fences that): the slots go back only after a
+  /// grace period, by when it has seen its step stream cancelled and stopped.
+  void ReleasePushHold(uint64_t seq_id, uint64_t hold_id, bool writer_lost = false);
   /// Decode side: no plan of the prefill replica writes into the slots held for `seq_id`'s
   /// push any more; they stay held for its hand-off, and go if its request ends first.
   void SettlePushHold(uint64_t seq_id, uint64_t hold_id);
@@ -474,7 +477,12 @@ class Replica {
   };
   std::vector<PushAsk> push_asks_ ABSL_GUARDED_BY(mu_);
   std::vector<KvPushTarget> push_deliveries_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<uint64_t, uint64_t>> push_releases_ ABSL_GUARDED_BY(mu_);  // seq, hold
+  struct PushRelease {
+    uint64_t seq_id = 0;
+    uint64_t hold_id = 0;
+    bool writer_lost = false;
+  };
+  std::vector<PushRelease> push_releases_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> push_settles_ ABSL_GUARDED_BY(mu_);
 
   // Loop thread only.
@@ -496,8 +504,12 @@ class Replica {
     // Until then a delivered hold whose request ended stays held: its slots go back to the
     // tier only when the prefill replica releases them (or its worker is lost).
     bool settled = false;
+    absl::Time release_at;  // in lost_push_holds_: when its slots go back
   };
   absl::flat_hash_map<uint64_t, PushHold> push_holds_;
+  // Delivered holds whose prefill worker was lost (it may still write through shared
+  // memory): held until their release_at, whatever the request does meanwhile.
+  std::vector<PushHold> lost_push_holds_;
   // Holds on this replica's host slots named to the workers that write them (pushes,
   // fetches), closed by a plan when given back while a write may still come. From the
   // clock at start-up: a worker that outlived an earlier coordinator has not closed the ids

@@ -34,6 +34,11 @@ namespace {
 // past this the prompt starts anyway, its later chunks are pushed and the rest pulled.
 constexpr absl::Duration kPushTargetWait = absl::Milliseconds(20);
 
+// How long the slots of a push whose prefill worker was lost stay held: that worker may
+// still be running (a step counted as stuck, a re-registration) and writing a layer through
+// shared memory until it sees its step stream cancelled (KvPusher's `abandoned`).
+constexpr absl::Duration kLostWriterGrace = absl::Seconds(5);
+
 }  // namespace
 
 void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill) {
@@ -49,9 +54,9 @@ void Replica::DeliverPushTarget(KvPushTarget target) {
   wake_ = true;
 }
 
-void Replica::ReleasePushHold(uint64_t seq_id, uint64_t hold_id) {
+void Replica::ReleasePushHold(uint64_t seq_id, uint64_t hold_id, bool writer_lost) {
   absl::MutexLock lock(&mu_);
-  push_releases_.emplace_back(seq_id, hold_id);
+  push_releases_.push_back({seq_id, hold_id, writer_lost});
   wake_ = true;
 }
 
@@ -79,13 +84,15 @@ void Replica::SettlePushHold(uint64_t seq_id, uint64_t hold_id) {
 void Replica::HandleKvPushes() {
   std::vector<PushAsk> asks;
   std::vector<KvPushTarget> deliveries;
-  std::vector<std::pair<uint64_t, uint64_t>> releases, settles;
+  std::vector<PushRelease> releases;
+  std::vector<std::pair<uint64_t, uint64_t>> settles;
   WorkerEndpoint endpoint;
   std::string layout;
   {
     absl::MutexLock lock(&mu_);
     if (push_asks_.empty() && push_deliveries_.empty() && push_releases_.empty() &&
-        push_settles_.empty() && push_holds_.empty() && push_targets_.empty()) {
+        push_settles_.empty() && push_holds_.empty() && push_targets_.empty() &&
+        lost_push_holds_.empty()) {
       return;
     }
     asks.swap(push_asks_);
@@ -106,8 +113,31 @@ void Replica::HandleKvPushes() {
   for (const auto& [seq_id, hold_id] : settles) {
     if (current(seq_id, hold_id)) push_holds_[seq_id].settled = true;
   }
-  for (const auto& [seq_id, hold_id] : releases) {
-    if (current(seq_id, hold_id)) release(seq_id);
+  const absl::Time now = absl::Now();
+  // A delivered hold whose writer was lost waits out the grace period apart.
+  auto set_aside = [&](uint64_t seq_id) {
+    auto hold = push_holds_.find(seq_id);
+    hold->second.release_at = now + kLostWriterGrace;
+    lost_push_holds_.push_back(std::move(hold->second));
+    push_holds_.erase(hold);
+  };
+  for (const PushRelease& released : releases) {
+    if (!current(released.seq_id, released.hold_id)) continue;
+    const PushHold& hold = push_holds_[released.seq_id];
+    if (released.writer_lost && hold.delivered && !hold.settled) {
+      set_aside(released.seq_id);
+    } else {
+      release(released.seq_id);
+    }
+  }
+  for (auto lost = lost_push_holds_.begin(); lost != lost_push_holds_.end();) {
+    if (now < lost->release_at) {
+      ++lost;
+      continue;
+    }
+    scheduler.ReleaseClosedImport(lost->slots, lost->id);
+    lost = lost_push_holds_.erase(lost);
+    slots_changed = true;
   }
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
   std::vector<PushAsk> declined;
@@ -120,7 +150,14 @@ void Replica::HandleKvPushes() {
   for (PushAsk& ask : asks) {
     const std::shared_ptr<engine::Request>& request = ask.request;
     Replica* prefill = ask.prefill;
-    release(request->seq_id());  // placed again: a new hold replaces the old
+    // Placed again: a new hold replaces the old (set aside if its writer was lost).
+    if (auto old = push_holds_.find(request->seq_id());
+        old != push_holds_.end() && old->second.delivered && !old->second.settled &&
+        !old->second.prefill->healthy()) {
+      set_aside(request->seq_id());
+    } else {
+      release(request->seq_id());
+    }
     // The prompt's blocks, its partial last one too: the hand-off then computes no prompt
     // token here.
     const int64_t block_size = std::max(block_size_.load(), 1);
@@ -148,10 +185,15 @@ void Replica::HandleKvPushes() {
   // into their slots: those wait for its release (a slot back in the tier can be the
   // target of this replica's next offload), or end with its worker.
   std::vector<uint64_t> ended;
+  std::vector<uint64_t> lost;
   for (auto& [seq_id, hold] : push_holds_) {
     const std::shared_ptr<engine::Request> request = hold.request.lock();
     if (request == nullptr || request->finished()) {
-      if (!hold.delivered || hold.settled || !hold.prefill->healthy()) ended.push_back(seq_id);
+      if (!hold.delivered || hold.settled) {
+        ended.push_back(seq_id);
+      } else if (!hold.prefill->healthy()) {
+        lost.push_back(seq_id);
+      }
       continue;
     }
     if (hold.delivered || !CopiesRan(hold.slots.last_copy_plan)) continue;
@@ -176,6 +218,7 @@ void Replica::HandleKvPushes() {
     hold.prefill->DeliverPushTarget(std::move(target));
   }
   for (uint64_t seq_id : ended) release(seq_id);
+  for (uint64_t seq_id : lost) set_aside(seq_id);
   if (slots_changed) PublishStats();
   for (PushAsk& ask : declined) {
     KvPushTarget answer;  // no slots: a push that failed from the start
@@ -405,10 +448,13 @@ void Replica::AdmitPushed(const std::shared_ptr<engine::Request>& request) {
 void Replica::AbandonPushes() {
   for (auto& [seq_id, state] : push_targets_) {
     const KvPushTarget& target = state.target;
-    if (target.hold_id != 0) target.decode->ReleasePushHold(seq_id, target.hold_id);
+    if (target.hold_id != 0) {
+      target.decode->ReleasePushHold(seq_id, target.hold_id, /*writer_lost=*/true);
+    }
   }
   push_targets_.clear();
   push_holds_.clear();  // the engine, and its tier's table, are gone with the worker
+  lost_push_holds_.clear();
   pushed_slots_to_adopt_.clear();
 }
 

@@ -294,11 +294,20 @@ def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_deco
         blocks = long_prompt_blocks(rig)
         wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_reserved_blocks == blocks,
                  f"the prompt running on prefill-0, {blocks} blocks reserved on decode-0")
+        pushed = (long_prompt_tokens(rig) + 15) // 16
+        assert rig.coordinator.replicas()["decode-0"].num_host_kv_blocks_held == pushed
         rig.workers["prefill-0"].kill()
+        wait_for(rig, lambda r: not r["prefill-0"].healthy, "prefill-0 lost", timeout=30)
+        # A lost prefill worker might still be running and writing through shared memory:
+        # the push's slots stay held for a grace period (5 s) before they go back.
+        time.sleep(2)
+        assert rig.coordinator.replicas()["decode-0"].num_host_kv_blocks_held >= pushed
         finishes_with_reference(stream, reference, "decode-0")
         status = no_block_held(rig, ["decode-0"])
         assert status["decode-0"].num_handoffs_in == 0
         assert not status["prefill-0"].healthy
+        wait_for(rig, lambda r: r["decode-0"].num_host_kv_blocks_held == 0, "the push's slots released",
+                 timeout=30)
 
 
 def test_a_prefill_worker_killed_during_the_transfer_makes_the_decode_replica_recompute(
