@@ -121,10 +121,14 @@ std::optional<absl::Status> Cluster::PlaceDisaggregated(
       options.hand_off_to = target;
       options.await_push_target = reserved != nullptr && reserved->kv_push_enabled();
     }
+    // Read first: a worker lost right after the submission makes the answer stale.
+    const uint64_t prefill_epoch = prefill[index]->connection_epoch();
     const absl::Status placed = prefill[index]->Submit(request, options);
     if (placed.ok()) {
       // Slots for the prefill workers to push the prompt's KV into as they compute it.
-      if (options.await_push_target) reserved->AskPushTarget(request, prefill[index]);
+      if (options.await_push_target) {
+        reserved->AskPushTarget(request, prefill[index], prefill_epoch);
+      }
       return placed;
     }
     if (placed.code() == absl::StatusCode::kInvalidArgument) break;

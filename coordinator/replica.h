@@ -209,7 +209,9 @@ class Replica {
   /// its decode replica, gets host slots here for its prompt blocks, handed to `prefill`
   /// (DeliverPushTarget) once no plan in flight may still copy into or out of them. No
   /// push where this replica's tiers cannot be mapped by other workers (then it pulls).
-  void AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill);
+  /// `prefill_epoch`: prefill->connection_epoch() read before the request was submitted to it.
+  void AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill,
+                     uint64_t prefill_epoch);
   /// Prefill side: where the blocks of `target.seq_id` go.
   void DeliverPushTarget(KvPushTarget target);
   /// Decode side: the slots held for `seq_id`'s push are freed (it went elsewhere). Called
@@ -381,6 +383,12 @@ class Replica {
   // Decode side: the hold for `seq_id`'s push ends (false: none); its slots are freed, and
   // closed on the workers where a write may still come.
   bool EndPushHold(uint64_t seq_id);
+  // Decode side: a delivered hold whose writer was lost waits out kLostWriterGrace apart
+  // (lost_push_holds_); ReleaseDueLostPushHolds gives back those past it (true: some).
+  void SetPushHoldAside(uint64_t seq_id, absl::Time now);
+  bool ReleaseDueLostPushHolds(absl::Time now);
+  // Prefill side: the push targets decode replicas delivered.
+  void TakePushTargets(std::vector<KvPushTarget>& deliveries);
   // Prefill side: the push of a sequence ends; its slots are released once no plan in flight
   // pushes into them.
   void EndPush(uint64_t seq_id);
@@ -506,6 +514,10 @@ class Replica {
     bool settled = false;
     absl::Time release_at;  // in lost_push_holds_: when its slots go back
   };
+  // Decode side: where `hold`'s prefill workers write (every rank of this replica).
+  KvPushTarget PushTargetOf(uint64_t seq_id, const PushHold& hold,
+                            const std::shared_ptr<engine::Request>& request,
+                            const WorkerEndpoint& endpoint);
   absl::flat_hash_map<uint64_t, PushHold> push_holds_;
   // Delivered holds whose prefill worker was lost (it may still write through shared
   // memory): held until their release_at, whatever the request does meanwhile.

@@ -41,10 +41,10 @@ constexpr absl::Duration kLostWriterGrace = absl::Seconds(5);
 
 }  // namespace
 
-void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill) {
-  const uint64_t epoch = prefill->connection_epoch();
+void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill,
+                            uint64_t prefill_epoch) {
   absl::MutexLock lock(&mu_);
-  push_asks_.push_back({request, prefill, epoch});
+  push_asks_.push_back({request, prefill, prefill_epoch});
   wake_ = true;
 }
 
@@ -114,13 +114,7 @@ void Replica::HandleKvPushes() {
     if (current(seq_id, hold_id)) push_holds_[seq_id].settled = true;
   }
   const absl::Time now = absl::Now();
-  // A delivered hold whose writer was lost waits out the grace period apart.
-  auto set_aside = [&](uint64_t seq_id) {
-    auto hold = push_holds_.find(seq_id);
-    hold->second.release_at = now + kLostWriterGrace;
-    lost_push_holds_.push_back(std::move(hold->second));
-    push_holds_.erase(hold);
-  };
+  auto set_aside = [&](uint64_t seq_id) { SetPushHoldAside(seq_id, now); };
   for (const PushRelease& released : releases) {
     if (!current(released.seq_id, released.hold_id)) continue;
     const PushHold& hold = push_holds_[released.seq_id];
@@ -130,15 +124,7 @@ void Replica::HandleKvPushes() {
       release(released.seq_id);
     }
   }
-  for (auto lost = lost_push_holds_.begin(); lost != lost_push_holds_.end();) {
-    if (now < lost->release_at) {
-      ++lost;
-      continue;
-    }
-    scheduler.ReleaseClosedImport(lost->slots, lost->id);
-    lost = lost_push_holds_.erase(lost);
-    slots_changed = true;
-  }
+  slots_changed |= ReleaseDueLostPushHolds(now);
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
   std::vector<PushAsk> declined;
   // Decode side: slots for the asks, where the layout is one a push can fill (no pipeline
@@ -197,25 +183,8 @@ void Replica::HandleKvPushes() {
       continue;
     }
     if (hold.delivered || !CopiesRan(hold.slots.last_copy_plan)) continue;
-    KvPushTarget target;
-    target.seq_id = seq_id;
-    target.request = request;
-    target.decode = this;
-    target.slots = hold.slots.slots;
-    target.hold_id = hold.id;
-    target.prefill_epoch = hold.prefill_epoch;
-    for (size_t r = 0; r < endpoint.addresses.size(); ++r) {
-      loom::v1::KvPushDest& dest = target.dests.emplace_back();
-      if (!endpoint.host_kv_shared[r].boot_id().empty()) {
-        *dest.mutable_shared() = endpoint.host_kv_shared[r];
-      }
-      dest.set_address(endpoint.addresses[r]);
-      dest.set_kv_head_begin(endpoint.kv_heads[r].begin);
-      dest.set_num_kv_heads(endpoint.kv_heads[r].count);
-      dest.set_hold_id(hold.id);
-    }
     hold.delivered = true;
-    hold.prefill->DeliverPushTarget(std::move(target));
+    hold.prefill->DeliverPushTarget(PushTargetOf(seq_id, hold, request, endpoint));
   }
   for (uint64_t seq_id : ended) release(seq_id);
   for (uint64_t seq_id : lost) set_aside(seq_id);
@@ -228,8 +197,57 @@ void Replica::HandleKvPushes() {
     answer.prefill_epoch = ask.prefill_epoch;
     ask.prefill->DeliverPushTarget(std::move(answer));
   }
-  // Prefill side: the targets (a request may still wait in the inbox); those whose request
-  // ended or left let their slots go.
+  TakePushTargets(deliveries);
+}
+
+KvPushTarget Replica::PushTargetOf(uint64_t seq_id, const PushHold& hold,
+                                   const std::shared_ptr<engine::Request>& request,
+                                   const WorkerEndpoint& endpoint) {
+  KvPushTarget target;
+  target.seq_id = seq_id;
+  target.request = request;
+  target.decode = this;
+  target.slots = hold.slots.slots;
+  target.hold_id = hold.id;
+  target.prefill_epoch = hold.prefill_epoch;
+  for (size_t r = 0; r < endpoint.addresses.size(); ++r) {
+    loom::v1::KvPushDest& dest = target.dests.emplace_back();
+    if (!endpoint.host_kv_shared[r].boot_id().empty()) {
+      *dest.mutable_shared() = endpoint.host_kv_shared[r];
+    }
+    dest.set_address(endpoint.addresses[r]);
+    dest.set_kv_head_begin(endpoint.kv_heads[r].begin);
+    dest.set_num_kv_heads(endpoint.kv_heads[r].count);
+    dest.set_hold_id(hold.id);
+  }
+  return target;
+}
+
+void Replica::SetPushHoldAside(uint64_t seq_id, absl::Time now) {
+  auto hold = push_holds_.find(seq_id);
+  if (hold == push_holds_.end()) return;
+  hold->second.release_at = now + kLostWriterGrace;
+  lost_push_holds_.push_back(std::move(hold->second));
+  push_holds_.erase(hold);
+}
+
+bool Replica::ReleaseDueLostPushHolds(absl::Time now) {
+  bool released = false;
+  for (auto lost = lost_push_holds_.begin(); lost != lost_push_holds_.end();) {
+    if (now < lost->release_at) {
+      ++lost;
+      continue;
+    }
+    engine_->scheduler().ReleaseClosedImport(lost->slots, lost->id);
+    lost = lost_push_holds_.erase(lost);
+    released = true;
+  }
+  return released;
+}
+
+void Replica::TakePushTargets(std::vector<KvPushTarget>& deliveries) {
+  // The targets (a request may still wait in the inbox); those whose request ended or left
+  // let their slots go.
   for (KvPushTarget& target : deliveries) {
     auto existing = push_targets_.find(target.seq_id);
     const bool stale = target.prefill_epoch != connection_epoch_.load();
@@ -449,7 +467,8 @@ void Replica::AbandonPushes() {
   for (auto& [seq_id, state] : push_targets_) {
     const KvPushTarget& target = state.target;
     if (target.hold_id != 0) {
-      target.decode->ReleasePushHold(seq_id, target.hold_id, /*writer_lost=*/true);
+      // A target no plan pushed to yet has no writer to wait out.
+      target.decode->ReleasePushHold(seq_id, target.hold_id, /*writer_lost=*/state.planned > 0);
     }
   }
   push_targets_.clear();

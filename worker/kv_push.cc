@@ -285,6 +285,7 @@ void KvPusher::End(loom::v1::StepResult& result) {
   pushes_.clear();
   streams_.clear();  // cancelled, if not finished
   failure_ = absl::OkStatus();
+  abandoned_ = nullptr;  // it may name the step stream's context
 }
 
 absl::Status AdoptPushedSlots(KvHostTier* tier, const loom::v1::StepPlan& plan) {

@@ -200,6 +200,10 @@ absl::Status StepExecutor::Reset() {
   has_last_step_id_ = false;
   last_step_id_ = 0;
   kv_copied_step_id_.store(0, std::memory_order_release);
+  {
+    absl::MutexLock lock(&failed_copies_mu_);
+    failed_copy_steps_.clear();  // a new stream's ids may start over (another coordinator)
+  }
   return absl::OkStatus();
 }
 
@@ -629,10 +633,20 @@ absl::Status StepExecutor::MoveKvBlocks(const loom::v1::StepPlan& plan) {
   return absl::OkStatus();
 }
 
-bool StepExecutor::kv_copies_failed(uint64_t step_id) const {
+absl::Status StepExecutor::AdvanceStepId(uint64_t step_id) {
+  if (has_last_step_id_ && step_id <= last_step_id_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "step id %d does not follow step %d (ids must strictly increase)", step_id, last_step_id_));
+  }
+  has_last_step_id_ = true;
+  last_step_id_ = step_id;
+  return absl::OkStatus();
+}
+
+bool StepExecutor::kv_copies_failed(uint64_t first, uint64_t last) const {
   absl::MutexLock lock(&failed_copies_mu_);
-  return std::find(failed_copy_steps_.begin(), failed_copy_steps_.end(), step_id) !=
-         failed_copy_steps_.end();
+  return std::any_of(failed_copy_steps_.begin(), failed_copy_steps_.end(),
+                     [&](uint64_t step) { return step >= first && step <= last; });
 }
 
 void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult& result,
@@ -651,17 +665,8 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
   result.Clear();
   result.set_step_id(plan.step_id());
 
-  absl::Status status;
-  if (has_last_step_id_ && plan.step_id() <= last_step_id_) {
-    status = absl::InvalidArgumentError(
-        absl::StrFormat("step id %d does not follow step %d (ids must strictly increase)",
-                        plan.step_id(), last_step_id_));
-  } else {
-    has_last_step_id_ = true;
-    last_step_id_ = plan.step_id();
-  }
-  // Push holds that ended close whatever becomes of the plan: the coordinator may give
-  // their slots to other content once it came back.
+  absl::Status status = AdvanceStepId(plan.step_id());
+  // Closed whatever becomes of the plan: their slots may hold other blocks once it is back.
   if (options_.host_tier != nullptr) options_.host_tier->CloseHolds(plan.kv_push_holds_closed());
   Prepared& prepared = *prepared_;
   prepared.Clear();

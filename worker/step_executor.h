@@ -92,10 +92,11 @@ class StepExecutor {
   /// The last plan whose host-tier copies ran (before its forward pass); any thread. The
   /// slots it wrote can be read by another worker from then on. 0 after Reset.
   uint64_t kv_copied_step_id() const { return kv_copied_step_id_.load(std::memory_order_acquire); }
-  /// Whether plan `step_id` carried host-tier copies that did not run (it was refused before
-  /// them, or they failed): a reader waiting for them must not read the slots. The last
-  /// kMaxFailedCopySteps such plans are remembered; any thread.
-  bool kv_copies_failed(uint64_t step_id) const;
+  /// Whether a plan in [first, last] carried host-tier copies that did not run (it was
+  /// refused before them, or they failed): a reader waiting for them must not read the
+  /// slots. The last kMaxFailedCopySteps such plans of the stream (since Reset) are
+  /// remembered; any thread.
+  bool kv_copies_failed(uint64_t first, uint64_t last) const;
   static constexpr size_t kMaxFailedCopySteps = 64;
   /// True when the executor holds state for `seq_id`.
   bool HasSequence(uint64_t seq_id) const { return sequences_.contains(seq_id); }
@@ -169,6 +170,7 @@ class StepExecutor {
   absl::flat_hash_map<uint64_t, std::unique_ptr<SequenceState>> sequences_;
   bool has_last_step_id_ = false;
   std::atomic<uint64_t> kv_copied_step_id_{0};
+  absl::Status AdvanceStepId(uint64_t step_id);  // InvalidArgument unless it rises
   mutable absl::Mutex failed_copies_mu_;
   std::deque<uint64_t> failed_copy_steps_ ABSL_GUARDED_BY(failed_copies_mu_);
   uint64_t last_step_id_ = 0;

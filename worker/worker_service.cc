@@ -26,12 +26,16 @@ grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
         // was planned for an earlier stream, whose later plans never ran here.
         const uint64_t first = first_step_id_.load(std::memory_order_acquire);
         if (first != 0 && step_id < first) return KvStepState::kGone;
-        if (executor_->kv_copies_failed(step_id)) return KvStepState::kGone;
-        // The plan that offloads the blocks ran, or at least its copies did.
-        return last_step_id_.load(std::memory_order_acquire) >= step_id ||
-                       executor_->kv_copied_step_id() >= step_id
-                   ? KvStepState::kRan
-                   : KvStepState::kPending;
+        // The plan that offloads the blocks ran, or at least its copies did. Read before the
+        // failures: a failure is recorded before its step counts as run.
+        const bool ran = last_step_id_.load(std::memory_order_acquire) >= step_id ||
+                         executor_->kv_copied_step_id() >= step_id;
+        // The blocks may come from the copies of any plan that was in flight when they were
+        // exported (a few before step_id: kExportDepth covers pipelined plans and stages).
+        constexpr uint64_t kExportDepth = 16;
+        const uint64_t since = step_id > kExportDepth ? step_id - kExportDepth : 0;
+        if (executor_->kv_copies_failed(since, step_id)) return KvStepState::kGone;
+        return ran ? KvStepState::kRan : KvStepState::kPending;
       });
   if (status.ok() && host_tier_ != nullptr) {
     host_tier_->RecordRemote(request->host_slots_size() * host_tier_->slot_bytes(), 0, 0);

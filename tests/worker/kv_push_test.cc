@@ -305,62 +305,72 @@ TEST(KvPushTest, AnUnmappableTierIsWrittenOverTcp) {
   EXPECT_EQ(Saved(*decode_pool, 1), Saved(*pool, 4));
 }
 
+// A prefill pool and a decode pool (F16, random, distinct) with their tiers and the decode
+// worker's WriteKvBlocks; the tests offload the decode pool's block 1 into slot 0 (what
+// the coordinator plans once it gave a push's slots back) and check that it stays.
+struct ReusedSlotRig {
+  static constexpr kernels::cpu::KvDtype kDtype = kernels::cpu::KvDtype::kF16;
+  ReusedSlotRig()
+      : pool(Pool(2, kDtype)),
+        decode_pool(Pool(2, kDtype)),
+        tier(Tier(*pool, 0, 2, kDtype)),
+        decode_tier(Tier(*decode_pool, 0, 2, kDtype)),
+        receiver(decode_tier.get()),
+        backend(pool.get()) {
+    test_util::RandomizeKvPool(*pool, 3);
+    test_util::RandomizeKvPool(*decode_pool, 4);
+  }
+  // Whether slot 0 still holds the decode pool's block 1 (reloaded through block 2).
+  bool KeptTheOffloadedBlock() {
+    if (!decode_tier->Apply({{false, 2, 0}}).ok()) return false;
+    return Saved(*decode_pool, 2) == Saved(*decode_pool, 1) &&
+           Saved(*decode_pool, 2) != Saved(*pool, 4);
+  }
+  std::unique_ptr<model::CpuKvCache> pool, decode_pool;
+  std::unique_ptr<KvHostTier> tier, decode_tier;
+  Receiver receiver;
+  PoolBackend backend;
+};
+
 // Once a plan closed the decode replica's hold on the slots (the coordinator gave them back,
 // and an offload reused one), a push over TCP that names the hold writes nothing: the slot
 // keeps the offloaded block. A push under another hold goes on.
 TEST(KvPushTest, APushOverTcpForAClosedHoldWritesNothing) {
-  const auto dtype = kernels::cpu::KvDtype::kF16;
-  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
-  test_util::RandomizeKvPool(*pool, 3);
-  test_util::RandomizeKvPool(*decode_pool, 4);
-  auto tier = Tier(*pool, 0, 2, dtype);
-  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
-  Receiver receiver(decode_tier.get());
-  PoolBackend backend(pool.get());
+  ReusedSlotRig rig;
   const uint64_t closed[] = {7};
-  decode_tier->CloseHolds(closed);                       // by a plan (StepExecutor::Execute)
-  ASSERT_TRUE(decode_tier->Apply({{true, 1, 0}}).ok());  // the plan's offload into slot 0
-  loom::v1::KvPushDest dest = TcpDest(receiver.address(), 0, 2);
+  rig.decode_tier->CloseHolds(closed);                       // by a plan (StepExecutor::Execute)
+  ASSERT_TRUE(rig.decode_tier->Apply({{true, 1, 0}}).ok());  // the plan's offload into slot 0
+  loom::v1::KvPushDest dest = TcpDest(rig.receiver.address(), 0, 2);
   dest.set_hold_id(7);
-  EXPECT_THAT(PushError(backend, tier.get(), PushPlan({4}, {0}, {dest}), kLayers),
+  EXPECT_THAT(PushError(rig.backend, rig.tier.get(), PushPlan({4}, {0}, {dest}), kLayers),
               HasSubstr("push hold 7 has ended"));
-  ASSERT_TRUE(decode_tier->Apply({{false, 2, 0}}).ok());
-  EXPECT_EQ(Saved(*decode_pool, 2), Saved(*decode_pool, 1));
-  EXPECT_NE(Saved(*decode_pool, 2), Saved(*pool, 4));
+  EXPECT_TRUE(rig.KeptTheOffloadedBlock());
 
   dest.set_hold_id(8);
-  EXPECT_EQ(PushError(backend, tier.get(), PushPlan({4}, {1}, {dest}), kLayers), "");
+  EXPECT_EQ(PushError(rig.backend, rig.tier.get(), PushPlan({4}, {1}, {dest}), kLayers), "");
   loom::v1::StepPlan adopt;
   adopt.add_kv_pushed_slots(1);
-  ASSERT_TRUE(AdoptPushedSlots(decode_tier.get(), adopt).ok());
-  ASSERT_TRUE(decode_tier->Apply({{false, 3, 1}}).ok());
-  EXPECT_EQ(Saved(*decode_pool, 3), Saved(*pool, 4));
+  ASSERT_TRUE(AdoptPushedSlots(rig.decode_tier.get(), adopt).ok());
+  ASSERT_TRUE(rig.decode_tier->Apply({{false, 3, 1}}).ok());
+  EXPECT_EQ(Saved(*rig.decode_pool, 3), Saved(*rig.pool, 4));
 }
 
 // A step the coordinator gave up (it lost this worker and gives the push's slots back)
 // writes no layer, through shared memory or over TCP: the slot keeps what it held.
 TEST_P(KvPushTransportTest, AnAbandonedStepPushesNothing) {
-  const auto dtype = kernels::cpu::KvDtype::kF16;
-  std::unique_ptr<model::CpuKvCache> pool = Pool(2, dtype), decode_pool = Pool(2, dtype);
-  test_util::RandomizeKvPool(*pool, 3);
-  test_util::RandomizeKvPool(*decode_pool, 4);
-  auto tier = Tier(*pool, 0, 2, dtype);
-  auto decode_tier = Tier(*decode_pool, 0, 2, dtype);
-  Receiver receiver(decode_tier.get());
-  ASSERT_TRUE(decode_tier->Apply({{true, 1, 0}}).ok());  // slot 0 holds the decode's block 1
-  PoolBackend backend(pool.get());
+  ReusedSlotRig rig;
+  ASSERT_TRUE(rig.decode_tier->Apply({{true, 1, 0}}).ok());
   const loom::v1::KvPushDest dest =
-      GetParam() ? TcpDest(receiver.address(), 0, 2) : Dest(*decode_tier, 0, 2);
-  KvPusher pusher(backend, tier.get());
+      GetParam() ? TcpDest(rig.receiver.address(), 0, 2) : Dest(*rig.decode_tier, 0, 2);
+  KvPusher pusher(rig.backend, rig.tier.get());
   bool abandoned = false;
   pusher.Begin(PushPlan({4}, {0}, {dest}), [&abandoned] { return abandoned; });
   abandoned = true;  // the coordinator cancelled the step stream before the first layer
-  backend.RunLayers(kLayers);
+  rig.backend.RunLayers(kLayers);
   loom::v1::StepResult result;
   pusher.End(result);
   EXPECT_THAT(result.kv_push_error(), HasSubstr("gave this step up"));
-  ASSERT_TRUE(decode_tier->Apply({{false, 2, 0}}).ok());
-  EXPECT_EQ(Saved(*decode_pool, 2), Saved(*decode_pool, 1));
+  EXPECT_TRUE(rig.KeptTheOffloadedBlock());
 }
 
 // Over TCP, what cannot be written is said: a slot outside the decode tier, a decode tier

@@ -154,8 +154,10 @@ TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotR
   EXPECT_EQ(result.outputs_size(), 1);
   EXPECT_EQ((*tier)->stats().blocks_to_host, 1);
   EXPECT_EQ((*tier)->stats().blocks_to_device, 1);
-  EXPECT_FALSE(executor_->kv_copies_failed(offload.step_id()));
-  EXPECT_TRUE(executor_->kv_copies_failed(out_of_range.step_id()));
+  EXPECT_FALSE(executor_->kv_copies_failed(offload.step_id(), reload.step_id()));
+  EXPECT_TRUE(executor_->kv_copies_failed(out_of_range.step_id(), reload.step_id()));
+  ASSERT_TRUE(executor_->Reset().ok());  // a new stream: its ids may start over
+  EXPECT_FALSE(executor_->kv_copies_failed(0, reload.step_id()));
 }
 
 TEST_F(StepExecutorNoopTest, APlanClosesItsPushHoldsEvenWhenItIsRefused) {
@@ -171,7 +173,7 @@ TEST_F(StepExecutorNoopTest, APlanClosesItsPushHoldsEvenWhenItIsRefused) {
   AddCopy(plan, true, 1, 9);
   ExpectRejected(plan, "host slot 9 is not in the host tier");
   // Its copies never ran: a reader waiting for them is told so.
-  EXPECT_TRUE(executor_->kv_copies_failed(plan.step_id()));
+  EXPECT_TRUE(executor_->kv_copies_failed(plan.step_id(), plan.step_id()));
   const absl::Status late = (*tier)->WriteSlot(0, 0, {}, {41, nullptr});
   EXPECT_EQ(late.code(), absl::StatusCode::kCancelled) << late;
   EXPECT_TRUE((*tier)->WriteSlot(0, 0, {}, {42, nullptr}).ok());
