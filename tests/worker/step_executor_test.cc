@@ -107,7 +107,16 @@ class StepExecutorNoopTest : public ::testing::Test {
   }
 
   std::unique_ptr<NoopBackend> backend_;
+  std::unique_ptr<KvHostTier> tier_;  // before executor_: it outlives the executor using it
   std::unique_ptr<StepExecutor> executor_;
+  // Replaces the executor with one over a bookkeeping-only host tier of 4 slots.
+  KvHostTier* UseHostTier() {
+    tier_ = *KvHostTier::Create(4, nullptr, 1);
+    StepExecutorOptions options;
+    options.host_tier = tier_.get();
+    executor_ = std::make_unique<StepExecutor>(*backend_, options);
+    return tier_.get();
+  }
   uint64_t step_id_ = 0;
 };
 
@@ -127,11 +136,7 @@ TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotR
   ExpectRejected(plan, "this worker has no host tier (--kv-offload-memory)");
   EXPECT_FALSE(executor_->HasSequence(5));  // the plan was all or nothing
 
-  absl::StatusOr<std::unique_ptr<KvHostTier>> tier = KvHostTier::Create(4, nullptr, 1);
-  ASSERT_TRUE(tier.ok());
-  StepExecutorOptions options;
-  options.host_tier = tier->get();
-  executor_ = std::make_unique<StepExecutor>(*backend_, options);
+  KvHostTier* const tier = UseHostTier();
   loom::v1::StepPlan unwritten = Plan(step_id_);
   *unwritten.add_added() = NewSequence(5, {1, 2, 3});
   Schedule(unwritten, 5, 3, true, {0});
@@ -152,8 +157,8 @@ TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotR
   const loom::v1::StepResult result = executor_->Execute(reload);
   EXPECT_EQ(result.error_code(), 0) << result.error_message();
   EXPECT_EQ(result.outputs_size(), 1);
-  EXPECT_EQ((*tier)->stats().blocks_to_host, 1);
-  EXPECT_EQ((*tier)->stats().blocks_to_device, 1);
+  EXPECT_EQ(tier->stats().blocks_to_host, 1);
+  EXPECT_EQ(tier->stats().blocks_to_device, 1);
   EXPECT_FALSE(executor_->kv_copies_failed(offload.step_id(), reload.step_id()));
   EXPECT_TRUE(executor_->kv_copies_failed(out_of_range.step_id(), reload.step_id()));
   ASSERT_TRUE(executor_->Reset().ok());  // a new stream: its ids may start over
@@ -163,20 +168,16 @@ TEST_F(StepExecutorNoopTest, RefusesKvCopiesWithoutAHostTierOrThatTheTierCannotR
 TEST_F(StepExecutorNoopTest, APlanClosesItsPushHoldsEvenWhenItIsRefused) {
   // The coordinator may give a closed hold's slots to other content once the plan came
   // back, refused or not: from then on a write naming the hold writes nothing.
-  absl::StatusOr<std::unique_ptr<KvHostTier>> tier = KvHostTier::Create(4, nullptr, 1);
-  ASSERT_TRUE(tier.ok());
-  StepExecutorOptions options;
-  options.host_tier = tier->get();
-  executor_ = std::make_unique<StepExecutor>(*backend_, options);
+  KvHostTier* const tier = UseHostTier();
   loom::v1::StepPlan plan = Plan(step_id_);
   plan.add_kv_push_holds_closed(41);
   AddCopy(plan, true, 1, 9);
   ExpectRejected(plan, "host slot 9 is not in the host tier");
   // Its copies never ran: a reader waiting for them is told so.
   EXPECT_TRUE(executor_->kv_copies_failed(plan.step_id(), plan.step_id()));
-  const absl::Status late = (*tier)->WriteSlot(0, 0, {}, {41, nullptr});
+  const absl::Status late = tier->WriteSlot(0, 0, {}, {41, nullptr});
   EXPECT_EQ(late.code(), absl::StatusCode::kCancelled) << late;
-  EXPECT_TRUE((*tier)->WriteSlot(0, 0, {}, {42, nullptr}).ok());
+  EXPECT_TRUE(tier->WriteSlot(0, 0, {}, {42, nullptr}).ok());
 }
 
 TEST_F(StepExecutorNoopTest, ReturnsOneOutputPerSampledSequenceInPlanOrder) {
