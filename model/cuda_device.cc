@@ -231,6 +231,13 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::Allocate(int64_t bytes) {
 
 namespace cuda_detail {
 
+absl::Status WaitForStream(cudaStream_t stream, Communicator* communicator) {
+  if (communicator != nullptr && communicator->has_device_collectives()) {
+    return communicator->WaitOnDevice(stream);
+  }
+  return kc::SynchronizeStream(stream);
+}
+
 // Block b of a layer is one contiguous range of its K (and V, and their scales') pools:
 // one cudaMemcpyAsync per piece (the CPU pool's host layout, CudaKvCache::block_bytes) on
 // the device's stream (ordered after the steps already enqueued, before the next), then
@@ -263,7 +270,7 @@ absl::Status CudaKvCache::CopyBlocks(absl::Span<const int32_t> blocks, Copy&& co
       return copy(i, static_cast<uint8_t*>(pool) + at, offset, static_cast<size_t>(size));
     });
   }
-  const absl::Status drained = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  const absl::Status drained = WaitForStream(stream_, communicator_);
   return status.ok() ? drained : status;
 }
 
@@ -318,6 +325,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> CudaDevice::CreateKvCache(
   }
   auto cache = std::make_unique<CudaKvCache>();
   cache->stream_ = stream_;
+  cache->communicator_ = options_.communicator;
   cache->device_index_ = device_index_;
   cache->view_.dtype = options_.kv_dtype;
   cache->view_.quant = options_.kv_quant;
@@ -528,11 +536,7 @@ absl::Status CudaDevice::DownloadF32(const Tensor& x, float* host) {
 }
 
 absl::Status CudaDevice::Synchronize() {
-  // With stream-ordered collectives on the stream, wait under the communicator's timeout
-  // (a dead or stalled peer fails the step instead of hanging it).
-  Communicator* comm = options_.communicator;
-  if (comm != nullptr && comm->has_device_collectives()) return comm->WaitOnDevice(stream_);
-  return kc::SynchronizeStream(stream_);
+  return cuda_detail::WaitForStream(stream_, options_.communicator);
 }
 
 #endif  // LOOM_HAVE_CUDA

@@ -13,6 +13,7 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/quantized_gemm.h"
+#include "model/communicator.h"
 #include "model/device.h"
 
 namespace loom::model::cuda_detail {
@@ -45,6 +46,11 @@ class CudaLinear : public DeviceLinear {
   kc::DeviceBuffer fp8_weight, fp8_scale;  // E4M3 [n, k] and F32 [n] (fp8_weights)
   int64_t n = 0, k = 0, group_size = 0;
 };
+
+// Waits for the work enqueued on `stream`: with stream-ordered collectives on it
+// (`communicator` has device collectives) under the communicator's timeout, so a dead or
+// stalled peer fails the wait instead of hanging it; else cudaStreamSynchronize.
+absl::Status WaitForStream(cudaStream_t stream, Communicator* communicator);
 
 class CudaKvCache : public KvCache {
  public:
@@ -94,8 +100,9 @@ class CudaKvCache : public KvCache {
   absl::Status ForEachPiece(int32_t block, Copy&& copy) const;
 
   // Copies every block's pieces with `copy` (cudaMemcpyAsync on stream_), then waits for
-  // them, on this pool's device (the calling thread, a gRPC stream's, may have none set).
-  // On an error the copies already queued are still waited for: none outlives the call.
+  // them (WaitForStream: behind a step's collectives, a dead peer fails it), on this pool's device
+  // (the calling thread, a gRPC stream's, may have none set). On an error the copies already queued
+  // are still waited for: none outlives the call.
   template <typename Copy>
   absl::Status CopyBlocks(absl::Span<const int32_t> blocks, Copy&& copy) const;
 
@@ -103,6 +110,7 @@ class CudaKvCache : public KvCache {
   std::vector<kc::DeviceBuffer> k_, v_;
   std::vector<kc::DeviceBuffer> k_scale_, v_scale_;  // 8-bit KV only
   cudaStream_t stream_ = nullptr;  // the device's: copies are ordered with its steps
+  Communicator* communicator_ = nullptr;  // the device's (WaitForStream)
   int device_index_ = 0;           // the device the pool is on
 };
 
