@@ -233,6 +233,16 @@ absl::Status Cluster::Heartbeat(const loom::v1::HeartbeatRequest& request) {
   }
   int rank = 0;
   if (!absl::SimpleAtoi(id.substr(slash + 1), &rank)) rank = -1;  // counts as alive only
+  // Lost for silence or a stuck step, yet alive: its step stream is gone, so it registers
+  // again. Not a rank that did so already and waits for its peers, nor one shutting down.
+  auto pending = pending_ranks_.find(it->first);
+  const bool waiting = pending != pending_ranks_.end() && rank >= 0 &&
+                       static_cast<size_t>(rank) < pending->second.ranks.size() &&
+                       pending->second.ranks[static_cast<size_t>(rank)].has_value();
+  if (it->second->wants_registration() && !waiting && !draining_replicas_.contains(it->first)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "replica %s lost worker '%s' and needs it registered again", it->first, id));
+  }
   it->second->Heartbeat(rank, request.progress());
   return absl::OkStatus();
 }

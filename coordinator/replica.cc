@@ -39,6 +39,7 @@ void Replica::Connect(const WorkerEndpoint& endpoint) {
   role_.store(endpoint.role);
   absl::MutexLock lock(&mu_);
   pending_connect_ = endpoint;
+  wants_registration_.store(false);
   // A live connection to an earlier incarnation is cancelled so the loop notices at once.
   if (live_connection_ != nullptr) {
     lost_reason_ = "the worker registered again";
@@ -121,6 +122,7 @@ void Replica::CheckHeartbeat(absl::Duration timeout) {
   if (silence > timeout) {
     lost_reason_ = absl::StrFormat("no heartbeat for %d ms (worker dead or stopped)",
                                    absl::ToInt64Milliseconds(silence));
+    lost_alive_ = true;
     live_connection_->Cancel(lost_reason_);
   }
 }
@@ -172,7 +174,8 @@ void Replica::Loop() {
       connect.swap(pending_connect_);
     }
     if (connect) {
-      if (connection_ != nullptr) LoseWorker("the worker registered again");
+      if (connection_ != nullptr)
+        LoseWorker("the worker registered again", /*registered_again=*/true);
       if (!ConnectStream(*connect)) continue;
     }
     if (connection_ == nullptr) {
@@ -239,6 +242,10 @@ void Replica::Loop() {
       }
     }
     if (!stuck.empty()) {
+      {
+        absl::MutexLock lock(&mu_);
+        lost_alive_ = true;
+      }
       LoseWorker(stuck);
     } else if (event && !event->result) {
       LoseWorker(event->closed_reason);
@@ -340,6 +347,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
         replica_id_.c_str(), static_cast<long long>(adopted), endpoint.cached_blocks->size());
     PublishKvEvents();  // routing sees the adopted prefixes before the first step
   }
+  ClaimCarriedSlots();
   block_size_.store(endpoint.block_size);
   host_tier_blocks_.store(endpoint.num_host_kv_blocks);
   in_flight_.clear();
@@ -362,6 +370,7 @@ bool Replica::ConnectStream(const WorkerEndpoint& endpoint) {
     stats_.set_max_plans_in_flight(plans_in_flight_);
     liveness_.Reset(static_cast<int>(endpoint.addresses.size()), absl::Now());
     healthy_.store(true);
+    wants_registration_.store(false);
   }
   PublishStats();
   std::fprintf(
@@ -481,6 +490,7 @@ bool Replica::SendPlans() {
     flight.copy_plan = tier != nullptr ? tier->copy_plans_taken() : 0;
     engine::BuildStepPlan(out, flight.step_id, plan, /*with_input_tokens=*/pipelined_);
     AddKvPushes(plan, flight);
+    flight.holds_closed = std::move(out.kv_push_holds_closed);
     num_kv_copies_queued_ = static_cast<int32_t>(out.kv_copies.size());
     schedule_seconds_ += SecondsSince(start);
     ++num_steps_;
@@ -492,8 +502,10 @@ bool Replica::SendPlans() {
       absl::MutexLock lock(&mu_);
       liveness_.OnHeadStarted(flight.record.num_tokens, flight.sent);
     }
-    if (!connection_->Write(plan)) return false;
+    // Written or not, it may have reached some rank: its closes count as in flight.
+    const bool written = connection_->Write(plan);
     in_flight_.push_back(std::move(flight));
+    if (!written) return false;
     sent = true;
   }
   if (sent) {
@@ -558,7 +570,7 @@ void Replica::PublishKvEvents() {
   kv_index_->Apply(replica_id_, events);
 }
 
-void Replica::LoseWorker(const std::string& reason) {
+void Replica::LoseWorker(const std::string& reason, bool registered_again) {
   std::string why = reason;
   std::deque<std::shared_ptr<engine::Request>> inbox;
   absl::flat_hash_map<const engine::Request*, SubmitOptions> placements;
@@ -566,6 +578,12 @@ void Replica::LoseWorker(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (!lost_reason_.empty()) why = lost_reason_;
     healthy_.store(false);
+    // Lost for silence or a stuck step, the worker may live on: it registers again (unless
+    // a registration is here already).
+    if (lost_alive_ && !registered_again && !pending_connect_.has_value()) {
+      wants_registration_.store(true);
+    }
+    lost_alive_ = false;
     connection_epoch_.fetch_add(1);  // answers to asks made before now are stale
     live_connection_ = nullptr;
     ReturnPushWaitsToInbox();
@@ -590,6 +608,7 @@ void Replica::LoseWorker(const std::string& reason) {
     }
   }
   std::fprintf(stderr, "loom: replica %s: worker lost: %s\n", replica_id_.c_str(), why.c_str());
+  CarryLostTransfers();  // the worker may live on, its tier's memory too
   connection_.reset();  // cancels every rank's stream and joins the readers
   in_flight_.clear();
   {

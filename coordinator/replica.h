@@ -225,6 +225,11 @@ class Replica {
   /// Decode side: no plan of the prefill replica writes into the slots held for `seq_id`'s
   /// push any more; they stay held for its hand-off, and go if its request ends first.
   void SettlePushHold(uint64_t seq_id, uint64_t hold_id);
+  /// Prefill side: the decode replica lost the worker whose tier `hold_id`'s slots are in
+  /// (the hold is carried into its next worker's table, replica_carried_slots.cc): nothing
+  /// more is pushed for `seq_id` (its hand-off is pulled), and the hold is released once no
+  /// plan in flight pushes into it.
+  void VoidPushTarget(uint64_t seq_id, uint64_t hold_id);
   /// Bumped each time this replica loses its worker: what was asked of other replicas
   /// before then is answered for requests placed again since.
   uint64_t connection_epoch() const { return connection_epoch_.load(); }
@@ -285,6 +290,10 @@ class Replica {
   /// Counts a prompt past the local limit that stays here (the prefill replicas are slower).
   void CountKeptLocal() { num_prefills_kept_local_.fetch_add(1); }
   bool healthy() const { return healthy_.load(); }
+  /// The replica lost its worker for silence or a stuck step and no worker registered
+  /// since: a rank that still heartbeats lives on (it was stopped, stuck or cut off for a
+  /// while) and is told to register again (Cluster::Heartbeat), so that it serves once more.
+  bool wants_registration() const { return wants_registration_.load(); }
   /// Requests admitted and not finished (waiting + running + not yet admitted).
   int64_t load() const { return load_.load(); }
   /// Tokens of the requests admitted and not finished: prompts plus tokens generated so
@@ -295,6 +304,10 @@ class Replica {
   loom::v1::ReplicaStatus Status() const;
 
  private:
+  // How long the slots of a push whose prefill worker was lost stay held: that worker may
+  // still be running (a step counted as stuck, a re-registration) and writing a layer
+  // through shared memory until it sees its step stream cancelled (KvPusher's `abandoned`).
+  static constexpr absl::Duration kLostWriterGrace = absl::Seconds(5);
   struct InFlightPlan {
     uint64_t step_id = 0;
     uint64_t copy_plan = 0;     // the host tier's copy_plans_taken() once it was built
@@ -302,6 +315,7 @@ class Replica {
     absl::Time sent;
     // KV pushes it carries: (sequence, its blocks pushed once this plan ran).
     std::vector<std::pair<uint64_t, int64_t>> pushes;
+    std::vector<uint64_t> holds_closed;  // StepPlan.kv_push_holds_closed
   };
   // What the reader thread hands to the loop: a result, or the end of the stream.
   struct StreamEvent {
@@ -326,7 +340,8 @@ class Replica {
   // one before it) came back: slots those copies touched may be written (true for 0).
   bool CopiesRan(uint64_t last_copy_plan) const;
   void ApplyResult(const loom::v1::StepResult& result);
-  void LoseWorker(const std::string& reason);
+  // `registered_again`: a new registration replaces the worker (no need to ask for one).
+  void LoseWorker(const std::string& reason, bool registered_again = false);
   void EndRequest(uint64_t seq_id, loom::v1::FinishReason reason, const std::string& message);
   void PublishStats();
   // Forwards the scheduler's prefix-cache events to the KV index (loop thread).
@@ -396,6 +411,31 @@ class Replica {
   void AdmitPushed(const std::shared_ptr<engine::Request>& request);
   // The worker was lost: holds and targets end (the requests are placed again).
   void AbandonPushes();
+  // Slots of this replica's host tier that transfers begun for a lost worker may still
+  // touch (replica_carried_slots.cc): the worker's process may live on (a stuck step, a
+  // re-registration) with the same tier memory, and the next engine's table starts empty.
+  struct CarriedSlots {
+    std::vector<int32_t> slots;
+    uint64_t hold_id = 0;        // a push hold named to its writers (closed on release)
+    uint64_t seq_id = 0;         // the push's sequence
+    Replica* prefill = nullptr;  // the push's writer
+    uint64_t export_id = 0;      // or an export read by another replica (ReleaseExport)
+    absl::Time release_at = absl::InfiniteFuture();    // a lost writer's grace
+    std::optional<engine::Scheduler::HeldSlots> held;  // in the current table
+  };
+  // LoseWorker, before the engine goes: what the lost worker's transfers may still touch
+  // (delivered push holds, exports, and the holds closed or written that no plan that came
+  // back has closed on the workers).
+  void CarryLostTransfers();
+  // ConnectStream: the new table holds the carried slots, and its first plan closes the
+  // holds before any slot is written.
+  void ClaimCarriedSlots();
+  // A carried push hold's writer is done (`writer_lost`: after kLostWriterGrace), a carried
+  // export's reader; false: none matched.
+  bool ReleaseCarriedPush(uint64_t hold_id, bool writer_lost, absl::Time now);
+  bool ReleaseCarriedExport(uint64_t export_id);
+  bool ReleaseDueCarriedSlots(absl::Time now);
+  void ReleaseCarried(CarriedSlots& carried);
   struct FetchResult {
     uint64_t fetch_id = 0;
     absl::Status status;
@@ -432,6 +472,7 @@ class Replica {
   std::atomic<int64_t> prefill_chunk_{0};  // ReplicaStatus.prefill_chunk_tokens
   std::atomic<uint64_t> num_prefills_kept_local_{0};
   std::atomic<bool> healthy_{false};
+  std::atomic<bool> wants_registration_{false};
   std::atomic<uint64_t> connection_epoch_{0};
   std::atomic<int64_t> load_{0};
   std::atomic<int64_t> load_tokens_{0};
@@ -448,6 +489,9 @@ class Replica {
   std::deque<StreamEvent> stream_events_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::string lost_reason_ ABSL_GUARDED_BY(mu_);
+  // The worker is being lost for silence or a stuck step: it may live on
+  // (wants_registration).
+  bool lost_alive_ ABSL_GUARDED_BY(mu_) = false;
   ReplicaConnection* live_connection_ ABSL_GUARDED_BY(mu_) = nullptr;  // for MarkLost
   // Heartbeats and progress of the connected ranks; the loop tells it when the head plan
   // starts and how long steps take.
@@ -492,6 +536,7 @@ class Replica {
   };
   std::vector<PushRelease> push_releases_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> push_settles_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> push_voids_ ABSL_GUARDED_BY(mu_);
 
   // Loop thread only.
   absl::flat_hash_map<uint64_t, PendingFetch> pending_fetches_;
@@ -528,6 +573,8 @@ class Replica {
   // this one names.
   uint64_t next_hold_id_ = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   std::vector<int32_t> pushed_slots_to_adopt_;
+  std::vector<CarriedSlots> carried_slots_;
+  std::vector<uint64_t> carried_close_ids_;  // for the next table's first plan
   struct PushState {
     KvPushTarget target;
     int64_t planned = 0;    // blocks in plans sent

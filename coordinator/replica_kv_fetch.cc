@@ -350,7 +350,10 @@ void Replica::HandleKvFetches() {
   engine::Scheduler& scheduler = engine_->scheduler();
   for (uint64_t export_id : releases) {
     auto it = exports_.find(export_id);
-    if (it == exports_.end()) continue;
+    if (it == exports_.end()) {
+      ReleaseCarriedExport(export_id);  // exported for the worker before this one
+      continue;
+    }
     scheduler.ReleaseSlots(it->second, /*import=*/false);
     exports_.erase(it);
   }

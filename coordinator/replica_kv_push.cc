@@ -34,11 +34,6 @@ namespace {
 // past this the prompt starts anyway, its later chunks are pushed and the rest pulled.
 constexpr absl::Duration kPushTargetWait = absl::Milliseconds(20);
 
-// How long the slots of a push whose prefill worker was lost stay held: that worker may
-// still be running (a step counted as stuck, a re-registration) and writing a layer through
-// shared memory until it sees its step stream cancelled (KvPusher's `abandoned`).
-constexpr absl::Duration kLostWriterGrace = absl::Seconds(5);
-
 }  // namespace
 
 void Replica::AskPushTarget(const std::shared_ptr<engine::Request>& request, Replica* prefill,
@@ -81,21 +76,29 @@ void Replica::SettlePushHold(uint64_t seq_id, uint64_t hold_id) {
   wake_ = true;
 }
 
+void Replica::VoidPushTarget(uint64_t seq_id, uint64_t hold_id) {
+  absl::MutexLock lock(&mu_);
+  push_voids_.emplace_back(seq_id, hold_id);
+  wake_ = true;
+}
+
 void Replica::HandleKvPushes() {
   std::vector<PushAsk> asks;
   std::vector<KvPushTarget> deliveries;
   std::vector<PushRelease> releases;
   std::vector<std::pair<uint64_t, uint64_t>> settles;
+  std::vector<std::pair<uint64_t, uint64_t>> voids;
   WorkerEndpoint endpoint;
   std::string layout;
   {
     absl::MutexLock lock(&mu_);
     if (push_asks_.empty() && push_deliveries_.empty() && push_releases_.empty() &&
-        push_settles_.empty() && push_holds_.empty() && push_targets_.empty() &&
-        lost_push_holds_.empty()) {
+        push_settles_.empty() && push_voids_.empty() && push_holds_.empty() &&
+        push_targets_.empty() && lost_push_holds_.empty() && carried_slots_.empty()) {
       return;
     }
     asks.swap(push_asks_);
+    voids.swap(push_voids_);
     deliveries.swap(push_deliveries_);
     releases.swap(push_releases_);
     settles.swap(push_settles_);
@@ -110,13 +113,20 @@ void Replica::HandleKvPushes() {
     auto hold = push_holds_.find(seq_id);
     return hold != push_holds_.end() && (hold_id == 0 || hold->second.id == hold_id);
   };
-  for (const auto& [seq_id, hold_id] : settles) {
-    if (current(seq_id, hold_id)) push_holds_[seq_id].settled = true;
-  }
   const absl::Time now = absl::Now();
+  for (const auto& [seq_id, hold_id] : settles) {
+    if (current(seq_id, hold_id)) {
+      push_holds_[seq_id].settled = true;
+    } else {
+      slots_changed |= ReleaseCarriedPush(hold_id, /*writer_lost=*/false, now);
+    }
+  }
   auto set_aside = [&](uint64_t seq_id) { SetPushHoldAside(seq_id, now); };
   for (const PushRelease& released : releases) {
-    if (!current(released.seq_id, released.hold_id)) continue;
+    if (!current(released.seq_id, released.hold_id)) {
+      slots_changed |= ReleaseCarriedPush(released.hold_id, released.writer_lost, now);
+      continue;
+    }
     const PushHold& hold = push_holds_[released.seq_id];
     if (released.writer_lost && hold.delivered && !hold.settled) {
       set_aside(released.seq_id);
@@ -125,6 +135,7 @@ void Replica::HandleKvPushes() {
     }
   }
   slots_changed |= ReleaseDueLostPushHolds(now);
+  slots_changed |= ReleaseDueCarriedSlots(now);
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
   std::vector<PushAsk> declined;
   // Decode side: slots for the asks, where the layout is one a push can fill (no pipeline
@@ -198,6 +209,11 @@ void Replica::HandleKvPushes() {
     ask.prefill->DeliverPushTarget(std::move(answer));
   }
   TakePushTargets(deliveries);
+  // Prefill side: targets in a decode worker's tier that its replica lost.
+  for (const auto& [seq_id, hold_id] : voids) {
+    auto state = push_targets_.find(seq_id);
+    if (state != push_targets_.end() && state->second.target.hold_id == hold_id) EndPush(seq_id);
+  }
 }
 
 KvPushTarget Replica::PushTargetOf(uint64_t seq_id, const PushHold& hold,

@@ -148,10 +148,23 @@ std::vector<int32_t> HostKvTier::Reserve(int64_t count, uint64_t* last_copy_plan
     Entry& entry = entries_[static_cast<size_t>(slot)];
     SetHolds(entry, 1);
     // Least recently used slots were mostly copied long ago: plans since have run.
-    if (last_copy_plan != nullptr) *last_copy_plan = std::max(*last_copy_plan, entry.copy_plan);
+    if (last_copy_plan != nullptr) {
+      *last_copy_plan = std::max({*last_copy_plan, entry.copy_plan, fence_plan_});
+    }
     slots.push_back(slot);
   }
   return slots;
+}
+
+std::vector<int32_t> HostKvTier::ReserveSlots(absl::Span<const int32_t> slots) {
+  std::vector<int32_t> reserved;
+  for (const int32_t slot : slots) {
+    if (slot < next_never_used_ || slot >= num_slots()) continue;
+    Entry& entry = entries_[static_cast<size_t>(slot)];
+    SetHolds(entry, entry.holds + 1);  // TakeSlot's scan passes it over
+    reserved.push_back(slot);
+  }
+  return reserved;
 }
 
 bool HostKvTier::StoreFetched(int32_t slot, const EvictedBlock& content) {
@@ -227,6 +240,12 @@ void HostKvTier::CloseHold(uint64_t hold_id, absl::Span<const int32_t> slots) {
   for (const int32_t slot : slots) {
     entries_[static_cast<size_t>(slot)].copy_plan = copy_plans_taken_ + 1;
   }
+}
+
+void HostKvTier::CloseEarlierHolds(absl::Span<const uint64_t> hold_ids) {
+  if (hold_ids.empty()) return;
+  closed_holds_.insert(closed_holds_.end(), hold_ids.begin(), hold_ids.end());
+  fence_plan_ = copy_plans_taken_ + 1;
 }
 
 std::vector<uint64_t> HostKvTier::TakeClosedHolds() {

@@ -67,6 +67,12 @@ class HostKvTier {
   /// offload into or a reload out of such a slot may still be in that plan, or queued for
   /// it, so the slots may be written only once it ran.
   std::vector<int32_t> Reserve(int64_t count, uint64_t* last_copy_plan = nullptr);
+  /// Holds these very slots empty (reserved, as Reserve's) where TakeSlot has not reached
+  /// them yet (any slot of a new table): a slot named again is held once more (Release
+  /// drops one hold, the slot is free after the last); returns those it held. For a table
+  /// that starts over while transfers of the one before may still touch the workers' slots
+  /// (the replica lost a worker whose process lives on: two readers of one slot each hold it).
+  std::vector<int32_t> ReserveSlots(absl::Span<const int32_t> slots);
   /// Reserved `slot` received `content`'s bytes: the tier holds it now (no copy is
   /// queued) and the slot is released. False (the slot is freed instead) when the tier
   /// holds `content.hash` already.
@@ -92,6 +98,12 @@ class HostKvTier {
   /// The holds closed since the last call, for the plan TakeCopies was just called for.
   std::vector<uint64_t> TakeClosedHolds();
   bool has_closed_holds() const { return !closed_holds_.empty(); }
+  /// The holds closed and not taken by a plan yet.
+  absl::Span<const uint64_t> closed_holds() const { return closed_holds_; }
+  /// A new table over the tier of a worker whose process may live on: holds of the table
+  /// before it that a write may still come for (`hold_ids`) are closed by the next plan,
+  /// and no reservation writes any slot before that plan ran (Reserve's last_copy_plan).
+  void CloseEarlierHolds(absl::Span<const uint64_t> hold_ids);
   /// Bumped by Forget: what a hold or reservation of an earlier generation expected in its
   /// slots is gone (nothing is committed from it); the slots stay held until released.
   uint64_t generation() const { return generation_; }
@@ -179,6 +191,7 @@ class HostKvTier {
   uint64_t num_dropped_ = 0;
   int64_t num_held_ = 0;
   std::vector<uint64_t> closed_holds_;  // for the next plan
+  uint64_t fence_plan_ = 0;             // CloseEarlierHolds: every reservation waits for this plan
   uint64_t copy_plans_taken_ = 0;
   mutable uint64_t num_verification_failures_ = 0;
 };

@@ -264,6 +264,11 @@ class Scheduler {
   /// The destination side: `count` empty slots held for a fetch (fewer when the tier is
   /// busy). Then CommitImport once their bytes arrived, or ReleaseSlots if they did not.
   HeldSlots ReserveImport(int64_t count);
+  /// These very slots held empty, as ReserveImport's, where the tier has not handed them
+  /// out (HostKvTier::ReserveSlots): a new table's guard over slots that transfers of the
+  /// replica's earlier workers may still touch. A slot named by several holds is freed by
+  /// the last ReleaseSlots(held, /*import=*/false).
+  HeldSlots ReserveSlots(absl::Span<const int32_t> slots);
   /// The fetched blocks `import` holds (the first hashes.size() blocks of `tokens`, as
   /// ExportPrefix named them) become host-tier content of this replica, chained after what
   /// its pool and tier already hold (those slots are freed). Returns the blocks stored.
@@ -278,6 +283,11 @@ class Scheduler {
   /// whose writes may still come: freed, and closed on the workers by the next plan
   /// before any copy reuses its slots (HostKvTier::CloseHold).
   void ReleaseClosedImport(const HeldSlots& held, uint64_t hold_id);
+  /// HostKvTier::CloseEarlierHolds: a new table's first plan closes the holds the table
+  /// before it named to writers that may still write.
+  void CloseEarlierHolds(absl::Span<const uint64_t> hold_ids) {
+    if (host_tier_ != nullptr) host_tier_->CloseEarlierHolds(hold_ids);
+  }
   /// Whether `seq_id` finished and the plan telling the worker has not been built yet: the
   /// id cannot be added again until then (results of plans in flight may still name it).
   bool releasing(uint64_t seq_id) const { return absl::c_linear_search(finished_ids_, seq_id); }

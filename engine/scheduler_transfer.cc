@@ -125,6 +125,14 @@ Scheduler::HeldSlots Scheduler::ReserveImport(int64_t count) {
   return held;
 }
 
+Scheduler::HeldSlots Scheduler::ReserveSlots(absl::Span<const int32_t> slots) {
+  HeldSlots held;
+  if (host_tier_ == nullptr) return held;
+  held.generation = host_tier_->generation();
+  held.slots = host_tier_->ReserveSlots(slots);
+  return held;
+}
+
 int64_t Scheduler::CommitImport(const HeldSlots& import, absl::Span<const BlockHash> hashes,
                                 absl::Span<const int32_t> tokens, std::string_view cache_salt,
                                 HeldSlots* keep) {

@@ -353,6 +353,38 @@ def test_a_decode_worker_killed_while_the_kv_is_pushed_to_it_leaves_the_request_
         no_block_held(rig, ["prefill-0"])
 
 
+@TRANSPORTS
+def test_a_decode_worker_lost_while_its_process_lives_keeps_the_pushed_slots_in_its_next_table(
+        binaries, reference, tmp_path, decode_flags):
+    # The prefill worker computes the whole prompt in one 6 s plan that pushes it into the
+    # decode worker's tier. The decode worker stops meanwhile (SIGSTOP), is lost for its silence,
+    # resumes, is told to register again and serves as decode-0's next worker with the same tier
+    # memory. That table starts empty, yet keeps the push's slots held until the prefill plan
+    # came back: a layer may still land in them (through shared memory nothing refuses it), so
+    # an offload given one would be overwritten. The prefill replica stops pushing to the lost
+    # worker; the hand-off is pulled and decodes on decode-0.
+    with disaggregated(tmp_path, prefill_delay_ms=6000, decode_flags=decode_flags,
+                       heartbeat_timeout_ms=1000) as rig:
+        blocks = (long_prompt_tokens(rig) + 15) // 16
+        stream = start(rig)
+        wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_host_kv_blocks_held == blocks,
+                 "the prompt prefilling, the push's slots held")
+        decode = rig.workers["decode-0"]
+        decode.signal(signal.SIGSTOP)
+        try:
+            wait_for(rig, lambda r: not r["decode-0"].healthy, "decode-0 lost", timeout=30)
+        finally:
+            decode.signal(signal.SIGCONT)
+        status = wait_for(rig, lambda r: r["decode-0"].healthy, "decode-0 back", timeout=30)
+        assert status["prefill-0"].num_running == 1, status["prefill-0"]  # still in its plan
+        assert status["decode-0"].num_host_kv_blocks_held == blocks, status["decode-0"]
+        finishes_with_reference(stream, reference, "decode-0")
+        status = no_block_held(rig, ["decode-0", "prefill-0"])
+        assert status["decode-0"].num_handoffs_pushed == 0, status["decode-0"]
+        wait_for(rig, lambda r: r["decode-0"].num_host_kv_blocks_held == 0, "the slots released", timeout=30)
+        assert "registering again" in decode.log_tail(20000), decode.log_tail()
+
+
 def test_a_client_gone_during_the_transfer_cancels_it_and_leaks_nothing(binaries, reference, tmp_path):
     # The hand-off's KV leaves the prefill worker with its next step (5 s away), so the decode
     # worker's pull waits at the source. The client goes away meanwhile: the coordinator cancels

@@ -4,7 +4,8 @@
   the replica is reported unhealthy, new requests complete on the other replica, and a worker
   restarted with the same --replica-id registers again and serves.
 * SIGSTOP (a stopped worker goes silent: --heartbeat-timeout-ms 2000): the same outcome as
-  death, within the timeout. --step-timeout-ms 2000 is the no-progress timeout: a slow machine's
+  death, within the timeout; resumed, the worker is told to register again and the replica
+  serves once more. --step-timeout-ms 2000 is the no-progress timeout: a slow machine's
   long first prefill reports progress and is never cut off by it (see liveness_test.py).
 * The only replica dies: in-flight requests end, new ones are refused with UNAVAILABLE at once.
 """
@@ -120,6 +121,11 @@ def test_hung_worker_is_treated_as_dead(rig):
         check_failover(rig, streams, "replica-a", stopped_at, end_within_s=8)
     finally:
         victim.signal(signal.SIGCONT)
+    # Resumed, it heartbeats again: the coordinator tells it to register again, and the replica
+    # serves once more with every block free.
+    status = rig.coordinator.wait_replicas(lambda r: r["replica-a"].healthy, 30, "replica-a serving again")
+    assert status["replica-a"].num_free_blocks == status["replica-a"].num_kv_blocks, status
+    assert "registering again" in victim.log_tail(20000), victim.log_tail()
 
 
 @pytest.fixture

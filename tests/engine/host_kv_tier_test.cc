@@ -125,6 +125,46 @@ TEST(HostKvTierTest, AReservedSlotLoadedIntoThePoolIsFreedAndItsCopyNamed) {
   EXPECT_EQ(last_copy_plan, 2u);
 }
 
+TEST(HostKvTierTest, SlotsReservedByNameInANewTableAreNotHandedOutUntilFreed) {
+  // A new table over a lived-on worker's tier: slots 1 and 3 may still be written by a
+  // transfer of the table before, so neither an offload nor a reservation gets them.
+  HostKvTier tier(4, kBlockSize);
+  const std::vector<int32_t> kept = {1, 3, 7};  // 7: past the tier (a smaller new worker)
+  EXPECT_EQ(tier.ReserveSlots(kept), std::vector<int32_t>({1, 3}));
+  EXPECT_EQ(tier.ReserveSlots(std::vector<int32_t>({3})), std::vector<int32_t>({3}));
+  EXPECT_TRUE(tier.reserved(1));
+  EXPECT_EQ(tier.num_held(), 2);
+  EXPECT_EQ(tier.Demote(MakeContent(1).Evicted(10)), 0);
+  EXPECT_EQ(tier.Reserve(1), std::vector<int32_t>({2}));   // 1 and 3 passed over
+  EXPECT_EQ(tier.Reserve(1), std::vector<int32_t>({0}));   // the offload's content dropped
+  EXPECT_EQ(tier.Demote(MakeContent(2).Evicted(11)), -1);  // every slot held
+  // Only slots no scan passed are taken: these were passed.
+  EXPECT_TRUE(tier.ReserveSlots(std::vector<int32_t>({0, 1, 2})).empty());
+  tier.FreeReserved(1);  // behind the scan: free for the next taker
+  tier.Release(3);
+  EXPECT_TRUE(tier.reserved(3));  // two readers of one slot: held until both are done
+  tier.Release(3);
+  EXPECT_EQ(tier.num_held(), 2);
+  std::vector<int32_t> next = tier.Reserve(2);
+  std::sort(next.begin(), next.end());
+  EXPECT_EQ(next, std::vector<int32_t>({1, 3}));
+}
+
+TEST(HostKvTierTest, HoldsOfTheTableBeforeAreClosedByTheFirstPlanBeforeAnySlotIsWritten) {
+  HostKvTier tier(2, kBlockSize);
+  const std::vector<uint64_t> earlier = {41, 42};
+  tier.CloseEarlierHolds(earlier);
+  EXPECT_EQ(std::vector<uint64_t>(tier.closed_holds().begin(), tier.closed_holds().end()), earlier);
+  uint64_t last_copy_plan = 0;
+  ASSERT_EQ(tier.Reserve(1, &last_copy_plan).size(), 1u);
+  EXPECT_EQ(last_copy_plan, 1u);  // never used, but written only once plan 1 ran
+  tier.TakeCopies();
+  EXPECT_EQ(tier.TakeClosedHolds(), earlier);  // plan 1 closes them
+  EXPECT_FALSE(tier.has_closed_holds());
+  ASSERT_EQ(tier.Reserve(1, &last_copy_plan).size(), 1u);
+  EXPECT_EQ(last_copy_plan, 1u);
+}
+
 TEST(HostKvTierTest, ContentItHoldsAlreadyIsNotCopiedAgain) {
   HostKvTier tier(4, kBlockSize);
   const Content a = MakeContent(1);
