@@ -417,7 +417,16 @@ void Replica::AdmitInbox() {
     }
     if (placement.handed_off && placement.export_reply.has_value() &&
         placement.export_reply->pushed) {
-      AdmitPushed(inbox[i]);
+      const auto hold = push_holds_.find(inbox[i]->seq_id());
+      const bool held = hold != push_holds_.end() && hold->second.delivered;
+      if (held || inbox[i]->cancelled() || placement.fetch_source == nullptr) {
+        AdmitPushed(inbox[i]);
+      } else {
+        // Its hold went with a worker this replica lost (replica_carried_slots.cc): the
+        // prefill replica still has the prompt's KV cached, pulled as any hand-off's.
+        EndPushHold(inbox[i]->seq_id());  // one not delivered yet
+        StartFetch(std::move(inbox[i]), placement.fetch_source, /*handed_off=*/true);
+      }
       continue;
     }
     if (AwaitPushTarget(inbox[i], placement)) continue;
