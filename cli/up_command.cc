@@ -256,9 +256,12 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
         args.insert(args.end(), {"--pipeline-parallel-size", std::to_string(options.stages)});
       }
       if (cuda) {
+        // The runner reserves activations for the coordinator's largest step.
         args.insert(
             args.end(),
-            {"--gpu-index", std::to_string(UpGpuIndex(workers_before, rank, cuda_device_count))});
+            {"--gpu-index", std::to_string(UpGpuIndex(workers_before, rank, cuda_device_count)),
+             "--max-num-batched-tokens",
+             std::to_string(options.serve.cluster.replica.max_num_batched_tokens)});
       }
       args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
       commands.push_back(std::move(args));

@@ -314,6 +314,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   backend_options.activations = options.activations;
   backend_options.fp8_weights = options.quantization == "fp8";
   backend_options.cuda_graphs = options.cuda_graphs;
+  backend_options.max_num_tokens = options.max_num_batched_tokens;
   backend_options.tp_rank = parallel.tp_rank;
   backend_options.tp_size = parallel.tp_size;
   backend_options.communicator = communicator;

@@ -291,6 +291,12 @@ void AddExecutionFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fre
   if (fresh("--cuda-graphs")) {
     AddBool(app, "--cuda-graphs", options.cuda_graphs, "replay decode steps from CUDA graphs");
   }
+  if (fresh("--max-num-batched-tokens")) {
+    AddInt(app, "--max-num-batched-tokens", options.max_num_batched_tokens, 1, 1 << 20,
+           "cuda: the most tokens one step computes, as the coordinator's flag of this name "
+           "(loom up passes it): activations for them are reserved before the KV pool takes "
+           "the rest; a larger step grows them later, dropping captured graphs");
+  }
   if (fresh("--threads")) {
     AddInt(app, "--threads", options.num_threads, 1, 1024,
            "CPU threads (default 0: the hardware concurrency)");

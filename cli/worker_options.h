@@ -43,6 +43,9 @@ struct WorkerOptions {
   // CUDA device is present and the options allow it (ResolveDevice).
   std::string device = "auto";
   bool cuda_graphs = true;                     // --[no-]cuda-graphs (CUDA decode steps)
+  // --max-num-batched-tokens: the most tokens one plan computes (the coordinator's flag),
+  // for which the CUDA runner reserves its activations before sizing the KV pool.
+  int64_t max_num_batched_tokens = 2048;
   // --gpu-index N (cuda): the CUDA device this worker runs on, an index among the visible
   // ones (after CUDA_VISIBLE_DEVICES); -1: its rank modulo the visible device count.
   int gpu_index = -1;

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     cuda_options.gpu_memory_utilization = options.gpu_memory_utilization;
     cuda_options.block_size = options.block_size;
     cuda_options.cuda_graphs = options.cuda_graphs;
+    cuda_options.max_num_tokens = options.max_num_tokens;
     cuda_options.device = options.gpu_index;
     cuda_options.tp_rank = options.tp_rank;
     cuda_options.tp_size = options.tp_size;

@@ -44,6 +44,9 @@ struct StepBackendOptions {
   // refuses it).
   bool fp8_weights = false;
   bool cuda_graphs = true;  // CUDA: capture decode steps as graphs
+  // CUDA: the most tokens one step computes (the coordinator's --max-num-batched-tokens):
+  // the runner reserves activations for them before sizing the KV pool.
+  int64_t max_num_tokens = 2048;
   int gpu_index = 0;        // CUDA: the device (an index after CUDA_VISIBLE_DEVICES)
   // Tensor parallelism: this rank of tp_size, joined through `communicator` (not owned;
   // required when tp_size > 1): gloo on the CPU, NCCL (worker/nccl_communicator) on CUDA.

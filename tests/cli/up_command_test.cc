@@ -128,7 +128,9 @@ TEST(UpCommandTest, StartsPrefillAndDecodeReplicasWithTheirRoles) {
 TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
   // Two replicas of tensor parallelism 2 on a machine with four GPUs: GPUs 0, 1, 2, 3.
   UpOptions options;
-  ASSERT_EQ(ParseUp({"m.gguf", "-tp", "2", "--replicas", "2", "--device", "cuda"}, options),
+  ASSERT_EQ(ParseUp({"m.gguf", "-tp", "2", "--replicas", "2", "--device", "cuda",
+                     "--max-num-batched-tokens", "4096"},
+                    options),
             std::nullopt);
   auto commands = WorkerCommands(options, "127.0.0.1:1", "r", /*cuda_device_count=*/4);
   ASSERT_EQ(commands.size(), 4u);
@@ -140,6 +142,8 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
     EXPECT_EQ(value_of(commands[i], "--gpu-index"), std::to_string(i)) << i;
     EXPECT_EQ(value_of(commands[i], "--rank"), std::to_string(i % 2)) << i;
     EXPECT_EQ(value_of(commands[i], "--replica-id"), "replica-" + std::to_string(i / 2)) << i;
+    // The coordinator's largest step: the runner reserves activations for it.
+    EXPECT_EQ(value_of(commands[i], "--max-num-batched-tokens"), "4096") << i;
     // The user's --device reaches every worker as given.
     EXPECT_NE(std::find(commands[i].begin(), commands[i].end(), "--device=cuda"),
               commands[i].end());

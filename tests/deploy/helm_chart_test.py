@@ -368,6 +368,8 @@ def test_configmap_carries_the_flags_values(rendered):
     # Whole numbers print without an exponent (YAML numbers are float64 in Helm).
     worker_data = one(docs, "ConfigMap", "loom-worker")["data"]
     assert worker_data["LOOM_BLOCK_SIZE"] == "16"
+    # The coordinator's largest step reaches the workers too (a CUDA runner reserves for it).
+    assert worker_data["LOOM_MAX_NUM_BATCHED_TOKENS"] == str(values["coordinator"]["flags"]["max-num-batched-tokens"])
     shared, _ = worker_args(container(one(docs, "StatefulSet"), "worker"))
     assert flag_value(shared, "--drain-timeout-s") == "$(LOOM_DRAIN_TIMEOUT_S)"
 
