@@ -189,6 +189,16 @@ def start(rig):
                     timeout=180)
 
 
+def start_pushed(rig):
+    """LONG started, once it runs on the prefill replica and the decode replica holds a slot for
+    each of its blocks (the push's target); and how many."""
+    blocks = (long_prompt_tokens(rig) + 15) // 16
+    stream = start(rig)
+    wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_host_kv_blocks_held == blocks,
+             "the prompt prefilling, the push's slots held")
+    return blocks, stream
+
+
 def wait_for(rig, predicate, what, timeout=60):
     return rig.coordinator.wait_replicas(predicate, timeout, what)
 
@@ -267,9 +277,7 @@ def test_a_request_cancelled_while_its_kv_is_pushed_keeps_the_slots_until_the_pl
     # cancelled prompt is still on its way into it); then every one goes.
     with disaggregated(tmp_path, prefill_delay_ms=4000, decode_flags=decode_flags,
                        max_num_batched_tokens=32) as rig:
-        blocks = (long_prompt_tokens(rig) + 15) // 16
-        stream = start(rig)
-        wait_for(rig, lambda r: r["decode-0"].num_host_kv_blocks_held == blocks, "the push's slots held")
+        blocks, stream = start_pushed(rig)
         time.sleep(0.5)  # the prefill worker is in its first plan's delay
         stream.cancel()
         assert stream.join(30).code == grpc.StatusCode.CANCELLED
@@ -365,10 +373,7 @@ def test_a_decode_worker_lost_while_its_process_lives_keeps_the_pushed_slots_in_
     # worker; the hand-off is pulled and decodes on decode-0.
     with disaggregated(tmp_path, prefill_delay_ms=6000, decode_flags=decode_flags,
                        heartbeat_timeout_ms=1000) as rig:
-        blocks = (long_prompt_tokens(rig) + 15) // 16
-        stream = start(rig)
-        wait_for(rig, lambda r: r["prefill-0"].num_running == 1 and r["decode-0"].num_host_kv_blocks_held == blocks,
-                 "the prompt prefilling, the push's slots held")
+        blocks, stream = start_pushed(rig)
         decode = rig.workers["decode-0"]
         decode.signal(signal.SIGSTOP)
         try:
