@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -256,12 +258,18 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
         args.insert(args.end(), {"--pipeline-parallel-size", std::to_string(options.stages)});
       }
       if (cuda) {
-        // The runner reserves activations for the coordinator's largest step.
         args.insert(
             args.end(),
-            {"--gpu-index", std::to_string(UpGpuIndex(workers_before, rank, cuda_device_count)),
-             "--max-num-batched-tokens",
-             std::to_string(options.serve.cluster.replica.max_num_batched_tokens)});
+            {"--gpu-index", std::to_string(UpGpuIndex(workers_before, rank, cuda_device_count))});
+        // The runner reserves activations for the coordinator's largest step (forwarded
+        // below when given).
+        if (absl::c_none_of(options.worker_flags, [](const std::string& flag) {
+              return absl::StartsWith(flag, "--max-num-batched-tokens=");
+            })) {
+          args.insert(args.end(),
+                      {"--max-num-batched-tokens",
+                       std::to_string(options.serve.cluster.replica.max_num_batched_tokens)});
+        }
       }
       args.insert(args.end(), options.worker_flags.begin(), options.worker_flags.end());
       commands.push_back(std::move(args));

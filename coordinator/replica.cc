@@ -419,7 +419,8 @@ void Replica::AdmitInbox() {
         placement.export_reply->pushed) {
       const auto hold = push_holds_.find(inbox[i]->seq_id());
       const bool held = hold != push_holds_.end() && hold->second.delivered;
-      if (held || inbox[i]->cancelled() || placement.fetch_source == nullptr) {
+      if (held || inbox[i]->cancelled() || placement.fetch_source == nullptr ||
+          !placement.fetch_source->healthy()) {
         AdmitPushed(inbox[i]);
       } else {
         // Its hold went with a worker this replica lost (replica_carried_slots.cc): the

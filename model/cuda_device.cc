@@ -271,6 +271,9 @@ absl::Status CudaKvCache::CopyBlocks(absl::Span<const int32_t> blocks, Copy&& co
     });
   }
   const absl::Status drained = WaitForStream(stream_, communicator_);
+  // A broken or timed-out communicator answers without draining (aborted, its kernels
+  // end): the copies still finish here, so none outlives the call.
+  if (!drained.ok()) (void)kc::SynchronizeStream(stream_);
   return status.ok() ? drained : status;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "cli/command_line.h"
 #include "cli/worker_options.h"
 
@@ -142,12 +143,20 @@ TEST(UpCommandTest, GivesEveryCudaRankItsOwnGpu) {
     EXPECT_EQ(value_of(commands[i], "--gpu-index"), std::to_string(i)) << i;
     EXPECT_EQ(value_of(commands[i], "--rank"), std::to_string(i % 2)) << i;
     EXPECT_EQ(value_of(commands[i], "--replica-id"), "replica-" + std::to_string(i / 2)) << i;
-    // The coordinator's largest step: the runner reserves activations for it.
-    EXPECT_EQ(value_of(commands[i], "--max-num-batched-tokens"), "4096") << i;
+    // The coordinator's largest step, once: the runner reserves activations for it.
+    EXPECT_EQ(absl::c_count(commands[i], "--max-num-batched-tokens=4096"), 1) << i;
+    EXPECT_EQ(value_of(commands[i], "--max-num-batched-tokens"), "") << i;
     // The user's --device reaches every worker as given.
     EXPECT_NE(std::find(commands[i].begin(), commands[i].end(), "--device=cuda"),
               commands[i].end());
   }
+  // Not given: the coordinator's default.
+  UpOptions defaults;
+  ASSERT_EQ(ParseUp({"m.gguf", "--device", "cuda"}, defaults), std::nullopt);
+  const auto single = WorkerCommands(defaults, "127.0.0.1:1", "r", /*cuda_device_count=*/1);
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_EQ(value_of(single[0], "--max-num-batched-tokens"),
+            std::to_string(defaults.serve.cluster.replica.max_num_batched_tokens));
   // Fewer GPUs than workers (CheckUpGpus then wants the memory split): the indices wrap
   // (each replica's two ranks still differ).
   commands = WorkerCommands(options, "127.0.0.1:1", "r", /*cuda_device_count=*/2);
