@@ -398,10 +398,9 @@ class Replica {
   // Decode side: the hold for `seq_id`'s push ends (false: none); its slots are freed, and
   // closed on the workers where a write may still come.
   bool EndPushHold(uint64_t seq_id);
-  // Decode side: a delivered hold whose writer was lost waits out kLostWriterGrace apart
-  // (lost_push_holds_); ReleaseDueLostPushHolds gives back those past it (true: some).
+  // Decode side: a delivered hold whose writer was lost waits out kLostWriterGrace among
+  // the carried slots (replica_carried_slots.cc), whatever its request does meanwhile.
   void SetPushHoldAside(uint64_t seq_id, absl::Time now);
-  bool ReleaseDueLostPushHolds(absl::Time now);
   // Prefill side: the push targets decode replicas delivered.
   void TakePushTargets(std::vector<KvPushTarget>& deliveries);
   // Prefill side: the push of a sequence ends; its slots are released once no plan in flight
@@ -411,9 +410,10 @@ class Replica {
   void AdmitPushed(const std::shared_ptr<engine::Request>& request);
   // The worker was lost: holds and targets end (the requests are placed again).
   void AbandonPushes();
-  // Slots of this replica's host tier that transfers begun for a lost worker may still
-  // touch (replica_carried_slots.cc): the worker's process may live on (a stuck step, a
-  // re-registration) with the same tier memory, and the next engine's table starts empty.
+  // Slots of this replica's host tier that transfers may still touch after their holder let
+  // them go (replica_carried_slots.cc): a lost writer's push (SetPushHoldAside), and what
+  // transfers begun for a lost worker touch, whose process may live on (a stuck step, a
+  // re-registration) with the same tier memory while the next engine's table starts empty.
   struct CarriedSlots {
     std::vector<int32_t> slots;
     uint64_t hold_id = 0;        // a push hold named to its writers (closed on release)
@@ -423,6 +423,9 @@ class Replica {
     absl::Time release_at = absl::InfiniteFuture();    // a lost writer's grace
     std::optional<engine::Scheduler::HeldSlots> held;  // in the current table
   };
+  // `hold`'s slots carried (not held in any table yet).
+  struct PushHold;
+  CarriedSlots& CarryPushHold(uint64_t seq_id, const PushHold& hold);
   // LoseWorker, before the engine goes: what the lost worker's transfers may still touch
   // (delivered push holds, exports, and the holds closed or written that no plan that came
   // back has closed on the workers).
@@ -557,16 +560,12 @@ class Replica {
     // Until then a delivered hold whose request ended stays held: its slots go back to the
     // tier only when the prefill replica releases them (or its worker is lost).
     bool settled = false;
-    absl::Time release_at;  // in lost_push_holds_: when its slots go back
   };
   // Decode side: where `hold`'s prefill workers write (every rank of this replica).
   KvPushTarget PushTargetOf(uint64_t seq_id, const PushHold& hold,
                             const std::shared_ptr<engine::Request>& request,
                             const WorkerEndpoint& endpoint);
   absl::flat_hash_map<uint64_t, PushHold> push_holds_;
-  // Delivered holds whose prefill worker was lost (it may still write through shared
-  // memory): held until their release_at, whatever the request does meanwhile.
-  std::vector<PushHold> lost_push_holds_;
   // Holds on this replica's host slots named to the workers that write them (pushes,
   // fetches), closed by a plan when given back while a write may still come. From the
   // clock at start-up: a worker that outlived an earlier coordinator has not closed the ids

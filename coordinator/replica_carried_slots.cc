@@ -1,7 +1,9 @@
-// Replica: slots of its host tier that transfers begun for a lost worker may still touch.
-// A worker counted as lost may live on (a step counted as stuck, a heartbeat gap, a
-// re-registration) with its tier's memory, and come back as this replica's next worker:
-// a prefill worker may still be writing a prompt's layers into that memory (through shared
+// Replica: slots of its host tier that transfers may still touch after their holder let
+// them go. A push whose prefill worker was lost keeps its slots kLostWriterGrace more
+// (SetPushHoldAside: that worker may still be writing through shared memory), unless its
+// writer says it is done. And a worker counted as lost may live on (a step counted as stuck, a
+// heartbeat gap, a re-registration) with its tier's memory, and come back as this replica's next
+// worker: a prefill worker may still be writing a prompt's layers into that memory (through shared
 // memory nothing can refuse), another replica's worker reading an export out of it, and
 // writes named by hold ids (pushes over TCP, this worker's own pulls) may still arrive. The
 // next engine's table starts empty and would hand those slots to new content. So the loss
@@ -20,24 +22,33 @@
 
 namespace loom::coordinator {
 
+Replica::CarriedSlots& Replica::CarryPushHold(uint64_t seq_id, const PushHold& hold) {
+  CarriedSlots& carried = carried_slots_.emplace_back();
+  carried.slots = hold.slots.slots;
+  carried.hold_id = hold.id;
+  carried.seq_id = seq_id;
+  carried.prefill = hold.prefill;
+  return carried;
+}
+
+void Replica::SetPushHoldAside(uint64_t seq_id, absl::Time now) {
+  auto hold = push_holds_.find(seq_id);
+  if (hold == push_holds_.end()) return;
+  CarriedSlots& carried = CarryPushHold(seq_id, hold->second);
+  carried.release_at = now + kLostWriterGrace;
+  carried.held = hold->second.slots;  // held in this table already
+  push_holds_.erase(hold);
+}
+
 void Replica::CarryLostTransfers() {
-  for (CarriedSlots& carried : carried_slots_) carried.held.reset();  // that table is gone
-  auto carry_push = [&](uint64_t seq_id, const PushHold& hold) {
-    CarriedSlots& carried = carried_slots_.emplace_back();
-    carried.slots = hold.slots.slots;
-    carried.hold_id = hold.id;
-    carried.seq_id = seq_id;
-    carried.prefill = hold.prefill;
-    return &carried;
-  };
+  // Carried already (a lost writer's push set aside, or from an earlier loss): that table
+  // is gone, the next one holds them again.
+  for (CarriedSlots& carried : carried_slots_) carried.held.reset();
   for (const auto& [seq_id, hold] : push_holds_) {
     // Undelivered: no writer knows the slots. Settled: its writer is done.
     if (!hold.delivered || hold.settled) continue;
-    carry_push(seq_id, hold);
+    CarryPushHold(seq_id, hold);
     hold.prefill->VoidPushTarget(seq_id, hold.id);
-  }
-  for (const PushHold& hold : lost_push_holds_) {
-    carry_push(0, hold)->release_at = hold.release_at;
   }
   for (const auto& [export_id, held] : exports_) {
     CarriedSlots& carried = carried_slots_.emplace_back();

@@ -94,7 +94,7 @@ void Replica::HandleKvPushes() {
     absl::MutexLock lock(&mu_);
     if (push_asks_.empty() && push_deliveries_.empty() && push_releases_.empty() &&
         push_settles_.empty() && push_voids_.empty() && push_holds_.empty() &&
-        push_targets_.empty() && lost_push_holds_.empty() && carried_slots_.empty()) {
+        push_targets_.empty() && carried_slots_.empty()) {
       return;
     }
     asks.swap(push_asks_);
@@ -134,7 +134,6 @@ void Replica::HandleKvPushes() {
       release(released.seq_id);
     }
   }
-  slots_changed |= ReleaseDueLostPushHolds(now);
   slots_changed |= ReleaseDueCarriedSlots(now);
   // Asks answered without slots: their prompts need not wait for any (AwaitPushTarget).
   std::vector<PushAsk> declined;
@@ -237,28 +236,6 @@ KvPushTarget Replica::PushTargetOf(uint64_t seq_id, const PushHold& hold,
     dest.set_hold_id(hold.id);
   }
   return target;
-}
-
-void Replica::SetPushHoldAside(uint64_t seq_id, absl::Time now) {
-  auto hold = push_holds_.find(seq_id);
-  if (hold == push_holds_.end()) return;
-  hold->second.release_at = now + kLostWriterGrace;
-  lost_push_holds_.push_back(std::move(hold->second));
-  push_holds_.erase(hold);
-}
-
-bool Replica::ReleaseDueLostPushHolds(absl::Time now) {
-  bool released = false;
-  for (auto lost = lost_push_holds_.begin(); lost != lost_push_holds_.end();) {
-    if (now < lost->release_at) {
-      ++lost;
-      continue;
-    }
-    engine_->scheduler().ReleaseClosedImport(lost->slots, lost->id);
-    lost = lost_push_holds_.erase(lost);
-    released = true;
-  }
-  return released;
 }
 
 void Replica::TakePushTargets(std::vector<KvPushTarget>& deliveries) {
@@ -489,7 +466,6 @@ void Replica::AbandonPushes() {
   }
   push_targets_.clear();
   push_holds_.clear();  // the engine, and its tier's table, are gone with the worker
-  lost_push_holds_.clear();
   pushed_slots_to_adopt_.clear();
 }
 

@@ -366,15 +366,16 @@ def test_a_decode_worker_killed_while_the_kv_is_pushed_to_it_leaves_the_request_
 @TRANSPORTS
 def test_a_decode_worker_lost_while_its_process_lives_keeps_the_pushed_slots_in_its_next_table(
         binaries, reference, tmp_path, decode_flags):
-    # The prefill worker computes the whole prompt in one 6 s plan that pushes it into the
+    # The prefill worker computes the whole prompt in one 8 s plan that pushes it into the
     # decode worker's tier. The decode worker stops meanwhile (SIGSTOP), is lost for its silence,
     # resumes, is told to register again and serves as decode-0's next worker with the same tier
     # memory. That table starts empty, yet keeps the push's slots held until the prefill plan
     # came back: a layer may still land in them (through shared memory nothing refuses it), so
     # an offload given one would be overwritten. The prefill replica stops pushing to the lost
     # worker; the hand-off is pulled and decodes on decode-0.
-    with disaggregated(tmp_path, prefill_delay_ms=6000, decode_flags=decode_flags,
-                       heartbeat_timeout_ms=1000) as rig:
+    # (The heartbeat timeout as failure_test.py's: a starved machine's heartbeats arrive late.)
+    with disaggregated(tmp_path, prefill_delay_ms=8000, decode_flags=decode_flags,
+                       heartbeat_timeout_ms=2000) as rig:
         blocks, stream = start_pushed(rig)
         decode = rig.workers["decode-0"]
         decode.signal(signal.SIGSTOP)
