@@ -56,7 +56,10 @@ using worker::AdvertiseHost;
 using worker::CommunicatorOptions;
 using worker::ConnectCommunicator;
 using worker::CreateStepBackend;
+using worker::CudaDraft;
 using worker::DraftModel;
+using worker::FinishCudaDraft;
+using worker::LoadCudaDraft;
 using worker::LoadDraftModel;
 using worker::PipelineLink;
 using worker::RegistrationOptions;
@@ -155,12 +158,12 @@ absl::StatusOr<Placement> PlaceWorker(const WorkerOptions& options) {
         "--gpu-memory-utilization sizes a CUDA device's memory; this worker runs on the cpu "
         "(use --kv-cache-memory or --kv-cache-fraction)");
   }
-  // The draft runs on the CPU forward pass beside one whole copy of the target.
+  // The draft runs on the target's device beside one whole copy of the target.
   if (!options.draft_model_path.empty() &&
-      (options.step_backend != "model" || placement.device != "cpu" || options.world_size > 1)) {
+      (options.step_backend != "model" || options.world_size > 1)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--draft-model needs the CPU model runner on one rank (--step-backend model --device "
-        "cpu --world-size 1), got --step-backend %s on %s with --world-size %d",
+        "--draft-model needs the model runner on one rank (--step-backend model --world-size "
+        "1), got --step-backend %s on %s with --world-size %d",
         options.step_backend, placement.device, options.world_size));
   }
   return placement;
@@ -290,15 +293,15 @@ CpuForwardPassOptions CpuForwardPassOptionsOf(const WorkerOptions& options, int6
   return pass_options;
 }
 
-// The backend (CreateStepBackend) from the worker's flags: the forward pass where
-// `placement` puts it (weights loaded, KV pool of `num_blocks` allocated; 0 on CUDA: sized
-// from free device memory) or noop; prints its load log. The CPU forward pass runs on
-// `thread_pool` when given (shared with a draft model) and counts its layers into
-// `progress`.
-absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
-    const WorkerOptions& options, const Placement& placement, const ServedModel& model,
-    int64_t num_blocks, model::Communicator* communicator, PipelineLink* link,
-    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool, StepProgress* progress) {
+// The backend's options (CreateStepBackend) from the worker's flags: the forward pass where
+// `placement` puts it (KV pool of `num_blocks`; 0 on CUDA: sized from free device memory)
+// or noop. The CPU forward pass runs on `thread_pool` when given (shared with a draft model)
+// and counts its layers into `progress`.
+StepBackendOptions BackendOptionsOf(const WorkerOptions& options, const Placement& placement,
+                                    int64_t num_blocks, model::Communicator* communicator,
+                                    PipelineLink* link,
+                                    std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
+                                    StepProgress* progress) {
   const model::Parallelism parallel = ParallelismOf(options);
   StepBackendOptions backend_options;
   backend_options.kind = options.step_backend;
@@ -324,6 +327,13 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
   backend_options.link = link;
   backend_options.thread_pool = std::move(thread_pool);
   backend_options.progress = progress;
+  return backend_options;
+}
+
+// The backend `backend_options` name, weights loaded and KV pool allocated; prints its load log.
+absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(
+    const WorkerOptions& options, const Placement& placement, const ServedModel& model,
+    const StepBackendOptions& backend_options) {
   std::string load_log;
   absl::StatusOr<std::unique_ptr<StepBackend>> backend =
       CreateStepBackend(backend_options, *model.gguf, model.config, &load_log);
@@ -366,16 +376,21 @@ void PrintBackend(const WorkerOptions& options, const Placement& placement,
 }
 
 // Draft-model speculation: the draft's pool mirrors the target's (same block ids and
-// block size), so the coordinator's block tables address both.
+// block size), so the coordinator's block tables address both. On CUDA the draft was
+// loaded first (`cuda_draft`, LoadCudaDraft) and its pool is grown to the target's here.
 absl::StatusOr<DraftModel> LoadDraft(const WorkerOptions& options, const ServedModel& target,
-                                     int64_t num_blocks,
+                                     int64_t num_blocks, std::optional<CudaDraft> cuda_draft,
                                      std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
                                      StepProgress* progress) {
   LOOM_ASSIGN_OR_RETURN(
       DraftModel draft,
-      LoadDraftModel(
-          options.draft_model_path, *target.gguf, options.model_path, target.config.vocab_size,
-          CpuForwardPassOptionsOf(options, num_blocks, std::move(thread_pool), progress)));
+      cuda_draft.has_value()
+          ? FinishCudaDraft(*std::move(cuda_draft), target.config.vocab_size, num_blocks,
+                            options.block_size)
+          : LoadDraftModel(
+                options.draft_model_path, *target.gguf, options.model_path,
+                target.config.vocab_size,
+                CpuForwardPassOptionsOf(options, num_blocks, std::move(thread_pool), progress)));
   std::fprintf(stderr,
                "loom-worker: draft model %s (%s, %lld layers, hidden %lld) from %s, KV pool "
                "%lld blocks (%.1f MiB)\n",
@@ -597,7 +612,7 @@ int RunWorkerCommand(int argc, char** argv) {
 
   // With a draft model, the target and the draft step one after the other on one pool.
   std::shared_ptr<kernels::cpu::ThreadPool> thread_pool;
-  if (!options.draft_model_path.empty()) {
+  if (!options.draft_model_path.empty() && !placement->cuda()) {
     thread_pool = std::make_shared<kernels::cpu::ThreadPool>(options.num_threads);
   }
   // Written by the step executor and the forward pass, read by the heartbeat thread. A
@@ -606,9 +621,21 @@ int RunWorkerCommand(int argc, char** argv) {
   const int64_t stage_layers = served->config.num_layers / options.pipeline_parallel_size;
   progress.set_units_per_step(static_cast<uint32_t>(
       2 + (options.step_backend == "model" && !placement->cuda() ? 2 * stage_layers : 0)));
+  StepBackendOptions backend_options =
+      BackendOptionsOf(options, *placement, pool->num_blocks, communicator->get(), link->get(),
+                       thread_pool, &progress);
+  // A draft on the GPU goes first: the target's pool leaves room for a draft pool as large.
+  std::optional<CudaDraft> cuda_draft;
+  if (!options.draft_model_path.empty() && placement->cuda()) {
+    absl::StatusOr<CudaDraft> loaded =
+        LoadCudaDraft(options.draft_model_path, *served->gguf, options.model_path, backend_options);
+    if (!loaded.ok()) return Fail(loaded.status());
+    backend_options.draft_kv_bytes_per_block = loaded->kv_bytes_per_block;
+    backend_options.draft_device_bytes = loaded->device_bytes;
+    cuda_draft = *std::move(loaded);
+  }
   absl::StatusOr<std::unique_ptr<StepBackend>> backend =
-      CreateBackend(options, *placement, *served, pool->num_blocks, communicator->get(),
-                    link->get(), thread_pool, &progress);
+      CreateBackend(options, *placement, *served, backend_options);
   if (!backend.ok()) return Fail(backend.status());
   const int64_t num_blocks =
       (*backend)->num_kv_blocks();  // the CUDA forward pass may have sized it
@@ -620,7 +647,7 @@ int RunWorkerCommand(int argc, char** argv) {
   DraftModel draft;  // none without --draft-model: n-gram prompt lookup
   if (!options.draft_model_path.empty()) {
     absl::StatusOr<DraftModel> loaded =
-        LoadDraft(options, *served, num_blocks, thread_pool, &progress);
+        LoadDraft(options, *served, num_blocks, std::move(cuda_draft), thread_pool, &progress);
     if (!loaded.ok()) return Fail(loaded.status());
     draft = *std::move(loaded);
   }

@@ -69,6 +69,7 @@ absl::StatusOr<int64_t> DeviceKvBlocks(const DeviceKvBudget& budget, const Devic
                                        const KvBlockSpec& block) {
   const int64_t max_blocks = MaxKvBlocks(block.block_size) - 1;  // less the scratch block
   const double free_bytes = static_cast<double>(memory.free_bytes);
+  const int64_t block_bytes = block.bytes + budget.companion_block_bytes;
   int64_t num_blocks = budget.num_blocks;
   if (num_blocks == 0 && budget.memory_utilization > 0) {
     // This forward pass's share of the device's total, less what it has taken itself (weights,
@@ -77,18 +78,20 @@ absl::StatusOr<int64_t> DeviceKvBlocks(const DeviceKvBudget& budget, const Devic
     // starts first (their start-ups take turns: worker/device_startup_lock). Never more
     // than the default would take of what is free.
     const double allowed = static_cast<double>(memory.total_bytes) * budget.memory_utilization;
-    const double own = static_cast<double>(
-        memory.free_at_start > memory.free_bytes ? memory.free_at_start - memory.free_bytes : 0);
+    const double own = static_cast<double>(budget.companion_bytes) +
+                       static_cast<double>(memory.free_at_start > memory.free_bytes
+                                               ? memory.free_at_start - memory.free_bytes
+                                               : 0);
     const double room = std::min(allowed - own, free_bytes * budget.free_fraction);
-    num_blocks = static_cast<int64_t>(std::max(0.0, room)) / block.bytes - 1;
+    num_blocks = static_cast<int64_t>(std::max(0.0, room)) / block_bytes - 1;
   } else if (num_blocks == 0) {
-    num_blocks = static_cast<int64_t>(free_bytes * budget.free_fraction) / block.bytes - 1;
+    num_blocks = static_cast<int64_t>(free_bytes * budget.free_fraction) / block_bytes - 1;
   }
   num_blocks = std::min(num_blocks, max_blocks);
   if (num_blocks < 1) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("no room for a KV block of %d bytes (%d bytes free on the device)",
-                        block.bytes, memory.free_bytes));
+                        block_bytes, memory.free_bytes));
   }
   return num_blocks;
 }

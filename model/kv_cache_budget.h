@@ -79,6 +79,13 @@ struct DeviceKvBudget {
   // use in all (vLLM's --gpu-memory-utilization); the pool gets what the forward pass's own use
   // leaves of it, never more than free_fraction of the free memory.
   double memory_utilization = 0;
+  // A second pool on the device that mirrors this one block for block, its own scratch
+  // block included (a draft model's: worker/draft_model): the bytes of each of its blocks,
+  // set aside beside each block of this pool when it is sized from memory.
+  int64_t companion_block_bytes = 0;
+  // The device memory that second pool's forward pass holds already (loaded first, with a
+  // one-block pool): counted as this forward pass's own use under memory_utilization.
+  int64_t companion_bytes = 0;
 };
 
 /// The blocks of a device's KV pool under `budget`. The pool holds one block more than this

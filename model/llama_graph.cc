@@ -176,6 +176,11 @@ absl::Status LlamaGraph::CreateKvCache(int64_t num_blocks) {
   return absl::OkStatus();
 }
 
+absl::Status LlamaGraph::ReplaceKvCache(int64_t num_blocks) {
+  kv_cache_.reset();
+  return CreateKvCache(num_blocks);
+}
+
 absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
   const int64_t T = std::max<int64_t>(max_tokens, 1), R = std::max<int64_t>(max_rows, 1);
   const int64_t H = config_.hidden_size, hd = config_.head_dim;

@@ -64,6 +64,9 @@ class LlamaGraph {
   /// Creates the KV pool of `num_blocks` blocks (options.block_size tokens each) after a
   /// Create with defer_kv_cache; FailedPrecondition when there is one.
   absl::Status CreateKvCache(int64_t num_blocks);
+  /// Replaces the KV pool by an empty one of `num_blocks` blocks (the old one is freed
+  /// first). Only before any step: a step may have captured the old pool's addresses.
+  absl::Status ReplaceKvCache(int64_t num_blocks);
 
   /// Allocates the activations for steps of up to `max_tokens` tokens and `max_rows`
   /// sample rows now, so such steps allocate nothing (a device that captures the work

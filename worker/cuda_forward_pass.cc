@@ -62,51 +62,6 @@ int64_t CudaForwardPass::KvBytesPerBlock(const common::ModelConfig& config, int6
 
 CudaForwardPass::CudaForwardPass(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-// The forward pass calls this for decode steps only, where it maps the step to itself (up to
-// trailing blocks) before graph padding; steps with multi-token sequences go to the
-// prefill kernel over the batch's own CSR arrays. For multi-token batches it remains the
-// reference path (one decode-kernel sequence per query token) that tests compare against.
-StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size) {
-  StepBatch expanded;
-  expanded.token_ids = batch.token_ids;
-  expanded.positions = batch.positions;
-  expanded.slots = batch.slots;
-  expanded.sample_rows = batch.sample_rows;
-  const int64_t num_tokens = batch.num_tokens();
-  expanded.query_start.resize(num_tokens + 1);
-  expanded.context_len.resize(num_tokens);
-  expanded.block_indptr.resize(num_tokens + 1);
-  expanded.query_start[0] = 0;
-  expanded.block_indptr[0] = 0;
-  for (int64_t s = 0; s < batch.num_seqs(); ++s) {
-    const int32_t* table = batch.block_indices.data() + batch.block_indptr[s];
-    for (int64_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) {
-      const int32_t context = batch.positions[t] + 1;
-      const int64_t blocks = (context + block_size - 1) / block_size;
-      expanded.query_start[t + 1] = static_cast<int32_t>(t + 1);
-      expanded.context_len[t] = context;
-      expanded.block_indices.insert(expanded.block_indices.end(), table, table + blocks);
-      expanded.block_indptr[t + 1] = static_cast<int32_t>(expanded.block_indices.size());
-    }
-  }
-  return expanded;
-}
-
-void PadDecodeBatch(StepBatch& batch, int64_t num_seqs, int64_t num_samples,
-                    int32_t scratch_block, int64_t block_size) {
-  while (batch.num_seqs() < num_seqs) {
-    batch.token_ids.push_back(0);
-    batch.positions.push_back(0);
-    batch.slots.push_back(static_cast<int32_t>(scratch_block * block_size));
-    batch.query_start.push_back(static_cast<int32_t>(batch.token_ids.size()));
-    batch.context_len.push_back(1);
-    batch.block_indices.push_back(scratch_block);
-    batch.block_indptr.push_back(static_cast<int32_t>(batch.block_indices.size()));
-  }
-  while (static_cast<int64_t>(batch.sample_rows.size()) < num_samples)
-    batch.sample_rows.push_back(0);
-}
-
 #if !LOOM_HAVE_CUDA
 
 struct CudaForwardPass::State {};
@@ -142,6 +97,10 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch&, const DeviceSample
 
 CudaForwardPass::Stats CudaForwardPass::stats() const { return {}; }
 const model::KvCache* CudaForwardPass::kv_pool() const { return nullptr; }
+int64_t CudaForwardPass::device_bytes() const { return 0; }
+absl::Status CudaForwardPass::ResizeKvPool(int64_t) {
+  return absl::FailedPreconditionError("Loom was built without CUDA");
+}
 
 #else  // LOOM_HAVE_CUDA
 
@@ -179,6 +138,7 @@ struct CudaForwardPass::State {
   // workers on the GPU wait meanwhile (startup_lock, released once the KV pool is in).
   size_t free_at_start = 0;
   std::unique_ptr<DeviceStartupLock> startup_lock;
+  int64_t device_bytes = 0;  // what it took, measured once the KV pool was in
 
   std::unique_ptr<model::LlamaGraph> graph;  // the model on the device
   model::CudaDevice* device = nullptr;       // graph's; every launch goes to its stream
@@ -458,6 +418,11 @@ absl::Status ValidateForwardPassOptions(const CudaForwardPassOptions& options) {
         "CUDA runner: give num_kv_blocks > 0 or a kv_memory_fraction in (0, 1] (got %d, %g)",
         options.num_kv_blocks, options.kv_memory_fraction));
   }
+  if (options.draft_kv_bytes_per_block < 0 || options.draft_device_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: a draft model's KV block bytes %d and device bytes %d must be >= 0",
+        options.draft_kv_bytes_per_block, options.draft_device_bytes));
+  }
   if (options.gpu_memory_utilization < 0 || options.gpu_memory_utilization > 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CUDA runner: gpu_memory_utilization %g must be in (0, 1] (0: unset)",
@@ -672,6 +637,8 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   budget.num_blocks = options.num_kv_blocks;
   budget.free_fraction = options.kv_memory_fraction;
   budget.memory_utilization = options.gpu_memory_utilization;
+  budget.companion_block_bytes = options.draft_kv_bytes_per_block;
+  budget.companion_bytes = options.draft_device_bytes;
   const absl::StatusOr<int64_t> sized = model::DeviceKvBlocks(
       budget,
       {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes),
@@ -686,6 +653,9 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Finish(
   s.scratch_block = num_blocks;
   LOOM_RETURN_IF_ERROR(graph.CreateKvCache(num_blocks + 1));  // zeroed on the stream
   LOOM_RETURN_IF_ERROR(device.Synchronize());
+  LOOM_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  s.device_bytes =
+      static_cast<int64_t>(s.free_at_start > free_bytes ? s.free_at_start - free_bytes : 0);
   s.startup_lock.reset();  // the next worker on this GPU may measure now
 
   absl::StrAppendFormat(
@@ -779,6 +749,30 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
 }
 
 const model::KvCache* CudaForwardPass::kv_pool() const { return &state_->graph->kv_cache(); }
+
+int64_t CudaForwardPass::device_bytes() const { return state_->device_bytes; }
+
+absl::Status CudaForwardPass::ResizeKvPool(int64_t num_blocks) {
+  State& s = *state_;
+  const model::CudaGraphStats& steps = s.graph_cache->stats();
+  if (steps.eager_steps + steps.graph_replays > 0) {
+    return absl::FailedPreconditionError("CUDA runner: the KV pool is resized before any step");
+  }
+  if (num_blocks < 1 || num_blocks >= model::MaxKvBlocks(block_size_)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: a KV pool of %d blocks of %d tokens", num_blocks, block_size_));
+  }
+  LOOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(s.device_index), "cudaSetDevice"));
+  // The old pool goes first, so the new one can take its memory. A failure leaves no pool:
+  // the caller (a worker starting) gives up.
+  num_kv_blocks_ = 0;
+  LOOM_RETURN_IF_ERROR(s.graph->ReplaceKvCache(num_blocks + 1));  // zeroed on the stream
+  LOOM_RETURN_IF_ERROR(s.device->Synchronize());
+  num_kv_blocks_ = num_blocks;
+  s.num_blocks = num_blocks;
+  s.scratch_block = num_blocks;
+  return absl::OkStatus();
+}
 
 CudaForwardPass::Stats CudaForwardPass::stats() const {
   const model::CudaGraphStats& graphs = state_->graph_cache->stats();

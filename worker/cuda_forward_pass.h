@@ -13,6 +13,7 @@
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
+#include "worker/decode_batch_shape.h"
 #include "worker/forward_pass.h"
 #include "worker/pipeline_link.h"
 #include "worker/step_batch.h"
@@ -55,6 +56,12 @@ struct CudaForwardPassOptions {
   // Activations are allocated for this many tokens per step before the KV pool takes its
   // share of free memory; a larger step grows them (and may then run out of memory).
   int64_t max_num_tokens = 2048;
+  // A draft model's forward pass on this device, loaded first with a one-block pool
+  // (worker/draft_model): the bytes each of its KV blocks takes and the device memory it
+  // holds. A pool sized from memory leaves room for the draft's pool of as many blocks
+  // (model::DeviceKvBudget's companion). 0: no draft.
+  int64_t draft_kv_bytes_per_block = 0;
+  int64_t draft_device_bytes = 0;
   // Tensor parallelism: this forward pass holds rank tp_rank's slice of the model (ShardPlan)
   // and joins the others through `communicator` (not owned; required when tp_size > 1,
   // optional at 1), which goes to the CUDA device (model::CudaDeviceOptions). Every rank
@@ -135,6 +142,15 @@ class CudaForwardPass : public ForwardPass {
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }
   int64_t block_size() const override { return block_size_; }
   const model::KvCache* kv_pool() const override;
+
+  /// The device memory this forward pass took (weights, activations, workspaces, KV pool),
+  /// measured when it was created.
+  int64_t device_bytes() const;
+  /// Replaces the KV pool by an empty one of `num_blocks` blocks (+1 scratch block): a
+  /// draft model's pool, made to mirror its target's once that one is sized. Only before
+  /// the first step (FailedPrecondition after: captured graphs hold the old pool);
+  /// ResourceExhausted when it does not fit, leaving the forward pass without a pool.
+  absl::Status ResizeKvPool(int64_t num_blocks);
   /// One line per weight conversion, then the device, memory and graph settings.
   const std::string& load_log() const { return load_log_; }
 
@@ -162,22 +178,5 @@ class CudaForwardPass : public ForwardPass {
   int64_t block_size_ = 0;
   std::string load_log_;
 };
-
-/// The step the decode kernel would run for `batch`: every query token becomes its own one-token
-/// sequence with context_len = position + 1 over the first ceil((position + 1) / block_size) blocks
-/// of its sequence's table, which is exactly causal attention (this step's K/V are written before
-/// attention reads them). Token ids, positions, slots and sample rows are unchanged; a batch
-/// ValidateStepBatch accepts stays accepted. A decode step maps to itself (up to trailing
-/// blocks). The forward pass uses it for decode steps; multi-token steps go to the prefill
-/// kernel, for which this is the reference path. Exposed for tests (the CPU forward pass checks
-/// it gives the same logits).
-StepBatch ExpandToSingleTokenSequences(const StepBatch& batch, int64_t block_size);
-
-/// Pads a batch of one-token sequences to `num_seqs` sequences (a CUDA graph bucket) and
-/// `num_samples` sample rows: dummy token 0 at position 0 writing slot
-/// scratch_block * block_size, its table {scratch_block}; extra sample rows repeat row 0.
-/// The real rows' results do not change. Exposed for tests.
-void PadDecodeBatch(StepBatch& batch, int64_t num_seqs, int64_t num_samples,
-                    int32_t scratch_block, int64_t block_size);
 
 }  // namespace loom::worker

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/cuda_forward_pass.h"
@@ -36,6 +37,44 @@ std::string KvPoolDtypeName(std::string_view backend_name, kernels::cpu::KvDtype
   return kernels::cpu::KvDtypeName(kv_dtype);
 }
 
+absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBackendOptions& options,
+                                                                const common::GgufFile& gguf) {
+  CudaForwardPassOptions cuda_options;
+  cuda_options.num_kv_blocks = options.num_kv_blocks;
+  cuda_options.kv_memory_fraction = options.kv_memory_fraction;
+  cuda_options.gpu_memory_utilization = options.gpu_memory_utilization;
+  cuda_options.block_size = options.block_size;
+  cuda_options.cuda_graphs = options.cuda_graphs;
+  cuda_options.max_num_tokens = options.max_num_tokens;
+  cuda_options.device = options.gpu_index;
+  cuda_options.tp_rank = options.tp_rank;
+  cuda_options.tp_size = options.tp_size;
+  cuda_options.communicator = options.communicator;
+  cuda_options.pp_stage = options.pp_stage;
+  cuda_options.pp_size = options.pp_size;
+  cuda_options.pp_layers = options.pp_layers;
+  cuda_options.link = options.link;
+  cuda_options.dtype = CudaComputeDtype(gguf);
+  cuda_options.kv_dtype = cuda_options.dtype;
+  switch (options.kv_dtype) {
+    case kernels::cpu::KvDtype::kInt8:
+      cuda_options.kv_quant = kernels::cuda::KvQuant::kInt8;
+      break;
+    case kernels::cpu::KvDtype::kFp8E4m3:
+      cuda_options.kv_quant = kernels::cuda::KvQuant::kFp8E4m3;
+      break;
+    case kernels::cpu::KvDtype::kF32:
+      return absl::InvalidArgumentError(
+          "--kv-dtype f32 is CPU-only (the CUDA kernels read f16, int8 or fp8_e4m3 KV)");
+    default:
+      break;
+  }
+  cuda_options.fp8_weights = options.fp8_weights;
+  cuda_options.draft_kv_bytes_per_block = options.draft_kv_bytes_per_block;
+  cuda_options.draft_device_bytes = options.draft_device_bytes;
+  return cuda_options;
+}
+
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackendOptions& options,
                                                                const common::GgufFile& gguf,
                                                                const common::ModelConfig& config,
@@ -53,37 +92,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
     return absl::InvalidArgumentError("unknown step backend '" + options.kind + "' (model or noop)");
   }
   if (options.device == "cuda") {
-    CudaForwardPassOptions cuda_options;
-    cuda_options.num_kv_blocks = options.num_kv_blocks;
-    cuda_options.kv_memory_fraction = options.kv_memory_fraction;
-    cuda_options.gpu_memory_utilization = options.gpu_memory_utilization;
-    cuda_options.block_size = options.block_size;
-    cuda_options.cuda_graphs = options.cuda_graphs;
-    cuda_options.max_num_tokens = options.max_num_tokens;
-    cuda_options.device = options.gpu_index;
-    cuda_options.tp_rank = options.tp_rank;
-    cuda_options.tp_size = options.tp_size;
-    cuda_options.communicator = options.communicator;
-    cuda_options.pp_stage = options.pp_stage;
-    cuda_options.pp_size = options.pp_size;
-    cuda_options.pp_layers = options.pp_layers;
-    cuda_options.link = options.link;
-    cuda_options.dtype = CudaComputeDtype(gguf);
-    cuda_options.kv_dtype = cuda_options.dtype;
-    switch (options.kv_dtype) {
-      case kernels::cpu::KvDtype::kInt8:
-        cuda_options.kv_quant = kernels::cuda::KvQuant::kInt8;
-        break;
-      case kernels::cpu::KvDtype::kFp8E4m3:
-        cuda_options.kv_quant = kernels::cuda::KvQuant::kFp8E4m3;
-        break;
-      case kernels::cpu::KvDtype::kF32:
-        return absl::InvalidArgumentError(
-            "--kv-dtype f32 is CPU-only (the CUDA kernels read f16, int8 or fp8_e4m3 KV)");
-      default:
-        break;
-    }
-    cuda_options.fp8_weights = options.fp8_weights;
+    LOOM_ASSIGN_OR_RETURN(const CudaForwardPassOptions cuda_options,
+                          CudaForwardPassOptionsOf(options, gguf));
     absl::StatusOr<std::unique_ptr<CudaForwardPass>> forward_pass =
         CudaForwardPass::Create(gguf, cuda_options);
     if (!forward_pass.ok()) return forward_pass.status();

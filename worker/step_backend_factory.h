@@ -16,6 +16,7 @@
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
+#include "worker/cuda_forward_pass.h"
 #include "worker/pipeline_link.h"
 #include "worker/step_backend.h"
 #include "worker/step_progress.h"
@@ -48,6 +49,10 @@ struct StepBackendOptions {
   // the runner reserves activations for them before sizing the KV pool.
   int64_t max_num_tokens = 2048;
   int gpu_index = 0;        // CUDA: the device (an index after CUDA_VISIBLE_DEVICES)
+  // CUDA: a draft model loaded on the device first (CudaForwardPassOptions' fields of the
+  // same names): its KV block bytes and device memory, set aside when the pool is sized.
+  int64_t draft_kv_bytes_per_block = 0;
+  int64_t draft_device_bytes = 0;
   // Tensor parallelism: this rank of tp_size, joined through `communicator` (not owned;
   // required when tp_size > 1): gloo on the CPU, NCCL (worker/nccl_communicator) on CUDA.
   int tp_rank = 0;
@@ -70,6 +75,12 @@ struct StepBackendOptions {
 /// activations do, whatever its weights' format), else F16 (F16, F32 and quantized
 /// checkpoints), as vLLM's `--dtype auto`.
 kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
+
+/// The CUDA forward pass's options for `options` over `gguf` (the compute and KV types from
+/// the checkpoint and --kv-dtype): the target model's and a draft model's alike.
+/// InvalidArgument for a KV dtype the CUDA kernels do not read (f32).
+absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBackendOptions& options,
+                                                                const common::GgufFile& gguf);
 
 /// What the KV pool of `backend_name` ("cuda", "cpu", "noop") over `gguf` holds, by name
 /// (RegisterRequest.kv_dtype: replicas move KV between each other only when it agrees):

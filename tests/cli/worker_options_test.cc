@@ -316,13 +316,13 @@ TEST(WorkerCommandTest, TensorParallelCudaWithoutGpuFailsAtStartWithClearError) 
   EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
 }
 
-TEST(WorkerCommandTest, DraftModelNeedsTheCpuForwardPassOnOneRank) {
+TEST(WorkerCommandTest, DraftModelNeedsTheModelRunnerOnOneRank) {
   // Refused before any file is opened.
   auto [code, err] = RunCommand(
       RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
                          "127.0.0.1:1", "--draft-model", "/draft.gguf", "--step-backend", "noop"});
   EXPECT_EQ(code, 2) << err;
-  EXPECT_NE(err.find("--draft-model needs the CPU model runner"), std::string::npos) << err;
+  EXPECT_NE(err.find("--draft-model needs the model runner on one rank"), std::string::npos) << err;
   EXPECT_EQ(err.find("nonexistent"), std::string::npos) << err;
   auto [tp_code, tp_err] = RunCommand(
       RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
@@ -330,6 +330,13 @@ TEST(WorkerCommandTest, DraftModelNeedsTheCpuForwardPassOnOneRank) {
                          "--world-size", "2", "--rank", "0"});
   EXPECT_EQ(tp_code, 2) << tp_err;
   EXPECT_NE(tp_err.find("--world-size 2"), std::string::npos) << tp_err;
+  // On a GPU the draft runs beside the target: here the only refusal is the missing device.
+  auto [cuda_code, cuda_err] = RunCommand(
+      RunWorkerCommand, {"loom-worker", "--model", "/nonexistent.gguf", "--coordinator",
+                         "127.0.0.1:1", "--draft-model", "/draft.gguf", "--device", "cuda"});
+  EXPECT_EQ(cuda_code, 1) << cuda_err;
+  EXPECT_NE(cuda_err.find("--device cuda: no usable CUDA device"), std::string::npos) << cuda_err;
+  EXPECT_EQ(cuda_err.find("--draft-model"), std::string::npos) << cuda_err;
 }
 
 }  // namespace

@@ -133,6 +133,23 @@ TEST(KvCacheBudgetTest, MemoryUtilizationIsTheWorkersShareOfTheTotalLessItsOwnUs
             2000 - 1);
 }
 
+TEST(KvCacheBudgetTest, ADraftsMirroredPoolSharesTheRoomBlockForBlock) {
+  DeviceKvBudget budget;  // 0.9 of free memory
+  // A draft block of a quarter of the target's: 900 blocks' worth of room holds 720 pairs.
+  budget.companion_block_bytes = 2048;
+  const DeviceMemory memory{1000 * 8192, 4000 * 8192, 2000 * 8192};
+  EXPECT_EQ(*DeviceKvBlocks(budget, memory, Block(8192)), 720 - 1);
+  // Under a share of the total, the draft's weights (loaded first) count as this worker's
+  // use: 2000 blocks' share, 1000 taken by the target and 200 by the draft leave 800, which
+  // hold 640 pairs.
+  budget.memory_utilization = 0.5;
+  budget.companion_bytes = 200 * 8192;
+  EXPECT_EQ(*DeviceKvBlocks(budget, {2000 * 8192, 4000 * 8192, 3000 * 8192}, Block(8192)), 640 - 1);
+  // A count given is the count: the draft's pool is that many blocks beside it.
+  budget.num_blocks = 100;
+  EXPECT_EQ(*DeviceKvBlocks(budget, memory, Block(8192)), 100);
+}
+
 TEST(KvCacheBudgetTest, DeviceWithoutRoomForABlockIsResourceExhausted) {
   DeviceKvBudget budget;
   absl::StatusOr<int64_t> blocks =

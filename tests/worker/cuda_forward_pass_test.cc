@@ -940,6 +940,66 @@ TEST(CudaForwardPassTest, FailedCaptureFallsBackToEagerSteps) {
   EXPECT_EQ(failing->stats().graph_replays, 0);
 }
 
+// A draft model on the GPU is loaded first with a one-block pool and grown to its target's
+// once that one is sized (worker/draft_model): grown, it steps exactly as a forward pass
+// created with that pool (graphs on both, so the same padding and the same bits), and
+// refuses a resize once it has stepped.
+TEST(CudaForwardPassTest, APoolResizedBeforeTheFirstStepStepsAsOneCreatedThatSize) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const RandomModelSpec spec = LlamaGqaSpec();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  CudaForwardPassOptions one_block = GpuForwardPassOptions(/*graphs=*/true);
+  one_block.num_kv_blocks = 1;
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
+  std::unique_ptr<CudaForwardPass> resized = NewGpuForwardPass(*gguf, one_block);
+  std::unique_ptr<CudaForwardPass> created = NewGpuForwardPass(*gguf, /*graphs=*/true);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(resized, nullptr);
+  ASSERT_NE(created, nullptr);
+  EXPECT_EQ(resized->num_kv_blocks(), 1);
+  EXPECT_GT(resized->device_bytes(), 0);
+  const absl::Status grown = resized->ResizeKvPool(kNumBlocks);
+  ASSERT_TRUE(grown.ok()) << grown;
+  EXPECT_EQ(resized->num_kv_blocks(), kNumBlocks);
+  EXPECT_EQ(resized->kv_pool()->num_blocks(), kNumBlocks + 1);  // and the scratch block
+  Comparison result(GpuTolerance(cpu->config(), kc::DataType::kF16));
+  std::vector<std::vector<std::vector<float>>> steps;
+  RunScenario({cpu.get(), resized.get(), created.get()}, RandomPrompts(spec.vocab, 9), result,
+              &steps);
+  ExpectGraphsAndEagerIdentical(steps);
+  EXPECT_GE(resized->stats().graph_replays, 5);
+  EXPECT_EQ(resized->ResizeKvPool(8).code(), absl::StatusCode::kFailedPrecondition);
+  std::unique_ptr<CudaForwardPass> fresh = NewGpuForwardPass(*gguf, one_block);
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->ResizeKvPool(0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A target sized from memory beside a draft sets the draft's pool aside block for block: with
+// a draft block as large as its own, it holds about half the blocks it holds alone.
+TEST(CudaForwardPassTest, APoolSizedBesideADraftLeavesRoomForTheDraftsBlocks) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
+  ASSERT_NE(gguf, nullptr);
+  CudaForwardPassOptions sized = GpuForwardPassOptions(/*graphs=*/false);
+  sized.num_kv_blocks = 0;
+  sized.kv_memory_fraction = 0.02;  // a few GiB: the test stays light
+  int64_t alone = 0;
+  {
+    std::unique_ptr<CudaForwardPass> forward_pass = NewGpuForwardPass(*gguf, sized);
+    ASSERT_NE(forward_pass, nullptr);
+    alone = forward_pass->num_kv_blocks();
+  }
+  sized.draft_kv_bytes_per_block = CudaForwardPass::KvBytesPerBlock(
+      common::ModelConfigFromGguf(*gguf).value(), kBlockSize, kc::DataType::kF16);
+  std::unique_ptr<CudaForwardPass> beside = NewGpuForwardPass(*gguf, sized);
+  ASSERT_NE(beside, nullptr);
+  std::printf("blocks alone %lld, beside an equal draft %lld\n", static_cast<long long>(alone),
+              static_cast<long long>(beside->num_kv_blocks()));
+  EXPECT_GE(beside->num_kv_blocks() * 2, alone * 9 / 10);
+  EXPECT_LE(beside->num_kv_blocks() * 2, alone * 11 / 10);
+}
+
 #ifdef LOOM_HAVE_NCCL
 // Tensor parallelism's path on one GPU: the forward pass joined to an NCCL communicator of one
 // rank, graphs on, so every decode graph captures NCCL's all-reduces and gathers on the
