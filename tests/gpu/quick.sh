@@ -310,14 +310,16 @@ else
   timeout -k 5 "$limit" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_smoke.py" \
     --loom "$B/bin/loom" --model "$MODELS/tiny.gguf" --device cuda --expect-graph-replays \
     --concurrency 32 --start-timeout $((limit / 3)) --timeout 20 --pgid-file "$WORK/serve.pgid" \
-    --pd --budget-s "$limit" \
+    --pd --draft --budget-s "$limit" \
     --out "$WORK/bench/serve_smoke.json" --log "$WORK/serve.log" >> "$LOG" 2>&1
   code=$?
   kill_servers
   tail -n 40 "$WORK/serve.log" >> "$LOG" 2> /dev/null
   tail -n 40 "$WORK/serve_pd.log" >> "$LOG" 2> /dev/null
+  tail -n 40 "$WORK/serve_draft.log" >> "$LOG" 2> /dev/null
   keep_log serve.log
   keep_log serve_pd.log
+  keep_log serve_draft.log
   detail="$(python3 - "$WORK/bench/serve_smoke.json" << 'PY' 2> /dev/null
 import json, sys
 steps = json.load(open(sys.argv[1]))["steps"]

@@ -21,6 +21,8 @@ tested on every CI run. Steps, each a check:
    --decode-replicas 1` on the same device (each worker its share of it), the long prompt
    prefilled on the prefill replica, its KV pushed into the decode replica's host tier and
    decoded there: the text of step 6, the hand-off counted as pushed.
+9. (--draft, likewise) speculative decoding with a draft model: `loom up --draft-model` the
+   served model itself, 3 drafts a step: the text of step 6, drafts proposed and accepted.
 
 Writes a JSON summary to --out (one entry per step: passed / failed with the reason /
 skipped) and exits 1 when any step failed.
@@ -292,27 +294,31 @@ def metric_value(text, name, **labels):
     return None
 
 
+def wait_for_replicas(server, start_timeout, replicas):
+    """The base URL of `server` once every one of `replicas` is registered and healthy."""
+    deadline = time.monotonic() + start_timeout
+    base_url = server.wait_for(r"OpenAI-compatible HTTP API on (\S+)",
+                               deadline - time.monotonic()).group(1).rstrip("/")
+    while True:
+        try:
+            with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
+                text = response.read().decode()
+            if all(metric_value(text, "loom_replica_up", replica=r) == 1 for r in replicas):
+                return base_url
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        check(time.monotonic() < deadline,
+              f"{' and '.join(replicas)} not up within {start_timeout} s: "
+              f"{''.join(server.lines[-10:])}")
+        time.sleep(0.2)
+
+
 def step_pd(command, log_path, pgid_file, model, timeout, start_timeout, reference):
     """`command` with one prefill and one decode replica: the long prompt is handed off with
     its KV pushed, and gives the text the mixed server gave (`reference`)."""
     server = Server(command, log_path, pgid_file)
     try:
-        deadline = time.monotonic() + start_timeout
-        base_url = server.wait_for(r"OpenAI-compatible HTTP API on (\S+)",
-                                   deadline - time.monotonic()).group(1).rstrip("/")
-        while True:  # both replicas registered and healthy
-            try:
-                with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
-                    text = response.read().decode()
-                if all(metric_value(text, "loom_replica_up", replica=r) == 1
-                       for r in ("prefill-0", "decode-0")):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            check(time.monotonic() < deadline,
-                  f"prefill-0 and decode-0 not both up within {start_timeout} s: "
-                  f"{''.join(server.lines[-10:])}")
-            time.sleep(0.2)
+        base_url = wait_for_replicas(server, start_timeout, ("prefill-0", "decode-0"))
         body = {"model": model, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0,
                 "ignore_eos": True}
         text = check_completion(post(base_url + "/v1/completions", body, timeout), 8,
@@ -327,6 +333,35 @@ def step_pd(command, log_path, pgid_file, model, timeout, start_timeout, referen
         check(reference is None or text == reference,
               f"disaggregated text {text!r} differs from the mixed server's {reference!r}")
         return {"text": text, "handoffs": handoffs, "pushed": pushed}
+    finally:
+        server.stop()
+
+
+DRAFT_FLAGS = ["--speculative-tokens", "3", "--speculative-adaptive", "off"]
+
+
+def step_draft(command, log_path, pgid_file, model, timeout, start_timeout, reference):
+    """`command` with the served model drafting for itself (`--draft-model`, 3 drafts every
+    step): on a GPU the draft is a second forward pass on the device, its KV pool sized
+    beside the target's. The long prompt gives the text the server without drafts gave
+    (`reference`: greedy speculation is lossless), with drafts proposed and accepted."""
+    server = Server(command, log_path, pgid_file)
+    try:
+        base_url = wait_for_replicas(server, start_timeout, ("replica-0",))
+        body = {"model": model, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True}
+        text = check_completion(post(base_url + "/v1/completions", body, timeout), 8,
+                                "long prompt with drafts")
+        drafted = metric_total(base_url + "/metrics", "loom_spec_decode_num_draft_tokens_total",
+                               timeout)
+        accepted = metric_total(base_url + "/metrics",
+                                "loom_spec_decode_num_accepted_tokens_total", timeout)
+        check(drafted is not None and drafted > 0, f"no draft proposed ({drafted}): see the log")
+        check(accepted is not None and accepted > 0,
+              f"none of {drafted} drafts accepted (the model drafting for itself)")
+        check(reference is None or text == reference,
+              f"text with drafts {text!r} differs from the server's without {reference!r}")
+        return {"text": text, "drafted": drafted, "accepted": accepted}
     finally:
         server.stop()
 
@@ -380,8 +415,11 @@ def main():
     parser.add_argument("--pgid-file", help="where to write the process group of `loom up`")
     parser.add_argument("--pd", action="store_true",
                         help="then serve disaggregated (prefill and decode replicas)")
+    parser.add_argument("--draft", action="store_true",
+                        help="then serve with the model drafting for itself (--draft-model)")
     parser.add_argument("--budget-s", type=float, default=0,
-                        help="the script's whole time (0: none): --pd runs if 15 s + two --timeout are left")
+                        help="the script's whole time (0: none): --pd and --draft each run if "
+                             "15 s + two --timeout are left")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
     args = parser.parse_args()
     exit_on_sigterm()
@@ -449,17 +487,20 @@ def main():
             run("long_prompt", step_long_prompt, urls["http"], "smoke", args.timeout, found)
             run("drain", step_drain, server, urls["http"], "smoke", args.timeout)
         server.stop()
-        if args.pd and steps.get("start", {}).get("status") == "passed":
+        # Each further server: a start, one request and the metrics read must fit what is
+        # left (the start gets all the rest: two CUDA workers start one after the other).
+        for name, wanted, function, flags in (
+                ("pd", args.pd, step_pd, pd_flags(args.device)),
+                ("draft", args.draft, step_draft, ["--draft-model", args.model, *DRAFT_FLAGS])):
+            if not wanted or steps.get("start", {}).get("status") != "passed":
+                continue
             left = args.budget_s - (time.monotonic() - began) if args.budget_s > 0 else None
-            # A start, one request and the metrics read must fit what is left (the two CUDA
-            # workers start one after the other: the start gets all the rest).
             if left is not None and left < 15 + 2 * args.timeout:
-                steps["pd"] = {"status": "skipped", "reason": f"{left:.0f} s of the budget left"}
-            else:
-                pd_log = os.path.splitext(args.log)[0] + "_pd.log"
-                run("pd", step_pd, command + pd_flags(args.device), pd_log, args.pgid_file, "smoke",
-                    args.timeout, min(args.start_timeout, (left or 1e9) - args.timeout - 10),
-                    found.get("long"))
+                steps[name] = {"status": "skipped", "reason": f"{left:.0f} s of the budget left"}
+                continue
+            log = os.path.splitext(args.log)[0] + f"_{name}.log"
+            run(name, function, command + flags, log, args.pgid_file, "smoke", args.timeout,
+                min(args.start_timeout, (left or 1e9) - args.timeout - 10), found.get("long"))
     finally:
         server.stop()
         save()

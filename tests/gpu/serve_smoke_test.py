@@ -93,25 +93,29 @@ def run_smoke(models, tmp_path, *extra, options=()):
 
 
 def test_serve_smoke_passes_on_the_cpu(models, tmp_path):
-    result, summary = run_smoke(models, tmp_path, options=["--pd"])
+    result, summary = run_smoke(models, tmp_path, options=["--pd", "--draft"])
     logs = (tmp_path / "smoke.log").read_text()[-3000:]
-    if (tmp_path / "smoke_pd.log").exists():
-        logs += (tmp_path / "smoke_pd.log").read_text()[-3000:]
+    for extra in ("smoke_pd.log", "smoke_draft.log"):
+        if (tmp_path / extra).exists():
+            logs += (tmp_path / extra).read_text()[-3000:]
     assert result.returncode == 0, result.stdout + logs
     steps = summary["steps"]
     assert list(steps) == ["start", "completions", "chat", "concurrent", "graphs", "long_prompt",
-                           "drain", "pd"]
+                           "drain", "pd", "draft"]
     assert all(step["status"] == "passed" for step in steps.values()), steps
     assert steps["concurrent"]["streams"] == 8
     assert steps["graphs"]["loom_worker_steps_total"] > 0
     # Disaggregated: the long prompt handed off with its KV pushed, the mixed server's text.
     assert steps["pd"]["pushed"] == 1 and steps["pd"]["text"] == steps["long_prompt"]["text"]
+    # The model drafting for itself: drafts accepted, the text without drafts.
+    assert steps["draft"]["accepted"] > 0 and steps["draft"]["text"] == steps["long_prompt"]["text"]
 
 
-def test_the_disaggregated_step_is_skipped_without_the_time_for_it(models, tmp_path):
-    result, summary = run_smoke(models, tmp_path, options=["--pd", "--budget-s", "1"])
+def test_the_further_servers_are_skipped_without_the_time_for_them(models, tmp_path):
+    result, summary = run_smoke(models, tmp_path, options=["--pd", "--draft", "--budget-s", "1"])
     assert result.returncode == 0, result.stdout
     assert summary["steps"]["pd"]["status"] == "skipped"
+    assert summary["steps"]["draft"]["status"] == "skipped"
 
 
 def test_serve_smoke_fails_on_a_wrong_answer(models, tmp_path):
