@@ -632,6 +632,7 @@ int RunWorkerCommand(int argc, char** argv) {
     if (!loaded.ok()) return Fail(loaded.status());
     backend_options.draft_kv_bytes_per_block = loaded->kv_bytes_per_block;
     backend_options.draft_device_bytes = loaded->device_bytes;
+    backend_options.startup_lock_held = true;  // the draft's, until its pool is resized
     cuda_draft = *std::move(loaded);
   }
   absl::StatusOr<std::unique_ptr<StepBackend>> backend =

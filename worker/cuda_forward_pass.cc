@@ -98,6 +98,7 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch&, const DeviceSample
 CudaForwardPass::Stats CudaForwardPass::stats() const { return {}; }
 const model::KvCache* CudaForwardPass::kv_pool() const { return nullptr; }
 int64_t CudaForwardPass::device_bytes() const { return 0; }
+std::unique_ptr<DeviceStartupLock> CudaForwardPass::AcquireStartupLock(int) { return nullptr; }
 absl::Status CudaForwardPass::ResizeKvPool(int64_t) {
   return absl::FailedPreconditionError("Loom was built without CUDA");
 }
@@ -497,6 +498,10 @@ absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
 
 }  // namespace
 
+std::unique_ptr<DeviceStartupLock> CudaForwardPass::AcquireStartupLock(int device) {
+  return DeviceStartupLock::Acquire(DeviceKey(device));
+}
+
 absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
     const common::GgufFile& gguf, const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(ValidateForwardPassOptions(options));
@@ -504,7 +509,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   LOOM_RETURN_IF_ERROR(model::ValidateCudaModelConfig(config));
   LOOM_RETURN_IF_ERROR(model::ValidateCudaShard(config, options.tp_rank, options.tp_size));
   std::unique_ptr<DeviceStartupLock> startup_lock =
-      DeviceStartupLock::Acquire(DeviceKey(options.device));
+      options.startup_lock_held ? nullptr : AcquireStartupLock(options.device);
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   // Weights: this rank's slice, loaded like the CPU forward pass's; the device keeps INT4 layer
   // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
@@ -561,7 +566,7 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::CreateRandom(
     return absl::InvalidArgumentError("CUDA runner: random models run on one rank only");
   }
   std::unique_ptr<DeviceStartupLock> startup_lock =
-      DeviceStartupLock::Acquire(DeviceKey(options.device));
+      options.startup_lock_held ? nullptr : AcquireStartupLock(options.device);
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
   model::CudaDevice* cuda = device.get();
@@ -748,7 +753,9 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
   return status;
 }
 
-const model::KvCache* CudaForwardPass::kv_pool() const { return &state_->graph->kv_cache(); }
+const model::KvCache* CudaForwardPass::kv_pool() const {
+  return num_kv_blocks_ == 0 ? nullptr : &state_->graph->kv_cache();  // none after a failed resize
+}
 
 int64_t CudaForwardPass::device_bytes() const { return state_->device_bytes; }
 

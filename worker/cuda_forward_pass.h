@@ -14,6 +14,7 @@
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
 #include "worker/decode_batch_shape.h"
+#include "worker/device_startup_lock.h"
 #include "worker/forward_pass.h"
 #include "worker/pipeline_link.h"
 #include "worker/step_batch.h"
@@ -62,6 +63,9 @@ struct CudaForwardPassOptions {
   // (model::DeviceKvBudget's companion). 0: no draft.
   int64_t draft_kv_bytes_per_block = 0;
   int64_t draft_device_bytes = 0;
+  // The caller holds this device's start-up lock (AcquireStartupLock) across several
+  // forward passes (a draft, its target, the draft's resize): Create takes none itself.
+  bool startup_lock_held = false;
   // Tensor parallelism: this forward pass holds rank tp_rank's slice of the model (ShardPlan)
   // and joins the others through `communicator` (not owned; required when tp_size > 1,
   // optional at 1), which goes to the CUDA device (model::CudaDeviceOptions). Every rank
@@ -113,6 +117,12 @@ class CudaForwardPass : public ForwardPass {
   /// Create's, plus InvalidArgument for an inconsistent config or tp_size > 1.
   static absl::StatusOr<std::unique_ptr<CudaForwardPass>> CreateRandom(
       const common::ModelConfig& config, const CudaForwardPassOptions& options, uint64_t seed);
+
+  /// The start-up lock of CUDA device `device` (worker/device_startup_lock: other workers on
+  /// the GPU wait while this process measures and allocates), for a caller that creates
+  /// several forward passes under it (CudaForwardPassOptions::startup_lock_held); null
+  /// without CUDA.
+  static std::unique_ptr<DeviceStartupLock> AcquireStartupLock(int device);
 
   /// Bytes one KV block takes in the pool (K and V of every layer; for a tensor-parallel
   /// rank pass its model::LocalConfig).

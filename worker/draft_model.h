@@ -33,11 +33,12 @@ absl::StatusOr<std::unique_ptr<common::GgufFile>> OpenDraftModel(const std::stri
 
 /// The draft model over its opened file and loaded forward pass, whose KV pool mirrors the
 /// target's (`num_kv_blocks` blocks of `block_size` tokens, so the coordinator's block
-/// tables address both); the target has `vocab_size` tokens. DraftProposer::Create's errors.
+/// tables address both); the target has `vocab_size` tokens; each pass of the draft
+/// computes at most `max_pass_tokens` tokens (0: no limit). DraftProposer::Create's errors.
 absl::StatusOr<DraftModel> MakeDraftModel(std::unique_ptr<common::GgufFile> gguf,
                                           std::unique_ptr<ForwardPass> forward_pass,
                                           int64_t vocab_size, int64_t num_kv_blocks,
-                                          int64_t block_size);
+                                          int64_t block_size, int64_t max_pass_tokens = 0);
 
 /// OpenDraftModel, then the draft on the CPU forward pass with `pass_options` (whose
 /// num_kv_blocks is the target's), then MakeDraftModel.
@@ -50,11 +51,18 @@ absl::StatusOr<DraftModel> LoadDraftModel(const std::string& path, const common:
 /// loaded with a one-block pool (or the count given), the target's pool is sized with the
 /// draft's share set aside (CudaForwardPassOptions::draft_kv_bytes_per_block and
 /// draft_device_bytes, from here), and FinishCudaDraft grows the draft's pool to the target's.
+/// The device's start-up lock is held from the draft's load to its resize (the target
+/// loads under it: StepBackendOptions::startup_lock_held), so no other worker on the GPU
+/// measures memory the draft's pool is about to take.
 struct CudaDraft {
+  std::unique_ptr<DeviceStartupLock> startup_lock;  // released by FinishCudaDraft
   std::unique_ptr<common::GgufFile> gguf;
   std::unique_ptr<CudaForwardPass> forward_pass;
   int64_t kv_bytes_per_block = 0;  // of the draft's pool
   int64_t device_bytes = 0;        // what the draft took on the device
+  // The tokens its activations are reserved for: its catch-up passes are cut to them (a
+  // larger pass would grow them after both pools took their share).
+  int64_t max_pass_tokens = 0;
 };
 
 /// Opens the draft (OpenDraftModel) and loads it on the CUDA forward pass with the target's

@@ -32,8 +32,12 @@ int32_t DrawFrom(const float* q, int64_t vocab, double u) {
 
 absl::StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(
     std::unique_ptr<ForwardPass> draft, int64_t vocab_size, int64_t num_kv_blocks,
-    int64_t block_size) {
+    int64_t block_size, int64_t max_pass_tokens) {
   if (draft == nullptr) return absl::InvalidArgumentError("draft proposer: no draft model");
+  if (max_pass_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("draft proposer: max_pass_tokens %d must be >= 0", max_pass_tokens));
+  }
   if (draft->config().vocab_size != vocab_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the draft model's vocabulary has %d tokens, the target's %d: a draft must share the "
@@ -46,7 +50,7 @@ absl::StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(
         "shares the target's block tables",
         draft->num_kv_blocks(), draft->block_size(), num_kv_blocks, block_size));
   }
-  return std::unique_ptr<DraftProposer>(new DraftProposer(std::move(draft)));
+  return std::unique_ptr<DraftProposer>(new DraftProposer(std::move(draft), max_pass_tokens));
 }
 
 int64_t DraftProposer::NumDraftComputedAfter(int64_t num_tokens, int32_t num_drafts,
@@ -107,6 +111,9 @@ absl::Status DraftProposer::Propose(absl::Span<const DraftRequest> requests,
   }
   // Pass j (0-based) draws draft j of every request that wants more than j: pass 0 feeds
   // the tokens the draft has not seen, the others the previous draft.
+  std::vector<int64_t> computed(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) computed[i] = requests[i].num_draft_computed;
+  LOOM_RETURN_IF_ERROR(CatchUp(requests, num_drafts, computed));
   std::vector<size_t> in_pass;
   for (int32_t j = 0; j < most_drafts; ++j) {
     batch_ = StepBatch();
@@ -116,11 +123,10 @@ absl::Status DraftProposer::Propose(absl::Span<const DraftRequest> requests,
       const DraftRequest& request = requests[i];
       const int64_t n = static_cast<int64_t>(request.tokens.size());
       if (j == 0) {
-        LOOM_RETURN_IF_ERROR(AppendSequence(
-            batch_,
-            request.tokens.subspan(request.num_draft_computed, n - request.num_draft_computed),
-            static_cast<int32_t>(request.num_draft_computed), request.block_table,
-            static_cast<int32_t>(block_size), /*sample_last=*/true));
+        LOOM_RETURN_IF_ERROR(
+            AppendSequence(batch_, request.tokens.subspan(computed[i], n - computed[i]),
+                           static_cast<int32_t>(computed[i]), request.block_table,
+                           static_cast<int32_t>(block_size), /*sample_last=*/true));
       } else {
         const int32_t previous = proposals[i].tokens.back();
         LOOM_RETURN_IF_ERROR(AppendSequence(batch_, absl::MakeConstSpan(&previous, 1),
@@ -130,11 +136,99 @@ absl::Status DraftProposer::Propose(absl::Span<const DraftRequest> requests,
       }
       in_pass.push_back(i);
     }
+    if (draft_->samples_on_device()) {
+      LOOM_RETURN_IF_ERROR(StepAndDraw(requests, in_pass, j, proposals));
+      continue;
+    }
     LOOM_RETURN_IF_ERROR(draft_->Step(batch_, logits_));
     for (size_t r = 0; r < in_pass.size(); ++r) {
       const size_t i = in_pass[r];
       const int64_t n = static_cast<int64_t>(requests[i].tokens.size());
       Draw(requests[i], logits_.data() + r * config.vocab_size, n + j, proposals[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DraftProposer::CatchUp(absl::Span<const DraftRequest> requests,
+                                    absl::Span<const int32_t> num_drafts,
+                                    std::vector<int64_t>& computed) {
+  if (max_pass_tokens_ == 0) return absl::OkStatus();
+  auto unseen = [&](size_t i) {
+    return num_drafts[i] > 0 ? static_cast<int64_t>(requests[i].tokens.size()) - computed[i] : 0;
+  };
+  int64_t total = 0;
+  for (size_t i = 0; i < requests.size(); ++i) total += unseen(i);
+  const int32_t block_size = static_cast<int32_t>(draft_->block_size());
+  while (total > max_pass_tokens_) {
+    batch_ = StepBatch();
+    int64_t room = max_pass_tokens_;
+    for (size_t i = 0; i < requests.size() && room > 0; ++i) {
+      const int64_t take = std::min(room, unseen(i) - 1);  // the last token samples later
+      if (take <= 0) continue;
+      LOOM_RETURN_IF_ERROR(AppendSequence(batch_, requests[i].tokens.subspan(computed[i], take),
+                                          static_cast<int32_t>(computed[i]),
+                                          requests[i].block_table, block_size,
+                                          /*sample_last=*/false));
+      computed[i] += take;
+      room -= take;
+      total -= take;
+    }
+    if (room == max_pass_tokens_) break;  // one token each is left: more sequences than room
+    LOOM_RETURN_IF_ERROR(draft_->Step(batch_, logits_));
+  }
+  return absl::OkStatus();
+}
+
+bool DraftProposer::DrawsOnDevice(const DraftRequest& request) const {
+  const SequenceSampler& sampler = *request.sampler;
+  return draft_->samples_on_device() && sampler.greedy() && !sampler.adjusts_logits() &&
+         !sampler.constrained();
+}
+
+absl::Status DraftProposer::StepAndDraw(absl::Span<const DraftRequest> requests,
+                                        absl::Span<const size_t> in_pass, int32_t pass,
+                                        std::vector<DraftProposal>& proposals) {
+  device_rows_.params.clear();
+  device_rows_.positions.clear();
+  device_rows_.penalty_indptr.assign(1, 0);
+  device_rows_.penalty_tokens.clear();
+  device_rows_.penalty_counts.clear();
+  device_rows_.logits_rows.clear();
+  for (size_t r = 0; r < in_pass.size(); ++r) {
+    const DraftRequest& request = requests[in_pass[r]];
+    // The index of the token this row decides: n + pass.
+    device_rows_.positions.push_back(static_cast<int64_t>(request.tokens.size()) + pass);
+    if (DrawsOnDevice(request)) {
+      device_rows_.params.push_back(request.sampler->params());
+      // The penalties count the drafts before this one, as the target's rows will.
+      request.sampler->PenaltyEntries(device_rows_.penalty_tokens, device_rows_.penalty_counts,
+                                      proposals[in_pass[r]].tokens);
+    } else {
+      SamplingParams unused;  // the device's pick of this row is not used
+      unused.temperature = 0.0f;
+      device_rows_.params.push_back(unused);
+      device_rows_.logits_rows.push_back(static_cast<int32_t>(r));
+    }
+    device_rows_.penalty_indptr.push_back(static_cast<int32_t>(device_rows_.penalty_tokens.size()));
+  }
+  LOOM_RETURN_IF_ERROR(
+      draft_->StepAndSample(batch_, device_rows_, device_tokens_, device_logprobs_, logits_));
+  const int64_t vocab = draft_->config().vocab_size;
+  if (device_tokens_.size() != in_pass.size() ||
+      logits_.size() != device_rows_.logits_rows.size() * static_cast<size_t>(vocab)) {
+    return absl::InternalError(absl::StrFormat(
+        "the draft's device picked %d tokens for %d rows and returned %d logits for %d rows",
+        device_tokens_.size(), in_pass.size(), logits_.size(), device_rows_.logits_rows.size()));
+  }
+  size_t host_row = 0;
+  for (size_t r = 0; r < in_pass.size(); ++r) {
+    const DraftRequest& request = requests[in_pass[r]];
+    DraftProposal& proposal = proposals[in_pass[r]];
+    if (DrawsOnDevice(request)) {
+      proposal.tokens.push_back(device_tokens_[r]);
+    } else {
+      Draw(request, logits_.data() + host_row++ * vocab, device_rows_.positions[r], proposal);
     }
   }
   return absl::OkStatus();

@@ -44,18 +44,25 @@ struct DraftProposal {
 /// sequence's first draft, then runs one batched single-token pass per further draft.
 /// Drafts are drawn from the sequence's own sampling transforms applied to the draft's
 /// logits (SequenceSampler::Distribution; the argmax for greedy sequences) with uniforms
-/// from SequenceSampler::PositionUniform(position, kDraftSampleStream). The draft's K/V
-/// past the accepted tokens are never read again: the caller tracks the valid prefix
-/// (NumDraftComputedAfter). Not thread-safe.
+/// from SequenceSampler::PositionUniform(position, kDraftSampleStream). On a draft forward
+/// pass that samples on its device (CUDA), a greedy sequence's drafts are picked there
+/// (ForwardPass::StepAndSample: the penalized argmax, the drafts before it counted in its
+/// penalties) and only token ids cross; the others' logits come back for the host. The
+/// draft's K/V past the accepted tokens are never read again: the caller tracks the valid
+/// prefix (NumDraftComputedAfter). Not thread-safe.
 class DraftProposer {
  public:
   /// `draft` must share the target's vocabulary of `vocab_size` tokens and have a KV pool
   /// of `num_kv_blocks` blocks of `block_size` tokens (the target's); InvalidArgument
-  /// naming the mismatch otherwise.
+  /// naming the mismatch otherwise. `max_pass_tokens` > 0 caps the tokens of one pass of
+  /// the draft (a catch-up larger than that first runs in passes that sample nothing, as
+  /// chunked prefill does; the CUDA forward pass reserves activations for that many); 0:
+  /// one catch-up pass whatever its size.
   static absl::StatusOr<std::unique_ptr<DraftProposer>> Create(std::unique_ptr<ForwardPass> draft,
                                                                int64_t vocab_size,
                                                                int64_t num_kv_blocks,
-                                                               int64_t block_size);
+                                                               int64_t block_size,
+                                                               int64_t max_pass_tokens = 0);
 
   /// Proposes for every request (proposals[i] for requests[i]), writing the draft's K/V
   /// of tokens [num_draft_computed, n) and of the first k - 1 drafts at positions
@@ -73,16 +80,36 @@ class DraftProposer {
   const ForwardPass& model() const { return *draft_; }
 
  private:
-  explicit DraftProposer(std::unique_ptr<ForwardPass> draft) : draft_(std::move(draft)) {}
+  DraftProposer(std::unique_ptr<ForwardPass> draft, int64_t max_pass_tokens)
+      : draft_(std::move(draft)), max_pass_tokens_(max_pass_tokens) {}
 
   // Appends the draft drawn from q = Distribution(logits, proposal.tokens) for the token at
   // `position`.
   void Draw(const DraftRequest& request, const float* logits, int64_t position,
             DraftProposal& proposal);
+  // Whether `request`'s drafts are picked on the draft's device: a greedy sampler whose
+  // logits the device sampler takes as they are (no logit_bias, min_tokens or grammar).
+  bool DrawsOnDevice(const DraftRequest& request) const;
+  // Runs passes that sample nothing over the oldest unseen tokens of the speculating
+  // requests (those with num_drafts[i] > 0) while their unseen tokens exceed
+  // max_pass_tokens_, each pass at most that many and every request's last token left for
+  // the sampling pass; computed[i] advances over what they wrote.
+  absl::Status CatchUp(absl::Span<const DraftRequest> requests,
+                       absl::Span<const int32_t> num_drafts, std::vector<int64_t>& computed);
+  // Pass `pass` of Propose (batch_ holds its rows, requests[in_pass[r]] row r) on a device
+  // that samples: greedy rows picked there, the others drawn from their logits.
+  absl::Status StepAndDraw(absl::Span<const DraftRequest> requests,
+                           absl::Span<const size_t> in_pass, int32_t pass,
+                           std::vector<DraftProposal>& proposals);
 
   std::unique_ptr<ForwardPass> draft_;
+  int64_t max_pass_tokens_ = 0;  // 0: no limit
   StepBatch batch_;            // one pass, rebuilt each time
-  std::vector<float> logits_;  // [sequences in the pass, vocab]
+  std::vector<float> logits_;  // [sequences in the pass (on the host), vocab]
+  // StepAndDraw's rows and the device's picks.
+  DeviceSampleRows device_rows_;
+  std::vector<int32_t> device_tokens_;
+  std::vector<float> device_logprobs_;
 };
 
 /// OK when `draft` can propose for `target`: the same vocabulary size, the same tokenizer

@@ -218,35 +218,6 @@ bool ModelStepBackend::SamplesOnDevice(const SampleRow& row) {
   return true;
 }
 
-namespace {
-
-// Appends, after the entries [from, end) of `tokens`/`counts`, the entries a sampler listing
-// them would list once it recorded `draft` as an output: the draft counts once more, or joins
-// when not listed yet (only with a penalty on: the repetition penalty then lists it as seen).
-void AppendEntriesWithDraft(const SamplingParams& params, size_t from, int32_t draft,
-                            std::vector<int32_t>& tokens, std::vector<int32_t>& counts) {
-  const size_t end = tokens.size();
-  tokens.reserve(end + (end - from) + 1);
-  counts.reserve(end + (end - from) + 1);
-  for (size_t j = from; j < end; ++j) {  // not insert(): its range may not be the vector's own
-    tokens.push_back(tokens[j]);
-    counts.push_back(counts[j]);
-  }
-  const bool penalized = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
-                         params.frequency_penalty != 0.0f;
-  if (!penalized) return;
-  const auto listed =
-      std::find(tokens.begin() + static_cast<std::ptrdiff_t>(end), tokens.end(), draft);
-  if (listed != tokens.end()) {
-    ++counts[listed - tokens.begin()];
-  } else {
-    tokens.push_back(draft);
-    counts.push_back(1);
-  }
-}
-
-}  // namespace
-
 absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
                                              absl::Span<const SampleRow> rows,
                                              std::vector<SampledToken>& tokens,
@@ -279,15 +250,8 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
       device_rows_.params.push_back(row.sampler->params());
       // The token this row decides comes after the sampled row's position.
       device_rows_.positions.push_back(int64_t{batch.positions[batch.sample_rows[sample_row]]} + 1);
-      // The sampler lists its entries once; each draft row extends the row before it.
-      if (i == 0) {
-        row.sampler->PenaltyEntries(device_rows_.penalty_tokens, device_rows_.penalty_counts);
-      } else {
-        const std::vector<int32_t>& indptr = device_rows_.penalty_indptr;
-        AppendEntriesWithDraft(row.sampler->params(), indptr[indptr.size() - 2],
-                               row.draft_tokens[i - 1], device_rows_.penalty_tokens,
-                               device_rows_.penalty_counts);
-      }
+      row.sampler->PenaltyEntries(device_rows_.penalty_tokens, device_rows_.penalty_counts,
+                                  row.draft_tokens.first(i));
       device_rows_.penalty_indptr.push_back(
           static_cast<int32_t>(device_rows_.penalty_tokens.size()));
     }

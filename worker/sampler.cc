@@ -314,10 +314,11 @@ SampledToken SequenceSampler::Sample(const float* logits) {
   return sampled;
 }
 
-void SequenceSampler::PenaltyEntries(std::vector<int32_t>& tokens,
-                                     std::vector<int32_t>& counts) const {
+void SequenceSampler::PenaltyEntries(std::vector<int32_t>& tokens, std::vector<int32_t>& counts,
+                                     absl::Span<const int32_t> pending) const {
   const bool repetition = params_.repetition_penalty != 1.0f;
   const bool counted = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  const size_t from = tokens.size();
   if (repetition) {
     for (const auto& [id, unused] : seen_) {
       const auto found = output_counts_.find(id);
@@ -330,6 +331,19 @@ void SequenceSampler::PenaltyEntries(std::vector<int32_t>& tokens,
       if (repetition && seen_.contains(id)) continue;  // listed above
       tokens.push_back(id);
       counts.push_back(count);
+    }
+  }
+  if (!repetition && !counted) return;
+  // Each pending token counts once more, or joins the list (the repetition penalty then
+  // counts it as seen; its count matters only to presence and frequency).
+  for (const int32_t token : pending) {
+    const auto end = tokens.begin() + static_cast<std::ptrdiff_t>(tokens.size());
+    const auto listed = std::find(tokens.begin() + static_cast<std::ptrdiff_t>(from), end, token);
+    if (listed != end) {
+      ++counts[listed - tokens.begin()];
+    } else {
+      tokens.push_back(token);
+      counts.push_back(1);
     }
   }
 }

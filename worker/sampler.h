@@ -85,8 +85,11 @@ class SequenceSampler {
 
   /// The tokens the penalties touch, appended to `tokens` with how often each was
   /// generated in `counts` (0 for a token only seen in the prompt): what a device sampler
-  /// needs to apply the same penalties. Nothing without penalties.
-  void PenaltyEntries(std::vector<int32_t>& tokens, std::vector<int32_t>& counts) const;
+  /// needs to apply the same penalties. Nothing without penalties. `pending` counts as
+  /// Distribution's does: each pending token generated once more (speculative drafts
+  /// before the row's position).
+  void PenaltyEntries(std::vector<int32_t>& tokens, std::vector<int32_t>& counts,
+                      absl::Span<const int32_t> pending = {}) const;
 
   const SamplingParams& params() const { return params_; }
 

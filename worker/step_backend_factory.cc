@@ -72,6 +72,7 @@ absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBacken
   cuda_options.fp8_weights = options.fp8_weights;
   cuda_options.draft_kv_bytes_per_block = options.draft_kv_bytes_per_block;
   cuda_options.draft_device_bytes = options.draft_device_bytes;
+  cuda_options.startup_lock_held = options.startup_lock_held;
   return cuda_options;
 }
 

@@ -53,6 +53,7 @@ struct StepBackendOptions {
   // same names): its KV block bytes and device memory, set aside when the pool is sized.
   int64_t draft_kv_bytes_per_block = 0;
   int64_t draft_device_bytes = 0;
+  bool startup_lock_held = false;  // CUDA: the caller holds the device's start-up lock
   // Tensor parallelism: this rank of tp_size, joined through `communicator` (not owned;
   // required when tp_size > 1): gloo on the CPU, NCCL (worker/nccl_communicator) on CUDA.
   int tp_rank = 0;

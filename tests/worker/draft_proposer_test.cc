@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/worker/device_sampling_pass.h"
 #include "tests/worker/forward_pass_test_util.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/cpu_forward_pass.h"
@@ -189,6 +190,92 @@ TEST(DraftProposerTest, BatchedProposalsMatchOneAtATime) {
   for (size_t i = 0; i < alone[0].probs.size(); ++i) {
     ASSERT_NEAR(alone[0].probs[i], together[1].probs[i], 1e-6);
   }
+}
+
+// A catch-up larger than a pass of the draft (the CUDA forward pass reserves activations for
+// --max-num-batched-tokens) runs in passes that sample nothing first: the drafts are those
+// of one pass.
+TEST(DraftProposerTest, ACatchUpLargerThanAPassRunsInSeveralPasses) {
+  TinyModelSpec spec;
+  spec.seed = 8;
+  std::unique_ptr<common::GgufFile> gguf = TinyModel(spec);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  const std::vector<int32_t> b = {9, 8, 7, 6, 5, 4, 3};
+  const std::vector<int32_t> blocks_a = {0, 1, 2, 3};
+  const std::vector<int32_t> blocks_b = {5, 6, 7};
+  SequenceSampler sampler_a(Greedy(), a, spec.vocab);
+  SequenceSampler sampler_b(Greedy(), b, spec.vocab);
+  const std::vector<DraftRequest> requests = {DraftRequest{a, 0, blocks_a, 3, &sampler_a},
+                                              DraftRequest{b, 2, blocks_b, 3, &sampler_b}};
+  std::vector<DraftProposal> whole, cut;
+  ASSERT_TRUE(Proposer(*gguf)->Propose(requests, whole).ok());
+  std::unique_ptr<CpuForwardPass> forward_pass = NewForwardPass(*gguf);
+  auto counting = std::make_unique<test_util::DeviceSamplingPass>(std::move(forward_pass));
+  test_util::DeviceSamplingPass* passes = counting.get();
+  absl::StatusOr<std::unique_ptr<DraftProposer>> limited = DraftProposer::Create(
+      std::move(counting), spec.vocab, kNumBlocks, kBlockSize, /*max_pass_tokens=*/4);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  ASSERT_TRUE((*limited)->Propose(requests, cut).ok());
+  EXPECT_EQ(cut[0].tokens, whole[0].tokens);
+  EXPECT_EQ(cut[1].tokens, whole[1].tokens);
+  EXPECT_EQ(cut[0].tokens, GreedyContinuation(*gguf, a, 3));
+  // 11 + 5 unseen tokens: passes of 4 (a), 4 (a), 2 + 2 (a, b) leave 1 + 3 to the sampling
+  // pass; then two passes of one draft each.
+  EXPECT_EQ(passes->host_steps, 3);
+  EXPECT_EQ(passes->device_steps, 3);
+  EXPECT_EQ(DraftProposer::Create(NewForwardPass(*gguf), spec.vocab, kNumBlocks, kBlockSize, -1)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// On a draft forward pass that samples on its device, greedy drafts are picked there (with the
+// drafts before them in their penalties) and only sampled requests' logits come back: the
+// proposals are those of the host path.
+TEST(DraftProposerTest, GreedyDraftsArePickedOnADeviceThatSamples) {
+  TinyModelSpec spec;
+  spec.seed = 9;
+  std::unique_ptr<common::GgufFile> gguf = TinyModel(spec);
+  const std::vector<int32_t> a = {1, 2, 3, 2, 1};
+  const std::vector<int32_t> b = {4, 4, 5};
+  const std::vector<int32_t> blocks_a = {0, 1, 2};
+  const std::vector<int32_t> blocks_b = {5, 6};
+  SamplingParams penalized = Greedy();
+  penalized.repetition_penalty = 1.5f;
+  SequenceSampler sampler_a(penalized, a, spec.vocab);
+  SamplingParams sampled;
+  sampled.temperature = 0.8f;
+  sampled.seed = 11;
+  SequenceSampler sampler_b(sampled, b, spec.vocab);
+  const std::vector<DraftRequest> requests = {DraftRequest{a, 0, blocks_a, 4, &sampler_a},
+                                              DraftRequest{b, 0, blocks_b, 3, &sampler_b}};
+  std::vector<DraftProposal> host, device;
+  ASSERT_TRUE(Proposer(*gguf)->Propose(requests, host).ok());
+  auto sampling = std::make_unique<test_util::DeviceSamplingPass>(NewForwardPass(*gguf));
+  test_util::DeviceSamplingPass* pass = sampling.get();
+  absl::StatusOr<std::unique_ptr<DraftProposer>> proposer =
+      DraftProposer::Create(std::move(sampling), spec.vocab, kNumBlocks, kBlockSize);
+  ASSERT_TRUE(proposer.ok()) << proposer.status();
+  ASSERT_TRUE((*proposer)->Propose(requests, device).ok());
+  EXPECT_EQ(device[0].tokens, host[0].tokens);
+  EXPECT_TRUE(device[0].probs.empty());
+  EXPECT_EQ(device[1].tokens, host[1].tokens);
+  ASSERT_EQ(device[1].probs.size(), host[1].probs.size());
+  for (size_t i = 0; i < host[1].probs.size(); ++i) {
+    ASSERT_EQ(device[1].probs[i], host[1].probs[i]) << i;
+  }
+  EXPECT_EQ(pass->host_steps, 0);
+  EXPECT_EQ(pass->device_steps, 4);
+  // The last pass: only request a (4 drafts) is in it, picked on the device, its three
+  // drafts so far in its penalties beside the prompt's 3 distinct tokens.
+  EXPECT_TRUE(pass->last_rows.logits_rows.empty());
+  ASSERT_EQ(pass->last_rows.params.size(), 1u);
+  EXPECT_EQ(pass->last_rows.positions[0], 5 + 3);
+  std::vector<int32_t> expected_tokens, expected_counts;
+  sampler_a.PenaltyEntries(expected_tokens, expected_counts,
+                           absl::MakeConstSpan(device[0].tokens).first(3));
+  EXPECT_EQ(pass->last_rows.penalty_tokens, expected_tokens);
+  EXPECT_EQ(pass->last_rows.penalty_counts, expected_counts);
 }
 
 TEST(DraftProposerTest, DraftsStopAtTheDraftModelsContext) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status_macros.h"
+#include "tests/worker/device_sampling_pass.h"
 #include "tests/worker/tiny_model.h"
 #include "worker/cpu_forward_pass.h"
 #include "worker/step_batch.h"
@@ -16,52 +17,7 @@
 namespace loom::worker {
 namespace {
 
-// A forward pass that "samples on its device" the way the CUDA forward pass is asked to: it
-// runs the real CPU forward pass and picks the greedy token of each row itself, recording what
-// ModelStepBackend handed it. Stands in for the GPU, which this machine lacks (the CUDA
-// forward pass's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
-class DeviceSamplingPass : public ForwardPass {
- public:
-  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> forward_pass)
-      : forward_pass_(std::move(forward_pass)) {}
-  const common::ModelConfig& config() const override { return forward_pass_->config(); }
-  int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
-  int64_t block_size() const override { return forward_pass_->block_size(); }
-  absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override {
-    ++host_steps;
-    return forward_pass_->Step(batch, logits);
-  }
-  bool samples_on_device() const override { return true; }
-  absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
-                             std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                             std::vector<float>& host_logits) override {
-    ++device_steps;
-    last_rows = rows;
-    std::vector<float> logits;
-    LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits));
-    const int64_t vocab = config().vocab_size;
-    tokens.clear();
-    logprobs.clear();
-    for (size_t i = 0; i < rows.params.size(); ++i) {
-      const float* row = logits.data() + i * vocab;
-      tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
-      logprobs.push_back(-0.5f);
-    }
-    host_logits.clear();
-    for (int32_t row : rows.logits_rows) {
-      host_logits.insert(host_logits.end(), logits.begin() + row * vocab,
-                         logits.begin() + (row + 1) * vocab);
-    }
-    return absl::OkStatus();
-  }
-
-  int host_steps = 0;
-  int device_steps = 0;
-  DeviceSampleRows last_rows;
-
- private:
-  std::unique_ptr<CpuForwardPass> forward_pass_;
-};
+using test_util::DeviceSamplingPass;
 
 // The CPU forward pass of `gguf` on one thread with 16 blocks of 16 tokens.
 std::unique_ptr<CpuForwardPass> SmallCpuPass(const common::GgufFile& gguf) {

@@ -280,6 +280,35 @@ TEST(SamplerTest, PendingTokensPenalizeAsIfRecorded) {
   for (int v = 0; v < 10; ++v) EXPECT_FLOAT_EQ(got[v], expected[v]) << "token " << v;
 }
 
+// The device sampler's entries with pending drafts are the entries once they are recorded
+// (as sets: the order of listing may differ).
+TEST(SamplerTest, PenaltyEntriesWithPendingTokensAreThoseOnceRecorded) {
+  const std::vector<int32_t> prompt = {1, 2};
+  const std::vector<int32_t> pending = {3, 1, 3, 8};
+  auto entries = [](const SequenceSampler& sampler, absl::Span<const int32_t> pending) {
+    std::vector<int32_t> tokens, counts;
+    sampler.PenaltyEntries(tokens, counts, pending);
+    std::vector<std::pair<int32_t, int32_t>> listed;
+    for (size_t i = 0; i < tokens.size(); ++i) listed.emplace_back(tokens[i], counts[i]);
+    std::sort(listed.begin(), listed.end());
+    return listed;
+  };
+  for (const bool repetition : {true, false}) {
+    SamplingParams params;
+    params.repetition_penalty = repetition ? 1.3f : 1.0f;
+    params.frequency_penalty = repetition ? 0.0f : 0.5f;
+    SequenceSampler recorded(params, prompt, 10);
+    SequenceSampler speculating(params, prompt, 10);
+    recorded.RecordOutput(8);
+    speculating.RecordOutput(8);
+    for (int32_t token : pending) recorded.RecordOutput(token);
+    EXPECT_EQ(entries(speculating, pending), entries(recorded, {})) << repetition;
+  }
+  // Without penalties nothing is listed, pending or not.
+  SequenceSampler plain(SamplingParams(), prompt, 10);
+  EXPECT_TRUE(entries(plain, pending).empty());
+}
+
 TEST(SamplerTest, GreedyDistributionIsOneHotAtThePenalizedArgmax) {
   const std::vector<float> logits{1.0f, 0.9f, 0.8f};
   SamplingParams params;

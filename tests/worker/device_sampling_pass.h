@@ -1,0 +1,77 @@
+#pragma once
+
+// A forward pass that "samples on its device" the way the CUDA forward pass is asked to, for
+// the tests of its callers (ModelStepBackend, DraftProposer) on a machine without a GPU.
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "worker/cpu_forward_pass.h"
+#include "worker/forward_pass.h"
+
+namespace loom::worker::test_util {
+
+/// Runs the real CPU forward pass and picks each row's greedy token itself, after the
+/// row's penalty entries as the device sampler applies them (the repetition penalty, then
+/// presence + frequency x count), lowest id on ties; the logprob is a fixed -0.5. Records
+/// what its caller handed it. Stands in for the GPU, which this machine lacks (the CUDA
+/// forward pass's own StepAndSample is tested against the CPU in cuda_forward_pass_test).
+class DeviceSamplingPass : public ForwardPass {
+ public:
+  explicit DeviceSamplingPass(std::unique_ptr<CpuForwardPass> forward_pass)
+      : forward_pass_(std::move(forward_pass)) {}
+  const common::ModelConfig& config() const override { return forward_pass_->config(); }
+  int64_t num_kv_blocks() const override { return forward_pass_->num_kv_blocks(); }
+  int64_t block_size() const override { return forward_pass_->block_size(); }
+  absl::Status Step(const StepBatch& batch, std::vector<float>& logits) override {
+    ++host_steps;
+    return forward_pass_->Step(batch, logits);
+  }
+  bool samples_on_device() const override { return true; }
+  absl::Status StepAndSample(const StepBatch& batch, const DeviceSampleRows& rows,
+                             std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                             std::vector<float>& host_logits) override {
+    ++device_steps;
+    last_rows = rows;
+    std::vector<float> logits;
+    LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits));
+    const int64_t vocab = config().vocab_size;
+    tokens.clear();
+    logprobs.clear();
+    for (size_t i = 0; i < rows.params.size(); ++i) {
+      std::vector<float> row(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+      const SamplingParams& params = rows.params[i];
+      for (int32_t e = rows.penalty_indptr[i]; e < rows.penalty_indptr[i + 1]; ++e) {
+        float& x = row[rows.penalty_tokens[e]];
+        if (params.repetition_penalty != 1.0f) {
+          x = x > 0.0f ? x / params.repetition_penalty : x * params.repetition_penalty;
+        }
+        if (rows.penalty_counts[e] > 0) {
+          x -= params.presence_penalty +
+               params.frequency_penalty * static_cast<float>(rows.penalty_counts[e]);
+        }
+      }
+      tokens.push_back(
+          static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+      logprobs.push_back(-0.5f);
+    }
+    host_logits.clear();
+    for (int32_t row : rows.logits_rows) {
+      host_logits.insert(host_logits.end(), logits.begin() + row * vocab,
+                         logits.begin() + (row + 1) * vocab);
+    }
+    return absl::OkStatus();
+  }
+
+  int host_steps = 0;
+  int device_steps = 0;
+  DeviceSampleRows last_rows;
+
+ private:
+  std::unique_ptr<CpuForwardPass> forward_pass_;
+};
+
+}  // namespace loom::worker::test_util
