@@ -189,12 +189,7 @@ bool DraftProposer::DrawsOnDevice(const DraftRequest& request) const {
 absl::Status DraftProposer::StepAndDraw(absl::Span<const DraftRequest> requests,
                                         absl::Span<const size_t> in_pass, int32_t pass,
                                         std::vector<DraftProposal>& proposals) {
-  device_rows_.params.clear();
-  device_rows_.positions.clear();
-  device_rows_.penalty_indptr.assign(1, 0);
-  device_rows_.penalty_tokens.clear();
-  device_rows_.penalty_counts.clear();
-  device_rows_.logits_rows.clear();
+  device_rows_.Clear();
   for (size_t r = 0; r < in_pass.size(); ++r) {
     const DraftRequest& request = requests[in_pass[r]];
     // The index of the token this row decides: n + pass.

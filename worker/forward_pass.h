@@ -27,6 +27,16 @@ struct DeviceSampleRows {
   // logprobs, a grammar, logit_bias, a draft model's distributions) in a step whose other
   // rows the device samples. Their device tokens are not used.
   std::vector<int32_t> logits_rows;
+
+  /// No rows (penalty_indptr back to {0}), the lists' memory kept for the next step.
+  void Clear() {
+    params.clear();
+    positions.clear();
+    penalty_indptr.assign(1, 0);
+    penalty_tokens.clear();
+    penalty_counts.clear();
+    logits_rows.clear();
+  }
 };
 
 /// How a forward pass ran its steps so far (the CUDA forward pass's decode graphs; zeros for a

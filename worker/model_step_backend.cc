@@ -223,12 +223,7 @@ absl::Status ModelStepBackend::RunOnDevice(const StepBatch& batch,
                                              std::vector<SampledToken>& tokens,
                                              std::vector<int32_t>& num_emitted,
                                              BackendTimings& timings) {
-  device_rows_.params.clear();
-  device_rows_.positions.clear();
-  device_rows_.penalty_indptr.assign(1, 0);
-  device_rows_.penalty_tokens.clear();
-  device_rows_.penalty_counts.clear();
-  device_rows_.logits_rows.clear();
+  device_rows_.Clear();
   size_t sample_row = 0;
   for (const SampleRow& row : rows) {
     if (!SamplesOnDevice(row)) {
