@@ -449,8 +449,9 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
       }
     }
   }
-  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<KvHostTier> tier,
-                        KvHostTier::Create(bytes, backend.kv_pool(), f16_block));
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvHostTier> tier,
+      KvHostTier::Create(bytes, backend.kv_pool(), f16_block, backend.num_kv_blocks()));
   LOOM_ASSIGN_OR_RETURN(*load_seconds, tier->MeasureLoadSeconds());
   // The slot layout, for transfers that map KV heads between tensor-parallel sizes: the
   // pool's block as SaveBlocks writes it (unset when the sizes disagree, e.g. a backend

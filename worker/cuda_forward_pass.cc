@@ -735,18 +735,7 @@ absl::Status CudaForwardPass::StepAndSample(const StepBatch& batch, const Device
   s.step_id = batch.step_id;
   s.received = s.sent = false;
   const absl::Status status = Guarded(batch, [&]() -> absl::Status {
-    if (rows.params.size() != batch.sample_rows.size() ||
-        rows.positions.size() != rows.params.size() ||
-        rows.penalty_indptr.size() != rows.params.size() + 1 ||
-        rows.penalty_tokens.size() != rows.penalty_counts.size() ||
-        static_cast<size_t>(rows.penalty_indptr.back()) != rows.penalty_tokens.size() ||
-        !std::all_of(rows.logits_rows.begin(), rows.logits_rows.end(), [&](int32_t row) {
-          return row >= 0 && static_cast<size_t>(row) < batch.sample_rows.size();
-        })) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "device sampling rows do not match the step's %d sample rows",
-          batch.sample_rows.size()));
-    }
+    LOOM_RETURN_IF_ERROR(ValidateDeviceSampleRows(batch, rows));
     return s.RunStep(batch, logits, &rows, &tokens, &logprobs);
   });
   if (!status.ok()) s.FinishFailedStep(batch.step_id, status);

@@ -174,7 +174,9 @@ absl::Status DraftProposer::CatchUp(absl::Span<const DraftRequest> requests,
       room -= take;
       total -= take;
     }
-    if (room == max_pass_tokens_) break;  // one token each is left: more sequences than room
+    // One token each is left: more speculating sequences than a pass holds (the scheduler
+    // never plans that many), so the sampling pass takes more than max_pass_tokens_.
+    if (room == max_pass_tokens_) break;
     LOOM_RETURN_IF_ERROR(draft_->Step(batch_, logits_));
   }
   return absl::OkStatus();

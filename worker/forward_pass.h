@@ -1,10 +1,12 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "common/formats/model_config.h"
 #include "model/device.h"
 #include "worker/sampler.h"
@@ -38,6 +40,25 @@ struct DeviceSampleRows {
     logits_rows.clear();
   }
 };
+
+/// OK when `rows` describe `batch`'s sample rows (one entry each, a CSR of penalty entries
+/// whose last offset is its length, logits rows among the sample rows); InvalidArgument
+/// otherwise. What StepAndSample checks before it runs anything.
+inline absl::Status ValidateDeviceSampleRows(const StepBatch& batch, const DeviceSampleRows& rows) {
+  const size_t n = batch.sample_rows.size();
+  const bool csr = rows.penalty_indptr.size() == n + 1 &&
+                   rows.penalty_tokens.size() == rows.penalty_counts.size() &&
+                   rows.penalty_indptr.front() == 0 &&
+                   static_cast<size_t>(rows.penalty_indptr.back()) == rows.penalty_tokens.size();
+  const bool logits_rows =
+      std::all_of(rows.logits_rows.begin(), rows.logits_rows.end(),
+                  [&](int32_t row) { return row >= 0 && static_cast<size_t>(row) < n; });
+  if (rows.params.size() != n || rows.positions.size() != n || !csr || !logits_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("device sampling rows do not match the step's %d sample rows", n));
+  }
+  return absl::OkStatus();
+}
 
 /// How a forward pass ran its steps so far (the CUDA forward pass's decode graphs; zeros for a
 /// forward pass without graphs). The worker exports them as metrics (docs/metrics.md).

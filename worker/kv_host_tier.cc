@@ -29,7 +29,8 @@ constexpr bool kChecksumSlots = true;
 
 absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
                                                                const model::KvCache* pool,
-                                                               int64_t slot_bytes_without_pool) {
+                                                               int64_t slot_bytes_without_pool,
+                                                               int64_t num_pool_blocks) {
   const int64_t slot_bytes = pool != nullptr ? pool->block_bytes() : slot_bytes_without_pool;
   if (slot_bytes <= 0 || bytes < slot_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -37,6 +38,9 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> KvHostTier::Create(int64_t bytes,
   }
   std::unique_ptr<KvHostTier> tier(new KvHostTier());
   tier->pool_ = pool;
+  tier->num_pool_blocks_ = pool == nullptr       ? INT32_MAX
+                           : num_pool_blocks > 0 ? std::min(num_pool_blocks, pool->num_blocks())
+                                                 : pool->num_blocks();
   tier->num_slots_ = std::min<int64_t>(bytes / slot_bytes, INT32_MAX);
   tier->slot_bytes_ = slot_bytes;
   tier->written_.assign(static_cast<size_t>(tier->num_slots_), false);
@@ -220,7 +224,7 @@ void KvHostTier::RecordRemote(int64_t bytes_served, int64_t bytes_fetched, doubl
 absl::Status KvHostTier::Apply(absl::Span<const KvBlockCopy> copies) {
   if (copies.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  const int64_t num_blocks = pool_ != nullptr ? pool_->num_blocks() : INT32_MAX;
+  const int64_t num_blocks = num_pool_blocks_;
   // Which slots hold a block once the copies before each one ran.
   std::vector<int32_t> newly_written;
   const auto written = [&](int32_t s) {

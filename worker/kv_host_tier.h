@@ -60,10 +60,14 @@ class KvHostTier {
  public:
   /// A tier of `bytes` (rounded down to whole slots; at least one) for blocks of `pool`.
   /// `pool` nullptr: bookkeeping only, no memory (the no-op backend), `bytes` counted in
-  /// slots of `slot_bytes_without_pool`. InvalidArgument when not even one slot fits.
+  /// slots of `slot_bytes_without_pool`. Copies name the pool's blocks [0,
+  /// `num_pool_blocks`) (the backend's num_kv_blocks: a CUDA pool's scratch block, which
+  /// graph padding writes, is never a copy's); 0: every block of the pool. InvalidArgument
+  /// when not even one slot fits.
   static absl::StatusOr<std::unique_ptr<KvHostTier>> Create(int64_t bytes,
                                                             const model::KvCache* pool,
-                                                            int64_t slot_bytes_without_pool = 1);
+                                                            int64_t slot_bytes_without_pool = 1,
+                                                            int64_t num_pool_blocks = 0);
   ~KvHostTier();
   KvHostTier(const KvHostTier&) = delete;
   KvHostTier& operator=(const KvHostTier&) = delete;
@@ -138,6 +142,7 @@ class KvHostTier {
   void Populate(int64_t total);
 
   const model::KvCache* pool_ = nullptr;
+  int64_t num_pool_blocks_ = 0;  // the blocks copies may name
   KvSlotLayout layout_;
   int64_t num_slots_ = 0;
   int64_t slot_bytes_ = 0;

@@ -60,9 +60,10 @@ absl::Status KvPusher::Prepare(const loom::v1::StepPlan& plan) {
     }
     Push push;
     for (const int32_t block : message.device_blocks()) {
-      if (block < 0 || block >= pool->num_blocks()) {
+      // The backend's blocks: a CUDA pool's scratch block is never the coordinator's.
+      if (block < 0 || block >= backend_.num_kv_blocks()) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "pushed block %d is outside the pool of %d", block, pool->num_blocks()));
+            "pushed block %d is outside the pool of %d", block, backend_.num_kv_blocks()));
       }
       push.blocks.push_back(block);
     }

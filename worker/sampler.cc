@@ -93,17 +93,23 @@ void SequenceSampler::ApplyPenalties(float* logits, absl::Span<const int32_t> pe
     }
   }
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    // Pending tokens as if recorded: one subtraction per token with its whole count, so the
+    // rounding is plain decoding's once they are (and the device sampler's).
+    auto pending_count = [&](int32_t id) {
+      return static_cast<int>(std::count(pending.begin(), pending.end(), id));
+    };
     for (const auto& [id, count] : output_counts_) {
-      logits[id] -= params_.presence_penalty + params_.frequency_penalty * count;
+      logits[id] -=
+          params_.presence_penalty +
+          params_.frequency_penalty * (pending.empty() ? count : count + pending_count(id));
     }
     for (size_t i = 0; i < pending.size(); ++i) {
       const int32_t id = pending[i];
-      // The presence penalty once per token: only where no output and no earlier pending
-      // token already carried it.
-      const bool present = output_counts_.contains(id) ||
-                           std::find(pending.begin(), pending.begin() + i, id) !=
-                               pending.begin() + i;
-      logits[id] -= (present ? 0.0f : params_.presence_penalty) + params_.frequency_penalty;
+      if (output_counts_.contains(id) ||
+          std::find(pending.begin(), pending.begin() + i, id) != pending.begin() + i) {
+        continue;  // counted above, or at its first pending occurrence
+      }
+      logits[id] -= params_.presence_penalty + params_.frequency_penalty * pending_count(id);
     }
   }
 }

@@ -36,6 +36,7 @@ class DeviceSamplingPass : public ForwardPass {
                              std::vector<float>& host_logits) override {
     ++device_steps;
     last_rows = rows;
+    LOOM_RETURN_IF_ERROR(ValidateDeviceSampleRows(batch, rows));
     std::vector<float> logits;
     LOOM_RETURN_IF_ERROR(forward_pass_->Step(batch, logits));
     const int64_t vocab = config().vocab_size;

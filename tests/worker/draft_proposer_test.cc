@@ -223,6 +223,16 @@ TEST(DraftProposerTest, ACatchUpLargerThanAPassRunsInSeveralPasses) {
   // pass; then two passes of one draft each.
   EXPECT_EQ(passes->host_steps, 3);
   EXPECT_EQ(passes->device_steps, 3);
+  // A pass of one token: the catch-up stops when each request has one token left (more
+  // requests than the pass holds), and the sampling pass takes them all.
+  std::unique_ptr<CpuForwardPass> one_pass = NewForwardPass(*gguf);
+  absl::StatusOr<std::unique_ptr<DraftProposer>> tiny = DraftProposer::Create(
+      std::move(one_pass), spec.vocab, kNumBlocks, kBlockSize, /*max_pass_tokens=*/1);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  std::vector<DraftProposal> one_by_one;
+  ASSERT_TRUE((*tiny)->Propose(requests, one_by_one).ok());
+  EXPECT_EQ(one_by_one[0].tokens, whole[0].tokens);
+  EXPECT_EQ(one_by_one[1].tokens, whole[1].tokens);
   EXPECT_EQ(DraftProposer::Create(NewForwardPass(*gguf), spec.vocab, kNumBlocks, kBlockSize, -1)
                 .status()
                 .code(),
@@ -247,8 +257,15 @@ TEST(DraftProposerTest, GreedyDraftsArePickedOnADeviceThatSamples) {
   sampled.temperature = 0.8f;
   sampled.seed = 11;
   SequenceSampler sampler_b(sampled, b, spec.vocab);
+  const std::vector<int32_t> c = {7, 3};
+  const std::vector<int32_t> blocks_c = {9};
+  sampled.seed = 12;
+  sampled.top_k = 4;
+  SequenceSampler sampler_c(sampled, c, spec.vocab);
+  // Two sampled requests: two host rows among the device rows.
   const std::vector<DraftRequest> requests = {DraftRequest{a, 0, blocks_a, 4, &sampler_a},
-                                              DraftRequest{b, 0, blocks_b, 3, &sampler_b}};
+                                              DraftRequest{b, 0, blocks_b, 3, &sampler_b},
+                                              DraftRequest{c, 0, blocks_c, 2, &sampler_c}};
   std::vector<DraftProposal> host, device;
   ASSERT_TRUE(Proposer(*gguf)->Propose(requests, host).ok());
   auto sampling = std::make_unique<test_util::DeviceSamplingPass>(NewForwardPass(*gguf));
@@ -259,10 +276,12 @@ TEST(DraftProposerTest, GreedyDraftsArePickedOnADeviceThatSamples) {
   ASSERT_TRUE((*proposer)->Propose(requests, device).ok());
   EXPECT_EQ(device[0].tokens, host[0].tokens);
   EXPECT_TRUE(device[0].probs.empty());
-  EXPECT_EQ(device[1].tokens, host[1].tokens);
-  ASSERT_EQ(device[1].probs.size(), host[1].probs.size());
-  for (size_t i = 0; i < host[1].probs.size(); ++i) {
-    ASSERT_EQ(device[1].probs[i], host[1].probs[i]) << i;
+  for (const size_t i : {1, 2}) {
+    EXPECT_EQ(device[i].tokens, host[i].tokens) << i;
+    ASSERT_EQ(device[i].probs.size(), host[i].probs.size());
+    for (size_t v = 0; v < host[i].probs.size(); ++v) {
+      ASSERT_EQ(device[i].probs[v], host[i].probs[v]) << i << " " << v;
+    }
   }
   EXPECT_EQ(pass->host_steps, 0);
   EXPECT_EQ(pass->device_steps, 4);

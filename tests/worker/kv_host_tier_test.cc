@@ -168,6 +168,14 @@ TEST(KvHostTierTest, RefusesBadCopiesByNameAndCopiesNothing) {
   EXPECT_THAT(status.message(), HasSubstr("host slot 0 holds no block"));
   EXPECT_EQ(BlockBytes(*pool, 0), before);
   EXPECT_EQ((*tier)->stats().blocks_to_host, 0);
+  // A pool with a block the coordinator never names (a CUDA pool's scratch block): copies
+  // stop before it.
+  absl::StatusOr<std::unique_ptr<KvHostTier>> short_tier =
+      KvHostTier::Create(2 * pool->block_bytes(), pool.get(), 1, kBlocks - 1);
+  ASSERT_TRUE(short_tier.ok());
+  status = (*short_tier)->Apply({{true, kBlocks - 1, 0}});
+  EXPECT_THAT(status.message(), HasSubstr("block 4 is not in the pool [0, 4)"));
+  EXPECT_TRUE((*short_tier)->Apply({{true, kBlocks - 2, 0}}).ok());
 }
 
 TEST(KvHostTierTest, RefusesATierThatHoldsNoBlock) {
