@@ -21,9 +21,10 @@
 #include "absl/strings/str_split.h"
 #include "cli/bench_client.h"
 #include "cli/bench_openai_client.h"
-#include "cli/command_line.h"
 #include "cli/bench_report.h"
 #include "cli/bench_workload.h"
+#include "cli/command_line.h"
+#include "common/sampling_params.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/inference.grpc.pb.h"
 
@@ -44,6 +45,7 @@ struct BenchOptions {
   std::vector<double> request_rates;  // Poisson levels (inf: all at once)
   int64_t max_concurrency = 256;      // rate mode: requests in flight at most
   int64_t warmup = 2;
+  int64_t num_speculative_tokens = -1;  // per request; -1: the server's setting
   Slo slo;
   double timeout_s = 600;
   std::string output;
@@ -52,8 +54,8 @@ struct BenchOptions {
 // The gRPC API: one Generate call per request, token ids streamed back.
 class GrpcBenchClient final : public BenchClient {
  public:
-  explicit GrpcBenchClient(std::unique_ptr<loom::v1::Inference::Stub> stub)
-      : stub_(std::move(stub)) {}
+  GrpcBenchClient(std::unique_ptr<loom::v1::Inference::Stub> stub, int64_t num_speculative_tokens)
+      : stub_(std::move(stub)), num_speculative_tokens_(num_speculative_tokens) {}
 
   bool ReturnsTokenIds() const override { return true; }
 
@@ -63,6 +65,9 @@ class GrpcBenchClient final : public BenchClient {
     request.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
     request.set_max_tokens(max_tokens);
     request.set_ignore_eos(true);
+    if (num_speculative_tokens_ >= 0) {
+      request.set_num_speculative_tokens(static_cast<int32_t>(num_speculative_tokens_));
+    }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
@@ -89,6 +94,8 @@ class GrpcBenchClient final : public BenchClient {
       }
       if (response.finish_reason() != loom::v1::FINISH_REASON_UNSPECIFIED) {
         sample.cached_prompt_tokens = response.cached_prompt_tokens();
+        sample.draft_tokens = response.num_draft_tokens();
+        sample.accepted_tokens = response.num_accepted_tokens();
         if (response.finish_reason() == loom::v1::FINISH_REASON_ERROR ||
             response.finish_reason() == loom::v1::FINISH_REASON_ABORT) {
           sample.error = response.error_message();
@@ -107,6 +114,7 @@ class GrpcBenchClient final : public BenchClient {
 
  private:
   std::unique_ptr<loom::v1::Inference::Stub> stub_;
+  int64_t num_speculative_tokens_ = -1;
 };
 
 // Runs a session's turns in order; appends one sample per turn.
@@ -303,6 +311,10 @@ std::optional<int> ParseBenchFlags(int argc, char** argv, BenchOptions& options)
   cli::AddInt(app, "--max-concurrency", options.max_concurrency, 1, kMax,
               "rate mode: requests in flight at most");
   cli::AddInt(app, "--warmup", options.warmup, 0, kMax, "requests sent before each level");
+  cli::AddInt(app, "--num-speculative-tokens", options.num_speculative_tokens, -1,
+              common::kMaxSpeculativeTokens,
+              "speculative drafts per step each request asks for (-1: the server's setting; "
+              "the gRPC API reports the drafts proposed and accepted)");
   cli::AddNumber(app, "--slo-ttft-ms", options.slo.ttft_ms, 0, 1e9, "goodput: TTFT limit (0: none)");
   cli::AddNumber(app, "--slo-tpot-ms", options.slo.tpot_ms, 0, 1e9, "goodput: TPOT limit (0: none)");
   cli::AddNumber(app, "--slo-e2e-ms", options.slo.e2e_ms, 0, 1e9,
@@ -385,7 +397,7 @@ int RunBenchCommand(int argc, char** argv) {
     model_id = models.models(0).id();
     vocab_size = models.models(0).info().vocab_size();
     target = options->address;
-    client = std::make_unique<GrpcBenchClient>(std::move(stub));
+    client = std::make_unique<GrpcBenchClient>(std::move(stub), options->num_speculative_tokens);
   } else {
     absl::StatusOr<OpenAiServedModel> served =
         FetchOpenAiModel(options->base_url, options->api_key, /*timeout_s=*/10);
@@ -404,7 +416,8 @@ int RunBenchCommand(int argc, char** argv) {
       return 2;
     }
     target = options->base_url;
-    client = MakeOpenAiBenchClient(options->base_url, model_id, options->api_key);
+    client = MakeOpenAiBenchClient(options->base_url, model_id, options->api_key,
+                                   options->num_speculative_tokens);
   }
   // Random prompt tokens above the byte and special tokens of common vocabularies.
   const int32_t vocab = static_cast<int32_t>(std::min<int64_t>(vocab_size, INT32_MAX));

@@ -82,8 +82,11 @@ std::string ErrorMessage(const std::string& body) {
 
 class OpenAiBenchClient final : public BenchClient {
  public:
-  OpenAiBenchClient(const std::string& base_url, std::string model, std::string api_key)
-      : model_(std::move(model)), api_key_(std::move(api_key)) {
+  OpenAiBenchClient(const std::string& base_url, std::string model, std::string api_key,
+                    int64_t num_speculative_tokens)
+      : model_(std::move(model)),
+        api_key_(std::move(api_key)),
+        num_speculative_tokens_(num_speculative_tokens) {
     std::tie(host_, prefix_) = SplitBaseUrl(base_url);
   }
 
@@ -98,6 +101,7 @@ class OpenAiBenchClient final : public BenchClient {
                  {"ignore_eos", true},
                  {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
+    if (num_speculative_tokens_ >= 0) body["num_speculative_tokens"] = num_speculative_tokens_;
     httplib::Client client(host_);
     SetTimeouts(client, timeout_s);
     httplib::Request request;
@@ -181,6 +185,7 @@ class OpenAiBenchClient final : public BenchClient {
  private:
   std::string model_;
   std::string api_key_;
+  int64_t num_speculative_tokens_ = -1;  // -1: not sent
   std::string host_;    // scheme://host:port
   std::string prefix_;  // the API root's path, ending in /v1
 };
@@ -223,9 +228,10 @@ absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
 }
 
 std::unique_ptr<BenchClient> MakeOpenAiBenchClient(const std::string& base_url,
-                                                     const std::string& model,
-                                                     const std::string& api_key) {
-  return std::make_unique<OpenAiBenchClient>(base_url, model, api_key);
+                                                   const std::string& model,
+                                                   const std::string& api_key,
+                                                   int64_t num_speculative_tokens) {
+  return std::make_unique<OpenAiBenchClient>(base_url, model, api_key, num_speculative_tokens);
 }
 
 }  // namespace loom::cli

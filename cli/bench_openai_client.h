@@ -42,8 +42,10 @@ absl::StatusOr<OpenAiServedModel> FetchOpenAiModel(const std::string& base_url,
 /// server. Output tokens come from the usage chunk (else one per text chunk); TTFT is the
 /// first chunk with text; ITL holds the gaps between text chunks. One HTTP connection per
 /// request, so any number of client threads may call Run at once.
+/// `num_speculative_tokens` >= 0 goes in each body (Loom's extension); -1: not sent.
 std::unique_ptr<BenchClient> MakeOpenAiBenchClient(const std::string& base_url,
-                                                     const std::string& model,
-                                                     const std::string& api_key);
+                                                   const std::string& model,
+                                                   const std::string& api_key,
+                                                   int64_t num_speculative_tokens = -1);
 
 }  // namespace loom::cli

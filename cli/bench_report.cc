@@ -28,6 +28,7 @@ nlohmann::json SummarizeRun(const std::vector<RequestSample>& samples, double du
                             const Slo& slo) {
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t completed = 0, failed = 0, input_tokens = 0, output_tokens = 0, cached = 0, good = 0;
+  int64_t drafts = 0, accepted = 0;
   std::vector<std::string> errors;
   for (const RequestSample& sample : samples) {
     if (!sample.ok) {
@@ -39,6 +40,8 @@ nlohmann::json SummarizeRun(const std::vector<RequestSample>& samples, double du
     input_tokens += sample.prompt_tokens;
     output_tokens += sample.output_tokens;
     cached += sample.cached_prompt_tokens;
+    drafts += sample.draft_tokens;
+    accepted += sample.accepted_tokens;
     ttft.push_back(sample.ttft);
     e2e.push_back(sample.e2e);
     if (sample.output_tokens > 1) tpot.push_back(sample.tpot());
@@ -61,6 +64,9 @@ nlohmann::json SummarizeRun(const std::vector<RequestSample>& samples, double du
       {"total_token_throughput", (input_tokens + output_tokens) / seconds},
       {"goodput", good / seconds},
       {"cache_hit_rate", input_tokens > 0 ? static_cast<double>(cached) / input_tokens : 0.0},
+      {"draft_tokens", drafts},
+      {"accepted_tokens", accepted},
+      {"acceptance_rate", drafts > 0 ? static_cast<double>(accepted) / drafts : 0.0},
       {"ttft_ms", LatencySummaryMs(ttft)},
       {"tpot_ms", LatencySummaryMs(tpot)},
       {"itl_ms", LatencySummaryMs(itl)},

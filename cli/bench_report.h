@@ -15,6 +15,8 @@ struct RequestSample {
   int64_t prompt_tokens = 0;
   int64_t output_tokens = 0;
   int64_t cached_prompt_tokens = 0;
+  int64_t draft_tokens = 0;        // speculative drafts proposed (gRPC API only)
+  int64_t accepted_tokens = 0;     //   and accepted
   double ttft = 0;                 // send to the first token
   double e2e = 0;                  // send to the last message
   std::vector<double> itl;         // gaps between tokens (a message of n tokens: n gaps)

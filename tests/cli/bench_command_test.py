@@ -132,3 +132,22 @@ def test_bad_flags_exit_2_with_a_message(up, tmp_path):
                            "--vocab-size", VOCAB)
     assert unreachable.returncode == 1
     assert "cannot reach" in unreachable.stderr
+    too_many, _ = bench(tmp_path, "--address", up.address, "--num-speculative-tokens", 17)
+    assert too_many.returncode == 2
+    assert "--num-speculative-tokens" in too_many.stderr
+
+
+def test_speculation_asked_per_request_is_reported(up, tmp_path):
+    # The no-op engine proposes n-gram drafts where its tokens repeat and accepts none: with
+    # drafts asked for, whatever was proposed is counted and nothing accepted; with 0, no
+    # draft at all.
+    for drafts in (0, 4):
+        done, report = bench(tmp_path, "--address", up.address, *WORKLOAD,
+                             "--num-speculative-tokens", drafts)
+        assert done.returncode == 0, done.stderr
+        run = report["runs"][0]
+        assert run["completed"] == 7
+        assert run["accepted_tokens"] == 0 and run["acceptance_rate"] == 0.0
+        if drafts == 0:
+            assert run["draft_tokens"] == 0
+    up.wait_idle()

@@ -27,6 +27,10 @@ TEST(BenchReportTest, ThroughputGoodputAndCacheHitRate) {
   }
   samples[1].ttft = 0.5;  // misses a 200 ms TTFT SLO
   samples[2].cached_prompt_tokens = 60;
+  samples[0].draft_tokens = 8;
+  samples[0].accepted_tokens = 5;
+  samples[2].draft_tokens = 2;
+  samples[2].accepted_tokens = 1;
   RequestSample failed;
   failed.error = "UNAVAILABLE";
   samples.push_back(failed);
@@ -37,6 +41,9 @@ TEST(BenchReportTest, ThroughputGoodputAndCacheHitRate) {
   EXPECT_DOUBLE_EQ(run["output_throughput"].get<double>(), 16.5);
   EXPECT_DOUBLE_EQ(run["goodput"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(run["cache_hit_rate"].get<double>(), 60.0 / 300.0);
+  EXPECT_EQ(run["draft_tokens"].get<int64_t>(), 10);
+  EXPECT_EQ(run["accepted_tokens"].get<int64_t>(), 6);
+  EXPECT_DOUBLE_EQ(run["acceptance_rate"].get<double>(), 0.6);
   EXPECT_NEAR(run["tpot_ms"]["mean"].get<double>(), (100.0 + 60.0 + 100.0) / 3, 1e-9);
   EXPECT_EQ(run["errors"][0].get<std::string>(), "UNAVAILABLE");
 }

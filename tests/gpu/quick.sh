@@ -408,6 +408,7 @@ if wanted bench && ((left >= 15)) && [[ -f "$MODELS/default-shape.gguf" ]]; then
   if timeout -k 5 "$left" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py" \
       --loom "$B/bin/loom" --model "$MODELS/default-shape.gguf" --device cuda \
       --concurrency 1,32,128 --num-requests 32 --input-len 128 --output-len 64 \
+      --speculative-tokens 3 \
       --start-timeout $((left / 2)) --pgid-file "$WORK/serve_bench.pgid" \
       --out "$WORK/bench/serve_bench.json" --log "$WORK/serve_bench.log" >> "$LOG" 2>&1; then
     done_benches+=(serve_bench)

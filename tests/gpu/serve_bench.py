@@ -7,6 +7,11 @@ bandwidth / model bytes; the JSON gives that bound and the measured fraction of 
 bandwidth is a device-to-device copy measured here (PyTorch on CUDA, NumPy on the CPU),
 read + write bytes over time, the convention of bench/machine_limits.cc.
 
+With --speculative-tokens K, batch 1 runs again twice on the same server, requests asking
+for no drafts and for K n-gram drafts each: the output tokens/s of both, their ratio and
+the drafts' acceptance (the random twin's greedy text repeats itself only by chance, so
+this is mostly the cost of speculating where little is accepted).
+
 Run by tests/gpu/quick.sh on the GPU machine (the default model's random twin, INT4) and
 on the CPU in CI (tests/gpu/serve_smoke_test.py) so that it never runs first on a GPU.
 Standard library only, plus PyTorch or NumPy for the bandwidth when present.
@@ -71,6 +76,8 @@ def main():
     parser.add_argument("--log", default="serve_bench.log")
     parser.add_argument("--out", default="serve_bench.json")
     parser.add_argument("--pgid-file", help="where to write the process group of `loom up`")
+    parser.add_argument("--speculative-tokens", type=int, default=0,
+                        help="then batch 1 with K n-gram drafts per step against none (0: not run)")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
     args = parser.parse_args()
     exit_on_sigterm()
@@ -87,15 +94,32 @@ def main():
         address = server.wait_for(r"coordinator listening on (\S+)", args.start_timeout).group(1)
         server.wait_for(r"loom: ready", deadline - time.monotonic())
         results = pathlib.Path(args.out).with_suffix(".levels.json")
-        bench = subprocess.run(
-            [args.loom, "bench", "--address", address, "--concurrency", args.concurrency,
-             "--num-requests", str(args.num_requests), "--input-len", str(args.input_len),
-             "--output-len", str(args.output_len), "--output", str(results)],
-            capture_output=True, text=True, timeout=600, env=child_environment())
-        if bench.returncode != 0:
-            raise CheckFailed(f"loom bench exited {bench.returncode}: {bench.stderr[-2000:]}")
-        summary["levels"] = json.loads(results.read_text())
-        results.unlink()
+
+        def level(concurrency, num_requests, *flags):
+            bench = subprocess.run(
+                [args.loom, "bench", "--address", address, "--concurrency", concurrency,
+                 "--num-requests", str(num_requests), "--input-len", str(args.input_len),
+                 "--output-len", str(args.output_len), "--output", str(results), *flags],
+                capture_output=True, text=True, timeout=600, env=child_environment())
+            if bench.returncode != 0:
+                raise CheckFailed(f"loom bench exited {bench.returncode}: {bench.stderr[-2000:]}")
+            found = json.loads(results.read_text())
+            results.unlink()
+            return found
+
+        summary["levels"] = level(args.concurrency, args.num_requests)
+        if args.speculative_tokens > 0:
+            runs = {name: level("1", 8, "--num-speculative-tokens", str(drafts))["runs"][0]
+                    for name, drafts in (("without", 0), ("with", args.speculative_tokens))}
+            summary["speculative_batch1"] = {
+                "num_speculative_tokens": args.speculative_tokens,
+                "without_tokens_per_s": runs["without"]["output_throughput"],
+                "with_tokens_per_s": runs["with"]["output_throughput"],
+                "speedup": (runs["with"]["output_throughput"] /
+                            max(runs["without"]["output_throughput"], 1e-9)),
+                "draft_tokens": runs["with"]["draft_tokens"],
+                "acceptance_rate": runs["with"]["acceptance_rate"],
+            }
         summary["passed"] = True
     except (CheckFailed, subprocess.TimeoutExpired, ValueError, OSError) as error:
         summary["passed"] = False

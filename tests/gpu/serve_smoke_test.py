@@ -69,7 +69,8 @@ def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path
     result = subprocess.run(
         [sys.executable, SOURCE_DIR / "tests" / "gpu" / "serve_bench.py", "--loom", LOOM,
          "--model", models / "tiny.gguf", "--device", "cpu", "--concurrency", "1,4",
-         "--num-requests", "8", "--input-len", "16", "--output-len", "8", "--out", out,
+         "--num-requests", "8", "--input-len", "16", "--output-len", "8", "--speculative-tokens",
+         "3", "--out", out,
          "--log", tmp_path / "bench.log", "--", "--threads", "1"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -80,6 +81,12 @@ def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path
     assert summary["batch1_decode_tokens_per_s"] > 0
     assert summary["batch1_fraction_of_limit"] == pytest.approx(
         summary["batch1_decode_tokens_per_s"] / summary["batch1_tokens_per_s_limit"])
+    # Batch 1 with n-gram drafts against none, on the same server.
+    speculative = summary["speculative_batch1"]
+    assert speculative["without_tokens_per_s"] > 0 and speculative["with_tokens_per_s"] > 0
+    assert speculative["speedup"] == pytest.approx(
+        speculative["with_tokens_per_s"] / speculative["without_tokens_per_s"])
+    assert 0 <= speculative["acceptance_rate"] <= 1
 
 
 def run_smoke(models, tmp_path, *extra, options=()):
