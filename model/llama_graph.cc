@@ -10,18 +10,17 @@
 
 namespace loom::model {
 
-absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
-    std::unique_ptr<ModelWeights> weights, std::unique_ptr<Device> device,
-    const LlamaGraphOptions& options) {
-  if (device->world_size() != weights->shard.size) {
+absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Begin(const ModelWeights& w, Device& d,
+                                                              const LlamaGraphOptions& options) {
+  if (d.world_size() != w.shard.size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor parallel rank %d of %d needs a device whose group has %d ranks, not %d",
-        weights->shard.rank, weights->shard.size, weights->shard.size, device->world_size()));
+        w.shard.rank, w.shard.size, w.shard.size, d.world_size()));
   }
   std::unique_ptr<LlamaGraph> graph(new LlamaGraph());
-  graph->config_ = weights->config;
-  graph->shard_ = weights->shard;
-  const ShardPlan& plan = weights->shard;
+  graph->config_ = w.config;
+  graph->shard_ = w.shard;
+  const ShardPlan& plan = w.shard;
   if ((!plan.first_stage() && !options.receive) || (!plan.last_stage() && !options.send)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("pipeline stage %d of %d needs the residual stream's receive and send",
@@ -31,8 +30,6 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
   graph->receive_ = options.receive;
   graph->send_ = options.send;
   graph->block_size_ = options.block_size;
-  Device& d = *device;
-  const ModelWeights& w = *weights;
   if (w.token_embedding.rows > 0) {
     LOOM_ASSIGN_OR_RETURN(graph->token_embedding_, d.UploadTable(w.token_embedding));
   }
@@ -47,39 +44,78 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
   if (!w.local_rope_inv_freq.empty()) {
     LOOM_ASSIGN_OR_RETURN(graph->local_rope_inv_freq_, d.UploadF32(w.local_rope_inv_freq));
   }
-  for (const LayerWeights& host : w.layers) {
-    Layer layer;
-    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(host.attn_norm));
-    LOOM_ASSIGN_OR_RETURN(layer.qkv, d.UploadLinear(host.qkv, &host.qkv_bias));
-    if (!host.q_norm.empty()) {
-      LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(host.q_norm));
-      LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(host.k_norm));
-    }
-    LOOM_ASSIGN_OR_RETURN(layer.attn_output, d.UploadLinear(host.attn_output, nullptr));
-    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
-    if (!host.post_attention_norm.empty()) {
-      LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(host.post_attention_norm));
-      LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(host.post_ffw_norm));
-    }
-    if (host.expert_gate_up.empty()) {
-      LOOM_ASSIGN_OR_RETURN(layer.gate_up, d.UploadLinear(host.gate_up, nullptr));
-      LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
-    } else {
-      // The router as stored (never FP8): its top-k picks the experts.
-      LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router));
-      for (size_t e = 0; e < host.expert_gate_up.size(); ++e) {
-        LOOM_ASSIGN_OR_RETURN(auto gate_up, d.UploadLinear(host.expert_gate_up[e], nullptr));
-        LOOM_ASSIGN_OR_RETURN(auto down, d.UploadLinear(host.expert_down[e], nullptr));
-        layer.AddExpert(std::move(gate_up), std::move(down));
-      }
-    }
-    graph->layers_.push_back(std::move(layer));
+  return graph;
+}
+
+absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const LayerWeights& host) {
+  Layer layer;
+  LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(host.attn_norm));
+  LOOM_ASSIGN_OR_RETURN(layer.qkv, d.UploadLinear(host.qkv, &host.qkv_bias));
+  if (!host.q_norm.empty()) {
+    LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(host.q_norm));
+    LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(host.k_norm));
   }
+  LOOM_ASSIGN_OR_RETURN(layer.attn_output, d.UploadLinear(host.attn_output, nullptr));
+  LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
+  if (!host.post_attention_norm.empty()) {
+    LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(host.post_attention_norm));
+    LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(host.post_ffw_norm));
+  }
+  if (host.expert_gate_up.empty()) {
+    LOOM_ASSIGN_OR_RETURN(layer.gate_up, d.UploadLinear(host.gate_up, nullptr));
+    LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
+  } else {
+    // The router as stored (never FP8): its top-k picks the experts.
+    LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router));
+    for (size_t e = 0; e < host.expert_gate_up.size(); ++e) {
+      LOOM_ASSIGN_OR_RETURN(auto gate_up, d.UploadLinear(host.expert_gate_up[e], nullptr));
+      LOOM_ASSIGN_OR_RETURN(auto down, d.UploadLinear(host.expert_down[e], nullptr));
+      layer.AddExpert(std::move(gate_up), std::move(down));
+    }
+  }
+  return layer;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Finish(
+    std::unique_ptr<LlamaGraph> graph, std::unique_ptr<ModelWeights> host_weights,
+    std::unique_ptr<Device> device, const LlamaGraphOptions& options) {
   // The CPU computes on the host weights in place; other devices hold copies.
-  if (d.type() == DeviceType::kCpu) graph->host_weights_ = std::move(weights);
+  if (device->type() == DeviceType::kCpu) graph->host_weights_ = std::move(host_weights);
   graph->device_ = std::move(device);
   if (!options.defer_kv_cache) LOOM_RETURN_IF_ERROR(graph->CreateKvCache(options.num_kv_blocks));
   return graph;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Create(
+    std::unique_ptr<ModelWeights> weights, std::unique_ptr<Device> device,
+    const LlamaGraphOptions& options) {
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaGraph> graph, Begin(*weights, *device, options));
+  for (const LayerWeights& host : weights->layers) {
+    LOOM_ASSIGN_OR_RETURN(Layer layer, UploadLayer(*device, host));
+    graph->layers_.push_back(std::move(layer));
+  }
+  return Finish(std::move(graph), std::move(weights), std::move(device), options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateFromFile(
+    const common::GgufFile& gguf, const Parallelism& parallel, std::unique_ptr<Device> device,
+    const LlamaGraphOptions& options, std::string* load_log) {
+  if (device->type() == DeviceType::kCpu) {
+    return absl::FailedPreconditionError(
+        "the CPU device computes on the host weights: load them whole (LlamaGraph::Create)");
+  }
+  std::vector<Layer> layers;
+  LOOM_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModelWeights> weights,
+      LoadModelWeights(gguf, parallel, {}, [&](LayerWeights host) -> absl::Status {
+        LOOM_ASSIGN_OR_RETURN(Layer layer, UploadLayer(*device, host));
+        layers.push_back(std::move(layer));
+        return absl::OkStatus();  // `host` is freed here
+      }));
+  if (load_log != nullptr) *load_log = weights->load_log;
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<LlamaGraph> graph, Begin(*weights, *device, options));
+  graph->layers_ = std::move(layers);
+  return Finish(std::move(graph), nullptr, std::move(device), options);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(

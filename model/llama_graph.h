@@ -3,9 +3,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/formats/gguf_file.h"
 #include "common/formats/model_config.h"
 #include "model/device.h"
 #include "model/model_weights.h"
@@ -50,6 +52,16 @@ class LlamaGraph {
   static absl::StatusOr<std::unique_ptr<LlamaGraph>> Create(std::unique_ptr<ModelWeights> weights,
                                                             std::unique_ptr<Device> device,
                                                             const LlamaGraphOptions& options);
+
+  /// As Create over LoadModelWeights(gguf, parallel), but each layer is uploaded as soon as
+  /// it is read and its host form dropped (LoadModelWeights' LayerSink): the host holds
+  /// the embedding, the LM head and one layer, not the whole model (a BF16 checkpoint's
+  /// matrices are F32 on the host: 4 bytes a parameter, 32 GB for an 8B model). For
+  /// devices that hold copies: FailedPrecondition on the CPU device, which computes on the
+  /// host weights. `load_log`, when not null, receives LoadModelWeights' log.
+  static absl::StatusOr<std::unique_ptr<LlamaGraph>> CreateFromFile(
+      const common::GgufFile& gguf, const Parallelism& parallel, std::unique_ptr<Device> device,
+      const LlamaGraphOptions& options, std::string* load_log = nullptr);
 
   /// A graph for `config` (one rank, no tensor parallelism) whose matrices are generated
   /// on `device` (Device::RandomLinear: no host copy, for benchmarks of full-size models),
@@ -117,6 +129,18 @@ class LlamaGraph {
   };
 
   LlamaGraph() = default;
+  // What Create and CreateFromFile share: the graph for `weights`' shard with everything
+  // but the layers uploaded to `device` (not yet owned), after the checks.
+  static absl::StatusOr<std::unique_ptr<LlamaGraph>> Begin(const ModelWeights& weights,
+                                                           Device& device,
+                                                           const LlamaGraphOptions& options);
+  // One layer's weights on `device`.
+  static absl::StatusOr<Layer> UploadLayer(Device& device, const LayerWeights& host);
+  // The graph takes `device` (and `host_weights` where the device views them) and, unless
+  // deferred, creates its KV pool.
+  static absl::StatusOr<std::unique_ptr<LlamaGraph>> Finish(
+      std::unique_ptr<LlamaGraph> graph, std::unique_ptr<ModelWeights> host_weights,
+      std::unique_ptr<Device> device, const LlamaGraphOptions& options);
   Tensor Vector(const Buffer& buffer, int64_t size) const;
   const DeviceLinear& lm_head() const { return lm_head_ ? *lm_head_ : *token_embedding_; }
   // Sizes `scratch` for `shape` (F32), reallocating only when it grows.

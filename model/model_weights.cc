@@ -278,7 +278,7 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const common::GgufFile& gguf, const Parallelism& parallel,
-    const kernels::cpu::PackOptions& pack) {
+    const kernels::cpu::PackOptions& pack, const LayerSink& sink) {
   LOOM_ASSIGN_OR_RETURN(common::ModelConfig config, common::ModelConfigFromGguf(gguf));
   if (config.rope_dim <= 0 || config.rope_dim > config.head_dim || config.rope_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -388,7 +388,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
       LOOM_ASSIGN_OR_RETURN(layer.down,
                             loader.MatrixColumns(p + "ffn_down.weight", hidden, ffn, ffn_range));
     }
-    weights->layers.push_back(std::move(layer));
+    if (sink) {
+      LOOM_RETURN_IF_ERROR(sink(std::move(layer)));
+    } else {
+      weights->layers.push_back(std::move(layer));
+    }
   }
   weights->load_log = loader.Log();
   weights->config = std::move(config);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,9 +67,14 @@ struct ModelWeights {
 /// that does not match the config, or naming what does not divide. Matrices in Loom's
 /// own INT8/INT4 encoding (`loom quantize`, model/quantized_gguf.h) are packed without loss;
 /// `pack` chooses between packings of the same values (kernels/cpu/weights.h).
+/// With `sink`, each layer goes to it as soon as it is read, in order, instead of into
+/// `layers` (which stays empty): a device that holds copies uploads it and drops the host
+/// form, so the host holds one layer at a time (LlamaGraph::CreateFromFile). An error from
+/// the sink stops the load and is returned.
+using LayerSink = std::function<absl::Status(LayerWeights layer)>;
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     const common::GgufFile& gguf, const Parallelism& parallel = {},
-    const kernels::cpu::PackOptions& pack = {});
+    const kernels::cpu::PackOptions& pack = {}, const LayerSink& sink = nullptr);
 
 /// RoPE's inverse frequencies (linear, llama3 or yarn scaling applied) live in common/.
 using common::RopeInverseFrequencies;

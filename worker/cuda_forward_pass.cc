@@ -511,15 +511,6 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   std::unique_ptr<DeviceStartupLock> startup_lock =
       options.startup_lock_held ? nullptr : AcquireStartupLock(options.device);
   LOOM_ASSIGN_OR_RETURN(const size_t free_at_start, SelectDevice(options));
-  // Weights: this rank's slice, loaded like the CPU forward pass's; the device keeps INT4 layer
-  // matrices 4-bit for the W4A16 GEMM (options.quantized_weights) and dequantizes every
-  // other matrix to dtype. The host copies are freed once uploaded.
-  LOOM_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::ModelWeights> weights,
-      model::LoadModelWeights(gguf, {options.tp_rank, options.tp_size, options.pp_stage,
-                                     options.pp_size, options.pp_layers}));
-  std::string load_log = weights->load_log;
-  const int64_t num_layers = static_cast<int64_t>(weights->layers.size());
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<model::CudaDevice> device, MakeDevice(options));
   model::CudaDevice* cuda = device.get();
   model::LlamaGraphOptions graph_options;
@@ -539,8 +530,17 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
       return s->SendStage(residual, proj);
     };
   }
-  LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::Create(std::move(weights),
-                                                                std::move(device), graph_options));
+  // Weights: this rank's slice, read like the CPU forward pass's and uploaded layer by
+  // layer, each host layer freed once it is on the device (the host never holds the whole
+  // model: a BF16 checkpoint is F32 there). The device keeps INT4 layer matrices 4-bit for
+  // the W4A16 GEMM (options.quantized_weights) and dequantizes every other one to dtype.
+  std::string load_log;
+  LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::CreateFromFile(
+                                          gguf,
+                                          {options.tp_rank, options.tp_size, options.pp_stage,
+                                           options.pp_size, options.pp_layers},
+                                          std::move(device), graph_options, &load_log));
+  const int64_t num_layers = state->graph->shard().num_layers;
   state->device = cuda;
   if (options.fp8_weights) {
     absl::StrAppendFormat(&load_log,
