@@ -108,8 +108,13 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateFromFile(
   LOOM_ASSIGN_OR_RETURN(
       std::unique_ptr<ModelWeights> weights,
       LoadModelWeights(gguf, parallel, {}, [&](LayerWeights host) -> absl::Status {
-        LOOM_ASSIGN_OR_RETURN(Layer layer, UploadLayer(*device, host));
-        layers.push_back(std::move(layer));
+        absl::StatusOr<Layer> layer = UploadLayer(*device, host);
+        if (!layer.ok()) {
+          return absl::Status(layer.status().code(),
+                              absl::StrFormat("uploading layer %d of the stage: %s", layers.size(),
+                                              layer.status().message()));
+        }
+        layers.push_back(*std::move(layer));
         return absl::OkStatus();  // `host` is freed here
       }));
   if (load_log != nullptr) *load_log = weights->load_log;

@@ -480,7 +480,9 @@ TEST(CudaDeviceTest, CaptureRecordsReplayRereadsAndRefusesAllocation) {
 // the decode steps a deliberately wrong RoPE position or KV slot, or scales the first
 // layer's MLP-input RMSNorm by 1.02 (as a norm kernel that dropped a sliver of its sum of
 // squares would): what the tolerance below must catch (MutatedGraphExceedsTheTolerance).
-enum class Mutation { kNone, kRopePosition, kKvSlot, kNormScale };
+// kFromFile: no change to the model, the graph loaded layer by layer
+// (LlamaGraph::CreateFromFile), CUDA only.
+enum class Mutation { kNone, kRopePosition, kKvSlot, kNormScale, kFromFile };
 
 std::vector<std::vector<float>> GraphLogits(bool qk_norm, bool cuda,
                                             Mutation mutation = Mutation::kNone) {
@@ -525,7 +527,9 @@ std::vector<std::vector<float>> GraphLogits(bool qk_norm, bool cuda,
     device = std::move(*gpu);
   }
   absl::StatusOr<std::unique_ptr<LlamaGraph>> graph =
-      LlamaGraph::Create(std::move(*weights), std::move(device), options);
+      mutation == Mutation::kFromFile
+          ? LlamaGraph::CreateFromFile(*gguf, {}, std::move(device), options)
+          : LlamaGraph::Create(std::move(*weights), std::move(device), options);
   EXPECT_TRUE(graph.ok()) << graph.status();
   if (!graph.ok()) return {};
   Device& d = (*graph)->device();
@@ -608,6 +612,17 @@ TEST(CudaDeviceGraphTest, LlamaGraphMatchesCpuOnARandomModel) {
 TEST(CudaDeviceGraphTest, QkNormGraphMatchesCpuOnARandomModel) {
   SKIP_WITHOUT_GPU();
   GraphMatchesCpu(true);
+}
+
+// Loaded layer by layer (each layer uploaded as it is read: the CUDA forward pass's load),
+// the graph is the one loaded whole: the same logits, bit for bit.
+TEST(CudaDeviceGraphTest, ALayerByLayerLoadGivesTheWholeLoadsLogits) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<float>> whole = GraphLogits(false, /*cuda=*/true);
+  const std::vector<std::vector<float>> streamed =
+      GraphLogits(false, /*cuda=*/true, Mutation::kFromFile);
+  ASSERT_EQ(whole.size(), 3u);
+  EXPECT_EQ(streamed, whole);
 }
 
 // The tolerance's mutation check, on the CPU (runs everywhere; the same comparison as the

@@ -16,8 +16,9 @@ namespace loom::model {
 namespace {
 
 bool SameWeight(const kernels::cpu::PackedWeight& a, const kernels::cpu::PackedWeight& b) {
-  return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.data == b.data &&
-         a.scales == b.scales && a.mins == b.mins && a.scales_f32 == b.scales_f32;
+  return a.format == b.format && a.rows == b.rows && a.cols == b.cols &&
+         a.group_size == b.group_size && a.data == b.data && a.scales == b.scales &&
+         a.mins == b.mins && a.scales_f32 == b.scales_f32 && a.mins_f32 == b.mins_f32;
 }
 
 TEST(ModelWeightsTest, ASinkReceivesEveryLayerInOrderInsteadOfTheList) {
@@ -41,6 +42,8 @@ TEST(ModelWeightsTest, ASinkReceivesEveryLayerInOrderInsteadOfTheList) {
     const LayerWeights& a = received[l];
     const LayerWeights& b = (*whole)->layers[l];
     EXPECT_EQ(a.attn_norm, b.attn_norm) << l;
+    EXPECT_EQ(a.ffn_norm, b.ffn_norm) << l;
+    EXPECT_EQ(a.qkv_bias, b.qkv_bias) << l;
     EXPECT_TRUE(SameWeight(a.qkv, b.qkv)) << l;
     EXPECT_TRUE(SameWeight(a.attn_output, b.attn_output)) << l;
     EXPECT_TRUE(SameWeight(a.gate_up, b.gate_up)) << l;
