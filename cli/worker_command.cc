@@ -47,7 +47,6 @@
 namespace loom::cli {
 
 using quant::QuantizeFormat;
-using worker::CpuForwardPassOptions;
 using worker::KvHostTier;
 using worker::StepProgress;
 
@@ -277,22 +276,6 @@ absl::StatusOr<std::unique_ptr<PipelineLink>> JoinStages(const WorkerOptions& op
   return ConnectPipelineLink(link);
 }
 
-// The CPU forward pass's options from the worker's flags (threads, KV pool, activations): the
-// target model's (which adds tensor parallelism) and the draft model's alike.
-CpuForwardPassOptions CpuForwardPassOptionsOf(const WorkerOptions& options, int64_t num_blocks,
-                                              std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
-                                              StepProgress* progress) {
-  CpuForwardPassOptions pass_options;
-  pass_options.num_threads = options.num_threads;
-  pass_options.num_kv_blocks = num_blocks;
-  pass_options.block_size = options.block_size;
-  pass_options.kv_dtype = options.kv_dtype;
-  pass_options.activations = options.activations;
-  pass_options.thread_pool = std::move(thread_pool);
-  pass_options.progress = progress;
-  return pass_options;
-}
-
 // The backend's options (CreateStepBackend) from the worker's flags: the forward pass where
 // `placement` puts it (KV pool of `num_blocks`; 0 on CUDA: sized from free device memory)
 // or noop. The CPU forward pass runs on `thread_pool` when given (shared with a draft model)
@@ -377,20 +360,20 @@ void PrintBackend(const WorkerOptions& options, const Placement& placement,
 
 // Draft-model speculation: the draft's pool mirrors the target's (same block ids and
 // block size), so the coordinator's block tables address both. On CUDA the draft was
-// loaded first (`cuda_draft`, LoadCudaDraft) and its pool is grown to the target's here.
+// loaded first (`cuda_draft`, LoadCudaDraft) and its pool is grown to the target's here; on
+// the CPU it takes the target's options (one rank: the worker refuses a draft beside more)
+// with the target's block count.
 absl::StatusOr<DraftModel> LoadDraft(const WorkerOptions& options, const ServedModel& target,
                                      int64_t num_blocks, std::optional<CudaDraft> cuda_draft,
-                                     std::shared_ptr<kernels::cpu::ThreadPool> thread_pool,
-                                     StepProgress* progress) {
-  LOOM_ASSIGN_OR_RETURN(
-      DraftModel draft,
-      cuda_draft.has_value()
-          ? FinishCudaDraft(*std::move(cuda_draft), target.config.vocab_size, num_blocks,
-                            options.block_size)
-          : LoadDraftModel(
-                options.draft_model_path, *target.gguf, options.model_path,
-                target.config.vocab_size,
-                CpuForwardPassOptionsOf(options, num_blocks, std::move(thread_pool), progress)));
+                                     StepBackendOptions backend_options) {
+  backend_options.num_kv_blocks = num_blocks;
+  LOOM_ASSIGN_OR_RETURN(DraftModel draft,
+                        cuda_draft.has_value()
+                            ? FinishCudaDraft(*std::move(cuda_draft), target.config.vocab_size,
+                                              num_blocks, options.block_size)
+                            : LoadDraftModel(options.draft_model_path, *target.gguf,
+                                             options.model_path, target.config.vocab_size,
+                                             worker::CpuForwardPassOptionsOf(backend_options)));
   std::fprintf(stderr,
                "loom-worker: draft model %s (%s, %lld layers, hidden %lld) from %s, KV pool "
                "%lld blocks (%.1f MiB)\n",
@@ -649,7 +632,7 @@ int RunWorkerCommand(int argc, char** argv) {
   DraftModel draft;  // none without --draft-model: n-gram prompt lookup
   if (!options.draft_model_path.empty()) {
     absl::StatusOr<DraftModel> loaded =
-        LoadDraft(options, *served, num_blocks, std::move(cuda_draft), thread_pool, &progress);
+        LoadDraft(options, *served, num_blocks, std::move(cuda_draft), backend_options);
     if (!loaded.ok()) return Fail(loaded.status());
     draft = *std::move(loaded);
   }

@@ -37,6 +37,35 @@ std::string KvPoolDtypeName(std::string_view backend_name, kernels::cpu::KvDtype
   return kernels::cpu::KvDtypeName(kv_dtype);
 }
 
+namespace {
+
+// Tensor and pipeline parallelism: the same fields on both forward passes' options.
+template <typename PassOptions>
+void SetParallelism(const StepBackendOptions& options, PassOptions& pass) {
+  pass.tp_rank = options.tp_rank;
+  pass.tp_size = options.tp_size;
+  pass.communicator = options.communicator;
+  pass.pp_stage = options.pp_stage;
+  pass.pp_size = options.pp_size;
+  pass.pp_layers = options.pp_layers;
+  pass.link = options.link;
+}
+
+}  // namespace
+
+CpuForwardPassOptions CpuForwardPassOptionsOf(const StepBackendOptions& options) {
+  CpuForwardPassOptions pass_options;
+  pass_options.num_threads = options.num_threads;
+  pass_options.num_kv_blocks = options.num_kv_blocks;
+  pass_options.block_size = options.block_size;
+  pass_options.kv_dtype = options.kv_dtype;
+  pass_options.activations = options.activations;
+  SetParallelism(options, pass_options);
+  pass_options.thread_pool = options.thread_pool;
+  pass_options.progress = options.progress;
+  return pass_options;
+}
+
 absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBackendOptions& options,
                                                                 const common::GgufFile& gguf) {
   CudaForwardPassOptions cuda_options;
@@ -47,13 +76,7 @@ absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBacken
   cuda_options.cuda_graphs = options.cuda_graphs;
   cuda_options.max_num_tokens = options.max_num_tokens;
   cuda_options.device = options.gpu_index;
-  cuda_options.tp_rank = options.tp_rank;
-  cuda_options.tp_size = options.tp_size;
-  cuda_options.communicator = options.communicator;
-  cuda_options.pp_stage = options.pp_stage;
-  cuda_options.pp_size = options.pp_size;
-  cuda_options.pp_layers = options.pp_layers;
-  cuda_options.link = options.link;
+  SetParallelism(options, cuda_options);
   cuda_options.dtype = CudaComputeDtype(gguf);
   cuda_options.kv_dtype = cuda_options.dtype;
   switch (options.kv_dtype) {
@@ -109,23 +132,8 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateStepBackend(const StepBackend
         "--quantization fp8 runs on CUDA devices with FP8 tensor cores (compute capability "
         "8.9 or newer); the CPU has no FP8 GEMM: use int8 or int4, or --device cuda");
   }
-  CpuForwardPassOptions pass_options;
-  pass_options.num_threads = options.num_threads;
-  pass_options.num_kv_blocks = options.num_kv_blocks;
-  pass_options.block_size = options.block_size;
-  pass_options.kv_dtype = options.kv_dtype;
-  pass_options.activations = options.activations;
-  pass_options.tp_rank = options.tp_rank;
-  pass_options.tp_size = options.tp_size;
-  pass_options.communicator = options.communicator;
-  pass_options.pp_stage = options.pp_stage;
-  pass_options.pp_size = options.pp_size;
-  pass_options.pp_layers = options.pp_layers;
-  pass_options.link = options.link;
-  pass_options.thread_pool = options.thread_pool;
-  pass_options.progress = options.progress;
   absl::StatusOr<std::unique_ptr<CpuForwardPass>> forward_pass =
-      CpuForwardPass::Create(gguf, pass_options);
+      CpuForwardPass::Create(gguf, CpuForwardPassOptionsOf(options));
   if (!forward_pass.ok()) return forward_pass.status();
   if (load_log != nullptr) *load_log = (*forward_pass)->weights().load_log;
   return std::make_unique<ModelStepBackend>(*std::move(forward_pass), "cpu");

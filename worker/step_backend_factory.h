@@ -16,6 +16,7 @@
 #include "kernels/cuda/types.h"
 #include "model/communicator.h"
 #include "model/kv_cache_budget.h"
+#include "worker/cpu_forward_pass.h"
 #include "worker/cuda_forward_pass.h"
 #include "worker/pipeline_link.h"
 #include "worker/step_backend.h"
@@ -76,6 +77,10 @@ struct StepBackendOptions {
 /// activations do, whatever its weights' format), else F16 (F16, F32 and quantized
 /// checkpoints), as vLLM's `--dtype auto`.
 kernels::cuda::DataType CudaComputeDtype(const common::GgufFile& gguf);
+
+/// The CPU forward pass's options for `options` (threads, KV pool, activations,
+/// parallelism): the target model's and a draft model's alike.
+CpuForwardPassOptions CpuForwardPassOptionsOf(const StepBackendOptions& options);
 
 /// The CUDA forward pass's options for `options` over `gguf` (the compute and KV types from
 /// the checkpoint and --kv-dtype): the target model's and a draft model's alike.
