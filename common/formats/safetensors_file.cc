@@ -279,6 +279,8 @@ absl::StatusOr<std::vector<uint8_t>> SafetensorsFile::Columns(const SafetensorsT
   const uint64_t element = SafetensorsDtypeSize(tensor.dtype);
   const uint64_t rows = tensor.shape[0];
   std::vector<uint8_t> slice(rows * num_cols * element);
+  // An empty tensor's data may be a null span (nothing to copy from).
+  if (slice.empty()) return slice;
   for (uint64_t r = 0; r < rows; ++r) {
     std::memcpy(slice.data() + r * num_cols * element,
                 data.data() + (r * cols + first_col) * element, num_cols * element);

@@ -96,6 +96,17 @@ TEST(SafetensorsFileTest, ColumnsCopyOnlyTheSlice) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// An empty tensor (a zero dimension, no bytes) slices to nothing. Found by the fuzz test:
+// the copy read from a null span (its corpus keeps the input).
+TEST(SafetensorsFileTest, ColumnsOfAnEmptyTensorAreEmpty) {
+  auto file = SafetensorsFile::FromBytes(
+      Image(R"({"e":{"dtype":"F16","shape":[2,0],"data_offsets":[0,0]}})", ""));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto columns = (*file)->Columns(*(*file)->FindTensor("e"), 0, 0);
+  ASSERT_TRUE(columns.ok()) << columns.status();
+  EXPECT_TRUE(columns->empty());
+}
+
 TEST(SafetensorsFileTest, RejectsTruncatedFiles) {
   ExpectRejected("abc", absl::StatusCode::kInvalidArgument, "truncated");
   const std::string image = TwoTensorImage();

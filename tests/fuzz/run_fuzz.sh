@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tests/fuzz/<target>_fuzz.cc with clang's libFuzzer + ASan + UBSan and runs it
 # for a bounded time on a copy of the seed corpus. Fails on any crash or sanitizer
-# report; exits 77 (ctest SKIP) when clang's fuzzer runtime is not installed.
+# report (exit 1: libFuzzer's own default, 77, is ctest's SKIP code, so a crash it found
+# used to read as a skip); exits 77 (ctest SKIP) when clang's fuzzer runtime is not installed.
 #
 #   run_fuzz.sh <clang++> <source dir> <work dir> <seconds> [target: gguf_file | safetensors_file]
 set -euo pipefail
@@ -63,4 +64,5 @@ echo "Fuzzing for ${seconds}s"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 "./${target}_fuzz" -max_total_time="$seconds" -max_len=16384 -rss_limit_mb=2048 \
-  -timeout=10 -print_final_stats=1 -artifact_prefix="$work_dir/" corpus
+  -timeout=10 -print_final_stats=1 -artifact_prefix="$work_dir/" -error_exitcode=1 \
+  -timeout_exitcode=1 corpus
