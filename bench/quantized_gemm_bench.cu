@@ -1,9 +1,10 @@
-// Quantized GEMM on the GPU: W4A16 (INT4 group 128) and W8A16 (INT8 per channel) against cuBLAS F16
-// (cublasGemmEx) at the same shape, in the same run, for the linear layers of a Llama-3-8B shape (N
+// Quantized GEMM on the GPU: W4A16 (INT4 group 128), W8A16 (INT8 per channel) and W8A16 in
+// GGUF Q6_K's form (INT8, F32 scales per 16 columns) against cuBLAS F16 (cublasGemmEx) at the
+// same shape, in the same run, for the linear layers of a Llama-3-8B shape (N
 // x K = 4096 x 4096, 14336 x 4096, 4096 x 14336) at M = 1, 4, 16, 64, 256; FP8 (E4M3 through
 // cuBLASLt, with and without the activation quantizer) on devices of compute capability >= 8.9. For
-// W4A16 at M = 1 the weight bytes read per second are held against the device-to-device copy
-// bandwidth measured here.
+// W4A16 and the Q6_K form at M = 1 the weight bytes read per second are held against the
+// device-to-device copy bandwidth measured here.
 //
 // Timing: each kernel sequence is captured in a CUDA graph of `inner` launches and timed with CUDA
 // events; the figure is the median over repeats divided by `inner`. Weights rotate over enough
@@ -43,6 +44,7 @@ constexpr int kRepeats = 11;
 constexpr double kGraphTargetUs = 2000.0;             // each timed graph runs about this long
 constexpr size_t kRotationBytes = size_t{384} << 20;  // > 2x the L2 of any current GPU
 constexpr int64_t kGroup = 128;
+constexpr int64_t kKQuantGroup = 16;  // Q6_K's sub-blocks
 
 __device__ uint32_t Hash(uint64_t i, uint32_t seed) {
   uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
@@ -79,6 +81,20 @@ __global__ void FillE4m3(uint8_t* out, int64_t count, uint32_t seed) {
 DeviceBuffer RandomHalf(int64_t count, float low, float high, uint32_t seed) {
   DeviceBuffer buffer = AllocateOrExit(count * 2);
   FillHalf<<<1024, 256>>>(static_cast<__half*>(buffer.data()), count, low, high, seed);
+  BENCH_CHECK_CUDA(cudaGetLastError());
+  return buffer;
+}
+
+__global__ void FillFloat(float* out, int64_t count, float low, float high, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = Uniform(i, seed, low, high);
+  }
+}
+
+DeviceBuffer RandomFloat(int64_t count, float low, float high, uint32_t seed) {
+  DeviceBuffer buffer = AllocateOrExit(count * 4);
+  FillFloat<<<1024, 256>>>(static_cast<float*>(buffer.data()), count, low, high, seed);
   BENCH_CHECK_CUDA(cudaGetLastError());
   return buffer;
 }
@@ -148,13 +164,15 @@ int CopiesFor(size_t bytes) {
 struct Row {
   int64_t n, k, m;
   double cublas_us, w4_us, w8_us, fp8_us = -1, fp8_quant_us = -1;
-  double w4_weight_gbs;
+  double w8k_us = -1;  // INT8 with F32 scales per 16 columns (Q6_K as Loom holds it)
+  double w4_weight_gbs, w8k_weight_gbs = 0;
 };
 
 // One weight shape's operands: its weights in every format, each rotated past L2, and the
 // activations (up to M = 256), output and FP8 scales every M shares.
 struct ShapeOperands {
   Rotation f16, w4, w8, e4m3;  // e4m3 empty without FP8
+  Rotation w8k;                // scales only: F32 per 16 columns for w8's weights
   DeviceBuffer x, y, x_fp8, scales;
   float* x_scale = nullptr;        // in `scales`
   const float* w_scale = nullptr;  // in `scales`
@@ -175,6 +193,7 @@ ShapeOperands MakeOperands(int64_t n, int64_t k, bool fp8, uint32_t& seed) {
   for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
     o.w8.weights.push_back(RandomBytes(n * k, seed++));
     o.w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
+    o.w8k.scales.push_back(RandomFloat(n * k / kKQuantGroup, 0.0001f, 0.0004f, seed++));
     if (fp8) {
       DeviceBuffer buffer = AllocateOrExit(n * k);
       FillE4m3<<<1024, 256>>>(static_cast<uint8_t*>(buffer.data()), n * k, seed++);
@@ -250,6 +269,17 @@ void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
     q.scales = o.w8.scale(i);
     return kernels::cuda::LaunchQuantGemm(q, stream);
   });
+
+  p.group_size = kKQuantGroup;
+  p.scale_type = kernels::cuda::QuantScaleType::kF32;
+  row.w8k_us = TimeUs(stream, [&](int i) {
+    kernels::cuda::QuantGemmParams q = p;
+    q.weight = o.w8.weight(i);
+    q.scales = o.w8k.scale(i);
+    return kernels::cuda::LaunchQuantGemm(q, stream);
+  });
+  const double w8k_bytes = static_cast<double>(n * k + n * k / kKQuantGroup * 4);
+  row.w8k_weight_gbs = w8k_bytes / (row.w8k_us * 1e-6) / 1e9;
 }
 
 // FP8 (E4M3 through cuBLASLt) at row's [m, n, k] over activations quantized once, and with
@@ -297,9 +327,10 @@ Row MeasureRow(cudaStream_t stream, cublasHandle_t cublas, const ShapeOperands& 
   TimeQuantized(stream, o, row);
   if (fp8) TimeFp8(stream, o, row);
   BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::printf("%6ld %6ld %4ld | %9.1f | %9.1f %5.2fx | %9.1f %5.2fx | ", static_cast<long>(n),
-              static_cast<long>(k), static_cast<long>(m), row.cublas_us, row.w4_us,
-              row.cublas_us / row.w4_us, row.w8_us, row.cublas_us / row.w8_us);
+  std::printf("%6ld %6ld %4ld | %9.1f | %9.1f %5.2fx | %9.1f %5.2fx | %9.1f %5.2fx | ",
+              static_cast<long>(n), static_cast<long>(k), static_cast<long>(m), row.cublas_us,
+              row.w4_us, row.cublas_us / row.w4_us, row.w8_us, row.cublas_us / row.w8_us,
+              row.w8k_us, row.cublas_us / row.w8k_us);
   if (row.fp8_us > 0) {
     std::printf("%9.1f %5.2fx %9.1f\n", row.fp8_us, row.cublas_us / row.fp8_us, row.fp8_quant_us);
   } else {
@@ -316,8 +347,9 @@ void PrintBandwidthSummary(const std::vector<Row>& rows, double copy_gbs) {
       copy_gbs);
   for (const Row& r : rows) {
     if (r.m != 1) continue;
-    std::printf("  %6ld x %-6ld %7.0f GB/s  ratio %.2f\n", static_cast<long>(r.n),
-                static_cast<long>(r.k), r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
+    std::printf("  %6ld x %-6ld %7.0f GB/s  ratio %.2f   (Q6_K form: %7.0f GB/s  ratio %.2f)\n",
+                static_cast<long>(r.n), static_cast<long>(r.k), r.w4_weight_gbs,
+                r.w4_weight_gbs / copy_gbs, r.w8k_weight_gbs, r.w8k_weight_gbs / copy_gbs);
   }
   std::printf(
       "targets: W4A16 >= 3.0x cuBLAS F16 at M <= 16 and >= 1.0x at M = 256; "
@@ -348,9 +380,12 @@ std::string ResultJson(const std::vector<Row>& rows, const std::string& device, 
         "    {\"n\": %d, \"k\": %d, \"m\": %d, \"cublas_f16_us\": %.2f, "
         "\"w4a16_us\": %.2f, "
         "\"w4a16_speedup\": %.3f, \"w8a16_us\": %.2f, \"w8a16_speedup\": %.3f, "
-        "\"w4a16_weight_gbs\": %.1f, \"w4a16_bandwidth_ratio\": %.3f",
+        "\"w4a16_weight_gbs\": %.1f, \"w4a16_bandwidth_ratio\": %.3f, "
+        "\"w8a16_q6k_form_us\": %.2f, \"w8a16_q6k_form_speedup\": %.3f, "
+        "\"w8a16_q6k_form_weight_gbs\": %.1f, \"w8a16_q6k_form_bandwidth_ratio\": %.3f",
         r.n, r.k, r.m, r.cublas_us, r.w4_us, r.cublas_us / r.w4_us, r.w8_us, r.cublas_us / r.w8_us,
-        r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs);
+        r.w4_weight_gbs, r.w4_weight_gbs / copy_gbs, r.w8k_us, r.cublas_us / r.w8k_us,
+        r.w8k_weight_gbs, r.w8k_weight_gbs / copy_gbs);
     if (r.fp8_us > 0) {
       json += absl::StrFormat(
           ", \"fp8_us\": %.2f, \"fp8_speedup\": %.3f, "
@@ -396,8 +431,9 @@ int Run(bool quick) {
   const std::vector<int64_t> ms =
       quick ? std::vector<int64_t>{1, 16, 64} : std::vector<int64_t>{1, 4, 16, 64, 256};
   std::vector<Row> rows;
-  std::printf("\n%6s %6s %4s | %9s | %9s %6s | %9s %6s | %9s %6s %9s\n", "N", "K", "M", "cuBLAS us",
-              "W4A16 us", "x", "W8A16 us", "x", "FP8 us", "x", "+quant us");
+  std::printf("\n%6s %6s %4s | %9s | %9s %6s | %9s %6s | %9s %6s | %9s %6s %9s\n", "N", "K", "M",
+              "cuBLAS us", "W4A16 us", "x", "W8A16 us", "x", "Q6_K us", "x", "FP8 us", "x",
+              "+quant us");
   uint32_t seed = 10;
   for (const auto& [n, k] : shapes) {
     const ShapeOperands operands = MakeOperands(n, k, fp8, seed);

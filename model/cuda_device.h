@@ -29,10 +29,12 @@ struct CudaDeviceOptions {
   /// head, rows rotated (kernels/cuda/kv_cache.h); the attention rotates query and output.
   kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone;
   /// INT4 weights the W4A16 GEMM takes stay 4-bit (a quarter of the bytes a decode step
-  /// reads), and INT8 ones with F16 scales per channel or in groups of 32/64/128 (GGUF Q8_0,
-  /// IQ4_NL) stay 8-bit for the W8A16 GEMM (half the bytes); other formats are dequantized
-  /// to `dtype`. An embedding table kept quantized cannot be gathered: the graph's tables
-  /// are uploaded dense (see UploadTable).
+  /// reads; K-quant F32 scales rounded to F16), and INT8 ones stay 8-bit for the W8A16 GEMM
+  /// (half the bytes): F16 scales per channel or in groups of 32/64/128 (GGUF Q8_0,
+  /// IQ4_NL, and Q5_0 as q - 16), F32 scales and mins in groups of 16 or 32 (Q6_K, Q5_K,
+  /// Q5_1, and Q4_K_M's fused projections); other groups (F32-scaled INT8 in groups of 64
+  /// or 128) and shapes are dequantized to `dtype`. An embedding table kept quantized cannot be
+  /// gathered: the graph's tables are uploaded dense (see UploadTable).
   bool keep_quantized = false;
   /// --quantization fp8: every linear layer whose sizes are multiples of 16 is quantized at
   /// load to FP8 E4M3 with one scale per output channel (amax / 448) and runs as W8A8 on

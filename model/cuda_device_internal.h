@@ -43,6 +43,7 @@ class CudaLinear : public DeviceLinear {
 
   kc::DeviceBuffer dense, q, scale_min, bias;
   kc::QuantWeightFormat format = kc::QuantWeightFormat::kInt4;  // of q (quantized())
+  kc::QuantScaleType scale_type = kc::QuantScaleType::kF16;     // of scale_min
   kc::DeviceBuffer fp8_weight, fp8_scale;  // E4M3 [n, k] and F32 [n] (fp8_weights)
   int64_t n = 0, k = 0, group_size = 0;
 };

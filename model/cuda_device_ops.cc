@@ -171,6 +171,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     p.format = linear.format;
     p.weight = linear.q.data();
     p.scales = linear.scale_min.data();
+    p.scale_type = linear.scale_type;
     p.m = std::min<int64_t>(kc::kQuantGemmMaxM, m - row);
     p.n = n;
     p.k = k;

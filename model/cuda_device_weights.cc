@@ -32,15 +32,22 @@ using cuda_detail::CudaLinear;
 // Host rows dequantized per chunk while uploading a weight (bounds the host scratch).
 constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
 
-// The quantized GEMM's weights: INT4 in groups of 32/64/128, and INT8 with F16 scales per
-// output channel or in groups of 32/64/128 (GGUF Q8_0 and IQ4_NL as Loom holds them).
+// The quantized GEMM's weights: INT4 in groups of 16/32/64/128 (K-quant F32 scales and mins
+// rounded to F16), INT8 with F16 scales per output channel or in groups of 32/64/128 (GGUF
+// Q8_0 and IQ4_NL as Loom holds them), and INT8 with F32 scales (and mins) in groups of 16 or
+// 32 (Q6_K, Q5_K, and Q4_K parts fused with a Q6_K one); INT5 (Q5_0, Q5_1) as INT8, exactly
+// (UnpackQuantized).
 bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
   const bool grouped =
       weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128;
   if (weight.rows % 16 != 0 || weight.cols % 64 != 0) return false;
-  if (weight.format == kernels::cpu::WeightFormat::kInt4) return grouped;
-  return weight.format == kernels::cpu::WeightFormat::kInt8 && !weight.f32_scaled() &&
-         (grouped || weight.group_size == weight.cols);
+  if (weight.format == kernels::cpu::WeightFormat::kInt4) {
+    return grouped || weight.group_size == 16;
+  }
+  if (weight.format == kernels::cpu::WeightFormat::kInt5) return weight.group_size == 32;
+  if (weight.format != kernels::cpu::WeightFormat::kInt8) return false;
+  if (weight.f32_scaled()) return weight.group_size == 16 || weight.group_size == 32;
+  return grouped || weight.group_size == weight.cols;
 }
 
 }  // namespace
@@ -190,6 +197,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   LOOM_ASSIGN_OR_RETURN(kernels::cpu::NaturalQuantizedWeight natural,
                         kernels::cpu::UnpackQuantized(weight));
   kc::Int4GpuWeight packed;  // q and scale_min (INT8: its scales' device form)
+  std::vector<float> scales_f32;  // INT8 with F32 scales: their device form instead
   if (weight.format == kernels::cpu::WeightFormat::kInt4) {
     linear->format = kc::QuantWeightFormat::kInt4;
     std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
@@ -200,10 +208,19 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
         packed, kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(), natural.mins.data(),
                                    weight.rows, weight.cols, weight.group_size));
   } else {
-    // W8A16: per-channel scales as they are, group-wise ones in the kernel's layout.
+    // W8A16 (INT5 comes as INT8): per-channel scales as they are, group-wise ones in the
+    // kernel's layout.
     linear->format = kc::QuantWeightFormat::kInt8;
     LOOM_ASSIGN_OR_RETURN(packed.q, kc::PackInt8ForGpu(natural.q.data(), weight.rows, weight.cols));
-    if (weight.group_size == weight.cols) {
+    if (!natural.scales_f32.empty()) {
+      linear->scale_type =
+          natural.mins_f32.empty() ? kc::QuantScaleType::kF32 : kc::QuantScaleType::kF32WithMin;
+      LOOM_ASSIGN_OR_RETURN(
+          scales_f32, kc::PackInt8GroupScalesF32ForGpu(
+                          natural.scales_f32.data(),
+                          natural.mins_f32.empty() ? nullptr : natural.mins_f32.data(), weight.rows,
+                          weight.cols, weight.group_size));
+    } else if (weight.group_size == weight.cols) {
       packed.scale_min = natural.scales;
     } else {
       LOOM_ASSIGN_OR_RETURN(packed.scale_min,
@@ -212,10 +229,14 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     }
   }
   LOOM_ASSIGN_OR_RETURN(linear->q, UploadBytes(packed.q.data(), packed.q.size()));
-  LOOM_ASSIGN_OR_RETURN(linear->scale_min, UploadBytes(packed.scale_min.data(),
-                                                       packed.scale_min.size() * sizeof(uint16_t)));
-  weight_bytes_ +=
-      static_cast<int64_t>(packed.q.size() + packed.scale_min.size() * sizeof(uint16_t));
+  const size_t scale_bytes = scales_f32.empty() ? packed.scale_min.size() * sizeof(uint16_t)
+                                                : scales_f32.size() * sizeof(float);
+  LOOM_ASSIGN_OR_RETURN(
+      linear->scale_min,
+      UploadBytes(scales_f32.empty() ? static_cast<const void*>(packed.scale_min.data())
+                                     : static_cast<const void*>(scales_f32.data()),
+                  scale_bytes));
+  weight_bytes_ += static_cast<int64_t>(packed.q.size() + scale_bytes);
   if (bias != nullptr && !bias->empty()) {
     // F32, added to the F32 sums unrounded as the dense and FP8 layers and the CPU do (a
     // Qwen2 QKV bias in the hundreds would lose ~0.4 in BF16).
@@ -236,6 +257,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     p.n = linear->n;
     p.k = linear->k;
     p.group_size = linear->group_size;
+    p.scale_type = linear->scale_type;
     p.num_splits = kc::ChooseQuantGemmSplits(m, p.n, p.k, num_sms_);
     quant_workspace_bytes_ = std::max(quant_workspace_bytes_, kc::QuantGemmWorkspaceBytes(p));
     quant_counter_words_ = std::max(quant_counter_words_, kc::QuantGemmCounterCount(p));

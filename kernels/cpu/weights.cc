@@ -528,28 +528,52 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
 }
 
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
-  if (w.format != WeightFormat::kInt8 && w.format != WeightFormat::kInt4) {
+  if (w.format != WeightFormat::kInt8 && w.format != WeightFormat::kInt4 &&
+      w.format != WeightFormat::kInt5) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "UnpackQuantized: the weight is %s, not INT8/INT4", WeightFormatName(w.format)));
-  }
-  if (w.format == WeightFormat::kInt8 && w.f32_scaled() &&
-      std::any_of(w.mins_f32.begin(), w.mins_f32.end(), [](float m) { return m != 0.0f; })) {
-    return absl::InvalidArgumentError("UnpackQuantized: an INT8 weight with mins (Q5_K)");
+        "UnpackQuantized: the weight is %s, not INT8/INT5/INT4", WeightFormatName(w.format)));
   }
   const int64_t groups = w.cols / w.group_size;
+  // INT5 becomes INT8: symmetric (Q5_0: every min -16 times its scale) as q - 16 with the F16
+  // scales, else (Q5_1) q with its F16 scales and mins widened to F32, both exact.
+  bool int5_symmetric = w.format == WeightFormat::kInt5;
+  for (int64_t r = 0; int5_symmetric && r < w.rows; ++r) {
+    for (int64_t g = 0; int5_symmetric && g < groups; ++g) {
+      const int64_t index = GroupIndex(w, r, g);
+      int5_symmetric = GroupMin(w, index) == -16.0f * GroupScale(w, index);
+    }
+  }
+  const bool int8_f32 = (w.format == WeightFormat::kInt8 && w.f32_scaled()) ||
+                        (w.format == WeightFormat::kInt5 && !int5_symmetric);
+  const bool int8_mins = w.format == WeightFormat::kInt5
+                             ? !int5_symmetric
+                             : int8_f32 && std::any_of(w.mins_f32.begin(), w.mins_f32.end(),
+                                                       [](float m) { return m != 0.0f; });
+  const int q_offset = int5_symmetric ? 16 : 0;
   NaturalQuantizedWeight out;
   out.q.resize(static_cast<size_t>(w.rows * w.cols));
-  out.scales.resize(static_cast<size_t>(w.rows * groups));
-  if (w.format == WeightFormat::kInt4) out.mins.resize(out.scales.size());
+  const size_t num_groups = static_cast<size_t>(w.rows * groups);
+  if (int8_f32) {
+    out.scales_f32.resize(num_groups);
+    if (int8_mins) out.mins_f32.resize(num_groups);
+  } else {
+    out.scales.resize(num_groups);
+    if (w.format == WeightFormat::kInt4) out.mins.resize(num_groups);
+  }
   // Rows split across threads (a load-time pass over every weight of the layer).
   ParallelForOnce(w.rows, std::max<int64_t>(1, (int64_t{1} << 18) / w.cols),
                   [&](int64_t first, int64_t end) {
                     for (int64_t r = first; r < end; ++r) {
                       for (int64_t c = 0; c < w.cols; ++c) {
-                        out.q[r * w.cols + c] = static_cast<int8_t>(GetQ(w, r, c));
+                        out.q[r * w.cols + c] = static_cast<int8_t>(GetQ(w, r, c) - q_offset);
                       }
                       for (int64_t g = 0; g < groups; ++g) {
                         const int64_t index = GroupIndex(w, r, g);
+                        if (int8_f32) {
+                          out.scales_f32[r * groups + g] = GroupScale(w, index);
+                          if (int8_mins) out.mins_f32[r * groups + g] = GroupMin(w, index);
+                          continue;
+                        }
                         out.scales[r * groups + g] =
                             w.f32_scaled() ? FloatToHalf(w.scales_f32[index]) : w.scales[index];
                         if (!out.mins.empty()) {

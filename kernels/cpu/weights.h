@@ -93,16 +93,22 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
 /// Q5_0 Q and K stays one byte per weight. Other mixes are InvalidArgument.
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
 
-/// An INT8/INT4 weight's values in plain row-major order, for repacking into another
-/// backend's layout (the CUDA forward pass's quantized GEMM): value = q * scale (+ min for
-/// INT4). F32 scales and mins (K-quants) are rounded to F16 here: the CUDA kernels keep
-/// F16 scales.
+/// An INT8/INT5/INT4 weight's values in plain row-major order, for repacking into another
+/// backend's layout (the CUDA forward pass's quantized GEMM): value = q * scale + min (no
+/// min for INT8 with F16 scales). An INT4 weight's F32 scales and mins (K-quants) are rounded
+/// to F16 here (the CUDA INT4 kernels keep F16 ones); an INT8 weight's stay F32, exact. INT5
+/// comes out as INT8, exactly: Q5_0's symmetric form as q - 16 with its F16 scales (Q8_0's
+/// form), Q5_1's as q in 0..31 with F32 scales and mins.
 struct NaturalQuantizedWeight {
   std::vector<int8_t> q;          // [rows, cols]: INT4 0..15, INT8 -128..127
-  std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]
+  std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]; empty with scales_f32
   std::vector<uint16_t> mins;     // INT4: F16 [rows, cols / group_size]; INT8: empty
+  // INT8 with F32 scales (K-quants): [rows, cols / group_size]; mins_f32 empty when every
+  // group's min is zero (Q6_K), else the mins (Q5_K, a Q4_K part fused with a Q6_K one).
+  std::vector<float> scales_f32;
+  std::vector<float> mins_f32;
 };
-/// InvalidArgument for F32/F16 and INT5 weights and for INT8 weights with mins (Q5_K).
+/// InvalidArgument for F32/F16 weights.
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& weight);
 
 /// Dequantizes rows [row_begin, row_end) to F32, [row_end - row_begin, cols] into `out`

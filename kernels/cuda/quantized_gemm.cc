@@ -111,9 +111,9 @@ absl::Status CheckInt4Shape(int64_t n, int64_t k, int64_t group_size, const char
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: k %d must be a positive multiple of 64", who, k));
   }
-  if (group_size != 32 && group_size != 64 && group_size != 128) {
+  if (group_size != 16 && group_size != 32 && group_size != 64 && group_size != 128) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: group_size %d unsupported (32, 64, 128)", who, group_size));
+        absl::StrFormat("%s: group_size %d unsupported (16, 32, 64, 128)", who, group_size));
   }
   if (k % group_size != 0) {
     return absl::InvalidArgumentError(
@@ -242,6 +242,11 @@ absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* 
   if (scales == nullptr) {
     return absl::InvalidArgumentError("PackInt8GroupScalesForGpu: null scales");
   }
+  if (group_size == 16) {
+    return absl::InvalidArgumentError(
+        "PackInt8GroupScalesForGpu: group_size 16 unsupported with F16 scales (32, 64, 128; "
+        "16 with F32 scales: PackInt8GroupScalesF32ForGpu)");
+  }
   if (group_size == k) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "PackInt8GroupScalesForGpu: group_size %d is all of k: the per-channel form (pass the "
@@ -253,6 +258,34 @@ absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* 
   for (int64_t row = 0; row < n; ++row) {
     for (int64_t group = 0; group < num_groups; ++group) {
       out[ScaleMinPosition(row, group, num_groups, 0)] = scales[row * num_groups + group];
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> PackInt8GroupScalesF32ForGpu(const float* scales,
+                                                                const float* mins, int64_t n,
+                                                                int64_t k, int64_t group_size) {
+  if (absl::Status status = CheckInt4Shape(n, k, group_size, "PackInt8GroupScalesF32ForGpu");
+      !status.ok()) {
+    return status;
+  }
+  if (group_size != 16 && group_size != 32) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PackInt8GroupScalesF32ForGpu: group_size %d unsupported (16, 32)", group_size));
+  }
+  if (scales == nullptr) {
+    return absl::InvalidArgumentError("PackInt8GroupScalesF32ForGpu: null scales");
+  }
+  const int64_t num_groups = k / group_size;
+  const int per_lane = mins == nullptr ? 2 : 4;  // (scale g, scale g + 8[, min g, min g + 8])
+  std::vector<float> out(n * num_groups * per_lane / 2);
+  for (int64_t row = 0; row < n; ++row) {
+    const int64_t r = row % 16;
+    for (int64_t group = 0; group < num_groups; ++group) {
+      const int64_t lane_group = ((row / 16) * num_groups + group) * 8 + r % 8;
+      out[lane_group * per_lane + r / 8] = scales[row * num_groups + group];
+      if (mins != nullptr) out[lane_group * per_lane + 2 + r / 8] = mins[row * num_groups + group];
     }
   }
   return out;
@@ -309,7 +342,8 @@ size_t QuantGemmWorkspaceBytes(const QuantGemmParams& p) {
 }
 
 bool QuantGemmGrouped(const QuantGemmParams& p) {
-  return p.format == QuantWeightFormat::kInt4 || (p.group_size != 0 && p.group_size != p.k);
+  return p.format == QuantWeightFormat::kInt4 || p.scale_type != QuantScaleType::kF16 ||
+         (p.group_size != 0 && p.group_size != p.k);
 }
 
 size_t QuantGemmCounterCount(const QuantGemmParams& p) {
@@ -341,13 +375,33 @@ absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {
                         "the kernel's k step (<= 2^24)",
                         p.k));
   }
-  if (p.format == QuantWeightFormat::kInt4 || QuantGemmGrouped(p)) {
-    if (p.group_size != 32 && p.group_size != 64 && p.group_size != 128) {
+  const bool int4 = p.format == QuantWeightFormat::kInt4;
+  if (p.scale_type != QuantScaleType::kF16 && p.scale_type != QuantScaleType::kF32 &&
+      p.scale_type != QuantScaleType::kF32WithMin) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("QuantGemm: scale_type %d unsupported", static_cast<int>(p.scale_type)));
+  }
+  if (int4 && p.scale_type != QuantScaleType::kF16) {
+    return absl::InvalidArgumentError("QuantGemm: INT4 takes F16 scales and mins only");
+  }
+  if (p.scale_type != QuantScaleType::kF16) {
+    if (p.group_size != 16 && p.group_size != 32) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "QuantGemm: %s group_size %d unsupported (groups of 32, 64, 128%s)",
-          QuantWeightFormatName(p.format), p.group_size,
-          p.format == QuantWeightFormat::kInt8 ? "; per output channel: 0 or k" : ""));
+          "QuantGemm: INT8 group_size %d unsupported with F32 scales (groups of 16, 32)",
+          p.group_size));
     }
+  } else if (QuantGemmGrouped(p)) {
+    const bool supported = p.group_size == 32 || p.group_size == 64 || p.group_size == 128 ||
+                           (int4 && p.group_size == 16);
+    if (!supported) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("QuantGemm: %s group_size %d unsupported (groups of %s)",
+                          QuantWeightFormatName(p.format), p.group_size,
+                          int4 ? "16, 32, 64, 128"
+                               : "32, 64, 128; per output channel: 0 or k; 16 with F32 scales"));
+    }
+  }
+  if (QuantGemmGrouped(p)) {
     if (p.k % p.group_size != 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("QuantGemm: k %d is not a multiple of group_size %d", p.k, p.group_size));

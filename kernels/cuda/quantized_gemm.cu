@@ -31,74 +31,29 @@ namespace qgemm = internal::qgemm;
 
 // ------------------------------------------------------------------------------ W4A16 / W8A16
 
-template <typename T, bool kInt4, int kGroup, int kConfig>
-absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t stream) {
-  using S = qgemm::Shape<kInt4, kGroup, kConfig>;
-  constexpr auto kernel = qgemm::QuantGemmKernel<T, kInt4, kGroup, kConfig>;
-  if constexpr (S::kSmemBytes > 48 * 1024) {
-    LOOM_RETURN_IF_ERROR(internal::OptInSharedMemory<kernel>(
-        S::kSmemBytes, absl::StrFormat("QuantGemm (%s)", S::kC.name).c_str()));
-  }
-  qgemm::Args args{};
-  args.x = p.x;
-  args.y = p.y;
-  args.bias = p.bias;
-  args.bias_f32 = p.bias_f32;
-  args.weight = static_cast<const uint8_t*>(p.weight);
-  args.scales = p.scales;
-  args.partial = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
-  args.counters = splits > 1 ? p.counters : nullptr;
-  args.y_f32 = p.f32_out;
-  args.m = static_cast<int>(p.m);
-  args.n = static_cast<int>(p.n);
-  args.k = static_cast<int>(p.k);
-  args.num_steps = static_cast<int>((p.k + S::kStepK - 1) / S::kStepK);
-  args.steps_per_split = (args.num_steps + splits - 1) / splits;
-  const int row_tiles = args.n / 16;
-  const dim3 grid((row_tiles + S::kRowTiles - 1) / S::kRowTiles,
-                  (args.m + S::kBlockM - 1) / S::kBlockM, splits);
-  kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(args);
-  LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm"));
-  if (splits > 1 && args.counters == nullptr) {
-    const int64_t count = p.m * p.n;
-    qgemm::SplitKReduceKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
-        args.partial, p.bias, p.bias_f32, p.y, p.f32_out, splits, count, args.n);
-    LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm split-K reduce"));
-  }
-  return absl::OkStatus();
-}
-
-// The one runtime -> compile-time dispatch: dtype x format (x group size) x config. The supported
-// lists are the ones CheckQuantGemmParams enforces.
-template <typename T, bool kInt4, int kGroup>
-absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
-  static_assert(internal::kNumQuantGemmConfigs == 4);
-  switch (config) {
-    case 0:
-      return RunQuantGemm<T, kInt4, kGroup, 0>(p, splits, stream);
-    case 1:
-      return RunQuantGemm<T, kInt4, kGroup, 1>(p, splits, stream);
-    case 2:
-      return RunQuantGemm<T, kInt4, kGroup, 2>(p, splits, stream);
-    default:
-      return RunQuantGemm<T, kInt4, kGroup, 3>(p, splits, stream);
-  }
-}
-
+// The one runtime -> compile-time dispatch: dtype x format x group size x scale type (then
+// qgemm::DispatchConfig: x config). The supported lists are the ones CheckQuantGemmParams
+// enforces.
 template <typename T>
 absl::Status DispatchFormat(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
+  using qgemm::DispatchConfig;
+  constexpr QuantScaleType kF16 = QuantScaleType::kF16;
+  if (p.scale_type != kF16) return qgemm::DispatchF32Scales<T>(p, config, splits, stream);
   const bool int4 = p.format == QuantWeightFormat::kInt4;
-  if (!QuantGemmGrouped(p)) return DispatchConfig<T, false, 0>(p, config, splits, stream);
+  if (!QuantGemmGrouped(p)) return DispatchConfig<T, false, 0, kF16>(p, config, splits, stream);
   switch (p.group_size) {
+    case 16:  // INT4 only (GGUF Q3_K, Q2_K)
+      if (int4) return DispatchConfig<T, true, 16, kF16>(p, config, splits, stream);
+      break;
     case 32:
-      return int4 ? DispatchConfig<T, true, 32>(p, config, splits, stream)
-                  : DispatchConfig<T, false, 32>(p, config, splits, stream);
+      return int4 ? DispatchConfig<T, true, 32, kF16>(p, config, splits, stream)
+                  : DispatchConfig<T, false, 32, kF16>(p, config, splits, stream);
     case 64:
-      return int4 ? DispatchConfig<T, true, 64>(p, config, splits, stream)
-                  : DispatchConfig<T, false, 64>(p, config, splits, stream);
+      return int4 ? DispatchConfig<T, true, 64, kF16>(p, config, splits, stream)
+                  : DispatchConfig<T, false, 64, kF16>(p, config, splits, stream);
     case 128:
-      return int4 ? DispatchConfig<T, true, 128>(p, config, splits, stream)
-                  : DispatchConfig<T, false, 128>(p, config, splits, stream);
+      return int4 ? DispatchConfig<T, true, 128, kF16>(p, config, splits, stream)
+                  : DispatchConfig<T, false, 128, kF16>(p, config, splits, stream);
   }
   return absl::InternalError("QuantGemm: dispatch out of sync with the check");
 }

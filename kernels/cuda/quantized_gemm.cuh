@@ -1,6 +1,7 @@
 #pragma once
 
-// Internal to kernels/cuda (quantized_gemm.cu only): the W4A16 / W8A16 kernel family.
+// Internal to kernels/cuda (quantized_gemm.cu and quantized_gemm_f32_scales.cu): the W4A16 /
+// W8A16 kernel family and its launch.
 //
 // Orientation. The weights are the mma A operand (16 output features x 16 input features)
 // and the activations the B operand (16 input features x 8 tokens), so one token wastes
@@ -38,7 +39,10 @@
 //   INT8: [n / 16][k / 32][32 lanes][16 bytes]. Word 2j: bytes (a0.lo, a0.hi, a1.lo,
 //     a1.hi); word 2j + 1: (a2.lo, a2.hi, a3.lo, a3.hi), for k16 step j of the 32 columns.
 //   INT4 scale/min: F16 [n / 16][k / group][8][4] = (scale of row g, scale of row g + 8,
-//     min of row g, min of row g + 8) for the lanes of group g.
+//     min of row g, min of row g + 8) for the lanes of group g (64 bytes per tile and group).
+//     Group-wise INT8 takes the same layout with zero mins (QuantScaleType::kF16), or F32
+//     (scale of row g, scale of row g + 8) pairs (kF32, 64 bytes), or F32 quadruples with mins
+//     (kF32WithMin, 128 bytes): the K-quants' scales, d * an integer, exact in F32 only.
 // Every warp-wide weight load is 512 contiguous bytes; shared-memory reads of the weights
 // are 16 bytes per lane at consecutive addresses (conflict-free).
 //
@@ -48,13 +52,21 @@
 // INT8: the biased byte goes into the mantissa of the F32 2^23 (exact), minus 2^23 + 128
 // is q exactly, converted to F16/BF16 exactly (|q| <= 128); a per-channel row scale
 // multiplies the F32 sum in the epilogue, group-wise scales (GGUF Q8_0) multiply the A
-// fragments before the MMA (ScaleRows: one rounding to the activation type).
+// fragments before the MMA (ScaleRows: one rounding to the activation type); F32 scales and
+// mins (K-quants) make the value q * scale + min in F32 (one fma, as the CPU dequantizes it),
+// then round it once to the activation type, as a dense copy of the weight holds it.
+//
+// Groups of 16. Lane t's values of a 32-column half are input features 8t .. 8t + 7 (the K
+// permutation), so they lie in one group of 16: group (half * 32 + 8t) / 16 of the chunk.
+// Each lane reads its own group's scales; with groups of 32 or more every lane of a half
+// reads the same one.
 //
 // Pipeline. Each block step covers kStepK = 64 * warps_k input features: the weights (row
 // tiles x 64-column chunks, copied verbatim), the activations [block_m, kStepK] (16-byte
 // units, XOR-swizzled by row parity so that a quarter warp's 16-byte loads of rows g and
 // g + 1 fall in different banks) and the group-wise scale/min of the step's groups go into
-// shared memory with cp.async, kStages deep (one __syncthreads per step). Rows past m and
+// shared memory with cp.async, kStages deep (4, or 3 where 4 would pass sm_86's 99 KiB;
+// one __syncthreads per step). Rows past m and
 // row tiles past n are zero-filled (cp.async with src-size 0) and their results dropped.
 // With warps_k > 1 the warps' partial sums meet in shared memory at the end; with split-K
 // (gridDim.z > 1) every split writes F32 partial sums [split, m, n] (zeros for a split
@@ -67,7 +79,11 @@
 #include <cstring>
 #include <type_traits>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/launch_internal.cuh"
+#include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/quantized_gemm_internal.h"
 
 namespace loom::kernels::cuda::internal::qgemm {
@@ -173,6 +189,23 @@ __device__ __forceinline__ void ConvertInt8(uint32_t word0, uint32_t word1, uint
   a[3] = PackPair<T>(Int8FromBiased<2>(w1), Int8FromBiased<3>(w1));
 }
 
+/// ConvertInt8 with F32 scales and mins: `sm` = (scale of row g, scale of row g + 8, min of
+/// row g, min of row g + 8); a0, a2 hold row g, a1, a3 row g + 8. Each value is one F32 fma
+/// q * scale + min (as the CPU dequantizes), rounded once to T.
+template <typename T>
+__device__ __forceinline__ void ConvertInt8Scaled(uint32_t word0, uint32_t word1,
+                                                  const float4& sm, uint32_t (&a)[4]) {
+  const uint32_t w0 = word0 ^ 0x80808080u, w1 = word1 ^ 0x80808080u;
+  a[0] = PackPair<T>(fmaf(Int8FromBiased<0>(w0), sm.x, sm.z),
+                     fmaf(Int8FromBiased<1>(w0), sm.x, sm.z));
+  a[1] = PackPair<T>(fmaf(Int8FromBiased<2>(w0), sm.y, sm.w),
+                     fmaf(Int8FromBiased<3>(w0), sm.y, sm.w));
+  a[2] = PackPair<T>(fmaf(Int8FromBiased<0>(w1), sm.x, sm.z),
+                     fmaf(Int8FromBiased<1>(w1), sm.x, sm.z));
+  a[3] = PackPair<T>(fmaf(Int8FromBiased<2>(w1), sm.y, sm.w),
+                     fmaf(Int8FromBiased<3>(w1), sm.y, sm.w));
+}
+
 /// c += A · B for one m16n8k16 tile, F32 accumulators.
 template <typename T>
 __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -198,7 +231,7 @@ __device__ __forceinline__ void CpAsync16(void* shared, const void* global, bool
 }
 
 /// Compile-time sizes of one kernel instantiation.
-template <bool kInt4, int kGroup, int kConfig>
+template <bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
 struct Shape {
   static constexpr QuantGemmConfig kC = kQuantGemmConfigs[kConfig];
   static constexpr int kTilesM = kC.tiles_m;
@@ -210,27 +243,39 @@ struct Shape {
   static constexpr int kBlockM = kC.block_m();
   static constexpr int kRowTiles = kC.row_tiles();
   static constexpr int kStepK = kC.step_k();
-  static constexpr int kStages = kQuantGemmStages;
   // Bytes of one row tile x one 64-column chunk (a warp's share of a step).
   static constexpr int kChunkBytes = kInt4 ? 512 : 1024;
   // Group-wise scales (INT4; INT8 with kGroup > 0) are staged per step; per-channel INT8
   // scales multiply the sums in the epilogue.
   static constexpr bool kGrouped = kInt4 || kGroup > 0;
   static constexpr int kScaleGroups = kGrouped ? (kStepK >= kGroup ? kStepK / kGroup : 1) : 0;
+  // Bytes of one row tile's scales (and mins) for one group.
+  static constexpr int kScaleGroupBytes = kScales == QuantScaleType::kF32WithMin ? 128 : 64;
   static constexpr int kUnitsPerRow = kStepK / 8;  // 16-byte units of an activation row
   static constexpr int kWeightBytes = kRowTiles * kWarpsK * kChunkBytes;
   static constexpr int kActBytes = kBlockM * kStepK * 2;
-  static constexpr int kScaleBytes = kRowTiles * kScaleGroups * 64;
+  static constexpr int kScaleBytes = kRowTiles * kScaleGroups * kScaleGroupBytes;
   static constexpr int kStageBytes = kWeightBytes + kActBytes + kScaleBytes;
+  // kQuantGemmStages deep, one stage fewer where that would not fit the 99 KiB a block may
+  // have on sm_86 / sm_89 (the sm_80 code runs there): the gemv configs with F32 scales and
+  // mins in groups of 16 (104 and 112 KiB at four stages).
+  static constexpr int kMaxSmemBytes = 99 * 1024;
+  static constexpr int kStages = kQuantGemmStages * kStageBytes <= kMaxSmemBytes
+                                     ? kQuantGemmStages
+                                     : kQuantGemmStages - 1;
   static constexpr int kAccPerWarp = kFragsN * kTilesM * 4;  // accumulators per lane
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * kAccPerWarp * 32 * 4;
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kReduceBytes ? kStages* kStageBytes : kReduceBytes;
 
-  static_assert(kGroup == 0 || kGroup == 32 || kGroup == 64 || kGroup == 128);
+  static_assert(kGroup == 0 || kGroup == 16 || kGroup == 32 || kGroup == 64 || kGroup == 128);
   static_assert(!kInt4 || kGroup > 0);
+  static_assert(kScales == QuantScaleType::kF16 || (!kInt4 && kGroup > 0),
+                "F32 scales: group-wise INT8 only");
   static_assert(kUnitsPerRow % 8 == 0, "the XOR swizzle needs rows of >= 8 16-byte units");
   static_assert(kStageBytes % 16 == 0);
+  static_assert(kSmemBytes <= kMaxSmemBytes, "over the shared memory of sm_86 / sm_89");
+  static_assert(kStages >= 3, "the pipeline keeps two steps in flight");
   // A step holds whole groups, or lies inside one.
   static_assert(!kGrouped || kStepK % (kGrouped ? kGroup : 1) == 0 ||
                 (kGrouped ? kGroup : 1) % kStepK == 0);
@@ -248,7 +293,7 @@ struct Args {
   const void* bias;       // [n] of T (float with bias_f32) or null
   bool bias_f32;
   const uint8_t* weight;  // device layout
-  const void* scales;     // grouped (INT4, INT8 g32/64/128): scale/min layout; INT8: F16 [n]
+  const void* scales;     // grouped: the scale/min layout (QuantScaleType); else F16 [n]
   float* partial;         // [gridDim.z, m, n] when gridDim.z > 1
   uint32_t* counters;     // [gridDim.y * gridDim.x] zeroed words: the last split reduces
   bool y_f32;             // y holds floats instead of T
@@ -275,9 +320,9 @@ __device__ __forceinline__ void StoreY(void* y, bool y_f32, int64_t at, float va
   }
 }
 
-template <typename T, bool kInt4, int kGroup, int kConfig>
+template <typename T, bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
 struct Block {
-  using S = Shape<kInt4, kGroup, kConfig>;
+  using S = Shape<kInt4, kGroup, kScales, kConfig>;
   using Acc = float[S::kFragsN][S::kTilesM][4];
 
   // Issues the cp.async copies of block step `step` into stage `stage`.
@@ -320,13 +365,17 @@ struct Block {
       const int group0 = step * S::kStepK / kGroup;
       const uint8_t* scales = static_cast<const uint8_t*>(args.scales);
       uint8_t* scale_stage = stage + S::kWeightBytes + S::kActBytes;
-      constexpr int kUnitsPerTile = S::kScaleGroups * 4;  // 64 bytes per group
+      constexpr int kUnitsPerGroup = S::kScaleGroupBytes / 16;
+      constexpr int kUnitsPerTile = S::kScaleGroups * kUnitsPerGroup;
 #pragma unroll
       for (int i = threadIdx.x; i < S::kRowTiles * kUnitsPerTile; i += S::kThreads) {
         const int tile = i / kUnitsPerTile, within = i % kUnitsPerTile;
-        const bool valid = row_tile0 + tile < num_row_tiles && group0 + within / 4 < num_groups;
+        const bool valid =
+            row_tile0 + tile < num_row_tiles && group0 + within / kUnitsPerGroup < num_groups;
         const uint8_t* source =
-            valid ? scales + (static_cast<int64_t>(row_tile0 + tile) * num_groups + group0) * 64 +
+            valid ? scales +
+                        (static_cast<int64_t>(row_tile0 + tile) * num_groups + group0) *
+                            S::kScaleGroupBytes +
                         within * 16
                   : scales;
         CpAsync16(scale_stage + i * 16, source, valid);
@@ -395,15 +444,36 @@ struct Block {
       uint32_t a[S::kFragsN][2][4];
 #pragma unroll
       for (int f = 0; f < S::kFragsN; ++f) {
-        if constexpr (kInt4) {
-          const int local_group = (k_sub + 32 * half) / kGroup - step * S::kStepK / kGroup;
+        // This lane's group (its 8 input features of the half lie in one) and its rows'
+        // scales (and mins) for it in the stage.
+        [[maybe_unused]] const uint8_t* group_scales = nullptr;
+        if constexpr (S::kGrouped) {
+          const int local_group =
+              (k_sub + 32 * half + 8 * t) / kGroup - step * S::kStepK / kGroup;
           const int tile = wn * S::kFragsN + f;
-          const uint2 scale_min =
-              *reinterpret_cast<const uint2*>(stage + S::kWeightBytes + S::kActBytes +
-                                              ((tile * S::kScaleGroups + local_group) * 8 + g) * 8);
+          group_scales = stage + S::kWeightBytes + S::kActBytes +
+                         (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
+                         g * (S::kScaleGroupBytes / 8);
+        }
+        if constexpr (kInt4) {
+          const uint2 scale_min = *reinterpret_cast<const uint2*>(group_scales);
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             DequantInt4<T>(words[f][2 * half + j], scale_min.x, scale_min.y, a[f][j]);
+          }
+        } else if constexpr (kScales != QuantScaleType::kF16) {
+          // F32 scales (and mins): q * scale + min in F32, rounded once.
+          float4 sm;
+          if constexpr (kScales == QuantScaleType::kF32WithMin) {
+            sm = *reinterpret_cast<const float4*>(group_scales);
+          } else {
+            const float2 s = *reinterpret_cast<const float2*>(group_scales);
+            sm = make_float4(s.x, s.y, -0.0f, -0.0f);  // q * scale + -0 is q * scale exactly
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            ConvertInt8Scaled<T>(words[f][4 * half + 2 * j], words[f][4 * half + 2 * j + 1], sm,
+                                 a[f][j]);
           }
         } else {
 #pragma unroll
@@ -411,12 +481,8 @@ struct Block {
             ConvertInt8<T>(words[f][4 * half + 2 * j], words[f][4 * half + 2 * j + 1], a[f][j]);
           }
           if constexpr (S::kGrouped) {
-            // The half's 32 columns lie in one group: its rows' scales, before the MMA.
-            const int local_group = (k_sub + 32 * half) / kGroup - step * S::kStepK / kGroup;
-            const int tile = wn * S::kFragsN + f;
-            const uint2 scale_min = *reinterpret_cast<const uint2*>(
-                stage + S::kWeightBytes + S::kActBytes +
-                ((tile * S::kScaleGroups + local_group) * 8 + g) * 8);
+            // F16 group scales multiply the values before the MMA.
+            const uint2 scale_min = *reinterpret_cast<const uint2*>(group_scales);
 #pragma unroll
             for (int j = 0; j < 2; ++j) ScaleRows<T>(scale_min.x, a[f][j]);
           }
@@ -439,11 +505,11 @@ struct Block {
   }
 };
 
-template <typename T, bool kInt4, int kGroup, int kConfig>
-__global__ void __launch_bounds__(Shape<kInt4, kGroup, kConfig>::kThreads)
+template <typename T, bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
+__global__ void __launch_bounds__(Shape<kInt4, kGroup, kScales, kConfig>::kThreads)
     QuantGemmKernel(const Args args) {
-  using S = Shape<kInt4, kGroup, kConfig>;
-  using B = Block<T, kInt4, kGroup, kConfig>;
+  using S = Shape<kInt4, kGroup, kScales, kConfig>;
+  using B = Block<T, kInt4, kGroup, kScales, kConfig>;
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -584,5 +650,65 @@ __global__ void SplitKReduceKernel(const float* __restrict__ partial, const void
     StoreY<T>(y, y_f32, i, sum);
   }
 }
+
+template <typename T, bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
+absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t stream) {
+  using S = Shape<kInt4, kGroup, kScales, kConfig>;
+  constexpr auto kernel = QuantGemmKernel<T, kInt4, kGroup, kScales, kConfig>;
+  if constexpr (S::kSmemBytes > 48 * 1024) {
+    LOOM_RETURN_IF_ERROR(OptInSharedMemory<kernel>(
+        S::kSmemBytes, absl::StrFormat("QuantGemm (%s)", S::kC.name).c_str()));
+  }
+  Args args{};
+  args.x = p.x;
+  args.y = p.y;
+  args.bias = p.bias;
+  args.bias_f32 = p.bias_f32;
+  args.weight = static_cast<const uint8_t*>(p.weight);
+  args.scales = p.scales;
+  args.partial = splits > 1 ? static_cast<float*>(p.workspace) : nullptr;
+  args.counters = splits > 1 ? p.counters : nullptr;
+  args.y_f32 = p.f32_out;
+  args.m = static_cast<int>(p.m);
+  args.n = static_cast<int>(p.n);
+  args.k = static_cast<int>(p.k);
+  args.num_steps = static_cast<int>((p.k + S::kStepK - 1) / S::kStepK);
+  args.steps_per_split = (args.num_steps + splits - 1) / splits;
+  const int row_tiles = args.n / 16;
+  const dim3 grid((row_tiles + S::kRowTiles - 1) / S::kRowTiles,
+                  (args.m + S::kBlockM - 1) / S::kBlockM, splits);
+  kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(args);
+  LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm"));
+  if (splits > 1 && args.counters == nullptr) {
+    const int64_t count = p.m * p.n;
+    SplitKReduceKernel<T><<<GridFor(count, 256), 256, 0, stream>>>(
+        args.partial, p.bias, p.bias_f32, p.y, p.f32_out, splits, count, args.n);
+    LOOM_RETURN_IF_ERROR(CheckLaunch("QuantGemm split-K reduce"));
+  }
+  return absl::OkStatus();
+}
+
+// The config half of the runtime -> compile-time dispatch (quantized_gemm.cu picks dtype,
+// format, group size and scale type; the lists are the ones CheckQuantGemmParams enforces).
+template <typename T, bool kInt4, int kGroup, QuantScaleType kScales>
+absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
+  static_assert(kNumQuantGemmConfigs == 4);
+  switch (config) {
+    case 0:
+      return RunQuantGemm<T, kInt4, kGroup, kScales, 0>(p, splits, stream);
+    case 1:
+      return RunQuantGemm<T, kInt4, kGroup, kScales, 1>(p, splits, stream);
+    case 2:
+      return RunQuantGemm<T, kInt4, kGroup, kScales, 2>(p, splits, stream);
+    default:
+      return RunQuantGemm<T, kInt4, kGroup, kScales, 3>(p, splits, stream);
+  }
+}
+
+/// The members with F32 group scales (K-quants as Loom holds them: INT8 in groups of 16 or
+/// 32, with or without mins), compiled in quantized_gemm_f32_scales.cu beside the rest.
+template <typename T>
+absl::Status DispatchF32Scales(const QuantGemmParams& p, int config, int splits,
+                               cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda::internal::qgemm

@@ -16,8 +16,10 @@ namespace loom::kernels::cuda {
 // BF16, F32 accumulation on tensor cores (mma.sync m16n8k16).
 //
 //  * W4A16: INT4 weights, group-wise: value = q * scale + min, q in [0, 15], one F16
-//    (scale, min) per (row, group of 32 / 64 / 128 columns), the CPU backend's kInt4.
-//  * W8A16: INT8 weights per output channel: value = q * scale[row], q in [-128, 127].
+//    (scale, min) per (row, group of 16 / 32 / 64 / 128 columns), the CPU backend's kInt4.
+//  * W8A16: INT8 weights, q in [-128, 127], per output channel (value = q * scale[row]) or
+//    group-wise: F16 scales per 32 / 64 / 128 columns (GGUF Q8_0), or F32 scales, with or
+//    without mins (value = q * scale + min), per 16 or 32 columns (the K-quants).
 //  * W8A8 FP8 (E4M3) through cuBLASLt on devices of compute capability >= 8.9, with the
 //    activation quantizer (LaunchQuantizeFp8).
 //
@@ -26,6 +28,13 @@ namespace loom::kernels::cuda {
 
 /// Weight format of LaunchQuantGemm.
 enum class QuantWeightFormat { kInt4, kInt8 };
+
+/// How a group-wise weight's scales are held (QuantGemmParams::scales).
+enum class QuantScaleType {
+  kF16,         // F16 scale and min: PackInt4ForGpu's scale_min, PackInt8GroupScalesForGpu's
+  kF32,         // F32 scales, no mins: PackInt8GroupScalesF32ForGpu's without mins (INT8)
+  kF32WithMin,  // F32 scales and mins: PackInt8GroupScalesF32ForGpu's with mins (INT8)
+};
 
 /// "INT4" or "INT8", for messages.
 std::string_view QuantWeightFormatName(QuantWeightFormat format);
@@ -47,8 +56,8 @@ struct Int4GpuWeight {
 
 /// Repacks INT4 weights from the natural layout: `q` [n, k / 2] bytes, element (r, c) in byte r * k
 /// / 2 + c / 2, the low nibble for even c; `scales`, `mins` F16 [n, k / group]. InvalidArgument
-/// unless n % 16 == 0, k % 64 == 0 and group is 32, 64 or 128 dividing k. Pure host function;
-/// thread-safe.
+/// unless n % 16 == 0, k % 64 == 0 and group is 16, 32, 64 or 128 dividing k. Pure host
+/// function; thread-safe.
 absl::StatusOr<Int4GpuWeight> PackInt4ForGpu(const uint8_t* q, const uint16_t* scales,
                                              const uint16_t* mins, int64_t n, int64_t k,
                                              int64_t group_size);
@@ -78,6 +87,16 @@ absl::StatusOr<std::vector<int8_t>> UnpackInt8FromGpu(const std::vector<uint8_t>
 absl::StatusOr<std::vector<uint16_t>> PackInt8GroupScalesForGpu(const uint16_t* scales, int64_t n,
                                                                 int64_t k, int64_t group_size);
 
+/// Group-wise INT8 with F32 scales and optional F32 mins (GGUF K-quants as Loom holds them:
+/// value = q * scale + min), `scales` and `mins` [n, k / group_size], `mins` null for none:
+/// F32 [n / 16][k / group][8][2] (scale of row g, scale of row g + 8) per lane group g
+/// (QuantScaleType::kF32), or with mins [8][4] (scale g, scale g + 8, min g, min g + 8)
+/// (kF32WithMin). InvalidArgument unless n % 16 == 0, k % 64 == 0 and group_size is 16 or
+/// 32. Pure host function.
+absl::StatusOr<std::vector<float>> PackInt8GroupScalesF32ForGpu(const float* scales,
+                                                                const float* mins, int64_t n,
+                                                                int64_t k, int64_t group_size);
+
 /// One quantized GEMM. Activations are dequantization-free: INT4 weights are dequantized in
 /// registers to the activation type with one rounding (a fused q * scale + min); INT8 values
 /// are exact in F16/BF16 and a per-channel row scale multiplies the F32 sum, while group-wise
@@ -91,13 +110,16 @@ struct QuantGemmParams {
   QuantWeightFormat format = QuantWeightFormat::kInt4;
   const void* weight = nullptr;  // Int4GpuWeight::q or PackInt8ForGpu's bytes, 16-byte aligned
   // kInt4: Int4GpuWeight::scale_min (16-byte aligned); kInt8: F16 [n] per-row scales, or with
-  // group_size 32/64/128 PackInt8GroupScalesForGpu's (16-byte aligned).
+  // group_size 32/64/128 PackInt8GroupScalesForGpu's, or with F32 scale types
+  // PackInt8GroupScalesF32ForGpu's (16-byte aligned).
   const void* scales = nullptr;
+  QuantScaleType scale_type = QuantScaleType::kF16;  // F32 types: INT8 in groups of 16 or 32
   int64_t m = 0;              // tokens, in [0, kQuantGemmMaxM]; 0 is a no-op
   int64_t n = 0;              // output features, a positive multiple of 16
   int64_t k = 0;              // input features, a positive multiple of 64 (and of group_size)
-  int64_t group_size = 0;     // kInt4: 32, 64 or 128; kInt8: 0 or k (per output channel), or
-                              // 32, 64, 128 (scales per group, applied before the MMA)
+  int64_t group_size = 0;     // kInt4: 16, 32, 64 or 128; kInt8: 0 or k (per output
+                              // channel), or 32, 64, 128 (F16 scales per group, applied before
+                              // the MMA), or 16, 32 with F32 scales
   int num_splits = 0;         // 0: ChooseQuantGemmSplits; else in [1, kQuantGemmMaxSplits]
   void* workspace = nullptr;  // device scratch of >= QuantGemmWorkspaceBytes(*this) bytes
   size_t workspace_bytes = 0;
@@ -133,8 +155,8 @@ int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms);
 /// multiprocessors. 0 when no split is possible.
 size_t QuantGemmWorkspaceBytes(const QuantGemmParams& params);
 
-/// Whether the weight's scales are group-wise (INT4; INT8 with group_size 32/64/128 below k)
-/// rather than one per output channel (INT8 with group_size 0 or k).
+/// Whether the weight's scales are group-wise (INT4; INT8 with F32 scales or group_size below
+/// k) rather than one per output channel (INT8 with F16 scales and group_size 0 or k).
 bool QuantGemmGrouped(const QuantGemmParams& params);
 
 /// Counter words (QuantGemmParams::counters) a split launch with these params uses: one per

@@ -40,7 +40,8 @@ inline constexpr QuantGemmConfig kQuantGemmConfigs[] = {
 };
 inline constexpr int kNumQuantGemmConfigs = 4;
 
-/// Pipeline stages (cp.async ring) of every config.
+/// Pipeline stages (cp.async ring) of every config: one fewer for a member whose four would
+/// not fit sm_86's shared memory (qgemm::Shape::kStages).
 inline constexpr int kQuantGemmStages = 4;
 /// Split-K never makes a split shorter than this many pipeline steps.
 inline constexpr int kQuantGemmMinStepsPerSplit = 4;

@@ -148,6 +148,7 @@ Reference ReferenceGemm(const std::vector<float>& x, const std::vector<double>& 
 TEST(QuantGemmPackTest, Int4UnpackOfPackIsIdentity) {
   for (const auto& [n, k, group] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {16, 64, 32},
+           {32, 128, 16},  // GGUF Q3_K / Q2_K groups
            {96, 256, 64},
            {48, 384, 128},
            {32, 128, 32},
@@ -300,6 +301,64 @@ TEST(QuantGemmPackTest, Int8GroupScalesFollowTheInt4ScaleLayout) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// F32 group scales (K-quants): (scale g, scale g + 8) per lane group g, per (tile, group), or
+// with mins (scale g, scale g + 8, min g, min g + 8): with mins, element for element where
+// INT4's F16 scale/min layout (PackInt4ForGpu) puts the same values.
+TEST(QuantGemmPackTest, Int8F32GroupScalesSitInTheirLaneSlots) {
+  constexpr int64_t n = 32, k = 128;
+  for (const int64_t group : {16, 32}) {
+    SCOPED_TRACE(group);
+    const int64_t groups = k / group, count = n * groups;
+    std::vector<float> scales(count), mins(count);
+    std::vector<uint16_t> scales16(count), mins16(count);
+    for (int64_t i = 0; i < count; ++i) {
+      scales[i] = 0.25f + static_cast<float>(i);  // exact in F16 too
+      mins[i] = -1.0f - static_cast<float>(i);
+      scales16[i] = ToF16Bits(scales[i]);
+      mins16[i] = ToF16Bits(mins[i]);
+    }
+    const std::vector<uint8_t> q(n * k / 2, 0);
+    absl::StatusOr<Int4GpuWeight> int4 =
+        PackInt4ForGpu(q.data(), scales16.data(), mins16.data(), n, k, group);
+    ASSERT_TRUE(int4.ok()) << int4.status();
+    absl::StatusOr<std::vector<float>> plain =
+        PackInt8GroupScalesF32ForGpu(scales.data(), nullptr, n, k, group);
+    absl::StatusOr<std::vector<float>> with_mins =
+        PackInt8GroupScalesF32ForGpu(scales.data(), mins.data(), n, k, group);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_TRUE(with_mins.ok()) << with_mins.status();
+    ASSERT_EQ(plain->size(), static_cast<size_t>(count));
+    ASSERT_EQ(with_mins->size(), static_cast<size_t>(2 * count));
+    for (int64_t row = 0; row < n; ++row) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t lane_group = ((row / 16) * groups + g) * 8 + row % 8, hi = row % 16 / 8;
+        EXPECT_EQ((*plain)[lane_group * 2 + hi], scales[row * groups + g]) << row << " " << g;
+        EXPECT_EQ((*with_mins)[lane_group * 4 + hi], scales[row * groups + g]);
+        EXPECT_EQ((*with_mins)[lane_group * 4 + 2 + hi], mins[row * groups + g]);
+      }
+    }
+    ASSERT_EQ(with_mins->size(), int4->scale_min.size());
+    for (size_t i = 0; i < with_mins->size(); ++i) {
+      ASSERT_EQ((*with_mins)[i], F16BitsToFloat(int4->scale_min[i])) << i;
+    }
+  }
+  const float one = 1.0f;
+  EXPECT_NE(PackInt8GroupScalesF32ForGpu(&one, nullptr, 16, 128, 64)
+                .status()
+                .message()
+                .find("group_size 64 unsupported (16, 32)"),
+            std::string::npos);
+  EXPECT_EQ(PackInt8GroupScalesF32ForGpu(nullptr, nullptr, 16, 64, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PackInt8GroupScalesF32ForGpu(&one, nullptr, 10, 64, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // F16 group scales have no groups of 16: K-quants are the only source of those.
+  EXPECT_EQ(PackInt8GroupScalesForGpu(reinterpret_cast<const uint16_t*>(&one), 16, 64, 16)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(QuantGemmPackTest, PackRejectsUnsupportedShapes) {
   const std::vector<uint8_t> q(64 * 256);
   const std::vector<uint16_t> s(64 * 256);
@@ -309,10 +368,10 @@ TEST(QuantGemmPackTest, PackRejectsUnsupportedShapes) {
   EXPECT_NE(
       PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 96, 32).status().message().find("k 96"),
       std::string::npos);
-  EXPECT_NE(PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 256, 16)
+  EXPECT_NE(PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 256, 8)
                 .status()
                 .message()
-                .find("group_size 16"),
+                .find("group_size 8"),
             std::string::npos);
   EXPECT_NE(PackInt4ForGpu(q.data(), s.data(), s.data(), 32, 192, 128)
                 .status()
@@ -397,6 +456,28 @@ TEST(CudaQuantGemmTest, RejectsUnsupportedShapesBeforeLaunch) {
   EXPECT_TRUE(QuantGemmGrouped(p));
   p.group_size = p.k;  // one group per row is the per-channel form
   EXPECT_FALSE(QuantGemmGrouped(p));
+  // F32 group scales (K-quants): INT8 in groups of 16 or 32, always group-wise.
+  for (const QuantScaleType type : {QuantScaleType::kF32, QuantScaleType::kF32WithMin}) {
+    p = ValidParams(storage);
+    p.format = QuantWeightFormat::kInt8;
+    p.scale_type = type;
+    p.group_size = 16;
+    EXPECT_TRUE(CheckQuantGemmParams(p).ok()) << CheckQuantGemmParams(p);
+    EXPECT_TRUE(QuantGemmGrouped(p));
+    p.group_size = 64;
+    expect_invalid(p, "INT8 group_size 64 unsupported with F32 scales");
+    p.group_size = 0;
+    expect_invalid(p, "INT8 group_size 0 unsupported with F32 scales");
+    p = ValidParams(storage);  // INT4
+    p.scale_type = type;
+    expect_invalid(p, "INT4 takes F16 scales");
+  }
+  p = ValidParams(storage);
+  p.scale_type = static_cast<QuantScaleType>(7);
+  expect_invalid(p, "scale_type 7");
+  p = ValidParams(storage);
+  p.group_size = 16;  // INT4 groups of 16 (Q3_K, Q2_K)
+  EXPECT_TRUE(CheckQuantGemmParams(p).ok()) << CheckQuantGemmParams(p);
   p = ValidParams(storage);
   p.num_splits = kQuantGemmMaxSplits + 1;
   expect_invalid(p, "num_splits 17");
@@ -528,12 +609,14 @@ struct GemmCase {
   bool in_kernel_reduction = false;
   // Also launch with f32_out: the F32 y rounds to the act_dtype y bit for bit.
   bool f32_out_too = false;
+  // Group-wise INT8: F16 scales (Q8_0's form) or F32 scales, with or without mins (K-quants).
+  QuantScaleType scales = QuantScaleType::kF16;
 };
 
 std::string Describe(const GemmCase& c) {
-  return absl::StrFormat("%s %s m=%d n=%d k=%d group=%d bias=%d splits=%d",
+  return absl::StrFormat("%s %s m=%d n=%d k=%d group=%d bias=%d splits=%d scales=%d",
                          QuantWeightFormatName(c.format), DataTypeName(c.dtype), c.m, c.n, c.k,
-                         c.group, c.bias, c.num_splits);
+                         c.group, c.bias, c.num_splits, static_cast<int>(c.scales));
 }
 
 // One launch against the float64 reference over the same quantized values; the output is
@@ -573,6 +656,36 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
     ASSERT_TRUE(packed.ok()) << packed.status();
     LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(*packed));
     LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(scales));
+  } else if (c.scales != QuantScaleType::kF16) {
+    // K-quants as Loom holds them: value = q * scale + min with F32 scales (and mins) of
+    // its (row, group), over a wide range so that a scale applied to the wrong group, row or
+    // lane shows; the kernel's value is the F32 fma rounded once to T.
+    std::mt19937 rng(seed + 2);
+    std::uniform_int_distribution<int> value(-127, 127);
+    std::uniform_real_distribution<float> exponent(-12.0f, -4.0f), min(-0.3f, 0.3f);
+    std::vector<int8_t> q(c.n * c.k);
+    for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
+    const int64_t groups = c.k / c.group;
+    const bool with_mins = c.scales == QuantScaleType::kF32WithMin;
+    std::vector<float> scales(c.n * groups), mins(with_mins ? c.n * groups : 0);
+    for (float& s : scales) s = std::exp2(exponent(rng)) * (1.0f + 0x1p-20f);  // not F16
+    for (float& m : mins) m = min(rng);
+    w.resize(c.n * c.k);
+    for (int64_t r = 0; r < c.n; ++r) {
+      for (int64_t col = 0; col < c.k; ++col) {
+        const int64_t g = r * groups + col / c.group;
+        const float exact =
+            std::fma(static_cast<float>(q[r * c.k + col]), scales[g], with_mins ? mins[g] : -0.0f);
+        w[r * c.k + col] = RoundToType(exact, c.dtype);
+      }
+    }
+    absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), c.n, c.k);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    absl::StatusOr<std::vector<float>> packed_scales = PackInt8GroupScalesF32ForGpu(
+        scales.data(), with_mins ? mins.data() : nullptr, c.n, c.k, c.group);
+    ASSERT_TRUE(packed_scales.ok()) << packed_scales.status();
+    LOOM_ASSERT_OK_AND_ASSIGN(d_weight, testing_util::UploadRaw(*packed));
+    LOOM_ASSERT_OK_AND_ASSIGN(d_scales, testing_util::UploadRaw(*packed_scales));
   } else {
     // Group-wise INT8 (GGUF Q8_0's form): value = q * scale of its (row, group), scales over
     // a wide range so that a scale applied to the wrong group or row shows.
@@ -617,6 +730,7 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   p.format = c.format;
   p.weight = d_weight.data();
   p.scales = d_scales.data();
+  p.scale_type = c.scales;
   p.m = c.m;
   p.n = c.n;
   p.k = c.k;
@@ -732,7 +846,7 @@ TEST(CudaQuantGemmTest, Int4MatchesReferenceOverShapeSweep) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 100;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
-    for (int64_t group : {32, 64, 128}) {
+    for (int64_t group : {16, 32, 64, 128}) {  // 16: GGUF Q3_K, Q2_K
       for (int64_t m : {1, 3, 16, 64, 256}) {
         // n = 96: partial row tiles in every config; k = 256: fewer steps than stages.
         for (const auto& [n, k] :
@@ -786,6 +900,112 @@ TEST(CudaQuantGemmTest, GroupWiseInt8MatchesReferenceInEveryConfig) {
       split.in_kernel_reduction = true;
       split.f32_out_too = true;
       RunGemmCase(split, seed++);
+    }
+  }
+}
+
+// GGUF K-quants on the W8A16 path (Q6_K: INT8 g16 F32 scales; Q5_K and Q4_K_M's fused
+// projections: with F32 mins; groups of 32 too): in every config, a half-empty last step,
+// forced splits with the in-kernel reduction, and the F32 output.
+TEST(CudaQuantGemmTest, F32ScaledInt8MatchesReferenceInEveryConfig) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 1700;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (QuantScaleType scales : {QuantScaleType::kF32, QuantScaleType::kF32WithMin}) {
+      for (int64_t group : {16, 32}) {
+        for (int64_t m : {1, 13, 37, 130}) {
+          GemmCase c{QuantWeightFormat::kInt8, dtype, m, 160, 512, group, m % 2 == 1};
+          c.scales = scales;
+          RunGemmCase(c, seed++);
+          if (HasFatalFailure()) return;
+        }
+        for (int64_t m : {1, 13}) {  // k = 192: the gemv configs' last 128-column step half empty
+          GemmCase c{QuantWeightFormat::kInt8, dtype, m, 96, 192, group, true};
+          c.scales = scales;
+          RunGemmCase(c, seed++);
+          if (HasFatalFailure()) return;
+        }
+        GemmCase split{QuantWeightFormat::kInt8, dtype, 1, 1024, 4096, group, true, 4};
+        split.scales = scales;
+        split.in_kernel_reduction = true;
+        split.f32_out_too = true;
+        RunGemmCase(split, seed++);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The F32-scaled weights bit for bit: token i's input is one-hot at column c_i, so its F32
+// output row is exactly the weights of column c_i as the kernel dequantized them, which must
+// be fma(q, scale, min) in F32 rounded once to T (an F16-rounded scale would differ). m = 8
+// (a gemv config) and m = 128 (tile_m128: every column once).
+TEST(CudaQuantGemmTest, F32ScaledInt8WeightsReadBackBitForBit) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  constexpr int64_t n = 32, k = 128;
+  uint32_t seed = 1900;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (QuantScaleType type : {QuantScaleType::kF32, QuantScaleType::kF32WithMin}) {
+      for (int64_t group : {16, 32}) {
+        for (int64_t m : {8, 128}) {
+          SCOPED_TRACE(absl::StrFormat("%s scales=%d group=%d m=%d", DataTypeName(dtype),
+                                       static_cast<int>(type), group, m));
+          std::mt19937 rng(seed++);
+          std::uniform_int_distribution<int> value(-128, 127);
+          std::uniform_real_distribution<float> exponent(-12.0f, 2.0f), min(-4.0f, 4.0f);
+          const bool with_mins = type == QuantScaleType::kF32WithMin;
+          const int64_t groups = k / group;
+          std::vector<int8_t> q(n * k);
+          for (int8_t& v : q) v = static_cast<int8_t>(value(rng));
+          std::vector<float> scales(n * groups), mins(with_mins ? n * groups : 0);
+          for (float& s : scales) s = std::exp2(exponent(rng)) * (1.0f + 0x1p-20f);
+          for (float& v : mins) v = min(rng);
+          std::vector<float> x(m * k, 0.0f);
+          std::vector<int64_t> column(m);
+          for (int64_t i = 0; i < m; ++i) {
+            column[i] = (i * 7) % k;  // m = 128: a permutation of the columns
+            x[i * k + column[i]] = 1.0f;
+          }
+          absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), n, k);
+          absl::StatusOr<std::vector<float>> packed_scales = PackInt8GroupScalesF32ForGpu(
+              scales.data(), with_mins ? mins.data() : nullptr, n, k, group);
+          ASSERT_TRUE(packed.ok() && packed_scales.ok());
+          LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_weight, testing_util::UploadRaw(*packed));
+          LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_scales, testing_util::UploadRaw(*packed_scales));
+          LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(dtype, x));
+          LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_y,
+                                    testing_util::Poisoned(DataType::kF32, m * n));
+          QuantGemmParams p;
+          p.x = d_x.data();
+          p.y = d_y.data();
+          p.f32_out = true;
+          p.act_dtype = dtype;
+          p.format = QuantWeightFormat::kInt8;
+          p.weight = d_weight.data();
+          p.scales = d_scales.data();
+          p.scale_type = type;
+          p.m = m;
+          p.n = n;
+          p.k = k;
+          p.group_size = group;
+          p.num_splits = 1;  // one product per output: no split partials to add
+          const absl::Status launched = LaunchQuantGemm(p, nullptr);
+          ASSERT_TRUE(launched.ok()) << launched;
+          ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+          LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> y,
+                                    testing_util::Download(d_y, DataType::kF32, m * n));
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t r = 0; r < n; ++r) {
+              const int64_t c = column[i], g = r * groups + c / group;
+              const float exact = std::fma(static_cast<float>(q[r * k + c]), scales[g],
+                                           with_mins ? mins[g] : -0.0f);
+              const float want = static_cast<float>(RoundToType(exact, dtype));
+              ASSERT_EQ(y[i * n + r], want) << "token " << i << " row " << r << " column " << c
+                                            << ": q " << int{q[r * k + c]};
+            }
+          }
+        }
+      }
     }
   }
 }

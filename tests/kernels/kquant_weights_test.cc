@@ -126,9 +126,9 @@ TEST(KQuantWeightsTest, ConcatRowsWidensMixedIntegerPartsWithoutLoss) {
   EXPECT_EQ(ConcatRows({&pq, &*f16}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The CUDA repack reads F16 scales: F32 ones round there; an INT8 weight with mins (Q5_K)
-// has no such form and is refused.
-TEST(KQuantWeightsTest, UnpackQuantizedRoundsScalesAndRefusesInt8Mins) {
+// The CUDA repack: INT4 keeps F16 scales (F32 ones round there); INT8 keeps F32 scales, and
+// mins only where a group has one (Q5_K, not Q6_K), the values exactly.
+TEST(KQuantWeightsTest, UnpackQuantizedRoundsInt4ScalesAndKeepsInt8Ones) {
   const std::vector<uint8_t> q4 = RandomKQuantBlocks(GgmlType::kQ4_K, 16 * 256, 7);
   const PackedWeight packed = PackOrDie(GgmlType::kQ4_K, q4, 16, 256);
   absl::StatusOr<NaturalQuantizedWeight> natural = UnpackQuantized(packed);
@@ -143,9 +143,23 @@ TEST(KQuantWeightsTest, UnpackQuantizedRoundsScalesAndRefusesInt8Mins) {
                 std::ldexp(std::fabs(natural->q[i] * scale) + std::fabs(min), -11) + 1e-12)
         << i;
   }
-  const std::vector<uint8_t> q5 = RandomKQuantBlocks(GgmlType::kQ5_K, 16 * 256, 8);
-  EXPECT_EQ(UnpackQuantized(PackOrDie(GgmlType::kQ5_K, q5, 16, 256)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (const GgmlType type : {GgmlType::kQ6_K, GgmlType::kQ5_K}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    const PackedWeight int8 = PackOrDie(type, RandomKQuantBlocks(type, 16 * 256, 8), 16, 256);
+    absl::StatusOr<NaturalQuantizedWeight> kept = UnpackQuantized(int8);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_TRUE(kept->scales.empty());
+    EXPECT_TRUE(kept->mins.empty());
+    EXPECT_EQ(kept->mins_f32.empty(), type == GgmlType::kQ6_K);
+    const std::vector<float> values = Unpack(int8);
+    const int64_t groups = 256 / int8.group_size;
+    ASSERT_EQ(kept->scales_f32.size(), static_cast<size_t>(16 * groups));
+    for (int64_t i = 0; i < 16 * 256; ++i) {
+      const int64_t g = i / int8.group_size;  // rows are 256 wide: row * groups + column group
+      const float min = kept->mins_f32.empty() ? -0.0f : kept->mins_f32[g];
+      ASSERT_EQ(static_cast<float>(kept->q[i]) * kept->scales_f32[g] + min, values[i]) << i;
+    }
+  }
   EXPECT_EQ(PackWeight(GgmlType::kQ4_K, q4.data(), 32, 128).status().code(),
             absl::StatusCode::kInvalidArgument);  // 128 columns: not whole super-blocks
 }

@@ -155,11 +155,6 @@ TEST(WeightsTest, ConcatRowsWidensInt5PartsWithoutLoss) {
   EXPECT_EQ(asymmetric->format, WeightFormat::kInt8);
   EXPECT_TRUE(asymmetric->f32_scaled());
   EXPECT_EQ(Unpack(*asymmetric), stacked({&a, &b, &c}));
-
-  // The CUDA repack has no INT5 form: refused by name (the CUDA device uploads it dense).
-  absl::StatusOr<NaturalQuantizedWeight> natural = UnpackQuantized(a);
-  EXPECT_EQ(natural.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(natural.status().message().find("INT5"), std::string::npos);
 }
 
 // A Q4_0 scale whose min (-8 * scale) overflows F16 refuses the tensor, naming the lowest
@@ -308,6 +303,41 @@ TEST(WeightsTest, UnpackQuantizedGivesTheValuesDequantizeRowsReads) {
   auto dense = PackFromF32(std::vector<float>(32, 1.0f).data(), 1, 32, WeightFormat::kF16, 0);
   ASSERT_TRUE(dense.ok());
   EXPECT_FALSE(UnpackQuantized(*dense).ok());
+}
+
+// INT5 in INT8's natural form for the CUDA W8A16 GEMM, without loss: Q5_0 (symmetric) as
+// q - 16 with its F16 scales (Q8_0's form), Q5_1 as q in 0..31 with F32 scales and mins;
+// one F32 q * scale + min gives exactly what gguf dequantizes.
+TEST(WeightsTest, UnpackQuantizedGivesInt5AsExactInt8) {
+  const int64_t rows = 37, cols = 128;
+  for (const GgmlType type : {GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    const std::vector<uint8_t> blocks = RandomGgufBlocks(type, rows * cols, 9);
+    absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    ASSERT_EQ(packed->format, WeightFormat::kInt5);
+    absl::StatusOr<NaturalQuantizedWeight> natural = UnpackQuantized(*packed);
+    ASSERT_TRUE(natural.ok()) << natural.status();
+    const bool symmetric = type == GgmlType::kQ5_0;
+    EXPECT_EQ(natural->scales.empty(), !symmetric);
+    EXPECT_EQ(natural->scales_f32.empty(), symmetric);
+    EXPECT_EQ(natural->mins_f32.empty(), symmetric);
+    EXPECT_TRUE(natural->mins.empty());
+    std::vector<float> expected(rows * cols);
+    ASSERT_TRUE(common::DequantizeToF32(type, blocks.data(), rows * cols, expected.data()).ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t g = r * (cols / 32) + c / 32;
+        const int q = natural->q[r * cols + c];
+        ASSERT_TRUE(symmetric ? q >= -16 && q <= 15 : q >= 0 && q <= 31) << q;
+        const float value =
+            symmetric
+                ? static_cast<float>(q) * internal::HalfToFloat(natural->scales[g])
+                : std::fma(static_cast<float>(q), natural->scales_f32[g], natural->mins_f32[g]);
+        ASSERT_EQ(value, expected[r * cols + c]) << r << ", " << c;
+      }
+    }
+  }
 }
 
 TEST(WeightsTest, RejectsUnsupportedTypesAndShapes) {

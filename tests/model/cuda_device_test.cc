@@ -4,11 +4,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/weights.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/types.h"
@@ -17,6 +21,7 @@
 #include "model/llama_graph.h"
 #include "model/model_weights.h"
 #include "tests/common/logit_tolerance.h"
+#include "tests/kernels/kquant_test_util.h"
 #include "tests/worker/tiny_model.h"
 
 // Each CudaDevice operation against CpuDevice's on the same random inputs (skipped where no
@@ -170,6 +175,90 @@ TEST(CudaDeviceTest, Int4LinearThroughTheQuantizedGemmMatchesCpu) {
 TEST(CudaDeviceTest, GroupWiseInt8LinearThroughTheW8A16GemmMatchesCpu) {
   SKIP_WITHOUT_GPU();
   for (int64_t m : {1, 5, 300}) LinearMatchesCpu(kernels::cpu::WeightFormat::kInt8, true, m);
+}
+
+// GGUF K-quants and the 5-bit formats stay quantized on the device and give the CPU's
+// products: Q6_K (INT8 g16, F32 scales) and Q5_K (INT8 g32, F32 mins) on the W8A16 GEMM with
+// F32 scales, a Q4_K_M fused projection (Q4_K rows beside Q6_K ones: INT8 g16 with mins) too,
+// Q5_0 (as INT8 q - 16, F16 scales) and Q5_1 (F32 scales and mins) as INT8, and Q3_K (INT4
+// g16) and Q4_K (INT4 g32) on the W4A16 GEMM with their scales rounded to F16.
+TEST(CudaDeviceTest, KQuantLinearsStayQuantizedAndMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  using common::GgmlType;
+  const int64_t n = 48, k = 512;
+  auto pack = [&](GgmlType type, int64_t rows, uint32_t seed) {
+    const std::vector<uint8_t> blocks =
+        kernels::cpu::testing_util::RandomKQuantBlocks(type, rows * k, seed);
+    absl::StatusOr<kernels::cpu::PackedWeight> packed =
+        kernels::cpu::PackWeight(type, blocks.data(), rows, k);
+    EXPECT_TRUE(packed.ok()) << packed.status();
+    return packed.ok() ? *packed : kernels::cpu::PackedWeight{};
+  };
+  // Q5_0 / Q5_1 blocks: F16 d (and m), then random fifth bits and nibbles.
+  auto pack_5bit = [&](GgmlType type, uint32_t seed) {
+    const int header = type == GgmlType::kQ5_1 ? 4 : 2, block_bytes = header + 20;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+    std::vector<uint8_t> blocks(n * k / 32 * block_bytes);
+    for (size_t b = 0; b < blocks.size(); b += block_bytes) {
+      for (int h = 0; h < header; h += 2) {
+        const uint16_t half = kernels::cpu::FloatToHalf(scale(rng));
+        std::memcpy(&blocks[b + h], &half, 2);
+      }
+      for (int i = header; i < block_bytes; ++i) blocks[b + i] = static_cast<uint8_t>(rng());
+    }
+    absl::StatusOr<kernels::cpu::PackedWeight> packed =
+        kernels::cpu::PackWeight(type, blocks.data(), n, k);
+    EXPECT_TRUE(packed.ok()) << packed.status();
+    return packed.ok() ? *packed : kernels::cpu::PackedWeight{};
+  };
+  std::vector<std::pair<std::string, kernels::cpu::PackedWeight>> weights;
+  weights.emplace_back("Q5_0", pack_5bit(GgmlType::kQ5_0, 34));
+  weights.emplace_back("Q5_1", pack_5bit(GgmlType::kQ5_1, 35));
+  for (const auto& [name, type] :
+       std::vector<std::pair<std::string, GgmlType>>{{"Q6_K", GgmlType::kQ6_K},
+                                                     {"Q5_K", GgmlType::kQ5_K},
+                                                     {"Q3_K", GgmlType::kQ3_K},
+                                                     {"Q4_K", GgmlType::kQ4_K}}) {
+    weights.emplace_back(name, pack(type, n, 31));
+  }
+  const kernels::cpu::PackedWeight q = pack(GgmlType::kQ4_K, 32, 32),
+                                   v = pack(GgmlType::kQ6_K, 16, 33);
+  absl::StatusOr<kernels::cpu::PackedWeight> fused = kernels::cpu::ConcatRows({&q, &v});
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_EQ(fused->format, kernels::cpu::WeightFormat::kInt8);
+  ASSERT_EQ(fused->group_size, 16);
+  weights.emplace_back("Q4_K + Q6_K", *fused);
+  for (const auto& [name, weight] : weights) {
+    SCOPED_TRACE(name);
+    std::vector<float> dense(weight.rows * k);
+    kernels::cpu::DequantizeRows(weight, 0, weight.rows, dense.data());
+    for (int64_t m : {1, 5, 300}) {
+      Pair pair = MakePair(/*keep_quantized=*/true);
+      const std::vector<float> x = Random(m * k, 5), bias = Random(weight.rows, 6);
+      std::vector<float> out[2];
+      for (int i = 0; i < 2; ++i) out[i] = UploadAndRunLinear(*pair.side(i), weight, &bias, x, m);
+      EXPECT_EQ(static_cast<CudaDevice&>(*pair.gpu.device).quantized_linears(), 1);
+      ASSERT_EQ(out[1].size(), out[0].size());
+      // The device rounds x and each weight to F16 (and INT4 scales and mins to F16 first):
+      // a few 2^-11 of each product's magnitude; 2^-8 of the sum of |x w| bounds them all.
+      int bad = 0;
+      for (int64_t row = 0; row < m; ++row) {
+        for (int64_t col = 0; col < weight.rows; ++col) {
+          double magnitude = std::fabs(bias[col]);
+          for (int64_t c = 0; c < k; ++c) {
+            magnitude += std::fabs(double{x[row * k + c]} * dense[col * k + c]);
+          }
+          const size_t i = static_cast<size_t>(row * weight.rows + col);
+          if (!(std::fabs(out[0][i] - out[1][i]) <= std::ldexp(magnitude, -8)) && ++bad <= 5) {
+            ADD_FAILURE() << "m " << m << " (" << row << ", " << col << "): cpu " << out[0][i]
+                          << " cuda " << out[1][i] << " (sum |x w| " << magnitude << ")";
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
 }
 
 // --quantization fp8: per-channel E4M3 weights and a per-tensor E4M3 input on the FP8
