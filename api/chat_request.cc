@@ -7,9 +7,10 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
-#include "common/grammar/grammar_spec.h"
-#include "common/status_macros.h"
 #include "api/openai_request.h"
+#include "common/grammar/grammar_spec.h"
+#include "common/json_depth.h"
+#include "common/status_macros.h"
 
 namespace loom::api {
 namespace {
@@ -27,6 +28,11 @@ absl::StatusOr<Json> ToolsBody(const loom::v1::GenerateRequest& request) {
       function["name"] = tool.name();
       if (!tool.description().empty()) function["description"] = tool.description();
       if (!tool.parameters().empty()) {
+        if (absl::Status depth =
+                common::CheckJsonNestingDepth(tool.parameters(), "a tool's parameters");
+            !depth.ok()) {
+          return InvalidOpenAiParam("tools", std::string(depth.message()));
+        }
         Json parameters = Json::parse(tool.parameters(), nullptr, /*allow_exceptions=*/false);
         if (parameters.is_discarded()) {
           return InvalidOpenAiParam(

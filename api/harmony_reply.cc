@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -94,6 +95,7 @@ std::string_view Settled(std::string_view body) {
 
 // A call body that is a JSON object, compacted as ParseToolCalls gives arguments.
 std::optional<std::string> ObjectArguments(std::string_view body) {
+  if (common::JsonNestingDepth(body) > common::kMaxJsonNestingDepth) return std::nullopt;
   const Json arguments = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!arguments.is_object()) return std::nullopt;
   return arguments.dump(-1, ' ', false, Json::error_handler_t::replace);

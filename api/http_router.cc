@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "absl/strings/str_format.h"
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -21,6 +22,15 @@ void HttpRouter::Dispatch(const HttpRequest& request,
         known ? Error(405, absl::StrFormat("%s is not allowed on %s", request.method, request.path))
               : Error(404, absl::StrFormat("no route for %s %s", request.method, request.path)));
     return;
+  }
+  // Every POST body here is JSON: one too deep for the code behind the handlers (nlohmann's
+  // copy and dump, the schema compiler) is refused before any of it runs.
+  if (request.method == "POST") {
+    if (absl::Status depth = common::CheckJsonNestingDepth(request.body, "the request body");
+        !depth.ok()) {
+      responder->Respond(Error(400, std::string(depth.message())));
+      return;
+    }
   }
   try {
     route->second(request, responder);

@@ -5,8 +5,9 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
-#include "common/grammar/grammar_spec.h"
 #include "api/openai_request.h"
+#include "common/grammar/grammar_spec.h"
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -23,6 +24,11 @@ struct Constraint {
 
 absl::Status Schema(const Json& value, const std::string& param, std::vector<Constraint>& out) {
   if (value.is_string()) {  // a schema sent as JSON text
+    if (absl::Status depth = common::CheckJsonNestingDepth(value.get_ref<const std::string&>(),
+                                                           absl::StrCat("'", param, "'"));
+        !depth.ok()) {
+      return InvalidOpenAiParam(param, std::string(depth.message()));
+    }
     Json parsed = Json::parse(value.get<std::string>(), nullptr, false);
     if (parsed.is_discarded())
       return InvalidOpenAiParam(param, absl::StrFormat("'%s' is not valid JSON", param));

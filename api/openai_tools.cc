@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
+#include "common/json_depth.h"
 
 namespace loom::api {
 namespace {
@@ -84,6 +85,7 @@ absl::Status CheckContent(const Json& message) {
 Json ArgumentsValue(const Json& arguments) {
   if (!arguments.is_string()) return arguments;
   const std::string& text = arguments.get_ref<const std::string&>();
+  if (common::JsonNestingDepth(text) > common::kMaxJsonNestingDepth) return arguments;
   Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   return parsed.is_discarded() ? arguments : parsed;
 }

@@ -6,6 +6,7 @@
 #include "api/harmony_reply.h"
 #include "api/pythonic_calls.h"
 #include "api/tool_call_text.h"
+#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -27,7 +28,10 @@ using markers::kParameterOpen;
 using markers::kPythonTag;
 constexpr std::string_view kMistralMarker = markers::kMistral;
 
+// Generated text nested deeper than Loom takes from anyone is no call (see json_depth.h).
 Json ParseJson(std::string_view text) {
+  if (common::JsonNestingDepth(text) > common::kMaxJsonNestingDepth)
+    return Json::value_t::discarded;
   return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 

@@ -215,11 +215,15 @@ class GbnfParser {
     }
     if (c == '(') {
       ++i_;
+      if (++depth_ > kMaxGrammarNesting) {
+        return Error(absl::StrCat("groups nested deeper than ", kMaxGrammarNesting));
+      }
       auto inner = Alternation(/*nested=*/true);
       if (!inner.ok()) return inner;
       SkipSpace(true);
       if (i_ >= t_.size() || t_[i_] != ')') return Error("missing ')'");
       ++i_;
+      --depth_;
       return inner;
     }
     if (IsNameChar(c)) return RuleRefExpr(Name());
@@ -273,6 +277,7 @@ class GbnfParser {
 
   std::string_view t_;
   size_t i_ = 0;
+  int depth_ = 0;  // groups open at i_
 };
 
 }  // namespace

@@ -149,22 +149,32 @@ GrammarExprPtr RepeatExpr(GrammarExprPtr body, int32_t min_count, int32_t max_co
   return Make(std::move(e));
 }
 
-void GrammarDefinition::SetRule(const std::string& name, GrammarExprPtr body) {
-  for (auto& [rule_name, rule_body] : rules) {
-    if (rule_name == name) {
-      rule_body = std::move(body);
-      return;
-    }
+const absl::flat_hash_map<std::string, size_t>& GrammarDefinition::Index() const {
+  bool stale = index_.size() != rules.size();
+  if (!stale && !rules.empty()) {
+    // A spot check of the newest rule: rules replaced wholesale by as many others are
+    // noticed too.
+    auto it = index_.find(rules.back().first);
+    stale = it == index_.end() || it->second != rules.size() - 1;
   }
-  rules.emplace_back(name, std::move(body));
+  if (stale) {
+    index_.clear();
+    for (size_t i = 0; i < rules.size(); ++i) index_.try_emplace(rules[i].first, i);
+  }
+  return index_;
 }
 
-bool GrammarDefinition::HasRule(const std::string& name) const {
-  for (const auto& rule : rules) {
-    if (rule.first == name) return true;
+void GrammarDefinition::SetRule(const std::string& name, GrammarExprPtr body) {
+  const auto& index = Index();
+  if (auto it = index.find(name); it != index.end()) {
+    rules[it->second].second = std::move(body);
+    return;
   }
-  return false;
+  rules.emplace_back(name, std::move(body));
+  index_.emplace(name, rules.size() - 1);
 }
+
+bool GrammarDefinition::HasRule(const std::string& name) const { return Index().contains(name); }
 
 // Lowers GrammarExpr rules into the flat element form.
 class GrammarLowering {
@@ -411,6 +421,9 @@ class GrammarLowering {
       }
     }
     std::vector<int8_t> state(n, 0);  // 0 unvisited, 1 on the path, 2 done
+    // Rules a matcher enters, one inside the other, before it matches a byte (each a
+    // recursion in GrammarAutomaton::Expand): the longest left chain from each rule.
+    std::vector<int32_t> chain(n, 1);
     for (size_t start = 0; start < n; ++start) {
       if (state[start] != 0) continue;
       std::vector<std::pair<int32_t, size_t>> stack = {{static_cast<int32_t>(start), 0}};
@@ -419,6 +432,12 @@ class GrammarLowering {
         auto& [rule, next] = stack.back();
         if (next == left[rule].size()) {
           state[rule] = 2;
+          for (const int32_t to : left[rule]) chain[rule] = std::max(chain[rule], chain[to] + 1);
+          if (chain[rule] > kMaxGrammarRuleChain) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "grammar rule '", names_[rule], "' enters more than ", kMaxGrammarRuleChain,
+                " rules, one inside the other, before it matches anything"));
+          }
           stack.pop_back();
           continue;
         }

@@ -17,9 +17,18 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 
 namespace loom::common {
+
+/// How deep a grammar may nest where the code that reads it recurses: groups inside groups
+/// in a regex or GBNF text (kMaxGrammarNesting), and rules a matcher enters one inside the
+/// other before it matches a byte (r0 ::= r1, r1 ::= r2, ...: kMaxGrammarRuleChain, above
+/// what the deepest groups and schemas lower to). A request nested far deeper overflowed a
+/// thread's stack; no real grammar comes near either.
+inline constexpr int kMaxGrammarNesting = 256;
+inline constexpr int kMaxGrammarRuleChain = 1024;
 
 struct GrammarExpr;
 using GrammarExprPtr = std::shared_ptr<const GrammarExpr>;
@@ -56,9 +65,15 @@ struct GrammarDefinition {
   std::vector<std::pair<std::string, GrammarExprPtr>> rules;  // names unique
   std::string root = "root";
 
-  /// Adds or replaces rule `name`.
+  /// Adds or replaces rule `name`. Constant time (a grammar of 100,000 rules once took
+  /// 17 s to parse through linear look-ups).
   void SetRule(const std::string& name, GrammarExprPtr body);
   bool HasRule(const std::string& name) const;
+
+ private:
+  // Position of each name in `rules`; rebuilt when `rules` was changed directly.
+  const absl::flat_hash_map<std::string, size_t>& Index() const;
+  mutable absl::flat_hash_map<std::string, size_t> index_;
 };
 
 /// One element of a lowered alternative.

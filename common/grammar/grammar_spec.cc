@@ -8,6 +8,8 @@
 #include "common/grammar/json_schema_grammar.h"
 #include "common/grammar/regex_grammar.h"
 #include "common/grammar/tool_call_grammar.h"
+#include "common/json_depth.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::common {
@@ -51,6 +53,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileGrammarSpec(const GrammarS
       definition = ToolCallGrammar(spec.text);
       break;
     case GrammarKind::kChoice: {
+      LOOM_RETURN_IF_ERROR(CheckJsonNestingDepth(spec.text, "the choice list"));
       nlohmann::json choices = nlohmann::json::parse(spec.text, nullptr, false);
       if (choices.is_discarded() || !choices.is_array() || choices.empty()) {
         return absl::InvalidArgumentError("choice list must be a non-empty JSON array of strings");

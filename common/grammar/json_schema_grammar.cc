@@ -17,6 +17,8 @@
 #include "common/grammar/json_schema_refs.h"
 #include "common/grammar/number_range_grammar.h"
 #include "common/grammar/regex_grammar.h"
+#include "common/json_depth.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::common {
@@ -771,6 +773,8 @@ class SchemaCompiler {
 }  // namespace
 
 absl::StatusOr<GrammarDefinition> JsonSchemaGrammar(std::string_view schema_json) {
+  // The compiler recurses per level (and copies and prints subschemas): bounded first.
+  LOOM_RETURN_IF_ERROR(CheckJsonNestingDepth(schema_json, "the JSON Schema"));
   Json schema = Json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("JSON Schema is not valid JSON");
   return SchemaCompiler(schema).Run();

@@ -214,6 +214,9 @@ class RegexParser {
     switch (c) {
       case '(': {
         ++i_;
+        if (++depth_ > kMaxGrammarNesting) {
+          return Error(absl::StrCat("groups nested deeper than ", kMaxGrammarNesting));
+        }
         if (i_ < p_.size() && p_[i_] == '?') {
           if (p_.substr(i_, 2) == "?:") {
             i_ += 2;
@@ -234,6 +237,7 @@ class RegexParser {
         if (!inner.ok()) return inner;
         if (i_ >= p_.size() || p_[i_] != ')') return Error("missing ')'");
         ++i_;
+        --depth_;
         return inner;
       }
       case '[':
@@ -364,6 +368,7 @@ class RegexParser {
   std::string_view p_;
   RegexOptions options_;
   size_t i_ = 0;
+  int depth_ = 0;  // groups open at i_
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "common/grammar/json_schema_grammar.h"
+#include "common/json_depth.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -78,6 +79,7 @@ void AddTextNotStartingWith(const std::string& trigger, GrammarDefinition& defin
 }  // namespace
 
 absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
+  LOOM_RETURN_IF_ERROR(CheckJsonNestingDepth(spec_json, "the tool-call grammar's spec"));
   const Json spec = Json::parse(spec_json, nullptr, /*allow_exceptions=*/false);
   if (spec.is_discarded() || !spec.is_object()) {
     return absl::InvalidArgumentError("tool-call grammar: the spec must be a JSON object");

@@ -89,6 +89,36 @@ TEST(HttpRouterTest, UnknownPathsAre404AndOtherMethods405WithJsonErrors) {
   EXPECT_EQ(longer->answer.status, 404);
 }
 
+// A POST body nested deeper than any handler's JSON code may recurse is a 400 before the
+// handler runs; GET requests and bodies within the limit reach their handlers.
+TEST(HttpRouterTest, PostBodiesNestedTooDeepAre400BeforeTheHandler) {
+  HttpRouter router;
+  int handled = 0;
+  auto handler = [&handled](const HttpRequest&, std::shared_ptr<HttpResponder> responder) {
+    ++handled;
+    responder->Respond(HttpResponse());
+  };
+  router.Add("POST", "/v1/completions", handler);
+  router.Add("GET", "/v1/completions", handler);
+  const auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  HttpRequest deep = Request("POST", "/v1/completions");
+  deep.body = R"({"prompt": "x", "junk": )" + nested(100'000) + "}";
+  auto refused = std::make_shared<RecordingResponder>();
+  router.Dispatch(deep, refused);
+  EXPECT_EQ(refused->answer.status, 400);
+  EXPECT_EQ(Error(refused->answer).at("message"),
+            "the request body nests arrays and objects deeper than 256 levels");
+  EXPECT_EQ(handled, 0);
+  HttpRequest fine = Request("POST", "/v1/completions");
+  fine.body = R"({"junk": )" + nested(255) + "}";  // 256 levels with the body's object
+  auto accepted = std::make_shared<RecordingResponder>();
+  router.Dispatch(fine, accepted);
+  EXPECT_EQ(accepted->answer.status, 200);
+  deep.method = "GET";
+  router.Dispatch(deep, std::make_shared<RecordingResponder>());
+  EXPECT_EQ(handled, 2);
+}
+
 TEST(HttpRouterTest, AHandlerThatThrowsAnswers500UnlessItAnswered) {
   HttpRouter router;
   router.Add("GET", "/bug", [](const HttpRequest&, std::shared_ptr<HttpResponder>) {

@@ -16,6 +16,17 @@ term   ::= factor ("*" factor)*   # trailing comment
 factor ::= [0-9]+ | "(" expr ")"
 )gbnf";
 
+TEST(GbnfParserTest, GroupsNestedBeyondTheLimitAreRefused) {
+  const auto nested = [](int depth) {
+    return "root ::= " + std::string(depth, '(') + "\"a\"" + std::string(depth, ')') + "\n";
+  };
+  EXPECT_TRUE(Accepts({GrammarKind::kGbnf, nested(kMaxGrammarNesting)}, "a"));
+  auto deep = ParseGbnf(nested(100'000));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("groups nested deeper than 256"), std::string::npos)
+      << deep.status();
+}
+
 TEST(GbnfParserTest, ParsesMultiLineRulesWithComments) {
   const GrammarSpec spec{GrammarKind::kGbnf, kArithmetic};
   EXPECT_TRUE(Accepts(spec, "1+2*(3-4)"));

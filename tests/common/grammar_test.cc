@@ -1,5 +1,7 @@
 #include "common/grammar/grammar.h"
 
+#include <string>
+
 #include "common/grammar/gbnf_parser.h"
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"
@@ -24,6 +26,24 @@ TEST(GrammarTest, RejectsLeftRecursionNamingTheRule) {
   auto g = Grammar::Compile(*d);
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("left-recursive"), std::string::npos) << g.status();
+}
+
+// r0 ::= r1, r1 ::= r2, ...: each rule a recursion in the matcher before the first byte.
+TEST(GrammarTest, RejectsRuleChainsDeeperThanTheLimit) {
+  const auto chain = [](int rules) {
+    std::string text = "root ::= r0\n";
+    for (int i = 0; i + 1 < rules; ++i) {
+      text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+    }
+    return text + "r" + std::to_string(rules - 1) + " ::= \"a\"\n";
+  };
+  EXPECT_TRUE(Accepts({GrammarKind::kGbnf, chain(kMaxGrammarRuleChain - 2)}, "a"));
+  auto d = ParseGbnf(chain(kMaxGrammarRuleChain + 1));
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto g = Grammar::Compile(*d);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("enters more than 1024 rules"), std::string::npos)
+      << g.status();
 }
 
 TEST(GrammarTest, RejectsRepetitionOfSomethingThatMatchesNothing) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_depth.h"
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"
 
@@ -22,6 +23,24 @@ TEST(JsonSchemaGrammarTest, ObjectPropertiesInSchemaOrderRequiredAndOptional) {
   EXPECT_FALSE(SchemaAccepts(schema, R"({"b":"x","d":1})"));     // no additional
   EXPECT_FALSE(SchemaAccepts(schema, R"({"b":"x",})"));
   EXPECT_FALSE(SchemaAccepts(schema, R"({"a":1.5,"b":"x"})"));
+}
+
+// The compiler recurses per level: a schema nested beyond the limit is refused by name
+// (10,000 levels crashed the coordinator), one within it compiles.
+TEST(JsonSchemaGrammarTest, SchemasNestedBeyondTheLimitAreRefused) {
+  const auto nested = [](int levels) {
+    std::string schema;
+    for (int i = 0; i < levels; ++i) schema += R"({"type":"array","items":)";
+    return schema + R"({"type":"integer"})" + std::string(levels, '}');
+  };
+  EXPECT_TRUE(SchemaAccepts(nested(100), std::string(100, '[') + "7" + std::string(100, ']')));
+  for (const int levels : {kMaxJsonNestingDepth, 10'000}) {
+    auto d = JsonSchemaGrammar(nested(levels));
+    ASSERT_FALSE(d.ok()) << levels;
+    EXPECT_NE(d.status().message().find("the JSON Schema nests arrays and objects deeper than"),
+              std::string::npos)
+        << d.status();
+  }
 }
 
 TEST(JsonSchemaGrammarTest, AdditionalPropertiesSchema) {

@@ -1,5 +1,7 @@
 #include "common/grammar/regex_grammar.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
 #include "tests/common/grammar_test_util.h"
 
@@ -37,6 +39,21 @@ TEST(RegexGrammarTest, UnsupportedConstructsAreNamed) {
     auto e = RegexToExpr(pattern);
     ASSERT_FALSE(e.ok()) << pattern;
     EXPECT_NE(e.status().message().find(what), std::string::npos) << pattern << ": " << e.status();
+  }
+}
+
+// Groups recurse in the parser and in the grammar built from them: nesting is bounded
+// (100,000 levels crashed the coordinator).
+TEST(RegexGrammarTest, GroupsNestedBeyondTheLimitAreRefused) {
+  const auto nested = [](int depth) {
+    return std::string(depth, '(') + "a" + std::string(depth, ')');
+  };
+  EXPECT_TRUE(Accepts(Regex(nested(kMaxGrammarNesting).c_str()), "a"));
+  for (const int depth : {kMaxGrammarNesting + 1, 100'000}) {
+    auto e = RegexToExpr(nested(depth));
+    ASSERT_FALSE(e.ok()) << depth;
+    EXPECT_NE(e.status().message().find("groups nested deeper than 256"), std::string::npos)
+        << e.status();
   }
 }
 

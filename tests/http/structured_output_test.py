@@ -18,6 +18,11 @@ import jsonschema
 import openai
 import pytest
 
+try:  # the HTTP client the installed openai package is built on (openai >= 3 uses httpx2)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
 import cluster_harness as h  # noqa: E402
 
@@ -228,3 +233,39 @@ def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):
                     "skip_special_tokens": True, "parallel_tool_calls": True, "best_of": 1,
                     "suffix": ""})
     assert response.choices[0].finish_reason == "length"
+
+
+
+# JSON text (Python's json module itself stops near 1,000 levels).
+DEEP_SCHEMA = '{"type":"array","items":' * 10000 + '{"type":"integer"}' + "}" * 10000
+CHAT_TEXT = json.dumps(PROMPT)
+
+
+# Inputs nested far deeper than any real one used to overflow the coordinator's stack (one
+# request took the server down): each is a 400 naming the nesting, quickly, and the server
+# keeps serving. A body is refused whole before parsing (its depth is counted, not recursed);
+# schemas and grammars sent as strings are bounded where they are compiled.
+@pytest.mark.parametrize("endpoint,fields,param,fragment", [
+    ("chat/completions", f'"messages": {CHAT_TEXT}, "response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "schema": {DEEP_SCHEMA}}}}}',
+     None, "the request body nests arrays and objects deeper than 256 levels"),
+    ("chat/completions", f'"messages": {CHAT_TEXT}, "tool_choice": "required", "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {DEEP_SCHEMA}}}}}]',
+     None, "the request body nests arrays and objects deeper than 256 levels"),
+    ("completions", '"prompt": "x", "guided_json": ' + json.dumps(DEEP_SCHEMA),
+     "guided_json", "nests arrays and objects deeper than 256 levels"),
+    ("completions", '"prompt": "x", "guided_regex": ' + json.dumps("(" * 100000 + "a" + ")" * 100000),
+     "guided_regex", "groups nested deeper than 256"),
+    ("completions", '"prompt": "x", "guided_grammar": ' + json.dumps(
+        "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(99999)) + 'r99999 ::= "a"\n'),
+     "guided_grammar", "enters more than 1024 rules"),
+])
+def test_inputs_nested_too_deep_are_400_and_the_server_lives(rig, model, endpoint, fields, param, fragment):
+    body = f'{{"model": {json.dumps(model)}, "max_tokens": 2, {fields}}}'
+    response = httpx.post(f"{rig.coordinator.http_url}/v1/{endpoint}", content=body.encode(),
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == 400, response.text[:500]
+    error = response.json()["error"]
+    assert fragment in error["message"], error
+    assert error["param"] == param, error
+    again = httpx.post(f"{rig.coordinator.http_url}/v1/completions",
+                       json={"model": model, "prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert again.status_code == 200, again.text
