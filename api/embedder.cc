@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "engine/request_validation.h"
 
 namespace loom::api {
@@ -33,6 +34,8 @@ Embedder::Embedder(coordinator::Cluster& cluster, const common::ModelConfig& con
 absl::StatusOr<EmbeddingBatch> Embedder::Embed(const std::vector<loom::v1::GenerateRequest>& inputs,
                                                const std::function<bool()>& cancelled) {
   if (inputs.empty()) return absl::InvalidArgumentError("there must be at least one input");
+  // A batch that can never fit the queues is a 400 before any input takes a slot.
+  LOOM_RETURN_IF_ERROR(cluster_.CheckBatchFits(static_cast<int64_t>(inputs.size()), "inputs"));
   EmbeddingBatch result;
   std::vector<engine::RequestParams> params;
   for (size_t i = 0; i < inputs.size(); ++i) {

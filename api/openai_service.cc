@@ -177,6 +177,12 @@ void OpenAiService::Handle(bool chat, const HttpRequest& request,
   }
 
   const std::string preferred_replica = request.Header(kReplicaHeader);
+  // A batch that can never fit the queues is a 400 before any part takes a slot.
+  if (absl::Status fits = cluster_.CheckBatchFits(
+          static_cast<int64_t>(run->parsed.prompts.size()) * run->parsed.n, "prompts x samples");
+      !fits.ok()) {
+    return refuse(fits);
+  }
   // Validate every prompt before placing any, so a bad one leaves nothing running.
   std::vector<engine::RequestParams> prompts;
   for (const loom::v1::GenerateRequest& prompt : run->parsed.prompts) {

@@ -280,6 +280,16 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
   return last;
 }
 
+absl::Status Cluster::CheckBatchFits(int64_t parts, std::string_view what) const {
+  int64_t room = 0;
+  for (const Replica* replica : Candidates()) room += replica->max_waiting();
+  if (room == 0 || parts <= room) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the request's %d %s exceed the %d requests the server queues at once (--max-waiting over "
+      "its replicas); send them in smaller batches",
+      parts, std::string(what), room));
+}
+
 void Cluster::PreferFirst(absl::Span<Replica* const> candidates, const std::string& replica_id,
                           std::vector<size_t>& order) {
   if (replica_id.empty()) return;

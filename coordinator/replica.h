@@ -276,6 +276,8 @@ class Replica {
   int64_t local_prefill_limit() const { return local_prefill_limit_.load(); }
   /// ReplicaOptions::max_num_batched_tokens: the prompt tokens of one full step.
   int64_t max_num_batched_tokens() const { return options_.max_num_batched_tokens; }
+  /// Requests this replica's queue takes (--max-waiting).
+  int64_t max_waiting() const { return options_.max_waiting; }
   /// Disaggregated serving: the expected seconds until this replica gives the first token
   /// of a prompt of `tokens` uncached tokens submitted now (engine::FirstTokenSeconds from
   /// its measured steps and the prompt tokens queued here; a decode replica prefills in

@@ -295,6 +295,29 @@ def test_full_queue_is_429_with_retry_after(tmp_path):
         assert counter.count == 1
 
 
+# A batch with more parts than the queues take even when empty can never be served: a 400
+# (no retry), refused before any part is queued, so another client meanwhile gets no 429.
+# A loop of such requests used to hold the queue and turn 19 of 20 of others' into 429s.
+def test_a_batch_the_queues_cannot_take_is_400_and_blocks_no_one(tmp_path):
+    with h.running_cluster(tmp_path, {"r0": {"threads": 1}}, max_waiting=4) as rig:
+        model = "SmolLM2-135M-Instruct.Q4_1"
+        url = rig.coordinator.http_url
+        for path, body in [("/v1/completions", {"prompt": ["a"] * 5, "max_tokens": 1}),
+                           ("/v1/completions", {"prompt": ["a"] * 3, "n": 2, "max_tokens": 1}),
+                           ("/v1/embeddings", {"input": ["a"] * 5})]:
+            response = httpx.post(url + path, json={"model": model, **body}, timeout=30)
+            assert response.status_code == 400, (path, body, response.text)
+            message = response.json()["error"]["message"]
+            assert "exceed the 4 requests the server queues at once" in message, message
+            other = httpx.post(url + "/v1/completions",
+                               json={"model": model, "prompt": "Hi", "max_tokens": 1}, timeout=30)
+            assert other.status_code == 200, other.text
+        fits = httpx.post(url + "/v1/embeddings", json={"model": model, "input": ["a"] * 4},
+                          timeout=60)
+        assert fits.status_code == 200, fits.text
+        assert len(fits.json()["data"]) == 4
+
+
 def test_no_replica_is_503_and_health_says_so(tmp_path):
     coordinator = h.Coordinator(tmp_path)
     try:
