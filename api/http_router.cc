@@ -12,10 +12,25 @@ void HttpRouter::Add(std::string method, std::string path, HttpHandler handler) 
   routes_[{std::move(path), std::move(method)}] = std::move(handler);
 }
 
+void HttpRouter::AddPrefix(std::string method, std::string prefix, HttpHandler handler) {
+  prefixes_[{std::move(prefix), std::move(method)}] = std::move(handler);
+}
+
 void HttpRouter::Dispatch(const HttpRequest& request,
                           std::shared_ptr<HttpResponder> responder) const {
   auto route = routes_.find({request.path, request.method});
   if (route == routes_.end()) {
+    // The longest prefix of the path with this method (map order: a longer prefix of the
+    // same path sorts after a shorter one).
+    const HttpHandler* longest = nullptr;
+    for (const auto& [key, handler] : prefixes_) {
+      const auto& [prefix, method] = key;
+      if (method == request.method && request.path.size() > prefix.size() &&
+          request.path.compare(0, prefix.size(), prefix) == 0) {
+        longest = &handler;
+      }
+    }
+    if (longest != nullptr) return Run(*longest, request, std::move(responder));
     auto same_path = routes_.lower_bound({request.path, ""});
     const bool known = same_path != routes_.end() && same_path->first.first == request.path;
     responder->Respond(
@@ -23,6 +38,11 @@ void HttpRouter::Dispatch(const HttpRequest& request,
               : Error(404, absl::StrFormat("no route for %s %s", request.method, request.path)));
     return;
   }
+  Run(route->second, request, std::move(responder));
+}
+
+void HttpRouter::Run(const HttpHandler& handler, const HttpRequest& request,
+                     std::shared_ptr<HttpResponder> responder) {
   // Every POST body here is JSON: one too deep for the code behind the handlers (nlohmann's
   // copy and dump, the schema compiler) is refused before any of it runs.
   if (request.method == "POST") {
@@ -33,7 +53,7 @@ void HttpRouter::Dispatch(const HttpRequest& request,
     }
   }
   try {
-    route->second(request, responder);
+    handler(request, responder);
   } catch (const std::exception& error) {
     // Ignored by the responder when the handler answered before throwing.
     responder->Respond(Error(500, error.what()));

@@ -136,6 +136,10 @@ void AddApiRoutes(HttpRouter& router, OpenAiService* openai, ResponsesApi* respo
   add("GET", "/v1/models", Sync([openai](const HttpRequest& request, HttpResponse& response) {
         openai->Models(request, response);
       }));
+  router.AddPrefix("GET", OpenAiService::kModelsPrefix,
+                   Guarded(keys, Sync([openai](const HttpRequest& request, HttpResponse& response) {
+                             openai->Model(request, response);
+                           })));
   add("POST", "/v1/embeddings", waiting(&PoolingService::Embeddings));
   for (const char* path : {"/v1/score", "/score"}) {
     add("POST", path, waiting(&PoolingService::Score));

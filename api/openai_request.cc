@@ -139,6 +139,15 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
     return value == nullptr || *value == no_op;
   };
   if (!is("best_of", 1)) return refuse("best_of");
+  if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    // vLLM's chat-template fields: the served model's template renders every request,
+    // with a generation prompt after the last message.
+    for (const char* name : {"chat_template", "documents"}) {
+      if (non_empty(name)) return refuse(name);
+    }
+    if (!is("add_generation_prompt", true)) return refuse("add_generation_prompt");
+    if (!is("continue_final_message", false)) return refuse("continue_final_message");
+  }
   return absl::OkStatus();
 }
 

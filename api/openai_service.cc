@@ -130,18 +130,60 @@ void OpenAiService::ChatCompletions(const HttpRequest& request,
   Handle(/*chat=*/true, request, std::move(responder));
 }
 
-void OpenAiService::Models(const HttpRequest&, HttpResponse& response) {
+namespace {
+
+// A path segment with its %XX escapes decoded (the openai client sends "org/name" as
+// "org%2Fname"); a malformed escape stays as it is.
+std::string PercentDecoded(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto hex = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+// One entry of /v1/models: the served model.
+Json ModelObject(const ServedModel& served) {
   Json model;
-  model["id"] = model_.id;
+  model["id"] = served.id;
   model["object"] = "model";
-  model["created"] = model_.created;
+  model["created"] = served.created;
   model["owned_by"] = "loom";
-  model["root"] = model_.info.path();
-  model["max_model_len"] = model_.info.context_length();
+  model["root"] = served.info.path();
+  model["max_model_len"] = served.info.context_length();
+  return model;
+}
+
+}  // namespace
+
+void OpenAiService::Models(const HttpRequest&, HttpResponse& response) {
   Json list;
   list["object"] = "list";
-  list["data"] = Json::array({model});
+  list["data"] = Json::array({ModelObject(model_)});
   response.set_content(Dump(list), "application/json");
+}
+
+void OpenAiService::Model(const HttpRequest& request, HttpResponse& response) {
+  const std::string id =
+      PercentDecoded(std::string_view(request.path).substr(std::string_view(kModelsPrefix).size()));
+  if (!model_.Matches(id)) {
+    WriteError(absl::NotFoundError(absl::StrFormat(
+                   "the model '%s' does not exist; this server serves '%s'", id, model_.id)),
+               response);
+    return;
+  }
+  response.set_content(Dump(ModelObject(model_)), "application/json");
 }
 
 void OpenAiService::Handle(bool chat, const HttpRequest& request,

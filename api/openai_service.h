@@ -58,6 +58,10 @@ class OpenAiService {
   void Completions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void ChatCompletions(const HttpRequest& request, std::shared_ptr<HttpResponder> responder);
   void Models(const HttpRequest& request, HttpResponse& response);
+  /// GET /v1/models/{id} (kModelsPrefix + id; ids may hold '/'): the served model's entry
+  /// when `id` names it (as a request's "model" may), else a 404 error.
+  void Model(const HttpRequest& request, HttpResponse& response);
+  static constexpr char kModelsPrefix[] = "/v1/models/";
   /// POST /tokenize (vLLM's shape): `prompt` (string) or `messages` (rendered by the chat
   /// template), `add_special_tokens` (default true) -> {count, max_model_len, tokens}.
   void Tokenize(const HttpRequest& request, HttpResponse& response);

@@ -165,14 +165,23 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
                            "stop", "logit_bias", "priority", "cache_salt", "chat_template_kwargs"}) {
     if (auto it = body.find(name); it != body.end()) chat[name] = *it;
   }
-  if (auto it = body.find("max_output_tokens"); it != body.end()) chat["max_tokens"] = *it;
+  if (auto it = body.find("max_output_tokens"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+      return InvalidOpenAiParam("max_output_tokens",
+                                "'max_output_tokens' must be an integer of at least 1");
+    }
+    chat["max_tokens"] = *it;
+  }
   if (absl::Status tools = ChatTools(body, chat); !tools.ok()) return tools;
   if (auto text = body.find("text"); text != body.end() && text->is_object()) {
     if (auto format = text->find("format"); format != text->end() && format->is_object()) {
       const std::string type = format->value("type", "text");
       if (type == "json_schema") {
-        Json schema{{"name", format->value("name", "response")},
-                    {"schema", format->value("schema", Json::object())}};
+        if (!format->contains("schema") || !(*format)["schema"].is_object()) {
+          return InvalidOpenAiParam("text",
+                                    "text.format of type json_schema needs a 'schema' object");
+        }
+        Json schema{{"name", format->value("name", "response")}, {"schema", (*format)["schema"]}};
         if (format->contains("strict")) schema["strict"] = (*format)["strict"];
         chat["response_format"] = Json{{"type", "json_schema"}, {"json_schema", std::move(schema)}};
       } else if (type == "json_object") {

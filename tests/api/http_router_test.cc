@@ -119,6 +119,30 @@ TEST(HttpRouterTest, PostBodiesNestedTooDeepAre400BeforeTheHandler) {
   EXPECT_EQ(handled, 2);
 }
 
+TEST(HttpRouterTest, PrefixRoutesTakeLongerPathsTheLongestPrefixFirst) {
+  HttpRouter router;
+  auto answer = [](std::string text) {
+    return [text](const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {
+      HttpResponse response;
+      response.set_content(text + " " + request.path, "text/plain");
+      responder->Respond(std::move(response));
+    };
+  };
+  router.Add("GET", "/v1/models", answer("list"));
+  router.AddPrefix("GET", "/v1/models/", answer("one"));
+  router.AddPrefix("GET", "/v1/models/special/", answer("special"));
+  const auto body = [&](const std::string& method, const std::string& path) {
+    auto recorded = std::make_shared<RecordingResponder>();
+    router.Dispatch(Request(method, path), recorded);
+    return std::to_string(recorded->answer.status) + " " + recorded->answer.body;
+  };
+  EXPECT_EQ(body("GET", "/v1/models"), "200 list /v1/models");
+  EXPECT_EQ(body("GET", "/v1/models/org/name"), "200 one /v1/models/org/name");
+  EXPECT_EQ(body("GET", "/v1/models/special/x"), "200 special /v1/models/special/x");
+  EXPECT_EQ(body("GET", "/v1/models/").substr(0, 3), "404");  // the prefix alone is no id
+  EXPECT_EQ(body("POST", "/v1/models/x").substr(0, 3), "404");
+}
+
 TEST(HttpRouterTest, AHandlerThatThrowsAnswers500UnlessItAnswered) {
   HttpRouter router;
   router.Add("GET", "/bug", [](const HttpRequest&, std::shared_ptr<HttpResponder>) {

@@ -63,6 +63,12 @@ def test_models_lists_the_served_model(client, rig):
     assert len(models) == 1
     assert models[0].id == "SmolLM2-135M-Instruct.Q4_1"
     assert models[0].owned_by == "loom"
+    # GET /v1/models/{id}: the client's retrieve (ids may hold '/': the rest of the path).
+    assert client.models.retrieve(models[0].id).model_dump() == models[0].model_dump()
+    for missing in ("gpt-4", "org/other-model"):
+        with pytest.raises(openai.NotFoundError) as error:
+            client.models.retrieve(missing)
+        assert missing in error.value.body["message"]
 
 
 def test_completion_greedy_equals_grpc_and_reports_usage(client, model, rig):

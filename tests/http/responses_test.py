@@ -72,6 +72,8 @@ def test_text_format_json_schema_and_incomplete(client, model):
     (dict(input=[]), "input"),
     (dict(input="x", temperature=-1), "temperature"),
     (dict(input="x", text={"format": {"type": "xml"}}), "text"),
+    (dict(input="x", text={"format": {"type": "json_schema", "name": "x"}}), "text"),  # no schema
+    (dict(input="x", max_output_tokens=0), "max_output_tokens"),
 ])
 def test_what_the_subset_does_not_take_is_400(client, model, kwargs, param):
     with pytest.raises(openai.BadRequestError) as raised:

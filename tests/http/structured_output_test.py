@@ -219,6 +219,11 @@ def test_tokenize_and_detokenize(rig, model):
     ({"best_of": 2}, "best_of"),
     ({"prompt_logprobs": 21}, "prompt_logprobs"),  # 0-20
     ({"tool_choice": "required"}, "tool_choice"),  # without tools
+    # vLLM's chat-template fields: the served model's template renders every request.
+    ({"chat_template": "{{ raise_exception('boom') }}"}, "chat_template"),
+    ({"add_generation_prompt": False}, "add_generation_prompt"),
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"documents": [{"title": "a", "text": "b"}]}, "documents"),
 ])
 def test_unimplemented_parameters_are_refused_not_ignored(client, model, extra, param):
     with pytest.raises(openai.BadRequestError) as raised:
@@ -231,7 +236,8 @@ def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):
         model=model, messages=PROMPT, max_tokens=2, temperature=0,
         extra_body={"tools": [], "tool_choice": "none", "logit_bias": {}, "min_tokens": 0,
                     "skip_special_tokens": True, "parallel_tool_calls": True, "best_of": 1,
-                    "suffix": ""})
+                    "suffix": "", "add_generation_prompt": True, "continue_final_message": False,
+                    "chat_template": "", "documents": []})
     assert response.choices[0].finish_reason == "length"
 
 
