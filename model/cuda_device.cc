@@ -106,6 +106,10 @@ LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Cap
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Replay(const CudaGraph&))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
     const kernels::cpu::PackedWeight&))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLmHead(
+    const kernels::cpu::PackedWeight&))
+LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadQuantized(
+    const kernels::cpu::PackedWeight&, const std::vector<float>*))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
     int64_t, int64_t, uint64_t, float, const std::vector<float>*))
 LOOM_CUDA_DEVICE_STUB(

@@ -72,9 +72,9 @@ class CudaGraph {
 /// The CUDA implementation of model::Device on the current CUDA device: one stream of its
 /// own on which every operation is enqueued (kernels/cuda launch functions, cuBLAS through
 /// a GemmHandle bound to the stream), device memory from cudaMalloc, weights dense in F16/
-/// BF16 for cuBLAS or 4-bit for the W4A16 GEMM. Activations are F32 between operations, as
-/// on the CPU; a GEMM's input is rounded to the weight dtype first (a gather kernel that
-/// converts), and prefill attention reads Q rounded to the KV dtype (its tensor cores'
+/// BF16 for cuBLAS, INT4/INT8 for the W4A16/W8A16 GEMM or FP8 for the FP8 GEMM. Activations are F32
+/// between operations, as on the CPU; a GEMM's input is rounded to the weight dtype first (a gather
+/// kernel that converts), and prefill attention reads Q rounded to the KV dtype (its tensor cores'
 /// input). Calls return once enqueued; DownloadF32 and Synchronize wait. Not thread-safe.
 /// Without CUDA (or a device) Create answers FailedPrecondition.
 class CudaDevice : public Device {
@@ -87,6 +87,8 @@ class CudaDevice : public Device {
   kernels::cuda::DataType dtype() const { return options_.dtype; }
   /// Linear layers UploadLinear kept quantized (INT4 or INT8) for the W4A16/W8A16 GEMM so far.
   int64_t quantized_linears() const { return quantized_linears_; }
+  /// Whether UploadLmHead kept the LM head quantized.
+  bool lm_head_quantized() const { return lm_head_quantized_; }
   /// Bytes of weights (UploadF32, UploadLinear, UploadTable, RandomLinear) on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
 
@@ -136,6 +138,12 @@ class CudaDevice : public Device {
   /// Dense in dtype always (the embedding gather reads dense rows).
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
       const kernels::cpu::PackedWeight& table) override;
+  /// Kept quantized (keep_quantized, never FP8) where the quantized GEMM holds exactly the
+  /// values a dense copy would: INT8 per channel or with F32 scales, INT5, and with F16
+  /// activations INT8 with F16 group scales and INT4 with F16 scales (BF16 would round
+  /// those scales first); dense otherwise. A Q6_K head (Q4_K_M's) is 1.25 bytes a weight.
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLmHead(
+      const kernels::cpu::PackedWeight& head) override;
   /// Dense in dtype, filled on the stream by kernels/cuda/random_fill.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> RandomLinear(
       int64_t rows, int64_t cols, uint64_t seed, float scale,
@@ -210,6 +218,10 @@ class CudaDevice : public Device {
   // `weight` dequantized to dense dtype rows (in chunks, bounded host scratch), and `bias`.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadDense(
       const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias);
+  // `weight` (one QuantGemmTakes takes) repacked for the W4A16 / W8A16 GEMM, and `bias`
+  // in F32.
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadQuantized(
+      const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias);
   // `weight` as FP8 E4M3 rows with a per-row scale (fp8_weights), and `bias` in F32.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadFp8(const kernels::cpu::PackedWeight& weight,
                                                           const std::vector<float>* bias);
@@ -262,6 +274,7 @@ class CudaDevice : public Device {
   int64_t memory_generation_ = 0;
   bool capturing_ = false;  // inside Capture: Ensure must not allocate
   int64_t quantized_linears_ = 0;
+  bool lm_head_quantized_ = false;
   int64_t weight_bytes_ = 0;
   int64_t widest_input_ = 0;                 // the most columns of any uploaded linear
   size_t quant_workspace_bytes_ = 0;         // the most split-K workspace any 4-bit linear needs

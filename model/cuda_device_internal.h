@@ -32,8 +32,9 @@ class CudaBuffer : public Buffer {
   int64_t bytes_;
 };
 
-// A linear layer's weight on the device: dense [rows, cols] of the device dtype with an
-// F32 bias (cuBLAS), or 4-bit in the W4A16 GEMM's layout with the bias in dtype.
+// A linear layer's weight on the device: dense [rows, cols] of the device dtype (cuBLAS),
+// INT4/INT8 in the W4A16/W8A16 GEMM's layout with its scales (scale_type), or FP8 with a
+// scale per row; the bias in F32.
 class CudaLinear : public DeviceLinear {
  public:
   int64_t rows() const override { return n; }

@@ -158,7 +158,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     p.k = k;
     return kc::LaunchGemm(p, *gemm_);
   }
-  // W4A16, in chunks of the kernel's largest m, writing F32 straight into `out` (the sums
+  // W4A16 / W8A16, in chunks of the kernel's largest m, writing F32 straight into `out` (the sums
   // and bias unrounded: no conversion launch after the GEMM).
   for (int64_t row = 0; row < m; row += kc::kQuantGemmMaxM) {
     kc::QuantGemmParams p;

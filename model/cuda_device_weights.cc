@@ -1,6 +1,7 @@
 #include "model/cuda_device.h"
 
-// The CUDA device's weights: dense F16/BF16 (uploaded or random), INT4 for the W4A16 GEMM.
+// The CUDA device's weights: dense F16/BF16 (uploaded or random), INT4/INT8 for the W4A16 /
+// W8A16 GEMM, FP8 for the FP8 GEMM.
 // Without CUDA, model/cuda_device.cc stubs them.
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -114,6 +115,21 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
   return UploadDense(table, nullptr);
 }
 
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLmHead(
+    const kernels::cpu::PackedWeight& head) {
+  using kernels::cpu::WeightFormat;
+  const bool f16 = options_.dtype == kc::DataType::kF16;
+  const bool int8_exact = head.format == WeightFormat::kInt8 &&
+                          (head.group_size == head.cols || head.f32_scaled() || f16);
+  const bool int4_exact = head.format == WeightFormat::kInt4 && !head.f32_scaled() && f16;
+  const bool exact = int8_exact || head.format == WeightFormat::kInt5 || int4_exact;
+  if (!options_.keep_quantized || !exact || !QuantGemmTakes(head))
+    return UploadDense(head, nullptr);
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> linear = UploadQuantized(head, nullptr);
+  lm_head_quantized_ = linear.ok();
+  return linear;
+}
+
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
     int64_t rows, int64_t cols, uint64_t seed, float scale, const std::vector<float>* bias) {
   if (rows < 1 || cols < 1) {
@@ -189,6 +205,13 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     return UploadFp8(weight, bias);
   }
   if (!options_.keep_quantized || !QuantGemmTakes(weight)) return UploadDense(weight, bias);
+  absl::StatusOr<std::unique_ptr<DeviceLinear>> linear = UploadQuantized(weight, bias);
+  if (linear.ok()) ++quantized_linears_;
+  return linear;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadQuantized(
+    const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
   auto linear = std::make_unique<CudaLinear>();
   linear->n = weight.rows;
   linear->k = weight.cols;
@@ -201,9 +224,14 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   if (weight.format == kernels::cpu::WeightFormat::kInt4) {
     linear->format = kc::QuantWeightFormat::kInt4;
     std::vector<uint8_t> nibbles(static_cast<size_t>(weight.rows * weight.cols / 2));
-    for (size_t i = 0; i < nibbles.size(); ++i) {
-      nibbles[i] = static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
-    }
+    // Split across threads: an 8B model's INT4 layers are ~3 billion of these.
+    kernels::cpu::ParallelForOnce(
+        static_cast<int64_t>(nibbles.size()), int64_t{1} << 20, [&](int64_t first, int64_t end) {
+          for (int64_t i = first; i < end; ++i) {
+            nibbles[i] =
+                static_cast<uint8_t>((natural.q[2 * i] & 0x0f) | (natural.q[2 * i + 1] << 4));
+          }
+        });
     LOOM_ASSIGN_OR_RETURN(
         packed, kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(), natural.mins.data(),
                                    weight.rows, weight.cols, weight.group_size));
@@ -247,7 +275,6 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
   // at every m up to the GEMM's largest (not only powers of two: the splits round up per m,
   // and a prefill remainder that outgrew them would reallocate mid-step, dropping every
   // captured graph).
-  ++quantized_linears_;
   widest_input_ = std::max(widest_input_, linear->k);
   for (int64_t m = 1; m <= kc::kQuantGemmMaxM; ++m) {
     kc::QuantGemmParams p;

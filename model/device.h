@@ -34,8 +34,8 @@ struct LinearSite {
 
 /// A linear layer's weight [rows (out features), cols (in features)] (and optional bias
 /// [rows]) in the device's format: packed F32/F16/BF16 or INT8/INT4 on the CPU, dense
-/// F16/BF16 or 4-bit for the W4A16 GEMM on CUDA. A tensor-parallel rank's weight is its
-/// slice (model/tensor_parallel.h). Immutable once uploaded.
+/// F16/BF16, INT4/INT8 for the W4A16/W8A16 GEMM or FP8 on CUDA. A tensor-parallel rank's weight is
+/// its slice (model/tensor_parallel.h). Immutable once uploaded.
 class DeviceLinear {
  public:
   virtual ~DeviceLinear() = default;
@@ -193,6 +193,12 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
       const kernels::cpu::PackedWeight& table) {
     return UploadLinear(table, nullptr);
+  }
+  /// An untied LM head: only multiplied (Linear), never gathered, and never in a lossier
+  /// format than stored. By default what UploadTable makes.
+  virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLmHead(
+      const kernels::cpu::PackedWeight& head) {
+    return UploadTable(head);
   }
   /// A [rows, cols] weight generated on the device, with no host copy (random models for
   /// benchmarks): element i uniform in [-scale, scale) from a hash of (seed, i); the same

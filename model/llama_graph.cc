@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Begin(const ModelWeights
   }
   // A tied LM head is the embedding table itself (one copy on the device).
   if (w.output != nullptr) {
-    LOOM_ASSIGN_OR_RETURN(graph->lm_head_, d.UploadTable(*w.output));
+    LOOM_ASSIGN_OR_RETURN(graph->lm_head_, d.UploadLmHead(*w.output));
   }
   if (plan.last_stage()) {
     LOOM_ASSIGN_OR_RETURN(graph->output_norm_, d.UploadF32(w.output_norm));

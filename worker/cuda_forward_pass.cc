@@ -532,8 +532,9 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
   }
   // Weights: this rank's slice, read like the CPU forward pass's and uploaded layer by
   // layer, each host layer freed once it is on the device (the host never holds the whole
-  // model: a BF16 checkpoint is F32 there). The device keeps INT4 layer matrices 4-bit for
-  // the W4A16 GEMM (options.quantized_weights) and dequantizes every other one to dtype.
+  // model: a BF16 checkpoint is F32 there). The device keeps INT4/INT5/INT8 layer matrices
+  // quantized for the W4A16/W8A16 GEMM (options.quantized_weights; CudaDevice::UploadLinear
+  // says which) and dequantizes every other one to dtype.
   std::string load_log;
   LOOM_ASSIGN_OR_RETURN(state->graph, model::LlamaGraph::CreateFromFile(
                                           gguf,
@@ -551,8 +552,10 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
     absl::StrAppendFormat(
         &load_log,
         "  %d of %d layer matrices kept INT4/INT8 for the W4A16/W8A16 GEMM, the rest (and the "
-        "embedding / LM head) dequantized to %s on the host\n",
-        cuda->quantized_linears(), 4 * num_layers, kc::DataTypeName(options.dtype));
+        "embedding%s) dequantized to %s on the host\n",
+        cuda->quantized_linears(), 4 * num_layers,
+        cuda->lm_head_quantized() ? "; the LM head kept INT8/INT4" : " / LM head",
+        kc::DataTypeName(options.dtype));
   }
   return Finish(std::move(state), options, std::move(load_log));
 }

@@ -41,11 +41,12 @@ struct CudaForwardPassOptions {
   // 8-bit KV (--kv-cache-dtype int8|fp8_e4m3): codes and a BF16 scale per token and KV
   // head, as the CPU pool stores them (kernels/cuda/kv_cache.h); head_dim 64 or 128.
   kernels::cuda::KvQuant kv_quant = kernels::cuda::KvQuant::kNone;
-  // INT4 layer weights (GGUF Q4_0/Q4_1, `loom quantize --format int4`) stay 4-bit in device
-  // memory and run through the W4A16 GEMM (kernels/cuda/quantized_gemm), INT8 ones with F16
-  // scales (GGUF Q8_0, IQ4_NL; per channel) 8-bit through the W8A16 GEMM; false, or weights
-  // it cannot take (K-quants' F32 scales, INT5, odd shapes): dequantized to dtype at load
-  // for cuBLAS.
+  // Quantized layer weights stay quantized in device memory (model::CudaDevice's
+  // keep_quantized): INT4 (GGUF Q4_0/Q4_1, Q4_K/Q3_K/Q2_K with their scales rounded to F16,
+  // `loom quantize --format int4`) through the W4A16 GEMM (kernels/cuda/quantized_gemm),
+  // INT8 (Q8_0, IQ4_NL, Q6_K, Q5_K, Q5_0/Q5_1 as INT8, per channel) through the W8A16 GEMM,
+  // and an untied LM head where that holds its values exactly; false, or odd shapes:
+  // dequantized to dtype at load for cuBLAS.
   bool quantized_weights = true;
   // --quantization fp8: linear layers quantized at load to FP8 E4M3 with per-channel scales
   // and run on the FP8 tensor cores (model::CudaDeviceOptions::fp8_weights; compute
@@ -94,8 +95,8 @@ struct CudaForwardPassOptions {
 /// decode steps padded to batch-size buckets and replayed as CUDA graphs per (batch
 /// bucket, context bucket) (model::CudaGraphCache), on-device sampling, and the guard below.
 ///
-/// INT4 and F16-scaled INT8 layer weights stay quantized for the W4A16/W8A16 GEMM
-/// (options.quantized_weights); other quantized weights are dequantized on the host at load. Steps
+/// Quantized layer weights (INT4, INT5, INT8) stay quantized for the W4A16/W8A16 GEMM
+/// (options.quantized_weights); other weights are dequantized on the host at load. Steps
 /// with multi-token sequences run eagerly, attention through the paged prefill kernel.
 ///
 /// Every CUDA error is a Status naming the call; after one (other than a rejected batch

@@ -939,10 +939,11 @@ TEST(CudaQuantGemmTest, F32ScaledInt8MatchesReferenceInEveryConfig) {
 // The F32-scaled weights bit for bit: token i's input is one-hot at column c_i, so its F32
 // output row is exactly the weights of column c_i as the kernel dequantized them, which must
 // be fma(q, scale, min) in F32 rounded once to T (an F16-rounded scale would differ). m = 8
-// (a gemv config) and m = 128 (tile_m128: every column once).
+// (a gemv config, four 128-column steps: more than the three stages of the members with
+// mins in groups of 16) and m = 128 (tile_m128). Also compute-sanitizer's case for them.
 TEST(CudaQuantGemmTest, F32ScaledInt8WeightsReadBackBitForBit) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
-  constexpr int64_t n = 32, k = 128;
+  constexpr int64_t n = 32, k = 512;
   uint32_t seed = 1900;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
     for (QuantScaleType type : {QuantScaleType::kF32, QuantScaleType::kF32WithMin}) {
@@ -963,7 +964,7 @@ TEST(CudaQuantGemmTest, F32ScaledInt8WeightsReadBackBitForBit) {
           std::vector<float> x(m * k, 0.0f);
           std::vector<int64_t> column(m);
           for (int64_t i = 0; i < m; ++i) {
-            column[i] = (i * 7) % k;  // m = 128: a permutation of the columns
+            column[i] = (i * 7) % k;  // distinct columns, across every group
             x[i * k + column[i]] = 1.0f;
           }
           absl::StatusOr<std::vector<uint8_t>> packed = PackInt8ForGpu(q.data(), n, k);

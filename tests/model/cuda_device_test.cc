@@ -261,6 +261,49 @@ TEST(CudaDeviceTest, KQuantLinearsStayQuantizedAndMatchCpu) {
   }
 }
 
+// An untied LM head stays quantized only where the GEMM holds its values exactly (a Q6_K
+// head: INT8 with F32 scales), else dense (a Q4_K head: INT4 whose F32 scales would round).
+TEST(CudaDeviceTest, AnLmHeadStaysQuantizedOnlyWhereItsValuesStayExact) {
+  SKIP_WITHOUT_GPU();
+  using common::GgmlType;
+  const int64_t n = 64, k = 512, m = 3;
+  for (const auto& [type, kept] :
+       std::vector<std::pair<GgmlType, bool>>{{GgmlType::kQ6_K, true}, {GgmlType::kQ4_K, false}}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    const std::vector<uint8_t> blocks =
+        kernels::cpu::testing_util::RandomKQuantBlocks(type, n * k, 41);
+    absl::StatusOr<kernels::cpu::PackedWeight> head =
+        kernels::cpu::PackWeight(type, blocks.data(), n, k);
+    ASSERT_TRUE(head.ok()) << head.status();
+    Pair pair = MakePair(/*keep_quantized=*/true);
+    const std::vector<float> x = Random(m * k, 42);
+    std::vector<float> out[2];
+    for (int i = 0; i < 2; ++i) {
+      Side& s = *pair.side(i);
+      absl::StatusOr<std::unique_ptr<DeviceLinear>> w = s.device->UploadLmHead(*head);
+      ASSERT_TRUE(w.ok()) << w.status();
+      const Tensor y = s.Zeros({m, n});
+      ASSERT_TRUE(s.device->Linear(s.Put(x, {m, k}), **w, y, {}).ok());
+      out[i] = s.Get(y);
+    }
+    CudaDevice& cuda = static_cast<CudaDevice&>(*pair.gpu.device);
+    EXPECT_EQ(cuda.lm_head_quantized(), kept);
+    EXPECT_EQ(cuda.quantized_linears(), 0);  // a head is not a layer matrix
+    std::vector<float> dense(n * k);
+    kernels::cpu::DequantizeRows(*head, 0, n, dense.data());
+    for (int64_t row = 0; row < m; ++row) {
+      for (int64_t col = 0; col < n; ++col) {
+        double magnitude = 0.0;
+        for (int64_t c = 0; c < k; ++c)
+          magnitude += std::fabs(double{x[row * k + c]} * dense[col * k + c]);
+        const size_t i = static_cast<size_t>(row * n + col);
+        EXPECT_LE(std::fabs(out[0][i] - out[1][i]), std::ldexp(magnitude, -8))
+            << row << ", " << col;
+      }
+    }
+  }
+}
+
 // --quantization fp8: per-channel E4M3 weights and a per-tensor E4M3 input on the FP8
 // tensor cores, against the CPU's F32 product of the unquantized values. E4M3 keeps 3
 // mantissa bits (each operand within 2^-4 relative), so the outputs' relative RMS error is
