@@ -18,11 +18,12 @@
 #include "common/formats/gguf_file.h"
 #include "kernels/cuda/types.h"
 #include "tests/common/gguf_test_util.h"
+#include "tests/kernels/kquant_test_util.h"
 
 namespace loom::common::testing {
 
-inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3,
-                          kGgmlQ8_0 = 8;  // ggml type ids
+inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ8_0 = 8,
+                          kGgmlQ4_K = 12, kGgmlQ6_K = 14;  // ggml type ids
 
 struct RandomModelSpec {
   std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias;
@@ -114,11 +115,27 @@ inline std::string Q4Bytes(const std::vector<float>& values, bool with_min) {
   return bytes;
 }
 
+// Q4_K / Q6_K: random super-blocks (there is no K-quant encoder here), the values' count
+// and first value seeding them, their scales chosen so the weights are a few hundredths
+// (as 1 / sqrt(columns) for the columns these models have). Columns: multiples of 256.
+inline std::string RandomKQuantBytes(uint32_t type, const std::vector<float>& values) {
+  uint32_t seed = static_cast<uint32_t>(values.size());
+  if (!values.empty()) seed ^= static_cast<uint32_t>(values[0] * 1e6f);
+  // Q6_K: d * int8 scale * (q - 32), ~1000 d; Q4_K: d * 6-bit scale * q - dmin * 6-bit min.
+  const float max_scale = type == kGgmlQ6_K ? 6e-5f : 2.5e-4f;
+  const std::vector<uint8_t> blocks = kernels::cpu::testing_util::RandomKQuantBlocks(
+      static_cast<common::GgmlType>(type), static_cast<int64_t>(values.size()), seed, max_scale);
+  return std::string(blocks.begin(), blocks.end());
+}
+
 inline std::string EncodeAs(uint32_t type, const std::vector<float>& values) {
   switch (type) {
     case kGgmlF32: return F32Bytes(values);
     case kGgmlF16: return F16Bytes(values);
     case kGgmlQ8_0: return Q8_0Bytes(values);
+    case kGgmlQ4_K:
+    case kGgmlQ6_K:
+      return RandomKQuantBytes(type, values);
     default: return Q4Bytes(values, type == kGgmlQ4_1);
   }
 }

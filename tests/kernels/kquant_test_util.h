@@ -1,7 +1,8 @@
 #pragma once
 
 // Random GGUF K-quant blocks for the kernel tests: random payload bytes (every q, scale and
-// min pattern) with finite F16 super-block scales of both signs.
+// min pattern) with finite F16 super-block scales of both signs, in (-max_scale, max_scale)
+// (a random model's layers want values near 1 / sqrt(columns): a smaller one).
 
 #include <cstdint>
 #include <cstring>
@@ -14,10 +15,10 @@
 namespace loom::kernels::cpu::testing_util {
 
 inline std::vector<uint8_t> RandomKQuantBlocks(common::GgmlType type, int64_t num_elements,
-                                               uint32_t seed) {
+                                               uint32_t seed, float max_scale = 0.02f) {
   using common::GgmlType;
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  std::uniform_real_distribution<float> scale(-max_scale, max_scale);
   std::uniform_int_distribution<int> byte(0, 255);
   const int64_t block_bytes = common::GetGgmlTypeTraits(static_cast<uint32_t>(type))->type_size;
   // Byte offsets of the F16 super-block scales (d, and dmin where the type has mins).

@@ -99,6 +99,24 @@ RandomModelSpec Qwen3QkNormSpec() {
   return spec;
 }
 
+// Q4_K_M's mix (llama.cpp's recipe in miniature): layer 0 with Q4_K Q, K beside a Q6_K V
+// (fused: INT8 g16 with F32 scales and mins) and a Q6_K down (INT8 g16, F32 scales), layer
+// 1 all Q4_K (INT4 g32, scales rounded to F16), an untied Q6_K LM head (kept INT8): every
+// matrix kept quantized on the device, the K-quant members through graphs.
+RandomModelSpec LlamaKQuantSpec() {
+  using common::testing::kGgmlQ4_K;
+  using common::testing::kGgmlQ6_K;
+  RandomModelSpec spec;
+  spec.tied = false;
+  spec.seed = 6;
+  spec.matrix_types = {kGgmlQ6_K,  // output
+                       kGgmlQ4_K, kGgmlQ4_K, kGgmlQ6_K, kGgmlQ4_K, kGgmlQ4_K, kGgmlQ4_K,
+                       kGgmlQ6_K,  // layer 0
+                       kGgmlQ4_K, kGgmlQ4_K, kGgmlQ4_K, kGgmlQ4_K, kGgmlQ4_K, kGgmlQ4_K,
+                       kGgmlQ4_K};  // layer 1
+  return spec;
+}
+
 // INT4 layers (Q4_0 and Q4_1 alternating, group 32): with quantized_weights (the default)
 // every layer matrix stays 4-bit on the device and runs through the W4A16 GEMM, in slices
 // of 256 tokens (the scenario's mixed step has 328 tokens); qwen2 adds the QKV bias.
@@ -369,6 +387,34 @@ void ExpectMatchesCpu(const common::GgufFile& gguf, std::vector<std::vector<int3
 
 // --- without a device
 
+// The K-quant model of MatchesCpuForwardPassOnRandomModels is a sane model: on the CPU a
+// prompt gives finite logits of a moderate size (random K-quant blocks with scales too
+// large would overflow F16 on the GPU, too small would make every logit equal).
+TEST(CudaForwardPassTest, TheKQuantRandomModelIsSaneOnTheCpu) {
+  const RandomModelSpec spec = LlamaKQuantSpec();
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  std::unique_ptr<CpuForwardPass> cpu = NewCpuForwardPass(*gguf);
+  ASSERT_NE(cpu, nullptr);
+  TestSequence seq;
+  seq.tokens = RandomPrompts(spec.vocab, spec.seed).front();
+  StepDriver driver;
+  StepBatch batch;
+  driver.Add(batch, seq, static_cast<int64_t>(seq.tokens.size()), /*sample=*/true);
+  std::vector<float> logits;
+  ASSERT_TRUE(cpu->Step(batch, logits).ok());
+  ASSERT_EQ(logits.size(), static_cast<size_t>(spec.vocab));
+  float largest = 0.0f, smallest = logits[0], biggest = logits[0];
+  for (float x : logits) {
+    ASSERT_TRUE(std::isfinite(x));
+    largest = std::max(largest, std::fabs(x));
+    smallest = std::min(smallest, x);
+    biggest = std::max(biggest, x);
+  }
+  EXPECT_LT(largest, 100.0f);
+  EXPECT_GT(biggest - smallest, 0.1f);
+}
+
 TEST(CudaForwardPassTest, CreateFailsCleanlyWithoutADevice) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   std::unique_ptr<common::GgufFile> gguf = RandomModel(LlamaGqaSpec());
@@ -488,10 +534,20 @@ TEST(CudaForwardPassHostTest, ExpandsTokensIntoCausalOneTokenSequencesAndPads) {
 TEST(CudaForwardPassTest, MatchesCpuForwardPassOnRandomModels) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (const RandomModelSpec& spec :
-       {LlamaGqaSpec(), Qwen2MqaSpec(), LlamaInt4Spec(), Qwen2Int4Spec()}) {
-    SCOPED_TRACE(spec.arch + (spec.int4 ? " int4" : ""));
+       {LlamaGqaSpec(), Qwen2MqaSpec(), LlamaInt4Spec(), Qwen2Int4Spec(), LlamaKQuantSpec()}) {
+    const bool kquant = !spec.matrix_types.empty();
+    SCOPED_TRACE(spec.arch + (spec.int4 ? " int4" : "") + (kquant ? " k-quants" : ""));
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
+    if (kquant) {
+      std::unique_ptr<CudaForwardPass> probe = NewGpuForwardPass(*gguf, true);
+      ASSERT_NE(probe, nullptr);
+      EXPECT_NE(probe->load_log().find(absl::StrFormat("%d of %d layer matrices kept",
+                                                       4 * spec.layers, 4 * spec.layers)),
+                std::string::npos)
+          << probe->load_log();
+      EXPECT_NE(probe->load_log().find("the LM head kept"), std::string::npos) << probe->load_log();
+    }
     if (spec.int4) {
       std::unique_ptr<CudaForwardPass> probe = NewGpuForwardPass(*gguf, true);
       ASSERT_NE(probe, nullptr);
