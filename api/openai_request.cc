@@ -39,7 +39,10 @@ absl::StatusOr<std::optional<double>> Number(const json& body, const char* name,
   if (!value->is_number())
     return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be a number", name));
   const double x = value->get<double>();
-  if (!std::isfinite(x) || x < min || x > max || (min_open && x == min)) {
+  // The engine holds these as floats: an open bound is checked on the float too (1e-300 is
+  // above 0, its float is not).
+  if (!std::isfinite(x) || x < min || x > max ||
+      (min_open && static_cast<float>(x) <= static_cast<float>(min))) {
     return InvalidOpenAiParam(name, absl::StrFormat("'%s' must be in %s%g, %g], got %g", name,
                                                     min_open ? "(" : "[", min, max, x));
   }

@@ -31,6 +31,10 @@ void OpenAiService::Tokenize(const HttpRequest& request, HttpResponse& response)
     }
     add_special = it->get<bool>();
   }
+  if (body.contains("messages") && body.contains("prompt")) {
+    WriteError(InvalidOpenAiParam("prompt", "give 'prompt' or 'messages', not both"), response);
+    return;
+  }
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
     // Rendered exactly as /v1/chat/completions renders them.

@@ -183,6 +183,7 @@ BAD_REQUESTS = [
     ("temperature", dict(temperature=-0.5)),
     ("top_p", dict(top_p=0)),
     ("top_p", dict(top_p=1.5)),
+    ("top_p", dict(top_p=1e-300)),  # above 0, but 0 as the float the engine holds
     ("max_tokens", dict(max_tokens=0)),
     ("stop", dict(stop=["a" * 5000, "b" * 5000])),  # 10,000 bytes > 8,192
     ("n", dict(n=0)),

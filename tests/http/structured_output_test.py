@@ -211,6 +211,8 @@ def test_tokenize_and_detokenize(rig, model):
     assert status == 400 and bad["error"]["param"] == "tokens"
     status, bad = h.post_json(base + "/tokenize", {"text": "x"})
     assert status == 400 and bad["error"]["param"] == "prompt"
+    status, bad = h.post_json(base + "/tokenize", {"prompt": "x", "messages": PROMPT})
+    assert status == 400 and bad["error"]["param"] == "prompt"
 
 
 @pytest.mark.parametrize("extra,param", [
