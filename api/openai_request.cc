@@ -8,11 +8,12 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
-#include "common/grammar/grammar_spec.h"
-#include "common/sampling_params.h"
-#include "common/status_macros.h"
 #include "api/chat_request.h"
 #include "api/openai_structured_output.h"
+#include "common/grammar/grammar_spec.h"
+#include "common/json_depth.h"
+#include "common/sampling_params.h"
+#include "common/status_macros.h"
 #include "engine/request_validation.h"
 #include "nlohmann/json.hpp"
 
@@ -415,7 +416,11 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
                                                  const common::Tokenizer& tokenizer,
                                                  const common::ChatTemplate* chat_template) {
   // Invalid UTF-8 in strings, trailing garbage and nesting beyond the parser's limits
-  // are all parse errors.
+  // are all parse errors. The depth is checked here too, not only by the router: the
+  // endpoint picker parses bodies that never pass through it.
+  if (absl::Status depth = common::CheckJsonNestingDepth(body, "the request body"); !depth.ok()) {
+    return InvalidOpenAiParam("", std::string(depth.message()));
+  }
   const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return InvalidOpenAiParam("", "the request body is not valid JSON");
   if (!parsed.is_object()) return InvalidOpenAiParam("", "the request body must be a JSON object");

@@ -219,9 +219,11 @@ void OpenAiService::Handle(bool chat, const HttpRequest& request,
   }
 
   const std::string preferred_replica = request.Header(kReplicaHeader);
-  // A batch that can never fit the queues is a 400 before any part takes a slot.
+  // A batch that can never fit the queues is a 400 before any part takes a slot: every
+  // prompt's first sample is queued at once, a prompt's other n - 1 once it has output.
   if (absl::Status fits = cluster_.CheckBatchFits(
-          static_cast<int64_t>(run->parsed.prompts.size()) * run->parsed.n, "prompts x samples");
+          std::max<int64_t>(static_cast<int64_t>(run->parsed.prompts.size()), run->parsed.n - 1),
+          "prompts (or samples of one prompt)");
       !fits.ok()) {
     return refuse(fits);
   }

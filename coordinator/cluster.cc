@@ -281,8 +281,13 @@ absl::Status Cluster::Submit(std::shared_ptr<engine::Request> request) {
 }
 
 absl::Status Cluster::CheckBatchFits(int64_t parts, std::string_view what) const {
+  // Every registered replica, healthy or not: one restarting or draining makes a batch
+  // wait (429, retried), not a 400 the client would not retry.
   int64_t room = 0;
-  for (const Replica* replica : Candidates()) room += replica->max_waiting();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, replica] : replicas_) room += replica->max_waiting();
+  }
   if (room == 0 || parts <= room) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
       "the request's %d %s exceed the %d requests the server queues at once (--max-waiting over "

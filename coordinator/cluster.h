@@ -76,10 +76,10 @@ class Cluster {
   /// which fetches the KV and decodes the rest.
   absl::Status Submit(std::shared_ptr<engine::Request> request);
   /// For an API request that Submits `parts` requests at once (prompts x samples, inputs):
-  /// InvalidArgument (a 400: retrying cannot help) when they exceed what every healthy
+  /// InvalidArgument (a 400: retrying cannot help) when they exceed what every registered
   /// replica's queue together takes even when empty (the sum of their --max-waiting), so
   /// the batch is refused before any part takes a queue slot another client needs. OK
-  /// otherwise, and when no replica is healthy (Submit answers that).
+  /// otherwise, and when no replica is registered (Submit answers that).
   absl::Status CheckBatchFits(int64_t parts, std::string_view what) const;
   /// Where Submit would place a prompt now, without placing it (the endpoint picker):
   /// the router's first choice among the healthy serving replicas with room (running plus

@@ -139,8 +139,8 @@ class CudaDevice : public Device {
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
       const kernels::cpu::PackedWeight& table) override;
   /// Kept quantized (keep_quantized, never FP8) where the quantized GEMM holds exactly the
-  /// values a dense copy would: INT8 per channel or with F32 scales, INT5, and with F16
-  /// activations INT8 with F16 group scales and INT4 with F16 scales (BF16 would round
+  /// values a dense copy would: INT8 per channel or with F32 scales, and with F16
+  /// activations INT8 with F16 group scales, INT5 and INT4 with F16 scales (BF16 would round
   /// those scales first); dense otherwise. A Q6_K head (Q4_K_M's) is 1.25 bytes a weight.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLmHead(
       const kernels::cpu::PackedWeight& head) override;

@@ -122,7 +122,10 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLmHead(
   const bool int8_exact = head.format == WeightFormat::kInt8 &&
                           (head.group_size == head.cols || head.f32_scaled() || f16);
   const bool int4_exact = head.format == WeightFormat::kInt4 && !head.f32_scaled() && f16;
-  const bool exact = int8_exact || head.format == WeightFormat::kInt5 || int4_exact;
+  // INT5 goes in as INT8: Q5_0 with F16 group scales (exact with F16 activations only),
+  // Q5_1 with F32 scales and mins.
+  const bool int5_exact = head.format == WeightFormat::kInt5 && f16;
+  const bool exact = int8_exact || int5_exact || int4_exact;
   if (!options_.keep_quantized || !exact || !QuantGemmTakes(head))
     return UploadDense(head, nullptr);
   absl::StatusOr<std::unique_ptr<DeviceLinear>> linear = UploadQuantized(head, nullptr);

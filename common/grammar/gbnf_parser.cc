@@ -243,9 +243,16 @@ class GbnfParser {
     return static_cast<int32_t>(v);
   }
 
+  // One repetition operator per item, as llama.cpp's parser takes (stacked, they nested
+  // without bound).
   absl::StatusOr<GrammarExprPtr> Quantifier(GrammarExprPtr atom) {
+    bool repeated = false;
     while (i_ < t_.size()) {
       const char c = t_[i_];
+      if (repeated && (c == '*' || c == '+' || c == '?' || c == '{')) {
+        return Error("repetition operators cannot be stacked on one item");
+      }
+      repeated = true;
       if (c == '*') { ++i_; atom = RepeatExpr(atom, 0, -1); }
       else if (c == '+') { ++i_; atom = RepeatExpr(atom, 1, -1); }
       else if (c == '?') { ++i_; atom = RepeatExpr(atom, 0, 1); }

@@ -421,9 +421,6 @@ class GrammarLowering {
       }
     }
     std::vector<int8_t> state(n, 0);  // 0 unvisited, 1 on the path, 2 done
-    // Rules a matcher enters, one inside the other, before it matches a byte (each a
-    // recursion in GrammarAutomaton::Expand): the longest left chain from each rule.
-    std::vector<int32_t> chain(n, 1);
     for (size_t start = 0; start < n; ++start) {
       if (state[start] != 0) continue;
       std::vector<std::pair<int32_t, size_t>> stack = {{static_cast<int32_t>(start), 0}};
@@ -432,12 +429,6 @@ class GrammarLowering {
         auto& [rule, next] = stack.back();
         if (next == left[rule].size()) {
           state[rule] = 2;
-          for (const int32_t to : left[rule]) chain[rule] = std::max(chain[rule], chain[to] + 1);
-          if (chain[rule] > kMaxGrammarRuleChain) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "grammar rule '", names_[rule], "' enters more than ", kMaxGrammarRuleChain,
-                " rules, one inside the other, before it matches anything"));
-          }
           stack.pop_back();
           continue;
         }

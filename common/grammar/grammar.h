@@ -22,13 +22,11 @@
 
 namespace loom::common {
 
-/// How deep a grammar may nest where the code that reads it recurses: groups inside groups
-/// in a regex or GBNF text (kMaxGrammarNesting), and rules a matcher enters one inside the
-/// other before it matches a byte (r0 ::= r1, r1 ::= r2, ...: kMaxGrammarRuleChain, above
-/// what the deepest groups and schemas lower to). A request nested far deeper overflowed a
-/// thread's stack; no real grammar comes near either.
+/// How deep groups may nest in a regex or GBNF text: the parsers and the lowering recurse
+/// per group (a request nested far deeper overflowed the coordinator's stack). Repetition
+/// operators cannot be stacked on one item either (`a**`, as Python's re and llama.cpp
+/// refuse it). Rule references nest without a limit: the matcher expands them iteratively.
 inline constexpr int kMaxGrammarNesting = 256;
-inline constexpr int kMaxGrammarRuleChain = 1024;
 
 struct GrammarExpr;
 using GrammarExprPtr = std::shared_ptr<const GrammarExpr>;

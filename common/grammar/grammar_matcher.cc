@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
+
 namespace loom::common {
 
 GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar,
@@ -26,31 +28,37 @@ int32_t GrammarAutomaton::InternNode(int32_t pos, int32_t parent) {
 
 void GrammarAutomaton::Expand(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
   const auto& elements = grammar_->elements();
-  // Pops through finished alternatives iteratively; recursion only enters rules, whose
-  // depth the left-recursion check bounds.
-  while (true) {
-    const GrammarElement& el = elements[pos];
+  // The closure over (element, return node) pairs, with a worklist and each pair once:
+  // rules enter rules as deep as a grammar nests them, and an empty rule passes straight to
+  // the element after it, so recursion (a worker's stack) and revisits (r1 ::= r0 r0,
+  // r2 ::= r1 r1, ... with r0 empty: 2^n paths) would be bounded by nothing else.
+  std::vector<std::pair<int32_t, int32_t>> work = {{pos, parent}};
+  absl::flat_hash_set<uint64_t> seen;
+  while (!work.empty()) {
+    const auto [at, back] = work.back();
+    work.pop_back();
+    if (!seen.insert((static_cast<uint64_t>(at) << 32) | static_cast<uint32_t>(back)).second) {
+      continue;
+    }
+    const GrammarElement& el = elements[at];
     if (el.kind == GrammarElement::Kind::kEnd) {
-      if (parent == 0) {
+      if (back == 0) {
         out.push_back(0);
-        return;
+      } else {
+        const Node up = nodes_[back];
+        work.emplace_back(up.pos, up.parent);
       }
-      const Node up = nodes_[parent];
-      pos = up.pos;
-      parent = up.parent;
       continue;
     }
     if (el.kind == GrammarElement::Kind::kBytes) {
-      out.push_back(InternNode(pos, parent));
-      return;
+      out.push_back(InternNode(at, back));
+      continue;
     }
-    // A rule reference as the last element returns straight to `parent` (a tail call),
-    // so right-recursive repetition keeps the stack flat.
-    const int32_t ret = elements[pos + 1].kind == GrammarElement::Kind::kEnd
-                            ? parent
-                            : InternNode(pos + 1, parent);
-    for (int32_t start : grammar_->rule_alternatives()[el.value]) Expand(start, ret, out);
-    return;
+    // A rule reference as the last element returns straight to `back` (a tail call), so
+    // right-recursive repetition adds no node.
+    const int32_t ret =
+        elements[at + 1].kind == GrammarElement::Kind::kEnd ? back : InternNode(at + 1, back);
+    for (int32_t start : grammar_->rule_alternatives()[el.value]) work.emplace_back(start, ret);
   }
 }
 

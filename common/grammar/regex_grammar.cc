@@ -332,7 +332,10 @@ class RegexParser {
     return static_cast<int32_t>(v);
   }
 
+  // One repetition per atom (with its lazy / possessive suffix): a second is "multiple
+  // repeat", as Python's re and JavaScript refuse it (stacked, they nested without bound).
   absl::StatusOr<GrammarExprPtr> ParseQuantifier(GrammarExprPtr atom) {
+    bool repeated = false;
     while (i_ < p_.size()) {
       int32_t lo, hi;
       const char c = p_[i_];
@@ -359,6 +362,8 @@ class RegexParser {
       } else {
         break;
       }
+      if (repeated) return Error("multiple repeat");
+      repeated = true;
       if (i_ < p_.size() && (p_[i_] == '?' || p_[i_] == '+')) ++i_;  // lazy/possessive
       atom = RepeatExpr(atom, lo, hi);
     }

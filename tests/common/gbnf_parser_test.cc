@@ -21,6 +21,13 @@ TEST(GbnfParserTest, GroupsNestedBeyondTheLimitAreRefused) {
     return "root ::= " + std::string(depth, '(') + "\"a\"" + std::string(depth, ')') + "\n";
   };
   EXPECT_TRUE(Accepts({GrammarKind::kGbnf, nested(kMaxGrammarNesting)}, "a"));
+  auto over = ParseGbnf(nested(kMaxGrammarNesting + 1));
+  ASSERT_FALSE(over.ok());
+  // Stacked repetition operators nested as deep before they were refused.
+  auto stacked = ParseGbnf("root ::= \"a\"" + std::string(1'000'000, '*') + "\n");
+  ASSERT_FALSE(stacked.ok());
+  EXPECT_NE(stacked.status().message().find("cannot be stacked"), std::string::npos)
+      << stacked.status();
   auto deep = ParseGbnf(nested(100'000));
   ASSERT_FALSE(deep.ok());
   EXPECT_NE(deep.status().message().find("groups nested deeper than 256"), std::string::npos)

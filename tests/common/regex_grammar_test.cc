@@ -32,9 +32,17 @@ TEST(RegexGrammarTest, ClassesEscapesGroupsAndAlternation) {
 }
 
 TEST(RegexGrammarTest, UnsupportedConstructsAreNamed) {
-  const std::vector<std::pair<const char*, const char*>> cases = {
-      {"(a)\\1", "backreference"}, {"a(?=b)", "lookaround"}, {"\\bword", "anchor"},
-      {"a^b", "'^'"}, {"(ab", "')'"}, {"[ab", "']'"}, {"a{5,2}", "n < m"}, {"*a", "quantifier"}};
+  const std::vector<std::pair<const char*, const char*>> cases = {{"(a)\\1", "backreference"},
+                                                                  {"a(?=b)", "lookaround"},
+                                                                  {"\\bword", "anchor"},
+                                                                  {"a^b", "'^'"},
+                                                                  {"(ab", "')'"},
+                                                                  {"[ab", "']'"},
+                                                                  {"a{5,2}", "n < m"},
+                                                                  {"*a", "quantifier"},
+                                                                  {"a**", "multiple repeat"},
+                                                                  {"a{2}{3}", "multiple repeat"},
+                                                                  {"(a)?*", "multiple repeat"}};
   for (const auto& [pattern, what] : cases) {
     auto e = RegexToExpr(pattern);
     ASSERT_FALSE(e.ok()) << pattern;
@@ -49,6 +57,10 @@ TEST(RegexGrammarTest, GroupsNestedBeyondTheLimitAreRefused) {
     return std::string(depth, '(') + "a" + std::string(depth, ')');
   };
   EXPECT_TRUE(Accepts(Regex(nested(kMaxGrammarNesting).c_str()), "a"));
+  // Lazy and possessive suffixes are not a second repetition.
+  EXPECT_TRUE(Accepts(Regex("a*?b+?c?+"), "aabc"));
+  // A million stacked quantifiers nested as deep before "multiple repeat" existed.
+  EXPECT_FALSE(RegexToExpr("a" + std::string(1'000'000, '*')).ok());
   for (const int depth : {kMaxGrammarNesting + 1, 100'000}) {
     auto e = RegexToExpr(nested(depth));
     ASSERT_FALSE(e.ok()) << depth;

@@ -310,7 +310,7 @@ def test_a_batch_the_queues_cannot_take_is_400_and_blocks_no_one(tmp_path):
         model = "SmolLM2-135M-Instruct.Q4_1"
         url = rig.coordinator.http_url
         for path, body in [("/v1/completions", {"prompt": ["a"] * 5, "max_tokens": 1}),
-                           ("/v1/completions", {"prompt": ["a"] * 3, "n": 2, "max_tokens": 1}),
+                           ("/v1/completions", {"prompt": "a", "n": 6, "max_tokens": 1}),
                            ("/v1/embeddings", {"input": ["a"] * 5})]:
             response = httpx.post(url + path, json={"model": model, **body}, timeout=30)
             assert response.status_code == 400, (path, body, response.text)
@@ -323,6 +323,11 @@ def test_a_batch_the_queues_cannot_take_is_400_and_blocks_no_one(tmp_path):
                           timeout=60)
         assert fits.status_code == 200, fits.text
         assert len(fits.json()["data"]) == 4
+        # 3 prompts x 2 samples: 3 first samples at once, each prompt's second once it has
+        # output; it fits.
+        both = httpx.post(url + "/v1/completions",
+                          json={"model": model, "prompt": ["a"] * 3, "n": 2, "max_tokens": 1}, timeout=60)
+        assert both.status_code == 200, both.text
 
 
 def test_no_replica_is_503_and_health_says_so(tmp_path):
