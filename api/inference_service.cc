@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "api/chat_request.h"
 #include "common/grpc_status.h"
+#include "common/unicode.h"
 #include "engine/request_validation.h"
 
 namespace loom::api {
@@ -393,7 +394,9 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext* context,
   const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   absl::StatusOr<std::string> text = tokenizer_.Decode(ids, request->skip_special_tokens());
   if (!text.ok()) return common::ToGrpcStatus(text.status());
-  response->set_text(*std::move(text));
+  // A proto string must be UTF-8: ids that end inside a character (or a lone byte token)
+  // give U+FFFD there, as /detokenize and streamed text do.
+  response->set_text(common::SanitizeUtf8(*text));
   return grpc::Status::OK;
 }
 

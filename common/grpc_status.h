@@ -11,10 +11,23 @@ namespace loom::common {
 // codes, so the code carries over and the message is kept. Header-only: its users (the
 // coordinator, the API and the workers) link gRPC; common itself does not.
 
-/// An internal error as a gRPC status (OK stays OK).
+/// Longest message ToGrpcStatus sends: the message travels as a trailer, and a client's
+/// default metadata limit (16 KiB in grpcio) turns a longer one into RESOURCE_EXHAUSTED in
+/// place of the real code (errors that quote a client's 1 MB model name or regex did).
+inline constexpr size_t kMaxGrpcMessageBytes = 4096;
+
+/// An internal error as a gRPC status (OK stays OK), its message cut to
+/// kMaxGrpcMessageBytes (at a UTF-8 character boundary, marked with "...").
 inline grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  std::string message(status.message());
+  if (message.size() > kMaxGrpcMessageBytes) {
+    size_t cut = kMaxGrpcMessageBytes;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+    message.resize(cut);
+    message += "...";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(message));
 }
 
 /// A gRPC status (a call's outcome) as an absl::Status (OK stays OK).

@@ -122,6 +122,24 @@ def test_detokenize_of_an_id_outside_the_vocabulary_is_invalid_argument(client):
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
+# A proto string must be UTF-8: ids that stop inside a character give U+FFFD there (the
+# client failed with INTERNAL "Exception deserializing response!" on 115 of the first
+# 2,000 single ids).
+def test_detokenize_of_a_partial_character_is_valid_utf8(client):
+    ids = client.tokenize("h\u00e9llo \U0001F600")
+    texts = [client.detokenize(ids[:end]) for end in range(1, len(ids) + 1)]
+    assert texts[-1] == "h\u00e9llo \U0001F600"
+    assert any("\ufffd" in text for text in texts[:-1]), texts
+
+
+# An error quoting a huge input (a 1 MB model name) keeps its code: the message is cut
+# below a client's metadata limit instead of turning into RESOURCE_EXHAUSTED.
+def test_an_error_quoting_a_huge_input_keeps_its_code(client):
+    with pytest.raises(LoomError) as error:
+        client.generate(PROMPT, max_tokens=2, model="m" * 1_000_000)
+    assert error.value.code == grpc.StatusCode.NOT_FOUND, error.value
+
+
 def test_embed_gives_the_http_apis_vectors(rig, client):
     ids = client.tokenize(PROMPT)
     embeddings = client.embed([PROMPT, ids, "A different sentence."])
