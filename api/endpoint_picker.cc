@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "api/openai_request.h"
 #include "api/openai_run.h"
+#include "common/json_depth.h"
 #include "engine/request_validation.h"
 
 namespace loom::api {
@@ -120,7 +121,8 @@ EndpointPicker::Decision EndpointPicker::Decide(std::string_view path, const std
   const bool completion = path.rfind("/v1/completions", 0) == 0;
   // A standby knows no replica; what the body cannot tell (other routes, a body the API
   // will refuse with its own 400) goes to the leader unscored.
-  if (body.empty() || !(chat || completion) || (election_ != nullptr && !election_->leading())) {
+  if (body.empty() || !(chat || completion) || (election_ != nullptr && !election_->leading()) ||
+      !common::CheckJsonNestingDepth(body, "the request body").ok()) {
     return decision;
   }
   absl::StatusOr<OpenAiRequest> parsed =

@@ -11,7 +11,6 @@
 #include "api/chat_request.h"
 #include "api/openai_structured_output.h"
 #include "common/grammar/grammar_spec.h"
-#include "common/json_depth.h"
 #include "common/sampling_params.h"
 #include "common/status_macros.h"
 #include "engine/request_validation.h"
@@ -416,11 +415,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
                                                  const common::Tokenizer& tokenizer,
                                                  const common::ChatTemplate* chat_template) {
   // Invalid UTF-8 in strings, trailing garbage and nesting beyond the parser's limits
-  // are all parse errors. The depth is checked here too, not only by the router: the
-  // endpoint picker parses bodies that never pass through it.
-  if (absl::Status depth = common::CheckJsonNestingDepth(body, "the request body"); !depth.ok()) {
-    return InvalidOpenAiParam("", std::string(depth.message()));
-  }
+  // are all parse errors. Callers bound the body's depth first (HttpRouter; the endpoint
+  // picker, whose bodies never pass through the router).
   const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return InvalidOpenAiParam("", "the request body is not valid JSON");
   if (!parsed.is_object()) return InvalidOpenAiParam("", "the request body must be a JSON object");
