@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/cluster_secret.h"
 #include "common/formats/hf_model.h"
 #include "common/formats/model_fingerprint.h"
 #include "common/sampling_params.h"
@@ -80,8 +81,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                  "Inference service\n", api_keys->size());
   }
   // Workers reach the Coordinator service (registration, heartbeats, rendezvous) on the
-  // same port without a key: it is internal, and the port must only be reachable by the
-  // cluster and its clients (docs/ARCHITECTURE.md, "API keys and TLS").
+  // same port without a client key: they present the cluster secret instead
+  // (common/cluster_secret.h; docs/ARCHITECTURE.md, "API keys and TLS").
+  if (common::ClusterSecretEnabled()) {
+    std::fprintf(stderr,
+                 "loom: the cluster secret is required of workers (Coordinator "
+                 "service)\n");
+  } else if (api_keys->enabled()) {
+    std::fprintf(stderr,
+                 "loom: warning: API keys guard the client APIs, but the Coordinator service "
+                 "on the same port takes registrations from anyone who reaches it: give the "
+                 "coordinator and its workers a --cluster-secret-file (or "
+                 "LOOM_CLUSTER_SECRET)\n");
+  }
   server->coordinator_service_ =
       std::make_unique<coordinator::CoordinatorService>(*server->cluster_);
   if (!options.chat_template.empty()) {

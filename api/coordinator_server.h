@@ -44,6 +44,10 @@ struct ServeOptions {
   // --api-key-file; neither given: LOOM_API_KEY. None: the APIs are open.
   std::vector<std::string> api_keys;
   std::vector<std::string> api_key_files;
+  // --cluster-secret-file: what the workers and this coordinator present to each other
+  // (common/cluster_secret.h); installed by the command before Start. Empty:
+  // LOOM_CLUSTER_SECRET, else none.
+  std::string cluster_secret_file;
   // --generation-config auto|vllm (vLLM's): auto applies the model's generation_config.json
   // sampling defaults to requests that leave a field unset; vllm ignores them.
   bool model_sampling_defaults = true;

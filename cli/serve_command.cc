@@ -4,9 +4,10 @@
 #include <optional>
 #include <string>
 
+#include "api/coordinator_server.h"
 #include "cli/command_line.h"
 #include "cli/serve_flags.h"
-#include "api/coordinator_server.h"
+#include "common/cluster_secret.h"
 
 namespace loom::cli {
 
@@ -28,6 +29,11 @@ int RunServeCommand(int argc, char** argv) {
   cli::AddServeFlags(command_line.app(), options);
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
   if (options.model_path.empty()) return command_line.Fail("the model is required (MODEL or --model)");
+  if (absl::Status secret = common::LoadClusterSecret(
+          options.cluster_secret_file, std::getenv(common::kClusterSecretEnvironment));
+      !secret.ok()) {
+    return command_line.Fail(std::string(secret.message()));
+  }
   api::CoordinatorServer::BlockShutdownSignals();
   auto server = api::CoordinatorServer::Start(options);
   if (!server.ok()) {

@@ -197,6 +197,11 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
   app.add_option("--api-key-file", options.api_key_files,
                  "API keys, one per line ('#' comments); repeatable")
       ->default_str("none");
+  AddString(app, "--cluster-secret-file", options.cluster_secret_file,
+            "a file whose first line is the secret the coordinator and its workers present to "
+            "each other (Register, Step, KV transfers); every worker needs the same (default: "
+            "LOOM_CLUSTER_SECRET, else none: the internal services are open to whoever reaches "
+            "the ports; loom up makes one)");
   AddString(app, "--ssl-certfile", options.http.ssl_certfile,
             "serve HTTPS on the HTTP port with this PEM certificate (chain) and --ssl-keyfile");
   AddString(app, "--ssl-keyfile", options.http.ssl_keyfile, "the certificate's private key (PEM)");

@@ -25,6 +25,7 @@
 #include "cli/command_line.h"
 #include "cli/serve_command.h"
 #include "cli/serve_flags.h"
+#include "common/cluster_secret.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::cli {
@@ -285,6 +286,27 @@ int RunUpCommand(int argc, char** argv) {
   api::CoordinatorServer::BlockShutdownSignals();
   UpOptions options;
   if (std::optional<int> exit_code = ParseUpCommandLine(argc, argv, options)) return *exit_code;
+  // The processes of one `loom up` share a cluster secret: the user's (--cluster-secret-file,
+  // forwarded to the workers like every worker flag, or LOOM_CLUSTER_SECRET, inherited),
+  // else a new one passed to the workers in their environment, never on a command line.
+  // Set before any thread starts (setenv is not thread-safe).
+  if (absl::Status secret = common::LoadClusterSecret(
+          options.serve.cluster_secret_file, std::getenv(common::kClusterSecretEnvironment));
+      !secret.ok()) {
+    std::fprintf(stderr, "loom up: %s\n", std::string(secret.message()).c_str());
+    return 2;
+  }
+  if (!common::ClusterSecretEnabled()) {
+    const std::string secret = common::NewClusterSecret();
+    if (secret.empty()) {
+      std::fprintf(stderr,
+                   "loom up: the system's random generator failed: no cluster secret "
+                   "can be made (give one with --cluster-secret-file)\n");
+      return 1;
+    }
+    common::SetClusterSecret(secret);
+    setenv(common::kClusterSecretEnvironment, secret.c_str(), 1);
+  }
   if (options.print_worker_commands) {
     for (const std::vector<std::string>& command :
          WorkerCommands(options, "COORDINATOR", "RENDEZVOUS", kernels::CudaDeviceCount())) {

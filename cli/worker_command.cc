@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "cli/command_line.h"
 #include "cli/worker_options.h"
+#include "common/cluster_secret.h"
 #include "common/formats/gguf_file.h"
 #include "common/formats/hf_model.h"
 #include "common/formats/model_config.h"
@@ -575,6 +576,11 @@ int RunWorkerCommand(int argc, char** argv) {
   AddWorkerFlags(command_line.app(), options);
   if (std::optional<int> exit_code = command_line.Parse(argc, argv)) return *exit_code;
   if (absl::Status status = CheckCommandLine(options); !status.ok()) return Refuse(status);
+  if (absl::Status secret = common::LoadClusterSecret(
+          options.cluster_secret_file, std::getenv(common::kClusterSecretEnvironment));
+      !secret.ok()) {
+    return Refuse(secret);
+  }
   // Before any thread starts (PlaceWorker's first CUDA call may start the driver's), so
   // every thread inherits the mask and only sigtimedwait (WaitForShutdown) sees these
   // signals.

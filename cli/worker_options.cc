@@ -183,6 +183,12 @@ void AddClusterFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh
               "follows it when another takes over); required")
         ->check(HostPortList());
   }
+  if (fresh("--cluster-secret-file")) {
+    AddString(app, "--cluster-secret-file", options.cluster_secret_file,
+              "a file whose first line is the coordinator's cluster secret, presented on every "
+              "internal call and required of every caller of this worker (default: "
+              "LOOM_CLUSTER_SECRET, else none)");
+  }
   if (fresh("--listen")) {
     AddString(app, "--listen", options.listen_address,
               "where the Worker service listens (port 0: any free port)")

@@ -20,6 +20,9 @@ namespace loom::cli {
 struct WorkerOptions {
   std::string model_path;                      // --model (required)
   std::string coordinator_address;             // --coordinator HOST:PORT (required)
+  // --cluster-secret-file: the coordinator's (common/cluster_secret.h); empty:
+  // LOOM_CLUSTER_SECRET, else none.
+  std::string cluster_secret_file;
   std::string listen_address = "127.0.0.1:0";  // --listen HOST:PORT; port 0: any free port
   std::string advertise_address;               // --advertise-address; empty: listen host:bound port
   std::string replica_id = "replica-0";        // --replica-id

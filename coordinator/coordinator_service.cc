@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "common/cluster_secret.h"
 #include "common/grpc_status.h"
 
 namespace loom::coordinator {
@@ -12,6 +13,9 @@ namespace loom::coordinator {
 grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
                                           const loom::v1::RegisterRequest* request,
                                           loom::v1::RegisterResponse* response) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   if (grpc::Status following = FollowingStatus(election_.load(), *context); !following.ok()) {
     return following;
   }
@@ -24,6 +28,9 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const loom::v1::HeartbeatRequest* request,
                                            loom::v1::HeartbeatResponse*) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   if (grpc::Status following = FollowingStatus(election_.load(), *context); !following.ok()) {
     return following;
   }
@@ -33,6 +40,9 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
                                        const loom::v1::DrainRequest* request,
                                        loom::v1::DrainResponse* response) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   // The worker's drain timeout, and never past the call's deadline (an hour without
   // either).
   absl::Duration timeout =
@@ -47,15 +57,21 @@ grpc::Status CoordinatorService::Drain(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::StoreSet(grpc::ServerContext*,
+grpc::Status CoordinatorService::StoreSet(grpc::ServerContext* context,
                                           const loom::v1::StoreSetRequest* request,
                                           loom::v1::StoreSetResponse*) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   return common::ToGrpcStatus(store_.Set(request->key(), request->value()));
 }
 
 grpc::Status CoordinatorService::StoreGet(grpc::ServerContext* context,
                                           const loom::v1::StoreGetRequest* request,
                                           loom::v1::StoreGetResponse* response) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   absl::Duration timeout =
       request->timeout_ms() > 0 ? absl::Milliseconds(request->timeout_ms()) : absl::Seconds(30);
   // Never wait past the caller's own deadline.

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/cluster_secret.h"
 
 namespace loom::coordinator {
 
@@ -23,8 +24,7 @@ absl::StatusOr<std::unique_ptr<ReplicaConnection>> ReplicaConnection::Connect(
     grpc::ChannelArguments arguments;
     // A plan adding many long prompts can pass gRPC's 4 MiB default.
     arguments.SetMaxSendMessageSize(256 << 20);
-    rank.channel = grpc::CreateCustomChannel(addresses[r], grpc::InsecureChannelCredentials(),
-                                             arguments);
+    rank.channel = common::CreateClusterChannel(addresses[r], arguments);
     if (!rank.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + connect_timeout))) {
       return absl::UnavailableError(
           absl::StrFormat("cannot reach rank %d's worker at %s", r, addresses[r]));

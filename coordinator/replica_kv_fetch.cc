@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cluster_secret.h"
 #include "coordinator/replica.h"
 #include "engine/sequence.h"
 #include "grpcpp/grpcpp.h"
@@ -69,7 +70,7 @@ struct WorkerChannels {
     absl::MutexLock lock(&mu);
     std::shared_ptr<grpc::Channel>& channel = by_address[address];
     if (channel == nullptr) {
-      channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      channel = common::CreateClusterChannel(address);
     }
     return channel;
   }

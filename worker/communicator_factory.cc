@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/cluster_secret.h"
 #include "worker/coordinator_store.h"
 #include "worker/gloo_communicator.h"
 #include "worker/nccl_communicator.h"
@@ -14,7 +15,7 @@ namespace loom::worker {
 absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectCommunicator(
     const CommunicatorOptions& options) {
   auto store = std::make_shared<CoordinatorStore>(
-      grpc::CreateChannel(options.coordinator_address, grpc::InsecureChannelCredentials()),
+      common::CreateClusterChannel(options.coordinator_address),
       absl::StrFormat("tp/%s/%s/", options.replica_id, options.rendezvous_id), options.timeout);
   if (options.cuda) {
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> connected = NcclCommunicator::Connect(
@@ -37,7 +38,7 @@ absl::StatusOr<std::unique_ptr<PipelineLink>> ConnectPipelineLink(
     return absl::UnimplementedError("pipeline stages on CUDA devices are not built");
   }
   auto store = std::make_shared<CoordinatorStore>(
-      grpc::CreateChannel(options.coordinator_address, grpc::InsecureChannelCredentials()),
+      common::CreateClusterChannel(options.coordinator_address),
       absl::StrFormat("pp/%s/%s/", options.replica_id, options.rendezvous_id), options.timeout);
   PipelineLinkOptions link;
   link.hostname = options.hostname;

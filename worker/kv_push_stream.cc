@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/cluster_secret.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "worker/kv_transfer.h"
@@ -46,7 +47,7 @@ std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address) {
   if (channels->size() >= kMaxChannels) channels->clear();  // decode workers come and go
   grpc::ChannelArguments arguments;
   arguments.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), arguments);
+  auto channel = common::CreateClusterChannel(address, arguments);
   channels->emplace(address, channel);
   return channel;
 }

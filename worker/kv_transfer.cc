@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "common/cluster_secret.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "worker/shared_kv_mappings.h"
@@ -373,7 +374,7 @@ absl::StatusOr<loom::v1::FetchKvBlocksResponse> FetchKvBlocks(
   int64_t bytes = 0, shared_bytes = 0;
   for (const SourcePlan& plan : plans) {
     if (plan.heads.empty() && !plan.whole) continue;  // another source brings its heads
-    auto channel = grpc::CreateChannel(plan.source->address(), grpc::InsecureChannelCredentials());
+    auto channel = common::CreateClusterChannel(plan.source->address());
     auto stub = loom::v1::Worker::NewStub(channel);
     std::optional<absl::Status> mapped;
     if (!request.no_shared_memory()) mapped = FetchShared(*stub, tier, plan, request, caller);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_split.h"
+#include "common/cluster_secret.h"
 #include "common/grpc_status.h"
 
 namespace loom::worker {
@@ -62,8 +63,8 @@ void WorkerRegistration::Connect(const std::string& address) {
               static_cast<int>(absl::ToInt64Milliseconds(options_.initial_backoff)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options_.max_backoff)));
-  std::shared_ptr<loom::v1::Coordinator::Stub> stub = loom::v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<loom::v1::Coordinator::Stub> stub =
+      loom::v1::Coordinator::NewStub(common::CreateClusterChannel(address, args));
   absl::MutexLock lock(&mu_);
   stub_ = std::move(stub);
   target_ = address;
@@ -242,11 +243,13 @@ void WorkerRegistration::Run() {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       std::fprintf(stderr, "loom-worker: the coordinator at %s refused this worker: %s\n",
                    coordinator.c_str(), status.error_message().c_str());
       absl::MutexLock lock(&mu_);
-      fatal_ = absl::FailedPreconditionError(status.error_message());
+      fatal_ =
+          absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
       return;
     }
     if (!status.ok()) {
@@ -284,6 +287,13 @@ void WorkerRegistration::Run() {
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
         std::fprintf(stderr, "loom-worker: the coordinator at %s forgot %s; registering again\n",
                      coordinator.c_str(), response.worker_id().c_str());
+        break;
+      }
+      if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        // The coordinator's cluster secret changed under us (a restart with another):
+        // registering again stops this worker with the reason if it is still refused.
+        std::fprintf(stderr, "loom-worker: the coordinator at %s refused a heartbeat: %s\n",
+                     coordinator.c_str(), status.error_message().c_str());
         break;
       }
       if (SwitchCoordinator(status)) {

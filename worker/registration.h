@@ -33,11 +33,12 @@ struct RegistrationOptions {
 /// (retried with backoff until it succeeds), then Heartbeat every interval the
 /// coordinator asked for. NOT_FOUND on a heartbeat (the coordinator forgot this worker,
 /// e.g. it restarted) registers again; other heartbeat errors are retried at the same
-/// interval. FAILED_PRECONDITION on Register (wrong protocol version or model) is
-/// fatal: the thread stops and fatal_status() says why. High availability: when a call
-/// fails UNAVAILABLE or DEADLINE_EXCEEDED, the worker turns to the leader a follower named
-/// (trailing metadata `loom-leader`), else to the next coordinator of the list, and
-/// registers there (the new leader's step stream then replaces the old one's). Thread-safe.
+/// interval (UNAUTHENTICATED registers again). FAILED_PRECONDITION (wrong protocol version
+/// or model) or UNAUTHENTICATED (not the coordinator's cluster secret) on Register is fatal: the
+/// thread stops and fatal_status() says why. High availability: when a call fails UNAVAILABLE or
+/// DEADLINE_EXCEEDED, the worker turns to the leader a follower named (trailing metadata
+/// `loom-leader`), else to the next coordinator of the list, and registers there (the new leader's
+/// step stream then replaces the old one's). Thread-safe.
 class WorkerRegistration {
  public:
   /// Fills a heartbeat's worker state (num_sequences, progress) on the background thread

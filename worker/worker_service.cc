@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/cluster_secret.h"
 #include "common/grpc_status.h"
 #include "worker/kv_push_stream.h"
 #include "worker/kv_transfer.h"
@@ -20,6 +21,9 @@ WorkerService::WorkerService(StepExecutor& executor, WorkerMetrics* metrics)
 grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
                                          const loom::v1::ReadKvBlocksRequest* request,
                                          grpc::ServerWriter<loom::v1::KvBlockChunk>* writer) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   const grpc::Status status =
       ServeKvBlocks(context, host_tier_, *request, writer, [this](uint64_t step_id) {
         // Step ids rise across the coordinator's streams: one below this stream's first
@@ -46,6 +50,9 @@ grpc::Status WorkerService::ReadKvBlocks(grpc::ServerContext* context,
 grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
                                           const loom::v1::FetchKvBlocksRequest* request,
                                           loom::v1::FetchKvBlocksResponse* response) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   absl::StatusOr<loom::v1::FetchKvBlocksResponse> fetched =
       worker::FetchKvBlocks(host_tier_, *request, context);
   if (!fetched.ok()) {
@@ -61,6 +68,9 @@ grpc::Status WorkerService::FetchKvBlocks(grpc::ServerContext* context,
 grpc::Status WorkerService::WriteKvBlocks(grpc::ServerContext* context,
                                           grpc::ServerReader<loom::v1::KvBlockWrite>* reader,
                                           loom::v1::WriteKvBlocksResponse* response) {
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   const grpc::Status status = ReceiveKvBlocks(context, host_tier_, reader, response);
   if (!status.ok()) {
     std::fprintf(stderr, "loom-worker: KV pushed from %s refused: %s\n", context->peer().c_str(),
@@ -95,6 +105,10 @@ void WorkerService::BeginShutdown() {
 grpc::Status WorkerService::Step(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<loom::v1::StepResult, loom::v1::StepPlan>* stream) {
+  // Before anything else: a caller without the secret must not cancel the current stream.
+  if (absl::Status secret = common::CheckClusterSecret(*context); !secret.ok()) {
+    return common::ToGrpcStatus(secret);
+  }
   uint64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);

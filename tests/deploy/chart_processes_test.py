@@ -168,6 +168,7 @@ def start_pods(tmp_path, values_files, worker_values, ranks, model_values=None,
         docs, ("StatefulSet",), pod_env, {"LOOM_ADVERTISE_HOST": "127.0.0.1"},
         model_path=model_path)
     mount_secrets(coordinator_argv, coordinator, coordinator_pod, secrets, tmp_path / "secrets")
+    mount_secrets(worker_argv, worker, worker_pod, secrets, tmp_path / "secrets")
     assert worker_argv[:2] == ["/bin/bash", "-c"] and worker_env["LOOM_RANKS_PER_POD"] == str(ranks)
     coordinator_flag = worker_argv.index("--coordinator") + 1
     worker_argv[coordinator_flag] = f"127.0.0.1:{ports['grpc']}"

@@ -798,7 +798,7 @@ def test_api_keys_and_tls_come_from_secrets_and_the_probes_stay_open(rendered):
     assert all(plain[p]["httpGet"]["scheme"] == "HTTP"
                for p in ("startupProbe", "readinessProbe", "livenessProbe"))
     assert "--api-key-file" not in plain["args"] and "--ssl-certfile" not in plain["args"]
-    assert not of_kind(rendered["default"], "Secret")
+    assert api_key_secrets(rendered["default"]) == []
 
 
 def test_ingress_and_http_route_reach_the_coordinators_http_port(rendered):
@@ -856,7 +856,32 @@ def test_an_existing_api_key_secret_is_mounted_not_written(rendered):
     c = container(deployment, "coordinator")
     assert mounted_file(deployment["spec"]["template"]["spec"], c,
                         flag_value(c["args"], "--api-key-file")) == ("my-keys", "keys")
-    assert not of_kind(docs, "Secret")
+    assert api_key_secrets(docs) == []
+
+
+def api_key_secrets(docs):
+    """The Secrets a rendering writes besides the cluster secret (always written)."""
+    return [s for s in of_kind(docs, "Secret") if not s["metadata"]["name"].endswith("-cluster-secret")]
+
+
+def test_the_coordinator_and_every_worker_share_one_cluster_secret(renderer, tmp_path):
+    for values, written in (({}, True), ({"clusterSecret": {"existingSecret": "ours", "secretKey": "k"}}, False)):
+        code, docs, stderr = render(renderer, values, tmp_path=tmp_path)
+        assert code == 0, stderr
+        mounted = set()
+        for kind, name in (("Deployment", "coordinator"), ("StatefulSet", "worker")):
+            workload = one(docs, kind)
+            c = container(workload, name)
+            mounted.add(mounted_file(workload["spec"]["template"]["spec"], c,
+                                     flag_value(c["args"], "--cluster-secret-file")))
+        assert len(mounted) == 1, mounted
+        secret_name, key = mounted.pop()
+        secrets = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == secret_name]
+        if written:
+            assert len(secrets) == 1 and len(secrets[0]["stringData"][key]) == 64
+            assert secrets[0]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        else:
+            assert (secret_name, key) == ("ours", "k") and secrets == []
 
 
 def test_flag_check_catches_a_flag_the_binary_lacks(renderer, tmp_path, serve_flags):

@@ -7,8 +7,9 @@
   openai client trusts it as its CA; plain HTTP to that port gets no answer.
 * The gRPC Inference service through both SDKs (Python LoomClient, C++ loom::client via
   tests/client/client_tool): UNAUTHENTICATED without a key or with a wrong one, OK with the
-  right one. The workers registered without a key (the internal Coordinator service is
-  open), and so does grpc.health.v1.
+  right one. The workers registered without a client key (they present the cluster secret
+  `loom up` made: tests/cluster/cluster_secret_test.py), and grpc.health.v1 answers
+  without one.
 * No key (right or wrong) appears in the processes' logs.
 * LOOM_API_KEY alone turns keys on.
 """

@@ -417,6 +417,11 @@ name: {{ include "loom.worker.name" . }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the cluster secret (`clusterSecret`): the user's or the chart's. */}}
+{{- define "loom.clusterSecret" -}}
+{{- default (printf "%s-cluster-secret" (include "loom.fullname" .)) .Values.clusterSecret.existingSecret -}}
+{{- end -}}
+
 {{/* The scheme of the coordinator's HTTP port: HTTPS with `tls.existingSecret`. */}}
 {{- define "loom.httpScheme" -}}
 {{ ternary "HTTPS" "HTTP" (ne .Values.tls.existingSecret "") }}

@@ -70,6 +70,8 @@ spec:
         # The replica id: the pod's name (StatefulSet) or its group leader's.
         - --replica-id
         - $(LOOM_REPLICA_ID)
+        - --cluster-secret-file
+        - /etc/loom/cluster-secret/{{ $.Values.clusterSecret.secretKey }}
         - --world-size
         - {{ include "loom.worker.ranksPerReplica" $ | quote }}
         {{- if gt (int (default 1 $w.pipelineParallelSize)) 1 }}
@@ -195,6 +197,9 @@ spec:
         {{- include "loom.modelMount" $ | nindent 8 }}
         - name: tmp
           mountPath: /tmp
+        - name: cluster-secret
+          mountPath: /etc/loom/cluster-secret
+          readOnly: true
         {{- if $w.shm.enabled }}
         - name: dshm
           mountPath: /dev/shm
@@ -206,6 +211,9 @@ spec:
     {{- include "loom.modelVolume" $ | nindent 4 }}
     - name: tmp
       emptyDir: {}
+    - name: cluster-secret
+      secret:
+        secretName: {{ include "loom.clusterSecret" $ }}
     {{- if $w.shm.enabled }}
     # The ranks of the pod share it (NCCL's and gloo's shared-memory transport).
     - name: dshm
