@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -60,33 +61,42 @@ ClusterOptions WithHeartbeatInterval(ClusterOptions options) {
   return options;
 }
 
-}  // namespace
-
-Cluster::Cluster(ClusterOptions options, std::string model_fingerprint)
-    : options_(WithHeartbeatInterval(options)),
-      model_fingerprint_(std::move(model_fingerprint)),
-      router_(options.router, kv_index_) {
-  monitor_ = std::thread([this] { Monitor(); });
-}
-
-Cluster::~Cluster() { Stop(); }
-
-absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
-    const loom::v1::RegisterRequest& request) {
+// A registration's own fields, before any replica is touched: FailedPrecondition for
+// another protocol or model, InvalidArgument for values no worker sends.
+absl::Status CheckRegisterRequest(const loom::v1::RegisterRequest& request,
+                                  const std::string& model_fingerprint) {
   if (request.protocol_version() != loom::v1::PROTOCOL_VERSION_CURRENT) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the worker speaks protocol version %d, this coordinator speaks version %d",
         request.protocol_version(), static_cast<int>(loom::v1::PROTOCOL_VERSION_CURRENT)));
   }
-  if (request.model().fingerprint() != model_fingerprint_) {
+  if (request.model().fingerprint() != model_fingerprint) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the worker serves model '%s' (fingerprint %s); this coordinator serves fingerprint %s",
-        request.model().path(), request.model().fingerprint(), model_fingerprint_));
+        request.model().path(), request.model().fingerprint(), model_fingerprint));
   }
   if (request.world_size() < 1 || request.rank() < 0 ||
       request.rank() >= request.world_size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d is outside a replica of world size %d", request.rank(), request.world_size()));
+  }
+  if (request.pipeline_parallel_size() < 0 || request.pipeline_first_layer() < 0 ||
+      request.pipeline_num_layers() < 0 || request.kv_head_begin() < 0 ||
+      request.num_kv_heads() < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "registration: negative pipeline or KV head fields (%d stages, layers [%d, +%d), KV "
+        "heads [%d, +%d))",
+        request.pipeline_parallel_size(), request.pipeline_first_layer(),
+        request.pipeline_num_layers(), request.kv_head_begin(), request.num_kv_heads()));
+  }
+  // The element types workers write (worker/step_backend_factory.h's KvPoolDtypeName);
+  // empty: an older worker's F16.
+  static constexpr const char* kKvDtypes[] = {"", "f16", "bf16", "f32", "int8", "fp8_e4m3"};
+  if (std::find(std::begin(kKvDtypes), std::end(kKvDtypes), request.kv_dtype()) ==
+      std::end(kKvDtypes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "registration: unknown KV cache dtype '%s' (f16, bf16, f32, int8, fp8_e4m3)",
+        request.kv_dtype().substr(0, 64)));
   }
   const int stages = std::max(request.pipeline_parallel_size(), 1);
   if (request.world_size() % stages != 0) {
@@ -112,6 +122,27 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
         "registration: a host KV tier of %d blocks loading in %g s per block is not valid",
         request.num_host_kv_blocks(), request.kv_load_seconds_per_block()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Cluster::Cluster(ClusterOptions options, std::string model_fingerprint)
+    : options_(WithHeartbeatInterval(options)),
+      model_fingerprint_(std::move(model_fingerprint)),
+      router_(options.router, kv_index_) {
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+Cluster::~Cluster() { Stop(); }
+
+absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
+    const loom::v1::RegisterRequest& request) {
+  if (absl::Status checked = CheckRegisterRequest(request, model_fingerprint_); !checked.ok()) {
+    return checked;
+  }
+  const int stages = std::max(request.pipeline_parallel_size(), 1);
+  const ReplicaRole role = *ParseReplicaRole(request.role());  // checked above
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
@@ -140,12 +171,12 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
       endpoint.num_kv_blocks = pending.ranks[0]->num_kv_blocks();
       endpoint.num_host_kv_blocks = pending.ranks[0]->num_host_kv_blocks();
       endpoint.pipeline_parallel_size = stages;
-      endpoint.role = *role;
+      endpoint.role = role;
       endpoint.kv_dtype = request.kv_dtype();
       // The ranks must agree; the refusal is written before the pending ranks it names go.
       absl::Status disagree;
       for (const auto& rank : pending.ranks) {
-        if (ParseReplicaRole(rank->role()).value_or(ReplicaRole::kMixed) != *role) {
+        if (ParseReplicaRole(rank->role()).value_or(ReplicaRole::kMixed) != role) {
           disagree = absl::FailedPreconditionError(
               absl::StrFormat("the ranks of replica %s disagree on their role ('%s' and '%s')",
                               request.replica_id(), request.role(), rank->role()));
@@ -155,6 +186,12 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
           disagree = absl::FailedPreconditionError(absl::StrFormat(
               "the ranks of replica %s disagree on the pipeline parallel size (%d and %d)",
               request.replica_id(), stages, rank->pipeline_parallel_size()));
+          break;
+        }
+        if (rank->kv_dtype() != endpoint.kv_dtype) {
+          disagree = absl::FailedPreconditionError(absl::StrFormat(
+              "the ranks of replica %s disagree on the KV cache dtype ('%s' and '%s')",
+              request.replica_id(), endpoint.kv_dtype, rank->kv_dtype()));
           break;
         }
         if (rank->block_size() != endpoint.block_size) {
@@ -210,7 +247,7 @@ absl::StatusOr<loom::v1::RegisterResponse> Cluster::Register(
   std::fprintf(
       stderr, "loom: worker %s registered for replica %s (%s backend%s)\n",
       request.worker_address().c_str(), request.replica_id().c_str(), request.backend().c_str(),
-      *role == ReplicaRole::kMixed ? "" : absl::StrFormat(", %s", ReplicaRoleName(*role)).c_str());
+      role == ReplicaRole::kMixed ? "" : absl::StrFormat(", %s", ReplicaRoleName(role)).c_str());
   loom::v1::RegisterResponse response;
   response.set_worker_id(absl::StrFormat("%s/%d", request.replica_id(), request.rank()));
   const absl::Duration interval = options_.replica.liveness.heartbeat_interval;

@@ -84,6 +84,32 @@ def test_a_role_the_coordinator_does_not_know_and_ranks_of_different_roles_are_r
     assert_refused_and_absent(rig, coordinator_stub, request, "disagree on their role", "prefill", "decode")
 
 
+@pytest.mark.parametrize("field,value,words", [
+    ("kv_dtype", "f7", ("unknown kv cache dtype 'f7'",)),
+    ("pipeline_parallel_size", -2, ("negative pipeline",)),
+    ("num_kv_heads", -1, ("negative pipeline or kv head",)),
+])
+def test_malformed_registrations_are_refused_by_field(rig, coordinator_stub, field, value, words):
+    with pytest.raises(grpc.RpcError) as refused:
+        coordinator_stub.Register(register_request(rig, **{field: value}), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    for word in words:
+        assert word in (refused.value.details() or "").lower(), refused.value.details()
+    assert "intruder" not in rig.coordinator.replicas()
+
+
+def test_ranks_of_one_replica_with_different_kv_dtypes_are_refused(rig, coordinator_stub):
+    coordinator_stub.Register(register_request(rig, world_size=2, rank=0, kv_dtype="f16",
+                                               replica_id="mixed-dtypes"), timeout=10)
+    request = register_request(rig, world_size=2, rank=1, kv_dtype="int8", replica_id="mixed-dtypes",
+                               worker_address="127.0.0.1:10")
+    with pytest.raises(grpc.RpcError) as refused:
+        coordinator_stub.Register(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    assert "disagree on the kv cache dtype" in (refused.value.details() or "").lower()
+    assert "mixed-dtypes" not in rig.coordinator.replicas()
+
+
 def test_heartbeat_from_an_unknown_worker_is_not_found(rig, coordinator_stub):
     with pytest.raises(grpc.RpcError) as answer:
         coordinator_stub.Heartbeat(h.stubs().wpb.HeartbeatRequest(worker_id="nobody/0"), timeout=10)
