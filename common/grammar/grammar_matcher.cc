@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
 
 namespace loom::common {
 
@@ -12,11 +13,34 @@ GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar,
     : grammar_(std::move(grammar)), trie_(std::move(trie)) {
   absl::MutexLock lock(&mu_);
   nodes_.push_back({-1, 0});  // node 0: the document is complete
-  std::vector<int32_t> out;
+  Closure closure;
   for (int32_t start : grammar_->rule_alternatives()[grammar_->root_rule()]) {
-    Expand(start, 0, out);
+    Expand(start, 0, closure);
   }
-  initial_ = InternState(std::move(out));
+  initial_ = InternClosure(std::move(closure));
+}
+
+absl::Status GrammarAutomaton::CheckStartFits(std::shared_ptr<const Grammar> grammar) {
+  GrammarAutomaton automaton(std::move(grammar), nullptr);
+  if (!automaton.overflowed()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the grammar is too ambiguous to match: listing the parses open before its first byte "
+      "takes more than %d steps (nested optional repeats such as ((a?){n}){m} multiply them, "
+      "as do empty rules used twice in a chain); simplify it",
+      kMaxClosureSteps));
+}
+
+bool GrammarAutomaton::overflowed() {
+  absl::MutexLock lock(&mu_);
+  return overflowed_;
+}
+
+int32_t GrammarAutomaton::InternClosure(Closure closure) {
+  if (closure.overflowed) {
+    overflowed_ = true;
+    return kDead;
+  }
+  return InternState(std::move(closure.nodes));
 }
 
 int32_t GrammarAutomaton::InternNode(int32_t pos, int32_t parent) {
@@ -26,19 +50,24 @@ int32_t GrammarAutomaton::InternNode(int32_t pos, int32_t parent) {
   return it->second;
 }
 
-void GrammarAutomaton::Expand(int32_t pos, int32_t parent, std::vector<int32_t>& out) {
+void GrammarAutomaton::Expand(int32_t pos, int32_t parent, Closure& closure) {
   const auto& elements = grammar_->elements();
+  std::vector<int32_t>& out = closure.nodes;
   // The closure over (element, return node) pairs, with a worklist and each pair once:
-  // rules enter rules as deep as a grammar nests them, and an empty rule passes straight to
-  // the element after it, so recursion (a worker's stack) and revisits (r1 ::= r0 r0,
-  // r2 ::= r1 r1, ... with r0 empty: 2^n paths) would be bounded by nothing else.
+  // rules enter rules as deep as a grammar nests them (no recursion: a worker's stack), and
+  // an empty rule passes straight to the element after it, so the same pair is reached on
+  // many paths. Distinct pairs can still multiply (kMaxClosureSteps bounds them).
   std::vector<std::pair<int32_t, int32_t>> work = {{pos, parent}};
-  absl::flat_hash_set<uint64_t> seen;
-  while (!work.empty()) {
+  while (!work.empty() && !closure.overflowed) {
     const auto [at, back] = work.back();
     work.pop_back();
-    if (!seen.insert((static_cast<uint64_t>(at) << 32) | static_cast<uint32_t>(back)).second) {
+    if (!closure.seen.insert((static_cast<uint64_t>(at) << 32) | static_cast<uint32_t>(back))
+             .second) {
       continue;
+    }
+    if (static_cast<int64_t>(closure.seen.size()) > kMaxClosureSteps) {
+      closure.overflowed = true;
+      break;
     }
     const GrammarElement& el = elements[at];
     if (el.kind == GrammarElement::Kind::kEnd) {
@@ -87,16 +116,16 @@ int32_t GrammarAutomaton::AdvanceLocked(int32_t state, uint8_t byte) {
   auto it = transitions_.find(key);
   if (it != transitions_.end()) return it->second;
   const auto& elements = grammar_->elements();
-  std::vector<int32_t> out;
+  Closure closure;
   const std::vector<int32_t> current = states_[state].nodes;
   for (int32_t node_id : current) {
     if (node_id == 0) continue;
     const Node node = nodes_[node_id];
     if (grammar_->byte_sets()[elements[node.pos].value].test(byte)) {
-      Expand(node.pos + 1, node.parent, out);
+      Expand(node.pos + 1, node.parent, closure);
     }
   }
-  const int32_t next = InternState(std::move(out));
+  const int32_t next = InternClosure(std::move(closure));
   transitions_.emplace(key, next);
   return next;
 }

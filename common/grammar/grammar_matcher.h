@@ -17,6 +17,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grammar/grammar.h"
 #include "common/tokenizer/token_trie.h"
@@ -36,6 +38,18 @@ class GrammarAutomaton {
 
   static constexpr int32_t kDead = -1;
 
+  /// The bound on one configuration: (element, return) pairs visited to build it, which
+  /// also bounds the parser stacks it holds. Nested nullable repeats multiply them
+  /// (((a?){n}){m} holds n * m stacks after each byte), and so do empty rules used twice
+  /// in a chain (r1 ::= r0 r0, r2 ::= r1 r1, ...: 2^n return points); a configuration past
+  /// it is refused (kDead), and the automaton says so (overflowed()), so no grammar makes
+  /// a transition unbounded work or memory.
+  static constexpr int64_t kMaxClosureSteps = int64_t{1} << 20;
+
+  /// InvalidArgument when `grammar`'s configuration before any byte is past the bounds
+  /// (what request validation checks); OK otherwise.
+  static absl::Status CheckStartFits(std::shared_ptr<const Grammar> grammar);
+
   /// The configuration before any byte.
   int32_t Initial() const { return initial_; }
   /// The configuration after `byte`, or kDead when the grammar rejects it.
@@ -53,6 +67,8 @@ class GrammarAutomaton {
   const TokenTrie* trie() const { return trie_.get(); }
   /// Configurations interned so far (a measure of the work done).
   int64_t num_states();
+  /// Whether some configuration was refused for its size (kMaxClosureSteps).
+  bool overflowed();
 
  private:
   struct Node {
@@ -64,9 +80,18 @@ class GrammarAutomaton {
     std::bitset<256> next_bytes;
   };
 
+  // The (element, return node) pairs one configuration's closure visited: each once for the
+  // whole configuration (what one pair yields does not depend on where it was reached from).
+  struct Closure {
+    absl::flat_hash_set<uint64_t> seen;
+    std::vector<int32_t> nodes;
+    bool overflowed = false;
+  };
+
   int32_t InternNode(int32_t pos, int32_t parent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Expand(int32_t pos, int32_t parent, std::vector<int32_t>& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Expand(int32_t pos, int32_t parent, Closure& closure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The closure's configuration, kDead when it is empty or past the bounds.
+  int32_t InternClosure(Closure closure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t InternState(std::vector<int32_t> nodes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t AdvanceLocked(int32_t state, uint8_t byte) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -82,6 +107,7 @@ class GrammarAutomaton {
   absl::flat_hash_map<uint64_t, int32_t> transitions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int32_t, std::shared_ptr<const TokenMask>> masks_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> scratch_ ABSL_GUARDED_BY(mu_);
+  bool overflowed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 /// One sequence's position in a grammar. Not thread-safe; cheap to copy.

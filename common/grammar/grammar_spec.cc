@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grammar/gbnf_parser.h"
+#include "common/grammar/grammar_matcher.h"
 #include "common/grammar/json_schema_grammar.h"
 #include "common/grammar/regex_grammar.h"
 #include "common/grammar/tool_call_grammar.h"
@@ -89,6 +90,9 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarCache::Get(const GrammarSp
   // Compiled outside the lock: a large schema does not hold up other look-ups.
   auto grammar = CompileGrammarSpec(spec);
   if (!grammar.ok()) return grammar.status();
+  // A grammar whose start is already past the matcher's bounds could only end its
+  // sequences at once: the client's error, named here.
+  LOOM_RETURN_IF_ERROR(GrammarAutomaton::CheckStartFits(*grammar));
   absl::MutexLock lock(&mu_);
   ++misses_;
   auto it = index_.find(key);

@@ -40,6 +40,43 @@ TEST(GrammarTest, DeepRuleNestingMatchesWithoutRecursion) {
   EXPECT_FALSE(Accepts({GrammarKind::kGbnf, chain}, "b"));
 }
 
+// Empty rules doubling (r1 ::= r0 r0, r2 ::= r1 r1, ...): 2^n return points, reached on
+// many more paths; each (element, return) pair is visited once. Past the bound (n = 40)
+// the grammar is refused by name rather than matched for hours.
+TEST(GrammarTest, DoublingEmptyRulesMatchWithinTheBoundAndAreRefusedPastIt) {
+  auto doubling_of = [](int n) {
+    std::string doubling = "root ::= r" + std::to_string(n) + " \"x\"\nr0 ::= \"\"\n";
+    for (int i = 1; i <= n; ++i) {
+      doubling += "r" + std::to_string(i) + " ::= r" + std::to_string(i - 1) + " r" +
+                  std::to_string(i - 1) + "\n";
+    }
+    return doubling;
+  };
+  EXPECT_TRUE(Accepts({GrammarKind::kGbnf, doubling_of(12)}, "x"));
+  EXPECT_FALSE(Accepts({GrammarKind::kGbnf, doubling_of(12)}, "xx"));
+  auto refused = GrammarCache().Get({GrammarKind::kGbnf, doubling_of(40)});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("too ambiguous"), std::string::npos)
+      << refused.status();
+}
+
+// Nested optional repeats hold n * m parser stacks at once: past the matcher's bounds the
+// grammar is refused by name when it is compiled for a request, not matched for minutes.
+TEST(GrammarTest, GrammarsPastTheMatchersBoundsAreRefusedAtCompileTime) {
+  GrammarCache cache;
+  auto refused = cache.Get({GrammarKind::kRegex, "((y?){1000}){1000}x"});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("too ambiguous"), std::string::npos)
+      << refused.status();
+  // Within the bounds the same shape matches.
+  auto small = cache.Get({GrammarKind::kRegex, "((y?){10}){10}x"});
+  ASSERT_TRUE(small.ok()) << small.status();
+  GrammarAutomaton automaton(*small, nullptr);
+  EXPECT_TRUE(automaton.IsAccepting(automaton.AdvanceBytes(automaton.Initial(), "yyyyyx")));
+  EXPECT_FALSE(automaton.overflowed());
+}
+
 TEST(GrammarTest, RejectsRepetitionOfSomethingThatMatchesNothing) {
   GrammarDefinition d;
   d.SetRule("root", RepeatExpr(RepeatExpr(LiteralExpr("a"), 0, 1), 0, -1));
