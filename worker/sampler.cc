@@ -280,21 +280,33 @@ void SequenceSampler::AdvanceGrammar(int32_t token) {
                           });
 }
 
-const float* SequenceSampler::Masked(const float* logits) {
+const float* SequenceSampler::Masked(const float* logits, const float* raw) {
   if (logits != scratch_.data()) std::copy(logits, logits + vocab_size_, scratch_.data());
   std::shared_ptr<const common::TokenMask> mask =
       next_mask_.valid() ? next_mask_.get() : grammar_->AllowedTokens();
   const int64_t mask_tokens = std::min<int64_t>(vocab_size_, static_cast<int64_t>(mask->size()) * 64);
   bool any = false;
+  bool any_finite = false;
   constexpr float kForbidden = -std::numeric_limits<float>::infinity();
   for (int64_t id = 0; id < mask_tokens; ++id) {
     if (common::MaskAllows(*mask, static_cast<int32_t>(id))) {
       any = true;
+      any_finite = any_finite || scratch_[id] > kForbidden;
     } else {
       scratch_[id] = kForbidden;
     }
   }
   std::fill(scratch_.begin() + mask_tokens, scratch_.end(), kForbidden);
+  if (any && !any_finite) {
+    // The request's other constraints forbid every token the grammar allows (min_tokens
+    // suppressing the end token where the document is complete): the grammar wins, so the
+    // text stays valid, with the model's own logits over what it allows.
+    for (int64_t id = 0; id < mask_tokens; ++id) {
+      if (common::MaskAllows(*mask, static_cast<int32_t>(id))) {
+        scratch_[id] = std::isfinite(raw[id]) ? raw[id] : 0.0f;
+      }
+    }
+  }
   if (!any) {
     // A dead end (no token can continue the text): end it rather than emit invalid text.
     const auto& end_ids = grammar_->automaton()->trie()->end_ids();
@@ -305,7 +317,7 @@ const float* SequenceSampler::Masked(const float* logits) {
 
 SampledToken SequenceSampler::Sample(const float* logits) {
   const float* work = Penalized(logits, {});
-  if (grammar_ != nullptr) work = Masked(work);
+  if (grammar_ != nullptr) work = Masked(work, logits);
   const int32_t token = greedy() ? Argmax(work, vocab_size_) : PickFromDistribution(work);
   if (grammar_ != nullptr) AdvanceGrammar(token);
   SampledToken sampled;

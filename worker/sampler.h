@@ -112,8 +112,10 @@ class SequenceSampler {
   size_t BuildCandidates(const float* logits, double& sum);
   int32_t PickFromDistribution(const float* logits);
   // `logits` (or scratch_ holding them) with the tokens the grammar forbids at -inf, in
-  // scratch_; the end-of-text token when the grammar allows nothing (a dead end).
-  const float* Masked(const float* logits);
+  // scratch_; the end-of-text token when the grammar allows nothing (a dead end). When
+  // penalties, biases or min_tokens left none of the allowed tokens finite, the allowed
+  // ones take the model's `raw` logits: the grammar outranks the other constraints.
+  const float* Masked(const float* logits, const float* raw);
   // Advances the grammar over `token` and starts computing the next mask.
   void AdvanceGrammar(int32_t token);
 

@@ -99,6 +99,31 @@ TEST(GrammarSamplingTest, RecordedOutputsAdvanceTheGrammar) {
   EXPECT_EQ(sampler.Sample(logits.data()).token_id, kEnd);
 }
 
+// min_tokens suppresses the end token, but "ab;" is complete after three tokens and the
+// grammar allows nothing else: the grammar wins (the end token, not a forbidden one).
+TEST(GrammarSamplingTest, TheGrammarOutranksMinTokens) {
+  common::GrammarMatcherFactory factory(Trie());
+  for (float temperature : {0.0f, 1.0f}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.min_tokens = 10;
+    params.min_tokens_suppressed_ids = {kEnd};
+    SequenceSampler sampler(params, {}, 9);
+    sampler.SetGrammar(*factory.NewMatcher({common::GrammarKind::kRegex, "ab;"}));
+    std::vector<float> logits(9, 0.0f);
+    logits[0] = 3.0f;  // the model prefers "a" (forbidden after the first token)
+    std::vector<int32_t> out;
+    for (int step = 0; step < 6; ++step) {
+      const int32_t token = sampler.Sample(logits.data()).token_id;
+      out.push_back(token);
+      if (token == kEnd) break;
+    }
+    ASSERT_EQ(out.back(), kEnd) << "temperature " << temperature;
+    out.pop_back();
+    EXPECT_EQ(Text(out), "ab;") << "temperature " << temperature;
+  }
+}
+
 TEST(GrammarSamplingTest, UnconstrainedSamplerIsUnchanged) {
   SamplingParams params;
   params.temperature = 0.0f;
