@@ -70,8 +70,13 @@ std::string Head(const HttpResponse& response, bool keep_alive, bool http10, boo
 // the connection (its strand).
 class ConnectionResponder final : public HttpResponder {
  public:
-  ConnectionResponder(std::shared_ptr<ConnectionBase> connection, bool keep_alive, bool http10)
-      : connection_(std::move(connection)), keep_alive_(keep_alive), http10_(http10) {}
+  // `head_only`: a HEAD request, answered as its GET without the body (RFC 9110 9.3.2).
+  ConnectionResponder(std::shared_ptr<ConnectionBase> connection, bool keep_alive, bool http10,
+                      bool head_only)
+      : connection_(std::move(connection)),
+        keep_alive_(keep_alive),
+        http10_(http10),
+        head_only_(head_only) {}
 
   void Respond(HttpResponse response) override {
     {
@@ -79,7 +84,7 @@ class ConnectionResponder final : public HttpResponder {
       if (state_ != State::kWaiting || closed_) return;
       state_ = State::kComplete;
       queued_ = Head(response, keep_alive_, http10_, /*chunked=*/false, response.body.size());
-      queued_ += response.body;
+      if (!head_only_) queued_ += response.body;
       if (!KickNeededLocked()) return;
     }
     connection_->Kick();
@@ -89,7 +94,8 @@ class ConnectionResponder final : public HttpResponder {
     {
       absl::MutexLock lock(&mu_);
       if (state_ != State::kWaiting || closed_) return;
-      state_ = State::kStreaming;
+      // A HEAD's stream is its head alone: what the handler writes next is dropped.
+      state_ = head_only_ ? State::kComplete : State::kStreaming;
       queued_ = Head(head, keep_alive_, http10_, /*chunked=*/true, 0);
       if (!KickNeededLocked()) return;
     }
@@ -185,6 +191,7 @@ class ConnectionResponder final : public HttpResponder {
   const std::shared_ptr<ConnectionBase> connection_;
   const bool keep_alive_;
   const bool http10_;
+  const bool head_only_;
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kWaiting;
   std::string queued_ ABSL_GUARDED_BY(mu_);
@@ -291,21 +298,25 @@ class Connection final : public ConnectionBase,
       request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
     }
     request.body = std::move(message.body());
-    auto responder = Begin(message.keep_alive(), message.version() == 10);
+    // HEAD runs the GET route and sends its head only (curl -I, load balancers' probes).
+    const bool head_only = request.method == "HEAD";
+    if (head_only) request.method = "GET";
+    auto responder = Begin(message.keep_alive(), message.version() == 10, head_only);
     dispatch_(std::move(request), std::move(responder));
   }
 
   // A request refused before any handler: the error, then the connection closes.
   void Refuse(int status, const std::string& message) {
-    Begin(/*keep_alive=*/false, /*http10=*/false)->Respond(HttpRouter::Error(status, message));
+    Begin(/*keep_alive=*/false, /*http10=*/false, /*head_only=*/false)
+        ->Respond(HttpRouter::Error(status, message));
   }
 
-  std::shared_ptr<ConnectionResponder> Begin(bool keep_alive, bool http10) {
+  std::shared_ptr<ConnectionResponder> Begin(bool keep_alive, bool http10, bool head_only) {
     ++served_;
     if (options_.pending_answers != nullptr) options_.pending_answers->fetch_add(1);
     keep_alive_ = keep_alive;
-    responder_ =
-        std::make_shared<ConnectionResponder>(this->shared_from_this(), keep_alive, http10);
+    responder_ = std::make_shared<ConnectionResponder>(this->shared_from_this(), keep_alive, http10,
+                                                       head_only);
     Watch();
     return responder_;
   }

@@ -267,6 +267,24 @@ def test_health_ready_version(rig):
     assert version["version"] and version["model"] == "SmolLM2-135M-Instruct.Q4_1"
 
 
+def test_head_answers_the_get_routes_without_a_body(rig):
+    # One kept-alive connection: a HEAD answer that sent its body (or its length wrong) would
+    # corrupt the next answer on it.
+    with httpx.Client(base_url=rig.coordinator.http_url, timeout=10) as client:
+        for path in ("/health", "/v1/models", "/version", "/metrics"):
+            get = client.get(path)
+            head = client.head(path)
+            assert head.status_code == get.status_code == 200, path
+            assert head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+            if path != "/metrics":  # the metrics change between the two calls
+                assert int(head.headers["content-length"]) == len(get.content), path
+        # Still 404 and 405 (with only their heads) where GET would be.
+        assert client.head("/v1/nothing").status_code == 404
+        assert client.head("/v1/completions").status_code == 405
+        assert client.get("/health").status_code == 200
+
+
 def test_stream_disconnect_cancels_and_frees_blocks(rig, model):
     client = client_for(rig)
     stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=2000, temperature=0,
