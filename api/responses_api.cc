@@ -25,6 +25,18 @@ std::string NewId(const char* prefix) {
   return id;
 }
 
+// `object[key]` when it is a string, `fallback` when it is absent; an error naming `param`
+// for anything else (Json::value would throw, and the client would see a 500).
+absl::StatusOr<std::string> StringOr(const Json& object, const char* key, const char* fallback,
+                                     const char* param) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return std::string(fallback);
+  if (!it->is_string()) {
+    return InvalidOpenAiParam(param, absl::StrFormat("'%s' of '%s' must be a string", key, param));
+  }
+  return it->get<std::string>();
+}
+
 // An input message's content: a string, or parts whose text is joined.
 absl::StatusOr<std::string> MessageText(const Json& content) {
   if (content.is_string()) return content.get<std::string>();
@@ -87,7 +99,7 @@ absl::Status ChatTools(const Json& body, Json& chat) {
     if (!tools->is_array()) return InvalidOpenAiParam("tools", "'tools' must be a list");
     Json out = Json::array();
     for (const Json& tool : *tools) {
-      if (!tool.is_object() || tool.value("type", "") != "function") {
+      if (!tool.is_object() || !tool.contains("type") || tool["type"] != "function") {
         return InvalidOpenAiParam("tools", "only function tools are supported on /v1/responses");
       }
       Json function = Json::object();
@@ -99,7 +111,7 @@ absl::Status ChatTools(const Json& body, Json& chat) {
     if (!out.empty()) chat["tools"] = std::move(out);
   }
   if (auto choice = body.find("tool_choice"); choice != body.end() && !choice->is_null()) {
-    if (choice->is_object() && choice->value("type", "") == "function" &&
+    if (choice->is_object() && choice->contains("type") && (*choice)["type"] == "function" &&
         choice->contains("name")) {
       chat["tool_choice"] = Json{{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
     } else {
@@ -175,19 +187,23 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
   if (absl::Status tools = ChatTools(body, chat); !tools.ok()) return tools;
   if (auto text = body.find("text"); text != body.end() && text->is_object()) {
     if (auto format = text->find("format"); format != text->end() && format->is_object()) {
-      const std::string type = format->value("type", "text");
-      if (type == "json_schema") {
+      absl::StatusOr<std::string> type = StringOr(*format, "type", "text", "text.format");
+      if (!type.ok()) return type.status();
+      absl::StatusOr<std::string> name = StringOr(*format, "name", "response", "text.format");
+      if (!name.ok()) return name.status();
+      if (*type == "json_schema") {
         if (!format->contains("schema") || !(*format)["schema"].is_object()) {
           return InvalidOpenAiParam("text",
                                     "text.format of type json_schema needs a 'schema' object");
         }
-        Json schema{{"name", format->value("name", "response")}, {"schema", (*format)["schema"]}};
+        Json schema{{"name", *name}, {"schema", (*format)["schema"]}};
         if (format->contains("strict")) schema["strict"] = (*format)["strict"];
         chat["response_format"] = Json{{"type", "json_schema"}, {"json_schema", std::move(schema)}};
-      } else if (type == "json_object") {
+      } else if (*type == "json_object") {
         chat["response_format"] = Json{{"type", "json_object"}};
-      } else if (type != "text") {
-        return InvalidOpenAiParam("text", absl::StrFormat("text.format type '%s' is not supported", type));
+      } else if (*type != "text") {
+        return InvalidOpenAiParam("text",
+                                  absl::StrFormat("text.format type '%s' is not supported", *type));
       }
     }
   }

@@ -74,6 +74,10 @@ def test_text_format_json_schema_and_incomplete(client, model):
     (dict(input="x", text={"format": {"type": "xml"}}), "text"),
     (dict(input="x", text={"format": {"type": "json_schema", "name": "x"}}), "text"),  # no schema
     (dict(input="x", max_output_tokens=0), "max_output_tokens"),
+    # Fields of the wrong type: 400s naming them, not 500s.
+    (dict(input="x", text={"format": {"type": "json_schema", "name": 7, "schema": {}}}), "text.format"),
+    (dict(input="x", text={"format": {"type": ["json_object"]}}), "text.format"),
+    (dict(input="x", tools=[{"type": 3, "name": "f"}]), "tools"),
 ])
 def test_what_the_subset_does_not_take_is_400(client, model, kwargs, param):
     with pytest.raises(openai.BadRequestError) as raised:
