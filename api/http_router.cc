@@ -54,6 +54,11 @@ void HttpRouter::Run(const HttpHandler& handler, const HttpRequest& request,
   }
   try {
     handler(request, responder);
+  } catch (const nlohmann::json::type_error& error) {
+    // A field of the client's JSON read as another type than it has, by a handler that did
+    // not check it first: the client's error, not the server's.
+    responder->Respond(Error(
+        400, absl::StrFormat("a field of the request has the wrong JSON type (%s)", error.what())));
   } catch (const std::exception& error) {
     // Ignored by the responder when the handler answered before throwing.
     responder->Respond(Error(500, error.what()));

@@ -10,6 +10,13 @@
 #include "common/json_depth.h"
 
 namespace loom::api {
+
+std::string NameField(const nlohmann::ordered_json& object, const char* key, const char* fallback) {
+  if (!object.is_object()) return "<not a string>";
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
+  return it->is_string() ? it->get<std::string>() : "<not a string>";
+}
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -72,7 +79,7 @@ absl::Status CheckContent(const Json& message) {
                               "a message's 'content' must be a string or a list of parts");
   }
   for (const Json& part : *content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || NameField(part, "type") != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       return InvalidOpenAiParam("messages", "only content parts of type 'text' are supported");
     }
@@ -118,7 +125,7 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   if (tools != nullptr) {
     if (!tools->is_array()) return InvalidOpenAiParam("tools", "'tools' must be a list of tools");
     for (const Json& tool : *tools) {
-      if (!tool.is_object() || tool.value("type", "") != "function" ||
+      if (!tool.is_object() || NameField(tool, "type") != "function" ||
           Field(tool, "function") == nullptr) {
         return InvalidOpenAiParam(
             "tools", "each tool must be {\"type\": \"function\", \"function\": {...}}");
@@ -173,7 +180,7 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
       if (out.legacy) {
         name = NamedFunction(*choice, choice_param);
       } else {
-        if (choice->value("type", "") != "function" || Field(*choice, "function") == nullptr) {
+        if (NameField(*choice, "type") != "function" || Field(*choice, "function") == nullptr) {
           return InvalidOpenAiParam(
               choice_param,
               "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");

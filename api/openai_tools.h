@@ -10,6 +10,12 @@
 
 namespace loom::api {
 
+/// A client's `object[key]` as a name to compare: the string when it is one, `fallback`
+/// when it is absent or null, and "<not a string>" (no valid name) for any other JSON
+/// type, so comparisons fall into the caller's 400 (Json::value threw, a 500).
+std::string NameField(const nlohmann::ordered_json& object, const char* key,
+                      const char* fallback = "");
+
 /// OpenAI's tool_choice.
 enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 

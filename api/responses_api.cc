@@ -45,7 +45,7 @@ absl::StatusOr<std::string> MessageText(const Json& content) {
   }
   std::string text;
   for (const Json& part : content) {
-    const std::string type = part.is_object() ? part.value("type", "") : "";
+    const std::string type = part.is_object() ? NameField(part, "type") : "";
     if ((type != "input_text" && type != "output_text") || !part.contains("text") ||
         !part["text"].is_string()) {
       return InvalidOpenAiParam(
@@ -64,13 +64,13 @@ absl::Status AddToolItem(const Json& item, Json& messages) {
   const auto text = [&](const char* key) -> absl::StatusOr<std::string> {
     if (!item.contains(key) || !item[key].is_string()) {
       return InvalidOpenAiParam(
-          "input", absl::StrFormat("a %s item needs a string '%s'", item.value("type", ""), key));
+          "input", absl::StrFormat("a %s item needs a string '%s'", NameField(item, "type"), key));
     }
     return item[key].get<std::string>();
   };
   absl::StatusOr<std::string> call_id = text("call_id");
   if (!call_id.ok()) return call_id.status();
-  if (item.value("type", "") == "function_call_output") {
+  if (NameField(item, "type") == "function_call_output") {
     absl::StatusOr<std::string> output = text("output");
     if (!output.ok()) return output.status();
     messages.push_back(Json{{"role", "tool"}, {"tool_call_id", *call_id}, {"content", *output}});
@@ -150,7 +150,7 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
     messages.push_back(Json{{"role", "user"}, {"content", *input}});
   } else if (input->is_array() && !input->empty()) {
     for (const Json& item : *input) {
-      const std::string type = item.is_object() ? item.value("type", "message") : "";
+      const std::string type = item.is_object() ? NameField(item, "type", "message") : "";
       if (type == "function_call" || type == "function_call_output") {
         absl::Status added = AddToolItem(item, messages);
         if (!added.ok()) return added;
@@ -185,8 +185,13 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
     chat["max_tokens"] = *it;
   }
   if (absl::Status tools = ChatTools(body, chat); !tools.ok()) return tools;
-  if (auto text = body.find("text"); text != body.end() && text->is_object()) {
-    if (auto format = text->find("format"); format != text->end() && format->is_object()) {
+  if (auto text = body.find("text"); text != body.end() && !text->is_null()) {
+    if (!text->is_object()) return InvalidOpenAiParam("text", "'text' must be an object");
+    auto format = text->find("format");
+    if (format != text->end() && !format->is_null() && !format->is_object()) {
+      return InvalidOpenAiParam("text.format", "'text.format' must be an object");
+    }
+    if (format != text->end() && format->is_object()) {
       absl::StatusOr<std::string> type = StringOr(*format, "type", "text", "text.format");
       if (!type.ok()) return type.status();
       absl::StatusOr<std::string> name = StringOr(*format, "name", "response", "text.format");
@@ -207,7 +212,9 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
       }
     }
   }
-  if (chat.value("stream", false) == true) chat["stream_options"] = Json{{"include_usage", true}};
+  if (chat.contains("stream") && chat["stream"] == true) {
+    chat["stream_options"] = Json{{"include_usage", true}};
+  }
   return chat;
 }
 

@@ -78,6 +78,10 @@ def test_text_format_json_schema_and_incomplete(client, model):
     (dict(input="x", text={"format": {"type": "json_schema", "name": 7, "schema": {}}}), "text.format"),
     (dict(input="x", text={"format": {"type": ["json_object"]}}), "text.format"),
     (dict(input="x", tools=[{"type": 3, "name": "f"}]), "tools"),
+    (dict(input="x", text="hello"), "text"),
+    (dict(input="x", text={"format": "json_object"}), "text.format"),
+    (dict(input=[{"type": 5, "role": "user", "content": "hi"}]), "input"),
+    (dict(input=[{"role": "user", "content": [{"type": None, "text": "hi"}]}]), "input"),
 ])
 def test_what_the_subset_does_not_take_is_400(client, model, kwargs, param):
     with pytest.raises(openai.BadRequestError) as raised:
