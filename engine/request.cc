@@ -188,14 +188,18 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
     reported_replica_id_ = replica_id;
   }
 
-  const bool is_eos = !params_.ignore_eos &&
-                      std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end();
+  // Under a grammar the worker lets an end token through only where the document is
+  // complete (or at a dead end): it ends the sequence even before min_tokens or with
+  // ignore_eos, which could only be honoured with text the grammar refuses.
+  const bool constrained = params_.sampling.has_grammar();
+  const bool is_end = std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end();
+  const bool is_eos = is_end && (!params_.ignore_eos || constrained);
   const bool is_stop_token = std::find(params_.stop_token_ids.begin(),
                                        params_.stop_token_ids.end(),
                                        id) != params_.stop_token_ids.end();
-  // min_tokens: nothing ends the sequence before it (the worker masks EOS and the stop
-  // tokens; stop strings are not looked for yet, as in vLLM).
-  const bool may_stop = num_outputs_ >= params_.sampling.min_tokens();
+  // min_tokens: nothing else ends the sequence before it (the worker masks EOS and the
+  // stop tokens; stop strings are not looked for yet, as in vLLM).
+  const bool may_stop = num_outputs_ >= params_.sampling.min_tokens() || (constrained && is_end);
   if ((is_eos || is_stop_token) && may_stop) {
     // The stop token's own text is not part of the completion (unless asked for; an
     // end-of-generation token is special, so skip_special_tokens still drops it).

@@ -199,6 +199,40 @@ TEST_F(RequestTest, MaxTokensEndsWithLengthAndAllText) {
   EXPECT_EQ(request->num_outputs(), 3);
 }
 
+// A constrained sequence's end token ends it even before min_tokens and with ignore_eos
+// (the worker emits one only where the grammar's document is complete); an unconstrained
+// one goes on.
+TEST_F(RequestTest, AnEndTokenEndsAConstrainedSequenceBeforeMinTokensAndWithIgnoreEos) {
+  const int32_t end = tokenizer_->EndOfGenerationIds().at(0);
+  const int32_t word = tokenizer_->Encode(" yes", false, false).at(0);
+  for (const bool ignore_eos : {false, true}) {
+    for (const bool constrained : {false, true}) {
+      RequestParams params;
+      params.max_tokens = 10;
+      params.ignore_eos = ignore_eos;
+      params.sampling.set_min_tokens(ignore_eos ? 0 : 5);
+      if (constrained) {
+        params.sampling.mutable_grammar()->set_kind("regex");
+        params.sampling.mutable_grammar()->set_text(" yes");
+      }
+      auto request = MakeRequest(params);
+      for (const int32_t id : {word, end}) {
+        loom::v1::SequenceOutput output;
+        output.set_token_id(id);
+        request->OnToken(output, "r0");
+      }
+      EXPECT_EQ(request->finished(), constrained)
+          << "ignore_eos " << ignore_eos << ", constrained " << constrained;
+      if (constrained) {
+        std::optional<OutputEvent> event = request->outputs().Pop(absl::Milliseconds(5));
+        ASSERT_TRUE(event.has_value());
+        EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_STOP);
+        EXPECT_EQ(event->text, " yes");
+      }
+    }
+  }
+}
+
 TEST_F(RequestTest, StopStringCutsTheTextAndFinishesWithStop) {
   RequestParams params;
   params.max_tokens = 100;

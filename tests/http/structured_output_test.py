@@ -150,6 +150,24 @@ def test_grammar_and_streaming(client, model):
     assert re.fullmatch(r"\([1-9][0-9]?(,[1-9][0-9]?){0,2}\)", text), text
 
 
+@pytest.mark.parametrize("extra", [{"min_tokens": 6}, {"ignore_eos": True}])
+def test_a_complete_document_ends_before_min_tokens_and_with_ignore_eos(client, model, extra):
+    # The grammar's document is complete after a few tokens: it ends there ("stop"), with
+    # no token the grammar refuses after it (special tokens shown to catch them).
+    for endpoint in ("chat", "completions"):
+        body = dict(model=model, max_tokens=12, temperature=0, extra_body={
+            "guided_choice": ["true", "false"], "skip_special_tokens": False, **extra})
+        if endpoint == "chat":
+            response = client.chat.completions.create(messages=PROMPT, **body)
+            text = response.choices[0].message.content
+        else:
+            response = client.completions.create(prompt="Is the sky blue?", **body)
+            text = response.choices[0].text
+        assert text in ("true", "false"), text
+        assert response.choices[0].finish_reason == "stop", endpoint
+        assert response.usage.completion_tokens < 6, response.usage
+
+
 def test_unsatisfiable_within_max_tokens_ends_with_length(client, model):
     response = client.completions.create(model=model, prompt="Go:", max_tokens=6, temperature=1.0, seed=1,
                                           extra_body={"guided_regex": "a{60}"})
@@ -226,11 +244,27 @@ def test_tokenize_and_detokenize(rig, model):
     ({"add_generation_prompt": False}, "add_generation_prompt"),
     ({"continue_final_message": True}, "continue_final_message"),
     ({"documents": [{"title": "a", "text": "b"}]}, "documents"),
+    # vLLM's sampling extras that would change the output: refused, not ignored.
+    ({"allowed_token_ids": [5]}, "allowed_token_ids"),
+    ({"bad_words": ["a"]}, "bad_words"),
+    ({"truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
+    ({"use_beam_search": True}, "use_beam_search"),
 ])
 def test_unimplemented_parameters_are_refused_not_ignored(client, model, extra, param):
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=model, messages=PROMPT, max_tokens=2, extra_body=extra)
     assert raised.value.body["param"] == param, raised.value.body
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"messages": [{"role": "user", "content": [{"type": 5, "text": "hi"}]}]}, "messages"),
+    ({"tools": [{"type": None, "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": 5}}, "tool_choice"),
+])
+def test_names_of_the_wrong_json_type_are_400_naming_the_field(rig, model, fields, param):
+    status, body = h.post_json(rig.coordinator.http_url + "/v1/chat/completions",
+                               {"model": model, "messages": PROMPT, "max_tokens": 2, **fields})
+    assert status == 400 and body["error"]["param"] == param, body
 
 
 def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):
