@@ -1,8 +1,11 @@
 #include "api/http_router.h"
 
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
@@ -31,11 +34,22 @@ void HttpRouter::Dispatch(const HttpRequest& request,
       }
     }
     if (longest != nullptr) return Run(*longest, request, std::move(responder));
-    auto same_path = routes_.lower_bound({request.path, ""});
-    const bool known = same_path != routes_.end() && same_path->first.first == request.path;
-    responder->Respond(
-        known ? Error(405, absl::StrFormat("%s is not allowed on %s", request.method, request.path))
-              : Error(404, absl::StrFormat("no route for %s %s", request.method, request.path)));
+    // The path's methods (RFC 9110 15.5.6: a 405 names them in Allow; GET brings HEAD).
+    std::vector<std::string> allowed;
+    for (auto it = routes_.lower_bound({request.path, ""});
+         it != routes_.end() && it->first.first == request.path; ++it) {
+      allowed.push_back(it->first.second);
+      if (it->first.second == "GET") allowed.push_back("HEAD");
+    }
+    if (allowed.empty()) {
+      responder->Respond(
+          Error(404, absl::StrFormat("no route for %s %s", request.method, request.path)));
+      return;
+    }
+    HttpResponse refusal =
+        Error(405, absl::StrFormat("%s is not allowed on %s", request.method, request.path));
+    refusal.set_header("Allow", absl::StrJoin(allowed, ", "));
+    responder->Respond(std::move(refusal));
     return;
   }
   Run(route->second, request, std::move(responder));

@@ -83,6 +83,14 @@ TEST(HttpRouterTest, UnknownPathsAre404AndOtherMethods405WithJsonErrors) {
   router.Dispatch(Request("GET", "/v1/completions"), wrong);
   EXPECT_EQ(wrong->answer.status, 405);
   EXPECT_EQ(Error(wrong->answer).at("type"), "invalid_request_error");
+  // The 405 names the path's methods (a GET route brings HEAD).
+  EXPECT_EQ(wrong->answer.headers,
+            (std::vector<std::pair<std::string, std::string>>{{"Allow", "POST"}}));
+  router.Add("GET", "/v1/completions", [](const HttpRequest&, std::shared_ptr<HttpResponder>) {});
+  auto put = std::make_shared<RecordingResponder>();
+  router.Dispatch(Request("PUT", "/v1/completions"), put);
+  EXPECT_EQ(put->answer.headers,
+            (std::vector<std::pair<std::string, std::string>>{{"Allow", "GET, HEAD, POST"}}));
   // A path that sorts right after a known one is still unknown.
   auto longer = std::make_shared<RecordingResponder>();
   router.Dispatch(Request("GET", "/v1/completions2"), longer);
