@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +72,17 @@ pid_t SpawnWorker(const std::string& binary, const std::vector<std::string>& arg
     sigprocmask(SIG_SETMASK, &none, nullptr);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
+    // None of the coordinator's descriptors (its HTTP and gRPC listening sockets, client
+    // connections) may live on in the worker: a worker outliving a crashed coordinator
+    // would hold its ports. close_range where the kernel has it (5.9), else one by one.
+    long closed = -1;
+#ifdef SYS_close_range
+    closed = syscall(SYS_close_range, 3U, ~0U, 0U);
+#endif
+    if (closed != 0) {
+      const long limit = sysconf(_SC_OPEN_MAX);
+      for (long fd = 3; fd < (limit > 0 ? limit : 65536); ++fd) close(static_cast<int>(fd));
+    }
     execvpe(argv[0], argv.data(), envp.data());
     _exit(127);
   }
@@ -246,10 +258,13 @@ std::vector<std::vector<std::string>> WorkerCommands(const UpOptions& options,
   for (const UpReplica& replica : UpReplicas(options)) {
     const int ranks = replica.workers * options.stages;
     for (int rank = 0; rank < ranks; ++rank) {
-      std::vector<std::string> args = {"--model",       options.serve.model_path,
-                                       "--coordinator", coordinator,
-                                       "--replica-id",  replica.id,
-                                       "--threads",     std::to_string(options.threads)};
+      // No drain of their own: `loom up` drains its coordinator before it stops them (their
+      // Drain call found its port closed).
+      std::vector<std::string> args = {"--model",           options.serve.model_path,
+                                       "--coordinator",     coordinator,
+                                       "--replica-id",      replica.id,
+                                       "--threads",         std::to_string(options.threads),
+                                       "--drain-timeout-s", "0"};
       if (replica.role != "mixed") args.insert(args.end(), {"--role", replica.role});
       if (ranks > 1) {
         args.insert(args.end(), {"--world-size", std::to_string(ranks), "--rank",

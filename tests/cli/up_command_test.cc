@@ -80,10 +80,22 @@ TEST(UpCommandTest, SetsTheFlagsItOwnsPerWorker) {
   ASSERT_EQ(ParseUp({"--model", "m.gguf", "-tp", "2", "--threads", "3"}, options), std::nullopt);
   const auto commands = WorkerCommands(options, "127.0.0.1:1", "r");
   ASSERT_EQ(commands.size(), 2u);
-  const std::vector<std::string> expected = {"--model", "m.gguf", "--coordinator", "127.0.0.1:1",
-                                             "--replica-id", "replica-0", "--threads", "3",
-                                             "--world-size", "2", "--rank", "1",
-                                             "--rendezvous-id", "r"};
+  const std::vector<std::string> expected = {"--model",
+                                             "m.gguf",
+                                             "--coordinator",
+                                             "127.0.0.1:1",
+                                             "--replica-id",
+                                             "replica-0",
+                                             "--threads",
+                                             "3",
+                                             "--drain-timeout-s",
+                                             "0",
+                                             "--world-size",
+                                             "2",
+                                             "--rank",
+                                             "1",
+                                             "--rendezvous-id",
+                                             "r"};
   EXPECT_EQ(commands[1], expected);
   // A flag up sets per worker is not one of its own options.
   UpOptions refused;

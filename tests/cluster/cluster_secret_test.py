@@ -3,8 +3,10 @@ worker given the same --cluster-secret-file serve; a worker without it, or with 
 refused at registration and exits with the reason; a stranger calling the coordinator's
 internal service (Register, the rendezvous store) or the worker's (Step) directly is
 UNAUTHENTICATED, and its Step call does not disturb the coordinator's stream; `loom up` makes
-a secret for its own processes.
+a secret for its own processes (and its workers inherit none of its sockets).
 """
+import os
+import pathlib
 import subprocess
 
 import grpc
@@ -102,6 +104,18 @@ def test_a_missing_secret_file_is_a_usage_error(rig, tmp_path):
         assert "cluster secret file" in done.stderr and str(missing) in done.stderr, done.stderr
 
 
+def sockets_of(pid: int) -> set:
+    found = set()
+    for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
 def test_loom_up_makes_a_secret_for_its_own_processes(tmp_path):
     up = h.Up(tmp_path, threads=1)
     try:
@@ -115,5 +129,11 @@ def test_loom_up_makes_a_secret_for_its_own_processes(tmp_path):
         for pid in [up.pid, *up.children()]:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 assert b"secret" not in cmdline.read()
+        # The workers hold none of the coordinator's sockets (a worker outliving a crashed
+        # coordinator held its HTTP port).
+        coordinator_sockets = sockets_of(up.pid)
+        assert coordinator_sockets
+        for child in up.children():
+            assert not (sockets_of(child) & coordinator_sockets), child
     finally:
         up.stop()
