@@ -120,6 +120,18 @@ absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRe
                             "own field)",
                             key));
       }
+      // What the request's own fields refuse (every reply follows a generation prompt
+      // after the last message) is refused here too, not let in by another door.
+      const bool refused = (key == "add_generation_prompt" && value != true) ||
+                           (key == "continue_final_message" && value != false) ||
+                           (key == "documents" && !value.is_null() && !value.empty());
+      if (refused) {
+        return InvalidOpenAiParam(
+            "chat_template_kwargs",
+            absl::StrFormat("'chat_template_kwargs' cannot set '%s': it is not supported by "
+                            "this server",
+                            key));
+      }
       context[key] = value;
     }
   }

@@ -244,6 +244,10 @@ def test_tokenize_and_detokenize(rig, model):
     ({"add_generation_prompt": False}, "add_generation_prompt"),
     ({"continue_final_message": True}, "continue_final_message"),
     ({"documents": [{"title": "a", "text": "b"}]}, "documents"),
+    # ... nor through the template's own arguments.
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"continue_final_message": True}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"documents": [{"text": "b"}]}}, "chat_template_kwargs"),
     # vLLM's sampling extras that would change the output: refused, not ignored.
     ({"allowed_token_ids": [5]}, "allowed_token_ids"),
     ({"bad_words": ["a"]}, "bad_words"),
