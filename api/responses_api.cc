@@ -1,5 +1,6 @@
 #include "api/responses_api.h"
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -279,7 +280,9 @@ Json Usage(const Json& chat_usage) {
               {"total_tokens", input + output}};
 }
 
-// Turns the chat completion stream into the Responses event sequence of one text message.
+// Turns the chat completion stream into the Responses event sequence: a message item when
+// text arrives, a function_call item per call, numbered in the order they open (the
+// whole response's output: a message only with text, or when nothing else came).
 class EventTranslator {
  public:
   EventTranslator(Json request, std::string model)
@@ -289,16 +292,12 @@ class EventTranslator {
         item_id_(NewId("msg_")),
         created_(absl::ToUnixSeconds(absl::Now())) {}
 
-  // The events before any text.
+  // The events before any output.
   std::string Start() {
     Json in_progress = ResponseObject(id_, created_, request_, model_, "in_progress", Json::array(),
                                       nullptr, nullptr);
     std::string out = Event("response.created", Json{{"response", in_progress}});
     out += Event("response.in_progress", Json{{"response", in_progress}});
-    out += Event("response.output_item.added",
-                 Json{{"output_index", 0}, {"item", MessageItem(item_id_, "in_progress", Json::array())}});
-    out += Event("response.content_part.added", Json{{"item_id", item_id_}, {"output_index", 0},
-                                                     {"content_index", 0}, {"part", TextPart("")}});
     return out;
   }
 
@@ -327,8 +326,11 @@ class EventTranslator {
           !delta["content"].get<std::string>().empty()) {
         const std::string piece = delta["content"].get<std::string>();
         text_ += piece;
-        out += Event("response.output_text.delta", Json{{"item_id", item_id_}, {"output_index", 0},
-                                                        {"content_index", 0}, {"delta", piece},
+        out += OpenMessage();
+        out += Event("response.output_text.delta", Json{{"item_id", item_id_},
+                                                        {"output_index", message_index_},
+                                                        {"content_index", 0},
+                                                        {"delta", piece},
                                                         {"logprobs", Json::array()}});
       }
       for (const Json& part : delta.value("tool_calls", Json::array())) out += CallDelta(part);
@@ -344,7 +346,22 @@ class EventTranslator {
   // argument deltas follow as response.function_call_arguments.delta.
   struct Call {
     std::string item_id, call_id, name, arguments;
+    int output_index = 0;
   };
+
+  // The message item's opening events, once.
+  std::string OpenMessage() {
+    if (message_index_ >= 0) return "";
+    message_index_ = next_index_++;
+    std::string out = Event("response.output_item.added",
+                            Json{{"output_index", message_index_},
+                                 {"item", MessageItem(item_id_, "in_progress", Json::array())}});
+    out += Event("response.content_part.added", Json{{"item_id", item_id_},
+                                                     {"output_index", message_index_},
+                                                     {"content_index", 0},
+                                                     {"part", TextPart("")}});
+    return out;
+  }
 
   std::string CallDelta(const Json& part) {
     const size_t index = part.value("index", size_t{0});
@@ -356,8 +373,9 @@ class EventTranslator {
       call.item_id = NewId("fc_");
       call.call_id = part.value("id", "");
       call.name = function.value("name", "");
+      call.output_index = next_index_++;
       out += Event("response.output_item.added",
-                   Json{{"output_index", index + 1},
+                   Json{{"output_index", call.output_index},
                         {"item", FunctionCallItem(call.item_id, call.call_id, call.name, "",
                                                   "in_progress")}});
     }
@@ -365,8 +383,9 @@ class EventTranslator {
     const std::string piece = function.value("arguments", "");
     if (!piece.empty()) {
       call.arguments += piece;
-      out += Event("response.function_call_arguments.delta",
-                   Json{{"item_id", call.item_id}, {"output_index", index + 1}, {"delta", piece}});
+      out += Event(
+          "response.function_call_arguments.delta",
+          Json{{"item_id", call.item_id}, {"output_index", call.output_index}, {"delta", piece}});
     }
     return out;
   }
@@ -374,24 +393,41 @@ class EventTranslator {
   std::string Finish() {
     if (failed_) return "";
     const bool cut = finish_ == "length";
-    std::string out = Event("response.output_text.done", Json{{"item_id", item_id_}, {"output_index", 0},
-                                                             {"content_index", 0}, {"text", text_},
-                                                             {"logprobs", Json::array()}});
-    out += Event("response.content_part.done", Json{{"item_id", item_id_}, {"output_index", 0},
-                                                    {"content_index", 0}, {"part", TextPart(text_)}});
-    const Json item = MessageItem(item_id_, cut ? "incomplete" : "completed", Json::array({TextPart(text_)}));
-    out += Event("response.output_item.done", Json{{"output_index", 0}, {"item", item}});
-    Json output = Json::array({item});
-    for (size_t i = 0; i < calls_.size(); ++i) {
-      const Call& call = calls_[i];
-      out += Event(
-          "response.function_call_arguments.done",
-          Json{{"item_id", call.item_id}, {"output_index", i + 1}, {"arguments", call.arguments}});
+    std::string out;
+    // A reply with neither text nor calls is one empty message, as the whole response has.
+    if (calls_.empty()) out += OpenMessage();
+    std::vector<std::pair<int, Json>> items;  // (output index, item)
+    if (message_index_ >= 0) {
+      out += Event("response.output_text.done", Json{{"item_id", item_id_},
+                                                     {"output_index", message_index_},
+                                                     {"content_index", 0},
+                                                     {"text", text_},
+                                                     {"logprobs", Json::array()}});
+      out += Event("response.content_part.done", Json{{"item_id", item_id_},
+                                                      {"output_index", message_index_},
+                                                      {"content_index", 0},
+                                                      {"part", TextPart(text_)}});
+      const Json item =
+          MessageItem(item_id_, cut ? "incomplete" : "completed", Json::array({TextPart(text_)}));
+      out += Event("response.output_item.done",
+                   Json{{"output_index", message_index_}, {"item", item}});
+      items.emplace_back(message_index_, item);
+    }
+    for (const Call& call : calls_) {
+      out +=
+          Event("response.function_call_arguments.done", Json{{"item_id", call.item_id},
+                                                              {"output_index", call.output_index},
+                                                              {"arguments", call.arguments}});
       const Json done =
           FunctionCallItem(call.item_id, call.call_id, call.name, call.arguments, "completed");
-      out += Event("response.output_item.done", Json{{"output_index", i + 1}, {"item", done}});
-      output.push_back(done);
+      out += Event("response.output_item.done",
+                   Json{{"output_index", call.output_index}, {"item", done}});
+      items.emplace_back(call.output_index, done);
     }
+    std::sort(items.begin(), items.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    Json output = Json::array();
+    for (auto& [index, item] : items) output.push_back(std::move(item));
     const Json response =
         ResponseObject(id_, created_, request_, model_, cut ? "incomplete" : "completed",
                        std::move(output), usage_, cut ? "max_output_tokens" : nullptr);
@@ -418,6 +454,8 @@ class EventTranslator {
   std::string finish_;
   Json usage_;
   bool failed_ = false;
+  int message_index_ = -1;  // the message item's output index once opened
+  int next_index_ = 0;
   std::vector<Call> calls_;
 };
 

@@ -109,6 +109,12 @@ def test_function_tools_whole_streamed_and_as_input(client, model):
     assert len(deltas) > 1 and "".join(deltas) == done.arguments == calls[0].arguments
     final = [e for e in events if e.type == "response.completed"][0].response
     assert [item.arguments for item in final.output if item.type == "function_call"] == [done.arguments]
+    # The same items as the whole response (no empty message beside the call), each event
+    # at its item's index.
+    assert [item.type for item in final.output] == [item.type for item in response.output] == ["function_call"]
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [(e.output_index, e.item.type) for e in added] == [(0, "function_call")]
+    assert {e.output_index for e in events if hasattr(e, "output_index")} == {0}
 
     # The call and its result as input: the conversation goes on in text.
     follow = client.responses.create(model=model, tools=[WEATHER], max_output_tokens=16, temperature=0, input=[
