@@ -24,6 +24,7 @@ struct ToolReply {
   Json content;
   std::vector<ParsedToolCall> calls;
   std::optional<std::string> reasoning;  // gpt-oss's analysis channel
+  bool partial = false;  // `calls` were cut short by max_tokens (finish_reason stays "length")
 };
 
 ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
@@ -34,6 +35,25 @@ ToolReply ParseReply(const ToolsRequest& tools, const std::string& text) {
   out.calls = std::move(parsed.calls);
   out.reasoning = std::move(parsed.reasoning);
   return out;
+}
+
+// ParseReply of a finished reply: when it was held to calls (tool_choice required or
+// named) but cut by max_tokens, the calls as far as they came (as a stream shows them,
+// and as OpenAI answers), not the call format's raw text as content.
+ToolReply ParseFinalReply(const ToolsRequest& tools, const std::string& text, bool cut) {
+  ToolReply reply = ParseReply(tools, text);
+  const bool calls_only =
+      tools.choice == ToolChoice::kRequired || tools.choice == ToolChoice::kNamed;
+  if (!cut || !calls_only || !reply.calls.empty()) return reply;
+  for (PartialToolCall& partial : PartialToolCalls(tools.format, text)) {
+    reply.calls.push_back({std::move(partial.name), std::move(partial.arguments)});
+  }
+  if (!tools.parallel && reply.calls.size() > 1) reply.calls.resize(1);
+  if (!reply.calls.empty()) {
+    reply.content = nullptr;
+    reply.partial = true;
+  }
+  return reply;
 }
 
 Json ToolCallJson(const ParsedToolCall& call, const std::string& id) {
@@ -160,7 +180,8 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
     }
     return true;
   }
-  ToolReply reply = ParseReply(tools, choice.reply);
+  ToolReply reply =
+      ParseFinalReply(tools, choice.reply, choice.finish == loom::v1::FINISH_REASON_LENGTH);
   const bool streamed_calls = !choice.call_ids.empty();
   // Content: all of it without calls (unless calls already went out: the rest is theirs,
   // cut short), else what precedes the first call.
@@ -180,7 +201,7 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
   for (size_t i = 0; i < reply.calls.size(); ++i) {
     if (!call_chunks(i, reply.calls[i].name, reply.calls[i].arguments)) return false;
   }
-  return delta_chunk(Json::object(), reply.calls.empty()
+  return delta_chunk(Json::object(), reply.calls.empty() || reply.partial
                                          ? Json(engine::FinishReasonName(choice.finish))
                                          : Json("tool_calls"));
 }
@@ -218,7 +239,8 @@ HttpResponse WholeResponse(bool chat, const Run& run, const common::Tokenizer& t
       text = std::move(split.content);
     }
     if (chat && options.tools.parses_reply()) {
-      ToolReply reply = ParseReply(options.tools, text);
+      ToolReply reply =
+          ParseFinalReply(options.tools, text, choice.finish == loom::v1::FINISH_REASON_LENGTH);
       Json message;
       message["role"] = "assistant";
       message["content"] = reply.content;
@@ -230,13 +252,13 @@ HttpResponse WholeResponse(bool chat, const Run& run, const common::Tokenizer& t
         if (options.tools.legacy) {
           message["function_call"] = {{"name", reply.calls[0].name},
                                       {"arguments", reply.calls[0].arguments}};
-          finish = "function_call";
+          if (!reply.partial) finish = "function_call";
         } else {
           message["tool_calls"] = Json::array();
           for (const ParsedToolCall& call : reply.calls) {
             message["tool_calls"].push_back(ToolCallJson(call, NewToolCallId()));
           }
-          finish = "tool_calls";
+          if (!reply.partial) finish = "tool_calls";
         }
       }
       out["message"] = std::move(message);

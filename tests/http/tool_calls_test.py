@@ -56,6 +56,25 @@ def test_required_guarantees_a_valid_call(client, model):
         check_call(call.function.name, call.function.arguments)
 
 
+def test_a_call_cut_by_max_tokens_is_a_partial_call_whole_and_streamed(client, model):
+    # Held to calls but cut short: the call as far as it came, not the call format's text,
+    # the same whole and streamed; finish_reason says it was cut.
+    kwargs = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                  max_tokens=14, parallel_tool_calls=False)
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    # The arguments as far as they are final (a string still open is not yet shown).
+    assert call.function.name in SCHEMAS and call.function.arguments in ("", "{") or \
+        call.function.arguments.startswith("{\""), call
+    streamed = {"name": "", "arguments": ""}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for part in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed["name"] += (part.function and part.function.name) or ""
+            streamed["arguments"] += (part.function and part.function.arguments) or ""
+    assert streamed == {"name": call.function.name, "arguments": call.function.arguments}
+
+
 def test_named_function_streams_delta_tool_calls(client, model):
     named = {"type": "function", "function": {"name": "get_time"}}
     for seed in range(3):
