@@ -41,15 +41,20 @@ TEST(RendezvousStoreTest, MissingKeysTimeOutAndBadInputIsRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// `service` on a free local port (set in `port`); null when it cannot start.
+std::unique_ptr<grpc::Server> Serve(CoordinatorService& service, int& port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  return builder.BuildAndStart();
+}
+
 // Three gloo ranks rendezvous through a real Coordinator service over gRPC.
 TEST(RendezvousStoreTest, GlooRanksRendezvousThroughTheCoordinatorService) {
   Cluster cluster(ClusterOptions{}, "fingerprint");
   CoordinatorService service(cluster);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
   ASSERT_NE(server, nullptr);
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                      grpc::InsecureChannelCredentials());
@@ -87,11 +92,8 @@ TEST(RendezvousStoreTest, TheCoordinatorServiceRefusesCallersWithoutTheClusterSe
   } uninstall;
   Cluster cluster(ClusterOptions{}, "fingerprint");
   CoordinatorService service(cluster);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
   ASSERT_NE(server, nullptr);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   auto stranger = loom::v1::Coordinator::NewStub(
