@@ -161,6 +161,13 @@ bool Request::OnToken(const loom::v1::SequenceOutput& output, const std::string&
     outputs_.Push(std::move(event));
     return true;
   }
+  if (!output.error_message().empty()) {
+    // The worker cannot go on (its grammar's dead end): the text so far stands, the token
+    // it forced does not. Not retried: another replica would meet the same end.
+    Finish(loom::v1::FINISH_REASON_ERROR, output.error_message(), replica_id,
+           /*retryable=*/false);
+    return true;
+  }
   ++num_outputs_;
   output_ids_.push_back(output.token_id());
   const auto now = std::chrono::steady_clock::now();

@@ -308,7 +308,14 @@ const float* SequenceSampler::Masked(const float* logits, const float* raw) {
     }
   }
   if (!any) {
-    // A dead end (no token can continue the text): end it rather than emit invalid text.
+    // A dead end (no token can continue the text): end it rather than emit invalid text,
+    // and say why (Sample reports it with the token).
+    grammar_error_ = grammar_->automaton()->overflowed()
+                         ? absl::StrFormat(
+                               "the grammar became too ambiguous to match after this text "
+                               "(more than %d parser steps for the next byte); simplify it",
+                               common::GrammarAutomaton::kMaxClosureSteps)
+                         : std::string("the grammar allows no token after this text (a dead end)");
     const auto& end_ids = grammar_->automaton()->trie()->end_ids();
     if (!end_ids.empty() && end_ids[0] < vocab_size_) scratch_[end_ids[0]] = 0.0f;
   }
@@ -317,6 +324,7 @@ const float* SequenceSampler::Masked(const float* logits, const float* raw) {
 
 SampledToken SequenceSampler::Sample(const float* logits) {
   const float* work = Penalized(logits, {});
+  grammar_error_.clear();
   if (grammar_ != nullptr) work = Masked(work, logits);
   const int32_t token = greedy() ? Argmax(work, vocab_size_) : PickFromDistribution(work);
   if (grammar_ != nullptr) AdvanceGrammar(token);
@@ -326,6 +334,7 @@ SampledToken SequenceSampler::Sample(const float* logits) {
   } else {
     sampled.token_id = token;
   }
+  sampled.error = std::move(grammar_error_);
   ++num_outputs_;
   output_counts_[token]++;
   if (params_.repetition_penalty != 1.0f) seen_[token] = true;

@@ -4,6 +4,7 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct SampledToken {
   float logprob = 0.0f;                     // log-softmax of the model's raw logits
   std::vector<TokenLogprob> top_logprobs;   // most likely first, num_logprobs entries
   std::vector<float> embedding;             // an embedding row's pooled hidden state instead
+  std::string error;  // the sequence cannot go on (its grammar's dead end): token_id is void
 };
 
 /// Per-sequence sampler state: the RNG (seeded per sequence, so a sequence's samples do
@@ -126,6 +128,7 @@ class SequenceSampler {
   absl::flat_hash_map<int32_t, int32_t> output_counts_;  // token -> times generated
   absl::flat_hash_map<int32_t, bool> seen_;              // prompt or output tokens
   std::vector<float> scratch_;                           // [vocab_size]
+  std::string grammar_error_;  // set by Masked at a dead end, for Sample to report
   std::vector<std::pair<float, int32_t>> candidates_;    // (logit, id)
   std::vector<double> weights_;                          // exp((logit - max) / T)
   std::unique_ptr<common::GrammarMatcher> grammar_;      // null: unconstrained

@@ -751,6 +751,7 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
       loom::v1::SequenceOutput* output = result.add_outputs();
       output->set_seq_id(prepared.rows[r].seq_id);
       output->set_token_id(token.token_id);
+      if (!token.error.empty()) output->set_error_message(token.error);
       output->mutable_embedding()->Add(token.embedding.begin(), token.embedding.end());
       if (e == 0 && prepared.speculative[r]) {
         output->set_num_draft_tokens(num_drafts);

@@ -233,6 +233,31 @@ TEST_F(RequestTest, AnEndTokenEndsAConstrainedSequenceBeforeMinTokensAndWithIgno
   }
 }
 
+// A worker that cannot go on (a grammar's dead end) reports it with its last token: the
+// request ends with that error, the text before it stands and the token is not counted.
+TEST_F(RequestTest, AWorkersDeadEndEndsTheRequestWithItsError) {
+  RequestParams params;
+  params.max_tokens = 10;
+  auto request = MakeRequest(params);
+  loom::v1::SequenceOutput output;
+  output.set_token_id(tokenizer_->Encode(" yes", false, false).at(0));
+  EXPECT_FALSE(request->OnToken(output, "r0"));
+  output.set_token_id(tokenizer_->EndOfGenerationIds().at(0));
+  output.set_error_message("the grammar allows no token after this text (a dead end)");
+  EXPECT_TRUE(request->OnToken(output, "r0"));
+  EXPECT_TRUE(request->finished());
+  EXPECT_EQ(request->num_outputs(), 1);
+  std::string text;
+  std::optional<OutputEvent> event;
+  while ((event = request->outputs().Pop(absl::Milliseconds(5))).has_value()) {
+    text += event->text;
+    if (event->final()) break;
+  }
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(event->error_message, "the grammar allows no token after this text (a dead end)");
+}
+
 TEST_F(RequestTest, StopStringCutsTheTextAndFinishesWithStop) {
   RequestParams params;
   params.max_tokens = 100;

@@ -124,6 +124,24 @@ TEST(GrammarSamplingTest, TheGrammarOutranksMinTokens) {
   }
 }
 
+// A grammar no token of the vocabulary can continue ("c": no piece holds it) is a dead
+// end: the end token, reported as an error with the reason (not as a finished document).
+TEST(GrammarSamplingTest, ADeadEndIsReportedWithTheToken) {
+  common::GrammarMatcherFactory factory(Trie());
+  SamplingParams params;
+  params.temperature = 0.0f;
+  SequenceSampler sampler(params, {}, 9);
+  sampler.SetGrammar(*factory.NewMatcher({common::GrammarKind::kRegex, "c"}));
+  std::vector<float> logits(9, 0.0f);
+  const SampledToken token = sampler.Sample(logits.data());
+  EXPECT_EQ(token.token_id, kEnd);
+  EXPECT_NE(token.error.find("dead end"), std::string::npos) << token.error;
+  // A sampler whose grammar goes on reports nothing.
+  SequenceSampler fine(params, {}, 9);
+  fine.SetGrammar(*factory.NewMatcher({common::GrammarKind::kRegex, "ab;"}));
+  EXPECT_TRUE(fine.Sample(logits.data()).error.empty());
+}
+
 TEST(GrammarSamplingTest, UnconstrainedSamplerIsUnchanged) {
   SamplingParams params;
   params.temperature = 0.0f;
