@@ -1,5 +1,6 @@
 #include "api/embeddings_api.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -22,10 +23,13 @@ loom::v1::GenerateRequest Prompt() {
 absl::StatusOr<loom::v1::GenerateRequest> TokenPrompt(const Json& ids) {
   loom::v1::GenerateRequest prompt = Prompt();
   for (const Json& id : ids) {
-    if (!id.is_number_integer()) {
-      return InvalidOpenAiParam("input", "a token list in 'input' must hold integers");
+    // Range-checked before the narrowing: 2^32 + 1 wrapped to token 1 and was embedded.
+    if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<uint64_t>() > INT32_MAX) ||
+        (!id.is_number_unsigned() && (id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX))) {
+      return InvalidOpenAiParam("input",
+                                "a token list in 'input' must hold non-negative token ids");
     }
-    prompt.mutable_token_ids()->add_ids(id.get<int32_t>());
+    prompt.mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
   }
   if (ids.empty()) return InvalidOpenAiParam("input", "an input token list is empty");
   return prompt;
