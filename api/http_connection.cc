@@ -105,7 +105,8 @@ class ConnectionResponder final : public HttpResponder {
   bool Write(std::string data) override {
     {
       absl::MutexLock lock(&mu_);
-      if (closed_) return false;
+      // A HEAD's stream ends with its head: the producer may stop.
+      if (closed_ || head_only_) return false;
       if (state_ != State::kStreaming || data.empty()) return true;
       absl::StrAppend(&queued_, absl::Hex(data.size()), "\r\n", data, "\r\n");
       if (!KickNeededLocked()) return true;

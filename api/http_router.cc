@@ -1,5 +1,6 @@
 #include "api/http_router.h"
 
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
@@ -70,7 +71,10 @@ void HttpRouter::Run(const HttpHandler& handler, const HttpRequest& request,
     handler(request, responder);
   } catch (const nlohmann::json::type_error& error) {
     // A field of the client's JSON read as another type than it has, by a handler that did
-    // not check it first: the client's error, not the server's.
+    // not check it first: the client's error, not the server's. Logged, in case it was the
+    // server's own JSON after all.
+    std::fprintf(stderr, "loom: %s %s: %s (answered 400)\n", request.method.c_str(),
+                 request.path.c_str(), error.what());
     responder->Respond(Error(
         400, absl::StrFormat("a field of the request has the wrong JSON type (%s)", error.what())));
   } catch (const std::exception& error) {

@@ -44,15 +44,16 @@ ToolReply ParseFinalReply(const ToolsRequest& tools, const std::string& text, bo
   ToolReply reply = ParseReply(tools, text);
   const bool calls_only =
       tools.choice == ToolChoice::kRequired || tools.choice == ToolChoice::kNamed;
-  if (!cut || !calls_only || !reply.calls.empty()) return reply;
+  if (!cut || !calls_only) return reply;
+  // Cut: finish_reason stays "length" even when the calls parse whole (a closing tag may
+  // be what was cut), and the raw call text is never content.
+  reply.partial = true;
+  reply.content = nullptr;
+  if (!reply.calls.empty()) return reply;
   for (PartialToolCall& partial : PartialToolCalls(tools.format, text)) {
     reply.calls.push_back({std::move(partial.name), std::move(partial.arguments)});
   }
   if (!tools.parallel && reply.calls.size() > 1) reply.calls.resize(1);
-  if (!reply.calls.empty()) {
-    reply.content = nullptr;
-    reply.partial = true;
-  }
   return reply;
 }
 

@@ -144,10 +144,11 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
   if (!is("best_of", 1)) return refuse("best_of");
   // vLLM's sampling extras that would change the output (a constraint the client relies
   // on, or another prompt): refused rather than served as if they were absent.
-  for (const char* name :
-       {"allowed_token_ids", "bad_words", "logits_processors", "truncate_prompt_tokens"}) {
+  for (const char* name : {"allowed_token_ids", "bad_words", "logits_processors"}) {
     if (non_empty(name)) return refuse(name);
   }
+  // -1: vLLM's "truncate to the context length", a no-op here (longer prompts are refused).
+  if (!is("truncate_prompt_tokens", -1)) return refuse("truncate_prompt_tokens");
   if (!is("use_beam_search", false)) return refuse("use_beam_search");
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
     // vLLM's chat-template fields: the served model's template renders every request,

@@ -342,7 +342,8 @@ class EventTranslator {
   }
 
  private:
-  // A call's first delta (its id and name) opens a function_call item after the message;
+  // A call's first delta (its id and name) opens a function_call item (numbered in the order
+  // items open);
   // argument deltas follow as response.function_call_arguments.delta.
   struct Call {
     std::string item_id, call_id, name, arguments;
@@ -418,8 +419,8 @@ class EventTranslator {
           Event("response.function_call_arguments.done", Json{{"item_id", call.item_id},
                                                               {"output_index", call.output_index},
                                                               {"arguments", call.arguments}});
-      const Json done =
-          FunctionCallItem(call.item_id, call.call_id, call.name, call.arguments, "completed");
+      const Json done = FunctionCallItem(call.item_id, call.call_id, call.name, call.arguments,
+                                         cut ? "incomplete" : "completed");
       out += Event("response.output_item.done",
                    Json{{"output_index", call.output_index}, {"item", done}});
       items.emplace_back(call.output_index, done);
@@ -481,9 +482,9 @@ class ResponsesResponder final : public HttpResponder {
           Json::array({TextPart(content.is_string() ? content.get<std::string>() : "")})));
     }
     for (const Json& call : calls) {
-      output.push_back(FunctionCallItem(NewId("fc_"), call.value("id", ""),
-                                        call["function"].value("name", ""),
-                                        call["function"].value("arguments", ""), "completed"));
+      output.push_back(FunctionCallItem(
+          NewId("fc_"), call.value("id", ""), call["function"].value("name", ""),
+          call["function"].value("arguments", ""), cut ? "incomplete" : "completed"));
     }
     const Json out = ResponseObject(
         NewId("resp_"), completion.value("created", int64_t{0}), request_,

@@ -68,6 +68,22 @@ TEST(HttpRouterTest, RunsTheRouteOfTheMethodAndPath) {
   EXPECT_EQ(post->answer.body, "post x");
 }
 
+// A handler meeting a client's JSON field of another type than it reads (nlohmann's
+// type_error) answers 400, not 500.
+TEST(HttpRouterTest, ATypeErrorFromAHandlerIsA400) {
+  HttpRouter router;
+  router.Add("POST", "/v1/x", [](const HttpRequest& request, std::shared_ptr<HttpResponder>) {
+    (void)nlohmann::json::parse(request.body).value("type", std::string());  // a number
+  });
+  auto answer = std::make_shared<RecordingResponder>();
+  HttpRequest request = Request("POST", "/v1/x");
+  request.body = R"({"type": 5})";
+  router.Dispatch(request, answer);
+  EXPECT_EQ(answer->answer.status, 400);
+  EXPECT_NE(Error(answer->answer).at("message").get<std::string>().find("wrong JSON type"),
+            std::string::npos);
+}
+
 TEST(HttpRouterTest, UnknownPathsAre404AndOtherMethods405WithJsonErrors) {
   HttpRouter router;
   router.Add("POST", "/v1/completions", [](const HttpRequest&, std::shared_ptr<HttpResponder>) {

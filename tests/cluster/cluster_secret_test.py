@@ -106,7 +106,11 @@ def test_a_missing_secret_file_is_a_usage_error(rig, tmp_path):
 
 def sockets_of(pid: int) -> set:
     found = set()
-    for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
+    try:
+        fds = list(pathlib.Path(f"/proc/{pid}/fd").iterdir())
+    except FileNotFoundError:  # the process ended meanwhile
+        return found
+    for fd in fds:
         try:
             target = os.readlink(fd)
         except OSError:

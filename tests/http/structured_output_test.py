@@ -275,6 +275,7 @@ def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):
     response = client.chat.completions.create(
         model=model, messages=PROMPT, max_tokens=2, temperature=0,
         extra_body={"tools": [], "tool_choice": "none", "logit_bias": {}, "min_tokens": 0,
+                    "truncate_prompt_tokens": -1, "allowed_token_ids": None, "use_beam_search": False,
                     "skip_special_tokens": True, "parallel_tool_calls": True, "best_of": 1,
                     "suffix": "", "add_generation_prompt": True, "continue_final_message": False,
                     "chat_template": "", "documents": []})

@@ -65,8 +65,8 @@ def test_a_call_cut_by_max_tokens_is_a_partial_call_whole_and_streamed(client, m
     assert choice.finish_reason == "length" and choice.message.content is None, choice
     (call,) = choice.message.tool_calls
     # The arguments as far as they are final (a string still open is not yet shown).
-    assert call.function.name in SCHEMAS and call.function.arguments in ("", "{") or \
-        call.function.arguments.startswith("{\""), call
+    assert call.function.name in SCHEMAS, call
+    assert call.function.arguments in ("", "{") or call.function.arguments.startswith("{\""), call
     streamed = {"name": "", "arguments": ""}
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         for part in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
