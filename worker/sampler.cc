@@ -46,6 +46,20 @@ int32_t Argmax(const float* logits, int64_t n) {
 
 }  // namespace
 
+void WriteSampledToken(const SampledToken& token, bool with_logprobs,
+                       loom::v1::SequenceOutput& output) {
+  output.set_token_id(token.token_id);
+  if (!token.error.empty()) output.set_error_message(token.error);
+  output.mutable_embedding()->Add(token.embedding.begin(), token.embedding.end());
+  if (!with_logprobs) return;
+  output.set_logprob(token.logprob);
+  for (const TokenLogprob& alternative : token.top_logprobs) {
+    loom::v1::TokenLogprob* top = output.add_top_logprobs();
+    top->set_token_id(alternative.token_id);
+    top->set_logprob(alternative.logprob);
+  }
+}
+
 SampledToken RawLogprobs(const float* logits, int64_t vocab_size, int32_t token_id, int32_t n) {
   const float max_logit = logits[Argmax(logits, vocab_size)];
   double sum = 0;

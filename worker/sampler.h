@@ -13,6 +13,7 @@
 #include "absl/types/span.h"
 #include "common/grammar/grammar_matcher.h"
 #include "common/sampling_params.h"
+#include "loom/v1/worker.pb.h"
 
 namespace loom::worker {
 
@@ -138,5 +139,10 @@ class SequenceSampler {
 
 /// log-softmax of `logits` at `token_id`, and the `n` most likely tokens.
 SampledToken RawLogprobs(const float* logits, int64_t vocab_size, int32_t token_id, int32_t n);
+
+/// `token` into a step result's `output`: its id, a dead end's error, an embedding, and with
+/// `with_logprobs` its log-probabilities.
+void WriteSampledToken(const SampledToken& token, bool with_logprobs,
+                       loom::v1::SequenceOutput& output);
 
 }  // namespace loom::worker

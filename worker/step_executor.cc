@@ -750,20 +750,10 @@ void StepExecutor::Execute(const loom::v1::StepPlan& plan, loom::v1::StepResult&
       sequence.tokens.push_back(token.token_id);
       loom::v1::SequenceOutput* output = result.add_outputs();
       output->set_seq_id(prepared.rows[r].seq_id);
-      output->set_token_id(token.token_id);
-      if (!token.error.empty()) output->set_error_message(token.error);
-      output->mutable_embedding()->Add(token.embedding.begin(), token.embedding.end());
+      WriteSampledToken(token, sequence.num_logprobs >= 0, *output);
       if (e == 0 && prepared.speculative[r]) {
         output->set_num_draft_tokens(num_drafts);
         output->set_num_accepted_tokens(emitted - 1);
-      }
-      if (sequence.num_logprobs >= 0) {
-        output->set_logprob(token.logprob);
-        for (const TokenLogprob& alternative : token.top_logprobs) {
-          loom::v1::TokenLogprob* top = output->add_top_logprobs();
-          top->set_token_id(alternative.token_id);
-          top->set_logprob(alternative.logprob);
-        }
       }
     }
   }

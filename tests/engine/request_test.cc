@@ -240,22 +240,20 @@ TEST_F(RequestTest, AWorkersDeadEndEndsTheRequestWithItsError) {
   params.max_tokens = 10;
   auto request = MakeRequest(params);
   loom::v1::SequenceOutput output;
-  output.set_token_id(tokenizer_->Encode(" yes", false, false).at(0));
+  const int32_t yes = tokenizer_->Encode(" yes", false, false).at(0);
+  output.set_token_id(yes);
   EXPECT_FALSE(request->OnToken(output, "r0"));
   output.set_token_id(tokenizer_->EndOfGenerationIds().at(0));
   output.set_error_message("the grammar allows no token after this text (a dead end)");
   EXPECT_TRUE(request->OnToken(output, "r0"));
   EXPECT_TRUE(request->finished());
   EXPECT_EQ(request->num_outputs(), 1);
-  std::string text;
-  std::optional<OutputEvent> event;
-  while ((event = request->outputs().Pop(absl::Milliseconds(5))).has_value()) {
-    text += event->text;
-    if (event->final()) break;
-  }
-  ASSERT_TRUE(event.has_value());
-  EXPECT_EQ(event->finish_reason, loom::v1::FINISH_REASON_ERROR);
-  EXPECT_EQ(event->error_message, "the grammar allows no token after this text (a dead end)");
+  // One event: the queue merges what was pushed up to the final one.
+  const OutputEvent event = request->outputs().Pop(absl::Milliseconds(5)).value();
+  EXPECT_TRUE(event.final());
+  EXPECT_EQ(event.token_ids, std::vector<int32_t>{yes});  // not the forced end token
+  EXPECT_EQ(event.finish_reason, loom::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(event.error_message, "the grammar allows no token after this text (a dead end)");
 }
 
 TEST_F(RequestTest, StopStringCutsTheTextAndFinishesWithStop) {
