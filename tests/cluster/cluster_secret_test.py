@@ -71,7 +71,7 @@ def test_strangers_cannot_register_or_use_the_store(rig):
 def test_a_stranger_cannot_drive_or_interrupt_a_worker(rig):
     wpb = h.stubs().wpb
     long = h.Stream(rig.coordinator.stub, h.make_request("Once upon a time", max_tokens=48, ignore_eos=True), 120)
-    assert long.wait_tokens(2, timeout=60), long.outcome.describe()
+    assert long.wait_tokens(2, timeout=h.REGISTER_TIMEOUT_S), long.outcome.describe()
     with grpc.insecure_channel(rig.workers["replica-a"].address) as channel:
         worker = h.stubs().worker_grpc.WorkerStub(channel)
         # A Step stream would replace the coordinator's (and drop its sequences) if it got in.
@@ -89,7 +89,7 @@ def test_a_worker_without_the_secret_is_refused_and_exits(rig, secret, tmp_path)
         (tmp_path / "other").write_text(secret)
         flags["cluster_secret_file"] = tmp_path / "other"
     worker = rig.add_worker(f"stranger-{secret}", wait_healthy=False, **flags)
-    assert worker.wait(timeout=60) == 1, worker.log_tail()
+    assert worker.wait(timeout=h.REGISTER_TIMEOUT_S) == 1, worker.log_tail()
     assert "refused this worker" in worker.log_tail() and "cluster secret" in worker.log_tail()
     assert f"stranger-{secret}" not in rig.coordinator.replicas()
 
