@@ -31,8 +31,9 @@ Embedder::Embedder(coordinator::Cluster& cluster, const common::ModelConfig& con
       eos_ids_(tokenizer.EndOfGenerationIds()),
       metrics_(metrics) {}
 
-absl::StatusOr<EmbeddingBatch> Embedder::Embed(const std::vector<loom::v1::GenerateRequest>& inputs,
-                                               const std::function<bool()>& cancelled) {
+absl::StatusOr<EmbeddingBatch> Embedder::Embed(
+    const std::vector<loom::v1::GenerateRequest>& inputs, const std::function<bool()>& cancelled,
+    const std::function<std::string(size_t)>& input_name) {
   if (inputs.empty()) return absl::InvalidArgumentError("there must be at least one input");
   // A batch that can never fit the queues is a 400 before any input takes a slot.
   LOOM_RETURN_IF_ERROR(cluster_.CheckBatchFits(static_cast<int64_t>(inputs.size()), "inputs"));
@@ -50,8 +51,10 @@ absl::StatusOr<EmbeddingBatch> Embedder::Embed(const std::vector<loom::v1::Gener
         engine::ValidateGenerateRequest(input, config_, tokenizer_, /*default_temperature=*/0.0f);
     if (!one.ok()) {
       if (inputs.size() == 1) return one.status();
-      return absl::Status(one.status().code(),
-                          absl::StrFormat("input %d: %s", i, one.status().message()));
+      return absl::Status(
+          one.status().code(),
+          absl::StrFormat("%s: %s", input_name ? input_name(i) : absl::StrFormat("input %d", i),
+                          one.status().message()));
     }
     one->embed = true;
     one->max_tokens = 1;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,9 +37,13 @@ class Embedder {
   /// cancelled (their blocks freed at the replica's next step) and Cancelled is returned.
   /// InvalidArgument for a bad input, ResourceExhausted/Unavailable as admission answers,
   /// Unavailable when an embedding could not be computed (a lost replica, a model runner
-  /// without hidden states).
-  absl::StatusOr<EmbeddingBatch> Embed(const std::vector<loom::v1::GenerateRequest>& inputs,
-                                       const std::function<bool()>& cancelled = nullptr);
+  /// without hidden states). A bad input's error names it with `input_name(i)` ("input i"
+  /// when none is given, as /v1/embeddings and Embed number them; /v1/rerank's are the query
+  /// and documents[j]).
+  absl::StatusOr<EmbeddingBatch> Embed(
+      const std::vector<loom::v1::GenerateRequest>& inputs,
+      const std::function<bool()>& cancelled = nullptr,
+      const std::function<std::string(size_t)>& input_name = nullptr);
 
  private:
   coordinator::Cluster& cluster_;

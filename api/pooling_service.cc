@@ -67,8 +67,13 @@ void PoolingService::Score(const HttpRequest& request, HttpResponse& response,
   if (absl::Status model = CheckModel(parsed->model); !model.ok()) {
     return OpenAiService::WriteError(model, response);
   }
+  // The texts are text_1's, then text_2's: an error names the list and the position in it.
+  const size_t first = parsed->text_1_count;
   absl::StatusOr<EmbeddingBatch> embeddings =
-      embedder_.Embed(TextPrompts(parsed->texts), cancelled);
+      embedder_.Embed(TextPrompts(parsed->texts), cancelled, [first](size_t i) {
+        return i < first ? absl::StrFormat("text_1[%d]", i)
+                         : absl::StrFormat("text_2[%d]", i - first);
+      });
   if (!embeddings.ok()) return OpenAiService::WriteError(embeddings.status(), response);
   std::vector<double> scores;
   for (const auto& [a, b] : parsed->pairs)
@@ -88,7 +93,10 @@ void PoolingService::Rerank(const HttpRequest& request, HttpResponse& response,
   }
   std::vector<std::string> texts = {parsed->query};
   texts.insert(texts.end(), parsed->documents.begin(), parsed->documents.end());
-  absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(TextPrompts(texts), cancelled);
+  absl::StatusOr<EmbeddingBatch> embeddings =
+      embedder_.Embed(TextPrompts(texts), cancelled, [](size_t i) {
+        return i == 0 ? std::string("query") : absl::StrFormat("documents[%d]", i - 1);
+      });
   if (!embeddings.ok()) return OpenAiService::WriteError(embeddings.status(), response);
   std::vector<double> scores;
   for (size_t d = 1; d < embeddings->vectors.size(); ++d) {

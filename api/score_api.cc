@@ -68,6 +68,7 @@ absl::StatusOr<ScoreRequest> ParseScoreRequest(std::string_view body) {
   ScoreRequest out;
   out.model = (*json)["model"].get<std::string>();
   out.texts = *first;
+  out.text_1_count = first->size();
   out.texts.insert(out.texts.end(), second->begin(), second->end());
   for (size_t i = 0; i < second->size(); ++i) {
     out.pairs.emplace_back(first->size() == 1 ? 0 : i, first->size() + i);

@@ -16,7 +16,8 @@ namespace loom::api {
 /// one against many pairs the one with each, two lists of one length pair up in order.
 struct ScoreRequest {
   std::string model;
-  std::vector<std::string> texts;                // each distinct input once
+  std::vector<std::string> texts;                // text_1's texts, then text_2's
+  size_t text_1_count = 0;                       // how many of `texts` are text_1's
   std::vector<std::pair<size_t, size_t>> pairs;  // indices into `texts`, in answer order
 };
 absl::StatusOr<ScoreRequest> ParseScoreRequest(std::string_view body);

@@ -75,3 +75,18 @@ def test_bad_requests_are_400_naming_the_parameter(rig, model, path, body, param
 def test_another_model_is_404(rig):
     assert post(rig, "/v1/score", {"model": "nope", "text_1": "a", "text_2": "b"}).status_code == 404
     assert post(rig, "/v1/rerank", {"model": "nope", "query": "a", "documents": ["b"]}).status_code == 404
+
+
+def test_an_input_too_long_is_named_by_its_place_in_the_request(rig, model):
+    # The embedder numbers the texts it places (the query first); the error names them as the
+    # request does.
+    long = "word " * 20000
+    answer = post(rig, "/v1/rerank", {"model": model, "query": "q", "documents": ["a", long]})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith("documents[1]: "), answer.text
+    answer = post(rig, "/v1/rerank", {"model": model, "query": long, "documents": ["a"]})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith("query: "), answer.text
+    answer = post(rig, "/v1/score", {"model": model, "text_1": ["a", "b"], "text_2": ["c", long]})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith("text_2[1]: "), answer.text
