@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# The real-process tests again as on a slower machine than this one: the CPU kernels capped
-# at AVX2 (LOOM_CPU_ISA=avx2, what an AVX2-only CPU runs) and every process on one core
-# (taskset -c 0) while ctest runs two tests at once, so each sees about half a core. These
-# are the tests whose processes wait on model work (clusters, HTTP, clients, metrics,
-# liveness, overload, drain, the chart's processes): none may depend on this machine's
-# speed. The kernel tests under each ISA are ctest's kernels/isa_* entries; the unit tests
-# run on the no-op backend or without timing. Left out: the tests that check what a reply
-# contains and wait only for the reply (speculative decoding's agreement, structured output,
-# tool formats, sampling parameters, embeddings, the HTTP fuzz, the SDK's pip install):
-# they have no deadline, heartbeat, admission or measured-cost decision to get wrong on a
-# slow machine, and the plain run covers them. Run after scripts/test.sh (it needs build/).
+# The tests whose outcome rests on time again, as on a slower machine than this one: the CPU
+# kernels capped at AVX2 (LOOM_CPU_ISA=avx2, what an AVX2-only CPU runs) and every process on
+# one core (taskset -c 0) while ctest runs two tests at once, so each sees about half a core.
+# Those tests carry the pytest marker slow_machine (a whole file through `pytestmark`, or one
+# test): they wait on a heartbeat, a deadline, admission, a delay or a measured cost, and none
+# may depend on this machine's speed. The rest (what a reply contains, whatever the time it
+# took) runs once, in scripts/test.sh. The kernel tests under each ISA are ctest's kernels/isa_*
+# entries; the unit tests run on the no-op backend or without timing. Run after
+# scripts/test.sh (it needs build/).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -17,7 +15,9 @@ cd "$root"
 isa=avx2
 grep -qw avx2 /proc/cpuinfo || isa=scalar
 echo "test-slow-machine: LOOM_CPU_ISA=$isa, one core (taskset -c 0), ctest -j2"
-LOOM_CPU_ISA="$isa" taskset -c 0 ctest --test-dir build --output-on-failure -j2 \
-  -R '^py/(cluster|http|client|observability)/|^py/worker/worker_process_test$|^py/deploy/chart_processes_test$' \
-  -E '^py/(cluster/speculative_decoding|http/(structured_output|tool_formats|tool_calls|sampling_params|embeddings|http_fuzz)|client/install)_test$' \
-  "$@"
+# The ctest entries (one per pytest file) that hold a marked test; pytest runs only those tests.
+files=$(cd tests && grep -rl --include='*_test.py' -E '^ *(pytestmark = pytest\.mark\.slow_machine|@pytest\.mark\.slow_machine)' . |
+  sed -e 's|^\./||' -e 's|\.py$||' | LC_ALL=C sort | paste -sd'|' -)
+[[ -n "$files" ]] || { echo "test-slow-machine.sh: no test is marked slow_machine" >&2; exit 2; }
+LOOM_CPU_ISA="$isa" PYTEST_ADDOPTS="-m slow_machine" taskset -c 0 ctest --test-dir build --output-on-failure -j2 \
+  -R "^py/($files)\$" "$@"

@@ -19,6 +19,9 @@ from client_test_util import LONG_RUN_TOKENS, PROMPT, blocks_in_use, h, require_
 import loom_client
 from loom_client import AsyncLoomClient, LoomClient, LoomError
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
     "parameters": {"type": "object", "properties": {

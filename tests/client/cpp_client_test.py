@@ -79,6 +79,7 @@ def test_cancel_mid_stream_frees_kv_blocks(rig):
     rig.coordinator.wait_idle(timeout=15)
 
 
+@pytest.mark.slow_machine
 def test_deadline_expiry_frees_kv_blocks(rig):
     start = time.monotonic()
     out = run_tool("generate", "--address", rig.coordinator.address, "--prompt", h.LONG_PARAGRAPH,

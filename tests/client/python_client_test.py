@@ -92,6 +92,7 @@ def test_closing_a_stream_mid_generation_frees_its_kv_blocks(rig, client):
     coordinator.wait_idle(timeout=15)
 
 
+@pytest.mark.slow_machine
 def test_deadline_expiry_is_deadline_exceeded_and_frees_blocks(rig, client):
     start = time.monotonic()
     with pytest.raises(LoomError) as error:
@@ -160,6 +161,7 @@ def test_embed_gives_the_http_apis_vectors(rig, client):
         assert np.array_equal(np.asarray(values, dtype=np.float32), np.asarray(want, dtype=np.float32))
 
 
+@pytest.mark.slow_machine
 def test_embed_refuses_bad_inputs_and_frees_blocks_past_its_deadline(rig, client):
     for inputs, words in (([], "at least one input"), ([PROMPT, [1 << 30]], "input 1")):
         with pytest.raises(LoomError) as error:

@@ -16,6 +16,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from client_test_util import h, require_cluster_binaries
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 
 def health(channel, service: str):
     stub = health_pb2_grpc.HealthStub(channel)

@@ -14,6 +14,9 @@ import pytest
 
 import cluster_harness as h
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 SECRET_KEY = "x-loom-cluster-secret"
 
 

@@ -72,21 +72,38 @@ def run_all(stub, prompts=PROMPTS):
     return outcomes
 
 
+_MIXED_TOKENS = []  # the first prompts' tokens on one mixed replica, computed once a module
+
+
+def mixed_tokens(tmp_path_factory, count):
+    """The first `count` prompts' tokens on one mixed replica. The serving test (first in the
+    file) computes all 100 and the failure tests reuse them; run alone, as
+    scripts/test-slow-machine.sh runs them, the failure tests compute only the 40 they use."""
+    if len(_MIXED_TOKENS) < count:
+        up = h.Up(tmp_path_factory.mktemp("mixed"), http_port=-1, **COMMON)
+        try:
+            up.wait_healthy(["replica-0"])
+            _MIXED_TOKENS[:] = [o.token_ids for o in run_all(up.stub, PROMPTS[:count])]
+        finally:
+            up.stop()
+    return _MIXED_TOKENS
+
+
+@pytest.fixture(scope="module")
+def all_references(binaries, tmp_path_factory):
+    return mixed_tokens(tmp_path_factory, len(PROMPTS))
+
+
 @pytest.fixture(scope="module")
 def reference(binaries, tmp_path_factory):
-    """The prompts' tokens on one mixed replica."""
-    up = h.Up(tmp_path_factory.mktemp("mixed"), http_port=-1, **COMMON)
-    try:
-        up.wait_healthy(["replica-0"])
-        return [o.token_ids for o in run_all(up.stub)]
-    finally:
-        up.stop()
+    """The first 40 prompts' tokens (the failure tests use no other)."""
+    return mixed_tokens(tmp_path_factory, 40)
 
 
 @pytest.mark.parametrize("prefill_tp,push", [(1, "shared"), (2, "shared"), (2, "tcp"), (1, None)],
                          ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp2-to-tp1-pushed-over-tcp",
                               "tp1-to-tp1-pulled"])
-def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, reference, tmp_path, prefill_tp,
+def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_references, tmp_path, prefill_tp,
                                                                  push):
     # Pushed: the prefill workers write each prompt's KV into the decode workers' host tiers
     # layer by layer while computing it (KV heads mapped from 2 ranks to 1), through shared
@@ -102,8 +119,8 @@ def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, refer
         outcomes = run_all(up.stub)
         # Seeded sampling compares at one tensor-parallel size: across sizes the logits differ in
         # their last bits, which a sampler may turn into another token now and then.
-        mismatched = [(PROMPTS[i], o.token_ids, reference[i]) for i, o in enumerate(outcomes)
-                      if o.token_ids != reference[i] and (prefill_tp == 1 or not seeded(i))]
+        mismatched = [(PROMPTS[i], o.token_ids, all_references[i]) for i, o in enumerate(outcomes)
+                      if o.token_ids != all_references[i] and (prefill_tp == 1 or not seeded(i))]
         assert not mismatched, mismatched[:3]
         long_prompts = [o for i, o in enumerate(outcomes) if i % 5 != 0]
         for i, outcome in enumerate(outcomes):
@@ -269,6 +286,7 @@ def test_prompts_computed_in_one_plan_have_their_kv_pushed_too(binaries, referen
         assert decode.num_kv_fetches == 0 and decode.num_handoff_failures == 0, decode
 
 
+@pytest.mark.slow_machine
 @TRANSPORTS
 def test_a_request_cancelled_while_its_kv_is_pushed_keeps_the_slots_until_the_plan_came_back(
         binaries, reference, tmp_path, decode_flags):
@@ -295,6 +313,7 @@ def test_a_request_cancelled_while_its_kv_is_pushed_keeps_the_slots_until_the_pl
         finishes_with_reference(start(rig), reference, "decode-0")
 
 
+@pytest.mark.slow_machine
 def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_decode_replica(
         binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2000) as rig:
@@ -320,6 +339,7 @@ def test_a_prefill_worker_killed_while_it_computes_leaves_the_prompt_to_the_deco
                  timeout=30)
 
 
+@pytest.mark.slow_machine
 def test_a_prefill_worker_killed_during_the_transfer_makes_the_decode_replica_recompute(
         binaries, reference, tmp_path):
     # The hand-off's KV leaves the prefill worker with its next step (2 s away): it dies before.
@@ -336,6 +356,7 @@ def test_a_prefill_worker_killed_during_the_transfer_makes_the_decode_replica_re
                          rig.coordinator.log_tail(20000)), rig.coordinator.log_tail()
 
 
+@pytest.mark.slow_machine
 def test_a_decode_worker_killed_while_it_waits_for_the_kv_leaves_the_request_to_the_prefill_replica(
         binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2000, kv_push="off") as rig:
@@ -346,6 +367,7 @@ def test_a_decode_worker_killed_while_it_waits_for_the_kv_leaves_the_request_to_
         no_block_held(rig, ["prefill-0"])
 
 
+@pytest.mark.slow_machine
 @TRANSPORTS
 def test_a_decode_worker_killed_while_the_kv_is_pushed_to_it_leaves_the_request_to_the_prefill_replica(
         binaries, reference, tmp_path, decode_flags):
@@ -363,6 +385,7 @@ def test_a_decode_worker_killed_while_the_kv_is_pushed_to_it_leaves_the_request_
         no_block_held(rig, ["prefill-0"])
 
 
+@pytest.mark.slow_machine
 @TRANSPORTS
 def test_a_decode_worker_lost_while_its_process_lives_keeps_the_pushed_slots_in_its_next_table(
         binaries, reference, tmp_path, decode_flags):
@@ -393,6 +416,7 @@ def test_a_decode_worker_lost_while_its_process_lives_keeps_the_pushed_slots_in_
         assert "registering again" in decode.log_tail(20000), decode.log_tail()
 
 
+@pytest.mark.slow_machine
 def test_a_client_gone_during_the_transfer_cancels_it_and_leaks_nothing(binaries, reference, tmp_path):
     # The hand-off's KV leaves the prefill worker with its next step (5 s away), so the decode
     # worker's pull waits at the source. The client goes away meanwhile: the coordinator cancels
@@ -417,6 +441,7 @@ def test_a_client_gone_during_the_transfer_cancels_it_and_leaks_nothing(binaries
         finishes_with_reference(start(rig), reference, "decode-0")
 
 
+@pytest.mark.slow_machine
 def test_a_transfer_slower_than_the_timeout_is_recomputed(binaries, reference, tmp_path):
     with disaggregated(tmp_path, prefill_delay_ms=2500, kv_transfer_timeout_ms=800, kv_push="off") as rig:
         stream = start(rig)
@@ -426,6 +451,7 @@ def test_a_transfer_slower_than_the_timeout_is_recomputed(binaries, reference, t
         assert status["prefill-0"].num_handoffs_out == 1
 
 
+@pytest.mark.slow_machine
 def test_a_busy_prefill_replica_leaves_long_prompts_to_the_decode_replica(binaries, reference, tmp_path):
     # --max-prefill-queue-size 1: while the (slowed) prefill replica holds a request, the next
     # long prompts are prefilled on the decode replica itself, with the same tokens.
@@ -511,6 +537,7 @@ def long_reference(binaries, tmp_path_factory):
         up.stop()
 
 
+@pytest.mark.slow_machine
 @pytest.mark.parametrize("step_tokens", [1024, 512])
 def test_a_prefill_replica_whose_first_token_would_come_later_is_passed_over(binaries, long_reference, tmp_path,
                                                                              step_tokens):

@@ -18,6 +18,9 @@ import pytest
 import cluster_harness as h
 from cluster_harness import make_request
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 REPLICAS = ("replica-a", "replica-b")
 TIMEOUT_FLAGS = {"step_timeout_ms": 2000, "heartbeat_timeout_ms": 2000}
 MAX_TOKENS = 200

@@ -23,6 +23,9 @@ import pytest
 import cluster_harness as h
 import soak_driver
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 MAX_NUM_SEQS = 2
 MAX_WAITING = 3
 # Timeouts that are never expected to fire: each only bounds a failure.

@@ -170,6 +170,7 @@ def FINISH(name):
     return h.stubs().pb.FinishReason.Value(name)
 
 
+@pytest.mark.slow_machine
 def test_killing_a_stage_fails_its_replica_and_its_requests_migrate(binaries, tmp_path):
     """A 2-stage replica beside a single-worker one, the coordinator with --migration-limit 1:
     SIGKILL the first stage mid-stream (the last stage is then waiting on it or about to). The

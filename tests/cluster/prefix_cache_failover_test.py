@@ -17,6 +17,9 @@ import pytest
 
 import cluster_harness as h
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 TIMEOUT_S = 120
 SHARED = ("You are a careful assistant for a library. Answer in one short sentence, using plain "
           "words, and never invent a title or an author that the catalogue does not list. If a "

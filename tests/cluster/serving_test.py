@@ -167,6 +167,7 @@ def test_token_id_prompt_equals_text_prompt(rig):
     assert grpc.StatusCode.OK == by_ids.code
 
 
+@pytest.mark.slow_machine
 def test_every_call_of_mixed_traffic_ends_with_tokens_or_a_status(rig):
     """Valid, invalid, cancelled and deadline-bound calls side by side: each one ends (a finish
     reason with its tokens, or a gRPC status), nothing hangs, and every block comes back."""

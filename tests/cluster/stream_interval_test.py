@@ -23,6 +23,9 @@ import pytest
 import cluster_harness as h
 from cluster_harness import make_request
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 INTERVAL_S = 0.2
 CALL_TIMEOUT_S = 120
 PROMPT = "The capital of France is"

@@ -88,6 +88,7 @@ def test_a_split_off_the_quantization_blocks_is_refused(tmp_path):
         coordinator.stop()
 
 
+@pytest.mark.slow_machine
 def test_killing_one_rank_fails_its_replica_and_the_other_keeps_serving(tmp_path):
     """A 2-rank replica beside a single-worker one: SIGKILL one rank mid-stream. The tensor-parallel
     replica's requests end with an error (or are retried elsewhere when they had no output yet), it

@@ -70,6 +70,7 @@ def test_cluster_keeps_serving_after_bad_requests(rig):
     assert end.num_free_blocks == end.num_kv_blocks, end
 
 
+@pytest.mark.slow_machine
 @pytest.mark.parametrize("spacing_s", [0.0, 0.015], ids=["simultaneous", "staggered"])
 def test_full_waiting_queue_answers_resource_exhausted_and_the_rest_complete(rig, spacing_s):
     """Past --max-waiting a request is refused up front with RESOURCE_EXHAUSTED; one that is

@@ -18,6 +18,9 @@ import urllib.request
 
 import pytest
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
 import cluster_harness as h  # noqa: E402
 from cluster_harness import make_request  # noqa: E402

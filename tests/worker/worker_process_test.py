@@ -26,6 +26,9 @@ from grpc_tools import protoc
 
 from conftest import BUILD_DIR, MODEL_PATH, SOURCE_DIR  # noqa: E402
 
+# Outcomes that rest on time: scripts/test-slow-machine.sh runs them again on one core.
+pytestmark = pytest.mark.slow_machine
+
 WORKER_BIN = BUILD_DIR / "worker" / "loom-worker"
 SMOLLM2_BLOCK_BYTES = 30 * 2 * 3 * 64 * 16 * 2  # layers x (K, V) x kv heads x dims x 16 x f16
 TIMEOUT_S = 60
