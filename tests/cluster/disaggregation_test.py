@@ -72,32 +72,35 @@ def run_all(stub, prompts=PROMPTS):
     return outcomes
 
 
-_MIXED_TOKENS = []  # the first prompts' tokens on one mixed replica, computed once a module
+@pytest.fixture(scope="module")
+def mixed_tokens(binaries, tmp_path_factory):
+    """first(count): the first `count` prompts' tokens on one mixed replica, run once for the
+    most asked. The serving test (first in the file) asks for all 100 and the failure tests
+    reuse them; run alone, as scripts/test-slow-machine.sh runs them, the failure tests run
+    only the 40 they use."""
+    tokens = []
 
-
-def mixed_tokens(tmp_path_factory, count):
-    """The first `count` prompts' tokens on one mixed replica. The serving test (first in the
-    file) computes all 100 and the failure tests reuse them; run alone, as
-    scripts/test-slow-machine.sh runs them, the failure tests compute only the 40 they use."""
-    if len(_MIXED_TOKENS) < count:
-        up = h.Up(tmp_path_factory.mktemp("mixed"), http_port=-1, **COMMON)
-        try:
-            up.wait_healthy(["replica-0"])
-            _MIXED_TOKENS[:] = [o.token_ids for o in run_all(up.stub, PROMPTS[:count])]
-        finally:
-            up.stop()
-    return _MIXED_TOKENS
+    def first(count):
+        if len(tokens) < count:
+            up = h.Up(tmp_path_factory.mktemp("mixed"), http_port=-1, **COMMON)
+            try:
+                up.wait_healthy(["replica-0"])
+                tokens[:] = [o.token_ids for o in run_all(up.stub, PROMPTS[:count])]
+            finally:
+                up.stop()
+        return tokens
+    return first
 
 
 @pytest.fixture(scope="module")
-def all_references(binaries, tmp_path_factory):
-    return mixed_tokens(tmp_path_factory, len(PROMPTS))
+def all_references(mixed_tokens):
+    return mixed_tokens(len(PROMPTS))
 
 
 @pytest.fixture(scope="module")
-def reference(binaries, tmp_path_factory):
+def reference(mixed_tokens):
     """The first 40 prompts' tokens (the failure tests use no other)."""
-    return mixed_tokens(tmp_path_factory, 40)
+    return mixed_tokens(40)
 
 
 @pytest.mark.parametrize("prefill_tp,push", [(1, "shared"), (2, "shared"), (2, "tcp"), (1, None)],
