@@ -46,9 +46,8 @@ absl::StatusOr<EmbeddingBatch> Embedder::Embed(
     } else {
       input.set_text(inputs[i].text());
     }
-    input.set_max_tokens(1);
-    absl::StatusOr<engine::RequestParams> one =
-        engine::ValidateGenerateRequest(input, config_, tokenizer_, /*default_temperature=*/0.0f);
+    absl::StatusOr<engine::RequestParams> one = engine::ValidateGenerateRequest(
+        input, config_, tokenizer_, /*unset_temperature=*/0.0f, /*embed=*/true);
     if (!one.ok()) {
       if (inputs.size() == 1) return one.status();
       return absl::Status(
@@ -56,8 +55,6 @@ absl::StatusOr<EmbeddingBatch> Embedder::Embed(
           absl::StrFormat("%s: %s", input_name ? input_name(i) : absl::StrFormat("input %d", i),
                           one.status().message()));
     }
-    one->embed = true;
-    one->max_tokens = 1;
     result.input_tokens.push_back(static_cast<int64_t>(one->prompt_ids.size()));
     result.prompt_tokens += result.input_tokens.back();
     params.push_back(*std::move(one));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "api/embeddings_api.h"
+#include "api/openai_request.h"
 #include "api/openai_service.h"
 #include "api/score_api.h"
 
@@ -40,7 +41,14 @@ void PoolingService::Embeddings(const HttpRequest& request, HttpResponse& respon
     return OpenAiService::WriteError(model, response);
   }
   absl::StatusOr<EmbeddingBatch> embeddings = embedder_.Embed(parsed->inputs, cancelled);
-  if (!embeddings.ok()) return OpenAiService::WriteError(embeddings.status(), response);
+  if (!embeddings.ok()) {
+    absl::Status status = embeddings.status();
+    // An input the model cannot take (empty, too long, ids outside the vocabulary).
+    if (absl::IsInvalidArgument(status) && OpenAiErrorParam(status).empty()) {
+      status = InvalidOpenAiParam("input", std::string(status.message()));
+    }
+    return OpenAiService::WriteError(status, response);
+  }
   response.set_content(EmbeddingsResponseJson(embeddings->vectors, parsed->base64, model_.id,
                                               embeddings->prompt_tokens),
                        "application/json");

@@ -30,7 +30,7 @@ absl::Status CheckStopStrings(const google::protobuf::RepeatedPtrField<std::stri
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
                                                       const common::Tokenizer& tokenizer,
-                                                      float unset_temperature) {
+                                                      float unset_temperature, bool embed) {
   RequestParams params;
   if (request.has_token_ids()) {
     params.prompt_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
@@ -50,7 +50,12 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     return absl::InvalidArgumentError("the prompt is empty");
   }
   const int64_t prompt_len = static_cast<int64_t>(params.prompt_ids.size());
-  if (prompt_len >= config.context_length) {
+  if (embed && prompt_len > config.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the input has %d tokens; the model's context length is %d", prompt_len,
+                        config.context_length));
+  }
+  if (!embed && prompt_len >= config.context_length) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the prompt has %d tokens; the model's context length is %d (room for at least one "
         "output token is needed)",
@@ -60,13 +65,18 @@ absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRe
     return absl::InvalidArgumentError(
         absl::StrFormat("max_tokens must be >= 0, got %d", request.max_tokens()));
   }
-  params.max_tokens = request.max_tokens() == 0
-                          ? static_cast<int32_t>(config.context_length - prompt_len)
-                          : request.max_tokens();
-  if (prompt_len + params.max_tokens > config.context_length) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the prompt (%d tokens) plus max_tokens (%d) exceeds the context length %d",
-        prompt_len, params.max_tokens, config.context_length));
+  params.embed = embed;
+  if (embed) {
+    params.max_tokens = 1;  // the embedding is the one output; nothing is generated
+  } else {
+    params.max_tokens = request.max_tokens() == 0
+                            ? static_cast<int32_t>(config.context_length - prompt_len)
+                            : request.max_tokens();
+    if (prompt_len + params.max_tokens > config.context_length) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the prompt (%d tokens) plus max_tokens (%d) exceeds the context length %d", prompt_len,
+          params.max_tokens, config.context_length));
+    }
   }
 
   // Request, then the model's generation_config.json, then the API's default; the worker

@@ -20,11 +20,13 @@ absl::Status CheckStopStrings(const google::protobuf::RepeatedPtrField<std::stri
 /// length (max_tokens 0 means "up to the context length"), sampling parameters in range
 /// (unset ones take the model's defaults, `config.sampling_defaults`, then the API's:
 /// greedy, or `unset_temperature` for the temperature). InvalidArgument naming the field
-/// and value. Thread-safe.
+/// and value. `embed`: the request is an embedding (RequestParams::embed set, max_tokens
+/// 1), whose prompt may fill the whole context (nothing is generated after it). Thread-safe.
 absl::StatusOr<RequestParams> ValidateGenerateRequest(const loom::v1::GenerateRequest& request,
                                                       const common::ModelConfig& config,
                                                       const common::Tokenizer& tokenizer,
-                                                      float unset_temperature = 0.0f);
+                                                      float unset_temperature = 0.0f,
+                                                      bool embed = false);
 
 /// Sets each sampling field `request` leaves unset that the model has a default for.
 void ApplyModelSamplingDefaults(const common::SamplingDefaults& defaults,

@@ -108,6 +108,24 @@ TEST_F(RequestValidationTest, RejectsPromptPlusMaxTokensPastTheContext) {
   EXPECT_EQ(Validate(request).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A prompt that fills the context leaves no room for a generated token, but an embedding
+// generates none: it may fill the context, not pass it.
+TEST_F(RequestValidationTest, AnEmbeddingMayFillTheContextAndNoMore) {
+  loom::v1::GenerateRequest request;
+  request.mutable_token_ids()->mutable_ids()->Resize(static_cast<int>(config_->context_length), 5);
+  EXPECT_THAT(Validate(request).status().message(), HasSubstr("room for at least one"));
+  absl::StatusOr<RequestParams> embed =
+      ValidateGenerateRequest(request, *config_, *tokenizer_, 0.0f, /*embed=*/true);
+  ASSERT_TRUE(embed.ok()) << embed.status();
+  EXPECT_TRUE(embed->embed);
+  EXPECT_EQ(embed->max_tokens, 1);
+  EXPECT_EQ(embed->prompt_ids.size(), static_cast<size_t>(config_->context_length));
+  request.mutable_token_ids()->add_ids(5);
+  EXPECT_EQ(
+      ValidateGenerateRequest(request, *config_, *tokenizer_, 0.0f, /*embed=*/true).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(RequestValidationTest, RejectsSamplingParametersOutOfRange) {
   loom::v1::GenerateRequest request;
   request.set_text("hello");

@@ -19,6 +19,17 @@ import requests
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
 import cluster_harness as h  # noqa: E402
 
+# The served context, short so that an input filling it is cheap to embed.
+MAX_MODEL_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def rig(request, tmp_path_factory):
+    directory = h.cluster_log_dir(tmp_path_factory, pathlib.Path(request.module.__file__).stem)
+    with h.running_cluster(directory, {"r0": {"threads": 2}}, max_model_len=MAX_MODEL_LEN) as rig:
+        yield rig
+
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land"]
 HIDDEN = 576  # SmolLM2-135M
 
@@ -112,3 +123,21 @@ def test_another_model_is_404_and_an_input_past_the_context_is_400(client):
         client.embeddings.create(model="no-such-model", input="hi")
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=client.models.list().data[0].id, input="word " * 9000)
+
+
+# A generated reply needs one token of room after the prompt; an embedding needs none, so an
+# input may fill the context exactly (and no more), and its blocks are freed after.
+def test_an_input_may_fill_the_context_but_not_pass_it(rig, client, model):
+    status, tokens = h.post_json(rig.coordinator.http_url + "/tokenize",
+                                 {"model": model, "prompt": PROMPTS[0], "add_special_tokens": False})
+    assert status == 200 and tokens["max_model_len"] == MAX_MODEL_LEN, tokens
+    full = (tokens["tokens"] * MAX_MODEL_LEN)[:MAX_MODEL_LEN]
+    response = client.embeddings.create(model=model, input=full)
+    assert response.usage.prompt_tokens == MAX_MODEL_LEN
+    assert np.linalg.norm(vectors(response)[0]) == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=model, input=full + full[:1])
+    assert refused.value.body["param"] == "input", refused.value.body
+    with pytest.raises(openai.BadRequestError):  # a completion must leave room for a token
+        client.completions.create(model=model, prompt=full, max_tokens=1)
+    rig.coordinator.wait_idle()
