@@ -91,17 +91,55 @@ Json MessagesJson(const loom::v1::GenerateRequest& request) {
   return messages;
 }
 
+// continue_final_message: the text the reply continues, the last message's content (a
+// string, or its last text part).
+absl::StatusOr<std::string> FinalMessageText(const Json& messages) {
+  const Json& last = messages.back();
+  const auto content = last.find("content");
+  if (content != last.end() && content->is_string()) return content->get<std::string>();
+  if (content != last.end() && content->is_array()) {
+    for (auto part = content->rbegin(); part != content->rend(); ++part) {
+      if (!part->is_object()) continue;
+      const auto text = part->find("text");
+      if (text != part->end() && text->is_string()) return text->get<std::string>();
+    }
+  }
+  return InvalidOpenAiParam("continue_final_message",
+                            "'continue_final_message' needs text in the last message to continue");
+}
+
+// The rendered chat up to the end of the last occurrence of the final message's text:
+// with its trailing whitespace where the template kept it, without where it trimmed it.
+absl::StatusOr<std::string> CutAfterFinalMessage(std::string rendered,
+                                                 std::string_view final_text) {
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::string_view kept = final_text;  // without leading whitespace
+  while (!kept.empty() && space(kept.front())) kept.remove_prefix(1);
+  std::string_view stripped = kept;  // and without trailing whitespace
+  while (!stripped.empty() && space(stripped.back())) stripped.remove_suffix(1);
+  const size_t at = stripped.empty() ? std::string::npos : rendered.rfind(stripped);
+  if (at == std::string::npos) {
+    return InvalidOpenAiParam(
+        "continue_final_message",
+        "'continue_final_message': the chat template does not keep the last message's text, "
+        "so there is nothing to continue");
+  }
+  const bool kept_whole = std::string_view(rendered).substr(at, kept.size()) == kept;
+  rendered.resize(at + (kept_whole ? kept.size() : stripped.size()));
+  return rendered;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRequest& tools,
                                              const common::Tokenizer& tokenizer,
                                              const common::ChatTemplate& chat_template,
-                                             const Json* template_kwargs) {
+                                             const Json* template_kwargs,
+                                             ChatRenderOptions options) {
   LOOM_ASSIGN_OR_RETURN(Json template_messages, TemplateMessages(messages, tools));
   Json context = Json::object();
   context["messages"] = std::move(template_messages);
   if (tools.template_renders_tools && !tools.tools.empty()) context["tools"] = tools.tools;
-  context["add_generation_prompt"] = true;
   context["bos_token"] = tokenizer.bos_id() >= 0
                              ? std::string(tokenizer.TokenText(tokenizer.bos_id()))
                              : std::string();
@@ -120,12 +158,20 @@ absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRe
                             "own field)",
                             key));
       }
-      // What the request's own fields refuse (every reply follows a generation prompt
-      // after the last message) is refused here too, not let in by another door.
-      const bool refused = (key == "add_generation_prompt" && value != true) ||
-                           (key == "continue_final_message" && value != false) ||
-                           (key == "documents" && !value.is_null() && !value.empty());
-      if (refused) {
+      // vLLM lets the kwargs override the request's own fields of these names.
+      if (key == "add_generation_prompt" || key == "continue_final_message") {
+        if (!value.is_boolean()) {
+          return InvalidOpenAiParam(
+              "chat_template_kwargs",
+              absl::StrFormat("'chat_template_kwargs' sets '%s' to a non-boolean", key));
+        }
+        (key == "add_generation_prompt" ? options.add_generation_prompt
+                                        : options.continue_final_message) = value.get<bool>();
+        continue;
+      }
+      // What the request's own field refuses is refused here too, not let in by another
+      // door.
+      if (key == "documents" && !value.is_null() && !value.empty()) {
         return InvalidOpenAiParam(
             "chat_template_kwargs",
             absl::StrFormat("'chat_template_kwargs' cannot set '%s': it is not supported by "
@@ -135,13 +181,21 @@ absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRe
       context[key] = value;
     }
   }
+  if (options.add_generation_prompt && options.continue_final_message) {
+    return InvalidOpenAiParam("continue_final_message",
+                              "'continue_final_message' needs 'add_generation_prompt': false (the "
+                              "reply continues the last message instead of starting a new one)");
+  }
+  context["add_generation_prompt"] = options.add_generation_prompt;
   absl::StatusOr<std::string> rendered = chat_template.RenderJson(context);
   if (!rendered.ok()) {
     return InvalidOpenAiParam("messages",
                               absl::StrFormat("the chat template rejected the messages: %s",
                                               rendered.status().message()));
   }
-  return rendered;
+  if (!options.continue_final_message) return rendered;
+  LOOM_ASSIGN_OR_RETURN(std::string final_text, FinalMessageText(messages));
+  return CutAfterFinalMessage(*std::move(rendered), final_text);
 }
 
 std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
@@ -190,9 +244,12 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
                                                 const common::ChatTemplate* chat_template) {
   if (request.messages_size() == 0) {
     if (request.tools_size() > 0 || !request.tool_choice().empty() ||
-        !request.tool_choice_function().empty() || request.has_parallel_tool_calls()) {
+        !request.tool_choice_function().empty() || request.has_parallel_tool_calls() ||
+        request.has_add_generation_prompt() || request.continue_final_message()) {
       return InvalidOpenAiParam(
-          "messages", "tools, tool_choice and parallel_tool_calls need messages (a chat)");
+          "messages",
+          "tools, tool_choice, parallel_tool_calls, add_generation_prompt and "
+          "continue_final_message need messages (a chat)");
     }
     return ToolsRequest{};
   }
@@ -207,8 +264,13 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
   LOOM_ASSIGN_OR_RETURN(Json body, ToolsBody(request));
   LOOM_ASSIGN_OR_RETURN(ToolsRequest tools, ParseToolsRequest(body, chat_template->source()));
   LOOM_RETURN_IF_ERROR(ApplyToolConstraint(tools, "tools", "tool_choice", request));
+  ChatRenderOptions options;
+  options.add_generation_prompt =
+      !request.has_add_generation_prompt() || request.add_generation_prompt();
+  options.continue_final_message = request.continue_final_message();
   LOOM_ASSIGN_OR_RETURN(std::string rendered,
-                        RenderChatPrompt(MessagesJson(request), tools, tokenizer, *chat_template));
+                        RenderChatPrompt(MessagesJson(request), tools, tokenizer, *chat_template,
+                                         /*template_kwargs=*/nullptr, options));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
   request.clear_messages();
@@ -216,6 +278,8 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
   request.clear_tool_choice();
   request.clear_tool_choice_function();
   request.clear_parallel_tool_calls();
+  request.clear_add_generation_prompt();
+  request.clear_continue_final_message();
   return tools;
 }
 

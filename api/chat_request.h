@@ -21,16 +21,27 @@
 
 namespace loom::api {
 
+/// How a rendered chat ends (vLLM's request fields of these names): the template's
+/// generation prompt after the last message (the default), nothing after it
+/// (`add_generation_prompt` false), or the last message's text left open for the model to
+/// continue (`continue_final_message`: the client prefilled the start of the reply; the
+/// prompt is cut right after that text, as transformers' apply_chat_template cuts it).
+struct ChatRenderOptions {
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
+
 /// The prompt text of `messages` (OpenAI-shaped; see TemplateMessages) and `tools`,
-/// rendered by `chat_template` with the generation prompt. `template_kwargs` (vLLM's
+/// rendered by `chat_template` and ended as `options` say. `template_kwargs` (vLLM's
 /// `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`), when given, are further
-/// variables of the template; they may override `add_generation_prompt`, not the
-/// messages or tools. InvalidArgument (param "messages", or "chat_template_kwargs") for
-/// bad messages, kwargs or a template error.
+/// variables of the template; they may override the two options (as in vLLM), not the
+/// messages or tools. InvalidArgument (param "messages", "continue_final_message" or
+/// "chat_template_kwargs") for bad messages, kwargs, both options true, a final message
+/// the template does not keep, or a template error.
 absl::StatusOr<std::string> RenderChatPrompt(
     const nlohmann::ordered_json& messages, const ToolsRequest& tools,
     const common::Tokenizer& tokenizer, const common::ChatTemplate& chat_template,
-    const nlohmann::ordered_json* template_kwargs = nullptr);
+    const nlohmann::ordered_json* template_kwargs = nullptr, ChatRenderOptions options = {});
 
 /// The token ids of a rendered chat prompt (the template writes BOS itself; its special
 /// tokens are parsed).
@@ -46,7 +57,8 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
 
 /// The gRPC API's chat: turns `request`'s messages, tools, tool_choice and
 /// parallel_tool_calls into the token-id prompt (and the grammar, see ApplyToolConstraint),
-/// exactly as the same OpenAI chat request would be; the chat fields are cleared. Returns
+/// exactly as the same OpenAI chat request would be (add_generation_prompt and
+/// continue_final_message included); the chat fields are cleared. Returns
 /// the tools, to parse the reply with. InvalidArgument for messages together with a
 /// prompt, chat fields without messages, malformed tools (parameters that are not JSON)
 /// or messages, and FailedPrecondition when `chat_template` is null (the model has none).

@@ -151,13 +151,10 @@ absl::Status RefuseUnimplemented(const json& body, OpenAiEndpoint endpoint) {
   if (!is("truncate_prompt_tokens", -1)) return refuse("truncate_prompt_tokens");
   if (!is("use_beam_search", false)) return refuse("use_beam_search");
   if (endpoint == OpenAiEndpoint::kChatCompletions) {
-    // vLLM's chat-template fields: the served model's template renders every request,
-    // with a generation prompt after the last message.
+    // vLLM's chat-template fields: the served model's template renders every request.
     for (const char* name : {"chat_template", "documents"}) {
       if (non_empty(name)) return refuse(name);
     }
-    if (!is("add_generation_prompt", true)) return refuse("add_generation_prompt");
-    if (!is("continue_final_message", false)) return refuse("continue_final_message");
   }
   return absl::OkStatus();
 }
@@ -353,9 +350,16 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
   if (chat_template == nullptr) {
     return InvalidOpenAiParam("messages", "this model has no chat template; use /v1/completions");
   }
+  ChatRenderOptions options;
+  LOOM_ASSIGN_OR_RETURN(std::optional<bool> add_generation_prompt,
+                        Boolean(body, "add_generation_prompt"));
+  LOOM_ASSIGN_OR_RETURN(std::optional<bool> continue_final_message,
+                        Boolean(body, "continue_final_message"));
+  options.add_generation_prompt = add_generation_prompt.value_or(true);
+  options.continue_final_message = continue_final_message.value_or(false);
   LOOM_ASSIGN_OR_RETURN(std::string rendered,
                         RenderChatPrompt(*messages, out.tools, tokenizer, *chat_template,
-                                         Field(body, "chat_template_kwargs")));
+                                         Field(body, "chat_template_kwargs"), options));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   loom::v1::GenerateRequest request = base;
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());

@@ -62,6 +62,11 @@ struct GenerateRequest {
   std::vector<Tool> tools;
   ToolChoice tool_choice;
   std::optional<bool> parallel_tool_calls;  // unset: true
+  // How the chat ends: the template's generation prompt (unset: true), or the last
+  // message (a prefilled assistant reply) left open for the model to continue
+  // (continue_final_message, with add_generation_prompt false).
+  std::optional<bool> add_generation_prompt;
+  bool continue_final_message = false;
 
   /// A text prompt.
   static GenerateRequest FromText(std::string prompt, int32_t max_tokens) {

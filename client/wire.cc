@@ -35,6 +35,10 @@ loom::v1::GenerateRequest ToWire(const GenerateRequest& request) {
   wire.set_tool_choice(request.tool_choice.mode);
   wire.set_tool_choice_function(request.tool_choice.function);
   if (request.parallel_tool_calls) wire.set_parallel_tool_calls(*request.parallel_tool_calls);
+  if (request.add_generation_prompt) {
+    wire.set_add_generation_prompt(*request.add_generation_prompt);
+  }
+  wire.set_continue_final_message(request.continue_final_message);
   const SamplingOptions& s = request.sampling;
   loom::v1::SamplingParams* sampling = wire.mutable_sampling();
   if (s.temperature) sampling->set_temperature(*s.temperature);

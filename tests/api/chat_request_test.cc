@@ -164,6 +164,87 @@ TEST_F(ChatRequestTest, BadChatsAreInvalidArgumentNamingTheProblem) {
   EXPECT_EQ(plain.text(), "Hello");
 }
 
+// vLLM's add_generation_prompt and continue_final_message: a prefilled assistant reply is
+// left open (cut after its text, keeping trailing whitespace only where the template kept
+// it), the same over gRPC and HTTP; both true, or a final message the template drops, is
+// InvalidArgument naming continue_final_message.
+TEST_F(ChatRequestTest, ContinuesTheFinalMessageOrEndsWithoutAGenerationPrompt) {
+  auto chat_template = common::ChatTemplate::Parse(*gguf_->GetString("tokenizer.chat_template"));
+  ASSERT_TRUE(chat_template.ok());
+  const common::ChatTemplate& t = **chat_template;
+  const auto messages = nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "Name a color."},
+          {"role": "assistant", "content": "The color is "}])");
+  auto render = [&](const nlohmann::ordered_json& chat, ChatRenderOptions options,
+                    const nlohmann::ordered_json* kwargs = nullptr) {
+    return RenderChatPrompt(chat, ToolsRequest{}, *tokenizer_, t, kwargs, options);
+  };
+  const auto user_only = nlohmann::ordered_json::array({messages[0]});
+  absl::StatusOr<std::string> with_prompt = render(user_only, {});
+  absl::StatusOr<std::string> without_prompt = render(user_only, {false, false});
+  ASSERT_TRUE(with_prompt.ok() && without_prompt.ok());
+  EXPECT_EQ(*with_prompt, *without_prompt + "<|im_start|>assistant\n");
+  const auto kwargs = nlohmann::ordered_json::parse(R"({"add_generation_prompt": false})");
+  EXPECT_EQ(*render(user_only, {}, &kwargs), *without_prompt);
+
+  // The default template keeps the message's trailing space; the cut keeps it too.
+  absl::StatusOr<std::string> open = render(messages, {false, true});
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(*open, *without_prompt + "<|im_start|>assistant\nThe color is ");
+  // Content parts: the last text part is continued.
+  auto parts = messages;
+  parts[1]["content"] =
+      nlohmann::ordered_json::parse(R"([{"type": "text", "text": "The color is "}])");
+  EXPECT_EQ(*render(parts, {false, true}), *open);
+
+  // A template that trims the content: the cut drops the trailing space it dropped.
+  auto trimming = common::ChatTemplate::Parse(
+      "{% for m in messages %}[{{ m.role }}] {{ m.content | trim }}</s>{% endfor %}"
+      "{% if add_generation_prompt %}[assistant] {% endif %}");
+  ASSERT_TRUE(trimming.ok()) << trimming.status();
+  absl::StatusOr<std::string> trimmed =
+      RenderChatPrompt(messages, ToolsRequest{}, *tokenizer_, **trimming, nullptr, {false, true});
+  ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+  EXPECT_EQ(*trimmed, "[user] Name a color.</s>[assistant] The color is");
+
+  // gRPC: the same fields give the same prompt.
+  loom::v1::GenerateRequest grpc;
+  grpc.set_max_tokens(4);
+  for (const auto& message : messages) {
+    loom::v1::ChatMessage* added = grpc.add_messages();
+    added->set_role(message["role"].get<std::string>());
+    added->set_content(message["content"].get<std::string>());
+  }
+  grpc.set_add_generation_prompt(false);
+  grpc.set_continue_final_message(true);
+  ASSERT_TRUE(PrepareChatRequest(grpc, *tokenizer_, &t).ok());
+  const std::vector<int32_t> expected = EncodeChatPrompt(*open, *tokenizer_);
+  EXPECT_EQ(std::vector<int32_t>(grpc.token_ids().ids().begin(), grpc.token_ids().ids().end()),
+            expected);
+  EXPECT_FALSE(grpc.has_add_generation_prompt() || grpc.continue_final_message());
+
+  auto code_and_param = [](const absl::Status& status) {
+    return std::make_pair(status.code(), OpenAiErrorParam(status));
+  };
+  const auto invalid =
+      std::make_pair(absl::StatusCode::kInvalidArgument, std::string("continue_final_message"));
+  EXPECT_EQ(code_and_param(render(messages, {true, true}).status()), invalid);
+  auto no_text = messages;
+  no_text[1]["content"] = nlohmann::ordered_json::array();
+  EXPECT_EQ(code_and_param(render(no_text, {false, true}).status()), invalid);
+  auto dropping = common::ChatTemplate::Parse("{% for m in messages %}[{{ m.role }}]{% endfor %}");
+  ASSERT_TRUE(dropping.ok());
+  EXPECT_EQ(code_and_param(RenderChatPrompt(messages, ToolsRequest{}, *tokenizer_, **dropping,
+                                            nullptr, {false, true})
+                               .status()),
+            invalid);
+  loom::v1::GenerateRequest without_messages;
+  without_messages.set_text("Hello");
+  without_messages.set_continue_final_message(true);
+  EXPECT_THAT(PrepareChatRequest(without_messages, *tokenizer_, &t).status().message(),
+              HasSubstr("need messages"));
+}
+
 TEST(ChatReplyTest, SplitsContentAndCutsToOneCallWithoutParallelCalls) {
   ToolsRequest tools;
   tools.format = ToolCallFormat::kHermes;

@@ -7,6 +7,7 @@ generic format), through the Python SDK (LoomClient.chat / chat_stream), the C++
   (sampled at temperature 1.0; the grammar engine, not the model, makes it valid; checked
   with jsonschema), non-streaming and streaming (the last message carries the calls);
 * an assistant tool call and the tool's answer are served (the round trip renders);
+* a prefilled assistant reply is continued (continue_final_message);
 * a schema the grammar engine cannot compile is INVALID_ARGUMENT naming the construct;
   messages together with a prompt, tools without messages, parameters that are not JSON
   and a named function that is not among the tools are INVALID_ARGUMENT.
@@ -111,6 +112,20 @@ def test_python_tool_round_trip_is_served(client):
     assert reply.prompt_tokens > short.prompt_tokens + 20
     # tool_choice "none" and no tools: plain text, no calls.
     assert short.tool_calls == [] and short.completion_tokens > 0
+
+
+# vLLM's continue_final_message: the prefilled assistant reply is continued, so the prompt is
+# the chat's with the prefill's tokens appended (the generation prompt opens the same
+# assistant turn); both it and a new generation prompt is INVALID_ARGUMENT.
+def test_python_continues_a_prefilled_reply(client):
+    prefill = "The weather in Paris is"
+    fresh = client.chat(ASK, max_tokens=1, temperature=0)
+    continued = client.chat(ASK + [{"role": "assistant", "content": prefill}], max_tokens=6,
+                            temperature=0, add_generation_prompt=False, continue_final_message=True)
+    assert continued.completion_tokens > 0
+    assert continued.prompt_tokens == \
+        fresh.prompt_tokens + len(client.tokenize(prefill, add_special_tokens=False))
+    expect_invalid(client, "add_generation_prompt", continue_final_message=True)
 
 
 def expect_invalid(client, needle, **kwargs):

@@ -48,6 +48,20 @@ TEST(WireTest, ConstraintLogitBiasMinTokensAndOutputOptionsReachTheWire) {
   EXPECT_TRUE(plain.sampling().grammar().kind().empty());
 }
 
+TEST(WireTest, ChatEndingReachesTheWireOnlyWhenSet) {
+  GenerateRequest request;
+  request.messages = {ChatMessage::Of("user", "Name a color."),
+                      ChatMessage::Of("assistant", "The color is")};
+  EXPECT_FALSE(ToWire(request).has_add_generation_prompt());  // unset: the server's true
+  EXPECT_FALSE(ToWire(request).continue_final_message());
+  request.add_generation_prompt = false;
+  request.continue_final_message = true;
+  const loom::v1::GenerateRequest wire = ToWire(request);
+  ASSERT_TRUE(wire.has_add_generation_prompt());
+  EXPECT_FALSE(wire.add_generation_prompt());
+  EXPECT_TRUE(wire.continue_final_message());
+}
+
 TEST(WireTest, EmptyTokenIdListStillSelectsTheTokenPrompt) {
   const loom::v1::GenerateRequest wire = ToWire(GenerateRequest::FromTokenIds({}, 4));
   EXPECT_EQ(wire.prompt_case(), loom::v1::GenerateRequest::kTokenIds);

@@ -241,13 +241,14 @@ def test_tokenize_and_detokenize(rig, model):
     ({"tool_choice": "required"}, "tool_choice"),  # without tools
     # vLLM's chat-template fields: the served model's template renders every request.
     ({"chat_template": "{{ raise_exception('boom') }}"}, "chat_template"),
-    ({"add_generation_prompt": False}, "add_generation_prompt"),
-    ({"continue_final_message": True}, "continue_final_message"),
     ({"documents": [{"title": "a", "text": "b"}]}, "documents"),
     # ... nor through the template's own arguments.
-    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
-    ({"chat_template_kwargs": {"continue_final_message": True}}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"documents": [{"text": "b"}]}}, "chat_template_kwargs"),
+    # A reply cannot both start a new message and continue the last one.
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"chat_template_kwargs": {"continue_final_message": True}}, "continue_final_message"),
+    ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+    ({"chat_template_kwargs": {"add_generation_prompt": 0}}, "chat_template_kwargs"),
     # vLLM's sampling extras that would change the output: refused, not ignored.
     ({"allowed_token_ids": [5]}, "allowed_token_ids"),
     ({"bad_words": ["a"]}, "bad_words"),
@@ -269,6 +270,43 @@ def test_names_of_the_wrong_json_type_are_400_naming_the_field(rig, model, field
     status, body = h.post_json(rig.coordinator.http_url + "/v1/chat/completions",
                                {"model": model, "messages": PROMPT, "max_tokens": 2, **fields})
     assert status == 400 and body["error"]["param"] == param, body
+
+
+# vLLM's add_generation_prompt and continue_final_message: the assistant reply prefilled by
+# the client is continued, not restarted. The chat's prompt is the rendered conversation cut
+# after the prefill (as /tokenize reports it), so a greedy chat equals a greedy completion of
+# those token ids; without the generation prompt the chat is one token shorter or more.
+def test_a_prefilled_assistant_reply_is_continued(rig, client, model):
+    base = rig.coordinator.http_url
+    prefill = "The capital of France is"
+    messages = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": prefill}]
+    status, open_chat = h.post_json(base + "/tokenize", {
+        "model": model, "messages": messages, "add_generation_prompt": False,
+        "continue_final_message": True})
+    assert status == 200, open_chat
+    status, text = h.post_json(base + "/detokenize", {"model": model, "tokens": open_chat["tokens"]})
+    assert status == 200 and text["prompt"].endswith("<|im_start|>assistant\n" + prefill), text
+
+    chat = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    completion = client.completions.create(model=model, prompt=open_chat["tokens"], max_tokens=8,
+                                           temperature=0)
+    assert chat.choices[0].message.content == completion.choices[0].text
+    assert chat.usage.prompt_tokens == open_chat["count"]
+
+    counts = {}
+    for add in (True, False):
+        status, body = h.post_json(base + "/tokenize", {"model": model, "messages": messages[:1],
+                                                        "add_generation_prompt": add})
+        assert status == 200, body
+        counts[add] = body["count"]
+    assert counts[False] < counts[True]
+    # chat_template_kwargs override the request's fields, as in vLLM.
+    status, body = h.post_json(base + "/tokenize", {
+        "model": model, "messages": messages[:1], "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert status == 200 and body["count"] == counts[False], body
 
 
 def test_no_op_values_of_unimplemented_parameters_are_accepted(client, model):

@@ -147,11 +147,16 @@ class AsyncLoomClient(_ClientBase):
 
     def chat_stream(self, messages: Sequence[dict], *, tools: Optional[Sequence[dict]] = None,
                     tool_choice=None, parallel_tool_calls: Optional[bool] = None,
+                    add_generation_prompt: Optional[bool] = None,
+                    continue_final_message: bool = False,
                     max_tokens: int = 0, timeout: Optional[float] = None,
                     **params) -> AsyncGenerateStream:
         """A chat, streamed (LoomClient.chat_stream's arguments)."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
+        if add_generation_prompt is not None:
+            request.add_generation_prompt = add_generation_prompt
+        request.continue_final_message = continue_final_message
         return AsyncGenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                                    self._metadata)
 

@@ -143,6 +143,8 @@ class LoomClient(_ClientBase):
 
     def chat_stream(self, messages: Sequence[dict], *, tools: Optional[Sequence[dict]] = None,
                     tool_choice=None, parallel_tool_calls: Optional[bool] = None,
+                    add_generation_prompt: Optional[bool] = None,
+                    continue_final_message: bool = False,
                     max_tokens: int = 0, timeout: Optional[float] = None, **params) -> GenerateStream:
         """Streams a chat: `messages` (OpenAI's: role, content, name, tool_call_id,
         tool_calls) rendered by the served model's chat template, as /v1/chat/completions
@@ -150,11 +152,17 @@ class LoomClient(_ClientBase):
         "description", "parameters"}}] or the bare function dicts. tool_choice: "auto"
         (default with tools), "none", "required", a function's name, or OpenAI's
         {"type": "function", "function": {"name": ...}}; "required" and a named function
-        are enforced by the server's grammar engine. The last chunk carries `tool_calls`
+        are enforced by the server's grammar engine. continue_final_message (with
+        add_generation_prompt=False) continues the last message, an assistant reply
+        prefilled by the caller, instead of starting a new one (vLLM's fields).
+        The last chunk carries `tool_calls`
         and `content`; chunk texts are the model's raw output. Other params as
         generate_stream."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
+        if add_generation_prompt is not None:
+            request.add_generation_prompt = add_generation_prompt
+        request.continue_final_message = continue_final_message
         return GenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                               self._metadata)
 
