@@ -45,6 +45,8 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileGrammarSpec(const GrammarS
       definition = JsonObjectGrammar();
       break;
     case GrammarKind::kRegex:
+      // Only the empty output would match: refused as the HTTP API refuses it.
+      if (spec.text.empty()) return absl::InvalidArgumentError("the regex is empty");
       definition = RegexGrammar(spec.text);
       break;
     case GrammarKind::kGbnf:

@@ -35,6 +35,12 @@ TEST(GrammarSpecTest, CacheDropsLeastRecentlyUsedAndNeverCachesFailures) {
   EXPECT_EQ(cache.misses(), 3);
 }
 
+TEST(GrammarSpecTest, AnEmptyRegexIsRefused) {
+  const auto empty = CompileGrammarSpec({GrammarKind::kRegex, ""});
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CompileGrammarSpec({GrammarKind::kRegex, "a?"}).ok());
+}
+
 TEST(GrammarSpecTest, ChoiceListMustBeStrings) {
   EXPECT_TRUE(CompileGrammarSpec({GrammarKind::kChoice, R"(["a","b"])"}).ok());
   EXPECT_FALSE(CompileGrammarSpec({GrammarKind::kChoice, R"(["a",1])"}).ok());
