@@ -14,7 +14,9 @@ if(NOT LOOM_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # CMake's CUDAARCHS environment variable (read by enable_language) chooses otherwise;
+    # CI sets it (.ci/run).
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND "$ENV{CUDAARCHS}" STREQUAL "")
       # Cached, so tools reading the build (tests/gpu/bundle.sh --from) see what it targets.
       set(CMAKE_CUDA_ARCHITECTURES "80-real;90a-real" CACHE STRING "CUDA architectures")
     endif()
