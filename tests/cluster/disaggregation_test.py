@@ -4,8 +4,8 @@ uncached tokens than --max-local-prefill-length is prefilled on the prefill repl
 streams its first token and hands the request to the decode replica; that replica fetches the
 prompt's KV from the prefill worker's host tier (mapping KV heads when the tensor-parallel sizes
 differ) and decodes the rest. Shorter prompts run on the decode replica alone. 100 greedy
-prompts (every seventh seeded sampling instead, compared at one tensor-parallel size) give the
-tokens of one mixed replica, every hand-off counted on both sides, every block free afterwards.
+prompts (every seventh seeded sampling instead, compared at one tensor-parallel size; 40 for
+the TCP and pulled transports) give the tokens of one mixed replica, every hand-off counted on both sides, every block free afterwards.
 
 The failure cases run on separately started workers, the prefill one slowed
 (--debug-step-delay-ms) so each fault lands where it is meant to: the prefill worker killed
@@ -103,23 +103,25 @@ def reference(mixed_tokens):
     return mixed_tokens(40)
 
 
-@pytest.mark.parametrize("prefill_tp,push", [(1, "shared"), (2, "shared"), (2, "tcp"), (1, None)],
+@pytest.mark.parametrize("prefill_tp,push,count", [(1, "shared", 100), (2, "shared", 100), (2, "tcp", 40),
+                                                  (1, None, 40)],
                          ids=["tp1-to-tp1-pushed", "tp2-to-tp1-pushed", "tp2-to-tp1-pushed-over-tcp",
                               "tp1-to-tp1-pulled"])
 def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_references, tmp_path, prefill_tp,
-                                                                 push):
+                                                                 push, count):
     # Pushed: the prefill workers write each prompt's KV into the decode workers' host tiers
     # layer by layer while computing it (KV heads mapped from 2 ranks to 1), through shared
     # memory or over TCP (--no-kv-shared-memory: the decode worker's tier cannot be mapped, as
     # between machines); pulled (--no-kv-push): the decode replica fetches it after the first
-    # token.
+    # token. The issue's 100 prompts at TP 1->1 and 2->1; the other transports on the first
+    # 40 (32 of them handed off).
     up = h.Up(tmp_path, prefill_replicas=1, decode_replicas=1, prefill_tensor_parallel_size=prefill_tp,
               max_local_prefill_length=THRESHOLD, max_prefill_queue_size=0,
               kv_push=None if push else "off", kv_shared_memory="off" if push == "tcp" else None, **COMMON)
     try:
         status = up.wait_healthy(["prefill-0", "decode-0"])
         assert status["prefill-0"].role == "prefill" and status["decode-0"].role == "decode"
-        outcomes = run_all(up.stub)
+        outcomes = run_all(up.stub, PROMPTS[:count])
         # Seeded sampling compares at one tensor-parallel size: across sizes the logits differ in
         # their last bits, which a sampler may turn into another token now and then.
         mismatched = [(PROMPTS[i], o.token_ids, all_references[i]) for i, o in enumerate(outcomes)
@@ -139,7 +141,7 @@ def test_disaggregated_serving_gives_the_tokens_of_mixed_serving(binaries, all_r
         # The log says why a hand-off failed (it recomputed: the tokens would agree anyway).
         assert decode.num_handoff_failures == 0 and decode.num_kv_fetch_failures == 0, \
             (decode, up.log_tail(30000))
-        long_blocks = sum(1 for i in range(100) if i % 5 != 0)  # at least one full block each
+        long_blocks = sum(1 for i in range(count) if i % 5 != 0)  # at least one full block each
         if push:
             # A prompt whose only plan was sent before its decode replica named the slots (or
             # whose slots that replica's tier could not hold beside the burst's others) is
