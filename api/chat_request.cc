@@ -117,7 +117,12 @@ absl::StatusOr<std::string> CutAfterFinalMessage(std::string rendered,
   while (!kept.empty() && space(kept.front())) kept.remove_prefix(1);
   std::string_view stripped = kept;  // and without trailing whitespace
   while (!stripped.empty() && space(stripped.back())) stripped.remove_suffix(1);
-  const size_t at = stripped.empty() ? std::string::npos : rendered.rfind(stripped);
+  if (stripped.empty()) {
+    return InvalidOpenAiParam(
+        "continue_final_message",
+        "'continue_final_message' needs text in the last message to continue (it is blank)");
+  }
+  const size_t at = rendered.rfind(stripped);
   if (at == std::string::npos) {
     return InvalidOpenAiParam(
         "continue_final_message",

@@ -232,6 +232,8 @@ TEST_F(ChatRequestTest, ContinuesTheFinalMessageOrEndsWithoutAGenerationPrompt) 
   auto no_text = messages;
   no_text[1]["content"] = nlohmann::ordered_json::array();
   EXPECT_EQ(code_and_param(render(no_text, {false, true}).status()), invalid);
+  no_text[1]["content"] = " \n";
+  EXPECT_EQ(code_and_param(render(no_text, {false, true}).status()), invalid);
   auto dropping = common::ChatTemplate::Parse("{% for m in messages %}[{{ m.role }}]{% endfor %}");
   ASSERT_TRUE(dropping.ok());
   EXPECT_EQ(code_and_param(RenderChatPrompt(messages, ToolsRequest{}, *tokenizer_, **dropping,
