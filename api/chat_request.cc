@@ -8,6 +8,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
+#include "api/tool_call_text.h"
 #include "common/grammar/grammar_spec.h"
 #include "common/json_depth.h"
 #include "common/status_macros.h"
@@ -112,11 +113,9 @@ absl::StatusOr<std::string> FinalMessageText(const Json& messages) {
 // with its trailing whitespace where the template kept it, without where it trimmed it.
 absl::StatusOr<std::string> CutAfterFinalMessage(std::string rendered,
                                                  std::string_view final_text) {
-  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
   std::string_view kept = final_text;  // without leading whitespace
-  while (!kept.empty() && space(kept.front())) kept.remove_prefix(1);
-  std::string_view stripped = kept;  // and without trailing whitespace
-  while (!stripped.empty() && space(stripped.back())) stripped.remove_suffix(1);
+  while (!kept.empty() && IsBlank(kept.front())) kept.remove_prefix(1);
+  const std::string_view stripped = TrimBlanks(final_text);  // nor trailing
   if (stripped.empty()) {
     return InvalidOpenAiParam(
         "continue_final_message",

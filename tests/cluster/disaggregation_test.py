@@ -5,7 +5,8 @@ streams its first token and hands the request to the decode replica; that replic
 prompt's KV from the prefill worker's host tier (mapping KV heads when the tensor-parallel sizes
 differ) and decodes the rest. Shorter prompts run on the decode replica alone. 100 greedy
 prompts (every seventh seeded sampling instead, compared at one tensor-parallel size; 40 for
-the TCP and pulled transports) give the tokens of one mixed replica, every hand-off counted on both sides, every block free afterwards.
+the TCP and pulled transports) give the tokens of one mixed replica, every hand-off counted on
+both sides, every block free afterwards.
 
 The failure cases run on separately started workers, the prefill one slowed
 (--debug-step-delay-ms) so each fault lands where it is meant to: the prefill worker killed

@@ -1,7 +1,8 @@
 """Fixtures the OpenAI-API tests share: one `loom serve` cluster per test module (one CPU
 worker, 2 threads, the default model), the official `openai` client for it, and the
-served model's id. A module that needs another cluster (API keys, TLS) defines its own
-`rig`, which overrides this one."""
+served model's id. A module may set COORDINATOR_FLAGS (`loom serve` flags as keyword
+arguments); one that needs another cluster (API keys, TLS) defines its own `rig`, which
+overrides this one."""
 import pathlib
 import sys
 
@@ -15,7 +16,8 @@ import cluster_harness as h  # noqa: E402
 @pytest.fixture(scope="module")
 def rig(request, tmp_path_factory):
     directory = h.cluster_log_dir(tmp_path_factory, pathlib.Path(request.module.__file__).stem)
-    with h.running_cluster(directory, {"r0": {"threads": 2}}) as rig:
+    flags = getattr(request.module, "COORDINATOR_FLAGS", {})
+    with h.running_cluster(directory, {"r0": {"threads": 2}}, **flags) as rig:
         yield rig
 
 

@@ -21,13 +21,7 @@ import cluster_harness as h  # noqa: E402
 
 # The served context, short so that an input filling it is cheap to embed.
 MAX_MODEL_LEN = 256
-
-
-@pytest.fixture(scope="module")
-def rig(request, tmp_path_factory):
-    directory = h.cluster_log_dir(tmp_path_factory, pathlib.Path(request.module.__file__).stem)
-    with h.running_cluster(directory, {"r0": {"threads": 2}}, max_model_len=MAX_MODEL_LEN) as rig:
-        yield rig
+COORDINATOR_FLAGS = {"max_model_len": MAX_MODEL_LEN}  # conftest.py's rig
 
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land"]

@@ -153,10 +153,8 @@ class AsyncLoomClient(_ClientBase):
                     **params) -> AsyncGenerateStream:
         """A chat, streamed (LoomClient.chat_stream's arguments)."""
         request = _generate_request(None, max_tokens, **params)
-        _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
-        if add_generation_prompt is not None:
-            request.add_generation_prompt = add_generation_prompt
-        request.continue_final_message = continue_final_message
+        _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt,
+                  continue_final_message)
         return AsyncGenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                                    self._metadata)
 

@@ -159,10 +159,8 @@ class LoomClient(_ClientBase):
         and `content`; chunk texts are the model's raw output. Other params as
         generate_stream."""
         request = _generate_request(None, max_tokens, **params)
-        _set_chat(request, messages, tools, tool_choice, parallel_tool_calls)
-        if add_generation_prompt is not None:
-            request.add_generation_prompt = add_generation_prompt
-        request.continue_final_message = continue_final_message
+        _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt,
+                  continue_final_message)
         return GenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                               self._metadata)
 
@@ -295,7 +293,8 @@ def _json_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _set_chat(request, messages, tools, tool_choice, parallel_tool_calls) -> None:
+def _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt=None,
+              continue_final_message=False) -> None:
     """Fills the chat fields of a GenerateRequest from OpenAI-shaped arguments."""
     for message in messages:
         out = request.messages.add(role=message["role"], name=message.get("name") or "",
@@ -325,3 +324,6 @@ def _set_chat(request, messages, tools, tool_choice, parallel_tool_calls) -> Non
         request.tool_choice_function = tool_choice
     if parallel_tool_calls is not None:
         request.parallel_tool_calls = parallel_tool_calls
+    if add_generation_prompt is not None:
+        request.add_generation_prompt = add_generation_prompt
+    request.continue_final_message = continue_final_message
