@@ -357,7 +357,9 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
       LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
     }
     attention.window = c.LayerWindow(l);
-    LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, attention.window > 0 ? local_rope : rope));
+    if (c.LayerRotates(l)) {  // SmolLM3's NoPE layers keep q and k as projected
+      LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, attention.window > 0 ? local_rope : rope));
+    }
     LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, v, step.slots));
     LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, kv_layer, q, step, attention, attn_.view));
     LOOM_RETURN_IF_ERROR(

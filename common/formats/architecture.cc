@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 9> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 10> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -81,6 +81,16 @@ constexpr std::array<ArchitectureRules, 9> kArchitectures = {{
      .gemma = true,
      .default_sliding_period = 2,
      .local_rope_theta = 0.0},
+    // SmolLM3 (llama.cpp's smollm3, Hugging Face's SmolLM3ForCausalLM): llama's layout (the
+    // GGUF converter permutes q/k as for llama) with every 4th layer taking no RoPE.
+    {.gguf_name = "smollm3",
+     .hf_class_name = "SmolLM3ForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .no_rope_period = 4},
 }};
 
 }  // namespace

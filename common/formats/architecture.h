@@ -32,6 +32,10 @@ struct ArchitectureRules {
   // The RoPE base of local (sliding-window) layers, which also take no RoPE scaling
   // (Gemma 3's rope_local_base_freq, 10,000); 0: every layer rotates alike.
   double local_rope_theta = 0.0;
+  // Every N-th layer (the N-th, 2N-th, ...) rotates nothing: no RoPE on its queries and keys
+  // (SmolLM3's NoPE layers, every 4th; llama.cpp has no key for it). A Hugging Face
+  // directory's `no_rope_layers` says it per layer instead. 0: every layer rotates.
+  int64_t no_rope_period = 0;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

@@ -311,6 +311,39 @@ absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
   return absl::OkStatus();
 }
 
+// SmolLM3's NoPE layers as `loom.rope.layers` (a bool per layer: whether it applies RoPE):
+// `no_rope_layers` (1 where a layer rotates), else every `no_rope_layer_interval`-th layer
+// without; neither: the architecture's rule (ArchitectureRules::no_rope_period).
+absl::Status RopeLayersToGguf(const json& config, const Fields& fields, int64_t layers,
+                              GgufMetadataBuilder& metadata) {
+  std::vector<bool> rotates(static_cast<size_t>(layers), true);
+  if (auto list = config.find("no_rope_layers"); list != config.end() && !list->is_null()) {
+    if (!list->is_array() || static_cast<int64_t>(list->size()) != layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: no_rope_layers must list one 0 or 1 per layer (", layers, ")"));
+    }
+    for (size_t l = 0; l < list->size(); ++l) {
+      const json& flag = (*list)[l];
+      if (!flag.is_number_integer() || (flag.get<int64_t>() != 0 && flag.get<int64_t>() != 1)) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: no_rope_layers[", l,
+                                                       "] must be 0 or 1 (1: the layer rotates)"));
+      }
+      rotates[l] = flag.get<int64_t>() == 1;
+    }
+  } else if (fields.Has("no_rope_layer_interval")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t interval, fields.Int("no_rope_layer_interval", 0));
+    if (interval < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: no_rope_layer_interval ", interval, " must be positive"));
+    }
+    for (int64_t l = 0; l < layers; ++l) rotates[static_cast<size_t>(l)] = (l + 1) % interval != 0;
+  } else {
+    return absl::OkStatus();
+  }
+  metadata.BoolArray("loom.rope.layers", rotates);
+  return absl::OkStatus();
+}
+
 // A mixture of experts as `<arch>.expert_*` keys: Mixtral's num_local_experts, Qwen3-MoE's
 // num_experts and moe_intermediate_size; the chosen experts' weights renormalized as
 // norm_topk_prob says (Transformers' default: false for Qwen3-MoE; Mixtral, which has no
@@ -415,6 +448,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_ASSIGN_OR_RETURN(info.quantization, ParseHfQuantization(config));
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
+  LOOM_RETURN_IF_ERROR(RopeLayersToGguf(config, fields, layers, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
   if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata, info));

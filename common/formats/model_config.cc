@@ -490,6 +490,37 @@ absl::Status ReadSlidingWindow(const ConfigReader& reader, const GgufFile& gguf,
   return absl::OkStatus();
 }
 
+// The layers that apply RoPE (ModelConfig::rope_layers): `loom.rope.layers` (a Hugging Face
+// directory's no_rope_layers), else the architecture's period of NoPE layers.
+absl::Status ReadRopeLayers(const GgufFile& gguf, ModelConfig& config) {
+  constexpr char kKey[] = "loom.rope.layers";
+  const GgufValue* layers = gguf.Find(kKey);
+  const int64_t period = FindArchitecture(config.architecture)->no_rope_period;
+  if (layers == nullptr) {
+    if (period == 0) return absl::OkStatus();
+    config.rope_layers.resize(static_cast<size_t>(config.num_layers));
+    for (int64_t l = 0; l < config.num_layers; ++l) {
+      config.rope_layers[static_cast<size_t>(l)] = (l + 1) % period != 0;
+    }
+    return absl::OkStatus();
+  }
+  LOOM_ASSIGN_OR_RETURN(const GgufValue::Array* flags, layers->AsArray());
+  if (static_cast<int64_t>(flags->size()) != config.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: '", kKey, "' has ", flags->size(),
+                                                   " entries for ", config.num_layers, " layers"));
+  }
+  config.rope_layers.resize(flags->size());
+  for (size_t l = 0; l < flags->size(); ++l) {
+    LOOM_ASSIGN_OR_RETURN(bool rotates, (*flags)[l].AsBool());
+    config.rope_layers[l] = rotates;
+  }
+  if (std::find(config.rope_layers.begin(), config.rope_layers.end(), false) ==
+      config.rope_layers.end()) {
+    config.rope_layers.clear();  // every layer rotates
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   // Tensors that reveal the layout: a separate LM head, and qwen2's attention biases.
   const auto hidden = static_cast<uint64_t>(config.hidden_size);
@@ -554,6 +585,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadVocabulary(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadLayout(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadSlidingWindow(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadRopeLayers(gguf, config));
   LOOM_RETURN_IF_ERROR(ReadGemma(gguf, config));
   LOOM_RETURN_IF_ERROR(ReadSoftcaps(reader, config));
   return config;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/formats/gguf_file.h"
@@ -87,6 +88,10 @@ struct ModelConfig {
   // (<arch>.expert_count, <arch>.expert_used_count); 0: a dense FFN.
   int64_t num_experts = 0;
   int64_t num_experts_used = 0;
+  // Layers that rotate nothing (SmolLM3's NoPE layers): `loom.rope.layers`, a bool per layer
+  // saying whether it applies RoPE, else the architecture's ArchitectureRules::no_rope_period;
+  // empty when every layer rotates.
+  std::vector<bool> rope_layers;
   // The chosen experts' router probabilities are renormalized to sum to 1
   // (<arch>.expert_weights_norm; Mixtral's and Qwen3-MoE's rule, llama.cpp's default).
   bool expert_weights_norm = true;
@@ -103,6 +108,10 @@ struct ModelConfig {
   /// The window of layer `layer`: sliding_window for a local layer, else 0 (full).
   int64_t LayerWindow(int64_t layer) const {
     return sliding_window > 0 && sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
+  /// Whether layer `layer` applies RoPE to its queries and keys.
+  bool LayerRotates(int64_t layer) const {
+    return rope_layers.empty() || rope_layers[static_cast<size_t>(layer)];
   }
   // The model's own defaults for requests that leave a sampling field unset
   // (generation_config.json of a Hugging Face directory; `loom.sampling.*`).

@@ -51,6 +51,12 @@ TEST(ArchitectureTest, RopeLayoutFollowsTheGgufConverter) {
   EXPECT_TRUE(FindArchitecture("qwen3")->gguf_rope_neox);
   EXPECT_TRUE(FindArchitecture("mistral")->sliding_window_every_layer);
   EXPECT_FALSE(FindArchitecture("qwen2")->sliding_window_every_layer);
+  // SmolLM3's converter is llama's (permuted q/k); its every 4th layer takes no RoPE.
+  ASSERT_NE(FindArchitecture("smollm3"), nullptr);
+  EXPECT_FALSE(FindArchitecture("smollm3")->gguf_rope_neox);
+  EXPECT_EQ(FindArchitecture("smollm3")->no_rope_period, 4);
+  EXPECT_EQ(FindHfArchitecture("SmolLM3ForCausalLM"), FindArchitecture("smollm3"));
+  EXPECT_EQ(FindArchitecture("llama")->no_rope_period, 0);
 }
 
 }  // namespace

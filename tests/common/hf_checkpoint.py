@@ -44,7 +44,12 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-            "phi3": "Phi3ForCausalLM"}
+            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+# Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
+_PERMUTED_ARCHS = ("llama", "mistral", "smollm3")
+# SmolLM3's config: every no_rope_layer_interval-th layer applies no RoPE (transformers' default
+# for no_rope_layers, which its save_pretrained writes out as a list of 0/1 per layer).
+SMOLLM3_NO_ROPE_INTERVAL = 4
 # Gemma's norms: GGUF name -> HF name (the GGUF stores 1 + w, HF w).
 _GEMMA_NORMS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -141,9 +146,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         if name is None:
             continue
         values = dequantize(tensor)
-        if arch in ("llama", "mistral") and tensor.name.endswith("attn_q.weight"):
+        if arch in _PERMUTED_ARCHS and tensor.name.endswith("attn_q.weight"):
             values = unpermute(values, n_head)
-        elif arch in ("llama", "mistral") and tensor.name.endswith("attn_k.weight"):
+        elif arch in _PERMUTED_ARCHS and tensor.name.endswith("attn_k.weight"):
             values = unpermute(values, n_head_kv)
         if gemma and tensor.name.endswith("norm.weight"):
             values = values - 1.0  # Gemma's RMSNorm scales by 1 + w
@@ -188,6 +193,13 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         config.update({"attn_logit_softcapping": float(_field(reader, f"{arch}.attn_logit_softcapping")),
                        "final_logit_softcapping": float(_field(reader, f"{arch}.final_logit_softcapping")),
                        "cache_implementation": "hybrid"})
+    if hf_arch == "smollm3":
+        layers = config["num_hidden_layers"]
+        config.update({"no_rope_layer_interval": SMOLLM3_NO_ROPE_INTERVAL,
+                       "no_rope_layers": [int((i + 1) % SMOLLM3_NO_ROPE_INTERVAL != 0)
+                                          for i in range(layers)],
+                       "use_sliding_window": False, "sliding_window": None,
+                       "layer_types": ["full_attention"] * layers})
     if any(t.name == "rope_factors_long.weight" for t in reader.tensors):
         factors = {t.name: dequantize(t).tolist() for t in reader.tensors if t.name.startswith("rope_factors")}
         config["original_max_position_embeddings"] = int(

@@ -309,6 +309,48 @@ void ExpectRefused(const std::string& json, const std::string& piece) {
   EXPECT_THAT(std::string(info.status().message()), HasSubstr(piece));
 }
 
+// SmolLM3-3B's config.json (shapes shrunk): no_rope_layers lists the layers that rotate.
+TEST(HfConfigTest, TranslatesSmolLM3NoRopeLayers) {
+  const std::string base = R"("architectures": ["SmolLM3ForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 65536, "rope_theta": 5000000.0,
+    "vocab_size": 1000, "tie_word_embeddings": true, "use_sliding_window": false,
+    "sliding_window": null, "no_rope_layer_interval": 4)";
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config =
+      Translate("{" + base + R"(, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]})", &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "smollm3");
+  EXPECT_TRUE(info.tie_word_embeddings);
+  EXPECT_TRUE(config->rope_neox);  // rotate-half rows, as every Hugging Face checkpoint
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(config->LayerRotates(l), (l + 1) % 4 != 0) << l;
+
+  // A list unlike the interval wins; without a list the interval decides.
+  config = Translate("{" + base + R"(, "no_rope_layers": [0, 1, 1, 1, 1, 1, 1, 1]})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->LayerRotates(0));
+  EXPECT_TRUE(config->LayerRotates(3));
+  std::string every_other = base;
+  every_other.replace(every_other.find("\"no_rope_layer_interval\": 4"),
+                      std::string("\"no_rope_layer_interval\": 4").size(),
+                      "\"no_rope_layer_interval\": 2");
+  config = Translate("{" + every_other + "}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(config->LayerRotates(l), l % 2 == 0) << l;
+
+  ExpectRefused("{" + base + R"(, "no_rope_layers": [1, 1, 1]})", "no_rope_layers");
+  ExpectRefused("{" + base + R"(, "no_rope_layers": [1, 1, 1, 2, 1, 1, 1, 1]})",
+                "no_rope_layers[3]");
+}
+
+// Other architectures rotate every layer.
+TEST(HfConfigTest, LlamaRotatesEveryLayer) {
+  absl::StatusOr<ModelConfig> config = Translate(kQwen3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->rope_layers.empty());
+  for (int64_t l = 0; l < 28; ++l) EXPECT_TRUE(config->LayerRotates(l));
+}
+
 TEST(HfConfigTest, RefusesWhatLoomCannotServeByName) {
   const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "max_position_embeddings": 512)";

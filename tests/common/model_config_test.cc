@@ -222,6 +222,49 @@ TEST(ModelConfigTest, ReadsSlidingWindowLayers) {
   EXPECT_EQ(ConfigOf(short_pattern).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// SmolLM3-3B's GGUF keys (36 layers shrunk to 8): nothing says which layers rotate, so every
+// 4th takes no RoPE (llama.cpp's rule); `loom.rope.layers` (from a config.json) overrides it.
+TEST(ModelConfigTest, SmolLm3SkipsRopeOnEveryFourthLayer) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "smollm3")
+      .KvU32("smollm3.context_length", 65536)
+      .KvU32("smollm3.embedding_length", 2048)
+      .KvU32("smollm3.feed_forward_length", 11008)
+      .KvU32("smollm3.block_count", 8)
+      .KvU32("smollm3.attention.head_count", 16)
+      .KvU32("smollm3.attention.head_count_kv", 4)
+      .KvF32("smollm3.attention.layer_norm_rms_epsilon", 1e-6f)
+      .KvF32("smollm3.rope.freq_base", 5000000.0f)
+      .KvU32("smollm3.vocab_size", 128256);
+  absl::StatusOr<ModelConfig> config = ConfigOf(builder);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->rope_neox);  // llama's converter: permuted q/k rows
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(config->LayerRotates(l), (l + 1) % 4 != 0) << l;
+
+  GgufImageBuilder listed = builder;
+  listed.Kv("loom.rope.layers", GgufValueType::kArray,
+            ArrayValue(GgufValueType::kBool, 8, std::string("\0\1\1\1\1\1\1\1", 8)));
+  config = ConfigOf(listed);
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(config->LayerRotates(l), l != 0) << l;
+
+  GgufImageBuilder every = builder;
+  every.Kv("loom.rope.layers", GgufValueType::kArray,
+           ArrayValue(GgufValueType::kBool, 8, std::string(8, '\1')));
+  config = ConfigOf(every);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->rope_layers.empty());
+
+  GgufImageBuilder short_list = builder;
+  short_list.Kv("loom.rope.layers", GgufValueType::kArray,
+                ArrayValue(GgufValueType::kBool, 3, std::string("\1\1\0", 3)));
+  ExpectInvalid(ConfigOf(short_list), {"loom.rope.layers", "3 entries for 8 layers"});
+
+  absl::StatusOr<ModelConfig> llama = ConfigOf(TinyLlama());
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_TRUE(llama->rope_layers.empty());
+}
+
 // Qwen3-30B-A3B's experts: 128 of 768 channels beside a dense width of 6144, 8 per token;
 // Mixtral's: llama keys with expert_count, the dense width being the experts'.
 TEST(ModelConfigTest, ReadsMixtureOfExpertsKeys) {

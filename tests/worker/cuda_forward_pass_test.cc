@@ -569,6 +569,19 @@ TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuForwardPass) {
   ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
 }
 
+// SmolLM3's NoPE layers on CUDA (the graph skips RoPE on every 4th layer, its K cached as
+// projected): prefills, chunked prefill and decode graphs match the CPU forward pass.
+TEST(CudaForwardPassTest, SmolLm3NoRopeLayersMatchCpuForwardPass) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  RandomModelSpec spec;
+  spec.arch = "smollm3";
+  spec.layers = 4;
+  spec.seed = 73;
+  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+  ASSERT_NE(gguf, nullptr);
+  ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+}
+
 // Sliding windows and soft-capped scores on CUDA: every layer local (Mistral 7B v0.1's
 // shape), local and global layers alternating (every other layer global, as Gemma 2) with
 // soft-capped scores. The windows (24 and 37 tokens) are shorter than the scenario's

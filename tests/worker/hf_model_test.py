@@ -6,7 +6,7 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Gemma 3, Phi-3 with longrope; Qwen2 and Llama with YaRN
+experts, Gemma 3, Phi-3 with longrope, SmolLM3 with a NoPE layer; Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
 
@@ -70,6 +70,8 @@ RANDOM_FAMILIES = {
     "gemma2": (random_model.SPECS["gemma2_softcap"], None, None),
     # Phi3ForCausalLM: qkv_proj and gate_up_proj fused, longrope factors in rope_scaling.
     "phi3": (random_model.SPECS["phi3_longrope"], None, None),
+    # SmolLM3ForCausalLM: llama's layout with no_rope_layers (every 4th layer without RoPE).
+    "smollm3": (random_model.SPECS["smollm3_nope"], None, None),
 }
 
 
@@ -244,6 +246,40 @@ def test_longrope_is_checked(family_models):
     for changes in ({"rope_inv_freq": plain / short}, {"rope_attention_factor": 1.0}):
         other = ref.Model(**{**model.__dict__, **changes})
         assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, list(changes)
+
+
+def test_smollm3_nope_layers_are_checked(family_models):
+    """The NoPE check can fail: Loom's SmolLM3 logits are far from the reference that rotates
+    every layer."""
+    gguf_path, directory = family_models["smollm3"]
+    model = ref.load(gguf_path)
+    assert model.rope_layers == (True, True, True, False)
+    prompt = list(range(3, 70))
+    got = directory_logits(directory, prompt)
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    every_layer = ref.Model(**{**model.__dict__, "rope_layers": ()})
+    assert np.abs(got - ref.logits(every_layer, prompt)[-1]).max() > 100 * TOL_REFERENCE
+
+
+def test_smollm3_no_rope_layers_list_is_followed(family_models, tmp_path):
+    """config.json's no_rope_layers decides which layers rotate, not only the every-4th rule; a
+    list of the wrong length or with other values is refused by name."""
+    import shutil
+
+    _, source = family_models["smollm3"]
+    directory = tmp_path / "smollm3_listed"
+    shutil.copytree(source, directory)
+    write_config(directory, no_rope_layers=[0, 1, 0, 1])
+    model = ref.load(family_models["smollm3"][0])
+    listed = ref.Model(**{**model.__dict__, "rope_layers": (False, True, False, True)})
+    prompt = list(range(5, 60))
+    got = directory_logits(directory, prompt)
+    assert np.abs(got - ref.logits(listed, prompt)[-1]).max() <= TOL_REFERENCE
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() > 100 * TOL_REFERENCE
+    for bad in ([1, 1, 1], [1, 2, 1, 1]):
+        write_config(directory, no_rope_layers=bad)
+        error = load_error(directory)
+        assert "no_rope_layers" in error, error
 
 
 def test_mixture_of_experts_routing_is_checked(family_models):

@@ -17,8 +17,9 @@ config.json `rope_scaling` to a loaded model); llama3-style per-frequency diviso
 as `llama` with `expert_count`, `qwen3moe`: softmax router, top-k, renormalized unless
 `expert_weights_norm` is false; stacked `*_exps` or per-expert tensors); `gemma3` (embeddings
 scaled by sqrt(n_embd), GELU-tanh gate, post-attention and post-FFN norms, QK-norm, every 6th layer
-global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores them, 1 + w). Other
-scaling types raise
+global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores them, 1 + w);
+`smollm3` (llama's layout, every 4th layer without RoPE, or the layers `loom.rope.layers` lists).
+Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
 Optional `Numerics` emulate what a fast forward pass does (float32 arithmetic, float16 KV cache, int8
@@ -37,7 +38,11 @@ import gguf
 from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
-                   "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox"}
+                   "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
+                   "smollm3": "normal"}
+# SmolLM3 (llama.cpp's and transformers' definition): every 4th layer applies no RoPE, unless
+# the file lists the layers that do (loom.rope.layers, from config.json's no_rope_layers).
+SMOLLM3_NO_ROPE_PERIOD = 4
 # Gemma 3 (llama.cpp's and transformers' definition): every 6th layer global, local layers'
 # RoPE base 10,000 without scaling, queries scaled by query_pre_attn_scalar^-1/2 (the head dim;
 # hidden / heads for the 62-layer 27B model, whose GGUF says neither).
@@ -132,6 +137,7 @@ class Model:
     activation: str = "silu"
     attention_scale: Optional[float] = None  # None: 1 / sqrt(head_dim)
     local_rope_inv_freq: Optional[np.ndarray] = None
+    rope_layers: tuple = ()  # bool per layer: whether it applies RoPE (empty: every layer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,6 +306,7 @@ def load(path: str | os.PathLike) -> Model:
         rope_attention_factor=attention_factor, rope_base=base,
         sliding_window=int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0),
         sliding_layers=_sliding_layers(reader, arch, n_layer),
+        rope_layers=_rope_layers(reader, arch, n_layer),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
         expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", True)),
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
@@ -319,6 +326,16 @@ def _gemma(arch: str, n_embd: int, n_head: int, head_dim: int, n_layer: int, n_r
             -np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     return {"embedding_scale": float(np.sqrt(n_embd)), "activation": "gelu_tanh",
             "attention_scale": query_pre_attn_scalar ** -0.5, **extra}
+
+
+def _rope_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
+    """Whether each layer applies RoPE: loom.rope.layers, else SmolLM3's every-4th-layer rule."""
+    listed = _field(reader, "loom.rope.layers")
+    if listed is not None:
+        return tuple(bool(x) for x in listed)
+    if arch == "smollm3":
+        return tuple((li + 1) % SMOLLM3_NO_ROPE_PERIOD != 0 for li in range(n_layer))
+    return ()
 
 
 def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
@@ -522,8 +539,9 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         if layer.q_norm is not None:
             q = _rms_norm(q, layer.q_norm, model.rms_eps)
             k = _rms_norm(k, layer.k_norm, model.rms_eps)
-        q = rope(model, q, positions, local)
-        k = rope(model, k, positions, local)
+        if not model.rope_layers or model.rope_layers[li]:
+            q = rope(model, q, positions, local)
+            k = rope(model, k, positions, local)
         if numerics.kv_f16:
             k = k.astype(np.float16).astype(dtype)
             v = v.astype(np.float16).astype(dtype)

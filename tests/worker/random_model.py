@@ -26,6 +26,8 @@ Variants (see SPECS):
   llama3_rope    llama arch with llama3 rope scaling stored as real llama3 GGUFs store it: a
                  `rope_freqs.weight` tensor of per-frequency divisors (no rope.scaling.* keys);
                  original context 64 so the divisors span 1..8 within the 256-token context.
+  smollm3_nope   smollm3 arch (llama's layout): 4 layers, the 4th without RoPE (SmolLM3's NoPE
+                 layers, a rule with no GGUF key), RoPE base 5,000,000 as SmolLM3's.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -235,6 +237,14 @@ SPECS = {
             "attn_output": (T.Q4_1, T.F16), "ffn_gate": (T.Q8_0, T.Q4_1),
             "ffn_up": (T.Q8_0, T.Q4_0), "ffn_down": (T.Q4_1, T.Q8_0),
         }),
+    # SmolLM3: llama's layout with every 4th layer taking no RoPE; the GGUF says nothing of it
+    # (llama.cpp's rule for the architecture).
+    "smollm3_nope": ModelSpec(
+        name="smollm3_nope", arch="smollm3", n_embd=64, n_layer=4, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=128, rope_base=5000000.0, rms_eps=1e-6, seed=303,
+        types={"token_embd": (T.Q8_0,), "attn_q": (T.Q4_1, T.F16), "attn_k": (T.Q8_0, T.F16),
+               "attn_v": (T.F16, T.Q8_0), "attn_output": (T.Q4_0, T.F16), "ffn_gate": (T.Q8_0,),
+               "ffn_up": (T.Q4_1, T.Q8_0), "ffn_down": (T.F16, T.Q4_0)}),
 }
 
 
