@@ -273,6 +273,11 @@ absl::Status CpuDevice::SoftCap(Tensor x, float cap) {
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::Scale(Tensor x, float factor) {
+  cpu::Scale(x.as<float>(), x.numel(), factor);
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::SiluMul(const Tensor& gate_up, Tensor out) {
   cpu::SiluMul(gate_up.as<const float>(), gate_up.rows(), out.cols(), out.as<float>(), *pool_);
   return absl::OkStatus();

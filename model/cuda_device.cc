@@ -79,6 +79,7 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::PagedAttention(const KvCache&, in
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SiluMul(const Tensor&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::GeluMul(const Tensor&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SoftCap(Tensor, float))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Scale(Tensor, float))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::MoeFeedForward(const Tensor&, const Tensor&,
                                                               absl::Span<const DeviceLinear* const>,
                                                               absl::Span<const DeviceLinear* const>,

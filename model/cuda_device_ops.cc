@@ -421,6 +421,16 @@ absl::Status CudaDevice::SoftCap(Tensor x, float cap) {
   return kc::LaunchSoftCap(p, stream_);
 }
 
+absl::Status CudaDevice::Scale(Tensor x, float factor) {
+  ForgetConverted();
+  kc::ScaleParams p;
+  p.x = x.data;
+  p.dtype = kc::DataType::kF32;
+  p.num_elements = x.numel();
+  p.factor = factor;
+  return kc::LaunchScale(p, stream_);
+}
+
 absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                     Tensor out) {
   ForgetConverted();

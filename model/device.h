@@ -269,6 +269,12 @@ class Device {
     (void)x, (void)cap;
     return absl::UnimplementedError(absl::StrCat(Describe(), " has no soft-capping kernel"));
   }
+  /// x <- factor * x elementwise, in place (Granite's residual and logit multipliers).
+  /// Unimplemented on a device without it.
+  virtual absl::Status Scale(Tensor x, float factor) {
+    (void)x, (void)factor;
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no scaling kernel"));
+  }
   /// out[i] <- x[rows[i]] + y[rows[i]] for rows [R] (y may be empty: x's rows alone).
   virtual absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                   Tensor out) = 0;

@@ -369,6 +369,8 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     if (layer.post_attention_norm != nullptr) {
       LOOM_RETURN_IF_ERROR(d.RmsNorm(proj, Vector(*layer.post_attention_norm, H), eps, proj));
     }
+    // Granite scales each sub-layer's output before it joins the residual stream.
+    if (c.residual_scale != 1.0f) LOOM_RETURN_IF_ERROR(d.Scale(proj, c.residual_scale));
     if (on_half_layer_) on_half_layer_();
     LOOM_RETURN_IF_ERROR(d.AddRmsNorm(residual, proj, Vector(*layer.ffn_norm, H), eps, normed));
     if (layer.router != nullptr) {
@@ -387,6 +389,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     if (layer.post_ffw_norm != nullptr) {
       LOOM_RETURN_IF_ERROR(d.RmsNorm(proj, Vector(*layer.post_ffw_norm, H), eps, proj));
     }
+    if (c.residual_scale != 1.0f) LOOM_RETURN_IF_ERROR(d.Scale(proj, c.residual_scale));
     if (on_half_layer_) on_half_layer_();
   }
 
@@ -410,6 +413,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     }
     LOOM_RETURN_IF_ERROR(d.AllGatherColumns(local_logits_.view, logits));
   }
+  if (c.logit_scale != 1.0f) LOOM_RETURN_IF_ERROR(d.Scale(logits, 1.0f / c.logit_scale));
   if (c.final_logit_softcap > 0.0f) return d.SoftCap(logits, c.final_logit_softcap);
   return absl::OkStatus();
 }

@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 10> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 11> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -91,6 +91,17 @@ constexpr std::array<ArchitectureRules, 10> kArchitectures = {{
      .default_sliding_period = 0,
      .local_rope_theta = 0.0,
      .no_rope_period = 4},
+    // Granite 3 (llama.cpp's granite, Hugging Face's GraniteForCausalLM): llama's layout (q/k
+    // permuted by the GGUF converter) with multipliers on the embeddings, the attention
+    // scores, each sub-layer's output and the logits (<arch>.embedding_scale, ...).
+    {.gguf_name = "granite",
+     .hf_class_name = "GraniteForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .no_rope_period = 0},
 }};
 
 }  // namespace

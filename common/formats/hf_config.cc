@@ -344,6 +344,25 @@ absl::Status RopeLayersToGguf(const json& config, const Fields& fields, int64_t 
   return absl::OkStatus();
 }
 
+// Granite's multipliers as llama.cpp's keys: embedding_multiplier, residual_multiplier,
+// attention_multiplier and logits_scaling (the logits are divided by it).
+absl::Status MultipliersToGguf(const Fields& fields, const std::string& arch,
+                               GgufMetadataBuilder& metadata) {
+  for (auto [field, key] : {std::pair{"embedding_multiplier", "embedding_scale"},
+                            std::pair{"residual_multiplier", "residual_scale"},
+                            std::pair{"attention_multiplier", "attention.scale"},
+                            std::pair{"logits_scaling", "logit_scale"}}) {
+    if (!fields.Has(field)) continue;
+    LOOM_ASSIGN_OR_RETURN(double value, fields.Number(field, 1.0));
+    if (!(value > 0.0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", field, " ", value, " must be positive"));
+    }
+    metadata.Float(arch + "." + key, value);
+  }
+  return absl::OkStatus();
+}
+
 // A mixture of experts as `<arch>.expert_*` keys: Mixtral's num_local_experts, Qwen3-MoE's
 // num_experts and moe_intermediate_size; the chosen experts' weights renormalized as
 // norm_topk_prob says (Transformers' default: false for Qwen3-MoE; Mixtral, which has no
@@ -449,6 +468,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
   LOOM_RETURN_IF_ERROR(RopeLayersToGguf(config, fields, layers, metadata));
+  LOOM_RETURN_IF_ERROR(MultipliersToGguf(fields, info.architecture, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
   if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata, info));

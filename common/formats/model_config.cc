@@ -451,6 +451,29 @@ absl::Status ReadGemma(const GgufFile& gguf, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// Granite's multipliers (<arch>.embedding_scale, residual_scale, attention.scale,
+// logit_scale), any architecture whose file has them, as llama.cpp reads them: absent or 0
+// (llama.cpp's "unset") keeps the value before.
+absl::Status ReadMultipliers(const ConfigReader& reader, ModelConfig& config) {
+  auto read = [&](absl::string_view suffix, double& value) -> absl::Status {
+    double read_value = 0.0;
+    LOOM_RETURN_IF_ERROR(reader.OptionalDouble(suffix, read_value));
+    if (read_value == 0.0) return absl::OkStatus();
+    LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, suffix, read_value));
+    value = read_value;
+    return absl::OkStatus();
+  };
+  double embedding = config.embedding_scale, residual = 1.0, logit = 1.0;
+  LOOM_RETURN_IF_ERROR(read("embedding_scale", embedding));
+  LOOM_RETURN_IF_ERROR(read("residual_scale", residual));
+  LOOM_RETURN_IF_ERROR(read("logit_scale", logit));
+  LOOM_RETURN_IF_ERROR(read("attention.scale", config.attention_scale));
+  config.embedding_scale = static_cast<float>(embedding);
+  config.residual_scale = static_cast<float>(residual);
+  config.logit_scale = static_cast<float>(logit);
+  return absl::OkStatus();
+}
+
 // What the tensors reveal: a separate LM head, attention biases, QK-norm; layer count.
 // <arch>.attention.sliding_window and its layer pattern (ModelConfig::sliding_layers).
 absl::Status ReadSlidingWindow(const ConfigReader& reader, const GgufFile& gguf,
@@ -587,6 +610,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadSlidingWindow(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadRopeLayers(gguf, config));
   LOOM_RETURN_IF_ERROR(ReadGemma(gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadMultipliers(reader, config));
   LOOM_RETURN_IF_ERROR(ReadSoftcaps(reader, config));
   return config;
 }

@@ -77,6 +77,12 @@ struct ModelConfig {
   bool post_norms = false;
   double attention_scale = 0.0;
   double local_rope_theta = 0.0;
+  // Granite's multipliers: each sub-layer's output times `residual_scale` before it joins
+  // the residual stream (<arch>.residual_scale), the logits divided by `logit_scale`
+  // (<arch>.logit_scale); the embeddings' and queries' scales are embedding_scale
+  // (<arch>.embedding_scale) and attention_scale (<arch>.attention.scale). 1: none.
+  float residual_scale = 1.0f;
+  float logit_scale = 1.0f;
   // Soft-capping (Gemma 2): attention scores become c * tanh(score / c) with c
   // `attn_logit_softcap`, the final logits likewise with `final_logit_softcap`
   // (<arch>.attn_logit_softcapping, <arch>.final_logit_softcapping); 0: none.

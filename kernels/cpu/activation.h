@@ -25,4 +25,8 @@ void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* o
 /// cap > 0 (cap <= 0 leaves x as it is). Scalar, on the calling thread.
 void SoftCap(float* x, int64_t n, float cap);
 
+/// x[i] = factor * x[i], in place (Granite's residual and logit multipliers). Scalar, on the
+/// calling thread (the compiler vectorizes it).
+void Scale(float* x, int64_t n, float factor);
+
 }  // namespace loom::kernels::cpu

@@ -34,6 +34,18 @@ absl::Status CheckSoftCapParams(const SoftCapParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CheckScaleParams(const ScaleParams& p) {
+  if (p.num_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Scale: num_elements %d must be >= 0", p.num_elements));
+  }
+  if (!std::isfinite(p.factor)) {
+    return absl::InvalidArgumentError(absl::StrFormat("Scale: factor %g must be finite", p.factor));
+  }
+  if (p.num_elements > 0 && p.x == nullptr) return absl::InvalidArgumentError("Scale: null x");
+  return absl::OkStatus();
+}
+
 #if !LOOM_HAVE_CUDA
 absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
   if (absl::Status status = CheckSiluMulParams(params); !status.ok()) return status;
@@ -43,6 +55,11 @@ absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
 absl::Status LaunchSoftCap(const SoftCapParams& params, cudaStream_t) {
   if (absl::Status status = CheckSoftCapParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("SoftCap: Loom was built without CUDA");
+}
+
+absl::Status LaunchScale(const ScaleParams& params, cudaStream_t) {
+  if (absl::Status status = CheckScaleParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("Scale: Loom was built without CUDA");
 }
 #endif
 

@@ -41,6 +41,15 @@ __global__ void SoftCapKernel(T* __restrict__ x, int64_t num_elements, float cap
   }
 }
 
+template <typename T>
+__global__ void ScaleKernel(T* __restrict__ x, int64_t num_elements, float factor) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       index < num_elements; index += stride) {
+    x[index] = FromFloat<T>(factor * ToFloat(x[index]));
+  }
+}
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -72,6 +81,16 @@ absl::Status LaunchSoftCap(const SoftCapParams& p, cudaStream_t stream) {
         static_cast<T*>(p.x), p.num_elements, p.cap);
   });
   return internal::CheckLaunch("SoftCap");
+}
+
+absl::Status LaunchScale(const ScaleParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckScaleParams(p));
+  if (p.num_elements == 0) return absl::OkStatus();
+  internal::DispatchDataType(p.dtype, [&]<typename T>() {
+    ScaleKernel<T><<<internal::GridFor(p.num_elements, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(p.x), p.num_elements, p.factor);
+  });
+  return internal::CheckLaunch("Scale");
 }
 
 }  // namespace loom::kernels::cuda

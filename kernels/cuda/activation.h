@@ -50,4 +50,19 @@ absl::Status CheckSoftCapParams(const SoftCapParams& params);
 /// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
 absl::Status LaunchSoftCap(const SoftCapParams& params, cudaStream_t stream);
 
+/// Scaling in place, as cpu::Scale: x[i] = factor * x[i] (Granite's residual and logit
+/// multipliers), computed in float.
+struct ScaleParams {
+  void* x = nullptr;  // [num_elements] of dtype
+  DataType dtype = DataType::kF32;
+  int64_t num_elements = 0;  // >= 0
+  float factor = 1.0f;       // finite
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
+absl::Status CheckScaleParams(const ScaleParams& params);
+
+/// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
+absl::Status LaunchScale(const ScaleParams& params, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

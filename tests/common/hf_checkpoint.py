@@ -44,9 +44,14 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+            "granite": "GraniteForCausalLM"}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
-_PERMUTED_ARCHS = ("llama", "mistral", "smollm3")
+_PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
+# Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
+_GRANITE_MULTIPLIERS = {"embedding_multiplier": "embedding_scale",
+                        "residual_multiplier": "residual_scale",
+                        "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
 # SmolLM3's config: every no_rope_layer_interval-th layer applies no RoPE (transformers' default
 # for no_rope_layers, which its save_pretrained writes out as a list of 0/1 per layer).
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -200,6 +205,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                           for i in range(layers)],
                        "use_sliding_window": False, "sliding_window": None,
                        "layer_types": ["full_attention"] * layers})
+    if hf_arch == "granite":
+        config.update({field: float(_field(reader, f"{arch}.{key}"))
+                       for field, key in _GRANITE_MULTIPLIERS.items()})
     if any(t.name == "rope_factors_long.weight" for t in reader.tensors):
         factors = {t.name: dequantize(t).tolist() for t in reader.tensors if t.name.startswith("rope_factors")}
         config["original_max_position_embeddings"] = int(

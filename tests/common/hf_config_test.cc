@@ -343,6 +343,29 @@ TEST(HfConfigTest, TranslatesSmolLM3NoRopeLayers) {
                 "no_rope_layers[3]");
 }
 
+// granite-3.1-8b-instruct's multipliers (shapes shrunk) as llama.cpp's keys.
+TEST(HfConfigTest, TranslatesGraniteMultipliers) {
+  const std::string base = R"("architectures": ["GraniteForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 131072, "rope_theta": 10000000.0,
+    "vocab_size": 1000, "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+    "attention_multiplier": 0.0078125)";
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config =
+      Translate("{" + base + R"(, "logits_scaling": 16.0})", &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "granite");
+  EXPECT_FLOAT_EQ(config->embedding_scale, 12.0f);
+  EXPECT_FLOAT_EQ(config->residual_scale, 0.22f);
+  EXPECT_NEAR(config->attention_scale, 0.0078125, 1e-9);
+  EXPECT_FLOAT_EQ(config->logit_scale, 16.0f);
+  EXPECT_TRUE(config->rope_layers.empty());
+
+  ExpectRefused("{" + base + R"(, "logits_scaling": -1.0})", "logits_scaling");
+  ExpectRefused("{" + base + R"(, "logits_scaling": 0})", "logits_scaling");
+}
+
 // Other architectures rotate every layer.
 TEST(HfConfigTest, LlamaRotatesEveryLayer) {
   absl::StatusOr<ModelConfig> config = Translate(kQwen3);

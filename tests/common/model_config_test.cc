@@ -265,6 +265,48 @@ TEST(ModelConfigTest, SmolLm3SkipsRopeOnEveryFourthLayer) {
   EXPECT_TRUE(llama->rope_layers.empty());
 }
 
+// Granite's GGUF keys, as llama.cpp's converter writes them; 0 is llama.cpp's "unset".
+GgufImageBuilder Granite(float residual_scale, float attention_scale, float logit_scale) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "granite")
+      .KvU32("granite.context_length", 4096)
+      .KvU32("granite.embedding_length", 2048)
+      .KvU32("granite.feed_forward_length", 8192)
+      .KvU32("granite.block_count", 40)
+      .KvU32("granite.attention.head_count", 32)
+      .KvU32("granite.attention.head_count_kv", 8)
+      .KvF32("granite.attention.layer_norm_rms_epsilon", 1e-5f)
+      .KvU32("granite.vocab_size", 49155)
+      .KvF32("granite.embedding_scale", 12.0f)
+      .KvF32("granite.residual_scale", residual_scale)
+      .KvF32("granite.attention.scale", attention_scale)
+      .KvF32("granite.logit_scale", logit_scale);
+  return builder;
+}
+
+TEST(ModelConfigTest, ReadsGraniteMultipliers) {
+  absl::StatusOr<ModelConfig> config = ConfigOf(Granite(0.22f, 0.015625f, 8.0f));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->rope_neox);
+  EXPECT_FLOAT_EQ(config->embedding_scale, 12.0f);
+  EXPECT_FLOAT_EQ(config->residual_scale, 0.22f);
+  EXPECT_DOUBLE_EQ(config->attention_scale, 0.015625);
+  EXPECT_FLOAT_EQ(config->logit_scale, 8.0f);
+
+  config = ConfigOf(Granite(0.0f, 0.0f, 8.0f));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FLOAT_EQ(config->residual_scale, 1.0f);
+  EXPECT_DOUBLE_EQ(config->attention_scale, 0.0);  // 1 / sqrt(head_dim) in the graph
+
+  ExpectInvalid(ConfigOf(Granite(0.22f, 0.015625f, -2.0f)), {"granite.logit_scale", "positive"});
+
+  absl::StatusOr<ModelConfig> llama = ConfigOf(TinyLlama());
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->residual_scale, 1.0f);
+  EXPECT_EQ(llama->logit_scale, 1.0f);
+  EXPECT_EQ(llama->embedding_scale, 1.0f);
+}
+
 // Qwen3-30B-A3B's experts: 128 of 768 channels beside a dense width of 6144, 8 per token;
 // Mixtral's: llama keys with expert_count, the dense width being the experts'.
 TEST(ModelConfigTest, ReadsMixtureOfExpertsKeys) {

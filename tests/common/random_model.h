@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,12 @@ struct RandomModelSpec {
   // files store them); 0: dense.
   int64_t experts = 0;
   int64_t experts_used = 2;
+  // Granite's multipliers (<arch>.embedding_scale, residual_scale, attention.scale,
+  // logit_scale); 0: the key is absent.
+  float embedding_scale = 0.0f;
+  float residual_scale = 0.0f;
+  float attention_scale = 0.0f;
+  float logit_scale = 0.0f;
 };
 
 inline std::string F32Bytes(const std::vector<float>& values) {
@@ -170,6 +177,12 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
       builder.KvU32(a + ".attention.sliding_window_pattern",
                     static_cast<uint32_t>(spec.sliding_period));
     }
+  }
+  for (auto [suffix, value] : {std::pair{".embedding_scale", spec.embedding_scale},
+                               std::pair{".residual_scale", spec.residual_scale},
+                               std::pair{".attention.scale", spec.attention_scale},
+                               std::pair{".logit_scale", spec.logit_scale}}) {
+    if (value != 0.0f) builder.KvF32(a + suffix, value);
   }
   if (spec.attn_logit_softcap > 0.0f) {
     builder.KvF32(a + ".attn_logit_softcapping", spec.attn_logit_softcap);

@@ -203,5 +203,15 @@ TEST(SiluMulIsaTest, Avx2IsBitIdenticalToAvx512) {
   ASSERT_EQ(std::memcmp(avx2.data(), avx512.data(), count * sizeof(float)), 0);
 }
 
+// Scale multiplies each value by the factor (one float rounding), in place.
+TEST(ScaleTest, MultipliesEveryValueInPlace) {
+  std::vector<float> x = {1.0f, -2.5f, 0.0f, 3e38f, -1e-40f, 7.0f};
+  const std::vector<float> before = x;
+  Scale(x.data(), static_cast<int64_t>(x.size()), 0.22f);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], before[i] * 0.22f) << i;
+  Scale(x.data(), 0, 100.0f);  // nothing to do
+  EXPECT_EQ(x[0], 0.22f);
+}
+
 }  // namespace
 }  // namespace loom::kernels::cpu

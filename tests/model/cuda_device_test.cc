@@ -443,6 +443,26 @@ TEST(CudaDeviceTest, EmbeddingSplitColumnsGatherRowsSiluMulMatchCpu) {
   ExpectNear(silu[0], silu[1], 1e-5f, 1e-4f);
 }
 
+// Scale (Granite's multipliers) and SoftCap (Gemma 2's logits), elementwise in place.
+TEST(CudaDeviceTest, ScaleAndSoftCapMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  Pair pair = MakePair();
+  const int64_t rows = 7, cols = 301;  // not a multiple of a block
+  const std::vector<float> x = Random(rows * cols, 61, 40.0f);
+  std::vector<float> scaled[2], capped[2];
+  for (int i = 0; i < 2; ++i) {
+    Side& s = *pair.side(i);
+    const Tensor t = s.Put(x, {rows, cols});
+    ASSERT_TRUE(s.device->Scale(t, 0.22f).ok());
+    scaled[i] = s.Get(t);
+    ASSERT_TRUE(s.device->SoftCap(t, 3.0f).ok());
+    capped[i] = s.Get(t);
+  }
+  ExpectNear(scaled[0], scaled[1], 0.0f, 0.0f);
+  ExpectNear(capped[0], capped[1], 1e-5f, 1e-5f);
+  for (int64_t j = 0; j < rows * cols; ++j) ASSERT_EQ(scaled[0][j], x[j] * 0.22f) << j;
+}
+
 TEST(CudaDeviceTest, RopeMatchesCpuForBothPairings) {
   SKIP_WITHOUT_GPU();
   const int64_t tokens = 6, heads = 4, kv_heads = 2, head_dim = 64;

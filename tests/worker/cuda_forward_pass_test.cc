@@ -570,16 +570,27 @@ TEST(CudaForwardPassTest, Qwen3QkNormMatchesCpuForwardPass) {
 }
 
 // SmolLM3's NoPE layers on CUDA (the graph skips RoPE on every 4th layer, its K cached as
-// projected): prefills, chunked prefill and decode graphs match the CPU forward pass.
-TEST(CudaForwardPassTest, SmolLm3NoRopeLayersMatchCpuForwardPass) {
+// projected) and Granite's multipliers (Device::Scale on each sub-layer's output and on the
+// logits): prefills, chunked prefill and decode graphs match the CPU forward pass.
+TEST(CudaForwardPassTest, SmolLm3AndGraniteMatchCpuForwardPass) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
-  RandomModelSpec spec;
-  spec.arch = "smollm3";
-  spec.layers = 4;
-  spec.seed = 73;
-  std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
-  ASSERT_NE(gguf, nullptr);
-  ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  RandomModelSpec smollm3;
+  smollm3.arch = "smollm3";
+  smollm3.layers = 4;
+  smollm3.seed = 73;
+  RandomModelSpec granite;
+  granite.arch = "granite";
+  granite.embedding_scale = 12.0f;
+  granite.residual_scale = 0.5f;
+  granite.attention_scale = 1.0f / 64;
+  granite.logit_scale = 2.0f;
+  granite.seed = 74;
+  for (const RandomModelSpec& spec : {smollm3, granite}) {
+    SCOPED_TRACE(spec.arch);
+    std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
+    ASSERT_NE(gguf, nullptr);
+    ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed));
+  }
 }
 
 // Sliding windows and soft-capped scores on CUDA: every layer local (Mistral 7B v0.1's

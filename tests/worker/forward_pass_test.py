@@ -59,6 +59,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #                activations, as llama.cpp's Q8_1 arithmetic; 0.152 / 0.0395 with them in F32)
 #   gemma2_softcap max 0.283 (every ISA)     RMS 0.0645
 #   smollm3_nope max 0.316 (avx2, scalar)    RMS 0.0671 (measured on an AVX2-only machine)
+#   granite_scaled max 0.0382 (avx2, scalar) RMS 0.0110 (logits halved by its logit_scale; same)
 #   llama_k      max 0.864 (every ISA)        RMS 0.1659 / 0.1659 / 0.1680 (Q8_K: a scale per 256)
 # llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
 # formats (Q4_0 Q beside a Q8_0 V, ...) stopped falling back to F32 weights: they are widened
@@ -85,6 +86,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "llama_k": (1.3, 0.252),
     "gemma2_softcap": (0.43, 0.097),
     "smollm3_nope": (0.48, 0.101),
+    "granite_scaled": (0.058, 0.0165),
 }
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600

@@ -6,7 +6,8 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Gemma 3, Phi-3 with longrope, SmolLM3 with a NoPE layer; Qwen2 and Llama with YaRN
+experts, Gemma 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its multipliers;
+Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
 
@@ -72,6 +73,9 @@ RANDOM_FAMILIES = {
     "phi3": (random_model.SPECS["phi3_longrope"], None, None),
     # SmolLM3ForCausalLM: llama's layout with no_rope_layers (every 4th layer without RoPE).
     "smollm3": (random_model.SPECS["smollm3_nope"], None, None),
+    # GraniteForCausalLM: embedding_multiplier, attention_multiplier, residual_multiplier and
+    # logits_scaling.
+    "granite": (random_model.SPECS["granite_scaled"], None, None),
 }
 
 
@@ -280,6 +284,21 @@ def test_smollm3_no_rope_layers_list_is_followed(family_models, tmp_path):
         write_config(directory, no_rope_layers=bad)
         error = load_error(directory)
         assert "no_rope_layers" in error, error
+
+
+def test_granite_multipliers_are_checked(family_models):
+    """The Granite check can fail: Loom's logits are far from the reference without any one of
+    its four multipliers."""
+    gguf_path, directory = family_models["granite"]
+    model = ref.load(gguf_path)
+    assert (model.embedding_scale, model.residual_scale, model.logit_scale) == (12.0, 0.5, 2.0)
+    prompt = list(range(3, 60))
+    got = directory_logits(directory, prompt)
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    for changes in ({"embedding_scale": 1.0}, {"residual_scale": 1.0}, {"attention_scale": None},
+                    {"logit_scale": 1.0}):
+        other = ref.Model(**{**model.__dict__, **changes})
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, changes
 
 
 def test_mixture_of_experts_routing_is_checked(family_models):

@@ -18,7 +18,8 @@ as `llama` with `expert_count`, `qwen3moe`: softmax router, top-k, renormalized 
 `expert_weights_norm` is false; stacked `*_exps` or per-expert tensors); `gemma3` (embeddings
 scaled by sqrt(n_embd), GELU-tanh gate, post-attention and post-FFN norms, QK-norm, every 6th layer
 global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores them, 1 + w);
-`smollm3` (llama's layout, every 4th layer without RoPE, or the layers `loom.rope.layers` lists).
+`smollm3` (llama's layout, every 4th layer without RoPE, or the layers `loom.rope.layers` lists);
+`granite` (llama's layout with embedding, attention, residual and logit multipliers).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -39,7 +40,7 @@ from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
-                   "smollm3": "normal"}
+                   "smollm3": "normal", "granite": "normal"}
 # SmolLM3 (llama.cpp's and transformers' definition): every 4th layer applies no RoPE, unless
 # the file lists the layers that do (loom.rope.layers, from config.json's no_rope_layers).
 SMOLLM3_NO_ROPE_PERIOD = 4
@@ -138,6 +139,10 @@ class Model:
     attention_scale: Optional[float] = None  # None: 1 / sqrt(head_dim)
     local_rope_inv_freq: Optional[np.ndarray] = None
     rope_layers: tuple = ()  # bool per layer: whether it applies RoPE (empty: every layer)
+    # Granite: each sub-layer's output times residual_scale before the residual add, the logits
+    # divided by logit_scale (its embedding and attention multipliers are the fields above).
+    residual_scale: float = 1.0
+    logit_scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +317,16 @@ def load(path: str | os.PathLike) -> Model:
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
-           if arch in ("gemma2", "gemma3") else {}))
+           if arch in ("gemma2", "gemma3") else {}),
+        **_multipliers(reader, arch))
+
+
+def _multipliers(reader: gguf.GGUFReader, arch: str) -> dict:
+    """Granite's multipliers (llama.cpp's keys; absent or 0 means none)."""
+    keys = {"embedding_scale": "embedding_scale", "residual_scale": "residual_scale",
+            "attention_scale": "attention.scale", "logit_scale": "logit_scale"}
+    values = {name: float(_field(reader, f"{arch}.{key}", 0.0) or 0.0) for name, key in keys.items()}
+    return {name: value for name, value in values.items() if value}
 
 
 def _gemma(arch: str, n_embd: int, n_head: int, head_dim: int, n_layer: int, n_rot: int) -> dict:
@@ -564,21 +578,21 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         out = _linear(attn, layer.o, numerics)
         if layer.post_attn_norm is not None:
             out = _rms_norm(out, layer.post_attn_norm, model.rms_eps)
-        x = x + out
+        x = x + out * dtype(model.residual_scale)
 
         h = _rms_norm(x, layer.ffn_norm, model.rms_eps)
         if layer.router is not None:
-            x = x + _mixture_of_experts(model, layer, h, numerics)
+            x = x + _mixture_of_experts(model, layer, h, numerics) * dtype(model.residual_scale)
             continue
         act = _gelu_tanh if model.activation == "gelu_tanh" else _silu
         ff = act(_linear(h, layer.gate, numerics)) * _linear(h, layer.up, numerics)
         out = _linear(ff, layer.down, numerics)
         if layer.post_ffw_norm is not None:
             out = _rms_norm(out, layer.post_ffw_norm, model.rms_eps)
-        x = x + out
+        x = x + out * dtype(model.residual_scale)
 
     x = _rms_norm(x, model.output_norm, model.rms_eps)
-    out = _linear(x, model.output, numerics)
+    out = _linear(x, model.output, numerics) / model.logit_scale
     if model.final_softcap:
         out = out.dtype.type(model.final_softcap) * np.tanh(out / out.dtype.type(model.final_softcap))
     return out

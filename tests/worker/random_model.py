@@ -28,6 +28,8 @@ Variants (see SPECS):
                  original context 64 so the divisors span 1..8 within the 256-token context.
   smollm3_nope   smollm3 arch (llama's layout): 4 layers, the 4th without RoPE (SmolLM3's NoPE
                  layers, a rule with no GGUF key), RoPE base 5,000,000 as SmolLM3's.
+  granite_scaled granite arch (llama's layout) with Granite 3's multipliers: embeddings x 12,
+                 attention scores x 1/64 (not 1/sqrt(16)), sub-layer outputs x 0.5, logits / 2.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -104,6 +106,9 @@ class ModelSpec:
     # per-frequency factors: {"original": context, "long": [...], "short": [...]}.
     fused: bool = False
     longrope: Optional[dict] = None
+    # Granite's multipliers as llama.cpp's keys: {"embedding_scale": ..., "residual_scale": ...,
+    # "attention.scale": ..., "logit_scale": ...} written as <arch>.<key>.
+    multipliers: Optional[dict] = None
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -245,6 +250,18 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "attn_q": (T.Q4_1, T.F16), "attn_k": (T.Q8_0, T.F16),
                "attn_v": (T.F16, T.Q8_0), "attn_output": (T.Q4_0, T.F16), "ffn_gate": (T.Q8_0,),
                "ffn_up": (T.Q4_1, T.Q8_0), "ffn_down": (T.F16, T.Q4_0)}),
+    # Granite 3: llama's layout with multipliers (granite-3.1-8b's: embeddings x 12, sub-layer
+    # outputs x 0.22, attention 1/128 for head_dim 128, logits / 16). Here 12, 0.5, 1/64 and
+    # 2, so that each one moves this small model's logits far beyond the tests' tolerance
+    # (measured: 5.1, 0.59, 0.65 and 6.8 logits when set to 1 / left at 1/sqrt(head_dim)).
+    "granite_scaled": ModelSpec(
+        name="granite_scaled", arch="granite", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=128, rope_base=10000000.0, rms_eps=1e-5, tied_output=False, seed=404,
+        multipliers={"embedding_scale": 12.0, "residual_scale": 0.5, "attention.scale": 1.0 / 64,
+                     "logit_scale": 2.0},
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q4_1),
+               "attn_k": (T.Q8_0,), "attn_v": (T.Q4_0, T.F16), "attn_output": (T.F16, T.Q8_0),
+               "ffn_gate": (T.Q4_1,), "ffn_up": (T.Q8_0,), "ffn_down": (T.F16, T.Q4_1)}),
 }
 
 
@@ -416,6 +433,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         n_vocab = _copy_tokenizer(writer, vocabulary_from)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1 if spec.arch == "llama" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    for key, value in (spec.multipliers or {}).items():
+        writer.add_float32(f"{spec.arch}.{key}", value)
     if spec.attn_softcap:
         writer.add_float32(f"{spec.arch}.attn_logit_softcapping", spec.attn_softcap)
     if spec.final_softcap:
