@@ -453,7 +453,11 @@ Json OpenAiAnswer::ChunkBody(Json choices) const {
   body["created"] = run_->created;
   body["model"] = run_->model;
   body["choices"] = std::move(choices);
-  if (run_->parsed.include_usage) body["usage"] = nullptr;
+  // With continuous_usage_stats every chunk says the usage so far (vLLM), else null until
+  // the last.
+  if (run_->parsed.include_usage) {
+    body["usage"] = run_->parsed.continuous_usage ? run_->Usage() : Json(nullptr);
+  }
   return body;
 }
 

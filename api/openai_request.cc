@@ -288,6 +288,9 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
       return InvalidOpenAiParam("stream_options", "'stream_options' must be an object");
     LOOM_ASSIGN_OR_RETURN(std::optional<bool> usage, Boolean(*options, "include_usage"));
     out.include_usage = usage.value_or(false);
+    LOOM_ASSIGN_OR_RETURN(std::optional<bool> continuous,
+                          Boolean(*options, "continuous_usage_stats"));
+    out.continuous_usage = out.include_usage && continuous.value_or(false);
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,9 @@ struct OpenAiRequest {
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries
+  // the usage so far, not only the last.
+  bool continuous_usage = false;
   bool echo = false;
   // Completions: `logprobs` (top-n, 0..20). Chat: `logprobs: true` and `top_logprobs`.
   // -1: none.

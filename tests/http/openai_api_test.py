@@ -113,6 +113,32 @@ def test_chat_streaming_and_not_agree_and_usage_chunk_comes_last(client, model):
     assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client, model):
+    """vLLM's stream_options.continuous_usage_stats: each chunk's usage counts the tokens sent
+    so far (a chunk may carry several), the last equals the whole answer's; without
+    include_usage it changes nothing."""
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                            stream=True, stream_options=options))
+    assert all(c.usage is not None for c in chunks)
+    assert {c.usage.prompt_tokens for c in chunks} == {whole.usage.prompt_tokens}
+    counts = [c.usage.completion_tokens for c in chunks[:-1]]
+    assert counts[0] >= 1 and counts == sorted(counts) and len(set(counts)) > 2, counts
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == counts[-1]
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+               for c in chunks)
+    chat = list(client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0,
+                                               stream=True, stream_options=options))
+    assert all(c.usage is not None for c in chat)
+    assert chat[-1].usage.completion_tokens == 8
+    plain = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0,
+                                           stream=True,
+                                           stream_options={"continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)
+
+
 def test_n_samples_with_a_seed_reproduce_and_differ(client, model):
     def run():
         completion = client.completions.create(model=model, prompt="Once upon a time", max_tokens=16,
