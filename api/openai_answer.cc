@@ -68,14 +68,14 @@ Json ToolCallJson(const ParsedToolCall& call, const std::string& id) {
 // Takes what a choice's request produced since the last call into the choice; returns
 // the new text (and leaves the new tokens' logprobs in `delta_logprobs` when asked).
 std::string Absorb(bool chat, const common::Tokenizer& tokenizer, const engine::OutputEvent& event,
-                   Choice& choice, Json* delta_logprobs) {
+                   bool as_token_ids, Choice& choice, Json* delta_logprobs) {
   choice.completion_tokens += static_cast<int32_t>(event.token_ids.size());
   Choice delta;  // the new tokens' logprobs alone, for a streamed chunk
   delta.text_offset = choice.text_offset;
   for (const loom::v1::SequenceOutput& output : event.logprobs) {
-    AppendLogprobs(chat, tokenizer, output, choice.logprobs, choice.text_offset);
+    AppendLogprobs(chat, tokenizer, output, choice.logprobs, choice.text_offset, as_token_ids);
     if (delta_logprobs != nullptr) {
-      AppendLogprobs(chat, tokenizer, output, delta.logprobs, delta.text_offset);
+      AppendLogprobs(chat, tokenizer, output, delta.logprobs, delta.text_offset, as_token_ids);
     }
   }
   if (delta_logprobs != nullptr) *delta_logprobs = std::move(delta.logprobs);
@@ -277,7 +277,7 @@ HttpResponse WholeResponse(bool chat, const Run& run, const common::Tokenizer& t
     const std::vector<int32_t>& prompt_ids = choice.request->params().prompt_ids;
     out["logprobs"] = !chat && options.echo && options.num_logprobs >= 0
                           ? EchoLogprobs(prompt_ids, choice.prompt_logprobs, options.num_logprobs,
-                                         tokenizer, choice.logprobs)
+                                         tokenizer, choice.logprobs, options.return_token_ids)
                           : choice.logprobs;
     if (options.prompt_logprobs >= 0) {
       // vLLM's places: each completion choice's, or the chat response's.
@@ -409,7 +409,8 @@ bool OpenAiAnswer::Step() {
       took = true;
       if (run.stream_interval > absl::ZeroDuration()) choice.hold_until = now + run.stream_interval;
       if (!stream) {
-        choice.text += Absorb(chat_, tokenizer_, *event, choice, nullptr);
+        choice.text +=
+            Absorb(chat_, tokenizer_, *event, run_->parsed.return_token_ids, choice, nullptr);
       } else if (!StreamEvent(choice, *event)) {
         run.CancelAll();
         End(/*finished=*/false);
@@ -469,7 +470,8 @@ bool OpenAiAnswer::StreamEvent(Choice& choice, const engine::OutputEvent& event)
   auto send = [this](const std::string& data) { return responder_->Write(data); };
   auto chunk = [this](Json choices) { return Chunk(std::move(choices)); };
   Json delta_logprobs;
-  std::string text = Absorb(chat_, tokenizer_, event, choice, &delta_logprobs);
+  std::string text =
+      Absorb(chat_, tokenizer_, event, run_->parsed.return_token_ids, choice, &delta_logprobs);
   const bool failed = choice.finish == loom::v1::FINISH_REASON_ERROR ||
                       choice.finish == loom::v1::FINISH_REASON_ABORT;
   Json out;

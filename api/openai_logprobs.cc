@@ -19,14 +19,20 @@ Json CompletionLogprobs() {
 
 }  // namespace
 
+std::string LogprobToken(const common::Tokenizer& tokenizer, int32_t token_id, bool as_token_ids) {
+  return as_token_ids ? "token_id:" + std::to_string(token_id) : tokenizer.TokenBytes(token_id);
+}
+
 void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
-                    const loom::v1::SequenceOutput& output, Json& logprobs, int64_t& text_offset) {
+                    const loom::v1::SequenceOutput& output, Json& logprobs, int64_t& text_offset,
+                    bool as_token_ids) {
   auto bytes_of = [](const std::string& text) {
     Json bytes = Json::array();
     for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
     return bytes;
   };
-  const std::string token = tokenizer.TokenBytes(output.token_id());
+  const std::string text = tokenizer.TokenBytes(output.token_id());
+  const std::string token = as_token_ids ? LogprobToken(tokenizer, output.token_id(), true) : text;
   if (chat) {
     if (logprobs.is_null()) logprobs["content"] = Json::array();
     Json entry;
@@ -35,11 +41,11 @@ void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
     entry["bytes"] = bytes_of(token);
     entry["top_logprobs"] = Json::array();
     for (const loom::v1::TokenLogprob& top : output.top_logprobs()) {
-      const std::string text = tokenizer.TokenBytes(top.token_id());
+      const std::string name = LogprobToken(tokenizer, top.token_id(), as_token_ids);
       Json alternative;
-      alternative["token"] = text;
+      alternative["token"] = name;
       alternative["logprob"] = top.logprob();
-      alternative["bytes"] = bytes_of(text);
+      alternative["bytes"] = bytes_of(name);
       entry["top_logprobs"].push_back(std::move(alternative));
     }
     logprobs["content"].push_back(std::move(entry));
@@ -55,36 +61,36 @@ void AppendLogprobs(bool chat, const common::Tokenizer& tokenizer,
   logprobs["token_logprobs"].push_back(output.logprob());
   Json top = Json::object();
   for (const loom::v1::TokenLogprob& alternative : output.top_logprobs()) {
-    top[tokenizer.TokenBytes(alternative.token_id())] = alternative.logprob();
+    top[LogprobToken(tokenizer, alternative.token_id(), as_token_ids)] = alternative.logprob();
   }
   logprobs["top_logprobs"].push_back(std::move(top));
   logprobs["text_offset"].push_back(text_offset);
-  text_offset += static_cast<int64_t>(token.size());
+  text_offset += static_cast<int64_t>(text.size());
 }
-
 
 Json EchoLogprobs(const std::vector<int32_t>& prompt_ids,
                   const std::vector<std::optional<engine::PromptTokenLogprob>>& scores, int top,
-                  const common::Tokenizer& tokenizer, const Json& generated) {
+                  const common::Tokenizer& tokenizer, const Json& generated, bool as_token_ids) {
   Json logprobs = CompletionLogprobs();
   int64_t offset = 0;
   for (size_t i = 0; i < prompt_ids.size(); ++i) {
-    const std::string token = tokenizer.TokenBytes(prompt_ids[i]);
+    const std::string text = tokenizer.TokenBytes(prompt_ids[i]);
     const std::optional<engine::PromptTokenLogprob>* score =
         i > 0 && i < scores.size() && scores[i] ? &scores[i] : nullptr;
-    logprobs["tokens"].push_back(token);
+    logprobs["tokens"].push_back(LogprobToken(tokenizer, prompt_ids[i], as_token_ids));
     logprobs["token_logprobs"].push_back(score ? Json((*score)->logprob) : Json(nullptr));
     if (score == nullptr) {
       logprobs["top_logprobs"].push_back(nullptr);
     } else {
       Json alternatives = Json::object();
       for (size_t k = 0; k < (*score)->top.size() && static_cast<int>(k) < top; ++k) {
-        alternatives[tokenizer.TokenBytes((*score)->top[k].token_id())] = (*score)->top[k].logprob();
+        alternatives[LogprobToken(tokenizer, (*score)->top[k].token_id(), as_token_ids)] =
+            (*score)->top[k].logprob();
       }
       logprobs["top_logprobs"].push_back(std::move(alternatives));
     }
     logprobs["text_offset"].push_back(offset);
-    offset += static_cast<int64_t>(token.size());
+    offset += static_cast<int64_t>(text.size());
   }
   if (generated.is_object()) {
     for (const char* field : {"tokens", "token_logprobs", "top_logprobs"}) {

@@ -451,6 +451,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, const 
     LOOM_RETURN_IF_ERROR(ParseChatMessages(parsed, base, tokenizer, chat_template, out));
   }
   LOOM_RETURN_IF_ERROR(ParsePromptLogprobs(parsed, out));
+  LOOM_ASSIGN_OR_RETURN(std::optional<bool> token_ids,
+                        Boolean(parsed, "return_tokens_as_token_ids"));
+  out.return_token_ids = token_ids.value_or(false);
   for (loom::v1::GenerateRequest& request : out.prompts) {
     if (out.num_logprobs >= 0) request.mutable_sampling()->set_num_logprobs(out.num_logprobs);
   }

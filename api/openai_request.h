@@ -41,6 +41,8 @@ struct OpenAiRequest {
   // Completions: `logprobs` (top-n, 0..20). Chat: `logprobs: true` and `top_logprobs`.
   // -1: none.
   int32_t num_logprobs = -1;
+  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>".
+  bool return_token_ids = false;
   // vLLM's prompt_logprobs (top-n per prompt token, 0..20); -1: none.
   int32_t prompt_logprobs = -1;
   bool seed_given = false;

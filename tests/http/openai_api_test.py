@@ -192,6 +192,41 @@ def test_chat_logprobs(client, model):
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
 
 
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client, model, rig):
+    """vLLM's return_tokens_as_token_ids: every token of a logprobs object (chosen, top
+    alternatives, echoed prompt; chat's bytes too) reads "token_id:<id>", the ids detokenize to
+    the text, and the logprobs and text offsets are those of the plain request."""
+    args = dict(model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3)
+    plain = client.completions.create(**args).choices[0]
+    named = client.completions.create(**args, extra_body={"return_tokens_as_token_ids": True}).choices[0]
+    assert named.text == plain.text
+    tokens = named.logprobs.tokens
+    assert all(t.startswith("token_id:") for t in tokens), tokens
+    ids = [int(t.split(":")[1]) for t in tokens]
+    detokenized = httpx.post(rig.coordinator.http_url + "/detokenize", json={"model": model, "tokens": ids},
+                             timeout=30).json()["prompt"]
+    assert detokenized == plain.text
+    assert named.logprobs.token_logprobs == plain.logprobs.token_logprobs
+    assert named.logprobs.text_offset == plain.logprobs.text_offset
+    for token, lp, top in zip(tokens, named.logprobs.token_logprobs, named.logprobs.top_logprobs):
+        assert all(key.startswith("token_id:") for key in top)
+        assert top[token] == pytest.approx(lp, abs=1e-5)
+    echoed = client.completions.create(**args, echo=True,
+                                       extra_body={"return_tokens_as_token_ids": True}).choices[0]
+    assert all(t.startswith("token_id:") for t in echoed.logprobs.tokens)
+    assert echoed.logprobs.tokens[-5:] == tokens
+    chat = client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=2,
+                                          extra_body={"return_tokens_as_token_ids": True})
+    for entry in chat.choices[0].logprobs.content:
+        assert entry.token.startswith("token_id:")
+        assert bytes(entry.bytes).decode() == entry.token
+        assert all(alt.token.startswith("token_id:") for alt in entry.top_logprobs)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(**args, extra_body={"return_tokens_as_token_ids": "yes"})
+    assert "return_tokens_as_token_ids" in str(refused.value)
+
+
 def test_echo_token_ids_and_prompt_lists(client, model, rig):
     echoed = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
     plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
