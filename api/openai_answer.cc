@@ -212,6 +212,7 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
 HttpResponse WholeResponse(bool chat, const Run& run, const common::Tokenizer& tokenizer) {
   const OpenAiRequest& options = run.parsed;
   HttpResponse response;
+  response.set_header(kRequestIdHeader, run.request_id);
   for (const Choice& choice : run.choices) {
     if (choice.finish == loom::v1::FINISH_REASON_ERROR ||
         choice.finish == loom::v1::FINISH_REASON_ABORT) {
@@ -360,6 +361,7 @@ void OpenAiAnswer::Start(std::shared_ptr<Run> run, bool chat, const common::Toke
     head.content_type = "text/event-stream";
     head.set_header("Cache-Control", "no-cache");
     head.set_header("X-Accel-Buffering", "no");
+    head.set_header(kRequestIdHeader, answer->run_->request_id);
     answer->responder_->StartStream(std::move(head));
   }
   answers.Add(answer);

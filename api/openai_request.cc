@@ -274,6 +274,8 @@ absl::Status ParseCommon(const json& body, loom::v1::GenerateRequest& base, Open
   if (drafts) base.set_num_speculative_tokens(static_cast<int32_t>(*drafts));
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> user, String(body, "user"));
   out.user = user.value_or("");
+  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> request_id, String(body, "request_id"));
+  out.request_id = request_id.value_or("");
 
   LOOM_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, kMaxN));
   out.n = static_cast<int32_t>(n.value_or(1));

@@ -47,6 +47,9 @@ struct OpenAiRequest {
   int32_t prompt_logprobs = -1;
   bool seed_given = false;
   std::string user;
+  // vLLM's request_id (a client's name for the request; the X-Request-Id header wins):
+  // responses' ids and logs carry it. Empty: none given (the server makes one).
+  std::string request_id;
   // Chat: tools, tool_choice, parallel_tool_calls (or the legacy functions/function_call).
   ToolsRequest tools;
 };

@@ -59,11 +59,16 @@ struct Choice {
   absl::Time hold_until = absl::InfinitePast();  // its next output is not taken before
 };
 
+// The header naming a request (vLLM's, and most gateways' and tracers'): taken from the
+// client when it sends one, answered on every completion response.
+inline constexpr char kRequestIdHeader[] = "X-Request-Id";
+
 // Everything one HTTP request runs: its choices, the client's connection, and the
 // numbers its response reports.
 struct Run {
   OpenAiRequest parsed;
-  std::string id;
+  std::string id;          // "cmpl-" / "chatcmpl-" and the request id
+  std::string request_id;  // X-Request-Id (answered in that header)
   int64_t created = 0;
   std::string model;
   std::vector<Choice> choices;

@@ -1,5 +1,6 @@
 #include "api/openai_service.h"
 
+#include <algorithm>
 #include <cctype>
 #include <functional>
 #include <memory>
@@ -186,10 +187,26 @@ void OpenAiService::Model(const HttpRequest& request, HttpResponse& response) {
   response.set_content(Dump(ModelObject(model_)), "application/json");
 }
 
+namespace {
+
+// A client's request id (the X-Request-Id header, else the body's request_id): 1 to 256
+// visible ASCII characters, since it goes into a response header, ids and logs.
+absl::Status CheckRequestId(const std::string& id, bool from_header) {
+  const bool visible = std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 127; });
+  if (!id.empty() && id.size() <= 256 && visible) return absl::OkStatus();
+  const std::string what = from_header ? "the X-Request-Id header" : "'request_id'";
+  return InvalidOpenAiParam(from_header ? "" : "request_id",
+                            what + " must be 1 to 256 visible ASCII characters");
+}
+
+}  // namespace
+
 void OpenAiService::Handle(bool chat, const HttpRequest& request,
                            std::shared_ptr<HttpResponder> responder) {
-  auto refuse = [&responder](const absl::Status& status) {
+  std::string request_id = request.Header(kRequestIdHeader);
+  auto refuse = [&responder, &request_id](const absl::Status& status) {
     HttpResponse response;
+    if (!request_id.empty()) response.set_header(kRequestIdHeader, request_id);
     WriteError(status, response);
     responder->Respond(std::move(response));
   };
@@ -207,11 +224,20 @@ void OpenAiService::Handle(bool chat, const HttpRequest& request,
         "the model '%s' does not exist; this server serves '%s'", parsed->model, model_.id)));
   }
 
+  const bool from_header = !request_id.empty();
+  if (!from_header) request_id = parsed->request_id;
+  if (!request_id.empty()) {
+    if (absl::Status valid = CheckRequestId(request_id, from_header); !valid.ok()) {
+      request_id.clear();  // not echoed back
+      return refuse(valid);
+    }
+  } else {
+    request_id = absl::StrFormat("%016x%04x", RandomSeed(), next_id_.fetch_add(1) & 0xffff);
+  }
   auto run = std::make_shared<Run>();
   run->parsed = *std::move(parsed);
-  const uint64_t number = next_id_.fetch_add(1);
-  run->id =
-      absl::StrFormat("%s-%016x%04x", chat ? "chatcmpl" : "cmpl", RandomSeed(), number & 0xffff);
+  run->request_id = request_id;
+  run->id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
   run->created = absl::ToUnixSeconds(absl::Now());
   run->model = model_.id;
   if (chat && reasoning_ != ReasoningFormat::kNone) {

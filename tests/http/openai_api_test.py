@@ -227,6 +227,37 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client, model, ri
     assert "return_tokens_as_token_ids" in str(refused.value)
 
 
+def test_request_ids_come_from_the_client_or_are_made_and_are_answered(client, model, rig):
+    """X-Request-Id (else vLLM's body field request_id) names the request: the response's id is
+    "cmpl-" / "chatcmpl-" and it, and the header answers it; without one the server makes
+    one and answers it the same way (an empty one counts as none). An id that cannot go into a
+    header is refused."""
+    raw = client.completions.with_raw_response.create(
+        model=model, prompt=PROMPT, max_tokens=2, temperature=0,
+        extra_headers={"X-Request-Id": "trace-1234"})
+    assert raw.headers["x-request-id"] == "trace-1234"
+    assert raw.parse().id == "cmpl-trace-1234"
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=CHAT, max_tokens=2, temperature=0, extra_body={"request_id": "mine-7"})
+    assert raw.headers["x-request-id"] == "mine-7"
+    assert raw.parse().id == "chatcmpl-mine-7"
+    made = client.completions.with_raw_response.create(model=model, prompt=PROMPT, max_tokens=2)
+    assert made.parse().id == "cmpl-" + made.headers["x-request-id"]
+    other = client.completions.with_raw_response.create(model=model, prompt=PROMPT, max_tokens=2)
+    assert other.headers["x-request-id"] != made.headers["x-request-id"]
+    with client.completions.with_streaming_response.create(
+            model=model, prompt=PROMPT, max_tokens=3, stream=True,
+            extra_headers={"X-Request-Id": "streamed-9"}) as streamed:
+        assert streamed.headers["x-request-id"] == "streamed-9"
+        assert {chunk.id for chunk in streamed.parse()} == {"cmpl-streamed-9"}
+    for extra in ({"extra_body": {"request_id": "has space"}}, {"extra_body": {"request_id": 7}},
+                  {"extra_headers": {"X-Request-Id": "x" * 257}}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=model, prompt=PROMPT, max_tokens=2, **extra)
+        assert "request" in str(refused.value).lower(), extra
+    rig.coordinator.wait_idle(timeout=15)
+
+
 def test_echo_token_ids_and_prompt_lists(client, model, rig):
     echoed = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
     plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
