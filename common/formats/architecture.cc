@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 11> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 12> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -102,6 +102,18 @@ constexpr std::array<ArchitectureRules, 11> kArchitectures = {{
      .default_sliding_period = 0,
      .local_rope_theta = 0.0,
      .no_rope_period = 0},
+    // GLM-4 (llama.cpp's glm4, Hugging Face's Glm4ForCausalLM: GLM-4-0414, GLM-Z1): norms
+    // before and after each sub-layer (post_attention_norm / post_ffw_norm), gate and up
+    // fused, Q/K/V biases, half of each head rotating in interleaved pairs in both formats.
+    {.gguf_name = "glm4",
+     .hf_class_name = "Glm4ForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .no_rope_period = 0,
+     .hf_rope_interleaved = true},
 }};
 
 }  // namespace

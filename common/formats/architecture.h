@@ -16,7 +16,8 @@ struct ArchitectureRules {
   std::string_view hf_class_name;  // config.json's `architectures[0]`
   // GGUF files of this architecture rotate (i, i + rope_dim/2) (NeoX, HF's rotate_half)
   // rather than (2i, 2i+1): false where the GGUF converter permutes the q/k rows
-  // (llama, mistral). Hugging Face checkpoints are always rotate-half.
+  // (llama, mistral) or where the model itself pairs them so (GLM-4). Hugging Face
+  // checkpoints are rotate-half unless hf_rope_interleaved.
   bool gguf_rope_neox;
   // config.json's `sliding_window` applies to every layer (Mistral v0.1's 4096 tokens);
   // otherwise only with `use_sliding_window`, from layer `max_window_layers` on (Qwen2), or
@@ -36,6 +37,9 @@ struct ArchitectureRules {
   // (SmolLM3's NoPE layers, every 4th; llama.cpp has no key for it). A Hugging Face
   // directory's `no_rope_layers` says it per layer instead. 0: every layer rotates.
   int64_t no_rope_period = 0;
+  // The Hugging Face checkpoint rotates (2i, 2i+1) pairs, as its modeling code does (GLM-4),
+  // rather than transformers' usual rotate_half.
+  bool hf_rope_interleaved = false;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

@@ -474,8 +474,9 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata, info));
   LOOM_RETURN_IF_ERROR(SoftcapsToGguf(fields, *rules, metadata));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
-  // llama's to interleaved pairs): RoPE must rotate (i, i + d/2).
-  metadata.Bool("loom.rope.neox", true);
+  // llama's to interleaved pairs): RoPE must rotate (i, i + d/2); GLM-4's modeling code
+  // rotates interleaved pairs itself.
+  metadata.Bool("loom.rope.neox", !rules->hf_rope_interleaved);
   return info;
 }
 

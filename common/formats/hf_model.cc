@@ -43,6 +43,10 @@ constexpr std::pair<std::string_view, std::string_view> kLayerTensors[] = {
     // Phi-3: fused projections (gate rows first in gate_up_proj, as in GGUF's ffn_up).
     {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
     {"mlp.gate_up_proj.weight", "ffn_up.weight"},
+    // GLM-4: a norm after each sub-layer besides the ones before (post_attention_layernorm
+    // is its pre-FFN norm, as above).
+    {"post_self_attn_layernorm.weight", "post_attention_norm.weight"},
+    {"post_mlp_layernorm.weight", "post_ffw_norm.weight"},
 };
 
 // Gemma's four norms per layer (input_layernorm as everywhere).

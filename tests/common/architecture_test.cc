@@ -57,6 +57,12 @@ TEST(ArchitectureTest, RopeLayoutFollowsTheGgufConverter) {
   EXPECT_EQ(FindArchitecture("smollm3")->no_rope_period, 4);
   EXPECT_EQ(FindHfArchitecture("SmolLM3ForCausalLM"), FindArchitecture("smollm3"));
   EXPECT_EQ(FindArchitecture("llama")->no_rope_period, 0);
+  // GLM-4 pairs (2i, 2i+1) in both formats: its converter does not permute, its HF code
+  // rotates interleaved pairs.
+  ASSERT_NE(FindArchitecture("glm4"), nullptr);
+  EXPECT_FALSE(FindArchitecture("glm4")->gguf_rope_neox);
+  EXPECT_TRUE(FindArchitecture("glm4")->hf_rope_interleaved);
+  EXPECT_FALSE(FindArchitecture("llama")->hf_rope_interleaved);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-            "granite": "GraniteForCausalLM"}
+            "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM"}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
 _PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
 # Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
@@ -55,6 +55,10 @@ _GRANITE_MULTIPLIERS = {"embedding_multiplier": "embedding_scale",
 # SmolLM3's config: every no_rope_layer_interval-th layer applies no RoPE (transformers' default
 # for no_rope_layers, which its save_pretrained writes out as a list of 0/1 per layer).
 SMOLLM3_NO_ROPE_INTERVAL = 4
+# GLM-4's norms after each sub-layer: GGUF name -> HF name (its post_attention_layernorm is the
+# pre-FFN norm, as everywhere).
+_GLM4_NORMS = {"post_attention_norm.weight": "post_self_attn_layernorm.weight",
+               "post_ffw_norm.weight": "post_mlp_layernorm.weight"}
 # Gemma's norms: GGUF name -> HF name (the GGUF stores 1 + w, HF w).
 _GEMMA_NORMS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -139,8 +143,10 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         suffix = tensor.name.split(".", 2)[-1]
-        if hf_arch == "phi3" and suffix == "ffn_up.weight":
+        if hf_arch in ("phi3", "glm4") and suffix == "ffn_up.weight":
             name = f"model.layers.{tensor.name.split('.')[1]}.mlp.gate_up_proj.weight"
+        if hf_arch == "glm4" and suffix in _GLM4_NORMS:
+            name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4_NORMS[suffix]}"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
         experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
@@ -205,6 +211,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                           for i in range(layers)],
                        "use_sliding_window": False, "sliding_window": None,
                        "layer_types": ["full_attention"] * layers})
+    if hf_arch == "glm4":
+        rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+        config["partial_rotary_factor"] = rotated / head_dim
     if hf_arch == "granite":
         config.update({field: float(_field(reader, f"{arch}.{key}"))
                        for field, key in _GRANITE_MULTIPLIERS.items()})

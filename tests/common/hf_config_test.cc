@@ -366,6 +366,24 @@ TEST(HfConfigTest, TranslatesGraniteMultipliers) {
   ExpectRefused("{" + base + R"(, "logits_scaling": 0})", "logits_scaling");
 }
 
+// GLM-4-9B-0414's config.json (shapes shrunk): half of each head rotates, in the interleaved
+// pairs its modeling code uses (so not rotate-half, unlike every other checkpoint).
+TEST(HfConfigTest, Glm4RotatesHalfOfEachHeadInInterleavedPairs) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["Glm4ForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 128, "partial_rotary_factor": 0.5, "attention_bias": true,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "vocab_size": 1000, "hidden_act": "silu", "tie_word_embeddings": false})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "glm4");
+  EXPECT_FALSE(config->rope_neox);
+  EXPECT_EQ(config->rope_dim, 64);
+  EXPECT_EQ(config->head_dim, 128);
+}
+
 // Other architectures rotate every layer.
 TEST(HfConfigTest, LlamaRotatesEveryLayer) {
   absl::StatusOr<ModelConfig> config = Translate(kQwen3);

@@ -76,6 +76,9 @@ RANDOM_FAMILIES = {
     # GraniteForCausalLM: embedding_multiplier, attention_multiplier, residual_multiplier and
     # logits_scaling.
     "granite": (random_model.SPECS["granite_scaled"], None, None),
+    # Glm4ForCausalLM: post_self_attn_layernorm / post_mlp_layernorm, gate_up_proj, partial
+    # rotary in interleaved pairs (the directory's rows are not permuted).
+    "glm4": (random_model.SPECS["glm4_sandwich"], None, None),
 }
 
 
@@ -299,6 +302,24 @@ def test_granite_multipliers_are_checked(family_models):
                     {"logit_scale": 1.0}):
         other = ref.Model(**{**model.__dict__, **changes})
         assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, changes
+
+
+def test_glm4_interleaved_partial_rotary_and_post_norms_are_checked(family_models):
+    """The GLM-4 check can fail: Loom's logits on the directory (whose rows, unlike llama's,
+    stay in interleaved order) are far from the reference rotating rotate-half pairs, and from
+    the reference without the norms after each sub-layer."""
+    gguf_path, directory = family_models["glm4"]
+    model = ref.load(gguf_path)
+    assert model.n_rot == 16 and model.head_dim == 32
+    prompt = list(range(3, 70))
+    got = directory_logits(directory, prompt)
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    neox = ref.Model(**{**model.__dict__, "rope_mode": "neox"})
+    plain = ref.Model(**{**model.__dict__, "layers": [
+        ref.Layer(**{**layer.__dict__, "post_attn_norm": None, "post_ffw_norm": None})
+        for layer in model.layers]})
+    for other in (neox, plain):
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE
 
 
 def test_mixture_of_experts_routing_is_checked(family_models):

@@ -19,7 +19,9 @@ as `llama` with `expert_count`, `qwen3moe`: softmax router, top-k, renormalized 
 scaled by sqrt(n_embd), GELU-tanh gate, post-attention and post-FFN norms, QK-norm, every 6th layer
 global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores them, 1 + w);
 `smollm3` (llama's layout, every 4th layer without RoPE, or the layers `loom.rope.layers` lists);
-`granite` (llama's layout with embedding, attention, residual and logit multipliers).
+`granite` (llama's layout with embedding, attention, residual and logit multipliers); `glm4` (norms
+before and after each sub-layer, fused gate/up, Q/K/V biases, half of each head rotating in
+interleaved pairs).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -40,7 +42,7 @@ from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
-                   "smollm3": "normal", "granite": "normal"}
+                   "smollm3": "normal", "granite": "normal", "glm4": "normal"}
 # SmolLM3 (llama.cpp's and transformers' definition): every 4th layer applies no RoPE, unless
 # the file lists the layers that do (loom.rope.layers, from config.json's no_rope_layers).
 SMOLLM3_NO_ROPE_PERIOD = 4

@@ -30,6 +30,8 @@ Variants (see SPECS):
                  layers, a rule with no GGUF key), RoPE base 5,000,000 as SmolLM3's.
   granite_scaled granite arch (llama's layout) with Granite 3's multipliers: embeddings x 12,
                  attention scores x 1/64 (not 1/sqrt(16)), sub-layer outputs x 0.5, logits / 2.
+  glm4_sandwich  glm4 arch: norms before and after attention and FFN, gate/up fused in ffn_up,
+                 Q/K/V biases, 16 of each head's 32 dims rotating in interleaved pairs.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -105,6 +107,8 @@ class ModelSpec:
     # Phi-3: attn_qkv (Q, K, V rows) and ffn_up (gate rows, then up rows) fused; longrope's
     # per-frequency factors: {"original": context, "long": [...], "short": [...]}.
     fused: bool = False
+    fused_ffn: bool = False  # gate/up fused into ffn_up alone (GLM-4), Q/K/V separate
+    rope_dims: int = 0  # <arch>.rope.dimension_count (0: head_dim); GLM-4 rotates half of it
     longrope: Optional[dict] = None
     # Granite's multipliers as llama.cpp's keys: {"embedding_scale": ..., "residual_scale": ...,
     # "attention.scale": ..., "logit_scale": ...} written as <arch>.<key>.
@@ -262,6 +266,15 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q4_1),
                "attn_k": (T.Q8_0,), "attn_v": (T.Q4_0, T.F16), "attn_output": (T.F16, T.Q8_0),
                "ffn_gate": (T.Q4_1,), "ffn_up": (T.Q8_0,), "ffn_down": (T.F16, T.Q4_1)}),
+    # GLM-4-0414: sandwich norms with SiLU, fused gate/up, Q/K/V biases, partial rotary (0.5)
+    # in interleaved pairs (llama.cpp's NORM mode; its converter does not permute GLM's rows).
+    "glm4_sandwich": ModelSpec(
+        name="glm4_sandwich", arch="glm4", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=32, n_ff=128, rope_dims=16, rms_eps=1e-5, post_norms=True, qkv_bias=True,
+        fused_ffn=True, tied_output=False, seed=505,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q4_1, T.F16),
+               "ffn_up": (T.Q8_0, T.Q4_0), "ffn_down": (T.F16, T.Q8_0)}),
 }
 
 
@@ -426,7 +439,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     if spec.n_embd != spec.n_head * hd:
         writer.add_key_length(hd)
         writer.add_value_length(hd)
-    writer.add_rope_dimension_count(hd)
+    writer.add_rope_dimension_count(spec.rope_dims or hd)
     writer.add_rope_freq_base(spec.rope_base)
     writer.add_layer_norm_rms_eps(spec.rms_eps)
     if vocabulary_from is not None:
@@ -501,7 +514,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             _add_experts(writer, spec, p, i, matrix, type_of)
             continue
         gate, up = matrix(spec.n_ff, d), matrix(spec.n_ff, d)
-        if spec.fused:
+        if spec.fused or spec.fused_ffn:
             _add(writer, f"{p}.ffn_up.weight", np.concatenate([gate, up]), type_of("ffn_up", i))
         else:
             _add(writer, f"{p}.ffn_gate.weight", gate, type_of("ffn_gate", i))
