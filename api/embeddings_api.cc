@@ -75,11 +75,13 @@ absl::StatusOr<EmbeddingsRequest> ParseEmbeddingsRequest(std::string_view body,
     if (!prompt.ok()) return prompt.status();
     out.inputs.push_back(*std::move(prompt));
   } else if (input->is_array() && !input->empty()) {
+    // A list of strings or a list of token lists, not both (OpenAI's and vLLM's shapes).
+    const bool texts = (*input)[0].is_string();
     for (const Json& item : *input) {
-      if (item.is_string()) {
+      if (texts && item.is_string()) {
         out.inputs.push_back(Prompt());
         out.inputs.back().set_text(item.get<std::string>());
-      } else if (item.is_array()) {
+      } else if (!texts && item.is_array()) {
         absl::StatusOr<loom::v1::GenerateRequest> prompt = TokenPrompt(item);
         if (!prompt.ok()) return prompt.status();
         out.inputs.push_back(*std::move(prompt));

@@ -324,10 +324,12 @@ absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateReq
     if ((*prompt)[0].is_number()) {
       LOOM_RETURN_IF_ERROR(add_ids(*prompt));
     } else {
+      // A list of strings or a list of token lists, not both (OpenAI's and vLLM's shapes).
+      const bool texts = (*prompt)[0].is_string();
       for (const json& item : *prompt) {
-        if (item.is_string()) {
+        if (texts && item.is_string()) {
           add_text(item.get<std::string>());
-        } else if (item.is_array()) {
+        } else if (!texts && item.is_array()) {
           LOOM_RETURN_IF_ERROR(add_ids(item));
         } else {
           return InvalidOpenAiParam("prompt", kShape);

@@ -96,6 +96,9 @@ def test_the_lm_head_ranks_the_greedy_token_first_on_the_embedding(rig, client, 
     ({"input": ""}, "input"),
     ({"input": [[]]}, "input"),
     ({"input": [1, "a"]}, "input"),
+    # A list of strings or of token lists, not both (OpenAI's and vLLM's shapes).
+    ({"input": ["a", [1, 2]]}, "input"),
+    ({"input": [[1, 2], "a"]}, "input"),
     # Token ids past 32 bits were narrowed (2^32 + 1 embedded as token 1).
     ({"input": [4294967297]}, "input"),
     ({"input": [[4294967301, 2]]}, "input"),

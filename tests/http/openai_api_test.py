@@ -280,6 +280,9 @@ BAD_REQUESTS = [
     ("stop", dict(stop=["a" * 5000, "b" * 5000])),  # 10,000 bytes > 8,192
     ("n", dict(n=0)),
     ("n", dict(n=100000)),
+    # A list of strings or of token lists, not both (OpenAI's and vLLM's shapes).
+    ("prompt", dict(prompt=["Hello", [1, 2]])),
+    ("prompt", dict(prompt=[[1, 2], "Hello"])),
 ]
 
 
