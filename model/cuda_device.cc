@@ -93,6 +93,7 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureGemmCounters(size_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Gated(const Tensor&, Tensor,
                                                      kernels::cuda::GateActivation))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::InPlace(Tensor, kernels::cuda::InPlaceOp, float))
 void* CudaDevice::ConvertedTarget(int64_t, int64_t) const { return nullptr; }
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
     const kernels::cpu::PackedWeight&, const std::vector<float>*))

@@ -243,6 +243,8 @@ class CudaDevice : public Device {
   void* ConvertedTarget(int64_t rows, int64_t cols) const;
   // SiluMul and GeluMul: the gated activation, with its dtype copy for the down projection.
   absl::Status Gated(const Tensor& gate_up, Tensor out, kernels::cuda::GateActivation activation);
+  // SoftCap and Scale: an element-wise map of F32 `x` in place.
+  absl::Status InPlace(Tensor x, kernels::cuda::InPlaceOp op, float value);
   // `bytes` at `host` into a fresh device buffer, copied on the stream (waits).
   absl::StatusOr<kernels::cuda::DeviceBuffer> UploadBytes(const void* host, size_t bytes);
   // iota_ holds 0, 1, ..., n - 1 (at least n of them).

@@ -411,24 +411,23 @@ absl::Status CudaDevice::Gated(const Tensor& gate_up, Tensor out,
   return absl::OkStatus();
 }
 
-absl::Status CudaDevice::SoftCap(Tensor x, float cap) {
+absl::Status CudaDevice::InPlace(Tensor x, kc::InPlaceOp op, float value) {
   ForgetConverted();
-  kc::SoftCapParams p;
+  kc::InPlaceParams p;
   p.x = x.data;
   p.dtype = kc::DataType::kF32;
   p.num_elements = x.numel();
-  p.cap = cap;
-  return kc::LaunchSoftCap(p, stream_);
+  p.op = op;
+  p.value = value;
+  return kc::LaunchInPlace(p, stream_);
+}
+
+absl::Status CudaDevice::SoftCap(Tensor x, float cap) {
+  return InPlace(x, kc::InPlaceOp::kSoftCap, cap);
 }
 
 absl::Status CudaDevice::Scale(Tensor x, float factor) {
-  ForgetConverted();
-  kc::ScaleParams p;
-  p.x = x.data;
-  p.dtype = kc::DataType::kF32;
-  p.num_elements = x.numel();
-  p.factor = factor;
-  return kc::LaunchScale(p, stream_);
+  return InPlace(x, kc::InPlaceOp::kScale, factor);
 }
 
 absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,

@@ -394,16 +394,22 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   }
 
   if (!shard_.last_stage()) return send_(residual, proj);
-  // Final norm and LM head only for the rows whose logits are wanted.
   if (R == 0) return absl::OkStatus();
+  return Head(step, logits, hidden);
+}
+
+absl::Status LlamaGraph::Head(const StepTensors& step, Tensor logits, Tensor hidden) {
+  Device& d = *device_;
+  const common::ModelConfig& c = config_;
+  const int64_t R = step.num_sample_rows, H = c.hidden_size;
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
-  LOOM_RETURN_IF_ERROR(d.GatherRows(residual, proj, step.sample_rows, sampled_.view));
-  LOOM_RETURN_IF_ERROR(
-      d.RmsNorm(sampled_.view, Vector(*output_norm_, H), eps, sampled_.view));
+  LOOM_RETURN_IF_ERROR(d.GatherRows(residual_.view, proj_.view, step.sample_rows, sampled_.view));
+  LOOM_RETURN_IF_ERROR(d.RmsNorm(sampled_.view, Vector(*output_norm_, H),
+                                 static_cast<float>(c.rms_norm_eps), sampled_.view));
   if (hidden.data != nullptr) {
     std::memcpy(hidden.data, sampled_.view.data, static_cast<size_t>(hidden.bytes()));
   }
-  if (!parallel) {
+  if (!d.runs_collectives()) {
     LOOM_RETURN_IF_ERROR(d.Linear(sampled_.view, lm_head(), logits));
   } else {
     // Vocabulary-parallel LM head: this rank's slice of the logits, gathered in order.

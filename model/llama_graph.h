@@ -145,6 +145,11 @@ class LlamaGraph {
   const DeviceLinear& lm_head() const { return lm_head_ ? *lm_head_ : *token_embedding_; }
   // Sizes `scratch` for `shape` (F32), reallocating only when it grows.
   absl::Status Ensure(Scratch& scratch, std::initializer_list<int64_t> shape);
+  // The last stage's end of Forward: the final norm and LM head for the sample rows only
+  // (the last layer's output joined to the residual stream as they are gathered), their
+  // hidden states into `hidden` when asked, the logits scaled and soft-capped as the model
+  // says.
+  absl::Status Head(const StepTensors& step, Tensor logits, Tensor hidden);
 
   common::ModelConfig config_;
   ShardPlan shard_;

@@ -21,28 +21,20 @@ absl::Status CheckSiluMulParams(const SiluMulParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status CheckSoftCapParams(const SoftCapParams& p) {
+absl::Status CheckInPlaceParams(const InPlaceParams& p) {
+  const char* name = p.op == InPlaceOp::kSoftCap ? "SoftCap" : "Scale";
   if (p.num_elements < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("SoftCap: num_elements %d must be >= 0", p.num_elements));
+        absl::StrFormat("%s: num_elements %d must be >= 0", name, p.num_elements));
   }
-  if (!std::isfinite(p.cap) || p.cap <= 0.0f) {
+  if (!std::isfinite(p.value) || (p.op == InPlaceOp::kSoftCap && p.value <= 0.0f)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("SoftCap: cap %g must be finite and > 0", p.cap));
+        absl::StrFormat("%s: value %g must be finite%s", name, p.value,
+                        p.op == InPlaceOp::kSoftCap ? " and > 0" : ""));
   }
-  if (p.num_elements > 0 && p.x == nullptr) return absl::InvalidArgumentError("SoftCap: null x");
-  return absl::OkStatus();
-}
-
-absl::Status CheckScaleParams(const ScaleParams& p) {
-  if (p.num_elements < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Scale: num_elements %d must be >= 0", p.num_elements));
+  if (p.num_elements > 0 && p.x == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: null x", name));
   }
-  if (!std::isfinite(p.factor)) {
-    return absl::InvalidArgumentError(absl::StrFormat("Scale: factor %g must be finite", p.factor));
-  }
-  if (p.num_elements > 0 && p.x == nullptr) return absl::InvalidArgumentError("Scale: null x");
   return absl::OkStatus();
 }
 
@@ -52,14 +44,9 @@ absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
   return absl::FailedPreconditionError("SiluMul: Loom was built without CUDA");
 }
 
-absl::Status LaunchSoftCap(const SoftCapParams& params, cudaStream_t) {
-  if (absl::Status status = CheckSoftCapParams(params); !status.ok()) return status;
-  return absl::FailedPreconditionError("SoftCap: Loom was built without CUDA");
-}
-
-absl::Status LaunchScale(const ScaleParams& params, cudaStream_t) {
-  if (absl::Status status = CheckScaleParams(params); !status.ok()) return status;
-  return absl::FailedPreconditionError("Scale: Loom was built without CUDA");
+absl::Status LaunchInPlace(const InPlaceParams& params, cudaStream_t) {
+  if (absl::Status status = CheckInPlaceParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("InPlace: Loom was built without CUDA");
 }
 #endif
 

@@ -1,4 +1,4 @@
-// Gated activations and soft-capping: element-wise, grid-stride loops.
+// Gated activations, soft-capping and scaling: element-wise, grid-stride loops.
 #include "common/status_macros.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/launch_internal.cuh"
@@ -32,21 +32,17 @@ __global__ void GatedKernel(const T* __restrict__ gate_up, T* __restrict__ out,
   }
 }
 
-template <typename T>
-__global__ void SoftCapKernel(T* __restrict__ x, int64_t num_elements, float cap) {
+template <typename T, InPlaceOp kOp>
+__global__ void InPlaceKernel(T* __restrict__ x, int64_t num_elements, float value) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        index < num_elements; index += stride) {
-    x[index] = FromFloat<T>(cap * tanhf(ToFloat(x[index]) / cap));
-  }
-}
-
-template <typename T>
-__global__ void ScaleKernel(T* __restrict__ x, int64_t num_elements, float factor) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       index < num_elements; index += stride) {
-    x[index] = FromFloat<T>(factor * ToFloat(x[index]));
+    const float in = ToFloat(x[index]);
+    if constexpr (kOp == InPlaceOp::kSoftCap) {
+      x[index] = FromFloat<T>(value * tanhf(in / value));
+    } else {
+      x[index] = FromFloat<T>(value * in);
+    }
   }
 }
 
@@ -73,24 +69,21 @@ absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   return internal::CheckLaunch("SiluMul");
 }
 
-absl::Status LaunchSoftCap(const SoftCapParams& p, cudaStream_t stream) {
-  LOOM_RETURN_IF_ERROR(CheckSoftCapParams(p));
+absl::Status LaunchInPlace(const InPlaceParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckInPlaceParams(p));
   if (p.num_elements == 0) return absl::OkStatus();
+  const int grid = internal::GridFor(p.num_elements, kThreads);
   internal::DispatchDataType(p.dtype, [&]<typename T>() {
-    SoftCapKernel<T><<<internal::GridFor(p.num_elements, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(p.x), p.num_elements, p.cap);
+    auto* x = static_cast<T*>(p.x);
+    if (p.op == InPlaceOp::kSoftCap) {
+      InPlaceKernel<T, InPlaceOp::kSoftCap><<<grid, kThreads, 0, stream>>>(x, p.num_elements,
+                                                                          p.value);
+    } else {
+      InPlaceKernel<T, InPlaceOp::kScale><<<grid, kThreads, 0, stream>>>(x, p.num_elements,
+                                                                        p.value);
+    }
   });
-  return internal::CheckLaunch("SoftCap");
-}
-
-absl::Status LaunchScale(const ScaleParams& p, cudaStream_t stream) {
-  LOOM_RETURN_IF_ERROR(CheckScaleParams(p));
-  if (p.num_elements == 0) return absl::OkStatus();
-  internal::DispatchDataType(p.dtype, [&]<typename T>() {
-    ScaleKernel<T><<<internal::GridFor(p.num_elements, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(p.x), p.num_elements, p.factor);
-  });
-  return internal::CheckLaunch("Scale");
+  return internal::CheckLaunch(p.op == InPlaceOp::kSoftCap ? "SoftCap" : "Scale");
 }
 
 }  // namespace loom::kernels::cuda

@@ -35,34 +35,24 @@ absl::Status CheckSiluMulParams(const SiluMulParams& params);
 /// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
 absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t stream);
 
-/// Soft-capping in place, as cpu::SoftCap: x[i] = cap * tanh(x[i] / cap) (Gemma 2's final
-/// logits), computed in float.
-struct SoftCapParams {
+/// An element-wise map in place, computed in float.
+enum class InPlaceOp {
+  kSoftCap,  // x[i] = value * tanh(x[i] / value), as cpu::SoftCap (Gemma 2's final logits)
+  kScale,    // x[i] = value * x[i], as cpu::Scale (Granite's multipliers)
+};
+
+struct InPlaceParams {
   void* x = nullptr;  // [num_elements] of dtype
   DataType dtype = DataType::kF32;
   int64_t num_elements = 0;  // >= 0
-  float cap = 0.0f;          // finite, > 0
+  InPlaceOp op = InPlaceOp::kScale;
+  float value = 1.0f;  // finite; > 0 for kSoftCap (the cap)
 };
 
 /// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
-absl::Status CheckSoftCapParams(const SoftCapParams& params);
+absl::Status CheckInPlaceParams(const InPlaceParams& params);
 
 /// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
-absl::Status LaunchSoftCap(const SoftCapParams& params, cudaStream_t stream);
-
-/// Scaling in place, as cpu::Scale: x[i] = factor * x[i] (Granite's residual and logit
-/// multipliers), computed in float.
-struct ScaleParams {
-  void* x = nullptr;  // [num_elements] of dtype
-  DataType dtype = DataType::kF32;
-  int64_t num_elements = 0;  // >= 0
-  float factor = 1.0f;       // finite
-};
-
-/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
-absl::Status CheckScaleParams(const ScaleParams& params);
-
-/// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
-absl::Status LaunchScale(const ScaleParams& params, cudaStream_t stream);
+absl::Status LaunchInPlace(const InPlaceParams& params, cudaStream_t stream);
 
 }  // namespace loom::kernels::cuda

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/activation.h"
@@ -91,39 +92,53 @@ TEST(CudaSiluMulTest, GeluTanhGateMatchesCpu) {
   }
 }
 
-TEST(CudaSoftCapTest, RejectsBadCapsBeforeLaunch) {
+TEST(CudaInPlaceTest, RejectsBadValuesBeforeLaunch) {
   float buffer[4] = {};
-  SoftCapParams p;
+  InPlaceParams p;
   p.x = buffer;
   p.num_elements = 4;
-  p.cap = 0.0f;
-  EXPECT_NE(CheckSoftCapParams(p).message().find("cap 0"), std::string::npos);
-  p.cap = NAN;
-  EXPECT_EQ(LaunchSoftCap(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  p.cap = 30.0f;
+  p.op = InPlaceOp::kSoftCap;
+  p.value = 0.0f;  // a cap must be positive
+  EXPECT_NE(CheckInPlaceParams(p).message().find("SoftCap: value 0"), std::string::npos);
+  p.value = NAN;
+  EXPECT_EQ(LaunchInPlace(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.op = InPlaceOp::kScale;
+  EXPECT_NE(CheckInPlaceParams(p).message().find("Scale: value nan"), std::string::npos);
+  p.value = 0.0f;  // a factor may be anything finite
+  EXPECT_TRUE(CheckInPlaceParams(p).ok());
+  p.value = 30.0f;
   p.x = nullptr;
-  EXPECT_EQ(CheckSoftCapParams(p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckInPlaceParams(p).code(), absl::StatusCode::kInvalidArgument);
   p.num_elements = 0;
-  EXPECT_TRUE(CheckSoftCapParams(p).ok());
+  EXPECT_TRUE(CheckInPlaceParams(p).ok());
 }
 
-// Gemma 2's final logit soft-capping, as cpu::SoftCap, in place.
-TEST(CudaSoftCapTest, MatchesCpu) {
+// Gemma 2's final logit soft-capping (as cpu::SoftCap) and Granite's multipliers (as
+// cpu::Scale), in place.
+TEST(CudaInPlaceTest, SoftCapAndScaleMatchCpu) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   for (DataType dtype : {DataType::kF32, DataType::kBF16}) {
-    for (const float cap : {1.0f, 30.0f}) {
-      SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " cap=" << cap);
+    for (const auto& [op, value] :
+         {std::pair{InPlaceOp::kSoftCap, 1.0f}, std::pair{InPlaceOp::kSoftCap, 30.0f},
+          std::pair{InPlaceOp::kScale, 0.22f}, std::pair{InPlaceOp::kScale, 1.0f / 16}}) {
+      SCOPED_TRACE(testing::Message()
+                   << DataTypeName(dtype) << " op=" << static_cast<int>(op) << " value=" << value);
       std::vector<float> x =
           testing_util::RoundTo(dtype, testing_util::RandomFloats(100003, 77, -100, 100));
       std::vector<float> expected = x;
-      cpu::SoftCap(expected.data(), static_cast<int64_t>(expected.size()), cap);
+      if (op == InPlaceOp::kSoftCap) {
+        cpu::SoftCap(expected.data(), static_cast<int64_t>(expected.size()), value);
+      } else {
+        cpu::Scale(expected.data(), static_cast<int64_t>(expected.size()), value);
+      }
       LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(dtype, x));
-      SoftCapParams p;
+      InPlaceParams p;
       p.x = d_x.data();
       p.dtype = dtype;
       p.num_elements = static_cast<int64_t>(x.size());
-      p.cap = cap;
-      ASSERT_TRUE(LaunchSoftCap(p, nullptr).ok());
+      p.op = op;
+      p.value = value;
+      ASSERT_TRUE(LaunchInPlace(p, nullptr).ok());
       ASSERT_TRUE(SynchronizeStream(nullptr).ok());
       LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
                                 testing_util::Download(d_x, dtype, x.size()));
