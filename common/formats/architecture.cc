@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 12> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 13> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -69,7 +69,8 @@ constexpr std::array<ArchitectureRules, 12> kArchitectures = {{
      .sliding_window_every_layer = false,
      .gemma = true,
      .default_sliding_period = 6,
-     .local_rope_theta = 10000.0},
+     .local_rope_theta = 10000.0,
+     .hf_sandwich_norms = true},
     // Gemma 2 (llama.cpp's gemma2, Hugging Face's Gemma2ForCausalLM): Gemma 3's layout
     // without QK-norm, every other layer local (even ones), one RoPE base, and soft-capped
     // attention scores and final logits (<arch>.attn_logit_softcapping,
@@ -80,7 +81,8 @@ constexpr std::array<ArchitectureRules, 12> kArchitectures = {{
      .sliding_window_every_layer = false,
      .gemma = true,
      .default_sliding_period = 2,
-     .local_rope_theta = 0.0},
+     .local_rope_theta = 0.0,
+     .hf_sandwich_norms = true},
     // SmolLM3 (llama.cpp's smollm3, Hugging Face's SmolLM3ForCausalLM): llama's layout (the
     // GGUF converter permutes q/k as for llama) with every 4th layer taking no RoPE.
     {.gguf_name = "smollm3",
@@ -114,6 +116,15 @@ constexpr std::array<ArchitectureRules, 12> kArchitectures = {{
      .local_rope_theta = 0.0,
      .no_rope_period = 0,
      .hf_rope_interleaved = true},
+    // Gemma 1 (llama.cpp's gemma, Hugging Face's GemmaForCausalLM; CodeGemma): Gemma's scaled
+    // embeddings, GELU and 1 + w norms, llama's two norms per layer, no window or caps.
+    {.gguf_name = "gemma",
+     .hf_class_name = "GemmaForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = true,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
 }};
 
 }  // namespace

@@ -37,6 +37,9 @@ struct ArchitectureRules {
   // (SmolLM3's NoPE layers, every 4th; llama.cpp has no key for it). A Hugging Face
   // directory's `no_rope_layers` says it per layer instead. 0: every layer rotates.
   int64_t no_rope_period = 0;
+  // Hugging Face names four norms per layer: post_attention_layernorm is the norm after
+  // attention, pre_feedforward_layernorm the FFN's (Gemma 2 and 3; Gemma 1 names llama's two).
+  bool hf_sandwich_norms = false;
   // The Hugging Face checkpoint rotates (2i, 2i+1) pairs, as its modeling code does (GLM-4),
   // rather than transformers' usual rotate_half.
   bool hf_rope_interleaved = false;

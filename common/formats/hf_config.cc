@@ -222,6 +222,11 @@ absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRule
   const char* field =
       rules.gemma && fields.Has("hidden_activation") ? "hidden_activation" : "hidden_act";
   LOOM_ASSIGN_OR_RETURN(std::string activation, fields.String(field, expected));
+  // Gemma 1's configs say hidden_act "gelu" without hidden_activation: transformers runs the
+  // tanh approximation for it all the same.
+  if (rules.gemma && std::string_view(field) == "hidden_act" && activation == "gelu") {
+    activation = expected;
+  }
   if (activation != expected) {
     return absl::UnimplementedError(absl::StrCat("config.json: ", field, " '", activation,
                                                  "' is not supported (only '", expected, "')"));
@@ -233,7 +238,8 @@ absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRule
 
 // Gemma's facts as loom.* keys: the query scale, the local layers' RoPE base, RMSNorm
 // weights stored as w for a scale of 1 + w; the layer norms named as Gemma names them.
-absl::Status GemmaToGguf(const Fields& fields, GgufMetadataBuilder& metadata, HfConfigInfo& info) {
+absl::Status GemmaToGguf(const Fields& fields, const ArchitectureRules& rules,
+                         GgufMetadataBuilder& metadata, HfConfigInfo& info) {
   if (fields.Has("query_pre_attn_scalar")) {
     LOOM_ASSIGN_OR_RETURN(double scalar, fields.Number("query_pre_attn_scalar", 0.0));
     metadata.Float("loom.attention.query_pre_attn_scalar", scalar);
@@ -243,7 +249,7 @@ absl::Status GemmaToGguf(const Fields& fields, GgufMetadataBuilder& metadata, Hf
     metadata.Float("loom.rope.local_freq_base", base);
   }
   metadata.Float("loom.norm_weight_offset", 1.0);
-  info.sandwich_norms = true;
+  info.sandwich_norms = rules.hf_sandwich_norms;
   return absl::OkStatus();
 }
 
@@ -471,7 +477,7 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_RETURN_IF_ERROR(MultipliersToGguf(fields, info.architecture, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
-  if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata, info));
+  if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, *rules, metadata, info));
   LOOM_RETURN_IF_ERROR(SoftcapsToGguf(fields, *rules, metadata));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2); GLM-4's modeling code

@@ -36,7 +36,7 @@ TEST(ArchitectureTest, MixtureOfExpertsClassesMapToTheirGgufArchitectures) {
 }
 
 TEST(ArchitectureTest, UnknownNamesAndTheOtherNamespaceAreNotFound) {
-  EXPECT_EQ(FindArchitecture("gemma"), nullptr);
+  EXPECT_EQ(FindArchitecture("gpt2"), nullptr);
   EXPECT_EQ(FindArchitecture("LlamaForCausalLM"), nullptr);  // an HF name is not a GGUF one
   EXPECT_EQ(FindHfArchitecture("llama"), nullptr);
   EXPECT_EQ(FindHfArchitecture(""), nullptr);
@@ -62,6 +62,12 @@ TEST(ArchitectureTest, RopeLayoutFollowsTheGgufConverter) {
   ASSERT_NE(FindArchitecture("glm4"), nullptr);
   EXPECT_FALSE(FindArchitecture("glm4")->gguf_rope_neox);
   EXPECT_TRUE(FindArchitecture("glm4")->hf_rope_interleaved);
+  // Gemma 2 and 3 name four norms per layer in Hugging Face checkpoints, Gemma 1 two.
+  EXPECT_TRUE(FindArchitecture("gemma2")->hf_sandwich_norms);
+  EXPECT_TRUE(FindArchitecture("gemma3")->hf_sandwich_norms);
+  ASSERT_NE(FindArchitecture("gemma"), nullptr);
+  EXPECT_FALSE(FindArchitecture("gemma")->hf_sandwich_norms);
+  EXPECT_TRUE(FindArchitecture("gemma")->gemma);
   EXPECT_FALSE(FindArchitecture("llama")->hf_rope_interleaved);
 }
 

@@ -45,7 +45,8 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-            "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM"}
+            "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
+            "gemma": "GemmaForCausalLM"}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
 _PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
 # Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
@@ -138,7 +139,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
 
     hf_arch = architecture or arch
-    gemma = hf_arch in ("gemma2", "gemma3")
+    gemma = hf_arch in ("gemma2", "gemma3")  # four norms per layer, Gemma's names
+    gemma1 = hf_arch == "gemma"  # Gemma's 1 + w norms under llama's two names
     tensors = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
@@ -161,7 +163,7 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             values = unpermute(values, n_head)
         elif arch in _PERMUTED_ARCHS and tensor.name.endswith("attn_k.weight"):
             values = unpermute(values, n_head_kv)
-        if gemma and tensor.name.endswith("norm.weight"):
+        if (gemma or gemma1) and tensor.name.endswith("norm.weight"):
             values = values - 1.0  # Gemma's RMSNorm scales by 1 + w
         keep_f32 = values.ndim == 1 or dtype == "float32"
         if dtype == "bfloat16" and not keep_f32:
@@ -193,6 +195,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
         "torch_dtype": dtype,
     }
+    if gemma1:
+        config["hidden_act"] = "gelu"  # gemma-7b's config: transformers runs tanh GELU for it
     if gemma:
         config.pop("hidden_act")
         config.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": head_dim,

@@ -384,6 +384,32 @@ TEST(HfConfigTest, Glm4RotatesHalfOfEachHeadInInterleavedPairs) {
   EXPECT_EQ(config->head_dim, 128);
 }
 
+// gemma-7b's config.json (shapes shrunk): hidden_act "gelu" and no hidden_activation, which
+// transformers runs as the tanh approximation; llama's two norm names per layer.
+TEST(HfConfigTest, TranslatesGemma1) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["GemmaForCausalLM"], "hidden_size": 96, "intermediate_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0, "vocab_size": 1000, "hidden_act": "gelu"})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "gemma");
+  EXPECT_TRUE(info.tie_word_embeddings);
+  EXPECT_FALSE(info.sandwich_norms);
+  EXPECT_TRUE(config->gelu);
+  EXPECT_FLOAT_EQ(config->embedding_scale, std::sqrt(96.0f));
+  EXPECT_DOUBLE_EQ(config->attention_scale, 1.0 / 8.0);  // 1 / sqrt(head_dim)
+  EXPECT_FLOAT_EQ(config->norm_weight_offset, 1.0f);
+  EXPECT_EQ(config->sliding_window, 0);
+  // Another activation is still refused.
+  ExpectRefused(R"({"architectures": ["GemmaForCausalLM"], "hidden_size": 96,
+    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "max_position_embeddings": 8192, "hidden_act": "relu"})",
+                "hidden_act 'relu'");
+}
+
 // Other architectures rotate every layer.
 TEST(HfConfigTest, LlamaRotatesEveryLayer) {
   absl::StatusOr<ModelConfig> config = Translate(kQwen3);
@@ -395,7 +421,8 @@ TEST(HfConfigTest, LlamaRotatesEveryLayer) {
 TEST(HfConfigTest, RefusesWhatLoomCannotServeByName) {
   const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "max_position_embeddings": 512)";
-  ExpectRefused(R"({"architectures": ["GemmaForCausalLM"], )" + base + "}", "'GemmaForCausalLM'");
+  ExpectRefused(R"({"architectures": ["GPTNeoXForCausalLM"], )" + base + "}",
+                "'GPTNeoXForCausalLM'");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "hidden_act": "gelu", )" + base + "}",
                 "hidden_act 'gelu'");
   ExpectRefused(R"({"architectures": ["LlamaForCausalLM"], "mlp_bias": true, )" + base + "}",

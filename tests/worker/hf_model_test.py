@@ -6,7 +6,8 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Gemma 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its multipliers;
+experts, Gemma 1 and 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
+multipliers, GLM-4;
 Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
@@ -79,6 +80,9 @@ RANDOM_FAMILIES = {
     # Glm4ForCausalLM: post_self_attn_layernorm / post_mlp_layernorm, gate_up_proj, partial
     # rotary in interleaved pairs (the directory's rows are not permuted).
     "glm4": (random_model.SPECS["glm4_sandwich"], None, None),
+    # GemmaForCausalLM (Gemma 1): hidden_act "gelu" meaning tanh GELU, 1 + w norms under
+    # llama's input_layernorm / post_attention_layernorm names.
+    "gemma": (random_model.SPECS["gemma1_gelu"], None, None),
 }
 
 

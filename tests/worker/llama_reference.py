@@ -42,7 +42,7 @@ from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
-                   "smollm3": "normal", "granite": "normal", "glm4": "normal"}
+                   "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox"}
 # SmolLM3 (llama.cpp's and transformers' definition): every 4th layer applies no RoPE, unless
 # the file lists the layers that do (loom.rope.layers, from config.json's no_rope_layers).
 SMOLLM3_NO_ROPE_PERIOD = 4
@@ -319,7 +319,7 @@ def load(path: str | os.PathLike) -> Model:
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
-           if arch in ("gemma2", "gemma3") else {}),
+           if arch in ("gemma", "gemma2", "gemma3") else {}),
         **_multipliers(reader, arch))
 
 
@@ -332,7 +332,7 @@ def _multipliers(reader: gguf.GGUFReader, arch: str) -> dict:
 
 
 def _gemma(arch: str, n_embd: int, n_head: int, head_dim: int, n_layer: int, n_rot: int) -> dict:
-    """Gemma 2 and 3: scaled embeddings, GELU, the query scale (llama.cpp's rule: the head dim,
+    """Gemma 1, 2 and 3: scaled embeddings, GELU, the query scale (llama.cpp's rule: the head dim,
     hidden / heads for the 27B models), Gemma 3's local RoPE base."""
     large = (arch, n_layer) in (("gemma3", 62), ("gemma2", 46))
     query_pre_attn_scalar = n_embd // n_head if large else head_dim

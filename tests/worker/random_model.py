@@ -32,6 +32,8 @@ Variants (see SPECS):
                  attention scores x 1/64 (not 1/sqrt(16)), sub-layer outputs x 0.5, logits / 2.
   glm4_sandwich  glm4 arch: norms before and after attention and FFN, gate/up fused in ffn_up,
                  Q/K/V biases, 16 of each head's 32 dims rotating in interleaved pairs.
+  gemma1_gelu    gemma arch (Gemma 1, CodeGemma): scaled embeddings, GELU, head_dim 32 over hidden
+                 64, llama's two norms per layer, no window or caps.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -275,6 +277,14 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
                "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q4_1, T.F16),
                "ffn_up": (T.Q8_0, T.Q4_0), "ffn_down": (T.F16, T.Q8_0)}),
+    # Gemma 1: Gemma 3's embeddings, GELU and query scale without its post norms, windows or
+    # QK-norm; a separate LM head as gemma3_swa has, for the same reason.
+    "gemma1_gelu": ModelSpec(
+        name="gemma1_gelu", arch="gemma", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
+        head_dim=32, n_ff=128, rms_eps=1e-6, tied_output=False, seed=606,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q4_1,),
+               "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q4_0, T.F16), "ffn_down": (T.F16,)}),
 }
 
 
@@ -477,7 +487,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     # Embedding rows are small next to what each block adds, so a token's own embedding does not
     # dominate the final state (with tied output that would make the model echo its input).
     # Gemma scales embeddings by sqrt(n_embd) on the way in: smaller rows keep the same balance.
-    token_embd = rng.normal(0.0, 0.1 if spec.arch in ("gemma2", "gemma3") else 0.4, size=(n_vocab, d))
+    token_embd = rng.normal(0.0, 0.1 if spec.arch.startswith("gemma") else 0.4, size=(n_vocab, d))
     _add(writer, "token_embd.weight", token_embd, type_of("token_embd"))
     if spec.llama3_rope is not None:
         factors = llama3_rope_factors(hd, spec.rope_base, **spec.llama3_rope)
