@@ -253,17 +253,24 @@ absl::Status GemmaToGguf(const Fields& fields, const ArchitectureRules& rules,
   return absl::OkStatus();
 }
 
-// Gemma 2's soft-capping as llama.cpp's keys (<arch>.attn_logit_softcapping, ...).
-absl::Status SoftcapsToGguf(const Fields& fields, const ArchitectureRules& rules,
-                            GgufMetadataBuilder& metadata) {
-  for (const char* softcap : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (!fields.Has(softcap)) continue;
-    LOOM_ASSIGN_OR_RETURN(double cap, fields.Number(softcap, 0.0));
-    if (!(cap > 0.0) || !std::isfinite(cap)) {
+// Positive scalars as llama.cpp's keys (<arch>.<key>): Gemma 2's soft-capping of scores
+// and logits, Granite's multipliers of the embeddings, sub-layer outputs, attention scores
+// and (dividing) the logits.
+absl::Status ScalarsToGguf(const Fields& fields, const ArchitectureRules& rules,
+                           GgufMetadataBuilder& metadata) {
+  for (auto [field, key] : {std::pair{"attn_logit_softcapping", "attn_logit_softcapping"},
+                            std::pair{"final_logit_softcapping", "final_logit_softcapping"},
+                            std::pair{"embedding_multiplier", "embedding_scale"},
+                            std::pair{"residual_multiplier", "residual_scale"},
+                            std::pair{"attention_multiplier", "attention.scale"},
+                            std::pair{"logits_scaling", "logit_scale"}}) {
+    if (!fields.Has(field)) continue;
+    LOOM_ASSIGN_OR_RETURN(double value, fields.Number(field, 0.0));
+    if (!(value > 0.0) || !std::isfinite(value)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("config.json: ", softcap, " ", cap, " must be positive or null"));
+          absl::StrCat("config.json: ", field, " ", value, " must be positive or null"));
     }
-    metadata.Float(std::string(rules.gguf_name) + "." + softcap, cap);
+    metadata.Float(std::string(rules.gguf_name) + "." + key, value);
   }
   return absl::OkStatus();
 }
@@ -347,25 +354,6 @@ absl::Status RopeLayersToGguf(const json& config, const Fields& fields, int64_t 
     return absl::OkStatus();
   }
   metadata.BoolArray("loom.rope.layers", rotates);
-  return absl::OkStatus();
-}
-
-// Granite's multipliers as llama.cpp's keys: embedding_multiplier, residual_multiplier,
-// attention_multiplier and logits_scaling (the logits are divided by it).
-absl::Status MultipliersToGguf(const Fields& fields, const std::string& arch,
-                               GgufMetadataBuilder& metadata) {
-  for (auto [field, key] : {std::pair{"embedding_multiplier", "embedding_scale"},
-                            std::pair{"residual_multiplier", "residual_scale"},
-                            std::pair{"attention_multiplier", "attention.scale"},
-                            std::pair{"logits_scaling", "logit_scale"}}) {
-    if (!fields.Has(field)) continue;
-    LOOM_ASSIGN_OR_RETURN(double value, fields.Number(field, 1.0));
-    if (!(value > 0.0) || !std::isfinite(value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config.json: ", field, " ", value, " must be positive"));
-    }
-    metadata.Float(arch + "." + key, value);
-  }
   return absl::OkStatus();
 }
 
@@ -474,11 +462,10 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   LOOM_RETURN_IF_ERROR(SlidingWindowToGguf(config, fields, *rules, layers, metadata));
   LOOM_RETURN_IF_ERROR(RopeLayersToGguf(config, fields, layers, metadata));
-  LOOM_RETURN_IF_ERROR(MultipliersToGguf(fields, info.architecture, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
   if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, *rules, metadata, info));
-  LOOM_RETURN_IF_ERROR(SoftcapsToGguf(fields, *rules, metadata));
+  LOOM_RETURN_IF_ERROR(ScalarsToGguf(fields, *rules, metadata));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2); GLM-4's modeling code
   // rotates interleaved pairs itself.
