@@ -43,6 +43,15 @@ float HalfToFloat(uint16_t half) {
   return value;
 }
 
+float Mxfp4Scale(uint8_t e) {
+  // 2^(e - 128): the exponent field e - 1 for e >= 2, else the subnormal 2^(e - 128) =
+  // 2^21 << e units of 2^-149.
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
 void Unpack5Bit(const uint8_t* qh_bytes, const uint8_t* qs, int q[32]) {
   uint32_t qh;
   std::memcpy(&qh, qh_bytes, sizeof(qh));
@@ -188,6 +197,18 @@ void DequantizeQ5_1(const uint8_t* src, uint64_t num_blocks, float* dst) {
   }
 }
 
+// MXFP4 block (17 bytes): an E8M0 exponent e, 16 bytes of nibbles indexing the E2M1 levels
+// (low nibbles are elements 0..15); x = Mxfp4Scale(e) * kMxfp4Values[q].
+void DequantizeMXFP4(const uint8_t* src, uint64_t num_blocks, float* dst) {
+  for (uint64_t b = 0; b < num_blocks; ++b, src += 17, dst += 32) {
+    const float d = Mxfp4Scale(src[0]);
+    for (int i = 0; i < 16; ++i) {
+      dst[i] = d * static_cast<float>(kMxfp4Values[src[1 + i] & 0x0f]);
+      dst[i + 16] = d * static_cast<float>(kMxfp4Values[src[1 + i] >> 4]);
+    }
+  }
+}
+
 // IQ4_NL block (18 bytes): f16 d, 16 bytes of nibbles indexing a non-linear table (low
 // nibbles are elements 0..15); x = d * kIq4NlValues[q].
 void DequantizeIQ4_NL(const uint8_t* src, uint64_t num_blocks, float* dst) {
@@ -263,6 +284,7 @@ bool CanDequantize(GgmlType type) {
     case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
     case GgmlType::kIQ4_NL:
+    case GgmlType::kMXFP4:
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
@@ -306,6 +328,9 @@ absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elemen
       return absl::OkStatus();
     case GgmlType::kIQ4_NL:
       DequantizeIQ4_NL(bytes, num_elements / 32, dst);
+      return absl::OkStatus();
+    case GgmlType::kMXFP4:
+      DequantizeMXFP4(bytes, num_elements / 32, dst);
       return absl::OkStatus();
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:

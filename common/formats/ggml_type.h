@@ -33,6 +33,7 @@ enum class GgmlType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  kMXFP4 = 39,
 };
 
 /// IEEE binary16 bits to float, exact; NaN payloads are kept (numpy's software path).
@@ -47,6 +48,15 @@ void Unpack5Bit(const uint8_t* qh_bytes, const uint8_t* qs, int q[32]);
 /// d * kIq4NlValues[q].
 inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+/// MXFP4's 16 levels (OCP microscaling FP4, E2M1, doubled as llama.cpp stores them): a
+/// nibble q stands for kMxfp4Values[q] * Mxfp4Scale(e) with e the block's E8M0 byte.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+
+/// Half of an E8M0 exponent byte's value, 2^(e - 128) (the doubled levels' scale), exact in
+/// F32 for every e (e < 2 as a subnormal), as ggml's GGML_E8M0_TO_FP32_HALF.
+float Mxfp4Scale(uint8_t e);
 
 /// Storage layout of one type: `block_size` elements occupy `type_size` bytes.
 struct GgmlTypeTraits {
@@ -71,7 +81,7 @@ bool CanDequantize(GgmlType type);
 /// Dequantizes `num_elements` elements of `type` from `src` (exactly
 /// GgmlRowBytes(type, num_elements) bytes) into `dst` as F32. Bit-identical to the
 /// PyPI `gguf` package's `gguf.quants.dequantize`. Supported: F32, F16, BF16, Q8_0,
-/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Thread-safe.
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Thread-safe.
 absl::Status DequantizeToF32(GgmlType type, const void* src, uint64_t num_elements,
                              float* dst);
 

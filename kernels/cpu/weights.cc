@@ -443,27 +443,46 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
   return w;
 }
 
-// IQ4_NL (d * kIq4NlValues[q]) blocks of 32 as INT8 g32 without loss: the int8 value times
-// the block's F16 scale d, which INT8 keeps as is.
-absl::StatusOr<PackedWeight> PackIq4NlBlocks(const uint8_t* src, int64_t rows, int64_t cols) {
+// Blocks of 32 whose nibbles index a table of int8 levels times one scale per block
+// (IQ4_NL: an F16 scale and kIq4NlValues; MXFP4: an E8M0 exponent and kMxfp4Values) as INT8
+// g32 without loss: the level is the int8 value, the scale the group's. MXFP4's scales
+// 2^(e - 128) are kept in F16 where every block's is a normal or subnormal F16 power of two
+// (2^-24 .. 2^15), else in F32.
+absl::StatusOr<PackedWeight> PackTableBlocks(common::GgmlType type, const uint8_t* src,
+                                             int64_t rows, int64_t cols) {
+  const bool mxfp4 = type == common::GgmlType::kMXFP4;
+  const char* name = mxfp4 ? "MXFP4" : "IQ4_NL";
   if (cols % 32 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("IQ4_NL tensor: cols %d is not a multiple of 32", cols));
+        absl::StrFormat("%s tensor: cols %d is not a multiple of 32", name, cols));
   }
-  LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kInt8, rows, cols, 32));
-  const int64_t groups = cols / 32;
+  const int64_t groups = cols / 32, block_bytes = mxfp4 ? 17 : 18, header = mxfp4 ? 1 : 2;
+  const int8_t* levels = mxfp4 ? common::kMxfp4Values : common::kIq4NlValues;
+  bool f32_scales = false;
+  for (int64_t b = 0; mxfp4 && b < rows * groups; ++b) {
+    const uint8_t e = src[b * block_bytes];
+    f32_scales |= e < 128 - 24 || e > 128 + 15;
+  }
+  LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kInt8, rows, cols, 32, f32_scales));
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = src + (row * groups + g) * 18;
-      w.scales[GroupIndex(w, row, g)] = LoadU16(block);
+      const uint8_t* block = src + (row * groups + g) * block_bytes;
+      const int64_t index = GroupIndex(w, row, g);
+      if (!mxfp4) {
+        w.scales[index] = LoadU16(block);
+      } else if (f32_scales) {
+        w.scales_f32[index] = common::Mxfp4Scale(block[0]);
+      } else {
+        w.scales[index] = FloatToHalf(common::Mxfp4Scale(block[0]));
+      }
       const int64_t c0 = g * 32;
       for (int j = 0; j < 16; ++j) {
-        SetQ(w, row, c0 + j, common::kIq4NlValues[block[2 + j] & 0x0f]);
-        SetQ(w, row, c0 + 16 + j, common::kIq4NlValues[block[2 + j] >> 4]);
+        SetQ(w, row, c0 + j, levels[block[header + j] & 0x0f]);
+        SetQ(w, row, c0 + 16 + j, levels[block[header + j] >> 4]);
       }
     }
   }
-  w.source = "IQ4_NL -> INT8 g32 (lossless)";
+  w.source = absl::StrFormat("%s -> INT8 g32%s (lossless)", name, f32_scales ? ", F32 scales" : "");
   return w;
 }
 
@@ -484,7 +503,8 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     case GgmlType::kQ8_0:
       return PackGgufBlocks(type, static_cast<const uint8_t*>(data), rows, cols, options);
     case GgmlType::kIQ4_NL:
-      return PackIq4NlBlocks(static_cast<const uint8_t*>(data), rows, cols);
+    case GgmlType::kMXFP4:
+      return PackTableBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
     case GgmlType::kF16: {
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
@@ -522,7 +542,7 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
     default:
       return absl::InvalidArgumentError(absl::StrFormat(
           "PackWeight: unsupported tensor type %s (supported: F32, F16, BF16, Q4_0, Q4_1, "
-          "Q8_0, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+          "Q8_0, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
           type_name));
   }
 }

@@ -58,9 +58,16 @@ TEST(GgmlTypeTest, TraitsMatchGgmlBlockLayouts) {
     EXPECT_EQ(traits->type_size, e.type_size) << e.name;
     EXPECT_EQ(RawGgmlTypeName(static_cast<uint32_t>(e.type)), e.name);
   }
-  // Types beyond the enum are known by number (IQ formats, TQ, MXFP4).
+  // Types beyond the enum are known by number (IQ formats, TQ).
   EXPECT_EQ(RawGgmlTypeName(16), "IQ2_XXS");
-  EXPECT_EQ(GetGgmlTypeTraits(39)->type_size, 17);
+  EXPECT_EQ(GetGgmlTypeTraits(static_cast<uint32_t>(GgmlType::kMXFP4))->type_size, 17);
+}
+
+// E8M0 exponents as halves of their value: every byte, normal and subnormal results.
+TEST(GgmlTypeTest, Mxfp4ScaleIsHalfOfTheE8M0Value) {
+  for (int e = 0; e < 256; ++e) {
+    EXPECT_EQ(Mxfp4Scale(static_cast<uint8_t>(e)), std::ldexp(1.0f, e - 128)) << e;
+  }
 }
 
 TEST(GgmlTypeTest, UnknownTypesAreRejectedByNumber) {
@@ -93,8 +100,8 @@ TEST(GgmlTypeTest, RowBytesCountsWholeBlocksAndRejectsPartialOrOverflowingSizes)
 TEST(GgmlTypeTest, CanDequantizeExactlyTheSupportedTypes) {
   const std::vector<GgmlType> supported = {
       GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ8_0,   GgmlType::kQ4_0,
-      GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K,
-      GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
+      GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kMXFP4,
+      GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,   GgmlType::kQ6_K};
   for (uint32_t raw = 0; raw < 64; ++raw) {
     const auto type = static_cast<GgmlType>(raw);
     const bool expected =

@@ -29,8 +29,8 @@ F16_SCALE_OFFSETS = {
     Q.Q3_K: [108],
     Q.Q2_K: [80, 82],
 }
-SUPPORTED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K,
-             Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+SUPPORTED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.MXFP4,
+             Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 def random_finite_f16_bits(rng: np.random.Generator, count: int) -> np.ndarray:

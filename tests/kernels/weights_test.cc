@@ -17,7 +17,7 @@ namespace {
 using common::GgmlType;
 
 // Random GGUF blocks of 32 (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL): F16 scales (and mins) of
-// both signs, random payload bytes.
+// both signs, random payload bytes; MXFP4: E8M0 exponents 2^-18 .. 2^12 (F16 scales).
 std::vector<uint8_t> RandomGgufBlocks(GgmlType type, int64_t num_elements, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> scale(-0.5f, 0.5f);
@@ -25,10 +25,13 @@ std::vector<uint8_t> RandomGgufBlocks(GgmlType type, int64_t num_elements, uint3
   const absl::StatusOr<common::GgmlTypeTraits> traits =
       common::GetGgmlTypeTraits(static_cast<uint32_t>(type));
   const int64_t block_bytes = traits->type_size;
-  const int header = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 ? 4 : 2;
+  const int header = type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 ? 4
+                     : type == GgmlType::kMXFP4                         ? 1
+                                                                        : 2;
   std::vector<uint8_t> out((num_elements / 32) * block_bytes);
   for (size_t b = 0; b < out.size(); b += block_bytes) {
-    for (int h = 0; h < header; h += 2) {
+    if (type == GgmlType::kMXFP4) out[b] = static_cast<uint8_t>(110 + byte(rng) % 31);
+    for (int h = 0; h < header - 1; h += 2) {
       const uint16_t half = FloatToHalf(scale(rng));
       std::memcpy(&out[b + h], &half, 2);
     }
@@ -81,7 +84,31 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
 
 INSTANTIATE_TEST_SUITE_P(Gguf, LosslessPackTest,
                          testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0,
-                                         GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL));
+                                         GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
+                                         GgmlType::kMXFP4));
+
+// MXFP4 exponents outside F16's powers of two (2^-24 .. 2^15) keep the INT8 scales in F32:
+// still bit for bit what gguf dequantizes, subnormal F32 scales included.
+TEST(WeightsTest, Mxfp4WithExtremeExponentsKeepsF32Scales) {
+  for (const uint8_t extreme : {uint8_t{0}, uint8_t{1}, uint8_t{103}, uint8_t{144}, uint8_t{254}}) {
+    const int64_t rows = 9, cols = 64;
+    std::vector<uint8_t> blocks = RandomGgufBlocks(GgmlType::kMXFP4, rows * cols, extreme);
+    blocks[17 * 5] = extreme;
+    std::vector<float> expected(rows * cols);
+    ASSERT_TRUE(
+        common::DequantizeToF32(GgmlType::kMXFP4, blocks.data(), rows * cols, expected.data())
+            .ok());
+    absl::StatusOr<PackedWeight> packed = PackWeight(GgmlType::kMXFP4, blocks.data(), rows, cols);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    EXPECT_TRUE(packed->f32_scaled()) << int{extreme};
+    const std::vector<float> got = Unpack(*packed);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+        << int{extreme};
+  }
+  // Within range: F16 scales.
+  const std::vector<uint8_t> blocks = RandomGgufBlocks(GgmlType::kMXFP4, 64, 1);
+  EXPECT_FALSE(PackWeight(GgmlType::kMXFP4, blocks.data(), 1, 64)->f32_scaled());
+}
 
 // The legacy 5-bit formats keep their 5 bits: a Q5_0/Q5_1 weight reads 0.75 bytes per weight
 // (nibbles, fifth bits, F16 scale and min per 32), not INT8's 1.06; every q survives.
