@@ -203,6 +203,7 @@ internal::AttentionTask TaskOf(const PagedAttentionParams& p, int64_t seq, int64
   task.attend_len = p.context_len[seq] - q_len + (first_token - p.query_start[seq]) + 1;
   task.window = p.window;
   task.softcap = p.softcap;
+  task.sinks = p.sinks == nullptr ? nullptr : p.sinks + run.first_head;
   return task;
 }
 
@@ -250,7 +251,7 @@ void AttendScalar(const KvLayerView& cache, float scale, const AttentionTask& ta
       running_max = new_max;
       pos += count;
     }
-    const float inverse = 1.0f / denominator;
+    const float inverse = 1.0f / WithSink(task, h, denominator, running_max);
     for (int64_t i = 0; i < d; ++i) task.out[h * d + i] = acc[i] * inverse;
   }
 }
@@ -480,7 +481,7 @@ absl::Status PagedAttentionReference(const PagedAttentionParams& params) {
           if (p.softcap > 0.0f) scores[pos] = p.softcap * std::tanh(scores[pos] / p.softcap);
           max_score = std::max(max_score, scores[pos]);
         }
-        double total = 0.0;
+        double total = p.sinks == nullptr ? 0.0 : std::exp(p.sinks[h] - max_score);
         for (double& score : scores) total += (score = std::exp(score - max_score));
         for (int64_t i = 0; i < d; ++i) {
           double value = 0.0;

@@ -60,6 +60,10 @@ struct PagedAttentionParams {
   // Soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before
   // the softmax; 0: none. Soft-capped attention runs the scalar per-token kernel.
   float softcap = 0.0f;
+  // Attention sinks (gpt-oss): [num_heads], a logit per (local) query head that joins each
+  // softmax's denominator and nothing else: weights exp(s_j) / (exp(sink) + sum_j exp(s_j)),
+  // which sum to less than 1. nullptr: none.
+  const float* sinks = nullptr;
 };
 
 /// InvalidArgument for inconsistent sizes, a block id outside the pool, or a sequence

@@ -118,7 +118,7 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
       running_max = new_max;
       pos += count;
     }
-    const __m256 inverse = _mm256_set1_ps(1.0f / denominator);
+    const __m256 inverse = _mm256_set1_ps(1.0f / WithSink(task, h, denominator, running_max));
     for (int64_t v = 0; v < vecs; ++v) {
       _mm256_storeu_ps(task.out + h * d + v * 8, _mm256_mul_ps(_mm256_load_ps(acc + v * 8), inverse));
     }

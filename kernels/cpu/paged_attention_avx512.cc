@@ -363,7 +363,9 @@ void Attend(const KvLayerView& cache, float scale, const AttentionTask& task) {
     }
   }
   for (int64_t qv = 0; qv < num_q; ++qv) {
-    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(denominator[qv]));
+    const __m512 inverse =
+        _mm512_set1_ps(1.0f / WithSink(task, qv % num_heads, _mm512_reduce_add_ps(denominator[qv]),
+                                       running_max[qv]));
     float* out = task.out + (qv / num_heads) * task.token_stride + (qv % num_heads) * d;
     for (int64_t v = 0; v < shape.num_vecs; ++v) {
       _mm512_mask_storeu_ps(out + v * 16, shape.MaskOf(v),

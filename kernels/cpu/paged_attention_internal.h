@@ -2,6 +2,7 @@
 
 // Internal to kernels/cpu: the per-ISA inner loops of PagedAttention and WriteKv.
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,7 +45,15 @@ struct AttentionTask {
   int64_t attend_len = 0;  // row 0's, >= 1
   int64_t window = 0;      // > 0: row r attends only to [LowerLimit(r), attend_len + r)
   float softcap = 0.0f;    // > 0: scores soft-capped (PagedAttentionParams::softcap)
+  const float* sinks = nullptr;  // [num_heads]: the task's heads' sinks, or nullptr (none)
 };
+
+/// A softmax denominator `sum` (of exp(score - max)) of the task's head `head` with its
+/// attention sink joined (PagedAttentionParams::sinks); `sum` as is without sinks. A sink
+/// far above every score sends it to infinity: the head's output becomes 0, its limit.
+inline float WithSink(const AttentionTask& task, int64_t head, float sum, float max) {
+  return task.sinks == nullptr ? sum : sum + std::exp(task.sinks[head] - max);
+}
 
 /// The first position row `row` of `task` attends to: 0, or with a sliding window the
 /// window's first.

@@ -209,7 +209,7 @@ class TileKernel {
     for (int64_t qv = 0; qv < num_q; ++qv) {
       const int64_t row = qv / tile.num_heads, head = qv % tile.num_heads;
       float* out = tile.out + row * tile.token_stride + head * d;
-      const typename V::Vec inverse = V::Set1(1.0f / s.l[qv]);
+      const typename V::Vec inverse = V::Set1(1.0f / WithSink(tile, head, s.l[qv], s.m[qv]));
       for (int64_t i = 0; i < d; i += kLanes) {
         V::Store(out + i, V::Mul(V::Load(s.o.data() + qv * d + i), inverse));
       }

@@ -96,6 +96,9 @@ absl::Status CheckPagedDecodeParams(const PagedDecodeParams& p) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedDecode: softcap %g must be finite and >= 0 (0: none)", p.softcap));
   }
+  if (reinterpret_cast<uintptr_t>(p.sinks) % alignof(float) != 0) {
+    return absl::InvalidArgumentError("PagedDecode: sinks must be 4-byte aligned");
+  }
   if (p.num_splits < 0 || p.num_splits > kPagedDecodeMaxSplits) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedDecode: num_splits %d must be 0 (heuristic) or in [1, %d]",

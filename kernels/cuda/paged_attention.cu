@@ -15,9 +15,11 @@
 // block-wide barrier but the ring's one per tile. Subgroups are merged at the end
 // (shuffles within a warp, shared memory across warps); with several splits each block
 // leaves (unnormalized sums, max, denominator) in the workspace and
-// PagedDecodeReduceKernel merges them. An 8-bit cache (int8_t or uint8_t codes as Kv) is
-// copied as codes; a token's K scale multiplies its score, its V scale its probability
-// (the caller rotates query and output, kv_cache.h), both loaded one tile ahead.
+// PagedDecodeReduceKernel merges them. An attention sink joins the final denominator once:
+// in the block's own epilogue with one split, in the reduction with several. An 8-bit
+// cache (int8_t or uint8_t codes as Kv) is copied as codes; a token's K scale multiplies
+// its score, its V scale its probability (the caller rotates query and output,
+// kv_cache.h), both loaded one tile ahead.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -112,11 +114,26 @@ struct DecodeArgs {
   int window;     // > 0: attend to the last `window` positions only
   float scale;
   float softcap;  // > 0: scores become softcap * tanh(score / softcap)
+  // [num_heads] attention sinks or null; this kernel adds them with one split only (the
+  // reduction does with several).
+  const float* sinks;
 };
 
 // exp(x - base) where base is -inf when nothing was attended yet (then 0, not NaN).
 __device__ __forceinline__ float ExpFrom(float x, float max) {
   return expf(x - (max == -INFINITY ? 0.0f : max));
+}
+
+// Adds an attention sink to a finished softmax: `numerator` and `denominator` are
+// relative to `max`; afterwards both are relative to max(max, sink) (so exp never
+// overflows, a dominant sink just drives the output to 0) and the denominator holds
+// exp(sink) too. Nothing attended (max -inf, sums 0) stays 0 / exp(0).
+__device__ __forceinline__ void AddSink(float sink, float max, float& numerator,
+                                        float& denominator) {
+  const float new_max = fmaxf(max, sink);
+  const float rescale = ExpFrom(max, new_max);
+  numerator *= rescale;
+  denominator = denominator * rescale + ExpFrom(sink, new_max);
 }
 
 template <typename Q, typename Kv, int kHeadDim, int kGroup>
@@ -358,6 +375,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
     if (bad_table) total = NAN;
     const int64_t row = static_cast<int64_t>(seq) * args.num_heads + head0 + g;
     if (num_splits == 1) {
+      // Split contexts get the sink once, in PagedDecodeReduceKernel.
+      if (args.sinks != nullptr) AddSink(args.sinks[head0 + g], block_max, total, sum);
       // A bad table is NaN even when nothing was attended (sum 0).
       static_cast<Q*>(args.out)[row * kHeadDim + d] =
           FromFloat<Q>(bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f));
@@ -372,17 +391,22 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
   }
 }
 
-// Merges the splits of one (sequence, head): thread d owns output dim d.
+// Merges the splits of one (sequence, head): block (head, sequence), thread d owns output
+// dim d. With sinks the head's sink joins the denominator here, once.
 template <typename Q>
 __global__ void PagedDecodeReduceKernel(const float* __restrict__ partial_acc,
                                         const float* __restrict__ partial_max,
-                                        const float* __restrict__ partial_sum, Q* __restrict__ out,
+                                        const float* __restrict__ partial_sum,
+                                        const float* __restrict__ sinks, Q* __restrict__ out,
                                         int num_splits, int head_dim) {
   const int64_t row = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   const float* maxes = partial_max + row * num_splits;
   const float* sums = partial_sum + row * num_splits;
   float global_max = -INFINITY;
   for (int s = 0; s < num_splits; ++s) global_max = fmaxf(global_max, maxes[s]);
+  // The sink as the reference max too, so that a dominant sink cannot overflow exp.
+  const float sink = sinks != nullptr ? sinks[blockIdx.x] : -INFINITY;
+  global_max = fmaxf(global_max, sink);
   const int d = threadIdx.x;
   float numerator = 0.0f, denominator = 0.0f;
   for (int s = 0; s < num_splits; ++s) {
@@ -391,6 +415,7 @@ __global__ void PagedDecodeReduceKernel(const float* __restrict__ partial_acc,
     denominator += weight * sums[s];
     numerator += weight * partial_acc[(row * num_splits + s) * head_dim + d];
   }
+  if (sinks != nullptr) denominator += ExpFrom(sink, global_max);
   out[row * head_dim + d] = FromFloat<Q>(denominator != 0.0f ? numerator / denominator : 0.0f);
 }
 
@@ -449,8 +474,8 @@ absl::Status LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, cudaStre
   if (num_splits > 1) {
     PagedDecodeReduceKernel<Q>
         <<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs)), kHeadDim, 0,
-           stream>>>(args.partial_acc, args.partial_max, args.partial_sum, static_cast<Q*>(p.out),
-                     num_splits, kHeadDim);
+           stream>>>(args.partial_acc, args.partial_max, args.partial_sum, args.sinks,
+                     static_cast<Q*>(p.out), num_splits, kHeadDim);
   }
   return internal::CheckLaunch("PagedDecode");
 }
@@ -508,6 +533,7 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   args.window = static_cast<int>(p.window);
   args.scale = p.scale;
   args.softcap = p.softcap;
+  args.sinks = p.sinks;
   auto by_kv = [&]<typename Kv>() {
     return p.q_dtype == DataType::kF32
                ? DispatchShape<float, Kv>(p, args, group_tile, stream)

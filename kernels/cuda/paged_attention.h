@@ -45,6 +45,11 @@ struct PagedDecodeParams {
   /// Soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap)
   /// before the softmax; 0: none.
   float softcap = 0.0f;  // finite, >= 0
+  /// Attention sinks (gpt-oss): a logit per query head that joins its softmax's
+  /// denominator only (weights exp(s_j) / (exp(sink) + sum_j exp(s_j)), summing to less
+  /// than 1), as cpu::PagedAttentionParams::sinks. Added once per head, in the split-KV
+  /// reduction when the context is split.
+  const float* sinks = nullptr;  // [num_heads] F32 on the device, 4-byte aligned; nullptr: none
   /// An upper bound of context_len over the batch (known on the host); it sizes the
   /// splits. A longer sequence is still attended in full (its last split runs longer).
   int64_t max_context_len = 0;  // >= 1

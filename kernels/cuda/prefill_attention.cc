@@ -61,6 +61,9 @@ absl::Status CheckPagedPrefillParams(const PagedPrefillParams& p) {
     return absl::InvalidArgumentError(
         absl::StrFormat("PagedPrefill: softcap %g must be finite and >= 0 (0: none)", p.softcap));
   }
+  if (reinterpret_cast<uintptr_t>(p.sinks) % alignof(float) != 0) {
+    return absl::InvalidArgumentError("PagedPrefill: sinks must be 4-byte aligned");
+  }
   if (p.num_seqs > 0 &&
       (p.q == nullptr || p.out == nullptr || p.query_start == nullptr || p.context_len == nullptr ||
        p.block_indptr == nullptr || p.block_indices == nullptr)) {

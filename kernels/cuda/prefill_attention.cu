@@ -14,7 +14,7 @@
 // warp computes S = Q K^T with mma.sync m16n8k16 (Q's fragments from shared memory at
 // each k-step), soft-caps it when asked, applies the causal (and window) mask, updates the
 // online softmax in registers and adds P V (head_dim columns) with P taken straight from
-// the S accumulators.
+// the S accumulators. An attention sink joins each row's denominator in the epilogue only.
 //
 // Fragment layouts relied on (PTX ISA, "Warp Level Matrix Multiply-Accumulate
 // Instructions" > mma.m16n8k16 > "Matrix Fragments for mma.m16n8k16 with floating point
@@ -62,6 +62,7 @@ using internal::SharedAddress;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+constexpr float kLog2E = 1.4426950408889634f;  // the softmax runs in base 2
 // M-tiles (16 query rows each) per warp: two at head dims 64 and 128, so that every K and V
 // fragment a warp loads from shared memory feeds two MMAs; one at 256, where two tiles'
 // output accumulators would not fit in registers.
@@ -172,8 +173,12 @@ __device__ __forceinline__ uint4 DequantizeChunk(const Code* codes, float scale)
                     PackPair<T>(values[6] * factor, values[7] * factor));
 }
 
+// `sinks`: [num_heads] attention sinks (natural log) or null. A parameter of its own: a
+// field in PrefillArgs changed ptxas's register allocation of the KV loop at head dim 128
+// (more spills on sm_90a, sinks or not).
 template <typename T, typename Out, int kHeadDim, typename Code>
-__global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args) {
+__global__ void __launch_bounds__(kThreads)
+    PagedPrefillKernel(PrefillArgs args, const float* __restrict__ sinks) {
   constexpr int kStride = kHeadDim + 8;   // elements per shared row (16 bytes of padding)
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T over the head dim
@@ -486,6 +491,11 @@ __global__ void __launch_bounds__(kThreads) PagedPrefillKernel(PrefillArgs args)
         const int64_t token = q_begin + row / args.group;
         const int64_t head = static_cast<int64_t>(kv_head) * args.group + row % args.group;
         Out* dst = static_cast<Out*>(args.out) + (token * args.num_heads + head) * kHeadDim;
+        // An attention sink joins the denominator only, relative to the row's max (base 2,
+        // as the softmax runs). No rescaling to max(row max, sink) is needed: a sink so
+        // dominant that exp2 overflows (or a row with nothing attended, max -inf) makes the
+        // sum inf and the output 0, the limit.
+        if (sinks != nullptr) sum += exp2f(sinks[head] * kLog2E - row_max[m][h]);
         const float inverse = bad ? NAN : (sum > 0.0f ? 1.0f / sum : 0.0f);
 #pragma unroll
         for (int d = 0; d < kDTiles; ++d) {
@@ -508,7 +518,7 @@ absl::Status LaunchKernel(const PagedPrefillParams& p, const PrefillArgs& args,
       (p.max_query_len * args.group + kBlockM<kHeadDim> - 1) / kBlockM<kHeadDim>;
   const dim3 grid(static_cast<unsigned>(std::min(tiles, kMaxTileBlocks)),
                   static_cast<unsigned>(p.cache.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  kernel<<<grid, kThreads, kShared, stream>>>(args);
+  kernel<<<grid, kThreads, kShared, stream>>>(args, p.sinks);
   return internal::CheckLaunch("PagedPrefill");
 }
 
@@ -566,7 +576,6 @@ absl::Status LaunchPagedPrefill(const PagedPrefillParams& p, cudaStream_t stream
   args.group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
   args.block_size = static_cast<int>(std::min<int64_t>(p.cache.block_size, 0x7fffffff));
   args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
-  constexpr float kLog2E = 1.4426950408889634f;
   args.window = static_cast<int>(p.window);
   args.scale_log2 = p.scale * kLog2E;
   if (p.softcap > 0.0f) {

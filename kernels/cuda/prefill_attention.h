@@ -57,6 +57,10 @@ struct PagedPrefillParams {
   /// Soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap)
   /// before the softmax; 0: none.
   float softcap = 0.0f;  // finite, >= 0
+  /// Attention sinks (gpt-oss): a logit per query head that joins its softmax's
+  /// denominator only (weights exp(s_j) / (exp(sink) + sum_j exp(s_j)), summing to less
+  /// than 1), as cpu::PagedAttentionParams::sinks.
+  const float* sinks = nullptr;  // [num_heads] F32 on the device, 4-byte aligned; nullptr: none
   /// An upper bound of the query tokens of any sequence (known on the host); it sizes the
   /// grid. A longer sequence is still computed in full (its blocks loop over more tiles).
   int64_t max_query_len = 0;  // in [1, 2^31)

@@ -118,6 +118,7 @@ struct DecodeCheck {
   int num_splits = 0;  // 0: heuristic
   int64_t window = 0;  // sliding window; 0: none
   float softcap = 0.0f;
+  std::vector<float> sinks;  // [num_heads] attention sinks; empty: none
   std::vector<int32_t> context_lens, indptr;
   std::vector<float> q;  // [num_seqs, num_heads * head_dim], already rounded to q_type
   const testing_util::HostCache* host_cache = nullptr;
@@ -152,8 +153,13 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   ref.scale = scale;
   ref.window = c.window;
   ref.softcap = c.softcap;
+  ref.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
   ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
 
+  DeviceBuffer d_sinks;
+  if (!c.sinks.empty()) {
+    LOOM_ASSERT_OK_AND_ASSIGN(d_sinks, testing_util::UploadRaw(c.sinks));
+  }
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_q, testing_util::Upload(c.q_type, c.q));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(c.q_type, c.q.size()));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(c.context_lens));
@@ -173,6 +179,7 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
   p.scale = scale;
   p.window = c.window;
   p.softcap = c.softcap;
+  p.sinks = static_cast<const float*>(d_sinks.data());
   p.max_context_len = *std::max_element(c.context_lens.begin(), c.context_lens.end());
   p.num_splits = c.num_splits;
   DeviceBuffer workspace;
@@ -196,13 +203,26 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
                            : testing_util::RoundingTolerance(c.q_type) / 2));
 }
 
+// Attention sinks for `num_heads` query heads: random in [-2, 3] (comparable to the scores,
+// |q.k| / sqrt(d) reaches ~3), every third head 8 (the sink dominates the softmax) and,
+// with more than one head, the last 100 (exp(100) overflows float: the kernels must keep
+// the output at its limit, ~0, not NaN).
+std::vector<float> RandomSinks(int64_t num_heads, uint32_t seed) {
+  std::vector<float> sinks = testing_util::RandomFloats(num_heads, seed, -2, 3);
+  for (int64_t h = 1; h < num_heads; h += 3) sinks[h] = 8.0f;
+  if (num_heads > 1) sinks[num_heads - 1] = 100.0f;
+  return sinks;
+}
+
 // One decode step over a pool of shuffled blocks, with spare table entries past the needed
 // ones. With a window, the device table names blocks outside the pool for every block
 // wholly before the window (as freed ones, whose ids the worker may still hold): reading
-// one would make that sequence's output NaN.
+// one would make that sequence's output NaN. With `sinks`, random attention sinks per query
+// head (RandomSinks).
 void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t seed,
-                   int64_t window = 0, float softcap = 0.0f) {
-  SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap);
+                   int64_t window = 0, float softcap = 0.0f, bool sinks = false) {
+  SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap
+                                  << " sinks=" << sinks);
   SCOPED_TRACE(testing::Message() << "kv=" << DataTypeName(kv) << " q=" << DataTypeName(q_type)
                                   << " kv_heads=" << c.num_kv_heads << " group=" << c.group
                                   << " head_dim=" << c.head_dim << " block=" << c.block_size
@@ -218,6 +238,7 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
   check.num_splits = c.num_splits;
   check.window = window;
   check.softcap = softcap;
+  if (sinks) check.sinks = RandomSinks(c.num_kv_heads * c.group, seed + 5);
   check.context_lens = c.context_lens;
   check.indptr = {0};
   int64_t total_blocks = 0;
@@ -323,6 +344,47 @@ TEST(CudaPagedDecodeTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheRefer
       RunDecodeCase(c, kv, DataType::kF32, seed += 7, 129, 2.0f);
     }
   }
+}
+
+// gpt-oss's attention sinks: one split (added in the block's epilogue), forced and
+// heuristic splits (added once, in the reduction: per split it would count num_splits
+// times), empty partitions, GQA ratios up to 16 (two head chunks), every head dim, and
+// with a window and soft-capping.
+TEST(CudaPagedDecodeTest, SinksJoinTheDenominatorOnceAcrossSplits) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<DecodeCase> cases = {
+      {4, 1, 64, 1, {1, 2, 3}, 1},
+      {2, 4, 128, 16, {1, 17, 129, 300}, 1},
+      {8, 4, 128, 16, {1000, 5, 257}, 3},
+      {1, 8, 64, 16, {2049, 1, 64}, 5},
+      {2, 16, 64, 8, {95, 4100}, 7},
+      // More splits than the short sequence has tokens: empty partitions.
+      {2, 4, 128, 16, {3, 4096}, 16},
+      {2, 2, 256, 16, {300, 1030}, 0},
+      // Long context, heuristic splitting (batch 1): many splits.
+      {4, 8, 128, 16, {20000}, 0},
+  };
+  uint32_t seed = 700;
+  for (DataType kv : {DataType::kF16, DataType::kBF16}) {
+    for (const DecodeCase& c : cases) {
+      const int32_t longest = *std::max_element(c.context_lens.begin(), c.context_lens.end());
+      if (testing_util::SmallGpuTestSize() && longest > 4100) continue;
+      RunDecodeCase(c, kv, DataType::kF32, seed += 7, 0, 0.0f, /*sinks=*/true);
+      RunDecodeCase(c, kv, kv, seed += 7, 0, 0.0f, /*sinks=*/true);
+      RunDecodeCase(c, kv, DataType::kF32, seed += 7, 100, 2.0f, /*sinks=*/true);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(CudaPagedDecodeTest, RejectsMisalignedSinks) {
+  alignas(16) int32_t storage[64] = {};
+  PagedDecodeParams p = ValidParams(storage);
+  p.sinks = reinterpret_cast<const float*>(storage);
+  EXPECT_TRUE(CheckPagedDecodeParams(p).ok());
+  p.sinks = reinterpret_cast<const float*>(reinterpret_cast<const char*>(storage) + 2);
+  EXPECT_NE(CheckPagedDecodeParams(p).message().find("sinks must be 4-byte aligned"),
+            std::string::npos);
 }
 
 TEST(CudaPagedDecodeTest, RejectsBadWindowsAndSoftCaps) {

@@ -119,15 +119,28 @@ struct PrefillCase {
   bool small_grid = false;    // max_query_len hint of 1: blocks loop over their tiles
 };
 
+// Attention sinks for `num_heads` query heads: random in [-2, 3] (comparable to the scores,
+// |q.k| / sqrt(d) reaches ~3), every third head 8 (the sink dominates the softmax) and,
+// with more than one head, the last 100 (exp(100) overflows float: the kernel must keep
+// the output at its limit, ~0, not NaN).
+std::vector<float> RandomSinks(int64_t num_heads, uint32_t seed) {
+  std::vector<float> sinks = testing_util::RandomFloats(num_heads, seed, -2, 3);
+  for (int64_t h = 1; h < num_heads; h += 3) sinks[h] = 8.0f;
+  if (num_heads > 1) sinks[num_heads - 1] = 100.0f;
+  return sinks;
+}
+
 // Builds a batch (shuffled pool blocks with a spare entry per table), runs the reference
-// once and the kernel for both output dtypes. The reference is
+// once and the kernel for both output dtypes. With `sinks`, random attention sinks per
+// query head (RandomSinks). The reference is
 // cpu::PagedAttentionReference (double) over an F32 view of the exact cache values and
 // the queries rounded to the cache dtype. With a window, the device table names blocks
 // outside the pool for every block wholly before the sequence's first query's window (as
 // freed ones): reading one would make that sequence's outputs NaN.
 void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t window = 0,
-                    float softcap = 0.0f) {
-  SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap);
+                    float softcap = 0.0f, bool sinks = false) {
+  SCOPED_TRACE(testing::Message() << "window=" << window << " softcap=" << softcap
+                                  << " sinks=" << sinks);
   SCOPED_TRACE(testing::Message() << "dtype=" << DataTypeName(dtype)
                                   << " kv_heads=" << c.num_kv_heads << " group=" << c.group
                                   << " head_dim=" << c.head_dim << " block=" << c.block_size
@@ -167,6 +180,8 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
               q.begin() + t * q_row);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::vector<float> head_sinks =
+      sinks ? RandomSinks(num_heads, seed + 5) : std::vector<float>();
 
   std::vector<float> expected(q.size());
   cpu::PagedAttentionParams ref;
@@ -188,6 +203,7 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
   ref.scale = scale;
   ref.window = window;
   ref.softcap = softcap;
+  ref.sinks = head_sinks.empty() ? nullptr : head_sinks.data();
   ASSERT_TRUE(cpu::PagedAttentionReference(ref).ok());
 
   std::vector<int32_t> device_indices = indices;
@@ -205,6 +221,10 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_len, testing_util::UploadRaw(context_lens));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indptr, testing_util::UploadRaw(indptr));
   LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_indices, testing_util::UploadRaw(device_indices));
+  DeviceBuffer d_sinks;
+  if (!head_sinks.empty()) {
+    LOOM_ASSERT_OK_AND_ASSIGN(d_sinks, testing_util::UploadRaw(head_sinks));
+  }
   for (DataType out_dtype : {DataType::kF32, dtype}) {
     SCOPED_TRACE(testing::Message() << "out=" << DataTypeName(out_dtype));
     // One poisoned token row past the end catches writes out of bounds.
@@ -226,6 +246,7 @@ void RunPrefillCase(const PrefillCase& c, DataType dtype, uint32_t seed, int64_t
     p.scale = scale;
     p.window = window;
     p.softcap = softcap;
+    p.sinks = static_cast<const float*>(d_sinks.data());
     p.max_query_len = c.small_grid ? 1 : max_q;
     const absl::Status launched = LaunchPagedPrefill(p, nullptr);
     ASSERT_TRUE(launched.ok()) << launched;
@@ -308,6 +329,39 @@ TEST(CudaPagedPrefillTest, WindowsReadOnlyTheirPositionsAndSoftCapMatchesTheRefe
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// gpt-oss's attention sinks, joined to each row's denominator in the epilogue: MHA and
+// GQA (a block's rows mix heads with different sinks), every head dim, chunked prefill,
+// blocks that loop over their tiles, and with a window and soft-capping.
+TEST(CudaPagedPrefillTest, SinksJoinEachRowsDenominator) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<PrefillCase> cases = {
+      {2, 1, 64, 16, MixedBatch()},
+      {2, 4, 128, 16, MixedBatch()},
+      {1, 8, 64, 5, MixedBatch()},
+      {2, 3, 128, 16, {{1, 1}, {7, 40}, {64, 64}, {200, 333}}},
+      {2, 4, 64, 16, {{200, 250}, {64, 64}, {1, 9}}, 0, /*small_grid=*/true},
+      {2, 4, 256, 16, {{1, 1}, {7, 40}, {64, 64}, {100, 170}}},
+  };
+  uint32_t seed = 1300;
+  for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
+    for (const PrefillCase& c : cases) {
+      RunPrefillCase(c, dtype, seed += 11, 0, 0.0f, /*sinks=*/true);
+      RunPrefillCase(c, dtype, seed += 11, 13, 2.0f, /*sinks=*/true);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(CudaPagedPrefillTest, RejectsMisalignedSinks) {
+  alignas(16) int32_t storage[64] = {};
+  PagedPrefillParams p = ValidParams(storage);
+  p.sinks = reinterpret_cast<const float*>(storage);
+  EXPECT_TRUE(CheckPagedPrefillParams(p).ok());
+  p.sinks = reinterpret_cast<const float*>(reinterpret_cast<const char*>(storage) + 2);
+  EXPECT_NE(CheckPagedPrefillParams(p).message().find("sinks must be 4-byte aligned"),
+            std::string::npos);
 }
 
 TEST(CudaPagedPrefillTest, LongPromptAcrossManyKvTiles) {

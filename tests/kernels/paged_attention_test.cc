@@ -76,6 +76,7 @@ struct Case {
   int64_t kv_head0 = 0;
   int64_t window = 0;  // sliding window (PagedAttentionParams::window)
   float softcap = 0.0f;  // PagedAttentionParams::softcap
+  bool sinks = false;    // random PagedAttentionParams::sinks, one far above every score
 };
 
 // A fixed cache holding several sequences' K/V and queries, run as steps of any
@@ -272,6 +273,12 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
   }
   p.window = c.window;
   p.softcap = c.softcap;
+  // Sinks around the scores' scale (|q.k| / sqrt(d) reaches several units), the last head's
+  // far above them: that head's output is nearly 0.
+  std::vector<float> sinks(static_cast<size_t>(num_heads));
+  for (float& sink : sinks) sink = std::uniform_real_distribution<float>(-2.0f, 3.0f)(rng);
+  sinks.back() = 12.0f;
+  if (c.sinks) p.sinks = sinks.data();
   ThreadPool pool(num_threads);
   ASSERT_TRUE(PagedAttention(p, pool).ok());
   PagedAttentionParams ref = p;
@@ -287,6 +294,17 @@ void RunCase(const Case& c, uint32_t seed, int num_threads = 2) {
     double largest = 0.0;
     for (size_t i = 0; i < out.size(); ++i)
       largest = std::max(largest, double{std::fabs(uncapped[i] - want[i])});
+    EXPECT_GT(largest, 100 * kTol);
+  }
+  if (c.sinks) {
+    // The sinks must matter as much: without them the weights sum to 1.
+    std::vector<float> sinkless(q.size());
+    ref.out = sinkless.data();
+    ref.sinks = nullptr;
+    ASSERT_TRUE(PagedAttentionReference(ref).ok());
+    double largest = 0.0;
+    for (size_t i = 0; i < out.size(); ++i)
+      largest = std::max(largest, double{std::fabs(sinkless[i] - want[i])});
     EXPECT_GT(largest, 100 * kTol);
   }
   int bad = 0;
@@ -510,6 +528,33 @@ TEST_P(PagedAttentionTest, SoftCappedScoresMatchReference) {
         c.window = 32;
         RunCase(c, ++seed);
       }
+    }
+  }
+}
+
+// Attention sinks (gpt-oss: a logit per query head in each softmax's denominator) on every
+// kernel: per-token and tiled, decode, prefill and chunks, with a window and soft-capping,
+// GQA, a tensor-parallel slice, every KV type, against the reference (which also checks
+// that the sinks matter here).
+TEST_P(PagedAttentionTest, SinksMatchReference) {
+  uint32_t seed = 1200;
+  for (internal::TileMode mode : {internal::TileMode::kAuto, internal::TileMode::kOn}) {
+    internal::SetTileModeForTesting(mode);
+    for (KvDtype dtype : kAllDtypes) {
+      Case c{dtype, 16, 2, 4, 64, {{130, 130}, {77, 1}, {300, 9}}};
+      c.sinks = true;
+      RunCase(c, ++seed);
+      c.window = 32;
+      RunCase(c, ++seed);
+      c.softcap = 3.0f;
+      RunCase(c, ++seed);
+      Case slice{dtype,         16, 2, 8, 128, {{50, 1}, {19, 19}}, /*slice_heads=*/5, /*head0=*/14,
+                 /*kv_head0=*/1};
+      slice.sinks = true;
+      RunCase(slice, ++seed);
+      Case generic{dtype, 16, 1, 6, 200, {{70, 70}, {50, 1}}};
+      generic.sinks = true;
+      RunCase(generic, ++seed);
     }
   }
 }
