@@ -82,17 +82,18 @@ void SiluMulReference(const float* gate_up, int64_t num_tokens, int64_t ffn, flo
   }
 }
 
-void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out,
-                 ThreadPool& pool) {
+namespace {
+
+// out[t, i] = gated(gate, up) of gate_up's row t, scalar, split over `pool` when large.
+template <typename Gated>
+void MapGated(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out, ThreadPool& pool,
+              Gated gated) {
   if (num_tokens <= 0 || ffn <= 0) return;
   // Element e of the [num_tokens, ffn] output: row e / ffn, channel e % ffn.
   auto range = [&](int64_t begin, int64_t end) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
     for (int64_t e = begin; e < end; ++e) {
       const int64_t t = e / ffn, i = e % ffn;
-      const float g = gate_up[t * 2 * ffn + i];
-      const float gelu = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-      out[e] = gelu * gate_up[t * 2 * ffn + ffn + i];
+      out[e] = gated(gate_up[t * 2 * ffn + i], gate_up[t * 2 * ffn + ffn + i]);
     }
   };
   const int64_t total = num_tokens * ffn;
@@ -101,6 +102,25 @@ void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* o
     return;
   }
   pool.ParallelFor(total, kMinParallelElements / 2, range);
+}
+
+}  // namespace
+
+void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out,
+                 ThreadPool& pool) {
+  MapGated(gate_up, num_tokens, ffn, out, pool, [](float g, float up) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up;
+  });
+}
+
+void SwigluOaiMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float limit, float* out,
+                  ThreadPool& pool) {
+  MapGated(gate_up, num_tokens, ffn, out, pool, [limit](float gate, float up) {
+    const float g = std::min(gate, limit);
+    const float u = std::clamp(up, -limit, limit);
+    return g / (1.0f + std::exp(-kSwigluOaiAlpha * g)) * (u + 1.0f);
+  });
 }
 
 void SoftCap(float* x, int64_t n, float cap) {

@@ -21,6 +21,13 @@ void SiluMulReference(const float* gate_up, int64_t num_tokens, int64_t ffn, flo
 void GeluTanhMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float* out,
                  ThreadPool& pool);
 
+/// OpenAI's clamped SwiGLU (gpt-oss's experts): with g = min(gate, limit) and
+/// u = clamp(up, -limit, limit), out[t, i] = g * sigmoid(kSwigluOaiAlpha * g) * (u + 1), in
+/// float with std::exp (llama.cpp's swiglu_oai). Scalar, split over `pool` like SiluMul.
+inline constexpr float kSwigluOaiAlpha = 1.702f;
+void SwigluOaiMul(const float* gate_up, int64_t num_tokens, int64_t ffn, float limit, float* out,
+                  ThreadPool& pool);
+
 /// Soft-capping (Gemma 2's final logits): x[i] = cap * tanh(x[i] / cap), in place, for
 /// cap > 0 (cap <= 0 leaves x as it is). Scalar, on the calling thread.
 void SoftCap(float* x, int64_t n, float cap);

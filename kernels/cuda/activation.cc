@@ -18,6 +18,10 @@ absl::Status CheckSiluMulParams(const SiluMulParams& p) {
     return absl::InvalidArgumentError(
         absl::StrFormat("SiluMul: low_dtype %s must be F16 or BF16", DataTypeName(p.low_dtype)));
   }
+  if (p.activation == GateActivation::kSwigluOai && !(std::isfinite(p.limit) && p.limit > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SiluMul: SwiGLU-OAI limit %g must be finite and > 0", p.limit));
+  }
   return absl::OkStatus();
 }
 

@@ -9,24 +9,35 @@ namespace {
 using internal::FromFloat;
 using internal::ToFloat;
 
+// cpu::kSwigluOaiAlpha, the sigmoid's slope of OpenAI's clamped SwiGLU.
+constexpr float kSwigluOaiAlpha = 1.702f;
+
+// `limit`: kSwigluOai's clamp (unused by the others).
 template <typename T, GateActivation kActivation>
 __global__ void GatedKernel(const T* __restrict__ gate_up, T* __restrict__ out,
-                            int64_t num_elements, int64_t ffn, void* out_low, bool low_bf16) {
+                            int64_t num_elements, int64_t ffn, float limit, void* out_low,
+                            bool low_bf16) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        index < num_elements; index += stride) {
     const int64_t token = index / ffn, i = index % ffn;
     const T* row = gate_up + token * 2 * ffn;
-    const float gate = ToFloat(row[i]);
-    float activated;
+    const float gate = ToFloat(row[i]), up = ToFloat(row[ffn + i]);
+    float value_f;
     if constexpr (kActivation == GateActivation::kSilu) {
-      activated = gate / (1.0f + expf(-gate));
-    } else {
+      value_f = gate / (1.0f + expf(-gate)) * up;
+    } else if constexpr (kActivation == GateActivation::kGeluTanh) {
       constexpr float kSqrt2OverPi = 0.7978845608028654f;
       const float cube = gate * gate * gate;
-      activated = 0.5f * gate * (1.0f + tanhf(kSqrt2OverPi * (gate + 0.044715f * cube)));
+      value_f = 0.5f * gate * (1.0f + tanhf(kSqrt2OverPi * (gate + 0.044715f * cube))) * up;
+    } else {
+      // cpu::SwigluOaiMul's expression term for term. The comparisons are std::min's and
+      // std::clamp's, so a NaN gate or up stays NaN (fminf would answer the limit).
+      const float g = limit < gate ? limit : gate;
+      const float u = up < -limit ? -limit : (limit < up ? limit : up);
+      value_f = g / (1.0f + expf(-kSwigluOaiAlpha * g)) * (u + 1.0f);
     }
-    const T value = FromFloat<T>(activated * ToFloat(row[ffn + i]));
+    const T value = FromFloat<T>(value_f);
     out[index] = value;
     if (out_low != nullptr) internal::StoreLow(out_low, low_bf16, index, ToFloat(value));
   }
@@ -58,12 +69,20 @@ absl::Status LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
     const auto* gate_up = static_cast<const T*>(p.gate_up);
     auto* out = static_cast<T*>(p.out);
     const int grid = internal::GridFor(num_elements, kThreads);
-    if (p.activation == GateActivation::kSilu) {
-      GatedKernel<T, GateActivation::kSilu><<<grid, kThreads, 0, stream>>>(
-          gate_up, out, num_elements, p.ffn, p.out_low, p.low_dtype == DataType::kBF16);
-    } else {
-      GatedKernel<T, GateActivation::kGeluTanh><<<grid, kThreads, 0, stream>>>(
-          gate_up, out, num_elements, p.ffn, p.out_low, p.low_dtype == DataType::kBF16);
+    const bool low_bf16 = p.low_dtype == DataType::kBF16;
+    switch (p.activation) {
+      case GateActivation::kSilu:
+        GatedKernel<T, GateActivation::kSilu><<<grid, kThreads, 0, stream>>>(
+            gate_up, out, num_elements, p.ffn, p.limit, p.out_low, low_bf16);
+        break;
+      case GateActivation::kGeluTanh:
+        GatedKernel<T, GateActivation::kGeluTanh><<<grid, kThreads, 0, stream>>>(
+            gate_up, out, num_elements, p.ffn, p.limit, p.out_low, low_bf16);
+        break;
+      case GateActivation::kSwigluOai:
+        GatedKernel<T, GateActivation::kSwigluOai><<<grid, kThreads, 0, stream>>>(
+            gate_up, out, num_elements, p.ffn, p.limit, p.out_low, low_bf16);
+        break;
     }
   });
   return internal::CheckLaunch("SiluMul");

@@ -10,12 +10,15 @@ namespace loom::kernels::cuda {
 
 /// The gate's activation of a gated feed-forward layer.
 enum class GateActivation {
-  kSilu,      // SwiGLU (Llama, Qwen, Mistral): as cpu::SiluMul
-  kGeluTanh,  // GeGLU with the tanh approximation (Gemma): as cpu::GeluTanhMul
+  kSilu,       // SwiGLU (Llama, Qwen, Mistral): as cpu::SiluMul
+  kGeluTanh,   // GeGLU with the tanh approximation (Gemma): as cpu::GeluTanhMul
+  kSwigluOai,  // OpenAI's clamped SwiGLU (gpt-oss's experts): as cpu::SwigluOaiMul
 };
 
-/// A gated activation on the device: out[t, i] = act(gate_up[t, i]) * gate_up[t, ffn + i],
-/// computed in float (expf/tanhf, no fast-math) and rounded once to dtype.
+/// A gated activation on the device: out[t, i] = act(gate_up[t, i]) * gate_up[t, ffn + i]
+/// (kSwigluOai: g * sigmoid(1.702 g) * (u + 1) with g = min(gate, limit) and
+/// u = clamp(up, -limit, limit)), computed in float (expf/tanhf, no fast-math, the CPU's
+/// order of operations) and rounded once to dtype.
 struct SiluMulParams {
   const void* gate_up = nullptr;  // [num_tokens, 2 * ffn] of dtype (gate, then up)
   void* out = nullptr;            // [num_tokens, ffn] of dtype
@@ -23,6 +26,7 @@ struct SiluMulParams {
   int64_t num_tokens = 0;  // >= 0
   int64_t ffn = 0;         // >= 1
   GateActivation activation = GateActivation::kSilu;
+  float limit = 0.0f;  // kSwigluOai only: the clamp, finite and > 0
   /// Also `out` rounded to low_dtype (F16 or BF16) here, or nullptr: the down projection's
   /// input without a conversion launch of its own.
   void* out_low = nullptr;  // [num_tokens, ffn] of low_dtype

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,75 @@ TEST(CudaSiluMulTest, GeluTanhGateMatchesCpu) {
       // The CPU's float tanh against the device's tanhf: a few float ulps, then one rounding.
       const double tol = std::max(testing_util::RoundingTolerance(dtype), 1e-5);
       EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
+    }
+  }
+}
+
+TEST(CudaSiluMulTest, SwigluOaiRejectsLimitsThatAreNotPositiveAndFinite) {
+  float buffer[4] = {};
+  SiluMulParams p;
+  p.gate_up = p.out = buffer;
+  p.num_tokens = 1;
+  p.ffn = 2;
+  p.activation = GateActivation::kSwigluOai;
+  for (float limit : {0.0f, -7.0f, NAN, INFINITY}) {
+    p.limit = limit;
+    EXPECT_NE(CheckSiluMulParams(p).message().find("limit"), std::string::npos) << limit;
+    EXPECT_EQ(LaunchSiluMul(p, nullptr).code(), absl::StatusCode::kInvalidArgument) << limit;
+  }
+  p.limit = 7.0f;
+  EXPECT_TRUE(CheckSiluMulParams(p).ok());
+  // The other activations ignore the field.
+  p.activation = GateActivation::kSilu;
+  p.limit = 0.0f;
+  EXPECT_TRUE(CheckSiluMulParams(p).ok());
+}
+
+// gpt-oss's experts: OpenAI's clamped SwiGLU, as cpu::SwigluOaiMul. Gates and ups reach
+// 1.5x the limit on both sides, so both clamps (the gate's upper one only) and the
+// sigmoid's tails are covered; a few exact +-limit values too.
+TEST(CudaSiluMulTest, SwigluOaiGateMatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  cpu::ThreadPool pool(1);
+  uint32_t seed = 60;
+  for (DataType dtype : {DataType::kF32, DataType::kF16, DataType::kBF16}) {
+    for (float limit : {7.0f, 1.5f}) {
+      for (auto [tokens, ffn] : {std::pair<int64_t, int64_t>{1, 1}, {3, 37}, {5, 2880}}) {
+        SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " limit=" << limit
+                                        << " tokens=" << tokens << " ffn=" << ffn);
+        std::vector<float> values =
+            testing_util::RandomFloats(tokens * 2 * ffn, ++seed, -1.5f * limit, 1.5f * limit);
+        for (size_t i = 0; i < values.size(); i += 11) values[i] = i % 2 == 0 ? limit : -limit;
+        const std::vector<float> gate_up = testing_util::RoundTo(dtype, values);
+        std::vector<float> expected(tokens * ffn);
+        cpu::SwigluOaiMul(gate_up.data(), tokens, ffn, limit, expected.data(), pool);
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_in, testing_util::Upload(dtype, gate_up));
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dtype, tokens * ffn));
+        const DataType low = dtype == DataType::kF16 ? DataType::kBF16 : DataType::kF16;
+        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_low, testing_util::Poisoned(low, tokens * ffn));
+        SiluMulParams p;
+        p.gate_up = d_in.data();
+        p.out = d_out.data();
+        p.dtype = dtype;
+        p.num_tokens = tokens;
+        p.ffn = ffn;
+        p.activation = GateActivation::kSwigluOai;
+        p.limit = limit;
+        p.out_low = d_low.data();
+        p.low_dtype = low;
+        ASSERT_TRUE(LaunchSiluMul(p, nullptr).ok());
+        ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                  testing_util::Download(d_out, dtype, tokens * ffn));
+        // The CPU's std::exp against the device's expf (the same expression, no fast-math):
+        // a few float ulps, then one rounding.
+        const double tol = std::max(testing_util::RoundingTolerance(dtype), 1e-5);
+        EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out_low,
+                                  testing_util::Download(d_low, low, tokens * ffn));
+        EXPECT_TRUE(
+            AllClose(out_low, testing_util::ToDouble(testing_util::RoundTo(low, out)), 0.0, 0.0));
+      }
     }
   }
 }
