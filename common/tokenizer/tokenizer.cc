@@ -172,6 +172,18 @@ absl::Status ReadSpecialTokens(const GgufFile& gguf, bool is_spm, bool adds_bos_
     eog.push_back(id);
     if (vocab->types[id] != TokenType::kControl) vocab->types[id] = TokenType::kControl;
   }
+  // OpenAI's harmony format (gpt-oss), llama.cpp's rule: <|end|> closes a message, after
+  // which the model writes the next one (its reasoning's end is not the reply's), and
+  // <|return|> (the final answer) and <|call|> (a tool call) end generation.
+  if (const int32_t return_id = vocab->Find("<|return|>"); return_id >= 0) {
+    const int32_t end_id = vocab->Find("<|end|>");
+    eog.erase(std::remove(eog.begin(), eog.end(), end_id), eog.end());
+    for (const int32_t id : {return_id, vocab->Find("<|call|>")}) {
+      if (id < 0) continue;
+      eog.push_back(id);
+      vocab->types[id] = TokenType::kControl;
+    }
+  }
   std::sort(eog.begin(), eog.end());
   eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
 

@@ -316,6 +316,32 @@ TEST(TokenizerFromGgufTest, RejectsDuplicateTokens) {
   EXPECT_FALSE(TokenizerFromBuilder(builder).ok());
 }
 
+// llama.cpp's rule for harmony vocabularies (gpt-oss): <|end|> ends a message, not the
+// reply (the final channel follows the reasoning); <|return|> and <|call|> end generation.
+TEST(TokenizerFromGgufTest, HarmonyVocabularyEndsAtReturnAndCallNotEnd) {
+  for (const bool harmony : {false, true}) {
+    GgufBuilder builder;
+    builder.AddString("tokenizer.ggml.model", "gpt2");
+    builder.AddString("tokenizer.ggml.pre", "gpt-4o");
+    std::vector<std::string> tokens = {"a", "<|end|>", "<|channel|>", "<|call|>"};
+    if (harmony) tokens.push_back("<|return|>");
+    builder.AddStringArray("tokenizer.ggml.tokens", tokens);
+    builder.AddStringArray("tokenizer.ggml.merges", {});
+    auto tokenizer = TokenizerFromBuilder(builder);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    const std::vector<int32_t> eog = (*tokenizer)->EndOfGenerationIds();
+    const auto ends = [&](int32_t id) {
+      return std::find(eog.begin(), eog.end(), id) != eog.end();
+    };
+    EXPECT_EQ(ends(1), !harmony) << "<|end|>";
+    EXPECT_FALSE(ends(2)) << "<|channel|>";
+    EXPECT_EQ(ends(3), harmony) << "<|call|>";
+    if (harmony) {
+      EXPECT_TRUE(ends(4)) << "<|return|>";
+    }
+  }
+}
+
 TEST(TokenizerFromGgufTest, BuildsAMinimalByteLevelTokenizerWithMerges) {
   GgufBuilder builder;
   builder.AddString("tokenizer.ggml.model", "gpt2");
