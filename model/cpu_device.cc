@@ -249,6 +249,7 @@ absl::Status CpuDevice::WriteKv(KvCache& cache, int64_t layer, const Tensor& k, 
 absl::Status CpuDevice::PagedAttention(const KvCache& cache, int64_t layer, const Tensor& q,
                                        const StepTensors& step, const AttentionSpec& spec,
                                        Tensor out) {
+  LOOM_RETURN_IF_ERROR(CheckAttentionSinks(spec));
   cpu::PagedAttentionParams attention;
   attention.q = q.as<const float>();
   attention.out = out.as<float>();
@@ -265,6 +266,7 @@ absl::Status CpuDevice::PagedAttention(const KvCache& cache, int64_t layer, cons
   attention.scale = spec.scale;
   attention.window = spec.window;
   attention.softcap = spec.softcap;
+  attention.sinks = spec.sinks.data != nullptr ? spec.sinks.as<const float>() : nullptr;
   return cpu::PagedAttention(attention, *pool_);
 }
 
@@ -368,12 +370,18 @@ absl::Status CpuDevice::MoeFeedForward(const Tensor& x, const Tensor& router_log
     }
     float* gu = moe_gate_up_.data() + r0 * 2 * ffn;
     float* act = moe_act_.data() + r0 * ffn;
-    LOOM_RETURN_IF_ERROR(cpu::Matmul(
-        {xs, &AsCpu(*gate_up[active[i]]).weight(), nullptr, gu, n, activations_}, pool));
-    cpu::SiluMul(gu, n, ffn, act, pool);
-    return cpu::Matmul({act, &AsCpu(*down[active[i]]).weight(), nullptr,
-                        moe_out_.data() + r0 * hidden, n, activations_},
-                       pool);
+    const CpuLinear& w_gate_up = AsCpu(*gate_up[active[i]]);
+    const CpuLinear& w_down = AsCpu(*down[active[i]]);
+    LOOM_RETURN_IF_ERROR(
+        cpu::Matmul({xs, &w_gate_up.weight(), w_gate_up.bias(), gu, n, activations_}, pool));
+    if (spec.swiglu_limit > 0.0f) {
+      cpu::SwigluOaiMul(gu, n, ffn, spec.swiglu_limit, act, pool);
+    } else {
+      cpu::SiluMul(gu, n, ffn, act, pool);
+    }
+    return cpu::Matmul(
+        {act, &w_down.weight(), w_down.bias(), moe_out_.data() + r0 * hidden, n, activations_},
+        pool);
   };
   // Adds expert active[i]'s weighted outputs into its tokens' rows (in expert order, so
   // a token's sum does not depend on its batch).

@@ -92,7 +92,7 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Ensure(kernels::cuda::DeviceBuffe
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureIota(int64_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::EnsureGemmCounters(size_t))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Gated(const Tensor&, Tensor,
-                                                     kernels::cuda::GateActivation))
+                                                     kernels::cuda::GateActivation, float))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::InPlace(Tensor, kernels::cuda::InPlaceOp, float))
 void* CudaDevice::ConvertedTarget(int64_t, int64_t) const { return nullptr; }
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
@@ -107,7 +107,7 @@ LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<CudaGraph>> CudaDevice::Cap
     absl::FunctionRef<absl::Status()>))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Replay(const CudaGraph&))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
-    const kernels::cpu::PackedWeight&))
+    const kernels::cpu::PackedWeight&, const std::vector<float>*))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLmHead(
     const kernels::cpu::PackedWeight&))
 LOOM_CUDA_DEVICE_STUB(absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadQuantized(

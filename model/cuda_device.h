@@ -135,9 +135,10 @@ class CudaDevice : public Device {
   absl::StatusOr<std::unique_ptr<Buffer>> UploadF32(const std::vector<float>& host) override;
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadLinear(
       const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) override;
-  /// Dense in dtype always (the embedding gather reads dense rows).
+  /// Dense in dtype always (the embedding gather reads dense rows); `bias` in F32, added by
+  /// Linear.
   absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
-      const kernels::cpu::PackedWeight& table) override;
+      const kernels::cpu::PackedWeight& table, const std::vector<float>* bias = nullptr) override;
   /// Kept quantized (keep_quantized, never FP8) where the quantized GEMM holds exactly the
   /// values a dense copy would: INT8 per channel or with F32 scales, and with F16
   /// activations INT8 with F16 group scales, INT5 and INT4 with F16 scales (BF16 would round
@@ -241,8 +242,10 @@ class CudaDevice : public Device {
   // Where a producer of `rows` x `cols` writes its dtype copy (gemm_input_), or nullptr when
   // gemm_input_ is smaller (then Linear converts as before).
   void* ConvertedTarget(int64_t rows, int64_t cols) const;
-  // SiluMul and GeluMul: the gated activation, with its dtype copy for the down projection.
-  absl::Status Gated(const Tensor& gate_up, Tensor out, kernels::cuda::GateActivation activation);
+  // SiluMul, GeluMul and the experts' clamped SwiGLU (`limit`, kSwigluOai only): the gated
+  // activation, with its dtype copy for the down projection.
+  absl::Status Gated(const Tensor& gate_up, Tensor out, kernels::cuda::GateActivation activation,
+                     float limit = 0.0f);
   // SoftCap and Scale: an element-wise map of F32 `x` in place.
   absl::Status InPlace(Tensor x, kernels::cuda::InPlaceOp op, float value);
   // `bytes` at `host` into a fresh device buffer, copied on the stream (waits).

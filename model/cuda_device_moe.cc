@@ -1,7 +1,8 @@
 // CudaDevice: a mixture-of-experts feed-forward layer (Mixtral, Qwen3-MoE), routed on the
 // host. The router's logits come back to the host (one stream wait), cpu::MoeRoute picks
 // each token's experts exactly as the CPU device does, and every expert some token chose
-// runs its gate/up GEMM, SiLU·mul and down GEMM over the rows of its tokens (gathered),
+// runs its gate/up GEMM, SiLU·mul (or gpt-oss's clamped SwiGLU) and down GEMM, each GEMM
+// with the expert's bias where it has one, over the rows of its tokens (gathered),
 // whose outputs are added into the tokens' rows weighted by the routing (experts in
 // increasing order, so a token's sum is made in the CPU's order). One GEMM per active
 // expert, not one grouped GEMM; the host wait keeps such layers out of CUDA graphs (the
@@ -87,6 +88,9 @@ absl::Status CudaDevice::MoeFeedForward(const Tensor& x, const Tensor& router_lo
   auto view = [](kc::DeviceBuffer& buffer, int64_t n, int64_t width) {
     return Tensor::Of(buffer.data(), DType::kF32, DeviceType::kCuda, {n, width});
   };
+  // gpt-oss's experts clamp their SwiGLU (the limit is ignored by SiLU).
+  const kc::GateActivation activation =
+      spec.swiglu_limit > 0.0f ? kc::GateActivation::kSwigluOai : kc::GateActivation::kSilu;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t n = begin[e + 1] - begin[e];
     if (n == 0) continue;
@@ -102,7 +106,8 @@ absl::Status CudaDevice::MoeFeedForward(const Tensor& x, const Tensor& router_lo
     LOOM_RETURN_IF_ERROR(kc::LaunchGatherRows(gather, stream_));
     LOOM_RETURN_IF_ERROR(Linear(view(moe_x_, n, hidden), *gate_up[e],
                                 view(moe_gate_up_, n, 2 * ffn), {0, LinearInput::kGateUp}));
-    LOOM_RETURN_IF_ERROR(SiluMul(view(moe_gate_up_, n, 2 * ffn), view(moe_act_, n, ffn)));
+    LOOM_RETURN_IF_ERROR(Gated(view(moe_gate_up_, n, 2 * ffn), view(moe_act_, n, ffn), activation,
+                               spec.swiglu_limit));
     LOOM_RETURN_IF_ERROR(Linear(view(moe_act_, n, ffn), *down[e], view(moe_out_, n, hidden),
                                 {0, LinearInput::kDown}));
     kc::ScatterAddRowsParams scatter;

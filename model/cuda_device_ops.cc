@@ -32,10 +32,11 @@ using cuda_detail::CudaLinear;
 using cuda_detail::GrowingWhileCapturing;
 using cuda_detail::kMaxAttentionSeqsPerLaunch;
 
-// The gated activations (SiLU and GELU(tanh) times the up half) of F32 [tokens, 2 ffn] rows.
-// `low`: also the output in low_dtype there (nullptr: none).
+// The gated activations (SiLU and GELU(tanh) times the up half, or the clamped SwiGLU with
+// `limit`) of F32 [tokens, 2 ffn] rows. `low`: also the output in low_dtype there (nullptr:
+// none).
 absl::Status LaunchGated(const Tensor& gate_up, Tensor out, kc::GateActivation activation,
-                         cudaStream_t stream, void* low = nullptr,
+                         float limit, cudaStream_t stream, void* low = nullptr,
                          kc::DataType low_dtype = kc::DataType::kF16) {
   kc::SiluMulParams p;
   p.gate_up = gate_up.data;
@@ -44,6 +45,7 @@ absl::Status LaunchGated(const Tensor& gate_up, Tensor out, kc::GateActivation a
   p.num_tokens = gate_up.rows();
   p.ffn = out.cols();
   p.activation = activation;
+  p.limit = limit;
   p.out_low = low;
   p.low_dtype = low_dtype;
   return kc::LaunchSiluMul(p, stream);
@@ -308,6 +310,7 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
         absl::StrFormat("CUDA attention: %d local query heads are not %d KV heads x group %d",
                         spec.num_heads, view.num_kv_heads, spec.group));
   }
+  LOOM_RETURN_IF_ERROR(CheckAttentionSinks(spec));
   const int64_t q_cols = spec.num_heads * spec.head_dim;
   // An 8-bit cache holds rotated rows (kernels/cuda/kv_cache.h): the query is rotated into
   // gemm_input_ (in F32 for decode, in the cache dtype for prefill's tensor cores) and the
@@ -353,6 +356,7 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
       p.scale = spec.scale;
       p.window = spec.window;
       p.softcap = spec.softcap;
+      p.sinks = spec.sinks.as<const float>();
       p.max_context_len = std::max<int64_t>(step.max_context_len, 1);
       const size_t workspace = kc::PagedDecodeWorkspaceBytes(p);
       LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
@@ -388,6 +392,7 @@ absl::Status CudaDevice::PagedAttention(const KvCache& cache, int64_t layer, con
     p.scale = spec.scale;
     p.window = spec.window;
     p.softcap = spec.softcap;
+    p.sinks = spec.sinks.as<const float>();
     p.max_query_len = std::max<int64_t>(step.max_query_len, 1);
     LOOM_RETURN_IF_ERROR(kc::LaunchPagedPrefill(p, stream_));
   }
@@ -403,10 +408,10 @@ absl::Status CudaDevice::GeluMul(const Tensor& gate_up, Tensor out) {
 }
 
 absl::Status CudaDevice::Gated(const Tensor& gate_up, Tensor out,
-                               kernels::cuda::GateActivation activation) {
+                               kernels::cuda::GateActivation activation, float limit) {
   ForgetConverted();
   void* low = ConvertedTarget(out.rows(), out.cols());
-  LOOM_RETURN_IF_ERROR(LaunchGated(gate_up, out, activation, stream_, low, options_.dtype));
+  LOOM_RETURN_IF_ERROR(LaunchGated(gate_up, out, activation, limit, stream_, low, options_.dtype));
   if (low != nullptr) converted_ = {out.data, out.rows(), out.cols()};
   return absl::OkStatus();
 }

@@ -51,6 +51,15 @@ bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
   return grouped || weight.group_size == weight.cols;
 }
 
+// Every GEMM reads bias[0, rows): a shorter one would be read past its end.
+absl::Status CheckBias(const std::vector<float>* bias, int64_t rows) {
+  if (bias == nullptr || bias->empty() || static_cast<int64_t>(bias->size()) == rows) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("bias of %d values for %d rows", bias->size(), rows));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Buffer>> CudaDevice::UploadF32(const std::vector<float>& host) {
@@ -111,8 +120,9 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadDense(
 }
 
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadTable(
-    const kernels::cpu::PackedWeight& table) {
-  return UploadDense(table, nullptr);
+    const kernels::cpu::PackedWeight& table, const std::vector<float>* bias) {
+  LOOM_RETURN_IF_ERROR(CheckBias(bias, table.rows));
+  return UploadDense(table, bias);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLmHead(
@@ -149,10 +159,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::RandomLinear(
   fill.scale = scale;
   LOOM_RETURN_IF_ERROR(kc::LaunchRandomFill(fill, stream_));
   if (bias != nullptr && !bias->empty()) {
-    if (static_cast<int64_t>(bias->size()) != rows) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("bias of %d values for %d rows", bias->size(), rows));
-    }
+    LOOM_RETURN_IF_ERROR(CheckBias(bias, rows));
     CudaLinear& linear = static_cast<CudaLinear&>(*result);
     LOOM_ASSIGN_OR_RETURN(linear.bias, UploadBytes(bias->data(), bias->size() * sizeof(float)));
     weight_bytes_ += static_cast<int64_t>(bias->size() * sizeof(float));
@@ -204,6 +211,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
 
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
+  LOOM_RETURN_IF_ERROR(CheckBias(bias, weight.rows));
   if (options_.fp8_weights && weight.rows % 16 == 0 && weight.cols % 16 == 0) {
     return UploadFp8(weight, bias);
   }

@@ -142,12 +142,31 @@ struct AttentionSpec {
   float scale = 1.0f;        // 1 / sqrt(head_dim)
   int64_t window = 0;        // sliding window in tokens (ModelConfig::LayerWindow); 0: none
   float softcap = 0.0f;      // scores soft-capped: c * tanh(s / c) (Gemma 2); 0: none
+  // Attention sinks (gpt-oss): F32 [num_heads], a learned logit per local query head that
+  // joins each softmax's denominator only (weights sum to less than 1); no data: none.
+  Tensor sinks;
 };
+
+/// InvalidArgument unless `spec`'s sinks, where it has them, are F32 with one per local
+/// query head (what every device's attention reads).
+inline absl::Status CheckAttentionSinks(const AttentionSpec& spec) {
+  if (spec.sinks.empty() ||
+      (spec.sinks.dtype == DType::kF32 && spec.sinks.numel() == spec.num_heads)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "attention sinks must be F32 [", spec.num_heads, "] (one per local query head), got ",
+      spec.sinks.numel(), " elements of dtype ", static_cast<int>(spec.sinks.dtype)));
+}
 
 /// How a mixture-of-experts layer weighs its experts (ModelConfig's expert fields).
 struct MoeSpec {
   int64_t top_k = 1;      // experts per token (num_experts_used)
   bool normalize = true;  // the chosen probabilities renormalized to sum to 1
+  // > 0: the experts' activation is OpenAI's clamped SwiGLU (gpt-oss) instead of
+  // SiLU(gate) * up: g = min(gate, limit), u = clamp(up, -limit, limit),
+  // g * sigmoid(1.702 g) * (u + 1).
+  float swiglu_limit = 0.0f;
 };
 
 /// InvalidArgument unless `spec` chooses from `experts` router outputs, one gate/up and one
@@ -190,9 +209,10 @@ class Device {
   /// A weight the device keeps in a form its Embedding can gather rows of, never in a lossier
   /// format than stored (the token embedding and the LM head beside it; an MoE router,
   /// whose top-k choice a coarser format could change): by default what UploadLinear makes.
+  /// `bias` [table.rows()] (may be null; a gpt-oss router's) is added by Linear.
   virtual absl::StatusOr<std::unique_ptr<DeviceLinear>> UploadTable(
-      const kernels::cpu::PackedWeight& table) {
-    return UploadLinear(table, nullptr);
+      const kernels::cpu::PackedWeight& table, const std::vector<float>* bias = nullptr) {
+    return UploadLinear(table, bias);
   }
   /// An untied LM head: only multiplied (Linear), never gathered, and never in a lossier
   /// format than stored. By default what UploadTable makes.
@@ -281,8 +301,9 @@ class Device {
   /// A mixture-of-experts FFN: token t's router probabilities are softmax(router_logits[t])
   /// over E experts ([T, E]); its spec.top_k most probable experts (ties to the lower
   /// index) are weighed by their probabilities (renormalized with spec.normalize), and
-  /// out [T, hidden] <- the weighted sum, in expert order, of down_e(SiLU(gate) * up of
-  /// gate_up_e · x[t]) over them. x [T, hidden]; gate_up / down: E experts as Linear and
+  /// out [T, hidden] <- the weighted sum, in expert order, of down_e(act(gate_up_e · x[t]))
+  /// over them, act SiLU(gate) * up or spec.swiglu_limit's clamped SwiGLU, each Linear with
+  /// its bias where it has one. x [T, hidden]; gate_up / down: E experts as Linear and
   /// SiluMul take them (a rank's slice: the partial sums add up across ranks like a dense
   /// down projection's). A token's result does not depend on the rest of its batch.
   /// Unimplemented on a device without it.

@@ -55,7 +55,11 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
     LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(host.q_norm));
     LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(host.k_norm));
   }
-  LOOM_ASSIGN_OR_RETURN(layer.attn_output, d.UploadLinear(host.attn_output, nullptr));
+  LOOM_ASSIGN_OR_RETURN(layer.attn_output,
+                        d.UploadLinear(host.attn_output, &host.attn_output_bias));
+  if (!host.attn_sinks.empty()) {
+    LOOM_ASSIGN_OR_RETURN(layer.sinks, d.UploadF32(host.attn_sinks));
+  }
   LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
   if (!host.post_attention_norm.empty()) {
     LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(host.post_attention_norm));
@@ -66,10 +70,15 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
     LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
   } else {
     // The router as stored (never FP8): its top-k picks the experts.
-    LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router));
+    LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router, &host.router_bias));
+    const bool biased = !host.expert_gate_up_bias.empty();
     for (size_t e = 0; e < host.expert_gate_up.size(); ++e) {
-      LOOM_ASSIGN_OR_RETURN(auto gate_up, d.UploadLinear(host.expert_gate_up[e], nullptr));
-      LOOM_ASSIGN_OR_RETURN(auto down, d.UploadLinear(host.expert_down[e], nullptr));
+      LOOM_ASSIGN_OR_RETURN(
+          auto gate_up,
+          d.UploadLinear(host.expert_gate_up[e], biased ? &host.expert_gate_up_bias[e] : nullptr));
+      LOOM_ASSIGN_OR_RETURN(
+          auto down,
+          d.UploadLinear(host.expert_down[e], biased ? &host.expert_down_bias[e] : nullptr));
       layer.AddExpert(std::move(gate_up), std::move(down));
     }
   }
@@ -297,7 +306,9 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
   if (c.num_experts > 0) LOOM_RETURN_IF_ERROR(Ensure(router_logits_, {T, c.num_experts}));
-  const MoeSpec moe{.top_k = c.num_experts_used, .normalize = c.expert_weights_norm};
+  const MoeSpec moe{.top_k = c.num_experts_used,
+                    .normalize = c.expert_weights_norm,
+                    .swiglu_limit = c.swiglu_limit};
   const Tensor residual = residual_.view, normed = normed_.view, proj = proj_.view;
   const Tensor q = q_.view, k = k_.view, v = v_.view;
 
@@ -357,6 +368,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
       LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
     }
     attention.window = c.LayerWindow(l);
+    attention.sinks = layer.sinks != nullptr ? Vector(*layer.sinks, heads) : Tensor{};
     if (c.LayerRotates(l)) {  // SmolLM3's NoPE layers keep q and k as projected
       LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, attention.window > 0 ? local_rope : rope));
     }

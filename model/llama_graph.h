@@ -108,6 +108,7 @@ class LlamaGraph {
   struct Layer {
     std::unique_ptr<Buffer> attn_norm, q_norm, k_norm, ffn_norm;  // q/k_norm: qwen3 only
     std::unique_ptr<Buffer> post_attention_norm, post_ffw_norm;   // Gemma only
+    std::unique_ptr<Buffer> sinks;  // gpt-oss's attention sinks [local heads], or null
     std::unique_ptr<DeviceLinear> qkv, attn_output, gate_up, down;  // gate_up/down: dense
     // A mixture of experts: the router and every expert's gate/up and down (views of the
     // owners below, as MoeFeedForward takes them).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/formats/architecture.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/quantize.h"
 #include "model/quantized_gguf.h"
@@ -53,6 +54,14 @@ class Loader {
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t size) {
     LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
     LOOM_RETURN_IF_ERROR(CheckShape(*tensor, {static_cast<uint64_t>(size)}));
+    return gguf_.DequantizeTensor(*tensor);
+  }
+
+  // A [rows, cols] F32 (or dequantized) tensor, row-major (ggml shape {cols, rows}).
+  absl::StatusOr<std::vector<float>> Table(const std::string& name, int64_t rows, int64_t cols) {
+    LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, Require(name));
+    LOOM_RETURN_IF_ERROR(
+        CheckShape(*tensor, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)}));
     return gguf_.DequantizeTensor(*tensor);
   }
 
@@ -231,12 +240,32 @@ class Loader {
 // come stacked (llama.cpp's ffn_{gate,up,down}_exps, one 3-D tensor each) or one matrix
 // per expert (ffn_gate.E.weight: older Mixtral files, and Hugging Face checkpoints).
 absl::Status LoadExperts(Loader& loader, const common::ModelConfig& config, const std::string& p,
-                         std::pair<int64_t, int64_t> ffn_range, LayerWeights& layer) {
+                         std::pair<int64_t, int64_t> ffn_range, bool rank0, LayerWeights& layer) {
   const int64_t hidden = config.hidden_size, ffn = config.intermediate_size;
-  LOOM_ASSIGN_OR_RETURN(layer.router,
-                        loader.Matrix(p + "ffn_gate_inp.weight", config.num_experts, hidden));
+  const int64_t experts = config.num_experts;
+  LOOM_ASSIGN_OR_RETURN(layer.router, loader.Matrix(p + "ffn_gate_inp.weight", experts, hidden));
+  if (config.expert_bias) {
+    // gpt-oss: stacked biases, one row per expert ({width, experts} in ggml order).
+    LOOM_ASSIGN_OR_RETURN(layer.router_bias, loader.Vector(p + "ffn_gate_inp.bias", experts));
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> gate,
+                          loader.Table(p + "ffn_gate_exps.bias", experts, ffn));
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> up,
+                          loader.Table(p + "ffn_up_exps.bias", experts, ffn));
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> down,
+                          loader.Table(p + "ffn_down_exps.bias", experts, hidden));
+    for (int64_t e = 0; e < experts; ++e) {
+      std::vector<float>& gate_up = layer.expert_gate_up_bias.emplace_back();
+      for (const std::vector<float>* part : {&gate, &up}) {
+        const auto first = part->begin() + e * ffn + ffn_range.first;
+        gate_up.insert(gate_up.end(), first, first + ffn_range.second);
+      }
+      layer.expert_down_bias.emplace_back(
+          rank0 ? std::vector<float>(down.begin() + e * hidden, down.begin() + (e + 1) * hidden)
+                : std::vector<float>());
+    }
+  }
   const bool stacked = loader.Find(p + "ffn_gate_exps.weight") != nullptr;
-  for (int64_t e = 0; e < config.num_experts; ++e) {
+  for (int64_t e = 0; e < experts; ++e) {
     // (tensor name, matrix index within it) of matrix `what` of expert e.
     auto expert = [&](const char* what) {
       return stacked ? std::make_pair(absl::StrCat(p, what, "_exps.weight"), e)
@@ -362,7 +391,18 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.MatrixColumns(p + "attn_output.weight", hidden,
                                                                   q_rows, q_range));
-    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, loader.Norm(p + "ffn_norm.weight", hidden, norm_offset));
+    if (config.attention_output_bias && plan.rank == 0) {
+      LOOM_ASSIGN_OR_RETURN(layer.attn_output_bias, loader.Vector(p + "attn_output.bias", hidden));
+    }
+    if (config.attention_sinks) {
+      LOOM_ASSIGN_OR_RETURN(std::vector<float> sinks,
+                            loader.Vector(p + "attn_sinks.weight", config.num_heads));
+      layer.attn_sinks.assign(sinks.begin() + plan.head0,
+                              sinks.begin() + plan.head0 + plan.num_heads);
+    }
+    const std::string ffn_norm(common::FindArchitecture(config.architecture)->gguf_ffn_norm);
+    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm,
+                          loader.Norm(p + ffn_norm + ".weight", hidden, norm_offset));
     if (config.post_norms) {
       LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm,
                             loader.Norm(p + "post_attention_norm.weight", hidden, norm_offset));
@@ -370,7 +410,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
                             loader.Norm(p + "post_ffw_norm.weight", hidden, norm_offset));
     }
     if (config.num_experts > 0) {
-      LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, layer));
+      LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, plan.rank == 0, layer));
     } else if (!loader.HasMatrix(p + "ffn_gate.weight")) {
       // Phi-3: ffn_up holds the gate rows, then the up rows.
       const std::string gate_up = p + "ffn_up.weight";

@@ -23,6 +23,11 @@ struct LayerWeights {
   std::vector<float> q_norm;          // [head_dim] per-head RMSNorm of q (qwen3), or empty
   std::vector<float> k_norm;          // [head_dim] per-head RMSNorm of k, empty iff q_norm is
   kernels::cpu::PackedWeight attn_output;  // [hidden, num_heads * head_dim]
+  // gpt-oss: the attention output's bias [hidden], held by tensor-parallel rank 0 only (the
+  // partial products are summed across ranks; the bias joins once), else empty; and the
+  // attention sink of each of this rank's query heads [local heads], or empty.
+  std::vector<float> attn_output_bias;
+  std::vector<float> attn_sinks;
   std::vector<float> ffn_norm;        // [hidden]
   // Gemma: RMSNorm of the attention output and of the FFN output ([hidden] each), or empty.
   std::vector<float> post_attention_norm;
@@ -35,6 +40,12 @@ struct LayerWeights {
   kernels::cpu::PackedWeight router;
   std::vector<kernels::cpu::PackedWeight> expert_gate_up;  // [num_experts]
   std::vector<kernels::cpu::PackedWeight> expert_down;     // [num_experts]
+  // gpt-oss's biases, or empty: the router's [num_experts]; each expert's gate/up
+  // [2 * local intermediate] (this rank's gate rows, then up rows, as expert_gate_up) and
+  // down [hidden] (rank 0 only, as attn_output_bias).
+  std::vector<float> router_bias;
+  std::vector<std::vector<float>> expert_gate_up_bias;
+  std::vector<std::vector<float>> expert_down_bias;
 };
 
 /// All weights of a llama-family model (or one tensor-parallel rank's slice of them: the

@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 13> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 14> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -125,6 +125,19 @@ constexpr std::array<ArchitectureRules, 13> kArchitectures = {{
      .gemma = true,
      .default_sliding_period = 0,
      .local_rope_theta = 0.0},
+    // gpt-oss (llama.cpp's gpt-oss, Hugging Face's GptOssForCausalLM): a mixture of experts
+    // with biases on Q/K/V, the attention output, the router and every expert matrix, an
+    // attention sink per query head, OpenAI's clamped SwiGLU, YaRN, and even layers local
+    // (a 128-token window). Its FFN norm is the file's post_attention_norm.
+    {.gguf_name = "gpt-oss",
+     .hf_class_name = "GptOssForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 2,
+     .local_rope_theta = 0.0,
+     .gguf_ffn_norm = "post_attention_norm",
+     .swiglu_limit = 7.0},
 }};
 
 }  // namespace

@@ -43,6 +43,12 @@ struct ArchitectureRules {
   // The Hugging Face checkpoint rotates (2i, 2i+1) pairs, as its modeling code does (GLM-4),
   // rather than transformers' usual rotate_half.
   bool hf_rope_interleaved = false;
+  // The tensor a GGUF file's FFN norm is (`blk.N.<name>.weight`): llama.cpp's ffn_norm, or
+  // post_attention_norm where that is the norm between attention and the FFN (gpt-oss).
+  std::string_view gguf_ffn_norm = "ffn_norm";
+  // > 0: the experts' activation is OpenAI's clamped SwiGLU with this limit (gpt-oss: 7;
+  // llama.cpp has no key for it, hard-coding it; config.json says `swiglu_limit`).
+  double swiglu_limit = 0.0;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

@@ -418,6 +418,46 @@ absl::Status ReadSoftcaps(const ConfigReader& reader, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// gpt-oss's additions, in any architecture whose file has them: attention sinks, a bias on
+// the attention output, biases on the router and every expert matrix (the tensors say so),
+// and the clamped SwiGLU (ArchitectureRules::swiglu_limit; `loom.swiglu_limit` overrides).
+absl::Status ReadSinksAndBiases(const GgufFile& gguf, ModelConfig& config) {
+  const auto hidden = static_cast<uint64_t>(config.hidden_size);
+  const auto heads = static_cast<uint64_t>(config.num_heads);
+  const auto experts = static_cast<uint64_t>(config.num_experts);
+  const auto ffn = static_cast<uint64_t>(config.intermediate_size);
+  config.attention_sinks = gguf.FindTensor("blk.0.attn_sinks.weight") != nullptr;
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_sinks.weight", {heads}));
+  config.attention_output_bias = gguf.FindTensor("blk.0.attn_output.bias") != nullptr;
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_output.bias", {hidden}));
+  config.expert_bias = gguf.FindTensor("blk.0.ffn_gate_inp.bias") != nullptr;
+  if (config.expert_bias) {
+    if (config.num_experts == 0) {
+      return absl::InvalidArgumentError(
+          "model config: blk.0.ffn_gate_inp.bias (a router's bias) in a model without experts");
+    }
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_gate_inp.bias", {experts}));
+    for (const char* name : {"blk.0.ffn_gate_exps.bias", "blk.0.ffn_up_exps.bias"}) {
+      LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, name, {ffn, experts}));
+    }
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_down_exps.bias", {hidden, experts}));
+  }
+  double limit = FindArchitecture(config.architecture)->swiglu_limit;
+  if (gguf.Find("loom.swiglu_limit") != nullptr) {
+    LOOM_ASSIGN_OR_RETURN(limit, gguf.GetDouble("loom.swiglu_limit"));
+  }
+  if (!std::isfinite(limit) || limit < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: 'loom.swiglu_limit' ", limit, " is not >= 0"));
+  }
+  if (limit > 0.0 && config.num_experts == 0) {
+    return absl::UnimplementedError(
+        "model config: OpenAI's clamped SwiGLU in a dense FFN (Loom runs it in experts only)");
+  }
+  config.swiglu_limit = static_cast<float>(limit);
+  return absl::OkStatus();
+}
+
 // Gemma's rules (ArchitectureRules::gemma): scaled embeddings, GELU, the query scale (a
 // Hugging Face directory's query_pre_attn_scalar as `loom.attention.query_pre_attn_scalar`;
 // in a GGUF, which has no key for it, llama.cpp's rule: the head dim, except hidden / heads
@@ -554,7 +594,9 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "output.weight", {hidden, vocab}));
   config.attention_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
   config.qk_norm = gguf.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
-  config.post_norms = gguf.FindTensor("blk.0.post_attention_norm.weight") != nullptr;
+  // gpt-oss's post_attention_norm is its FFN norm, not a norm of the attention output.
+  config.post_norms = gguf.FindTensor("blk.0.post_attention_norm.weight") != nullptr &&
+                      FindArchitecture(config.architecture)->gguf_ffn_norm != "post_attention_norm";
   const auto head_dim = static_cast<uint64_t>(config.head_dim);
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q_norm.weight", {head_dim}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k_norm.weight", {head_dim}));
@@ -612,6 +654,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadGemma(gguf, config));
   LOOM_RETURN_IF_ERROR(ReadMultipliers(reader, config));
   LOOM_RETURN_IF_ERROR(ReadSoftcaps(reader, config));
+  LOOM_RETURN_IF_ERROR(ReadSinksAndBiases(gguf, config));
   return config;
 }
 

@@ -101,6 +101,16 @@ struct ModelConfig {
   // The chosen experts' router probabilities are renormalized to sum to 1
   // (<arch>.expert_weights_norm; Mixtral's and Qwen3-MoE's rule, llama.cpp's default).
   bool expert_weights_norm = true;
+  // gpt-oss: the experts' activation is OpenAI's clamped SwiGLU with this limit
+  // (ArchitectureRules::swiglu_limit, or `loom.swiglu_limit`); 0: SiLU(gate) * up.
+  float swiglu_limit = 0.0f;
+  // gpt-oss's tensors: an attention sink per query head (blk.0.attn_sinks.weight, a logit
+  // in each attention softmax's denominator), a bias on the attention output
+  // (blk.0.attn_output.bias), and biases on the router and every expert matrix
+  // (blk.0.ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias).
+  bool attention_sinks = false;
+  bool attention_output_bias = false;
+  bool expert_bias = false;
 
   /// The window every layer attends within (each one local), else 0: a sequence's KV
   /// blocks behind it can be freed only when no layer is global.

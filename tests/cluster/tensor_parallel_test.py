@@ -150,14 +150,17 @@ def FINISH(name):
 
 
 @pytest.mark.parametrize("spec, ranks", [("llama3_rope", 2), ("qwen2_mqa", 3), ("mixtral_top2", 2),
-                                         ("glm4_sandwich", 2), ("granite_scaled", 2)])
+                                         ("glm4_sandwich", 2), ("granite_scaled", 2),
+                                         ("gpt_oss_sinks", 2)])
 def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
     Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every
     rank; mixtral_top2 (4 experts, top 2) slices every expert's channels over 2 ranks, each rank
     routing alike with the whole router; glm4_sandwich slices its fused gate/up and its partially
     rotating heads, its post norms running on the summed outputs; granite_scaled scales the
-    summed sub-layer outputs and the gathered logits. Greedy text through `loom up` equals the
+    summed sub-layer outputs and the gathered logits; gpt_oss_sinks slices its sinks by query
+    head and its experts' MXFP4 blocks and biases, rank 0 alone adding the row-parallel biases
+    (attention output, expert down). Greedy text through `loom up` equals the
     single-process engine's."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
     import random_model  # noqa: E402

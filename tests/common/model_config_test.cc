@@ -307,6 +307,71 @@ TEST(ModelConfigTest, ReadsGraniteMultipliers) {
   EXPECT_EQ(llama->embedding_scale, 1.0f);
 }
 
+// gpt-oss-20b as llama.cpp's converter writes it: no key for its SwiGLU limit or its local
+// layers' period (both the architecture's rules), its tensors saying sinks and biases, and
+// post_attention_norm meaning its FFN norm rather than Gemma's post norms.
+GgufImageBuilder GptOss(uint64_t sinks = 64) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "gpt-oss")
+      .KvU32("gpt-oss.context_length", 131072)
+      .KvU32("gpt-oss.embedding_length", 2880)
+      .KvU32("gpt-oss.feed_forward_length", 2880)
+      .KvU32("gpt-oss.expert_feed_forward_length", 2880)
+      .KvU32("gpt-oss.expert_count", 32)
+      .KvU32("gpt-oss.expert_used_count", 4)
+      .KvU32("gpt-oss.block_count", 24)
+      .KvU32("gpt-oss.attention.head_count", 64)
+      .KvU32("gpt-oss.attention.head_count_kv", 8)
+      .KvU32("gpt-oss.attention.key_length", 64)
+      .KvU32("gpt-oss.attention.value_length", 64)
+      .KvU32("gpt-oss.attention.sliding_window", 128)
+      .KvF32("gpt-oss.attention.layer_norm_rms_epsilon", 1e-5f)
+      .KvF32("gpt-oss.rope.freq_base", 150000.0f)
+      .KvString("gpt-oss.rope.scaling.type", "yarn")
+      .KvF32("gpt-oss.rope.scaling.factor", 32.0f)
+      .KvU32("gpt-oss.rope.scaling.original_context_length", 4096)
+      .KvU32("gpt-oss.vocab_size", 201088)
+      .Tensor("blk.0.attn_sinks.weight", {sinks}, kF32)
+      .Tensor("blk.0.attn_output.bias", {2880}, kF32)
+      .Tensor("blk.0.post_attention_norm.weight", {2880}, kF32)
+      .Tensor("blk.0.ffn_gate_inp.bias", {32}, kF32)
+      .Tensor("blk.0.ffn_gate_exps.bias", {2880, 32}, kF32)
+      .Tensor("blk.0.ffn_up_exps.bias", {2880, 32}, kF32)
+      .Tensor("blk.0.ffn_down_exps.bias", {2880, 32}, kF32);
+  return builder;
+}
+
+TEST(ModelConfigTest, ReadsGptOss) {
+  absl::StatusOr<ModelConfig> config = ConfigOf(GptOss());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->rope_neox);
+  EXPECT_TRUE(config->attention_sinks);
+  EXPECT_TRUE(config->attention_output_bias);
+  EXPECT_TRUE(config->expert_bias);
+  EXPECT_FALSE(config->post_norms);
+  EXPECT_FLOAT_EQ(config->swiglu_limit, 7.0f);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->LayerWindow(0), 128);
+  EXPECT_EQ(config->LayerWindow(1), 0);
+  EXPECT_EQ(config->LayerWindow(22), 128);
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kYarn);
+
+  GgufImageBuilder override = GptOss();
+  override.KvF32("loom.swiglu_limit", 1.5f);
+  config = ConfigOf(override);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FLOAT_EQ(config->swiglu_limit, 1.5f);
+
+  ExpectInvalid(ConfigOf(GptOss(/*sinks=*/8)), {"blk.0.attn_sinks.weight"});
+  // The clamped SwiGLU and a router bias need experts.
+  GgufImageBuilder dense = TinyLlama();
+  dense.KvF32("loom.swiglu_limit", 7.0f);
+  EXPECT_EQ(ConfigOf(dense).status().code(), absl::StatusCode::kUnimplemented);
+  GgufImageBuilder router = TinyLlama();
+  router.Tensor("blk.0.ffn_gate_inp.bias", {8}, kF32);
+  ExpectInvalid(ConfigOf(router), {"ffn_gate_inp.bias"});
+}
+
 // Qwen3-30B-A3B's experts: 128 of 768 channels beside a dense width of 6144, 8 per token;
 // Mixtral's: llama keys with expert_count, the dense width being the experts'.
 TEST(ModelConfigTest, ReadsMixtureOfExpertsKeys) {

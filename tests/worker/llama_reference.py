@@ -21,7 +21,10 @@ global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores
 `smollm3` (llama's layout, every 4th layer without RoPE, or the layers `loom.rope.layers` lists);
 `granite` (llama's layout with embedding, attention, residual and logit multipliers); `glm4` (norms
 before and after each sub-layer, fused gate/up, Q/K/V biases, half of each head rotating in
-interleaved pairs).
+interleaved pairs); `gpt-oss` (biases on Q/K/V, the attention output, the router and every expert
+matrix, a sink logit per query head in each attention softmax (transformers' GptOssAttention),
+the router's top-k softmaxed (equal to a renormalized softmax), OpenAI's clamped SwiGLU in the
+experts, even layers local, YaRN; post_attention_norm is its FFN norm).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -42,7 +45,12 @@ from gguf import GGMLQuantizationType
 
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
-                   "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox"}
+                   "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
+                   "gpt-oss": "neox"}
+# gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
+# the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
+GPT_OSS_SWIGLU_LIMIT = 7.0
+GPT_OSS_SWIGLU_ALPHA = 1.702
 # SmolLM3 (llama.cpp's and transformers' definition): every 4th layer applies no RoPE, unless
 # the file lists the layers that do (loom.rope.layers, from config.json's no_rope_layers).
 SMOLLM3_NO_ROPE_PERIOD = 4
@@ -57,6 +65,7 @@ INTEGER_WEIGHT_TYPES = {
     GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q2_K,
     GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.MXFP4,
 }
 # Their int8 activations are llama.cpp's Q8_K: one float scale per 256 values.
 K_QUANT_TYPES = {
@@ -94,6 +103,8 @@ class Layer:
     # each joins the residual stream.
     post_attn_norm: Optional[np.ndarray] = None
     post_ffw_norm: Optional[np.ndarray] = None
+    # gpt-oss: a logit per query head that joins each attention softmax's denominator.
+    sinks: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -145,6 +156,8 @@ class Model:
     # divided by logit_scale (its embedding and attention multipliers are the fields above).
     residual_scale: float = 1.0
     logit_scale: float = 1.0
+    # gpt-oss: the experts' clamped SwiGLU limit (0: SiLU(gate) * up).
+    swiglu_limit: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,13 +280,16 @@ def load(path: str | os.PathLike) -> Model:
     def experts(p: str) -> list:
         """Each expert's (gate, up, down): stacked 3-D tensors or one tensor per expert."""
         if p + ".ffn_gate_exps.weight" in tensors:
-            stacks = [(weight(f"{p}.{role}_exps.weight"), tensors[f"{p}.{role}_exps.weight"].tensor_type)
-                      for role in ("ffn_gate", "ffn_up", "ffn_down")]
-            return [tuple(Linear(values[e], None, kind) for values, kind in stacks) for e in range(n_expert)]
+            roles = ("ffn_gate", "ffn_up", "ffn_down")
+            stacks = [(weight(f"{p}.{role}_exps.weight"), tensors[f"{p}.{role}_exps.weight"].tensor_type,
+                       optional(f"{p}.{role}_exps.bias")) for role in roles]
+            return [tuple(Linear(values[e], None if bias is None else bias[e], kind)
+                          for values, kind, bias in stacks) for e in range(n_expert)]
         return [tuple(linear(f"{p}.{role}.{e}") for role in ("ffn_gate", "ffn_up", "ffn_down"))
                 for e in range(n_expert)]
 
     layers = []
+    gpt_oss = arch == "gpt-oss"
     for i in range(n_layer):
         p = f"blk.{i}"
         moe = n_expert > 0
@@ -281,15 +297,17 @@ def load(path: str | os.PathLike) -> Model:
             attn_norm=weight(p + ".attn_norm.weight"),
             q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
             o=linear(p + ".attn_output"),
-            ffn_norm=weight(p + ".ffn_norm.weight"),
+            # gpt-oss names its FFN norm post_attention_norm (llama.cpp's attn_post_norm).
+            ffn_norm=weight(p + (".post_attention_norm.weight" if gpt_oss else ".ffn_norm.weight")),
             gate=None if moe else linear(p + ".ffn_gate"), up=None if moe else linear(p + ".ffn_up"),
             down=None if moe else linear(p + ".ffn_down"),
             q_norm=weight(p + ".attn_q_norm.weight") if p + ".attn_q_norm.weight" in tensors else None,
             k_norm=weight(p + ".attn_k_norm.weight") if p + ".attn_k_norm.weight" in tensors else None,
             router=linear(p + ".ffn_gate_inp") if moe else None,
             experts=experts(p) if moe else None,
-            post_attn_norm=optional(p + ".post_attention_norm.weight"),
-            post_ffw_norm=optional(p + ".post_ffw_norm.weight")))
+            post_attn_norm=None if gpt_oss else optional(p + ".post_attention_norm.weight"),
+            post_ffw_norm=optional(p + ".post_ffw_norm.weight"),
+            sinks=optional(p + ".attn_sinks.weight")))
 
     token_embd = weight("token_embd.weight")
     tied = "output.weight" not in tensors
@@ -318,6 +336,7 @@ def load(path: str | os.PathLike) -> Model:
         expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", True)),
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+        swiglu_limit=float(_field(reader, "loom.swiglu_limit", GPT_OSS_SWIGLU_LIMIT if gpt_oss else 0.0)),
         **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
            if arch in ("gemma", "gemma2", "gemma3") else {}),
         **_multipliers(reader, arch))
@@ -360,7 +379,7 @@ def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
     pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
     if pattern is None and arch == "gemma3":
         pattern = GEMMA3_SLIDING_PERIOD
-    if pattern is None and arch == "gemma2":
+    if pattern is None and arch in ("gemma2", "gpt-oss"):
         pattern = 2  # every other layer global: the even ones local
     if pattern is None:
         return (True,) * n_layer
@@ -485,7 +504,13 @@ def _mixture_of_experts(model: Model, layer: Layer, h: np.ndarray, numerics: Num
         for e, w in zip(chosen, weights):
             gate, up, down = layer.experts[e]
             x = h[t:t + 1]
-            ff = _silu(_linear(x, gate, numerics)) * _linear(x, up, numerics)
+            if model.swiglu_limit:
+                # transformers' GptOssExperts: gate clamped above, up on both sides, (up + 1).
+                g = np.minimum(_linear(x, gate, numerics), model.swiglu_limit)
+                u = np.clip(_linear(x, up, numerics), -model.swiglu_limit, model.swiglu_limit)
+                ff = g / (1.0 + np.exp(-GPT_OSS_SWIGLU_ALPHA * g)) * (u + 1.0)
+            else:
+                ff = _silu(_linear(x, gate, numerics)) * _linear(x, up, numerics)
             out[t] += w * _linear(ff, down, numerics)[0]
     return out
 
@@ -573,9 +598,17 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
             # Keys before the window: position - key >= window.
             layer_mask = mask | (positions[:, None] - np.arange(start + n)[None, :] >= model.sliding_window)
         scores = np.where(layer_mask[None], -np.inf, scores)
-        scores = scores - scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        top = scores.max(axis=-1, keepdims=True)
+        if layer.sinks is not None:
+            # transformers' GptOssAttention: the sink is one more logit in the softmax whose
+            # probability is dropped.
+            sinks = layer.sinks.astype(dtype)[:, None, None]
+            top = np.maximum(top, sinks)
+        probs = np.exp(scores - top)
+        total = probs.sum(axis=-1, keepdims=True)
+        if layer.sinks is not None:
+            total = total + np.exp(sinks - top)
+        probs /= total
         attn = np.einsum("hnt,htd->nhd", probs, values).reshape(n, model.n_head * model.head_dim)
         out = _linear(attn, layer.o, numerics)
         if layer.post_attn_norm is not None:

@@ -34,6 +34,9 @@ Variants (see SPECS):
                  Q/K/V biases, 16 of each head's 32 dims rotating in interleaved pairs.
   gemma1_gelu    gemma arch (Gemma 1, CodeGemma): scaled embeddings, GELU, head_dim 32 over hidden
                  64, llama's two norms per layer, no window or caps.
+  gpt_oss_sinks  gpt-oss arch: 8 experts of 64 channels in MXFP4, top 4, biases on Q/K/V, the
+                 attention output, the router and every expert matrix, attention sinks, the
+                 clamped SwiGLU (limit 1.5 so it binds), YaRN (factor 4), even layers local.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -115,6 +118,14 @@ class ModelSpec:
     # Granite's multipliers as llama.cpp's keys: {"embedding_scale": ..., "residual_scale": ...,
     # "attention.scale": ..., "logit_scale": ...} written as <arch>.<key>.
     multipliers: Optional[dict] = None
+    # gpt-oss: attention sinks, biases on the attention output, the router and the experts,
+    # the clamped SwiGLU's limit (written as loom.swiglu_limit), YaRN scaling {"factor": ...,
+    # "original": context}.
+    sinks: bool = False
+    output_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: Optional[float] = None
+    yarn: Optional[dict] = None
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -285,6 +296,19 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
                "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q4_1,),
                "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q4_0, T.F16), "ffn_down": (T.F16,)}),
+    # gpt-oss: its experts in MXFP4 as the released GGUFs hold them (the rest Q8_0/F16/F32;
+    # 64 channels so that two tensor-parallel ranks split them on MXFP4's 32-wide blocks),
+    # head_dim 32 over hidden 64, 2 layers (layer 0 local, a 16-token window), sinks and biases
+    # drawn large enough to move the logits, and a SwiGLU limit of 1.5 (gpt-oss: 7) so that the
+    # clamp binds on this small model's activations.
+    "gpt_oss_sinks": ModelSpec(
+        name="gpt_oss_sinks", arch="gpt-oss", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=32, n_ff=64, n_expert=8, n_expert_used=4, rope_base=150000.0, rms_eps=1e-5,
+        tied_output=False, qkv_bias=True, sinks=True, output_bias=True, expert_bias=True,
+        swiglu_limit=1.5, yarn={"factor": 4.0, "original": 64}, sliding_window=16, seed=707,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q8_0, T.F16),
+               "ffn_gate": (T.MXFP4,), "ffn_up": (T.MXFP4,), "ffn_down": (T.MXFP4,)}),
 }
 
 
@@ -471,6 +495,12 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     if spec.rope_linear_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_linear_factor)
+    if spec.yarn is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(spec.yarn["factor"])
+        writer.add_uint32(f"{spec.arch}.rope.scaling.original_context_length", spec.yarn["original"])
+    if spec.swiglu_limit is not None:
+        writer.add_float32("loom.swiglu_limit", spec.swiglu_limit)
 
     if vocabulary_from is None:
         writer.add_tokenizer_model("gpt2")
@@ -516,10 +546,17 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             _add(writer, f"{p}.attn_q_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
             _add(writer, f"{p}.attn_k_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
         _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * hd), type_of("attn_output", i))
+        if spec.output_bias:
+            _add(writer, f"{p}.attn_output.bias", rng.normal(0.0, 0.3, size=d), T.F32)
+        if spec.sinks:
+            # Around the scores' scale: some heads' sinks take most of the weight, some little.
+            _add(writer, f"{p}.attn_sinks.weight", rng.normal(1.0, 1.5, size=spec.n_head), T.F32)
         if spec.post_norms:
             _add(writer, f"{p}.post_attention_norm.weight", norm_weight(), T.F32)
             _add(writer, f"{p}.post_ffw_norm.weight", norm_weight(), T.F32)
-        _add(writer, f"{p}.ffn_norm.weight", norm_weight(), T.F32)
+        # gpt-oss's FFN norm is named post_attention_norm (llama.cpp's attn_post_norm).
+        ffn_norm = "post_attention_norm" if spec.arch == "gpt-oss" else "ffn_norm"
+        _add(writer, f"{p}.{ffn_norm}.weight", norm_weight(), T.F32)
         if spec.n_expert:
             _add_experts(writer, spec, p, i, matrix, type_of)
             continue
@@ -547,6 +584,13 @@ def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, m
     3-D tensors as llama.cpp writes them or one matrix per expert."""
     d, e = spec.n_embd, spec.n_expert
     _add(writer, f"{p}.ffn_gate_inp.weight", matrix(e, d, 4.0), T.F32)
+    if spec.expert_bias:
+        # gpt-oss: the router's and every expert matrix's biases, stacked one row per expert.
+        rng = np.random.default_rng(spec.seed * 1000 + layer)
+        _add(writer, f"{p}.ffn_gate_inp.bias", rng.normal(0.0, 1.0, size=e), T.F32)
+        _add(writer, f"{p}.ffn_gate_exps.bias", rng.normal(0.0, 0.5, size=(e, spec.n_ff)), T.F32)
+        _add(writer, f"{p}.ffn_up_exps.bias", rng.normal(0.0, 0.5, size=(e, spec.n_ff)), T.F32)
+        _add(writer, f"{p}.ffn_down_exps.bias", rng.normal(0.0, 0.3, size=(e, d)), T.F32)
     experts = {"ffn_gate": [matrix(spec.n_ff, d) for _ in range(e)],
                "ffn_up": [matrix(spec.n_ff, d) for _ in range(e)],
                "ffn_down": [matrix(d, spec.n_ff, 1.5 * math.sqrt(spec.n_expert_used)) for _ in range(e)]}
