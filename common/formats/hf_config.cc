@@ -272,6 +272,11 @@ absl::Status ScalarsToGguf(const Fields& fields, const ArchitectureRules& rules,
     }
     metadata.Float(std::string(rules.gguf_name) + "." + key, value);
   }
+  // gpt-oss's clamped SwiGLU (ArchitectureRules::swiglu_limit, which a config may change).
+  if (fields.Has("swiglu_limit")) {
+    LOOM_ASSIGN_OR_RETURN(double limit, fields.Number("swiglu_limit", 0.0));
+    metadata.Float("loom.swiglu_limit", limit);
+  }
   return absl::OkStatus();
 }
 

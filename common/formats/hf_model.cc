@@ -9,11 +9,15 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/formats/architecture.h"
 #include "common/formats/gguf_metadata_builder.h"
 #include "common/formats/hf_config.h"
+#include "common/formats/hf_gpt_oss_experts.h"
 #include "common/formats/safetensors_file.h"
 #include "common/sampling_defaults.h"
 #include "common/status_macros.h"
@@ -34,6 +38,11 @@ constexpr std::pair<std::string_view, std::string_view> kLayerTensors[] = {
     {"self_attn.k_proj.bias", "attn_k.bias"},
     {"self_attn.v_proj.bias", "attn_v.bias"},
     {"self_attn.o_proj.weight", "attn_output.weight"},
+    // gpt-oss: the attention output's bias, the sinks, and the router with its bias.
+    {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"self_attn.sinks", "attn_sinks.weight"},
+    {"mlp.router.weight", "ffn_gate_inp.weight"},
+    {"mlp.router.bias", "ffn_gate_inp.bias"},
     {"self_attn.q_norm.weight", "attn_q_norm.weight"},
     {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     {"post_attention_layernorm.weight", "ffn_norm.weight"},
@@ -148,17 +157,44 @@ GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
     case SafetensorsDtype::kI32:
       return GgmlType::kI32;
     case SafetensorsDtype::kF8E4M3:
-      return GgmlType::kI8;  // never served as such: FP8 layers are converted (hf_quantization)
+    case SafetensorsDtype::kU8:
+      return GgmlType::kI8;  // never served as such: FP8 and MXFP4 layers are converted
   }
   return GgmlType::kF32;
+}
+
+// Files `entry` under its layer in `parts` when it is one of gpt-oss's expert tensors
+// (model.layers.L.mlp.experts.SUFFIX, no expert index: every expert in one tensor).
+bool AddGptOssExpertPart(const SafetensorsCheckpoint::Entry& entry,
+                         std::map<int64_t, GptOssExpertParts>& parts) {
+  absl::string_view rest(entry.tensor->name);
+  if (!absl::ConsumePrefix(&rest, "model.layers.")) return false;
+  const size_t dot = rest.find('.');
+  int64_t layer = 0;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) {
+    return false;
+  }
+  rest.remove_prefix(dot + 1);
+  if (!absl::ConsumePrefix(&rest, "mlp.experts.") || rest.empty() ||
+      absl::ascii_isdigit(static_cast<unsigned char>(rest[0]))) {
+    return false;
+  }
+  parts[layer][std::string(rest)] = {entry.file->TensorData(*entry.tensor), entry.tensor->shape,
+                                     GgmlTypeOf(entry.tensor->dtype)};
+  return true;
 }
 
 // The tensors the view makes rather than maps: Phi-3's longrope factors from config.json,
 // AWQ/GPTQ layers in Loom's encoding, FP8 layers as F16 (errors name the layer).
 absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
     const HfConfigInfo& info, const std::map<std::string, QuantizedParts>& quantized,
-    const std::map<std::string, Fp8Parts>& fp8) {
+    const std::map<std::string, Fp8Parts>& fp8,
+    const std::map<int64_t, GptOssExpertParts>& gpt_oss_experts) {
   std::vector<OwnedTensor> owned;
+  for (const auto& [layer, parts] : gpt_oss_experts) {
+    LOOM_ASSIGN_OR_RETURN(std::vector<OwnedTensor> converted, ConvertGptOssExperts(layer, parts));
+    for (OwnedTensor& tensor : converted) owned.push_back(std::move(tensor));
+  }
   for (const auto& [name, factors] :
        {std::pair{"rope_factors_long.weight", &info.rope_factors_long},
         std::pair{"rope_factors_short.weight", &info.rope_factors_short}}) {
@@ -299,14 +335,22 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
   // AWQ/GPTQ and FP8 layers: prefix -> its tensors, converted below.
   std::map<std::string, QuantizedParts> quantized;
   std::map<std::string, Fp8Parts> fp8;
+  std::map<int64_t, GptOssExpertParts> gpt_oss_experts;
+  // gpt-oss's FFN norm (post_attention_layernorm) under the name its GGUFs give it.
+  const std::string ffn_norm = absl::StrCat(
+      ".", std::string(FindArchitecture(info->architecture)->gguf_ffn_norm), ".weight");
   for (const SafetensorsCheckpoint::Entry& entry : checkpoint->entries()) {
     const SafetensorsTensorInfo& tensor = *entry.tensor;
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
     if (AddQuantizedPart(entry, quantized)) continue;
     if (AddFp8Part(entry, fp8)) continue;
+    if (info->architecture == "gpt-oss" && AddGptOssExpertPart(entry, gpt_oss_experts)) continue;
     // A tied LM head may still be saved; HF ignores it then, and so does Loom.
     if (tensor.name == "lm_head.weight" && info->tie_word_embeddings) continue;
     std::string name = GgufTensorName(tensor.name, info->sandwich_norms);
+    if (absl::EndsWith(name, ".ffn_norm.weight")) {
+      name = name.substr(0, name.size() - std::strlen(".ffn_norm.weight")) + ffn_norm;
+    }
     if (name.empty()) {
       return absl::UnimplementedError(absl::StrCat(entry.file->path(), ": tensor '", tensor.name,
                                                    "' has no place in the ", info->architecture,
@@ -327,7 +371,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": config.json says tie_word_embeddings false but there is no lm_head.weight"));
   }
-  absl::StatusOr<std::vector<OwnedTensor>> owned = OwnedTensors(*info, quantized, fp8);
+  absl::StatusOr<std::vector<OwnedTensor>> owned =
+      OwnedTensors(*info, quantized, fp8, gpt_oss_experts);
   if (!owned.ok()) {
     return absl::Status(owned.status().code(), absl::StrCat(dir, ": ", owned.status().message()));
   }

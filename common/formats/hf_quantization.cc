@@ -252,6 +252,11 @@ absl::StatusOr<HfQuantization> ParseHfQuantization(const json& config) {
   } else if (method == "fp8") {
     result.method = HfQuantization::Method::kFp8;
     result.bits = 8;
+  } else if (method == "mxfp4") {
+    // gpt-oss: its experts' MXFP4 blocks (common/formats/hf_gpt_oss_experts), the rest plain.
+    result.method = HfQuantization::Method::kMxfp4;
+    result.bits = 4;
+    result.group_size = 32;
   } else if (method == "compressed-tensors") {
     LOOM_RETURN_IF_ERROR(ParseCompressedTensors(q));
     result.method = HfQuantization::Method::kFp8;
@@ -259,8 +264,8 @@ absl::StatusOr<HfQuantization> ParseHfQuantization(const json& config) {
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: quantization_config quant_method '", method,
-                     "' is not supported (supported: awq, gptq, fp8, compressed-tensors FP8; or an "
-                     "unquantized checkpoint)"));
+                     "' is not supported (supported: awq, gptq, fp8, compressed-tensors FP8, "
+                     "mxfp4 (gpt-oss); or an unquantized checkpoint)"));
   }
   return result;
 }

@@ -17,7 +17,8 @@ namespace loom::common {
 /// method: per-tensor `weight_scale` or block-wise `weight_scale_inv`; `compressed-tensors`
 /// float-quantized 8-bit weights with per-tensor, per-channel or block `weight_scale`).
 struct HfQuantization {
-  enum class Method { kNone, kAwq, kGptq, kFp8 };
+  // kMxfp4: gpt-oss's experts in MXFP4 (hf_gpt_oss_experts), every other layer unquantized.
+  enum class Method { kNone, kAwq, kGptq, kFp8, kMxfp4 };
   Method method = Method::kNone;
   int bits = 0;
   int64_t group_size = 0;       // -1: one group per output channel

@@ -23,9 +23,9 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 constexpr size_t kMaxDims = 8;
 
 // Dtypes the format defines that Loom does not serve: refused by name.
-constexpr std::string_view kRefusedDtypes[] = {"F64",     "I64", "U64",     "U32",     "I16",
-                                               "U16",     "I8",  "U8",      "BOOL",    "F8_E5M2",
-                                               "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
+constexpr std::string_view kRefusedDtypes[] = {"F64", "I64",     "U64",     "U32",     "I16",
+                                               "U16", "I8",      "BOOL",    "F8_E5M2", "F8_E8M0",
+                                               "F4",  "F6_E2M3", "F6_E3M2", "C64"};
 
 absl::StatusOr<SafetensorsDtype> ParseDtype(const std::string& name, const std::string& tensor) {
   if (name == "F32") return SafetensorsDtype::kF32;
@@ -33,11 +33,12 @@ absl::StatusOr<SafetensorsDtype> ParseDtype(const std::string& name, const std::
   if (name == "BF16") return SafetensorsDtype::kBF16;
   if (name == "I32") return SafetensorsDtype::kI32;
   if (name == "F8_E4M3") return SafetensorsDtype::kF8E4M3;
+  if (name == "U8") return SafetensorsDtype::kU8;
   for (std::string_view refused : kRefusedDtypes) {
     if (name == refused) {
       return absl::UnimplementedError(absl::StrCat("tensor '", tensor, "' has dtype ", name,
                                                    ", which Loom does not read (supported: F32, "
-                                                   "F16, BF16, I32, F8_E4M3)"));
+                                                   "F16, BF16, I32, F8_E4M3, U8)"));
     }
   }
   return absl::InvalidArgumentError(
@@ -71,6 +72,8 @@ std::string_view SafetensorsDtypeName(SafetensorsDtype dtype) {
       return "I32";
     case SafetensorsDtype::kF8E4M3:
       return "F8_E4M3";
+    case SafetensorsDtype::kU8:
+      return "U8";
   }
   return "unknown";
 }
@@ -81,6 +84,7 @@ uint64_t SafetensorsDtypeSize(SafetensorsDtype dtype) {
     case SafetensorsDtype::kI32:
       return 4;
     case SafetensorsDtype::kF8E4M3:
+    case SafetensorsDtype::kU8:
       return 1;
     default:
       return 2;

@@ -15,12 +15,13 @@
 namespace loom::common {
 
 /// Element types Loom reads from safetensors files. Other dtypes of the format (F64, I64,
-/// I32, I16, I8, U8, BOOL, F8_*) are refused by name when a file is opened.
+/// I16, I8, BOOL, F8_*) are refused by name when a file is opened.
 /// kI32: the packed integers of AWQ/GPTQ checkpoints; kF8E4M3: FP8 checkpoints' weights
-/// (common/formats/hf_quantization).
-enum class SafetensorsDtype { kF32, kF16, kBF16, kI32, kF8E4M3 };
+/// (common/formats/hf_quantization); kU8: MXFP4 checkpoints' packed nibbles and exponents
+/// (gpt-oss, common/formats/hf_gpt_oss_experts).
+enum class SafetensorsDtype { kF32, kF16, kBF16, kI32, kF8E4M3, kU8 };
 
-/// "F32", "F16", "BF16", "I32" or "F8_E4M3".
+/// "F32", "F16", "BF16", "I32", "F8_E4M3" or "U8".
 std::string_view SafetensorsDtypeName(SafetensorsDtype dtype);
 /// Bytes of one element: 4, 2 or 1.
 uint64_t SafetensorsDtypeSize(SafetensorsDtype dtype);

@@ -46,7 +46,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
-            "gemma": "GemmaForCausalLM"}
+            "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM"}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
 _PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
 # Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
@@ -67,6 +67,50 @@ _GEMMA_NORMS = {
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
+# gpt-oss's tensors beside llama's: GGUF suffix -> HF suffix (its FFN norm is the GGUF's
+# post_attention_norm, its experts are converted by _gpt_oss_experts).
+_GPT_OSS_NAMES = {"attn_output.bias": "self_attn.o_proj.bias", "attn_sinks.weight": "self_attn.sinks",
+                  "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias",
+                  "post_attention_norm.weight": "post_attention_layernorm.weight"}
+
+
+def _mxfp4_blocks(tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A GGUF MXFP4 tensor [E, rows, cols] as transformers' gpt-oss checkpoints store it:
+    blocks uint8 [E, rows, cols / 32, 16] (element 2i in byte i's low nibble, 2i + 1 in its high
+    one; GGUF puts j < 16 in low nibbles, j + 16 in high ones) and E8M0 scales [E, rows, cols / 32]:
+    the same values, repacked."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(shape[0], shape[1], shape[2] // 32, 17)
+    scales = raw[..., 0].copy()
+    nibbles = np.concatenate([raw[..., 1:] & 0x0F, raw[..., 1:] >> 4], axis=-1)  # element order
+    blocks = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+    return blocks, scales
+
+
+def _gpt_oss_experts(reader, layer: int) -> dict:
+    """HF gpt-oss expert tensors of GGUF layer `layer`: gate and up interleaved by rows into
+    gate_up_proj (even rows gate, odd rows up), MXFP4 kept as stored, biases as F32."""
+    tensors = {t.name: t for t in reader.tensors}
+    p, out = f"blk.{layer}.", {}
+    gate_blocks, gate_scales = _mxfp4_blocks(tensors[p + "ffn_gate_exps.weight"])
+    up_blocks, up_scales = _mxfp4_blocks(tensors[p + "ffn_up_exps.weight"])
+    down_blocks, down_scales = _mxfp4_blocks(tensors[p + "ffn_down_exps.weight"])
+
+    def interleave(gate, up):
+        both = np.empty((gate.shape[0], 2 * gate.shape[1]) + gate.shape[2:], dtype=gate.dtype)
+        both[:, 0::2], both[:, 1::2] = gate, up
+        return both
+
+    hf = f"model.layers.{layer}.mlp.experts."
+    out[hf + "gate_up_proj_blocks"] = interleave(gate_blocks, up_blocks)
+    out[hf + "gate_up_proj_scales"] = interleave(gate_scales, up_scales)
+    out[hf + "gate_up_proj_bias"] = interleave(dequantize(tensors[p + "ffn_gate_exps.bias"]),
+                                               dequantize(tensors[p + "ffn_up_exps.bias"]))
+    out[hf + "down_proj_blocks"], out[hf + "down_proj_scales"] = down_blocks, down_scales
+    out[hf + "down_proj_bias"] = dequantize(tensors[p + "ffn_down_exps.bias"])
+    return out
+
+
 # Mixture-of-experts names: (router, expert E's gate, up, down) per HF architecture.
 _MOE_NAMES = {
     "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
@@ -151,6 +195,13 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4_NORMS[suffix]}"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
+        if hf_arch == "gpt-oss" and tensor.name.startswith("blk."):
+            if suffix == "ffn_gate_exps.weight":
+                tensors.update(_gpt_oss_experts(reader, int(tensor.name.split(".")[1])))
+            if "_exps." in suffix:
+                continue
+            if suffix in _GPT_OSS_NAMES:
+                name = f"model.layers.{tensor.name.split('.')[1]}.{_GPT_OSS_NAMES[suffix]}"
         experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
         if experts:
             for expert_name, values in experts.items():
@@ -221,6 +272,14 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     if hf_arch == "granite":
         config.update({field: float(_field(reader, f"{arch}.{key}"))
                        for field, key in _GRANITE_MULTIPLIERS.items()})
+    if hf_arch == "gpt-oss":
+        layers = config["num_hidden_layers"]
+        config.update({"sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
+                       "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                       for i in range(layers)],
+                       "swiglu_limit": float(_field(reader, "loom.swiglu_limit", 7.0)),
+                       "experts_per_token": int(_field(reader, f"{arch}.expert_used_count")),
+                       "quantization_config": {"quant_method": "mxfp4"}})
     if any(t.name == "rope_factors_long.weight" for t in reader.tensors):
         factors = {t.name: dequantize(t).tolist() for t in reader.tensors if t.name.startswith("rope_factors")}
         config["original_max_position_embeddings"] = int(
@@ -229,7 +288,7 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                   "short_factor": factors["rope_factors_short.weight"]}
     n_expert = _field(reader, f"{arch}.expert_count")
     if n_expert:
-        config["num_local_experts" if hf_arch == "mixtral" else "num_experts"] = int(n_expert)
+        config["num_local_experts" if hf_arch in ("mixtral", "gpt-oss") else "num_experts"] = int(n_expert)
         config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
         if _field(reader, f"{arch}.expert_feed_forward_length") is not None:
             config["moe_intermediate_size"] = int(_field(reader, f"{arch}.expert_feed_forward_length"))
@@ -293,7 +352,10 @@ def write_safetensors(path: pathlib.Path, tensors: dict, bf16: bool = False):
     offset = 0
     for name, array in tensors.items():
         size = array.nbytes
-        header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+        dtype = names[array.dtype]
+        if name.endswith(("_blocks", "_scales")):
+            dtype = "U8"  # MXFP4 nibbles and exponents (gpt-oss)
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()

@@ -384,6 +384,40 @@ TEST(HfConfigTest, Glm4RotatesHalfOfEachHeadInInterleavedPairs) {
   EXPECT_EQ(config->head_dim, 128);
 }
 
+// gpt-oss-20b's config.json (shapes shrunk): experts (num_local_experts and
+// experts_per_token beside num_experts_per_tok), layer_types, YaRN with truncate false, its
+// SwiGLU limit and the mxfp4 quantization_config.
+TEST(HfConfigTest, TranslatesGptOss) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["GptOssForCausalLM"], "attention_bias": true, "experts_per_token": 4,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 4, "num_key_value_heads": 8, "num_local_experts": 32,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+      "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+      "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+    "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": false, "vocab_size": 201088})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "gpt-oss");
+  EXPECT_EQ(info.quantization.method, HfQuantization::Method::kMxfp4);
+  EXPECT_EQ(config->num_experts, 32);
+  EXPECT_EQ(config->num_experts_used, 4);
+  EXPECT_EQ(config->intermediate_size, 2880);
+  EXPECT_TRUE(config->expert_weights_norm);  // top-k softmaxed: renormalized probabilities
+  EXPECT_FLOAT_EQ(config->swiglu_limit, 7.0f);
+  EXPECT_EQ(config->sliding_window, 128);
+  EXPECT_EQ(config->sliding_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kYarn);
+  EXPECT_FALSE(config->rope_yarn_truncate);
+  EXPECT_TRUE(config->rope_neox);
+  EXPECT_EQ(config->head_dim, 64);
+}
+
 // gemma-7b's config.json (shapes shrunk): hidden_act "gelu" and no hidden_activation, which
 // transformers runs as the tanh approximation; llama's two norm names per layer.
 TEST(HfConfigTest, TranslatesGemma1) {

@@ -7,7 +7,7 @@ the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE s
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
 experts, Gemma 1 and 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
-multipliers, GLM-4;
+multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
@@ -83,6 +83,11 @@ RANDOM_FAMILIES = {
     # GemmaForCausalLM (Gemma 1): hidden_act "gelu" meaning tanh GELU, 1 + w norms under
     # llama's input_layernorm / post_attention_layernorm names.
     "gemma": (random_model.SPECS["gemma1_gelu"], None, None),
+    # GptOssForCausalLM: experts as MXFP4 blocks and exponents (U8), gate and up interleaved
+    # in gate_up_proj, biases, sinks, the router, layer_types, swiglu_limit, and YaRN as
+    # gpt-oss's config says it (truncate false).
+    "gpt_oss": (random_model.SPECS["gpt_oss_sinks"], None,
+                {**YARN_SCALING, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}),
 }
 
 

@@ -1,0 +1,175 @@
+#include "common/formats/hf_gpt_oss_experts.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace loom::common {
+namespace {
+
+constexpr uint64_t kBlock = 32;
+constexpr uint64_t kBlockBytes = 17;  // GGUF MXFP4: exponent, 16 bytes of nibbles
+
+std::string Shape(const std::vector<uint64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::StatusOr<const StoredTensor*> Part(const GptOssExpertParts& parts, int64_t layer,
+                                         const std::string& suffix) {
+  auto it = parts.find(suffix);
+  if (it == parts.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt-oss experts of layer ", layer,
+                                                   " have no model.layers.", layer, ".mlp.experts.",
+                                                   suffix));
+  }
+  return &it->second;
+}
+
+absl::Status CheckShape(int64_t layer, const std::string& suffix, const StoredTensor& tensor,
+                        const std::vector<uint64_t>& expected) {
+  if (tensor.shape == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("model.layers.", layer, ".mlp.experts.", suffix,
+                                                 " has shape ", Shape(tensor.shape), ", expected ",
+                                                 Shape(expected)));
+}
+
+// One projection (gate_up or down): rows [E, rows] of MXFP4 blocks over `cols` inputs, as
+// GGUF MXFP4 matrices. With `split`, the rows are gate/up interleaved: `out[0]` gets the even
+// ones, `out[1]` the odd ones (each [E, rows / 2]); else `out[0]` all of them.
+struct Projection {
+  const StoredTensor* blocks;
+  const StoredTensor* scales;
+  const StoredTensor* bias;
+};
+
+// Bias rows as F32 (the checkpoint's BF16, F16 or F32).
+absl::StatusOr<std::vector<float>> BiasValues(int64_t layer, const std::string& suffix,
+                                              const StoredTensor& bias) {
+  if (bias.type != GgmlType::kF32 && bias.type != GgmlType::kBF16 && bias.type != GgmlType::kF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.layers.", layer, ".mlp.experts.", suffix, " is not F32, BF16 or F16"));
+  }
+  uint64_t count = 1;
+  for (uint64_t d : bias.shape) count *= d;
+  std::vector<float> values(count);
+  LOOM_RETURN_IF_ERROR(DequantizeToF32(bias.type, bias.bytes.data(), count, values.data()));
+  return values;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
+                                                              const GptOssExpertParts& parts) {
+  if (parts.count("gate_up_proj") != 0 || parts.count("down_proj") != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("gpt-oss experts of layer ", layer,
+                     " are dequantized (mlp.experts.gate_up_proj): Loom reads the MXFP4 checkpoint "
+                     "(gate_up_proj_blocks and _scales) or its GGUF"));
+  }
+  for (const auto& [suffix, tensor] : parts) {
+    bool known = false;
+    for (const char* name : kGptOssExpertSuffixes) known |= suffix == name;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("model.layers.", layer, ".mlp.experts.",
+                                                     suffix, " has no place in the gpt-oss graph"));
+    }
+  }
+  Projection gate_up{}, down{};
+  LOOM_ASSIGN_OR_RETURN(gate_up.blocks, Part(parts, layer, "gate_up_proj_blocks"));
+  LOOM_ASSIGN_OR_RETURN(gate_up.scales, Part(parts, layer, "gate_up_proj_scales"));
+  LOOM_ASSIGN_OR_RETURN(gate_up.bias, Part(parts, layer, "gate_up_proj_bias"));
+  LOOM_ASSIGN_OR_RETURN(down.blocks, Part(parts, layer, "down_proj_blocks"));
+  LOOM_ASSIGN_OR_RETURN(down.scales, Part(parts, layer, "down_proj_scales"));
+  LOOM_ASSIGN_OR_RETURN(down.bias, Part(parts, layer, "down_proj_bias"));
+  const std::vector<uint64_t>& gu = gate_up.blocks->shape;
+  const std::vector<uint64_t>& dn = down.blocks->shape;
+  if (gu.size() != 4 || dn.size() != 4 || gu[3] != 16 || dn[3] != 16 || gu[1] % 2 != 0 ||
+      dn[0] != gu[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpt-oss experts of layer ", layer, ": gate_up_proj_blocks ", Shape(gu),
+        " and down_proj_blocks ", Shape(dn), " are not [E, rows, blocks, 16] of one E"));
+  }
+  const uint64_t experts = gu[0], hidden = gu[2] * kBlock, ffn = gu[1] / 2;
+  LOOM_RETURN_IF_ERROR(
+      CheckShape(layer, "down_proj_blocks", *down.blocks, {experts, hidden, ffn / kBlock, 16}));
+  if (ffn % kBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt-oss experts of layer ", layer, ": width ",
+                                                   ffn, " is not a multiple of 32"));
+  }
+  LOOM_RETURN_IF_ERROR(CheckShape(layer, "gate_up_proj_scales", *gate_up.scales,
+                                  {experts, 2 * ffn, hidden / kBlock}));
+  LOOM_RETURN_IF_ERROR(
+      CheckShape(layer, "down_proj_scales", *down.scales, {experts, hidden, ffn / kBlock}));
+  LOOM_RETURN_IF_ERROR(CheckShape(layer, "gate_up_proj_bias", *gate_up.bias, {experts, 2 * ffn}));
+  LOOM_RETURN_IF_ERROR(CheckShape(layer, "down_proj_bias", *down.bias, {experts, hidden}));
+  for (const StoredTensor* packed : {gate_up.blocks, gate_up.scales, down.blocks, down.scales}) {
+    if (packed->type != GgmlType::kI8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpt-oss experts of layer ", layer, ": MXFP4 blocks and scales must be U8"));
+    }
+  }
+
+  // Row r of expert e of a [E, rows, cols] MXFP4 matrix, repacked into GGUF blocks at `dst`.
+  auto repack_row = [](const StoredTensor& blocks, const StoredTensor& scales, uint64_t rows,
+                       uint64_t cols, uint64_t e, uint64_t r, uint8_t* dst) {
+    const uint64_t groups = cols / kBlock;
+    const uint8_t* src = blocks.bytes.data() + ((e * rows + r) * groups) * 16;
+    const uint8_t* exponents = scales.bytes.data() + (e * rows + r) * groups;
+    for (uint64_t g = 0; g < groups; ++g, src += 16, dst += kBlockBytes) {
+      dst[0] = exponents[g];
+      // Element k: byte k / 2's low nibble when k is even, its high one when odd.
+      auto nibble = [&](uint64_t k) {
+        return static_cast<uint8_t>(k % 2 == 0 ? src[k / 2] & 0x0f : src[k / 2] >> 4);
+      };
+      for (uint64_t j = 0; j < 16; ++j) {
+        dst[1 + j] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
+      }
+    }
+  };
+  auto matrix = [&](const std::string& name, const Projection& p, uint64_t stored_rows,
+                    uint64_t cols, uint64_t first, uint64_t stride) {
+    const uint64_t rows = stored_rows / stride;
+    const uint64_t row_bytes = cols / kBlock * kBlockBytes;
+    OwnedTensor out{absl::StrCat("blk.", layer, ".", name, ".weight"),
+                    {cols, rows, experts},
+                    GgmlType::kMXFP4,
+                    std::vector<uint8_t>(experts * rows * row_bytes)};
+    for (uint64_t e = 0; e < experts; ++e) {
+      for (uint64_t r = 0; r < rows; ++r) {
+        repack_row(*p.blocks, *p.scales, stored_rows, cols, e, first + r * stride,
+                   out.bytes.data() + (e * rows + r) * row_bytes);
+      }
+    }
+    return out;
+  };
+  auto bias = [&](const std::string& name, const std::vector<float>& values, uint64_t stored,
+                  uint64_t first, uint64_t stride) {
+    const uint64_t width = stored / stride;
+    OwnedTensor out{absl::StrCat("blk.", layer, ".", name, ".bias"),
+                    {width, experts},
+                    GgmlType::kF32,
+                    std::vector<uint8_t>(experts * width * sizeof(float))};
+    auto* dst = reinterpret_cast<float*>(out.bytes.data());
+    for (uint64_t e = 0; e < experts; ++e) {
+      for (uint64_t i = 0; i < width; ++i)
+        dst[e * width + i] = values[e * stored + first + i * stride];
+    }
+    return out;
+  };
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> gate_up_bias,
+                        BiasValues(layer, "gate_up_proj_bias", *gate_up.bias));
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> down_bias,
+                        BiasValues(layer, "down_proj_bias", *down.bias));
+  std::vector<OwnedTensor> out;
+  out.push_back(matrix("ffn_gate_exps", gate_up, 2 * ffn, hidden, 0, 2));
+  out.push_back(matrix("ffn_up_exps", gate_up, 2 * ffn, hidden, 1, 2));
+  out.push_back(matrix("ffn_down_exps", down, hidden, ffn, 0, 1));
+  out.push_back(bias("ffn_gate_exps", gate_up_bias, 2 * ffn, 0, 2));
+  out.push_back(bias("ffn_up_exps", gate_up_bias, 2 * ffn, 1, 2));
+  out.push_back(bias("ffn_down_exps", down_bias, hidden, 0, 1));
+  return out;
+}
+
+}  // namespace loom::common
