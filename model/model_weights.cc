@@ -141,10 +141,22 @@ class Loader {
     LOOM_ASSIGN_OR_RETURN(common::GgmlTypeTraits traits,
                           common::GetGgmlTypeTraits(static_cast<uint32_t>(tensor->type)));
     if (range.first % traits.block_size != 0 || range.second % traits.block_size != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensor %s (%s, blocks of %d) cannot be split at columns [%d, %d) for tensor "
-          "parallelism",
-          name, traits.name, traits.block_size, range.first, range.first + range.second));
+      // A cut through the file's blocks: the whole matrix packed, then its columns cut
+      // (the groups split with F32 scales, the same values).
+      LOOM_ASSIGN_OR_RETURN(PackedWeight whole, Matrix(name, rows, cols, matrix));
+      absl::StatusOr<PackedWeight> slice =
+          kernels::cpu::SliceColumns(whole, range.first, range.second);
+      if (!slice.ok()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tensor %s (%s, blocks of %d) cannot be split at columns [%d, %d) for tensor "
+            "parallelism: %s",
+            name, traits.name, traits.block_size, range.first, range.first + range.second,
+            slice.status().message()));
+      }
+      // Logged as the slice it became, not as the whole matrix.
+      if (--conversions_[whole.source] == 0) conversions_.erase(whole.source);
+      conversions_[slice->source]++;
+      return slice;
     }
     LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(tensor->type, cols));
     const uint64_t begin = range.first / traits.block_size * traits.type_size;

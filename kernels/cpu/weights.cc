@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -603,6 +604,50 @@ absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
                       }
                     }
                   });
+  return out;
+}
+
+absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& w, int64_t col_begin, int64_t count) {
+  if (!IsInteger(w.format) || col_begin < 0 || count <= 0 || col_begin + count > w.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SliceColumns: columns [%d, %d) of a %s weight with %d columns", col_begin,
+                        col_begin + count, WeightFormatName(w.format), w.cols));
+  }
+  // The widest groups the cut leaves whole; finer than the weight's: F32 scales (the
+  // kernels' smallest F32-scaled group is kF32ScaledGroupUnit), INT5 then as INT8.
+  const int64_t group = std::gcd(w.group_size, std::gcd(col_begin, count));
+  const bool whole = group == w.group_size;
+  if (!whole && group % internal::kF32ScaledGroupUnit != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("columns [%d, %d) cut %s groups of %d into pieces narrower than %d",
+                        col_begin, col_begin + count, WeightFormatName(w.format), w.group_size,
+                        internal::kF32ScaledGroupUnit));
+  }
+  const bool f32_scales = w.f32_scaled() || !whole;
+  const WeightFormat format =
+      w.format == WeightFormat::kInt5 && f32_scales ? WeightFormat::kInt8 : w.format;
+  LOOM_ASSIGN_OR_RETURN(PackedWeight out, Allocate(format, w.rows, count, group, f32_scales));
+  const int64_t ratio = w.group_size / group, first_group = col_begin / group;
+  LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(w.rows, count, [&](int64_t first, int64_t end) {
+    for (int64_t row = first; row < end; ++row) {
+      for (int64_t c = 0; c < count; ++c) SetQ(out, row, c, GetQ(w, row, col_begin + c));
+      for (int64_t g = 0; g < count / group; ++g) {
+        const int64_t from = GroupIndex(w, row, (first_group + g) / ratio);
+        const int64_t to = GroupIndex(out, row, g);
+        if (f32_scales) {
+          out.scales_f32[to] = GroupScale(w, from);
+          out.mins_f32[to] = GroupMin(w, from);
+        } else {
+          out.scales[to] = w.scales[from];
+          if (format != WeightFormat::kInt8) out.mins[to] = w.mins[from];
+        }
+      }
+    }
+    return absl::OkStatus();
+  }));
+  out.source = whole ? w.source
+                     : absl::StrFormat("%s, cut as %s g%d (F32 scales)", w.source,
+                                       WeightFormatName(format), group);
   return out;
 }
 

@@ -93,6 +93,14 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
 /// Q5_0 Q and K stays one byte per weight. Other mixes are InvalidArgument.
 absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& parts);
 
+/// Columns [col_begin, col_begin + count) of every row of an INT8/INT5/INT4 weight, the same
+/// values (a tensor-parallel rank's slice of a row-parallel matrix). A cut through a group
+/// (gpt-oss's 2,880 MXFP4 columns over 4 ranks: 720, not a multiple of 32) splits it into
+/// groups of gcd(group, col_begin, count) with F32 scales (INT5 then as INT8);
+/// InvalidArgument for float formats and for pieces narrower than 16 columns.
+absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& weight, int64_t col_begin,
+                                          int64_t count);
+
 /// An INT8/INT5/INT4 weight's values in plain row-major order, for repacking into another
 /// backend's layout (the CUDA forward pass's quantized GEMM): value = q * scale + min (no
 /// min for INT8 with F16 scales). An INT4 weight's F32 scales and mins (K-quants) are rounded

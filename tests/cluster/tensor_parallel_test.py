@@ -67,6 +67,8 @@ def test_more_ranks_than_heads_are_refused():
 
 
 def test_a_split_off_the_quantization_blocks_is_refused(tmp_path):
+    """llama_gqa's 224 FFN channels over 4 ranks: 56 each, which cuts its 32-wide quantization
+    blocks into pieces of 8 (a cut into halves of 16 loads: INT8 g16 with F32 scales)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
     import random_model  # noqa: E402
 
@@ -77,9 +79,9 @@ def test_a_split_off_the_quantization_blocks_is_refused(tmp_path):
         # Both ranks meet, then each fails to load its shard with the reason.
         ranks = [subprocess.Popen(
             [str(h.WORKER_BIN), "--model", str(path), "--coordinator", coordinator.address,
-             "--world-size", "2", "--rank", str(rank), "--threads", "1", "--listen", "127.0.0.1:0",
+             "--world-size", "4", "--rank", str(rank), "--threads", "1", "--listen", "127.0.0.1:0",
              "--rendezvous-timeout-ms", "20000"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(4)]
         for rank in ranks:
             _, stderr = rank.communicate(timeout=60)
             assert rank.returncode != 0
@@ -151,7 +153,7 @@ def FINISH(name):
 
 @pytest.mark.parametrize("spec, ranks", [("llama3_rope", 2), ("qwen2_mqa", 3), ("mixtral_top2", 2),
                                          ("glm4_sandwich", 2), ("granite_scaled", 2),
-                                         ("gpt_oss_sinks", 2)])
+                                         ("gpt_oss_sinks", 2), ("gpt_oss_sinks", 4)])
 def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
     Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every
@@ -160,7 +162,9 @@ def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     rotating heads, its post norms running on the summed outputs; granite_scaled scales the
     summed sub-layer outputs and the gathered logits; gpt_oss_sinks slices its sinks by query
     head and its experts' MXFP4 blocks and biases, rank 0 alone adding the row-parallel biases
-    (attention output, expert down). Greedy text through `loom up` equals the
+    (attention output, expert down); on 4 ranks each expert's 16 channels cut its MXFP4 blocks
+    in half (INT8 g16 with F32 scales, the same values), as gpt-oss's 2,880 over 4 GPUs do.
+    Greedy text through `loom up` equals the
     single-process engine's."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))
     import random_model  # noqa: E402

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/half.h"
@@ -86,6 +87,35 @@ INSTANTIATE_TEST_SUITE_P(Gguf, LosslessPackTest,
                          testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0,
                                          GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
                                          GgmlType::kMXFP4));
+
+// Columns cut out of INT8 (MXFP4, Q8_0), INT4 (Q4_1) and INT5 (Q5_0) weights: the same
+// values, whole groups kept as they were, groups cut in half split with F32 scales.
+TEST(WeightsTest, SliceColumnsKeepsEveryValueWholeOrThroughGroups) {
+  const int64_t rows = 19, cols = 128;
+  for (GgmlType type : {GgmlType::kMXFP4, GgmlType::kQ8_0, GgmlType::kQ4_1, GgmlType::kQ5_0}) {
+    const std::vector<uint8_t> blocks = RandomGgufBlocks(type, rows * cols, 7);
+    absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    const std::vector<float> all = Unpack(*packed);
+    for (auto [begin, count, group] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {0, 64, 32}, {32, 96, 32}, {16, 48, 16}, {48, 80, 16}, {0, 16, 16}}) {
+      SCOPED_TRACE(testing::Message() << common::RawGgmlTypeName(static_cast<uint32_t>(type))
+                                      << " [" << begin << ", " << begin + count << ")");
+      absl::StatusOr<PackedWeight> slice = SliceColumns(*packed, begin, count);
+      ASSERT_TRUE(slice.ok()) << slice.status();
+      EXPECT_EQ(slice->group_size, group);
+      EXPECT_EQ(slice->f32_scaled(), group != 32 || packed->f32_scaled());
+      const std::vector<float> got = Unpack(*slice);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < count; ++c) {
+          ASSERT_EQ(got[r * count + c], all[r * cols + begin + c]) << r << ", " << c;
+        }
+      }
+    }
+    EXPECT_FALSE(SliceColumns(*packed, 8, 64).ok());    // pieces of 8 columns
+    EXPECT_FALSE(SliceColumns(*packed, 64, 128).ok());  // past the end
+  }
+}
 
 // MXFP4 exponents outside F16's powers of two (2^-24 .. 2^15) keep the INT8 scales in F32:
 // still bit for bit what gguf dequantizes, subnormal F32 scales included.
