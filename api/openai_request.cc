@@ -347,6 +347,25 @@ absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateReq
   return absl::OkStatus();
 }
 
+// The template's variables beyond the messages: `reasoning_effort` (OpenAI's field: gpt-oss's
+// harmony template says it in its system message, "Reasoning: high"), then
+// `chat_template_kwargs` over it (vLLM's precedence); null when neither is given.
+absl::StatusOr<std::optional<json>> TemplateKwargs(const json& body) {
+  LOOM_ASSIGN_OR_RETURN(std::optional<std::string> effort, String(body, "reasoning_effort"));
+  const json* kwargs = Field(body, "chat_template_kwargs");
+  if (!effort && kwargs == nullptr) return std::nullopt;
+  if (effort && *effort != "minimal" && *effort != "low" && *effort != "medium" &&
+      *effort != "high") {
+    return InvalidOpenAiParam(
+        "reasoning_effort",
+        absl::StrFormat("'reasoning_effort' is '%s' (one of minimal, low, medium, high)", *effort));
+  }
+  if (kwargs != nullptr && !kwargs->is_object()) return *kwargs;  // refused by RenderChatPrompt
+  json merged = kwargs != nullptr ? *kwargs : json::object();
+  if (effort && !merged.contains("reasoning_effort")) merged["reasoning_effort"] = *effort;
+  return merged;
+}
+
 absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest& base,
                                const common::Tokenizer& tokenizer,
                                const common::ChatTemplate* chat_template, OpenAiRequest& out) {
@@ -364,9 +383,10 @@ absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest
                         Boolean(body, "continue_final_message"));
   options.add_generation_prompt = add_generation_prompt.value_or(true);
   options.continue_final_message = continue_final_message.value_or(false);
+  LOOM_ASSIGN_OR_RETURN(std::optional<json> kwargs, TemplateKwargs(body));
   LOOM_ASSIGN_OR_RETURN(std::string rendered,
                         RenderChatPrompt(*messages, out.tools, tokenizer, *chat_template,
-                                         Field(body, "chat_template_kwargs"), options));
+                                         kwargs ? &*kwargs : nullptr, options));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   loom::v1::GenerateRequest request = base;
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());

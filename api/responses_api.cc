@@ -178,6 +178,13 @@ absl::StatusOr<Json> ChatBody(const Json& body) {
                            "stop", "logit_bias", "priority", "cache_salt", "chat_template_kwargs"}) {
     if (auto it = body.find(name); it != body.end()) chat[name] = *it;
   }
+  // reasoning: {effort} is the chat's reasoning_effort (the template's variable).
+  if (auto it = body.find("reasoning"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return InvalidOpenAiParam("reasoning", "'reasoning' must be an object");
+    if (auto effort = it->find("effort"); effort != it->end() && !effort->is_null()) {
+      chat["reasoning_effort"] = *effort;
+    }
+  }
   if (auto it = body.find("max_output_tokens"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
       return InvalidOpenAiParam("max_output_tokens",

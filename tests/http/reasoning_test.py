@@ -19,6 +19,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cluster"))
 import cluster_harness as h  # noqa: E402
 
 TEMPLATE = (
+    "{%- if reasoning_effort is defined %}<|im_start|>system\nReasoning: {{ reasoning_effort }}"
+    "<|im_end|>\n{% endif %}"
     "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
     "{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
@@ -72,6 +74,31 @@ def test_chat_template_kwargs_reach_the_template(rig, model):
     assert prompt().endswith("<|im_start|>assistant\n<think>\n")
     assert prompt(chat_template_kwargs={"enable_thinking": True}).endswith("assistant\n<think>\n")
     assert prompt(chat_template_kwargs={"enable_thinking": False}).endswith("<think>\n\n</think>\n\n")
+
+
+def test_reasoning_effort_reaches_the_template(rig, client, model):
+    """OpenAI's reasoning_effort is the template's variable (gpt-oss's harmony template says
+    it in its system message); chat_template_kwargs override it, as in vLLM; a value outside
+    OpenAI's four is refused by name."""
+    base = rig.coordinator.http_url
+
+    def prompt(**body):
+        status, tokens = h.post_json(base + "/tokenize", {"model": model, "messages": MESSAGES, **body})
+        assert status == 200, tokens
+        status, text = h.post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]})
+        assert status == 200, text
+        return text["prompt"]
+
+    assert "Reasoning:" not in prompt()
+    assert prompt(reasoning_effort="high").startswith("<|im_start|>system\nReasoning: high<|im_end|>")
+    assert "Reasoning: low<" in prompt(reasoning_effort="high",
+                                       chat_template_kwargs={"reasoning_effort": "low"})
+    assert "Reasoning: medium<" in prompt(chat_template_kwargs={"reasoning_effort": "medium"})
+    for bad in ("extreme", 3):
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,
+                                           extra_body={"reasoning_effort": bad})
+        assert error.value.body["param"] == "reasoning_effort", error.value.body
 
 
 def test_thinking_is_reasoning_content_whole_and_streamed(client, model):

@@ -64,6 +64,12 @@ def test_text_format_json_schema_and_incomplete(client, model):
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
 
 
+def test_reasoning_effort_is_taken(client, model):
+    response = client.responses.create(model=model, input="Hi.", reasoning={"effort": "low"},
+                                       max_output_tokens=4)
+    assert response.status in ("completed", "incomplete") and response.output_text, response
+
+
 @pytest.mark.parametrize("kwargs, param", [
     (dict(input="x", tools=[{"type": "web_search"}]), "tools"),
     (dict(input="x", previous_response_id="resp_123"), "previous_response_id"),
@@ -82,6 +88,9 @@ def test_text_format_json_schema_and_incomplete(client, model):
     (dict(input="x", text={"format": "json_object"}), "text.format"),
     (dict(input=[{"type": 5, "role": "user", "content": "hi"}]), "input"),
     (dict(input=[{"role": "user", "content": [{"type": None, "text": "hi"}]}]), "input"),
+    # reasoning: {effort} is the chat's reasoning_effort, checked there.
+    (dict(input="x", reasoning="high"), "reasoning"),
+    (dict(input="x", reasoning={"effort": "extreme"}), "reasoning_effort"),
 ])
 def test_what_the_subset_does_not_take_is_400(client, model, kwargs, param):
     with pytest.raises(openai.BadRequestError) as raised:
