@@ -35,13 +35,10 @@ absl::Status CheckShape(int64_t layer, const std::string& suffix, const StoredTe
                                                  Shape(expected)));
 }
 
-// One projection (gate_up or down): rows [E, rows] of MXFP4 blocks over `cols` inputs, as
-// GGUF MXFP4 matrices. With `split`, the rows are gate/up interleaved: `out[0]` gets the even
-// ones, `out[1]` the odd ones (each [E, rows / 2]); else `out[0]` all of them.
+// One MXFP4 projection (gate_up or down) of the checkpoint: its blocks and exponents.
 struct Projection {
   const StoredTensor* blocks;
   const StoredTensor* scales;
-  const StoredTensor* bias;
 };
 
 // Bias rows as F32 (the checkpoint's BF16, F16 or F32).
@@ -58,31 +55,114 @@ absl::StatusOr<std::vector<float>> BiasValues(int64_t layer, const std::string& 
   return values;
 }
 
+// Appends the experts' biases as F32 [E, width] tensors: gate_up_proj_bias's even entries as
+// ffn_gate_exps.bias, its odd ones as ffn_up_exps.bias, down_proj_bias as ffn_down_exps.bias.
+absl::Status AppendBiases(int64_t layer, const GptOssExpertParts& parts, uint64_t experts,
+                          uint64_t hidden, uint64_t ffn, std::vector<OwnedTensor>& out) {
+  LOOM_ASSIGN_OR_RETURN(const StoredTensor* gate_up, Part(parts, layer, "gate_up_proj_bias"));
+  LOOM_ASSIGN_OR_RETURN(const StoredTensor* down, Part(parts, layer, "down_proj_bias"));
+  LOOM_RETURN_IF_ERROR(CheckShape(layer, "gate_up_proj_bias", *gate_up, {experts, 2 * ffn}));
+  LOOM_RETURN_IF_ERROR(CheckShape(layer, "down_proj_bias", *down, {experts, hidden}));
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> gate_up_values,
+                        BiasValues(layer, "gate_up_proj_bias", *gate_up));
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> down_values, BiasValues(layer, "down_proj_bias", *down));
+  auto bias = [&](const std::string& name, const std::vector<float>& values, uint64_t stored,
+                  uint64_t first, uint64_t stride) {
+    const uint64_t width = stored / stride;
+    OwnedTensor tensor{absl::StrCat("blk.", layer, ".", name, ".bias"),
+                       {width, experts},
+                       GgmlType::kF32,
+                       std::vector<uint8_t>(experts * width * sizeof(float))};
+    auto* dst = reinterpret_cast<float*>(tensor.bytes.data());
+    for (uint64_t e = 0; e < experts; ++e) {
+      for (uint64_t i = 0; i < width; ++i) {
+        dst[e * width + i] = values[e * stored + first + i * stride];
+      }
+    }
+    return tensor;
+  };
+  out.push_back(bias("ffn_gate_exps", gate_up_values, 2 * ffn, 0, 2));
+  out.push_back(bias("ffn_up_exps", gate_up_values, 2 * ffn, 1, 2));
+  out.push_back(bias("ffn_down_exps", down_values, hidden, 0, 1));
+  return absl::OkStatus();
+}
+
+// The dequantized layout (fine-tunes saved in BF16): gate_up_proj [E, hidden, 2 * ffn] and
+// down_proj [E, ffn, hidden], input-major (transformers multiplies x by them), gate and up
+// interleaved by columns; as [E, rows, cols] stacks of the stored type, transposed.
+absl::StatusOr<std::vector<OwnedTensor>> ConvertDenseExperts(int64_t layer,
+                                                             const GptOssExpertParts& parts) {
+  LOOM_ASSIGN_OR_RETURN(const StoredTensor* gate_up, Part(parts, layer, "gate_up_proj"));
+  LOOM_ASSIGN_OR_RETURN(const StoredTensor* down, Part(parts, layer, "down_proj"));
+  const std::vector<uint64_t>& gu = gate_up->shape;
+  if (gu.size() != 3 || gu[2] % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.layers.", layer,
+                                                   ".mlp.experts.gate_up_proj has shape ",
+                                                   Shape(gu), ", expected [E, hidden, 2 * ffn]"));
+  }
+  const uint64_t experts = gu[0], hidden = gu[1], ffn = gu[2] / 2;
+  LOOM_RETURN_IF_ERROR(CheckShape(layer, "down_proj", *down, {experts, ffn, hidden}));
+  const GgmlType type = gate_up->type;
+  if ((type != GgmlType::kF32 && type != GgmlType::kBF16 && type != GgmlType::kF16) ||
+      down->type != type) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt-oss experts of layer ", layer,
+                     ": gate_up_proj and down_proj must be one of F32, "
+                     "BF16 or F16"));
+  }
+  const uint64_t size = type == GgmlType::kF32 ? 4 : 2;
+  // out[e][r][c] = stored[e][c][first + r * stride] of a [E, cols, stored_rows] tensor.
+  auto transposed = [&](const std::string& name, const StoredTensor& stored, uint64_t stored_rows,
+                        uint64_t cols, uint64_t first, uint64_t stride) {
+    const uint64_t rows = stored_rows / stride;
+    OwnedTensor tensor{absl::StrCat("blk.", layer, ".", name, ".weight"),
+                       {cols, rows, experts},
+                       type,
+                       std::vector<uint8_t>(experts * rows * cols * size)};
+    for (uint64_t e = 0; e < experts; ++e) {
+      for (uint64_t r = 0; r < rows; ++r) {
+        for (uint64_t c = 0; c < cols; ++c) {
+          std::memcpy(
+              tensor.bytes.data() + ((e * rows + r) * cols + c) * size,
+              stored.bytes.data() + ((e * cols + c) * stored_rows + first + r * stride) * size,
+              size);
+        }
+      }
+    }
+    return tensor;
+  };
+  std::vector<OwnedTensor> out;
+  out.push_back(transposed("ffn_gate_exps", *gate_up, 2 * ffn, hidden, 0, 2));
+  out.push_back(transposed("ffn_up_exps", *gate_up, 2 * ffn, hidden, 1, 2));
+  out.push_back(transposed("ffn_down_exps", *down, hidden, ffn, 0, 1));
+  LOOM_RETURN_IF_ERROR(AppendBiases(layer, parts, experts, hidden, ffn, out));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
                                                               const GptOssExpertParts& parts) {
-  if (parts.count("gate_up_proj") != 0 || parts.count("down_proj") != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("gpt-oss experts of layer ", layer,
-                     " are dequantized (mlp.experts.gate_up_proj): Loom reads the MXFP4 checkpoint "
-                     "(gate_up_proj_blocks and _scales) or its GGUF"));
-  }
+  const bool dense = parts.count("gate_up_proj") != 0;
   for (const auto& [suffix, tensor] : parts) {
     bool known = false;
-    for (const char* name : kGptOssExpertSuffixes) known |= suffix == name;
+    const absl::Span<const char* const> names =
+        dense ? absl::MakeConstSpan(kGptOssDenseExpertSuffixes)
+              : absl::MakeConstSpan(kGptOssExpertSuffixes);
+    for (const char* name : names) {
+      known |= suffix == name;
+    }
     if (!known) {
       return absl::InvalidArgumentError(absl::StrCat("model.layers.", layer, ".mlp.experts.",
                                                      suffix, " has no place in the gpt-oss graph"));
     }
   }
+  if (dense) return ConvertDenseExperts(layer, parts);
   Projection gate_up{}, down{};
   LOOM_ASSIGN_OR_RETURN(gate_up.blocks, Part(parts, layer, "gate_up_proj_blocks"));
   LOOM_ASSIGN_OR_RETURN(gate_up.scales, Part(parts, layer, "gate_up_proj_scales"));
-  LOOM_ASSIGN_OR_RETURN(gate_up.bias, Part(parts, layer, "gate_up_proj_bias"));
   LOOM_ASSIGN_OR_RETURN(down.blocks, Part(parts, layer, "down_proj_blocks"));
   LOOM_ASSIGN_OR_RETURN(down.scales, Part(parts, layer, "down_proj_scales"));
-  LOOM_ASSIGN_OR_RETURN(down.bias, Part(parts, layer, "down_proj_bias"));
   const std::vector<uint64_t>& gu = gate_up.blocks->shape;
   const std::vector<uint64_t>& dn = down.blocks->shape;
   if (gu.size() != 4 || dn.size() != 4 || gu[3] != 16 || dn[3] != 16 || gu[1] % 2 != 0 ||
@@ -102,8 +182,6 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
                                   {experts, 2 * ffn, hidden / kBlock}));
   LOOM_RETURN_IF_ERROR(
       CheckShape(layer, "down_proj_scales", *down.scales, {experts, hidden, ffn / kBlock}));
-  LOOM_RETURN_IF_ERROR(CheckShape(layer, "gate_up_proj_bias", *gate_up.bias, {experts, 2 * ffn}));
-  LOOM_RETURN_IF_ERROR(CheckShape(layer, "down_proj_bias", *down.bias, {experts, hidden}));
   for (const StoredTensor* packed : {gate_up.blocks, gate_up.scales, down.blocks, down.scales}) {
     if (packed->type != GgmlType::kI8) {
       return absl::InvalidArgumentError(
@@ -144,31 +222,11 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
     }
     return out;
   };
-  auto bias = [&](const std::string& name, const std::vector<float>& values, uint64_t stored,
-                  uint64_t first, uint64_t stride) {
-    const uint64_t width = stored / stride;
-    OwnedTensor out{absl::StrCat("blk.", layer, ".", name, ".bias"),
-                    {width, experts},
-                    GgmlType::kF32,
-                    std::vector<uint8_t>(experts * width * sizeof(float))};
-    auto* dst = reinterpret_cast<float*>(out.bytes.data());
-    for (uint64_t e = 0; e < experts; ++e) {
-      for (uint64_t i = 0; i < width; ++i)
-        dst[e * width + i] = values[e * stored + first + i * stride];
-    }
-    return out;
-  };
-  LOOM_ASSIGN_OR_RETURN(std::vector<float> gate_up_bias,
-                        BiasValues(layer, "gate_up_proj_bias", *gate_up.bias));
-  LOOM_ASSIGN_OR_RETURN(std::vector<float> down_bias,
-                        BiasValues(layer, "down_proj_bias", *down.bias));
   std::vector<OwnedTensor> out;
   out.push_back(matrix("ffn_gate_exps", gate_up, 2 * ffn, hidden, 0, 2));
   out.push_back(matrix("ffn_up_exps", gate_up, 2 * ffn, hidden, 1, 2));
   out.push_back(matrix("ffn_down_exps", down, hidden, ffn, 0, 1));
-  out.push_back(bias("ffn_gate_exps", gate_up_bias, 2 * ffn, 0, 2));
-  out.push_back(bias("ffn_up_exps", gate_up_bias, 2 * ffn, 1, 2));
-  out.push_back(bias("ffn_down_exps", down_bias, hidden, 0, 1));
+  LOOM_RETURN_IF_ERROR(AppendBiases(layer, parts, experts, hidden, ffn, out));
   return out;
 }
 

@@ -27,17 +27,21 @@ struct StoredTensor {
 /// [E, hidden, ffn / 32 (, 16)] and down_proj_bias [E, hidden].
 using GptOssExpertParts = std::map<std::string, StoredTensor>;
 
-/// The suffixes GptOssExpertParts holds.
+/// The suffixes GptOssExpertParts holds: MXFP4, or dequantized (fine-tunes saved in BF16:
+/// gate_up_proj [E, hidden, 2 * ffn] and down_proj [E, ffn, hidden], input-major, gate and
+/// up interleaved by columns).
 inline constexpr const char* kGptOssExpertSuffixes[] = {
     "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
     "down_proj_blocks",    "down_proj_scales",    "down_proj_bias"};
+inline constexpr const char* kGptOssDenseExpertSuffixes[] = {"gate_up_proj", "gate_up_proj_bias",
+                                                             "down_proj", "down_proj_bias"};
 
 /// llama.cpp's tensors of layer `layer`'s experts: blk.L.ffn_{gate,up,down}_exps.weight as
 /// GGUF MXFP4 (blocks of 32, the exponent byte first, element j < 16 in byte j's low nibble
-/// and j + 16 in its high one) and their .bias as F32 [E, width]; gate and up
-/// de-interleaved, nibbles repacked, exponents kept: every value as stored. InvalidArgument
-/// naming the tensor for a missing part or shapes that disagree; Unimplemented for the
-/// dequantized layout (gate_up_proj without _blocks).
+/// and j + 16 in its high one), or for the dequantized layout transposed stacks of the stored
+/// type (F32, BF16 or F16), and their .bias as F32 [E, width]; gate and up de-interleaved,
+/// nibbles repacked, exponents kept: every value as stored. InvalidArgument naming the
+/// tensor for a missing or unknown part or shapes that disagree.
 absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
                                                               const GptOssExpertParts& parts);
 

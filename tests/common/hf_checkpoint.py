@@ -46,7 +46,10 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
-            "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+            "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM",
+            # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
+            # down_proj, input-major, instead of MXFP4 blocks.
+            "gpt-oss-dense": "GptOssForCausalLM"}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
 _PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
 # Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
@@ -87,11 +90,27 @@ def _mxfp4_blocks(tensor) -> tuple[np.ndarray, np.ndarray]:
     return blocks, scales
 
 
-def _gpt_oss_experts(reader, layer: int) -> dict:
+def _gpt_oss_experts(reader, layer: int, dense: bool = False) -> dict:
     """HF gpt-oss expert tensors of GGUF layer `layer`: gate and up interleaved by rows into
-    gate_up_proj (even rows gate, odd rows up), MXFP4 kept as stored, biases as F32."""
+    gate_up_proj (even rows gate, odd rows up), MXFP4 kept as stored, biases as F32; with
+    `dense`, the dequantized layout of fine-tunes instead: gate_up_proj [E, hidden, 2 ffn] and
+    down_proj [E, ffn, hidden] (x times them, as transformers multiplies), float32."""
     tensors = {t.name: t for t in reader.tensors}
     p, out = f"blk.{layer}.", {}
+    hf = f"model.layers.{layer}.mlp.experts."
+    if dense:
+        gate, up = dequantize(tensors[p + "ffn_gate_exps.weight"]), dequantize(tensors[p + "ffn_up_exps.weight"])
+        gate_up = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), dtype=np.float32)
+        gate_up[:, 0::2], gate_up[:, 1::2] = gate, up
+        out[hf + "gate_up_proj"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
+        out[hf + "down_proj"] = np.ascontiguousarray(
+            dequantize(tensors[p + "ffn_down_exps.weight"]).transpose(0, 2, 1))
+        bias = np.empty((gate.shape[0], 2 * gate.shape[1]), dtype=np.float32)
+        bias[:, 0::2] = dequantize(tensors[p + "ffn_gate_exps.bias"])
+        bias[:, 1::2] = dequantize(tensors[p + "ffn_up_exps.bias"])
+        out[hf + "gate_up_proj_bias"] = bias
+        out[hf + "down_proj_bias"] = dequantize(tensors[p + "ffn_down_exps.bias"])
+        return out
     gate_blocks, gate_scales = _mxfp4_blocks(tensors[p + "ffn_gate_exps.weight"])
     up_blocks, up_scales = _mxfp4_blocks(tensors[p + "ffn_up_exps.weight"])
     down_blocks, down_scales = _mxfp4_blocks(tensors[p + "ffn_down_exps.weight"])
@@ -195,9 +214,10 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4_NORMS[suffix]}"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
-        if hf_arch == "gpt-oss" and tensor.name.startswith("blk."):
+        if hf_arch in ("gpt-oss", "gpt-oss-dense") and tensor.name.startswith("blk."):
             if suffix == "ffn_gate_exps.weight":
-                tensors.update(_gpt_oss_experts(reader, int(tensor.name.split(".")[1])))
+                tensors.update(_gpt_oss_experts(reader, int(tensor.name.split(".")[1]),
+                                                dense=hf_arch == "gpt-oss-dense"))
             if "_exps." in suffix:
                 continue
             if suffix in _GPT_OSS_NAMES:
@@ -272,14 +292,16 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     if hf_arch == "granite":
         config.update({field: float(_field(reader, f"{arch}.{key}"))
                        for field, key in _GRANITE_MULTIPLIERS.items()})
-    if hf_arch == "gpt-oss":
+    if hf_arch in ("gpt-oss", "gpt-oss-dense"):
         layers = config["num_hidden_layers"]
         config.update({"sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
                        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
                                        for i in range(layers)],
                        "swiglu_limit": float(_field(reader, "loom.swiglu_limit", 7.0)),
                        "experts_per_token": int(_field(reader, f"{arch}.expert_used_count")),
-                       "quantization_config": {"quant_method": "mxfp4"}})
+                       "model_type": "gpt_oss"})
+        if hf_arch == "gpt-oss":
+            config["quantization_config"] = {"quant_method": "mxfp4"}
     if any(t.name == "rope_factors_long.weight" for t in reader.tensors):
         factors = {t.name: dequantize(t).tolist() for t in reader.tensors if t.name.startswith("rope_factors")}
         config["original_max_position_embeddings"] = int(
@@ -288,7 +310,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                   "short_factor": factors["rope_factors_short.weight"]}
     n_expert = _field(reader, f"{arch}.expert_count")
     if n_expert:
-        config["num_local_experts" if hf_arch in ("mixtral", "gpt-oss") else "num_experts"] = int(n_expert)
+        config["num_local_experts" if hf_arch in ("mixtral", "gpt-oss", "gpt-oss-dense")
+               else "num_experts"] = int(n_expert)
         config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
         if _field(reader, f"{arch}.expert_feed_forward_length") is not None:
             config["moe_intermediate_size"] = int(_field(reader, f"{arch}.expert_feed_forward_length"))

@@ -108,7 +108,52 @@ TEST(HfGptOssExpertsTest, RepacksEveryValueAndDeinterleavesGateAndUp) {
             c.down_bias[c.hidden + 7]);
 }
 
-TEST(HfGptOssExpertsTest, RefusesMissingPartsBadShapesAndTheDequantizedLayout) {
+// Fine-tunes saved dequantized: gate_up_proj [E, hidden, 2 * ffn] and down_proj [E, ffn,
+// hidden] (input-major, gate and up interleaved by columns) become [E, rows, cols] stacks of
+// the stored type, transposed and de-interleaved, every value as stored.
+TEST(HfGptOssExpertsTest, TransposesTheDequantizedLayout) {
+  const uint64_t experts = 2, hidden = 3, ffn = 2;
+  std::vector<float> gate_up(experts * hidden * 2 * ffn), down(experts * ffn * hidden);
+  for (size_t i = 0; i < gate_up.size(); ++i) gate_up[i] = static_cast<float>(i);
+  for (size_t i = 0; i < down.size(); ++i) down[i] = 1000.0f + static_cast<float>(i);
+  const std::vector<float> gate_up_bias(experts * 2 * ffn, 0.5f), down_bias(experts * hidden, 2.0f);
+  auto bytes = [](const std::vector<float>& v) {
+    return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
+  };
+  const GptOssExpertParts parts = {
+      {"gate_up_proj", {bytes(gate_up), {experts, hidden, 2 * ffn}, GgmlType::kF32}},
+      {"gate_up_proj_bias", {bytes(gate_up_bias), {experts, 2 * ffn}, GgmlType::kF32}},
+      {"down_proj", {bytes(down), {experts, ffn, hidden}, GgmlType::kF32}},
+      {"down_proj_bias", {bytes(down_bias), {experts, hidden}, GgmlType::kF32}}};
+  absl::StatusOr<std::vector<OwnedTensor>> converted = ConvertGptOssExperts(1, parts);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  auto at = [&](const std::string& name, uint64_t e, uint64_t r, uint64_t c) {
+    const OwnedTensor* t = Find(*converted, name);
+    const uint64_t cols = t->shape[0], rows = t->shape[1];
+    return reinterpret_cast<const float*>(t->bytes.data())[(e * rows + r) * cols + c];
+  };
+  ASSERT_EQ(Find(*converted, "blk.1.ffn_gate_exps.weight")->shape,
+            (std::vector<uint64_t>{hidden, ffn, experts}));
+  ASSERT_EQ(Find(*converted, "blk.1.ffn_down_exps.weight")->shape,
+            (std::vector<uint64_t>{ffn, hidden, experts}));
+  for (uint64_t e = 0; e < experts; ++e) {
+    for (uint64_t r = 0; r < ffn; ++r) {
+      for (uint64_t c = 0; c < hidden; ++c) {
+        EXPECT_EQ(at("blk.1.ffn_gate_exps.weight", e, r, c),
+                  gate_up[(e * hidden + c) * 2 * ffn + 2 * r]);
+        EXPECT_EQ(at("blk.1.ffn_up_exps.weight", e, r, c),
+                  gate_up[(e * hidden + c) * 2 * ffn + 2 * r + 1]);
+        EXPECT_EQ(at("blk.1.ffn_down_exps.weight", e, c, r), down[(e * ffn + r) * hidden + c]);
+      }
+    }
+  }
+  EXPECT_NE(Find(*converted, "blk.1.ffn_down_exps.bias"), nullptr);
+  GptOssExpertParts bad = parts;
+  bad["down_proj"].shape = {experts, hidden, ffn};
+  EXPECT_EQ(ConvertGptOssExperts(1, bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HfGptOssExpertsTest, RefusesMissingPartsBadShapesAndMixedLayouts) {
   const Checkpoint c;
   GptOssExpertParts missing = c.Parts();
   missing.erase("down_proj_scales");
@@ -122,9 +167,10 @@ TEST(HfGptOssExpertsTest, RefusesMissingPartsBadShapesAndTheDequantizedLayout) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("gate_up_proj_bias"));
 
-  GptOssExpertParts dense = c.Parts();
-  dense["gate_up_proj"] = dense["gate_up_proj_bias"];
-  EXPECT_EQ(ConvertGptOssExperts(0, dense).status().code(), absl::StatusCode::kUnimplemented);
+  // One layout or the other, not both.
+  GptOssExpertParts mixed = c.Parts();
+  mixed["gate_up_proj"] = mixed["gate_up_proj_bias"];
+  EXPECT_EQ(ConvertGptOssExperts(0, mixed).status().code(), absl::StatusCode::kInvalidArgument);
 
   GptOssExpertParts unknown = c.Parts();
   unknown["gate_proj_blocks"] = unknown["down_proj_blocks"];

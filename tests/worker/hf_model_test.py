@@ -88,6 +88,10 @@ RANDOM_FAMILIES = {
     # gpt-oss's config says it (truncate false).
     "gpt_oss": (random_model.SPECS["gpt_oss_sinks"], None,
                 {**YARN_SCALING, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}),
+    # The same with its experts dequantized, as fine-tunes are saved: gate_up_proj [E, hidden,
+    # 2 ffn] and down_proj [E, ffn, hidden], transposed on load.
+    "gpt_oss_dense": (random_model.SPECS["gpt_oss_sinks"], "gpt-oss-dense",
+                      {**YARN_SCALING, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}),
 }
 
 
