@@ -61,39 +61,31 @@ def streamed(client, model, **kwargs):
     return "".join(reasoning), "".join(content), finish
 
 
-def test_chat_template_kwargs_reach_the_template(rig, model):
+def rendered(rig, model, **body):
+    """The chat prompt /tokenize renders for MESSAGES and `body`'s fields, as text."""
     base = rig.coordinator.http_url
+    status, tokens = h.post_json(base + "/tokenize", {"model": model, "messages": MESSAGES, **body})
+    assert status == 200, tokens
+    status, text = h.post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]})
+    assert status == 200, text
+    return text["prompt"]
 
-    def prompt(**body):
-        status, tokens = h.post_json(base + "/tokenize", {"model": model, "messages": MESSAGES, **body})
-        assert status == 200, tokens
-        status, text = h.post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]})
-        assert status == 200, text
-        return text["prompt"]
 
-    assert prompt().endswith("<|im_start|>assistant\n<think>\n")
-    assert prompt(chat_template_kwargs={"enable_thinking": True}).endswith("assistant\n<think>\n")
-    assert prompt(chat_template_kwargs={"enable_thinking": False}).endswith("<think>\n\n</think>\n\n")
+def test_chat_template_kwargs_reach_the_template(rig, model):
+    assert rendered(rig, model).endswith("<|im_start|>assistant\n<think>\n")
+    assert rendered(rig, model, chat_template_kwargs={"enable_thinking": True}).endswith("assistant\n<think>\n")
+    assert rendered(rig, model, chat_template_kwargs={"enable_thinking": False}).endswith("<think>\n\n</think>\n\n")
 
 
 def test_reasoning_effort_reaches_the_template(rig, client, model):
     """OpenAI's reasoning_effort is the template's variable (gpt-oss's harmony template says
     it in its system message); chat_template_kwargs override it, as in vLLM; a value outside
     OpenAI's four is refused by name."""
-    base = rig.coordinator.http_url
-
-    def prompt(**body):
-        status, tokens = h.post_json(base + "/tokenize", {"model": model, "messages": MESSAGES, **body})
-        assert status == 200, tokens
-        status, text = h.post_json(base + "/detokenize", {"model": model, "tokens": tokens["tokens"]})
-        assert status == 200, text
-        return text["prompt"]
-
-    assert "Reasoning:" not in prompt()
-    assert prompt(reasoning_effort="high").startswith("<|im_start|>system\nReasoning: high<|im_end|>")
-    assert "Reasoning: low<" in prompt(reasoning_effort="high",
-                                       chat_template_kwargs={"reasoning_effort": "low"})
-    assert "Reasoning: medium<" in prompt(chat_template_kwargs={"reasoning_effort": "medium"})
+    assert "Reasoning:" not in rendered(rig, model)
+    assert rendered(rig, model, reasoning_effort="high").startswith("<|im_start|>system\nReasoning: high<|im_end|>")
+    assert "Reasoning: low<" in rendered(rig, model, reasoning_effort="high",
+                                         chat_template_kwargs={"reasoning_effort": "low"})
+    assert "Reasoning: medium<" in rendered(rig, model, chat_template_kwargs={"reasoning_effort": "medium"})
     for bad in ("extreme", 3):
         with pytest.raises(openai.BadRequestError) as error:
             client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,
