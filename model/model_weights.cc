@@ -141,11 +141,12 @@ class Loader {
     LOOM_ASSIGN_OR_RETURN(common::GgmlTypeTraits traits,
                           common::GetGgmlTypeTraits(static_cast<uint32_t>(tensor->type)));
     if (range.first % traits.block_size != 0 || range.second % traits.block_size != 0) {
-      // A cut through the file's blocks: the whole matrix packed, then its columns cut
-      // (the groups split with F32 scales, the same values).
-      LOOM_ASSIGN_OR_RETURN(PackedWeight whole, Matrix(name, rows, cols, matrix));
+      // A cut through the file's blocks: the whole matrix packed (logged as the slice it
+      // becomes, not as itself), then its columns cut (groups split with F32 scales, the
+      // same values).
       absl::StatusOr<PackedWeight> slice =
-          kernels::cpu::SliceColumns(whole, range.first, range.second);
+          kernels::cpu::PackWeight(tensor->type, tensor_data.second, rows, cols, pack_);
+      if (slice.ok()) slice = kernels::cpu::SliceColumns(*slice, range.first, range.second);
       if (!slice.ok()) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "tensor %s (%s, blocks of %d) cannot be split at columns [%d, %d) for tensor "
@@ -153,8 +154,6 @@ class Loader {
             name, traits.name, traits.block_size, range.first, range.first + range.second,
             slice.status().message()));
       }
-      // Logged as the slice it became, not as the whole matrix.
-      if (--conversions_[whole.source] == 0) conversions_.erase(whole.source);
       conversions_[slice->source]++;
       return slice;
     }

@@ -16,6 +16,23 @@ namespace {
 
 using testing_util::AllClose;
 
+// `p`'s activation over `gate_up` [tokens, 2 * ffn] uploaded in p.dtype (its gate_up, out
+// and shape set here), the output downloaded as float.
+absl::StatusOr<std::vector<float>> RunGated(SiluMulParams p, const std::vector<float>& gate_up,
+                                            int64_t tokens, int64_t ffn) {
+  absl::StatusOr<DeviceBuffer> in = testing_util::Upload(p.dtype, gate_up);
+  if (!in.ok()) return in.status();
+  absl::StatusOr<DeviceBuffer> out = testing_util::Poisoned(p.dtype, tokens * ffn);
+  if (!out.ok()) return out.status();
+  p.gate_up = in->data();
+  p.out = out->data();
+  p.num_tokens = tokens;
+  p.ffn = ffn;
+  if (absl::Status status = LaunchSiluMul(p, nullptr); !status.ok()) return status;
+  if (absl::Status status = SynchronizeStream(nullptr); !status.ok()) return status;
+  return testing_util::Download(*out, p.dtype, tokens * ffn);
+}
+
 TEST(CudaSiluMulTest, RejectsBadShapesBeforeLaunch) {
   float buffer[4] = {};
   SiluMulParams p{buffer, buffer, DataType::kF16, 1, 0};
@@ -73,19 +90,10 @@ TEST(CudaSiluMulTest, GeluTanhGateMatchesCpu) {
           testing_util::RoundTo(dtype, testing_util::RandomFloats(tokens * 2 * ffn, ++seed, -8, 8));
       std::vector<float> expected(tokens * ffn);
       cpu::GeluTanhMul(gate_up.data(), tokens, ffn, expected.data(), pool);
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_in, testing_util::Upload(dtype, gate_up));
-      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dtype, tokens * ffn));
       SiluMulParams p;
-      p.gate_up = d_in.data();
-      p.out = d_out.data();
       p.dtype = dtype;
-      p.num_tokens = tokens;
-      p.ffn = ffn;
       p.activation = GateActivation::kGeluTanh;
-      ASSERT_TRUE(LaunchSiluMul(p, nullptr).ok());
-      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
-      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                                testing_util::Download(d_out, dtype, tokens * ffn));
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out, RunGated(p, gate_up, tokens, ffn));
       // The CPU's float tanh against the device's tanhf: a few float ulps, then one rounding.
       const double tol = std::max(testing_util::RoundingTolerance(dtype), 1e-5);
       EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), tol, tol));
@@ -131,24 +139,15 @@ TEST(CudaSiluMulTest, SwigluOaiGateMatchesCpu) {
         const std::vector<float> gate_up = testing_util::RoundTo(dtype, values);
         std::vector<float> expected(tokens * ffn);
         cpu::SwigluOaiMul(gate_up.data(), tokens, ffn, limit, expected.data(), pool);
-        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_in, testing_util::Upload(dtype, gate_up));
-        LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Poisoned(dtype, tokens * ffn));
         const DataType low = dtype == DataType::kF16 ? DataType::kBF16 : DataType::kF16;
         LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_low, testing_util::Poisoned(low, tokens * ffn));
         SiluMulParams p;
-        p.gate_up = d_in.data();
-        p.out = d_out.data();
         p.dtype = dtype;
-        p.num_tokens = tokens;
-        p.ffn = ffn;
         p.activation = GateActivation::kSwigluOai;
         p.limit = limit;
         p.out_low = d_low.data();
         p.low_dtype = low;
-        ASSERT_TRUE(LaunchSiluMul(p, nullptr).ok());
-        ASSERT_TRUE(SynchronizeStream(nullptr).ok());
-        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
-                                  testing_util::Download(d_out, dtype, tokens * ffn));
+        LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out, RunGated(p, gate_up, tokens, ffn));
         // The CPU's std::exp against the device's expf (the same expression, no fast-math):
         // a few float ulps, then one rounding.
         const double tol = std::max(testing_util::RoundingTolerance(dtype), 1e-5);
