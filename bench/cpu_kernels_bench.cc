@@ -58,7 +58,11 @@ const Format kFormats[] = {{"F32", WeightFormat::kF32, 0, ActivationPrecision::k
                            {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kF32, "f32"},
                            {"INT4", WeightFormat::kInt4, 32, ActivationPrecision::kInt8, "int8"},
                            {"INT5", WeightFormat::kInt5, 32, ActivationPrecision::kF32, "f32"},
-                           {"INT5", WeightFormat::kInt5, 32, ActivationPrecision::kInt8, "int8"}};
+                           {"INT5", WeightFormat::kInt5, 32, ActivationPrecision::kInt8, "int8"},
+                           // IQ4_NL / MXFP4 as packed by default (INT8 rows above: their
+                           // wide form, the same values at twice the bytes)
+                           {"NL4", WeightFormat::kNl4, 32, ActivationPrecision::kF32, "f32"},
+                           {"NL4", WeightFormat::kNl4, 32, ActivationPrecision::kInt8, "int8"}};
 
 // "INT4/a32": format and activation precision, as the tables print it.
 std::string Label(const Format& f) {
@@ -89,10 +93,26 @@ std::vector<float> RandomValues(int64_t n, uint32_t seed) {
   return v;
 }
 
+// Random IQ4_NL blocks (an F16 scale, 16 bytes of codes per 32 weights): NL4 has no rounding
+// from floats, only GGUF's table formats.
+absl::StatusOr<PackedWeight> RandomNl4(const Shape& s) {
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> blocks(s.rows * s.cols / 32 * 18);
+  for (size_t b = 0; b < blocks.size(); b += 18) {
+    const uint16_t scale = 0x2000 + static_cast<uint16_t>(byte(rng));  // ~0.008
+    std::memcpy(&blocks[b], &scale, 2);
+    for (size_t i = 2; i < 18; ++i) blocks[b + i] = static_cast<uint8_t>(byte(rng));
+  }
+  return kernels::cpu::PackWeight(common::GgmlType::kIQ4_NL, blocks.data(), s.rows, s.cols);
+}
+
 PackedWeight MakeWeight(const Format& f, const Shape& s) {
   const std::vector<float> values = RandomValues(s.rows * s.cols, 42);
-  absl::StatusOr<PackedWeight> w = kernels::cpu::PackFromF32(values.data(), s.rows, s.cols,
-                                                              f.format, f.group);
+  absl::StatusOr<PackedWeight> w =
+      f.format == WeightFormat::kNl4
+          ? RandomNl4(s)
+          : kernels::cpu::PackFromF32(values.data(), s.rows, s.cols, f.format, f.group);
   if (!w.ok()) {
     std::fprintf(stderr, "pack failed: %s\n", w.status().ToString().c_str());
     std::exit(1);

@@ -35,9 +35,9 @@ constexpr int64_t kUploadChunkElements = int64_t{4} << 20;
 
 // The quantized GEMM's weights: INT4 in groups of 16/32/64/128 (K-quant F32 scales and mins
 // rounded to F16), INT8 with F16 scales per output channel or in groups of 32/64/128 (GGUF
-// Q8_0 and IQ4_NL as Loom holds them), and INT8 with F32 scales (and mins) in groups of 16 or
-// 32 (Q6_K, Q5_K, and Q4_K parts fused with a Q6_K one); INT5 (Q5_0, Q5_1) as INT8, exactly
-// (UnpackQuantized).
+// Q8_0), and INT8 with F32 scales (and mins) in groups of 16 or 32 (Q6_K, Q5_K, and Q4_K
+// parts fused with a Q6_K one); INT5 (Q5_0, Q5_1) and NL4 (IQ4_NL, MXFP4: levels with F16
+// scales in groups of 32) as INT8, exactly (UnpackQuantized).
 bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
   const bool grouped =
       weight.group_size == 32 || weight.group_size == 64 || weight.group_size == 128;
@@ -45,7 +45,10 @@ bool QuantGemmTakes(const kernels::cpu::PackedWeight& weight) {
   if (weight.format == kernels::cpu::WeightFormat::kInt4) {
     return grouped || weight.group_size == 16;
   }
-  if (weight.format == kernels::cpu::WeightFormat::kInt5) return weight.group_size == 32;
+  if (weight.format == kernels::cpu::WeightFormat::kInt5 ||
+      weight.format == kernels::cpu::WeightFormat::kNl4) {
+    return weight.group_size == 32;
+  }
   if (weight.format != kernels::cpu::WeightFormat::kInt8) return false;
   if (weight.f32_scaled()) return weight.group_size == 16 || weight.group_size == 32;
   return grouped || weight.group_size == weight.cols;
@@ -129,8 +132,9 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLmHead(
     const kernels::cpu::PackedWeight& head) {
   using kernels::cpu::WeightFormat;
   const bool f16 = options_.dtype == kc::DataType::kF16;
-  const bool int8_exact = head.format == WeightFormat::kInt8 &&
-                          (head.group_size == head.cols || head.f32_scaled() || f16);
+  const bool int8_exact =
+      (head.format == WeightFormat::kInt8 || head.format == WeightFormat::kNl4) &&
+      (head.group_size == head.cols || head.f32_scaled() || f16);
   const bool int4_exact = head.format == WeightFormat::kInt4 && !head.f32_scaled() && f16;
   // INT5 goes in as INT8: Q5_0 with F16 group scales (exact with F16 activations only),
   // Q5_1 with F32 scales and mins.
@@ -247,7 +251,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadQuantized(
         packed, kc::PackInt4ForGpu(nibbles.data(), natural.scales.data(), natural.mins.data(),
                                    weight.rows, weight.cols, weight.group_size));
   } else {
-    // W8A16 (INT5 comes as INT8): per-channel scales as they are, group-wise ones in the
+    // W8A16 (INT5 and NL4 come as INT8): per-channel scales as they are, group-wise ones in the
     // kernel's layout.
     linear->format = kc::QuantWeightFormat::kInt8;
     LOOM_ASSIGN_OR_RETURN(packed.q, kc::PackInt8ForGpu(natural.q.data(), weight.rows, weight.cols));

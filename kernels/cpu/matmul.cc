@@ -77,7 +77,7 @@ absl::Status CheckParams(const MatmulParams& p) {
         w.f32_scaled()
             ? w.scales_f32.size() == groups && w.mins_f32.size() == groups && w.scales.empty()
             : w.scales.size() == groups &&
-                  w.mins.size() == (w.format == WeightFormat::kInt8 ? 0 : groups);
+                  w.mins.size() == (internal::HasMins(w.format) ? groups : 0);
     if (!sizes_match) {
       return absl::InvalidArgumentError("Matmul: weight scales/mins do not match its shape");
     }
@@ -156,19 +156,34 @@ void QuantizeActivationRowsInGroups(const float* x, int64_t num_rows, int64_t k,
   }
 }
 
+void ExpandNl4BlocksScalar(const PackedWeight& w, int64_t block_begin, int64_t block_end,
+                           uint8_t* out) {
+  // A 64-byte line of codes (8 columns x 16 rows) becomes two INT8 lines (4 columns each):
+  // the low nibbles' and the high nibbles', each byte at the same place in its line.
+  const int64_t lines = BlockDataBytes(WeightFormat::kNl4, w.cols) / 64;
+  const uint8_t* src = w.data.data() + block_begin * lines * 64;
+  for (int64_t line = 0; line < (block_end - block_begin) * lines; ++line) {
+    for (int i = 0; i < 64; ++i) {
+      const uint8_t byte = src[line * 64 + i];
+      out[line * 128 + i] = static_cast<uint8_t>(w.levels[byte & 0x0f] + 128);
+      out[line * 128 + 64 + i] = static_cast<uint8_t>(w.levels[byte >> 4] + 128);
+    }
+  }
+}
+
 // Scalar kernel over the packed layout; the integer formats use the same quantized
 // activations and integer dot products as the SIMD kernels.
 void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, n = w.rows;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const WeightFormat format = KernelFormat(a);
   for (int64_t b = block_begin; b < block_end; ++b) {
-    const uint8_t* data = w.data.data() + b * block_bytes;
+    const uint8_t* data = KernelBlockData(a, b);
     const int64_t valid = std::min<int64_t>(kRowBlock, n - b * kRowBlock);
     const float* bias = a.bias ? a.bias + b * kRowBlock : nullptr;
     for (int64_t t = 0; t < a.m; ++t) {
       float acc[kRowBlock] = {};
-      switch (w.format) {
+      switch (format) {
         case WeightFormat::kF32: {
           const float* wf = reinterpret_cast<const float*>(data);
           const float* x = a.x + t * k;
@@ -185,16 +200,18 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
           }
           break;
         }
+        case WeightFormat::kNl4:  // read as INT8 (KernelFormat)
+          break;
         case WeightFormat::kInt8:
         case WeightFormat::kInt4:
         case WeightFormat::kInt5: {
-          const bool int8 = w.format == WeightFormat::kInt8;
+          const bool int8 = format == WeightFormat::kInt8;
           const int64_t groups_per_scale = w.group_size / kActGroup;
           const int64_t x_groups = k / kActGroup;
           const int8_t* xq = a.xq.q + t * k;
           for (int64_t g = 0; g < x_groups; ++g) {
             int32_t dot[kRowBlock] = {};
-            AddScalarIntegerDots(data, w.format, k, xq, g * kActGroup, (g + 1) * kActGroup, dot);
+            AddScalarIntegerDots(data, format, k, xq, g * kActGroup, (g + 1) * kActGroup, dot);
             const float x_scale = a.xq.scale[t * x_groups + g];
             const int32_t x_sum = a.xq.qsum[t * x_groups + g];
             const int64_t scale_index =
@@ -218,13 +235,13 @@ void MatmulBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_
 void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, n = w.rows;
-  const bool int8 = w.format == WeightFormat::kInt8;
+  const WeightFormat format = KernelFormat(a);
+  const bool int8 = format == WeightFormat::kInt8;
   // INT4/INT5 q are centred on their middle (8, 16); the min takes it back.
-  const int centre = int8 ? 0 : w.format == WeightFormat::kInt5 ? 16 : 8;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const int centre = int8 ? 0 : format == WeightFormat::kInt5 ? 16 : 8;
   const int64_t scale_groups = k / w.group_size;
   for (int64_t b = block_begin; b < block_end; ++b) {
-    const uint8_t* data = w.data.data() + b * block_bytes;
+    const uint8_t* data = KernelBlockData(a, b);
     const int64_t valid = std::min<int64_t>(kRowBlock, n - b * kRowBlock);
     const float* bias = a.bias ? a.bias + b * kRowBlock : nullptr;
     for (int64_t t = 0; t < a.m; ++t) {
@@ -234,7 +251,7 @@ void MatmulF32ActBlocksScalar(const MatmulArgs& a, int64_t block_begin, int64_t 
         float group_acc[kRowBlock] = {};
         for (int64_t c = sg * w.group_size; c < (sg + 1) * w.group_size; ++c) {
           for (int r = 0; r < kRowBlock; ++r) {
-            const int q = BlockQ(data, w.format, k, r, c) - centre;
+            const int q = BlockQ(data, format, k, r, c) - centre;
             group_acc[r] += static_cast<float>(q) * x[c];
           }
         }
@@ -272,9 +289,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   args.m = params.m;
 
   const int64_t k = w.cols;
-  const bool integer = w.format == WeightFormat::kInt8 || w.format == WeightFormat::kInt4 ||
-                       w.format == WeightFormat::kInt5;
+  const bool integer = internal::IsInteger(w.format);
   const bool int5 = w.format == WeightFormat::kInt5;
+  // NL4 runs the INT8 kernels on its row blocks widened a few at a time (below).
+  const bool nl4 = w.format == WeightFormat::kNl4;
+  const WeightFormat kernel_format = nl4 ? WeightFormat::kInt8 : w.format;
   // F32-scaled weights (K-quants) take float activations through the GEMM kernels on
   // AVX2/AVX-512 (whatever the threshold) and the scalar kernel otherwise, and int8 ones
   // through their own kernels (matmul_kquant_int8act*.cc): the other int8-activation and
@@ -367,7 +386,7 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
       int8_activations && !kquant_int8 && !(int5 && isa != MatmulIsaChoice::kAvx512) &&
       params.m >= internal::Int8ActGemmMinTokens() &&
       (int8act_gemm_moved.load(std::memory_order_relaxed) ||
-       !(ActiveIsa() == MatmulIsaChoice::kAvx2 && w.format == WeightFormat::kInt8));
+       !(ActiveIsa() == MatmulIsaChoice::kAvx2 && kernel_format == WeightFormat::kInt8));
   switch (isa) {
     case MatmulIsaChoice::kAvx512:
       kernel = kquant_int8                      ? internal::MatmulKQuantInt8ActBlocksAvx512
@@ -392,8 +411,36 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   const int64_t block_bytes = internal::BlockDataBytes(w.format, k) * std::max<int64_t>(1, params.m);
   const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, block_bytes));
   const int chunks_per_thread = params.m >= kBalancedMinTokens ? kBalancedChunksPerThread : 1;
+  if (!nl4) {
+    pool.ParallelFor(
+        blocks, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); },
+        chunks_per_thread);
+    return absl::OkStatus();
+  }
+  // NL4: each thread widens its blocks to INT8 a few at a time, about 128 KiB (the
+  // thread's L2 keeps them between the widening and the kernel), and runs the kernel
+  // over them. DRAM gives half of INT8's bytes; a byte shuffle per 32 codes does the rest.
+  const int64_t wide_block_bytes = internal::BlockDataBytes(WeightFormat::kInt8, k);
+  const int64_t run = std::clamp<int64_t>((int64_t{128} << 10) / wide_block_bytes, 2, 64);
+  const bool avx2 = isa != MatmulIsaChoice::kScalar;
   pool.ParallelFor(
-      blocks, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); },
+      blocks, grain,
+      [&](int64_t begin, int64_t end) {
+        thread_local std::vector<uint8_t> wide;
+        wide.resize(static_cast<size_t>(run * wide_block_bytes));
+        internal::MatmulArgs widened = args;
+        widened.expanded = wide.data();
+        for (int64_t b = begin; b < end; b += run) {
+          const int64_t b_end = std::min(end, b + run);
+          if (avx2) {
+            internal::ExpandNl4BlocksAvx2(w, b, b_end, wide.data());
+          } else {
+            internal::ExpandNl4BlocksScalar(w, b, b_end, wide.data());
+          }
+          widened.expanded_begin = b;
+          kernel(widened, b, b_end);
+        }
+      },
       chunks_per_thread);
   return absl::OkStatus();
 }

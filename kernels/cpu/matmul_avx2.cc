@@ -49,9 +49,8 @@ template <bool kHalf, int Mr, int Nb>
 void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
   const uint8_t* base[Nb];
-  for (int j = 0; j < Nb; ++j) base[j] = w.data.data() + (block0 + j) * block_bytes;
+  for (int j = 0; j < Nb; ++j) base[j] = KernelBlockData(a, block0 + j);
   const float* x = a.x + token0 * k;
   __m256 acc[Mr][Nb][2];
   for (int r = 0; r < Mr; ++r) {
@@ -98,7 +97,6 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   constexpr bool kInt5 = kFormat == WeightFormat::kInt5;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t x_groups = k / kActGroup;
   const int64_t scale_groups = k / w.group_size;
   const int64_t groups_per_scale = w.group_size / kActGroup;
@@ -107,7 +105,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const uint16_t* scales[Nb];
   const uint16_t* mins[Nb];
   for (int j = 0; j < Nb; ++j) {
-    base[j] = w.data.data() + (block0 + j) * block_bytes;
+    base[j] = KernelBlockData(a, block0 + j);
     scales[j] = w.scales.data() + (block0 + j) * scale_groups * kRowBlock;
     mins[j] = kInt4 ? w.mins.data() + (block0 + j) * scale_groups * kRowBlock : nullptr;
   }
@@ -230,8 +228,31 @@ void RunInt(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 
 }  // namespace
 
+void ExpandNl4BlocksAvx2(const PackedWeight& w, int64_t block_begin, int64_t block_end,
+                         uint8_t* out) {
+  // ExpandNl4BlocksScalar's mapping: each 32 bytes of codes give the low nibbles' levels
+  // (+ 128: XOR 0x80) at twice their offset and the high nibbles' 64 bytes further.
+  const int64_t bytes = BlockDataBytes(WeightFormat::kNl4, w.cols);
+  const uint8_t* src = w.data.data() + block_begin * bytes;
+  const int64_t total = (block_end - block_begin) * bytes;
+  const __m128i table = _mm_xor_si128(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.levels.data())), _mm_set1_epi8(-128));
+  const __m256i lut = _mm256_broadcastsi128_si256(table);
+  const __m256i low_mask = _mm256_set1_epi8(0x0f);
+  for (int64_t i = 0; i < total; i += 64) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + h * 32));
+      const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(codes, low_mask));
+      const __m256i hi =
+          _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(codes, 4), low_mask));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i + h * 32), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i + 64 + h * 32), hi);
+    }
+  }
+}
+
 void MatmulBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  switch (a.weight->format) {
+  switch (KernelFormat(a)) {
     case WeightFormat::kF32:
       RunFloat<false>(a, block_begin, block_end);
       return;
@@ -246,6 +267,8 @@ void MatmulBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_en
       return;
     case WeightFormat::kInt5:
       RunInt<WeightFormat::kInt5>(a, block_begin, block_end);
+      return;
+    case WeightFormat::kNl4:  // read as INT8 (KernelFormat)
       return;
   }
 }

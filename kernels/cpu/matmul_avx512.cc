@@ -56,9 +56,8 @@ template <bool kHalf, int Mr, int Nb>
 void FloatTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
   const uint8_t* base[Nb];
-  for (int j = 0; j < Nb; ++j) base[j] = w.data.data() + (block0 + j) * block_bytes;
+  for (int j = 0; j < Nb; ++j) base[j] = KernelBlockData(a, block0 + j);
   const float* x = a.x + token0 * k;
   __m512 acc[Mr][Nb];
   for (int r = 0; r < Mr; ++r) {
@@ -95,7 +94,6 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   constexpr bool kInt5 = kFormat == static_cast<int>(WeightFormat::kInt5);
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t x_groups = k / kActGroup;
   const int64_t scale_groups = k / w.group_size;
   const int64_t groups_per_scale = w.group_size / kActGroup;
@@ -104,7 +102,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const uint16_t* scales[Nb];
   const uint16_t* mins[Nb];
   for (int j = 0; j < Nb; ++j) {
-    base[j] = w.data.data() + (block0 + j) * block_bytes;
+    base[j] = KernelBlockData(a, block0 + j);
     scales[j] = w.scales.data() + (block0 + j) * scale_groups * kRowBlock;
     mins[j] = kInt4 ? w.mins.data() + (block0 + j) * scale_groups * kRowBlock : nullptr;
   }
@@ -311,7 +309,7 @@ void QuantizeActivationRowsAvx512(const float* x, int64_t num_rows, int64_t k, i
 
 void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin,
                                    int64_t block_end) {
-  switch (a.weight->format) {
+  switch (KernelFormat(a)) {
     case WeightFormat::kInt4:
       RunIntGemm<kInt4Kernel>(a, block_begin, block_end);
       return;
@@ -325,7 +323,7 @@ void MatmulInt8ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin,
 }
 
 void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  switch (a.weight->format) {
+  switch (KernelFormat(a)) {
     case WeightFormat::kF32:
       RunTiles<FloatKernel, 0>(a, block_begin, block_end, kFloatMr, kFloatNb);
       return;
@@ -340,6 +338,8 @@ void MatmulBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_
       return;
     case WeightFormat::kInt5:
       RunTiles<IntKernel, kInt5Kernel>(a, block_begin, block_end, kIntMr, kIntNb);
+      return;
+    case WeightFormat::kNl4:  // read as INT8 (KernelFormat)
       return;
   }
 }

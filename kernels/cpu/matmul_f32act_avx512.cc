@@ -86,14 +86,14 @@ void Tile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
   const int64_t group = w.group_size;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
+  const int64_t block_bytes = BlockDataBytes(KernelFormat(a), k);
   const int64_t scale_groups = k / group;
   const int64_t lines_per_group = group / kColsPerLine;
   const uint8_t* base[Nb];
   const uint16_t* scales[Nb];
   const uint16_t* mins[Nb];
   for (int j = 0; j < Nb; ++j) {
-    base[j] = w.data.data() + (block0 + j) * block_bytes;
+    base[j] = KernelBlockData(a, block0 + j);
     scales[j] = w.scales.data() + (block0 + j) * scale_groups * kRowBlock;
     mins[j] = kInt4 ? w.mins.data() + (block0 + j) * scale_groups * kRowBlock : nullptr;
   }
@@ -227,7 +227,7 @@ void RunTiles(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt4) {
+  if (KernelFormat(a) == WeightFormat::kInt4) {
     RunTiles<true>(a, block_begin, block_end);
   } else {
     RunTiles<false>(a, block_begin, block_end);

@@ -343,7 +343,7 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
   constexpr int kCols = Decoder::kColsPerLine;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, group = w.group_size;
-  const uint8_t* data = w.data.data() + call.block * BlockDataBytes(w.format, k);
+  const uint8_t* data = KernelBlockData(a, call.block);
   const float* x = a.x + call.token0 * k;
   const Decoder decoder(w);
   Accumulators<Mr> out(a, call);
@@ -436,8 +436,8 @@ __attribute__((flatten)) void GemvTile(const MatmulArgs& a, int64_t block0) {
   constexpr int kCols = Decoder::kColsPerLine;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, group = w.group_size, n = w.rows;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
-  const uint8_t* data = w.data.data() + block0 * block_bytes;
+  const int64_t block_bytes = BlockDataBytes(KernelFormat(a), k);
+  const uint8_t* data = KernelBlockData(a, block0);
   const Decoder decoder(w);
   const GroupArrays arrays(w);
   // Every index into acc and grp is a compile-time constant (Unrolled over the blocks
@@ -536,7 +536,6 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   static constexpr TileTable<Decoder> table;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t scale_groups = k / w.group_size;
   if (a.m == 1) {
     int64_t b = block_begin;
@@ -562,7 +561,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
     for (int64_t b = block_begin; b < block_end; ++b) {
       const uint8_t* prefetch = nullptr;
       if (b + 1 < block_end) {
-        prefetch = w.data.data() + (b + 1) * block_bytes;
+        prefetch = KernelBlockData(a, b + 1);
         const int64_t bytes = scale_groups * kRowBlock * arrays.element_bytes;
         const int64_t first = (b + 1) * bytes;
         for (int64_t offset = 0; offset < bytes; offset += 64) {
@@ -587,11 +586,11 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActGemmBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt5) {
+  if (KernelFormat(a) == WeightFormat::kInt5) {
     RunGemm<Int5Decoder>(a, block_begin, block_end);
     return;
   }
-  const bool int4 = a.weight->format == WeightFormat::kInt4;
+  const bool int4 = KernelFormat(a) == WeightFormat::kInt4;
   if (a.weight->f32_scaled()) {
     int4 ? RunGemm<Int4F32Decoder>(a, block_begin, block_end)
          : RunGemm<Int8F32Decoder>(a, block_begin, block_end);

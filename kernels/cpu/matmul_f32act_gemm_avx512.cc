@@ -276,8 +276,8 @@ void DecodeTile(const MatmulArgs& a, float* panel, const TileCall& call, const u
   constexpr int kCols = Decoder::kColsPerLine;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols, group = w.group_size;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
-  const uint8_t* data = w.data.data() + call.block0 * block_bytes;
+  const int64_t block_bytes = BlockDataBytes(KernelFormat(a), k);
+  const uint8_t* data = KernelBlockData(a, call.block0);
   const float* x = a.x + call.token0 * k;
   const Decoder decoder(w);
   Accumulators<Mr, Nb> out(a, call);
@@ -371,7 +371,6 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
   static constexpr TileTable<Decoder> table;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
-  const int64_t block_bytes = BlockDataBytes(w.format, k);
   const int64_t scale_groups = k / w.group_size;
   // One panel chunk per thread, kept between calls.
   float* const panel = ThreadScratch(kPanelBlocks * kRowBlock * kChunkCols);
@@ -396,7 +395,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
       const int64_t ahead = b + kPanelBlocks;
       const uint8_t* prefetch = nullptr;
       if (ahead + nb <= block_end) {
-        prefetch = w.data.data() + ahead * block_bytes;
+        prefetch = KernelBlockData(a, ahead);
         // The next panel's scales (and mins): its weight bytes are prefetched line by
         // line as this panel decodes; these would otherwise miss once per group.
         const int64_t bytes = nb * scale_groups * kRowBlock * arrays.element_bytes;
@@ -423,11 +422,11 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulF32ActGemmBlocksAvx512(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt5) {
+  if (KernelFormat(a) == WeightFormat::kInt5) {
     RunGemm<Int5Decoder>(a, block_begin, block_end);
     return;
   }
-  const bool int4 = a.weight->format == WeightFormat::kInt4;
+  const bool int4 = KernelFormat(a) == WeightFormat::kInt4;
   if (a.weight->f32_scaled()) {
     int4 ? RunGemm<Int4F32Decoder>(a, block_begin, block_end)
          : RunGemm<Int8F32Decoder>(a, block_begin, block_end);

@@ -64,7 +64,7 @@ void Tile(const MatmulArgs& a, int64_t block, int64_t token0) {
   const int64_t x_groups = k / kActGroup;
   const int64_t scale_groups = k / w.group_size;
   const int64_t groups_per_scale = w.group_size / kActGroup;
-  const uint8_t* data = w.data.data() + block * BlockDataBytes(w.format, k);
+  const uint8_t* data = KernelBlockData(a, block);
   const uint16_t* scales = w.scales.data() + block * scale_groups * kRowBlock;
   const uint16_t* mins = kInt4 ? w.mins.data() + block * scale_groups * kRowBlock : nullptr;
   const int8_t* xq = a.xq.q + token0 * k;
@@ -209,7 +209,7 @@ void RunGemm(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
 }  // namespace
 
 void MatmulInt8ActGemmBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_end) {
-  if (a.weight->format == WeightFormat::kInt4) {
+  if (KernelFormat(a) == WeightFormat::kInt4) {
     RunGemm<true>(a, block_begin, block_end);
   } else {
     RunGemm<false>(a, block_begin, block_end);

@@ -20,6 +20,7 @@ namespace loom::kernels::cpu::internal {
 ///              holding q + 128 (offset binary, so VNNI's unsigned operand is the weight)
 ///   INT4:      [cols / 8][16][4] uint8    byte  (r, c) at (c / 8) * 64 + r * 4 + c % 4,
 ///              low nibble for c % 8 < 4, high nibble for c % 8 >= 4
+///   NL4:       INT4's layout for the codes
 ///   INT5:      INT4's layout for the low 4 bits of q, then the fifth bits at byte
 ///              cols * 8 of the block: [cols / 32][16] uint32, one dword per row and 32
 ///              columns; column 32 G + 8 L + 4 s + j (line L of the group, nibble s,
@@ -62,6 +63,7 @@ inline int64_t BlockDataBytes(WeightFormat format, int64_t cols) {
     case WeightFormat::kInt8:
       return cols * kRowBlock;
     case WeightFormat::kInt4:
+    case WeightFormat::kNl4:
       return cols * kRowBlock / 2;
     case WeightFormat::kInt5:
       return cols * kRowBlock / 2 + cols * kRowBlock / 8;
@@ -147,7 +149,31 @@ struct MatmulArgs {
   const float* bias = nullptr;  // [n] or nullptr
   float* y = nullptr;         // [m, n]
   int64_t m = 0;
+  // NL4 weights: row blocks from `expanded_begin` on, widened to INT8 into this thread's
+  // scratch (Matmul widens a few blocks at a time and runs the INT8 kernels over them);
+  // null for every other format.
+  const uint8_t* expanded = nullptr;
+  int64_t expanded_begin = 0;
 };
+
+/// The format the kernels read: INT8 for an NL4 weight (widened as they go), else the
+/// weight's own.
+inline WeightFormat KernelFormat(const MatmulArgs& a) {
+  return a.expanded != nullptr ? WeightFormat::kInt8 : a.weight->format;
+}
+/// Row block `block`'s bytes in KernelFormat's layout.
+inline const uint8_t* KernelBlockData(const MatmulArgs& a, int64_t block) {
+  const int64_t bytes = BlockDataBytes(KernelFormat(a), a.weight->cols);
+  return a.expanded != nullptr ? a.expanded + (block - a.expanded_begin) * bytes
+                               : a.weight->data.data() + block * bytes;
+}
+
+/// Widens NL4 row blocks [block_begin, block_end) into INT8's layout at `out` (each code's
+/// level + 128): the scalar loop and the AVX2 one (a byte shuffle per 32 codes).
+void ExpandNl4BlocksScalar(const PackedWeight& w, int64_t block_begin, int64_t block_end,
+                           uint8_t* out);
+void ExpandNl4BlocksAvx2(const PackedWeight& w, int64_t block_begin, int64_t block_end,
+                         uint8_t* out);
 
 using MatmulBlocksFn = void (*)(const MatmulArgs& args, int64_t block_begin, int64_t block_end);
 

@@ -30,6 +30,8 @@ const char* WeightFormatName(WeightFormat format) {
       return "INT4";
     case WeightFormat::kInt5:
       return "INT5";
+    case WeightFormat::kNl4:
+      return "NL4";
   }
   return "?";
 }
@@ -38,7 +40,7 @@ namespace internal {
 
 bool IsInteger(WeightFormat format) {
   return format == WeightFormat::kInt8 || format == WeightFormat::kInt4 ||
-         format == WeightFormat::kInt5;
+         format == WeightFormat::kInt5 || format == WeightFormat::kNl4;
 }
 
 absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t cols,
@@ -54,8 +56,9 @@ absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t
           "%s weight: group size %d must be a positive multiple of %d dividing cols %d",
           WeightFormatName(format), group_size, unit, cols));
     }
-    if (format == WeightFormat::kInt5 && f32_scales) {
-      return absl::InvalidArgumentError("INT5 weight: F32 scales are not supported");
+    if ((format == WeightFormat::kInt5 || format == WeightFormat::kNl4) && f32_scales) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s weight: F32 scales are not supported", WeightFormatName(format)));
     }
   } else {
     group_size = 0;
@@ -77,7 +80,7 @@ absl::StatusOr<PackedWeight> Allocate(WeightFormat format, int64_t rows, int64_t
       weight.mins_f32.assign(groups, -0.0f);  // no min: -0 adds nothing (GroupMin)
     } else {
       weight.scales.assign(groups, 0);
-      if (format != WeightFormat::kInt8) weight.mins.assign(groups, 0);
+      if (HasMins(format)) weight.mins.assign(groups, 0);
     }
   }
   return weight;
@@ -94,14 +97,23 @@ const uint8_t* BlockData(const PackedWeight& w, int64_t row) {
   return w.data.data() + (row / kRowBlock) * BlockDataBytes(w.format, w.cols);
 }
 
+void SetCode(uint8_t* block, int64_t r, int64_t col, int code) {
+  uint8_t* byte = block + IntByteOffset(WeightFormat::kInt4, r, col);
+  *byte = col % 8 < 4 ? static_cast<uint8_t>((*byte & 0xf0) | (code & 0x0f))
+                      : static_cast<uint8_t>((*byte & 0x0f) | ((code & 0x0f) << 4));
+}
+
 void SetQ(PackedWeight& w, int64_t row, int64_t col, int q) {
-  uint8_t* byte = BlockData(w, row) + IntByteOffset(w.format, row % kRowBlock, col);
   if (w.format == WeightFormat::kInt8) {
-    *byte = static_cast<uint8_t>(q + 128);
-  } else if (col % 8 < 4) {
-    *byte = static_cast<uint8_t>((*byte & 0xf0) | (q & 0x0f));
+    BlockData(w, row)[IntByteOffset(w.format, row % kRowBlock, col)] =
+        static_cast<uint8_t>(q + 128);
+  } else if (w.format == WeightFormat::kNl4) {
+    // The first code of that level (MXFP4's -0 and +0 are one value). Every caller copies
+    // levels of a weight with the same table.
+    const auto code = std::find(w.levels.begin(), w.levels.end(), q) - w.levels.begin();
+    SetCode(BlockData(w, row), row % kRowBlock, col, static_cast<int>(code));
   } else {
-    *byte = static_cast<uint8_t>((*byte & 0x0f) | ((q & 0x0f) << 4));
+    SetCode(BlockData(w, row), row % kRowBlock, col, q);
   }
   if (w.format == WeightFormat::kInt5) {
     uint8_t* word = BlockData(w, row) + Int5HighOffset(w.cols, row % kRowBlock, col / 32);
@@ -114,7 +126,8 @@ void SetQ(PackedWeight& w, int64_t row, int64_t col, int q) {
 }
 
 int GetQ(const PackedWeight& w, int64_t row, int64_t col) {
-  return BlockQ(BlockData(w, row), w.format, w.cols, row % kRowBlock, col);
+  const int q = BlockQ(BlockData(w, row), w.format, w.cols, row % kRowBlock, col);
+  return w.format == WeightFormat::kNl4 ? w.levels[static_cast<size_t>(q)] : q;
 }
 
 float GroupScale(const PackedWeight& w, int64_t index) {
@@ -123,7 +136,7 @@ float GroupScale(const PackedWeight& w, int64_t index) {
 
 float GroupMin(const PackedWeight& w, int64_t index) {
   if (w.f32_scaled()) return w.mins_f32[index];
-  return w.format != WeightFormat::kInt8 ? HalfToFloat(w.mins[index]) : -0.0f;
+  return HasMins(w.format) ? HalfToFloat(w.mins[index]) : -0.0f;
 }
 
 absl::Status ForEachRowRun(int64_t rows, int64_t cols,
@@ -156,9 +169,11 @@ using internal::GroupIndex;
 using internal::GroupMin;
 using internal::GroupScale;
 using internal::HalfToFloat;
+using internal::HasMins;
 using internal::IsInteger;
 using internal::kRowBlock;
 using internal::NumRowBlocks;
+using internal::SetCode;
 using internal::SetQ;
 
 // Quantizes one group of F32 values with round-to-nearest (QuantizeGroupRtn) into row
@@ -169,7 +184,7 @@ void QuantizeGroup(const float* values, PackedWeight& w, int64_t row, int64_t g)
   std::vector<int8_t> q(static_cast<size_t>(gs));
   uint16_t min = 0;
   QuantizeGroupRtn(values, gs, w.format, q.data(), &w.scales[index], &min);
-  if (w.format != WeightFormat::kInt8) w.mins[index] = min;
+  if (HasMins(w.format)) w.mins[index] = min;
   for (int64_t j = 0; j < gs; ++j) SetQ(w, row, g * gs + j, q[static_cast<size_t>(j)]);
 }
 
@@ -194,6 +209,8 @@ void SetRowFromF32(PackedWeight& w, int64_t row, const float* values) {
         QuantizeGroup(values + g * w.group_size, w, row, g);
       }
       return;
+    case WeightFormat::kNl4:  // PackFromF32 refuses it
+      return;
   }
 }
 
@@ -215,7 +232,8 @@ void CopyRow(const PackedWeight& src, int64_t src_row, PackedWeight& dst, int64_
     }
     case WeightFormat::kInt8:
     case WeightFormat::kInt4:
-    case WeightFormat::kInt5: {
+    case WeightFormat::kInt5:
+    case WeightFormat::kNl4: {
       for (int64_t c = 0; c < src.cols; ++c) SetQ(dst, dst_row, c, GetQ(src, src_row, c));
       for (int64_t g = 0; g < src.cols / src.group_size; ++g) {
         const int64_t to = GroupIndex(dst, dst_row, g), from = GroupIndex(src, src_row, g);
@@ -327,6 +345,7 @@ absl::StatusOr<PackedWeight> ConcatSameFormat(const std::vector<const PackedWeig
   }
   LOOM_ASSIGN_OR_RETURN(PackedWeight out, Allocate(first.format, rows, first.cols,
                                                    first.group_size, first.f32_scaled()));
+  out.levels = first.levels;
   // Copies a part's per-group array into the output's at row `offset` (a block boundary).
   auto copy_groups = [](const auto& from, auto& to, int64_t offset, int64_t part_rows) {
     if (from.empty()) return;
@@ -357,7 +376,7 @@ absl::StatusOr<PackedWeight> ConcatSameFormat(const std::vector<const PackedWeig
 // The zero point of a symmetric INT4/INT5 weight with F16 scales (every min is -8 or -16
 // times its scale, as Q4_0 and Q5_0 store them), else 0.
 int SymmetricZeroPoint(const PackedWeight& w) {
-  if (w.f32_scaled() || w.format == WeightFormat::kInt8 || !IsInteger(w.format)) return 0;
+  if (w.f32_scaled() || !HasMins(w.format)) return 0;
   const int zero_point = w.format == WeightFormat::kInt4 ? 8 : 16;
   for (size_t i = 0; i < w.scales.size(); ++i) {
     if (HalfToFloat(w.mins[i]) != -static_cast<float>(zero_point) * HalfToFloat(w.scales[i])) {
@@ -384,11 +403,11 @@ absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
           absl::StrFormat("ConcatRows: parts differ (%s and %s) and are not all integer formats",
                           WeightFormatName(parts[0]->format), WeightFormatName(part->format)));
     }
-    int8 = int8 || part->format == WeightFormat::kInt8;
+    int8 = int8 || part->format == WeightFormat::kInt8 || part->format == WeightFormat::kNl4;
     int5 = int5 || part->format == WeightFormat::kInt5;
     f32_scales = f32_scales || part->f32_scaled();
     narrow_with_mins =
-        narrow_with_mins || (part->format != WeightFormat::kInt8 && SymmetricZeroPoint(*part) == 0);
+        narrow_with_mins || (HasMins(part->format) && SymmetricZeroPoint(*part) == 0);
     group = group == 0 ? part->group_size : std::min(group, part->group_size);
   }
   // The kernels take INT5 with F16 scales only: with F32 ones it widens to INT8.
@@ -433,6 +452,10 @@ absl::StatusOr<std::vector<PackedWeight>> WidenToCommonFormat(
 absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int64_t cols,
                                          WeightFormat format, int64_t group_size) {
   if (values == nullptr) return absl::InvalidArgumentError("PackFromF32: null values");
+  if (format == WeightFormat::kNl4) {
+    return absl::InvalidArgumentError(
+        "PackFromF32: NL4 takes a table of levels: no rounding to it");
+  }
   LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, group_size));
   LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(rows, cols, [&](int64_t first, int64_t end) {
     for (int64_t row = first; row < end; ++row) SetRowFromF32(w, row, values + row * cols);
@@ -445,12 +468,14 @@ absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int6
 }
 
 // Blocks of 32 whose nibbles index a table of int8 levels times one scale per block
-// (IQ4_NL: an F16 scale and kIq4NlValues; MXFP4: an E8M0 exponent and kMxfp4Values) as INT8
-// g32 without loss: the level is the int8 value, the scale the group's. MXFP4's scales
-// 2^(e - 128) are kept in F16 where every block's is a normal or subnormal F16 power of two
-// (2^-24 .. 2^15), else in F32.
+// (IQ4_NL: an F16 scale and kIq4NlValues; MXFP4: an E8M0 exponent and kMxfp4Values) as NL4
+// g32 without loss: the nibbles are the codes, the table the levels, the scale the group's
+// (or as INT8 g32, the level the int8 value). MXFP4's scales 2^(e - 128) are kept in F16
+// where every block's is a normal or subnormal F16 power of two (2^-24 .. 2^15), else in
+// F32 (then INT8: NL4 has F16 scales only).
 absl::StatusOr<PackedWeight> PackTableBlocks(common::GgmlType type, const uint8_t* src,
-                                             int64_t rows, int64_t cols) {
+                                             int64_t rows, int64_t cols,
+                                             const PackOptions& options) {
   const bool mxfp4 = type == common::GgmlType::kMXFP4;
   const char* name = mxfp4 ? "MXFP4" : "IQ4_NL";
   if (cols % 32 != 0) {
@@ -464,7 +489,10 @@ absl::StatusOr<PackedWeight> PackTableBlocks(common::GgmlType type, const uint8_
     const uint8_t e = src[b * block_bytes];
     f32_scales |= e < 128 - 24 || e > 128 + 15;
   }
-  LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kInt8, rows, cols, 32, f32_scales));
+  const WeightFormat format =
+      f32_scales || options.table_4bit_as_int8 ? WeightFormat::kInt8 : WeightFormat::kNl4;
+  LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(format, rows, cols, 32, f32_scales));
+  std::copy(levels, levels + 16, w.levels.begin());
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* block = src + (row * groups + g) * block_bytes;
@@ -477,13 +505,22 @@ absl::StatusOr<PackedWeight> PackTableBlocks(common::GgmlType type, const uint8_
         w.scales[index] = FloatToHalf(common::Mxfp4Scale(block[0]));
       }
       const int64_t c0 = g * 32;
+      uint8_t* data = BlockData(w, row);
       for (int j = 0; j < 16; ++j) {
-        SetQ(w, row, c0 + j, levels[block[header + j] & 0x0f]);
-        SetQ(w, row, c0 + 16 + j, levels[block[header + j] >> 4]);
+        const int lo = block[header + j] & 0x0f, hi = block[header + j] >> 4;
+        if (format == WeightFormat::kInt8) {
+          SetQ(w, row, c0 + j, levels[lo]);
+          SetQ(w, row, c0 + 16 + j, levels[hi]);
+        } else {  // the codes as they are (MXFP4's -0 stays its own code)
+          SetCode(data, row % kRowBlock, c0 + j, lo);
+          SetCode(data, row % kRowBlock, c0 + 16 + j, hi);
+        }
       }
     }
   }
-  w.source = absl::StrFormat("%s -> INT8 g32%s (lossless)", name, f32_scales ? ", F32 scales" : "");
+  if (format == WeightFormat::kInt8) w.levels = {};
+  w.source = absl::StrFormat("%s -> %s g32%s (lossless)", name, WeightFormatName(format),
+                             f32_scales ? ", F32 scales" : "");
   return w;
 }
 
@@ -505,7 +542,7 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
       return PackGgufBlocks(type, static_cast<const uint8_t*>(data), rows, cols, options);
     case GgmlType::kIQ4_NL:
     case GgmlType::kMXFP4:
-      return PackTableBlocks(type, static_cast<const uint8_t*>(data), rows, cols);
+      return PackTableBlocks(type, static_cast<const uint8_t*>(data), rows, cols, options);
     case GgmlType::kF16: {
       LOOM_ASSIGN_OR_RETURN(PackedWeight w, Allocate(WeightFormat::kF16, rows, cols, 0));
       const uint16_t* src = static_cast<const uint16_t*>(data);
@@ -549,10 +586,9 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
 }
 
 absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
-  if (w.format != WeightFormat::kInt8 && w.format != WeightFormat::kInt4 &&
-      w.format != WeightFormat::kInt5) {
+  if (!IsInteger(w.format)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "UnpackQuantized: the weight is %s, not INT8/INT5/INT4", WeightFormatName(w.format)));
+        "UnpackQuantized: the weight is %s, not INT8/INT5/INT4/NL4", WeightFormatName(w.format)));
   }
   const int64_t groups = w.cols / w.group_size;
   // INT5 becomes INT8: symmetric (Q5_0: every min -16 times its scale) as q - 16 with the F16
@@ -579,7 +615,7 @@ absl::StatusOr<NaturalQuantizedWeight> UnpackQuantized(const PackedWeight& w) {
     if (int8_mins) out.mins_f32.resize(num_groups);
   } else {
     out.scales.resize(num_groups);
-    if (w.format == WeightFormat::kInt4) out.mins.resize(num_groups);
+    if (w.format == WeightFormat::kInt4) out.mins.resize(num_groups);  // NL4: as INT8
   }
   // Rows split across threads (a load-time pass over every weight of the layer).
   ParallelForOnce(w.rows, std::max<int64_t>(1, (int64_t{1} << 18) / w.cols),
@@ -625,8 +661,11 @@ absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& w, int64_t col_beg
   }
   const bool f32_scales = w.f32_scaled() || !whole;
   const WeightFormat format =
-      w.format == WeightFormat::kInt5 && f32_scales ? WeightFormat::kInt8 : w.format;
+      (w.format == WeightFormat::kInt5 || w.format == WeightFormat::kNl4) && f32_scales
+          ? WeightFormat::kInt8
+          : w.format;
   LOOM_ASSIGN_OR_RETURN(PackedWeight out, Allocate(format, w.rows, count, group, f32_scales));
+  out.levels = w.levels;
   const int64_t ratio = w.group_size / group, first_group = col_begin / group;
   LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(w.rows, count, [&](int64_t first, int64_t end) {
     for (int64_t row = first; row < end; ++row) {
@@ -639,7 +678,7 @@ absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& w, int64_t col_beg
           out.mins_f32[to] = GroupMin(w, from);
         } else {
           out.scales[to] = w.scales[from];
-          if (format != WeightFormat::kInt8) out.mins[to] = w.mins[from];
+          if (HasMins(format)) out.mins[to] = w.mins[from];
         }
       }
     }
@@ -660,7 +699,7 @@ absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& 
   bool same = true;
   for (const PackedWeight* part : parts) {
     same = same && part->format == first.format && part->group_size == first.group_size &&
-           part->f32_scaled() == first.f32_scaled();
+           part->f32_scaled() == first.f32_scaled() && part->levels == first.levels;
   }
   std::vector<PackedWeight> widened;
   std::vector<const PackedWeight*> same_parts = parts;
@@ -689,7 +728,8 @@ void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, f
       }
       case WeightFormat::kInt8:
       case WeightFormat::kInt4:
-      case WeightFormat::kInt5: {
+      case WeightFormat::kInt5:
+      case WeightFormat::kNl4: {
         for (int64_t g = 0; g < cols / w.group_size; ++g) {
           const int64_t index = GroupIndex(w, row, g);
           const float scale = GroupScale(w, index);
@@ -704,7 +744,7 @@ void DequantizeRows(const PackedWeight& w, int64_t row_begin, int64_t row_end, f
             }
             continue;
           }
-          if (w.format == WeightFormat::kInt8) {
+          if (!HasMins(w.format)) {  // INT8's q, NL4's levels
             for (int64_t j = 0; j < w.group_size; ++j) {
               dst[c0 + j] = static_cast<float>(GetQ(w, row, c0 + j)) * scale;
             }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,9 @@ enum class WeightFormat {
           //   (group 32: GGUF Q4_0 (min = -8 * scale) and Q4_1 exactly)
   kInt5,  // 5-bit q in [0, 31], value = q * scale + min, as kInt4 with a fifth bit
           //   (group 32: GGUF Q5_0 (min = -16 * scale) and Q5_1 exactly)
+  kNl4,   // 4-bit code in [0, 15] naming one of 16 int8 `levels`, value = levels[code] *
+          //   scale; one F16 scale per group (group 32: GGUF IQ4_NL and MXFP4 exactly, at
+          //   half of INT8's bytes). The kernels widen each row block to INT8 as they read it.
 };
 // INT8/INT4 weights come with F16 scales (`scales`, `mins`: the formats above) or, for the
 // K-quants, with F32 ones (`scales_f32`, `mins_f32`): a K-quant sub-block's scale is an F16
@@ -27,7 +31,7 @@ enum class WeightFormat {
 // value = q * scale + min, q in [0, 31]); the value is one rounding of q * scale + min,
 // which is exactly what llama.cpp and `gguf` dequantize.
 
-/// "F32", "F16", "INT8", "INT4", "INT5".
+/// "F32", "F16", "INT8", "INT4", "INT5", "NL4".
 const char* WeightFormatName(WeightFormat format);
 
 /// A weight matrix W [rows = out_features, cols = in_features] in a backend format.
@@ -47,6 +51,7 @@ struct PackedWeight {
   // same blocking; an INT8 group without a min holds -0.0f.
   std::vector<float> scales_f32;
   std::vector<float> mins_f32;
+  std::array<int8_t, 16> levels{};  // kNl4: the value of each code; none is -128
   std::string source;              // e.g. "Q4_1 -> INT4 g32 (lossless)"
 
   /// True for an INT8/INT4 weight with F32 scales and mins.
@@ -67,12 +72,17 @@ struct PackOptions {
   // bytes as they are; elsewhere INT5 ran faster. The CPU forward pass chooses
   // (worker/cpu_forward_pass.cc, with the measurements).
   bool q5_0_as_int8 = false;
+  // IQ4_NL and MXFP4 as INT8 (one byte per weight) instead of NL4 (half a byte, widened to
+  // INT8 by the kernels per row block as they read it; MXFP4 blocks whose scales F16 cannot
+  // hold are INT8 with F32 scales either way).
+  bool table_4bit_as_int8 = false;
 };
 
 /// Converts a GGUF tensor with ggml shape [cols, rows] (ne0 = cols, contiguous) into a
 /// backend format, every one without loss: F32 -> F32, F16 -> F16, BF16 -> F32,
 /// Q4_0/Q4_1 -> INT4 g32, Q5_0/Q5_1 -> INT5 g32 (Q5_0 as INT8 g32 if `options` say),
-/// Q8_0 and IQ4_NL -> INT8 g32, and the K-quants into F32-scaled INT4/INT8
+/// Q8_0 -> INT8 g32, IQ4_NL and MXFP4 -> NL4 g32 (INT8 g32 if `options` say, or for MXFP4
+/// scales outside F16's powers of two), and the K-quants into F32-scaled INT4/INT8
 /// (kernels/cpu/kquant_weights.cc): Q4_K -> INT4 g32, Q5_K -> INT8 g32 with mins, Q6_K ->
 /// INT8 g16, Q3_K and Q2_K -> INT4 g16. `source` says which. InvalidArgument for
 /// unsupported types or sizes.
@@ -80,14 +90,16 @@ absl::StatusOr<PackedWeight> PackWeight(common::GgmlType type, const void* data,
                                         int64_t cols, const PackOptions& options = {});
 
 /// Packs F32 values [rows, cols] into `format` (quantizing with round-to-nearest for
-/// kInt8 / kInt4 with the given group size). Used by tests and re-quantization.
+/// kInt8 / kInt4 / kInt5 with the given group size; kNl4 is InvalidArgument). Used by tests
+/// and re-quantization.
 absl::StatusOr<PackedWeight> PackFromF32(const float* values, int64_t rows, int64_t cols,
                                          WeightFormat format, int64_t group_size);
 
 /// Stacks weights with equal cols into one [sum rows, cols] matrix (fused QKV and gate/up
 /// projections: one matmul instead of several). Integer parts that differ in format,
 /// group size or scale type are first converted, without loss, to the widest of them
-/// (INT4 -> INT5 -> INT8, a group into halves, F16 -> F32 scales), as a Q4_K_M file's Q6_K V
+/// (INT4 -> INT5 -> INT8, NL4 -> INT8 (its levels), a group into halves, F16 -> F32 scales;
+/// NL4 parts stay NL4 when they share their levels), as a Q4_K_M file's Q6_K V
 /// beside its Q4_K Q and K needs; symmetric INT4/INT5 parts (Q4_0, Q5_0: min = -8 or -16
 /// times the scale) become INT8 q - 8 / q - 16 with their F16 scales, so a Q8_0 V beside
 /// Q5_0 Q and K stays one byte per weight. Other mixes are InvalidArgument.
@@ -96,7 +108,7 @@ absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& 
 /// Columns [col_begin, col_begin + count) of every row of an INT8/INT5/INT4 weight, the same
 /// values (a tensor-parallel rank's slice of a row-parallel matrix). A cut through a group
 /// (gpt-oss's 2,880 MXFP4 columns over 4 ranks: 720, not a multiple of 32) splits it into
-/// groups of gcd(group, col_begin, count) with F32 scales (INT5 then as INT8);
+/// groups of gcd(group, col_begin, count) with F32 scales (INT5 and NL4 then as INT8);
 /// InvalidArgument for float formats and for pieces narrower than 16 columns.
 absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& weight, int64_t col_begin,
                                           int64_t count);
@@ -106,7 +118,8 @@ absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& weight, int64_t co
 /// min for INT8 with F16 scales). An INT4 weight's F32 scales and mins (K-quants) are rounded
 /// to F16 here (the CUDA INT4 kernels keep F16 ones); an INT8 weight's stay F32, exact. INT5
 /// comes out as INT8, exactly: Q5_0's symmetric form as q - 16 with its F16 scales (Q8_0's
-/// form), Q5_1's as q in 0..31 with F32 scales and mins.
+/// form), Q5_1's as q in 0..31 with F32 scales and mins; NL4 as INT8 too, its levels with
+/// its F16 scales.
 struct NaturalQuantizedWeight {
   std::vector<int8_t> q;          // [rows, cols]: INT4 0..15, INT8 -128..127
   std::vector<uint16_t> scales;   // F16 [rows, cols / group_size]; empty with scales_f32

@@ -17,6 +17,10 @@ namespace loom::kernels::cpu::internal {
 inline constexpr int64_t kF32ScaledGroupUnit = 16;
 
 bool IsInteger(WeightFormat format);
+/// INT4 and INT5 store a min per group; INT8 and NL4 (signed values) do not.
+inline bool HasMins(WeightFormat format) {
+  return format == WeightFormat::kInt4 || format == WeightFormat::kInt5;
+}
 
 /// An empty (zero-filled) weight of the given shape in the packed layout; integer formats
 /// get F16 or (`f32_scales`) F32 scales and mins. InvalidArgument for bad shapes or groups.
@@ -35,9 +39,12 @@ absl::Status ForEachRowRun(int64_t rows, int64_t cols,
                            const std::function<absl::Status(int64_t, int64_t)>& fn);
 const uint8_t* BlockData(const PackedWeight& w, int64_t row);
 
-/// Raw per-element access for the integer formats: q as stored (INT8: signed q, INT4:
-/// 0..15).
+/// Per-element access for the integer formats: q as stored (INT8: signed q, INT4:
+/// 0..15), for NL4 the code's level (SetQ takes a level of `w.levels`).
 void SetQ(PackedWeight& w, int64_t row, int64_t col, int q);
+/// The low four bits of q (INT4, INT5) or an NL4 code into row r < 16, column `col` of a
+/// row block's `block` bytes.
+void SetCode(uint8_t* block, int64_t r, int64_t col, int code);
 int GetQ(const PackedWeight& w, int64_t row, int64_t col);
 
 /// Scale and min of group `index` (GroupIndex) as floats, whichever precision is stored.

@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "common/formats/ggml_type.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 
 namespace loom::kernels::cpu {
@@ -84,7 +87,44 @@ struct TestWeight {
   std::vector<float> values;  // the packed weight dequantized, [n, k]
 };
 
-TestWeight MakeTestWeight(WeightFormat format, int64_t group, Shape shape, uint32_t seed) {
+// Random GGUF blocks of a 4-bit table format, NL4 (or INT8) once packed: IQ4_NL for even
+// seeds (F16 scales of both signs), MXFP4 for odd ones (exponents 2^-7 .. 2^-3).
+std::vector<uint8_t> RandomTableBlocks(Shape shape, uint32_t seed, common::GgmlType* type) {
+  const bool mxfp4 = seed % 2 == 1;
+  *type = mxfp4 ? common::GgmlType::kMXFP4 : common::GgmlType::kIQ4_NL;
+  const int64_t block_bytes = mxfp4 ? 17 : 18, header = mxfp4 ? 1 : 2;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  std::vector<uint8_t> blocks(shape.rows * shape.cols / 32 * block_bytes);
+  for (size_t b = 0; b < blocks.size(); b += block_bytes) {
+    if (mxfp4) {
+      blocks[b] = static_cast<uint8_t>(121 + byte(rng) % 5);
+    } else {
+      const uint16_t half = FloatToHalf(scale(rng));
+      std::memcpy(&blocks[b], &half, 2);
+    }
+    for (int64_t i = header; i < block_bytes; ++i) blocks[b + i] = static_cast<uint8_t>(byte(rng));
+  }
+  return blocks;
+}
+
+// A weight of `format`: random values rounded to it, or for NL4 (group 32 only) random
+// IQ4_NL or MXFP4 blocks (`as_int8`: their INT8 form, the same values).
+TestWeight MakeTestWeight(WeightFormat format, int64_t group, Shape shape, uint32_t seed,
+                          bool as_int8 = false) {
+  if (format == WeightFormat::kNl4) {
+    EXPECT_EQ(group, 32);
+    common::GgmlType type;
+    const std::vector<uint8_t> blocks = RandomTableBlocks(shape, seed, &type);
+    absl::StatusOr<PackedWeight> packed =
+        PackWeight(type, blocks.data(), shape.rows, shape.cols, {.table_4bit_as_int8 = as_int8});
+    EXPECT_TRUE(packed.ok()) << packed.status();
+    EXPECT_EQ(packed->format, as_int8 ? WeightFormat::kInt8 : WeightFormat::kNl4);
+    TestWeight weight{*std::move(packed), {}};
+    weight.values = Dequantize(weight.packed);
+    return weight;
+  }
   const std::vector<float> values = RandomWeights(shape.rows, shape.cols, seed);
   absl::StatusOr<PackedWeight> packed =
       PackFromF32(values.data(), shape.rows, shape.cols, format, group);
@@ -213,7 +253,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulFormatTest,
                                                          int64_t{-1}),  // per output channel
                                          std::make_tuple(WeightFormat::kInt4, int64_t{32}),
                                          std::make_tuple(WeightFormat::kInt4, int64_t{64}),
-                                         std::make_tuple(WeightFormat::kInt5, int64_t{32})),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{32}),
+                                         std::make_tuple(WeightFormat::kNl4, int64_t{32})),
                          FormatAndGroupName);
 
 // INT8/INT4/INT5 weights with float activations (the default): dequantized in registers,
@@ -247,7 +288,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulFloatActivationTest,
                                                          int64_t{-1}),  // per output channel
                                          std::make_tuple(WeightFormat::kInt4, int64_t{32}),
                                          std::make_tuple(WeightFormat::kInt4, int64_t{64}),
-                                         std::make_tuple(WeightFormat::kInt5, int64_t{64})),
+                                         std::make_tuple(WeightFormat::kInt5, int64_t{64}),
+                                         std::make_tuple(WeightFormat::kNl4, int64_t{32})),
                          FormatAndGroupName);
 
 // The GEMM kernel for INT8/INT4 weights with float activations (AVX-512: each 32-row
@@ -304,7 +346,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulF32ActGemmTest,
                                          std::make_tuple(WeightFormat::kInt8, int64_t{64}),
                                          std::make_tuple(WeightFormat::kInt8, int64_t{128}),
                                          std::make_tuple(WeightFormat::kInt8,
-                                                         int64_t{-1})),  // per output channel
+                                                         int64_t{-1}),  // per output channel
+                                         std::make_tuple(WeightFormat::kNl4, int64_t{32})),
                          FormatAndGroupName);
 
 // The AVX2 and AVX-512 GEMM kernels compute each output as one FMA chain over k of the
@@ -385,7 +428,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulInt8ActGemmTest,
                                          std::make_tuple(WeightFormat::kInt8, int64_t{32}),
                                          std::make_tuple(WeightFormat::kInt8, int64_t{64}),
                                          std::make_tuple(WeightFormat::kInt8,
-                                                         int64_t{-1})),  // per output channel
+                                                         int64_t{-1}),  // per output channel
+                                         std::make_tuple(WeightFormat::kNl4, int64_t{32})),
                          FormatAndGroupName);
 
 // With int8 activations every kernel applies the same exact integer group dot products
@@ -439,14 +483,51 @@ TEST(MatmulTest, Int8ActGemmIsBitIdenticalToTileKernelsOnEveryIsa) {
   }
 }
 
+// NL4 runs the INT8 kernels over its row blocks widened as it goes: the same bits as the same
+// blocks packed as INT8, on every ISA, activation precision, kernel (tiles and both GEMMs
+// forced on or left at their thresholds), batch and thread count, with partial row blocks
+// and rows wide enough (2,880 and 4,096 columns) that a thread widens two blocks at a time.
+TEST(MatmulTest, Nl4GivesTheBitsOfItsInt8Form) {
+  uint32_t seed = 2100;
+  for (Shape shape : {Shape{40, 128}, Shape{1000, 768}, Shape{300, 2880}, Shape{33, 4096}}) {
+    ++seed;
+    const TestWeight nl4 = MakeTestWeight(WeightFormat::kNl4, 32, shape, seed);
+    const TestWeight int8 = MakeTestWeight(WeightFormat::kNl4, 32, shape, seed, /*as_int8=*/true);
+    ASSERT_LT(nl4.packed.bytes(), int8.packed.bytes() * 6 / 10);
+    for (MatmulIsaChoice isa : AvailableIsas()) {
+      IsaGuard isa_guard(isa);
+      for (Precision precision : {Precision::kF32, Precision::kInt8}) {
+        for (int64_t m : {1, 3, 17, 64}) {
+          if (isa == MatmulIsaChoice::kScalar && m > 3) continue;
+          const std::vector<float> x = RandomActivations(m, shape.cols, ++seed);
+          const int threads = 1 + static_cast<int>(m % 3);
+          for (bool gemm : {false, true}) {
+            F32ActGemmGuard f32_gemm(gemm ? 1 : 0);
+            Int8ActGemmGuard int8_gemm(gemm ? 1 : 0);
+            ThreadPool pool(threads);
+            std::vector<float> want(m * shape.rows), got(m * shape.rows);
+            ASSERT_TRUE(
+                Matmul({x.data(), &int8.packed, nullptr, want.data(), m, precision}, pool).ok());
+            ASSERT_TRUE(
+                Matmul({x.data(), &nl4.packed, nullptr, got.data(), m, precision}, pool).ok());
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << IsaName(isa) << " n=" << shape.rows << " k=" << shape.cols << " m=" << m
+                << (precision == Precision::kInt8 ? " int8" : " f32") << (gemm ? " gemm" : "");
+          }
+        }
+      }
+    }
+  }
+}
+
 // Batch invariance: a token's output is the same bits whether it runs alone or with
 // others, on any thread count (seeded sampling must not depend on the batch), on every
 // ISA the CPU (and LOOM_CPU_ISA) allows.
 TEST(MatmulTest, EachTokensResultIsIndependentOfTheBatch) {
   for (MatmulIsaChoice isa : AvailableIsas()) {
     IsaGuard isa_guard(isa);
-    for (WeightFormat format :
-         {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kInt5, WeightFormat::kF16}) {
+    for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kInt4, WeightFormat::kInt5,
+                                WeightFormat::kNl4, WeightFormat::kF16}) {
       const TestWeight weight = MakeTestWeight(format, 32, {200, 576}, 21);
       const int64_t m = 13;
       const std::vector<float> x = RandomActivations(m, 576, 22);

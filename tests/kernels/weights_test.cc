@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -67,9 +68,10 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
     absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
     ASSERT_TRUE(packed.ok()) << packed.status();
     const WeightFormat format =
-        type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1   ? WeightFormat::kInt4
-        : type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 ? WeightFormat::kInt5
-                                                             : WeightFormat::kInt8;
+        type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1      ? WeightFormat::kInt4
+        : type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1    ? WeightFormat::kInt5
+        : type == GgmlType::kIQ4_NL || type == GgmlType::kMXFP4 ? WeightFormat::kNl4
+                                                                : WeightFormat::kInt8;
     EXPECT_EQ(packed->format, format);
     EXPECT_EQ(packed->group_size, 32);
     EXPECT_NE(packed->source.find("lossless"), std::string::npos) << packed->source;
@@ -80,6 +82,14 @@ TEST_P(LosslessPackTest, DequantizedPackIsBitIdenticalToGguf) {
     std::vector<float> row(cols);
     DequantizeRows(*packed, rows - 1, rows, row.data());
     EXPECT_EQ(std::memcmp(row.data(), expected.data() + (rows - 1) * cols, cols * 4), 0);
+    if (format == WeightFormat::kNl4) {  // and in their INT8 form, the same values
+      absl::StatusOr<PackedWeight> int8 =
+          PackWeight(type, blocks.data(), rows, cols, {.table_4bit_as_int8 = true});
+      ASSERT_TRUE(int8.ok()) << int8.status();
+      EXPECT_EQ(int8->format, WeightFormat::kInt8);
+      const std::vector<float> wide = Unpack(*int8);
+      EXPECT_EQ(std::memcmp(wide.data(), expected.data(), wide.size() * sizeof(float)), 0);
+    }
   }
 }
 
@@ -88,8 +98,9 @@ INSTANTIATE_TEST_SUITE_P(Gguf, LosslessPackTest,
                                          GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kIQ4_NL,
                                          GgmlType::kMXFP4));
 
-// Columns cut out of INT8 (MXFP4, Q8_0), INT4 (Q4_1) and INT5 (Q5_0) weights: the same
-// values, whole groups kept as they were, groups cut in half split with F32 scales.
+// Columns cut out of NL4 (MXFP4), INT8 (Q8_0), INT4 (Q4_1) and INT5 (Q5_0) weights: the same
+// values, whole groups kept as they were (the format too), groups cut in half split with F32
+// scales (NL4 and INT5 then as INT8).
 TEST(WeightsTest, SliceColumnsKeepsEveryValueWholeOrThroughGroups) {
   const int64_t rows = 19, cols = 128;
   for (GgmlType type : {GgmlType::kMXFP4, GgmlType::kQ8_0, GgmlType::kQ4_1, GgmlType::kQ5_0}) {
@@ -105,6 +116,9 @@ TEST(WeightsTest, SliceColumnsKeepsEveryValueWholeOrThroughGroups) {
       ASSERT_TRUE(slice.ok()) << slice.status();
       EXPECT_EQ(slice->group_size, group);
       EXPECT_EQ(slice->f32_scaled(), group != 32 || packed->f32_scaled());
+      EXPECT_EQ(slice->format, group == 32 || packed->format == WeightFormat::kInt4
+                                   ? packed->format
+                                   : WeightFormat::kInt8);
       const std::vector<float> got = Unpack(*slice);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < count; ++c) {
@@ -322,6 +336,57 @@ TEST(WeightsTest, ConcatRowsRejectsFloatBesideOtherFormats) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(ConcatRows({&*a, &*b}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ConcatRows({&*b, &*c}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// NL4 weights (IQ4_NL, MXFP4) keep their codes and table where they can: fused with parts of
+// the same table they stay NL4, beside another table or another format they become INT8 (the
+// levels), beside nothing they unpack to INT8's natural form; every value survives. Nothing
+// rounds to NL4.
+TEST(WeightsTest, Nl4PartsStayNl4WithTheirOwnTableAndWidenOtherwise) {
+  const int64_t cols = 96;
+  auto pack = [&](GgmlType type, int64_t rows, uint32_t seed) {
+    const std::vector<uint8_t> blocks = RandomGgufBlocks(type, rows * cols, seed);
+    absl::StatusOr<PackedWeight> packed = PackWeight(type, blocks.data(), rows, cols);
+    EXPECT_TRUE(packed.ok()) << packed.status();
+    return *std::move(packed);
+  };
+  const PackedWeight a = pack(GgmlType::kIQ4_NL, 19, 1), b = pack(GgmlType::kIQ4_NL, 16, 2);
+  const PackedWeight c = pack(GgmlType::kMXFP4, 5, 3), d = pack(GgmlType::kQ8_0, 16, 4);
+  ASSERT_EQ(a.format, WeightFormat::kNl4);
+  ASSERT_EQ(c.format, WeightFormat::kNl4);
+  for (auto [parts, format] :
+       std::vector<std::pair<std::vector<const PackedWeight*>, WeightFormat>>{
+           {{&a, &b}, WeightFormat::kNl4},
+           {{&b, &a}, WeightFormat::kNl4},
+           {{&a, &c}, WeightFormat::kInt8},
+           {{&a, &d, &c}, WeightFormat::kInt8}}) {
+    absl::StatusOr<PackedWeight> fused = ConcatRows(parts);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ(fused->format, format) << fused->source;
+    EXPECT_FALSE(fused->f32_scaled());
+    std::vector<float> want;
+    for (const PackedWeight* part : parts) {
+      const std::vector<float> values = Unpack(*part);
+      want.insert(want.end(), values.begin(), values.end());
+    }
+    const std::vector<float> got = Unpack(*fused);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << fused->source;
+  }
+  for (const PackedWeight* w : {&a, &c}) {
+    absl::StatusOr<NaturalQuantizedWeight> natural = UnpackQuantized(*w);
+    ASSERT_TRUE(natural.ok()) << natural.status();
+    EXPECT_TRUE(natural->mins.empty() && natural->scales_f32.empty());
+    const std::vector<float> values = Unpack(*w);
+    for (int64_t i = 0; i < w->rows * cols; ++i) {
+      const float scale = internal::HalfToFloat(natural->scales[i / 32]);
+      ASSERT_EQ(natural->q[i] * scale, values[i]) << i;
+      ASSERT_NE(std::find(w->levels.begin(), w->levels.end(), natural->q[i]), w->levels.end());
+    }
+  }
+  const std::vector<float> ones(32, 1.0f);
+  EXPECT_EQ(PackFromF32(ones.data(), 1, 32, WeightFormat::kNl4, 32).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The natural row-major values of an INT8/INT4 weight dequantize to what DequantizeRows

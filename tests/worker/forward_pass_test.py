@@ -62,7 +62,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   granite_scaled max 0.0382 (avx2, scalar) RMS 0.0110 (logits halved by its logit_scale; same)
 #   glm4_sandwich max 0.294 (avx2, scalar)   RMS 0.0679 (same)
 #   gemma1_gelu  max 0.278 (avx2, scalar)     RMS 0.0561 / 0.0555 (same)
-#   gpt_oss_sinks max 0.291 (avx2, scalar)   RMS 0.0714 (same; MXFP4 experts as INT8 g32)
+#   gpt_oss_sinks max 0.291 (avx2, scalar)   RMS 0.0714 (same; MXFP4 experts as NL4 g32, the bits of INT8 g32)
 #   llama_k      max 0.864 (every ISA)        RMS 0.1659 / 0.1659 / 0.1680 (Q8_K: a scale per 256)
 # llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
 # formats (Q4_0 Q beside a Q8_0 V, ...) stopped falling back to F32 weights: they are widened
