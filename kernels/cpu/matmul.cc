@@ -411,7 +411,11 @@ absl::Status Matmul(const MatmulParams& params, ThreadPool& pool) {
   const int64_t block_bytes = internal::BlockDataBytes(w.format, k) * std::max<int64_t>(1, params.m);
   const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, block_bytes));
   const int chunks_per_thread = params.m >= kBalancedMinTokens ? kBalancedChunksPerThread : 1;
-  if (!nl4) {
+  // The AVX2 int8-activation tile kernel reads NL4's codes itself (a byte shuffle per line):
+  // GEMV at 1.3-1.5x the weights/s of widening first (1.7-1.9x INT8's), batches even. With
+  // float activations both ways ran even (bench/results/cpu_kernels_avx2_gemv.json).
+  const bool direct = kernel == internal::MatmulBlocksAvx2;
+  if (!nl4 || direct) {
     pool.ParallelFor(
         blocks, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); },
         chunks_per_thread);

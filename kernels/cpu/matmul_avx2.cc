@@ -91,9 +91,12 @@ inline __m256i Dot4(__m256i unsigned_bytes, __m256i signed_bytes, __m256i ones16
 // the offset form (no VNNI: maddubs would saturate on q + 128). kFormat is INT8, INT4 or
 // INT5 (INT4 with each line's fifth bits ORed into its nibbles; q <= 31 keeps maddubs
 // exact).
+// NL4 runs as INT8 straight from its codes: INT8's lines 2 L and 2 L + 1 are the levels of
+// code line L's low and high nibbles (a byte shuffle).
 template <WeightFormat kFormat, int Mr, int Nb>
 void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
-  constexpr bool kInt4 = kFormat != WeightFormat::kInt8;
+  constexpr bool kNl4 = kFormat == WeightFormat::kNl4;
+  constexpr bool kInt4 = kFormat != WeightFormat::kInt8 && !kNl4;
   constexpr bool kInt5 = kFormat == WeightFormat::kInt5;
   const PackedWeight& w = *a.weight;
   const int64_t k = w.cols;
@@ -116,6 +119,8 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
   const __m256i fifth_bit = _mm256_set1_epi8(0x10);
   const __m256i sign_flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i levels = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.levels.data())));
   __m256 acc[Mr][Nb][2];
   for (int r = 0; r < Mr; ++r) {
     for (int j = 0; j < Nb; ++j) acc[r][j][0] = acc[r][j][1] = _mm256_setzero_ps();
@@ -127,9 +132,14 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
     }
     for (int line = 0; line < kLinesPerGroup; ++line) {
       for (int j = 0; j < Nb; ++j) {
-        const uint8_t* p = base[j] + (g * kLinesPerGroup + line) * 64;
+        const uint8_t* p = kNl4 ? base[j] + (g * kLinesPerGroup + line) / 2 * 64
+                                : base[j] + (g * kLinesPerGroup + line) * 64;
         for (int h = 0; h < 2; ++h) {
-          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
+          __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + h * 32));
+          if constexpr (kNl4) {  // the levels: INT8's q
+            if (line % 2 == 1) bytes = _mm256_srli_epi16(bytes, 4);
+            bytes = _mm256_shuffle_epi8(levels, _mm256_and_si256(bytes, low_mask));
+          }
           if constexpr (kInt4) {
             __m256i lo = _mm256_and_si256(bytes, low_mask);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_mask);
@@ -149,7 +159,7 @@ void IntTile(const MatmulArgs& a, int64_t block0, int64_t token0) {
               dot[r][j][h] = _mm256_add_epi32(dot[r][j][h], Dot4(hi, x_hi, ones16));
             }
           } else {
-            const __m256i q = _mm256_xor_si256(bytes, sign_flip);  // q + 128 -> q
+            const __m256i q = kNl4 ? bytes : _mm256_xor_si256(bytes, sign_flip);  // q + 128 -> q
             const __m256i q_abs = _mm256_abs_epi8(q);                 // -128 -> 128 as u8
             for (int r = 0; r < Mr; ++r) {
               const __m256i xv =
@@ -268,7 +278,8 @@ void MatmulBlocksAvx2(const MatmulArgs& a, int64_t block_begin, int64_t block_en
     case WeightFormat::kInt5:
       RunInt<WeightFormat::kInt5>(a, block_begin, block_end);
       return;
-    case WeightFormat::kNl4:  // read as INT8 (KernelFormat)
+    case WeightFormat::kNl4:
+      RunInt<WeightFormat::kNl4>(a, block_begin, block_end);
       return;
   }
 }
