@@ -202,6 +202,24 @@ absl::StatusOr<std::string> RenderChatPrompt(const Json& messages, const ToolsRe
   return CutAfterFinalMessage(*std::move(rendered), final_text);
 }
 
+absl::StatusOr<std::optional<Json>> ChatTemplateVariables(
+    const std::optional<std::string>& reasoning_effort, const Json* kwargs) {
+  if (!reasoning_effort && kwargs == nullptr) return std::nullopt;
+  if (reasoning_effort && *reasoning_effort != "minimal" && *reasoning_effort != "low" &&
+      *reasoning_effort != "medium" && *reasoning_effort != "high") {
+    return InvalidOpenAiParam("reasoning_effort",
+                              absl::StrFormat("'reasoning_effort' is '%s' (one of minimal, low, "
+                                              "medium, high)",
+                                              *reasoning_effort));
+  }
+  if (kwargs != nullptr && !kwargs->is_object()) return *kwargs;  // refused by RenderChatPrompt
+  Json merged = kwargs != nullptr ? *kwargs : Json::object();
+  if (reasoning_effort && !merged.contains("reasoning_effort")) {
+    merged["reasoning_effort"] = *reasoning_effort;
+  }
+  return merged;
+}
+
 std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
                                       const common::Tokenizer& tokenizer) {
   return tokenizer.Encode(rendered, /*add_special=*/false, /*parse_special=*/true);
@@ -249,11 +267,13 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
   if (request.messages_size() == 0) {
     if (request.tools_size() > 0 || !request.tool_choice().empty() ||
         !request.tool_choice_function().empty() || request.has_parallel_tool_calls() ||
-        request.has_add_generation_prompt() || request.continue_final_message()) {
+        request.has_add_generation_prompt() || request.continue_final_message() ||
+        !request.chat_template_kwargs().empty() || !request.reasoning_effort().empty()) {
       return InvalidOpenAiParam(
           "messages",
-          "tools, tool_choice, parallel_tool_calls, add_generation_prompt and "
-          "continue_final_message need messages (a chat)");
+          "tools, tool_choice, parallel_tool_calls, add_generation_prompt, "
+          "continue_final_message, chat_template_kwargs and reasoning_effort need messages (a "
+          "chat)");
     }
     return ToolsRequest{};
   }
@@ -272,9 +292,23 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
   options.add_generation_prompt =
       !request.has_add_generation_prompt() || request.add_generation_prompt();
   options.continue_final_message = request.continue_final_message();
+  std::optional<Json> kwargs;
+  if (!request.chat_template_kwargs().empty()) {
+    kwargs = Json::parse(request.chat_template_kwargs(), nullptr, /*allow_exceptions=*/false);
+    if (kwargs->is_discarded()) {
+      return InvalidOpenAiParam("chat_template_kwargs",
+                                "'chat_template_kwargs' is not JSON (a JSON object as text)");
+    }
+  }
+  LOOM_ASSIGN_OR_RETURN(
+      std::optional<Json> variables,
+      ChatTemplateVariables(request.reasoning_effort().empty()
+                                ? std::nullopt
+                                : std::optional<std::string>(request.reasoning_effort()),
+                            kwargs ? &*kwargs : nullptr));
   LOOM_ASSIGN_OR_RETURN(std::string rendered,
                         RenderChatPrompt(MessagesJson(request), tools, tokenizer, *chat_template,
-                                         /*template_kwargs=*/nullptr, options));
+                                         variables ? &*variables : nullptr, options));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
   request.clear_messages();
@@ -284,6 +318,8 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
   request.clear_parallel_tool_calls();
   request.clear_add_generation_prompt();
   request.clear_continue_final_message();
+  request.clear_chat_template_kwargs();
+  request.clear_reasoning_effort();
   return tools;
 }
 

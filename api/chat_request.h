@@ -43,6 +43,15 @@ absl::StatusOr<std::string> RenderChatPrompt(
     const common::Tokenizer& tokenizer, const common::ChatTemplate& chat_template,
     const nlohmann::ordered_json* template_kwargs = nullptr, ChatRenderOptions options = {});
 
+/// The template's variables beyond the messages: `reasoning_effort` (OpenAI's field: gpt-oss's
+/// harmony template says it in its system message, "Reasoning: high"), then `kwargs` (vLLM's
+/// chat_template_kwargs) over it (vLLM's precedence); null when neither is given.
+/// InvalidArgument (param "reasoning_effort") for an effort other than minimal, low, medium
+/// or high; kwargs that are not an object come back as they are, for RenderChatPrompt to
+/// refuse.
+absl::StatusOr<std::optional<nlohmann::ordered_json>> ChatTemplateVariables(
+    const std::optional<std::string>& reasoning_effort, const nlohmann::ordered_json* kwargs);
+
 /// The token ids of a rendered chat prompt (the template writes BOS itself; its special
 /// tokens are parsed).
 std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
@@ -57,11 +66,12 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
 
 /// The gRPC API's chat: turns `request`'s messages, tools, tool_choice and
 /// parallel_tool_calls into the token-id prompt (and the grammar, see ApplyToolConstraint),
-/// exactly as the same OpenAI chat request would be (add_generation_prompt and
-/// continue_final_message included); the chat fields are cleared. Returns
-/// the tools, to parse the reply with. InvalidArgument for messages together with a
-/// prompt, chat fields without messages, malformed tools (parameters that are not JSON)
-/// or messages, and FailedPrecondition when `chat_template` is null (the model has none).
+/// exactly as the same OpenAI chat request would be (add_generation_prompt,
+/// continue_final_message, chat_template_kwargs and reasoning_effort included); the chat
+/// fields are cleared. Returns the tools, to parse the reply with. InvalidArgument for
+/// messages together with a prompt, chat fields without messages, malformed tools
+/// (parameters that are not JSON), kwargs or messages, and FailedPrecondition when
+/// `chat_template` is null (the model has none).
 absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& request,
                                                 const common::Tokenizer& tokenizer,
                                                 const common::ChatTemplate* chat_template);

@@ -278,8 +278,11 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   // OpenAI chat endpoint does.
   std::optional<loom::v1::GenerateRequest> chat;
   ToolsRequest tools;
-  if (request->messages_size() > 0 || request->tools_size() > 0 || !request->tool_choice().empty() ||
-      !request->tool_choice_function().empty() || request->has_parallel_tool_calls()) {
+  if (request->messages_size() > 0 || request->tools_size() > 0 ||
+      !request->tool_choice().empty() || !request->tool_choice_function().empty() ||
+      request->has_parallel_tool_calls() || request->has_add_generation_prompt() ||
+      request->continue_final_message() || !request->chat_template_kwargs().empty() ||
+      !request->reasoning_effort().empty()) {
     chat = *request;
     absl::StatusOr<ToolsRequest> prepared = PrepareChatRequest(*chat, tokenizer_, chat_template_);
     if (!prepared.ok()) return new FinishedReactor(common::ToGrpcStatus(prepared.status()));

@@ -347,23 +347,10 @@ absl::Status ParseCompletionPrompt(const json& body, const loom::v1::GenerateReq
   return absl::OkStatus();
 }
 
-// The template's variables beyond the messages: `reasoning_effort` (OpenAI's field: gpt-oss's
-// harmony template says it in its system message, "Reasoning: high"), then
-// `chat_template_kwargs` over it (vLLM's precedence); null when neither is given.
+// The body's `reasoning_effort` and `chat_template_kwargs` as the template's variables.
 absl::StatusOr<std::optional<json>> TemplateKwargs(const json& body) {
   LOOM_ASSIGN_OR_RETURN(std::optional<std::string> effort, String(body, "reasoning_effort"));
-  const json* kwargs = Field(body, "chat_template_kwargs");
-  if (!effort && kwargs == nullptr) return std::nullopt;
-  if (effort && *effort != "minimal" && *effort != "low" && *effort != "medium" &&
-      *effort != "high") {
-    return InvalidOpenAiParam(
-        "reasoning_effort",
-        absl::StrFormat("'reasoning_effort' is '%s' (one of minimal, low, medium, high)", *effort));
-  }
-  if (kwargs != nullptr && !kwargs->is_object()) return *kwargs;  // refused by RenderChatPrompt
-  json merged = kwargs != nullptr ? *kwargs : json::object();
-  if (effort && !merged.contains("reasoning_effort")) merged["reasoning_effort"] = *effort;
-  return merged;
+  return ChatTemplateVariables(effort, Field(body, "chat_template_kwargs"));
 }
 
 absl::Status ParseChatMessages(const json& body, const loom::v1::GenerateRequest& base,

@@ -67,6 +67,11 @@ struct GenerateRequest {
   // (continue_final_message, with add_generation_prompt false).
   std::optional<bool> add_generation_prompt;
   bool continue_final_message = false;
+  // Further variables of the chat template, a JSON object as text (vLLM's
+  // chat_template_kwargs, e.g. R"({"enable_thinking": false})"), and OpenAI's
+  // reasoning_effort ("minimal", "low", "medium", "high"; gpt-oss's template says it).
+  std::string chat_template_kwargs;
+  std::string reasoning_effort;
 
   /// A text prompt.
   static GenerateRequest FromText(std::string prompt, int32_t max_tokens) {

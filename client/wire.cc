@@ -39,6 +39,8 @@ loom::v1::GenerateRequest ToWire(const GenerateRequest& request) {
     wire.set_add_generation_prompt(*request.add_generation_prompt);
   }
   wire.set_continue_final_message(request.continue_final_message);
+  wire.set_chat_template_kwargs(request.chat_template_kwargs);
+  wire.set_reasoning_effort(request.reasoning_effort);
   const SamplingOptions& s = request.sampling;
   loom::v1::SamplingParams* sampling = wire.mutable_sampling();
   if (s.temperature) sampling->set_temperature(*s.temperature);

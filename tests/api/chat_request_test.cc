@@ -247,6 +247,53 @@ TEST_F(ChatRequestTest, ContinuesTheFinalMessageOrEndsWithoutAGenerationPrompt) 
               HasSubstr("need messages"));
 }
 
+// gRPC's chat_template_kwargs (JSON text) and reasoning_effort reach the template as the
+// HTTP fields do: the effort as the variable `reasoning_effort`, the kwargs over it; both
+// need messages, kwargs must be a JSON object and the effort one of OpenAI's four.
+TEST_F(ChatRequestTest, GrpcTemplateKwargsAndReasoningEffortReachTheTemplate) {
+  auto chat_template = common::ChatTemplate::Parse(
+      "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
+      "|effort={{ reasoning_effort | default('none') }}|thinking={{ enable_thinking | "
+      "default(true) }}");
+  ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  auto prompt = [&](const std::string& kwargs, const std::string& effort) {
+    loom::v1::GenerateRequest request;
+    request.add_messages()->set_role("user");
+    request.mutable_messages(0)->set_content("Hi");
+    request.set_chat_template_kwargs(kwargs);
+    request.set_reasoning_effort(effort);
+    absl::StatusOr<ToolsRequest> prepared =
+        PrepareChatRequest(request, *tokenizer_, &**chat_template);
+    if (!prepared.ok()) return std::make_pair(prepared.status(), std::vector<int32_t>());
+    EXPECT_TRUE(request.chat_template_kwargs().empty() && request.reasoning_effort().empty());
+    return std::make_pair(absl::OkStatus(), std::vector<int32_t>(request.token_ids().ids().begin(),
+                                                                 request.token_ids().ids().end()));
+  };
+  auto ids = [&](const char* text) { return EncodeChatPrompt(text, *tokenizer_); };
+  EXPECT_EQ(prompt("", "").second, ids("[user] Hi|effort=none|thinking=True"));
+  EXPECT_EQ(prompt("", "high").second, ids("[user] Hi|effort=high|thinking=True"));
+  EXPECT_EQ(prompt(R"({"enable_thinking": false})", "low").second,
+            ids("[user] Hi|effort=low|thinking=False"));
+  EXPECT_EQ(prompt(R"({"reasoning_effort": "medium"})", "low").second,
+            ids("[user] Hi|effort=medium|thinking=True"));
+  for (auto [kwargs, effort, param] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"{not json", "", "chat_template_kwargs"},
+           {"[1, 2]", "", "chat_template_kwargs"},
+           {R"({"messages": []})", "", "chat_template_kwargs"},
+           {"", "extreme", "reasoning_effort"}}) {
+    const absl::Status status = prompt(kwargs, effort).first;
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << kwargs << effort;
+    EXPECT_EQ(OpenAiErrorParam(status), param) << status;
+  }
+  loom::v1::GenerateRequest without_messages;
+  without_messages.set_text("Hello");
+  without_messages.set_reasoning_effort("high");
+  EXPECT_THAT(
+      PrepareChatRequest(without_messages, *tokenizer_, &**chat_template).status().message(),
+      HasSubstr("need messages"));
+}
+
 TEST(ChatReplyTest, SplitsContentAndCutsToOneCallWithoutParallelCalls) {
   ToolsRequest tools;
   tools.format = ToolCallFormat::kHermes;

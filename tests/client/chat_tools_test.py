@@ -128,6 +128,19 @@ def test_python_continues_a_prefilled_reply(client):
     expect_invalid(client, "add_generation_prompt", continue_final_message=True)
 
 
+# chat_template_kwargs and reasoning_effort reach the server (the default model's template
+# reads neither, so the prompt stays the same); an effort outside OpenAI's four, or kwargs
+# the template may not take, are INVALID_ARGUMENT naming the field.
+def test_python_template_kwargs_and_reasoning_effort_are_sent(client):
+    plain = client.chat(ASK, max_tokens=1, temperature=0)
+    both = client.chat(ASK, max_tokens=1, temperature=0, chat_template_kwargs={"enable_thinking": False},
+                       reasoning_effort="low")
+    assert both.prompt_tokens == plain.prompt_tokens and both.completion_tokens == 1
+    expect_invalid(client, "reasoning_effort", reasoning_effort="extreme")
+    expect_invalid(client, "chat_template_kwargs", chat_template_kwargs={"messages": []})
+    expect_invalid(client, "chat_template_kwargs", chat_template_kwargs="{not json")
+
+
 def expect_invalid(client, needle, **kwargs):
     with pytest.raises(LoomError) as error:
         client.chat(ASK, max_tokens=8, **kwargs)

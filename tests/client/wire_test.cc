@@ -60,6 +60,11 @@ TEST(WireTest, ChatEndingReachesTheWireOnlyWhenSet) {
   ASSERT_TRUE(wire.has_add_generation_prompt());
   EXPECT_FALSE(wire.add_generation_prompt());
   EXPECT_TRUE(wire.continue_final_message());
+  EXPECT_TRUE(wire.chat_template_kwargs().empty() && wire.reasoning_effort().empty());
+  request.chat_template_kwargs = R"({"enable_thinking": false})";
+  request.reasoning_effort = "high";
+  EXPECT_EQ(ToWire(request).chat_template_kwargs(), request.chat_template_kwargs);
+  EXPECT_EQ(ToWire(request).reasoning_effort(), "high");
 }
 
 TEST(WireTest, EmptyTokenIdListStillSelectsTheTokenPrompt) {

@@ -149,12 +149,14 @@ class AsyncLoomClient(_ClientBase):
                     tool_choice=None, parallel_tool_calls: Optional[bool] = None,
                     add_generation_prompt: Optional[bool] = None,
                     continue_final_message: bool = False,
+                    chat_template_kwargs: Optional[dict] = None,
+                    reasoning_effort: Optional[str] = None,
                     max_tokens: int = 0, timeout: Optional[float] = None,
                     **params) -> AsyncGenerateStream:
         """A chat, streamed (LoomClient.chat_stream's arguments)."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt,
-                  continue_final_message)
+                  continue_final_message, chat_template_kwargs, reasoning_effort)
         return AsyncGenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                                    self._metadata)
 

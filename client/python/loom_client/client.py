@@ -145,6 +145,8 @@ class LoomClient(_ClientBase):
                     tool_choice=None, parallel_tool_calls: Optional[bool] = None,
                     add_generation_prompt: Optional[bool] = None,
                     continue_final_message: bool = False,
+                    chat_template_kwargs: Optional[dict] = None,
+                    reasoning_effort: Optional[str] = None,
                     max_tokens: int = 0, timeout: Optional[float] = None, **params) -> GenerateStream:
         """Streams a chat: `messages` (OpenAI's: role, content, name, tool_call_id,
         tool_calls) rendered by the served model's chat template, as /v1/chat/completions
@@ -155,12 +157,15 @@ class LoomClient(_ClientBase):
         are enforced by the server's grammar engine. continue_final_message (with
         add_generation_prompt=False) continues the last message, an assistant reply
         prefilled by the caller, instead of starting a new one (vLLM's fields).
+        chat_template_kwargs: further variables of the template (vLLM's, e.g.
+        {"enable_thinking": False}); reasoning_effort: OpenAI's ("minimal", "low",
+        "medium", "high"), the template's variable of that name.
         The last chunk carries `tool_calls`
         and `content`; chunk texts are the model's raw output. Other params as
         generate_stream."""
         request = _generate_request(None, max_tokens, **params)
         _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt,
-                  continue_final_message)
+                  continue_final_message, chat_template_kwargs, reasoning_effort)
         return GenerateStream(self._endpoints, request, self._deadline(timeout), self.retry,
                               self._metadata)
 
@@ -294,7 +299,7 @@ def _json_text(value) -> str:
 
 
 def _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt=None,
-              continue_final_message=False) -> None:
+              continue_final_message=False, chat_template_kwargs=None, reasoning_effort=None) -> None:
     """Fills the chat fields of a GenerateRequest from OpenAI-shaped arguments."""
     for message in messages:
         out = request.messages.add(role=message["role"], name=message.get("name") or "",
@@ -327,3 +332,7 @@ def _set_chat(request, messages, tools, tool_choice, parallel_tool_calls, add_ge
     if add_generation_prompt is not None:
         request.add_generation_prompt = add_generation_prompt
     request.continue_final_message = continue_final_message
+    if chat_template_kwargs is not None:
+        request.chat_template_kwargs = _json_text(chat_template_kwargs)
+    if reasoning_effort is not None:
+        request.reasoning_effort = reasoning_effort
