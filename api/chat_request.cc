@@ -263,7 +263,8 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
 
 absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& request,
                                                 const common::Tokenizer& tokenizer,
-                                                const common::ChatTemplate* chat_template) {
+                                                const common::ChatTemplate* chat_template,
+                                                std::string* rendered_out) {
   if (request.messages_size() == 0) {
     if (request.tools_size() > 0 || !request.tool_choice().empty() ||
         !request.tool_choice_function().empty() || request.has_parallel_tool_calls() ||
@@ -311,6 +312,7 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
                                          variables ? &*variables : nullptr, options));
   const std::vector<int32_t> ids = EncodeChatPrompt(rendered, tokenizer);
   request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+  if (rendered_out != nullptr) *rendered_out = std::move(rendered);
   request.clear_messages();
   request.clear_tools();
   request.clear_tool_choice();

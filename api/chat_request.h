@@ -71,10 +71,12 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
 /// fields are cleared. Returns the tools, to parse the reply with. InvalidArgument for
 /// messages together with a prompt, chat fields without messages, malformed tools
 /// (parameters that are not JSON), kwargs or messages, and FailedPrecondition when
-/// `chat_template` is null (the model has none).
+/// `chat_template` is null (the model has none). `rendered` (optional) receives the prompt's
+/// text.
 absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& request,
                                                 const common::Tokenizer& tokenizer,
-                                                const common::ChatTemplate* chat_template);
+                                                const common::ChatTemplate* chat_template,
+                                                std::string* rendered = nullptr);
 
 /// A finished reply split into content (trailing whitespace before calls dropped) and
 /// the calls in `tools`' format, cut to one when parallel calls are off.

@@ -119,6 +119,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       *server->cluster_, server->model_, server->config_, *server->tokenizer_,
       server->metrics_.get(), options.stream_interval, *api_keys);
   server->inference_service_->set_chat_template(server->chat_template_.get());
+  server->inference_service_->set_reasoning_format(options.http.reasoning);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "api/chat_request.h"
+#include "api/reasoning_parser.h"
 #include "common/grpc_status.h"
 #include "common/unicode.h"
 #include "engine/request_validation.h"
@@ -37,11 +38,12 @@ class InferenceService::GenerateStream final
  public:
   GenerateStream(grpc::CallbackServerContext* context, std::shared_ptr<engine::Request> request,
                  int32_t prompt_tokens, StreamPump& pump, absl::Duration interval,
-                 ToolsRequest tools)
+                 ToolsRequest tools, std::optional<bool> reasoning_starts_inside)
       : context_(context),
         request_(std::move(request)),
         prompt_tokens_(prompt_tokens),
         tools_(std::move(tools)),
+        reasoning_starts_inside_(reasoning_starts_inside),
         pump_(pump),
         interval_(interval) {}
 
@@ -141,7 +143,7 @@ class InferenceService::GenerateStream final
     completion_tokens_ += static_cast<int32_t>(event.token_ids.size());
     response_.Clear();
     response_.set_request_id(request_->request_id());
-    if (tools_.parses_reply()) reply_ += event.text;
+    if (tools_.parses_reply() || reasoning_starts_inside_.has_value()) reply_ += event.text;
     response_.set_text(std::move(event.text));
     response_.mutable_token_ids()->Add(event.token_ids.begin(), event.token_ids.end());
     for (loom::v1::SequenceOutput& logprob : event.logprobs) {
@@ -176,9 +178,17 @@ class InferenceService::GenerateStream final
       out->mutable_top_logprobs()->Add(event.prompt_logprobs[i]->top.begin(),
                                        event.prompt_logprobs[i]->top.end());
     }
-    if (tools_.parses_reply() && event.finish_reason != loom::v1::FINISH_REASON_ERROR &&
+    if ((tools_.parses_reply() || reasoning_starts_inside_.has_value()) &&
+        event.finish_reason != loom::v1::FINISH_REASON_ERROR &&
         event.finish_reason != loom::v1::FINISH_REASON_ABORT) {
-      // The calls in the whole reply, as /v1/chat/completions parses them.
+      // The reasoning (--reasoning-parser: the <think> part; gpt-oss: its analysis channel)
+      // and the calls in the rest of the reply, as /v1/chat/completions splits them.
+      std::optional<std::string> reasoning;
+      if (reasoning_starts_inside_.has_value()) {
+        ReasoningSplit split = SplitReasoning(reply_, *reasoning_starts_inside_);
+        reasoning = std::move(split.reasoning);
+        reply_ = std::move(split.content);
+      }
       ChatReply reply = ParseChatReply(tools_, reply_);
       for (const ParsedToolCall& call : reply.calls) {
         loom::v1::ToolCall* out = response_.add_tool_calls();
@@ -187,6 +197,8 @@ class InferenceService::GenerateStream final
         out->set_arguments(call.arguments);
       }
       response_.set_content(std::move(reply.content));
+      if (reply.reasoning) reasoning = std::move(reply.reasoning);
+      if (reasoning) response_.set_reasoning_content(*std::move(reasoning));
     }
     finished_ = true;
     final_written_ = true;
@@ -221,6 +233,8 @@ class InferenceService::GenerateStream final
   const int32_t prompt_tokens_;
   bool wrote_any_ ABSL_GUARDED_BY(mu_) = false;  // a message went to the client
   const ToolsRequest tools_;  // a chat's tools: the final message carries the parsed calls
+  // A chat under --reasoning-parser: whether its reply starts inside the thinking.
+  const std::optional<bool> reasoning_starts_inside_;
   StreamPump& pump_;
   const absl::Duration interval_;
   std::shared_ptr<GenerateStream> self_;  // set from Start until OnDone
@@ -278,16 +292,21 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   // OpenAI chat endpoint does.
   std::optional<loom::v1::GenerateRequest> chat;
   ToolsRequest tools;
+  std::optional<bool> reasoning_starts_inside;
   if (request->messages_size() > 0 || request->tools_size() > 0 ||
       !request->tool_choice().empty() || !request->tool_choice_function().empty() ||
       request->has_parallel_tool_calls() || request->has_add_generation_prompt() ||
       request->continue_final_message() || !request->chat_template_kwargs().empty() ||
       !request->reasoning_effort().empty()) {
     chat = *request;
-    absl::StatusOr<ToolsRequest> prepared = PrepareChatRequest(*chat, tokenizer_, chat_template_);
+    std::string rendered;
+    absl::StatusOr<ToolsRequest> prepared =
+        PrepareChatRequest(*chat, tokenizer_, chat_template_, &rendered);
     if (!prepared.ok()) return new FinishedReactor(common::ToGrpcStatus(prepared.status()));
     tools = *std::move(prepared);
     request = &*chat;
+    if (reasoning_ != ReasoningFormat::kNone)
+      reasoning_starts_inside = ReasoningStartsInside(rendered);
   }
   absl::StatusOr<engine::RequestParams> params =
       engine::ValidateGenerateRequest(*request, config_, tokenizer_);
@@ -311,7 +330,8 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   }
   if (metrics_ != nullptr) metrics_->RecordRequestParams(1, live->params().max_tokens);
   return GenerateStream::Start(std::make_shared<GenerateStream>(
-      context, std::move(live), prompt_tokens, pump_, stream_interval_, std::move(tools)));
+      context, std::move(live), prompt_tokens, pump_, stream_interval_, std::move(tools),
+      reasoning_starts_inside));
 }
 
 absl::Status InferenceService::CheckApiKey(const grpc::ServerContextBase& context) const {

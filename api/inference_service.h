@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "api/api_keys.h"
 #include "api/embedder.h"
+#include "api/reasoning_parser.h"
 #include "api/served_model.h"
 #include "api/stream_pump.h"
 #include "common/formats/model_config.h"
@@ -39,6 +40,9 @@ class InferenceService final
   /// Chat requests (GenerateRequest.messages) are rendered with `chat_template` (null:
   /// the model has none, and they fail with FAILED_PRECONDITION). Call before serving.
   void set_chat_template(const common::ChatTemplate* chat_template) { chat_template_ = chat_template; }
+  /// A chat's last message splits the reply's <think> part into `reasoning_content`
+  /// (--reasoning-parser, as /v1/chat/completions). Call before serving.
+  void set_reasoning_format(ReasoningFormat format) { reasoning_ = format; }
   /// With a leader election, a follower refuses Generate and Embed with UNAVAILABLE and
   /// the leader's address (`loom-leader` metadata: the SDK turns there). Call before serving.
   void set_leader_election(const coordinator::LeaderElection* election) {
@@ -72,6 +76,7 @@ class InferenceService final
   const common::ModelConfig& config_;
   const common::Tokenizer& tokenizer_;
   const common::ChatTemplate* chat_template_ = nullptr;
+  ReasoningFormat reasoning_ = ReasoningFormat::kNone;
   std::atomic<const coordinator::LeaderElection*> election_{nullptr};  // set after start
   const std::vector<int32_t> eos_ids_;
   coordinator::CoordinatorMetrics* metrics_;

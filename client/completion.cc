@@ -30,6 +30,7 @@ void Completion::Append(const GenerateChunk& chunk) {
     usage = chunk.usage;
     tool_calls = chunk.tool_calls;
     content = chunk.content;
+    reasoning_content = chunk.reasoning_content;
   }
 }
 

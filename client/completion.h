@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +50,9 @@ struct GenerateChunk {
   // reply's text outside them (`text` is the model's raw output).
   std::vector<ToolCall> tool_calls;
   std::string content;
+  // A chat's reasoning, last chunk (gpt-oss's analysis channel, or the <think> part under
+  // the server's --reasoning-parser); unset when there was none.
+  std::optional<std::string> reasoning_content;
 };
 
 /// A whole completion: every chunk of a call joined.
@@ -64,6 +68,7 @@ struct Completion {
   int attempts = 0;  // calls made, retries of UNAVAILABLE included
   std::vector<ToolCall> tool_calls;  // a chat with tools: the calls the model made
   std::string content;               // a chat with tools: the reply's text outside them
+  std::optional<std::string> reasoning_content;  // a chat's reasoning, when it had some
 
   /// Appends `chunk` (text, ids, logprobs; the final fields when it is the last).
   void Append(const GenerateChunk& chunk);

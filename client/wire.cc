@@ -113,6 +113,7 @@ GenerateChunk FromWire(const loom::v1::GenerateResponse& response) {
     chunk.tool_calls.push_back(ToolCall{call.id(), call.name(), call.arguments()});
   }
   chunk.content = response.content();
+  if (response.has_reasoning_content()) chunk.reasoning_content = response.reasoning_content();
   return chunk;
 }
 

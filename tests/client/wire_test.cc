@@ -90,10 +90,13 @@ TEST(WireTest, ChunksJoinIntoACompletionWithTheLastChunksUsage) {
   last.set_prompt_tokens(3);
   last.set_completion_tokens(2);
   last.set_cached_prompt_tokens(1);
+  last.set_content("lo");
+  last.set_reasoning_content("thinking");
 
   Completion completion;
   const GenerateChunk first_chunk = FromWire(first);
   EXPECT_EQ(first_chunk.finish_reason, FinishReason::kNone);
+  EXPECT_FALSE(first_chunk.reasoning_content.has_value());
   completion.Append(first_chunk);
   completion.Append(FromWire(last));
   EXPECT_EQ(completion.text, "Hello");
@@ -104,6 +107,8 @@ TEST(WireTest, ChunksJoinIntoACompletionWithTheLastChunksUsage) {
   EXPECT_EQ(completion.usage.prompt_tokens, 3);
   EXPECT_EQ(completion.usage.completion_tokens, 2);
   EXPECT_EQ(completion.usage.cached_prompt_tokens, 1);
+  EXPECT_EQ(completion.content, "lo");
+  EXPECT_EQ(completion.reasoning_content, "thinking");
   ASSERT_EQ(completion.logprobs.size(), 1u);
   EXPECT_FLOAT_EQ(completion.logprobs[0].logprob, -0.25f);
   EXPECT_EQ(completion.logprobs[0].top.size(), 1u);

@@ -120,6 +120,32 @@ def test_a_reply_cut_off_while_thinking_is_all_reasoning(client, model):
     assert (reasoning, content, finish) == (message.reasoning_content, "", "length")
 
 
+def grpc_chat(rig, **fields):
+    """MESSAGES over gRPC (GenerateRequest.messages), constrained to SHAPE: the last message."""
+    request = h.make_request("", max_tokens=60, temperature=0)
+    request.ClearField("text")
+    request.messages.add(role="user", content=MESSAGES[0]["content"])
+    request.sampling.grammar.kind = "regex"
+    request.sampling.grammar.text = SHAPE["guided_regex"]
+    for field, value in fields.items():
+        setattr(request, field, value)
+    responses = list(rig.coordinator.stub.Generate(request, timeout=120))
+    return responses[-1]
+
+
+def test_grpc_chat_splits_the_reasoning_as_http_does(rig, client, model):
+    """The same chat over gRPC: the last message carries `reasoning_content` and `content` as
+    /v1/chat/completions splits them; thinking off (chat_template_kwargs as JSON text) leaves
+    no reasoning, the literal tag in the content."""
+    message = chat(client, model).choices[0].message
+    last = grpc_chat(rig)
+    assert last.HasField("reasoning_content")
+    assert (last.reasoning_content, last.content) == (message.reasoning_content, message.content)
+    off = grpc_chat(rig, chat_template_kwargs='{"enable_thinking": false}')
+    assert not off.HasField("reasoning_content")
+    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){1,3}</think>[A-Z][a-z]{2,8}", off.content), off
+
+
 @pytest.mark.parametrize("kwargs", [5, "enable_thinking", {"messages": []}, {"tools": []}])
 def test_bad_chat_template_kwargs_are_400(client, model, kwargs):
     with pytest.raises(openai.BadRequestError) as raised:

@@ -60,6 +60,9 @@ class Chunk:
     # reply's text outside them (`text` is the model's raw output).
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
     content: str = ""
+    # A chat's reasoning, last chunk (gpt-oss's analysis channel, or the <think> part under
+    # the server's --reasoning-parser); None when there was none.
+    reasoning_content: Optional[str] = None
     # prompt_logprobs, last chunk: one per prompt token from the second on.
     prompt_logprobs: list[PromptTokenLogprob] = dataclasses.field(default_factory=list)
 
@@ -75,6 +78,7 @@ class Chunk:
             cached_prompt_tokens=message.cached_prompt_tokens,
             tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in message.tool_calls],
             content=message.content,
+            reasoning_content=message.reasoning_content if message.HasField("reasoning_content") else None,
             prompt_logprobs=[PromptTokenLogprob(p.token_id, p.logprob, p.rank,
                                                 [(t.token_id, t.logprob) for t in p.top_logprobs])
                              for p in message.prompt_logprobs])
@@ -96,6 +100,7 @@ class Completion:
     attempts: int = 0  # calls made, retries of UNAVAILABLE included
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)  # chat with tools
     content: str = ""  # chat with tools: the reply's text outside the calls
+    reasoning_content: Optional[str] = None  # a chat's reasoning, when it had some
     prompt_logprobs: list[PromptTokenLogprob] = dataclasses.field(default_factory=list)
 
     def append(self, chunk: Chunk) -> None:
@@ -112,6 +117,7 @@ class Completion:
             self.cached_prompt_tokens = chunk.cached_prompt_tokens
             self.tool_calls = list(chunk.tool_calls)
             self.content = chunk.content
+            self.reasoning_content = chunk.reasoning_content
             self.prompt_logprobs = list(chunk.prompt_logprobs)
 
 
