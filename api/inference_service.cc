@@ -189,7 +189,13 @@ class InferenceService::GenerateStream final
         reasoning = std::move(split.reasoning);
         reply_ = std::move(split.content);
       }
-      ChatReply reply = ParseChatReply(tools_, reply_);
+      // Calls only where the chat parses its reply (tools, or gpt-oss's channels).
+      ChatReply reply;
+      if (tools_.parses_reply()) {
+        reply = ParseChatReply(tools_, reply_);
+      } else {
+        reply.content = std::move(reply_);
+      }
       for (const ParsedToolCall& call : reply.calls) {
         loom::v1::ToolCall* out = response_.add_tool_calls();
         out->set_id(NewToolCallId());
