@@ -665,7 +665,7 @@ absl::StatusOr<PackedWeight> SliceColumns(const PackedWeight& w, int64_t col_beg
           ? WeightFormat::kInt8
           : w.format;
   LOOM_ASSIGN_OR_RETURN(PackedWeight out, Allocate(format, w.rows, count, group, f32_scales));
-  out.levels = w.levels;
+  if (format == WeightFormat::kNl4) out.levels = w.levels;
   const int64_t ratio = w.group_size / group, first_group = col_begin / group;
   LOOM_RETURN_IF_ERROR(internal::ForEachRowRun(w.rows, count, [&](int64_t first, int64_t end) {
     for (int64_t row = first; row < end; ++row) {
@@ -699,7 +699,8 @@ absl::StatusOr<PackedWeight> ConcatRows(const std::vector<const PackedWeight*>& 
   bool same = true;
   for (const PackedWeight* part : parts) {
     same = same && part->format == first.format && part->group_size == first.group_size &&
-           part->f32_scaled() == first.f32_scaled() && part->levels == first.levels;
+           part->f32_scaled() == first.f32_scaled() &&
+           (part->format != WeightFormat::kNl4 || part->levels == first.levels);
   }
   std::vector<PackedWeight> widened;
   std::vector<const PackedWeight*> same_parts = parts;
