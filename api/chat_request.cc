@@ -251,9 +251,10 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
         common::GrammarKindName(constraint->kind));
     request.mutable_sampling()->mutable_grammar()->set_text(constraint->text);
   }
-  // Mistral's [TOOL_CALLS] and gpt-oss's channels are special tokens: the parser needs
-  // them in the text.
-  if (((tools.active() && tools.format == ToolCallFormat::kMistral) ||
+  // Mistral's [TOOL_CALLS], Granite's <|tool_call|> and gpt-oss's channels are special tokens: the
+  // parser needs them in the text.
+  if (((tools.active() &&
+        (tools.format == ToolCallFormat::kMistral || tools.format == ToolCallFormat::kGranite)) ||
        tools.format == ToolCallFormat::kGptOss) &&
       !request.has_skip_special_tokens()) {
     request.set_skip_special_tokens(false);

@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
+#include "api/tool_call_text.h"
 #include "common/json_depth.h"
 
 namespace loom::api {
@@ -340,6 +341,9 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
       case ToolCallFormat::kMistral:
         trigger = "[TOOL_CALLS]";
         break;
+      case ToolCallFormat::kGranite:
+        trigger = "<|tool_call|>";
+        break;
       case ToolCallFormat::kGeneric:
       case ToolCallFormat::kLlama3Json:
         trigger = "{";  // these replies are a call when they are a JSON object
@@ -402,8 +406,10 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
       if (automatic) spec["trigger"] = trigger, spec["trigger_at"] = trigger_at;
       return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
     }
-    case ToolCallFormat::kMistral: {
-      Json spec{{"schema", list}, {"begin", "[TOOL_CALLS]"}};
+    case ToolCallFormat::kMistral:
+    case ToolCallFormat::kGranite: {
+      Json spec{{"schema", list},
+                {"begin", std::string(CallListMarker(tools.format == ToolCallFormat::kGranite))}};
       if (automatic) spec["trigger"] = trigger, spec["trigger_at"] = trigger_at;
       return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
     }

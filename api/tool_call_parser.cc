@@ -26,7 +26,6 @@ using markers::kHermesOpen;
 using markers::kParameterClose;
 using markers::kParameterOpen;
 using markers::kPythonTag;
-constexpr std::string_view kMistralMarker = markers::kMistral;
 
 // Generated text nested deeper than Loom takes from anyone is no call (see json_depth.h).
 Json ParseJson(std::string_view text) {
@@ -116,12 +115,13 @@ ParsedReply ParseHermes(std::string_view text) {
   return WithCalls(std::move(calls), first);
 }
 
-ParsedReply ParseMistral(std::string_view text) {
+// Mistral's and Granite's: the JSON list of calls after `marker_text`.
+ParsedReply ParseCallList(std::string_view text, std::string_view marker_text) {
   const ParsedReply reply = ContentOnly(text);
-  const size_t marker = text.find(kMistralMarker);
+  const size_t marker = text.find(marker_text);
   if (marker == std::string_view::npos) return reply;
   std::vector<ParsedToolCall> calls;
-  if (!CallsFromJson(ParseJson(TrimBlanks(text.substr(marker + kMistralMarker.size()))), calls)) {
+  if (!CallsFromJson(ParseJson(TrimBlanks(text.substr(marker + marker_text.size()))), calls)) {
     return reply;
   }
   return WithCalls(std::move(calls), marker);
@@ -297,6 +297,8 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "llama3_json";
     case ToolCallFormat::kMistral:
       return "mistral";
+    case ToolCallFormat::kGranite:
+      return "granite";
     case ToolCallFormat::kPythonic:
       return "pythonic";
     case ToolCallFormat::kQwen3Coder:
@@ -314,6 +316,7 @@ ToolCallFormat ToolCallFormatOf(std::string_view source) {
   if (has("<|channel|>") && has("<|message|>")) return ToolCallFormat::kGptOss;
   if (has(kFunctionOpen) && has(kParameterOpen)) return ToolCallFormat::kQwen3Coder;
   if (has(kDsCallsBegin)) return ToolCallFormat::kDeepSeekV3;
+  if (has(markers::kGranite)) return ToolCallFormat::kGranite;
   if (has("<tool_call>")) return ToolCallFormat::kHermes;
   if (has("[TOOL_CALLS]")) return ToolCallFormat::kMistral;
   if (has("[func_name1(")) return ToolCallFormat::kPythonic;
@@ -331,7 +334,8 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
     case ToolCallFormat::kHermes:
       return ParseHermes(text);
     case ToolCallFormat::kMistral:
-      return ParseMistral(text);
+    case ToolCallFormat::kGranite:
+      return ParseCallList(text, CallListMarker(format == ToolCallFormat::kGranite));
     case ToolCallFormat::kLlama3Json:
       return ParseLlama3(text);
     case ToolCallFormat::kGeneric:
@@ -353,7 +357,8 @@ size_t StreamableContent(ToolCallFormat format, std::string_view text) {
     case ToolCallFormat::kHermes:
       return BeforeMarker(text, kHermesOpen);
     case ToolCallFormat::kMistral:
-      return BeforeMarker(text, kMistralMarker);
+    case ToolCallFormat::kGranite:
+      return BeforeMarker(text, CallListMarker(format == ToolCallFormat::kGranite));
     case ToolCallFormat::kQwen3Coder:
       return std::min(BeforeMarker(text, kHermesOpen), BeforeMarker(text, kFunctionOpen));
     case ToolCallFormat::kDeepSeekV3:

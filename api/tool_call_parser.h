@@ -23,6 +23,8 @@ enum class ToolCallFormat {
   kLlama3Json,
   /// Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] after optional content.
   kMistral,
+  /// IBM Granite 3.x: Mistral's list after <|tool_call|> instead.
+  kGranite,
   /// Llama 3.2 / Llama 4 pythonic: the whole reply is [name(key=value, ...), ...] with
   /// Python literals as values.
   kPythonic,

@@ -22,7 +22,6 @@ using markers::kHermesOpen;
 using markers::kParameterClose;
 using markers::kParameterOpen;
 using markers::kPythonTag;
-constexpr std::string_view kMistralMarker = markers::kMistral;
 
 // How far a scan got: the value is whole, the text ends inside it, or it is not JSON.
 enum class Scan { kDone, kMore, kBad };
@@ -359,11 +358,12 @@ std::vector<PartialToolCall> Hermes(std::string_view text) {
   return out;
 }
 
-std::vector<PartialToolCall> Mistral(std::string_view text) {
+// Mistral's and Granite's: the JSON list after `marker_text`.
+std::vector<PartialToolCall> CallList(std::string_view text, std::string_view marker_text) {
   std::vector<PartialToolCall> out;
-  const size_t marker = text.find(kMistralMarker);
+  const size_t marker = text.find(marker_text);
   if (marker == std::string_view::npos) return out;
-  size_t pos = marker + kMistralMarker.size();
+  size_t pos = marker + marker_text.size();
   Calls(text, pos, out);
   return out;
 }
@@ -475,7 +475,8 @@ std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string
     case ToolCallFormat::kHermes:
       return Hermes(text);
     case ToolCallFormat::kMistral:
-      return Mistral(text);
+    case ToolCallFormat::kGranite:
+      return CallList(text, CallListMarker(format == ToolCallFormat::kGranite));
     case ToolCallFormat::kLlama3Json:
       return Llama3(text);
     case ToolCallFormat::kGptOss:

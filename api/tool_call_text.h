@@ -10,6 +10,7 @@ namespace loom::api::markers {
 inline constexpr std::string_view kHermesOpen = "<tool_call>";
 inline constexpr std::string_view kHermesClose = "</tool_call>";
 inline constexpr std::string_view kMistral = "[TOOL_CALLS]";
+inline constexpr std::string_view kGranite = "<|tool_call|>";
 inline constexpr std::string_view kPythonTag = "<|python_tag|>";
 inline constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
 inline constexpr std::string_view kFunctionClose = "</function>";
@@ -23,6 +24,11 @@ inline constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 }  // namespace loom::api::markers
 
 namespace loom::api {
+
+/// The marker before a JSON list of calls: Mistral's [TOOL_CALLS], Granite's <|tool_call|>.
+inline std::string_view CallListMarker(bool granite) {
+  return granite ? markers::kGranite : markers::kMistral;
+}
 
 /// JSON's insignificant whitespace.
 inline bool IsBlank(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }

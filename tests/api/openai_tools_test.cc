@@ -116,6 +116,9 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
       {ToolCallFormat::kMistral,
        R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}])",
        R"([TOOL_CALLS][{"name": "get_time", "arguments": {"city": "Paris"}}])"},
+      {ToolCallFormat::kGranite,
+       R"(<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}])",
+       R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}])"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(Body("required"), "");

@@ -40,6 +40,10 @@ TEST(ToolCallParserTest, MalformedCallsStayContent) {
   EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kGeneric, "{\"answer\": 42}").calls.empty());
   EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kLlama3Json, "The weather is nice.").calls.empty());
   EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kMistral, "[TOOL_CALLS] not json").calls.empty());
+  EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kGranite, "<|tool_call|> not json").calls.empty());
+  // Each list format takes its own marker only.
+  EXPECT_TRUE(
+      ParseToolCalls(ToolCallFormat::kGranite, R"([TOOL_CALLS][{"name": "f"}])").calls.empty());
 }
 
 TEST(ToolCallParserTest, Llama3JsonWithParameters) {
@@ -68,6 +72,21 @@ TEST(ToolCallParserTest, MistralArrayAfterTheMarker) {
   EXPECT_EQ(reply.calls[0].arguments, R"({"city":"Oslo"})");
   EXPECT_EQ(reply.calls[1].arguments, R"({"tz": "CET"})");  // a string stays as sent
   EXPECT_EQ(reply.content_end, 0u);
+}
+
+// Granite 3.x: Mistral's list after <|tool_call|>, content before it.
+TEST(ToolCallParserTest, GraniteArrayAfterItsMarker) {
+  ParsedReply reply = ParseToolCalls(
+      ToolCallFormat::kGranite,
+      R"(Let me look.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}])");
+  ASSERT_EQ(reply.calls.size(), 1u);
+  EXPECT_EQ(reply.calls[0].name, "get_weather");
+  EXPECT_EQ(reply.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(reply.content_end, 12u);
+  EXPECT_EQ(ToolCallFormatOf("{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>"
+                             "{{ tools | tojson }}{% endif %}... <|tool_call|>"),
+            ToolCallFormat::kGranite);
+  EXPECT_STREQ(ToolCallFormatName(ToolCallFormat::kGranite), "granite");
 }
 
 TEST(ToolCallParserTest, GenericShapes) {
@@ -158,6 +177,8 @@ TEST(ToolCallParserTest, StreamableContentHoldsWhatMayBecomeACall) {
   EXPECT_EQ(StreamableContent(ToolCallFormat::kHermes, "Sure.<b>"), 8u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kHermes, "Sure.<tool_call>\n{"), 5u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kMistral, "ok [TOOL"), 3u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kGranite, "ok <|tool_c"), 3u);
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kGranite, "ok <b>"), 6u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kGeneric, "  {\"tool"), 0u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kGeneric, "\n"), 0u);
   EXPECT_EQ(StreamableContent(ToolCallFormat::kGeneric, "Hello {"), 7u);

@@ -33,6 +33,8 @@ std::vector<Reply> Replies() {
        "\"{\\\"tz\\\": \\\"UTC\\\"}\"}}\n</tool_call>"},
       {ToolCallFormat::kMistral,
        R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "noop", "arguments": null}])"},
+      {ToolCallFormat::kGranite,
+       R"(Checking.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}])"},
       {ToolCallFormat::kQwen3Coder,
        "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco, "
        "CA\n</parameter>\n"
