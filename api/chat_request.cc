@@ -262,15 +262,20 @@ absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_pa
   return absl::OkStatus();
 }
 
+bool HasChatFields(const loom::v1::GenerateRequest& request) {
+  return request.messages_size() > 0 || request.tools_size() > 0 ||
+         !request.tool_choice().empty() || !request.tool_choice_function().empty() ||
+         request.has_parallel_tool_calls() || request.has_add_generation_prompt() ||
+         request.continue_final_message() || !request.chat_template_kwargs().empty() ||
+         !request.reasoning_effort().empty();
+}
+
 absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& request,
                                                 const common::Tokenizer& tokenizer,
                                                 const common::ChatTemplate* chat_template,
                                                 std::string* rendered_out) {
   if (request.messages_size() == 0) {
-    if (request.tools_size() > 0 || !request.tool_choice().empty() ||
-        !request.tool_choice_function().empty() || request.has_parallel_tool_calls() ||
-        request.has_add_generation_prompt() || request.continue_final_message() ||
-        !request.chat_template_kwargs().empty() || !request.reasoning_effort().empty()) {
+    if (HasChatFields(request)) {
       return InvalidOpenAiParam(
           "messages",
           "tools, tool_choice, parallel_tool_calls, add_generation_prompt, "

@@ -64,6 +64,12 @@ std::vector<int32_t> EncodeChatPrompt(std::string_view rendered,
 absl::Status ApplyToolConstraint(const ToolsRequest& tools, const char* tools_param,
                                  const char* choice_param, loom::v1::GenerateRequest& request);
 
+/// Whether `request` has any of the chat fields (messages, tools, tool_choice,
+/// parallel_tool_calls, add_generation_prompt, continue_final_message,
+/// chat_template_kwargs, reasoning_effort): PrepareChatRequest has work to do, or an error
+/// to give.
+bool HasChatFields(const loom::v1::GenerateRequest& request);
+
 /// The gRPC API's chat: turns `request`'s messages, tools, tool_choice and
 /// parallel_tool_calls into the token-id prompt (and the grammar, see ApplyToolConstraint),
 /// exactly as the same OpenAI chat request would be (add_generation_prompt,

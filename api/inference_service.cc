@@ -299,11 +299,7 @@ grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
   std::optional<loom::v1::GenerateRequest> chat;
   ToolsRequest tools;
   std::optional<bool> reasoning_starts_inside;
-  if (request->messages_size() > 0 || request->tools_size() > 0 ||
-      !request->tool_choice().empty() || !request->tool_choice_function().empty() ||
-      request->has_parallel_tool_calls() || request->has_add_generation_prompt() ||
-      request->continue_final_message() || !request->chat_template_kwargs().empty() ||
-      !request->reasoning_effort().empty()) {
+  if (HasChatFields(*request)) {
     chat = *request;
     std::string rendered;
     absl::StatusOr<ToolsRequest> prepared =

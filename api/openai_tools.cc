@@ -7,7 +7,6 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
-#include "api/tool_call_text.h"
 #include "common/json_depth.h"
 
 namespace loom::api {
@@ -408,8 +407,7 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
     }
     case ToolCallFormat::kMistral:
     case ToolCallFormat::kGranite: {
-      Json spec{{"schema", list},
-                {"begin", std::string(CallListMarker(tools.format == ToolCallFormat::kGranite))}};
+      Json spec{{"schema", list}, {"begin", std::string(CallListMarker(tools.format))}};
       if (automatic) spec["trigger"] = trigger, spec["trigger_at"] = trigger_at;
       return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
     }

@@ -329,13 +329,24 @@ bool TemplateRendersTools(std::string_view source) {
          source.find("tools") != std::string_view::npos;
 }
 
+std::string_view CallListMarker(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kMistral:
+      return markers::kMistral;
+    case ToolCallFormat::kGranite:
+      return markers::kGranite;
+    default:
+      return {};
+  }
+}
+
 ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
   switch (format) {
     case ToolCallFormat::kHermes:
       return ParseHermes(text);
     case ToolCallFormat::kMistral:
     case ToolCallFormat::kGranite:
-      return ParseCallList(text, CallListMarker(format == ToolCallFormat::kGranite));
+      return ParseCallList(text, CallListMarker(format));
     case ToolCallFormat::kLlama3Json:
       return ParseLlama3(text);
     case ToolCallFormat::kGeneric:
@@ -358,7 +369,7 @@ size_t StreamableContent(ToolCallFormat format, std::string_view text) {
       return BeforeMarker(text, kHermesOpen);
     case ToolCallFormat::kMistral:
     case ToolCallFormat::kGranite:
-      return BeforeMarker(text, CallListMarker(format == ToolCallFormat::kGranite));
+      return BeforeMarker(text, CallListMarker(format));
     case ToolCallFormat::kQwen3Coder:
       return std::min(BeforeMarker(text, kHermesOpen), BeforeMarker(text, kFunctionOpen));
     case ToolCallFormat::kDeepSeekV3:

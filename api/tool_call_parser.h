@@ -76,6 +76,10 @@ struct ParsedReply {
 /// the format (malformed JSON, no name) is content: no calls, content_end = size.
 ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text);
 
+/// The marker before the JSON list of calls of the list formats: Mistral's [TOOL_CALLS],
+/// Granite's <|tool_call|> (kMistral, kGranite; "" for the others).
+std::string_view CallListMarker(ToolCallFormat format);
+
 /// Streaming: how many leading bytes of the reply so far, `text`, are content for sure
 /// (they cannot become part of a tool call, whatever follows). The rest is held back
 /// until more text or the end decides. Monotonic in `text`'s growth.

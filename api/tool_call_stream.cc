@@ -476,7 +476,7 @@ std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string
       return Hermes(text);
     case ToolCallFormat::kMistral:
     case ToolCallFormat::kGranite:
-      return CallList(text, CallListMarker(format == ToolCallFormat::kGranite));
+      return CallList(text, CallListMarker(format));
     case ToolCallFormat::kLlama3Json:
       return Llama3(text);
     case ToolCallFormat::kGptOss:

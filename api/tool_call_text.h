@@ -25,11 +25,6 @@ inline constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 
 namespace loom::api {
 
-/// The marker before a JSON list of calls: Mistral's [TOOL_CALLS], Granite's <|tool_call|>.
-inline std::string_view CallListMarker(bool granite) {
-  return granite ? markers::kGranite : markers::kMistral;
-}
-
 /// JSON's insignificant whitespace.
 inline bool IsBlank(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
