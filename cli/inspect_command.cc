@@ -41,6 +41,11 @@ void PrintConfig(const common::ModelConfig& config) {
                 static_cast<long long>(config.num_experts),
                 static_cast<long long>(config.num_experts_used),
                 config.expert_weights_norm ? " (weights renormalized)" : "");
+    if (config.shared_expert_intermediate_size > 0) {
+      std::printf("shared expert   ffn %lld%s\n",
+                  static_cast<long long>(config.shared_expert_intermediate_size),
+                  config.shared_expert_gated ? ", sigmoid-gated" : "");
+    }
   }
   std::printf("heads           %lld query, %lld kv, head dim %lld\n",
               static_cast<long long>(config.num_heads), static_cast<long long>(config.num_kv_heads),

@@ -280,6 +280,13 @@ absl::Status CpuDevice::Scale(Tensor x, float factor) {
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::AddSigmoidGated(const Tensor& x, const Tensor& gate_logits, Tensor out) {
+  cpu::AddSigmoidGatedRows(x.as<const float>(),
+                           gate_logits.empty() ? nullptr : gate_logits.as<const float>(), x.rows(),
+                           x.cols(), out.as<float>());
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::SiluMul(const Tensor& gate_up, Tensor out) {
   cpu::SiluMul(gate_up.as<const float>(), gate_up.rows(), out.cols(), out.as<float>(), *pool_);
   return absl::OkStatus();

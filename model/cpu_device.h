@@ -86,6 +86,7 @@ class CpuDevice : public Device {
   absl::Status GeluMul(const Tensor& gate_up, Tensor out) override;
   absl::Status SoftCap(Tensor x, float cap) override;
   absl::Status Scale(Tensor x, float factor) override;
+  absl::Status AddSigmoidGated(const Tensor& x, const Tensor& gate_logits, Tensor out) override;
   absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                           Tensor out) override;
   absl::Status MoeFeedForward(const Tensor& x, const Tensor& router_logits,

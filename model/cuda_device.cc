@@ -80,6 +80,8 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SiluMul(const Tensor&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::GeluMul(const Tensor&, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SoftCap(Tensor, float))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Scale(Tensor, float))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::AddSigmoidGated(const Tensor&, const Tensor&,
+                                                               Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::MoeFeedForward(const Tensor&, const Tensor&,
                                                               absl::Span<const DeviceLinear* const>,
                                                               absl::Span<const DeviceLinear* const>,

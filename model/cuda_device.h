@@ -188,6 +188,7 @@ class CudaDevice : public Device {
   absl::Status GeluMul(const Tensor& gate_up, Tensor out) override;
   absl::Status SoftCap(Tensor x, float cap) override;
   absl::Status Scale(Tensor x, float factor) override;
+  absl::Status AddSigmoidGated(const Tensor& x, const Tensor& gate_logits, Tensor out) override;
   absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                           Tensor out) override;
   /// Routed on the host (the router's logits come back: a stream wait, so a step with a

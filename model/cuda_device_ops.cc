@@ -435,6 +435,17 @@ absl::Status CudaDevice::Scale(Tensor x, float factor) {
   return InPlace(x, kc::InPlaceOp::kScale, factor);
 }
 
+absl::Status CudaDevice::AddSigmoidGated(const Tensor& x, const Tensor& gate_logits, Tensor out) {
+  ForgetConverted();
+  kc::AddGatedRowsParams p;
+  p.x = x.as<const float>();
+  p.gate_logits = gate_logits.empty() ? nullptr : gate_logits.as<const float>();
+  p.out = out.as<float>();
+  p.rows = x.rows();
+  p.cols = x.cols();
+  return kc::LaunchAddGatedRows(p, stream_);
+}
+
 absl::Status CudaDevice::GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                     Tensor out) {
   ForgetConverted();

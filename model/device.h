@@ -295,6 +295,13 @@ class Device {
     (void)x, (void)factor;
     return absl::UnimplementedError(absl::StrCat(Describe(), " has no scaling kernel"));
   }
+  /// out[t] += sigmoid(gate_logits[t]) * x[t] for every row t of x [T, n] (gate_logits F32
+  /// [T, 1]), or out += x where gate_logits is empty: a shared expert joining the routed
+  /// experts' sum (Qwen2-MoE). Unimplemented on a device without it.
+  virtual absl::Status AddSigmoidGated(const Tensor& x, const Tensor& gate_logits, Tensor out) {
+    (void)x, (void)gate_logits, (void)out;
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no gated-add kernel"));
+  }
   /// out[i] <- x[rows[i]] + y[rows[i]] for rows [R] (y may be empty: x's rows alone).
   virtual absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                   Tensor out) = 0;

@@ -65,10 +65,15 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
     LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(host.post_attention_norm));
     LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(host.post_ffw_norm));
   }
-  if (host.expert_gate_up.empty()) {
+  // The dense FFN, or a mixture of experts' shared expert where it has one.
+  if (host.expert_gate_up.empty() || host.gate_up.rows > 0) {
     LOOM_ASSIGN_OR_RETURN(layer.gate_up, d.UploadLinear(host.gate_up, nullptr));
     LOOM_ASSIGN_OR_RETURN(layer.down, d.UploadLinear(host.down, nullptr));
-  } else {
+  }
+  if (host.shared_expert_gate.rows > 0) {
+    LOOM_ASSIGN_OR_RETURN(layer.shared_gate, d.UploadTable(host.shared_expert_gate));
+  }
+  if (!host.expert_gate_up.empty()) {
     // The router as stored (never FP8): its top-k picks the experts.
     LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router, &host.router_bias));
     const bool biased = !host.expert_gate_up_bias.empty();
@@ -208,6 +213,13 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
         LOOM_ASSIGN_OR_RETURN(auto down, matrix(hidden, ffn));
         layer.AddExpert(std::move(gate_up), std::move(down));
       }
+      if (const int64_t shared = config.shared_expert_intermediate_size; shared > 0) {
+        LOOM_ASSIGN_OR_RETURN(layer.gate_up, matrix(2 * shared, hidden));
+        LOOM_ASSIGN_OR_RETURN(layer.down, matrix(hidden, shared));
+        if (config.shared_expert_gated) {
+          LOOM_ASSIGN_OR_RETURN(layer.shared_gate, matrix(1, hidden));
+        }
+      }
     }
     graph->layers_.push_back(std::move(layer));
   }
@@ -234,7 +246,7 @@ absl::Status LlamaGraph::ReplaceKvCache(int64_t num_blocks) {
 absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
   const int64_t T = std::max<int64_t>(max_tokens, 1), R = std::max<int64_t>(max_rows, 1);
   const int64_t H = config_.hidden_size, hd = config_.head_dim;
-  const int64_t heads = shard_.num_heads, kv_heads = shard_.num_kv_heads, ffn = shard_.ffn;
+  const int64_t heads = shard_.num_heads, kv_heads = shard_.num_kv_heads, ffn = DenseFfn();
   LOOM_RETURN_IF_ERROR(Ensure(residual_, {T, H}));
   LOOM_RETURN_IF_ERROR(Ensure(normed_, {T, H}));
   LOOM_RETURN_IF_ERROR(Ensure(qkv_, {T, (heads + 2 * kv_heads) * hd}));
@@ -247,6 +259,10 @@ absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
   if (config_.num_experts > 0)
     LOOM_RETURN_IF_ERROR(Ensure(router_logits_, {T, config_.num_experts}));
+  if (shard_.shared_ffn > 0) {
+    LOOM_RETURN_IF_ERROR(Ensure(shared_out_, {T, H}));
+    LOOM_RETURN_IF_ERROR(Ensure(shared_gate_, {T, 1}));
+  }
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
   if (device_->runs_collectives() && shard_.last_stage()) {
     LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, std::max<int64_t>(shard_.vocab, 1)}));
@@ -291,7 +307,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   // This rank's heads and FFN channels (all of them without tensor parallelism).
   const int64_t heads = shard_.num_heads, kv_heads = shard_.num_kv_heads;
   const int64_t q_dim = heads * hd, kv_dim = kv_heads * hd;
-  const int64_t ffn = shard_.ffn;
+  const int64_t ffn = DenseFfn();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool parallel = d.runs_collectives();
 
@@ -306,6 +322,10 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   LOOM_RETURN_IF_ERROR(Ensure(gate_up_, {T, 2 * ffn}));
   LOOM_RETURN_IF_ERROR(Ensure(act_, {T, ffn}));
   if (c.num_experts > 0) LOOM_RETURN_IF_ERROR(Ensure(router_logits_, {T, c.num_experts}));
+  if (shard_.shared_ffn > 0) {
+    LOOM_RETURN_IF_ERROR(Ensure(shared_out_, {T, H}));
+    LOOM_RETURN_IF_ERROR(Ensure(shared_gate_, {T, 1}));
+  }
   const MoeSpec moe{.top_k = c.num_experts_used,
                     .normalize = c.expert_weights_norm,
                     .swiglu_limit = c.swiglu_limit};
@@ -390,6 +410,19 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
       LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.router, router_logits_.view));
       LOOM_RETURN_IF_ERROR(d.MoeFeedForward(normed, router_logits_.view, layer.expert_gate_up,
                                             layer.expert_down, moe, proj));
+      if (layer.gate_up != nullptr) {
+        // The shared expert (Qwen2-MoE): a dense FFN of every token, scaled by its gate and
+        // added to the routed sum (a rank's partial sums, like the experts').
+        LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up_.view));
+        LOOM_RETURN_IF_ERROR(d.SiluMul(gate_up_.view, act_.view));
+        LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, shared_out_.view));
+        Tensor gate;
+        if (layer.shared_gate != nullptr) {
+          LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.shared_gate, shared_gate_.view));
+          gate = shared_gate_.view;
+        }
+        LOOM_RETURN_IF_ERROR(d.AddSigmoidGated(shared_out_.view, gate, proj));
+      }
     } else {
       LOOM_RETURN_IF_ERROR(
           d.Linear(normed, *layer.gate_up, gate_up_.view, {l, LinearInput::kGateUp}));

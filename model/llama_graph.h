@@ -109,10 +109,12 @@ class LlamaGraph {
     std::unique_ptr<Buffer> attn_norm, q_norm, k_norm, ffn_norm;  // q/k_norm: qwen3 only
     std::unique_ptr<Buffer> post_attention_norm, post_ffw_norm;   // Gemma only
     std::unique_ptr<Buffer> sinks;  // gpt-oss's attention sinks [local heads], or null
-    std::unique_ptr<DeviceLinear> qkv, attn_output, gate_up, down;  // gate_up/down: dense
+    // gate_up/down: the dense FFN, or a mixture of experts' shared expert (or null).
+    std::unique_ptr<DeviceLinear> qkv, attn_output, gate_up, down;
     // A mixture of experts: the router and every expert's gate/up and down (views of the
-    // owners below, as MoeFeedForward takes them).
-    std::unique_ptr<DeviceLinear> router;
+    // owners below, as MoeFeedForward takes them); the shared expert's sigmoid gate
+    // [1, hidden], or null.
+    std::unique_ptr<DeviceLinear> router, shared_gate;
     std::vector<std::unique_ptr<DeviceLinear>> expert_weights;
     std::vector<const DeviceLinear*> expert_gate_up, expert_down;
 
@@ -143,6 +145,11 @@ class LlamaGraph {
       std::unique_ptr<LlamaGraph> graph, std::unique_ptr<ModelWeights> host_weights,
       std::unique_ptr<Device> device, const LlamaGraphOptions& options);
   Tensor Vector(const Buffer& buffer, int64_t size) const;
+  // This rank's channels of the dense FFN the layers run: a mixture of experts' shared
+  // expert's where it has one (the routed experts' own activations are MoeFeedForward's).
+  int64_t DenseFfn() const {
+    return config_.num_experts > 0 && shard_.shared_ffn > 0 ? shard_.shared_ffn : shard_.ffn;
+  }
   const DeviceLinear& lm_head() const { return lm_head_ ? *lm_head_ : *token_embedding_; }
   // Sizes `scratch` for `shape` (F32), reallocating only when it grows.
   absl::Status Ensure(Scratch& scratch, std::initializer_list<int64_t> shape);
@@ -177,6 +184,8 @@ class LlamaGraph {
   Scratch proj_;          // [T, hidden]
   Scratch gate_up_;       // [T, 2 * ffn]
   Scratch router_logits_;  // mixture of experts: [T, experts]
+  Scratch shared_out_;     // a shared expert's output [T, hidden]
+  Scratch shared_gate_;    // its gate's logits [T, 1]
   Scratch act_;           // [T, ffn]
   Scratch sampled_;       // [R, hidden]
   Scratch local_logits_;  // tensor parallel: [R, local vocab]

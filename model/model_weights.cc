@@ -295,6 +295,30 @@ absl::Status LoadExperts(Loader& loader, const common::ModelConfig& config, cons
   return absl::OkStatus();
 }
 
+// A mixture-of-experts layer's shared expert (Qwen2-MoE): a dense gated FFN into
+// layer.gate_up / layer.down (this rank's `range` of its channels), and its sigmoid gate,
+// whole on every rank: llama.cpp's [hidden] or a converter's [1, hidden], kept in F32.
+absl::Status LoadSharedExpert(Loader& loader, const common::ModelConfig& config,
+                              const std::string& p, std::pair<int64_t, int64_t> range,
+                              LayerWeights& layer) {
+  const int64_t hidden = config.hidden_size, width = config.shared_expert_intermediate_size;
+  LOOM_ASSIGN_OR_RETURN(layer.gate_up, loader.Fused({{p + "ffn_gate_shexp.weight", width, range},
+                                                     {p + "ffn_up_shexp.weight", width, range}},
+                                                    hidden));
+  LOOM_ASSIGN_OR_RETURN(layer.down,
+                        loader.MatrixColumns(p + "ffn_down_shexp.weight", hidden, width, range));
+  if (!config.shared_expert_gated) return absl::OkStatus();
+  const std::string name = p + "ffn_gate_inp_shexp.weight";
+  LOOM_ASSIGN_OR_RETURN(const common::GgufTensorInfo* tensor, loader.Require(name));
+  LOOM_ASSIGN_OR_RETURN(std::vector<float> gate, tensor->shape.size() == 1
+                                                     ? loader.Vector(name, hidden)
+                                                     : loader.Table(name, 1, hidden));
+  LOOM_ASSIGN_OR_RETURN(
+      layer.shared_expert_gate,
+      kernels::cpu::PackFromF32(gate.data(), 1, hidden, kernels::cpu::WeightFormat::kF32, 0));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t ModelWeights::BytesPerDecodeStep() const {
@@ -302,7 +326,7 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
   if (token_embedding.rows > 0) bytes += token_embedding.bytes() / token_embedding.rows;
   for (const LayerWeights& layer : layers) {
     bytes += layer.qkv.bytes() + layer.attn_output.bytes() + layer.gate_up.bytes() +
-             layer.down.bytes() + layer.router.bytes();
+             layer.down.bytes() + layer.router.bytes() + layer.shared_expert_gate.bytes();
     // A token reads its chosen experts only.
     int64_t experts = 0;
     for (size_t e = 0; e < layer.expert_gate_up.size(); ++e) {
@@ -422,6 +446,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
     }
     if (config.num_experts > 0) {
       LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, plan.rank == 0, layer));
+      if (config.shared_expert_intermediate_size > 0) {
+        LOOM_RETURN_IF_ERROR(
+            LoadSharedExpert(loader, config, p, {plan.shared_ffn0, plan.shared_ffn}, layer));
+      }
     } else if (!loader.HasMatrix(p + "ffn_gate.weight")) {
       // Phi-3: ffn_up holds the gate rows, then the up rows.
       const std::string gate_up = p + "ffn_up.weight";

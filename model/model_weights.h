@@ -34,9 +34,13 @@ struct LayerWeights {
   std::vector<float> post_ffw_norm;
   kernels::cpu::PackedWeight gate_up;      // [2 * intermediate, hidden]: gate rows, then up
   kernels::cpu::PackedWeight down;         // [hidden, intermediate]
-  // A mixture of experts (config.num_experts > 0; gate_up and down are then empty): the
-  // router [num_experts, hidden], whole on every rank, and each expert's gate/up and down,
-  // shaped and sliced as a dense layer's (intermediate = the expert's width).
+  // A mixture of experts (config.num_experts > 0; gate_up and down then hold its shared
+  // expert, [2 * shared, hidden] and [hidden, shared] of this rank's shared channels, or are
+  // empty): the router [num_experts, hidden], whole on every rank, and each expert's
+  // gate/up and down, shaped and sliced as a dense layer's (intermediate = the expert's
+  // width); the shared expert's sigmoid gate [1, hidden] (F32, whole on every rank), or
+  // empty.
+  kernels::cpu::PackedWeight shared_expert_gate;
   kernels::cpu::PackedWeight router;
   std::vector<kernels::cpu::PackedWeight> expert_gate_up;  // [num_experts]
   std::vector<kernels::cpu::PackedWeight> expert_down;     // [num_experts]

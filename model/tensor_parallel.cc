@@ -41,6 +41,13 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   }
   plan.ffn = config.intermediate_size / size;
   plan.ffn0 = rank * plan.ffn;
+  if (config.shared_expert_intermediate_size % size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor parallel size %d does not divide the model's %d shared-expert FFN channels", size,
+        config.shared_expert_intermediate_size));
+  }
+  plan.shared_ffn = config.shared_expert_intermediate_size / size;
+  plan.shared_ffn0 = rank * plan.shared_ffn;
   plan.vocab_stride = (config.vocab_size + size - 1) / size;
   plan.vocab0 = std::min<int64_t>(config.vocab_size, rank * plan.vocab_stride);
   plan.vocab = std::min<int64_t>(config.vocab_size, plan.vocab0 + plan.vocab_stride) - plan.vocab0;
@@ -93,6 +100,7 @@ common::ModelConfig LocalConfig(const common::ModelConfig& config, const ShardPl
   local.num_heads = plan.num_heads;
   local.num_kv_heads = plan.num_kv_heads;
   local.intermediate_size = plan.ffn;
+  local.shared_expert_intermediate_size = plan.shared_ffn;
   local.num_layers = plan.num_layers;
   return local;
 }

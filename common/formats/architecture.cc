@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 14> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 15> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -40,6 +40,16 @@ constexpr std::array<ArchitectureRules, 14> kArchitectures = {{
      .local_rope_theta = 0.0},
     {.gguf_name = "qwen3moe",
      .hf_class_name = "Qwen3MoeForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
+    // Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention (Q/K/V biases) and
+    // routed experts beside a shared expert scaled by a sigmoid gate (ffn_*_shexp,
+    // ffn_gate_inp_shexp); the routed probabilities not renormalized unless the file says.
+    {.gguf_name = "qwen2moe",
+     .hf_class_name = "Qwen2MoeForCausalLM",
      .gguf_rope_neox = true,
      .sliding_window_every_layer = false,
      .gemma = false,

@@ -390,8 +390,10 @@ absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::
         "config.json: dense layers between mixture-of-experts layers (decoder_sparse_step, "
         "mlp_only_layers) are not supported");
   }
+  // Qwen2-MoE's shared expert (mlp.shared_expert.*, scaled by mlp.shared_expert_gate).
   if (fields.Has("shared_expert_intermediate_size")) {
-    return absl::UnimplementedError("config.json: shared experts are not supported");
+    LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("shared_expert_intermediate_size", 0));
+    metadata.Int(arch + ".expert_shared_feed_forward_length", width);
   }
   return absl::OkStatus();
 }

@@ -273,6 +273,19 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   if (rest == "block_sparse_moe.gate.weight" || rest == "mlp.gate.weight") {
     return absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
   }
+  // Qwen2-MoE's shared expert and its gate.
+  if (rest == "mlp.shared_expert_gate.weight") {
+    return absl::StrCat("blk.", layer, ".ffn_gate_inp_shexp.weight");
+  }
+  if (absl::ConsumePrefix(&rest, "mlp.shared_expert.")) {
+    for (const auto& [hf, gguf] : kExpertTensors) {
+      if (rest == absl::string_view(hf.data(), hf.size())) {
+        return absl::StrCat("blk.", layer, ".", absl::string_view(gguf.data(), gguf.size()),
+                            "_shexp.weight");
+      }
+    }
+    return "";
+  }
   if (!absl::ConsumePrefix(&rest, "block_sparse_moe.experts.") &&
       !absl::ConsumePrefix(&rest, "mlp.experts.")) {
     return "";

@@ -210,6 +210,12 @@ absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
   LOOM_ASSIGN_OR_RETURN(config.num_experts_used, reader.RequiredInt("expert_used_count"));
   LOOM_RETURN_IF_ERROR(
       CheckRange(reader, "expert_used_count", config.num_experts_used, 1, config.num_experts));
+  // qwen2moe files without the keys follow llama.cpp's rules: experts as wide as
+  // feed_forward_length / expert_used_count, their probabilities not renormalized.
+  if (config.architecture == "qwen2moe") {
+    config.intermediate_size /= config.num_experts_used;
+    config.expert_weights_norm = false;
+  }
   LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_feed_forward_length", config.intermediate_size));
   LOOM_RETURN_IF_ERROR(
       CheckRange(reader, "expert_feed_forward_length", config.intermediate_size, 1, kMaxDimension));
@@ -223,6 +229,49 @@ absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
                                                    "' is ", count, " (unsupported: every layer ",
                                                    "must be a mixture of routed experts)"));
     }
+  }
+  return absl::OkStatus();
+}
+
+// A shared expert (Qwen2-MoE), when the file has its tensors: its width, and whether a
+// sigmoid gate scales it. `dense_ffn` is feed_forward_length, its width without the key.
+absl::Status ReadSharedExpert(const ConfigReader& reader, const GgufFile& gguf, int64_t dense_ffn,
+                              ModelConfig& config) {
+  if (gguf.FindTensor("blk.0.ffn_up_shexp.weight") == nullptr) {
+    // A width without the tensors (in a file that has layer tensors) is a broken checkpoint.
+    int64_t width = 0;
+    LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_feed_forward_length", width));
+    if (width != 0 && gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: '", reader.Key("expert_shared_feed_forward_length"), "' is ",
+                       width, " but the file has no shared expert (blk.0.ffn_up_shexp.weight)"));
+    }
+    return absl::OkStatus();
+  }
+  if (config.num_experts == 0) {
+    return absl::InvalidArgumentError(
+        "model config: blk.0.ffn_up_shexp.weight (a shared expert) in a model without experts");
+  }
+  int64_t width = dense_ffn;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_feed_forward_length", width));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "expert_shared_feed_forward_length", width, 1, kMaxDimension));
+  config.shared_expert_intermediate_size = width;
+  const auto hidden = static_cast<uint64_t>(config.hidden_size);
+  const auto shared = static_cast<uint64_t>(width);
+  for (const char* name : {"blk.0.ffn_gate_shexp.weight", "blk.0.ffn_up_shexp.weight"}) {
+    if (gguf.FindTensor(name) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: the shared expert has no ", name));
+    }
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, name, {hidden, shared}));
+  }
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_down_shexp.weight", {shared, hidden}));
+  // The gate: [hidden] as llama.cpp declares it, or the [1, hidden] matrix converters write.
+  const GgufTensorInfo* gate = gguf.FindTensor("blk.0.ffn_gate_inp_shexp.weight");
+  config.shared_expert_gated = gate != nullptr;
+  if (gate != nullptr && gate->shape != std::vector<uint64_t>{hidden}) {
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, gate->name, {hidden, 1}));
   }
   return absl::OkStatus();
 }
@@ -643,7 +692,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadArchitecture(gguf, config));
   const ConfigReader reader(gguf, config.architecture);
   LOOM_RETURN_IF_ERROR(ReadShapes(reader, gguf, config));
+  const int64_t dense_ffn = config.intermediate_size;  // feed_forward_length
   LOOM_RETURN_IF_ERROR(ReadExperts(reader, config));
+  LOOM_RETURN_IF_ERROR(ReadSharedExpert(reader, gguf, dense_ffn, config));
   LOOM_RETURN_IF_ERROR(ReadRope(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadRopeScaling(reader, gguf, config));
   LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));

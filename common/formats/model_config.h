@@ -99,8 +99,16 @@ struct ModelConfig {
   // empty when every layer rotates.
   std::vector<bool> rope_layers;
   // The chosen experts' router probabilities are renormalized to sum to 1
-  // (<arch>.expert_weights_norm; Mixtral's and Qwen3-MoE's rule, llama.cpp's default).
+  // (<arch>.expert_weights_norm; Mixtral's and Qwen3-MoE's rule, llama.cpp's default; not
+  // qwen2moe's).
   bool expert_weights_norm = true;
+  // A shared expert beside the routed ones (Qwen2-MoE: blk.L.ffn_{gate,up,down}_shexp), run
+  // for every token and added to their sum: a dense gated FFN of this many channels
+  // (<arch>.expert_shared_feed_forward_length, else feed_forward_length); 0: none. With
+  // `shared_expert_gated` its output is first scaled by sigmoid(w · x), w the [hidden]
+  // gate blk.L.ffn_gate_inp_shexp.
+  int64_t shared_expert_intermediate_size = 0;
+  bool shared_expert_gated = false;
   // gpt-oss: the experts' activation is OpenAI's clamped SwiGLU with this limit
   // (ArchitectureRules::swiglu_limit, or `loom.swiglu_limit`); 0: SiLU(gate) * up.
   float swiglu_limit = 0.0f;

@@ -132,4 +132,14 @@ void Scale(float* x, int64_t n, float factor) {
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+void AddSigmoidGatedRows(const float* x, const float* gate_logits, int64_t rows, int64_t cols,
+                         float* out) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float s = gate_logits == nullptr ? 1.0f : 1.0f / (1.0f + std::exp(-gate_logits[t]));
+    const float* row = x + t * cols;
+    float* dst = out + t * cols;
+    for (int64_t i = 0; i < cols; ++i) dst[i] += s * row[i];
+  }
+}
+
 }  // namespace loom::kernels::cpu

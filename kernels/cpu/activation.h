@@ -36,4 +36,10 @@ void SoftCap(float* x, int64_t n, float cap);
 /// calling thread (the compiler vectorizes it).
 void Scale(float* x, int64_t n, float factor);
 
+/// out[t, i] += s_t * x[t, i] for t < rows, i < cols, s_t = 1 / (1 + exp(-gate_logits[t]))
+/// in float (Qwen2-MoE's gated shared expert joining the routed experts' sum), or s_t = 1
+/// without gate logits (nullptr). Scalar, on the calling thread.
+void AddSigmoidGatedRows(const float* x, const float* gate_logits, int64_t rows, int64_t cols,
+                         float* out);
+
 }  // namespace loom::kernels::cpu

@@ -42,6 +42,17 @@ absl::Status CheckInPlaceParams(const InPlaceParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CheckAddGatedRowsParams(const AddGatedRowsParams& p) {
+  if (p.rows < 0 || p.cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("AddGatedRows: rows %d must be >= 0 and cols %d >= 1", p.rows, p.cols));
+  }
+  if (p.rows > 0 && (p.x == nullptr || p.out == nullptr)) {
+    return absl::InvalidArgumentError("AddGatedRows: null x or out");
+  }
+  return absl::OkStatus();
+}
+
 #if !LOOM_HAVE_CUDA
 absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
   if (absl::Status status = CheckSiluMulParams(params); !status.ok()) return status;
@@ -51,6 +62,11 @@ absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t) {
 absl::Status LaunchInPlace(const InPlaceParams& params, cudaStream_t) {
   if (absl::Status status = CheckInPlaceParams(params); !status.ok()) return status;
   return absl::FailedPreconditionError("InPlace: Loom was built without CUDA");
+}
+
+absl::Status LaunchAddGatedRows(const AddGatedRowsParams& params, cudaStream_t) {
+  if (absl::Status status = CheckAddGatedRowsParams(params); !status.ok()) return status;
+  return absl::FailedPreconditionError("AddGatedRows: Loom was built without CUDA");
 }
 #endif
 

@@ -1,4 +1,5 @@
-// Gated activations, soft-capping and scaling: element-wise, grid-stride loops.
+// Gated activations, soft-capping, scaling and gated row sums: element-wise, grid-stride
+// loops.
 #include "common/status_macros.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/launch_internal.cuh"
@@ -57,6 +58,17 @@ __global__ void InPlaceKernel(T* __restrict__ x, int64_t num_elements, float val
   }
 }
 
+__global__ void AddGatedRowsKernel(const float* __restrict__ x,
+                                   const float* __restrict__ gate_logits, float* __restrict__ out,
+                                   int64_t num_elements, int64_t cols) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       index < num_elements; index += stride) {
+    const float s = gate_logits == nullptr ? 1.0f : 1.0f / (1.0f + expf(-gate_logits[index / cols]));
+    out[index] += s * x[index];
+  }
+}
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -103,6 +115,15 @@ absl::Status LaunchInPlace(const InPlaceParams& p, cudaStream_t stream) {
     }
   });
   return internal::CheckLaunch(p.op == InPlaceOp::kSoftCap ? "SoftCap" : "Scale");
+}
+
+absl::Status LaunchAddGatedRows(const AddGatedRowsParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckAddGatedRowsParams(p));
+  if (p.rows == 0) return absl::OkStatus();
+  const int64_t num_elements = p.rows * p.cols;
+  AddGatedRowsKernel<<<internal::GridFor(num_elements, kThreads), kThreads, 0, stream>>>(
+      p.x, p.gate_logits, p.out, num_elements, p.cols);
+  return internal::CheckLaunch("AddGatedRows");
 }
 
 }  // namespace loom::kernels::cuda

@@ -59,4 +59,21 @@ absl::Status CheckInPlaceParams(const InPlaceParams& params);
 /// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
 absl::Status LaunchInPlace(const InPlaceParams& params, cudaStream_t stream);
 
+/// out[t, i] += s_t * x[t, i] with s_t = 1 / (1 + expf(-gate_logits[t])), or s_t = 1
+/// without gate logits: as cpu::AddSigmoidGatedRows (a gated shared expert joining the
+/// routed experts' sum), in float, F32 tensors.
+struct AddGatedRowsParams {
+  const float* x = nullptr;            // [rows, cols]
+  const float* gate_logits = nullptr;  // [rows], or nullptr: no gate
+  float* out = nullptr;                // [rows, cols], added to
+  int64_t rows = 0;                    // >= 0
+  int64_t cols = 0;                    // >= 1
+};
+
+/// InvalidArgument (naming the field and value) for a shape the kernel cannot run.
+absl::Status CheckAddGatedRowsParams(const AddGatedRowsParams& params);
+
+/// Asynchronous on `stream`; thread-safe (no state). FailedPrecondition without CUDA.
+absl::Status LaunchAddGatedRows(const AddGatedRowsParams& params, cudaStream_t stream);
+
 }  // namespace loom::kernels::cuda

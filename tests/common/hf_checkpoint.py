@@ -43,6 +43,7 @@ _LAYER_NAMES = {
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+            "qwen2moe": "Qwen2MoeForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -136,7 +137,14 @@ _MOE_NAMES = {
                 "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight"),
     "qwen3moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "qwen2moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                 "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
 }
+# Qwen2-MoE's shared expert and its gate ([1, hidden] in HF checkpoints).
+_SHARED_EXPERT_NAMES = {"ffn_gate_shexp": "mlp.shared_expert.gate_proj.weight",
+                        "ffn_up_shexp": "mlp.shared_expert.up_proj.weight",
+                        "ffn_down_shexp": "mlp.shared_expert.down_proj.weight",
+                        "ffn_gate_inp_shexp": "mlp.shared_expert_gate.weight"}
 
 
 def _expert_tensors(hf_arch: str, gguf_name: str, values: np.ndarray) -> dict:
@@ -149,6 +157,10 @@ def _expert_tensors(hf_arch: str, gguf_name: str, values: np.ndarray) -> dict:
     prefix = f"model.layers.{parts[1]}."
     if parts[2] == "ffn_gate_inp":
         return {prefix + router: values}
+    if parts[2] in _SHARED_EXPERT_NAMES:
+        if parts[2] == "ffn_gate_inp_shexp":
+            values = values.reshape(1, -1)
+        return {prefix + _SHARED_EXPERT_NAMES[parts[2]]: values}
     roles = ("ffn_gate", "ffn_up", "ffn_down")
     role = parts[2].removesuffix("_exps")
     if role not in roles:
@@ -315,10 +327,14 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
         if _field(reader, f"{arch}.expert_feed_forward_length") is not None:
             config["moe_intermediate_size"] = int(_field(reader, f"{arch}.expert_feed_forward_length"))
-        if hf_arch == "qwen3moe":
-            config["norm_topk_prob"] = bool(_field(reader, f"{arch}.expert_weights_norm", True))
+        if hf_arch in ("qwen3moe", "qwen2moe"):
+            config["norm_topk_prob"] = bool(_field(reader, f"{arch}.expert_weights_norm",
+                                                   hf_arch == "qwen3moe"))
             config["decoder_sparse_step"] = 1
             config["mlp_only_layers"] = []
+        if _field(reader, f"{arch}.expert_shared_feed_forward_length") is not None:
+            config["shared_expert_intermediate_size"] = int(
+                _field(reader, f"{arch}.expert_shared_feed_forward_length"))
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling

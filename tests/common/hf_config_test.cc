@@ -94,6 +94,23 @@ TEST(HfConfigTest, TranslatesMixturesOfExperts) {
     "vocab_size": 1000})");
   ASSERT_TRUE(unsaid.ok()) << unsaid.status();
   EXPECT_FALSE(unsaid->expert_weights_norm);
+
+  // Qwen1.5-MoE's (shrunk): the dense width, the experts', and the shared expert's, which the
+  // checkpoint's mlp.shared_expert tensors turn on (tests/worker/hf_model_test.py).
+  absl::StatusOr<ModelConfig> qwen2 = Translate(R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 256, "intermediate_size": 704,
+    "moe_intermediate_size": 176, "shared_expert_intermediate_size": 704, "num_experts": 60,
+    "num_experts_per_tok": 4, "norm_topk_prob": false, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 8, "max_position_embeddings": 8192, "vocab_size": 1000,
+    "use_sliding_window": false})",
+                                                &info);
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status();
+  EXPECT_EQ(info.architecture, "qwen2moe");
+  EXPECT_EQ(qwen2->num_experts, 60);
+  EXPECT_EQ(qwen2->intermediate_size, 176);
+  EXPECT_FALSE(qwen2->expert_weights_norm);
+  EXPECT_TRUE(qwen2->rope_neox);
 }
 
 // Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as

@@ -44,7 +44,13 @@ TEST(HfModelTest, MapsExpertTensorNames) {
   EXPECT_EQ(GgufTensorName("model.layers.0.mlp.experts.127.down_proj.weight"),
             "blk.0.ffn_down.127.weight");
   EXPECT_EQ(GgufTensorName("model.layers.0.mlp.experts.x.down_proj.weight"), "");
-  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.shared_expert.down_proj.weight"), "");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.shared_expert.down_proj.weight"),
+            "blk.0.ffn_down_shexp.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.3.mlp.shared_expert.gate_proj.weight"),
+            "blk.3.ffn_gate_shexp.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.3.mlp.shared_expert_gate.weight"),
+            "blk.3.ffn_gate_inp_shexp.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.0.mlp.shared_expert.gate.weight"), "");
 }
 
 TEST(HfModelTest, ADirectoryWithoutConfigSaysSo) {

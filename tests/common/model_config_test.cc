@@ -415,6 +415,97 @@ TEST(ModelConfigTest, ReadsMixtureOfExpertsKeys) {
   EXPECT_EQ(ConfigOf(dense)->num_experts, 0);
 }
 
+// Qwen1.5-MoE-A2.7B-shaped: 60 experts of 1408 channels, 4 per token, and a shared expert of
+// 5632 beside them, scaled by its sigmoid gate.
+GgufImageBuilder Qwen2Moe(bool width_keys, std::vector<uint64_t> gate_shape) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "qwen2moe")
+      .KvU32("qwen2moe.context_length", 8192)
+      .KvU32("qwen2moe.embedding_length", 2048)
+      .KvU32("qwen2moe.feed_forward_length", 5632)
+      .KvU32("qwen2moe.expert_count", 60)
+      .KvU32("qwen2moe.expert_used_count", 4)
+      .KvU32("qwen2moe.block_count", 24)
+      .KvU32("qwen2moe.attention.head_count", 16)
+      .KvU32("qwen2moe.attention.head_count_kv", 16)
+      .KvU32("qwen2moe.vocab_size", 151936)
+      .Tensor("blk.0.ffn_gate_shexp.weight", {2048, 5632}, kQ1_0)
+      .Tensor("blk.0.ffn_up_shexp.weight", {2048, 5632}, kQ1_0)
+      .Tensor("blk.0.ffn_down_shexp.weight", {5632, 2048}, kQ1_0);
+  if (width_keys) {
+    builder.KvU32("qwen2moe.expert_feed_forward_length", 1408)
+        .KvU32("qwen2moe.expert_shared_feed_forward_length", 5632);
+  }
+  if (!gate_shape.empty()) builder.Tensor("blk.0.ffn_gate_inp_shexp.weight", gate_shape, kF32);
+  return builder;
+}
+
+// The widths from the keys, or llama.cpp's rules without them (experts of feed_forward_length
+// / expert_used_count, a shared expert of feed_forward_length); the routed weights not
+// renormalized unless the file says; the gate as llama.cpp declares it ([hidden]) or as
+// converters write it ([1, hidden]).
+TEST(ModelConfigTest, ReadsQwen2MoeSharedExpert) {
+  for (bool width_keys : {true, false}) {
+    for (const std::vector<uint64_t>& gate :
+         {std::vector<uint64_t>{2048}, std::vector<uint64_t>{2048, 1}}) {
+      SCOPED_TRACE(::testing::Message() << "keys " << width_keys << ", gate dims " << gate.size());
+      absl::StatusOr<ModelConfig> config = ConfigOf(Qwen2Moe(width_keys, gate));
+      ASSERT_TRUE(config.ok()) << config.status();
+      EXPECT_EQ(config->num_experts, 60);
+      EXPECT_EQ(config->intermediate_size, 1408);
+      EXPECT_EQ(config->shared_expert_intermediate_size, 5632);
+      EXPECT_TRUE(config->shared_expert_gated);
+      EXPECT_FALSE(config->expert_weights_norm);
+      EXPECT_TRUE(config->rope_neox);
+    }
+  }
+  GgufImageBuilder normalized = Qwen2Moe(true, {2048});
+  normalized.KvBool("qwen2moe.expert_weights_norm", true);
+  EXPECT_TRUE(ConfigOf(normalized)->expert_weights_norm);
+  // Without the gate tensor the shared expert joins unscaled.
+  absl::StatusOr<ModelConfig> ungated = ConfigOf(Qwen2Moe(true, {}));
+  ASSERT_TRUE(ungated.ok()) << ungated.status();
+  EXPECT_EQ(ungated->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(ungated->shared_expert_gated);
+  // A routed-only qwen2moe file has no shared expert.
+  GgufImageBuilder routed;
+  routed.KvString("general.architecture", "qwen2moe")
+      .KvU32("qwen2moe.context_length", 8192)
+      .KvU32("qwen2moe.embedding_length", 2048)
+      .KvU32("qwen2moe.feed_forward_length", 5632)
+      .KvU32("qwen2moe.expert_feed_forward_length", 1408)
+      .KvU32("qwen2moe.expert_count", 60)
+      .KvU32("qwen2moe.expert_used_count", 4)
+      .KvU32("qwen2moe.block_count", 24)
+      .KvU32("qwen2moe.attention.head_count", 16)
+      .KvU32("qwen2moe.vocab_size", 151936);
+  EXPECT_EQ(ConfigOf(routed)->shared_expert_intermediate_size, 0);
+}
+
+TEST(ModelConfigTest, RefusesMisshapenSharedExperts) {
+  ExpectInvalid(ConfigOf(Qwen2Moe(true, {2048, 2})), {"blk.0.ffn_gate_inp_shexp.weight"});
+  ExpectInvalid(ConfigOf(Qwen2Moe(true, {1024})), {"blk.0.ffn_gate_inp_shexp.weight"});
+  GgufImageBuilder narrow = Qwen2Moe(false, {2048});
+  narrow.KvU32("qwen2moe.expert_shared_feed_forward_length", 4096);
+  ExpectInvalid(ConfigOf(narrow), {"blk.0.ffn_gate_shexp.weight", "4096"});
+  GgufImageBuilder dense = TinyLlama();
+  dense.Tensor("blk.0.ffn_up_shexp.weight", {2048, 5632}, kQ1_0);
+  ExpectInvalid(ConfigOf(dense), {"shared expert", "without experts"});
+  GgufImageBuilder half = TinyLlama();
+  half.KvU32("llama.expert_count", 8)
+      .KvU32("llama.expert_used_count", 2)
+      .Tensor("blk.0.ffn_up_shexp.weight", {2048, 5632}, kQ1_0);
+  ExpectInvalid(ConfigOf(half), {"ffn_gate_shexp"});
+  // A shared width without the expert's tensors, in a file with layers.
+  GgufImageBuilder missing = TinyLlama();
+  missing.KvU32("llama.expert_count", 8)
+      .KvU32("llama.expert_used_count", 2)
+      .KvU32("llama.expert_shared_feed_forward_length", 256)
+      .Tensor("blk.0.attn_norm.weight", {2048}, kF32);
+  ExpectInvalid(ConfigOf(missing),
+                {"llama.expert_shared_feed_forward_length", "256", "no shared expert"});
+}
+
 TEST(ModelConfigTest, RefusesExpertCountsOutOfRangeAndSharedExperts) {
   GgufImageBuilder too_many = TinyLlama();
   too_many.KvU32("llama.expert_count", 8).KvU32("llama.expert_used_count", 9);

@@ -53,6 +53,9 @@ struct RandomModelSpec {
   // files store them); 0: dense.
   int64_t experts = 0;
   int64_t experts_used = 2;
+  // Beside the experts, a shared expert of this width (Qwen2-MoE's ffn_*_shexp, with its
+  // sigmoid gate ffn_gate_inp_shexp [hidden]); 0: none.
+  int64_t shared_ffn = 0;
   // Granite's multipliers (<arch>.embedding_scale, residual_scale, attention.scale,
   // logit_scale); 0: the key is absent.
   float embedding_scale = 0.0f;
@@ -190,6 +193,10 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
   if (spec.experts > 0) {
     builder.KvU32(a + ".expert_count", static_cast<uint32_t>(spec.experts))
         .KvU32(a + ".expert_used_count", static_cast<uint32_t>(spec.experts_used));
+    if (spec.shared_ffn > 0) {
+      builder.KvU32(a + ".expert_shared_feed_forward_length",
+                    static_cast<uint32_t>(spec.shared_ffn));
+    }
   }
   const uint64_t h = spec.hidden, q_rows = spec.heads * spec.head_dim,
                  kv_rows = spec.kv_heads * spec.head_dim, ffn = spec.ffn, vocab = spec.vocab;
@@ -236,6 +243,13 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
         matrix(p + "ffn_gate" + suffix, ffn, h);
         matrix(p + "ffn_up" + suffix, ffn, h);
         matrix(p + "ffn_down" + suffix, h, ffn);
+      }
+      if (spec.shared_ffn > 0) {
+        const auto shared = static_cast<uint64_t>(spec.shared_ffn);
+        matrix(p + "ffn_gate_shexp.weight", shared, h);
+        matrix(p + "ffn_up_shexp.weight", shared, h);
+        matrix(p + "ffn_down_shexp.weight", h, shared);
+        vector(p + "ffn_gate_inp_shexp.weight", h, 4.0f / std::sqrt(static_cast<float>(h)), 0.0f);
       }
       continue;
     }

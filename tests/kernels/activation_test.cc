@@ -213,5 +213,29 @@ TEST(ScaleTest, MultipliesEveryValueInPlace) {
   EXPECT_EQ(x[0], 0.22f);
 }
 
+// AddSigmoidGatedRows adds each row of x scaled by its gate's sigmoid (one rounding of the
+// product, one of the sum), or unscaled without gates; the gates saturate to 0 and 1.
+TEST(AddSigmoidGatedRowsTest, AddsEachRowScaledByItsGate) {
+  const int64_t rows = 4, cols = 3;
+  const std::vector<float> x = {1.0f, -2.0f, 0.5f, 3.0f,  4.0f,  -1.0f,
+                                2.0f, 2.0f,  2.0f, 1e30f, -7.0f, 0.25f};
+  const std::vector<float> gates = {0.0f, 1.5f, -200.0f, 200.0f};
+  std::vector<float> out(rows * cols, 10.0f);
+  AddSigmoidGatedRows(x.data(), gates.data(), rows, cols, out.data());
+  for (int64_t t = 0; t < rows; ++t) {
+    const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(gates[t])));
+    for (int64_t i = 0; i < cols; ++i) {
+      const double want = 10.0 + s * x[t * cols + i];
+      EXPECT_NEAR(out[t * cols + i], want, 1e-6 * std::abs(want)) << t << "," << i;
+    }
+  }
+  EXPECT_EQ(out[0], 10.5f);          // sigmoid(0) = 1/2
+  EXPECT_EQ(out[7], 10.0f);          // sigmoid(-200) = 0: the row adds nothing
+  EXPECT_EQ(out[9], 1e30f + 10.0f);  // sigmoid(200) = 1
+  std::vector<float> plain(rows * cols, 1.0f);
+  AddSigmoidGatedRows(x.data(), nullptr, rows, cols, plain.data());
+  for (int64_t i = 0; i < rows * cols; ++i) EXPECT_EQ(plain[i], 1.0f + x[i]) << i;
+}
+
 }  // namespace
 }  // namespace loom::kernels::cpu

@@ -217,5 +217,47 @@ TEST(CudaInPlaceTest, SoftCapAndScaleMatchCpu) {
   }
 }
 
+TEST(CudaAddGatedRowsTest, RejectsBadShapesBeforeLaunch) {
+  float buffer[4] = {};
+  AddGatedRowsParams p{buffer, nullptr, buffer, 2, 0};
+  EXPECT_NE(CheckAddGatedRowsParams(p).message().find("cols 0"), std::string::npos);
+  p.cols = 2;
+  EXPECT_TRUE(CheckAddGatedRowsParams(p).ok());
+  p.out = nullptr;
+  EXPECT_EQ(LaunchAddGatedRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.rows = 0;
+  EXPECT_TRUE(CheckAddGatedRowsParams(p).ok());
+}
+
+// A gated shared expert joining the routed experts' sum, as cpu::AddSigmoidGatedRows, with
+// and without gates.
+TEST(CudaAddGatedRowsTest, MatchesCpu) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {7, 576}, {33, 2048}}) {
+    for (bool gated : {true, false}) {
+      SCOPED_TRACE(testing::Message() << rows << "x" << cols << (gated ? " gated" : ""));
+      const std::vector<float> x = testing_util::RandomFloats(rows * cols, 5, -10, 10);
+      const std::vector<float> gates = testing_util::RandomFloats(rows, 6, -30, 30);
+      std::vector<float> expected = testing_util::RandomFloats(rows * cols, 7, -10, 10);
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_x, testing_util::Upload(DataType::kF32, x));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_gates, testing_util::Upload(DataType::kF32, gates));
+      LOOM_ASSERT_OK_AND_ASSIGN(DeviceBuffer d_out, testing_util::Upload(DataType::kF32, expected));
+      cpu::AddSigmoidGatedRows(x.data(), gated ? gates.data() : nullptr, rows, cols,
+                               expected.data());
+      AddGatedRowsParams p;
+      p.x = static_cast<const float*>(d_x.data());
+      p.gate_logits = gated ? static_cast<const float*>(d_gates.data()) : nullptr;
+      p.out = static_cast<float*>(d_out.data());
+      p.rows = rows;
+      p.cols = cols;
+      ASSERT_TRUE(LaunchAddGatedRows(p, nullptr).ok());
+      ASSERT_TRUE(SynchronizeStream(nullptr).ok());
+      LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> out,
+                                testing_util::Download(d_out, DataType::kF32, expected.size()));
+      EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-5, 1e-5));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::kernels::cuda

@@ -692,7 +692,9 @@ TEST(CudaForwardPassTest, MixtureOfExpertsMatchesCpuForwardPass) {
     spec.experts = 4;
     spec.experts_used = 2;
     spec.seed = int4 ? 82 : 81;
-    SCOPED_TRACE(int4 ? "int4 experts" : "F16/Q8_0/F32 experts");
+    // The int4 model also carries a gated shared expert (Qwen2-MoE's, AddSigmoidGated).
+    if (int4) spec.shared_ffn = 256;
+    SCOPED_TRACE(int4 ? "int4 experts and a shared expert" : "F16/Q8_0/F32 experts");
     std::unique_ptr<common::GgufFile> gguf = RandomModel(spec);
     ASSERT_NE(gguf, nullptr);
     ExpectMatchesCpu(*gguf, RandomPrompts(spec.vocab, spec.seed), /*quantized_weights=*/true,

@@ -64,6 +64,9 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   gemma1_gelu  max 0.278 (avx2, scalar)     RMS 0.0561 / 0.0555 (same)
 #   gpt_oss_sinks max 0.291 (avx2, scalar)   RMS 0.0714 (same; MXFP4 experts as NL4 g32, the bits of INT8 g32)
 #   llama_k      max 0.864 (every ISA)        RMS 0.1659 / 0.1659 / 0.1680 (Q8_K: a scale per 256)
+#   qwen2moe_shared max 0.945 (avx2, scalar)  RMS 0.139 (same; larger than the other MoE models'
+#                because its routing is fragile: the reference's own int8 emulation
+#                (Numerics.int8_activations) lands 2.35 from the exact logits on one prompt)
 # llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
 # formats (Q4_0 Q beside a Q8_0 V, ...) stopped falling back to F32 weights: they are widened
 # without loss to INT8 and now take int8 activations like their parts (were 0.28, 0.25, 0.27,
@@ -93,6 +96,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "glm4_sandwich": (0.45, 0.102),
     "gemma1_gelu": (0.42, 0.085),
     "gpt_oss_sinks": (0.44, 0.107),
+    "qwen2moe_shared": (1.42, 0.21),
 }
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600

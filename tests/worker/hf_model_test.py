@@ -6,7 +6,7 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Gemma 1 and 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
+experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
@@ -64,6 +64,9 @@ RANDOM_FAMILIES = {
     # MixtralForCausalLM (block_sparse_moe.experts.E.w1/w3/w2), one tensor per expert.
     "qwen3moe": (random_model.SPECS["qwen3moe_top8"], None, None),
     "mixtral": (random_model.SPECS["mixtral_top2"], "mixtral", None),
+    # Qwen2MoeForCausalLM: the experts beside mlp.shared_expert.*_proj and its [1, hidden]
+    # mlp.shared_expert_gate, shared_expert_intermediate_size, norm_topk_prob false.
+    "qwen2moe": (random_model.SPECS["qwen2moe_shared"], None, None),
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),
@@ -352,13 +355,36 @@ def test_dense_layers_between_expert_layers_are_refused(family_models, tmp_path)
     import shutil
 
     _, source = family_models["qwen3moe"]
-    for name, changes in {"dense": {"mlp_only_layers": [1]}, "step": {"decoder_sparse_step": 2},
-                          "shared": {"shared_expert_intermediate_size": 64}}.items():
+    for name, changes in {"dense": {"mlp_only_layers": [1]}, "step": {"decoder_sparse_step": 2}}.items():
         directory = tmp_path / name
         shutil.copytree(source, directory)
         write_config(directory, **changes)
         error = load_error(directory)
         assert "not supported" in error and ("experts" in error or "expert" in error), (name, error)
+    # A shared expert's width without its tensors is a broken checkpoint, said by name.
+    directory = tmp_path / "shared"
+    shutil.copytree(source, directory)
+    write_config(directory, shared_expert_intermediate_size=64)
+    error = load_error(directory)
+    assert "expert_shared_feed_forward_length" in error and "no shared expert" in error, error
+
+
+def test_qwen2moe_shared_expert_and_its_gate_count(family_models):
+    """Qwen2-MoE's directory within TOL_REFERENCE of the reference, and far from the same
+    reference without the shared expert, without its gate, or with the routed weights
+    renormalized (Qwen3-MoE's rule): each part is applied, and as the model defines it."""
+    import dataclasses
+
+    gguf_path, directory = family_models["qwen2moe"]
+    model = ref.load(gguf_path)
+    prompt = list(range(3, 60))
+    got = directory_logits(directory, prompt)
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    unshared = [dataclasses.replace(layer, shared=None, shared_gate=None) for layer in model.layers]
+    ungated = [dataclasses.replace(layer, shared_gate=None) for layer in model.layers]
+    for changes in ({"layers": unshared}, {"layers": ungated}, {"expert_norm": True}):
+        other = ref.Model(**{**model.__dict__, **changes})
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, list(changes)
 
 
 def write_config(directory, **changes):

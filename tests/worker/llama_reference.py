@@ -24,7 +24,10 @@ before and after each sub-layer, fused gate/up, Q/K/V biases, half of each head 
 interleaved pairs); `gpt-oss` (biases on Q/K/V, the attention output, the router and every expert
 matrix, a sink logit per query head in each attention softmax (transformers' GptOssAttention),
 the router's top-k softmaxed (equal to a renormalized softmax), OpenAI's clamped SwiGLU in the
-experts, even layers local, YaRN; post_attention_norm is its FFN norm).
+experts, even layers local, YaRN; post_attention_norm is its FFN norm); `qwen2moe` (qwen2's
+attention, routed experts not renormalized unless `expert_weights_norm` says so, and a shared
+SwiGLU expert `ffn_*_shexp` for every token, scaled by sigmoid(ffn_gate_inp_shexp · x) and added
+to the routed sum: llama.cpp's and transformers' Qwen2MoeSparseMoeBlock).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -46,7 +49,7 @@ from gguf import GGMLQuantizationType
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
-                   "gpt-oss": "neox"}
+                   "gpt-oss": "neox", "qwen2moe": "neox"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0
@@ -105,6 +108,10 @@ class Layer:
     post_ffw_norm: Optional[np.ndarray] = None
     # gpt-oss: a logit per query head that joins each attention softmax's denominator.
     sinks: Optional[np.ndarray] = None
+    # Qwen2-MoE: the shared expert's (gate, up, down), and its sigmoid gate [1, n_embd] (None:
+    # ungated).
+    shared: Optional[tuple] = None
+    shared_gate: Optional[Linear] = None
 
 
 @dataclasses.dataclass
@@ -288,6 +295,16 @@ def load(path: str | os.PathLike) -> Model:
         return [tuple(linear(f"{p}.{role}.{e}") for role in ("ffn_gate", "ffn_up", "ffn_down"))
                 for e in range(n_expert)]
 
+    def shared_expert(p: str) -> tuple:
+        """The shared expert's (gate, up, down) and sigmoid gate, or Nones."""
+        if p + ".ffn_up_shexp.weight" not in tensors:
+            return None, None
+        experts = tuple(linear(f"{p}.{role}_shexp") for role in ("ffn_gate", "ffn_up", "ffn_down"))
+        gate = optional(p + ".ffn_gate_inp_shexp.weight")
+        # [n_embd] as llama.cpp declares it or [1, n_embd]; Loom keeps it in float32.
+        return experts, (None if gate is None else
+                         Linear(gate.reshape(1, -1), None, GGMLQuantizationType.F32))
+
     layers = []
     gpt_oss = arch == "gpt-oss"
     for i in range(n_layer):
@@ -308,6 +325,7 @@ def load(path: str | os.PathLike) -> Model:
             post_attn_norm=None if gpt_oss else optional(p + ".post_attention_norm.weight"),
             post_ffw_norm=optional(p + ".post_ffw_norm.weight"),
             sinks=optional(p + ".attn_sinks.weight")))
+        layers[-1].shared, layers[-1].shared_gate = shared_expert(p)
 
     token_embd = weight("token_embd.weight")
     tied = "output.weight" not in tensors
@@ -333,7 +351,7 @@ def load(path: str | os.PathLike) -> Model:
         sliding_layers=_sliding_layers(reader, arch, n_layer),
         rope_layers=_rope_layers(reader, arch, n_layer),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
-        expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", True)),
+        expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", arch != "qwen2moe")),
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         swiglu_limit=float(_field(reader, "loom.swiglu_limit", GPT_OSS_SWIGLU_LIMIT if gpt_oss else 0.0)),
@@ -512,6 +530,12 @@ def _mixture_of_experts(model: Model, layer: Layer, h: np.ndarray, numerics: Num
             else:
                 ff = _silu(_linear(x, gate, numerics)) * _linear(x, up, numerics)
             out[t] += w * _linear(ff, down, numerics)[0]
+    if layer.shared is not None:
+        gate, up, down = layer.shared
+        shared = _linear(_silu(_linear(h, gate, numerics)) * _linear(h, up, numerics), down, numerics)
+        if layer.shared_gate is not None:
+            shared = shared / (1.0 + np.exp(-_linear(h, layer.shared_gate, numerics)))
+        out += shared
     return out
 
 

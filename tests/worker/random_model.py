@@ -37,6 +37,10 @@ Variants (see SPECS):
   gpt_oss_sinks  gpt-oss arch: 8 experts of 64 channels in MXFP4, top 4, biases on Q/K/V, the
                  attention output, the router and every expert matrix, attention sinks, the
                  clamped SwiGLU (limit 1.5 so it binds), YaRN (factor 4), even layers local.
+  qwen2moe_shared qwen2moe arch: Q/K/V biases, 8 experts of 32 channels, top 2 not
+                 renormalized, and a shared expert of 128 channels scaled by its sigmoid gate
+                 (layer 0's gate [1, 64] as converters write it, layer 1's [64] as llama.cpp
+                 declares it).
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -105,6 +109,8 @@ class ModelSpec:
     expert_norm: Optional[bool] = None  # writes <arch>.expert_weights_norm when set
     per_expert_tensors: bool = False  # blk.L.ffn_gate.E.weight (older Mixtral files), else *_exps
     dense_ff: int = 0
+    # Qwen2-MoE: a shared expert of shared_ff channels (ffn_*_shexp) and its sigmoid gate.
+    shared_ff: int = 0
     post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
     # Gemma 2's soft-capping: <arch>.attn_logit_softcapping / final_logit_softcapping.
     attn_softcap: float = 0.0
@@ -191,6 +197,16 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "attn_q": (T.Q4_1,), "attn_k": (T.Q8_0,),
                "attn_v": (T.F16,), "attn_output": (T.Q4_0,), "ffn_gate": (T.Q4_0, T.Q8_0, T.F16),
                "ffn_up": (T.Q8_0, T.Q4_1), "ffn_down": (T.Q4_1, T.F16, T.Q8_0)}),
+    # Qwen2-MoE: Qwen2's Q/K/V biases, top 2 of 8 experts without renormalization (the
+    # architecture's default), a shared expert wider than feed_forward_length says.
+    "qwen2moe_shared": ModelSpec(
+        name="qwen2moe_shared", arch="qwen2moe", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=32, dense_ff=96, n_expert=8, n_expert_used=2, shared_ff=128,
+        qkv_bias=True, rope_base=1000000.0, rms_eps=1e-6, seed=909,
+        types={"token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0,),
+               "attn_v": (T.F16,), "attn_output": (T.Q8_0,), "ffn_gate": (T.Q8_0,),
+               "ffn_up": (T.F16, T.Q4_1), "ffn_down": (T.Q8_0,), "ffn_gate_shexp": (T.Q8_0,),
+               "ffn_up_shexp": (T.Q4_1, T.F16), "ffn_down_shexp": (T.F16, T.Q8_0)}),
     "moe_top1": ModelSpec(
         name="moe_top1", arch="llama", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
         head_dim=16, n_ff=64, n_expert=4, n_expert_used=1, expert_norm=False, seed=81,
@@ -468,6 +484,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             writer.add_expert_feed_forward_length(spec.n_ff)
         if spec.expert_norm is not None:
             writer.add_bool(f"{spec.arch}.expert_weights_norm", spec.expert_norm)
+        if spec.shared_ff:
+            writer.add_expert_shared_feed_forward_length(spec.shared_ff)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     if spec.n_embd != spec.n_head * hd:
@@ -600,6 +618,16 @@ def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, m
                 _add(writer, f"{p}.{role}.{index}.weight", values, type_of(role, layer + index))
         else:
             _add(writer, f"{p}.{role}_exps.weight", np.stack(matrices), type_of(role, layer))
+    if spec.shared_ff:
+        # Qwen2-MoE's shared expert, and its sigmoid gate (gain 4: the sigmoids spread over
+        # most of (0, 1)), [1, n_embd] on even layers as converters write it, [n_embd] on odd
+        # ones as llama.cpp declares it.
+        shared = {"ffn_gate_shexp": matrix(spec.shared_ff, d), "ffn_up_shexp": matrix(spec.shared_ff, d),
+                  "ffn_down_shexp": matrix(d, spec.shared_ff, 1.5)}
+        for role, values in shared.items():
+            _add(writer, f"{p}.{role}.weight", values, type_of(role, layer))
+        gate = matrix(1, d, 4.0)
+        _add(writer, f"{p}.ffn_gate_inp_shexp.weight", gate if layer % 2 == 0 else gate.reshape(-1), T.F32)
 
 
 def write_all(directory: str | os.PathLike) -> dict[str, str]:

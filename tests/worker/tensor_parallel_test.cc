@@ -143,6 +143,25 @@ TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
   config.intermediate_size = 1000;
   EXPECT_THAT(model::PlanShards(config, 0, 3).status().message(), HasSubstr("1000 FFN channels"));
   EXPECT_EQ(model::PlanShards(config, 3, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  config.intermediate_size = 999;
+  config.shared_expert_intermediate_size = 1000;
+  EXPECT_THAT(model::PlanShards(config, 0, 3).status().message(),
+              HasSubstr("1000 shared-expert FFN channels"));
+}
+
+// A shared expert's channels split like the dense FFN's (every rank's own range).
+TEST(PlanShardsTest, SplitsASharedExpertsChannels) {
+  common::ModelConfig config = SmolLm2Shape();
+  config.num_experts = 8;
+  config.shared_expert_intermediate_size = 768;
+  for (int rank = 0; rank < 3; ++rank) {
+    absl::StatusOr<model::ShardPlan> plan = model::PlanShards(config, rank, 3);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->shared_ffn, 256);
+    EXPECT_EQ(plan->shared_ffn0, 256 * rank);
+    EXPECT_EQ(model::LocalConfig(config, *plan).shared_expert_intermediate_size, 256);
+  }
+  EXPECT_EQ(model::PlanShards(SmolLm2Shape(), 0, 3)->shared_ffn, 0);
 }
 
 // The default model split over `size` ranks (threads joined by gloo) against the whole
