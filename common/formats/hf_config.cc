@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -448,19 +449,88 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
   return absl::OkStatus();
 }
 
+// transformers' Gemma3TextConfig defaults: Gemma 3's multimodal config.json files leave
+// most of their text_config at them (gemma-3-4b-it's names neither heads nor vocabulary).
+constexpr const char* kGemma3TextDefaults = R"({
+  "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+  "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+  "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+  "attention_bias": false, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+  "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6})";
+
+// The text model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, LLaVA):
+// (wrapper class, text model's model_type, its causal-LM class, defaults of its fields).
+struct MultimodalWrapper {
+  std::string_view wrapper, model_type, text_class;
+  const char* defaults;
+};
+constexpr MultimodalWrapper kMultimodalWrappers[] = {
+    {"Gemma3ForConditionalGeneration", "gemma3_text", "Gemma3ForCausalLM", kGemma3TextDefaults},
+    {"Mistral3ForConditionalGeneration", "mistral", "MistralForCausalLM", nullptr},
+    {"LlavaForConditionalGeneration", "mistral", "MistralForCausalLM", nullptr},
+    {"LlavaForConditionalGeneration", "llama", "LlamaForCausalLM", nullptr},
+};
+
+// A multimodal config.json as its text model's (`text_config` over the text model's
+// defaults, named by its causal-LM class, with the file's quantization_config and name), or
+// nullopt for a text model's own config. Its vision tower is not served.
+absl::StatusOr<std::optional<json>> TextConfigOfMultimodal(const json& config) {
+  auto architectures = config.find("architectures");
+  if (architectures == config.end() || !architectures->is_array() || architectures->size() != 1 ||
+      !(*architectures)[0].is_string()) {
+    return std::nullopt;  // ReadArchitecture says what is wrong
+  }
+  const std::string wrapper = (*architectures)[0].get<std::string>();
+  auto text = config.find("text_config");
+  std::string model_type;
+  if (text != config.end() && text->is_object()) {
+    model_type = text->value("model_type", std::string());
+  }
+  bool known_wrapper = false;
+  for (const MultimodalWrapper& entry : kMultimodalWrappers) {
+    if (entry.wrapper != wrapper) continue;
+    known_wrapper = true;
+    if (text == config.end() || !text->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", wrapper, " needs a text_config object"));
+    }
+    if (entry.model_type != model_type) continue;
+    json merged = entry.defaults != nullptr ? json::parse(entry.defaults) : json::object();
+    for (const auto& [key, value] : text->items()) {
+      if (!value.is_null()) merged[key] = value;
+    }
+    merged["architectures"] = json::array({std::string(entry.text_class)});
+    for (const char* key : {"quantization_config", "_name_or_path"}) {
+      if (config.contains(key) && !merged.contains(key)) merged[key] = config[key];
+    }
+    return merged;
+  }
+  if (known_wrapper) {
+    return absl::UnimplementedError(absl::StrCat("config.json: ", wrapper,
+                                                 " with a text model of model_type '", model_type,
+                                                 "' is not supported"));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
                                             GgufMetadataBuilder& metadata) {
-  const json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError("config.json: not a JSON object");
   }
+  LOOM_ASSIGN_OR_RETURN(std::optional<json> text_config, TextConfigOfMultimodal(config));
+  const bool multimodal = text_config.has_value();
+  if (multimodal) config = *std::move(text_config);
   const Fields fields(config);
   LOOM_ASSIGN_OR_RETURN(const ArchitectureRules* rules, ReadArchitecture(config));
   LOOM_RETURN_IF_ERROR(CheckSupportedFeatures(fields, *rules));
   HfConfigInfo info;
   info.architecture = std::string(rules->gguf_name);
+  info.multimodal = multimodal;
   metadata.String("general.architecture", info.architecture);
   LOOM_ASSIGN_OR_RETURN(std::string name, fields.String("_name_or_path", ""));
   if (!name.empty()) metadata.String("general.name", name);

@@ -22,10 +22,15 @@ struct HfConfigInfo {
   std::vector<float> rope_factors_long, rope_factors_short;
   // quantization_config: AWQ or GPTQ weights (common/formats/hf_quantization), or none.
   HfQuantization quantization;
+  // The config was a multimodal model's (Gemma3ForConditionalGeneration,
+  // Mistral3ForConditionalGeneration, LlavaForConditionalGeneration): its text model is
+  // served, its vision tower's and projector's tensors are skipped.
+  bool multimodal = false;
 };
 
-/// Translates `config.json` (its text) of LlamaForCausalLM, MistralForCausalLM,
-/// Qwen2ForCausalLM or Qwen3ForCausalLM into the GGUF keys ModelConfigFromGguf reads
+/// Translates `config.json` (its text) of one of common/formats/architecture's Hugging Face
+/// classes, or of a multimodal wrapper around one (its `text_config`, over transformers'
+/// defaults for Gemma 3), into the GGUF keys ModelConfigFromGguf reads
 /// (`general.architecture`, `<arch>.embedding_length`, rope scaling, ...), appended to
 /// `metadata`. HF q/k projections are in the rotate-half layout, so `loom.rope.neox` is
 /// set. InvalidArgument / Unimplemented naming the architecture, field or value that Loom

@@ -22,6 +22,7 @@
 #include "common/sampling_defaults.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/hf_tokenizer.h"
+#include "nlohmann/json.hpp"
 
 namespace loom::common {
 namespace {
@@ -247,6 +248,15 @@ absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
 }  // namespace
 
 std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
+  // A multimodal checkpoint's text model, under the text model's own names.
+  std::string text_name;
+  if (absl::string_view name(hf_name.data(), hf_name.size());
+      absl::ConsumePrefix(&name, "language_model.")) {
+    text_name = std::string(name);
+  } else if (absl::ConsumePrefix(&name, "model.language_model.")) {
+    text_name = absl::StrCat("model.", name);
+  }
+  if (!text_name.empty()) hf_name = text_name;
   if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf_name == "model.norm.weight") return "output_norm.weight";
   if (hf_name == "lm_head.weight") return "output.weight";
@@ -306,6 +316,14 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   return "";
 }
 
+bool IsVisionTensorName(std::string_view hf_name) {
+  for (std::string_view prefix : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                  "model.multi_modal_projector."}) {
+    if (hf_name.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir) {
   const fs::path root(dir);
   GgufMetadataBuilder metadata;
@@ -332,6 +350,19 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
                         ReadOptional(root / "generation_config.json"));
   LOOM_ASSIGN_OR_RETURN(tokenizer_files.chat_template_jinja,
                         ReadOptional(root / "chat_template.jinja"));
+  if (tokenizer_files.chat_template_jinja.empty()) {
+    // Multimodal exports keep the processor's template in chat_template.json.
+    LOOM_ASSIGN_OR_RETURN(std::string chat_json, ReadOptional(root / "chat_template.json"));
+    if (!chat_json.empty()) {
+      const nlohmann::json chat = nlohmann::json::parse(chat_json, nullptr, false);
+      if (chat.is_discarded() || !chat.is_object() || !chat.contains("chat_template") ||
+          !chat["chat_template"].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, "/chat_template.json: needs a 'chat_template' string"));
+      }
+      tokenizer_files.chat_template_jinja = chat["chat_template"].get<std::string>();
+    }
+  }
   if (absl::Status status = HfTokenizerToGguf(tokenizer_files, metadata); !status.ok()) {
     return absl::Status(status.code(), absl::StrCat(dir, "/", status.message()));
   }
@@ -355,11 +386,15 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
   for (const SafetensorsCheckpoint::Entry& entry : checkpoint->entries()) {
     const SafetensorsTensorInfo& tensor = *entry.tensor;
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
+    if (info->multimodal && IsVisionTensorName(tensor.name)) continue;  // the text model only
     if (AddQuantizedPart(entry, quantized)) continue;
     if (AddFp8Part(entry, fp8)) continue;
     if (info->architecture == "gpt-oss" && AddGptOssExpertPart(entry, gpt_oss_experts)) continue;
     // A tied LM head may still be saved; HF ignores it then, and so does Loom.
-    if (tensor.name == "lm_head.weight" && info->tie_word_embeddings) continue;
+    if (info->tie_word_embeddings &&
+        (tensor.name == "lm_head.weight" || tensor.name == "language_model.lm_head.weight")) {
+      continue;
+    }
     std::string name = GgufTensorName(tensor.name, info->sandwich_norms);
     if (absl::EndsWith(name, ".ffn_norm.weight")) {
       name = name.substr(0, name.size() - std::strlen(".ffn_norm.weight")) + ffn_norm;

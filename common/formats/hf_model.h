@@ -13,8 +13,14 @@ namespace loom::common {
 /// The GGUF tensor name of a Hugging Face llama-family tensor name
 /// (`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`), or "" for a name
 /// with no GGUF counterpart. With `sandwich_norms` (Gemma), post_attention_layernorm is the
-/// attention output's norm and pre/post_feedforward_layernorm the FFN's two.
+/// attention output's norm and pre/post_feedforward_layernorm the FFN's two. A multimodal
+/// checkpoint's text-model tensors (`language_model.model.*`, `language_model.lm_head.*`,
+/// or transformers' newer `model.language_model.*`) map as the text model's own.
 std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms = false);
+
+/// Whether `hf_name` belongs to a multimodal checkpoint's vision tower or projector (not
+/// served: Loom runs the text model).
+bool IsVisionTensorName(std::string_view hf_name);
 
 /// Opens a Hugging Face model directory (config.json, model.safetensors or sharded
 /// checkpoint, tokenizer.json, tokenizer_config.json, generation_config.json) as a GGUF

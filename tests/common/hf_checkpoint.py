@@ -12,6 +12,10 @@ What it writes is what `transformers`' `save_pretrained` writes for these models
   tokenizer.json           the GGUF vocabulary as `tokenizers` BPE (hf_reference.build_reference);
   tokenizer_config.json    chat_template, bos/eos token texts, add_bos_token;
   generation_config.json   bos/eos ids.
+architecture="gemma3-mm" writes a Gemma 3 model as Google released the 4B-27B ones: a
+Gemma3ForConditionalGeneration wrapper whose text_config leaves out every field equal to
+transformers' Gemma3TextConfig default, the text model's tensors under language_model.*, a
+(dummy) vision tower and projector beside them, and the chat template in chat_template.json.
 """
 from __future__ import annotations
 
@@ -51,6 +55,14 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
+# transformers' Gemma3TextConfig defaults (what Gemma 3's multimodal configs leave out).
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_local_base_freq": 10000.0,
+    "sliding_window_pattern": 6, "tie_word_embeddings": True}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
 _PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
 # Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
@@ -213,6 +225,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
 
+    multimodal = architecture == "gemma3-mm"
+    if multimodal:
+        architecture = "gemma3"
     hf_arch = architecture or arch
     gemma = hf_arch in ("gemma2", "gemma3")  # four norms per layer, Gemma's names
     gemma1 = hf_arch == "gemma"  # Gemma's 1 + w norms under llama's two names
@@ -256,10 +271,15 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             tensors[name] = bits  # written with dtype BF16 below
         else:
             tensors[name] = values.astype(np.float32 if keep_f32 else np.float16)
+    tied = "lm_head.weight" not in tensors
+    if multimodal:
+        tensors = {("language_model." + name if name.startswith(("model.", "lm_head.")) else name): values
+                   for name, values in tensors.items()}
+        tensors["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.zeros((8, 3, 2, 2), np.float32)
+        tensors["multi_modal_projector.mm_input_projection_weight"] = np.zeros((8, n_embd), np.float32)
     _save(tensors, out, shards, bf16=dtype == "bfloat16")
 
-    tied = "lm_head.weight" not in tensors
-    vocab_rows = tensors["model.embed_tokens.weight"].shape[0]
+    vocab_rows = tensors[("language_model." if multimodal else "") + "model.embed_tokens.weight"].shape[0]
     config = {
         "architectures": [_HF_ARCH[architecture or arch]],
         "model_type": architecture or arch,
@@ -341,6 +361,14 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     elif scaling_type == "linear":
         config["rope_scaling"] = {"rope_type": "linear",
                                   "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    if multimodal:
+        text = {key: value for key, value in config.items()
+                if key not in ("architectures", "model_type", "torch_dtype")
+                and not (key in GEMMA3_TEXT_DEFAULTS and GEMMA3_TEXT_DEFAULTS[key] == value)}
+        config = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                  "text_config": {**text, "model_type": "gemma3_text"},
+                  "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+                  "image_token_index": vocab_rows - 1, "torch_dtype": dtype}
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
     tokens, types, _ = hf_reference.read_vocab(gguf_path)
@@ -359,6 +387,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         tokenizer_config["bos_token"] = tokens[int(bos)]
     if eos is not None:
         tokenizer_config["eos_token"] = tokens[int(eos)]
+    if multimodal:
+        chat = {"chat_template": tokenizer_config.pop("chat_template")}
+        (out / "chat_template.json").write_text(json.dumps(chat, indent=2))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     generation = {"bos_token_id": None if bos is None else int(bos),
                   "eos_token_id": None if eos is None else int(eos)}

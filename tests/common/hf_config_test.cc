@@ -145,6 +145,64 @@ TEST(HfConfigTest, TranslatesGemma3) {
                 "hidden_activation 'silu'");
 }
 
+// gemma-3-4b-it's config.json as released: a multimodal wrapper whose text_config names
+// only what differs from transformers' Gemma3TextConfig defaults (no heads, head dim,
+// vocabulary, RoPE bases or context); the text model is served with those defaults.
+TEST(HfConfigTest, TranslatesGemma3MultimodalTextConfigOverItsDefaults) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+    "mm_tokens_per_image": 256, "initializer_range": 0.02,
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "model_type": "siglip_vision_model",
+                      "num_hidden_layers": 27, "patch_size": 14}})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(info.multimodal);
+  EXPECT_EQ(info.architecture, "gemma3");
+  EXPECT_TRUE(info.tie_word_embeddings);
+  EXPECT_TRUE(info.sandwich_norms);
+  EXPECT_EQ(config->hidden_size, 2560);
+  EXPECT_EQ(config->num_layers, 34);
+  EXPECT_EQ(config->num_heads, 8);
+  EXPECT_EQ(config->num_kv_heads, 4);
+  EXPECT_EQ(config->head_dim, 256);
+  EXPECT_EQ(config->vocab_size, 262208);
+  EXPECT_EQ(config->context_length, 131072);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(config->local_rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(config->attention_scale, 1.0 / 16.0);  // query_pre_attn_scalar 256
+  EXPECT_EQ(config->rope_scaling, RopeScalingType::kLinear);
+  EXPECT_TRUE(config->gelu);
+  for (int64_t l = 0; l < 34; ++l) EXPECT_EQ(config->LayerWindow(l), l % 6 == 5 ? 0 : 1024) << l;
+
+  // Mistral Small 3.1: the text model is Mistral's, every field given.
+  absl::StatusOr<ModelConfig> mistral = Translate(R"({
+    "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+    "text_config": {"head_dim": 128, "hidden_act": "silu", "hidden_size": 512,
+                    "intermediate_size": 1024, "max_position_embeddings": 131072,
+                    "model_type": "mistral", "num_attention_heads": 4, "num_hidden_layers": 2,
+                    "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "rope_theta": 1000000000.0,
+                    "sliding_window": null, "vocab_size": 1000},
+    "vision_config": {"model_type": "pixtral"}})",
+                                                  &info);
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_TRUE(info.multimodal);
+  EXPECT_EQ(info.architecture, "mistral");
+  EXPECT_FALSE(info.tie_word_embeddings);
+  EXPECT_EQ(mistral->head_dim, 128);
+  EXPECT_EQ(mistral->sliding_window, 0);
+
+  ExpectRefused(R"({"architectures": ["Gemma3ForConditionalGeneration"]})", "text_config");
+  ExpectRefused(R"({"architectures": ["Mistral3ForConditionalGeneration"],
+    "text_config": {"model_type": "qwen2"}})",
+                "model_type 'qwen2'");
+}
+
 // Gemma-2-2b-it's config.json (shapes shrunk): soft-capping as llama.cpp's keys, every
 // other layer local (the even ones), one RoPE base, the query scale; a non-positive cap
 // refused.

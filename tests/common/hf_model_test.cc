@@ -51,6 +51,18 @@ TEST(HfModelTest, MapsExpertTensorNames) {
   EXPECT_EQ(GgufTensorName("model.layers.3.mlp.shared_expert_gate.weight"),
             "blk.3.ffn_gate_inp_shexp.weight");
   EXPECT_EQ(GgufTensorName("model.layers.0.mlp.shared_expert.gate.weight"), "");
+  // Multimodal checkpoints' text models, in transformers' older and newer layouts.
+  EXPECT_EQ(GgufTensorName("language_model.model.layers.2.self_attn.q_proj.weight"),
+            "blk.2.attn_q.weight");
+  EXPECT_EQ(GgufTensorName("language_model.model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(GgufTensorName("language_model.lm_head.weight"), "output.weight");
+  EXPECT_EQ(GgufTensorName("model.language_model.layers.0.mlp.down_proj.weight"),
+            "blk.0.ffn_down.weight");
+  EXPECT_EQ(GgufTensorName("model.language_model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(GgufTensorName("vision_tower.vision_model.embeddings.patch_embedding.weight"), "");
+  EXPECT_TRUE(IsVisionTensorName("vision_tower.vision_model.embeddings.patch_embedding.weight"));
+  EXPECT_TRUE(IsVisionTensorName("model.multi_modal_projector.mm_input_projection_weight"));
+  EXPECT_FALSE(IsVisionTensorName("language_model.model.layers.0.self_attn.q_proj.weight"));
 }
 
 TEST(HfModelTest, ADirectoryWithoutConfigSaysSo) {

@@ -6,7 +6,8 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
+experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3 (3 also as the
+Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
@@ -70,6 +71,10 @@ RANDOM_FAMILIES = {
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),
+    # The same as Gemma3ForConditionalGeneration (Gemma 3 4B-27B as released): text_config
+    # over transformers' defaults, language_model.* tensors beside a vision tower Loom skips,
+    # the chat template in chat_template.json.
+    "gemma3_mm": (random_model.SPECS["gemma3_swa"], "gemma3-mm", None),
     # Gemma2ForCausalLM: the same layout, soft-capped scores and logits, every other layer
     # global with no pattern key.
     "gemma2": (random_model.SPECS["gemma2_softcap"], None, None),
