@@ -459,7 +459,8 @@ constexpr const char* kGemma3TextDefaults = R"({
   "attention_bias": false, "query_pre_attn_scalar": 256, "sliding_window": 4096,
   "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6})";
 
-// The text model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, LLaVA):
+// The text model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, LLaVA; Qwen2-VL
+// and Qwen2.5-VL below):
 // (wrapper class, text model's model_type, its causal-LM class, defaults of its fields).
 struct MultimodalWrapper {
   std::string_view wrapper, model_type, text_class;
@@ -472,6 +473,28 @@ constexpr MultimodalWrapper kMultimodalWrappers[] = {
     {"LlavaForConditionalGeneration", "llama", "LlamaForCausalLM", nullptr},
 };
 
+// Qwen2-VL's and Qwen2.5-VL's text model, a Qwen2: its fields at the top level (as released)
+// or in text_config (newer transformers). M-RoPE rotates text-only positions, where the
+// temporal, height and width indices are all the token's position, exactly as RoPE does, so
+// its rope_scaling (mrope_section) is dropped.
+json QwenVlTextConfig(const json& config) {
+  auto text = config.find("text_config");
+  json merged = config;
+  merged.erase("vision_config");
+  merged.erase("text_config");
+  if (text != config.end() && text->is_object()) {
+    for (const auto& [key, value] : text->items()) {
+      if (!value.is_null()) merged[key] = value;
+    }
+  }
+  if (auto scaling = merged.find("rope_scaling"); scaling != merged.end() && scaling->is_object()) {
+    const std::string type = scaling->value("type", scaling->value("rope_type", std::string()));
+    if (type == "mrope" || scaling->contains("mrope_section")) merged.erase("rope_scaling");
+  }
+  merged["architectures"] = json::array({"Qwen2ForCausalLM"});
+  return merged;
+}
+
 // A multimodal config.json as its text model's (`text_config` over the text model's
 // defaults, named by its causal-LM class, with the file's quantization_config and name), or
 // nullopt for a text model's own config. Its vision tower is not served.
@@ -482,6 +505,10 @@ absl::StatusOr<std::optional<json>> TextConfigOfMultimodal(const json& config) {
     return std::nullopt;  // ReadArchitecture says what is wrong
   }
   const std::string wrapper = (*architectures)[0].get<std::string>();
+  if (wrapper == "Qwen2VLForConditionalGeneration" ||
+      wrapper == "Qwen2_5_VLForConditionalGeneration") {
+    return QwenVlTextConfig(config);
+  }
   auto text = config.find("text_config");
   std::string model_type;
   if (text != config.end() && text->is_object()) {

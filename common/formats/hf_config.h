@@ -23,7 +23,8 @@ struct HfConfigInfo {
   // quantization_config: AWQ or GPTQ weights (common/formats/hf_quantization), or none.
   HfQuantization quantization;
   // The config was a multimodal model's (Gemma3ForConditionalGeneration,
-  // Mistral3ForConditionalGeneration, LlavaForConditionalGeneration): its text model is
+  // Mistral3ForConditionalGeneration, LlavaForConditionalGeneration,
+  // Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration): its text model is
   // served, its vision tower's and projector's tensors are skipped.
   bool multimodal = false;
 };

@@ -318,7 +318,7 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
 
 bool IsVisionTensorName(std::string_view hf_name) {
   for (std::string_view prefix : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                                  "model.multi_modal_projector."}) {
+                                  "model.multi_modal_projector.", "visual.", "model.visual."}) {
     if (hf_name.substr(0, prefix.size()) == prefix) return true;
   }
   return false;

@@ -15,7 +15,10 @@ What it writes is what `transformers`' `save_pretrained` writes for these models
 architecture="gemma3-mm" writes a Gemma 3 model as Google released the 4B-27B ones: a
 Gemma3ForConditionalGeneration wrapper whose text_config leaves out every field equal to
 transformers' Gemma3TextConfig default, the text model's tensors under language_model.*, a
-(dummy) vision tower and projector beside them, and the chat template in chat_template.json.
+(dummy) vision tower and projector beside them, and the chat template in chat_template.json;
+architecture="qwen2-vl" a Qwen2 model as Qwen2.5-VL is released: Qwen2_5_VLForConditionalGeneration
+with the text fields at the top level, M-RoPE's rope_scaling (replacing the GGUF's), and a
+(dummy) visual.* tower beside the text model's tensors.
 """
 from __future__ import annotations
 
@@ -228,6 +231,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     multimodal = architecture == "gemma3-mm"
     if multimodal:
         architecture = "gemma3"
+    qwen_vl = architecture == "qwen2-vl"
+    if qwen_vl:
+        architecture = "qwen2"
     hf_arch = architecture or arch
     gemma = hf_arch in ("gemma2", "gemma3")  # four norms per layer, Gemma's names
     gemma1 = hf_arch == "gemma"  # Gemma's 1 + w norms under llama's two names
@@ -277,6 +283,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                    for name, values in tensors.items()}
         tensors["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.zeros((8, 3, 2, 2), np.float32)
         tensors["multi_modal_projector.mm_input_projection_weight"] = np.zeros((8, n_embd), np.float32)
+    if qwen_vl:
+        tensors["visual.patch_embed.proj.weight"] = np.zeros((8, 3, 2, 2, 2), np.float32)
+        tensors["visual.merger.mlp.0.weight"] = np.zeros((8, 8), np.float32)
     _save(tensors, out, shards, bf16=dtype == "bfloat16")
 
     vocab_rows = tensors[("language_model." if multimodal else "") + "model.embed_tokens.weight"].shape[0]
@@ -369,6 +378,13 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                   "text_config": {**text, "model_type": "gemma3_text"},
                   "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
                   "image_token_index": vocab_rows - 1, "torch_dtype": dtype}
+    if qwen_vl:
+        half = head_dim // 2
+        config.update({"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+                       "rope_scaling": {"type": "mrope", "mrope_section": [half // 4, 3 * half // 8,
+                                                                           3 * half // 8]},
+                       "vision_config": {"model_type": "qwen2_5_vl", "hidden_size": 8},
+                       "vision_start_token_id": vocab_rows - 1})
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
     tokens, types, _ = hf_reference.read_vocab(gguf_path)

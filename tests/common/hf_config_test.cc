@@ -197,6 +197,33 @@ TEST(HfConfigTest, TranslatesGemma3MultimodalTextConfigOverItsDefaults) {
   EXPECT_EQ(mistral->head_dim, 128);
   EXPECT_EQ(mistral->sliding_window, 0);
 
+  // Qwen2.5-VL-7B's (shrunk): a Qwen2 text model at the top level, M-RoPE's rope_scaling
+  // (plain RoPE for text-only positions), or its fields in text_config (newer exports).
+  for (const char* text_at : {"top", "text_config"}) {
+    SCOPED_TRACE(text_at);
+    const std::string fields = R"("hidden_size": 256, "intermediate_size": 512,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+      "max_position_embeddings": 128000, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+      "sliding_window": 32768, "use_sliding_window": false, "max_window_layers": 2,
+      "vocab_size": 1000, "tie_word_embeddings": false,
+      "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]})";
+    const std::string json =
+        std::string(text_at) == std::string("top")
+            ? R"({"architectures": ["Qwen2_5_VLForConditionalGeneration"], )" + fields +
+                  R"(, "vision_config": {"depth": 32}})"
+            : R"({"architectures": ["Qwen2_5_VLForConditionalGeneration"], "text_config": {)" +
+                  fields + R"(}, "vision_config": {"depth": 32}})";
+    absl::StatusOr<ModelConfig> qwen = Translate(json, &info);
+    ASSERT_TRUE(qwen.ok()) << qwen.status();
+    EXPECT_TRUE(info.multimodal);
+    EXPECT_EQ(info.architecture, "qwen2");
+    EXPECT_FALSE(info.tie_word_embeddings);
+    EXPECT_EQ(qwen->hidden_size, 256);
+    EXPECT_EQ(qwen->head_dim, 64);
+    EXPECT_EQ(qwen->rope_scaling, RopeScalingType::kNone);
+    EXPECT_EQ(qwen->sliding_window, 0);
+  }
+
   ExpectRefused(R"({"architectures": ["Gemma3ForConditionalGeneration"]})", "text_config");
   ExpectRefused(R"({"architectures": ["Mistral3ForConditionalGeneration"],
     "text_config": {"model_type": "qwen2"}})",

@@ -63,6 +63,9 @@ TEST(HfModelTest, MapsExpertTensorNames) {
   EXPECT_TRUE(IsVisionTensorName("vision_tower.vision_model.embeddings.patch_embedding.weight"));
   EXPECT_TRUE(IsVisionTensorName("model.multi_modal_projector.mm_input_projection_weight"));
   EXPECT_FALSE(IsVisionTensorName("language_model.model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_TRUE(IsVisionTensorName("visual.blocks.0.attn.qkv.weight"));
+  EXPECT_TRUE(IsVisionTensorName("model.visual.merger.mlp.0.weight"));
+  EXPECT_FALSE(IsVisionTensorName("model.layers.0.self_attn.q_proj.weight"));
 }
 
 TEST(HfModelTest, ADirectoryWithoutConfigSaysSo) {

@@ -7,7 +7,8 @@ the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE s
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
 experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3 (3 also as the
-Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
+Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Qwen2 as Qwen2.5-VL's text
+model, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
@@ -75,6 +76,10 @@ RANDOM_FAMILIES = {
     # over transformers' defaults, language_model.* tensors beside a vision tower Loom skips,
     # the chat template in chat_template.json.
     "gemma3_mm": (random_model.SPECS["gemma3_swa"], "gemma3-mm", None),
+    # Qwen2_5_VLForConditionalGeneration: a Qwen2 text model beside visual.*, its M-RoPE
+    # rope_scaling (text-only positions rotate as plain RoPE: the reference drops the GGUF's
+    # linear factor).
+    "qwen2_vl": (random_model.SPECS["qwen2_mqa"], "qwen2-vl", None),
     # Gemma2ForCausalLM: the same layout, soft-capped scores and logits, every other layer
     # global with no pattern key.
     "gemma2": (random_model.SPECS["gemma2_softcap"], None, None),
@@ -106,6 +111,9 @@ RANDOM_FAMILIES = {
 def reference_model(family, gguf_path):
     """The numpy reference of a random family's directory."""
     model = ref.load(gguf_path)
+    if family == "qwen2_vl":
+        import dataclasses
+        model = dataclasses.replace(model, rope_position_scale=1.0)
     rope_scaling = RANDOM_FAMILIES[family][2]
     if rope_scaling is not None and rope_scaling.get("rope_type") == "yarn":
         model = ref.with_hf_rope_scaling(model, rope_scaling, model.n_ctx)
