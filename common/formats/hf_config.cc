@@ -473,11 +473,12 @@ constexpr MultimodalWrapper kMultimodalWrappers[] = {
     {"LlavaForConditionalGeneration", "llama", "LlamaForCausalLM", nullptr},
 };
 
-// Qwen2-VL's and Qwen2.5-VL's text model, a Qwen2: its fields at the top level (as released)
-// or in text_config (newer transformers). M-RoPE rotates text-only positions, where the
-// temporal, height and width indices are all the token's position, exactly as RoPE does, so
-// its rope_scaling (mrope_section) is dropped.
-json QwenVlTextConfig(const json& config) {
+// Qwen2-VL's and Qwen2.5-VL's text model, a Qwen2, or Qwen3-VL's, a Qwen3 (`text_class`): its
+// fields at the top level (Qwen2-VL and Qwen2.5-VL as released) or in text_config. M-RoPE
+// (interleaved or not) rotates text-only positions, where the temporal, height and width
+// indices are all the token's position, exactly as RoPE does, so its rope_scaling
+// (mrope_section) is dropped.
+json QwenVlTextConfig(const json& config, const char* text_class) {
   auto text = config.find("text_config");
   json merged = config;
   merged.erase("vision_config");
@@ -491,7 +492,7 @@ json QwenVlTextConfig(const json& config) {
     const std::string type = scaling->value("type", scaling->value("rope_type", std::string()));
     if (type == "mrope" || scaling->contains("mrope_section")) merged.erase("rope_scaling");
   }
-  merged["architectures"] = json::array({"Qwen2ForCausalLM"});
+  merged["architectures"] = json::array({text_class});
   return merged;
 }
 
@@ -507,7 +508,10 @@ absl::StatusOr<std::optional<json>> TextConfigOfMultimodal(const json& config) {
   const std::string wrapper = (*architectures)[0].get<std::string>();
   if (wrapper == "Qwen2VLForConditionalGeneration" ||
       wrapper == "Qwen2_5_VLForConditionalGeneration") {
-    return QwenVlTextConfig(config);
+    return QwenVlTextConfig(config, "Qwen2ForCausalLM");
+  }
+  if (wrapper == "Qwen3VLForConditionalGeneration") {
+    return QwenVlTextConfig(config, "Qwen3ForCausalLM");
   }
   auto text = config.find("text_config");
   std::string model_type;

@@ -24,7 +24,8 @@ struct HfConfigInfo {
   HfQuantization quantization;
   // The config was a multimodal model's (Gemma3ForConditionalGeneration,
   // Mistral3ForConditionalGeneration, LlavaForConditionalGeneration,
-  // Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration): its text model is
+  // Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
+  // Qwen3VLForConditionalGeneration): its text model is
   // served, its vision tower's and projector's tensors are skipped.
   bool multimodal = false;
 };

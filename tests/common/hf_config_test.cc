@@ -224,6 +224,24 @@ TEST(HfConfigTest, TranslatesGemma3MultimodalTextConfigOverItsDefaults) {
     EXPECT_EQ(qwen->sliding_window, 0);
   }
 
+  // Qwen3-VL-8B's (shrunk): a Qwen3 in text_config, interleaved M-RoPE.
+  absl::StatusOr<ModelConfig> qwen3 = Translate(R"({
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+    "text_config": {"attention_bias": false, "head_dim": 128, "hidden_act": "silu",
+                    "hidden_size": 256, "intermediate_size": 512, "max_position_embeddings": 262144,
+                    "model_type": "qwen3_vl_text", "num_attention_heads": 4,
+                    "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+                    "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20],
+                                     "rope_type": "default"},
+                    "rope_theta": 5000000, "tie_word_embeddings": false, "vocab_size": 1000},
+    "tie_word_embeddings": false, "vision_config": {"depth": 27}})",
+                                                &info);
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(info.architecture, "qwen3");
+  EXPECT_EQ(qwen3->head_dim, 128);
+  EXPECT_EQ(qwen3->rope_scaling, RopeScalingType::kNone);
+  EXPECT_DOUBLE_EQ(qwen3->rope_theta, 5e6);
+
   ExpectRefused(R"({"architectures": ["Gemma3ForConditionalGeneration"]})", "text_config");
   ExpectRefused(R"({"architectures": ["Mistral3ForConditionalGeneration"],
     "text_config": {"model_type": "qwen2"}})",
