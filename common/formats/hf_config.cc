@@ -513,6 +513,12 @@ absl::StatusOr<std::optional<json>> TextConfigOfMultimodal(const json& config) {
   if (wrapper == "Qwen3VLForConditionalGeneration") {
     return QwenVlTextConfig(config, "Qwen3ForCausalLM");
   }
+  if (wrapper == "Qwen3VLMoeForConditionalGeneration") {
+    // Its router always renormalizes the chosen experts' weights (Qwen3VLMoeTextTopKRouter).
+    json text = QwenVlTextConfig(config, "Qwen3MoeForCausalLM");
+    text["norm_topk_prob"] = true;
+    return text;
+  }
   auto text = config.find("text_config");
   std::string model_type;
   if (text != config.end() && text->is_object()) {

@@ -25,7 +25,7 @@ struct HfConfigInfo {
   // The config was a multimodal model's (Gemma3ForConditionalGeneration,
   // Mistral3ForConditionalGeneration, LlavaForConditionalGeneration,
   // Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
-  // Qwen3VLForConditionalGeneration): its text model is
+  // Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration): its text model is
   // served, its vision tower's and projector's tensors are skipped.
   bool multimodal = false;
 };

@@ -20,9 +20,8 @@ absl::StatusOr<const StoredTensor*> Part(const GptOssExpertParts& parts, int64_t
                                          const std::string& suffix) {
   auto it = parts.find(suffix);
   if (it == parts.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("gpt-oss experts of layer ", layer,
-                                                   " have no model.layers.", layer, ".mlp.experts.",
-                                                   suffix));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the experts of layer ", layer, " have no model.layers.", layer, ".mlp.experts.", suffix));
   }
   return &it->second;
 }
@@ -87,11 +86,13 @@ absl::Status AppendBiases(int64_t layer, const GptOssExpertParts& parts, uint64_
   return absl::OkStatus();
 }
 
-// The dequantized layout (fine-tunes saved in BF16): gate_up_proj [E, hidden, 2 * ffn] and
-// down_proj [E, ffn, hidden], input-major (transformers multiplies x by them), gate and up
-// interleaved by columns; as [E, rows, cols] stacks of the stored type, transposed.
+// The dequantized layout (gpt-oss fine-tunes saved in BF16, Qwen3-VL-MoE): gate_up_proj
+// [E, hidden, 2 * ffn] and down_proj [E, ffn, hidden], input-major (transformers multiplies x
+// by them), gate and up interleaved by columns (gpt-oss, with biases) or gate columns then up
+// columns (Qwen3-VL-MoE, without); as [E, rows, cols] stacks of the stored type, transposed.
 absl::StatusOr<std::vector<OwnedTensor>> ConvertDenseExperts(int64_t layer,
-                                                             const GptOssExpertParts& parts) {
+                                                             const GptOssExpertParts& parts,
+                                                             bool interleaved = true) {
   LOOM_ASSIGN_OR_RETURN(const StoredTensor* gate_up, Part(parts, layer, "gate_up_proj"));
   LOOM_ASSIGN_OR_RETURN(const StoredTensor* down, Part(parts, layer, "down_proj"));
   const std::vector<uint64_t>& gu = gate_up->shape;
@@ -106,15 +107,15 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertDenseExperts(int64_t layer,
   if ((type != GgmlType::kF32 && type != GgmlType::kBF16 && type != GgmlType::kF16) ||
       down->type != type) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gpt-oss experts of layer ", layer,
+        absl::StrCat("the experts of layer ", layer,
                      ": gate_up_proj and down_proj must be one of F32, "
                      "BF16 or F16"));
   }
   const uint64_t size = type == GgmlType::kF32 ? 4 : 2;
-  // out[e][r][c] = stored[e][c][first + r * stride] of a [E, cols, stored_rows] tensor.
+  // out[e][r][c] = stored[e][c][first + r * stride] (r < rows) of a [E, cols, stored_rows]
+  // tensor.
   auto transposed = [&](const std::string& name, const StoredTensor& stored, uint64_t stored_rows,
-                        uint64_t cols, uint64_t first, uint64_t stride) {
-    const uint64_t rows = stored_rows / stride;
+                        uint64_t cols, uint64_t first, uint64_t stride, uint64_t rows) {
     OwnedTensor tensor{absl::StrCat("blk.", layer, ".", name, ".weight"),
                        {cols, rows, experts},
                        type,
@@ -132,14 +133,27 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertDenseExperts(int64_t layer,
     return tensor;
   };
   std::vector<OwnedTensor> out;
-  out.push_back(transposed("ffn_gate_exps", *gate_up, 2 * ffn, hidden, 0, 2));
-  out.push_back(transposed("ffn_up_exps", *gate_up, 2 * ffn, hidden, 1, 2));
-  out.push_back(transposed("ffn_down_exps", *down, hidden, ffn, 0, 1));
-  LOOM_RETURN_IF_ERROR(AppendBiases(layer, parts, experts, hidden, ffn, out));
+  out.push_back(
+      transposed("ffn_gate_exps", *gate_up, 2 * ffn, hidden, 0, interleaved ? 2 : 1, ffn));
+  out.push_back(transposed("ffn_up_exps", *gate_up, 2 * ffn, hidden, interleaved ? 1 : ffn,
+                           interleaved ? 2 : 1, ffn));
+  out.push_back(transposed("ffn_down_exps", *down, hidden, ffn, 0, 1, hidden));
+  if (interleaved) LOOM_RETURN_IF_ERROR(AppendBiases(layer, parts, experts, hidden, ffn, out));
   return out;
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<OwnedTensor>> ConvertConcatenatedExperts(
+    int64_t layer, const GptOssExpertParts& parts) {
+  for (const auto& [suffix, tensor] : parts) {
+    if (suffix != "gate_up_proj" && suffix != "down_proj") {
+      return absl::InvalidArgumentError(absl::StrCat("model.layers.", layer, ".mlp.experts.",
+                                                     suffix, " has no place in the graph"));
+    }
+  }
+  return ConvertDenseExperts(layer, parts, /*interleaved=*/false);
+}
 
 absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
                                                               const GptOssExpertParts& parts) {

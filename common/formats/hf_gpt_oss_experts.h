@@ -45,4 +45,10 @@ inline constexpr const char* kGptOssDenseExpertSuffixes[] = {"gate_up_proj", "ga
 absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
                                                               const GptOssExpertParts& parts);
 
+/// The same for Qwen3-VL-MoE's experts (transformers' Qwen3VLMoeTextExperts): gate_up_proj
+/// [E, hidden, 2 * ffn] with the gate's columns first, then up's, and down_proj [E, ffn,
+/// hidden], no biases, as transposed stacks of the stored type (F32, BF16 or F16).
+absl::StatusOr<std::vector<OwnedTensor>> ConvertConcatenatedExperts(int64_t layer,
+                                                                    const GptOssExpertParts& parts);
+
 }  // namespace loom::common

@@ -164,12 +164,16 @@ GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
   return GgmlType::kF32;
 }
 
-// Files `entry` under its layer in `parts` when it is one of gpt-oss's expert tensors
-// (model.layers.L.mlp.experts.SUFFIX, no expert index: every expert in one tensor).
-bool AddGptOssExpertPart(const SafetensorsCheckpoint::Entry& entry,
-                         std::map<int64_t, GptOssExpertParts>& parts) {
+// Files `entry` under its layer in `parts` when it is one of a layer's stacked expert tensors
+// (model.layers.L.mlp.experts.SUFFIX, no expert index: every expert in one tensor; gpt-oss's,
+// Qwen3-VL-MoE's under model.language_model.layers).
+bool AddStackedExpertPart(const SafetensorsCheckpoint::Entry& entry,
+                          std::map<int64_t, GptOssExpertParts>& parts) {
   absl::string_view rest(entry.tensor->name);
-  if (!absl::ConsumePrefix(&rest, "model.layers.")) return false;
+  if (!absl::ConsumePrefix(&rest, "model.layers.") &&
+      !absl::ConsumePrefix(&rest, "model.language_model.layers.")) {
+    return false;
+  }
   const size_t dot = rest.find('.');
   int64_t layer = 0;
   if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) {
@@ -190,10 +194,13 @@ bool AddGptOssExpertPart(const SafetensorsCheckpoint::Entry& entry,
 absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
     const HfConfigInfo& info, const std::map<std::string, QuantizedParts>& quantized,
     const std::map<std::string, Fp8Parts>& fp8,
-    const std::map<int64_t, GptOssExpertParts>& gpt_oss_experts) {
+    const std::map<int64_t, GptOssExpertParts>& stacked_experts) {
   std::vector<OwnedTensor> owned;
-  for (const auto& [layer, parts] : gpt_oss_experts) {
-    LOOM_ASSIGN_OR_RETURN(std::vector<OwnedTensor> converted, ConvertGptOssExperts(layer, parts));
+  for (const auto& [layer, parts] : stacked_experts) {
+    LOOM_ASSIGN_OR_RETURN(std::vector<OwnedTensor> converted,
+                          info.architecture == "gpt-oss"
+                              ? ConvertGptOssExperts(layer, parts)
+                              : ConvertConcatenatedExperts(layer, parts));
     for (OwnedTensor& tensor : converted) owned.push_back(std::move(tensor));
   }
   for (const auto& [name, factors] :
@@ -379,7 +386,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
   // AWQ/GPTQ and FP8 layers: prefix -> its tensors, converted below.
   std::map<std::string, QuantizedParts> quantized;
   std::map<std::string, Fp8Parts> fp8;
-  std::map<int64_t, GptOssExpertParts> gpt_oss_experts;
+  // Experts stacked into one tensor per layer (gpt-oss, Qwen3-VL-MoE).
+  std::map<int64_t, GptOssExpertParts> stacked_experts;
   // gpt-oss's FFN norm (post_attention_layernorm) under the name its GGUFs give it.
   const std::string ffn_norm = absl::StrCat(
       ".", std::string(FindArchitecture(info->architecture)->gguf_ffn_norm), ".weight");
@@ -389,7 +397,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     if (info->multimodal && IsVisionTensorName(tensor.name)) continue;  // the text model only
     if (AddQuantizedPart(entry, quantized)) continue;
     if (AddFp8Part(entry, fp8)) continue;
-    if (info->architecture == "gpt-oss" && AddGptOssExpertPart(entry, gpt_oss_experts)) continue;
+    if (AddStackedExpertPart(entry, stacked_experts)) continue;
     // A tied LM head may still be saved; HF ignores it then, and so does Loom.
     if (info->tie_word_embeddings &&
         (tensor.name == "lm_head.weight" || tensor.name == "language_model.lm_head.weight")) {
@@ -420,7 +428,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
         dir, ": config.json says tie_word_embeddings false but there is no lm_head.weight"));
   }
   absl::StatusOr<std::vector<OwnedTensor>> owned =
-      OwnedTensors(*info, quantized, fp8, gpt_oss_experts);
+      OwnedTensors(*info, quantized, fp8, stacked_experts);
   if (!owned.ok()) {
     return absl::Status(owned.status().code(), absl::StrCat(dir, ": ", owned.status().message()));
   }

@@ -18,7 +18,11 @@ transformers' Gemma3TextConfig default, the text model's tensors under language_
 (dummy) vision tower and projector beside them, and the chat template in chat_template.json;
 architecture="qwen2-vl" a Qwen2 model as Qwen2.5-VL is released: Qwen2_5_VLForConditionalGeneration
 with the text fields at the top level, M-RoPE's rope_scaling (replacing the GGUF's), and a
-(dummy) visual.* tower beside the text model's tensors.
+(dummy) visual.* tower beside the text model's tensors; architecture="qwen3moe-vl" a Qwen3-MoE
+model as Qwen3-VL-MoE: Qwen3VLMoeForConditionalGeneration with the text model in text_config
+(no norm_topk_prob: its router always renormalizes), model.language_model.* tensors, each
+layer's experts fused into mlp.experts.gate_up_proj [E, hidden, 2 ffn] (gate columns, then
+up) and mlp.experts.down_proj [E, ffn, hidden], and a (dummy) model.visual.* tower.
 """
 from __future__ import annotations
 
@@ -146,6 +150,17 @@ def _gpt_oss_experts(reader, layer: int, dense: bool = False) -> dict:
     return out
 
 
+def _fused_experts(reader, layer: int) -> dict:
+    """Qwen3-VL-MoE's expert tensors of GGUF layer `layer`: gate_up_proj [E, hidden, 2 ffn]
+    (x times it: the gate's columns, then up's) and down_proj [E, ffn, hidden], float32."""
+    tensors = {t.name: t for t in reader.tensors}
+    p = f"blk.{layer}."
+    gate, up, down = (dequantize(tensors[p + f"ffn_{role}_exps.weight"]) for role in ("gate", "up", "down"))
+    hf = f"model.layers.{layer}.mlp.experts."
+    return {hf + "gate_up_proj": np.ascontiguousarray(np.concatenate([gate, up], axis=1).transpose(0, 2, 1)),
+            hf + "down_proj": np.ascontiguousarray(down.transpose(0, 2, 1))}
+
+
 # Mixture-of-experts names: (router, expert E's gate, up, down) per HF architecture.
 _MOE_NAMES = {
     "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
@@ -234,6 +249,9 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     qwen_vl = architecture == "qwen2-vl"
     if qwen_vl:
         architecture = "qwen2"
+    qwen3_vl_moe = architecture == "qwen3moe-vl"
+    if qwen3_vl_moe:
+        architecture = "qwen3moe"
     hf_arch = architecture or arch
     gemma = hf_arch in ("gemma2", "gemma3")  # four norms per layer, Gemma's names
     gemma1 = hf_arch == "gemma"  # Gemma's 1 + w norms under llama's two names
@@ -247,6 +265,10 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4_NORMS[suffix]}"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
+        if qwen3_vl_moe and suffix.endswith("_exps.weight"):
+            if suffix == "ffn_gate_exps.weight":
+                tensors.update(_fused_experts(reader, int(tensor.name.split(".")[1])))
+            continue
         if hf_arch in ("gpt-oss", "gpt-oss-dense") and tensor.name.startswith("blk."):
             if suffix == "ffn_gate_exps.weight":
                 tensors.update(_gpt_oss_experts(reader, int(tensor.name.split(".")[1]),
@@ -283,12 +305,17 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                    for name, values in tensors.items()}
         tensors["vision_tower.vision_model.embeddings.patch_embedding.weight"] = np.zeros((8, 3, 2, 2), np.float32)
         tensors["multi_modal_projector.mm_input_projection_weight"] = np.zeros((8, n_embd), np.float32)
+    if qwen3_vl_moe:
+        tensors = {("model.language_model." + name[len("model."):] if name.startswith("model.") else name): values
+                   for name, values in tensors.items()}
+        tensors["model.visual.patch_embed.proj.weight"] = np.zeros((8, 3, 2, 2, 2), np.float32)
     if qwen_vl:
         tensors["visual.patch_embed.proj.weight"] = np.zeros((8, 3, 2, 2, 2), np.float32)
         tensors["visual.merger.mlp.0.weight"] = np.zeros((8, 8), np.float32)
     _save(tensors, out, shards, bf16=dtype == "bfloat16")
 
-    vocab_rows = tensors[("language_model." if multimodal else "") + "model.embed_tokens.weight"].shape[0]
+    vocab_rows = tensors["model.language_model.embed_tokens.weight" if qwen3_vl_moe else
+                         ("language_model." if multimodal else "") + "model.embed_tokens.weight"].shape[0]
     config = {
         "architectures": [_HF_ARCH[architecture or arch]],
         "model_type": architecture or arch,
@@ -378,6 +405,16 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                   "text_config": {**text, "model_type": "gemma3_text"},
                   "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
                   "image_token_index": vocab_rows - 1, "torch_dtype": dtype}
+    if qwen3_vl_moe:
+        half = head_dim // 2
+        text = {key: value for key, value in config.items()
+                if key not in ("architectures", "model_type", "torch_dtype", "norm_topk_prob")}
+        text.update({"model_type": "qwen3_vl_moe_text",
+                     "rope_scaling": {"mrope_interleaved": True, "rope_type": "default",
+                                      "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]}})
+        config = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+                  "text_config": text, "vision_config": {"model_type": "qwen3_vl_moe", "depth": 1},
+                  "tie_word_embeddings": config["tie_word_embeddings"], "torch_dtype": dtype}
     if qwen_vl:
         half = head_dim // 2
         config.update({"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",

@@ -242,6 +242,24 @@ TEST(HfConfigTest, TranslatesGemma3MultimodalTextConfigOverItsDefaults) {
   EXPECT_EQ(qwen3->rope_scaling, RopeScalingType::kNone);
   EXPECT_DOUBLE_EQ(qwen3->rope_theta, 5e6);
 
+  // Qwen3-VL-30B-A3B's (shrunk): a Qwen3-MoE whose router renormalizes whatever the field says.
+  absl::StatusOr<ModelConfig> moe = Translate(R"({
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+    "text_config": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64,
+                    "num_experts": 16, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
+                    "mlp_only_layers": [], "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "head_dim": 64, "num_hidden_layers": 2, "max_position_embeddings": 4096,
+                    "vocab_size": 1000, "model_type": "qwen3_vl_moe_text",
+                    "rope_scaling": {"mrope_interleaved": true, "mrope_section": [8, 12, 12],
+                                     "rope_type": "default"}}})",
+                                              &info);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(info.architecture, "qwen3moe");
+  EXPECT_EQ(moe->num_experts, 16);
+  EXPECT_EQ(moe->intermediate_size, 64);
+  EXPECT_TRUE(moe->expert_weights_norm);
+  EXPECT_EQ(moe->rope_scaling, RopeScalingType::kNone);
+
   ExpectRefused(R"({"architectures": ["Gemma3ForConditionalGeneration"]})", "text_config");
   ExpectRefused(R"({"architectures": ["Mistral3ForConditionalGeneration"],
     "text_config": {"model_type": "qwen2"}})",

@@ -153,6 +153,45 @@ TEST(HfGptOssExpertsTest, TransposesTheDequantizedLayout) {
   EXPECT_EQ(ConvertGptOssExperts(1, bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Qwen3-VL-MoE's fused experts: the gate's columns of gate_up_proj first, then up's; no
+// biases; another part refused.
+TEST(HfGptOssExpertsTest, SplitsConcatenatedGateAndUpColumns) {
+  const uint64_t experts = 2, hidden = 3, ffn = 2;
+  std::vector<float> gate_up(experts * hidden * 2 * ffn), down(experts * ffn * hidden);
+  for (size_t i = 0; i < gate_up.size(); ++i) gate_up[i] = static_cast<float>(i);
+  for (size_t i = 0; i < down.size(); ++i) down[i] = 1000.0f + static_cast<float>(i);
+  auto bytes = [](const std::vector<float>& v) {
+    return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
+  };
+  GptOssExpertParts parts = {
+      {"gate_up_proj", {bytes(gate_up), {experts, hidden, 2 * ffn}, GgmlType::kF32}},
+      {"down_proj", {bytes(down), {experts, ffn, hidden}, GgmlType::kF32}}};
+  absl::StatusOr<std::vector<OwnedTensor>> converted = ConvertConcatenatedExperts(4, parts);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  ASSERT_EQ(converted->size(), 3u);  // no biases
+  auto at = [&](const std::string& name, uint64_t e, uint64_t r, uint64_t c) {
+    const OwnedTensor* t = Find(*converted, name);
+    const uint64_t cols = t->shape[0], rows = t->shape[1];
+    return reinterpret_cast<const float*>(t->bytes.data())[(e * rows + r) * cols + c];
+  };
+  ASSERT_EQ(Find(*converted, "blk.4.ffn_up_exps.weight")->shape,
+            (std::vector<uint64_t>{hidden, ffn, experts}));
+  for (uint64_t e = 0; e < experts; ++e) {
+    for (uint64_t r = 0; r < ffn; ++r) {
+      for (uint64_t c = 0; c < hidden; ++c) {
+        EXPECT_EQ(at("blk.4.ffn_gate_exps.weight", e, r, c),
+                  gate_up[(e * hidden + c) * 2 * ffn + r]);
+        EXPECT_EQ(at("blk.4.ffn_up_exps.weight", e, r, c),
+                  gate_up[(e * hidden + c) * 2 * ffn + ffn + r]);
+        EXPECT_EQ(at("blk.4.ffn_down_exps.weight", e, c, r), down[(e * ffn + r) * hidden + c]);
+      }
+    }
+  }
+  parts["gate_up_proj_bias"] = parts["down_proj"];
+  EXPECT_THAT(std::string(ConvertConcatenatedExperts(4, parts).status().message()),
+              HasSubstr("gate_up_proj_bias"));
+}
+
 TEST(HfGptOssExpertsTest, RefusesMissingPartsBadShapesAndMixedLayouts) {
   const Checkpoint c;
   GptOssExpertParts missing = c.Parts();

@@ -8,7 +8,7 @@ HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
 experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3 (3 also as the
 Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Qwen2 as Qwen2.5-VL's text
-model, Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
+model, Qwen3-MoE as Qwen3-VL-MoE's (experts fused per layer), Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
@@ -80,6 +80,9 @@ RANDOM_FAMILIES = {
     # rope_scaling (text-only positions rotate as plain RoPE: the reference drops the GGUF's
     # linear factor).
     "qwen2_vl": (random_model.SPECS["qwen2_mqa"], "qwen2-vl", None),
+    # Qwen3VLMoeForConditionalGeneration: Qwen3-MoE's text model with each layer's experts fused
+    # into gate_up_proj / down_proj, model.language_model.* names, interleaved M-RoPE.
+    "qwen3moe_vl": (random_model.SPECS["qwen3moe_top8"], "qwen3moe-vl", None),
     # Gemma2ForCausalLM: the same layout, soft-capped scores and logits, every other layer
     # global with no pattern key.
     "gemma2": (random_model.SPECS["gemma2_softcap"], None, None),
