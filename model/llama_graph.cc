@@ -410,19 +410,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
       LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.router, router_logits_.view));
       LOOM_RETURN_IF_ERROR(d.MoeFeedForward(normed, router_logits_.view, layer.expert_gate_up,
                                             layer.expert_down, moe, proj));
-      if (layer.gate_up != nullptr) {
-        // The shared expert (Qwen2-MoE): a dense FFN of every token, scaled by its gate and
-        // added to the routed sum (a rank's partial sums, like the experts').
-        LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up_.view));
-        LOOM_RETURN_IF_ERROR(d.SiluMul(gate_up_.view, act_.view));
-        LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, shared_out_.view));
-        Tensor gate;
-        if (layer.shared_gate != nullptr) {
-          LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.shared_gate, shared_gate_.view));
-          gate = shared_gate_.view;
-        }
-        LOOM_RETURN_IF_ERROR(d.AddSigmoidGated(shared_out_.view, gate, proj));
-      }
+      if (layer.gate_up != nullptr) LOOM_RETURN_IF_ERROR(AddSharedExpert(layer, normed, proj));
     } else {
       LOOM_RETURN_IF_ERROR(
           d.Linear(normed, *layer.gate_up, gate_up_.view, {l, LinearInput::kGateUp}));
@@ -441,6 +429,19 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   if (!shard_.last_stage()) return send_(residual, proj);
   if (R == 0) return absl::OkStatus();
   return Head(step, logits, hidden);
+}
+
+absl::Status LlamaGraph::AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj) {
+  Device& d = *device_;
+  LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up_.view));
+  LOOM_RETURN_IF_ERROR(d.SiluMul(gate_up_.view, act_.view));
+  LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, shared_out_.view));
+  Tensor gate;
+  if (layer.shared_gate != nullptr) {
+    LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.shared_gate, shared_gate_.view));
+    gate = shared_gate_.view;
+  }
+  return d.AddSigmoidGated(shared_out_.view, gate, proj);
 }
 
 absl::Status LlamaGraph::Head(const StepTensors& step, Tensor logits, Tensor hidden) {

@@ -145,6 +145,10 @@ class LlamaGraph {
       std::unique_ptr<LlamaGraph> graph, std::unique_ptr<ModelWeights> host_weights,
       std::unique_ptr<Device> device, const LlamaGraphOptions& options);
   Tensor Vector(const Buffer& buffer, int64_t size) const;
+  // A mixture-of-experts layer's shared expert (Qwen2-MoE): a dense FFN of every token of
+  // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
+  // rank's partial sums, like the experts'). Uses the step's scratch buffers.
+  absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
   // This rank's channels of the dense FFN the layers run: a mixture of experts' shared
   // expert's where it has one (the routed experts' own activations are MoeFeedForward's).
   int64_t DenseFfn() const {

@@ -1,6 +1,7 @@
 #include "model/tensor_parallel.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -34,20 +35,19 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   const int64_t group = config.num_heads / config.num_kv_heads;
   plan.kv_head0 = plan.head0 / group;
   plan.num_kv_heads = (plan.head0 + plan.num_heads - 1) / group - plan.kv_head0 + 1;
-  if (config.intermediate_size % size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor parallel size %d does not divide the model's %d FFN channels", size,
-        config.intermediate_size));
+  // FFN channels (a dense layer's or each expert's, and a shared expert's) split evenly.
+  for (auto [channels, local, first, what] :
+       {std::tuple{config.intermediate_size, &plan.ffn, &plan.ffn0, "FFN"},
+        std::tuple{config.shared_expert_intermediate_size, &plan.shared_ffn, &plan.shared_ffn0,
+                   "shared-expert FFN"}}) {
+    if (channels % size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor parallel size %d does not divide the model's %d %s channels",
+                          size, channels, what));
+    }
+    *local = channels / size;
+    *first = rank * *local;
   }
-  plan.ffn = config.intermediate_size / size;
-  plan.ffn0 = rank * plan.ffn;
-  if (config.shared_expert_intermediate_size % size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor parallel size %d does not divide the model's %d shared-expert FFN channels", size,
-        config.shared_expert_intermediate_size));
-  }
-  plan.shared_ffn = config.shared_expert_intermediate_size / size;
-  plan.shared_ffn0 = rank * plan.shared_ffn;
   plan.vocab_stride = (config.vocab_size + size - 1) / size;
   plan.vocab0 = std::min<int64_t>(config.vocab_size, rank * plan.vocab_stride);
   plan.vocab = std::min<int64_t>(config.vocab_size, plan.vocab0 + plan.vocab_stride) - plan.vocab0;

@@ -65,6 +65,14 @@ const OwnedTensor* Find(const std::vector<OwnedTensor>& tensors, const std::stri
   return nullptr;
 }
 
+// Element [r, c] of matrix e of the F32 stack `name` ({cols, rows, E} in ggml order).
+float StackedValue(const std::vector<OwnedTensor>& tensors, const std::string& name, uint64_t e,
+                   uint64_t r, uint64_t c) {
+  const OwnedTensor* t = Find(tensors, name);
+  const uint64_t cols = t->shape[0], rows = t->shape[1];
+  return reinterpret_cast<const float*>(t->bytes.data())[(e * rows + r) * cols + c];
+}
+
 // Every value survives: the GGUF tensors dequantize to what the checkpoint's nibbles and
 // exponents say, gate rows from the even rows of gate_up_proj, up rows from the odd ones.
 TEST(HfGptOssExpertsTest, RepacksEveryValueAndDeinterleavesGateAndUp) {
@@ -128,9 +136,7 @@ TEST(HfGptOssExpertsTest, TransposesTheDequantizedLayout) {
   absl::StatusOr<std::vector<OwnedTensor>> converted = ConvertGptOssExperts(1, parts);
   ASSERT_TRUE(converted.ok()) << converted.status();
   auto at = [&](const std::string& name, uint64_t e, uint64_t r, uint64_t c) {
-    const OwnedTensor* t = Find(*converted, name);
-    const uint64_t cols = t->shape[0], rows = t->shape[1];
-    return reinterpret_cast<const float*>(t->bytes.data())[(e * rows + r) * cols + c];
+    return StackedValue(*converted, name, e, r, c);
   };
   ASSERT_EQ(Find(*converted, "blk.1.ffn_gate_exps.weight")->shape,
             (std::vector<uint64_t>{hidden, ffn, experts}));
@@ -170,9 +176,7 @@ TEST(HfGptOssExpertsTest, SplitsConcatenatedGateAndUpColumns) {
   ASSERT_TRUE(converted.ok()) << converted.status();
   ASSERT_EQ(converted->size(), 3u);  // no biases
   auto at = [&](const std::string& name, uint64_t e, uint64_t r, uint64_t c) {
-    const OwnedTensor* t = Find(*converted, name);
-    const uint64_t cols = t->shape[0], rows = t->shape[1];
-    return reinterpret_cast<const float*>(t->bytes.data())[(e * rows + r) * cols + c];
+    return StackedValue(*converted, name, e, r, c);
   };
   ASSERT_EQ(Find(*converted, "blk.4.ffn_up_exps.weight")->shape,
             (std::vector<uint64_t>{hidden, ffn, experts}));
