@@ -473,6 +473,13 @@ constexpr MultimodalWrapper kMultimodalWrappers[] = {
     {"LlavaForConditionalGeneration", "llama", "LlamaForCausalLM", nullptr},
 };
 
+// `object`'s member `key` when it is a string, else "" (config.json is untrusted: json's
+// value() would throw on another type).
+std::string StringMember(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // Qwen2-VL's and Qwen2.5-VL's text model, a Qwen2, or Qwen3-VL's, a Qwen3 (`text_class`): its
 // fields at the top level (Qwen2-VL and Qwen2.5-VL as released) or in text_config. M-RoPE
 // (interleaved or not) rotates text-only positions, where the temporal, height and width
@@ -489,8 +496,10 @@ json QwenVlTextConfig(const json& config, const char* text_class) {
     }
   }
   if (auto scaling = merged.find("rope_scaling"); scaling != merged.end() && scaling->is_object()) {
-    const std::string type = scaling->value("type", scaling->value("rope_type", std::string()));
-    if (type == "mrope" || scaling->contains("mrope_section")) merged.erase("rope_scaling");
+    if (StringMember(*scaling, "type") == "mrope" ||
+        StringMember(*scaling, "rope_type") == "mrope" || scaling->contains("mrope_section")) {
+      merged.erase("rope_scaling");
+    }
   }
   merged["architectures"] = json::array({text_class});
   return merged;
@@ -521,9 +530,7 @@ absl::StatusOr<std::optional<json>> TextConfigOfMultimodal(const json& config) {
   }
   auto text = config.find("text_config");
   std::string model_type;
-  if (text != config.end() && text->is_object()) {
-    model_type = text->value("model_type", std::string());
-  }
+  if (text != config.end() && text->is_object()) model_type = StringMember(*text, "model_type");
   bool known_wrapper = false;
   for (const MultimodalWrapper& entry : kMultimodalWrappers) {
     if (entry.wrapper != wrapper) continue;

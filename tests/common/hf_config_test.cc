@@ -261,6 +261,15 @@ TEST(HfConfigTest, TranslatesGemma3MultimodalTextConfigOverItsDefaults) {
   EXPECT_EQ(moe->rope_scaling, RopeScalingType::kNone);
 
   ExpectRefused(R"({"architectures": ["Gemma3ForConditionalGeneration"]})", "text_config");
+  // Fields of the wrong type are refused, never thrown.
+  ExpectRefused(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+    "text_config": {"model_type": 5}})",
+                "model_type ''");
+  ExpectRefused(R"({"architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
+    "intermediate_size": 512, "max_position_embeddings": 4096,
+    "rope_scaling": {"type": null, "rope_type": 7, "factor": "x"}})",
+                "rope");
   ExpectRefused(R"({"architectures": ["Mistral3ForConditionalGeneration"],
     "text_config": {"model_type": "qwen2"}})",
                 "model_type 'qwen2'");
