@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
 #include "common/json_depth.h"
@@ -79,9 +80,16 @@ absl::Status CheckContent(const Json& message) {
                               "a message's 'content' must be a string or a list of parts");
   }
   for (const Json& part : *content) {
-    if (!part.is_object() || NameField(part, "type") != "text" || !part.contains("text") ||
-        !part["text"].is_string()) {
-      return InvalidOpenAiParam("messages", "only content parts of type 'text' are supported");
+    const std::string type = NameField(part, "type", "<none>");
+    if (type != "text") {
+      // Image and audio parts: a multimodal checkpoint is served as its text model.
+      return InvalidOpenAiParam(
+          "messages", absl::StrCat("content parts of type '", type.substr(0, 64),
+                                   "' are not supported (only 'text': Loom serves text models, "
+                                   "a multimodal checkpoint's without its vision tower)"));
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return InvalidOpenAiParam("messages", "a content part of type 'text' needs a 'text' string");
     }
   }
   return absl::OkStatus();

@@ -308,6 +308,21 @@ def test_prompt_plus_max_tokens_beyond_the_context_names_the_numbers(client, mod
     assert "8190" in message and "8192" in message, message
 
 
+def test_image_parts_are_400_naming_their_type(client, model):
+    """Loom serves text (a multimodal checkpoint as its text model): an image part is refused
+    by its type, a text part without text as such."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=model, max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    assert error.value.body["param"] == "messages"
+    assert "'image_url'" in error.value.body["message"], error.value.body
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=model, max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text"}]}])
+    assert "'text' string" in error.value.body["message"], error.value.body
+
+
 def test_unknown_model_is_404(rig):
     counter = RequestCounter()
     client = client_for(rig, max_retries=3, counter=counter)
