@@ -12,7 +12,10 @@ What it writes is what `transformers`' `save_pretrained` writes for these models
   tokenizer.json           the GGUF vocabulary as `tokenizers` BPE (hf_reference.build_reference);
   tokenizer_config.json    chat_template, bos/eos token texts, add_bos_token;
   generation_config.json   bos/eos ids.
-architecture="gemma3-mm" writes a Gemma 3 model as Google released the 4B-27B ones: a
+architecture="mistral3-mm" writes a llama-layout model as Mistral Small 3.1 is released
+(Mistral3ForConditionalGeneration, every text field in text_config, language_model.* tensors,
+a dummy vision tower and projector); architecture="gemma3-mm" a Gemma 3 model as Google released
+the 4B-27B ones: a
 Gemma3ForConditionalGeneration wrapper whose text_config leaves out every field equal to
 transformers' Gemma3TextConfig default, the text model's tensors under language_model.*, a
 (dummy) vision tower and projector beside them, and the chat template in chat_template.json;
@@ -243,9 +246,11 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
 
-    multimodal = architecture == "gemma3-mm"
+    multimodal = architecture in ("gemma3-mm", "mistral3-mm")
+    wrapper = {"gemma3-mm": ("Gemma3ForConditionalGeneration", "gemma3", "gemma3_text"),
+               "mistral3-mm": ("Mistral3ForConditionalGeneration", "mistral3", "mistral")}.get(architecture)
     if multimodal:
-        architecture = "gemma3"
+        architecture = {"gemma3-mm": "gemma3", "mistral3-mm": "mistral"}[architecture]
     qwen_vl = architecture == "qwen2-vl"
     if qwen_vl:
         architecture = "qwen2"
@@ -398,11 +403,12 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         config["rope_scaling"] = {"rope_type": "linear",
                                   "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
     if multimodal:
+        defaults = GEMMA3_TEXT_DEFAULTS if wrapper[2] == "gemma3_text" else {}
         text = {key: value for key, value in config.items()
                 if key not in ("architectures", "model_type", "torch_dtype")
-                and not (key in GEMMA3_TEXT_DEFAULTS and GEMMA3_TEXT_DEFAULTS[key] == value)}
-        config = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-                  "text_config": {**text, "model_type": "gemma3_text"},
+                and not (key in defaults and defaults[key] == value)}
+        config = {"architectures": [wrapper[0]], "model_type": wrapper[1],
+                  "text_config": {**text, "model_type": wrapper[2]},
                   "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
                   "image_token_index": vocab_rows - 1, "torch_dtype": dtype}
     if qwen3_vl_moe:

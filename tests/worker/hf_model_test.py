@@ -7,7 +7,8 @@ the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE s
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
 experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3 (3 also as the
-Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Qwen2 as Qwen2.5-VL's text
+Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Llama GQA as Mistral Small
+3.1's text model (Mistral3ForConditionalGeneration), Qwen2 as Qwen2.5-VL's text
 model, Qwen3-MoE as Qwen3-VL-MoE's (experts fused per layer), Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
@@ -76,6 +77,9 @@ RANDOM_FAMILIES = {
     # over transformers' defaults, language_model.* tensors beside a vision tower Loom skips,
     # the chat template in chat_template.json.
     "gemma3_mm": (random_model.SPECS["gemma3_swa"], "gemma3-mm", None),
+    # Mistral3ForConditionalGeneration (Mistral Small 3.1): a Mistral text model under
+    # language_model.*, its tied LM head named in text_config.
+    "mistral3_mm": (random_model.SPECS["llama_gqa"], "mistral3-mm", None),
     # Qwen2_5_VLForConditionalGeneration: a Qwen2 text model beside visual.*, its M-RoPE
     # rope_scaling (text-only positions rotate as plain RoPE: the reference drops the GGUF's
     # linear factor).
