@@ -480,6 +480,14 @@ std::string StringMember(const json& object, const char* key) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// `base`'s members overwritten by `text_config`'s that are not null (a null field keeps the
+// default, as transformers reads it).
+void OverlayNonNull(const json& text_config, json& base) {
+  for (const auto& [key, value] : text_config.items()) {
+    if (!value.is_null()) base[key] = value;
+  }
+}
+
 // Qwen2-VL's and Qwen2.5-VL's text model, a Qwen2, or Qwen3-VL's, a Qwen3 (`text_class`): its
 // fields at the top level (Qwen2-VL and Qwen2.5-VL as released) or in text_config. M-RoPE
 // (interleaved or not) rotates text-only positions, where the temporal, height and width
@@ -490,11 +498,7 @@ json QwenVlTextConfig(const json& config, const char* text_class) {
   json merged = config;
   merged.erase("vision_config");
   merged.erase("text_config");
-  if (text != config.end() && text->is_object()) {
-    for (const auto& [key, value] : text->items()) {
-      if (!value.is_null()) merged[key] = value;
-    }
-  }
+  if (text != config.end() && text->is_object()) OverlayNonNull(*text, merged);
   if (auto scaling = merged.find("rope_scaling"); scaling != merged.end() && scaling->is_object()) {
     if (StringMember(*scaling, "type") == "mrope" ||
         StringMember(*scaling, "rope_type") == "mrope" || scaling->contains("mrope_section")) {
@@ -541,9 +545,7 @@ absl::StatusOr<std::optional<json>> TextConfigOfMultimodal(const json& config) {
     }
     if (entry.model_type != model_type) continue;
     json merged = entry.defaults != nullptr ? json::parse(entry.defaults) : json::object();
-    for (const auto& [key, value] : text->items()) {
-      if (!value.is_null()) merged[key] = value;
-    }
+    OverlayNonNull(*text, merged);
     merged["architectures"] = json::array({std::string(entry.text_class)});
     for (const char* key : {"quantization_config", "_name_or_path"}) {
       if (config.contains(key) && !merged.contains(key)) merged[key] = config[key];
