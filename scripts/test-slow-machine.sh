@@ -19,5 +19,8 @@ echo "test-slow-machine: LOOM_CPU_ISA=$isa, one core (taskset -c 0), ctest -j2"
 files=$(cd tests && grep -rl --include='*_test.py' -E '^ *(pytestmark = pytest\.mark\.slow_machine|@pytest\.mark\.slow_machine)' . |
   sed -e 's|^\./||' -e 's|\.py$||' | LC_ALL=C sort | paste -sd'|' -)
 [[ -n "$files" ]] || { echo "test-slow-machine.sh: no test is marked slow_machine" >&2; exit 2; }
+status=0
 LOOM_CPU_ISA="$isa" PYTEST_ADDOPTS="-m slow_machine" taskset -c 0 ctest --test-dir build --output-on-failure -j2 \
-  -R "^py/($files)\$" "$@"
+  -R "^py/($files)\$" "$@" || status=$?
+if ((status != 0)); then python3 scripts/test-failure-digest.py; fi
+exit "$status"

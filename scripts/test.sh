@@ -26,4 +26,8 @@ if [[ ! -f "$costs" ]]; then
   mkdir -p "$(dirname "$costs")"
   cp tests/ctest_cost_seed.txt "$costs"
 fi
-ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"
+status=0
+ctest --test-dir build --output-on-failure -j"$(nproc)" "$@" || status=$?
+# A failure's own lines, last: the tail of a CI log then names what failed and why.
+if ((status != 0)); then python3 scripts/test-failure-digest.py; fi
+exit "$status"
