@@ -466,6 +466,9 @@ class Replica {
     // into or out of them (import.last_copy_plan), so the workers write them only once
     // its result came back (CopiesRan).
     std::optional<KvExport> reserved_reply;
+    // The source's answer while every tier slot is held (by pushes and pulls under way, or
+    // blocks not yet reloaded): retried as slots free, until the deadline.
+    std::optional<KvExport> awaiting_slots;
   };
 
   const std::string replica_id_;

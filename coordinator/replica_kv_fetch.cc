@@ -366,11 +366,23 @@ void Replica::HandleKvFetches() {
     absl::MutexLock lock(&mu_);
     replies.swap(export_replies_);
   }
-  // The destination side: reserve slots and let the workers pull the blocks.
+  // The destination side: reserve slots and let the workers pull the blocks. A slot taken
+  // from the tier's LRU may still be the target of an offload or the source of a reload in
+  // a plan not yet run (or queued for the next one): written by the fetch before that copy
+  // ran, its bytes would be overwritten or read as the old block's (wrong tokens under a
+  // small tier). Free and never-used slots are in none.
+  auto reserve = [&](PendingFetch& pending, KvExport& reply) {
+    pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
+    if (pending.import.slots.empty()) return false;
+    pending.hold_id = next_hold_id_++;
+    pending.num_blocks = static_cast<int64_t>(pending.import.slots.size());
+    pending.reserved_reply = std::move(reply);
+    return true;
+  };
   for (ExportReply& reply : replies) {
     auto it = pending_fetches_.find(reply.fetch_id);
     if (it == pending_fetches_.end() || it->second.fetching ||
-        it->second.reserved_reply.has_value()) {
+        it->second.reserved_reply.has_value() || it->second.awaiting_slots.has_value()) {
       // Given up on already (admitted to recompute): let the source go.
       if (reply.export_id != 0 && reply.source != nullptr)
         reply.source->ReleaseExport(reply.export_id);
@@ -387,18 +399,17 @@ void Replica::HandleKvFetches() {
                        : reply.reason));
       continue;
     }
-    pending.import = scheduler.ReserveImport(static_cast<int64_t>(reply.slots.size()));
-    pending.hold_id = next_hold_id_++;
-    if (pending.import.slots.empty()) {
-      EndFetch(reply.fetch_id, absl::ResourceExhaustedError("the host tier has no free slot"));
+    if (scheduler.host_tier() == nullptr) {
+      EndFetch(reply.fetch_id, absl::FailedPreconditionError("this replica has no host tier"));
       continue;
     }
-    pending.num_blocks = static_cast<int64_t>(pending.import.slots.size());
-    // A slot taken from the tier's LRU may still be the target of an offload or the
-    // source of a reload in a plan not yet run (or queued for the next one): written by
-    // the fetch before that copy ran, its bytes would be overwritten or read as the old
-    // block's (wrong tokens under a small tier). Free and never-used slots are in none.
-    pending.reserved_reply = std::move(reply);
+    // Every slot held: wait for one to free (a burst of hand-offs outruns the reloads).
+    if (!reserve(pending, reply)) pending.awaiting_slots = std::move(reply);
+  }
+  for (auto& [fetch_id, pending] : pending_fetches_) {
+    if (pending.awaiting_slots.has_value() && reserve(pending, *pending.awaiting_slots)) {
+      pending.awaiting_slots.reset();
+    }
   }
   // Pulls whose slots no earlier plan touches any more: the workers write them now.
   for (auto& [fetch_id, pending] : pending_fetches_) {
@@ -428,17 +439,19 @@ void Replica::HandleKvFetches() {
   // Fetches past their deadline admit their requests to recompute. One still pulling keeps
   // its slots reserved until its result comes back (bounded by the transfer's deadline).
   const absl::Time now = absl::Now();
-  std::vector<uint64_t> late;
+  std::vector<std::pair<uint64_t, bool>> late;  // (fetch, waiting for slots)
   for (const auto& [fetch_id, pending] : pending_fetches_) {
     // A client that went away does not wait for the source either; a pull under way is
     // cancelled (its result, CANCELLED, frees the slots).
     if (pending.fetching && pending.request->cancelled()) pending.calls->Cancel();
     if (!pending.fetching && (now > pending.deadline || pending.request->cancelled())) {
-      late.push_back(fetch_id);
+      late.emplace_back(fetch_id, pending.awaiting_slots.has_value());
     }
   }
-  for (uint64_t fetch_id : late) {
-    EndFetch(fetch_id, absl::DeadlineExceededError("the source did not answer in time"));
+  for (const auto& [fetch_id, awaiting_slots] : late) {
+    EndFetch(fetch_id,
+             absl::DeadlineExceededError(awaiting_slots ? "no host-tier slot came free in time"
+                                                        : "the source did not answer in time"));
   }
   // Requests admitted here (their fetches ended) count in the scheduler's queue now.
   if (!replies.empty() || !results.empty() || !late.empty()) PublishStats();
