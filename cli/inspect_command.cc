@@ -41,6 +41,18 @@ void PrintConfig(const common::ModelConfig& config) {
                 static_cast<long long>(config.num_experts),
                 static_cast<long long>(config.num_experts_used),
                 config.expert_weights_norm ? " (weights renormalized)" : "");
+    if (config.expert_sigmoid || config.expert_selection_bias ||
+        config.expert_weights_scale != 1.0f) {
+      std::printf("routing         %s scores%s, weights x %g\n",
+                  config.expert_sigmoid ? "sigmoid" : "softmax",
+                  config.expert_selection_bias ? " chosen with a per-expert bias" : "",
+                  static_cast<double>(config.expert_weights_scale));
+    }
+    if (config.leading_dense_layers > 0) {
+      std::printf("dense layers    the first %lld (ffn %lld)\n",
+                  static_cast<long long>(config.leading_dense_layers),
+                  static_cast<long long>(config.dense_intermediate_size));
+    }
     if (config.shared_expert_intermediate_size > 0) {
       std::printf("shared expert   ffn %lld%s\n",
                   static_cast<long long>(config.shared_expert_intermediate_size),

@@ -329,8 +329,8 @@ absl::Status CpuDevice::MoeFeedForward(const Tensor& x, const Tensor& router_log
   }
   std::vector<int32_t> chosen(tokens * top_k);
   std::vector<float> weights(tokens * top_k);
-  cpu::MoeRoute(router_logits.as<const float>(), tokens, experts, top_k, spec.normalize,
-                chosen.data(), weights.data());
+  cpu::MoeRoute(router_logits.as<const float>(), tokens, experts, RoutingOf(spec), chosen.data(),
+                weights.data());
   // The experts some token chose, each with its (token, weight) rows in token order.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(experts);
   for (int64_t i = 0; i < tokens * top_k; ++i) {

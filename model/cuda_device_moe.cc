@@ -52,7 +52,7 @@ absl::Status CudaDevice::MoeFeedForward(const Tensor& x, const Tensor& router_lo
   LOOM_RETURN_IF_ERROR(Synchronize());
   std::vector<int32_t> chosen(static_cast<size_t>(tokens * top_k));
   std::vector<float> weights(static_cast<size_t>(tokens * top_k));
-  kernels::cpu::MoeRoute(moe_logits_.data(), tokens, experts, top_k, spec.normalize, chosen.data(),
+  kernels::cpu::MoeRoute(moe_logits_.data(), tokens, experts, RoutingOf(spec), chosen.data(),
                          weights.data());
   // Each expert's tokens (in token order) and weights, expert after expert: one upload.
   std::vector<int64_t> begin(static_cast<size_t>(experts) + 1, 0);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/formats/model_config.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/weights.h"
 #include "model/tensor.h"
 
@@ -163,6 +164,12 @@ inline absl::Status CheckAttentionSinks(const AttentionSpec& spec) {
 struct MoeSpec {
   int64_t top_k = 1;      // experts per token (num_experts_used)
   bool normalize = true;  // the chosen probabilities renormalized to sum to 1
+  // GLM-4.5's and DeepSeek-V3's routing: each expert's score is its logit's sigmoid (not a
+  // softmax), the choice is made on the scores plus `selection_bias` ([experts] on the host,
+  // or empty), and the weights (the unbiased scores, renormalized as above) are times `scale`.
+  bool sigmoid = false;
+  absl::Span<const float> selection_bias;
+  float scale = 1.0f;
   // > 0: the experts' activation is OpenAI's clamped SwiGLU (gpt-oss) instead of
   // SiLU(gate) * up: g = min(gate, limit), u = clamp(up, -limit, limit),
   // g * sigmoid(1.702 g) * (u + 1).
@@ -171,10 +178,21 @@ struct MoeSpec {
 
 /// InvalidArgument unless `spec` chooses from `experts` router outputs, one gate/up and one
 /// down matrix each (Device::MoeFeedForward's arguments).
+/// The host routing kernel's parameters for `spec`.
+inline kernels::cpu::MoeRouting RoutingOf(const MoeSpec& spec) {
+  return {.top_k = spec.top_k,
+          .sigmoid = spec.sigmoid,
+          .selection_bias = spec.selection_bias.empty() ? nullptr : spec.selection_bias.data(),
+          .normalize = spec.normalize,
+          .scale = spec.scale};
+}
+
 inline absl::Status CheckMoeShapes(const MoeSpec& spec, int64_t experts, size_t num_gate_up,
                                    size_t num_down) {
   if (spec.top_k < 1 || spec.top_k > experts || static_cast<int64_t>(num_gate_up) != experts ||
-      static_cast<int64_t>(num_down) != experts) {
+      static_cast<int64_t>(num_down) != experts ||
+      (!spec.selection_bias.empty() &&
+       static_cast<int64_t>(spec.selection_bias.size()) != experts)) {
     return absl::InvalidArgumentError(absl::StrCat("mixture of experts: top ", spec.top_k, " of ",
                                                    experts, " router outputs over ", num_gate_up,
                                                    " experts"));
@@ -306,8 +324,9 @@ class Device {
   virtual absl::Status GatherRows(const Tensor& x, const Tensor& y, const Tensor& rows,
                                   Tensor out) = 0;
   /// A mixture-of-experts FFN: token t's router probabilities are softmax(router_logits[t])
-  /// over E experts ([T, E]); its spec.top_k most probable experts (ties to the lower
-  /// index) are weighed by their probabilities (renormalized with spec.normalize), and
+  /// over E experts ([T, E]) (or their sigmoids, spec.sigmoid); its spec.top_k most probable
+  /// experts (with spec.selection_bias added for the choice; ties to the lower index) are
+  /// weighed by their probabilities (renormalized with spec.normalize, times spec.scale), and
   /// out [T, hidden] <- the weighted sum, in expert order, of down_e(act(gate_up_e · x[t]))
   /// over them, act SiLU(gate) * up or spec.swiglu_limit's clamped SwiGLU, each Linear with
   /// its bias where it has one. x [T, hidden]; gate_up / down: E experts as Linear and

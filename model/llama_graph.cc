@@ -76,6 +76,7 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
   if (!host.expert_gate_up.empty()) {
     // The router as stored (never FP8): its top-k picks the experts.
     LOOM_ASSIGN_OR_RETURN(layer.router, d.UploadTable(host.router, &host.router_bias));
+    layer.selection_bias = host.expert_selection_bias;
     const bool biased = !host.expert_gate_up_bias.empty();
     for (size_t e = 0; e < host.expert_gate_up.size(); ++e) {
       LOOM_ASSIGN_OR_RETURN(
@@ -203,9 +204,10 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
       LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(hidden_ones));
       LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(hidden_ones));
     }
-    if (config.num_experts == 0) {
-      LOOM_ASSIGN_OR_RETURN(layer.gate_up, matrix(2 * ffn, hidden));
-      LOOM_ASSIGN_OR_RETURN(layer.down, matrix(hidden, ffn));
+    if (!config.LayerHasExperts(l)) {
+      const int64_t width = config.DenseFfnWidth();
+      LOOM_ASSIGN_OR_RETURN(layer.gate_up, matrix(2 * width, hidden));
+      LOOM_ASSIGN_OR_RETURN(layer.down, matrix(hidden, width));
     } else {
       LOOM_ASSIGN_OR_RETURN(layer.router, matrix(config.num_experts, hidden));
       for (int64_t e = 0; e < config.num_experts; ++e) {
@@ -328,6 +330,9 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   }
   const MoeSpec moe{.top_k = c.num_experts_used,
                     .normalize = c.expert_weights_norm,
+                    .sigmoid = c.expert_sigmoid,
+                    .selection_bias = {},
+                    .scale = c.expert_weights_scale,
                     .swiglu_limit = c.swiglu_limit};
   const Tensor residual = residual_.view, normed = normed_.view, proj = proj_.view;
   const Tensor q = q_.view, k = k_.view, v = v_.view;
@@ -408,15 +413,18 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     if (layer.router != nullptr) {
       // Mixture of experts: every rank routes alike (the router is whole on each).
       LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.router, router_logits_.view));
+      MoeSpec routing = moe;
+      routing.selection_bias = layer.selection_bias;
       LOOM_RETURN_IF_ERROR(d.MoeFeedForward(normed, router_logits_.view, layer.expert_gate_up,
-                                            layer.expert_down, moe, proj));
+                                            layer.expert_down, routing, proj));
       if (layer.gate_up != nullptr) LOOM_RETURN_IF_ERROR(AddSharedExpert(layer, normed, proj));
     } else {
-      LOOM_RETURN_IF_ERROR(
-          d.Linear(normed, *layer.gate_up, gate_up_.view, {l, LinearInput::kGateUp}));
-      LOOM_RETURN_IF_ERROR(c.gelu ? d.GeluMul(gate_up_.view, act_.view)
-                                  : d.SiluMul(gate_up_.view, act_.view));
-      LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, proj, {l, LinearInput::kDown}));
+      // A dense layer (a mixture of experts' leading ones are dense_ffn wide).
+      const int64_t width = c.num_experts > 0 ? shard_.dense_ffn : ffn;
+      const Tensor gate_up = Prefix(gate_up_, T, 2 * width), act = Prefix(act_, T, width);
+      LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up, {l, LinearInput::kGateUp}));
+      LOOM_RETURN_IF_ERROR(c.gelu ? d.GeluMul(gate_up, act) : d.SiluMul(gate_up, act));
+      LOOM_RETURN_IF_ERROR(d.Linear(act, *layer.down, proj, {l, LinearInput::kDown}));
     }
     if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(proj));
     if (layer.post_ffw_norm != nullptr) {
@@ -433,9 +441,11 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
 
 absl::Status LlamaGraph::AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj) {
   Device& d = *device_;
-  LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up_.view));
-  LOOM_RETURN_IF_ERROR(d.SiluMul(gate_up_.view, act_.view));
-  LOOM_RETURN_IF_ERROR(d.Linear(act_.view, *layer.down, shared_out_.view));
+  const int64_t T = normed.rows(), width = shard_.shared_ffn;
+  const Tensor gate_up = Prefix(gate_up_, T, 2 * width), act = Prefix(act_, T, width);
+  LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up));
+  LOOM_RETURN_IF_ERROR(d.SiluMul(gate_up, act));
+  LOOM_RETURN_IF_ERROR(d.Linear(act, *layer.down, shared_out_.view));
   Tensor gate;
   if (layer.shared_gate != nullptr) {
     LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.shared_gate, shared_gate_.view));

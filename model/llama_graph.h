@@ -115,6 +115,7 @@ class LlamaGraph {
     // owners below, as MoeFeedForward takes them); the shared expert's sigmoid gate
     // [1, hidden], or null.
     std::unique_ptr<DeviceLinear> router, shared_gate;
+    std::vector<float> selection_bias;  // GLM-4.5's per-expert bias [experts] (host), or empty
     std::vector<std::unique_ptr<DeviceLinear>> expert_weights;
     std::vector<const DeviceLinear*> expert_gate_up, expert_down;
 
@@ -149,10 +150,15 @@ class LlamaGraph {
   // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
-  // This rank's channels of the dense FFN the layers run: a mixture of experts' shared
-  // expert's where it has one (the routed experts' own activations are MoeFeedForward's).
+  // This rank's channels of the widest dense FFN the layers run: a mixture of experts'
+  // shared expert or its leading dense layers (the routed experts' own activations are
+  // MoeFeedForward's), else every layer's.
   int64_t DenseFfn() const {
-    return config_.num_experts > 0 && shard_.shared_ffn > 0 ? shard_.shared_ffn : shard_.ffn;
+    return config_.num_experts > 0 ? std::max(shard_.shared_ffn, shard_.dense_ffn) : shard_.ffn;
+  }
+  // The first `rows` x `cols` of scratch buffer `scratch` (sized for at least that many).
+  Tensor Prefix(const Scratch& scratch, int64_t rows, int64_t cols) const {
+    return Tensor::Of(scratch.view.data, DType::kF32, scratch.view.device, {rows, cols});
   }
   const DeviceLinear& lm_head() const { return lm_head_ ? *lm_head_ : *token_embedding_; }
   // Sizes `scratch` for `shape` (F32), reallocating only when it grows.

@@ -255,6 +255,10 @@ absl::Status LoadExperts(Loader& loader, const common::ModelConfig& config, cons
   const int64_t hidden = config.hidden_size, ffn = config.intermediate_size;
   const int64_t experts = config.num_experts;
   LOOM_ASSIGN_OR_RETURN(layer.router, loader.Matrix(p + "ffn_gate_inp.weight", experts, hidden));
+  if (config.expert_selection_bias) {
+    LOOM_ASSIGN_OR_RETURN(layer.expert_selection_bias,
+                          loader.Vector(p + "exp_probs_b.bias", experts));
+  }
   if (config.expert_bias) {
     // gpt-oss: stacked biases, one row per expert ({width, experts} in ggml order).
     LOOM_ASSIGN_OR_RETURN(layer.router_bias, loader.Vector(p + "ffn_gate_inp.bias", experts));
@@ -357,11 +361,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
   const int64_t hd = config.head_dim;
   const int64_t q_rows = config.num_heads * hd;
   const int64_t kv_rows = config.num_kv_heads * hd;
-  const int64_t ffn = config.intermediate_size;
-  // This rank's rows of Q, of K and V, of gate and up, and of the vocabulary.
+  // The dense FFN's width (the layers without experts) and this rank's rows of it, of Q, of
+  // K and V, of each expert's gate and up, and of the vocabulary.
+  const int64_t ffn = config.DenseFfnWidth();
+  const std::pair<int64_t, int64_t> ffn_range = config.num_experts > 0
+                                                    ? std::pair{plan.dense_ffn0, plan.dense_ffn}
+                                                    : std::pair{plan.ffn0, plan.ffn};
   const std::pair<int64_t, int64_t> q_range{plan.head0 * hd, plan.num_heads * hd};
   const std::pair<int64_t, int64_t> kv_range{plan.kv_head0 * hd, plan.num_kv_heads * hd};
-  const std::pair<int64_t, int64_t> ffn_range{plan.ffn0, plan.ffn};
+  const std::pair<int64_t, int64_t> expert_range{plan.ffn0, plan.ffn};
   const std::pair<int64_t, int64_t> vocab_range{plan.vocab0, plan.vocab};
   const float norm_offset = config.norm_weight_offset;
 
@@ -444,8 +452,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
       LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm,
                             loader.Norm(p + "post_ffw_norm.weight", hidden, norm_offset));
     }
-    if (config.num_experts > 0) {
-      LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, ffn_range, plan.rank == 0, layer));
+    const bool experts = config.LayerHasExperts(l);
+    if (experts) {
+      LOOM_RETURN_IF_ERROR(LoadExperts(loader, config, p, expert_range, plan.rank == 0, layer));
       if (config.shared_expert_intermediate_size > 0) {
         LOOM_RETURN_IF_ERROR(
             LoadSharedExpert(loader, config, p, {plan.shared_ffn0, plan.shared_ffn}, layer));
@@ -463,7 +472,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
                                                          {p + "ffn_up.weight", ffn, ffn_range}},
                                                         hidden));
     }
-    if (config.num_experts == 0) {
+    if (!experts) {
       LOOM_ASSIGN_OR_RETURN(layer.down,
                             loader.MatrixColumns(p + "ffn_down.weight", hidden, ffn, ffn_range));
     }

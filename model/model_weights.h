@@ -42,6 +42,7 @@ struct LayerWeights {
   // empty.
   kernels::cpu::PackedWeight shared_expert_gate;
   kernels::cpu::PackedWeight router;
+  std::vector<float> expert_selection_bias;  // GLM-4.5's [num_experts] (exp_probs_b), or empty
   std::vector<kernels::cpu::PackedWeight> expert_gate_up;  // [num_experts]
   std::vector<kernels::cpu::PackedWeight> expert_down;     // [num_experts]
   // gpt-oss's biases, or empty: the router's [num_experts]; each expert's gate/up

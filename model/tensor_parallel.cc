@@ -39,7 +39,9 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   for (auto [channels, local, first, what] :
        {std::tuple{config.intermediate_size, &plan.ffn, &plan.ffn0, "FFN"},
         std::tuple{config.shared_expert_intermediate_size, &plan.shared_ffn, &plan.shared_ffn0,
-                   "shared-expert FFN"}}) {
+                   "shared-expert FFN"},
+        std::tuple{config.dense_intermediate_size, &plan.dense_ffn, &plan.dense_ffn0,
+                   "dense-layer FFN"}}) {
     if (channels % size != 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("tensor parallel size %d does not divide the model's %d %s channels",
@@ -101,6 +103,7 @@ common::ModelConfig LocalConfig(const common::ModelConfig& config, const ShardPl
   local.num_kv_heads = plan.num_kv_heads;
   local.intermediate_size = plan.ffn;
   local.shared_expert_intermediate_size = plan.shared_ffn;
+  local.dense_intermediate_size = plan.dense_ffn;
   local.num_layers = plan.num_layers;
   return local;
 }

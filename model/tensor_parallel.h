@@ -28,6 +28,9 @@ struct ShardPlan {
   int64_t ffn0 = 0;
   int64_t shared_ffn = 0;  // local channels of a shared expert (Qwen2-MoE), split likewise
   int64_t shared_ffn0 = 0;
+  // local channels of a mixture of experts' leading dense layers (GLM-4.5), split likewise
+  int64_t dense_ffn = 0;
+  int64_t dense_ffn0 = 0;
   // Vocabulary rows [vocab0, vocab0 + vocab) of a padded slice of vocab_stride rows per
   // rank (the last rank's may be shorter): the gathered logits are size x vocab_stride.
   int64_t vocab = 0;

@@ -95,10 +95,13 @@ absl::StatusOr<std::vector<LayerStats>> Calibrate(
   std::vector<LayerStats> stats;
   stats.reserve(config.num_layers);
   for (int64_t l = 0; l < config.num_layers; ++l) {
-    stats.push_back(
-        {ActivationStats(config.hidden_size, options.awq_max_samples, sample_every),
-         ActivationStats(config.hidden_size, options.awq_max_samples, sample_every),
-         ActivationStats(config.intermediate_size, options.awq_max_samples, sample_every)});
+    stats.push_back({ActivationStats(config.hidden_size, options.awq_max_samples, sample_every),
+                     ActivationStats(config.hidden_size, options.awq_max_samples, sample_every),
+                     // The down projection's input: a dense layer's FFN width (GLM-4.5's leading
+                     // dense layers are wider than its experts, whose inputs are not observed).
+                     ActivationStats(config.LayerHasExperts(l) ? config.intermediate_size
+                                                               : config.DenseFfnWidth(),
+                                     options.awq_max_samples, sample_every)});
   }
   forward_pass->SetActivationObserver(
       [&stats](int64_t layer, model::LinearInput input, const float* x, int64_t num_tokens) {

@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 15> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 16> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -148,6 +148,19 @@ constexpr std::array<ArchitectureRules, 15> kArchitectures = {{
      .local_rope_theta = 0.0,
      .gguf_ffn_norm = "post_attention_norm",
      .swiglu_limit = 7.0},
+    // GLM-4.5 and GLM-4.5-Air (llama.cpp's glm4moe, Hugging Face's Glm4MoeForCausalLM): Q/K/V
+    // biases, optional QK-norm, half of each head rotating (NeoX pairs), the first layers
+    // dense, the rest routed by sigmoid scores chosen with a per-expert bias, times a scale,
+    // beside an ungated shared expert; the FFN norm named post_attention_norm; the
+    // multi-token-prediction layers after the model's are not run.
+    {.gguf_name = "glm4moe",
+     .hf_class_name = "Glm4MoeForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .gguf_ffn_norm = "post_attention_norm"},
 }};
 
 }  // namespace

@@ -363,15 +363,42 @@ absl::Status RopeLayersToGguf(const json& config, const Fields& fields, int64_t 
   return absl::OkStatus();
 }
 
+// GLM-4.5's routing as `<arch>.*` keys: the dense layers before the sparse ones
+// (first_k_dense_replace), shared experts (n_shared_experts of moe_intermediate_size each,
+// ungated), sigmoid scores (glm4moe's default; DeepSeek's scoring_func) and their scale
+// (routed_scaling_factor); grouped routing (n_group > 1) passed on to be refused.
+absl::Status GlmRoutingToGguf(const Fields& fields, const std::string& arch,
+                              GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(int64_t dense, fields.Int("first_k_dense_replace", 0));
+  if (dense > 0) metadata.Int(arch + ".leading_dense_block_count", dense);
+  LOOM_ASSIGN_OR_RETURN(int64_t shared, fields.Int("n_shared_experts", 0));
+  if (shared > 0) metadata.Int(arch + ".expert_shared_count", shared);
+  LOOM_ASSIGN_OR_RETURN(double scale, fields.Number("routed_scaling_factor", 1.0));
+  metadata.Float(arch + ".expert_weights_scale", scale);
+  LOOM_ASSIGN_OR_RETURN(std::string scoring, fields.String("scoring_func", ""));
+  if (scoring == "softmax" || scoring == "sigmoid") {
+    metadata.Int(arch + ".expert_gating_func", scoring == "softmax" ? 1 : 2);
+  } else if (!scoring.empty()) {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: scoring_func '", scoring, "' is not supported"));
+  }
+  LOOM_ASSIGN_OR_RETURN(int64_t groups, fields.Int("n_group", 1));
+  if (groups > 1) metadata.Int(arch + ".expert_group_count", groups);
+  return absl::OkStatus();
+}
+
 // A mixture of experts as `<arch>.expert_*` keys: Mixtral's num_local_experts, Qwen3-MoE's
-// num_experts and moe_intermediate_size; the chosen experts' weights renormalized as
-// norm_topk_prob says (Transformers' default: false for Qwen3-MoE; Mixtral, which has no
-// such field, always renormalizes). Dense layers between sparse ones are refused.
+// num_experts and moe_intermediate_size, GLM-4.5's n_routed_experts; the chosen experts'
+// weights renormalized as norm_topk_prob says (Transformers' default: false for Qwen3-MoE;
+// Mixtral, which has no such field, always renormalizes). Dense layers between sparse ones
+// are refused (but GLM-4.5's leading ones).
 absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::string& arch,
                            GgufMetadataBuilder& metadata) {
   LOOM_ASSIGN_OR_RETURN(int64_t experts, fields.Int("num_local_experts", 0));
-  if (experts == 0) {
-    LOOM_ASSIGN_OR_RETURN(experts, fields.Int("num_experts", 0));
+  for (const char* name : {"num_experts", "n_routed_experts"}) {
+    if (experts == 0) {
+      LOOM_ASSIGN_OR_RETURN(experts, fields.Int(name, 0));
+    }
   }
   if (experts == 0) return absl::OkStatus();
   metadata.Int(arch + ".expert_count", experts);
@@ -396,7 +423,7 @@ absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::
     LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("shared_expert_intermediate_size", 0));
     metadata.Int(arch + ".expert_shared_feed_forward_length", width);
   }
-  return absl::OkStatus();
+  return GlmRoutingToGguf(fields, arch, metadata);
 }
 
 // The shapes, norm epsilon, RoPE base and scaling as `<arch>.*` keys.
@@ -415,6 +442,9 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
   metadata.Int(arch + ".feed_forward_length", ffn);
   LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
   metadata.Int(arch + ".block_count", layers);
+  // GLM-4.5's multi-token-prediction layers follow the model's: their tensors are skipped.
+  LOOM_ASSIGN_OR_RETURN(int64_t nextn, fields.Int("num_nextn_predict_layers", 0));
+  if (nextn > 0) info.first_skipped_layer = layers;
   LOOM_RETURN_IF_ERROR(ExpertsToGguf(config, fields, arch, metadata));
   metadata.Int(arch + ".attention.head_count", heads);
   metadata.Int(arch + ".attention.head_count_kv", kv_heads);

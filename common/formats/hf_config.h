@@ -28,6 +28,10 @@ struct HfConfigInfo {
   // Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration): its text model is
   // served, its vision tower's and projector's tensors are skipped.
   bool multimodal = false;
+  // Layers from here on (GLM-4.5's multi-token-prediction layers, num_nextn_predict_layers
+  // after num_hidden_layers) are in the checkpoint but not run: their tensors are skipped.
+  // -1: none.
+  int64_t first_skipped_layer = -1;
 };
 
 /// Translates `config.json` (its text) of one of common/formats/architecture's Hugging Face

@@ -290,11 +290,16 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   if (rest == "block_sparse_moe.gate.weight" || rest == "mlp.gate.weight") {
     return absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
   }
-  // Qwen2-MoE's shared expert and its gate.
+  // GLM-4.5's selection bias (DeepSeek's e_score_correction_bias).
+  if (rest == "mlp.gate.e_score_correction_bias") {
+    return absl::StrCat("blk.", layer, ".exp_probs_b.bias");
+  }
+  // Qwen2-MoE's shared expert and its gate; GLM-4.5's shared experts (one tensor for all).
   if (rest == "mlp.shared_expert_gate.weight") {
     return absl::StrCat("blk.", layer, ".ffn_gate_inp_shexp.weight");
   }
-  if (absl::ConsumePrefix(&rest, "mlp.shared_expert.")) {
+  if (absl::ConsumePrefix(&rest, "mlp.shared_expert.") ||
+      absl::ConsumePrefix(&rest, "mlp.shared_experts.")) {
     for (const auto& [hf, gguf] : kExpertTensors) {
       if (rest == absl::string_view(hf.data(), hf.size())) {
         return absl::StrCat("blk.", layer, ".", absl::string_view(gguf.data(), gguf.size()),
@@ -322,6 +327,20 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   }
   return "";
 }
+
+namespace {
+
+// Whether `hf_name` is a tensor of decoder layer `first` or a later one (model.layers.L.*).
+bool InLayersFrom(std::string_view hf_name, int64_t first) {
+  absl::string_view rest(hf_name.data(), hf_name.size());
+  if (first < 0 || !absl::ConsumePrefix(&rest, "model.layers.")) return false;
+  int64_t layer = 0;
+  const size_t dot = rest.find('.');
+  return dot != absl::string_view::npos && absl::SimpleAtoi(rest.substr(0, dot), &layer) &&
+         layer >= first;
+}
+
+}  // namespace
 
 bool IsVisionTensorName(std::string_view hf_name) {
   for (std::string_view prefix : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
@@ -395,6 +414,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     const SafetensorsTensorInfo& tensor = *entry.tensor;
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
     if (info->multimodal && IsVisionTensorName(tensor.name)) continue;  // the text model only
+    if (InLayersFrom(tensor.name, info->first_skipped_layer)) continue;  // GLM-4.5's MTP layers
     if (AddQuantizedPart(entry, quantized)) continue;
     if (AddFp8Part(entry, fp8)) continue;
     if (AddStackedExpertPart(entry, stacked_experts)) continue;

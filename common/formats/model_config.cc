@@ -202,8 +202,12 @@ absl::Status ReadShapes(const ConfigReader& reader, const GgufFile& gguf, ModelC
   return absl::OkStatus();
 }
 
-// Mixture of experts: how many experts, how many a token uses, their width.
+absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config);
+
+// Mixture of experts: how many experts, how many a token uses, their width, the dense
+// layers before them.
 absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
+  const int64_t dense_ffn = config.intermediate_size;  // feed_forward_length
   LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_count", config.num_experts));
   if (config.num_experts == 0) return absl::OkStatus();
   LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_count", config.num_experts, 2, kMaxExperts));
@@ -220,55 +224,101 @@ absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
   LOOM_RETURN_IF_ERROR(
       CheckRange(reader, "expert_feed_forward_length", config.intermediate_size, 1, kMaxDimension));
   LOOM_RETURN_IF_ERROR(reader.OptionalBool("expert_weights_norm", config.expert_weights_norm));
-  // Shared experts (Qwen2-MoE, DeepSeek) and dense layers between sparse ones are not run.
-  for (const char* unsupported : {"expert_shared_count", "leading_dense_block_count"}) {
-    int64_t count = 0;
-    LOOM_RETURN_IF_ERROR(reader.OptionalInt(unsupported, count));
-    if (count != 0) {
-      return absl::UnimplementedError(absl::StrCat("model config: '", reader.Key(unsupported),
-                                                   "' is ", count, " (unsupported: every layer ",
-                                                   "must be a mixture of routed experts)"));
-    }
+  // Dense layers before the sparse ones (GLM-4.5), as wide as feed_forward_length.
+  LOOM_RETURN_IF_ERROR(
+      reader.OptionalInt("leading_dense_block_count", config.leading_dense_layers));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "leading_dense_block_count", config.leading_dense_layers,
+                                  0, config.num_layers - 1));
+  if (config.leading_dense_layers > 0) config.dense_intermediate_size = dense_ffn;
+  return ReadRouting(reader, config);
+}
+
+// How the router weighs experts: softmax or sigmoid scores, their scale; grouped routing
+// (DeepSeek-V3's n_group) refused.
+absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config) {
+  // llama.cpp's enum: 0 none (the architecture's default), 1 softmax, 2 sigmoid.
+  int64_t gating = 0;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_gating_func", gating));
+  if (gating < 0 || gating > 2) {
+    return absl::UnimplementedError(absl::StrCat("model config: '",
+                                                 reader.Key("expert_gating_func"), "' is ", gating,
+                                                 " (supported: 1 softmax, 2 sigmoid)"));
+  }
+  config.expert_sigmoid = gating == 2 || (gating == 0 && config.architecture == "glm4moe");
+  double scale = 1.0;
+  LOOM_RETURN_IF_ERROR(reader.OptionalDouble("expert_weights_scale", scale));
+  LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "expert_weights_scale", scale));
+  config.expert_weights_scale = static_cast<float>(scale);
+  int64_t groups = 0;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_group_count", groups));
+  if (groups > 1) {
+    return absl::UnimplementedError(absl::StrCat("model config: '",
+                                                 reader.Key("expert_group_count"), "' is ", groups,
+                                                 " (grouped expert routing is not supported)"));
   }
   return absl::OkStatus();
 }
 
-// A shared expert (Qwen2-MoE), when the file has its tensors: its width, and whether a
-// sigmoid gate scales it. `dense_ffn` is feed_forward_length, its width without the key.
+// Multi-token-prediction layers after the model's own (GLM-4.5): block_count counts them,
+// the model does not run them.
+absl::Status ReadNextnLayers(const ConfigReader& reader, ModelConfig& config) {
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("nextn_predict_layers", config.nextn_layers));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "nextn_predict_layers", config.nextn_layers, 0, config.num_layers - 1));
+  config.num_layers -= config.nextn_layers;
+  return absl::OkStatus();
+}
+
+// The name of tensor `suffix` in the first layer with experts (after the dense ones).
+std::string FirstExpertLayerTensor(const ModelConfig& config, absl::string_view suffix) {
+  return absl::StrCat("blk.", config.leading_dense_layers, ".", suffix);
+}
+
+// A shared expert (Qwen2-MoE, GLM-4.5), when the file has its tensors: its width, and whether
+// a sigmoid gate scales it. `dense_ffn` is feed_forward_length, its width without the key
+// (Qwen2-MoE); <arch>.expert_shared_count experts' widths where the file counts them (GLM-4.5).
 absl::Status ReadSharedExpert(const ConfigReader& reader, const GgufFile& gguf, int64_t dense_ffn,
                               ModelConfig& config) {
-  if (gguf.FindTensor("blk.0.ffn_up_shexp.weight") == nullptr) {
+  const std::string up = FirstExpertLayerTensor(config, "ffn_up_shexp.weight");
+  int64_t count = 0;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_count", count));
+  if (gguf.FindTensor(up) == nullptr) {
     // A width without the tensors (in a file that has layer tensors) is a broken checkpoint.
     int64_t width = 0;
     LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_feed_forward_length", width));
-    if (width != 0 && gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
+    if ((width != 0 || count != 0) && gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
+      const char* key = width != 0 ? "expert_shared_feed_forward_length" : "expert_shared_count";
       return absl::InvalidArgumentError(
-          absl::StrCat("model config: '", reader.Key("expert_shared_feed_forward_length"), "' is ",
-                       width, " but the file has no shared expert (blk.0.ffn_up_shexp.weight)"));
+          absl::StrCat("model config: '", reader.Key(key), "' is ", width != 0 ? width : count,
+                       " but the file has no shared expert (", up, ")"));
     }
     return absl::OkStatus();
   }
   if (config.num_experts == 0) {
     return absl::InvalidArgumentError(
-        "model config: blk.0.ffn_up_shexp.weight (a shared expert) in a model without experts");
+        absl::StrCat("model config: ", up, " (a shared expert) in a model without experts"));
   }
-  int64_t width = dense_ffn;
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_shared_count", count, 0, kMaxExperts));
+  int64_t width = count > 0 ? count * config.intermediate_size : dense_ffn;
   LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_feed_forward_length", width));
   LOOM_RETURN_IF_ERROR(
       CheckRange(reader, "expert_shared_feed_forward_length", width, 1, kMaxDimension));
   config.shared_expert_intermediate_size = width;
   const auto hidden = static_cast<uint64_t>(config.hidden_size);
   const auto shared = static_cast<uint64_t>(width);
-  for (const char* name : {"blk.0.ffn_gate_shexp.weight", "blk.0.ffn_up_shexp.weight"}) {
+  for (const char* part : {"ffn_gate_shexp.weight", "ffn_up_shexp.weight"}) {
+    const std::string name = FirstExpertLayerTensor(config, part);
     if (gguf.FindTensor(name) == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("model config: the shared expert has no ", name));
     }
     LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, name, {hidden, shared}));
   }
-  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_down_shexp.weight", {shared, hidden}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(
+      gguf, FirstExpertLayerTensor(config, "ffn_down_shexp.weight"), {shared, hidden}));
   // The gate: [hidden] as llama.cpp declares it, or the [1, hidden] matrix converters write.
-  const GgufTensorInfo* gate = gguf.FindTensor("blk.0.ffn_gate_inp_shexp.weight");
+  const GgufTensorInfo* gate =
+      gguf.FindTensor(FirstExpertLayerTensor(config, "ffn_gate_inp_shexp.weight"));
   config.shared_expert_gated = gate != nullptr;
   if (gate != nullptr && gate->shape != std::vector<uint64_t>{hidden}) {
     LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, gate->name, {hidden, 1}));
@@ -655,7 +705,7 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q.bias", {q_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.bias", {kv_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.bias", {kv_rows}));
-  const auto ffn = static_cast<uint64_t>(config.intermediate_size);
+  const auto ffn = static_cast<uint64_t>(config.DenseFfnWidth());
   // Phi-3 fuses gate and up into ffn_up (gate rows first) and Q, K, V into attn_qkv.
   const bool fused_gate_up = gguf.FindTensor("blk.0.ffn_gate.weight") == nullptr;
   LOOM_RETURN_IF_ERROR(
@@ -664,22 +714,31 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
       CheckTensorShape(gguf, "blk.0.attn_qkv.weight", {hidden, q_rows + 2 * kv_rows}));
   if (config.num_experts > 0) {
     const auto experts = static_cast<uint64_t>(config.num_experts);
-    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.ffn_gate_inp.weight", {hidden, experts}));
-    LOOM_RETURN_IF_ERROR(
-        CheckTensorShape(gguf, "blk.0.ffn_up_exps.weight", {hidden, ffn, experts}));
-    LOOM_RETURN_IF_ERROR(
-        CheckTensorShape(gguf, "blk.0.ffn_down_exps.weight", {ffn, hidden, experts}));
+    const auto expert_ffn = static_cast<uint64_t>(config.intermediate_size);
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(
+        gguf, FirstExpertLayerTensor(config, "ffn_gate_inp.weight"), {hidden, experts}));
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(
+        gguf, FirstExpertLayerTensor(config, "ffn_up_exps.weight"), {hidden, expert_ffn, experts}));
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf,
+                                          FirstExpertLayerTensor(config, "ffn_down_exps.weight"),
+                                          {expert_ffn, hidden, experts}));
+    // GLM-4.5's selection bias (DeepSeek's e_score_correction_bias).
+    const std::string bias = FirstExpertLayerTensor(config, "exp_probs_b.bias");
+    config.expert_selection_bias = gguf.FindTensor(bias) != nullptr;
+    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, bias, {experts}));
   }
-  // A file with per-layer tensors must hold exactly block_count layers.
+  // A file with per-layer tensors must hold exactly block_count layers (the model's and any
+  // multi-token-prediction ones).
   if (gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
-    const std::string last = absl::StrCat("blk.", config.num_layers - 1, ".attn_norm.weight");
-    const std::string beyond = absl::StrCat("blk.", config.num_layers, ".attn_norm.weight");
+    const int64_t blocks = config.num_layers + config.nextn_layers;
+    const std::string last = absl::StrCat("blk.", blocks - 1, ".attn_norm.weight");
+    const std::string beyond = absl::StrCat("blk.", blocks, ".attn_norm.weight");
     if (gguf.FindTensor(last) == nullptr || gguf.FindTensor(beyond) != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model config: '", reader.Key("block_count"), "' is ", config.num_layers,
-          " but the file's layer tensors do not match (", last,
-          gguf.FindTensor(last) == nullptr ? " missing" : " present", ", ", beyond,
-          gguf.FindTensor(beyond) == nullptr ? " absent)" : " present)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: '", reader.Key("block_count"), "' is ", blocks,
+                       " but the file's layer tensors do not match (", last,
+                       gguf.FindTensor(last) == nullptr ? " missing" : " present", ", ", beyond,
+                       gguf.FindTensor(beyond) == nullptr ? " absent)" : " present)"));
     }
   }
   return absl::OkStatus();
@@ -692,6 +751,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadArchitecture(gguf, config));
   const ConfigReader reader(gguf, config.architecture);
   LOOM_RETURN_IF_ERROR(ReadShapes(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadNextnLayers(reader, config));
   const int64_t dense_ffn = config.intermediate_size;  // feed_forward_length
   LOOM_RETURN_IF_ERROR(ReadExperts(reader, config));
   LOOM_RETURN_IF_ERROR(ReadSharedExpert(reader, gguf, dense_ffn, config));

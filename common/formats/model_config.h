@@ -109,6 +109,21 @@ struct ModelConfig {
   // gate blk.L.ffn_gate_inp_shexp.
   int64_t shared_expert_intermediate_size = 0;
   bool shared_expert_gated = false;
+  // Layers [0, leading_dense_layers) of a mixture of experts are dense FFNs of
+  // `dense_intermediate_size` channels (<arch>.leading_dense_block_count and
+  // feed_forward_length: GLM-4.5's first_k_dense_replace); 0: every layer routes.
+  int64_t leading_dense_layers = 0;
+  int64_t dense_intermediate_size = 0;
+  // GLM-4.5's routing: each expert's score is its logit's sigmoid, not a softmax
+  // (<arch>.expert_gating_func 2; glm4moe's default), chosen with a per-expert bias added
+  // (blk.L.exp_probs_b.bias present: `expert_selection_bias`), and the weights multiplied by
+  // `expert_weights_scale` (<arch>.expert_weights_scale, routed_scaling_factor).
+  bool expert_sigmoid = false;
+  bool expert_selection_bias = false;
+  float expert_weights_scale = 1.0f;
+  // Multi-token-prediction layers stored after the model's own (<arch>.nextn_predict_layers:
+  // GLM-4.5's): counted by block_count, not by num_layers, and never run.
+  int64_t nextn_layers = 0;
   // gpt-oss: the experts' activation is OpenAI's clamped SwiGLU with this limit
   // (ArchitectureRules::swiglu_limit, or `loom.swiglu_limit`); 0: SiLU(gate) * up.
   float swiglu_limit = 0.0f;
@@ -132,6 +147,14 @@ struct ModelConfig {
   /// The window of layer `layer`: sliding_window for a local layer, else 0 (full).
   int64_t LayerWindow(int64_t layer) const {
     return sliding_window > 0 && sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
+  /// Whether layer `layer`'s FFN is the mixture of experts (else a dense FFN).
+  bool LayerHasExperts(int64_t layer) const {
+    return num_experts > 0 && layer >= leading_dense_layers;
+  }
+  /// The width of the dense FFN layers have (those without experts).
+  int64_t DenseFfnWidth() const {
+    return num_experts > 0 ? dense_intermediate_size : intermediate_size;
   }
   /// Whether layer `layer` applies RoPE to its queries and keys.
   bool LayerRotates(int64_t layer) const {

@@ -7,31 +7,46 @@
 
 namespace loom::kernels::cpu {
 
-void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts, int64_t top_k,
-              bool normalize, int32_t* chosen, float* weights) {
+void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
+              const MoeRouting& routing, int32_t* chosen, float* weights) {
+  const int64_t top_k = routing.top_k;
   std::vector<int32_t> order(static_cast<size_t>(num_experts));
+  std::vector<double> score(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* row = logits + t * num_experts;
-    // Softmax is monotone: the largest logits are the most probable experts.
+    // Softmax scores share a denominator: the order is the logits' (shifted by the bias
+    // divided out of it), so both kinds rank on exp(logit - max) or sigmoid(logit).
+    double max = -INFINITY;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      if (!std::isnan(row[e])) max = std::max(max, static_cast<double>(row[e]));
+    }
+    double total = 0.0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const double x = row[e];
+      score[e] = routing.sigmoid ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x - max);
+      if (!std::isnan(score[e])) total += score[e];
+    }
+    if (!routing.sigmoid) {
+      for (double& s : score) s /= total;  // probabilities
+    }
     std::iota(order.begin(), order.end(), 0);
     // NaN ranks last (a strict weak order whatever the logits hold).
-    auto key = [row](int32_t e) { return std::isnan(row[e]) ? -INFINITY : row[e]; };
+    auto key = [&](int32_t e) {
+      const double biased =
+          score[e] + (routing.selection_bias != nullptr ? routing.selection_bias[e] : 0.0f);
+      return std::isnan(biased) ? -INFINITY : biased;
+    };
     std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b) {
-      return key(a) > key(b) || (key(a) == key(b) && a < b);
+      const double ka = key(a), kb = key(b);
+      return ka > kb || (ka == kb && a < b);
     });
-    const float max = row[order[0]];
-    // Denominator: every expert's exp, or the chosen ones' when renormalizing.
-    double total = 0.0;
-    const int64_t summed = normalize ? top_k : num_experts;
-    for (int64_t i = 0; i < summed; ++i) {
-      const int32_t e = normalize ? order[static_cast<size_t>(i)] : static_cast<int32_t>(i);
-      total += std::exp(static_cast<double>(row[e]) - max);
-    }
+    double chosen_total = 0.0;
+    for (int64_t i = 0; i < top_k; ++i) chosen_total += score[order[static_cast<size_t>(i)]];
+    const double divisor = routing.normalize ? chosen_total : 1.0;
     for (int64_t i = 0; i < top_k; ++i) {
       const int32_t e = order[static_cast<size_t>(i)];
       chosen[t * top_k + i] = e;
-      weights[t * top_k + i] =
-          static_cast<float>(std::exp(static_cast<double>(row[e]) - max) / total);
+      weights[t * top_k + i] = static_cast<float>(score[e] / divisor * routing.scale);
     }
   }
 }

@@ -4,14 +4,27 @@
 
 namespace loom::kernels::cpu {
 
-/// Mixture-of-experts routing (Mixtral, Qwen3-MoE): for each of `num_tokens` rows of
-/// router logits [num_tokens, num_experts], the `top_k` most probable experts under
-/// softmax, most probable first (equal logits: the lower index first), and their weights:
-/// the softmax probabilities, renormalized to sum to 1 over the chosen experts when
-/// `normalize` (which equals a softmax over the chosen logits). chosen and weights are
-/// [num_tokens, top_k]. 1 <= top_k <= num_experts. Runs on the calling thread; a row's
-/// result depends on that row alone.
-void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts, int64_t top_k,
-              bool normalize, int32_t* chosen, float* weights);
+/// How a router's logits pick and weigh experts.
+struct MoeRouting {
+  int64_t top_k = 1;  // experts per token, 1 <= top_k <= num_experts
+  // Each expert's score: softmax over the row's logits (Mixtral, Qwen-MoE), or the
+  // logit's sigmoid (GLM-4.5, DeepSeek-V3).
+  bool sigmoid = false;
+  // Added to the scores for choosing only (DeepSeek's e_score_correction_bias, llama.cpp's
+  // exp_probs_b): [num_experts], or null. The weights stay the unbiased scores.
+  const float* selection_bias = nullptr;
+  // The chosen scores renormalized to sum to 1 (for a softmax, a softmax over the chosen
+  // logits), then multiplied by `scale` (routed_scaling_factor).
+  bool normalize = true;
+  float scale = 1.0f;
+};
+
+/// Mixture-of-experts routing: for each of `num_tokens` rows of router logits
+/// [num_tokens, num_experts], the `routing.top_k` experts of the highest score (plus
+/// selection bias), highest first (equal: the lower index first; NaN ranks last), and
+/// their weights as `routing` says. chosen and weights are [num_tokens, top_k]. Runs on
+/// the calling thread; a row's result depends on that row alone.
+void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
+              const MoeRouting& routing, int32_t* chosen, float* weights);
 
 }  // namespace loom::kernels::cpu

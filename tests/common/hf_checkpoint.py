@@ -26,6 +26,12 @@ model as Qwen3-VL-MoE: Qwen3VLMoeForConditionalGeneration with the text model in
 (no norm_topk_prob: its router always renormalizes), model.language_model.* tensors, each
 layer's experts fused into mlp.experts.gate_up_proj [E, hidden, 2 ffn] (gate columns, then
 up) and mlp.experts.down_proj [E, ffn, hidden], and a (dummy) model.visual.* tower.
+A glm4moe GGUF (GLM-4.5) is written as Glm4MoeForCausalLM: model_type glm4_moe,
+num_hidden_layers without the MTP (nextn) layers, whose tensors follow as model.layers.N.*
+(eh_proj, enorm, hnorm, shared_head.norm beside a whole layer), first_k_dense_replace dense
+layers, n_routed_experts, n_shared_experts (mlp.shared_experts.*, ungated),
+routed_scaling_factor, the router's mlp.gate.e_score_correction_bias in float32; its Q/K rows
+are not permuted (NeoX rotary in both formats).
 """
 from __future__ import annotations
 
@@ -57,7 +63,7 @@ _LAYER_NAMES = {
 _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
-            "qwen2moe": "Qwen2MoeForCausalLM",
+            "qwen2moe": "Qwen2MoeForCausalLM", "glm4moe": "Glm4MoeForCausalLM",
             "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -98,6 +104,17 @@ _GEMMA_NORMS = {
 _GPT_OSS_NAMES = {"attn_output.bias": "self_attn.o_proj.bias", "attn_sinks.weight": "self_attn.sinks",
                   "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias",
                   "post_attention_norm.weight": "post_attention_layernorm.weight"}
+# GLM-4.5's tensors beside llama's and its experts (_MOE_NAMES): GGUF suffix -> HF suffix. Its
+# FFN norm is the GGUF's post_attention_norm; the selection bias stays float32 as released; the
+# multi-token-prediction layer (the last, numbered num_hidden_layers) adds eh_proj and its norms.
+_GLM4MOE_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                  "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+                  "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+                  "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+                  "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+                  "nextn.eh_proj.weight": "eh_proj.weight", "nextn.enorm.weight": "enorm.weight",
+                  "nextn.hnorm.weight": "hnorm.weight",
+                  "nextn.shared_head_norm.weight": "shared_head.norm.weight"}
 
 
 def _mxfp4_blocks(tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -172,6 +189,8 @@ _MOE_NAMES = {
                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
     "qwen2moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "glm4moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
 }
 # Qwen2-MoE's shared expert and its gate ([1, hidden] in HF checkpoints).
 _SHARED_EXPERT_NAMES = {"ffn_gate_shexp": "mlp.shared_expert.gate_proj.weight",
@@ -282,6 +301,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                 continue
             if suffix in _GPT_OSS_NAMES:
                 name = f"model.layers.{tensor.name.split('.')[1]}.{_GPT_OSS_NAMES[suffix]}"
+        if hf_arch == "glm4moe" and tensor.name.startswith("blk.") and suffix in _GLM4MOE_NAMES:
+            name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4MOE_NAMES[suffix]}"
         experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
         if experts:
             for expert_name, values in experts.items():
@@ -396,6 +417,25 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         if _field(reader, f"{arch}.expert_shared_feed_forward_length") is not None:
             config["shared_expert_intermediate_size"] = int(
                 _field(reader, f"{arch}.expert_shared_feed_forward_length"))
+    if hf_arch == "glm4moe":
+        # Glm4MoeConfig: num_hidden_layers leaves out the MTP layers the GGUF's block_count
+        # counts; one expert group (n_group, topk_group 1: no group-limited routing).
+        nextn = int(_field(reader, f"{arch}.nextn_predict_layers", 0) or 0)
+        rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+        config.pop("num_experts", None)
+        config.update({
+            "model_type": "glm4_moe",
+            "num_hidden_layers": config["num_hidden_layers"] - nextn,
+            "num_nextn_predict_layers": nextn,
+            "first_k_dense_replace": int(_field(reader, f"{arch}.leading_dense_block_count", 0) or 0),
+            "n_routed_experts": int(n_expert),
+            "n_shared_experts": int(_field(reader, f"{arch}.expert_shared_count", 1)),
+            "routed_scaling_factor": float(_field(reader, f"{arch}.expert_weights_scale", 1.0)),
+            "norm_topk_prob": bool(_field(reader, f"{arch}.expert_weights_norm", True)),
+            "n_group": 1, "topk_group": 1,
+            "partial_rotary_factor": rotated / head_dim,
+            "use_qk_norm": "model.layers.0.self_attn.q_norm.weight" in tensors,
+        })
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling

@@ -113,6 +113,56 @@ TEST(HfConfigTest, TranslatesMixturesOfExperts) {
   EXPECT_TRUE(qwen2->rope_neox);
 }
 
+// GLM-4.5's config.json (zai-org/GLM-4.5, the layer count shrunk): the first three layers
+// dense, sigmoid routing over 160 experts scaled by 2.5, one shared expert, half of each head
+// rotating, and a multi-token-prediction layer after the model's, skipped.
+constexpr char kGlm45[] = R"({
+  "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": true,
+  "first_k_dense_replace": 3, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+  "intermediate_size": 12288, "max_position_embeddings": 131072, "moe_intermediate_size": 1536,
+  "n_group": 1, "n_routed_experts": 160, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 8,
+  "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+  "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 1000000,
+  "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 1,
+  "use_qk_norm": true, "vocab_size": 151552})";
+
+TEST(HfConfigTest, TranslatesGlm45) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(kGlm45, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "glm4moe");
+  EXPECT_EQ(info.first_skipped_layer, 8);
+  EXPECT_EQ(config->num_layers, 8);
+  EXPECT_EQ(config->num_experts, 160);
+  EXPECT_EQ(config->num_experts_used, 8);
+  EXPECT_EQ(config->intermediate_size, 1536);
+  EXPECT_EQ(config->leading_dense_layers, 3);
+  EXPECT_EQ(config->dense_intermediate_size, 12288);
+  EXPECT_TRUE(config->expert_sigmoid);
+  EXPECT_TRUE(config->expert_weights_norm);
+  EXPECT_FLOAT_EQ(config->expert_weights_scale, 2.5f);
+  EXPECT_EQ(config->rope_dim, 64);
+  EXPECT_TRUE(config->rope_neox);
+  // Without the multi-token-prediction layers nothing is skipped.
+  std::string plain = kGlm45;
+  plain.replace(plain.find("\"num_nextn_predict_layers\": 1"), 29,
+                "\"num_nextn_predict_layers\": 0");
+  ASSERT_TRUE(Translate(plain, &info).ok());
+  EXPECT_EQ(info.first_skipped_layer, -1);
+}
+
+TEST(HfConfigTest, RefusesGlm45RoutingItCannotRun) {
+  std::string grouped = kGlm45;
+  grouped.replace(grouped.find("\"n_group\": 1"), 12, "\"n_group\": 8");
+  absl::StatusOr<ModelConfig> config = Translate(grouped);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_group_count"));
+  std::string scoring = kGlm45;
+  scoring.replace(scoring.find("\"n_group\""), 0, "\"scoring_func\": \"relu\", ");
+  ExpectRefused(scoring, "scoring_func 'relu'");
+}
+
 // Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as
 // loom keys, norms offset by 1, tied embeddings by default, every 6th layer global.
 TEST(HfConfigTest, TranslatesGemma3) {

@@ -516,13 +516,105 @@ TEST(ModelConfigTest, RefusesExpertCountsOutOfRangeAndSharedExperts) {
   GgufImageBuilder one = TinyLlama();
   one.KvU32("llama.expert_count", 1).KvU32("llama.expert_used_count", 1);
   ExpectInvalid(ConfigOf(one), {"llama.expert_count"});
+  // A count of shared experts without their tensors, in a file with layers.
   GgufImageBuilder shared = TinyLlama();
   shared.KvU32("llama.expert_count", 8)
       .KvU32("llama.expert_used_count", 2)
-      .KvU32("llama.expert_shared_count", 1);
-  absl::StatusOr<ModelConfig> config = ConfigOf(shared);
+      .KvU32("llama.expert_shared_count", 1)
+      .Tensor("blk.0.attn_norm.weight", {2048}, kF32);
+  ExpectInvalid(ConfigOf(shared), {"llama.expert_shared_count", "no shared expert"});
+}
+
+// GLM-4.5-Air-shaped: 46 layers and a multi-token-prediction one (block_count 47), the first
+// dense (10944 channels), the rest 128 experts of 1408 channels, 8 per token, chosen by sigmoid
+// scores with a per-expert bias, beside one ungated shared expert; half of each head rotating.
+struct Glm45Keys {
+  uint32_t block_count = 47;
+  uint32_t leading_dense = 1;
+  uint32_t nextn = 1;
+  float scale = 1.0f;
+  uint64_t bias_size = 128;
+};
+
+GgufImageBuilder Glm45Air(const Glm45Keys& keys = {}) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "glm4moe")
+      .KvU32("glm4moe.context_length", 131072)
+      .KvU32("glm4moe.embedding_length", 4096)
+      .KvU32("glm4moe.feed_forward_length", 10944)
+      .KvU32("glm4moe.expert_feed_forward_length", 1408)
+      .KvU32("glm4moe.expert_count", 128)
+      .KvU32("glm4moe.expert_used_count", 8)
+      .KvU32("glm4moe.expert_shared_count", 1)
+      .KvU32("glm4moe.leading_dense_block_count", keys.leading_dense)
+      .KvU32("glm4moe.nextn_predict_layers", keys.nextn)
+      .KvBool("glm4moe.expert_weights_norm", true)
+      .KvF32("glm4moe.expert_weights_scale", keys.scale)
+      .KvU32("glm4moe.block_count", keys.block_count)
+      .KvU32("glm4moe.attention.head_count", 96)
+      .KvU32("glm4moe.attention.head_count_kv", 8)
+      .KvU32("glm4moe.attention.key_length", 128)
+      .KvU32("glm4moe.rope.dimension_count", 64)
+      .KvU32("glm4moe.vocab_size", 151552)
+      .Tensor("blk.0.ffn_gate.weight", {4096, 10944}, kQ1_0)
+      .Tensor("blk.0.ffn_up.weight", {4096, 10944}, kQ1_0)
+      .Tensor("blk.1.ffn_gate_inp.weight", {4096, 128}, kF32)
+      .Tensor("blk.1.exp_probs_b.bias", {keys.bias_size}, kF32)
+      .Tensor("blk.1.ffn_gate_shexp.weight", {4096, 1408}, kQ1_0)
+      .Tensor("blk.1.ffn_up_shexp.weight", {4096, 1408}, kQ1_0)
+      .Tensor("blk.1.ffn_down_shexp.weight", {1408, 4096}, kQ1_0);
+  for (int l = 0; l < 47; ++l) {
+    builder.Tensor(absl::StrCat("blk.", l, ".attn_norm.weight"), {4096}, kF32);
+  }
+  return builder;
+}
+
+TEST(ModelConfigTest, ReadsGlm45DenseLayersSigmoidRoutingAndNextnLayers) {
+  absl::StatusOr<ModelConfig> config = ConfigOf(Glm45Air());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_layers, 46);
+  EXPECT_EQ(config->nextn_layers, 1);
+  EXPECT_EQ(config->leading_dense_layers, 1);
+  EXPECT_EQ(config->dense_intermediate_size, 10944);
+  EXPECT_EQ(config->DenseFfnWidth(), 10944);
+  EXPECT_EQ(config->intermediate_size, 1408);
+  EXPECT_FALSE(config->LayerHasExperts(0));
+  EXPECT_TRUE(config->LayerHasExperts(1));
+  EXPECT_EQ(config->shared_expert_intermediate_size, 1408);  // 1 x the experts' width
+  EXPECT_FALSE(config->shared_expert_gated);
+  EXPECT_TRUE(config->expert_sigmoid);  // glm4moe's default
+  EXPECT_TRUE(config->expert_selection_bias);
+  EXPECT_TRUE(config->expert_weights_norm);
+  EXPECT_FLOAT_EQ(config->expert_weights_scale, 1.0f);
+  EXPECT_EQ(config->rope_dim, 64);
+  EXPECT_TRUE(config->rope_neox);
+  // GLM-4.5's scale; a softmax said by the file; a dense model's width is its own.
+  GgufImageBuilder scaled = Glm45Air({.scale = 2.5f});
+  scaled.KvU32("glm4moe.expert_gating_func", 1);
+  config = ConfigOf(scaled);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FLOAT_EQ(config->expert_weights_scale, 2.5f);
+  EXPECT_FALSE(config->expert_sigmoid);
+  EXPECT_EQ(ConfigOf(TinyLlama())->DenseFfnWidth(), 5632);
+}
+
+TEST(ModelConfigTest, RefusesGlm45RoutingItCannotRun) {
+  GgufImageBuilder gating = Glm45Air();
+  gating.KvU32("glm4moe.expert_gating_func", 3);
+  absl::StatusOr<ModelConfig> config = ConfigOf(gating);
   EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
-  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_shared_count"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_gating_func"));
+  GgufImageBuilder grouped = Glm45Air();
+  grouped.KvU32("glm4moe.expert_group_count", 8);
+  config = ConfigOf(grouped);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_group_count"));
+  ExpectInvalid(ConfigOf(Glm45Air({.bias_size = 64})), {"blk.1.exp_probs_b.bias"});
+  ExpectInvalid(ConfigOf(Glm45Air({.leading_dense = 46})),
+                {"glm4moe.leading_dense_block_count", "46"});
+  ExpectInvalid(ConfigOf(Glm45Air({.nextn = 47})), {"glm4moe.nextn_predict_layers", "47"});
+  // block_count must count the multi-token-prediction layer's tensors too.
+  ExpectInvalid(ConfigOf(Glm45Air({.block_count = 46})), {"glm4moe.block_count", "46"});
 }
 
 // Phi-3-mini-128k-shaped: fused attn_qkv and gate/up, longrope factors as tensors. The long

@@ -17,8 +17,8 @@ struct Routed {
 Routed Route(const std::vector<float>& logits, int64_t experts, int64_t top_k, bool normalize) {
   const int64_t tokens = static_cast<int64_t>(logits.size()) / experts;
   Routed routed{std::vector<int32_t>(tokens * top_k), std::vector<float>(tokens * top_k)};
-  MoeRoute(logits.data(), tokens, experts, top_k, normalize, routed.chosen.data(),
-           routed.weights.data());
+  MoeRoute(logits.data(), tokens, experts, {.top_k = top_k, .normalize = normalize},
+           routed.chosen.data(), routed.weights.data());
   return routed;
 }
 
@@ -54,6 +54,43 @@ TEST(MoeRoutingTest, TiesGoToTheLowerIndexAndNanRanksLast) {
   Routed with_nan = Route({nan, 0.0f, 1.0f, nan}, 4, 2, true);
   EXPECT_EQ(with_nan.chosen, (std::vector<int32_t>{2, 1}));
   EXPECT_TRUE(std::isfinite(with_nan.weights[0]) && std::isfinite(with_nan.weights[1]));
+}
+
+TEST(MoeRoutingTest, SigmoidScoresChooseWithTheBiasAndWeighWithoutIt) {
+  // GLM-4.5 / DeepSeek-V3: scores sigmoid(logit); the bias moves expert 2 ahead of expert 1
+  // for the choice, and the weights are the unbiased scores, renormalized, times the scale.
+  const std::vector<float> logits = {0.5f, 3.0f, 2.0f, -1.0f};
+  const std::vector<float> bias = {0.0f, -0.2f, 0.3f, 0.0f};
+  auto sigmoid = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  Routed routed{std::vector<int32_t>(2), std::vector<float>(2)};
+  MoeRoute(logits.data(), 1, 4,
+           {.top_k = 2,
+            .sigmoid = true,
+            .selection_bias = bias.data(),
+            .normalize = true,
+            .scale = 2.5f},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen, (std::vector<int32_t>{2, 1}));
+  const double sum = sigmoid(2.0) + sigmoid(3.0);
+  EXPECT_NEAR(routed.weights[0], sigmoid(2.0) / sum * 2.5, 1e-6);
+  EXPECT_NEAR(routed.weights[1], sigmoid(3.0) / sum * 2.5, 1e-6);
+  // Not renormalized: the scores themselves (times the scale); no bias: the logits' order.
+  MoeRoute(logits.data(), 1, 4, {.top_k = 2, .sigmoid = true, .normalize = false, .scale = 1.0f},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen, (std::vector<int32_t>{1, 2}));
+  EXPECT_NEAR(routed.weights[0], sigmoid(3.0), 1e-6);
+  EXPECT_NEAR(routed.weights[1], sigmoid(2.0), 1e-6);
+}
+
+TEST(MoeRoutingTest, ABiasMovesASoftmaxChoiceToo) {
+  const std::vector<float> logits = {0.0f, 1.0f, 0.9f};
+  const std::vector<float> bias = {0.0f, 0.0f, 0.5f};
+  Routed routed{std::vector<int32_t>(1), std::vector<float>(1)};
+  MoeRoute(logits.data(), 1, 3, {.top_k = 1, .selection_bias = bias.data(), .normalize = false},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen[0], 2);
+  const double total = std::exp(0.0) + std::exp(1.0) + std::exp(0.9);
+  EXPECT_NEAR(routed.weights[0], std::exp(0.9) / total, 1e-6);
 }
 
 TEST(MoeRoutingTest, ARowsRoutingDoesNotDependOnTheOtherRows) {

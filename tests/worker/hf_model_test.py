@@ -6,9 +6,10 @@ the default model (SmolLM2-135M Q4_1, dequantized to float32 in two shards and t
 the random models of random_model.py (Llama with GQA, Llama 3 with llama3 RoPE scaling given as
 HF rope_scaling, Mistral = the GQA model as MistralForCausalLM, Qwen2 with Q/K/V biases and linear
 scaling, Qwen3 with QK-norm and head_dim != hidden / heads, Qwen3-MoE and Mixtral mixtures of
-experts, Qwen2-MoE's experts beside its gated shared expert, Gemma 1 and 3 (3 also as the
-Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Llama GQA as Mistral Small
-3.1's text model (Mistral3ForConditionalGeneration), Qwen2 as Qwen2.5-VL's text
+experts, Qwen2-MoE's experts beside its gated shared expert, GLM-4.5 (sigmoid routing with a
+selection bias, an ungated shared expert, a dense first layer, an MTP layer to skip), Gemma 1
+and 3 (3 also as the Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoints are), Llama
+GQA as Mistral Small 3.1's text model (Mistral3ForConditionalGeneration), Qwen2 as Qwen2.5-VL's text
 model, Qwen3-MoE as Qwen3-VL-MoE's (experts fused per layer), Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
 Qwen2 and Llama with YaRN
@@ -70,6 +71,11 @@ RANDOM_FAMILIES = {
     # Qwen2MoeForCausalLM: the experts beside mlp.shared_expert.*_proj and its [1, hidden]
     # mlp.shared_expert_gate, shared_expert_intermediate_size, norm_topk_prob false.
     "qwen2moe": (random_model.SPECS["qwen2moe_shared"], None, None),
+    # Glm4MoeForCausalLM (GLM-4.5): first_k_dense_replace dense layers, then mlp.gate with its
+    # e_score_correction_bias, mlp.experts.E.*_proj and mlp.shared_experts.*_proj (ungated),
+    # routed_scaling_factor, partial_rotary_factor, and the MTP layer model.layers.3.* after
+    # num_hidden_layers 3 (eh_proj, enorm, hnorm, shared_head.norm beside a whole layer).
+    "glm4moe": (random_model.SPECS["glm4moe"], None, None),
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),
@@ -405,6 +411,49 @@ def test_qwen2moe_shared_expert_and_its_gate_count(family_models):
     for changes in ({"layers": unshared}, {"layers": ungated}, {"expert_norm": True}):
         other = ref.Model(**{**model.__dict__, **changes})
         assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, list(changes)
+
+
+def test_glm4moe_routing_shared_expert_and_mtp_layer_count(family_models, tmp_path):
+    """GLM-4.5's directory within TOL_REFERENCE of the reference, and far from the same
+    reference choosing experts without the selection bias, with softmax scores, without
+    renormalizing or routed_scaling_factor, without the shared expert, or running the MTP
+    layer as a 4th layer: each part applied as the model defines it, the MTP layer skipped.
+    The MTP layer's tensors are in the directory, and changing them changes nothing."""
+    import dataclasses
+    import shutil
+    from safetensors.numpy import load_file
+
+    gguf_path, directory = family_models["glm4moe"]
+    model = ref.load(gguf_path)
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_nextn_predict_layers"]) == (len(model.layers), 1)
+    prompt = list(range(3, 60))
+    got = directory_logits(directory, prompt)
+    assert np.abs(got - ref.logits(model, prompt)[-1]).max() <= TOL_REFERENCE
+    unbiased = [dataclasses.replace(layer, selection_bias=None) for layer in model.layers]
+    unshared = [dataclasses.replace(layer, shared=None) for layer in model.layers]
+    for changes in ({"layers": unbiased}, {"layers": unshared}, {"expert_gating": "softmax"},
+                    {"expert_norm": False}, {"expert_weights_scale": 1.0}):
+        other = ref.Model(**{**model.__dict__, **changes})
+        assert np.abs(got - ref.logits(other, prompt)[-1]).max() > 100 * TOL_REFERENCE, list(changes)
+    with_mtp = ref.load(gguf_path, run_nextn=True)
+    assert len(with_mtp.layers) == len(model.layers) + 1
+    assert np.abs(got - ref.logits(with_mtp, prompt)[-1]).max() > 100 * TOL_REFERENCE
+
+    mtp = f"model.layers.{len(model.layers)}."
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert {mtp + name for name in ("eh_proj.weight", "enorm.weight", "hnorm.weight",
+                                    "shared_head.norm.weight", "self_attn.q_proj.weight",
+                                    "mlp.gate.e_score_correction_bias",
+                                    "mlp.experts.7.down_proj.weight")} <= set(tensors)
+    changed = tmp_path / "glm4moe_other_mtp"
+    shutil.copytree(directory, changed)
+    rng = np.random.default_rng(3)
+    for name in tensors:
+        if name.startswith(mtp):
+            tensors[name] = rng.normal(0.0, 1.0, tensors[name].shape).astype(tensors[name].dtype)
+    hf_checkpoint.write_safetensors(changed / "model.safetensors", tensors)
+    assert np.array_equal(directory_logits(changed, prompt), got)
 
 
 def write_config(directory, **changes):

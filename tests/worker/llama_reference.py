@@ -27,7 +27,13 @@ the router's top-k softmaxed (equal to a renormalized softmax), OpenAI's clamped
 experts, even layers local, YaRN; post_attention_norm is its FFN norm); `qwen2moe` (qwen2's
 attention, routed experts not renormalized unless `expert_weights_norm` says so, and a shared
 SwiGLU expert `ffn_*_shexp` for every token, scaled by sigmoid(ffn_gate_inp_shexp · x) and added
-to the routed sum: llama.cpp's and transformers' Qwen2MoeSparseMoeBlock).
+to the routed sum: llama.cpp's and transformers' Qwen2MoeSparseMoeBlock); `glm4moe` (GLM-4.5 /
+GLM-4.5-Air, transformers' Glm4MoeForCausalLM: Q/K/V biases, QK-norm, partial NeoX rotary,
+post_attention_norm as the FFN norm; the first `leading_dense_block_count` layers dense, the
+others a sigmoid router (`expert_gating_func` 2) choosing the top-k by score + the layer's
+`exp_probs_b.bias`, weighted by the unbiased scores renormalized (`expert_weights_norm`) and
+times `expert_weights_scale`, plus an ungated shared expert; `block_count` includes the
+`nextn_predict_layers` multi-token-prediction blocks at the end, which are not run).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -49,7 +55,7 @@ from gguf import GGMLQuantizationType
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
-                   "gpt-oss": "neox", "qwen2moe": "neox"}
+                   "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0
@@ -109,9 +115,12 @@ class Layer:
     # gpt-oss: a logit per query head that joins each attention softmax's denominator.
     sinks: Optional[np.ndarray] = None
     # Qwen2-MoE: the shared expert's (gate, up, down), and its sigmoid gate [1, n_embd] (None:
-    # ungated).
+    # ungated, GLM-4.5's).
     shared: Optional[tuple] = None
     shared_gate: Optional[Linear] = None
+    # GLM-4.5: a bias per expert added to the router's scores to choose the top-k (not to weigh
+    # them): llama.cpp's exp_probs_b, transformers' e_score_correction_bias.
+    selection_bias: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -146,9 +155,13 @@ class Model:
     # Sliding-window attention: a local layer's query sees its last sliding_window positions.
     sliding_window: int = 0
     sliding_layers: tuple = ()  # bool per layer
-    # Mixture of experts: experts per token and whether their weights are renormalized.
+    # Mixture of experts: experts per token and whether their weights are renormalized; the
+    # router's scores ("softmax" or GLM-4.5's "sigmoid") and a factor on the routed weights
+    # (after any renormalization: GLM-4.5's routed_scaling_factor).
     n_expert_used: int = 0
     expert_norm: bool = True
+    expert_gating: str = "softmax"
+    expert_weights_scale: float = 1.0
     # Gemma: embeddings times sqrt(n_embd), a GELU (tanh) gate, the query scale, and the RoPE of
     # local layers (inverse frequencies without scaling).
     embedding_scale: float = 1.0
@@ -191,8 +204,10 @@ def _dequantize(tensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def load(path: str | os.PathLike) -> Model:
-    """Reads and dequantizes a llama-family GGUF file."""
+def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
+    """Reads and dequantizes a llama-family GGUF file. With run_nextn, GLM-4.5's
+    multi-token-prediction blocks are run as ordinary layers after the others (not the model:
+    for tests that show skipping them matters)."""
     reader = gguf.GGUFReader(path)
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -232,7 +247,11 @@ def load(path: str | os.PathLike) -> Model:
             linear_parts[block + ".ffn_up"] = Linear(values[half:], None, fused.tensor_type)
 
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
+    # GLM-4.5's block_count includes its multi-token-prediction (nextn) blocks, which come
+    # last and which next-token inference does not run (llama.cpp skips them too).
     n_layer = int(_field(reader, f"{arch}.block_count"))
+    if not run_nextn:
+        n_layer -= int(_field(reader, f"{arch}.nextn_predict_layers", 0) or 0)
     n_head = int(_field(reader, f"{arch}.attention.head_count"))
     n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
@@ -307,24 +326,29 @@ def load(path: str | os.PathLike) -> Model:
 
     layers = []
     gpt_oss = arch == "gpt-oss"
+    # gpt-oss and GLM-4.5 name their FFN norm post_attention_norm (llama.cpp's attn_post_norm).
+    post_attention_ffn_norm = arch in ("gpt-oss", "glm4moe")
+    # GLM-4.5: the first leading_dense_block_count layers are dense FFNs.
+    leading_dense = int(_field(reader, f"{arch}.leading_dense_block_count", 0) or 0)
     for i in range(n_layer):
         p = f"blk.{i}"
-        moe = n_expert > 0
+        moe = n_expert > 0 and i >= leading_dense
         layers.append(Layer(
             attn_norm=weight(p + ".attn_norm.weight"),
             q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
             o=linear(p + ".attn_output"),
-            # gpt-oss names its FFN norm post_attention_norm (llama.cpp's attn_post_norm).
-            ffn_norm=weight(p + (".post_attention_norm.weight" if gpt_oss else ".ffn_norm.weight")),
+            ffn_norm=weight(p + (".post_attention_norm.weight" if post_attention_ffn_norm
+                                 else ".ffn_norm.weight")),
             gate=None if moe else linear(p + ".ffn_gate"), up=None if moe else linear(p + ".ffn_up"),
             down=None if moe else linear(p + ".ffn_down"),
             q_norm=weight(p + ".attn_q_norm.weight") if p + ".attn_q_norm.weight" in tensors else None,
             k_norm=weight(p + ".attn_k_norm.weight") if p + ".attn_k_norm.weight" in tensors else None,
             router=linear(p + ".ffn_gate_inp") if moe else None,
             experts=experts(p) if moe else None,
-            post_attn_norm=None if gpt_oss else optional(p + ".post_attention_norm.weight"),
+            post_attn_norm=None if post_attention_ffn_norm else optional(p + ".post_attention_norm.weight"),
             post_ffw_norm=optional(p + ".post_ffw_norm.weight"),
-            sinks=optional(p + ".attn_sinks.weight")))
+            sinks=optional(p + ".attn_sinks.weight"),
+            selection_bias=optional(p + ".exp_probs_b.bias") if moe else None))
         layers[-1].shared, layers[-1].shared_gate = shared_expert(p)
 
     token_embd = weight("token_embd.weight")
@@ -335,7 +359,8 @@ def load(path: str | os.PathLike) -> Model:
     return Model(
         arch=arch, n_vocab=token_embd.shape[0], n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, n_rot=n_rot,
-        n_ff=(layers[0].experts[0][0] if n_expert else layers[0].gate).weight.shape[0] if layers else 0,
+        n_ff=(next(layer.experts[0][0] for layer in layers if layer.experts) if n_expert
+              else layers[0].gate).weight.shape[0] if layers else 0,
         n_ctx=int(_field(reader, f"{arch}.context_length", 0)),
         rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_mode=SUPPORTED_ARCHS[arch], rope_inv_freq=inv_freq, rope_position_scale=position_scale,
@@ -352,12 +377,26 @@ def load(path: str | os.PathLike) -> Model:
         rope_layers=_rope_layers(reader, arch, n_layer),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
         expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", arch != "qwen2moe")),
+        expert_gating=_expert_gating(reader, arch),
+        expert_weights_scale=float(_field(reader, f"{arch}.expert_weights_scale", 0.0) or 1.0),
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         swiglu_limit=float(_field(reader, "loom.swiglu_limit", GPT_OSS_SWIGLU_LIMIT if gpt_oss else 0.0)),
         **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
            if arch in ("gemma", "gemma2", "gemma3") else {}),
         **_multipliers(reader, arch))
+
+
+def _expert_gating(reader: gguf.GGUFReader, arch: str) -> str:
+    """The router's scores: <arch>.expert_gating_func (llama.cpp's enum: 1 softmax, 2 sigmoid),
+    else sigmoid for glm4moe and softmax for the others."""
+    kind = _field(reader, f"{arch}.expert_gating_func")
+    if kind is None:
+        return "sigmoid" if arch == "glm4moe" else "softmax"
+    names = {1: "softmax", 2: "sigmoid"}
+    if int(kind) not in names:
+        raise NotImplementedError(f"{arch}.expert_gating_func {int(kind)}")
+    return names[int(kind)]
 
 
 def _multipliers(reader: gguf.GGUFReader, arch: str) -> dict:
@@ -508,17 +547,27 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 def _mixture_of_experts(model: Model, layer: Layer, h: np.ndarray, numerics: Numerics) -> np.ndarray:
     """Mixtral's / Qwen3-MoE's sparse FFN (HF's definition): softmax over the router's
     logits, the top n_expert_used experts per token (renormalized when expert_norm), each
-    a SwiGLU MLP, summed with those weights."""
+    a SwiGLU MLP, summed with those weights. GLM-4.5's (expert_gating "sigmoid"): the scores
+    are sigmoid(logits), the top n_expert_used by score + the layer's selection bias, weighted
+    by their unbiased scores (renormalized when expert_norm), times expert_weights_scale."""
     router_logits = _linear(h, layer.router, numerics)
-    probs = np.exp(router_logits - router_logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
+    if model.expert_gating == "sigmoid":
+        probs = 1.0 / (1.0 + np.exp(-router_logits))
+    elif model.expert_gating == "softmax":
+        probs = np.exp(router_logits - router_logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+    else:
+        raise NotImplementedError(f"expert gating {model.expert_gating!r}")
+    keys = probs if layer.selection_bias is None else probs + layer.selection_bias.astype(probs.dtype)
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
-        # Largest first; equal probabilities: the lower index first.
-        chosen = sorted(range(len(probs[t])), key=lambda e: (-probs[t][e], e))[:model.n_expert_used]
+        # Largest first; equal keys: the lower index first.
+        chosen = sorted(range(len(keys[t])), key=lambda e: (-keys[t][e], e))[:model.n_expert_used]
         weights = probs[t][chosen]
         if model.expert_norm:
             weights = weights / weights.sum()
+        if model.expert_weights_scale != 1.0:
+            weights = weights * probs.dtype.type(model.expert_weights_scale)
         for e, w in zip(chosen, weights):
             gate, up, down = layer.experts[e]
             x = h[t:t + 1]

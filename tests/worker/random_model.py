@@ -41,6 +41,11 @@ Variants (see SPECS):
                  renormalized, and a shared expert of 128 channels scaled by its sigmoid gate
                  (layer 0's gate [1, 64] as converters write it, layer 1's [64] as llama.cpp
                  declares it).
+  glm4moe        glm4moe arch (GLM-4.5): layer 0 dense (96 channels), layers 1-2 8 experts of 32
+                 channels, top 2 by sigmoid score + selection bias (exp_probs_b), weights the
+                 unbiased scores renormalized x 2.5, an ungated shared expert of 32; Q/K/V
+                 biases, QK-norm, partial NeoX rotary (8 of 16 dims), FFN norm named
+                 post_attention_norm, and a 4th (MTP / nextn) block the forward pass skips.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -64,6 +69,9 @@ from gguf import GGMLQuantizationType as T
 import kquant_writer
 
 VOCAB_SIZE = 384
+# GLM-4.5's sigmoid router (the glm4moe spec): its gain and the selection bias's range.
+SIGMOID_ROUTER_GAIN = 1.5
+SELECTION_BIAS_RANGE = 0.15
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -111,6 +119,20 @@ class ModelSpec:
     dense_ff: int = 0
     # Qwen2-MoE: a shared expert of shared_ff channels (ffn_*_shexp) and its sigmoid gate.
     shared_ff: int = 0
+    # GLM-4.5 (glm4moe): shared_experts ungated shared experts of n_ff channels each, fused into
+    # one ffn_*_shexp of shared_experts * n_ff channels (<arch>.expert_shared_count, no gate);
+    # the first leading_dense layers dense FFNs of dense_ff channels
+    # (<arch>.leading_dense_block_count); a sigmoid router (<arch>.expert_gating_func 2) whose
+    # top-k choice adds a per-expert selection bias (blk.L.exp_probs_b.bias) while the weights
+    # stay the unbiased scores; the routed weights times expert_weights_scale when set
+    # (<arch>.expert_weights_scale); nextn_layers multi-token-prediction blocks after the n_layer
+    # that run (counted in <arch>.block_count, said by <arch>.nextn_predict_layers), which the
+    # forward pass ignores.
+    shared_experts: int = 0
+    leading_dense: int = 0
+    sigmoid_router: bool = False
+    expert_weights_scale: Optional[float] = None
+    nextn_layers: int = 0
     post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
     # Gemma 2's soft-capping: <arch>.attn_logit_softcapping / final_logit_softcapping.
     attn_softcap: float = 0.0
@@ -325,6 +347,22 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
                "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q8_0, T.F16),
                "ffn_gate": (T.MXFP4,), "ffn_up": (T.MXFP4,), "ffn_down": (T.MXFP4,)}),
+    # GLM-4.5 / GLM-4.5-Air: layer 0 a dense FFN (96 channels), layers 1 and 2 8 experts of 32
+    # channels, top 2 by sigmoid score plus selection bias, weighted by the unbiased scores
+    # renormalized and times 2.5 (routed_scaling_factor), beside an ungated shared expert of 32;
+    # Q/K/V biases, QK-norm, 8 of each head's 16 dims rotating in NeoX pairs; a 4th block, the
+    # MTP (nextn) layer, that the forward pass skips; a separate LM head, as GLM-4.5's.
+    "glm4moe": ModelSpec(
+        name="glm4moe", arch="glm4moe", n_embd=64, n_layer=3, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=32, dense_ff=96, n_expert=8, n_expert_used=2, shared_experts=1,
+        leading_dense=1, sigmoid_router=True, expert_norm=True, expert_weights_scale=2.5,
+        nextn_layers=1, rope_dims=8, qkv_bias=True, qk_norm=True, rope_base=1000000.0,
+        rms_eps=1e-5, tied_output=False, seed=1011,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q8_0, T.F16),
+               "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1), "ffn_down": (T.Q8_0,),
+               "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1, T.F16),
+               "ffn_down_shexp": (T.F16, T.Q8_0), "nextn_eh_proj": (T.F16,)}),
 }
 
 
@@ -475,7 +513,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     writer.add_name(f"loom-test-{spec.name}")
     writer.add_context_length(spec.n_ctx)
     writer.add_embedding_length(d)
-    writer.add_block_count(spec.n_layer)
+    writer.add_block_count(spec.n_layer + spec.nextn_layers)
     writer.add_feed_forward_length(spec.dense_ff or spec.n_ff)
     if spec.n_expert:
         writer.add_expert_count(spec.n_expert)
@@ -486,9 +524,20 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             writer.add_bool(f"{spec.arch}.expert_weights_norm", spec.expert_norm)
         if spec.shared_ff:
             writer.add_expert_shared_feed_forward_length(spec.shared_ff)
+        if spec.shared_experts:
+            writer.add_expert_shared_count(spec.shared_experts)
+        if spec.leading_dense:
+            writer.add_leading_dense_block_count(spec.leading_dense)
+        if spec.sigmoid_router:
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if spec.expert_weights_scale is not None:
+            writer.add_expert_weights_scale(spec.expert_weights_scale)
+    if spec.nextn_layers:
+        writer.add_nextn_predict_layers(spec.nextn_layers)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
-    if spec.n_embd != spec.n_head * hd:
+    # GLM-4.5's converter writes the head size whatever it is (its config.json says head_dim).
+    if spec.n_embd != spec.n_head * hd or spec.arch == "glm4moe":
         writer.add_key_length(hd)
         writer.add_value_length(hd)
     writer.add_rope_dimension_count(spec.rope_dims or hd)
@@ -543,7 +592,10 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     if spec.longrope is not None:
         _add(writer, "rope_factors_long.weight", np.asarray(spec.longrope["long"]), T.F32)
         _add(writer, "rope_factors_short.weight", np.asarray(spec.longrope["short"]), T.F32)
-    for i in range(spec.n_layer):
+    # Multi-token-prediction blocks (nextn_layers) follow the n_layer that run: a whole MoE layer
+    # and the MTP head's own tensors, random like the rest (a forward pass that ran them, or
+    # read the wrong block's tensors, would give other logits).
+    for i in range(spec.n_layer + spec.nextn_layers):
         p = f"blk.{i}"
         _add(writer, f"{p}.attn_norm.weight", norm_weight(), T.F32)
         # gain 2 on Q and K so attention is neither uniform nor one-hot (scores ~ N(0, 1-4)).
@@ -572,19 +624,29 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         if spec.post_norms:
             _add(writer, f"{p}.post_attention_norm.weight", norm_weight(), T.F32)
             _add(writer, f"{p}.post_ffw_norm.weight", norm_weight(), T.F32)
-        # gpt-oss's FFN norm is named post_attention_norm (llama.cpp's attn_post_norm).
-        ffn_norm = "post_attention_norm" if spec.arch == "gpt-oss" else "ffn_norm"
+        # gpt-oss's and GLM-4.5's FFN norm is named post_attention_norm (llama.cpp's
+        # attn_post_norm; HF's post_attention_layernorm).
+        ffn_norm = "post_attention_norm" if spec.arch in ("gpt-oss", "glm4moe") else "ffn_norm"
         _add(writer, f"{p}.{ffn_norm}.weight", norm_weight(), T.F32)
-        if spec.n_expert:
+        if spec.n_expert and i >= spec.leading_dense:
             _add_experts(writer, spec, p, i, matrix, type_of)
+            if i >= spec.n_layer:
+                # GLM-4.5's MTP head: eh_proj [n_embd, 2 n_embd] over the normed embedding and
+                # hidden state (enorm, hnorm), and the norm before its shared LM head.
+                _add(writer, f"{p}.nextn.eh_proj.weight", matrix(d, 2 * d), type_of("nextn_eh_proj", i))
+                for norm in ("enorm", "hnorm", "shared_head_norm"):
+                    _add(writer, f"{p}.nextn.{norm}.weight", norm_weight(), T.F32)
             continue
-        gate, up = matrix(spec.n_ff, d), matrix(spec.n_ff, d)
+        # The dense layers before a mixture of experts' first expert layer (GLM-4.5's
+        # leading_dense) are dense_ff wide.
+        n_ff = (spec.dense_ff or spec.n_ff) if spec.n_expert else spec.n_ff
+        gate, up = matrix(n_ff, d), matrix(n_ff, d)
         if spec.fused or spec.fused_ffn:
             _add(writer, f"{p}.ffn_up.weight", np.concatenate([gate, up]), type_of("ffn_up", i))
         else:
             _add(writer, f"{p}.ffn_gate.weight", gate, type_of("ffn_gate", i))
             _add(writer, f"{p}.ffn_up.weight", up, type_of("ffn_up", i))
-        _add(writer, f"{p}.ffn_down.weight", matrix(d, spec.n_ff, 1.5), type_of("ffn_down", i))
+        _add(writer, f"{p}.ffn_down.weight", matrix(d, n_ff, 1.5), type_of("ffn_down", i))
     _add(writer, "output_norm.weight", norm_weight(), T.F32)
     if not spec.tied_output:
         _add(writer, "output.weight", matrix(n_vocab, d, 4.0), type_of("output"))
@@ -601,7 +663,19 @@ def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, m
     tie that float rounding could flip) and each expert's gate, up and down, stacked into
     3-D tensors as llama.cpp writes them or one matrix per expert."""
     d, e = spec.n_embd, spec.n_expert
-    _add(writer, f"{p}.ffn_gate_inp.weight", matrix(e, d, 4.0), T.F32)
+    # A sigmoid router (GLM-4.5) takes gain SIGMOID_ROUTER_GAIN: each logit varies over the
+    # tokens by ~1-1.5, so the scores spread over (0.15, 0.85) rather than saturating at 0 and
+    # 1, and the selection bias (uniform in +-SELECTION_BIAS_RANGE, drawn from its own
+    # generator) changes the experts chosen for 34% / 46% of random tokens in glm4moe's two
+    # expert layers (measured), while every expert still takes some. A range of 0.3 changed
+    # more, but left one test prompt's token with a near tie that int8 activations flipped
+    # (max |Δlogit| 11 against the reference, whatever the gain): 0.15 keeps the flips away.
+    gain = SIGMOID_ROUTER_GAIN if spec.sigmoid_router else 4.0
+    _add(writer, f"{p}.ffn_gate_inp.weight", matrix(e, d, gain), T.F32)
+    if spec.sigmoid_router:
+        rng = np.random.default_rng([spec.seed, layer, 1])
+        _add(writer, f"{p}.exp_probs_b.bias",
+             rng.uniform(-SELECTION_BIAS_RANGE, SELECTION_BIAS_RANGE, size=e), T.F32)
     if spec.expert_bias:
         # gpt-oss: the router's and every expert matrix's biases, stacked one row per expert.
         rng = np.random.default_rng(spec.seed * 1000 + layer)
@@ -618,14 +692,17 @@ def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, m
                 _add(writer, f"{p}.{role}.{index}.weight", values, type_of(role, layer + index))
         else:
             _add(writer, f"{p}.{role}_exps.weight", np.stack(matrices), type_of(role, layer))
-    if spec.shared_ff:
+    if spec.shared_ff or spec.shared_experts:
         # Qwen2-MoE's shared expert, and its sigmoid gate (gain 4: the sigmoids spread over
         # most of (0, 1)), [1, n_embd] on even layers as converters write it, [n_embd] on odd
-        # ones as llama.cpp declares it.
-        shared = {"ffn_gate_shexp": matrix(spec.shared_ff, d), "ffn_up_shexp": matrix(spec.shared_ff, d),
-                  "ffn_down_shexp": matrix(d, spec.shared_ff, 1.5)}
+        # ones as llama.cpp declares it; GLM-4.5's shared experts, fused and ungated.
+        width = spec.shared_ff or spec.shared_experts * spec.n_ff
+        shared = {"ffn_gate_shexp": matrix(width, d), "ffn_up_shexp": matrix(width, d),
+                  "ffn_down_shexp": matrix(d, width, 1.5)}
         for role, values in shared.items():
             _add(writer, f"{p}.{role}.weight", values, type_of(role, layer))
+        if not spec.shared_ff:
+            return
         gate = matrix(1, d, 4.0)
         _add(writer, f"{p}.ffn_gate_inp_shexp.weight", gate if layer % 2 == 0 else gate.reshape(-1), T.F32)
 
