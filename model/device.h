@@ -176,8 +176,6 @@ struct MoeSpec {
   float swiglu_limit = 0.0f;
 };
 
-/// InvalidArgument unless `spec` chooses from `experts` router outputs, one gate/up and one
-/// down matrix each (Device::MoeFeedForward's arguments).
 /// The host routing kernel's parameters for `spec`.
 inline kernels::cpu::MoeRouting RoutingOf(const MoeSpec& spec) {
   return {.top_k = spec.top_k,
@@ -187,6 +185,9 @@ inline kernels::cpu::MoeRouting RoutingOf(const MoeSpec& spec) {
           .scale = spec.scale};
 }
 
+/// InvalidArgument unless `spec` chooses from `experts` router outputs, one gate/up and one
+/// down matrix each, and a selection bias (if any) has one value per expert
+/// (Device::MoeFeedForward's arguments).
 inline absl::Status CheckMoeShapes(const MoeSpec& spec, int64_t experts, size_t num_gate_up,
                                    size_t num_down) {
   if (spec.top_k < 1 || spec.top_k > experts || static_cast<int64_t>(num_gate_up) != experts ||

@@ -14,8 +14,8 @@ void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
   std::vector<double> score(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* row = logits + t * num_experts;
-    // Softmax scores share a denominator: the order is the logits' (shifted by the bias
-    // divided out of it), so both kinds rank on exp(logit - max) or sigmoid(logit).
+    // Each expert's score: its softmax probability (exp(logit - max) over the row's sum) or
+    // its logit's sigmoid.
     double max = -INFINITY;
     for (int64_t e = 0; e < num_experts; ++e) {
       if (!std::isnan(row[e])) max = std::max(max, static_cast<double>(row[e]));
