@@ -33,7 +33,12 @@ const char* RopeScalingName(common::RopeScalingType type) {
 
 void PrintConfig(const common::ModelConfig& config) {
   std::printf("model           %s (%s)\n", config.name.c_str(), config.architecture.c_str());
-  std::printf("layers          %lld\n", static_cast<long long>(config.num_layers));
+  std::printf("layers          %lld", static_cast<long long>(config.num_layers));
+  if (config.nextn_layers > 0) {
+    std::printf(" (and %lld multi-token-prediction, not run)",
+                static_cast<long long>(config.nextn_layers));
+  }
+  std::printf("\n");
   std::printf("hidden          %lld (ffn %lld)\n", static_cast<long long>(config.hidden_size),
               static_cast<long long>(config.intermediate_size));
   if (config.num_experts > 0) {

@@ -455,6 +455,14 @@ def test_glm4moe_routing_shared_expert_and_mtp_layer_count(family_models, tmp_pa
     hf_checkpoint.write_safetensors(changed / "model.safetensors", tensors)
     assert np.array_equal(directory_logits(changed, prompt), got)
 
+    # `loom inspect` says so, from either format; the GGUF counts the MTP layer it skips.
+    routing = ("routing         sigmoid scores chosen with a per-expert bias, weights x 2.5",
+               "dense layers    the first 1 (ffn 96)", "shared expert   ffn 32")
+    from_gguf, from_dir = inspect(gguf_path), inspect(directory)
+    for line in routing:
+        assert line in from_gguf and line in from_dir, (line, from_gguf, from_dir)
+    assert "layers          3 (and 1 multi-token-prediction, not run)" in from_gguf, from_gguf
+
 
 def write_config(directory, **changes):
     config = json.loads((directory / "config.json").read_text())
