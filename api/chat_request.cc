@@ -333,7 +333,7 @@ absl::StatusOr<ToolsRequest> PrepareChatRequest(loom::v1::GenerateRequest& reque
 
 ChatReply ParseChatReply(const ToolsRequest& tools, std::string_view text) {
   ChatReply out;
-  ParsedReply parsed = ParseToolCalls(tools.format, text);
+  ParsedReply parsed = ParseToolCalls(tools.format, text, tools.string_parameters);
   // gpt-oss without tools: its channels are split, no call is taken.
   if (tools.format == ToolCallFormat::kGptOss && !tools.active()) parsed.calls.clear();
   if (!tools.parallel && parsed.calls.size() > 1) parsed.calls.resize(1);

@@ -50,7 +50,7 @@ ToolReply ParseFinalReply(const ToolsRequest& tools, const std::string& text, bo
   reply.partial = true;
   reply.content = nullptr;
   if (!reply.calls.empty()) return reply;
-  for (PartialToolCall& partial : PartialToolCalls(tools.format, text)) {
+  for (PartialToolCall& partial : PartialToolCalls(tools.format, text, tools.string_parameters)) {
     reply.calls.push_back({std::move(partial.name), std::move(partial.arguments)});
   }
   if (!tools.parallel && reply.calls.size() > 1) reply.calls.resize(1);
@@ -170,7 +170,8 @@ bool SendToolChunks(Run& run, Choice& choice, const std::string& text, Json delt
       if (!delta_chunk(std::move(delta), nullptr)) return false;
     }
     std::vector<PartialToolCall> calls;
-    if (tools.active()) calls = PartialToolCalls(tools.format, choice.reply);
+    if (tools.active())
+      calls = PartialToolCalls(tools.format, choice.reply, tools.string_parameters);
     if (!tools.parallel && calls.size() > 1) calls.resize(1);
     for (size_t i = 0; i < calls.size(); ++i) {
       if (!call_chunks(i, calls[i].name, calls[i].arguments)) return false;

@@ -118,6 +118,41 @@ Json FunctionSummary(const Json& tool) {
   return summary;
 }
 
+// A parameter schema that only admits strings: {"type": "string"}, or a list of types of
+// which "string" is the only one besides "null".
+bool StringTyped(const Json& schema) {
+  const Json* type = schema.is_object() ? Field(schema, "type") : nullptr;
+  if (type == nullptr) return false;
+  if (type->is_string()) return *type == "string";
+  if (!type->is_array()) return false;
+  bool string = false;
+  for (const Json& member : *type) {
+    if (member == "string") {
+      string = true;
+    } else if (member != "null") {
+      return false;
+    }
+  }
+  return string;
+}
+
+// The string parameters of the request's tools (see xml_tool_calls.h), by function.
+StringParameters StringParametersOf(const Json& tools) {
+  StringParameters out;
+  for (const Json& tool : tools) {
+    const Json& function = tool["function"];
+    const Json* parameters = Field(function, "parameters");
+    const Json* properties = parameters != nullptr && parameters->is_object()
+                                 ? Field(*parameters, "properties")
+                                 : nullptr;
+    if (properties == nullptr || !properties->is_object()) continue;
+    for (const auto& [key, schema] : properties->items()) {
+      if (StringTyped(schema)) out[function["name"].get<std::string>()].insert(key);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_view template_source) {
@@ -160,6 +195,7 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
     out.legacy = true;
   }
   out.choice = out.tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  out.string_parameters = StringParametersOf(out.tools);
 
   const char* choice_param = out.legacy ? "function_call" : "tool_choice";
   const Json* choice = Field(body, choice_param);
@@ -224,7 +260,8 @@ absl::StatusOr<ToolsRequest> ParseToolsRequest(const Json& body, std::string_vie
   const bool forced = out.choice == ToolChoice::kRequired || out.choice == ToolChoice::kNamed;
   if (forced &&
       (out.format == ToolCallFormat::kPythonic || out.format == ToolCallFormat::kQwen3Coder ||
-       out.format == ToolCallFormat::kDeepSeekV3 || out.format == ToolCallFormat::kGptOss)) {
+       out.format == ToolCallFormat::kGlm45 || out.format == ToolCallFormat::kDeepSeekV3 ||
+       out.format == ToolCallFormat::kGptOss)) {
     out.format = ToolCallFormat::kGeneric;
   }
   return out;
@@ -337,7 +374,7 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
     return std::nullopt;
   // "auto": the reply is free until it starts a call in the template's own format, which
   // is then held to the tools' schemas (the trigger approach). Formats whose calls are not
-  // JSON documents (pythonic, Qwen3-Coder, DeepSeek-V3) stay unconstrained.
+  // JSON documents (pythonic, Qwen3-Coder, GLM-4.5, DeepSeek-V3) stay unconstrained.
   const char* trigger = nullptr;
   const char* trigger_at = "anywhere";
   if (automatic) {
@@ -358,6 +395,7 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
         break;
       case ToolCallFormat::kPythonic:
       case ToolCallFormat::kQwen3Coder:
+      case ToolCallFormat::kGlm45:
       case ToolCallFormat::kDeepSeekV3:
       case ToolCallFormat::kGptOss:
         return std::nullopt;
@@ -383,6 +421,7 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
   switch (tools.format) {
     case ToolCallFormat::kPythonic:  // forced calls in these are generic (ParseToolsRequest)
     case ToolCallFormat::kQwen3Coder:
+    case ToolCallFormat::kGlm45:
     case ToolCallFormat::kDeepSeekV3:
     case ToolCallFormat::kGptOss:
     case ToolCallFormat::kGeneric: {

@@ -31,6 +31,7 @@ struct ToolsRequest {
   bool legacy = false;         // given as functions/function_call
   ToolCallFormat format = ToolCallFormat::kGeneric;
   bool template_renders_tools = false;  // else: the generic system prompt
+  StringParameters string_parameters;   // the tools' string parameters, by function
 
   /// Tool calls are looked for in the reply (tools given and tool_choice not "none").
   bool active() const { return !tools.empty() && choice != ToolChoice::kNone; }

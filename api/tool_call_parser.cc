@@ -19,12 +19,9 @@ using markers::kDsCallBegin;
 using markers::kDsCallEnd;
 using markers::kDsCallsBegin;
 using markers::kDsSep;
-using markers::kFunctionClose;
 using markers::kFunctionOpen;
 using markers::kHermesClose;
 using markers::kHermesOpen;
-using markers::kParameterClose;
-using markers::kParameterOpen;
 using markers::kPythonTag;
 
 // Generated text nested deeper than Loom takes from anyone is no call (see json_depth.h).
@@ -175,53 +172,24 @@ ParsedReply ParseGeneric(std::string_view text) {
   return WithCalls(std::move(calls), 0);
 }
 
-// Qwen3-Coder's value text as JSON: what reads as JSON is that value, anything else a
-// string (one leading and trailing newline, the format's layout, dropped).
-Json XmlParameterValue(std::string_view raw) {
-  if (!raw.empty() && raw.front() == '\n') raw.remove_prefix(1);
-  if (!raw.empty() && raw.back() == '\n') raw.remove_suffix(1);
-  const Json parsed = ParseJson(TrimBlanks(raw));
-  if (!parsed.is_discarded() && !parsed.is_string()) return parsed;
-  return Json(std::string(raw));
-}
-
-ParsedReply ParseQwen3Coder(std::string_view text) {
-  const ParsedReply reply = ContentOnly(text);
-  size_t at = text.find(kFunctionOpen);
-  if (at == std::string_view::npos) return reply;
-  // The content ends at the <tool_call> before the first function, when there is one.
-  const size_t wrapper = text.rfind(kHermesOpen, at);
-  const size_t first = wrapper != std::string_view::npos &&
-                               TrimBlanks(text.substr(wrapper + kHermesOpen.size(),
-                                                      at - wrapper - kHermesOpen.size()))
-                                   .empty()
-                           ? wrapper
-                           : at;
+// Qwen3-Coder's and GLM-4.5's tags. Qwen3-Coder's content ends at the <tool_call> that
+// wraps its first function, when there is one.
+ParsedReply ParseXmlCalls(const XmlCallSyntax& syntax, std::string_view text,
+                          const StringParameters& string_parameters) {
+  const XmlCalls scan = ScanXmlCalls(syntax, text);
+  if (scan.broken || scan.calls.empty()) return ContentOnly(text);
   std::vector<ParsedToolCall> calls;
-  while (at != std::string_view::npos) {
-    const size_t name_end = text.find('>', at);
-    if (name_end == std::string_view::npos) return reply;
-    ParsedToolCall call;
-    call.name = std::string(
-        TrimBlanks(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
-    if (call.name.empty()) return reply;
-    const size_t close = text.find(kFunctionClose, name_end);
-    const std::string_view body = text.substr(
-        name_end + 1, close == std::string_view::npos ? std::string_view::npos : close - name_end - 1);
-    Json arguments = Json::object();
-    for (size_t p = body.find(kParameterOpen); p != std::string_view::npos;
-         p = body.find(kParameterOpen, p + 1)) {
-      const size_t key_end = body.find('>', p);
-      if (key_end == std::string_view::npos) return reply;
-      const std::string key(
-          TrimBlanks(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
-      size_t value_end = body.find(kParameterClose, key_end);
-      if (value_end == std::string_view::npos) value_end = body.size();
-      arguments[key] = XmlParameterValue(body.substr(key_end + 1, value_end - key_end - 1));
+  for (const XmlCall& call : scan.calls) {
+    calls.push_back({call.name, XmlArgumentsJson(call, string_parameters, /*text_ended=*/true)});
+  }
+  size_t first = scan.calls.front().start;
+  if (syntax.open != kHermesOpen) {
+    const size_t wrapper = text.rfind(kHermesOpen, first);
+    if (wrapper != std::string_view::npos &&
+        TrimBlanks(text.substr(wrapper + kHermesOpen.size(), first - wrapper - kHermesOpen.size()))
+            .empty()) {
+      first = wrapper;
     }
-    call.arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
-    calls.push_back(std::move(call));
-    at = close == std::string_view::npos ? close : text.find(kFunctionOpen, close);
   }
   return WithCalls(std::move(calls), first);
 }
@@ -283,10 +251,6 @@ size_t BeforeMarker(std::string_view text, std::string_view marker) {
 
 }  // namespace
 
-std::string XmlParameterJson(std::string_view raw) {
-  return XmlParameterValue(raw).dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
     case ToolCallFormat::kGeneric:
@@ -303,6 +267,8 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "pythonic";
     case ToolCallFormat::kQwen3Coder:
       return "qwen3_coder";
+    case ToolCallFormat::kGlm45:
+      return "glm45";
     case ToolCallFormat::kDeepSeekV3:
       return "deepseek_v3";
     case ToolCallFormat::kGptOss:
@@ -314,7 +280,8 @@ const char* ToolCallFormatName(ToolCallFormat format) {
 ToolCallFormat ToolCallFormatOf(std::string_view source) {
   auto has = [&](std::string_view s) { return source.find(s) != std::string_view::npos; };
   if (has("<|channel|>") && has("<|message|>")) return ToolCallFormat::kGptOss;
-  if (has(kFunctionOpen) && has(kParameterOpen)) return ToolCallFormat::kQwen3Coder;
+  if (has(kFunctionOpen) && has(markers::kParameterOpen)) return ToolCallFormat::kQwen3Coder;
+  if (has(markers::kArgKeyOpen)) return ToolCallFormat::kGlm45;
   if (has(kDsCallsBegin)) return ToolCallFormat::kDeepSeekV3;
   if (has(markers::kGranite)) return ToolCallFormat::kGranite;
   if (has("<tool_call>")) return ToolCallFormat::kHermes;
@@ -340,7 +307,8 @@ std::string_view CallListMarker(ToolCallFormat format) {
   }
 }
 
-ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
+ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text,
+                           const StringParameters& string_parameters) {
   switch (format) {
     case ToolCallFormat::kHermes:
       return ParseHermes(text);
@@ -356,7 +324,9 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
     case ToolCallFormat::kPythonic:
       return ParsePythonic(text);
     case ToolCallFormat::kQwen3Coder:
-      return ParseQwen3Coder(text);
+      return ParseXmlCalls(kQwen3CoderSyntax, text, string_parameters);
+    case ToolCallFormat::kGlm45:
+      return ParseXmlCalls(kGlm45Syntax, text, string_parameters);
     case ToolCallFormat::kDeepSeekV3:
       return ParseDeepSeekV3(text);
   }
@@ -366,6 +336,7 @@ ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text) {
 size_t StreamableContent(ToolCallFormat format, std::string_view text) {
   switch (format) {
     case ToolCallFormat::kHermes:
+    case ToolCallFormat::kGlm45:
       return BeforeMarker(text, kHermesOpen);
     case ToolCallFormat::kMistral:
     case ToolCallFormat::kGranite:

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "api/xml_tool_calls.h"
+
 namespace loom::api {
 
 /// How a model writes tool calls, chosen from its chat template's source.
@@ -32,6 +34,10 @@ enum class ToolCallFormat {
   /// </tool_call> after optional content; a value that reads as JSON (a number, true,
   /// an object...) is that value, anything else a string.
   kQwen3Coder,
+  /// GLM-4.5 / 4.6: <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...
+  /// </tool_call> after optional content (GLM-4.7: the same without the newlines); values
+  /// as Qwen3-Coder's.
+  kGlm45,
   /// DeepSeek-V3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   /// ```json {...} ```<｜tool▁call▁end｜>... after optional content; V3.1's
   /// <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> too.
@@ -41,15 +47,15 @@ enum class ToolCallFormat {
   kGptOss,
 };
 
-/// "generic", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v3",
-/// "gpt_oss".
+/// "generic", "hermes", "llama3_json", "mistral", "granite", "pythonic", "qwen3_coder",
+/// "glm45", "deepseek_v3", "gpt_oss" (vLLM's --tool-call-parser names).
 const char* ToolCallFormatName(ToolCallFormat format);
 
 /// The format `template_source` (a Jinja chat template) speaks: Qwen3-Coder when it writes
-/// <function=, DeepSeek-V3 for <｜tool▁calls▁begin｜>, Hermes for <tool_call>, Mistral for
-/// [TOOL_CALLS], pythonic for the [func_name1(...)] example Llama's pythonic templates
-/// give, Llama 3 JSON for <|python_tag|> or an ipython role; anything else (including
-/// templates that never mention tools) is kGeneric.
+/// <function=, GLM-4.5 when it writes <arg_key>, DeepSeek-V3 for <｜tool▁calls▁begin｜>, Hermes for
+/// <tool_call>, Mistral for [TOOL_CALLS], pythonic for the [func_name1(...)] example Llama's
+/// pythonic templates give, Llama 3 JSON for <|python_tag|> or an ipython role; anything else
+/// (including templates that never mention tools) is kGeneric.
 ToolCallFormat ToolCallFormatOf(std::string_view template_source);
 
 /// True when the template renders `tools` itself (it mentions them); otherwise Loom adds
@@ -74,7 +80,10 @@ struct ParsedReply {
 
 /// Parses the complete reply `text` in `format`. Text that is not a well-formed call of
 /// the format (malformed JSON, no name) is content: no calls, content_end = size.
-ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text);
+/// `string_parameters`: the tools' string parameters, for the formats whose values are bare
+/// text (Qwen3-Coder, GLM-4.5; see xml_tool_calls.h).
+ParsedReply ParseToolCalls(ToolCallFormat format, std::string_view text,
+                           const StringParameters& string_parameters = {});
 
 /// The marker before the JSON list of calls of the list formats: Mistral's [TOOL_CALLS],
 /// Granite's <|tool_call|> (kMistral, kGranite; "" for the others).
@@ -84,10 +93,6 @@ std::string_view CallListMarker(ToolCallFormat format);
 /// (they cannot become part of a tool call, whatever follows). The rest is held back
 /// until more text or the end decides. Monotonic in `text`'s growth.
 size_t StreamableContent(ToolCallFormat format, std::string_view text);
-
-/// Qwen3-Coder: a <parameter=...> value's text as the JSON ParseToolCalls puts in the
-/// arguments (what reads as JSON is that value, anything else a string), compact.
-std::string XmlParameterJson(std::string_view raw);
 
 /// A fresh call id: "call_" and 24 random letters and digits. Thread-safe.
 std::string NewToolCallId();

@@ -5,6 +5,7 @@
 
 #include "api/harmony_reply.h"
 #include "api/tool_call_text.h"
+#include "api/xml_tool_calls.h"
 #include "common/unicode.h"
 #include "nlohmann/json.hpp"
 
@@ -16,11 +17,7 @@ using Json = nlohmann::ordered_json;
 using markers::kDsCallBegin;
 using markers::kDsCallEnd;
 using markers::kDsSep;
-using markers::kFunctionClose;
-using markers::kFunctionOpen;
 using markers::kHermesOpen;
-using markers::kParameterClose;
-using markers::kParameterOpen;
 using markers::kPythonTag;
 
 // How far a scan got: the value is whole, the text ends inside it, or it is not JSON.
@@ -384,42 +381,14 @@ std::vector<PartialToolCall> Llama3(std::string_view text) {
   return out;
 }
 
-// Qwen3-Coder: a call once <function=NAME> is whole; its arguments grow by each closed
-// <parameter=KEY>VALUE</parameter> (the value converted as the whole parse converts it).
-std::vector<PartialToolCall> Qwen3Coder(std::string_view text) {
+// Qwen3-Coder and GLM-4.5: a call once its name is whole; its arguments grow by each
+// closed parameter (the value converted as the whole parse converts it).
+std::vector<PartialToolCall> XmlPartialCalls(const XmlCallSyntax& syntax, std::string_view text,
+                                             const StringParameters& string_parameters) {
   std::vector<PartialToolCall> out;
-  for (size_t at = text.find(kFunctionOpen); at != std::string_view::npos;) {
-    const size_t name_end = text.find('>', at);
-    if (name_end == std::string_view::npos) break;
-    PartialToolCall call;
-    call.name = std::string(
-        TrimBlanks(text.substr(at + kFunctionOpen.size(), name_end - at - kFunctionOpen.size())));
-    if (call.name.empty()) break;
-    const size_t close = text.find(kFunctionClose, name_end);
-    const std::string_view body =
-        text.substr(name_end + 1, close == std::string_view::npos ? std::string_view::npos
-                                                                  : close - name_end - 1);
-    call.arguments = "{";
-    for (size_t p = body.find(kParameterOpen); p != std::string_view::npos;
-         p = body.find(kParameterOpen, p + 1)) {
-      const size_t key_end = body.find('>', p);
-      if (key_end == std::string_view::npos) break;
-      size_t value_end = body.find(kParameterClose, key_end);
-      if (value_end == std::string_view::npos) {
-        if (close == std::string_view::npos) break;  // the value may still grow
-        value_end = body.size();
-      }
-      const std::string key(
-          TrimBlanks(body.substr(p + kParameterOpen.size(), key_end - p - kParameterOpen.size())));
-      if (call.arguments.size() > 1) call.arguments += ',';
-      call.arguments += Json(key).dump(-1, ' ', false, Json::error_handler_t::replace) + ":" +
-                        XmlParameterJson(body.substr(key_end + 1, value_end - key_end - 1));
-    }
-    call.complete = close != std::string_view::npos;
-    if (call.complete) call.arguments += '}';
-    out.push_back(std::move(call));
-    if (!out.back().complete) break;
-    at = text.find(kFunctionOpen, close);
+  for (const XmlCall& call : ScanXmlCalls(syntax, text).calls) {
+    out.push_back(
+        {call.name, XmlArgumentsJson(call, string_parameters, /*text_ended=*/false), call.closed});
   }
   return out;
 }
@@ -468,7 +437,8 @@ std::string CompactJsonPrefix(std::string_view text) {
   return out;
 }
 
-std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text) {
+std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text,
+                                              const StringParameters& string_parameters) {
   switch (format) {
     case ToolCallFormat::kGeneric:
       return Generic(text);
@@ -482,7 +452,9 @@ std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string
     case ToolCallFormat::kGptOss:
       return HarmonyPartialCalls(text);
     case ToolCallFormat::kQwen3Coder:
-      return Qwen3Coder(text);
+      return XmlPartialCalls(kQwen3CoderSyntax, text, string_parameters);
+    case ToolCallFormat::kGlm45:
+      return XmlPartialCalls(kGlm45Syntax, text, string_parameters);
     case ToolCallFormat::kDeepSeekV3:
       return DeepSeekV3(text);
     case ToolCallFormat::kPythonic:

@@ -19,10 +19,12 @@ struct PartialToolCall {
 /// arguments come in the compact form ParseToolCalls gives them (whitespace outside strings
 /// dropped, each string and number written as nlohmann's dump writes it: only what is final so
 /// far), so the arguments of a call only grow as the reply does and end equal to the parsed call's.
-/// Arguments sent as a JSON string are reported when the string is complete. Qwen3-Coder's
-/// arguments grow by whole parameters, DeepSeek-V3's like JSON ones. Empty for pythonic replies
-/// (their calls arrive whole when the reply ends) and for a reply that is not (yet) a call.
-std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text);
+/// Arguments sent as a JSON string are reported when the string is complete. Qwen3-Coder's and
+/// GLM-4.5's arguments grow by whole parameters (`string_parameters` as for ParseToolCalls),
+/// DeepSeek-V3's like JSON ones. Empty for pythonic replies (their calls arrive whole when the
+/// reply ends) and for a reply that is not (yet) a call.
+std::vector<PartialToolCall> PartialToolCalls(ToolCallFormat format, std::string_view text,
+                                              const StringParameters& string_parameters = {});
 
 /// The compact form (as ParseToolCalls writes object arguments) of the JSON object `text`
 /// starts with (after blanks), as far as it is final; empty when it does not start one.

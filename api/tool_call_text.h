@@ -16,6 +16,10 @@ inline constexpr std::string_view kFunctionOpen = "<function=";  // Qwen3-Coder
 inline constexpr std::string_view kFunctionClose = "</function>";
 inline constexpr std::string_view kParameterOpen = "<parameter=";
 inline constexpr std::string_view kParameterClose = "</parameter>";
+inline constexpr std::string_view kArgKeyOpen = "<arg_key>";  // GLM-4.5
+inline constexpr std::string_view kArgKeyClose = "</arg_key>";
+inline constexpr std::string_view kArgValueOpen = "<arg_value>";
+inline constexpr std::string_view kArgValueClose = "</arg_value>";
 inline constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";  // DeepSeek-V3
 inline constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 inline constexpr std::string_view kDsSep = "<｜tool▁sep｜>";

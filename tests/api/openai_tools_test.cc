@@ -79,6 +79,69 @@ TEST(OpenAiToolsTest, RoundTripRendersThroughAToolTemplate) {
       << *text;
 }
 
+// The parts of GLM-4.5's chat template that write the tools, a call and a tool's answer.
+constexpr char kGlm45Template[] = R"({%- if tools -%}<|system|>
+# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}</tools>
+Call a function as:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+</tool_call>{%- endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}<|user|>
+{{ m.content }}
+{%- elif m.role == 'assistant' -%}<|assistant|>
+{%- if m.tool_calls %}{% for tc in m.tool_calls %}{%- if tc.function %}{%- set tc = tc.function %}{%- endif %}
+{{ '\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments %}{% for k, v in _args.items() %}<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}</tool_call>{% endfor %}{% endif %}
+{%- elif m.role == 'tool' -%}<|observation|>
+<tool_response>
+{{ m.content }}
+</tool_response>
+{%- endif -%}{%- endfor -%}<|assistant|>)";
+
+// A call rendered by GLM-4.5's template parses back to the same call: a string parameter
+// whose text reads as a number (a zip code) stays a string because the tool says so.
+TEST(OpenAiToolsTest, Glm45CallsRenderAndParseBack) {
+  EXPECT_EQ(ToolCallFormatOf(kGlm45Template), ToolCallFormat::kGlm45);
+  auto chat_template = common::ChatTemplate::Parse(kGlm45Template);
+  ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  Json body = Body(nullptr);
+  body["tools"][0]["function"]["parameters"]["properties"]["zip"] = {
+      {"type", Json::array({"string", "null"})}};
+  body["tools"][0]["function"]["parameters"]["properties"]["days"] = {{"type", "integer"}};
+  absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(body, kGlm45Template);
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  EXPECT_TRUE(tools->template_renders_tools);
+  EXPECT_TRUE(tools->string_parameters.at("get_weather").contains("zip"));
+  EXPECT_FALSE(tools->string_parameters.at("get_weather").contains("days"));
+  const std::string arguments = R"({"city":"Saint-Étienne","zip":"42000","days":3,"o":{"a":[1]}})";
+  Json conversation = kRoundTrip;
+  conversation[1]["tool_calls"][0]["function"]["arguments"] = arguments;
+  absl::StatusOr<Json> messages = TemplateMessages(conversation, *tools);
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  Json context{{"messages", *messages}, {"tools", tools->tools}, {"add_generation_prompt", true}};
+  absl::StatusOr<std::string> text = (*chat_template)->RenderJson(context);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const size_t call = text->find(
+      "<|assistant|>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+      "<arg_value>Saint-Étienne</arg_value>");
+  ASSERT_NE(call, std::string::npos) << *text;
+  EXPECT_NE(text->find("<tool_response>\n18 C, sunny\n</tool_response>"), std::string::npos)
+      << *text;
+  const std::string reply = text->substr(call + 13, text->find("<|observation|>") - call - 13);
+  const ParsedReply parsed =
+      ParseToolCalls(ToolCallFormat::kGlm45, reply, tools->string_parameters);
+  ASSERT_EQ(parsed.calls.size(), 1u) << reply;
+  EXPECT_EQ(parsed.calls[0].name, "get_weather");
+  EXPECT_EQ(parsed.calls[0].arguments, arguments);
+}
+
 TEST(OpenAiToolsTest, GenericFallbackAddsTheSystemPromptAndRewritesToolTurns) {
   const std::string source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
   absl::StatusOr<ToolsRequest> tools = ParseToolsRequest(Body(nullptr), source);
@@ -148,8 +211,8 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
     EXPECT_FALSE(common::testing::Accepts(*ToolCallConstraint(*automatic), c.invalid))
         << ToolCallFormatName(c.format);
   }
-  for (ToolCallFormat free :
-       {ToolCallFormat::kPythonic, ToolCallFormat::kQwen3Coder, ToolCallFormat::kDeepSeekV3}) {
+  for (ToolCallFormat free : {ToolCallFormat::kPythonic, ToolCallFormat::kQwen3Coder,
+                              ToolCallFormat::kGlm45, ToolCallFormat::kDeepSeekV3}) {
     absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
     automatic->format = free;
     EXPECT_FALSE(ToolCallConstraint(*automatic).has_value()) << ToolCallFormatName(free);

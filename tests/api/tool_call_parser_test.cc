@@ -124,6 +124,44 @@ TEST(ToolCallParserTest, Qwen3CoderXmlCalls) {
   EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kQwen3Coder, "<tool_call> nope").calls.empty());
 }
 
+// GLM-4.5's tags (its chat template's layout), values typed by the tools' schemas.
+TEST(ToolCallParserTest, Glm45Calls) {
+  const std::string text =
+      "I'll look it up.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+      "</arg_value>\n<arg_key>zip</arg_key>\n<arg_value>75001</arg_value>\n<arg_key>days</arg_key>"
+      "\n<arg_value>3</arg_value>\n<arg_key>units</arg_key>\n<arg_value>{\"temp\": \"C\"}"
+      "</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>";
+  // Without the tools' schemas a value is what it reads as.
+  ParsedReply reply = ParseToolCalls(ToolCallFormat::kGlm45, text);
+  ASSERT_EQ(reply.calls.size(), 2u);
+  EXPECT_EQ(reply.calls[0].name, "get_weather");
+  EXPECT_EQ(reply.calls[0].arguments,
+            R"({"city":"Paris","zip":75001,"days":3,"units":{"temp":"C"}})");
+  EXPECT_EQ(reply.calls[1].name, "get_time");
+  EXPECT_EQ(reply.calls[1].arguments, "{}");
+  EXPECT_EQ(text.substr(0, reply.content_end), "I'll look it up.\n");
+  // A parameter declared a string stays one.
+  reply = ParseToolCalls(ToolCallFormat::kGlm45, text, {{"get_weather", {"city", "zip"}}});
+  EXPECT_EQ(reply.calls[0].arguments,
+            R"({"city":"Paris","zip":"75001","days":3,"units":{"temp":"C"}})");
+  // GLM-4.7 writes no newlines.
+  reply = ParseToolCalls(ToolCallFormat::kGlm45,
+                         "<tool_call>f<arg_key>q</arg_key><arg_value>true</arg_value></tool_call>");
+  ASSERT_EQ(reply.calls.size(), 1u);
+  EXPECT_EQ(reply.calls[0].name, "f");
+  EXPECT_EQ(reply.calls[0].arguments, R"({"q":true})");
+  // Cut inside a value: what was written is the call. Cut inside the name, or a key
+  // without its value tag: content.
+  reply = ParseToolCalls(ToolCallFormat::kGlm45, "<tool_call>f\n<arg_key>q</arg_key><arg_value>hi");
+  ASSERT_EQ(reply.calls.size(), 1u);
+  EXPECT_EQ(reply.calls[0].arguments, R"({"q":"hi"})");
+  EXPECT_TRUE(ParseToolCalls(ToolCallFormat::kGlm45, "<tool_call>get_wea").calls.empty());
+  EXPECT_TRUE(
+      ParseToolCalls(ToolCallFormat::kGlm45, "<tool_call>f\n<arg_key>q</arg_key>x</tool_call>")
+          .calls.empty());
+  EXPECT_EQ(StreamableContent(ToolCallFormat::kGlm45, "ok <tool_"), 3u);
+}
+
 TEST(ToolCallParserTest, DeepSeekV3AndV31Calls) {
   const std::string v3 =
       "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
@@ -197,6 +235,9 @@ TEST(ToolCallParserTest, FormatFromTheTemplate) {
   EXPECT_EQ(ToolCallFormatOf("{{- '<|python_tag|>' }}"), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(ToolCallFormatOf("{{ '<tool_call>\\n<function=' + name + '>' }}{{ '<parameter=' }}"),
             ToolCallFormat::kQwen3Coder);
+  EXPECT_EQ(ToolCallFormatOf("{{ '\\n<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>"),
+            ToolCallFormat::kGlm45);
+  EXPECT_STREQ(ToolCallFormatName(ToolCallFormat::kGlm45), "glm45");
   EXPECT_EQ(ToolCallFormatOf("{{'<｜tool▁calls▁begin｜>'}}"), ToolCallFormat::kDeepSeekV3);
   EXPECT_EQ(ToolCallFormatOf("respond in the format [func_name1(params_name1=params_value1)]"),
             ToolCallFormat::kPythonic);

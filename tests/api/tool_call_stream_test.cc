@@ -12,6 +12,7 @@ namespace {
 struct Reply {
   ToolCallFormat format;
   std::string text;
+  StringParameters string_parameters = {};
 };
 
 // Replies in each JSON format, with what makes compacting hard: spaces, escapes (\/, \u
@@ -41,6 +42,17 @@ std::vector<Reply> Replies() {
        "<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"a\": [1, "
        "2]}\n</parameter>\n</function>\n"
        "</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>"},
+      // GLM-4.5 (its template's layout; "94110" a zip code the tool declares a string), and
+      // GLM-4.7's (no newlines) with spaces where a model put them.
+      {ToolCallFormat::kGlm45,
+       "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>San "
+       "Francisco</arg_value>\n<arg_key>zip</arg_key>\n<arg_value>94110</arg_value>\n"
+       "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n"
+       "</tool_call>",
+       {{"get_weather", {"city", "zip"}}}},
+      {ToolCallFormat::kGlm45,
+       "<tool_call>ls <arg_key>path</arg_key> <arg_value>src</arg_value><arg_key>opts</arg_key>"
+       "<arg_value>{\"all\": true}</arg_value> </tool_call><tool_call>pwd</tool_call>"},
       {ToolCallFormat::kDeepSeekV3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
        "{\"city\": \"Paris\", \"n\": 2.50}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
@@ -55,13 +67,16 @@ std::vector<Reply> Replies() {
 // whole reply gives exactly the parsed calls.
 TEST(ToolCallStreamTest, ArgumentsOnlyGrowAndEndAsTheParsedCalls) {
   for (const Reply& reply : Replies()) {
-    const ParsedReply parsed = ParseToolCalls(reply.format, reply.text);
+    const ParsedReply parsed = ParseToolCalls(reply.format, reply.text, reply.string_parameters);
     ASSERT_FALSE(parsed.calls.empty()) << reply.text;
     std::vector<size_t> seen(parsed.calls.size(), 0);
+    size_t reported = 0;
     for (size_t cut = 0; cut <= reply.text.size(); ++cut) {
-      const std::vector<PartialToolCall> calls =
-          PartialToolCalls(reply.format, std::string_view(reply.text).substr(0, cut));
+      const std::vector<PartialToolCall> calls = PartialToolCalls(
+          reply.format, std::string_view(reply.text).substr(0, cut), reply.string_parameters);
       ASSERT_LE(calls.size(), parsed.calls.size()) << cut;
+      ASSERT_GE(calls.size(), reported) << "cut " << cut << ": a call seen before disappeared";
+      reported = calls.size();
       for (size_t i = 0; i < calls.size(); ++i) {
         ASSERT_EQ(calls[i].name, parsed.calls[i].name) << cut;
         const std::string& whole = parsed.calls[i].arguments;
@@ -75,7 +90,8 @@ TEST(ToolCallStreamTest, ArgumentsOnlyGrowAndEndAsTheParsedCalls) {
         }
       }
     }
-    const std::vector<PartialToolCall> final_calls = PartialToolCalls(reply.format, reply.text);
+    const std::vector<PartialToolCall> final_calls =
+        PartialToolCalls(reply.format, reply.text, reply.string_parameters);
     ASSERT_EQ(final_calls.size(), parsed.calls.size()) << reply.text;
     for (size_t i = 0; i < final_calls.size(); ++i) {
       EXPECT_TRUE(final_calls[i].complete) << reply.text;
@@ -117,6 +133,20 @@ TEST(ToolCallStreamTest, TextAndOtherFormatsHaveNoPartialCalls) {
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kHermes, "No call here <tool_").empty());
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kPythonic, "[f(a=1)]").empty());
   EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f").empty());
+  EXPECT_TRUE(PartialToolCalls(ToolCallFormat::kGlm45, "<tool_call>get_wea").empty());
+}
+
+// GLM-4.5: a call once its name's line ends; each argument once its value closes.
+TEST(ToolCallStreamTest, Glm45ArgumentsGrowByWholeValues) {
+  const std::string head = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par";
+  std::vector<PartialToolCall> calls = PartialToolCalls(ToolCallFormat::kGlm45, head);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].name, "get_weather");
+  EXPECT_EQ(calls[0].arguments, "{");
+  EXPECT_FALSE(calls[0].complete);
+  calls = PartialToolCalls(ToolCallFormat::kGlm45, head + "is</arg_value>\n<arg_key>da");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].arguments, R"({"city":"Paris")");
 }
 
 }  // namespace

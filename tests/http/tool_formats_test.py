@@ -1,6 +1,7 @@
 """Tool-call formats beyond Hermes, Llama 3 JSON and Mistral, end to end with the official
 `openai` client: `loom serve --chat-template` with a template in Qwen3-Coder's XML style,
-one in Llama's pythonic style and one in gpt-oss's harmony channels, on the default model.
+one in GLM-4.5's, one in Llama's pythonic style and one in gpt-oss's harmony channels, on the
+default model.
 
 The format is chosen from the template, as for a model that ships it. The default model
 does not call tools, so a regex constraint makes it write a call in the template's format;
@@ -25,6 +26,14 @@ FORMATS = {
         "</tool_call><|im_end|>\n{% endif %}" + CHATML,
         "<tool_call>\n<function=get_weather>\n<parameter=city>\n[A-Z][a-z]{2,8}\n</parameter>\n"
         "<parameter=days>\n[1-9]\n</parameter>\n</function>\n</tool_call>"),
+    # GLM-4.5: the city written as a postal code must stay a string (the tool declares it
+    # one) though its text reads as a number.
+    "glm45": (
+        "{%- if tools %}<|im_start|>system\nYou may call these tools: {{ tools | tojson }}\n"
+        "Call one as <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n"
+        "</tool_call><|im_end|>\n{% endif %}" + CHATML,
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>7500[1-9]</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>[1-9]</arg_value>\n</tool_call>"),
     "pythonic": (
         "{%- if tools %}<|im_start|>system\nYou may call these tools: {{ tools | tojson }}\n"
         "Reply with [func_name1(params_name1=params_value1), func_name2(params)]<|im_end|>\n{% endif %}" + CHATML,
