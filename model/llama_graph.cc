@@ -49,7 +49,10 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::Begin(const ModelWeights
 
 absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const LayerWeights& host) {
   Layer layer;
-  LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(host.attn_norm));
+  if (!host.attn_norm.empty()) {
+    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(host.attn_norm));
+    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
+  }
   LOOM_ASSIGN_OR_RETURN(layer.qkv, d.UploadLinear(host.qkv, &host.qkv_bias));
   if (!host.q_norm.empty()) {
     LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(host.q_norm));
@@ -60,7 +63,6 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
   if (!host.attn_sinks.empty()) {
     LOOM_ASSIGN_OR_RETURN(layer.sinks, d.UploadF32(host.attn_sinks));
   }
-  LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
   if (!host.post_attention_norm.empty()) {
     LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(host.post_attention_norm));
     LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(host.post_ffw_norm));
@@ -177,7 +179,10 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
   }
   for (int64_t l = 0; l < config.num_layers; ++l) {
     Layer layer;
-    LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(hidden_ones));
+    if (config.pre_norms) {
+      LOOM_ASSIGN_OR_RETURN(layer.attn_norm, d.UploadF32(hidden_ones));
+      LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(hidden_ones));
+    }
     // Biases are small: drawn on the host (splitmix64 of their own seed and the index).
     std::vector<float> bias;
     if (config.attention_bias) {
@@ -195,11 +200,14 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
     LOOM_ASSIGN_OR_RETURN(
         layer.qkv, d.RandomLinear(q_dim + 2 * kv_dim, hidden, next_seed(), scale(hidden), &bias));
     if (config.qk_norm) {
-      LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(head_ones));
-      LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(head_ones));
+      LOOM_ASSIGN_OR_RETURN(
+          layer.q_norm,
+          d.UploadF32(config.qk_norm_full ? std::vector<float>(q_dim, 1.0f) : head_ones));
+      LOOM_ASSIGN_OR_RETURN(
+          layer.k_norm,
+          d.UploadF32(config.qk_norm_full ? std::vector<float>(kv_dim, 1.0f) : head_ones));
     }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, matrix(hidden, q_dim));
-    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(hidden_ones));
     if (config.post_norms) {
       LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm, d.UploadF32(hidden_ones));
       LOOM_ASSIGN_OR_RETURN(layer.post_ffw_norm, d.UploadF32(hidden_ones));
@@ -334,7 +342,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
                     .selection_bias = {},
                     .scale = c.expert_weights_scale,
                     .swiglu_limit = c.swiglu_limit};
-  const Tensor residual = residual_.view, normed = normed_.view, proj = proj_.view;
+  const Tensor residual = residual_.view, proj = proj_.view;
   const Tensor q = q_.view, k = k_.view, v = v_.view;
 
   // Tensor parallel: a rank embeds the ids of its vocabulary slice (zeros elsewhere), and
@@ -373,19 +381,18 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     // The model's layer number (windows, observers); the stage's pool holds its own layers.
     const int64_t l = shard_.layer0 + static_cast<int64_t>(i);
     const int64_t kv_layer = static_cast<int64_t>(i);
-    const Tensor attn_norm = Vector(*layer.attn_norm, H);
-    if (l == 0) {
-      LOOM_RETURN_IF_ERROR(d.RmsNorm(residual, attn_norm, eps, normed));
-    } else {
-      // The previous layer's MLP output joins the residual stream here.
-      LOOM_RETURN_IF_ERROR(d.AddRmsNorm(residual, proj, attn_norm, eps, normed));
-    }
-    LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
+    // The previous layer's MLP output joins the residual stream here.
+    LOOM_ASSIGN_OR_RETURN(const Tensor attn_in, JoinResidual(layer.attn_norm.get(), l == 0));
+    LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
     const Tensor parts[] = {Tensor::Of(q.data, DType::kF32, q.device, {T, q_dim}),
                             Tensor::Of(k.data, DType::kF32, k.device, {T, kv_dim}),
                             Tensor::Of(v.data, DType::kF32, v.device, {T, kv_dim})};
     LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
-    if (layer.q_norm != nullptr) {
+    if (layer.q_norm != nullptr && c.qk_norm_full) {
+      // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
+      LOOM_RETURN_IF_ERROR(d.RmsNorm(parts[0], Vector(*layer.q_norm, q_dim), eps, parts[0]));
+      LOOM_RETURN_IF_ERROR(d.RmsNorm(parts[1], Vector(*layer.k_norm, kv_dim), eps, parts[1]));
+    } else if (layer.q_norm != nullptr) {
       // Qwen3's QK-norm: each head of q and k is RMS-normalized before RoPE.
       const Tensor q_heads = Tensor::Of(q.data, DType::kF32, q.device, {T * heads, hd});
       const Tensor k_heads = Tensor::Of(k.data, DType::kF32, k.device, {T * kv_heads, hd});
@@ -409,20 +416,20 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     // Granite scales each sub-layer's output before it joins the residual stream.
     if (c.residual_scale != 1.0f) LOOM_RETURN_IF_ERROR(d.Scale(proj, c.residual_scale));
     if (on_half_layer_) on_half_layer_();
-    LOOM_RETURN_IF_ERROR(d.AddRmsNorm(residual, proj, Vector(*layer.ffn_norm, H), eps, normed));
+    LOOM_ASSIGN_OR_RETURN(const Tensor ffn_in, JoinResidual(layer.ffn_norm.get(), false));
     if (layer.router != nullptr) {
       // Mixture of experts: every rank routes alike (the router is whole on each).
-      LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.router, router_logits_.view));
+      LOOM_RETURN_IF_ERROR(d.Linear(ffn_in, *layer.router, router_logits_.view));
       MoeSpec routing = moe;
       routing.selection_bias = layer.selection_bias;
-      LOOM_RETURN_IF_ERROR(d.MoeFeedForward(normed, router_logits_.view, layer.expert_gate_up,
+      LOOM_RETURN_IF_ERROR(d.MoeFeedForward(ffn_in, router_logits_.view, layer.expert_gate_up,
                                             layer.expert_down, routing, proj));
-      if (layer.gate_up != nullptr) LOOM_RETURN_IF_ERROR(AddSharedExpert(layer, normed, proj));
+      if (layer.gate_up != nullptr) LOOM_RETURN_IF_ERROR(AddSharedExpert(layer, ffn_in, proj));
     } else {
       // A dense layer (a mixture of experts' leading ones are dense_ffn wide).
       const int64_t width = c.num_experts > 0 ? shard_.dense_ffn : ffn;
       const Tensor gate_up = Prefix(gate_up_, T, 2 * width), act = Prefix(act_, T, width);
-      LOOM_RETURN_IF_ERROR(d.Linear(normed, *layer.gate_up, gate_up, {l, LinearInput::kGateUp}));
+      LOOM_RETURN_IF_ERROR(d.Linear(ffn_in, *layer.gate_up, gate_up, {l, LinearInput::kGateUp}));
       LOOM_RETURN_IF_ERROR(c.gelu ? d.GeluMul(gate_up, act) : d.SiluMul(gate_up, act));
       LOOM_RETURN_IF_ERROR(d.Linear(act, *layer.down, proj, {l, LinearInput::kDown}));
     }
@@ -437,6 +444,23 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   if (!shard_.last_stage()) return send_(residual, proj);
   if (R == 0) return absl::OkStatus();
   return Head(step, logits, hidden);
+}
+
+absl::StatusOr<Tensor> LlamaGraph::JoinResidual(const Buffer* norm, bool first) {
+  Device& d = *device_;
+  const Tensor residual = residual_.view, proj = proj_.view, normed = normed_.view;
+  if (norm == nullptr) {
+    if (!first) LOOM_RETURN_IF_ERROR(d.AddSigmoidGated(proj, Tensor{}, residual));
+    return residual;
+  }
+  const Tensor weight = Vector(*norm, config_.hidden_size);
+  const auto eps = static_cast<float>(config_.rms_norm_eps);
+  if (first) {
+    LOOM_RETURN_IF_ERROR(d.RmsNorm(residual, weight, eps, normed));
+  } else {
+    LOOM_RETURN_IF_ERROR(d.AddRmsNorm(residual, proj, weight, eps, normed));
+  }
+  return normed;
 }
 
 absl::Status LlamaGraph::AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj) {

@@ -106,7 +106,8 @@ class LlamaGraph {
 
  private:
   struct Layer {
-    std::unique_ptr<Buffer> attn_norm, q_norm, k_norm, ffn_norm;  // q/k_norm: qwen3 only
+    // attn/ffn_norm: null without pre-norms (OLMo 2); q/k_norm: with a QK-norm only.
+    std::unique_ptr<Buffer> attn_norm, q_norm, k_norm, ffn_norm;
     std::unique_ptr<Buffer> post_attention_norm, post_ffw_norm;   // Gemma only
     std::unique_ptr<Buffer> sinks;  // gpt-oss's attention sinks [local heads], or null
     // gate_up/down: the dense FFN, or a mixture of experts' shared expert (or null).
@@ -150,6 +151,10 @@ class LlamaGraph {
   // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
+  // The previous sub-layer's output (proj_) joins the residual stream unless `first`; the
+  // next sub-layer's input is then the stream RMS-normalized by `norm` (in normed_), or
+  // the stream itself where `norm` is null (OLMo 2 has no pre-norms).
+  absl::StatusOr<Tensor> JoinResidual(const Buffer* norm, bool first);
   // This rank's channels of the widest dense FFN the layers run: a mixture of experts'
   // shared expert or its leading dense layers (the routed experts' own activations are
   // MoeFeedForward's), else every layer's.

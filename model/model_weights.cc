@@ -399,8 +399,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
   for (int64_t l = plan.layer0; l < plan.layer0 + plan.num_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerWeights layer;
-    LOOM_ASSIGN_OR_RETURN(layer.attn_norm,
-                          loader.Norm(p + "attn_norm.weight", hidden, norm_offset));
+    if (config.pre_norms) {
+      LOOM_ASSIGN_OR_RETURN(layer.attn_norm,
+                            loader.Norm(p + "attn_norm.weight", hidden, norm_offset));
+    }
     if (loader.HasMatrix(p + "attn_qkv.weight")) {
       // Phi-3: one [q + 2 kv, hidden] tensor; this rank's rows of each part.
       const std::string qkv = p + "attn_qkv.weight";
@@ -429,8 +431,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
       }
     }
     if (config.qk_norm) {
-      LOOM_ASSIGN_OR_RETURN(layer.q_norm, loader.Norm(p + "attn_q_norm.weight", hd, norm_offset));
-      LOOM_ASSIGN_OR_RETURN(layer.k_norm, loader.Norm(p + "attn_k_norm.weight", hd, norm_offset));
+      // Per head, or (OLMo) over all heads at once: whole, tensor parallelism being refused.
+      const int64_t q_norm = config.qk_norm_full ? q_rows : hd;
+      const int64_t k_norm = config.qk_norm_full ? kv_rows : hd;
+      LOOM_ASSIGN_OR_RETURN(layer.q_norm,
+                            loader.Norm(p + "attn_q_norm.weight", q_norm, norm_offset));
+      LOOM_ASSIGN_OR_RETURN(layer.k_norm,
+                            loader.Norm(p + "attn_k_norm.weight", k_norm, norm_offset));
     }
     LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.MatrixColumns(p + "attn_output.weight", hidden,
                                                                   q_rows, q_range));
@@ -443,9 +450,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
       layer.attn_sinks.assign(sinks.begin() + plan.head0,
                               sinks.begin() + plan.head0 + plan.num_heads);
     }
-    const std::string ffn_norm(common::FindArchitecture(config.architecture)->gguf_ffn_norm);
-    LOOM_ASSIGN_OR_RETURN(layer.ffn_norm,
-                          loader.Norm(p + ffn_norm + ".weight", hidden, norm_offset));
+    if (config.pre_norms) {
+      const std::string ffn_norm(common::FindArchitecture(config.architecture)->gguf_ffn_norm);
+      LOOM_ASSIGN_OR_RETURN(layer.ffn_norm,
+                            loader.Norm(p + ffn_norm + ".weight", hidden, norm_offset));
+    }
     if (config.post_norms) {
       LOOM_ASSIGN_OR_RETURN(layer.post_attention_norm,
                             loader.Norm(p + "post_attention_norm.weight", hidden, norm_offset));

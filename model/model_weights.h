@@ -17,18 +17,20 @@ namespace loom::model {
 /// One transformer block's weights in backend formats. Q/K/V and gate/up are fused
 /// into one matrix each (one matmul instead of three or two).
 struct LayerWeights {
-  std::vector<float> attn_norm;       // [hidden]
+  std::vector<float> attn_norm;       // [hidden], or empty: no pre-norms (OLMo 2)
   kernels::cpu::PackedWeight qkv;     // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
   std::vector<float> qkv_bias;        // same rows as qkv, or empty (no bias)
-  std::vector<float> q_norm;          // [head_dim] per-head RMSNorm of q (qwen3), or empty
-  std::vector<float> k_norm;          // [head_dim] per-head RMSNorm of k, empty iff q_norm is
+  // RMSNorm of q and k: [head_dim] per head (Qwen3), or [num_heads * head_dim] and
+  // [num_kv_heads * head_dim] over all heads (OLMo 2, ModelConfig::qk_norm_full); or empty.
+  std::vector<float> q_norm;
+  std::vector<float> k_norm;               // empty iff q_norm is
   kernels::cpu::PackedWeight attn_output;  // [hidden, num_heads * head_dim]
   // gpt-oss: the attention output's bias [hidden], held by tensor-parallel rank 0 only (the
   // partial products are summed across ranks; the bias joins once), else empty; and the
   // attention sink of each of this rank's query heads [local heads], or empty.
   std::vector<float> attn_output_bias;
   std::vector<float> attn_sinks;
-  std::vector<float> ffn_norm;        // [hidden]
+  std::vector<float> ffn_norm;  // [hidden], or empty as attn_norm
   // Gemma: RMSNorm of the attention output and of the FFN output ([hidden] each), or empty.
   std::vector<float> post_attention_norm;
   std::vector<float> post_ffw_norm;

@@ -16,6 +16,15 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   ShardPlan plan;
   plan.rank = rank;
   plan.size = size;
+  if (config.qk_norm_full && size > 1) {
+    // Each rank would need the sum of squares over every rank's heads (and a KV head two
+    // ranks hold counted once): not done yet.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor parallelism (size %d) is not supported for %s: its QK-norm normalizes all "
+        "attention heads together; serve it with tensor parallel size 1 (pipeline "
+        "parallelism splits it by layers)",
+        size, config.architecture));
+  }
   if (config.num_heads < size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor parallel size %d is more than the model's %d attention heads", size,

@@ -281,7 +281,10 @@ absl::Status ApplyAwq(const common::GgufFile& in, int64_t l, const std::string& 
   const common::GgufTensorInfo* attn_norm_tensor = in.FindTensor(attn_norm_name);
   const common::GgufTensorInfo* ffn_norm_tensor = in.FindTensor(ffn_norm_name);
   if (attn_norm_tensor == nullptr || ffn_norm_tensor == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has no RMSNorm weights"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", l,
+        " has no RMSNorm before attention and the FFN (OLMo 2 has none): AWQ folds "
+        "its scales into them; quantize this model with round-to-nearest (--method rtn)"));
   }
   LOOM_ASSIGN_OR_RETURN(std::vector<float> attn_norm, in.DequantizeTensor(*attn_norm_tensor));
   LOOM_ASSIGN_OR_RETURN(std::vector<float> ffn_norm, in.DequantizeTensor(*ffn_norm_tensor));

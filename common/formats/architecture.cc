@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 16> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 19> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -54,7 +54,9 @@ constexpr std::array<ArchitectureRules, 16> kArchitectures = {{
      .sliding_window_every_layer = false,
      .gemma = false,
      .default_sliding_period = 0,
-     .local_rope_theta = 0.0},
+     .local_rope_theta = 0.0,
+     .expert_weights_norm = false,
+     .expert_width_per_used = true},
     {.gguf_name = "llama",
      .hf_class_name = "MixtralForCausalLM",
      .gguf_rope_neox = false,
@@ -160,7 +162,42 @@ constexpr std::array<ArchitectureRules, 16> kArchitectures = {{
      .gemma = false,
      .default_sliding_period = 0,
      .local_rope_theta = 0.0,
-     .gguf_ffn_norm = "post_attention_norm"},
+     .gguf_ffn_norm = "post_attention_norm",
+     .expert_sigmoid = true},
+    // OLMo 2 (llama.cpp's olmo2, Hugging Face's Olmo2ForCausalLM): no norm before attention
+    // or the FFN, each sub-layer's output RMS-normalized before it joins the residual stream
+    // (Hugging Face's post_attention_layernorm and post_feedforward_layernorm), and a
+    // QK-norm over all heads at once. With a sliding window (OLMo 3) every 4th layer is global
+    // unless the file says otherwise (llama.cpp's rule).
+    {.gguf_name = "olmo2",
+     .hf_class_name = "Olmo2ForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 4,
+     .local_rope_theta = 0.0,
+     .hf_sandwich_norms = true},
+    // OLMo 3: OLMo 2 with three of every four layers local (`layer_types`); llama.cpp
+    // writes its GGUFs as olmo2 ones with a window.
+    {.gguf_name = "olmo2",
+     .hf_class_name = "Olmo3ForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 4,
+     .local_rope_theta = 0.0,
+     .hf_sandwich_norms = true},
+    // OLMoE (llama.cpp's olmoe, Hugging Face's OlmoeForCausalLM): llama's norms, a QK-norm
+    // over all heads, 64 experts of which 8 route each token, their probabilities not
+    // renormalized.
+    {.gguf_name = "olmoe",
+     .hf_class_name = "OlmoeForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .expert_weights_norm = false},
 }};
 
 }  // namespace

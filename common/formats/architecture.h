@@ -49,6 +49,15 @@ struct ArchitectureRules {
   // > 0: the experts' activation is OpenAI's clamped SwiGLU with this limit (gpt-oss: 7;
   // llama.cpp has no key for it, hard-coding it; config.json says `swiglu_limit`).
   double swiglu_limit = 0.0;
+  // A mixture of experts' defaults where a GGUF file has no key for them (llama.cpp's
+  // rules): the chosen experts' probabilities renormalized to sum to 1
+  // (<arch>.expert_weights_norm; not qwen2moe's or olmoe's), experts scored by the
+  // sigmoid of their logits rather than a softmax (<arch>.expert_gating_func; glm4moe's),
+  // and experts feed_forward_length / expert_used_count wide
+  // (<arch>.expert_feed_forward_length; qwen2moe's).
+  bool expert_weights_norm = true;
+  bool expert_sigmoid = false;
+  bool expert_width_per_used = false;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

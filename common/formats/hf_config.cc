@@ -234,13 +234,16 @@ absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRule
   }
   LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");
+  // OLMo's option to clamp q, k and v (null in the released OLMo 2 and OLMoE checkpoints).
+  if (fields.Has("clip_qkv")) {
+    return absl::UnimplementedError("config.json: clip_qkv is not supported");
+  }
   return absl::OkStatus();
 }
 
 // Gemma's facts as loom.* keys: the query scale, the local layers' RoPE base, RMSNorm
-// weights stored as w for a scale of 1 + w; the layer norms named as Gemma names them.
-absl::Status GemmaToGguf(const Fields& fields, const ArchitectureRules& rules,
-                         GgufMetadataBuilder& metadata, HfConfigInfo& info) {
+// weights stored as w for a scale of 1 + w.
+absl::Status GemmaToGguf(const Fields& fields, GgufMetadataBuilder& metadata) {
   if (fields.Has("query_pre_attn_scalar")) {
     LOOM_ASSIGN_OR_RETURN(double scalar, fields.Number("query_pre_attn_scalar", 0.0));
     metadata.Float("loom.attention.query_pre_attn_scalar", scalar);
@@ -250,7 +253,6 @@ absl::Status GemmaToGguf(const Fields& fields, const ArchitectureRules& rules,
     metadata.Float("loom.rope.local_freq_base", base);
   }
   metadata.Float("loom.norm_weight_offset", 1.0);
-  info.sandwich_norms = rules.hf_sandwich_norms;
   return absl::OkStatus();
 }
 
@@ -617,7 +619,9 @@ absl::StatusOr<HfConfigInfo> HfConfigToGguf(const std::string& config_json,
   LOOM_RETURN_IF_ERROR(RopeLayersToGguf(config, fields, layers, metadata));
   // Gemma's configs leave tie_word_embeddings at its default, true.
   LOOM_ASSIGN_OR_RETURN(info.tie_word_embeddings, fields.Bool("tie_word_embeddings", rules->gemma));
-  if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, *rules, metadata, info));
+  if (rules->gemma) LOOM_RETURN_IF_ERROR(GemmaToGguf(fields, metadata));
+  // The layer norms named as Gemma and OLMo 2 name them.
+  info.sandwich_norms = rules->hf_sandwich_norms;
   LOOM_RETURN_IF_ERROR(ScalarsToGguf(fields, *rules, metadata));
   // HF checkpoints keep q/k rows in the rotate-half order (the GGUF converter permutes
   // llama's to interleaved pairs): RoPE must rotate (i, i + d/2); GLM-4's modeling code

@@ -214,12 +214,10 @@ absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
   LOOM_ASSIGN_OR_RETURN(config.num_experts_used, reader.RequiredInt("expert_used_count"));
   LOOM_RETURN_IF_ERROR(
       CheckRange(reader, "expert_used_count", config.num_experts_used, 1, config.num_experts));
-  // qwen2moe files without the keys follow llama.cpp's rules: experts as wide as
-  // feed_forward_length / expert_used_count, their probabilities not renormalized.
-  if (config.architecture == "qwen2moe") {
-    config.intermediate_size /= config.num_experts_used;
-    config.expert_weights_norm = false;
-  }
+  // Files without the keys follow llama.cpp's rules for their architecture.
+  const ArchitectureRules& rules = *FindArchitecture(config.architecture);
+  if (rules.expert_width_per_used) config.intermediate_size /= config.num_experts_used;
+  config.expert_weights_norm = rules.expert_weights_norm;
   LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_feed_forward_length", config.intermediate_size));
   LOOM_RETURN_IF_ERROR(
       CheckRange(reader, "expert_feed_forward_length", config.intermediate_size, 1, kMaxDimension));
@@ -244,7 +242,8 @@ absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config) {
                                                  reader.Key("expert_gating_func"), "' is ", gating,
                                                  " (supported: 1 softmax, 2 sigmoid)"));
   }
-  config.expert_sigmoid = gating == 2 || (gating == 0 && config.architecture == "glm4moe");
+  config.expert_sigmoid =
+      gating == 2 || (gating == 0 && FindArchitecture(config.architecture)->expert_sigmoid);
   double scale = 1.0;
   LOOM_RETURN_IF_ERROR(reader.OptionalDouble("expert_weights_scale", scale));
   LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "expert_weights_scale", scale));
@@ -692,13 +691,21 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   config.tied_embeddings = gguf.FindTensor("output.weight") == nullptr;
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "output.weight", {hidden, vocab}));
   config.attention_bias = gguf.FindTensor("blk.0.attn_q.bias") != nullptr;
-  config.qk_norm = gguf.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  const GgufTensorInfo* q_norm = gguf.FindTensor("blk.0.attn_q_norm.weight");
+  config.qk_norm = q_norm != nullptr;
+  config.qk_norm_full = q_norm != nullptr && config.num_heads > 1 && !q_norm->shape.empty() &&
+                        q_norm->shape[0] == q_rows;
   // gpt-oss's post_attention_norm is its FFN norm, not a norm of the attention output.
   config.post_norms = gguf.FindTensor("blk.0.post_attention_norm.weight") != nullptr &&
                       FindArchitecture(config.architecture)->gguf_ffn_norm != "post_attention_norm";
+  // No norm before attention but ones after it: OLMo 2's layout (a model without either
+  // fails where its weights load, naming the missing tensor).
+  config.pre_norms = gguf.FindTensor("blk.0.attn_norm.weight") != nullptr || !config.post_norms;
   const auto head_dim = static_cast<uint64_t>(config.head_dim);
-  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q_norm.weight", {head_dim}));
-  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k_norm.weight", {head_dim}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q_norm.weight",
+                                        {config.qk_norm_full ? q_rows : head_dim}));
+  LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k_norm.weight",
+                                        {config.qk_norm_full ? kv_rows : head_dim}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_q.weight", {hidden, q_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_k.weight", {hidden, kv_rows}));
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "blk.0.attn_v.weight", {hidden, kv_rows}));
@@ -728,11 +735,12 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
     LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, bias, {experts}));
   }
   // A file with per-layer tensors must hold exactly block_count layers (the model's and any
-  // multi-token-prediction ones).
-  if (gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
+  // multi-token-prediction ones), counted by the norm each layer has.
+  const char* norm = config.pre_norms ? ".attn_norm.weight" : ".post_attention_norm.weight";
+  if (gguf.FindTensor(absl::StrCat("blk.0", norm)) != nullptr) {
     const int64_t blocks = config.num_layers + config.nextn_layers;
-    const std::string last = absl::StrCat("blk.", blocks - 1, ".attn_norm.weight");
-    const std::string beyond = absl::StrCat("blk.", blocks, ".attn_norm.weight");
+    const std::string last = absl::StrCat("blk.", blocks - 1, norm);
+    const std::string beyond = absl::StrCat("blk.", blocks, norm);
     if (gguf.FindTensor(last) == nullptr || gguf.FindTensor(beyond) != nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("model config: '", reader.Key("block_count"), "' is ", blocks,

@@ -58,6 +58,12 @@ struct ModelConfig {
   // with `loom.rope.neox`.
   bool rope_neox = false;
   bool qk_norm = false;  // blk.0.attn_q_norm.weight present: per-head RMSNorm of q, k (qwen3)
+  // The QK-norm spans every head of q (and of k) at once rather than each head: its
+  // weights are num_heads * head_dim (num_kv_heads * head_dim) long (OLMo 2, OLMoE).
+  bool qk_norm_full = false;
+  // An RMSNorm before attention and before the FFN (blk.0.attn_norm.weight present); OLMo 2
+  // has none, normalizing each sub-layer's output instead (post_norms).
+  bool pre_norms = true;
   // Sliding-window attention: a local layer's query attends to its last `sliding_window`
   // positions (<arch>.attention.sliding_window; 0: none). Which layers are local:
   // <arch>.attention.sliding_window_pattern, a bool per layer or a period N (every N-th

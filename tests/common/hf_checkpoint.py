@@ -31,7 +31,11 @@ num_hidden_layers without the MTP (nextn) layers, whose tensors follow as model.
 (eh_proj, enorm, hnorm, shared_head.norm beside a whole layer), first_k_dense_replace dense
 layers, n_routed_experts, n_shared_experts (mlp.shared_experts.*, ungated),
 routed_scaling_factor, the router's mlp.gate.e_score_correction_bias in float32; its Q/K rows
-are not permuted (NeoX rotary in both formats).
+are not permuted (NeoX rotary in both formats). An olmo2 GGUF is written as
+Olmo2ForCausalLM, or with architecture="olmo3" as Olmo3ForCausalLM (its window and layer_types):
+no input_layernorm, post_attention_layernorm and post_feedforward_layernorm after each
+sub-layer, q_norm / k_norm as wide as all heads; an olmoe one as OlmoeForCausalLM (experts as
+Qwen3-MoE names them, norm_topk_prob false, clip_qkv null).
 """
 from __future__ import annotations
 
@@ -68,6 +72,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
             "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM",
+            "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
@@ -99,6 +104,9 @@ _GEMMA_NORMS = {
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
+# OLMo 2's and 3's norms after each sub-layer (they have none before): GGUF name -> HF name.
+_OLMO2_NORMS = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 # gpt-oss's tensors beside llama's: GGUF suffix -> HF suffix (its FFN norm is the GGUF's
 # post_attention_norm, its experts are converted by _gpt_oss_experts).
 _GPT_OSS_NAMES = {"attn_output.bias": "self_attn.o_proj.bias", "attn_sinks.weight": "self_attn.sinks",
@@ -191,6 +199,8 @@ _MOE_NAMES = {
                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
     "glm4moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
                 "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "olmoe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+              "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
 }
 # Qwen2-MoE's shared expert and its gate ([1, hidden] in HF checkpoints).
 _SHARED_EXPERT_NAMES = {"ffn_gate_shexp": "mlp.shared_expert.gate_proj.weight",
@@ -287,6 +297,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             name = f"model.layers.{tensor.name.split('.')[1]}.mlp.gate_up_proj.weight"
         if hf_arch == "glm4" and suffix in _GLM4_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4_NORMS[suffix]}"
+        if hf_arch in ("olmo2", "olmo3") and suffix in _OLMO2_NORMS:
+            name = f"model.layers.{tensor.name.split('.')[1]}.{_OLMO2_NORMS[suffix]}"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
         if qwen3_vl_moe and suffix.endswith("_exps.weight"):
@@ -380,6 +392,13 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                           for i in range(layers)],
                        "use_sliding_window": False, "sliding_window": None,
                        "layer_types": ["full_attention"] * layers})
+    if hf_arch == "olmo3":
+        layers = config["num_hidden_layers"]
+        config.update({"sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
+                       "layer_types": ["sliding_attention" if (i + 1) % 4 else "full_attention"
+                                       for i in range(layers)]})
+    if hf_arch == "olmoe":
+        config.update({"norm_topk_prob": False, "clip_qkv": None})
     if hf_arch == "glm4":
         rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
         config["partial_rotary_factor"] = rotated / head_dim

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "common/formats/model_config.h"
 #include "gmock/gmock.h"
@@ -161,6 +162,46 @@ TEST(HfConfigTest, RefusesGlm45RoutingItCannotRun) {
   std::string scoring = kGlm45;
   scoring.replace(scoring.find("\"n_group\""), 0, "\"scoring_func\": \"relu\", ");
   ExpectRefused(scoring, "scoring_func 'relu'");
+}
+
+// Olmo-3-7B-Instruct's config.json (shapes shrunk): OLMo 2's norm names (sandwich_norms
+// maps them), a window on the layers layer_types calls sliding; OlmoE-1B-7B's: 64 experts, 8 per
+// token, not renormalized, clip_qkv null (a value refused).
+TEST(HfConfigTest, TranslatesOlmo3AndOlmoe) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(R"({
+    "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "hidden_size": 4096,
+    "intermediate_size": 11008, "num_hidden_layers": 4, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "max_position_embeddings": 65536, "rms_norm_eps": 1e-06,
+    "rope_theta": 500000, "hidden_act": "silu", "attention_bias": false,
+    "sliding_window": 4096, "tie_word_embeddings": false, "vocab_size": 100278,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                    "full_attention"]})",
+                                                 &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "olmo2");
+  EXPECT_TRUE(info.sandwich_norms);
+  EXPECT_TRUE(config->rope_neox);
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_EQ(config->sliding_layers, std::vector<bool>({true, true, true, false}));
+  const std::string olmoe = R"({
+    "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+    "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0, "hidden_act": "silu", "num_experts": 64, "num_experts_per_tok": 8,
+    "norm_topk_prob": false, "clip_qkv": null, "tie_word_embeddings": false,
+    "vocab_size": 50304})";
+  config = Translate(olmoe, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "olmoe");
+  EXPECT_FALSE(info.sandwich_norms);
+  EXPECT_EQ(config->num_experts, 64);
+  EXPECT_EQ(config->num_experts_used, 8);
+  EXPECT_EQ(config->intermediate_size, 1024);
+  EXPECT_FALSE(config->expert_weights_norm);
+  std::string clipped = olmoe;
+  clipped.replace(clipped.find("\"clip_qkv\": null"), 16, "\"clip_qkv\": 8.0");
+  ExpectRefused(clipped, "clip_qkv");
 }
 
 // Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as

@@ -617,6 +617,76 @@ TEST(ModelConfigTest, RefusesGlm45RoutingItCannotRun) {
   ExpectInvalid(ConfigOf(Glm45Air({.block_count = 46})), {"glm4moe.block_count", "46"});
 }
 
+// OLMo-2-7B-shaped (olmo2): no attn_norm or ffn_norm, post_attention_norm and post_ffw_norm,
+// a QK-norm as wide as all heads; with a window (OLMo 3, no pattern key) every 4th layer is
+// global. OLMoE-1B-7B-shaped (olmoe): the same QK-norm, 64 experts, 8 per token, their
+// weights not renormalized (the architecture's default).
+GgufImageBuilder Olmo2(uint32_t window, uint64_t q_norm = 4096) {
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "olmo2")
+      .KvU32("olmo2.context_length", 4096)
+      .KvU32("olmo2.embedding_length", 4096)
+      .KvU32("olmo2.feed_forward_length", 11008)
+      .KvU32("olmo2.block_count", 8)
+      .KvU32("olmo2.attention.head_count", 32)
+      .KvU32("olmo2.attention.head_count_kv", 32)
+      .KvU32("olmo2.vocab_size", 100352)
+      .Tensor("blk.0.attn_q_norm.weight", {q_norm}, kF32)
+      .Tensor("blk.0.attn_k_norm.weight", {q_norm == 4096 ? 4096u : 128u}, kF32)
+      .Tensor("blk.0.post_ffw_norm.weight", {4096}, kF32);
+  for (int l = 0; l < 8; ++l) {
+    builder.Tensor(absl::StrCat("blk.", l, ".post_attention_norm.weight"), {4096}, kF32);
+  }
+  if (window > 0) builder.KvU32("olmo2.attention.sliding_window", window);
+  return builder;
+}
+
+TEST(ModelConfigTest, ReadsOlmoNormsAndWindows) {
+  absl::StatusOr<ModelConfig> config = ConfigOf(Olmo2(0));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->pre_norms);
+  EXPECT_TRUE(config->post_norms);
+  EXPECT_TRUE(config->qk_norm);
+  EXPECT_TRUE(config->qk_norm_full);
+  EXPECT_TRUE(config->rope_neox);
+  EXPECT_EQ(config->sliding_window, 0);
+  config = ConfigOf(Olmo2(4096));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_EQ(config->sliding_layers,
+            std::vector<bool>({true, true, true, false, true, true, true, false}));
+  // A per-head QK-norm (Qwen3's) is per head; any other width is refused.
+  config = ConfigOf(Olmo2(0, 128));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->qk_norm_full);
+  ExpectInvalid(ConfigOf(Olmo2(0, 2048)), {"blk.0.attn_q_norm.weight"});
+  // Its layers are counted by their post-attention norms.
+  GgufImageBuilder extra = Olmo2(0);
+  extra.Tensor("blk.8.post_attention_norm.weight", {4096}, kF32);
+  ExpectInvalid(ConfigOf(extra), {"olmo2.block_count", "blk.8.post_attention_norm.weight present"});
+
+  GgufImageBuilder olmoe;
+  olmoe.KvString("general.architecture", "olmoe")
+      .KvU32("olmoe.context_length", 4096)
+      .KvU32("olmoe.embedding_length", 2048)
+      .KvU32("olmoe.feed_forward_length", 1024)
+      .KvU32("olmoe.block_count", 1)
+      .KvU32("olmoe.attention.head_count", 16)
+      .KvU32("olmoe.expert_count", 64)
+      .KvU32("olmoe.expert_used_count", 8)
+      .KvU32("olmoe.vocab_size", 50304)
+      .Tensor("blk.0.attn_norm.weight", {2048}, kF32)
+      .Tensor("blk.0.attn_q_norm.weight", {2048}, kF32)
+      .Tensor("blk.0.attn_k_norm.weight", {2048}, kF32);
+  config = ConfigOf(olmoe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->pre_norms);
+  EXPECT_TRUE(config->qk_norm_full);
+  EXPECT_EQ(config->num_experts, 64);
+  EXPECT_EQ(config->intermediate_size, 1024);
+  EXPECT_FALSE(config->expert_weights_norm);
+}
+
 // Phi-3-mini-128k-shaped: fused attn_qkv and gate/up, longrope factors as tensors. The long
 // factors serve a context beyond the pre-training one (llama.cpp's choice), with the
 // attention factor of the file or sqrt(1 + ln(s) / ln(original)).

@@ -76,6 +76,12 @@ RANDOM_FAMILIES = {
     # routed_scaling_factor, partial_rotary_factor, and the MTP layer model.layers.3.* after
     # num_hidden_layers 3 (eh_proj, enorm, hnorm, shared_head.norm beside a whole layer).
     "glm4moe": (random_model.SPECS["glm4moe"], None, None),
+    # Olmo3ForCausalLM (OLMo 2's layout, whose GGUFs are olmo2 ones): no input_layernorm,
+    # post_attention_layernorm / post_feedforward_layernorm after each sub-layer, q_norm and
+    # k_norm over all heads, sliding_window with layer_types.
+    "olmo3": (random_model.SPECS["olmo2_swa"], "olmo3", None),
+    # OlmoeForCausalLM: llama's norms, the all-heads QK-norm, experts, norm_topk_prob false.
+    "olmoe": (random_model.SPECS["olmoe"], None, None),
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),

@@ -33,7 +33,12 @@ post_attention_norm as the FFN norm; the first `leading_dense_block_count` layer
 others a sigmoid router (`expert_gating_func` 2) choosing the top-k by score + the layer's
 `exp_probs_b.bias`, weighted by the unbiased scores renormalized (`expert_weights_norm`) and
 times `expert_weights_scale`, plus an ungated shared expert; `block_count` includes the
-`nextn_predict_layers` multi-token-prediction blocks at the end, which are not run).
+`nextn_predict_layers` multi-token-prediction blocks at the end, which are not run); `olmo2`
+(OLMo 2 and 3, transformers' Olmo2/Olmo3ForCausalLM: no norm before attention or the FFN, each
+sub-layer's output RMS-normalized before it joins the residual stream, a QK-norm over all heads
+of q (and of k) at once; with a sliding window every 4th layer global, llama.cpp's rule);
+`olmoe` (transformers' OlmoeForCausalLM: llama's norms, the all-heads QK-norm, routed experts
+not renormalized unless `expert_weights_norm` says so).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -55,7 +60,8 @@ from gguf import GGMLQuantizationType
 SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwen3": "neox",
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
-                   "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox"}
+                   "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox",
+                   "olmo2": "neox", "olmoe": "neox"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0
@@ -93,17 +99,19 @@ class Linear:
 
 @dataclasses.dataclass
 class Layer:
-    attn_norm: np.ndarray  # [n_embd]
+    attn_norm: Optional[np.ndarray]  # [n_embd]; None without pre-norms (OLMo 2)
     q: Linear  # [n_head * head_dim, n_embd]
     k: Linear  # [n_head_kv * head_dim, n_embd]
     v: Linear  # [n_head_kv * head_dim, n_embd]
     o: Linear  # [n_embd, n_head * head_dim]
-    ffn_norm: np.ndarray  # [n_embd]
+    ffn_norm: Optional[np.ndarray]  # [n_embd]; None as attn_norm
     gate: Optional[Linear]  # [n_ff, n_embd]; None in a mixture of experts
     up: Optional[Linear]  # [n_ff, n_embd]
     down: Optional[Linear]  # [n_embd, n_ff]
-    q_norm: Optional[np.ndarray] = None  # [head_dim]: qwen3's per-head RMSNorm of q before RoPE
-    k_norm: Optional[np.ndarray] = None  # [head_dim]
+    # RMSNorm of q and k before RoPE: [head_dim] per head (qwen3), or over all heads at once
+    # ([n_head * head_dim] and [n_head_kv * head_dim]: OLMo's).
+    q_norm: Optional[np.ndarray] = None
+    k_norm: Optional[np.ndarray] = None
     # Mixture of experts (gate/up/down then unused): the router [n_expert, n_embd] and each
     # expert's (gate, up, down).
     router: Optional[Linear] = None
@@ -334,11 +342,11 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
         p = f"blk.{i}"
         moe = n_expert > 0 and i >= leading_dense
         layers.append(Layer(
-            attn_norm=weight(p + ".attn_norm.weight"),
+            attn_norm=optional(p + ".attn_norm.weight"),
             q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
             o=linear(p + ".attn_output"),
-            ffn_norm=weight(p + (".post_attention_norm.weight" if post_attention_ffn_norm
-                                 else ".ffn_norm.weight")),
+            ffn_norm=optional(p + (".post_attention_norm.weight" if post_attention_ffn_norm
+                                   else ".ffn_norm.weight")),
             gate=None if moe else linear(p + ".ffn_gate"), up=None if moe else linear(p + ".ffn_up"),
             down=None if moe else linear(p + ".ffn_down"),
             q_norm=weight(p + ".attn_q_norm.weight") if p + ".attn_q_norm.weight" in tensors else None,
@@ -376,7 +384,8 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
         sliding_layers=_sliding_layers(reader, arch, n_layer),
         rope_layers=_rope_layers(reader, arch, n_layer),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
-        expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm", arch != "qwen2moe")),
+        expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm",
+                                arch not in ("qwen2moe", "olmoe"))),
         expert_gating=_expert_gating(reader, arch),
         expert_weights_scale=float(_field(reader, f"{arch}.expert_weights_scale", 0.0) or 1.0),
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
@@ -438,6 +447,8 @@ def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
         pattern = GEMMA3_SLIDING_PERIOD
     if pattern is None and arch in ("gemma2", "gpt-oss"):
         pattern = 2  # every other layer global: the even ones local
+    if pattern is None and arch == "olmo2":
+        pattern = 4  # OLMo 3: every 4th layer global
     if pattern is None:
         return (True,) * n_layer
     if isinstance(pattern, list):
@@ -646,11 +657,16 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
     x = model.token_embd[ids].astype(dtype) * dtype(model.embedding_scale)  # [n, n_embd]
     for li, layer in enumerate(model.layers):
         local = bool(model.sliding_window and model.sliding_layers[li])
-        h = _rms_norm(x, layer.attn_norm, model.rms_eps)
-        q = _linear(h, layer.q, numerics).reshape(n, model.n_head, model.head_dim)
-        k = _linear(h, layer.k, numerics).reshape(n, model.n_head_kv, model.head_dim)
+        h = x if layer.attn_norm is None else _rms_norm(x, layer.attn_norm, model.rms_eps)
+        q = _linear(h, layer.q, numerics)
+        k = _linear(h, layer.k, numerics)
+        if layer.q_norm is not None and len(layer.q_norm) != model.head_dim:
+            q = _rms_norm(q, layer.q_norm, model.rms_eps)  # OLMo: over all heads
+            k = _rms_norm(k, layer.k_norm, model.rms_eps)
+        q = q.reshape(n, model.n_head, model.head_dim)
+        k = k.reshape(n, model.n_head_kv, model.head_dim)
         v = _linear(h, layer.v, numerics).reshape(n, model.n_head_kv, model.head_dim)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and len(layer.q_norm) == model.head_dim:
             q = _rms_norm(q, layer.q_norm, model.rms_eps)
             k = _rms_norm(k, layer.k_norm, model.rms_eps)
         if not model.rope_layers or model.rope_layers[li]:
@@ -688,7 +704,7 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
             out = _rms_norm(out, layer.post_attn_norm, model.rms_eps)
         x = x + out * dtype(model.residual_scale)
 
-        h = _rms_norm(x, layer.ffn_norm, model.rms_eps)
+        h = x if layer.ffn_norm is None else _rms_norm(x, layer.ffn_norm, model.rms_eps)
         if layer.router is not None:
             x = x + _mixture_of_experts(model, layer, h, numerics) * dtype(model.residual_scale)
             continue

@@ -46,6 +46,11 @@ Variants (see SPECS):
                  unbiased scores renormalized x 2.5, an ungated shared expert of 32; Q/K/V
                  biases, QK-norm, partial NeoX rotary (8 of 16 dims), FFN norm named
                  post_attention_norm, and a 4th (MTP / nextn) block the forward pass skips.
+  olmo2_swa      olmo2 arch as OLMo 3: no pre-norms, each sub-layer's output normalized, QK-norm
+                 over all heads, a 16-token window on 3 of 4 layers (no pattern key: every 4th
+                 layer global, llama.cpp's rule for the architecture).
+  olmoe          olmoe arch: llama's norms, the all-heads QK-norm, 8 experts of 32 channels, top 2
+                 not renormalized (the architecture's default).
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -107,6 +112,8 @@ class ModelSpec:
     rope_linear_factor: Optional[float] = None  # writes rope.scaling.type = linear
     llama3_rope: Optional[dict] = None  # factor, low_freq_factor, high_freq_factor, original_context_length
     qk_norm: bool = False  # writes attn_q_norm / attn_k_norm (qwen3's per-head RMSNorm of q, k)
+    qk_norm_full: bool = False  # ... over all heads at once instead (OLMo's), when qk_norm
+    pre_norms: bool = True  # attn_norm and the FFN norm (OLMo 2 has neither: post_norms only)
     # Sliding-window attention: the window and which layers are local (a bool per layer).
     sliding_window: int = 0
     sliding_pattern: Optional[tuple] = None
@@ -363,6 +370,25 @@ SPECS = {
                "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1), "ffn_down": (T.Q8_0,),
                "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1, T.F16),
                "ffn_down_shexp": (T.F16, T.Q8_0), "nextn_eh_proj": (T.F16,)}),
+    # OLMo 3 (OLMo 2's layout with windows): no norm before attention or the FFN, RMSNorm of
+    # each sub-layer's output (post_attention_norm, post_ffw_norm), a QK-norm over all heads of
+    # q and of k (64- and 32-wide), 3 of every 4 layers local with a 16-token window.
+    "olmo2_swa": ModelSpec(
+        name="olmo2_swa", arch="olmo2", n_embd=64, n_layer=4, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=128, rope_base=500000.0, rms_eps=1e-6, pre_norms=False,
+        post_norms=True, qk_norm=True, qk_norm_full=True, sliding_window=16,
+        tied_output=False, seed=1112,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.F16, T.Q4_1), "attn_output": (T.Q8_0, T.F16),
+               "ffn_gate": (T.Q4_1, T.Q8_0), "ffn_up": (T.Q8_0,), "ffn_down": (T.F16, T.Q8_0)}),
+    # OLMoE: llama's norms, the all-heads QK-norm, top 2 of 8 experts not renormalized.
+    "olmoe": ModelSpec(
+        name="olmoe", arch="olmoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
+        head_dim=16, n_ff=32, n_expert=8, n_expert_used=2, qk_norm=True, qk_norm_full=True,
+        rope_base=10000.0, rms_eps=1e-5, tied_output=False, seed=1213,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.Q8_0, T.F16),
+               "attn_k": (T.F16,), "attn_v": (T.Q8_0,), "attn_output": (T.F16, T.Q8_0),
+               "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1), "ffn_down": (T.Q8_0,)}),
 }
 
 
@@ -597,7 +623,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     # read the wrong block's tensors, would give other logits).
     for i in range(spec.n_layer + spec.nextn_layers):
         p = f"blk.{i}"
-        _add(writer, f"{p}.attn_norm.weight", norm_weight(), T.F32)
+        if spec.pre_norms:
+            _add(writer, f"{p}.attn_norm.weight", norm_weight(), T.F32)
         # gain 2 on Q and K so attention is neither uniform nor one-hot (scores ~ N(0, 1-4)).
         q = matrix(spec.n_head * hd, d, 2.0)
         k = matrix(spec.n_head_kv * hd, d, 2.0)
@@ -613,8 +640,10 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             _add(writer, f"{p}.attn_k.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
             _add(writer, f"{p}.attn_v.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
         if spec.qk_norm:
-            _add(writer, f"{p}.attn_q_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
-            _add(writer, f"{p}.attn_k_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=hd), T.F32)
+            q_width = spec.n_head * hd if spec.qk_norm_full else hd
+            k_width = spec.n_head_kv * hd if spec.qk_norm_full else hd
+            _add(writer, f"{p}.attn_q_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=q_width), T.F32)
+            _add(writer, f"{p}.attn_k_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=k_width), T.F32)
         _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * hd), type_of("attn_output", i))
         if spec.output_bias:
             _add(writer, f"{p}.attn_output.bias", rng.normal(0.0, 0.3, size=d), T.F32)
@@ -627,7 +656,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         # gpt-oss's and GLM-4.5's FFN norm is named post_attention_norm (llama.cpp's
         # attn_post_norm; HF's post_attention_layernorm).
         ffn_norm = "post_attention_norm" if spec.arch in ("gpt-oss", "glm4moe") else "ffn_norm"
-        _add(writer, f"{p}.{ffn_norm}.weight", norm_weight(), T.F32)
+        if spec.pre_norms:
+            _add(writer, f"{p}.{ffn_norm}.weight", norm_weight(), T.F32)
         if spec.n_expert and i >= spec.leading_dense:
             _add_experts(writer, spec, p, i, matrix, type_of)
             if i >= spec.n_layer:

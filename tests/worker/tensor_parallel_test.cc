@@ -147,6 +147,13 @@ TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
   config.shared_expert_intermediate_size = 1000;
   EXPECT_THAT(model::PlanShards(config, 0, 3).status().message(),
               HasSubstr("1000 shared-expert FFN channels"));
+  // OLMo's QK-norm spans every head: one rank only.
+  common::ModelConfig olmo = SmolLm2Shape();
+  olmo.architecture = "olmo2";
+  olmo.qk_norm = olmo.qk_norm_full = true;
+  EXPECT_TRUE(model::PlanShards(olmo, 0, 1).ok());
+  EXPECT_THAT(model::PlanShards(olmo, 0, 3).status().message(),
+              HasSubstr("tensor parallelism (size 3) is not supported for olmo2"));
 }
 
 // A shared expert's channels split like the dense FFN's (every rank's own range).
