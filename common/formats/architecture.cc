@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 19> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 20> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -198,6 +198,17 @@ constexpr std::array<ArchitectureRules, 19> kArchitectures = {{
      .default_sliding_period = 0,
      .local_rope_theta = 0.0,
      .expert_weights_norm = false},
+    // ERNIE 4.5 dense (llama.cpp's ernie4_5, Hugging Face's Ernie4_5ForCausalLM: ERNIE-4.5-0.3B):
+    // llama's layout rotating interleaved pairs in both formats, as GLM-4 does (its converter
+    // does not permute the rows).
+    {.gguf_name = "ernie4_5",
+     .hf_class_name = "Ernie4_5ForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .hf_rope_interleaved = true},
 }};
 
 }  // namespace

@@ -234,6 +234,9 @@ absl::Status CheckSupportedFeatures(const Fields& fields, const ArchitectureRule
   }
   LOOM_ASSIGN_OR_RETURN(bool mlp_bias, fields.Bool("mlp_bias", false));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias true is not supported");
+  // ERNIE 4.5's biases on every projection (false in the released checkpoints).
+  LOOM_ASSIGN_OR_RETURN(bool use_bias, fields.Bool("use_bias", false));
+  if (use_bias) return absl::UnimplementedError("config.json: use_bias true is not supported");
   // OLMo's option to clamp q, k and v (null in the released OLMo 2 and OLMoE checkpoints).
   if (fields.Has("clip_qkv")) {
     return absl::UnimplementedError("config.json: clip_qkv is not supported");

@@ -73,6 +73,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
             "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
+            "ernie4_5": "Ernie4_5ForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
@@ -399,6 +400,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                        for i in range(layers)]})
     if hf_arch == "olmoe":
         config.update({"norm_topk_prob": False, "clip_qkv": None})
+    if hf_arch == "ernie4_5":
+        config.update({"use_bias": False, "model_type": "ernie4_5"})
     if hf_arch == "glm4":
         rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
         config["partial_rotary_factor"] = rotated / head_dim

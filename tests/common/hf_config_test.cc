@@ -204,6 +204,26 @@ TEST(HfConfigTest, TranslatesOlmo3AndOlmoe) {
   ExpectRefused(clipped, "clip_qkv");
 }
 
+// ERNIE-4.5-0.3B-PT's config.json: llama's fields, interleaved RoPE pairs, use_bias (true
+// refused).
+TEST(HfConfigTest, TranslatesErnie45) {
+  const std::string ernie = R"({
+    "architectures": ["Ernie4_5ForCausalLM"], "model_type": "ernie4_5", "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 18, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000, "hidden_act": "silu", "use_bias": false,
+    "tie_word_embeddings": true, "vocab_size": 103424})";
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(ernie, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "ernie4_5");
+  EXPECT_FALSE(config->rope_neox);
+  EXPECT_EQ(config->head_dim, 128);
+  std::string biased = ernie;
+  biased.replace(biased.find("\"use_bias\": false"), 17, "\"use_bias\": true");
+  ExpectRefused(biased, "use_bias");
+}
+
 // Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as
 // loom keys, norms offset by 1, tied embeddings by default, every 6th layer global.
 TEST(HfConfigTest, TranslatesGemma3) {

@@ -82,6 +82,9 @@ RANDOM_FAMILIES = {
     "olmo3": (random_model.SPECS["olmo2_swa"], "olmo3", None),
     # OlmoeForCausalLM: llama's norms, the all-heads QK-norm, experts, norm_topk_prob false.
     "olmoe": (random_model.SPECS["olmoe"], None, None),
+    # Ernie4_5ForCausalLM: llama's names, rows in interleaved-pair order (not permuted),
+    # use_bias false.
+    "ernie45": (random_model.SPECS["ernie45"], None, None),
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),

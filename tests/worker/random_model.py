@@ -49,6 +49,8 @@ Variants (see SPECS):
   olmo2_swa      olmo2 arch as OLMo 3: no pre-norms, each sub-layer's output normalized, QK-norm
                  over all heads, a 16-token window on 3 of 4 layers (no pattern key: every 4th
                  layer global, llama.cpp's rule for the architecture).
+  ernie45        ernie4_5 arch (ERNIE 4.5 dense): llama's layout, interleaved RoPE pairs in both the
+                 GGUF and the HF form, tied embeddings, head_dim 32 over hidden 64.
   olmoe          olmoe arch: llama's norms, the all-heads QK-norm, 8 experts of 32 channels, top 2
                  not renormalized (the architecture's default).
 
@@ -381,6 +383,14 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
                "attn_k": (T.Q8_0,), "attn_v": (T.F16, T.Q4_1), "attn_output": (T.Q8_0, T.F16),
                "ffn_gate": (T.Q4_1, T.Q8_0), "ffn_up": (T.Q8_0,), "ffn_down": (T.F16, T.Q8_0)}),
+    # ERNIE 4.5 dense: llama's layout whose checkpoints rotate interleaved pairs (no row
+    # permutation between the formats), head_dim 32 over hidden 64 as 0.3B's 128 over 1024.
+    "ernie45": ModelSpec(
+        name="ernie45", arch="ernie4_5", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=32, n_ff=128, rope_base=500000.0, rms_eps=1e-5, seed=1314,
+        types={"token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0,),
+               "attn_v": (T.F16,), "attn_output": (T.Q4_1, T.F16), "ffn_gate": (T.Q8_0,),
+               "ffn_up": (T.Q4_0, T.F16), "ffn_down": (T.F16, T.Q8_0)}),
     # OLMoE: llama's norms, the all-heads QK-norm, top 2 of 8 experts not renormalized.
     "olmoe": ModelSpec(
         name="olmoe", arch="olmoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
