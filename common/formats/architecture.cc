@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 20> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 21> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -203,6 +203,18 @@ constexpr std::array<ArchitectureRules, 20> kArchitectures = {{
     // does not permute the rows).
     {.gguf_name = "ernie4_5",
      .hf_class_name = "Ernie4_5ForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .hf_rope_interleaved = true},
+    // ERNIE 4.5 mixture of experts (llama.cpp's ernie4_5-moe, Hugging Face's
+    // Ernie4_5_MoeForCausalLM: ERNIE-4.5-21B-A3B, -300B-A47B): ERNIE 4.5's attention, dense
+    // layers before the sparse ones, softmax scores chosen with a per-expert bias, renormalized,
+    // beside ungated shared experts; its multi-token-prediction tensors are not run.
+    {.gguf_name = "ernie4_5-moe",
+     .hf_class_name = "Ernie4_5_MoeForCausalLM",
      .gguf_rope_neox = false,
      .sliding_window_every_layer = false,
      .gemma = false,

@@ -392,6 +392,33 @@ absl::Status GlmRoutingToGguf(const Fields& fields, const std::string& arch,
   return absl::OkStatus();
 }
 
+// ERNIE 4.5's mixture of experts (moe_* fields) as llama.cpp's keys: experts in layers
+// [moe_layer_start_index, moe_layer_end_index] every moe_layer_interval-th, which Loom runs
+// when they are the layers from the start index on; its router always renormalizes.
+absl::Status ErnieExpertsToGguf(const Fields& fields, int64_t layers, const std::string& arch,
+                                GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(int64_t experts, fields.Int("moe_num_experts", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t used, fields.Int("moe_k", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("moe_intermediate_size", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t shared, fields.Int("moe_num_shared_experts", 0));
+  LOOM_ASSIGN_OR_RETURN(int64_t start, fields.Int("moe_layer_start_index", 0));
+  LOOM_ASSIGN_OR_RETURN(int64_t end, fields.Int("moe_layer_end_index", layers - 1));
+  LOOM_ASSIGN_OR_RETURN(int64_t interval, fields.Int("moe_layer_interval", 1));
+  if (interval != 1 || (end >= 0 && end < layers - 1)) {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: mixture-of-experts layers other than every layer from "
+                     "moe_layer_start_index on (moe_layer_interval ",
+                     interval, ", moe_layer_end_index ", end, ") are not supported"));
+  }
+  metadata.Int(arch + ".expert_count", experts);
+  metadata.Int(arch + ".expert_used_count", used);
+  metadata.Int(arch + ".expert_feed_forward_length", width);
+  metadata.Bool(arch + ".expert_weights_norm", true);
+  if (shared > 0) metadata.Int(arch + ".expert_shared_count", shared);
+  if (start > 0) metadata.Int(arch + ".leading_dense_block_count", start);
+  return absl::OkStatus();
+}
+
 // A mixture of experts as `<arch>.expert_*` keys: Mixtral's num_local_experts, Qwen3-MoE's
 // num_experts and moe_intermediate_size, GLM-4.5's n_routed_experts; the chosen experts'
 // weights renormalized as norm_topk_prob says (Transformers' default: false for Qwen3-MoE;
@@ -399,6 +426,10 @@ absl::Status GlmRoutingToGguf(const Fields& fields, const std::string& arch,
 // are refused (but GLM-4.5's leading ones).
 absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::string& arch,
                            GgufMetadataBuilder& metadata) {
+  if (fields.Has("moe_num_experts")) {
+    LOOM_ASSIGN_OR_RETURN(int64_t layers, fields.Int("num_hidden_layers", std::nullopt));
+    return ErnieExpertsToGguf(fields, layers, arch, metadata);
+  }
   LOOM_ASSIGN_OR_RETURN(int64_t experts, fields.Int("num_local_experts", 0));
   for (const char* name : {"num_experts", "n_routed_experts"}) {
     if (experts == 0) {

@@ -290,8 +290,9 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   if (rest == "block_sparse_moe.gate.weight" || rest == "mlp.gate.weight") {
     return absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
   }
-  // GLM-4.5's selection bias (DeepSeek's e_score_correction_bias).
-  if (rest == "mlp.gate.e_score_correction_bias") {
+  // GLM-4.5's selection bias (DeepSeek's e_score_correction_bias), ERNIE 4.5's ([1, experts]).
+  if (rest == "mlp.gate.e_score_correction_bias" ||
+      rest == "mlp.moe_statics.e_score_correction_bias") {
     return absl::StrCat("blk.", layer, ".exp_probs_b.bias");
   }
   // Qwen2-MoE's shared expert and its gate; GLM-4.5's shared experts (one tensor for all).
@@ -415,6 +416,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     if (absl::EndsWith(tensor.name, "rotary_emb.inv_freq")) continue;  // recomputed
     if (info->multimodal && IsVisionTensorName(tensor.name)) continue;  // the text model only
     if (InLayersFrom(tensor.name, info->first_skipped_layer)) continue;  // GLM-4.5's MTP layers
+    if (absl::StartsWith(tensor.name, "model.mtp_")) continue;  // ERNIE 4.5's, not run either
     if (AddQuantizedPart(entry, quantized)) continue;
     if (AddFp8Part(entry, fp8)) continue;
     if (AddStackedExpertPart(entry, stacked_experts)) continue;
@@ -435,6 +437,11 @@ absl::StatusOr<std::unique_ptr<GgufFile>> OpenHfDirectory(const std::string& dir
     GgufTensorInfo gguf;
     gguf.name = std::move(name);
     gguf.shape.assign(tensor.shape.rbegin(), tensor.shape.rend());  // ggml order
+    // ERNIE 4.5 keeps its selection bias as [1, experts]; llama.cpp's is [experts].
+    if (absl::EndsWith(gguf.name, ".exp_probs_b.bias") && gguf.shape.size() == 2 &&
+        gguf.shape[1] == 1) {
+      gguf.shape.pop_back();
+    }
     gguf.type = GgmlTypeOf(tensor.dtype);
     gguf.num_elements = tensor.num_bytes / SafetensorsDtypeSize(tensor.dtype);
     gguf.num_bytes = tensor.num_bytes;

@@ -228,6 +228,15 @@ absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
   LOOM_RETURN_IF_ERROR(CheckRange(reader, "leading_dense_block_count", config.leading_dense_layers,
                                   0, config.num_layers - 1));
   if (config.leading_dense_layers > 0) config.dense_intermediate_size = dense_ffn;
+  // Sparse layers every N-th layer (llama.cpp's interleave_moe_layer_step: Llama 4 Maverick's,
+  // ERNIE 4.5-VL's) are not run.
+  int64_t step = 1;
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("interleave_moe_layer_step", step));
+  if (step > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("model config: '", reader.Key("interleave_moe_layer_step"), "' is ", step,
+                     " (mixture-of-experts layers between dense ones are not supported)"));
+  }
   return ReadRouting(reader, config);
 }
 

@@ -16,8 +16,8 @@ void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
     const float* row = logits + t * num_experts;
     // Each expert's score: its softmax probability (exp(logit - max) over the row's sum) or
     // its logit's sigmoid.
-    double max = -INFINITY;
-    for (int64_t e = 0; e < num_experts; ++e) {
+    double max = -INFINITY;  // a softmax's shift
+    for (int64_t e = 0; e < num_experts && !routing.sigmoid; ++e) {
       if (!std::isnan(row[e])) max = std::max(max, static_cast<double>(row[e]));
     }
     double total = 0.0;

@@ -73,7 +73,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "granite": "GraniteForCausalLM", "glm4": "Glm4ForCausalLM",
             "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
-            "ernie4_5": "Ernie4_5ForCausalLM",
+            "ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
@@ -202,7 +202,14 @@ _MOE_NAMES = {
                 "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
     "olmoe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
               "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "ernie4_5-moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                     "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
 }
+# ERNIE 4.5's selection bias ([1, experts], float32) and shared experts, by GGUF suffix.
+_ERNIE_MOE_NAMES = {"exp_probs_b.bias": "mlp.moe_statics.e_score_correction_bias",
+                    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+                    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+                    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
 # Qwen2-MoE's shared expert and its gate ([1, hidden] in HF checkpoints).
 _SHARED_EXPERT_NAMES = {"ffn_gate_shexp": "mlp.shared_expert.gate_proj.weight",
                         "ffn_up_shexp": "mlp.shared_expert.up_proj.weight",
@@ -316,6 +323,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                 name = f"model.layers.{tensor.name.split('.')[1]}.{_GPT_OSS_NAMES[suffix]}"
         if hf_arch == "glm4moe" and tensor.name.startswith("blk.") and suffix in _GLM4MOE_NAMES:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4MOE_NAMES[suffix]}"
+        if hf_arch == "ernie4_5-moe" and tensor.name.startswith("blk.") and suffix in _ERNIE_MOE_NAMES:
+            name = f"model.layers.{tensor.name.split('.')[1]}.{_ERNIE_MOE_NAMES[suffix]}"
         experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
         if experts:
             for expert_name, values in experts.items():
@@ -338,6 +347,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             tensors[name] = bits  # written with dtype BF16 below
         else:
             tensors[name] = values.astype(np.float32 if keep_f32 else np.float16)
+        if suffix == "exp_probs_b.bias" and hf_arch == "ernie4_5-moe":
+            tensors[name] = values.astype(np.float32).reshape(1, -1)  # [1, experts], float32
     tied = "lm_head.weight" not in tensors
     if multimodal:
         tensors = {("language_model." + name if name.startswith(("model.", "lm_head.")) else name): values
@@ -351,6 +362,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     if qwen_vl:
         tensors["visual.patch_embed.proj.weight"] = np.zeros((8, 3, 2, 2, 2), np.float32)
         tensors["visual.merger.mlp.0.weight"] = np.zeros((8, 8), np.float32)
+    if hf_arch == "ernie4_5-moe":
+        tensors["model.mtp_emb_norm.0.weight"] = np.ones(n_embd, np.float32)  # skipped by loaders
     _save(tensors, out, shards, bf16=dtype == "bfloat16")
 
     vocab_rows = tensors["model.language_model.embed_tokens.weight" if qwen3_vl_moe else
@@ -402,6 +415,19 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         config.update({"norm_topk_prob": False, "clip_qkv": None})
     if hf_arch == "ernie4_5":
         config.update({"use_bias": False, "model_type": "ernie4_5"})
+    if hf_arch == "ernie4_5-moe":
+        # Ernie4_5_MoeConfig: moe_* fields; the MTP layer's tensors (model.mtp_*) beside the
+        # model's, which a loader skips.
+        layers = config["num_hidden_layers"]
+        config.update({
+            "model_type": "ernie4_5_moe", "use_bias": False,
+            "moe_num_experts": int(_field(reader, f"{arch}.expert_count")),
+            "moe_k": int(_field(reader, f"{arch}.expert_used_count")),
+            "moe_intermediate_size": int(_field(reader, f"{arch}.expert_feed_forward_length")),
+            "moe_num_shared_experts": int(_field(reader, f"{arch}.expert_shared_count", 0)),
+            "moe_layer_start_index": int(_field(reader, f"{arch}.leading_dense_block_count", 0)),
+            "moe_layer_end_index": layers - 1, "moe_layer_interval": 1,
+            "moe_norm_min": 1e-12, "num_nextn_predict_layers": 1})
     if hf_arch == "glm4":
         rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
         config["partial_rotary_factor"] = rotated / head_dim
@@ -425,7 +451,7 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
         config["rope_scaling"] = {"type": "longrope", "long_factor": factors["rope_factors_long.weight"],
                                   "short_factor": factors["rope_factors_short.weight"]}
     n_expert = _field(reader, f"{arch}.expert_count")
-    if n_expert:
+    if n_expert and hf_arch != "ernie4_5-moe":
         config["num_local_experts" if hf_arch in ("mixtral", "gpt-oss", "gpt-oss-dense")
                else "num_experts"] = int(n_expert)
         config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))

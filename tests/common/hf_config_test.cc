@@ -224,6 +224,40 @@ TEST(HfConfigTest, TranslatesErnie45) {
   ExpectRefused(biased, "use_bias");
 }
 
+// ERNIE-4.5-21B-A3B-PT's config.json (layers shrunk to 4): moe_* fields, the first layer
+// dense, the router always renormalizing; sparse layers not every layer from the start are
+// refused.
+TEST(HfConfigTest, TranslatesErnie45Moe) {
+  const std::string ernie = R"({
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe",
+    "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 4,
+    "num_attention_heads": 20, "num_key_value_heads": 4, "head_dim": 128,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000,
+    "hidden_act": "silu", "use_bias": false, "tie_word_embeddings": true, "vocab_size": 103424,
+    "moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": 1536,
+    "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 3,
+    "moe_layer_interval": 1, "moe_norm_min": 1e-12, "num_nextn_predict_layers": 1})";
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(ernie, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "ernie4_5-moe");
+  EXPECT_FALSE(config->rope_neox);
+  EXPECT_EQ(config->num_experts, 64);
+  EXPECT_EQ(config->num_experts_used, 6);
+  EXPECT_EQ(config->intermediate_size, 1536);
+  EXPECT_EQ(config->leading_dense_layers, 1);
+  EXPECT_EQ(config->dense_intermediate_size, 12288);
+  EXPECT_TRUE(config->expert_weights_norm);
+  EXPECT_FALSE(config->expert_sigmoid);
+  std::string early_end = ernie;
+  early_end.replace(early_end.find("\"moe_layer_end_index\": 3"), 24, "\"moe_layer_end_index\": 2");
+  ExpectRefused(early_end, "moe_layer_end_index 2");
+  std::string every_other = ernie;
+  every_other.replace(every_other.find("\"moe_layer_interval\": 1"), 23,
+                      "\"moe_layer_interval\": 2");
+  ExpectRefused(every_other, "moe_layer_interval 2");
+}
+
 // Gemma-3-1B-it's config.json (shapes shrunk): GELU, its query scale and local RoPE base as
 // loom keys, norms offset by 1, tied embeddings by default, every 6th layer global.
 TEST(HfConfigTest, TranslatesGemma3) {

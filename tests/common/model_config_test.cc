@@ -610,6 +610,11 @@ TEST(ModelConfigTest, RefusesGlm45RoutingItCannotRun) {
   EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_group_count"));
   ExpectInvalid(ConfigOf(Glm45Air({.bias_size = 64})), {"blk.1.exp_probs_b.bias"});
+  GgufImageBuilder interleaved = Glm45Air();
+  interleaved.KvU32("glm4moe.interleave_moe_layer_step", 2);
+  config = ConfigOf(interleaved);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("interleave_moe_layer_step"));
   ExpectInvalid(ConfigOf(Glm45Air({.leading_dense = 46})),
                 {"glm4moe.leading_dense_block_count", "46"});
   ExpectInvalid(ConfigOf(Glm45Air({.nextn = 47})), {"glm4moe.nextn_predict_layers", "47"});

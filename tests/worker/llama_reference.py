@@ -39,7 +39,9 @@ sub-layer's output RMS-normalized before it joins the residual stream, a QK-norm
 of q (and of k) at once; with a sliding window every 4th layer global, llama.cpp's rule);
 `olmoe` (transformers' OlmoeForCausalLM: llama's norms, the all-heads QK-norm, routed experts
 not renormalized unless `expert_weights_norm` says so); `ernie4_5` (ERNIE 4.5 dense: llama's layout
-rotating interleaved pairs).
+rotating interleaved pairs); `ernie4_5-moe` (the same attention, `leading_dense_block_count`
+dense layers, then softmax probabilities chosen with `exp_probs_b.bias`, renormalized, beside
+ungated shared experts).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -62,7 +64,8 @@ SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwe
                    "qwen3moe": "neox", "gemma2": "neox", "gemma3": "neox", "phi3": "neox",
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
                    "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox",
-                   "olmo2": "neox", "olmoe": "neox", "ernie4_5": "normal"}
+                   "olmo2": "neox", "olmoe": "neox", "ernie4_5": "normal",
+                   "ernie4_5-moe": "normal"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0

