@@ -73,6 +73,17 @@ constexpr std::pair<std::string_view, std::string_view> kExpertTensors[] = {
     {"up_proj.weight", "ffn_up"}, {"down_proj.weight", "ffn_down"},
 };
 
+// "model.layers.N.REST": N in `layer` and REST in `rest`; false for any other name.
+bool SplitLayerName(absl::string_view name, uint32_t& layer, absl::string_view& rest) {
+  if (!absl::ConsumePrefix(&name, "model.layers.")) return false;
+  const size_t dot = name.find('.');
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &layer)) {
+    return false;
+  }
+  rest = name.substr(dot + 1);
+  return true;
+}
+
 // One AWQ/GPTQ linear layer's packed tensors (prefix.qweight, .qzeros, .scales, .g_idx).
 struct QuantizedParts {
   const SafetensorsTensorInfo* qweight = nullptr;
@@ -267,12 +278,9 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf_name == "model.norm.weight") return "output_norm.weight";
   if (hf_name == "lm_head.weight") return "output.weight";
-  absl::string_view rest(hf_name.data(), hf_name.size());
-  if (!absl::ConsumePrefix(&rest, "model.layers.")) return "";
-  const size_t dot = rest.find('.');
   uint32_t layer = 0;
-  if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) return "";
-  rest.remove_prefix(dot + 1);
+  absl::string_view rest;
+  if (!SplitLayerName(absl::string_view(hf_name.data(), hf_name.size()), layer, rest)) return "";
   if (sandwich_norms) {
     for (const auto& [hf, gguf] : kSandwichNorms) {
       if (rest == absl::string_view(hf.data(), hf.size())) {
@@ -333,11 +341,10 @@ namespace {
 
 // Whether `hf_name` is a tensor of decoder layer `first` or a later one (model.layers.L.*).
 bool InLayersFrom(std::string_view hf_name, int64_t first) {
-  absl::string_view rest(hf_name.data(), hf_name.size());
-  if (first < 0 || !absl::ConsumePrefix(&rest, "model.layers.")) return false;
-  int64_t layer = 0;
-  const size_t dot = rest.find('.');
-  return dot != absl::string_view::npos && absl::SimpleAtoi(rest.substr(0, dot), &layer) &&
+  uint32_t layer = 0;
+  absl::string_view rest;
+  return first >= 0 &&
+         SplitLayerName(absl::string_view(hf_name.data(), hf_name.size()), layer, rest) &&
          layer >= first;
 }
 
