@@ -23,10 +23,12 @@ size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
 
 absl::StatusOr<ReasoningFormat> ParseReasoningFormat(std::string_view name) {
   if (name.empty()) return ReasoningFormat::kNone;
-  if (name == "deepseek_r1" || name == "qwen3") return ReasoningFormat::kThinkTags;
+  if (name == "deepseek_r1" || name == "qwen3" || name == "glm45") {
+    return ReasoningFormat::kThinkTags;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("--reasoning-parser '", std::string(name),
-                   "' is not one Loom has: deepseek_r1 or qwen3 (<think> tags)"));
+                   "' is not one Loom has: deepseek_r1, qwen3 or glm45 (<think> tags)"));
 }
 
 bool ReasoningStartsInside(std::string_view rendered_prompt) {

@@ -18,7 +18,7 @@ namespace loom::api {
 /// guessed per model (see ReasoningStartsInside).
 enum class ReasoningFormat { kNone, kThinkTags };
 
-/// "" -> kNone; "deepseek_r1", "qwen3" (vLLM's names) -> kThinkTags. InvalidArgument
+/// "" -> kNone; "deepseek_r1", "qwen3", "glm45" (vLLM's names) -> kThinkTags. InvalidArgument
 /// naming the choices otherwise.
 absl::StatusOr<ReasoningFormat> ParseReasoningFormat(std::string_view name);
 

@@ -111,7 +111,7 @@ void AddServeFlags(CLI::App& app, api::ServeOptions& options) {
            options.http.reasoning = *api::ParseReasoningFormat(name);  // checked below
          },
          "chat replies' <think>...</think> part returned as reasoning_content (and streamed "
-         "as delta.reasoning_content): deepseek_r1 or qwen3 (default: off)")
+         "as delta.reasoning_content): deepseek_r1, qwen3 or glm45 (default: off)")
       ->check(CLI::Validator(
           [](std::string& name) {
             absl::StatusOr<api::ReasoningFormat> format = api::ParseReasoningFormat(name);

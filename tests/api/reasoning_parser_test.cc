@@ -12,7 +12,8 @@ TEST(ReasoningParserTest, NamesAreVllms) {
   EXPECT_EQ(*ParseReasoningFormat("deepseek_r1"), ReasoningFormat::kThinkTags);
   EXPECT_EQ(*ParseReasoningFormat("qwen3"), ReasoningFormat::kThinkTags);
   const absl::Status unknown = ParseReasoningFormat("granite").status();
-  EXPECT_NE(unknown.message().find("deepseek_r1 or qwen3"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.message().find("deepseek_r1, qwen3 or glm45"), std::string::npos) << unknown;
+  EXPECT_EQ(*ParseReasoningFormat("glm45"), ReasoningFormat::kThinkTags);
 }
 
 TEST(ReasoningParserTest, ThePromptSaysWhereTheReplyStarts) {

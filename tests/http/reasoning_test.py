@@ -154,7 +154,7 @@ def test_bad_chat_template_kwargs_are_400(client, model, kwargs):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--reasoning-parser", "granite"], "deepseek_r1 or qwen3"),
+    (["--reasoning-parser", "granite"], "deepseek_r1, qwen3 or glm45"),
     (["--chat-template", "/nonexistent/template.jinja"], "--chat-template: cannot read"),
     (["--chat-template", "{% for x in %}"], "--chat-template: not a template"),
 ])
