@@ -390,8 +390,10 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
     if (layer.q_norm != nullptr && c.qk_norm_full) {
       // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
-      LOOM_RETURN_IF_ERROR(d.RmsNorm(parts[0], Vector(*layer.q_norm, q_dim), eps, parts[0]));
-      LOOM_RETURN_IF_ERROR(d.RmsNorm(parts[1], Vector(*layer.k_norm, kv_dim), eps, parts[1]));
+      LOOM_RETURN_IF_ERROR(
+          NormAllHeads(parts[0], *layer.q_norm, c.num_heads * hd, shard_.head0 * hd));
+      LOOM_RETURN_IF_ERROR(
+          NormAllHeads(parts[1], *layer.k_norm, c.num_kv_heads * hd, shard_.kv_head0 * hd));
     } else if (layer.q_norm != nullptr) {
       // Qwen3's QK-norm: each head of q and k is RMS-normalized before RoPE.
       const Tensor q_heads = Tensor::Of(q.data, DType::kF32, q.device, {T * heads, hd});
@@ -444,6 +446,28 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   if (!shard_.last_stage()) return send_(residual, proj);
   if (R == 0) return absl::OkStatus();
   return Head(step, logits, hidden);
+}
+
+absl::Status LlamaGraph::NormAllHeads(Tensor local, const Buffer& weight, int64_t total,
+                                      int64_t first) {
+  Device& d = *device_;
+  const auto eps = static_cast<float>(config_.rms_norm_eps);
+  if (!d.runs_collectives()) return d.RmsNorm(local, Vector(weight, total), eps, local);
+  const int64_t T = local.rows(), width = local.cols();
+  LOOM_RETURN_IF_ERROR(Ensure(all_heads_, {T, total}));
+  LOOM_RETURN_IF_ERROR(Ensure(other_heads_, {T, total}));
+  const Tensor all = all_heads_.view;
+  LOOM_RETURN_IF_ERROR(d.AllGatherColumns(local, all));
+  LOOM_RETURN_IF_ERROR(d.RmsNorm(all, Vector(weight, total), eps, all));
+  // This rank's columns back into `local`; the others' into scratch (no empty part).
+  float* others = other_heads_.view.as<float>();
+  std::vector<Tensor> parts;
+  if (first > 0) parts.push_back(Tensor::Of(others, DType::kF32, local.device, {T, first}));
+  parts.push_back(local);
+  if (const int64_t rest = total - first - width; rest > 0) {
+    parts.push_back(Tensor::Of(others + T * first, DType::kF32, local.device, {T, rest}));
+  }
+  return d.SplitColumns(all, parts);
 }
 
 absl::StatusOr<Tensor> LlamaGraph::JoinResidual(const Buffer* norm, bool first) {

@@ -155,6 +155,10 @@ class LlamaGraph {
   // next sub-layer's input is then the stream RMS-normalized by `norm` (in normed_), or
   // the stream itself where `norm` is null (OLMo 2 has no pre-norms).
   absl::StatusOr<Tensor> JoinResidual(const Buffer* norm, bool first);
+  // OLMo's QK-norm over all heads of `local` [T, this rank's heads * head_dim], the columns
+  // from `first` of the whole [T, total]: RMS-normalized by `weight` [total] in place, the
+  // other ranks' columns gathered for the sum of squares (equal slices: PlanShards).
+  absl::Status NormAllHeads(Tensor local, const Buffer& weight, int64_t total, int64_t first);
   // This rank's channels of the widest dense FFN the layers run: a mixture of experts'
   // shared expert or its leading dense layers (the routed experts' own activations are
   // MoeFeedForward's), else every layer's.
@@ -204,6 +208,7 @@ class LlamaGraph {
   Scratch act_;           // [T, ffn]
   Scratch sampled_;       // [R, hidden]
   Scratch local_logits_;  // tensor parallel: [R, local vocab]
+  Scratch all_heads_, other_heads_;  // tensor parallel, OLMo's QK-norm: [T, all heads' dims]
 };
 
 }  // namespace loom::model

@@ -431,7 +431,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
       }
     }
     if (config.qk_norm) {
-      // Per head, or (OLMo) over all heads at once: whole, tensor parallelism being refused.
+      // Per head, or (OLMo) over all heads at once: whole on every rank (NormAllHeads).
       const int64_t q_norm = config.qk_norm_full ? q_rows : hd;
       const int64_t k_norm = config.qk_norm_full ? kv_rows : hd;
       LOOM_ASSIGN_OR_RETURN(layer.q_norm,

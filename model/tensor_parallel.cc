@@ -16,14 +16,12 @@ absl::StatusOr<ShardPlan> PlanShards(const common::ModelConfig& config, int rank
   ShardPlan plan;
   plan.rank = rank;
   plan.size = size;
-  if (config.qk_norm_full && size > 1) {
-    // Each rank would need the sum of squares over every rank's heads (and a KV head two
-    // ranks hold counted once): not done yet.
+  if (config.qk_norm_full && (config.num_heads % size != 0 || config.num_kv_heads % size != 0)) {
+    // Its QK-norm gathers every rank's q and k columns, equal slices in rank order.
     return absl::InvalidArgumentError(absl::StrFormat(
-        "tensor parallelism (size %d) is not supported for %s: its QK-norm normalizes all "
-        "attention heads together; serve it with tensor parallel size 1 (pipeline "
-        "parallelism splits it by layers)",
-        size, config.architecture));
+        "tensor parallel size %d does not divide %s's %d attention heads and %d KV heads: its "
+        "QK-norm normalizes all heads together, gathered from equal slices",
+        size, config.architecture, config.num_heads, config.num_kv_heads));
   }
   if (config.num_heads < size) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -154,7 +154,8 @@ def FINISH(name):
 @pytest.mark.parametrize("spec, ranks", [("llama3_rope", 2), ("qwen2_mqa", 3), ("mixtral_top2", 2),
                                          ("glm4_sandwich", 2), ("granite_scaled", 2),
                                          ("gpt_oss_sinks", 2), ("gpt_oss_sinks", 4),
-                                         ("qwen2moe_shared", 2), ("glm4moe", 2)])
+                                         ("qwen2moe_shared", 2), ("glm4moe", 2),
+                                         ("olmo2_swa", 2), ("olmoe", 2), ("ernie45_moe", 2)])
 def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
     Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every
@@ -168,7 +169,9 @@ def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     qwen2moe_shared slices its shared expert's channels like a dense FFN's, each rank gating
     its partial sum with the whole gate; glm4moe slices its dense first layer, its experts and
     its ungated shared expert, each rank choosing experts alike with the whole router and
-    selection bias, and skips its MTP layer.
+    selection bias, and skips its MTP layer; olmo2_swa and olmoe gather every rank's q and k
+    columns for their QK-norm over all heads (olmo2_swa without pre-norms); ernie45_moe
+    routes by softmax with its selection bias.
     Greedy text through `loom up` equals the
     single-process engine's."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))

@@ -147,13 +147,15 @@ TEST(PlanShardsTest, RefusesWhatDoesNotFitWithAClearMessage) {
   config.shared_expert_intermediate_size = 1000;
   EXPECT_THAT(model::PlanShards(config, 0, 3).status().message(),
               HasSubstr("1000 shared-expert FFN channels"));
-  // OLMo's QK-norm spans every head: one rank only.
+  // OLMo's QK-norm gathers every rank's heads: equal slices of q's and of k's heads only.
   common::ModelConfig olmo = SmolLm2Shape();
   olmo.architecture = "olmo2";
   olmo.qk_norm = olmo.qk_norm_full = true;
-  EXPECT_TRUE(model::PlanShards(olmo, 0, 1).ok());
-  EXPECT_THAT(model::PlanShards(olmo, 0, 3).status().message(),
-              HasSubstr("tensor parallelism (size 3) is not supported for olmo2"));
+  EXPECT_TRUE(model::PlanShards(olmo, 0, 3).ok());
+  olmo.num_heads = 12;
+  EXPECT_THAT(model::PlanShards(olmo, 0, 2).status().message(),
+              HasSubstr("tensor parallel size 2 does not divide olmo2's 12 attention heads and 3 "
+                        "KV heads"));
 }
 
 // A shared expert's channels split like the dense FFN's (every rank's own range).
