@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 21> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 22> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -221,6 +221,18 @@ constexpr std::array<ArchitectureRules, 21> kArchitectures = {{
      .default_sliding_period = 0,
      .local_rope_theta = 0.0,
      .hf_rope_interleaved = true},
+    // EXAONE 4.0 (llama.cpp's exaone4, Hugging Face's Exaone4ForCausalLM): OLMo 2's norms after
+    // each sub-layer and none before, a per-head QK-norm, and (32B) three local layers of four
+    // whose global ones rotate nothing; the 1.2B model has no window and rotates every layer.
+    {.gguf_name = "exaone4",
+     .hf_class_name = "Exaone4ForCausalLM",
+     .gguf_rope_neox = true,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 4,
+     .local_rope_theta = 0.0,
+     .hf_sandwich_norms = true,
+     .global_layers_unrotated = true},
 }};
 
 }  // namespace

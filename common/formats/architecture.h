@@ -49,6 +49,9 @@ struct ArchitectureRules {
   // > 0: the experts' activation is OpenAI's clamped SwiGLU with this limit (gpt-oss: 7;
   // llama.cpp has no key for it, hard-coding it; config.json says `swiglu_limit`).
   double swiglu_limit = 0.0;
+  // With a sliding window, the global layers rotate nothing (EXAONE 4's hybrid
+  // attention: global NoPE); without one every layer rotates.
+  bool global_layers_unrotated = false;
   // A mixture of experts' defaults where a GGUF file has no key for them (llama.cpp's
   // rules): the chosen experts' probabilities renormalized to sum to 1
   // (<arch>.expert_weights_norm; not qwen2moe's or olmoe's), experts scored by the

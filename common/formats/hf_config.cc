@@ -308,6 +308,16 @@ absl::Status SlidingWindowToGguf(const json& config, const Fields& fields,
     for (size_t l = 0; l < types->size(); ++l) {
       local[l] = (*types)[l].is_string() && (*types)[l].get<std::string>() == "sliding_attention";
     }
+  } else if (auto letters = config.find("sliding_window_pattern");
+             letters != config.end() && letters->is_string()) {
+    // EXAONE 4's "LLLG": a letter per layer, repeated (L local, G global).
+    const std::string pattern = letters->get<std::string>();
+    if (pattern.empty() || pattern.find_first_not_of("LG") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window_pattern '",
+                                                     pattern, "' must be letters L and G"));
+    }
+    for (int64_t l = 0; l < layers; ++l)
+      local[static_cast<size_t>(l)] = window > 0 && pattern[l % pattern.size()] == 'L';
   } else if (rules.default_sliding_period > 0) {
     // Gemma 3: every sliding_window_pattern-th layer global (6 when absent).
     LOOM_ASSIGN_OR_RETURN(int64_t period,

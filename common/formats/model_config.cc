@@ -665,7 +665,12 @@ absl::Status ReadSlidingWindow(const ConfigReader& reader, const GgufFile& gguf,
 absl::Status ReadRopeLayers(const GgufFile& gguf, ModelConfig& config) {
   constexpr char kKey[] = "loom.rope.layers";
   const GgufValue* layers = gguf.Find(kKey);
-  const int64_t period = FindArchitecture(config.architecture)->no_rope_period;
+  const ArchitectureRules& rules = *FindArchitecture(config.architecture);
+  const int64_t period = rules.no_rope_period;
+  if (layers == nullptr && rules.global_layers_unrotated && config.sliding_window > 0) {
+    config.rope_layers = config.sliding_layers;  // only the local layers rotate
+    return absl::OkStatus();
+  }
   if (layers == nullptr) {
     if (period == 0) return absl::OkStatus();
     config.rope_layers.resize(static_cast<size_t>(config.num_layers));

@@ -155,7 +155,8 @@ def FINISH(name):
                                          ("glm4_sandwich", 2), ("granite_scaled", 2),
                                          ("gpt_oss_sinks", 2), ("gpt_oss_sinks", 4),
                                          ("qwen2moe_shared", 2), ("glm4moe", 2),
-                                         ("olmo2_swa", 2), ("olmoe", 2), ("ernie45_moe", 2)])
+                                         ("olmo2_swa", 2), ("olmoe", 2), ("ernie45_moe", 2),
+                                         ("exaone4_swa", 2)])
 def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
     Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every

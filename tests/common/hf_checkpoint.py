@@ -74,6 +74,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
             "ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
+            "exaone4": "Exaone4ForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
@@ -305,7 +306,7 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             name = f"model.layers.{tensor.name.split('.')[1]}.mlp.gate_up_proj.weight"
         if hf_arch == "glm4" and suffix in _GLM4_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4_NORMS[suffix]}"
-        if hf_arch in ("olmo2", "olmo3") and suffix in _OLMO2_NORMS:
+        if hf_arch in ("olmo2", "olmo3", "exaone4") and suffix in _OLMO2_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_OLMO2_NORMS[suffix]}"
         if gemma and tensor.name.startswith("blk.") and suffix in _GEMMA_NORMS:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GEMMA_NORMS[suffix]}"
@@ -413,6 +414,10 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                        for i in range(layers)]})
     if hf_arch == "olmoe":
         config.update({"norm_topk_prob": False, "clip_qkv": None})
+    if hf_arch == "exaone4":
+        # EXAONE-4.0-32B's config: the window and its pattern as letters (no layer_types).
+        config.update({"sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
+                       "sliding_window_pattern": "LLLG"})
     if hf_arch == "ernie4_5":
         config.update({"use_bias": False, "model_type": "ernie4_5"})
     if hf_arch == "ernie4_5-moe":

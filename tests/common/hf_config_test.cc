@@ -204,6 +204,36 @@ TEST(HfConfigTest, TranslatesOlmo3AndOlmoe) {
   ExpectRefused(clipped, "clip_qkv");
 }
 
+// EXAONE-4.0-32B's config.json (layers shrunk to 8): the window on the layers its letter pattern
+// calls local, the global ones rotating nothing; 1.2B's has no window and rotates every layer.
+TEST(HfConfigTest, TranslatesExaone4) {
+  const std::string exaone = R"({
+    "architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "hidden_size": 5120,
+    "intermediate_size": 27392, "num_hidden_layers": 8, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000, "hidden_act": "silu",
+    "sliding_window": 4096, "sliding_window_pattern": "LLLG", "tie_word_embeddings": false,
+    "vocab_size": 102400})";
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(exaone, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "exaone4");
+  EXPECT_TRUE(info.sandwich_norms);
+  const std::vector<bool> local = {true, true, true, false, true, true, true, false};
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_EQ(config->sliding_layers, local);
+  EXPECT_EQ(config->rope_layers, local);
+  std::string small = exaone;
+  small.replace(small.find("\"sliding_window\": 4096"), 22, "\"sliding_window\": null");
+  config = Translate(small);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_TRUE(config->rope_layers.empty());
+  std::string bad = exaone;
+  bad.replace(bad.find("LLLG"), 4, "LXLG");
+  ExpectRefused(bad, "sliding_window_pattern 'LXLG'");
+}
+
 // ERNIE-4.5-0.3B-PT's config.json: llama's fields, interleaved RoPE pairs, use_bias (true
 // refused).
 TEST(HfConfigTest, TranslatesErnie45) {

@@ -73,6 +73,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   olmo2_swa    max 0.223 (avx2, scalar)     RMS 0.0586 (same)
 #   olmoe        max 0.198 (avx2, scalar)     RMS 0.0480 (same)
 #   ernie45      max 0.369 (avx2, scalar)     RMS 0.0570 (same)
+#   exaone4_swa  max 0.182 (avx2, scalar)     RMS 0.0448 / 0.0446
 #   ernie45_moe  max 0.528 (avx2, scalar)     RMS 0.110 (same; seed 1415's near routing tie gave 2.5)
 # llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
 # formats (Q4_0 Q beside a Q8_0 V, ...) stopped falling back to F32 weights: they are widened
@@ -109,6 +110,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "olmoe": (0.30, 0.072),
     "ernie45": (0.55, 0.086),
     "ernie45_moe": (0.79, 0.165),
+    "exaone4_swa": (0.28, 0.068),
 }
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600

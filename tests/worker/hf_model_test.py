@@ -88,6 +88,9 @@ RANDOM_FAMILIES = {
     # Ernie4_5_MoeForCausalLM: moe_* fields, mlp.moe_statics.e_score_correction_bias [1, E],
     # mlp.shared_experts.*, and an MTP tensor (model.mtp_*) the loader skips.
     "ernie45_moe": (random_model.SPECS["ernie45_moe"], None, None),
+    # Exaone4ForCausalLM: OLMo 2's norm names, per-head q_norm / k_norm, sliding_window with
+    # its pattern as letters ("LLLG"), global layers without RoPE.
+    "exaone4": (random_model.SPECS["exaone4_swa"], None, None),
     # Gemma3ForCausalLM: norms stored as w (scale 1 + w), sandwich norm names, GELU,
     # query_pre_attn_scalar, rope_local_base_freq, every 6th layer global.
     "gemma3": (random_model.SPECS["gemma3_swa"], None, None),

@@ -41,7 +41,8 @@ of q (and of k) at once; with a sliding window every 4th layer global, llama.cpp
 not renormalized unless `expert_weights_norm` says so); `ernie4_5` (ERNIE 4.5 dense: llama's layout
 rotating interleaved pairs); `ernie4_5-moe` (the same attention, `leading_dense_block_count`
 dense layers, then softmax probabilities chosen with `exp_probs_b.bias`, renormalized, beside
-ungated shared experts).
+ungated shared experts); `exaone4` (EXAONE 4.0: OLMo 2's norms with a per-head QK-norm; with a
+window every 4th layer global and only the local layers rotating).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -65,7 +66,7 @@ SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwe
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
                    "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox",
                    "olmo2": "neox", "olmoe": "neox", "ernie4_5": "normal",
-                   "ernie4_5-moe": "normal"}
+                   "ernie4_5-moe": "normal", "exaone4": "neox"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0
@@ -386,7 +387,9 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
         rope_attention_factor=attention_factor, rope_base=base,
         sliding_window=int(_field(reader, f"{arch}.attention.sliding_window", 0) or 0),
         sliding_layers=_sliding_layers(reader, arch, n_layer),
-        rope_layers=_rope_layers(reader, arch, n_layer),
+        rope_layers=_rope_layers(reader, arch, n_layer,
+                                 _sliding_layers(reader, arch, n_layer)
+                                 if _field(reader, f"{arch}.attention.sliding_window") else None),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
         expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm",
                                 arch not in ("qwen2moe", "olmoe"))),
@@ -433,11 +436,14 @@ def _gemma(arch: str, n_embd: int, n_head: int, head_dim: int, n_layer: int, n_r
             "attention_scale": query_pre_attn_scalar ** -0.5, **extra}
 
 
-def _rope_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
-    """Whether each layer applies RoPE: loom.rope.layers, else SmolLM3's every-4th-layer rule."""
+def _rope_layers(reader: gguf.GGUFReader, arch: str, n_layer: int, sliding=None) -> tuple:
+    """Whether each layer applies RoPE: loom.rope.layers, else SmolLM3's every-4th-layer rule,
+    else EXAONE 4's (with a window, only the local layers: transformers' Exaone4Attention)."""
     listed = _field(reader, "loom.rope.layers")
     if listed is not None:
         return tuple(bool(x) for x in listed)
+    if arch == "exaone4" and sliding is not None:
+        return tuple(sliding)
     if arch == "smollm3":
         return tuple((li + 1) % SMOLLM3_NO_ROPE_PERIOD != 0 for li in range(n_layer))
     return ()
@@ -451,8 +457,8 @@ def _sliding_layers(reader: gguf.GGUFReader, arch: str, n_layer: int) -> tuple:
         pattern = GEMMA3_SLIDING_PERIOD
     if pattern is None and arch in ("gemma2", "gpt-oss"):
         pattern = 2  # every other layer global: the even ones local
-    if pattern is None and arch == "olmo2":
-        pattern = 4  # OLMo 3: every 4th layer global
+    if pattern is None and arch in ("olmo2", "exaone4"):
+        pattern = 4  # OLMo 3, EXAONE 4: every 4th layer global
     if pattern is None:
         return (True,) * n_layer
     if isinstance(pattern, list):

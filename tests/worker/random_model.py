@@ -54,6 +54,9 @@ Variants (see SPECS):
   ernie45_moe    ernie4_5-moe arch: layer 0 dense (96 channels), layers 1-2 8 experts of 32, top 2
                  by softmax probability + a selection bias (+-0.05), renormalized, beside an
                  ungated shared expert of 32; interleaved RoPE.
+  exaone4_swa    exaone4 arch (EXAONE 4.0 32B's layout): OLMo 2's norms (none before, RMSNorm of
+                 each sub-layer's output), a per-head QK-norm, a 16-token window on 3 of 4 layers
+                 (no pattern key) and no RoPE on the global ones.
   olmoe          olmoe arch: llama's norms, the all-heads QK-norm, 8 experts of 32 channels, top 2
                  not renormalized (the architecture's default).
 
@@ -412,6 +415,15 @@ SPECS = {
                "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1), "ffn_down": (T.Q8_0,),
                "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1, T.F16),
                "ffn_down_shexp": (T.F16, T.Q8_0)}),
+    # EXAONE 4.0 32B's layout: no pre-norms, post norms, a per-head QK-norm, three local layers
+    # of four (16-token window), the global ones without RoPE.
+    "exaone4_swa": ModelSpec(
+        name="exaone4_swa", arch="exaone4", n_embd=64, n_layer=4, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=128, rope_base=1000000.0, rms_eps=1e-5, pre_norms=False,
+        post_norms=True, qk_norm=True, sliding_window=16, tied_output=False, seed=1516,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.Q8_0, T.F16),
+               "attn_k": (T.F16,), "attn_v": (T.Q8_0,), "attn_output": (T.F16, T.Q4_1),
+               "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q4_1, T.F16), "ffn_down": (T.F16, T.Q8_0)}),
     # OLMoE: llama's norms, the all-heads QK-norm, top 2 of 8 experts not renormalized.
     "olmoe": ModelSpec(
         name="olmoe", arch="olmoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
