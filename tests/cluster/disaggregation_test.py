@@ -231,7 +231,7 @@ def wait_for(rig, predicate, what, timeout=60):
 def finishes_with_reference(stream, reference, where):
     outcome = stream.join(180)
     assert outcome.finished, outcome.describe()
-    assert outcome.token_ids == reference[1][:FAILURE_TOKENS], (outcome.text, reference[1])
+    assert outcome.token_ids == reference[1][:FAILURE_TOKENS], (outcome.describe(), reference[1])
     assert outcome.last_replica_id == where, outcome.describe()
 
 
