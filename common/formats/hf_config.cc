@@ -408,6 +408,7 @@ absl::Status GlmRoutingToGguf(const Fields& fields, const std::string& arch,
 absl::Status ErnieExpertsToGguf(const Fields& fields, int64_t layers, const std::string& arch,
                                 GgufMetadataBuilder& metadata) {
   LOOM_ASSIGN_OR_RETURN(int64_t experts, fields.Int("moe_num_experts", std::nullopt));
+  if (experts == 0) return absl::OkStatus();  // a dense model's config may say so
   LOOM_ASSIGN_OR_RETURN(int64_t used, fields.Int("moe_k", std::nullopt));
   LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("moe_intermediate_size", std::nullopt));
   LOOM_ASSIGN_OR_RETURN(int64_t shared, fields.Int("moe_num_shared_experts", 0));
