@@ -6,7 +6,6 @@
 #include "api/harmony_reply.h"
 #include "api/pythonic_calls.h"
 #include "api/tool_call_text.h"
-#include "common/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::api {
@@ -23,13 +22,6 @@ using markers::kFunctionOpen;
 using markers::kHermesClose;
 using markers::kHermesOpen;
 using markers::kPythonTag;
-
-// Generated text nested deeper than Loom takes from anyone is no call (see json_depth.h).
-Json ParseJson(std::string_view text) {
-  if (common::JsonNestingDepth(text) > common::kMaxJsonNestingDepth)
-    return Json::value_t::discarded;
-  return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-}
 
 // A reply that holds no (well-formed) call: all content.
 ParsedReply ContentOnly(std::string_view text) { return ParsedReply{text.size(), {}, {}, {}}; }
@@ -104,7 +96,7 @@ ParsedReply ParseHermes(std::string_view text) {
     const std::string_view inner = TrimBlanks(
         text.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body));
     ParsedToolCall call;
-    if (!CallFromJson(ParseJson(inner), call)) return reply;  // not a call: all content
+    if (!CallFromJson(ParseGeneratedJson(inner), call)) return reply;  // not a call: all content
     calls.push_back(std::move(call));
     if (close == std::string_view::npos) break;
     at = text.find(kHermesOpen, close + kHermesClose.size());
@@ -118,7 +110,8 @@ ParsedReply ParseCallList(std::string_view text, std::string_view marker_text) {
   const size_t marker = text.find(marker_text);
   if (marker == std::string_view::npos) return reply;
   std::vector<ParsedToolCall> calls;
-  if (!CallsFromJson(ParseJson(TrimBlanks(text.substr(marker + marker_text.size()))), calls)) {
+  if (!CallsFromJson(ParseGeneratedJson(TrimBlanks(text.substr(marker + marker_text.size()))),
+                     calls)) {
     return reply;
   }
   return WithCalls(std::move(calls), marker);
@@ -131,7 +124,7 @@ ParsedReply ParseLlama3(std::string_view text) {
     body = TrimBlanks(body.substr(kPythonTag.size()));
   body = Unfenced(body);
   std::vector<ParsedToolCall> calls;
-  Json whole = ParseJson(body);
+  Json whole = ParseGeneratedJson(body);
   if (!whole.is_discarded()) {
     if (!CallsFromJson(whole, calls)) return reply;
   } else {
@@ -142,7 +135,7 @@ ParsedReply ParseLlama3(std::string_view text) {
       // A ';' inside a string value: extend until the piece parses.
       Json piece;
       while (true) {
-        piece = ParseJson(TrimBlanks(body.substr(
+        piece = ParseGeneratedJson(TrimBlanks(body.substr(
             start, end == std::string_view::npos ? std::string_view::npos : end - start)));
         if (!piece.is_discarded() || end == std::string_view::npos) break;
         end = body.find(';', end + 1);
@@ -159,7 +152,7 @@ ParsedReply ParseLlama3(std::string_view text) {
 
 ParsedReply ParseGeneric(std::string_view text) {
   const ParsedReply reply = ContentOnly(text);
-  const Json value = ParseJson(Unfenced(TrimBlanks(text)));
+  const Json value = ParseGeneratedJson(Unfenced(TrimBlanks(text)));
   if (!value.is_object()) return reply;
   std::vector<ParsedToolCall> calls;
   if (auto list = value.find("tool_calls"); list != value.end()) {
@@ -172,8 +165,7 @@ ParsedReply ParseGeneric(std::string_view text) {
   return WithCalls(std::move(calls), 0);
 }
 
-// Qwen3-Coder's and GLM-4.5's tags. Qwen3-Coder's content ends at the <tool_call> that
-// wraps its first function, when there is one.
+// Qwen3-Coder's and GLM-4.5's tags: the content ends where the first call starts.
 ParsedReply ParseXmlCalls(const XmlCallSyntax& syntax, std::string_view text,
                           const StringParameters& string_parameters) {
   const XmlCalls scan = ScanXmlCalls(syntax, text);
@@ -182,16 +174,7 @@ ParsedReply ParseXmlCalls(const XmlCallSyntax& syntax, std::string_view text,
   for (const XmlCall& call : scan.calls) {
     calls.push_back({call.name, XmlArgumentsJson(call, string_parameters, /*text_ended=*/true)});
   }
-  size_t first = scan.calls.front().start;
-  if (syntax.open != kHermesOpen) {
-    const size_t wrapper = text.rfind(kHermesOpen, first);
-    if (wrapper != std::string_view::npos &&
-        TrimBlanks(text.substr(wrapper + kHermesOpen.size(), first - wrapper - kHermesOpen.size()))
-            .empty()) {
-      first = wrapper;
-    }
-  }
-  return WithCalls(std::move(calls), first);
+  return WithCalls(std::move(calls), scan.calls.front().start);
 }
 
 ParsedReply ParseDeepSeekV3(std::string_view text) {
@@ -220,7 +203,7 @@ ParsedReply ParseDeepSeekV3(std::string_view text) {
       call.name = std::string(TrimBlanks(text.substr(head, sep - head)));
       json_text = TrimBlanks(rest);
     }
-    const Json arguments = ParseJson(json_text);
+    const Json arguments = ParseGeneratedJson(json_text);
     if (call.name.empty() || !arguments.is_object()) return reply;
     call.arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
     calls.push_back(std::move(call));

@@ -5,6 +5,9 @@
 
 #include <string_view>
 
+#include "common/json_depth.h"
+#include "nlohmann/json.hpp"
+
 namespace loom::api::markers {
 
 inline constexpr std::string_view kHermesOpen = "<tool_call>";
@@ -31,6 +34,16 @@ namespace loom::api {
 
 /// JSON's insignificant whitespace.
 inline bool IsBlank(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/// `text` as JSON, or discarded when it is not JSON or nests deeper than Loom takes from
+/// anyone (generated text is no call then; see json_depth.h).
+inline nlohmann::ordered_json ParseGeneratedJson(std::string_view text) {
+  if (common::JsonNestingDepth(text) > common::kMaxJsonNestingDepth) {
+    return nlohmann::ordered_json::value_t::discarded;
+  }
+  return nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr,
+                                       /*allow_exceptions=*/false);
+}
 
 /// `text` without leading and trailing blanks.
 inline std::string_view TrimBlanks(std::string_view text) {

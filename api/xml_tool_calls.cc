@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "common/json_depth.h"
-
 namespace loom::api {
 namespace {
 
@@ -42,13 +40,23 @@ bool ScanArguments(const XmlCallSyntax& syntax, std::string_view body, XmlCall& 
   return true;
 }
 
+// Where the call whose opening tag is at `at` starts: at the wrapper before it (Qwen3-Coder's
+// <tool_call>) when only blanks come between.
+size_t CallStart(const XmlCallSyntax& syntax, std::string_view text, size_t at) {
+  if (syntax.wrapper.empty()) return at;
+  const size_t wrapper = text.rfind(syntax.wrapper, at);
+  if (wrapper == kNpos) return at;
+  const size_t inside = wrapper + syntax.wrapper.size();
+  return TrimBlanks(text.substr(inside, at - inside)).empty() ? wrapper : at;
+}
+
 }  // namespace
 
 XmlCalls ScanXmlCalls(const XmlCallSyntax& syntax, std::string_view text) {
   XmlCalls out;
   for (size_t at = text.find(syntax.open); at != kNpos;) {
     XmlCall call;
-    call.start = at;
+    call.start = CallStart(syntax, text, at);
     const size_t name_start = at + syntax.open.size();
     const size_t name_end = syntax.name_end.empty() ? UntaggedNameEnd(syntax, text, name_start)
                                                     : text.find(syntax.name_end, name_start);
@@ -82,13 +90,8 @@ Json XmlValueJson(std::string_view raw, bool as_string) {
   if (!raw.empty() && raw.front() == '\n') raw.remove_prefix(1);
   if (!raw.empty() && raw.back() == '\n') raw.remove_suffix(1);
   if (!as_string) {
-    const std::string_view trimmed = TrimBlanks(raw);
-    // Generated text nested deeper than Loom takes from anyone is a string (json_depth.h).
-    if (common::JsonNestingDepth(trimmed) <= common::kMaxJsonNestingDepth) {
-      Json parsed = Json::parse(trimmed.begin(), trimmed.end(), nullptr,
-                                /*allow_exceptions=*/false);
-      if (!parsed.is_discarded() && !parsed.is_string()) return parsed;
-    }
+    Json parsed = ParseGeneratedJson(TrimBlanks(raw));
+    if (!parsed.is_discarded() && !parsed.is_string()) return parsed;
   }
   return Json(std::string(raw));
 }

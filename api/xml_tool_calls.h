@@ -34,11 +34,17 @@ struct XmlCallSyntax {
   std::string_view key_close;   // after it
   std::string_view value_open;  // before the value, after optional blanks; "": none
   std::string_view value_close;
+  std::string_view wrapper = {};  // around the calls (Qwen3-Coder's <tool_call>), or ""
 };
 
-inline constexpr XmlCallSyntax kQwen3CoderSyntax{
-    markers::kFunctionOpen,  ">", markers::kFunctionClose, markers::kParameterOpen, ">", "",
-    markers::kParameterClose};
+inline constexpr XmlCallSyntax kQwen3CoderSyntax{markers::kFunctionOpen,
+                                                 ">",
+                                                 markers::kFunctionClose,
+                                                 markers::kParameterOpen,
+                                                 ">",
+                                                 "",
+                                                 markers::kParameterClose,
+                                                 markers::kHermesOpen};
 inline constexpr XmlCallSyntax kGlm45Syntax{markers::kHermesOpen,   "",
                                             markers::kHermesClose,  markers::kArgKeyOpen,
                                             markers::kArgKeyClose,  markers::kArgValueOpen,
@@ -53,7 +59,7 @@ struct XmlArgument {
 
 /// One call as far as the text shows it.
 struct XmlCall {
-  size_t start = 0;  // where its opening tag begins
+  size_t start = 0;  // where its opening tag (or the syntax's wrapper just before it) begins
   std::string name;
   std::vector<XmlArgument> arguments;
   bool closed = false;  // its closing tag was seen

@@ -1,6 +1,7 @@
 #include "model/llama_graph.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -461,13 +462,14 @@ absl::Status LlamaGraph::NormAllHeads(Tensor local, const Buffer& weight, int64_
   LOOM_RETURN_IF_ERROR(d.RmsNorm(all, Vector(weight, total), eps, all));
   // This rank's columns back into `local`; the others' into scratch (no empty part).
   float* others = other_heads_.view.as<float>();
-  std::vector<Tensor> parts;
-  if (first > 0) parts.push_back(Tensor::Of(others, DType::kF32, local.device, {T, first}));
-  parts.push_back(local);
+  std::array<Tensor, 3> parts;
+  size_t count = 0;
+  if (first > 0) parts[count++] = Tensor::Of(others, DType::kF32, local.device, {T, first});
+  parts[count++] = local;
   if (const int64_t rest = total - first - width; rest > 0) {
-    parts.push_back(Tensor::Of(others + T * first, DType::kF32, local.device, {T, rest}));
+    parts[count++] = Tensor::Of(others + T * first, DType::kF32, local.device, {T, rest});
   }
-  return d.SplitColumns(all, parts);
+  return d.SplitColumns(all, absl::MakeConstSpan(parts.data(), count));
 }
 
 absl::StatusOr<Tensor> LlamaGraph::JoinResidual(const Buffer* norm, bool first) {
