@@ -458,17 +458,20 @@ uint8_t FloatToE4m3(float value) {
   const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
   const double magnitude = std::fabs(static_cast<double>(value));
   if (magnitude >= 448.0) return sign | 0x7e;  // saturate
-  // The nearest of the 127 finite non-negative codes; ties to the even code.
-  uint8_t best = 0;
-  double best_error = magnitude;
-  for (uint8_t code = 1; code <= 0x7e; ++code) {
-    const double error = std::fabs(static_cast<double>(E4m3ToFloat(code)) - magnitude);
-    if (error < best_error || (error == best_error && (code & 1) == 0)) {
-      best = code;
-      best_error = error;
-    }
+  // The nearest of the 127 finite non-negative codes, whose values increase with the code:
+  // one of the two around it (a binary search; the linear scan made a 16M-weight test take
+  // 36 s), ties to the even code.
+  uint8_t below = 0, above = 0x7e;  // value(below) <= magnitude < value(above)
+  while (above - below > 1) {
+    const uint8_t middle = static_cast<uint8_t>((below + above) / 2);
+    (E4m3ToFloat(middle) <= magnitude ? below : above) = middle;
   }
-  return sign | best;
+  const double below_error = magnitude - E4m3ToFloat(below);
+  const double above_error = E4m3ToFloat(above) - magnitude;
+  if (above_error < below_error || (above_error == below_error && (above & 1) == 0)) {
+    return sign | above;
+  }
+  return sign | below;
 }
 
 absl::Status CheckQuantizeFp8Params(const QuantizeFp8Params& p) {
