@@ -24,7 +24,7 @@
 namespace loom::common::testing {
 
 inline constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ8_0 = 8,
-                          kGgmlQ4_K = 12, kGgmlQ6_K = 14;  // ggml type ids
+                          kGgmlQ4_K = 12, kGgmlQ6_K = 14, kGgmlBF16 = 30;  // ggml type ids
 
 struct RandomModelSpec {
   std::string arch = "llama";  // llama: RoPE pairs (2i, 2i+1); qwen2: NeoX pairs, QKV bias;
@@ -42,7 +42,7 @@ struct RandomModelSpec {
   // The storage types the layer matrices cycle through; empty: Q4_0 and Q4_1 alternating
   // when int4, else F16, Q8_0 and F32 (so every conversion path is exercised).
   std::vector<uint32_t> matrix_types;
-  uint32_t embedding_type = kGgmlF16;  // F16 or Q8_0
+  uint32_t embedding_type = kGgmlF16;  // F16, BF16 or Q8_0
   // Local layers (<arch>.attention.sliding_window): 0 none; with sliding_period N every
   // N-th layer is global (<arch>.attention.sliding_window_pattern), 0: every layer local.
   int64_t sliding_window = 0;
@@ -138,10 +138,19 @@ inline std::string RandomKQuantBytes(uint32_t type, const std::vector<float>& va
   return std::string(blocks.begin(), blocks.end());
 }
 
+inline std::string BF16Bytes(const std::vector<float>& values) {
+  std::string bytes(values.size() * 2, '\0');
+  kernels::cuda::ConvertFromFloat(kernels::cuda::DataType::kBF16, values.data(),
+                                  static_cast<int64_t>(values.size()), bytes.data());
+  return bytes;
+}
+
 inline std::string EncodeAs(uint32_t type, const std::vector<float>& values) {
   switch (type) {
     case kGgmlF32: return F32Bytes(values);
     case kGgmlF16: return F16Bytes(values);
+    case kGgmlBF16:
+      return BF16Bytes(values);
     case kGgmlQ8_0: return Q8_0Bytes(values);
     case kGgmlQ4_K:
     case kGgmlQ6_K:
@@ -150,18 +159,9 @@ inline std::string EncodeAs(uint32_t type, const std::vector<float>& values) {
   }
 }
 
-/// The GGUF image of the random model `spec` describes (the same spec gives the same bytes),
-/// with the architecture's shape keys and no tokenizer.
-inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomModelSpec& spec) {
-  std::mt19937 rng(spec.seed);
-  auto uniform = [&](int64_t count, float scale, float offset = 0.0f) {
-    std::uniform_real_distribution<float> dist(-scale, scale);
-    std::vector<float> out(count);
-    for (float& x : out) x = offset + dist(rng);
-    return out;
-  };
+/// The metadata of the random model `spec` describes: its architecture's shape keys.
+inline void AddRandomModelMetadata(const RandomModelSpec& spec, GgufImageBuilder& builder) {
   const std::string& a = spec.arch;
-  GgufImageBuilder builder;
   builder.KvString("general.architecture", a)
       .KvString("general.name", "cuda-runner-test-" + a)
       .KvU32(a + ".context_length", 1024)
@@ -198,6 +198,20 @@ inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomMo
                     static_cast<uint32_t>(spec.shared_ffn));
     }
   }
+}
+
+/// The GGUF image of the random model `spec` describes (the same spec gives the same bytes),
+/// with the architecture's shape keys and no tokenizer.
+inline absl::StatusOr<std::unique_ptr<GgufFile>> RandomModelImage(const RandomModelSpec& spec) {
+  std::mt19937 rng(spec.seed);
+  auto uniform = [&](int64_t count, float scale, float offset = 0.0f) {
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> out(count);
+    for (float& x : out) x = offset + dist(rng);
+    return out;
+  };
+  GgufImageBuilder builder;
+  AddRandomModelMetadata(spec, builder);
   const uint64_t h = spec.hidden, q_rows = spec.heads * spec.head_dim,
                  kv_rows = spec.kv_heads * spec.head_dim, ffn = spec.ffn, vocab = spec.vocab;
   const std::vector<uint32_t> types =

@@ -27,8 +27,9 @@
 #   6. racecheck     scenario (memcheck only); "Device not supported", as under gVisor, is
 #                    reported as unavailable
 #   7. bench       tests/gpu/serve_bench.py (loom bench at 1/32/128 streams against loom
-#                  up on the default model's random twin), then the GPU benchmarks' --quick
-#                  forms and PyTorch as their peer, while time is left
+#                  up on the default model's random twin, then on Llama-3-8B-shaped INT4 and
+#                  BF16 models made here), then the GPU benchmarks' --quick forms and
+#                  PyTorch as their peer, while time is left
 # report.json and report.txt (tests/gpu/quick_report.py) and log.txt are rewritten in $OUT
 # after every step, so a run cut off at any point still leaves its report; the serving
 # steps' own logs come back as serve.log, serve_pd.log and serve_bench.log (their last
@@ -65,13 +66,14 @@ done
 [[ "$DEADLINE" =~ ^[0-9]+$ ]] || { echo "quick.sh: --deadline takes whole seconds" >&2; exit 2; }
 
 # Steps, their own limits (seconds; those before bench add up to 385, so no step starves a
-# later test step; bench, the last, takes at most 60 s of what the 420 s deadline leaves)
+# later test step; bench, the last, takes at most 150 s of what the 420 s deadline leaves:
+# the test steps took 193 s on the H200)
 # and what they run. The global deadline caps each. The H200 run of 2026-12-04 took 9 s to
 # serve, 100 s for the kernels (36 of them in one FP8 test's host reference, since made
 # fast), 1 s model, 16 s runner, 13 s nccl, 26 s memcheck and 45 s racecheck.
 STEPS=(preflight models serve kernels model runner nccl memcheck racecheck bench)
 declare -A LIMIT=([preflight]=10 [models]=20 [serve]=90 [kernels]=95 [model]=15 [runner]=45
-                  [nccl]=20 [memcheck]=35 [racecheck]=55 [bench]=60)
+                  [nccl]=20 [memcheck]=35 [racecheck]=55 [bench]=150)
 for step in ${ONLY//,/ }; do
   [[ -n "${LIMIT[$step]:-}" && "$step" != preflight && "$step" != models ]] ||
     { echo "quick.sh: --steps: unknown step $step" >&2; exit 2; }
@@ -419,6 +421,29 @@ if wanted bench && ((left >= 15)) && [[ -f "$MODELS/default-shape.gguf" ]]; then
   kill_servers
   keep_log serve_bench.log
 fi
+# Then Llama-3-8B-shaped models, INT4 (Q4_1 layers, Q8_0 embeddings and head) and BF16, made
+# here in seconds by test_model_tool (the vocabulary is the default model's 49,152; the
+# layers LOOM_GPU_8B_LAYERS of its 32, default 8: the 32 BF16 layers are 16 GB to write and
+# load), at 1 / 32 / 128 streams beside the bound of the bytes a decode step reads.
+LARGE_LAYERS="${LOOM_GPU_8B_LAYERS:-8}"
+for kind in int4 bf16; do
+  wanted bench || break
+  left=$(left_in_bench 35)
+  ((left >= 20)) || break
+  model="$MODELS/llama3-8b-$kind.gguf"
+  t_model=$(date +%s)
+  per_token="$(timeout -k 5 "$left" "${RUN_ENV[@]}" "$B/bin/test_model_tool" random     --shape "llama3-8b-$kind" --layers "$LARGE_LAYERS" --metadata "$B/models/$(manifest models)"     "$model" 2>> "$LOG" | sed -n 's/^bytes_per_token=//p')"
+  left=$((left - ($(date +%s) - t_model)))
+  if [[ -n "$per_token" ]] && ((left >= 10)) &&
+      timeout -k 5 "$left" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py"         --loom "$B/bin/loom" --model "$model" --device cuda --bytes-per-token "$per_token"         --concurrency 1,32,128 --num-requests 32 --input-len 128 --output-len 64         --start-timeout $((left * 2 / 3)) --pgid-file "$WORK/serve_bench.pgid"         --out "$WORK/bench/serve_bench_8b_$kind.json" --log "$WORK/serve_bench_8b.log" >> "$LOG" 2>&1; then
+    done_benches+=("serve_bench_8b_$kind")
+  else
+    done_benches+=("serve_bench_8b_$kind:failed")
+  fi
+  kill_servers
+  tail -n 20 "$WORK/serve_bench_8b.log" >> "$LOG" 2> /dev/null
+  rm -f "$model" "$model.tmp"
+done
 # The kernels' benchmarks, 20 s each at most.
 for bench in "${BENCHES[@]}"; do
   wanted bench || break

@@ -168,6 +168,11 @@ def build(work, out, final):
             lines.append(f"bench {name}: {json.dumps(ratios)[:400]}")
             if data.get("reason"):
                 lines.append(f"  {data['reason']}")
+            for row in data.get("levels_brief", []):
+                lines.append(f"  {row['concurrency']:>4} streams: {row['output_tokens_per_s']:.1f} "
+                             f"output tokens/s, TTFT p50 {row['ttft_ms_p50']:.1f} ms p99 "
+                             f"{row['ttft_ms_p99']:.1f} ms, ITL p50 {row['itl_ms_p50']:.2f} ms "
+                             f"p99 {row['itl_ms_p99']:.2f} ms")
             for row in data.get("comparisons", []):
                 lines.append(f"  {row['kernel']} {row.get('dtype', '')} {row['shape']}: "
                              f"Loom / PyTorch {row['loom_over_torch']:.3f}"

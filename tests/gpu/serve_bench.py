@@ -76,6 +76,10 @@ def main():
     parser.add_argument("--log", default="serve_bench.log")
     parser.add_argument("--out", default="serve_bench.json")
     parser.add_argument("--pgid-file", help="where to write the process group of `loom up`")
+    parser.add_argument("--bytes-per-token", type=int,
+                        help="weight bytes a decode step reads (default: the model file's size; "
+                             "test_model_tool prints it for an untied model, whose embedding "
+                             "table is read one row per token)")
     parser.add_argument("--speculative-tokens", type=int, default=0,
                         help="then batch 1 with K n-gram drafts per step against none (0: not run)")
     parser.add_argument("extra", nargs="*", help="more `loom up` flags (after --)")
@@ -84,10 +88,11 @@ def main():
 
     bandwidth = copy_bandwidth_gbs(args.device)
     model_bytes = os.path.getsize(args.model)
+    bytes_per_token = args.bytes_per_token or model_bytes
     command = [args.loom, "up", args.model, "--device", args.device, "--host", "127.0.0.1",
                "--port", "-1", "--grpc-port", "0", *args.extra]
     summary = {"model": os.path.basename(args.model), "model_bytes": model_bytes,
-               "device": args.device, "copy_bandwidth_gbs": bandwidth, "command": command}
+               "bytes_per_token": bytes_per_token, "device": args.device, "copy_bandwidth_gbs": bandwidth, "command": command}
     server = Server(command, args.log, args.pgid_file)
     try:
         deadline = time.monotonic() + args.start_timeout
@@ -128,7 +133,13 @@ def main():
         server.stop()
     # Batch-1 decode's bound: every weight byte read once per token.
     if bandwidth:
-        summary["batch1_tokens_per_s_limit"] = bandwidth * 1e9 / model_bytes
+        summary["batch1_tokens_per_s_limit"] = bandwidth * 1e9 / bytes_per_token
+    # One line per load level for the report: output tokens/s, TTFT and ITL p50 / p99.
+    summary["levels_brief"] = [
+        {"concurrency": run["concurrency"], "output_tokens_per_s": round(run["output_throughput"], 1),
+         "ttft_ms_p50": round(run["ttft_ms"]["p50"], 2), "ttft_ms_p99": round(run["ttft_ms"]["p99"], 2),
+         "itl_ms_p50": round(run["itl_ms"]["p50"], 3), "itl_ms_p99": round(run["itl_ms"]["p99"], 3)}
+        for run in summary.get("levels", {}).get("runs", [])]
     single = [run for run in summary.get("levels", {}).get("runs", []) if run["concurrency"] == 1]
     if single and single[0]["tpot_ms"]["p50"] > 0:
         summary["batch1_decode_tokens_per_s"] = 1000.0 / single[0]["tpot_ms"]["p50"]

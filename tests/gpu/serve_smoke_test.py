@@ -7,7 +7,8 @@ run and the window never runs them for the first time:
 * the tiny random model made from it serves: serve_smoke.py passes every step against
   `loom up --device cpu`;
 * the random default-shape model has the default model's tensors (names, shapes, storage
-  types) and runs;
+  types) and runs; the Llama-3-8B shapes of the serving benchmark have its layers, print
+  the bytes a decode step reads, and run;
 * serve_smoke.py fails, naming the step, when the server cannot do what it checks: here a
   40-token context refuses the drain step's long stream;
 * killed by its step's limit (SIGTERM), it stops the server and keeps what it found.
@@ -64,6 +65,34 @@ def test_default_shape_model_generates(models):
     assert "decode: 3 tokens" in result.stderr
 
 
+@pytest.mark.parametrize("kind", ["int4", "bf16"])
+def test_llama3_8b_shapes_have_its_layers_and_print_the_bytes_a_step_reads(models, tmp_path, kind):
+    out = tmp_path / f"8b-{kind}.gguf"
+    made = subprocess.run([tool_path("test_model_tool"), "random", "--shape", f"llama3-8b-{kind}",
+                           "--layers", "1", "--metadata", models / "meta.gguf", out],
+                          capture_output=True, text=True, check=True)
+    reader = gguf.GGUFReader(out)
+    tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name) for t in reader.tensors}
+    layer, wide = ("Q4_1", "Q8_0") if kind == "int4" else ("BF16", "BF16")
+    assert tensors == {
+        "token_embd.weight": ((4096, 49152), wide), "output.weight": ((4096, 49152), wide),
+        "output_norm.weight": ((4096,), "F32"), "blk.0.attn_norm.weight": ((4096,), "F32"),
+        "blk.0.ffn_norm.weight": ((4096,), "F32"),
+        "blk.0.attn_q.weight": ((4096, 4096), layer), "blk.0.attn_k.weight": ((4096, 1024), layer),
+        "blk.0.attn_v.weight": ((4096, 1024), layer),
+        "blk.0.attn_output.weight": ((4096, 4096), layer),
+        "blk.0.ffn_gate.weight": ((4096, 14336), layer), "blk.0.ffn_up.weight": ((4096, 14336), layer),
+        "blk.0.ffn_down.weight": ((14336, 4096), layer)}
+    # The bound's bytes: every tensor but the embedding table.
+    read = sum(int(t.n_bytes) for t in reader.tensors if t.name != "token_embd.weight")
+    assert made.stdout.strip() == f"bytes_per_token={read}"
+    if kind == "int4":  # it runs (the BF16 one is the same graph over another storage type)
+        result = subprocess.run([LOOM, "generate", out, "--prompt", "Hello", "--max-tokens", "3",
+                                 "--ignore-eos"], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "decode: 2 tokens" in result.stderr
+
+
 def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(
@@ -78,6 +107,10 @@ def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path
     assert [run["concurrency"] for run in summary["levels"]["runs"]] == [1, 4]
     assert all(run["completed"] == 8 and run["failed"] == 0 for run in summary["levels"]["runs"])
     assert summary["copy_bandwidth_gbs"] > 0
+    assert summary["bytes_per_token"] == (models / "tiny.gguf").stat().st_size
+    assert [row["concurrency"] for row in summary["levels_brief"]] == [1, 4]
+    assert all(row["output_tokens_per_s"] > 0 and row["itl_ms_p99"] >= row["itl_ms_p50"] > 0
+               for row in summary["levels_brief"])
     assert summary["batch1_decode_tokens_per_s"] > 0
     assert summary["batch1_fraction_of_limit"] == pytest.approx(
         summary["batch1_decode_tokens_per_s"] / summary["batch1_tokens_per_s_limit"])
