@@ -12,16 +12,32 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The most splits a launch with these params can use: num_splits when set, else what the
-// heuristic picks on a GPU of up to kMaxSmsForWorkspace multiprocessors.
+// A split's fixed cost in tokens of streaming: filling the cp.async ring before the first
+// tile lands, and the epilogue's merge and partial writes.
+constexpr int64_t kSplitOverheadTokens = 64;
+
+// The splits the heuristic may consider: no partition under kPagedDecodeMinPartition
+// tokens, at most kPagedDecodeMaxSplits, and at most two waves of blocks (more splits
+// only add partial sums once the (sequence, KV head) blocks fill the GPU). Monotone in
+// `wanted_blocks`, so the largest GPU's bound bounds every GPU's choice (the workspace).
+int64_t SplitCap(int64_t blocks_per_split, int64_t attended, int64_t wanted_blocks) {
+  const int64_t by_length = std::min<int64_t>(
+      CeilDiv(std::max<int64_t>(attended, 1), kPagedDecodeMinPartition), kPagedDecodeMaxSplits);
+  if (blocks_per_split <= 0) return 1;
+  return std::max<int64_t>(1, std::min(by_length, CeilDiv(2 * wanted_blocks, blocks_per_split)));
+}
+
+// The most splits a launch with these params can use: num_splits when set, else the
+// heuristic's cap on a GPU of up to kMaxSmsForWorkspace multiprocessors.
 int64_t MaxSplits(const PagedDecodeParams& p) {
   if (p.num_splits > 0) return p.num_splits;
   if (p.num_seqs <= 0 || p.num_heads <= 0 || p.cache.num_kv_heads <= 0) return 1;
   const int64_t blocks_per_split =
       p.num_seqs * p.cache.num_kv_heads *
       internal::DecodeHeadChunks(p.num_heads / p.cache.num_kv_heads);
-  return ChoosePagedDecodeSplits(blocks_per_split, PagedDecodeAttendedLength(p),
-                                 internal::kMaxSmsForWorkspace, internal::kMaxResidentDecodeBlocks);
+  return SplitCap(blocks_per_split, PagedDecodeAttendedLength(p),
+                  static_cast<int64_t>(internal::kMaxSmsForWorkspace) *
+                      internal::kMaxResidentDecodeBlocks);
 }
 
 }  // namespace
@@ -32,15 +48,22 @@ int64_t PagedDecodeAttendedLength(const PagedDecodeParams& p) {
 
 int ChoosePagedDecodeSplits(int64_t blocks_per_split, int64_t max_context_len, int num_sms,
                             int resident_blocks_per_sm) {
-  const int64_t by_length =
-      std::min<int64_t>(CeilDiv(std::max<int64_t>(max_context_len, 1), kPagedDecodeMinPartition),
-                        kPagedDecodeMaxSplits);
-  if (by_length <= 1 || blocks_per_split <= 0) return 1;
   const int64_t wanted_blocks =
       static_cast<int64_t>(std::max(num_sms, 1)) *
       std::clamp(resident_blocks_per_sm, 1, internal::kMaxResidentDecodeBlocks);
-  return static_cast<int>(
-      std::clamp<int64_t>(CeilDiv(wanted_blocks, blocks_per_split), 1, by_length));
+  const int64_t cap = SplitCap(blocks_per_split, max_context_len, wanted_blocks);
+  // Equal partitions run in waves of wanted_blocks: the time is the waves times one
+  // partition's tokens (plus its fixed cost). The cheapest, fewer splits on a tie.
+  int64_t best = 1, best_cost = 0;
+  for (int64_t splits = 1; splits <= cap; ++splits) {
+    const int64_t cost = CeilDiv(blocks_per_split * splits, wanted_blocks) *
+                         (CeilDiv(std::max<int64_t>(max_context_len, 1), splits) + kSplitOverheadTokens);
+    if (splits == 1 || cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p) {

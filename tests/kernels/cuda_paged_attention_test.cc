@@ -74,31 +74,56 @@ TEST(CudaPagedDecodeTest, RejectsUnsupportedShapesBeforeLaunch) {
   p.workspace_bytes = PagedDecodeWorkspaceBytes(p);
   EXPECT_TRUE(CheckPagedDecodeParams(p).ok());
   EXPECT_EQ(p.workspace_bytes, 1u * 8 * 20 * (128 + 2) * sizeof(float));  // 20 = ceil(5000 / 256)
-  // A batch that fills any GPU on its own never splits, whatever its context: no workspace.
-  p.num_seqs = 512;
+  // A batch that makes two waves on any GPU on its own never splits, whatever its context:
+  // no workspace.
+  p.num_seqs = 2048;
   p.max_context_len = 32768;
   EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 0u);
   // Forced splits are provisioned as asked.
   p.num_splits = 3;
-  EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 512u * 8 * 3 * (128 + 2) * sizeof(float));
+  EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 2048u * 8 * 3 * (128 + 2) * sizeof(float));
 }
 
 TEST(CudaPagedDecodeTest, SplitHeuristicFillsTheGpuWithoutShortPartitions) {
   // Short contexts never split.
   EXPECT_EQ(ChoosePagedDecodeSplits(8, 200, 132, 2), 1);
-  // Batch 1, 8 KV heads, 32k context: one wave of 132 SMs holding 2 (3) blocks each.
+  // Batch 1, 8 KV heads, 32k context: one whole wave of 132 SMs holding 2 (3) blocks each,
+  // never a wave and a few blocks (50 splits: 400 blocks on 396 slots, two waves).
   EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 2), 33);
-  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 3), 50);
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 3), 49);
   // Residency is clamped to [1, 4].
-  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 0), 17);
+  EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 0), 16);
   EXPECT_EQ(ChoosePagedDecodeSplits(8, 32768, 132, 9), 64);
-  // Batch 32 x 8 KV heads = 256 blocks already: at most 2 splits.
-  EXPECT_EQ(ChoosePagedDecodeSplits(256, 4096, 132, 3), 2);
+  // Batch 32 x 8 KV heads = 256 blocks on 396 slots: 1 or 2 splits leave a third of the
+  // slots idle, 3 splits make two nearly full waves of 1,366-token partitions.
+  EXPECT_EQ(ChoosePagedDecodeSplits(256, 4096, 132, 3), 3);
+  // Two waves of blocks already: no split.
+  EXPECT_EQ(ChoosePagedDecodeSplits(792, 4096, 132, 3), 1);
   EXPECT_EQ(ChoosePagedDecodeSplits(2048, 4096, 132, 3), 1);
   // Limited by the minimum partition: 1000 tokens -> at most 4 splits.
   EXPECT_EQ(ChoosePagedDecodeSplits(1, 1000, 132, 3), 4);
   // And by the cap.
   EXPECT_EQ(ChoosePagedDecodeSplits(1, 1 << 20, 132, 3), kPagedDecodeMaxSplits);
+  // The workspace sized for the largest GPU covers every GPU's choice.
+  for (int64_t blocks : {1, 8, 32, 96, 256, 700, 2048}) {
+    for (int64_t length : {300, 4096, 32768, 1 << 20}) {
+      PagedDecodeParams p;
+      p.num_seqs = blocks;
+      p.num_heads = 1;
+      p.cache.num_kv_heads = 1;
+      p.cache.head_dim = 128;
+      p.max_context_len = length;
+      const size_t bound = PagedDecodeWorkspaceBytes(p);
+      for (int sms : {1, 16, 78, 108, 132, 170, 256}) {
+        for (int resident = 1; resident <= 4; ++resident) {
+          p.num_splits = ChoosePagedDecodeSplits(blocks, length, sms, resident);
+          EXPECT_LE(PagedDecodeWorkspaceBytes(p), bound)
+              << blocks << " blocks, " << length << " tokens, " << sms << " x " << resident;
+          p.num_splits = 0;
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- GPU
