@@ -1,5 +1,6 @@
 #include "worker/worker_metrics.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace loom::worker {
@@ -89,6 +90,18 @@ WorkerMetrics::WorkerMetrics(const std::string& replica_id, int rank, const std:
            .Help("CUDA graph captures that failed; their steps ran eagerly instead.")
            .Register(*registry_)
            .Add(labels);
+  // With loom_worker_step_seconds (the whole step), where a step's time goes: what is
+  // neither is the plan's preparation, the KV copies and the result's assembly.
+  execute_seconds_ = &prometheus::BuildCounter()
+                          .Name("loom_worker_execute_seconds_total")
+                          .Help("Time inside steps spent in the forward pass (with drafting).")
+                          .Register(*registry_)
+                          .Add(labels);
+  sample_seconds_ = &prometheus::BuildCounter()
+                         .Name("loom_worker_sample_seconds_total")
+                         .Help("Time inside steps spent sampling.")
+                         .Register(*registry_)
+                         .Add(labels);
   pipeline_wait_ = &prometheus::BuildCounter()
                         .Name("loom_worker_pipeline_wait_seconds_total")
                         .Help(
@@ -163,8 +176,11 @@ void WorkerMetrics::RecordKvTransfers(const KvTransferStats& stats) {
   }
 }
 
-void WorkerMetrics::RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected) {
-  step_seconds_->Observe(seconds);
+void WorkerMetrics::RecordStep(const loom::v1::StepTimings& timings, int64_t sequences,
+                               int64_t tokens, bool rejected) {
+  step_seconds_->Observe(timings.total_seconds());
+  execute_seconds_->Increment(std::max(timings.execute_seconds(), 0.0));
+  sample_seconds_->Increment(std::max(timings.sample_seconds(), 0.0));
   batch_size_->Observe(static_cast<double>(sequences));
   tokens_per_step_->Observe(static_cast<double>(tokens));
   steps_->Increment();

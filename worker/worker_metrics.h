@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "loom/v1/worker.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -22,9 +23,10 @@ class WorkerMetrics {
   WorkerMetrics(const std::string& replica_id, int rank, const std::string& backend,
                 int64_t num_kv_blocks);
 
-  /// One step: its wall time on the worker, sequences and tokens it computed, and
-  /// whether the plan was rejected.
-  void RecordStep(double seconds, int64_t sequences, int64_t tokens, bool rejected);
+  /// One step: its timings on the worker (wall time, forward pass, sampling), sequences
+  /// and tokens it computed, and whether the plan was rejected.
+  void RecordStep(const loom::v1::StepTimings& timings, int64_t sequences, int64_t tokens,
+                  bool rejected);
   void SetSequences(int64_t sequences);
   /// The forward pass's counts so far (ForwardPassStats, cumulative): the counters move
   /// by what changed since the last call.
@@ -43,6 +45,8 @@ class WorkerMetrics {
   prometheus::Histogram* batch_size_;
   prometheus::Histogram* tokens_per_step_;
   prometheus::Counter* steps_;
+  prometheus::Counter* execute_seconds_;
+  prometheus::Counter* sample_seconds_;
   prometheus::Counter* rejected_steps_;
   prometheus::Gauge* sequences_;
   prometheus::Counter* eager_steps_;

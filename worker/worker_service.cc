@@ -165,7 +165,7 @@ grpc::Status WorkerService::Step(
       for (const loom::v1::ScheduledSequence& scheduled : plan.scheduled()) {
         tokens += scheduled.num_tokens();
       }
-      metrics_->RecordStep(result.timings().total_seconds(), plan.scheduled_size(), tokens,
+      metrics_->RecordStep(result.timings(), plan.scheduled_size(), tokens,
                            result.error_code() != 0);
       metrics_->SetSequences(num_sequences_.load(std::memory_order_relaxed));
       metrics_->RecordForwardPassStats(executor_->backend().forward_pass_stats());

@@ -172,7 +172,10 @@ def build(work, out, final):
                 lines.append(f"  {row['concurrency']:>4} streams: {row['output_tokens_per_s']:.1f} "
                              f"output tokens/s, TTFT p50 {row['ttft_ms_p50']:.1f} ms p99 "
                              f"{row['ttft_ms_p99']:.1f} ms, ITL p50 {row['itl_ms_p50']:.2f} ms "
-                             f"p99 {row['itl_ms_p99']:.2f} ms")
+                             f"p99 {row['itl_ms_p99']:.2f} ms"
+                             + (f"; worker step {row['worker_step_ms']:.2f} ms (forward "
+                                f"{row['worker_execute_ms']:.2f}, sampling "
+                                f"{row['worker_sample_ms']:.2f})" if "worker_step_ms" in row else ""))
             for row in data.get("comparisons", []):
                 lines.append(f"  {row['kernel']} {row.get('dtype', '')} {row['shape']}: "
                              f"Loom / PyTorch {row['loom_over_torch']:.3f}"

@@ -25,7 +25,14 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from serve_smoke import CheckFailed, Server, child_environment, exit_on_sigterm  # noqa: E402
+from serve_smoke import (CheckFailed, Server, child_environment, exit_on_sigterm,  # noqa: E402
+                         metric_total)
+
+# The worker's step timings, cumulative: each level's share is what moved during it.
+STEP_METRICS = {"steps": "loom_worker_step_seconds_count",
+                "step_s": "loom_worker_step_seconds_sum",
+                "execute_s": "loom_worker_execute_seconds_total",
+                "sample_s": "loom_worker_sample_seconds_total"}
 
 
 def copy_bandwidth_gbs(device):
@@ -90,14 +97,20 @@ def main():
     model_bytes = os.path.getsize(args.model)
     bytes_per_token = args.bytes_per_token or model_bytes
     command = [args.loom, "up", args.model, "--device", args.device, "--host", "127.0.0.1",
-               "--port", "-1", "--grpc-port", "0", *args.extra]
+               "--port", "-1", "--grpc-port", "0", "--metrics-port", "0", *args.extra]
     summary = {"model": os.path.basename(args.model), "model_bytes": model_bytes,
                "bytes_per_token": bytes_per_token, "device": args.device, "copy_bandwidth_gbs": bandwidth, "command": command}
     server = Server(command, args.log, args.pgid_file)
     try:
         deadline = time.monotonic() + args.start_timeout
         address = server.wait_for(r"coordinator listening on (\S+)", args.start_timeout).group(1)
+        metrics_url = server.wait_for(r"loom-worker: metrics on (\S+)",
+                                      deadline - time.monotonic()).group(1)
         server.wait_for(r"loom: ready", deadline - time.monotonic())
+
+        def step_counters():
+            return {key: metric_total(metrics_url, name, 10) or 0.0
+                    for key, name in STEP_METRICS.items()}
         results = pathlib.Path(args.out).with_suffix(".levels.json")
 
         def level(concurrency, num_requests, *flags):
@@ -112,7 +125,23 @@ def main():
             results.unlink()
             return found
 
-        summary["levels"] = level(args.concurrency, args.num_requests)
+        # One `loom bench` per level, so that the worker's step timings split by level: the
+        # mean step, forward pass and sampling beside the inter-token latency clients see
+        # (the rest of an ITL is the coordinator's and the step's round trip).
+        for concurrency in args.concurrency.split(","):
+            before = step_counters()
+            found = level(concurrency, args.num_requests)
+            after = step_counters()
+            steps = after["steps"] - before["steps"]
+            run = found["runs"][0]
+            if steps > 0:
+                for key in ("step_s", "execute_s", "sample_s"):
+                    run[f"worker_{key[:-2]}_ms"] = 1000.0 * (after[key] - before[key]) / steps
+            run["worker_steps"] = steps
+            if "levels" not in summary:
+                summary["levels"] = found
+            else:
+                summary["levels"]["runs"].append(run)
         if args.speculative_tokens > 0:
             runs = {name: level("1", 8, "--num-speculative-tokens", str(drafts))["runs"][0]
                     for name, drafts in (("without", 0), ("with", args.speculative_tokens))}
@@ -138,7 +167,9 @@ def main():
     summary["levels_brief"] = [
         {"concurrency": run["concurrency"], "output_tokens_per_s": round(run["output_throughput"], 1),
          "ttft_ms_p50": round(run["ttft_ms"]["p50"], 2), "ttft_ms_p99": round(run["ttft_ms"]["p99"], 2),
-         "itl_ms_p50": round(run["itl_ms"]["p50"], 3), "itl_ms_p99": round(run["itl_ms"]["p99"], 3)}
+         "itl_ms_p50": round(run["itl_ms"]["p50"], 3), "itl_ms_p99": round(run["itl_ms"]["p99"], 3),
+         **{key: round(run[key], 3) for key in ("worker_step_ms", "worker_execute_ms",
+                                                "worker_sample_ms") if key in run}}
         for run in summary.get("levels", {}).get("runs", [])]
     single = [run for run in summary.get("levels", {}).get("runs", []) if run["concurrency"] == 1]
     if single and single[0]["tpot_ms"]["p50"] > 0:

@@ -111,6 +111,10 @@ def test_serve_bench_measures_levels_beside_the_bandwidth_bound(models, tmp_path
     assert [row["concurrency"] for row in summary["levels_brief"]] == [1, 4]
     assert all(row["output_tokens_per_s"] > 0 and row["itl_ms_p99"] >= row["itl_ms_p50"] > 0
                for row in summary["levels_brief"])
+    # The worker's share of each level: a step is at least its forward pass and sampling.
+    for row in summary["levels_brief"]:
+        assert row["worker_step_ms"] >= row["worker_execute_ms"] + row["worker_sample_ms"] - 0.01
+        assert row["worker_execute_ms"] > 0 and row["worker_sample_ms"] > 0
     assert summary["batch1_decode_tokens_per_s"] > 0
     assert summary["batch1_fraction_of_limit"] == pytest.approx(
         summary["batch1_decode_tokens_per_s"] / summary["batch1_tokens_per_s_limit"])
