@@ -428,7 +428,7 @@ fi
 LARGE_LAYERS="${LOOM_GPU_8B_LAYERS:-8}"
 for kind in int4 bf16; do
   wanted bench || break
-  left=$(left_in_bench 35)
+  left=$(left_in_bench 40)
   ((left >= 20)) || break
   model="$MODELS/llama3-8b-$kind.gguf"
   t_model=$(date +%s)
