@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 22> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 24> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -116,6 +116,26 @@ constexpr std::array<ArchitectureRules, 22> kArchitectures = {{
      .default_sliding_period = 0,
      .local_rope_theta = 0.0,
      .no_rope_period = 0},
+    // Granite 3 MoE (llama.cpp's granitemoe, Hugging Face's GraniteMoeForCausalLM: granite-3.1-
+    // 1b-a400m, -3b-a800m): Granite's multipliers over a mixture of experts routed by a softmax
+    // over the chosen logits (renormalized); GraniteMoeShared adds an ungated shared expert
+    // (<arch>.expert_shared_feed_forward_length, shared_intermediate_size). Its HF
+    // experts are stacked: input_linear [E, 2 * ffn, hidden] (gate rows, then up rows) and
+    // output_linear [E, hidden, ffn].
+    {.gguf_name = "granitemoe",
+     .hf_class_name = "GraniteMoeForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
+    {.gguf_name = "granitemoe",
+     .hf_class_name = "GraniteMoeSharedForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0},
     // GLM-4 (llama.cpp's glm4, Hugging Face's Glm4ForCausalLM: GLM-4-0414, GLM-Z1): norms
     // before and after each sub-layer (post_attention_norm / post_ffw_norm), gate and up
     // fused, Q/K/V biases, half of each head rotating in interleaved pairs in both formats.

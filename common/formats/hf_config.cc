@@ -465,10 +465,12 @@ absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::
         "config.json: dense layers between mixture-of-experts layers (decoder_sparse_step, "
         "mlp_only_layers) are not supported");
   }
-  // Qwen2-MoE's shared expert (mlp.shared_expert.*, scaled by mlp.shared_expert_gate).
-  if (fields.Has("shared_expert_intermediate_size")) {
-    LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int("shared_expert_intermediate_size", 0));
-    metadata.Int(arch + ".expert_shared_feed_forward_length", width);
+  // Qwen2-MoE's shared expert (mlp.shared_expert.*, scaled by mlp.shared_expert_gate);
+  // GraniteMoeShared's (shared_mlp.*, ungated; 0: none).
+  for (const char* name : {"shared_expert_intermediate_size", "shared_intermediate_size"}) {
+    if (!fields.Has(name)) continue;
+    LOOM_ASSIGN_OR_RETURN(int64_t width, fields.Int(name, 0));
+    if (width > 0) metadata.Int(arch + ".expert_shared_feed_forward_length", width);
   }
   return GlmRoutingToGguf(fields, arch, metadata);
 }

@@ -244,4 +244,79 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
   return out;
 }
 
+absl::StatusOr<std::vector<OwnedTensor>> ConvertGraniteMoeExperts(int64_t layer,
+                                                                  const GptOssExpertParts& parts) {
+  const std::string prefix = absl::StrCat("model.layers.", layer, ".");
+  // A part, of a float type and `dims` dimensions, its rows two halves where `fused`.
+  auto stored = [&](const std::string& suffix, size_t dims,
+                    bool fused) -> absl::StatusOr<const StoredTensor*> {
+    auto it = parts.find(suffix);
+    if (it == parts.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GraniteMoe layer ", layer, " has no ", prefix, suffix));
+    }
+    const StoredTensor& tensor = it->second;
+    if (tensor.type != GgmlType::kF32 && tensor.type != GgmlType::kBF16 &&
+        tensor.type != GgmlType::kF16) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, suffix, " must be F32, BF16 or F16"));
+    }
+    if (tensor.shape.size() != dims || (fused && tensor.shape[dims - 2] % 2 != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, suffix, " has shape ",
+                                                     Shape(tensor.shape), ", expected ",
+                                                     !fused      ? "[E, hidden, ffn]"
+                                                     : dims == 3 ? "[E, 2 * ffn, hidden]"
+                                                                 : "[2 * shared, hidden]"));
+    }
+    return &tensor;
+  };
+  // Rows [first, first + rows) of each of the `stacks` [total_rows, cols] matrices of `from`.
+  auto rows_of = [&](const std::string& name, const StoredTensor& from, uint64_t stacks,
+                     uint64_t total_rows, uint64_t first, uint64_t rows, uint64_t cols) {
+    const uint64_t size = from.type == GgmlType::kF32 ? 4 : 2;
+    std::vector<uint64_t> shape = {cols, rows};
+    if (from.shape.size() == 3) shape.push_back(stacks);
+    OwnedTensor tensor{absl::StrCat("blk.", layer, ".", name, ".weight"), shape, from.type,
+                       std::vector<uint8_t>(stacks * rows * cols * size)};
+    for (uint64_t s = 0; s < stacks; ++s) {
+      std::memcpy(tensor.bytes.data() + s * rows * cols * size,
+                  from.bytes.data() + (s * total_rows + first) * cols * size, rows * cols * size);
+    }
+    return tensor;
+  };
+  std::vector<OwnedTensor> out;
+  for (const auto& [suffix, tensor] : parts) {
+    bool known = false;
+    for (const char* granite : kGraniteMoeExpertSuffixes) known = known || suffix == granite;
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "mlp.experts.", suffix, " has no place in a GraniteMoe graph"));
+    }
+  }
+  if (parts.count("block_sparse_moe.input_linear.weight") != 0 ||
+      parts.count("block_sparse_moe.output_linear.weight") != 0) {
+    LOOM_ASSIGN_OR_RETURN(const StoredTensor* input,
+                          stored("block_sparse_moe.input_linear.weight", 3, true));
+    LOOM_ASSIGN_OR_RETURN(const StoredTensor* output,
+                          stored("block_sparse_moe.output_linear.weight", 3, false));
+    const uint64_t experts = input->shape[0], ffn = input->shape[1] / 2, hidden = input->shape[2];
+    if (output->shape != std::vector<uint64_t>{experts, hidden, ffn} ||
+        output->type != input->type) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "block_sparse_moe.output_linear.weight has shape ", Shape(output->shape),
+          ", expected ", Shape({experts, hidden, ffn}), " of input_linear's type"));
+    }
+    out.push_back(rows_of("ffn_gate_exps", *input, experts, 2 * ffn, 0, ffn, hidden));
+    out.push_back(rows_of("ffn_up_exps", *input, experts, 2 * ffn, ffn, ffn, hidden));
+    out.push_back(rows_of("ffn_down_exps", *output, experts, hidden, 0, hidden, ffn));
+  }
+  if (parts.count("shared_mlp.input_linear.weight") != 0) {
+    LOOM_ASSIGN_OR_RETURN(const StoredTensor* shared,
+                          stored("shared_mlp.input_linear.weight", 2, true));
+    const uint64_t width = shared->shape[0] / 2, hidden = shared->shape[1];
+    out.push_back(rows_of("ffn_gate_shexp", *shared, 1, 2 * width, 0, width, hidden));
+    out.push_back(rows_of("ffn_up_shexp", *shared, 1, 2 * width, width, width, hidden));
+  }
+  return out;
+}
+
 }  // namespace loom::common

@@ -51,4 +51,19 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertGptOssExperts(int64_t layer,
 absl::StatusOr<std::vector<OwnedTensor>> ConvertConcatenatedExperts(int64_t layer,
                                                                     const GptOssExpertParts& parts);
 
+/// GraniteMoe's fused tensors of one layer, by their suffix of `model.layers.L.`:
+/// block_sparse_moe.input_linear.weight [E, 2 * ffn, hidden] (each expert's gate rows, then
+/// its up rows), block_sparse_moe.output_linear.weight [E, hidden, ffn] and, in
+/// GraniteMoeShared, shared_mlp.input_linear.weight [2 * shared, hidden] (gate rows, then up).
+inline constexpr const char* kGraniteMoeExpertSuffixes[] = {"block_sparse_moe.input_linear.weight",
+                                                            "block_sparse_moe.output_linear.weight",
+                                                            "shared_mlp.input_linear.weight"};
+
+/// llama.cpp's tensors of them: blk.L.ffn_{gate,up,down}_exps.weight and
+/// blk.L.ffn_{gate,up}_shexp.weight, row slices of the stored type (F32, BF16 or F16), every
+/// value as stored. InvalidArgument naming the tensor for a missing part, another type or
+/// shapes that disagree.
+absl::StatusOr<std::vector<OwnedTensor>> ConvertGraniteMoeExperts(int64_t layer,
+                                                                  const GptOssExpertParts& parts);
+
 }  // namespace loom::common

@@ -177,7 +177,9 @@ GgmlType GgmlTypeOf(SafetensorsDtype dtype) {
 
 // Files `entry` under its layer in `parts` when it is one of a layer's stacked expert tensors
 // (model.layers.L.mlp.experts.SUFFIX, no expert index: every expert in one tensor; gpt-oss's,
-// Qwen3-VL-MoE's under model.language_model.layers).
+// Qwen3-VL-MoE's under model.language_model.layers), or one of GraniteMoe's fused ones
+// (block_sparse_moe.input_linear / output_linear, shared_mlp.input_linear: filed under their
+// full suffix).
 bool AddStackedExpertPart(const SafetensorsCheckpoint::Entry& entry,
                           std::map<int64_t, GptOssExpertParts>& parts) {
   absl::string_view rest(entry.tensor->name);
@@ -191,6 +193,13 @@ bool AddStackedExpertPart(const SafetensorsCheckpoint::Entry& entry,
     return false;
   }
   rest.remove_prefix(dot + 1);
+  for (const absl::string_view granite : kGraniteMoeExpertSuffixes) {
+    if (rest == granite) {
+      parts[layer][std::string(rest)] = {entry.file->TensorData(*entry.tensor), entry.tensor->shape,
+                                         GgmlTypeOf(entry.tensor->dtype)};
+      return true;
+    }
+  }
   if (!absl::ConsumePrefix(&rest, "mlp.experts.") || rest.empty() ||
       absl::ascii_isdigit(static_cast<unsigned char>(rest[0]))) {
     return false;
@@ -209,8 +218,9 @@ absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
   std::vector<OwnedTensor> owned;
   for (const auto& [layer, parts] : stacked_experts) {
     LOOM_ASSIGN_OR_RETURN(std::vector<OwnedTensor> converted,
-                          info.architecture == "gpt-oss"
-                              ? ConvertGptOssExperts(layer, parts)
+                          info.architecture == "gpt-oss" ? ConvertGptOssExperts(layer, parts)
+                          : info.architecture == "granitemoe"
+                              ? ConvertGraniteMoeExperts(layer, parts)
                               : ConvertConcatenatedExperts(layer, parts));
     for (OwnedTensor& tensor : converted) owned.push_back(std::move(tensor));
   }
@@ -295,7 +305,8 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   }
   // Mixture of experts: the router, and expert E's matrices under llama.cpp's per-expert
   // names (blk.L.ffn_gate.E.weight; the loader also reads the stacked *_exps tensors).
-  if (rest == "block_sparse_moe.gate.weight" || rest == "mlp.gate.weight") {
+  if (rest == "block_sparse_moe.gate.weight" || rest == "mlp.gate.weight" ||
+      rest == "block_sparse_moe.router.layer.weight") {
     return absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
   }
   // GLM-4.5's selection bias (DeepSeek's e_score_correction_bias), ERNIE 4.5's ([1, experts]).
@@ -306,6 +317,10 @@ std::string GgufTensorName(std::string_view hf_name, bool sandwich_norms) {
   // Qwen2-MoE's shared expert and its gate; GLM-4.5's shared experts (one tensor for all).
   if (rest == "mlp.shared_expert_gate.weight") {
     return absl::StrCat("blk.", layer, ".ffn_gate_inp_shexp.weight");
+  }
+  // GraniteMoeShared's down projection (its input_linear is split on load).
+  if (rest == "shared_mlp.output_linear.weight") {
+    return absl::StrCat("blk.", layer, ".ffn_down_shexp.weight");
   }
   if (absl::ConsumePrefix(&rest, "mlp.shared_expert.") ||
       absl::ConsumePrefix(&rest, "mlp.shared_experts.")) {

@@ -35,7 +35,10 @@ are not permuted (NeoX rotary in both formats). An olmo2 GGUF is written as
 Olmo2ForCausalLM, or with architecture="olmo3" as Olmo3ForCausalLM (its window and layer_types):
 no input_layernorm, post_attention_layernorm and post_feedforward_layernorm after each
 sub-layer, q_norm / k_norm as wide as all heads; an olmoe one as OlmoeForCausalLM (experts as
-Qwen3-MoE names them, norm_topk_prob false, clip_qkv null).
+Qwen3-MoE names them, norm_topk_prob false, clip_qkv null); a granitemoe one as
+GraniteMoeForCausalLM, or GraniteMoeSharedForCausalLM with a shared expert (Granite's
+multipliers, block_sparse_moe.router.layer, stacked input_linear / output_linear experts,
+shared_mlp.*).
 """
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "gemma": "GemmaForCausalLM", "gpt-oss": "GptOssForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
             "ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
-            "exaone4": "Exaone4ForCausalLM",
+            "exaone4": "Exaone4ForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
@@ -87,7 +90,7 @@ GEMMA3_TEXT_DEFAULTS = {
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_local_base_freq": 10000.0,
     "sliding_window_pattern": 6, "tie_word_embeddings": True}
 # Architectures whose GGUF converter permutes q/k rows for interleaved RoPE.
-_PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite")
+_PERMUTED_ARCHS = ("llama", "mistral", "smollm3", "granite", "granitemoe")
 # Granite's config.json multipliers and the GGUF keys llama.cpp's converter writes them to.
 _GRANITE_MULTIPLIERS = {"embedding_multiplier": "embedding_scale",
                         "residual_multiplier": "residual_scale",
@@ -242,6 +245,31 @@ def _expert_tensors(hf_arch: str, gguf_name: str, values: np.ndarray) -> dict:
     return {prefix + template.format(e=int(parts[3])): values}
 
 
+# GraniteMoe's fused tensors (transformers' GraniteMoeParallelExperts: [E, out, in] stacks; the
+# gate's rows, then up's): GGUF suffix -> (HF suffix, the GGUF suffixes concatenated by rows).
+_GRANITE_MOE = {
+    "ffn_gate_inp.weight": ("block_sparse_moe.router.layer.weight", ("ffn_gate_inp.weight",)),
+    "ffn_gate_exps.weight": ("block_sparse_moe.input_linear.weight",
+                             ("ffn_gate_exps.weight", "ffn_up_exps.weight")),
+    "ffn_up_exps.weight": (None, ()),
+    "ffn_down_exps.weight": ("block_sparse_moe.output_linear.weight", ("ffn_down_exps.weight",)),
+    "ffn_gate_shexp.weight": ("shared_mlp.input_linear.weight",
+                              ("ffn_gate_shexp.weight", "ffn_up_shexp.weight")),
+    "ffn_up_shexp.weight": (None, ()),
+    "ffn_down_shexp.weight": ("shared_mlp.output_linear.weight", ("ffn_down_shexp.weight",)),
+}
+
+
+def _granite_moe_tensors(reader, layer: int, suffix: str) -> dict:
+    """The HF tensor a GraniteMoe GGUF tensor becomes ({} for up, which joins gate's)."""
+    hf, parts = _GRANITE_MOE[suffix]
+    if hf is None:
+        return {}
+    tensors = {t.name: t for t in reader.tensors}
+    values = [dequantize(tensors[f"blk.{layer}.{part}"]) for part in parts]
+    return {f"model.layers.{layer}.{hf}": np.concatenate(values, axis=-2)}
+
+
 def hf_name(gguf_name: str) -> str | None:
     if gguf_name == "token_embd.weight":
         return "model.embed_tokens.weight"
@@ -326,7 +354,14 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4MOE_NAMES[suffix]}"
         if hf_arch == "ernie4_5-moe" and tensor.name.startswith("blk.") and suffix in _ERNIE_MOE_NAMES:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_ERNIE_MOE_NAMES[suffix]}"
-        experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
+        if hf_arch == "granitemoe" and tensor.name.startswith("blk.") and suffix in _GRANITE_MOE:
+            experts = _granite_moe_tensors(reader, int(tensor.name.split(".")[1]), suffix)
+        else:
+            experts = {} if name is not None else _expert_tensors(hf_arch, tensor.name, dequantize(tensor))
+        if hf_arch == "granitemoe" and suffix in _GRANITE_MOE:
+            for expert_name, values in experts.items():
+                tensors[expert_name] = values.astype(np.float32 if dtype == "float32" else np.float16)
+            continue
         if experts:
             for expert_name, values in experts.items():
                 tensors[expert_name] = values.astype(np.float32 if dtype == "float32" else np.float16)
@@ -436,9 +471,16 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
     if hf_arch == "glm4":
         rotated = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
         config["partial_rotary_factor"] = rotated / head_dim
-    if hf_arch == "granite":
+    if hf_arch in ("granite", "granitemoe"):
         config.update({field: float(_field(reader, f"{arch}.{key}"))
                        for field, key in _GRANITE_MULTIPLIERS.items()})
+    if hf_arch == "granitemoe":
+        # GraniteMoeConfig: intermediate_size is each expert's width; GraniteMoeSharedConfig
+        # adds the shared expert's (shared_intermediate_size).
+        shared = _field(reader, f"{arch}.expert_shared_feed_forward_length")
+        if shared:
+            config.update({"architectures": ["GraniteMoeSharedForCausalLM"],
+                           "model_type": "granitemoeshared", "shared_intermediate_size": int(shared)})
     if hf_arch in ("gpt-oss", "gpt-oss-dense"):
         layers = config["num_hidden_layers"]
         config.update({"sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
@@ -457,7 +499,7 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                   "short_factor": factors["rope_factors_short.weight"]}
     n_expert = _field(reader, f"{arch}.expert_count")
     if n_expert and hf_arch != "ernie4_5-moe":
-        config["num_local_experts" if hf_arch in ("mixtral", "gpt-oss", "gpt-oss-dense")
+        config["num_local_experts" if hf_arch in ("mixtral", "gpt-oss", "gpt-oss-dense", "granitemoe")
                else "num_experts"] = int(n_expert)
         config["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
         if _field(reader, f"{arch}.expert_feed_forward_length") is not None:
@@ -467,7 +509,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                                                    hf_arch == "qwen3moe"))
             config["decoder_sparse_step"] = 1
             config["mlp_only_layers"] = []
-        if _field(reader, f"{arch}.expert_shared_feed_forward_length") is not None:
+        if (hf_arch != "granitemoe" and
+                _field(reader, f"{arch}.expert_shared_feed_forward_length") is not None):
             config["shared_expert_intermediate_size"] = int(
                 _field(reader, f"{arch}.expert_shared_feed_forward_length"))
     if hf_arch == "glm4moe":

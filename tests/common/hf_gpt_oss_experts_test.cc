@@ -196,6 +196,66 @@ TEST(HfGptOssExpertsTest, SplitsConcatenatedGateAndUpColumns) {
               HasSubstr("gate_up_proj_bias"));
 }
 
+TEST(HfGptOssExpertsTest, SlicesGraniteMoeGateAndUpRows) {
+  const uint64_t experts = 2, hidden = 3, ffn = 2, shared = 4;
+  std::vector<float> input(experts * 2 * ffn * hidden), output(experts * hidden * ffn),
+      shared_input(2 * shared * hidden);
+  for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<float>(i);
+  for (size_t i = 0; i < output.size(); ++i) output[i] = 1000.0f + static_cast<float>(i);
+  for (size_t i = 0; i < shared_input.size(); ++i) shared_input[i] = -1.0f - static_cast<float>(i);
+  auto bytes = [](const std::vector<float>& v) {
+    return absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
+  };
+  GptOssExpertParts parts = {{"block_sparse_moe.input_linear.weight",
+                              {bytes(input), {experts, 2 * ffn, hidden}, GgmlType::kF32}},
+                             {"block_sparse_moe.output_linear.weight",
+                              {bytes(output), {experts, hidden, ffn}, GgmlType::kF32}},
+                             {"shared_mlp.input_linear.weight",
+                              {bytes(shared_input), {2 * shared, hidden}, GgmlType::kF32}}};
+  absl::StatusOr<std::vector<OwnedTensor>> converted = ConvertGraniteMoeExperts(3, parts);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  ASSERT_EQ(converted->size(), 5u);
+  ASSERT_EQ(Find(*converted, "blk.3.ffn_down_exps.weight")->shape,
+            (std::vector<uint64_t>{ffn, hidden, experts}));
+  ASSERT_EQ(Find(*converted, "blk.3.ffn_up_shexp.weight")->shape,
+            (std::vector<uint64_t>{hidden, shared}));
+  auto at = [&](const std::string& name, uint64_t e, uint64_t r, uint64_t c) {
+    return StackedValue(*converted, name, e, r, c);
+  };
+  for (uint64_t e = 0; e < experts; ++e) {
+    for (uint64_t r = 0; r < ffn; ++r) {
+      for (uint64_t c = 0; c < hidden; ++c) {
+        EXPECT_EQ(at("blk.3.ffn_gate_exps.weight", e, r, c), input[(e * 2 * ffn + r) * hidden + c]);
+        EXPECT_EQ(at("blk.3.ffn_up_exps.weight", e, r, c),
+                  input[(e * 2 * ffn + ffn + r) * hidden + c]);
+        EXPECT_EQ(at("blk.3.ffn_down_exps.weight", e, c, r), output[(e * hidden + c) * ffn + r]);
+      }
+    }
+  }
+  for (uint64_t r = 0; r < shared; ++r) {
+    for (uint64_t c = 0; c < hidden; ++c) {
+      EXPECT_EQ(at("blk.3.ffn_gate_shexp.weight", 0, r, c), shared_input[r * hidden + c]);
+      EXPECT_EQ(at("blk.3.ffn_up_shexp.weight", 0, r, c), shared_input[(shared + r) * hidden + c]);
+    }
+  }
+  // Refused by name: a missing half, shapes that disagree, a stranger.
+  GptOssExpertParts missing = parts;
+  missing.erase("block_sparse_moe.output_linear.weight");
+  EXPECT_THAT(std::string(ConvertGraniteMoeExperts(3, missing).status().message()),
+              HasSubstr("model.layers.3.block_sparse_moe.output_linear.weight"));
+  GptOssExpertParts bad = parts;
+  bad["block_sparse_moe.output_linear.weight"].shape = {experts, ffn, hidden};
+  EXPECT_THAT(std::string(ConvertGraniteMoeExperts(3, bad).status().message()),
+              HasSubstr("output_linear.weight has shape [2, 2, 3], expected [2, 3, 2]"));
+  GptOssExpertParts odd = parts;
+  odd["shared_mlp.input_linear.weight"].shape = {7, hidden};
+  EXPECT_EQ(ConvertGraniteMoeExperts(3, odd).status().code(), absl::StatusCode::kInvalidArgument);
+  GptOssExpertParts unknown = parts;
+  unknown["gate_up_proj"] = parts["block_sparse_moe.input_linear.weight"];
+  EXPECT_EQ(ConvertGraniteMoeExperts(3, unknown).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HfGptOssExpertsTest, RefusesMissingPartsBadShapesAndMixedLayouts) {
   const Checkpoint c;
   GptOssExpertParts missing = c.Parts();

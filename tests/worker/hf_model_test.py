@@ -118,6 +118,10 @@ RANDOM_FAMILIES = {
     # GraniteForCausalLM: embedding_multiplier, attention_multiplier, residual_multiplier and
     # logits_scaling.
     "granite": (random_model.SPECS["granite_scaled"], None, None),
+    # GraniteMoeSharedForCausalLM: Granite's multipliers, block_sparse_moe.router.layer and the
+    # stacked input_linear [E, 2 ffn, hidden] / output_linear [E, hidden, ffn] experts, and
+    # shared_mlp.input_linear / output_linear (shared_intermediate_size).
+    "granitemoe": (random_model.SPECS["granitemoe_shared"], None, None),
     # Glm4ForCausalLM: post_self_attn_layernorm / post_mlp_layernorm, gate_up_proj, partial
     # rotary in interleaved pairs (the directory's rows are not permuted).
     "glm4": (random_model.SPECS["glm4_sandwich"], None, None),

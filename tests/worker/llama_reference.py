@@ -19,7 +19,8 @@ as `llama` with `expert_count`, `qwen3moe`: softmax router, top-k, renormalized 
 scaled by sqrt(n_embd), GELU-tanh gate, post-attention and post-FFN norms, QK-norm, every 6th layer
 global, local layers' RoPE base 10,000 unscaled; norm weights as the GGUF stores them, 1 + w);
 `smollm3` (llama's layout, every 4th layer without RoPE, or the layers `loom.rope.layers` lists);
-`granite` (llama's layout with embedding, attention, residual and logit multipliers); `glm4` (norms
+`granite` (llama's layout with embedding, attention, residual and logit multipliers;
+`granitemoe` the same over experts, renormalized, and an ungated shared expert); `glm4` (norms
 before and after each sub-layer, fused gate/up, Q/K/V biases, half of each head rotating in
 interleaved pairs); `gpt-oss` (biases on Q/K/V, the attention output, the router and every expert
 matrix, a sink logit per query head in each attention softmax (transformers' GptOssAttention),
@@ -66,7 +67,7 @@ SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwe
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
                    "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox",
                    "olmo2": "neox", "olmoe": "neox", "ernie4_5": "normal",
-                   "ernie4_5-moe": "normal", "exaone4": "neox"}
+                   "ernie4_5-moe": "normal", "exaone4": "neox", "granitemoe": "normal"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0

@@ -30,6 +30,8 @@ Variants (see SPECS):
                  layers, a rule with no GGUF key), RoPE base 5,000,000 as SmolLM3's.
   granite_scaled granite arch (llama's layout) with Granite 3's multipliers: embeddings x 12,
                  attention scores x 1/64 (not 1/sqrt(16)), sub-layer outputs x 0.5, logits / 2.
+  granitemoe_shared granitemoe arch: the same multipliers over 8 experts of 32 channels, top 2
+                 renormalized, beside an ungated shared expert of 64 channels.
   glm4_sandwich  glm4 arch: norms before and after attention and FFN, gate/up fused in ffn_up,
                  Q/K/V biases, 16 of each head's 32 dims rotating in interleaved pairs.
   gemma1_gelu    gemma arch (Gemma 1, CodeGemma): scaled embeddings, GELU, head_dim 32 over hidden
@@ -132,8 +134,10 @@ class ModelSpec:
     expert_norm: Optional[bool] = None  # writes <arch>.expert_weights_norm when set
     per_expert_tensors: bool = False  # blk.L.ffn_gate.E.weight (older Mixtral files), else *_exps
     dense_ff: int = 0
-    # Qwen2-MoE: a shared expert of shared_ff channels (ffn_*_shexp) and its sigmoid gate.
+    # Qwen2-MoE: a shared expert of shared_ff channels (ffn_*_shexp) and its sigmoid gate;
+    # GraniteMoeShared's without the gate (shared_gated False).
     shared_ff: int = 0
+    shared_gated: bool = True
     # GLM-4.5 (glm4moe): shared_experts ungated shared experts of n_ff channels each, fused into
     # one ffn_*_shexp of shared_experts * n_ff channels (<arch>.expert_shared_count, no gate);
     # the first leading_dense layers dense FFNs of dense_ff channels
@@ -334,6 +338,20 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.F16, T.Q4_1),
                "attn_k": (T.Q8_0,), "attn_v": (T.Q4_0, T.F16), "attn_output": (T.F16, T.Q8_0),
                "ffn_gate": (T.Q4_1,), "ffn_up": (T.Q8_0,), "ffn_down": (T.F16, T.Q4_1)}),
+    # GraniteMoeShared (llama.cpp's granitemoe): Granite's multipliers over 8 experts, top 2
+    # renormalized (the architecture's default: no expert_weights_norm key), beside an ungated
+    # shared expert of expert_shared_feed_forward_length channels.
+    "granitemoe_shared": ModelSpec(
+        name="granitemoe_shared", arch="granitemoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=2,
+        head_dim=16, n_ff=32, n_expert=8, n_expert_used=2, shared_ff=64, shared_gated=False,
+        rope_base=10000000.0, rms_eps=1e-5, tied_output=False, seed=1531,
+        multipliers={"embedding_scale": 12.0, "residual_scale": 0.5, "attention.scale": 1.0 / 64,
+                     "logit_scale": 2.0},
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.Q4_1, T.Q8_0),
+               "attn_k": (T.Q8_0,), "attn_v": (T.Q4_0, T.F16), "attn_output": (T.Q8_0, T.Q4_1),
+               "ffn_gate": (T.Q8_0, T.Q4_1), "ffn_up": (T.Q4_1, T.Q8_0), "ffn_down": (T.Q8_0, T.Q4_0),
+               "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1, T.F16),
+               "ffn_down_shexp": (T.F16, T.Q8_0)}),
     # GLM-4-0414: sandwich norms with SiLU, fused gate/up, Q/K/V biases, partial rotary (0.5)
     # in interleaved pairs (llama.cpp's NORM mode; its converter does not permute GLM's rows).
     "glm4_sandwich": ModelSpec(
@@ -774,7 +792,7 @@ def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, m
                   "ffn_down_shexp": matrix(d, width, 1.5)}
         for role, values in shared.items():
             _add(writer, f"{p}.{role}.weight", values, type_of(role, layer))
-        if not spec.shared_ff:
+        if not spec.shared_ff or not spec.shared_gated:
             return
         gate = matrix(1, d, 4.0)
         _add(writer, f"{p}.ffn_gate_inp_shexp.weight", gate if layer % 2 == 0 else gate.reshape(-1), T.F32)
