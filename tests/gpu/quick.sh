@@ -67,8 +67,7 @@ done
 
 # Steps, their own limits (seconds; those before bench add up to 385, so no step starves a
 # later test step; bench, the last, takes at most 150 s of what the 420 s deadline leaves:
-# the test steps took 193 s on the H200)
-# and what they run. The global deadline caps each. The H200 run of 2026-12-04 took 9 s to
+# the test steps took 164-193 s on the H200) and what they run. The global deadline caps each. The H200 run of 2026-12-04 took 9 s to
 # serve, 100 s for the kernels (36 of them in one FP8 test's host reference, since made
 # fast), 1 s model, 16 s runner, 13 s nccl, 26 s memcheck and 45 s racecheck.
 STEPS=(preflight models serve kernels model runner nccl memcheck racecheck bench)
@@ -432,10 +431,16 @@ for kind in int4 bf16; do
   ((left >= 20)) || break
   model="$MODELS/llama3-8b-$kind.gguf"
   t_model=$(date +%s)
-  per_token="$(timeout -k 5 "$left" "${RUN_ENV[@]}" "$B/bin/test_model_tool" random     --shape "llama3-8b-$kind" --layers "$LARGE_LAYERS" --metadata "$B/models/$(manifest models)"     "$model" 2>> "$LOG" | sed -n 's/^bytes_per_token=//p')"
+  per_token="$(timeout -k 5 "$left" "${RUN_ENV[@]}" "$B/bin/test_model_tool" random \
+    --shape "llama3-8b-$kind" --layers "$LARGE_LAYERS" --metadata "$B/models/$(manifest models)" \
+    "$model" 2>> "$LOG" | sed -n 's/^bytes_per_token=//p')"
   left=$((left - ($(date +%s) - t_model)))
   if [[ -n "$per_token" ]] && ((left >= 10)) &&
-      timeout -k 5 "$left" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py"         --loom "$B/bin/loom" --model "$model" --device cuda --bytes-per-token "$per_token"         --concurrency 1,32,128 --num-requests 32 --input-len 128 --output-len 64         --start-timeout $((left * 2 / 3)) --pgid-file "$WORK/serve_bench.pgid"         --out "$WORK/bench/serve_bench_8b_$kind.json" --log "$WORK/serve_bench_8b.log" >> "$LOG" 2>&1; then
+      timeout -k 5 "$left" "${RUN_ENV[@]}" "${CHILD_ENV[@]}" python3 "$ROOT/tests/gpu/serve_bench.py" \
+        --loom "$B/bin/loom" --model "$model" --device cuda --bytes-per-token "$per_token" \
+        --concurrency 1,32,128 --num-requests 32 --input-len 128 --output-len 64 \
+        --start-timeout $((left * 2 / 3)) --pgid-file "$WORK/serve_bench.pgid" \
+        --out "$WORK/bench/serve_bench_8b_$kind.json" --log "$WORK/serve_bench_8b.log" >> "$LOG" 2>&1; then
     done_benches+=("serve_bench_8b_$kind")
   else
     done_benches+=("serve_bench_8b_$kind:failed")

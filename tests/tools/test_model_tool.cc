@@ -13,7 +13,8 @@
 //       llama3-8b-*: Llama-3-8B's layers (hidden 4096, 32 query / 8 KV heads of 128, FFN
 //       14336, untied output) over META's vocabulary, BF16 throughout or Q4_1 layers with
 //       Q8_0 embeddings and output (a GPU serving benchmark's model, written in seconds by
-//       fast_fill; --layers: 32 unless given).
+//       WriteLargeRandom; --layers: 32 unless given). Prints bytes_per_token=N: the bytes a
+//       decode step reads (every tensor but the embedding table).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,7 +62,7 @@ class FastRandomBits {
 /// `count` weights of `type` (F16, BF16, Q8_0, Q4_0, Q4_1) spread over about [-scale, scale]
 /// with no per-value arithmetic: 16-bit values drawn from a table of 4096, quantized blocks
 /// with one scale (and min) per block and random codes. Empty for another type.
-inline std::string FastRandomBytes(uint32_t type, uint64_t count, float scale,
+std::string FastRandomBytes(uint32_t type, uint64_t count, float scale,
                                    FastRandomBits& bits) {
   std::string bytes;
   if (type == kGgmlF16 || type == kGgmlBF16) {
