@@ -688,6 +688,42 @@ TEST(HfConfigTest, TranslatesGraniteMultipliers) {
   ExpectRefused("{" + base + R"(, "logits_scaling": 0})", "logits_scaling");
 }
 
+// granite-3.1-3b-a800m-instruct's config.json (GraniteMoeForCausalLM), and the same as
+// GraniteMoeSharedForCausalLM: the experts' width is intermediate_size, the router
+// renormalizes, Granite's multipliers apply. (The shared expert's width counts once its
+// tensors are there: tests/worker/hf_model_test.py's granitemoe directory.)
+TEST(HfConfigTest, TranslatesGraniteMoeAndItsSharedExpert) {
+  const std::string base = R"("hidden_size": 1536, "intermediate_size": 512,
+    "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+    "max_position_embeddings": 131072, "rope_theta": 10000000.0, "rms_norm_eps": 1e-06,
+    "vocab_size": 49155, "tie_word_embeddings": true, "attention_bias": false,
+    "num_local_experts": 40, "num_experts_per_tok": 8, "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 6.0)";
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config =
+      Translate(R"({"architectures": ["GraniteMoeForCausalLM"], )" + base + "}", &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "granitemoe");
+  EXPECT_EQ(config->num_experts, 40);
+  EXPECT_EQ(config->num_experts_used, 8);
+  EXPECT_EQ(config->intermediate_size, 512);
+  EXPECT_TRUE(config->expert_weights_norm);
+  EXPECT_EQ(config->shared_expert_intermediate_size, 0);
+  EXPECT_FLOAT_EQ(config->embedding_scale, 12.0f);
+  EXPECT_FLOAT_EQ(config->logit_scale, 6.0f);
+  config = Translate(R"({"architectures": ["GraniteMoeSharedForCausalLM"], )" + base +
+                         R"(, "shared_intermediate_size": 1024})",
+                     &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "granitemoe");
+  // shared_intermediate_size 0 means no shared expert (GraniteMoeSharedConfig's default).
+  config = Translate(R"({"architectures": ["GraniteMoeSharedForCausalLM"], )" + base +
+                         R"(, "shared_intermediate_size": 0})",
+                     &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->shared_expert_intermediate_size, 0);
+}
+
 // GLM-4-9B-0414's config.json (shapes shrunk): half of each head rotates, in the interleaved
 // pairs its modeling code uses (so not rotate-half, unlike every other checkpoint).
 TEST(HfConfigTest, Glm4RotatesHalfOfEachHeadInInterleavedPairs) {
