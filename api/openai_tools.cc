@@ -368,13 +368,41 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
   return out;
 }
 
+namespace {
+
+// tool_choice "auto" in Qwen3-Coder's format: free text until <tool_call>, then calls in its
+// tags (the chat template's layout), each value held to its parameter's schema
+// (common/grammar/tool_call_grammar.h's "xml").
+common::GrammarSpec Qwen3CoderAutoConstraint(const ToolsRequest& tools) {
+  Json list = Json::array();
+  for (const Json& tool : tools.tools) {
+    const Json summary = FunctionSummary(tool);
+    list.push_back(Json{{"name", summary["name"]}, {"parameters", summary["parameters"]}});
+  }
+  const Json xml{{"name_end", ">\n"},
+                 {"key_begin", "<parameter="},
+                 {"key_end", ">\n"},
+                 {"value_end", "\n</parameter>\n"},
+                 {"tools", list}};
+  const Json spec{{"begin", "<tool_call>\n<function="},
+                  {"end", "</function>\n</tool_call>"},
+                  {"separator", "\n"},
+                  {"repeat", tools.parallel},
+                  {"xml", xml},
+                  {"trigger", "<tool_call>"},
+                  {"trigger_at", "anywhere"}};
+  return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
+}
+
+}  // namespace
+
 std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools) {
   const bool automatic = tools.choice == ToolChoice::kAuto && tools.active();
   if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed && !automatic)
     return std::nullopt;
   // "auto": the reply is free until it starts a call in the template's own format, which
-  // is then held to the tools' schemas (the trigger approach). Formats whose calls are not
-  // JSON documents (pythonic, Qwen3-Coder, GLM-4.5, DeepSeek-V3) stay unconstrained.
+  // is then held to the tools' schemas (the trigger approach): Qwen3-Coder's tags with typed
+  // values too. Pythonic, GLM-4.5, DeepSeek-V3 and gpt-oss calls stay unconstrained.
   const char* trigger = nullptr;
   const char* trigger_at = "anywhere";
   if (automatic) {
@@ -393,8 +421,9 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
         trigger = "{";  // these replies are a call when they are a JSON object
         trigger_at = "start";
         break;
-      case ToolCallFormat::kPythonic:
       case ToolCallFormat::kQwen3Coder:
+        return Qwen3CoderAutoConstraint(tools);
+      case ToolCallFormat::kPythonic:
       case ToolCallFormat::kGlm45:
       case ToolCallFormat::kDeepSeekV3:
       case ToolCallFormat::kGptOss:

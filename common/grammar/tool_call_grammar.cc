@@ -1,5 +1,6 @@
 #include "common/grammar/tool_call_grammar.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,9 +27,10 @@ absl::StatusOr<std::string> StringField(const Json& spec, const char* name) {
   return it->get<std::string>();
 }
 
-// Rules "text without$I" (I = how many characters of `trigger` the text so far ends with):
-// every text in which `trigger` does not occur (a KMP automaton over its characters).
-void AddTextWithout(const std::string& trigger, GrammarDefinition& definition) {
+// Rules "<name>I" (I = how many characters of `trigger` the text so far ends with): every
+// text in which `trigger` does not occur (a KMP automaton over its characters).
+void AddTextWithout(const std::string& trigger, GrammarDefinition& definition,
+                    const std::string& name = "text without$") {
   const int n = static_cast<int>(trigger.size());
   std::vector<int> fail(n + 1, 0);  // fail[i]: longest proper border of trigger[0, i)
   for (int i = 1, k = 0; i < n; ++i) {
@@ -43,7 +45,7 @@ void AddTextWithout(const std::string& trigger, GrammarDefinition& definition) {
   std::vector<std::pair<uint32_t, uint32_t>> letters;
   for (char c : alphabet)
     letters.emplace_back(static_cast<unsigned char>(c), static_cast<unsigned char>(c));
-  const auto state = [](int i) { return "text without$" + std::to_string(i); };
+  const auto state = [&name](int i) { return name + std::to_string(i); };
   for (int i = 0; i < n; ++i) {
     std::vector<GrammarExprPtr> next = {EmptyExpr()};
     for (char c : alphabet) {
@@ -76,6 +78,122 @@ void AddTextNotStartingWith(const std::string& trigger, GrammarDefinition& defin
   }
 }
 
+// `expr` with every rule it references renamed to `prefix` + name.
+GrammarExprPtr Renamed(const GrammarExprPtr& expr, const std::string& prefix) {
+  std::vector<GrammarExprPtr> children;
+  for (const GrammarExprPtr& child : expr->children) children.push_back(Renamed(child, prefix));
+  switch (expr->kind) {
+    case GrammarExpr::Kind::kRuleRef:
+      return RuleRefExpr(prefix + expr->text);
+    case GrammarExpr::Kind::kSequence:
+      return SequenceExpr(std::move(children));
+    case GrammarExpr::Kind::kChoice:
+      return ChoiceExpr(std::move(children));
+    case GrammarExpr::Kind::kRepeat:
+      return RepeatExpr(std::move(children[0]), expr->min_count, expr->max_count);
+    default:
+      return expr;
+  }
+}
+
+// A string parameter's fixed values (its enum or const, all strings), written bare; empty
+// for another schema.
+std::vector<std::string> BareStringChoices(const Json& schema) {
+  std::vector<std::string> choices;
+  if (!schema.is_object()) return choices;
+  if (auto type = schema.find("type");
+      type != schema.end() && *type != "string" && *type != Json::array({"string"})) {
+    return choices;
+  }
+  Json values = Json::array();
+  if (auto found = schema.find("enum"); found != schema.end() && found->is_array()) values = *found;
+  if (auto found = schema.find("const"); found != schema.end()) values = Json::array({*found});
+  for (const Json& value : values) {
+    if (!value.is_string()) return {};
+    choices.push_back(value.get<std::string>());
+  }
+  return choices;
+}
+
+// Whether a parameter's value is written as bare text: a string without a fixed set of
+// values, or a schema that says nothing of the value's type (the call parsers read such a
+// text as JSON where it parses, else as a string).
+bool BareTextValue(const Json& schema) {
+  if (!schema.is_object()) return true;
+  for (const char* keyword :
+       {"enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "items"}) {
+    if (schema.contains(keyword)) return false;
+  }
+  auto type = schema.find("type");
+  return type == schema.end() || *type == "string" || *type == Json::array({"string"});
+}
+
+// The call rule of an "xml" spec: `begin` NAME name_end (key_begin KEY key_end VALUE
+// value_end)* `end`, the tools' names and their parameters' keys as literals, the keys in
+// any order, each value one of a string's fixed values, bare text without value_end
+// (BareTextValue), or JSON of its schema.
+absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::string& end,
+                        GrammarDefinition& definition) {
+  if (!xml.is_object()) {
+    return absl::InvalidArgumentError("tool-call grammar: 'xml' must be an object");
+  }
+  LOOM_ASSIGN_OR_RETURN(std::string name_end, StringField(xml, "name_end"));
+  LOOM_ASSIGN_OR_RETURN(std::string key_begin, StringField(xml, "key_begin"));
+  LOOM_ASSIGN_OR_RETURN(std::string key_end, StringField(xml, "key_end"));
+  LOOM_ASSIGN_OR_RETURN(std::string value_end, StringField(xml, "value_end"));
+  if (value_end.empty() || std::any_of(value_end.begin(), value_end.end(), [](char c) {
+        return static_cast<unsigned char>(c) >= 0x80;
+      })) {
+    return absl::InvalidArgumentError("tool-call grammar: 'value_end' must be ASCII, not empty");
+  }
+  auto tools = xml.find("tools");
+  if (tools == xml.end() || !tools->is_array() || tools->empty()) {
+    return absl::InvalidArgumentError("tool-call grammar: 'xml.tools' must be a non-empty array");
+  }
+  AddTextWithout(value_end, definition, "xml text$");
+  std::vector<GrammarExprPtr> calls;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const Json& tool = (*tools)[i];
+    if (!tool.is_object() || !tool.contains("name") || !tool["name"].is_string()) {
+      return absl::InvalidArgumentError("tool-call grammar: each of 'xml.tools' needs a name");
+    }
+    std::vector<GrammarExprPtr> parameters;
+    Json properties = Json::object();
+    if (auto schema = tool.find("parameters"); schema != tool.end() && schema->is_object()) {
+      if (auto found = schema->find("properties"); found != schema->end() && found->is_object()) {
+        properties = *found;
+      }
+    }
+    size_t j = 0;
+    for (const auto& [key, schema] : properties.items()) {
+      GrammarExprPtr value = RuleRefExpr("xml text$0");
+      if (std::vector<std::string> choices = BareStringChoices(schema); !choices.empty()) {
+        std::vector<GrammarExprPtr> literals;
+        for (std::string& choice : choices) literals.push_back(LiteralExpr(std::move(choice)));
+        value = ChoiceExpr(std::move(literals));
+      } else if (!BareTextValue(schema)) {
+        LOOM_ASSIGN_OR_RETURN(GrammarDefinition own, JsonSchemaGrammar(schema.dump()));
+        const std::string prefix = "xml " + std::to_string(i) + " " + std::to_string(j) + "$";
+        for (const auto& [name, body] : own.rules)
+          definition.SetRule(prefix + name, Renamed(body, prefix));
+        value = RuleRefExpr(prefix + own.root);
+      }
+      parameters.push_back(
+          SequenceExpr({LiteralExpr(key_begin + key + key_end), value, LiteralExpr(value_end)}));
+      ++j;
+    }
+    std::vector<GrammarExprPtr> call = {LiteralExpr(tool["name"].get<std::string>() + name_end)};
+    if (!parameters.empty()) call.push_back(RepeatExpr(ChoiceExpr(std::move(parameters)), 0, -1));
+    calls.push_back(SequenceExpr(std::move(call)));
+  }
+  std::vector<GrammarExprPtr> framed;
+  if (!begin.empty()) framed.push_back(LiteralExpr(begin));
+  framed.push_back(ChoiceExpr(std::move(calls)));
+  if (!end.empty()) framed.push_back(LiteralExpr(end));
+  definition.SetRule("tool call$", SequenceExpr(std::move(framed)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
@@ -85,8 +203,11 @@ absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
     return absl::InvalidArgumentError("tool-call grammar: the spec must be a JSON object");
   }
   auto schema = spec.find("schema");
-  if (schema == spec.end() || !(schema->is_object() || schema->is_boolean())) {
-    return absl::InvalidArgumentError("tool-call grammar: 'schema' must be a JSON Schema object");
+  auto xml = spec.find("xml");
+  if (xml == spec.end() &&
+      (schema == spec.end() || !(schema->is_object() || schema->is_boolean()))) {
+    return absl::InvalidArgumentError(
+        "tool-call grammar: 'schema' must be a JSON Schema object (or 'xml' given)");
   }
   LOOM_ASSIGN_OR_RETURN(std::string begin, StringField(spec, "begin"));
   LOOM_ASSIGN_OR_RETURN(std::string end, StringField(spec, "end"));
@@ -98,14 +219,19 @@ absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
     }
     repeat = it->get<bool>();
   }
-  LOOM_ASSIGN_OR_RETURN(GrammarDefinition definition, JsonSchemaGrammar(schema->dump()));
   // Rule names with a character JSON Schema rule names never hold, so nothing collides.
-  const std::string document = definition.root;
-  std::vector<GrammarExprPtr> framed;
-  if (!begin.empty()) framed.push_back(LiteralExpr(begin));
-  framed.push_back(RuleRefExpr(document));
-  if (!end.empty()) framed.push_back(LiteralExpr(end));
-  definition.SetRule("tool call$", SequenceExpr(std::move(framed)));
+  GrammarDefinition definition;
+  if (xml != spec.end()) {
+    LOOM_RETURN_IF_ERROR(AddXmlCall(*xml, begin, end, definition));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(definition, JsonSchemaGrammar(schema->dump()));
+    const std::string document = definition.root;
+    std::vector<GrammarExprPtr> framed;
+    if (!begin.empty()) framed.push_back(LiteralExpr(begin));
+    framed.push_back(RuleRefExpr(document));
+    if (!end.empty()) framed.push_back(LiteralExpr(end));
+    definition.SetRule("tool call$", SequenceExpr(std::move(framed)));
+  }
   if (repeat) {
     std::vector<GrammarExprPtr> next;
     if (!separator.empty()) next.push_back(LiteralExpr(separator));

@@ -17,7 +17,18 @@
 // is held to the schema, one that does not writes what it likes. Every text that avoids
 // the trigger stays possible.
 // Formats whose call is plain JSON (Llama 3.1, the generic fallback) need no framing and
-// use kJsonSchema directly.
+// use kJsonSchema directly. Formats that write a call as tags around bare text (Qwen3-Coder's
+//   <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>)
+// give "xml" instead of "schema":
+//   {"begin": "<tool_call>\n<function=", "end": "</function>\n</tool_call>", ...,
+//    "xml": {"name_end": ">\n", "key_begin": "<parameter=", "key_end": ">\n",
+//            "value_end": "\n</parameter>\n",
+//            "tools": [{"name": "get_weather", "parameters": <JSON Schema of an object>}]}}
+// A call is `begin`, one tool's name, name_end, then its parameters in any order (keys from
+// the schema's properties; required ones are not enforced), each key_begin KEY key_end
+// VALUE value_end, then `end`. A VALUE is bare: a string's text (anything without
+// value_end), one of a string enum's values, text for a schema that gives no type, or else
+// the JSON its schema describes.
 
 #include <string_view>
 

@@ -211,8 +211,8 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
     EXPECT_FALSE(common::testing::Accepts(*ToolCallConstraint(*automatic), c.invalid))
         << ToolCallFormatName(c.format);
   }
-  for (ToolCallFormat free : {ToolCallFormat::kPythonic, ToolCallFormat::kQwen3Coder,
-                              ToolCallFormat::kGlm45, ToolCallFormat::kDeepSeekV3}) {
+  for (ToolCallFormat free :
+       {ToolCallFormat::kPythonic, ToolCallFormat::kGlm45, ToolCallFormat::kDeepSeekV3}) {
     absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
     automatic->format = free;
     EXPECT_FALSE(ToolCallConstraint(*automatic).has_value()) << ToolCallFormatName(free);
@@ -220,6 +220,36 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
   absl::StatusOr<ToolsRequest> none = ParseToolsRequest(Body("none"), "");
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(ToolCallConstraint(*none).has_value());
+}
+
+// Qwen3-Coder under "auto": its chat template's layout of a call, each value typed by the
+// tool's schema; what the grammar lets through, the format's parser reads back.
+TEST(OpenAiToolsTest, Qwen3CoderAutoHoldsTheTagsAndTheValuesToTheSchemas) {
+  Json tool = kWeatherTool;
+  tool["function"]["parameters"]["properties"]["days"] = Json{{"type", "integer"}};
+  Json body = Body("auto");
+  body["tools"] = Json::array({tool});
+  absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(body, "");
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  automatic->format = ToolCallFormat::kQwen3Coder;
+  std::optional<common::GrammarSpec> spec = ToolCallConstraint(*automatic);
+  ASSERT_TRUE(spec.has_value());
+  const std::string call =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(common::testing::Accepts(*spec, "Let me check.\n" + call));
+  EXPECT_TRUE(common::testing::Accepts(*spec, "No tool needed: it is <b>sunny</b>."));
+  EXPECT_FALSE(common::testing::Accepts(
+      *spec,
+      "<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n"
+      "</function>\n</tool_call>"));
+  EXPECT_FALSE(common::testing::Accepts(*spec, "<tool_call>\n<function=get_time>\n"));
+  const ParsedReply parsed = ParseToolCalls(ToolCallFormat::kQwen3Coder, "Let me check.\n" + call,
+                                            automatic->string_parameters);
+  ASSERT_EQ(parsed.calls.size(), 1u);
+  EXPECT_EQ(parsed.calls[0].name, "get_weather");
+  EXPECT_EQ(Json::parse(parsed.calls[0].arguments),
+            Json::parse(R"({"city": "New York", "days": 3})"));
 }
 
 TEST(OpenAiToolsTest, NamedChoiceAndParallelCallsShapeTheConstraint) {

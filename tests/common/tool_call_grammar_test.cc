@@ -86,6 +86,69 @@ TEST(ToolCallGrammarTest, MistralMarkerBeforeTheArray) {
   EXPECT_FALSE(Accepts(spec, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"));
 }
 
+// Qwen3-Coder's calls under tool_choice "auto": tags around bare text, each value typed by its
+// parameter's schema (a string's text free but for the closing tag, others JSON).
+std::string Qwen3CoderSpec(const std::string& extra = "") {
+  return R"({"begin":"<tool_call>\n<function=","end":"</function>\n</tool_call>",)"
+         R"("separator":"\n","repeat":true,"trigger":"<tool_call>","trigger_at":"anywhere",)"
+         R"("xml":{"name_end":">\n","key_begin":"<parameter=","key_end":">\n",)"
+         R"("value_end":"\n</parameter>\n","tools":[)"
+         R"({"name":"get_weather","parameters":{"type":"object","properties":{)"
+         R"("city":{"type":"string"},"days":{"type":"integer","minimum":1},)"
+         R"("unit":{"type":"string","enum":["celsius","fahrenheit"]},"extra":{}},)"
+         R"("required":["city"]}},)"
+         R"({"name":"now","parameters":{"type":"object","properties":{}}}]})" +
+         extra + "}";
+}
+
+TEST(ToolCallGrammarTest, XmlCallsTypeEachValueByItsSchema) {
+  const GrammarSpec spec{GrammarKind::kToolCalls, Qwen3CoderSpec()};
+  auto call = [](const std::string& name, const std::string& parameters) {
+    return "<tool_call>\n<function=" + name + ">\n" + parameters + "</function>\n</tool_call>";
+  };
+  auto parameter = [](const std::string& key, const std::string& value) {
+    return "<parameter=" + key + ">\n" + value + "\n</parameter>\n";
+  };
+  const std::string paris = call("get_weather", parameter("city", "Paris"));
+  for (const std::string& text : {
+           std::string(),
+           std::string("Let me look that up."),
+           paris,
+           "Checking.\n" + paris + "\n" + call("now", ""),
+           // Keys in any order; a string value spans lines and may hold tags and JSON.
+           call("get_weather", parameter("days", "3") + parameter("city", "New\nYork </p> {1}")),
+           call("get_weather", parameter("unit", "celsius") + parameter("extra", "[1, \"x\"]")),
+           call("get_weather", parameter("city", "")),
+       }) {
+    EXPECT_TRUE(Accepts(spec, text)) << text;
+  }
+  for (const std::string& text : {
+           call("get_time", ""),                              // no such tool
+           call("get_weather", parameter("town", "Paris")),   // no such parameter
+           call("get_weather", parameter("days", "three")),   // not an integer
+           call("get_weather", parameter("days", "0")),       // below its minimum
+           call("get_weather", parameter("unit", "kelvin")),  // outside its enum
+           call("now", parameter("city", "Paris")),           // now takes none
+           std::string("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>"),
+           paris + " and then more text",
+       }) {
+    EXPECT_FALSE(Accepts(spec, text)) << text;
+  }
+}
+
+TEST(ToolCallGrammarTest, MalformedXmlSpecsAreErrors) {
+  EXPECT_FALSE(ToolCallGrammar(R"({"xml":[]})").ok());
+  EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"</p>","tools":[]}})").ok());
+  EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"","tools":[{"name":"f"}]}})").ok());
+  EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"</p>","tools":[{"parameters":{}}]}})").ok());
+  absl::StatusOr<GrammarDefinition> bad = ToolCallGrammar(
+      R"({"xml":{"value_end":"</p>","tools":[{"name":"f","parameters":{"properties":)"
+      R"({"a":{"type":"object","not":{}}}}}]}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'not'"), std::string::npos) << bad.status();
+  EXPECT_TRUE(ToolCallGrammar(R"({"xml":{"value_end":"</p>","tools":[{"name":"f"}]}})").ok());
+}
+
 TEST(ToolCallGrammarTest, MalformedSpecsAndUnsupportedSchemasAreErrorsNamingTheConstruct) {
   EXPECT_FALSE(ToolCallGrammar("[]").ok());
   EXPECT_FALSE(ToolCallGrammar(R"({"begin":"x"})").ok());
