@@ -370,22 +370,29 @@ absl::StatusOr<Json> TemplateMessages(const Json& messages, const ToolsRequest& 
 
 namespace {
 
-// tool_choice "auto" in Qwen3-Coder's format: free text until <tool_call>, then calls in its
-// tags (the chat template's layout), each value held to its parameter's schema
-// (common/grammar/tool_call_grammar.h's "xml").
-common::GrammarSpec Qwen3CoderAutoConstraint(const ToolsRequest& tools) {
+// tool_choice "auto" in a format that writes calls as tags around bare text: free text until
+// <tool_call>, then calls in the chat template's layout, each value held to its parameter's
+// schema (common/grammar/tool_call_grammar.h's "xml"). Qwen3-Coder's newlines are its
+// template's; GLM-4.5 writes newlines GLM-4.7 leaves out, so they are optional there.
+common::GrammarSpec XmlAutoConstraint(const ToolsRequest& tools) {
+  const bool glm = tools.format == ToolCallFormat::kGlm45;
   Json list = Json::array();
   for (const Json& tool : tools.tools) {
     const Json summary = FunctionSummary(tool);
     list.push_back(Json{{"name", summary["name"]}, {"parameters", summary["parameters"]}});
   }
-  const Json xml{{"name_end", ">\n"},
-                 {"key_begin", "<parameter="},
-                 {"key_end", ">\n"},
-                 {"value_end", "\n</parameter>\n"},
-                 {"tools", list}};
-  const Json spec{{"begin", "<tool_call>\n<function="},
-                  {"end", "</function>\n</tool_call>"},
+  Json xml = glm ? Json{{"name_end", "\n"},
+                        {"key_begin", "<arg_key>"},
+                        {"key_end", "</arg_key>\n<arg_value>"},
+                        {"value_end", "</arg_value>\n"},
+                        {"optional_newlines", true}}
+                 : Json{{"name_end", ">\n"},
+                        {"key_begin", "<parameter="},
+                        {"key_end", ">\n"},
+                        {"value_end", "\n</parameter>\n"}};
+  xml["tools"] = list;
+  const Json spec{{"begin", glm ? "<tool_call>" : "<tool_call>\n<function="},
+                  {"end", glm ? "</tool_call>" : "</function>\n</tool_call>"},
                   {"separator", "\n"},
                   {"repeat", tools.parallel},
                   {"xml", xml},
@@ -401,8 +408,8 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
   if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed && !automatic)
     return std::nullopt;
   // "auto": the reply is free until it starts a call in the template's own format, which
-  // is then held to the tools' schemas (the trigger approach): Qwen3-Coder's tags with typed
-  // values too. Pythonic, GLM-4.5, DeepSeek-V3 and gpt-oss calls stay unconstrained.
+  // is then held to the tools' schemas (the trigger approach): Qwen3-Coder's and GLM-4.5's
+  // tags with typed values too. Pythonic, DeepSeek-V3 and gpt-oss calls stay unconstrained.
   const char* trigger = nullptr;
   const char* trigger_at = "anywhere";
   if (automatic) {
@@ -422,9 +429,9 @@ std::optional<common::GrammarSpec> ToolCallConstraint(const ToolsRequest& tools)
         trigger_at = "start";
         break;
       case ToolCallFormat::kQwen3Coder:
-        return Qwen3CoderAutoConstraint(tools);
-      case ToolCallFormat::kPythonic:
       case ToolCallFormat::kGlm45:
+        return XmlAutoConstraint(tools);
+      case ToolCallFormat::kPythonic:
       case ToolCallFormat::kDeepSeekV3:
       case ToolCallFormat::kGptOss:
         return std::nullopt;

@@ -128,15 +128,27 @@ bool BareTextValue(const Json& schema) {
   return type == schema.end() || *type == "string" || *type == Json::array({"string"});
 }
 
+// `text` as a literal, each newline in it optional where `optional_newlines` (GLM-4.7 writes
+// GLM-4.5's calls without them).
+GrammarExprPtr Text(const std::string& text, bool optional_newlines) {
+  if (!optional_newlines || text.find('\n') == std::string::npos) return LiteralExpr(text);
+  std::vector<GrammarExprPtr> parts;
+  size_t from = 0;
+  for (size_t newline = text.find('\n'); newline != std::string::npos;
+       from = newline + 1, newline = text.find('\n', from)) {
+    if (newline > from) parts.push_back(LiteralExpr(text.substr(from, newline - from)));
+    parts.push_back(RepeatExpr(LiteralExpr("\n"), 0, 1));
+  }
+  if (from < text.size()) parts.push_back(LiteralExpr(text.substr(from)));
+  return SequenceExpr(std::move(parts));
+}
+
 // The call rule of an "xml" spec: `begin` NAME name_end (key_begin KEY key_end VALUE
 // value_end)* `end`, the tools' names and their parameters' keys as literals, the keys in
 // any order, each value one of a string's fixed values, bare text without value_end
 // (BareTextValue), or JSON of its schema.
 absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::string& end,
-                        GrammarDefinition& definition) {
-  if (!xml.is_object()) {
-    return absl::InvalidArgumentError("tool-call grammar: 'xml' must be an object");
-  }
+                        bool optional_newlines, GrammarDefinition& definition) {
   LOOM_ASSIGN_OR_RETURN(std::string name_end, StringField(xml, "name_end"));
   LOOM_ASSIGN_OR_RETURN(std::string key_begin, StringField(xml, "key_begin"));
   LOOM_ASSIGN_OR_RETURN(std::string key_end, StringField(xml, "key_end"));
@@ -150,7 +162,13 @@ absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::st
   if (tools == xml.end() || !tools->is_array() || tools->empty()) {
     return absl::InvalidArgumentError("tool-call grammar: 'xml.tools' must be a non-empty array");
   }
-  AddTextWithout(value_end, definition, "xml text$");
+  // With optional newlines a value stops at value_end's text without them.
+  std::string value_stop = value_end;
+  if (optional_newlines) std::erase(value_stop, '\n');
+  if (value_stop.empty()) {
+    return absl::InvalidArgumentError("tool-call grammar: 'value_end' must not be only newlines");
+  }
+  AddTextWithout(value_stop, definition, "xml text$");
   std::vector<GrammarExprPtr> calls;
   for (size_t i = 0; i < tools->size(); ++i) {
     const Json& tool = (*tools)[i];
@@ -178,18 +196,19 @@ absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::st
           definition.SetRule(prefix + name, Renamed(body, prefix));
         value = RuleRefExpr(prefix + own.root);
       }
-      parameters.push_back(
-          SequenceExpr({LiteralExpr(key_begin + key + key_end), value, LiteralExpr(value_end)}));
+      parameters.push_back(SequenceExpr({Text(key_begin + key + key_end, optional_newlines), value,
+                                         Text(value_end, optional_newlines)}));
       ++j;
     }
-    std::vector<GrammarExprPtr> call = {LiteralExpr(tool["name"].get<std::string>() + name_end)};
+    std::vector<GrammarExprPtr> call = {
+        Text(tool["name"].get<std::string>() + name_end, optional_newlines)};
     if (!parameters.empty()) call.push_back(RepeatExpr(ChoiceExpr(std::move(parameters)), 0, -1));
     calls.push_back(SequenceExpr(std::move(call)));
   }
   std::vector<GrammarExprPtr> framed;
-  if (!begin.empty()) framed.push_back(LiteralExpr(begin));
+  if (!begin.empty()) framed.push_back(Text(begin, optional_newlines));
   framed.push_back(ChoiceExpr(std::move(calls)));
-  if (!end.empty()) framed.push_back(LiteralExpr(end));
+  if (!end.empty()) framed.push_back(Text(end, optional_newlines));
   definition.SetRule("tool call$", SequenceExpr(std::move(framed)));
   return absl::OkStatus();
 }
@@ -221,8 +240,19 @@ absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
   }
   // Rule names with a character JSON Schema rule names never hold, so nothing collides.
   GrammarDefinition definition;
+  bool optional_newlines = false;
   if (xml != spec.end()) {
-    LOOM_RETURN_IF_ERROR(AddXmlCall(*xml, begin, end, definition));
+    if (!xml->is_object()) {
+      return absl::InvalidArgumentError("tool-call grammar: 'xml' must be an object");
+    }
+    if (auto it = xml->find("optional_newlines"); it != xml->end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        return absl::InvalidArgumentError(
+            "tool-call grammar: 'xml.optional_newlines' must be a boolean");
+      }
+      optional_newlines = it->get<bool>();
+    }
+    LOOM_RETURN_IF_ERROR(AddXmlCall(*xml, begin, end, optional_newlines, definition));
   } else {
     LOOM_ASSIGN_OR_RETURN(definition, JsonSchemaGrammar(schema->dump()));
     const std::string document = definition.root;
@@ -234,7 +264,7 @@ absl::StatusOr<GrammarDefinition> ToolCallGrammar(std::string_view spec_json) {
   }
   if (repeat) {
     std::vector<GrammarExprPtr> next;
-    if (!separator.empty()) next.push_back(LiteralExpr(separator));
+    if (!separator.empty()) next.push_back(Text(separator, optional_newlines));
     next.push_back(RuleRefExpr("tool call$"));
     definition.SetRule("tool calls$",
                        SequenceExpr({RuleRefExpr("tool call$"),

@@ -28,7 +28,11 @@
 // the schema's properties; required ones are not enforced), each key_begin KEY key_end
 // VALUE value_end, then `end`. A VALUE is bare: a string's text (anything without
 // value_end), one of a string enum's values, text for a schema that gives no type, or else
-// the JSON its schema describes.
+// the JSON its schema describes. With "optional_newlines": true in "xml", every newline in
+// the literals (begin, end, separator, name_end, key_begin, key_end, value_end) may be left
+// out, and a string value stops at value_end without its newlines (GLM-4.5 writes
+//   <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>
+// and GLM-4.7 the same without the newlines).
 
 #include <string_view>
 

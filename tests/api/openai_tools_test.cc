@@ -211,8 +211,7 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
     EXPECT_FALSE(common::testing::Accepts(*ToolCallConstraint(*automatic), c.invalid))
         << ToolCallFormatName(c.format);
   }
-  for (ToolCallFormat free :
-       {ToolCallFormat::kPythonic, ToolCallFormat::kGlm45, ToolCallFormat::kDeepSeekV3}) {
+  for (ToolCallFormat free : {ToolCallFormat::kPythonic, ToolCallFormat::kDeepSeekV3}) {
     absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(Body("auto"), "");
     automatic->format = free;
     EXPECT_FALSE(ToolCallConstraint(*automatic).has_value()) << ToolCallFormatName(free);
@@ -250,6 +249,36 @@ TEST(OpenAiToolsTest, Qwen3CoderAutoHoldsTheTagsAndTheValuesToTheSchemas) {
   EXPECT_EQ(parsed.calls[0].name, "get_weather");
   EXPECT_EQ(Json::parse(parsed.calls[0].arguments),
             Json::parse(R"({"city": "New York", "days": 3})"));
+}
+
+// GLM-4.5 and GLM-4.7 under "auto": the same tags with and without GLM-4.5's newlines; a
+// postal code stays the string its schema says, and each layout parses back.
+TEST(OpenAiToolsTest, Glm45AutoHoldsBothLayoutsToTheSchemas) {
+  Json tool = kWeatherTool;
+  tool["function"]["parameters"]["properties"]["days"] = Json{{"type", "integer"}};
+  Json body = Body("auto");
+  body["tools"] = Json::array({tool});
+  absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(body, "");
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  automatic->format = ToolCallFormat::kGlm45;
+  std::optional<common::GrammarSpec> spec = ToolCallConstraint(*automatic);
+  ASSERT_TRUE(spec.has_value());
+  for (const std::string& call :
+       {std::string("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>75001"
+                    "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+                    "</tool_call>"),
+        std::string("<tool_call>get_weather<arg_key>city</arg_key><arg_value>75001</arg_value>"
+                    "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")}) {
+    EXPECT_TRUE(common::testing::Accepts(*spec, "Checking.\n" + call)) << call;
+    const ParsedReply parsed =
+        ParseToolCalls(ToolCallFormat::kGlm45, "Checking.\n" + call, automatic->string_parameters);
+    ASSERT_EQ(parsed.calls.size(), 1u) << call;
+    EXPECT_EQ(Json::parse(parsed.calls[0].arguments),
+              Json::parse(R"({"city": "75001", "days": 3})"));
+  }
+  EXPECT_FALSE(common::testing::Accepts(
+      *spec,
+      "<tool_call>get_weather<arg_key>days</arg_key><arg_value>soon</arg_value></tool_call>"));
 }
 
 TEST(OpenAiToolsTest, NamedChoiceAndParallelCallsShapeTheConstraint) {

@@ -136,6 +136,43 @@ TEST(ToolCallGrammarTest, XmlCallsTypeEachValueByItsSchema) {
   }
 }
 
+// GLM-4.5's layout, whose newlines GLM-4.7 leaves out: with optional_newlines both pass, and
+// a string value stops at </arg_value> whatever follows it.
+TEST(ToolCallGrammarTest, XmlCallsWithOptionalNewlines) {
+  const GrammarSpec spec{
+      GrammarKind::kToolCalls,
+      R"({"begin":"<tool_call>","end":"</tool_call>","separator":"\n","repeat":true,)"
+      R"("trigger":"<tool_call>","trigger_at":"anywhere",)"
+      R"("xml":{"name_end":"\n","key_begin":"<arg_key>","key_end":"</arg_key>\n<arg_value>",)"
+      R"("value_end":"</arg_value>\n","optional_newlines":true,"tools":[)"
+      R"({"name":"get_weather","parameters":{"type":"object","properties":{)"
+      R"("city":{"type":"string"},"days":{"type":"integer"}}}}]}})"};
+  const std::string glm45 =
+      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>75001</arg_value>\n"
+      "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
+  const std::string glm47 =
+      "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris\nCentre</arg_value>"
+      "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
+  for (const std::string& text : {glm45, glm47, "Sure.\n" + glm45 + "\n" + glm47, glm45 + glm47}) {
+    EXPECT_TRUE(Accepts(spec, text)) << text;
+  }
+  for (const std::string& text : {
+           std::string("<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>x</arg_value>"
+                       "\n</tool_call>"),
+           std::string("<tool_call>get_weather\n\n<arg_key>city</arg_key><arg_value>P</arg_value>"
+                       "</tool_call>"),  // one newline at most
+           std::string("<tool_call>get_time</tool_call>"),
+       }) {
+    EXPECT_FALSE(Accepts(spec, text)) << text;
+  }
+  EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"\n","optional_newlines":true,)"
+                               R"("tools":[{"name":"f"}]}})")
+                   .ok());
+  EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"</p>","optional_newlines":1,)"
+                               R"("tools":[{"name":"f"}]}})")
+                   .ok());
+}
+
 TEST(ToolCallGrammarTest, MalformedXmlSpecsAreErrors) {
   EXPECT_FALSE(ToolCallGrammar(R"({"xml":[]})").ok());
   EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"</p>","tools":[]}})").ok());
