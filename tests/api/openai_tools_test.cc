@@ -221,17 +221,24 @@ TEST(OpenAiToolsTest, ConstraintAcceptsExactlyAValidCallInEachFormat) {
   EXPECT_FALSE(ToolCallConstraint(*none).has_value());
 }
 
-// Qwen3-Coder under "auto": its chat template's layout of a call, each value typed by the
-// tool's schema; what the grammar lets through, the format's parser reads back.
-TEST(OpenAiToolsTest, Qwen3CoderAutoHoldsTheTagsAndTheValuesToTheSchemas) {
+// tool_choice "auto" with the weather tool taking a city (a string) and days (an integer),
+// in `format`.
+ToolsRequest AutoWithCityAndDays(ToolCallFormat format) {
   Json tool = kWeatherTool;
   tool["function"]["parameters"]["properties"]["days"] = Json{{"type", "integer"}};
   Json body = Body("auto");
   body["tools"] = Json::array({tool});
   absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(body, "");
-  ASSERT_TRUE(automatic.ok()) << automatic.status();
-  automatic->format = ToolCallFormat::kQwen3Coder;
-  std::optional<common::GrammarSpec> spec = ToolCallConstraint(*automatic);
+  EXPECT_TRUE(automatic.ok()) << automatic.status();
+  automatic->format = format;
+  return *automatic;
+}
+
+// Qwen3-Coder under "auto": its chat template's layout of a call, each value typed by the
+// tool's schema; what the grammar lets through, the format's parser reads back.
+TEST(OpenAiToolsTest, Qwen3CoderAutoHoldsTheTagsAndTheValuesToTheSchemas) {
+  const ToolsRequest automatic = AutoWithCityAndDays(ToolCallFormat::kQwen3Coder);
+  std::optional<common::GrammarSpec> spec = ToolCallConstraint(automatic);
   ASSERT_TRUE(spec.has_value());
   const std::string call =
       "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
@@ -244,7 +251,7 @@ TEST(OpenAiToolsTest, Qwen3CoderAutoHoldsTheTagsAndTheValuesToTheSchemas) {
       "</function>\n</tool_call>"));
   EXPECT_FALSE(common::testing::Accepts(*spec, "<tool_call>\n<function=get_time>\n"));
   const ParsedReply parsed = ParseToolCalls(ToolCallFormat::kQwen3Coder, "Let me check.\n" + call,
-                                            automatic->string_parameters);
+                                            automatic.string_parameters);
   ASSERT_EQ(parsed.calls.size(), 1u);
   EXPECT_EQ(parsed.calls[0].name, "get_weather");
   EXPECT_EQ(Json::parse(parsed.calls[0].arguments),
@@ -254,14 +261,8 @@ TEST(OpenAiToolsTest, Qwen3CoderAutoHoldsTheTagsAndTheValuesToTheSchemas) {
 // GLM-4.5 and GLM-4.7 under "auto": the same tags with and without GLM-4.5's newlines; a
 // postal code stays the string its schema says, and each layout parses back.
 TEST(OpenAiToolsTest, Glm45AutoHoldsBothLayoutsToTheSchemas) {
-  Json tool = kWeatherTool;
-  tool["function"]["parameters"]["properties"]["days"] = Json{{"type", "integer"}};
-  Json body = Body("auto");
-  body["tools"] = Json::array({tool});
-  absl::StatusOr<ToolsRequest> automatic = ParseToolsRequest(body, "");
-  ASSERT_TRUE(automatic.ok()) << automatic.status();
-  automatic->format = ToolCallFormat::kGlm45;
-  std::optional<common::GrammarSpec> spec = ToolCallConstraint(*automatic);
+  const ToolsRequest automatic = AutoWithCityAndDays(ToolCallFormat::kGlm45);
+  std::optional<common::GrammarSpec> spec = ToolCallConstraint(automatic);
   ASSERT_TRUE(spec.has_value());
   for (const std::string& call :
        {std::string("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>75001"
@@ -271,7 +272,7 @@ TEST(OpenAiToolsTest, Glm45AutoHoldsBothLayoutsToTheSchemas) {
                     "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")}) {
     EXPECT_TRUE(common::testing::Accepts(*spec, "Checking.\n" + call)) << call;
     const ParsedReply parsed =
-        ParseToolCalls(ToolCallFormat::kGlm45, "Checking.\n" + call, automatic->string_parameters);
+        ParseToolCalls(ToolCallFormat::kGlm45, "Checking.\n" + call, automatic.string_parameters);
     ASSERT_EQ(parsed.calls.size(), 1u) << call;
     EXPECT_EQ(Json::parse(parsed.calls[0].arguments),
               Json::parse(R"({"city": "75001", "days": 3})"));
