@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "api/openai_request.h"
+#include "api/xml_tool_calls.h"
 #include "common/json_depth.h"
 
 namespace loom::api {
@@ -372,32 +373,35 @@ namespace {
 
 // tool_choice "auto" in a format that writes calls as tags around bare text: free text until
 // <tool_call>, then calls in the chat template's layout, each value held to its parameter's
-// schema (common/grammar/tool_call_grammar.h's "xml"). Qwen3-Coder's newlines are its
-// template's; GLM-4.5 writes newlines GLM-4.7 leaves out, so they are optional there.
+// schema (common/grammar/tool_call_grammar.h's "xml"). The tags are the parser's
+// (xml_tool_calls.h), laid out with the templates' newlines: one after the wrapper, the name,
+// the key and the value, and around a value without its own opening tag (Qwen3-Coder's).
+// GLM-4.7 leaves out the newlines GLM-4.5 writes, so they are optional there.
 common::GrammarSpec XmlAutoConstraint(const ToolsRequest& tools) {
   const bool glm = tools.format == ToolCallFormat::kGlm45;
+  const XmlCallSyntax& syntax = glm ? kGlm45Syntax : kQwen3CoderSyntax;
+  const std::string wrapper(syntax.wrapper), value_open(syntax.value_open);
+  auto text = [](std::string_view tag) { return std::string(tag); };
   Json list = Json::array();
   for (const Json& tool : tools.tools) {
     const Json summary = FunctionSummary(tool);
     list.push_back(Json{{"name", summary["name"]}, {"parameters", summary["parameters"]}});
   }
-  Json xml = glm ? Json{{"name_end", "\n"},
-                        {"key_begin", "<arg_key>"},
-                        {"key_end", "</arg_key>\n<arg_value>"},
-                        {"value_end", "</arg_value>\n"},
-                        {"optional_newlines", true}}
-                 : Json{{"name_end", ">\n"},
-                        {"key_begin", "<parameter="},
-                        {"key_end", ">\n"},
-                        {"value_end", "\n</parameter>\n"}};
-  xml["tools"] = list;
-  const Json spec{{"begin", glm ? "<tool_call>" : "<tool_call>\n<function="},
-                  {"end", glm ? "</tool_call>" : "</function>\n</tool_call>"},
-                  {"separator", "\n"},
-                  {"repeat", tools.parallel},
-                  {"xml", xml},
-                  {"trigger", "<tool_call>"},
-                  {"trigger_at", "anywhere"}};
+  const Json xml{{"name_end", text(syntax.name_end) + "\n"},
+                 {"key_begin", text(syntax.key_open)},
+                 {"key_end", text(syntax.key_close) + "\n" + value_open},
+                 {"value_end", (value_open.empty() ? "\n" : "") + text(syntax.value_close) + "\n"},
+                 {"optional_newlines", glm},
+                 {"tools", list}};
+  const Json spec{
+      {"begin", wrapper.empty() ? text(syntax.open) : wrapper + "\n" + text(syntax.open)},
+      {"end", wrapper.empty() ? text(syntax.close)
+                              : text(syntax.close) + "\n" + text(markers::kHermesClose)},
+      {"separator", "\n"},
+      {"repeat", tools.parallel},
+      {"xml", xml},
+      {"trigger", text(markers::kHermesOpen)},
+      {"trigger_at", "anywhere"}};
   return common::GrammarSpec{common::GrammarKind::kToolCalls, Dump(spec)};
 }
 
