@@ -213,6 +213,22 @@ absl::Status CpuDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> p
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::ConcatColumns(absl::Span<const Tensor> parts, Tensor out) {
+  const int64_t width = out.cols();
+  float* dst = out.as<float>();
+  ForRows(out.rows(), width, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = dst + r * width;
+      for (const Tensor& part : parts) {
+        const int64_t cols = part.cols();
+        std::memcpy(row, part.as<const float>() + r * cols, cols * sizeof(float));
+        row += cols;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) {
   if (positions.numel() == 0) return absl::OkStatus();  // the head counts divide by it
   cpu::RopeParams rope;

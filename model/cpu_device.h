@@ -76,6 +76,7 @@ class CpuDevice : public Device {
   absl::Status Linear(const Tensor& x, const DeviceLinear& w, Tensor out,
                       LinearSite site) override;
   absl::Status SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) override;
+  absl::Status ConcatColumns(absl::Span<const Tensor> parts, Tensor out) override;
   absl::Status Rope(Tensor q, Tensor k, const Tensor& positions, const RopeSpec& spec) override;
   absl::Status WriteKv(KvCache& cache, int64_t layer, const Tensor& k, const Tensor& v,
                        const Tensor& slots) override;

@@ -69,6 +69,7 @@ LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Linear(const Tensor&, const Devic
                                                       LinearSite))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::SplitColumns(const Tensor&,
                                                             absl::Span<const Tensor>))
+LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::ConcatColumns(absl::Span<const Tensor>, Tensor))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::Rope(Tensor, Tensor, const Tensor&,
                                                     const RopeSpec&))
 LOOM_CUDA_DEVICE_STUB(absl::Status CudaDevice::WriteKv(KvCache&, int64_t, const Tensor&,

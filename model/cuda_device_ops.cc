@@ -236,6 +236,22 @@ absl::Status CudaDevice::Fp8Linear(const Tensor& x, const DeviceLinear& w, Tenso
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::ConcatColumns(absl::Span<const Tensor> parts, Tensor out) {
+  ForgetConverted();
+  const int64_t rows = out.rows(), width = out.cols();
+  if (rows == 0) return absl::OkStatus();
+  // A strided copy per part (multi-head latent attention's two, once a layer).
+  int64_t col = 0;
+  for (const Tensor& part : parts) {
+    const int64_t cols = part.cols();
+    LOOM_CUDA_CALL(cudaMemcpy2DAsync(out.as<float>() + col, width * sizeof(float), part.data,
+                                     cols * sizeof(float), cols * sizeof(float), rows,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    col += cols;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaDevice::SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) {
   ForgetConverted();
   const int64_t rows = x.rows(), width = x.cols();

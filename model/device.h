@@ -282,6 +282,10 @@ class Device {
   /// The columns of x [rows, sum of parts' cols] split into `parts` (each [rows, c_i]),
   /// left to right (Q, K, V out of the fused QKV product).
   virtual absl::Status SplitColumns(const Tensor& x, absl::Span<const Tensor> parts) = 0;
+  /// out [rows, sum of parts' cols] <- the parts' columns side by side, left to right
+  /// (SplitColumns' inverse: multi-head latent attention's normalized latent beside its key
+  /// part).
+  virtual absl::Status ConcatColumns(absl::Span<const Tensor> parts, Tensor out) = 0;
   /// Rotates q [T, heads, head_dim] and k [T, kv_heads, head_dim] in place at
   /// `positions` [T].
   virtual absl::Status Rope(Tensor q, Tensor k, const Tensor& positions,

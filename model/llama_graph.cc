@@ -55,6 +55,15 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
     LOOM_ASSIGN_OR_RETURN(layer.ffn_norm, d.UploadF32(host.ffn_norm));
   }
   LOOM_ASSIGN_OR_RETURN(layer.qkv, d.UploadLinear(host.qkv, &host.qkv_bias));
+  if (host.mla_kv_a.rows > 0) {
+    if (host.mla_q_a.rows > 0) {
+      LOOM_ASSIGN_OR_RETURN(layer.mla_q_a, d.UploadLinear(host.mla_q_a, nullptr));
+      LOOM_ASSIGN_OR_RETURN(layer.mla_q_a_norm, d.UploadF32(host.mla_q_a_norm));
+    }
+    LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a, d.UploadLinear(host.mla_kv_a, nullptr));
+    LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a_norm, d.UploadF32(host.mla_kv_a_norm));
+    LOOM_ASSIGN_OR_RETURN(layer.mla_kv_b, d.UploadLinear(host.mla_kv_b, nullptr));
+  }
   if (!host.q_norm.empty()) {
     LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(host.q_norm));
     LOOM_ASSIGN_OR_RETURN(layer.k_norm, d.UploadF32(host.k_norm));
@@ -146,6 +155,9 @@ absl::StatusOr<std::unique_ptr<LlamaGraph>> LlamaGraph::CreateRandom(
     const LlamaGraphOptions& options, uint64_t seed) {
   if (device->world_size() != 1) {
     return absl::InvalidArgumentError("a random model runs on one rank only");
+  }
+  if (config.mla()) {
+    return absl::UnimplementedError("a random model with multi-head latent attention");
   }
   std::unique_ptr<LlamaGraph> graph(new LlamaGraph());
   graph->config_ = config;
@@ -384,11 +396,15 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     const int64_t kv_layer = static_cast<int64_t>(i);
     // The previous layer's MLP output joins the residual stream here.
     LOOM_ASSIGN_OR_RETURN(const Tensor attn_in, JoinResidual(layer.attn_norm.get(), l == 0));
-    LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
     const Tensor parts[] = {Tensor::Of(q.data, DType::kF32, q.device, {T, q_dim}),
                             Tensor::Of(k.data, DType::kF32, k.device, {T, kv_dim}),
                             Tensor::Of(v.data, DType::kF32, v.device, {T, kv_dim})};
-    LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
+    if (layer.mla_kv_a != nullptr) {
+      LOOM_RETURN_IF_ERROR(MlaProjections(layer, attn_in, l, q, k, v));
+    } else {
+      LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
+      LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
+    }
     if (layer.q_norm != nullptr && c.qk_norm_full) {
       // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
       LOOM_RETURN_IF_ERROR(
@@ -447,6 +463,42 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   if (!shard_.last_stage()) return send_(residual, proj);
   if (R == 0) return absl::OkStatus();
   return Head(step, logits, hidden);
+}
+
+absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q,
+                                        Tensor k, Tensor v) {
+  Device& d = *device_;
+  const common::ModelConfig& c = config_;
+  const int64_t T = x.rows(), latent = c.mla_kv_lora_rank, rope = c.rope_dim;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t q_dim = shard_.num_heads * c.head_dim, kv_dim = shard_.num_kv_heads * c.head_dim;
+  auto flat = [T](const Tensor& t, int64_t width) {
+    return Tensor::Of(t.data, DType::kF32, t.device, {T, width});
+  };
+  // Queries: from x, or from x's query latent, normalized.
+  Tensor q_in = x;
+  if (layer.mla_q_a != nullptr) {
+    LOOM_RETURN_IF_ERROR(Ensure(mla_q_latent_, {T, c.mla_q_lora_rank}));
+    q_in = mla_q_latent_.view;
+    LOOM_RETURN_IF_ERROR(d.Linear(x, *layer.mla_q_a, q_in));
+    LOOM_RETURN_IF_ERROR(
+        d.RmsNorm(q_in, Vector(*layer.mla_q_a_norm, c.mla_q_lora_rank), eps, q_in));
+  }
+  LOOM_RETURN_IF_ERROR(d.Linear(q_in, *layer.qkv, flat(q, q_dim)));
+  // Keys and values: the latent normalized, beside the key part, decompressed per head.
+  LOOM_RETURN_IF_ERROR(Ensure(mla_latent_, {T, latent + rope}));
+  LOOM_RETURN_IF_ERROR(Ensure(mla_c_kv_, {T, latent}));
+  LOOM_RETURN_IF_ERROR(Ensure(mla_k_pe_, {T, rope}));
+  const Tensor both = mla_latent_.view, c_kv = mla_c_kv_.view, k_pe = mla_k_pe_.view;
+  LOOM_RETURN_IF_ERROR(d.Linear(x, *layer.mla_kv_a, both, {l, LinearInput::kQkv}));
+  const Tensor split[] = {c_kv, k_pe};
+  LOOM_RETURN_IF_ERROR(d.SplitColumns(both, split));
+  LOOM_RETURN_IF_ERROR(d.RmsNorm(c_kv, Vector(*layer.mla_kv_a_norm, latent), eps, c_kv));
+  LOOM_RETURN_IF_ERROR(d.ConcatColumns(split, both));
+  const Tensor kv = Prefix(qkv_, T, 2 * kv_dim);
+  LOOM_RETURN_IF_ERROR(d.Linear(both, *layer.mla_kv_b, kv));
+  const Tensor kv_parts[] = {flat(k, kv_dim), flat(v, kv_dim)};
+  return d.SplitColumns(kv, kv_parts);
 }
 
 absl::Status LlamaGraph::NormAllHeads(Tensor local, const Buffer& weight, int64_t total,

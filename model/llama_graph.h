@@ -119,6 +119,9 @@ class LlamaGraph {
     std::vector<float> selection_bias;  // GLM-4.5's per-expert bias [experts] (host), or empty
     std::vector<std::unique_ptr<DeviceLinear>> expert_weights;
     std::vector<const DeviceLinear*> expert_gate_up, expert_down;
+    // Multi-head latent attention (LayerWeights' mla_*; qkv then projects the queries only).
+    std::unique_ptr<DeviceLinear> mla_q_a, mla_kv_a, mla_kv_b;
+    std::unique_ptr<Buffer> mla_q_a_norm, mla_kv_a_norm;
 
     void AddExpert(std::unique_ptr<DeviceLinear> gate_up, std::unique_ptr<DeviceLinear> down) {
       expert_gate_up.push_back(gate_up.get());
@@ -151,6 +154,11 @@ class LlamaGraph {
   // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
+  // Multi-head latent attention's projections of `x` [T, hidden] (layer `l`): the queries
+  // into q, each head's key and value into k and v ([T, heads, head_dim] each), through the
+  // normalized latents (LayerWeights' mla_*). Uses the step's scratch buffers.
+  absl::Status MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q, Tensor k,
+                              Tensor v);
   // The previous sub-layer's output (proj_) joins the residual stream unless `first`; the
   // next sub-layer's input is then the stream RMS-normalized by `norm` (in normed_), or
   // the stream itself where `norm` is null (OLMo 2 has no pre-norms).
@@ -209,6 +217,9 @@ class LlamaGraph {
   Scratch sampled_;       // [R, hidden]
   Scratch local_logits_;  // tensor parallel: [R, local vocab]
   Scratch all_heads_, other_heads_;  // tensor parallel, OLMo's QK-norm: [T, all heads' dims]
+  // Multi-head latent attention: the query latent [T, q_lora], the key-value latent with the
+  // key part [T, kv_lora + rope_dim], and the two apart ([T, kv_lora], [T, rope_dim]).
+  Scratch mla_q_latent_, mla_latent_, mla_c_kv_, mla_k_pe_;
 };
 
 }  // namespace loom::model

@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 24> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 25> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -184,6 +184,20 @@ constexpr std::array<ArchitectureRules, 24> kArchitectures = {{
      .local_rope_theta = 0.0,
      .gguf_ffn_norm = "post_attention_norm",
      .expert_sigmoid = true},
+    // DeepSeek-V2 and V2-Lite (llama.cpp's deepseek2, Hugging Face's DeepseekV2ForCausalLM):
+    // multi-head latent attention with interleaved RoPE pairs on a shared key part, the first
+    // layers dense, the rest routed by softmax probability (not renormalized unless the file
+    // says) beside ungated shared experts.
+    {.gguf_name = "deepseek2",
+     .hf_class_name = "DeepseekV2ForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .hf_rope_interleaved = true,
+     .expert_weights_norm = false,
+     .mla = true},
     // OLMo 2 (llama.cpp's olmo2, Hugging Face's Olmo2ForCausalLM): no norm before attention
     // or the FFN, each sub-layer's output RMS-normalized before it joins the residual stream
     // (Hugging Face's post_attention_layernorm and post_feedforward_layernorm), and a

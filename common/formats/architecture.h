@@ -61,6 +61,11 @@ struct ArchitectureRules {
   bool expert_weights_norm = true;
   bool expert_sigmoid = false;
   bool expert_width_per_used = false;
+  // Multi-head latent attention (DeepSeek-V2's): keys and values decompressed from a latent
+  // (ModelConfig::mla_kv_lora_rank), queries optionally through one; the rotary part of a
+  // head is its last rope_dim dims and is shared by every head's key; YaRN's attention
+  // factor multiplies the softmax scale (squared) rather than RoPE's cosines and sines.
+  bool mla = false;
 };
 
 /// Every architecture Loom serves, in the order error messages list them.

@@ -150,6 +150,32 @@ absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// Multi-head latent attention's widths (ModelConfig::mla_kv_lora_rank): the latents', a
+// key's and a value's. Files converted for llama.cpp's absorbed MLA give the decompressed
+// widths as key_length_mla / value_length_mla (key_length being the latent's then) and one
+// KV head; Loom decompresses, so every query head has its own.
+absl::Status ReadMlaShapes(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
+  LOOM_ASSIGN_OR_RETURN(config.mla_kv_lora_rank, reader.RequiredInt("attention.kv_lora_rank"));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "attention.kv_lora_rank", config.mla_kv_lora_rank, 1, kMaxDimension));
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("attention.q_lora_rank", config.mla_q_lora_rank));
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "attention.q_lora_rank", config.mla_q_lora_rank, 0, kMaxDimension));
+  const bool absorbed = gguf.Find(reader.Key("attention.key_length_mla")) != nullptr;
+  const char* key_length = absorbed ? "attention.key_length_mla" : "attention.key_length";
+  const char* value_length = absorbed ? "attention.value_length_mla" : "attention.value_length";
+  LOOM_ASSIGN_OR_RETURN(config.head_dim, reader.RequiredInt(key_length));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, key_length, config.head_dim, 2, kMaxDimension));
+  LOOM_ASSIGN_OR_RETURN(config.mla_value_dim, reader.RequiredInt(value_length));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, value_length, config.mla_value_dim, 1, config.head_dim));
+  if (config.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: head dimension ", config.head_dim, " is odd"));
+  }
+  config.num_kv_heads = config.num_heads;
+  return absl::OkStatus();
+}
+
 // Context, widths, layers and heads, the head dimension.
 absl::Status ReadShapes(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   LOOM_ASSIGN_OR_RETURN(config.context_length, reader.RequiredInt("context_length"));
@@ -174,6 +200,7 @@ absl::Status ReadShapes(const ConfigReader& reader, const GgufFile& gguf, ModelC
         " is not a multiple of attention.head_count_kv ", config.num_kv_heads));
   }
 
+  if (FindArchitecture(config.architecture)->mla) return ReadMlaShapes(reader, gguf, config);
   if (gguf.Find(reader.Key("attention.key_length")) != nullptr) {
     LOOM_RETURN_IF_ERROR(reader.OptionalInt("attention.key_length", config.head_dim));
     LOOM_RETURN_IF_ERROR(
@@ -458,6 +485,27 @@ absl::Status ReadRopeScaling(const ConfigReader& reader, const GgufFile& gguf,
     }
   }
 
+  return absl::OkStatus();
+}
+
+// DeepSeek's YaRN (multi-head latent attention): m = 1 + yarn_log_multiplier * ln(factor)
+// multiplies the softmax scale twice (m^2 / sqrt(head_dim)) and leaves RoPE's cosines and
+// sines alone unless the file says (llama.cpp's deepseek2 graph; transformers' mscale_all_dim
+// and the ratio of its two mscales).
+absl::Status ReadMlaScale(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
+  if (!config.mla() || config.rope_scaling != RopeScalingType::kYarn) return absl::OkStatus();
+  double log_multiplier = 0.0;
+  LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.yarn_log_multiplier", log_multiplier));
+  if (!std::isfinite(log_multiplier) || log_multiplier < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: '", reader.Key("rope.scaling.yarn_log_multiplier"), "' is ",
+                     log_multiplier, ", expected a non-negative finite number"));
+  }
+  const double m = 1.0 + log_multiplier * std::log(config.rope_scaling_factor);
+  config.attention_scale = m * m / std::sqrt(static_cast<double>(config.head_dim));
+  if (gguf.Find("loom.rope.scaling.attention_factor") == nullptr) {
+    config.rope_attention_factor = 1.0;
+  }
   return absl::OkStatus();
 }
 
@@ -779,6 +827,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf) {
   LOOM_RETURN_IF_ERROR(ReadSharedExpert(reader, gguf, dense_ffn, config));
   LOOM_RETURN_IF_ERROR(ReadRope(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadRopeScaling(reader, gguf, config));
+  LOOM_RETURN_IF_ERROR(ReadMlaScale(reader, gguf, config));
   LOOM_ASSIGN_OR_RETURN(config.sampling_defaults, SamplingDefaultsFromGguf(gguf));
   LOOM_RETURN_IF_ERROR(ReadVocabulary(reader, gguf, config));
   LOOM_RETURN_IF_ERROR(ReadLayout(reader, gguf, config));

@@ -140,6 +140,17 @@ struct ModelConfig {
   bool attention_sinks = false;
   bool attention_output_bias = false;
   bool expert_bias = false;
+  // Multi-head latent attention (DeepSeek-V2/V3, ArchitectureRules::mla): each layer
+  // projects the hidden state to a latent of `mla_kv_lora_rank` channels and a rope_dim-wide
+  // key part shared by every head (attn_kv_a_mqa), normalizes the latent (attn_kv_a_norm) and
+  // decompresses each head's key (head_dim - rope_dim channels) and value (`mla_value_dim`
+  // channels) from it (attn_kv_b, or attn_k_b and attn_v_b); queries come from the hidden
+  // state (attn_q) or through a normalized latent of `mla_q_lora_rank` channels (attn_q_a,
+  // attn_q_a_norm, attn_q_b; 0: none). head_dim is a key's width (DeepSeek: 128 + 64), and
+  // every query head has its own KV head (num_kv_heads = num_heads). 0: standard attention.
+  int64_t mla_kv_lora_rank = 0;
+  int64_t mla_q_lora_rank = 0;
+  int64_t mla_value_dim = 0;
 
   /// The window every layer attends within (each one local), else 0: a sequence's KV
   /// blocks behind it can be freed only when no layer is global.
@@ -162,6 +173,8 @@ struct ModelConfig {
   int64_t DenseFfnWidth() const {
     return num_experts > 0 ? dense_intermediate_size : intermediate_size;
   }
+  /// Whether attention is multi-head latent attention (mla_kv_lora_rank > 0).
+  bool mla() const { return mla_kv_lora_rank > 0; }
   /// Whether layer `layer` applies RoPE to its queries and keys.
   bool LayerRotates(int64_t layer) const {
     return rope_layers.empty() || rope_layers[static_cast<size_t>(layer)];

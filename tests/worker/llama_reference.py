@@ -43,7 +43,13 @@ not renormalized unless `expert_weights_norm` says so); `ernie4_5` (ERNIE 4.5 de
 rotating interleaved pairs); `ernie4_5-moe` (the same attention, `leading_dense_block_count`
 dense layers, then softmax probabilities chosen with `exp_probs_b.bias`, renormalized, beside
 ungated shared experts); `exaone4` (EXAONE 4.0: OLMo 2's norms with a per-head QK-norm; with a
-window every 4th layer global and only the local layers rotating).
+window every 4th layer global and only the local layers rotating); `deepseek2` (DeepSeek-V2/V3,
+transformers' DeepseekV2Attention: multi-head latent attention, keys and values decompressed per
+head from a normalized latent (`attn_kv_b`, or llama.cpp's `attn_k_b` / `attn_v_b`), the last
+`rope.dimension_count` dims of each head rotating in interleaved pairs, the key's shared by every
+head, queries from x or through a normalized latent; YaRN scaling the softmax by
+(1 + yarn_log_multiplier ln(factor))^2 instead of cos and sin; experts as ernie4_5-moe's, not
+renormalized unless the file says).
 Other scaling types raise
 NotImplementedError rather than give silently wrong logits.
 
@@ -67,7 +73,8 @@ SUPPORTED_ARCHS = {"llama": "normal", "mistral": "normal", "qwen2": "neox", "qwe
                    "smollm3": "normal", "granite": "normal", "glm4": "normal", "gemma": "neox",
                    "gpt-oss": "neox", "qwen2moe": "neox", "glm4moe": "neox",
                    "olmo2": "neox", "olmoe": "neox", "ernie4_5": "normal",
-                   "ernie4_5-moe": "normal", "exaone4": "neox", "granitemoe": "normal"}
+                   "ernie4_5-moe": "normal", "exaone4": "neox", "granitemoe": "normal",
+                   "deepseek2": "normal"}
 # gpt-oss (transformers' GptOssExperts, llama.cpp's swiglu_oai): the clamped SwiGLU's limit when
 # the file does not say (loom.swiglu_limit), its sigmoid's alpha, and the local layers' period.
 GPT_OSS_SWIGLU_LIMIT = 7.0
@@ -135,6 +142,17 @@ class Layer:
     # GLM-4.5: a bias per expert added to the router's scores to choose the top-k (not to weigh
     # them): llama.cpp's exp_probs_b, transformers' e_score_correction_bias.
     selection_bias: Optional[np.ndarray] = None
+    # DeepSeek-V2's multi-head latent attention (q, k, v then unused but q without q_a): the
+    # query latent and its norm (or None: q from x), the key-value latent with the shared
+    # RoPE key part (kv_a) and the latent's norm, and each head's decompression of the latent
+    # into its key's no-RoPE part k_b [heads, nope, latent] and its value v_b [heads, value,
+    # latent].
+    q_a: Optional[Linear] = None
+    q_a_norm: Optional[np.ndarray] = None
+    kv_a: Optional[Linear] = None
+    kv_a_norm: Optional[np.ndarray] = None
+    k_b: Optional[np.ndarray] = None
+    v_b: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -192,6 +210,9 @@ class Model:
     logit_scale: float = 1.0
     # gpt-oss: the experts' clamped SwiGLU limit (0: SiLU(gate) * up).
     swiglu_limit: float = 0.0
+    # Multi-head latent attention: a value's width (0: standard attention); a head's key is
+    # [head_dim - n_rot no-RoPE dims, n_rot RoPE dims] and so is its query.
+    mla_value_dim: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +290,15 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
     n_head = int(_field(reader, f"{arch}.attention.head_count"))
     n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_head))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
+    mla = arch == "deepseek2"
+    mla_value_dim = 0
+    if mla:
+        # Files for llama.cpp's absorbed MLA give the decompressed widths as *_mla (and one KV
+        # head); a decompressed head each either way.
+        head_dim = int(_field(reader, f"{arch}.attention.key_length_mla", head_dim))
+        mla_value_dim = int(_field(reader, f"{arch}.attention.value_length_mla",
+                                   _field(reader, f"{arch}.attention.value_length")))
+        n_head_kv = n_head
     n_rot = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
     if n_head % n_head_kv != 0:
         raise ValueError(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
@@ -312,6 +342,14 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
             raise ValueError(f"rope_freqs has {freq_factors.shape[0]} entries, expected {inv_freq.shape[0]}")
         inv_freq = inv_freq / freq_factors
 
+    attention_scale = None
+    if mla and scaling_type == "yarn":
+        # DeepSeek's YaRN (llama.cpp's deepseek2 graph, transformers' mscale_all_dim): the
+        # softmax scale times m^2, m = 1 + yarn_log_multiplier ln(factor); cos and sin unscaled.
+        m = 1.0 + float(_field(reader, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)) * np.log(scaling_factor)
+        attention_scale = m * m / np.sqrt(head_dim)
+        attention_factor = 1.0
+
     n_expert = int(_field(reader, f"{arch}.expert_count", 0) or 0)
 
     def optional(name: str) -> Optional[np.ndarray]:
@@ -349,7 +387,8 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
         moe = n_expert > 0 and i >= leading_dense
         layers.append(Layer(
             attn_norm=optional(p + ".attn_norm.weight"),
-            q=linear(p + ".attn_q"), k=linear(p + ".attn_k"), v=linear(p + ".attn_v"),
+            q=None if mla else linear(p + ".attn_q"), k=None if mla else linear(p + ".attn_k"),
+            v=None if mla else linear(p + ".attn_v"),
             o=linear(p + ".attn_output"),
             ffn_norm=optional(p + (".post_attention_norm.weight" if post_attention_ffn_norm
                                    else ".ffn_norm.weight")),
@@ -364,6 +403,9 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
             sinks=optional(p + ".attn_sinks.weight"),
             selection_bias=optional(p + ".exp_probs_b.bias") if moe else None))
         layers[-1].shared, layers[-1].shared_gate = shared_expert(p)
+        if mla:
+            _load_latent_attention(layers[-1], p, tensors, weight, linear, n_head, head_dim - n_rot,
+                                   mla_value_dim)
 
     token_embd = weight("token_embd.weight")
     tied = "output.weight" not in tensors
@@ -393,15 +435,59 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
                                  if _field(reader, f"{arch}.attention.sliding_window") else None),
         n_expert_used=int(_field(reader, f"{arch}.expert_used_count", 0) or 0),
         expert_norm=bool(_field(reader, f"{arch}.expert_weights_norm",
-                                arch not in ("qwen2moe", "olmoe"))),
+                                arch not in ("qwen2moe", "olmoe", "deepseek2"))),
         expert_gating=_expert_gating(reader, arch),
         expert_weights_scale=float(_field(reader, f"{arch}.expert_weights_scale", 0.0) or 1.0),
         attn_softcap=float(_field(reader, f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         swiglu_limit=float(_field(reader, "loom.swiglu_limit", GPT_OSS_SWIGLU_LIMIT if gpt_oss else 0.0)),
+        mla_value_dim=mla_value_dim,
+        **({"attention_scale": attention_scale} if attention_scale is not None else {}),
         **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
            if arch in ("gemma", "gemma2", "gemma3") else {}),
         **_multipliers(reader, arch))
+
+
+def _load_latent_attention(layer: Layer, p: str, tensors: dict, weight, linear, n_head: int,
+                           nope: int, value_dim: int) -> None:
+    """DeepSeek-V2's attention tensors (llama.cpp's names): attn_q, or attn_q_a, attn_q_a_norm and
+    attn_q_b; attn_kv_a_mqa and attn_kv_a_norm; attn_kv_b (per head: nope key rows, then value_dim
+    value rows), or attn_k_b [heads, latent, nope] and attn_v_b [heads, value_dim, latent]."""
+    if p + ".attn_q_a.weight" in tensors:
+        layer.q_a = linear(p + ".attn_q_a")
+        layer.q_a_norm = weight(p + ".attn_q_a_norm.weight")
+        layer.q = linear(p + ".attn_q_b")
+    else:
+        layer.q = linear(p + ".attn_q")
+    layer.kv_a = linear(p + ".attn_kv_a_mqa")
+    layer.kv_a_norm = weight(p + ".attn_kv_a_norm.weight")
+    latent = layer.kv_a_norm.shape[0]
+    if p + ".attn_kv_b.weight" in tensors:
+        kv_b = weight(p + ".attn_kv_b.weight").reshape(n_head, nope + value_dim, latent)
+        layer.k_b, layer.v_b = kv_b[:, :nope], kv_b[:, nope:]
+    else:
+        layer.k_b = weight(p + ".attn_k_b.weight").reshape(n_head, latent, nope).transpose(0, 2, 1)
+        layer.v_b = weight(p + ".attn_v_b.weight").reshape(n_head, value_dim, latent)
+
+
+def _latent_attention_qkv(model: Model, layer: Layer, h: np.ndarray, positions: np.ndarray,
+                          numerics: Numerics) -> tuple:
+    """Multi-head latent attention's query, key and value heads ([n, heads, head_dim] twice,
+    [n, heads, value_dim]) for the normed hidden states h, RoPE applied (DeepSeek-V2's
+    attention: transformers' DeepseekV2Attention, llama.cpp's deepseek2 graph)."""
+    n, heads, nope = h.shape[0], model.n_head, model.head_dim - model.n_rot
+    cq = h if layer.q_a is None else _rms_norm(_linear(h, layer.q_a, numerics), layer.q_a_norm, model.rms_eps)
+    q = _linear(cq, layer.q, numerics).reshape(n, heads, model.head_dim)
+    kv_a = _linear(h, layer.kv_a, numerics)
+    latent = layer.kv_a_norm.shape[0]
+    c = _rms_norm(kv_a[:, :latent], layer.kv_a_norm, model.rms_eps)
+    k_nope = np.einsum("nc,hjc->nhj", c, layer.k_b.astype(c.dtype))
+    v = np.einsum("nc,hjc->nhj", c, layer.v_b.astype(c.dtype))
+    q_pe = rope(model, q[..., nope:], positions)
+    k_pe = rope(model, kv_a[:, None, latent:], positions)
+    q = np.concatenate([q[..., :nope], q_pe], axis=-1)
+    k = np.concatenate([k_nope, np.repeat(k_pe, heads, axis=1)], axis=-1)
+    return q, k, v
 
 
 def _expert_gating(reader: gguf.GGUFReader, arch: str) -> str:
@@ -640,11 +726,34 @@ class KVCache:
     def __init__(self, model: Model):
         empty = np.zeros((model.n_head_kv, 0, model.head_dim))
         self.k = [empty for _ in model.layers]
-        self.v = [empty for _ in model.layers]
+        empty_v = np.zeros((model.n_head_kv, 0, model.mla_value_dim or model.head_dim))
+        self.v = [empty_v for _ in model.layers]
 
     @property
     def length(self) -> int:
         return self.k[0].shape[1] if self.k else 0
+
+
+def _attention_qkv(model: Model, layer: Layer, h: np.ndarray, positions: np.ndarray, local: bool,
+                   li: int, numerics: Numerics) -> tuple:
+    """Query, key and value heads ([n, heads or kv_heads, head_dim]) for the normed hidden states
+    h: the projections, any QK-norm, RoPE (unless layer li takes none)."""
+    n = h.shape[0]
+    q = _linear(h, layer.q, numerics)
+    k = _linear(h, layer.k, numerics)
+    if layer.q_norm is not None and len(layer.q_norm) != model.head_dim:
+        q = _rms_norm(q, layer.q_norm, model.rms_eps)  # OLMo: over all heads
+        k = _rms_norm(k, layer.k_norm, model.rms_eps)
+    q = q.reshape(n, model.n_head, model.head_dim)
+    k = k.reshape(n, model.n_head_kv, model.head_dim)
+    v = _linear(h, layer.v, numerics).reshape(n, model.n_head_kv, model.head_dim)
+    if layer.q_norm is not None and len(layer.q_norm) == model.head_dim:
+        q = _rms_norm(q, layer.q_norm, model.rms_eps)
+        k = _rms_norm(k, layer.k_norm, model.rms_eps)
+    if not model.rope_layers or model.rope_layers[li]:
+        q = rope(model, q, positions, local)
+        k = rope(model, k, positions, local)
+    return q, k, v
 
 
 def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
@@ -669,20 +778,10 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
     for li, layer in enumerate(model.layers):
         local = bool(model.sliding_window and model.sliding_layers[li])
         h = x if layer.attn_norm is None else _rms_norm(x, layer.attn_norm, model.rms_eps)
-        q = _linear(h, layer.q, numerics)
-        k = _linear(h, layer.k, numerics)
-        if layer.q_norm is not None and len(layer.q_norm) != model.head_dim:
-            q = _rms_norm(q, layer.q_norm, model.rms_eps)  # OLMo: over all heads
-            k = _rms_norm(k, layer.k_norm, model.rms_eps)
-        q = q.reshape(n, model.n_head, model.head_dim)
-        k = k.reshape(n, model.n_head_kv, model.head_dim)
-        v = _linear(h, layer.v, numerics).reshape(n, model.n_head_kv, model.head_dim)
-        if layer.q_norm is not None and len(layer.q_norm) == model.head_dim:
-            q = _rms_norm(q, layer.q_norm, model.rms_eps)
-            k = _rms_norm(k, layer.k_norm, model.rms_eps)
-        if not model.rope_layers or model.rope_layers[li]:
-            q = rope(model, q, positions, local)
-            k = rope(model, k, positions, local)
+        if layer.kv_a is not None:
+            q, k, v = _latent_attention_qkv(model, layer, h, positions, numerics)
+        else:
+            q, k, v = _attention_qkv(model, layer, h, positions, local, li, numerics)
         if numerics.kv_f16:
             k = k.astype(np.float16).astype(dtype)
             v = v.astype(np.float16).astype(dtype)
@@ -709,7 +808,7 @@ def forward(model: Model, token_ids: Sequence[int], cache: KVCache,
         if layer.sinks is not None:
             total = total + np.exp(sinks - top)
         probs /= total
-        attn = np.einsum("hnt,htd->nhd", probs, values).reshape(n, model.n_head * model.head_dim)
+        attn = np.einsum("hnt,htd->nhd", probs, values).reshape(n, -1)
         out = _linear(attn, layer.o, numerics)
         if layer.post_attn_norm is not None:
             out = _rms_norm(out, layer.post_attn_norm, model.rms_eps)

@@ -61,6 +61,12 @@ Variants (see SPECS):
                  (no pattern key) and no RoPE on the global ones.
   olmoe          olmoe arch: llama's norms, the all-heads QK-norm, 8 experts of 32 channels, top 2
                  not renormalized (the architecture's default).
+  deepseek2_lite deepseek2 arch (DeepSeek-V2-Lite's layout): multi-head latent attention with
+                 queries from x, layer 0 dense, top 2 of 8 experts by softmax not renormalized
+                 beside two shared experts, DeepSeek's YaRN (the log multiplier on the softmax).
+  deepseek2_qlora deepseek2 arch (DeepSeek-V3's layout without grouped routing): queries through
+                 a latent, the decompression split into attn_k_b / attn_v_b as llama.cpp writes
+                 files for its absorbed MLA, a sigmoid router with a selection bias.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -175,6 +181,18 @@ class ModelSpec:
     expert_bias: bool = False
     swiglu_limit: Optional[float] = None
     yarn: Optional[dict] = None
+    # DeepSeek-V2's multi-head latent attention (arch deepseek2): an mla_kv_lora-wide key-value
+    # latent and a rope_dims-wide key part shared by every head (attn_kv_a_mqa), the latent's
+    # norm (attn_kv_a_norm), and per head head_dim - rope_dims key rows and mla_value_dim value
+    # rows decompressing it (attn_kv_b); queries from x (attn_q) or through an mla_q_lora-wide
+    # normalized latent (attn_q_a, attn_q_a_norm, attn_q_b). A head's rotary dims are its last.
+    # mla_split_kv_b: attn_k_b / attn_v_b and the *_mla lengths, as llama.cpp's converter writes
+    # files for its absorbed MLA. yarn_log_multiplier: DeepSeek's YaRN softmax-scale key.
+    mla_kv_lora: int = 0
+    mla_q_lora: int = 0
+    mla_value_dim: int = 0
+    mla_split_kv_b: bool = False
+    yarn_log_multiplier: Optional[float] = None
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -442,6 +460,37 @@ SPECS = {
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.Q8_0, T.F16),
                "attn_k": (T.F16,), "attn_v": (T.Q8_0,), "attn_output": (T.F16, T.Q4_1),
                "ffn_gate": (T.Q8_0,), "ffn_up": (T.Q4_1, T.F16), "ffn_down": (T.F16, T.Q8_0)}),
+    # DeepSeek-V2-Lite's layout: multi-head latent attention with queries straight from x
+    # (head_dim 32 = 24 decompressed + 8 rotary, values 16 wide, a 32-wide latent), layer 0
+    # dense, then top 2 of 8 experts by softmax probability not renormalized (the
+    # architecture's default) beside two ungated shared experts; YaRN (factor 4) whose log
+    # multiplier scales the softmax. Outputs F16: Loom widens them to F32 at load.
+    "deepseek2_lite": ModelSpec(
+        name="deepseek2_lite", arch="deepseek2", n_embd=64, n_layer=3, n_head=4, n_head_kv=4,
+        head_dim=32, rope_dims=8, n_ff=32, dense_ff=96, n_expert=8, n_expert_used=2,
+        shared_experts=2, leading_dense=1, mla_kv_lora=32, mla_value_dim=16, rms_eps=1e-6,
+        yarn={"factor": 4.0, "original": 64}, yarn_log_multiplier=0.0707, tied_output=False,
+        seed=1622,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q": (T.Q8_0, T.F16),
+               "attn_kv_a_mqa": (T.F16, T.Q8_0), "attn_kv_b": (T.F16,),
+               "attn_output": (T.F16,), "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1),
+               "ffn_down": (T.Q8_0,), "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1,),
+               "ffn_down_shexp": (T.F16,)}),
+    # DeepSeek-V3's layout (without grouped routing): queries through a 64-wide latent, the
+    # decompression split into attn_k_b / attn_v_b with the *_mla lengths and one KV head (as
+    # llama.cpp's converter writes files for its absorbed MLA), top 2 of 8 experts by sigmoid
+    # score plus a selection bias, renormalized x 2.5, beside one shared expert.
+    "deepseek2_qlora": ModelSpec(
+        name="deepseek2_qlora", arch="deepseek2", n_embd=64, n_layer=2, n_head=4, n_head_kv=1,
+        head_dim=32, rope_dims=8, n_ff=32, dense_ff=96, n_expert=8, n_expert_used=2,
+        shared_experts=1, leading_dense=1, sigmoid_router=True, expert_norm=True,
+        expert_weights_scale=2.5, mla_kv_lora=32, mla_q_lora=64, mla_value_dim=16,
+        mla_split_kv_b=True, rms_eps=1e-6, tied_output=False, seed=1619,
+        types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q_a": (T.Q8_0,),
+               "attn_q_b": (T.F16, T.Q8_0), "attn_kv_a_mqa": (T.Q8_0,), "attn_k_b": (T.F16,),
+               "attn_v_b": (T.F32,), "attn_output": (T.F32,), "ffn_gate": (T.Q8_0,),
+               "ffn_up": (T.F16,), "ffn_down": (T.Q8_0,), "ffn_gate_shexp": (T.Q8_0,),
+               "ffn_up_shexp": (T.F16,), "ffn_down_shexp": (T.Q8_0,)}),
     # OLMoE: llama's norms, the all-heads QK-norm, top 2 of 8 experts not renormalized.
     "olmoe": ModelSpec(
         name="olmoe", arch="olmoe", n_embd=64, n_layer=2, n_head=4, n_head_kv=4,
@@ -624,7 +673,19 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     # GLM-4.5's converter writes the head size whatever it is (its config.json says head_dim).
-    if spec.n_embd != spec.n_head * hd or spec.arch == "glm4moe":
+    if spec.mla_kv_lora:
+        writer.add_kv_lora_rank(spec.mla_kv_lora)
+        if spec.mla_q_lora:
+            writer.add_q_lora_rank(spec.mla_q_lora)
+        if spec.mla_split_kv_b:
+            writer.add_key_length(spec.mla_kv_lora + spec.rope_dims)
+            writer.add_value_length(spec.mla_kv_lora)
+            writer.add_key_length_mla(hd)
+            writer.add_value_length_mla(spec.mla_value_dim)
+        else:
+            writer.add_key_length(hd)
+            writer.add_value_length(spec.mla_value_dim)
+    elif spec.n_embd != spec.n_head * hd or spec.arch == "glm4moe":
         writer.add_key_length(hd)
         writer.add_value_length(hd)
     writer.add_rope_dimension_count(spec.rope_dims or hd)
@@ -653,6 +714,8 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(spec.yarn["factor"])
         writer.add_uint32(f"{spec.arch}.rope.scaling.original_context_length", spec.yarn["original"])
+    if spec.yarn_log_multiplier is not None:
+        writer.add_rope_scaling_yarn_log_mul(spec.yarn_log_multiplier)
     if spec.swiglu_limit is not None:
         writer.add_float32("loom.swiglu_limit", spec.swiglu_limit)
 
@@ -686,16 +749,10 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
         p = f"blk.{i}"
         if spec.pre_norms:
             _add(writer, f"{p}.attn_norm.weight", norm_weight(), T.F32)
-        # gain 2 on Q and K so attention is neither uniform nor one-hot (scores ~ N(0, 1-4)).
-        q = matrix(spec.n_head * hd, d, 2.0)
-        k = matrix(spec.n_head_kv * hd, d, 2.0)
-        v = matrix(spec.n_head_kv * hd, d)
-        if spec.fused:
-            _add(writer, f"{p}.attn_qkv.weight", np.concatenate([q, k, v]), type_of("attn_qkv", i))
+        if spec.mla_kv_lora:
+            _add_latent_attention(writer, spec, p, i, matrix, type_of)
         else:
-            _add(writer, f"{p}.attn_q.weight", q, type_of("attn_q", i))
-            _add(writer, f"{p}.attn_k.weight", k, type_of("attn_k", i))
-            _add(writer, f"{p}.attn_v.weight", v, type_of("attn_v", i))
+            _add_attention(writer, spec, p, i, matrix, type_of)
         if spec.qkv_bias:
             _add(writer, f"{p}.attn_q.bias", rng.normal(0.0, 0.3, size=spec.n_head * hd), T.F32)
             _add(writer, f"{p}.attn_k.bias", rng.normal(0.0, 0.3, size=spec.n_head_kv * hd), T.F32)
@@ -705,7 +762,9 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             k_width = spec.n_head_kv * hd if spec.qk_norm_full else hd
             _add(writer, f"{p}.attn_q_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=q_width), T.F32)
             _add(writer, f"{p}.attn_k_norm.weight", 1.0 + rng.normal(0.0, 0.1, size=k_width), T.F32)
-        _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * hd), type_of("attn_output", i))
+        value_width = spec.mla_value_dim or hd
+        _add(writer, f"{p}.attn_output.weight", matrix(d, spec.n_head * value_width),
+             type_of("attn_output", i))
         if spec.output_bias:
             _add(writer, f"{p}.attn_output.bias", rng.normal(0.0, 0.3, size=d), T.F32)
         if spec.sinks:
@@ -747,6 +806,51 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
     writer.write_tensors_to_file()
     writer.close()
     return str(path)
+
+
+def _add_attention(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, matrix,
+                   type_of) -> None:
+    """Q, K and V (fused into attn_qkv for Phi-3), gain 2 on Q and K so that attention is neither
+    uniform nor one-hot (scores ~ N(0, 1-4))."""
+    d, hd = spec.n_embd, spec.head_dim
+    q = matrix(spec.n_head * hd, d, 2.0)
+    k = matrix(spec.n_head_kv * hd, d, 2.0)
+    v = matrix(spec.n_head_kv * hd, d)
+    if spec.fused:
+        _add(writer, f"{p}.attn_qkv.weight", np.concatenate([q, k, v]), type_of("attn_qkv", layer))
+    else:
+        _add(writer, f"{p}.attn_q.weight", q, type_of("attn_q", layer))
+        _add(writer, f"{p}.attn_k.weight", k, type_of("attn_k", layer))
+        _add(writer, f"{p}.attn_v.weight", v, type_of("attn_v", layer))
+
+
+def _add_latent_attention(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, matrix,
+                          type_of) -> None:
+    """Multi-head latent attention's tensors (DeepSeek-V2's, as llama.cpp names them): gain 2 on
+    the query and key paths as for standard attention, each head's rows [no-RoPE part, RoPE
+    part]."""
+    d, hd, heads = spec.n_embd, spec.head_dim, spec.n_head
+    rope, latent, value_dim = spec.rope_dims, spec.mla_kv_lora, spec.mla_value_dim
+    nope = hd - rope
+    if spec.mla_q_lora:
+        _add(writer, f"{p}.attn_q_a.weight", matrix(spec.mla_q_lora, d), type_of("attn_q_a", layer))
+        _add(writer, f"{p}.attn_q_a_norm.weight", 1.0 + 0.1 * np.sin(np.arange(spec.mla_q_lora)),
+             T.F32)
+        _add(writer, f"{p}.attn_q_b.weight", matrix(heads * hd, spec.mla_q_lora, 2.0),
+             type_of("attn_q_b", layer))
+    else:
+        _add(writer, f"{p}.attn_q.weight", matrix(heads * hd, d, 2.0), type_of("attn_q", layer))
+    _add(writer, f"{p}.attn_kv_a_mqa.weight", matrix(latent + rope, d, 2.0),
+         type_of("attn_kv_a_mqa", layer))
+    _add(writer, f"{p}.attn_kv_a_norm.weight", 1.0 + 0.1 * np.cos(np.arange(latent)), T.F32)
+    keys = np.stack([matrix(nope, latent, 2.0) for _ in range(heads)])  # [heads, nope, latent]
+    values = np.stack([matrix(value_dim, latent) for _ in range(heads)])  # [heads, value, latent]
+    if spec.mla_split_kv_b:
+        _add(writer, f"{p}.attn_k_b.weight", keys.transpose(0, 2, 1), type_of("attn_k_b", layer))
+        _add(writer, f"{p}.attn_v_b.weight", values, type_of("attn_v_b", layer))
+    else:
+        kv_b = np.concatenate([keys, values], axis=1).reshape(heads * (nope + value_dim), latent)
+        _add(writer, f"{p}.attn_kv_b.weight", kv_b, type_of("attn_kv_b", layer))
 
 
 def _add_experts(writer: gguf.GGUFWriter, spec: ModelSpec, p: str, layer: int, matrix, type_of) -> None:
