@@ -1,5 +1,6 @@
 #include "common/formats/model_config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -7,8 +8,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/test_paths.h"
 #include "tests/common/gguf_test_util.h"
+#include "tests/test_paths.h"
 
 namespace loom::common {
 namespace {
@@ -596,6 +597,89 @@ TEST(ModelConfigTest, ReadsGlm45DenseLayersSigmoidRoutingAndNextnLayers) {
   EXPECT_FLOAT_EQ(config->expert_weights_scale, 2.5f);
   EXPECT_FALSE(config->expert_sigmoid);
   EXPECT_EQ(ConfigOf(TinyLlama())->DenseFfnWidth(), 5632);
+}
+
+// DeepSeek-V2-Lite's keys as llama.cpp's converter writes them (decompressed widths as
+// key_length / value_length), or (absorbed) DeepSeek-V3's: the latent's widths there, the
+// decompressed ones as *_mla and one KV head.
+struct DeepSeekKeys {
+  bool absorbed = false;
+  uint32_t kv_lora_rank = 512;
+  uint32_t value_length = 128;
+  uint32_t q_lora_rank = 0;  // 0: no key
+};
+
+GgufImageBuilder DeepSeekV2Lite(const DeepSeekKeys& keys = {}) {
+  const bool absorbed = keys.absorbed;
+  GgufImageBuilder builder;
+  builder.KvString("general.architecture", "deepseek2")
+      .KvU32("deepseek2.context_length", 163840)
+      .KvU32("deepseek2.embedding_length", 2048)
+      .KvU32("deepseek2.feed_forward_length", 10944)
+      .KvU32("deepseek2.expert_feed_forward_length", 1408)
+      .KvU32("deepseek2.expert_count", 64)
+      .KvU32("deepseek2.expert_used_count", 6)
+      .KvU32("deepseek2.expert_shared_count", 2)
+      .KvU32("deepseek2.leading_dense_block_count", 1)
+      .KvF32("deepseek2.expert_weights_scale", 1.0f)
+      .KvU32("deepseek2.block_count", 27)
+      .KvU32("deepseek2.attention.head_count", 16)
+      .KvU32("deepseek2.attention.head_count_kv", absorbed ? 1 : 16)
+      .KvU32("deepseek2.attention.kv_lora_rank", keys.kv_lora_rank)
+      .KvU32("deepseek2.attention.key_length", absorbed ? 576 : 192)
+      .KvU32("deepseek2.attention.value_length", absorbed ? 512 : keys.value_length)
+      .KvU32("deepseek2.rope.dimension_count", 64)
+      .KvString("deepseek2.rope.scaling.type", "yarn")
+      .KvF32("deepseek2.rope.scaling.factor", 40.0f)
+      .KvU32("deepseek2.rope.scaling.original_context_length", 4096)
+      .KvF32("deepseek2.rope.scaling.yarn_log_multiplier", 0.0707f)
+      .KvU32("deepseek2.vocab_size", 102400)
+      .Tensor("blk.1.ffn_gate_inp.weight", {2048, 64}, kF32)
+      .Tensor("blk.1.ffn_gate_shexp.weight", {2048, 2816}, kQ1_0)
+      .Tensor("blk.1.ffn_up_shexp.weight", {2048, 2816}, kQ1_0)
+      .Tensor("blk.1.ffn_down_shexp.weight", {2816, 2048}, kQ1_0);
+  if (absorbed) {
+    builder.KvU32("deepseek2.attention.key_length_mla", 192)
+        .KvU32("deepseek2.attention.value_length_mla", keys.value_length);
+  }
+  if (keys.q_lora_rank > 0) builder.KvU32("deepseek2.attention.q_lora_rank", keys.q_lora_rank);
+  for (int l = 0; l < 27; ++l) {
+    builder.Tensor(absl::StrCat("blk.", l, ".attn_norm.weight"), {2048}, kF32);
+  }
+  return builder;
+}
+
+TEST(ModelConfigTest, ReadsDeepSeekLatentAttentionAndItsYarnScale) {
+  for (const bool absorbed : {false, true}) {
+    SCOPED_TRACE(absorbed ? "absorbed" : "decompressed");
+    absl::StatusOr<ModelConfig> config = ConfigOf(DeepSeekV2Lite({.absorbed = absorbed}));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_TRUE(config->mla());
+    EXPECT_EQ(config->mla_kv_lora_rank, 512);
+    EXPECT_EQ(config->mla_q_lora_rank, 0);
+    EXPECT_EQ(config->head_dim, 192);
+    EXPECT_EQ(config->mla_value_dim, 128);
+    EXPECT_EQ(config->num_kv_heads, 16);  // a decompressed KV head per query head
+    EXPECT_EQ(config->rope_dim, 64);
+    EXPECT_FALSE(config->rope_neox);            // interleaved pairs
+    EXPECT_FALSE(config->expert_weights_norm);  // deepseek2's default
+    EXPECT_FALSE(config->expert_sigmoid);
+    EXPECT_EQ(config->shared_expert_intermediate_size, 2816);
+    // m = 1 + 0.0707 ln 40 multiplies the softmax scale twice; cos and sin stay unscaled.
+    const double m = 1.0 + static_cast<double>(0.0707f) * std::log(40.0);
+    EXPECT_NEAR(config->attention_scale, m * m / std::sqrt(192.0), 1e-9);
+    EXPECT_DOUBLE_EQ(config->rope_attention_factor, 1.0);
+  }
+  EXPECT_EQ(ConfigOf(DeepSeekV2Lite({.q_lora_rank = 1536}))->mla_q_lora_rank, 1536);
+}
+
+TEST(ModelConfigTest, RefusesDeepSeekLatentAttentionWithoutItsWidths) {
+  ExpectInvalid(ConfigOf(DeepSeekV2Lite({.value_length = 256})),
+                {"deepseek2.attention.value_length", "256"});
+  ExpectInvalid(ConfigOf(DeepSeekV2Lite({.absorbed = true, .value_length = 256})),
+                {"deepseek2.attention.value_length_mla", "256"});
+  ExpectInvalid(ConfigOf(DeepSeekV2Lite({.kv_lora_rank = 0})),
+                {"deepseek2.attention.kv_lora_rank"});
 }
 
 TEST(ModelConfigTest, RefusesGlm45RoutingItCannotRun) {

@@ -65,6 +65,15 @@ TEST(CpuDeviceTest, SplitColumnsAndGatherRowsKeepOrder) {
   EXPECT_EQ(out, (std::vector<float>{55, 66, 77, 88}));
 }
 
+TEST(CpuDeviceTest, ConcatColumnsUndoesSplitColumns) {
+  std::unique_ptr<CpuDevice> device = MakeDevice();
+  std::vector<float> a = {1, 5}, b = {2, 3, 4, 6, 7, 8};  // [2, 1], [2, 3]
+  std::vector<float> out(8);
+  const Tensor parts[] = {F32(a, {2, 1}), F32(b, {2, 3})};
+  ASSERT_TRUE(device->ConcatColumns(parts, F32(out, {2, 4})).ok());
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+}
+
 TEST(CpuDeviceTest, KvPoolSizeIsTheSharedLayoutFact) {
   std::unique_ptr<CpuDevice> device = MakeDevice();
   common::ModelConfig config;

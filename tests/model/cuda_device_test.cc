@@ -429,6 +429,9 @@ TEST(CudaDeviceTest, EmbeddingSplitColumnsGatherRowsSiluMulMatchCpu) {
     ASSERT_TRUE(s.device->SplitColumns(tx, parts).ok());
     a[i] = s.Get(parts[0]);
     b[i] = s.Get(parts[1]);
+    const Tensor joined = s.Zeros({rows, hidden});
+    ASSERT_TRUE(s.device->ConcatColumns(parts, joined).ok());
+    EXPECT_EQ(s.Get(joined), x);  // the split undone
     const Tensor g = s.Zeros({2, hidden});
     ASSERT_TRUE(s.device->GatherRows(tx, ty, step->sample_rows, g).ok());
     gathered[i] = s.Get(g);
