@@ -170,6 +170,10 @@ struct MoeSpec {
   bool sigmoid = false;
   absl::Span<const float> selection_bias;
   float scale = 1.0f;
+  // Grouped routing (ModelConfig::expert_groups): the top-k inside the best groups_used of
+  // `groups` equal groups. 1: none.
+  int64_t groups = 1;
+  int64_t groups_used = 1;
   // > 0: the experts' activation is OpenAI's clamped SwiGLU (gpt-oss) instead of
   // SiLU(gate) * up: g = min(gate, limit), u = clamp(up, -limit, limit),
   // g * sigmoid(1.702 g) * (u + 1).
@@ -182,7 +186,9 @@ inline kernels::cpu::MoeRouting RoutingOf(const MoeSpec& spec) {
           .sigmoid = spec.sigmoid,
           .selection_bias = spec.selection_bias.empty() ? nullptr : spec.selection_bias.data(),
           .normalize = spec.normalize,
-          .scale = spec.scale};
+          .scale = spec.scale,
+          .groups = spec.groups,
+          .groups_used = spec.groups_used};
 }
 
 /// InvalidArgument unless `spec` chooses from `experts` router outputs, one gate/up and one
@@ -191,12 +197,14 @@ inline kernels::cpu::MoeRouting RoutingOf(const MoeSpec& spec) {
 inline absl::Status CheckMoeShapes(const MoeSpec& spec, int64_t experts, size_t num_gate_up,
                                    size_t num_down) {
   if (spec.top_k < 1 || spec.top_k > experts || static_cast<int64_t>(num_gate_up) != experts ||
+      spec.groups < 1 || experts % spec.groups != 0 || spec.groups_used < 1 ||
+      spec.groups_used > spec.groups || spec.top_k > spec.groups_used * (experts / spec.groups) ||
       static_cast<int64_t>(num_down) != experts ||
       (!spec.selection_bias.empty() &&
        static_cast<int64_t>(spec.selection_bias.size()) != experts)) {
-    return absl::InvalidArgumentError(absl::StrCat("mixture of experts: top ", spec.top_k, " of ",
-                                                   experts, " router outputs over ", num_gate_up,
-                                                   " experts"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mixture of experts: top ", spec.top_k, " of ", experts, " router outputs over ",
+        num_gate_up, " experts in the best ", spec.groups_used, " of ", spec.groups, " groups"));
   }
   return absl::OkStatus();
 }

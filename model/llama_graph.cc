@@ -354,6 +354,8 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
                     .sigmoid = c.expert_sigmoid,
                     .selection_bias = {},
                     .scale = c.expert_weights_scale,
+                    .groups = c.expert_groups,
+                    .groups_used = c.expert_groups_used,
                     .swiglu_limit = c.swiglu_limit};
   const Tensor residual = residual_.view, proj = proj_.view;
   const Tensor q = q_.view, k = k_.view, v = v_.view;

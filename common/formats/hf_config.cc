@@ -381,7 +381,8 @@ absl::Status RopeLayersToGguf(const json& config, const Fields& fields, int64_t 
 // GLM-4.5's routing as `<arch>.*` keys: the dense layers before the sparse ones
 // (first_k_dense_replace), shared experts (n_shared_experts of moe_intermediate_size each,
 // ungated), sigmoid scores (glm4moe's default; DeepSeek's scoring_func) and their scale
-// (routed_scaling_factor); grouped routing (n_group > 1) passed on to be refused.
+// (routed_scaling_factor); grouped routing: the best topk_group of n_group groups (unless
+// DeepSeek-V2's topk_method says "greedy", which ignores the groups).
 absl::Status GlmRoutingToGguf(const Fields& fields, const std::string& arch,
                               GgufMetadataBuilder& metadata) {
   LOOM_ASSIGN_OR_RETURN(int64_t dense, fields.Int("first_k_dense_replace", 0));
@@ -398,7 +399,12 @@ absl::Status GlmRoutingToGguf(const Fields& fields, const std::string& arch,
         absl::StrCat("config.json: scoring_func '", scoring, "' is not supported"));
   }
   LOOM_ASSIGN_OR_RETURN(int64_t groups, fields.Int("n_group", 1));
-  if (groups > 1) metadata.Int(arch + ".expert_group_count", groups);
+  LOOM_ASSIGN_OR_RETURN(std::string method, fields.String("topk_method", ""));
+  if (groups > 1 && method != "greedy") {
+    LOOM_ASSIGN_OR_RETURN(int64_t used, fields.Int("topk_group", std::nullopt));
+    metadata.Int(arch + ".expert_group_count", groups);
+    metadata.Int(arch + ".expert_group_used_count", used);
+  }
   return absl::OkStatus();
 }
 

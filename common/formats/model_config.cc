@@ -267,8 +267,7 @@ absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
   return ReadRouting(reader, config);
 }
 
-// How the router weighs experts: softmax or sigmoid scores, their scale; grouped routing
-// (DeepSeek-V3's n_group) refused.
+// How the router weighs experts: softmax or sigmoid scores, their scale, groups (DeepSeek's).
 absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config) {
   // llama.cpp's enum: 0 none (the architecture's default), 1 softmax, 2 sigmoid.
   int64_t gating = 0;
@@ -284,12 +283,27 @@ absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config) {
   LOOM_RETURN_IF_ERROR(reader.OptionalDouble("expert_weights_scale", scale));
   LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "expert_weights_scale", scale));
   config.expert_weights_scale = static_cast<float>(scale);
-  int64_t groups = 0;
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_group_count", groups));
-  if (groups > 1) {
-    return absl::UnimplementedError(absl::StrCat("model config: '",
-                                                 reader.Key("expert_group_count"), "' is ", groups,
-                                                 " (grouped expert routing is not supported)"));
+  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_group_count", config.expert_groups));
+  if (config.expert_groups <= 1) {
+    config.expert_groups = 1;  // 0: none
+    return absl::OkStatus();
+  }
+  LOOM_RETURN_IF_ERROR(
+      CheckRange(reader, "expert_group_count", config.expert_groups, 2, config.num_experts));
+  if (config.num_experts % config.expert_groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: '", reader.Key("expert_group_count"), "' ", config.expert_groups,
+        " does not divide the ", config.num_experts, " experts"));
+  }
+  LOOM_ASSIGN_OR_RETURN(config.expert_groups_used, reader.RequiredInt("expert_group_used_count"));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_group_used_count", config.expert_groups_used, 1,
+                                  config.expert_groups));
+  if (config.num_experts_used >
+      config.expert_groups_used * (config.num_experts / config.expert_groups)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: ", config.num_experts_used, " experts per token do not fit in '",
+        reader.Key("expert_group_used_count"), "' ", config.expert_groups_used, " groups of ",
+        config.num_experts / config.expert_groups));
   }
   return absl::OkStatus();
 }

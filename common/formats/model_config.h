@@ -127,6 +127,11 @@ struct ModelConfig {
   bool expert_sigmoid = false;
   bool expert_selection_bias = false;
   float expert_weights_scale = 1.0f;
+  // Grouped routing (DeepSeek-V2/V3's n_group, topk_group; <arch>.expert_group_count,
+  // expert_group_used_count): the top-k is chosen inside the best `expert_groups_used` of
+  // `expert_groups` equal groups of experts (kernels/cpu/moe_routing.h). 1: none.
+  int64_t expert_groups = 1;
+  int64_t expert_groups_used = 1;
   // Multi-token-prediction layers stored after the model's own (<arch>.nextn_predict_layers:
   // GLM-4.5's): counted by block_count, not by num_layers, and never run.
   int64_t nextn_layers = 0;

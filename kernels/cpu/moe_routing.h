@@ -17,12 +17,21 @@ struct MoeRouting {
   // logits), then multiplied by `scale` (routed_scaling_factor).
   bool normalize = true;
   float scale = 1.0f;
+  // Grouped routing (DeepSeek's n_group / topk_group; llama.cpp's expert_group_count /
+  // expert_group_used_count): the experts form `groups` equal groups of consecutive indices,
+  // each group scored by its best biased score (softmax routers: DeepSeek-V2's
+  // group_limited_greedy) or by the sum of its two best (sigmoid routers: DeepSeek-V3's
+  // noaux_tc), and the top-k is chosen inside the `groups_used` best groups only. 1: none.
+  int64_t groups = 1;
+  int64_t groups_used = 1;
 };
 
 /// Mixture-of-experts routing: for each of `num_tokens` rows of router logits
 /// [num_tokens, num_experts], the `routing.top_k` experts of the highest score (plus
 /// selection bias), highest first (equal: the lower index first; NaN ranks last), and
-/// their weights as `routing` says. chosen and weights are [num_tokens, top_k]. Runs on
+/// their weights as `routing` says (with groups, among the chosen groups' experts only;
+/// equal group scores: the lower group first). chosen and weights are [num_tokens, top_k].
+/// Runs on
 /// the calling thread; a row's result depends on that row alone.
 void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
               const MoeRouting& routing, int32_t* chosen, float* weights);

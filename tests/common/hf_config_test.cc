@@ -153,12 +153,18 @@ TEST(HfConfigTest, TranslatesGlm45) {
   EXPECT_EQ(info.first_skipped_layer, -1);
 }
 
-TEST(HfConfigTest, RefusesGlm45RoutingItCannotRun) {
+TEST(HfConfigTest, Glm45GroupsRunAndOtherScoringIsRefused) {
+  // Groups (DeepSeek-V3's n_group, topk_group) are run; a "greedy" topk_method ignores them.
   std::string grouped = kGlm45;
   grouped.replace(grouped.find("\"n_group\": 1"), 12, "\"n_group\": 8");
   absl::StatusOr<ModelConfig> config = Translate(grouped);
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
-  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_group_count"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->expert_groups, 8);
+  EXPECT_EQ(config->expert_groups_used, 1);
+  grouped.replace(grouped.find("\"n_group\""), 0, "\"topk_method\": \"greedy\", ");
+  config = Translate(grouped);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->expert_groups, 1);
   std::string scoring = kGlm45;
   scoring.replace(scoring.find("\"n_group\""), 0, "\"scoring_func\": \"relu\", ");
   ExpectRefused(scoring, "scoring_func 'relu'");

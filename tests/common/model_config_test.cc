@@ -650,9 +650,10 @@ GgufImageBuilder DeepSeekV2Lite(const DeepSeekKeys& keys = {}) {
 }
 
 TEST(ModelConfigTest, ReadsDeepSeekLatentAttentionAndItsYarnScale) {
+  absl::StatusOr<ModelConfig> config;
   for (const bool absorbed : {false, true}) {
     SCOPED_TRACE(absorbed ? "absorbed" : "decompressed");
-    absl::StatusOr<ModelConfig> config = ConfigOf(DeepSeekV2Lite({.absorbed = absorbed}));
+    config = ConfigOf(DeepSeekV2Lite({.absorbed = absorbed}));
     ASSERT_TRUE(config.ok()) << config.status();
     EXPECT_TRUE(config->mla());
     EXPECT_EQ(config->mla_kv_lora_rank, 512);
@@ -671,6 +672,14 @@ TEST(ModelConfigTest, ReadsDeepSeekLatentAttentionAndItsYarnScale) {
     EXPECT_DOUBLE_EQ(config->rope_attention_factor, 1.0);
   }
   EXPECT_EQ(ConfigOf(DeepSeekV2Lite({.q_lora_rank = 1536}))->mla_q_lora_rank, 1536);
+  EXPECT_EQ(ConfigOf(DeepSeekV2Lite())->expert_groups, 1);
+  // DeepSeek-V3's grouped routing: 8 groups, the best 4 used.
+  GgufImageBuilder grouped = DeepSeekV2Lite();
+  grouped.KvU32("deepseek2.expert_group_count", 8).KvU32("deepseek2.expert_group_used_count", 4);
+  config = ConfigOf(grouped);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->expert_groups, 8);
+  EXPECT_EQ(config->expert_groups_used, 4);
 }
 
 TEST(ModelConfigTest, RefusesDeepSeekLatentAttentionWithoutItsWidths) {
@@ -688,11 +697,16 @@ TEST(ModelConfigTest, RefusesGlm45RoutingItCannotRun) {
   absl::StatusOr<ModelConfig> config = ConfigOf(gating);
   EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_gating_func"));
+  // Groups need their used count, dividing the experts, holding the top-k.
   GgufImageBuilder grouped = Glm45Air();
   grouped.KvU32("glm4moe.expert_group_count", 8);
-  config = ConfigOf(grouped);
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented) << config.status();
-  EXPECT_THAT(std::string(config.status().message()), HasSubstr("expert_group_count"));
+  ExpectInvalid(ConfigOf(grouped), {"glm4moe.expert_group_used_count"});
+  GgufImageBuilder uneven = Glm45Air();
+  uneven.KvU32("glm4moe.expert_group_count", 3).KvU32("glm4moe.expert_group_used_count", 1);
+  ExpectInvalid(ConfigOf(uneven), {"glm4moe.expert_group_count", "3", "128"});
+  GgufImageBuilder narrow = Glm45Air();
+  narrow.KvU32("glm4moe.expert_group_count", 64).KvU32("glm4moe.expert_group_used_count", 2);
+  ExpectInvalid(ConfigOf(narrow), {"8 experts per token", "glm4moe.expert_group_used_count"});
   ExpectInvalid(ConfigOf(Glm45Air({.bias_size = 64})), {"blk.1.exp_probs_b.bias"});
   GgufImageBuilder interleaved = Glm45Air();
   interleaved.KvU32("glm4moe.interleave_moe_layer_step", 2);

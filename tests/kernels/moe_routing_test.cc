@@ -82,6 +82,35 @@ TEST(MoeRoutingTest, SigmoidScoresChooseWithTheBiasAndWeighWithoutIt) {
   EXPECT_NEAR(routed.weights[1], sigmoid(2.0), 1e-6);
 }
 
+TEST(MoeRoutingTest, GroupsLimitTheChoiceToTheBestGroups) {
+  // Three groups of two: (0, 1), (2, 3), (4, 5). Expert 0 scores best, but its group's two
+  // together score below the others' pairs.
+  const std::vector<float> logits = {4.0f, -4.0f, 2.0f, 2.0f, 2.5f, 1.0f};
+  auto sigmoid = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  Routed routed{std::vector<int32_t>(2), std::vector<float>(2)};
+  // DeepSeek-V3: sigmoid scores, each group's two best summed; the best 2 groups.
+  MoeRoute(logits.data(), 1, 6,
+           {.top_k = 2, .sigmoid = true, .normalize = true, .groups = 3, .groups_used = 2},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen, (std::vector<int32_t>{4, 2}));  // 2 before 3: the lower index
+  const double sum = sigmoid(2.5) + sigmoid(2.0);
+  EXPECT_NEAR(routed.weights[0], sigmoid(2.5) / sum, 1e-6);
+  // One group used: (2, 3) sums to 1.76, (4, 5) to 1.65; within it, equal scores.
+  MoeRoute(logits.data(), 1, 6,
+           {.top_k = 2, .sigmoid = true, .normalize = false, .groups = 3, .groups_used = 1},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen, (std::vector<int32_t>{2, 3}));
+  // DeepSeek-V2: softmax probabilities, each group scored by its best: expert 0's group
+  // wins, then (4, 5).
+  MoeRoute(logits.data(), 1, 6, {.top_k = 2, .normalize = false, .groups = 3, .groups_used = 2},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen, (std::vector<int32_t>{0, 4}));
+  // Without groups expert 0 and the best of the rest.
+  MoeRoute(logits.data(), 1, 6, {.top_k = 2, .sigmoid = true, .normalize = false},
+           routed.chosen.data(), routed.weights.data());
+  EXPECT_EQ(routed.chosen, (std::vector<int32_t>{0, 4}));
+}
+
 TEST(MoeRoutingTest, ABiasMovesASoftmaxChoiceToo) {
   const std::vector<float> logits = {0.0f, 1.0f, 0.9f};
   const std::vector<float> bias = {0.0f, 0.0f, 0.5f};

@@ -78,7 +78,7 @@ DECISIVE_MARGIN = 0.02  # 20x TOL_F32_KV
 #   granitemoe_shared max 0.0449 (avx2, scalar) RMS 0.0108 (same; granite_scaled's scale)
 #   deepseek2_lite max 0.787 (avx2, scalar)   RMS 0.155 (same; softmax routing not renormalized:
 #                seeds 1618 and 1620 measured 2.6 on one prompt each, the others under 1.3)
-#   deepseek2_qlora max 0.525 / 0.431 (avx2 / scalar) RMS 0.0935 / 0.0910
+#   deepseek2_qlora max 0.337 (avx2, scalar)  RMS 0.0852 / 0.0843
 # llama_gqa, llama_swa, llama3_rope and the MoE models grew when fused matrices of mixed integer
 # formats (Q4_0 Q beside a Q8_0 V, ...) stopped falling back to F32 weights: they are widened
 # without loss to INT8 and now take int8 activations like their parts (were 0.28, 0.25, 0.27,
@@ -117,7 +117,7 @@ TOL_INT8 = {  # name: (max |Δlogit|, RMS Δlogit)
     "ernie45_moe": (0.79, 0.165),
     "exaone4_swa": (0.28, 0.068),
     "deepseek2_lite": (1.18, 0.233),
-    "deepseek2_qlora": (0.79, 0.14),
+    "deepseek2_qlora": (0.51, 0.128),
 }
 GREEDY_TOKENS = 32
 REQUEST_TIMEOUT_S = 600

@@ -213,6 +213,9 @@ class Model:
     # Multi-head latent attention: a value's width (0: standard attention); a head's key is
     # [head_dim - n_rot no-RoPE dims, n_rot RoPE dims] and so is its query.
     mla_value_dim: int = 0
+    # DeepSeek's grouped routing (<arch>.expert_group_count / expert_group_used_count; 1: none).
+    expert_groups: int = 1
+    expert_groups_used: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,6 +445,8 @@ def load(path: str | os.PathLike, run_nextn: bool = False) -> Model:
         final_softcap=float(_field(reader, f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         swiglu_limit=float(_field(reader, "loom.swiglu_limit", GPT_OSS_SWIGLU_LIMIT if gpt_oss else 0.0)),
         mla_value_dim=mla_value_dim,
+        expert_groups=int(_field(reader, f"{arch}.expert_group_count", 1) or 1),
+        expert_groups_used=int(_field(reader, f"{arch}.expert_group_used_count", 1) or 1),
         **({"attention_scale": attention_scale} if attention_scale is not None else {}),
         **(_gemma(arch, n_embd, n_head, head_dim, n_layer, n_rot)
            if arch in ("gemma", "gemma2", "gemma3") else {}),
@@ -657,7 +662,11 @@ def _mixture_of_experts(model: Model, layer: Layer, h: np.ndarray, numerics: Num
     logits, the top n_expert_used experts per token (renormalized when expert_norm), each
     a SwiGLU MLP, summed with those weights. GLM-4.5's (expert_gating "sigmoid"): the scores
     are sigmoid(logits), the top n_expert_used by score + the layer's selection bias, weighted
-    by their unbiased scores (renormalized when expert_norm), times expert_weights_scale."""
+    by their unbiased scores (renormalized when expert_norm), times expert_weights_scale.
+    DeepSeek's groups (expert_groups > 1): the choice is made among the experts of the
+    expert_groups_used best groups of consecutive experts only, a group scored by its best key
+    (softmax: DeepSeek-V2's group_limited_greedy) or its two best keys summed (sigmoid:
+    DeepSeek-V3's noaux_tc)."""
     router_logits = _linear(h, layer.router, numerics)
     if model.expert_gating == "sigmoid":
         probs = 1.0 / (1.0 + np.exp(-router_logits))
@@ -669,8 +678,16 @@ def _mixture_of_experts(model: Model, layer: Layer, h: np.ndarray, numerics: Num
     keys = probs if layer.selection_bias is None else probs + layer.selection_bias.astype(probs.dtype)
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
+        candidates = range(len(keys[t]))
+        if model.expert_groups > 1:
+            size = len(keys[t]) // model.expert_groups
+            groups = keys[t].reshape(model.expert_groups, size)
+            top = np.sort(groups, axis=1)[:, ::-1]
+            group_keys = top[:, :2].sum(axis=1) if model.expert_gating == "sigmoid" else top[:, 0]
+            best = sorted(range(model.expert_groups), key=lambda g: (-group_keys[g], g))
+            candidates = [e for g in best[:model.expert_groups_used] for e in range(g * size, (g + 1) * size)]
         # Largest first; equal keys: the lower index first.
-        chosen = sorted(range(len(keys[t])), key=lambda e: (-keys[t][e], e))[:model.n_expert_used]
+        chosen = sorted(candidates, key=lambda e: (-keys[t][e], e))[:model.n_expert_used]
         weights = probs[t][chosen]
         if model.expert_norm:
             weights = weights / weights.sum()

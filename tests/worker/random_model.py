@@ -64,9 +64,10 @@ Variants (see SPECS):
   deepseek2_lite deepseek2 arch (DeepSeek-V2-Lite's layout): multi-head latent attention with
                  queries from x, layer 0 dense, top 2 of 8 experts by softmax not renormalized
                  beside two shared experts, DeepSeek's YaRN (the log multiplier on the softmax).
-  deepseek2_qlora deepseek2 arch (DeepSeek-V3's layout without grouped routing): queries through
-                 a latent, the decompression split into attn_k_b / attn_v_b as llama.cpp writes
-                 files for its absorbed MLA, a sigmoid router with a selection bias.
+  deepseek2_qlora deepseek2 arch (DeepSeek-V3's layout): queries through a latent, the
+                 decompression split into attn_k_b / attn_v_b as llama.cpp writes files for its
+                 absorbed MLA, a sigmoid router with a selection bias inside the best 2 of 4
+                 expert groups.
 
 Every model carries a small byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`): the 256
 GPT-2 byte tokens, merges learned from a fixed English corpus, and the special tokens
@@ -193,6 +194,10 @@ class ModelSpec:
     mla_value_dim: int = 0
     mla_split_kv_b: bool = False
     yarn_log_multiplier: Optional[float] = None
+    # DeepSeek's grouped routing: the experts in expert_groups groups, the best
+    # expert_groups_used of them searched (0: none).
+    expert_groups: int = 0
+    expert_groups_used: int = 0
     # Storage type per tensor role, cycled over layers: role -> tuple of types (layer i uses [i % len]).
     types: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
@@ -476,15 +481,17 @@ SPECS = {
                "attn_output": (T.F16,), "ffn_gate": (T.Q8_0, T.F16), "ffn_up": (T.F16, T.Q4_1),
                "ffn_down": (T.Q8_0,), "ffn_gate_shexp": (T.Q8_0,), "ffn_up_shexp": (T.Q4_1,),
                "ffn_down_shexp": (T.F16,)}),
-    # DeepSeek-V3's layout (without grouped routing): queries through a 64-wide latent, the
-    # decompression split into attn_k_b / attn_v_b with the *_mla lengths and one KV head (as
-    # llama.cpp's converter writes files for its absorbed MLA), top 2 of 8 experts by sigmoid
-    # score plus a selection bias, renormalized x 2.5, beside one shared expert.
+    # DeepSeek-V3's layout: queries through a 64-wide latent, the decompression split into
+    # attn_k_b / attn_v_b with the *_mla lengths and one KV head (as llama.cpp's converter
+    # writes files for its absorbed MLA), top 2 of 8 experts by sigmoid score plus a selection
+    # bias inside the best 2 of 4 groups (V3's 4 of 8), renormalized x 2.5, beside one shared
+    # expert.
     "deepseek2_qlora": ModelSpec(
         name="deepseek2_qlora", arch="deepseek2", n_embd=64, n_layer=2, n_head=4, n_head_kv=1,
         head_dim=32, rope_dims=8, n_ff=32, dense_ff=96, n_expert=8, n_expert_used=2,
         shared_experts=1, leading_dense=1, sigmoid_router=True, expert_norm=True,
-        expert_weights_scale=2.5, mla_kv_lora=32, mla_q_lora=64, mla_value_dim=16,
+        expert_weights_scale=2.5, expert_groups=4, expert_groups_used=2, mla_kv_lora=32,
+        mla_q_lora=64, mla_value_dim=16,
         mla_split_kv_b=True, rms_eps=1e-6, tied_output=False, seed=1619,
         types={"token_embd": (T.Q8_0,), "output": (T.Q8_0,), "attn_q_a": (T.Q8_0,),
                "attn_q_b": (T.F16, T.Q8_0), "attn_kv_a_mqa": (T.Q8_0,), "attn_k_b": (T.F16,),
@@ -668,6 +675,9 @@ def write_model(spec: ModelSpec, path: str | os.PathLike,
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if spec.expert_weights_scale is not None:
             writer.add_expert_weights_scale(spec.expert_weights_scale)
+        if spec.expert_groups:
+            writer.add_expert_group_count(spec.expert_groups)
+            writer.add_expert_group_used_count(spec.expert_groups_used)
     if spec.nextn_layers:
         writer.add_nextn_predict_layers(spec.nextn_layers)
     writer.add_head_count(spec.n_head)
