@@ -9,7 +9,7 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
-constexpr std::array<ArchitectureRules, 25> kArchitectures = {{
+constexpr std::array<ArchitectureRules, 26> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
      .gguf_rope_neox = false,
@@ -190,6 +190,19 @@ constexpr std::array<ArchitectureRules, 25> kArchitectures = {{
     // says) beside ungated shared experts.
     {.gguf_name = "deepseek2",
      .hf_class_name = "DeepseekV2ForCausalLM",
+     .gguf_rope_neox = false,
+     .sliding_window_every_layer = false,
+     .gemma = false,
+     .default_sliding_period = 0,
+     .local_rope_theta = 0.0,
+     .hf_rope_interleaved = true,
+     .expert_weights_norm = false,
+     .mla = true},
+    // DeepSeek-V3 and R1, Kimi K2, Moonlight (Hugging Face's DeepseekV3ForCausalLM; llama.cpp's
+    // deepseek2): V2's attention, routed by sigmoid scores with a selection bias inside the best
+    // expert groups (its config.json says so), the multi-token-prediction layer not run.
+    {.gguf_name = "deepseek2",
+     .hf_class_name = "DeepseekV3ForCausalLM",
      .gguf_rope_neox = false,
      .sliding_window_every_layer = false,
      .gemma = false,

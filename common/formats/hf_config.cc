@@ -113,6 +113,11 @@ absl::Status YarnToGguf(const Fields& fields, double factor, int64_t max_positio
         "config.json: rope_scaling yarn attention factor ", attention_factor, " is not positive"));
   }
   metadata.Float("loom.rope.scaling.attention_factor", attention_factor);
+  // DeepSeek's attention (multi-head latent attention models only read it) scales the softmax
+  // by YarnMscale(factor, mscale_all_dim)^2: llama.cpp's yarn_log_multiplier.
+  if (mscale_all_dim != 0.0) {
+    metadata.Float(arch + ".rope.scaling.yarn_log_multiplier", 0.1 * mscale_all_dim);
+  }
   return absl::OkStatus();
 }
 
@@ -481,6 +486,24 @@ absl::Status ExpertsToGguf(const json& config, const Fields& fields, const std::
   return GlmRoutingToGguf(fields, arch, metadata);
 }
 
+// DeepSeek-V2/V3's multi-head latent attention (ArchitectureRules::mla) as llama.cpp's keys:
+// the latents' widths (q_lora_rank null: queries from the hidden state), a key's width
+// (qk_nope_head_dim + qk_rope_head_dim, the latter rotating) and a value's.
+absl::Status LatentAttentionToGguf(const Fields& fields, const std::string& arch,
+                                   GgufMetadataBuilder& metadata) {
+  LOOM_ASSIGN_OR_RETURN(int64_t kv_lora, fields.Int("kv_lora_rank", std::nullopt));
+  metadata.Int(arch + ".attention.kv_lora_rank", kv_lora);
+  LOOM_ASSIGN_OR_RETURN(int64_t q_lora, fields.Int("q_lora_rank", 0));
+  if (q_lora > 0) metadata.Int(arch + ".attention.q_lora_rank", q_lora);
+  LOOM_ASSIGN_OR_RETURN(int64_t nope, fields.Int("qk_nope_head_dim", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t rope, fields.Int("qk_rope_head_dim", std::nullopt));
+  LOOM_ASSIGN_OR_RETURN(int64_t value, fields.Int("v_head_dim", std::nullopt));
+  metadata.Int(arch + ".attention.key_length", nope + rope);
+  metadata.Int(arch + ".attention.value_length", value);
+  metadata.Int(arch + ".rope.dimension_count", rope);
+  return absl::OkStatus();
+}
+
 // The shapes, norm epsilon, RoPE base and scaling as `<arch>.*` keys.
 absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
                                    const ArchitectureRules& rules, GgufMetadataBuilder& metadata,
@@ -504,7 +527,9 @@ absl::Status HyperParametersToGguf(const json& config, const Fields& fields,
   metadata.Int(arch + ".attention.head_count", heads);
   metadata.Int(arch + ".attention.head_count_kv", kv_heads);
   int64_t head_dim = heads > 0 ? hidden / heads : 0;
-  if (fields.Has("head_dim")) {
+  if (rules.mla) {
+    LOOM_RETURN_IF_ERROR(LatentAttentionToGguf(fields, arch, metadata));
+  } else if (fields.Has("head_dim")) {
     LOOM_ASSIGN_OR_RETURN(head_dim, fields.Int("head_dim", 0));
     metadata.Int(arch + ".attention.key_length", head_dim);
     metadata.Int(arch + ".attention.value_length", head_dim);

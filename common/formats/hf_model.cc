@@ -45,6 +45,13 @@ constexpr std::pair<std::string_view, std::string_view> kLayerTensors[] = {
     {"mlp.router.weight", "ffn_gate_inp.weight"},
     {"mlp.router.bias", "ffn_gate_inp.bias"},
     {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    // DeepSeek-V2/V3's multi-head latent attention.
+    {"self_attn.q_a_proj.weight", "attn_q_a.weight"},
+    {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
+    {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
+    {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
+    {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
+    {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
     {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     {"post_attention_layernorm.weight", "ffn_norm.weight"},
     {"mlp.gate_proj.weight", "ffn_gate.weight"},

@@ -35,6 +35,18 @@ TEST(ArchitectureTest, MixtureOfExpertsClassesMapToTheirGgufArchitectures) {
   EXPECT_TRUE(FindArchitecture("qwen3moe")->gguf_rope_neox);
 }
 
+TEST(ArchitectureTest, DeepSeekClassesAreLatentAttentionInDeepseek2Files) {
+  for (const char* name : {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}) {
+    const ArchitectureRules* rules = FindHfArchitecture(name);
+    ASSERT_NE(rules, nullptr) << name;
+    EXPECT_EQ(rules->gguf_name, "deepseek2");
+    EXPECT_TRUE(rules->mla);
+    EXPECT_TRUE(rules->hf_rope_interleaved);
+  }
+  EXPECT_FALSE(FindArchitecture("deepseek2")->gguf_rope_neox);
+  EXPECT_FALSE(FindArchitecture("llama")->mla);
+}
+
 TEST(ArchitectureTest, UnknownNamesAndTheOtherNamespaceAreNotFound) {
   EXPECT_EQ(FindArchitecture("gpt2"), nullptr);
   EXPECT_EQ(FindArchitecture("LlamaForCausalLM"), nullptr);  // an HF name is not a GGUF one

@@ -78,6 +78,7 @@ _HF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
             "ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
             "exaone4": "Exaone4ForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
+            "deepseek2": "DeepseekV2ForCausalLM", "deepseek3": "DeepseekV3ForCausalLM",
             # gpt-oss with its experts dequantized (as fine-tunes are saved): gate_up_proj and
             # down_proj, input-major, instead of MXFP4 blocks.
             "gpt-oss-dense": "GptOssForCausalLM"}
@@ -194,6 +195,29 @@ def _fused_experts(reader, layer: int) -> dict:
             hf + "down_proj": np.ascontiguousarray(down.transpose(0, 2, 1))}
 
 
+# DeepSeek-V2/V3's tensors beside llama's: GGUF suffix -> HF suffix (attn_k_b / attn_v_b, the
+# split llama.cpp writes for its absorbed MLA, are joined back into kv_b_proj).
+_DEEPSEEK_NAMES = {"attn_q_a.weight": "self_attn.q_a_proj.weight",
+                   "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+                   "attn_q_b.weight": "self_attn.q_b_proj.weight",
+                   "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+                   "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+                   "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+                   "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+                   "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+                   "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+                   "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
+
+
+def _deepseek_kv_b(reader, layer: int) -> np.ndarray:
+    """kv_b_proj [heads * (nope + value), latent] (each head's key rows, then its value rows)
+    from a GGUF's attn_k_b [heads, latent, nope] and attn_v_b [heads, value, latent]."""
+    tensors = {t.name: t for t in reader.tensors}
+    k_b = dequantize(tensors[f"blk.{layer}.attn_k_b.weight"]).transpose(0, 2, 1)
+    v_b = dequantize(tensors[f"blk.{layer}.attn_v_b.weight"])
+    return np.concatenate([k_b, v_b], axis=1).reshape(-1, v_b.shape[2])
+
+
 # Mixture-of-experts names: (router, expert E's gate, up, down) per HF architecture.
 _MOE_NAMES = {
     "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
@@ -204,6 +228,10 @@ _MOE_NAMES = {
                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
     "glm4moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
                 "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "deepseek2": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "deepseek3": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
     "olmoe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
               "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
     "ernie4_5-moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
@@ -300,6 +328,44 @@ def unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, head_dim // 2, 2, -1).swapaxes(1, 2).reshape(weight.shape)
 
 
+def _deepseek_config(reader, arch: str, config: dict, n_expert: int, hf_arch: str) -> dict:
+    """DeepseekV2Config / DeepseekV3Config fields of a deepseek2 GGUF: the latent attention's
+    widths, its experts and routing (topk_method noaux_tc for a sigmoid router, greedy without
+    groups, group_limited_greedy with), YaRN's mscales from yarn_log_multiplier."""
+    key = int(_field(reader, f"{arch}.attention.key_length_mla", 0) or
+              _field(reader, f"{arch}.attention.key_length"))
+    value = int(_field(reader, f"{arch}.attention.value_length_mla", 0) or
+                _field(reader, f"{arch}.attention.value_length"))
+    rope = int(_field(reader, f"{arch}.rope.dimension_count"))
+    groups = int(_field(reader, f"{arch}.expert_group_count", 1) or 1)
+    sigmoid = int(_field(reader, f"{arch}.expert_gating_func", 1) or 1) == 2
+    config.pop("num_experts", None)
+    config.pop("head_dim", None)
+    fields = {
+        "model_type": "deepseek_v3" if hf_arch == "deepseek3" else "deepseek_v2",
+        "num_key_value_heads": config["num_attention_heads"],
+        "q_lora_rank": _field(reader, f"{arch}.attention.q_lora_rank"),
+        "kv_lora_rank": int(_field(reader, f"{arch}.attention.kv_lora_rank")),
+        "qk_nope_head_dim": key - rope, "qk_rope_head_dim": rope, "v_head_dim": value,
+        "first_k_dense_replace": int(_field(reader, f"{arch}.leading_dense_block_count", 0) or 0),
+        "n_routed_experts": n_expert,
+        "n_shared_experts": int(_field(reader, f"{arch}.expert_shared_count", 0) or 0),
+        "routed_scaling_factor": float(_field(reader, f"{arch}.expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(_field(reader, f"{arch}.expert_weights_norm", False)),
+        "scoring_func": "sigmoid" if sigmoid else "softmax",
+        "topk_method": "noaux_tc" if sigmoid else ("group_limited_greedy" if groups > 1 else "greedy"),
+        "n_group": groups, "topk_group": int(_field(reader, f"{arch}.expert_group_used_count", 1) or 1),
+        "moe_layer_freq": 1,
+    }
+    if _field(reader, f"{arch}.rope.scaling.type") == "yarn":
+        mscale = float(_field(reader, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        fields["rope_scaling"] = {
+            "type": "yarn", "factor": float(_field(reader, f"{arch}.rope.scaling.factor")),
+            "original_max_position_embeddings": int(_field(reader, f"{arch}.rope.scaling.original_context_length")),
+            "beta_fast": 32, "beta_slow": 1, "mscale": mscale, "mscale_all_dim": mscale}
+    return fields
+
+
 def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scaling=None,
                        architecture=None) -> pathlib.Path:
     """Writes the HF directory of the GGUF at `gguf_path` into `out_dir` (created)."""
@@ -352,6 +418,16 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
                 name = f"model.layers.{tensor.name.split('.')[1]}.{_GPT_OSS_NAMES[suffix]}"
         if hf_arch == "glm4moe" and tensor.name.startswith("blk.") and suffix in _GLM4MOE_NAMES:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_GLM4MOE_NAMES[suffix]}"
+        if hf_arch in ("deepseek2", "deepseek3") and tensor.name.startswith("blk."):
+            if suffix in _DEEPSEEK_NAMES:
+                name = f"model.layers.{tensor.name.split('.')[1]}.{_DEEPSEEK_NAMES[suffix]}"
+            elif suffix == "attn_k_b.weight":
+                layer = int(tensor.name.split(".")[1])
+                tensors[f"model.layers.{layer}.{_DEEPSEEK_NAMES['attn_kv_b.weight']}"] = (
+                    _deepseek_kv_b(reader, layer).astype(np.float32 if dtype == "float32" else np.float16))
+                continue
+            elif suffix == "attn_v_b.weight":
+                continue
         if hf_arch == "ernie4_5-moe" and tensor.name.startswith("blk.") and suffix in _ERNIE_MOE_NAMES:
             name = f"model.layers.{tensor.name.split('.')[1]}.{_ERNIE_MOE_NAMES[suffix]}"
         if hf_arch == "granitemoe" and tensor.name.startswith("blk.") and suffix in _GRANITE_MOE:
@@ -532,6 +608,8 @@ def write_hf_directory(gguf_path, out_dir, dtype="float16", shards=1, rope_scali
             "partial_rotary_factor": rotated / head_dim,
             "use_qk_norm": "model.layers.0.self_attn.q_norm.weight" in tensors,
         })
+    if hf_arch in ("deepseek2", "deepseek3"):
+        config.update(_deepseek_config(reader, arch, config, int(n_expert or 0), hf_arch))
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling

@@ -153,6 +153,63 @@ TEST(HfConfigTest, TranslatesGlm45) {
   EXPECT_EQ(info.first_skipped_layer, -1);
 }
 
+// DeepSeek-V3's config.json (its FP8 quantization_config left out): multi-head latent
+// attention, 8 of 256 experts by sigmoid score in the best 4 of 8 groups, YaRN with mscale
+// 1.0, the MTP layer after num_hidden_layers.
+constexpr const char* kDeepSeekV3 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512, "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+  "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+  "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc", "n_routed_experts": 256,
+  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+  "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-06, "first_k_dense_replace": 3,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+  "tie_word_embeddings": false, "vocab_size": 129280, "hidden_act": "silu"})";
+
+TEST(HfConfigTest, TranslatesDeepSeekV3LatentAttentionAndGroupedRouting) {
+  HfConfigInfo info;
+  absl::StatusOr<ModelConfig> config = Translate(kDeepSeekV3, &info);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(info.architecture, "deepseek2");
+  EXPECT_EQ(info.first_skipped_layer, 61);  // the MTP layer
+  EXPECT_EQ(config->mla_kv_lora_rank, 512);
+  EXPECT_EQ(config->mla_q_lora_rank, 1536);
+  EXPECT_EQ(config->head_dim, 192);
+  EXPECT_EQ(config->mla_value_dim, 128);
+  EXPECT_EQ(config->rope_dim, 64);
+  EXPECT_FALSE(config->rope_neox);  // DeepSeek's modeling code rotates interleaved pairs
+  EXPECT_EQ(config->num_experts, 256);
+  EXPECT_EQ(config->intermediate_size, 2048);
+  EXPECT_EQ(config->leading_dense_layers, 3);
+  EXPECT_EQ(config->dense_intermediate_size, 18432);
+  EXPECT_TRUE(config->expert_sigmoid);
+  EXPECT_TRUE(config->expert_weights_norm);
+  EXPECT_FLOAT_EQ(config->expert_weights_scale, 2.5f);
+  EXPECT_EQ(config->expert_groups, 8);
+  EXPECT_EQ(config->expert_groups_used, 4);
+  // transformers' DeepseekV3Attention: softmax scale x mscale(40, mscale_all_dim)^2, and the
+  // rotary embedding's factor mscale(40, mscale) / mscale(40, mscale_all_dim) = 1.
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(config->attention_scale, m * m / std::sqrt(192.0), 1e-6);
+  EXPECT_NEAR(config->rope_attention_factor, 1.0, 1e-12);
+  // V2-Lite's: queries from the hidden state, no groups (topk_method greedy).
+  std::string lite = kDeepSeekV3;
+  lite.replace(lite.find("\"q_lora_rank\": 1536"), 19, "\"q_lora_rank\": null");
+  lite.replace(lite.find("\"noaux_tc\""), 10, "\"greedy\"");
+  config = Translate(lite);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->mla_q_lora_rank, 0);
+  EXPECT_EQ(config->expert_groups, 1);
+  std::string no_latent = kDeepSeekV3;
+  no_latent.replace(no_latent.find("\"kv_lora_rank\": 512, "), 21, "");
+  ExpectRefused(no_latent, "kv_lora_rank");
+}
+
 TEST(HfConfigTest, Glm45GroupsRunAndOtherScoringIsRefused) {
   // Groups (DeepSeek-V3's n_group, topk_group) are run; a "greedy" topk_method ignores them.
   std::string grouped = kGlm45;

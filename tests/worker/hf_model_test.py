@@ -12,7 +12,8 @@ and 3 (3 also as the Gemma3ForConditionalGeneration wrapper the 4B-27B checkpoin
 GQA as Mistral Small 3.1's text model (Mistral3ForConditionalGeneration), Qwen2 as Qwen2.5-VL's text
 model, Qwen3-MoE as Qwen3-VL-MoE's (experts fused per layer), Phi-3 with longrope, SmolLM3 with a NoPE layer, Granite with its
 multipliers, GLM-4, gpt-oss with MXFP4 experts;
-Qwen2 and Llama with YaRN
+DeepSeek-V2 and V3 with multi-head latent attention (V3: kv_b_proj joined from llama.cpp's split, grouped
+sigmoid routing); Qwen2 and Llama with YaRN
 rope_scaling, checked against llama_reference.yarn_parameters). Llama q/k rows are un-permuted back
 to HF's rotate-half order, so these tests fail if Loom rotates HF checkpoints like GGUF ones.
 
@@ -76,6 +77,14 @@ RANDOM_FAMILIES = {
     # routed_scaling_factor, partial_rotary_factor, and the MTP layer model.layers.3.* after
     # num_hidden_layers 3 (eh_proj, enorm, hnorm, shared_head.norm beside a whole layer).
     "glm4moe": (random_model.SPECS["glm4moe"], None, None),
+    # DeepseekV2ForCausalLM (DeepSeek-V2-Lite's layout): multi-head latent attention
+    # (self_attn.q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj), softmax routing not
+    # renormalized (topk_method greedy), two shared experts, YaRN with mscale / mscale_all_dim.
+    "deepseek2": (random_model.SPECS["deepseek2_lite"], None, None),
+    # DeepseekV3ForCausalLM: queries through q_a_proj / q_a_layernorm / q_b_proj, kv_b_proj
+    # joined from the GGUF's attn_k_b / attn_v_b, sigmoid scores with e_score_correction_bias
+    # in the best topk_group of n_group groups (topk_method noaux_tc), norm_topk_prob.
+    "deepseek3": (random_model.SPECS["deepseek2_qlora"], "deepseek3", None),
     # Olmo3ForCausalLM (OLMo 2's layout, whose GGUFs are olmo2 ones): no input_layernorm,
     # post_attention_layernorm / post_feedforward_layernorm after each sub-layer, q_norm and
     # k_norm over all heads, sliding_window with layer_types.
