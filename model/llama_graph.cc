@@ -62,7 +62,12 @@ absl::StatusOr<LlamaGraph::Layer> LlamaGraph::UploadLayer(Device& d, const Layer
     }
     LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a, d.UploadLinear(host.mla_kv_a, nullptr));
     LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a_norm, d.UploadF32(host.mla_kv_a_norm));
-    LOOM_ASSIGN_OR_RETURN(layer.mla_kv_b, d.UploadLinear(host.mla_kv_b, nullptr));
+    for (size_t h = 0; h < host.mla_k_up.size(); ++h) {
+      LOOM_ASSIGN_OR_RETURN(auto k_up, d.UploadLinear(host.mla_k_up[h], nullptr));
+      LOOM_ASSIGN_OR_RETURN(auto v_up, d.UploadLinear(host.mla_v_up[h], nullptr));
+      layer.mla_k_up.push_back(std::move(k_up));
+      layer.mla_v_up.push_back(std::move(v_up));
+    }
   }
   if (!host.q_norm.empty()) {
     LOOM_ASSIGN_OR_RETURN(layer.q_norm, d.UploadF32(host.q_norm));
@@ -402,7 +407,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
                             Tensor::Of(k.data, DType::kF32, k.device, {T, kv_dim}),
                             Tensor::Of(v.data, DType::kF32, v.device, {T, kv_dim})};
     if (layer.mla_kv_a != nullptr) {
-      LOOM_RETURN_IF_ERROR(MlaProjections(layer, attn_in, l, q, k, v));
+      LOOM_RETURN_IF_ERROR(MlaProjections(layer, attn_in, l, q, k));
     } else {
       LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
       LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
@@ -425,10 +430,16 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     if (c.LayerRotates(l)) {  // SmolLM3's NoPE layers keep q and k as projected
       LOOM_RETURN_IF_ERROR(d.Rope(q, k, step.positions, attention.window > 0 ? local_rope : rope));
     }
-    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, v, step.slots));
+    // Latent attention's value is its key (the latent, beside the rotary part MlaOutput drops).
+    const bool latent = layer.mla_kv_a != nullptr;
+    LOOM_RETURN_IF_ERROR(d.WriteKv(*kv_cache_, kv_layer, k, latent ? k : v, step.slots));
     LOOM_RETURN_IF_ERROR(d.PagedAttention(*kv_cache_, kv_layer, q, step, attention, attn_.view));
+    Tensor attn_out = attn_.view;
+    if (latent) {
+      LOOM_ASSIGN_OR_RETURN(attn_out, MlaOutput(layer, attn_.view));
+    }
     LOOM_RETURN_IF_ERROR(
-        d.Linear(attn_.view, *layer.attn_output, proj, {l, LinearInput::kAttnOutput}));
+        d.Linear(attn_out, *layer.attn_output, proj, {l, LinearInput::kAttnOutput}));
     if (parallel) LOOM_RETURN_IF_ERROR(d.AllReduceSum(proj));
     // Gemma normalizes each sub-layer's whole output before it joins the residual stream.
     if (layer.post_attention_norm != nullptr) {
@@ -468,16 +479,18 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
 }
 
 absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q,
-                                        Tensor k, Tensor v) {
+                                        Tensor k) {
   Device& d = *device_;
   const common::ModelConfig& c = config_;
-  const int64_t T = x.rows(), latent = c.mla_kv_lora_rank, rope = c.rope_dim;
+  const int64_t T = x.rows(), heads = shard_.num_heads;
+  const int64_t latent = c.mla_kv_lora_rank, rope = c.rope_dim, nope = c.mla_nope_dim;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const int64_t q_dim = shard_.num_heads * c.head_dim, kv_dim = shard_.num_kv_heads * c.head_dim;
-  auto flat = [T](const Tensor& t, int64_t width) {
-    return Tensor::Of(t.data, DType::kF32, t.device, {T, width});
+  auto view = [&](const Scratch& scratch, int64_t offset, int64_t cols) {
+    return Tensor::Of(scratch.view.as<float>() + offset, DType::kF32, scratch.view.device,
+                      {T, cols});
   };
-  // Queries: from x, or from x's query latent, normalized.
+  // Queries: from x, or from x's query latent, normalized; each head's rotary part, then its
+  // other part, apart.
   Tensor q_in = x;
   if (layer.mla_q_a != nullptr) {
     LOOM_RETURN_IF_ERROR(Ensure(mla_q_latent_, {T, c.mla_q_lora_rank}));
@@ -486,8 +499,26 @@ absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int
     LOOM_RETURN_IF_ERROR(
         d.RmsNorm(q_in, Vector(*layer.mla_q_a_norm, c.mla_q_lora_rank), eps, q_in));
   }
-  LOOM_RETURN_IF_ERROR(d.Linear(q_in, *layer.qkv, flat(q, q_dim)));
-  // Keys and values: the latent normalized, beside the key part, decompressed per head.
+  const Tensor queries = Prefix(qkv_, T, heads * (rope + nope));
+  LOOM_RETURN_IF_ERROR(d.Linear(q_in, *layer.qkv, queries));
+  LOOM_RETURN_IF_ERROR(Ensure(mla_heads_, {T, heads * (rope + nope)}));
+  LOOM_RETURN_IF_ERROR(Ensure(mla_latent_heads_, {T, heads * latent}));
+  std::vector<Tensor> parts, joined;
+  for (int64_t h = 0; h < heads; ++h) {
+    parts.push_back(view(mla_heads_, T * h * (rope + nope), rope));
+    parts.push_back(view(mla_heads_, T * (h * (rope + nope) + rope), nope));
+  }
+  LOOM_RETURN_IF_ERROR(d.SplitColumns(queries, parts));
+  // Each head's non-rotary part into the latent space: q [T, heads, rope + latent].
+  for (int64_t h = 0; h < heads; ++h) {
+    const Tensor in_latent = view(mla_latent_heads_, T * h * latent, latent);
+    LOOM_RETURN_IF_ERROR(d.Linear(parts[2 * h + 1], *layer.mla_k_up[h], in_latent));
+    joined.push_back(parts[2 * h]);
+    joined.push_back(in_latent);
+  }
+  LOOM_RETURN_IF_ERROR(d.ConcatColumns(
+      joined, Tensor::Of(q.data, DType::kF32, q.device, {T, heads * (rope + latent)})));
+  // The KV head: the rotary key part beside the normalized latent.
   LOOM_RETURN_IF_ERROR(Ensure(mla_latent_, {T, latent + rope}));
   LOOM_RETURN_IF_ERROR(Ensure(mla_c_kv_, {T, latent}));
   LOOM_RETURN_IF_ERROR(Ensure(mla_k_pe_, {T, rope}));
@@ -496,11 +527,38 @@ absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int
   const Tensor split[] = {c_kv, k_pe};
   LOOM_RETURN_IF_ERROR(d.SplitColumns(both, split));
   LOOM_RETURN_IF_ERROR(d.RmsNorm(c_kv, Vector(*layer.mla_kv_a_norm, latent), eps, c_kv));
-  LOOM_RETURN_IF_ERROR(d.ConcatColumns(split, both));
-  const Tensor kv = Prefix(qkv_, T, 2 * kv_dim);
-  LOOM_RETURN_IF_ERROR(d.Linear(both, *layer.mla_kv_b, kv));
-  const Tensor kv_parts[] = {flat(k, kv_dim), flat(v, kv_dim)};
-  return d.SplitColumns(kv, kv_parts);
+  const Tensor key[] = {k_pe, c_kv};
+  return d.ConcatColumns(key, Tensor::Of(k.data, DType::kF32, k.device, {T, rope + latent}));
+}
+
+absl::StatusOr<Tensor> LlamaGraph::MlaOutput(const Layer& layer, const Tensor& attn) {
+  Device& d = *device_;
+  const common::ModelConfig& c = config_;
+  const int64_t T = attn.rows(), heads = shard_.num_heads;
+  const int64_t latent = c.mla_kv_lora_rank, rope = c.rope_dim, value_dim = c.mla_value_dim;
+  LOOM_RETURN_IF_ERROR(Ensure(mla_heads_, {T, heads * rope}));
+  LOOM_RETURN_IF_ERROR(Ensure(mla_latent_heads_, {T, heads * latent}));
+  LOOM_RETURN_IF_ERROR(Ensure(mla_values_, {T, heads * value_dim}));
+  auto view = [&](const Scratch& scratch, int64_t offset, int64_t cols) {
+    return Tensor::Of(scratch.view.as<float>() + offset, DType::kF32, scratch.view.device,
+                      {T, cols});
+  };
+  // Each head's output: its rotary dims (the weights times the rotated key parts, no value)
+  // dropped, its latent part [T, latent] out through the head's value decompression.
+  std::vector<Tensor> parts, values;
+  for (int64_t h = 0; h < heads; ++h) {
+    parts.push_back(view(mla_heads_, T * h * rope, rope));
+    parts.push_back(view(mla_latent_heads_, T * h * latent, latent));
+  }
+  LOOM_RETURN_IF_ERROR(d.SplitColumns(attn, parts));
+  for (int64_t h = 0; h < heads; ++h) {
+    values.push_back(view(mla_values_, T * h * value_dim, value_dim));
+    LOOM_RETURN_IF_ERROR(d.Linear(parts[2 * h + 1], *layer.mla_v_up[h], values.back()));
+  }
+  // The heads' values, one after another, side by side for the output projection.
+  LOOM_RETURN_IF_ERROR(Ensure(mla_out_, {T, heads * value_dim}));
+  LOOM_RETURN_IF_ERROR(d.ConcatColumns(values, mla_out_.view));
+  return mla_out_.view;
 }
 
 absl::Status LlamaGraph::NormAllHeads(Tensor local, const Buffer& weight, int64_t total,

@@ -120,8 +120,9 @@ class LlamaGraph {
     std::vector<std::unique_ptr<DeviceLinear>> expert_weights;
     std::vector<const DeviceLinear*> expert_gate_up, expert_down;
     // Multi-head latent attention (LayerWeights' mla_*; qkv then projects the queries only).
-    std::unique_ptr<DeviceLinear> mla_q_a, mla_kv_a, mla_kv_b;
+    std::unique_ptr<DeviceLinear> mla_q_a, mla_kv_a;
     std::unique_ptr<Buffer> mla_q_a_norm, mla_kv_a_norm;
+    std::vector<std::unique_ptr<DeviceLinear>> mla_k_up, mla_v_up;  // per local head
 
     void AddExpert(std::unique_ptr<DeviceLinear> gate_up, std::unique_ptr<DeviceLinear> down) {
       expert_gate_up.push_back(gate_up.get());
@@ -154,11 +155,14 @@ class LlamaGraph {
   // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
-  // Multi-head latent attention's projections of `x` [T, hidden] (layer `l`): the queries
-  // into q, each head's key and value into k and v ([T, heads, head_dim] each), through the
-  // normalized latents (LayerWeights' mla_*). Uses the step's scratch buffers.
-  absl::Status MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q, Tensor k,
-                              Tensor v);
+  // Multi-head latent attention's projections of `x` [T, hidden] (layer `l`), absorbed: each
+  // query head's rotary part beside its other part taken into the latent space into q
+  // [T, heads, head_dim], and the one KV head, the rotary key part beside the normalized
+  // latent, into k [T, 1, head_dim] (LayerWeights' mla_*). Uses the step's scratch buffers.
+  absl::Status MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q, Tensor k);
+  // The attention output over the latent space, `attn` [T, heads * head_dim], out of it:
+  // each head's value part through its mla_v_up, side by side [T, heads * value_dim].
+  absl::StatusOr<Tensor> MlaOutput(const Layer& layer, const Tensor& attn);
   // The previous sub-layer's output (proj_) joins the residual stream unless `first`; the
   // next sub-layer's input is then the stream RMS-normalized by `norm` (in normed_), or
   // the stream itself where `norm` is null (OLMo 2 has no pre-norms).
@@ -218,8 +222,12 @@ class LlamaGraph {
   Scratch local_logits_;  // tensor parallel: [R, local vocab]
   Scratch all_heads_, other_heads_;  // tensor parallel, OLMo's QK-norm: [T, all heads' dims]
   // Multi-head latent attention: the query latent [T, q_lora], the key-value latent with the
-  // key part [T, kv_lora + rope_dim], and the two apart ([T, kv_lora], [T, rope_dim]).
+  // key part [T, kv_lora + rope_dim], the two apart ([T, kv_lora], [T, rope_dim]), each
+  // head's parts one after another (mla_heads_: a head's query parts or attention output
+  // parts, mla_latent_heads_: its query or output in the latent space), the heads' values
+  // one after another (mla_values_) and side by side (mla_out_) [T, heads * value_dim].
   Scratch mla_q_latent_, mla_latent_, mla_c_kv_, mla_k_pe_;
+  Scratch mla_heads_, mla_latent_heads_, mla_values_, mla_out_;
 };
 
 }  // namespace loom::model

@@ -339,16 +339,16 @@ absl::Status LoadSharedExpert(Loader& loader, const common::ModelConfig& config,
 }  // namespace
 
 // Multi-head latent attention's weights of layer `p` ("blk.L.") for this rank's heads, in
-// LayerWeights' layout (the rotary dims of each head moved first; keys and values
-// decompressed by one F32 matrix from the latent and the shared key part; the output
-// projection widened to head_dim columns per head).
+// LayerWeights' absorbed layout: the rotary rows of each query head moved first, and each
+// head's key and value decompressions (attn_kv_b, or attn_k_b and attn_v_b) as F32 matrices
+// into and out of the latent space.
 absl::Status LoadMlaAttention(Loader& loader, const common::ModelConfig& config,
                               const std::string& p, const ShardPlan& plan, float norm_offset,
                               LayerWeights& layer) {
-  const int64_t hidden = config.hidden_size, hd = config.head_dim, rope = config.rope_dim;
-  const int64_t nope = hd - rope, value_dim = config.mla_value_dim, heads = config.num_heads;
+  const int64_t hidden = config.hidden_size, rope = config.rope_dim;
+  const int64_t nope = config.mla_nope_dim, qk = nope + rope, value_dim = config.mla_value_dim;
+  const int64_t heads = config.num_heads, local = plan.num_heads;
   const int64_t latent = config.mla_kv_lora_rank, q_lora = config.mla_q_lora_rank;
-  const int64_t local = plan.num_heads, width = latent + rope;
   std::string q_name = p + "attn_q.weight";
   if (q_lora > 0) {
     LOOM_ASSIGN_OR_RETURN(layer.mla_q_a, loader.Matrix(p + "attn_q_a.weight", q_lora, hidden));
@@ -358,72 +358,49 @@ absl::Status LoadMlaAttention(Loader& loader, const common::ModelConfig& config,
   }
   std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>> q_parts;
   for (int64_t h = plan.head0; h < plan.head0 + local; ++h) {
-    q_parts.push_back({q_name, heads * hd, {h * hd + nope, rope}});
-    q_parts.push_back({q_name, heads * hd, {h * hd, nope}});
+    q_parts.push_back({q_name, heads * qk, {h * qk + nope, rope}});
+    q_parts.push_back({q_name, heads * qk, {h * qk, nope}});
   }
   LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused(q_parts, q_lora > 0 ? q_lora : hidden));
-  LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a, loader.Matrix(p + "attn_kv_a_mqa.weight", width, hidden));
+  LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a,
+                        loader.Matrix(p + "attn_kv_a_mqa.weight", latent + rope, hidden));
   LOOM_ASSIGN_OR_RETURN(layer.mla_kv_a_norm,
                         loader.Norm(p + "attn_kv_a_norm.weight", latent, norm_offset));
 
-  // key_row(h, j) / value_row(h, j): row j of head h's decompression, over the latent.
-  std::vector<float> kv_b, k_b, v_b;
-  std::function<const float*(int64_t, int64_t)> key_row, value_row;
+  // k_up[h] [latent, nope] = head h's key decompression transposed; v_up[h] [value, latent].
+  std::vector<float> k_up(static_cast<size_t>(heads * latent * nope));
+  std::vector<float> v_up(static_cast<size_t>(heads * value_dim * latent));
   if (loader.HasMatrix(p + "attn_kv_b.weight")) {
     // [heads * (nope + value_dim), latent]: each head's key rows, then its value rows.
-    LOOM_ASSIGN_OR_RETURN(kv_b,
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> kv_b,
                           loader.Table(p + "attn_kv_b.weight", heads * (nope + value_dim), latent));
-    key_row = [&](int64_t h, int64_t j) {
-      return kv_b.data() + (h * (nope + value_dim) + j) * latent;
-    };
-    value_row = [&](int64_t h, int64_t j) {
-      return kv_b.data() + (h * (nope + value_dim) + nope + j) * latent;
-    };
-  } else {
-    // llama.cpp's split for absorbed MLA: attn_k_b [heads, latent, nope] (each head's key
-    // rows transposed) and attn_v_b [heads, value_dim, latent].
-    LOOM_ASSIGN_OR_RETURN(std::vector<float> k_b_t,
-                          loader.Stack(p + "attn_k_b.weight", heads, latent, nope));
-    k_b.resize(k_b_t.size());
     for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t c = 0; c < latent; ++c) {
-        for (int64_t j = 0; j < nope; ++j) {
-          k_b[(h * nope + j) * latent + c] = k_b_t[(h * latent + c) * nope + j];
-        }
+      const float* block = kv_b.data() + h * (nope + value_dim) * latent;
+      for (int64_t j = 0; j < nope; ++j) {
+        for (int64_t c = 0; c < latent; ++c)
+          k_up[(h * latent + c) * nope + j] = block[j * latent + c];
       }
+      std::copy_n(block + nope * latent, value_dim * latent, v_up.data() + h * value_dim * latent);
     }
-    LOOM_ASSIGN_OR_RETURN(v_b, loader.Stack(p + "attn_v_b.weight", heads, value_dim, latent));
-    key_row = [&](int64_t h, int64_t j) { return k_b.data() + (h * nope + j) * latent; };
-    value_row = [&](int64_t h, int64_t j) { return v_b.data() + (h * value_dim + j) * latent; };
+  } else {
+    // llama.cpp's split for its absorbed MLA: attn_k_b [heads, latent, nope] (k_up itself)
+    // and attn_v_b [heads, value_dim, latent].
+    LOOM_ASSIGN_OR_RETURN(k_up, loader.Stack(p + "attn_k_b.weight", heads, latent, nope));
+    LOOM_ASSIGN_OR_RETURN(v_up, loader.Stack(p + "attn_v_b.weight", heads, value_dim, latent));
   }
-  std::vector<float> kv(static_cast<size_t>(2 * local * hd * width), 0.0f);
-  for (int64_t i = 0; i < local; ++i) {
-    const int64_t h = plan.head0 + i;
-    float* key = kv.data() + i * hd * width;
-    for (int64_t j = 0; j < rope; ++j) key[j * width + latent + j] = 1.0f;
-    for (int64_t j = 0; j < nope; ++j) {
-      std::copy_n(key_row(h, j), latent, key + (rope + j) * width);
-    }
-    float* value = kv.data() + (local + i) * hd * width;
-    for (int64_t j = 0; j < value_dim; ++j) {
-      std::copy_n(value_row(h, j), latent, value + j * width);
-    }
-  }
-  LOOM_ASSIGN_OR_RETURN(layer.mla_kv_b,
-                        kernels::cpu::PackFromF32(kv.data(), 2 * local * hd, width,
-                                                  kernels::cpu::WeightFormat::kF32, 0));
-  LOOM_ASSIGN_OR_RETURN(std::vector<float> output,
-                        loader.Table(p + "attn_output.weight", hidden, heads * value_dim));
-  std::vector<float> wide(static_cast<size_t>(hidden * local * hd), 0.0f);
-  for (int64_t r = 0; r < hidden; ++r) {
-    for (int64_t i = 0; i < local; ++i) {
-      std::copy_n(output.data() + r * heads * value_dim + (plan.head0 + i) * value_dim, value_dim,
-                  wide.data() + (r * local + i) * hd);
-    }
+  for (int64_t h = plan.head0; h < plan.head0 + local; ++h) {
+    LOOM_ASSIGN_OR_RETURN(PackedWeight k,
+                          kernels::cpu::PackFromF32(k_up.data() + h * latent * nope, latent, nope,
+                                                    kernels::cpu::WeightFormat::kF32, 0));
+    LOOM_ASSIGN_OR_RETURN(PackedWeight v,
+                          kernels::cpu::PackFromF32(v_up.data() + h * value_dim * latent, value_dim,
+                                                    latent, kernels::cpu::WeightFormat::kF32, 0));
+    layer.mla_k_up.push_back(std::move(k));
+    layer.mla_v_up.push_back(std::move(v));
   }
   LOOM_ASSIGN_OR_RETURN(layer.attn_output,
-                        kernels::cpu::PackFromF32(wide.data(), hidden, local * hd,
-                                                  kernels::cpu::WeightFormat::kF32, 0));
+                        loader.MatrixColumns(p + "attn_output.weight", hidden, heads * value_dim,
+                                             {plan.head0 * value_dim, local * value_dim}));
   return absl::OkStatus();
 }
 
@@ -433,7 +410,10 @@ int64_t ModelWeights::BytesPerDecodeStep() const {
   for (const LayerWeights& layer : layers) {
     bytes += layer.qkv.bytes() + layer.attn_output.bytes() + layer.gate_up.bytes() +
              layer.down.bytes() + layer.router.bytes() + layer.shared_expert_gate.bytes() +
-             layer.mla_q_a.bytes() + layer.mla_kv_a.bytes() + layer.mla_kv_b.bytes();
+             layer.mla_q_a.bytes() + layer.mla_kv_a.bytes();
+    for (size_t h = 0; h < layer.mla_k_up.size(); ++h) {
+      bytes += layer.mla_k_up[h].bytes() + layer.mla_v_up[h].bytes();
+    }
     // A token reads its chosen experts only.
     int64_t experts = 0;
     for (size_t e = 0; e < layer.expert_gate_up.size(); ++e) {

@@ -53,21 +53,22 @@ struct LayerWeights {
   std::vector<float> router_bias;
   std::vector<std::vector<float>> expert_gate_up_bias;
   std::vector<std::vector<float>> expert_down_bias;
-  // Multi-head latent attention (ModelConfig::mla), with the heads in Loom's layout, each
-  // head's rope_dim rotary dims first (the checkpoints put them last): `qkv` holds the query
-  // rows only [local heads * head_dim, hidden or q_lora], from the hidden state or (mla_q_a
-  // not empty) from the normalized query latent mla_q_a [q_lora, hidden] · x;
-  // mla_kv_a [kv_lora + rope_dim, hidden]: the key-value latent, then the rotary key part
-  // shared by every head; mla_kv_a_norm [kv_lora] normalizes the latent; mla_kv_b
-  // [2 * local heads * head_dim, kv_lora + rope_dim] (F32) maps the normalized latent and
-  // the key part to each local head's key (the key part copied, the rest decompressed),
-  // then each head's value (decompressed, zeros past mla_value_dim). attn_output then reads
-  // head_dim columns per head (zeros past the value's).
+  // Multi-head latent attention (ModelConfig::mla), absorbed: `qkv` holds the query rows only
+  // [local heads * (rope_dim + mla_nope_dim), hidden or q_lora], each head's rope_dim rotary
+  // rows first (the checkpoints put them last), from the hidden state or (mla_q_a not empty)
+  // from the normalized query latent mla_q_a [q_lora, hidden] · x; mla_kv_a
+  // [kv_lora + rope_dim, hidden]: the key-value latent, then the rotary key part shared by
+  // every head; mla_kv_a_norm [kv_lora] normalizes the latent; per local head (F32),
+  // mla_k_up [kv_lora, mla_nope_dim] takes its non-rotary query part into the latent space
+  // (the key decompression transposed) and mla_v_up [mla_value_dim, kv_lora] its attention
+  // output over the latent out of it (the value decompression). attn_output is the model's,
+  // mla_value_dim columns per head.
   kernels::cpu::PackedWeight mla_q_a;
   std::vector<float> mla_q_a_norm;
   kernels::cpu::PackedWeight mla_kv_a;
   std::vector<float> mla_kv_a_norm;
-  kernels::cpu::PackedWeight mla_kv_b;
+  std::vector<kernels::cpu::PackedWeight> mla_k_up;
+  std::vector<kernels::cpu::PackedWeight> mla_v_up;
 };
 
 /// All weights of a llama-family model (or one tensor-parallel rank's slice of them: the

@@ -151,9 +151,10 @@ absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
 }
 
 // Multi-head latent attention's widths (ModelConfig::mla_kv_lora_rank): the latents', a
-// key's and a value's. Files converted for llama.cpp's absorbed MLA give the decompressed
-// widths as key_length_mla / value_length_mla (key_length being the latent's then) and one
-// KV head; Loom decompresses, so every query head has its own.
+// decompressed key's (its rotary part rope.dimension_count) and value's. Files converted for
+// llama.cpp's absorbed MLA give the decompressed widths as key_length_mla / value_length_mla
+// (key_length being the latent's then). The KV pool's one head holds the latent beside the
+// rotary key part.
 absl::Status ReadMlaShapes(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
   LOOM_ASSIGN_OR_RETURN(config.mla_kv_lora_rank, reader.RequiredInt("attention.kv_lora_rank"));
   LOOM_RETURN_IF_ERROR(
@@ -164,15 +165,19 @@ absl::Status ReadMlaShapes(const ConfigReader& reader, const GgufFile& gguf, Mod
   const bool absorbed = gguf.Find(reader.Key("attention.key_length_mla")) != nullptr;
   const char* key_length = absorbed ? "attention.key_length_mla" : "attention.key_length";
   const char* value_length = absorbed ? "attention.value_length_mla" : "attention.value_length";
-  LOOM_ASSIGN_OR_RETURN(config.head_dim, reader.RequiredInt(key_length));
-  LOOM_RETURN_IF_ERROR(CheckRange(reader, key_length, config.head_dim, 2, kMaxDimension));
+  LOOM_ASSIGN_OR_RETURN(const int64_t key, reader.RequiredInt(key_length));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, key_length, key, 2, kMaxDimension));
   LOOM_ASSIGN_OR_RETURN(config.mla_value_dim, reader.RequiredInt(value_length));
-  LOOM_RETURN_IF_ERROR(CheckRange(reader, value_length, config.mla_value_dim, 1, config.head_dim));
-  if (config.head_dim % 2 != 0) {
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, value_length, config.mla_value_dim, 1, key));
+  LOOM_ASSIGN_OR_RETURN(const int64_t rope, reader.RequiredInt("rope.dimension_count"));
+  LOOM_RETURN_IF_ERROR(CheckRange(reader, "rope.dimension_count", rope, 2, key - 1));
+  if (rope % 2 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: head dimension ", config.head_dim, " is odd"));
+        absl::StrCat("model config: '", reader.Key("rope.dimension_count"), "' ", rope, " is odd"));
   }
-  config.num_kv_heads = config.num_heads;
+  config.mla_nope_dim = key - rope;
+  config.head_dim = rope + config.mla_kv_lora_rank;
+  config.num_kv_heads = 1;
   return absl::OkStatus();
 }
 
@@ -502,12 +507,15 @@ absl::Status ReadRopeScaling(const ConfigReader& reader, const GgufFile& gguf,
   return absl::OkStatus();
 }
 
-// DeepSeek's YaRN (multi-head latent attention): m = 1 + yarn_log_multiplier * ln(factor)
-// multiplies the softmax scale twice (m^2 / sqrt(head_dim)) and leaves RoPE's cosines and
-// sines alone unless the file says (llama.cpp's deepseek2 graph; transformers' mscale_all_dim
-// and the ratio of its two mscales).
+// Multi-head latent attention's softmax scale, 1 / sqrt of a decompressed key's width; with
+// DeepSeek's YaRN, m = 1 + yarn_log_multiplier * ln(factor) multiplies it twice and RoPE's
+// cosines and sines stay unscaled unless the file says (llama.cpp's deepseek2 graph;
+// transformers' mscale_all_dim and the ratio of its two mscales).
 absl::Status ReadMlaScale(const ConfigReader& reader, const GgufFile& gguf, ModelConfig& config) {
-  if (!config.mla() || config.rope_scaling != RopeScalingType::kYarn) return absl::OkStatus();
+  if (!config.mla()) return absl::OkStatus();
+  const double key = static_cast<double>(config.mla_nope_dim + config.rope_dim);
+  config.attention_scale = 1.0 / std::sqrt(key);
+  if (config.rope_scaling != RopeScalingType::kYarn) return absl::OkStatus();
   double log_multiplier = 0.0;
   LOOM_RETURN_IF_ERROR(reader.OptionalDouble("rope.scaling.yarn_log_multiplier", log_multiplier));
   if (!std::isfinite(log_multiplier) || log_multiplier < 0.0) {
@@ -516,7 +524,7 @@ absl::Status ReadMlaScale(const ConfigReader& reader, const GgufFile& gguf, Mode
                      log_multiplier, ", expected a non-negative finite number"));
   }
   const double m = 1.0 + log_multiplier * std::log(config.rope_scaling_factor);
-  config.attention_scale = m * m / std::sqrt(static_cast<double>(config.head_dim));
+  config.attention_scale = m * m / std::sqrt(key);
   if (gguf.Find("loom.rope.scaling.attention_factor") == nullptr) {
     config.rope_attention_factor = 1.0;
   }
@@ -762,7 +770,9 @@ absl::Status ReadLayout(const ConfigReader& reader, const GgufFile& gguf, ModelC
   // Tensors that reveal the layout: a separate LM head, and qwen2's attention biases.
   const auto hidden = static_cast<uint64_t>(config.hidden_size);
   const auto vocab = static_cast<uint64_t>(config.vocab_size);
-  const auto q_rows = static_cast<uint64_t>(config.num_heads * config.head_dim);
+  // A query head is as wide as a key head, but under latent attention (a decompressed key).
+  const auto q_rows = static_cast<uint64_t>(
+      config.num_heads * (config.mla() ? config.mla_nope_dim + config.rope_dim : config.head_dim));
   const auto kv_rows = static_cast<uint64_t>(config.num_kv_heads * config.head_dim);
   config.tied_embeddings = gguf.FindTensor("output.weight") == nullptr;
   LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, "output.weight", {hidden, vocab}));

@@ -147,14 +147,18 @@ struct ModelConfig {
   bool expert_bias = false;
   // Multi-head latent attention (DeepSeek-V2/V3, ArchitectureRules::mla): each layer
   // projects the hidden state to a latent of `mla_kv_lora_rank` channels and a rope_dim-wide
-  // key part shared by every head (attn_kv_a_mqa), normalizes the latent (attn_kv_a_norm) and
-  // decompresses each head's key (head_dim - rope_dim channels) and value (`mla_value_dim`
-  // channels) from it (attn_kv_b, or attn_k_b and attn_v_b); queries come from the hidden
-  // state (attn_q) or through a normalized latent of `mla_q_lora_rank` channels (attn_q_a,
-  // attn_q_a_norm, attn_q_b; 0: none). head_dim is a key's width (DeepSeek: 128 + 64), and
-  // every query head has its own KV head (num_kv_heads = num_heads). 0: standard attention.
+  // key part shared by every head (attn_kv_a_mqa) and normalizes the latent
+  // (attn_kv_a_norm); a head's key would be `mla_nope_dim` channels decompressed from the
+  // latent (attn_kv_b, or attn_k_b) beside the rotated key part, its value `mla_value_dim`
+  // channels decompressed (attn_kv_b, or attn_v_b); queries come from the hidden state
+  // (attn_q) or through a normalized latent of `mla_q_lora_rank` channels (attn_q_a,
+  // attn_q_a_norm, attn_q_b; 0: none), mla_nope_dim + rope_dim wide per head. Loom runs the
+  // absorbed form: the KV pool holds the latent and the rotated key part (head_dim =
+  // rope_dim + mla_kv_lora_rank, num_kv_heads = 1), each query head is multiplied into the
+  // latent space, and each head's attention output out of it. 0: standard attention.
   int64_t mla_kv_lora_rank = 0;
   int64_t mla_q_lora_rank = 0;
+  int64_t mla_nope_dim = 0;
   int64_t mla_value_dim = 0;
 
   /// The window every layer attends within (each one local), else 0: a sequence's KV

@@ -156,7 +156,8 @@ def FINISH(name):
                                          ("gpt_oss_sinks", 2), ("gpt_oss_sinks", 4),
                                          ("qwen2moe_shared", 2), ("glm4moe", 2),
                                          ("olmo2_swa", 2), ("olmoe", 2), ("ernie45_moe", 2),
-                                         ("exaone4_swa", 2), ("granitemoe_shared", 2)])
+                                         ("exaone4_swa", 2), ("granitemoe_shared", 2),
+                                         ("deepseek2_qlora", 2)])
 def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     """llama3_rope (4 heads, 2 KV heads) on 2 ranks splits evenly; qwen2_mqa (5 heads, 1 KV head,
     Q/K/V biases, neox RoPE, separate LM head) on 3 ranks splits 2 + 2 + 1 with the KV head on every
@@ -173,7 +174,9 @@ def test_random_models_split_evenly_and_unevenly(tmp_path, spec, ranks):
     selection bias, and skips its MTP layer; olmo2_swa and olmoe gather every rank's q and k
     columns for their QK-norm over all heads (olmo2_swa without pre-norms); ernie45_moe
     routes by softmax with its selection bias; granitemoe_shared slices its experts and its
-    ungated shared expert under Granite's multipliers.
+    ungated shared expert under Granite's multipliers; deepseek2_qlora slices its latent
+    attention by head (each rank decompressing its heads' keys and values from the whole
+    latent) and routes in expert groups.
     Greedy text through `loom up` equals the
     single-process engine's."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "worker"))

@@ -179,7 +179,9 @@ TEST(HfConfigTest, TranslatesDeepSeekV3LatentAttentionAndGroupedRouting) {
   EXPECT_EQ(info.first_skipped_layer, 61);  // the MTP layer
   EXPECT_EQ(config->mla_kv_lora_rank, 512);
   EXPECT_EQ(config->mla_q_lora_rank, 1536);
-  EXPECT_EQ(config->head_dim, 192);
+  EXPECT_EQ(config->mla_nope_dim, 128);
+  EXPECT_EQ(config->head_dim, 64 + 512);
+  EXPECT_EQ(config->num_kv_heads, 1);
   EXPECT_EQ(config->mla_value_dim, 128);
   EXPECT_EQ(config->rope_dim, 64);
   EXPECT_FALSE(config->rope_neox);  // DeepSeek's modeling code rotates interleaved pairs

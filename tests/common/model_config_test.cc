@@ -658,9 +658,11 @@ TEST(ModelConfigTest, ReadsDeepSeekLatentAttentionAndItsYarnScale) {
     EXPECT_TRUE(config->mla());
     EXPECT_EQ(config->mla_kv_lora_rank, 512);
     EXPECT_EQ(config->mla_q_lora_rank, 0);
-    EXPECT_EQ(config->head_dim, 192);
+    EXPECT_EQ(config->mla_nope_dim, 128);
     EXPECT_EQ(config->mla_value_dim, 128);
-    EXPECT_EQ(config->num_kv_heads, 16);  // a decompressed KV head per query head
+    // The KV pool's one head: the rotary key part beside the latent.
+    EXPECT_EQ(config->head_dim, 64 + 512);
+    EXPECT_EQ(config->num_kv_heads, 1);
     EXPECT_EQ(config->rope_dim, 64);
     EXPECT_FALSE(config->rope_neox);            // interleaved pairs
     EXPECT_FALSE(config->expert_weights_norm);  // deepseek2's default
