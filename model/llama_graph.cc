@@ -291,6 +291,17 @@ absl::Status LlamaGraph::Reserve(int64_t max_tokens, int64_t max_rows) {
     LOOM_RETURN_IF_ERROR(Ensure(shared_out_, {T, H}));
     LOOM_RETURN_IF_ERROR(Ensure(shared_gate_, {T, 1}));
   }
+  if (config_.mla()) {
+    const int64_t latent = config_.mla_kv_lora_rank, rope = config_.rope_dim;
+    LOOM_RETURN_IF_ERROR(Ensure(mla_q_latent_, {T, std::max<int64_t>(config_.mla_q_lora_rank, 1)}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_latent_, {T, latent + rope}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_c_kv_, {T, latent}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_k_pe_, {T, rope}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_heads_, {T, heads * (rope + config_.mla_nope_dim)}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_latent_heads_, {T, heads * latent}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_values_, {T, heads * config_.mla_value_dim}));
+    LOOM_RETURN_IF_ERROR(Ensure(mla_out_, {T, heads * config_.mla_value_dim}));
+  }
   LOOM_RETURN_IF_ERROR(Ensure(sampled_, {R, H}));
   if (device_->runs_collectives() && shard_.last_stage()) {
     LOOM_RETURN_IF_ERROR(Ensure(local_logits_, {R, std::max<int64_t>(shard_.vocab, 1)}));
@@ -403,28 +414,7 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
     const int64_t kv_layer = static_cast<int64_t>(i);
     // The previous layer's MLP output joins the residual stream here.
     LOOM_ASSIGN_OR_RETURN(const Tensor attn_in, JoinResidual(layer.attn_norm.get(), l == 0));
-    const Tensor parts[] = {Tensor::Of(q.data, DType::kF32, q.device, {T, q_dim}),
-                            Tensor::Of(k.data, DType::kF32, k.device, {T, kv_dim}),
-                            Tensor::Of(v.data, DType::kF32, v.device, {T, kv_dim})};
-    if (layer.mla_kv_a != nullptr) {
-      LOOM_RETURN_IF_ERROR(MlaProjections(layer, attn_in, l, q, k));
-    } else {
-      LOOM_RETURN_IF_ERROR(d.Linear(attn_in, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
-      LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
-    }
-    if (layer.q_norm != nullptr && c.qk_norm_full) {
-      // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
-      LOOM_RETURN_IF_ERROR(
-          NormAllHeads(parts[0], *layer.q_norm, c.num_heads * hd, shard_.head0 * hd));
-      LOOM_RETURN_IF_ERROR(
-          NormAllHeads(parts[1], *layer.k_norm, c.num_kv_heads * hd, shard_.kv_head0 * hd));
-    } else if (layer.q_norm != nullptr) {
-      // Qwen3's QK-norm: each head of q and k is RMS-normalized before RoPE.
-      const Tensor q_heads = Tensor::Of(q.data, DType::kF32, q.device, {T * heads, hd});
-      const Tensor k_heads = Tensor::Of(k.data, DType::kF32, k.device, {T * kv_heads, hd});
-      LOOM_RETURN_IF_ERROR(d.RmsNorm(q_heads, Vector(*layer.q_norm, hd), eps, q_heads));
-      LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
-    }
+    LOOM_RETURN_IF_ERROR(QkvProjections(layer, attn_in, l));
     attention.window = c.LayerWindow(l);
     attention.sinks = layer.sinks != nullptr ? Vector(*layer.sinks, heads) : Tensor{};
     if (c.LayerRotates(l)) {  // SmolLM3's NoPE layers keep q and k as projected
@@ -478,6 +468,35 @@ absl::Status LlamaGraph::Forward(const StepTensors& step, Tensor logits, Tensor 
   return Head(step, logits, hidden);
 }
 
+absl::Status LlamaGraph::QkvProjections(const Layer& layer, const Tensor& x, int64_t l) {
+  Device& d = *device_;
+  const common::ModelConfig& c = config_;
+  const int64_t T = x.rows(), hd = c.head_dim;
+  const int64_t heads = shard_.num_heads, kv_heads = shard_.num_kv_heads;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const Tensor q = q_.view, k = k_.view, v = v_.view;
+  if (layer.mla_kv_a != nullptr) return MlaProjections(layer, x, l, q, k);
+  const Tensor parts[] = {Tensor::Of(q.data, DType::kF32, q.device, {T, heads * hd}),
+                          Tensor::Of(k.data, DType::kF32, k.device, {T, kv_heads * hd}),
+                          Tensor::Of(v.data, DType::kF32, v.device, {T, kv_heads * hd})};
+  LOOM_RETURN_IF_ERROR(d.Linear(x, *layer.qkv, qkv_.view, {l, LinearInput::kQkv}));
+  LOOM_RETURN_IF_ERROR(d.SplitColumns(qkv_.view, parts));
+  if (layer.q_norm != nullptr && c.qk_norm_full) {
+    // OLMo's QK-norm: all of q's heads RMS-normalized together (and k's) before RoPE.
+    LOOM_RETURN_IF_ERROR(
+        NormAllHeads(parts[0], *layer.q_norm, c.num_heads * hd, shard_.head0 * hd));
+    return NormAllHeads(parts[1], *layer.k_norm, c.num_kv_heads * hd, shard_.kv_head0 * hd);
+  }
+  if (layer.q_norm != nullptr) {
+    // Qwen3's QK-norm: each head of q and k is RMS-normalized before RoPE.
+    const Tensor q_heads = Tensor::Of(q.data, DType::kF32, q.device, {T * heads, hd});
+    const Tensor k_heads = Tensor::Of(k.data, DType::kF32, k.device, {T * kv_heads, hd});
+    LOOM_RETURN_IF_ERROR(d.RmsNorm(q_heads, Vector(*layer.q_norm, hd), eps, q_heads));
+    LOOM_RETURN_IF_ERROR(d.RmsNorm(k_heads, Vector(*layer.k_norm, hd), eps, k_heads));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int64_t l, Tensor q,
                                         Tensor k) {
   Device& d = *device_;
@@ -486,8 +505,7 @@ absl::Status LlamaGraph::MlaProjections(const Layer& layer, const Tensor& x, int
   const int64_t latent = c.mla_kv_lora_rank, rope = c.rope_dim, nope = c.mla_nope_dim;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   auto view = [&](const Scratch& scratch, int64_t offset, int64_t cols) {
-    return Tensor::Of(scratch.view.as<float>() + offset, DType::kF32, scratch.view.device,
-                      {T, cols});
+    return Slice(scratch, offset, T, cols);
   };
   // Queries: from x, or from x's query latent, normalized; each head's rotary part, then its
   // other part, apart.
@@ -540,8 +558,7 @@ absl::StatusOr<Tensor> LlamaGraph::MlaOutput(const Layer& layer, const Tensor& a
   LOOM_RETURN_IF_ERROR(Ensure(mla_latent_heads_, {T, heads * latent}));
   LOOM_RETURN_IF_ERROR(Ensure(mla_values_, {T, heads * value_dim}));
   auto view = [&](const Scratch& scratch, int64_t offset, int64_t cols) {
-    return Tensor::Of(scratch.view.as<float>() + offset, DType::kF32, scratch.view.device,
-                      {T, cols});
+    return Slice(scratch, offset, T, cols);
   };
   // Each head's output: its rotary dims (the weights times the rotated key parts, no value)
   // dropped, its latent part [T, latent] out through the head's value decompression.

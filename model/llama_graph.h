@@ -155,6 +155,9 @@ class LlamaGraph {
   // `normed`, scaled by its gate where it has one and added to the routed sum in `proj` (a
   // rank's partial sums, like the experts'). Uses the step's scratch buffers.
   absl::Status AddSharedExpert(const Layer& layer, const Tensor& normed, Tensor proj);
+  // Layer `l`'s queries, keys and values of its attention input `x` [T, hidden] into q_, k_
+  // and v_: the fused QKV product split and any QK-norm applied, or MlaProjections.
+  absl::Status QkvProjections(const Layer& layer, const Tensor& x, int64_t l);
   // Multi-head latent attention's projections of `x` [T, hidden] (layer `l`), absorbed: each
   // query head's rotary part beside its other part taken into the latent space into q
   // [T, heads, head_dim], and the one KV head, the rotary key part beside the normalized
@@ -179,7 +182,12 @@ class LlamaGraph {
   }
   // The first `rows` x `cols` of scratch buffer `scratch` (sized for at least that many).
   Tensor Prefix(const Scratch& scratch, int64_t rows, int64_t cols) const {
-    return Tensor::Of(scratch.view.data, DType::kF32, scratch.view.device, {rows, cols});
+    return Slice(scratch, 0, rows, cols);
+  }
+  // `rows` x `cols` of scratch buffer `scratch` from float `offset` on.
+  Tensor Slice(const Scratch& scratch, int64_t offset, int64_t rows, int64_t cols) const {
+    return Tensor::Of(scratch.view.as<float>() + offset, DType::kF32, scratch.view.device,
+                      {rows, cols});
   }
   const DeviceLinear& lm_head() const { return lm_head_ ? *lm_head_ : *token_embedding_; }
   // Sizes `scratch` for `shape` (F32), reallocating only when it grows.

@@ -404,6 +404,64 @@ absl::Status LoadMlaAttention(Loader& loader, const common::ModelConfig& config,
   return absl::OkStatus();
 }
 
+// Layer `p`'s ("blk.L.") attention weights for this rank's heads: Q/K/V fused (Phi-3's
+// attn_qkv sliced), their biases, QK-norms, the output projection and its bias, the sinks;
+// LoadMlaAttention's under latent attention.
+absl::Status LoadAttention(Loader& loader, const common::ModelConfig& config, const std::string& p,
+                           const ShardPlan& plan, LayerWeights& layer) {
+  const int64_t hidden = config.hidden_size, hd = config.head_dim;
+  const int64_t q_rows = config.num_heads * hd, kv_rows = config.num_kv_heads * hd;
+  const std::pair<int64_t, int64_t> q_range{plan.head0 * hd, plan.num_heads * hd};
+  const std::pair<int64_t, int64_t> kv_range{plan.kv_head0 * hd, plan.num_kv_heads * hd};
+  const float norm_offset = config.norm_weight_offset;
+  if (config.mla()) return LoadMlaAttention(loader, config, p, plan, norm_offset, layer);
+  if (loader.HasMatrix(p + "attn_qkv.weight")) {
+    // Phi-3: one [q + 2 kv, hidden] tensor; this rank's rows of each part.
+    const std::string qkv = p + "attn_qkv.weight";
+    const int64_t rows = q_rows + 2 * kv_rows;
+    LOOM_ASSIGN_OR_RETURN(
+        layer.qkv, loader.Fused({{qkv, rows, q_range},
+                                 {qkv, rows, {q_rows + kv_range.first, kv_range.second}},
+                                 {qkv, rows, {q_rows + kv_rows + kv_range.first, kv_range.second}}},
+                                hidden));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows, q_range},
+                                                   {p + "attn_k.weight", kv_rows, kv_range},
+                                                   {p + "attn_v.weight", kv_rows, kv_range}},
+                                                  hidden));
+  }
+  if (loader.Find(p + "attn_q.bias") != nullptr) {
+    for (const auto& [name, rows, range] :
+         std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>>{
+             {p + "attn_q.bias", q_rows, q_range},
+             {p + "attn_k.bias", kv_rows, kv_range},
+             {p + "attn_v.bias", kv_rows, kv_range}}) {
+      LOOM_ASSIGN_OR_RETURN(std::vector<float> bias, loader.Vector(name, rows));
+      layer.qkv_bias.insert(layer.qkv_bias.end(), bias.begin() + range.first,
+                            bias.begin() + range.first + range.second);
+    }
+  }
+  if (config.qk_norm) {
+    // Per head, or (OLMo) over all heads at once: whole on every rank (NormAllHeads).
+    const int64_t q_norm = config.qk_norm_full ? q_rows : hd;
+    const int64_t k_norm = config.qk_norm_full ? kv_rows : hd;
+    LOOM_ASSIGN_OR_RETURN(layer.q_norm, loader.Norm(p + "attn_q_norm.weight", q_norm, norm_offset));
+    LOOM_ASSIGN_OR_RETURN(layer.k_norm, loader.Norm(p + "attn_k_norm.weight", k_norm, norm_offset));
+  }
+  LOOM_ASSIGN_OR_RETURN(layer.attn_output,
+                        loader.MatrixColumns(p + "attn_output.weight", hidden, q_rows, q_range));
+  if (config.attention_output_bias && plan.rank == 0) {
+    LOOM_ASSIGN_OR_RETURN(layer.attn_output_bias, loader.Vector(p + "attn_output.bias", hidden));
+  }
+  if (config.attention_sinks) {
+    LOOM_ASSIGN_OR_RETURN(std::vector<float> sinks,
+                          loader.Vector(p + "attn_sinks.weight", config.num_heads));
+    layer.attn_sinks.assign(sinks.begin() + plan.head0,
+                            sinks.begin() + plan.head0 + plan.num_heads);
+  }
+  return absl::OkStatus();
+}
+
 int64_t ModelWeights::BytesPerDecodeStep() const {
   int64_t bytes = lm_head().bytes();
   if (token_embedding.rows > 0) bytes += token_embedding.bytes() / token_embedding.rows;
@@ -441,17 +499,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
   auto weights = std::make_unique<ModelWeights>();
   Loader loader(gguf, pack);
   const int64_t hidden = config.hidden_size;
-  const int64_t hd = config.head_dim;
-  const int64_t q_rows = config.num_heads * hd;
-  const int64_t kv_rows = config.num_kv_heads * hd;
-  // The dense FFN's width (the layers without experts) and this rank's rows of it, of Q, of
-  // K and V, of each expert's gate and up, and of the vocabulary.
+  // The dense FFN's width (the layers without experts) and this rank's rows of it, of each
+  // expert's gate and up, and of the vocabulary.
   const int64_t ffn = config.DenseFfnWidth();
   const std::pair<int64_t, int64_t> ffn_range = config.num_experts > 0
                                                     ? std::pair{plan.dense_ffn0, plan.dense_ffn}
                                                     : std::pair{plan.ffn0, plan.ffn};
-  const std::pair<int64_t, int64_t> q_range{plan.head0 * hd, plan.num_heads * hd};
-  const std::pair<int64_t, int64_t> kv_range{plan.kv_head0 * hd, plan.num_kv_heads * hd};
   const std::pair<int64_t, int64_t> expert_range{plan.ffn0, plan.ffn};
   const std::pair<int64_t, int64_t> vocab_range{plan.vocab0, plan.vocab};
   const float norm_offset = config.norm_weight_offset;
@@ -486,57 +539,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(
       LOOM_ASSIGN_OR_RETURN(layer.attn_norm,
                             loader.Norm(p + "attn_norm.weight", hidden, norm_offset));
     }
-    if (config.mla()) {
-      LOOM_RETURN_IF_ERROR(LoadMlaAttention(loader, config, p, plan, norm_offset, layer));
-    } else if (loader.HasMatrix(p + "attn_qkv.weight")) {
-      // Phi-3: one [q + 2 kv, hidden] tensor; this rank's rows of each part.
-      const std::string qkv = p + "attn_qkv.weight";
-      const int64_t rows = q_rows + 2 * kv_rows;
-      LOOM_ASSIGN_OR_RETURN(
-          layer.qkv,
-          loader.Fused({{qkv, rows, q_range},
-                        {qkv, rows, {q_rows + kv_range.first, kv_range.second}},
-                        {qkv, rows, {q_rows + kv_rows + kv_range.first, kv_range.second}}},
-                       hidden));
-    } else {
-      LOOM_ASSIGN_OR_RETURN(layer.qkv, loader.Fused({{p + "attn_q.weight", q_rows, q_range},
-                                                     {p + "attn_k.weight", kv_rows, kv_range},
-                                                     {p + "attn_v.weight", kv_rows, kv_range}},
-                                                    hidden));
-    }
-    if (loader.Find(p + "attn_q.bias") != nullptr) {
-      for (const auto& [name, rows, range] :
-           std::vector<std::tuple<std::string, int64_t, std::pair<int64_t, int64_t>>>{
-               {p + "attn_q.bias", q_rows, q_range},
-               {p + "attn_k.bias", kv_rows, kv_range},
-               {p + "attn_v.bias", kv_rows, kv_range}}) {
-        LOOM_ASSIGN_OR_RETURN(std::vector<float> bias, loader.Vector(name, rows));
-        layer.qkv_bias.insert(layer.qkv_bias.end(), bias.begin() + range.first,
-                              bias.begin() + range.first + range.second);
-      }
-    }
-    if (config.qk_norm) {
-      // Per head, or (OLMo) over all heads at once: whole on every rank (NormAllHeads).
-      const int64_t q_norm = config.qk_norm_full ? q_rows : hd;
-      const int64_t k_norm = config.qk_norm_full ? kv_rows : hd;
-      LOOM_ASSIGN_OR_RETURN(layer.q_norm,
-                            loader.Norm(p + "attn_q_norm.weight", q_norm, norm_offset));
-      LOOM_ASSIGN_OR_RETURN(layer.k_norm,
-                            loader.Norm(p + "attn_k_norm.weight", k_norm, norm_offset));
-    }
-    if (!config.mla()) {
-      LOOM_ASSIGN_OR_RETURN(layer.attn_output, loader.MatrixColumns(p + "attn_output.weight",
-                                                                    hidden, q_rows, q_range));
-    }
-    if (config.attention_output_bias && plan.rank == 0) {
-      LOOM_ASSIGN_OR_RETURN(layer.attn_output_bias, loader.Vector(p + "attn_output.bias", hidden));
-    }
-    if (config.attention_sinks) {
-      LOOM_ASSIGN_OR_RETURN(std::vector<float> sinks,
-                            loader.Vector(p + "attn_sinks.weight", config.num_heads));
-      layer.attn_sinks.assign(sinks.begin() + plan.head0,
-                              sinks.begin() + plan.head0 + plan.num_heads);
-    }
+    LOOM_RETURN_IF_ERROR(LoadAttention(loader, config, p, plan, layer));
     if (config.pre_norms) {
       const std::string ffn_norm(common::FindArchitecture(config.architecture)->gguf_ffn_norm);
       LOOM_ASSIGN_OR_RETURN(layer.ffn_norm,

@@ -9,6 +9,23 @@ namespace {
 // mixture-of-experts ones add a router and experts (`<arch>.expert_count`). Mixtral's GGUF
 // files are `llama` ones with experts: its entry maps the Hugging Face class only (names are
 // looked up first match first).
+// llama.cpp's deepseek2 (DeepSeek-V2, V3 and their derivatives under either Hugging Face
+// class): multi-head latent attention with interleaved RoPE pairs on a shared key part, the
+// first layers dense, the rest routed (by softmax probability, not renormalized, unless the
+// file says otherwise) beside ungated shared experts.
+constexpr ArchitectureRules DeepSeekRules(std::string_view hf_class_name) {
+  return {.gguf_name = "deepseek2",
+          .hf_class_name = hf_class_name,
+          .gguf_rope_neox = false,
+          .sliding_window_every_layer = false,
+          .gemma = false,
+          .default_sliding_period = 0,
+          .local_rope_theta = 0.0,
+          .hf_rope_interleaved = true,
+          .expert_weights_norm = false,
+          .mla = true};
+}
+
 constexpr std::array<ArchitectureRules, 26> kArchitectures = {{
     {.gguf_name = "llama",
      .hf_class_name = "LlamaForCausalLM",
@@ -184,33 +201,11 @@ constexpr std::array<ArchitectureRules, 26> kArchitectures = {{
      .local_rope_theta = 0.0,
      .gguf_ffn_norm = "post_attention_norm",
      .expert_sigmoid = true},
-    // DeepSeek-V2 and V2-Lite (llama.cpp's deepseek2, Hugging Face's DeepseekV2ForCausalLM):
-    // multi-head latent attention with interleaved RoPE pairs on a shared key part, the first
-    // layers dense, the rest routed by softmax probability (not renormalized unless the file
-    // says) beside ungated shared experts.
-    {.gguf_name = "deepseek2",
-     .hf_class_name = "DeepseekV2ForCausalLM",
-     .gguf_rope_neox = false,
-     .sliding_window_every_layer = false,
-     .gemma = false,
-     .default_sliding_period = 0,
-     .local_rope_theta = 0.0,
-     .hf_rope_interleaved = true,
-     .expert_weights_norm = false,
-     .mla = true},
-    // DeepSeek-V3 and R1, Kimi K2, Moonlight (Hugging Face's DeepseekV3ForCausalLM; llama.cpp's
-    // deepseek2): V2's attention, routed by sigmoid scores with a selection bias inside the best
-    // expert groups (its config.json says so), the multi-token-prediction layer not run.
-    {.gguf_name = "deepseek2",
-     .hf_class_name = "DeepseekV3ForCausalLM",
-     .gguf_rope_neox = false,
-     .sliding_window_every_layer = false,
-     .gemma = false,
-     .default_sliding_period = 0,
-     .local_rope_theta = 0.0,
-     .hf_rope_interleaved = true,
-     .expert_weights_norm = false,
-     .mla = true},
+    // DeepSeek-V2 and V2-Lite (Hugging Face's DeepseekV2ForCausalLM); DeepSeek-V3 and R1, Kimi
+    // K2, Moonlight (DeepseekV3ForCausalLM: sigmoid scores with a selection bias inside the
+    // best expert groups, as its config.json says; the multi-token-prediction layer not run).
+    DeepSeekRules("DeepseekV2ForCausalLM"),
+    DeepSeekRules("DeepseekV3ForCausalLM"),
     // OLMo 2 (llama.cpp's olmo2, Hugging Face's Olmo2ForCausalLM): no norm before attention
     // or the FFN, each sub-layer's output RMS-normalized before it joins the residual stream
     // (Hugging Face's post_attention_layernorm and post_feedforward_layernorm), and a

@@ -9,120 +9,28 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/formats/architecture.h"
+#include "common/formats/model_config_reader.h"
 #include "common/status_macros.h"
 
 namespace loom::common {
 namespace {
 
-// Sanity bounds: far above any real model, low enough that sizes derived from them
-// (hidden * heads, context * layers, ...) cannot overflow int64.
-constexpr int64_t kMaxDimension = int64_t{1} << 20;
-constexpr int64_t kMaxLayers = 4096;
-constexpr int64_t kMaxExperts = 1024;
-constexpr int64_t kMaxHeads = 4096;
-constexpr int64_t kMaxContext = int64_t{1} << 26;
-constexpr int64_t kMaxVocab = int64_t{1} << 24;
-
-absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-// Look-ups of `<arch>.<suffix>`. Absent optional keys leave the default in place.
-class ConfigReader {
- public:
-  ConfigReader(const GgufFile& gguf, std::string architecture)
-      : gguf_(gguf), architecture_(std::move(architecture)) {}
-
-  std::string Key(absl::string_view suffix) const { return absl::StrCat(architecture_, ".", suffix); }
-
-  absl::StatusOr<int64_t> RequiredInt(absl::string_view suffix) const {
-    const std::string key = Key(suffix);
-    if (gguf_.Find(key) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("model config: required key '", key,
-                                                     "' is missing"));
-    }
-    return gguf_.GetInt(key);
-  }
-
-  absl::Status OptionalInt(absl::string_view suffix, int64_t& value) const {
-    const std::string key = Key(suffix);
-    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
-    LOOM_ASSIGN_OR_RETURN(value, gguf_.GetInt(key));
-    return absl::OkStatus();
-  }
-
-  absl::Status OptionalDouble(absl::string_view suffix, double& value) const {
-    const std::string key = Key(suffix);
-    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
-    LOOM_ASSIGN_OR_RETURN(value, gguf_.GetDouble(key));
-    return absl::OkStatus();
-  }
-
-  absl::Status OptionalBool(absl::string_view suffix, bool& value) const {
-    const std::string key = Key(suffix);
-    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
-    LOOM_ASSIGN_OR_RETURN(value, gguf_.GetBool(key));
-    return absl::OkStatus();
-  }
-
-  absl::Status OptionalString(absl::string_view suffix, std::string& value) const {
-    const std::string key = Key(suffix);
-    if (gguf_.Find(key) == nullptr) return absl::OkStatus();
-    LOOM_ASSIGN_OR_RETURN(std::string_view text, gguf_.GetString(key));
-    value = std::string(text);
-    return absl::OkStatus();
-  }
-
- private:
-  const GgufFile& gguf_;
-  std::string architecture_;
-};
-
-absl::Status CheckRange(const ConfigReader& reader, absl::string_view suffix, int64_t value,
-                        int64_t min, int64_t max) {
-  if (value < min || value > max) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: '", reader.Key(suffix), "' is ",
-                                                   value, ", expected a value in [", min, ", ",
-                                                   max, "]"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckPositiveFinite(const ConfigReader& reader, absl::string_view suffix,
-                                 double value) {
-  if (!std::isfinite(value) || value <= 0.0) {
-    return absl::InvalidArgumentError(absl::StrCat("model config: '", reader.Key(suffix), "' is ",
-                                                   value, ", expected a positive finite number"));
-  }
-  return absl::OkStatus();
-}
-
-std::string ShapeString(const std::vector<uint64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// `name`, when present, must have exactly `expected` as its ggml shape.
-absl::Status CheckTensorShape(const GgufFile& gguf, absl::string_view name,
-                              const std::vector<uint64_t>& expected) {
-  const GgufTensorInfo* tensor = gguf.FindTensor(std::string_view(name.data(), name.size()));
-  if (tensor == nullptr || tensor->shape == expected) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("model config: tensor '", name, "' has shape ",
-                                                 ShapeString(tensor->shape), ", expected ",
-                                                 ShapeString(expected)));
-}
-
-absl::StatusOr<RopeScalingType> ParseRopeScaling(absl::string_view type) {
-  if (type.empty() || type == "none") return RopeScalingType::kNone;
-  if (type == "linear") return RopeScalingType::kLinear;
-  if (type == "llama3") return RopeScalingType::kLlama3;
-  if (type == "yarn") return RopeScalingType::kYarn;
-  if (type == "longrope") return RopeScalingType::kLongRope;
-  return absl::InvalidArgumentError(
-      absl::StrCat("model config: unknown rope scaling type '", type,
-                   "' (known: none, linear, llama3, yarn, longrope)"));
-}
-
-}  // namespace
-
-namespace {
+using model_config_internal::AbslView;
+using model_config_internal::CheckPositiveFinite;
+using model_config_internal::CheckRange;
+using model_config_internal::CheckTensorShape;
+using model_config_internal::ConfigReader;
+using model_config_internal::FirstExpertLayerTensor;
+using model_config_internal::kMaxContext;
+using model_config_internal::kMaxDimension;
+using model_config_internal::kMaxHeads;
+using model_config_internal::kMaxLayers;
+using model_config_internal::kMaxVocab;
+using model_config_internal::ParseRopeScaling;
+using model_config_internal::ReadExperts;
+using model_config_internal::ReadNextnLayers;
+using model_config_internal::ReadSharedExpert;
+using model_config_internal::ShapeString;
 
 // general.architecture (one of Architectures()) and general.name.
 absl::Status ReadArchitecture(const GgufFile& gguf, ModelConfig& config) {
@@ -231,152 +139,6 @@ absl::Status ReadShapes(const ConfigReader& reader, const GgufFile& gguf, ModelC
         " differs from the key length ", config.head_dim, " (unsupported)"));
   }
 
-  return absl::OkStatus();
-}
-
-absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config);
-
-// Mixture of experts: how many experts, how many a token uses, their width, the dense
-// layers before them.
-absl::Status ReadExperts(const ConfigReader& reader, ModelConfig& config) {
-  const int64_t dense_ffn = config.intermediate_size;  // feed_forward_length
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_count", config.num_experts));
-  if (config.num_experts == 0) return absl::OkStatus();
-  LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_count", config.num_experts, 2, kMaxExperts));
-  LOOM_ASSIGN_OR_RETURN(config.num_experts_used, reader.RequiredInt("expert_used_count"));
-  LOOM_RETURN_IF_ERROR(
-      CheckRange(reader, "expert_used_count", config.num_experts_used, 1, config.num_experts));
-  // Files without the keys follow llama.cpp's rules for their architecture.
-  const ArchitectureRules& rules = *FindArchitecture(config.architecture);
-  if (rules.expert_width_per_used) config.intermediate_size /= config.num_experts_used;
-  config.expert_weights_norm = rules.expert_weights_norm;
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_feed_forward_length", config.intermediate_size));
-  LOOM_RETURN_IF_ERROR(
-      CheckRange(reader, "expert_feed_forward_length", config.intermediate_size, 1, kMaxDimension));
-  LOOM_RETURN_IF_ERROR(reader.OptionalBool("expert_weights_norm", config.expert_weights_norm));
-  // Dense layers before the sparse ones (GLM-4.5), as wide as feed_forward_length.
-  LOOM_RETURN_IF_ERROR(
-      reader.OptionalInt("leading_dense_block_count", config.leading_dense_layers));
-  LOOM_RETURN_IF_ERROR(CheckRange(reader, "leading_dense_block_count", config.leading_dense_layers,
-                                  0, config.num_layers - 1));
-  if (config.leading_dense_layers > 0) config.dense_intermediate_size = dense_ffn;
-  // Sparse layers every N-th layer (llama.cpp's interleave_moe_layer_step: Llama 4 Maverick's,
-  // ERNIE 4.5-VL's) are not run.
-  int64_t step = 1;
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("interleave_moe_layer_step", step));
-  if (step > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("model config: '", reader.Key("interleave_moe_layer_step"), "' is ", step,
-                     " (mixture-of-experts layers between dense ones are not supported)"));
-  }
-  return ReadRouting(reader, config);
-}
-
-// How the router weighs experts: softmax or sigmoid scores, their scale, groups (DeepSeek's).
-absl::Status ReadRouting(const ConfigReader& reader, ModelConfig& config) {
-  // llama.cpp's enum: 0 none (the architecture's default), 1 softmax, 2 sigmoid.
-  int64_t gating = 0;
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_gating_func", gating));
-  if (gating < 0 || gating > 2) {
-    return absl::UnimplementedError(absl::StrCat("model config: '",
-                                                 reader.Key("expert_gating_func"), "' is ", gating,
-                                                 " (supported: 1 softmax, 2 sigmoid)"));
-  }
-  config.expert_sigmoid =
-      gating == 2 || (gating == 0 && FindArchitecture(config.architecture)->expert_sigmoid);
-  double scale = 1.0;
-  LOOM_RETURN_IF_ERROR(reader.OptionalDouble("expert_weights_scale", scale));
-  LOOM_RETURN_IF_ERROR(CheckPositiveFinite(reader, "expert_weights_scale", scale));
-  config.expert_weights_scale = static_cast<float>(scale);
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_group_count", config.expert_groups));
-  if (config.expert_groups <= 1) {
-    config.expert_groups = 1;  // 0: none
-    return absl::OkStatus();
-  }
-  LOOM_RETURN_IF_ERROR(
-      CheckRange(reader, "expert_group_count", config.expert_groups, 2, config.num_experts));
-  if (config.num_experts % config.expert_groups != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: '", reader.Key("expert_group_count"), "' ", config.expert_groups,
-        " does not divide the ", config.num_experts, " experts"));
-  }
-  LOOM_ASSIGN_OR_RETURN(config.expert_groups_used, reader.RequiredInt("expert_group_used_count"));
-  LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_group_used_count", config.expert_groups_used, 1,
-                                  config.expert_groups));
-  if (config.num_experts_used >
-      config.expert_groups_used * (config.num_experts / config.expert_groups)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: ", config.num_experts_used, " experts per token do not fit in '",
-        reader.Key("expert_group_used_count"), "' ", config.expert_groups_used, " groups of ",
-        config.num_experts / config.expert_groups));
-  }
-  return absl::OkStatus();
-}
-
-// Multi-token-prediction layers after the model's own (GLM-4.5): block_count counts them,
-// the model does not run them.
-absl::Status ReadNextnLayers(const ConfigReader& reader, ModelConfig& config) {
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("nextn_predict_layers", config.nextn_layers));
-  LOOM_RETURN_IF_ERROR(
-      CheckRange(reader, "nextn_predict_layers", config.nextn_layers, 0, config.num_layers - 1));
-  config.num_layers -= config.nextn_layers;
-  return absl::OkStatus();
-}
-
-// The name of tensor `suffix` in the first layer with experts (after the dense ones).
-std::string FirstExpertLayerTensor(const ModelConfig& config, absl::string_view suffix) {
-  return absl::StrCat("blk.", config.leading_dense_layers, ".", suffix);
-}
-
-// A shared expert (Qwen2-MoE, GLM-4.5), when the file has its tensors: its width, and whether
-// a sigmoid gate scales it. `dense_ffn` is feed_forward_length, its width without the key
-// (Qwen2-MoE); <arch>.expert_shared_count experts' widths where the file counts them (GLM-4.5).
-absl::Status ReadSharedExpert(const ConfigReader& reader, const GgufFile& gguf, int64_t dense_ffn,
-                              ModelConfig& config) {
-  const std::string up = FirstExpertLayerTensor(config, "ffn_up_shexp.weight");
-  int64_t count = 0;
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_count", count));
-  if (gguf.FindTensor(up) == nullptr) {
-    // A width without the tensors (in a file that has layer tensors) is a broken checkpoint.
-    int64_t width = 0;
-    LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_feed_forward_length", width));
-    if ((width != 0 || count != 0) && gguf.FindTensor("blk.0.attn_norm.weight") != nullptr) {
-      const char* key = width != 0 ? "expert_shared_feed_forward_length" : "expert_shared_count";
-      return absl::InvalidArgumentError(
-          absl::StrCat("model config: '", reader.Key(key), "' is ", width != 0 ? width : count,
-                       " but the file has no shared expert (", up, ")"));
-    }
-    return absl::OkStatus();
-  }
-  if (config.num_experts == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model config: ", up, " (a shared expert) in a model without experts"));
-  }
-  LOOM_RETURN_IF_ERROR(CheckRange(reader, "expert_shared_count", count, 0, kMaxExperts));
-  int64_t width = count > 0 ? count * config.intermediate_size : dense_ffn;
-  LOOM_RETURN_IF_ERROR(reader.OptionalInt("expert_shared_feed_forward_length", width));
-  LOOM_RETURN_IF_ERROR(
-      CheckRange(reader, "expert_shared_feed_forward_length", width, 1, kMaxDimension));
-  config.shared_expert_intermediate_size = width;
-  const auto hidden = static_cast<uint64_t>(config.hidden_size);
-  const auto shared = static_cast<uint64_t>(width);
-  for (const char* part : {"ffn_gate_shexp.weight", "ffn_up_shexp.weight"}) {
-    const std::string name = FirstExpertLayerTensor(config, part);
-    if (gguf.FindTensor(name) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model config: the shared expert has no ", name));
-    }
-    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, name, {hidden, shared}));
-  }
-  LOOM_RETURN_IF_ERROR(CheckTensorShape(
-      gguf, FirstExpertLayerTensor(config, "ffn_down_shexp.weight"), {shared, hidden}));
-  // The gate: [hidden] as llama.cpp declares it, or the [1, hidden] matrix converters write.
-  const GgufTensorInfo* gate =
-      gguf.FindTensor(FirstExpertLayerTensor(config, "ffn_gate_inp_shexp.weight"));
-  config.shared_expert_gated = gate != nullptr;
-  if (gate != nullptr && gate->shape != std::vector<uint64_t>{hidden}) {
-    LOOM_RETURN_IF_ERROR(CheckTensorShape(gguf, gate->name, {hidden, 1}));
-  }
   return absl::OkStatus();
 }
 
