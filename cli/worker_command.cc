@@ -28,6 +28,7 @@
 #include "kernels/cuda_device.h"
 #include "model/cpu_kv_cache.h"
 #include "model/kv_cache_budget.h"
+#include "model/kv_layout.h"
 #include "quant/model_quantizer.h"
 #include "worker/communicator_factory.h"
 #include "worker/cpu_forward_pass.h"
@@ -412,8 +413,8 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
                                                            int64_t num_blocks,
                                                            double* load_seconds) {
   const common::ModelConfig& config = backend.config();
-  const int64_t f16_block = std::max<int64_t>(
-      2 * config.num_layers * options.block_size * config.num_kv_heads * config.head_dim * 2, 1);
+  const int64_t f16_block =
+      std::max<int64_t>(model::KvBytesPerBlock(config, options.block_size, 2), 1);
   int64_t bytes =
       options.kv_offload_bytes > 0
           ? options.kv_offload_bytes
@@ -452,6 +453,7 @@ absl::StatusOr<std::unique_ptr<KvHostTier>> CreateHostTier(const WorkerOptions& 
     layout.scale_bytes = kernels::cpu::KvScaleBytes(options.kv_dtype);
     layout.kv_head_begin = plan->kv_head0;
     layout.num_kv_heads = plan->num_kv_heads;
+    layout.pools = model::KvPoolsPerLayer(served_config);
     if (layout.slot_bytes() == tier->slot_bytes()) tier->set_layout(layout);
   }
   std::fprintf(

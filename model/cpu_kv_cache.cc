@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "model/kv_layout.h"
 
 namespace loom::model {
 
@@ -21,6 +22,7 @@ absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const common::Mod
   cache->num_kv_heads_ = config.num_kv_heads;
   cache->head_dim_ = config.head_dim;
   cache->dtype_ = dtype;
+  cache->values_are_keys_ = KvPoolsPerLayer(config) == 1;
   const size_t heads = static_cast<size_t>(num_blocks * block_size * config.num_kv_heads);
   const size_t layer_bytes = heads * config.head_dim * kernels::cpu::KvElementBytes(dtype);
   const size_t layer_scales = kernels::cpu::IsQuantizedKv(dtype) ? heads : 0;
@@ -30,8 +32,9 @@ absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const common::Mod
   cache->v_scale_.resize(config.num_layers);
   for (int64_t l = 0; l < config.num_layers; ++l) {
     cache->k_[l].resize(layer_bytes);
-    cache->v_[l].resize(layer_bytes);
     cache->k_scale_[l].resize(layer_scales);
+    if (cache->values_are_keys_) continue;
+    cache->v_[l].resize(layer_bytes);
     cache->v_scale_[l].resize(layer_scales);
   }
   return cache;
@@ -40,7 +43,7 @@ absl::StatusOr<std::unique_ptr<CpuKvCache>> CpuKvCache::Create(const common::Mod
 kernels::cpu::KvLayerView CpuKvCache::layer(int64_t index) const {
   kernels::cpu::KvLayerView view;
   view.k = k_[index].data();
-  view.v = v_[index].data();
+  view.v = values_are_keys_ ? view.k : v_[index].data();
   view.dtype = dtype_;
   view.num_blocks = num_blocks_;
   view.block_size = block_size_;
@@ -48,7 +51,7 @@ kernels::cpu::KvLayerView CpuKvCache::layer(int64_t index) const {
   view.head_dim = head_dim_;
   if (kernels::cpu::IsQuantizedKv(dtype_)) {
     view.k_scale = k_scale_[index].data();
-    view.v_scale = v_scale_[index].data();
+    view.v_scale = values_are_keys_ ? view.k_scale : v_scale_[index].data();
   }
   return view;
 }
@@ -74,7 +77,7 @@ int64_t CpuKvCache::block_scale_bytes() const {
 }
 
 int64_t CpuKvCache::block_bytes() const {
-  return num_layers() * 2 * (block_value_bytes() + block_scale_bytes());
+  return num_layers() * (values_are_keys_ ? 1 : 2) * (block_value_bytes() + block_scale_bytes());
 }
 
 template <typename Copy>
@@ -84,13 +87,18 @@ void CpuKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
   int64_t offset = 0;
   for (int64_t l = 0; l < num_layers(); ++l) {
     copy(k_[l].data() + block * values, offset, values);
-    copy(v_[l].data() + block * values, offset + values, values);
-    offset += 2 * values;
+    offset += values;
+    if (!values_are_keys_) {
+      copy(v_[l].data() + block * values, offset, values);
+      offset += values;
+    }
     if (scales > 0) {
       copy(reinterpret_cast<uint8_t*>(k_scale_[l].data()) + block * scales, offset, scales);
-      copy(reinterpret_cast<uint8_t*>(v_scale_[l].data()) + block * scales, offset + scales,
-           scales);
-      offset += 2 * scales;
+      offset += scales;
+      if (!values_are_keys_) {
+        copy(reinterpret_cast<uint8_t*>(v_scale_[l].data()) + block * scales, offset, scales);
+        offset += scales;
+      }
     }
   }
 }

@@ -50,6 +50,8 @@ class CpuKvCache : public KvCache {
   int64_t block_size_ = 0;
   int64_t num_kv_heads_ = 0;
   int64_t head_dim_ = 0;
+  // The values are the keys (multi-head latent attention): no V pools (v_ and v_scale_ empty).
+  bool values_are_keys_ = false;
   kernels::cpu::KvDtype dtype_ = kernels::cpu::KvDtype::kF16;
   // per layer: [num_blocks, block_size, kv_heads, head_dim]; mutable because a layer view
   // is how the kernels both read and write the pool.

@@ -7,8 +7,9 @@
 namespace loom::worker {
 
 /// How a host-tier slot lays one KV block out (model::CpuKvCache's SaveBlocks order): for
-/// each layer the worker holds, K values [block_size, kv heads, head_dim], V values (same),
-/// then for 8-bit dtypes K scales [block_size, kv heads] and V scales of scale_bytes each.
+/// each layer the worker holds, K values [block_size, kv heads, head_dim], V values (same;
+/// none where the values are the keys: `pools` 1), then for 8-bit dtypes K scales
+/// [block_size, kv heads] and V scales of scale_bytes each.
 /// The heads are the model's [kv_head_begin, + num_kv_heads) (a tensor-parallel slice).
 /// What a transfer between replicas of different tensor-parallel sizes maps head by head.
 struct KvSlotLayout {
@@ -19,11 +20,13 @@ struct KvSlotLayout {
   int64_t scale_bytes = 0;    // per token and head; 0: no scales
   int64_t kv_head_begin = 0;
   int64_t num_kv_heads = 0;
+  int64_t pools = 2;  // K and V, or K alone (model::KvPoolsPerLayer)
 
   /// Set (num_kv_heads > 0): transfers may map heads; unset: whole slots only.
   bool known() const { return num_kv_heads > 0; }
   int64_t slot_bytes() const {
-    return num_layers * 2 * block_size * num_kv_heads * (head_dim * element_bytes + scale_bytes);
+    return num_layers * pools * block_size * num_kv_heads *
+           (head_dim * element_bytes + scale_bytes);
   }
   bool holds(int64_t head) const {
     return head >= kv_head_begin && head < kv_head_begin + num_kv_heads;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/paged_attention_internal.h"
@@ -271,6 +272,11 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
           "WriteKv: token %d has slot %d outside the pool of %d slots", t, slots[t], num_slots));
     }
   }
+  // A pool whose values are its keys (multi-head latent attention) is written once.
+  const bool shared = cache.v == cache.k;
+  if (shared && v != k) {
+    return absl::InvalidArgumentError("WriteKv: a pool whose values are its keys takes v = k");
+  }
   const int64_t row = cache.num_kv_heads * cache.head_dim;
   static const bool avx2 = internal::IsaSupported(internal::MatmulIsaChoice::kAvx2);
   const auto to_half = SimdEnabled() ? internal::FloatToHalfAvx512
@@ -288,9 +294,10 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
       float rotated[internal::kMaxHeadDim];
       for (int64_t h = 0; h < cache.num_kv_heads; ++h) {
         const int64_t head = static_cast<int64_t>(slots[t]) * cache.num_kv_heads + h;
-        for (const auto& [src, codes, scale] :
-             {std::tuple{k + t * row + h * d, cache.k, cache.k_scale},
-              std::tuple{v + t * row + h * d, cache.v, cache.v_scale}}) {
+        const std::tuple<const float*, void*, uint16_t*> pools[] = {
+            {k + t * row + h * d, cache.k, cache.k_scale},
+            {v + t * row + h * d, cache.v, cache.v_scale}};
+        for (const auto& [src, codes, scale] : absl::MakeConstSpan(pools, shared ? 1 : 2)) {
           const float* x = src;
           if (rotate) {
             std::copy(src, src + d, rotated);
@@ -302,10 +309,10 @@ absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
       }
     } else if (cache.dtype == KvDtype::kF32) {
       std::copy(k + t * row, k + (t + 1) * row, static_cast<float*>(cache.k) + offset);
-      std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.v) + offset);
+      if (!shared) std::copy(v + t * row, v + (t + 1) * row, static_cast<float*>(cache.v) + offset);
     } else {
       to_half(k + t * row, row, static_cast<uint16_t*>(cache.k) + offset);
-      to_half(v + t * row, row, static_cast<uint16_t*>(cache.v) + offset);
+      if (!shared) to_half(v + t * row, row, static_cast<uint16_t*>(cache.v) + offset);
     }
   }
   return absl::OkStatus();

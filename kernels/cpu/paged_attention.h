@@ -24,7 +24,8 @@ struct KvLayerView {
 
 /// Writes new tokens' K/V into their slots (quantized, with their scales, for the 8-bit
 /// dtypes). k, v: [num_tokens, num_kv_heads, head_dim];
-/// slots: [num_tokens]. InvalidArgument for a slot outside the pool.
+/// slots: [num_tokens]. A view whose v is its k (a pool whose values are its keys: latent
+/// attention's) takes v == k and writes once. InvalidArgument for a slot outside the pool.
 absl::Status WriteKv(const KvLayerView& cache, const float* k, const float* v,
                      const int32_t* slots, int64_t num_tokens);
 

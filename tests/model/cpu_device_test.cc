@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/kv_dtype.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/weights.h"
 #include "model/cpu_kv_cache.h"
 #include "model/kv_layout.h"
@@ -98,6 +100,51 @@ TEST(CpuDeviceTest, KvPoolSizeIsTheSharedLayoutFact) {
     EXPECT_EQ(view.dtype, dtype);
     EXPECT_NE(view.k_scale, nullptr);
     EXPECT_NE(view.v_scale, nullptr);
+  }
+}
+
+// Multi-head latent attention's pool: the values are the keys, one pool a layer (half the
+// bytes), written once, saved and loaded as K alone.
+TEST(CpuDeviceTest, ALatentAttentionPoolHoldsItsKeysOnce) {
+  common::ModelConfig config;
+  config.num_layers = 2;
+  config.num_kv_heads = 1;
+  config.head_dim = 24;  // the rotary key part beside the latent
+  common::ModelConfig latent = config;
+  latent.mla_kv_lora_rank = 16;
+  EXPECT_EQ(KvPoolsPerLayer(config), 2);
+  EXPECT_EQ(KvPoolsPerLayer(latent), 1);
+  EXPECT_EQ(2 * KvBytesPerBlock(latent, 8, 2), KvBytesPerBlock(config, 8, 2));
+  for (kernels::cpu::KvDtype dtype : {kernels::cpu::KvDtype::kF16, kernels::cpu::KvDtype::kInt8}) {
+    SCOPED_TRACE(static_cast<int>(dtype));
+    const int64_t element = kernels::cpu::KvElementBytes(dtype);
+    const int64_t scale = kernels::cpu::KvScaleBytes(dtype);
+    auto pool = CpuKvCache::Create(latent, 4, 8, dtype);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    EXPECT_EQ((*pool)->bytes(), 4 * KvBytesPerBlock(latent, 8, element, scale));
+    EXPECT_EQ((*pool)->block_bytes(), KvBytesPerBlock(latent, 8, element, scale));
+    const kernels::cpu::KvLayerView view = (*pool)->layer(1);
+    EXPECT_EQ(view.v, view.k);
+    EXPECT_EQ(view.v_scale, view.k_scale);
+    std::vector<float> key(24);
+    for (size_t i = 0; i < key.size(); ++i) key[i] = 0.25f * static_cast<float>(i) - 2.0f;
+    const int32_t slot = 8 + 3;  // block 1
+    ASSERT_TRUE(kernels::cpu::WriteKv(view, key.data(), key.data(), &slot, 1).ok());
+    std::vector<float> other(24, 1.0f);
+    EXPECT_EQ(kernels::cpu::WriteKv(view, key.data(), other.data(), &slot, 1).code(),
+              absl::StatusCode::kInvalidArgument);
+    // A block saved from one pool and loaded into another holds the same bytes.
+    std::vector<uint8_t> saved((*pool)->block_bytes()), again((*pool)->block_bytes());
+    const int32_t block = 1, target = 3;
+    uint8_t* save_to[] = {saved.data()};
+    ASSERT_TRUE((*pool)->SaveBlocks(absl::MakeConstSpan(&block, 1), save_to).ok());
+    auto other_pool = *CpuKvCache::Create(latent, 4, 8, dtype);
+    const uint8_t* load_from[] = {saved.data()};
+    ASSERT_TRUE(other_pool->LoadBlocks(load_from, absl::MakeConstSpan(&target, 1)).ok());
+    uint8_t* again_to[] = {again.data()};
+    ASSERT_TRUE(other_pool->SaveBlocks(absl::MakeConstSpan(&target, 1), again_to).ok());
+    EXPECT_EQ(saved, again);
+    EXPECT_NE(saved, std::vector<uint8_t>(saved.size(), 0));
   }
 }
 
