@@ -1,6 +1,8 @@
 #include "common/grammar/tool_call_grammar.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -147,6 +149,40 @@ GrammarExprPtr Text(const std::string& text, bool optional_newlines) {
 // value_end)* `end`, the tools' names and their parameters' keys as literals, the keys in
 // any order, each value one of a string's fixed values, bare text without value_end
 // (BareTextValue), or JSON of its schema.
+// A call's parameters with at most this many take them in any order (2^n rules); with more,
+// in the schema's order.
+constexpr size_t kXmlAnyOrderParameters = 6;
+
+// One call's `parameters` (each a key with its value), each written at most once and every
+// `required` one written: in any order for up to kXmlAnyOrderParameters of them, a rule
+// `name` + " " + the set written so far (a bit per parameter) offering the others and, once
+// the required ones are in, the end; beyond that, in the schema's order.
+GrammarExprPtr XmlParameters(const std::vector<GrammarExprPtr>& parameters,
+                             const std::vector<bool>& required, const std::string& name,
+                             GrammarDefinition& definition) {
+  const size_t n = parameters.size();
+  if (n > kXmlAnyOrderParameters) {
+    std::vector<GrammarExprPtr> ordered;
+    for (size_t p = 0; p < n; ++p) {
+      ordered.push_back(required[p] ? parameters[p] : RepeatExpr(parameters[p], 0, 1));
+    }
+    return SequenceExpr(std::move(ordered));
+  }
+  uint32_t must = 0;
+  for (size_t p = 0; p < n; ++p) must |= required[p] ? 1u << p : 0u;
+  for (uint32_t written = 0; written < (1u << n); ++written) {
+    std::vector<GrammarExprPtr> next;
+    if ((written & must) == must) next.push_back(EmptyExpr());
+    for (size_t p = 0; p < n; ++p) {
+      if ((written & (1u << p)) != 0) continue;
+      next.push_back(SequenceExpr(
+          {parameters[p], RuleRefExpr(name + " " + std::to_string(written | (1u << p)))}));
+    }
+    definition.SetRule(name + " " + std::to_string(written), ChoiceExpr(std::move(next)));
+  }
+  return RuleRefExpr(name + " 0");
+}
+
 absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::string& end,
                         bool optional_newlines, GrammarDefinition& definition) {
   LOOM_ASSIGN_OR_RETURN(std::string name_end, StringField(xml, "name_end"));
@@ -176,10 +212,21 @@ absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::st
       return absl::InvalidArgumentError("tool-call grammar: each of 'xml.tools' needs a name");
     }
     std::vector<GrammarExprPtr> parameters;
+    std::vector<bool> required;
     Json properties = Json::object();
+    std::set<std::string> required_names;
     if (auto schema = tool.find("parameters"); schema != tool.end() && schema->is_object()) {
       if (auto found = schema->find("properties"); found != schema->end() && found->is_object()) {
         properties = *found;
+      }
+      if (auto found = schema->find("required"); found != schema->end() && found->is_array()) {
+        for (const Json& key : *found) {
+          if (!key.is_string()) {
+            return absl::InvalidArgumentError(
+                "tool-call grammar: a tool's 'required' must list parameter names");
+          }
+          required_names.insert(key.get<std::string>());
+        }
       }
     }
     size_t j = 0;
@@ -198,11 +245,17 @@ absl::Status AddXmlCall(const Json& xml, const std::string& begin, const std::st
       }
       parameters.push_back(SequenceExpr({Text(key_begin + key + key_end, optional_newlines), value,
                                          Text(value_end, optional_newlines)}));
+      required.push_back(required_names.erase(key) > 0);
       ++j;
     }
+    // A required name without a property (JSON Schema allows it) cannot be written here,
+    // where only declared keys are: it is not required of the call.
     std::vector<GrammarExprPtr> call = {
         Text(tool["name"].get<std::string>() + name_end, optional_newlines)};
-    if (!parameters.empty()) call.push_back(RepeatExpr(ChoiceExpr(std::move(parameters)), 0, -1));
+    if (!parameters.empty()) {
+      call.push_back(
+          XmlParameters(parameters, required, "xml " + std::to_string(i) + " keys", definition));
+    }
     calls.push_back(SequenceExpr(std::move(call)));
   }
   std::vector<GrammarExprPtr> framed;

@@ -117,18 +117,21 @@ TEST(ToolCallGrammarTest, XmlCallsTypeEachValueByItsSchema) {
            "Checking.\n" + paris + "\n" + call("now", ""),
            // Keys in any order; a string value spans lines and may hold tags and JSON.
            call("get_weather", parameter("days", "3") + parameter("city", "New\nYork </p> {1}")),
-           call("get_weather", parameter("unit", "celsius") + parameter("extra", "[1, \"x\"]")),
+           call("get_weather", parameter("unit", "celsius") + parameter("extra", "[1, \"x\"]") +
+                                   parameter("city", "Oslo")),
            call("get_weather", parameter("city", "")),
        }) {
     EXPECT_TRUE(Accepts(spec, text)) << text;
   }
   for (const std::string& text : {
-           call("get_time", ""),                              // no such tool
-           call("get_weather", parameter("town", "Paris")),   // no such parameter
-           call("get_weather", parameter("days", "three")),   // not an integer
-           call("get_weather", parameter("days", "0")),       // below its minimum
-           call("get_weather", parameter("unit", "kelvin")),  // outside its enum
-           call("now", parameter("city", "Paris")),           // now takes none
+           call("get_time", ""),                               // no such tool
+           call("get_weather", parameter("town", "Paris")),    // no such parameter
+           call("get_weather", parameter("days", "three")),    // not an integer
+           call("get_weather", parameter("days", "0")),        // below its minimum
+           call("get_weather", parameter("unit", "kelvin")),   // outside its enum
+           call("now", parameter("city", "Paris")),            // now takes none
+           call("get_weather", parameter("unit", "celsius")),  // city is required
+           call("get_weather", parameter("city", "A") + parameter("city", "B")),  // once each
            std::string("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>"),
            paris + " and then more text",
        }) {
@@ -171,6 +174,26 @@ TEST(ToolCallGrammarTest, XmlCallsWithOptionalNewlines) {
   EXPECT_FALSE(ToolCallGrammar(R"({"xml":{"value_end":"</p>","optional_newlines":1,)"
                                R"("tools":[{"name":"f"}]}})")
                    .ok());
+}
+
+// Seven parameters, past the any-order limit: the schema's order, each at most once, the
+// required ones present; a required name the tool does not declare is not required.
+TEST(ToolCallGrammarTest, XmlCallsOfManyParametersTakeTheSchemasOrder) {
+  std::string properties;
+  for (char key = 'a'; key <= 'g'; ++key) {
+    properties += std::string(key == 'a' ? "" : ",") + "\"" + key + "\":{\"type\":\"integer\"}";
+  }
+  const GrammarSpec spec{
+      GrammarKind::kToolCalls,
+      R"({"begin":"<tool_call>","end":"</tool_call>","xml":{"name_end":"|","key_begin":"<",)"
+      R"("key_end":">","value_end":"</v>","tools":[{"name":"f","parameters":{"type":"object",)"
+      R"("properties":{)" +
+          properties + R"(},"required":["b","f","zz"]}}]}})"};
+  EXPECT_TRUE(Accepts(spec, "<tool_call>f|<b>1</v><f>2</v></tool_call>"));
+  EXPECT_TRUE(Accepts(spec, "<tool_call>f|<a>0</v><b>1</v><c>5</v><f>2</v><g>3</v></tool_call>"));
+  EXPECT_FALSE(Accepts(spec, "<tool_call>f|<f>2</v><b>1</v></tool_call>"));  // out of order
+  EXPECT_FALSE(Accepts(spec, "<tool_call>f|<b>1</v></tool_call>"));          // no f
+  EXPECT_FALSE(Accepts(spec, "<tool_call>f|<b>1</v><b>1</v><f>2</v></tool_call>"));
 }
 
 TEST(ToolCallGrammarTest, MalformedXmlSpecsAreErrors) {
