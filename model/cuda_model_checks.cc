@@ -9,6 +9,13 @@
 namespace loom::model {
 
 absl::Status ValidateCudaModelConfig(const common::ModelConfig& config) {
+  if (config.mla()) {
+    // The latent pool's one head is 576 wide (FlashMLA's shape), and its values are its keys.
+    return absl::UnimplementedError(absl::StrFormat(
+        "CUDA runner: multi-head latent attention (%s: a %d-dim latent KV head) runs on the CPU "
+        "only (--device cpu)",
+        config.architecture, config.head_dim));
+  }
   if (config.head_dim != 64 && config.head_dim != 128 && config.head_dim != 256) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "CUDA runner: head dim %d unsupported by the attention kernels (64, 128, 256)",

@@ -5,9 +5,10 @@
 
 namespace loom::model {
 
-/// The model shapes the CUDA device's kernels can run: head dim 64 or 128 (the attention
-/// kernels) and a hidden size of at most 65536. InvalidArgument naming the value otherwise.
-/// Checked before anything is loaded onto the device.
+/// The model shapes the CUDA device's kernels can run: head dim 64, 128 or 256 (the attention
+/// kernels) and a hidden size of at most 65536. InvalidArgument naming the value otherwise;
+/// Unimplemented for multi-head latent attention (DeepSeek's, CPU only). Checked before
+/// anything is loaded onto the device.
 absl::Status ValidateCudaModelConfig(const common::ModelConfig& config);
 
 /// The slice tensor-parallel rank `tp_rank` of `tp_size` holds (PlanShards) as the CUDA
