@@ -39,7 +39,7 @@ absl_libs=(
 case "$target" in
   gguf_file)
     sources=(common/formats/gguf_file.cc common/formats/file_image.cc common/formats/ggml_type.cc common/formats/kquant_block.cc common/formats/model_config.cc
-             common/formats/architecture.cc
+             common/formats/model_config_experts.cc common/formats/architecture.cc
              common/sampling_defaults.cc common/rope_frequencies.cc)
     corpus_dir=gguf ;;
   safetensors_file)
