@@ -170,7 +170,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_path = argv[i + 1];
-    else if (flag == "--kv-dtype") options.kv_dtype = std::strcmp(argv[i + 1], "f32") == 0 ? loom::kernels::cpu::KvDtype::kF32 : loom::kernels::cpu::KvDtype::kF16;
+    else if (flag == "--kv-dtype") {
+      using loom::kernels::cpu::KvDtype;
+      const std::string name = argv[i + 1];
+      if (name == "f32") options.kv_dtype = KvDtype::kF32;
+      else if (name == "f16") options.kv_dtype = KvDtype::kF16;
+      else if (name == "int8") options.kv_dtype = KvDtype::kInt8;
+      else if (name == "fp8_e4m3") options.kv_dtype = KvDtype::kFp8E4m3;
+      else {
+        std::fprintf(stderr, "--kv-dtype %s: expected f32, f16, int8 or fp8_e4m3\n", name.c_str());
+        return 1;
+      }
+    }
     else if (flag == "--threads") options.num_threads = std::atoi(argv[i + 1]);
     else if (flag == "--num-blocks") options.num_kv_blocks = std::atoi(argv[i + 1]);
     else if (flag == "--activations") {
