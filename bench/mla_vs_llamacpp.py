@@ -68,7 +68,8 @@ def main():
                         "--wait-quiet", str(args.wait_quiet), "--out",
                         str(out), "--note", "bench/mla_vs_llamacpp.py: " + SPEC.name], check=True)
     result = json.loads(out.read_text())
-    rope, latent, nope, value = SPEC.rope_dims, SPEC.mla_kv_lora, SPEC.head_dim - SPEC.rope_dims, 128
+    rope, latent = SPEC.rope_dims, SPEC.mla_kv_lora
+    nope, value = SPEC.head_dim - SPEC.rope_dims, SPEC.mla_value_dim
     per_layer_latent = rope + latent  # values a token and layer, key and value at once
     per_layer_decompressed = SPEC.n_head * ((nope + rope) + value)  # each head's key and value
     result["benchmark"] = "mla_vs_llamacpp"

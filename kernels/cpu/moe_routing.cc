@@ -8,13 +8,22 @@
 namespace loom::kernels::cpu {
 namespace {
 
-// Grouped routing: allowed[e] <- whether expert e lies in one of the routing.groups_used
-// groups of the best score (MoeRouting::groups), from `biased_score(e)`.
+// Grouped routing's state for one row, sized once per call of MoeRoute.
+struct GroupScratch {
+  std::vector<double> score;   // [groups]
+  std::vector<int32_t> order;  // [groups]
+  std::vector<bool> allowed;   // [num_experts]: in one of the chosen groups
+};
+
+// Grouped routing: scratch.allowed[e] <- whether expert e lies in one of the
+// routing.groups_used groups of the best score (MoeRouting::groups), from `biased_score(e)`.
 template <typename Score>
 void ChooseGroups(const MoeRouting& routing, int64_t num_experts, const Score& biased_score,
-                  std::vector<bool>& allowed) {
+                  GroupScratch& scratch) {
   const int64_t size = num_experts / routing.groups;
-  std::vector<double> group_score(static_cast<size_t>(routing.groups));
+  std::vector<double>& group_score = scratch.score;
+  std::vector<int32_t>& groups = scratch.order;
+  std::vector<bool>& allowed = scratch.allowed;
   for (int64_t g = 0; g < routing.groups; ++g) {
     double best = -INFINITY, second = -INFINITY;
     for (int64_t e = g * size; e < (g + 1) * size; ++e) {
@@ -29,7 +38,6 @@ void ChooseGroups(const MoeRouting& routing, int64_t num_experts, const Score& b
     group_score[static_cast<size_t>(g)] =
         routing.sigmoid && size > 1 ? best + second : best;  // -inf + -inf stays -inf
   }
-  std::vector<int32_t> groups(static_cast<size_t>(routing.groups));
   std::iota(groups.begin(), groups.end(), 0);
   std::partial_sort(groups.begin(), groups.begin() + routing.groups_used, groups.end(),
                     [&](int32_t a, int32_t b) {
@@ -50,7 +58,12 @@ void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
   const int64_t top_k = routing.top_k;
   std::vector<int32_t> order(static_cast<size_t>(num_experts));
   std::vector<double> score(static_cast<size_t>(num_experts));
-  std::vector<bool> allowed(static_cast<size_t>(num_experts));
+  GroupScratch groups;
+  if (routing.groups > 1) {
+    groups.score.resize(static_cast<size_t>(routing.groups));
+    groups.order.resize(static_cast<size_t>(routing.groups));
+    groups.allowed.resize(static_cast<size_t>(num_experts));
+  }
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* row = logits + t * num_experts;
     // Each expert's score: its softmax probability (exp(logit - max) over the row's sum) or
@@ -75,9 +88,10 @@ void MoeRoute(const float* logits, int64_t num_tokens, int64_t num_experts,
           score[e] + (routing.selection_bias != nullptr ? routing.selection_bias[e] : 0.0f);
       return std::isnan(biased) ? -INFINITY : biased;
     };
-    if (routing.groups > 1) ChooseGroups(routing, num_experts, biased_score, allowed);
+    if (routing.groups > 1) ChooseGroups(routing, num_experts, biased_score, groups);
     auto key = [&](int32_t e) {
-      return routing.groups > 1 && !allowed[static_cast<size_t>(e)] ? -INFINITY : biased_score(e);
+      return routing.groups > 1 && !groups.allowed[static_cast<size_t>(e)] ? -INFINITY
+                                                                           : biased_score(e);
     };
     std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b) {
       const double ka = key(a), kb = key(b);
