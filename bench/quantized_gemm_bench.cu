@@ -32,6 +32,7 @@
 #include "bench/machine_limits.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/quantized_gemm_candidates.h"
 #include "kernels/cuda_device.h"
 
 namespace loom::bench {
@@ -107,8 +108,9 @@ DeviceBuffer RandomBytes(int64_t count, uint32_t seed) {
 }
 
 // Median microseconds of one call of `launch(i)` (i = the launch's index, for rotating buffers),
-// timed as a CUDA graph of `inner` launches.
-double TimeUs(cudaStream_t stream, const std::function<absl::Status(int)>& launch) {
+// timed as a CUDA graph of `inner` launches, `repeats` times.
+double TimeUs(cudaStream_t stream, const std::function<absl::Status(int)>& launch,
+              int repeats = kRepeats) {
   cudaEvent_t start, stop;
   BENCH_CHECK_CUDA(cudaEventCreate(&start));
   BENCH_CHECK_CUDA(cudaEventCreate(&stop));
@@ -132,7 +134,7 @@ double TimeUs(cudaStream_t stream, const std::function<absl::Status(int)>& launc
   BENCH_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm the graph
   std::vector<double> samples;
-  for (int r = 0; r < kRepeats; ++r) {
+  for (int r = 0; r < repeats; ++r) {
     BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
     BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream));
     BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
@@ -398,7 +400,130 @@ std::string ResultJson(const std::vector<Row>& rows, const std::string& device, 
   return json;
 }
 
-int Run(bool quick) {
+// --sweep: W4A16 (group 128) and W8A16 (per channel) through the dispatch table's member and
+// every candidate of the tuning space (quantized_gemm_candidates.h) at each m, a candidate at its
+// own split-K heuristic and, where that splits, at one split too; prints the fastest candidate
+// per row against the table's member and writes every timing to quantized_gemm_sweep.json.
+struct SweepTiming {
+  int candidate;  // -1: the dispatch table's member
+  int splits;     // 0: the heuristic's
+  double us;
+};
+
+std::string SweepRowJson(const char* format, int64_t n, int64_t k, int64_t m,
+                         const std::vector<SweepTiming>& timings) {
+  std::string json = absl::StrFormat(
+      "    {\"format\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, \"table\": \"%s\", \"timings\": [",
+      format, n, k, m, kernels::cuda::QuantGemmTileFor(m).name);
+  for (size_t i = 0; i < timings.size(); ++i) {
+    const SweepTiming& t = timings[i];
+    const std::string name = t.candidate < 0
+                                 ? "table"
+                                 : std::string(kernels::cuda::QuantGemmCandidateTile(t.candidate).name);
+    json += absl::StrFormat("%s{\"config\": \"%s\", \"splits\": %d, \"us\": %.2f}", i ? ", " : "",
+                            name, t.splits, t.us);
+  }
+  return json + "]}";
+}
+
+int Sweep(cudaStream_t stream, int sms, const std::string& device) {
+  constexpr int kSweepRepeats = 5;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 4096}, {14336, 4096},
+                                                           {4096, 14336}};
+  const std::vector<int64_t> ms = {1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+  const size_t workspace_bytes = size_t{kernels::cuda::kQuantGemmMaxSplits} * 256 * 14336 * 4;
+  DeviceBuffer workspace = AllocateOrExit(workspace_bytes);
+  std::string rows_json;
+  uint32_t seed = 500;
+  std::printf("\nsweep: table member against the fastest candidate (us; splits in brackets)\n");
+  std::printf("%6s %6s %6s %4s | %-10s %8s | %-20s %8s %6s\n", "format", "N", "K", "M", "table",
+              "us", "best candidate", "us", "x");
+  for (const auto& [n, k] : shapes) {
+    Rotation w4, w8;
+    for (int i = 0, copies = CopiesFor(n * k / 2); i < copies; ++i) {
+      w4.weights.push_back(RandomBytes(n * k / 2, seed++));
+      w4.scales.push_back(RandomHalf(n * k / kGroup * 2, 0.004f, 0.02f, seed++));
+    }
+    for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
+      w8.weights.push_back(RandomBytes(n * k, seed++));
+      w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
+    }
+    const DeviceBuffer x = RandomHalf(256 * k, -1.0f, 1.0f, seed++);
+    const DeviceBuffer y = AllocateOrExit(256 * n * 2);
+    for (const bool int4 : {true, false}) {
+      const Rotation& w = int4 ? w4 : w8;
+      for (const int64_t m : ms) {
+        kernels::cuda::QuantGemmParams p;
+        p.x = x.data();
+        p.y = y.data();
+        p.act_dtype = DataType::kF16;
+        p.format = int4 ? kernels::cuda::QuantWeightFormat::kInt4
+                        : kernels::cuda::QuantWeightFormat::kInt8;
+        p.group_size = int4 ? kGroup : 0;
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        p.workspace = workspace.data();
+        p.workspace_bytes = workspace.bytes();
+        auto time = [&](int candidate, int splits) {
+          return TimeUs(
+              stream,
+              [&](int i) {
+                kernels::cuda::QuantGemmParams q = p;
+                q.weight = w.weight(i);
+                q.scales = w.scale(i);
+                q.num_splits = splits;
+                return candidate < 0 ? kernels::cuda::LaunchQuantGemm(q, stream)
+                                     : kernels::cuda::LaunchQuantGemmCandidate(q, candidate, stream);
+              },
+              kSweepRepeats);
+        };
+        std::vector<SweepTiming> timings = {{-1, 0, time(-1, 0)}};
+        SweepTiming best{-1, 0, 1e30};
+        for (int c = 0; c < kernels::cuda::QuantGemmCandidateCount(); ++c) {
+          const kernels::cuda::QuantGemmTile tile = kernels::cuda::QuantGemmCandidateTile(c);
+          // Tiles far from m: many blocks re-reading the weights, or most of a tile empty.
+          if (tile.block_m * 4 < m || (tile.block_m >= 8 * m && tile.block_m > 16)) continue;
+          kernels::cuda::QuantGemmParams probe = p;
+          probe.m = 0;  // checks the format and the fit without launching
+          if (!kernels::cuda::LaunchQuantGemmCandidate(probe, c, stream).ok()) continue;
+          const int heuristic = kernels::cuda::QuantGemmCandidateSplits(c, m, n, k, sms);
+          std::vector<int> options = {heuristic};
+          if (heuristic != 1) options.push_back(1);
+          for (const int splits : options) {
+            const SweepTiming t{c, splits, time(c, splits)};
+            timings.push_back(t);
+            if (t.us < best.us) best = t;
+          }
+        }
+        BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
+        const char* format = int4 ? "w4a16" : "w8a16";
+        std::printf("%6s %6ld %6ld %4ld | %-10s %8.1f | %-16s [%2d] %8.1f %5.2fx\n", format,
+                    static_cast<long>(n), static_cast<long>(k), static_cast<long>(m),
+                    std::string(kernels::cuda::QuantGemmTileFor(m).name).c_str(),
+                    timings.front().us,
+                    std::string(kernels::cuda::QuantGemmCandidateTile(best.candidate).name).c_str(),
+                    best.splits, best.us, timings.front().us / best.us);
+        std::fflush(stdout);
+        if (!rows_json.empty()) rows_json += ",\n";
+        rows_json += SweepRowJson(format, n, k, m, timings);
+      }
+    }
+  }
+  std::string json = "{\n";
+  json += absl::StrFormat(
+      "  \"bench\": \"quantized_gemm_sweep\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n  "
+      "\"sms\": %d,\n",
+      UtcNow(), device, sms);
+  json += absl::StrFormat(
+      "  \"timing\": \"median of %d CUDA-graph runs / launches per graph, weights rotated past "
+      "L2; splits 0 = the table's heuristic\",\n",
+      kSweepRepeats);
+  json += "  \"rows\": [\n" + rows_json + "\n  ]\n}\n";
+  return loom::bench::WriteGpuResult("quantized_gemm_sweep", json) ? 0 : 1;
+}
+
+int Run(bool quick, bool sweep) {
   if (kernels::CudaDeviceCount() == 0) {
     std::printf("quantized_gemm_bench: no CUDA device (%s): nothing measured\n",
                 kernels::CudaDeviceDescription(0).c_str());
@@ -414,6 +539,12 @@ int Run(bool quick) {
   BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const double copy_gbs = MeasureDeviceCopyBandwidth(stream) / 1e9;
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+
+  if (sweep) {
+    const int status = Sweep(stream, *sms, device);
+    BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+    return status;
+  }
 
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
@@ -452,5 +583,7 @@ int Run(bool quick) {
 }  // namespace loom::bench
 
 int main(int argc, char** argv) {
-  return loom::bench::Run(loom::bench::QuickMode(argc, argv));
+  // --sweep (alone): the tuning sweep instead of the table.
+  if (argc == 2 && std::string_view(argv[1]) == "--sweep") return loom::bench::Run(false, true);
+  return loom::bench::Run(loom::bench::QuickMode(argc, argv), false);
 }

@@ -319,7 +319,14 @@ QuantGemmTile QuantGemmTileFor(int64_t m) {
 
 int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms) {
   if (m <= 0 || n <= 0 || k <= 0) return 1;
-  const internal::QuantGemmConfig& c = kQuantGemmConfigs[internal::QuantGemmConfigIndex(m)];
+  return internal::QuantGemmSplitsFor(kQuantGemmConfigs[internal::QuantGemmConfigIndex(m)], m, n, k,
+                                      num_sms);
+}
+
+namespace internal {
+
+int QuantGemmSplitsFor(const QuantGemmConfig& c, int64_t m, int64_t n, int64_t k, int num_sms) {
+  if (m <= 0 || n <= 0 || k <= 0) return 1;
   const int64_t blocks = CeilDiv(CeilDiv(n, 16), c.row_tiles()) * CeilDiv(m, c.block_m());
   const int64_t target = static_cast<int64_t>(std::max(num_sms, 1)) * c.target_blocks_per_sm;
   // Within a factor of two of the target already: a second kernel and the F32 round trip through
@@ -330,6 +337,8 @@ int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms) {
       kQuantGemmMaxSplits, std::max<int64_t>(1, steps / internal::kQuantGemmMinStepsPerSplit));
   return static_cast<int>(std::clamp<int64_t>(CeilDiv(target, blocks), 1, most));
 }
+
+}  // namespace internal
 
 size_t QuantGemmWorkspaceBytes(const QuantGemmParams& p) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) return 0;

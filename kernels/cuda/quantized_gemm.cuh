@@ -233,7 +233,7 @@ __device__ __forceinline__ void CpAsync16(void* shared, const void* global, bool
 /// Compile-time sizes of one kernel instantiation.
 template <bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
 struct Shape {
-  static constexpr QuantGemmConfig kC = kQuantGemmConfigs[kConfig];
+  static constexpr QuantGemmConfig kC = QuantGemmConfigAt(kConfig);
   static constexpr int kTilesM = kC.tiles_m;
   static constexpr int kWarpsM = kC.warps_m;
   static constexpr int kWarpsN = kC.warps_n;
@@ -274,8 +274,8 @@ struct Shape {
                 "F32 scales: group-wise INT8 only");
   static_assert(kUnitsPerRow % 8 == 0, "the XOR swizzle needs rows of >= 8 16-byte units");
   static_assert(kStageBytes % 16 == 0);
-  static_assert(kSmemBytes <= kMaxSmemBytes, "over the shared memory of sm_86 / sm_89");
-  static_assert(kStages >= 3, "the pipeline keeps two steps in flight");
+  // Whether the member fits (RunQuantGemm asserts it; the sweep skips one that does not).
+  static constexpr bool kFits = kSmemBytes <= kMaxSmemBytes && kStages >= 3;
   // A step holds whole groups, or lies inside one.
   static_assert(!kGrouped || kStepK % (kGrouped ? kGroup : 1) == 0 ||
                 (kGrouped ? kGroup : 1) % kStepK == 0);
@@ -654,6 +654,8 @@ __global__ void SplitKReduceKernel(const float* __restrict__ partial, const void
 template <typename T, bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
 absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t stream) {
   using S = Shape<kInt4, kGroup, kScales, kConfig>;
+  static_assert(S::kSmemBytes <= S::kMaxSmemBytes, "over the shared memory of sm_86 / sm_89");
+  static_assert(S::kStages >= 3, "the pipeline keeps two steps in flight");
   constexpr auto kernel = QuantGemmKernel<T, kInt4, kGroup, kScales, kConfig>;
   if constexpr (S::kSmemBytes > 48 * 1024) {
     LOOM_RETURN_IF_ERROR(OptInSharedMemory<kernel>(
@@ -692,7 +694,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
 // format, group size and scale type; the lists are the ones CheckQuantGemmParams enforces).
 template <typename T, bool kInt4, int kGroup, QuantScaleType kScales>
 absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
-  static_assert(kNumQuantGemmConfigs == 4);
+  static_assert(kNumQuantGemmConfigs == 5);
   switch (config) {
     case 0:
       return RunQuantGemm<T, kInt4, kGroup, kScales, 0>(p, splits, stream);
@@ -700,8 +702,10 @@ absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cu
       return RunQuantGemm<T, kInt4, kGroup, kScales, 1>(p, splits, stream);
     case 2:
       return RunQuantGemm<T, kInt4, kGroup, kScales, 2>(p, splits, stream);
-    default:
+    case 3:
       return RunQuantGemm<T, kInt4, kGroup, kScales, 3>(p, splits, stream);
+    default:
+      return RunQuantGemm<T, kInt4, kGroup, kScales, 4>(p, splits, stream);
   }
 }
 

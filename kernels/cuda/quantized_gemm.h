@@ -137,7 +137,7 @@ struct QuantGemmParams {
 
 /// The tile configuration LaunchQuantGemm uses for m tokens (the dispatch table).
 struct QuantGemmTile {
-  std::string_view name;  // "gemv_m8", "gemv_m16", "tile_m64" or "tile_m128"
+  std::string_view name;  // "gemv_m8", "gemv_m16", "tile_m32", "tile_m64" or "tile_m64_n128"
   int block_m;            // tokens per block
   int block_n;            // output features per block
   int step_k;             // input features per pipeline stage

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace loom::kernels::cuda::internal {
 
@@ -13,7 +14,6 @@ namespace loom::kernels::cuda::internal {
 /// step; warps_k > 1 splits each step along K inside the block (GEMV-like, summed through shared
 /// memory at the end).
 struct QuantGemmConfig {
-  int max_m;    // the dispatcher takes the first config whose max_m >= m
   int tiles_m;  // 8-token mma tiles per warp
   int warps_m;
   int warps_n;
@@ -29,16 +29,29 @@ struct QuantGemmConfig {
   constexpr int step_k() const { return 64 * warps_k; }
 };
 
-/// The dispatch table, by m. Small m is weight-bandwidth bound: wide blocks along N, K split across
-/// warps and across blocks. Large m tiles 64 weight rows x 128 tokens.
+/// The dispatch table's members. Small m is weight-bandwidth bound: wide blocks along N, K split
+/// across warps and across blocks. From m = 17 the members are the winners of
+/// `quantized_gemm_bench --sweep` on an H200 (bench/results/gpu/2026-12-04-h200-s28-sweep: the
+/// geometric mean over Llama-3-8B's three shapes in W4A16 and W8A16, against the table before
+/// it): 17-32 tokens 2.1x, 33-64 1.26x, 65-128 1.09x, 129-256 1.40x. Every member fits the
+/// 99 KiB of sm_86 in every format (the K-quants' F32 scales and mins in groups of 16 included).
 inline constexpr QuantGemmConfig kQuantGemmConfigs[] = {
-    // max_m tiles_m warps_m warps_n frags_n warps_k target name
-    {8, 1, 1, 4, 2, 2, 2, "gemv_m8"},
-    {16, 2, 1, 4, 2, 2, 2, "gemv_m16"},
-    {64, 4, 2, 2, 2, 1, 1, "tile_m64"},
-    {256, 8, 2, 2, 2, 1, 1, "tile_m128"},
+    // tiles_m warps_m warps_n frags_n warps_k target name
+    {1, 1, 4, 2, 2, 2, "gemv_m8"},       {2, 1, 4, 2, 2, 2, "gemv_m16"},
+    {4, 1, 4, 2, 2, 2, "tile_m32"},       // 32 tokens x 128 features, K 128 in two warps
+    {4, 2, 2, 2, 2, 1, "tile_m64"},       // 64 x 64, K 128 in two warps
+    {8, 1, 4, 2, 1, 1, "tile_m64_n128"},  // 64 x 128, one warp per 32 features
 };
-inline constexpr int kNumQuantGemmConfigs = 4;
+inline constexpr int kNumQuantGemmConfigs = 5;
+
+/// The member each range of m takes: the first whose max_m >= m.
+struct QuantGemmRange {
+  int max_m;
+  int config;
+};
+inline constexpr QuantGemmRange kQuantGemmRanges[] = {
+    {8, 0}, {16, 1}, {32, 2}, {64, 3}, {128, 4}, {256, 3},
+};
 
 /// Pipeline stages (cp.async ring) of every config: one fewer for a member whose four would
 /// not fit sm_86's shared memory (qgemm::Shape::kStages).
@@ -51,12 +64,42 @@ inline constexpr int kQuantGemmMaxSmsForWorkspace = 256;
 /// cuBLASLt scratch inside the FP8 GEMM's workspace (after the F32 results).
 inline constexpr size_t kFp8LtWorkspaceBytes = size_t{8} << 20;
 
+/// The tuning space beyond the dispatch table (the table's members left out: tile_m32 was
+/// c_m32_n128_k128, tile_m64 c_m64_n64_k128, tile_m64_n128 c_m64_n128_w4): members that
+/// `quantized_gemm_bench --sweep` times against the table's at every m (LaunchQuantGemmCandidate;
+/// INT4 in groups of 128 and INT8 per channel, F16 activations only, to keep the build small). A
+/// candidate that wins a range of m on a lent GPU moves into kQuantGemmConfigs (if it fits every
+/// format there).
+inline constexpr QuantGemmConfig kQuantGemmCandidates[] = {
+    // tiles_m warps_m warps_n frags_n warps_k target name
+    {1, 1, 2, 2, 4, 2, "c_m8_n64_k256"},   {1, 1, 4, 1, 4, 2, "c_m8_n64_k256_w16"},
+    {1, 1, 4, 4, 2, 2, "c_m8_n256_k128"},  {2, 1, 4, 4, 2, 2, "c_m16_n256_k128"},
+    {2, 1, 2, 2, 4, 2, "c_m16_n64_k256"},  {4, 1, 4, 4, 2, 1, "c_m32_n256_k128"},
+    {4, 2, 4, 2, 1, 1, "c_m64_n128_w8"},   {4, 2, 2, 4, 1, 1, "c_m64_n128_f4"},
+    {8, 1, 4, 2, 2, 1, "c_m64_n128_k128"}, {4, 2, 4, 4, 1, 1, "c_m64_n256"},
+    {8, 2, 4, 2, 1, 1, "c_m128_n128_w8"},  {8, 2, 2, 4, 1, 1, "c_m128_n128_f4"},
+    {4, 4, 2, 2, 1, 1, "c_m128_n64_w8"},   {8, 2, 4, 4, 1, 1, "c_m128_n256"},
+};
+inline constexpr int kNumQuantGemmCandidates =
+    sizeof(kQuantGemmCandidates) / sizeof(kQuantGemmCandidates[0]);
+/// A kernel's config index: below kQuantGemmCandidateBase the dispatch table's, from it the
+/// candidates'.
+inline constexpr int kQuantGemmCandidateBase = 100;
+
+constexpr const QuantGemmConfig& QuantGemmConfigAt(int index) {
+  return index < kQuantGemmCandidateBase ? kQuantGemmConfigs[index]
+                                         : kQuantGemmCandidates[index - kQuantGemmCandidateBase];
+}
+
+/// Split-K partitions for config `c` (ChooseQuantGemmSplits for the dispatch table's member).
+int QuantGemmSplitsFor(const QuantGemmConfig& c, int64_t m, int64_t n, int64_t k, int num_sms);
+
 /// Index into kQuantGemmConfigs for m in [1, 256].
 constexpr int QuantGemmConfigIndex(int64_t m) {
-  for (int i = 0; i < kNumQuantGemmConfigs; ++i) {
-    if (m <= kQuantGemmConfigs[i].max_m) return i;
+  for (const QuantGemmRange& range : kQuantGemmRanges) {
+    if (m <= range.max_m) return range.config;
   }
-  return kNumQuantGemmConfigs - 1;
+  return kQuantGemmRanges[std::size(kQuantGemmRanges) - 1].config;
 }
 
 }  // namespace loom::kernels::cuda::internal

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/quantized_gemm.h"
+#include "kernels/cuda/quantized_gemm_candidates.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace loom::kernels::cuda {
@@ -541,11 +542,16 @@ TEST(CudaQuantGemmTest, DispatchTableAndSplitHeuristic) {
   EXPECT_EQ(QuantGemmTileFor(8).name, "gemv_m8");
   EXPECT_EQ(QuantGemmTileFor(9).name, "gemv_m16");
   EXPECT_EQ(QuantGemmTileFor(16).name, "gemv_m16");
-  EXPECT_EQ(QuantGemmTileFor(17).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(17).name, "tile_m32");
+  EXPECT_EQ(QuantGemmTileFor(32).name, "tile_m32");
+  EXPECT_EQ(QuantGemmTileFor(33).name, "tile_m64");
   EXPECT_EQ(QuantGemmTileFor(64).name, "tile_m64");
-  EXPECT_EQ(QuantGemmTileFor(65).name, "tile_m128");
-  EXPECT_EQ(QuantGemmTileFor(256).name, "tile_m128");
-  EXPECT_EQ(QuantGemmTileFor(256).block_m, 128);
+  EXPECT_EQ(QuantGemmTileFor(65).name, "tile_m64_n128");
+  EXPECT_EQ(QuantGemmTileFor(128).name, "tile_m64_n128");
+  EXPECT_EQ(QuantGemmTileFor(128).block_n, 128);
+  EXPECT_EQ(QuantGemmTileFor(129).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(256).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(256).block_m, 64);
   // Decode on 132 SMs: 32 blocks of 128 features; K = 4096 in 128-wide steps -> 8 splits (the
   // 4-steps-per-split floor), enough for ~2 blocks per SM.
   EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 4096, 132), 8);
@@ -564,9 +570,11 @@ TEST(CudaQuantGemmTest, DispatchTableAndSplitHeuristic) {
   p.k = 14336;
   p.group_size = 128;
   EXPECT_EQ(QuantGemmCounterCount(p), 32u);  // 4096 / 128 features per gemv block
-  p.m = 200;                                 // tile_m128: 2 m blocks x 4096 / 64 features
+  p.m = 200;                                 // tile_m64: 4 m blocks x 4096 / 64 features
   p.num_splits = 2;
-  EXPECT_EQ(QuantGemmCounterCount(p), 128u);
+  EXPECT_EQ(QuantGemmCounterCount(p), 256u);
+  p.m = 100;  // tile_m64_n128: 2 m blocks x 4096 / 128 features
+  EXPECT_EQ(QuantGemmCounterCount(p), 64u);
   p.num_splits = 1;
   EXPECT_EQ(QuantGemmCounterCount(p), 0u);
 }
@@ -628,6 +636,8 @@ struct GemmCase {
   bool f32_out_too = false;
   // Group-wise INT8: F16 scales (Q8_0's form) or F32 scales, with or without mins (K-quants).
   QuantScaleType scales = QuantScaleType::kF16;
+  // >= 0: LaunchQuantGemmCandidate with this member of the tuning space instead.
+  int candidate = -1;
 };
 
 std::string Describe(const GemmCase& c) {
@@ -754,13 +764,20 @@ void RunGemmCase(const GemmCase& c, uint32_t seed) {
   p.group_size = c.group;  // INT8: 0 per output channel, else groups
   p.num_splits = c.num_splits;
   DeviceBuffer workspace;
-  if (const size_t bytes = QuantGemmWorkspaceBytes(p); bytes > 0) {
+  if (c.candidate >= 0) {  // room for the most splits any member takes
+    const size_t bytes = size_t{kQuantGemmMaxSplits} * c.m * c.n * sizeof(float);
+    LOOM_ASSERT_OK_AND_ASSIGN(workspace, DeviceBuffer::Allocate(bytes));
+    ASSERT_TRUE(workspace.Fill(0xff).ok());
+    p.workspace = workspace.data();
+    p.workspace_bytes = bytes;
+  } else if (const size_t bytes = QuantGemmWorkspaceBytes(p); bytes > 0) {
     LOOM_ASSERT_OK_AND_ASSIGN(workspace, DeviceBuffer::Allocate(bytes));
     ASSERT_TRUE(workspace.Fill(0xff).ok());
     p.workspace = workspace.data();
     p.workspace_bytes = bytes;
   }
-  const absl::Status launched = LaunchQuantGemm(p, nullptr);
+  const absl::Status launched = c.candidate >= 0 ? LaunchQuantGemmCandidate(p, c.candidate, nullptr)
+                                                 : LaunchQuantGemm(p, nullptr);
   ASSERT_TRUE(launched.ok()) << launched;
   const absl::Status synced = SynchronizeStream(nullptr);
   ASSERT_TRUE(synced.ok()) << synced;
@@ -900,7 +917,7 @@ TEST(CudaQuantGemmTest, GroupWiseInt8MatchesReferenceInEveryConfig) {
   uint32_t seed = 1300;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
     for (int64_t group : {32, 64, 128}) {
-      for (int64_t m : {1, 13, 37, 130}) {
+      for (int64_t m : {1, 13, 23, 37, 100, 130}) {
         RunGemmCase({QuantWeightFormat::kInt8, dtype, m, 160, 512, group, m % 2 == 1}, seed++);
         if (HasFatalFailure()) return;
       }
@@ -921,6 +938,43 @@ TEST(CudaQuantGemmTest, GroupWiseInt8MatchesReferenceInEveryConfig) {
   }
 }
 
+// Every member of the tuning space that fits (quantized_gemm_candidates.h) in both of its
+// formats: m across one and several of its tiles (odd, so that rows past m are zero-filled and
+// dropped), its own split-K heuristic on a wide shape and forced splits, against the reference.
+TEST(CudaQuantGemmTest, EveryCandidateMatchesReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 2300;
+  int launched = 0;
+  for (int index = 0; index < QuantGemmCandidateCount(); ++index) {
+    SCOPED_TRACE(QuantGemmCandidateTile(index).name);
+    for (QuantWeightFormat format : {QuantWeightFormat::kInt4, QuantWeightFormat::kInt8}) {
+      const int64_t group = format == QuantWeightFormat::kInt4 ? 128 : 0;
+      QuantGemmParams probe;  // m = 0: the format and the fit checked, nothing launched
+      probe.format = format;
+      probe.group_size = group;
+      probe.n = 16;
+      probe.k = 128;
+      const absl::Status fits = LaunchQuantGemmCandidate(probe, index, nullptr);
+      if (absl::IsUnimplemented(fits)) continue;
+      ASSERT_TRUE(fits.ok()) << fits;
+      const int64_t block_m = QuantGemmCandidateTile(index).block_m;
+      for (int64_t m :
+           {int64_t{1}, block_m - 1, std::min<int64_t>(2 * block_m + 3, kQuantGemmMaxM)}) {
+        GemmCase c{format, DataType::kF16, std::max<int64_t>(m, 1), 288, 512, group, m % 2 == 1};
+        c.candidate = index;
+        RunGemmCase(c, seed++);
+        if (HasFatalFailure()) return;
+      }
+      GemmCase split{format, DataType::kF16, block_m, 1024, 2048, group, true, 3};
+      split.candidate = index;
+      RunGemmCase(split, seed++);
+      if (HasFatalFailure()) return;
+      ++launched;
+    }
+  }
+  EXPECT_GE(launched, QuantGemmCandidateCount());  // INT4 fits every member
+}
+
 // GGUF K-quants on the W8A16 path (Q6_K: INT8 g16 F32 scales; Q5_K and Q4_K_M's fused
 // projections: with F32 mins; groups of 32 too): in every config, a half-empty last step,
 // forced splits with the in-kernel reduction, and the F32 output.
@@ -930,7 +984,7 @@ TEST(CudaQuantGemmTest, F32ScaledInt8MatchesReferenceInEveryConfig) {
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
     for (QuantScaleType scales : {QuantScaleType::kF32, QuantScaleType::kF32WithMin}) {
       for (int64_t group : {16, 32}) {
-        for (int64_t m : {1, 13, 37, 130}) {
+        for (int64_t m : {1, 13, 23, 37, 100, 130}) {
           GemmCase c{QuantWeightFormat::kInt8, dtype, m, 160, 512, group, m % 2 == 1};
           c.scales = scales;
           RunGemmCase(c, seed++);
@@ -1032,7 +1086,9 @@ TEST(CudaQuantGemmTest, BiasAndOddTokenCountsInEveryConfig) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 500;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
-    for (int64_t m : {5, 13, 37, 130}) {  // partial token tiles of gemv_m8, gemv_m16, tile_m*
+    // Partial token tiles of gemv_m16, tile_m32, tile_m64 and tile_m64_n128 (four, since the
+    // sanitizers run this test; gemv_m8 is F32ScaledInt8WeightsReadBackBitForBit's there).
+    for (int64_t m : {13, 23, 37, 100}) {
       RunGemmCase({QuantWeightFormat::kInt4, dtype, m, 160, 384, 128, true}, seed++);
       RunGemmCase({QuantWeightFormat::kInt4, dtype, m, 160, 384, 64, false}, seed++);
       if (HasFatalFailure()) return;
@@ -1075,6 +1131,13 @@ TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
     c = {QuantWeightFormat::kInt4, DataType::kBF16, 200, 320, 640, 64, true, splits};
     c.in_kernel_reduction = true;
     RunGemmCase(c, seed++);
+    // tile_m32 (two K warps) and tile_m64_n128.
+    c = {QuantWeightFormat::kInt8, DataType::kF16, 29, 256, 1024, 0, true, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
+    c = {QuantWeightFormat::kInt4, DataType::kF16, 100, 256, 1024, 128, false, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
     if (HasFatalFailure()) return;
   }
   // Many waves of blocks (2,048 of them), so splits of one tile run far apart in time.
@@ -1096,7 +1159,7 @@ TEST(CudaQuantGemmTest, F32OutputRoundsToTheActivationOutput) {
   LOOM_SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 850;
   for (DataType dtype : {DataType::kF16, DataType::kBF16}) {
-    for (int64_t m : {1, 13, 37, 130}) {
+    for (int64_t m : {1, 13, 23, 37, 100, 130}) {
       for (int splits : {1, 3}) {
         GemmCase c{QuantWeightFormat::kInt4, dtype, m, 160, 384, 64, true, splits};
         c.f32_out_too = true;
