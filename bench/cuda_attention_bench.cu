@@ -32,6 +32,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -41,6 +42,7 @@
 #include "bench/machine_limits.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/paged_attention_candidates.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda_device.h"
 
@@ -210,7 +212,99 @@ PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
   return {dtype, tokens, seconds, 4.0 * kHeadDim * kNumHeads * attended / seconds};
 }
 
-int Run(bool quick) {
+// --sweep: decode through every tiling of the tuning space (paged_attention_candidates.h;
+// index 0 is the dispatched one) at batch 1-128 x context 1k-16k, F16 and INT8 K/V; per row
+// the dispatched tiling against the fastest, K/V bytes per second over the copy bandwidth;
+// every timing into cuda_attention_sweep.json.
+int Sweep(cudaStream_t stream, double copy, const std::string& device) {
+  std::printf("\nsweep: decode tilings (32/8 heads, d 128); dispatched against the fastest\n");
+  std::printf("%5s %6s %8s | %9s %7s | %-12s %9s %7s %6s\n", "kv", "batch", "context",
+              "t0 us", "/copy", "best", "us", "/copy", "x");
+  std::string rows_json;
+  for (const bool int8 : {false, true}) {
+    for (const int64_t batch : {1, 8, 32, 64, 128}) {
+      for (const int64_t context : {1024, 4096, 16384}) {
+        if (batch * context > 64 * 16384) continue;  // KV past 8 GiB: nothing new
+        Pool pool = MakePool(DataType::kF16, batch, int8 ? (context + 1) / 2 : context, 10);
+        // INT8: the F16 pool's bytes as codes of twice the tokens (any byte is a valid
+        // code), and one BF16 scale per row.
+        const int64_t rows = batch * ((context + kBlockSize - 1) / kBlockSize) * kBlockSize *
+                             kNumKvHeads;
+        DeviceBuffer scales = AllocateOrExit(2 * rows * 2);
+        BENCH_CHECK_CUDA(cudaMemset(scales.data(), 0x3c, 2 * rows * 2));
+        DeviceBuffer q = AllocateOrExit(batch * kNumHeads * kHeadDim * 4);
+        BENCH_CHECK_CUDA(cudaMemset(q.data(), 0x3c, batch * kNumHeads * kHeadDim * 4));
+        DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 4);
+        kernels::cuda::PagedDecodeParams p;
+        p.q = q.data();
+        p.out = out.data();
+        p.q_dtype = int8 ? DataType::kF32 : DataType::kF16;
+        p.cache = pool.view(DataType::kF16);
+        if (int8) {
+          const std::vector<int32_t> lens(batch, static_cast<int32_t>(context));
+          p.cache.num_blocks *= 2;  // blocks of one-byte codes
+          p.cache.quant = kernels::cuda::KvQuant::kInt8;
+          p.cache.k_scale = static_cast<uint16_t*>(scales.data());
+          p.cache.v_scale = p.cache.k_scale + rows;
+          pool.context_len = Upload(lens);
+          std::vector<int32_t> ids(batch * ((context + kBlockSize - 1) / kBlockSize));
+          std::iota(ids.begin(), ids.end(), 0);
+          std::shuffle(ids.begin(), ids.end(), std::mt19937(10));
+          std::vector<int32_t> indptr(batch + 1);
+          for (int64_t s = 0; s <= batch; ++s) indptr[s] = static_cast<int32_t>(s * ids.size() / batch);
+          pool.indptr = Upload(indptr);
+          pool.indices = Upload(ids);
+        }
+        p.context_len = static_cast<const int32_t*>(pool.context_len.data());
+        p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
+        p.block_indices = static_cast<const int32_t*>(pool.indices.data());
+        p.num_seqs = batch;
+        p.num_heads = kNumHeads;
+        p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+        p.max_context_len = context;
+        DeviceBuffer workspace;
+        if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
+          workspace = AllocateOrExit(bytes);
+          p.workspace = workspace.data();
+          p.workspace_bytes = bytes;
+        }
+        const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * (int8 ? 1 : 2);
+        std::vector<double> seconds;
+        for (int c = 0; c < kernels::cuda::PagedDecodeCandidateCount(); ++c) {
+          seconds.push_back(TimeSeconds(
+              stream, [&] { return kernels::cuda::LaunchPagedDecodeCandidate(p, c, stream); }));
+        }
+        const int best = static_cast<int>(std::min_element(seconds.begin(), seconds.end()) -
+                                          seconds.begin());
+        std::printf("%5s %6ld %8ld | %9.1f %7.3f | %-12s %9.1f %7.3f %5.2fx\n",
+                    int8 ? "int8" : "f16", static_cast<long>(batch), static_cast<long>(context),
+                    seconds[0] * 1e6, kv_bytes / seconds[0] / copy,
+                    std::string(kernels::cuda::PagedDecodeCandidateName(best)).c_str(),
+                    seconds[best] * 1e6, kv_bytes / seconds[best] / copy, seconds[0] / seconds[best]);
+        std::fflush(stdout);
+        if (!rows_json.empty()) rows_json += ",\n";
+        rows_json += absl::StrFormat("    {\"kv\": \"%s\", \"batch\": %d, \"context\": %d, \"us\": {",
+                                     int8 ? "int8" : "f16", batch, context);
+        for (size_t c = 0; c < seconds.size(); ++c) {
+          rows_json += absl::StrFormat(
+              "%s\"%s\": %.2f", c ? ", " : "",
+              std::string(kernels::cuda::PagedDecodeCandidateName(static_cast<int>(c))),
+              seconds[c] * 1e6);
+        }
+        rows_json += "}}";
+      }
+    }
+  }
+  std::string json = "{\n";
+  json += absl::StrFormat(
+      "  \"bench\": \"cuda_attention_sweep\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n"
+      "  \"copy_bandwidth_gbs\": %.1f,\n",
+      UtcNow(), device, copy / 1e9);
+  json += "  \"rows\": [\n" + rows_json + "\n  ]\n}\n";
+  return loom::bench::WriteGpuResult("cuda_attention_sweep", json) ? 0 : 1;
+}
+
+int Run(bool quick, bool sweep) {
   if (kernels::CudaDeviceCount() == 0) {
     std::printf("cuda_attention_bench: no CUDA device (%s): nothing measured\n",
                 kernels::CudaDeviceDescription(0).c_str());
@@ -228,6 +322,13 @@ int Run(bool quick) {
   cublasSetStream(cublas, stream);
 
   const double copy = MeasureDeviceCopyBandwidth(stream);
+  if (sweep) {
+    std::printf("limits: copy %.0f GB/s (read + write)\n", copy / 1e9);
+    const int status = Sweep(stream, copy, device);
+    cublasDestroy(cublas);
+    BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+    return status;
+  }
   const double gemm_f16 = GemmRate(cublas, stream, DataType::kF16);
   const double gemm_bf16 = GemmRate(cublas, stream, DataType::kBF16);
   std::printf(
@@ -313,5 +414,7 @@ int Run(bool quick) {
 }  // namespace loom::bench
 
 int main(int argc, char** argv) {
-  return loom::bench::Run(loom::bench::QuickMode(argc, argv));
+  // --sweep (alone): the decode tilings' sweep instead of the table.
+  if (argc == 2 && std::string_view(argv[1]) == "--sweep") return loom::bench::Run(false, true);
+  return loom::bench::Run(loom::bench::QuickMode(argc, argv), false);
 }

@@ -21,14 +21,18 @@
 // its score, its V scale its probability (the caller rotates query and output,
 // kv_cache.h), both loaded one tile ahead.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
+#include <string_view>
+#include <utility>
 
 #include "common/status_macros.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_quant.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/paged_attention_candidates.h"
 #include "kernels/cuda/paged_attention_internal.h"
 
 namespace loom::kernels::cuda {
@@ -40,16 +44,17 @@ using internal::CopyAsyncWait;
 using internal::FromFloat;
 using internal::ToFloat;
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 4;  // >= 3: a tile's slots are read one tile ahead (the 8-bit scales)
-constexpr int kPasses = 4;  // tokens per subgroup per tile
-
-// The tiling of one instantiation: each thread reads kPasses rows' 8 values of a tile, so
-// a tile's K rows take kPasses * kThreads * 8 elements: 8 KiB for F16/BF16, 4 KiB for 8-bit
-// codes, whatever the head dim; K and V of kStages tiles take 64 (32) KiB.
-template <typename Kv, int kHeadDim, int kGroup>
+// The tiling of one instantiation (internal::kDecodeTilings[kTiling]): each thread reads
+// kPasses rows' 8 values of a tile, so a tile's K rows take kPasses * kThreads * 8 elements
+// (the dispatched tiling: 8 KiB for F16/BF16, 4 KiB for 8-bit codes, whatever the head dim;
+// K and V of its 4 stages take 64 (32) KiB).
+template <typename Kv, int kHeadDim, int kGroup, int kTiling>
 struct DecodeShape {
+  static constexpr internal::DecodeTiling kT = internal::kDecodeTilings[kTiling];
+  static constexpr int kThreads = kT.threads;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kStages = kT.stages;
+  static constexpr int kPasses = kT.passes;  // tokens per subgroup per tile
   static constexpr int kLanes = kHeadDim / 8;           // lanes per token
   static constexpr int kSubgroups = kThreads / kLanes;  // tokens per pass
   static constexpr int kTile = kPasses * kSubgroups;    // tokens per tile
@@ -64,6 +69,7 @@ struct DecodeShape {
   static constexpr int kSharedBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   static_assert(kTile * kChunksPerRow % kThreads == 0, "whole chunks per thread");
   static_assert(kChunksPerRow <= kThreads, "a thread's chunks lie in distinct rows");
+  static_assert(kStages >= 3, "a tile's slots are read one tile ahead");
 };
 
 // Eight consecutive F16/BF16 values (16 bytes) or 8-bit codes (8 bytes) from shared
@@ -136,9 +142,12 @@ __device__ __forceinline__ void AddSink(float sink, float max, float& numerator,
   denominator = denominator * rescale + ExpFrom(sink, new_max);
 }
 
-template <typename Q, typename Kv, int kHeadDim, int kGroup>
-__global__ void __launch_bounds__(kThreads) PagedDecodeKernel(DecodeArgs args) {
-  using S = DecodeShape<Kv, kHeadDim, kGroup>;
+template <typename Q, typename Kv, int kHeadDim, int kGroup, int kTiling>
+__global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
+    PagedDecodeKernel(DecodeArgs args) {
+  using S = DecodeShape<Kv, kHeadDim, kGroup, kTiling>;
+  constexpr int kThreads = S::kThreads, kWarps = S::kWarps, kStages = S::kStages;
+  constexpr int kPasses = S::kPasses;
   constexpr bool kQuantized = internal::kIsKvCode<Kv>;
   extern __shared__ __align__(16) uint8_t ring[];  // S::kSharedBytes
   __shared__ int64_t slot_ring[kStages][S::kTile];  // each tile's slots, -1 when none
@@ -421,7 +430,7 @@ __global__ void PagedDecodeReduceKernel(const float* __restrict__ partial_acc,
 
 // Blocks of `kernel` (with kShared bytes of dynamic shared memory) one multiprocessor of
 // the current device holds at once; asked once per instantiation.
-template <auto kKernel, int kShared>
+template <auto kKernel, int kShared, int kThreads>
 absl::StatusOr<int> ResidentBlocksPerSm() {
   static std::atomic<int> resident{0};
   if (const int known = resident.load(); known > 0) return known;
@@ -440,15 +449,17 @@ absl::StatusOr<int> ResidentBlocksPerSm() {
 
 // Splits (the heuristic's when p.num_splits is 0: one wave of resident blocks), their
 // workspace and partition, then the kernels.
-template <typename Q, typename Kv, int kHeadDim, int kGroup>
+template <typename Q, typename Kv, int kHeadDim, int kGroup, int kTiling = 0>
 absl::Status LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, cudaStream_t stream) {
-  constexpr int kShared = DecodeShape<Kv, kHeadDim, kGroup>::kSharedBytes;
-  constexpr auto kernel = &PagedDecodeKernel<Q, Kv, kHeadDim, kGroup>;
+  using S = DecodeShape<Kv, kHeadDim, kGroup, kTiling>;
+  constexpr int kShared = S::kSharedBytes;
+  constexpr auto kernel = &PagedDecodeKernel<Q, Kv, kHeadDim, kGroup, kTiling>;
   LOOM_RETURN_IF_ERROR(internal::OptInSharedMemory<kernel>(kShared, "PagedDecode"));
   int num_splits = p.num_splits;
   if (num_splits == 0) {
     LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    LOOM_ASSIGN_OR_RETURN(const int resident, (ResidentBlocksPerSm<kernel, kShared>()));
+    LOOM_ASSIGN_OR_RETURN(const int resident,
+                          (ResidentBlocksPerSm<kernel, kShared, S::kThreads>()));
     num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads * args.head_chunks,
                                          PagedDecodeAttendedLength(p), num_sms, resident);
   }
@@ -470,7 +481,7 @@ absl::Status LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, cudaStre
       static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads * args.head_chunks),
                   static_cast<unsigned>(p.num_seqs));
-  kernel<<<grid, kThreads, kShared, stream>>>(args);
+  kernel<<<grid, S::kThreads, kShared, stream>>>(args);
   if (num_splits > 1) {
     PagedDecodeReduceKernel<Q>
         <<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs)), kHeadDim, 0,
@@ -502,13 +513,9 @@ absl::Status DispatchShape(const PagedDecodeParams& p, const DecodeArgs& args, i
   return by_group.template operator()<256>();
 }
 
-}  // namespace
-
-absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
-  LOOM_RETURN_IF_ERROR(CheckPagedDecodeParams(p));
-  if (p.num_seqs == 0) return absl::OkStatus();
+// The kernel arguments of checked params (the grid's head dimension checked too).
+absl::StatusOr<DecodeArgs> MakeDecodeArgs(const PagedDecodeParams& p) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  const int group_tile = internal::DecodeHeadsPerBlock(group);
   const int head_chunks = static_cast<int>(internal::DecodeHeadChunks(group));
   if (p.cache.num_kv_heads * head_chunks > 65535) {
     return absl::InvalidArgumentError("PagedDecode: too many KV heads for one grid dimension");
@@ -534,6 +541,65 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   args.scale = p.scale;
   args.softcap = p.softcap;
   args.sinks = p.sinks;
+  return args;
+}
+
+// Candidate tiling kTiling at head dim 128 and `group_tile` 4 or 8 (the tuning space's
+// shapes): F16 K/V with an F16 query, or an INT8 cache with its F32 query.
+template <int kTiling>
+absl::Status LaunchCandidate(const PagedDecodeParams& p, const DecodeArgs& args, int group_tile,
+                             cudaStream_t stream) {
+  if (p.cache.quant == KvQuant::kInt8) {
+    return group_tile == 4 ? LaunchKernels<float, int8_t, 128, 4, kTiling>(p, args, stream)
+                           : LaunchKernels<float, int8_t, 128, 8, kTiling>(p, args, stream);
+  }
+  return group_tile == 4 ? LaunchKernels<__half, __half, 128, 4, kTiling>(p, args, stream)
+                         : LaunchKernels<__half, __half, 128, 8, kTiling>(p, args, stream);
+}
+
+using CandidateLaunch = absl::Status (*)(const PagedDecodeParams&, const DecodeArgs&, int,
+                                         cudaStream_t);
+template <int... kIndex>
+constexpr std::array<CandidateLaunch, sizeof...(kIndex)> CandidateLaunches(
+    std::integer_sequence<int, kIndex...>) {
+  return {&LaunchCandidate<kIndex>...};
+}
+
+}  // namespace
+
+int PagedDecodeCandidateCount() { return internal::kNumDecodeTilings; }
+
+std::string_view PagedDecodeCandidateName(int index) {
+  return internal::kDecodeTilings[index].name;
+}
+
+absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& p, int index,
+                                        cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckPagedDecodeParams(p));
+  if (index < 0 || index >= internal::kNumDecodeTilings) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedDecode candidate %d: not in [0, %d)", index, internal::kNumDecodeTilings));
+  }
+  const int group_tile = internal::DecodeHeadsPerBlock(p.num_heads / p.cache.num_kv_heads);
+  const bool f16 = p.cache.quant == KvQuant::kNone && p.cache.dtype == DataType::kF16 &&
+                   p.q_dtype == DataType::kF16;
+  const bool int8 = p.cache.quant == KvQuant::kInt8 && p.q_dtype == DataType::kF32;
+  if (p.cache.head_dim != 128 || group_tile < 4 || !(f16 || int8)) {
+    return absl::InvalidArgumentError(
+        "PagedDecode candidate: head dim 128, 3 or more query heads per KV head, F16 K/V with "
+        "an F16 query or INT8 K/V with an F32 one");
+  }
+  if (p.num_seqs == 0) return absl::OkStatus();
+  LOOM_ASSIGN_OR_RETURN(const DecodeArgs args, MakeDecodeArgs(p));
+  return CandidateLaunches(std::make_integer_sequence<int, internal::kNumDecodeTilings>{})[index](
+      p, args, group_tile, stream);
+}
+
+absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(CheckPagedDecodeParams(p));
+  if (p.num_seqs == 0) return absl::OkStatus();
+  const int group_tile = internal::DecodeHeadsPerBlock(p.num_heads / p.cache.num_kv_heads);
+  LOOM_ASSIGN_OR_RETURN(const DecodeArgs args, MakeDecodeArgs(p));
   auto by_kv = [&]<typename Kv>() {
     return p.q_dtype == DataType::kF32
                ? DispatchShape<float, Kv>(p, args, group_tile, stream)

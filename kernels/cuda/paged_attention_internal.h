@@ -26,6 +26,23 @@ inline int64_t DecodeWorkspaceBytes(int64_t num_seqs, int64_t num_heads, int64_t
   return num_seqs * num_heads * num_splits * (head_dim + 2) * static_cast<int64_t>(sizeof(float));
 }
 
+/// One tiling of the decode kernel: threads per block, tokens per subgroup per tile (passes)
+/// and the depth of the cp.async ring. kDecodeTilings[0] is the one LaunchPagedDecode runs;
+/// the others are its tuning space (LaunchPagedDecodeCandidate, `cuda_attention_bench
+/// --sweep`). Passes stay even: an 8-bit tile row is half a 16-byte chunk per pass.
+struct DecodeTiling {
+  int threads;
+  int passes;
+  int stages;  // >= 3: a tile's slots are read one tile ahead (the 8-bit scales)
+  const char* name;
+};
+inline constexpr DecodeTiling kDecodeTilings[] = {
+    {128, 4, 4, "t128_p4_s4"}, {256, 2, 4, "t256_p2_s4"}, {256, 2, 6, "t256_p2_s6"},
+    {128, 2, 6, "t128_p2_s6"}, {256, 4, 3, "t256_p4_s3"}, {128, 8, 3, "t128_p8_s3"},
+    {512, 2, 3, "t512_p2_s3"}, {64, 4, 6, "t64_p4_s6"},
+};
+inline constexpr int kNumDecodeTilings = sizeof(kDecodeTilings) / sizeof(kDecodeTilings[0]);
+
 /// The most multiprocessors PagedDecodeWorkspaceBytes provisions for (H100: 132, B200: 148).
 inline constexpr int kMaxSmsForWorkspace = 256;
 /// The most decode blocks the split heuristic counts resident on one multiprocessor (the

@@ -80,9 +80,9 @@ for step in ${ONLY//,/ }; do
     { echo "quick.sh: --steps: unknown step $step" >&2; exit 2; }
 done
 wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
-# The quantized GEMM's tuning space is not served: its test runs with the sweep
-# (docs/gpu_verification.md, "Tuning the quantized GEMM").
-KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*-CudaQuantGemmTest.EveryCandidateMatchesReference'
+# The tuning spaces of the quantized GEMM and of decode attention are not served: their tests
+# run with the sweeps (docs/gpu_verification.md, "Tuning the kernels").
+KERNEL_FILTER='Cuda*:DequantizeCuda*:QuantGemmPack*:SpeculativeVerifyParams*-CudaQuantGemmTest.EveryCandidateMatchesReference:CudaPagedDecodeTest.EveryCandidateMatchesReference'
 MODEL_FILTER='CudaDevice*'
 FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'

@@ -10,6 +10,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/paged_attention_candidates.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace loom::kernels::cuda {
@@ -131,7 +132,8 @@ TEST(CudaPagedDecodeTest, SplitHeuristicFillsTheGpuWithoutShortPartitions) {
 struct DecodeCase {
   int64_t num_kv_heads, group, head_dim, block_size;
   std::vector<int32_t> context_lens;
-  int num_splits;  // 0: heuristic
+  int num_splits;      // 0: heuristic
+  int candidate = -1;  // >= 0: LaunchPagedDecodeCandidate with this tiling
 };
 
 // One decode check: the same K/V twice, as floats for cpu::PagedAttentionReference
@@ -141,6 +143,7 @@ struct DecodeCheck {
   DataType kv = DataType::kF16, q_type = DataType::kF16;
   int64_t num_kv_heads = 1, group = 1, head_dim = 64, block_size = 16;
   int num_splits = 0;  // 0: heuristic
+  int candidate = -1;  // >= 0: LaunchPagedDecodeCandidate with this tiling
   int64_t window = 0;  // sliding window; 0: none
   float softcap = 0.0f;
   std::vector<float> sinks;  // [num_heads] attention sinks; empty: none
@@ -214,7 +217,9 @@ void ExpectDecodeMatchesReference(const DecodeCheck& c) {
     p.workspace = workspace.data();
     p.workspace_bytes = bytes;
   }
-  const absl::Status launched = LaunchPagedDecode(p, nullptr);
+  const absl::Status launched = c.candidate >= 0
+                                    ? LaunchPagedDecodeCandidate(p, c.candidate, nullptr)
+                                    : LaunchPagedDecode(p, nullptr);
   ASSERT_TRUE(launched.ok()) << launched;
   const absl::Status synced = SynchronizeStream(nullptr);
   ASSERT_TRUE(synced.ok()) << synced;
@@ -261,6 +266,7 @@ void RunDecodeCase(const DecodeCase& c, DataType kv, DataType q_type, uint32_t s
   check.head_dim = c.head_dim;
   check.block_size = c.block_size;
   check.num_splits = c.num_splits;
+  check.candidate = c.candidate;
   check.window = window;
   check.softcap = softcap;
   if (sinks) check.sinks = RandomSinks(c.num_kv_heads * c.group, seed + 5);
@@ -539,12 +545,10 @@ TEST(CudaPagedDecodeTest, BadBlockTableYieldsNanForThatSequenceOnly) {
 
 // Decode attention over an 8-bit cache, as CudaDevice runs it: the query rotated by
 // LaunchRotateHeads, the output rotated back in place. One query row per sequence.
-absl::StatusOr<std::vector<float>> DecodeEightBit(const testing_util::EightBitCache& cache,
-                                                  const std::vector<float>& q,
-                                                  const std::vector<int32_t>& context_lens,
-                                                  const std::vector<int32_t>& indptr,
-                                                  const std::vector<int32_t>& indices,
-                                                  int64_t num_heads, int num_splits) {
+absl::StatusOr<std::vector<float>> DecodeEightBit(
+    const testing_util::EightBitCache& cache, const std::vector<float>& q,
+    const std::vector<int32_t>& context_lens, const std::vector<int32_t>& indptr,
+    const std::vector<int32_t>& indices, int64_t num_heads, int num_splits, int candidate = -1) {
   const int64_t num_seqs = static_cast<int64_t>(context_lens.size()), d = cache.cpu.head_dim;
   LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_q, testing_util::UploadRaw(q));
   LOOM_ASSIGN_OR_RETURN(DeviceBuffer d_out, testing_util::Poisoned(DataType::kF32, q.size()));
@@ -572,7 +576,8 @@ absl::StatusOr<std::vector<float>> DecodeEightBit(const testing_util::EightBitCa
     p.workspace = workspace.data();
     p.workspace_bytes = bytes;
   }
-  LOOM_RETURN_IF_ERROR(LaunchPagedDecode(p, nullptr));
+  LOOM_RETURN_IF_ERROR(candidate >= 0 ? LaunchPagedDecodeCandidate(p, candidate, nullptr)
+                                      : LaunchPagedDecode(p, nullptr));
   LOOM_RETURN_IF_ERROR(testing_util::RotateRows(d_out.data(), d_out.data(), DataType::kF32,
                                                 num_seqs * num_heads, d));
   LOOM_RETURN_IF_ERROR(SynchronizeStream(nullptr));
@@ -626,6 +631,53 @@ TEST(CudaPagedDecodeTest, EightBitCachesMatchTheReferenceOverTheSameCodes) {
           std::vector<float> out,
           DecodeEightBit(cache, q, c.context_lens, indptr, indices, num_heads, c.num_splits));
       EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-4, 1e-4));
+    }
+  }
+}
+
+// Every tiling of the tuning space (paged_attention_candidates.h) against the reference, F16
+// and INT8 caches: contexts shorter than one tile, crossing tiles and blocks, forced splits
+// with empty partitions, the heuristic's splits, and group tiles 4 and 8.
+TEST(CudaPagedDecodeTest, EveryCandidateMatchesReference) {
+  LOOM_SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 1300;
+  for (int index = 0; index < PagedDecodeCandidateCount(); ++index) {
+    SCOPED_TRACE(PagedDecodeCandidateName(index));
+    for (DecodeCase c : std::vector<DecodeCase>{{8, 4, 128, 16, {1, 17, 129, 1000}, 0},
+                                                {2, 4, 128, 16, {3, 2100}, 16},
+                                                {1, 8, 128, 16, {700, 3}, 3}}) {
+      c.candidate = index;
+      RunDecodeCase(c, DataType::kF16, DataType::kF16, seed += 7);
+      if (HasFatalFailure()) return;
+    }
+    constexpr int64_t kBlock = 16, kKvHeads = 2, kGroup = 4, kDim = 128;
+    const std::vector<int32_t> context_lens = {5, 300, 1030};
+    std::vector<int32_t> indptr = {0}, indices;
+    for (int32_t len : context_lens) {
+      for (int64_t b = 0; b < (len + kBlock - 1) / kBlock; ++b) {
+        indices.push_back(static_cast<int32_t>(indices.size()));
+      }
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+    }
+    std::reverse(indices.begin(), indices.end());
+    testing_util::EightBitCache cache;
+    ASSERT_TRUE(testing_util::MakeEightBitCache(cpu::KvDtype::kInt8,
+                                                static_cast<int64_t>(indices.size()), kBlock,
+                                                kKvHeads, kDim, seed += 3, cache)
+                    .ok());
+    const int64_t num_heads = kKvHeads * kGroup;
+    const std::vector<float> q = testing_util::RandomFloats(
+        static_cast<int64_t>(context_lens.size()) * num_heads * kDim, seed + 2, -2, 2);
+    std::vector<int32_t> query_start(context_lens.size() + 1);
+    std::iota(query_start.begin(), query_start.end(), 0);
+    LOOM_ASSERT_OK_AND_ASSIGN(std::vector<float> expected,
+                              testing_util::EightBitReference(cache, q, query_start, context_lens,
+                                                              indptr, indices, num_heads));
+    for (int splits : {0, 3}) {
+      LOOM_ASSERT_OK_AND_ASSIGN(
+          std::vector<float> out,
+          DecodeEightBit(cache, q, context_lens, indptr, indices, num_heads, splits, index));
+      EXPECT_TRUE(AllClose(out, testing_util::ToDouble(expected), 1e-4, 1e-4)) << splits;
     }
   }
 }
