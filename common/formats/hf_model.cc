@@ -272,8 +272,13 @@ absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
                        name.empty() ? " has no place in the graph"
                                     : " has no weight_scale or weight_scale_inv"));
     }
-    const Fp8LinearTensors tensors{parts.weight_data, parts.scale_data, parts.weight->shape,
-                                   parts.scale->shape, GgmlTypeOf(parts.scale->dtype)};
+    const Fp8LinearTensors tensors{parts.weight_data,
+                                   parts.scale_data,
+                                   parts.weight->shape,
+                                   parts.scale->shape,
+                                   GgmlTypeOf(parts.scale->dtype),
+                                   info.quantization.fp8_block_rows,
+                                   info.quantization.fp8_block_cols};
     LOOM_ASSIGN_OR_RETURN(OwnedTensor converted, DequantizeFp8Linear(name, tensors));
     owned.push_back(std::move(converted));
   }

@@ -42,9 +42,25 @@ float E4M3ToFloat(uint8_t code) {
   return code & 0x80 ? -magnitude : magnitude;
 }
 
+// An FP8 block size [rows, columns] from `key` of `object`, into result.fp8_block_*.
+absl::Status ReadFp8Block(const json& object, const char* key, HfQuantization& result) {
+  const auto field = object.find(key);
+  if (field == object.end() || field->is_null()) return absl::OkStatus();
+  if (!field->is_array() || field->size() != 2 || !(*field)[0].is_number_integer() ||
+      !(*field)[1].is_number_integer() || (*field)[0].get<int64_t>() <= 0 ||
+      (*field)[1].get<int64_t>() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: quantization_config ", key,
+                                                   " must be two positive integers, got ",
+                                                   field->dump()));
+  }
+  result.fp8_block_rows = (*field)[0].get<int64_t>();
+  result.fp8_block_cols = (*field)[1].get<int64_t>();
+  return absl::OkStatus();
+}
+
 // compressed-tensors: FP8 (float, 8 bits) weights in every config group; the activations'
 // scheme does not matter on the CPU (Loom multiplies in F32).
-absl::Status ParseCompressedTensors(const json& q) {
+absl::Status ParseCompressedTensors(const json& q, HfQuantization& result) {
   const auto format = q.find("format");
   const std::string name =
       format != q.end() && format->is_string() ? format->get<std::string>() : "";
@@ -64,6 +80,9 @@ absl::Status ParseCompressedTensors(const json& q) {
       return absl::UnimplementedError(absl::StrCat(
           "config.json: compressed-tensors group '", group,
           "' does not quantize weights to 8-bit floats (only FP8 weights are supported)"));
+    }
+    if (weights.value("strategy", "") == "block") {
+      LOOM_RETURN_IF_ERROR(ReadFp8Block(weights, "block_structure", result));
     }
   }
   return absl::OkStatus();
@@ -252,13 +271,14 @@ absl::StatusOr<HfQuantization> ParseHfQuantization(const json& config) {
   } else if (method == "fp8") {
     result.method = HfQuantization::Method::kFp8;
     result.bits = 8;
+    LOOM_RETURN_IF_ERROR(ReadFp8Block(q, "weight_block_size", result));
   } else if (method == "mxfp4") {
     // gpt-oss: its experts' MXFP4 blocks (common/formats/hf_gpt_oss_experts), the rest plain.
     result.method = HfQuantization::Method::kMxfp4;
     result.bits = 4;
     result.group_size = 32;
   } else if (method == "compressed-tensors") {
-    LOOM_RETURN_IF_ERROR(ParseCompressedTensors(q));
+    LOOM_RETURN_IF_ERROR(ParseCompressedTensors(q, result));
     result.method = HfQuantization::Method::kFp8;
     result.bits = 8;
   } else {
@@ -287,12 +307,21 @@ absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
              (shape.size() == 2 && shape[0] == out && shape[1] == 1)) {
     block_rows = 1;
   } else if (shape.size() == 2 && shape[0] > 0 && shape[1] > 0) {
+    if (t.block_rows <= 0 || t.block_cols <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": a [", shape[0], ", ", shape[1],
+          "] grid of scales needs its block size "
+          "(quantization_config's weight_block_size or block_structure), which config.json "
+          "does not give"));
+    }
     grid_cols = shape[1];
-    block_rows = (out + shape[0] - 1) / shape[0];
-    block_cols = (in + grid_cols - 1) / grid_cols;
+    block_rows = static_cast<uint64_t>(t.block_rows);
+    block_cols = static_cast<uint64_t>(t.block_cols);
     if ((out + block_rows - 1) / block_rows != shape[0] ||
         (in + block_cols - 1) / block_cols != grid_cols) {
-      block_rows = 0;
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": scale grid [", shape[0], ", ", shape[1], "] is not the [",
+                       block_rows, ", ", block_cols, "] blocks of [", out, ", ", in, "]"));
     }
   }
   if (block_rows == 0 || count * scale_size != t.scale.size()) {

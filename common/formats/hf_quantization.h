@@ -24,6 +24,9 @@ struct HfQuantization {
   int64_t group_size = 0;       // -1: one group per output channel
   bool desc_act = false;        // GPTQ act-order (groups by g_idx, not by position)
   bool zeros_plus_one = false;  // GPTQ's v1 format stores each zero point minus one
+  // FP8 with a scale per block: the block's [rows, columns] (the `fp8` method's
+  // weight_block_size, compressed-tensors' block_structure); 0 when the config names none.
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
 };
 
 /// `quantization_config` of config.json (null or absent: Method::kNone). Unimplemented naming
@@ -44,6 +47,11 @@ struct Fp8LinearTensors {
   absl::Span<const uint8_t> weight, scale;
   std::vector<uint64_t> weight_shape, scale_shape;
   GgmlType scale_type = GgmlType::kF32;  // kF32, kBF16 or kF16
+  // The block a grid of scales covers (HfQuantization::fp8_block_rows / _cols). A grid is read
+  // only with it: ceil(out / rows) x ceil(in / columns) cannot say it (DeepSeek-V3's 576-row
+  // kv_a_proj_with_mqa has 5 rows of 128-row blocks, the last partial, which a block of
+  // ceil(576 / 5) = 116 rows would misplace).
+  int64_t block_rows = 0, block_cols = 0;
 };
 
 /// A tensor the converted checkpoint serves, with its bytes.
@@ -67,7 +75,8 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
 
 /// The F16 tensor `name` [out, in] of an FP8 layer: each E4M3 value times its scale, rounded
 /// once to F16 (Loom has no FP8 weight format on the CPU). InvalidArgument naming the tensor
-/// for a scale whose shape is none of the three.
+/// for a scale whose shape is none of the three, and for a grid without its block size or
+/// whose shape is not that block size's.
 absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
                                                 const Fp8LinearTensors& tensors);
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -36,6 +37,35 @@ TEST(HfQuantizationTest, ParsesAwqAndGptqConfigs) {
   EXPECT_FALSE(Parse(R"({"quantization_config": {"quant_method": "gptq",
                          "checkpoint_format": "gptq_v2"}})")
                    ->zeros_plus_one);
+}
+
+// FP8's block size: the `fp8` method's weight_block_size (DeepSeek-V3, Qwen3-FP8) and
+// compressed-tensors' block_structure; none for per-tensor and per-channel scales; refused
+// when it is not two positive integers.
+TEST(HfQuantizationTest, ReadsTheFp8BlockSize) {
+  absl::StatusOr<HfQuantization> fp8 = Parse(
+      R"({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+          "activation_scheme": "dynamic", "weight_block_size": [128, 64]}})");
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(fp8->method, HfQuantization::Method::kFp8);
+  EXPECT_EQ(fp8->fp8_block_rows, 128);
+  EXPECT_EQ(fp8->fp8_block_cols, 64);
+  EXPECT_EQ(Parse(R"({"quantization_config": {"quant_method": "fp8"}})")->fp8_block_rows, 0);
+  absl::StatusOr<HfQuantization> block = Parse(
+      R"({"quantization_config": {"quant_method": "compressed-tensors",
+          "format": "float-quantized", "config_groups": {"group_0": {"weights":
+          {"type": "float", "num_bits": 8, "strategy": "block",
+           "block_structure": [128, 128]}}}}})");
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->fp8_block_rows, 128);
+  EXPECT_EQ(block->fp8_block_cols, 128);
+  for (const char* bad : {"[128]", "[0, 128]", "[128, \"x\"]", "128"}) {
+    absl::StatusOr<HfQuantization> parsed = Parse(absl::StrCat(
+        R"({"quantization_config": {"quant_method": "fp8", "weight_block_size": )", bad, "}}"));
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("weight_block_size")) << bad;
+  }
 }
 
 TEST(HfQuantizationTest, RefusesWhatItDoesNotServeByName) {
@@ -168,11 +198,30 @@ TEST(HfQuantizationTest, Fp8WeightsDequantizeWithEachScaleLayout) {
   t.scale = block_scale;
   t.scale_shape = {1, 2};
   t.scale_type = GgmlType::kBF16;
+  // A grid says its shape, not its block size: refused without the config's.
+  EXPECT_EQ(DequantizeFp8Linear("w", t).status().code(), absl::StatusCode::kInvalidArgument);
+  t.block_rows = 2;
+  t.block_cols = 2;
   dense = DequantizeFp8Linear("w", t);
   ASSERT_TRUE(dense.ok()) << dense.status();
   EXPECT_EQ(HalfAt(*dense, 0), 1.0f);
   EXPECT_EQ(HalfAt(*dense, 2), -2.0f);
   EXPECT_EQ(HalfAt(*dense, 7), 4.0f);
+
+  // A partial last block: 3 rows in blocks of 2 are 2 grid rows, the second holding row 2
+  // alone; a block of 3 rows would make one grid row, and is refused.
+  const std::vector<uint8_t> weight3 = {0x38, 0x38, 0x38, 0x38, 0x38, 0x38,
+                                        0x38, 0x38, 0x38, 0x38, 0x38, 0x38};  // [3, 4] of 1.0
+  const std::vector<float> grid = {1.0f, 2.0f, 4.0f, 8.0f};                   // [2, 2]
+  const std::vector<uint8_t> grid_scale = Bytes(grid);
+  Fp8LinearTensors partial{weight3, grid_scale, {3, 4}, {2, 2}, GgmlType::kF32, 2, 2};
+  dense = DequantizeFp8Linear("w", partial);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(HalfAt(*dense, 4 + 3), 2.0f);  // row 1: still the first grid row
+  EXPECT_EQ(HalfAt(*dense, 8 + 0), 4.0f);  // row 2: the second grid row
+  EXPECT_EQ(HalfAt(*dense, 8 + 3), 8.0f);
+  partial.block_rows = 3;  // ceil(3 / 3) = 1 grid row, not 2
+  EXPECT_EQ(DequantizeFp8Linear("w", partial).status().code(), absl::StatusCode::kInvalidArgument);
 
   const std::vector<float> three = {1.0f, 1.0f, 1.0f};
   const std::vector<uint8_t> bad_scale = Bytes(three);

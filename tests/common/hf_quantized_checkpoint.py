@@ -38,6 +38,9 @@ import safetensors.numpy
 from hf_checkpoint import write_safetensors
 
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# DeepSeek-V3's FP8 checkpoints quantize the latent attention's projections too (and every
+# expert's): kv_a_proj_with_mqa's kv_lora_rank + rope rows are not a whole number of blocks.
+DEEPSEEK_LINEAR = LINEAR + ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
@@ -143,12 +146,13 @@ def _fp8_layer(w: np.ndarray, scheme: str):
 def write_quantized_directory(source: pathlib.Path, out: pathlib.Path, method: str, bits: int = 4,
                               group_size: int = 32, symmetric: bool = False, act_order: bool = False,
                               v2: bool = False, awq_order=AWQ_ORDER, seed: int = 0,
-                              fp8_scheme: str = "block"):
+                              fp8_scheme: str = "block", linear=LINEAR):
     """Writes `source` (a float32 HF directory) quantized with `method` ("awq" or "gptq") into
     `out`, the float32 weights it stands for into `out`.parent / (out.name + "_dequantized") and
     the weights as Loom stores them into (out.name + "_as_stored"). Returns (quantized,
     dequantized, as-stored directories). `awq_order` other than AutoAWQ's
-    writes a wrong layout (for checking that the test can fail)."""
+    writes a wrong layout (for checking that the test can fail). `linear`: the layer names
+    (the last part of each weight's name) that are quantized."""
     rng = np.random.default_rng(seed)
     dequantized_dir = out.parent / (out.name + "_dequantized")
     stored_dir = out.parent / (out.name + "_as_stored")
@@ -162,7 +166,7 @@ def write_quantized_directory(source: pathlib.Path, out: pathlib.Path, method: s
     quantized, plain, as_stored = {}, {}, {}
     for name, values in tensors.items():
         layer = name.removesuffix(".weight")
-        if not (name.endswith(".weight") and layer.rsplit(".", 1)[-1] in LINEAR):
+        if not (name.endswith(".weight") and layer.rsplit(".", 1)[-1] in linear):
             quantized[name] = plain[name] = as_stored[name] = values
             continue
         out_features, in_features = values.shape

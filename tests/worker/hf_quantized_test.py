@@ -102,6 +102,27 @@ def test_checkpoint_logits_match_the_dequantized_model(source, tmp_path, variant
     assert EXPECTED_FORMAT[variant] in log, log
 
 
+def test_deepseek_v3_fp8_blocks_over_a_partial_last_block(tmp_path):
+    """DeepSeek-V3's FP8 layout (weight_block_size, weight_scale_inv) on the deepseek2_qlora random
+    model as a DeepseekV3ForCausalLM directory: every attention projection and expert in FP8.
+    Its kv_a_proj_with_mqa has 48 rows (latent 32 + rotary 16), a block and a half of 32, so its
+    scale grid has 2 rows; reading the block size from the grid (48 / 2 = 24 rows) misplaced half
+    the scales and moved the logits by 11."""
+    gguf_path = random_model.write_model(random_model.SPECS["deepseek2_qlora"], tmp_path / "ds.gguf")
+    source = hf_checkpoint.write_hf_directory(gguf_path, tmp_path / "f32", dtype="float32",
+                                              architecture="deepseek3")
+    quantized, dequantized, as_stored = hq.write_quantized_directory(
+        source, tmp_path / "fp8", method="fp8", fp8_scheme="block", linear=hq.DEEPSEEK_LINEAR)
+    got = logits(quantized)
+    stored_diff = np.abs(got - logits(as_stored)).max()
+    format_diff = np.abs(got - logits(dequantized)).max()
+    print(f"deepseek3 fp8: max |Δ logit| {stored_diff:.2e} against the weights as stored, "
+          f"{format_diff:.2e} against the checkpoint's")
+    assert stored_diff <= TOL_AS_STORED
+    assert format_diff <= TOL_FORMAT
+    assert np.abs(got - logits(source)).max() > 2 * TOL_FORMAT, "quantization changed nothing"
+
+
 def test_a_layout_read_wrong_would_be_seen(source, tmp_path):
     """AutoAWQ's interleaved nibble order written as a plain sequential one: Loom (reading it as
     AutoAWQ's) serves different weights, and the logits move far outside TOL_PACKED."""
