@@ -101,12 +101,13 @@ class CudaKvCache : public KvCache {
   template <typename Copy>
   absl::Status ForEachPiece(int32_t block, Copy&& copy) const;
 
-  // Copies every block's pieces with `copy` (cudaMemcpyAsync on stream_), then waits for
-  // them (WaitForStream: behind a step's collectives, a dead peer fails it), on this pool's device
-  // (the calling thread, a gRPC stream's, may have none set). On an error the copies already queued
-  // are still waited for: none outlives the call.
-  template <typename Copy>
-  absl::Status CopyBlocks(absl::Span<const int32_t> blocks, Copy&& copy) const;
+  // Copies every block's pieces between the pool and the host slots (to_host: the pool's
+  // pieces into host[i] + offset, else back), as one batch on stream_ (SubmitCopies), then
+  // waits for them (WaitForStream: behind a step's collectives, a dead peer fails it), on
+  // this pool's device (the calling thread, a gRPC stream's, may have none set). On an error
+  // the copies already queued are still waited for: none outlives the call.
+  absl::Status CopyBlocks(absl::Span<const int32_t> blocks, absl::Span<uint8_t* const> host,
+                          bool to_host) const;
 
   kc::KvCacheView view_;  // shape and dtype; k and v (and scales) per layer below
   std::vector<kc::DeviceBuffer> k_, v_;

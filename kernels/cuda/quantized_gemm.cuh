@@ -256,11 +256,12 @@ struct Shape {
   static constexpr int kActBytes = kBlockM * kStepK * 2;
   static constexpr int kScaleBytes = kRowTiles * kScaleGroups * kScaleGroupBytes;
   static constexpr int kStageBytes = kWeightBytes + kActBytes + kScaleBytes;
-  // kQuantGemmStages deep, one stage fewer where that would not fit the 99 KiB a block may
-  // have on sm_86 / sm_89 (the sm_80 code runs there): the gemv configs with F32 scales and
-  // mins in groups of 16 (104 and 112 KiB at four stages).
+  // The config's depth, else kQuantGemmStages deep, one stage fewer where that would not fit
+  // the 99 KiB a block may have on sm_86 / sm_89 (the sm_80 code runs there): the gemv configs
+  // with F32 scales and mins in groups of 16 (104 and 112 KiB at four stages).
   static constexpr int kMaxSmemBytes = 99 * 1024;
-  static constexpr int kStages = kQuantGemmStages * kStageBytes <= kMaxSmemBytes
+  static constexpr int kStages = kC.stages > 0 ? kC.stages
+                                 : kQuantGemmStages * kStageBytes <= kMaxSmemBytes
                                      ? kQuantGemmStages
                                      : kQuantGemmStages - 1;
   static constexpr int kAccPerWarp = kFragsN * kTilesM * 4;  // accumulators per lane

@@ -21,6 +21,7 @@ struct QuantGemmConfig {
   int warps_k;
   int target_blocks_per_sm;  // split-K aims for this many blocks per multiprocessor
   const char* name;
+  int stages = 0;  // the cp.async ring's depth; 0: kQuantGemmStages (3 where 4 do not fit)
 
   constexpr int threads() const { return 32 * warps_m * warps_n * warps_k; }
   constexpr int block_m() const { return 8 * tiles_m * warps_m; }
@@ -72,13 +73,28 @@ inline constexpr size_t kFp8LtWorkspaceBytes = size_t{8} << 20;
 /// format there).
 inline constexpr QuantGemmConfig kQuantGemmCandidates[] = {
     // tiles_m warps_m warps_n frags_n warps_k target name
-    {1, 1, 2, 2, 4, 2, "c_m8_n64_k256"},   {1, 1, 4, 1, 4, 2, "c_m8_n64_k256_w16"},
-    {1, 1, 4, 4, 2, 2, "c_m8_n256_k128"},  {2, 1, 4, 4, 2, 2, "c_m16_n256_k128"},
-    {2, 1, 2, 2, 4, 2, "c_m16_n64_k256"},  {4, 1, 4, 4, 2, 1, "c_m32_n256_k128"},
-    {4, 2, 4, 2, 1, 1, "c_m64_n128_w8"},   {4, 2, 2, 4, 1, 1, "c_m64_n128_f4"},
-    {8, 1, 4, 2, 2, 1, "c_m64_n128_k128"}, {4, 2, 4, 4, 1, 1, "c_m64_n256"},
-    {8, 2, 4, 2, 1, 1, "c_m128_n128_w8"},  {8, 2, 2, 4, 1, 1, "c_m128_n128_f4"},
-    {4, 4, 2, 2, 1, 1, "c_m128_n64_w8"},   {8, 2, 4, 4, 1, 1, "c_m128_n256"},
+    {1, 1, 2, 2, 4, 2, "c_m8_n64_k256"},
+    {1, 1, 4, 1, 4, 2, "c_m8_n64_k256_w16"},
+    {1, 1, 4, 4, 2, 2, "c_m8_n256_k128"},
+    {2, 1, 4, 4, 2, 2, "c_m16_n256_k128"},
+    {2, 1, 2, 2, 4, 2, "c_m16_n64_k256"},
+    {4, 1, 4, 4, 2, 1, "c_m32_n256_k128"},
+    {4, 2, 4, 2, 1, 1, "c_m64_n128_w8"},
+    {4, 2, 2, 4, 1, 1, "c_m64_n128_f4"},
+    {8, 1, 4, 2, 2, 1, "c_m64_n128_k128"},
+    {4, 2, 4, 4, 1, 1, "c_m64_n256"},
+    {8, 2, 4, 2, 1, 1, "c_m128_n128_w8"},
+    {8, 2, 2, 4, 1, 1, "c_m128_n128_f4"},
+    {4, 4, 2, 2, 1, 1, "c_m128_n64_w8"},
+    {8, 2, 4, 4, 1, 1, "c_m128_n256"},
+    // Deeper rings for the weight-bandwidth-bound small m: the table's gemv members and
+    // tile_m32 with 6 or 8 stages (INT4 only where INT8's would pass 99 KiB).
+    {1, 1, 4, 2, 2, 2, "gemv_m8_s6", 6},
+    {1, 1, 4, 2, 2, 2, "gemv_m8_s8", 8},
+    {1, 1, 4, 2, 2, 4, "gemv_m8_s6_t4", 6},
+    {2, 1, 4, 2, 2, 2, "gemv_m16_s6", 6},
+    {1, 1, 4, 4, 2, 2, "c_m8_n256_k128_s5", 5},
+    {4, 1, 4, 2, 2, 2, "tile_m32_s6", 6},
 };
 inline constexpr int kNumQuantGemmCandidates =
     sizeof(kQuantGemmCandidates) / sizeof(kQuantGemmCandidates[0]);
