@@ -269,8 +269,14 @@ int Sweep(cudaStream_t stream, double copy, const std::string& device) {
           p.workspace_bytes = bytes;
         }
         const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * (int8 ? 1 : 2);
-        std::vector<double> seconds;
+        std::vector<double> seconds;  // infinity: the member does not take this cache
         for (int c = 0; c < kernels::cuda::PagedDecodeCandidateCount(); ++c) {
+          kernels::cuda::PagedDecodeParams probe = p;
+          probe.num_seqs = 0;  // checks the member takes it, launches nothing
+          if (!kernels::cuda::LaunchPagedDecodeCandidate(probe, c, stream).ok()) {
+            seconds.push_back(INFINITY);
+            continue;
+          }
           seconds.push_back(TimeSeconds(
               stream, [&] { return kernels::cuda::LaunchPagedDecodeCandidate(p, c, stream); }));
         }
@@ -286,10 +292,11 @@ int Sweep(cudaStream_t stream, double copy, const std::string& device) {
         rows_json += absl::StrFormat("    {\"kv\": \"%s\", \"batch\": %d, \"context\": %d, \"us\": {",
                                      int8 ? "int8" : "f16", batch, context);
         for (size_t c = 0; c < seconds.size(); ++c) {
-          rows_json += absl::StrFormat(
-              "%s\"%s\": %.2f", c ? ", " : "",
-              std::string(kernels::cuda::PagedDecodeCandidateName(static_cast<int>(c))),
-              seconds[c] * 1e6);
+          const std::string name(kernels::cuda::PagedDecodeCandidateName(static_cast<int>(c)));
+          rows_json += std::isinf(seconds[c])
+                           ? absl::StrFormat("%s\"%s\": null", c ? ", " : "", name)
+                           : absl::StrFormat("%s\"%s\": %.2f", c ? ", " : "", name,
+                                             seconds[c] * 1e6);
         }
         rows_json += "}}";
       }

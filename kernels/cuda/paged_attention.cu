@@ -28,19 +28,23 @@
 #include <utility>
 
 #include "common/status_macros.h"
+#include "kernels/cuda/attention_softmax.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_quant.cuh"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_candidates.h"
 #include "kernels/cuda/paged_attention_internal.h"
+#include "kernels/cuda/paged_decode_mma.h"
 
 namespace loom::kernels::cuda {
 namespace {
 
+using internal::AddSink;
 using internal::CopyAsync16;
 using internal::CopyAsyncCommit;
 using internal::CopyAsyncWait;
+using internal::ExpFrom;
 using internal::FromFloat;
 using internal::ToFloat;
 
@@ -125,22 +129,6 @@ struct DecodeArgs {
   const float* sinks;
 };
 
-// exp(x - base) where base is -inf when nothing was attended yet (then 0, not NaN).
-__device__ __forceinline__ float ExpFrom(float x, float max) {
-  return expf(x - (max == -INFINITY ? 0.0f : max));
-}
-
-// Adds an attention sink to a finished softmax: `numerator` and `denominator` are
-// relative to `max`; afterwards both are relative to max(max, sink) (so exp never
-// overflows, a dominant sink just drives the output to 0) and the denominator holds
-// exp(sink) too. Nothing attended (max -inf, sums 0) stays 0 / exp(0).
-__device__ __forceinline__ void AddSink(float sink, float max, float& numerator,
-                                        float& denominator) {
-  const float new_max = fmaxf(max, sink);
-  const float rescale = ExpFrom(max, new_max);
-  numerator *= rescale;
-  denominator = denominator * rescale + ExpFrom(sink, new_max);
-}
 
 template <typename Q, typename Kv, int kHeadDim, int kGroup, int kTiling>
 __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
@@ -482,13 +470,9 @@ absl::Status LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, cudaStre
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads * args.head_chunks),
                   static_cast<unsigned>(p.num_seqs));
   kernel<<<grid, S::kThreads, kShared, stream>>>(args);
-  if (num_splits > 1) {
-    PagedDecodeReduceKernel<Q>
-        <<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs)), kHeadDim, 0,
-           stream>>>(args.partial_acc, args.partial_max, args.partial_sum, args.sinks,
-                     static_cast<Q*>(p.out), num_splits, kHeadDim);
-  }
-  return internal::CheckLaunch("PagedDecode");
+  LOOM_RETURN_IF_ERROR(internal::CheckLaunch("PagedDecode"));
+  return num_splits > 1 ? internal::LaunchPagedDecodeReduce(p, num_splits, stream)
+                        : absl::OkStatus();
 }
 
 // The one place runtime shapes become template arguments: q dtype x KV dtype x head dim x
@@ -567,18 +551,49 @@ constexpr std::array<CandidateLaunch, sizeof...(kIndex)> CandidateLaunches(
 
 }  // namespace
 
-int PagedDecodeCandidateCount() { return internal::kNumDecodeTilings; }
+absl::Status internal::LaunchPagedDecodeReduce(const PagedDecodeParams& p, int num_splits,
+                                               cudaStream_t stream) {
+  const int64_t partials = p.num_seqs * p.num_heads * num_splits;
+  const float* acc = static_cast<const float*>(p.workspace);
+  const float* max = acc + partials * p.cache.head_dim;
+  const float* sum = max + partials;
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
+  const int threads = static_cast<int>(p.cache.head_dim);
+  if (p.q_dtype == DataType::kF32) {
+    PagedDecodeReduceKernel<float><<<grid, threads, 0, stream>>>(
+        acc, max, sum, p.sinks, static_cast<float*>(p.out), num_splits, threads);
+  } else if (p.q_dtype == DataType::kF16) {
+    PagedDecodeReduceKernel<__half><<<grid, threads, 0, stream>>>(
+        acc, max, sum, p.sinks, static_cast<__half*>(p.out), num_splits, threads);
+  } else {
+    PagedDecodeReduceKernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(
+        acc, max, sum, p.sinks, static_cast<__nv_bfloat16*>(p.out), num_splits, threads);
+  }
+  return internal::CheckLaunch("PagedDecode split reduction");
+}
+
+// The tilings of kDecodeTilings, then the tensor-core kernel (paged_decode_mma.cu).
+int PagedDecodeCandidateCount() { return internal::kNumDecodeTilings + 1; }
 
 std::string_view PagedDecodeCandidateName(int index) {
-  return internal::kDecodeTilings[index].name;
+  return index < internal::kNumDecodeTilings ? internal::kDecodeTilings[index].name
+                                             : "mma_t64_s3";
 }
 
 absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& p, int index,
                                         cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(CheckPagedDecodeParams(p));
-  if (index < 0 || index >= internal::kNumDecodeTilings) {
+  if (index < 0 || index >= PagedDecodeCandidateCount()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedDecode candidate %d: not in [0, %d)", index, internal::kNumDecodeTilings));
+        "PagedDecode candidate %d: not in [0, %d)", index, PagedDecodeCandidateCount()));
+  }
+  if (index == internal::kNumDecodeTilings) {
+    if (!internal::PagedDecodeMmaSupports(p)) {
+      return absl::UnimplementedError(
+          "PagedDecode candidate mma_t64_s3: head dim 128, F16 K/V and query, at most 16 query "
+          "heads per KV head");
+    }
+    return p.num_seqs == 0 ? absl::OkStatus() : internal::LaunchPagedDecodeMma(p, stream);
   }
   const int group_tile = internal::DecodeHeadsPerBlock(p.num_heads / p.cache.num_kv_heads);
   const bool f16 = p.cache.quant == KvQuant::kNone && p.cache.dtype == DataType::kF16 &&

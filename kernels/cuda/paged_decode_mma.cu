@@ -1,0 +1,373 @@
+// Paged decode attention on tensor cores for grouped-query heads: a member of decode
+// attention's tuning space (paged_attention_candidates.h), timed against paged_attention.cu's
+// kernel by `cuda_attention_bench --sweep` and held against the CPU reference by the candidate
+// test; serving runs paged_attention.cu's kernel until a GPU sweep says otherwise.
+//
+// Block (split, KV head, sequence), 128 threads = 4 warps, head dim 128, F16 K/V and query.
+// The KV head's query heads (at most 16) are the rows of one m16 tile, so S = Q K^T and
+// O += P V run as mma.sync m16n8k16 instead of one FMA per element per head (FlashInfer's
+// tensor-core decode for GQA): a tile of 64 tokens gives each warp 16 of them, two n8 tiles of
+// scores (8 k-steps of 16 dims against the query's fragments, kept in registers for the whole
+// split) and one k16 step of P V over the 16 n8 tiles of the head dim. Each warp keeps its
+// own online softmax (the rows' running max, this lane's share of their sums, the output
+// accumulators), merged across warps at the end as paged_attention.cu's kernel merges its
+// subgroups; with several splits each block leaves its partial result for
+// internal::LaunchPagedDecodeReduce.
+//
+// Tiles stream through a kStages-deep cp.async ring (K then V, 16 KiB each); a row's 16
+// chunks of 16 bytes are stored at chunk ^ (token & 7), so the 8 rows one ldmatrix phase
+// reads fall into 8 different bank groups. K loads as the B operand with plain ldmatrix, V
+// with ldmatrix.trans, and P, rounded to F16 as FlashAttention rounds it, is the A operand
+// taken straight from the score accumulators (fragment layouts: prefill_attention.cu's
+// header). The P rounding puts outputs about 1e-3 from the float reference rather than
+// 5e-5.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/attention_softmax.cuh"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/launch_internal.cuh"
+#include "kernels/cuda/mma_internal.cuh"
+#include "kernels/cuda/paged_attention_internal.h"
+#include "kernels/cuda/paged_decode_mma.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+using internal::AddSink;
+using internal::CopyAsync16;
+using internal::CopyAsyncCommit;
+using internal::CopyAsyncWait;
+using internal::ExpFrom;
+using internal::LoadMatrixX4;
+using internal::LoadMatrixX4Trans;
+using internal::Mma;
+using internal::PackPair;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kHeadDim = 128;
+constexpr int kMaxGroup = 16;                          // query heads: the rows of one m16 tile
+constexpr int kTile = 16 * kWarps;                     // tokens per tile, 16 per warp
+constexpr int kStages = 3;                             // >= 3: tile t + 2 loads while t computes
+constexpr int kChunks = kHeadDim * 2 / 16;             // 16-byte chunks per K or V row
+constexpr int kTileBytes = kTile * kHeadDim * 2;       // 16 KiB
+constexpr int kStageBytes = 2 * kTileBytes;            // K, then V
+constexpr int kSharedBytes = kStages * kStageBytes;    // 96 KiB: two blocks per Hopper SM
+constexpr int kMergeBytes = kWarps * kMaxGroup * kHeadDim * 4;
+static_assert(kMergeBytes <= kSharedBytes, "the ring holds the warps' outputs for the merge");
+static_assert(kTile * kChunks % kThreads == 0, "whole chunks per thread");
+
+struct MmaDecodeArgs {
+  const __half* q;
+  __half* out;
+  const uint8_t* k_cache;
+  const uint8_t* v_cache;
+  const int32_t* context_len;
+  const int32_t* block_indptr;
+  const int32_t* block_indices;
+  float* partial_acc;  // [num_seqs, num_heads, num_splits, head_dim]
+  float* partial_max;  // [num_seqs, num_heads, num_splits]
+  float* partial_sum;  // [num_seqs, num_heads, num_splits]
+  int64_t q_stride;
+  int num_heads;
+  int num_kv_heads;
+  int group;
+  int block_size;
+  int num_blocks;
+  int partition;
+  int window;
+  float scale;
+  float softcap;
+  const float* sinks;
+};
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a K or V tile (swizzled).
+__device__ __forceinline__ int Swizzled(int row, int chunk) {
+  return (row * kChunks + (chunk ^ (row & 7))) * 16;
+}
+
+__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(MmaDecodeArgs args) {
+  extern __shared__ __align__(16) uint8_t ring[];
+  __shared__ int64_t slot_ring[kStages][kTile];  // each tile's slots, -1 when none
+  __shared__ float warp_max[kWarps][kMaxGroup], warp_sum[kWarps][kMaxGroup];
+
+  const int seq = blockIdx.z, split = blockIdx.x, num_splits = gridDim.x;
+  const int kv_head = blockIdx.y, head0 = kv_head * args.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  const int context = args.context_len[seq];
+  const int first = args.window > 0 ? max(0, context - args.window) : 0;
+  const int begin = first + split * args.partition;
+  const int end = split == num_splits - 1 ? context : min(context, begin + args.partition);
+  const int num_tiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+  const int table_begin = args.block_indptr[seq];
+  const int table_len = args.block_indptr[seq + 1] - table_begin;
+
+  // The query's A fragments for the 8 k-steps: a0 (head g, dims 2t, 2t+1), a1 (head g + 8),
+  // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0.
+  const __half* q = args.q + seq * args.q_stride + static_cast<int64_t>(head0) * kHeadDim;
+  uint32_t qa[kHeadDim / 16][4];
+#pragma unroll
+  for (int s = 0; s < kHeadDim / 16; ++s) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int head = g + (r & 1) * 8, dim = 16 * s + 2 * t + (r >> 1) * 8;
+      qa[s][r] = head < args.group
+                     ? *reinterpret_cast<const uint32_t*>(q + head * kHeadDim + dim)
+                     : 0u;
+    }
+  }
+
+  // ---- the ring: thread i copies column i % 16 of rows i / 16 + 8 j of each tile.
+  bool bad = false;  // a table the host failed to validate
+  auto issue = [&](int tile) {
+    if (tile < num_tiles) {
+      const int stage = tile % kStages;
+      uint8_t* k_stage = ring + stage * kStageBytes;
+#pragma unroll
+      for (int i = 0; i < kTile * kChunks / kThreads; ++i) {
+        const int c = i * kThreads + threadIdx.x;
+        const int row = c / kChunks, column = c % kChunks;
+        const int position = begin + tile * kTile + row;
+        int64_t slot = -1;
+        if (position < end) {
+          const int index = position / args.block_size;
+          const int block = index < table_len ? args.block_indices[table_begin + index] : -1;
+          if (block >= 0 && block < args.num_blocks) {
+            slot = static_cast<int64_t>(block) * args.block_size + position % args.block_size;
+          } else {
+            bad = true;
+          }
+        }
+        const int64_t at =
+            slot >= 0 ? (slot * args.num_kv_heads + kv_head) * (kHeadDim * 2) + column * 16 : 0;
+        CopyAsync16(k_stage + Swizzled(row, column), args.k_cache + at, slot >= 0 ? 16 : 0);
+        CopyAsync16(k_stage + kTileBytes + Swizzled(row, column), args.v_cache + at,
+                    slot >= 0 ? 16 : 0);
+        if (column == 0) slot_ring[stage][row] = slot;
+      }
+    }
+    CopyAsyncCommit();  // an empty group past the last tile keeps the wait counts uniform
+  };
+
+  // ---- this warp's online softmax: rows g (h = 0) and g + 8 (h = 1).
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this lane's tokens only, until the end
+  float o[kHeadDim / 8][4];          // o[d]: (row g, dims 8d + 2t, +1), then row g + 8
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
+  }
+  const int m = lane / 8, r = lane % 8;  // the ldmatrix matrix and row this lane addresses
+  auto compute = [&](int tile) {
+    const int stage = tile % kStages;
+    const uint8_t* k_tile = ring + stage * kStageBytes;
+    const uint8_t* v_tile = k_tile + kTileBytes;
+    const int row0 = warp * 16;  // this warp's tokens of the tile
+    // S = Q K^T: n-tile j holds tokens row0 + 8 j .. + 7. Matrices: 0 (tokens row0.., dims
+    // 16 ks..), 1 (tokens row0.., dims 16 ks + 8..), 2 and 3 the same for tokens row0 + 8..
+    float s[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t b[4];
+      LoadMatrixX4(b, k_tile + Swizzled(row0 + (m >> 1) * 8 + r, 2 * ks + (m & 1)));
+      Mma<__half>(s[0], qa[ks], b[0], b[1]);
+      Mma<__half>(s[1], qa[ks], b[2], b[3]);
+    }
+    // Scale, soft-cap, mask: s[j][e] is (row g + (e >> 1) * 8, token row0 + 8 j + 2 t + (e & 1)).
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float score = s[j][e] * args.scale;
+        if (args.softcap > 0.0f) score = args.softcap * tanhf(score / args.softcap);
+        const bool valid = slot_ring[stage][row0 + 8 * j + 2 * t + (e & 1)] >= 0;
+        s[j][e] = valid ? score : -INFINITY;
+      }
+    }
+    // One rescale per tile; the row's max over the 4 lanes that hold its 16 tokens.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[h], tile_max);
+      const float alpha = ExpFrom(row_max[h], new_max);
+      row_max[h] = new_max;
+      row_sum[h] *= alpha;
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        o[d][2 * h] *= alpha;
+        o[d][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s[j][e] = ExpFrom(s[j][e], new_max);
+          row_sum[h] += s[j][e];
+        }
+      }
+    }
+    // O += P V: P's A fragment is the score accumulators (n-tile 0: tokens 2t, 2t+1; n-tile
+    // 1: 2t + 8, 2t + 9). V's matrices (.trans): 0 (tokens row0.., dims 8 d..), 1 (tokens
+    // row0 + 8.., dims 8 d..), 2 and 3 the same for dims 8 (d + 1)..
+    const uint32_t pa[4] = {PackPair<__half>(s[0][0], s[0][1]), PackPair<__half>(s[0][2], s[0][3]),
+                            PackPair<__half>(s[1][0], s[1][1]), PackPair<__half>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; d += 2) {
+      uint32_t b[4];
+      LoadMatrixX4Trans(b, v_tile + Swizzled(row0 + (m & 1) * 8 + r, d + (m >> 1)));
+      Mma<__half>(o[d], pa, b[0], b[1]);
+      Mma<__half>(o[d + 1], pa, b[2], b[3]);
+    }
+  };
+
+  // ---- the pipeline: kStages - 1 tiles in flight ahead of the one computed.
+#pragma unroll
+  for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    CopyAsyncWait<kStages - 2>();  // this thread's copies of `tile` landed
+    __syncthreads();  // everyone's have, and everyone finished tile - 1 (its stage is free)
+    issue(tile + kStages - 1);
+    compute(tile);
+  }
+  CopyAsyncWait<0>();
+
+  // ---- merge: the row sums over their 4 lanes, then the warps through shared memory.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+  const bool bad_table = __syncthreads_or(bad) != 0;  // also: the ring is free for the merge
+  float* merge = reinterpret_cast<float*>(ring);     // [kWarps][kMaxGroup][kHeadDim]
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + (e >> 1) * 8, dim = 8 * d + 2 * t + (e & 1);
+      merge[(warp * kMaxGroup + row) * kHeadDim + dim] = o[d][e];
+    }
+  }
+  if (t == 0) {
+    warp_max[warp][g] = row_max[0];
+    warp_sum[warp][g] = row_sum[0];
+    warp_max[warp][g + 8] = row_max[1];
+    warp_sum[warp][g + 8] = row_sum[1];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
+    const int h = i / kHeadDim, d = i % kHeadDim;
+    float block_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w][h]);
+    float total = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = ExpFrom(warp_max[w][h], block_max);
+      total += merge[(w * kMaxGroup + h) * kHeadDim + d] * weight;
+      sum += warp_sum[w][h] * weight;
+    }
+    if (bad_table) total = NAN;
+    const int64_t row = static_cast<int64_t>(seq) * args.num_heads + head0 + h;
+    if (num_splits == 1) {
+      if (args.sinks != nullptr) AddSink(args.sinks[head0 + h], block_max, total, sum);
+      args.out[row * kHeadDim + d] =
+          __float2half_rn(bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f));
+    } else {
+      const int64_t partial = row * num_splits + split;
+      args.partial_acc[partial * kHeadDim + d] = total;
+      if (d == 0) {
+        args.partial_max[partial] = block_max;
+        args.partial_sum[partial] = bad_table ? NAN : sum;
+      }
+    }
+  }
+}
+
+// Blocks of the kernel one multiprocessor of the current device holds, asked once.
+absl::StatusOr<int> ResidentBlocksPerSm() {
+  static std::atomic<int> resident{0};
+  if (const int known = resident.load(); known > 0) return known;
+  int blocks = 0;
+  const cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks, PagedDecodeMmaKernel, kThreads, kSharedBytes);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrFormat("PagedDecodeMma: occupancy query failed: %s",
+                                               cudaGetErrorString(error)));
+  }
+  blocks = std::clamp(blocks, 1, internal::kMaxResidentDecodeBlocks);
+  resident.store(blocks);
+  return blocks;
+}
+
+}  // namespace
+
+bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
+  return p.cache.head_dim == kHeadDim && p.cache.quant == KvQuant::kNone &&
+         p.cache.dtype == DataType::kF16 && p.q_dtype == DataType::kF16 &&
+         p.num_heads / p.cache.num_kv_heads <= kMaxGroup;
+}
+
+absl::Status internal::LaunchPagedDecodeMma(const PagedDecodeParams& p, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(
+      internal::OptInSharedMemory<PagedDecodeMmaKernel>(kSharedBytes, "PagedDecodeMma"));
+  if (p.cache.num_kv_heads > 65535) {
+    return absl::InvalidArgumentError("PagedDecodeMma: too many KV heads for one grid dimension");
+  }
+  int num_splits = p.num_splits;
+  if (num_splits == 0) {
+    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
+    LOOM_ASSIGN_OR_RETURN(const int resident, ResidentBlocksPerSm());
+    num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads,
+                                         PagedDecodeAttendedLength(p), num_sms, resident);
+  }
+  const int64_t needed =
+      internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
+  if (needed > 0 && (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < needed)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedDecodeMma: %d splits need a workspace of %d bytes, got %d", num_splits, needed,
+        p.workspace_bytes));
+  }
+  MmaDecodeArgs args{};
+  args.q = static_cast<const __half*>(p.q);
+  args.out = static_cast<__half*>(p.out);
+  args.k_cache = static_cast<const uint8_t*>(p.cache.k);
+  args.v_cache = static_cast<const uint8_t*>(p.cache.v);
+  args.context_len = p.context_len;
+  args.block_indptr = p.block_indptr;
+  args.block_indices = p.block_indices;
+  if (num_splits > 1) {
+    const int64_t partials = p.num_seqs * p.num_heads * num_splits;
+    args.partial_acc = static_cast<float*>(p.workspace);
+    args.partial_max = args.partial_acc + partials * kHeadDim;
+    args.partial_sum = args.partial_max + partials;
+  }
+  args.q_stride = p.q_stride != 0 ? p.q_stride : p.num_heads * kHeadDim;
+  args.num_heads = static_cast<int>(p.num_heads);
+  args.num_kv_heads = static_cast<int>(p.cache.num_kv_heads);
+  args.group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
+  args.block_size = static_cast<int>(p.cache.block_size);
+  args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
+  args.partition =
+      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
+  args.window = static_cast<int>(p.window);
+  args.scale = p.scale;
+  args.softcap = p.softcap;
+  args.sinks = p.sinks;
+  const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads),
+                  static_cast<unsigned>(p.num_seqs));
+  PagedDecodeMmaKernel<<<grid, kThreads, kSharedBytes, stream>>>(args);
+  LOOM_RETURN_IF_ERROR(internal::CheckLaunch("PagedDecodeMma"));
+  return num_splits > 1 ? internal::LaunchPagedDecodeReduce(p, num_splits, stream)
+                        : absl::OkStatus();
+}
+
+}  // namespace loom::kernels::cuda
