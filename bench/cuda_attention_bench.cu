@@ -152,15 +152,16 @@ struct DecodeRow {
   double seconds, bytes_per_second;
 };
 
-DecodeRow BenchDecode(cudaStream_t stream, DataType dtype, int64_t batch, int64_t context) {
-  Pool pool = MakePool(dtype, batch, context, 10);
-  DeviceBuffer q = Random(dtype, batch * kNumHeads * kHeadDim, 20);
-  DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 2);
+// Decode params over `pool` (its tables; the cache view as given) for `batch` sequences of
+// `context` tokens, without a workspace.
+kernels::cuda::PagedDecodeParams DecodeParams(const Pool& pool, kernels::cuda::KvCacheView view,
+                                              const DeviceBuffer& q, DeviceBuffer& out,
+                                              DataType q_dtype, int64_t batch, int64_t context) {
   kernels::cuda::PagedDecodeParams p;
   p.q = q.data();
   p.out = out.data();
-  p.q_dtype = dtype;
-  p.cache = pool.view(dtype);
+  p.q_dtype = q_dtype;
+  p.cache = view;
   p.context_len = static_cast<const int32_t*>(pool.context_len.data());
   p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
   p.block_indices = static_cast<const int32_t*>(pool.indices.data());
@@ -168,6 +169,15 @@ DecodeRow BenchDecode(cudaStream_t stream, DataType dtype, int64_t batch, int64_
   p.num_heads = kNumHeads;
   p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   p.max_context_len = context;
+  return p;
+}
+
+DecodeRow BenchDecode(cudaStream_t stream, DataType dtype, int64_t batch, int64_t context) {
+  Pool pool = MakePool(dtype, batch, context, 10);
+  DeviceBuffer q = Random(dtype, batch * kNumHeads * kHeadDim, 20);
+  DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 2);
+  kernels::cuda::PagedDecodeParams p =
+      DecodeParams(pool, pool.view(dtype), q, out, dtype, batch, context);
   DeviceBuffer workspace;
   if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
     workspace = AllocateOrExit(bytes);
@@ -235,33 +245,25 @@ int Sweep(cudaStream_t stream, double copy, const std::string& device) {
         DeviceBuffer q = AllocateOrExit(batch * kNumHeads * kHeadDim * 4);
         BENCH_CHECK_CUDA(cudaMemset(q.data(), 0x3c, batch * kNumHeads * kHeadDim * 4));
         DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 4);
-        kernels::cuda::PagedDecodeParams p;
-        p.q = q.data();
-        p.out = out.data();
-        p.q_dtype = int8 ? DataType::kF32 : DataType::kF16;
-        p.cache = pool.view(DataType::kF16);
+        kernels::cuda::KvCacheView view = pool.view(DataType::kF16);
         if (int8) {
-          const std::vector<int32_t> lens(batch, static_cast<int32_t>(context));
-          p.cache.num_blocks *= 2;  // blocks of one-byte codes
-          p.cache.quant = kernels::cuda::KvQuant::kInt8;
-          p.cache.k_scale = static_cast<uint16_t*>(scales.data());
-          p.cache.v_scale = p.cache.k_scale + rows;
-          pool.context_len = Upload(lens);
+          view.num_blocks *= 2;  // blocks of one-byte codes
+          view.quant = kernels::cuda::KvQuant::kInt8;
+          view.k_scale = static_cast<uint16_t*>(scales.data());
+          view.v_scale = view.k_scale + rows;
+          pool.context_len = Upload(std::vector<int32_t>(batch, static_cast<int32_t>(context)));
           std::vector<int32_t> ids(batch * ((context + kBlockSize - 1) / kBlockSize));
           std::iota(ids.begin(), ids.end(), 0);
           std::shuffle(ids.begin(), ids.end(), std::mt19937(10));
           std::vector<int32_t> indptr(batch + 1);
-          for (int64_t s = 0; s <= batch; ++s) indptr[s] = static_cast<int32_t>(s * ids.size() / batch);
+          for (int64_t s = 0; s <= batch; ++s) {
+            indptr[s] = static_cast<int32_t>(s * ids.size() / batch);
+          }
           pool.indptr = Upload(indptr);
           pool.indices = Upload(ids);
         }
-        p.context_len = static_cast<const int32_t*>(pool.context_len.data());
-        p.block_indptr = static_cast<const int32_t*>(pool.indptr.data());
-        p.block_indices = static_cast<const int32_t*>(pool.indices.data());
-        p.num_seqs = batch;
-        p.num_heads = kNumHeads;
-        p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-        p.max_context_len = context;
+        kernels::cuda::PagedDecodeParams p = DecodeParams(
+            pool, view, q, out, int8 ? DataType::kF32 : DataType::kF16, batch, context);
         DeviceBuffer workspace;
         if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
           workspace = AllocateOrExit(bytes);

@@ -40,7 +40,6 @@
 namespace loom::kernels::cuda {
 namespace {
 
-using internal::AddSink;
 using internal::CopyAsync16;
 using internal::CopyAsyncCommit;
 using internal::CopyAsyncWait;
@@ -357,34 +356,14 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
     }
   }
   __syncthreads();
+  const internal::DecodeOutput output{args.out,   args.partial_acc, args.partial_max,
+                                      args.partial_sum, args.sinks, kHeadDim,
+                                      split,            num_splits};
   for (int i = threadIdx.x; i < heads_here * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w][g]);
-    float total = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = ExpFrom(warp_max[w][g], block_max);
-      total += merge[(w * kGroup + g) * kHeadDim + d] * weight;
-      sum += warp_sum[w][g] * weight;
-    }
-    if (bad_table) total = NAN;
-    const int64_t row = static_cast<int64_t>(seq) * args.num_heads + head0 + g;
-    if (num_splits == 1) {
-      // Split contexts get the sink once, in PagedDecodeReduceKernel.
-      if (args.sinks != nullptr) AddSink(args.sinks[head0 + g], block_max, total, sum);
-      // A bad table is NaN even when nothing was attended (sum 0).
-      static_cast<Q*>(args.out)[row * kHeadDim + d] =
-          FromFloat<Q>(bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f));
-    } else {
-      const int64_t partial = row * num_splits + split;
-      args.partial_acc[partial * kHeadDim + d] = total;
-      if (d == 0) {
-        args.partial_max[partial] = block_max;
-        args.partial_sum[partial] = bad_table ? NAN : sum;
-      }
-    }
+    internal::StoreDecodeElement<Q, kWarps>(
+        &warp_max[0][g], &warp_sum[0][g], kGroup, merge + g * kHeadDim + d, kGroup * kHeadDim,
+        bad_table, output, static_cast<int64_t>(seq) * args.num_heads + head0 + g, head0 + g, d);
   }
 }
 

@@ -37,7 +37,6 @@
 namespace loom::kernels::cuda {
 namespace {
 
-using internal::AddSink;
 using internal::CopyAsync16;
 using internal::CopyAsyncCommit;
 using internal::CopyAsyncWait;
@@ -262,32 +261,15 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(MmaDecodeArgs a
     warp_sum[warp][g + 8] = row_sum[1];
   }
   __syncthreads();
+  const internal::DecodeOutput output{args.out,   args.partial_acc, args.partial_max,
+                                      args.partial_sum, args.sinks, kHeadDim,
+                                      split,            num_splits};
   for (int i = threadIdx.x; i < args.group * kHeadDim; i += kThreads) {
     const int h = i / kHeadDim, d = i % kHeadDim;
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w][h]);
-    float total = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float weight = ExpFrom(warp_max[w][h], block_max);
-      total += merge[(w * kMaxGroup + h) * kHeadDim + d] * weight;
-      sum += warp_sum[w][h] * weight;
-    }
-    if (bad_table) total = NAN;
-    const int64_t row = static_cast<int64_t>(seq) * args.num_heads + head0 + h;
-    if (num_splits == 1) {
-      if (args.sinks != nullptr) AddSink(args.sinks[head0 + h], block_max, total, sum);
-      args.out[row * kHeadDim + d] =
-          __float2half_rn(bad_table ? NAN : (sum != 0.0f ? total / sum : 0.0f));
-    } else {
-      const int64_t partial = row * num_splits + split;
-      args.partial_acc[partial * kHeadDim + d] = total;
-      if (d == 0) {
-        args.partial_max[partial] = block_max;
-        args.partial_sum[partial] = bad_table ? NAN : sum;
-      }
-    }
+    internal::StoreDecodeElement<__half, kWarps>(
+        &warp_max[0][h], &warp_sum[0][h], kMaxGroup, merge + h * kHeadDim + d,
+        kMaxGroup * kHeadDim, bad_table, output,
+        static_cast<int64_t>(seq) * args.num_heads + head0 + h, head0 + h, d);
   }
 }
 
