@@ -28,7 +28,7 @@
 #include <utility>
 
 #include "common/status_macros.h"
-#include "kernels/cuda/attention_softmax.cuh"
+#include "kernels/cuda/paged_decode_internal.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_quant.cuh"
 #include "kernels/cuda/launch_internal.cuh"
@@ -43,6 +43,7 @@ namespace {
 using internal::CopyAsync16;
 using internal::CopyAsyncCommit;
 using internal::CopyAsyncWait;
+using internal::DecodeArgs;
 using internal::ExpFrom;
 using internal::FromFloat;
 using internal::ToFloat;
@@ -99,34 +100,6 @@ __device__ __forceinline__ void LoadShared8(const Kv* address, float (&values)[8
   }
 }
 
-struct DecodeArgs {
-  const void* q;
-  void* out;
-  const void* k_cache;
-  const void* v_cache;
-  const int32_t* context_len;
-  const int32_t* block_indptr;
-  const int32_t* block_indices;
-  const uint16_t* k_scale;  // 8-bit caches: [slots, num_kv_heads] BF16 bits
-  const uint16_t* v_scale;
-  float* partial_acc;  // [num_seqs, num_heads, num_splits, head_dim]
-  float* partial_max;  // [num_seqs, num_heads, num_splits]
-  float* partial_sum;  // [num_seqs, num_heads, num_splits]
-  int64_t q_stride;
-  int num_heads;
-  int num_kv_heads;
-  int group;        // num_heads / num_kv_heads
-  int head_chunks;  // ceil(group / kGroup)
-  int block_size;
-  int num_blocks;
-  int partition;  // tokens per split (the last split runs to context_len)
-  int window;     // > 0: attend to the last `window` positions only
-  float scale;
-  float softcap;  // > 0: scores become softcap * tanh(score / softcap)
-  // [num_heads] attention sinks or null; this kernel adds them with one split only (the
-  // reduction does with several).
-  const float* sinks;
-};
 
 
 template <typename Q, typename Kv, int kHeadDim, int kGroup, int kTiling>
@@ -150,15 +123,9 @@ __global__ void __launch_bounds__(internal::kDecodeTilings[kTiling].threads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int subgroup = threadIdx.x / S::kLanes, sub_lane = threadIdx.x % S::kLanes;
 
-  const int context = args.context_len[seq];
-  // The splits cut the attended positions [first, context): with a window the positions
-  // before it are never read (their blocks may be freed).
-  const int first = args.window > 0 ? max(0, context - args.window) : 0;
-  const int begin = first + split * args.partition;
-  const int end = split == num_splits - 1 ? context : min(context, begin + args.partition);
-  const int num_tiles = end > begin ? (end - begin + S::kTile - 1) / S::kTile : 0;
-  const int table_begin = args.block_indptr[seq];
-  const int table_len = args.block_indptr[seq + 1] - table_begin;
+  const internal::DecodeSpan span = internal::DecodeSpanOf(args, seq, split, num_splits, S::kTile);
+  const int begin = span.begin, end = span.end, num_tiles = span.num_tiles;
+  const int table_begin = span.table_begin, table_len = span.table_len;
 
   // This lane's 8 dims of every query head, pre-scaled, in registers for the whole split.
   const Q* q =
@@ -422,30 +389,11 @@ absl::Status LaunchKernels(const PagedDecodeParams& p, DecodeArgs args, cudaStre
   constexpr int kShared = S::kSharedBytes;
   constexpr auto kernel = &PagedDecodeKernel<Q, Kv, kHeadDim, kGroup, kTiling>;
   LOOM_RETURN_IF_ERROR(internal::OptInSharedMemory<kernel>(kShared, "PagedDecode"));
-  int num_splits = p.num_splits;
-  if (num_splits == 0) {
-    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    LOOM_ASSIGN_OR_RETURN(const int resident,
-                          (ResidentBlocksPerSm<kernel, kShared, S::kThreads>()));
-    num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads * args.head_chunks,
-                                         PagedDecodeAttendedLength(p), num_sms, resident);
-  }
-  const int64_t needed =
-      internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
-  if (needed > 0 && (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < needed)) {
-    // Only on a GPU of more than kMaxSmsForWorkspace multiprocessors.
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedDecode: %d splits need a workspace of %d bytes, got %d", num_splits, needed,
-        p.workspace_bytes));
-  }
-  if (num_splits > 1) {
-    const int64_t partials = p.num_seqs * p.num_heads * num_splits;
-    args.partial_acc = static_cast<float*>(p.workspace);
-    args.partial_max = args.partial_acc + partials * p.cache.head_dim;
-    args.partial_sum = args.partial_max + partials;
-  }
-  args.partition =
-      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
+  LOOM_ASSIGN_OR_RETURN(const int resident, (ResidentBlocksPerSm<kernel, kShared, S::kThreads>()));
+  LOOM_ASSIGN_OR_RETURN(
+      const int num_splits,
+      internal::PlanDecodeSplits(p, p.num_seqs * p.cache.num_kv_heads * args.head_chunks,
+                                 resident, args));
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads * args.head_chunks),
                   static_cast<unsigned>(p.num_seqs));
   kernel<<<grid, S::kThreads, kShared, stream>>>(args);
@@ -476,8 +424,37 @@ absl::Status DispatchShape(const PagedDecodeParams& p, const DecodeArgs& args, i
   return by_group.template operator()<256>();
 }
 
-// The kernel arguments of checked params (the grid's head dimension checked too).
-absl::StatusOr<DecodeArgs> MakeDecodeArgs(const PagedDecodeParams& p) {
+}  // namespace
+
+absl::StatusOr<int> internal::PlanDecodeSplits(const PagedDecodeParams& p,
+                                               int64_t blocks_per_split, int resident,
+                                               DecodeArgs& args) {
+  int num_splits = p.num_splits;
+  if (num_splits == 0) {
+    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
+    num_splits = ChoosePagedDecodeSplits(blocks_per_split, PagedDecodeAttendedLength(p),
+                                         num_sms, resident);
+  }
+  const int64_t needed =
+      internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
+  if (needed > 0 && (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < needed)) {
+    // Only on a GPU of more than kMaxSmsForWorkspace multiprocessors.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PagedDecode: %d splits need a workspace of %d bytes, got %d", num_splits, needed,
+        p.workspace_bytes));
+  }
+  if (num_splits > 1) {
+    const int64_t partials = p.num_seqs * p.num_heads * num_splits;
+    args.partial_acc = static_cast<float*>(p.workspace);
+    args.partial_max = args.partial_acc + partials * p.cache.head_dim;
+    args.partial_sum = args.partial_max + partials;
+  }
+  args.partition =
+      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
+  return num_splits;
+}
+
+absl::StatusOr<internal::DecodeArgs> internal::MakeDecodeArgs(const PagedDecodeParams& p) {
   const int group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
   const int head_chunks = static_cast<int>(internal::DecodeHeadChunks(group));
   if (p.cache.num_kv_heads * head_chunks > 65535) {
@@ -506,6 +483,8 @@ absl::StatusOr<DecodeArgs> MakeDecodeArgs(const PagedDecodeParams& p) {
   args.sinks = p.sinks;
   return args;
 }
+
+namespace {
 
 // Candidate tiling kTiling at head dim 128 and `group_tile` 4 or 8 (the tuning space's
 // shapes): F16 K/V with an F16 query, or an INT8 cache with its F32 query.
@@ -584,7 +563,7 @@ absl::Status LaunchPagedDecodeCandidate(const PagedDecodeParams& p, int index,
         "an F16 query or INT8 K/V with an F32 one");
   }
   if (p.num_seqs == 0) return absl::OkStatus();
-  LOOM_ASSIGN_OR_RETURN(const DecodeArgs args, MakeDecodeArgs(p));
+  LOOM_ASSIGN_OR_RETURN(const DecodeArgs args, internal::MakeDecodeArgs(p));
   return CandidateLaunches(std::make_integer_sequence<int, internal::kNumDecodeTilings>{})[index](
       p, args, group_tile, stream);
 }
@@ -593,7 +572,7 @@ absl::Status LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) 
   LOOM_RETURN_IF_ERROR(CheckPagedDecodeParams(p));
   if (p.num_seqs == 0) return absl::OkStatus();
   const int group_tile = internal::DecodeHeadsPerBlock(p.num_heads / p.cache.num_kv_heads);
-  LOOM_ASSIGN_OR_RETURN(const DecodeArgs args, MakeDecodeArgs(p));
+  LOOM_ASSIGN_OR_RETURN(const DecodeArgs args, internal::MakeDecodeArgs(p));
   auto by_kv = [&]<typename Kv>() {
     return p.q_dtype == DataType::kF32
                ? DispatchShape<float, Kv>(p, args, group_tile, stream)

@@ -27,7 +27,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "kernels/cuda/attention_softmax.cuh"
+#include "kernels/cuda/paged_decode_internal.cuh"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/launch_internal.cuh"
 #include "kernels/cuda/mma_internal.cuh"
@@ -60,36 +60,13 @@ constexpr int kMergeBytes = kWarps * kMaxGroup * kHeadDim * 4;
 static_assert(kMergeBytes <= kSharedBytes, "the ring holds the warps' outputs for the merge");
 static_assert(kTile * kChunks % kThreads == 0, "whole chunks per thread");
 
-struct MmaDecodeArgs {
-  const __half* q;
-  __half* out;
-  const uint8_t* k_cache;
-  const uint8_t* v_cache;
-  const int32_t* context_len;
-  const int32_t* block_indptr;
-  const int32_t* block_indices;
-  float* partial_acc;  // [num_seqs, num_heads, num_splits, head_dim]
-  float* partial_max;  // [num_seqs, num_heads, num_splits]
-  float* partial_sum;  // [num_seqs, num_heads, num_splits]
-  int64_t q_stride;
-  int num_heads;
-  int num_kv_heads;
-  int group;
-  int block_size;
-  int num_blocks;
-  int partition;
-  int window;
-  float scale;
-  float softcap;
-  const float* sinks;
-};
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a K or V tile (swizzled).
 __device__ __forceinline__ int Swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 16;
 }
 
-__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(MmaDecodeArgs args) {
+__global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(internal::DecodeArgs args) {
   extern __shared__ __align__(16) uint8_t ring[];
   __shared__ int64_t slot_ring[kStages][kTile];  // each tile's slots, -1 when none
   __shared__ float warp_max[kWarps][kMaxGroup], warp_sum[kWarps][kMaxGroup];
@@ -98,17 +75,14 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(MmaDecodeArgs a
   const int kv_head = blockIdx.y, head0 = kv_head * args.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
-  const int context = args.context_len[seq];
-  const int first = args.window > 0 ? max(0, context - args.window) : 0;
-  const int begin = first + split * args.partition;
-  const int end = split == num_splits - 1 ? context : min(context, begin + args.partition);
-  const int num_tiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
-  const int table_begin = args.block_indptr[seq];
-  const int table_len = args.block_indptr[seq + 1] - table_begin;
+  const internal::DecodeSpan span = internal::DecodeSpanOf(args, seq, split, num_splits, kTile);
+  const int begin = span.begin, end = span.end, num_tiles = span.num_tiles;
+  const int table_begin = span.table_begin, table_len = span.table_len;
 
   // The query's A fragments for the 8 k-steps: a0 (head g, dims 2t, 2t+1), a1 (head g + 8),
   // a2 (head g, dims 2t + 8, 2t + 9), a3 (head g + 8, same); heads past the group are 0.
-  const __half* q = args.q + seq * args.q_stride + static_cast<int64_t>(head0) * kHeadDim;
+  const __half* q = static_cast<const __half*>(args.q) + seq * args.q_stride +
+                    static_cast<int64_t>(head0) * kHeadDim;
   uint32_t qa[kHeadDim / 16][4];
 #pragma unroll
   for (int s = 0; s < kHeadDim / 16; ++s) {
@@ -144,8 +118,10 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeMmaKernel(MmaDecodeArgs a
         }
         const int64_t at =
             slot >= 0 ? (slot * args.num_kv_heads + kv_head) * (kHeadDim * 2) + column * 16 : 0;
-        CopyAsync16(k_stage + Swizzled(row, column), args.k_cache + at, slot >= 0 ? 16 : 0);
-        CopyAsync16(k_stage + kTileBytes + Swizzled(row, column), args.v_cache + at,
+        CopyAsync16(k_stage + Swizzled(row, column), static_cast<const uint8_t*>(args.k_cache) + at,
+                    slot >= 0 ? 16 : 0);
+        CopyAsync16(k_stage + kTileBytes + Swizzled(row, column),
+                    static_cast<const uint8_t*>(args.v_cache) + at,
                     slot >= 0 ? 16 : 0);
         if (column == 0) slot_ring[stage][row] = slot;
       }
@@ -301,49 +277,12 @@ bool internal::PagedDecodeMmaSupports(const PagedDecodeParams& p) {
 absl::Status internal::LaunchPagedDecodeMma(const PagedDecodeParams& p, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(
       internal::OptInSharedMemory<PagedDecodeMmaKernel>(kSharedBytes, "PagedDecodeMma"));
-  if (p.cache.num_kv_heads > 65535) {
-    return absl::InvalidArgumentError("PagedDecodeMma: too many KV heads for one grid dimension");
-  }
-  int num_splits = p.num_splits;
-  if (num_splits == 0) {
-    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    LOOM_ASSIGN_OR_RETURN(const int resident, ResidentBlocksPerSm());
-    num_splits = ChoosePagedDecodeSplits(p.num_seqs * p.cache.num_kv_heads,
-                                         PagedDecodeAttendedLength(p), num_sms, resident);
-  }
-  const int64_t needed =
-      internal::DecodeWorkspaceBytes(p.num_seqs, p.num_heads, p.cache.head_dim, num_splits);
-  if (needed > 0 && (p.workspace == nullptr || static_cast<int64_t>(p.workspace_bytes) < needed)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "PagedDecodeMma: %d splits need a workspace of %d bytes, got %d", num_splits, needed,
-        p.workspace_bytes));
-  }
-  MmaDecodeArgs args{};
-  args.q = static_cast<const __half*>(p.q);
-  args.out = static_cast<__half*>(p.out);
-  args.k_cache = static_cast<const uint8_t*>(p.cache.k);
-  args.v_cache = static_cast<const uint8_t*>(p.cache.v);
-  args.context_len = p.context_len;
-  args.block_indptr = p.block_indptr;
-  args.block_indices = p.block_indices;
-  if (num_splits > 1) {
-    const int64_t partials = p.num_seqs * p.num_heads * num_splits;
-    args.partial_acc = static_cast<float*>(p.workspace);
-    args.partial_max = args.partial_acc + partials * kHeadDim;
-    args.partial_sum = args.partial_max + partials;
-  }
-  args.q_stride = p.q_stride != 0 ? p.q_stride : p.num_heads * kHeadDim;
-  args.num_heads = static_cast<int>(p.num_heads);
-  args.num_kv_heads = static_cast<int>(p.cache.num_kv_heads);
-  args.group = static_cast<int>(p.num_heads / p.cache.num_kv_heads);
-  args.block_size = static_cast<int>(p.cache.block_size);
-  args.num_blocks = static_cast<int>(std::min<int64_t>(p.cache.num_blocks, 0x7fffffff));
-  args.partition =
-      static_cast<int>((PagedDecodeAttendedLength(p) + num_splits - 1) / num_splits);
-  args.window = static_cast<int>(p.window);
-  args.scale = p.scale;
-  args.softcap = p.softcap;
-  args.sinks = p.sinks;
+  LOOM_ASSIGN_OR_RETURN(internal::DecodeArgs args, internal::MakeDecodeArgs(p));
+  args.head_chunks = 1;  // the whole group in one m16 tile
+  LOOM_ASSIGN_OR_RETURN(const int resident, ResidentBlocksPerSm());
+  LOOM_ASSIGN_OR_RETURN(
+      const int num_splits,
+      internal::PlanDecodeSplits(p, p.num_seqs * p.cache.num_kv_heads, resident, args));
   const dim3 grid(num_splits, static_cast<unsigned>(p.cache.num_kv_heads),
                   static_cast<unsigned>(p.num_seqs));
   PagedDecodeMmaKernel<<<grid, kThreads, kSharedBytes, stream>>>(args);

@@ -2,14 +2,28 @@
 
 // Internal to kernels/cuda: decode attention on tensor cores (paged_decode_mma.cu), a member
 // of decode attention's tuning space (paged_attention_candidates.h) beside the tilings of
-// paged_attention.cu's kernel, and the split reduction both share.
+// paged_attention.cu's kernel, and the host side both kernels share (their arguments, the
+// splits, the split reduction), defined in paged_attention.cu.
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/cuda/paged_attention.h"
 
 namespace loom::kernels::cuda::internal {
+
+struct DecodeArgs;  // paged_decode_internal.cuh
+
+/// The decode kernels' arguments from checked params (InvalidArgument when the grid's head
+/// dimension would overflow).
+absl::StatusOr<DecodeArgs> MakeDecodeArgs(const PagedDecodeParams& params);
+
+/// The splits a launch runs (params.num_splits, else ChoosePagedDecodeSplits for
+/// `blocks_per_split` blocks, `resident` of which fit a multiprocessor), checked against the
+/// workspace, with the arguments that depend on them (the partials' places, the partition).
+absl::StatusOr<int> PlanDecodeSplits(const PagedDecodeParams& params, int64_t blocks_per_split,
+                                     int resident, DecodeArgs& args);
 
 /// Whether LaunchPagedDecodeMma takes these (checked) params: head dim 128, F16 K/V with an
 /// F16 query, at most 16 query heads per KV head.

@@ -1,8 +1,9 @@
 #pragma once
 
-// Internal to kernels/cuda: what the decode kernels' online softmax shares
-// (paged_attention.cu, paged_decode_mma.cu): its exp, the attention sink, and the epilogue
-// that merges a block's warps.
+// Internal to kernels/cuda: what the two decode kernels (paged_attention.cu's, and
+// paged_decode_mma.cu's on tensor cores) share: their arguments, the positions a block
+// attends, the online softmax's exp and attention sink, and the epilogue that merges a
+// block's warps.
 
 #include <cmath>
 #include <cstdint>
@@ -10,6 +11,56 @@
 #include "kernels/cuda/launch_internal.cuh"
 
 namespace loom::kernels::cuda::internal {
+
+struct DecodeArgs {
+  const void* q;
+  void* out;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* context_len;
+  const int32_t* block_indptr;
+  const int32_t* block_indices;
+  const uint16_t* k_scale;  // 8-bit caches: [slots, num_kv_heads] BF16 bits
+  const uint16_t* v_scale;
+  float* partial_acc;  // [num_seqs, num_heads, num_splits, head_dim]
+  float* partial_max;  // [num_seqs, num_heads, num_splits]
+  float* partial_sum;  // [num_seqs, num_heads, num_splits]
+  int64_t q_stride;
+  int num_heads;
+  int num_kv_heads;
+  int group;        // num_heads / num_kv_heads
+  int head_chunks;  // ceil(group / kGroup)
+  int block_size;
+  int num_blocks;
+  int partition;  // tokens per split (the last split runs to context_len)
+  int window;     // > 0: attend to the last `window` positions only
+  float scale;
+  float softcap;  // > 0: scores become softcap * tanh(score / softcap)
+  // [num_heads] attention sinks or null; this kernel adds them with one split only (the
+  // reduction does with several).
+  const float* sinks;
+};
+
+/// The positions block (split, ., seq) attends, [begin, end): the splits cut the attended
+/// positions [first, context) (with a window the positions before it are never read: their
+/// blocks may be freed), the last running to the context's end; in tiles of `tile` tokens.
+struct DecodeSpan {
+  int begin, end, num_tiles;
+  int table_begin, table_len;  // the sequence's block-table entries
+};
+
+__device__ __forceinline__ DecodeSpan DecodeSpanOf(const DecodeArgs& args, int seq, int split,
+                                                   int num_splits, int tile) {
+  const int context = args.context_len[seq];
+  const int first = args.window > 0 ? max(0, context - args.window) : 0;
+  DecodeSpan span;
+  span.begin = first + split * args.partition;
+  span.end = split == num_splits - 1 ? context : min(context, span.begin + args.partition);
+  span.num_tiles = span.end > span.begin ? (span.end - span.begin + tile - 1) / tile : 0;
+  span.table_begin = args.block_indptr[seq];
+  span.table_len = args.block_indptr[seq + 1] - span.table_begin;
+  return span;
+}
 
 // exp(x - base) where base is -inf when nothing was attended yet (then 0, not NaN).
 __device__ __forceinline__ float ExpFrom(float x, float max) {
