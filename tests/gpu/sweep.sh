@@ -8,8 +8,9 @@
 #                candidates at m = 1-256 on Llama-3-8B's shapes, W4A16 and W8A16
 #   3. attention cuda_attention_bench --sweep: decode attention's tilings at batch 1-128 x
 #                context 1k-16k, F16 and INT8 K/V
-# and leaves in $OUT: candidate_tests.txt, sweep.txt (both sweeps' tables),
-# quantized_gemm_sweep.json and cuda_attention_sweep.json.
+# and leaves in $OUT: candidate_tests.txt, sweep.txt (both sweeps' tables, then each member
+# ranked against what is dispatched by tests/gpu/sweep_report.py), quantized_gemm_sweep.json
+# and cuda_attention_sweep.json.
 #
 #   tests/gpu/sweep.sh [--bundle ARCHIVE] [--dry-run]
 #
@@ -64,4 +65,8 @@ grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/candidate_tests.txt"
 run_step gemm "$OUT/sweep.txt" env OUT="$OUT" "$WORK/bin/quantized_gemm_bench" --sweep
 run_step attention "$OUT/sweep.txt" env OUT="$OUT" "$WORK/bin/cuda_attention_bench" --sweep
 cat "$OUT/sweep.txt"
+# The members ranked against what is dispatched (tests/gpu/sweep_report.py).
+if command -v python3 > /dev/null && compgen -G "$OUT/*_sweep.json" > /dev/null; then
+  python3 "$ROOT/tests/gpu/sweep_report.py" "$OUT" | tee -a "$OUT/sweep.txt"
+fi
 exit "$status"

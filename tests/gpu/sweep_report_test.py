@@ -1,0 +1,58 @@
+"""tests/gpu/sweep_report.py on synthetic sweeps: the ranking per range of m and per KV dtype,
+members missing from a row left out, nulls (a member that does not take the cache) skipped,
+and a folder without JSON an error."""
+import json
+import pathlib
+import subprocess
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import sweep_report  # noqa: E402
+
+REPORT = pathlib.Path(__file__).resolve().parent / "sweep_report.py"
+
+
+def gemm_row(m, table_us, timings, fmt="w4a16"):
+    return {"format": fmt, "n": 4096, "k": 4096, "m": m, "table": "tile_m64",
+            "timings": [{"config": "table", "splits": 0, "us": table_us}] + [
+                {"config": c, "splits": s, "us": us} for c, s, us in timings]}
+
+
+def test_gemm_members_ranked_per_range_by_geometric_mean():
+    data = {"rows": [
+        gemm_row(24, 40.0, [("fast", 3, 20.0), ("fast", 1, 40.0), ("slow", 1, 80.0)]),
+        gemm_row(32, 40.0, [("fast", 3, 10.0), ("slow", 1, 40.0), ("once", 1, 1.0)], "w8a16"),
+    ]}
+    lines = sweep_report.gemm_report(data)
+    assert len(lines) == 1 and lines[0].startswith("m 17-32 (table: tile_m64; 2 rows)")
+    # fast: ratios 2 and 4, geometric mean 2.83, worst 2; its forced single split ran once.
+    assert "fast 2.83x (worst 2.00x)" in lines[0]
+    assert lines[0].index("fast 2.83x") < lines[0].index("slow 0.71x")
+    assert "once" not in lines[0] and "fast/1" not in lines[0]
+
+
+def test_attention_members_ranked_per_kv_and_batch_nulls_skipped():
+    data = {"rows": [
+        {"kv": "f16", "batch": 1, "context": 1024, "us": {"t0": 10.0, "t1": 5.0, "mma": 2.0}},
+        {"kv": "f16", "batch": 8, "context": 1024, "us": {"t0": 10.0, "t1": 20.0, "mma": 5.0}},
+        {"kv": "int8", "batch": 1, "context": 1024, "us": {"t0": 10.0, "t1": 10.0, "mma": None}},
+    ]}
+    lines = sweep_report.attention_report(data)
+    assert lines[0].startswith("f16 all (2 rows): mma 3.16x (worst 2.00x); t1 1.00x")
+    assert any(line.startswith("f16 batch 8 (1 rows): mma 2.00x") for line in lines)
+    int8 = [line for line in lines if line.startswith("int8 all")][0]
+    assert "t1 1.00x" in int8 and "mma" not in int8
+
+
+def test_the_script_reads_a_folder_and_refuses_an_empty_one(tmp_path):
+    (tmp_path / "quantized_gemm_sweep.json").write_text(json.dumps(
+        {"rows": [gemm_row(1, 10.0, [("a", 2, 5.0)])]}))
+    run = subprocess.run([sys.executable, str(REPORT), str(tmp_path)], capture_output=True,
+                         text=True, check=True)
+    assert "m 1-8" in run.stdout and "a 2.00x" in run.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = subprocess.run([sys.executable, str(REPORT), str(empty)], capture_output=True,
+                             text=True)
+    assert missing.returncode == 1 and "no sweep JSON" in missing.stderr
