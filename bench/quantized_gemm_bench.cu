@@ -414,7 +414,11 @@ std::string SweepRowJson(const char* format, int64_t n, int64_t k, int64_t m,
                          const std::vector<SweepTiming>& timings) {
   std::string json = absl::StrFormat(
       "    {\"format\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, \"table\": \"%s\", \"timings\": [",
-      format, n, k, m, kernels::cuda::QuantGemmTileFor(m).name);
+      format, n, k, m,
+      kernels::cuda::QuantGemmTileFor(
+          m, std::string_view(format) == "w4a16" ? kernels::cuda::QuantWeightFormat::kInt4
+                                                 : kernels::cuda::QuantWeightFormat::kInt8)
+          .name);
   for (size_t i = 0; i < timings.size(); ++i) {
     const SweepTiming& t = timings[i];
     const std::string name = t.candidate < 0
@@ -500,7 +504,7 @@ int Sweep(cudaStream_t stream, int sms, const std::string& device) {
         const char* format = int4 ? "w4a16" : "w8a16";
         std::printf("%6s %6ld %6ld %4ld | %-10s %8.1f | %-16s [%2d] %8.1f %5.2fx\n", format,
                     static_cast<long>(n), static_cast<long>(k), static_cast<long>(m),
-                    std::string(kernels::cuda::QuantGemmTileFor(m).name).c_str(),
+                    std::string(kernels::cuda::QuantGemmTileFor(m, p.format).name).c_str(),
                     timings.front().us,
                     std::string(kernels::cuda::QuantGemmCandidateTile(best.candidate).name).c_str(),
                     best.splits, best.us, timings.front().us / best.us);

@@ -178,7 +178,7 @@ absl::Status CudaDevice::Linear(const Tensor& x, const DeviceLinear& w, Tensor o
     p.n = n;
     p.k = k;
     p.group_size = linear.group_size;
-    p.num_splits = kc::ChooseQuantGemmSplits(p.m, n, k, num_sms_);
+    p.num_splits = kc::ChooseQuantGemmSplits(p.m, n, k, num_sms_, p.format);
     const size_t workspace = kc::QuantGemmWorkspaceBytes(p);
     LOOM_RETURN_IF_ERROR(Ensure(workspace_, workspace));
     p.workspace = workspace_.data();

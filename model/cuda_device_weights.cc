@@ -300,7 +300,7 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadQuantized(
     p.k = linear->k;
     p.group_size = linear->group_size;
     p.scale_type = linear->scale_type;
-    p.num_splits = kc::ChooseQuantGemmSplits(m, p.n, p.k, num_sms_);
+    p.num_splits = kc::ChooseQuantGemmSplits(m, p.n, p.k, num_sms_, p.format);
     quant_workspace_bytes_ = std::max(quant_workspace_bytes_, kc::QuantGemmWorkspaceBytes(p));
     quant_counter_words_ = std::max(quant_counter_words_, kc::QuantGemmCounterCount(p));
   }

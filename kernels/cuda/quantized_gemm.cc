@@ -311,16 +311,17 @@ absl::StatusOr<std::vector<int8_t>> UnpackInt8FromGpu(const std::vector<uint8_t>
 
 // ------------------------------------------------------------------------------ dispatch
 
-QuantGemmTile QuantGemmTileFor(int64_t m) {
-  const internal::QuantGemmConfig& c =
-      kQuantGemmConfigs[internal::QuantGemmConfigIndex(std::max<int64_t>(m, 1))];
+QuantGemmTile QuantGemmTileFor(int64_t m, QuantWeightFormat format) {
+  const internal::QuantGemmConfig& c = kQuantGemmConfigs[internal::QuantGemmConfigIndex(
+      std::max<int64_t>(m, 1), format == QuantWeightFormat::kInt4)];
   return {c.name, c.block_m(), c.block_n(), c.step_k(), c.threads()};
 }
 
-int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms) {
+int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms, QuantWeightFormat format) {
   if (m <= 0 || n <= 0 || k <= 0) return 1;
-  return internal::QuantGemmSplitsFor(kQuantGemmConfigs[internal::QuantGemmConfigIndex(m)], m, n, k,
-                                      num_sms);
+  return internal::QuantGemmSplitsFor(
+      kQuantGemmConfigs[internal::QuantGemmConfigIndex(m, format == QuantWeightFormat::kInt4)], m,
+      n, k, num_sms);
 }
 
 namespace internal {
@@ -342,9 +343,10 @@ int QuantGemmSplitsFor(const QuantGemmConfig& c, int64_t m, int64_t n, int64_t k
 
 size_t QuantGemmWorkspaceBytes(const QuantGemmParams& p) {
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) return 0;
-  const int splits = p.num_splits > 0 ? p.num_splits
-                                      : ChooseQuantGemmSplits(
-                                            p.m, p.n, p.k, internal::kQuantGemmMaxSmsForWorkspace);
+  const int splits =
+      p.num_splits > 0
+          ? p.num_splits
+          : ChooseQuantGemmSplits(p.m, p.n, p.k, internal::kQuantGemmMaxSmsForWorkspace, p.format);
   if (splits <= 1) return 0;
   return static_cast<size_t>(splits) * static_cast<size_t>(p.m) * static_cast<size_t>(p.n) *
          sizeof(float);
@@ -357,7 +359,8 @@ bool QuantGemmGrouped(const QuantGemmParams& p) {
 
 size_t QuantGemmCounterCount(const QuantGemmParams& p) {
   if (QuantGemmWorkspaceBytes(p) == 0) return 0;
-  const internal::QuantGemmConfig& c = kQuantGemmConfigs[internal::QuantGemmConfigIndex(p.m)];
+  const internal::QuantGemmConfig& c =
+      kQuantGemmConfigs[internal::QuantGemmConfigIndex(p.m, p.format == QuantWeightFormat::kInt4)];
   return static_cast<size_t>(CeilDiv(CeilDiv(p.n, 16), c.row_tiles()) * CeilDiv(p.m, c.block_m()));
 }
 

@@ -281,11 +281,11 @@ absl::StatusOr<std::shared_ptr<const Fp8Plan>> CachedFp8Plan(cublasLtHandle_t ha
 absl::Status LaunchQuantGemm(const QuantGemmParams& p, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(CheckQuantGemmParams(p));
   if (p.m == 0) return absl::OkStatus();
-  const int config = internal::QuantGemmConfigIndex(p.m);
+  const int config = internal::QuantGemmConfigIndex(p.m, p.format == QuantWeightFormat::kInt4);
   int splits = p.num_splits;
   if (splits == 0) {
     LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    splits = ChooseQuantGemmSplits(p.m, p.n, p.k, num_sms);
+    splits = ChooseQuantGemmSplits(p.m, p.n, p.k, num_sms, p.format);
   }
   const size_t needed = static_cast<size_t>(splits) * p.m * p.n * sizeof(float);
   if (splits > 1 && (p.workspace == nullptr || p.workspace_bytes < needed)) {

@@ -695,7 +695,7 @@ absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t str
 // format, group size and scale type; the lists are the ones CheckQuantGemmParams enforces).
 template <typename T, bool kInt4, int kGroup, QuantScaleType kScales>
 absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cudaStream_t stream) {
-  static_assert(kNumQuantGemmConfigs == 5);
+  static_assert(kNumQuantGemmConfigs == 6);
   switch (config) {
     case 0:
       return RunQuantGemm<T, kInt4, kGroup, kScales, 0>(p, splits, stream);
@@ -705,6 +705,13 @@ absl::Status DispatchConfig(const QuantGemmParams& p, int config, int splits, cu
       return RunQuantGemm<T, kInt4, kGroup, kScales, 2>(p, splits, stream);
     case 3:
       return RunQuantGemm<T, kInt4, kGroup, kScales, 3>(p, splits, stream);
+    case kQuantGemmInt4OnlyConfig:
+      if constexpr (kInt4) {
+        return RunQuantGemm<T, kInt4, kGroup, kScales, kQuantGemmInt4OnlyConfig>(p, splits,
+                                                                                stream);
+      } else {
+        return absl::InternalError("QuantGemm: an INT8 weight took an INT4-only config");
+      }
     default:
       return RunQuantGemm<T, kInt4, kGroup, kScales, 4>(p, splits, stream);
   }

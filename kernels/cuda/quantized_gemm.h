@@ -135,20 +135,21 @@ struct QuantGemmParams {
   bool f32_out = false;
 };
 
-/// The tile configuration LaunchQuantGemm uses for m tokens (the dispatch table).
+/// The tile configuration LaunchQuantGemm uses for m tokens of a weight format (the dispatch
+/// table; INT4 takes the 256-wide gemv at 9-16 tokens).
 struct QuantGemmTile {
-  std::string_view name;  // "gemv_m8", "gemv_m16", "tile_m32", "tile_m64" or "tile_m64_n128"
+  std::string_view name;  // "gemv_m8", "gemv_m16", "gemv_m16_n256", "tile_m32", "tile_m64", ...
   int block_m;            // tokens per block
   int block_n;            // output features per block
   int step_k;             // input features per pipeline stage
   int threads;            // per block
 };
-QuantGemmTile QuantGemmTileFor(int64_t m);
+QuantGemmTile QuantGemmTileFor(int64_t m, QuantWeightFormat format);
 
 /// Split-K partitions for `m` x `n` x `k` on `num_sms` multiprocessors: 1 when the output tiles
 /// already fill the GPU, else enough to reach the tile's target block count, each split at least 4
-/// pipeline steps long, at most kQuantGemmMaxSplits.
-int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms);
+/// pipeline steps long, at most kQuantGemmMaxSplits; for the tile `format` takes at m.
+int ChooseQuantGemmSplits(int64_t m, int64_t n, int64_t k, int num_sms, QuantWeightFormat format);
 
 /// Workspace bytes a launch with these params may need (F32 partial sums, [splits, m, n]): for
 /// num_splits when set, else for the most splits the heuristic picks on a GPU of up to 256

@@ -34,16 +34,21 @@ struct QuantGemmConfig {
 /// across warps and across blocks. From m = 17 the members are the winners of
 /// `quantized_gemm_bench --sweep` on an H200 (bench/results/gpu/2026-12-04-h200-s28-sweep: the
 /// geometric mean over Llama-3-8B's three shapes in W4A16 and W8A16, against the table before
-/// it): 17-32 tokens 2.1x, 33-64 1.26x, 65-128 1.09x, 129-256 1.40x. Every member fits the
-/// 99 KiB of sm_86 in every format (the K-quants' F32 scales and mins in groups of 16 included).
+/// it): 17-32 tokens 2.1x, 33-64 1.26x, 65-128 1.09x, 129-256 1.40x; and, for INT4 at 9-16
+/// tokens, gemv_m16_n256 (1.23x over the three shapes: 11.9 + 26.8 + 23.2 us against
+/// 11.1 + 31.2 + 33.2). Every member but gemv_m16_n256 fits the 99 KiB of sm_86 in every
+/// format (the K-quants' F32 scales and mins in groups of 16 included); it fits INT4's.
 inline constexpr QuantGemmConfig kQuantGemmConfigs[] = {
     // tiles_m warps_m warps_n frags_n warps_k target name
     {1, 1, 4, 2, 2, 2, "gemv_m8"},       {2, 1, 4, 2, 2, 2, "gemv_m16"},
     {4, 1, 4, 2, 2, 2, "tile_m32"},       // 32 tokens x 128 features, K 128 in two warps
     {4, 2, 2, 2, 2, 1, "tile_m64"},       // 64 x 64, K 128 in two warps
     {8, 1, 4, 2, 1, 1, "tile_m64_n128"},  // 64 x 128, one warp per 32 features
+    {2, 1, 4, 4, 2, 2, "gemv_m16_n256"},  // 16 x 256, K 128 in two warps: INT4 only
 };
-inline constexpr int kNumQuantGemmConfigs = 5;
+inline constexpr int kNumQuantGemmConfigs = 6;
+/// The member only INT4 takes (its INT8 stages pass 99 KiB).
+inline constexpr int kQuantGemmInt4OnlyConfig = 5;
 
 /// The member each range of m takes: the first whose max_m >= m.
 struct QuantGemmRange {
@@ -52,6 +57,10 @@ struct QuantGemmRange {
 };
 inline constexpr QuantGemmRange kQuantGemmRanges[] = {
     {8, 0}, {16, 1}, {32, 2}, {64, 3}, {128, 4}, {256, 3},
+};
+/// INT4's: 9-16 tokens on the 256-wide gemv.
+inline constexpr QuantGemmRange kQuantGemmInt4Ranges[] = {
+    {8, 0}, {16, 5}, {32, 2}, {64, 3}, {128, 4}, {256, 3},
 };
 
 /// Pipeline stages (cp.async ring) of every config: one fewer for a member whose four would
@@ -66,7 +75,8 @@ inline constexpr int kQuantGemmMaxSmsForWorkspace = 256;
 inline constexpr size_t kFp8LtWorkspaceBytes = size_t{8} << 20;
 
 /// The tuning space beyond the dispatch table (the table's members left out: tile_m32 was
-/// c_m32_n128_k128, tile_m64 c_m64_n64_k128, tile_m64_n128 c_m64_n128_w4): members that
+/// c_m32_n128_k128, tile_m64 c_m64_n64_k128, tile_m64_n128 c_m64_n128_w4, gemv_m16_n256
+/// c_m16_n256_k128): members that
 /// `quantized_gemm_bench --sweep` times against the table's at every m (LaunchQuantGemmCandidate;
 /// INT4 in groups of 128 and INT8 per channel, F16 activations only, to keep the build small). A
 /// candidate that wins a range of m on a lent GPU moves into kQuantGemmConfigs (if it fits every
@@ -76,7 +86,6 @@ inline constexpr QuantGemmConfig kQuantGemmCandidates[] = {
     {1, 1, 2, 2, 4, 2, "c_m8_n64_k256"},
     {1, 1, 4, 1, 4, 2, "c_m8_n64_k256_w16"},
     {1, 1, 4, 4, 2, 2, "c_m8_n256_k128"},
-    {2, 1, 4, 4, 2, 2, "c_m16_n256_k128"},
     {2, 1, 2, 2, 4, 2, "c_m16_n64_k256"},
     {4, 1, 4, 4, 2, 1, "c_m32_n256_k128"},
     {4, 2, 4, 2, 1, 1, "c_m64_n128_w8"},
@@ -110,12 +119,13 @@ constexpr const QuantGemmConfig& QuantGemmConfigAt(int index) {
 /// Split-K partitions for config `c` (ChooseQuantGemmSplits for the dispatch table's member).
 int QuantGemmSplitsFor(const QuantGemmConfig& c, int64_t m, int64_t n, int64_t k, int num_sms);
 
-/// Index into kQuantGemmConfigs for m in [1, 256].
-constexpr int QuantGemmConfigIndex(int64_t m) {
-  for (const QuantGemmRange& range : kQuantGemmRanges) {
+/// Index into kQuantGemmConfigs for m in [1, 256] (INT4's ranges with int4).
+constexpr int QuantGemmConfigIndex(int64_t m, bool int4) {
+  const auto& ranges = int4 ? kQuantGemmInt4Ranges : kQuantGemmRanges;
+  for (const QuantGemmRange& range : ranges) {
     if (m <= range.max_m) return range.config;
   }
-  return kQuantGemmRanges[std::size(kQuantGemmRanges) - 1].config;
+  return ranges[std::size(ranges) - 1].config;
 }
 
 }  // namespace loom::kernels::cuda::internal

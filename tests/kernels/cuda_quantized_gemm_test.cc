@@ -538,31 +538,42 @@ TEST(CudaQuantGemmTest, RejectsUnsupportedShapesBeforeLaunch) {
 }
 
 TEST(CudaQuantGemmTest, DispatchTableAndSplitHeuristic) {
-  EXPECT_EQ(QuantGemmTileFor(1).name, "gemv_m8");
-  EXPECT_EQ(QuantGemmTileFor(8).name, "gemv_m8");
-  EXPECT_EQ(QuantGemmTileFor(9).name, "gemv_m16");
-  EXPECT_EQ(QuantGemmTileFor(16).name, "gemv_m16");
-  EXPECT_EQ(QuantGemmTileFor(17).name, "tile_m32");
-  EXPECT_EQ(QuantGemmTileFor(32).name, "tile_m32");
-  EXPECT_EQ(QuantGemmTileFor(33).name, "tile_m64");
-  EXPECT_EQ(QuantGemmTileFor(64).name, "tile_m64");
-  EXPECT_EQ(QuantGemmTileFor(65).name, "tile_m64_n128");
-  EXPECT_EQ(QuantGemmTileFor(128).name, "tile_m64_n128");
-  EXPECT_EQ(QuantGemmTileFor(128).block_n, 128);
-  EXPECT_EQ(QuantGemmTileFor(129).name, "tile_m64");
-  EXPECT_EQ(QuantGemmTileFor(256).name, "tile_m64");
-  EXPECT_EQ(QuantGemmTileFor(256).block_m, 64);
+  constexpr QuantWeightFormat kI8 = QuantWeightFormat::kInt8, kI4 = QuantWeightFormat::kInt4;
+  EXPECT_EQ(QuantGemmTileFor(1, kI8).name, "gemv_m8");
+  EXPECT_EQ(QuantGemmTileFor(8, kI8).name, "gemv_m8");
+  EXPECT_EQ(QuantGemmTileFor(9, kI8).name, "gemv_m16");
+  EXPECT_EQ(QuantGemmTileFor(16, kI8).name, "gemv_m16");
+  EXPECT_EQ(QuantGemmTileFor(17, kI8).name, "tile_m32");
+  EXPECT_EQ(QuantGemmTileFor(32, kI8).name, "tile_m32");
+  EXPECT_EQ(QuantGemmTileFor(33, kI8).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(64, kI8).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(65, kI8).name, "tile_m64_n128");
+  EXPECT_EQ(QuantGemmTileFor(128, kI8).name, "tile_m64_n128");
+  EXPECT_EQ(QuantGemmTileFor(128, kI8).block_n, 128);
+  EXPECT_EQ(QuantGemmTileFor(129, kI8).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(256, kI8).name, "tile_m64");
+  EXPECT_EQ(QuantGemmTileFor(256, kI8).block_m, 64);
+  // INT4 takes the 256-wide gemv at 9-16 tokens (its INT8 stages would not fit 99 KiB).
+  EXPECT_EQ(QuantGemmTileFor(8, kI4).name, "gemv_m8");
+  EXPECT_EQ(QuantGemmTileFor(9, kI4).name, "gemv_m16_n256");
+  EXPECT_EQ(QuantGemmTileFor(16, kI4).name, "gemv_m16_n256");
+  EXPECT_EQ(QuantGemmTileFor(16, kI4).block_n, 256);
+  EXPECT_EQ(QuantGemmTileFor(17, kI4).name, "tile_m32");
+  // K = 14336 in 128-wide steps allows up to 16 splits (4 steps each): INT4's 16 blocks of 256
+  // features split 16 ways, INT8's 32 of 128 features 9 ways, both toward 2 blocks per SM.
+  EXPECT_EQ(ChooseQuantGemmSplits(12, 4096, 14336, 132, kI4), 16);
+  EXPECT_EQ(ChooseQuantGemmSplits(12, 4096, 14336, 132, kI8), 9);
   // Decode on 132 SMs: 32 blocks of 128 features; K = 4096 in 128-wide steps -> 8 splits (the
   // 4-steps-per-split floor), enough for ~2 blocks per SM.
-  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 4096, 132), 8);
-  EXPECT_EQ(ChooseQuantGemmSplits(1, 14336, 4096, 132), 3);
-  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 14336, 132), 9);
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 4096, 132, kI8), 8);
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 14336, 4096, 132, kI8), 3);
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 14336, 132, kI8), 9);
   // Large m fills the GPU with output tiles: no split.
-  EXPECT_EQ(ChooseQuantGemmSplits(256, 4096, 4096, 132), 1);
+  EXPECT_EQ(ChooseQuantGemmSplits(256, 4096, 4096, 132, kI8), 1);
   // Short K cannot be split below 4 steps.
-  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 256, 132), 1);
+  EXPECT_EQ(ChooseQuantGemmSplits(1, 4096, 256, 132, kI8), 1);
   // Never more than the cap.
-  EXPECT_LE(ChooseQuantGemmSplits(1, 16, 1 << 20, 256), kQuantGemmMaxSplits);
+  EXPECT_LE(ChooseQuantGemmSplits(1, 16, 1 << 20, 256, kI8), kQuantGemmMaxSplits);
   // Split-K tile counters: one per output tile of the dispatched config, none without splits.
   QuantGemmParams p;
   p.m = 1;
@@ -575,6 +586,10 @@ TEST(CudaQuantGemmTest, DispatchTableAndSplitHeuristic) {
   EXPECT_EQ(QuantGemmCounterCount(p), 256u);
   p.m = 100;  // tile_m64_n128: 2 m blocks x 4096 / 128 features
   EXPECT_EQ(QuantGemmCounterCount(p), 64u);
+  p.m = 12;  // INT4 (the params' default format): gemv_m16_n256, 4096 / 256 features
+  EXPECT_EQ(QuantGemmCounterCount(p), 16u);
+  p.format = kI8;  // gemv_m16: 4096 / 128 features
+  EXPECT_EQ(QuantGemmCounterCount(p), 32u);
   p.num_splits = 1;
   EXPECT_EQ(QuantGemmCounterCount(p), 0u);
 }
@@ -1131,7 +1146,10 @@ TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
     c = {QuantWeightFormat::kInt4, DataType::kBF16, 200, 320, 640, 64, true, splits};
     c.in_kernel_reduction = true;
     RunGemmCase(c, seed++);
-    // tile_m32 (two K warps) and tile_m64_n128.
+    // gemv_m16_n256 (INT4 only), tile_m32 (two K warps) and tile_m64_n128.
+    c = {QuantWeightFormat::kInt4, DataType::kBF16, 11, 512, 1024, 32, true, splits};
+    c.in_kernel_reduction = true;
+    RunGemmCase(c, seed++);
     c = {QuantWeightFormat::kInt8, DataType::kF16, 29, 256, 1024, 0, true, splits};
     c.in_kernel_reduction = true;
     RunGemmCase(c, seed++);
@@ -1146,7 +1164,8 @@ TEST(CudaQuantGemmTest, InKernelSplitReductionEqualsTheReduceKernelBitForBit) {
   RunGemmCase(waves, seed++);
   // The heuristic's own splits on this GPU.
   LOOM_ASSERT_OK_AND_ASSIGN(const int sms, CurrentDeviceSmCount());
-  ASSERT_GT(ChooseQuantGemmSplits(1, 4096, 14336, sms), 1) << sms << " SMs";
+  ASSERT_GT(ChooseQuantGemmSplits(1, 4096, 14336, sms, QuantWeightFormat::kInt4), 1)
+      << sms << " SMs";
   GemmCase heuristic{QuantWeightFormat::kInt4, DataType::kF16, 1, 4096, 14336, 128, false};
   heuristic.in_kernel_reduction = true;
   RunGemmCase(heuristic, seed++);
