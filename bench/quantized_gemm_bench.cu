@@ -411,14 +411,10 @@ struct SweepTiming {
 };
 
 std::string SweepRowJson(const char* format, int64_t n, int64_t k, int64_t m,
-                         const std::vector<SweepTiming>& timings) {
+                         std::string_view table, const std::vector<SweepTiming>& timings) {
   std::string json = absl::StrFormat(
       "    {\"format\": \"%s\", \"n\": %d, \"k\": %d, \"m\": %d, \"table\": \"%s\", \"timings\": [",
-      format, n, k, m,
-      kernels::cuda::QuantGemmTileFor(
-          m, std::string_view(format) == "w4a16" ? kernels::cuda::QuantWeightFormat::kInt4
-                                                 : kernels::cuda::QuantWeightFormat::kInt8)
-          .name);
+      format, n, k, m, std::string(table));
   for (size_t i = 0; i < timings.size(); ++i) {
     const SweepTiming& t = timings[i];
     const std::string name = t.candidate < 0
@@ -440,7 +436,7 @@ int Sweep(cudaStream_t stream, int sms, const std::string& device) {
   std::string rows_json;
   uint32_t seed = 500;
   std::printf("\nsweep: table member against the fastest candidate (us; splits in brackets)\n");
-  std::printf("%6s %6s %6s %4s | %-10s %8s | %-20s %8s %6s\n", "format", "N", "K", "M", "table",
+  std::printf("%6s %6s %6s %4s | %-13s %8s | %-20s %8s %6s\n", "format", "N", "K", "M", "table",
               "us", "best candidate", "us", "x");
   for (const auto& [n, k] : shapes) {
     Rotation w4, w8;
@@ -502,15 +498,18 @@ int Sweep(cudaStream_t stream, int sms, const std::string& device) {
         }
         BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
         const char* format = int4 ? "w4a16" : "w8a16";
-        std::printf("%6s %6ld %6ld %4ld | %-10s %8.1f | %-16s [%2d] %8.1f %5.2fx\n", format,
+        const std::string table(kernels::cuda::QuantGemmTileFor(m, p.format).name);
+        const std::string best_name =
+            best.candidate < 0
+                ? "-"
+                : std::string(kernels::cuda::QuantGemmCandidateTile(best.candidate).name);
+        std::printf("%6s %6ld %6ld %4ld | %-13s %8.1f | %-16s [%2d] %8.1f %5.2fx\n", format,
                     static_cast<long>(n), static_cast<long>(k), static_cast<long>(m),
-                    std::string(kernels::cuda::QuantGemmTileFor(m, p.format).name).c_str(),
-                    timings.front().us,
-                    std::string(kernels::cuda::QuantGemmCandidateTile(best.candidate).name).c_str(),
-                    best.splits, best.us, timings.front().us / best.us);
+                    table.c_str(), timings.front().us, best_name.c_str(), best.splits, best.us,
+                    timings.front().us / best.us);
         std::fflush(stdout);
         if (!rows_json.empty()) rows_json += ",\n";
-        rows_json += SweepRowJson(format, n, k, m, timings);
+        rows_json += SweepRowJson(format, n, k, m, table, timings);
       }
     }
   }

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/quantized_gemm_internal.h"
 
 namespace loom::kernels::cuda {
@@ -328,7 +330,7 @@ namespace internal {
 
 int QuantGemmSplitsFor(const QuantGemmConfig& c, int64_t m, int64_t n, int64_t k, int num_sms) {
   if (m <= 0 || n <= 0 || k <= 0) return 1;
-  const int64_t blocks = CeilDiv(CeilDiv(n, 16), c.row_tiles()) * CeilDiv(m, c.block_m());
+  const int64_t blocks = QuantGemmTiles(c, m, n);
   const int64_t target = static_cast<int64_t>(std::max(num_sms, 1)) * c.target_blocks_per_sm;
   // Within a factor of two of the target already: a second kernel and the F32 round trip through
   // the workspace would cost more than the idle multiprocessors.
@@ -359,9 +361,39 @@ bool QuantGemmGrouped(const QuantGemmParams& p) {
 
 size_t QuantGemmCounterCount(const QuantGemmParams& p) {
   if (QuantGemmWorkspaceBytes(p) == 0) return 0;
-  const internal::QuantGemmConfig& c =
-      kQuantGemmConfigs[internal::QuantGemmConfigIndex(p.m, p.format == QuantWeightFormat::kInt4)];
-  return static_cast<size_t>(CeilDiv(CeilDiv(p.n, 16), c.row_tiles()) * CeilDiv(p.m, c.block_m()));
+  return static_cast<size_t>(internal::QuantGemmTiles(
+      kQuantGemmConfigs[internal::QuantGemmConfigIndex(p.m, p.format == QuantWeightFormat::kInt4)],
+      p.m, p.n));
+}
+
+int64_t internal::QuantGemmTiles(const QuantGemmConfig& c, int64_t m, int64_t n) {
+  return CeilDiv(CeilDiv(n, 16), c.row_tiles()) * CeilDiv(m, c.block_m());
+}
+
+absl::StatusOr<int> internal::PlanQuantGemmSplits(const QuantGemmParams& p,
+                                                  const QuantGemmConfig& c) {
+  int splits = p.num_splits;
+  if (splits == 0) {
+    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
+    splits = QuantGemmSplitsFor(c, p.m, p.n, p.k, num_sms);
+  }
+  if (splits <= 1) return splits;
+  const size_t needed = static_cast<size_t>(splits) * p.m * p.n * sizeof(float);
+  if (p.workspace == nullptr || p.workspace_bytes < needed) {
+    // With num_splits 0: only on a GPU of more than kQuantGemmMaxSmsForWorkspace multiprocessors.
+    return absl::InvalidArgumentError(
+        absl::StrFormat("QuantGemm (%s): %d splits need a workspace of %d bytes, got %d", c.name,
+                        splits, needed, p.workspace_bytes));
+  }
+  // CheckQuantGemmParams counted for the heuristic's GPU when num_splits is 0: count again for
+  // the splits chosen here.
+  const int64_t tiles = QuantGemmTiles(c, p.m, p.n);
+  if (p.counters != nullptr && static_cast<int64_t>(p.counter_words) < tiles) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("QuantGemm (%s): %d splits need %d counter words, got %d", c.name, splits,
+                        tiles, p.counter_words));
+  }
+  return splits;
 }
 
 absl::Status CheckQuantGemmParams(const QuantGemmParams& p) {

@@ -282,29 +282,8 @@ absl::Status LaunchQuantGemm(const QuantGemmParams& p, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(CheckQuantGemmParams(p));
   if (p.m == 0) return absl::OkStatus();
   const int config = internal::QuantGemmConfigIndex(p.m, p.format == QuantWeightFormat::kInt4);
-  int splits = p.num_splits;
-  if (splits == 0) {
-    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    splits = ChooseQuantGemmSplits(p.m, p.n, p.k, num_sms, p.format);
-  }
-  const size_t needed = static_cast<size_t>(splits) * p.m * p.n * sizeof(float);
-  if (splits > 1 && (p.workspace == nullptr || p.workspace_bytes < needed)) {
-    // Only on a GPU of more than kQuantGemmMaxSmsForWorkspace multiprocessors.
-    return absl::InvalidArgumentError(
-        absl::StrFormat("QuantGemm: %d splits need a workspace of %d bytes, got %d", splits, needed,
-                        p.workspace_bytes));
-  }
-  if (splits > 1 && p.counters != nullptr) {
-    // CheckQuantGemmParams counted for the heuristic's GPU when num_splits is 0: count again
-    // for the splits chosen here.
-    QuantGemmParams chosen = p;
-    chosen.num_splits = splits;
-    if (p.counter_words < QuantGemmCounterCount(chosen)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("QuantGemm: %d splits need %d counter words, got %d", splits,
-                          QuantGemmCounterCount(chosen), p.counter_words));
-    }
-  }
+  LOOM_ASSIGN_OR_RETURN(const int splits,
+                        internal::PlanQuantGemmSplits(p, internal::kQuantGemmConfigs[config]));
   if (p.act_dtype == DataType::kF16) return DispatchFormat<__half>(p, config, splits, stream);
   return DispatchFormat<__nv_bfloat16>(p, config, splits, stream);
 }

@@ -42,8 +42,6 @@ constexpr std::array<bool, sizeof...(kIndex)> Fits(std::integer_sequence<int, kI
 }
 using Indices = std::make_integer_sequence<int, kNumQuantGemmCandidates>;
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 }  // namespace
 
 int QuantGemmCandidateCount() { return kNumQuantGemmCandidates; }
@@ -75,24 +73,8 @@ absl::Status LaunchQuantGemmCandidate(const QuantGemmParams& p, int index, cudaS
                         kQuantGemmCandidates[index].name, int4 ? "INT4" : "INT8"));
   }
   if (p.m == 0) return absl::OkStatus();
-  int splits = p.num_splits;
-  if (splits == 0) {
-    LOOM_ASSIGN_OR_RETURN(const int num_sms, CurrentDeviceSmCount());
-    splits = QuantGemmCandidateSplits(index, p.m, p.n, p.k, num_sms);
-  }
-  const internal::QuantGemmConfig& c = kQuantGemmCandidates[index];
-  const size_t needed = static_cast<size_t>(splits) * p.m * p.n * sizeof(float);
-  if (splits > 1 && (p.workspace == nullptr || p.workspace_bytes < needed)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "QuantGemm candidate: %d splits need %d workspace bytes, got %d", splits, needed,
-        p.workspace_bytes));
-  }
-  const int64_t tiles = CeilDiv(p.n / 16, c.row_tiles()) * CeilDiv(p.m, c.block_m());
-  if (splits > 1 && p.counters != nullptr && static_cast<int64_t>(p.counter_words) < tiles) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "QuantGemm candidate: %d output tiles need as many counter words, got %d", tiles,
-        p.counter_words));
-  }
+  LOOM_ASSIGN_OR_RETURN(const int splits,
+                        internal::PlanQuantGemmSplits(p, kQuantGemmCandidates[index]));
   return (int4 ? Launches<true, 128>(Indices{}) : Launches<false, 0>(Indices{}))[index](p, splits,
                                                                                      stream);
 }

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <iterator>
 
+#include "absl/status/statusor.h"
+#include "kernels/cuda/quantized_gemm.h"
+
 namespace loom::kernels::cuda::internal {
 
 /// One member of the kernel family. Warps form a (warps_k, warps_m, warps_n) grid: each computes
@@ -118,6 +121,14 @@ constexpr const QuantGemmConfig& QuantGemmConfigAt(int index) {
 
 /// Split-K partitions for config `c` (ChooseQuantGemmSplits for the dispatch table's member).
 int QuantGemmSplitsFor(const QuantGemmConfig& c, int64_t m, int64_t n, int64_t k, int num_sms);
+
+/// Output tiles (blocks of one split) config `c` covers m x n with.
+int64_t QuantGemmTiles(const QuantGemmConfig& c, int64_t m, int64_t n);
+
+/// The splits a launch of checked params with config `c` runs (params.num_splits, else
+/// QuantGemmSplitsFor on the current device), checked against the workspace and, when given,
+/// the counters: InvalidArgument naming what is short.
+absl::StatusOr<int> PlanQuantGemmSplits(const QuantGemmParams& params, const QuantGemmConfig& c);
 
 /// Index into kQuantGemmConfigs for m in [1, 256] (INT4's ranges with int4).
 constexpr int QuantGemmConfigIndex(int64_t m, bool int4) {
