@@ -230,6 +230,55 @@ __device__ __forceinline__ void CpAsync16(void* shared, const void* global, bool
   CopyAsync16(shared, global, valid ? 16 : 0);
 }
 
+/// 16 bytes global -> registers, read once: not kept in L1 (the weights stream past it).
+__device__ __forceinline__ uint4 LoadStreaming16(const void* global) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(global));
+  return v;
+}
+
+/// What a lane reads of one group's scales: (scale of row g, scale of row g + 8, min of row g,
+/// min of row g + 8) as F16 bits in .x, .y (kF16), F32 (scale g, scale g + 8) in .x, .y (kF32),
+/// or those and F32 mins in .z, .w (kF32WithMin).
+template <QuantScaleType kScales>
+using ScaleWords = std::conditional_t<kScales == QuantScaleType::kF32WithMin, uint4, uint2>;
+
+/// The two A fragments (k16 steps j = 0, 1) of the 32-column half `half` of a lane's chunk words
+/// (4 for INT4, 8 for INT8), dequantized with its group's scale words `sw` (unused per channel).
+template <typename T, bool kInt4, int kGroup, QuantScaleType kScales, int kWords>
+__device__ __forceinline__ void DequantHalf(const uint32_t (&words)[kWords], int half,
+                                            ScaleWords<kScales> sw, uint32_t (&a)[2][4]) {
+  if constexpr (kInt4) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) DequantInt4<T>(words[2 * half + j], sw.x, sw.y, a[j]);
+  } else if constexpr (kScales != QuantScaleType::kF16) {
+    // F32 scales (and mins): q * scale + min in F32, rounded once.
+    float4 sm;
+    if constexpr (kScales == QuantScaleType::kF32WithMin) {
+      sm = BitCast<float4>(sw);
+    } else {
+      sm = make_float4(__uint_as_float(sw.x), __uint_as_float(sw.y), -0.0f,
+                       -0.0f);  // q * scale + -0 is q * scale exactly
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      ConvertInt8Scaled<T>(words[4 * half + 2 * j], words[4 * half + 2 * j + 1], sm, a[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      ConvertInt8<T>(words[4 * half + 2 * j], words[4 * half + 2 * j + 1], a[j]);
+    }
+    if constexpr (kGroup > 0) {
+      // F16 group scales multiply the values before the MMA.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) ScaleRows<T>(sw.x, a[j]);
+    }
+  }
+}
+
 /// Compile-time sizes of one kernel instantiation.
 template <bool kInt4, int kGroup, QuantScaleType kScales, int kConfig>
 struct Shape {
@@ -266,8 +315,11 @@ struct Shape {
                                      : kQuantGemmStages - 1;
   static constexpr int kAccPerWarp = kFragsN * kTilesM * 4;  // accumulators per lane
   static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * kAccPerWarp * 32 * 4;
-  static constexpr int kSmemBytes =
-      kStages * kStageBytes > kReduceBytes ? kStages* kStageBytes : kReduceBytes;
+  // A direct member's shared memory is the warps_k reduction's alone.
+  static constexpr bool kDirect = kC.direct;
+  static constexpr int kSmemBytes = kDirect                               ? kReduceBytes
+                                    : kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes
+                                                                           : kReduceBytes;
 
   static_assert(kGroup == 0 || kGroup == 16 || kGroup == 32 || kGroup == 64 || kGroup == 128);
   static_assert(!kInt4 || kGroup > 0);
@@ -276,7 +328,9 @@ struct Shape {
   static_assert(kUnitsPerRow % 8 == 0, "the XOR swizzle needs rows of >= 8 16-byte units");
   static_assert(kStageBytes % 16 == 0);
   // Whether the member fits (RunQuantGemm asserts it; the sweep skips one that does not).
-  static constexpr bool kFits = kSmemBytes <= kMaxSmemBytes && kStages >= 3;
+  static constexpr bool kFits =
+      kSmemBytes <= kMaxSmemBytes && (kDirect ? kStages >= 1 : kStages >= 3);
+  static_assert(!kDirect || (kWarpsM == 1 && kWarpsN == 1), "a direct member's warps split K only");
   // A step holds whole groups, or lies inside one.
   static_assert(!kGrouped || kStepK % (kGrouped ? kGroup : 1) == 0 ||
                 (kGrouped ? kGroup : 1) % kStepK == 0);
@@ -447,47 +501,17 @@ struct Block {
       for (int f = 0; f < S::kFragsN; ++f) {
         // This lane's group (its 8 input features of the half lie in one) and its rows'
         // scales (and mins) for it in the stage.
-        [[maybe_unused]] const uint8_t* group_scales = nullptr;
+        ScaleWords<kScales> sw{};
         if constexpr (S::kGrouped) {
           const int local_group =
               (k_sub + 32 * half + 8 * t) / kGroup - step * S::kStepK / kGroup;
           const int tile = wn * S::kFragsN + f;
-          group_scales = stage + S::kWeightBytes + S::kActBytes +
-                         (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
-                         g * (S::kScaleGroupBytes / 8);
+          sw = *reinterpret_cast<const ScaleWords<kScales>*>(
+              stage + S::kWeightBytes + S::kActBytes +
+              (tile * S::kScaleGroups + local_group) * S::kScaleGroupBytes +
+              g * (S::kScaleGroupBytes / 8));
         }
-        if constexpr (kInt4) {
-          const uint2 scale_min = *reinterpret_cast<const uint2*>(group_scales);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            DequantInt4<T>(words[f][2 * half + j], scale_min.x, scale_min.y, a[f][j]);
-          }
-        } else if constexpr (kScales != QuantScaleType::kF16) {
-          // F32 scales (and mins): q * scale + min in F32, rounded once.
-          float4 sm;
-          if constexpr (kScales == QuantScaleType::kF32WithMin) {
-            sm = *reinterpret_cast<const float4*>(group_scales);
-          } else {
-            const float2 s = *reinterpret_cast<const float2*>(group_scales);
-            sm = make_float4(s.x, s.y, -0.0f, -0.0f);  // q * scale + -0 is q * scale exactly
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            ConvertInt8Scaled<T>(words[f][4 * half + 2 * j], words[f][4 * half + 2 * j + 1], sm,
-                                 a[f][j]);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            ConvertInt8<T>(words[f][4 * half + 2 * j], words[f][4 * half + 2 * j + 1], a[f][j]);
-          }
-          if constexpr (S::kGrouped) {
-            // F16 group scales multiply the values before the MMA.
-            const uint2 scale_min = *reinterpret_cast<const uint2*>(group_scales);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) ScaleRows<T>(scale_min.x, a[f][j]);
-          }
-        }
+        DequantHalf<T, kInt4, kGroup, kScales>(words[f], half, sw, a[f]);
       }
 #pragma unroll
       for (int tm = 0; tm < S::kTilesM; ++tm) {
@@ -500,6 +524,94 @@ struct Block {
           if (!frag_valid[f]) continue;
           Mma16816<T>(acc[f][tm], a[f][0], b.x, b.y);
           Mma16816<T>(acc[f][tm], a[f][1], b.z, b.w);
+        }
+      }
+    }
+  }
+
+  // A direct member's main loop: this warp's chunks of steps [step_begin, step_begin + num_steps)
+  // (chunk step * kWarpsK + wk of each; the block's warps read consecutive chunks of a tile),
+  // kStages at a time: their weights and scale words are all loaded first, straight into
+  // registers in fragment order, then used; each chunk's activations come through L1 (every block
+  // of the same K range reads them).
+  static __device__ __forceinline__ void DirectSteps(const Args& args, int step_begin,
+                                                     int num_steps, int row_tile0, int m0, int wk,
+                                                     const bool (&frag_valid)[S::kFragsN],
+                                                     Acc& acc) {
+    constexpr int kDepth = S::kStages;
+    constexpr int kLoads = S::kChunkBytes / 512;  // 16-byte weight loads per lane and chunk
+    constexpr int kWords = 4 * kLoads;
+    // Scale words per chunk: one group covers both halves from groups of 64 up.
+    constexpr int kScaleReads = kGroup >= 64 ? 1 : 2;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int k_chunks = args.k / 64;
+    const T* x = static_cast<const T*>(args.x);
+    for (int s0 = 0; s0 < num_steps; s0 += kDepth) {
+      uint32_t words[kDepth][S::kFragsN][kWords];
+      ScaleWords<kScales> sw[kDepth][S::kFragsN][kScaleReads];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int chunk = (step_begin + s0 + d) * S::kWarpsK + wk;
+        const bool live = s0 + d < num_steps && chunk < k_chunks;
+#pragma unroll
+        for (int f = 0; f < S::kFragsN; ++f) {
+          const bool valid = live && frag_valid[f];
+          const int64_t tile = row_tile0 + f;
+          const uint8_t* base = args.weight + (tile * k_chunks + chunk) * S::kChunkBytes + lane * 16;
+#pragma unroll
+          for (int part = 0; part < kLoads; ++part) {
+            const uint4 raw = valid ? LoadStreaming16(base + part * 512) : make_uint4(0, 0, 0, 0);
+            words[d][f][4 * part + 0] = raw.x;
+            words[d][f][4 * part + 1] = raw.y;
+            words[d][f][4 * part + 2] = raw.z;
+            words[d][f][4 * part + 3] = raw.w;
+          }
+#pragma unroll
+          for (int r = 0; r < kScaleReads; ++r) {
+            sw[d][f][r] = {};
+            if constexpr (S::kGrouped) {
+              const int group = (chunk * 64 + 32 * r + 8 * t) / kGroup;
+              const uint8_t* at = static_cast<const uint8_t*>(args.scales) +
+                                  (tile * (args.k / kGroup) + group) * S::kScaleGroupBytes +
+                                  g * (S::kScaleGroupBytes / 8);
+              if (valid) sw[d][f][r] = __ldg(reinterpret_cast<const ScaleWords<kScales>*>(at));
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int chunk = (step_begin + s0 + d) * S::kWarpsK + wk;
+        if (s0 + d >= num_steps || chunk >= k_chunks) continue;  // the same for the whole warp
+        uint4 b[2][S::kTilesM];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int tm = 0; tm < S::kTilesM; ++tm) {
+            const int row = m0 + tm * 8 + g;
+            b[half][tm] = row < args.m ? __ldg(reinterpret_cast<const uint4*>(
+                                             x + static_cast<int64_t>(row) * args.k + chunk * 64 +
+                                             32 * half + 8 * t))
+                                       : make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t a[S::kFragsN][2][4];
+#pragma unroll
+          for (int f = 0; f < S::kFragsN; ++f) {
+            DequantHalf<T, kInt4, kGroup, kScales>(words[d][f], half,
+                                                   sw[d][f][kScaleReads == 1 ? 0 : half], a[f]);
+          }
+#pragma unroll
+          for (int tm = 0; tm < S::kTilesM; ++tm) {
+#pragma unroll
+            for (int f = 0; f < S::kFragsN; ++f) {
+              if (!frag_valid[f]) continue;
+              Mma16816<T>(acc[f][tm], a[f][0], b[half][tm].x, b[half][tm].y);
+              Mma16816<T>(acc[f][tm], a[f][1], b[half][tm].z, b[half][tm].w);
+            }
+          }
         }
       }
     }
@@ -538,31 +650,35 @@ __global__ void __launch_bounds__(Shape<kInt4, kGroup, kScales, kConfig>::kThrea
     }
   }
 
-  // Prologue: the first kStages - 1 steps in flight (one commit group per step, empty groups past
-  // the end so that wait_group counts stay uniform).
+  if constexpr (S::kDirect) {
+    B::DirectSteps(args, step_begin, num_steps, row_tile0, m0, wk, frag_valid, acc);
+  } else {
+    // Prologue: the first kStages - 1 steps in flight (one commit group per step, empty groups past
+    // the end so that wait_group counts stay uniform).
 #pragma unroll
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    if (s < num_steps) B::LoadStage(args, smem + s * S::kStageBytes, step_begin + s, row_tile0, m0);
-    CopyAsyncCommit();
-  }
-  for (int s = 0; s < num_steps; ++s) {
-    // Groups committed so far: kStages - 1 + s; step s is group s: done once at most kStages - 2
-    // remain. The barrier publishes every thread's copies and guarantees all warps finished
-    // computing step s - 1, whose slot the next load reuses.
-    CopyAsyncWait<S::kStages - 2>();
-    __syncthreads();
-    const int next = s + S::kStages - 1;
-    if (next < num_steps) {
-      B::LoadStage(args, smem + (next % S::kStages) * S::kStageBytes, step_begin + next, row_tile0,
-                   m0);
+    for (int s = 0; s < S::kStages - 1; ++s) {
+      if (s < num_steps) B::LoadStage(args, smem + s * S::kStageBytes, step_begin + s, row_tile0, m0);
+      CopyAsyncCommit();
     }
-    CopyAsyncCommit();
-    B::ComputeStage(args, smem + (s % S::kStages) * S::kStageBytes, step_begin + s, wn, wm, wk,
-                    frag_valid, acc);
+    for (int s = 0; s < num_steps; ++s) {
+      // Groups committed so far: kStages - 1 + s; step s is group s: done once at most kStages - 2
+      // remain. The barrier publishes every thread's copies and guarantees all warps finished
+      // computing step s - 1, whose slot the next load reuses.
+      CopyAsyncWait<S::kStages - 2>();
+      __syncthreads();
+      const int next = s + S::kStages - 1;
+      if (next < num_steps) {
+        B::LoadStage(args, smem + (next % S::kStages) * S::kStageBytes, step_begin + next, row_tile0,
+                     m0);
+      }
+      CopyAsyncCommit();
+      B::ComputeStage(args, smem + (s % S::kStages) * S::kStageBytes, step_begin + s, wn, wm, wk,
+                      frag_valid, acc);
+    }
+    CopyAsyncWait<0>();
+    __syncthreads();  // the stages are free: the reduction below reuses shared
+                      // memory
   }
-  CopyAsyncWait<0>();
-  __syncthreads();  // the stages are free: the reduction below reuses shared
-                    // memory
 
   if constexpr (S::kWarpsK > 1) {
     float* reduce = reinterpret_cast<float*>(smem);
@@ -656,7 +772,7 @@ template <typename T, bool kInt4, int kGroup, QuantScaleType kScales, int kConfi
 absl::Status RunQuantGemm(const QuantGemmParams& p, int splits, cudaStream_t stream) {
   using S = Shape<kInt4, kGroup, kScales, kConfig>;
   static_assert(S::kSmemBytes <= S::kMaxSmemBytes, "over the shared memory of sm_86 / sm_89");
-  static_assert(S::kStages >= 3, "the pipeline keeps two steps in flight");
+  static_assert(S::kDirect || S::kStages >= 3, "the pipeline keeps two steps in flight");
   constexpr auto kernel = QuantGemmKernel<T, kInt4, kGroup, kScales, kConfig>;
   if constexpr (S::kSmemBytes > 48 * 1024) {
     LOOM_RETURN_IF_ERROR(OptInSharedMemory<kernel>(

@@ -16,6 +16,13 @@ namespace loom::kernels::cuda::internal {
 /// frags_n 16-row weight tiles x tiles_m 8-token tiles over its 64-column slice of every pipeline
 /// step; warps_k > 1 splits each step along K inside the block (GEMV-like, summed through shared
 /// memory at the end).
+///
+/// A `direct` member stages nothing: each lane loads its A fragments straight from global memory
+/// into registers (the device layout is already in fragment order, 16 bytes per lane per 64-column
+/// chunk), `stages` chunks per warp in flight, and the activations (the B operand) from L1; the
+/// block's warps_k warps take interleaved chunks of one step_k-wide step and meet in shared memory
+/// at the end, as the staged members' do. No __syncthreads in the main loop; for small m, where
+/// the weights are the traffic. warps_m and warps_n are 1.
 struct QuantGemmConfig {
   int tiles_m;  // 8-token mma tiles per warp
   int warps_m;
@@ -24,7 +31,9 @@ struct QuantGemmConfig {
   int warps_k;
   int target_blocks_per_sm;  // split-K aims for this many blocks per multiprocessor
   const char* name;
-  int stages = 0;  // the cp.async ring's depth; 0: kQuantGemmStages (3 where 4 do not fit)
+  int stages = 0;       // the cp.async ring's depth; 0: kQuantGemmStages (3 where 4 do not fit);
+                        // direct: the chunks each warp has in flight
+  bool direct = false;  // weights straight to registers (above)
 
   constexpr int threads() const { return 32 * warps_m * warps_n * warps_k; }
   constexpr int block_m() const { return 8 * tiles_m * warps_m; }
@@ -107,6 +116,16 @@ inline constexpr QuantGemmConfig kQuantGemmCandidates[] = {
     {2, 1, 4, 2, 2, 2, "gemv_m16_s6", 6},
     {1, 1, 4, 4, 2, 2, "c_m8_n256_k128_s5", 5},
     {4, 1, 4, 2, 2, 2, "tile_m32_s6", 6},
+    // Direct members (no shared-memory staging of the weights): one 16-row tile per warp (two
+    // with _f2, sharing the activation loads), warps_k warps per block on one tile, `stages`
+    // chunks in flight per warp. Their shape at m = 1: 4096 x 4096 in W4A16 is 256 row tiles x 64
+    // chunks, so 8 warps x 2 splits give each warp 4 chunks.
+    {1, 1, 1, 1, 8, 4, "d_m8_w8_u4", 4, true},
+    {1, 1, 1, 1, 8, 4, "d_m8_w8_u8", 8, true},
+    {1, 1, 1, 1, 4, 8, "d_m8_w4_u8", 8, true},
+    {1, 1, 1, 2, 4, 4, "d_m8_f2_w4_u4", 4, true},
+    {2, 1, 1, 1, 8, 4, "d_m16_w8_u4", 4, true},
+    {2, 1, 1, 2, 4, 4, "d_m16_f2_w4_u4", 4, true},
 };
 inline constexpr int kNumQuantGemmCandidates =
     sizeof(kQuantGemmCandidates) / sizeof(kQuantGemmCandidates[0]);
