@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/kv_block_copy.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/quantized_gemm.h"
@@ -247,11 +248,12 @@ absl::Status WaitForStream(cudaStream_t stream, Communicator* communicator) {
   return kc::SynchronizeStream(stream);
 }
 
-// Block b of a layer is one contiguous range of its K (and V, and their scales') pools:
-// one copy per piece (the CPU pool's host layout, CudaKvCache::block_bytes), all of them
-// one batch on the device's stream (ordered after the steps already enqueued, before the
-// next), then one wait. Pinned host memory (RegisterHostMemory) makes these DMA copies at the
-// link's bandwidth; pageable memory is staged by the driver.
+// Block b of a layer is one contiguous range of its K (and V, and their scales') pools; a
+// host slot holds them in the CPU pool's host layout (CudaKvCache::block_bytes). The copies go
+// on the device's stream (ordered after the steps already enqueued, before the next), then
+// one wait: whole slots through a staging area (CopyStaged), or, where the device has no
+// memory for it, one copy per piece (CopyPieces). Pinned host memory (RegisterHostMemory)
+// makes them DMA copies at the link's bandwidth; pageable memory is staged by the driver.
 template <typename Copy>
 absl::Status CudaKvCache::ForEachPiece(int32_t block, Copy&& copy) const {
   const int64_t values = block_value_bytes();
@@ -306,27 +308,95 @@ absl::Status SubmitCopies(const std::vector<void*>& dsts, const std::vector<cons
 
 }  // namespace
 
-absl::Status CudaKvCache::CopyBlocks(absl::Span<const int32_t> blocks,
+absl::Status CudaKvCache::CopyPieces(absl::Span<const int32_t> blocks,
                                      absl::Span<uint8_t* const> host, bool to_host) const {
-  LOOM_CUDA_CALL(cudaSetDevice(device_index_));
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  absl::Status status;
-  for (size_t i = 0; i < blocks.size() && status.ok(); ++i) {
-    status = ForEachPiece(blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) {
-      uint8_t* device = static_cast<uint8_t*>(pool) + at;
-      uint8_t* slot = host[i] + offset;
-      dsts.push_back(to_host ? static_cast<void*>(slot) : device);
-      srcs.push_back(to_host ? static_cast<const void*>(device) : slot);
-      sizes.push_back(static_cast<size_t>(size));
-      return absl::OkStatus();
-    });
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    LOOM_RETURN_IF_ERROR(
+        ForEachPiece(blocks[i], [&](void* pool, int64_t at, int64_t offset, int64_t size) {
+          uint8_t* device = static_cast<uint8_t*>(pool) + at;
+          uint8_t* slot = host[i] + offset;
+          dsts.push_back(to_host ? static_cast<void*>(slot) : device);
+          srcs.push_back(to_host ? static_cast<const void*>(device) : slot);
+          sizes.push_back(static_cast<size_t>(size));
+          return absl::OkStatus();
+        }));
   }
-  if (status.ok()) {
-    status = SubmitCopies(dsts, srcs, sizes,
-                          to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_);
+  return SubmitCopies(dsts, srcs, sizes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                      stream_);
+}
+
+bool CudaKvCache::PrepareStaging() const {
+  if (staging_tried_) return staging_slots_ > 0;
+  staging_tried_ = true;
+  const int64_t slot = block_bytes();
+  const int64_t slots =
+      std::clamp<int64_t>(kStagingBytes / std::max<int64_t>(slot, 1), 1, kc::kKvBlockCopyMaxBlocks);
+  std::vector<uint8_t*> bases;  // slot order: per layer K, V, then K scales, V scales
+  for (size_t l = 0; l < k_.size(); ++l) {
+    bases.push_back(static_cast<uint8_t*>(k_[l].data()));
+    bases.push_back(static_cast<uint8_t*>(v_[l].data()));
+    if (block_scale_bytes() > 0) {
+      bases.push_back(static_cast<uint8_t*>(k_scale_[l].data()));
+      bases.push_back(static_cast<uint8_t*>(v_scale_[l].data()));
+    }
   }
+  absl::StatusOr<kc::DeviceBuffer> staging = kc::DeviceBuffer::Allocate(slots * slot);
+  absl::StatusOr<kc::DeviceBuffer> table =
+      kc::DeviceBuffer::Allocate(bases.size() * sizeof(uint8_t*));
+  if (!staging.ok() || !table.ok() ||
+      !table->CopyFromHost(bases.data(), bases.size() * sizeof(uint8_t*)).ok()) {
+    (void)cudaGetLastError();  // out of memory: piece by piece
+    return false;
+  }
+  staging_ = *std::move(staging);
+  pool_table_ = *std::move(table);
+  staging_slots_ = slots;
+  return true;
+}
+
+absl::Status CudaKvCache::CopyStaged(absl::Span<const int32_t> blocks,
+                                     absl::Span<uint8_t* const> host, bool to_host) const {
+  const int64_t slot = block_bytes();
+  kc::KvBlockCopyParams p;
+  p.pools = static_cast<uint8_t* const*>(pool_table_.data());
+  p.num_layers = static_cast<int>(k_.size());
+  p.pools_per_layer = block_scale_bytes() > 0 ? 4 : 2;
+  p.value_bytes = block_value_bytes();
+  p.scale_bytes = block_scale_bytes();
+  p.pool_blocks = view_.num_blocks;
+  p.staging = static_cast<uint8_t*>(staging_.data());
+  p.to_staging = to_host;
+  const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  for (size_t first = 0; first < blocks.size(); first += static_cast<size_t>(staging_slots_)) {
+    const size_t count = std::min(blocks.size() - first, static_cast<size_t>(staging_slots_));
+    p.num_blocks = static_cast<int>(count);
+    std::copy_n(blocks.begin() + first, count, p.blocks);
+    if (to_host) LOOM_RETURN_IF_ERROR(kc::LaunchKvBlockCopy(p, stream_));
+    // Slots that follow each other in host memory go in one copy.
+    for (size_t i = 0; i < count;) {
+      size_t end = i + 1;
+      while (end < count && host[first + end] == host[first + i] + (end - i) * slot) ++end;
+      uint8_t* staged = p.staging + i * slot;
+      LOOM_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(to_host ? host[first + i] : staged, to_host ? staged : host[first + i],
+                          (end - i) * slot, kind, stream_),
+          "cudaMemcpyAsync of staged KV slots"));
+      i = end;
+    }
+    if (!to_host) LOOM_RETURN_IF_ERROR(kc::LaunchKvBlockCopy(p, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaKvCache::CopyBlocks(absl::Span<const int32_t> blocks,
+                                     absl::Span<uint8_t* const> host, bool to_host) const {
+  LOOM_CUDA_CALL(cudaSetDevice(device_index_));
+  absl::MutexLock lock(&copy_mu_);
+  const absl::Status status =
+      PrepareStaging() ? CopyStaged(blocks, host, to_host) : CopyPieces(blocks, host, to_host);
   const absl::Status drained = WaitForStream(stream_, communicator_);
   // A broken or timed-out communicator answers without draining (aborted, its kernels
   // end): the copies still finish here, so none outlives the call.

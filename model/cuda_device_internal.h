@@ -8,8 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/kv_cache.h"
 #include "kernels/cuda/quantized_gemm.h"
@@ -101,13 +103,32 @@ class CudaKvCache : public KvCache {
   template <typename Copy>
   absl::Status ForEachPiece(int32_t block, Copy&& copy) const;
 
-  // Copies every block's pieces between the pool and the host slots (to_host: the pool's
-  // pieces into host[i] + offset, else back), as one batch on stream_ (SubmitCopies), then
+  // Copies every block between the pool and the host slots (to_host: the pool's pieces into
+  // host[i] + offset, else back), staged (CopyStaged) or else piece by piece (CopyPieces), then
   // waits for them (WaitForStream: behind a step's collectives, a dead peer fails it), on
   // this pool's device (the calling thread, a gRPC stream's, may have none set). On an error
   // the copies already queued are still waited for: none outlives the call.
   absl::Status CopyBlocks(absl::Span<const int32_t> blocks, absl::Span<uint8_t* const> host,
                           bool to_host) const;
+  // Through staging_: batches of whole slots gathered from (scattered into) the pool on the
+  // device (kernels/cuda/kv_block_copy), each run of slots adjacent in host memory one copy
+  // over the link.
+  absl::Status CopyStaged(absl::Span<const int32_t> blocks, absl::Span<uint8_t* const> host,
+                          bool to_host) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_);
+  // Every layer's K or V of every block one copy, as one batch (SubmitCopies).
+  absl::Status CopyPieces(absl::Span<const int32_t> blocks, absl::Span<uint8_t* const> host,
+                          bool to_host) const;
+  // Makes staging_ and pool_table_ at the first copy; false (the copies go piece by piece)
+  // where the device has no memory for them.
+  bool PrepareStaging() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_);
+
+  // The most bytes of slots staged at once (at least one slot; at most kKvBlockCopyMaxBlocks).
+  static constexpr int64_t kStagingBytes = int64_t{16} << 20;
+  mutable absl::Mutex copy_mu_;  // one CopyBlocks at a time: they share staging_
+  mutable kc::DeviceBuffer staging_ ABSL_GUARDED_BY(copy_mu_);     // whole slots
+  mutable kc::DeviceBuffer pool_table_ ABSL_GUARDED_BY(copy_mu_);  // the pools' bases, slot order
+  mutable int64_t staging_slots_ ABSL_GUARDED_BY(copy_mu_) = 0;
+  mutable bool staging_tried_ ABSL_GUARDED_BY(copy_mu_) = false;
 
   kc::KvCacheView view_;  // shape and dtype; k and v (and scales) per layer below
   std::vector<kc::DeviceBuffer> k_, v_;

@@ -88,7 +88,7 @@ FORWARD_PASS_FILTER='CudaForwardPass*:*CudaDefaultModel*'
 NCCL_FILTER='Nccl*'
 # compute-sanitizer's subset: decode and prefill attention, quantized GEMM, sampling,
 # speculative verify, KV write.
-SANITIZER_FILTER='CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaQuantGemmTest.F32ScaledInt8WeightsReadBackBitForBit:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*'
+SANITIZER_FILTER='CudaKvBlockCopyTest.*:CudaPagedDecodeTest.MatchesCpuReference*:CudaPagedPrefillTest.MatchesCpuReference*:CudaQuantGemmTest.BiasAndOddTokenCountsInEveryConfig:CudaQuantGemmTest.F32ScaledInt8WeightsReadBackBitForBit:CudaSamplingTest.GreedyEqualsCpuArgmaxExactly:CudaSpeculativeVerifyTest.MatchesCpuReferenceOverSweep:CudaWriteKvTest.*'
 # ... and one whole CUDA runner scenario (prefill, chunked prefill, graph capture and
 # replay, device sampling), memcheck only.
 FORWARD_PASS_SANITIZER_FILTER='CudaForwardPassTest.GraphsOnAndOffGiveIdenticalLogits'

@@ -568,6 +568,53 @@ TEST(CudaDeviceTest, WriteKvAndPagedAttentionMatchCpuForPrefillAndDecode) {
   }
 }
 
+// The host KV tier's copies (SaveBlocks / LoadBlocks, staged through whole slots): every byte
+// round-trips, F16 and 8-bit KV (its scales), over more blocks than one staged batch, host slots
+// adjacent (one copy per run) and scattered; a block outside the pool is refused.
+TEST(CudaDeviceTest, KvBlocksSavedToHostSlotsLoadBackBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const kernels::cuda::KvQuant quant :
+       {kernels::cuda::KvQuant::kNone, kernels::cuda::KvQuant::kInt8}) {
+    SCOPED_TRACE(static_cast<int>(quant));
+    CudaDeviceOptions options;
+    options.kv_quant = quant;
+    absl::StatusOr<std::unique_ptr<CudaDevice>> gpu = CudaDevice::Create(options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    common::ModelConfig config;
+    config.num_layers = 3;
+    config.num_heads = 4;
+    config.num_kv_heads = 2;
+    config.head_dim = 64;
+    constexpr int64_t kBlocks = 150;
+    absl::StatusOr<std::unique_ptr<KvCache>> cache = (*gpu)->CreateKvCache(config, kBlocks, 16);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    const int64_t slot = (*cache)->block_bytes();
+    std::vector<uint8_t> source(kBlocks * slot);
+    std::mt19937 rng(50);
+    for (uint8_t& b : source) b = static_cast<uint8_t>(rng());
+    std::vector<int32_t> blocks(kBlocks);
+    for (int64_t i = 0; i < kBlocks; ++i) blocks[i] = static_cast<int32_t>(i);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    std::vector<const uint8_t*> from;
+    for (int64_t i = 0; i < kBlocks; ++i) from.push_back(source.data() + i * slot);
+    ASSERT_TRUE((*cache)->LoadBlocks(from, blocks).ok());
+    // Saved back: the first half into adjacent slots, the rest into every other slot.
+    std::vector<uint8_t> saved(2 * kBlocks * slot, 0);
+    std::vector<uint8_t*> to;
+    for (int64_t i = 0; i < kBlocks; ++i) {
+      to.push_back(saved.data() + (i < kBlocks / 2 ? i : 2 * i - kBlocks / 2 + 1) * slot);
+    }
+    ASSERT_TRUE((*cache)->SaveBlocks(blocks, to).ok());
+    for (int64_t i = 0; i < kBlocks; ++i) {
+      ASSERT_EQ(std::memcmp(to[i], from[i], slot), 0) << "block " << blocks[i];
+    }
+    const int32_t outside = kBlocks;
+    uint8_t* one[] = {saved.data()};
+    EXPECT_EQ((*cache)->SaveBlocks(absl::MakeConstSpan(&outside, 1), one).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(CudaDeviceTest, AllGatherColumnsOnOneRankIsACopy) {
   SKIP_WITHOUT_GPU();
   Pair pair = MakePair();
