@@ -12,8 +12,11 @@
 // Llama-3-8B attention shape: 32 query heads, 8 KV heads, head dim 128, blocks of 16 tokens
 // in a shuffled pool, random values generated on the device (never zeros).
 //
-// Timing: CUDA events around `kIterations` back-to-back launches after a warm-up; the
-// figure is the median over kRepeats. Writes cuda_attention.json into $OUT when set, else
+// Timing: CUDA graphs of launches (MedianGraphLaunchUs: the device's time, not the host's
+// launch cost), decode's K/V rotated through enough pool copies to miss L2; the figure is the
+// median over kRepeats. (Until 2026-12-04 the launches were eager and decode's K/V of small
+// batches sat in L2: batch 1 at 1k-4k contexts took 29-40 us whatever the size, a floor the
+// graphs tell apart from the kernel's own time.) Writes cuda_attention.json into $OUT when set, else
 // bench/results/gpu/ under LOOM_SOURCE_DIR (or the current directory). Exits 0 with a
 // message where no GPU is.
 #include <cublas_v2.h>
@@ -53,7 +56,6 @@ using kernels::cuda::DataType;
 using kernels::cuda::DeviceBuffer;
 
 constexpr int kRepeats = 9;
-constexpr int kIterations = 10;
 constexpr int64_t kNumHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 
 __device__ uint32_t Hash(uint64_t i, uint32_t seed) {
@@ -95,9 +97,10 @@ DeviceBuffer Upload(const std::vector<T>& values) {
   return buffer;
 }
 
-// Median seconds of one `launch()` over kIterations back-to-back launches.
-double TimeSeconds(cudaStream_t stream, const std::function<absl::Status()>& launch) {
-  return MedianLaunchSeconds(stream, launch, kRepeats, kIterations);
+// Seconds one `launch(i)` takes on the device (MedianGraphLaunchUs: a CUDA graph of launches,
+// so that host launch costs do not count; i rotates operands past L2).
+double TimeSeconds(cudaStream_t stream, const std::function<absl::Status(int)>& launch) {
+  return MedianGraphLaunchUs(stream, launch, kRepeats) * 1e-6;
 }
 
 // FLOP/s of an 8192^3 cublasGemmEx in `dtype` with F32 accumulation.
@@ -107,7 +110,7 @@ double GemmRate(cublasHandle_t cublas, cudaStream_t stream, DataType dtype) {
   DeviceBuffer a = Random(dtype, kSize * kSize, 2), b = Random(dtype, kSize * kSize, 3);
   DeviceBuffer c = AllocateOrExit(kSize * kSize * 2);
   const float alpha = 1.0f, beta = 0.0f;
-  const double seconds = TimeSeconds(stream, [&] {
+  const double seconds = TimeSeconds(stream, [&](int) {
     const cublasStatus_t status =
         cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, kSize, kSize, kSize, &alpha, a.data(), type,
                      kSize, b.data(), type, kSize, &beta, c.data(), type, kSize, CUBLAS_COMPUTE_32F,
@@ -173,20 +176,29 @@ kernels::cuda::PagedDecodeParams DecodeParams(const Pool& pool, kernels::cuda::K
 }
 
 DecodeRow BenchDecode(cudaStream_t stream, DataType dtype, int64_t batch, int64_t context) {
-  Pool pool = MakePool(dtype, batch, context, 10);
+  const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * 2;  // K and V
+  // Pools enough that each launch reads its K/V from device memory, not from L2.
+  std::vector<Pool> pools;
+  for (int i = 0, copies = RotationCopies(static_cast<size_t>(kv_bytes)); i < copies; ++i) {
+    pools.push_back(MakePool(dtype, batch, context, 10 + 2 * i));
+  }
   DeviceBuffer q = Random(dtype, batch * kNumHeads * kHeadDim, 20);
   DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 2);
-  kernels::cuda::PagedDecodeParams p =
-      DecodeParams(pool, pool.view(dtype), q, out, dtype, batch, context);
-  DeviceBuffer workspace;
-  if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
-    workspace = AllocateOrExit(bytes);
-    p.workspace = workspace.data();
-    p.workspace_bytes = bytes;
+  std::vector<kernels::cuda::PagedDecodeParams> params;
+  for (const Pool& pool : pools) {
+    params.push_back(DecodeParams(pool, pool.view(dtype), q, out, dtype, batch, context));
   }
-  const double seconds =
-      TimeSeconds(stream, [&] { return kernels::cuda::LaunchPagedDecode(p, stream); });
-  const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * 2;  // K and V
+  DeviceBuffer workspace;
+  if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(params[0]); bytes > 0) {
+    workspace = AllocateOrExit(bytes);
+    for (kernels::cuda::PagedDecodeParams& p : params) {
+      p.workspace = workspace.data();
+      p.workspace_bytes = bytes;
+    }
+  }
+  const double seconds = TimeSeconds(stream, [&](int i) {
+    return kernels::cuda::LaunchPagedDecode(params[i % params.size()], stream);
+  });
   return {dtype, batch, context, seconds, kv_bytes / seconds};
 }
 
@@ -216,7 +228,7 @@ PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
   p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   p.max_query_len = tokens;
   const double seconds =
-      TimeSeconds(stream, [&] { return kernels::cuda::LaunchPagedPrefill(p, stream); });
+      TimeSeconds(stream, [&](int) { return kernels::cuda::LaunchPagedPrefill(p, stream); });
   // Causal: token i attends to i + 1 positions; 2 flops per multiply-add, two products.
   const double attended = static_cast<double>(tokens) * (tokens + 1) / 2;
   return {dtype, tokens, seconds, 4.0 * kHeadDim * kNumHeads * attended / seconds};
@@ -235,52 +247,65 @@ int Sweep(cudaStream_t stream, double copy, const std::string& device) {
     for (const int64_t batch : {1, 8, 32, 64, 128}) {
       for (const int64_t context : {1024, 4096, 16384}) {
         if (batch * context > 64 * 16384) continue;  // KV past 8 GiB: nothing new
-        Pool pool = MakePool(DataType::kF16, batch, int8 ? (context + 1) / 2 : context, 10);
-        // INT8: the F16 pool's bytes as codes of twice the tokens (any byte is a valid
-        // code), and one BF16 scale per row.
+        // INT8: an F16 pool's bytes as codes of twice the tokens (any byte is a valid code),
+        // and one BF16 scale per row. Copies enough that each launch reads from device memory.
         const int64_t rows = batch * ((context + kBlockSize - 1) / kBlockSize) * kBlockSize *
                              kNumKvHeads;
-        DeviceBuffer scales = AllocateOrExit(2 * rows * 2);
-        BENCH_CHECK_CUDA(cudaMemset(scales.data(), 0x3c, 2 * rows * 2));
+        const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * (int8 ? 1 : 2);
+        const int copies = RotationCopies(static_cast<size_t>(kv_bytes));
+        std::vector<Pool> pools;
+        std::vector<DeviceBuffer> scales;
+        for (int i = 0; i < copies; ++i) {
+          pools.push_back(
+              MakePool(DataType::kF16, batch, int8 ? (context + 1) / 2 : context, 10 + 2 * i));
+          scales.push_back(AllocateOrExit(2 * rows * 2));
+          BENCH_CHECK_CUDA(cudaMemset(scales.back().data(), 0x3c, 2 * rows * 2));
+        }
         DeviceBuffer q = AllocateOrExit(batch * kNumHeads * kHeadDim * 4);
         BENCH_CHECK_CUDA(cudaMemset(q.data(), 0x3c, batch * kNumHeads * kHeadDim * 4));
         DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 4);
-        kernels::cuda::KvCacheView view = pool.view(DataType::kF16);
-        if (int8) {
-          view.num_blocks *= 2;  // blocks of one-byte codes
-          view.quant = kernels::cuda::KvQuant::kInt8;
-          view.k_scale = static_cast<uint16_t*>(scales.data());
-          view.v_scale = view.k_scale + rows;
-          pool.context_len = Upload(std::vector<int32_t>(batch, static_cast<int32_t>(context)));
-          std::vector<int32_t> ids(batch * ((context + kBlockSize - 1) / kBlockSize));
-          std::iota(ids.begin(), ids.end(), 0);
-          std::shuffle(ids.begin(), ids.end(), std::mt19937(10));
-          std::vector<int32_t> indptr(batch + 1);
-          for (int64_t s = 0; s <= batch; ++s) {
-            indptr[s] = static_cast<int32_t>(s * ids.size() / batch);
+        std::vector<kernels::cuda::PagedDecodeParams> params;
+        for (int i = 0; i < copies; ++i) {
+          Pool& pool = pools[i];
+          kernels::cuda::KvCacheView view = pool.view(DataType::kF16);
+          if (int8) {
+            view.num_blocks *= 2;  // blocks of one-byte codes
+            view.quant = kernels::cuda::KvQuant::kInt8;
+            view.k_scale = static_cast<uint16_t*>(scales[i].data());
+            view.v_scale = view.k_scale + rows;
+            pool.context_len = Upload(std::vector<int32_t>(batch, static_cast<int32_t>(context)));
+            std::vector<int32_t> ids(batch * ((context + kBlockSize - 1) / kBlockSize));
+            std::iota(ids.begin(), ids.end(), 0);
+            std::shuffle(ids.begin(), ids.end(), std::mt19937(10));
+            std::vector<int32_t> indptr(batch + 1);
+            for (int64_t s = 0; s <= batch; ++s) {
+              indptr[s] = static_cast<int32_t>(s * ids.size() / batch);
+            }
+            pool.indptr = Upload(indptr);
+            pool.indices = Upload(ids);
           }
-          pool.indptr = Upload(indptr);
-          pool.indices = Upload(ids);
+          params.push_back(DecodeParams(pool, view, q, out,
+                                        int8 ? DataType::kF32 : DataType::kF16, batch, context));
         }
-        kernels::cuda::PagedDecodeParams p = DecodeParams(
-            pool, view, q, out, int8 ? DataType::kF32 : DataType::kF16, batch, context);
         DeviceBuffer workspace;
-        if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(p); bytes > 0) {
+        if (const size_t bytes = kernels::cuda::PagedDecodeWorkspaceBytes(params[0]); bytes > 0) {
           workspace = AllocateOrExit(bytes);
-          p.workspace = workspace.data();
-          p.workspace_bytes = bytes;
+          for (kernels::cuda::PagedDecodeParams& p : params) {
+            p.workspace = workspace.data();
+            p.workspace_bytes = bytes;
+          }
         }
-        const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * (int8 ? 1 : 2);
         std::vector<double> seconds;  // infinity: the member does not take this cache
         for (int c = 0; c < kernels::cuda::PagedDecodeCandidateCount(); ++c) {
-          kernels::cuda::PagedDecodeParams probe = p;
+          kernels::cuda::PagedDecodeParams probe = params[0];
           probe.num_seqs = 0;  // checks the member takes it, launches nothing
           if (!kernels::cuda::LaunchPagedDecodeCandidate(probe, c, stream).ok()) {
             seconds.push_back(INFINITY);
             continue;
           }
-          seconds.push_back(TimeSeconds(
-              stream, [&] { return kernels::cuda::LaunchPagedDecodeCandidate(p, c, stream); }));
+          seconds.push_back(TimeSeconds(stream, [&](int i) {
+            return kernels::cuda::LaunchPagedDecodeCandidate(params[i % copies], c, stream);
+          }));
         }
         const int best = static_cast<int>(std::min_element(seconds.begin(), seconds.end()) -
                                           seconds.begin());
@@ -390,6 +415,8 @@ int Run(bool quick, bool sweep) {
       "  \"copy_bandwidth_gbs\": %.1f,\n  \"gemm_f16_tflops\": %.2f,\n"
       "  \"gemm_bf16_tflops\": %.2f,\n",
       copy / 1e9, gemm_f16 / 1e12, gemm_bf16 / 1e12);
+  json += "  \"timing\": \"median of 9 CUDA-graph runs / launches per graph, decode K/V rotated "
+          "past L2\",\n";
   json +=
       "  \"targets\": {\"decode_copy_ratio\": 0.8, \"prefill_4096_gemm_ratio\": 0.45},\n";
   json += "  \"decode\": [\n";

@@ -44,6 +44,18 @@ kernels::cuda::DeviceBuffer AllocateOrExit(size_t bytes);
 double MedianLaunchSeconds(cudaStream_t stream, const std::function<absl::Status()>& launch,
                            int repeats, int iterations);
 
+/// Microseconds one `launch(i)` takes as the device runs it (i: the launch's index, for operands
+/// rotated past L2): after one eager warm-up launch, a CUDA graph of enough captured launches to
+/// run about 2 ms, replayed `repeats` times; the median per launch. Host launch costs do not
+/// count: back-to-back eager launches of a kernel shorter than its launch time the host. Exits 1
+/// when a launch or the capture fails.
+double MedianGraphLaunchUs(cudaStream_t stream, const std::function<absl::Status(int)>& launch,
+                           int repeats = 11);
+
+/// Copies of a `bytes` operand that a rotation reads to miss L2 on every launch: enough for 384
+/// MiB (over twice the L2 of any current GPU), 1 to 64.
+int RotationCopies(size_t bytes);
+
 /// Bytes read + bytes written per second of a 1 GiB device-to-device copy on `stream`:
 /// MedianLaunchSeconds of the copy over 9 repeats of 10 copies.
 double MeasureDeviceCopyBandwidth(cudaStream_t stream);

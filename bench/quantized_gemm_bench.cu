@@ -42,8 +42,6 @@ using kernels::cuda::DataType;
 using kernels::cuda::DeviceBuffer;
 
 constexpr int kRepeats = 11;
-constexpr double kGraphTargetUs = 2000.0;             // each timed graph runs about this long
-constexpr size_t kRotationBytes = size_t{384} << 20;  // > 2x the L2 of any current GPU
 constexpr int64_t kGroup = 128;
 constexpr int64_t kKQuantGroup = 16;  // Q6_K's sub-blocks
 
@@ -107,49 +105,6 @@ DeviceBuffer RandomBytes(int64_t count, uint32_t seed) {
   return buffer;
 }
 
-// Median microseconds of one call of `launch(i)` (i = the launch's index, for rotating buffers),
-// timed as a CUDA graph of `inner` launches, `repeats` times.
-double TimeUs(cudaStream_t stream, const std::function<absl::Status(int)>& launch,
-              int repeats = kRepeats) {
-  cudaEvent_t start, stop;
-  BENCH_CHECK_CUDA(cudaEventCreate(&start));
-  BENCH_CHECK_CUDA(cudaEventCreate(&stop));
-  // Warm-up (lazy module loading, cuBLAS heuristics, shared-memory opt-in), then one timed eager
-  // call to size the graph.
-  CheckOk(launch(0), "warm-up launch");
-  BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
-  BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
-  for (int i = 0; i < 3; ++i) CheckOk(launch(i), "launch");
-  BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
-  BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-  float eager_ms = 0.0f;
-  BENCH_CHECK_CUDA(cudaEventElapsedTime(&eager_ms, start, stop));
-  const int inner = std::clamp(static_cast<int>(kGraphTargetUs / (eager_ms * 1000.0 / 3)), 4, 200);
-
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  BENCH_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < inner; ++i) CheckOk(launch(i), "captured launch");
-  BENCH_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm the graph
-  std::vector<double> samples;
-  for (int r = 0; r < repeats; ++r) {
-    BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
-    BENCH_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    samples.push_back(ms * 1000.0 / inner);
-  }
-  BENCH_CHECK_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CHECK_CUDA(cudaGraphDestroy(graph));
-  BENCH_CHECK_CUDA(cudaEventDestroy(start));
-  BENCH_CHECK_CUDA(cudaEventDestroy(stop));
-  return Median(samples);
-}
-
 // Copies of one weight matrix, enough that a rotation through them exceeds L2.
 struct Rotation {
   std::vector<DeviceBuffer> weights, scales;
@@ -158,10 +113,6 @@ struct Rotation {
     return scales.empty() ? nullptr : scales[i % scales.size()].data();
   }
 };
-
-int CopiesFor(size_t bytes) {
-  return static_cast<int>(std::clamp<size_t>((kRotationBytes + bytes - 1) / bytes, 1, 64));
-}
 
 struct Row {
   int64_t n, k, m;
@@ -184,15 +135,15 @@ struct ShapeOperands {
 ShapeOperands MakeOperands(int64_t n, int64_t k, bool fp8, uint32_t& seed) {
   ShapeOperands o;
   // Weights, rotated.
-  for (int i = 0, copies = CopiesFor(n * k * 2); i < copies; ++i) {
+  for (int i = 0, copies = RotationCopies(n * k * 2); i < copies; ++i) {
     o.f16.weights.push_back(RandomHalf(n * k, -0.05f, 0.05f, seed++));
   }
-  for (int i = 0, copies = CopiesFor(n * k / 2); i < copies; ++i) {
+  for (int i = 0, copies = RotationCopies(n * k / 2); i < copies; ++i) {
     o.w4.weights.push_back(RandomBytes(n * k / 2, seed++));
     // F16 scale and min interleaved; values in [0.004, 0.02] keep the outputs finite.
     o.w4.scales.push_back(RandomHalf(n * k / kGroup * 2, 0.004f, 0.02f, seed++));
   }
-  for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
+  for (int i = 0, copies = RotationCopies(n * k); i < copies; ++i) {
     o.w8.weights.push_back(RandomBytes(n * k, seed++));
     o.w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
     o.w8k.scales.push_back(RandomFloat(n * k / kKQuantGroup, 0.0001f, 0.0004f, seed++));
@@ -218,7 +169,7 @@ ShapeOperands MakeOperands(int64_t n, int64_t k, bool fp8, uint32_t& seed) {
 void TimeCublas(cudaStream_t stream, cublasHandle_t cublas, const ShapeOperands& o, Row& row) {
   const int64_t n = row.n, k = row.k, m = row.m;
   const float alpha = 1.0f, beta = 0.0f;
-  row.cublas_us = TimeUs(stream, [&](int i) {
+  row.cublas_us = MedianGraphLaunchUs(stream, [&](int i) {
     // Row-major Y[m, n] = X[m, k] W[n, k]^T as column-major Y^T = W^T(op T) X^T.
     const cublasStatus_t status =
         cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -254,7 +205,7 @@ void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
 
   p.format = kernels::cuda::QuantWeightFormat::kInt4;
   p.group_size = kGroup;
-  row.w4_us = TimeUs(stream, [&](int i) {
+  row.w4_us = MedianGraphLaunchUs(stream, [&](int i) {
     kernels::cuda::QuantGemmParams q = p;
     q.weight = o.w4.weight(i);
     q.scales = o.w4.scale(i);
@@ -265,7 +216,7 @@ void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
 
   p.format = kernels::cuda::QuantWeightFormat::kInt8;
   p.group_size = 0;
-  row.w8_us = TimeUs(stream, [&](int i) {
+  row.w8_us = MedianGraphLaunchUs(stream, [&](int i) {
     kernels::cuda::QuantGemmParams q = p;
     q.weight = o.w8.weight(i);
     q.scales = o.w8.scale(i);
@@ -274,7 +225,7 @@ void TimeQuantized(cudaStream_t stream, const ShapeOperands& o, Row& row) {
 
   p.group_size = kKQuantGroup;
   p.scale_type = kernels::cuda::QuantScaleType::kF32;
-  row.w8k_us = TimeUs(stream, [&](int i) {
+  row.w8k_us = MedianGraphLaunchUs(stream, [&](int i) {
     kernels::cuda::QuantGemmParams q = p;
     q.weight = o.w8.weight(i);
     q.scales = o.w8k.scale(i);
@@ -308,12 +259,12 @@ void TimeFp8(cudaStream_t stream, const ShapeOperands& o, Row& row) {
   qp.in_dtype = DataType::kF16;
   qp.count = m * k;
   CheckOk(kernels::cuda::LaunchQuantizeFp8(qp, stream), "quantize");
-  row.fp8_us = TimeUs(stream, [&](int i) {
+  row.fp8_us = MedianGraphLaunchUs(stream, [&](int i) {
     kernels::cuda::Fp8GemmParams g = f;
     g.weight = o.e4m3.weight(i);
     return kernels::cuda::LaunchFp8Gemm(g, stream);
   });
-  row.fp8_quant_us = TimeUs(stream, [&](int i) {
+  row.fp8_quant_us = MedianGraphLaunchUs(stream, [&](int i) {
     kernels::cuda::Fp8GemmParams g = f;
     g.weight = o.e4m3.weight(i);
     absl::Status status = kernels::cuda::LaunchQuantizeFp8(qp, stream);
@@ -440,11 +391,11 @@ int Sweep(cudaStream_t stream, int sms, const std::string& device) {
               "us", "best candidate", "us", "x");
   for (const auto& [n, k] : shapes) {
     Rotation w4, w8;
-    for (int i = 0, copies = CopiesFor(n * k / 2); i < copies; ++i) {
+    for (int i = 0, copies = RotationCopies(n * k / 2); i < copies; ++i) {
       w4.weights.push_back(RandomBytes(n * k / 2, seed++));
       w4.scales.push_back(RandomHalf(n * k / kGroup * 2, 0.004f, 0.02f, seed++));
     }
-    for (int i = 0, copies = CopiesFor(n * k); i < copies; ++i) {
+    for (int i = 0, copies = RotationCopies(n * k); i < copies; ++i) {
       w8.weights.push_back(RandomBytes(n * k, seed++));
       w8.scales.push_back(RandomHalf(n, 0.001f, 0.004f, seed++));
     }
@@ -466,7 +417,7 @@ int Sweep(cudaStream_t stream, int sms, const std::string& device) {
         p.workspace = workspace.data();
         p.workspace_bytes = workspace.bytes();
         auto time = [&](int candidate, int splits) {
-          return TimeUs(
+          return MedianGraphLaunchUs(
               stream,
               [&](int i) {
                 kernels::cuda::QuantGemmParams q = p;
