@@ -234,6 +234,71 @@ PrefillRow BenchPrefill(cudaStream_t stream, DataType dtype, int64_t tokens) {
   return {dtype, tokens, seconds, 4.0 * kHeadDim * kNumHeads * attended / seconds};
 }
 
+// --sweep, second part: the dispatched decode kernel (F16 K/V) at small batches and short
+// contexts with the context cut into 1, 2, 4, ... 64 splits (partitions of at least 16 tokens)
+// against the split heuristic's choice (kPagedDecodeMinPartition keeps its partitions at 256
+// tokens or more, so batch 1 at 1k runs 32 blocks on the whole GPU): the JSON rows of
+// cuda_attention_sweep.json's "splits".
+std::string SweepSplits(cudaStream_t stream, double copy) {
+  std::printf("\nsweep: decode splits (f16 K/V, the dispatched tiling); heuristic against the best\n");
+  std::printf("%6s %8s | %9s %7s | %6s %9s %7s %6s\n", "batch", "context", "heur us", "/copy",
+              "splits", "us", "/copy", "x");
+  std::string rows_json;
+  for (const int64_t batch : {1, 4, 16}) {
+    for (const int64_t context : {512, 1024, 4096}) {
+      const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadDim * 2;
+      std::vector<Pool> pools;
+      for (int i = 0, copies = RotationCopies(static_cast<size_t>(kv_bytes)); i < copies; ++i) {
+        pools.push_back(MakePool(DataType::kF16, batch, context, 60 + 2 * i));
+      }
+      DeviceBuffer q = Random(DataType::kF16, batch * kNumHeads * kHeadDim, 70);
+      DeviceBuffer out = AllocateOrExit(batch * kNumHeads * kHeadDim * 2);
+      std::vector<kernels::cuda::PagedDecodeParams> params;
+      for (const Pool& pool : pools) {
+        params.push_back(DecodeParams(pool, pool.view(DataType::kF16), q, out, DataType::kF16,
+                                      batch, context));
+      }
+      kernels::cuda::PagedDecodeParams most = params[0];
+      most.num_splits = kernels::cuda::kPagedDecodeMaxSplits;
+      DeviceBuffer workspace = AllocateOrExit(kernels::cuda::PagedDecodeWorkspaceBytes(most));
+      for (kernels::cuda::PagedDecodeParams& p : params) {
+        p.workspace = workspace.data();
+        p.workspace_bytes = workspace.bytes();
+      }
+      auto time = [&](int splits) {
+        return TimeSeconds(stream, [&](int i) {
+          kernels::cuda::PagedDecodeParams p = params[i % params.size()];
+          p.num_splits = splits;
+          return kernels::cuda::LaunchPagedDecode(p, stream);
+        });
+      };
+      const double heuristic = time(0);
+      std::string us_json;
+      int best_splits = 0;
+      double best = heuristic;
+      for (int splits = 1; splits <= kernels::cuda::kPagedDecodeMaxSplits && context / splits >= 16;
+           splits *= 2) {
+        const double seconds = time(splits);
+        us_json += absl::StrFormat("%s\"%d\": %.2f", us_json.empty() ? "" : ", ", splits,
+                                   seconds * 1e6);
+        if (seconds < best) {
+          best = seconds;
+          best_splits = splits;
+        }
+      }
+      std::printf("%6ld %8ld | %9.1f %7.3f | %6d %9.1f %7.3f %5.2fx\n", static_cast<long>(batch),
+                  static_cast<long>(context), heuristic * 1e6, kv_bytes / heuristic / copy,
+                  best_splits, best * 1e6, kv_bytes / best / copy, heuristic / best);
+      std::fflush(stdout);
+      if (!rows_json.empty()) rows_json += ",\n";
+      rows_json += absl::StrFormat(
+          "    {\"batch\": %d, \"context\": %d, \"heuristic_us\": %.2f, \"us\": {%s}}", batch,
+          context, heuristic * 1e6, us_json);
+    }
+  }
+  return rows_json;
+}
+
 // --sweep: decode through every tiling of the tuning space (paged_attention_candidates.h;
 // index 0 is the dispatched one) at batch 1-128 x context 1k-16k, F16 and INT8 K/V; per row
 // the dispatched tiling against the fastest, K/V bytes per second over the copy bandwidth;
@@ -329,12 +394,14 @@ int Sweep(cudaStream_t stream, double copy, const std::string& device) {
       }
     }
   }
+  const std::string splits_json = SweepSplits(stream, copy);
   std::string json = "{\n";
   json += absl::StrFormat(
       "  \"bench\": \"cuda_attention_sweep\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n"
       "  \"copy_bandwidth_gbs\": %.1f,\n",
       UtcNow(), device, copy / 1e9);
-  json += "  \"rows\": [\n" + rows_json + "\n  ]\n}\n";
+  json += "  \"rows\": [\n" + rows_json + "\n  ],\n";
+  json += "  \"splits\": [\n" + splits_json + "\n  ]\n}\n";
   return loom::bench::WriteGpuResult("cuda_attention_sweep", json) ? 0 : 1;
 }
 

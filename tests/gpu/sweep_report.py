@@ -6,7 +6,9 @@
   and shapes) of table time / member time, with its worst row; a member counts only where it
   ran in every row of the range ("/1": the member forced to one split).
 * cuda_attention_sweep.json: per KV dtype, every decode member against the dispatched one
-  (index 0), the same way, overall and per batch size.
+  (index 0), the same way, overall and per batch size; and, from its "splits" rows, per
+  (batch, context) the split count that ran fastest, its partition length and its gain over
+  the heuristic's choice (what kPagedDecodeMinPartition should be).
 
     tests/gpu/sweep_report.py DIR    # the folder holding the JSON files (sweep.sh's $OUT)
 """
@@ -72,6 +74,12 @@ def attention_report(data, top=3):
             lines.append(f"{kv} {label} ({len(subset)} rows): " + (
                 "; ".join(f"{m} {g:.2f}x (worst {w:.2f}x)" for g, w, m in best)
                 or "no member in every row"))
+    for row in data.get("splits", []):
+        timed = {int(s): us for s, us in row["us"].items()}
+        splits = min(timed, key=timed.get)
+        lines.append(f"splits batch {row['batch']} x {row['context']}: best {splits} "
+                     f"({-(-row['context'] // splits)}-token partitions) "
+                     f"{row['heuristic_us'] / timed[splits]:.2f}x the heuristic")
     return lines
 
 

@@ -45,6 +45,17 @@ def test_attention_members_ranked_per_kv_and_batch_nulls_skipped():
     assert "t1 1.00x" in int8 and "mma" not in int8
 
 
+def test_attention_split_rows_name_the_fastest_split_and_its_gain():
+    data = {"rows": [], "splits": [
+        {"batch": 1, "context": 1000, "heuristic_us": 30.0,
+         "us": {"1": 60.0, "2": 40.0, "16": 10.0, "32": 12.0}},
+        {"batch": 16, "context": 4096, "heuristic_us": 20.0, "us": {"1": 20.0, "2": 25.0}},
+    ]}
+    lines = sweep_report.attention_report(data)
+    assert "splits batch 1 x 1000: best 16 (63-token partitions) 3.00x the heuristic" in lines
+    assert "splits batch 16 x 4096: best 1 (4096-token partitions) 1.00x the heuristic" in lines
+
+
 def test_the_script_reads_a_folder_and_refuses_an_empty_one(tmp_path):
     (tmp_path / "quantized_gemm_sweep.json").write_text(json.dumps(
         {"rows": [gemm_row(1, 10.0, [("a", 2, 5.0)])]}))
