@@ -301,6 +301,7 @@ StepBackendOptions BackendOptionsOf(const WorkerOptions& options, const Placemen
   backend_options.kv_dtype = options.kv_dtype;
   backend_options.activations = options.activations;
   backend_options.fp8_weights = options.quantization == "fp8";
+  backend_options.fp8_checkpoints = options.quantization.empty();
   backend_options.cuda_graphs = options.cuda_graphs;
   backend_options.max_num_tokens = options.max_num_batched_tokens;
   backend_options.tp_rank = parallel.tp_rank;

@@ -380,7 +380,8 @@ void AddKvFlags(CLI::App& app, WorkerOptions& options, DeclareIfFresh fresh) {
     AddString(app, "--quantization", options.quantization,
               "quantize the linear layers at load (round-to-nearest; int8/int4 in Loom's "
               "group-wise formats; fp8: E4M3 with a scale per output channel on FP8 tensor "
-              "cores, CUDA compute capability 8.9+ only; \"\": as stored)",
+              "cores, CUDA compute capability 8.9+ only; \"\": as stored, an FP8 checkpoint's "
+              "per-tensor or per-channel layers on the FP8 GEMM where the GPU has one)",
               {"", "int8", "int4", "fp8"});
   }
   if (fresh("--activations")) {

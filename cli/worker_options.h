@@ -70,7 +70,8 @@ struct WorkerOptions {
   // --quantization int8|int4: the linear layers quantized at load (loom quantize's
   // round-to-nearest, default group sizes); fp8: quantized to FP8 E4M3 on upload to a CUDA
   // device with FP8 tensor cores (StepBackendOptions::fp8_weights); "" serves the weights
-  // as stored.
+  // as stored (an FP8 checkpoint's per-tensor or per-channel layers on the FP8 GEMM where the
+  // GPU has one: StepBackendOptions::fp8_checkpoints).
   std::string quantization;
   // --activations f32|int8: how the CPU backend's INT8/INT4 layers take their input.
   kernels::cpu::ActivationPrecision activations = kernels::cpu::ActivationPrecision::kF32;

@@ -166,7 +166,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceO
   if (options.dtype == kc::DataType::kF32 || options.kv_dtype == kc::DataType::kF32) {
     return absl::InvalidArgumentError("the CUDA device's weights and KV pool are F16 or BF16");
   }
-  if (options.fp8_weights && !kc::Fp8GemmSupported()) {
+  if ((options.fp8_weights || options.fp8_checkpoint) && !kc::Fp8GemmSupported()) {
     int index = 0;
     (void)cudaGetDevice(&index);
     return absl::FailedPreconditionError(absl::StrCat(

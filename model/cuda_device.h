@@ -42,6 +42,11 @@ struct CudaDeviceOptions {
   /// amax of each row). Needs compute capability 8.9 or newer (Ada, Hopper): Create refuses it
   /// below. Applies before keep_quantized (a 4-bit layer is dequantized, then quantized to FP8).
   bool fp8_weights = false;
+  /// The layers an FP8 checkpoint stores as FP8 (those with row scales, PackedWeight::
+  /// fp8_row_scales) run the FP8 GEMM with the checkpoint's own codes and scales, recovered
+  /// exactly from their F16 values; the others as without. Needs what fp8_weights needs
+  /// (Create refuses it likewise); the caller sets it only where Fp8GemmSupported().
+  bool fp8_checkpoint = false;
   /// Tensor parallelism: the group's collectives; null for a single rank. Not owned.
   /// A communicator with device collectives (NCCL) runs them on the device's stream, in
   /// stream order and capture-safe, even in a world of one, and Synchronize (and with it
@@ -87,6 +92,8 @@ class CudaDevice : public Device {
   kernels::cuda::DataType dtype() const { return options_.dtype; }
   /// Linear layers UploadLinear kept quantized (INT4 or INT8) for the W4A16/W8A16 GEMM so far.
   int64_t quantized_linears() const { return quantized_linears_; }
+  /// Linear layers uploaded as FP8 (fp8_weights, fp8_checkpoint).
+  int64_t fp8_linears() const { return fp8_linears_; }
   /// Whether UploadLmHead kept the LM head quantized.
   bool lm_head_quantized() const { return lm_head_quantized_; }
   /// Bytes of weights (UploadF32, UploadLinear, UploadTable, RandomLinear) on the device.
@@ -282,6 +289,7 @@ class CudaDevice : public Device {
   int64_t memory_generation_ = 0;
   bool capturing_ = false;  // inside Capture: Ensure must not allocate
   int64_t quantized_linears_ = 0;
+  int64_t fp8_linears_ = 0;
   bool lm_head_quantized_ = false;
   int64_t weight_bytes_ = 0;
   int64_t widest_input_ = 0;                 // the most columns of any uploaded linear

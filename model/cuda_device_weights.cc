@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/fp8_rows.h"
 #include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weights.h"
@@ -180,25 +181,19 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
   std::vector<float> scales(static_cast<size_t>(weight.rows));
   const int64_t chunk_rows =
       std::max<int64_t>(1, kUploadChunkElements / std::max<int64_t>(weight.cols, 1));
+  // An FP8 checkpoint's own row scales give back its codes exactly; other weights get one
+  // scale per output channel from the row's largest magnitude.
+  const bool checkpoint = static_cast<int64_t>(weight.fp8_row_scales.size()) == weight.rows;
   std::vector<float> values;
   for (int64_t row = 0; row < weight.rows; row += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, weight.rows - row);
     values.resize(rows * weight.cols);
     kernels::cpu::DequantizeRows(weight, row, row + rows, values.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* in = values.data() + r * weight.cols;
-      float amax = 0.0f;
-      for (int64_t c = 0; c < weight.cols; ++c) amax = std::max(amax, std::abs(in[c]));
-      // One scale per output channel: the row's largest magnitude lands on E4M3's largest.
-      const float scale = amax > 0.0f && std::isfinite(amax) ? amax / kc::kE4m3Max : 1.0f;
-      scales[row + r] = scale;
-      uint8_t* out = codes.data() + (row + r) * weight.cols;
-      // The CPU KV cache's encoder (bit operations, round to nearest even, saturating): the
-      // kernels' exhaustive FloatToE4m3 would take about an hour for an 8B model.
-      for (int64_t c = 0; c < weight.cols; ++c) {
-        out[c] = kernels::cpu::FloatToFp8E4m3(in[c] / scale);
-      }
-    }
+    // The CPU KV cache's encoder (bit operations, round to nearest even, saturating): the
+    // kernels' exhaustive FloatToE4m3 would take about an hour for an 8B model.
+    kernels::cpu::QuantizeRowsToFp8(values.data(), rows, weight.cols,
+                                    checkpoint ? weight.fp8_row_scales.data() + row : nullptr,
+                                    codes.data() + row * weight.cols, scales.data() + row);
   }
   LOOM_ASSIGN_OR_RETURN(linear->fp8_weight, UploadBytes(codes.data(), codes.size()));
   LOOM_ASSIGN_OR_RETURN(linear->fp8_scale,
@@ -216,8 +211,12 @@ absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadFp8(
 absl::StatusOr<std::unique_ptr<DeviceLinear>> CudaDevice::UploadLinear(
     const kernels::cpu::PackedWeight& weight, const std::vector<float>* bias) {
   LOOM_RETURN_IF_ERROR(CheckBias(bias, weight.rows));
-  if (options_.fp8_weights && weight.rows % 16 == 0 && weight.cols % 16 == 0) {
-    return UploadFp8(weight, bias);
+  const bool fp8 =
+      options_.fp8_weights || (options_.fp8_checkpoint && !weight.fp8_row_scales.empty());
+  if (fp8 && weight.rows % 16 == 0 && weight.cols % 16 == 0) {
+    absl::StatusOr<std::unique_ptr<DeviceLinear>> linear = UploadFp8(weight, bias);
+    if (linear.ok()) ++fp8_linears_;
+    return linear;
   }
   if (!options_.keep_quantized || !QuantGemmTakes(weight)) return UploadDense(weight, bias);
   absl::StatusOr<std::unique_ptr<DeviceLinear>> linear = UploadQuantized(weight, bias);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/formats/architecture.h"
+#include "common/formats/hf_quantization.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/quantize.h"
 #include "model/quantized_gguf.h"
@@ -128,7 +129,30 @@ class Loader {
     LOOM_ASSIGN_OR_RETURN(auto tensor_data, MatrixData(name, rows, cols, matrix));
     const common::GgmlType type = tensor_data.first->type;
     LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(type, cols));
-    return Pack(name, type, tensor_data.second + range.first * row_bytes, range.second, cols);
+    LOOM_ASSIGN_OR_RETURN(
+        PackedWeight packed,
+        Pack(name, type, tensor_data.second + range.first * row_bytes, range.second, cols));
+    if (matrix < 0) LOOM_RETURN_IF_ERROR(AttachFp8RowScales(name, rows, range, packed));
+    return packed;
+  }
+
+  // Rows [range.first, range.first + range.second) of an FP8 checkpoint's row scales of matrix
+  // `name` (its companion tensor, common/formats/hf_quantization.h) into `weight`; nothing where
+  // the model has none.
+  absl::Status AttachFp8RowScales(const std::string& name, int64_t rows,
+                                  std::pair<int64_t, int64_t> range, PackedWeight& weight) {
+    const std::string scales_name = name + std::string(common::kFp8RowScaleSuffix);
+    const common::GgufTensorInfo* tensor = gguf_.FindTensor(scales_name);
+    if (tensor == nullptr) return absl::OkStatus();
+    if (tensor->type != common::GgmlType::kF32) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", scales_name, " must be F32"));
+    }
+    LOOM_RETURN_IF_ERROR(CheckShape(*tensor, {static_cast<uint64_t>(rows)}));
+    weight.fp8_row_scales.resize(static_cast<size_t>(range.second));
+    std::memcpy(weight.fp8_row_scales.data(),
+                gguf_.TensorData(*tensor).data() + range.first * sizeof(float),
+                weight.fp8_row_scales.size() * sizeof(float));
+    return absl::OkStatus();
   }
 
   // Columns [range.first, range.first + range.second) of every row of a [rows, cols]
@@ -168,6 +192,7 @@ class Loader {
             slice.status().message()));
       }
       conversions_[slice->source]++;
+      if (matrix < 0) LOOM_RETURN_IF_ERROR(AttachFp8RowScales(name, rows, {0, rows}, *slice));
       return slice;
     }
     LOOM_ASSIGN_OR_RETURN(uint64_t row_bytes, common::GgmlRowBytes(tensor->type, cols));
@@ -178,7 +203,10 @@ class Loader {
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(slice.data() + r * bytes, data + r * row_bytes + begin, bytes);
     }
-    return Pack(name, tensor->type, slice.data(), rows, range.second);
+    LOOM_ASSIGN_OR_RETURN(PackedWeight packed,
+                          Pack(name, tensor->type, slice.data(), rows, range.second));
+    if (matrix < 0) LOOM_RETURN_IF_ERROR(AttachFp8RowScales(name, rows, {0, rows}, packed));
+    return packed;
   }
 
   // Several GGUF matrices (row ranges of them) stacked by rows into one backend matrix:
@@ -195,6 +223,17 @@ class Loader {
     std::vector<const PackedWeight*> pointers;
     for (const PackedWeight& weight : packed) pointers.push_back(&weight);
     absl::StatusOr<PackedWeight> fused = kernels::cpu::ConcatRows(pointers);
+    if (fused.ok()) {
+      // An FP8 checkpoint's row scales, where every part has them.
+      fused->fp8_row_scales.clear();
+      bool every = true;
+      for (const PackedWeight& weight : packed) every = every && !weight.fp8_row_scales.empty();
+      for (const PackedWeight& weight : packed) {
+        if (!every) break;
+        fused->fp8_row_scales.insert(fused->fp8_row_scales.end(), weight.fp8_row_scales.begin(),
+                                     weight.fp8_row_scales.end());
+      }
+    }
     if (fused.ok() && packed.size() > 1) {
       // Integer parts of different formats (a Q6_K V beside Q4_K Q/K) were widened.
       for (const PackedWeight& weight : packed) {

@@ -20,6 +20,7 @@
 
 #include "common/formats/model_config.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/sampling.h"
 #include "model/cuda_device.h"
 #include "model/cuda_graph_cache.h"
@@ -483,6 +484,12 @@ absl::StatusOr<size_t> SelectDevice(const CudaForwardPassOptions& options) {
   return free_bytes;
 }
 
+// Whether an FP8 checkpoint's layers run the FP8 GEMM: on a device (the current one) with FP8
+// tensor cores.
+bool UsesFp8Checkpoint(const CudaForwardPassOptions& options) {
+  return options.fp8_checkpoint && kc::Fp8GemmSupported();
+}
+
 absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
     const CudaForwardPassOptions& options) {
   LOOM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"));
@@ -492,6 +499,7 @@ absl::StatusOr<std::unique_ptr<model::CudaDevice>> MakeDevice(
   device_options.kv_quant = options.kv_quant;
   device_options.keep_quantized = options.quantized_weights;
   device_options.fp8_weights = options.fp8_weights;
+  device_options.fp8_checkpoint = UsesFp8Checkpoint(options);
   device_options.communicator = options.communicator;
   return model::CudaDevice::Create(device_options);
 }
@@ -548,6 +556,12 @@ absl::StatusOr<std::unique_ptr<CudaForwardPass>> CudaForwardPass::Create(
                           "  layer matrices quantized to FP8 E4M3 (a scale per output channel) "
                           "for the FP8 GEMM; the embedding / LM head and routers as %s\n",
                           kc::DataTypeName(options.dtype));
+  } else if (UsesFp8Checkpoint(options)) {
+    absl::StrAppendFormat(&load_log,
+                          "  %d of %d layer matrices as the FP8 checkpoint stores them (its E4M3 "
+                          "codes and scales) for the FP8 GEMM, the rest (and the embedding / LM "
+                          "head) as %s\n",
+                          cuda->fp8_linears(), 4 * num_layers, kc::DataTypeName(options.dtype));
   } else {
     absl::StrAppendFormat(
         &load_log,

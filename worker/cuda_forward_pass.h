@@ -52,6 +52,10 @@ struct CudaForwardPassOptions {
   // and run on the FP8 tensor cores (model::CudaDeviceOptions::fp8_weights; compute
   // capability 8.9+, refused below).
   bool fp8_weights = false;
+  // The model is an FP8 checkpoint whose layers carry their row scales (common::
+  // HasFp8RowScales): they run the FP8 GEMM with the checkpoint's codes where the device has
+  // FP8 tensor cores (as fp8_weights), else as F16 (never refused).
+  bool fp8_checkpoint = false;
   // Capture decode steps (every sequence one query token, at most 256 sequences) as CUDA
   // graphs per batch-size bucket and replay them; off: every step runs eagerly.
   bool cuda_graphs = true;

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/formats/hf_quantization.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "worker/cpu_forward_pass.h"
@@ -93,6 +94,7 @@ absl::StatusOr<CudaForwardPassOptions> CudaForwardPassOptionsOf(const StepBacken
       break;
   }
   cuda_options.fp8_weights = options.fp8_weights;
+  cuda_options.fp8_checkpoint = options.fp8_checkpoints && common::HasFp8RowScales(gguf);
   cuda_options.draft_kv_bytes_per_block = options.draft_kv_bytes_per_block;
   cuda_options.draft_device_bytes = options.draft_device_bytes;
   cuda_options.startup_lock_held = options.startup_lock_held;

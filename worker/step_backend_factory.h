@@ -45,6 +45,10 @@ struct StepBackendOptions {
   // --quantization fp8: FP8 E4M3 weights on the GPU's FP8 tensor cores (CUDA only: the CPU
   // refuses it).
   bool fp8_weights = false;
+  // An FP8 checkpoint (per-tensor or per-channel scales) served as stored (no --quantization):
+  // on a CUDA device with FP8 tensor cores its layers run the FP8 GEMM with the checkpoint's own
+  // codes and scales; elsewhere their values dequantized to F16, as without it.
+  bool fp8_checkpoints = false;
   bool cuda_graphs = true;  // CUDA: capture decode steps as graphs
   // CUDA: the most tokens one step computes (the coordinator's --max-num-batched-tokens):
   // the runner reserves activations for them before sizing the KV pool.

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -281,6 +282,8 @@ absl::StatusOr<std::vector<OwnedTensor>> OwnedTensors(
                                    info.quantization.fp8_block_cols};
     LOOM_ASSIGN_OR_RETURN(OwnedTensor converted, DequantizeFp8Linear(name, tensors));
     owned.push_back(std::move(converted));
+    LOOM_ASSIGN_OR_RETURN(std::optional<OwnedTensor> row_scales, Fp8RowScales(name, tensors));
+    if (row_scales.has_value()) owned.push_back(*std::move(row_scales));
   }
   return owned;
 }

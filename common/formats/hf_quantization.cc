@@ -3,10 +3,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/formats/gguf_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -290,22 +292,33 @@ absl::StatusOr<HfQuantization> ParseHfQuantization(const json& config) {
   return result;
 }
 
-absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
-                                                const Fp8LinearTensors& t) {
+namespace {
+
+// An FP8 layer's scales as floats, and which one applies to (o, i): that of
+// (o / block_rows) * grid_cols + i / block_cols.
+struct Fp8Scales {
+  std::vector<float> values;
+  uint64_t out = 0, in = 0;
+  uint64_t block_rows = 0, block_cols = 0, grid_cols = 1;
+};
+
+absl::StatusOr<Fp8Scales> ReadFp8Scales(const std::string& name, const Fp8LinearTensors& t) {
   if (t.weight_shape.size() != 2 || t.weight.size() != t.weight_shape[0] * t.weight_shape[1]) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": an FP8 weight must be 2-D"));
   }
-  const uint64_t out = t.weight_shape[0], in = t.weight_shape[1];
+  Fp8Scales s;
+  s.out = t.weight_shape[0];
+  s.in = t.weight_shape[1];
+  s.block_cols = s.in;
   const uint64_t scale_size = t.scale_type == GgmlType::kF32 ? 4 : 2;
   const uint64_t count = t.scale.size() / scale_size;
   // Which scale applies to (o, i): one, one per row, or one per block of a grid.
-  uint64_t block_rows = 0, block_cols = in, grid_cols = 1;
   const std::vector<uint64_t>& shape = t.scale_shape;
   if (count == 1) {
-    block_rows = out;
-  } else if ((shape.size() == 1 && shape[0] == out) ||
-             (shape.size() == 2 && shape[0] == out && shape[1] == 1)) {
-    block_rows = 1;
+    s.block_rows = s.out;
+  } else if ((shape.size() == 1 && shape[0] == s.out) ||
+             (shape.size() == 2 && shape[0] == s.out && shape[1] == 1)) {
+    s.block_rows = 1;
   } else if (shape.size() == 2 && shape[0] > 0 && shape[1] > 0) {
     if (t.block_rows <= 0 || t.block_cols <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -314,40 +327,66 @@ absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
           "(quantization_config's weight_block_size or block_structure), which config.json "
           "does not give"));
     }
-    grid_cols = shape[1];
-    block_rows = static_cast<uint64_t>(t.block_rows);
-    block_cols = static_cast<uint64_t>(t.block_cols);
-    if ((out + block_rows - 1) / block_rows != shape[0] ||
-        (in + block_cols - 1) / block_cols != grid_cols) {
+    s.grid_cols = shape[1];
+    s.block_rows = static_cast<uint64_t>(t.block_rows);
+    s.block_cols = static_cast<uint64_t>(t.block_cols);
+    if ((s.out + s.block_rows - 1) / s.block_rows != shape[0] ||
+        (s.in + s.block_cols - 1) / s.block_cols != s.grid_cols) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": scale grid [", shape[0], ", ", shape[1], "] is not the [",
-                       block_rows, ", ", block_cols, "] blocks of [", out, ", ", in, "]"));
+                       s.block_rows, ", ", s.block_cols, "] blocks of [", s.out, ", ", s.in, "]"));
     }
   }
-  if (block_rows == 0 || count * scale_size != t.scale.size()) {
+  if (s.block_rows == 0 || count * scale_size != t.scale.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": scale of shape [", absl::StrJoin(shape, ", "),
-        "] is neither per tensor, per output channel nor per block of [", out, ", ", in, "]"));
+        "] is neither per tensor, per output channel nor per block of [", s.out, ", ", s.in, "]"));
   }
-  std::vector<float> scales(count);
+  s.values.resize(count);
   for (uint64_t k = 0; k < count; ++k) {
     if (t.scale_type == GgmlType::kF32) {
-      scales[k] = Load<float>(t.scale, k);
+      s.values[k] = Load<float>(t.scale, k);
     } else if (t.scale_type == GgmlType::kBF16) {
       const uint32_t bits = static_cast<uint32_t>(Load<uint16_t>(t.scale, k)) << 16;
-      std::memcpy(&scales[k], &bits, sizeof(float));
+      std::memcpy(&s.values[k], &bits, sizeof(float));
     } else {
-      scales[k] = HalfToFloat(Load<uint16_t>(t.scale, k));
+      s.values[k] = HalfToFloat(Load<uint16_t>(t.scale, k));
     }
   }
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
+                                                const Fp8LinearTensors& t) {
+  LOOM_ASSIGN_OR_RETURN(const Fp8Scales s, ReadFp8Scales(name, t));
+  const uint64_t out = s.out, in = s.in;
   OwnedTensor result{name, {in, out}, GgmlType::kF16, std::vector<uint8_t>(out * in * 2)};
   for (uint64_t o = 0; o < out; ++o) {
     for (uint64_t i = 0; i < in; ++i) {
-      const float scale = scales[(o / block_rows) * grid_cols + i / block_cols];
+      const float scale = s.values[(o / s.block_rows) * s.grid_cols + i / s.block_cols];
       const uint16_t bits = FloatToHalfBits(E4M3ToFloat(t.weight[o * in + i]) * scale);
       std::memcpy(result.bytes.data() + (o * in + i) * 2, &bits, 2);
     }
   }
+  return result;
+}
+
+absl::StatusOr<std::optional<OwnedTensor>> Fp8RowScales(const std::string& name,
+                                                        const Fp8LinearTensors& t) {
+  LOOM_ASSIGN_OR_RETURN(const Fp8Scales s, ReadFp8Scales(name, t));
+  if (s.block_cols != s.in) return std::nullopt;  // a grid: no scale holds a whole row
+  std::vector<float> rows(s.out);
+  for (uint64_t o = 0; o < s.out; ++o) {
+    rows[o] = s.values[o / s.block_rows];
+    if (!(rows[o] > 0.0f) || !std::isfinite(rows[o])) return std::nullopt;
+  }
+  OwnedTensor result{name + std::string(kFp8RowScaleSuffix),
+                     {s.out},
+                     GgmlType::kF32,
+                     std::vector<uint8_t>(s.out * sizeof(float))};
+  std::memcpy(result.bytes.data(), rows.data(), result.bytes.size());
   return result;
 }
 
@@ -406,6 +445,17 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
   }
   result.push_back(Tensor(name, {in, out}, GgmlType::kF16, std::move(dense)));
   return result;
+}
+
+bool HasFp8RowScales(const GgufFile& gguf) {
+  for (const GgufTensorInfo& tensor : gguf.tensors()) {
+    const std::string_view name = tensor.name;
+    if (name.size() >= kFp8RowScaleSuffix.size() &&
+        name.substr(name.size() - kFp8RowScaleSuffix.size()) == kFp8RowScaleSuffix) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace loom::common

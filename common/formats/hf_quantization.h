@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -10,6 +12,8 @@
 #include "nlohmann/json_fwd.hpp"
 
 namespace loom::common {
+
+class GgufFile;
 
 /// A Hugging Face checkpoint's `quantization_config` that Loom serves: AWQ (AutoAWQ's GEMM
 /// layout, 4-bit, zero points), GPTQ (AutoGPTQ's layout, 4 or 8 bits, symmetric or not, with
@@ -79,5 +83,21 @@ absl::StatusOr<std::vector<OwnedTensor>> ConvertQuantizedLinear(
 /// whose shape is not that block size's.
 absl::StatusOr<OwnedTensor> DequantizeFp8Linear(const std::string& name,
                                                 const Fp8LinearTensors& tensors);
+
+/// What the companion of an FP8 layer's F16 tensor is named after it: "blk.0.attn_q.weight" +
+/// this.
+inline constexpr std::string_view kFp8RowScaleSuffix = ".fp8_scale";
+
+/// The companion of DequantizeFp8Linear's tensor for per-tensor and per-channel scales:
+/// `name` + kFp8RowScaleSuffix, F32 [out], each row's scale, from which the CUDA device's FP8
+/// upload recovers the checkpoint's codes exactly (model::CudaDevice, kernels/cpu/fp8_rows.h).
+/// nullopt for a grid of block scales (no one scale per row) or a scale that is not positive
+/// and finite (the codes are then derived from the values). Errors as DequantizeFp8Linear's.
+absl::StatusOr<std::optional<OwnedTensor>> Fp8RowScales(const std::string& name,
+                                                        const Fp8LinearTensors& tensors);
+
+/// Whether `gguf` holds any FP8 row-scale companion (a Hugging Face FP8 checkpoint with scales
+/// per tensor or per output channel, as the directory view serves it).
+bool HasFp8RowScales(const GgufFile& gguf);
 
 }  // namespace loom::common

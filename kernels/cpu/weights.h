@@ -52,6 +52,10 @@ struct PackedWeight {
   std::vector<float> scales_f32;
   std::vector<float> mins_f32;
   std::array<int8_t, 16> levels{};  // kNl4: the value of each code; none is -128
+  // An FP8 checkpoint's scale of each row (per tensor or per output channel), where the values
+  // are its E4M3 codes times these rounded to this format: the CUDA device's FP8 upload
+  // recovers the codes exactly with them (kernels/cpu/fp8_rows.h). Empty otherwise.
+  std::vector<float> fp8_row_scales;
   std::string source;              // e.g. "Q4_1 -> INT4 g32 (lossless)"
 
   /// True for an INT8/INT4 weight with F32 scales and mins.

@@ -1,6 +1,7 @@
 #include "common/formats/hf_quantization.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -229,6 +230,58 @@ TEST(HfQuantizationTest, Fp8WeightsDequantizeWithEachScaleLayout) {
   t.scale_shape = {3};
   t.scale_type = GgmlType::kF32;
   EXPECT_EQ(DequantizeFp8Linear("w", t).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The row scales beside an FP8 layer's F16 values: per tensor (every row the one scale) and per
+// channel ([out] or [out, 1]) as F32 [out] named after the layer; none for a grid of blocks or a
+// scale that is not positive and finite; the dequantizer's errors for a bad shape.
+TEST(HfQuantizationTest, Fp8RowScalesComeWithPerTensorAndPerChannelLayers) {
+  const std::vector<uint8_t> weight = {0x38, 0x40, 0xb8, 0x01, 0x7e, 0x38, 0x38, 0x40};  // [2, 4]
+  auto floats = [](const OwnedTensor& t) {
+    std::vector<float> out(t.bytes.size() / sizeof(float));
+    std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+    return out;
+  };
+  const std::vector<float> one = {0.5f};
+  const std::vector<uint8_t> tensor_scale = Bytes(one);
+  Fp8LinearTensors t{weight, tensor_scale, {2, 4}, {1}, GgmlType::kF32};
+  absl::StatusOr<std::optional<OwnedTensor>> rows = Fp8RowScales("blk.0.attn_q.weight", t);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_TRUE(rows->has_value());
+  EXPECT_EQ((*rows)->name, "blk.0.attn_q.weight.fp8_scale");
+  EXPECT_EQ((*rows)->type, GgmlType::kF32);
+  EXPECT_EQ((*rows)->shape, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(floats(**rows), (std::vector<float>{0.5f, 0.5f}));
+
+  const std::vector<uint16_t> bf16_rows = {0x3f80, 0x4080};  // BF16 1.0, 4.0 per channel
+  const std::vector<uint8_t> row_scale = Bytes(bf16_rows);
+  t.scale = row_scale;
+  t.scale_type = GgmlType::kBF16;
+  for (const std::vector<uint64_t>& shape : {std::vector<uint64_t>{2}, {2, 1}}) {
+    t.scale_shape = shape;
+    rows = Fp8RowScales("w", t);
+    ASSERT_TRUE(rows.ok() && rows->has_value()) << rows.status();
+    EXPECT_EQ(floats(**rows), (std::vector<float>{1.0f, 4.0f}));
+  }
+
+  const std::vector<float> grid = {1.0f, 2.0f};  // blocks of [2, 2]: no scale per row
+  const std::vector<uint8_t> grid_scale = Bytes(grid);
+  Fp8LinearTensors blocks{weight, grid_scale, {2, 4}, {1, 2}, GgmlType::kF32, 2, 2};
+  rows = Fp8RowScales("w", blocks);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_FALSE(rows->has_value());
+
+  const std::vector<float> zero = {0.0f};
+  const std::vector<uint8_t> zero_scale = Bytes(zero);
+  Fp8LinearTensors zeroed{weight, zero_scale, {2, 4}, {1}, GgmlType::kF32};
+  rows = Fp8RowScales("w", zeroed);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_FALSE(rows->has_value());
+
+  const std::vector<float> three = {1.0f, 1.0f, 1.0f};
+  const std::vector<uint8_t> bad_scale = Bytes(three);
+  Fp8LinearTensors bad{weight, bad_scale, {2, 4}, {3}, GgmlType::kF32};
+  EXPECT_EQ(Fp8RowScales("w", bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

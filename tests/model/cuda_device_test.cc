@@ -11,8 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/formats/ggml_type.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/kv_dtype.h"
 #include "kernels/cpu/weights.h"
 #include "kernels/cuda/quantized_gemm.h"
 #include "kernels/cuda/types.h"
@@ -360,6 +362,50 @@ TEST(CudaDeviceTest, Fp8LinearStaysWithinE4m3RoundingOfCpu) {
       EXPECT_LE(std::sqrt(feature_error / feature_norm), 0.12) << "output feature " << f;
     }
   }
+}
+
+// An FP8 checkpoint's layer (F16 values of E4M3 codes times per-row scales, with those scales)
+// runs the FP8 GEMM with exactly the checkpoint's codes: a one-hot input row reads one column
+// back as code x scale (a code off by one step would be 6% off); a layer without row scales
+// stays dense beside it (the three uploads of the checkpoint's layer counted, not it).
+TEST(CudaDeviceTest, Fp8CheckpointLayersRunTheirOwnCodes) {
+  SKIP_WITHOUT_GPU();
+  if (!kernels::cuda::Fp8GemmSupported()) GTEST_SKIP() << "no FP8 tensor cores (sm < 89)";
+  CudaDeviceOptions options;
+  options.fp8_checkpoint = true;
+  absl::StatusOr<std::unique_ptr<CudaDevice>> gpu = CudaDevice::Create(options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Side side;
+  side.device = *std::move(gpu);
+  const int64_t n = 32, k = 64;
+  std::mt19937 rng(61);
+  std::vector<float> exact(n * k), values(n * k), row_scales(n);
+  for (int64_t r = 0; r < n; ++r) {
+    row_scales[r] = std::ldexp(1.0f + static_cast<float>(r) / 37.0f, static_cast<int>(r % 9) - 12);
+    for (int64_t c = 0; c < k; ++c) {
+      uint8_t code = static_cast<uint8_t>(rng());
+      if ((code & 0x7f) == 0x7f) code = 0x38;  // no NaN
+      exact[r * k + c] = kernels::cpu::Fp8E4m3ToFloat(code) * row_scales[r];
+      values[r * k + c] = common::HalfToFloat(kernels::cpu::FloatToHalf(exact[r * k + c]));
+    }
+  }
+  absl::StatusOr<kernels::cpu::PackedWeight> packed =
+      kernels::cpu::PackFromF32(values.data(), n, k, kernels::cpu::WeightFormat::kF16, 0);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  kernels::cpu::PackedWeight dense = *packed;
+  packed->fp8_row_scales = row_scales;
+  for (const int64_t column : {0, 17, 63}) {
+    std::vector<float> x(k, 0.0f);
+    x[column] = 1.0f;
+    const std::vector<float> y = UploadAndRunLinear(side, *packed, nullptr, x, 1);
+    ASSERT_EQ(y.size(), static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) {
+      EXPECT_NEAR(y[r], exact[r * k + column], 1e-6 * std::abs(exact[r * k + column]) + 1e-30)
+          << "row " << r << " column " << column;
+    }
+  }
+  (void)UploadAndRunLinear(side, dense, nullptr, std::vector<float>(k, 1.0f), 1);
+  EXPECT_EQ(static_cast<CudaDevice&>(*side.device).fp8_linears(), 3);
 }
 
 // A norm (or gated activation) leaves its output's F16 copy for the GEMM right after it, so
